@@ -1,0 +1,768 @@
+#include "format/llama_state.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "format/cursor.h"
+#include "format/ggml_types.h"
+
+namespace kvsnap {
+namespace {
+
+// Bounds on header fields. Anything larger is not a KV cache llama.cpp can
+// make; refusing it early keeps hostile files from steering allocations.
+constexpr uint32_t kMaxLayers = 4096;
+constexpr uint32_t kMaxStreams = 4096;
+constexpr uint32_t kMaxSeqIdsPerCell = 4096;
+constexpr uint64_t kMaxRowBytes = uint64_t(1) << 30;
+constexpr uint32_t kMaxEmbd = 1u << 22;
+constexpr uint32_t kMaxArchName = 256;
+
+std::string hex32(uint32_t v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%08x", v);
+  return b;
+}
+
+std::string where(size_t section, size_t n_sections, size_t stream, size_t layer) {
+  std::string s;
+  if (n_sections > 1) s += "KV section " + std::to_string(section) + ", ";
+  s += "stream " + std::to_string(stream) + ", layer " + std::to_string(layer);
+  return s;
+}
+
+// One way of reading the memory section.
+struct Reading {
+  bool stream_prefix = true;
+  uint32_t ext_bytes = 0;
+  int n_kv = 1;
+  bool recurrent = false;
+
+  std::string describe() const {
+    std::string s = std::to_string(n_kv) + " KV section" + (n_kv == 1 ? "" : "s");
+    if (n_kv == 2) s += " (iSWA)";
+    if (recurrent) s += std::string(n_kv ? " + " : "") + "recurrent state";
+    s += stream_prefix ? ", n_stream prefix" : ", no n_stream prefix (b5640 layout)";
+    s += ", cell ext " + std::to_string(ext_bytes) + " bytes";
+    return s;
+  }
+};
+
+Status check_type(Cursor& c, uint64_t at, int32_t id, const std::string& ctx, const char* side) {
+  if (!find_type(id)) {
+    return c.corrupt(at, ctx + ": unknown " + side + " type id " + std::to_string(id) +
+                             " (not one of f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl)");
+  }
+  return Status::OK();
+}
+
+Status check_row_bytes(Cursor& c, uint64_t at, int32_t type, uint64_t bytes, const std::string& ctx,
+                       const char* side, const std::vector<uint32_t>* n_embd, size_t il) {
+  const TypeLayout& t = *find_type(type);
+  if (bytes == 0 || bytes > kMaxRowBytes) {
+    return c.corrupt(at, ctx + ": " + side + " row size " + std::to_string(bytes) + " is out of range");
+  }
+  if (bytes % t.block_bytes != 0) {
+    return c.corrupt(at, ctx + ": " + side + " row size " + std::to_string(bytes) + " is not a multiple of " +
+                             std::to_string(t.block_bytes) + " (" + std::string(t.name) + " block)");
+  }
+  if (n_embd && il < n_embd->size()) {
+    auto expect = row_bytes(t, (*n_embd)[il]);
+    if (!expect.ok() || *expect != bytes) {
+      return Status::Mismatch(c.file().name() + ": offset " + std::to_string(at) + ": " + ctx + ": mismatched " +
+                              side + " row size (" + std::to_string(bytes) + " != " +
+                              (expect.ok() ? std::to_string(*expect) : std::string("n/a")) + " for " +
+                              std::to_string((*n_embd)[il]) + " " + std::string(t.name) + " values from the model)");
+    }
+  }
+  return Status::OK();
+}
+
+Status parse_cells(Cursor& c, uint32_t cell_count, uint32_t ext_bytes, std::vector<CellMeta>& cells) {
+  const uint64_t min_cell = 8 + ext_bytes;
+  if (cell_count > c.remaining() / min_cell) {
+    return c.corrupt("truncated: " + std::to_string(cell_count) + " cells need at least " +
+                     std::to_string(min_cell) + " bytes each, " + std::to_string(c.remaining()) + " remain");
+  }
+  cells.resize(cell_count);
+  for (uint32_t i = 0; i < cell_count; ++i) {
+    CellMeta& m = cells[i];
+    KV_ASSIGN_OR_RETURN(m.pos, c.i32("cell position"));
+    const uint64_t at = c.offset();
+    KV_ASSIGN_OR_RETURN(uint32_t n_seq, c.u32("cell seq id count"));
+    if (n_seq > kMaxSeqIdsPerCell) {
+      return c.corrupt(at, "cell " + std::to_string(i) + ": " + std::to_string(n_seq) + " sequence ids is absurd");
+    }
+    for (uint32_t e = 0; e < ext_bytes / 4; ++e) {
+      KV_ASSIGN_OR_RETURN(m.ext[e], c.i32("cell ext"));
+    }
+    if (n_seq > c.remaining() / 4) return c.corrupt("truncated: cell seq ids");
+    m.seq_ids.resize(n_seq);
+    for (uint32_t s = 0; s < n_seq; ++s) {
+      KV_ASSIGN_OR_RETURN(m.seq_ids[s], c.i32("cell seq id"));
+    }
+  }
+  return Status::OK();
+}
+
+Status parse_kv_stream(Cursor& c, const Reading& r, const KvSectionShape* shape, size_t si, size_t n_sections,
+                       size_t stream_index, KvStream& st) {
+  KV_ASSIGN_OR_RETURN(st.cell_count, c.u32("stream cell count"));
+  if (st.cell_count == 0) return Status::OK();
+  KV_RETURN_IF_ERROR(parse_cells(c, st.cell_count, r.ext_bytes, st.cells));
+
+  uint64_t at = c.offset();
+  KV_ASSIGN_OR_RETURN(st.v_trans, c.u32("v_trans"));
+  if (st.v_trans > 1) return c.corrupt(at, "v_trans is " + std::to_string(st.v_trans) + ", expected 0 or 1");
+  at = c.offset();
+  KV_ASSIGN_OR_RETURN(st.n_layer, c.u32("layer count"));
+  if (st.n_layer == 0 || st.n_layer > kMaxLayers) {
+    return c.corrupt(at, "layer count " + std::to_string(st.n_layer) + " is out of range (1.." +
+                             std::to_string(kMaxLayers) + ")");
+  }
+  if (shape && !shape->n_embd_k_gqa.empty() && shape->n_embd_k_gqa.size() != st.n_layer) {
+    return Status::Mismatch(c.file().name() + ": offset " + std::to_string(at) + ": mismatched layer count (" +
+                            std::to_string(st.n_layer) + " in the file, " +
+                            std::to_string(shape->n_embd_k_gqa.size()) + " in the model)");
+  }
+  const uint64_t n_cells = st.cell_count;
+  st.layers.resize(st.n_layer);
+  for (uint32_t il = 0; il < st.n_layer; ++il) {
+    KvLayer& L = st.layers[il];
+    const std::string ctx = where(si, n_sections, stream_index, il);
+    at = c.offset();
+    KV_ASSIGN_OR_RETURN(L.k_type, c.i32("key type"));
+    KV_RETURN_IF_ERROR(check_type(c, at, L.k_type, ctx, "key"));
+    at = c.offset();
+    KV_ASSIGN_OR_RETURN(L.k_row_bytes, c.u64("key row size"));
+    KV_RETURN_IF_ERROR(check_row_bytes(c, at, L.k_type, L.k_row_bytes, ctx, "key",
+                                       shape ? &shape->n_embd_k_gqa : nullptr, il));
+    L.k.offset = c.offset();
+    KV_RETURN_IF_ERROR(c.skip(n_cells, L.k_row_bytes, "key rows"));
+    L.k.size = n_cells * L.k_row_bytes;
+  }
+  for (uint32_t il = 0; il < st.n_layer; ++il) {
+    KvLayer& L = st.layers[il];
+    if (shape && il < shape->has_v.size() && !shape->has_v[il]) {
+      L.has_v = false;
+      continue;
+    }
+    const std::string ctx = where(si, n_sections, stream_index, il);
+    at = c.offset();
+    KV_ASSIGN_OR_RETURN(L.v_type, c.i32("value type"));
+    KV_RETURN_IF_ERROR(check_type(c, at, L.v_type, ctx, "value"));
+    const TypeLayout& vt = *find_type(L.v_type);
+    if (!st.v_trans) {
+      at = c.offset();
+      KV_ASSIGN_OR_RETURN(L.v_row_bytes, c.u64("value row size"));
+      KV_RETURN_IF_ERROR(check_row_bytes(c, at, L.v_type, L.v_row_bytes, ctx, "value",
+                                         shape ? &shape->n_embd_v_gqa : nullptr, il));
+      L.v.offset = c.offset();
+      KV_RETURN_IF_ERROR(c.skip(n_cells, L.v_row_bytes, "value rows"));
+      L.v.size = n_cells * L.v_row_bytes;
+    } else {
+      at = c.offset();
+      KV_ASSIGN_OR_RETURN(L.v_elem_bytes, c.u32("value element size"));
+      if (vt.block_elems != 1 || L.v_elem_bytes != vt.block_bytes) {
+        return c.corrupt(at, ctx + ": transposed V element size " + std::to_string(L.v_elem_bytes) +
+                                 " does not fit type " + std::string(vt.name) +
+                                 (vt.quantized ? " (a quantized V cache requires flash attention, so V is never "
+                                                 "transposed)"
+                                               : ""));
+      }
+      at = c.offset();
+      KV_ASSIGN_OR_RETURN(L.n_embd_v_gqa, c.u32("value embedding size"));
+      if (L.n_embd_v_gqa == 0 || L.n_embd_v_gqa > kMaxEmbd) {
+        return c.corrupt(at, ctx + ": n_embd_v_gqa " + std::to_string(L.n_embd_v_gqa) + " is out of range");
+      }
+      if (shape && il < shape->n_embd_v_gqa.size() && shape->n_embd_v_gqa[il] != L.n_embd_v_gqa) {
+        return Status::Mismatch(c.file().name() + ": offset " + std::to_string(at) + ": " + ctx +
+                                ": mismatched value embedding size (" + std::to_string(L.n_embd_v_gqa) +
+                                " != " + std::to_string(shape->n_embd_v_gqa[il]) + " from the model)");
+      }
+      L.v.offset = c.offset();
+      KV_RETURN_IF_ERROR(c.skip(uint64_t(L.n_embd_v_gqa) * n_cells, L.v_elem_bytes, "transposed value data"));
+      L.v.size = uint64_t(L.n_embd_v_gqa) * n_cells * L.v_elem_bytes;
+    }
+  }
+  return Status::OK();
+}
+
+Status parse_kv_section(Cursor& c, const Reading& r, const KvSectionShape* shape, size_t si, size_t n_sections,
+                        KvSection& sec) {
+  sec.range.offset = c.offset();
+  sec.stream_prefix = r.stream_prefix;
+  sec.ext_bytes = r.ext_bytes;
+  uint32_t n_stream = 1;
+  if (r.stream_prefix) {
+    const uint64_t at = c.offset();
+    KV_ASSIGN_OR_RETURN(n_stream, c.u32("stream count"));
+    if (n_stream == 0 || n_stream > kMaxStreams) {
+      return c.corrupt(at, "stream count " + std::to_string(n_stream) + " is out of range (1.." +
+                               std::to_string(kMaxStreams) + ")");
+    }
+    if (n_stream > c.remaining() / 4) return c.corrupt(at, "truncated: " + std::to_string(n_stream) + " streams");
+  }
+  sec.streams.resize(n_stream);
+  for (uint32_t s = 0; s < n_stream; ++s) {
+    KV_RETURN_IF_ERROR(parse_kv_stream(c, r, shape, si, n_sections, s, sec.streams[s]));
+  }
+  sec.range.size = c.offset() - sec.range.offset;
+  return Status::OK();
+}
+
+// The recurrent section is always last, so its extent is known; its inside is
+// parsed only to describe it. Layout (llama_memory_recurrent::state_write):
+// u32 cell_count, cells {i32 pos, u32 n_seq, n_seq x i32}, u32 s_trans,
+// u32 n_layer, then per recurrent layer {i32 type, u64 row, rows} for r, then
+// the same for s (s_trans 0). Some archs add p rows: then it stays opaque.
+Status parse_recurrent(Cursor& c, RecurrentSection& rec) {
+  rec.range = {c.offset(), c.remaining()};
+  KV_ASSIGN_OR_RETURN(rec.cell_count, c.u32("recurrent cell count"));
+  if (rec.cell_count == 0) {
+    // Nothing else is written for an empty recurrent state... only when the
+    // section ends here.
+    if (!c.at_end()) return c.corrupt("recurrent section: bytes after an empty cell list");
+    rec.understood = true;
+    return Status::OK();
+  }
+  std::vector<CellMeta> cells;
+  KV_RETURN_IF_ERROR(parse_cells(c, rec.cell_count, 0, cells));
+  uint64_t at = c.offset();
+  KV_ASSIGN_OR_RETURN(rec.s_trans, c.u32("recurrent s_trans"));
+  if (rec.s_trans > 1) return c.corrupt(at, "recurrent s_trans is " + std::to_string(rec.s_trans));
+  at = c.offset();
+  KV_ASSIGN_OR_RETURN(rec.n_layer, c.u32("recurrent layer count"));
+  if (rec.n_layer == 0 || rec.n_layer > kMaxLayers) {
+    return c.corrupt(at, "recurrent layer count " + std::to_string(rec.n_layer) + " is out of range");
+  }
+  // Walk {type, row, rows} entries to the end; an even count that lands
+  // exactly on the end is understood. Anything else is carried opaque.
+  uint32_t entries = 0;
+  while (!c.at_end() && rec.s_trans == 0) {
+    if (c.remaining() < 12) break;
+    auto type = c.i32("recurrent type");
+    if (!type.ok() || !find_type(*type)) break;
+    auto row = c.u64("recurrent row size");
+    if (!row.ok() || *row == 0 || *row > kMaxRowBytes) break;
+    if (!c.skip(rec.cell_count, *row, "recurrent rows").ok()) break;
+    ++entries;
+  }
+  rec.n_entries = entries;
+  rec.understood = c.at_end() && entries > 0 && entries % 2 == 0 && entries / 2 <= rec.n_layer;
+  return Status::OK();
+}
+
+Status parse_memory(Cursor& c, const Reading& r, const MemoryShape* shape, MemorySection& mem) {
+  mem.range.offset = c.offset();
+  for (int si = 0; si < r.n_kv; ++si) {
+    const KvSectionShape* ss = nullptr;
+    if (shape && shape->kv_sections_known && size_t(si) < shape->kv_sections.size()) ss = &shape->kv_sections[si];
+    KvSection sec;
+    KV_RETURN_IF_ERROR(parse_kv_section(c, r, ss, si, r.n_kv, sec));
+    mem.kv.push_back(std::move(sec));
+  }
+  if (r.recurrent) {
+    RecurrentSection rec;
+    KV_RETURN_IF_ERROR(parse_recurrent(c, rec));
+    // Without the model, accept the tail as recurrent state only when its
+    // structure parsed; with a model that says "hybrid", carry it regardless.
+    const bool model_says_hybrid = shape && shape->recurrent_known && shape->has_recurrent;
+    if (!rec.understood && !model_says_hybrid) {
+      return c.corrupt(rec.range.offset, "the bytes after the KV section do not parse as recurrent state");
+    }
+    c.seek(c.end()).ok();
+    mem.recurrent = rec;
+  }
+  if (!c.at_end()) {
+    return c.corrupt(std::to_string(c.remaining()) + " bytes remain after the memory section");
+  }
+  mem.range.size = c.offset() - mem.range.offset;
+  return Status::OK();
+}
+
+std::vector<Reading> candidate_readings(uint32_t era, const MemoryShape* shape) {
+  std::vector<bool> prefixes = era >= 3 ? std::vector<bool>{true} : std::vector<bool>{true, false};
+  std::vector<uint32_t> exts;
+  if (shape && shape->ext_bytes) {
+    exts = {*shape->ext_bytes};
+  } else if (era >= 3) {
+    exts = {0, 12, 8};
+  } else {
+    exts = {0};
+  }
+  std::vector<std::pair<int, bool>> layouts;
+  if (shape && shape->kv_sections_known && shape->recurrent_known) {
+    layouts = {{int(shape->kv_sections.size()), shape->has_recurrent}};
+  } else {
+    layouts = {{1, false}, {2, false}, {1, true}, {2, true}, {0, true}};
+  }
+  std::vector<Reading> out;
+  for (bool p : prefixes) {
+    for (uint32_t e : exts) {
+      if (!p && e != 0) continue;  // b5640 wrote no cell ext
+      for (auto [n, rec] : layouts) out.push_back(Reading{p, e, n, rec});
+    }
+  }
+  return out;
+}
+
+struct Attempt {
+  Reading reading;
+  Status status;
+  uint64_t reached = 0;
+  MemorySection mem;
+};
+
+Status read_memory(const ReadableFile& file, uint64_t begin, uint32_t era, const MemoryShape* shape,
+                   StateFile& out) {
+  std::vector<Attempt> ok;
+  std::optional<Attempt> best_fail;
+  for (const Reading& r : candidate_readings(era, shape)) {
+    Cursor c(file, begin, file.size());
+    Attempt a{r, Status::OK(), 0, {}};
+    a.status = parse_memory(c, r, shape, a.mem);
+    a.reached = c.offset();
+    if (a.status.ok()) {
+      ok.push_back(std::move(a));
+    } else if (!best_fail || a.reached > best_fail->reached ||
+               (a.status.code() == Code::kMismatch && best_fail->status.code() != Code::kMismatch)) {
+      best_fail = std::move(a);
+    }
+  }
+  if (ok.size() == 1) {
+    out.memory = std::move(ok[0].mem);
+    out.reading = ok[0].reading.describe();
+    if (shape) out.reading += " (from " + shape->source + ")";
+    return Status::OK();
+  }
+  if (ok.size() > 1) {
+    std::string list;
+    for (const auto& a : ok) list += "\n  - " + a.reading.describe();
+    return Status::Ambiguous(file.name() + ": the memory section fits " + std::to_string(ok.size()) +
+                             " layouts:" + list +
+                             "\nllama.cpp state files do not say which; pass the model with --model GGUF");
+  }
+  Status s = best_fail->status;
+  if (!shape) {
+    return s.Prefixed("cannot read the memory section (tried " +
+                              std::to_string(candidate_readings(era, shape).size()) +
+                              " layouts; --model GGUF makes the layout exact)");
+  }
+  return s;
+}
+
+Status read_outputs(Cursor& c, SessionOutputs& o) {
+  uint64_t at = c.offset();
+  KV_ASSIGN_OR_RETURN(o.n_outputs, c.u32("output count"));
+  o.output_pos.offset = c.offset();
+  if (o.n_outputs > c.remaining() / 4) return c.corrupt(at, "truncated: " + std::to_string(o.n_outputs) + " output ids");
+  KV_RETURN_IF_ERROR(c.skip(o.n_outputs, 4, "output ids"));
+  o.output_pos.size = uint64_t(o.n_outputs) * 4;
+  at = c.offset();
+  KV_ASSIGN_OR_RETURN(o.logits_size, c.u64("logits size"));
+  o.logits.offset = c.offset();
+  KV_RETURN_IF_ERROR(c.skip(o.logits_size, 4, "logits"));
+  o.logits.size = o.logits_size * 4;
+  KV_ASSIGN_OR_RETURN(o.embd_size, c.u64("embeddings size"));
+  o.embd.offset = c.offset();
+  KV_RETURN_IF_ERROR(c.skip(o.embd_size, 4, "embeddings"));
+  o.embd.size = o.embd_size * 4;
+  return Status::OK();
+}
+
+Result<std::string> read_arch(Cursor& c) {
+  const uint64_t at = c.offset();
+  KV_ASSIGN_OR_RETURN(uint32_t len, c.u32("arch name length"));
+  if (len == 0 || len > kMaxArchName) {
+    return c.corrupt(at, "arch name length " + std::to_string(len) + " is out of range (1.." +
+                             std::to_string(kMaxArchName) + ")");
+  }
+  std::string s(len, '\0');
+  KV_RETURN_IF_ERROR(c.read(s.data(), len, "arch name"));
+  for (char ch : s) {
+    if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) > 0x7e) {
+      return c.corrupt(at, "arch name is not printable text");
+    }
+  }
+  return s;
+}
+
+Status read_tokens(Cursor& c, TokenPayload& tp, bool allow_packed) {
+  const uint64_t at = c.offset();
+  KV_ASSIGN_OR_RETURN(uint32_t n, c.u32("token count"));
+  if (n > c.remaining() / 4) {
+    return c.corrupt(at, "token count " + std::to_string(n) + " needs " + std::to_string(uint64_t(n) * 4) +
+                             " bytes, " + std::to_string(c.remaining()) + " remain");
+  }
+  std::vector<int32_t> words(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    KV_ASSIGN_OR_RETURN(words[i], c.i32("token"));
+  }
+  if (!allow_packed) {
+    tp.words = words;
+    tp.tokens = std::move(words);
+    return Status::OK();
+  }
+  auto parsed = parse_token_payload(std::move(words));
+  if (!parsed.ok()) return parsed.status().Prefixed(c.file().name() + ": offset " + std::to_string(at + 4));
+  tp = std::move(parsed).value();
+  return Status::OK();
+}
+
+}  // namespace
+
+const char* kind_name(StateKind k) {
+  switch (k) {
+    case StateKind::kSeqFile: return "sequence state file (ggsq)";
+    case StateKind::kSessionFile: return "session file (ggsn)";
+    case StateKind::kRawSeq: return "raw sequence state buffer";
+    case StateKind::kRawContext: return "raw context state buffer";
+  }
+  return "?";
+}
+
+Result<TokenPayload> parse_token_payload(std::vector<int32_t> words) {
+  TokenPayload tp;
+  if (words.empty() || words[0] != -1) {
+    tp.tokens = words;
+    tp.words = std::move(words);
+    return tp;
+  }
+  // Packed llama-server payload, read as bytes.
+  const size_t nbytes = words.size() * 4;
+  std::vector<std::byte> b(nbytes);
+  std::memcpy(b.data(), words.data(), nbytes);  // little-endian host assumed (x86_64, arm64)
+  size_t pos = 4;
+  auto rd32 = [&](uint32_t& v, const char* what) -> Status {
+    if (nbytes - pos < 4) return Status::Corruption(std::string("packed server token payload: truncated ") + what);
+    std::memcpy(&v, b.data() + pos, 4);
+    pos += 4;
+    return Status::OK();
+  };
+  KV_RETURN_IF_ERROR(rd32(tp.packed_version, "version"));
+  if (tp.packed_version != 1) {
+    return Status::NotSupported("packed server token payload version " + std::to_string(tp.packed_version) +
+                                " (kvsnap knows version 1)");
+  }
+  uint32_t n = 0;
+  KV_RETURN_IF_ERROR(rd32(n, "token count"));
+  if (n > (nbytes - pos) / 4) return Status::Corruption("packed server token payload: token count past the end");
+  tp.tokens.resize(n);
+  if (n) std::memcpy(tp.tokens.data(), b.data() + pos, size_t(n) * 4);
+  pos += size_t(n) * 4;
+  uint32_t m = 0;
+  KV_RETURN_IF_ERROR(rd32(m, "media count"));
+  if (m > (nbytes - pos) / 4) return Status::Corruption("packed server token payload: media count past the end");
+  tp.media_positions.resize(m);
+  if (m) std::memcpy(tp.media_positions.data(), b.data() + pos, size_t(m) * 4);
+  pos += size_t(m) * 4;
+  for (uint32_t i = 0; i < m; ++i) {
+    uint32_t len = 0;
+    KV_RETURN_IF_ERROR(rd32(len, "media chunk length"));
+    if (len == 0 || len > nbytes - pos) return Status::Corruption("packed server token payload: media chunk past the end");
+    tp.media_chunks.emplace_back(b.begin() + pos, b.begin() + pos + len);
+    pos += len;
+  }
+  // Zero padding to a whole word only (llama-server refuses trailing words).
+  if (nbytes - pos >= 4) return Status::Corruption("packed server token payload: trailing data");
+  for (size_t i = pos; i < nbytes; ++i) {
+    if (b[i] != std::byte{0}) return Status::Corruption("packed server token payload: non-zero padding");
+  }
+  tp.packed = true;
+  tp.words = std::move(words);
+  return tp;
+}
+
+std::vector<int32_t> pack_server_tokens(const std::vector<int32_t>& tokens,
+                                        const std::vector<uint32_t>& media_positions,
+                                        const std::vector<std::vector<std::byte>>& media_chunks) {
+  std::vector<std::byte> b;
+  auto put = [&](uint32_t v) { put_u32(b, v); };
+  put(0xffffffffu);
+  put(1);
+  put(uint32_t(tokens.size()));
+  for (int32_t t : tokens) put(uint32_t(t));
+  put(uint32_t(media_positions.size()));
+  for (uint32_t p : media_positions) put(p);
+  for (const auto& ch : media_chunks) {
+    put(uint32_t(ch.size()));
+    b.insert(b.end(), ch.begin(), ch.end());
+  }
+  b.resize((b.size() + 3) / 4 * 4, std::byte{0});
+  std::vector<int32_t> words(b.size() / 4);
+  std::memcpy(words.data(), b.data(), b.size());
+  return words;
+}
+
+Result<StateFile> parse_state(const ReadableFile& file, const ParseOptions& opts) {
+  StateFile f;
+  f.file_size = file.size();
+  Cursor c(file);
+  const MemoryShape* shape = opts.shape;
+  uint32_t era = 3;
+
+  if (opts.kind == StateKind::kRawSeq || opts.kind == StateKind::kRawContext) {
+    f.kind = *opts.kind;
+    era = opts.raw_version.value_or(3);
+    if (f.kind == StateKind::kRawSeq && c.remaining() >= 4) {
+      KV_ASSIGN_OR_RETURN(uint32_t first, c.u32("magic"));
+      if (first == kRawSeqMagic) {
+        f.raw_seq_tagged = true;
+        f.magic = first;
+        KV_ASSIGN_OR_RETURN(f.raw_seq_id, c.i32("sequence id"));
+      } else {
+        KV_RETURN_IF_ERROR(c.seek(0));
+        if (!opts.raw_version) era = 2;  // untagged buffers come from before v0.5.0, or are ambiguous
+      }
+    }
+    if (f.kind == StateKind::kRawContext) {
+      KV_ASSIGN_OR_RETURN(f.arch, read_arch(c));
+      if (era < 3) {
+        SessionOutputs o;
+        KV_RETURN_IF_ERROR(read_outputs(c, o));
+        f.outputs = o;
+      }
+    }
+    f.version = era;
+  } else {
+    if (file.size() < 8) {
+      return Status::Corruption(file.name() + ": " + std::to_string(file.size()) +
+                                " bytes is too short for a llama.cpp state file (magic and version need 8)");
+    }
+    KV_ASSIGN_OR_RETURN(f.magic, c.u32("magic"));
+    KV_ASSIGN_OR_RETURN(f.version, c.u32("version"));
+    if (f.magic == kMagicGgsq) {
+      f.kind = StateKind::kSeqFile;
+      if (f.version != 3 && f.version != 2) {
+        return Status::NotSupported(file.name() + ": unknown (magic, version) for sequence state file: " +
+                                    hex32(f.magic) + ", " + hex32(f.version) + " (kvsnap reads ggsq v2 and v3)");
+      }
+      era = f.version;
+      KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/true));
+    } else if (f.magic == kMagicGgsn) {
+      f.kind = StateKind::kSessionFile;
+      if (f.version != 10 && f.version != 9) {
+        return Status::NotSupported(file.name() + ": unknown (magic, version) for session file: " + hex32(f.magic) +
+                                    ", " + hex32(f.version) + " (kvsnap reads ggsn v9 and v10)");
+      }
+      era = f.version == 10 ? 3 : 2;
+      KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/false));
+      KV_ASSIGN_OR_RETURN(f.arch, read_arch(c));
+      if (f.version == 9) {
+        SessionOutputs o;
+        KV_RETURN_IF_ERROR(read_outputs(c, o));
+        f.outputs = o;
+      }
+    } else if (f.magic == kRawSeqMagic) {
+      f.kind = StateKind::kRawSeq;
+      f.raw_seq_tagged = true;
+      KV_RETURN_IF_ERROR(c.seek(4));
+      KV_ASSIGN_OR_RETURN(f.raw_seq_id, c.i32("sequence id"));
+      f.version = 3;
+    } else {
+      return Status::NotSupported(file.name() + ": not a llama.cpp state file: unknown magic " + hex32(f.magic) +
+                                  " (expected ggsq " + hex32(kMagicGgsq) + " or ggsn " + hex32(kMagicGgsn) +
+                                  "; for a raw llama_state_seq_get_data buffer pass --input-format raw-seq)");
+    }
+  }
+  KV_RETURN_IF_ERROR(read_memory(file, c.offset(), era, shape, f));
+  return f;
+}
+
+Status copy_range(const ReadableFile& src, ByteRange range, ByteSink& out) {
+  constexpr uint64_t kPiece = 1 << 20;
+  std::vector<std::byte> buf(std::min<uint64_t>(kPiece, range.size));
+  uint64_t done = 0;
+  while (done < range.size) {
+    const uint64_t n = std::min<uint64_t>(kPiece, range.size - done);
+    std::span<std::byte> piece(buf.data(), n);
+    KV_RETURN_IF_ERROR(src.read_at(range.offset + done, piece));
+    KV_RETURN_IF_ERROR(out.append(piece));
+    done += n;
+  }
+  return Status::OK();
+}
+
+Status CopyTensorSource::emit(const StateFile& target, const TensorRef& ref, ByteSink& out) {
+  const KvLayer& L = target.memory.kv.at(ref.section).streams.at(ref.stream).layers.at(ref.layer);
+  return copy_range(src_, ref.is_v ? L.v : L.k, out);
+}
+
+namespace {
+
+// Forwards to a sink and counts, so the writer can check what a TensorSource emitted.
+class CountingForwarder final : public ByteSink {
+ public:
+  explicit CountingForwarder(ByteSink& out) : out_(out) {}
+  using ByteSink::append;
+  Status append(std::span<const std::byte> d) override {
+    count += d.size();
+    return out_.append(d);
+  }
+  uint64_t count = 0;
+
+ private:
+  ByteSink& out_;
+};
+
+Status emit_checked(const StateFile& file, TensorSource& tensors, const TensorRef& ref, uint64_t expect,
+                    ByteSink& out) {
+  CountingForwarder fw(out);
+  KV_RETURN_IF_ERROR(tensors.emit(file, ref, fw));
+  if (fw.count != expect) {
+    return Status::InvalidArgument("writer: " + std::string(ref.is_v ? "V" : "K") + " tensor of section " +
+                                   std::to_string(ref.section) + " stream " + std::to_string(ref.stream) +
+                                   " layer " + std::to_string(ref.layer) + " produced " + std::to_string(fw.count) +
+                                   " bytes, expected " + std::to_string(expect));
+  }
+  return Status::OK();
+}
+
+Status write_outputs(const SessionOutputs& o, const ReadableFile& src, ByteSink& out) {
+  KV_RETURN_IF_ERROR(write_u32(out, o.n_outputs));
+  KV_RETURN_IF_ERROR(copy_range(src, o.output_pos, out));
+  KV_RETURN_IF_ERROR(write_u64(out, o.logits_size));
+  KV_RETURN_IF_ERROR(copy_range(src, o.logits, out));
+  KV_RETURN_IF_ERROR(write_u64(out, o.embd_size));
+  return copy_range(src, o.embd, out);
+}
+
+Status write_kv_section(const StateFile& file, size_t si, TensorSource& tensors, ByteSink& out) {
+  const KvSection& sec = file.memory.kv[si];
+  if (sec.stream_prefix) {
+    KV_RETURN_IF_ERROR(write_u32(out, uint32_t(sec.streams.size())));
+  } else if (sec.streams.size() != 1) {
+    return Status::InvalidArgument("writer: a KV section without the n_stream prefix holds exactly one stream");
+  }
+  for (size_t s = 0; s < sec.streams.size(); ++s) {
+    const KvStream& st = sec.streams[s];
+    KV_RETURN_IF_ERROR(write_u32(out, st.cell_count));
+    if (st.cell_count == 0) continue;
+    if (st.cells.size() != st.cell_count) return Status::InvalidArgument("writer: cell list does not match cell_count");
+    std::vector<std::byte> meta;
+    for (const CellMeta& m : st.cells) {
+      put_i32(meta, m.pos);
+      put_u32(meta, uint32_t(m.seq_ids.size()));
+      for (uint32_t e = 0; e < sec.ext_bytes / 4; ++e) put_i32(meta, m.ext[e]);
+      for (int32_t id : m.seq_ids) put_i32(meta, id);
+      if (meta.size() >= (1 << 16)) {
+        KV_RETURN_IF_ERROR(out.append(meta));
+        meta.clear();
+      }
+    }
+    put_u32(meta, st.v_trans);
+    put_u32(meta, uint32_t(st.layers.size()));
+    KV_RETURN_IF_ERROR(out.append(meta));
+    const uint64_t n = st.cell_count;
+    for (size_t il = 0; il < st.layers.size(); ++il) {
+      const KvLayer& L = st.layers[il];
+      KV_RETURN_IF_ERROR(write_i32(out, L.k_type));
+      KV_RETURN_IF_ERROR(write_u64(out, L.k_row_bytes));
+      KV_RETURN_IF_ERROR(emit_checked(file, tensors, {si, s, il, false}, n * L.k_row_bytes, out));
+    }
+    for (size_t il = 0; il < st.layers.size(); ++il) {
+      const KvLayer& L = st.layers[il];
+      if (!L.has_v) continue;
+      KV_RETURN_IF_ERROR(write_i32(out, L.v_type));
+      if (!st.v_trans) {
+        KV_RETURN_IF_ERROR(write_u64(out, L.v_row_bytes));
+        KV_RETURN_IF_ERROR(emit_checked(file, tensors, {si, s, il, true}, n * L.v_row_bytes, out));
+      } else {
+        KV_RETURN_IF_ERROR(write_u32(out, L.v_elem_bytes));
+        KV_RETURN_IF_ERROR(write_u32(out, L.n_embd_v_gqa));
+        KV_RETURN_IF_ERROR(
+            emit_checked(file, tensors, {si, s, il, true}, n * L.n_embd_v_gqa * uint64_t(L.v_elem_bytes), out));
+      }
+    }
+  }
+  return Status::OK();
+}
+
+Status write_arch(const std::string& arch, ByteSink& out) {
+  KV_RETURN_IF_ERROR(write_u32(out, uint32_t(arch.size())));
+  return out.append(arch.data(), arch.size());
+}
+
+Status write_words(const std::vector<int32_t>& words, ByteSink& out) {
+  KV_RETURN_IF_ERROR(write_u32(out, uint32_t(words.size())));
+  std::vector<std::byte> b;
+  b.reserve(words.size() * 4);
+  for (int32_t w : words) put_i32(b, w);
+  return out.append(b);
+}
+
+}  // namespace
+
+Status write_state(const StateFile& file, TensorSource& tensors, const ReadableFile& opaque_src, ByteSink& sink) {
+  BufferedSink out(sink);
+  switch (file.kind) {
+    case StateKind::kSeqFile:
+      KV_RETURN_IF_ERROR(write_u32(out, kMagicGgsq));
+      KV_RETURN_IF_ERROR(write_u32(out, file.version));
+      KV_RETURN_IF_ERROR(write_words(file.tokens.words, out));
+      break;
+    case StateKind::kSessionFile:
+      KV_RETURN_IF_ERROR(write_u32(out, kMagicGgsn));
+      KV_RETURN_IF_ERROR(write_u32(out, file.version));
+      KV_RETURN_IF_ERROR(write_words(file.tokens.words, out));
+      KV_RETURN_IF_ERROR(write_arch(file.arch, out));
+      if (file.version == 9) {
+        if (!file.outputs) return Status::InvalidArgument("writer: a v9 session needs its outputs section");
+        KV_RETURN_IF_ERROR(write_outputs(*file.outputs, opaque_src, out));
+      }
+      break;
+    case StateKind::kRawSeq:
+      if (file.raw_seq_tagged) {
+        KV_RETURN_IF_ERROR(write_u32(out, kRawSeqMagic));
+        KV_RETURN_IF_ERROR(write_i32(out, file.raw_seq_id));
+      }
+      break;
+    case StateKind::kRawContext:
+      KV_RETURN_IF_ERROR(write_arch(file.arch, out));
+      if (file.outputs) KV_RETURN_IF_ERROR(write_outputs(*file.outputs, opaque_src, out));
+      break;
+  }
+  for (size_t si = 0; si < file.memory.kv.size(); ++si) {
+    KV_RETURN_IF_ERROR(write_kv_section(file, si, tensors, out));
+  }
+  if (file.memory.recurrent) KV_RETURN_IF_ERROR(copy_range(opaque_src, file.memory.recurrent->range, out));
+  return out.flush();
+}
+
+KvTotals kv_totals(const StateFile& f) {
+  KvTotals t;
+  bool any = false;
+  for (const auto& sec : f.memory.kv) {
+    for (const auto& st : sec.streams) {
+      t.n_cells += st.cell_count;
+      for (const auto& c : st.cells) {
+        if (!any || c.pos < t.pos_min) t.pos_min = c.pos;
+        if (!any || c.pos > t.pos_max) t.pos_max = c.pos;
+        any = true;
+      }
+      for (const auto& L : st.layers) {
+        t.k_bytes += L.k.size;
+        t.v_bytes += L.v.size;
+      }
+    }
+  }
+  return t;
+}
+
+std::optional<uint64_t> layer_n_embd_k(const KvLayer& l) {
+  const TypeLayout* t = find_type(l.k_type);
+  if (!t) return std::nullopt;
+  return row_elems(*t, l.k_row_bytes);
+}
+
+std::optional<uint64_t> layer_n_embd_v(const KvLayer& l, uint32_t v_trans) {
+  if (!l.has_v) return std::nullopt;
+  if (v_trans) return l.n_embd_v_gqa;
+  const TypeLayout* t = find_type(l.v_type);
+  if (!t) return std::nullopt;
+  return row_elems(*t, l.v_row_bytes);
+}
+
+}  // namespace kvsnap

@@ -1,0 +1,216 @@
+#include "base/io.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+namespace kvsnap {
+
+Status MemoryFile::read_at(uint64_t offset, std::span<std::byte> dst) const {
+  if (offset > view_.size() || dst.size() > view_.size() - offset) {
+    return Status::Corruption(name_ + ": read of " + std::to_string(dst.size()) + " bytes at offset " +
+                              std::to_string(offset) + " runs past the end (" + std::to_string(view_.size()) +
+                              " bytes)");
+  }
+  if (!dst.empty()) std::memcpy(dst.data(), view_.data() + offset, dst.size());
+  return Status::OK();
+}
+
+namespace {
+
+Status errno_status(const std::string& what, const std::string& path, int err) {
+  return Status::IOError(path + ": " + what + ": " + std::strerror(err));
+}
+
+class PosixReadableFile final : public ReadableFile {
+ public:
+  PosixReadableFile(std::string path, int fd, uint64_t size) : path_(std::move(path)), fd_(fd), size_(size) {}
+  ~PosixReadableFile() override { ::close(fd_); }
+  uint64_t size() const override { return size_; }
+  const std::string& name() const override { return path_; }
+  Status read_at(uint64_t offset, std::span<std::byte> dst) const override {
+    if (offset > size_ || dst.size() > size_ - offset) {
+      return Status::Corruption(path_ + ": read of " + std::to_string(dst.size()) + " bytes at offset " +
+                                std::to_string(offset) + " runs past the end (" + std::to_string(size_) + " bytes)");
+    }
+    size_t done = 0;
+    while (done < dst.size()) {
+      ssize_t n = ::pread(fd_, dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return errno_status("read", path_, errno);
+      }
+      if (n == 0) return Status::IOError(path_ + ": file shrank while being read");
+      done += static_cast<size_t>(n);
+    }
+    return Status::OK();
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+  uint64_t size_;
+};
+
+class PosixWritableFile final : public WritableFile {
+ public:
+  PosixWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixWritableFile() override { (void)close(); }
+  using ByteSink::append;
+  Status append(std::span<const std::byte> data) override {
+    size_t done = 0;
+    while (done < data.size()) {
+      ssize_t n = ::write(fd_, data.data() + done, data.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return errno_status("write", path_, errno);
+      }
+      done += static_cast<size_t>(n);
+    }
+    return Status::OK();
+  }
+  Status sync() override {
+    if (::fdatasync(fd_) != 0) return errno_status("fdatasync", path_, errno);
+    return Status::OK();
+  }
+  Status close() override {
+    if (fd_ < 0) return Status::OK();
+    int rc = ::close(fd_);
+    fd_ = -1;
+    if (rc != 0) return errno_status("close", path_, errno);
+    return Status::OK();
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+class PosixIo final : public Io {
+ public:
+  Result<std::unique_ptr<ReadableFile>> open_read(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno_status("cannot open", path, errno);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      int e = errno;
+      ::close(fd);
+      return errno_status("stat", path, e);
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return Status::InvalidArgument(path + ": not a regular file");
+    }
+    return std::unique_ptr<ReadableFile>(new PosixReadableFile(path, fd, static_cast<uint64_t>(st.st_size)));
+  }
+  Result<std::unique_ptr<WritableFile>> open_write(const std::string& path, bool exclusive) override {
+    int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (exclusive ? O_EXCL : O_TRUNC);
+    int fd = ::open(path.c_str(), flags, 0644);
+    if (fd < 0) return errno_status("cannot create", path, errno);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
+  }
+  Status rename(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) return errno_status("rename to " + to, from, errno);
+    return Status::OK();
+  }
+  Status remove(const std::string& path) override {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return errno_status("remove", path, errno);
+    return Status::OK();
+  }
+  Status sync_dir(const std::string& dir) override {
+    int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return errno_status("open directory", dir, errno);
+    int rc = ::fsync(fd);
+    int e = errno;
+    ::close(fd);
+    if (rc != 0) return errno_status("fsync directory", dir, e);
+    return Status::OK();
+  }
+  Result<bool> exists(const std::string& path) override {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0) return true;
+    if (errno == ENOENT) return false;
+    return errno_status("stat", path, errno);
+  }
+  Result<std::vector<DirEntry>> list_dir(const std::string& dir) override {
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return errno_status("cannot list", dir, errno);
+    std::vector<DirEntry> out;
+    while (struct dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n == "." || n == "..") continue;
+      struct stat st {};
+      DirEntry de;
+      de.name = n;
+      if (::fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+        de.is_regular = S_ISREG(st.st_mode);
+        de.is_dir = S_ISDIR(st.st_mode);
+        de.is_symlink = S_ISLNK(st.st_mode);
+      }
+      out.push_back(std::move(de));
+    }
+    ::closedir(d);
+    return out;
+  }
+  Status create_dirs(const std::string& dir) override {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return Status::IOError(dir + ": cannot create directory: " + ec.message());
+    return Status::OK();
+  }
+};
+
+}  // namespace
+
+Io& posix_io() {
+  static PosixIo io;
+  return io;
+}
+
+Result<std::vector<std::byte>> read_all(Io& io, const std::string& path, uint64_t max_bytes) {
+  KV_ASSIGN_OR_RETURN(auto f, io.open_read(path));
+  if (f->size() > max_bytes) {
+    return Status::InvalidArgument(path + ": " + std::to_string(f->size()) + " bytes is more than the " +
+                                   std::to_string(max_bytes) + " this reader accepts");
+  }
+  std::vector<std::byte> buf(f->size());
+  KV_RETURN_IF_ERROR(f->read_at(0, buf));
+  return buf;
+}
+
+Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::create(Io& io, const std::string& path) {
+  std::random_device rd;
+  std::string tmp = path + ".kvsnap-tmp-" + std::to_string(::getpid()) + "-" + std::to_string(rd() % 1000000);
+  KV_ASSIGN_OR_RETURN(auto f, io.open_write(tmp, /*exclusive=*/true));
+  return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(io, path, tmp, std::move(f)));
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (!committed_) {
+    if (file_) (void)file_->close();
+    (void)io_.remove(tmp_path_);
+  }
+}
+
+Status AtomicFileWriter::append(std::span<const std::byte> data) {
+  if (committed_) return Status::InvalidArgument(path_ + ": append after commit");
+  return file_->append(data);
+}
+
+Status AtomicFileWriter::commit() {
+  if (committed_) return Status::OK();
+  KV_RETURN_IF_ERROR(file_->sync());
+  KV_RETURN_IF_ERROR(file_->close());
+  KV_RETURN_IF_ERROR(io_.rename(tmp_path_, path_));
+  committed_ = true;
+  std::string dir = std::filesystem::path(path_).parent_path().string();
+  return io_.sync_dir(dir.empty() ? "." : dir);
+}
+
+}  // namespace kvsnap

@@ -1,0 +1,162 @@
+// The file-system seam. Everything kvsnap reads or writes goes through Io, so
+// tests can substitute memory files or inject faults (short writes, ENOSPC,
+// failed fsync) without touching the code under test. Only PosixIo (io.cc)
+// talks to the operating system.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace kvsnap {
+
+// Random-access read-only bytes: a file, or memory.
+class ReadableFile {
+ public:
+  virtual ~ReadableFile() = default;
+  virtual uint64_t size() const = 0;
+  // Reads exactly dst.size() bytes at `offset`; a short read is an error.
+  virtual Status read_at(uint64_t offset, std::span<std::byte> dst) const = 0;
+  // The name used in error messages (the path for files).
+  virtual const std::string& name() const = 0;
+};
+
+// Where bytes go. Appends are all-or-error.
+class ByteSink {
+ public:
+  virtual ~ByteSink() = default;
+  virtual Status append(std::span<const std::byte> data) = 0;
+  Status append(const void* p, size_t n) {
+    return append(std::span<const std::byte>(static_cast<const std::byte*>(p), n));
+  }
+};
+
+class WritableFile : public ByteSink {
+ public:
+  virtual Status sync() = 0;   // data durable on return (fdatasync)
+  virtual Status close() = 0;  // idempotent
+};
+
+// Bytes in memory; the reading side keeps its own copy or a view.
+class MemoryFile final : public ReadableFile {
+ public:
+  MemoryFile(std::string name, std::vector<std::byte> bytes)
+      : name_(std::move(name)), owned_(std::move(bytes)), view_(owned_) {}
+  // A view: `bytes` must outlive this object.
+  MemoryFile(std::string name, std::span<const std::byte> bytes) : name_(std::move(name)), view_(bytes) {}
+  uint64_t size() const override { return view_.size(); }
+  Status read_at(uint64_t offset, std::span<std::byte> dst) const override;
+  const std::string& name() const override { return name_; }
+  std::span<const std::byte> bytes() const { return view_; }
+
+ private:
+  std::string name_;
+  std::vector<std::byte> owned_;
+  std::span<const std::byte> view_;
+};
+
+class VectorSink final : public ByteSink {
+ public:
+  using ByteSink::append;
+  Status append(std::span<const std::byte> data) override {
+    bytes.insert(bytes.end(), data.begin(), data.end());
+    return Status::OK();
+  }
+  std::vector<std::byte> bytes;
+};
+
+// Counts bytes: the exact output size before anything is written.
+class CountingSink final : public ByteSink {
+ public:
+  using ByteSink::append;
+  Status append(std::span<const std::byte> data) override {
+    count += data.size();
+    return Status::OK();
+  }
+  uint64_t count = 0;
+};
+
+// Collects small appends into large ones for a slower sink. flush() (or
+// destruction, errors dropped) passes the rest on.
+class BufferedSink final : public ByteSink {
+ public:
+  explicit BufferedSink(ByteSink& out, size_t capacity = 1 << 20) : out_(out), cap_(capacity) { buf_.reserve(cap_); }
+  ~BufferedSink() override { (void)flush(); }
+  using ByteSink::append;
+  Status append(std::span<const std::byte> data) override {
+    if (buf_.size() + data.size() > cap_) {
+      KV_RETURN_IF_ERROR(flush());
+      if (data.size() >= cap_) return out_.append(data);
+    }
+    buf_.insert(buf_.end(), data.begin(), data.end());
+    return Status::OK();
+  }
+  Status flush() {
+    if (buf_.empty()) return Status::OK();
+    Status s = out_.append(buf_);
+    buf_.clear();
+    return s;
+  }
+
+ private:
+  ByteSink& out_;
+  size_t cap_;
+  std::vector<std::byte> buf_;
+};
+
+struct DirEntry {
+  std::string name;  // file name only
+  bool is_regular = false;
+  bool is_dir = false;
+  bool is_symlink = false;
+};
+
+class Io {
+ public:
+  virtual ~Io() = default;
+  virtual Result<std::unique_ptr<ReadableFile>> open_read(const std::string& path) = 0;
+  // Creates or truncates `path`. `exclusive` fails if it exists.
+  virtual Result<std::unique_ptr<WritableFile>> open_write(const std::string& path, bool exclusive) = 0;
+  virtual Status rename(const std::string& from, const std::string& to) = 0;
+  virtual Status remove(const std::string& path) = 0;
+  virtual Status sync_dir(const std::string& dir) = 0;
+  virtual Result<bool> exists(const std::string& path) = 0;
+  virtual Result<std::vector<DirEntry>> list_dir(const std::string& dir) = 0;
+  virtual Status create_dirs(const std::string& dir) = 0;
+};
+
+// The process-wide real file system.
+Io& posix_io();
+
+// Reads a whole (small) file into memory; refuses files larger than `max_bytes`.
+Result<std::vector<std::byte>> read_all(Io& io, const std::string& path, uint64_t max_bytes);
+
+// Writes `path` so that a reader sees either the old file or the complete new
+// one, never a mix: a temporary file in the same directory, fsync, rename,
+// fsync of the directory. Dropping the writer without commit() removes the
+// temporary file.
+class AtomicFileWriter final : public ByteSink {
+ public:
+  static Result<std::unique_ptr<AtomicFileWriter>> create(Io& io, const std::string& path);
+  ~AtomicFileWriter() override;
+  using ByteSink::append;
+  Status append(std::span<const std::byte> data) override;
+  Status commit();
+  const std::string& temp_path() const { return tmp_path_; }
+
+ private:
+  AtomicFileWriter(Io& io, std::string path, std::string tmp, std::unique_ptr<WritableFile> f)
+      : io_(io), path_(std::move(path)), tmp_path_(std::move(tmp)), file_(std::move(f)) {}
+  Io& io_;
+  std::string path_;
+  std::string tmp_path_;
+  std::unique_ptr<WritableFile> file_;
+  bool committed_ = false;
+};
+
+}  // namespace kvsnap
