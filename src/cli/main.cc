@@ -1,2 +1,22 @@
+// kvsnap: keep llama.cpp inference sessions across restarts and cache types.
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
-int main() { return 0; }
+
+#include "cli/commands.h"
+#include "cli/exit_codes.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvsnap: read, convert and store llama.cpp KV caches (slot and session files)"};
+  app.set_version_flag("--version", std::string("kvsnap ") + KVSNAP_VERSION);
+  app.require_subcommand(1);
+  app.footer("\nRun 'kvsnap COMMAND --help' for a command's options. Exit codes: docs/cli.md.");
+  int exit_status = kvsnap::cli::kExitOk;
+  kvsnap::cli::setup_info(app, exit_status);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return exit_status;
+}

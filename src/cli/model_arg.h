@@ -1,0 +1,33 @@
+// The --model GGUF argument: what the model says about a state file's layout,
+// its rotation blocks, and whether a state file belongs to it.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+
+#include "base/io.h"
+#include "format/llama_state.h"
+
+namespace kvsnap::cli {
+
+struct ModelInfo {
+  std::string path;
+  MemoryShape shape;
+  nlohmann::ordered_json summary;  // arch, n_layer, head dims, fingerprint...
+  std::string arch;
+  // Per KV section and layer: head dims (0 when unknown).
+  std::vector<std::vector<uint32_t>> head_dim_k, head_dim_v;
+
+  nlohmann::ordered_json to_json() const { return summary; }
+  // llama.cpp's Hadamard block for this layer's K or V, or nullopt when it
+  // does not rotate (head dim not a multiple of 64, or mixed head dims for K).
+  std::optional<uint32_t> rotation_block(bool is_v, size_t section, size_t layer) const;
+  // kMismatch when the state file cannot belong to this model.
+  Status check_state(const StateFile& f, const std::string& file_name) const;
+};
+
+Result<ModelInfo> load_model_info(Io& io, const std::string& path);
+
+}  // namespace kvsnap::cli
