@@ -254,9 +254,10 @@ Status parse_recurrent(Cursor& c, RecurrentSection& rec) {
   return Status::OK();
 }
 
-Status parse_memory(Cursor& c, const Reading& r, const MemoryShape* shape, MemorySection& mem) {
-  mem.range.offset = c.offset();
-  for (int si = 0; si < r.n_kv; ++si) {
+// Parses the sections after the first KV section (which `mem` already holds,
+// unless r.n_kv == 0) and checks that nothing is left over.
+Status parse_memory_rest(Cursor& c, const Reading& r, const MemoryShape* shape, MemorySection& mem) {
+  for (int si = int(mem.kv.size()); si < r.n_kv; ++si) {
     const KvSectionShape* ss = nullptr;
     if (shape && shape->kv_sections_known && size_t(si) < shape->kv_sections.size()) ss = &shape->kv_sections[si];
     KvSection sec;
@@ -268,15 +269,16 @@ Status parse_memory(Cursor& c, const Reading& r, const MemoryShape* shape, Memor
     KV_RETURN_IF_ERROR(parse_recurrent(c, rec));
     // Without the model, accept the tail as recurrent state only when its
     // structure parsed; with a model that says "hybrid", carry it regardless.
-    const bool model_says_hybrid = shape && shape->recurrent_known && shape->has_recurrent;
-    if (!rec.understood && !model_says_hybrid) {
+    const bool opaque_ok = shape && shape->recurrent_known && shape->has_recurrent && shape->recurrent_opaque_ok;
+    if (!rec.understood && !opaque_ok) {
       return c.corrupt(rec.range.offset, "the bytes after the KV section do not parse as recurrent state");
     }
-    c.seek(c.end()).ok();
+    KV_RETURN_IF_ERROR(c.seek(c.end()));
     mem.recurrent = rec;
   }
   if (!c.at_end()) {
-    return c.corrupt(std::to_string(c.remaining()) + " bytes remain after the memory section");
+    std::string hint = r.n_kv == 1 && !r.recurrent ? " (a second KV section (iSWA) or recurrent state? --model tells)" : "";
+    return c.corrupt(std::to_string(c.remaining()) + " bytes remain after the memory section" + hint);
   }
   mem.range.size = c.offset() - mem.range.offset;
   return Status::OK();
@@ -296,13 +298,21 @@ std::vector<Reading> candidate_readings(uint32_t era, const MemoryShape* shape) 
   if (shape && shape->kv_sections_known && shape->recurrent_known) {
     layouts = {{int(shape->kv_sections.size()), shape->has_recurrent}};
   } else {
-    layouts = {{1, false}, {2, false}, {1, true}, {2, true}, {0, true}};
+    // Without the model: plain, iSWA, and hybrid (KV then recurrent). A
+    // recurrent-only memory is byte-for-byte the shape of a KV section without
+    // the n_stream prefix, so it is only read as such when the model says so.
+    layouts = {{1, false}, {2, false}, {1, true}, {2, true}};
   }
   std::vector<Reading> out;
   for (bool p : prefixes) {
     for (uint32_t e : exts) {
       if (!p && e != 0) continue;  // b5640 wrote no cell ext
-      for (auto [n, rec] : layouts) out.push_back(Reading{p, e, n, rec});
+      for (auto [n, rec] : layouts) {
+        // b5640 had no hybrid memory; its second KV section has no prefix and
+        // would read as recurrent state.
+        if (!p && rec && !(shape && shape->recurrent_known)) continue;
+        out.push_back(Reading{p, e, n, rec});
+      }
     }
   }
   return out;
@@ -317,18 +327,80 @@ struct Attempt {
 
 Status read_memory(const ReadableFile& file, uint64_t begin, uint32_t era, const MemoryShape* shape,
                    StateFile& out) {
+  const std::vector<Reading> readings = candidate_readings(era, shape);
   std::vector<Attempt> ok;
   std::optional<Attempt> best_fail;
-  for (const Reading& r : candidate_readings(era, shape)) {
-    Cursor c(file, begin, file.size());
+  // The error worth showing: the furthest among readings whose first KV
+  // section parsed; when none did, the most common layout's (readings are in
+  // order of likelihood), not a wrong reading that wandered further in garbage.
+  std::optional<Attempt> primary_fail;
+  auto consider_failure = [&](Attempt a, bool first_section_ok) {
+    if (!first_section_ok) {
+      if (!primary_fail) primary_fail = std::move(a);
+      return;
+    }
+    if (!best_fail || a.reached > best_fail->reached ||
+        (a.status.code() == Code::kMismatch && best_fail->status.code() != Code::kMismatch)) {
+      best_fail = std::move(a);
+    }
+  };
+  // The first KV section reads the same for every layout that shares the
+  // stream prefix and cell ext: parse it once per such pair.
+  struct First {
+    bool prefix;
+    uint32_t ext;
+    Status status;
+    uint64_t reached;
+    KvSection sec;
+  };
+  std::vector<First> firsts;
+  for (const Reading& r : readings) {
     Attempt a{r, Status::OK(), 0, {}};
-    a.status = parse_memory(c, r, shape, a.mem);
+    a.mem.range.offset = begin;
+    uint64_t resume = begin;
+    if (r.n_kv > 0) {
+      auto it = std::find_if(firsts.begin(), firsts.end(),
+                             [&](const First& f) { return f.prefix == r.stream_prefix && f.ext == r.ext_bytes; });
+      if (it == firsts.end()) {
+        Cursor c(file, begin, file.size());
+        First f{r.stream_prefix, r.ext_bytes, Status::OK(), 0, {}};
+        const KvSectionShape* ss = nullptr;
+        if (shape && shape->kv_sections_known && !shape->kv_sections.empty()) ss = &shape->kv_sections[0];
+        f.status = parse_kv_section(c, r, ss, 0, r.n_kv, f.sec);
+        f.reached = c.offset();
+        firsts.push_back(std::move(f));
+        it = std::prev(firsts.end());
+      }
+      if (!it->status.ok()) {
+        a.status = it->status;
+        a.reached = it->reached;
+        consider_failure(std::move(a), false);
+        continue;
+      }
+      a.mem.kv.push_back(it->sec);
+      resume = it->reached;
+    }
+    Cursor c(file, begin, file.size());
+    a.status = c.seek(resume);
+    if (a.status.ok()) a.status = parse_memory_rest(c, r, shape, a.mem);
     a.reached = c.offset();
     if (a.status.ok()) {
-      ok.push_back(std::move(a));
-    } else if (!best_fail || a.reached > best_fail->reached ||
-               (a.status.code() == Code::kMismatch && best_fail->status.code() != Code::kMismatch)) {
-      best_fail = std::move(a);
+      // Readings that differ only in the cell ext of sections without cells
+      // are the same reading.
+      auto same = [&](const Attempt& o) {
+        if (o.mem.kv.size() != a.mem.kv.size() || o.reading.recurrent != a.reading.recurrent ||
+            o.reading.stream_prefix != a.reading.stream_prefix)
+          return false;
+        for (size_t i = 0; i < a.mem.kv.size(); ++i) {
+          if (o.mem.kv[i].range.size != a.mem.kv[i].range.size) return false;
+          for (const auto& st : a.mem.kv[i].streams)
+            if (st.cell_count && o.mem.kv[i].ext_bytes != a.mem.kv[i].ext_bytes) return false;
+        }
+        return true;
+      };
+      if (std::none_of(ok.begin(), ok.end(), same)) ok.push_back(std::move(a));
+    } else {
+      consider_failure(std::move(a), r.n_kv > 0);
     }
   }
   if (ok.size() == 1) {
@@ -344,11 +416,10 @@ Status read_memory(const ReadableFile& file, uint64_t begin, uint32_t era, const
                              " layouts:" + list +
                              "\nllama.cpp state files do not say which; pass the model with --model GGUF");
   }
-  Status s = best_fail->status;
-  if (!shape) {
-    return s.Prefixed("cannot read the memory section (tried " +
-                              std::to_string(candidate_readings(era, shape).size()) +
-                              " layouts; --model GGUF makes the layout exact)");
+  Status s = best_fail ? best_fail->status : primary_fail->status;
+  if (!shape && readings.size() > 1) {
+    return s.Prefixed("cannot read the memory section (tried " + std::to_string(readings.size()) +
+                      " layouts; --model GGUF makes the layout exact)");
   }
   return s;
 }

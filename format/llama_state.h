@@ -154,6 +154,9 @@ struct MemoryShape {
   bool kv_sections_known = false;
   bool recurrent_known = false;
   bool has_recurrent = false;
+  // The model's recurrent state has parts kvsnap does not parse (extra p
+  // rows): carry it without checking its structure.
+  bool recurrent_opaque_ok = false;
   std::string source;                       // "model.gguf (llama)"
 };
 

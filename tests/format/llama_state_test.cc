@@ -1,0 +1,437 @@
+// Reading and writing llama.cpp state files: round trips on every fixture and
+// every synthetic layout, then one test per way a file can be wrong.
+#include "format/llama_state.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "format/state_builder.h"
+
+namespace kvsnap {
+namespace {
+
+using testing::build_state;
+using testing::SynthLayer;
+using testing::SynthSpec;
+
+Result<StateFile> parse_bytes(const std::vector<std::byte>& b, const ParseOptions& o = {}) {
+  MemoryFile f("test.bin", std::span<const std::byte>(b));
+  return parse_state(f, o);
+}
+
+std::vector<std::byte> rewrite(const std::vector<std::byte>& b, const ParseOptions& o = {}) {
+  MemoryFile f("test.bin", std::span<const std::byte>(b));
+  auto st = parse_state(f, o);
+  EXPECT_TRUE(st.ok()) << st.status().ToString();
+  if (!st.ok()) return {};
+  VectorSink out;
+  CopyTensorSource src(f);
+  Status s = write_state(*st, src, f, out);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return out.bytes;
+}
+
+std::vector<std::byte> slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::vector<char> c((std::istreambuf_iterator<char>(in)), {});
+  std::vector<std::byte> b(c.size());
+  std::memcpy(b.data(), c.data(), c.size());
+  return b;
+}
+
+// Every llama.cpp state file under `dir` (by extension).
+std::vector<std::filesystem::path> state_files_under(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> out;
+  if (!std::filesystem::exists(dir)) return out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    const auto ext = e.path().extension().string();
+    if (e.is_regular_file() && (ext == ".slot" || ext == ".session" || ext == ".bin" || ext == ".rawseq")) {
+      out.push_back(e.path());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+ParseOptions options_for(const std::filesystem::path& p) {
+  ParseOptions o;
+  if (p.extension() == ".rawseq") o.kind = StateKind::kRawSeq;
+  return o;
+}
+
+// --- Synthetic layouts: every kind the reader knows -------------------------
+
+struct Layout {
+  const char* name;
+  SynthSpec spec;
+};
+
+std::vector<Layout> layouts() {
+  std::vector<Layout> v;
+  SynthSpec s;
+  v.push_back({"ggsq3_rows", s});
+  s = {}; s.v_trans = 1; v.push_back({"ggsq3_vtrans", s});
+  s = {}; s.layers = {{8, 128, 2, 128}, {8, 128, 2, 128}}; v.push_back({"ggsq3_q8_q4", s});
+  s = {}; s.layers = {{20, 64, 3, 64}, {6, 64, 7, 64}, {30, 64, 0, 64}}; v.push_back({"ggsq3_mixed", s});
+  s = {}; s.ext_bytes = 12; v.push_back({"ggsq3_mrope_ext", s});
+  s = {}; s.kv_sections = 2; v.push_back({"ggsq3_iswa", s});
+  s = {}; s.recurrent = true; v.push_back({"ggsq3_hybrid", s});
+  s = {}; s.token_words = {-1, 1, 3, 10, 11, 12, 0}; v.push_back({"ggsq3_server_packed", s});
+  s = {}; s.cells = 0; v.push_back({"ggsq3_empty", s});
+  s = {}; s.version = 2; v.push_back({"ggsq2_b8121", s});
+  s = {}; s.version = 2; s.stream_prefix = false; v.push_back({"ggsq2_b5640", s});
+  s = {}; s.version = 2; s.stream_prefix = false; s.v_trans = 1; v.push_back({"ggsq2_b5640_vtrans", s});
+  s = {}; s.kind = SynthSpec::kSession; s.version = 10; s.n_streams = 3; s.n_seq_per_cell = 2;
+  v.push_back({"ggsn10_streams", s});
+  s = {}; s.kind = SynthSpec::kSession; s.version = 9; v.push_back({"ggsn9_b8121", s});
+  s = {}; s.kind = SynthSpec::kSession; s.version = 9; s.stream_prefix = false; s.embd = 5;
+  v.push_back({"ggsn9_b5640", s});
+  s = {}; s.kind = SynthSpec::kRawSeqTagged; v.push_back({"raw_seq_tagged", s});
+  return v;
+}
+
+class SynthLayoutTest : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(SynthLayoutTest, ParsesAndRoundTripsByteExact) {
+  const auto bytes = build_state(GetParam().spec);
+  auto st = parse_bytes(bytes);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(rewrite(bytes), bytes);
+  const SynthSpec& s = GetParam().spec;
+  EXPECT_EQ(st->memory.kv.size(), size_t(s.kv_sections));
+  EXPECT_EQ(st->memory.recurrent.has_value(), s.recurrent);
+  if (s.cells > 0) {
+    const KvStream& stream = st->memory.kv[0].streams[0];
+    EXPECT_EQ(stream.cell_count, s.cells);
+    EXPECT_EQ(stream.v_trans, s.v_trans);
+    ASSERT_EQ(stream.layers.size(), s.layers.size());
+    for (size_t i = 0; i < s.layers.size(); ++i) {
+      EXPECT_EQ(stream.layers[i].k_type, s.layers[i].k_type);
+      EXPECT_EQ(layer_n_embd_k(stream.layers[i]), s.layers[i].n_embd_k);
+      EXPECT_EQ(layer_n_embd_v(stream.layers[i], stream.v_trans), s.layers[i].n_embd_v);
+    }
+    EXPECT_EQ(st->memory.kv[0].ext_bytes, s.ext_bytes);
+    EXPECT_EQ(st->memory.kv[0].stream_prefix, s.stream_prefix);
+  }
+}
+
+// Every strict prefix of every layout is an error, never a crash or a
+// successful parse (this runs under ASan/UBSan in CI).
+// The shape a model would give for a synthetic layout.
+MemoryShape shape_of(const SynthSpec& s) {
+  MemoryShape m;
+  m.ext_bytes = s.ext_bytes;
+  m.kv_sections_known = m.recurrent_known = true;
+  m.has_recurrent = s.recurrent;
+  for (int i = 0; i < s.kv_sections; ++i) {
+    KvSectionShape ks;
+    for (const auto& L : s.layers) {
+      ks.n_embd_k_gqa.push_back(L.n_embd_k);
+      ks.n_embd_v_gqa.push_back(L.n_embd_v);
+    }
+    m.kv_sections.push_back(ks);
+  }
+  m.source = "synthetic model";
+  return m;
+}
+
+TEST_P(SynthLayoutTest, ParsesWithTheModelShapeToo) {
+  const auto bytes = build_state(GetParam().spec);
+  const MemoryShape shape = shape_of(GetParam().spec);
+  ParseOptions o;
+  o.shape = &shape;
+  auto st = parse_bytes(bytes, o);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(rewrite(bytes, o), bytes);
+}
+
+// Without a model, a file cut exactly after its first KV section is a valid
+// one-section file; with the model's shape, it is not. So the sweep uses the
+// shape for iSWA and hybrid layouts.
+TEST_P(SynthLayoutTest, EveryTruncationIsAnError) {
+  const auto bytes = build_state(GetParam().spec);
+  const MemoryShape shape = shape_of(GetParam().spec);
+  ParseOptions o;
+  if (GetParam().spec.kv_sections > 1 || GetParam().spec.recurrent) o.shape = &shape;
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    std::vector<std::byte> cut(bytes.begin(), bytes.begin() + n);
+    auto st = parse_bytes(cut, o);
+    ASSERT_FALSE(st.ok()) << GetParam().name << ": prefix of " << n << " bytes parsed";
+    ASSERT_FALSE(st.status().message().empty());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, SynthLayoutTest, ::testing::ValuesIn(layouts()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(TokenPayload, ServerPackedParsesAndRepacks) {
+  std::vector<int32_t> toks = {5, 6, 7};
+  std::vector<std::vector<std::byte>> media = {{std::byte{1}, std::byte{2}, std::byte{3}}};
+  auto words = pack_server_tokens(toks, {1}, media);
+  auto tp = parse_token_payload(words);
+  ASSERT_TRUE(tp.ok()) << tp.status().ToString();
+  EXPECT_TRUE(tp->packed);
+  EXPECT_EQ(tp->tokens, toks);
+  EXPECT_EQ(tp->media_positions, std::vector<uint32_t>{1});
+  ASSERT_EQ(tp->media_chunks.size(), 1u);
+  EXPECT_EQ(pack_server_tokens(tp->tokens, tp->media_positions, tp->media_chunks), words);
+}
+
+TEST(TokenPayload, PlainListStaysPlain) {
+  auto tp = parse_token_payload({1, 2, 3});
+  ASSERT_TRUE(tp.ok());
+  EXPECT_FALSE(tp->packed);
+  EXPECT_EQ(tp->tokens, (std::vector<int32_t>{1, 2, 3}));
+}
+
+TEST(TokenPayload, BrokenPackedPayloadIsCorrupt) {
+  EXPECT_EQ(parse_token_payload({-1, 1, 99}).status().code(), Code::kCorruption);   // count past end
+  EXPECT_EQ(parse_token_payload({-1, 2, 0, 0}).status().code(), Code::kNotSupported);  // version 2
+  EXPECT_EQ(parse_token_payload({-1, 1, 0, 0, 7}).status().code(), Code::kCorruption);  // trailing word
+}
+
+// --- Hostile and wrong input: one test per error the reader returns ---------
+
+void set_u32(std::vector<std::byte>& b, size_t off, uint32_t v) {
+  for (int i = 0; i < 4; ++i) b[off + i] = std::byte((v >> (8 * i)) & 0xff);
+}
+void set_u64(std::vector<std::byte>& b, size_t off, uint64_t v) {
+  set_u32(b, off, uint32_t(v));
+  set_u32(b, off + 4, uint32_t(v >> 32));
+}
+
+// Offsets in the default SynthSpec (ggsq v3, 5 tokens, 1 stream, 7 cells of 12 bytes).
+constexpr size_t kTokCount = 8;
+constexpr size_t kNStream = 12 + 5 * 4;
+constexpr size_t kCellCount = kNStream + 4;
+constexpr size_t kFirstCell = kCellCount + 4;
+constexpr size_t kVTrans = kFirstCell + 7 * 12;
+constexpr size_t kNLayer = kVTrans + 4;
+constexpr size_t kKType0 = kNLayer + 4;
+constexpr size_t kKRow0 = kKType0 + 4;
+
+void expect_error(const std::vector<std::byte>& b, Code code, const std::string& needle) {
+  auto st = parse_bytes(b);
+  ASSERT_FALSE(st.ok()) << "expected: " << needle;
+  EXPECT_EQ(st.status().code(), code) << st.status().ToString();
+  EXPECT_NE(st.status().message().find(needle), std::string::npos) << st.status().ToString();
+  EXPECT_NE(st.status().message().find("test.bin"), std::string::npos) << "names the file: " << st.status().ToString();
+}
+
+TEST(HostileInput, WrongMagic) {
+  auto b = build_state({});
+  set_u32(b, 0, 0x12345678);
+  expect_error(b, Code::kNotSupported, "unknown magic 12345678");
+}
+
+TEST(HostileInput, WrongVersion) {
+  auto b = build_state({});
+  set_u32(b, 4, 4);
+  expect_error(b, Code::kNotSupported, "unknown (magic, version) for sequence state file: 67677371, 00000004");
+}
+
+TEST(HostileInput, TokenCountPastTheEnd) {
+  auto b = build_state({});
+  set_u32(b, kTokCount, 0xfffffff0u);
+  expect_error(b, Code::kCorruption, "token count 4294967280");
+}
+
+TEST(HostileInput, ZeroStreams) {
+  auto b = build_state({});
+  set_u32(b, kNStream, 0);
+  expect_error(b, Code::kCorruption, "stream count 0");
+}
+
+TEST(HostileInput, CellCountPastTheEnd) {
+  auto b = build_state({});
+  set_u32(b, kCellCount, 0x7fffffff);
+  expect_error(b, Code::kCorruption, "cells need at least");
+}
+
+TEST(HostileInput, ZeroLayers) {
+  auto b = build_state({});
+  set_u32(b, kNLayer, 0);
+  expect_error(b, Code::kCorruption, "layer count 0");
+}
+
+TEST(HostileInput, AbsurdLayerCount) {
+  auto b = build_state({});
+  set_u32(b, kNLayer, 1000000);
+  expect_error(b, Code::kCorruption, "layer count 1000000");
+}
+
+TEST(HostileInput, BadVTrans) {
+  auto b = build_state({});
+  set_u32(b, kVTrans, 2);
+  expect_error(b, Code::kCorruption, "v_trans is 2");
+}
+
+TEST(HostileInput, UnknownTypeId) {
+  auto b = build_state({});
+  set_u32(b, kKType0, 99);
+  expect_error(b, Code::kCorruption, "unknown key type id 99");
+}
+
+TEST(HostileInput, RowSizeDisagreesWithType) {
+  auto b = build_state({});
+  set_u32(b, kKType0, 8);  // q8_0 rows are multiples of 34; this row is 256 bytes
+  expect_error(b, Code::kCorruption, "is not a multiple of 34 (q8_0 block)");
+}
+
+TEST(HostileInput, HugeRowSize) {
+  auto b = build_state({});
+  set_u64(b, kKRow0, uint64_t(1) << 62);
+  expect_error(b, Code::kCorruption, "out of range");
+}
+
+TEST(HostileInput, FileCutAfterTheFirstOfTwoSectionsNeedsTheModelToTell) {
+  SynthSpec s;
+  s.kv_sections = 2;
+  auto b = build_state(s);
+  auto whole = parse_bytes(b);
+  ASSERT_TRUE(whole.ok());
+  b.resize(whole->memory.kv[1].range.offset);
+  EXPECT_TRUE(parse_bytes(b).ok()) << "a valid one-section file as far as the bytes go";
+  const MemoryShape shape = shape_of(s);
+  ParseOptions o;
+  o.shape = &shape;
+  EXPECT_FALSE(parse_bytes(b, o).ok());
+}
+
+TEST(HostileInput, TrailingBytes) {
+  auto b = build_state({});
+  b.resize(b.size() + 3);
+  expect_error(b, Code::kCorruption, "");
+}
+
+TEST(HostileInput, TooShortForAHeader) {
+  std::vector<std::byte> b(5);
+  expect_error(b, Code::kCorruption, "too short");
+}
+
+TEST(HostileInput, QuantizedTransposedV) {
+  SynthSpec s;
+  s.v_trans = 1;
+  auto b = build_state(s);
+  // First V header after both K layers: type then element size.
+  const size_t v0 = kKRow0 + 8 + 256 * 7 + 4 + 8 + 256 * 7;
+  set_u32(b, v0, 8);
+  expect_error(b, Code::kCorruption, "requires flash attention");
+}
+
+// --- With a model shape: mismatches are named as llama.cpp names them -------
+
+TEST(ModelShape, MatchingShapeParses) {
+  auto b = build_state({});
+  MemoryShape shape;
+  shape.kv_sections_known = shape.recurrent_known = true;
+  shape.ext_bytes = 0;
+  shape.kv_sections = {{{128, 128}, {128, 128}, {}}};
+  shape.source = "model.gguf";
+  ParseOptions o;
+  o.shape = &shape;
+  auto st = parse_bytes(b, o);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_NE(st->reading.find("from model.gguf"), std::string::npos);
+}
+
+TEST(ModelShape, WrongHeadDimIsAMismatch) {
+  auto b = build_state({});
+  MemoryShape shape;
+  shape.kv_sections_known = shape.recurrent_known = true;
+  shape.ext_bytes = 0;
+  shape.kv_sections = {{{256, 256}, {256, 256}, {}}};
+  ParseOptions o;
+  o.shape = &shape;
+  auto st = parse_bytes(b, o);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.status().code(), Code::kMismatch);
+  EXPECT_NE(st.status().message().find("mismatched key row size (256 != 512"), std::string::npos)
+      << st.status().ToString();
+}
+
+TEST(ModelShape, WrongLayerCountIsAMismatch) {
+  auto b = build_state({});
+  MemoryShape shape;
+  shape.kv_sections_known = shape.recurrent_known = true;
+  shape.ext_bytes = 0;
+  shape.kv_sections = {{{128, 128, 128}, {128, 128, 128}, {}}};
+  ParseOptions o;
+  o.shape = &shape;
+  auto st = parse_bytes(b, o);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.status().message().find("mismatched layer count (2 in the file, 3 in the model)"), std::string::npos)
+      << st.status().ToString();
+}
+
+TEST(ModelShape, ModelDecidesTheCellExt) {
+  SynthSpec s;
+  s.ext_bytes = 12;
+  auto b = build_state(s);
+  MemoryShape shape;
+  shape.ext_bytes = 0;  // the model says: no M-RoPE
+  ParseOptions o;
+  o.shape = &shape;
+  EXPECT_FALSE(parse_bytes(b, o).ok());
+  shape.ext_bytes = 12;
+  EXPECT_TRUE(parse_bytes(b, o).ok());
+}
+
+// --- Real files: everything in fixtures/ (and the shared reference files
+// when this checkout sits beside them) round-trips byte for byte. ---------
+
+void round_trip_dir(const std::filesystem::path& dir, size_t& count) {
+  for (const auto& p : state_files_under(dir)) {
+    SCOPED_TRACE(p.string());
+    const auto bytes = slurp(p);
+    EXPECT_EQ(rewrite(bytes, options_for(p)), bytes);
+    ++count;
+  }
+}
+
+TEST(Fixtures, ProjectFixturesRoundTripByteExact) {
+  size_t n = 0;
+  round_trip_dir(std::filesystem::path(KVSNAP_SOURCE_DIR) / "fixtures", n);
+  if (n == 0) GTEST_SKIP() << "no state files under fixtures/ yet";
+  std::printf("round-tripped %zu fixture files\n", n);
+}
+
+TEST(Fixtures, SharedReferenceFilesRoundTripByteExact) {
+  const auto dir = std::filesystem::path(KVSNAP_SOURCE_DIR) / ".." / "shared" / "fixtures";
+  size_t n = 0;
+  round_trip_dir(dir, n);
+  if (n == 0) GTEST_SKIP() << "../shared/fixtures is not beside this checkout";
+  std::printf("round-tripped %zu shared reference files\n", n);
+}
+
+// One real file per format: every strict prefix is a clean error.
+TEST(Fixtures, TruncationSweepOnRealFiles) {
+  std::map<std::string, std::filesystem::path> one_per_format;
+  for (const auto& p : state_files_under(std::filesystem::path(KVSNAP_SOURCE_DIR) / "fixtures")) {
+    const auto bytes = slurp(p);
+    auto st = parse_bytes(bytes, options_for(p));
+    if (!st.ok()) continue;
+    const std::string key = std::string(kind_name(st->kind)) + std::to_string(st->version) +
+                            (st->memory.kv.empty() || st->memory.kv[0].stream_prefix ? "p" : "n");
+    auto it = one_per_format.find(key);
+    if (it == one_per_format.end() || std::filesystem::file_size(p) < std::filesystem::file_size(it->second)) {
+      one_per_format[key] = p;
+    }
+  }
+  if (one_per_format.empty()) GTEST_SKIP() << "no state files under fixtures/ yet";
+  for (const auto& [key, p] : one_per_format) {
+    SCOPED_TRACE(p.string());
+    const auto bytes = slurp(p);
+    for (size_t n = 0; n < bytes.size(); ++n) {
+      MemoryFile f("cut", std::span<const std::byte>(bytes.data(), n));
+      auto st = parse_state(f, options_for(p));
+      ASSERT_FALSE(st.ok()) << "prefix of " << n << " bytes parsed";
+    }
+    std::printf("truncation sweep: %s (%zu prefixes)\n", p.filename().c_str(), bytes.size());
+  }
+}
+
+}  // namespace
+}  // namespace kvsnap
