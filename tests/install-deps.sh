@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs what kvsnap needs to build and test on Debian 12 (apt-get; sudo when not root).
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates
+      libsqlite3-dev libzstd-dev libarchive-dev libcli11-dev libssl-dev nlohmann-json3-dev
+      libgtest-dev libgmock-dev libbenchmark-dev)
+command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: everything is installed"
+  exit 0
+fi
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "install-deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"

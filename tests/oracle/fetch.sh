@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# fetch.sh: set up the real-llama.cpp test bed ("oracle") from the npm packages of node-llama-cpp.
+#
+#   tests/oracle/fetch.sh [NPM_VERSION...]     default: 3.22.1;  "all" = 3.22.1 3.16.2 3.10.0
+#
+# For each version V this produces, under $KVSNAP_ORACLE_DIR (default ~/.cache/kvsnap-oracle):
+#   npm/node-llama-cpp-V.tgz, npm/node-llama-cpp-linux-x64-V.tgz   (npm pack, kept as a download cache)
+#   V/lib/       prebuilt CPU shared libraries (libllama*.so, libggml*.so, libggml-cpu-*.so)
+#   V/src/       llama.cpp source (git clone of llama/gitRelease.bundle)
+#   V/include/   llama.h, llama-cpp.h and ggml/include/*.h of that source
+#   V/tag        the llama.cpp release the package was built from (e.g. v0.5.0, b8121, b5640)
+# Idempotent: every step is skipped when its result is already there. Needs node/npm, git, tar.
+set -euo pipefail
+
+ALL_VERSIONS=(3.22.1 3.16.2 3.10.0)
+DIR="${KVSNAP_ORACLE_DIR:-${HOME:-/root}/.cache/kvsnap-oracle}"
+
+log() { printf 'oracle-fetch: %s\n' "$*" >&2; }
+die() { printf 'oracle-fetch: error: %s\n' "$*" >&2; exit 1; }
+
+usage() {
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  exit "${1:-0}"
+}
+
+versions=()
+for a in "$@"; do
+  case "$a" in
+    -h|--help) usage 0 ;;
+    all) versions+=("${ALL_VERSIONS[@]}") ;;
+    [0-9]*.[0-9]*.[0-9]*) versions+=("$a") ;;
+    *) log "unknown argument: $a"; usage 2 ;;
+  esac
+done
+[ ${#versions[@]} -gt 0 ] || versions=(3.22.1)
+
+for tool in npm git tar; do
+  command -v "$tool" >/dev/null 2>&1 || die "'$tool' is required but not on PATH"
+done
+case "$(uname -s)-$(uname -m)" in
+  Linux-x86_64) ;;
+  *) die "only linux x86_64 is supported (the bed uses @node-llama-cpp/linux-x64)" ;;
+esac
+
+mkdir -p "$DIR/npm"
+TMPDIRS=()
+cleanup() { local d; for d in "${TMPDIRS[@]}"; do rm -rf "$d"; done; }
+trap cleanup EXIT
+
+# fetch_one V
+fetch_one() {
+  local v="$1"
+  local main_tgz="$DIR/npm/node-llama-cpp-$v.tgz"
+  local bin_tgz="$DIR/npm/node-llama-cpp-linux-x64-$v.tgz"
+  local vdir="$DIR/$v"
+
+  # 1. npm pack (download only, no install scripts run)
+  local want=()
+  [ -s "$main_tgz" ] || want+=("node-llama-cpp@$v")
+  [ -s "$bin_tgz" ] || want+=("@node-llama-cpp/linux-x64@$v")
+  if [ ${#want[@]} -gt 0 ]; then
+    log "$v: npm pack ${want[*]}"
+    (cd "$DIR/npm" && npm pack --silent --pack-destination "$DIR/npm" "${want[@]}" >/dev/null) \
+      || die "$v: npm pack failed (network? does version $v exist?)"
+  fi
+  [ -s "$main_tgz" ] || die "$v: $main_tgz missing after npm pack"
+  [ -s "$bin_tgz" ] || die "$v: $bin_tgz missing after npm pack"
+
+  local tmp
+  tmp="$(mktemp -d "$DIR/.fetch-$v.XXXXXX")"
+  TMPDIRS+=("$tmp")
+
+  # 2. tag: the llama.cpp release recorded in the package
+  local tag=""
+  if [ -s "$vdir/tag" ]; then
+    tag="$(tr -d '[:space:]' < "$vdir/tag")"
+  else
+    tar -xzf "$main_tgz" -C "$tmp" package/llama/binariesGithubRelease.json 2>/dev/null || true
+    if [ -s "$tmp/package/llama/binariesGithubRelease.json" ]; then
+      tag="$(sed -n 's/.*"release"[[:space:]]*:[[:space:]]*"\([^"]*\)".*/\1/p' \
+        "$tmp/package/llama/binariesGithubRelease.json" | head -n1)"
+    fi
+    [ -n "$tag" ] || die "$v: cannot read the llama.cpp release from package/llama/binariesGithubRelease.json"
+  fi
+
+  # 3. libraries
+  if ls "$vdir"/lib/libllama*.so >/dev/null 2>&1 && ls "$vdir"/lib/libggml-base.so >/dev/null 2>&1; then
+    log "$v: lib/ present"
+  else
+    log "$v: extracting prebuilt libraries"
+    tar -xzf "$bin_tgz" -C "$tmp" package/bins/linux-x64 || die "$v: $bin_tgz has no package/bins/linux-x64"
+    # the build metadata names the llama.cpp release too; cross-check
+    local meta="$tmp/package/bins/linux-x64/_nlcBuildMetadata.json"
+    if [ -s "$meta" ] && ! grep -q "\"release\":\"$tag\"" "$meta"; then
+      log "$v: warning: binaries metadata does not mention release $tag: $(cat "$meta")"
+    fi
+    mkdir -p "$vdir/lib.tmp"
+    cp "$tmp"/package/bins/linux-x64/*.so "$vdir/lib.tmp/"
+    rm -rf "${vdir:?}/lib"
+    mv "$vdir/lib.tmp" "$vdir/lib"
+  fi
+
+  # 4. source
+  if [ -d "$vdir/src/.git" ] && [ -f "$vdir/src/include/llama.h" ]; then
+    log "$v: src/ present"
+  else
+    log "$v: cloning llama.cpp source from llama/gitRelease.bundle"
+    tar -xzf "$main_tgz" -C "$tmp" package/llama/gitRelease.bundle || die "$v: no llama/gitRelease.bundle in $main_tgz"
+    rm -rf "$vdir/src.tmp"
+    git -c advice.detachedHead=false clone --quiet "$tmp/package/llama/gitRelease.bundle" "$vdir/src.tmp" \
+      || die "$v: git clone of the bundle failed"
+    [ -f "$vdir/src.tmp/include/llama.h" ] || die "$v: cloned source has no include/llama.h"
+    rm -rf "${vdir:?}/src"
+    mv "$vdir/src.tmp" "$vdir/src"
+  fi
+
+  # 5. headers
+  if [ -f "$vdir/include/llama.h" ] && [ -f "$vdir/include/ggml.h" ] && [ -f "$vdir/include/ggml-backend.h" ]; then
+    log "$v: include/ present"
+  else
+    log "$v: copying headers"
+    mkdir -p "$vdir/include.tmp"
+    cp "$vdir/src/include/"*.h "$vdir/include.tmp/"
+    cp "$vdir/src/ggml/include/"*.h "$vdir/include.tmp/"
+    rm -rf "${vdir:?}/include"
+    mv "$vdir/include.tmp" "$vdir/include"
+  fi
+
+  # 6. tag file last: its presence means the version is complete
+  if [ ! -s "$vdir/tag" ]; then
+    printf '%s\n' "$tag" > "$vdir/tag"
+  fi
+  rm -rf "$tmp"
+  log "$v: ready: $vdir (llama.cpp $tag, $(ls "$vdir"/lib/libllama*.so | xargs -n1 basename | tr '\n' ' '))"
+}
+
+for v in "${versions[@]}"; do
+  fetch_one "$v"
+done
+log "bed directory: $DIR"

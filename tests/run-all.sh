@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite, as README.md and .ci/run invoke it:
+#   1. dependencies (Debian packages), 2. the real-llama.cpp bed (npm pack,
+#   cached outside the checkout), 3. build and every test, 4. the unit tests
+#   again under AddressSanitizer + UndefinedBehaviorSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc 2>/dev/null || echo 2)
+
+bash tests/install-deps.sh
+if [ -x tests/oracle/fetch.sh ] || [ -f tests/oracle/fetch.sh ]; then
+  bash tests/oracle/fetch.sh all
+fi
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+echo "== unit tests under ASan+UBSan =="
+cmake -S . -B build-asan -G Ninja -DKVSNAP_SANITIZE=ON -DKVSNAP_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build build-asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan -L unit --output-on-failure -j"$jobs"
