@@ -287,12 +287,12 @@ Status parse_memory_rest(Cursor& c, const Reading& r, const MemoryShape* shape, 
 std::vector<Reading> candidate_readings(uint32_t era, const MemoryShape* shape) {
   std::vector<bool> prefixes = era >= 3 ? std::vector<bool>{true} : std::vector<bool>{true, false};
   std::vector<uint32_t> exts;
-  if (shape && shape->ext_bytes) {
+  if (era < 3) {
+    exts = {0};  // b8121 and older never wrote the cell ext, whatever the model
+  } else if (shape && shape->ext_bytes) {
     exts = {*shape->ext_bytes};
   } else if (era >= 3) {
     exts = {0, 12, 8};
-  } else {
-    exts = {0};
   }
   std::vector<std::pair<int, bool>> layouts;
   if (shape && shape->kv_sections_known && shape->recurrent_known) {

@@ -24,4 +24,20 @@ struct InfoOptions {
 void setup_info(CLI::App& app, int& exit_status);
 Status run_info(const InfoOptions& opts, std::string& out);
 
+struct ConvertOptions {
+  std::string in, out;
+  std::string ctk, ctv;          // "" keeps the file's
+  std::string model;
+  std::string flash_attn;        // "", "on", "off"
+  std::string rotation, src_rotation, dst_rotation;  // "", auto, on, off
+  std::string format;            // "" = current
+  std::string input_format;
+  int head_dim_k = 0, head_dim_v = 0;
+  int threads = 0;               // 0 = all cores
+  bool report = false;
+  bool json = false;
+};
+void setup_convert(CLI::App& app, int& exit_status);
+Status run_convert(const ConvertOptions& opts, std::string& out, std::string& warnings);
+
 }  // namespace kvsnap::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   app.footer("\nRun 'kvsnap COMMAND --help' for a command's options. Exit codes: docs/cli.md.");
   int exit_status = kvsnap::cli::kExitOk;
   kvsnap::cli::setup_info(app, exit_status);
+  kvsnap::cli::setup_convert(app, exit_status);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,8 +1,127 @@
 #include "cli/model_arg.h"
+
+#include "format/model_profile.h"
+
 namespace kvsnap::cli {
-std::optional<uint32_t> ModelInfo::rotation_block(bool, size_t, size_t) const { return std::nullopt; }
-Status ModelInfo::check_state(const StateFile&, const std::string&) const { return Status::OK(); }
-Result<ModelInfo> load_model_info(Io&, const std::string& path) {
-  return Status::NotSupported(path + ": --model is not wired yet");
+
+namespace {
+
+// llama_kv_cache's constructor (v0.5.0): K is rotated when the cache's layers
+// share one head dim and layer 0's head dim is a multiple of 64; the block is
+// the largest power of two (>= 64) dividing that shared head dim. V uses 64.
+std::optional<uint32_t> k_block(uint32_t shared_head_dim, uint32_t layer0_head_dim) {
+  if (shared_head_dim == 0 || layer0_head_dim % 64 != 0) return std::nullopt;
+  uint32_t n = 64;
+  do {
+    n *= 2;
+  } while (shared_head_dim % n == 0);
+  return n / 2;
 }
+
+uint32_t shared(const std::vector<uint32_t>& dims) {
+  if (dims.empty()) return 0;
+  for (uint32_t d : dims)
+    if (d != dims[0]) return 0;
+  return dims[0];
+}
+
+}  // namespace
+
+std::optional<uint32_t> ModelInfo::rotation_block(bool is_v, size_t section, size_t layer) const {
+  (void)layer;
+  const auto& dims = is_v ? head_dim_v : head_dim_k;
+  if (section >= dims.size()) return std::nullopt;
+  const uint32_t all = shared(dims[section]);
+  const uint32_t layer0 = is_v ? layer0_head_dim_v : layer0_head_dim_k;
+  if (is_v) {
+    if (all == 0 || layer0 % 64 != 0) return std::nullopt;
+    return 64;
+  }
+  return k_block(all, layer0);
+}
+
+uint32_t ModelInfo::rotation_head_dim(bool is_v, size_t section) const {
+  const auto& dims = is_v ? head_dim_v : head_dim_k;
+  if (section >= dims.size()) return 0;
+  const uint32_t layer0 = is_v ? layer0_head_dim_v : layer0_head_dim_k;
+  if (layer0 % 64 != 0) return 0;
+  return shared(dims[section]);
+}
+
+Status ModelInfo::check_state(const StateFile& f, const std::string& file_name) const {
+  if (!f.arch.empty() && f.arch != arch) {
+    return Status::Mismatch(file_name + ": wrong model arch: '" + f.arch + "' instead of '" + arch + "' (" + path +
+                            ")");
+  }
+  if (n_vocab > 0) {
+    for (size_t i = 0; i < f.tokens.tokens.size(); ++i) {
+      const int32_t t = f.tokens.tokens[i];
+      if (t < 0 || uint32_t(t) >= n_vocab) {
+        // llama-server marks media positions with -1 (LLAMA_TOKEN_NULL).
+        if (t == -1 && f.tokens.packed) continue;
+        return Status::Mismatch(file_name + ": token " + std::to_string(i) + " is id " + std::to_string(t) +
+                                ", outside the vocabulary of " + path + " (" + std::to_string(n_vocab) +
+                                " tokens): the file was not made with this model");
+      }
+    }
+  }
+  return Status::OK();
+}
+
+Result<ModelInfo> load_model_info(Io& io, const std::string& path) {
+  KV_ASSIGN_OR_RETURN(ModelProfile p, load_model_profile(io, path));
+  KV_ASSIGN_OR_RETURN(auto sections, memory_sections(p));
+  ModelInfo m;
+  m.path = path;
+  m.arch = p.arch;
+  m.n_vocab = p.n_vocab;
+  if (!p.layers.empty()) {
+    m.layer0_head_dim_k = p.layers[0].head_dim_k;
+    m.layer0_head_dim_v = p.layers[0].head_dim_v;
+  }
+  m.shape.ext_bytes = p.cell_ext_bytes;
+  m.shape.kv_sections_known = true;
+  m.shape.recurrent_known = true;
+  m.shape.source = path + " (" + p.arch + ")";
+  for (const auto& s : sections) {
+    if (s.kind == SectionKind::kRecurrent) {
+      m.shape.has_recurrent = true;
+      continue;
+    }
+    KvSectionShape ks;
+    std::vector<uint32_t> hk, hv;
+    for (const auto& L : s.layers) {
+      ks.n_embd_k_gqa.push_back(L.n_embd_k_gqa);
+      ks.n_embd_v_gqa.push_back(L.n_embd_v_gqa);
+      ks.has_v.push_back(L.has_v);
+      hk.push_back(L.head_dim_k);
+      hv.push_back(L.head_dim_v);
+    }
+    m.shape.kv_sections.push_back(std::move(ks));
+    m.head_dim_k.push_back(std::move(hk));
+    m.head_dim_v.push_back(std::move(hv));
+  }
+  nlohmann::ordered_json j;
+  j["path"] = path;
+  j["arch"] = p.arch;
+  j["name"] = p.name;
+  j["fingerprint"] = p.fingerprint;
+  j["n_layer"] = p.n_layer;
+  j["n_embd"] = p.n_embd;
+  j["n_head"] = p.n_head;
+  j["n_head_kv"] = p.n_head_kv;
+  j["n_vocab"] = p.n_vocab;
+  if (auto d = p.uniform_head_dim_k()) j["head_dim_k"] = *d;
+  if (auto d = p.uniform_head_dim_v()) j["head_dim_v"] = *d;
+  j["rope"] = rope_kind_name(p.rope);
+  j["cell_ext_bytes"] = p.cell_ext_bytes;
+  j["memory"] = memory_kind_name(p.memory);
+  j["swa"] = swa_kind_name(p.swa);
+  j["n_swa"] = p.n_swa;
+  j["inferred"] = p.inferred;
+  j["notes"] = p.notes;
+  m.summary = std::move(j);
+  return m;
+}
+
 }  // namespace kvsnap::cli

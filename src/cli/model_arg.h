@@ -19,11 +19,16 @@ struct ModelInfo {
   std::string arch;
   // Per KV section and layer: head dims (0 when unknown).
   std::vector<std::vector<uint32_t>> head_dim_k, head_dim_v;
+  uint32_t layer0_head_dim_k = 0, layer0_head_dim_v = 0;  // llama.cpp's rotation test uses layer 0's
+  uint32_t n_vocab = 0;
 
   nlohmann::ordered_json to_json() const { return summary; }
   // llama.cpp's Hadamard block for this layer's K or V, or nullopt when it
   // does not rotate (head dim not a multiple of 64, or mixed head dims for K).
   std::optional<uint32_t> rotation_block(bool is_v, size_t section, size_t layer) const;
+  // The head dim llama.cpp's rotation rule sees for a KV section: the
+  // section's shared head dim when layer 0's is a multiple of 64, else 0.
+  uint32_t rotation_head_dim(bool is_v, size_t section) const;
   // kMismatch when the state file cannot belong to this model.
   Status check_state(const StateFile& f, const std::string& file_name) const;
 };

@@ -47,7 +47,7 @@ std::vector<std::filesystem::path> state_files_under(const std::filesystem::path
   if (!std::filesystem::exists(dir)) return out;
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
     const auto ext = e.path().extension().string();
-    if (e.is_regular_file() && (ext == ".slot" || ext == ".session" || ext == ".bin" || ext == ".rawseq")) {
+    if (e.is_regular_file() && (ext == ".slot" || ext == ".session" || ext == ".bin" || ext == ".raw")) {
       out.push_back(e.path());
     }
   }
@@ -57,7 +57,7 @@ std::vector<std::filesystem::path> state_files_under(const std::filesystem::path
 
 ParseOptions options_for(const std::filesystem::path& p) {
   ParseOptions o;
-  if (p.extension() == ".rawseq") o.kind = StateKind::kRawSeq;
+  if (p.extension() == ".raw") o.kind = StateKind::kRawSeq;
   return o;
 }
 

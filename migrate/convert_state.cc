@@ -1,0 +1,497 @@
+#include "migrate/convert_state.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
+
+#include "format/ggml_types.h"
+#include "migrate/convert_row.h"
+#include "migrate/type_traits.h"
+
+namespace kvsnap {
+namespace {
+
+// Bytes of source or target rows one worker converts at a time.
+constexpr uint64_t kBlockBytes = 4u << 20;
+// Bytes of one column block when V changes between rows and columns.
+constexpr uint64_t kTransposeBudget = 32u << 20;
+
+bool era3(const StateFile& f) {
+  switch (f.kind) {
+    case StateKind::kSeqFile: return f.version >= 3;
+    case StateKind::kSessionFile: return f.version >= 10;
+    default: return f.version >= 3;
+  }
+}
+
+std::string layer_ctx(size_t section, size_t n_sections, size_t layer, bool is_v) {
+  std::string s;
+  if (n_sections > 1) s += "KV section " + std::to_string(section) + ", ";
+  return s + "layer " + std::to_string(layer) + " " + (is_v ? "V" : "K");
+}
+
+Status apply_format(const StateFile& src, TargetFormat fmt, StateFile& t) {
+  auto want_kind = [&](StateKind k, const char* name) -> Status {
+    if (src.kind != k) {
+      return Status::InvalidArgument(std::string("--format ") + name + " needs a " + kind_name(k) + ", the input is a " +
+                                     kind_name(src.kind));
+    }
+    return Status::OK();
+  };
+  bool prefix = true;
+  switch (fmt) {
+    case TargetFormat::kSameKindCurrent:
+      if (src.kind == StateKind::kSeqFile) t.version = kGgsqVersionCurrent;
+      if (src.kind == StateKind::kSessionFile) t.version = kGgsnVersionCurrent;
+      if (src.kind == StateKind::kRawSeq) {
+        t.version = 3;
+        t.raw_seq_tagged = true;
+      }
+      if (src.kind == StateKind::kRawContext) t.version = 3;
+      break;
+    case TargetFormat::kGgsqV3: KV_RETURN_IF_ERROR(want_kind(StateKind::kSeqFile, "ggsq-v3")); t.version = 3; break;
+    case TargetFormat::kGgsqV2: KV_RETURN_IF_ERROR(want_kind(StateKind::kSeqFile, "ggsq-v2")); t.version = 2; break;
+    case TargetFormat::kGgsqV2NoStream:
+      KV_RETURN_IF_ERROR(want_kind(StateKind::kSeqFile, "ggsq-v2-b5640"));
+      t.version = 2;
+      prefix = false;
+      break;
+    case TargetFormat::kGgsnV10: KV_RETURN_IF_ERROR(want_kind(StateKind::kSessionFile, "ggsn-v10")); t.version = 10; break;
+    case TargetFormat::kGgsnV9: KV_RETURN_IF_ERROR(want_kind(StateKind::kSessionFile, "ggsn-v9")); t.version = 9; break;
+    case TargetFormat::kGgsnV9NoStream:
+      KV_RETURN_IF_ERROR(want_kind(StateKind::kSessionFile, "ggsn-v9-b5640"));
+      t.version = 9;
+      prefix = false;
+      break;
+  }
+  // v9 sessions carry outputs; v10 does not. Going down, an empty outputs block is valid.
+  if (t.kind == StateKind::kSessionFile) {
+    if (t.version == 9 && !t.outputs) t.outputs = SessionOutputs{};
+    if (t.version == 10) t.outputs.reset();
+  }
+  if (t.kind == StateKind::kRawContext && t.version >= 3) t.outputs.reset();
+  if (!era3(t) && t.kind == StateKind::kSeqFile && t.tokens.packed) {
+    // Older llama-server wrote plain lists and cannot read the packed payload.
+    if (!t.tokens.media_chunks.empty()) {
+      return Status::NotSupported("the slot holds media chunks, which only the packed v0.5.0 payload can carry");
+    }
+    t.tokens.words = t.tokens.tokens;
+    t.tokens.packed = false;
+  }
+  for (auto& sec : t.memory.kv) {
+    if (!prefix && sec.streams.size() != 1) {
+      return Status::NotSupported("the b5640 layout holds one stream; this state has " +
+                                  std::to_string(sec.streams.size()));
+    }
+    sec.stream_prefix = prefix;
+  }
+  // The cell ext exists only in v0.5.0-era files.
+  const bool src3 = era3(src), dst3 = era3(t);
+  for (size_t i = 0; i < t.memory.kv.size(); ++i) {
+    const uint32_t ext = src.memory.kv[i].ext_bytes;
+    if (src3 && !dst3 && ext != 0) {
+      return Status::NotSupported("the cells carry a " + std::to_string(ext) +
+                                  "-byte M-RoPE/token extra that the older format cannot store");
+    }
+    if (!src3 && dst3) t.memory.kv[i].ext_bytes = 0;  // checked against the model by the caller
+  }
+  return Status::OK();
+}
+
+struct SidePlan {
+  const TypeTraits* src = nullptr;
+  const TypeTraits* dst = nullptr;
+  RotationPlan rot;
+  uint64_t n_elems = 0;
+};
+
+RotationOverride effective(RotationOverride user, const StateFile& src, const StateFile& dst) {
+  // kAuto at an end written by a llama.cpp that did not rotate means "off".
+  RotationOverride o = user;
+  if (o.src == RotationMode::kAuto && !era3(src)) o.src = RotationMode::kOff;
+  if (o.dst == RotationMode::kAuto && !era3(dst)) o.dst = RotationMode::kOff;
+  return o;
+}
+
+Result<SidePlan> plan_side(const StateFile& src, const StateFile& dst, const ConvertRequest& req, size_t si,
+                           size_t il, bool is_v, int32_t src_type, int32_t dst_type, uint64_t n_elems) {
+  SidePlan p;
+  p.src = find_traits(src_type);
+  p.dst = find_traits(dst_type);
+  p.n_elems = n_elems;
+  const std::string ctx = layer_ctx(si, src.memory.kv.size(), il, is_v);
+  if (!p.src || !p.dst) return Status::NotSupported(ctx + ": no codec for " + type_name(src_type));
+  const KvSide side = is_v ? KvSide::kV : KvSide::kK;
+  const RotationOverride ovr = effective(is_v ? req.v_rotation : req.k_rotation, src, dst);
+  // Whether the head dim matters: the plan differs between "rotating head
+  // dim" and "never rotates". Then it must be known, not guessed.
+  auto with = [&](uint32_t hd) { return plan_rotation(*p.src->layout, *p.dst->layout, hd, side, ovr); };
+  const auto& dims = is_v ? req.geometry.v_head_dim : req.geometry.k_head_dim;
+  if (si < dims.size()) {
+    KV_ASSIGN_OR_RETURN(p.rot, with(dims[si]));
+  } else {
+    auto a = with(128), b = with(0);
+    if (!b.ok()) return b.status().Prefixed(ctx);
+    if (!a.ok() || a->step != b->step) {
+      return Status::InvalidArgument(
+          ctx + ": converting " + std::string(p.src->name()) + " to " + std::string(p.dst->name()) +
+          " crosses llama.cpp's Hadamard rotation, whose block depends on the head dim, which the state file "
+          "does not record: pass the model with --model GGUF (or --head-dim-k/--head-dim-v)");
+    }
+    p.rot = *b;
+  }
+  return p;
+}
+
+// Accumulates the error of converted values against the source values.
+struct ErrStats {
+  uint64_t n = 0;
+  double sq_err = 0, sq_sig = 0, max_abs = 0;
+  void merge(const ErrStats& o) {
+    n += o.n;
+    sq_err += o.sq_err;
+    sq_sig += o.sq_sig;
+    max_abs = std::max(max_abs, o.max_abs);
+  }
+};
+
+// Converts rows with one RowConverter per worker and optional error stats.
+class RowPipeline {
+ public:
+  static Result<RowPipeline> make(const SidePlan& p, uint32_t threads, bool report) {
+    RowPipeline rp;
+    rp.plan_ = p;
+    rp.report_ = report;
+    for (uint32_t i = 0; i < std::max(1u, threads); ++i) {
+      KV_ASSIGN_OR_RETURN(RowConverter c, RowConverter::make(*p.src, *p.dst, p.n_elems, p.rot));
+      rp.workers_.push_back(std::move(c));
+    }
+    rp.stats_.resize(rp.workers_.size());
+    return rp;
+  }
+  uint64_t src_row() const { return workers_[0].src_row_bytes(); }
+  uint64_t dst_row() const { return workers_[0].dst_row_bytes(); }
+  bool is_copy() const { return workers_[0].is_copy(); }
+
+  // Converts n_rows rows. `fetch(first_row, n, dst)` fills n source rows;
+  // `deliver(bytes)` receives converted rows in order.
+  template <class Fetch, class Deliver>
+  Status run(uint64_t n_rows, Fetch fetch, Deliver deliver) {
+    const uint64_t per_block = std::max<uint64_t>(1, kBlockBytes / std::max(src_row(), dst_row()));
+    const size_t T = workers_.size();
+    std::vector<std::vector<std::byte>> in(T), out(T);
+    std::vector<Status> st(T);
+    for (uint64_t r0 = 0; r0 < n_rows; r0 += per_block * T) {
+      size_t used = 0;
+      auto work = [&](size_t w) {
+        const uint64_t first = r0 + w * per_block;
+        const uint64_t n = std::min(per_block, n_rows - first);
+        in[w].resize(n * src_row());
+        out[w].resize(n * dst_row());
+        st[w] = fetch(first, n, std::span<std::byte>(in[w]));
+        if (!st[w].ok()) return;
+        st[w] = workers_[w].convert(in[w], out[w]);
+        if (st[w].ok() && report_) measure(w, in[w], out[w], n);
+      };
+      std::vector<std::thread> pool;
+      for (size_t w = 0; w < T && r0 + w * per_block < n_rows; ++w, ++used) {
+        if (w == 0) continue;
+        pool.emplace_back(work, w);
+      }
+      work(0);
+      for (auto& t : pool) t.join();
+      for (size_t w = 0; w < used; ++w) {
+        KV_RETURN_IF_ERROR(st[w]);
+        KV_RETURN_IF_ERROR(deliver(std::span<const std::byte>(out[w])));
+      }
+    }
+    return Status::OK();
+  }
+
+  ErrStats stats() const {
+    ErrStats s;
+    for (const auto& x : stats_) s.merge(x);
+    return s;
+  }
+
+ private:
+  void measure(size_t w, std::span<const std::byte> in, std::span<const std::byte> out, uint64_t n_rows) {
+    const uint64_t n = plan_.n_elems;
+    std::vector<float> a(n), b(n);
+    ErrStats& s = stats_[w];
+    for (uint64_t r = 0; r < n_rows; ++r) {
+      plan_.src->to_f32(in.data() + r * src_row(), a.data(), n);
+      apply_rotation(plan_.rot, a.data(), n);
+      plan_.dst->to_f32(out.data() + r * dst_row(), b.data(), n);
+      for (uint64_t i = 0; i < n; ++i) {
+        if (!std::isfinite(a[i]) || !std::isfinite(b[i])) continue;
+        const double e = double(b[i]) - double(a[i]);
+        s.sq_err += e * e;
+        s.sq_sig += double(a[i]) * double(a[i]);
+        s.max_abs = std::max(s.max_abs, std::fabs(e));
+        ++s.n;
+      }
+    }
+  }
+
+  SidePlan plan_;
+  bool report_ = false;
+  std::vector<RowConverter> workers_;
+  std::vector<ErrStats> stats_;
+};
+
+class ConvertingSource final : public TensorSource {
+ public:
+  ConvertingSource(const StateFile& src, const ReadableFile& in, const ConvertRequest& req)
+      : src_(src), in_(in), req_(req) {}
+
+  Status emit(const StateFile& target, const TensorRef& ref, ByteSink& out) override {
+    const KvStream& ss = src_.memory.kv[ref.section].streams[ref.stream];
+    const KvStream& ts = target.memory.kv[ref.section].streams[ref.stream];
+    const KvLayer& sl = ss.layers[ref.layer];
+    const KvLayer& tl = ts.layers[ref.layer];
+    const uint64_t n_cells = ss.cell_count;
+    SidePlan plan;
+    if (!ref.is_v) {
+      KV_ASSIGN_OR_RETURN(plan, plan_side(src_, target, req_, ref.section, ref.layer, false, sl.k_type, tl.k_type,
+                                          *layer_n_embd_k(sl)));
+      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(plan, req_.threads, req_.report));
+      KV_RETURN_IF_ERROR(rows_to_rows(rp, sl.k, n_cells, out));
+      record(ref, false, plan, rp);
+      return Status::OK();
+    }
+    const uint64_t n_embd = *layer_n_embd_v(sl, ss.v_trans);
+    KV_ASSIGN_OR_RETURN(plan, plan_side(src_, target, req_, ref.section, ref.layer, true, sl.v_type, tl.v_type, n_embd));
+    if (!ss.v_trans && !ts.v_trans) {
+      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(plan, req_.threads, req_.report));
+      KV_RETURN_IF_ERROR(rows_to_rows(rp, sl.v, n_cells, out));
+      record(ref, true, plan, rp);
+    } else if (ss.v_trans && ts.v_trans) {
+      // Both column-wise and both float: the conversion is per value, so the
+      // columns convert as rows of n_cells values, in file order.
+      if (plan.rot.step != RotationStep::kNone) {
+        return Status::InvalidArgument("transposed V cannot be rotated (it is always a float type)");
+      }
+      SidePlan cols = plan;
+      cols.n_elems = n_cells;
+      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(cols, req_.threads, req_.report));
+      KV_RETURN_IF_ERROR(rows_to_rows(rp, sl.v, n_embd, out));
+      record(ref, true, plan, rp);
+    } else if (ss.v_trans && !ts.v_trans) {
+      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(plan, req_.threads, req_.report));
+      KV_RETURN_IF_ERROR(columns_to_rows(rp, sl, n_cells, n_embd, out));
+      record(ref, true, plan, rp);
+    } else {
+      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(plan, req_.threads, req_.report));
+      KV_RETURN_IF_ERROR(rows_to_columns(rp, sl, tl, n_cells, n_embd, out));
+      record(ref, true, plan, rp);
+    }
+    return Status::OK();
+  }
+
+  std::vector<LayerReport> reports;
+
+ private:
+  Status rows_to_rows(RowPipeline& rp, ByteRange range, uint64_t n_rows, ByteSink& out) {
+    if (rp.is_copy()) return copy_range(in_, range, out);
+    const uint64_t row = rp.src_row();
+    return rp.run(
+        n_rows,
+        [&](uint64_t first, uint64_t n, std::span<std::byte> dst) {
+          return in_.read_at(range.offset + first * row, dst.first(n * row));
+        },
+        [&](std::span<const std::byte> b) { return out.append(b); });
+  }
+
+  // Source V stored column-wise (element j of every cell, then j+1...):
+  // gather a block of cells into rows, then convert the rows.
+  Status columns_to_rows(RowPipeline& rp, const KvLayer& sl, uint64_t n_cells, uint64_t n_embd, ByteSink& out) {
+    const uint64_t e = sl.v_elem_bytes;
+    return rp.run(
+        n_cells,
+        [&, e](uint64_t c0, uint64_t n, std::span<std::byte> dst) -> Status {
+          std::vector<std::byte> piece(n * e);
+          for (uint64_t j = 0; j < n_embd; ++j) {
+            KV_RETURN_IF_ERROR(in_.read_at(sl.v.offset + (j * n_cells + c0) * e, piece));
+            for (uint64_t c = 0; c < n; ++c) std::memcpy(dst.data() + (c * n_embd + j) * e, piece.data() + c * e, e);
+          }
+          return Status::OK();
+        },
+        [&](std::span<const std::byte> b) { return out.append(b); });
+  }
+
+  // Target V column-wise: for each block of columns, convert every cell's row
+  // and keep that block's columns; one pass over the source V per block.
+  Status rows_to_columns(RowPipeline& rp, const KvLayer& sl, const KvLayer& tl, uint64_t n_cells, uint64_t n_embd,
+                         ByteSink& out) {
+    const uint64_t e = tl.v_elem_bytes;
+    const uint64_t dst_row = rp.dst_row();
+    const uint64_t width = std::clamp<uint64_t>(kTransposeBudget / std::max<uint64_t>(1, n_cells * e), 1, n_embd);
+    std::vector<std::byte> cols;
+    for (uint64_t j0 = 0; j0 < n_embd; j0 += width) {
+      const uint64_t w = std::min(width, n_embd - j0);
+      cols.assign(w * n_cells * e, std::byte{0});
+      uint64_t cell = 0;
+      const uint64_t row = rp.src_row();
+      KV_RETURN_IF_ERROR(rp.run(
+          n_cells,
+          [&](uint64_t first, uint64_t n, std::span<std::byte> dst) {
+            return in_.read_at(sl.v.offset + first * row, dst.first(n * row));
+          },
+          [&](std::span<const std::byte> b) -> Status {
+            const uint64_t n = b.size() / dst_row;
+            for (uint64_t c = 0; c < n; ++c, ++cell) {
+              for (uint64_t j = 0; j < w; ++j) {
+                std::memcpy(cols.data() + (j * n_cells + cell) * e, b.data() + c * dst_row + (j0 + j) * e, e);
+              }
+            }
+            return Status::OK();
+          }));
+      KV_RETURN_IF_ERROR(out.append(cols));
+    }
+    return Status::OK();
+  }
+
+  void record(const TensorRef& ref, bool is_v, const SidePlan& plan, const RowPipeline& rp) {
+    if (!req_.report) return;
+    LayerReport r;
+    r.section = ref.section;
+    r.layer = ref.layer;
+    r.is_v = is_v;
+    r.src_type = std::string(plan.src->name());
+    r.dst_type = std::string(plan.dst->name());
+    r.rotation = plan.rot.step == RotationStep::kNone
+                     ? "none"
+                     : std::string(to_string(plan.rot.step)) + "-" + std::to_string(plan.rot.n_rot);
+    r.copied = rp.is_copy();
+    const ErrStats s = rp.stats();
+    r.values = s.n;
+    if (r.copied) {
+      r.rmse = r.max_abs = 0;
+      r.snr_db = std::numeric_limits<double>::infinity();
+    } else if (s.n) {
+      r.rmse = std::sqrt(s.sq_err / double(s.n));
+      r.max_abs = s.max_abs;
+      r.signal_rms = std::sqrt(s.sq_sig / double(s.n));
+      r.snr_db = s.sq_err > 0 ? 10.0 * std::log10(s.sq_sig / s.sq_err) : std::numeric_limits<double>::infinity();
+    }
+    // Several streams: keep one line per (section, layer, side) with the merged numbers.
+    reports.push_back(r);
+  }
+
+  const StateFile& src_;
+  const ReadableFile& in_;
+  const ConvertRequest& req_;
+};
+
+}  // namespace
+
+Result<TargetFormat> parse_target_format(const std::string& s) {
+  if (s.empty() || s == "current") return TargetFormat::kSameKindCurrent;
+  if (s == "ggsq-v3") return TargetFormat::kGgsqV3;
+  if (s == "ggsq-v2") return TargetFormat::kGgsqV2;
+  if (s == "ggsq-v2-b5640") return TargetFormat::kGgsqV2NoStream;
+  if (s == "ggsn-v10") return TargetFormat::kGgsnV10;
+  if (s == "ggsn-v9") return TargetFormat::kGgsnV9;
+  if (s == "ggsn-v9-b5640") return TargetFormat::kGgsnV9NoStream;
+  return Status::InvalidArgument("unknown format '" + s + "' (one of " + target_format_names() + ")");
+}
+
+std::string target_format_names() {
+  return "current, ggsq-v3, ggsq-v2, ggsq-v2-b5640, ggsn-v10, ggsn-v9, ggsn-v9-b5640";
+}
+
+Result<StateFile> plan_target(const StateFile& src, const ConvertRequest& req) {
+  StateFile t = src;
+  KV_RETURN_IF_ERROR(apply_format(src, req.format, t));
+  const TypeLayout* kt = req.k_type ? find_type(*req.k_type) : nullptr;
+  const TypeLayout* vt = req.v_type ? find_type(*req.v_type) : nullptr;
+  if (req.k_type && !kt) return Status::InvalidArgument("unknown K type " + type_name(*req.k_type));
+  if (req.v_type && !vt) return Status::InvalidArgument("unknown V type " + type_name(*req.v_type));
+  for (size_t si = 0; si < t.memory.kv.size(); ++si) {
+    for (auto& st : t.memory.kv[si].streams) {
+      if (st.cell_count == 0) continue;
+      const uint32_t src_trans = st.v_trans;
+      if (req.flash_attn) st.v_trans = *req.flash_attn ? 0 : 1;
+      for (size_t il = 0; il < st.layers.size(); ++il) {
+        KvLayer& L = st.layers[il];
+        const std::string ctx = layer_ctx(si, t.memory.kv.size(), il, false);
+        const uint64_t nk = *layer_n_embd_k(L);
+        if (kt) L.k_type = int32_t(kt->id);
+        const TypeLayout& k = *find_type(L.k_type);
+        auto kr = row_bytes(k, nk);
+        if (!kr.ok()) return kr.status().Prefixed(ctx + ": cannot store K as " + std::string(k.name));
+        L.k_row_bytes = *kr;
+        L.k = {0, *kr * st.cell_count};
+        if (!L.has_v) continue;
+        const std::string vctx = layer_ctx(si, t.memory.kv.size(), il, true);
+        const uint64_t nv = *layer_n_embd_v(L, src_trans);
+        if (vt) L.v_type = int32_t(vt->id);
+        const TypeLayout& v = *find_type(L.v_type);
+        if (st.v_trans) {
+          if (v.quantized) {
+            return Status::InvalidArgument(
+                vctx + ": quantized V cache requires flash_attn to be enabled (llama.cpp): a " + std::string(v.name) +
+                " V cannot be stored transposed; use --flash-attn on (the target server must run with -fa on)");
+          }
+          L.v_elem_bytes = v.block_bytes;
+          L.n_embd_v_gqa = uint32_t(nv);
+          L.v_row_bytes = 0;
+          L.v = {0, nv * v.block_bytes * st.cell_count};
+        } else {
+          auto vr = row_bytes(v, nv);
+          if (!vr.ok()) return vr.status().Prefixed(vctx + ": cannot store V as " + std::string(v.name));
+          L.v_row_bytes = *vr;
+          L.v_elem_bytes = 0;
+          L.n_embd_v_gqa = 0;
+          L.v = {0, *vr * st.cell_count};
+        }
+      }
+    }
+  }
+  // Check every rotation plan now, so nothing is written when one is impossible.
+  for (size_t si = 0; si < t.memory.kv.size(); ++si) {
+    const auto& ss = src.memory.kv[si].streams;
+    const auto& ts = t.memory.kv[si].streams;
+    for (size_t s = 0; s < ss.size(); ++s) {
+      if (ss[s].cell_count == 0) continue;
+      for (size_t il = 0; il < ss[s].layers.size(); ++il) {
+        const KvLayer& a = ss[s].layers[il];
+        const KvLayer& b = ts[s].layers[il];
+        KV_RETURN_IF_ERROR(plan_side(src, t, req, si, il, false, a.k_type, b.k_type, *layer_n_embd_k(a)).status());
+        if (a.has_v) {
+          KV_RETURN_IF_ERROR(
+              plan_side(src, t, req, si, il, true, a.v_type, b.v_type, *layer_n_embd_v(a, ss[s].v_trans)).status());
+        }
+      }
+    }
+  }
+  return t;
+}
+
+Result<ConvertResult> convert_state(const StateFile& src, const ReadableFile& in, const ConvertRequest& req,
+                                    ByteSink& out) {
+  ConvertResult res;
+  KV_ASSIGN_OR_RETURN(res.target, plan_target(src, req));
+  ConvertingSource tensors(src, in, req);
+  CountingSink count;
+  struct Tee final : ByteSink {
+    ByteSink& a;
+    CountingSink& b;
+    Tee(ByteSink& x, CountingSink& y) : a(x), b(y) {}
+    using ByteSink::append;
+    Status append(std::span<const std::byte> d) override {
+      KV_RETURN_IF_ERROR(a.append(d));
+      return b.append(d);
+    }
+  } tee(out, count);
+  KV_RETURN_IF_ERROR(write_state(res.target, tensors, in, tee));
+  res.bytes_in = in.size();
+  res.bytes_out = count.count;
+  res.layers = std::move(tensors.reports);
+  return res;
+}
+
+}  // namespace kvsnap

@@ -1,0 +1,87 @@
+// Converting a whole llama.cpp state to other cache types, V layout or file
+// format, streaming: the target is described as a StateFile (headers only)
+// and its tensors are produced on demand by a TensorSource that reads the
+// source in bounded blocks of cells, converts them through the type-traits
+// table (migrate/type_traits.h) with llama.cpp's rotation rule
+// (migrate/hadamard.h), and hands them to the writer (format/llama_state.h).
+//
+// Memory: O(threads x block) for rows; re-transposing V (flash attention
+// switched) holds one column block of a layer, bounded by kTransposeBudget,
+// and re-reads the source V once per column block (stated in
+// docs/conversion.md). Nothing is ever sized by the file.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/io.h"
+#include "base/status.h"
+#include "format/llama_state.h"
+#include "migrate/hadamard.h"
+
+namespace kvsnap {
+
+// The file format of the output.
+enum class TargetFormat {
+  kSameKindCurrent,  // default: the input's kind, in v0.5.0's version (ggsq 3, ggsn 10, tagged raw)
+  kGgsqV3,
+  kGgsqV2,           // b6xxx..b8121: n_stream prefix
+  kGgsqV2NoStream,   // b5640 and older
+  kGgsnV10,
+  kGgsnV9,
+  kGgsnV9NoStream,
+};
+Result<TargetFormat> parse_target_format(const std::string& s);  // "ggsq-v3", "ggsq-v2", "ggsq-v2-b5640", ...
+std::string target_format_names();                               // for --help
+
+// What llama.cpp's rotation rule sees, per KV section: the head dim of the
+// cache's layers when they share one and layer 0's is a multiple of 64, else
+// 0 (never rotates). Unknown (empty) means: ask for the model when it matters.
+struct RotationGeometry {
+  std::vector<uint32_t> k_head_dim;  // per KV section
+  std::vector<uint32_t> v_head_dim;
+  bool known() const { return !k_head_dim.empty(); }
+};
+
+struct ConvertRequest {
+  std::optional<int32_t> k_type;     // nullopt: keep each layer's
+  std::optional<int32_t> v_type;
+  std::optional<bool> flash_attn;    // target V layout: true rows, false transposed; nullopt: keep
+  RotationOverride k_rotation;       // per end; kAuto follows llama.cpp (and the file's era)
+  RotationOverride v_rotation;
+  TargetFormat format = TargetFormat::kSameKindCurrent;
+  RotationGeometry geometry;         // from --model or --head-dim-k/v
+  uint32_t threads = 1;
+  bool report = false;               // collect per-layer error statistics
+};
+
+// Per layer and side: how the conversion went.
+struct LayerReport {
+  size_t section = 0, layer = 0;
+  bool is_v = false;
+  std::string src_type, dst_type;
+  std::string rotation;              // "none", "rotate-64", "unrotate-128"
+  bool copied = false;               // bytes passed through unchanged
+  uint64_t values = 0;
+  double rmse = 0, max_abs = 0, snr_db = 0;  // against the source values (snr: inf when exact)
+  double signal_rms = 0;
+};
+
+struct ConvertResult {
+  StateFile target;                  // what was written
+  uint64_t bytes_in = 0, bytes_out = 0;
+  std::vector<LayerReport> layers;   // filled when request.report
+  bool identical = false;            // output bytes == input bytes (identity conversion)
+};
+
+// Builds the target description (types, row sizes, V layout, version) and
+// checks that the conversion is possible, without touching tensor data.
+Result<StateFile> plan_target(const StateFile& src, const ConvertRequest& req);
+
+// Converts `src` (parsed from `in`) into `out`.
+Result<ConvertResult> convert_state(const StateFile& src, const ReadableFile& in, const ConvertRequest& req,
+                                    ByteSink& out);
+
+}  // namespace kvsnap

@@ -1,0 +1,252 @@
+// kvsnap convert: a llama.cpp state file at one ctk/ctv (V layout, format
+// version) into the file a llama.cpp started with other types accepts.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/exit_codes.h"
+#include "cli/model_arg.h"
+#include "format/ggml_types.h"
+#include "migrate/convert_state.h"
+
+namespace kvsnap::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+Result<RotationMode> parse_mode(const std::string& s, const char* flag) {
+  if (s.empty() || s == "auto") return RotationMode::kAuto;
+  if (s == "on") return RotationMode::kOn;
+  if (s == "off") return RotationMode::kOff;
+  return Status::InvalidArgument(std::string(flag) + " must be auto, on or off, not '" + s + "'");
+}
+
+Result<std::optional<int32_t>> parse_type(const std::string& s, const char* flag) {
+  if (s.empty()) return std::optional<int32_t>();
+  const TypeLayout* t = find_type(s);
+  if (!t) {
+    std::string names;
+    for (const auto& x : kv_cache_types()) names += (names.empty() ? "" : " ") + std::string(x.name);
+    return Status::InvalidArgument(std::string(flag) + " '" + s + "' is not a KV cache type (" + names + ")");
+  }
+  return std::optional<int32_t>(int32_t(t->id));
+}
+
+// Refuses OUT when it is IN (same inode), so the original is never lost.
+Status check_not_same_file(const std::string& in, const std::string& out) {
+  struct stat a {}, b {};
+  if (::stat(in.c_str(), &a) == 0 && ::stat(out.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+    return Status::InvalidArgument(out + ": is the input file; kvsnap never writes over its input");
+  }
+  return Status::OK();
+}
+
+std::string types_of(const StateFile& f, bool v) {
+  std::string out;
+  for (const auto& sec : f.memory.kv)
+    for (const auto& st : sec.streams)
+      for (const auto& L : st.layers) {
+        if (v && !L.has_v) continue;
+        std::string n = type_name(v ? L.v_type : L.k_type);
+        if (out.find(n) == std::string::npos) out += (out.empty() ? "" : ",") + n;
+      }
+  return out.empty() ? "-" : out;
+}
+
+std::string v_layout_of(const StateFile& f) {
+  for (const auto& sec : f.memory.kv)
+    for (const auto& st : sec.streams)
+      if (st.cell_count) return st.v_trans ? "transposed" : "rows";
+  return "-";
+}
+
+std::string format_of(const StateFile& f) {
+  std::string k = f.kind == StateKind::kSeqFile       ? "ggsq"
+                  : f.kind == StateKind::kSessionFile ? "ggsn"
+                  : f.kind == StateKind::kRawSeq      ? "raw-seq"
+                                                      : "raw-context";
+  return k + " v" + std::to_string(f.version) +
+         (!f.memory.kv.empty() && !f.memory.kv[0].stream_prefix ? " (b5640 layout)" : "");
+}
+
+double finite_or(double v, double alt) { return std::isfinite(v) ? v : alt; }
+
+}  // namespace
+
+Status run_convert(const ConvertOptions& o, std::string& out, std::string& warnings) {
+  Io& io = posix_io();
+  ConvertRequest req;
+  KV_ASSIGN_OR_RETURN(req.k_type, parse_type(o.ctk, "--ctk"));
+  KV_ASSIGN_OR_RETURN(req.v_type, parse_type(o.ctv, "--ctv"));
+  if (!o.flash_attn.empty()) {
+    if (o.flash_attn != "on" && o.flash_attn != "off") {
+      return Status::InvalidArgument("--flash-attn must be on or off, not '" + o.flash_attn + "'");
+    }
+    req.flash_attn = o.flash_attn == "on";
+  }
+  KV_ASSIGN_OR_RETURN(RotationMode both, parse_mode(o.rotation, "--rotation"));
+  KV_ASSIGN_OR_RETURN(RotationMode src_mode, parse_mode(o.src_rotation.empty() ? o.rotation : o.src_rotation,
+                                                         "--src-rotation"));
+  KV_ASSIGN_OR_RETURN(RotationMode dst_mode, parse_mode(o.dst_rotation.empty() ? o.rotation : o.dst_rotation,
+                                                         "--dst-rotation"));
+  (void)both;
+  req.k_rotation = req.v_rotation = RotationOverride{src_mode, dst_mode};
+  KV_ASSIGN_OR_RETURN(req.format, parse_target_format(o.format));
+  req.threads = o.threads > 0 ? uint32_t(o.threads) : std::max(1u, std::thread::hardware_concurrency());
+  req.report = o.report || o.json;
+  KV_RETURN_IF_ERROR(check_not_same_file(o.in, o.out));
+
+  std::optional<ModelInfo> model;
+  if (!o.model.empty()) {
+    KV_ASSIGN_OR_RETURN(model, load_model_info(io, o.model));
+  }
+  KV_ASSIGN_OR_RETURN(auto file, io.open_read(o.in));
+  ParseOptions po;
+  if (o.input_format == "raw-seq") po.kind = StateKind::kRawSeq;
+  if (o.input_format == "raw-context") po.kind = StateKind::kRawContext;
+  if (model) po.shape = &model->shape;
+  KV_ASSIGN_OR_RETURN(StateFile src, parse_state(*file, po));
+  if (model) {
+    KV_RETURN_IF_ERROR(model->check_state(src, o.in));
+    for (size_t s = 0; s < model->head_dim_k.size(); ++s) {
+      req.geometry.k_head_dim.push_back(model->rotation_head_dim(false, s));
+      req.geometry.v_head_dim.push_back(model->rotation_head_dim(true, s));
+    }
+  }
+  if (o.head_dim_k > 0 || o.head_dim_v > 0) {
+    if (model) return Status::InvalidArgument("--head-dim-k/--head-dim-v and --model both given; the model decides");
+    req.geometry.k_head_dim.assign(src.memory.kv.size(), uint32_t(o.head_dim_k));
+    req.geometry.v_head_dim.assign(src.memory.kv.size(), uint32_t(o.head_dim_v));
+  }
+
+  // An old file upgraded to the v0.5.0 format: v3 adds a cell extra for
+  // M-RoPE models that the old file does not have.
+  const bool src_old = (src.kind == StateKind::kSeqFile && src.version < 3) ||
+                       (src.kind == StateKind::kSessionFile && src.version < 10);
+  if (src_old) {
+    if (model && model->shape.ext_bytes.value_or(0) != 0) {
+      return Status::NotSupported(o.in + ": " + model->arch +
+                                  " stores an M-RoPE cell extra in v0.5.0 files that older files lack; kvsnap "
+                                  "cannot rebuild it: keep the old format (--format ggsq-v2)");
+    }
+    if (!model && req.format == TargetFormat::kSameKindCurrent) {
+      warnings += "kvsnap convert: note: upgrading to the v0.5.0 format assumes the model has no M-RoPE cell "
+                  "extra (true for text-only models); pass --model GGUF to check\n";
+    }
+  }
+
+  const auto t0 = std::chrono::steady_clock::now();
+  KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(io, o.out));
+  KV_ASSIGN_OR_RETURN(ConvertResult res, convert_state(src, *file, req, *writer));
+  KV_RETURN_IF_ERROR(writer->commit());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  json j;
+  j["input"] = o.in;
+  j["output"] = o.out;
+  j["bytes_in"] = res.bytes_in;
+  j["bytes_out"] = res.bytes_out;
+  j["seconds"] = secs;
+  j["threads"] = req.threads;
+  j["source"] = {{"format", format_of(src)}, {"ctk", types_of(src, false)}, {"ctv", types_of(src, true)},
+                 {"v_layout", v_layout_of(src)}};
+  j["target"] = {{"format", format_of(res.target)}, {"ctk", types_of(res.target, false)},
+                 {"ctv", types_of(res.target, true)}, {"v_layout", v_layout_of(res.target)}};
+  json layers = json::array();
+  for (const auto& r : res.layers) {
+    layers.push_back({{"section", r.section}, {"layer", r.layer}, {"side", r.is_v ? "V" : "K"},
+                      {"from", r.src_type}, {"to", r.dst_type}, {"rotation", r.rotation}, {"copied", r.copied},
+                      {"values", r.values}, {"rmse", r.rmse}, {"max_abs", r.max_abs},
+                      {"snr_db", finite_or(r.snr_db, 999.0)}, {"signal_rms", r.signal_rms}});
+  }
+  j["layers"] = layers;
+  if (o.json) {
+    out = j.dump(2) + "\n";
+    return Status::OK();
+  }
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%s: %s, K %s, V %s (%s), %llu bytes\n  -> %s: %s, K %s, V %s (%s), %llu bytes, %.3f s\n",
+                o.in.c_str(), format_of(src).c_str(), types_of(src, false).c_str(), types_of(src, true).c_str(),
+                v_layout_of(src).c_str(), (unsigned long long)res.bytes_in, o.out.c_str(),
+                format_of(res.target).c_str(), types_of(res.target, false).c_str(),
+                types_of(res.target, true).c_str(), v_layout_of(res.target).c_str(),
+                (unsigned long long)res.bytes_out, secs);
+  out = buf;
+  if (o.report) {
+    std::snprintf(buf, sizeof buf, "  %-5s %-4s %-15s %-14s %12s %12s %9s\n", "layer", "side", "types", "rotation",
+                  "rmse", "max|err|", "snr dB");
+    out += buf;
+    for (const auto& r : res.layers) {
+      std::string types = r.src_type + "->" + r.dst_type;
+      std::string layer = (res.target.memory.kv.size() > 1 ? std::to_string(r.section) + ":" : "") +
+                          std::to_string(r.layer);
+      if (r.copied) {
+        std::snprintf(buf, sizeof buf, "  %-5s %-4s %-15s %-14s %12s %12s %9s\n", layer.c_str(), r.is_v ? "V" : "K",
+                      types.c_str(), r.rotation.c_str(), "exact", "0", "inf");
+      } else {
+        std::snprintf(buf, sizeof buf, "  %-5s %-4s %-15s %-14s %12.3e %12.3e %9.2f\n", layer.c_str(),
+                      r.is_v ? "V" : "K", types.c_str(), r.rotation.c_str(), r.rmse, r.max_abs,
+                      finite_or(r.snr_db, 999.0));
+      }
+      out += buf;
+    }
+  }
+  return Status::OK();
+}
+
+void setup_convert(CLI::App& app, int& exit_status) {
+  auto o = std::make_shared<ConvertOptions>();
+  auto* sub = app.add_subcommand(
+      "convert",
+      "Convert a llama.cpp slot/session file to other KV cache types (-ctk/-ctv), V layout (flash attention) or "
+      "file format, so a server started with those settings restores it without reprocessing the prompt");
+  sub->add_option("in", o->in, "input state file (ggsq slot file, ggsn session file, or raw buffer)")->required();
+  sub->add_option("out", o->out, "output file; written atomically, never over the input")->required();
+  sub->add_option("--ctk", o->ctk, "target K type: f32 f16 bf16 q8_0 q4_0 q4_1 iq4_nl q5_0 q5_1 (default: keep)");
+  sub->add_option("--ctv", o->ctv, "target V type (default: keep)");
+  sub->add_option("--model,-m", o->model,
+                  "the model's GGUF: head dims (needed when a conversion crosses the Hadamard rotation), exact layout, "
+                  "and a check that the file belongs to it");
+  sub->add_option("--flash-attn,--fa", o->flash_attn,
+                  "flash attention of the target server: on = V stored as rows, off = V transposed (default: keep)");
+  sub->add_option("--rotation", o->rotation,
+                  "auto|on|off: whether quantized caches are Hadamard-rotated at both ends; auto = llama.cpp's rule "
+                  "(v0.5.0 files rotate, older files do not)");
+  sub->add_option("--src-rotation", o->src_rotation,
+                  "auto|on|off for the input only (off: it was saved with LLAMA_ATTN_ROT_DISABLE=1)");
+  sub->add_option("--dst-rotation", o->dst_rotation,
+                  "auto|on|off for the output only (off: the target server runs with LLAMA_ATTN_ROT_DISABLE=1)");
+  sub->add_option("--format", o->format, "output format: " + target_format_names() + " (default: current)");
+  sub->add_option("--head-dim-k", o->head_dim_k, "K head dim, when no --model is given");
+  sub->add_option("--head-dim-v", o->head_dim_v, "V head dim, when no --model is given");
+  sub->add_option("--threads,-t", o->threads, "worker threads (default: all cores)");
+  sub->add_option("--input-format", o->input_format, "raw-seq or raw-context for raw state buffers");
+  sub->add_flag("--report", o->report, "per layer and side: RMSE, max |error| and SNR of the conversion");
+  sub->add_flag("--json", o->json, "machine-readable summary including the per-layer report");
+  sub->footer(
+      "\nExamples:\n"
+      "  kvsnap convert slot-f16.bin slot-q8.bin --ctk q8_0 --ctv q8_0 --model model.gguf\n"
+      "  kvsnap convert slot.bin slot-nofa.bin --flash-attn off          # for a server run without -fa\n"
+      "  kvsnap convert old-b8121.bin new.bin                            # upgrade the format only\n"
+      "  kvsnap convert slot.bin s.bin --ctk q4_0 --model m.gguf --report\n");
+  sub->callback([o, &exit_status]() {
+    std::string out, warnings;
+    Status s = run_convert(*o, out, warnings);
+    if (!warnings.empty()) std::fputs(warnings.c_str(), stderr);
+    if (!s.ok()) {
+      std::fprintf(stderr, "kvsnap convert: %s\n", s.ToString().c_str());
+      exit_status = exit_code(s);
+      return;
+    }
+    std::fputs(out.c_str(), stdout);
+  });
+}
+
+}  // namespace kvsnap::cli
