@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what kvsnap needs to build and test on Debian 12 (apt-get; sudo when not root).
 set -euo pipefail
-pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates
+pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates python3
       libsqlite3-dev libzstd-dev libarchive-dev libcli11-dev libssl-dev nlohmann-json3-dev
       libgtest-dev libgmock-dev libbenchmark-dev)
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)

@@ -1,0 +1,232 @@
+// The kvsnap binary as a user runs it: exit codes, messages that name the
+// file and the problem, no partial output, nothing written over the input.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "format/llama_state.h"
+#include "format/state_builder.h"
+
+namespace kvsnap {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::build_state;
+using testing::SynthSpec;
+
+struct CmdResult {
+  int code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+CmdResult run(const std::string& args) {
+  const fs::path errf = fs::temp_directory_path() / ("kvsnap-cli-err-" + std::to_string(::getpid()));
+  const std::string cmd = std::string(KVSNAP_BINARY) + " " + args + " 2>" + errf.string();
+  CmdResult r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = ::pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::ifstream e(errf);
+  r.err.assign(std::istreambuf_iterator<char>(e), {});
+  fs::remove(errf);
+  return r;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("kvsnap-cli-" + std::to_string(::getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string write(const std::string& name, const std::vector<std::byte>& b) {
+    const fs::path p = dir_ / name;
+    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+    return p.string();
+  }
+  std::vector<char> read(const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::vector<char>((std::istreambuf_iterator<char>(in)), {});
+  }
+  size_t files_in_dir() { return size_t(std::distance(fs::directory_iterator(dir_), fs::directory_iterator())); }
+  fs::path dir_;
+};
+
+TEST_F(CliTest, InfoJsonDescribesTheFile) {
+  SynthSpec s;
+  s.layers = {{8, 128, 2, 128}, {8, 128, 2, 128}};
+  const auto f = write("a.slot", build_state(s));
+  CmdResult r = run("info " + f + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["format"], "ggsq");
+  EXPECT_EQ(j["version"], 3);
+  EXPECT_EQ(j["tokens"]["count"], 5);
+  const auto& st = j["kv_sections"][0]["streams"][0];
+  EXPECT_EQ(st["cell_count"], 7);
+  EXPECT_EQ(st["v_layout"], "rows");
+  EXPECT_EQ(st["layers"][0]["k_type"], "q8_0");
+  EXPECT_EQ(st["layers"][0]["k_row_bytes"], 136);
+  EXPECT_EQ(st["layers"][0]["v_type"], "q4_0");
+  EXPECT_EQ(st["layers"][0]["k_rotation"], "unknown");
+  EXPECT_EQ(j["dry_run"].size(), 81u);
+}
+
+TEST_F(CliTest, InfoHumanOutputShowsTheTable) {
+  const auto f = write("a.slot", build_state({}));
+  CmdResult r = run("info " + f);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("KV size at other types"), std::string::npos);
+  EXPECT_NE(r.out.find("7 cells"), std::string::npos);
+}
+
+TEST_F(CliTest, TruncatedFileIsACleanErrorNamingFileAndOffset) {
+  auto b = build_state({});
+  b.resize(b.size() - 10);
+  const auto f = write("cut.slot", b);
+  CmdResult r = run("info " + f);
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_NE(r.err.find(f), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("offset"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("truncated"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, EmptyFileIsACleanError) {
+  const auto f = write("empty.slot", {});
+  CmdResult r = run("info " + f);
+  EXPECT_EQ(r.code, 3);
+  EXPECT_NE(r.err.find("too short"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, MissingFileIsAnIoError) {
+  CmdResult r = run("info " + (dir_ / "nope.slot").string());
+  EXPECT_EQ(r.code, 7) << r.err;
+  EXPECT_NE(r.err.find("nope.slot"), std::string::npos);
+}
+
+TEST_F(CliTest, ConvertIdentityIsByteIdentical) {
+  const auto in = write("a.slot", build_state({}));
+  const auto out = (dir_ / "b.slot").string();
+  CmdResult r = run("convert " + in + " " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read(in), read(out));
+}
+
+// Random f16 bytes with every NaN code made finite (ggml canonicalizes NaN
+// payloads, so those are the only values a float round trip may change).
+std::vector<std::byte> f16_state_without_nans(SynthSpec s) {
+  auto b = build_state(s);
+  MemoryFile f("synthetic", std::span<const std::byte>(b));
+  auto st = parse_state(f);
+  EXPECT_TRUE(st.ok());
+  for (const auto& L : st->memory.kv[0].streams[0].layers) {
+    for (const ByteRange& r : {L.k, L.v}) {
+      for (uint64_t o = r.offset; o + 1 < r.offset + r.size; o += 2) {
+        if ((uint8_t(b[o + 1]) & 0x7c) == 0x7c && ((uint8_t(b[o + 1]) & 0x03) | uint8_t(b[o]))) {
+          b[o + 1] &= std::byte{0xbf};
+        }
+      }
+    }
+  }
+  return b;
+}
+
+TEST_F(CliTest, ConvertF16ToF32AndBackIsByteIdentical) {
+  const auto in = write("a.slot", f16_state_without_nans({}));
+  const auto mid = (dir_ / "f32.slot").string(), back = (dir_ / "back.slot").string();
+  ASSERT_EQ(run("convert " + in + " " + mid + " --ctk f32 --ctv f32").code, 0);
+  CmdResult r = run("convert " + mid + " " + back + " --ctk f16 --ctv f16");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read(in), read(back));
+  EXPECT_NE(read(in), read(mid));
+}
+
+TEST_F(CliTest, ConvertFlashAttnOffTransposesVAndBack) {
+  const auto in = write("a.slot", build_state({}));
+  const auto t = (dir_ / "t.slot").string(), back = (dir_ / "back.slot").string();
+  ASSERT_EQ(run("convert " + in + " " + t + " --flash-attn off").code, 0);
+  auto j = nlohmann::json::parse(run("info " + t + " --json").out);
+  EXPECT_EQ(j["kv_sections"][0]["streams"][0]["v_layout"], "transposed");
+  ASSERT_EQ(run("convert " + t + " " + back + " --flash-attn on").code, 0);
+  EXPECT_EQ(read(in), read(back)) << "rows -> columns -> rows is lossless for f16";
+}
+
+TEST_F(CliTest, ConvertRefusesQuantizedTransposedV) {
+  const auto in = write("a.slot", build_state({}));
+  CmdResult r = run("convert " + in + " " + (dir_ / "o.slot").string() + " --ctv q8_0 --flash-attn off --head-dim-k 64 "
+                                                                     "--head-dim-v 64");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("quantized V cache requires flash_attn"), std::string::npos) << r.err;
+  EXPECT_EQ(files_in_dir(), 1u) << "no output, no temporary file left";
+}
+
+TEST_F(CliTest, ConvertAcrossTheRotationWithoutHeadDimAsksForTheModel) {
+  const auto in = write("a.slot", build_state({}));
+  CmdResult r = run("convert " + in + " " + (dir_ / "o.slot").string() + " --ctk q8_0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--model"), std::string::npos) << r.err;
+  EXPECT_EQ(files_in_dir(), 1u);
+}
+
+TEST_F(CliTest, ConvertNeverWritesOverItsInput) {
+  const auto in = write("a.slot", build_state({}));
+  const auto before = read(in);
+  CmdResult r = run("convert " + in + " " + in + " --ctk f32");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("never writes over its input"), std::string::npos) << r.err;
+  EXPECT_EQ(read(in), before);
+}
+
+TEST_F(CliTest, ConvertOfACorruptInputLeavesNoOutput) {
+  auto b = build_state({});
+  b.resize(b.size() / 2);
+  const auto in = write("cut.slot", b);
+  const auto out = (dir_ / "o.slot").string();
+  CmdResult r = run("convert " + in + " " + out + " --ctk f32");
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_EQ(files_in_dir(), 1u);
+}
+
+TEST_F(CliTest, ConvertUnknownTypeIsAUsageError) {
+  const auto in = write("a.slot", build_state({}));
+  CmdResult r = run("convert " + in + " " + (dir_ / "o.slot").string() + " --ctk q3_k");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("not a KV cache type"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, ConvertUpgradesAnOldFileAndCanGoBack) {
+  SynthSpec s;
+  s.version = 2;
+  s.stream_prefix = false;  // b5640
+  const auto in = write("old.slot", build_state(s));
+  const auto up = (dir_ / "up.slot").string(), down = (dir_ / "down.slot").string();
+  CmdResult r = run("convert " + in + " " + up);
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(run("info " + up + " --json").out);
+  EXPECT_EQ(j["version"], 3);
+  EXPECT_EQ(j["layout"]["stream_prefix"], true);
+  ASSERT_EQ(run("convert " + up + " " + down + " --format ggsq-v2-b5640").code, 0);
+  EXPECT_EQ(read(in), read(down));
+}
+
+TEST_F(CliTest, HelpTeaches) {
+  CmdResult r = run("convert --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("Examples"), std::string::npos);
+  EXPECT_NE(r.out.find("--flash-attn"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvsnap
