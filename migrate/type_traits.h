@@ -1,0 +1,55 @@
+// One table of codecs over the nine KV cache types (ggml's type_traits, kvsnap style).
+//
+// Each row points at its on-disk layout in format/ggml_types.h (sizes live there
+// only) and adds two row functions with ggml reference semantics:
+//   to_f32    == ggml_get_type_traits(type)->to_float   (dequantize_row_*, fp16/bf16 rows)
+//   from_f32  == ggml_quantize_chunk(type, ...)          (the *_ref quantizers; iq4_nl with
+//                its scale search, quantize_iq4_nl(ntry 7); f16 ggml_fp32_to_fp16_row;
+//                bf16 ggml_fp32_to_bf16_row_ref; f32 memcpy)
+// Output is bit-identical to libggml-base of llama.cpp v0.5.0 on x86-64, including
+// NaN/inf/denormal inputs (tests/migrate/oracle_test.cc checks it against the library).
+//
+// Both functions take whole rows: `n` values, a multiple of the layout's block_elems;
+// src and dst must not overlap. Adding a type = one row, two functions, one golden file.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "base/status.h"
+#include "format/ggml_types.h"
+
+namespace kvsnap {
+
+using ToF32Fn = void (*)(const std::byte* src, float* dst, size_t n);
+using FromF32Fn = void (*)(const float* src, std::byte* dst, size_t n);
+
+struct TypeTraits {
+  const TypeLayout* layout = nullptr;  // the row of kv_cache_types() this codec is for
+  ToF32Fn to_f32 = nullptr;            // n values of `layout` -> n floats
+  FromF32Fn from_f32 = nullptr;        // n floats -> n values of `layout`
+
+  GgmlType id() const { return layout->id; }
+  std::string_view name() const { return layout->name; }
+  bool quantized() const { return layout->quantized; }
+  uint32_t block_elems() const { return layout->block_elems; }
+  uint32_t block_bytes() const { return layout->block_bytes; }
+};
+
+// The nine codecs, in the order of kv_cache_types() (same index, same layout pointer).
+std::span<const TypeTraits> type_traits();
+
+// nullptr when the type is not one of the nine.
+const TypeTraits* find_traits(int32_t ggml_id);
+const TypeTraits* find_traits(GgmlType id);
+const TypeTraits* find_traits(std::string_view name);
+const TypeTraits* find_traits(const TypeLayout& layout);
+
+// ggml_validate_row_data for the nine types: Corruption naming the first value (float
+// types) or block scale (quantized types) that is NaN or infinite, or a size that is not
+// whole blocks. Conversion does not require it; a NaN scale dequantizes to NaNs.
+Status validate_row(const TypeTraits& t, std::span<const std::byte> row);
+
+}  // namespace kvsnap
