@@ -3,11 +3,10 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
-#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <set>
 
 #include "format/cursor.h"
 

@@ -1,7 +1,6 @@
 #include "format/gguf_writer.h"
 
 #include <cstring>
-#include <set>
 
 #include "format/cursor.h"
 

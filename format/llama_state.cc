@@ -217,7 +217,7 @@ Status parse_kv_section(Cursor& c, const Reading& r, const KvSectionShape* shape
 // u32 cell_count, cells {i32 pos, u32 n_seq, n_seq x i32}, u32 s_trans,
 // u32 n_layer, then per recurrent layer {i32 type, u64 row, rows} for r, then
 // the same for s (s_trans 0). Some archs add p rows: then it stays opaque.
-Status parse_recurrent(Cursor& c, RecurrentSection& rec) {
+Status parse_recurrent(Cursor& c, RecurrentSection& rec, const MemoryShape* shape) {
   rec.range = {c.offset(), c.remaining()};
   KV_ASSIGN_OR_RETURN(rec.cell_count, c.u32("recurrent cell count"));
   if (rec.cell_count == 0) {
@@ -237,6 +237,7 @@ Status parse_recurrent(Cursor& c, RecurrentSection& rec) {
   if (rec.n_layer == 0 || rec.n_layer > kMaxLayers) {
     return c.corrupt(at, "recurrent layer count " + std::to_string(rec.n_layer) + " is out of range");
   }
+  const uint64_t after_header = c.offset();
   // Walk {type, row, rows} entries to the end; an even count that lands
   // exactly on the end is understood. Anything else is carried opaque.
   uint32_t entries = 0;
@@ -245,12 +246,37 @@ Status parse_recurrent(Cursor& c, RecurrentSection& rec) {
     auto type = c.i32("recurrent type");
     if (!type.ok() || !find_type(*type)) break;
     auto row = c.u64("recurrent row size");
-    if (!row.ok() || *row == 0 || *row > kMaxRowBytes) break;
+    if (!row.ok() || *row > kMaxRowBytes) break;  // 0 is valid: lfm2 has no s state
     if (!c.skip(rec.cell_count, *row, "recurrent rows").ok()) break;
     ++entries;
   }
   rec.n_entries = entries;
   rec.understood = c.at_end() && entries > 0 && entries % 2 == 0 && entries / 2 <= rec.n_layer;
+  if (shape && !shape->recurrent_row_elems.empty()) {
+    // The model knows: exactly its tensors, in its order, with its widths.
+    if (shape->recurrent_n_layer && *shape->recurrent_n_layer != rec.n_layer) {
+      return Status::Mismatch(c.file().name() + ": recurrent state: mismatched layer count (" +
+                              std::to_string(rec.n_layer) + " != " + std::to_string(*shape->recurrent_n_layer) +
+                              " from the model)");
+    }
+    Cursor w(c.file(), rec.range.offset, rec.range.offset + rec.range.size);
+    KV_RETURN_IF_ERROR(w.seek(after_header));
+    for (size_t i = 0; i < shape->recurrent_row_elems.size(); ++i) {
+      const uint64_t at = w.offset();
+      KV_ASSIGN_OR_RETURN(int32_t type, w.i32("recurrent type"));
+      KV_ASSIGN_OR_RETURN(uint64_t row, w.u64("recurrent row size"));
+      const TypeLayout* t = find_type(type);
+      auto expect = t ? row_bytes(*t, shape->recurrent_row_elems[i]) : Result<uint64_t>(Status::Mismatch("type"));
+      if (!expect.ok() || *expect != row) {
+        return w.corrupt(at, "recurrent tensor " + std::to_string(i) + ": row size " + std::to_string(row) +
+                                 " does not match the model (" + std::to_string(shape->recurrent_row_elems[i]) +
+                                 " values of " + type_name(type) + ")");
+      }
+      KV_RETURN_IF_ERROR(w.skip(rec.cell_count, row, "recurrent rows"));
+    }
+    if (!w.at_end()) return w.corrupt(std::to_string(w.remaining()) + " bytes remain after the recurrent state");
+    rec.understood = true;
+  }
   return Status::OK();
 }
 
@@ -266,7 +292,7 @@ Status parse_memory_rest(Cursor& c, const Reading& r, const MemoryShape* shape, 
   }
   if (r.recurrent) {
     RecurrentSection rec;
-    KV_RETURN_IF_ERROR(parse_recurrent(c, rec));
+    KV_RETURN_IF_ERROR(parse_recurrent(c, rec, shape));
     // Without the model, accept the tail as recurrent state only when its
     // structure parsed; with a model that says "hybrid", carry it regardless.
     const bool opaque_ok = shape && shape->recurrent_known && shape->has_recurrent && shape->recurrent_opaque_ok;

@@ -157,6 +157,10 @@ struct MemoryShape {
   // The model's recurrent state has parts kvsnap does not parse (extra p
   // rows): carry it without checking its structure.
   bool recurrent_opaque_ok = false;
+  // When known: the recurrent section's u32 n_layer field, and the values per
+  // row of each tensor it writes, in order (every r, then every s).
+  std::optional<uint32_t> recurrent_n_layer;
+  std::vector<uint64_t> recurrent_row_elems;
   std::string source;                       // "model.gguf (llama)"
 };
 

@@ -1,5 +1,6 @@
 #include "cli/model_arg.h"
 
+#include "format/memory_shape.h"
 #include "format/model_profile.h"
 
 namespace kvsnap::cli {
@@ -79,25 +80,14 @@ Result<ModelInfo> load_model_info(Io& io, const std::string& path) {
     m.layer0_head_dim_k = p.layers[0].head_dim_k;
     m.layer0_head_dim_v = p.layers[0].head_dim_v;
   }
-  m.shape.ext_bytes = p.cell_ext_bytes;
-  m.shape.kv_sections_known = true;
-  m.shape.recurrent_known = true;
-  m.shape.source = path + " (" + p.arch + ")";
+  KV_ASSIGN_OR_RETURN(m.shape, memory_shape(p, path));
   for (const auto& s : sections) {
-    if (s.kind == SectionKind::kRecurrent) {
-      m.shape.has_recurrent = true;
-      continue;
-    }
-    KvSectionShape ks;
+    if (s.kind == SectionKind::kRecurrent) continue;
     std::vector<uint32_t> hk, hv;
     for (const auto& L : s.layers) {
-      ks.n_embd_k_gqa.push_back(L.n_embd_k_gqa);
-      ks.n_embd_v_gqa.push_back(L.n_embd_v_gqa);
-      ks.has_v.push_back(L.has_v);
       hk.push_back(L.head_dim_k);
       hv.push_back(L.head_dim_v);
     }
-    m.shape.kv_sections.push_back(std::move(ks));
     m.head_dim_k.push_back(std::move(hk));
     m.head_dim_v.push_back(std::move(hv));
   }

@@ -68,21 +68,47 @@ def parse(path):
         if ver == 9:
             no = r.u32(); r.skip(4 * no); ls = r.u64(); r.skip(4 * ls); es = r.u64(); r.skip(4 * es)
         prefixes = [True] if ver == 10 else [True, False]
-    elif magic == 0xaf143cd8:
-        r.i32(); prefixes = [True]
+    elif magic == 0xaf143cd8:  # v0.5.0 raw sequence buffer: magic, i32 seq_id (already read as "version")
+        prefixes = [True]
     else:
         raise ValueError("unknown magic")
     start = r.p
-    for prefix in prefixes:  # the plain one-section layout with no cell ext: what the fixtures hold
-        try:
-            r.p = start
-            streams = kv_section(r, prefix, 0)
-            if r.p == len(b):
-                out["streams"] = streams
-                return out
-        except Exception:
-            pass
-    raise ValueError("no plain layout fits")
+    exts = [0, 12] if (magic == 0x67677371 and ver == 3) or (magic == 0x6767736e and ver == 10) or magic == 0xaf143cd8 else [0]
+    fits = []
+    for prefix in prefixes:
+        for ext in exts:
+            for n_kv in (1, 2):
+                for recurrent in (False, True):
+                    try:
+                        r.p = start
+                        sections = [kv_section(r, prefix, ext) for _ in range(n_kv)]
+                        if recurrent and (not prefix or not recurrent_tail(r)):  # b5640 had no hybrid memory
+                            continue
+                        if r.p == len(b):
+                            fits.append(sections)
+                    except Exception:
+                        pass
+    if len(fits) != 1:
+        raise ValueError("%d layouts fit" % len(fits))
+    out["sections"] = fits[0]
+    return out
+
+
+def recurrent_tail(r):
+    """llama_memory_recurrent::state_write: cells, s_trans, n_layer, then {type, row, rows} entries."""
+    cc = r.u32()
+    for _ in range(cc):
+        r.i32(); n = r.u32(); r.skip(4 * n)
+    if r.u32() != 0:
+        return False
+    r.u32()
+    entries = 0
+    while r.p < len(r.b):
+        t = r.i32(); row = r.u64()
+        if t not in TYPES:
+            return False
+        r.skip(row * cc); entries += 1
+    return entries > 0 and entries % 2 == 0
 
 
 def main():
@@ -96,23 +122,26 @@ def main():
         mine = parse(f)
         args = [exe, "info", f, "--json"] + (["--input-format", "raw-seq"] if f.endswith(".raw") else [])
         j = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
-        theirs_streams = j["kv_sections"][0]["streams"]
         problems = []
         if j.get("tokens", {}).get("count", mine.get("tokens")) != mine.get("tokens"):
             problems.append("tokens %s != %s" % (j["tokens"]["count"], mine["tokens"]))
-        for a, s in zip(mine["streams"], theirs_streams):
-            if a["cell_count"] != s["cell_count"]:
-                problems.append("cells")
-            if not a["cell_count"]:
-                continue
-            if a["v_trans"] != s["v_trans"] or a["n_layer"] != s["n_layer"]:
-                problems.append("v_trans/n_layer")
-            for la, ls in zip(a["layers"], s["layers"]):
-                for k, v in la.items():
-                    if ls.get(k) != v:
-                        problems.append("%s: %s != %s" % (k, ls.get(k), v))
-        if len(mine["streams"]) != len(theirs_streams):
-            problems.append("stream count")
+        if len(mine["sections"]) != len(j["kv_sections"]):
+            problems.append("KV section count")
+        for streams, sec in zip(mine["sections"], j["kv_sections"]):
+            theirs_streams = sec["streams"]
+            if len(streams) != len(theirs_streams):
+                problems.append("stream count")
+            for a, s in zip(streams, theirs_streams):
+                if a["cell_count"] != s["cell_count"]:
+                    problems.append("cells")
+                if not a["cell_count"]:
+                    continue
+                if a["v_trans"] != s["v_trans"] or a["n_layer"] != s["n_layer"]:
+                    problems.append("v_trans/n_layer")
+                for la, ls in zip(a["layers"], s["layers"]):
+                    for k, v in la.items():
+                        if ls.get(k) != v:
+                            problems.append("%s: %s != %s" % (k, ls.get(k), v))
         print("%-70s %s" % (f, "agrees" if not problems else "DIFFERS: " + "; ".join(problems[:5])))
         bad += bool(problems)
     print("%d passed, %d failed" % (len(files) - bad, bad))
