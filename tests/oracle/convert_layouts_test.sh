@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# kvsnap convert on every memory layout and llama.cpp release the fixtures hold, checked inside
+# real llama.cpp v0.5.0: the converted file must restore, and its next-token KL against the f16
+# reference must stay within 1.5x the KL of the natively computed target cache (or 1e-5).
+# Also a negative control: treating an old unrotated q8_0 cache as rotated must be caught (KL
+# far above the bound), so this test can fail.
+#   convert_layouts_test.sh KVSNAP DRIVER_3_22_1 FIXTURES_DIR WORK_DIR
+set -euo pipefail
+kvsnap="$1" drv="$2" fx="$3" work="$4"
+mkdir -p "$work"
+export KVSNAP_ORACLE_CPU="${KVSNAP_ORACLE_CPU-x64}"
+P="$fx/prompt.txt"
+fail=0 pass=0
+
+kl() { "$drv" compare "$1" "$2" | sed -n 's/.* kl \([^ ]*\) .*/\1/p'; }
+# within KL BOUND_KL: KL <= 1.5 * BOUND_KL or KL <= 1e-5
+within() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= 1.5 * b || a <= 1e-5) }'; }
+
+# check NAME SRC MODEL CTK CTV FA REF_LOGITS NATIVE_LOGITS [convert args...]
+check() {
+  local name="$1" src="$2" model="$3" ctk="$4" ctv="$5" fa="$6" ref="$7" native="$8"; shift 8
+  local out="$work/$name.slot" got="$work/$name.logits"
+  if ! "$kvsnap" convert "$src" "$out" --ctk "$ctk" --ctv "$ctv" --flash-attn "$fa" --model "$fx/models/tiny-$model.gguf" "$@" >/dev/null; then
+    echo "FAIL $name: kvsnap convert failed"; fail=$((fail + 1)); return
+  fi
+  if ! "$drv" restore --model "$fx/models/tiny-$model.gguf" --prompt-file "$P" --ctk "$ctk" --ctv "$ctv" --fa "$fa" \
+       --slot "$out" --logits "$got" >/dev/null 2>"$work/$name.err"; then
+    echo "FAIL $name: llama.cpp refused the converted file: $(tail -1 "$work/$name.err")"; fail=$((fail + 1)); return
+  fi
+  local k n; k=$(kl "$ref" "$got"); n=$(kl "$ref" "$native")
+  if within "$k" "$n"; then
+    printf 'ok   %-44s KL %-12s native %s\n' "$name" "$k" "$n"; pass=$((pass + 1))
+  else
+    printf 'FAIL %-44s KL %-12s native %s (bound 1.5x)\n' "$name" "$k" "$n"; fail=$((fail + 1))
+  fi
+}
+
+# native MODEL CTK CTV FA -> path of logits computed natively with those types (for models whose
+# fixtures do not include that configuration)
+native() {
+  local f="$work/native-$1-$2-$3-fa$4.logits"
+  [ -f "$f" ] || "$drv" save --model "$fx/models/tiny-$1.gguf" --prompt-file "$P" --ctk "$2" --ctv "$3" --fa "$4" \
+    --logits "$f" >/dev/null 2>&1
+  printf '%s\n' "$f"
+}
+
+V=$fx/v0.5.0
+check iswa-f16-to-q8_0      $V/iswa-f16-f16-faon.slot   iswa   q8_0 q8_0 on  $V/iswa-f16-f16-faon.logits   $V/iswa-q8_0-q8_0-faon.logits
+check iswa-q8_0-to-f16      $V/iswa-q8_0-q8_0-faon.slot iswa   f16  f16  on  $V/iswa-f16-f16-faon.logits   $V/iswa-q8_0-q8_0-faon.logits
+check hd64-f16-to-faoff     $V/hd64-f16-f16-faon.slot   hd64   f16  f16  off $V/hd64-f16-f16-faon.logits   $V/hd64-f16-f16-faoff.logits
+check hd64-faoff-to-q8_0    $V/hd64-f16-f16-faoff.slot  hd64   q8_0 q8_0 on  $V/hd64-f16-f16-faon.logits   $V/hd64-q8_0-q8_0-faon.logits
+check hd128-q4q8-to-f16off  $V/hd128-q4_0-q8_0-faon.slot hd128 f16  f16  off $V/hd128-f16-f16-faon.logits  $V/hd128-q4_0-q8_0-faon.logits
+check hd128-f16-to-q4q8     $V/hd128-f16-f16-faon.slot  hd128  q4_0 q8_0 on  $V/hd128-f16-f16-faon.logits  $V/hd128-q4_0-q8_0-faon.logits
+# Older releases, upgraded to the v0.5.0 format while converting (the references are v0.5.0's).
+for tag in b8121 b5640; do
+  check $tag-hd64-f16-to-q8_0   $fx/$tag/hd64-f16-f16-faon.slot  hd64 q8_0 q8_0 on $V/hd64-f16-f16-faon.logits $V/hd64-q8_0-q8_0-faon.logits
+  check $tag-hd64-q8_0-rotate   $fx/$tag/hd64-q8_0-q8_0-faon.slot hd64 q8_0 q8_0 on $V/hd64-f16-f16-faon.logits $V/hd64-q8_0-q8_0-faon.logits
+  check $tag-iswa-f16-to-q8_0   $fx/$tag/iswa-f16-f16-faon.slot  iswa q8_0 q8_0 on $V/iswa-f16-f16-faon.logits $V/iswa-q8_0-q8_0-faon.logits
+done
+check b8121-hybrid-f16-to-q8_0 $fx/b8121/hybrid-f16-f16-faon.slot hybrid q8_0 q8_0 on $V/hybrid-f16-f16-faon.logits "$(native hybrid q8_0 q8_0 on)"
+check hybrid-f16-to-q4_0    $V/hybrid-f16-f16-faon.slot hybrid q4_0 q4_0 on $V/hybrid-f16-f16-faon.logits "$(native hybrid q4_0 q4_0 on)"
+check mrope-f16-to-q8_0     $V/mrope-f16-f16-faon.slot  mrope  q8_0 q8_0 on  $V/mrope-f16-f16-faon.logits  "$(native mrope q8_0 q8_0 on)"
+check mrope-f16-to-q4_0     $V/mrope-f16-f16-faon.slot  mrope  q4_0 q4_0 on  $V/mrope-f16-f16-faon.logits  "$(native mrope q4_0 q4_0 on)"
+
+# Negative control: an unrotated (b5640) q8_0 cache declared rotated gives garbage that the bound catches.
+"$kvsnap" convert "$fx/b5640/hd64-q8_0-q8_0-faon.slot" "$work/neg.slot" --ctk q8_0 --ctv q8_0 --model "$fx/models/tiny-hd64.gguf" --src-rotation on >/dev/null
+"$drv" restore --model "$fx/models/tiny-hd64.gguf" --prompt-file "$P" --ctk q8_0 --ctv q8_0 --fa on --slot "$work/neg.slot" --logits "$work/neg.logits" >/dev/null 2>&1
+neg=$(kl "$V/hd64-f16-f16-faon.logits" "$work/neg.logits"); native=$(kl "$V/hd64-f16-f16-faon.logits" "$V/hd64-q8_0-q8_0-faon.logits")
+if within "$neg" "$native"; then
+  echo "FAIL negative control: wrong rotation gave KL $neg, within the bound of $native: this test cannot tell"; fail=$((fail + 1))
+else
+  echo "ok   negative control: wrong rotation gives KL $neg (bound 1.5 x $native)"; pass=$((pass + 1))
+fi
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
