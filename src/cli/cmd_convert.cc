@@ -111,10 +111,8 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
   ParseOptions po;
   if (o.input_format == "raw-seq") po.kind = StateKind::kRawSeq;
   if (o.input_format == "raw-context") po.kind = StateKind::kRawContext;
-  if (model) po.shape = &model->shape;
-  KV_ASSIGN_OR_RETURN(StateFile src, parse_state(*file, po));
+  KV_ASSIGN_OR_RETURN(StateFile src, parse_for_model(*file, po, model ? &*model : nullptr));
   if (model) {
-    KV_RETURN_IF_ERROR(model->check_state(src, o.in));
     for (size_t s = 0; s < model->head_dim_k.size(); ++s) {
       req.geometry.k_head_dim.push_back(model->rotation_head_dim(false, s));
       req.geometry.v_head_dim.push_back(model->rotation_head_dim(true, s));

@@ -432,9 +432,7 @@ Status run_info(const InfoOptions& opts, std::string& out) {
   ParseOptions po;
   if (opts.input_format == "raw-seq") po.kind = StateKind::kRawSeq;
   if (opts.input_format == "raw-context") po.kind = StateKind::kRawContext;
-  if (model) po.shape = &model->shape;
-  KV_ASSIGN_OR_RETURN(StateFile f, parse_state(*file, po));
-  if (model) KV_RETURN_IF_ERROR(model->check_state(f, opts.file));
+  KV_ASSIGN_OR_RETURN(StateFile f, parse_for_model(*file, po, model ? &*model : nullptr));
   json j = build_info(f, opts.file, model ? &*model : nullptr, opts.tokens);
   out = opts.json ? j.dump(2) + "\n" : render_human(j);
   return Status::OK();

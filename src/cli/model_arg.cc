@@ -114,4 +114,20 @@ Result<ModelInfo> load_model_info(Io& io, const std::string& path) {
   return m;
 }
 
+Result<StateFile> parse_for_model(const ReadableFile& file, ParseOptions opts, const ModelInfo* model) {
+  if (!model) return parse_state(file, opts);
+  opts.shape = &model->shape;
+  auto with = parse_state(file, opts);
+  if (with.ok()) {
+    KV_RETURN_IF_ERROR(model->check_state(*with, file.name()));
+    return with;
+  }
+  if (with.status().code() == Code::kMismatch) return with;
+  opts.shape = nullptr;
+  auto alone = parse_state(file, opts);
+  if (!alone.ok()) return with.status();
+  return Status::Mismatch(file.name() + " does not fit the layout of " + model->path + " (" + model->arch +
+                          "): " + with.status().message() + "; read without the model it is " + alone->reading);
+}
+
 }  // namespace kvsnap::cli

@@ -35,4 +35,9 @@ struct ModelInfo {
 
 Result<ModelInfo> load_model_info(Io& io, const std::string& path);
 
+// Parses a state file with the model's layout when a model is given. When
+// that fails but the file reads fine on its own, the file does not belong to
+// the model: kMismatch, saying both.
+Result<StateFile> parse_for_model(const ReadableFile& file, ParseOptions opts, const ModelInfo* model);
+
 }  // namespace kvsnap::cli

@@ -228,5 +228,74 @@ TEST_F(CliTest, HelpTeaches) {
   EXPECT_NE(r.out.find("--flash-attn"), std::string::npos);
 }
 
+
+// --- With the shipped fixtures and their models ------------------------------
+
+namespace {
+const fs::path kFixtures = fs::path(KVSNAP_SOURCE_DIR) / "fixtures";
+std::string fixture(const std::string& rel) { return (kFixtures / rel).string(); }
+std::string model(const std::string& name) { return (kFixtures / "models" / ("tiny-" + name + ".gguf")).string(); }
+}  // namespace
+
+TEST_F(CliTest, InfoWithTheRightModelIsExactAndNamesTheRotation) {
+  CmdResult r = run("info " + fixture("v0.5.0/hd128-q4_0-q8_0-faon.slot") + " --model " + model("hd128") + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["layout"]["from_model"], true);
+  EXPECT_EQ(j["model"]["arch"], "llama");
+  EXPECT_EQ(j["model"]["head_dim_k"], 128);
+  const auto& L = j["kv_sections"][0]["streams"][0]["layers"][0];
+  EXPECT_EQ(L["k_rotation"], "hadamard-128");
+  EXPECT_EQ(L["v_rotation"], "hadamard-64");
+}
+
+TEST_F(CliTest, OldQuantizedFilesAreNotRotated) {
+  CmdResult r = run("info " + fixture("b8121/hd64-q8_0-q8_0-faon.slot") + " --model " + model("hd64") + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["kv_sections"][0]["streams"][0]["layers"][0]["k_rotation"], "none-pre-rotation");
+}
+
+TEST_F(CliTest, AModelThatDoesNotMatchTheFileIsAMismatch) {
+  CmdResult r = run("info " + fixture("v0.5.0/hd64-f16-f16-faon.slot") + " --model " + model("iswa"));
+  EXPECT_EQ(r.code, 5) << r.err;
+  EXPECT_NE(r.err.find("mismatched"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("hd64-f16-f16-faon.slot"), std::string::npos) << r.err;
+  r = run("convert " + fixture("v0.5.0/hd64-f16-f16-faon.slot") + " " + (dir_ / "o.slot").string() +
+          " --ctk q8_0 --model " + model("mrope"));
+  EXPECT_EQ(r.code, 5) << r.err;
+  EXPECT_EQ(files_in_dir(), 0u);
+}
+
+TEST_F(CliTest, ASessionOfAnotherArchIsAMismatch) {
+  CmdResult r = run("info " + fixture("v0.5.0/iswa-f16-f16-faon.session") + " --model " + model("hd64"));
+  EXPECT_EQ(r.code, 5) << r.err;
+}
+
+TEST_F(CliTest, NotAGgufIsACleanError) {
+  CmdResult r = run("info " + fixture("v0.5.0/hd64-f16-f16-faon.slot") + " --model " +
+              fixture("v0.5.0/hd64-f16-f16-faon.slot"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("hd64-f16-f16-faon.slot"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, EveryLayoutConvertsAndComesBackWithoutLoss) {
+  // f16 -> f32 -> f16 on real caches of every memory kind: byte-identical.
+  for (const char* name : {"v0.5.0/iswa-f16-f16-faon.slot", "v0.5.0/hybrid-f16-f16-faon.slot",
+                           "v0.5.0/mrope-f16-f16-faon.slot", "v0.5.0/hd64-f16-f16-faon.session",
+                           "v0.5.0/hd64-f16-f16-faon.raw", "b5640/iswa-f16-f16-faon.session"}) {
+    SCOPED_TRACE(name);
+    const std::string in = fixture(name);
+    const std::string raw = std::string(name).ends_with(".raw") ? " --input-format raw-seq" : "";
+    const auto mid = (dir_ / "mid").string(), back = (dir_ / "back").string();
+    const std::string fmt = std::string(name).starts_with("b5640") ? " --format ggsn-v9-b5640" : "";
+    CmdResult r = run("convert " + in + " " + mid + " --ctk f32 --ctv f32" + raw + fmt);
+    ASSERT_EQ(r.code, 0) << r.err;
+    r = run("convert " + mid + " " + back + " --ctk f16 --ctv f16" + raw + fmt);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(read(in), read(back));
+  }
+}
+
 }  // namespace
 }  // namespace kvsnap
