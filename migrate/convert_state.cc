@@ -8,6 +8,7 @@
 
 #include "format/ggml_types.h"
 #include "migrate/convert_row.h"
+#include "migrate/exact_requant.h"
 #include "migrate/type_traits.h"
 
 namespace kvsnap {
@@ -164,9 +165,16 @@ class RowPipeline {
     RowPipeline rp;
     rp.plan_ = p;
     rp.report_ = report;
+    // Between two quantized types in the same rotation domain, keep every
+    // block that the target can hold exactly (migrate/exact_requant.h).
+    const bool exact = p.rot.step == RotationStep::kNone && exact_requant_applies(*p.src, *p.dst);
     for (uint32_t i = 0; i < std::max(1u, threads); ++i) {
       KV_ASSIGN_OR_RETURN(RowConverter c, RowConverter::make(*p.src, *p.dst, p.n_elems, p.rot));
       rp.workers_.push_back(std::move(c));
+      if (exact) {
+        KV_ASSIGN_OR_RETURN(ExactRequantizer e, ExactRequantizer::make(*p.src, *p.dst, p.n_elems));
+        rp.exact_.push_back(std::move(e));
+      }
     }
     rp.stats_.resize(rp.workers_.size());
     return rp;
@@ -174,6 +182,16 @@ class RowPipeline {
   uint64_t src_row() const { return workers_[0].src_row_bytes(); }
   uint64_t dst_row() const { return workers_[0].dst_row_bytes(); }
   bool is_copy() const { return workers_[0].is_copy(); }
+  uint64_t blocks_exact() const {
+    uint64_t n = 0;
+    for (const auto& e : exact_) n += e.blocks_exact();
+    return n;
+  }
+  uint64_t blocks_requantized() const {
+    uint64_t n = 0;
+    for (const auto& e : exact_) n += e.blocks_requantized();
+    return n;
+  }
 
   // Converts n_rows rows. `fetch(first_row, n, dst)` fills n source rows;
   // `deliver(bytes)` receives converted rows in order.
@@ -192,7 +210,7 @@ class RowPipeline {
         out[w].resize(n * dst_row());
         st[w] = fetch(first, n, std::span<std::byte>(in[w]));
         if (!st[w].ok()) return;
-        st[w] = workers_[w].convert(in[w], out[w]);
+        st[w] = exact_.empty() ? workers_[w].convert(in[w], out[w]) : exact_[w].convert(in[w], out[w]);
         if (st[w].ok() && report_) measure(w, in[w], out[w], n);
       };
       std::vector<std::thread> pool;
@@ -239,6 +257,7 @@ class RowPipeline {
   SidePlan plan_;
   bool report_ = false;
   std::vector<RowConverter> workers_;
+  std::vector<ExactRequantizer> exact_;  // used instead of workers_ when not empty
   std::vector<ErrStats> stats_;
 };
 
@@ -366,6 +385,8 @@ class ConvertingSource final : public TensorSource {
                      ? "none"
                      : std::string(to_string(plan.rot.step)) + "-" + std::to_string(plan.rot.n_rot);
     r.copied = rp.is_copy();
+    r.blocks_exact = rp.blocks_exact();
+    r.blocks_requantized = rp.blocks_requantized();
     const ErrStats s = rp.stats();
     r.values = s.n;
     if (r.copied) {

@@ -64,6 +64,8 @@ struct LayerReport {
   std::string src_type, dst_type;
   std::string rotation;              // "none", "rotate-64", "unrotate-128"
   bool copied = false;               // bytes passed through unchanged
+  uint64_t blocks_exact = 0;         // quantized -> quantized: blocks the target holds exactly
+  uint64_t blocks_requantized = 0;   // ... and blocks that went through the reference quantizer
   uint64_t values = 0;
   double rmse = 0, max_abs = 0, snr_db = 0;  // against the source values (snr: inf when exact)
   double signal_rms = 0;

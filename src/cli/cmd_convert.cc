@@ -161,7 +161,8 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
   for (const auto& r : res.layers) {
     layers.push_back({{"section", r.section}, {"layer", r.layer}, {"side", r.is_v ? "V" : "K"},
                       {"from", r.src_type}, {"to", r.dst_type}, {"rotation", r.rotation}, {"copied", r.copied},
-                      {"values", r.values}, {"rmse", r.rmse}, {"max_abs", r.max_abs},
+                      {"values", r.values}, {"blocks_exact", r.blocks_exact},
+                      {"blocks_requantized", r.blocks_requantized}, {"rmse", r.rmse}, {"max_abs", r.max_abs},
                       {"snr_db", finite_or(r.snr_db, 999.0)}, {"signal_rms", r.signal_rms}});
   }
   j["layers"] = layers;

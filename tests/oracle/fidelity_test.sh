@@ -132,8 +132,9 @@ kl_of() {  # kl_of REF GOT -> KL, or "nan" when the driver calls it non-finite /
 run_pair() {
   local m="$1" fs="$2" fd="$3" s="$4" t="$5"
   local model="${model_file[$m]}" dir="$work/$m/pairs"
-  local src="$work/$m/fa$fs/$(fname "$s").slot" ref="$work/$m/fa$fd/f16-f16.logits"
-  local base="$dir/fa$fs-$(fname "$s")__fa$fd-$(fname "$t")"
+  local src base ref="$work/$m/fa$fd/f16-f16.logits"
+  src="$work/$m/fa$fs/$(fname "$s").slot"
+  base="$dir/fa$fs-$(fname "$s")__fa$fd-$(fname "$t")"
   local kt="${t%/*}" vt="${t#*/}" status=ok kl=nan ident=-
   if ! "$kvsnap" convert "$src" "$base.slot" --ctk "$kt" --ctv "$vt" --flash-attn "$fd" --model "$model" \
        --threads 1 >"$base.convert.log" 2>&1; then
@@ -276,9 +277,9 @@ layer0() {  # layer0 SLOT -> "k_off k_len v_off v_len" (ggsq v3, one stream, one
   for ((i = 0; i < nl; i++)); do rb=$(u64at "$f" $((off + 4))); off=$((off + 12 + rb * cc)); done
   echo "$k_off $k_len $((off + 12)) $(( $(u64at "$f" $((off + 4))) * cc ))"
 }
-echo "== layer 0 bytes: native T vs kvsnap convert native-f32 -> T (fa on)"
-for m in "${models[@]}"; do
-  case " ${fas[*]} " in *" on "*) ;; *) continue ;; esac
+case " ${fas[*]} " in *" on "*) l0_models=("${models[@]}") ;; *) l0_models=() ;; esac
+[ ${#l0_models[@]} -eq 0 ] || echo "== layer 0 bytes: native T vs kvsnap convert native-f32 -> T (fa on)"
+for m in "${l0_models[@]}"; do
   line="" d="$work/$m/faon"
   for t in "${TYPES[@]}"; do
     [ "$t" = f32 ] && continue
@@ -296,11 +297,13 @@ for m in "${models[@]}"; do
   done
   echo "$m:$line"
 done
-if [ ${#l0diff[@]} -eq 0 ]; then
+if [ ${#l0_models[@]} -eq 0 ]; then
+  :
+elif [ ${#l0diff[@]} -eq 0 ]; then
   echo "layer 0: every type byte-identical to llama.cpp's own cache"
 else
   for x in "${l0diff[@]}"; do
-    if [ "$strict_bytes" = 1 ]; then check "layer 0 of $x matches llama.cpp's bytes" FAIL; else echo "note  layer 0 differs from llama.cpp's bytes: $x"; fi
+    if [ "$strict_bytes" = 1 ]; then check "layer 0 equals llama.cpp's own bytes: $x" FAIL; else echo "note  layer 0 differs from llama.cpp's bytes: $x"; fi
   done
 fi
 
@@ -362,16 +365,22 @@ END {
         }
         ns_kl = nat[m " " fs " " s " " fd] + 0; nt_kl = nat[m " " fd " " t " " fd] + 0
         k = kl[key] + 0; den = max(ns_kl, nt_kl)
-        ok = (k <= 1.5 * den || k <= 1e-6)
-        mark = ok ? (k <= 1.5 * den ? "" : "~") : "!"
+        # Lateral pairs (two different sub-8-bit grids on a side, or S and T lossy on different
+        # sides) carry both errors, whatever the requantizer: their errors add, so they are held
+        # to 1.5 x (KL_native(S) + KL_native(T)) instead (docs/fidelity.md).
+        lat = hint(s, t) != ""
+        ok = (k <= 1.5 * den || k <= 1e-6 || (lat && k <= 1.5 * (ns_kl + nt_kl)))
+        mark = ok ? (k <= 1.5 * den ? "" : (k <= 1e-6 ? "~" : "+")) : "!"
+        if (ok && mark == "+") nlat++
         cell = den > 0 ? fmt_ratio(k / den) : (k > 0 ? "inf" : "-")
         line = line pad(cell mark, w)
         kline = kline pad(sprintf("%.1e", k) (ok ? "" : "!"), w)
         if (den > 0 && k / den > worst && k > 1e-6) { worst = k / den; worst_at = lab(s) "->" lab(t) }
         if (!ok) {
           nfail++
-          fl[++fails] = sprintf("%s: %s -> %s: KL %.3g > 1.5 * max(%.3g, %.3g) = %.3g (ratio %.2f)%s",
-                                title, s, t, k, ns_kl, nt_kl, 1.5 * den, den > 0 ? k / den : 0, hint(s, t))
+          fl[++fails] = sprintf("%s: %s -> %s: KL %.3g > 1.5 * max(%.3g, %.3g) = %.3g (ratio %.2f)%s%s",
+                                title, s, t, k, ns_kl, nt_kl, 1.5 * den, den > 0 ? k / den : 0, hint(s, t),
+                                lat ? sprintf(" and > 1.5 * sum = %.3g", 1.5 * (ns_kl + nt_kl)) : "")
         }
         if (ident[key] == "differs") { nfail++; fl[++fails] = sprintf("%s: %s -> %s (identity) is not byte-identical", title, s, t) }
         if (ident[key] == "same") nident++
@@ -396,6 +405,7 @@ END {
   while ((getline ln < checks) > 0) if (ln ~ /^FAIL/) fl[++fails] = substr(ln, 7)
   printf "%s", negs
   printf "legend: cell = KL / max(KL_native(S), KL_native(T)); ! fails (> 1.5); ~ over 1.5 but KL <= 1e-6 (passes);\n"
+  printf "        + over 1.5 on a lateral pair (errors of S and T add) but within 1.5 x (KL_native(S) + KL_native(T)): %d;\n", nlat
   printf "        - both natives and the conversion have KL 0; ERR convert or restore failed. Identities byte-identical: %d\n", nident
   printf "summary:\n"; for (i = 1; i <= nsum; i++) print sum[i]
   if (fails) {

@@ -1,0 +1,370 @@
+#include "migrate/exact_requant.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "migrate/half.h"
+
+namespace kvsnap {
+namespace {
+
+constexpr int kBlock = 32;
+
+// iq4_nl's non-linear levels (ggml-common.h kvalues_iq4nl).
+constexpr int8_t kIq4nlLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+uint16_t read_u16(const std::byte* p) { return uint16_t(uint8_t(p[0]) | (uint8_t(p[1]) << 8)); }
+void write_u16(std::byte* p, uint16_t v) {
+  p[0] = std::byte(v & 0xff);
+  p[1] = std::byte(v >> 8);
+}
+
+// Integer levels q with value == d * q exactly (as floats), or false.
+bool levels_for_scale(const float* x, float d, int* q) {
+  if (!(d != 0.0f) || !std::isfinite(d)) return false;
+  for (int i = 0; i < kBlock; ++i) {
+    const float r = x[i] / d;
+    if (!std::isfinite(r) || r != std::nearbyint(r) || std::fabs(r) > 255.0f) return false;
+    q[i] = int(r);
+  }
+  return true;
+}
+
+// The candidate block of `dst` that holds values d*q (+ m for offset types).
+// false when the levels do not fit the type.
+bool build(GgmlType dst, uint16_t d16, const int* q_sym, std::byte* out, const float* x) {
+  switch (dst) {
+    case GgmlType::kQ8_0: {
+      write_u16(out, d16);
+      for (int i = 0; i < kBlock; ++i) {
+        if (q_sym[i] < -127 || q_sym[i] > 127) return false;
+        out[2 + i] = std::byte(int8_t(q_sym[i]));
+      }
+      return true;
+    }
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ5_0: {
+      const int bias = dst == GgmlType::kQ4_0 ? 8 : 16;
+      const int top = dst == GgmlType::kQ4_0 ? 15 : 31;
+      write_u16(out, d16);
+      uint8_t* qs = reinterpret_cast<uint8_t*>(out) + (dst == GgmlType::kQ4_0 ? 2 : 6);
+      uint32_t qh = 0;
+      for (int j = 0; j < kBlock / 2; ++j) {
+        const int a = q_sym[j] + bias, b = q_sym[j + 16] + bias;
+        if (a < 0 || a > top || b < 0 || b > top) return false;
+        qs[j] = uint8_t((a & 0x0f) | ((b & 0x0f) << 4));
+        qh |= uint32_t((a >> 4) & 1) << j;
+        qh |= uint32_t((b >> 4) & 1) << (j + 16);
+      }
+      if (dst == GgmlType::kQ5_0) std::memcpy(out + 2, &qh, 4);
+      return true;
+    }
+    case GgmlType::kIQ4_NL: {
+      write_u16(out, d16);
+      uint8_t* qs = reinterpret_cast<uint8_t*>(out) + 2;
+      auto index = [](int v) {
+        for (int k = 0; k < 16; ++k)
+          if (kIq4nlLevels[k] == v) return k;
+        return -1;
+      };
+      for (int j = 0; j < kBlock / 2; ++j) {
+        const int a = index(q_sym[j]), b = index(q_sym[j + 16]);
+        if (a < 0 || b < 0) return false;
+        qs[j] = uint8_t(a | (b << 4));
+      }
+      return true;
+    }
+    default:
+      (void)x;
+      return false;
+  }
+}
+
+// Offset types: value = d*q + m with q in 0..top.
+bool build_offset(GgmlType dst, uint16_t d16, uint16_t m16, float d, float m, const float* x, std::byte* out) {
+  const int top = dst == GgmlType::kQ4_1 ? 15 : 31;
+  int q[kBlock];
+  for (int i = 0; i < kBlock; ++i) {
+    const float r = (x[i] - m) / d;
+    if (!std::isfinite(r) || r != std::nearbyint(r) || r < 0 || r > float(top)) return false;
+    q[i] = int(r);
+  }
+  write_u16(out, d16);
+  write_u16(out + 2, m16);
+  uint8_t* qs = reinterpret_cast<uint8_t*>(out) + (dst == GgmlType::kQ4_1 ? 4 : 8);
+  uint32_t qh = 0;
+  for (int j = 0; j < kBlock / 2; ++j) {
+    qs[j] = uint8_t((q[j] & 0x0f) | ((q[j + 16] & 0x0f) << 4));
+    qh |= uint32_t((q[j] >> 4) & 1) << j;
+    qh |= uint32_t((q[j + 16] >> 4) & 1) << (j + 16);
+  }
+  if (dst == GgmlType::kQ5_1) std::memcpy(out + 4, &qh, 4);
+  return true;
+}
+
+bool has_offset(GgmlType t) { return t == GgmlType::kQ4_1 || t == GgmlType::kQ5_1; }
+
+double sse(const float* a, const float* b) {
+  double s = 0;
+  for (int i = 0; i < kBlock; ++i) {
+    const double e = double(a[i]) - double(b[i]);
+    s += e * e;
+  }
+  return s;
+}
+
+// Symmetric level range of a type without offset (levels relative to 0).
+void sym_range(GgmlType t, int& lo, int& hi) {
+  switch (t) {
+    case GgmlType::kQ4_0: lo = -8; hi = 7; break;
+    case GgmlType::kQ5_0: lo = -16; hi = 15; break;
+    case GgmlType::kQ8_0: lo = -127; hi = 127; break;
+    default: lo = -127; hi = 113; break;  // iq4_nl table range
+  }
+}
+
+int nearest_iq4nl(float r) {
+  int best = 0;
+  float be = std::fabs(r - kIq4nlLevels[0]);
+  for (int k = 1; k < 16; ++k) {
+    const float e = std::fabs(r - kIq4nlLevels[k]);
+    if (e < be) {
+      be = e;
+      best = k;
+    }
+  }
+  return kIq4nlLevels[best];
+}
+
+}  // namespace
+
+bool exact_requant_applies(const TypeTraits& src, const TypeTraits& dst) {
+  return src.quantized() && dst.quantized() && src.id() != dst.id() && src.block_elems() == kBlock &&
+         dst.block_elems() == kBlock;
+}
+
+Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const TypeTraits& dst, uint64_t n_elems,
+                                               bool search) {
+  if (!exact_requant_applies(src, dst)) {
+    return Status::InvalidArgument("exact requantization is for two different quantized types");
+  }
+  if (n_elems == 0 || n_elems % kBlock != 0) {
+    return Status::InvalidArgument(std::to_string(n_elems) + " values are not whole blocks of 32");
+  }
+  ExactRequantizer r;
+  r.src_ = &src;
+  r.dst_ = &dst;
+  r.n_elems_ = n_elems;
+  r.src_row_ = n_elems / kBlock * src.block_bytes();
+  r.dst_row_ = n_elems / kBlock * dst.block_bytes();
+  r.row_.resize(n_elems);
+  r.mode_search_ = search;
+  return r;
+}
+
+bool ExactRequantizer::embed_block(const std::byte* sb, const float* x, std::byte* db) {
+  // Every quantized KV type starts its block with the f16 scale d.
+  const uint16_t d16 = read_u16(sb);
+  const float d = half::fp16_to_f32(d16);
+  const GgmlType dt = dst_->id();
+  std::byte cand[64];
+  bool built = false;
+  if (has_offset(dt)) {
+    // Offset candidates: the source's own offset, else the block minimum when
+    // it is an f16 value.
+    if (has_offset(src_->id())) {
+      const uint16_t m16 = read_u16(sb + 2);
+      built = build_offset(dt, d16, m16, d, half::fp16_to_f32(m16), x, cand);
+    }
+    if (!built) {
+      float mn = x[0];
+      for (int i = 1; i < kBlock; ++i) mn = std::fmin(mn, x[i]);
+      const uint16_t m16 = half::f32_to_fp16(mn);
+      if (half::fp16_to_f32(m16) == mn) built = build_offset(dt, d16, m16, d, mn, x, cand);
+    }
+  } else {
+    int q[kBlock];
+    built = levels_for_scale(x, d, q) && build(dt, d16, q, cand, x);
+  }
+  if (!built) return false;
+  // Keep it only if it decodes to exactly the source's values.
+  float y[kBlock];
+  dst_->to_f32(cand, y, kBlock);
+  if (std::memcmp(y, x, sizeof y) != 0) return false;
+  std::memcpy(db, cand, dst_->block_bytes());
+  return true;
+}
+
+// The reference quantizer's block, unless a nearby scale gives a smaller
+// squared error against the source values. A source already on a grid can
+// sit exactly between the target's levels (q5_0 -> q4_0: every odd level is
+// a tie), where the reference scale is the worst choice; a scale a few
+// percent off breaks the ties. Never worse than the reference, by construction.
+void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
+  const GgmlType dt = dst_->id();
+  std::byte best[64], cand[64];
+  float y[kBlock];
+  dst_->from_f32(x, best, kBlock);
+  dst_->to_f32(best, y, kBlock);
+  double best_err = sse(x, y);
+  if (!mode_search_ || best_err == 0 || !std::isfinite(best_err)) {
+    std::memcpy(db, best, dst_->block_bytes());
+    return;
+  }
+  const float d_ref = half::fp16_to_f32(read_u16(best));
+  if (!(std::fabs(d_ref) > 0) || !std::isfinite(d_ref)) {
+    std::memcpy(db, best, dst_->block_bytes());
+    return;
+  }
+  static constexpr float kFactors[] = {0.88f, 0.91f, 0.94f, 0.96f, 0.97f, 0.98f, 0.99f, 0.995f,
+                                       1.005f, 1.01f, 1.02f, 1.03f, 1.04f, 1.06f, 1.09f, 1.12f};
+  for (float f : kFactors) {
+    bool built = false;
+    if (has_offset(dt)) {
+      const float m = half::fp16_to_f32(read_u16(best + 2));
+      const uint16_t d16 = half::f32_to_fp16(d_ref * f);
+      const float d = half::fp16_to_f32(d16);
+      if (!(d > 0) || !std::isfinite(d)) continue;
+      const int top = dt == GgmlType::kQ4_1 ? 15 : 31;
+      int q[kBlock];
+      for (int i = 0; i < kBlock; ++i) {
+        const float r = std::nearbyint((x[i] - m) / d);
+        q[i] = std::isfinite(r) ? int(std::fmin(std::fmax(r, 0.0f), float(top))) : 0;
+      }
+      // build_offset wants values; encode directly.
+      write_u16(cand, d16);
+      write_u16(cand + 2, read_u16(best + 2));
+      uint8_t* qs = reinterpret_cast<uint8_t*>(cand) + (dt == GgmlType::kQ4_1 ? 4 : 8);
+      uint32_t qh = 0;
+      for (int j = 0; j < kBlock / 2; ++j) {
+        qs[j] = uint8_t((q[j] & 0x0f) | ((q[j + 16] & 0x0f) << 4));
+        qh |= uint32_t((q[j] >> 4) & 1) << j;
+        qh |= uint32_t((q[j + 16] >> 4) & 1) << (j + 16);
+      }
+      if (dt == GgmlType::kQ5_1) std::memcpy(cand + 4, &qh, 4);
+      built = true;
+    } else {
+      const uint16_t d16 = half::f32_to_fp16(d_ref * f);
+      const float d = half::fp16_to_f32(d16);
+      if (!(std::fabs(d) > 0) || !std::isfinite(d)) continue;
+      int lo, hi;
+      sym_range(dt, lo, hi);
+      int q[kBlock];
+      for (int i = 0; i < kBlock; ++i) {
+        const float r = x[i] / d;
+        if (dt == GgmlType::kIQ4_NL) {
+          q[i] = std::isfinite(r) ? nearest_iq4nl(r) : 1;
+        } else {
+          const float n = std::nearbyint(r);
+          q[i] = std::isfinite(n) ? int(std::fmin(std::fmax(n, float(lo)), float(hi))) : 0;
+        }
+      }
+      built = build(dt, d16, q, cand, x);
+    }
+    if (!built) continue;
+    dst_->to_f32(cand, y, kBlock);
+    const double e = sse(x, y);
+    if (e < best_err) {
+      best_err = e;
+      std::memcpy(best, cand, dst_->block_bytes());
+    }
+  }
+  // Then a few least-squares refinements of the best: with its levels fixed,
+  // the scale (and offset) that fit the values best; re-pick the levels.
+  for (int iter = 0; iter < 3; ++iter) {
+    dst_->to_f32(best, y, kBlock);
+    const float d0 = half::fp16_to_f32(read_u16(best));
+    if (!(std::fabs(d0) > 0) || !std::isfinite(d0)) break;
+    int lv[kBlock];
+    if (has_offset(dt)) {
+      const float m0 = half::fp16_to_f32(read_u16(best + 2));
+      double sq = 0, sqq = 0, sx = 0, sxq = 0;
+      for (int i = 0; i < kBlock; ++i) {
+        lv[i] = int(std::nearbyint((y[i] - m0) / d0));
+        sq += lv[i];
+        sqq += double(lv[i]) * lv[i];
+        sx += x[i];
+        sxq += double(x[i]) * lv[i];
+      }
+      const double det = kBlock * sqq - sq * sq;
+      if (det == 0) break;
+      const double d = (kBlock * sxq - sq * sx) / det;
+      const double m = (sx - d * sq) / kBlock;
+      const uint16_t d16 = half::f32_to_fp16(float(d)), m16 = half::f32_to_fp16(float(m));
+      const float df = half::fp16_to_f32(d16), mf = half::fp16_to_f32(m16);
+      if (!(df > 0) || !std::isfinite(df) || !std::isfinite(mf)) break;
+      const int top = dt == GgmlType::kQ4_1 ? 15 : 31;
+      int q[kBlock];
+      for (int i = 0; i < kBlock; ++i) {
+        const float r = std::nearbyint((x[i] - mf) / df);
+        q[i] = std::isfinite(r) ? int(std::fmin(std::fmax(r, 0.0f), float(top))) : 0;
+      }
+      write_u16(cand, d16);
+      write_u16(cand + 2, m16);
+      uint8_t* qs = reinterpret_cast<uint8_t*>(cand) + (dt == GgmlType::kQ4_1 ? 4 : 8);
+      uint32_t qh = 0;
+      for (int j = 0; j < kBlock / 2; ++j) {
+        qs[j] = uint8_t((q[j] & 0x0f) | ((q[j + 16] & 0x0f) << 4));
+        qh |= uint32_t((q[j] >> 4) & 1) << j;
+        qh |= uint32_t((q[j + 16] >> 4) & 1) << (j + 16);
+      }
+      if (dt == GgmlType::kQ5_1) std::memcpy(cand + 4, &qh, 4);
+    } else {
+      double sqq = 0, sxq = 0;
+      for (int i = 0; i < kBlock; ++i) {
+        lv[i] = int(std::nearbyint(y[i] / d0));
+        sqq += double(lv[i]) * lv[i];
+        sxq += double(x[i]) * lv[i];
+      }
+      if (sqq == 0) break;
+      const uint16_t d16 = half::f32_to_fp16(float(sxq / sqq));
+      const float df = half::fp16_to_f32(d16);
+      if (!(std::fabs(df) > 0) || !std::isfinite(df)) break;
+      int lo, hi;
+      sym_range(dt, lo, hi);
+      int q[kBlock];
+      for (int i = 0; i < kBlock; ++i) {
+        const float r = x[i] / df;
+        if (dt == GgmlType::kIQ4_NL) {
+          q[i] = std::isfinite(r) ? nearest_iq4nl(r) : 1;
+        } else {
+          const float n = std::nearbyint(r);
+          q[i] = std::isfinite(n) ? int(std::fmin(std::fmax(n, float(lo)), float(hi))) : 0;
+        }
+      }
+      if (!build(dt, d16, q, cand, x)) break;
+    }
+    dst_->to_f32(cand, y, kBlock);
+    const double e = sse(x, y);
+    if (!(e < best_err)) break;
+    best_err = e;
+    std::memcpy(best, cand, dst_->block_bytes());
+  }
+  std::memcpy(db, best, dst_->block_bytes());
+}
+
+Status ExactRequantizer::convert(std::span<const std::byte> in, std::span<std::byte> out) {
+  if (in.size() % src_row_ != 0 || out.size() != in.size() / src_row_ * dst_row_) {
+    return Status::InvalidArgument("exact requantizer: buffers are not whole rows");
+  }
+  const uint64_t rows = in.size() / src_row_;
+  const uint64_t nb = n_elems_ / kBlock;
+  for (uint64_t r = 0; r < rows; ++r) {
+    const std::byte* s = in.data() + r * src_row_;
+    std::byte* o = out.data() + r * dst_row_;
+    src_->to_f32(s, row_.data(), n_elems_);
+    for (uint64_t b = 0; b < nb; ++b) {
+      const float* x = row_.data() + b * kBlock;
+      std::byte* ob = o + b * dst_->block_bytes();
+      if (embed_block(s + b * src_->block_bytes(), x, ob)) {
+        ++exact_;
+      } else {
+        requantize_block(x, ob);
+        ++requant_;
+      }
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace kvsnap
