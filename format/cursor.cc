@@ -5,7 +5,9 @@
 
 namespace kvsnap {
 namespace {
-constexpr uint64_t kWindowBytes = 64 * 1024;
+// Small on purpose: after skipping tensor rows only a header is read, and
+// cell metadata is read sequentially, so a page is all a fill needs.
+constexpr uint64_t kWindowBytes = 4 * 1024;
 }
 
 Cursor::Cursor(const ReadableFile& file, uint64_t begin, uint64_t end)
