@@ -7,7 +7,8 @@
 # For every driver: the files it writes have the magic/version (and n_stream field) of its
 # llama.cpp; f16 slot/session/raw-seq states (and a q8_0 slot) restored with the same cache types
 # give the saved logits back (KL ~ 0, same top-1); an f16 slot does not load into a q8_0 context,
-# nor an fa-off (transposed V) slot into an fa-on context. With several drivers: a slot file of one
+# nor an fa-off (transposed V) slot into an fa-on context; --eval-tail 4 (state without the last
+# 4 tokens, 4 logits rows) restores to the same 4 rows. With several drivers: a slot file of one
 # state version does not load into a llama.cpp of another.
 # --fixtures DIR (the committed fixtures/): every DIR/<tag>/*.{slot,session,raw} whose driver and
 # model (DIR/models/tiny-hdNN.gguf) are present restores with KL ~ 0 against its .logits.
@@ -133,6 +134,22 @@ for d in "${drivers[@]}"; do
   if expect_ok "$v save q8_0/q8_0 fa on" "$drv" save "${common[@]}" "${q8[@]}" --slot "$w/q8.slot" --logits "$w/q8.logits" &&
      expect_ok "$v restore q8_0 slot" "$drv" restore "${common[@]}" "${q8[@]}" --slot "$w/q8.slot" --logits "$w/r-q8.logits"; then
     expect_ok "$v q8_0 slot logits KL ~ 0" "$drv" compare "$w/q8.logits" "$w/r-q8.logits" --max-kl 1e-6 --require-top1
+  fi
+
+  # --eval-tail K: the state holds t[0..n-K-1]; K rows of logits, all given back by a restore
+  tk=4
+  if expect_ok "$v save --eval-tail $tk (q8_0/q8_0 slot, session)" "$drv" save "${common[@]}" "${q8[@]}" --eval-tail $tk \
+       --slot "$w/tail.slot" --session "$w/tail.session" --logits "$w/tail.logits"; then
+    nt="$(u32at "$w/tail.slot" 8)" sz=$(stat -c %s "$w/tail.logits") sz1=$(stat -c %s "$w/q8.logits" 2>/dev/null || echo 0)
+    if [ "$nt" = $((n - tk)) ] && [ "$sz" = $((tk * sz1)) ]; then pass "$v --eval-tail $tk: slot holds $nt tokens, $tk logits rows"
+    else fail "$v --eval-tail $tk: slot n_token $nt (want $((n - tk))), logits $sz bytes (want $tk x $sz1)"; fi
+    for kind in slot session; do
+      if expect_ok "$v restore --eval-tail $tk $kind" "$drv" restore "${common[@]}" "${q8[@]}" --eval-tail $tk \
+           --"$kind" "$w/tail.$kind" --logits "$w/r-tail.logits"; then
+        expect_ok "$v --eval-tail $tk $kind logits KL ~ 0 on all rows" \
+          "$drv" compare "$w/tail.logits" "$w/r-tail.logits" --rows $tk --max-kl 1e-6 --require-top1
+      fi
+    done
   fi
 
   # refusals

@@ -2,17 +2,21 @@
 // node-llama-cpp npm release) to write and read KV-cache state files.
 //
 //   save    --model M --prompt-file P --ctk T --ctv T --fa on|off [--n-ctx 4096] [--n-seq 1]
-//           [--kv-unified on|off] [--slot OUT] [--session OUT] [--raw-seq OUT]
+//           [--kv-unified on|off] [--eval-tail K] [--slot OUT] [--session OUT] [--raw-seq OUT]
 //           [--logits OUT] [--tokens-out OUT]
 //   restore --model M --prompt-file P --ctk T --ctv T --fa on|off [--n-ctx 4096] [--n-seq 1]
-//           [--kv-unified on|off] (--slot F | --session F | --raw-seq F) --logits OUT
-//   compare REF.logits GOT.logits [--json] [--max-kl X] [--require-top1]
+//           [--kv-unified on|off] [--eval-tail K] (--slot F | --session F | --raw-seq F) --logits OUT
+//   compare REF.logits GOT.logits [--rows K] [--json] [--max-kl X] [--require-top1]
 //   info    (llama.cpp build of this driver: tag, state versions, system info)
 //
 // Procedure (same as fixtures/llama.cpp-v0.5.0 in /work/shared): tokenize the prompt file with
 // BOS into t[0..n-1]; decode t[0..n-2] in sequence 0; save; decode t[n-1] at position n-1 and
 // write its n_vocab float32 logits. restore: fresh context, load into sequence 0 (session: the
 // whole context), decode t[n-1] at position n-1, write logits.
+// --eval-tail K (default 1, the procedure above): the state holds t[0..n-K-1]; the tail
+// t[n-K..n-1] is decoded in one batch at positions n-K..n-1 with logits for all K tokens, and the
+// logits file holds K rows of n_vocab float32 (row-major). compare --rows K (alias --eval-tail)
+// splits both files into K rows and reports the mean KL over the rows.
 //
 // One source for llama.cpp b5640 (npm 3.10.0), b8121 (3.16.2) and v0.5.0 (3.22.1). CMake defines
 //   KVSNAP_ORACLE_HAS_FA_TYPE     llama_context_params::flash_attn_type (else bool flash_attn)
@@ -124,17 +128,20 @@ const char* kUsage =
     "usage: kvsnap-oracle-" KVSNAP_ORACLE_NPM_VERSION " COMMAND [options]   (llama.cpp " KVSNAP_ORACLE_TAG
     ")\n"
     "  save    --model M --prompt-file P --ctk T --ctv T --fa on|off [--n-ctx 4096] [--n-seq 1]\n"
-    "          [--kv-unified on|off] [--n-batch 512] [--threads 2]\n"
+    "          [--kv-unified on|off] [--n-batch 512] [--threads 2] [--eval-tail K]\n"
     "          [--slot OUT] [--session OUT] [--raw-seq OUT] [--logits OUT] [--tokens-out OUT]\n"
     "  restore --model M --prompt-file P --ctk T --ctv T --fa on|off [--n-ctx 4096] [--n-seq 1]\n"
-    "          [--kv-unified on|off] (--slot F | --session F | --raw-seq F) --logits OUT\n"
-    "  compare REF.logits GOT.logits [--json] [--max-kl X] [--require-top1]\n"
+    "          [--kv-unified on|off] [--eval-tail K] (--slot F | --session F | --raw-seq F) --logits OUT\n"
+    "  compare REF.logits GOT.logits [--rows K] [--json] [--max-kl X] [--require-top1]\n"
     "  info\n"
     "  global: -v (show llama.cpp info logs)\n"
     "env: KVSNAP_ORACLE_CPU=x64 loads libggml-cpu-x64.so (machine-independent bytes) instead of the best\n"
     "     CPU variant; KVSNAP_ORACLE_LIBDIR overrides the library directory; LLAMA_* pass through.\n"
     "types: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl\n"
-    "--tokens-out writes the n prompt tokens as little-endian int32.\n";
+    "--tokens-out writes the n prompt tokens as little-endian int32.\n"
+    "--eval-tail K (default 1): the state holds t[0..n-K-1]; t[n-K..n-1] are decoded in one batch and\n"
+    "     the logits file holds their K x n_vocab float32 logits (row-major). compare --rows K (alias\n"
+    "     --eval-tail K) reads K rows per file: mean KL over the rows, max |diff| and top-1 over all.\n";
 
 Args parse_args(int argc, char** argv) {
   Args a;
@@ -252,6 +259,7 @@ struct Setup {
   ggml_type ctk = GGML_TYPE_F16, ctv = GGML_TYPE_F16;
   bool fa = false;
   int n_ctx = 4096, n_seq = 1, n_batch = 512, threads = 2;
+  int eval_tail = 1;  // K: the state holds t[0..n-K-1]; t[n-K..n-1] are decoded after it, logits for all K
   int kv_unified = -1;  // -1: library default
 };
 
@@ -266,6 +274,11 @@ Setup parse_setup(const Args& a) {
   if (a.has("n-seq")) s.n_seq = parse_int("n-seq", a.get("n-seq"));
   if (a.has("n-batch")) s.n_batch = parse_int("n-batch", a.get("n-batch"));
   if (a.has("threads")) s.threads = parse_int("threads", a.get("threads"));
+  if (a.has("eval-tail")) s.eval_tail = parse_int("eval-tail", a.get("eval-tail"));
+  if (s.eval_tail > s.n_batch)
+    die("--eval-tail " + std::to_string(s.eval_tail) + " exceeds --n-batch " + std::to_string(s.n_batch) +
+            " (the tail is decoded in one batch)",
+        2);
   if (a.has("kv-unified")) s.kv_unified = parse_onoff("kv-unified", a.get("kv-unified")) ? 1 : 0;
 #ifndef KVSNAP_ORACLE_HAS_KV_UNIFIED
   if (s.kv_unified == 0) die("--kv-unified off: this llama.cpp (" KVSNAP_ORACLE_TAG ") has no per-sequence streams", 2);
@@ -322,7 +335,9 @@ std::vector<llama_token> tokenize(llama_model* model, const std::string& text) {
 }
 
 // decode toks[first..last) at positions first.. in seq 0; logits only for the last token
-void decode_range(llama_context* ctx, const std::vector<llama_token>& toks, int first, int last, int n_batch) {
+// (decode_tail: the whole range in one batch, logits for every token)
+void decode_range(llama_context* ctx, const std::vector<llama_token>& toks, int first, int last, int n_batch,
+                  bool all_logits = false) {
   llama_batch b = llama_batch_init(n_batch, 0, 1);
   for (int i = first; i < last;) {
     int n = std::min(n_batch, last - i);
@@ -332,7 +347,7 @@ void decode_range(llama_context* ctx, const std::vector<llama_token>& toks, int 
       b.pos[j] = i + j;
       b.n_seq_id[j] = 1;
       b.seq_id[j][0] = 0;
-      b.logits[j] = (i + j == last - 1) ? 1 : 0;
+      b.logits[j] = (all_logits || i + j == last - 1) ? 1 : 0;
     }
     reset_errors();
     int rc = llama_decode(ctx, b);
@@ -345,11 +360,27 @@ void decode_range(llama_context* ctx, const std::vector<llama_token>& toks, int 
   llama_batch_free(b);
 }
 
-std::vector<float> last_logits(llama_context* ctx, llama_model* model) {
+// decode the K tail tokens t[n-K..n-1] at positions n-K..n-1 in one batch (K <= n_batch, checked
+// in parse_setup) and return their K x n_vocab logits, row i for t[n-K+i]
+std::vector<float> decode_tail(llama_context* ctx, llama_model* model, const std::vector<llama_token>& toks, int k) {
+  const int n = (int)toks.size();
+  decode_range(ctx, toks, n - k, n, k, /*all_logits*/ true);
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
-  const float* l = llama_get_logits_ith(ctx, -1);
-  if (!l) die("no logits for the last token");
-  return std::vector<float>(l, l + n_vocab);
+  std::vector<float> out;
+  out.reserve((size_t)k * n_vocab);
+  for (int i = 0; i < k; ++i) {
+    const float* l = llama_get_logits_ith(ctx, i);
+    if (!l) die("no logits for tail token " + std::to_string(i) + " (position " + std::to_string(n - k + i) + ")");
+    out.insert(out.end(), l, l + n_vocab);
+  }
+  return out;
+}
+
+void check_tail(const Setup& s, int n) {
+  if (s.eval_tail > n - 1)
+    die("--eval-tail " + std::to_string(s.eval_tail) + ": the prompt has " + std::to_string(n) +
+            " tokens; the state must keep at least one (K <= " + std::to_string(n - 1) + ")",
+        2);
 }
 
 // ---------------------------------------------------------------- commands
@@ -362,19 +393,21 @@ int cmd_save(const Args& a) {
   std::vector<llama_token> t = tokenize(model, read_text(s.prompt_path));
   const int n = (int)t.size();
   if (n - 1 > s.n_ctx) die("prompt has " + std::to_string(n) + " tokens, more than --n-ctx");
+  check_tail(s, n);
+  const int n_state = n - s.eval_tail;  // the state holds t[0..n_state-1]
   if (a.has("tokens-out")) write_bytes(a.get("tokens-out"), t.data(), t.size() * sizeof(llama_token));
 
   llama_context* ctx = make_context(model, s);
-  decode_range(ctx, t, 0, n - 1, s.n_batch);
+  decode_range(ctx, t, 0, n_state, s.n_batch);
 
   if (a.has("slot")) {
     reset_errors();
-    size_t w = llama_state_seq_save_file(ctx, a.get("slot").c_str(), 0, t.data(), n - 1);
+    size_t w = llama_state_seq_save_file(ctx, a.get("slot").c_str(), 0, t.data(), n_state);
     if (w == 0) die("llama_state_seq_save_file failed: " + error_summary());
   }
   if (a.has("session")) {
     reset_errors();
-    if (!llama_state_save_file(ctx, a.get("session").c_str(), t.data(), n - 1))
+    if (!llama_state_save_file(ctx, a.get("session").c_str(), t.data(), n_state))
       die("llama_state_save_file failed: " + error_summary());
   }
   if (a.has("raw-seq")) {
@@ -386,10 +419,10 @@ int cmd_save(const Args& a) {
     write_bytes(a.get("raw-seq"), buf.data(), w);
   }
 
-  decode_range(ctx, t, n - 1, n, s.n_batch);
-  std::vector<float> logits = last_logits(ctx, model);
+  std::vector<float> logits = decode_tail(ctx, model, t, s.eval_tail);
   if (a.has("logits")) write_bytes(a.get("logits"), logits.data(), logits.size() * sizeof(float));
-  if (g_verbose) fprintf(stderr, "kvsnap-oracle: saved; n_tokens %d (state holds %d)\n", n, n - 1);
+  if (g_verbose)
+    fprintf(stderr, "kvsnap-oracle: saved; n_tokens %d (state holds %d, logits of %d)\n", n, n_state, s.eval_tail);
 
   llama_free(ctx);
   llama_model_free(model);
@@ -406,6 +439,8 @@ int cmd_restore(const Args& a) {
   llama_model* model = load_model(s.model_path);
   std::vector<llama_token> t = tokenize(model, read_text(s.prompt_path));
   const int n = (int)t.size();
+  check_tail(s, n);
+  const int n_state = n - s.eval_tail;  // the state should hold t[0..n_state-1]
   llama_context* ctx = make_context(model, s);
 
   std::vector<llama_token> loaded(s.n_ctx + 16);
@@ -430,16 +465,16 @@ int cmd_restore(const Args& a) {
 
   llama_memory_t mem = llama_get_memory(ctx);
   llama_pos pmax = llama_memory_seq_pos_max(mem, 0);
-  if (pmax != n - 2) {
+  if (pmax != n_state - 1) {
     fprintf(stderr, "kvsnap-oracle: warning: restored sequence 0 ends at position %d, prompt expects %d\n", (int)pmax,
-            n - 2);
+            n_state - 1);
   }
-  if (n_loaded != (size_t)-1 && n_loaded != (size_t)(n - 1) && g_verbose) {
-    fprintf(stderr, "kvsnap-oracle: note: file carries %zu token words, prompt has %d-1\n", n_loaded, n);
+  if (n_loaded != (size_t)-1 && n_loaded != (size_t)n_state && g_verbose) {
+    fprintf(stderr, "kvsnap-oracle: note: file carries %zu token words, prompt has %d-%d\n", n_loaded, n,
+            s.eval_tail);
   }
 
-  decode_range(ctx, t, n - 1, n, s.n_batch);
-  std::vector<float> logits = last_logits(ctx, model);
+  std::vector<float> logits = decode_tail(ctx, model, t, s.eval_tail);
   write_bytes(a.get("logits"), logits.data(), logits.size() * sizeof(float));
   if (g_verbose) fprintf(stderr, "kvsnap-oracle: restored %s; pos_max %d\n", what.c_str(), (int)pmax);
 
@@ -450,45 +485,68 @@ int cmd_restore(const Args& a) {
 }
 
 int cmd_compare(const Args& a) {
-  if (a.positional.size() != 2) die("compare REF.logits GOT.logits [--json] [--max-kl X] [--require-top1]", 2);
+  if (a.positional.size() != 2)
+    die("compare REF.logits GOT.logits [--rows K] [--json] [--max-kl X] [--require-top1]", 2);
+  if (a.has("rows") && a.has("eval-tail") && a.get("rows") != a.get("eval-tail"))
+    die("compare: --rows and --eval-tail disagree", 2);
+  const size_t rows = (size_t)parse_int("rows", a.has("rows") ? a.get("rows") : a.get("eval-tail", "1"));
   std::vector<float> ref = read_logits(a.positional[0]);
   std::vector<float> got = read_logits(a.positional[1]);
   if (ref.size() != got.size())
-    die("n_vocab differs: " + std::to_string(ref.size()) + " vs " + std::to_string(got.size()));
-  const size_t n = ref.size();
-  auto softmax = [](const std::vector<float>& x) {
+    die("sizes differ: " + std::to_string(ref.size()) + " vs " + std::to_string(got.size()) +
+        " floats (rows x n_vocab; were both written with the same --eval-tail?)");
+  if (ref.size() % rows != 0)
+    die(a.positional[0] + ": " + std::to_string(ref.size()) + " floats do not split into " + std::to_string(rows) +
+        " rows");
+  const size_t n = ref.size() / rows;  // n_vocab
+  // one row: KL(softmax(ref) || softmax(got)) in double
+  auto softmax = [](const float* x, size_t len) {
     double mx = -INFINITY;
-    for (float v : x) mx = std::max(mx, (double)v);
-    std::vector<double> p(x.size());
+    for (size_t i = 0; i < len; ++i) mx = std::max(mx, (double)x[i]);
+    std::vector<double> p(len);
     double sum = 0;
-    for (size_t i = 0; i < x.size(); ++i) sum += (p[i] = std::exp((double)x[i] - mx));
+    for (size_t i = 0; i < len; ++i) sum += (p[i] = std::exp((double)x[i] - mx));
     for (double& v : p) v /= sum;
     return p;
   };
-  std::vector<double> p = softmax(ref), q = softmax(got);
-  double kl = 0, max_abs = 0;
-  size_t top_r = 0, top_g = 0;
+  double kl_sum = 0, kl_max = 0, max_abs = 0;
+  size_t top_r = 0, top_g = 0, agree = 0;  // top-1 of the last row (t[n-1]); agreement over all rows
   bool finite = true;
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(ref[i]) || !std::isfinite(got[i])) finite = false;
-    if (p[i] > 0) kl += p[i] * (std::log(p[i]) - std::log(std::max(q[i], 1e-300)));
-    max_abs = std::max(max_abs, std::fabs((double)ref[i] - (double)got[i]));
-    if (ref[i] > ref[top_r]) top_r = i;
-    if (got[i] > got[top_g]) top_g = i;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* rr = ref.data() + r * n;
+    const float* gr = got.data() + r * n;
+    std::vector<double> p = softmax(rr, n), q = softmax(gr, n);
+    double kl = 0;
+    top_r = top_g = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (!std::isfinite(rr[i]) || !std::isfinite(gr[i])) finite = false;
+      if (p[i] > 0) kl += p[i] * (std::log(p[i]) - std::log(std::max(q[i], 1e-300)));
+      max_abs = std::max(max_abs, std::fabs((double)rr[i] - (double)gr[i]));
+      if (rr[i] > rr[top_r]) top_r = i;
+      if (gr[i] > gr[top_g]) top_g = i;
+    }
+    if (kl < 0) kl = 0;  // rounding
+    kl_sum += kl;
+    kl_max = std::max(kl_max, kl);
+    agree += top_r == top_g;
   }
-  if (kl < 0) kl = 0;  // rounding
-  bool match = top_r == top_g;
+  const double kl = kl_sum / (double)rows;
+  bool match = agree == rows;
   bool ok = finite;
   if (a.has("max-kl")) ok = ok && kl <= std::strtod(a.get("max-kl").c_str(), nullptr);
   if (a.has("require-top1")) ok = ok && match;
   if (a.has("json")) {
     printf(
-        "{\"n_vocab\": %zu, \"kl\": %.9g, \"max_abs_diff\": %.9g, \"top1_ref\": %zu, \"top1_got\": %zu, "
-        "\"match\": %s, \"finite\": %s, \"ok\": %s}\n",
-        n, kl, max_abs, top_r, top_g, match ? "true" : "false", finite ? "true" : "false", ok ? "true" : "false");
+        "{\"n_vocab\": %zu, \"rows\": %zu, \"kl\": %.9g, \"kl_max_row\": %.9g, \"max_abs_diff\": %.9g, "
+        "\"top1_ref\": %zu, \"top1_got\": %zu, \"top1_agree\": %zu, \"match\": %s, \"finite\": %s, \"ok\": %s}\n",
+        n, rows, kl, kl_max, max_abs, top_r, top_g, agree, match ? "true" : "false", finite ? "true" : "false",
+        ok ? "true" : "false");
+  } else if (rows == 1) {
+    printf("n_vocab %zu  rows 1  kl %.6g  max_abs_diff %.6g  top1_ref %zu  top1_got %zu  match %s%s\n", n, kl, max_abs,
+           top_r, top_g, match ? "yes" : "no", finite ? "" : "  NON-FINITE");
   } else {
-    printf("n_vocab %zu  kl %.6g  max_abs_diff %.6g  top1_ref %zu  top1_got %zu  match %s%s\n", n, kl, max_abs, top_r,
-           top_g, match ? "yes" : "no", finite ? "" : "  NON-FINITE");
+    printf("n_vocab %zu  rows %zu  kl %.6g  max_abs_diff %.6g  top1_agree %zu/%zu  kl_max_row %.6g  match %s%s\n", n,
+           rows, kl, max_abs, agree, rows, kl_max, match ? "yes" : "no", finite ? "" : "  NON-FINITE");
   }
   return ok ? 0 : 1;
 }

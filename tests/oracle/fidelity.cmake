@@ -5,7 +5,8 @@
 # and kvsnap-mkmodel (tests/tools, read after tests/oracle): in the full project the test is
 # therefore registered at the end of the top-level directory, like oracle.bed.
 #
-#   ctest --test-dir build -L fidelity --output-on-failure      (about 1 minute on 2 cores)
+#   ctest --test-dir build -L fidelity --output-on-failure      (about 2 minutes on 2 cores)
+# Every KL is the mean over the last 16 prompt positions (--eval-tail 16, docs/fidelity.md).
 function(kvsnap_fidelity_add_test root script work)
   set(missing "")
   foreach(t kvsnap-oracle-3.22.1 kvsnap kvsnap-mkmodel)
@@ -24,6 +25,7 @@ function(kvsnap_fidelity_add_test root script work)
       --mkmodel "$<TARGET_FILE:kvsnap-mkmodel>"
       --prompt "${root}/fixtures/prompt.txt"
       --work "${work}"
+      --eval-tail 16
       --jobs 2)
   # llama.cpp's own allocations are not ours to leak-check under KVSNAP_SANITIZE
   set_tests_properties(oracle.fidelity PROPERTIES
