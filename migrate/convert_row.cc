@@ -3,12 +3,20 @@
 #include <cstring>
 #include <string>
 
+#include "migrate/simd_kernels.h"
+
 namespace kvsnap {
 namespace {
 
 bool same_codec(const TypeTraits& a, const TypeTraits& b) { return a.id() == b.id(); }
 
-// The one generic path: to_f32, rotation step, from_f32.
+// The fused one-pass kernel for this conversion (same bytes), or nullptr.
+simd::FusedRowFn fused_for(const TypeTraits& src, const TypeTraits& dst, const RotationPlan& rot) {
+  return simd::find_fused(src.id(), dst.id(), rot.step != RotationStep::kNone, rot.n_rot);
+}
+
+// The one generic path: to_f32, rotation step, from_f32 (each a SIMD kernel where the CPU
+// has one; migrate/simd_level.h).
 void convert_one(const TypeTraits& src, const TypeTraits& dst, const RotationPlan& rot, const std::byte* in,
                  std::byte* out, float* scratch, size_t n) {
   src.to_f32(in, scratch, n);
@@ -52,6 +60,10 @@ Status convert_row(const TypeTraits& src, const TypeTraits& dst, const RotationP
     if (!in.empty()) std::memcpy(out.data(), in.data(), in.size());
     return Status::OK();
   }
+  if (auto fused = fused_for(src, dst, rot)) {
+    fused(in.data(), out.data(), *n, rot.n_rot);
+    return Status::OK();
+  }
   if (scratch.size() < *n) {
     return Status::InvalidArgument("scratch of " + std::to_string(scratch.size()) + " floats for a row of " +
                                    std::to_string(*n));
@@ -88,6 +100,10 @@ Status RowConverter::convert(std::span<const std::byte> in, std::span<std::byte>
   }
   if (copy_) {
     if (!in.empty()) std::memcpy(out.data(), in.data(), in.size());
+    return Status::OK();
+  }
+  if (auto fused = fused_for(*src_, *dst_, rot_)) {  // rows are contiguous: one call for all of them
+    if (rows) fused(in.data(), out.data(), rows * n_elems_, rot_.n_rot);
     return Status::OK();
   }
   for (uint64_t r = 0; r < rows; r++) {

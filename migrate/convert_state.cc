@@ -197,8 +197,11 @@ class RowPipeline {
   // `deliver(bytes)` receives converted rows in order.
   template <class Fetch, class Deliver>
   Status run(uint64_t n_rows, Fetch fetch, Deliver deliver) {
-    const uint64_t per_block = std::max<uint64_t>(1, kBlockBytes / std::max(src_row(), dst_row()));
     const size_t T = workers_.size();
+    // At most kBlockBytes per worker and round, but never so many rows that a
+    // tensor smaller than T blocks leaves workers idle.
+    const uint64_t per_block = std::max<uint64_t>(
+        1, std::min<uint64_t>(kBlockBytes / std::max(src_row(), dst_row()), (n_rows + T - 1) / T));
     std::vector<std::vector<std::byte>> in(T), out(T);
     std::vector<Status> st(T);
     for (uint64_t r0 = 0; r0 < n_rows; r0 += per_block * T) {

@@ -1,0 +1,750 @@
+// kvsnap-bench: throughput of kvsnap's row conversions in GB/s of input, beside ggml's own
+// routines and memcpy on the same data in the same run. See docs/performance.md.
+//
+// For each conversion (f16->q8_0, f16->q4_0, f16->iq4_nl, q8_0->f16, q4_0->q8_0) on K rows of
+// n_head_kv x head_dim values (default 8 x 128, llama.cpp's rotation rule with n_rot 128):
+//   kvsnap 1T    RowConverter (to_f32, rotation step, from_f32), one thread
+//   kvsnap NT    the same rows split over N threads, one RowConverter each
+//   ggml ref     ggml's reference path, one thread: type_traits(src)->to_float, the same rotation
+//                as llama.cpp's CPU backend computes it (mul_mat with GGML_HINT_SRC0_IS_HADAMARD,
+//                i.e. its fast Walsh-Hadamard transform), ggml_quantize_chunk
+//   ggml cpu     llama.cpp's CPU backend store without rotation, one thread: to_float (the CPU
+//                backend's fp16 row conversion for f16) and type_traits_cpu(dst)->from_float
+//                (SIMD where the backend has it) from the best libggml-cpu-*.so variant
+//   memcpy       memcpy of the same input bytes
+// and the ratios. Then the end-to-end convert_state() of an in-memory slot file (K and V,
+// 1 thread and N threads) for the multithreaded pipeline. Nothing here asserts time.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cinttypes>
+#include <ctime>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/io.h"
+#include "format/llama_state.h"
+#include "migrate/convert_row.h"
+#include "migrate/convert_state.h"
+#include "migrate/hadamard.h"
+#include "migrate/simd_level.h"
+#include "migrate/type_traits.h"
+
+#ifdef KVSNAP_BENCH_GGML_LIBDIR
+#include <dirent.h>
+#include <dlfcn.h>
+
+#include "ggml-cpu.h"
+#include "ggml.h"
+#endif
+
+namespace kvsnap::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// ---- options ---------------------------------------------------------------------------------
+
+struct Options {
+  bool quick = false;
+  double mb = 256;          // MB of f16 input data (other sources: the same values, quantized)
+  double seconds = 1.0;     // time per measured cell
+  int rounds = 5;           // the best of this many rounds counts
+  bool wall = false;        // one-thread cells in wall time instead of the thread's CPU time
+  unsigned threads = 0;     // 0: hardware concurrency
+  uint32_t head_dim = 128;  // K head dim: n_rot = 128
+  uint32_t n_head = 8;      // heads per row: a row is n_head * head_dim values
+  uint32_t chunk_rows = 64; // rows per call
+  bool state = true;        // end-to-end convert_state table
+  bool ggml = true;
+  std::string only;
+};
+
+void usage() {
+  std::printf(
+      "usage: kvsnap-bench [--quick] [--mb N] [--seconds S] [--threads N] [--head-dim D] [--heads H]\n"
+      "                    [--chunk-rows R] [--only NAME] [--no-state] [--no-ggml] [--simd LEVEL]\n"
+      "  --quick       small data and short cells (seconds in all; for CI)\n"
+      "  --mb N        MB of f16 input (default 256)\n"
+      "  --seconds S   time per cell (default 1.0), split into rounds\n"
+      "  --rounds R    rounds per cell; the best round counts (default 5)\n"
+      "  --wall        one-thread cells in wall-clock time (default: the thread's CPU time)\n"
+      "  --threads N   threads of the all-threads columns (default: all cores)\n"
+      "  --only NAME   one conversion, e.g. f16-q8_0\n"
+      "  --simd LEVEL  kvsnap's codec level: scalar, avx2, avx512 (default: the best this CPU has)\n");
+}
+
+// ---- the machine ---------------------------------------------------------------------------
+
+std::string first_line_with(const char* path, const char* prefix) {
+  FILE* f = std::fopen(path, "r");
+  if (!f) return "";
+  char line[512];
+  std::string out;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::strncmp(line, prefix, std::strlen(prefix)) == 0) {
+      out = line;
+      break;
+    }
+  }
+  std::fclose(f);
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+std::string cpu_model() {
+  std::string l = first_line_with("/proc/cpuinfo", "model name");
+  const auto colon = l.find(':');
+  return colon == std::string::npos ? "unknown CPU" : l.substr(colon + 2);
+}
+
+std::string loadavg() {
+  std::string l = first_line_with("/proc/loadavg", "");
+  return l.empty() ? "?" : l.substr(0, l.find(' ', l.find(' ', l.find(' ') + 1) + 1));
+}
+
+// ---- data ------------------------------------------------------------------------------------
+
+// splitmix64
+struct Rng {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1p-53; }
+};
+
+// K-like rows: N(0,1) per value times a per-channel scale in [0.25, 4], a few outlier channels
+// (x20), and a per-row drift; realistic for post-RoPE keys and for values.
+std::vector<float> make_rows(uint64_t rows, uint32_t n, uint64_t seed) {
+  Rng rng{seed};
+  std::vector<float> scale(n);
+  for (uint32_t c = 0; c < n; c++) {
+    scale[c] = static_cast<float>(std::exp2(rng.uniform() * 4.0 - 2.0));
+    if (rng.next() % 64 == 0) scale[c] *= 20.0f;
+  }
+  std::vector<float> x(rows * n);
+  for (uint64_t r = 0; r < rows; r++) {
+    const double drift = 0.75 + 0.5 * rng.uniform();
+    for (uint32_t c = 0; c < n; c += 2) {
+      const double u1 = rng.uniform() + 0x1p-60, u2 = rng.uniform();
+      const double m = std::sqrt(-2.0 * std::log(u1));
+      x[r * n + c] = static_cast<float>(m * std::cos(2 * M_PI * u2) * scale[c] * drift);
+      if (c + 1 < n) x[r * n + c + 1] = static_cast<float>(m * std::sin(2 * M_PI * u2) * scale[c + 1] * drift);
+    }
+  }
+  return x;
+}
+
+// ---- timing ----------------------------------------------------------------------------------
+
+struct Rate {
+  double gbps = 0;       // GB/s of input (1e9 bytes)
+  bool valid = false;
+  double wall_gbps = 0;  // the same cell in wall-clock time
+};
+
+// The machine may be shared (other builds, tests), so a cell is measured in rounds and the
+// best round counts: the rate the code reaches when it has the core. A round calls fn(chunk)
+// for chunk = i, i + 1, ... (mod n_chunks) until round_s have passed; fn returns the input bytes
+// it consumed. One call first to warm up.
+struct Timing {
+  double seconds = 1.0;  // total per cell (at least one round)
+  int rounds = 5;
+  bool cpu_time = true;  // one-thread cells: the thread's CPU time (immune to time slicing)
+};
+
+// CPU time of the calling thread.
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// One thread. The rate is bytes per second of the thread's CPU time (tm.cpu_time) or of wall
+// time: on a machine shared with other processes the CPU time counts only the time the code
+// actually ran, so both sides of a ratio are measured the same way whatever the load.
+Rate time_loop(size_t n_chunks, const Timing& tm, const std::function<uint64_t(size_t)>& fn) {
+  fn(0);
+  const double round_s = tm.seconds / tm.rounds;
+  double best = 0, best_wall = 0;
+  size_t i = 1;
+  for (int r = 0; r < tm.rounds; r++) {
+    uint64_t bytes = 0;
+    const auto t0 = Clock::now();
+    const double c0 = thread_cpu_seconds();
+    double t = 0;
+    do {
+      bytes += fn(i % n_chunks);
+      i++;
+      t = seconds_since(t0);
+    } while (t < round_s);
+    const double secs = tm.cpu_time ? std::max(1e-9, thread_cpu_seconds() - c0) : t;
+    best = std::max(best, static_cast<double>(bytes) / secs * 1e-9);
+    best_wall = std::max(best_wall, static_cast<double>(bytes) / t * 1e-9);
+  }
+  return Rate{best, true, best_wall};
+}
+
+// N threads, thread w does chunks w, w + N, ... (mod n_chunks); in each round all threads start
+// together and run for round_s; the round's rate is the sum of the threads' rates, the best
+// round counts.
+Rate time_threads(unsigned n_threads, size_t n_chunks, const Timing& tm,
+                  const std::function<std::function<uint64_t(size_t)>(unsigned)>& make_worker) {
+  std::vector<std::function<uint64_t(size_t)>> fns;
+  for (unsigned w = 0; w < n_threads; w++) fns.push_back(make_worker(w));
+  for (unsigned w = 0; w < n_threads; w++) fns[w](w % n_chunks);  // warm up
+  const double round_s = tm.seconds / tm.rounds;
+  double best = 0;
+  std::vector<size_t> next(n_threads);
+  for (unsigned w = 0; w < n_threads; w++) next[w] = w;
+  for (int r = 0; r < tm.rounds; r++) {
+    std::atomic<unsigned> ready{0};
+    std::atomic<bool> go{false};
+    std::vector<uint64_t> bytes(n_threads, 0);
+    std::vector<double> secs(n_threads, 0);
+    auto body = [&](unsigned w) {
+      ready.fetch_add(1);
+      while (!go.load(std::memory_order_acquire)) {
+      }
+      const auto t0 = Clock::now();
+      double t = 0;
+      do {
+        bytes[w] += fns[w](next[w] % n_chunks);
+        next[w] += n_threads;
+        t = seconds_since(t0);
+      } while (t < round_s);
+      secs[w] = t;
+    };
+    std::vector<std::thread> pool;
+    for (unsigned w = 1; w < n_threads; w++) pool.emplace_back(body, w);
+    while (ready.load() + 1 < n_threads) {
+    }
+    go.store(true, std::memory_order_release);
+    body(0);
+    for (auto& t : pool) t.join();
+    double gbps = 0;
+    for (unsigned w = 0; w < n_threads; w++) gbps += static_cast<double>(bytes[w]) / secs[w] * 1e-9;
+    best = std::max(best, gbps);
+  }
+  return Rate{best, true, best};
+}
+
+// ---- ggml ------------------------------------------------------------------------------------
+
+#ifdef KVSNAP_BENCH_GGML_LIBDIR
+// The CPU backend, loaded the way ggml_backend_load_best() does: every libggml-cpu-*.so
+// variant in the directory, the one whose ggml_backend_score() is highest.
+struct GgmlCpu {
+  void* handle = nullptr;
+  std::string variant;
+  decltype(&ggml_get_type_traits_cpu) traits_cpu = nullptr;
+  decltype(&ggml_cpu_fp16_to_fp32) fp16_to_fp32 = nullptr;
+  decltype(&ggml_graph_plan) graph_plan = nullptr;
+  decltype(&ggml_graph_compute) graph_compute = nullptr;
+
+  static std::unique_ptr<GgmlCpu> load(const std::string& dir, std::string* err) {
+    DIR* d = opendir(dir.c_str());
+    if (!d) {
+      *err = "cannot list " + dir;
+      return nullptr;
+    }
+    std::vector<std::string> libs;
+    while (dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.rfind("libggml-cpu-", 0) == 0 && name.size() > 3 && name.substr(name.size() - 3) == ".so") {
+        libs.push_back(name);
+      }
+    }
+    closedir(d);
+    std::sort(libs.begin(), libs.end());
+    void* best = nullptr;
+    int best_score = 0;
+    std::string best_name;
+    for (const auto& name : libs) {
+      void* h = dlopen((dir + "/" + name).c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (!h) continue;
+      auto score = reinterpret_cast<int (*)()>(dlsym(h, "ggml_backend_score"));
+      const int s = score ? score() : 0;
+      if (s > best_score) {
+        if (best) dlclose(best);
+        best = h;
+        best_score = s;
+        best_name = name;
+      } else {
+        dlclose(h);
+      }
+    }
+    if (!best) {
+      *err = "no libggml-cpu-*.so variant loads on this CPU in " + dir;
+      return nullptr;
+    }
+    auto g = std::make_unique<GgmlCpu>();
+    g->handle = best;
+    g->variant = best_name;
+    auto sym = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(best, name));
+      if (!fn) *err += std::string(err->empty() ? "" : ", ") + "no " + name + " in " + best_name;
+    };
+    sym(g->traits_cpu, "ggml_get_type_traits_cpu");
+    sym(g->fp16_to_fp32, "ggml_cpu_fp16_to_fp32");
+    sym(g->graph_plan, "ggml_graph_plan");
+    sym(g->graph_compute, "ggml_graph_compute");
+    decltype(&ggml_cpu_init) init = nullptr;
+    sym(init, "ggml_cpu_init");
+    if (!err->empty()) return nullptr;
+    init();
+    return g;
+  }
+};
+
+// llama.cpp's rotation on the CPU backend for `cols` blocks of n_rot floats, in place through
+// a graph built once: mul_mat(H, x) with GGML_HINT_SRC0_IS_HADAMARD, one thread.
+class GgmlRotation {
+ public:
+  GgmlRotation(const GgmlCpu& cpu, uint32_t n_rot, size_t n_values) : cpu_(cpu) {
+    const size_t cols = n_values / n_rot;
+    const size_t mem = (static_cast<size_t>(n_rot) * n_rot + 2 * n_values) * sizeof(float) +
+                       8 * ggml_tensor_overhead() + ggml_graph_overhead() + (1 << 16);
+    ggml_init_params p = {mem, nullptr, false};
+    ctx_ = ggml_init(p);
+    ggml_tensor* h = ggml_new_tensor_2d(ctx_, GGML_TYPE_F32, n_rot, n_rot);
+    x_ = ggml_new_tensor_2d(ctx_, GGML_TYPE_F32, n_rot, static_cast<int64_t>(cols));
+    y_ = ggml_mul_mat(ctx_, h, x_);
+    ggml_mul_mat_set_hint(y_, GGML_HINT_SRC0_IS_HADAMARD);
+    const std::vector<float> hm = hadamard_matrix(n_rot);  // == ggml_gen_hadamard
+    std::memcpy(h->data, hm.data(), hm.size() * sizeof(float));
+    gf_ = ggml_new_graph(ctx_);
+    ggml_build_forward_expand(gf_, y_);
+    plan_ = cpu_.graph_plan(gf_, 1, nullptr);
+    work_.resize(plan_.work_size + 64);
+    plan_.work_data = work_.data();
+  }
+  ~GgmlRotation() { ggml_free(ctx_); }
+  float* input() { return static_cast<float*>(x_->data); }
+  const float* run() {
+    cpu_.graph_compute(gf_, &plan_);
+    return static_cast<const float*>(y_->data);
+  }
+
+ private:
+  const GgmlCpu& cpu_;
+  ggml_context* ctx_ = nullptr;
+  ggml_tensor *x_ = nullptr, *y_ = nullptr;
+  ggml_cgraph* gf_ = nullptr;
+  ggml_cplan plan_{};
+  std::vector<uint8_t> work_;
+};
+#endif
+
+// ---- the conversions -------------------------------------------------------------------------
+
+struct Conversion {
+  const char* name;
+  GgmlType src, dst;
+};
+constexpr Conversion kConversions[] = {
+    {"f16-q8_0", GgmlType::kF16, GgmlType::kQ8_0},     {"f16-q4_0", GgmlType::kF16, GgmlType::kQ4_0},
+    {"f16-iq4_nl", GgmlType::kF16, GgmlType::kIQ4_NL}, {"q8_0-f16", GgmlType::kQ8_0, GgmlType::kF16},
+    {"q4_0-q8_0", GgmlType::kQ4_0, GgmlType::kQ8_0},
+};
+
+struct Row {
+  std::string name, rotation;
+  Rate ours1, oursN, ggml_ref, ggml_cpu, memcpy_;
+  Rate state1, stateN;
+};
+
+std::string fmt_rate(const Rate& r) {
+  if (!r.valid) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, r.gbps < 0.1 ? "%.4f" : "%.3f", r.gbps);
+  return b;
+}
+std::string fmt_ratio(const Rate& a, const Rate& b, bool wall = false) {
+  if (!a.valid || !b.valid || b.gbps <= 0) return "-";
+  char s[32];
+  const double q = wall ? a.wall_gbps / b.wall_gbps : a.gbps / b.gbps;
+  std::snprintf(s, sizeof s, q >= 100 ? "%.0fx" : q >= 10 ? "%.1fx" : "%.2fx", q);
+  return s;
+}
+
+// One ggsq v3 slot file in memory: n_layer layers of `cells` K and V rows of n values of `type`,
+// the values taken from `x` (rows of n floats, reused cyclically). K and V share the layout.
+std::vector<std::byte> make_slot_file(const TypeTraits& t, const std::vector<std::byte>& rows_bytes, uint64_t row_bytes,
+                                      uint32_t n_layer, uint32_t cells) {
+  std::vector<std::byte> b;
+  auto u32 = [&](uint32_t v) {
+    for (int i = 0; i < 4; ++i) b.push_back(static_cast<std::byte>((v >> (8 * i)) & 0xff));
+  };
+  auto u64 = [&](uint64_t v) {
+    u32(static_cast<uint32_t>(v));
+    u32(static_cast<uint32_t>(v >> 32));
+  };
+  const uint64_t avail_rows = rows_bytes.size() / row_bytes;
+  uint64_t next_row = 0;
+  auto rows = [&](uint64_t n) {
+    for (uint64_t r = 0; r < n; r++, next_row = (next_row + 1) % avail_rows) {
+      const std::byte* p = rows_bytes.data() + next_row * row_bytes;
+      b.insert(b.end(), p, p + row_bytes);
+    }
+  };
+  u32(kMagicGgsq);
+  u32(3);
+  u32(3);  // three tokens
+  u32(1);
+  u32(2);
+  u32(3);
+  u32(1);  // n_stream
+  u32(cells);
+  for (uint32_t c = 0; c < cells; c++) {
+    u32(c);  // pos
+    u32(1);  // one seq id
+    u32(0);
+  }
+  u32(0);  // v_trans
+  u32(n_layer);
+  for (uint32_t l = 0; l < n_layer; l++) {
+    u32(static_cast<uint32_t>(t.id()));
+    u64(row_bytes);
+    rows(cells);
+  }
+  for (uint32_t l = 0; l < n_layer; l++) {
+    u32(static_cast<uint32_t>(t.id()));
+    u64(row_bytes);
+    rows(cells);
+  }
+  return b;
+}
+
+int run(const Options& opt) {
+  const unsigned n_threads = opt.threads ? opt.threads : std::max(1u, std::thread::hardware_concurrency());
+  const uint32_t n = opt.n_head * opt.head_dim;
+  const uint64_t f16_row = uint64_t(n) * 2;
+  const uint64_t rows = std::max<uint64_t>(opt.chunk_rows * 4, uint64_t(opt.mb * 1e6) / f16_row / opt.chunk_rows * opt.chunk_rows);
+  const size_t n_chunks = rows / opt.chunk_rows;
+  const Timing tm{opt.seconds, opt.rounds, !opt.wall};
+  Timing tm_wall = tm;
+  tm_wall.cpu_time = false;
+
+  std::printf("kvsnap-bench: %s codecs (%s), %u threads for the all-threads columns\n", simd::level_name(simd::level()),
+              simd::describe().c_str(), n_threads);
+  std::printf("machine: %s, %u hardware threads; load average at start %s\n", cpu_model().c_str(),
+              std::thread::hardware_concurrency(), loadavg().c_str());
+  std::printf("data: %" PRIu64 " K rows of %u values (%u heads x head_dim %u, N(0,1) x per-channel scales, outlier "
+              "channels), %.0f MB as f16; %u rows per call; %.2f s per cell, best of %d rounds\n",
+              rows, n, opt.n_head, opt.head_dim, rows * f16_row / 1e6, opt.chunk_rows, opt.seconds, opt.rounds);
+
+#ifdef KVSNAP_BENCH_GGML_LIBDIR
+  std::unique_ptr<GgmlCpu> cpu;
+  if (opt.ggml) {
+    std::string err;
+    cpu = GgmlCpu::load(KVSNAP_BENCH_GGML_LIBDIR, &err);
+    if (cpu) {
+      std::printf("ggml: libggml-base.so and CPU backend %s from %s (llama.cpp v0.5.0)\n", cpu->variant.c_str(),
+                  KVSNAP_BENCH_GGML_LIBDIR);
+    } else {
+      std::printf("ggml: CPU backend not loaded (%s): ggml columns without the CPU backend\n", err.c_str());
+    }
+  }
+#else
+  std::printf("ggml: not built in (no test bed at configure time): ggml columns print '-'\n");
+#endif
+
+  // Source data in every source type: f16 rows, and the rotated values quantized as llama.cpp
+  // stores them (q8_0, q4_0).
+  const auto t_gen = Clock::now();
+  const std::vector<float> x = make_rows(rows, n, 12345);
+  const TypeTraits& f16 = *find_traits(GgmlType::kF16);
+  std::vector<std::byte> src_f16(rows * f16_row);
+  f16.from_f32(x.data(), src_f16.data(), x.size());
+  auto quantized_source = [&](GgmlType type) {
+    const TypeTraits& t = *find_traits(type);
+    auto plan = plan_rotation(*f16.layout, *t.layout, opt.head_dim, KvSide::kK);
+    auto conv = RowConverter::make(f16, t, n, *plan);
+    std::vector<std::byte> out(rows * conv->dst_row_bytes());
+    (void)conv->convert(src_f16, out);
+    return out;
+  };
+  std::vector<std::byte> src_q8 = quantized_source(GgmlType::kQ8_0);
+  std::vector<std::byte> src_q4 = quantized_source(GgmlType::kQ4_0);
+  std::printf("(data made in %.1f s)\n\n", seconds_since(t_gen));
+
+  std::vector<Row> table;
+  for (const Conversion& c : kConversions) {
+    if (!opt.only.empty() && opt.only != c.name) continue;
+    const TypeTraits& st = *find_traits(c.src);
+    const TypeTraits& dt = *find_traits(c.dst);
+    const std::vector<std::byte>& src =
+        c.src == GgmlType::kF16 ? src_f16 : c.src == GgmlType::kQ8_0 ? src_q8 : src_q4;
+    auto plan = plan_rotation(*st.layout, *dt.layout, opt.head_dim, KvSide::kK);
+    auto conv0 = RowConverter::make(st, dt, n, *plan);
+    const uint64_t in_row = conv0->src_row_bytes(), out_row = conv0->dst_row_bytes();
+    const uint64_t in_chunk = in_row * opt.chunk_rows, out_chunk = out_row * opt.chunk_rows;
+    Row row;
+    row.name = c.name;
+    row.rotation = plan->step == RotationStep::kNone ? "none"
+                                                     : std::string(to_string(plan->step)) + " " + std::to_string(plan->n_rot);
+    std::vector<std::byte> out(rows * out_row);
+
+    // kvsnap, one thread
+    {
+      RowConverter conv = *RowConverter::make(st, dt, n, *plan);
+      row.ours1 = time_loop(n_chunks, tm, [&](size_t i) {
+        (void)conv.convert(std::span<const std::byte>(src.data() + i * in_chunk, in_chunk),
+                           std::span<std::byte>(out.data() + i * out_chunk, out_chunk));
+        return in_chunk;
+      });
+    }
+    // kvsnap, all threads
+    {
+      std::vector<RowConverter> convs;
+      for (unsigned w = 0; w < n_threads; w++) convs.push_back(*RowConverter::make(st, dt, n, *plan));
+      row.oursN = time_threads(n_threads, n_chunks, tm, [&](unsigned w) {
+        return [&, w](size_t i) -> uint64_t {
+          (void)convs[w].convert(std::span<const std::byte>(src.data() + i * in_chunk, in_chunk),
+                                 std::span<std::byte>(out.data() + i * out_chunk, out_chunk));
+          return in_chunk;
+        };
+      });
+    }
+    // memcpy of the same input bytes
+    {
+      std::vector<std::byte> copy(src.size());
+      row.memcpy_ = time_loop(n_chunks, tm, [&](size_t i) {
+        std::memcpy(copy.data() + i * in_chunk, src.data() + i * in_chunk, in_chunk);
+        return in_chunk;
+      });
+    }
+#ifdef KVSNAP_BENCH_GGML_LIBDIR
+    if (opt.ggml) {
+      const ggml_type gs = static_cast<ggml_type>(c.src), gd = static_cast<ggml_type>(c.dst);
+      const size_t vals = size_t(n) * opt.chunk_rows;
+      std::vector<float> f(vals);
+      std::vector<std::byte> gout(rows * out_row);
+      // Reference path: to_float, the CPU backend's rotation, ggml_quantize_chunk.
+      if (plan->step == RotationStep::kNone || cpu) {
+        std::unique_ptr<GgmlRotation> rot;
+        if (plan->step != RotationStep::kNone) rot = std::make_unique<GgmlRotation>(*cpu, plan->n_rot, vals);
+        const auto to_float = ggml_get_type_traits(gs)->to_float;
+        row.ggml_ref = time_loop(n_chunks, tm, [&](size_t i) {
+          float* fx = rot ? rot->input() : f.data();
+          to_float(src.data() + i * in_chunk, fx, static_cast<int64_t>(vals));
+          const float* q = rot ? rot->run() : fx;
+          ggml_quantize_chunk(gd, q, gout.data() + i * out_chunk, 0, opt.chunk_rows, n, nullptr);
+          return in_chunk;
+        });
+        // Same bytes as kvsnap (the contract), checked on the first chunks.
+        std::vector<std::byte> ours(out_chunk);
+        RowConverter conv = *RowConverter::make(st, dt, n, *plan);
+        for (size_t i = 0; i < std::min<size_t>(n_chunks, 8); i++) {
+          float* fx = rot ? rot->input() : f.data();
+          to_float(src.data() + i * in_chunk, fx, static_cast<int64_t>(vals));
+          const float* q = rot ? rot->run() : fx;
+          ggml_quantize_chunk(gd, q, gout.data(), 0, opt.chunk_rows, n, nullptr);
+          (void)conv.convert(std::span<const std::byte>(src.data() + i * in_chunk, in_chunk), ours);
+          if (std::memcmp(ours.data(), gout.data(), out_chunk) != 0) {
+            std::printf("!! %s: kvsnap's bytes differ from ggml's reference path in chunk %zu\n", c.name, i);
+            return 1;
+          }
+        }
+      }
+      // The CPU backend's store, no rotation.
+      if (cpu) {
+        const auto base_to_float = ggml_get_type_traits(gs)->to_float;
+        const auto from_float = cpu->traits_cpu(gd)->from_float;
+        const auto fp16_to_fp32 = cpu->fp16_to_fp32;
+        row.ggml_cpu = time_loop(n_chunks, tm, [&](size_t i) {
+          const std::byte* s = src.data() + i * in_chunk;
+          std::byte* d = gout.data() + i * out_chunk;
+          for (uint32_t r = 0; r < opt.chunk_rows; r++) {  // row by row, as ggml_set_rows does
+            if (gs == GGML_TYPE_F16) {
+              fp16_to_fp32(reinterpret_cast<const ggml_fp16_t*>(s + r * in_row), f.data(), n);
+            } else {
+              base_to_float(s + r * in_row, f.data(), n);
+            }
+            from_float(f.data(), d + r * out_row, n);
+          }
+          return in_chunk;
+        });
+      }
+    }
+#endif
+    table.push_back(row);
+    std::printf("  %-11s done: kvsnap 1T %s GB/s\n", c.name, fmt_rate(row.ours1).c_str());
+    std::fflush(stdout);
+  }
+
+  // End to end: convert_state on an in-memory slot file, K and V (head_dim 128: K n_rot 128,
+  // V n_rot 64), 1 thread and all threads.
+  if (opt.state) {
+    const uint32_t n_layer = 4;
+    const uint32_t cells = static_cast<uint32_t>(std::min<uint64_t>(rows / 2, opt.quick ? 1024 : 8192));
+    for (Row& row : table) {
+      const Conversion& c = *std::find_if(std::begin(kConversions), std::end(kConversions),
+                                          [&](const Conversion& k) { return row.name == k.name; });
+      const TypeTraits& st = *find_traits(c.src);
+      const std::vector<std::byte>& src =
+          c.src == GgmlType::kF16 ? src_f16 : c.src == GgmlType::kQ8_0 ? src_q8 : src_q4;
+      const uint64_t in_row = uint64_t(n) / st.block_elems() * st.block_bytes();
+      const std::vector<std::byte> file = make_slot_file(st, src, in_row, n_layer, cells);
+      MemoryFile mf("bench.slot", std::span<const std::byte>(file));
+      MemoryShape shape;
+      shape.ext_bytes = 0;
+      shape.kv_sections_known = true;
+      shape.recurrent_known = true;
+      shape.kv_sections.push_back(KvSectionShape{std::vector<uint32_t>(n_layer, n), std::vector<uint32_t>(n_layer, n), {}});
+      ParseOptions po;
+      po.shape = &shape;
+      auto parsed = parse_state(mf, po);
+      if (!parsed.ok()) {
+        std::printf("!! state parse: %s\n", parsed.status().ToString().c_str());
+        return 1;
+      }
+      const uint64_t kv_bytes = uint64_t(n_layer) * 2 * cells * in_row;
+      for (unsigned t : {1u, n_threads}) {
+        ConvertRequest req;
+        req.k_type = static_cast<int32_t>(c.dst);
+        req.v_type = static_cast<int32_t>(c.dst);
+        req.geometry.k_head_dim = {opt.head_dim};
+        req.geometry.v_head_dim = {opt.head_dim};
+        req.threads = t;
+        Rate r = time_loop(1, tm_wall, [&](size_t) -> uint64_t {
+          CountingSink sink;
+          auto res = convert_state(*parsed, mf, req, sink);
+          if (!res.ok()) {
+            std::printf("!! convert_state: %s\n", res.status().ToString().c_str());
+            std::exit(1);
+          }
+          return kv_bytes;
+        });
+        (t == 1 ? row.state1 : row.stateN) = r;
+        if (n_threads == 1) row.stateN = r;
+      }
+    }
+  }
+
+  // ---- report ----
+  std::printf("\nGB/s of input (1 GB = 1e9 bytes); rows of %u values, K rotation n_rot %u where llama.cpp rotates.\n"
+              "1T columns: per second of the thread's %s; %uT columns and %uT / 1T: wall clock.\n\n",
+              n, rotation_block_size(KvSide::kK, opt.head_dim), opt.wall ? "wall-clock time" : "CPU time", n_threads,
+              n_threads);
+  std::printf("| conversion | rotation | kvsnap 1T | kvsnap %uT | ggml ref 1T | ggml cpu 1T (no rot.) | memcpy 1T | "
+              "1T / ggml ref | 1T / ggml cpu | 1T / memcpy | %uT / 1T |\n",
+              n_threads, n_threads);
+  std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const Row& r : table) {
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.name.c_str(), r.rotation.c_str(),
+                fmt_rate(r.ours1).c_str(), fmt_rate(r.oursN).c_str(), fmt_rate(r.ggml_ref).c_str(),
+                fmt_rate(r.ggml_cpu).c_str(), fmt_rate(r.memcpy_).c_str(), fmt_ratio(r.ours1, r.ggml_ref).c_str(),
+                fmt_ratio(r.ours1, r.ggml_cpu).c_str(), fmt_ratio(r.ours1, r.memcpy_).c_str(),
+                fmt_ratio(r.oursN, r.ours1, true).c_str());
+  }
+  if (opt.state) {
+    std::printf("\nconvert_state() end to end (in-memory ggsq v3 slot, 4 layers, K and V, head_dim %u: K n_rot %u, V "
+                "n_rot 64), GB/s of K+V input, wall clock\n\n",
+                opt.head_dim, rotation_block_size(KvSide::kK, opt.head_dim));
+    std::printf("| conversion | 1 thread | %u threads | scaling |\n| --- | ---: | ---: | ---: |\n", n_threads);
+    for (const Row& r : table) {
+      std::printf("| %s | %s | %s | %s |\n", r.name.c_str(), fmt_rate(r.state1).c_str(), fmt_rate(r.stateN).c_str(),
+                  fmt_ratio(r.stateN, r.state1, true).c_str());
+    }
+  }
+
+  std::printf("\nload average at the end: %s (other processes share these cores; each cell is the best of its rounds)\n",
+              loadavg().c_str());
+
+  // The targets (one thread).
+  std::printf("\ntargets (one thread):\n");
+  for (const Row& r : table) {
+    const Rate* base = nullptr;
+    double want = 0;
+    const char* what = nullptr;
+    if (r.name == "f16-q8_0") base = &r.ggml_cpu, want = 1.0, what = "with rotation >= 1x ggml cpu q8_0 (no rotation)";
+    if (r.name == "f16-q4_0") base = &r.ggml_cpu, want = 3.0, what = "with rotation >= 3x ggml cpu q4_0 (no rotation)";
+    if (r.name == "f16-iq4_nl") base = &r.ggml_ref, want = 100.0, what = ">= 100x ggml's reference path";
+    if (!base) continue;
+    if (!base->valid) {
+      std::printf("  %-11s %s: no ggml figure in this run\n", r.name.c_str(), what);
+      continue;
+    }
+    const double q = r.ours1.gbps / base->gbps;
+    std::printf("  %-11s %s: %.2fx -> %s\n", r.name.c_str(), what, q, q >= want ? "met" : "NOT met");
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvsnap::bench
+
+int main(int argc, char** argv) {
+  using kvsnap::bench::Options;
+  Options opt;
+  std::string simd_level;
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--quick") {
+      opt.quick = true;
+    } else if (a == "--mb") {
+      opt.mb = std::atof(next());
+    } else if (a == "--seconds") {
+      opt.seconds = std::atof(next());
+    } else if (a == "--rounds") {
+      opt.rounds = std::max(1, std::atoi(next()));
+    } else if (a == "--wall") {
+      opt.wall = true;
+    } else if (a == "--threads") {
+      opt.threads = static_cast<unsigned>(std::atoi(next()));
+    } else if (a == "--head-dim") {
+      opt.head_dim = static_cast<uint32_t>(std::atoi(next()));
+    } else if (a == "--heads") {
+      opt.n_head = static_cast<uint32_t>(std::atoi(next()));
+    } else if (a == "--chunk-rows") {
+      opt.chunk_rows = static_cast<uint32_t>(std::max(1, std::atoi(next())));
+    } else if (a == "--only") {
+      opt.only = next();
+    } else if (a == "--no-state") {
+      opt.state = false;
+    } else if (a == "--no-ggml") {
+      opt.ggml = false;
+    } else if (a == "--simd") {
+      simd_level = next();
+    } else if (a == "-h" || a == "--help") {
+      kvsnap::bench::usage();
+      return 0;
+    } else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      kvsnap::bench::usage();
+      return 2;
+    }
+  }
+  if (opt.quick) {
+    opt.mb = std::min(opt.mb, 8.0);
+    opt.seconds = std::min(opt.seconds, 0.1);
+    opt.rounds = std::min(opt.rounds, 2);
+  }
+  if (!simd_level.empty() && !kvsnap::simd::set_level(simd_level)) {
+    std::fprintf(stderr, "--simd %s: unknown or not supported by this CPU\n", simd_level.c_str());
+    return 2;
+  }
+  return kvsnap::bench::run(opt);
+}

@@ -1,0 +1,363 @@
+// kvsnap-simd-check: every SIMD level against the scalar reference, byte for byte.
+//
+// The scalar codecs are pinned to ggml by tests/migrate (golden files and the live-ggml oracle);
+// this tool pins the SIMD kernels and the fused row kernels to the scalar codecs, on the same
+// hard cases and random distributions as the tests plus NaN/inf/tie/zero-heavy rows, for every
+// codec, every rotation block size and every (source, destination, rotation) RowConverter.
+//
+//   kvsnap-simd-check                 the sweeps above (seconds)
+//   kvsnap-simd-check --exhaustive    also every f32 bit pattern through f16/bf16 conversion and
+//                                     every non-NaN float through the iq4_nl index equivalence
+//                                     (about a minute)
+// Exit status 0 when everything matches. It asserts bytes, never time.
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <utility>
+#include <string>
+#include <vector>
+
+#include "migrate/convert_row.h"
+#include "migrate/hadamard.h"
+#include "migrate/simd_kernels.h"
+#include "migrate/simd_level.h"
+#include "migrate/type_traits.h"
+#include "test_inputs.h"
+
+namespace kvsnap {
+namespace {
+
+using simd::Level;
+using testing::Dist;
+
+int g_failures = 0;
+uint64_t g_compared = 0;
+
+void fail(const std::string& what) {
+  if (g_failures < 20) std::printf("MISMATCH %s\n", what.c_str());
+  g_failures++;
+}
+
+template <class T>
+long first_diff(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return static_cast<long>(i);
+  }
+  return -1;
+}
+
+// The scalar reference's results, computed once per check for all levels.
+template <class T>
+std::map<std::string, std::vector<T>>& reference_cache() {
+  static std::map<std::string, std::vector<T>> cache;
+  return cache;
+}
+
+// fn's result at the scalar level, computed once per key.
+template <class Fn>
+const decltype(std::declval<Fn>()())& scalar_once(const std::string& key, Fn fn) {
+  using Vec = decltype(fn());
+  auto& cache = reference_cache<typename Vec::value_type>();
+  auto it = cache.find("scalar " + key);
+  if (it == cache.end()) {
+    const Level was = simd::level();
+    simd::set_level(Level::kScalar);
+    it = cache.emplace("scalar " + key, fn()).first;
+    simd::set_level(was);
+  }
+  return it->second;
+}
+
+// Runs fn at `l` and at the scalar level, compares the results.
+template <class Fn>
+void compare(Level l, const std::string& what, Fn fn) {
+  using Vec = decltype(fn());
+  auto& cache = reference_cache<typename Vec::value_type>();
+  auto it = cache.find(what);
+  if (it == cache.end()) {
+    simd::set_level(Level::kScalar);
+    it = cache.emplace(what, fn()).first;
+  }
+  const Vec& want = it->second;
+  simd::set_level(l);
+  const auto got = fn();
+  simd::set_level(simd::best_level());
+  const long d = first_diff(got, want);
+  if (d >= 0) {
+    std::string detail;
+    if constexpr (sizeof(want[0]) == 4) {
+      char buf[64];
+      uint32_t g, w;
+      std::memcpy(&g, &got[d], 4);
+      std::memcpy(&w, &want[d], 4);
+      std::snprintf(buf, sizeof buf, " (0x%08x, reference 0x%08x)", g, w);
+      detail = buf;
+    }
+    fail(std::string(simd::level_name(l)) + " " + what + " at element " + std::to_string(d) + detail);
+  }
+  g_compared += want.size() * sizeof(want[0]);
+}
+
+std::vector<std::vector<float>> row_sets() {
+  std::vector<std::vector<float>> sets;
+  for (const auto& c : testing::hard_cases()) sets.push_back(c.x);
+  for (Dist dist : testing::kAllDists) {
+    for (uint64_t seed = 0; seed < 6; seed++) sets.push_back(testing::random_rows(dist, 500 + seed, 4, 1024));
+  }
+  // Blocks mixing a hard case into ordinary data (one odd block among good ones).
+  const auto cases = testing::hard_cases();
+  for (size_t i = 0; i < cases.size(); i++) {
+    auto x = testing::random_rows(Dist::kGauss, 900 + i, 1, 1024);
+    std::memcpy(x.data() + 32 * (i % 30), cases[i].x.data(), 32 * sizeof(float));
+    sets.push_back(std::move(x));
+  }
+  // Exact ties of opposite sign at the block maximum (q4_0/q5_0/iq4_nl "first max wins").
+  for (int pos = 0; pos < 4; pos++) {
+    auto x = testing::random_rows(Dist::kUniform, 77 + pos, 1, 256);
+    for (size_t b = 0; b < 8; b++) {
+      x[b * 32 + (pos * 7 + b) % 32] = (b % 2 ? 3.0f : -3.0f);
+      x[b * 32 + (pos * 11 + 5 * b + 3) % 32] = (b % 2 ? -3.0f : 3.0f);
+    }
+    sets.push_back(std::move(x));
+  }
+  return sets;
+}
+
+void check_codecs(Level l) {
+  const auto sets = row_sets();
+  for (const TypeTraits& t : type_traits()) {
+    for (size_t s = 0; s < sets.size(); s++) {
+      const auto& x = sets[s];
+      const size_t n = x.size() / t.block_elems() * t.block_elems();
+      compare(l, std::string(t.name()) + " from_f32 set " + std::to_string(s), [&] {
+        std::vector<std::byte> out(n / t.block_elems() * t.block_bytes());
+        t.from_f32(x.data(), out.data(), n);
+        return out;
+      });
+      // to_f32 of what the reference made of it
+      const std::vector<std::byte>& q = scalar_once(std::string(t.name()) + " from_f32 set " + std::to_string(s), [&] {
+        std::vector<std::byte> out(n / t.block_elems() * t.block_bytes());
+        t.from_f32(x.data(), out.data(), n);
+        return out;
+      });
+      compare(l, std::string(t.name()) + " to_f32 set " + std::to_string(s), [&] {
+        std::vector<float> out(n);
+        t.to_f32(q.data(), out.data(), n);
+        return out;
+      });
+    }
+    for (uint64_t seed = 0; seed < 16; seed++) {
+      const size_t n_blocks = t.quantized() ? 257 : 4099;  // odd counts: vector tails
+      const auto b = testing::random_blocks(seed, n_blocks, t.block_bytes(), t.quantized());
+      compare(l, std::string(t.name()) + " to_f32 random blocks " + std::to_string(seed), [&] {
+        std::vector<float> out(n_blocks * t.block_elems());
+        t.to_f32(b.data(), out.data(), out.size());
+        return out;
+      });
+    }
+  }
+  // float types on odd lengths (tails)
+  for (const TypeTraits& t : type_traits()) {
+    if (t.quantized()) continue;
+    for (size_t n : {1, 7, 15, 17, 31, 33, 100}) {
+      const auto x = testing::random_rows(Dist::kRandomBits, n, 1, n);
+      compare(l, std::string(t.name()) + " from_f32 n=" + std::to_string(n), [&] {
+        std::vector<std::byte> out(n * t.block_bytes());
+        t.from_f32(x.data(), out.data(), n);
+        return out;
+      });
+    }
+  }
+}
+
+void check_rotation(Level l) {
+  const auto sets = row_sets();
+  for (uint32_t n_rot = 2; n_rot <= 1024; n_rot *= 2) {
+    for (size_t s = 0; s < sets.size(); s++) {
+      const auto& x = sets[s];
+      const size_t n = x.size() / n_rot * n_rot;
+      if (n == 0) continue;
+      compare(l, "hadamard n_rot " + std::to_string(n_rot) + " set " + std::to_string(s), [&] {
+        std::vector<float> y(x.begin(), x.begin() + static_cast<long>(n));
+        hadamard_rotate(y.data(), n, n_rot);
+        return y;
+      });
+    }
+  }
+}
+
+// Every RowConverter (source, destination, rotation step) on rows made from the sets, through
+// whatever path the level picks (fused kernels included).
+void check_pipelines(Level l) {
+  // every other random set (the scalar iq4_nl reference is slow), all the mixed and tie sets
+  std::vector<std::vector<float>> sets;
+  const auto all = row_sets();
+  const size_t n_random = std::size(testing::kAllDists) * 6, first_random = testing::hard_cases().size();
+  for (size_t i = 0; i < all.size(); i++) {
+    const bool random = i >= first_random && i < first_random + n_random;
+    if (!random || (i - first_random) % 2 == 0) sets.push_back(all[i]);
+  }
+  const TypeTraits& f32 = *find_traits(GgmlType::kF32);
+  for (const TypeTraits& src : type_traits()) {
+    for (const TypeTraits& dst : type_traits()) {
+      for (uint32_t n_rot : {0u, 64u, 128u, 256u}) {
+        RotationPlan plan;
+        if (n_rot) {
+          plan.step = RotationStep::kRotate;
+          plan.n_rot = n_rot;
+        }
+        for (size_t s = 0; s < sets.size(); s++) {
+          const auto& x = sets[s];
+          const size_t n = x.size() >= 256 ? 256 : 0;
+          if (n == 0) continue;
+          const size_t rows = x.size() / n;
+          // source rows: the reference's encoding of x (for f32 sources: x itself, NaNs and all)
+          const std::vector<std::byte>& in = scalar_once(std::string(src.name()) + " rows of set " + std::to_string(s), [&] {
+            std::vector<std::byte> b(rows * n / src.block_elems() * src.block_bytes());
+            if (src.id() == f32.id()) std::memcpy(b.data(), x.data(), rows * n * sizeof(float));
+            else src.from_f32(x.data(), b.data(), rows * n);
+            return b;
+          });
+          auto conv = RowConverter::make(src, dst, n, plan);
+          if (!conv.ok()) continue;
+          compare(l, std::string(src.name()) + " -> " + std::string(dst.name()) + " n_rot " + std::to_string(n_rot) +
+                         " set " + std::to_string(s),
+                  [&] {
+                    std::vector<std::byte> out(rows * conv->dst_row_bytes());
+                    (void)conv->convert(in, out);
+                    return out;
+                  });
+          // one row through convert_row() too
+          compare(l, std::string(src.name()) + " -> " + std::string(dst.name()) + " convert_row n_rot " +
+                         std::to_string(n_rot) + " set " + std::to_string(s),
+                  [&] {
+                    std::vector<std::byte> out(conv->dst_row_bytes());
+                    std::vector<float> scratch(n);
+                    (void)convert_row(src, dst, plan, std::span<const std::byte>(in).first(conv->src_row_bytes()), out,
+                                      scratch);
+                    return out;
+                  });
+        }
+      }
+    }
+  }
+}
+
+// Every f32 bit pattern through f32 -> f16 and f32 -> bf16.
+void check_half_exhaustive(Level l) {
+  const TypeTraits& f16 = *find_traits(GgmlType::kF16);
+  const TypeTraits& bf16 = *find_traits(GgmlType::kBF16);
+  const size_t chunk = 1 << 22;
+  std::vector<float> x(chunk);
+  std::vector<std::byte> a(2 * chunk), b(2 * chunk);
+  for (uint64_t base = 0; base < (1ull << 32); base += chunk) {
+    for (size_t i = 0; i < chunk; i++) x[i] = testing::bits_f32(static_cast<uint32_t>(base + i));
+    for (const TypeTraits* t : {&f16, &bf16}) {
+      simd::set_level(Level::kScalar);
+      t->from_f32(x.data(), a.data(), chunk);
+      simd::set_level(l);
+      t->from_f32(x.data(), b.data(), chunk);
+      if (std::memcmp(a.data(), b.data(), a.size()) != 0) {
+        for (size_t i = 0; i < chunk; i++) {
+          if (std::memcmp(&a[2 * i], &b[2 * i], 2) != 0) {
+            char buf[96];
+            std::snprintf(buf, sizeof buf, "%s from_f32 of bits 0x%08" PRIx64, std::string(t->name()).c_str(), base + i);
+            fail(buf);
+            break;
+          }
+        }
+      }
+    }
+    g_compared += 4 * chunk;
+  }
+  simd::set_level(simd::best_level());
+  std::printf("  %s: all 2^32 f32 patterns -> f16 and bf16 identical to the scalar reference\n", simd::level_name(l));
+}
+
+#ifdef KVSNAP_SIMD_X86
+// The iq4_nl best_index equivalence: the bucketed count of midpoints == ggml's binary search.
+void check_iq4_index(bool exhaustive) {
+  if (simd::best_level() < Level::kAvx512) return;
+  const size_t chunk = 1 << 20;
+  std::vector<float> x(chunk);
+  std::vector<uint8_t> got(chunk);
+  uint64_t checked = 0;
+  auto run = [&](size_t n) {
+    simd::x86::iq4_nl_index_avx512(x.data(), got.data(), n);
+    for (size_t i = 0; i < n; i++) {
+      if (got[i] != quants::ref::iq4_nl_best_index(x[i])) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "iq4_nl index of %a (0x%08x): %d, reference %d", static_cast<double>(x[i]),
+                      testing::f32_bits(x[i]), got[i], quants::ref::iq4_nl_best_index(x[i]));
+        fail(buf);
+        return;
+      }
+    }
+    checked += n;
+  };
+  size_t fill = 0;
+  auto push = [&](float v) {
+    if (v != v) return;  // NaN never reaches the vector index (the kernel sends those blocks to the scalar path)
+    x[fill++] = v;
+    if (fill == chunk) {
+      run(fill);
+      fill = 0;
+    }
+  };
+  if (exhaustive) {
+    for (uint64_t b = 0; b < (1ull << 32); b++) push(testing::bits_f32(static_cast<uint32_t>(b)));
+  } else {
+    // +-4096 ulps around every integer and half-integer in [-140, 140] (all midpoints, table
+    // values, bucket edges), plus 16M random patterns
+    for (int h = -280; h <= 280; h++) {
+      const float c = static_cast<float>(h) * 0.5f;
+      uint32_t bits = testing::f32_bits(c);
+      for (int k = -4096; k <= 4096; k++) {
+        if (c == 0.0f) push(testing::bits_f32(static_cast<uint32_t>(std::abs(k))) * (k < 0 ? -1.0f : 1.0f));
+        else push(testing::bits_f32(static_cast<uint32_t>(static_cast<int64_t>(bits) + k)));
+      }
+    }
+    testing::Rng rng(7);
+    for (int i = 0; i < (1 << 24); i++) push(testing::bits_f32(rng.u32()));
+  }
+  fill = fill / 16 * 16;
+  if (fill) run(fill);
+  std::printf("  avx512: iq4_nl index == ggml's best_index_int8 for %" PRIu64 " floats%s\n", checked,
+              exhaustive ? " (every non-NaN f32)" : "");
+}
+#endif
+
+}  // namespace
+}  // namespace kvsnap
+
+int main(int argc, char** argv) {
+  using namespace kvsnap;
+  bool exhaustive = false;
+  for (int i = 1; i < argc; i++) {
+    if (std::string(argv[i]) == "--exhaustive") exhaustive = true;
+    else {
+      std::fprintf(stderr, "usage: kvsnap-simd-check [--exhaustive]\n");
+      return 2;
+    }
+  }
+  std::printf("kvsnap-simd-check: best level %s (%s)\n", simd::level_name(simd::best_level()), simd::describe().c_str());
+  for (Level l : {Level::kAvx2, Level::kAvx512}) {
+    if (l > simd::best_level()) {
+      std::printf("  %s: not supported by this CPU, skipped\n", simd::level_name(l));
+      continue;
+    }
+    check_codecs(l);
+    check_rotation(l);
+    check_pipelines(l);
+    std::printf("  %s: codecs, rotation and row pipelines compared\n", simd::level_name(l));
+    if (exhaustive) check_half_exhaustive(l);
+  }
+#ifdef KVSNAP_SIMD_X86
+  check_iq4_index(exhaustive);
+#endif
+  std::printf("%" PRIu64 " bytes compared, %d mismatches\n", g_compared, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}

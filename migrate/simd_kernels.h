@@ -1,0 +1,97 @@
+// Internal to migrate/: the row kernels behind quants.cc and hadamard.cc.
+//
+//   quants::ref::*     the scalar transcriptions of ggml's reference code (quants.cc). They
+//                      define the bytes; every other kernel must agree with them exactly.
+//   simd::x86::*_avx2  AVX2 + F16C kernels (simd_x86.cc), compiled with target attributes
+//   simd::x86::*_avx512 AVX-512 F/BW/DQ/VL kernels (simd_x86.cc)
+//
+// Only call a kernel when simd::level() (migrate/simd_level.h) says the CPU has it; the public
+// entry points in quants.cc / hadamard.cc do that. A kernel computes the reference's float
+// operations in the reference's order for every value (lanes are values, blocks or trial
+// scales, never partial sums of one reduction), uses instructions whose results are fully
+// specified by IEEE 754 / the x86 manuals (F16C for f16 only where it equals ggml's rounding,
+// truncating conversions with x86's INT32_MIN for NaN and out-of-range values, as the reference
+// does on x86-64), and hands a block to the scalar reference whenever its input could take
+// the vector shortcut off the reference's path (NaN or infinite values).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "format/ggml_types.h"
+
+namespace kvsnap::quants::ref {
+
+void f16_to_f32(const std::byte* src, float* dst, size_t n);
+void f16_from_f32(const float* src, std::byte* dst, size_t n);
+void bf16_to_f32(const std::byte* src, float* dst, size_t n);
+void bf16_from_f32(const float* src, std::byte* dst, size_t n);
+void q4_0_to_f32(const std::byte* src, float* dst, size_t n);
+void q4_0_from_f32(const float* src, std::byte* dst, size_t n);
+void q4_1_to_f32(const std::byte* src, float* dst, size_t n);
+void q4_1_from_f32(const float* src, std::byte* dst, size_t n);
+void q5_0_to_f32(const std::byte* src, float* dst, size_t n);
+void q5_0_from_f32(const float* src, std::byte* dst, size_t n);
+void q5_1_to_f32(const std::byte* src, float* dst, size_t n);
+void q5_1_from_f32(const float* src, std::byte* dst, size_t n);
+void q8_0_to_f32(const std::byte* src, float* dst, size_t n);
+void q8_0_from_f32(const float* src, std::byte* dst, size_t n);
+void iq4_nl_to_f32(const std::byte* src, float* dst, size_t n);
+void iq4_nl_from_f32(const float* src, std::byte* dst, size_t n);
+
+// ggml's best_index_int8(16, kvalues_iq4nl, x): the binary search of the reference.
+int iq4_nl_best_index(float x);
+
+}  // namespace kvsnap::quants::ref
+
+namespace kvsnap::hadamard_ref {
+// The scalar fast Walsh-Hadamard transform (== the CPU backend's fwht), block by block.
+void rotate(float* x, size_t n, uint32_t n_rot);
+}  // namespace kvsnap::hadamard_ref
+
+namespace kvsnap::simd {
+
+// A whole row conversion in one pass (to_f32, rotation step, from_f32 per rotation block, in
+// registers), giving the same bytes as the three steps: n values, a multiple of 32 and of n_rot,
+// of `src` in `in` -> `dst` in `out`. Rows are independent, so n may span several rows.
+using FusedRowFn = void (*)(const std::byte* in, std::byte* out, size_t n, uint32_t n_rot);
+
+// The fused kernel for src -> dst at the current level (rotate: whether the values are
+// multiplied by the n_rot Hadamard matrix on the way), or nullptr: then use the three steps.
+FusedRowFn find_fused(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot);
+
+}  // namespace kvsnap::simd
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVSNAP_SIMD_X86 1
+namespace kvsnap::simd::x86 {
+
+// AVX2 + FMA + F16C
+void f16_to_f32_avx2(const std::byte* src, float* dst, size_t n);
+void f16_from_f32_avx2(const float* src, std::byte* dst, size_t n);
+void bf16_to_f32_avx2(const std::byte* src, float* dst, size_t n);
+void bf16_from_f32_avx2(const float* src, std::byte* dst, size_t n);
+void q4_0_to_f32_avx2(const std::byte* src, float* dst, size_t n);
+void q4_0_from_f32_avx2(const float* src, std::byte* dst, size_t n);
+void q8_0_to_f32_avx2(const std::byte* src, float* dst, size_t n);
+void q8_0_from_f32_avx2(const float* src, std::byte* dst, size_t n);
+void iq4_nl_to_f32_avx2(const std::byte* src, float* dst, size_t n);
+void hadamard_avx2(float* x, size_t n, uint32_t n_rot);  // n_rot >= 8
+
+// AVX-512 F/BW/DQ/VL (+ F16C)
+void f16_to_f32_avx512(const std::byte* src, float* dst, size_t n);
+void f16_from_f32_avx512(const float* src, std::byte* dst, size_t n);
+void q4_0_from_f32_avx512(const float* src, std::byte* dst, size_t n);
+void q8_0_from_f32_avx512(const float* src, std::byte* dst, size_t n);
+void iq4_nl_from_f32_avx512(const float* src, std::byte* dst, size_t n);
+void hadamard_avx512(float* x, size_t n, uint32_t n_rot);  // n_rot >= 16
+
+// best_index_int8(16, kvalues_iq4nl, x[i]) for n (a multiple of 16) non-NaN values, the way the
+// iq4_nl kernel computes it (exposed for kvsnap-simd-check's exhaustive comparison).
+void iq4_nl_index_avx512(const float* x, uint8_t* idx, size_t n);
+
+// f16 -> q8_0 / q4_0 with rotation, q8_0 -> f16 with rotation (n_rot 64, 128, 256), q4_0 -> q8_0
+FusedRowFn find_fused_avx512(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot);
+
+}  // namespace kvsnap::simd::x86
+#endif

@@ -1,0 +1,34 @@
+// Which instruction set the row codecs use (migrate/quants.cc, migrate/hadamard.cc).
+//
+// Every level produces the same bytes and floats: the SIMD kernels (migrate/simd_x86.cc) perform
+// the reference's float operations in the reference's order, lane by lane, and fall back to the
+// scalar transcription for the blocks where a vector shortcut could differ (NaN/inf inputs).
+// The level only changes speed. It is picked once from the CPU (__builtin_cpu_supports), can be
+// lowered with the environment variable KVSNAP_SIMD=scalar|avx2|avx512 (read at first use), or
+// with set_level() (tests, the benchmark).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace kvsnap::simd {
+
+enum class Level : int {
+  kScalar = 0,  // the literal transcriptions of ggml's reference code
+  kAvx2 = 1,    // AVX2 + FMA + F16C (x86-64-v3)
+  kAvx512 = 2,  // AVX-512 F/BW/DQ/VL + F16C (x86-64-v4)
+};
+
+// The level in use (the best the CPU has, unless lowered).
+Level level();
+// The best level this CPU (and build) supports.
+Level best_level();
+// Sets the level; false (and no change) when the CPU does not support it.
+bool set_level(Level l);
+// "scalar", "avx2", "avx512"; false for an unknown name or an unsupported level.
+bool set_level(std::string_view name);
+const char* level_name(Level l);
+// The CPU features seen, e.g. "x86-64: avx2 f16c avx512f avx512bw avx512dq avx512vl".
+std::string describe();
+
+}  // namespace kvsnap::simd

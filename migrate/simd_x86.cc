@@ -1,0 +1,1235 @@
+#include "migrate/fp_strict.h"  // first: no FMA contraction in this file
+
+#include "migrate/simd_kernels.h"
+
+// x86-64 SIMD kernels for the row codecs (see simd_kernels.h for the rules they follow).
+// Each function carries its own target attribute; nothing here is executed unless
+// simd::level() found the instructions (migrate/simd_level.cc). The file is compiled with
+// the project's normal flags (no -march), and -ffp-contract=off plus fp_strict.h keep GCC from
+// fusing the vector multiplies and adds into FMAs (its intrinsics are plain vector operators).
+//
+// Why each kernel gives the reference's bytes:
+//   f16 <-> f32   vcvtph2ps is exact and quiets a NaN keeping its payload, like ggml's
+//                 fp16_to_fp32; vcvtps2ph with round-to-nearest-even equals ggml's
+//                 fp32_to_fp16 bit trick for every non-NaN input (checked over all 2^32
+//                 patterns by kvsnap-simd-check --exhaustive), and NaN lanes are patched to
+//                 0x7E00|sign.
+//   rotation      the same u+v / u-v on the same pairs, stage by stage (len = 1, 2, 4, ...),
+//                 after the same scaling multiply; inside a register u-v is one exact FMA.
+//                 Blocks holding a NaN take the scalar loop (which NaN survives when two meet
+//                 depends on operand order).
+//   q8_0/q4_0     the abs-max of a block is a max over non-NaN values (order-free; VRANGEPS
+//                 returns one of its operands), the scale and its inverse are IEEE divisions
+//                 (a vector lane rounds like the scalar division), every value goes through the
+//                 same multiply/add; roundf is round-half-away done exactly (roundf_to_i32_16);
+//                 float->int is cvttps2dq, as in the reference on x86-64. Blocks holding a NaN
+//                 take the scalar path (the reference's NaN handling depends on the order).
+//   iq4_nl        the 16 passes of a block are 16 lanes; each lane runs the reference's sums
+//                 over j = 0..31 in order, so every sum is bit-identical; best_index is an exact
+//                 equivalent (see "iq4_nl" below; verified for every float); the decision
+//                 between the trials is the reference's sequence of comparisons, lane = block.
+//                 Blocks with NaN/inf: scalar.
+// Each of these is compared with the scalar reference byte for byte by kvsnap-simd-check
+// (bench/simd_check.cc) and, through the public codecs, by tests/migrate at every level
+// (KVSNAP_SIMD=avx2|avx512).
+
+#ifdef KVSNAP_SIMD_X86
+
+// GCC 12's avx512fintrin.h reads _mm512_undefined_*() values on purpose (-Wuninitialized noise).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <cassert>
+#include <cmath>
+#include <cstring>
+
+#include "migrate/half.h"
+#include "migrate/quants.h"
+
+#define KV_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define KV_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
+#define KV_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+#define KV_AVX512_INLINE                                                                                    \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c"), always_inline)) \
+  inline
+
+namespace kvsnap::simd::x86 {
+namespace {
+
+using half::load_u16;
+using half::store_u16;
+using quants::kIQ4_NLBytes;
+using quants::kIQ4NLValues;
+using quants::kQ4_0Bytes;
+using quants::kQ8_0Bytes;
+using quants::kQK;
+
+inline uint8_t* u8(std::byte* p) { return reinterpret_cast<uint8_t*>(p); }
+
+// ---- AVX2 helpers ---------------------------------------------------------------------------
+
+KV_AVX2 inline __m256 abs8(__m256 v) {
+  return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+}
+
+// Largest lane; exact for non-NaN lanes (max is order-free there).
+KV_AVX2 inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+// True when any of the 32 values of a block is NaN.
+KV_AVX2 inline bool any_nan32(const __m256 v[4]) {
+  __m256 m = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(v[0], v[0], _CMP_UNORD_Q), _mm256_cmp_ps(v[1], v[1], _CMP_UNORD_Q)),
+                          _mm256_or_ps(_mm256_cmp_ps(v[2], v[2], _CMP_UNORD_Q), _mm256_cmp_ps(v[3], v[3], _CMP_UNORD_Q)));
+  return _mm256_movemask_ps(m) != 0;
+}
+
+// The low byte of each of 4 x 8 int32 lanes, in order: 32 bytes.
+KV_AVX2 inline __m256i low_bytes32(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i ff = _mm256_set1_epi32(0xff);
+  const __m256i ab = _mm256_packus_epi32(_mm256_and_si256(a, ff), _mm256_and_si256(b, ff));
+  const __m256i cd = _mm256_packus_epi32(_mm256_and_si256(c, ff), _mm256_and_si256(d, ff));
+  const __m256i abcd = _mm256_packus_epi16(ab, cd);
+  return _mm256_permutevar8x32_epi32(abcd, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// roundf(x) for 8 lanes: round half away from zero. trunc(x) and x - trunc(x) are exact, so
+// |x - trunc(x)| >= 0.5 decides exactly; t +- 1 is exact for |t| < 2^24 and never taken
+// above (the fraction is 0 there). inf -> inf (the fraction is NaN), NaN -> NaN.
+KV_AVX2 inline __m256 roundf8(__m256 x) {
+  const __m256 t = _mm256_round_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __m256 f = abs8(_mm256_sub_ps(x, t));
+  const __m256 half = _mm256_set1_ps(0.5f);
+  const __m256 ge = _mm256_cmp_ps(f, half, _CMP_GE_OQ);
+  const __m256 one = _mm256_or_ps(_mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN))),
+                                  _mm256_set1_ps(1.0f));
+  return _mm256_add_ps(t, _mm256_and_ps(ge, one));
+}
+
+// ---- AVX-512 helpers ------------------------------------------------------------------------
+
+KV_AVX512 inline __m512 abs16(__m512 v) {
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff)));
+}
+
+KV_AVX512 inline float hmax16(__m512 v) {
+  const __m256 m = _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  return hmax8(m);
+}
+
+// The signed value of the first element whose |x| equals amax (> 0): what the reference's
+// `if (amax < fabsf(v)) { amax = fabsf(v); max = v; }` (strict: the first one wins) keeps.
+KV_AVX512 inline float first_of_amax(const float* x, __m512 a0, __m512 a1, float amax) {
+  const __m512 m = _mm512_set1_ps(amax);
+  const uint32_t k = static_cast<uint32_t>(_mm512_cmp_ps_mask(a0, m, _CMP_EQ_OQ)) |
+                     (static_cast<uint32_t>(_mm512_cmp_ps_mask(a1, m, _CMP_EQ_OQ)) << 16);
+  return x[__builtin_ctz(k)];
+}
+
+}  // namespace
+
+// =============================================================================================
+// f16 / bf16
+// =============================================================================================
+
+KV_AVX2 void f16_to_f32_avx2(const std::byte* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+  if (i < n) quants::ref::f16_to_f32(src + 2 * i, dst + i, n - i);
+}
+
+KV_AVX2 void f16_from_f32_avx2(const float* src, std::byte* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(src + i);
+    __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    if (__builtin_expect(_mm256_movemask_ps(nan) != 0, 0)) {
+      // ggml: every NaN becomes 0x7E00 with the input's sign
+      const __m256i bits = _mm256_castps_si256(x);
+      const __m256i fix = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x8000)),
+                                          _mm256_set1_epi32(0x7E00));
+      const __m128i fix16 = _mm_packus_epi32(_mm256_castsi256_si128(fix), _mm256_extracti128_si256(fix, 1));
+      const __m256i nm = _mm256_castps_si256(nan);
+      const __m128i m16 = _mm_packs_epi32(_mm256_castsi256_si128(nm), _mm256_extracti128_si256(nm, 1));
+      h = _mm_blendv_epi8(h, fix16, m16);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i), h);
+  }
+  if (i < n) quants::ref::f16_from_f32(src + i, dst + 2 * i, n - i);
+}
+
+KV_AVX512 void f16_to_f32_avx512(const std::byte* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i));
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(h));
+  }
+  if (i < n) f16_to_f32_avx2(src + 2 * i, dst + i, n - i);
+}
+
+KV_AVX512 void f16_from_f32_avx512(const float* src, std::byte* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(src + i);
+    __m256i h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    if (__builtin_expect(nan != 0, 0)) {
+      const __m512i bits = _mm512_castps_si512(x);
+      const __m512i fix = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x8000)),
+                                          _mm512_set1_epi32(0x7E00));
+      h = _mm256_mask_mov_epi16(h, nan, _mm512_cvtepi32_epi16(fix));
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), h);
+  }
+  if (i < n) f16_from_f32_avx2(src + i, dst + 2 * i, n - i);
+}
+
+KV_AVX2 void bf16_to_f32_avx2(const std::byte* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  if (i < n) quants::ref::bf16_to_f32(src + 2 * i, dst + i, n - i);
+}
+
+// ggml_compute_fp32_to_bf16: NaN -> (i >> 16) | 64, else (i + 0x7fff + ((i >> 16) & 1)) >> 16.
+KV_AVX2 void bf16_from_f32_avx2(const float* src, std::byte* dst, size_t n) {
+  size_t i = 0;
+  const __m256i absmask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  for (; i + 8 <= n; i += 8) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(w, absmask), inf);
+    const __m256i hi = _mm256_srli_epi32(w, 16);
+    const __m256i r_nan = _mm256_or_si256(hi, _mm256_set1_epi32(64));
+    const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1)));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(w, bias), 16);
+    const __m256i v = _mm256_blendv_epi8(r, r_nan, nan);
+    const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i), h);
+  }
+  if (i < n) quants::ref::bf16_from_f32(src + i, dst + 2 * i, n - i);
+}
+
+// =============================================================================================
+// dequantization (to_f32): float(q) * d, exactly the reference's one multiply per value
+// =============================================================================================
+
+KV_AVX2 void q8_0_to_f32_avx2(const std::byte* in, float* y, size_t n) {
+  assert(n % kQK == 0);
+  for (size_t ib = 0; ib < n / kQK; ib++, y += kQK) {
+    const std::byte* blk = in + ib * kQ8_0Bytes;
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
+    for (int k = 0; k < 4; k++) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * k));
+      const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+      _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(f, d));
+    }
+  }
+}
+
+KV_AVX2 void q4_0_to_f32_avx2(const std::byte* in, float* y, size_t n) {
+  assert(n % kQK == 0);
+  const __m128i m4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+  for (size_t ib = 0; ib < n / kQK; ib++, y += kQK) {
+    const std::byte* blk = in + ib * kQ4_0Bytes;
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(qs, m4), eight);                     // x[0..15]
+    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), eight);  // x[16..31]
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int k = 0; k < 4; k++) {
+      const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k]));
+      _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(f, d));
+    }
+  }
+}
+
+// y = d * kvalues_iq4nl[nibble]
+KV_AVX2 void iq4_nl_to_f32_avx2(const std::byte* in, float* y, size_t n) {
+  assert(n % kQK == 0);
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues));
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  for (size_t ib = 0; ib < n / kQK; ib++, y += kQK) {
+    const std::byte* blk = in + ib * kIQ4_NLBytes;
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, m4));
+    const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), m4));
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int k = 0; k < 4; k++) {
+      const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k]));
+      _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(d, f));
+    }
+  }
+}
+
+// =============================================================================================
+// q8_0 (quantize_row_q8_0_ref): d = amax / 127, id = 1/d, q = (int8)roundf(x * id)
+// =============================================================================================
+
+KV_AVX2 void q8_0_from_f32_avx2(const float* x, std::byte* out, size_t n) {
+  assert(n % kQK == 0);
+  for (size_t ib = 0; ib < n / kQK; ib++, x += kQK) {
+    std::byte* blk = out + ib * kQ8_0Bytes;
+    const __m256 v[4] = {_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), _mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)};
+    if (__builtin_expect(any_nan32(v), 0)) {
+      quants::ref::q8_0_from_f32(x, blk, kQK);
+      continue;
+    }
+    const float amax = hmax8(_mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3]))));
+    const float d = amax / ((1 << 7) - 1);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    store_u16(blk, _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));  // d is not NaN: F16C == ggml
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int k = 0; k < 4; k++) q[k] = _mm256_cvttps_epi32(roundf8(_mm256_mul_ps(v[k], vid)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 2), low_bytes32(q[0], q[1], q[2], q[3]));
+  }
+}
+
+// roundf with AVX-512's embedded rounding: x + copysign(0.5, x) rounded toward zero, then
+// truncated, is exactly roundf(x): for x >= 0 the exact sum s = x + 0.5 satisfies
+// k <= RZ(s) < k + 1 whenever k <= s < k + 1 (k an integer, exact in float), so
+// trunc(RZ(s)) = floor(x + 0.5) = roundf(x); negative x mirror it. cvttps2dq truncates, so the
+// add feeds it directly; NaN and |x| >= 2^31 give INT32_MIN either way, as in the reference.
+KV_AVX512 inline __m512i roundf_to_i32_16(__m512 x) {
+  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
+  const __m512 half = _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_castps_si512(_mm512_set1_ps(0.5f))));
+  return _mm512_cvttps_epi32(_mm512_add_round_ps(x, half, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+}
+
+
+// =============================================================================================
+// q4_0 (quantize_row_q4_0_ref): max = first value of largest |x|, d = max / -8, id = 1/d,
+// q = MIN(15, (int8)(x * id + 8.5f)), two values per byte
+// =============================================================================================
+
+KV_AVX2 void q4_0_from_f32_avx2(const float* x, std::byte* out, size_t n) {
+  assert(n % kQK == 0);
+  for (size_t ib = 0; ib < n / kQK; ib++, x += kQK) {
+    std::byte* blk = out + ib * kQ4_0Bytes;
+    const __m256 v[4] = {_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), _mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)};
+    if (__builtin_expect(any_nan32(v), 0)) {
+      quants::ref::q4_0_from_f32(x, blk, kQK);
+      continue;
+    }
+    const __m256 a[4] = {abs8(v[0]), abs8(v[1]), abs8(v[2]), abs8(v[3])};
+    const float amax = hmax8(_mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3])));
+    float max = 0.0f;
+    if (amax > 0.0f) {
+      const __m256 m = _mm256_set1_ps(amax);
+      uint32_t k = 0;
+      for (int i = 0; i < 4; i++) {
+        k |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a[i], m, _CMP_EQ_OQ))) << (8 * i);
+      }
+      max = x[__builtin_ctz(k)];
+    }
+    const float d = max / -8;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    store_u16(blk, _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));  // d is not NaN
+    const __m256 vid = _mm256_set1_ps(id), bias = _mm256_set1_ps(8.5f);
+    __m256i c[4];
+    for (int i = 0; i < 4; i++) c[i] = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(v[i], vid), bias));
+    // (int8) of each, then MIN(15, .) as int8
+    const __m256i b = _mm256_min_epi8(low_bytes32(c[0], c[1], c[2], c[3]), _mm256_set1_epi8(15));
+    const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
+    const __m128i q = _mm_or_si128(lo, _mm_and_si128(_mm_slli_epi16(hi, 4), _mm_set1_epi8(static_cast<char>(0xf0))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(blk + 2), q);
+  }
+}
+
+
+// =============================================================================================
+// iq4_nl (quantize_iq4_nl: quantize_row_iq4_nl_impl, ntry = 7, no weights)
+// =============================================================================================
+//
+// best_index_int8(16, values, x) == number of midpoints m_i = (values[i] + values[i+1]) / 2
+// with m_i <= x, for every non-NaN float x. The reference picks the interval
+// values[k] <= x < values[k+1] by binary search, then k when fl(x - values[k]) <
+// fl(values[k+1] - x), else k + 1. Exactly, x - a < b - x <=> x < m. Rounding cannot flip it:
+// both sides round monotonically around h = (b - a) / 2, which is representable, so they can
+// only compare equal at h itself, i.e. within half an ulp(h) of m; there |x| is in the binade of
+// |m| and ulp(x) >= ulp(h) for all fifteen midpoints, so both differences are exact.
+// (kvsnap-simd-check verifies the equivalence for every float in [-140, 140].)
+//
+// The count is computed with buckets of width 9: key = floor(x / 9) in [-15, 14] for
+// |x| <= 135 (its low five bits index two-register permutes), each bucket holds at most one
+// midpoint (they are >= 11.5 apart), and no midpoint lies within 0.5 of a multiple of 9, so
+// the rounding of x * (1/9) cannot pick a wrong bucket. Trial scales keep |id * x| <= 134.02.
+
+namespace {
+
+struct Iq4nlTables {
+  alignas(64) float thr[32];     // slot k & 31: the midpoint in bucket [9k, 9k + 9), or +inf
+  alignas(64) int32_t base[32];  // slot k & 31: the number of midpoints < 9k
+  alignas(64) float vals[16];  // kvalues_iq4nl as floats
+  alignas(64) float mid[32];   // the fifteen midpoints, then +inf
+};
+
+Iq4nlTables make_iq4nl_tables() {
+  Iq4nlTables t{};
+  float mid[15];
+  for (int i = 0; i < 15; i++) mid[i] = static_cast<float>(kIQ4NLValues[i] + kIQ4NLValues[i + 1]) / 2;
+  for (int i = 0; i < 16; i++) t.vals[i] = static_cast<float>(kIQ4NLValues[i]);
+  for (int i = 0; i < 32; i++) t.mid[i] = i < 15 ? mid[i] : INFINITY;
+  for (int key = -16; key < 16; key++) {
+    const int slot = key & 31;
+    const float lo = 9.0f * static_cast<float>(key), hi = lo + 9.0f;
+    int base = 0;
+    float thr = INFINITY;
+    for (int i = 0; i < 15; i++) {
+      if (mid[i] < lo) base++;
+      else if (mid[i] < hi) thr = mid[i];
+    }
+    t.thr[slot] = thr;
+    t.base[slot] = base;
+  }
+  return t;
+}
+
+const Iq4nlTables& iq4nl_tables() {
+  static const Iq4nlTables t = make_iq4nl_tables();
+  return t;
+}
+
+// best_index for 16 lanes of x in [-135, 134] (no NaN).
+KV_AVX512 inline __m512i iq4nl_index16_bounded(__m512 x, const Iq4nlTables& t) {
+  const __m512i key = _mm512_cvt_roundps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(1.0f / 9.0f)),
+                                               _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 thr = _mm512_permutex2var_ps(_mm512_load_ps(t.thr), key, _mm512_load_ps(t.thr + 16));
+  const __m512i base = _mm512_permutex2var_epi32(_mm512_load_si512(t.base), key, _mm512_load_si512(t.base + 16));
+  const __mmask16 ge = _mm512_cmp_ps_mask(x, thr, _CMP_GE_OQ);
+  return _mm512_mask_add_epi32(base, ge, base, _mm512_set1_epi32(1));
+}
+
+// best_index for 16 lanes of non-NaN x (any magnitude): clamped to [-135, 134] (the index is 0
+// below and 15 above anyway), then bucketed.
+KV_AVX512 inline __m512i iq4nl_index16(__m512 x, const Iq4nlTables& t) {
+  return iq4nl_index16_bounded(_mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-135.0f)), _mm512_set1_ps(134.0f)), t);
+}
+
+}  // namespace
+
+KV_AVX512 void iq4_nl_index_avx512(const float* x, uint8_t* idx, size_t n) {
+  const Iq4nlTables& t = iq4nl_tables();
+  for (size_t i = 0; i + 16 <= n; i += 16) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(idx + i), _mm512_cvtepi32_epi8(iq4nl_index16(_mm512_loadu_ps(x + i), t)));
+  }
+}
+
+// The reference's 16 passes over one block (32 finite values, amax >= GROUP_MAX_EPS).
+//
+// Lane 0 is the first pass (id = 1/d), lanes 1..15 the trials itry = -7..7 (id = (itry - 127)/max).
+// Each lane's sums run over j = 0..31 in order with the reference's products (w*q)*x and
+// (w*q)*q, so they are bit-identical. What is cheap here is finding q:
+//   - for the trial lanes, al = id*x[j] = r * (itry - 127) with r = x[j]/max in [-1, 1] (to within
+//     rounding), an interval of length 14|r| around -127 r. No such interval holds two midpoints
+//     (for any r, the second one is >= 0.075 |r|-units away; rounding moves al by < 2e-5), so
+//     value j takes index k0 or k0 + 1 in every trial lane, k0 = the index of the smaller of al
+//     at lanes 1 and 15 (al and the index are monotone in the lane), and a lane's index is
+//     k0 + (al >= m[k0]);
+//   - the two candidate products of each value are computed once, vectorized over j, and the loop
+//     picks them with one compare and a two-register permute;
+//   - lane 0 (its al has the other sign) is a scalar sum over products computed the same way.
+// The decision between the trials is the reference's loop, on the same floats.
+//
+// The work is done in passes over up to 16 blocks (setup with the divisions, tables, sums,
+// decisions, output), so that the long dependency chains of one block (divisions, the serial
+// decision) overlap with the other blocks' work instead of stalling.
+
+constexpr size_t kIq4Chunk = 16;  // blocks per pass
+
+struct Iq4nlChunk {
+  alignas(64) float id[kIq4Chunk][16];    // per block: lane 0 = 1/d, lane 8 + itry = (itry - 127)/max
+  alignas(64) float thr[kIq4Chunk][kQK];  // m[k0] per value (+inf past the last midpoint)
+  alignas(64) float plo[kIq4Chunk][kQK], phi[kIq4Chunk][kQK], rlo[kIq4Chunk][kQK], rhi[kIq4Chunk][kQK];
+  alignas(64) float p0[kIq4Chunk][kQK], r0[kIq4Chunk][kQK];  // lane 0's (w*q)*x and (w*q)*q
+  alignas(64) float sx[kIq4Chunk][16], s2[kIq4Chunk][16];
+  alignas(64) float sx0[kIq4Chunk], s20[kIq4Chunk];
+  alignas(64) float d[kIq4Chunk];
+  uint8_t kind[kIq4Chunk];  // 0: search, 1: amax < GROUP_MAX_EPS (d = 0), 2: inf/NaN (scalar reference)
+};
+
+// Candidate tables of one block.
+KV_AVX512_INLINE void iq4_nl_tables_for(const float* xb, const float* idv, const Iq4nlTables& t, Iq4nlChunk& c,
+                                        size_t b) {
+  const __m512 id0 = _mm512_set1_ps(idv[0]), id1 = _mm512_set1_ps(idv[1]), id15 = _mm512_set1_ps(idv[15]);
+  const __m512 vals = _mm512_load_ps(t.vals);
+  const __m512 mid_a = _mm512_load_ps(t.mid), mid_b = _mm512_load_ps(t.mid + 16);
+  const __m512i fifteen = _mm512_set1_epi32(15), one = _mm512_set1_epi32(1);
+  for (int h = 0; h < 2; h++) {
+    const __m512 x = _mm512_loadu_ps(xb + 16 * h);
+    const __m512 w = _mm512_mul_ps(x, x);  // weight[j] = xb[j]*xb[j]
+    // |id * x| <= 134.02 for every lane (|id| <= 134/|max| to within rounding, |x| <= |max|)
+    const __m512i k0 = iq4nl_index16_bounded(_mm512_min_ps(_mm512_mul_ps(id1, x), _mm512_mul_ps(id15, x)), t);
+    _mm512_store_ps(c.thr[b] + 16 * h, _mm512_permutex2var_ps(mid_a, k0, mid_b));
+    const __m512 qlo = _mm512_permutexvar_ps(k0, vals);
+    const __m512 qhi = _mm512_permutexvar_ps(_mm512_min_epi32(_mm512_add_epi32(k0, one), fifteen), vals);
+    const __m512 wlo = _mm512_mul_ps(w, qlo), whi = _mm512_mul_ps(w, qhi);
+    _mm512_store_ps(c.plo[b] + 16 * h, _mm512_mul_ps(wlo, x));
+    _mm512_store_ps(c.rlo[b] + 16 * h, _mm512_mul_ps(wlo, qlo));
+    _mm512_store_ps(c.phi[b] + 16 * h, _mm512_mul_ps(whi, x));
+    _mm512_store_ps(c.rhi[b] + 16 * h, _mm512_mul_ps(whi, qhi));
+    const __m512 q0 = _mm512_permutexvar_ps(iq4nl_index16_bounded(_mm512_mul_ps(id0, x), t), vals);
+    const __m512 w0 = _mm512_mul_ps(w, q0);
+    _mm512_store_ps(c.p0[b] + 16 * h, _mm512_mul_ps(w0, x));
+    _mm512_store_ps(c.r0[b] + 16 * h, _mm512_mul_ps(w0, q0));
+  }
+}
+
+// kLaneJ[j] = j in every lane: the permute index of value j's lower candidate (+16: upper).
+struct LaneJ {
+  alignas(64) int32_t v[16][16];
+};
+constexpr LaneJ make_lane_j() {
+  LaneJ t{};
+  for (int j = 0; j < 16; j++) {
+    for (int l = 0; l < 16; l++) t.v[j][l] = j;
+  }
+  return t;
+}
+constexpr LaneJ kLaneJ = make_lane_j();
+
+// The 16 lanes' sums of one block, j = 0..31 in order.
+KV_AVX512_INLINE void iq4_nl_sums_for(const float* xb, Iq4nlChunk& c, size_t b) {
+  const __m512 id = _mm512_load_ps(c.id[b]);
+  __m512 sumqx = _mm512_setzero_ps(), sumq2 = _mm512_setzero_ps();
+  float sumqx0 = 0, sumq20 = 0;
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; h++) {
+    const __m512 plo = _mm512_load_ps(c.plo[b] + 16 * h), phi = _mm512_load_ps(c.phi[b] + 16 * h);
+    const __m512 rlo = _mm512_load_ps(c.rlo[b] + 16 * h), rhi = _mm512_load_ps(c.rhi[b] + 16 * h);
+    const __m512i sixteen = _mm512_set1_epi32(16);
+#pragma GCC unroll 4
+    for (int jj = 0; jj < 16; ++jj) {
+      const int j = 16 * h + jj;
+      const __m512 al = _mm512_mul_ps(id, _mm512_set1_ps(xb[j]));
+      __mmask16 ge;
+#if defined(__GNUC__) && !defined(__clang__)
+      // al >= thr[j] with the threshold as an embedded broadcast (GCC would broadcast it into a
+      // register first, one more instruction per value)
+      __asm__("vcmpps $0x1d, %[t]%{1to16%}, %[al], %[k]" : [k] "=k"(ge) : [al] "v"(al), [t] "m"(c.thr[b][j]));
+#else
+      ge = _mm512_cmp_ps_mask(al, _mm512_set1_ps(c.thr[b][j]), _CMP_GE_OQ);
+#endif
+      const __m512i lj = _mm512_load_si512(kLaneJ.v[jj]);
+      const __m512i idx = _mm512_mask_add_epi32(lj, ge, lj, sixteen);
+      sumqx = _mm512_add_ps(sumqx, _mm512_permutex2var_ps(plo, idx, phi));  // sumqx += w*q*xb[j]
+      sumq2 = _mm512_add_ps(sumq2, _mm512_permutex2var_ps(rlo, idx, rhi));  // sumq2 += w*q*q
+      sumqx0 += c.p0[b][j];
+      sumq20 += c.r0[b][j];
+    }
+  }
+  _mm512_store_ps(c.sx[b], sumqx);
+  _mm512_store_ps(c.s2[b], sumq2);
+  c.sx0[b] = sumqx0;
+  c.s20[b] = sumq20;
+}
+
+// 16 x 16 transpose: out[i] lane b = in[b] lane i.
+KV_AVX512_INLINE void transpose16(const float (*in)[16], __m512* out) {
+  __m512 t[16], u[16], v[16];
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; k++) {
+    const __m512 a = _mm512_load_ps(in[2 * k]), b = _mm512_load_ps(in[2 * k + 1]);
+    t[2 * k] = _mm512_unpacklo_ps(a, b);
+    t[2 * k + 1] = _mm512_unpackhi_ps(a, b);
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; k++) {
+    u[4 * k + 0] = _mm512_shuffle_ps(t[4 * k + 0], t[4 * k + 2], 0x44);
+    u[4 * k + 1] = _mm512_shuffle_ps(t[4 * k + 0], t[4 * k + 2], 0xEE);
+    u[4 * k + 2] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+    u[4 * k + 3] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; m++) {
+    v[m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88);
+    v[4 + m] = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xDD);
+    v[8 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
+    v[12 + m] = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xDD);
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; m++) {
+    out[m] = _mm512_shuffle_f32x4(v[m], v[8 + m], 0x88);
+    out[8 + m] = _mm512_shuffle_f32x4(v[m], v[8 + m], 0xDD);
+    out[4 + m] = _mm512_shuffle_f32x4(v[4 + m], v[12 + m], 0x88);
+    out[12 + m] = _mm512_shuffle_f32x4(v[4 + m], v[12 + m], 0xDD);
+  }
+}
+
+// The reference's choice of scale for the 16 blocks of a chunk at once (lane b = block b):
+// lane 0's pass, then itry = -7..7 in order, on the same floats (IEEE division and
+// multiplication round the same in a vector lane as in a scalar).
+KV_AVX512 void iq4_nl_decide16(Iq4nlChunk& c) {
+  __m512 sx[16], s2[16];
+  transpose16(c.sx, sx);
+  transpose16(c.s2, s2);
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 sx0 = _mm512_load_ps(c.sx0), s20 = _mm512_load_ps(c.s20);
+  // d = sumq2 > 0 ? sumqx/sumq2 : 0.f; best = d*sumqx;
+  __m512 d = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(s20, zero, _CMP_GT_OQ), sx0, s20);
+  __m512 best = _mm512_mul_ps(d, sx0);
+#pragma GCC unroll 15
+  for (int lane = 1; lane < 16; ++lane) {  // itry = lane - 8
+    const __m512 qx = sx[lane], q2 = s2[lane];
+    const __mmask16 take = _mm512_cmp_ps_mask(q2, zero, _CMP_GT_OQ) &
+                           _mm512_cmp_ps_mask(_mm512_mul_ps(qx, qx), _mm512_mul_ps(best, q2), _CMP_GT_OQ);
+    const __m512 dt = _mm512_div_ps(qx, q2);
+    d = _mm512_mask_mov_ps(d, take, dt);
+    best = _mm512_mask_mov_ps(best, take, _mm512_mul_ps(dt, qx));
+  }
+  alignas(64) float out[16];
+  _mm512_store_ps(out, d);
+  for (size_t b = 0; b < kIq4Chunk; b++) {
+    if (c.kind[b] == 0) c.d[b] = out[b];
+  }
+}
+
+KV_AVX512 void iq4_nl_from_f32_avx512(const float* src, std::byte* out, size_t n) {
+  assert(n % kQK == 0);
+  constexpr int ntry = 7;
+  const int8_t* values = kIQ4NLValues;
+  const Iq4nlTables& t = iq4nl_tables();
+  // lane 0: the first pass (its id is set per block); lane 8 + itry: itry + values[0]
+  alignas(64) float numer[16];
+  numer[0] = 1.0f;
+  for (int itry = -ntry; itry <= ntry; ++itry) numer[8 + itry] = static_cast<float>(itry + values[0]);
+  const __m512 vnumer = _mm512_load_ps(numer);
+  const __m512i exp_mask = _mm512_set1_epi32(0x7f800000);
+  const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
+  Iq4nlChunk c;
+  alignas(64) float maxv[kIq4Chunk], id0v[kIq4Chunk], idfv[kIq4Chunk];
+  alignas(32) uint16_t dh[kIq4Chunk];
+  const size_t nb = n / kQK;
+  for (size_t b0 = 0; b0 < nb; b0 += kIq4Chunk) {
+    const size_t cnt = nb - b0 < kIq4Chunk ? nb - b0 : kIq4Chunk;
+    const float* xc = src + b0 * kQK;
+    // pass 1: classify, max. The sums of blocks that do not search (and of the chunk's missing
+    // blocks) are zeroed for the vectorized decision.
+    for (size_t b = 0; b < kIq4Chunk; b++) {
+      _mm512_store_ps(c.sx[b], zero);
+      _mm512_store_ps(c.s2[b], zero);
+      c.kind[b] = 1;
+      c.d[b] = 0.0f;
+      maxv[b] = 1.0f;
+    }
+    _mm512_store_ps(c.sx0, zero);
+    _mm512_store_ps(c.s20, zero);
+    for (size_t b = 0; b < cnt; b++) {
+      const float* xb = xc + b * kQK;
+      const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+      const __mmask16 bad0 = _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v0), exp_mask), exp_mask);
+      const __mmask16 bad1 = _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v1), exp_mask), exp_mask);
+      if (__builtin_expect((bad0 | bad1) != 0, 0)) {  // NaN or inf: the scalar reference
+        c.kind[b] = 2;
+        continue;
+      }
+      const __m512 a0 = abs16(v0), a1 = abs16(v1);
+      const float amax = hmax16(_mm512_max_ps(a0, a1));
+      if (amax < 1e-15f) continue;  // GROUP_MAX_EPS: d = 0
+      c.kind[b] = 0;
+      maxv[b] = first_of_amax(xb, a0, a1, amax);
+    }
+    // the first pass's scale of all blocks: d = -max/values[0], id = 1/d (two vector divisions)
+    {
+      const __m512 max = _mm512_load_ps(maxv);
+      const __m512 d = ntry > 0 ? _mm512_div_ps(_mm512_sub_ps(zero, max), _mm512_set1_ps(static_cast<float>(values[0])))
+                                : _mm512_div_ps(max, _mm512_set1_ps(static_cast<float>(values[0])));
+      _mm512_store_ps(id0v, _mm512_div_ps(one, d));
+    }
+    for (size_t b = 0; b < cnt; b++) {
+      if (c.kind[b] != 0) continue;
+      _mm512_store_ps(c.id[b], _mm512_mask_mov_ps(_mm512_div_ps(vnumer, _mm512_set1_ps(maxv[b])), 1, _mm512_set1_ps(id0v[b])));
+    }
+    // candidate tables; sums; decisions
+    for (size_t b = 0; b < cnt; b++) {
+      if (c.kind[b] == 0) iq4_nl_tables_for(xc + b * kQK, c.id[b], t, c, b);
+    }
+    for (size_t b = 0; b < cnt; b++) {
+      if (c.kind[b] == 0) iq4_nl_sums_for(xc + b * kQK, c, b);
+    }
+    iq4_nl_decide16(c);
+    // the scales of all blocks as fp16 (ggml's rounding; NaN -> 0x7E00 | sign) and id = 1/d
+    {
+      const __m512 d = _mm512_load_ps(c.d);
+      __m256i h = _mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT);
+      const __mmask16 nan = _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
+      if (__builtin_expect(nan != 0, 0)) {
+        const __m512i bits = _mm512_castps_si512(d);
+        const __m512i fix = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x8000)),
+                                            _mm512_set1_epi32(0x7E00));
+        h = _mm256_mask_mov_epi16(h, nan, _mm512_cvtepi32_epi16(fix));
+      }
+      _mm256_store_si256(reinterpret_cast<__m256i*>(dh), h);
+      // id = d != 0.0f ? 1/d : 0 (a NaN d is != 0)
+      _mm512_store_ps(idfv, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, zero, _CMP_NEQ_UQ), one, d));
+    }
+    // the final indices with id = 1/d
+    for (size_t b = 0; b < cnt; b++) {
+      const float* xb = xc + b * kQK;
+      std::byte* blk = out + (b0 + b) * kIQ4_NLBytes;
+      if (c.kind[b] == 2) {
+        quants::ref::iq4_nl_from_f32(xb, blk, kQK);
+        continue;
+      }
+      store_u16(blk, dh[b]);
+      const float idf = idfv[b];
+      const __m512 vid = _mm512_set1_ps(idf);
+      const __m512 al0 = _mm512_mul_ps(vid, _mm512_loadu_ps(xb)), al1 = _mm512_mul_ps(vid, _mm512_loadu_ps(xb + 16));
+      if (__builtin_expect((_mm512_cmp_ps_mask(al0, al0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(al1, al1, _CMP_UNORD_Q)) != 0,
+                           0)) {
+        // id = inf (a subnormal d) times 0: NaN, which best_index sends to 15
+        uint8_t L[kQK];
+        for (size_t j = 0; j < kQK; ++j) L[j] = static_cast<uint8_t>(quants::ref::iq4_nl_best_index(idf * xb[j]));
+        uint8_t* q4 = u8(blk) + 2;
+        for (size_t j = 0; j < 16; ++j) q4[j] = static_cast<uint8_t>(L[j] | (L[16 + j] << 4));
+        continue;
+      }
+      const __m128i l0 = _mm512_cvtepi32_epi8(iq4nl_index16(al0, t));
+      const __m128i l1 = _mm512_cvtepi32_epi8(iq4nl_index16(al1, t));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(blk + 2), _mm_or_si128(l0, _mm_slli_epi16(l1, 4)));
+    }
+  }
+}
+
+// =============================================================================================
+// Walsh-Hadamard rotation (ggml_compute_forward_fwht): x * (1/sqrt(n)), then for len = 1, 2, 4,
+// ...: (u, v) -> (u + v, u - v) on the pairs (i + j, i + len + j).
+//
+// Stages inside a register (partner lane l ^ len) are one FMA each:
+//   r[l] = a[l] * s[l] + a[l ^ len],  s[l] = +1 on the lower lane of a pair, -1 on the upper one.
+// a[l] * (+-1) is exact, so the single rounding gives exactly fl(u + v) on the lower lane
+// (u = a[l], v = a[l + len]) and fl(u - v) on the upper one (v = a[l], u = a[l - len]); signed
+// zeros agree as well (+0 * -1 + +0 = +0 = +0 - +0, -0 * -1 + -0 = +0 = -0 - -0, ...). Stages
+// across registers are u + v and u - v. Same pairs, same stage order, same roundings as the
+// scalar loop, so the same bits.
+// =============================================================================================
+
+
+namespace {
+
+// kSigns[k][l] = -1 when bit k of l is set (the upper lane of a pair at distance 2^k), else +1.
+struct SignTable {
+  alignas(64) float s[4][16];
+};
+constexpr SignTable make_signs() {
+  SignTable t{};
+  for (int k = 0; k < 4; k++) {
+    for (int l = 0; l < 16; l++) t.s[k][l] = ((l >> k) & 1) ? -1.0f : 1.0f;
+  }
+  return t;
+}
+constexpr SignTable kSigns = make_signs();
+
+KV_AVX2_INLINE __m256 fwht_in8(__m256 a, const __m256* s) {
+  a = _mm256_fmadd_ps(a, s[0], _mm256_permute_ps(a, 0xB1));            // len 1
+  a = _mm256_fmadd_ps(a, s[1], _mm256_permute_ps(a, 0x4E));            // len 2
+  return _mm256_fmadd_ps(a, s[2], _mm256_permute2f128_ps(a, a, 0x01));  // len 4
+}
+
+KV_AVX512_INLINE __m512 fwht_in16(__m512 a, const __m512* s) {
+  a = _mm512_fmadd_ps(a, s[0], _mm512_permute_ps(a, 0xB1));          // len 1
+  a = _mm512_fmadd_ps(a, s[1], _mm512_permute_ps(a, 0x4E));          // len 2
+  a = _mm512_fmadd_ps(a, s[2], _mm512_shuffle_f32x4(a, a, 0xB1));    // len 4
+  return _mm512_fmadd_ps(a, s[3], _mm512_shuffle_f32x4(a, a, 0x4E));  // len 8
+}
+
+// The stages across registers: register distance LEN, 2 LEN, ... < NV.
+template <int NV, int LEN>
+KV_AVX2_INLINE void fwht_across8(__m256* v) {
+  if constexpr (LEN < NV) {
+#pragma GCC unroll 32
+    for (int i = 0; i < NV; i++) {
+      if ((i & LEN) == 0) {
+        const __m256 u = v[i], w = v[i + LEN];
+        v[i] = _mm256_add_ps(u, w);
+        v[i + LEN] = _mm256_sub_ps(u, w);
+      }
+    }
+    fwht_across8<NV, 2 * LEN>(v);
+  }
+}
+
+template <int NV, int LEN>
+KV_AVX512_INLINE void fwht_across16(__m512* v) {
+  if constexpr (LEN < NV) {
+#pragma GCC unroll 16
+    for (int i = 0; i < NV; i++) {
+      if ((i & LEN) == 0) {
+        const __m512 u = v[i], w = v[i + LEN];
+        v[i] = _mm512_add_ps(u, w);
+        v[i + LEN] = _mm512_sub_ps(u, w);
+      }
+    }
+    fwht_across16<NV, 2 * LEN>(v);
+  }
+}
+
+// One block of NV registers (n_rot = 8 NV / 16 NV values), already scaled.
+template <int NV>
+KV_AVX2_INLINE void fwht_regs8(__m256* v, const __m256* s) {
+#pragma GCC unroll 32
+  for (int i = 0; i < NV; i++) v[i] = fwht_in8(v[i], s);
+  fwht_across8<NV, 1>(v);
+}
+
+template <int NV>
+KV_AVX512_INLINE void fwht_regs16(__m512* v, const __m512* s) {
+#pragma GCC unroll 16
+  for (int i = 0; i < NV; i++) v[i] = fwht_in16(v[i], s);
+  fwht_across16<NV, 1>(v);
+}
+
+// A block holding a NaN is left to the scalar loop (false): when two NaNs meet, which one
+// survives depends on the operand order of the instruction the compiler picked, so only the
+// same code gives the same NaN. Without NaN inputs every NaN made on the way (inf - inf) is the
+// default NaN, whatever the order.
+template <int NV>
+KV_AVX2_INLINE bool fwht_block_avx2(float* r, __m256 scale, const __m256* s) {
+  __m256 v[NV];
+  __m256 nan = _mm256_setzero_ps();
+#pragma GCC unroll 32
+  for (int i = 0; i < NV; i++) {
+    const __m256 x = _mm256_loadu_ps(r + 8 * i);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    v[i] = _mm256_mul_ps(x, scale);
+  }
+  if (__builtin_expect(_mm256_movemask_ps(nan) != 0, 0)) return false;
+  fwht_regs8<NV>(v, s);
+#pragma GCC unroll 32
+  for (int i = 0; i < NV; i++) _mm256_storeu_ps(r + 8 * i, v[i]);
+  return true;
+}
+
+template <int NV>
+KV_AVX512_INLINE bool fwht_block_avx512(float* r, __m512 scale, const __m512* s) {
+  __m512 v[NV];
+  __mmask16 nan = 0;
+#pragma GCC unroll 16
+  for (int i = 0; i < NV; i++) {
+    const __m512 x = _mm512_loadu_ps(r + 16 * i);
+    nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    v[i] = _mm512_mul_ps(x, scale);
+  }
+  if (__builtin_expect(nan != 0, 0)) return false;
+  fwht_regs16<NV>(v, s);
+#pragma GCC unroll 16
+  for (int i = 0; i < NV; i++) _mm512_storeu_ps(r + 16 * i, v[i]);
+  return true;
+}
+
+// Any n_rot >= 8 / 16: the in-register stages per vector, then the wider stages through memory.
+KV_AVX2 bool fwht_generic_avx2(float* r, uint32_t n_rot, __m256 scale, const __m256* s) {
+  __m256 nan = _mm256_setzero_ps();
+  for (uint32_t i = 0; i < n_rot; i += 8) {
+    const __m256 x = _mm256_loadu_ps(r + i);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  }
+  if (_mm256_movemask_ps(nan) != 0) return false;
+  for (uint32_t i = 0; i < n_rot; i += 8) {
+    _mm256_storeu_ps(r + i, fwht_in8(_mm256_mul_ps(_mm256_loadu_ps(r + i), scale), s));
+  }
+  for (uint32_t len = 8; len < n_rot; len <<= 1) {
+    for (uint32_t i = 0; i < n_rot; i += 2 * len) {
+      for (uint32_t j = 0; j < len; j += 8) {
+        const __m256 u = _mm256_loadu_ps(r + i + j), w = _mm256_loadu_ps(r + i + len + j);
+        _mm256_storeu_ps(r + i + j, _mm256_add_ps(u, w));
+        _mm256_storeu_ps(r + i + len + j, _mm256_sub_ps(u, w));
+      }
+    }
+  }
+  return true;
+}
+
+KV_AVX512 bool fwht_generic_avx512(float* r, uint32_t n_rot, __m512 scale, const __m512* s) {
+  __mmask16 nan = 0;
+  for (uint32_t i = 0; i < n_rot; i += 16) {
+    const __m512 x = _mm512_loadu_ps(r + i);
+    nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  }
+  if (nan != 0) return false;
+  for (uint32_t i = 0; i < n_rot; i += 16) {
+    _mm512_storeu_ps(r + i, fwht_in16(_mm512_mul_ps(_mm512_loadu_ps(r + i), scale), s));
+  }
+  for (uint32_t len = 16; len < n_rot; len <<= 1) {
+    for (uint32_t i = 0; i < n_rot; i += 2 * len) {
+      for (uint32_t j = 0; j < len; j += 16) {
+        const __m512 u = _mm512_loadu_ps(r + i + j), w = _mm512_loadu_ps(r + i + len + j);
+        _mm512_storeu_ps(r + i + j, _mm512_add_ps(u, w));
+        _mm512_storeu_ps(r + i + len + j, _mm512_sub_ps(u, w));
+      }
+    }
+  }
+  return true;
+}
+
+KV_AVX2_INLINE void load_signs8(__m256* s) {
+  for (int k = 0; k < 3; k++) s[k] = _mm256_load_ps(kSigns.s[k]);
+}
+KV_AVX512_INLINE void load_signs16(__m512* s) {
+  for (int k = 0; k < 4; k++) s[k] = _mm512_load_ps(kSigns.s[k]);
+}
+
+// 1.0f / sqrtf(n_rot), as the scalar code computes it
+inline float fwht_scale(uint32_t n_rot) { return 1.0f / std::sqrt(static_cast<float>(n_rot)); }
+
+}  // namespace
+
+KV_AVX2 void hadamard_avx2(float* x, size_t n, uint32_t n_rot) {
+  assert(n_rot >= 8 && (n_rot & (n_rot - 1)) == 0 && n % n_rot == 0);
+  const __m256 scale = _mm256_set1_ps(fwht_scale(n_rot));
+  __m256 s[3];
+  load_signs8(s);
+  for (size_t b = 0; b < n; b += n_rot) {
+    float* r = x + b;
+    bool done;
+    switch (n_rot) {
+      case 8: done = fwht_block_avx2<1>(r, scale, s); break;
+      case 16: done = fwht_block_avx2<2>(r, scale, s); break;
+      case 32: done = fwht_block_avx2<4>(r, scale, s); break;
+      case 64: done = fwht_block_avx2<8>(r, scale, s); break;
+      case 128: done = fwht_block_avx2<16>(r, scale, s); break;
+      default: done = fwht_generic_avx2(r, n_rot, scale, s); break;
+    }
+    if (!done) hadamard_ref::rotate(r, n_rot, n_rot);
+  }
+}
+
+KV_AVX512 void hadamard_avx512(float* x, size_t n, uint32_t n_rot) {
+  assert(n_rot >= 16 && (n_rot & (n_rot - 1)) == 0 && n % n_rot == 0);
+  const __m512 scale = _mm512_set1_ps(fwht_scale(n_rot));
+  __m512 s[4];
+  load_signs16(s);
+  for (size_t b = 0; b < n; b += n_rot) {
+    float* r = x + b;
+    bool done;
+    switch (n_rot) {
+      case 16: done = fwht_block_avx512<1>(r, scale, s); break;
+      case 32: done = fwht_block_avx512<2>(r, scale, s); break;
+      case 64: done = fwht_block_avx512<4>(r, scale, s); break;
+      case 128: done = fwht_block_avx512<8>(r, scale, s); break;
+      case 256: done = fwht_block_avx512<16>(r, scale, s); break;
+      default: done = fwht_generic_avx512(r, n_rot, scale, s); break;
+    }
+    if (!done) hadamard_ref::rotate(r, n_rot, n_rot);
+  }
+}
+
+// =============================================================================================
+// Fused rows: to_f32, rotation, from_f32 per rotation block, in registers. Each step is the
+// kernel above (same operations), so the bytes equal the three separate steps'. Quantization
+// works on four 32-value blocks at once: their abs-max reductions share shuffles, and the
+// scale divisions are one vector division (IEEE division is correctly rounded in every lane,
+// like the scalar one). Rotation blocks holding inf/NaN take the scalar reference path.
+// =============================================================================================
+
+namespace {
+
+// The abs-max (IMM 0x0B: max |a|, |b|, sign cleared) or signed abs-max (IMM 0x07: the operand of
+// larger magnitude, its sign kept) of four 32-value blocks given as m0..m3 (each already the
+// lane-wise combination of a block's two registers); block k's result fills 128-bit lane k.
+// VRANGEPS returns one of its operands, so with IMM 0x07 the result is a value of the block.
+template <int IMM>
+KV_AVX512_INLINE __m512 reduce4(__m512 m0, __m512 m1, __m512 m2, __m512 m3) {
+  const __m512 t01 = _mm512_range_ps(_mm512_shuffle_f32x4(m0, m1, 0x44), _mm512_shuffle_f32x4(m0, m1, 0xEE), IMM);
+  const __m512 t23 = _mm512_range_ps(_mm512_shuffle_f32x4(m2, m3, 0x44), _mm512_shuffle_f32x4(m2, m3, 0xEE), IMM);
+  __m512 u = _mm512_range_ps(_mm512_shuffle_f32x4(t01, t23, 0x88), _mm512_shuffle_f32x4(t01, t23, 0xDD), IMM);
+  u = _mm512_range_ps(u, _mm512_permute_ps(u, 0x4E), IMM);
+  return _mm512_range_ps(u, _mm512_permute_ps(u, 0xB1), IMM);
+}
+
+
+// NV registers of f16 values -> floats, scaled, rotated. The caller detects non-finite inputs
+// afterwards: a single inf or NaN input makes every output of the rotation block inf or NaN
+// (each output is a +- sum of all inputs), so the block's maxima are not finite.
+template <int NV>
+KV_AVX512_INLINE void load_rotate_f16(const std::byte* in, __m512* v, __m512 scale, const __m512* s) {
+#pragma GCC unroll 16
+  for (int i = 0; i < NV; i++) {
+    const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 32 * i)));
+    v[i] = _mm512_mul_ps(x, scale);
+  }
+  fwht_regs16<NV>(v, s);
+}
+
+enum class Quant { kQ8_0, kQ4_0 };
+
+// The per-block reduction of up to four blocks given as eight registers (block k = v[2k],
+// v[2k + 1]), stored as red[0..3] (IMM as in reduce4; blocks past nb repeat the last one).
+// Returns whether any of the reductions is inf or NaN.
+template <int IMM>
+KV_AVX512_INLINE bool reduce_store4(const __m512* v, int nb, float* red) {
+  __m512 m[4];
+  for (int k = 0; k < 4; k++) {
+    const int b = k < nb ? k : nb - 1;
+    m[k] = _mm512_range_ps(v[2 * b], v[2 * b + 1], IMM);
+  }
+  const __m512 u = reduce4<IMM>(m[0], m[1], m[2], m[3]);
+  _mm_storeu_ps(red, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                                                      0, 0, 0, 0),
+                                                                     u)));
+  return _mm512_fpclass_ps_mask(u, 0x99) != 0;
+}
+
+// Quantizes nb <= 16 blocks of 32 finite floats in buf into out, given each block's reduction
+// red[b] (q8_0: amax; q4_0: a value of largest |x|, with its sign). Blocks whose bit is set in
+// `skip` were written already. The scales of all blocks come from two vector divisions.
+template <Quant Q>
+KV_AVX512_INLINE void quant_chunk(const float* buf, const float* red, int nb, uint32_t skip, std::byte* out) {
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 r = _mm512_loadu_ps(red);
+  __m512 d, max;
+  if constexpr (Q == Quant::kQ8_0) {
+    d = _mm512_div_ps(r, _mm512_set1_ps(static_cast<float>((1 << 7) - 1)));  // amax / ((1 << 7) - 1)
+  } else {
+    max = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, zero, _CMP_NEQ_UQ), r);  // an all-zero block keeps +0.0f
+    d = _mm512_div_ps(max, _mm512_set1_ps(-8.0f));                            // max / -8
+  }
+  alignas(64) float id[16];
+  _mm512_store_ps(id, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, zero, _CMP_NEQ_UQ), _mm512_set1_ps(1.0f), d));
+  alignas(32) uint16_t dh[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(dh), _mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT));
+  alignas(64) float neg[16];
+  if constexpr (Q == Quant::kQ4_0) _mm512_store_ps(neg, _mm512_sub_ps(zero, max));  // exact
+  for (int b = 0; b < nb; b++) {
+    if ((skip >> b) & 1) continue;
+    const float* x = buf + b * kQK;
+    const __m512 a = _mm512_loadu_ps(x), c = _mm512_loadu_ps(x + 16);
+    const __m512 idb = _mm512_set1_ps(id[b]);
+    if constexpr (Q == Quant::kQ8_0) {
+      std::byte* blk = out + b * kQ8_0Bytes;
+      store_u16(blk, dh[b]);
+      const __m128i q0 = _mm512_cvtepi32_epi8(roundf_to_i32_16(_mm512_mul_ps(a, idb)));
+      const __m128i q1 = _mm512_cvtepi32_epi8(roundf_to_i32_16(_mm512_mul_ps(c, idb)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 2), _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1));
+    } else {
+      std::byte* blk = out + b * kQ4_0Bytes;
+      if (neg[b] != 0.0f) {
+        // The reference keeps the FIRST value of largest |x|. VRANGEPS picked one of them; only
+        // when the opposite value occurs too can the choice differ: then do what it does.
+        const __m512 nb_ = _mm512_set1_ps(neg[b]);
+        if (__builtin_expect((_mm512_cmp_ps_mask(a, nb_, _CMP_EQ_OQ) | _mm512_cmp_ps_mask(c, nb_, _CMP_EQ_OQ)) != 0, 0)) {
+          quants::ref::q4_0_from_f32(x, blk, kQK);
+          continue;
+        }
+      }
+      store_u16(blk, dh[b]);
+      const __m512 bias = _mm512_set1_ps(8.5f);
+      const __m128i c0 = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(a, idb), bias)));
+      const __m128i c1 = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(c, idb), bias)));
+      const __m128i fifteen = _mm_set1_epi8(15);
+      const __m128i lo = _mm_min_epi8(c0, fifteen), hi = _mm_min_epi8(c1, fifteen);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(blk + 2),
+                       _mm_or_si128(lo, _mm_and_si128(_mm_slli_epi16(hi, 4), _mm_set1_epi8(static_cast<char>(0xf0)))));
+    }
+  }
+}
+
+constexpr size_t kQuantChunk = 16 * kQK;  // values per pass: 16 blocks
+
+// f16 rows -> floats, rotated in blocks of R = 16 NV, -> q8_0 / q4_0. Per pass of 16 quant
+// blocks: convert, rotate and reduce each rotation block into an L1 buffer, then quantize the 16
+// blocks (their scale divisions are two vector divisions instead of 32 dependent scalar ones).
+template <int NV, Quant Q>
+KV_AVX512 void f16_rot_quant(const std::byte* in, std::byte* out, size_t n) {
+  constexpr size_t R = 16 * NV;
+  static_assert(kQuantChunk % R == 0 || R % kQuantChunk == 0, "rotation blocks tile the passes");
+  constexpr size_t BB = Q == Quant::kQ8_0 ? kQ8_0Bytes : kQ4_0Bytes;
+  constexpr int IMM = Q == Quant::kQ8_0 ? 0x0B : 0x07;
+  assert(n % R == 0);
+  const __m512 scale = _mm512_set1_ps(fwht_scale(R));
+  __m512 s[4];
+  load_signs16(s);
+  alignas(64) float buf[kQuantChunk > R ? kQuantChunk : R];
+  alignas(64) float red[16 + 4] = {};
+  const size_t step = kQuantChunk > R ? kQuantChunk : R;
+  for (size_t c0 = 0; c0 < n; c0 += step) {
+    const size_t cnt = n - c0 < step ? n - c0 : step;
+    uint32_t skip = 0;
+    for (size_t r = 0; r < cnt; r += R) {
+      __m512 v[NV];
+      load_rotate_f16<NV>(in + 2 * (c0 + r), v, scale, s);
+      bool bad = false;
+#pragma GCC unroll 4
+      for (int g = 0; g < NV; g += 8) {
+        bad |= reduce_store4<IMM>(v + g, NV - g >= 8 ? 4 : (NV - g) / 2, red + (r + 16 * g) / kQK);
+      }
+      // The maxima are finite unless an input was inf/NaN (then every rotated value is): the
+      // whole rotation block goes the scalar reference's way.
+      if (__builtin_expect(bad, 0)) {
+        alignas(64) float tmp[R];
+        quants::ref::f16_to_f32(in + 2 * (c0 + r), tmp, R);
+        hadamard_ref::rotate(tmp, R, R);
+        if constexpr (Q == Quant::kQ8_0) quants::ref::q8_0_from_f32(tmp, out + (c0 + r) / kQK * BB, R);
+        else quants::ref::q4_0_from_f32(tmp, out + (c0 + r) / kQK * BB, R);
+        for (size_t b = r / kQK; b < (r + R) / kQK; b++) {
+          skip |= 1u << (b % 16);
+          red[b % 16] = 1.0f;
+        }
+        continue;
+      }
+#pragma GCC unroll 16
+      for (int i = 0; i < NV; i++) _mm512_store_ps(buf + r + 16 * i, v[i]);
+    }
+    quant_chunk<Q>(buf, red, static_cast<int>(cnt / kQK), skip, out + c0 / kQK * BB);
+  }
+}
+
+// q8_0 rows -> floats, rotated, -> f16. Finite scales give finite values, so no NaN reaches
+// the f16 conversion (whose only difference from ggml's is NaN).
+template <int NV>
+KV_AVX512 void q8_0_rot_f16(const std::byte* in, std::byte* out, size_t n) {
+  constexpr size_t R = 16 * NV;
+  assert(n % R == 0);
+  const __m512 scale = _mm512_set1_ps(fwht_scale(R));
+  __m512 s[4];
+  load_signs16(s);
+  for (size_t b = 0; b < n; b += R) {
+    const std::byte* blk0 = in + b / kQK * kQ8_0Bytes;
+    __m512 v[NV];
+    uint32_t bad = 0;
+#pragma GCC unroll 16
+    for (int i = 0; i < NV; i++) {
+      const std::byte* blk = blk0 + (i / 2) * kQ8_0Bytes;
+      const uint16_t h = load_u16(blk);
+      bad |= (h & 0x7c00u) == 0x7c00u;
+      const __m512 d = _mm512_set1_ps(_cvtsh_ss(h));
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + 16 * (i & 1)));
+      v[i] = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d), scale);
+    }
+    if (__builtin_expect(bad != 0, 0)) {
+      alignas(64) float tmp[R];
+      quants::ref::q8_0_to_f32(blk0, tmp, R);
+      hadamard_ref::rotate(tmp, R, R);
+      quants::ref::f16_from_f32(tmp, out + 2 * b, R);
+      continue;
+    }
+    fwht_regs16<NV>(v, s);
+#pragma GCC unroll 16
+    for (int i = 0; i < NV; i++) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * (b + 16 * i)), _mm512_cvtps_ph(v[i], _MM_FROUND_TO_NEAREST_INT));
+    }
+  }
+}
+
+// q4_0 -> q8_0, no rotation: dequantize 16 blocks into an L1 buffer (finite scales give finite
+// values), reduce, quantize.
+KV_AVX512 void q4_0_to_q8_0(const std::byte* in, std::byte* out, size_t n) {
+  assert(n % kQK == 0);
+  const size_t nb = n / kQK;
+  const __m128i m4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+  alignas(64) float buf[kQuantChunk];
+  alignas(64) float red[16 + 4] = {};
+  for (size_t b0 = 0; b0 < nb; b0 += 16) {
+    const int cnt = nb - b0 >= 16 ? 16 : static_cast<int>(nb - b0);
+    uint32_t skip = 0;
+    for (int g = 0; g < cnt; g += 4) {
+      const int ng = cnt - g >= 4 ? 4 : cnt - g;
+      __m512 v[8];
+      for (int k = 0; k < ng; k++) {
+        const std::byte* blk = in + (b0 + g + k) * kQ4_0Bytes;
+        const uint16_t h = load_u16(blk);
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(h));
+        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+        const __m128i lo = _mm_sub_epi8(_mm_and_si128(qs, m4), eight);
+        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), eight);
+        v[2 * k] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d);
+        v[2 * k + 1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d);
+        if (__builtin_expect((h & 0x7c00u) == 0x7c00u, 0)) {  // inf/NaN scale: the scalar reference
+          alignas(64) float tmp[kQK];
+          quants::ref::q4_0_to_f32(blk, tmp, kQK);
+          quants::ref::q8_0_from_f32(tmp, out + (b0 + g + k) * kQ8_0Bytes, kQK);
+          skip |= 1u << (g + k);
+          v[2 * k] = v[2 * k + 1] = _mm512_setzero_ps();
+        }
+        _mm512_store_ps(buf + (g + k) * kQK, v[2 * k]);
+        _mm512_store_ps(buf + (g + k) * kQK + 16, v[2 * k + 1]);
+      }
+      reduce_store4<0x0B>(v, ng, red + g);
+    }
+    quant_chunk<Quant::kQ8_0>(buf, red, cnt, skip, out + b0 * kQ8_0Bytes);
+  }
+}
+
+// f32 rows -> q8_0 / q4_0 (quantize_row_q8_0_ref / _q4_0_ref), 16 blocks per pass. A block
+// holding a NaN takes the scalar reference (its abs-max keeps or drops NaNs by position).
+template <Quant Q>
+KV_AVX512 void quant_from_f32(const float* x, std::byte* out, size_t n) {
+  assert(n % kQK == 0);
+  constexpr size_t BB = Q == Quant::kQ8_0 ? kQ8_0Bytes : kQ4_0Bytes;
+  constexpr int IMM = Q == Quant::kQ8_0 ? 0x0B : 0x07;
+  const size_t nb = n / kQK;
+  alignas(64) float red[16 + 4] = {};
+  for (size_t b0 = 0; b0 < nb; b0 += 16) {
+    const int cnt = nb - b0 >= 16 ? 16 : static_cast<int>(nb - b0);
+    const float* xc = x + b0 * kQK;
+    uint32_t skip = 0;
+    for (int g = 0; g < cnt; g += 4) {
+      const int ng = cnt - g >= 4 ? 4 : cnt - g;
+      __m512 v[8];
+      for (int k = 0; k < ng; k++) {
+        const float* xb = xc + (g + k) * kQK;
+        v[2 * k] = _mm512_loadu_ps(xb);
+        v[2 * k + 1] = _mm512_loadu_ps(xb + 16);
+        if (__builtin_expect((_mm512_cmp_ps_mask(v[2 * k], v[2 * k], _CMP_UNORD_Q) |
+                              _mm512_cmp_ps_mask(v[2 * k + 1], v[2 * k + 1], _CMP_UNORD_Q)) != 0,
+                             0)) {
+          if constexpr (Q == Quant::kQ8_0) quants::ref::q8_0_from_f32(xb, out + (b0 + g + k) * BB, kQK);
+          else quants::ref::q4_0_from_f32(xb, out + (b0 + g + k) * BB, kQK);
+          skip |= 1u << (g + k);
+          v[2 * k] = v[2 * k + 1] = _mm512_setzero_ps();
+        }
+      }
+      reduce_store4<IMM>(v, ng, red + g);
+    }
+    quant_chunk<Q>(xc, red, cnt, skip, out + b0 * BB);
+  }
+}
+
+template <int NV>
+void f16_rot_q8_0(const std::byte* in, std::byte* out, size_t n, uint32_t) { f16_rot_quant<NV, Quant::kQ8_0>(in, out, n); }
+template <int NV>
+void f16_rot_q4_0(const std::byte* in, std::byte* out, size_t n, uint32_t) { f16_rot_quant<NV, Quant::kQ4_0>(in, out, n); }
+template <int NV>
+void q8_0_rot_f16_fn(const std::byte* in, std::byte* out, size_t n, uint32_t) { q8_0_rot_f16<NV>(in, out, n); }
+void q4_0_to_q8_0_fn(const std::byte* in, std::byte* out, size_t n, uint32_t) { q4_0_to_q8_0(in, out, n); }
+
+}  // namespace
+
+KV_AVX512 void q8_0_from_f32_avx512(const float* x, std::byte* out, size_t n) { quant_from_f32<Quant::kQ8_0>(x, out, n); }
+KV_AVX512 void q4_0_from_f32_avx512(const float* x, std::byte* out, size_t n) { quant_from_f32<Quant::kQ4_0>(x, out, n); }
+
+FusedRowFn find_fused_avx512(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot) {
+  if (!rotate) {
+    if (src == GgmlType::kQ4_0 && dst == GgmlType::kQ8_0) return q4_0_to_q8_0_fn;
+    return nullptr;
+  }
+  const int nv = n_rot == 64 ? 4 : n_rot == 128 ? 8 : n_rot == 256 ? 16 : 0;
+  if (nv == 0) return nullptr;
+  if (src == GgmlType::kF16 && dst == GgmlType::kQ8_0) {
+    return nv == 4 ? f16_rot_q8_0<4> : nv == 8 ? f16_rot_q8_0<8> : f16_rot_q8_0<16>;
+  }
+  if (src == GgmlType::kF16 && dst == GgmlType::kQ4_0) {
+    return nv == 4 ? f16_rot_q4_0<4> : nv == 8 ? f16_rot_q4_0<8> : f16_rot_q4_0<16>;
+  }
+  if (src == GgmlType::kQ8_0 && dst == GgmlType::kF16) {
+    return nv == 4 ? q8_0_rot_f16_fn<4> : nv == 8 ? q8_0_rot_f16_fn<8> : q8_0_rot_f16_fn<16>;
+  }
+  return nullptr;
+}
+
+}  // namespace kvsnap::simd::x86
+
+#endif  // KVSNAP_SIMD_X86
