@@ -80,15 +80,10 @@ bool build(GgmlType dst, uint16_t d16, const int* q_sym, std::byte* out, const f
   }
 }
 
-// Offset types: value = d*q + m with q in 0..top.
-bool build_offset(GgmlType dst, uint16_t d16, uint16_t m16, float d, float m, const float* x, std::byte* out) {
-  const int top = dst == GgmlType::kQ4_1 ? 15 : 31;
-  int q[kBlock];
-  for (int i = 0; i < kBlock; ++i) {
-    const float r = (x[i] - m) / d;
-    if (!std::isfinite(r) || r != std::nearbyint(r) || r < 0 || r > float(top)) return false;
-    q[i] = int(r);
-  }
+int offset_top(GgmlType t) { return t == GgmlType::kQ4_1 ? 15 : 31; }
+
+// Packs an offset-type block (q4_1, q5_1): d, m, [32 high bits], nibbles.
+void encode_offset(GgmlType dst, uint16_t d16, uint16_t m16, const int* q, std::byte* out) {
   write_u16(out, d16);
   write_u16(out + 2, m16);
   uint8_t* qs = reinterpret_cast<uint8_t*>(out) + (dst == GgmlType::kQ4_1 ? 4 : 8);
@@ -99,6 +94,18 @@ bool build_offset(GgmlType dst, uint16_t d16, uint16_t m16, float d, float m, co
     qh |= uint32_t((q[j + 16] >> 4) & 1) << (j + 16);
   }
   if (dst == GgmlType::kQ5_1) std::memcpy(out + 4, &qh, 4);
+}
+
+// Offset types: value = d*q + m with q in 0..top, exactly, or false.
+bool build_offset(GgmlType dst, uint16_t d16, uint16_t m16, float d, float m, const float* x, std::byte* out) {
+  const int top = offset_top(dst);
+  int q[kBlock];
+  for (int i = 0; i < kBlock; ++i) {
+    const float r = (x[i] - m) / d;
+    if (!std::isfinite(r) || r != std::nearbyint(r) || r < 0 || r > float(top)) return false;
+    q[i] = int(r);
+  }
+  encode_offset(dst, d16, m16, q, out);
   return true;
 }
 
@@ -168,31 +175,34 @@ bool ExactRequantizer::embed_block(const std::byte* sb, const float* x, std::byt
   const float d = half::fp16_to_f32(d16);
   const GgmlType dt = dst_->id();
   std::byte cand[64];
-  bool built = false;
-  if (has_offset(dt)) {
-    // Offset candidates: the source's own offset, else the block minimum when
-    // it is an f16 value.
-    if (has_offset(src_->id())) {
-      const uint16_t m16 = read_u16(sb + 2);
-      built = build_offset(dt, d16, m16, d, half::fp16_to_f32(m16), x, cand);
-    }
-    if (!built) {
-      float mn = x[0];
-      for (int i = 1; i < kBlock; ++i) mn = std::fmin(mn, x[i]);
-      const uint16_t m16 = half::f32_to_fp16(mn);
-      if (half::fp16_to_f32(m16) == mn) built = build_offset(dt, d16, m16, d, mn, x, cand);
-    }
-  } else {
+  // A candidate counts only if it decodes to the source's values (as numbers:
+  // -0 and +0 are the same value to every dot product llama.cpp computes).
+  auto decodes_exactly = [&]() {
+    float y[kBlock];
+    dst_->to_f32(cand, y, kBlock);
+    for (int i = 0; i < kBlock; ++i)
+      if (!(y[i] == x[i])) return false;
+    std::memcpy(db, cand, dst_->block_bytes());
+    return true;
+  };
+  if (!has_offset(dt)) {
     int q[kBlock];
-    built = levels_for_scale(x, d, q) && build(dt, d16, q, cand, x);
+    return levels_for_scale(x, d, q) && build(dt, d16, q, cand, x) && decodes_exactly();
   }
-  if (!built) return false;
-  // Keep it only if it decodes to exactly the source's values.
-  float y[kBlock];
-  dst_->to_f32(cand, y, kBlock);
-  if (std::memcmp(y, x, sizeof y) != 0) return false;
-  std::memcpy(db, cand, dst_->block_bytes());
-  return true;
+  // Offset targets: the source's own offset; a symmetric source's centre
+  // (q4_0 -> q4_1 is m = -8d); the block minimum when it is an f16 value.
+  auto try_offset = [&](uint16_t m16) {
+    const float m = half::fp16_to_f32(m16);
+    return std::isfinite(m) && build_offset(dt, d16, m16, d, m, x, cand) && decodes_exactly();
+  };
+  if (has_offset(src_->id()) && try_offset(read_u16(sb + 2))) return true;
+  const float centre = -float((offset_top(dt) + 1) / 2) * d;
+  const uint16_t c16 = half::f32_to_fp16(centre);
+  if (half::fp16_to_f32(c16) == centre && try_offset(c16)) return true;
+  float mn = x[0];
+  for (int i = 1; i < kBlock; ++i) mn = std::fmin(mn, x[i]);
+  const uint16_t m16 = half::f32_to_fp16(mn);
+  return half::fp16_to_f32(m16) == mn && try_offset(m16);
 }
 
 // The reference quantizer's block, unless a nearby scale gives a smaller
@@ -202,143 +212,76 @@ bool ExactRequantizer::embed_block(const std::byte* sb, const float* x, std::byt
 // percent off breaks the ties. Never worse than the reference, by construction.
 void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
   const GgmlType dt = dst_->id();
+  const bool offset = has_offset(dt);
   std::byte best[64], cand[64];
   float y[kBlock];
   dst_->from_f32(x, best, kBlock);
   dst_->to_f32(best, y, kBlock);
   double best_err = sse(x, y);
-  if (!mode_search_ || best_err == 0 || !std::isfinite(best_err)) {
-    std::memcpy(db, best, dst_->block_bytes());
-    return;
-  }
   const float d_ref = half::fp16_to_f32(read_u16(best));
-  if (!(std::fabs(d_ref) > 0) || !std::isfinite(d_ref)) {
+  if (!mode_search_ || best_err == 0 || !std::isfinite(best_err) || !(std::fabs(d_ref) > 0) ||
+      !std::isfinite(d_ref)) {
     std::memcpy(db, best, dst_->block_bytes());
     return;
   }
-  static constexpr float kFactors[] = {0.88f, 0.91f, 0.94f, 0.96f, 0.97f, 0.98f, 0.99f, 0.995f,
-                                       1.005f, 1.01f, 1.02f, 1.03f, 1.04f, 1.06f, 1.09f, 1.12f};
-  for (float f : kFactors) {
-    bool built = false;
-    if (has_offset(dt)) {
-      const float m = half::fp16_to_f32(read_u16(best + 2));
-      const uint16_t d16 = half::f32_to_fp16(d_ref * f);
-      const float d = half::fp16_to_f32(d16);
-      if (!(d > 0) || !std::isfinite(d)) continue;
-      const int top = dt == GgmlType::kQ4_1 ? 15 : 31;
-      int q[kBlock];
-      for (int i = 0; i < kBlock; ++i) {
-        const float r = std::nearbyint((x[i] - m) / d);
-        q[i] = std::isfinite(r) ? int(std::fmin(std::fmax(r, 0.0f), float(top))) : 0;
+  // Nearest levels for scale d16 (and offset m16), kept if the block decodes closer.
+  auto consider = [&](uint16_t d16, uint16_t m16) {
+    const float d = half::fp16_to_f32(d16), m = offset ? half::fp16_to_f32(m16) : 0.0f;
+    if (!(std::fabs(d) > 0) || !std::isfinite(d) || !std::isfinite(m)) return;
+    int q[kBlock];
+    int lo = 0, hi = offset ? offset_top(dt) : 0;
+    if (!offset) sym_range(dt, lo, hi);
+    for (int i = 0; i < kBlock; ++i) {
+      const float r = (x[i] - m) / d;
+      if (dt == GgmlType::kIQ4_NL) {
+        q[i] = std::isfinite(r) ? nearest_iq4nl(r) : 1;
+      } else {
+        const float n = std::nearbyint(r);
+        q[i] = std::isfinite(n) ? int(std::fmin(std::fmax(n, float(lo)), float(hi))) : 0;
       }
-      // build_offset wants values; encode directly.
-      write_u16(cand, d16);
-      write_u16(cand + 2, read_u16(best + 2));
-      uint8_t* qs = reinterpret_cast<uint8_t*>(cand) + (dt == GgmlType::kQ4_1 ? 4 : 8);
-      uint32_t qh = 0;
-      for (int j = 0; j < kBlock / 2; ++j) {
-        qs[j] = uint8_t((q[j] & 0x0f) | ((q[j + 16] & 0x0f) << 4));
-        qh |= uint32_t((q[j] >> 4) & 1) << j;
-        qh |= uint32_t((q[j + 16] >> 4) & 1) << (j + 16);
-      }
-      if (dt == GgmlType::kQ5_1) std::memcpy(cand + 4, &qh, 4);
-      built = true;
-    } else {
-      const uint16_t d16 = half::f32_to_fp16(d_ref * f);
-      const float d = half::fp16_to_f32(d16);
-      if (!(std::fabs(d) > 0) || !std::isfinite(d)) continue;
-      int lo, hi;
-      sym_range(dt, lo, hi);
-      int q[kBlock];
-      for (int i = 0; i < kBlock; ++i) {
-        const float r = x[i] / d;
-        if (dt == GgmlType::kIQ4_NL) {
-          q[i] = std::isfinite(r) ? nearest_iq4nl(r) : 1;
-        } else {
-          const float n = std::nearbyint(r);
-          q[i] = std::isfinite(n) ? int(std::fmin(std::fmax(n, float(lo)), float(hi))) : 0;
-        }
-      }
-      built = build(dt, d16, q, cand, x);
     }
-    if (!built) continue;
+    if (offset) {
+      encode_offset(dt, d16, m16, q, cand);
+    } else if (!build(dt, d16, q, cand, x)) {
+      return;
+    }
     dst_->to_f32(cand, y, kBlock);
     const double e = sse(x, y);
     if (e < best_err) {
       best_err = e;
       std::memcpy(best, cand, dst_->block_bytes());
     }
-  }
-  // Then a few least-squares refinements of the best: with its levels fixed,
-  // the scale (and offset) that fit the values best; re-pick the levels.
+  };
+  static constexpr float kFactors[] = {0.88f, 0.91f, 0.94f, 0.96f, 0.97f, 0.98f, 0.99f, 0.995f,
+                                       1.005f, 1.01f, 1.02f, 1.03f, 1.04f, 1.06f, 1.09f, 1.12f};
+  const uint16_t m_ref = offset ? read_u16(best + 2) : 0;
+  for (float f : kFactors) consider(half::f32_to_fp16(d_ref * f), m_ref);
+  // Then least-squares refinements of the best: with its levels fixed, the
+  // scale (and offset) that fit the values best; consider() re-picks levels.
   for (int iter = 0; iter < 3; ++iter) {
+    const double before = best_err;
     dst_->to_f32(best, y, kBlock);
     const float d0 = half::fp16_to_f32(read_u16(best));
+    const float m0 = offset ? half::fp16_to_f32(read_u16(best + 2)) : 0.0f;
     if (!(std::fabs(d0) > 0) || !std::isfinite(d0)) break;
-    int lv[kBlock];
-    if (has_offset(dt)) {
-      const float m0 = half::fp16_to_f32(read_u16(best + 2));
-      double sq = 0, sqq = 0, sx = 0, sxq = 0;
-      for (int i = 0; i < kBlock; ++i) {
-        lv[i] = int(std::nearbyint((y[i] - m0) / d0));
-        sq += lv[i];
-        sqq += double(lv[i]) * lv[i];
-        sx += x[i];
-        sxq += double(x[i]) * lv[i];
-      }
+    double sq = 0, sqq = 0, sx = 0, sxq = 0;
+    for (int i = 0; i < kBlock; ++i) {
+      const double lv = std::nearbyint((y[i] - m0) / d0);
+      sq += lv;
+      sqq += lv * lv;
+      sx += x[i];
+      sxq += double(x[i]) * lv;
+    }
+    if (offset) {
       const double det = kBlock * sqq - sq * sq;
       if (det == 0) break;
       const double d = (kBlock * sxq - sq * sx) / det;
-      const double m = (sx - d * sq) / kBlock;
-      const uint16_t d16 = half::f32_to_fp16(float(d)), m16 = half::f32_to_fp16(float(m));
-      const float df = half::fp16_to_f32(d16), mf = half::fp16_to_f32(m16);
-      if (!(df > 0) || !std::isfinite(df) || !std::isfinite(mf)) break;
-      const int top = dt == GgmlType::kQ4_1 ? 15 : 31;
-      int q[kBlock];
-      for (int i = 0; i < kBlock; ++i) {
-        const float r = std::nearbyint((x[i] - mf) / df);
-        q[i] = std::isfinite(r) ? int(std::fmin(std::fmax(r, 0.0f), float(top))) : 0;
-      }
-      write_u16(cand, d16);
-      write_u16(cand + 2, m16);
-      uint8_t* qs = reinterpret_cast<uint8_t*>(cand) + (dt == GgmlType::kQ4_1 ? 4 : 8);
-      uint32_t qh = 0;
-      for (int j = 0; j < kBlock / 2; ++j) {
-        qs[j] = uint8_t((q[j] & 0x0f) | ((q[j + 16] & 0x0f) << 4));
-        qh |= uint32_t((q[j] >> 4) & 1) << j;
-        qh |= uint32_t((q[j + 16] >> 4) & 1) << (j + 16);
-      }
-      if (dt == GgmlType::kQ5_1) std::memcpy(cand + 4, &qh, 4);
+      consider(half::f32_to_fp16(float(d)), half::f32_to_fp16(float((sx - d * sq) / kBlock)));
     } else {
-      double sqq = 0, sxq = 0;
-      for (int i = 0; i < kBlock; ++i) {
-        lv[i] = int(std::nearbyint(y[i] / d0));
-        sqq += double(lv[i]) * lv[i];
-        sxq += double(x[i]) * lv[i];
-      }
       if (sqq == 0) break;
-      const uint16_t d16 = half::f32_to_fp16(float(sxq / sqq));
-      const float df = half::fp16_to_f32(d16);
-      if (!(std::fabs(df) > 0) || !std::isfinite(df)) break;
-      int lo, hi;
-      sym_range(dt, lo, hi);
-      int q[kBlock];
-      for (int i = 0; i < kBlock; ++i) {
-        const float r = x[i] / df;
-        if (dt == GgmlType::kIQ4_NL) {
-          q[i] = std::isfinite(r) ? nearest_iq4nl(r) : 1;
-        } else {
-          const float n = std::nearbyint(r);
-          q[i] = std::isfinite(n) ? int(std::fmin(std::fmax(n, float(lo)), float(hi))) : 0;
-        }
-      }
-      if (!build(dt, d16, q, cand, x)) break;
+      consider(half::f32_to_fp16(float(sxq / sqq)), 0);
     }
-    dst_->to_f32(cand, y, kBlock);
-    const double e = sse(x, y);
-    if (!(e < best_err)) break;
-    best_err = e;
-    std::memcpy(best, cand, dst_->block_bytes());
+    if (!(best_err < before)) break;
   }
   std::memcpy(db, best, dst_->block_bytes());
 }
