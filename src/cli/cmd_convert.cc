@@ -239,12 +239,7 @@ void setup_convert(CLI::App& app, int& exit_status) {
     std::string out, warnings;
     Status s = run_convert(*o, out, warnings);
     if (!warnings.empty()) std::fputs(warnings.c_str(), stderr);
-    if (!s.ok()) {
-      std::fprintf(stderr, "kvsnap convert: %s\n", s.ToString().c_str());
-      exit_status = exit_code(s);
-      return;
-    }
-    std::fputs(out.c_str(), stdout);
+    exit_status = report("convert", s, out);
   });
 }
 

@@ -458,12 +458,7 @@ void setup_info(CLI::App& app, int& exit_status) {
   sub->callback([opts, &exit_status]() {
     std::string out;
     Status s = run_info(*opts, out);
-    if (!s.ok()) {
-      std::fprintf(stderr, "kvsnap info: %s\n", s.ToString().c_str());
-      exit_status = exit_code(s);
-      return;
-    }
-    std::fputs(out.c_str(), stdout);
+    exit_status = report("info", s, out);
   });
 }
 

@@ -1,6 +1,9 @@
 // The one place where error codes become process exit codes (docs/cli.md).
 #pragma once
 
+#include <cstdio>
+#include <string>
+
 #include "base/status.h"
 
 namespace kvsnap::cli {
@@ -20,6 +23,18 @@ inline int exit_code(const Status& s) {
     case Code::kNotFound: return 8;
   }
   return 1;
+}
+
+// Prints a command's result the one way every command does: output to
+// stdout on success, "kvsnap CMD: <kind>: <message>" to stderr otherwise.
+// Returns the process exit code.
+inline int report(const char* command, const Status& s, const std::string& out) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "kvsnap %s: %s\n", command, s.ToString().c_str());
+    return exit_code(s);
+  }
+  std::fputs(out.c_str(), stdout);
+  return kExitOk;
 }
 
 }  // namespace kvsnap::cli
