@@ -103,15 +103,10 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
   req.report = o.report || o.json;
   KV_RETURN_IF_ERROR(check_not_same_file(o.in, o.out));
 
-  std::optional<ModelInfo> model;
-  if (!o.model.empty()) {
-    KV_ASSIGN_OR_RETURN(model, load_model_info(io, o.model));
-  }
-  KV_ASSIGN_OR_RETURN(auto file, io.open_read(o.in));
-  ParseOptions po;
-  if (o.input_format == "raw-seq") po.kind = StateKind::kRawSeq;
-  if (o.input_format == "raw-context") po.kind = StateKind::kRawContext;
-  KV_ASSIGN_OR_RETURN(StateFile src, parse_for_model(*file, po, model ? &*model : nullptr));
+  KV_ASSIGN_OR_RETURN(OpenedState opened, open_state(io, o.in, o.model, o.input_format));
+  const std::optional<ModelInfo>& model = opened.model;
+  const ReadableFile* file = opened.file.get();
+  const StateFile& src = opened.state;
   if (model) {
     for (size_t s = 0; s < model->head_dim_k.size(); ++s) {
       req.geometry.k_head_dim.push_back(model->rotation_head_dim(false, s));

@@ -423,17 +423,8 @@ std::string render_human(const json& j) {
 }  // namespace
 
 Status run_info(const InfoOptions& opts, std::string& out) {
-  Io& io = posix_io();
-  std::optional<ModelInfo> model;
-  if (!opts.model.empty()) {
-    KV_ASSIGN_OR_RETURN(model, load_model_info(io, opts.model));
-  }
-  KV_ASSIGN_OR_RETURN(auto file, io.open_read(opts.file));
-  ParseOptions po;
-  if (opts.input_format == "raw-seq") po.kind = StateKind::kRawSeq;
-  if (opts.input_format == "raw-context") po.kind = StateKind::kRawContext;
-  KV_ASSIGN_OR_RETURN(StateFile f, parse_for_model(*file, po, model ? &*model : nullptr));
-  json j = build_info(f, opts.file, model ? &*model : nullptr, opts.tokens);
+  KV_ASSIGN_OR_RETURN(OpenedState in, open_state(posix_io(), opts.file, opts.model, opts.input_format));
+  json j = build_info(in.state, opts.file, in.model_ptr(), opts.tokens);
   out = opts.json ? j.dump(2) + "\n" : render_human(j);
   return Status::OK();
 }

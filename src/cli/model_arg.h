@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -39,5 +40,16 @@ Result<ModelInfo> load_model_info(Io& io, const std::string& path);
 // that fails but the file reads fine on its own, the file does not belong to
 // the model: kMismatch, saying both.
 Result<StateFile> parse_for_model(const ReadableFile& file, ParseOptions opts, const ModelInfo* model);
+
+// A state file opened the way every command takes it: FILE [--model GGUF]
+// [--input-format raw-seq|raw-context].
+struct OpenedState {
+  std::optional<ModelInfo> model;
+  std::unique_ptr<ReadableFile> file;
+  StateFile state;
+  const ModelInfo* model_ptr() const { return model ? &*model : nullptr; }
+};
+Result<OpenedState> open_state(Io& io, const std::string& path, const std::string& model_path,
+                               const std::string& input_format);
 
 }  // namespace kvsnap::cli
