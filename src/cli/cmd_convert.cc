@@ -12,32 +12,15 @@
 
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
-#include "cli/model_arg.h"
+#include "cli/open_state.h"
 #include "format/ggml_types.h"
+#include "migrate/conversion_spec.h"
 #include "migrate/convert_state.h"
 
 namespace kvsnap::cli {
 namespace {
 
 using json = nlohmann::ordered_json;
-
-Result<RotationMode> parse_mode(const std::string& s, const char* flag) {
-  if (s.empty() || s == "auto") return RotationMode::kAuto;
-  if (s == "on") return RotationMode::kOn;
-  if (s == "off") return RotationMode::kOff;
-  return Status::InvalidArgument(std::string(flag) + " must be auto, on or off, not '" + s + "'");
-}
-
-Result<std::optional<int32_t>> parse_type(const std::string& s, const char* flag) {
-  if (s.empty()) return std::optional<int32_t>();
-  const TypeLayout* t = find_type(s);
-  if (!t) {
-    std::string names;
-    for (const auto& x : kv_cache_types()) names += (names.empty() ? "" : " ") + std::string(x.name);
-    return Status::InvalidArgument(std::string(flag) + " '" + s + "' is not a KV cache type (" + names + ")");
-  }
-  return std::optional<int32_t>(int32_t(t->id));
-}
 
 // Refuses OUT when it is IN (same inode), so the original is never lost.
 Status check_not_same_file(const std::string& in, const std::string& out) {
@@ -78,62 +61,33 @@ std::string format_of(const StateFile& f) {
 
 double finite_or(double v, double alt) { return std::isfinite(v) ? v : alt; }
 
+ConversionSpec spec_of(const ConvertOptions& o) {
+  ConversionSpec c;
+  c.ctk = o.ctk;
+  c.ctv = o.ctv;
+  c.flash_attn = o.flash_attn;
+  c.rotation = o.rotation;
+  c.src_rotation = o.src_rotation;
+  c.dst_rotation = o.dst_rotation;
+  c.format = o.format;
+  c.head_dim_k = o.head_dim_k;
+  c.head_dim_v = o.head_dim_v;
+  c.threads = o.threads;
+  c.report = o.report || o.json;
+  return c;
+}
+
 }  // namespace
 
 Status run_convert(const ConvertOptions& o, std::string& out, std::string& warnings) {
   Io& io = posix_io();
-  ConvertRequest req;
-  KV_ASSIGN_OR_RETURN(req.k_type, parse_type(o.ctk, "--ctk"));
-  KV_ASSIGN_OR_RETURN(req.v_type, parse_type(o.ctv, "--ctv"));
-  if (!o.flash_attn.empty()) {
-    if (o.flash_attn != "on" && o.flash_attn != "off") {
-      return Status::InvalidArgument("--flash-attn must be on or off, not '" + o.flash_attn + "'");
-    }
-    req.flash_attn = o.flash_attn == "on";
-  }
-  KV_ASSIGN_OR_RETURN(RotationMode both, parse_mode(o.rotation, "--rotation"));
-  KV_ASSIGN_OR_RETURN(RotationMode src_mode, parse_mode(o.src_rotation.empty() ? o.rotation : o.src_rotation,
-                                                         "--src-rotation"));
-  KV_ASSIGN_OR_RETURN(RotationMode dst_mode, parse_mode(o.dst_rotation.empty() ? o.rotation : o.dst_rotation,
-                                                         "--dst-rotation"));
-  (void)both;
-  req.k_rotation = req.v_rotation = RotationOverride{src_mode, dst_mode};
-  KV_ASSIGN_OR_RETURN(req.format, parse_target_format(o.format));
-  req.threads = o.threads > 0 ? uint32_t(o.threads) : std::max(1u, std::thread::hardware_concurrency());
-  req.report = o.report || o.json;
   KV_RETURN_IF_ERROR(check_not_same_file(o.in, o.out));
-
   KV_ASSIGN_OR_RETURN(OpenedState opened, open_state(io, o.in, o.model, o.input_format));
-  const std::optional<ModelInfo>& model = opened.model;
   const ReadableFile* file = opened.file.get();
   const StateFile& src = opened.state;
-  if (model) {
-    for (size_t s = 0; s < model->head_dim_k.size(); ++s) {
-      req.geometry.k_head_dim.push_back(model->rotation_head_dim(false, s));
-      req.geometry.v_head_dim.push_back(model->rotation_head_dim(true, s));
-    }
-  }
-  if (o.head_dim_k > 0 || o.head_dim_v > 0) {
-    if (model) return Status::InvalidArgument("--head-dim-k/--head-dim-v and --model both given; the model decides");
-    req.geometry.k_head_dim.assign(src.memory.kv.size(), uint32_t(o.head_dim_k));
-    req.geometry.v_head_dim.assign(src.memory.kv.size(), uint32_t(o.head_dim_v));
-  }
-
-  // An old file upgraded to the v0.5.0 format: v3 adds a cell extra for
-  // M-RoPE models that the old file does not have.
-  const bool src_old = (src.kind == StateKind::kSeqFile && src.version < 3) ||
-                       (src.kind == StateKind::kSessionFile && src.version < 10);
-  if (src_old) {
-    if (model && model->shape.ext_bytes.value_or(0) != 0) {
-      return Status::NotSupported(o.in + ": " + model->arch +
-                                  " stores an M-RoPE cell extra in v0.5.0 files that older files lack; kvsnap "
-                                  "cannot rebuild it: keep the old format (--format ggsq-v2)");
-    }
-    if (!model && req.format == TargetFormat::kSameKindCurrent) {
-      warnings += "kvsnap convert: note: upgrading to the v0.5.0 format assumes the model has no M-RoPE cell "
-                  "extra (true for text-only models); pass --model GGUF to check\n";
-    }
-  }
+  std::string notes;
+  KV_ASSIGN_OR_RETURN(ConvertRequest req, make_request(spec_of(o), src, opened.model_ptr(), o.in, &notes));
+  if (!notes.empty()) warnings += "kvsnap convert: " + notes;
 
   const auto t0 = std::chrono::steady_clock::now();
   KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(io, o.out));

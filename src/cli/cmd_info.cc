@@ -11,7 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
-#include "cli/model_arg.h"
+#include "cli/open_state.h"
 #include "format/ggml_types.h"
 #include "format/llama_state.h"
 

@@ -1,5 +1,5 @@
-// The --model GGUF argument: what the model says about a state file's layout,
-// its rotation blocks, and whether a state file belongs to it.
+// A model, as far as KV states care: what its GGUF says about a state file's
+// layout, its rotation blocks, and whether a state file belongs to it.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -11,7 +11,7 @@
 #include "base/io.h"
 #include "format/llama_state.h"
 
-namespace kvsnap::cli {
+namespace kvsnap {
 
 struct ModelInfo {
   std::string path;
@@ -41,15 +41,4 @@ Result<ModelInfo> load_model_info(Io& io, const std::string& path);
 // the model: kMismatch, saying both.
 Result<StateFile> parse_for_model(const ReadableFile& file, ParseOptions opts, const ModelInfo* model);
 
-// A state file opened the way every command takes it: FILE [--model GGUF]
-// [--input-format raw-seq|raw-context].
-struct OpenedState {
-  std::optional<ModelInfo> model;
-  std::unique_ptr<ReadableFile> file;
-  StateFile state;
-  const ModelInfo* model_ptr() const { return model ? &*model : nullptr; }
-};
-Result<OpenedState> open_state(Io& io, const std::string& path, const std::string& model_path,
-                               const std::string& input_format);
-
-}  // namespace kvsnap::cli
+}  // namespace kvsnap
