@@ -10,6 +10,8 @@ jobs=$(nproc 2>/dev/null || echo 2)
 bash tests/install-deps.sh
 if [ -x tests/oracle/fetch.sh ] || [ -f tests/oracle/fetch.sh ]; then
   bash tests/oracle/fetch.sh all
+  # llama-server from the bed's source: ~17 min the first time on 2 cores, cached afterwards
+  bash tests/oracle/build-server.sh 3.22.1
 fi
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null

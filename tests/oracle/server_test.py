@@ -89,8 +89,8 @@ def completion(srv, prompt, n_vocab, cache_prompt=True):
         raise RuntimeError(f"/completion failed on {srv.desc}: {code} {j}")
     steps = []
     for p in j.get("completion_probabilities", []):
-        dist = {t["id"]: t["prob"] for t in p["top_probs"]} if "top_probs" in p else \
-               {t["id"]: t["prob"] for t in p["probs"]}
+        # v0.5.0 reports log-probabilities of the top n_probs tokens (pre-sampling, softmax of the logits)
+        dist = {t["id"]: math.exp(t["logprob"]) for t in p["top_logprobs"]}
         steps.append((p["id"], dist))
     return j["timings"]["prompt_n"], steps
 
@@ -121,6 +121,103 @@ def run(cmd):
     return p.stdout
 
 
+CONFIGS = {
+    # name: (ctk, ctv, flash attention)
+    "f16-f16-on": ("f16", "f16", True),
+    "q8_0-q8_0-on": ("q8_0", "q8_0", True),
+    "f16-f16-off": ("f16", "f16", False),
+    "q4_0-q8_0-on": ("q4_0", "q8_0", True),
+    "q4_0-q4_0-on": ("q4_0", "q4_0", True),
+    "iq4_nl-iq4_nl-on": ("iq4_nl", "iq4_nl", True),
+    "q5_1-q5_0-on": ("q5_1", "q5_0", True),
+    "bf16-q8_0-on": ("bf16", "q8_0", True),
+    "q8_0-f16-off": ("q8_0", "f16", False),
+}
+SOURCES = ["f16-f16-on", "q8_0-q8_0-on", "f16-f16-off"]
+REFERENCE = "f16-f16-on"
+
+
+class Case:
+    """One model: every configuration's server, its native distributions, the saved slots."""
+
+    def __init__(self, server_bin, model, work, prompt):
+        self.model, self.work, self.prompt = model, work, prompt
+        self.slot_dir = os.path.join(work, "slots")
+        os.makedirs(self.slot_dir)
+        self.servers, self.native, self.native_prompt_n = {}, {}, {}
+        self.saved = {}
+        for name, (ctk, ctv, fa) in CONFIGS.items():
+            self.servers[name] = Server(server_bin, model, ctk, ctv, fa, self.slot_dir,
+                                        os.path.join(work, f"{name}.log"))
+        ref = self.servers[REFERENCE]
+        self.n_total = len(ref.post("/tokenize", {"content": prompt + SUFFIX})[1]["tokens"]) + 1  # + BOS
+        self.n_suffix = self.n_total - (len(ref.post("/tokenize", {"content": prompt})[1]["tokens"]) + 1)
+        # n_probs above the vocabulary size: the server clamps it, so this is the whole distribution
+        self.native_prompt_n[REFERENCE], self.native[REFERENCE] = completion(ref, prompt + SUFFIX, 100000, False)
+        self.n_vocab = len(self.native[REFERENCE][0][1])
+        for name, srv in self.servers.items():
+            if name != REFERENCE:
+                self.native_prompt_n[name], self.native[name] = completion(srv, prompt + SUFFIX, self.n_vocab, False)
+            if name in SOURCES:
+                srv.post("/slots/0?action=erase", {})
+                completion(srv, prompt, 8)
+                code, j = srv.post("/slots/0?action=save", {"filename": f"saved-{name}.bin"})
+                if code != 200:
+                    raise RuntimeError(f"slot save failed on {srv.desc}: {j}")
+                self.saved[name] = j["n_saved"]
+
+    def stop(self):
+        for srv in self.servers.values():
+            srv.stop()
+
+
+def check_pair(case, kvsnap, src, dst, failures):
+    ctk, ctv, fa = CONFIGS[dst]
+    fa_word = "on" if fa else "off"
+    srv = case.servers[dst]
+    saved_path = os.path.join(case.slot_dir, f"saved-{src}.bin")
+    srv.post("/slots/0?action=erase", {})
+    label = f"{os.path.basename(case.model)} {src} -> {dst}"
+    code, j = srv.post("/slots/0?action=restore", {"filename": f"saved-{src}.bin"})
+    if code == 200:
+        failures.append(f"{label}: the unconverted file restored ({j}); expected llama.cpp to refuse it")
+    srv.post("/slots/0?action=erase", {})
+    conv = f"conv-{src}-to-{dst}.bin"
+    run([kvsnap, "convert", saved_path, os.path.join(case.slot_dir, conv), "--ctk", ctk, "--ctv", ctv,
+         "--flash-attn", fa_word, "--model", case.model])
+    code, j = srv.post("/slots/0?action=restore", {"filename": conv})
+    if code != 200:
+        failures.append(f"{label}: restore of the converted file failed: {j}")
+        return None
+    n_restored = j.get("n_restored")
+    n_prompt, restored = completion(srv, case.prompt + SUFFIX, case.n_vocab)
+    control = []
+    if CONFIGS[src][0] in ("f16", "bf16", "f32") and ctk not in ("f16", "bf16", "f32"):
+        # the negative control: the same conversion without the rotation restores just as well
+        srv.post("/slots/0?action=erase", {})
+        ctl = f"ctl-{src}-to-{dst}.bin"
+        run([kvsnap, "convert", saved_path, os.path.join(case.slot_dir, ctl), "--ctk", ctk, "--ctv", ctv,
+             "--flash-attn", fa_word, "--model", case.model, "--rotation", "off"])
+        code, _ = srv.post("/slots/0?action=restore", {"filename": ctl})
+        if code == 200:
+            _, control = completion(srv, case.prompt + SUFFIX, case.n_vocab)
+    ref = case.native[REFERENCE]
+    agree = agreeing_prefix(ref, case.native[src], case.native[dst], restored)
+    kl_src, kl_dst = mean_kl(ref, case.native[src], agree), mean_kl(ref, case.native[dst], agree)
+    kl_restored = mean_kl(ref, restored, agree)
+    kl_control = mean_kl(ref, control, min(agree, len(control))) if control else float("nan")
+    bound = max(1.5 * max(kl_src, kl_dst), 1e-6)
+    # the suffix, plus at most one token where the prompt's end and the suffix re-tokenize
+    reused_ok = n_restored == case.saved[src] and n_prompt <= case.n_suffix + 1
+    ok = reused_ok and kl_restored <= bound
+    if not reused_ok:
+        failures.append(f"{label}: restored {n_restored}/{case.saved[src]} tokens, then evaluated {n_prompt} of "
+                        f"{case.n_total} prompt tokens (expected only the {case.n_suffix} of the suffix)")
+    if kl_restored > bound:
+        failures.append(f"{label}: KL {kl_restored:.3g} above the bound {bound:.3g}")
+    return (label, n_restored, n_prompt, agree, kl_src, kl_dst, kl_restored, bound, kl_control, "ok" if ok else "FAIL")
+
+
 def main():
     if len(sys.argv) < 5:
         print(__doc__)
@@ -132,82 +229,28 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     prompt = open(os.path.join(fixtures, "prompt.txt")).read()
-    targets = [("q8_0", "q8_0", True), ("q4_0", "q8_0", True), ("q4_0", "q4_0", True), ("f16", "f16", False)]
-    failures = []
-    rows = []
+    failures, rows = [], []
     for m in models:
-        model = os.path.join(fixtures, "models", f"tiny-{m}.gguf")
-        slot_dir = os.path.join(work, m)
-        os.makedirs(slot_dir)
-        src = Server(server_bin, model, "f16", "f16", True, slot_dir, os.path.join(work, f"{m}-src.log"))
+        case = Case(server_bin, os.path.join(fixtures, "models", f"tiny-{m}.gguf"), os.path.join(work, m), prompt)
         try:
-            code, props = src.post("/tokenize", {"content": prompt + SUFFIX})
-            n_total = len(props["tokens"]) + 1  # + BOS
-            completion(src, prompt, 8)
-            code, saved = src.post("/slots/0?action=save", {"filename": "saved-f16.bin"})
-            if code != 200:
-                raise RuntimeError(f"slot save failed: {saved}")
-            n_saved = saved["n_saved"]
-            # n_probs above the vocabulary size: the server clamps it, so this is the whole distribution
-            _, ref = completion(src, prompt + SUFFIX, 100000)
-            n_vocab = len(ref[0][1])
+            for src in SOURCES:
+                for dst in CONFIGS:
+                    if dst != src:
+                        row = check_pair(case, kvsnap, src, dst, failures)
+                        if row:
+                            rows.append(row)
         finally:
-            src.stop()
-        saved_path = os.path.join(slot_dir, "saved-f16.bin")
-        for ctk, ctv, fa in targets:
-            fa_word = "on" if fa else "off"
-            name = f"{m} {ctk}/{ctv} fa={fa_word}"
-            srv = Server(server_bin, model, ctk, ctv, fa, slot_dir, os.path.join(work, f"{m}-{ctk}-{ctv}-{fa_word}.log"))
-            try:
-                n_native, native = completion(srv, prompt + SUFFIX, n_vocab, cache_prompt=False)
-                srv.post("/slots/0?action=erase", {})
-                same = (ctk, ctv, fa) == ("f16", "f16", True)
-                if not same:
-                    code, j = srv.post("/slots/0?action=restore", {"filename": "saved-f16.bin"})
-                    if code == 200:
-                        failures.append(f"{name}: the unconverted f16 file restored ({j}), expected a refusal")
-                    srv.post("/slots/0?action=erase", {})
-                conv = f"conv-{ctk}-{ctv}-{fa_word}.bin"
-                run([kvsnap, "convert", saved_path, os.path.join(slot_dir, conv), "--ctk", ctk, "--ctv", ctv,
-                     "--flash-attn", fa_word, "--model", model])
-                code, j = srv.post("/slots/0?action=restore", {"filename": conv})
-                if code != 200:
-                    failures.append(f"{name}: restore of the converted file failed: {j}")
-                    continue
-                n_restored = j.get("n_restored")
-                n_prompt, restored = completion(srv, prompt + SUFFIX, n_vocab)
-                # the negative control: no rotation
-                srv.post("/slots/0?action=erase", {})
-                ctl = f"ctl-{ctk}-{ctv}-{fa_word}.bin"
-                run([kvsnap, "convert", saved_path, os.path.join(slot_dir, ctl), "--ctk", ctk, "--ctv", ctv,
-                     "--flash-attn", fa_word, "--model", model, "--rotation", "off"])
-                code, _ = srv.post("/slots/0?action=restore", {"filename": ctl})
-                _, control = completion(srv, prompt + SUFFIX, n_vocab) if code == 200 else (0, [])
-            finally:
-                srv.stop()
-            agree = agreeing_prefix(ref, native, restored)
-            kl_native = mean_kl(ref, native, agree)
-            kl_restored = mean_kl(ref, restored, agree)
-            kl_control = mean_kl(ref, control, min(agree, len(control))) if control else float("nan")
-            bound = max(1.5 * kl_native, 1e-6)
-            reused_ok = n_restored == n_saved and n_prompt < n_total - n_saved + 4
-            ok = reused_ok and kl_restored <= bound
-            rows.append((name, n_saved, n_restored, n_native, n_prompt, agree, kl_native, kl_restored, bound,
-                         kl_control, "ok" if ok else "FAIL"))
-            if not reused_ok:
-                failures.append(f"{name}: restored {n_restored}/{n_saved} tokens, then evaluated {n_prompt} "
-                                f"of {n_total} prompt tokens (expected only the suffix)")
-            if kl_restored > bound:
-                failures.append(f"{name}: KL {kl_restored:.3g} above the bound {bound:.3g}")
-    hdr = ("target", "saved", "restored", "native prompt_n", "prompt_n after restore", "positions",
-           "KL native", "KL converted", "bound", "KL no-rotation", "")
+            case.stop()
+        print(f"{m}: prompt + suffix = {case.n_total} tokens, suffix {case.n_suffix}, vocabulary {case.n_vocab}")
+    hdr = ("conversion", "restored", "prompt_n after restore", "positions", "KL native src", "KL native dst",
+           "KL converted", "bound", "KL no rotation", "")
     print("| " + " | ".join(hdr) + " |")
     print("|" + "---|" * len(hdr))
     for r in rows:
-        cells = [f"{v:.3g}" if isinstance(v, float) else str(v) for v in r]
-        print("| " + " | ".join(cells) + " |")
+        print("| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in r) + " |")
     for f in failures:
         print("FAIL: " + f)
+    print(f"{len(rows)} conversions restored in llama-server, {len(failures)} failures")
     return 1 if failures else 0
 
 
