@@ -1,0 +1,101 @@
+/* kvsnap.h: the C API of kvsnap.
+ *
+ * Requantize a live llama.cpp session without files and without reprocessing
+ * its prompt:
+ *
+ *   size_t n = llama_state_seq_get_size(ctx_old, seq);            // f16 cache
+ *   uint8_t *buf = malloc(n);
+ *   llama_state_seq_get_data(ctx_old, buf, n, seq);
+ *   kvsnap_convert_params p;  kvsnap_convert_params_init(&p);
+ *   p.ctk = "q8_0"; p.ctv = "q8_0";                                // the new context's types
+ *   void *out; size_t out_n; char *err;
+ *   if (kvsnap_convert_state(model, buf, n, &p, &out, &out_n, &err) != KVSNAP_OK) { puts(err); kvsnap_free(err); }
+ *   llama_state_seq_set_data(ctx_new, out, out_n, seq);             // ctx_new: -ctk q8_0 -ctv q8_0
+ *   kvsnap_free(out);
+ *
+ * Conventions
+ *   - Every function returns a kvsnap_status; KVSNAP_OK is 0. Nothing throws
+ *     across this API and nothing aborts on bad input: a corrupt, truncated or
+ *     foreign buffer is an error with a message.
+ *   - Ownership: buffers and strings the API returns through out-parameters
+ *     belong to the caller and are released with kvsnap_free(). Objects made by
+ *     a *_open function are released by the matching *_free function. Inputs
+ *     are borrowed for the duration of the call only.
+ *   - `error` out-parameters may be NULL; when not NULL they are set to NULL on
+ *     success and to a message (free with kvsnap_free) on failure.
+ *   - Thread safety: a kvsnap_model may be shared by threads; every call is
+ *     otherwise independent.
+ */
+#ifndef KVSNAP_H
+#define KVSNAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KVSNAP_API __attribute__((visibility("default")))
+#else
+#define KVSNAP_API
+#endif
+
+#define KVSNAP_API_VERSION 1
+
+/* The same numbers as the kvsnap command's exit codes (docs/cli.md). */
+typedef enum kvsnap_status {
+  KVSNAP_OK = 0,
+  KVSNAP_ERR_INVALID_ARGUMENT = 2, /* the request is impossible (unknown type, quantized V without flash attention) */
+  KVSNAP_ERR_CORRUPT = 3,          /* the bytes contradict the format (truncated, bad counts) */
+  KVSNAP_ERR_NOT_SUPPORTED = 4,    /* well-formed but outside what kvsnap handles */
+  KVSNAP_ERR_MISMATCH = 5,         /* the state does not belong to the model */
+  KVSNAP_ERR_AMBIGUOUS = 6,        /* the layout needs the model to be read */
+  KVSNAP_ERR_IO = 7,               /* the operating system refused */
+  KVSNAP_ERR_NOT_FOUND = 8,
+} kvsnap_status;
+
+/* What the input bytes are. */
+typedef enum kvsnap_input_kind {
+  KVSNAP_INPUT_AUTO = 0,        /* a state file (ggsq/ggsn) when its magic says so, else a sequence buffer */
+  KVSNAP_INPUT_SEQ_BUFFER = 1,  /* llama_state_seq_get_data */
+  KVSNAP_INPUT_CONTEXT_BUFFER = 2, /* llama_state_get_data */
+  KVSNAP_INPUT_FILE_BYTES = 3,  /* the bytes of a slot or session file */
+} kvsnap_input_kind;
+
+typedef struct kvsnap_convert_params {
+  const char *ctk;         /* target K type ("f16", "q8_0", ...); NULL: keep */
+  const char *ctv;         /* target V type; NULL: keep */
+  int flash_attn;          /* target context's flash attention: 1 on, 0 off, -1 keep the V layout */
+  const char *rotation;    /* "auto" (llama.cpp's rule; default when NULL), "on", "off" */
+  int n_threads;           /* 0: every core */
+  kvsnap_input_kind input; /* default KVSNAP_INPUT_AUTO */
+} kvsnap_convert_params;
+
+/* The model a state belongs to: layout, head dims (the Hadamard rotation
+ * depends on them) and the vocabulary, read from its GGUF header only. */
+typedef struct kvsnap_model kvsnap_model;
+
+KVSNAP_API const char *kvsnap_version(void);
+KVSNAP_API const char *kvsnap_status_name(kvsnap_status s);
+KVSNAP_API void kvsnap_free(void *p);
+
+KVSNAP_API void kvsnap_convert_params_init(kvsnap_convert_params *p);
+
+KVSNAP_API kvsnap_status kvsnap_model_open(const char *gguf_path, kvsnap_model **out, char **error);
+KVSNAP_API void kvsnap_model_free(kvsnap_model *m);
+
+/* Converts `src` (see kvsnap_convert_params.input) to the requested types and
+ * V layout, in the same kind of buffer. `model` may be NULL when the state is
+ * unambiguous without it and no conversion crosses the rotation; pass it
+ * whenever you have it. On success *out (size *out_size) is a new buffer. */
+KVSNAP_API kvsnap_status kvsnap_convert_state(const kvsnap_model *model, const void *src, size_t src_size,
+                                              const kvsnap_convert_params *params, void **out, size_t *out_size,
+                                              char **error);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVSNAP_H */

@@ -1,0 +1,202 @@
+// The C API (src/capi/kvsnap.h) over the migration layer. Everything that can
+// fail returns a Status inside; here it becomes a kvsnap_status and a
+// malloc'ed message. No C++ exception crosses the boundary: the few standard
+// library calls that may throw (allocation) are caught at each entry point.
+#include "capi/kvsnap.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "base/io.h"
+#include "format/llama_state.h"
+#include "migrate/conversion_spec.h"
+#include "migrate/convert_state.h"
+#include "migrate/model_info.h"
+
+#ifndef KVSNAP_VERSION
+#define KVSNAP_VERSION "0"
+#endif
+
+struct kvsnap_model {
+  kvsnap::ModelInfo info;
+};
+
+namespace {
+
+using kvsnap::Code;
+using kvsnap::Status;
+
+kvsnap_status to_c(Code c) {
+  switch (c) {
+    case Code::kOk: return KVSNAP_OK;
+    case Code::kInvalidArgument: return KVSNAP_ERR_INVALID_ARGUMENT;
+    case Code::kCorruption: return KVSNAP_ERR_CORRUPT;
+    case Code::kNotSupported: return KVSNAP_ERR_NOT_SUPPORTED;
+    case Code::kMismatch: return KVSNAP_ERR_MISMATCH;
+    case Code::kAmbiguous: return KVSNAP_ERR_AMBIGUOUS;
+    case Code::kIOError: return KVSNAP_ERR_IO;
+    case Code::kNotFound: return KVSNAP_ERR_NOT_FOUND;
+  }
+  return KVSNAP_ERR_INVALID_ARGUMENT;
+}
+
+char* dup_message(const std::string& s) {
+  char* p = static_cast<char*>(std::malloc(s.size() + 1));
+  if (p) std::memcpy(p, s.c_str(), s.size() + 1);
+  return p;
+}
+
+kvsnap_status fail(const Status& s, char** error) {
+  if (error) *error = dup_message(s.ToString());
+  return to_c(s.code());
+}
+
+kvsnap_status succeed(char** error) {
+  if (error) *error = nullptr;
+  return KVSNAP_OK;
+}
+
+// A sink that grows one malloc'ed buffer, so the caller frees it with kvsnap_free.
+class MallocSink final : public kvsnap::ByteSink {
+ public:
+  ~MallocSink() override { std::free(data_); }
+  using ByteSink::append;
+  Status append(std::span<const std::byte> d) override {
+    if (size_ + d.size() > cap_) {
+      size_t cap = std::max(cap_ * 2, size_ + d.size());
+      void* p = std::realloc(data_, cap);
+      if (!p) return Status::IOError("out of memory growing the output buffer to " + std::to_string(cap) + " bytes");
+      data_ = static_cast<std::byte*>(p);
+      cap_ = cap;
+    }
+    if (!d.empty()) std::memcpy(data_ + size_, d.data(), d.size());
+    size_ += d.size();
+    return Status::OK();
+  }
+  void reserve(size_t n) {
+    if (void* p = std::realloc(data_, n)) {
+      data_ = static_cast<std::byte*>(p);
+      cap_ = n;
+    }
+  }
+  void release(void** out, size_t* n) {
+    *out = data_;
+    *n = size_;
+    data_ = nullptr;
+    size_ = cap_ = 0;
+  }
+
+ private:
+  std::byte* data_ = nullptr;
+  size_t size_ = 0, cap_ = 0;
+};
+
+bool has_file_magic(const void* src, size_t n) {
+  if (n < 4) return false;
+  uint32_t m;
+  std::memcpy(&m, src, 4);
+  return m == kvsnap::kMagicGgsq || m == kvsnap::kMagicGgsn;
+}
+
+kvsnap::ParseOptions parse_options(const kvsnap_convert_params& p, const void* src, size_t n) {
+  kvsnap::ParseOptions o;
+  switch (p.input) {
+    case KVSNAP_INPUT_SEQ_BUFFER: o.kind = kvsnap::StateKind::kRawSeq; break;
+    case KVSNAP_INPUT_CONTEXT_BUFFER: o.kind = kvsnap::StateKind::kRawContext; break;
+    case KVSNAP_INPUT_FILE_BYTES: break;
+    case KVSNAP_INPUT_AUTO:
+      if (!has_file_magic(src, n)) o.kind = kvsnap::StateKind::kRawSeq;
+      break;
+  }
+  return o;
+}
+
+kvsnap::ConversionSpec spec_of(const kvsnap_convert_params& p) {
+  kvsnap::ConversionSpec s;
+  if (p.ctk) s.ctk = p.ctk;
+  if (p.ctv) s.ctv = p.ctv;
+  if (p.flash_attn >= 0) s.flash_attn = p.flash_attn ? "on" : "off";
+  if (p.rotation) s.rotation = p.rotation;
+  s.threads = p.n_threads;
+  return s;
+}
+
+kvsnap_status convert(const kvsnap_model* model, const void* src, size_t src_size, const kvsnap_convert_params& p,
+                      void** out, size_t* out_size, char** error) {
+  kvsnap::MemoryFile in("state buffer", std::span<const std::byte>(static_cast<const std::byte*>(src), src_size));
+  const kvsnap::ModelInfo* info = model ? &model->info : nullptr;
+  auto state = kvsnap::parse_for_model(in, parse_options(p, src, src_size), info);
+  if (!state.ok()) return fail(state.status(), error);
+  auto req = kvsnap::make_request(spec_of(p), *state, info, in.name());
+  if (!req.ok()) return fail(req.status(), error);
+  MallocSink sink;
+  sink.reserve(src_size);
+  auto res = kvsnap::convert_state(*state, in, *req, sink);
+  if (!res.ok()) return fail(res.status(), error);
+  sink.release(out, out_size);
+  return succeed(error);
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* kvsnap_version(void) { return KVSNAP_VERSION; }
+
+const char* kvsnap_status_name(kvsnap_status s) {
+  switch (s) {
+    case KVSNAP_OK: return "ok";
+    case KVSNAP_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case KVSNAP_ERR_CORRUPT: return "corrupt";
+    case KVSNAP_ERR_NOT_SUPPORTED: return "not supported";
+    case KVSNAP_ERR_MISMATCH: return "mismatch";
+    case KVSNAP_ERR_AMBIGUOUS: return "ambiguous";
+    case KVSNAP_ERR_IO: return "I/O error";
+    case KVSNAP_ERR_NOT_FOUND: return "not found";
+  }
+  return "unknown status";
+}
+
+void kvsnap_free(void* p) { std::free(p); }
+
+void kvsnap_convert_params_init(kvsnap_convert_params* p) {
+  if (!p) return;
+  *p = kvsnap_convert_params{};
+  p->flash_attn = -1;
+  p->input = KVSNAP_INPUT_AUTO;
+}
+
+kvsnap_status kvsnap_model_open(const char* gguf_path, kvsnap_model** out, char** error) {
+  if (!gguf_path || !out) return fail(Status::InvalidArgument("kvsnap_model_open: NULL argument"), error);
+  *out = nullptr;
+  try {
+    auto info = kvsnap::load_model_info(kvsnap::posix_io(), gguf_path);
+    if (!info.ok()) return fail(info.status(), error);
+    *out = new kvsnap_model{std::move(info).value()};
+    return succeed(error);
+  } catch (const std::bad_alloc&) {
+    return fail(Status::IOError("out of memory reading the model"), error);
+  }
+}
+
+void kvsnap_model_free(kvsnap_model* m) { delete m; }
+
+kvsnap_status kvsnap_convert_state(const kvsnap_model* model, const void* src, size_t src_size,
+                                   const kvsnap_convert_params* params, void** out, size_t* out_size, char** error) {
+  if (!out || !out_size || (!src && src_size))
+    return fail(Status::InvalidArgument("kvsnap_convert_state: NULL argument"), error);
+  *out = nullptr;
+  *out_size = 0;
+  kvsnap_convert_params defaults;
+  kvsnap_convert_params_init(&defaults);
+  try {
+    return convert(model, src, src_size, params ? *params : defaults, out, out_size, error);
+  } catch (const std::bad_alloc&) {
+    return fail(Status::IOError("out of memory converting the state"), error);
+  }
+}
+
+}  // extern "C"
