@@ -40,4 +40,20 @@ struct ConvertOptions {
 void setup_convert(CLI::App& app, int& exit_status);
 Status run_convert(const ConvertOptions& opts, std::string& out, std::string& warnings);
 
+struct MigrateOptions {
+  std::string dir;
+  std::string ctk, ctv, flash_attn, format, rotation;
+  std::string model;
+  bool backup_store = false;
+  std::string store;             // --store DIR for --backup-store
+  int jobs = 1;
+  int threads = 0;               // per file; 0 = cores / jobs
+  bool dry_run = false;
+  bool json = false;
+  bool progress = true;          // on a terminal
+};
+void setup_migrate(CLI::App& app, int& exit_status);
+// Returns kMismatch ("N files failed") after printing the summary when some files failed.
+Status run_migrate(const MigrateOptions& opts, std::string& out);
+
 }  // namespace kvsnap::cli

@@ -1,0 +1,150 @@
+// kvsnap migrate DIR: convert a directory of llama.cpp slot/session files in place.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/exit_codes.h"
+#include "server/migrate_dir.h"
+
+namespace kvsnap::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+std::string mib(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / (1 << 20));
+  return buf;
+}
+
+// One line on stderr, rewritten in place: "[ 12/100] slot-7.bin".
+void show_progress(size_t done, size_t total, const std::string& starting) {
+  std::fprintf(stderr, "\r\033[K[%*zu/%zu] %s", int(std::to_string(total).size()), done, total,
+               starting.empty() ? "" : starting.c_str());
+  if (done == total) std::fputc('\n', stderr);
+  std::fflush(stderr);
+}
+
+json to_json(const MigrateSummary& s, bool dry_run) {
+  json files = json::array();
+  for (const auto& f : s.files) {
+    json j = {{"file", f.name}, {"action", file_action_name(f.action)}, {"bytes_before", f.bytes_before},
+              {"bytes_after", f.bytes_after}, {"seconds", f.seconds}};
+    if (!f.from.empty()) j["from"] = f.from;
+    if (!f.to.empty()) j["to"] = f.to;
+    if (!f.detail.empty()) j["detail"] = f.detail;
+    files.push_back(j);
+  }
+  return {{"dry_run", dry_run},
+          {"converted", s.count(dry_run ? FileAction::kWouldConvert : FileAction::kConverted)},
+          {"at_target", s.count(FileAction::kAtTarget)},
+          {"not_state", s.count(FileAction::kNotState)},
+          {"skipped", s.count(FileAction::kSkippedLink) + s.count(FileAction::kSkippedOther)},
+          {"failed", s.count(FileAction::kFailed)},
+          {"bytes_before", s.bytes_before()},
+          {"bytes_after", s.bytes_after()},
+          {"stale_temps_removed", s.stale_temps_removed},
+          {"seconds", s.seconds},
+          {"files", files}};
+}
+
+std::string to_text(const MigrateSummary& s, bool dry_run) {
+  std::string out;
+  for (const auto& f : s.files) {
+    out += "  " + f.name + ": " + file_action_name(f.action);
+    if (f.action == FileAction::kConverted || f.action == FileAction::kWouldConvert)
+      out += ", " + f.from + " -> " + f.to + ", " + mib(f.bytes_before) + " -> " + mib(f.bytes_after);
+    if (!f.detail.empty()) out += " (" + f.detail + ")";
+    out += "\n";
+  }
+  const uint64_t before = s.bytes_before(), after = s.bytes_after();
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "%s %zu files, %zu already at the target, %zu not state files, %zu skipped, %zu failed; "
+                "%s -> %s (%s %s) in %.2f s\n",
+                dry_run ? "would convert" : "converted",
+                s.count(dry_run ? FileAction::kWouldConvert : FileAction::kConverted), s.count(FileAction::kAtTarget),
+                s.count(FileAction::kNotState), s.count(FileAction::kSkippedLink) + s.count(FileAction::kSkippedOther),
+                s.count(FileAction::kFailed), mib(before).c_str(), mib(after).c_str(),
+                before >= after ? mib(before - after).c_str() : mib(after - before).c_str(),
+                before >= after ? (dry_run ? "would be freed" : "freed") : (dry_run ? "more" : "more"), s.seconds);
+  out += buf;
+  if (s.stale_temps_removed) out += "removed " + std::to_string(s.stale_temps_removed) + " stale temporary files\n";
+  return out;
+}
+
+}  // namespace
+
+Status run_migrate(const MigrateOptions& o, std::string& out) {
+  Io& io = posix_io();
+  kvsnap::MigrateOptions m;
+  m.dir = o.dir;
+  while (m.dir.size() > 1 && m.dir.back() == '/') m.dir.pop_back();
+  m.spec.ctk = o.ctk;
+  m.spec.ctv = o.ctv;
+  m.spec.flash_attn = o.flash_attn;
+  m.spec.format = o.format == "current" ? "" : o.format;
+  m.spec.rotation = o.rotation;
+  m.jobs = std::max(1, o.jobs);
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  m.spec.threads = o.threads > 0 ? o.threads : std::max(1, cores / m.jobs);
+  m.dry_run = o.dry_run;
+  std::optional<ModelInfo> model;
+  if (!o.model.empty()) {
+    KV_ASSIGN_OR_RETURN(model, load_model_info(io, o.model));
+    m.model = &*model;
+  }
+  if (o.backup_store) {
+    return Status::NotSupported("--backup-store needs the snapshot store, which this build does not have yet");
+  }
+  const bool tty = o.progress && !o.json && ::isatty(2);
+  if (tty) {
+    m.progress = [](size_t done, size_t total, const FileOutcome*, const std::string& starting) {
+      show_progress(done, total, starting);
+    };
+  }
+  KV_ASSIGN_OR_RETURN(MigrateSummary sum, migrate_dir(io, m));
+  out = o.json ? to_json(sum, o.dry_run).dump(2) + "\n" : to_text(sum, o.dry_run);
+  const size_t failed = sum.count(FileAction::kFailed);
+  if (failed) return Status::Mismatch(std::to_string(failed) + " of the files in " + o.dir + " failed (listed above)");
+  return Status::OK();
+}
+
+void setup_migrate(CLI::App& app, int& exit_status) {
+  auto o = std::make_shared<MigrateOptions>();
+  auto* sub = app.add_subcommand(
+      "migrate",
+      "Convert every llama.cpp slot/session file in a directory in place: after a llama.cpp upgrade (format), or "
+      "for a server restarted with other -ctk/-ctv/-fa. Each file is replaced atomically; a rerun resumes");
+  sub->add_option("dir", o->dir, "the directory (e.g. llama-server's --slot-save-path)")->required();
+  sub->add_option("--ctk", o->ctk, "target K type (default: keep each file's)");
+  sub->add_option("--ctv", o->ctv, "target V type (default: keep)");
+  sub->add_option("--flash-attn,--fa", o->flash_attn, "on|off: the target server's flash attention (default: keep)");
+  sub->add_option("--format", o->format, "current (default) or " + target_format_names());
+  sub->add_option("--rotation", o->rotation, "auto|on|off (see kvsnap convert --help)");
+  sub->add_option("--model,-m", o->model, "the model's GGUF: exact layout and head dims (recommended)");
+  sub->add_flag("--backup-store", o->backup_store, "store each original in the snapshot store before converting it");
+  sub->add_option("--store", o->store, "the store for --backup-store (default: $KVSNAP_HOME)");
+  sub->add_option("--jobs,-j", o->jobs, "files converted at once (default 1)");
+  sub->add_option("--threads,-t", o->threads, "threads per file (default: cores / jobs)");
+  sub->add_flag("--dry-run,-n", o->dry_run, "print the plan and the bytes that would be freed; change nothing");
+  sub->add_flag("--json", o->json, "machine-readable summary");
+  sub->footer(
+      "\nOnly regular files directly in DIR are touched; symlinks are never followed. Files already at the\n"
+      "target and files that are not llama.cpp states are left alone. Exit status 5 when some file failed.\n"
+      "\nExamples:\n"
+      "  kvsnap migrate /srv/slots --dry-run                       # what an upgrade to the current format does\n"
+      "  kvsnap migrate /srv/slots --ctk q8_0 --ctv q8_0 -m model.gguf   # before restarting with -ctk q8_0\n");
+  sub->callback([o, &exit_status]() {
+    std::string out;
+    Status s = run_migrate(*o, out);
+    if (!s.ok() && !out.empty()) std::fputs(out.c_str(), stdout);
+    exit_status = report("migrate", s, out);
+  });
+}
+
+}  // namespace kvsnap::cli

@@ -1,0 +1,82 @@
+// A client for the parts of llama-server's HTTP API that kvsnap drives:
+// /health, /props, /slots, POST /slots/{id}?action=save|restore|erase,
+// /tokenize and /completion. Blocking, one request at a time, libcurl inside.
+//
+// Every error names the server, what kvsnap was doing and what the server
+// said ("llama-server http://127.0.0.1:8080: restoring slot 0 from
+// 'kvsnap-1a2b.bin': HTTP 400 invalid_request_error: failed to restore slot").
+// A refused connection is kIOError ("is the server running?"), 401 a wrong or
+// missing API key (kInvalidArgument), 404 an unknown endpoint or slot
+// (kNotFound), 503 a server still loading or a busy slot (kIOError), other
+// HTTP errors kMismatch. No exceptions leave this module.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace kvsnap {
+
+struct ServerEndpoint {
+  std::string url;      // "http://127.0.0.1:8080" (a trailing slash is fine)
+  std::string api_key;  // sent as "Authorization: Bearer KEY", as llama-server expects
+  double timeout_s = 3600;  // per request: saving or restoring a large slot takes a while
+};
+
+struct SlotState {
+  int id = 0;
+  bool is_processing = false;
+  int n_ctx = 0;
+  nlohmann::json raw;
+};
+
+struct SlotFileResult {  // save and restore
+  uint64_t n_tokens = 0;  // n_saved / n_restored
+  uint64_t n_bytes = 0;   // n_written / n_read
+  double ms = 0;          // the server's own timing
+};
+
+struct CompletionResult {
+  std::string content;
+  uint64_t prompt_n = 0;  // prompt tokens the server evaluated (not taken from its cache)
+  uint64_t cache_n = 0;   // prompt tokens it reused
+  nlohmann::json raw;
+};
+
+class LlamaServer {
+ public:
+  explicit LlamaServer(ServerEndpoint ep);
+  const std::string& url() const { return ep_.url; }
+
+  Status health();
+  Result<nlohmann::json> props();
+  Result<std::vector<SlotState>> slots();
+  Result<SlotFileResult> save_slot(int slot, const std::string& filename);
+  Result<SlotFileResult> restore_slot(int slot, const std::string& filename);
+  Status erase_slot(int slot);
+  Result<std::vector<int32_t>> tokenize(const std::string& text, bool add_special);
+  // POST /completion with `body` plus id_slot and cache_prompt = true.
+  Result<CompletionResult> complete(int slot, nlohmann::json body);
+
+  // The raw exchange: kvsnap uses the typed calls above.
+  struct Response {
+    long status = 0;
+    std::string body;
+  };
+  Result<Response> request(const std::string& method, const std::string& path, const std::string& body,
+                           const std::string& doing);
+
+ private:
+  Result<nlohmann::json> call(const std::string& method, const std::string& path, const nlohmann::json* body,
+                              const std::string& doing);
+  ServerEndpoint ep_;
+};
+
+// Reads an API key from a file (first line, trimmed), refusing files others can read.
+Result<std::string> read_api_key_file(const std::string& path);
+
+}  // namespace kvsnap

@@ -1,0 +1,256 @@
+#include "server/migrate_dir.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "format/ggml_types.h"
+#include "migrate/convert_state.h"
+
+namespace kvsnap {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Emits zeros of each target tensor's size: the exact output size without converting.
+class ZeroTensorSource final : public TensorSource {
+ public:
+  Status emit(const StateFile& t, const TensorRef& ref, ByteSink& out) override {
+    const KvLayer& L = t.memory.kv.at(ref.section).streams.at(ref.stream).layers.at(ref.layer);
+    uint64_t n = ref.is_v ? L.v.size : L.k.size;
+    static const std::vector<std::byte> zeros(1 << 20);
+    while (n > 0) {
+      const uint64_t k = std::min<uint64_t>(n, zeros.size());
+      KV_RETURN_IF_ERROR(out.append(std::span<const std::byte>(zeros.data(), k)));
+      n -= k;
+    }
+    return Status::OK();
+  }
+};
+
+std::string types_of(const StateFile& f, bool v) {
+  std::string out;
+  for (const auto& sec : f.memory.kv)
+    for (const auto& st : sec.streams)
+      for (const auto& L : st.layers) {
+        if (v && !L.has_v) continue;
+        std::string n = type_name(v ? L.v_type : L.k_type);
+        if (("," + out + ",").find("," + n + ",") == std::string::npos) out += (out.empty() ? "" : ",") + n;
+      }
+  return out.empty() ? "-" : out;
+}
+
+bool same_layout(const StateFile& a, const StateFile& b) {
+  if (a.kind != b.kind || a.version != b.version || a.raw_seq_tagged != b.raw_seq_tagged) return false;
+  if (a.memory.kv.size() != b.memory.kv.size()) return false;
+  for (size_t s = 0; s < a.memory.kv.size(); ++s) {
+    const KvSection &x = a.memory.kv[s], &y = b.memory.kv[s];
+    if (x.stream_prefix != y.stream_prefix || x.ext_bytes != y.ext_bytes || x.streams.size() != y.streams.size())
+      return false;
+    for (size_t i = 0; i < x.streams.size(); ++i) {
+      const KvStream &p = x.streams[i], &q = y.streams[i];
+      if (p.cell_count != q.cell_count || (p.cell_count && p.v_trans != q.v_trans)) return false;
+      for (size_t l = 0; l < p.layers.size() && l < q.layers.size(); ++l) {
+        const KvLayer &m = p.layers[l], &n = q.layers[l];
+        if (m.k_type != n.k_type || m.k_row_bytes != n.k_row_bytes) return false;
+        if (m.has_v && (m.v_type != n.v_type || m.v_row_bytes != n.v_row_bytes || m.v_elem_bytes != n.v_elem_bytes))
+          return false;
+      }
+    }
+  }
+  return true;
+}
+
+bool has_state_magic(const ReadableFile& f) {
+  uint32_t magic = 0;
+  if (f.size() < 4 || !f.read_at(0, std::span<std::byte>(reinterpret_cast<std::byte*>(&magic), 4)).ok()) return false;
+  return magic == kMagicGgsq || magic == kMagicGgsn;
+}
+
+// `<file>.kvsnap-tmp-<pid>-<n>` of a process that no longer runs.
+bool is_stale_temp(const std::string& name) {
+  const auto at = name.find(".kvsnap-tmp-");
+  if (at == std::string::npos) return false;
+  const long pid = std::strtol(name.c_str() + at + 12, nullptr, 10);
+  if (pid <= 0) return true;
+  return ::kill(pid_t(pid), 0) != 0 && errno == ESRCH;
+}
+
+class Migrator {
+ public:
+  Migrator(Io& io, const MigrateOptions& o) : io_(io), o_(o) {}
+
+  FileOutcome run_one(const std::string& name) {
+    FileOutcome r;
+    r.name = name;
+    const auto t0 = Clock::now();
+    Status s = convert_one(o_.dir + "/" + name, r);
+    if (!s.ok()) {
+      r.action = FileAction::kFailed;
+      r.detail = s.ToString();
+    }
+    r.seconds = since(t0);
+    return r;
+  }
+
+ private:
+  Status convert_one(const std::string& path, FileOutcome& r) {
+    KV_ASSIGN_OR_RETURN(auto file, io_.open_read(path));
+    r.bytes_before = file->size();
+    auto parsed = parse_for_model(*file, {}, o_.model);
+    if (!parsed.ok()) {
+      // A file with a state magic that does not parse is a damaged state (an error);
+      // anything else in the directory is simply not ours.
+      if (!has_state_magic(*file) &&
+          (parsed.status().code() == Code::kCorruption || parsed.status().code() == Code::kNotSupported)) {
+        r.action = FileAction::kNotState;
+        r.detail = parsed.status().message();
+        return Status::OK();
+      }
+      return parsed.status();
+    }
+    const StateFile& src = *parsed;
+    r.from = describe_state(src);
+    KV_ASSIGN_OR_RETURN(ConvertRequest req, make_request(o_.spec, src, o_.model, path));
+    KV_ASSIGN_OR_RETURN(StateFile target, plan_target(src, req));
+    r.to = describe_state(target);
+    if (same_layout(src, target)) {
+      r.action = FileAction::kAtTarget;
+      r.bytes_after = r.bytes_before;
+      return Status::OK();
+    }
+    if (o_.dry_run) {
+      CountingSink count;
+      ZeroTensorSource zeros;
+      KV_RETURN_IF_ERROR(write_state(target, zeros, *file, count));
+      r.bytes_after = count.count;
+      r.action = FileAction::kWouldConvert;
+      return Status::OK();
+    }
+    if (o_.backup) KV_RETURN_IF_ERROR(o_.backup(path, *file, src).Prefixed("backing up " + path));
+    KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(io_, path));
+    KV_ASSIGN_OR_RETURN(ConvertResult res, convert_state(src, *file, req, *writer));
+    KV_RETURN_IF_ERROR(writer->commit());
+    r.bytes_after = res.bytes_out;
+    r.action = FileAction::kConverted;
+    return Status::OK();
+  }
+
+  Io& io_;
+  const MigrateOptions& o_;
+};
+
+Result<std::vector<std::string>> scan(Io& io, const MigrateOptions& o, MigrateSummary& sum) {
+  KV_ASSIGN_OR_RETURN(auto entries, io.list_dir(o.dir));
+  std::sort(entries.begin(), entries.end(), [](const DirEntry& a, const DirEntry& b) { return a.name < b.name; });
+  std::vector<std::string> todo;
+  for (const DirEntry& e : entries) {
+    if (e.name.find(".kvsnap-tmp-") != std::string::npos) {
+      if (is_stale_temp(e.name) && e.is_regular && !o.dry_run && io.remove(o.dir + "/" + e.name).ok())
+        ++sum.stale_temps_removed;
+      continue;
+    }
+    FileOutcome skip;
+    skip.name = e.name;
+    if (e.is_symlink) {
+      skip.action = FileAction::kSkippedLink;
+      skip.detail = "a symlink; kvsnap migrate never follows links out of the directory";
+    } else if (!e.is_regular) {
+      skip.action = FileAction::kSkippedOther;
+      skip.detail = e.is_dir ? "a directory (not descended into)" : "not a regular file";
+    } else {
+      todo.push_back(e.name);
+      continue;
+    }
+    sum.files.push_back(std::move(skip));
+  }
+  return todo;
+}
+
+}  // namespace
+
+const char* file_action_name(FileAction a) {
+  switch (a) {
+    case FileAction::kConverted: return "converted";
+    case FileAction::kWouldConvert: return "would convert";
+    case FileAction::kAtTarget: return "at target";
+    case FileAction::kNotState: return "not a state file";
+    case FileAction::kSkippedLink: return "skipped (symlink)";
+    case FileAction::kSkippedOther: return "skipped";
+    case FileAction::kFailed: return "FAILED";
+  }
+  return "?";
+}
+
+size_t MigrateSummary::count(FileAction a) const {
+  return size_t(std::count_if(files.begin(), files.end(), [a](const FileOutcome& f) { return f.action == a; }));
+}
+
+uint64_t MigrateSummary::bytes_before() const {
+  uint64_t n = 0;
+  for (const auto& f : files)
+    if (f.action == FileAction::kConverted || f.action == FileAction::kWouldConvert) n += f.bytes_before;
+  return n;
+}
+
+uint64_t MigrateSummary::bytes_after() const {
+  uint64_t n = 0;
+  for (const auto& f : files)
+    if (f.action == FileAction::kConverted || f.action == FileAction::kWouldConvert) n += f.bytes_after;
+  return n;
+}
+
+std::string describe_state(const StateFile& f) {
+  std::string kind = f.kind == StateKind::kSeqFile       ? "ggsq"
+                     : f.kind == StateKind::kSessionFile ? "ggsn"
+                     : f.kind == StateKind::kRawSeq      ? "raw-seq"
+                                                         : "raw-context";
+  std::string layout = "-";
+  for (const auto& sec : f.memory.kv)
+    for (const auto& st : sec.streams)
+      if (st.cell_count) layout = st.v_trans ? "transposed" : "rows";
+  return kind + " v" + std::to_string(f.version) + ", K " + types_of(f, false) + ", V " + types_of(f, true) + " (" +
+         layout + ")";
+}
+
+Result<MigrateSummary> migrate_dir(Io& io, const MigrateOptions& o) {
+  const auto t0 = Clock::now();
+  MigrateSummary sum;
+  KV_ASSIGN_OR_RETURN(std::vector<std::string> todo, scan(io, o, sum));
+  Migrator m(io, o);
+  std::vector<FileOutcome> done(todo.size());
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  size_t finished = 0;
+  auto worker = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < todo.size();) {
+      if (o.progress) {
+        std::lock_guard<std::mutex> lock(mu);
+        o.progress(finished, todo.size(), nullptr, todo[i]);
+      }
+      done[i] = m.run_one(todo[i]);
+      std::lock_guard<std::mutex> lock(mu);
+      ++finished;
+      if (o.progress) o.progress(finished, todo.size(), &done[i], "");
+    }
+  };
+  const int jobs = std::max(1, std::min<int>(o.jobs, int(todo.size())));
+  std::vector<std::thread> pool;
+  for (int j = 1; j < jobs; ++j) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  for (auto& f : done) sum.files.push_back(std::move(f));
+  std::sort(sum.files.begin(), sum.files.end(), [](const FileOutcome& a, const FileOutcome& b) { return a.name < b.name; });
+  sum.seconds = since(t0);
+  return sum;
+}
+
+}  // namespace kvsnap

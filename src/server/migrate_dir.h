@@ -1,0 +1,82 @@
+// `kvsnap migrate DIR`: convert every llama.cpp slot/session file in a
+// directory in place, e.g. after a llama.cpp upgrade (format version) or a
+// -ctk/-ctv/-fa change of the server that uses the directory.
+//
+// Promises:
+//   - Each file is replaced atomically (temporary file beside it, fsync,
+//     rename): at any moment, even after kill -9, every file is either its
+//     original or a complete converted file.
+//   - Files already at the target are left alone, so a rerun after an
+//     interruption resumes where it stopped; stale temporary files of dead
+//     kvsnap processes are removed first.
+//   - Confined to DIR: only regular files directly in DIR are touched;
+//     symlinks (wherever they point), subdirectories and special files are
+//     skipped and reported (llama.cpp #26316 followed symlinks out of its slot
+//     directory). A file that is not a llama.cpp state is skipped, not an error.
+//   - One file failing does not stop the others; the summary lists it.
+//   - With a backup hook (--backup-store), a file is converted only after its
+//     original has been stored.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "base/io.h"
+#include "base/status.h"
+#include "format/llama_state.h"
+#include "migrate/conversion_spec.h"
+#include "migrate/model_info.h"
+
+namespace kvsnap {
+
+enum class FileAction {
+  kConverted,
+  kWouldConvert,   // --dry-run
+  kAtTarget,       // already what was asked: left alone
+  kNotState,       // not a llama.cpp state file
+  kSkippedLink,    // a symlink: never followed
+  kSkippedOther,   // a directory or special file
+  kFailed,
+};
+const char* file_action_name(FileAction a);
+
+struct FileOutcome {
+  std::string name;           // relative to DIR
+  FileAction action = FileAction::kFailed;
+  uint64_t bytes_before = 0;
+  uint64_t bytes_after = 0;   // converted size (estimated exactly for --dry-run)
+  std::string from, to;       // "ggsq v3 K f16 V f16 rows" -> "..."
+  std::string detail;         // why skipped or failed
+  double seconds = 0;
+};
+
+struct MigrateSummary {
+  std::vector<FileOutcome> files;  // in name order
+  uint64_t stale_temps_removed = 0;
+  double seconds = 0;
+  size_t count(FileAction a) const;
+  uint64_t bytes_before() const;   // of converted (or would-convert) files
+  uint64_t bytes_after() const;
+};
+
+struct MigrateOptions {
+  std::string dir;
+  ConversionSpec spec;                 // ctk/ctv/flash_attn/format/rotation; spec.threads per file
+  const ModelInfo* model = nullptr;
+  int jobs = 1;                        // files converted at once
+  bool dry_run = false;
+  // Called with each original before it is replaced; an error leaves the file untouched.
+  std::function<Status(const std::string& path, const ReadableFile& file, const StateFile& state)> backup;
+  // Called (from any job's thread, serialized) when a file starts and when it ends.
+  std::function<void(size_t done, size_t total, const FileOutcome* finished, const std::string& starting)> progress;
+};
+
+// kNotFound / kInvalidArgument when DIR is missing or not a directory;
+// per-file problems are outcomes, not errors.
+Result<MigrateSummary> migrate_dir(Io& io, const MigrateOptions& opts);
+
+// "ggsq v3, K q8_0, V q8_0 (rows)": one line describing a state's format and types.
+std::string describe_state(const StateFile& f);
+
+}  // namespace kvsnap

@@ -1,0 +1,144 @@
+// kvsnap migrate DIR as a user runs it: in place, atomic per file, resumable
+// after kill -9, confined to DIR.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+fs::path fixture(const std::string& n) { return fs::path(KVSNAP_SOURCE_DIR) / "fixtures" / n; }
+const std::string kModel = fixture("models/tiny-hd64.gguf").string();
+
+int sh(const std::string& cmd) {
+  int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("kvsnap-migrate-" + std::to_string(::getpid()) + "-" +
+                                        std::to_string(std::random_device{}()));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// What kvsnap convert makes of `src` with the same request: the one valid converted file.
+std::string expected_conversion(const fs::path& src, const fs::path& work, const std::string& args) {
+  fs::path out = work / "expected.bin";
+  EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " convert " + src.string() + " " + out.string() + " " + args +
+               " >/dev/null"),
+            0);
+  std::string b = slurp(out);
+  fs::remove(out);
+  return b;
+}
+
+TEST(Migrate, ConvertsInPlaceExactlyLikeConvertAndSkipsWhatIsDone) {
+  TempDir t;
+  fs::path dir = t.path / "slots";
+  fs::create_directories(dir);
+  const std::string args = "--ctk q8_0 --ctv q4_0 --fa on --model " + kModel;
+  std::vector<std::string> names = {"b8121/hd64-f16-f16-faoff.slot", "v0.5.0/hd64-f16-f16-faon.slot",
+                                    "b5640/hd64-f16-f16-faon.slot", "v0.5.0/hd64-q8_0-q8_0-faon.slot"};
+  std::vector<std::string> want;
+  for (size_t i = 0; i < names.size(); ++i) {
+    fs::copy_file(fixture(names[i]), dir / ("s" + std::to_string(i) + ".bin"));
+    want.push_back(expected_conversion(fixture(names[i]), t.path, args));
+  }
+  const std::string before = slurp(dir / "s0.bin");
+  ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " --dry-run " + args + " >/dev/null"), 0);
+  EXPECT_EQ(slurp(dir / "s0.bin"), before) << "--dry-run changed a file";
+  ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " " + args + " >/dev/null"), 0);
+  for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(slurp(dir / ("s" + std::to_string(i) + ".bin")), want[i]) << i;
+  // a second run finds everything at the target
+  const std::string again = t.path / "again.json";
+  ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " --json " + args + " >" + again), 0);
+  EXPECT_NE(slurp(again).find("\"at_target\": 4"), std::string::npos) << slurp(again);
+}
+
+TEST(Migrate, NeverFollowsSymlinksOutOfTheDirectory) {
+  TempDir t;
+  fs::path dir = t.path / "slots", outside = t.path / "outside.slot";
+  fs::create_directories(dir);
+  fs::copy_file(fixture("v0.5.0/hd64-f16-f16-faon.slot"), outside);
+  fs::create_symlink(outside, dir / "link.slot");
+  const std::string before = slurp(outside);
+  ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " --ctk q8_0 --ctv q8_0 -m " + kModel +
+               " >/dev/null"),
+            0);
+  EXPECT_EQ(slurp(outside), before);
+  EXPECT_TRUE(fs::is_symlink(dir / "link.slot"));
+}
+
+TEST(Migrate, DamagedStateFailsTheRunButNotTheOthers) {
+  TempDir t;
+  fs::copy_file(fixture("v0.5.0/hd64-f16-f16-faon.slot"), t.path / "good.slot");
+  std::string b = slurp(fixture("v0.5.0/hd64-f16-f16-faon.slot"));
+  std::ofstream(t.path / "cut.slot", std::ios::binary) << b.substr(0, b.size() / 2);
+  std::ofstream(t.path / "readme.txt") << "not a state";
+  EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + t.path.string() + " --ctk q8_0 --ctv q8_0 -m " + kModel +
+               " >/dev/null 2>&1"),
+            5);
+  EXPECT_NE(slurp(t.path / "good.slot"), b) << "the good file was not converted";
+  EXPECT_EQ(slurp(t.path / "cut.slot"), b.substr(0, b.size() / 2));
+  EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + (t.path / "missing").string() + " 2>/dev/null"), 7);
+}
+
+// 100 files, kill -9 at random moments, then run again: every file is at all
+// times either its original or the complete converted file.
+TEST(Migrate, KilledHalfwayAndResumed) {
+  TempDir t;
+  fs::path dir = t.path / "slots";
+  fs::create_directories(dir);
+  const fs::path src = fixture("v0.5.0/hd64-f16-f16-faon.slot");
+  const std::string args = "--ctk q8_0 --ctv q8_0 -m " + kModel;
+  const std::string original = slurp(src), converted = expected_conversion(src, t.path, args);
+  std::mt19937 rng(7);
+  for (int round = 0; round < 4; ++round) {
+    for (int i = 0; i < 100; ++i) fs::copy_file(src, dir / ("slot-" + std::to_string(i) + ".bin"),
+                                                fs::copy_options::overwrite_existing);
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::execl(KVSNAP_BINARY, KVSNAP_BINARY, "migrate", dir.c_str(), "--ctk", "q8_0", "--ctv", "q8_0", "-m",
+              kModel.c_str(), "--jobs", "2", "--json", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 + rng() % 150));
+    ::kill(pid, SIGKILL);
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    size_t n_orig = 0, n_conv = 0;
+    for (int i = 0; i < 100; ++i) {
+      const std::string b = slurp(dir / ("slot-" + std::to_string(i) + ".bin"));
+      ASSERT_TRUE(b == original || b == converted) << "round " << round << " file " << i << " is neither ("
+                                                   << b.size() << " bytes)";
+      (b == original ? n_orig : n_conv)++;
+    }
+    std::printf("round %d: killed with %zu converted, %zu original\n", round, n_conv, n_orig);
+    ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " " + args + " >/dev/null"), 0);
+    for (int i = 0; i < 100; ++i) ASSERT_EQ(slurp(dir / ("slot-" + std::to_string(i) + ".bin")), converted);
+    for (const auto& e : fs::directory_iterator(dir))
+      ASSERT_EQ(e.path().filename().string().find(".kvsnap-tmp-"), std::string::npos) << "left " << e.path();
+  }
+}
+
+}  // namespace
