@@ -246,6 +246,46 @@ void check_pipelines(Level l) {
   }
 }
 
+// The fused row kernels on rows that are not whole 256-value units: the f16 -> q8_0 kernel works
+// in units of 128 values (two n_rot 64 blocks) and ends a row of an odd number of n_rot 64 blocks
+// with a one-block step; rows of 64..640 values, converted one at a time and as runs of rows, on
+// every set (NaN/inf rows take the scalar path per unit).
+void check_row_lengths(Level l) {
+  const auto sets = row_sets();
+  const TypeTraits& f16 = *find_traits(GgmlType::kF16);
+  const GgmlType dsts[] = {GgmlType::kQ8_0, GgmlType::kQ4_0};
+  for (GgmlType dt : dsts) {
+    const TypeTraits& dst = *find_traits(dt);
+    for (uint32_t n_rot : {64u, 128u, 256u}) {
+      for (size_t n : {64, 128, 192, 256, 320, 384, 640}) {
+        if (n % n_rot != 0) continue;
+        RotationPlan plan;
+        plan.step = RotationStep::kRotate;
+        plan.n_rot = n_rot;
+        for (size_t s = 0; s < sets.size(); s++) {
+          const auto& x = sets[s];
+          const size_t rows = x.size() / n;
+          if (rows == 0) continue;
+          const std::vector<std::byte>& in = scalar_once("f16 whole rows of set " + std::to_string(s), [&] {
+            std::vector<std::byte> b(x.size() * 2);
+            f16.from_f32(x.data(), b.data(), x.size());
+            return b;
+          });
+          auto conv = RowConverter::make(f16, dst, n, plan);
+          if (!conv.ok()) continue;
+          compare(l, "f16 -> " + std::string(dst.name()) + " n_rot " + std::to_string(n_rot) + " rows of " +
+                         std::to_string(n) + " set " + std::to_string(s),
+                  [&] {
+                    std::vector<std::byte> out(rows * conv->dst_row_bytes());
+                    (void)conv->convert(std::span<const std::byte>(in).first(rows * conv->src_row_bytes()), out);
+                    return out;
+                  });
+        }
+      }
+    }
+  }
+}
+
 // Every f32 bit pattern through f32 -> f16 and f32 -> bf16.
 void check_half_exhaustive(Level l) {
   const TypeTraits& f16 = *find_traits(GgmlType::kF16);
@@ -352,6 +392,7 @@ int main(int argc, char** argv) {
     check_codecs(l);
     check_rotation(l);
     check_pipelines(l);
+    check_row_lengths(l);
     std::printf("  %s: codecs, rotation and row pipelines compared\n", simd::level_name(l));
     if (exhaustive) check_half_exhaustive(l);
   }

@@ -765,12 +765,15 @@ KV_AVX2_INLINE void fwht_across8(__m256* v) {
 template <int NV, int LEN>
 KV_AVX512_INLINE void fwht_across16(__m512* v) {
   if constexpr (LEN < NV) {
+    const __m512 one = _mm512_set1_ps(1.0f);
 #pragma GCC unroll 16
     for (int i = 0; i < NV; i++) {
       if ((i & LEN) == 0) {
         const __m512 u = v[i], w = v[i + LEN];
         v[i] = _mm512_add_ps(u, w);
-        v[i + LEN] = _mm512_sub_ps(u, w);
+        // u - w as -(w * 1) + u: the product is exact, so the one rounding is that of u - w. On
+        // the multiply-add pipes, beside the additions on the add pipes.
+        v[i + LEN] = _mm512_fnmadd_ps(w, one, u);
       }
     }
     fwht_across16<NV, 2 * LEN>(v);
@@ -1087,6 +1090,123 @@ KV_AVX512 void f16_rot_quant(const std::byte* in, std::byte* out, size_t n) {
   }
 }
 
+// roundf(x) -> int32 as roundf_to_i32_16, with copysign(0.5, x) in one ternary-logic op:
+// (x & sign) | 0.5f (imm 0xEA = (A & B) | C).
+KV_AVX512_INLINE __m512i roundf_to_i32_16t(__m512 x) {
+  const __m512i half = _mm512_ternarylogic_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN),
+                                                 _mm512_set1_epi32(0x3f000000), 0xEA);
+  return _mm512_cvttps_epi32(_mm512_add_round_ps(x, _mm512_castsi512_ps(half), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+}
+
+// The scales of 4 q8_0 blocks from their abs-maxima (reduce4's result: block k in 128-bit lane
+// k): d = amax / 127 and id = d != 0 ? 1 / d : 0 in one 4-lane division each, as the reference.
+struct Q8Scales {
+  __m128 d, id;
+};
+KV_AVX512_INLINE Q8Scales q8_0_scales4(__m512 amax) {
+  const __m128 a = _mm512_castps512_ps128(
+      _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), amax));
+  const __m128 d = _mm_div_ps(a, _mm_set1_ps(static_cast<float>((1 << 7) - 1)));
+  return {d, _mm_maskz_div_ps(_mm_cmp_ps_mask(d, _mm_setzero_ps(), _CMP_NEQ_UQ), _mm_set1_ps(1.0f), d)};
+}
+
+// The low bytes of the 32 int32 lanes of a and b, in order, as the reference's (int8_t) cast
+// keeps them: the low words gathered by one two-register permute, then truncated to bytes.
+KV_AVX512_INLINE __m256i low_bytes_2x16(__m512i a, __m512i b) {
+  const __m512i idx = _mm512_setr_epi32(0x00020000, 0x00060004, 0x000A0008, 0x000E000C, 0x00120010, 0x00160014,
+                                        0x001A0018, 0x001E001C, 0x00220020, 0x00260024, 0x002A0028, 0x002E002C,
+                                        0x00320030, 0x00360034, 0x003A0038, 0x003E003C);  // word 2i of a:b
+  return _mm512_cvtepi16_epi8(_mm512_permutex2var_epi16(a, idx, b));
+}
+
+// q8_0 of NQ <= 4 blocks of 32 finite floats held in registers (block k = v[2k], v[2k + 1]).
+template <int NQ>
+KV_AVX512_INLINE void q8_0_regs4(const __m512* v, Q8Scales sc, std::byte* out) {
+  alignas(16) float id[4];
+  _mm_store_ps(id, sc.id);  // broadcast from memory: part of each multiply
+  alignas(16) uint16_t dh[8];
+  _mm_store_si128(reinterpret_cast<__m128i*>(dh), _mm_cvtps_ph(sc.d, _MM_FROUND_TO_NEAREST_INT));
+#pragma GCC unroll 4
+  for (int k = 0; k < NQ; k++) {
+    std::byte* blk = out + k * kQ8_0Bytes;
+    const __m512 idb = _mm512_set1_ps(id[k]);
+    const __m512i q0 = roundf_to_i32_16t(_mm512_mul_ps(v[2 * k], idb));
+    const __m512i q1 = roundf_to_i32_16t(_mm512_mul_ps(v[2 * k + 1], idb));
+    store_u16(blk, dh[k]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 2), low_bytes_2x16(q0, q1));
+  }
+}
+
+// The first half of a unit of NR <= 8 registers (whole rotation blocks of NV registers, NR / 2
+// quant blocks): load, rotate, abs-maxima, scales. `bad`: a maximum is inf/NaN, i.e. an input
+// was (every rotated value of its block then is): the unit goes to the scalar reference.
+template <int NV, int NR>
+KV_AVX512_INLINE Q8Scales f16_rot_q8_0_front(const std::byte* in, __m512* v, __m512 scale, const __m512* s, bool* bad) {
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; r += NV) load_rotate_f16<NV>(in + 32 * r, v + r, scale, s);
+  __m512 m[4];
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; k++) {
+    const int b = k < NR / 2 ? k : NR / 2 - 1;  // past the end: repeat the last block
+    m[k] = _mm512_range_ps(v[2 * b], v[2 * b + 1], 0x0B);
+  }
+  const __m512 amax = reduce4<0x0B>(m[0], m[1], m[2], m[3]);
+  *bad = _mm512_fpclass_ps_mask(amax, 0x99) != 0;
+  return q8_0_scales4(amax);
+}
+
+template <int NV, int NR>
+KV_AVX512_INLINE void f16_rot_q8_0_back(const std::byte* in, const __m512* v, Q8Scales sc, bool bad, std::byte* out) {
+  if (__builtin_expect(bad, 0)) {
+    alignas(64) float tmp[16 * NR];
+    quants::ref::f16_to_f32(in, tmp, 16 * NR);
+    hadamard_ref::rotate(tmp, 16 * NR, 16 * NV);
+    quants::ref::q8_0_from_f32(tmp, out, 16 * NR);
+    return;
+  }
+  q8_0_regs4<NR / 2>(v, sc, out);
+}
+
+// f16 rows -> floats, rotated in blocks of 16 NV values (NV 4 or 8), -> q8_0, every value
+// staying in registers: units of 8 registers (4 quant blocks), software-pipelined so that the
+// scale divisions of unit u (two dependent divisions after a 7-level reduction) complete while
+// unit u + 1 is loaded and rotated, before unit u is quantized.
+template <int NV>
+KV_AVX512 void f16_rot_q8_0_regs(const std::byte* in, std::byte* out, size_t n) {
+  static_assert(NV == 4 || NV == 8, "units of 8 registers");
+  assert(n % (16 * NV) == 0);
+  constexpr size_t U = 128;  // values per unit
+  constexpr size_t UB = U / kQK * kQ8_0Bytes;
+  const __m512 scale = _mm512_set1_ps(fwht_scale(16 * NV));
+  __m512 s[4];
+  load_signs16(s);
+  const size_t nu = n / U;
+  if (nu > 0) {
+    __m512 cur[8];
+    bool bad_cur;
+    Q8Scales sc_cur = f16_rot_q8_0_front<NV, 8>(in, cur, scale, s, &bad_cur);
+    for (size_t u = 0; u + 1 < nu; u++) {
+      __m512 nxt[8];
+      bool bad_nxt;
+      const Q8Scales sc_nxt = f16_rot_q8_0_front<NV, 8>(in + 2 * U * (u + 1), nxt, scale, s, &bad_nxt);
+      f16_rot_q8_0_back<NV, 8>(in + 2 * U * u, cur, sc_cur, bad_cur, out + UB * u);
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; r++) cur[r] = nxt[r];  // register renames
+      sc_cur = sc_nxt;
+      bad_cur = bad_nxt;
+    }
+    f16_rot_q8_0_back<NV, 8>(in + 2 * U * (nu - 1), cur, sc_cur, bad_cur, out + UB * (nu - 1));
+  }
+  if constexpr (NV == 4) {
+    if (n % U != 0) {  // one 64-value rotation block left
+      __m512 v[4];
+      bool bad;
+      const Q8Scales sc = f16_rot_q8_0_front<4, 4>(in + 2 * U * nu, v, scale, s, &bad);
+      f16_rot_q8_0_back<4, 4>(in + 2 * U * nu, v, sc, bad, out + UB * nu);
+    }
+  }
+}
+
 // q8_0 rows -> floats, rotated, -> f16. Finite scales give finite values, so no NaN reaches
 // the f16 conversion (whose only difference from ggml's is NaN).
 template <int NV>
@@ -1199,7 +1319,10 @@ KV_AVX512 void quant_from_f32(const float* x, std::byte* out, size_t n) {
 }
 
 template <int NV>
-void f16_rot_q8_0(const std::byte* in, std::byte* out, size_t n, uint32_t) { f16_rot_quant<NV, Quant::kQ8_0>(in, out, n); }
+void f16_rot_q8_0(const std::byte* in, std::byte* out, size_t n, uint32_t) {
+  if constexpr (NV <= 8) f16_rot_q8_0_regs<NV>(in, out, n);
+  else f16_rot_quant<NV, Quant::kQ8_0>(in, out, n);
+}
 template <int NV>
 void f16_rot_q4_0(const std::byte* in, std::byte* out, size_t n, uint32_t) { f16_rot_quant<NV, Quant::kQ4_0>(in, out, n); }
 template <int NV>
