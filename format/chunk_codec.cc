@@ -1,0 +1,327 @@
+#include "format/chunk_codec.h"
+
+#include <openssl/evp.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "format/ggml_types.h"
+
+namespace kvsnap {
+
+// --- SHA-256 ----------------------------------------------------------------------
+
+namespace {
+
+// Fetched once: in OpenSSL 3 an EVP_sha256() init does a provider lookup per
+// call, which costs as much as hashing a small chunk.
+const EVP_MD* sha256_md() {
+  static const EVP_MD* md = [] {
+    const EVP_MD* m = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+    return m ? m : EVP_sha256();
+  }();
+  return md;
+}
+
+}  // namespace
+
+Sha256Digest sha256_of(std::span<const std::byte> data) {
+  static thread_local Sha256Hasher h;
+  h.update(data);
+  return h.finish();
+}
+
+std::string to_hex(const Sha256Digest& h) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string s(64, '0');
+  for (size_t i = 0; i < 32; ++i) {
+    s[2 * i] = kDigits[h[i] >> 4];
+    s[2 * i + 1] = kDigits[h[i] & 15];
+  }
+  return s;
+}
+
+bool from_hex(const std::string& hex, Sha256Digest& out) {
+  if (hex.size() != 64) return false;
+  auto nib = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < 32; ++i) {
+    const int hi = nib(hex[2 * i]), lo = nib(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out[i] = uint8_t(hi << 4 | lo);
+  }
+  return true;
+}
+
+// OpenSSL only fails these calls on allocation failure or a broken build; both
+// are fatal for the process anyway, so the hasher has no error path.
+Sha256Hasher::Sha256Hasher() : ctx_(EVP_MD_CTX_new()) {
+  if (!ctx_ || EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), sha256_md(), nullptr) != 1) throw std::bad_alloc();
+}
+Sha256Hasher::~Sha256Hasher() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
+void Sha256Hasher::update(std::span<const std::byte> data) {
+  if (!data.empty()) EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data.data(), data.size());
+}
+Sha256Digest Sha256Hasher::finish() {
+  Sha256Digest h{};
+  unsigned int n = 0;
+  EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), h.data(), &n);
+  EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), sha256_md(), nullptr);
+  return h;
+}
+
+// --- Header -------------------------------------------------------------------------
+
+const char* codec_name(ChunkCodec c) {
+  switch (c) {
+    case ChunkCodec::kStored: return "stored";
+    case ChunkCodec::kZstd: return "zstd";
+  }
+  return "?";
+}
+
+const char* filter_name(ChunkFilter f) {
+  switch (f) {
+    case ChunkFilter::kNone: return "none";
+    case ChunkFilter::kShuffle: return "shuffle";
+  }
+  return "?";
+}
+
+namespace {
+
+uint64_t load_u64(const std::byte* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = v << 8 | uint64_t(p[i]);
+  return v;
+}
+
+void store_header(std::byte* p, const BlobHeader& h) {
+  for (size_t i = 0; i < 4; ++i) p[i] = std::byte(kBlobMagic[i]);
+  p[4] = std::byte(uint8_t(h.codec));
+  p[5] = std::byte(uint8_t(h.filter));
+  p[6] = std::byte(h.elem_size & 0xff);
+  p[7] = std::byte(h.elem_size >> 8);
+  for (int i = 0; i < 8; ++i) p[8 + i] = std::byte((h.raw_size >> (8 * i)) & 0xff);
+}
+
+}  // namespace
+
+Result<BlobHeader> read_blob_header(std::span<const std::byte> blob) {
+  if (blob.size() < kBlobHeaderBytes) {
+    return Status::Corruption("chunk blob: " + std::to_string(blob.size()) + " bytes is shorter than its " +
+                              std::to_string(kBlobHeaderBytes) + "-byte header");
+  }
+  for (size_t i = 0; i < 4; ++i) {
+    if (blob[i] != std::byte(kBlobMagic[i])) return Status::Corruption("chunk blob: bad magic (not a kvsnap chunk)");
+  }
+  BlobHeader h;
+  const uint8_t codec = uint8_t(blob[4]), filter = uint8_t(blob[5]);
+  if (codec > uint8_t(ChunkCodec::kZstd)) {
+    return Status::NotSupported("chunk blob: unknown codec " + std::to_string(codec) + " (this kvsnap knows 0 stored, 1 zstd)");
+  }
+  if (filter > uint8_t(ChunkFilter::kShuffle)) {
+    return Status::NotSupported("chunk blob: unknown filter " + std::to_string(filter) +
+                                " (this kvsnap knows 0 none, 1 shuffle)");
+  }
+  h.codec = ChunkCodec(codec);
+  h.filter = ChunkFilter(filter);
+  h.elem_size = uint16_t(uint8_t(blob[6]) | uint8_t(blob[7]) << 8);
+  h.raw_size = load_u64(blob.data() + 8);
+  if (h.filter == ChunkFilter::kShuffle && (h.elem_size < 2 || h.elem_size > kMaxShuffleElem)) {
+    return Status::Corruption("chunk blob: shuffle element size " + std::to_string(h.elem_size) + " is out of range (2.." +
+                              std::to_string(kMaxShuffleElem) + ")");
+  }
+  if (h.filter == ChunkFilter::kNone && h.elem_size != 0) {
+    return Status::Corruption("chunk blob: element size " + std::to_string(h.elem_size) + " without a filter");
+  }
+  if (h.raw_size > kMaxChunkRawBytes) {
+    return Status::Corruption("chunk blob: raw size " + std::to_string(h.raw_size) + " exceeds the " +
+                              std::to_string(kMaxChunkRawBytes) + "-byte chunk limit");
+  }
+  return h;
+}
+
+FilterChoice filter_for_type(int32_t ggml_type) {
+  switch (GgmlType(ggml_type)) {
+    case GgmlType::kF16:
+    case GgmlType::kBF16: return {ChunkFilter::kShuffle, 2};
+    case GgmlType::kF32: return {ChunkFilter::kShuffle, 4};
+    default: return {ChunkFilter::kNone, 0};
+  }
+}
+
+// --- Shuffle ------------------------------------------------------------------------
+// Elements are whole `elem`-byte groups; the tail (size % elem bytes) is copied
+// as is after the planes.
+
+void shuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::byte> out) {
+  const size_t n = in.size() / elem;
+  const std::byte* src = in.data();
+  std::byte* dst = out.data();
+  if (elem == 2) {
+    for (size_t i = 0; i < n; ++i) {
+      dst[i] = src[2 * i];
+      dst[n + i] = src[2 * i + 1];
+    }
+  } else {
+    for (size_t b = 0; b < elem; ++b) {
+      std::byte* plane = dst + b * n;
+      for (size_t i = 0; i < n; ++i) plane[i] = src[i * elem + b];
+    }
+  }
+  if (in.size() > n * elem) std::memcpy(dst + n * elem, src + n * elem, in.size() - n * elem);
+}
+
+void unshuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::byte> out) {
+  const size_t n = in.size() / elem;
+  const std::byte* src = in.data();
+  std::byte* dst = out.data();
+  size_t i = 0;
+  if (elem == 2) {
+#if defined(__SSE2__)
+    // The hot path of decoding f16/bf16 chunks: interleave two planes.
+    for (; i + 16 <= n; i += 16) {
+      const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + n + i));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i), _mm_unpacklo_epi8(lo, hi));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i + 16), _mm_unpackhi_epi8(lo, hi));
+    }
+#endif
+    for (; i < n; ++i) {
+      dst[2 * i] = src[i];
+      dst[2 * i + 1] = src[n + i];
+    }
+  } else if (elem == 4) {
+#if defined(__SSE2__)
+    for (; i + 16 <= n; i += 16) {
+      const __m128i p0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      const __m128i p1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + n + i));
+      const __m128i p2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * n + i));
+      const __m128i p3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 3 * n + i));
+      const __m128i a = _mm_unpacklo_epi8(p0, p1), b = _mm_unpackhi_epi8(p0, p1);
+      const __m128i c = _mm_unpacklo_epi8(p2, p3), d = _mm_unpackhi_epi8(p2, p3);
+      __m128i* o = reinterpret_cast<__m128i*>(dst + 4 * i);
+      _mm_storeu_si128(o + 0, _mm_unpacklo_epi16(a, c));
+      _mm_storeu_si128(o + 1, _mm_unpackhi_epi16(a, c));
+      _mm_storeu_si128(o + 2, _mm_unpacklo_epi16(b, d));
+      _mm_storeu_si128(o + 3, _mm_unpackhi_epi16(b, d));
+    }
+#endif
+    for (; i < n; ++i) {
+      for (size_t b = 0; b < 4; ++b) dst[4 * i + b] = src[b * n + i];
+    }
+  } else {
+    for (size_t b = 0; b < elem; ++b) {
+      const std::byte* plane = src + b * n;
+      for (size_t k = 0; k < n; ++k) dst[k * elem + b] = plane[k];
+    }
+  }
+  if (in.size() > n * elem) std::memcpy(dst + n * elem, src + n * elem, in.size() - n * elem);
+}
+
+// --- Encoder ----------------------------------------------------------------------
+
+ChunkEncoder::ChunkEncoder(int zstd_level) : cctx_(ZSTD_createCCtx()), level_(zstd_level) {
+  if (!cctx_) throw std::bad_alloc();
+}
+ChunkEncoder::~ChunkEncoder() { ZSTD_freeCCtx(cctx_); }
+
+Result<std::span<const std::byte>> ChunkEncoder::encode(std::span<const std::byte> raw, FilterChoice filter) {
+  if (raw.size() > kMaxChunkRawBytes) {
+    return Status::InvalidArgument("chunk of " + std::to_string(raw.size()) + " bytes exceeds the " +
+                                   std::to_string(kMaxChunkRawBytes) + "-byte chunk limit");
+  }
+  if (filter.filter == ChunkFilter::kShuffle && (filter.elem_size < 2 || filter.elem_size > kMaxShuffleElem)) {
+    return Status::InvalidArgument("shuffle element size " + std::to_string(filter.elem_size) + " is out of range");
+  }
+  if (filter.filter == ChunkFilter::kNone) filter.elem_size = 0;
+  // The planes compressed separately (one zstd frame each), then the tail.
+  std::vector<std::span<const std::byte>> parts;
+  std::span<const std::byte> filtered = raw;
+  if (filter.filter == ChunkFilter::kShuffle && raw.size() >= filter.elem_size) {
+    filtered_.resize(raw.size());
+    shuffle_bytes(raw, filter.elem_size, filtered_);
+    filtered = filtered_;
+    const size_t n = raw.size() / filter.elem_size;
+    for (size_t b = 0; b < filter.elem_size; ++b) parts.push_back(filtered.subspan(b * n, n));
+    if (raw.size() % filter.elem_size) parts.push_back(filtered.subspan(n * filter.elem_size));
+  } else {
+    filter = {ChunkFilter::kNone, 0};
+    parts.push_back(raw);
+  }
+  size_t bound = kBlobHeaderBytes;
+  for (const auto& p : parts) bound += ZSTD_compressBound(p.size());
+  out_.resize(std::max(bound, kBlobHeaderBytes + raw.size()));
+
+  size_t ret = ZSTD_CCtx_reset(cctx_, ZSTD_reset_session_and_parameters);
+  if (!ZSTD_isError(ret)) ret = ZSTD_CCtx_setParameter(cctx_, ZSTD_c_compressionLevel, level_);
+  if (ZSTD_isError(ret)) return Status::InvalidArgument(std::string("zstd: ") + ZSTD_getErrorName(ret));
+  size_t pos = kBlobHeaderBytes;
+  for (const auto& p : parts) {
+    ret = ZSTD_compress2(cctx_, out_.data() + pos, out_.size() - pos, p.data(), p.size());
+    if (ZSTD_isError(ret)) return Status::InvalidArgument(std::string("zstd: ") + ZSTD_getErrorName(ret));
+    pos += ret;
+  }
+  BlobHeader h{ChunkCodec::kZstd, filter.filter, filter.elem_size, raw.size()};
+  if (pos - kBlobHeaderBytes >= raw.size()) {
+    // Incompressible: store the raw bytes, which also decode at memcpy speed.
+    h = BlobHeader{ChunkCodec::kStored, ChunkFilter::kNone, 0, raw.size()};
+    if (!raw.empty()) std::memcpy(out_.data() + kBlobHeaderBytes, raw.data(), raw.size());
+    pos = kBlobHeaderBytes + raw.size();
+  }
+  store_header(out_.data(), h);
+  return std::span<const std::byte>(out_.data(), pos);
+}
+
+// --- Decoder ----------------------------------------------------------------------
+
+ChunkDecoder::ChunkDecoder() : dctx_(ZSTD_createDCtx()) {
+  if (!dctx_) throw std::bad_alloc();
+}
+ChunkDecoder::~ChunkDecoder() { ZSTD_freeDCtx(dctx_); }
+
+Status ChunkDecoder::decode(std::span<const std::byte> blob, uint64_t expect_raw_size, std::vector<std::byte>& out) {
+  KV_ASSIGN_OR_RETURN(BlobHeader h, read_blob_header(blob));
+  if (h.raw_size != expect_raw_size) {
+    return Status::Corruption("chunk blob: raw size " + std::to_string(h.raw_size) + ", expected " +
+                              std::to_string(expect_raw_size));
+  }
+  const std::span<const std::byte> payload = blob.subspan(kBlobHeaderBytes);
+  out.resize(h.raw_size);
+  const bool shuffled = h.filter == ChunkFilter::kShuffle;
+  std::span<std::byte> filtered(out);
+  if (shuffled) {
+    filtered_.resize(h.raw_size);
+    filtered = filtered_;
+  }
+  if (h.codec == ChunkCodec::kStored) {
+    if (payload.size() != h.raw_size) {
+      return Status::Corruption("chunk blob: stored payload of " + std::to_string(payload.size()) + " bytes, expected " +
+                                std::to_string(h.raw_size));
+    }
+    if (!payload.empty()) std::memcpy(filtered.data(), payload.data(), payload.size());
+  } else {
+    // Concatenated frames decode in one call; the output must fill exactly.
+    const size_t n = ZSTD_decompressDCtx(dctx_, filtered.data(), filtered.size(), payload.data(), payload.size());
+    if (ZSTD_isError(n)) return Status::Corruption(std::string("chunk blob: zstd: ") + ZSTD_getErrorName(n));
+    if (n != h.raw_size) {
+      return Status::Corruption("chunk blob: payload decodes to " + std::to_string(n) + " bytes, expected " +
+                                std::to_string(h.raw_size));
+    }
+  }
+  if (shuffled) unshuffle_bytes(filtered_, h.elem_size, out);
+  return Status::OK();
+}
+
+}  // namespace kvsnap

@@ -1,0 +1,136 @@
+// Chunk blobs of the kvsnap snapshot format: how one chunk of raw bytes is
+// filtered, compressed, and made self-describing (docs/format.md, "Chunk blobs").
+//
+// A chunk's identity is the SHA-256 of its RAW bytes, so the same content
+// dedups whatever the level or filter that encoded it. The stored blob is a
+// 16-byte header (magic, codec, filter, element size, raw size) followed by the
+// payload, so a blob decodes with nothing but itself; the caller then checks
+// the decoded bytes against the hash it asked for.
+//
+// Encoding: raw -> filter -> zstd. The byte-shuffle filter of element size E
+// regroups byte k of every element into plane k; the encoder then compresses
+// each plane as its own zstd frame, so each plane gets its own entropy tables
+// (the f16 high byte of sign+exponent compresses, the low mantissa byte does
+// not). The payload is any sequence of zstd frames whose concatenated output
+// is the filtered bytes: a decoder need not know how the encoder split them.
+// When compression does not pay, the raw bytes are stored as they are.
+//
+// Memory: an encoder or decoder holds one zstd context and scratch buffers of
+// about one chunk; make one per thread and reuse it (contexts are costly to
+// create). Nothing is sized by a blob before its header passed the bounds
+// below.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+struct ZSTD_CCtx_s;
+struct ZSTD_DCtx_s;
+
+namespace kvsnap {
+
+// --- SHA-256 ------------------------------------------------------------------
+using Sha256Digest = std::array<uint8_t, 32>;
+Sha256Digest sha256_of(std::span<const std::byte> data);
+std::string to_hex(const Sha256Digest& h);
+// Parses 64 hex digits; false otherwise.
+bool from_hex(const std::string& hex, Sha256Digest& out);
+
+// Incremental SHA-256 (OpenSSL EVP).
+class Sha256Hasher {
+ public:
+  Sha256Hasher();
+  ~Sha256Hasher();
+  Sha256Hasher(const Sha256Hasher&) = delete;
+  Sha256Hasher& operator=(const Sha256Hasher&) = delete;
+  void update(std::span<const std::byte> data);
+  Sha256Digest finish();  // the hasher is reset afterwards
+
+ private:
+  void* ctx_;  // EVP_MD_CTX
+};
+
+// --- Blob header ----------------------------------------------------------------
+enum class ChunkCodec : uint8_t {
+  kStored = 0,  // payload = the filtered bytes
+  kZstd = 1,    // payload = zstd frames; their concatenated output = the filtered bytes
+};
+enum class ChunkFilter : uint8_t {
+  kNone = 0,
+  kShuffle = 1,  // byte planes of elements of elem_size bytes, then the tail unchanged
+};
+const char* codec_name(ChunkCodec c);
+const char* filter_name(ChunkFilter f);
+
+inline constexpr std::array<uint8_t, 4> kBlobMagic = {'K', 'V', 'C', 'B'};
+inline constexpr size_t kBlobHeaderBytes = 16;
+// No chunk's raw bytes exceed this (the writer sizes chunks under it; a reader
+// refuses larger claims before allocating).
+inline constexpr uint64_t kMaxChunkRawBytes = uint64_t(16) << 20;
+inline constexpr uint16_t kMaxShuffleElem = 1024;
+
+struct BlobHeader {
+  ChunkCodec codec = ChunkCodec::kStored;
+  ChunkFilter filter = ChunkFilter::kNone;
+  uint16_t elem_size = 0;
+  uint64_t raw_size = 0;
+};
+// Checks magic, known codec and filter, element size and raw size bounds.
+Result<BlobHeader> read_blob_header(std::span<const std::byte> blob);
+
+// The filter for a tensor of this ggml type: shuffle with E = 2 for f16/bf16
+// and 4 for f32; none for quantized types (measured: shuffling q8_0 blocks by
+// their 34 bytes compresses worse than leaving them, docs/format.md).
+struct FilterChoice {
+  ChunkFilter filter = ChunkFilter::kNone;
+  uint16_t elem_size = 0;
+};
+FilterChoice filter_for_type(int32_t ggml_type);
+
+// Byte shuffle and its inverse; in and out have the same size, do not overlap.
+void shuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::byte> out);
+void unshuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::byte> out);
+
+// --- Encoder / decoder (one per thread) -------------------------------------------
+class ChunkEncoder {
+ public:
+  explicit ChunkEncoder(int zstd_level = 3);
+  ~ChunkEncoder();
+  ChunkEncoder(const ChunkEncoder&) = delete;
+  ChunkEncoder& operator=(const ChunkEncoder&) = delete;
+
+  // Encodes `raw` (at most kMaxChunkRawBytes) into a blob. The span points into
+  // this encoder's buffer and stays valid until the next call.
+  Result<std::span<const std::byte>> encode(std::span<const std::byte> raw, FilterChoice filter);
+
+ private:
+  ZSTD_CCtx_s* cctx_;
+  int level_;
+  std::vector<std::byte> filtered_;
+  std::vector<std::byte> out_;
+};
+
+class ChunkDecoder {
+ public:
+  ChunkDecoder();
+  ~ChunkDecoder();
+  ChunkDecoder(const ChunkDecoder&) = delete;
+  ChunkDecoder& operator=(const ChunkDecoder&) = delete;
+
+  // Decodes `blob` into `out` (resized to the raw size). kCorruption when the
+  // header is bad, the raw size is not `expect_raw_size`, or the payload does
+  // not decode to exactly that many bytes. The caller checks the hash.
+  Status decode(std::span<const std::byte> blob, uint64_t expect_raw_size, std::vector<std::byte>& out);
+
+ private:
+  ZSTD_DCtx_s* dctx_;
+  std::vector<std::byte> filtered_;
+};
+
+}  // namespace kvsnap

@@ -1,0 +1,326 @@
+// The kvsnap snapshot format (v1): one saved llama.cpp KV state, versioned,
+// self-describing, checksummed. Byte layouts: docs/format.md.
+//
+// What it promises:
+//  - Lossless by construction. A snapshot holds the original llama.cpp file,
+//    split into segments: the frame (everything that is not K/V tensor data:
+//    headers, cell metadata, tokens, recurrent state, v9 outputs), stored as
+//    one "frame stream" cut into chunks of at most 1 MiB, and one tensor
+//    segment per KV section/stream/layer/side, cut by cells: chunk j holds
+//    cells [j*N, (j+1)*N) (N = the segment's cells_per_chunk). Transposed V
+//    (v_trans=1) is also cut into bands of rows_per_chunk rows, so a chunk is a
+//    tile: for each row of its band, the elements of its cells. A token prefix
+//    reads from the first chunks of each segment without the rest.
+//  - SnapshotReader::original() is a ReadableFile whose bytes are exactly the
+//    original file, computed on demand: offsets map to chunks arithmetically,
+//    every chunk is checked against its SHA-256 after decoding, and a small
+//    LRU of decoded chunks (SnapshotReadOptions::cache_bytes, 64 MiB by
+//    default) bounds memory. parse_state / convert_state work on it unchanged.
+//  - One encoding for two uses: the manifest (a byte string) plus
+//    content-addressed chunk blobs (format/chunk_codec.h). A standalone file
+//    is preamble + blobs + manifest + trailer; a store keeps the manifest bytes
+//    in its catalog and the blobs by hash. The manifest is byte-identical in
+//    both (blob offsets in a file are implied: blobs follow in chunk order).
+//  - Hostile input is an error, never a crash: every length and count is
+//    checked before it sizes anything; errors name the file, the section and
+//    the problem. Unknown optional sections are skipped; unknown required
+//    sections and too-new versions are refused naming the tag / version.
+//  - Bounded memory when writing and reading, whatever the state size:
+//    writing holds about 2 x threads chunks; reading holds the cache.
+//
+// Thread safety: SnapshotReader and its original() may be read from several
+// threads at once. ChunkSink::put is called from one thread, in chunk order.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/io.h"
+#include "base/status.h"
+#include "format/chunk_codec.h"
+#include "format/llama_state.h"
+#include "format/model_profile.h"
+
+namespace kvsnap {
+
+// The format this code writes; the store records it with every manifest.
+inline constexpr uint32_t kSnapshotFormatVersion = 1;
+inline constexpr uint32_t kStoreFormatVersion = kSnapshotFormatVersion;
+// A file or manifest whose min_reader_version exceeds this is refused.
+inline constexpr uint32_t kSnapshotReaderVersion = 1;
+// Written into INFO.kvsnap_version unless SnapshotOptions says otherwise;
+// kept in step with project(VERSION) in CMakeLists.txt.
+inline constexpr const char* kKvsnapLibraryVersion = "0.1.0";
+
+// Compatibility fixtures: every released format version N keeps
+// "fixtures/kvsnap/v<N>/" (relative to the source tree) with .kvsnap files and
+// their originals' SHA-256; files there are never edited, and every one must
+// keep opening (tests/format/snapshot_test.cc). New versions add a directory.
+std::string snapshot_fixture_dir(uint32_t format_version);
+
+inline constexpr uint32_t kDefaultCellsPerChunk = 256;
+inline constexpr uint32_t kFrameChunkBytes = 1u << 20;
+
+// --- The manifest model ---------------------------------------------------------
+
+enum class SegmentKind : uint8_t {
+  kFrame = 0,       // file bytes [file_offset, +size) = frame stream [frame_offset, +size)
+  kRows = 1,        // cell_count rows of row_bytes (K, or V with v_trans = 0)
+  kTransposed = 2,  // n_rows rows of cell_count elements of elem_bytes (V with v_trans = 1)
+};
+const char* segment_kind_name(SegmentKind k);
+
+struct Segment {
+  SegmentKind kind = SegmentKind::kFrame;
+  uint64_t file_offset = 0;
+  uint64_t size = 0;
+  uint64_t frame_offset = 0;   // kFrame
+  // Tensor segments (kRows, kTransposed):
+  uint32_t section = 0, stream = 0, layer = 0;
+  bool is_v = false;
+  int32_t ggml_type = 0;
+  uint64_t row_bytes = 0;      // kRows
+  uint32_t elem_bytes = 0;     // kTransposed
+  uint32_t n_rows = 0;         // kTransposed (n_embd_v_gqa)
+  uint32_t cell_count = 0;
+  uint32_t cells_per_chunk = 0;  // N of this segment
+  uint32_t rows_per_chunk = 0;   // kTransposed: R (a band); kRows: 0
+  uint64_t first_chunk = 0;
+
+  uint64_t cell_chunks() const;  // J = ceil(cell_count / N)
+  uint64_t bands() const;        // B = ceil(n_rows / R) for kTransposed, else 1
+  uint64_t n_chunks() const;     // J * B (band-major: chunk = first_chunk + b * J + j)
+  // Raw bytes of the segment's chunk `k` (0-based within the segment).
+  uint64_t chunk_raw_size(uint64_t k) const;
+};
+
+struct SegmentTable {
+  uint32_t frame_chunk_bytes = kFrameChunkBytes;
+  uint64_t frame_bytes = 0;          // the frame stream's size; its chunks are 0..n_frame_chunks-1
+  uint64_t n_frame_chunks = 0;
+  std::vector<Segment> segments;     // sorted by file_offset, contiguous from 0 to the file size
+};
+
+struct ChunkRef {
+  Sha256Digest sha256{};                   // of the raw bytes: the chunk's identity
+  uint64_t raw_size = 0;
+  // Size of the blob this writer made. A store may hold another encoding of
+  // the same raw bytes (another level or filter): readers accept any blob
+  // whose decoded bytes hash to sha256.
+  uint64_t stored_size = 0;
+  ChunkCodec codec = ChunkCodec::kStored;
+  ChunkFilter filter = ChunkFilter::kNone;
+  uint16_t elem_size = 0;
+  uint64_t index = 0;                // position in the chunk table (not part of the identity)
+};
+
+struct CellSection {
+  uint32_t ext_bytes = 0;
+  std::vector<std::vector<CellMeta>> streams;  // per stream, per cell
+};
+
+struct SnapshotTokens {
+  std::vector<int32_t> tokens;       // the prompt's tokens (llama-server's packed payload unpacked)
+  std::vector<int32_t> words;        // the token payload exactly as stored in the file
+  bool packed = false;
+};
+
+struct SnapshotProvenance {
+  std::string source;                // basename of the original file
+  StateKind kind = StateKind::kSeqFile;
+  uint32_t magic = 0;
+  uint32_t version = 0;
+  uint64_t file_size = 0;
+  Sha256Digest sha256{};
+};
+
+// What the model's GGUF says, when one was given (all optional in INFO).
+struct SnapshotModelInfo {
+  std::string arch;
+  std::string gguf_fingerprint;
+  uint32_t n_layer = 0;
+  uint32_t n_head_kv = 0;            // layer 0
+  struct Layer {
+    uint32_t head_dim_k = 0, head_dim_v = 0, n_head_kv = 0;
+  };
+  std::vector<Layer> layers;         // per model layer
+  struct Section {                   // per KV section of the state, in file order
+    std::vector<uint32_t> head_dim_k, head_dim_v;  // per layer of the section
+    std::optional<uint32_t> k_rotation_block;      // llama.cpp's rule; nullopt: never rotated
+    std::optional<uint32_t> v_rotation_block;
+  };
+  std::vector<Section> kv_sections;
+};
+// From a loaded profile (load_model_profile): dims and llama.cpp's rotation rule.
+Result<SnapshotModelInfo> snapshot_model_info(const ModelProfile& p);
+
+// A lossy conversion applied before the snapshot was taken (store at another type).
+struct LossyConversion {
+  std::string from_k, from_v;        // type names before
+  std::string to_k, to_v;            // type names stored
+  std::string note;
+};
+
+struct SnapshotManifest {
+  uint32_t format_version = kSnapshotFormatVersion;
+  uint32_t min_reader_version = 1;
+  nlohmann::ordered_json info;       // the INFO section (docs/format.md)
+  SnapshotProvenance provenance;     // INFO.provenance, checked
+  std::optional<std::string> arch;
+  std::optional<SnapshotModelInfo> model;  // INFO.model (when a GGUF was given; layers/sections may be empty)
+  uint32_t cells_per_chunk = kDefaultCellsPerChunk;
+  bool lossy = false;
+  std::vector<CellSection> cells;
+  SnapshotTokens tokens;
+  SegmentTable segments;
+  std::vector<ChunkRef> chunks;
+  Sha256Digest original_sha256{};          // DIGS: SHA-256 of the original file
+  Sha256Digest sections_sha256{};          // DIGS: SHA-256 of the manifest bytes before DIGS
+  std::vector<uint32_t> skipped_sections;  // unknown optional tags a reader skipped
+  std::vector<std::byte> bytes;      // the encoded manifest
+  Sha256Digest manifest_sha256{};          // of `bytes` (a store may key the manifest by it)
+
+  uint64_t raw_bytes() const;        // sum of chunk raw sizes
+  uint64_t stored_bytes() const;     // sum of blob sizes
+};
+
+// Decodes and checks manifest bytes (structure, bounds, the DIGS digest, the
+// segment and chunk tables against each other). `name` is for messages.
+Result<SnapshotManifest> parse_manifest(std::span<const std::byte> bytes, const std::string& name = "manifest");
+
+// --- Writing ---------------------------------------------------------------------
+
+// Receives every chunk blob, in chunk order, from one thread. Content-addressed:
+// a store may skip hashes it already has (the same raw bytes always have the
+// same hash, whatever their encoding).
+class ChunkSink {
+ public:
+  virtual ~ChunkSink() = default;
+  virtual Status put(const ChunkRef& ref, std::span<const std::byte> blob) = 0;
+};
+
+struct SnapshotOptions {
+  uint32_t cells_per_chunk = kDefaultCellsPerChunk;
+  int zstd_level = 3;
+  uint32_t threads = 1;
+  std::optional<SnapshotModelInfo> model;
+  std::string source_name;           // recorded as its basename
+  std::optional<LossyConversion> lossy;
+  std::string created;               // ISO-8601 UTC; empty: now (set it for reproducible output)
+  std::string kvsnap_version = kKvsnapLibraryVersion;
+};
+
+// Reads `original` (described by `parsed`, from parse_state on it) once for
+// the chunks and once to hash it (concurrently), hands every blob to `chunks`,
+// and returns the manifest with its encoded bytes.
+Result<SnapshotManifest> build_snapshot(const StateFile& parsed, const ReadableFile& original,
+                                        const SnapshotOptions& opts, ChunkSink& chunks);
+
+// The standalone .kvsnap file: preamble, blobs, manifest, trailer; streamed
+// to `out` (use AtomicFileWriter for files). Returns the manifest.
+Result<SnapshotManifest> write_snapshot_file(const StateFile& parsed, const ReadableFile& original,
+                                             const SnapshotOptions& opts, ByteSink& out);
+
+// A standalone file assembled from a manifest and blobs fetched elsewhere (a
+// store's export). A store may hold another encoding of some raw bytes than
+// the manifest recorded (another zstd level from another save), so plan()
+// fetches every blob once and rewrites the chunk table with the blobs' actual
+// sizes and encodings: the file's manifest may differ from `m.bytes` but
+// describes the same chunks and the same original. write() fetches the blobs
+// again (bounded memory) and refuses a blob that changed in between.
+class ChunkSource;
+class SnapshotFileAssembler {
+ public:
+  static Result<SnapshotFileAssembler> plan(const SnapshotManifest& m, ChunkSource& blobs);
+  uint64_t file_size() const;
+  Status write(ChunkSource& blobs, ByteSink& out) const;
+  const SnapshotManifest& manifest() const { return m_; }
+
+ private:
+  SnapshotManifest m_;
+  uint64_t blob_bytes_ = 0;
+};
+
+// --- Reading ---------------------------------------------------------------------
+
+// Fetches a blob by its reference (a store: by ref.sha256; a file: by ref.index).
+class ChunkSource {
+ public:
+  virtual ~ChunkSource() = default;
+  virtual Result<std::vector<std::byte>> get(const ChunkRef& ref) = 0;
+};
+
+struct SnapshotReadOptions {
+  uint64_t cache_bytes = uint64_t(64) << 20;  // decoded chunks kept (at least one chunk is)
+};
+
+class SnapshotReader {
+ public:
+  ~SnapshotReader();
+  SnapshotReader(const SnapshotReader&) = delete;
+  SnapshotReader& operator=(const SnapshotReader&) = delete;
+
+  const SnapshotManifest& manifest() const;
+  const nlohmann::ordered_json& info() const { return manifest().info; }
+  const SnapshotProvenance& provenance() const { return manifest().provenance; }
+  const std::vector<CellSection>& cells() const { return manifest().cells; }
+  const SnapshotTokens& tokens() const { return manifest().tokens; }
+  const SegmentTable& segments() const { return manifest().segments; }
+  const std::vector<ChunkRef>& chunks() const { return manifest().chunks; }
+
+  // The original llama.cpp file, byte for byte (lives as long as the reader).
+  const ReadableFile& original() const;
+  // How to parse original() exactly as it was parsed when the snapshot was
+  // built (raw buffer kind and era, and the memory layout as a MemoryShape),
+  // without the model. The options point into this reader.
+  ParseOptions parse_options() const;
+  Result<StateFile> parse_original() const;
+
+  // Fetches, decodes and hashes every chunk; the first bad one is reported by
+  // index and what it covers.
+  Status verify_chunks() const;
+  // Re-hashes original() and compares with the recorded SHA-256.
+  Status verify_original() const;
+
+  // Chunk indices needed to read cells [0, n_cells) of every KV stream, and
+  // every frame chunk (headers, cell metadata, tokens), ascending: what a store
+  // prefetches for a token prefix.
+  std::vector<uint64_t> chunks_for_cell_prefix(uint64_t n_cells) const;
+  // "chunk 12 (layer 3 V of KV section 0 stream 0, cells 256..511, rows 0..127)".
+  std::string describe_chunk(uint64_t index) const;
+
+  // Chunk `index`'s blob exactly as stored (not decoded; checked against the
+  // chunk's hash only when decoded): what a store copies on import.
+  Result<std::vector<std::byte>> blob(uint64_t index) const;
+
+  // Decoded-chunk cache statistics (for tests and benchmarks).
+  struct CacheStats {
+    uint64_t hits = 0, misses = 0, bytes = 0, peak_bytes = 0;
+  };
+  CacheStats cache_stats() const;
+
+  struct Impl;
+
+ private:
+  explicit SnapshotReader(std::unique_ptr<Impl> impl);
+  friend Result<std::unique_ptr<SnapshotReader>> open_snapshot_file(const ReadableFile&, const SnapshotReadOptions&);
+  friend Result<std::unique_ptr<SnapshotReader>> open_snapshot(std::span<const std::byte>, ChunkSource&,
+                                                               const SnapshotReadOptions&);
+  std::unique_ptr<Impl> impl_;
+};
+
+// A standalone file; `file` must outlive the reader. Checks the preamble,
+// trailer (truncation), the manifest's hash and the manifest itself.
+Result<std::unique_ptr<SnapshotReader>> open_snapshot_file(const ReadableFile& file,
+                                                           const SnapshotReadOptions& opts = {});
+// Manifest bytes from a store (copied) and its chunk source (must outlive the reader).
+Result<std::unique_ptr<SnapshotReader>> open_snapshot(std::span<const std::byte> manifest_bytes, ChunkSource& chunks,
+                                                      const SnapshotReadOptions& opts = {});
+
+}  // namespace kvsnap

@@ -1,0 +1,137 @@
+// Internals shared by snapshot_manifest.cc, snapshot_write.cc and
+// snapshot_read.cc. Not part of the API.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "format/snapshot.h"
+
+namespace kvsnap::snapshot_detail {
+
+// "\x89KVSNAP\n": the high byte catches 7-bit transfers, the newline text-mode ones.
+inline constexpr std::array<uint8_t, 8> kFileMagic = {0x89, 'K', 'V', 'S', 'N', 'A', 'P', '\n'};
+inline constexpr std::array<uint8_t, 4> kManifestMagic = {'K', 'V', 'S', 'M'};
+inline constexpr size_t kPreambleBytes = 16;   // magic, u32 version, u32 min_reader_version
+inline constexpr size_t kTrailerBytes = 80;    // 4 x u64, sha256, 2 x u32, magic
+inline constexpr size_t kManifestHeaderBytes = 16;
+inline constexpr size_t kSectionHeaderBytes = 16;
+inline constexpr size_t kSegmentRecordBytes = 64;
+inline constexpr size_t kChunkRecordBytes = 56;
+inline constexpr uint64_t kMaxManifestBytes = uint64_t(1) << 30;
+// A blob may exceed its raw size by at most this much (header + zstd framing);
+// this writer never exceeds raw + 16 (it stores incompressible chunks).
+inline constexpr uint64_t kMaxBlobOverhead = 64 << 10;
+// The writer sizes a transposed-V band (rows_per_chunk rows of every cell) to
+// fit this, so reading original() front to back reuses cached tiles.
+inline constexpr uint64_t kBandBytes = uint64_t(16) << 20;
+
+constexpr uint32_t fourcc(const char (&s)[5]) {
+  return uint32_t(uint8_t(s[0])) | uint32_t(uint8_t(s[1])) << 8 | uint32_t(uint8_t(s[2])) << 16 |
+         uint32_t(uint8_t(s[3])) << 24;
+}
+inline constexpr uint32_t kTagInfo = fourcc("INFO");
+inline constexpr uint32_t kTagCell = fourcc("CELL");
+inline constexpr uint32_t kTagTokn = fourcc("TOKN");
+inline constexpr uint32_t kTagSegs = fourcc("SEGS");
+inline constexpr uint32_t kTagChnk = fourcc("CHNK");
+inline constexpr uint32_t kTagDigs = fourcc("DIGS");
+inline constexpr uint32_t kSectionRequired = 1;
+
+// "INFO", or "0x12345678" when not printable.
+std::string tag_name(uint32_t tag);
+
+inline void put_bytes(std::vector<std::byte>& out, const void* p, size_t n) {
+  const auto* b = static_cast<const std::byte*>(p);
+  out.insert(out.end(), b, b + n);
+}
+
+// Bounds-checked little-endian reads over bytes in memory. Every failure is a
+// kCorruption naming `what` and the offset from the start of the span.
+class SpanReader {
+ public:
+  SpanReader(std::span<const std::byte> data, std::string context) : d_(data), ctx_(std::move(context)) {}
+  size_t offset() const { return pos_; }
+  size_t remaining() const { return d_.size() - pos_; }
+  bool at_end() const { return pos_ == d_.size(); }
+
+  Status u8(uint8_t& v, const char* what) { return fixed(&v, 1, what); }
+  Status u16(uint16_t& v, const char* what) { return little(v, what); }
+  Status u32(uint32_t& v, const char* what) { return little(v, what); }
+  Status i32(int32_t& v, const char* what) {
+    uint32_t u = 0;
+    KV_RETURN_IF_ERROR(little(u, what));
+    v = int32_t(u);
+    return Status::OK();
+  }
+  Status u64(uint64_t& v, const char* what) { return little(v, what); }
+  Status bytes(void* dst, size_t n, const char* what) { return fixed(dst, n, what); }
+  Result<std::span<const std::byte>> take(uint64_t n, const char* what) {
+    if (n > remaining()) return truncated(n, what);
+    auto s = d_.subspan(pos_, size_t(n));
+    pos_ += size_t(n);
+    return s;
+  }
+  // Refuses a count whose records could not fit in what remains.
+  Status check_count(uint64_t count, uint64_t min_record_bytes, const char* what) const {
+    if (min_record_bytes && count > remaining() / min_record_bytes) {
+      return corrupt(std::string(what) + ": count " + std::to_string(count) + " needs at least " +
+                     std::to_string(min_record_bytes) + " bytes each, " + std::to_string(remaining()) + " remain");
+    }
+    return Status::OK();
+  }
+  Status corrupt(const std::string& msg) const {
+    return Status::Corruption(ctx_ + ": offset " + std::to_string(pos_) + ": " + msg);
+  }
+
+ private:
+  Status truncated(uint64_t n, const char* what) const {
+    return corrupt(std::string("truncated: ") + what + " needs " + std::to_string(n) + " bytes, " +
+                   std::to_string(remaining()) + " remain");
+  }
+  Status fixed(void* dst, size_t n, const char* what) {
+    if (n > remaining()) return truncated(n, what);
+    if (n) std::memcpy(dst, d_.data() + pos_, n);
+    pos_ += n;
+    return Status::OK();
+  }
+  template <class T>
+  Status little(T& v, const char* what) {
+    std::array<uint8_t, sizeof(T)> b{};
+    KV_RETURN_IF_ERROR(fixed(b.data(), sizeof(T), what));
+    v = 0;
+    for (size_t i = sizeof(T); i-- > 0;) v = T(v << 8 | b[i]);
+    return Status::OK();
+  }
+  std::span<const std::byte> d_;
+  std::string ctx_;
+  size_t pos_ = 0;
+};
+
+// Encodes the sections of `m` (info, cells, tokens, segments, chunks, digests)
+// into m.bytes and sets m.sections_sha256 and m.manifest_sha256.
+void encode_manifest(SnapshotManifest& m);
+
+// The INFO document for a state (everything but the digests of the bytes).
+nlohmann::ordered_json build_info(const StateFile& f, const SnapshotOptions& opts, const Sha256Digest& original_sha,
+                                  const std::string& created);
+
+// Where a file offset of the original lands: the chunk (global index), the
+// offset inside the chunk's raw bytes, and how many bytes from there on are
+// contiguous in both the file and the chunk.
+struct Location {
+  uint64_t chunk = 0;
+  uint64_t offset_in_chunk = 0;
+  uint64_t run = 0;
+};
+// `seg` contains `file_offset`. Frame chunk sizes come from `table`.
+Location locate(const SegmentTable& table, const Segment& seg, uint64_t file_offset);
+
+// Text for messages: "layer 3 V of KV section 0 stream 0".
+std::string describe_segment(const Segment& s);
+
+}  // namespace kvsnap::snapshot_detail

@@ -1,0 +1,421 @@
+// Reading snapshots: open a file or a store manifest, and serve the original
+// llama.cpp file from chunks through a bounded LRU of decoded chunks.
+#include <algorithm>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+
+#include "format/ggml_types.h"
+#include "format/snapshot.h"
+#include "format/snapshot_internal.h"
+
+namespace kvsnap {
+
+using namespace snapshot_detail;
+
+namespace {
+
+// A standalone file's blobs: chunk i sits at the chunk area's start plus the
+// stored sizes of chunks 0..i-1.
+class FileChunkSource final : public ChunkSource {
+ public:
+  FileChunkSource(const ReadableFile& file, std::vector<uint64_t> offsets) : file_(file), offsets_(std::move(offsets)) {}
+  Result<std::vector<std::byte>> get(const ChunkRef& ref) override {
+    if (ref.index >= offsets_.size()) {
+      return Status::InvalidArgument(file_.name() + ": no chunk " + std::to_string(ref.index));
+    }
+    std::vector<std::byte> blob(ref.stored_size);
+    KV_RETURN_IF_ERROR(file_.read_at(offsets_[ref.index], blob));
+    return blob;
+  }
+
+ private:
+  const ReadableFile& file_;
+  std::vector<uint64_t> offsets_;
+};
+
+class OriginalFile;
+
+const nlohmann::ordered_json* info_field(const nlohmann::ordered_json& j, const char* key) {
+  if (!j.is_object()) return nullptr;
+  auto it = j.find(key);
+  return it == j.end() ? nullptr : &*it;
+}
+
+}  // namespace
+
+struct SnapshotReader::Impl {
+  SnapshotManifest m;
+  std::string name;
+  ChunkSource* source = nullptr;
+  std::unique_ptr<ChunkSource> owned_source;
+  uint64_t cache_cap = 0;
+  MemoryShape shape;
+  std::unique_ptr<OriginalFile> original;
+
+  using Chunk = std::shared_ptr<const std::vector<std::byte>>;
+  struct Entry {
+    Chunk data;
+    std::list<uint64_t>::iterator pos;
+  };
+  mutable std::mutex mu;
+  mutable std::list<uint64_t> lru;  // most recent first
+  mutable std::unordered_map<uint64_t, Entry> cache;
+  mutable CacheStats stats;
+
+  // Fetches, decodes and checks chunk `i` (no caching).
+  Result<std::vector<std::byte>> load(uint64_t i) const;
+  // Through the cache.
+  Result<Chunk> chunk(uint64_t i) const;
+  std::string describe(uint64_t i) const;
+  void build_shape();
+};
+
+namespace {
+
+class OriginalFile final : public ReadableFile {
+ public:
+  explicit OriginalFile(const SnapshotReader::Impl& impl)
+      : impl_(impl), name_(impl.name + " (original " + impl.m.provenance.source + ")") {}
+  uint64_t size() const override { return impl_.m.provenance.file_size; }
+  const std::string& name() const override { return name_; }
+
+  Status read_at(uint64_t offset, std::span<std::byte> dst) const override {
+    if (offset > size() || dst.size() > size() - offset) {
+      return Status::Corruption(name_ + ": read of " + std::to_string(dst.size()) + " bytes at offset " +
+                                std::to_string(offset) + " runs past the end (" + std::to_string(size()) + " bytes)");
+    }
+    const auto& segs = impl_.m.segments.segments;
+    size_t done = 0;
+    while (done < dst.size()) {
+      const uint64_t at = offset + done;
+      auto it = std::upper_bound(segs.begin(), segs.end(), at,
+                                 [](uint64_t o, const Segment& s) { return o < s.file_offset; });
+      const Segment& seg = *std::prev(it);
+      const Location loc = locate(impl_.m.segments, seg, at);
+      const uint64_t n = std::min<uint64_t>(loc.run, dst.size() - done);
+      KV_ASSIGN_OR_RETURN(auto chunk, impl_.chunk(loc.chunk));
+      std::memcpy(dst.data() + done, chunk->data() + loc.offset_in_chunk, n);
+      done += n;
+    }
+    return Status::OK();
+  }
+
+ private:
+  const SnapshotReader::Impl& impl_;
+  std::string name_;
+};
+
+}  // namespace
+
+Result<std::vector<std::byte>> SnapshotReader::Impl::load(uint64_t i) const {
+  const ChunkRef& ref = m.chunks[i];
+  auto fail = [&](const Status& s) { return s.Prefixed(name + ": " + describe(i)); };
+  auto blob = source->get(ref);
+  if (!blob.ok()) return fail(blob.status());
+  if (blob->size() > ref.raw_size + kMaxBlobOverhead) {
+    return fail(Status::Corruption("blob of " + std::to_string(blob->size()) + " bytes for " +
+                                   std::to_string(ref.raw_size) + " raw bytes"));
+  }
+  // One decoder (zstd context and scratch) per thread, reused.
+  static thread_local ChunkDecoder decoder;
+  std::vector<std::byte> raw;
+  Status s = decoder.decode(*blob, ref.raw_size, raw);
+  if (!s.ok()) return fail(s);
+  if (sha256_of(raw) != ref.sha256) {
+    return fail(Status::Corruption("damaged: its decoded bytes do not match their SHA-256 " + to_hex(ref.sha256)));
+  }
+  return raw;
+}
+
+Result<SnapshotReader::Impl::Chunk> SnapshotReader::Impl::chunk(uint64_t i) const {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(i);
+    if (it != cache.end()) {
+      lru.splice(lru.begin(), lru, it->second.pos);
+      ++stats.hits;
+      return it->second.data;
+    }
+    ++stats.misses;
+  }
+  // Decoded outside the lock: readers of other chunks do not wait.
+  KV_ASSIGN_OR_RETURN(std::vector<std::byte> raw, load(i));
+  auto data = std::make_shared<const std::vector<std::byte>>(std::move(raw));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(i);
+  if (it != cache.end()) return it->second.data;  // another thread got there first
+  lru.push_front(i);
+  cache.emplace(i, Entry{data, lru.begin()});
+  stats.bytes += data->size();
+  // Evict least recent chunks; the one just loaded always stays.
+  while (stats.bytes > cache_cap && lru.size() > 1) {
+    auto victim = cache.find(lru.back());
+    stats.bytes -= victim->second.data->size();
+    cache.erase(victim);
+    lru.pop_back();
+  }
+  stats.peak_bytes = std::max(stats.peak_bytes, stats.bytes);
+  return data;
+}
+
+std::string SnapshotReader::Impl::describe(uint64_t i) const {
+  std::string s = "chunk " + std::to_string(i);
+  const SegmentTable& t = m.segments;
+  if (i < t.n_frame_chunks) {
+    const uint64_t b = i * t.frame_chunk_bytes;
+    return s + " (frame stream bytes " + std::to_string(b) + ".." +
+           std::to_string(std::min<uint64_t>(b + t.frame_chunk_bytes, t.frame_bytes) - 1) +
+           ": headers, cell metadata, tokens, opaque state)";
+  }
+  for (const Segment& seg : t.segments) {
+    if (seg.kind == SegmentKind::kFrame || i < seg.first_chunk || i >= seg.first_chunk + seg.n_chunks()) continue;
+    const uint64_t k = i - seg.first_chunk, J = seg.cell_chunks(), j = k % J, b = k / J;
+    const uint64_t c0 = j * seg.cells_per_chunk, c1 = std::min<uint64_t>(c0 + seg.cells_per_chunk, seg.cell_count);
+    s += " (" + describe_segment(seg) + ", cells " + std::to_string(c0) + ".." + std::to_string(c1 - 1);
+    if (seg.kind == SegmentKind::kTransposed) {
+      const uint64_t r0 = b * seg.rows_per_chunk, r1 = std::min<uint64_t>(r0 + seg.rows_per_chunk, seg.n_rows);
+      s += ", rows " + std::to_string(r0) + ".." + std::to_string(r1 - 1);
+    }
+    return s + ")";
+  }
+  return s;
+}
+
+// The layout parse_state needs to read original() as it was read when the
+// snapshot was made, without the model: per KV section the layer widths
+// (from the tensor segments) and which layers have V, the cell ext, and
+// whether recurrent state follows (carried opaque).
+void SnapshotReader::Impl::build_shape() {
+  shape = MemoryShape{};
+  shape.kv_sections_known = true;
+  shape.recurrent_known = true;
+  shape.recurrent_opaque_ok = true;
+  shape.source = "snapshot manifest";
+  if (const auto* mem = info_field(m.info, "memory")) {
+    const auto* rec = info_field(*mem, "recurrent");
+    shape.has_recurrent = rec && !rec->is_null();
+  }
+  if (!m.cells.empty()) shape.ext_bytes = m.cells[0].ext_bytes;
+  shape.kv_sections.resize(m.cells.size());
+  // One stream with cells per section tells the layer widths (every stream
+  // of a section has the same layers).
+  std::vector<int64_t> stream_of(m.cells.size(), -1);
+  for (const Segment& s : m.segments.segments) {
+    if (s.kind == SegmentKind::kFrame || s.section >= shape.kv_sections.size()) continue;
+    if (stream_of[s.section] < 0) stream_of[s.section] = s.stream;
+    if (int64_t(s.stream) != stream_of[s.section]) continue;
+    KvSectionShape& ks = shape.kv_sections[s.section];
+    if (ks.n_embd_k_gqa.size() <= s.layer) {
+      ks.n_embd_k_gqa.resize(s.layer + 1, 0);
+      ks.n_embd_v_gqa.resize(s.layer + 1, 0);
+      ks.has_v.resize(s.layer + 1, false);
+    }
+    uint64_t n = 0;
+    if (s.kind == SegmentKind::kTransposed) {
+      n = s.n_rows;
+    } else if (const TypeLayout* t = find_type(s.ggml_type)) {
+      n = row_elems(*t, s.row_bytes).value_or(0);
+    }
+    if (s.is_v) {
+      ks.n_embd_v_gqa[s.layer] = uint32_t(n);
+      ks.has_v[s.layer] = true;
+    } else {
+      ks.n_embd_k_gqa[s.layer] = uint32_t(n);
+    }
+  }
+}
+
+SnapshotReader::SnapshotReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+SnapshotReader::~SnapshotReader() = default;
+
+const SnapshotManifest& SnapshotReader::manifest() const { return impl_->m; }
+const ReadableFile& SnapshotReader::original() const { return *impl_->original; }
+
+Result<std::vector<std::byte>> SnapshotReader::blob(uint64_t index) const {
+  if (index >= impl_->m.chunks.size())
+    return Status::InvalidArgument(impl_->name + ": no chunk " + std::to_string(index));
+  return impl_->source->get(impl_->m.chunks[index]);
+}
+
+ParseOptions SnapshotReader::parse_options() const {
+  ParseOptions o;
+  o.shape = &impl_->shape;
+  const SnapshotProvenance& p = impl_->m.provenance;
+  if (p.kind == StateKind::kRawSeq || p.kind == StateKind::kRawContext) {
+    o.kind = p.kind;
+    o.raw_version = p.version;
+  }
+  return o;
+}
+
+Result<StateFile> SnapshotReader::parse_original() const { return parse_state(original(), parse_options()); }
+
+Status SnapshotReader::verify_chunks() const {
+  for (uint64_t i = 0; i < impl_->m.chunks.size(); ++i) {
+    auto raw = impl_->load(i);
+    if (!raw.ok()) return raw.status();
+  }
+  return Status::OK();
+}
+
+Status SnapshotReader::verify_original() const {
+  const ReadableFile& f = original();
+  Sha256Hasher h;
+  std::vector<std::byte> buf(std::min<uint64_t>(f.size(), 1 << 20));
+  for (uint64_t at = 0; at < f.size();) {
+    const uint64_t n = std::min<uint64_t>(buf.size(), f.size() - at);
+    std::span<std::byte> piece(buf.data(), n);
+    KV_RETURN_IF_ERROR(f.read_at(at, piece));
+    h.update(piece);
+    at += n;
+  }
+  const Sha256Digest got = h.finish();
+  if (got != impl_->m.original_sha256) {
+    return Status::Corruption(impl_->name + ": the original rebuilt from the chunks hashes to " + to_hex(got) +
+                              ", the manifest records " + to_hex(impl_->m.original_sha256));
+  }
+  return Status::OK();
+}
+
+std::vector<uint64_t> SnapshotReader::chunks_for_cell_prefix(uint64_t n_cells) const {
+  const SegmentTable& t = impl_->m.segments;
+  std::vector<uint64_t> out;
+  for (uint64_t k = 0; k < t.n_frame_chunks; ++k) out.push_back(k);
+  for (const Segment& s : t.segments) {
+    if (s.kind == SegmentKind::kFrame) continue;
+    const uint64_t cells = std::min<uint64_t>(n_cells, s.cell_count);
+    const uint64_t jn = (cells + s.cells_per_chunk - 1) / s.cells_per_chunk, J = s.cell_chunks();
+    for (uint64_t b = 0; b < s.bands(); ++b) {
+      for (uint64_t j = 0; j < jn; ++j) out.push_back(s.first_chunk + b * J + j);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string SnapshotReader::describe_chunk(uint64_t index) const { return impl_->describe(index); }
+
+SnapshotReader::CacheStats SnapshotReader::cache_stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->stats;
+}
+
+namespace {
+
+uint64_t load_u64(const std::byte* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = v << 8 | uint64_t(p[i]);
+  return v;
+}
+uint32_t load_u32(const std::byte* p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+bool has_magic(const std::byte* p) { return std::memcmp(p, kFileMagic.data(), kFileMagic.size()) == 0; }
+
+Status check_versions(const std::string& name, uint32_t version, uint32_t min_reader, const char* where) {
+  if (version == 0 || min_reader == 0 || min_reader > version) {
+    return Status::Corruption(name + ": " + where + ": format version " + std::to_string(version) +
+                              " with minimum reader version " + std::to_string(min_reader) + " is invalid");
+  }
+  if (min_reader > kSnapshotReaderVersion) {
+    return Status::NotSupported(name + ": written in kvsnap snapshot format version " + std::to_string(version) +
+                                ", which needs a reader of version " + std::to_string(min_reader) +
+                                " or later; this kvsnap reads version " + std::to_string(kSnapshotReaderVersion) +
+                                ": upgrade kvsnap");
+  }
+  return Status::OK();
+}
+
+Result<std::unique_ptr<SnapshotReader::Impl>> make_impl(SnapshotManifest m, std::string name,
+                                                         const SnapshotReadOptions& opts) {
+  auto impl = std::make_unique<SnapshotReader::Impl>();
+  impl->m = std::move(m);
+  impl->name = std::move(name);
+  impl->cache_cap = opts.cache_bytes;
+  impl->build_shape();
+  impl->original = std::make_unique<OriginalFile>(*impl);
+  return impl;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SnapshotReader>> open_snapshot_file(const ReadableFile& file, const SnapshotReadOptions& opts) {
+  const std::string& name = file.name();
+  const uint64_t size = file.size();
+  if (size < kPreambleBytes + kTrailerBytes) {
+    return Status::Corruption(name + ": " + std::to_string(size) + " bytes is too short for a kvsnap snapshot file (" +
+                              std::to_string(kPreambleBytes + kTrailerBytes) + " at least)");
+  }
+  std::array<std::byte, kPreambleBytes> pre{};
+  KV_RETURN_IF_ERROR(file.read_at(0, pre));
+  if (!has_magic(pre.data())) return Status::Corruption(name + ": not a kvsnap snapshot file (bad magic)");
+  KV_RETURN_IF_ERROR(check_versions(name, load_u32(pre.data() + 8), load_u32(pre.data() + 12), "preamble"));
+  std::array<std::byte, kTrailerBytes> tr{};
+  KV_RETURN_IF_ERROR(file.read_at(size - kTrailerBytes, tr));
+  if (!has_magic(tr.data() + 72)) {
+    return Status::Corruption(name +
+                              ": no kvsnap trailer at the end: the file is truncated, was not completely written, "
+                              "or has bytes appended");
+  }
+  const uint64_t area_off = load_u64(tr.data()), area_len = load_u64(tr.data() + 8);
+  const uint64_t man_off = load_u64(tr.data() + 16), man_len = load_u64(tr.data() + 24);
+  const uint32_t version = load_u32(tr.data() + 64), min_reader = load_u32(tr.data() + 68);
+  KV_RETURN_IF_ERROR(check_versions(name, version, min_reader, "trailer"));
+  if (version != load_u32(pre.data() + 8) || min_reader != load_u32(pre.data() + 12)) {
+    return Status::Corruption(name + ": preamble and trailer disagree on the format version");
+  }
+  const uint64_t body = size - kPreambleBytes - kTrailerBytes;
+  if (area_off != kPreambleBytes || area_len > body || man_off != area_off + area_len || man_len != body - area_len) {
+    return Status::Corruption(name + ": the trailer's layout (chunks at " + std::to_string(area_off) + " +" +
+                              std::to_string(area_len) + ", manifest at " + std::to_string(man_off) + " +" +
+                              std::to_string(man_len) + ") does not fit the file's " + std::to_string(size) +
+                              " bytes: truncated or damaged");
+  }
+  if (man_len > kMaxManifestBytes) {
+    return Status::NotSupported(name + ": manifest of " + std::to_string(man_len) + " bytes exceeds the " +
+                                std::to_string(kMaxManifestBytes) + "-byte limit");
+  }
+  std::vector<std::byte> bytes(man_len);
+  KV_RETURN_IF_ERROR(file.read_at(man_off, bytes));
+  Sha256Digest want{};
+  std::memcpy(want.data(), tr.data() + 32, 32);
+  if (sha256_of(bytes) != want) {
+    return Status::Corruption(name + ": the manifest does not match the SHA-256 in the trailer: the file is damaged");
+  }
+  KV_ASSIGN_OR_RETURN(SnapshotManifest m, parse_manifest(bytes, name + ": manifest"));
+  if (m.format_version != version || m.min_reader_version != min_reader) {
+    return Status::Corruption(name + ": the manifest and the trailer disagree on the format version");
+  }
+  std::vector<uint64_t> offsets;
+  offsets.reserve(m.chunks.size());
+  uint64_t at = area_off;
+  for (const ChunkRef& c : m.chunks) {
+    offsets.push_back(at);
+    at += c.stored_size;
+  }
+  if (at != man_off) {
+    return Status::Corruption(name + ": the chunk table's blobs take " + std::to_string(at - area_off) +
+                              " bytes, the chunk area has " + std::to_string(area_len));
+  }
+  KV_ASSIGN_OR_RETURN(auto impl, make_impl(std::move(m), name, opts));
+  impl->owned_source = std::make_unique<FileChunkSource>(file, std::move(offsets));
+  impl->source = impl->owned_source.get();
+  return std::unique_ptr<SnapshotReader>(new SnapshotReader(std::move(impl)));
+}
+
+Result<std::unique_ptr<SnapshotReader>> open_snapshot(std::span<const std::byte> manifest_bytes, ChunkSource& chunks,
+                                                      const SnapshotReadOptions& opts) {
+  if (manifest_bytes.size() > kMaxManifestBytes) {
+    return Status::NotSupported("manifest of " + std::to_string(manifest_bytes.size()) + " bytes exceeds the " +
+                                std::to_string(kMaxManifestBytes) + "-byte limit");
+  }
+  KV_ASSIGN_OR_RETURN(SnapshotManifest m, parse_manifest(manifest_bytes, "snapshot manifest"));
+  const std::string name = "snapshot " + to_hex(m.manifest_sha256).substr(0, 12);
+  KV_ASSIGN_OR_RETURN(auto impl, make_impl(std::move(m), name, opts));
+  impl->source = &chunks;
+  return std::unique_ptr<SnapshotReader>(new SnapshotReader(std::move(impl)));
+}
+
+}  // namespace kvsnap

@@ -1,0 +1,429 @@
+// Writing snapshots: plan the segments of a parsed state, cut them into
+// chunks, encode the chunks on `threads` workers (in batches of 2 x threads,
+// so memory stays at a few chunks), hash the original on the side, and emit
+// blobs in chunk order; then the manifest (and, for a file, the trailer).
+#include <zstd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <ctime>
+#include <thread>
+
+#include "format/cursor.h"
+#include "format/snapshot.h"
+#include "format/snapshot_internal.h"
+
+namespace kvsnap {
+
+using namespace snapshot_detail;
+
+namespace {
+
+struct TensorPiece {
+  ByteRange range;
+  Segment seg;
+};
+
+// Transposed V: a band of R rows of every cell should fit kBandBytes (so a
+// front-to-back read of original() decodes each tile once), and a tile
+// (R rows x N cells) the chunk limit. R is a power of two unless it is all
+// rows, so it changes only when the context doubles (dedup across snapshots of
+// a growing conversation keeps working in between).
+uint32_t rows_per_chunk(uint64_t n_rows, uint64_t cell_count, uint64_t elem_bytes, uint64_t cells_per_chunk) {
+  const uint64_t row_len = cell_count * elem_bytes;
+  uint64_t R = n_rows;
+  if (n_rows * row_len > kBandBytes) {
+    R = 1;
+    while (R * 2 * row_len <= kBandBytes) R *= 2;
+  }
+  const uint64_t tile_row = std::min(cells_per_chunk, cell_count) * elem_bytes;
+  R = std::min(R, std::max<uint64_t>(1, kMaxChunkRawBytes / tile_row));
+  return uint32_t(std::min(R, n_rows));
+}
+
+Result<SegmentTable> plan_segments(const StateFile& f, uint32_t cells_per_chunk, const std::string& name) {
+  std::vector<TensorPiece> tensors;
+  for (size_t si = 0; si < f.memory.kv.size(); ++si) {
+    const KvSection& sec = f.memory.kv[si];
+    for (size_t s = 0; s < sec.streams.size(); ++s) {
+      const KvStream& st = sec.streams[s];
+      if (st.cell_count == 0) continue;
+      for (size_t il = 0; il < st.layers.size(); ++il) {
+        const KvLayer& L = st.layers[il];
+        Segment k;
+        k.kind = SegmentKind::kRows;
+        k.section = uint32_t(si), k.stream = uint32_t(s), k.layer = uint32_t(il);
+        k.ggml_type = L.k_type;
+        k.row_bytes = L.k_row_bytes;
+        k.cell_count = st.cell_count;
+        tensors.push_back({L.k, k});
+        if (!L.has_v) continue;
+        Segment v = k;
+        v.is_v = true;
+        v.ggml_type = L.v_type;
+        if (st.v_trans) {
+          v.kind = SegmentKind::kTransposed;
+          v.row_bytes = 0;
+          v.elem_bytes = L.v_elem_bytes;
+          v.n_rows = L.n_embd_v_gqa;
+        } else {
+          v.row_bytes = L.v_row_bytes;
+        }
+        tensors.push_back({L.v, v});
+      }
+    }
+  }
+  std::sort(tensors.begin(), tensors.end(),
+            [](const TensorPiece& a, const TensorPiece& b) { return a.range.offset < b.range.offset; });
+  SegmentTable t;
+  t.frame_chunk_bytes = kFrameChunkBytes;
+  uint64_t at = 0;
+  auto add_frame = [&](uint64_t end) {
+    if (end == at) return;
+    Segment fr;
+    fr.kind = SegmentKind::kFrame;
+    fr.file_offset = at;
+    fr.size = end - at;
+    fr.frame_offset = t.frame_bytes;
+    t.frame_bytes += fr.size;
+    t.segments.push_back(fr);
+    at = end;
+  };
+  for (TensorPiece& p : tensors) {
+    if (p.range.offset < at || p.range.size > f.file_size - p.range.offset || p.range.offset > f.file_size) {
+      return Status::InvalidArgument(name + ": the parsed state's tensor ranges overlap or run past the file");
+    }
+    if (p.range.size == 0) continue;
+    add_frame(p.range.offset);
+    Segment s = p.seg;
+    s.file_offset = p.range.offset;
+    s.size = p.range.size;
+    if (s.kind == SegmentKind::kRows) {
+      if (s.row_bytes > kMaxChunkRawBytes) {
+        return Status::NotSupported(name + ": " + describe_segment(s) + ": a row of " + std::to_string(s.row_bytes) +
+                                    " bytes exceeds the " + std::to_string(kMaxChunkRawBytes) + "-byte chunk limit");
+      }
+      s.cells_per_chunk = uint32_t(std::min<uint64_t>(cells_per_chunk, kMaxChunkRawBytes / s.row_bytes));
+    } else {
+      s.cells_per_chunk = uint32_t(std::min<uint64_t>(cells_per_chunk, kMaxChunkRawBytes / std::max(1u, s.elem_bytes)));
+      s.rows_per_chunk = rows_per_chunk(s.n_rows, s.cell_count, s.elem_bytes, s.cells_per_chunk);
+    }
+    t.segments.push_back(s);
+    at = p.range.offset + p.range.size;
+  }
+  add_frame(f.file_size);
+  t.n_frame_chunks = (t.frame_bytes + t.frame_chunk_bytes - 1) / t.frame_chunk_bytes;
+  uint64_t next = t.n_frame_chunks;
+  for (Segment& s : t.segments) {
+    if (s.kind == SegmentKind::kFrame) continue;
+    s.first_chunk = next;
+    next += s.n_chunks();
+  }
+  return t;
+}
+
+// Produces the raw bytes of chunk `index` from the original file.
+class ChunkReader {
+ public:
+  ChunkReader(const SegmentTable& t, const ReadableFile& file) : t_(t), file_(file) {
+    for (const Segment& s : t.segments) (s.kind == SegmentKind::kFrame ? frames_ : tensors_).push_back(&s);
+  }
+  uint64_t n_chunks() const {
+    return tensors_.empty() ? t_.n_frame_chunks : tensors_.back()->first_chunk + tensors_.back()->n_chunks();
+  }
+  // The segment a tensor chunk belongs to (nullptr for frame chunks).
+  const Segment* tensor_segment(uint64_t index) const {
+    if (index < t_.n_frame_chunks) return nullptr;
+    auto it = std::upper_bound(tensors_.begin(), tensors_.end(), index,
+                               [](uint64_t i, const Segment* s) { return i < s->first_chunk; });
+    return *std::prev(it);
+  }
+
+  Status read(uint64_t index, std::vector<std::byte>& out) const {
+    if (index < t_.n_frame_chunks) return read_frame(index, out);
+    const Segment& s = *tensor_segment(index);
+    const uint64_t k = index - s.first_chunk;
+    out.resize(s.chunk_raw_size(k));
+    const uint64_t J = s.cell_chunks(), j = k % J, b = k / J;
+    if (s.kind == SegmentKind::kRows) {
+      return file_.read_at(s.file_offset + j * s.cells_per_chunk * s.row_bytes, out);
+    }
+    // A tile: for each row of band b, the elements of cells [j*N, j*N + n_j).
+    const uint64_t eb = s.elem_bytes, row_len = uint64_t(s.cell_count) * eb;
+    const uint64_t n_j = std::min<uint64_t>(s.cells_per_chunk, s.cell_count - j * s.cells_per_chunk);
+    const uint64_t r0 = b * s.rows_per_chunk, rows = out.size() / (n_j * eb);
+    for (uint64_t r = 0; r < rows; ++r) {
+      std::span<std::byte> dst(out.data() + r * n_j * eb, n_j * eb);
+      KV_RETURN_IF_ERROR(file_.read_at(s.file_offset + (r0 + r) * row_len + j * s.cells_per_chunk * eb, dst));
+    }
+    return Status::OK();
+  }
+
+ private:
+  Status read_frame(uint64_t k, std::vector<std::byte>& out) const {
+    const uint64_t begin = k * t_.frame_chunk_bytes;
+    const uint64_t end = std::min<uint64_t>(begin + t_.frame_chunk_bytes, t_.frame_bytes);
+    out.resize(end - begin);
+    auto it = std::upper_bound(frames_.begin(), frames_.end(), begin,
+                               [](uint64_t o, const Segment* s) { return o < s->frame_offset; });
+    for (--it; it != frames_.end(); ++it) {
+      const Segment& s = **it;
+      const uint64_t lo = std::max(begin, s.frame_offset), hi = std::min(end, s.frame_offset + s.size);
+      if (lo >= hi) break;
+      std::span<std::byte> dst(out.data() + (lo - begin), hi - lo);
+      KV_RETURN_IF_ERROR(file_.read_at(s.file_offset + (lo - s.frame_offset), dst));
+    }
+    return Status::OK();
+  }
+
+  const SegmentTable& t_;
+  const ReadableFile& file_;
+  std::vector<const Segment*> frames_;
+  std::vector<const Segment*> tensors_;
+};
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char b[32];
+  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return b;
+}
+
+Status check_options(const SnapshotOptions& o) {
+  if (o.cells_per_chunk == 0 || o.cells_per_chunk > (1u << 24)) {
+    return Status::InvalidArgument("cells per chunk " + std::to_string(o.cells_per_chunk) + " is out of range (1..16777216)");
+  }
+  if (o.zstd_level < ZSTD_minCLevel() || o.zstd_level > ZSTD_maxCLevel()) {
+    return Status::InvalidArgument("zstd level " + std::to_string(o.zstd_level) + " is out of range (" +
+                                   std::to_string(ZSTD_minCLevel()) + ".." + std::to_string(ZSTD_maxCLevel()) + ")");
+  }
+  if (o.threads == 0 || o.threads > 256) {
+    return Status::InvalidArgument("threads " + std::to_string(o.threads) + " is out of range (1..256)");
+  }
+  return Status::OK();
+}
+
+// Hashes the whole original front to back (on its own thread while the
+// chunks are encoded: chunk order is not file order).
+struct OriginalHasher {
+  const ReadableFile& file;
+  std::atomic<bool>& cancel;
+  Status status;
+  Sha256Digest sha{};
+  void run() {
+    Sha256Hasher h;
+    std::vector<std::byte> buf(std::min<uint64_t>(file.size(), 1 << 20));
+    for (uint64_t at = 0; at < file.size() && !cancel.load(std::memory_order_relaxed);) {
+      const uint64_t n = std::min<uint64_t>(buf.size(), file.size() - at);
+      std::span<std::byte> piece(buf.data(), n);
+      status = file.read_at(at, piece);
+      if (!status.ok()) return;
+      h.update(piece);
+      at += n;
+    }
+    sha = h.finish();
+  }
+};
+
+struct Slot {
+  std::vector<std::byte> raw;
+  std::vector<std::byte> blob;
+  ChunkRef ref;
+  Status status;
+};
+
+Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, Slot& slot) {
+  KV_RETURN_IF_ERROR(reader.read(index, slot.raw));
+  const Segment* seg = reader.tensor_segment(index);
+  const FilterChoice filter = seg ? filter_for_type(seg->ggml_type) : FilterChoice{};
+  slot.ref.sha256 = sha256_of(slot.raw);
+  slot.ref.raw_size = slot.raw.size();
+  slot.ref.index = index;
+  KV_ASSIGN_OR_RETURN(auto blob, enc.encode(slot.raw, filter));
+  slot.blob.assign(blob.begin(), blob.end());
+  KV_ASSIGN_OR_RETURN(BlobHeader h, read_blob_header(slot.blob));
+  slot.ref.stored_size = slot.blob.size();
+  slot.ref.codec = h.codec;
+  slot.ref.filter = h.filter;
+  slot.ref.elem_size = h.elem_size;
+  return Status::OK();
+}
+
+// Encodes every chunk, handing blobs to `sink` in order.
+Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink& sink, std::vector<ChunkRef>& refs) {
+  const uint64_t n = reader.n_chunks();
+  const uint32_t T = o.threads;
+  const size_t W = T == 1 ? 1 : size_t(2) * T;
+  std::vector<std::unique_ptr<ChunkEncoder>> encoders;
+  for (uint32_t t = 0; t < T; ++t) encoders.push_back(std::make_unique<ChunkEncoder>(o.zstd_level));
+  std::vector<Slot> slots(std::min<uint64_t>(W, std::max<uint64_t>(n, 1)));
+  refs.reserve(n);
+  for (uint64_t base = 0; base < n; base += W) {
+    const size_t count = size_t(std::min<uint64_t>(W, n - base));
+    std::atomic<size_t> next{0};
+    auto work = [&](size_t t) {
+      for (size_t i; (i = next.fetch_add(1)) < count;) slots[i].status = encode_one(reader, base + i, *encoders[t], slots[i]);
+    };
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < std::min<size_t>(T, count); ++t) pool.emplace_back(work, t);
+    work(0);
+    for (auto& th : pool) th.join();
+    for (size_t i = 0; i < count; ++i) {
+      KV_RETURN_IF_ERROR(slots[i].status);
+      KV_RETURN_IF_ERROR(sink.put(slots[i].ref, slots[i].blob));
+      refs.push_back(slots[i].ref);
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<SnapshotManifest> build_snapshot(const StateFile& parsed, const ReadableFile& original,
+                                        const SnapshotOptions& opts, ChunkSink& chunks) {
+  KV_RETURN_IF_ERROR(check_options(opts));
+  const std::string& name = original.name();
+  if (parsed.file_size != original.size()) {
+    return Status::InvalidArgument(name + ": the parsed state describes " + std::to_string(parsed.file_size) +
+                                   " bytes, the file has " + std::to_string(original.size()));
+  }
+  SnapshotManifest m;
+  KV_ASSIGN_OR_RETURN(m.segments, plan_segments(parsed, opts.cells_per_chunk, name));
+  ChunkReader reader(m.segments, original);
+
+  std::atomic<bool> cancel{false};
+  OriginalHasher hasher{original, cancel, Status::OK(), {}};
+  std::thread hash_thread([&] { hasher.run(); });
+  Status s = encode_all(reader, opts, chunks, m.chunks);
+  if (!s.ok()) cancel = true;
+  hash_thread.join();
+  KV_RETURN_IF_ERROR(s.Prefixed(name));
+  KV_RETURN_IF_ERROR(hasher.status);
+
+  m.original_sha256 = hasher.sha;
+  m.provenance = {std::string(), parsed.kind, parsed.magic, parsed.version, parsed.file_size, hasher.sha};
+  m.info = build_info(parsed, opts, hasher.sha, opts.created.empty() ? utc_now() : opts.created);
+  m.provenance.source = m.info["provenance"]["source"].get<std::string>();
+  if (!parsed.arch.empty()) m.arch = parsed.arch;
+  else if (opts.model && !opts.model->arch.empty()) m.arch = opts.model->arch;
+  m.model = opts.model;
+  m.cells_per_chunk = opts.cells_per_chunk;
+  m.lossy = opts.lossy.has_value();
+  for (const KvSection& sec : parsed.memory.kv) {
+    CellSection cs;
+    cs.ext_bytes = sec.ext_bytes;
+    for (const KvStream& st : sec.streams) cs.streams.push_back(st.cells);
+    m.cells.push_back(std::move(cs));
+  }
+  m.tokens = {parsed.tokens.tokens, parsed.tokens.words, parsed.tokens.packed};
+  encode_manifest(m);
+  return m;
+}
+
+namespace {
+
+// Blobs go straight into the file, in chunk order: their offsets are implied.
+class FileChunkSink final : public ChunkSink {
+ public:
+  explicit FileChunkSink(ByteSink& out) : out_(out) {}
+  Status put(const ChunkRef&, std::span<const std::byte> blob) override {
+    bytes += blob.size();
+    return out_.append(blob);
+  }
+  uint64_t bytes = 0;
+
+ private:
+  ByteSink& out_;
+};
+
+}  // namespace
+
+Result<SnapshotManifest> write_snapshot_file(const StateFile& parsed, const ReadableFile& original,
+                                             const SnapshotOptions& opts, ByteSink& sink) {
+  BufferedSink out(sink);
+  std::vector<std::byte> pre;
+  put_bytes(pre, kFileMagic.data(), kFileMagic.size());
+  put_u32(pre, kSnapshotFormatVersion);
+  put_u32(pre, 1);  // min_reader_version
+  KV_RETURN_IF_ERROR(out.append(pre));
+  FileChunkSink chunks(out);
+  KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_snapshot(parsed, original, opts, chunks));
+  KV_RETURN_IF_ERROR(out.append(m.bytes));
+  std::vector<std::byte> tr;
+  put_u64(tr, kPreambleBytes);
+  put_u64(tr, chunks.bytes);
+  put_u64(tr, kPreambleBytes + chunks.bytes);
+  put_u64(tr, m.bytes.size());
+  put_bytes(tr, m.manifest_sha256.data(), 32);
+  put_u32(tr, m.format_version);
+  put_u32(tr, m.min_reader_version);
+  put_bytes(tr, kFileMagic.data(), kFileMagic.size());
+  KV_RETURN_IF_ERROR(out.append(tr));
+  KV_RETURN_IF_ERROR(out.flush());
+  return m;
+}
+
+namespace {
+
+std::vector<std::byte> preamble_bytes() {
+  std::vector<std::byte> pre;
+  put_bytes(pre, kFileMagic.data(), kFileMagic.size());
+  put_u32(pre, kSnapshotFormatVersion);
+  put_u32(pre, 1);  // min_reader_version
+  return pre;
+}
+
+std::vector<std::byte> trailer_bytes(const SnapshotManifest& m, uint64_t blob_bytes) {
+  std::vector<std::byte> tr;
+  put_u64(tr, kPreambleBytes);
+  put_u64(tr, blob_bytes);
+  put_u64(tr, kPreambleBytes + blob_bytes);
+  put_u64(tr, m.bytes.size());
+  put_bytes(tr, m.manifest_sha256.data(), 32);
+  put_u32(tr, m.format_version);
+  put_u32(tr, m.min_reader_version);
+  put_bytes(tr, kFileMagic.data(), kFileMagic.size());
+  return tr;
+}
+
+}  // namespace
+
+Result<SnapshotFileAssembler> SnapshotFileAssembler::plan(const SnapshotManifest& m, ChunkSource& blobs) {
+  SnapshotFileAssembler a;
+  a.m_ = m;
+  for (ChunkRef& ref : a.m_.chunks) {
+    KV_ASSIGN_OR_RETURN(std::vector<std::byte> blob, blobs.get(ref));
+    KV_ASSIGN_OR_RETURN(BlobHeader h, read_blob_header(blob));
+    if (h.raw_size != ref.raw_size)
+      return Status::Corruption("chunk " + std::to_string(ref.index) + ": the blob holds " +
+                                std::to_string(h.raw_size) + " raw bytes, the manifest says " +
+                                std::to_string(ref.raw_size));
+    ref.stored_size = blob.size();
+    ref.codec = h.codec;
+    ref.filter = h.filter;
+    ref.elem_size = h.elem_size;
+    a.blob_bytes_ += blob.size();
+  }
+  encode_manifest(a.m_);
+  return a;
+}
+
+uint64_t SnapshotFileAssembler::file_size() const {
+  return kPreambleBytes + blob_bytes_ + m_.bytes.size() + kTrailerBytes;
+}
+
+Status SnapshotFileAssembler::write(ChunkSource& blobs, ByteSink& out) const {
+  KV_RETURN_IF_ERROR(out.append(preamble_bytes()));
+  for (const ChunkRef& ref : m_.chunks) {
+    KV_ASSIGN_OR_RETURN(std::vector<std::byte> blob, blobs.get(ref));
+    if (blob.size() != ref.stored_size)
+      return Status::Corruption("chunk " + std::to_string(ref.index) + " changed size while being exported");
+    KV_RETURN_IF_ERROR(out.append(blob));
+  }
+  KV_RETURN_IF_ERROR(out.append(m_.bytes));
+  return out.append(trailer_bytes(m_, blob_bytes_));
+}
+
+}  // namespace kvsnap

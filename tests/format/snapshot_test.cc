@@ -1,0 +1,799 @@
+// The kvsnap snapshot format: every fixture round-trips through both forms
+// (standalone file, manifest + chunk store) byte for byte, at several chunk
+// sizes; hostile files are clean errors; memory stays bounded on a large
+// state; and every released format version's fixtures keep opening.
+//
+// Regenerate the compatibility fixtures of the current format version (never
+// those of a released one):
+//   KVSNAP_WRITE_FIXTURES=1 build-fmt/tests/format_tests --gtest_filter=SnapshotFixtures.Regenerate
+#include "format/snapshot.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+
+#include "format/cursor.h"
+#include "format/memory_shape.h"
+#include "format/model_profile.h"
+#include "format/snapshot_internal.h"
+#include "format/state_builder.h"
+
+namespace kvsnap {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::build_state;
+using testing::SynthSpec;
+
+const fs::path kRoot = fs::path(KVSNAP_SOURCE_DIR);
+const std::string kCreated = "2025-01-01T00:00:00Z";
+
+std::vector<std::byte> slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::vector<char> c((std::istreambuf_iterator<char>(in)), {});
+  std::vector<std::byte> b(c.size());
+  if (!c.empty()) std::memcpy(b.data(), c.data(), c.size());
+  return b;
+}
+
+std::vector<fs::path> state_files_under(const fs::path& dir) {
+  std::vector<fs::path> out;
+  if (!fs::exists(dir)) return out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    const auto ext = e.path().extension().string();
+    if (e.is_regular_file() && (ext == ".slot" || ext == ".session" || ext == ".bin" || ext == ".raw")) {
+      out.push_back(e.path());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<fs::path> llama_fixtures() {
+  std::vector<fs::path> all;
+  for (const char* tag : {"v0.5.0", "b8121", "b5640"}) {
+    auto v = state_files_under(kRoot / "fixtures" / tag);
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  return all;
+}
+
+ParseOptions options_for(const fs::path& p) {
+  ParseOptions o;
+  if (p.extension() == ".raw") o.kind = StateKind::kRawSeq;
+  return o;
+}
+
+// A content-addressed store in memory.
+class MapStore final : public ChunkSink, public ChunkSource {
+ public:
+  Status put(const ChunkRef& ref, std::span<const std::byte> blob) override {
+    ++puts;
+    blobs.try_emplace(to_hex(ref.sha256), blob.begin(), blob.end());
+    return Status::OK();
+  }
+  Result<std::vector<std::byte>> get(const ChunkRef& ref) override {
+    fetched.insert(ref.index);
+    auto it = blobs.find(to_hex(ref.sha256));
+    if (it == blobs.end()) return Status::NotFound("no blob " + to_hex(ref.sha256));
+    return it->second;
+  }
+  std::map<std::string, std::vector<std::byte>> blobs;
+  std::set<uint64_t> fetched;
+  size_t puts = 0;
+};
+
+SnapshotOptions opts_with(uint32_t cells_per_chunk, const std::string& source = "x.slot") {
+  SnapshotOptions o;
+  o.cells_per_chunk = cells_per_chunk;
+  o.created = kCreated;
+  o.source_name = source;
+  return o;
+}
+
+std::vector<std::byte> make_file(const std::vector<std::byte>& state, const ParseOptions& po, const SnapshotOptions& o,
+                                 SnapshotManifest* out_manifest = nullptr) {
+  MemoryFile f("state", std::span<const std::byte>(state));
+  auto st = parse_state(f, po);
+  EXPECT_TRUE(st.ok()) << st.status().ToString();
+  if (!st.ok()) return {};
+  VectorSink sink;
+  auto m = write_snapshot_file(*st, f, o, sink);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  if (out_manifest && m.ok()) *out_manifest = *m;
+  return sink.bytes;
+}
+
+std::vector<std::byte> read_all_of(const ReadableFile& f) {
+  std::vector<std::byte> b(f.size());
+  Status s = f.read_at(0, b);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return b;
+}
+
+// original() read front to back in odd pieces, then at odd offsets.
+void expect_same_bytes(const ReadableFile& orig, const std::vector<std::byte>& want) {
+  ASSERT_EQ(orig.size(), want.size());
+  EXPECT_TRUE(read_all_of(orig) == want);
+  std::vector<std::byte> got(want.size());
+  for (uint64_t at = 0, piece = 1; at < want.size(); at += piece, piece = piece * 3 % 4099 + 1) {
+    const uint64_t n = std::min<uint64_t>(piece, want.size() - at);
+    ASSERT_TRUE(orig.read_at(at, std::span<std::byte>(got.data() + at, n)).ok());
+  }
+  EXPECT_TRUE(got == want);
+  std::mt19937 rng(uint32_t(want.size()));
+  for (int i = 0; i < 200; ++i) {
+    const uint64_t at = rng() % want.size();
+    const uint64_t n = std::min<uint64_t>(1 + rng() % 3001, want.size() - at);
+    std::vector<std::byte> b(n);
+    ASSERT_TRUE(orig.read_at(at, b).ok());
+    ASSERT_TRUE(std::equal(b.begin(), b.end(), want.begin() + at)) << "at " << at << " +" << n;
+  }
+  std::byte one{};
+  EXPECT_FALSE(orig.read_at(want.size(), std::span<std::byte>(&one, 1)).ok());
+}
+
+// --- Every fixture, both forms -------------------------------------------------------
+
+TEST(Snapshot, EveryFixtureRoundTripsInBothForms) {
+  size_t n = 0;
+  for (const auto& p : llama_fixtures()) {
+    SCOPED_TRACE(p.string());
+    const auto bytes = slurp(p);
+    MemoryFile f(p.filename().string(), std::span<const std::byte>(bytes));
+    auto st = parse_state(f, options_for(p));
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    const SnapshotOptions o = opts_with(kDefaultCellsPerChunk, p.string());
+
+    // File form.
+    VectorSink file;
+    auto fm = write_snapshot_file(*st, f, o, file);
+    ASSERT_TRUE(fm.ok()) << fm.status().ToString();
+    MemoryFile snap("snap.kvsnap", std::span<const std::byte>(file.bytes));
+    auto r = open_snapshot_file(snap);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    expect_same_bytes((*r)->original(), bytes);
+    EXPECT_TRUE((*r)->verify_chunks().ok());
+    EXPECT_TRUE((*r)->verify_original().ok());
+    EXPECT_EQ(to_hex((*r)->provenance().sha256), to_hex(sha256_of(bytes)));
+    EXPECT_EQ((*r)->provenance().source, p.filename().string());
+    auto again = parse_state((*r)->original(), options_for(p));
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_EQ(again->reading, st->reading);
+    auto exact = (*r)->parse_original();
+    ASSERT_TRUE(exact.ok()) << exact.status().ToString();
+    EXPECT_EQ(exact->memory.kv.size(), st->memory.kv.size());
+    EXPECT_EQ(exact->memory.recurrent.has_value(), st->memory.recurrent.has_value());
+    // Cells and tokens in the manifest are the file's.
+    ASSERT_EQ((*r)->cells().size(), st->memory.kv.size());
+    for (size_t si = 0; si < st->memory.kv.size(); ++si) {
+      for (size_t s = 0; s < st->memory.kv[si].streams.size(); ++s) {
+        const auto& a = st->memory.kv[si].streams[s].cells;
+        const auto& b = (*r)->cells()[si].streams[s];
+        ASSERT_EQ(a.size(), b.size());
+        for (size_t c = 0; c < a.size(); ++c) {
+          EXPECT_EQ(a[c].pos, b[c].pos);
+          EXPECT_EQ(a[c].seq_ids, b[c].seq_ids);
+          EXPECT_EQ(a[c].ext, b[c].ext);
+        }
+      }
+    }
+    EXPECT_EQ((*r)->tokens().words, st->tokens.words);
+    EXPECT_EQ((*r)->tokens().tokens, st->tokens.tokens);
+
+    // Store form: the same manifest bytes, chunks by hash.
+    MapStore store;
+    auto sm = build_snapshot(*st, f, o, store);
+    ASSERT_TRUE(sm.ok()) << sm.status().ToString();
+    EXPECT_EQ(sm->bytes, fm->bytes) << "the manifest is the same in both forms";
+    auto rs = open_snapshot(sm->bytes, store);
+    ASSERT_TRUE(rs.ok()) << rs.status().ToString();
+    expect_same_bytes((*rs)->original(), bytes);
+    EXPECT_TRUE((*rs)->verify_chunks().ok());
+    ++n;
+  }
+  EXPECT_EQ(n, 47u);
+}
+
+// Sizes of the standalone files at the defaults (KVSNAP_MEASURE=1).
+TEST(Snapshot, MeasureFixtureSizes) {
+  if (!std::getenv("KVSNAP_MEASURE")) GTEST_SKIP() << "set KVSNAP_MEASURE=1 to print snapshot sizes";
+  uint64_t total_in = 0, total_out = 0;
+  for (const auto& p : llama_fixtures()) {
+    const auto bytes = slurp(p);
+    SnapshotManifest m;
+    const auto file = make_file(bytes, options_for(p), opts_with(kDefaultCellsPerChunk), &m);
+    total_in += bytes.size();
+    total_out += file.size();
+    std::printf("%-40s %8zu -> %8zu (%.3fx; manifest %zu B, %zu chunks)\n",
+                (p.parent_path().filename() / p.filename()).c_str(), bytes.size(), file.size(),
+                double(bytes.size()) / double(file.size()), m.bytes.size(), m.chunks.size());
+  }
+  std::printf("all fixtures: %llu -> %llu bytes (%.3fx)\n", (unsigned long long)total_in,
+              (unsigned long long)total_out, double(total_in) / double(total_out));
+}
+
+TEST(Snapshot, SmallChunksCrossTransposedGathers) {
+  for (const auto& p : llama_fixtures()) {
+    SCOPED_TRACE(p.string());
+    const auto bytes = slurp(p);
+    for (uint32_t cpc : {1u, 3u, 7u}) {
+      SCOPED_TRACE(cpc);
+      SnapshotManifest m;
+      const auto file = make_file(bytes, options_for(p), opts_with(cpc), &m);
+      MemoryFile snap("snap", std::span<const std::byte>(file));
+      auto r = open_snapshot_file(snap);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_TRUE(read_all_of((*r)->original()) == bytes);
+      if (cpc == 7) expect_same_bytes((*r)->original(), bytes);
+      for (const Segment& s : m.segments.segments) {
+        if (s.kind != SegmentKind::kFrame) {
+          EXPECT_EQ(s.cells_per_chunk, cpc);
+        }
+      }
+    }
+  }
+}
+
+TEST(Snapshot, ThreadsAndLevelsGiveTheSameOriginal) {
+  const auto p = kRoot / "fixtures/v0.5.0/hd64-f16-f16-faoff.slot";
+  const auto bytes = slurp(p);
+  SnapshotManifest one;
+  const auto a = make_file(bytes, {}, opts_with(5), &one);
+  SnapshotOptions o = opts_with(5);
+  o.threads = 3;
+  SnapshotManifest three;
+  const auto b = make_file(bytes, {}, o, &three);
+  EXPECT_EQ(a, b) << "threads do not change the output";
+  o.zstd_level = 19;
+  SnapshotManifest high;
+  const auto c = make_file(bytes, {}, o, &high);
+  ASSERT_EQ(high.chunks.size(), one.chunks.size());
+  for (size_t i = 0; i < one.chunks.size(); ++i) EXPECT_EQ(high.chunks[i].sha256, one.chunks[i].sha256);
+  MemoryFile snap("snap", std::span<const std::byte>(c));
+  auto r = open_snapshot_file(snap);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(read_all_of((*r)->original()) == bytes);
+}
+
+TEST(Snapshot, InfoDescribesTheStateAndTheModel) {
+  const auto p = kRoot / "fixtures/v0.5.0/hd64-q4_0-q8_0-faon.slot";
+  const auto bytes = slurp(p);
+  auto prof = load_model_profile(posix_io(), (kRoot / "fixtures/models/tiny-hd64.gguf").string());
+  ASSERT_TRUE(prof.ok()) << prof.status().ToString();
+  auto mi = snapshot_model_info(*prof);
+  ASSERT_TRUE(mi.ok()) << mi.status().ToString();
+  SnapshotOptions o = opts_with(32, "/some/dir/" + p.filename().string());
+  o.model = *mi;
+  o.lossy = LossyConversion{"f16", "f16", "q4_0", "q8_0", "stored smaller"};
+  const auto file = make_file(bytes, {}, o);
+  MemoryFile snap("snap", std::span<const std::byte>(file));
+  auto r = open_snapshot_file(snap);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const auto& info = (*r)->info();
+  EXPECT_EQ(info["created"], kCreated);
+  EXPECT_EQ(info["provenance"]["source"], p.filename().string());
+  EXPECT_EQ(info["provenance"]["kind"], "seq");
+  EXPECT_EQ(info["provenance"]["magic"], "67677371");
+  EXPECT_EQ(info["provenance"]["version"], 3);
+  EXPECT_EQ(info["model"]["gguf_fingerprint"], prof->fingerprint);
+  EXPECT_EQ(info["model"]["n_layer"], prof->n_layer);
+  const auto& layer0 = info["memory"]["kv_sections"][0]["streams"][0]["layers"][0];
+  EXPECT_EQ(layer0["k_type"], "q4_0");
+  EXPECT_EQ(layer0["v_type"], "q8_0");
+  EXPECT_EQ(layer0["head_dim_k"], 64);
+  EXPECT_EQ(layer0["k_rotation"]["rotated"], "yes");
+  EXPECT_EQ(layer0["k_rotation"]["block"], 64);
+  EXPECT_EQ(info["memory"]["kv_sections"][0]["streams"][0]["v_layout"], "rows");
+  EXPECT_EQ(info["lossy"]["to_k"], "q4_0");
+  EXPECT_EQ(info["chunking"]["cells_per_chunk"], 32);
+  EXPECT_TRUE((*r)->manifest().lossy);
+  ASSERT_TRUE((*r)->manifest().model.has_value());
+  EXPECT_EQ((*r)->manifest().model->gguf_fingerprint, prof->fingerprint);
+  EXPECT_EQ((*r)->manifest().model->kv_sections.at(0).k_rotation_block, std::optional<uint32_t>(64));
+
+  // Without a model: rotation unknown for a v0.5.0 quantized cache, no model.
+  const auto plain = make_file(bytes, {}, opts_with(32));
+  MemoryFile snap2("snap2", std::span<const std::byte>(plain));
+  auto r2 = open_snapshot_file(snap2);
+  ASSERT_TRUE(r2.ok());
+  EXPECT_TRUE((*r2)->info()["model"].is_null());
+  EXPECT_EQ((*r2)->info()["memory"]["kv_sections"][0]["streams"][0]["layers"][0]["k_rotation"]["rotated"], "unknown");
+  EXPECT_TRUE((*r2)->info()["lossy"].is_null());
+}
+
+TEST(Snapshot, PrefixChunksAreAllAPrefixReadNeeds) {
+  const auto p = kRoot / "fixtures/v0.5.0/hd64-f16-f16-faoff.slot";  // transposed V
+  const auto bytes = slurp(p);
+  MemoryFile f("in", std::span<const std::byte>(bytes));
+  auto st = parse_state(f);
+  ASSERT_TRUE(st.ok());
+  MapStore store;
+  auto m = build_snapshot(*st, f, opts_with(7), store);
+  ASSERT_TRUE(m.ok());
+  auto r = open_snapshot(m->bytes, store);
+  ASSERT_TRUE(r.ok());
+  const uint64_t n = 10;  // cells 0..9: chunks j = 0, 1 of every segment
+  const auto want = (*r)->chunks_for_cell_prefix(n);
+  std::set<uint64_t> allowed(want.begin(), want.end());
+  store.fetched.clear();
+  // Read the first n cells of every tensor through original().
+  const auto& stream = st->memory.kv[0].streams[0];
+  for (const auto& L : stream.layers) {
+    std::vector<std::byte> b(n * L.k_row_bytes);
+    ASSERT_TRUE((*r)->original().read_at(L.k.offset, b).ok());
+    EXPECT_TRUE(std::equal(b.begin(), b.end(), bytes.begin() + L.k.offset));
+    for (uint32_t row = 0; row < L.n_embd_v_gqa; ++row) {
+      std::vector<std::byte> v(n * L.v_elem_bytes);
+      const uint64_t at = L.v.offset + uint64_t(row) * stream.cell_count * L.v_elem_bytes;
+      ASSERT_TRUE((*r)->original().read_at(at, v).ok());
+      EXPECT_TRUE(std::equal(v.begin(), v.end(), bytes.begin() + at));
+    }
+  }
+  for (uint64_t i : store.fetched) EXPECT_TRUE(allowed.count(i)) << (*r)->describe_chunk(i) << " was not in the prefix list";
+  // Frame chunks, and two cell chunks of each of the 8 tensor segments.
+  EXPECT_EQ(want.size(), m->segments.n_frame_chunks + 8 * 2);
+  EXPECT_LT(want.size(), m->chunks.size());
+  EXPECT_EQ((*r)->chunks_for_cell_prefix(1u << 30).size(), m->chunks.size());
+}
+
+// --- Hostile input --------------------------------------------------------------------
+
+// A small snapshot with several chunks per segment and transposed V.
+std::vector<std::byte> small_snapshot(SnapshotManifest* m = nullptr) {
+  SynthSpec s;
+  s.v_trans = 1;
+  s.layers = {{1, 64, 1, 64}, {8, 64, 1, 32}};
+  return make_file(build_state(s), {}, opts_with(3), m);
+}
+
+TEST(SnapshotHostile, EveryTruncationIsAnError) {
+  const auto file = small_snapshot();
+  ASSERT_FALSE(file.empty());
+  for (size_t n = 0; n < file.size(); ++n) {
+    MemoryFile f("cut.kvsnap", std::span<const std::byte>(file.data(), n));
+    auto r = open_snapshot_file(f);
+    ASSERT_FALSE(r.ok()) << "prefix of " << n << " bytes opened";
+    ASSERT_NE(r.status().message().find("cut.kvsnap"), std::string::npos) << r.status().ToString();
+  }
+}
+
+TEST(SnapshotHostile, EveryByteFlipIsCaughtOrHarmless) {
+  SynthSpec s;
+  s.v_trans = 1;
+  s.layers = {{1, 64, 1, 64}, {8, 64, 1, 32}};
+  const auto state = build_state(s);
+  const auto file = make_file(state, {}, opts_with(3));
+  size_t refused = 0, caught_on_read = 0, harmless = 0;
+  for (size_t i = 0; i < file.size(); ++i) {
+    auto x = file;
+    x[i] ^= std::byte{0x21};
+    MemoryFile f("flip.kvsnap", std::span<const std::byte>(x));
+    auto r = open_snapshot_file(f);
+    if (!r.ok()) {
+      ++refused;
+      EXPECT_FALSE(r.status().message().empty());
+      continue;
+    }
+    // Opened: the flip is inside a chunk blob. Reading gives the exact
+    // original or an error naming the chunk, never other bytes.
+    Status v = (*r)->verify_chunks();
+    std::vector<std::byte> b(state.size());
+    Status rd = (*r)->original().read_at(0, b);
+    if (v.ok()) {
+      ASSERT_TRUE(rd.ok()) << rd.ToString();
+      ASSERT_TRUE(b == state) << "flip at " << i << " gave other bytes";
+      ++harmless;
+    } else {
+      EXPECT_NE(v.message().find("chunk "), std::string::npos) << v.ToString();
+      EXPECT_FALSE(rd.ok()) << "flip at " << i;
+      ++caught_on_read;
+    }
+  }
+  std::printf("%zu flips: %zu refused at open, %zu caught by chunk hashes, %zu harmless (zstd header bits)\n",
+              file.size(), refused, caught_on_read, harmless);
+  EXPECT_GT(caught_on_read, 0u);
+  EXPECT_LT(harmless, file.size() / 50);
+}
+
+// Manifest surgery: insert a section before DIGS, change header fields, and
+// reseal the DIGS digest so the change is seen by the section logic itself.
+struct Surgery {
+  std::vector<std::byte> b;
+  size_t digs_at() const {
+    size_t at = snapshot_detail::kManifestHeaderBytes, last = 0;
+    while (at < b.size()) {
+      last = at;
+      uint64_t len = 0;
+      std::memcpy(&len, b.data() + at + 8, 8);
+      at += snapshot_detail::kSectionHeaderBytes + len;
+    }
+    return last;
+  }
+  void reseal() {
+    const size_t d = digs_at();
+    const Sha256Digest h = sha256_of(std::span<const std::byte>(b.data(), d));
+    std::memcpy(b.data() + d + snapshot_detail::kSectionHeaderBytes + 40, h.data(), 32);
+  }
+  void insert_section(uint32_t tag, uint32_t flags, const std::string& payload) {
+    std::vector<std::byte> s;
+    put_u32(s, tag);
+    put_u32(s, flags);
+    put_u64(s, payload.size());
+    for (char c : payload) s.push_back(std::byte(c));
+    b.insert(b.begin() + std::ptrdiff_t(digs_at()), s.begin(), s.end());
+    uint32_t n = 0;
+    std::memcpy(&n, b.data() + 12, 4);
+    ++n;
+    std::memcpy(b.data() + 12, &n, 4);
+    reseal();
+  }
+  void set_u32(size_t at, uint32_t v) { std::memcpy(b.data() + at, &v, 4); }
+  void set_u64(size_t at, uint64_t v) { std::memcpy(b.data() + at, &v, 8); }
+  // Offset of the payload of the section with `tag`.
+  size_t payload_of(uint32_t tag) const {
+    size_t at = snapshot_detail::kManifestHeaderBytes;
+    while (at < b.size()) {
+      uint32_t t = 0;
+      uint64_t len = 0;
+      std::memcpy(&t, b.data() + at, 4);
+      std::memcpy(&len, b.data() + at + 8, 8);
+      if (t == tag) return at + snapshot_detail::kSectionHeaderBytes;
+      at += snapshot_detail::kSectionHeaderBytes + len;
+    }
+    return 0;
+  }
+};
+
+struct StoreSnapshot {
+  std::vector<std::byte> state;
+  MapStore store;
+  SnapshotManifest m;
+};
+
+std::unique_ptr<StoreSnapshot> store_snapshot() {
+  auto s = std::make_unique<StoreSnapshot>();
+  SynthSpec spec;
+  spec.v_trans = 1;
+  s->state = build_state(spec);
+  MemoryFile f("state", std::span<const std::byte>(s->state));
+  auto st = parse_state(f);
+  EXPECT_TRUE(st.ok());
+  auto m = build_snapshot(*st, f, opts_with(3), s->store);
+  EXPECT_TRUE(m.ok());
+  s->m = *m;
+  return s;
+}
+
+TEST(SnapshotHostile, UnknownOptionalSectionIsSkipped) {
+  auto s = store_snapshot();
+  Surgery x{s->m.bytes};
+  x.insert_section(snapshot_detail::fourcc("XTRA"), 0, "future data");
+  auto r = open_snapshot(x.b, s->store);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ((*r)->manifest().skipped_sections.size(), 1u);
+  EXPECT_TRUE(read_all_of((*r)->original()) == s->state);
+}
+
+TEST(SnapshotHostile, UnknownRequiredSectionIsRefusedByName) {
+  auto s = store_snapshot();
+  Surgery x{s->m.bytes};
+  x.insert_section(snapshot_detail::fourcc("XTRA"), 1, "future data");
+  auto r = open_snapshot(x.b, s->store);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kNotSupported);
+  EXPECT_NE(r.status().message().find("required section 'XTRA'"), std::string::npos) << r.status().ToString();
+}
+
+TEST(SnapshotHostile, TooNewVersionIsRefusedClearly) {
+  auto s = store_snapshot();
+  Surgery x{s->m.bytes};
+  x.set_u32(4, 7);  // format version 7
+  x.set_u32(8, 5);  // needs reader 5
+  x.reseal();
+  auto r = open_snapshot(x.b, s->store);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kNotSupported);
+  EXPECT_NE(r.status().message().find("format version 7"), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("upgrade kvsnap"), std::string::npos);
+  // A newer format a v1 reader may read (min_reader_version 1) opens.
+  Surgery y{s->m.bytes};
+  y.set_u32(4, 2);
+  y.reseal();
+  EXPECT_TRUE(open_snapshot(y.b, s->store).ok());
+  // The file form says so from its preamble.
+  auto file = small_snapshot();
+  Surgery f{file};
+  f.set_u32(8, 9);
+  f.set_u32(12, 9);
+  MemoryFile mf("new.kvsnap", std::span<const std::byte>(f.b));
+  auto rf = open_snapshot_file(mf);
+  ASSERT_FALSE(rf.ok());
+  EXPECT_EQ(rf.status().code(), Code::kNotSupported);
+  EXPECT_NE(rf.status().message().find("new.kvsnap: written in kvsnap snapshot format version 9"), std::string::npos)
+      << rf.status().ToString();
+}
+
+TEST(SnapshotHostile, HugeDeclaredLengthsAreRefusedWithoutAllocating) {
+  auto s = store_snapshot();
+  using namespace snapshot_detail;
+  auto expect_refused = [&](Surgery x, const char* what) {
+    SCOPED_TRACE(what);
+    auto r = open_snapshot(x.b, s->store);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kCorruption) << r.status().ToString();
+  };
+  {
+    Surgery x{s->m.bytes};
+    x.set_u64(kManifestHeaderBytes + 8, uint64_t(1) << 60);  // INFO length
+    expect_refused(x, "section length");
+  }
+  {
+    Surgery x{s->m.bytes};
+    x.set_u32(12, 0x7fffffff);  // section count
+    expect_refused(x, "section count");
+  }
+  {
+    Surgery x{s->m.bytes};
+    x.set_u32(x.payload_of(kTagCell), 0xffffffff);  // KV section count
+    x.reseal();
+    expect_refused(x, "cell sections");
+  }
+  {
+    Surgery x{s->m.bytes};
+    x.set_u32(x.payload_of(kTagCell) + 12, 0xfffffff0);  // cells of stream 0
+    x.reseal();
+    expect_refused(x, "cell count");
+  }
+  {
+    Surgery x{s->m.bytes};
+    x.set_u32(x.payload_of(kTagTokn) + 4, 0xffffffff);
+    x.reseal();
+    expect_refused(x, "token count");
+  }
+  {
+    Surgery x{s->m.bytes};
+    x.set_u64(x.payload_of(kTagChnk), uint64_t(1) << 58);
+    x.reseal();
+    expect_refused(x, "chunk count");
+  }
+  {
+    Surgery x{s->m.bytes};
+    x.set_u64(x.payload_of(kTagSegs) + 24, uint64_t(1) << 58);
+    x.reseal();
+    expect_refused(x, "segment count");
+  }
+  {
+    // A chunk claiming a huge raw size contradicts the segment geometry.
+    Surgery x{s->m.bytes};
+    x.set_u64(x.payload_of(kTagChnk) + 8 + 32, uint64_t(1) << 40);
+    x.reseal();
+    expect_refused(x, "chunk raw size");
+  }
+  {
+    Surgery x{s->m.bytes};
+    x.b[x.b.size() / 2] ^= std::byte{1};  // not resealed
+    auto r = open_snapshot(x.b, s->store);
+    ASSERT_FALSE(r.ok());
+  }
+}
+
+TEST(SnapshotHostile, DamagedChunkIsNamedByIndexAndCoverage) {
+  auto s = store_snapshot();
+  auto r = open_snapshot(s->m.bytes, s->store);
+  ASSERT_TRUE(r.ok());
+  // Swap the blob of a V chunk for another chunk's blob of the same size.
+  const auto& chunks = s->m.chunks;
+  const uint64_t victim = chunks.size() - 1;
+  auto& blob = s->store.blobs[to_hex(chunks[victim].sha256)];
+  blob.back() ^= std::byte{0x40};
+  Status v = (*r)->verify_chunks();
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.message().find("chunk " + std::to_string(victim) + " (layer 1 V"), std::string::npos) << v.ToString();
+  std::vector<std::byte> b(s->state.size());
+  Status rd = (*r)->original().read_at(0, b);
+  EXPECT_FALSE(rd.ok());
+  EXPECT_FALSE((*r)->verify_original().ok());
+  // A missing blob is the store's NotFound, named the same way.
+  s->store.blobs.erase(to_hex(chunks[0].sha256));
+  auto r2 = open_snapshot(s->m.bytes, s->store);
+  ASSERT_TRUE(r2.ok());
+  Status v2 = (*r2)->verify_chunks();
+  EXPECT_EQ(v2.code(), Code::kNotFound);
+  EXPECT_NE(v2.message().find("chunk 0 (frame"), std::string::npos) << v2.ToString();
+}
+
+TEST(SnapshotHostile, NotASnapshot) {
+  const auto state = build_state(SynthSpec{});
+  MemoryFile f("state.slot", std::span<const std::byte>(state));
+  auto r = open_snapshot_file(f);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("not a kvsnap snapshot file"), std::string::npos) << r.status().ToString();
+  auto m = parse_manifest(state);
+  EXPECT_FALSE(m.ok());
+}
+
+// --- Bounded memory -----------------------------------------------------------------
+
+long vm_kib(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) return std::stol(line.substr(std::strlen(key) + 1));
+  }
+  return -1;
+}
+
+// Resets the peak RSS counter (VmHWM) to the current RSS (Linux >= 4.0).
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  return bool(out.flush());
+}
+
+TEST(SnapshotMemory, LargeStateBuildsAndReadsInBoundedMemory) {
+#if defined(__SANITIZE_ADDRESS__)
+  const bool measure = false;  // peak RSS means nothing under AddressSanitizer
+  const uint32_t cells = 4096;
+#else
+  const bool measure = true;
+  const uint32_t cells = 16384;  // 4 layers x (K 32 MiB + transposed V 32 MiB) = 256 MiB
+#endif
+  const uint32_t n_layer = 4, n_embd = 1024;
+  const fs::path dir = fs::temp_directory_path() / ("kvsnap_snapshot_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path big = dir / "big.slot", snap_path = dir / "big.kvsnap";
+  {
+    std::ofstream f(big, std::ios::binary);
+    auto u32 = [&](uint32_t v) { f.write(reinterpret_cast<const char*>(&v), 4); };
+    auto u64 = [&](uint64_t v) { f.write(reinterpret_cast<const char*>(&v), 8); };
+    u32(0x67677371); u32(3); u32(3); u32(1); u32(2); u32(3);  // ggsq v3, 3 tokens
+    u32(1); u32(cells);
+    for (uint32_t c = 0; c < cells; ++c) { u32(c); u32(1); u32(0); }
+    u32(1); u32(n_layer);                                      // transposed V
+    std::vector<uint16_t> block(size_t(n_embd) * 64);
+    std::mt19937 rng(7);
+    for (auto& h : block) h = uint16_t(0x3000 + (rng() % 0x1000)) | uint16_t((rng() & 1) << 15);
+    for (uint32_t l = 0; l < n_layer; ++l) {
+      u32(1); u64(uint64_t(n_embd) * 2);
+      for (uint32_t c = 0; c < cells; c += 64) f.write(reinterpret_cast<const char*>(block.data()), std::streamsize(block.size() * 2));
+    }
+    for (uint32_t l = 0; l < n_layer; ++l) {
+      u32(1); u32(2); u32(n_embd);
+      for (uint32_t c = 0; c < cells; c += 64) f.write(reinterpret_cast<const char*>(block.data()), std::streamsize(block.size() * 2));
+    }
+  }
+  auto in = posix_io().open_read(big.string());
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  auto st = parse_state(**in);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  const long rss0 = vm_kib("VmRSS:");
+  const bool can_measure = measure && reset_peak_rss();
+  Sha256Digest want{};
+  {
+    auto out = AtomicFileWriter::create(posix_io(), snap_path.string());
+    ASSERT_TRUE(out.ok());
+    SnapshotOptions o = opts_with(kDefaultCellsPerChunk, big.string());
+    o.threads = 2;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto m = write_snapshot_file(*st, **in, o, **out);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    std::printf("write: %.2f s (2 threads)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    ASSERT_TRUE((*out)->commit().ok());
+    want = m->original_sha256;
+    const Segment& v0 = *std::find_if(m->segments.segments.begin(), m->segments.segments.end(),
+                                      [](const Segment& s) { return s.kind == SegmentKind::kTransposed; });
+    if (measure) {
+      EXPECT_LT(v0.rows_per_chunk, v0.n_rows) << "a 32 MiB transposed V is cut into bands";
+    }
+    std::printf("%.0f MiB state -> %.1f MiB snapshot (%zu chunks)\n", double(st->file_size) / (1 << 20),
+                double(fs::file_size(snap_path)) / (1 << 20), m->chunks.size());
+  }
+  const long write_peak = vm_kib("VmHWM:");
+  auto sf = posix_io().open_read(snap_path.string());
+  ASSERT_TRUE(sf.ok());
+  auto r = open_snapshot_file(**sf);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const auto t1 = std::chrono::steady_clock::now();
+  ASSERT_TRUE((*r)->verify_original().ok());
+  const double read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  std::printf("read original() front to back and hash it: %.2f s, %.2f GB/s\n", read_s, double(st->file_size) / read_s / 1e9);
+  EXPECT_EQ((*r)->manifest().original_sha256, want);
+  // Front to back, every chunk is decoded exactly once: the transposed bands fit the cache.
+  const auto stats = (*r)->cache_stats();
+  EXPECT_EQ(stats.misses, (*r)->chunks().size());
+  EXPECT_LE(stats.peak_bytes, SnapshotReadOptions{}.cache_bytes);
+  const long read_peak = vm_kib("VmHWM:");
+  std::printf("RSS before %ld KiB; peak while writing %ld KiB, after reading %ld KiB; cache peak %.1f MiB\n", rss0,
+              write_peak, read_peak, double(stats.peak_bytes) / (1 << 20));
+  if (can_measure) {
+    EXPECT_LT(write_peak - rss0, 96 * 1024) << "writing grew RSS by " << (write_peak - rss0) << " KiB";
+    EXPECT_LT(read_peak - rss0, 128 * 1024) << "reading grew RSS by " << (read_peak - rss0) << " KiB";
+  }
+  r->reset();
+  fs::remove_all(dir);
+}
+
+// --- Compatibility fixtures ---------------------------------------------------------
+
+TEST(SnapshotFixtures, EveryReleasedVersionStillOpens) {
+  size_t n = 0;
+  const fs::path base = kRoot / "fixtures" / "kvsnap";
+  ASSERT_TRUE(fs::exists(kRoot / snapshot_fixture_dir(kSnapshotFormatVersion)))
+      << "the current format version has no compatibility fixtures: run SnapshotFixtures.Regenerate";
+  for (const auto& e : fs::recursive_directory_iterator(base)) {
+    if (!e.is_regular_file() || e.path().extension() != ".kvsnap") continue;
+    SCOPED_TRACE(e.path().string());
+    auto f = posix_io().open_read(e.path().string());
+    ASSERT_TRUE(f.ok());
+    auto r = open_snapshot_file(**f);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE((*r)->verify_chunks().ok());
+    std::ifstream sha_in(e.path().string() + ".sha256");
+    std::string recorded;
+    sha_in >> recorded;
+    ASSERT_EQ(recorded.size(), 64u) << "missing " << e.path().string() << ".sha256";
+    EXPECT_EQ(to_hex(sha256_of(read_all_of((*r)->original()))), recorded);
+    EXPECT_EQ(to_hex((*r)->provenance().sha256), recorded);
+    auto st = (*r)->parse_original();
+    EXPECT_TRUE(st.ok()) << st.status().ToString();
+    ++n;
+  }
+  EXPECT_GE(n, 3u);
+}
+
+// Writes fixtures/kvsnap/v<current>/ (only with KVSNAP_WRITE_FIXTURES=1).
+TEST(SnapshotFixtures, Regenerate) {
+  if (!std::getenv("KVSNAP_WRITE_FIXTURES")) GTEST_SKIP() << "set KVSNAP_WRITE_FIXTURES=1 to write the fixtures";
+  struct Src {
+    const char* file;
+    const char* model;  // nullptr: none
+  };
+  const Src srcs[] = {
+      {"v0.5.0/hd64-q4_0-q8_0-faon.slot", "tiny-hd64.gguf"},  // quantized, rotated, with model info
+      {"v0.5.0/iswa-q8_0-q8_0-faon.slot", nullptr},           // two KV sections
+      {"b8121/hybrid-f16-f16-faon.slot", "tiny-hybrid.gguf"}, // KV + recurrent state
+      {"b5640/hd64-bf16-bf16-faoff.slot", nullptr},           // transposed V, no n_stream prefix
+  };
+  const fs::path out_dir = kRoot / snapshot_fixture_dir(kSnapshotFormatVersion);
+  fs::create_directories(out_dir);
+  for (const Src& s : srcs) {
+    const fs::path p = kRoot / "fixtures" / s.file;
+    const auto bytes = slurp(p);
+    MemoryFile f(p.filename().string(), std::span<const std::byte>(bytes));
+    SnapshotOptions o = opts_with(32, p.string());
+    MemoryShape shape;
+    ParseOptions po;
+    if (s.model) {
+      auto prof = load_model_profile(posix_io(), (kRoot / "fixtures/models" / s.model).string());
+      ASSERT_TRUE(prof.ok()) << prof.status().ToString();
+      auto mi = snapshot_model_info(*prof);
+      ASSERT_TRUE(mi.ok()) << mi.status().ToString();
+      o.model = *mi;
+      auto sh = memory_shape(*prof, s.model);
+      ASSERT_TRUE(sh.ok());
+      shape = *sh;
+      if (std::string(s.file).rfind("v0.5.0", 0) != 0) shape.ext_bytes.reset();
+      po.shape = &shape;
+    }
+    auto st = parse_state(f, po);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    const std::string stem = std::string(s.file).substr(0, std::string(s.file).find('/')) + "-" + p.stem().string();
+    const fs::path target = out_dir / (stem + ".kvsnap");
+    auto w = AtomicFileWriter::create(posix_io(), target.string());
+    ASSERT_TRUE(w.ok());
+    auto m = write_snapshot_file(*st, f, o, **w);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    ASSERT_TRUE((*w)->commit().ok());
+    std::ofstream(target.string() + ".sha256") << to_hex(sha256_of(bytes)) << "\n";
+    std::printf("wrote %s (%zu bytes from %zu)\n", target.c_str(), size_t(fs::file_size(target)), bytes.size());
+  }
+}
+
+}  // namespace
+}  // namespace kvsnap
