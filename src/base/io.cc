@@ -1,6 +1,7 @@
 #include "base/io.h"
 
 #include <dirent.h>
+#include <sys/file.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -92,6 +93,15 @@ class PosixWritableFile final : public WritableFile {
   int fd_;
 };
 
+class PosixFileLock final : public FileLock {
+ public:
+  explicit PosixFileLock(int fd) : fd_(fd) {}
+  ~PosixFileLock() override { ::close(fd_); }  // closing the last descriptor drops the flock
+
+ private:
+  int fd_;
+};
+
 class PosixIo final : public Io {
  public:
   Result<std::unique_ptr<ReadableFile>> open_read(const std::string& path) override {
@@ -164,9 +174,29 @@ class PosixIo final : public Io {
     if (ec) return Status::IOError(dir + ": cannot create directory: " + ec.message());
     return Status::OK();
   }
+  Result<std::unique_ptr<FileLock>> lock_file(const std::string& path, LockMode mode, bool wait) override {
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return errno_status("cannot open lock file", path, errno);
+    int op = (mode == LockMode::kShared ? LOCK_SH : LOCK_EX) | (wait ? 0 : LOCK_NB);
+    int rc;
+    do {
+      rc = ::flock(fd, op);
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0) {
+      int e = errno;
+      ::close(fd);
+      if (e == EWOULDBLOCK) return std::unique_ptr<FileLock>();
+      return errno_status("lock", path, e);
+    }
+    return std::unique_ptr<FileLock>(new PosixFileLock(fd));
+  }
 };
 
 }  // namespace
+
+Result<std::unique_ptr<FileLock>> Io::lock_file(const std::string& path, LockMode, bool) {
+  return Status::NotSupported(path + ": this Io has no file locks");
+}
 
 Io& posix_io() {
   static PosixIo io;
@@ -185,10 +215,19 @@ Result<std::vector<std::byte>> read_all(Io& io, const std::string& path, uint64_
 }
 
 Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::create(Io& io, const std::string& path) {
-  std::random_device rd;
-  std::string tmp = path + ".kvsnap-tmp-" + std::to_string(::getpid()) + "-" + std::to_string(rd() % 1000000);
+  return create(io, path, AtomicWriteOptions{});
+}
+
+Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::create(Io& io, const std::string& path,
+                                                                   const AtomicWriteOptions& options) {
+  // 64 random bits: many threads of one process may write temporaries for the
+  // same target at once (two saves of one chunk), and the open is exclusive.
+  thread_local std::mt19937_64 rng{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};
+  std::string base = options.temp_dir.empty() ? path : options.temp_dir + "/" +
+                                                           std::filesystem::path(path).filename().string();
+  std::string tmp = base + ".kvsnap-tmp-" + std::to_string(::getpid()) + "-" + std::to_string(rng());
   KV_ASSIGN_OR_RETURN(auto f, io.open_write(tmp, /*exclusive=*/true));
-  return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(io, path, tmp, std::move(f)));
+  return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(io, path, tmp, std::move(f), options.sync_dir));
 }
 
 AtomicFileWriter::~AtomicFileWriter() {
@@ -209,6 +248,7 @@ Status AtomicFileWriter::commit() {
   KV_RETURN_IF_ERROR(file_->close());
   KV_RETURN_IF_ERROR(io_.rename(tmp_path_, path_));
   committed_ = true;
+  if (!sync_dir_) return Status::OK();
   std::string dir = std::filesystem::path(path_).parent_path().string();
   return io_.sync_dir(dir.empty() ? "." : dir);
 }

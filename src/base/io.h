@@ -116,6 +116,14 @@ struct DirEntry {
   bool is_symlink = false;
 };
 
+// An advisory whole-file lock (flock(2)), held until the object is destroyed.
+// The kernel drops it when the process dies, so a crash never leaves it stale.
+class FileLock {
+ public:
+  virtual ~FileLock() = default;
+};
+enum class LockMode { kShared, kExclusive };
+
 class Io {
  public:
   virtual ~Io() = default;
@@ -128,6 +136,10 @@ class Io {
   virtual Result<bool> exists(const std::string& path) = 0;
   virtual Result<std::vector<DirEntry>> list_dir(const std::string& dir) = 0;
   virtual Status create_dirs(const std::string& dir) = 0;
+  // Locks `path` (created if missing). With wait=false, a conflicting holder
+  // gives nullptr instead of blocking. Not every Io has locks: the default
+  // says kNotSupported.
+  virtual Result<std::unique_ptr<FileLock>> lock_file(const std::string& path, LockMode mode, bool wait);
 };
 
 // The process-wide real file system.
@@ -136,6 +148,16 @@ Io& posix_io();
 // Reads a whole (small) file into memory; refuses files larger than `max_bytes`.
 Result<std::vector<std::byte>> read_all(Io& io, const std::string& path, uint64_t max_bytes);
 
+struct AtomicWriteOptions {
+  // Where the temporary file goes; empty = beside `path`. Must be on the same
+  // file system as `path` (rename).
+  std::string temp_dir;
+  // false: commit() stops after the rename and the caller fsyncs the
+  // directory of `path` itself (batching many files into one directory sync).
+  // Until it does, the new name may not survive a crash.
+  bool sync_dir = true;
+};
+
 // Writes `path` so that a reader sees either the old file or the complete new
 // one, never a mix: a temporary file in the same directory, fsync, rename,
 // fsync of the directory. Dropping the writer without commit() removes the
@@ -143,6 +165,8 @@ Result<std::vector<std::byte>> read_all(Io& io, const std::string& path, uint64_
 class AtomicFileWriter final : public ByteSink {
  public:
   static Result<std::unique_ptr<AtomicFileWriter>> create(Io& io, const std::string& path);
+  static Result<std::unique_ptr<AtomicFileWriter>> create(Io& io, const std::string& path,
+                                                          const AtomicWriteOptions& options);
   ~AtomicFileWriter() override;
   using ByteSink::append;
   Status append(std::span<const std::byte> data) override;
@@ -150,12 +174,13 @@ class AtomicFileWriter final : public ByteSink {
   const std::string& temp_path() const { return tmp_path_; }
 
  private:
-  AtomicFileWriter(Io& io, std::string path, std::string tmp, std::unique_ptr<WritableFile> f)
-      : io_(io), path_(std::move(path)), tmp_path_(std::move(tmp)), file_(std::move(f)) {}
+  AtomicFileWriter(Io& io, std::string path, std::string tmp, std::unique_ptr<WritableFile> f, bool sync_dir)
+      : io_(io), path_(std::move(path)), tmp_path_(std::move(tmp)), file_(std::move(f)), sync_dir_(sync_dir) {}
   Io& io_;
   std::string path_;
   std::string tmp_path_;
   std::unique_ptr<WritableFile> file_;
+  bool sync_dir_ = true;
   bool committed_ = false;
 };
 

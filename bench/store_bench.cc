@@ -1,0 +1,176 @@
+// kvsnap-store-bench: the store's speed and space, each beside a baseline
+// measured in the same run (docs/performance.md, "Store"). Not a test.
+//
+//   kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D]
+//
+// For each llama.cpp state FILE (default: the f16 and q8_0 fixtures):
+//   copy      read + write + fsync of the same bytes (what `cp` + sync costs): the baseline
+//   save      kvsnap save into a fresh store (chunking, zstd, SHA-256, fsync, catalog commit)
+//   restore   kvsnap restore at the stored types into a file + fsync (decode, hash checks)
+//   decode    restore into memory only (the decode path alone)
+//   ratio     raw bytes / stored bytes, with the byte-shuffle filter and without
+//   dedup     a second session sharing the first 90% of the tokens: bytes it added
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "format/state_prefix.h"
+#include "store/store.h"
+
+using namespace kvsnap;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double copy_file(const std::string& from, const std::string& to) {
+  const auto t0 = Clock::now();
+  int in = ::open(from.c_str(), O_RDONLY), out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<char> buf(1 << 20);
+  for (ssize_t n; (n = ::read(in, buf.data(), buf.size())) > 0;)
+    if (::write(out, buf.data(), size_t(n)) != n) std::abort();
+  ::fsync(out);
+  ::close(in);
+  ::close(out);
+  return secs(t0);
+}
+
+class FileSink final : public ByteSink {
+ public:
+  explicit FileSink(const std::string& p) : fd_(::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644)) {}
+  ~FileSink() override {
+    ::fsync(fd_);
+    ::close(fd_);
+  }
+  using ByteSink::append;
+  Status append(std::span<const std::byte> d) override {
+    return ::write(fd_, d.data(), d.size()) == ssize_t(d.size()) ? Status::OK() : Status::IOError("write");
+  }
+
+ private:
+  int fd_;
+};
+
+struct Store_ {
+  std::string root;
+  std::unique_ptr<Store> s;
+  explicit Store_(const std::string& r) : root(r) {
+    fs::remove_all(r);
+    s = std::move(Store::open(posix_io(), StorePaths{r}).value());
+  }
+  ~Store_() {
+    s.reset();
+    fs::remove_all(root);
+  }
+};
+
+void bench_file(const std::string& path, const std::string& dir, uint32_t threads, int rounds) {
+  auto file = std::move(posix_io().open_read(path).value());
+  auto parsed = parse_state(*file);
+  if (!parsed.ok()) {
+    std::printf("%s: %s\n", path.c_str(), parsed.status().ToString().c_str());
+    return;
+  }
+  const double gb = double(file->size()) / 1e9;
+  double t_copy = 1e9, t_save = 1e9, t_restore = 1e9, t_decode = 1e9;
+  uint64_t stored = 0, stored_plain = 0;
+  for (int r = 0; r < rounds; ++r) {
+    t_copy = std::min(t_copy, copy_file(path, dir + "/copy.bin"));
+    Store_ st(dir + "/store");
+    SaveRequest req;
+    req.threads = threads;
+    req.name = "a";
+    auto t0 = Clock::now();
+    auto saved = st.s->save(*file, *parsed, req);
+    t_save = std::min(t_save, secs(t0));
+    if (!saved.ok()) {
+      std::printf("save failed: %s\n", saved.status().ToString().c_str());
+      return;
+    }
+    stored = saved->info.stored_bytes;
+    t0 = Clock::now();
+    {
+      FileSink out(dir + "/restored.bin");
+      if (!st.s->restore("a", {}, out).ok()) std::abort();
+    }
+    t_restore = std::min(t_restore, secs(t0));
+    t0 = Clock::now();
+    CountingSink count;
+    if (!st.s->restore("a", {}, count).ok()) std::abort();
+    t_decode = std::min(t_decode, secs(t0));
+  }
+  {
+    Store_ st(dir + "/store");
+    SaveRequest req;
+    req.threads = threads;
+    req.byte_shuffle = false;
+    stored_plain = st.s->save(*file, *parsed, req).value().info.stored_bytes;
+  }
+  // dedup: the same session cut at 90% of its tokens, saved after the full one
+  double dedup = 0;
+  uint64_t added = 0, second_alone = 0;
+  if (parsed->kind == StateKind::kSeqFile && parsed->tokens.tokens.size() > 10) {
+    const uint64_t n = parsed->tokens.tokens.size() * 9 / 10;
+    {
+      FileSink cut(dir + "/cut.bin");
+      if (!write_prefix(*parsed, *file, n, cut).ok()) std::abort();
+    }
+    auto cut_file = std::move(posix_io().open_read(dir + "/cut.bin").value());
+    auto cut_state = parse_state(*cut_file).value();
+    Store_ st(dir + "/store");
+    SaveRequest req;
+    req.threads = threads;
+    (void)st.s->save(*file, *parsed, req).value();
+    auto second = st.s->save(*cut_file, cut_state, req).value();
+    added = second.bytes_new;
+    second_alone = second.info.stored_bytes;
+    dedup = double(stored + second_alone) / double(stored + added);
+  }
+  std::printf("%s (%.1f MB, %zu tokens)\n", fs::path(path).filename().c_str(), double(file->size()) / 1e6,
+              parsed->tokens.tokens.size());
+  std::printf("  copy+fsync      %7.3f GB/s  (baseline)\n", gb / t_copy);
+  std::printf("  save            %7.3f GB/s  %5.2fx of copy   (%u threads)\n", gb / t_save, t_copy / t_save, threads);
+  std::printf("  restore+fsync   %7.3f GB/s  %5.2fx of copy\n", gb / t_restore, t_copy / t_restore);
+  std::printf("  decode only     %7.3f GB/s\n", gb / t_decode);
+  std::printf("  stored          %7.3fx smaller with the filter, %5.3fx without\n", double(file->size()) / double(stored),
+              double(file->size()) / double(stored_plain));
+  if (dedup > 0)
+    std::printf("  dedup           a 90%% prefix session adds %.1f KB instead of %.1f KB: store %.2fx smaller than "
+                "without dedup\n",
+                double(added) / 1e3, double(second_alone) / 1e3, dedup);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> files;
+  uint32_t threads = 1;
+  int rounds = 3;
+  std::string dir = fs::temp_directory_path() / ("kvsnap-store-bench-" + std::to_string(::getpid()));
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--threads" && i + 1 < argc) threads = uint32_t(std::atoi(argv[++i]));
+    else if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
+    else if (a == "--dir" && i + 1 < argc) dir = argv[++i];
+    else if (a == "-h" || a == "--help") {
+      std::printf("usage: kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D]\n");
+      return 0;
+    } else files.push_back(a);
+  }
+  if (files.empty()) {
+    const std::string fx = std::string(KVSNAP_SOURCE_DIR) + "/fixtures/v0.5.0/";
+    files = {fx + "hd128-f16-f16-faon.slot", fx + "hd128-q8_0-q8_0-faon.slot"};
+  }
+  fs::create_directories(dir);
+  for (const auto& f : files) bench_file(f, dir, threads, rounds);
+  fs::remove_all(dir);
+  return 0;
+}

@@ -1,0 +1,177 @@
+#include "store/blob_store.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+
+namespace kvsnap {
+
+namespace {
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+bool is_blob_name(const std::string& name) {
+  return name.size() == 64 && std::all_of(name.begin(), name.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+}  // namespace
+
+ChunkHash ChunkHash::of(std::span<const std::byte> raw) {
+  ChunkHash h;
+  unsigned int len = 0;
+  // EVP_Digest cannot fail for SHA-256 on valid input short of an allocation
+  // failure; abort rather than hand out a wrong identity.
+  if (EVP_Digest(raw.data(), raw.size(), h.bytes.data(), &len, EVP_sha256(), nullptr) != 1 || len != 32) {
+    std::abort();
+  }
+  return h;
+}
+
+Result<ChunkHash> ChunkHash::from_hex(std::string_view hex) {
+  ChunkHash h;
+  if (hex.size() != 64) {
+    return Status::InvalidArgument("'" + std::string(hex) + "' is not a chunk hash (64 hex digits)");
+  }
+  for (size_t i = 0; i < 32; ++i) {
+    int hi = hex_value(hex[2 * i]), lo = hex_value(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) {
+      return Status::InvalidArgument("'" + std::string(hex) + "' is not a chunk hash (64 hex digits)");
+    }
+    h.bytes[i] = static_cast<uint8_t>(hi * 16 + lo);
+  }
+  return h;
+}
+
+std::string ChunkHash::hex() const {
+  static const char* kDigits = "0123456789abcdef";
+  std::string s(64, '0');
+  for (size_t i = 0; i < 32; ++i) {
+    s[2 * i] = kDigits[bytes[i] >> 4];
+    s[2 * i + 1] = kDigits[bytes[i] & 15];
+  }
+  return s;
+}
+
+Result<std::unique_ptr<BlobStore>> BlobStore::open(Io& io, std::string root) {
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  KV_RETURN_IF_ERROR(io.create_dirs(root + "/chunks"));
+  KV_RETURN_IF_ERROR(io.create_dirs(root + "/tmp"));
+  return std::unique_ptr<BlobStore>(new BlobStore(io, std::move(root)));
+}
+
+std::string BlobStore::shard_dir(const ChunkHash& h) const { return root_ + "/chunks/" + h.hex().substr(0, 2); }
+
+std::string BlobStore::blob_path(const ChunkHash& h) const {
+  std::string hex = h.hex();
+  return root_ + "/chunks/" + hex.substr(0, 2) + "/" + hex;
+}
+
+Result<std::unique_ptr<BlobWriteBatch>> BlobStore::begin_write(bool wait) {
+  KV_ASSIGN_OR_RETURN(auto lock, io_.lock_file(lock_path(), LockMode::kShared, wait));
+  if (!lock) return std::unique_ptr<BlobWriteBatch>();
+  return std::unique_ptr<BlobWriteBatch>(new BlobWriteBatch(*this, std::move(lock)));
+}
+
+Result<std::unique_ptr<GcLock>> BlobStore::lock_for_gc(bool wait) {
+  KV_ASSIGN_OR_RETURN(auto lock, io_.lock_file(lock_path(), LockMode::kExclusive, wait));
+  if (!lock) return std::unique_ptr<GcLock>();
+  return std::make_unique<GcLock>(std::move(lock));
+}
+
+Result<bool> BlobStore::contains(const ChunkHash& h) { return io_.exists(blob_path(h)); }
+
+Result<std::vector<std::byte>> BlobStore::get(const ChunkHash& h, uint64_t max_bytes) {
+  std::string path = blob_path(h);
+  KV_ASSIGN_OR_RETURN(bool present, io_.exists(path));
+  if (!present) return Status::NotFound("chunk " + h.hex() + " is missing from the store (" + path + ")");
+  return read_all(io_, path, max_bytes);
+}
+
+Result<std::vector<ChunkHash>> BlobStore::list() {
+  std::vector<ChunkHash> out;
+  KV_ASSIGN_OR_RETURN(auto shards, io_.list_dir(root_ + "/chunks"));
+  for (const DirEntry& shard : shards) {
+    if (!shard.is_dir || shard.name.size() != 2) continue;
+    KV_ASSIGN_OR_RETURN(auto files, io_.list_dir(root_ + "/chunks/" + shard.name));
+    for (const DirEntry& f : files) {
+      if (!f.is_regular || !is_blob_name(f.name) || f.name.compare(0, 2, shard.name) != 0) continue;
+      out.push_back(ChunkHash::from_hex(f.name).value());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Status BlobStore::remove(const GcLock&, const ChunkHash& h) { return io_.remove(blob_path(h)); }
+
+Result<size_t> BlobStore::clear_tmp(const GcLock&) {
+  KV_ASSIGN_OR_RETURN(auto files, io_.list_dir(tmp_dir()));
+  size_t n = 0;
+  for (const DirEntry& f : files) {
+    if (!f.is_regular) continue;
+    KV_RETURN_IF_ERROR(io_.remove(tmp_dir() + "/" + f.name));
+    ++n;
+  }
+  return n;
+}
+
+BlobWriteBatch::~BlobWriteBatch() = default;
+
+Result<PutOutcome> BlobWriteBatch::put(const ChunkHash& h, std::span<const std::byte> stored) {
+  Io& io = store_.io_;
+  std::string dir = store_.shard_dir(h);
+  std::string path = store_.blob_path(h);
+  KV_ASSIGN_OR_RETURN(bool present, io.exists(path));
+  if (present) {
+    // Present is not durable: another save may have renamed it in without
+    // syncing the directory yet. sync_dirs() covers it.
+    std::lock_guard<std::mutex> g(mu_);
+    dirty_dirs_.insert(dir);
+    return PutOutcome::kExisted;
+  }
+  KV_RETURN_IF_ERROR(io.create_dirs(dir));
+  AtomicWriteOptions opt;
+  opt.temp_dir = store_.tmp_dir();
+  opt.sync_dir = false;
+  KV_ASSIGN_OR_RETURN(auto w, AtomicFileWriter::create(io, path, opt));
+  KV_RETURN_IF_ERROR(w->append(stored));
+  KV_RETURN_IF_ERROR(w->commit());  // on failure the writer's destructor removes the temporary
+  std::lock_guard<std::mutex> g(mu_);
+  dirty_dirs_.insert(dir);
+  dirty_dirs_.insert(store_.root_ + "/chunks");  // the shard may be new
+  ++written_;
+  return PutOutcome::kWritten;
+}
+
+Status BlobWriteBatch::sync_dirs() {
+  std::set<std::string> dirs;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    dirs.swap(dirty_dirs_);
+  }
+  // Order does not matter: all of them complete before the catalog commit.
+  for (auto it = dirs.begin(); it != dirs.end(); ++it) {
+    Status s = store_.io_.sync_dir(*it);
+    if (!s.ok()) {
+      // Keep the rest dirty so that a retry covers them.
+      std::lock_guard<std::mutex> g(mu_);
+      dirty_dirs_.insert(it, dirs.end());
+      return s;
+    }
+  }
+  return Status::OK();
+}
+
+uint64_t BlobWriteBatch::written() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return written_;
+}
+
+}  // namespace kvsnap

@@ -1,0 +1,1027 @@
+#include "store/catalog.h"
+
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <random>
+#include <set>
+#include <thread>
+
+namespace kvsnap {
+
+namespace {
+
+// ---------------------------------------------------------------- schema
+
+// Migration i takes user_version i to i + 1. Append, never edit.
+const char* const kMigrations[] = {
+    // v1
+    R"sql(
+CREATE TABLE snapshots(
+  id                INTEGER PRIMARY KEY,
+  uuid              TEXT NOT NULL UNIQUE,
+  name              TEXT UNIQUE,
+  created           TEXT NOT NULL,
+  model_arch        TEXT NOT NULL DEFAULT '',
+  model_fingerprint TEXT NOT NULL DEFAULT '',
+  n_tokens          INTEGER NOT NULL,
+  k_types           TEXT NOT NULL DEFAULT '',
+  v_types           TEXT NOT NULL DEFAULT '',
+  v_trans           INTEGER NOT NULL DEFAULT 0,
+  source_format     TEXT NOT NULL DEFAULT '',
+  raw_bytes         INTEGER NOT NULL,
+  stored_bytes      INTEGER NOT NULL,
+  lossy             TEXT,
+  parent_id         INTEGER REFERENCES snapshots(id) ON DELETE SET NULL,
+  content_sha256    TEXT,
+  n_chunks          INTEGER NOT NULL,
+  anchor_len        INTEGER NOT NULL,
+  anchor_hash       BLOB NOT NULL,
+  full_hash         BLOB NOT NULL
+);
+CREATE INDEX snapshots_created ON snapshots(created, id);
+CREATE INDEX snapshots_model ON snapshots(model_fingerprint, created, id);
+CREATE INDEX snapshots_parent ON snapshots(parent_id);
+CREATE INDEX snapshots_anchor ON snapshots(anchor_len, anchor_hash, n_tokens, full_hash);
+CREATE INDEX snapshots_full ON snapshots(n_tokens, full_hash);
+CREATE TABLE snapshot_blobs(
+  snapshot_id INTEGER PRIMARY KEY REFERENCES snapshots(id) ON DELETE CASCADE,
+  manifest    BLOB NOT NULL,
+  tokens      BLOB NOT NULL
+);
+CREATE TABLE tags(
+  snapshot_id INTEGER NOT NULL REFERENCES snapshots(id) ON DELETE CASCADE,
+  key         TEXT NOT NULL,
+  value       TEXT NOT NULL,
+  PRIMARY KEY(snapshot_id, key)
+) WITHOUT ROWID;
+CREATE INDEX tags_kv ON tags(key, value);
+CREATE TABLE chunks(
+  sha256      BLOB PRIMARY KEY CHECK(length(sha256) = 32),
+  raw_size    INTEGER NOT NULL,
+  stored_size INTEGER NOT NULL,
+  refcount    INTEGER NOT NULL CHECK(refcount >= 0)
+) WITHOUT ROWID;
+CREATE INDEX chunks_unreferenced ON chunks(refcount) WHERE refcount = 0;
+CREATE TABLE snapshot_chunks(
+  snapshot_id INTEGER NOT NULL REFERENCES snapshots(id) ON DELETE CASCADE,
+  idx         INTEGER NOT NULL,
+  sha256      BLOB NOT NULL REFERENCES chunks(sha256),
+  PRIMARY KEY(snapshot_id, idx)
+) WITHOUT ROWID;
+CREATE INDEX snapshot_chunks_sha ON snapshot_chunks(sha256);
+)sql",
+};
+constexpr int kNumMigrations = sizeof(kMigrations) / sizeof(kMigrations[0]);
+static_assert(kNumMigrations == Catalog::kSchemaVersion, "one migration per schema version");
+
+#define KV_INFO_COLS                                                                                   \
+  "s.id, s.uuid, s.name, s.created, s.model_arch, s.model_fingerprint, s.n_tokens, s.k_types, "       \
+  "s.v_types, s.v_trans, s.source_format, s.raw_bytes, s.stored_bytes, s.lossy, s.parent_id, "        \
+  "s.content_sha256, s.n_chunks"
+
+// ---------------------------------------------------------------- hashing
+
+using Hash16 = std::array<uint8_t, 16>;
+
+// Incremental SHA-256 whose digest can be read at any point without ending it.
+class Sha256 {
+ public:
+  Sha256() : ctx_(EVP_MD_CTX_new()), scratch_(EVP_MD_CTX_new()) {
+    if (!ctx_ || !scratch_ || EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1) std::abort();
+  }
+  Sha256(const Sha256& o) : ctx_(EVP_MD_CTX_new()), scratch_(EVP_MD_CTX_new()) {
+    if (!ctx_ || !scratch_ || EVP_MD_CTX_copy_ex(ctx_, o.ctx_) != 1) std::abort();
+  }
+  Sha256& operator=(const Sha256&) = delete;
+  ~Sha256() {
+    EVP_MD_CTX_free(ctx_);
+    EVP_MD_CTX_free(scratch_);
+  }
+  void update(const void* p, size_t n) {
+    if (n && EVP_DigestUpdate(ctx_, p, n) != 1) std::abort();
+  }
+  // The first 16 bytes of the digest of everything so far.
+  Hash16 peek() const {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    if (EVP_MD_CTX_copy_ex(scratch_, ctx_) != 1 || EVP_DigestFinal_ex(scratch_, md, &len) != 1) std::abort();
+    Hash16 h;
+    std::memcpy(h.data(), md, h.size());
+    return h;
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
+  EVP_MD_CTX* scratch_;
+};
+
+// Tokens as stored and hashed: int32 little-endian.
+std::vector<std::byte> tokens_le(std::span<const int32_t> tokens) {
+  std::vector<std::byte> out(tokens.size() * 4);
+  if constexpr (std::endian::native == std::endian::little) {
+    if (!tokens.empty()) std::memcpy(out.data(), tokens.data(), out.size());
+  } else {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      uint32_t v = static_cast<uint32_t>(tokens[i]);
+      for (int b = 0; b < 4; ++b) out[4 * i + b] = std::byte((v >> (8 * b)) & 0xff);
+    }
+  }
+  return out;
+}
+
+std::vector<int32_t> tokens_from_le(std::span<const std::byte> b) {
+  std::vector<int32_t> out(b.size() / 4);
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint32_t v = 0;
+    for (int k = 0; k < 4; ++k) v |= uint32_t(b[4 * i + k]) << (8 * k);
+    out[i] = static_cast<int32_t>(v);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- small helpers
+
+std::string now_iso8601() {
+  auto now = std::chrono::system_clock::now();
+  std::time_t t = std::chrono::system_clock::to_time_t(now);
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[80];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
+  return buf;
+}
+
+std::string new_uuid_v4() {
+  uint8_t b[16];
+  if (RAND_bytes(b, sizeof b) != 1) {
+    std::random_device rd;
+    for (auto& x : b) x = static_cast<uint8_t>(rd());
+  }
+  b[6] = (b[6] & 0x0f) | 0x40;
+  b[8] = (b[8] & 0x3f) | 0x80;
+  static const char* kDigits = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    s += kDigits[b[i] >> 4];
+    s += kDigits[b[i] & 15];
+  }
+  return s;
+}
+
+bool all_digits(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+bool uuid_like(const std::string& s) {
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || c == '-'; });
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- statements
+
+// A prepared statement in use: cached ones are reset (not finalized) when it
+// goes out of scope, so no statement is left mid-step across a COMMIT.
+class Catalog::Stmt {
+ public:
+  // `in_use`: the cache's flag for this statement, cleared when done.
+  Stmt(Catalog& c, sqlite3_stmt* s, bool* in_use) : c_(&c), s_(s), in_use_(in_use) {}
+  Stmt(Stmt&& o) noexcept : c_(o.c_), s_(o.s_), in_use_(o.in_use_) { o.s_ = nullptr; }
+  Stmt& operator=(Stmt&&) = delete;
+  void reset() {
+    sqlite3_reset(s_);
+    sqlite3_clear_bindings(s_);
+  }
+  ~Stmt() {
+    if (!s_) return;
+    if (!in_use_) {
+      sqlite3_finalize(s_);
+    } else {
+      sqlite3_reset(s_);
+      sqlite3_clear_bindings(s_);
+      *in_use_ = false;
+    }
+  }
+  Stmt& i64(int i, int64_t v) {
+    sqlite3_bind_int64(s_, i, v);
+    return *this;
+  }
+  Stmt& text(int i, std::string_view v) {
+    sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& opt_text(int i, const std::optional<std::string>& v) {
+    if (v) return text(i, *v);
+    sqlite3_bind_null(s_, i);
+    return *this;
+  }
+  // An empty blob is bound as a zero-length blob, not NULL.
+  Stmt& blob(int i, const void* p, size_t n) {
+    if (n == 0) {
+      sqlite3_bind_zeroblob(s_, i, 0);
+    } else {
+      sqlite3_bind_blob(s_, i, p, static_cast<int>(n), SQLITE_TRANSIENT);
+    }
+    return *this;
+  }
+  template <class C>
+  Stmt& blob(int i, const C& c) {
+    return blob(i, c.data(), c.size() * sizeof(c[0]));
+  }
+  // true: a row is ready; false: done.
+  Result<bool> step() {
+    int rc = sqlite3_step(s_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    return c_->sqlite_error(rc, sqlite3_sql(s_));
+  }
+  // Steps to the end, ignoring rows.
+  Status run() {
+    for (;;) {
+      KV_ASSIGN_OR_RETURN(bool row, step());
+      if (!row) return Status::OK();
+    }
+  }
+  int64_t col_i64(int i) const { return sqlite3_column_int64(s_, i); }
+  bool is_null(int i) const { return sqlite3_column_type(s_, i) == SQLITE_NULL; }
+  std::string col_text(int i) const {
+    const unsigned char* p = sqlite3_column_text(s_, i);
+    return p ? std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(s_, i)) : std::string();
+  }
+  std::span<const std::byte> col_blob(int i) const {
+    const void* p = sqlite3_column_blob(s_, i);
+    int n = sqlite3_column_bytes(s_, i);
+    return p ? std::span<const std::byte>(static_cast<const std::byte*>(p), static_cast<size_t>(n))
+             : std::span<const std::byte>();
+  }
+
+ private:
+  Catalog* c_;
+  sqlite3_stmt* s_;
+  bool* in_use_;  // nullptr: a one-off statement, finalized when done
+};
+
+Result<Catalog::Stmt> Catalog::stmt(const char* sql) {
+  auto it = stmts_.find(sql);
+  if (it == stmts_.end()) {
+    sqlite3_stmt* s = nullptr;
+    int rc = sqlite3_prepare_v3(db_, sql, -1, SQLITE_PREPARE_PERSISTENT, &s, nullptr);
+    if (rc != SQLITE_OK) return sqlite_error(rc, std::string("prepare ") + sql);
+    it = stmts_.emplace(sql, CachedStmt{s, false}).first;
+  }
+  // Already stepping elsewhere (a nested use of the same SQL): a private copy.
+  if (it->second.in_use) return stmt_once(sql);
+  it->second.in_use = true;
+  return Stmt(*this, it->second.stmt, &it->second.in_use);
+}
+
+Result<Catalog::Stmt> Catalog::stmt_once(const std::string& sql) {
+  sqlite3_stmt* s = nullptr;
+  int rc = sqlite3_prepare_v2(db_, sql.c_str(), -1, &s, nullptr);
+  if (rc != SQLITE_OK) return sqlite_error(rc, "prepare " + sql);
+  return Stmt(*this, s, nullptr);
+}
+
+// Reads KV_INFO_COLS starting at column 0 (tags are loaded separately).
+SnapshotInfo Catalog::info_from_row(const Stmt& st) {
+  SnapshotInfo i;
+  i.id = st.col_i64(0);
+  i.uuid = st.col_text(1);
+  if (!st.is_null(2)) i.name = st.col_text(2);
+  i.created = st.col_text(3);
+  i.model_arch = st.col_text(4);
+  i.model_fingerprint = st.col_text(5);
+  i.n_tokens = st.col_i64(6);
+  i.k_types = st.col_text(7);
+  i.v_types = st.col_text(8);
+  i.v_trans = st.col_i64(9) != 0;
+  i.source_format = st.col_text(10);
+  i.raw_bytes = static_cast<uint64_t>(st.col_i64(11));
+  i.stored_bytes = static_cast<uint64_t>(st.col_i64(12));
+  i.lossy = st.col_text(13);
+  if (!st.is_null(14)) i.parent_id = st.col_i64(14);
+  i.content_sha256 = st.col_text(15);
+  i.n_chunks = st.col_i64(16);
+  return i;
+}
+
+// ---------------------------------------------------------------- open, errors, transactions
+
+Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, const CatalogOptions& options) {
+  sqlite3* db = nullptr;
+  int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE;
+  int rc = sqlite3_open_v2(path.c_str(), &db, flags, options.vfs.empty() ? nullptr : options.vfs.c_str());
+  if (rc != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+    sqlite3_close_v2(db);
+    return Status::IOError(path + ": cannot open the catalog: " + msg);
+  }
+  std::unique_ptr<Catalog> c(new Catalog(db, path, options));
+  sqlite3_busy_timeout(db, options.busy_timeout_ms);
+  // journal_mode=WAL needs a moment of exclusivity the first time; retry like a write.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options.busy_timeout_ms);
+  for (;;) {
+    sqlite3_stmt* st = nullptr;
+    rc = sqlite3_prepare_v2(db, "PRAGMA journal_mode=WAL", -1, &st, nullptr);
+    if (rc == SQLITE_OK) rc = sqlite3_step(st);
+    const unsigned char* text = rc == SQLITE_ROW ? sqlite3_column_text(st, 0) : nullptr;
+    std::string mode = text ? lower(reinterpret_cast<const char*>(text)) : "";
+    sqlite3_finalize(st);
+    if (rc == SQLITE_ROW) {
+      if (mode != "wal") {
+        return Status::NotSupported(path + ": the catalog needs SQLite's WAL mode, got '" + mode +
+                                    "' (a network file system?)");
+      }
+      break;
+    }
+    int primary = rc & 0xff;
+    if ((primary != SQLITE_BUSY && primary != SQLITE_LOCKED) || std::chrono::steady_clock::now() > deadline) {
+      return c->sqlite_error(rc, "PRAGMA journal_mode=WAL");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  KV_RETURN_IF_ERROR(c->exec(options.durable_commits ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL"));
+  KV_RETURN_IF_ERROR(c->exec("PRAGMA foreign_keys=ON"));
+  // 32 MiB of page cache (default 2 MiB): the prefix and list indexes of
+  // 100,000 snapshots stay in memory across the queries of one process.
+  KV_RETURN_IF_ERROR(c->exec("PRAGMA cache_size=-32768"));
+  KV_RETURN_IF_ERROR(c->migrate());
+  return c;
+}
+
+Catalog::~Catalog() {
+  for (auto& [sql, s] : stmts_) sqlite3_finalize(s.stmt);
+  sqlite3_close_v2(db_);
+}
+
+Status Catalog::sqlite_error(int rc, const std::string& what) {
+  std::string msg = path_ + ": " + sqlite3_errmsg(db_) + " (" + what.substr(0, 80) + ")";
+  switch (rc & 0xff) {
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+      return Status::Corruption(path_ + ": the catalog is damaged or not a kvsnap catalog: " + sqlite3_errmsg(db_));
+    case SQLITE_CONSTRAINT:
+      return Status::InvalidArgument(msg);
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+      return Status::IOError(path_ + ": the catalog is busy: another kvsnap process kept it locked for more than " +
+                             std::to_string(options_.busy_timeout_ms / 1000) + " s");
+    default:
+      return Status::IOError(msg);
+  }
+}
+
+Status Catalog::exec(const char* sql) {
+  char* err = nullptr;
+  int rc = sqlite3_exec(db_, sql, nullptr, nullptr, &err);
+  sqlite3_free(err);
+  if (rc != SQLITE_OK) return sqlite_error(rc, sql);
+  return Status::OK();
+}
+
+// BEGIN IMMEDIATE takes the write lock up front, so a transaction never has to
+// upgrade a read lock (which in WAL mode fails with SQLITE_BUSY without
+// waiting). The busy handler waits inside each attempt; the loop covers the
+// cases where SQLite returns BUSY without calling it.
+Status Catalog::begin_immediate() {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.busy_timeout_ms);
+  std::minstd_rand jitter(static_cast<unsigned>(reinterpret_cast<uintptr_t>(this)));
+  for (int attempt = 0;; ++attempt) {
+    int rc = sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
+    if (rc == SQLITE_OK) return Status::OK();
+    int primary = rc & 0xff;
+    if ((primary != SQLITE_BUSY && primary != SQLITE_LOCKED) || std::chrono::steady_clock::now() > deadline) {
+      return sqlite_error(rc, "BEGIN IMMEDIATE");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(500 + jitter() % (1000 << std::min(attempt, 5))));
+  }
+}
+
+Status Catalog::commit() {
+  int rc = sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr);
+  if (rc == SQLITE_OK) return Status::OK();
+  Status s = sqlite_error(rc, "COMMIT");
+  rollback();
+  return s;
+}
+
+void Catalog::rollback() {
+  // After some errors (I/O, full disk) SQLite has already rolled back.
+  if (!sqlite3_get_autocommit(db_)) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+}
+
+template <class F>
+Status Catalog::write_txn(F&& body) {
+  KV_RETURN_IF_ERROR(begin_immediate());
+  Status s = body();
+  if (!s.ok()) {
+    rollback();
+    return s;
+  }
+  return commit();
+}
+
+Result<int> Catalog::schema_version() {
+  KV_ASSIGN_OR_RETURN(Stmt st, stmt("PRAGMA user_version"));
+  KV_ASSIGN_OR_RETURN(bool row, st.step());
+  return row ? static_cast<int>(st.col_i64(0)) : 0;
+}
+
+static Status too_new(const std::string& path, int v) {
+  return Status::NotSupported(path + ": the catalog has schema version " + std::to_string(v) +
+                              " but this kvsnap knows versions up to " + std::to_string(Catalog::kSchemaVersion) +
+                              ": it was written by a newer kvsnap; upgrade kvsnap to use this store");
+}
+
+Status Catalog::migrate() {
+  KV_ASSIGN_OR_RETURN(int v, schema_version());
+  if (v > kSchemaVersion) return too_new(path_, v);
+  if (v == kSchemaVersion) return Status::OK();
+  return write_txn([&]() -> Status {
+    // Read again under the write lock: another process may have migrated.
+    KV_ASSIGN_OR_RETURN(int now, schema_version());
+    if (now > kSchemaVersion) return too_new(path_, now);
+    for (int i = now; i < kSchemaVersion; ++i) {
+      KV_RETURN_IF_ERROR(exec(kMigrations[i]).Prefixed("migrating the catalog to version " + std::to_string(i + 1)));
+    }
+    std::string set = "PRAGMA user_version = " + std::to_string(kSchemaVersion);
+    return exec(set.c_str());
+  });
+}
+
+// ---------------------------------------------------------------- add / remove
+
+Result<SnapshotInfo> Catalog::add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks) {
+  SnapshotInfo& info = rec.info;
+  if (info.name) {
+    if (info.name->empty()) return Status::InvalidArgument("a snapshot name cannot be empty");
+    if (all_digits(*info.name)) {
+      return Status::InvalidArgument("'" + *info.name + "' cannot be a snapshot name: it would read as an id");
+    }
+  }
+  for (const auto& [k, v] : info.tags) {
+    if (k.empty()) return Status::InvalidArgument("a tag key cannot be empty");
+  }
+  info.uuid = info.uuid.empty() ? new_uuid_v4() : lower(info.uuid);
+  if (info.created.empty()) info.created = now_iso8601();
+  info.n_tokens = static_cast<int64_t>(rec.tokens.size());
+  info.n_chunks = static_cast<int64_t>(chunks.size());
+
+  std::vector<std::byte> tok = tokens_le(rec.tokens);
+  int64_t anchor_len = info.n_tokens / kPrefixStride * kPrefixStride;
+  Sha256 sha;
+  sha.update(tok.data(), static_cast<size_t>(anchor_len) * 4);
+  Hash16 anchor_hash = sha.peek();
+  sha.update(tok.data() + anchor_len * 4, tok.size() - static_cast<size_t>(anchor_len) * 4);
+  Hash16 full_hash = sha.peek();
+
+  Status s = write_txn([&]() -> Status {
+    if (info.name) {
+      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT id FROM snapshots WHERE name = ?1"));
+      q.text(1, *info.name);
+      KV_ASSIGN_OR_RETURN(bool taken, q.step());
+      if (taken) {
+        return Status::InvalidArgument("a snapshot named '" + *info.name + "' already exists (id " +
+                                       std::to_string(q.col_i64(0)) + ")");
+      }
+    }
+    {
+      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT id FROM snapshots WHERE uuid = ?1"));
+      q.text(1, info.uuid);
+      KV_ASSIGN_OR_RETURN(bool taken, q.step());
+      if (taken) {
+        return Status::InvalidArgument("a snapshot with uuid " + info.uuid + " already exists (id " +
+                                       std::to_string(q.col_i64(0)) + ")");
+      }
+    }
+    if (info.parent_id) {
+      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT 1 FROM snapshots WHERE id = ?1"));
+      q.i64(1, *info.parent_id);
+      KV_ASSIGN_OR_RETURN(bool found, q.step());
+      if (!found) return Status::InvalidArgument("parent snapshot " + std::to_string(*info.parent_id) + " does not exist");
+    }
+    {
+      KV_ASSIGN_OR_RETURN(
+          Stmt ins, stmt("INSERT INTO snapshots(uuid, name, created, model_arch, model_fingerprint, n_tokens, k_types, "
+                         "v_types, v_trans, source_format, raw_bytes, stored_bytes, lossy, parent_id, content_sha256, "
+                         "n_chunks, anchor_len, anchor_hash, full_hash) "
+                         "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)"));
+      ins.text(1, info.uuid).opt_text(2, info.name).text(3, info.created).text(4, info.model_arch);
+      ins.text(5, info.model_fingerprint).i64(6, info.n_tokens).text(7, info.k_types).text(8, info.v_types);
+      ins.i64(9, info.v_trans ? 1 : 0).text(10, info.source_format);
+      ins.i64(11, static_cast<int64_t>(info.raw_bytes)).i64(12, static_cast<int64_t>(info.stored_bytes));
+      ins.opt_text(13, info.lossy.empty() ? std::nullopt : std::optional<std::string>(info.lossy));
+      if (info.parent_id) ins.i64(14, *info.parent_id);
+      ins.opt_text(15, info.content_sha256.empty() ? std::nullopt : std::optional<std::string>(info.content_sha256));
+      ins.i64(16, info.n_chunks).i64(17, anchor_len).blob(18, anchor_hash).blob(19, full_hash);
+      KV_RETURN_IF_ERROR(ins.run());
+    }
+    info.id = sqlite3_last_insert_rowid(db_);
+    {
+      KV_ASSIGN_OR_RETURN(Stmt ins, stmt("INSERT INTO snapshot_blobs(snapshot_id, manifest, tokens) VALUES(?1, ?2, ?3)"));
+      ins.i64(1, info.id).blob(2, rec.manifest).blob(3, tok);
+      KV_RETURN_IF_ERROR(ins.run());
+    }
+    for (const auto& [k, v] : info.tags) {
+      KV_ASSIGN_OR_RETURN(Stmt ins, stmt("INSERT INTO tags(snapshot_id, key, value) VALUES(?1, ?2, ?3)"));
+      ins.i64(1, info.id).text(2, k).text(3, v);
+      KV_RETURN_IF_ERROR(ins.run());
+    }
+    for (size_t idx = 0; idx < chunks.size(); ++idx) {
+      const ChunkUse& c = chunks[idx];
+      {
+        // The hash names the raw bytes, so one hash with two raw sizes means a bug upstream.
+        KV_ASSIGN_OR_RETURN(Stmt up, stmt("INSERT INTO chunks(sha256, raw_size, stored_size, refcount) "
+                                          "VALUES(?1, ?2, ?3, 1) ON CONFLICT(sha256) DO UPDATE "
+                                          "SET refcount = refcount + 1 WHERE raw_size = excluded.raw_size"));
+        up.blob(1, c.sha256.bytes).i64(2, static_cast<int64_t>(c.raw_size)).i64(3, static_cast<int64_t>(c.stored_size));
+        KV_RETURN_IF_ERROR(up.run());
+      }
+      if (sqlite3_changes(db_) != 1) {
+        return Status::Mismatch("chunk " + c.sha256.hex() + " is already recorded with another raw size than " +
+                                std::to_string(c.raw_size));
+      }
+      KV_ASSIGN_OR_RETURN(Stmt ins, stmt("INSERT INTO snapshot_chunks(snapshot_id, idx, sha256) VALUES(?1, ?2, ?3)"));
+      ins.i64(1, info.id).i64(2, static_cast<int64_t>(idx)).blob(3, c.sha256.bytes);
+      KV_RETURN_IF_ERROR(ins.run());
+    }
+    return Status::OK();
+  });
+  if (!s.ok()) return s;
+  return std::move(info);
+}
+
+Result<std::vector<ChunkHash>> Catalog::remove_snapshot(int64_t id) {
+  std::vector<ChunkHash> freed;
+  Status s = write_txn([&]() -> Status {
+    freed.clear();
+    {
+      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT 1 FROM snapshots WHERE id = ?1"));
+      q.i64(1, id);
+      KV_ASSIGN_OR_RETURN(bool found, q.step());
+      if (!found) return Status::NotFound("no snapshot with id " + std::to_string(id));
+    }
+    std::vector<std::pair<ChunkHash, int64_t>> uses;
+    {
+      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT sha256, COUNT(*) FROM snapshot_chunks WHERE snapshot_id = ?1 GROUP BY sha256"));
+      q.i64(1, id);
+      for (;;) {
+        KV_ASSIGN_OR_RETURN(bool row, q.step());
+        if (!row) break;
+        ChunkHash h;
+        auto b = q.col_blob(0);
+        if (b.size() != 32) return Status::Corruption(path_ + ": snapshot " + std::to_string(id) + " has a malformed chunk hash");
+        std::memcpy(h.bytes.data(), b.data(), 32);
+        uses.emplace_back(h, q.col_i64(1));
+      }
+    }
+    for (const auto& [h, n] : uses) {
+      KV_ASSIGN_OR_RETURN(Stmt up, stmt("UPDATE chunks SET refcount = refcount - ?2 WHERE sha256 = ?1 RETURNING refcount"));
+      up.blob(1, h.bytes).i64(2, n);
+      KV_ASSIGN_OR_RETURN(bool row, up.step());
+      if (!row) return Status::Corruption(path_ + ": chunk " + h.hex() + " is used but has no chunk row");
+      if (up.col_i64(0) == 0) freed.push_back(h);
+      KV_RETURN_IF_ERROR(up.run());
+    }
+    KV_ASSIGN_OR_RETURN(Stmt del, stmt("DELETE FROM snapshots WHERE id = ?1"));
+    del.i64(1, id);
+    return del.run();  // tags, chunk list and blobs go by ON DELETE CASCADE
+  });
+  if (!s.ok()) return s;
+  return freed;
+}
+
+// ---------------------------------------------------------------- reading
+
+Result<SnapshotInfo> Catalog::get_info(int64_t id) {
+  SnapshotInfo info;
+  {
+    KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT " KV_INFO_COLS " FROM snapshots s WHERE s.id = ?1"));
+    q.i64(1, id);
+    KV_ASSIGN_OR_RETURN(bool found, q.step());
+    if (!found) return Status::NotFound("no snapshot with id " + std::to_string(id));
+    info = info_from_row(q);
+  }
+  KV_ASSIGN_OR_RETURN(Stmt t, stmt("SELECT key, value FROM tags WHERE snapshot_id = ?1"));
+  t.i64(1, id);
+  for (;;) {
+    KV_ASSIGN_OR_RETURN(bool row, t.step());
+    if (!row) break;
+    info.tags.emplace(t.col_text(0), t.col_text(1));
+  }
+  return info;
+}
+
+Result<SnapshotRecord> Catalog::get(int64_t id) {
+  SnapshotRecord rec;
+  KV_ASSIGN_OR_RETURN(rec.info, get_info(id));
+  KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT manifest, tokens FROM snapshot_blobs WHERE snapshot_id = ?1"));
+  q.i64(1, id);
+  KV_ASSIGN_OR_RETURN(bool found, q.step());
+  if (!found) return Status::Corruption(path_ + ": snapshot " + std::to_string(id) + " has no manifest row");
+  auto m = q.col_blob(0);
+  rec.manifest.assign(m.begin(), m.end());
+  auto t = q.col_blob(1);
+  if (t.size() != static_cast<size_t>(rec.info.n_tokens) * 4) {
+    return Status::Corruption(path_ + ": snapshot " + std::to_string(id) + " stores " + std::to_string(t.size()) +
+                              " token bytes for " + std::to_string(rec.info.n_tokens) + " tokens");
+  }
+  rec.tokens = tokens_from_le(t);
+  return rec;
+}
+
+Result<std::vector<ChunkUse>> Catalog::chunks_of(int64_t id) {
+  KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT c.sha256, c.raw_size, c.stored_size FROM snapshot_chunks sc "
+                                   "JOIN chunks c ON c.sha256 = sc.sha256 WHERE sc.snapshot_id = ?1 ORDER BY sc.idx"));
+  q.i64(1, id);
+  std::vector<ChunkUse> out;
+  for (;;) {
+    KV_ASSIGN_OR_RETURN(bool row, q.step());
+    if (!row) break;
+    ChunkUse u;
+    auto b = q.col_blob(0);
+    if (b.size() != 32) return Status::Corruption(path_ + ": malformed chunk hash in snapshot " + std::to_string(id));
+    std::memcpy(u.sha256.bytes.data(), b.data(), 32);
+    u.raw_size = static_cast<uint64_t>(q.col_i64(1));
+    u.stored_size = static_cast<uint64_t>(q.col_i64(2));
+    out.push_back(u);
+  }
+  return out;
+}
+
+Result<int64_t> Catalog::resolve(const std::string& ref) {
+  if (ref.empty()) return Status::InvalidArgument("an empty snapshot reference");
+  {
+    KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT id FROM snapshots WHERE name = ?1"));
+    q.text(1, ref);
+    KV_ASSIGN_OR_RETURN(bool found, q.step());
+    if (found) return q.col_i64(0);
+  }
+  if (all_digits(ref) && ref.size() <= 18) {
+    KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT id FROM snapshots WHERE id = ?1"));
+    q.i64(1, std::stoll(ref));
+    KV_ASSIGN_OR_RETURN(bool found, q.step());
+    if (found) return q.col_i64(0);
+  }
+  std::string p = lower(ref);
+  bool hexish = uuid_like(p);
+  if (hexish && p.size() >= 6) {
+    // [p, p with its last character bumped) is exactly the uuids starting with p.
+    std::string hi = p;
+    hi.back() = static_cast<char>(hi.back() + 1);
+    KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT id, uuid, name FROM snapshots WHERE uuid >= ?1 AND uuid < ?2 "
+                                     "ORDER BY uuid LIMIT 6"));
+    q.text(1, p).text(2, hi);
+    std::vector<std::string> seen;
+    int64_t first = 0;
+    for (;;) {
+      KV_ASSIGN_OR_RETURN(bool row, q.step());
+      if (!row) break;
+      if (seen.empty()) first = q.col_i64(0);
+      std::string d = q.col_text(1) + " (id " + std::to_string(q.col_i64(0));
+      if (!q.is_null(2)) d += ", '" + q.col_text(2) + "'";
+      seen.push_back(d + ")");
+    }
+    if (seen.size() == 1) return first;
+    if (seen.size() > 1) {
+      std::string msg = "'" + ref + "' is the start of several snapshot uuids: ";
+      for (size_t i = 0; i < seen.size() && i < 5; ++i) msg += (i ? ", " : "") + seen[i];
+      if (seen.size() > 5) msg += ", ...";
+      return Status::Ambiguous(msg + "; give more of the uuid");
+    }
+  }
+  std::string msg = "no snapshot has the name, id or uuid '" + ref + "'";
+  if (hexish && p.size() < 6) msg += " (a uuid prefix needs at least 6 characters)";
+  return Status::NotFound(msg);
+}
+
+Result<std::vector<SnapshotInfo>> Catalog::list(const ListFilter& f) {
+  std::string sql = "SELECT " KV_INFO_COLS " FROM snapshots s WHERE 1";
+  std::vector<std::string> args;
+  auto arg = [&](const std::string& v) {
+    args.push_back(v);
+    return "?" + std::to_string(args.size());
+  };
+  if (!f.model_fingerprint.empty()) sql += " AND s.model_fingerprint = " + arg(f.model_fingerprint);
+  if (!f.model_arch.empty()) sql += " AND s.model_arch = " + arg(f.model_arch);
+  if (!f.name_glob.empty()) sql += " AND s.name GLOB " + arg(f.name_glob);
+  if (!f.type.empty()) {
+    std::string t = arg("," + f.type + ",");
+    sql += " AND (instr(',' || s.k_types || ',', " + t + ") > 0 OR instr(',' || s.v_types || ',', " + t + ") > 0)";
+  }
+  for (const auto& [k, v] : f.tags) {
+    std::string kp = arg(k);
+    // IN, not a correlated EXISTS: lets SQLite start from the tags_kv index.
+    sql += " AND s.id IN (SELECT t.snapshot_id FROM tags t WHERE t.key = " + kp + " AND t.value = " + arg(v) + ")";
+  }
+  sql += " ORDER BY s.created DESC, s.id DESC";
+  if (f.limit >= 0) sql += " LIMIT " + std::to_string(f.limit);
+
+  std::vector<SnapshotInfo> out;
+  // One read transaction: the rows and their tags come from the same moment.
+  KV_RETURN_IF_ERROR(exec("BEGIN"));
+  Status s = [&]() -> Status {
+    {
+      KV_ASSIGN_OR_RETURN(Stmt q, stmt_once(sql));
+      for (size_t i = 0; i < args.size(); ++i) q.text(static_cast<int>(i + 1), args[i]);
+      for (;;) {
+        KV_ASSIGN_OR_RETURN(bool row, q.step());
+        if (!row) break;
+        out.push_back(info_from_row(q));
+      }
+    }
+    KV_ASSIGN_OR_RETURN(Stmt t, stmt("SELECT key, value FROM tags WHERE snapshot_id = ?1"));
+    for (SnapshotInfo& i : out) {
+      t.i64(1, i.id);
+      for (;;) {
+        KV_ASSIGN_OR_RETURN(bool row, t.step());
+        if (!row) break;
+        i.tags.emplace(t.col_text(0), t.col_text(1));
+      }
+      t.reset();
+    }
+    return Status::OK();
+  }();
+  rollback();
+  if (!s.ok()) return s;
+  return out;
+}
+
+// ---------------------------------------------------------------- prefix search
+
+// Tokens are not compared here.
+Result<std::vector<std::pair<int64_t, int64_t>>> Catalog::prefix_candidates(std::span<const int32_t> query) {
+  const int64_t m = static_cast<int64_t>(query.size());
+  std::vector<std::byte> q = tokens_le(query);
+  std::vector<std::pair<int64_t, int64_t>> ids;
+  KV_ASSIGN_OR_RETURN(Stmt band, stmt("SELECT n_tokens, full_hash, id FROM snapshots "
+                                      "WHERE anchor_len = ?1 AND anchor_hash = ?2 AND n_tokens <= ?3 LIMIT ?4"));
+  KV_ASSIGN_OR_RETURN(Stmt probe, stmt("SELECT id FROM snapshots WHERE n_tokens = ?1 AND full_hash = ?2"));
+  struct Row {
+    int64_t n;
+    Hash16 full;
+    int64_t id;
+  };
+  std::vector<Row> rows;
+  Sha256 run;  // the hash of q[0, c)
+  for (int64_t c = 0; c <= m; c += kPrefixStride) {
+    const int64_t band_last = std::min(c + kPrefixStride - 1, m);  // longest length anchored at c
+    rows.clear();
+    band.i64(1, c).blob(2, run.peek()).i64(3, m).i64(4, kPrefixStride + 1);
+    for (;;) {
+      KV_ASSIGN_OR_RETURN(bool row, band.step());
+      if (!row) break;
+      Row r{band.col_i64(0), {}, band.col_i64(2)};
+      auto h = band.col_blob(1);
+      if (h.size() == r.full.size()) std::memcpy(r.full.data(), h.data(), h.size());
+      rows.push_back(r);
+    }
+    band.reset();
+    if (!rows.empty()) {
+      // Hash q[0, n) for the lengths n this band needs, continuing from c.
+      Sha256 walk(run);
+      int64_t pos = c;
+      auto hash_to = [&](int64_t n) {
+        walk.update(q.data() + pos * 4, static_cast<size_t>(n - pos) * 4);
+        pos = n;
+        return walk.peek();
+      };
+      if (rows.size() <= static_cast<size_t>(kPrefixStride)) {
+        std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.n < b.n; });
+        Hash16 h{};
+        int64_t hashed = -1;
+        for (const Row& r : rows) {
+          if (r.n == 0) continue;
+          if (r.n != hashed) {
+            h = hash_to(r.n);
+            hashed = r.n;
+          }
+          if (h == r.full) ids.emplace_back(r.n, r.id);
+        }
+      } else {
+        // Crowded band (a shared system prompt): probe each length instead of
+        // comparing every snapshot anchored here.
+        for (int64_t n = std::max<int64_t>(c, 1); n <= band_last; ++n) {
+          probe.i64(1, n).blob(2, hash_to(n));
+          for (;;) {
+            KV_ASSIGN_OR_RETURN(bool row, probe.step());
+            if (!row) break;
+            ids.emplace_back(n, probe.col_i64(0));
+          }
+          probe.reset();
+        }
+      }
+    }
+    const int64_t next = std::min(c + kPrefixStride, m);
+    run.update(q.data() + c * 4, static_cast<size_t>(next - c) * 4);
+  }
+  return ids;
+}
+
+Result<std::vector<SnapshotInfo>> Catalog::find_prefix(std::span<const int32_t> query,
+                                                       const std::string& model_fingerprint, size_t limit) {
+  std::vector<SnapshotInfo> out;
+  if (query.empty() || limit == 0) return out;
+  KV_RETURN_IF_ERROR(exec("BEGIN"));  // one consistent view for the probes and the checks
+  Status s = [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(auto candidates, prefix_candidates(query));
+    std::sort(candidates.begin(), candidates.end(), std::greater<>());  // longest, then highest id
+    std::vector<std::byte> q = tokens_le(query);
+    for (const auto& [n_tokens, id] : candidates) {
+      if (out.size() >= limit) break;
+      // Hashes only chose the candidates; the tokens decide.
+      {
+        KV_ASSIGN_OR_RETURN(Stmt t, stmt("SELECT b.tokens, s.model_fingerprint FROM snapshot_blobs b "
+                                         "JOIN snapshots s ON s.id = b.snapshot_id WHERE b.snapshot_id = ?1"));
+        t.i64(1, id);
+        KV_ASSIGN_OR_RETURN(bool found, t.step());
+        if (!found) continue;
+        if (!model_fingerprint.empty() && t.col_text(1) != model_fingerprint) continue;
+        auto stored = t.col_blob(0);
+        size_t n = static_cast<size_t>(n_tokens) * 4;
+        if (stored.size() != n || n > q.size() || std::memcmp(stored.data(), q.data(), n) != 0) continue;
+      }
+      KV_ASSIGN_OR_RETURN(SnapshotInfo info, get_info(id));
+      out.push_back(std::move(info));
+    }
+    return Status::OK();
+  }();
+  rollback();
+  if (!s.ok()) return s;
+  return out;
+}
+
+// ---------------------------------------------------------------- gc, stats, checks
+
+static bool hash_from_blob(std::span<const std::byte> b, ChunkHash& h) {
+  if (b.size() != h.bytes.size()) return false;
+  std::memcpy(h.bytes.data(), b.data(), b.size());
+  return true;
+}
+
+Result<GcCandidates> Catalog::gc_candidates(const std::vector<ChunkHash>& on_disk) {
+  GcCandidates out;
+  KV_RETURN_IF_ERROR(exec("BEGIN"));
+  Status s = [&]() -> Status {
+    {
+      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT sha256 FROM chunks WHERE refcount = 0"));
+      for (;;) {
+        KV_ASSIGN_OR_RETURN(bool row, q.step());
+        if (!row) break;
+        ChunkHash h;
+        if (hash_from_blob(q.col_blob(0), h)) out.unreferenced.push_back(h);
+      }
+    }
+    KV_ASSIGN_OR_RETURN(Stmt probe, stmt("SELECT 1 FROM chunks WHERE sha256 = ?1"));
+    for (const ChunkHash& h : on_disk) {
+      probe.blob(1, h.bytes);
+      KV_ASSIGN_OR_RETURN(bool known, probe.step());
+      probe.reset();
+      if (!known) out.orphans.push_back(h);
+    }
+    return Status::OK();
+  }();
+  rollback();
+  if (!s.ok()) return s;
+  return out;
+}
+
+Result<std::vector<ChunkHash>> Catalog::forget_unreferenced(const std::vector<ChunkHash>& hashes) {
+  std::vector<ChunkHash> gone;
+  Status s = write_txn([&]() -> Status {
+    gone.clear();
+    KV_ASSIGN_OR_RETURN(Stmt del, stmt("DELETE FROM chunks WHERE sha256 = ?1 AND refcount = 0"));
+    for (const ChunkHash& h : hashes) {
+      del.blob(1, h.bytes);
+      KV_RETURN_IF_ERROR(del.run());
+      del.reset();
+      if (sqlite3_changes(db_) == 1) gone.push_back(h);
+    }
+    return Status::OK();
+  });
+  if (!s.ok()) return s;
+  return gone;
+}
+
+Result<CatalogStats> Catalog::stats() {
+  CatalogStats st;
+  KV_RETURN_IF_ERROR(exec("BEGIN"));
+  Status s = [&]() -> Status {
+    {
+      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT COUNT(*), COALESCE(SUM(raw_bytes), 0) FROM snapshots"));
+      KV_ASSIGN_OR_RETURN(bool row, q.step());
+      if (row) {
+        st.snapshots = q.col_i64(0);
+        st.raw_bytes = static_cast<uint64_t>(q.col_i64(1));
+      }
+    }
+    {
+      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT COALESCE(SUM(refcount > 0), 0), COALESCE(SUM(refcount = 0), 0), "
+                                       "COALESCE(SUM(raw_size * refcount), 0), "
+                                       "COALESCE(SUM(CASE WHEN refcount > 0 THEN stored_size ELSE 0 END), 0) FROM chunks"));
+      KV_ASSIGN_OR_RETURN(bool row, q.step());
+      if (row) {
+        st.chunks = q.col_i64(0);
+        st.unreferenced_chunks = q.col_i64(1);
+        st.chunk_raw_bytes = static_cast<uint64_t>(q.col_i64(2));
+        st.stored_bytes = static_cast<uint64_t>(q.col_i64(3));
+      }
+    }
+    KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT COALESCE(SUM(length(manifest)), 0) FROM snapshot_blobs"));
+    KV_ASSIGN_OR_RETURN(bool row, q.step());
+    if (row) st.manifest_bytes = static_cast<uint64_t>(q.col_i64(0));
+    return Status::OK();
+  }();
+  rollback();
+  if (!s.ok()) return s;
+  st.dedup_ratio = st.stored_bytes ? double(st.chunk_raw_bytes) / double(st.stored_bytes) : 0.0;
+  return st;
+}
+
+Result<std::vector<std::string>> Catalog::integrity_check() {
+  std::vector<std::string> problems;
+  auto collect = [&](const char* sql, auto describe) -> Status {
+    KV_ASSIGN_OR_RETURN(Stmt q, stmt_once(sql));
+    for (;;) {
+      KV_ASSIGN_OR_RETURN(bool row, q.step());
+      if (!row) return Status::OK();
+      std::string p = describe(q);
+      if (!p.empty()) problems.push_back(std::move(p));
+    }
+  };
+  KV_RETURN_IF_ERROR(exec("BEGIN"));
+  Status s = [&]() -> Status {
+    KV_RETURN_IF_ERROR(collect("PRAGMA quick_check", [](const Stmt& q) {
+      std::string r = q.col_text(0);
+      return r == "ok" ? std::string() : "sqlite: " + r;
+    }));
+    KV_RETURN_IF_ERROR(collect("PRAGMA foreign_key_check", [](const Stmt& q) {
+      return "foreign key: a row of " + q.col_text(0) + " (rowid " + q.col_text(1) + ") names a missing " +
+             q.col_text(2) + " row";
+    }));
+    KV_RETURN_IF_ERROR(collect(
+        "SELECT hex(c.sha256), c.refcount, COUNT(sc.sha256) FROM chunks c "
+        "LEFT JOIN snapshot_chunks sc ON sc.sha256 = c.sha256 GROUP BY c.sha256 HAVING c.refcount != COUNT(sc.sha256)",
+        [](const Stmt& q) {
+          return "chunk " + lower(q.col_text(0)) + " has refcount " + std::to_string(q.col_i64(1)) + " but " +
+                 std::to_string(q.col_i64(2)) + " uses";
+        }));
+    KV_RETURN_IF_ERROR(collect(
+        "SELECT s.id, s.n_chunks, (SELECT COUNT(*) FROM snapshot_chunks sc WHERE sc.snapshot_id = s.id) AS n "
+        "FROM snapshots s WHERE s.n_chunks != n",
+        [](const Stmt& q) {
+          return "snapshot " + std::to_string(q.col_i64(0)) + " says " + std::to_string(q.col_i64(1)) +
+                 " chunks but lists " + std::to_string(q.col_i64(2));
+        }));
+    return collect(
+        "SELECT s.id FROM snapshots s LEFT JOIN snapshot_blobs b ON b.snapshot_id = s.id "
+        "WHERE b.snapshot_id IS NULL OR length(b.tokens) != 4 * s.n_tokens",
+        [](const Stmt& q) { return "snapshot " + std::to_string(q.col_i64(0)) + " has no or wrong-sized tokens"; });
+  }();
+  rollback();
+  if (!s.ok()) return s;
+  return problems;
+}
+
+Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOptions& options) {
+  GcReport report;
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLock> lock, blobs.lock_for_gc(options.wait));
+  if (!lock) {
+    report.skipped_busy = true;
+    return report;
+  }
+  // From here until `lock` goes, no save is between writing a blob and
+  // committing the row that names it.
+  std::vector<ChunkHash> on_disk;
+  if (options.scan_orphans) {
+    KV_ASSIGN_OR_RETURN(on_disk, blobs.list());
+  }
+  KV_ASSIGN_OR_RETURN(GcCandidates cand, catalog.gc_candidates(on_disk));
+  KV_ASSIGN_OR_RETURN(std::vector<ChunkHash> gone, catalog.forget_unreferenced(cand.unreferenced));
+  for (const ChunkHash& h : gone) KV_RETURN_IF_ERROR(blobs.remove(*lock, h));
+  report.unreferenced_deleted = gone.size();
+  for (const ChunkHash& h : cand.orphans) KV_RETURN_IF_ERROR(blobs.remove(*lock, h));
+  report.orphans_deleted = cand.orphans.size();
+  if (options.scan_orphans) {
+    KV_ASSIGN_OR_RETURN(report.temporaries_deleted, blobs.clear_tmp(*lock));
+  }
+  return report;
+}
+
+}  // namespace kvsnap

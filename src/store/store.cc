@@ -1,0 +1,543 @@
+#include "store/store.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "format/ggml_types.h"
+#include "format/state_prefix.h"
+#include "migrate/convert_state.h"
+#include "store/archive.h"
+
+namespace kvsnap {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Blobs are small (a chunk of 256 cells of one layer); anything larger than this is not ours.
+constexpr uint64_t kMaxBlobBytes = uint64_t(1) << 31;
+
+ChunkHash hash_of(const ChunkRef& r) {
+  ChunkHash h;
+  h.bytes = r.sha256;
+  return h;
+}
+
+// Hands the snapshot writer's blobs to the blob store and remembers the chunk list.
+class BlobSink final : public ChunkSink {
+ public:
+  explicit BlobSink(BlobWriteBatch& batch) : batch_(batch) {}
+  Status put(const ChunkRef& ref, std::span<const std::byte> blob) override {
+    KV_ASSIGN_OR_RETURN(PutOutcome o, batch_.put(hash_of(ref), blob));
+    if (o == PutOutcome::kWritten) {
+      ++written;
+      bytes_written += blob.size();
+    }
+    uses.push_back({hash_of(ref), ref.raw_size, blob.size()});
+    return Status::OK();
+  }
+  std::vector<ChunkUse> uses;
+  uint64_t written = 0, bytes_written = 0;
+
+ private:
+  BlobWriteBatch& batch_;
+};
+
+class BlobSource final : public ChunkSource {
+ public:
+  explicit BlobSource(BlobStore& blobs) : blobs_(blobs) {}
+  Result<std::vector<std::byte>> get(const ChunkRef& ref) override {
+    auto b = blobs_.get(hash_of(ref), kMaxBlobBytes);
+    if (!b.ok() && b.status().code() == Code::kNotFound)
+      return Status::Corruption("the store lost chunk " + to_hex(ref.sha256) + " (" + b.status().message() +
+                                "); run kvsnap verify");
+    return b;
+  }
+
+ private:
+  BlobStore& blobs_;
+};
+
+class OpenedSnapshot final : public StoredSnapshot {
+ public:
+  OpenedSnapshot(SnapshotInfo info, BlobStore& blobs) : info_(std::move(info)), source_(blobs) {}
+  const SnapshotInfo& info() const override { return info_; }
+  const SnapshotReader& reader() const override { return *reader_; }
+  SnapshotInfo info_;
+  BlobSource source_;
+  std::unique_ptr<SnapshotReader> reader_;
+};
+
+std::string distinct_types(const StateFile& f, bool v) {
+  std::set<std::string> seen;
+  std::string out;
+  for (const auto& sec : f.memory.kv)
+    for (const auto& st : sec.streams)
+      for (const auto& L : st.layers) {
+        if (v && !L.has_v) continue;
+        std::string n = type_name(v ? L.v_type : L.k_type);
+        if (seen.insert(n).second) out += (out.empty() ? "" : ",") + n;
+      }
+  return out;
+}
+
+bool any_v_trans(const StateFile& f) {
+  for (const auto& sec : f.memory.kv)
+    for (const auto& st : sec.streams)
+      if (st.cell_count && st.v_trans) return true;
+  return false;
+}
+
+std::string format_name(const StateFile& f) {
+  std::string k = f.kind == StateKind::kSeqFile       ? "ggsq"
+                  : f.kind == StateKind::kSessionFile ? "ggsn"
+                  : f.kind == StateKind::kRawSeq      ? "raw-seq"
+                                                      : "raw-context";
+  return k + " v" + std::to_string(f.version);
+}
+
+bool wants_conversion(const ConversionSpec& s) {
+  return !s.ctk.empty() || !s.ctv.empty() || !s.flash_attn.empty() || !s.format.empty() || !s.rotation.empty() ||
+         !s.src_rotation.empty() || !s.dst_rotation.empty() || s.head_dim_k || s.head_dim_v;
+}
+
+std::string temp_name(const StorePaths& p, const char* what) {
+  std::random_device rd;
+  return p.tmp_dir() + "/" + what + "-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
+}
+
+// Removes a temporary file when it goes out of scope.
+struct TempFile {
+  Io& io;
+  std::string path;
+  ~TempFile() {
+    if (!path.empty()) (void)io.remove(path);
+  }
+};
+
+// Copies the snapshot's original to `out` in order, decoding ahead on `threads`
+// workers: each round, every worker reads (decodes and hash-checks the chunks
+// of) one block, then the blocks are appended in order. Every byte comes from
+// a chunk whose SHA-256 was checked when decoded, and the manifest itself is
+// checked by its digest, so no whole-file hash is needed here (verify does one).
+Status copy_parallel(const ReadableFile& file, uint32_t threads, ByteSink& out) {
+  constexpr uint64_t kBlock = 4u << 20;
+  const uint32_t T = std::max(1u, threads);
+  std::vector<std::vector<std::byte>> bufs(T, std::vector<std::byte>(kBlock));
+  std::vector<Status> status(T);
+  for (uint64_t base = 0; base < file.size(); base += kBlock * T) {
+    auto work = [&](uint32_t t) {
+      const uint64_t off = base + t * kBlock;
+      if (off >= file.size()) return;
+      const uint64_t n = std::min<uint64_t>(kBlock, file.size() - off);
+      status[t] = file.read_at(off, std::span<std::byte>(bufs[t].data(), n));
+    };
+    std::vector<std::thread> pool;
+    for (uint32_t t = 1; t < T; ++t) pool.emplace_back(work, t);
+    work(0);
+    for (auto& th : pool) th.join();
+    for (uint32_t t = 0; t < T; ++t) {
+      const uint64_t off = base + t * kBlock;
+      if (off >= file.size()) break;
+      KV_RETURN_IF_ERROR(status[t]);
+      KV_RETURN_IF_ERROR(out.append(std::span<const std::byte>(bufs[t].data(), std::min<uint64_t>(kBlock, file.size() - off))));
+    }
+  }
+  return Status::OK();
+}
+
+Status write_temp(Io& io, const std::string& path, const std::function<Status(ByteSink&)>& fill) {
+  KV_ASSIGN_OR_RETURN(auto w, io.open_write(path, /*exclusive=*/true));
+  {
+    BufferedSink b(*w);
+    KV_RETURN_IF_ERROR(fill(b));
+    KV_RETURN_IF_ERROR(b.flush());
+  }
+  return w->close();
+}
+
+// The catalog's row for a snapshot: what ls shows and find searches.
+SnapshotRecord make_record(const SnapshotManifest& m, const StateFile& state, uint64_t raw_bytes,
+                           const std::string& arch, const std::string& fingerprint) {
+  SnapshotRecord rec;
+  SnapshotInfo& info = rec.info;
+  info.model_arch = arch;
+  info.model_fingerprint = fingerprint;
+  info.k_types = distinct_types(state, false);
+  info.v_types = distinct_types(state, true);
+  info.v_trans = any_v_trans(state);
+  info.source_format = format_name(state);
+  info.raw_bytes = raw_bytes;
+  info.stored_bytes = m.stored_bytes();
+  if (m.lossy && m.info.contains("lossy") && m.info["lossy"].is_object()) {
+    const auto& l = m.info["lossy"];
+    info.lossy = l.value("from_k", "?") + "/" + l.value("from_v", "?") + " -> " + l.value("to_k", "?") + "/" +
+                 l.value("to_v", "?");
+  } else if (m.lossy) {
+    info.lossy = "lossy";
+  }
+  info.content_sha256 = to_hex(m.original_sha256);
+  rec.manifest = m.bytes;
+  rec.tokens = state.tokens.tokens;
+  return rec;
+}
+
+}  // namespace
+
+std::optional<RotationGeometry> recorded_geometry(const SnapshotManifest& m) {
+  if (!m.model || m.model->kv_sections.empty() || m.model->layers.empty()) return std::nullopt;
+  auto shared = [](const std::vector<uint32_t>& d) -> uint32_t {
+    if (d.empty()) return 0;
+    for (uint32_t x : d)
+      if (x != d[0]) return 0;
+    return d[0];
+  };
+  // llama.cpp's rule, as ModelInfo::rotation_head_dim: layer 0's head dim decides whether it rotates.
+  const uint32_t k0 = m.model->layers[0].head_dim_k, v0 = m.model->layers[0].head_dim_v;
+  RotationGeometry g;
+  for (const auto& s : m.model->kv_sections) {
+    g.k_head_dim.push_back(k0 % 64 == 0 ? shared(s.head_dim_k) : 0);
+    g.v_head_dim.push_back(v0 % 64 == 0 ? shared(s.head_dim_v) : 0);
+  }
+  return g;
+}
+
+Store::Store(Io& io, StorePaths paths, std::unique_ptr<BlobStore> blobs, std::unique_ptr<Catalog> catalog)
+    : io_(io), paths_(std::move(paths)), blobs_(std::move(blobs)), catalog_(std::move(catalog)) {}
+Store::~Store() = default;
+
+Result<std::unique_ptr<Store>> Store::open(Io& io, const StorePaths& paths) {
+  KV_RETURN_IF_ERROR(io.create_dirs(paths.root));
+  KV_ASSIGN_OR_RETURN(auto blobs, BlobStore::open(io, paths.root));
+  KV_ASSIGN_OR_RETURN(auto catalog, Catalog::open(paths.catalog()));
+  return std::unique_ptr<Store>(new Store(io, paths, std::move(blobs), std::move(catalog)));
+}
+
+Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed, const SaveRequest& req) {
+  const auto t0 = Clock::now();
+  KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
+  SnapshotOptions so;
+  so.cells_per_chunk = req.cells_per_chunk;
+  so.zstd_level = req.zstd_level;
+  so.byte_shuffle = req.byte_shuffle;
+  so.threads = req.threads ? req.threads : std::max(1u, std::thread::hardware_concurrency());
+  so.source_name = req.source_name.empty() ? file.name() : req.source_name;
+  if (req.model) {
+    KV_ASSIGN_OR_RETURN(so.model, snapshot_model_info(req.model->profile));
+  }
+  const ReadableFile* src = &file;
+  const StateFile* state = &parsed;
+  TempFile temp{io_, ""};
+  std::unique_ptr<ReadableFile> converted_file;
+  StateFile converted;
+  if (req.store_type) {
+    KV_ASSIGN_OR_RETURN(ConvertRequest creq, make_request(*req.store_type, parsed, req.model, file.name()));
+    temp.path = temp_name(paths_, "store-type");
+    KV_RETURN_IF_ERROR(write_temp(io_, temp.path, [&](ByteSink& out) {
+      return convert_state(parsed, file, creq, out).status();
+    }));
+    KV_ASSIGN_OR_RETURN(converted_file, io_.open_read(temp.path));
+    KV_ASSIGN_OR_RETURN(converted, parse_for_model(*converted_file, {}, req.model));
+    so.lossy = LossyConversion{distinct_types(parsed, false), distinct_types(parsed, true),
+                               distinct_types(converted, false), distinct_types(converted, true),
+                               "quantized on store (kvsnap save --store-type)"};
+    src = converted_file.get();
+    state = &converted;
+  }
+  BlobSink sink(*batch);
+  KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_snapshot(*state, *src, so, sink));
+  KV_RETURN_IF_ERROR(batch->sync_dirs());
+
+  SnapshotRecord rec = make_record(m, *state, src->size(), req.model ? req.model->arch : state->arch,
+                                   req.model ? req.model->profile.fingerprint : "");
+  SnapshotInfo& info = rec.info;
+  if (!req.name.empty()) info.name = req.name;
+  info.tags = req.tags;
+  if (req.find_parent && !rec.tokens.empty()) {
+    KV_ASSIGN_OR_RETURN(auto prefixes, catalog_->find_prefix(rec.tokens, info.model_fingerprint, 1));
+    if (!prefixes.empty()) info.parent_id = prefixes[0].id;
+  }
+  KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->add_snapshot(std::move(rec), sink.uses));
+  batch.reset();  // the catalog references the blobs now: gc may run again
+  SaveResult r;
+  r.info = std::move(stored);
+  r.chunks = sink.uses.size();
+  r.chunks_new = sink.written;
+  r.bytes_new = sink.bytes_written;
+  r.seconds = since(t0);
+  return r;
+}
+
+Result<std::unique_ptr<StoredSnapshot>> Store::open_snapshot(const std::string& ref) {
+  KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
+  KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
+  auto s = std::make_unique<OpenedSnapshot>(std::move(rec.info), *blobs_);
+  auto reader = kvsnap::open_snapshot(rec.manifest, s->source_);
+  if (!reader.ok())
+    return reader.status().Prefixed("snapshot " + ref + " (id " + std::to_string(id) + "): its manifest");
+  s->reader_ = std::move(reader).value();
+  return std::unique_ptr<StoredSnapshot>(std::move(s));
+}
+
+Result<RestoreResult> Store::restore(const std::string& ref, const RestoreRequest& req, ByteSink& out) {
+  const auto t0 = Clock::now();
+  KV_ASSIGN_OR_RETURN(auto snap, open_snapshot(ref));
+  const SnapshotReader& reader = snap->reader();
+  const ReadableFile& original = reader.original();
+  KV_ASSIGN_OR_RETURN(StateFile parsed, reader.parse_original());
+  RestoreResult r;
+  r.info = snap->info();
+  r.n_tokens = parsed.tokens.tokens.size();
+  CountingSink count;
+  struct Tee final : ByteSink {
+    ByteSink &a, &b;
+    Tee(ByteSink& x, ByteSink& y) : a(x), b(y) {}
+    using ByteSink::append;
+    Status append(std::span<const std::byte> d) override {
+      KV_RETURN_IF_ERROR(a.append(d));
+      return b.append(d);
+    }
+  } tee(out, count);
+  const bool convert = wants_conversion(req.spec);
+  if (!convert && !req.tokens) {
+    const uint32_t threads = req.spec.threads > 0 ? uint32_t(req.spec.threads) : std::max(1u, std::thread::hardware_concurrency());
+    KV_RETURN_IF_ERROR(copy_parallel(original, threads, tee));
+  } else if (!convert) {
+    KV_RETURN_IF_ERROR(write_prefix(parsed, original, *req.tokens, tee));
+    r.n_tokens = *req.tokens;
+  } else {
+    ConversionSpec spec = req.spec;
+    if (!req.model && !spec.geometry) spec.geometry = recorded_geometry(reader.manifest());
+    const ReadableFile* src = &original;
+    const StateFile* state = &parsed;
+    TempFile temp{io_, ""};
+    std::unique_ptr<ReadableFile> prefix_file;
+    StateFile prefix_state;
+    if (req.tokens) {
+      // Cut first (reads only the prefix's chunks), then convert the cut.
+      temp.path = temp_name(paths_, "restore-prefix");
+      KV_RETURN_IF_ERROR(write_temp(io_, temp.path, [&](ByteSink& o) { return write_prefix(parsed, original, *req.tokens, o); }));
+      KV_ASSIGN_OR_RETURN(prefix_file, io_.open_read(temp.path));
+      ParseOptions po = reader.parse_options();
+      KV_ASSIGN_OR_RETURN(prefix_state, parse_state(*prefix_file, po));
+      src = prefix_file.get();
+      state = &prefix_state;
+      r.n_tokens = *req.tokens;
+    }
+    KV_ASSIGN_OR_RETURN(ConvertRequest creq, make_request(spec, *state, req.model, "snapshot " + ref));
+    KV_RETURN_IF_ERROR(convert_state(*state, *src, creq, tee).status());
+    r.converted = true;
+  }
+  r.bytes_out = count.count;
+  r.seconds = since(t0);
+  return r;
+}
+
+Result<SnapshotInfo> Store::remove(const std::string& ref) {
+  KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
+  KV_ASSIGN_OR_RETURN(SnapshotInfo info, catalog_->get_info(id));
+  KV_RETURN_IF_ERROR(catalog_->remove_snapshot(id).status());
+  GcOptions o;
+  o.wait = false;
+  o.scan_orphans = false;
+  (void)collect_garbage(*catalog_, *blobs_, o);  // best effort: `kvsnap gc` finishes what a busy store skipped
+  return info;
+}
+
+Result<GcReport> Store::gc(bool wait) {
+  GcOptions o;
+  o.wait = wait;
+  o.scan_orphans = true;
+  return collect_garbage(*catalog_, *blobs_, o);
+}
+
+Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
+  VerifyReport rep;
+  std::vector<int64_t> ids;
+  if (refs.empty()) {
+    KV_ASSIGN_OR_RETURN(auto problems, catalog_->integrity_check());
+    for (auto& p : problems) rep.problems.push_back("catalog: " + p);
+    KV_ASSIGN_OR_RETURN(auto all, catalog_->list());
+    for (const auto& s : all) ids.push_back(s.id);
+  } else {
+    for (const auto& r : refs) {
+      KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(r));
+      ids.push_back(id);
+    }
+  }
+  for (int64_t id : ids) {
+    const std::string who = "snapshot " + std::to_string(id);
+    auto snap = open_snapshot(std::to_string(id));
+    ++rep.snapshots;
+    if (!snap.ok()) {
+      rep.problems.push_back(who + ": " + snap.status().ToString());
+      continue;
+    }
+    const SnapshotReader& reader = (*snap)->reader();
+    const SnapshotInfo& info = (*snap)->info();
+    const std::string label = info.name ? who + " (" + *info.name + ")" : who;
+    auto rec = catalog_->get(id);
+    if (rec.ok() && rec->tokens != reader.tokens().tokens)
+      rep.problems.push_back(label + ": the catalog's token list differs from the snapshot's");
+    if (info.content_sha256 != to_hex(reader.manifest().original_sha256))
+      rep.problems.push_back(label + ": the catalog's content hash differs from the snapshot's");
+    Status s = reader.verify_chunks();
+    if (s.ok()) s = reader.verify_original();
+    if (!s.ok()) rep.problems.push_back(label + ": " + s.ToString());
+    rep.chunks += reader.chunks().size();
+    rep.bytes += reader.manifest().raw_bytes();
+  }
+  return rep;
+}
+
+namespace {
+
+constexpr const char* kExportIndex = "kvsnap-export.json";
+
+std::string export_entry_name(const SnapshotInfo& s) { return "snapshots/" + s.uuid + ".kvsnap"; }
+
+nlohmann::json index_entry(const SnapshotInfo& s) {
+  nlohmann::json j = {{"uuid", s.uuid}, {"file", export_entry_name(s)}, {"created", s.created},
+                      {"model_fingerprint", s.model_fingerprint}, {"tags", nlohmann::json::object()}};
+  j["name"] = s.name ? nlohmann::json(*s.name) : nlohmann::json(nullptr);
+  for (const auto& [k, v] : s.tags) j["tags"][k] = v;
+  return j;
+}
+
+// Receives an archive: the index in memory (small), each .kvsnap into a temporary file.
+class ImportVisitor final : public ArchiveVisitor {
+ public:
+  ImportVisitor(Io& io, const StorePaths& paths, const std::string& archive) : io_(io), paths_(paths), archive_(archive) {}
+  ~ImportVisitor() override {
+    out_.reset();
+    for (const auto& f : files) (void)io_.remove(f.second);
+  }
+  Status begin_entry(const ArchiveEntryInfo& e) override {
+    if (e.name == kExportIndex) {
+      if (e.size > (64u << 20)) return Status::NotSupported(archive_ + ": " + kExportIndex + " is too large");
+      in_index_ = true;
+      return Status::OK();
+    }
+    if (e.name.size() < 8 || e.name.substr(e.name.size() - 7) != ".kvsnap")
+      return Status::NotSupported(archive_ + ": entry " + std::to_string(e.index) + " '" + e.name +
+                                  "' is not a .kvsnap snapshot; is this a kvsnap export?");
+    const std::string tmp = temp_name(paths_, "import");
+    KV_ASSIGN_OR_RETURN(out_, io_.open_write(tmp, /*exclusive=*/true));
+    files.push_back({e.name, tmp});
+    return Status::OK();
+  }
+  Status entry_data(std::span<const std::byte> piece) override {
+    if (in_index_) {
+      index_text.append(reinterpret_cast<const char*>(piece.data()), piece.size());
+      return Status::OK();
+    }
+    return out_->append(piece);
+  }
+  Status end_entry() override {
+    if (in_index_) {
+      in_index_ = false;
+      return Status::OK();
+    }
+    Status s = out_->close();
+    out_.reset();
+    return s;
+  }
+  std::string index_text;
+  std::vector<std::pair<std::string, std::string>> files;  // entry name, temporary path
+
+ private:
+  Io& io_;
+  const StorePaths& paths_;
+  std::string archive_;
+  bool in_index_ = false;
+  std::unique_ptr<WritableFile> out_;
+};
+
+}  // namespace
+
+Status Store::export_to(const std::vector<std::string>& refs, const std::string& path) {
+  if (refs.empty()) return Status::InvalidArgument("export: name at least one snapshot");
+  struct Item {
+    SnapshotInfo info;
+    std::unique_ptr<SnapshotFileAssembler> file;
+  };
+  std::vector<Item> items;
+  BlobSource source(*blobs_);
+  nlohmann::json index = {{"kvsnap_export", 1}, {"snapshots", nlohmann::json::array()}};
+  for (const auto& ref : refs) {
+    KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
+    KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
+    KV_ASSIGN_OR_RETURN(SnapshotManifest m, parse_manifest(rec.manifest, "snapshot " + ref));
+    KV_ASSIGN_OR_RETURN(SnapshotFileAssembler a, SnapshotFileAssembler::plan(m, source));
+    index["snapshots"].push_back(index_entry(rec.info));
+    items.push_back({std::move(rec.info), std::make_unique<SnapshotFileAssembler>(std::move(a))});
+  }
+  const std::string index_text = index.dump(2) + "\n";
+  std::vector<ExportEntry> entries;
+  entries.push_back(ExportEntry::FromProducer(kExportIndex, index_text.size(), [&](ByteSink& out) {
+    return out.append(index_text.data(), index_text.size());
+  }));
+  for (const auto& it : items) {
+    const SnapshotFileAssembler* a = it.file.get();
+    entries.push_back(ExportEntry::FromProducer(export_entry_name(it.info), a->file_size(),
+                                                [a, &source](ByteSink& out) { return a->write(source, out); }));
+  }
+  return export_archive(io_, path, entries);
+}
+
+Result<ImportReport> Store::import_from(const std::string& path) {
+  ImportVisitor v(io_, paths_, path);
+  KV_RETURN_IF_ERROR(import_archive(io_, path, v));  // any error: everything received is discarded
+  nlohmann::json index = nlohmann::json::parse(v.index_text, nullptr, false);
+  if (v.index_text.empty() || !index.is_object() || !index.contains("snapshots") || !index["snapshots"].is_array())
+    return Status::Corruption(path + ": no valid " + std::string(kExportIndex) + "; not a kvsnap export");
+  ImportReport rep;
+  for (const auto& [entry, tmp] : v.files) {
+    const nlohmann::json* meta = nullptr;
+    for (const auto& e : index["snapshots"])
+      if (e.is_object() && e.value("file", "") == entry) meta = &e;
+    if (!meta) return Status::Corruption(path + ": " + entry + " is not in the export's index");
+    KV_ASSIGN_OR_RETURN(auto file, io_.open_read(tmp));
+    auto reader = open_snapshot_file(*file);
+    if (!reader.ok()) return reader.status().Prefixed(path + ": " + entry);
+    KV_RETURN_IF_ERROR((*reader)->verify_chunks().Prefixed(path + ": " + entry));
+    KV_RETURN_IF_ERROR((*reader)->verify_original().Prefixed(path + ": " + entry));
+    const std::string uuid = meta->value("uuid", "");
+    if (!uuid.empty() && catalog_->resolve(uuid).ok()) {
+      rep.skipped.push_back(uuid + " (already in the store)");
+      continue;
+    }
+    KV_ASSIGN_OR_RETURN(StateFile state, (*reader)->parse_original());
+    const SnapshotManifest& m = (*reader)->manifest();
+    KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
+    std::vector<ChunkUse> uses;
+    for (const ChunkRef& ref : m.chunks) {
+      KV_ASSIGN_OR_RETURN(std::vector<std::byte> blob, (*reader)->blob(ref.index));
+      KV_RETURN_IF_ERROR(batch->put(hash_of(ref), blob).status());
+      uses.push_back({hash_of(ref), ref.raw_size, blob.size()});
+    }
+    KV_RETURN_IF_ERROR(batch->sync_dirs());
+    SnapshotRecord rec = make_record(m, state, m.provenance.file_size, m.arch.value_or(""),
+                                     meta->value("model_fingerprint", ""));
+    rec.info.uuid = uuid;
+    rec.info.created = meta->value("created", "");
+    if ((*meta)["name"].is_string()) {
+      std::string name = (*meta)["name"].get<std::string>();
+      if (catalog_->resolve(name).ok()) rep.skipped.push_back("name '" + name + "' is taken: imported " + uuid + " without it");
+      else rec.info.name = name;
+    }
+    if ((*meta)["tags"].is_object())
+      for (const auto& [k, val] : (*meta)["tags"].items())
+        if (val.is_string()) rec.info.tags[k] = val.get<std::string>();
+    KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->add_snapshot(std::move(rec), uses));
+    rep.imported.push_back(std::move(stored));
+  }
+  return rep;
+}
+
+}  // namespace kvsnap

@@ -1,0 +1,128 @@
+// The snapshot store: what `kvsnap save / restore / ls / show / find / rm /
+// gc / verify / export / import` do, over three parts with their own
+// promises: the snapshot format (format/snapshot.h), the content-addressed
+// blobs (store/blob_store.h) and the SQLite catalog (store/catalog.h).
+//
+// Promises:
+//   - save: a snapshot becomes visible only after all its blobs are written
+//     and fsynced and its catalog transaction committed; a crash at any point
+//     leaves no half snapshot (at most orphan blobs or temporaries, which gc
+//     reclaims). Saves hold the shared gc lock, so a concurrent gc never
+//     deletes a blob a save is about to reference.
+//   - restore at the snapshot's own types writes the original llama.cpp file
+//     byte for byte, and checks it against the recorded SHA-256 as it goes;
+//     restore at other types is exactly `kvsnap convert` of that file; both
+//     stream from chunks in bounded memory; every chunk is hash-checked when
+//     decoded, so a flipped stored byte is an error, never a silently wrong
+//     cache. --tokens N reads only the chunks the prefix needs.
+//   - verify re-hashes everything it is asked about and lists every problem.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/io.h"
+#include "base/status.h"
+#include "format/llama_state.h"
+#include "format/snapshot.h"
+#include "migrate/conversion_spec.h"
+#include "migrate/model_info.h"
+#include "store/blob_store.h"
+#include "store/catalog.h"
+#include "store/store_paths.h"
+
+namespace kvsnap {
+
+struct SaveRequest {
+  std::string name;                          // optional, unique
+  std::map<std::string, std::string> tags;
+  const ModelInfo* model = nullptr;          // records the fingerprint and head dims
+  std::optional<ConversionSpec> store_type;  // quantize on store (recorded as lossy)
+  bool find_parent = true;                   // parent = the longest stored prefix of the same model
+  std::string source_name;                   // the file's name, recorded in the snapshot
+  uint32_t threads = 0;                      // 0: every core
+  int zstd_level = 3;
+  bool byte_shuffle = true;                  // false: benchmarks of the filter's gain
+  uint32_t cells_per_chunk = kDefaultCellsPerChunk;
+};
+
+struct SaveResult {
+  SnapshotInfo info;
+  uint64_t chunks = 0;        // in the snapshot
+  uint64_t chunks_new = 0;    // written now (the rest were already stored: dedup)
+  uint64_t bytes_new = 0;     // blob bytes written now
+  double seconds = 0;
+};
+
+struct RestoreRequest {
+  ConversionSpec spec;               // nothing set: the snapshot's own types, byte for byte
+  const ModelInfo* model = nullptr;  // overrides the snapshot's recorded head dims
+  std::optional<uint64_t> tokens;    // only the first N tokens
+};
+
+struct RestoreResult {
+  SnapshotInfo info;
+  uint64_t bytes_out = 0;
+  uint64_t n_tokens = 0;
+  bool converted = false;
+  double seconds = 0;
+};
+
+struct VerifyReport {
+  size_t snapshots = 0;
+  uint64_t chunks = 0;
+  uint64_t bytes = 0;                 // raw bytes re-hashed
+  std::vector<std::string> problems;  // empty: everything checked out
+};
+
+struct ImportReport {
+  std::vector<SnapshotInfo> imported;
+  std::vector<std::string> skipped;   // already in the store (same uuid)
+};
+
+// A snapshot opened from the store: its reader and the source of its blobs.
+class StoredSnapshot {
+ public:
+  virtual ~StoredSnapshot() = default;
+  virtual const SnapshotInfo& info() const = 0;
+  virtual const SnapshotReader& reader() const = 0;
+};
+
+class Store {
+ public:
+  // Opens (creating it when missing) the store at `paths`.
+  static Result<std::unique_ptr<Store>> open(Io& io, const StorePaths& paths);
+  ~Store();
+
+  Result<SaveResult> save(const ReadableFile& file, const StateFile& parsed, const SaveRequest& req);
+  Result<RestoreResult> restore(const std::string& ref, const RestoreRequest& req, ByteSink& out);
+  Result<std::unique_ptr<StoredSnapshot>> open_snapshot(const std::string& ref);
+
+  Result<SnapshotInfo> remove(const std::string& ref);  // also deletes blobs nobody uses any more
+  Result<GcReport> gc(bool wait);
+  Result<VerifyReport> verify(const std::vector<std::string>& refs);  // empty: everything
+
+  // One .tar.zst with each snapshot as a standalone .kvsnap file plus an index.
+  Status export_to(const std::vector<std::string>& refs, const std::string& path);
+  Result<ImportReport> import_from(const std::string& path);
+
+  Catalog& catalog() { return *catalog_; }
+  const StorePaths& paths() const { return paths_; }
+
+ private:
+  Store(Io& io, StorePaths paths, std::unique_ptr<BlobStore> blobs, std::unique_ptr<Catalog> catalog);
+  Result<SaveResult> save_manifest(const SnapshotManifest& m, const std::vector<ChunkUse>& uses,
+                                   const StateFile& parsed, const SaveRequest& req, double t0);
+  Io& io_;
+  StorePaths paths_;
+  std::unique_ptr<BlobStore> blobs_;
+  std::unique_ptr<Catalog> catalog_;
+};
+
+// The rotation geometry a snapshot recorded (from the model given at save), if any.
+std::optional<RotationGeometry> recorded_geometry(const SnapshotManifest& m);
+
+}  // namespace kvsnap

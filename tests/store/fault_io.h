@@ -1,0 +1,178 @@
+// FaultInjectingIo: an Io that forwards to another Io (normally posix_io())
+// and fails chosen operations, for testing what a failed write, fsync or
+// rename leaves behind.
+//
+//   FaultInjectingIo io(posix_io());
+//   io.fail_nth(FaultOp::kSync, 2, ENOSPC);        // the 2nd file fsync from now fails
+//   io.short_write_nth(1, 100);                    // the next append writes 100 bytes, then fails
+//   io.fail_matching(FaultOp::kRename, "/chunks/"); // every rename whose path contains "/chunks/"
+//
+// Operations are counted per kind from construction; fail_nth counts from the
+// moment it is called. Thread-safe. Injected errors say "(injected)".
+#pragma once
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/io.h"
+
+namespace kvsnap {
+
+enum class FaultOp { kOpenWrite, kAppend, kSync, kClose, kRename, kRemove, kSyncDir, kCreateDirs, kLock };
+
+inline const char* fault_op_name(FaultOp op) {
+  switch (op) {
+    case FaultOp::kOpenWrite: return "open";
+    case FaultOp::kAppend: return "write";
+    case FaultOp::kSync: return "fsync";
+    case FaultOp::kClose: return "close";
+    case FaultOp::kRename: return "rename";
+    case FaultOp::kRemove: return "remove";
+    case FaultOp::kSyncDir: return "fsync directory";
+    case FaultOp::kCreateDirs: return "mkdir";
+    case FaultOp::kLock: return "lock";
+  }
+  return "?";
+}
+
+class FaultInjectingIo final : public Io {
+ public:
+  explicit FaultInjectingIo(Io& base) : base_(base) {}
+
+  // The n-th (1-based) operation of this kind from now fails with `err`.
+  void fail_nth(FaultOp op, int n, int err = ENOSPC) {
+    std::lock_guard<std::mutex> g(mu_);
+    faults_.push_back(Fault{op, count_[op] + n, err, std::nullopt, ""});
+  }
+  // Every operation of this kind whose path contains `needle` fails.
+  void fail_matching(FaultOp op, std::string needle, int err = EIO) {
+    std::lock_guard<std::mutex> g(mu_);
+    faults_.push_back(Fault{op, -1, err, std::nullopt, std::move(needle)});
+  }
+  // The n-th append from now writes only `keep` bytes, then fails with `err`.
+  void short_write_nth(int n, size_t keep, int err = ENOSPC) {
+    std::lock_guard<std::mutex> g(mu_);
+    faults_.push_back(Fault{FaultOp::kAppend, count_[FaultOp::kAppend] + n, err, keep, ""});
+  }
+  void clear() {
+    std::lock_guard<std::mutex> g(mu_);
+    faults_.clear();
+  }
+  int count(FaultOp op) const {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = count_.find(op);
+    return it == count_.end() ? 0 : it->second;
+  }
+  int injected() const { return injected_.load(); }
+
+  // Counts the operation; returns the fault to apply, if any.
+  std::optional<std::pair<int, std::optional<size_t>>> hit(FaultOp op, const std::string& path) {
+    std::lock_guard<std::mutex> g(mu_);
+    int n = ++count_[op];
+    for (auto it = faults_.begin(); it != faults_.end(); ++it) {
+      if (it->op != op) continue;
+      bool match = it->nth >= 0 ? it->nth == n : path.find(it->needle) != std::string::npos;
+      if (!match) continue;
+      auto r = std::make_pair(it->err, it->keep);
+      if (it->nth >= 0) faults_.erase(it);
+      ++injected_;
+      return r;
+    }
+    return std::nullopt;
+  }
+  static Status injected_status(FaultOp op, const std::string& path, int err) {
+    return Status::IOError(path + ": " + fault_op_name(op) + ": " + std::strerror(err) + " (injected)");
+  }
+
+  Result<std::unique_ptr<ReadableFile>> open_read(const std::string& path) override { return base_.open_read(path); }
+  Result<std::unique_ptr<WritableFile>> open_write(const std::string& path, bool exclusive) override;
+  Status rename(const std::string& from, const std::string& to) override {
+    if (auto f = hit(FaultOp::kRename, from + " -> " + to)) return injected_status(FaultOp::kRename, from, f->first);
+    return base_.rename(from, to);
+  }
+  Status remove(const std::string& path) override {
+    if (auto f = hit(FaultOp::kRemove, path)) return injected_status(FaultOp::kRemove, path, f->first);
+    return base_.remove(path);
+  }
+  Status sync_dir(const std::string& dir) override {
+    if (auto f = hit(FaultOp::kSyncDir, dir)) return injected_status(FaultOp::kSyncDir, dir, f->first);
+    return base_.sync_dir(dir);
+  }
+  Result<bool> exists(const std::string& path) override { return base_.exists(path); }
+  Result<std::vector<DirEntry>> list_dir(const std::string& dir) override { return base_.list_dir(dir); }
+  Status create_dirs(const std::string& dir) override {
+    if (auto f = hit(FaultOp::kCreateDirs, dir)) return injected_status(FaultOp::kCreateDirs, dir, f->first);
+    return base_.create_dirs(dir);
+  }
+  Result<std::unique_ptr<FileLock>> lock_file(const std::string& path, LockMode mode, bool wait) override {
+    if (auto f = hit(FaultOp::kLock, path)) return injected_status(FaultOp::kLock, path, f->first);
+    return base_.lock_file(path, mode, wait);
+  }
+
+ private:
+  struct Fault {
+    FaultOp op;
+    int nth;  // -1: match by needle
+    int err;
+    std::optional<size_t> keep;  // short write: bytes written before failing
+    std::string needle;
+  };
+  class File;
+
+  Io& base_;
+  mutable std::mutex mu_;
+  std::map<FaultOp, int> count_;
+  std::vector<Fault> faults_;
+  std::atomic<int> injected_{0};
+};
+
+class FaultInjectingIo::File final : public WritableFile {
+ public:
+  File(FaultInjectingIo& io, std::string path, std::unique_ptr<WritableFile> f)
+      : io_(io), path_(std::move(path)), f_(std::move(f)) {}
+  using ByteSink::append;
+  Status append(std::span<const std::byte> data) override {
+    if (auto f = io_.hit(FaultOp::kAppend, path_)) {
+      if (f->second) {
+        size_t keep = std::min(*f->second, data.size());
+        KV_RETURN_IF_ERROR(f_->append(data.first(keep)));
+      }
+      return injected_status(FaultOp::kAppend, path_, f->first);
+    }
+    return f_->append(data);
+  }
+  Status sync() override {
+    if (auto f = io_.hit(FaultOp::kSync, path_)) return injected_status(FaultOp::kSync, path_, f->first);
+    return f_->sync();
+  }
+  Status close() override {
+    if (closed_) return f_->close();
+    closed_ = true;
+    if (auto f = io_.hit(FaultOp::kClose, path_)) {
+      (void)f_->close();
+      return injected_status(FaultOp::kClose, path_, f->first);
+    }
+    return f_->close();
+  }
+
+ private:
+  FaultInjectingIo& io_;
+  std::string path_;
+  std::unique_ptr<WritableFile> f_;
+  bool closed_ = false;
+};
+
+inline Result<std::unique_ptr<WritableFile>> FaultInjectingIo::open_write(const std::string& path, bool exclusive) {
+  if (auto f = hit(FaultOp::kOpenWrite, path)) return injected_status(FaultOp::kOpenWrite, path, f->first);
+  KV_ASSIGN_OR_RETURN(auto file, base_.open_write(path, exclusive));
+  return std::unique_ptr<WritableFile>(new File(*this, path, std::move(file)));
+}
+
+}  // namespace kvsnap
