@@ -234,10 +234,10 @@ struct Slot {
   Status status;
 };
 
-Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, Slot& slot) {
+Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, bool shuffle, Slot& slot) {
   KV_RETURN_IF_ERROR(reader.read(index, slot.raw));
   const Segment* seg = reader.tensor_segment(index);
-  const FilterChoice filter = seg ? filter_for_type(seg->ggml_type) : FilterChoice{};
+  const FilterChoice filter = seg && shuffle ? filter_for_type(seg->ggml_type) : FilterChoice{};
   slot.ref.sha256 = sha256_of(slot.raw);
   slot.ref.raw_size = slot.raw.size();
   slot.ref.index = index;
@@ -264,7 +264,7 @@ Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink
     const size_t count = size_t(std::min<uint64_t>(W, n - base));
     std::atomic<size_t> next{0};
     auto work = [&](size_t t) {
-      for (size_t i; (i = next.fetch_add(1)) < count;) slots[i].status = encode_one(reader, base + i, *encoders[t], slots[i]);
+      for (size_t i; (i = next.fetch_add(1)) < count;) slots[i].status = encode_one(reader, base + i, *encoders[t], o.byte_shuffle, slots[i]);
     };
     std::vector<std::thread> pool;
     for (size_t t = 1; t < std::min<size_t>(T, count); ++t) pool.emplace_back(work, t);

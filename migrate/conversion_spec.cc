@@ -33,6 +33,8 @@ Status set_geometry(const ConversionSpec& spec, const StateFile& src, const Mode
     if (model) return Status::InvalidArgument("--head-dim-k/--head-dim-v and --model both given; the model decides");
     req.geometry.k_head_dim.assign(src.memory.kv.size(), uint32_t(std::max(0, spec.head_dim_k)));
     req.geometry.v_head_dim.assign(src.memory.kv.size(), uint32_t(std::max(0, spec.head_dim_v)));
+  } else if (!model && spec.geometry) {
+    req.geometry = *spec.geometry;
   }
   return Status::OK();
 }

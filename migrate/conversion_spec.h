@@ -4,6 +4,7 @@
 // `kvsnap convert`, `kvsnap restore --ctk ...`, server restores and the C API.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "base/status.h"
@@ -22,6 +23,9 @@ struct ConversionSpec {
   std::string format;            // target_format_names(); empty: current
   int head_dim_k = 0;            // without a model: the head dims for the rotation
   int head_dim_v = 0;
+  // Without a model and head dims: the rotation geometry recorded elsewhere
+  // (a snapshot's model facts).
+  std::optional<RotationGeometry> geometry;
   int threads = 0;               // 0: every core
   bool report = false;
 };

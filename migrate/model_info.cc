@@ -111,6 +111,7 @@ Result<ModelInfo> load_model_info(Io& io, const std::string& path) {
   j["inferred"] = p.inferred;
   j["notes"] = p.notes;
   m.summary = std::move(j);
+  m.profile = std::move(p);
   return m;
 }
 

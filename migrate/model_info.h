@@ -10,6 +10,7 @@
 
 #include "base/io.h"
 #include "format/llama_state.h"
+#include "format/model_profile.h"
 
 namespace kvsnap {
 
@@ -22,6 +23,7 @@ struct ModelInfo {
   std::vector<std::vector<uint32_t>> head_dim_k, head_dim_v;
   uint32_t layer0_head_dim_k = 0, layer0_head_dim_v = 0;  // llama.cpp's rotation test uses layer 0's
   uint32_t n_vocab = 0;
+  ModelProfile profile;  // everything read from the GGUF header
 
   nlohmann::ordered_json to_json() const { return summary; }
   // llama.cpp's Hadamard block for this layer's K or V, or nullopt when it

@@ -56,4 +56,7 @@ void setup_migrate(CLI::App& app, int& exit_status);
 // Returns kMismatch ("N files failed") after printing the summary when some files failed.
 Status run_migrate(const MigrateOptions& opts, std::string& out);
 
+// save, restore, ls, show, find, rm, gc, verify, export, import (cmd_store.cc)
+void setup_store_commands(CLI::App& app, int& exit_status);
+
 }  // namespace kvsnap::cli

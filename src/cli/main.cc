@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   int exit_status = kvsnap::cli::kExitOk;
   kvsnap::cli::setup_info(app, exit_status);
   kvsnap::cli::setup_convert(app, exit_status);
+  kvsnap::cli::setup_store_commands(app, exit_status);
   kvsnap::cli::setup_migrate(app, exit_status);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,228 @@
+#include "server/server_flows.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <random>
+
+#include "format/ggml_types.h"
+
+namespace kvsnap {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Removes a file kvsnap put in the slot directory, whatever happens.
+struct SlotFile {
+  Io& io;
+  std::string path;
+  ~SlotFile() {
+    if (!path.empty()) (void)io.remove(path);
+  }
+};
+
+std::string fresh_name(const char* what) {
+  std::random_device rd;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "kvsnap-%s-%d-%08x.bin", what, int(::getpid()), unsigned(rd()));
+  return buf;
+}
+
+std::string join(const std::string& dir, const std::string& name) {
+  return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+// Refuses a slot that is processing a request (saving or restoring it then
+// races the request). Servers started with --no-slots cannot tell: proceed.
+Status check_idle(LlamaServer& srv, int slot) {
+  auto slots = srv.slots();
+  if (!slots.ok()) {
+    if (slots.status().code() == Code::kNotFound || slots.status().code() == Code::kNotSupported) return Status::OK();
+    return slots.status();
+  }
+  for (const auto& s : *slots) {
+    if (s.id != slot) continue;
+    if (s.is_processing)
+      return Status::IOError("llama-server " + srv.url() + ": slot " + std::to_string(slot) +
+                             " is busy processing a request; try again when it is idle");
+    return Status::OK();
+  }
+  return Status::NotFound("llama-server " + srv.url() + " has no slot " + std::to_string(slot) + " (it has " +
+                          std::to_string(slots->size()) + ")");
+}
+
+Status check_slot_dir(Io& io, const ServerTarget& t) {
+  if (t.slot_dir.empty())
+    return Status::InvalidArgument("--slot-dir is needed: the directory the server was started with as --slot-save-path");
+  KV_ASSIGN_OR_RETURN(bool there, io.exists(t.slot_dir));
+  if (!there) return Status::NotFound("--slot-dir " + t.slot_dir + " does not exist");
+  return Status::OK();
+}
+
+// The file the server wrote, opened and parsed; a clear error when it is not where --slot-dir says.
+Result<std::unique_ptr<ReadableFile>> open_server_file(Io& io, const ServerTarget& t, const std::string& name) {
+  auto f = io.open_read(join(t.slot_dir, name));
+  if (!f.ok())
+    return Status::NotFound("the server saved '" + name + "' but it is not in --slot-dir " + t.slot_dir +
+                            ": is that the server's --slot-save-path? (" + f.status().message() + ")");
+  return f;
+}
+
+struct Model {
+  std::optional<ModelInfo> info;
+  std::string from;
+};
+
+// --model / the profile's model, else the server's own model file when readable here.
+Result<Model> find_model(Io& io, LlamaServer& srv, const ServerTarget& t) {
+  Model m;
+  std::string path = t.model;
+  m.from = "--model";
+  if (path.empty()) {
+    auto props = srv.props();
+    if (props.ok() && props->contains("model_path") && (*props)["model_path"].is_string()) {
+      path = (*props)["model_path"].get<std::string>();
+      m.from = "the server's model_path";
+      auto there = io.exists(path);
+      if (!there.ok() || !*there) return m;  // another machine's path: go without
+    }
+  }
+  if (path.empty()) return m;
+  KV_ASSIGN_OR_RETURN(m.info, load_model_info(io, path));
+  return m;
+}
+
+std::string first_type(const StateFile& f, bool v) {
+  for (const auto& sec : f.memory.kv)
+    for (const auto& st : sec.streams)
+      for (const auto& L : st.layers)
+        if (!v || L.has_v) return type_name(v ? L.v_type : L.k_type);
+  return "";
+}
+
+// Asks the server to save the slot and reads its cache types and V layout from the file.
+Status detect_types(Io& io, LlamaServer& srv, const ServerTarget& t, const ModelInfo* model, std::string& ctk,
+                    std::string& ctv, std::string& fa) {
+  SlotFile probe{io, ""};
+  const std::string name = fresh_name("probe");
+  probe.path = join(t.slot_dir, name);
+  KV_RETURN_IF_ERROR(srv.save_slot(t.slot, name).status());
+  auto opened = open_server_file(io, t, name);
+  if (!opened.ok())
+    return opened.status().Prefixed("detecting the server's cache types (pass --ctk/--ctv/--flash-attn to skip "
+                                    "this; delete " + name + " from the server's slot directory)");
+  auto file = std::move(opened).value();
+  KV_ASSIGN_OR_RETURN(StateFile st, parse_for_model(*file, {}, model));
+  for (const auto& sec : st.memory.kv)
+    for (const auto& s : sec.streams)
+      if (s.cell_count) {
+        ctk = first_type(st, false);
+        ctv = first_type(st, true);
+        fa = s.v_trans ? "off" : "on";
+        return Status::OK();
+      }
+  return Status::InvalidArgument("cannot detect the cache types of " + srv.url() + ": slot " + std::to_string(t.slot) +
+                                 " is empty; pass --ctk/--ctv/--flash-attn, or keep them in a profile "
+                                 "(kvsnap server add)");
+}
+
+Status check_model(const SnapshotInfo& s, const Model& m, const std::string& ref) {
+  if (!m.info || s.model_fingerprint.empty()) return Status::OK();
+  if (m.info->profile.fingerprint != s.model_fingerprint)
+    return Status::Mismatch("snapshot " + ref + " was saved from another model (fingerprint " +
+                            s.model_fingerprint.substr(0, 16) + "...) than " + m.info->path + " (" + m.from + ", " +
+                            m.info->profile.fingerprint.substr(0, 16) + "...)");
+  return Status::OK();
+}
+
+Result<ReuseCheck> check_reuse(LlamaServer& srv, int slot, const std::vector<int32_t>& tokens) {
+  nlohmann::json body = {{"prompt", tokens}, {"n_predict", 0}, {"temperature", 0}};
+  KV_ASSIGN_OR_RETURN(CompletionResult c, srv.complete(slot, body));
+  ReuseCheck r;
+  r.n_tokens = tokens.size();
+  r.prompt_n = c.prompt_n;
+  r.cache_n = c.cache_n;
+  r.reused = c.prompt_n <= 1;
+  return r;
+}
+
+}  // namespace
+
+Result<ServerSaveResult> save_from_server(Io& io, Store& store, const ServerTarget& t, SaveRequest req) {
+  LlamaServer srv(t.endpoint);
+  KV_RETURN_IF_ERROR(check_slot_dir(io, t));
+  KV_RETURN_IF_ERROR(srv.health());
+  KV_RETURN_IF_ERROR(check_idle(srv, t.slot));
+  KV_ASSIGN_OR_RETURN(Model model, find_model(io, srv, t));
+  if (!req.model && model.info) req.model = &*model.info;
+  const std::string name = fresh_name("save");
+  SlotFile file{io, join(t.slot_dir, name)};
+  ServerSaveResult r;
+  KV_ASSIGN_OR_RETURN(SlotFileResult saved, srv.save_slot(t.slot, name));
+  r.n_saved = saved.n_tokens;
+  r.server_ms = saved.ms;
+  KV_ASSIGN_OR_RETURN(auto in, open_server_file(io, t, name));
+  KV_ASSIGN_OR_RETURN(StateFile st, parse_for_model(*in, {}, req.model));
+  if (req.source_name.empty()) req.source_name = srv.url() + " slot " + std::to_string(t.slot);
+  KV_ASSIGN_OR_RETURN(r.save, store.save(*in, st, req));
+  return r;
+}
+
+Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const ServerTarget& t, const std::string& ref,
+                                              bool check) {
+  const auto t0 = Clock::now();
+  LlamaServer srv(t.endpoint);
+  KV_RETURN_IF_ERROR(check_slot_dir(io, t));
+  KV_RETURN_IF_ERROR(srv.health());
+  KV_RETURN_IF_ERROR(check_idle(srv, t.slot));
+  KV_ASSIGN_OR_RETURN(Model model, find_model(io, srv, t));
+  KV_ASSIGN_OR_RETURN(SnapshotInfo info, store.catalog().get_info(*store.catalog().resolve(ref)));
+  KV_RETURN_IF_ERROR(check_model(info, model, ref));
+
+  ServerRestoreResult r;
+  r.ctk = t.ctk;
+  r.ctv = t.ctv;
+  r.flash_attn = t.flash_attn;
+  r.types_from = "given";
+  if (r.ctk.empty() || r.ctv.empty() || r.flash_attn.empty()) {
+    std::string k, v, fa;
+    KV_RETURN_IF_ERROR(detect_types(io, srv, t, model.info ? &*model.info : nullptr, k, v, fa));
+    if (r.ctk.empty()) r.ctk = k;
+    if (r.ctv.empty()) r.ctv = v;
+    if (r.flash_attn.empty()) r.flash_attn = fa;
+    r.types_from = "detected from a file the server saved";
+  }
+  r.model_from = model.info ? model.from : "the snapshot's recorded head dims";
+
+  RestoreRequest req;
+  req.spec.ctk = r.ctk;
+  req.spec.ctv = r.ctv;
+  req.spec.flash_attn = r.flash_attn;
+  req.model = model.info ? &*model.info : nullptr;
+  const std::string name = fresh_name("restore");
+  SlotFile file{io, join(t.slot_dir, name)};
+  {
+    auto w = AtomicFileWriter::create(io, file.path);
+    if (!w.ok()) return w.status().Prefixed("cannot write into --slot-dir " + t.slot_dir);
+    KV_ASSIGN_OR_RETURN(r.restore, store.restore(ref, req, **w));
+    KV_RETURN_IF_ERROR((*w)->commit());
+  }
+  auto restored_or = srv.restore_slot(t.slot, name);
+  if (!restored_or.ok()) {
+    return restored_or.status().Prefixed("kvsnap wrote " + file.path +
+                                         " for the server (is --slot-dir its --slot-save-path? was the file still "
+                                         "there?)");
+  }
+  SlotFileResult restored = *restored_or;
+  r.n_restored = restored.n_tokens;
+  r.server_ms = restored.ms;
+  if (check) {
+    KV_ASSIGN_OR_RETURN(auto snap, store.open_snapshot(ref));
+    KV_ASSIGN_OR_RETURN(r.check, check_reuse(srv, t.slot, snap->reader().tokens().tokens));
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace kvsnap

@@ -1,0 +1,66 @@
+// Moving sessions between a running llama-server and the store, over its HTTP
+// API and its --slot-save-path directory:
+//
+//   save:    ask the server to save slot N under a fresh temporary name in its
+//            slot directory, ingest that file into the store, remove it;
+//   restore: write the snapshot, converted to the server's cache types and V
+//            layout, into the slot directory under a fresh name, ask the server
+//            to restore slot N from it, remove it; optionally prove that the
+//            server reuses the cache (--check).
+//
+// llama-server does not report its cache types. They come from the caller
+// (flags or a server profile), else are detected from a file the server saves
+// of the same slot. The model (for the rotation's head dims and the
+// wrong-model check) comes from the caller, else from the server's /props
+// model_path when that file is readable here.
+//
+// Whatever happens, no file kvsnap put in the slot directory is left behind,
+// and every error says what kvsnap was doing and what the server answered.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "base/io.h"
+#include "base/status.h"
+#include "server/llama_server.h"
+#include "store/store.h"
+
+namespace kvsnap {
+
+struct ServerTarget {
+  ServerEndpoint endpoint;
+  int slot = 0;
+  std::string slot_dir;                 // the server's --slot-save-path, as seen from here
+  std::string ctk, ctv, flash_attn;     // the server's cache; empty: detect
+  std::string model;                    // GGUF path; empty: the server's /props model_path if readable
+};
+
+struct ServerSaveResult {
+  SaveResult save;
+  uint64_t n_saved = 0;      // tokens the server wrote
+  double server_ms = 0;
+};
+
+struct ReuseCheck {
+  uint64_t n_tokens = 0;     // the stored prompt
+  uint64_t prompt_n = 0;     // tokens the server evaluated for it
+  uint64_t cache_n = 0;      // tokens it took from the cache
+  bool reused = false;       // prompt_n <= 1: only the last token, which llama-server always re-evaluates
+};
+
+struct ServerRestoreResult {
+  RestoreResult restore;
+  uint64_t n_restored = 0;
+  double server_ms = 0;
+  double seconds = 0;        // everything: convert, write, server restore
+  std::string ctk, ctv, flash_attn, types_from;  // what kvsnap wrote for, and how it knew
+  std::string model_from;
+  std::optional<ReuseCheck> check;
+};
+
+Result<ServerSaveResult> save_from_server(Io& io, Store& store, const ServerTarget& t, SaveRequest req);
+Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const ServerTarget& t, const std::string& ref,
+                                              bool check);
+
+}  // namespace kvsnap

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""kvsnap save --server / restore --server against a real llama-server (issue 5's flows).
+
+  server_flow_test.py KVSNAP LLAMA_SERVER FIXTURES WORKDIR
+
+1. a server with f16/f16 (flash attention on) completes fixtures/prompt.txt; `kvsnap save --server`
+   stores slot 0 (nothing is left in the slot directory);
+2. the server is restarted with q8_0/q8_0, then q4_0/q8_0, then f16/f16 without flash attention;
+   each time `kvsnap restore --server --check` converts and restores the snapshot (types from flags, from a
+   profile, or detected), the check proves the cache is reused, and a completion of prompt + suffix
+   evaluates only the suffix and predicts like a server that computed the prompt natively in those
+   types (KL within 1.5x of the native one, over the whole vocabulary);
+3. failure paths: server down, unknown slot, slot busy, --slot-dir not the server's, --slot-dir not
+   writable, a snapshot of another model: each a clear error, a non-zero exit, nothing left behind.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from server_test import Server, completion, mean_kl, agreeing_prefix, SUFFIX  # noqa: E402
+
+
+def kvsnap(args, env, expect=0):
+    p = subprocess.run(args, capture_output=True, text=True, env=env)
+    if expect is not None and p.returncode != expect:
+        raise AssertionError(f"{' '.join(args)}: exit {p.returncode}, expected {expect}\n{p.stdout}{p.stderr}")
+    return p
+
+
+def leftovers(slot_dir):
+    return [f for f in os.listdir(slot_dir) if f.startswith("kvsnap-") or ".kvsnap-tmp-" in f]
+
+
+def main():
+    k, server_bin, fixtures, work = sys.argv[1:5]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    slots = os.path.join(work, "slots")
+    os.makedirs(slots)
+    env = dict(os.environ, KVSNAP_HOME=os.path.join(work, "store"))
+    model = os.path.join(fixtures, "models", "tiny-hd64.gguf")
+    prompt = open(os.path.join(fixtures, "prompt.txt")).read()
+    failures, rows = [], []
+
+    def check(cond, msg):
+        if not cond:
+            failures.append(msg)
+        print(("ok   " if cond else "FAIL ") + msg)
+
+    # 1. save from an f16 server
+    src = Server(server_bin, model, "f16", "f16", True, slots, os.path.join(work, "src.log"))
+    try:
+        n_suffix = len(src.post("/tokenize", {"content": prompt + SUFFIX})[1]["tokens"]) - \
+            len(src.post("/tokenize", {"content": prompt})[1]["tokens"])
+        completion(src, prompt, 8)
+        p = kvsnap([k, "save", "--server", src.url, "--slot", "0", "--slot-dir", slots, "--name", "chat", "--json"], env)
+        saved = json.loads(p.stdout)
+        check(saved["n_tokens"] > 100, f"save --server stored {saved['n_tokens']} tokens")
+        check(not leftovers(slots), "save --server leaves nothing in the slot directory")
+        _, ref = completion(src, prompt + SUFFIX, 100000)
+        n_vocab = len(ref[0][1])
+        # failure: a slot that does not exist
+        p = kvsnap([k, "save", "--server", src.url, "--slot", "7", "--slot-dir", slots], env, expect=None)
+        check(p.returncode != 0 and "slot 7" in p.stderr, f"unknown slot refused: {p.stderr.strip()}")
+        # failure: slot busy (a long generation is running)
+        busy = threading.Thread(target=lambda: src.post("/completion", {"prompt": prompt, "n_predict": 3000,
+                                                                         "id_slot": 0, "ignore_eos": True}))
+        busy.start()
+        time.sleep(1.0)
+        p = kvsnap([k, "save", "--server", src.url, "--slot", "0", "--slot-dir", slots], env, expect=None)
+        busy.join()
+        check(p.returncode != 0 and "busy" in p.stderr, f"busy slot refused: {p.stderr.strip()}")
+        check(not leftovers(slots), "nothing left after the refusals")
+    finally:
+        src.stop()
+
+    # 2. restore into servers with other types
+    kvsnap([k, "server", "add", "q8", "http://127.0.0.1:1", "--slot-dir", slots, "--ctk", "q8_0", "--ctv", "q8_0",
+            "--fa", "on", "--model", model], env)
+    targets = [("q8_0", "q8_0", True, "flags"), ("q4_0", "q8_0", True, "detected"), ("f16", "f16", False, "flags")]
+    for ctk, ctv, fa, how in targets:
+        fa_word = "on" if fa else "off"
+        srv = Server(server_bin, model, ctk, ctv, fa, slots, os.path.join(work, f"{ctk}-{ctv}-{fa_word}.log"))
+        try:
+            _, native = completion(srv, prompt + SUFFIX, n_vocab, cache_prompt=False)
+            srv.post("/slots/0?action=erase", {})
+            if how == "detected":
+                completion(srv, "warm up the slot so it has something to save", 2)  # detection saves the slot
+            args = [k, "restore", "chat", "--server", srv.url, "--slot-dir", slots, "--check", "--json"]
+            if how == "flags":
+                args += ["--ctk", ctk, "--ctv", ctv, "--fa", fa_word]
+            p = kvsnap(args, env, expect=None)
+            if p.returncode != 0:
+                check(False, f"restore --server into {ctk}/{ctv} fa {fa_word}: {p.stderr.strip()}")
+                continue
+            r = json.loads(p.stdout)
+            check(r["n_restored"] == saved["n_tokens"] and r["check"]["reused"],
+                  f"{ctk}/{ctv} fa {fa_word} ({r['types_from']}): restored {r['n_restored']} tokens, "
+                  f"--check evaluated {r['check']['prompt_n']}")
+            n_prompt, restored = completion(srv, prompt + SUFFIX, n_vocab)
+            agree = agreeing_prefix(ref, native, restored)
+            kl_n, kl_r = mean_kl(ref, native, agree), mean_kl(ref, restored, agree)
+            bound = max(1.5 * kl_n, 1e-6)
+            rows.append((ctk, ctv, fa_word, r["n_restored"], n_prompt, kl_n, kl_r, bound))
+            check(n_prompt <= n_suffix + 2, f"{ctk}/{ctv} fa {fa_word}: the next completion evaluated {n_prompt} "
+                                            f"tokens (suffix {n_suffix})")
+            check(kl_r <= bound, f"{ctk}/{ctv} fa {fa_word}: KL {kl_r:.3g} <= {bound:.3g} (native {kl_n:.3g})")
+            check(not leftovers(slots), f"{ctk}/{ctv}: nothing left in the slot directory")
+            if ctk == "q8_0":
+                # the profile knows the types; the URL comes from the flag
+                kvsnap([k, "server", "add", "q8", srv.url, "--slot-dir", slots, "--ctk", "q8_0", "--ctv", "q8_0",
+                        "--fa", "on", "--model", model], env)
+                p = kvsnap([k, "restore", "chat", "--server", "q8", "--check"], env, expect=None)
+                check(p.returncode == 0, f"restore --server PROFILE: {p.stdout.strip()} {p.stderr.strip()}")
+                # failure: --slot-dir that is not the server's
+                other = os.path.join(work, "other")
+                os.makedirs(other, exist_ok=True)
+                p = kvsnap([k, "restore", "chat", "--server", srv.url, "--slot-dir", other, "--ctk", ctk, "--ctv", ctv,
+                            "--fa", fa_word], env, expect=None)
+                check(p.returncode != 0 and "restoring slot" in p.stderr and not leftovers(other),
+                      f"wrong --slot-dir: {p.stderr.strip()}")
+                # failure: --slot-dir not writable (a file, so that root cannot write either)
+                notdir = os.path.join(work, "not-a-dir")
+                open(notdir, "w").close()
+                p = kvsnap([k, "restore", "chat", "--server", srv.url, "--slot-dir", notdir, "--ctk", ctk, "--ctv", ctv,
+                            "--fa", fa_word], env, expect=None)
+                check(p.returncode != 0 and p.stderr.strip() != "", f"unwritable --slot-dir: {p.stderr.strip()}")
+        finally:
+            srv.stop()
+
+    # 3. more failure paths: the server is down; a snapshot of another model
+    p = kvsnap([k, "restore", "chat", "--server", "http://127.0.0.1:9", "--slot-dir", slots, "--ctk", "q8_0",
+                "--ctv", "q8_0"], env, expect=None)
+    check(p.returncode == 7 and "running" in p.stderr, f"server down: {p.stderr.strip()}")
+    other_model = os.path.join(fixtures, "models", "tiny-hd128.gguf")
+    srv = Server(server_bin, other_model, "f16", "f16", True, slots, os.path.join(work, "other-model.log"))
+    try:
+        p = kvsnap([k, "restore", "chat", "--server", srv.url, "--slot-dir", slots, "--ctk", "f16", "--ctv", "f16",
+                    "--fa", "on"], env, expect=None)
+        check(p.returncode == 5 and "another model" in p.stderr, f"wrong model: {p.stderr.strip()}")
+        check(not leftovers(slots), "nothing left after the wrong-model refusal")
+    finally:
+        srv.stop()
+
+    print("| ctk | ctv | fa | restored | prompt_n after | KL native | KL restored | bound |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in r) + " |")
+    print(f"{len(failures)} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
