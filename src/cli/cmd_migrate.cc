@@ -9,6 +9,9 @@
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
 #include "server/migrate_dir.h"
+#include "store/store.h"
+
+#include <mutex>
 
 namespace kvsnap::cli {
 namespace {
@@ -98,8 +101,20 @@ Status run_migrate(const MigrateOptions& o, std::string& out) {
     KV_ASSIGN_OR_RETURN(model, load_model_info(io, o.model));
     m.model = &*model;
   }
-  if (o.backup_store) {
-    return Status::NotSupported("--backup-store needs the snapshot store, which this build does not have yet");
+  std::unique_ptr<Store> store;
+  std::mutex store_mu;  // one catalog connection, shared by the jobs
+  if (o.backup_store && !o.dry_run) {
+    KV_ASSIGN_OR_RETURN(StorePaths paths, resolve_store_paths(o.store));
+    KV_ASSIGN_OR_RETURN(store, Store::open(io, paths));
+    m.backup = [&](const std::string& path, const ReadableFile& file, const StateFile& state) -> Status {
+      SaveRequest req;
+      req.model = m.model;
+      req.tags = {{"migrated-from", path}};
+      req.source_name = path;
+      req.threads = 1;
+      std::lock_guard<std::mutex> lock(store_mu);
+      return store->save(file, state, req).status();
+    };
   }
   const bool tty = o.progress && !o.json && ::isatty(2);
   if (tty) {
@@ -127,7 +142,7 @@ void setup_migrate(CLI::App& app, int& exit_status) {
   sub->add_option("--format", o->format, "current (default) or " + target_format_names());
   sub->add_option("--rotation", o->rotation, "auto|on|off (see kvsnap convert --help)");
   sub->add_option("--model,-m", o->model, "the model's GGUF: exact layout and head dims (recommended)");
-  sub->add_flag("--backup-store", o->backup_store, "store each original in the snapshot store before converting it");
+  sub->add_flag("--backup-store", o->backup_store, "save each original in the snapshot store (tag migrated-from=PATH) before converting it");
   sub->add_option("--store", o->store, "the store for --backup-store (default: $KVSNAP_HOME)");
   sub->add_option("--jobs,-j", o->jobs, "files converted at once (default 1)");
   sub->add_option("--threads,-t", o->threads, "threads per file (default: cores / jobs)");

@@ -74,6 +74,23 @@ TEST(Migrate, ConvertsInPlaceExactlyLikeConvertAndSkipsWhatIsDone) {
   EXPECT_NE(slurp(again).find("\"at_target\": 4"), std::string::npos) << slurp(again);
 }
 
+TEST(Migrate, BackupStoreKeepsEveryOriginal) {
+  TempDir t;
+  fs::path dir = t.path / "slots", store = t.path / "store";
+  fs::create_directories(dir);
+  fs::copy_file(fixture("b8121/hd64-f16-f16-faon.slot"), dir / "a.slot");
+  fs::copy_file(fixture("v0.5.0/hd64-f16-f16-faoff.slot"), dir / "b.slot");
+  ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " --backup-store --store " + store.string() +
+               " --ctk q8_0 --ctv q8_0 --fa on -m " + kModel + " >/dev/null"),
+            0);
+  const std::string k = std::string(KVSNAP_BINARY) + " ";
+  for (const auto& [id, orig] : {std::pair{"1", "b8121/hd64-f16-f16-faon.slot"}, {"2", "v0.5.0/hd64-f16-f16-faoff.slot"}}) {
+    const fs::path back = t.path / (std::string("back-") + id);
+    ASSERT_EQ(sh(k + "restore " + id + " -o " + back.string() + " --store " + store.string() + " >/dev/null"), 0);
+    EXPECT_EQ(slurp(back), slurp(fixture(orig))) << id;
+  }
+}
+
 TEST(Migrate, NeverFollowsSymlinksOutOfTheDirectory) {
   TempDir t;
   fs::path dir = t.path / "slots", outside = t.path / "outside.slot";
