@@ -147,6 +147,28 @@ def main():
     finally:
         srv.stop()
 
+    # 4. an API key, sent the way llama-server expects (Authorization: Bearer)
+    srv = Server(server_bin, model, "f16", "f16", True, slots, os.path.join(work, "apikey.log"),
+                 extra=("--api-key", "s3cret"))
+    srv.api_key = "s3cret"
+    try:
+        completion(srv, prompt, 2)
+        p = kvsnap([k, "save", "--server", srv.url, "--slot-dir", slots, "--name", "keyed"], env, expect=None)
+        check(p.returncode == 2 and "api key" in p.stderr.lower(), f"no API key: {p.stderr.strip()}")
+        keyfile = os.path.join(work, "key")
+        with open(keyfile, "w") as f:
+            f.write("s3cret\n")
+        os.chmod(keyfile, 0o600)
+        p = kvsnap([k, "save", "--server", srv.url, "--slot-dir", slots, "--name", "keyed", "--api-key-file", keyfile],
+                   env, expect=None)
+        check(p.returncode == 0, f"--api-key-file: {p.stdout.strip()} {p.stderr.strip()}")
+        p = kvsnap([k, "restore", "keyed", "--server", srv.url, "--slot-dir", slots, "--api-key", "s3cret",
+                    "--ctk", "f16", "--ctv", "f16", "--fa", "on", "--check"], env, expect=None)
+        check(p.returncode == 0, f"--api-key: {p.stdout.strip()} {p.stderr.strip()}")
+        check(not leftovers(slots), "nothing left with the API key flows")
+    finally:
+        srv.stop()
+
     print("| ctk | ctv | fa | restored | prompt_n after | KL native | KL restored | bound |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:

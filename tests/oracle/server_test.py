@@ -39,12 +39,12 @@ def free_port():
 
 
 class Server:
-    def __init__(self, binary, model, ctk, ctv, fa, slot_dir, log_path):
+    def __init__(self, binary, model, ctk, ctv, fa, slot_dir, log_path, extra=()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [binary, "-m", model, "-c", "4096", "-np", "1", "-ctk", ctk, "-ctv", ctv,
                 "-fa", "on" if fa else "off", "--slot-save-path", slot_dir + "/",
-                "--host", "127.0.0.1", "--port", str(self.port), "-t", "2", "--no-warmup"]
+                "--host", "127.0.0.1", "--port", str(self.port), "-t", "2", "--no-warmup", *extra]
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         self.desc = f"{os.path.basename(model)} ctk={ctk} ctv={ctv} fa={'on' if fa else 'off'}"
@@ -62,9 +62,13 @@ class Server:
         self.stop()
         raise RuntimeError(f"llama-server did not become healthy ({self.desc}); see {log_path}")
 
+    api_key = None
+
     def post(self, path, body):
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = "Bearer " + self.api_key
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=300) as r:
                 return r.status, json.loads(r.read())
