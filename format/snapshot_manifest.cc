@@ -5,6 +5,7 @@
 
 #include "format/cursor.h"
 #include "format/ggml_types.h"
+#include "format/rotation_rule.h"
 #include "format/snapshot.h"
 #include "format/snapshot_internal.h"
 
@@ -426,29 +427,7 @@ void encode_manifest(SnapshotManifest& m) {
 
 // --- Model info ----------------------------------------------------------------------
 
-namespace {
-
-// llama_kv_cache's constructor (v0.5.0), as src/cli/model_arg.cc applies it: K
-// rotates when the section's layers share a head dim and layer 0's is a
-// multiple of 64, in blocks of the largest power of two (>= 64) dividing it; V
-// in blocks of 64 under the same condition.
-uint32_t shared_dim(const std::vector<uint32_t>& d) {
-  if (d.empty()) return 0;
-  for (uint32_t x : d)
-    if (x != d[0]) return 0;
-  return d[0];
-}
-std::optional<uint32_t> k_block(uint32_t shared, uint32_t layer0) {
-  if (shared == 0 || layer0 % 64 != 0) return std::nullopt;
-  uint32_t n = 64;
-  do {
-    n *= 2;
-  } while (shared % n == 0);
-  return n / 2;
-}
-
-}  // namespace
-
+// The rotation blocks follow llama.cpp's rule (format/rotation_rule.h).
 Result<SnapshotModelInfo> snapshot_model_info(const ModelProfile& p) {
   SnapshotModelInfo m;
   m.arch = p.arch;
@@ -466,8 +445,8 @@ Result<SnapshotModelInfo> snapshot_model_info(const ModelProfile& p) {
       out.head_dim_k.push_back(L.head_dim_k);
       out.head_dim_v.push_back(L.head_dim_v);
     }
-    out.k_rotation_block = k_block(shared_dim(out.head_dim_k), l0k);
-    if (shared_dim(out.head_dim_v) != 0 && l0v % 64 == 0) out.v_rotation_block = 64;
+    out.k_rotation_block = k_rotation_block(shared_head_dim(out.head_dim_k), l0k);
+    out.v_rotation_block = v_rotation_block(shared_head_dim(out.head_dim_v), l0v);
     m.kv_sections.push_back(std::move(out));
   }
   return m;

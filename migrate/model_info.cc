@@ -2,51 +2,22 @@
 
 #include "format/memory_shape.h"
 #include "format/model_profile.h"
+#include "format/rotation_rule.h"
 
 namespace kvsnap {
-
-namespace {
-
-// llama_kv_cache's constructor (v0.5.0): K is rotated when the cache's layers
-// share one head dim and layer 0's head dim is a multiple of 64; the block is
-// the largest power of two (>= 64) dividing that shared head dim. V uses 64.
-std::optional<uint32_t> k_block(uint32_t shared_head_dim, uint32_t layer0_head_dim) {
-  if (shared_head_dim == 0 || layer0_head_dim % 64 != 0) return std::nullopt;
-  uint32_t n = 64;
-  do {
-    n *= 2;
-  } while (shared_head_dim % n == 0);
-  return n / 2;
-}
-
-uint32_t shared(const std::vector<uint32_t>& dims) {
-  if (dims.empty()) return 0;
-  for (uint32_t d : dims)
-    if (d != dims[0]) return 0;
-  return dims[0];
-}
-
-}  // namespace
 
 std::optional<uint32_t> ModelInfo::rotation_block(bool is_v, size_t section, size_t layer) const {
   (void)layer;
   const auto& dims = is_v ? head_dim_v : head_dim_k;
   if (section >= dims.size()) return std::nullopt;
-  const uint32_t all = shared(dims[section]);
-  const uint32_t layer0 = is_v ? layer0_head_dim_v : layer0_head_dim_k;
-  if (is_v) {
-    if (all == 0 || layer0 % 64 != 0) return std::nullopt;
-    return 64;
-  }
-  return k_block(all, layer0);
+  const uint32_t all = shared_head_dim(dims[section]);
+  return is_v ? v_rotation_block(all, layer0_head_dim_v) : k_rotation_block(all, layer0_head_dim_k);
 }
 
 uint32_t ModelInfo::rotation_head_dim(bool is_v, size_t section) const {
   const auto& dims = is_v ? head_dim_v : head_dim_k;
   if (section >= dims.size()) return 0;
-  const uint32_t layer0 = is_v ? layer0_head_dim_v : layer0_head_dim_k;
-  if (layer0 % 64 != 0) return 0;
-  return shared(dims[section]);
+  return kvsnap::rotation_head_dim(shared_head_dim(dims[section]), is_v ? layer0_head_dim_v : layer0_head_dim_k);
 }
 
 Status ModelInfo::check_state(const StateFile& f, const std::string& file_name) const {

@@ -81,6 +81,21 @@ class CountingSink final : public ByteSink {
   uint64_t count = 0;
 };
 
+// Appends to two sinks (e.g. the output and a CountingSink).
+class TeeSink final : public ByteSink {
+ public:
+  TeeSink(ByteSink& a, ByteSink& b) : a_(a), b_(b) {}
+  using ByteSink::append;
+  Status append(std::span<const std::byte> data) override {
+    KV_RETURN_IF_ERROR(a_.append(data));
+    return b_.append(data);
+  }
+
+ private:
+  ByteSink& a_;
+  ByteSink& b_;
+};
+
 // Collects small appends into large ones for a slower sink. flush() (or
 // destruction, errors dropped) passes the rest on.
 class BufferedSink final : public ByteSink {

@@ -14,6 +14,7 @@
 #include "cli/exit_codes.h"
 #include "cli/open_state.h"
 #include "format/ggml_types.h"
+#include "format/state_summary.h"
 #include "migrate/conversion_spec.h"
 #include "migrate/convert_state.h"
 
@@ -29,34 +30,6 @@ Status check_not_same_file(const std::string& in, const std::string& out) {
     return Status::InvalidArgument(out + ": is the input file; kvsnap never writes over its input");
   }
   return Status::OK();
-}
-
-std::string types_of(const StateFile& f, bool v) {
-  std::string out;
-  for (const auto& sec : f.memory.kv)
-    for (const auto& st : sec.streams)
-      for (const auto& L : st.layers) {
-        if (v && !L.has_v) continue;
-        std::string n = type_name(v ? L.v_type : L.k_type);
-        if (out.find(n) == std::string::npos) out += (out.empty() ? "" : ",") + n;
-      }
-  return out.empty() ? "-" : out;
-}
-
-std::string v_layout_of(const StateFile& f) {
-  for (const auto& sec : f.memory.kv)
-    for (const auto& st : sec.streams)
-      if (st.cell_count) return st.v_trans ? "transposed" : "rows";
-  return "-";
-}
-
-std::string format_of(const StateFile& f) {
-  std::string k = f.kind == StateKind::kSeqFile       ? "ggsq"
-                  : f.kind == StateKind::kSessionFile ? "ggsn"
-                  : f.kind == StateKind::kRawSeq      ? "raw-seq"
-                                                      : "raw-context";
-  return k + " v" + std::to_string(f.version) +
-         (!f.memory.kv.empty() && !f.memory.kv[0].stream_prefix ? " (b5640 layout)" : "");
 }
 
 double finite_or(double v, double alt) { return std::isfinite(v) ? v : alt; }
@@ -102,10 +75,10 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
   j["bytes_out"] = res.bytes_out;
   j["seconds"] = secs;
   j["threads"] = req.threads;
-  j["source"] = {{"format", format_of(src)}, {"ctk", types_of(src, false)}, {"ctv", types_of(src, true)},
-                 {"v_layout", v_layout_of(src)}};
-  j["target"] = {{"format", format_of(res.target)}, {"ctk", types_of(res.target, false)},
-                 {"ctv", types_of(res.target, true)}, {"v_layout", v_layout_of(res.target)}};
+  j["source"] = {{"format", state_format_name(src)}, {"ctk", state_types(src, false)}, {"ctv", state_types(src, true)},
+                 {"v_layout", state_v_layout(src)}};
+  j["target"] = {{"format", state_format_name(res.target)}, {"ctk", state_types(res.target, false)},
+                 {"ctv", state_types(res.target, true)}, {"v_layout", state_v_layout(res.target)}};
   json layers = json::array();
   for (const auto& r : res.layers) {
     layers.push_back({{"section", r.section}, {"layer", r.layer}, {"side", r.is_v ? "V" : "K"},
@@ -121,10 +94,10 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
   }
   char buf[512];
   std::snprintf(buf, sizeof buf, "%s: %s, K %s, V %s (%s), %llu bytes\n  -> %s: %s, K %s, V %s (%s), %llu bytes, %.3f s\n",
-                o.in.c_str(), format_of(src).c_str(), types_of(src, false).c_str(), types_of(src, true).c_str(),
-                v_layout_of(src).c_str(), (unsigned long long)res.bytes_in, o.out.c_str(),
-                format_of(res.target).c_str(), types_of(res.target, false).c_str(),
-                types_of(res.target, true).c_str(), v_layout_of(res.target).c_str(),
+                o.in.c_str(), state_format_name(src).c_str(), state_types(src, false).c_str(), state_types(src, true).c_str(),
+                state_v_layout(src).c_str(), (unsigned long long)res.bytes_in, o.out.c_str(),
+                state_format_name(res.target).c_str(), state_types(res.target, false).c_str(),
+                state_types(res.target, true).c_str(), state_v_layout(res.target).c_str(),
                 (unsigned long long)res.bytes_out, secs);
   out = buf;
   if (o.report) {

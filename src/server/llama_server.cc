@@ -123,26 +123,31 @@ Result<std::vector<SlotState>> LlamaServer::slots() {
   return out;
 }
 
+namespace {
+
+// save and restore answer alike: {"n_saved"|"n_restored", "n_written"|"n_read", "timings": {"save_ms"|"restore_ms"}}.
+SlotFileResult slot_file_result(const json& j, const char* tokens, const char* bytes, const char* ms) {
+  SlotFileResult r;
+  r.n_tokens = j.value(tokens, uint64_t(0));
+  r.n_bytes = j.value(bytes, uint64_t(0));
+  if (j.contains("timings") && j["timings"].is_object()) r.ms = j["timings"].value(ms, 0.0);
+  return r;
+}
+
+}  // namespace
+
 Result<SlotFileResult> LlamaServer::save_slot(int slot, const std::string& filename) {
   json body = {{"filename", filename}};
   KV_ASSIGN_OR_RETURN(json j, call("POST", "/slots/" + std::to_string(slot) + "?action=save", &body,
                                    "saving slot " + std::to_string(slot) + " to '" + filename + "'"));
-  SlotFileResult r;
-  r.n_tokens = j.value("n_saved", uint64_t(0));
-  r.n_bytes = j.value("n_written", uint64_t(0));
-  if (j.contains("timings")) r.ms = j["timings"].value("save_ms", 0.0);
-  return r;
+  return slot_file_result(j, "n_saved", "n_written", "save_ms");
 }
 
 Result<SlotFileResult> LlamaServer::restore_slot(int slot, const std::string& filename) {
   json body = {{"filename", filename}};
   KV_ASSIGN_OR_RETURN(json j, call("POST", "/slots/" + std::to_string(slot) + "?action=restore", &body,
                                    "restoring slot " + std::to_string(slot) + " from '" + filename + "'"));
-  SlotFileResult r;
-  r.n_tokens = j.value("n_restored", uint64_t(0));
-  r.n_bytes = j.value("n_read", uint64_t(0));
-  if (j.contains("timings")) r.ms = j["timings"].value("restore_ms", 0.0);
-  return r;
+  return slot_file_result(j, "n_restored", "n_read", "restore_ms");
 }
 
 Status LlamaServer::erase_slot(int slot) {

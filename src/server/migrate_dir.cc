@@ -9,7 +9,7 @@
 #include <mutex>
 #include <thread>
 
-#include "format/ggml_types.h"
+#include "format/state_summary.h"
 #include "migrate/convert_state.h"
 
 namespace kvsnap {
@@ -35,18 +35,6 @@ class ZeroTensorSource final : public TensorSource {
     return Status::OK();
   }
 };
-
-std::string types_of(const StateFile& f, bool v) {
-  std::string out;
-  for (const auto& sec : f.memory.kv)
-    for (const auto& st : sec.streams)
-      for (const auto& L : st.layers) {
-        if (v && !L.has_v) continue;
-        std::string n = type_name(v ? L.v_type : L.k_type);
-        if (("," + out + ",").find("," + n + ",") == std::string::npos) out += (out.empty() ? "" : ",") + n;
-      }
-  return out.empty() ? "-" : out;
-}
 
 bool same_layout(const StateFile& a, const StateFile& b) {
   if (a.kind != b.kind || a.version != b.version || a.raw_seq_tagged != b.raw_seq_tagged) return false;
@@ -206,19 +194,6 @@ uint64_t MigrateSummary::bytes_after() const {
   for (const auto& f : files)
     if (f.action == FileAction::kConverted || f.action == FileAction::kWouldConvert) n += f.bytes_after;
   return n;
-}
-
-std::string describe_state(const StateFile& f) {
-  std::string kind = f.kind == StateKind::kSeqFile       ? "ggsq"
-                     : f.kind == StateKind::kSessionFile ? "ggsn"
-                     : f.kind == StateKind::kRawSeq      ? "raw-seq"
-                                                         : "raw-context";
-  std::string layout = "-";
-  for (const auto& sec : f.memory.kv)
-    for (const auto& st : sec.streams)
-      if (st.cell_count) layout = st.v_trans ? "transposed" : "rows";
-  return kind + " v" + std::to_string(f.version) + ", K " + types_of(f, false) + ", V " + types_of(f, true) + " (" +
-         layout + ")";
 }
 
 Result<MigrateSummary> migrate_dir(Io& io, const MigrateOptions& o) {

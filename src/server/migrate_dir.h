@@ -76,7 +76,4 @@ struct MigrateOptions {
 // per-file problems are outcomes, not errors.
 Result<MigrateSummary> migrate_dir(Io& io, const MigrateOptions& opts);
 
-// "ggsq v3, K q8_0, V q8_0 (rows)": one line describing a state's format and types.
-std::string describe_state(const StateFile& f);
-
 }  // namespace kvsnap

@@ -7,7 +7,8 @@
 #include <set>
 #include <thread>
 
-#include "format/ggml_types.h"
+#include "format/rotation_rule.h"
+#include "format/state_summary.h"
 #include "format/state_prefix.h"
 #include "migrate/convert_state.h"
 #include "store/archive.h"
@@ -72,34 +73,6 @@ class OpenedSnapshot final : public StoredSnapshot {
   BlobSource source_;
   std::unique_ptr<SnapshotReader> reader_;
 };
-
-std::string distinct_types(const StateFile& f, bool v) {
-  std::set<std::string> seen;
-  std::string out;
-  for (const auto& sec : f.memory.kv)
-    for (const auto& st : sec.streams)
-      for (const auto& L : st.layers) {
-        if (v && !L.has_v) continue;
-        std::string n = type_name(v ? L.v_type : L.k_type);
-        if (seen.insert(n).second) out += (out.empty() ? "" : ",") + n;
-      }
-  return out;
-}
-
-bool any_v_trans(const StateFile& f) {
-  for (const auto& sec : f.memory.kv)
-    for (const auto& st : sec.streams)
-      if (st.cell_count && st.v_trans) return true;
-  return false;
-}
-
-std::string format_name(const StateFile& f) {
-  std::string k = f.kind == StateKind::kSeqFile       ? "ggsq"
-                  : f.kind == StateKind::kSessionFile ? "ggsn"
-                  : f.kind == StateKind::kRawSeq      ? "raw-seq"
-                                                      : "raw-context";
-  return k + " v" + std::to_string(f.version);
-}
 
 bool wants_conversion(const ConversionSpec& s) {
   return !s.ctk.empty() || !s.ctv.empty() || !s.flash_attn.empty() || !s.format.empty() || !s.rotation.empty() ||
@@ -168,10 +141,10 @@ SnapshotRecord make_record(const SnapshotManifest& m, const StateFile& state, ui
   SnapshotInfo& info = rec.info;
   info.model_arch = arch;
   info.model_fingerprint = fingerprint;
-  info.k_types = distinct_types(state, false);
-  info.v_types = distinct_types(state, true);
-  info.v_trans = any_v_trans(state);
-  info.source_format = format_name(state);
+  info.k_types = state_types(state, false);
+  info.v_types = state_types(state, true);
+  info.v_trans = state_v_layout(state) == "transposed";
+  info.source_format = state_format_name(state);
   info.raw_bytes = raw_bytes;
   info.stored_bytes = m.stored_bytes();
   if (m.lossy && m.info.contains("lossy") && m.info["lossy"].is_object()) {
@@ -191,18 +164,12 @@ SnapshotRecord make_record(const SnapshotManifest& m, const StateFile& state, ui
 
 std::optional<RotationGeometry> recorded_geometry(const SnapshotManifest& m) {
   if (!m.model || m.model->kv_sections.empty() || m.model->layers.empty()) return std::nullopt;
-  auto shared = [](const std::vector<uint32_t>& d) -> uint32_t {
-    if (d.empty()) return 0;
-    for (uint32_t x : d)
-      if (x != d[0]) return 0;
-    return d[0];
-  };
   // llama.cpp's rule, as ModelInfo::rotation_head_dim: layer 0's head dim decides whether it rotates.
   const uint32_t k0 = m.model->layers[0].head_dim_k, v0 = m.model->layers[0].head_dim_v;
   RotationGeometry g;
   for (const auto& s : m.model->kv_sections) {
-    g.k_head_dim.push_back(k0 % 64 == 0 ? shared(s.head_dim_k) : 0);
-    g.v_head_dim.push_back(v0 % 64 == 0 ? shared(s.head_dim_v) : 0);
+    g.k_head_dim.push_back(rotation_head_dim(shared_head_dim(s.head_dim_k), k0));
+    g.v_head_dim.push_back(rotation_head_dim(shared_head_dim(s.head_dim_v), v0));
   }
   return g;
 }
@@ -243,8 +210,8 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
     }));
     KV_ASSIGN_OR_RETURN(converted_file, io_.open_read(temp.path));
     KV_ASSIGN_OR_RETURN(converted, parse_for_model(*converted_file, {}, req.model));
-    so.lossy = LossyConversion{distinct_types(parsed, false), distinct_types(parsed, true),
-                               distinct_types(converted, false), distinct_types(converted, true),
+    so.lossy = LossyConversion{state_types(parsed, false), state_types(parsed, true),
+                               state_types(converted, false), state_types(converted, true),
                                "quantized on store (kvsnap save --store-type)"};
     src = converted_file.get();
     state = &converted;
@@ -294,15 +261,7 @@ Result<RestoreResult> Store::restore(const std::string& ref, const RestoreReques
   r.info = snap->info();
   r.n_tokens = parsed.tokens.tokens.size();
   CountingSink count;
-  struct Tee final : ByteSink {
-    ByteSink &a, &b;
-    Tee(ByteSink& x, ByteSink& y) : a(x), b(y) {}
-    using ByteSink::append;
-    Status append(std::span<const std::byte> d) override {
-      KV_RETURN_IF_ERROR(a.append(d));
-      return b.append(d);
-    }
-  } tee(out, count);
+  TeeSink tee(out, count);
   const bool convert = wants_conversion(req.spec);
   if (!convert && !req.tokens) {
     const uint32_t threads = req.spec.threads > 0 ? uint32_t(req.spec.threads) : std::max(1u, std::thread::hardware_concurrency());
