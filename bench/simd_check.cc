@@ -11,6 +11,7 @@
 //                                     (about a minute)
 // Exit status 0 when everything matches. It asserts bytes, never time.
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -248,12 +249,14 @@ void check_pipelines(Level l) {
 
 // The fused row kernels on rows that are not whole 256-value units: the f16 -> q8_0 kernel works
 // in units of 128 values (two n_rot 64 blocks) and ends a row of an odd number of n_rot 64 blocks
-// with a one-block step; rows of 64..640 values, converted one at a time and as runs of rows, on
-// every set (NaN/inf rows take the scalar path per unit).
+// with a one-block step; f16 -> iq4_nl works in chunks of 16 blocks (512 values) across rows and
+// ends with a partial chunk (padded, or lanes = passes below 8 blocks); rows of 64..640 values,
+// converted one at a time and as runs of rows, on every set (NaN/inf rows take the scalar path
+// per unit).
 void check_row_lengths(Level l) {
   const auto sets = row_sets();
   const TypeTraits& f16 = *find_traits(GgmlType::kF16);
-  const GgmlType dsts[] = {GgmlType::kQ8_0, GgmlType::kQ4_0};
+  const GgmlType dsts[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kIQ4_NL};
   for (GgmlType dt : dsts) {
     const TypeTraits& dst = *find_traits(dt);
     for (uint32_t n_rot : {64u, 128u, 256u}) {
@@ -283,6 +286,68 @@ void check_row_lengths(Level l) {
         }
       }
     }
+  }
+}
+
+// iq4_nl from_f32 on runs of blocks of every length the kernel splits differently: fewer than 8
+// blocks (lanes = trial passes), 8..16 (lanes = blocks, padded), and longer runs whose last chunk
+// is partial; the blocks mix all-zero, tiny (amax < 1e-15), denormal, huge dynamic range
+// (1e30 next to 1e-30), exact ties of opposite sign at the maximum, inf/NaN and ordinary data,
+// so that one chunk of 16 blocks holds several kinds at once.
+void check_iq4_nl_runs(Level l) {
+  const TypeTraits& iq4 = *find_traits(GgmlType::kIQ4_NL);
+  testing::Rng rng(4242);
+  auto block = [&](int kind, float* b) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(rng.below(40)) - 20);
+    for (int j = 0; j < 32; j++) {
+      float v = rng.uniform() * scale;
+      switch (kind) {
+        case 0: break;                                                                        // ordinary
+        case 1: v = 0.0f; break;                                                              // all zero
+        case 2: v = rng.uniform() * 1e-16f; break;                                            // amax < GROUP_MAX_EPS
+        case 3: v = testing::bits_f32(rng.u32() & 0x807fffffu); break;                        // denormals
+        case 4: v = (j % 3 == 0 ? 1e30f : 1e-30f) * rng.uniform(); break;                     // huge range
+        case 5: v = j == 5 ? -7.0f : (j == 20 ? 7.0f : rng.uniform() * 6.0f); break;          // tie at max
+        case 6: v = j == 9 ? INFINITY : v; break;                                             // inf
+        case 7: v = j == 30 ? NAN : v; break;                                                 // NaN
+        case 8: v = rng.below(4) == 0 ? v * 3e4f : (rng.below(3) == 0 ? 0.0f : v * 1e-4f); break;  // sparse spikes
+        case 9: v = std::ldexp(rng.uniform(), static_cast<int>(rng.below(200)) - 100); break;  // wide exponents
+        default: break;
+      }
+      b[j] = v;
+    }
+  };
+  const size_t lengths[] = {1, 2, 5, 7, 8, 9, 15, 16, 17, 23, 24, 31, 32, 33, 40, 47, 48, 63, 64, 65, 100, 257};
+  for (int mix = 0; mix < 4; mix++) {
+    for (size_t nb : lengths) {
+      std::vector<float> x(nb * 32);
+      for (size_t b = 0; b < nb; b++) {
+        int kind = 0;
+        if (mix == 1) kind = static_cast<int>(rng.below(10));                   // every kind, anywhere
+        if (mix == 2) kind = rng.below(8) == 0 ? static_cast<int>(rng.below(10)) : 0;  // rare odd blocks
+        if (mix == 3) kind = rng.below(2) ? 9 : 4;                                // NaN-free extremes
+        block(kind, x.data() + 32 * b);
+      }
+      compare(l, "iq4_nl from_f32 run of " + std::to_string(nb) + " blocks mix " + std::to_string(mix), [&] {
+        std::vector<std::byte> out(nb * iq4.block_bytes());
+        iq4.from_f32(x.data(), out.data(), x.size());
+        return out;
+      });
+    }
+  }
+  // many rows of K-like data (the bench's shape), NaN-free, in one call and row by row
+  for (Dist dist : {Dist::kKvLike, Dist::kGauss, Dist::kHeavyTail, Dist::kOutliers, Dist::kTinyScale, Dist::kBigScale}) {
+    const auto x = testing::random_rows(dist, 31 + static_cast<uint64_t>(dist), 24, 1024);
+    compare(l, std::string("iq4_nl from_f32 24 rows ") + testing::dist_name(dist), [&] {
+      std::vector<std::byte> out(x.size() / 32 * iq4.block_bytes());
+      iq4.from_f32(x.data(), out.data(), x.size());
+      return out;
+    });
+    compare(l, std::string("iq4_nl from_f32 row by row (96 values) ") + testing::dist_name(dist), [&] {
+      std::vector<std::byte> out(x.size() / 32 * iq4.block_bytes());
+      for (size_t i = 0; i + 96 <= x.size(); i += 96) iq4.from_f32(x.data() + i, out.data() + i / 32 * iq4.block_bytes(), 96);
+      return out;
+    });
   }
 }
 
@@ -393,6 +458,7 @@ int main(int argc, char** argv) {
     check_rotation(l);
     check_pipelines(l);
     check_row_lengths(l);
+    check_iq4_nl_runs(l);
     std::printf("  %s: codecs, rotation and row pipelines compared\n", simd::level_name(l));
     if (exhaustive) check_half_exhaustive(l);
   }

@@ -90,7 +90,8 @@ void hadamard_avx512(float* x, size_t n, uint32_t n_rot);  // n_rot >= 16
 // iq4_nl kernel computes it (exposed for kvsnap-simd-check's exhaustive comparison).
 void iq4_nl_index_avx512(const float* x, uint8_t* idx, size_t n);
 
-// f16 -> q8_0 / q4_0 with rotation, q8_0 -> f16 with rotation (n_rot 64, 128, 256), q4_0 -> q8_0
+// f16 -> q8_0 / q4_0 with rotation, q8_0 -> f16 with rotation (n_rot 64, 128, 256), q4_0 -> q8_0,
+// f16 -> iq4_nl with rotation (n_rot 64, 128, 256) or without
 FusedRowFn find_fused_avx512(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot);
 
 }  // namespace kvsnap::simd::x86

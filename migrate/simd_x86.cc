@@ -24,7 +24,8 @@
 //                 same multiply/add; roundf is round-half-away done exactly (roundf_to_i32_16);
 //                 float->int is cvttps2dq, as in the reference on x86-64. Blocks holding a NaN
 //                 take the scalar path (the reference's NaN handling depends on the order).
-//   iq4_nl        the 16 passes of a block are 16 lanes; each lane runs the reference's sums
+//   iq4_nl        lane = one block (16 blocks per vector; the 16 passes of a block in the
+//                 lanes for runs of fewer than 8 blocks); each lane runs the reference's sums
 //                 over j = 0..31 in order, so every sum is bit-identical; best_index is an exact
 //                 equivalent (see "iq4_nl" below; verified for every float); the decision
 //                 between the trials is the reference's sequence of comparisons, lane = block.
@@ -373,8 +374,9 @@ namespace {
 struct Iq4nlTables {
   alignas(64) float thr[32];     // slot k & 31: the midpoint in bucket [9k, 9k + 9), or +inf
   alignas(64) int32_t base[32];  // slot k & 31: the number of midpoints < 9k
-  alignas(64) float vals[16];  // kvalues_iq4nl as floats
-  alignas(64) float mid[32];   // the fifteen midpoints, then +inf
+  alignas(64) float vals[16];     // kvalues_iq4nl as floats
+  alignas(64) float vals_hi[16];  // kvalues_iq4nl[min(k + 1, 15)]
+  alignas(64) float mid[32];      // the fifteen midpoints, then +inf
 };
 
 Iq4nlTables make_iq4nl_tables() {
@@ -382,6 +384,7 @@ Iq4nlTables make_iq4nl_tables() {
   float mid[15];
   for (int i = 0; i < 15; i++) mid[i] = static_cast<float>(kIQ4NLValues[i] + kIQ4NLValues[i + 1]) / 2;
   for (int i = 0; i < 16; i++) t.vals[i] = static_cast<float>(kIQ4NLValues[i]);
+  for (int i = 0; i < 16; i++) t.vals_hi[i] = static_cast<float>(kIQ4NLValues[i < 15 ? i + 1 : 15]);
   for (int i = 0; i < 32; i++) t.mid[i] = i < 15 ? mid[i] : INFINITY;
   for (int key = -16; key < 16; key++) {
     const int slot = key & 31;
@@ -447,6 +450,13 @@ KV_AVX512 void iq4_nl_index_avx512(const float* x, uint8_t* idx, size_t n) {
 // The work is done in passes over up to 16 blocks (setup with the divisions, tables, sums,
 // decisions, output), so that the long dependency chains of one block (divisions, the serial
 // decision) overlap with the other blocks' work instead of stalling.
+//
+// Two vector directions use these facts. Chunks of 8..16 blocks put one BLOCK in each lane
+// ("lanes = blocks" below, iq4_nl_across_*): a step of a sum is value j of 16 blocks in one trial
+// pass, so the lane-0 pass and the decision need no scalar or transposed work, and each step is a
+// multiply, a compare, two blends and two additions. This is the path of whole rows (32 blocks
+// per 1024 values). A chunk of fewer than 8 blocks (the end of a run) puts the 16 PASSES of one
+// block in the lanes (iq4_nl_chunk_by_block), as before. Both give the reference's bytes.
 
 constexpr size_t kIq4Chunk = 16;  // blocks per pass
 
@@ -537,12 +547,12 @@ KV_AVX512_INLINE void iq4_nl_sums_for(const float* xb, Iq4nlChunk& c, size_t b) 
   c.s20[b] = sumq20;
 }
 
-// 16 x 16 transpose: out[i] lane b = in[b] lane i.
-KV_AVX512_INLINE void transpose16(const float (*in)[16], __m512* out) {
+// 16 x 16 transpose of rows[b][0..15]: out[i] lane b = rows[b][i].
+KV_AVX512_INLINE void transpose16_rows(const float* const* rows, __m512* out) {
   __m512 t[16], u[16], v[16];
 #pragma GCC unroll 8
   for (int k = 0; k < 8; k++) {
-    const __m512 a = _mm512_load_ps(in[2 * k]), b = _mm512_load_ps(in[2 * k + 1]);
+    const __m512 a = _mm512_loadu_ps(rows[2 * k]), b = _mm512_loadu_ps(rows[2 * k + 1]);
     t[2 * k] = _mm512_unpacklo_ps(a, b);
     t[2 * k + 1] = _mm512_unpackhi_ps(a, b);
   }
@@ -567,6 +577,27 @@ KV_AVX512_INLINE void transpose16(const float (*in)[16], __m512* out) {
     out[4 + m] = _mm512_shuffle_f32x4(v[4 + m], v[12 + m], 0x88);
     out[12 + m] = _mm512_shuffle_f32x4(v[4 + m], v[12 + m], 0xDD);
   }
+}
+
+// 16 x 16 transpose: out[i] lane b = in[b] lane i.
+KV_AVX512_INLINE void transpose16(const float (*in)[16], __m512* out) {
+  const float* rows[16];
+  for (int b = 0; b < 16; ++b) rows[b] = in[b];
+  transpose16_rows(rows, out);
+}
+
+// The 16 block scales as f16, rounding to nearest, a NaN stored as the scalar path stores it
+// (quiet NaN 0x7E00 with its sign), which vcvtps2ph alone would not give.
+KV_AVX512_INLINE void store_scales_f16(__m512 d, uint16_t* dh) {
+  __m256i h = _mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT);
+  const __mmask16 nan = _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
+  if (__builtin_expect(nan != 0, 0)) {
+    const __m512i bits = _mm512_castps_si512(d);
+    const __m512i fix = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x8000)),
+                                        _mm512_set1_epi32(0x7E00));
+    h = _mm256_mask_mov_epi16(h, nan, _mm512_cvtepi32_epi16(fix));
+  }
+  _mm256_store_si256(reinterpret_cast<__m256i*>(dh), h);
 }
 
 // The reference's choice of scale for the 16 blocks of a chunk at once (lane b = block b):
@@ -597,112 +628,431 @@ KV_AVX512 void iq4_nl_decide16(Iq4nlChunk& c) {
   }
 }
 
-KV_AVX512 void iq4_nl_from_f32_avx512(const float* src, std::byte* out, size_t n) {
-  assert(n % kQK == 0);
+namespace {
+
+// ---- the steps every chunk of up to 16 blocks shares -------------------------------------------
+
+// kind[b]: 0 search, 1 amax < GROUP_MAX_EPS (d = 0), 2 inf/NaN (the scalar reference);
+// maxv[b]: the reference's `max` (the signed first value of largest magnitude) of a searching
+// block, 1.0 for the others and for the missing blocks b >= cnt.
+KV_AVX512_INLINE void iq4_nl_classify(const float* xc, size_t cnt, uint8_t* kind, float* maxv) {
+  const __m512i exp_mask = _mm512_set1_epi32(0x7f800000);
+  for (size_t b = 0; b < kIq4Chunk; b++) {
+    kind[b] = 1;
+    maxv[b] = 1.0f;
+  }
+  for (size_t b = 0; b < cnt; b++) {
+    const float* xb = xc + b * kQK;
+    const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+    const __mmask16 bad0 = _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v0), exp_mask), exp_mask);
+    const __mmask16 bad1 = _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v1), exp_mask), exp_mask);
+    if (__builtin_expect((bad0 | bad1) != 0, 0)) {  // NaN or inf: the scalar reference
+      kind[b] = 2;
+      continue;
+    }
+    const __m512 a0 = abs16(v0), a1 = abs16(v1);
+    const float amax = hmax16(_mm512_max_ps(a0, a1));
+    if (amax < 1e-15f) continue;  // GROUP_MAX_EPS: d = 0
+    kind[b] = 0;
+    maxv[b] = first_of_amax(xb, a0, a1, amax);
+  }
+}
+
+// The blocks' bytes from their scales dv[b]: d as fp16 (ggml's rounding; NaN -> 0x7E00 | sign),
+// the indices with id = d != 0 ? 1/d : 0. Blocks of kind 2 are the scalar reference's.
+KV_AVX512_INLINE void iq4_nl_finish(const float* xc, std::byte* outc, size_t cnt, const uint8_t* kind,
+                                    const float* dv, const Iq4nlTables& t) {
+  const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
+  alignas(64) float idfv[kIq4Chunk];
+  alignas(32) uint16_t dh[kIq4Chunk];
+  {
+    const __m512 d = _mm512_load_ps(dv);
+    store_scales_f16(d, dh);
+    // id = d != 0.0f ? 1/d : 0 (a NaN d is != 0)
+    _mm512_store_ps(idfv, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, zero, _CMP_NEQ_UQ), one, d));
+  }
+  for (size_t b = 0; b < cnt; b++) {
+    const float* xb = xc + b * kQK;
+    std::byte* blk = outc + b * kIQ4_NLBytes;
+    if (kind[b] == 2) {
+      quants::ref::iq4_nl_from_f32(xb, blk, kQK);
+      continue;
+    }
+    store_u16(blk, dh[b]);
+    const float idf = idfv[b];
+    const __m512 vid = _mm512_set1_ps(idf);
+    const __m512 al0 = _mm512_mul_ps(vid, _mm512_loadu_ps(xb)), al1 = _mm512_mul_ps(vid, _mm512_loadu_ps(xb + 16));
+    if (__builtin_expect((_mm512_cmp_ps_mask(al0, al0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(al1, al1, _CMP_UNORD_Q)) != 0,
+                         0)) {
+      // id = inf (a subnormal d) times 0: NaN, which best_index sends to 15
+      uint8_t L[kQK];
+      for (size_t j = 0; j < kQK; ++j) L[j] = static_cast<uint8_t>(quants::ref::iq4_nl_best_index(idf * xb[j]));
+      uint8_t* q4 = u8(blk) + 2;
+      for (size_t j = 0; j < 16; ++j) q4[j] = static_cast<uint8_t>(L[j] | (L[16 + j] << 4));
+      continue;
+    }
+    const __m128i l0 = _mm512_cvtepi32_epi8(iq4nl_index16(al0, t));
+    const __m128i l1 = _mm512_cvtepi32_epi8(iq4nl_index16(al1, t));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(blk + 2), _mm_or_si128(l0, _mm_slli_epi16(l1, 4)));
+  }
+}
+
+// ---- lanes = trial passes (one block at a time): chunks of fewer than kIq4AcrossMin blocks ------
+
+// Up to 16 blocks: the 16 passes of each block in the lanes of one vector.
+KV_AVX512 void iq4_nl_chunk_by_block(const float* xc, std::byte* outc, size_t cnt, const Iq4nlTables& t) {
   constexpr int ntry = 7;
   const int8_t* values = kIQ4NLValues;
-  const Iq4nlTables& t = iq4nl_tables();
   // lane 0: the first pass (its id is set per block); lane 8 + itry: itry + values[0]
   alignas(64) float numer[16];
   numer[0] = 1.0f;
   for (int itry = -ntry; itry <= ntry; ++itry) numer[8 + itry] = static_cast<float>(itry + values[0]);
   const __m512 vnumer = _mm512_load_ps(numer);
-  const __m512i exp_mask = _mm512_set1_epi32(0x7f800000);
   const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
   Iq4nlChunk c;
-  alignas(64) float maxv[kIq4Chunk], id0v[kIq4Chunk], idfv[kIq4Chunk];
+  alignas(64) float maxv[kIq4Chunk], id0v[kIq4Chunk];
+  // the sums of blocks that do not search (and of the chunk's missing blocks) are zeroed for the
+  // vectorized decision
+  for (size_t b = 0; b < kIq4Chunk; b++) {
+    _mm512_store_ps(c.sx[b], zero);
+    _mm512_store_ps(c.s2[b], zero);
+    c.d[b] = 0.0f;
+  }
+  _mm512_store_ps(c.sx0, zero);
+  _mm512_store_ps(c.s20, zero);
+  iq4_nl_classify(xc, cnt, c.kind, maxv);
+  // the first pass's scale of all blocks: d = -max/values[0], id = 1/d (two vector divisions)
+  {
+    const __m512 max = _mm512_load_ps(maxv);
+    const __m512 d = ntry > 0 ? _mm512_div_ps(_mm512_sub_ps(zero, max), _mm512_set1_ps(static_cast<float>(values[0])))
+                              : _mm512_div_ps(max, _mm512_set1_ps(static_cast<float>(values[0])));
+    _mm512_store_ps(id0v, _mm512_div_ps(one, d));
+  }
+  for (size_t b = 0; b < cnt; b++) {
+    if (c.kind[b] != 0) continue;
+    _mm512_store_ps(c.id[b], _mm512_mask_mov_ps(_mm512_div_ps(vnumer, _mm512_set1_ps(maxv[b])), 1, _mm512_set1_ps(id0v[b])));
+  }
+  // candidate tables; sums; decisions
+  for (size_t b = 0; b < cnt; b++) {
+    if (c.kind[b] == 0) iq4_nl_tables_for(xc + b * kQK, c.id[b], t, c, b);
+  }
+  for (size_t b = 0; b < cnt; b++) {
+    if (c.kind[b] == 0) iq4_nl_sums_for(xc + b * kQK, c, b);
+  }
+  iq4_nl_decide16(c);
+  iq4_nl_finish(xc, outc, cnt, c.kind, c.d, t);
+}
+
+// ---- lanes = blocks: chunks of kIq4AcrossMin..16 blocks -----------------------------------------
+//
+// Lane b of every vector belongs to block b of the chunk and walks the reference's loops for that
+// block: the first pass over j = 0..31, then itry = -7..7, each over j = 0..31, every sum adding
+// one value's (w*q)*x or (w*q)*q per step, in that order. The candidates are the same as above
+// (a trial pass gives value j index k0 or k0 + 1, k0 + 1 iff al = id*x[j] >= m[k0], al computed
+// with the reference's multiply); only the vector direction differs: a step of the sums is now
+// 16 blocks' value j in one trial pass (a multiply, a compare, two blends, two additions), and
+// the decision needs no transpose. The values are transposed once (x[j] lane b), blocks that do
+// not search get zeros (their lanes compute harmless sums that are not used).
+
+constexpr size_t kIq4AcrossMin = 8;  // fewer blocks: lanes = passes (iq4_nl_chunk_by_block)
+
+struct Iq4nlAcross {
+  alignas(64) float x[kQK][16];    // x[j] lane b: value j of block b (0 if the block does not search)
+  alignas(64) float thr[kQK][16];  // m[k0] of value j of block b (+inf past the last midpoint)
+  alignas(64) float plo[kQK][16], phi[kQK][16], rlo[kQK][16], rhi[kQK][16];  // (w*q)*x, (w*q)*q for q[k0], q[k0+1]
+  alignas(64) float id[16][16];    // id[p] lane b: pass p's id (p = 0: 1/d; p = 8 + itry)
+  alignas(64) float sx[16][16], s2[16][16];  // pass p's sumqx, sumq2, lane b
+  alignas(64) float d[16];
+  uint8_t kind[kIq4Chunk];
+  __mmask16 search;  // kind == 0
+};
+
+
+// Step p of the reference's choice of scale, lane = block, on the sums of pass p: p = 0 is the
+// first pass (d = sumq2 > 0 ? sumqx/sumq2 : 0.f; best = d*sumqx), p = 1..15 are itry = p - 8
+// (if (sumq2 > 0 && sumqx*sumqx > best*sumq2) { d = sumqx/sumq2; best = d*sumqx; }), on the same
+// floats (a vector lane rounds a division or product like the scalar instruction).
+KV_AVX512_INLINE void iq4_nl_decide_step(const Iq4nlAcross& a, int p, __m512& d, __m512& best) {
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 qx = _mm512_load_ps(a.sx[p]), q2 = _mm512_load_ps(a.s2[p]);
+  if (p == 0) {
+    d = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(q2, zero, _CMP_GT_OQ), qx, q2);
+    best = _mm512_mul_ps(d, qx);
+    return;
+  }
+  const __mmask16 take = _mm512_cmp_ps_mask(q2, zero, _CMP_GT_OQ) &
+                         _mm512_cmp_ps_mask(_mm512_mul_ps(qx, qx), _mm512_mul_ps(best, q2), _CMP_GT_OQ);
+  const __m512 dt = _mm512_div_ps(qx, q2);
+  d = _mm512_mask_mov_ps(d, take, dt);
+  best = _mm512_mask_mov_ps(best, take, _mm512_mul_ps(dt, qx));
+}
+
+// The candidate tables of every value, and the first pass's sums (p = 0), all in order of j.
+// With `prev`, the 16 steps of prev's decision are interleaved with the 16 iterations (their
+// chain of dependent compares and divisions then hides behind this chunk's arithmetic), and
+// prev->d is set.
+template <bool kDecide>
+KV_AVX512_INLINE void iq4_nl_across_tables(Iq4nlAcross& a, const Iq4nlTables& t, Iq4nlAcross* prev) {
+  __m512 dd = _mm512_setzero_ps(), best = _mm512_setzero_ps();
+  const __m512 id0 = _mm512_load_ps(a.id[0]), id1 = _mm512_load_ps(a.id[1]), id15 = _mm512_load_ps(a.id[15]);
+  const __m512 vals = _mm512_load_ps(t.vals), vals_hi = _mm512_load_ps(t.vals_hi), mid = _mm512_load_ps(t.mid);
+  __m512 sx0 = _mm512_setzero_ps(), s20 = _mm512_setzero_ps();
+  // two values per step (independent work for the out-of-order core); the sums stay in j order
+  for (size_t j = 0; j < kQK; j += 2) {
+    if constexpr (kDecide) iq4_nl_decide_step(*prev, static_cast<int>(j / 2), dd, best);
+    __m512 p0[2], r0[2];
+#pragma GCC unroll 2
+    for (size_t u = 0; u < 2; u++) {
+      const __m512 x = _mm512_load_ps(a.x[j + u]);
+      const __m512 w = _mm512_mul_ps(x, x);  // weight[j] = xb[j]*xb[j]
+      // |id * x| <= 134.02 for every lane (|id| <= 134/|max| to within rounding, |x| <= |max|)
+      const __m512i k0 = iq4nl_index16_bounded(_mm512_min_ps(_mm512_mul_ps(id1, x), _mm512_mul_ps(id15, x)), t);
+      _mm512_store_ps(a.thr[j + u], _mm512_permutexvar_ps(k0, mid));
+      const __m512 qlo = _mm512_permutexvar_ps(k0, vals), qhi = _mm512_permutexvar_ps(k0, vals_hi);
+      const __m512 wlo = _mm512_mul_ps(w, qlo), whi = _mm512_mul_ps(w, qhi);
+      _mm512_store_ps(a.plo[j + u], _mm512_mul_ps(wlo, x));
+      _mm512_store_ps(a.rlo[j + u], _mm512_mul_ps(wlo, qlo));
+      _mm512_store_ps(a.phi[j + u], _mm512_mul_ps(whi, x));
+      _mm512_store_ps(a.rhi[j + u], _mm512_mul_ps(whi, qhi));
+      const __m512 q0 = _mm512_permutexvar_ps(iq4nl_index16_bounded(_mm512_mul_ps(id0, x), t), vals);
+      const __m512 w0 = _mm512_mul_ps(w, q0);
+      p0[u] = _mm512_mul_ps(w0, x);
+      r0[u] = _mm512_mul_ps(w0, q0);
+    }
+    sx0 = _mm512_add_ps(_mm512_add_ps(sx0, p0[0]), p0[1]);  // sumqx += w*q*xb[j], j then j + 1
+    s20 = _mm512_add_ps(_mm512_add_ps(s20, r0[0]), r0[1]);  // sumq2 += w*q*q
+  }
+  _mm512_store_ps(a.sx[0], sx0);
+  _mm512_store_ps(a.s2[0], s20);
+  if constexpr (kDecide) _mm512_store_ps(prev->d, _mm512_maskz_mov_ps(prev->search, dd));  // d = 0: no search
+}
+
+// The sums of the trial passes P0 .. P0 + G - 1, j = 0..31 in order.
+template <int P0, int G>
+KV_AVX512_INLINE void iq4_nl_across_sums(Iq4nlAcross& a) {
+  __m512 id[G], sx[G], s2[G];
+#pragma GCC unroll 16
+  for (int k = 0; k < G; k++) {
+    id[k] = _mm512_load_ps(a.id[P0 + k]);
+    sx[k] = _mm512_setzero_ps();
+    s2[k] = _mm512_setzero_ps();
+  }
+#pragma GCC unroll 1
+  for (size_t j = 0; j < kQK; j++) {
+    const __m512 x = _mm512_load_ps(a.x[j]), thr = _mm512_load_ps(a.thr[j]);
+    const __m512 plo = _mm512_load_ps(a.plo[j]), phi = _mm512_load_ps(a.phi[j]);
+    const __m512 rlo = _mm512_load_ps(a.rlo[j]), rhi = _mm512_load_ps(a.rhi[j]);
+#pragma GCC unroll 16
+    for (int k = 0; k < G; k++) {
+      const __mmask16 ge = _mm512_cmp_ps_mask(_mm512_mul_ps(id[k], x), thr, _CMP_GE_OQ);  // al >= m[k0]
+      sx[k] = _mm512_add_ps(sx[k], _mm512_mask_blend_ps(ge, plo, phi));  // sumqx += w*q*xb[j]
+      s2[k] = _mm512_add_ps(s2[k], _mm512_mask_blend_ps(ge, rlo, rhi));  // sumq2 += w*q*q
+    }
+  }
+#pragma GCC unroll 16
+  for (int k = 0; k < G; k++) {
+    _mm512_store_ps(a.sx[P0 + k], sx[k]);
+    _mm512_store_ps(a.s2[P0 + k], s2[k]);
+  }
+}
+
+// The blocks' bytes, lane = block: the scale as fp16 and the indices with id = 1/d, the same
+// operations as iq4_nl_finish; the 16 bytes of nibbles of each block are gathered with shifts and
+// a 4 x 4 transpose of dwords per 128-bit lane. Blocks whose id is inf/NaN (al may be NaN, which
+// best_index sends to 15) go through iq4_nl_finish, those of kind 2 through the scalar reference.
+KV_AVX512_INLINE void iq4_nl_finish_across(const Iq4nlAcross& a, const float* xc, std::byte* outc, size_t cnt,
+                                           const Iq4nlTables& t) {
+  const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
+  const __m512 d = _mm512_load_ps(a.d);
   alignas(32) uint16_t dh[kIq4Chunk];
-  const size_t nb = n / kQK;
-  for (size_t b0 = 0; b0 < nb; b0 += kIq4Chunk) {
-    const size_t cnt = nb - b0 < kIq4Chunk ? nb - b0 : kIq4Chunk;
-    const float* xc = src + b0 * kQK;
-    // pass 1: classify, max. The sums of blocks that do not search (and of the chunk's missing
-    // blocks) are zeroed for the vectorized decision.
-    for (size_t b = 0; b < kIq4Chunk; b++) {
-      _mm512_store_ps(c.sx[b], zero);
-      _mm512_store_ps(c.s2[b], zero);
-      c.kind[b] = 1;
-      c.d[b] = 0.0f;
-      maxv[b] = 1.0f;
-    }
-    _mm512_store_ps(c.sx0, zero);
-    _mm512_store_ps(c.s20, zero);
-    for (size_t b = 0; b < cnt; b++) {
-      const float* xb = xc + b * kQK;
-      const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
-      const __mmask16 bad0 = _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v0), exp_mask), exp_mask);
-      const __mmask16 bad1 = _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v1), exp_mask), exp_mask);
-      if (__builtin_expect((bad0 | bad1) != 0, 0)) {  // NaN or inf: the scalar reference
-        c.kind[b] = 2;
-        continue;
-      }
-      const __m512 a0 = abs16(v0), a1 = abs16(v1);
-      const float amax = hmax16(_mm512_max_ps(a0, a1));
-      if (amax < 1e-15f) continue;  // GROUP_MAX_EPS: d = 0
-      c.kind[b] = 0;
-      maxv[b] = first_of_amax(xb, a0, a1, amax);
-    }
-    // the first pass's scale of all blocks: d = -max/values[0], id = 1/d (two vector divisions)
-    {
-      const __m512 max = _mm512_load_ps(maxv);
-      const __m512 d = ntry > 0 ? _mm512_div_ps(_mm512_sub_ps(zero, max), _mm512_set1_ps(static_cast<float>(values[0])))
-                                : _mm512_div_ps(max, _mm512_set1_ps(static_cast<float>(values[0])));
-      _mm512_store_ps(id0v, _mm512_div_ps(one, d));
-    }
-    for (size_t b = 0; b < cnt; b++) {
-      if (c.kind[b] != 0) continue;
-      _mm512_store_ps(c.id[b], _mm512_mask_mov_ps(_mm512_div_ps(vnumer, _mm512_set1_ps(maxv[b])), 1, _mm512_set1_ps(id0v[b])));
-    }
-    // candidate tables; sums; decisions
-    for (size_t b = 0; b < cnt; b++) {
-      if (c.kind[b] == 0) iq4_nl_tables_for(xc + b * kQK, c.id[b], t, c, b);
-    }
-    for (size_t b = 0; b < cnt; b++) {
-      if (c.kind[b] == 0) iq4_nl_sums_for(xc + b * kQK, c, b);
-    }
-    iq4_nl_decide16(c);
-    // the scales of all blocks as fp16 (ggml's rounding; NaN -> 0x7E00 | sign) and id = 1/d
-    {
-      const __m512 d = _mm512_load_ps(c.d);
-      __m256i h = _mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT);
-      const __mmask16 nan = _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
-      if (__builtin_expect(nan != 0, 0)) {
-        const __m512i bits = _mm512_castps_si512(d);
-        const __m512i fix = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x8000)),
-                                            _mm512_set1_epi32(0x7E00));
-        h = _mm256_mask_mov_epi16(h, nan, _mm512_cvtepi32_epi16(fix));
-      }
-      _mm256_store_si256(reinterpret_cast<__m256i*>(dh), h);
-      // id = d != 0.0f ? 1/d : 0 (a NaN d is != 0)
-      _mm512_store_ps(idfv, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, zero, _CMP_NEQ_UQ), one, d));
-    }
-    // the final indices with id = 1/d
-    for (size_t b = 0; b < cnt; b++) {
-      const float* xb = xc + b * kQK;
-      std::byte* blk = out + (b0 + b) * kIQ4_NLBytes;
-      if (c.kind[b] == 2) {
-        quants::ref::iq4_nl_from_f32(xb, blk, kQK);
-        continue;
-      }
-      store_u16(blk, dh[b]);
-      const float idf = idfv[b];
-      const __m512 vid = _mm512_set1_ps(idf);
-      const __m512 al0 = _mm512_mul_ps(vid, _mm512_loadu_ps(xb)), al1 = _mm512_mul_ps(vid, _mm512_loadu_ps(xb + 16));
-      if (__builtin_expect((_mm512_cmp_ps_mask(al0, al0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(al1, al1, _CMP_UNORD_Q)) != 0,
-                           0)) {
-        // id = inf (a subnormal d) times 0: NaN, which best_index sends to 15
-        uint8_t L[kQK];
-        for (size_t j = 0; j < kQK; ++j) L[j] = static_cast<uint8_t>(quants::ref::iq4_nl_best_index(idf * xb[j]));
-        uint8_t* q4 = u8(blk) + 2;
-        for (size_t j = 0; j < 16; ++j) q4[j] = static_cast<uint8_t>(L[j] | (L[16 + j] << 4));
-        continue;
-      }
-      const __m128i l0 = _mm512_cvtepi32_epi8(iq4nl_index16(al0, t));
-      const __m128i l1 = _mm512_cvtepi32_epi8(iq4nl_index16(al1, t));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(blk + 2), _mm_or_si128(l0, _mm_slli_epi16(l1, 4)));
+  store_scales_f16(d, dh);
+  // id = d != 0.0f ? 1/d : 0 (a NaN d is != 0)
+  const __m512 idf = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, zero, _CMP_NEQ_UQ), one, d);
+  const __mmask16 special = _mm512_fpclass_ps_mask(idf, 0x99);
+  __m512i v[16];
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; j++) {
+    const __m512i lo = iq4nl_index16(_mm512_mul_ps(idf, _mm512_load_ps(a.x[j])), t);
+    const __m512i hi = iq4nl_index16(_mm512_mul_ps(idf, _mm512_load_ps(a.x[j + 16])), t);
+    v[j] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4));  // q4[j] = L[j] | L[16 + j] << 4
+  }
+  __m512i w[4];
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; k++) {  // bytes 4k..4k+3 of every block
+    w[k] = _mm512_or_si512(_mm512_or_si512(v[4 * k], _mm512_slli_epi32(v[4 * k + 1], 8)),
+                           _mm512_or_si512(_mm512_slli_epi32(v[4 * k + 2], 16), _mm512_slli_epi32(v[4 * k + 3], 24)));
+  }
+  const __m512i t0 = _mm512_unpacklo_epi32(w[0], w[1]), t1 = _mm512_unpackhi_epi32(w[0], w[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(w[2], w[3]), t3 = _mm512_unpackhi_epi32(w[2], w[3]);
+  // r[i], 128-bit lane l: the 16 bytes of block 4l + i
+  const __m512i r[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2), _mm512_unpacklo_epi64(t1, t3),
+                        _mm512_unpackhi_epi64(t1, t3)};
+  alignas(64) uint8_t q[4][64];
+  for (int i = 0; i < 4; i++) _mm512_store_si512(q[i], r[i]);
+  for (size_t b = 0; b < cnt; b++) {
+    std::byte* blk = outc + b * kIQ4_NLBytes;
+    store_u16(blk, dh[b]);
+    std::memcpy(blk + 2, q[b % 4] + 16 * (b / 4), 16);
+  }
+  for (size_t b = 0; b < cnt; b++) {
+    if (a.kind[b] == 2) {
+      quants::ref::iq4_nl_from_f32(xc + b * kQK, outc + b * kIQ4_NLBytes, kQK);
+    } else if ((special >> b) & 1) {
+      alignas(64) float d1[kIq4Chunk] = {a.d[b]};
+      iq4_nl_finish(xc + b * kQK, outc + b * kIQ4_NLBytes, 1, &a.kind[b], d1, t);
     }
   }
 }
+
+// A chunk of 16 blocks (cnt >= kIq4AcrossMin; the missing ones are padded with zeros) in three
+// steps: prepare (transpose, classify, scales, tables), sums, decide and write. The row loop runs
+// the decision of one chunk inside the next chunk's tables (iq4_nl_across_tables<true>), so that
+// its chain of dependent compares and divisions overlaps with that arithmetic; only the last
+// chunk of a run decides on its own (iq4_nl_across_decide).
+KV_AVX512 void iq4_nl_across_prepare(const float* xc, size_t cnt, Iq4nlAcross& a, const Iq4nlTables& t,
+                                     Iq4nlAcross* prev) {
+  constexpr int ntry = 7;
+  const int8_t* values = kIQ4NLValues;
+  const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
+  // x[j] lane b (zeros for the missing blocks b >= cnt)
+  {
+    alignas(64) static const float zeros[kQK] = {};
+    for (size_t h = 0; h < 2; h++) {
+      const float* hr[kIq4Chunk];
+      for (size_t b = 0; b < kIq4Chunk; b++) hr[b] = (b < cnt ? xc + b * kQK : zeros) + 16 * h;
+      __m512 xt[16];
+      transpose16_rows(hr, xt);
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; i++) _mm512_store_ps(a.x[16 * h + i], xt[i]);
+    }
+  }
+  // classify, lane = block: the reference's `if (ax > amax) { amax = ax; max = xb[j]; }` over
+  // j = 0..31 (the first value of largest magnitude wins); blocks with an inf/NaN value take the
+  // scalar reference (their lanes compute garbage that is not used: lanes never mix), blocks
+  // with amax < GROUP_MAX_EPS get d = 0; those and the missing blocks search with max = 1.
+  __m512 max;
+  __mmask16 search;
+  {
+    // amax: a max over non-NaN values (order-free); then `max` is x[j] at the smallest j with
+    // |x[j]| == amax (the descending loop's last write), which is what the strict > keeps
+    __m512 am[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    __mmask16 bad = 0;
+#pragma GCC unroll 32
+    for (size_t j = 0; j < kQK; j++) {
+      const __m512 x = _mm512_load_ps(a.x[j]);
+      bad |= _mm512_fpclass_ps_mask(x, 0x99);  // QNaN | +inf | -inf | SNaN
+      am[j % 4] = _mm512_max_ps(am[j % 4], abs16(x));
+    }
+    const __m512 amax = _mm512_max_ps(_mm512_max_ps(am[0], am[1]), _mm512_max_ps(am[2], am[3]));
+    __m512 mx = _mm512_setzero_ps();
+#pragma GCC unroll 32
+    for (size_t j = kQK; j-- > 0;) {
+      const __m512 x = _mm512_load_ps(a.x[j]);
+      mx = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(abs16(x), amax, _CMP_EQ_OQ), x);
+    }
+    const __mmask16 valid = static_cast<__mmask16>(cnt >= 16 ? 0xffff : (1u << cnt) - 1);
+    bad &= valid;
+    search = static_cast<__mmask16>(valid & ~bad & _mm512_cmp_ps_mask(amax, _mm512_set1_ps(1e-15f), _CMP_NLT_UQ));
+    a.search = search;
+    max = _mm512_mask_mov_ps(one, search, mx);
+    for (size_t b = 0; b < kIq4Chunk; b++) a.kind[b] = (bad >> b) & 1 ? 2 : (search >> b) & 1 ? 0 : 1;
+  }
+  // the scales: d = -max/values[0], id = 1/d for the first pass; id = (itry + values[0])/max
+  {
+    const __m512 d = ntry > 0 ? _mm512_div_ps(_mm512_sub_ps(zero, max), _mm512_set1_ps(static_cast<float>(values[0])))
+                              : _mm512_div_ps(max, _mm512_set1_ps(static_cast<float>(values[0])));
+    _mm512_store_ps(a.id[0], _mm512_div_ps(one, d));
+    for (int itry = -ntry; itry <= ntry; ++itry) {
+      _mm512_store_ps(a.id[8 + itry], _mm512_div_ps(_mm512_set1_ps(static_cast<float>(itry + values[0])), max));
+    }
+  }
+  if (prev) iq4_nl_across_tables<true>(a, t, prev);
+  else iq4_nl_across_tables<false>(a, t, nullptr);
+}
+
+KV_AVX512_INLINE void iq4_nl_across_search(Iq4nlAcross& a) {
+  iq4_nl_across_sums<1, 8>(a);
+  iq4_nl_across_sums<9, 7>(a);
+}
+
+KV_AVX512 void iq4_nl_across_decide(Iq4nlAcross& a, const float* xc, std::byte* outc, size_t cnt, const Iq4nlTables& t) {
+  __m512 d = _mm512_setzero_ps(), best = _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (int p = 0; p < 16; ++p) iq4_nl_decide_step(a, p, d, best);
+  _mm512_store_ps(a.d, _mm512_maskz_mov_ps(a.search, d));  // d = 0 for the blocks that do not search
+  iq4_nl_finish_across(a, xc, outc, cnt, t);
+}
+
+}  // namespace
+
+namespace {
+
+// The row loop over chunks of 16 blocks. load(b0, cnt) returns the cnt * 32 values of blocks
+// b0.. as floats; they must stay valid until the chunk after next is loaded (the decision of a
+// chunk runs after the next chunk's preparation and may read them again).
+template <class Load>
+KV_AVX512_INLINE void iq4_nl_rows(size_t nb, std::byte* out, const Iq4nlTables& t, Load load) {
+  Iq4nlAcross a[2];
+  const float* xs[2] = {nullptr, nullptr};
+  size_t pending = SIZE_MAX;  // the chunk (first block) whose sums are done, decision not yet
+  for (size_t b0 = 0, k = 0; b0 < nb; b0 += kIq4Chunk, k ^= 1) {
+    const size_t cnt = nb - b0 < kIq4Chunk ? nb - b0 : kIq4Chunk;
+    xs[k] = load(b0, cnt);
+    if (cnt < kIq4AcrossMin) {  // the last chunk
+      iq4_nl_chunk_by_block(xs[k], out + b0 * kIQ4_NLBytes, cnt, t);
+      continue;
+    }
+    if (pending != SIZE_MAX) {  // prev's decision inside this chunk's tables, then prev's bytes
+      iq4_nl_across_prepare(xs[k], cnt, a[k], t, &a[k ^ 1]);
+      iq4_nl_finish_across(a[k ^ 1], xs[k ^ 1], out + pending * kIQ4_NLBytes, kIq4Chunk, t);
+    } else {
+      iq4_nl_across_prepare(xs[k], cnt, a[k], t, nullptr);
+    }
+    iq4_nl_across_search(a[k]);
+    pending = b0;
+    if (cnt < kIq4Chunk) {  // the last chunk
+      iq4_nl_across_decide(a[k], xs[k], out + b0 * kIQ4_NLBytes, cnt, t);
+      pending = SIZE_MAX;
+    }
+  }
+  if (pending != SIZE_MAX) {
+    const size_t k = (pending / kIq4Chunk) & 1;
+    iq4_nl_across_decide(a[k], xs[k], out + pending * kIQ4_NLBytes, kIq4Chunk, t);
+  }
+}
+
+}  // namespace
+
+KV_AVX512 void iq4_nl_from_f32_avx512(const float* src, std::byte* out, size_t n) {
+  assert(n % kQK == 0);
+  iq4_nl_rows(n / kQK, out, iq4nl_tables(), [src](size_t b0, size_t) { return src + b0 * kQK; });
+}
+
+namespace {
+
+// f16 -> (rotation) -> iq4_nl in one pass: each chunk of 16 blocks is converted and rotated into
+// an L1 buffer by the same kernels as the three-step path (f16_to_f32_avx512, hadamard_avx512;
+// n_rot 0 = no rotation), then quantized; the next chunk's f16 input is prefetched meanwhile.
+// n is a multiple of 32 and of n_rot, so every chunk is whole rotation blocks (n_rot <= 512).
+KV_AVX512 void f16_rot_iq4_nl(const std::byte* in, std::byte* out, size_t n, uint32_t n_rot) {
+  assert(n % kQK == 0 && (n_rot == 0 || (n % n_rot == 0 && (kIq4Chunk * kQK) % n_rot == 0)));
+  alignas(64) float buf[2][kIq4Chunk * kQK];
+  iq4_nl_rows(n / kQK, out, iq4nl_tables(), [&](size_t b0, size_t cnt) {
+    float* x = buf[(b0 / kIq4Chunk) & 1];
+    const std::byte* src = in + b0 * kQK * 2;
+    const size_t next = (b0 + kIq4Chunk) * kQK * 2, end = n * 2;
+    for (size_t off = 0; off < kIq4Chunk * kQK * 2 && next + off < end; off += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(in + next + off), _MM_HINT_T0);
+    }
+    f16_to_f32_avx512(src, x, cnt * kQK);
+    if (n_rot) hadamard_avx512(x, cnt * kQK, n_rot);
+    return static_cast<const float*>(x);
+  });
+}
+
+void f16_iq4_nl_fn(const std::byte* in, std::byte* out, size_t n, uint32_t) { f16_rot_iq4_nl(in, out, n, 0); }
+
+}  // namespace
 
 // =============================================================================================
 // Walsh-Hadamard rotation (ggml_compute_forward_fwht): x * (1/sqrt(n)), then for len = 1, 2, 4,
@@ -1337,6 +1687,7 @@ KV_AVX512 void q4_0_from_f32_avx512(const float* x, std::byte* out, size_t n) { 
 FusedRowFn find_fused_avx512(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot) {
   if (!rotate) {
     if (src == GgmlType::kQ4_0 && dst == GgmlType::kQ8_0) return q4_0_to_q8_0_fn;
+    if (src == GgmlType::kF16 && dst == GgmlType::kIQ4_NL) return f16_iq4_nl_fn;
     return nullptr;
   }
   const int nv = n_rot == 64 ? 4 : n_rot == 128 ? 8 : n_rot == 256 ? 16 : 0;
@@ -1350,6 +1701,7 @@ FusedRowFn find_fused_avx512(GgmlType src, GgmlType dst, bool rotate, uint32_t n
   if (src == GgmlType::kQ8_0 && dst == GgmlType::kF16) {
     return nv == 4 ? q8_0_rot_f16_fn<4> : nv == 8 ? q8_0_rot_f16_fn<8> : q8_0_rot_f16_fn<16>;
   }
+  if (src == GgmlType::kF16 && dst == GgmlType::kIQ4_NL) return f16_rot_iq4_nl;  // n_rot 64, 128, 256
   return nullptr;
 }
 
