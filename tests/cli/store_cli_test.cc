@@ -106,7 +106,9 @@ TEST_F(StoreCli, SaveKilledAtRandomMomentsLeavesAConsistentStore) {
     // the process exited leaves a complete snapshot too; anything else leaves none.
     const size_t now = count_snapshots();
     ASSERT_TRUE(now == listed || now == listed + 1) << "round " << round << ": " << now << " after " << listed;
-    if (exited_ok) ASSERT_EQ(now, listed + 1) << "round " << round << ": a save that exited 0 is not listed";
+    if (exited_ok) {
+      ASSERT_EQ(now, listed + 1) << "round " << round << ": a save that exited 0 is not listed";
+    }
     listed = now;
     KvRun v = kv("verify --all");
     ASSERT_EQ(v.code, 0) << "round " << round << ": " << v.out << v.err;
