@@ -1469,20 +1469,43 @@ KV_AVX512_INLINE __m256i low_bytes_2x16(__m512i a, __m512i b) {
   return _mm512_cvtepi16_epi8(_mm512_permutex2var_epi16(a, idx, b));
 }
 
-// q8_0 of NQ <= 4 blocks of 32 finite floats held in registers (block k = v[2k], v[2k + 1]).
+// q8_0 of NQ <= 4 blocks of 32 finite floats held in registers (block k = v[2k], v[2k + 1]),
+// every id finite. Then |x * id| <= amax * id < 127.5, so roundf gives -127..127 and the
+// saturating packs keep the same bytes as the reference's (int8_t) cast: two blocks' 64 bytes
+// come from 2 dword->word packs, 1 word->byte pack and 1 dword permute. (An infinite id, from
+// an amax below ~3.7e-37, would make the cast's 0x00 a saturated 0x80: such units go to the
+// scalar reference, see f16_rot_q8_0_front.)
+KV_AVX512_INLINE __m512i q8_0_round(__m512 x, float id) { return roundf_to_i32_16t(_mm512_mul_ps(x, _mm512_set1_ps(id))); }
+
 template <int NQ>
 KV_AVX512_INLINE void q8_0_regs4(const __m512* v, Q8Scales sc, std::byte* out) {
   alignas(16) float id[4];
-  _mm_store_ps(id, sc.id);  // broadcast from memory: part of each multiply
+  _mm_store_ps(id, sc.id);
   alignas(16) uint16_t dh[8];
   _mm_store_si128(reinterpret_cast<__m128i*>(dh), _mm_cvtps_ph(sc.d, _MM_FROUND_TO_NEAREST_INT));
-#pragma GCC unroll 4
-  for (int k = 0; k < NQ; k++) {
+  // Read back through memory: a broadcast from memory and a 16-bit scalar move are load-store
+  // work, where extracting lanes of a register (what the compiler would do) takes the shuffle
+  // units this kernel is bound by.
+  __asm__("" : "+m"(id), "+m"(dh));
+  // After the packs, 128-bit lane j holds dwords [r0_j, r1_j, r2_j, r3_j] (r_j: the bytes of
+  // values 4j..4j+3 of register r); this puts them back in value order.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+#pragma GCC unroll 2
+  for (int k = 0; k + 1 < NQ; k += 2) {
     std::byte* blk = out + k * kQ8_0Bytes;
-    const __m512 idb = _mm512_set1_ps(id[k]);
-    const __m512i q0 = roundf_to_i32_16t(_mm512_mul_ps(v[2 * k], idb));
-    const __m512i q1 = roundf_to_i32_16t(_mm512_mul_ps(v[2 * k + 1], idb));
+    const __m512i w0 = _mm512_packs_epi32(q8_0_round(v[2 * k], id[k]), q8_0_round(v[2 * k + 1], id[k]));
+    const __m512i w1 = _mm512_packs_epi32(q8_0_round(v[2 * k + 2], id[k + 1]), q8_0_round(v[2 * k + 3], id[k + 1]));
+    const __m512i b = _mm512_permutexvar_epi32(order, _mm512_packs_epi16(w0, w1));
     store_u16(blk, dh[k]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 2), _mm512_castsi512_si256(b));
+    store_u16(blk + kQ8_0Bytes, dh[k + 1]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + kQ8_0Bytes + 2), _mm512_extracti64x4_epi64(b, 1));
+  }
+  if constexpr (NQ % 2 == 1) {
+    std::byte* blk = out + (NQ - 1) * kQ8_0Bytes;
+    const __m512i q0 = q8_0_round(v[2 * NQ - 2], id[NQ - 1]);
+    const __m512i q1 = q8_0_round(v[2 * NQ - 1], id[NQ - 1]);
+    store_u16(blk, dh[NQ - 1]);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 2), low_bytes_2x16(q0, q1));
   }
 }
@@ -1491,9 +1514,13 @@ KV_AVX512_INLINE void q8_0_regs4(const __m512* v, Q8Scales sc, std::byte* out) {
 // quant blocks): load, rotate, abs-maxima, scales. `bad`: a maximum is inf/NaN, i.e. an input
 // was (every rotated value of its block then is): the unit goes to the scalar reference.
 template <int NV, int NR>
-KV_AVX512_INLINE Q8Scales f16_rot_q8_0_front(const std::byte* in, __m512* v, __m512 scale, const __m512* s, bool* bad) {
+KV_AVX512_INLINE void f16_rot_q8_0_load(const std::byte* in, __m512* v, __m512 scale, const __m512* s) {
 #pragma GCC unroll 4
   for (int r = 0; r < NR; r += NV) load_rotate_f16<NV>(in + 32 * r, v + r, scale, s);
+}
+
+template <int NR>
+KV_AVX512_INLINE Q8Scales f16_rot_q8_0_scales(const __m512* v, bool* bad) {
   __m512 m[4];
 #pragma GCC unroll 4
   for (int k = 0; k < 4; k++) {
@@ -1501,8 +1528,16 @@ KV_AVX512_INLINE Q8Scales f16_rot_q8_0_front(const std::byte* in, __m512* v, __m
     m[k] = _mm512_range_ps(v[2 * b], v[2 * b + 1], 0x0B);
   }
   const __m512 amax = reduce4<0x0B>(m[0], m[1], m[2], m[3]);
-  *bad = _mm512_fpclass_ps_mask(amax, 0x99) != 0;
-  return q8_0_scales4(amax);
+  const Q8Scales sc = q8_0_scales4(amax);
+  // 0x99: a NaN or infinite maximum; 0x18: an infinite id (see q8_0_regs4).
+  *bad = (_mm512_fpclass_ps_mask(amax, 0x99) | _mm_fpclass_ps_mask(sc.id, 0x18)) != 0;
+  return sc;
+}
+
+template <int NV, int NR>
+KV_AVX512_INLINE Q8Scales f16_rot_q8_0_front(const std::byte* in, __m512* v, __m512 scale, const __m512* s, bool* bad) {
+  f16_rot_q8_0_load<NV, NR>(in, v, scale, s);
+  return f16_rot_q8_0_scales<NR>(v, bad);
 }
 
 template <int NV, int NR>
@@ -1531,21 +1566,33 @@ KV_AVX512 void f16_rot_q8_0_regs(const std::byte* in, std::byte* out, size_t n) 
   __m512 s[4];
   load_signs16(s);
   const size_t nu = n / U;
-  if (nu > 0) {
-    __m512 cur[8];
-    bool bad_cur;
-    Q8Scales sc_cur = f16_rot_q8_0_front<NV, 8>(in, cur, scale, s, &bad_cur);
-    for (size_t u = 0; u + 1 < nu; u++) {
-      __m512 nxt[8];
-      bool bad_nxt;
-      const Q8Scales sc_nxt = f16_rot_q8_0_front<NV, 8>(in + 2 * U * (u + 1), nxt, scale, s, &bad_nxt);
-      f16_rot_q8_0_back<NV, 8>(in + 2 * U * u, cur, sc_cur, bad_cur, out + UB * u);
+  if (nu == 1) {
+    __m512 a[8];
+    bool bad_a;
+    const Q8Scales sc_a = f16_rot_q8_0_front<NV, 8>(in, a, scale, s, &bad_a);
+    f16_rot_q8_0_back<NV, 8>(in, a, sc_a, bad_a, out);
+  } else if (nu >= 2) {
+    // a: unit u, scales known; b: unit u + 1, rotated; c: unit u + 2.
+    __m512 a[8], b[8];
+    bool bad_a, bad_b;
+    Q8Scales sc_a = f16_rot_q8_0_front<NV, 8>(in, a, scale, s, &bad_a);
+    f16_rot_q8_0_load<NV, 8>(in + 2 * U, b, scale, s);
+    for (size_t u = 0; u + 2 < nu; u++) {
+      __m512 c[8];
+      f16_rot_q8_0_load<NV, 8>(in + 2 * U * (u + 2), c, scale, s);
+      const Q8Scales sc_b = f16_rot_q8_0_scales<8>(b, &bad_b);
+      f16_rot_q8_0_back<NV, 8>(in + 2 * U * u, a, sc_a, bad_a, out + UB * u);
 #pragma GCC unroll 8
-      for (int r = 0; r < 8; r++) cur[r] = nxt[r];  // register renames
-      sc_cur = sc_nxt;
-      bad_cur = bad_nxt;
+      for (int r = 0; r < 8; r++) {  // register renames
+        a[r] = b[r];
+        b[r] = c[r];
+      }
+      sc_a = sc_b;
+      bad_a = bad_b;
     }
-    f16_rot_q8_0_back<NV, 8>(in + 2 * U * (nu - 1), cur, sc_cur, bad_cur, out + UB * (nu - 1));
+    const Q8Scales sc_b = f16_rot_q8_0_scales<8>(b, &bad_b);
+    f16_rot_q8_0_back<NV, 8>(in + 2 * U * (nu - 2), a, sc_a, bad_a, out + UB * (nu - 2));
+    f16_rot_q8_0_back<NV, 8>(in + 2 * U * (nu - 1), b, sc_b, bad_b, out + UB * (nu - 1));
   }
   if constexpr (NV == 4) {
     if (n % U != 0) {  // one 64-value rotation block left
