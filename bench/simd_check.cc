@@ -22,6 +22,7 @@
 
 #include "migrate/convert_row.h"
 #include "migrate/hadamard.h"
+#include "migrate/quants.h"
 #include "migrate/simd_kernels.h"
 #include "migrate/simd_level.h"
 #include "migrate/type_traits.h"
@@ -433,6 +434,54 @@ void check_iq4_index(bool exhaustive) {
   std::printf("  avx512: iq4_nl index == ggml's best_index_int8 for %" PRIu64 " floats%s\n", checked,
               exhaustive ? " (every non-NaN f32)" : "");
 }
+
+// The iq4_nl trial scales: every divisor in [1, 2) exhaustively (by the scaling argument in
+// simd_x86.cc that covers every |max| in [2^-100, 2^100]), both signs, plus random maxima of any
+// magnitude (the kernel divides outside that range); each must equal the division.
+void check_iq4_trial_ids() {
+  if (simd::best_level() < Level::kAvx512) return;
+  const size_t chunk = 1 << 16;
+  std::vector<float> max(chunk), id(15 * chunk);
+  uint64_t checked = 0;
+  auto run = [&](size_t n) {
+    simd::x86::iq4_nl_trial_ids_avx512(max.data(), id.data(), n);
+    for (size_t i = 0; i < n; i++) {
+      for (int k = 0; k < 15; k++) {
+        const float want = (static_cast<float>(k - 7) + static_cast<float>(quants::kIQ4NLValues[0])) / max[i];
+        const float got = id[15 * (i / 16 * 16) + 16 * k + i % 16];
+        if (testing::f32_bits(got) != testing::f32_bits(want)) {
+          char buf[128];
+          std::snprintf(buf, sizeof buf, "iq4_nl trial id %d / %a: %a, division %a", k - 7 - 127,
+                        static_cast<double>(max[i]), static_cast<double>(got), static_cast<double>(want));
+          fail(buf);
+          return;
+        }
+      }
+    }
+    checked += 15 * n;
+  };
+  size_t fill = 0;
+  auto push = [&](float v) {
+    max[fill++] = v;
+    if (fill == chunk) {
+      run(fill);
+      fill = 0;
+    }
+  };
+  for (uint32_t m = 0; m < (1u << 23); m++) {
+    const float b = testing::bits_f32(0x3f800000u | m);
+    push(b);
+    push(-b);
+  }
+  testing::Rng rng(11);
+  for (int i = 0; i < (1 << 20); i++) {
+    const float v = testing::bits_f32(rng.u32());
+    if (std::isfinite(v) && v != 0.0f) push(v);
+  }
+  fill = fill / 16 * 16;
+  if (fill) run(fill);
+  std::printf("  avx512: iq4_nl trial scales == (itry - 127) / max for %" PRIu64 " quotients\n", checked);
+}
 #endif
 
 }  // namespace
@@ -464,6 +513,7 @@ int main(int argc, char** argv) {
   }
 #ifdef KVSNAP_SIMD_X86
   check_iq4_index(exhaustive);
+  check_iq4_trial_ids();
 #endif
   std::printf("%" PRIu64 " bytes compared, %d mismatches\n", g_compared, g_failures);
   return g_failures == 0 ? 0 : 1;

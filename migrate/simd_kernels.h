@@ -90,6 +90,12 @@ void hadamard_avx512(float* x, size_t n, uint32_t n_rot);  // n_rot >= 16
 // iq4_nl kernel computes it (exposed for kvsnap-simd-check's exhaustive comparison).
 void iq4_nl_index_avx512(const float* x, uint8_t* idx, size_t n);
 
+// The iq4_nl trial scales (itry + kvalues_iq4nl[0]) / max, itry = -7..7, for n (a multiple of 16)
+// finite nonzero maxima, the way the kernel computes them: for maxima max[i..i+15], id[15 i + 16 k
+// + l] is trial k (itry = k - 7) of max[i + l]. Exposed for kvsnap-simd-check, which compares
+// them with the division.
+void iq4_nl_trial_ids_avx512(const float* max, float* id, size_t n);
+
 // f16 -> q8_0 / q4_0 with rotation, q8_0 -> f16 with rotation (n_rot 64, 128, 256), q4_0 -> q8_0,
 // f16 -> iq4_nl with rotation (n_rot 64, 128, 256) or without
 FusedRowFn find_fused_avx512(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot);

@@ -754,6 +754,37 @@ KV_AVX512 void iq4_nl_chunk_by_block(const float* xc, std::byte* outc, size_t cn
 // the decision needs no transpose. The values are transposed once (x[j] lane b), blocks that do
 // not search get zeros (their lanes compute harmless sums that are not used).
 
+// The trial passes' id = (itry + values[0])/max, itry = -7..7, into id[0..14] (lane = block),
+// each the correctly rounded quotient. A vector division takes ~10 cycles on the divider, and the
+// tables wait for these; so one division gives y = RN(1/max), and each quotient is
+// q = RN(a*y), r = a - q*max (exact, one FMA), q' = RN(q + r*y): Markstein's correction, which
+// yields RN(a/max) when y is the rounded reciprocal and q is within an ulp of a/max. That holds
+// for these numerators (-134..-120) and every divisor in [1, 2), checked exhaustively by
+// kvsnap-simd-check; scaling the divisor by 2^k scales y, q and q' by 2^-k and leaves r as it
+// is, so it holds for every |max| in [2^-100, 2^100] (all values stay normal). Other lanes take
+// the divisions.
+KV_AVX512_INLINE void iq4_nl_trial_ids(__m512 max, float* id) {
+  constexpr int ntry = 7;
+  const float v0 = static_cast<float>(kIQ4NLValues[0]);
+  const __m512 amax = abs16(max);
+  const bool in_range = (_mm512_cmp_ps_mask(amax, _mm512_set1_ps(0x1p-100f), _CMP_GE_OQ) &
+                         _mm512_cmp_ps_mask(amax, _mm512_set1_ps(0x1p100f), _CMP_LE_OQ)) == 0xffff;
+  if (__builtin_expect(!in_range, 0)) {
+    for (int itry = -ntry; itry <= ntry; ++itry) {
+      _mm512_storeu_ps(id + 16 * (itry + ntry), _mm512_div_ps(_mm512_set1_ps(static_cast<float>(itry) + v0), max));
+    }
+    return;
+  }
+  const __m512 y = _mm512_div_ps(_mm512_set1_ps(1.0f), max);
+#pragma GCC unroll 15
+  for (int itry = -ntry; itry <= ntry; ++itry) {
+    const __m512 a = _mm512_set1_ps(static_cast<float>(itry) + v0);
+    const __m512 q = _mm512_mul_ps(a, y);
+    const __m512 r = _mm512_fnmadd_ps(q, max, a);
+    _mm512_storeu_ps(id + 16 * (itry + ntry), _mm512_fmadd_ps(r, y, q));
+  }
+}
+
 constexpr size_t kIq4AcrossMin = 8;  // fewer blocks: lanes = passes (iq4_nl_chunk_by_block)
 
 struct Iq4nlAcross {
@@ -933,22 +964,33 @@ KV_AVX512 void iq4_nl_across_prepare(const float* xc, size_t cnt, Iq4nlAcross& a
   __m512 max;
   __mmask16 search;
   {
-    // amax: a max over non-NaN values (order-free); then `max` is x[j] at the smallest j with
-    // |x[j]| == amax (the descending loop's last write), which is what the strict > keeps
-    __m512 am[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    __mmask16 bad = 0;
+    // amax, and `max` = x[j] at the smallest j with |x[j]| == amax (what the strict > keeps).
+    // Over non-NaN values max and min are order-free: the largest value hi and the smallest lo;
+    // max is hi when hi > -lo and lo when -lo > hi, whichever j holds it first (the same value).
+    // Only when hi == -lo (both signs reach amax) does the order matter: then the lanes that
+    // search take the reference's loop. NaN lanes are `bad` and take the scalar reference.
+    __m512 hi4[4], lo4[4];
+    __mmask16 badk[4] = {0, 0, 0, 0};
 #pragma GCC unroll 32
     for (size_t j = 0; j < kQK; j++) {
       const __m512 x = _mm512_load_ps(a.x[j]);
-      bad |= _mm512_fpclass_ps_mask(x, 0x99);  // QNaN | +inf | -inf | SNaN
-      am[j % 4] = _mm512_max_ps(am[j % 4], abs16(x));
+      badk[j % 4] |= _mm512_fpclass_ps_mask(x, 0x99);  // QNaN | +inf | -inf | SNaN
+      hi4[j % 4] = j < 4 ? x : _mm512_max_ps(hi4[j % 4], x);
+      lo4[j % 4] = j < 4 ? x : _mm512_min_ps(lo4[j % 4], x);
     }
-    const __m512 amax = _mm512_max_ps(_mm512_max_ps(am[0], am[1]), _mm512_max_ps(am[2], am[3]));
-    __m512 mx = _mm512_setzero_ps();
-#pragma GCC unroll 32
-    for (size_t j = kQK; j-- > 0;) {
-      const __m512 x = _mm512_load_ps(a.x[j]);
-      mx = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(abs16(x), amax, _CMP_EQ_OQ), x);
+    const __m512 hi = _mm512_max_ps(_mm512_max_ps(hi4[0], hi4[1]), _mm512_max_ps(hi4[2], hi4[3]));
+    const __m512 neg_lo = _mm512_sub_ps(_mm512_setzero_ps(),
+                                        _mm512_min_ps(_mm512_min_ps(lo4[0], lo4[1]), _mm512_min_ps(lo4[2], lo4[3])));
+    __mmask16 bad = static_cast<__mmask16>((badk[0] | badk[1]) | (badk[2] | badk[3]));
+    const __m512 amax = _mm512_max_ps(hi, neg_lo);
+    __m512 mx = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(neg_lo, hi, _CMP_GT_OQ), hi, _mm512_sub_ps(_mm512_setzero_ps(), neg_lo));
+    if (__builtin_expect(_mm512_cmp_ps_mask(hi, neg_lo, _CMP_EQ_OQ) != 0, 0)) {
+      __m512 first = _mm512_setzero_ps();
+      for (size_t j = kQK; j-- > 0;) {
+        const __m512 x = _mm512_load_ps(a.x[j]);
+        first = _mm512_mask_mov_ps(first, _mm512_cmp_ps_mask(abs16(x), amax, _CMP_EQ_OQ), x);
+      }
+      mx = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(hi, neg_lo, _CMP_EQ_OQ), first);
     }
     const __mmask16 valid = static_cast<__mmask16>(cnt >= 16 ? 0xffff : (1u << cnt) - 1);
     bad &= valid;
@@ -962,9 +1004,7 @@ KV_AVX512 void iq4_nl_across_prepare(const float* xc, size_t cnt, Iq4nlAcross& a
     const __m512 d = ntry > 0 ? _mm512_div_ps(_mm512_sub_ps(zero, max), _mm512_set1_ps(static_cast<float>(values[0])))
                               : _mm512_div_ps(max, _mm512_set1_ps(static_cast<float>(values[0])));
     _mm512_store_ps(a.id[0], _mm512_div_ps(one, d));
-    for (int itry = -ntry; itry <= ntry; ++itry) {
-      _mm512_store_ps(a.id[8 + itry], _mm512_div_ps(_mm512_set1_ps(static_cast<float>(itry + values[0])), max));
-    }
+    iq4_nl_trial_ids(max, &a.id[1][0]);
   }
   if (prev) iq4_nl_across_tables<true>(a, t, prev);
   else iq4_nl_across_tables<false>(a, t, nullptr);
@@ -1023,36 +1063,15 @@ KV_AVX512_INLINE void iq4_nl_rows(size_t nb, std::byte* out, const Iq4nlTables& 
 
 }  // namespace
 
+KV_AVX512 void iq4_nl_trial_ids_avx512(const float* max, float* id, size_t n) {
+  for (size_t i = 0; i + 16 <= n; i += 16) iq4_nl_trial_ids(_mm512_loadu_ps(max + i), id + 15 * i);
+}
+
 KV_AVX512 void iq4_nl_from_f32_avx512(const float* src, std::byte* out, size_t n) {
   assert(n % kQK == 0);
   iq4_nl_rows(n / kQK, out, iq4nl_tables(), [src](size_t b0, size_t) { return src + b0 * kQK; });
 }
 
-namespace {
-
-// f16 -> (rotation) -> iq4_nl in one pass: each chunk of 16 blocks is converted and rotated into
-// an L1 buffer by the same kernels as the three-step path (f16_to_f32_avx512, hadamard_avx512;
-// n_rot 0 = no rotation), then quantized; the next chunk's f16 input is prefetched meanwhile.
-// n is a multiple of 32 and of n_rot, so every chunk is whole rotation blocks (n_rot <= 512).
-KV_AVX512 void f16_rot_iq4_nl(const std::byte* in, std::byte* out, size_t n, uint32_t n_rot) {
-  assert(n % kQK == 0 && (n_rot == 0 || (n % n_rot == 0 && (kIq4Chunk * kQK) % n_rot == 0)));
-  alignas(64) float buf[2][kIq4Chunk * kQK];
-  iq4_nl_rows(n / kQK, out, iq4nl_tables(), [&](size_t b0, size_t cnt) {
-    float* x = buf[(b0 / kIq4Chunk) & 1];
-    const std::byte* src = in + b0 * kQK * 2;
-    const size_t next = (b0 + kIq4Chunk) * kQK * 2, end = n * 2;
-    for (size_t off = 0; off < kIq4Chunk * kQK * 2 && next + off < end; off += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(in + next + off), _MM_HINT_T0);
-    }
-    f16_to_f32_avx512(src, x, cnt * kQK);
-    if (n_rot) hadamard_avx512(x, cnt * kQK, n_rot);
-    return static_cast<const float*>(x);
-  });
-}
-
-void f16_iq4_nl_fn(const std::byte* in, std::byte* out, size_t n, uint32_t) { f16_rot_iq4_nl(in, out, n, 0); }
-
-}  // namespace
 
 // =============================================================================================
 // Walsh-Hadamard rotation (ggml_compute_forward_fwht): x * (1/sqrt(n)), then for len = 1, 2, 4,
@@ -1316,6 +1335,66 @@ KV_AVX512_INLINE void load_rotate_f16(const std::byte* in, __m512* v, __m512 sca
   }
   fwht_regs16<NV>(v, s);
 }
+
+// f16 -> floats rotated in blocks of n_rot (0: not rotated) into dst. For n_rot 64 and 128 each
+// rotation block goes from the f16 loads through the rotation in registers (load_rotate_f16,
+// the same operations as f16_to_f32_avx512 then hadamard_avx512); a block holding a NaN takes
+// those two steps as they are (the NaN that survives depends on the operand order).
+template <int NV>
+KV_AVX512_INLINE void f16_rotate_blocks(const std::byte* src, float* dst, size_t n) {
+  const __m512 scale = _mm512_set1_ps(fwht_scale(16 * NV));
+  __m512 s[4];
+  load_signs16(s);
+  for (size_t b = 0; b < n; b += 16 * NV) {
+    __mmask16 nan = 0;
+#pragma GCC unroll 8
+    for (int i = 0; i < NV; i++) {
+      const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * (b + 16 * i))));
+      nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    }
+    if (__builtin_expect(nan != 0, 0)) {
+      f16_to_f32_avx512(src + 2 * b, dst + b, 16 * NV);
+      hadamard_avx512(dst + b, 16 * NV, 16 * NV);
+      continue;
+    }
+    __m512 v[NV];
+    load_rotate_f16<NV>(src + 2 * b, v, scale, s);
+#pragma GCC unroll 8
+    for (int i = 0; i < NV; i++) _mm512_store_ps(dst + b + 16 * i, v[i]);
+  }
+}
+
+KV_AVX512 void f16_rotate_to_f32(const std::byte* src, float* dst, size_t n, uint32_t n_rot) {
+  if (n_rot == 128) {
+    f16_rotate_blocks<8>(src, dst, n);
+  } else if (n_rot == 64) {
+    f16_rotate_blocks<4>(src, dst, n);
+  } else {
+    f16_to_f32_avx512(src, dst, n);
+    if (n_rot) hadamard_avx512(dst, n, n_rot);
+  }
+}
+
+// f16 -> (rotation) -> iq4_nl in one pass: each chunk of 16 blocks is converted and rotated into
+// an L1 buffer by the same kernels as the three-step path (f16_to_f32_avx512, hadamard_avx512;
+// n_rot 0 = no rotation), then quantized; the next chunk's f16 input is prefetched meanwhile.
+// n is a multiple of 32 and of n_rot, so every chunk is whole rotation blocks (n_rot <= 512).
+KV_AVX512 void f16_rot_iq4_nl(const std::byte* in, std::byte* out, size_t n, uint32_t n_rot) {
+  assert(n % kQK == 0 && (n_rot == 0 || (n % n_rot == 0 && (kIq4Chunk * kQK) % n_rot == 0)));
+  alignas(64) float buf[2][kIq4Chunk * kQK];
+  iq4_nl_rows(n / kQK, out, iq4nl_tables(), [&](size_t b0, size_t cnt) {
+    float* x = buf[(b0 / kIq4Chunk) & 1];
+    const std::byte* src = in + b0 * kQK * 2;
+    const size_t next = (b0 + kIq4Chunk) * kQK * 2, end = n * 2;
+    for (size_t off = 0; off < kIq4Chunk * kQK * 2 && next + off < end; off += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(in + next + off), _MM_HINT_T0);
+    }
+    f16_rotate_to_f32(src, x, cnt * kQK, n_rot);
+    return static_cast<const float*>(x);
+  });
+}
+
+void f16_iq4_nl_fn(const std::byte* in, std::byte* out, size_t n, uint32_t) { f16_rot_iq4_nl(in, out, n, 0); }
 
 enum class Quant { kQ8_0, kQ4_0 };
 
