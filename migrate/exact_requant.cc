@@ -151,7 +151,7 @@ bool exact_requant_applies(const TypeTraits& src, const TypeTraits& dst) {
 }
 
 Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const TypeTraits& dst, uint64_t n_elems,
-                                               bool search) {
+                                               bool search, bool direct) {
   if (!exact_requant_applies(src, dst)) {
     return Status::InvalidArgument("exact requantization is for two different quantized types");
   }
@@ -166,6 +166,8 @@ Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const Typ
   r.dst_row_ = n_elems / kBlock * dst.block_bytes();
   r.row_.resize(n_elems);
   r.mode_search_ = search;
+  r.direct_ = direct && dst.id() == GgmlType::kQ8_0 &&
+              (src.id() == GgmlType::kQ4_0 || src.id() == GgmlType::kQ5_0 || src.id() == GgmlType::kIQ4_NL);
   return r;
 }
 
@@ -286,6 +288,68 @@ void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
   std::memcpy(db, best, dst_->block_bytes());
 }
 
+void ExactRequantizer::convert_block(const std::byte* sb, const float* x, std::byte* db) {
+  if (embed_block(sb, x, db)) {
+    ++exact_;
+  } else {
+    requantize_block(x, db);
+    ++requant_;
+  }
+}
+
+namespace {
+
+// The source block's 32 levels as int8 (value = level * d): what embed_block finds for a finite
+// nonzero scale, read straight from the bits (ggml's dequantize_row_q4_0 / q5_0 / iq4_nl).
+void direct_levels(GgmlType src, const uint8_t* b, int8_t* q) {
+  switch (src) {
+    case GgmlType::kQ4_0:
+      for (int j = 0; j < 16; ++j) {
+        q[j] = int8_t((b[2 + j] & 0x0f) - 8);
+        q[j + 16] = int8_t((b[2 + j] >> 4) - 8);
+      }
+      break;
+    case GgmlType::kQ5_0: {
+      uint32_t qh;
+      std::memcpy(&qh, b + 2, 4);
+      for (int j = 0; j < 16; ++j) {
+        q[j] = int8_t(((b[6 + j] & 0x0f) | (((qh >> j) << 4) & 0x10)) - 16);
+        q[j + 16] = int8_t(((b[6 + j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16);
+      }
+      break;
+    }
+    default:  // iq4_nl
+      for (int j = 0; j < 16; ++j) {
+        q[j] = kIq4nlLevels[b[2 + j] & 0x0f];
+        q[j + 16] = kIq4nlLevels[b[2 + j] >> 4];
+      }
+      break;
+  }
+}
+
+}  // namespace
+
+// Blocks whose f16 scale is +-0, inf or NaN do not embed (levels_for_scale): they take the
+// general path on their own decoded values; every other block embeds as direct_levels says.
+void ExactRequantizer::convert_row_direct(const std::byte* s, std::byte* o) {
+  const uint64_t nb = n_elems_ / kBlock;
+  const size_t sbytes = src_->block_bytes(), dbytes = dst_->block_bytes();
+  for (uint64_t b = 0; b < nb; ++b) {
+    const std::byte* sb = s + b * sbytes;
+    std::byte* db = o + b * dbytes;
+    const uint16_t d16 = read_u16(sb);
+    if ((d16 & 0x7fff) == 0 || (d16 & 0x7c00) == 0x7c00) {
+      float x[kBlock];
+      src_->to_f32(sb, x, kBlock);
+      convert_block(sb, x, db);
+      continue;
+    }
+    std::memcpy(db, sb, 2);
+    direct_levels(src_->id(), reinterpret_cast<const uint8_t*>(sb), reinterpret_cast<int8_t*>(db + 2));
+    ++exact_;
+  }
+}
+
 Status ExactRequantizer::convert(std::span<const std::byte> in, std::span<std::byte> out) {
   if (in.size() % src_row_ != 0 || out.size() != in.size() / src_row_ * dst_row_) {
     return Status::InvalidArgument("exact requantizer: buffers are not whole rows");
@@ -295,16 +359,13 @@ Status ExactRequantizer::convert(std::span<const std::byte> in, std::span<std::b
   for (uint64_t r = 0; r < rows; ++r) {
     const std::byte* s = in.data() + r * src_row_;
     std::byte* o = out.data() + r * dst_row_;
+    if (direct_) {
+      convert_row_direct(s, o);
+      continue;
+    }
     src_->to_f32(s, row_.data(), n_elems_);
     for (uint64_t b = 0; b < nb; ++b) {
-      const float* x = row_.data() + b * kBlock;
-      std::byte* ob = o + b * dst_->block_bytes();
-      if (embed_block(s + b * src_->block_bytes(), x, ob)) {
-        ++exact_;
-      } else {
-        requantize_block(x, ob);
-        ++requant_;
-      }
+      convert_block(s + b * src_->block_bytes(), row_.data() + b * kBlock, o + b * dst_->block_bytes());
     }
   }
   return Status::OK();

@@ -34,8 +34,12 @@ class ExactRequantizer {
   // search: for blocks that cannot be exact, take the smaller squared error of
   // the reference quantizer's block and a small scale search (never worse);
   // false: exactly ggml's reference quantizer for those blocks.
+  // direct: q4_0, q5_0 or iq4_nl -> q8_0, where every block with a finite nonzero scale embeds
+  // (same scale; levels -8..7, -16..15 or the iq4_nl table fit int8, and q * d is the same
+  // product either way), rewrite those blocks' bytes without decoding and checking them; false
+  // (for tests) takes the general path for every block. The bytes are the same.
   static Result<ExactRequantizer> make(const TypeTraits& src, const TypeTraits& dst, uint64_t n_elems,
-                                       bool search = true);
+                                       bool search = true, bool direct = true);
 
   uint64_t src_row_bytes() const { return src_row_; }
   uint64_t dst_row_bytes() const { return dst_row_; }
@@ -49,6 +53,8 @@ class ExactRequantizer {
   ExactRequantizer() = default;
   bool embed_block(const std::byte* src_block, const float* values, std::byte* dst_block);
   void requantize_block(const float* values, std::byte* dst_block);
+  void convert_block(const std::byte* src_block, const float* values, std::byte* dst_block);
+  void convert_row_direct(const std::byte* src_row, std::byte* dst_row);
 
   const TypeTraits* src_ = nullptr;
   const TypeTraits* dst_ = nullptr;
@@ -56,6 +62,7 @@ class ExactRequantizer {
   std::vector<float> row_;
   uint64_t exact_ = 0, requant_ = 0;
   bool mode_search_ = true;
+  bool direct_ = false;
 };
 
 // Whether ExactRequantizer applies to this pair.

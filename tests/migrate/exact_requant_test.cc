@@ -90,6 +90,36 @@ TEST(ExactRequant, LossyPairsAreNeverWorseThanTheReference) {
   EXPECT_LT(ours, 0.8 * ref) << "the reference scale lands half the q5_0 levels on ties";
 }
 
+// q4_0 / q5_0 / iq4_nl -> q8_0 rewrite the bits of blocks with a finite nonzero scale directly;
+// that must give the general path's bytes for any source block: random bits, with every kind of
+// f16 scale (+-0, subnormal, normal, the largest, +-inf, NaN).
+TEST(ExactRequant, DirectPathEqualsTheGeneralOne) {
+  const uint16_t scales[] = {0x0000, 0x8000, 0x0001, 0x83ff, 0x3c00, 0xb800, 0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7e00, 0xfd01};
+  std::mt19937 rng(13);
+  for (const char* from : {"q4_0", "q5_0", "iq4_nl"}) {
+    SCOPED_TRACE(from);
+    const TypeTraits& src = *find_traits(from);
+    std::vector<std::byte> in(kN / 32 * src.block_bytes());
+    for (auto& b : in) b = std::byte(rng() & 0xff);
+    for (size_t b = 0; b < kN / 32; ++b) {
+      if (b % 2 == 0) continue;  // odd blocks: one of the named scales; even: random bits
+      const uint16_t d = scales[(b / 2) % std::size(scales)];
+      in[b * src.block_bytes()] = std::byte(d & 0xff);
+      in[b * src.block_bytes() + 1] = std::byte(d >> 8);
+    }
+    auto fast = ExactRequantizer::make(src, *find_traits("q8_0"), kN);
+    auto general = ExactRequantizer::make(src, *find_traits("q8_0"), kN, true, /*direct=*/false);
+    ASSERT_TRUE(fast.ok() && general.ok());
+    std::vector<std::byte> a(fast->dst_row_bytes()), b(general->dst_row_bytes());
+    ASSERT_TRUE(fast->convert(in, a).ok());
+    ASSERT_TRUE(general->convert(in, b).ok());
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(fast->blocks_exact(), general->blocks_exact());
+    EXPECT_EQ(fast->blocks_requantized(), general->blocks_requantized());
+    EXPECT_GT(general->blocks_requantized(), 0u) << "the zero / inf / NaN scales take the general path";
+  }
+}
+
 TEST(ExactRequant, RefusesPairsItIsNotFor) {
   EXPECT_FALSE(ExactRequantizer::make(*find_traits("f16"), *find_traits("q8_0"), kN).ok());
   EXPECT_FALSE(ExactRequantizer::make(*find_traits("q8_0"), *find_traits("q8_0"), kN).ok());
