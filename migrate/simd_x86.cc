@@ -787,10 +787,17 @@ KV_AVX512_INLINE void iq4_nl_trial_ids(__m512 max, float* id) {
 
 constexpr size_t kIq4AcrossMin = 8;  // fewer blocks: lanes = passes (iq4_nl_chunk_by_block)
 
-struct Iq4nlAcross {
-  alignas(64) float x[kQK][16];    // x[j] lane b: value j of block b (0 if the block does not search)
+// The per-value candidate tables of a chunk: written by its tables step, read only by its sums,
+// so consecutive chunks share one (the next chunk's tables start after this chunk's sums), which
+// keeps the chunks in flight within L1.
+struct Iq4nlCand {
   alignas(64) float thr[kQK][16];  // m[k0] of value j of block b (+inf past the last midpoint)
   alignas(64) float plo[kQK][16], phi[kQK][16], rlo[kQK][16], rhi[kQK][16];  // (w*q)*x, (w*q)*q for q[k0], q[k0+1]
+};
+
+struct Iq4nlAcross {
+  alignas(64) float x[kQK][16];    // x[j] lane b: value j of block b (0 if the block does not search)
+  Iq4nlCand* cand;  // the candidate tables, shared by the chunks in flight (see Iq4nlCand)
   alignas(64) float id[16][16];    // id[p] lane b: pass p's id (p = 0: 1/d; p = 8 + itry)
   alignas(64) float sx[16][16], s2[16][16];  // pass p's sumqx, sumq2, lane b
   alignas(64) float d[16];
@@ -838,13 +845,13 @@ KV_AVX512_INLINE void iq4_nl_across_tables(Iq4nlAcross& a, const Iq4nlTables& t,
       const __m512 w = _mm512_mul_ps(x, x);  // weight[j] = xb[j]*xb[j]
       // |id * x| <= 134.02 for every lane (|id| <= 134/|max| to within rounding, |x| <= |max|)
       const __m512i k0 = iq4nl_index16_bounded(_mm512_min_ps(_mm512_mul_ps(id1, x), _mm512_mul_ps(id15, x)), t);
-      _mm512_store_ps(a.thr[j + u], _mm512_permutexvar_ps(k0, mid));
+      _mm512_store_ps(a.cand->thr[j + u], _mm512_permutexvar_ps(k0, mid));
       const __m512 qlo = _mm512_permutexvar_ps(k0, vals), qhi = _mm512_permutexvar_ps(k0, vals_hi);
       const __m512 wlo = _mm512_mul_ps(w, qlo), whi = _mm512_mul_ps(w, qhi);
-      _mm512_store_ps(a.plo[j + u], _mm512_mul_ps(wlo, x));
-      _mm512_store_ps(a.rlo[j + u], _mm512_mul_ps(wlo, qlo));
-      _mm512_store_ps(a.phi[j + u], _mm512_mul_ps(whi, x));
-      _mm512_store_ps(a.rhi[j + u], _mm512_mul_ps(whi, qhi));
+      _mm512_store_ps(a.cand->plo[j + u], _mm512_mul_ps(wlo, x));
+      _mm512_store_ps(a.cand->rlo[j + u], _mm512_mul_ps(wlo, qlo));
+      _mm512_store_ps(a.cand->phi[j + u], _mm512_mul_ps(whi, x));
+      _mm512_store_ps(a.cand->rhi[j + u], _mm512_mul_ps(whi, qhi));
       const __m512 q0 = _mm512_permutexvar_ps(iq4nl_index16_bounded(_mm512_mul_ps(id0, x), t), vals);
       const __m512 w0 = _mm512_mul_ps(w, q0);
       p0[u] = _mm512_mul_ps(w0, x);
@@ -870,9 +877,9 @@ KV_AVX512_INLINE void iq4_nl_across_sums(Iq4nlAcross& a) {
   }
 #pragma GCC unroll 1
   for (size_t j = 0; j < kQK; j++) {
-    const __m512 x = _mm512_load_ps(a.x[j]), thr = _mm512_load_ps(a.thr[j]);
-    const __m512 plo = _mm512_load_ps(a.plo[j]), phi = _mm512_load_ps(a.phi[j]);
-    const __m512 rlo = _mm512_load_ps(a.rlo[j]), rhi = _mm512_load_ps(a.rhi[j]);
+    const __m512 x = _mm512_load_ps(a.x[j]), thr = _mm512_load_ps(a.cand->thr[j]);
+    const __m512 plo = _mm512_load_ps(a.cand->plo[j]), phi = _mm512_load_ps(a.cand->phi[j]);
+    const __m512 rlo = _mm512_load_ps(a.cand->rlo[j]), rhi = _mm512_load_ps(a.cand->rhi[j]);
 #pragma GCC unroll 16
     for (int k = 0; k < G; k++) {
       const __mmask16 ge = _mm512_cmp_ps_mask(_mm512_mul_ps(id[k], x), thr, _CMP_GE_OQ);  // al >= m[k0]
@@ -1033,6 +1040,8 @@ namespace {
 template <class Load>
 KV_AVX512_INLINE void iq4_nl_rows(size_t nb, std::byte* out, const Iq4nlTables& t, Load load) {
   Iq4nlAcross a[2];
+  Iq4nlCand cand;
+  a[0].cand = a[1].cand = &cand;
   const float* xs[2] = {nullptr, nullptr};
   size_t pending = SIZE_MAX;  // the chunk (first block) whose sums are done, decision not yet
   for (size_t b0 = 0, k = 0; b0 < nb; b0 += kIq4Chunk, k ^= 1) {
