@@ -178,19 +178,28 @@ KV_AVX512 void f16_to_f32_avx512(const std::byte* src, float* dst, size_t n) {
   if (i < n) f16_to_f32_avx2(src + 2 * i, dst + i, n - i);
 }
 
+namespace {
+
+// 16 floats -> f16, rounding to nearest, a NaN as the scalar path stores it (quiet NaN 0x7E00
+// with its sign), which vcvtps2ph alone would not give.
+KV_AVX512_INLINE __m256i f16x16_from_f32(__m512 x) {
+  __m256i h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  if (__builtin_expect(nan != 0, 0)) {
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i fix = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x8000)),
+                                        _mm512_set1_epi32(0x7E00));
+    h = _mm256_mask_mov_epi16(h, nan, _mm512_cvtepi32_epi16(fix));
+  }
+  return h;
+}
+
+}  // namespace
+
 KV_AVX512 void f16_from_f32_avx512(const float* src, std::byte* dst, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m512 x = _mm512_loadu_ps(src + i);
-    __m256i h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
-    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    if (__builtin_expect(nan != 0, 0)) {
-      const __m512i bits = _mm512_castps_si512(x);
-      const __m512i fix = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x8000)),
-                                          _mm512_set1_epi32(0x7E00));
-      h = _mm256_mask_mov_epi16(h, nan, _mm512_cvtepi32_epi16(fix));
-    }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), h);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), f16x16_from_f32(_mm512_loadu_ps(src + i)));
   }
   if (i < n) f16_from_f32_avx2(src + i, dst + 2 * i, n - i);
 }
@@ -586,18 +595,9 @@ KV_AVX512_INLINE void transpose16(const float (*in)[16], __m512* out) {
   transpose16_rows(rows, out);
 }
 
-// The 16 block scales as f16, rounding to nearest, a NaN stored as the scalar path stores it
-// (quiet NaN 0x7E00 with its sign), which vcvtps2ph alone would not give.
+// The 16 block scales as f16 (f16x16_from_f32: the scalar path's NaN).
 KV_AVX512_INLINE void store_scales_f16(__m512 d, uint16_t* dh) {
-  __m256i h = _mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT);
-  const __mmask16 nan = _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
-  if (__builtin_expect(nan != 0, 0)) {
-    const __m512i bits = _mm512_castps_si512(d);
-    const __m512i fix = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x8000)),
-                                        _mm512_set1_epi32(0x7E00));
-    h = _mm256_mask_mov_epi16(h, nan, _mm512_cvtepi32_epi16(fix));
-  }
-  _mm256_store_si256(reinterpret_cast<__m256i*>(dh), h);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(dh), f16x16_from_f32(d));
 }
 
 // The reference's choice of scale for the 16 blocks of a chunk at once (lane b = block b):
@@ -1548,16 +1548,7 @@ KV_AVX512_INLINE Q8Scales q8_0_scales4(__m512 amax) {
   return {d, _mm_maskz_div_ps(_mm_cmp_ps_mask(d, _mm_setzero_ps(), _CMP_NEQ_UQ), _mm_set1_ps(1.0f), d)};
 }
 
-// The low bytes of the 32 int32 lanes of a and b, in order, as the reference's (int8_t) cast
-// keeps them: the low words gathered by one two-register permute, then truncated to bytes.
-KV_AVX512_INLINE __m256i low_bytes_2x16(__m512i a, __m512i b) {
-  const __m512i idx = _mm512_setr_epi32(0x00020000, 0x00060004, 0x000A0008, 0x000E000C, 0x00120010, 0x00160014,
-                                        0x001A0018, 0x001E001C, 0x00220020, 0x00260024, 0x002A0028, 0x002E002C,
-                                        0x00320030, 0x00360034, 0x003A0038, 0x003E003C);  // word 2i of a:b
-  return _mm512_cvtepi16_epi8(_mm512_permutex2var_epi16(a, idx, b));
-}
-
-// q8_0 of NQ <= 4 blocks of 32 finite floats held in registers (block k = v[2k], v[2k + 1]),
+// q8_0 of NQ = 2 or 4 blocks of 32 finite floats held in registers (block k = v[2k], v[2k + 1]),
 // every id finite. Then |x * id| <= amax * id < 127.5, so roundf gives -127..127 and the
 // saturating packs keep the same bytes as the reference's (int8_t) cast: two blocks' 64 bytes
 // come from 2 dword->word packs, 1 word->byte pack and 1 dword permute. (An infinite id, from
@@ -1567,6 +1558,7 @@ KV_AVX512_INLINE __m512i q8_0_round(__m512 x, float id) { return roundf_to_i32_1
 
 template <int NQ>
 KV_AVX512_INLINE void q8_0_regs4(const __m512* v, Q8Scales sc, std::byte* out) {
+  static_assert(NQ == 2 || NQ == 4, "blocks are packed in pairs");
   alignas(16) float id[4];
   _mm_store_ps(id, sc.id);
   alignas(16) uint16_t dh[8];
@@ -1579,7 +1571,7 @@ KV_AVX512_INLINE void q8_0_regs4(const __m512* v, Q8Scales sc, std::byte* out) {
   // values 4j..4j+3 of register r); this puts them back in value order.
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
 #pragma GCC unroll 2
-  for (int k = 0; k + 1 < NQ; k += 2) {
+  for (int k = 0; k < NQ; k += 2) {
     std::byte* blk = out + k * kQ8_0Bytes;
     const __m512i w0 = _mm512_packs_epi32(q8_0_round(v[2 * k], id[k]), q8_0_round(v[2 * k + 1], id[k]));
     const __m512i w1 = _mm512_packs_epi32(q8_0_round(v[2 * k + 2], id[k + 1]), q8_0_round(v[2 * k + 3], id[k + 1]));
@@ -1588,13 +1580,6 @@ KV_AVX512_INLINE void q8_0_regs4(const __m512* v, Q8Scales sc, std::byte* out) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 2), _mm512_castsi512_si256(b));
     store_u16(blk + kQ8_0Bytes, dh[k + 1]);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + kQ8_0Bytes + 2), _mm512_extracti64x4_epi64(b, 1));
-  }
-  if constexpr (NQ % 2 == 1) {
-    std::byte* blk = out + (NQ - 1) * kQ8_0Bytes;
-    const __m512i q0 = q8_0_round(v[2 * NQ - 2], id[NQ - 1]);
-    const __m512i q1 = q8_0_round(v[2 * NQ - 1], id[NQ - 1]);
-    store_u16(blk, dh[NQ - 1]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 2), low_bytes_2x16(q0, q1));
   }
 }
 
