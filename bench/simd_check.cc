@@ -482,6 +482,96 @@ void check_iq4_trial_ids() {
   if (fill) run(fill);
   std::printf("  avx512: iq4_nl trial scales == (itry - 127) / max for %" PRIu64 " quotients\n", checked);
 }
+
+// The iq4_nl kernel skips the trials whose indices repeat the trial before (see
+// iq4_nl_compact_trials). For each block: its schedule starts at trial 1, is in order, and holds
+// every trial whose indices differ from the previous trial's (computed here the reference's way:
+// id = (itry - 127) / max, al = id * x, best_index_int8), on random blocks and on blocks built so
+// that a value's index flips right at a trial (x = m / id_p and its neighbours, m a midpoint).
+void check_iq4_trial_schedule() {
+  if (simd::best_level() < Level::kAvx512) return;
+  testing::Rng rng(23);
+  const float v0 = static_cast<float>(quants::kIQ4NLValues[0]);
+  uint64_t blocks = 0, steps_sum = 0, chunks = 0, flips = 0;
+  std::vector<float> x(16 * 32);
+  const int failures_before = g_failures;
+  for (int iter = 0; iter < 40000 && g_failures == failures_before; iter++) {
+    const size_t cnt = iter % 9 == 0 ? 8 + rng.below(9) : 16;
+    const bool built = iter % 2 == 1;  // a chunk of random blocks skips more trials
+    for (size_t b = 0; b < 16; b++) {
+      float* xb = x.data() + 32 * b;
+      const int kind = built ? static_cast<int>(rng.below(4)) : 0;
+      float scale = std::ldexp(1.0f, static_cast<int>(rng.below(60)) - 30);
+      if (rng.below(64) == 0) scale = 0x1p110f;  // outside the range of the recomputed trial ids
+      for (int j = 0; j < 32; j++) xb[j] = scale * (rng.uniform() + rng.uniform() + rng.uniform() + rng.uniform());
+      if (kind >= 2) {  // flips at a trial: max = xb[0], value j = m / id_p (+- a few ulps)
+        xb[0] = (rng.below(2) ? 4.0f : -4.0f) * scale;
+        for (int j = 1; j < 32; j++) {
+          if (rng.below(8) != 0) continue;  // a few flips per block, so that trials get skipped
+          const int p = 1 + static_cast<int>(rng.below(15));
+          const float id = (static_cast<float>(p - 8) + v0) / xb[0];
+          const int mi = static_cast<int>(rng.below(15));
+          const float m = static_cast<float>(quants::kIQ4NLValues[mi] + quants::kIQ4NLValues[mi + 1]) / 2;
+          float v = m / id;
+          const int nudge = static_cast<int>(rng.below(7)) - 3;
+          for (int k = 0; k < std::abs(nudge); k++) v = std::nextafter(v, nudge > 0 ? INFINITY : -INFINITY);
+          if (std::fabs(v) < std::fabs(xb[0])) xb[j] = v;
+        }
+      }
+      if (kind == 3 && rng.below(4) == 0) xb[5] = -xb[0];  // both signs at the maximum
+    }
+    alignas(64) uint8_t trials[15 * 16];
+    const int steps = simd::x86::iq4_nl_trial_schedule_avx512(x.data(), cnt, trials);
+    chunks++;
+    steps_sum += static_cast<uint64_t>(steps);
+    for (size_t b = 0; b < cnt; b++) {
+      const float* xb = x.data() + 32 * b;
+      float amax = 0, max = 0;
+      for (int j = 0; j < 32; j++) {
+        if (std::fabs(xb[j]) > amax) {
+          amax = std::fabs(xb[j]);
+          max = xb[j];
+        }
+      }
+      if (amax < 1e-15f) continue;
+      blocks++;
+      bool listed[16] = {};
+      int last = 0;
+      for (int k = 0; k < steps; k++) {
+        const int p = trials[16 * k + b];
+        if (p < 1 || p < last || (k == 0 && p != 1)) {
+          char buf[160];
+          std::snprintf(buf, sizeof buf, "iq4_nl trial schedule: block %zu step %d runs trial %d after %d", b, k, p, last);
+          fail(buf);
+          return;
+        }
+        listed[p] = true;
+        last = p;
+      }
+      int prev[32];
+      for (int p = 1; p <= 15; p++) {
+        const float id = (static_cast<float>(p - 8) + v0) / max;
+        bool differs = false;
+        for (int j = 0; j < 32; j++) {
+          const int l = quants::ref::iq4_nl_best_index(id * xb[j]);
+          differs |= p > 1 && l != prev[j];
+          prev[j] = l;
+        }
+        flips += differs;
+        if (differs && !listed[p]) {
+          char buf[160];
+          std::snprintf(buf, sizeof buf, "iq4_nl trial schedule: block %zu (max %a) skips trial %d, whose indices differ",
+                        b, static_cast<double>(max), p);
+          fail(buf);
+          return;
+        }
+      }
+    }
+  }
+  std::printf("  avx512: iq4_nl trial schedules hold every trial that changes an index: %" PRIu64
+              " blocks, %" PRIu64 " such trials, %.2f passes per chunk of 15\n",
+              blocks, flips, static_cast<double>(steps_sum) / static_cast<double>(chunks));
+}
 #endif
 
 }  // namespace
@@ -514,6 +604,7 @@ int main(int argc, char** argv) {
 #ifdef KVSNAP_SIMD_X86
   check_iq4_index(exhaustive);
   check_iq4_trial_ids();
+  check_iq4_trial_schedule();
 #endif
   std::printf("%" PRIu64 " bytes compared, %d mismatches\n", g_compared, g_failures);
   return g_failures == 0 ? 0 : 1;

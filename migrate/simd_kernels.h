@@ -96,6 +96,13 @@ void iq4_nl_index_avx512(const float* x, uint8_t* idx, size_t n);
 // them with the division.
 void iq4_nl_trial_ids_avx512(const float* max, float* id, size_t n);
 
+// The trial passes the iq4_nl kernel runs for one chunk of cnt (8..16) blocks of 32 values at
+// x: trials[16 k + b] = the trial (1..15, itry = trial - 8) of step k of block b, for k < the
+// returned number of steps; blocks that do not search (all zero, inf/NaN) have 0s. Exposed for
+// kvsnap-simd-check, which checks that every trial whose indices differ from the trial before
+// is among them, in order.
+int iq4_nl_trial_schedule_avx512(const float* x, size_t cnt, uint8_t* trials);
+
 // f16 -> q8_0 / q4_0 with rotation, q8_0 -> f16 with rotation (n_rot 64, 128, 256), q4_0 -> q8_0,
 // f16 -> iq4_nl with rotation (n_rot 64, 128, 256) or without
 FusedRowFn find_fused_avx512(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot);

@@ -463,8 +463,9 @@ KV_AVX512 void iq4_nl_index_avx512(const float* x, uint8_t* idx, size_t n) {
 // Two vector directions use these facts. Chunks of 8..16 blocks put one BLOCK in each lane
 // ("lanes = blocks" below, iq4_nl_across_*): a step of a sum is value j of 16 blocks in one trial
 // pass, so the lane-0 pass and the decision need no scalar or transposed work, and each step is a
-// multiply, a compare, two blends and two additions. This is the path of whole rows (32 blocks
-// per 1024 values). A chunk of fewer than 8 blocks (the end of a run) puts the 16 PASSES of one
+// multiply, a compare, two blends and two additions; the passes that would repeat the pass
+// before in every lane are skipped (iq4_nl_compact_trials: ~11 of the 15 trials run on K-like
+// data). This is the path of whole rows (32 blocks per 1024 values). A chunk of fewer than 8 blocks (the end of a run) puts the 16 PASSES of one
 // block in the lanes (iq4_nl_chunk_by_block), as before. Both give the reference's bytes.
 
 constexpr size_t kIq4Chunk = 16;  // blocks per pass
@@ -763,7 +764,7 @@ KV_AVX512 void iq4_nl_chunk_by_block(const float* xc, std::byte* outc, size_t cn
 // kvsnap-simd-check; scaling the divisor by 2^k scales y, q and q' by 2^-k and leaves r as it
 // is, so it holds for every |max| in [2^-100, 2^100] (all values stay normal). Other lanes take
 // the divisions.
-KV_AVX512_INLINE void iq4_nl_trial_ids(__m512 max, float* id) {
+KV_AVX512_INLINE bool iq4_nl_trial_ids(__m512 max, float* id, __m512* y_out = nullptr) {
   constexpr int ntry = 7;
   const float v0 = static_cast<float>(kIQ4NLValues[0]);
   const __m512 amax = abs16(max);
@@ -773,9 +774,10 @@ KV_AVX512_INLINE void iq4_nl_trial_ids(__m512 max, float* id) {
     for (int itry = -ntry; itry <= ntry; ++itry) {
       _mm512_storeu_ps(id + 16 * (itry + ntry), _mm512_div_ps(_mm512_set1_ps(static_cast<float>(itry) + v0), max));
     }
-    return;
+    return false;
   }
   const __m512 y = _mm512_div_ps(_mm512_set1_ps(1.0f), max);
+  if (y_out) *y_out = y;
 #pragma GCC unroll 15
   for (int itry = -ntry; itry <= ntry; ++itry) {
     const __m512 a = _mm512_set1_ps(static_cast<float>(itry) + v0);
@@ -783,9 +785,14 @@ KV_AVX512_INLINE void iq4_nl_trial_ids(__m512 max, float* id) {
     const __m512 r = _mm512_fnmadd_ps(q, max, a);
     _mm512_storeu_ps(id + 16 * (itry + ntry), _mm512_fmadd_ps(r, y, q));
   }
+  return true;
 }
 
 constexpr size_t kIq4AcrossMin = 8;  // fewer blocks: lanes = passes (iq4_nl_chunk_by_block)
+
+// How far from the estimated flip of a value (in trials) iq4_nl_mark_flips also marks: more than
+// the estimate's error (< 0.009) plus the rounding of the trial scales and products (< 3e-5).
+constexpr float kIq4StepSlack = 0.02f;
 
 // The per-value candidate tables of a chunk: written by its tables step, read only by its sums,
 // so consecutive chunks share one (the next chunk's tables start after this chunk's sums), which
@@ -803,6 +810,8 @@ struct Iq4nlAcross {
   alignas(64) float d[16];
   uint8_t kind[kIq4Chunk];
   __mmask16 search;  // kind == 0
+  int steps;         // the trial passes that run: id[1..steps] (see iq4_nl_compact_trials)
+  alignas(64) float max[16];  // max lane b: the block's first value of largest magnitude (1: no search)
 };
 
 
@@ -825,6 +834,41 @@ KV_AVX512_INLINE void iq4_nl_decide_step(const Iq4nlAcross& a, int p, __m512& d,
   best = _mm512_mask_mov_ps(best, take, _mm512_mul_ps(dt, qx));
 }
 
+// Trials that repeat the one before are skipped. Trial p (1..15) gives value j the index
+// k0 + (al >= m[k0]), al = id_p * x[j], and that comparison flips at most once along p (al is
+// monotone in p), near the real p* where (p* - 135) x / max = m[k0]: the rounding of id_p and
+// of the product moves the flip by < 3e-5 (|p* - 135| <= 134 for a flip inside 1..15). When no
+// value of a block flips between p - 1 and p, the two trials have the same indices, hence the
+// same sums (the same additions in the same order), and the reference's loop does not change
+// its choice on the second one: if it took the first, the second gives the same d and best;
+// if not, the same comparison fails again. So each lane runs only its trials that follow a
+// flip, in order, and repeats its last one to fill the vector.
+//
+// chg lane b has bit p (2..15) set when a value of block b may flip between p - 1 and p:
+// iq4_nl_mark_flips marks floor(p* + 1 -+ slack) with p* estimated from rcp14 (relative error
+// < 2^-14, so < 0.009 in p* for the values that can flip: |x| >= 0.03 |max| there, as |al| >=
+// 4.5 at a midpoint and |al| <= 134 |x / max|); marking more is safe, marking less is not
+// (kvsnap-simd-check compares the schedules with the reference's indices).
+// The trial ids are recomputed with iq4_nl_trial_ids's operations, so equal to the table's.
+KV_AVX512_INLINE int iq4_nl_compact_trials(Iq4nlAcross& a, __m512 max, __m512 y, __m512i chg) {
+  __m512i m = _mm512_and_si512(chg, _mm512_set1_epi32(0xFFFC));
+  __m512 id = _mm512_load_ps(a.id[1]);  // every lane runs trial 1 first
+  int steps = 1;
+  for (__mmask16 live = _mm512_test_epi32_mask(m, m); live; live = _mm512_test_epi32_mask(m, m)) {
+    const __m512i low = _mm512_and_si512(m, _mm512_sub_epi32(_mm512_setzero_si512(), m));
+    m = _mm512_xor_si512(m, low);
+    // p = log2(low), from the exponent of the (exact) float; numerator p - 135 = itry - 127
+    const __m512i p = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(low)), 23),
+                                       _mm512_set1_epi32(127));
+    const __m512 num = _mm512_cvtepi32_ps(_mm512_sub_epi32(p, _mm512_set1_epi32(135)));
+    const __m512 q = _mm512_mul_ps(num, y);
+    const __m512 r = _mm512_fnmadd_ps(q, max, num);
+    id = _mm512_mask_mov_ps(id, live, _mm512_fmadd_ps(r, y, q));
+    _mm512_store_ps(a.id[++steps], id);
+  }
+  return steps;
+}
+
 // The candidate tables of every value, and the first pass's sums (p = 0), all in order of j.
 // With `prev`, the 16 steps of prev's decision are interleaved with the 16 iterations (their
 // chain of dependent compares and divisions then hides behind this chunk's arithmetic), and
@@ -837,7 +881,9 @@ KV_AVX512_INLINE void iq4_nl_across_tables(Iq4nlAcross& a, const Iq4nlTables& t,
   __m512 sx0 = _mm512_setzero_ps(), s20 = _mm512_setzero_ps();
   // two values per step (independent work for the out-of-order core); the sums stay in j order
   for (size_t j = 0; j < kQK; j += 2) {
-    if constexpr (kDecide) iq4_nl_decide_step(*prev, static_cast<int>(j / 2), dd, best);
+    if constexpr (kDecide) {
+      if (static_cast<int>(j / 2) <= prev->steps) iq4_nl_decide_step(*prev, static_cast<int>(j / 2), dd, best);
+    }
     __m512 p0[2], r0[2];
 #pragma GCC unroll 2
     for (size_t u = 0; u < 2; u++) {
@@ -865,9 +911,25 @@ KV_AVX512_INLINE void iq4_nl_across_tables(Iq4nlAcross& a, const Iq4nlTables& t,
   if constexpr (kDecide) _mm512_store_ps(prev->d, _mm512_maskz_mov_ps(prev->search, dd));  // d = 0: no search
 }
 
+// The trials where a value of a block may change index (iq4_nl_compact_trials): lane b, bit p
+// (2..15) for floor(p* + 1 -+ slack), where p* + 1 = 136 + m[k0] * max / x.
+KV_AVX512_INLINE __m512i iq4_nl_mark_flips(const Iq4nlAcross& a, __m512 max) {
+  const __m512 p_lo = _mm512_set1_ps(136.0f - kIq4StepSlack), p_hi = _mm512_set1_ps(136.0f + kIq4StepSlack);
+  const __m512i one = _mm512_set1_epi32(1);
+  __m512i chg = _mm512_setzero_si512();
+  for (size_t j = 0; j < kQK; j++) {
+    const __m512 x = _mm512_load_ps(a.x[j]), thr = _mm512_load_ps(a.cand->thr[j]);
+    const __m512 mr = _mm512_mul_ps(max, _mm512_rcp14_ps(x));
+    const __m512i s_lo = _mm512_cvt_roundps_epi32(_mm512_fmadd_ps(thr, mr, p_lo), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __m512i s_hi = _mm512_cvt_roundps_epi32(_mm512_fmadd_ps(thr, mr, p_hi), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    chg = _mm512_or_si512(chg, _mm512_or_si512(_mm512_sllv_epi32(one, s_lo), _mm512_sllv_epi32(one, s_hi)));
+  }
+  return chg;
+}
+
 // The sums of the trial passes P0 .. P0 + G - 1, j = 0..31 in order.
-template <int P0, int G>
-KV_AVX512_INLINE void iq4_nl_across_sums(Iq4nlAcross& a) {
+template <int G>
+KV_AVX512_INLINE void iq4_nl_across_sums(Iq4nlAcross& a, int P0) {
   __m512 id[G], sx[G], s2[G];
 #pragma GCC unroll 16
   for (int k = 0; k < G; k++) {
@@ -1004,6 +1066,7 @@ KV_AVX512 void iq4_nl_across_prepare(const float* xc, size_t cnt, Iq4nlAcross& a
     search = static_cast<__mmask16>(valid & ~bad & _mm512_cmp_ps_mask(amax, _mm512_set1_ps(1e-15f), _CMP_NLT_UQ));
     a.search = search;
     max = _mm512_mask_mov_ps(one, search, mx);
+    _mm512_store_ps(a.max, max);
     for (size_t b = 0; b < kIq4Chunk; b++) a.kind[b] = (bad >> b) & 1 ? 2 : (search >> b) & 1 ? 0 : 1;
   }
   // the scales: d = -max/values[0], id = 1/d for the first pass; id = (itry + values[0])/max
@@ -1011,21 +1074,38 @@ KV_AVX512 void iq4_nl_across_prepare(const float* xc, size_t cnt, Iq4nlAcross& a
     const __m512 d = ntry > 0 ? _mm512_div_ps(_mm512_sub_ps(zero, max), _mm512_set1_ps(static_cast<float>(values[0])))
                               : _mm512_div_ps(max, _mm512_set1_ps(static_cast<float>(values[0])));
     _mm512_store_ps(a.id[0], _mm512_div_ps(one, d));
-    iq4_nl_trial_ids(max, &a.id[1][0]);
   }
+  __m512 y;
+  const bool exact_ids = iq4_nl_trial_ids(max, &a.id[1][0], &y);
   if (prev) iq4_nl_across_tables<true>(a, t, prev);
   else iq4_nl_across_tables<false>(a, t, nullptr);
+  a.steps = exact_ids ? iq4_nl_compact_trials(a, max, y, iq4_nl_mark_flips(a, max)) : 15;
 }
 
+template <int G>
+KV_AVX512_INLINE void iq4_nl_sums_n(Iq4nlAcross& a, int p0, int g) {
+  if constexpr (G > 1) {
+    if (g < G) return iq4_nl_sums_n<G - 1>(a, p0, g);
+  }
+  iq4_nl_across_sums<G>(a, p0);
+}
+
+// The sums of passes 1..steps, at most 8 at a time (16 sums and 8 ids in registers), in two
+// halves of similar size when there are more.
 KV_AVX512_INLINE void iq4_nl_across_search(Iq4nlAcross& a) {
-  iq4_nl_across_sums<1, 8>(a);
-  iq4_nl_across_sums<9, 7>(a);
+  const int k = a.steps;
+  if (k <= 8) {
+    iq4_nl_sums_n<8>(a, 1, k);
+  } else {
+    const int g1 = (k + 1) / 2;
+    iq4_nl_sums_n<8>(a, 1, g1);
+    iq4_nl_sums_n<8>(a, 1 + g1, k - g1);
+  }
 }
 
 KV_AVX512 void iq4_nl_across_decide(Iq4nlAcross& a, const float* xc, std::byte* outc, size_t cnt, const Iq4nlTables& t) {
   __m512 d = _mm512_setzero_ps(), best = _mm512_setzero_ps();
-#pragma GCC unroll 16
-  for (int p = 0; p < 16; ++p) iq4_nl_decide_step(a, p, d, best);
+  for (int p = 0; p <= a.steps; ++p) iq4_nl_decide_step(a, p, d, best);
   _mm512_store_ps(a.d, _mm512_maskz_mov_ps(a.search, d));  // d = 0 for the blocks that do not search
   iq4_nl_finish_across(a, xc, outc, cnt, t);
 }
@@ -1071,6 +1151,25 @@ KV_AVX512_INLINE void iq4_nl_rows(size_t nb, std::byte* out, const Iq4nlTables& 
 }
 
 }  // namespace
+
+KV_AVX512 int iq4_nl_trial_schedule_avx512(const float* x, size_t cnt, uint8_t* trials) {
+  Iq4nlAcross a;
+  Iq4nlCand cand;
+  a.cand = &cand;
+  iq4_nl_across_prepare(x, cnt, a, iq4nl_tables(), nullptr);
+  // the trial of each step: the one whose id it carries (a block's trial ids are distinct)
+  alignas(64) float ids[15][16];
+  iq4_nl_trial_ids(_mm512_load_ps(a.max), &ids[0][0]);
+  for (int k = 0; k < a.steps; k++) {
+    for (size_t b = 0; b < 16; b++) {
+      trials[16 * k + b] = 0;
+      for (int p = 1; p <= 15 && (a.search >> b & 1); p++) {
+        if (a.id[k + 1][b] == ids[p - 1][b]) trials[16 * k + b] = static_cast<uint8_t>(p);
+      }
+    }
+  }
+  return a.steps;
+}
 
 KV_AVX512 void iq4_nl_trial_ids_avx512(const float* max, float* id, size_t n) {
   for (size_t i = 0; i + 16 <= n; i += 16) iq4_nl_trial_ids(_mm512_loadu_ps(max + i), id + 15 * i);
