@@ -425,10 +425,11 @@ KV_AVX512 inline __m512i iq4nl_index16_bounded(__m512 x, const Iq4nlTables& t) {
   return _mm512_mask_add_epi32(base, ge, base, _mm512_set1_epi32(1));
 }
 
-// best_index for 16 lanes of non-NaN x (any magnitude): clamped to [-135, 134] (the index is 0
-// below and 15 above anyway), then bucketed.
+// best_index for 16 lanes of non-NaN x (any magnitude): clamped to [-134, 134] (the index is 0
+// below and 15 above anyway) by one VRANGEPS (imm 0x02: the operand of smaller magnitude, with
+// the sign of x), then bucketed.
 KV_AVX512 inline __m512i iq4nl_index16(__m512 x, const Iq4nlTables& t) {
-  return iq4nl_index16_bounded(_mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-135.0f)), _mm512_set1_ps(134.0f)), t);
+  return iq4nl_index16_bounded(_mm512_range_ps(x, _mm512_set1_ps(134.0f), 0x02), t);
 }
 
 }  // namespace
@@ -956,6 +957,15 @@ KV_AVX512_INLINE void iq4_nl_across_sums(Iq4nlAcross& a, int P0) {
   }
 }
 
+// The nibbles of blocks 4L..4L + 3 (r[i], 128-bit lane L: the 16 bytes of block 4L + i).
+template <int L>
+KV_AVX512_INLINE void iq4_nl_store_nibbles(const __m512i* r, std::byte* outc) {
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(outc + (4 * L + i) * kIQ4_NLBytes + 2), _mm512_extracti32x4_epi32(r[i], L));
+  }
+}
+
 // The blocks' bytes, lane = block: the scale as fp16 and the indices with id = 1/d, the same
 // operations as iq4_nl_finish; the 16 bytes of nibbles of each block are gathered with shifts and
 // a 4 x 4 transpose of dwords per 128-bit lane. Blocks whose id is inf/NaN (al may be NaN, which
@@ -987,12 +997,16 @@ KV_AVX512_INLINE void iq4_nl_finish_across(const Iq4nlAcross& a, const float* xc
   // r[i], 128-bit lane l: the 16 bytes of block 4l + i
   const __m512i r[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2), _mm512_unpacklo_epi64(t1, t3),
                         _mm512_unpackhi_epi64(t1, t3)};
-  alignas(64) uint8_t q[4][64];
-  for (int i = 0; i < 4; i++) _mm512_store_si512(q[i], r[i]);
-  for (size_t b = 0; b < cnt; b++) {
-    std::byte* blk = outc + b * kIQ4_NLBytes;
-    store_u16(blk, dh[b]);
-    std::memcpy(blk + 2, q[b % 4] + 16 * (b / 4), 16);
+  for (size_t b = 0; b < cnt; b++) store_u16(outc + b * kIQ4_NLBytes, dh[b]);
+  if (cnt == kIq4Chunk) {
+    iq4_nl_store_nibbles<0>(r, outc);
+    iq4_nl_store_nibbles<1>(r, outc);
+    iq4_nl_store_nibbles<2>(r, outc);
+    iq4_nl_store_nibbles<3>(r, outc);
+  } else {
+    alignas(64) uint8_t q[4][64];
+    for (int i = 0; i < 4; i++) _mm512_store_si512(q[i], r[i]);
+    for (size_t b = 0; b < cnt; b++) std::memcpy(outc + b * kIQ4_NLBytes + 2, q[b % 4] + 16 * (b / 4), 16);
   }
   for (size_t b = 0; b < cnt; b++) {
     if (a.kind[b] == 2) {
