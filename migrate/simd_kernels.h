@@ -98,7 +98,8 @@ void iq4_nl_trial_ids_avx512(const float* max, float* id, size_t n);
 
 // The trial passes the iq4_nl kernel runs for one chunk of cnt (8..16) blocks of 32 values at
 // x: trials[16 k + b] = the trial (1..15, itry = trial - 8) of step k of block b, for k < the
-// returned number of steps; blocks that do not search (all zero, inf/NaN) have 0s. Exposed for
+// returned number of steps, or 0 once the steps of the block's half of the lanes are done;
+// blocks that do not search (all zero, inf/NaN) have 0s. Exposed for
 // kvsnap-simd-check, which checks that every trial whose indices differ from the trial before
 // is among them, in order.
 int iq4_nl_trial_schedule_avx512(const float* x, size_t cnt, uint8_t* trials);

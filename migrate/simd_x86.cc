@@ -812,15 +812,19 @@ struct Iq4nlAcross {
   uint8_t kind[kIq4Chunk];
   __mmask16 search;  // kind == 0
   int steps;         // the trial passes that run: id[1..steps] (see iq4_nl_compact_trials)
+  int steps_half[2];  // those of lanes 0..7 and 8..15 (the larger is steps)
   alignas(64) float max[16];  // max lane b: the block's first value of largest magnitude (1: no search)
 };
 
 
 // Step p of the reference's choice of scale, lane = block, on the sums of pass p: p = 0 is the
-// first pass (d = sumq2 > 0 ? sumqx/sumq2 : 0.f; best = d*sumqx), p = 1..15 are itry = p - 8
-// (if (sumq2 > 0 && sumqx*sumqx > best*sumq2) { d = sumqx/sumq2; best = d*sumqx; }), on the same
-// floats (a vector lane rounds a division or product like the scalar instruction).
+// first pass (d = sumq2 > 0 ? sumqx/sumq2 : 0.f; best = d*sumqx), p = 1..steps are the lane's
+// trials in order (iq4_nl_compact_trials) (if (sumq2 > 0 && sumqx*sumqx > best*sumq2) { d =
+// sumqx/sumq2; best = d*sumqx; }), on the same floats (a vector lane rounds a division or product
+// like the scalar instruction).
 KV_AVX512_INLINE void iq4_nl_decide_step(const Iq4nlAcross& a, int p, __m512& d, __m512& best) {
+  // the lanes whose half ran pass p (the sums of the others are not there)
+  const __mmask16 ran = static_cast<__mmask16>((p <= a.steps_half[0] ? 0x00ff : 0) | (p <= a.steps_half[1] ? 0xff00 : 0));
   const __m512 zero = _mm512_setzero_ps();
   const __m512 qx = _mm512_load_ps(a.sx[p]), q2 = _mm512_load_ps(a.s2[p]);
   if (p == 0) {
@@ -828,7 +832,7 @@ KV_AVX512_INLINE void iq4_nl_decide_step(const Iq4nlAcross& a, int p, __m512& d,
     best = _mm512_mul_ps(d, qx);
     return;
   }
-  const __mmask16 take = _mm512_cmp_ps_mask(q2, zero, _CMP_GT_OQ) &
+  const __mmask16 take = ran & _mm512_cmp_ps_mask(q2, zero, _CMP_GT_OQ) &
                          _mm512_cmp_ps_mask(_mm512_mul_ps(qx, qx), _mm512_mul_ps(best, q2), _CMP_GT_OQ);
   const __m512 dt = _mm512_div_ps(qx, q2);
   d = _mm512_mask_mov_ps(d, take, dt);
@@ -851,10 +855,11 @@ KV_AVX512_INLINE void iq4_nl_decide_step(const Iq4nlAcross& a, int p, __m512& d,
 // 4.5 at a midpoint and |al| <= 134 |x / max|); marking more is safe, marking less is not
 // (kvsnap-simd-check compares the schedules with the reference's indices).
 // The trial ids are recomputed with iq4_nl_trial_ids's operations, so equal to the table's.
-KV_AVX512_INLINE int iq4_nl_compact_trials(Iq4nlAcross& a, __m512 max, __m512 y, __m512i chg) {
+KV_AVX512_INLINE void iq4_nl_compact_trials(Iq4nlAcross& a, __m512 max, __m512 y, __m512i chg) {
   __m512i m = _mm512_and_si512(chg, _mm512_set1_epi32(0xFFFC));
   __m512 id = _mm512_load_ps(a.id[1]);  // every lane runs trial 1 first
   int steps = 1;
+  a.steps_half[0] = a.steps_half[1] = 1;
   for (__mmask16 live = _mm512_test_epi32_mask(m, m); live; live = _mm512_test_epi32_mask(m, m)) {
     const __m512i low = _mm512_and_si512(m, _mm512_sub_epi32(_mm512_setzero_si512(), m));
     m = _mm512_xor_si512(m, low);
@@ -866,8 +871,10 @@ KV_AVX512_INLINE int iq4_nl_compact_trials(Iq4nlAcross& a, __m512 max, __m512 y,
     const __m512 r = _mm512_fnmadd_ps(q, max, num);
     id = _mm512_mask_mov_ps(id, live, _mm512_fmadd_ps(r, y, q));
     _mm512_store_ps(a.id[++steps], id);
+    if (live & 0x00ff) a.steps_half[0] = steps;
+    if (live & 0xff00) a.steps_half[1] = steps;
   }
-  return steps;
+  a.steps = steps;
 }
 
 // The candidate tables of every value, and the first pass's sums (p = 0), all in order of j.
@@ -928,32 +935,35 @@ KV_AVX512_INLINE __m512i iq4_nl_mark_flips(const Iq4nlAcross& a, __m512 max) {
   return chg;
 }
 
-// The sums of the trial passes P0 .. P0 + G - 1, j = 0..31 in order.
+// The sums of the trial passes P0 .. P0 + G - 1 of blocks 8h..8h + 7 (half h of the lanes),
+// j = 0..31 in order. In 256-bit vectors: as fast per block as 512-bit ones on CPUs that split
+// those in two (Zen 4), and each half runs only its own passes (Iq4nlAcross::steps_half).
 template <int G>
-KV_AVX512_INLINE void iq4_nl_across_sums(Iq4nlAcross& a, int P0) {
-  __m512 id[G], sx[G], s2[G];
+KV_AVX512_INLINE void iq4_nl_across_sums_half(Iq4nlAcross& a, int P0, int h) {
+  __m256 id[G], sx[G], s2[G];
+  const size_t o = 8 * static_cast<size_t>(h);
 #pragma GCC unroll 16
   for (int k = 0; k < G; k++) {
-    id[k] = _mm512_load_ps(a.id[P0 + k]);
-    sx[k] = _mm512_setzero_ps();
-    s2[k] = _mm512_setzero_ps();
+    id[k] = _mm256_load_ps(a.id[P0 + k] + o);
+    sx[k] = _mm256_setzero_ps();
+    s2[k] = _mm256_setzero_ps();
   }
 #pragma GCC unroll 1
   for (size_t j = 0; j < kQK; j++) {
-    const __m512 x = _mm512_load_ps(a.x[j]), thr = _mm512_load_ps(a.cand->thr[j]);
-    const __m512 plo = _mm512_load_ps(a.cand->plo[j]), phi = _mm512_load_ps(a.cand->phi[j]);
-    const __m512 rlo = _mm512_load_ps(a.cand->rlo[j]), rhi = _mm512_load_ps(a.cand->rhi[j]);
+    const __m256 x = _mm256_load_ps(a.x[j] + o), thr = _mm256_load_ps(a.cand->thr[j] + o);
+    const __m256 plo = _mm256_load_ps(a.cand->plo[j] + o), phi = _mm256_load_ps(a.cand->phi[j] + o);
+    const __m256 rlo = _mm256_load_ps(a.cand->rlo[j] + o), rhi = _mm256_load_ps(a.cand->rhi[j] + o);
 #pragma GCC unroll 16
     for (int k = 0; k < G; k++) {
-      const __mmask16 ge = _mm512_cmp_ps_mask(_mm512_mul_ps(id[k], x), thr, _CMP_GE_OQ);  // al >= m[k0]
-      sx[k] = _mm512_add_ps(sx[k], _mm512_mask_blend_ps(ge, plo, phi));  // sumqx += w*q*xb[j]
-      s2[k] = _mm512_add_ps(s2[k], _mm512_mask_blend_ps(ge, rlo, rhi));  // sumq2 += w*q*q
+      const __mmask8 ge = _mm256_cmp_ps_mask(_mm256_mul_ps(id[k], x), thr, _CMP_GE_OQ);  // al >= m[k0]
+      sx[k] = _mm256_add_ps(sx[k], _mm256_mask_blend_ps(ge, plo, phi));  // sumqx += w*q*xb[j]
+      s2[k] = _mm256_add_ps(s2[k], _mm256_mask_blend_ps(ge, rlo, rhi));  // sumq2 += w*q*q
     }
   }
 #pragma GCC unroll 16
   for (int k = 0; k < G; k++) {
-    _mm512_store_ps(a.sx[P0 + k], sx[k]);
-    _mm512_store_ps(a.s2[P0 + k], s2[k]);
+    _mm256_store_ps(a.sx[P0 + k] + o, sx[k]);
+    _mm256_store_ps(a.s2[P0 + k] + o, s2[k]);
   }
 }
 
@@ -1093,27 +1103,33 @@ KV_AVX512 void iq4_nl_across_prepare(const float* xc, size_t cnt, Iq4nlAcross& a
   const bool exact_ids = iq4_nl_trial_ids(max, &a.id[1][0], &y);
   if (prev) iq4_nl_across_tables<true>(a, t, prev);
   else iq4_nl_across_tables<false>(a, t, nullptr);
-  a.steps = exact_ids ? iq4_nl_compact_trials(a, max, y, iq4_nl_mark_flips(a, max)) : 15;
+  if (exact_ids) {
+    iq4_nl_compact_trials(a, max, y, iq4_nl_mark_flips(a, max));
+  } else {
+    a.steps = a.steps_half[0] = a.steps_half[1] = 15;
+  }
 }
 
 template <int G>
-KV_AVX512_INLINE void iq4_nl_sums_n(Iq4nlAcross& a, int p0, int g) {
+KV_AVX512_INLINE void iq4_nl_sums_n(Iq4nlAcross& a, int p0, int g, int h) {
   if constexpr (G > 1) {
-    if (g < G) return iq4_nl_sums_n<G - 1>(a, p0, g);
+    if (g < G) return iq4_nl_sums_n<G - 1>(a, p0, g, h);
   }
-  iq4_nl_across_sums<G>(a, p0);
+  iq4_nl_across_sums_half<G>(a, p0, h);
 }
 
-// The sums of passes 1..steps, at most 8 at a time (16 sums and 8 ids in registers), in two
-// halves of similar size when there are more.
+// The sums of passes 1..steps_half[h] of each half h of the lanes, at most 8 at a time (16 sums
+// and 8 ids in registers), in two parts of similar size when there are more.
 KV_AVX512_INLINE void iq4_nl_across_search(Iq4nlAcross& a) {
-  const int k = a.steps;
-  if (k <= 8) {
-    iq4_nl_sums_n<8>(a, 1, k);
-  } else {
-    const int g1 = (k + 1) / 2;
-    iq4_nl_sums_n<8>(a, 1, g1);
-    iq4_nl_sums_n<8>(a, 1 + g1, k - g1);
+  for (int h = 0; h < 2; h++) {
+    const int k = a.steps_half[h];
+    if (k <= 8) {
+      iq4_nl_sums_n<8>(a, 1, k, h);
+    } else {
+      const int g1 = (k + 1) / 2;
+      iq4_nl_sums_n<8>(a, 1, g1, h);
+      iq4_nl_sums_n<8>(a, 1 + g1, k - g1, h);
+    }
   }
 }
 
@@ -1177,7 +1193,8 @@ KV_AVX512 int iq4_nl_trial_schedule_avx512(const float* x, size_t cnt, uint8_t* 
   for (int k = 0; k < a.steps; k++) {
     for (size_t b = 0; b < 16; b++) {
       trials[16 * k + b] = 0;
-      for (int p = 1; p <= 15 && (a.search >> b & 1); p++) {
+      const bool ran = k < a.steps_half[b / 8] && (a.search >> b & 1);  // 0: the lane's half stopped
+      for (int p = 1; p <= 15 && ran; p++) {
         if (a.id[k + 1][b] == ids[p - 1][b]) trials[16 * k + b] = static_cast<uint8_t>(p);
       }
     }
