@@ -388,21 +388,34 @@ void check_half_exhaustive(Level l) {
 void check_iq4_index(bool exhaustive) {
   if (simd::best_level() < Level::kAvx512) return;
   const size_t chunk = 1 << 20;
-  std::vector<float> x(chunk);
-  std::vector<uint8_t> got(chunk);
-  uint64_t checked = 0;
+  std::vector<float> x(chunk), x128(chunk + 16);
+  std::vector<uint8_t> got(chunk), got128(chunk + 16);
+  uint64_t checked = 0, checked128 = 0;
   auto run = [&](size_t n) {
     simd::x86::iq4_nl_index_avx512(x.data(), got.data(), n);
+    // the kernel's other bucketing, for values in [-128, 128)
+    size_t m = 0;
     for (size_t i = 0; i < n; i++) {
-      if (got[i] != quants::ref::iq4_nl_best_index(x[i])) {
-        char buf[96];
-        std::snprintf(buf, sizeof buf, "iq4_nl index of %a (0x%08x): %d, reference %d", static_cast<double>(x[i]),
-                      testing::f32_bits(x[i]), got[i], quants::ref::iq4_nl_best_index(x[i]));
-        fail(buf);
-        return;
-      }
+      if (x[i] >= -128.0f && x[i] < 128.0f) x128[m++] = x[i];
+    }
+    for (size_t i = m; i % 16 != 0; i++) x128[m++] = 0.0f;
+    simd::x86::iq4_nl_index_within128_avx512(x128.data(), got128.data(), m);
+    auto check = [&](const char* what, float v, int idx) {
+      if (idx == quants::ref::iq4_nl_best_index(v)) return true;
+      char buf[128];
+      std::snprintf(buf, sizeof buf, "iq4_nl %s of %a (0x%08x): %d, reference %d", what, static_cast<double>(v),
+                    testing::f32_bits(v), idx, quants::ref::iq4_nl_best_index(v));
+      fail(buf);
+      return false;
+    };
+    for (size_t i = 0; i < n; i++) {
+      if (!check("index", x[i], got[i])) return;
+    }
+    for (size_t i = 0; i < m; i++) {
+      if (!check("index (within 128)", x128[i], got128[i])) return;
     }
     checked += n;
+    checked128 += m;
   };
   size_t fill = 0;
   auto push = [&](float v) {
@@ -431,8 +444,9 @@ void check_iq4_index(bool exhaustive) {
   }
   fill = fill / 16 * 16;
   if (fill) run(fill);
-  std::printf("  avx512: iq4_nl index == ggml's best_index_int8 for %" PRIu64 " floats%s\n", checked,
-              exhaustive ? " (every non-NaN f32)" : "");
+  std::printf("  avx512: iq4_nl index == ggml's best_index_int8 for %" PRIu64 " floats%s, and %" PRIu64
+              " of them in [-128, 128) by the width-8 buckets\n",
+              checked, exhaustive ? " (every non-NaN f32)" : "", checked128);
 }
 
 // The iq4_nl trial scales: every divisor in [1, 2) exhaustively (by the scaling argument in

@@ -89,6 +89,8 @@ void hadamard_avx512(float* x, size_t n, uint32_t n_rot);  // n_rot >= 16
 // best_index_int8(16, kvalues_iq4nl, x[i]) for n (a multiple of 16) non-NaN values, the way the
 // iq4_nl kernel computes it (exposed for kvsnap-simd-check's exhaustive comparison).
 void iq4_nl_index_avx512(const float* x, uint8_t* idx, size_t n);
+// The same for values in [-128, 128), by the kernel's other bucketing (width 8, no multiply).
+void iq4_nl_index_within128_avx512(const float* x, uint8_t* idx, size_t n);
 
 // The iq4_nl trial scales (itry + kvalues_iq4nl[0]) / max, itry = -7..7, for n (a multiple of 16)
 // finite nonzero maxima, the way the kernel computes them: for maxima max[i..i+15], id[15 i + 16 k

@@ -377,6 +377,10 @@ KV_AVX2 void q4_0_from_f32_avx2(const float* x, std::byte* out, size_t n) {
 // |x| <= 135 (its low five bits index two-register permutes), each bucket holds at most one
 // midpoint (they are >= 11.5 apart), and no midpoint lies within 0.5 of a multiple of 9, so
 // the rounding of x * (1/9) cannot pick a wrong bucket. Trial scales keep |id * x| <= 134.02.
+// Values known to lie in [-128, 128) take buckets of width 8 instead, key = floor(x) >> 3 with
+// no rounding at all (iq4nl_index16_within128): the candidate and first-pass indices of the
+// search, which thereby need no multiplication (the loop that computes them is short of
+// multiply pipes, not of add pipes).
 
 namespace {
 
@@ -386,6 +390,8 @@ struct Iq4nlTables {
   alignas(64) float vals[16];     // kvalues_iq4nl as floats
   alignas(64) float vals_hi[16];  // kvalues_iq4nl[min(k + 1, 15)]
   alignas(64) float mid[32];      // the fifteen midpoints, then +inf
+  alignas(64) float thr8[32];     // slot k & 31: the midpoint in bucket [8k, 8k + 8), or +inf
+  alignas(64) int32_t base8[32];  // slot k & 31: the number of midpoints < 8k
 };
 
 Iq4nlTables make_iq4nl_tables() {
@@ -407,6 +413,18 @@ Iq4nlTables make_iq4nl_tables() {
     t.thr[slot] = thr;
     t.base[slot] = base;
   }
+  for (int key = -16; key < 16; key++) {  // width 8 over [-128, 128): at most one midpoint each
+    const int slot = key & 31;
+    const float lo = 8.0f * static_cast<float>(key), hi = lo + 8.0f;
+    int base = 0;
+    float thr = INFINITY;
+    for (int i = 0; i < 15; i++) {
+      if (mid[i] < lo) base++;
+      else if (mid[i] < hi) thr = mid[i];
+    }
+    t.thr8[slot] = thr;
+    t.base8[slot] = base;
+  }
   return t;
 }
 
@@ -425,6 +443,17 @@ KV_AVX512 inline __m512i iq4nl_index16_bounded(__m512 x, const Iq4nlTables& t) {
   return _mm512_mask_add_epi32(base, ge, base, _mm512_set1_epi32(1));
 }
 
+// best_index for 16 lanes of x in [-128, 128) (no NaN): buckets of width 8, floor(x) >> 3, taken
+// exactly (no rounding: unlike iq4nl_index16_bounded's, this key needs no margin), each holding
+// at most one midpoint (they are >= 11.5 apart); no multiplication, so the add pipes do the work.
+KV_AVX512 inline __m512i iq4nl_index16_within128(__m512 x, const Iq4nlTables& t) {
+  const __m512i key = _mm512_srai_epi32(_mm512_cvt_roundps_epi32(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC), 3);
+  const __m512 thr = _mm512_permutex2var_ps(_mm512_load_ps(t.thr8), key, _mm512_load_ps(t.thr8 + 16));
+  const __m512i base = _mm512_permutex2var_epi32(_mm512_load_si512(t.base8), key, _mm512_load_si512(t.base8 + 16));
+  const __mmask16 ge = _mm512_cmp_ps_mask(x, thr, _CMP_GE_OQ);
+  return _mm512_mask_add_epi32(base, ge, base, _mm512_set1_epi32(1));
+}
+
 // best_index for 16 lanes of non-NaN x (any magnitude): clamped to [-134, 134] (the index is 0
 // below and 15 above anyway) by one VRANGEPS (imm 0x02: the operand of smaller magnitude, with
 // the sign of x), then bucketed.
@@ -433,6 +462,14 @@ KV_AVX512 inline __m512i iq4nl_index16(__m512 x, const Iq4nlTables& t) {
 }
 
 }  // namespace
+
+KV_AVX512 void iq4_nl_index_within128_avx512(const float* x, uint8_t* idx, size_t n) {
+  const Iq4nlTables& t = iq4nl_tables();
+  for (size_t i = 0; i + 16 <= n; i += 16) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(idx + i),
+                     _mm512_cvtepi32_epi8(iq4nl_index16_within128(_mm512_loadu_ps(x + i), t)));
+  }
+}
 
 KV_AVX512 void iq4_nl_index_avx512(const float* x, uint8_t* idx, size_t n) {
   const Iq4nlTables& t = iq4nl_tables();
@@ -898,7 +935,9 @@ KV_AVX512_INLINE void iq4_nl_across_tables(Iq4nlAcross& a, const Iq4nlTables& t,
       const __m512 x = _mm512_load_ps(a.x[j + u]);
       const __m512 w = _mm512_mul_ps(x, x);  // weight[j] = xb[j]*xb[j]
       // |id * x| <= 134.02 for every lane (|id| <= 134/|max| to within rounding, |x| <= |max|)
-      const __m512i k0 = iq4nl_index16_bounded(_mm512_min_ps(_mm512_mul_ps(id1, x), _mm512_mul_ps(id15, x)), t);
+      // (k0: the index is 0 below -128 and 15 above 127.99, so the clamp keeps it)
+      const __m512i k0 = iq4nl_index16_within128(
+          _mm512_range_ps(_mm512_min_ps(_mm512_mul_ps(id1, x), _mm512_mul_ps(id15, x)), _mm512_set1_ps(127.99f), 0x02), t);
       _mm512_store_ps(a.cand->thr[j + u], _mm512_permutexvar_ps(k0, mid));
       const __m512 qlo = _mm512_permutexvar_ps(k0, vals), qhi = _mm512_permutexvar_ps(k0, vals_hi);
       const __m512 wlo = _mm512_mul_ps(w, qlo), whi = _mm512_mul_ps(w, qhi);
@@ -906,7 +945,8 @@ KV_AVX512_INLINE void iq4_nl_across_tables(Iq4nlAcross& a, const Iq4nlTables& t,
       _mm512_store_ps(a.cand->rlo[j + u], _mm512_mul_ps(wlo, qlo));
       _mm512_store_ps(a.cand->phi[j + u], _mm512_mul_ps(whi, x));
       _mm512_store_ps(a.cand->rhi[j + u], _mm512_mul_ps(whi, qhi));
-      const __m512 q0 = _mm512_permutexvar_ps(iq4nl_index16_bounded(_mm512_mul_ps(id0, x), t), vals);
+      // |id0 * x| <= 127 (1 + 2^-22): id0 = 1/d, d = max/127 (two roundings), |x| <= |max|
+      const __m512 q0 = _mm512_permutexvar_ps(iq4nl_index16_within128(_mm512_mul_ps(id0, x), t), vals);
       const __m512 w0 = _mm512_mul_ps(w, q0);
       p0[u] = _mm512_mul_ps(w0, x);
       r0[u] = _mm512_mul_ps(w0, q0);
