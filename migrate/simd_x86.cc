@@ -394,6 +394,21 @@ struct Iq4nlTables {
   alignas(64) int32_t base8[32];  // slot k & 31: the number of midpoints < 8k
 };
 
+// Buckets [width k, width (k + 1)), k = -16..15 at slot k & 31: the midpoint inside (or +inf),
+// and the number of midpoints below.
+void fill_iq4nl_buckets(const float* mid, float width, float* thr, int32_t* base) {
+  for (int key = -16; key < 16; key++) {
+    const int slot = key & 31;
+    const float lo = width * static_cast<float>(key), hi = lo + width;
+    base[slot] = 0;
+    thr[slot] = INFINITY;
+    for (int i = 0; i < 15; i++) {
+      if (mid[i] < lo) base[slot]++;
+      else if (mid[i] < hi) thr[slot] = mid[i];
+    }
+  }
+}
+
 Iq4nlTables make_iq4nl_tables() {
   Iq4nlTables t{};
   float mid[15];
@@ -401,30 +416,8 @@ Iq4nlTables make_iq4nl_tables() {
   for (int i = 0; i < 16; i++) t.vals[i] = static_cast<float>(kIQ4NLValues[i]);
   for (int i = 0; i < 16; i++) t.vals_hi[i] = static_cast<float>(kIQ4NLValues[i < 15 ? i + 1 : 15]);
   for (int i = 0; i < 32; i++) t.mid[i] = i < 15 ? mid[i] : INFINITY;
-  for (int key = -16; key < 16; key++) {
-    const int slot = key & 31;
-    const float lo = 9.0f * static_cast<float>(key), hi = lo + 9.0f;
-    int base = 0;
-    float thr = INFINITY;
-    for (int i = 0; i < 15; i++) {
-      if (mid[i] < lo) base++;
-      else if (mid[i] < hi) thr = mid[i];
-    }
-    t.thr[slot] = thr;
-    t.base[slot] = base;
-  }
-  for (int key = -16; key < 16; key++) {  // width 8 over [-128, 128): at most one midpoint each
-    const int slot = key & 31;
-    const float lo = 8.0f * static_cast<float>(key), hi = lo + 8.0f;
-    int base = 0;
-    float thr = INFINITY;
-    for (int i = 0; i < 15; i++) {
-      if (mid[i] < lo) base++;
-      else if (mid[i] < hi) thr = mid[i];
-    }
-    t.thr8[slot] = thr;
-    t.base8[slot] = base;
-  }
+  fill_iq4nl_buckets(mid, 9.0f, t.thr, t.base);
+  fill_iq4nl_buckets(mid, 8.0f, t.thr8, t.base8);  // over [-128, 128): at most one midpoint each
   return t;
 }
 
