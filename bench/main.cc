@@ -176,26 +176,46 @@ double thread_cpu_seconds() {
 // One thread. The rate is bytes per second of the thread's CPU time (tm.cpu_time) or of wall
 // time: on a machine shared with other processes the CPU time counts only the time the code
 // actually ran, so both sides of a ratio are measured the same way whatever the load.
-Rate time_loop(size_t n_chunks, const Timing& tm, const std::function<uint64_t(size_t)>& fn) {
-  fn(0);
-  const double round_s = tm.seconds / tm.rounds;
+//
+// Several one-thread cells of a row are timed together, their rounds interleaved (a round of
+// each, then the next round of each): a machine whose speed drifts (other tenants of the host)
+// then slows both sides of a ratio alike, where cells timed one after the other would catch
+// different phases.
+struct Loop {
+  size_t n_chunks;
+  std::function<uint64_t(size_t)> fn;  // converts chunk i, returns the input bytes
+  Rate* out;
+  size_t next = 1;
   double best = 0, best_wall = 0;
-  size_t i = 1;
+};
+
+void time_loops(std::vector<Loop>& loops, const Timing& tm) {
+  for (Loop& l : loops) l.fn(0);  // warm up
+  const double round_s = tm.seconds / tm.rounds;
   for (int r = 0; r < tm.rounds; r++) {
-    uint64_t bytes = 0;
-    const auto t0 = Clock::now();
-    const double c0 = thread_cpu_seconds();
-    double t = 0;
-    do {
-      bytes += fn(i % n_chunks);
-      i++;
-      t = seconds_since(t0);
-    } while (t < round_s);
-    const double secs = tm.cpu_time ? std::max(1e-9, thread_cpu_seconds() - c0) : t;
-    best = std::max(best, static_cast<double>(bytes) / secs * 1e-9);
-    best_wall = std::max(best_wall, static_cast<double>(bytes) / t * 1e-9);
+    for (Loop& l : loops) {
+      uint64_t bytes = 0;
+      const auto t0 = Clock::now();
+      const double c0 = thread_cpu_seconds();
+      double t = 0;
+      do {
+        bytes += l.fn(l.next % l.n_chunks);
+        l.next++;
+        t = seconds_since(t0);
+      } while (t < round_s);
+      const double secs = tm.cpu_time ? std::max(1e-9, thread_cpu_seconds() - c0) : t;
+      l.best = std::max(l.best, static_cast<double>(bytes) / secs * 1e-9);
+      l.best_wall = std::max(l.best_wall, static_cast<double>(bytes) / t * 1e-9);
+    }
   }
-  return Rate{best, true, best_wall};
+  for (Loop& l : loops) *l.out = Rate{l.best, true, l.best_wall};
+}
+
+Rate time_loop(size_t n_chunks, const Timing& tm, const std::function<uint64_t(size_t)>& fn) {
+  Rate rate;
+  std::vector<Loop> loops{Loop{n_chunks, fn, &rate}};
+  time_loops(loops, tm);
+  return rate;
 }
 
 // N threads, thread w does chunks w, w + N, ... (mod n_chunks); in each round all threads start
@@ -499,15 +519,17 @@ int run(const Options& opt) {
                                                      : std::string(to_string(plan->step)) + " " + std::to_string(plan->n_rot);
     std::vector<std::byte> out(rows * out_row);
 
+    // The one-thread cells (kvsnap, memcpy, ggml's paths) are timed together at the end of the
+    // row, their rounds interleaved (time_loops).
+    std::vector<Loop> one_thread;
     // kvsnap, one thread
-    {
-      RowConverter conv = *RowConverter::make(st, dt, n, *plan);
-      row.ours1 = time_loop(n_chunks, tm, [&](size_t i) {
-        (void)conv.convert(std::span<const std::byte>(src.data() + i * in_chunk, in_chunk),
-                           std::span<std::byte>(out.data() + i * out_chunk, out_chunk));
-        return in_chunk;
-      });
-    }
+    RowConverter conv1 = *RowConverter::make(st, dt, n, *plan);
+    one_thread.push_back(Loop{n_chunks, [&](size_t i) -> uint64_t {
+                                (void)conv1.convert(std::span<const std::byte>(src.data() + i * in_chunk, in_chunk),
+                                                    std::span<std::byte>(out.data() + i * out_chunk, out_chunk));
+                                return in_chunk;
+                              },
+                              &row.ours1});
     // kvsnap, all threads
     {
       std::vector<RowConverter> convs;
@@ -521,64 +543,65 @@ int run(const Options& opt) {
       });
     }
     // memcpy of the same input bytes
-    {
-      std::vector<std::byte> copy(src.size());
-      row.memcpy_ = time_loop(n_chunks, tm, [&](size_t i) {
-        std::memcpy(copy.data() + i * in_chunk, src.data() + i * in_chunk, in_chunk);
-        return in_chunk;
-      });
-    }
+    std::vector<std::byte> copy(src.size());
+    one_thread.push_back(Loop{n_chunks, [&](size_t i) -> uint64_t {
+                                std::memcpy(copy.data() + i * in_chunk, src.data() + i * in_chunk, in_chunk);
+                                return in_chunk;
+                              },
+                              &row.memcpy_});
 #ifdef KVSNAP_BENCH_GGML_LIBDIR
-    if (opt.ggml) {
-      const ggml_type gs = static_cast<ggml_type>(c.src), gd = static_cast<ggml_type>(c.dst);
-      const size_t vals = size_t(n) * opt.chunk_rows;
-      std::vector<float> f(vals);
-      std::vector<std::byte> gout(rows * out_row);
+    const ggml_type gs = static_cast<ggml_type>(c.src), gd = static_cast<ggml_type>(c.dst);
+    const size_t vals = size_t(n) * opt.chunk_rows;
+    std::vector<float> f(vals), fc(vals);
+    std::vector<std::byte> gout(opt.ggml ? rows * out_row : 0), gout_cpu(opt.ggml ? rows * out_row : 0);
+    std::unique_ptr<GgmlRotation> rot;
+    const bool ref_path = opt.ggml && (plan->step == RotationStep::kNone || cpu);
+    if (ref_path) {
       // Reference path: to_float, the CPU backend's rotation, ggml_quantize_chunk.
-      if (plan->step == RotationStep::kNone || cpu) {
-        std::unique_ptr<GgmlRotation> rot;
-        if (plan->step != RotationStep::kNone) rot = std::make_unique<GgmlRotation>(*cpu, plan->n_rot, vals);
-        const auto to_float = ggml_get_type_traits(gs)->to_float;
-        row.ggml_ref = time_loop(n_chunks, tm, [&](size_t i) {
-          float* fx = rot ? rot->input() : f.data();
-          to_float(src.data() + i * in_chunk, fx, static_cast<int64_t>(vals));
-          const float* q = rot ? rot->run() : fx;
-          ggml_quantize_chunk(gd, q, gout.data() + i * out_chunk, 0, opt.chunk_rows, n, nullptr);
-          return in_chunk;
-        });
-        // Same bytes as kvsnap (the contract), checked on the first chunks.
-        std::vector<std::byte> ours(out_chunk);
-        RowConverter conv = *RowConverter::make(st, dt, n, *plan);
-        for (size_t i = 0; i < std::min<size_t>(n_chunks, 8); i++) {
-          float* fx = rot ? rot->input() : f.data();
-          to_float(src.data() + i * in_chunk, fx, static_cast<int64_t>(vals));
-          const float* q = rot ? rot->run() : fx;
-          ggml_quantize_chunk(gd, q, gout.data(), 0, opt.chunk_rows, n, nullptr);
-          (void)conv.convert(std::span<const std::byte>(src.data() + i * in_chunk, in_chunk), ours);
-          if (std::memcmp(ours.data(), gout.data(), out_chunk) != 0) {
-            std::printf("!! %s: kvsnap's bytes differ from ggml's reference path in chunk %zu\n", c.name, i);
-            return 1;
-          }
+      if (plan->step != RotationStep::kNone) rot = std::make_unique<GgmlRotation>(*cpu, plan->n_rot, vals);
+      one_thread.push_back(Loop{n_chunks, [&](size_t i) -> uint64_t {
+                                  float* fx = rot ? rot->input() : f.data();
+                                  ggml_get_type_traits(gs)->to_float(src.data() + i * in_chunk, fx,
+                                                                     static_cast<int64_t>(vals));
+                                  const float* q = rot ? rot->run() : fx;
+                                  ggml_quantize_chunk(gd, q, gout.data() + i * out_chunk, 0, opt.chunk_rows, n, nullptr);
+                                  return in_chunk;
+                                },
+                                &row.ggml_ref});
+    }
+    // The CPU backend's store, no rotation.
+    if (opt.ggml && cpu) {
+      one_thread.push_back(Loop{n_chunks, [&](size_t i) -> uint64_t {
+                                  const std::byte* s = src.data() + i * in_chunk;
+                                  std::byte* d = gout_cpu.data() + i * out_chunk;
+                                  for (uint32_t r = 0; r < opt.chunk_rows; r++) {  // row by row, as ggml_set_rows does
+                                    if (gs == GGML_TYPE_F16) {
+                                      cpu->fp16_to_fp32(reinterpret_cast<const ggml_fp16_t*>(s + r * in_row), fc.data(), n);
+                                    } else {
+                                      ggml_get_type_traits(gs)->to_float(s + r * in_row, fc.data(), n);
+                                    }
+                                    cpu->traits_cpu(gd)->from_float(fc.data(), d + r * out_row, n);
+                                  }
+                                  return in_chunk;
+                                },
+                                &row.ggml_cpu});
+    }
+#endif
+    time_loops(one_thread, tm);
+#ifdef KVSNAP_BENCH_GGML_LIBDIR
+    if (ref_path) {  // the same bytes as kvsnap (the contract), checked on the first chunks
+      const auto to_float = ggml_get_type_traits(gs)->to_float;
+      std::vector<std::byte> ours(out_chunk);
+      for (size_t i = 0; i < std::min<size_t>(n_chunks, 8); i++) {
+        float* fx = rot ? rot->input() : f.data();
+        to_float(src.data() + i * in_chunk, fx, static_cast<int64_t>(vals));
+        const float* q = rot ? rot->run() : fx;
+        ggml_quantize_chunk(gd, q, gout.data(), 0, opt.chunk_rows, n, nullptr);
+        (void)conv1.convert(std::span<const std::byte>(src.data() + i * in_chunk, in_chunk), ours);
+        if (std::memcmp(ours.data(), gout.data(), out_chunk) != 0) {
+          std::printf("!! %s: kvsnap's bytes differ from ggml's reference path in chunk %zu\n", c.name, i);
+          return 1;
         }
-      }
-      // The CPU backend's store, no rotation.
-      if (cpu) {
-        const auto base_to_float = ggml_get_type_traits(gs)->to_float;
-        const auto from_float = cpu->traits_cpu(gd)->from_float;
-        const auto fp16_to_fp32 = cpu->fp16_to_fp32;
-        row.ggml_cpu = time_loop(n_chunks, tm, [&](size_t i) {
-          const std::byte* s = src.data() + i * in_chunk;
-          std::byte* d = gout.data() + i * out_chunk;
-          for (uint32_t r = 0; r < opt.chunk_rows; r++) {  // row by row, as ggml_set_rows does
-            if (gs == GGML_TYPE_F16) {
-              fp16_to_fp32(reinterpret_cast<const ggml_fp16_t*>(s + r * in_row), f.data(), n);
-            } else {
-              base_to_float(s + r * in_row, f.data(), n);
-            }
-            from_float(f.data(), d + r * out_row, n);
-          }
-          return in_chunk;
-        });
       }
     }
 #endif
