@@ -795,7 +795,9 @@ KV_AVX512 void iq4_nl_chunk_by_block(const float* xc, std::byte* outc, size_t cn
 // kvsnap-simd-check; scaling the divisor by 2^k scales y, q and q' by 2^-k and leaves r as it
 // is, so it holds for every |max| in [2^-100, 2^100] (all values stay normal). Other lanes take
 // the divisions.
-KV_AVX512_INLINE bool iq4_nl_trial_ids(__m512 max, float* id, __m512* y_out = nullptr) {
+// With ends_only, only trials 1 and 15 (id[0..15], id[16 * 14..]) when the ids are exact (the
+// trial schedule computes the others it runs, iq4_nl_compact_trials); all of them otherwise.
+KV_AVX512_INLINE bool iq4_nl_trial_ids(__m512 max, float* id, __m512* y_out = nullptr, bool ends_only = false) {
   constexpr int ntry = 7;
   const float v0 = static_cast<float>(kIQ4NLValues[0]);
   const __m512 amax = abs16(max);
@@ -811,6 +813,7 @@ KV_AVX512_INLINE bool iq4_nl_trial_ids(__m512 max, float* id, __m512* y_out = nu
   if (y_out) *y_out = y;
 #pragma GCC unroll 15
   for (int itry = -ntry; itry <= ntry; ++itry) {
+    if (ends_only && itry != -ntry && itry != ntry) continue;
     const __m512 a = _mm512_set1_ps(static_cast<float>(itry) + v0);
     const __m512 q = _mm512_mul_ps(a, y);
     const __m512 r = _mm512_fnmadd_ps(q, max, a);
@@ -1133,7 +1136,7 @@ KV_AVX512 void iq4_nl_across_prepare(const float* xc, size_t cnt, Iq4nlAcross& a
     _mm512_store_ps(a.id[0], _mm512_div_ps(one, d));
   }
   __m512 y;
-  const bool exact_ids = iq4_nl_trial_ids(max, &a.id[1][0], &y);
+  const bool exact_ids = iq4_nl_trial_ids(max, &a.id[1][0], &y, true);
   if (prev) iq4_nl_across_tables<true>(a, t, prev);
   else iq4_nl_across_tables<false>(a, t, nullptr);
   if (exact_ids) {
