@@ -494,10 +494,11 @@ KV_AVX512 void iq4_nl_index_avx512(const float* x, uint8_t* idx, size_t n) {
 // Two vector directions use these facts. Chunks of 8..16 blocks put one BLOCK in each lane
 // ("lanes = blocks" below, iq4_nl_across_*): a step of a sum is value j of 16 blocks in one trial
 // pass, so the lane-0 pass and the decision need no scalar or transposed work, and each step is a
-// multiply, a compare, two blends and two additions; the passes that would repeat the pass
-// before in every lane are skipped (iq4_nl_compact_trials: ~11 of the 15 trials run on K-like
-// data). This is the path of whole rows (32 blocks per 1024 values). A chunk of fewer than 8 blocks (the end of a run) puts the 16 PASSES of one
-// block in the lanes (iq4_nl_chunk_by_block), as before. Both give the reference's bytes.
+// multiply, a compare, two blends and two additions; each lane skips the trials that would repeat
+// the one before (iq4_nl_compact_trials: ~11 of the 15 run on K-like data). This is the path of
+// whole rows (32 blocks per 1024 values). A chunk of fewer than 8 blocks (the end of a run) puts
+// the 16 PASSES of one block in the lanes (iq4_nl_chunk_by_block), as before. Both give the
+// reference's bytes.
 
 constexpr size_t kIq4Chunk = 16;  // blocks per pass
 
