@@ -559,10 +559,10 @@ int run(const Options& opt) {
     if (ref_path) {
       // Reference path: to_float, the CPU backend's rotation, ggml_quantize_chunk.
       if (plan->step != RotationStep::kNone) rot = std::make_unique<GgmlRotation>(*cpu, plan->n_rot, vals);
-      one_thread.push_back(Loop{n_chunks, [&](size_t i) -> uint64_t {
+      const auto to_float = ggml_get_type_traits(gs)->to_float;
+      one_thread.push_back(Loop{n_chunks, [&, to_float](size_t i) -> uint64_t {
                                   float* fx = rot ? rot->input() : f.data();
-                                  ggml_get_type_traits(gs)->to_float(src.data() + i * in_chunk, fx,
-                                                                     static_cast<int64_t>(vals));
+                                  to_float(src.data() + i * in_chunk, fx, static_cast<int64_t>(vals));
                                   const float* q = rot ? rot->run() : fx;
                                   ggml_quantize_chunk(gd, q, gout.data() + i * out_chunk, 0, opt.chunk_rows, n, nullptr);
                                   return in_chunk;
@@ -571,16 +571,19 @@ int run(const Options& opt) {
     }
     // The CPU backend's store, no rotation.
     if (opt.ggml && cpu) {
-      one_thread.push_back(Loop{n_chunks, [&](size_t i) -> uint64_t {
+      const auto base_to_float = ggml_get_type_traits(gs)->to_float;
+      const auto from_float = cpu->traits_cpu(gd)->from_float;
+      const auto fp16_to_fp32 = cpu->fp16_to_fp32;
+      one_thread.push_back(Loop{n_chunks, [&, base_to_float, from_float, fp16_to_fp32](size_t i) -> uint64_t {
                                   const std::byte* s = src.data() + i * in_chunk;
                                   std::byte* d = gout_cpu.data() + i * out_chunk;
                                   for (uint32_t r = 0; r < opt.chunk_rows; r++) {  // row by row, as ggml_set_rows does
                                     if (gs == GGML_TYPE_F16) {
-                                      cpu->fp16_to_fp32(reinterpret_cast<const ggml_fp16_t*>(s + r * in_row), fc.data(), n);
+                                      fp16_to_fp32(reinterpret_cast<const ggml_fp16_t*>(s + r * in_row), fc.data(), n);
                                     } else {
-                                      ggml_get_type_traits(gs)->to_float(s + r * in_row, fc.data(), n);
+                                      base_to_float(s + r * in_row, fc.data(), n);
                                     }
-                                    cpu->traits_cpu(gd)->from_float(fc.data(), d + r * out_row, n);
+                                    from_float(fc.data(), d + r * out_row, n);
                                   }
                                   return in_chunk;
                                 },

@@ -551,15 +551,18 @@ void check_iq4_trial_schedule() {
       blocks++;
       bool listed[16] = {};
       int last = 0;
+      bool padding = false;  // the lane repeats its last trial from here on
       for (int k = 0; k < steps; k++) {
         const int p = trials[16 * k + b];
         if (p == 0 && k > 0) break;  // the block's half of the lanes ran no more passes
-        if (p < 1 || p < last || (k == 0 && p != 1)) {
+        const bool repeat = k > 0 && p == last;
+        if (p < 1 || p > 15 || p < last || (k == 0 && p != 1) || (padding && !repeat)) {
           char buf[160];
           std::snprintf(buf, sizeof buf, "iq4_nl trial schedule: block %zu step %d runs trial %d after %d", b, k, p, last);
           fail(buf);
           return;
         }
+        padding |= repeat;
         listed[p] = true;
         last = p;
       }

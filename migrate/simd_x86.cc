@@ -838,10 +838,12 @@ struct Iq4nlCand {
 };
 
 struct Iq4nlAcross {
-  alignas(64) float x[kQK][16];    // x[j] lane b: value j of block b (0 if the block does not search)
+  alignas(64) float x[kQK][16];    // x[j] lane b: value j of block b (0 for the missing blocks b >= cnt)
   Iq4nlCand* cand;  // the candidate tables, shared by the chunks in flight (see Iq4nlCand)
-  alignas(64) float id[16][16];    // id[p] lane b: pass p's id (p = 0: 1/d; p = 8 + itry)
-  alignas(64) float sx[16][16], s2[16][16];  // pass p's sumqx, sumq2, lane b
+  // id[p] lane b: step p's id: p = 0: 1/d (the first pass); p >= 1: the lane's p-th trial
+  // (iq4_nl_compact_trials), or trial p (itry = p - 8) for all 15 when the ids are divisions
+  alignas(64) float id[16][16];
+  alignas(64) float sx[16][16], s2[16][16];  // step p's sumqx, sumq2, lane b
   alignas(64) float d[16];
   uint8_t kind[kIq4Chunk];
   __mmask16 search;  // kind == 0
@@ -890,7 +892,8 @@ KV_AVX512_INLINE void iq4_nl_decide_step(const Iq4nlAcross& a, int p, __m512& d,
 // (kvsnap-simd-check compares the schedules with the reference's indices).
 // The trial ids are recomputed with iq4_nl_trial_ids's operations, so equal to the table's.
 KV_AVX512_INLINE void iq4_nl_compact_trials(Iq4nlAcross& a, __m512 max, __m512 y, __m512i chg) {
-  __m512i m = _mm512_and_si512(chg, _mm512_set1_epi32(0xFFFC));
+  // (blocks that do not search need no trials: zeros, padding, inf/NaN)
+  __m512i m = _mm512_maskz_and_epi32(a.search, chg, _mm512_set1_epi32(0xFFFC));
   __m512 id = _mm512_load_ps(a.id[1]);  // every lane runs trial 1 first
   int steps = 1;
   a.steps_half[0] = a.steps_half[1] = 1;
@@ -912,7 +915,7 @@ KV_AVX512_INLINE void iq4_nl_compact_trials(Iq4nlAcross& a, __m512 max, __m512 y
 }
 
 // The candidate tables of every value, and the first pass's sums (p = 0), all in order of j.
-// With `prev`, the 16 steps of prev's decision are interleaved with the 16 iterations (their
+// With `prev`, the steps of prev's decision (0..prev->steps) are interleaved with the 16 iterations (their
 // chain of dependent compares and divisions then hides behind this chunk's arithmetic), and
 // prev->d is set.
 template <bool kDecide>
@@ -1136,7 +1139,7 @@ KV_AVX512 void iq4_nl_across_prepare(const float* xc, size_t cnt, Iq4nlAcross& a
                               : _mm512_div_ps(max, _mm512_set1_ps(static_cast<float>(values[0])));
     _mm512_store_ps(a.id[0], _mm512_div_ps(one, d));
   }
-  __m512 y;
+  __m512 y = one;
   const bool exact_ids = iq4_nl_trial_ids(max, &a.id[1][0], &y, true);
   if (prev) iq4_nl_across_tables<true>(a, t, prev);
   else iq4_nl_across_tables<false>(a, t, nullptr);
@@ -1189,6 +1192,12 @@ KV_AVX512_INLINE void iq4_nl_rows(size_t nb, std::byte* out, const Iq4nlTables& 
   Iq4nlAcross a[2];
   Iq4nlCand cand;
   a[0].cand = a[1].cand = &cand;
+  // the decision reads every step's sums and masks the lanes whose half did not run the step;
+  // zeros keep that read defined in the first chunks
+  for (Iq4nlAcross& c : a) {
+    std::memset(c.sx, 0, sizeof c.sx);
+    std::memset(c.s2, 0, sizeof c.s2);
+  }
   const float* xs[2] = {nullptr, nullptr};
   size_t pending = SIZE_MAX;  // the chunk (first block) whose sums are done, decision not yet
   for (size_t b0 = 0, k = 0; b0 < nb; b0 += kIq4Chunk, k ^= 1) {
@@ -1229,8 +1238,8 @@ KV_AVX512 int iq4_nl_trial_schedule_avx512(const float* x, size_t cnt, uint8_t* 
   iq4_nl_trial_ids(_mm512_load_ps(a.max), &ids[0][0]);
   for (int k = 0; k < a.steps; k++) {
     for (size_t b = 0; b < 16; b++) {
-      trials[16 * k + b] = 0;
       const bool ran = k < a.steps_half[b / 8] && (a.search >> b & 1);  // 0: the lane's half stopped
+      trials[16 * k + b] = ran ? 0xFF : 0;  // 0xFF: an id that is no trial's
       for (int p = 1; p <= 15 && ran; p++) {
         if (a.id[k + 1][b] == ids[p - 1][b]) trials[16 * k + b] = static_cast<uint8_t>(p);
       }
