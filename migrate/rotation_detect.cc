@@ -1,0 +1,335 @@
+#include "migrate/rotation_detect.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "migrate/hadamard.h"
+#include "migrate/type_traits.h"
+
+namespace kvsnap {
+namespace {
+
+constexpr uint32_t R = kDetectNullDomains;
+constexpr uint64_t kReadBudget = 256 * 1024;  // bytes of rows read at once
+
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Fixed pseudo-random sign patterns for the generic domains: 2 per domain, n_rot each.
+std::vector<float> sign_patterns(uint32_t n_rot) {
+  std::vector<float> s(size_t(2) * R * n_rot);
+  uint64_t st = 0x6b76736e6170ull;  // fixed: the same file gives the same numbers
+  for (auto& v : s) v = (splitmix(st) >> 63) ? -1.0f : 1.0f;
+  return s;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+struct TensorJob {
+  size_t section, stream, layer;
+  bool is_v;
+  const TypeTraits* traits;
+  ByteRange range;
+  uint64_t row_bytes;
+  uint64_t n_elems;
+  uint32_t n_rot;
+  uint32_t cell_count;
+};
+
+std::string where(const TensorJob& j, size_t n_sections) {
+  std::string s;
+  if (n_sections > 1) s += "section " + std::to_string(j.section) + " ";
+  s += "stream " + std::to_string(j.stream) + " layer " + std::to_string(j.layer) + (j.is_v ? " V" : " K");
+  return s;
+}
+
+// ln of n * sum p^2 for one block's energies; false when the block has no energy.
+bool log_concentration(const float* e, uint32_t n, double& out) {
+  double sum = 0, sq = 0;
+  for (uint32_t j = 0; j < n; ++j) sum += e[j];
+  if (!(sum > 0) || !std::isfinite(sum)) return false;
+  for (uint32_t j = 0; j < n; ++j) {
+    const double p = e[j] / sum;
+    sq += p * p;
+  }
+  out = std::log(double(n) * sq);
+  return std::isfinite(out);
+}
+
+Result<std::optional<TensorEvidence>> examine(const ReadableFile& file, const TensorJob& j, const DetectOptions& opts,
+                                              const std::vector<float>& pattern) {
+  const uint32_t n_rot = j.n_rot;
+  const uint64_t n = j.n_elems;
+  const uint64_t blocks = n / n_rot;
+  const uint32_t want = std::max<uint32_t>(1, std::min<uint32_t>(opts.max_cells, j.cell_count));
+  // Evenly spread cell indices: floor(i * cell_count / want).
+  std::vector<uint32_t> idx(want);
+  for (uint32_t i = 0; i < want; ++i) idx[i] = uint32_t(uint64_t(i) * j.cell_count / want);
+
+  const size_t D = 2 + R;  // stored, H.stored, R generic
+  // The sign patterns tiled over a whole row (so the loops below vectorize).
+  std::vector<float> signs(size_t(2) * R * n);
+  for (size_t p = 0; p < size_t(2) * R; ++p) {
+    for (uint64_t e = 0; e < n; ++e) signs[p * n + e] = pattern[p * n_rot + e % n_rot];
+  }
+  std::vector<float> energy(D * n, 0.0f);  // float sums: 1024 cells lose < 1e-4 relative
+  std::vector<float> x(n), y(n);
+  const uint64_t rows_per_read = std::max<uint64_t>(1, kReadBudget / j.row_bytes);
+  std::vector<std::byte> buf;
+  uint32_t used = 0;
+  for (uint32_t i = 0; i < want;) {
+    // a run of consecutive indices, read at once
+    uint32_t k = i + 1;
+    while (k < want && idx[k] == idx[k - 1] + 1 && k - i < rows_per_read) ++k;
+    const uint64_t run = k - i;
+    buf.resize(run * j.row_bytes);
+    KV_RETURN_IF_ERROR(file.read_at(j.range.offset + uint64_t(idx[i]) * j.row_bytes, buf));
+    for (uint64_t r = 0; r < run; ++r) {
+      j.traits->to_f32(buf.data() + r * j.row_bytes, x.data(), n);
+      int bad = 0;  // NaN, inf or absurd values (a corrupt block scale): leave the cell out
+      for (uint64_t e = 0; e < n; ++e) bad |= !(std::fabs(x[e]) < 1e18f);
+      if (bad) continue;
+      ++used;
+      float* es = energy.data();
+      for (uint64_t e = 0; e < n; ++e) es[e] += x[e] * x[e];
+      std::memcpy(y.data(), x.data(), n * sizeof(float));
+      hadamard_rotate(y.data(), n, n_rot);
+      float* eh = energy.data() + n;
+      for (uint64_t e = 0; e < n; ++e) eh[e] += y[e] * y[e];
+      for (uint32_t g = 0; g < R; ++g) {
+        const float* s1 = signs.data() + size_t(2 * g) * n;
+        const float* s2 = s1 + n;
+        for (uint64_t e = 0; e < n; ++e) y[e] = x[e] * s1[e];
+        hadamard_rotate(y.data(), n, n_rot);
+        for (uint64_t e = 0; e < n; ++e) y[e] *= s2[e];
+        hadamard_rotate(y.data(), n, n_rot);
+        float* eg = energy.data() + (2 + g) * n;
+        for (uint64_t e = 0; e < n; ++e) eg[e] += y[e] * y[e];
+      }
+    }
+    i = k;
+  }
+  if (used < kDetectMinCells) return std::optional<TensorEvidence>{};
+
+  // Per block position: ln C in every domain; blocks without energy are left out.
+  double sum_s = 0, sum_h = 0, sum_ss = 0;
+  std::vector<double> sum_g(R, 0.0);
+  uint64_t nb = 0;
+  for (uint64_t b = 0; b < blocks; ++b) {
+    double l[2 + R];
+    bool ok = true;
+    for (size_t d = 0; d < D && ok; ++d) ok = log_concentration(energy.data() + d * n + b * n_rot, n_rot, l[d]);
+    if (!ok) continue;
+    ++nb;
+    sum_s += l[0];
+    sum_h += l[1];
+    double mu = 0;
+    for (uint32_t g = 0; g < R; ++g) mu += l[2 + g];
+    mu /= R;
+    for (uint32_t g = 0; g < R; ++g) {
+      sum_g[g] += l[2 + g];
+      sum_ss += (l[2 + g] - mu) * (l[2 + g] - mu);
+    }
+  }
+  if (nb == 0) return std::optional<TensorEvidence>{};
+  TensorEvidence ev;
+  ev.section = j.section;
+  ev.stream = j.stream;
+  ev.layer = j.layer;
+  ev.is_v = j.is_v;
+  ev.n_rot = n_rot;
+  ev.cells = used;
+  ev.l_stored = sum_s / double(nb);
+  ev.l_h = sum_h / double(nb);
+  double mu = 0;
+  for (double g : sum_g) mu += g;
+  ev.l_null = mu / (double(R) * double(nb));
+  // Pooled spread of one block's ln C between generic domains, then of the mean over nb blocks.
+  const double sigma_block = std::sqrt(sum_ss / (double(nb) * (R - 1)));
+  // Floor: the generic domains can agree by chance; 0.01 in ln C is 1% in concentration.
+  ev.sigma = std::max(sigma_block / std::sqrt(double(nb)), 0.01);
+  ev.d = ev.l_h - ev.l_stored;
+  ev.z = ev.d / (ev.sigma * std::sqrt(2.0));
+  const double zh = (ev.l_h - ev.l_null) / ev.sigma, zs = (ev.l_stored - ev.l_null) / ev.sigma;
+  if (ev.d >= kDetectMinLogRatio && ev.z >= kDetectMinZ && zh >= kDetectMinZ) ev.decisive = 1;
+  if (-ev.d >= kDetectMinLogRatio && -ev.z >= kDetectMinZ && zs >= kDetectMinZ) ev.decisive = -1;
+  return std::optional<TensorEvidence>(ev);
+}
+
+struct SideTally {
+  uint32_t examined = 0, rot = 0, plain = 0, layers = 0;
+  std::vector<double> d;
+};
+
+std::string side_line(const char* name, const SideTally& t) {
+  char buf[200];
+  if (t.examined == 0) {
+    std::snprintf(buf, sizeof buf, "%s: not examined", name);
+  } else {
+    const double m = median(t.d);
+    if (t.rot >= t.plain) {
+      std::snprintf(buf, sizeof buf, "%s: %u/%u tensors spikier after un-rotating, %u spikier as stored (median %+.2f)",
+                    name, t.rot, t.examined, t.plain, m);
+    } else {
+      std::snprintf(buf, sizeof buf, "%s: %u/%u tensors spikier as stored, %u after un-rotating (median %+.2f)", name,
+                    t.plain, t.examined, t.rot, m);
+    }
+  }
+  return buf;
+}
+
+}  // namespace
+
+const char* verdict_name(RotationEvidence::Verdict v) {
+  switch (v) {
+    case RotationEvidence::Verdict::kRotated: return "rotated";
+    case RotationEvidence::Verdict::kNotRotated: return "not-rotated";
+    case RotationEvidence::Verdict::kUnsure: return "unsure";
+  }
+  return "unsure";
+}
+
+Result<RotationEvidence> detect_rotation(const ReadableFile& file, const StateFile& state,
+                                         const RotationGeometry& geometry, const DetectOptions& opts) {
+  return detect_rotation_detailed(file, state, geometry, opts, nullptr);
+}
+
+Result<RotationEvidence> detect_rotation_detailed(const ReadableFile& file, const StateFile& state,
+                                                  const RotationGeometry& geometry, const DetectOptions& opts,
+                                                  std::vector<TensorEvidence>* per_tensor) {
+  RotationEvidence out;
+  if (per_tensor) per_tensor->clear();
+  const size_t n_sections = state.memory.kv.size();
+  const uint64_t fsize = file.size();
+
+  // Collect the tensors to examine, checking what the file says about them.
+  std::vector<TensorJob> jobs;
+  uint32_t rotating = 0, too_few = 0;
+  for (size_t si = 0; si < n_sections; ++si) {
+    const KvSection& sec = state.memory.kv[si];
+    for (size_t st = 0; st < sec.streams.size(); ++st) {
+      const KvStream& s = sec.streams[st];
+      if (s.cell_count == 0) continue;
+      for (size_t il = 0; il < s.layers.size(); ++il) {
+        const KvLayer& L = s.layers[il];
+        for (int side = 0; side < 2; ++side) {
+          const bool is_v = side == 1;
+          if (is_v && (!L.has_v || s.v_trans)) continue;  // transposed V is float: never rotated
+          const auto& dims = is_v ? geometry.v_head_dim : geometry.k_head_dim;
+          if (si >= dims.size()) continue;
+          const uint32_t hd = dims[si];
+          const uint32_t n_rot = rotation_block_size(is_v ? KvSide::kV : KvSide::kK, hd);
+          if (n_rot == 0) continue;
+          const int32_t type = is_v ? L.v_type : L.k_type;
+          const TypeTraits* t = find_traits(type);
+          if (!t || !t->quantized()) continue;
+          TensorJob j{si, st, il, is_v, t, is_v ? L.v : L.k, is_v ? L.v_row_bytes : L.k_row_bytes, 0, n_rot,
+                      s.cell_count};
+          const std::string ctx = file.name() + ": " + where(j, n_sections);
+          if (j.row_bytes == 0 || j.row_bytes % t->block_bytes() != 0) {
+            return Status::Corruption(ctx + ": row of " + std::to_string(j.row_bytes) + " bytes is not whole " +
+                                      std::string(t->name()) + " blocks");
+          }
+          j.n_elems = j.row_bytes / t->block_bytes() * t->block_elems();
+          if (j.range.size / j.row_bytes < s.cell_count || j.range.offset > fsize ||
+              j.range.size > fsize - j.range.offset) {
+            return Status::Corruption(ctx + ": " + std::to_string(s.cell_count) + " rows of " +
+                                      std::to_string(j.row_bytes) + " bytes at offset " +
+                                      std::to_string(j.range.offset) + " do not fit the file (" +
+                                      std::to_string(fsize) + " bytes)");
+          }
+          if (j.n_elems % hd != 0) {
+            return Status::Mismatch(ctx + ": a row of " + std::to_string(j.n_elems) +
+                                    " values is not whole heads of " + std::to_string(hd) +
+                                    " (the head dim given for this cache)");
+          }
+          ++rotating;
+          jobs.push_back(j);
+        }
+      }
+    }
+  }
+
+  std::vector<std::vector<float>> signs_by_nrot;  // small: one pattern set per distinct n_rot
+  std::vector<uint32_t> nrot_keys;
+  SideTally tally[2];
+  std::vector<double> all_d;
+  std::vector<double> agree_excess[2];  // [0] rotated, [1] plain
+  for (const TensorJob& j : jobs) {
+    size_t k = 0;
+    while (k < nrot_keys.size() && nrot_keys[k] != j.n_rot) ++k;
+    if (k == nrot_keys.size()) {
+      nrot_keys.push_back(j.n_rot);
+      signs_by_nrot.push_back(sign_patterns(j.n_rot));
+    }
+    auto r = examine(file, j, opts, signs_by_nrot[k]);
+    if (!r.ok()) return r.status().Prefixed(file.name() + ": " + where(j, n_sections));
+    if (!r->has_value()) {
+      ++too_few;
+      continue;
+    }
+    const TensorEvidence& ev = **r;
+    if (per_tensor) per_tensor->push_back(ev);
+    SideTally& t = tally[ev.is_v ? 1 : 0];
+    ++t.examined;
+    t.d.push_back(ev.d);
+    all_d.push_back(ev.d);
+    ++out.tensors;
+    const double excess = std::min(std::fabs(ev.d) / kDetectMinLogRatio, std::fabs(ev.z) / kDetectMinZ) - 1.0;
+    if (ev.decisive > 0) {
+      ++t.rot;
+      ++out.for_rotated;
+      agree_excess[0].push_back(excess);
+    } else if (ev.decisive < 0) {
+      ++t.plain;
+      ++out.for_plain;
+      agree_excess[1].push_back(excess);
+    }
+  }
+  out.score = median(all_d);
+
+  if (out.tensors == 0) {
+    if (rotating == 0) {
+      out.summary = "no quantized tensor whose head dim llama.cpp rotates: nothing to examine";
+    } else {
+      out.summary = "too few cells: " + std::to_string(too_few) + " quantized tensor(s) with fewer than " +
+                    std::to_string(kDetectMinCells) + " usable cells";
+    }
+    return out;
+  }
+
+  const uint32_t decisive = out.for_rotated + out.for_plain;
+  auto wins = [&](uint32_t agree, uint32_t contrary) {
+    return agree >= kDetectMinAgree && 4 * agree >= out.tensors && 10 * contrary <= decisive;
+  };
+  if (wins(out.for_rotated, out.for_plain)) {
+    out.verdict = RotationEvidence::Verdict::kRotated;
+  } else if (wins(out.for_plain, out.for_rotated)) {
+    out.verdict = RotationEvidence::Verdict::kNotRotated;
+  }
+  if (out.verdict != RotationEvidence::Verdict::kUnsure) {
+    const bool rot = out.verdict == RotationEvidence::Verdict::kRotated;
+    const uint32_t agree = rot ? out.for_rotated : out.for_plain;
+    const uint32_t contrary = rot ? out.for_plain : out.for_rotated;
+    const double agreement = double(agree - contrary) / double(agree + contrary);
+    const double excess = std::max(0.0, median(agree_excess[rot ? 0 : 1]));
+    out.confidence = agreement * (1.0 - std::exp(-excess));
+  }
+  out.summary = side_line("K", tally[0]) + "; " + side_line("V", tally[1]);
+  if (too_few) out.summary += "; " + std::to_string(too_few) + " tensor(s) with too few cells";
+  return out;
+}
+
+}  // namespace kvsnap

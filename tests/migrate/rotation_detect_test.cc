@@ -1,0 +1,370 @@
+// Rotation detection (migrate/rotation_detect.h) on synthetic caches: K/V with outlier
+// channels stored plain and stored rotated (hadamard.h + the reference quantizers),
+// structureless data, too few cells, tensors that are never examined, broken input.
+#include "migrate/rotation_detect.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "format/llama_state.h"
+#include "migrate/hadamard.h"
+#include "migrate/type_traits.h"
+
+namespace kvsnap {
+namespace {
+
+enum class Data { kOutliers, kIid, kLowRankRandom };
+
+struct Spec {
+  int32_t k_type = 8;  // q8_0
+  int32_t v_type = 8;
+  uint32_t head_dim = 128;
+  uint32_t n_head_kv = 2;
+  uint32_t n_layer = 4;
+  uint32_t cells = 200;
+  bool rotated = false;  // store as llama.cpp with PR #21038 does
+  Data data = Data::kOutliers;
+  uint32_t v_trans = 0;  // 1: V stored column-wise (float)
+  uint32_t seed = 7;
+};
+
+void put_u32(std::vector<std::byte>& b, uint32_t v) {
+  for (int i = 0; i < 4; ++i) b.push_back(std::byte((v >> (8 * i)) & 0xff));
+}
+void put_u64(std::vector<std::byte>& b, uint64_t v) {
+  put_u32(b, uint32_t(v));
+  put_u32(b, uint32_t(v >> 32));
+}
+
+// Rows of one tensor: cells x n values, natural domain.
+std::vector<float> natural_rows(const Spec& s, uint32_t layer, bool is_v, std::mt19937& rng) {
+  const uint32_t n = s.head_dim * s.n_head_kv;
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> x(size_t(s.cells) * n);
+  if (s.data == Data::kIid) {
+    for (auto& v : x) v = g(rng);
+    return x;
+  }
+  if (s.data == Data::kLowRankRandom) {
+    // Like a random-weight model: x = W h, h drawn from a few "token" vectors.
+    const uint32_t dim = 64, vocab = 24;
+    std::vector<float> W(size_t(n) * dim), H(size_t(vocab) * dim);
+    for (auto& v : W) v = g(rng);
+    for (auto& v : H) v = g(rng);
+    std::uniform_int_distribution<uint32_t> tok(0, vocab - 1);
+    for (uint32_t c = 0; c < s.cells; ++c) {
+      const float* h = H.data() + size_t(tok(rng)) * dim;
+      for (uint32_t i = 0; i < n; ++i) {
+        float acc = 0;
+        for (uint32_t k = 0; k < dim; ++k) acc += W[size_t(i) * dim + k] * h[k];
+        x[size_t(c) * n + i] = acc * 0.1f;
+      }
+    }
+    return x;
+  }
+  // Outlier channels: per channel a log-normal scale, a few channels per head 8-20x
+  // (K) or 4-8x (V), and a per-channel mean, like trained models' K/V projections.
+  std::vector<float> scale(n), mean(n);
+  std::lognormal_distribution<float> spread(0.0f, 0.5f);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (uint32_t i = 0; i < n; ++i) {
+    scale[i] = spread(rng);
+    mean[i] = 0.2f * g(rng);
+  }
+  for (uint32_t h = 0; h < s.n_head_kv; ++h) {
+    for (int k = 0; k < 3; ++k) {
+      const uint32_t ch = h * s.head_dim + uint32_t(u(rng) * float(s.head_dim)) % s.head_dim;
+      scale[ch] *= is_v ? 4.0f + 4.0f * u(rng) : 8.0f + 12.0f * u(rng);
+      mean[ch] *= 5.0f;
+    }
+  }
+  (void)layer;
+  for (uint32_t c = 0; c < s.cells; ++c) {
+    for (uint32_t i = 0; i < n; ++i) x[size_t(c) * n + i] = mean[i] + scale[i] * g(rng);
+  }
+  return x;
+}
+
+std::vector<std::byte> quantized_rows(const Spec& s, std::vector<float> x, int32_t type, bool is_v) {
+  const uint32_t n = s.head_dim * s.n_head_kv;
+  const TypeTraits* t = find_traits(type);
+  if (s.rotated && t->quantized()) {
+    const uint32_t n_rot = rotation_block_size(is_v ? KvSide::kV : KvSide::kK, s.head_dim);
+    for (uint32_t c = 0; c < s.cells; ++c) hadamard_rotate(x.data() + size_t(c) * n, n, n_rot);
+  }
+  const uint64_t row = uint64_t(n) / t->block_elems() * t->block_bytes();
+  std::vector<std::byte> out(row * s.cells);
+  for (uint32_t c = 0; c < s.cells; ++c) t->from_f32(x.data() + size_t(c) * n, out.data() + c * row, n);
+  return out;
+}
+
+// A ggsq v3 slot file (one stream, no cell ext).
+std::vector<std::byte> build(const Spec& s) {
+  std::mt19937 rng(s.seed);
+  const uint32_t n = s.head_dim * s.n_head_kv;
+  std::vector<std::byte> b;
+  put_u32(b, kMagicGgsq);
+  put_u32(b, 3);
+  put_u32(b, s.cells);
+  for (uint32_t c = 0; c < s.cells; ++c) put_u32(b, 10 + c % 50);
+  put_u32(b, 1);  // n_stream
+  put_u32(b, s.cells);
+  for (uint32_t c = 0; c < s.cells; ++c) {
+    put_u32(b, c);  // pos
+    put_u32(b, 1);  // n_seq_id
+    put_u32(b, 0);  // seq 0
+  }
+  put_u32(b, s.v_trans);
+  put_u32(b, s.n_layer);
+  for (uint32_t il = 0; il < s.n_layer; ++il) {
+    const TypeTraits* t = find_traits(s.k_type);
+    put_u32(b, uint32_t(s.k_type));
+    put_u64(b, uint64_t(n) / t->block_elems() * t->block_bytes());
+    auto rows = quantized_rows(s, natural_rows(s, il, false, rng), s.k_type, false);
+    b.insert(b.end(), rows.begin(), rows.end());
+  }
+  for (uint32_t il = 0; il < s.n_layer; ++il) {
+    const TypeTraits* t = find_traits(s.v_type);
+    put_u32(b, uint32_t(s.v_type));
+    if (!s.v_trans) {
+      put_u64(b, uint64_t(n) / t->block_elems() * t->block_bytes());
+      auto rows = quantized_rows(s, natural_rows(s, il, true, rng), s.v_type, true);
+      b.insert(b.end(), rows.begin(), rows.end());
+    } else {
+      put_u32(b, t->block_bytes());
+      put_u32(b, n);
+      std::vector<float> x = natural_rows(s, il, true, rng);
+      std::vector<std::byte> col(size_t(s.cells) * t->block_bytes());
+      for (uint32_t i = 0; i < n; ++i) {
+        std::vector<float> v(s.cells);
+        for (uint32_t c = 0; c < s.cells; ++c) v[c] = x[size_t(c) * n + i];
+        t->from_f32(v.data(), col.data(), s.cells);
+        b.insert(b.end(), col.begin(), col.end());
+      }
+    }
+  }
+  return b;
+}
+
+struct Built {
+  std::unique_ptr<MemoryFile> file;
+  StateFile state;
+};
+
+Built parse(const Spec& s) {
+  Built out;
+  out.file = std::make_unique<MemoryFile>("synthetic.slot", build(s));
+  MemoryShape shape;
+  shape.ext_bytes = 0;
+  shape.kv_sections_known = shape.recurrent_known = true;
+  KvSectionShape ks;
+  for (uint32_t il = 0; il < s.n_layer; ++il) {
+    ks.n_embd_k_gqa.push_back(s.head_dim * s.n_head_kv);
+    ks.n_embd_v_gqa.push_back(s.head_dim * s.n_head_kv);
+  }
+  shape.kv_sections.push_back(ks);
+  ParseOptions po;
+  po.shape = &shape;
+  auto st = parse_state(*out.file, po);
+  EXPECT_TRUE(st.ok()) << st.status().ToString();
+  if (st.ok()) out.state = std::move(st).value();
+  return out;
+}
+
+RotationGeometry geometry(uint32_t hd) { return RotationGeometry{{hd}, {hd}}; }
+
+using V = RotationEvidence::Verdict;
+
+RotationEvidence detect(const Spec& s, std::optional<RotationGeometry> geo = std::nullopt, DetectOptions o = {}) {
+  Built b = parse(s);
+  auto r = detect_rotation(*b.file, b.state, geo ? *geo : geometry(s.head_dim), o);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : RotationEvidence{};
+}
+
+TEST(RotationDetect, VerdictNames) {
+  EXPECT_STREQ(verdict_name(V::kRotated), "rotated");
+  EXPECT_STREQ(verdict_name(V::kNotRotated), "not-rotated");
+  EXPECT_STREQ(verdict_name(V::kUnsure), "unsure");
+}
+
+TEST(RotationDetect, OutlierChannelsStoredPlain) {
+  for (int32_t kt : {8, 2, 20}) {  // q8_0 q4_0 iq4_nl
+    for (uint32_t hd : {64u, 128u}) {
+      Spec s;
+      s.k_type = s.v_type = kt;
+      s.head_dim = hd;
+      const RotationEvidence e = detect(s);
+      EXPECT_EQ(e.verdict, V::kNotRotated) << kt << " " << hd << ": " << e.summary;
+      EXPECT_EQ(e.tensors, 8u);
+      EXPECT_EQ(e.for_rotated, 0u) << e.summary;
+      EXPECT_GE(e.for_plain, 4u) << e.summary;
+      EXPECT_LT(e.score, -kDetectMinLogRatio);
+      EXPECT_GT(e.confidence, 0.0);
+      EXPECT_LE(e.confidence, 1.0);
+    }
+  }
+}
+
+TEST(RotationDetect, OutlierChannelsStoredRotated) {
+  for (int32_t kt : {8, 2, 3, 6, 7, 20}) {
+    for (uint32_t hd : {64u, 128u, 256u}) {
+      Spec s;
+      s.k_type = s.v_type = kt;
+      s.head_dim = hd;
+      s.rotated = true;
+      const RotationEvidence e = detect(s);
+      EXPECT_EQ(e.verdict, V::kRotated) << kt << " " << hd << ": " << e.summary;
+      EXPECT_EQ(e.for_plain, 0u) << e.summary;
+      EXPECT_GE(e.for_rotated, 4u) << e.summary;
+      EXPECT_GT(e.score, kDetectMinLogRatio);
+      EXPECT_GT(e.confidence, 0.0);
+      EXPECT_LE(e.confidence, 1.0);
+      EXPECT_NE(e.summary.find("after un-rotating"), std::string::npos) << e.summary;
+    }
+  }
+}
+
+TEST(RotationDetect, MixedTypesAndHeadDim192) {
+  Spec s;
+  s.k_type = 2;  // q4_0 K, q8_0 V
+  s.v_type = 8;
+  s.head_dim = 192;  // K blocks of 64, V blocks of 64
+  s.rotated = true;
+  EXPECT_EQ(detect(s).verdict, V::kRotated);
+  s.rotated = false;
+  EXPECT_EQ(detect(s).verdict, V::kNotRotated);
+}
+
+TEST(RotationDetect, StructurelessDataIsUnsure) {
+  for (Data d : {Data::kIid, Data::kLowRankRandom}) {
+    for (bool rotated : {false, true}) {
+      for (int32_t kt : {8, 2}) {
+        Spec s;
+        s.data = d;
+        s.rotated = rotated;
+        s.k_type = s.v_type = kt;
+        const RotationEvidence e = detect(s);
+        EXPECT_EQ(e.verdict, V::kUnsure) << int(d) << " " << rotated << " " << kt << ": " << e.summary;
+        EXPECT_EQ(e.confidence, 0.0);
+        EXPECT_EQ(e.tensors, 8u);
+      }
+    }
+  }
+}
+
+TEST(RotationDetect, TooFewCellsIsUnsure) {
+  Spec s;
+  s.cells = kDetectMinCells - 1;
+  const RotationEvidence e = detect(s);
+  EXPECT_EQ(e.verdict, V::kUnsure);
+  EXPECT_EQ(e.tensors, 0u);
+  EXPECT_NE(e.summary.find("too few cells"), std::string::npos) << e.summary;
+  // max_cells below the minimum: the same.
+  Spec t;
+  DetectOptions o;
+  o.max_cells = 8;
+  EXPECT_EQ(detect(t, std::nullopt, o).verdict, V::kUnsure);
+}
+
+TEST(RotationDetect, SamplingFewerCellsStillDecides) {
+  Spec s;
+  s.cells = 600;
+  s.rotated = true;
+  DetectOptions o;
+  o.max_cells = 64;
+  const RotationEvidence e = detect(s, std::nullopt, o);
+  EXPECT_EQ(e.verdict, V::kRotated) << e.summary;
+}
+
+TEST(RotationDetect, NothingToExamine) {
+  Spec f16;
+  f16.k_type = f16.v_type = 1;
+  RotationEvidence e = detect(f16);
+  EXPECT_EQ(e.verdict, V::kUnsure);
+  EXPECT_EQ(e.tensors, 0u);
+  EXPECT_NE(e.summary.find("nothing to examine"), std::string::npos) << e.summary;
+
+  Spec q;  // quantized, but the geometry never rotates (head dim 96 / unknown / 0)
+  q.head_dim = 96;
+  e = detect(q, geometry(96));
+  EXPECT_EQ(e.verdict, V::kUnsure);
+  EXPECT_EQ(e.tensors, 0u);
+  e = detect(Spec{}, RotationGeometry{});
+  EXPECT_EQ(e.tensors, 0u);
+  e = detect(Spec{}, geometry(0));
+  EXPECT_EQ(e.tensors, 0u);
+}
+
+TEST(RotationDetect, TransposedVIsSkipped) {
+  Spec s;
+  s.v_type = 1;  // f16, column-wise
+  s.v_trans = 1;
+  s.rotated = true;
+  const RotationEvidence e = detect(s);
+  EXPECT_EQ(e.tensors, 4u);  // K only
+  EXPECT_EQ(e.verdict, V::kRotated) << e.summary;
+  EXPECT_NE(e.summary.find("V: not examined"), std::string::npos) << e.summary;
+}
+
+TEST(RotationDetect, TruncatedFileIsAnError) {
+  Spec s;
+  Built b = parse(s);
+  const auto bytes = b.file->bytes();
+  for (size_t cut : {bytes.size() - 1, bytes.size() / 2, size_t(200)}) {
+    MemoryFile shorter("short.slot", std::vector<std::byte>(bytes.begin(), bytes.begin() + cut));
+    auto r = detect_rotation(shorter, b.state, geometry(s.head_dim));
+    ASSERT_FALSE(r.ok()) << cut;
+    EXPECT_EQ(r.status().code(), Code::kCorruption) << r.status().ToString();
+  }
+}
+
+TEST(RotationDetect, InconsistentStateIsAnError) {
+  Spec s;
+  Built b = parse(s);
+  StateFile bad = b.state;
+  bad.memory.kv[0].streams[0].layers[1].k_row_bytes = 33;  // not whole q8_0 blocks
+  auto r = detect_rotation(*b.file, bad, geometry(s.head_dim));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kCorruption);
+
+  bad = b.state;
+  bad.memory.kv[0].streams[0].layers[0].k.offset = ~uint64_t(0) - 10;  // offset past the end
+  r = detect_rotation(*b.file, bad, geometry(s.head_dim));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kCorruption);
+
+  bad = b.state;
+  bad.memory.kv[0].streams[0].cell_count = 1u << 30;  // more rows than the range holds
+  r = detect_rotation(*b.file, bad, geometry(s.head_dim));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kCorruption);
+
+  // A head dim that does not divide the row: the geometry is not this file's.
+  r = detect_rotation(*b.file, b.state, geometry(192));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kMismatch);
+}
+
+TEST(RotationDetect, GarbageBytesDoNotCrash) {
+  // Rows of random bytes (NaN/inf scales among them): an answer or an error, never a crash.
+  Spec s;
+  Built b = parse(s);
+  std::vector<std::byte> bytes(b.file->bytes().begin(), b.file->bytes().end());
+  std::mt19937 rng(3);
+  const KvStream& st = b.state.memory.kv[0].streams[0];
+  for (const KvLayer& L : st.layers) {
+    for (uint64_t i = 0; i < L.k.size; ++i) bytes[L.k.offset + i] = std::byte(rng() & 0xff);
+  }
+  MemoryFile garbage("garbage.slot", std::move(bytes));
+  auto r = detect_rotation(garbage, b.state, geometry(s.head_dim));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_NE(r->verdict, V::kRotated);
+}
+
+}  // namespace
+}  // namespace kvsnap
