@@ -6,6 +6,12 @@
 //       [--head-dim 64] [--n-ff 512] [--vocab-words 14] [--seed 1] [--dtype f16|f32]
 //       [--n-ctx-train 4096] [--swa 128] [--swa-pattern N | --swa-layers 1,1,0,...]
 //       [--alignment 32] [--name S] [--metadata-only] [--describe]
+//       [--outlier-channels N [--outlier-scale 10] [--channel-spread 0.5]]
+//
+// --outlier-channels gives K/V the channel structure of trained models (a few outlier
+// channels per KV head, spread per-channel scales; see ModelSpec), so that the caches
+// llama.cpp writes from it can be told rotated or plain (migrate/rotation_detect.h).
+// Without it the bytes are exactly those of earlier versions.
 //
 // See tests/tools/model_builder.h for what each arch writes and docs/model-profile.md.
 #include <cerrno>
@@ -28,7 +34,8 @@ void usage() {
                "         [--n-layer 4] [--n-embd 256] [--n-head 4] [--n-head-kv 2 | 2,2,1,1] [--head-dim 64]\n"
                "         [--n-ff 512] [--vocab-words 14] [--seed 1] [--dtype f16|f32] [--n-ctx-train 4096]\n"
                "         [--swa 128] [--swa-pattern N | --swa-layers 1,1,0,...] [--alignment 32]\n"
-               "         [--name S] [--metadata-only] [--describe]\n");
+               "         [--name S] [--metadata-only] [--describe]\n"
+               "         [--outlier-channels N [--outlier-scale 10] [--channel-spread 0.5]]\n");
 }
 
 bool parse_u64(const char* s, uint64_t& out) {
@@ -45,6 +52,16 @@ bool parse_u32(const char* s, uint32_t& out) {
   uint64_t v;
   if (!parse_u64(s, v) || v > 0xffffffffull) return false;
   out = static_cast<uint32_t>(v);
+  return true;
+}
+
+bool parse_float(const char* s, float& out) {
+  if (!s || !*s) return false;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s, &end);
+  if (errno || *end || !(v >= 0) || v > 1e6) return false;
+  out = float(v);
   return true;
 }
 
@@ -149,6 +166,14 @@ int main(int argc, char** argv) {
         return 2;
       }
       spec.swa_layers.assign(list.begin(), list.end());
+    } else if (a == "--outlier-channels") {
+      num(spec.outlier_channels);
+    } else if (a == "--outlier-scale" || a == "--channel-spread") {
+      const char* v = val();
+      if (!parse_float(v, a == "--outlier-scale" ? spec.outlier_scale : spec.channel_spread)) {
+        std::fprintf(stderr, "kvsnap-mkmodel: %s: '%s' is not a number >= 0\n", a.c_str(), v);
+        return 2;
+      }
     } else if (a == "--alignment") {
       num(spec.alignment);
     } else if (a == "--metadata-only") {

@@ -44,6 +44,14 @@ struct ModelSpec {
   std::vector<bool> swa_layers;            // non-empty: write the pattern as a bool array
   uint32_t alignment = 0;                  // 0: do not write general.alignment (32)
   bool metadata_only = false;              // no tensors (for metadata tests)
+  // Trained-like K/V channel structure (0: off, and the model's bytes are those of a spec
+  // without these fields). Per layer and KV head, `outlier_channels` output channels of
+  // attn_k are scaled by outlier_scale and of attn_v by sqrt(outlier_scale); every K/V
+  // output channel is also scaled by exp(channel_spread * u), u uniform in [-1, 1). Drawn
+  // from a stream of its own (seed, layer), so the other weights stay the same.
+  uint32_t outlier_channels = 0;
+  float outlier_scale = 10.0f;
+  float channel_spread = 0.5f;
 };
 
 inline const std::vector<std::string>& model_builder_archs() {
@@ -87,6 +95,30 @@ inline uint32_t kv_heads(const ModelSpec& s, uint32_t il) {
   if (!s.n_head_kv_layers.empty()) return s.n_head_kv_layers[il];
   if (s.arch == "lfm2") return il % 3 == 2 ? s.n_head_kv : 0;
   return s.n_head_kv;
+}
+
+// Per output row of layer il's attn_k (is_v false) or attn_v: the trained-like scale
+// (ModelSpec::outlier_channels); empty when the spec has none.
+inline std::vector<float> kv_row_scale(const ModelSpec& s, uint32_t il, bool is_v) {
+  std::vector<float> scale;
+  const uint32_t heads = kv_heads(s, il);
+  if (s.outlier_channels == 0 || heads == 0) return scale;
+  Rng rng(s.seed * 1000003ull + il * 2ull + (is_v ? 1 : 0) + 0x6f75746cull);
+  scale.resize(size_t(heads) * s.head_dim);
+  for (auto& v : scale) v = std::exp(s.channel_spread * rng.uniform());
+  const float big = is_v ? std::sqrt(s.outlier_scale) : s.outlier_scale;
+  for (uint32_t h = 0; h < heads; ++h) {
+    std::vector<bool> taken(s.head_dim, false);
+    const uint32_t want = s.outlier_channels < s.head_dim ? s.outlier_channels : s.head_dim;
+    for (uint32_t k = 0; k < want;) {
+      const uint32_t ch = uint32_t(rng.next() % s.head_dim);
+      if (taken[ch]) continue;
+      taken[ch] = true;
+      scale[size_t(h) * s.head_dim + ch] *= big;
+      ++k;
+    }
+  }
+  return scale;
 }
 
 }  // namespace detail
@@ -215,10 +247,16 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
 
   // ---- tensors
   detail::Rng rng(s.seed);
-  auto weight = [&](const std::string& name, int64_t in, int64_t out) -> Status {
+  auto weight = [&](const std::string& name, int64_t in, int64_t out,
+                    const std::vector<float>& row_scale = {}) -> Status {
     std::vector<float> v(static_cast<size_t>(in * out));
     const float scale = 1.0f / std::sqrt(float(in));
     for (auto& x : v) x = rng.uniform() * scale * 1.7f;
+    if (!row_scale.empty()) {  // trained-like K/V channels: output row o times row_scale[o]
+      for (int64_t o = 0; o < out; ++o) {
+        for (int64_t i = 0; i < in; ++i) v[size_t(o * in + i)] *= row_scale[size_t(o)];
+      }
+    }
     if (s.f16) return w.add_tensor_f16(name, {in, out}, v);
     return w.add_tensor_f32(name, {in, out}, v);
   };
@@ -265,16 +303,16 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
         KV_RETURN_IF_ERROR(norm(p + "attn_q_norm.weight", s.head_dim));
         KV_RETURN_IF_ERROR(norm(p + "attn_k_norm.weight", s.head_dim));
         KV_RETURN_IF_ERROR(weight(p + "attn_q.weight", s.n_embd, n_q));
-        KV_RETURN_IF_ERROR(weight(p + "attn_k.weight", s.n_embd, n_kv));
-        KV_RETURN_IF_ERROR(weight(p + "attn_v.weight", s.n_embd, n_kv));
+        KV_RETURN_IF_ERROR(weight(p + "attn_k.weight", s.n_embd, n_kv, detail::kv_row_scale(s, il, false)));
+        KV_RETURN_IF_ERROR(weight(p + "attn_v.weight", s.n_embd, n_kv, detail::kv_row_scale(s, il, true)));
         KV_RETURN_IF_ERROR(weight(p + "attn_output.weight", n_q, s.n_embd));
       }
       continue;
     }
     KV_RETURN_IF_ERROR(norm(p + "attn_norm.weight", s.n_embd));
     KV_RETURN_IF_ERROR(weight(p + "attn_q.weight", s.n_embd, n_q));
-    KV_RETURN_IF_ERROR(weight(p + "attn_k.weight", s.n_embd, n_kv));
-    KV_RETURN_IF_ERROR(weight(p + "attn_v.weight", s.n_embd, n_kv));
+    KV_RETURN_IF_ERROR(weight(p + "attn_k.weight", s.n_embd, n_kv, detail::kv_row_scale(s, il, false)));
+    KV_RETURN_IF_ERROR(weight(p + "attn_v.weight", s.n_embd, n_kv, detail::kv_row_scale(s, il, true)));
     if (a == "qwen2vl") {
       KV_RETURN_IF_ERROR(bias(p + "attn_q.bias", n_q));
       KV_RETURN_IF_ERROR(bias(p + "attn_k.bias", n_kv));
