@@ -14,6 +14,7 @@ namespace {
 
 constexpr uint32_t R = kDetectNullDomains;
 constexpr uint64_t kReadBudget = 256 * 1024;  // bytes of rows read at once
+constexpr uint32_t kSampleRun = 32;           // sampled cells come in runs of this many
 
 uint64_t splitmix(uint64_t& s) {
   uint64_t z = (s += 0x9E3779B97F4A7C15ull);
@@ -74,9 +75,25 @@ Result<std::optional<TensorEvidence>> examine(const ReadableFile& file, const Te
   const uint64_t n = j.n_elems;
   const uint64_t blocks = n / n_rot;
   const uint32_t want = std::max<uint32_t>(1, std::min<uint32_t>(opts.max_cells, j.cell_count));
-  // Evenly spread cell indices: floor(i * cell_count / want).
-  std::vector<uint32_t> idx(want);
-  for (uint32_t i = 0; i < want; ++i) idx[i] = uint32_t(uint64_t(i) * j.cell_count / want);
+  // Runs of kSampleRun consecutive cells, the runs spread evenly over the stream: few
+  // separate reads, so a cold multi-GB file is not read whole by the kernel's readahead.
+  const uint32_t n_runs = (want + kSampleRun - 1) / kSampleRun;
+  std::vector<uint32_t> idx;
+  idx.reserve(want);
+  if (want >= j.cell_count) {
+    for (uint32_t c = 0; c < j.cell_count; ++c) idx.push_back(c);
+  } else if (uint64_t(n_runs) * kSampleRun > j.cell_count) {  // runs would overlap: single cells
+    for (uint32_t i = 0; i < want; ++i) idx.push_back(uint32_t(uint64_t(i) * j.cell_count / want));
+  } else {  // run starts >= kSampleRun apart: span >= (n_runs - 1) * kSampleRun
+    for (uint32_t r = 0; r < n_runs; ++r) {
+      const uint32_t len = std::min(kSampleRun, want - r * kSampleRun);
+      const uint32_t span = j.cell_count > kSampleRun ? j.cell_count - kSampleRun : 0;
+      const uint32_t start = n_runs == 1 ? span / 2 : uint32_t(uint64_t(r) * span / (n_runs - 1));
+      for (uint32_t o = 0; o < len && start + o < j.cell_count; ++o) idx.push_back(start + o);
+    }
+  }
+  std::sort(idx.begin(), idx.end());
+  idx.erase(std::unique(idx.begin(), idx.end()), idx.end());
 
   const size_t D = 2 + R;  // stored, H.stored, R generic
   // The sign patterns tiled over a whole row (so the loops below vectorize).
@@ -89,10 +106,11 @@ Result<std::optional<TensorEvidence>> examine(const ReadableFile& file, const Te
   const uint64_t rows_per_read = std::max<uint64_t>(1, kReadBudget / j.row_bytes);
   std::vector<std::byte> buf;
   uint32_t used = 0;
-  for (uint32_t i = 0; i < want;) {
+  const uint32_t n_idx = uint32_t(idx.size());
+  for (uint32_t i = 0; i < n_idx;) {
     // a run of consecutive indices, read at once
     uint32_t k = i + 1;
-    while (k < want && idx[k] == idx[k - 1] + 1 && k - i < rows_per_read) ++k;
+    while (k < n_idx && idx[k] == idx[k - 1] + 1 && k - i < rows_per_read) ++k;
     const uint64_t run = k - i;
     buf.resize(run * j.row_bytes);
     KV_RETURN_IF_ERROR(file.read_at(j.range.offset + uint64_t(idx[i]) * j.row_bytes, buf));

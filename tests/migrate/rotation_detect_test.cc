@@ -281,6 +281,24 @@ TEST(RotationDetect, SamplingFewerCellsStillDecides) {
   EXPECT_EQ(e.verdict, V::kRotated) << e.summary;
 }
 
+TEST(RotationDetect, SamplesAtMostMaxCells) {
+  for (uint32_t cells : {40u, 100u, 1000u}) {
+    for (uint32_t max_cells : {16u, 33u, 100u, 1024u}) {
+      Spec s;
+      s.cells = cells;
+      s.n_layer = 2;
+      Built b = parse(s);
+      std::vector<TensorEvidence> per;
+      DetectOptions o;
+      o.max_cells = max_cells;
+      auto r = detect_rotation_detailed(*b.file, b.state, geometry(s.head_dim), o, &per);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      ASSERT_EQ(per.size(), 4u);
+      for (const auto& t : per) EXPECT_EQ(t.cells, std::min(cells, max_cells)) << cells << " " << max_cells;
+    }
+  }
+}
+
 TEST(RotationDetect, NothingToExamine) {
   Spec f16;
   f16.k_type = f16.v_type = 1;
