@@ -314,7 +314,10 @@ std::vector<Reading> candidate_readings(uint32_t era, const MemoryShape* shape) 
   std::vector<bool> prefixes = era >= 3 ? std::vector<bool>{true} : std::vector<bool>{true, false};
   std::vector<uint32_t> exts;
   if (era < 3) {
-    exts = {0};  // b8121 and older never wrote the cell ext, whatever the model
+    // ggsq v2 / ggsn v9: no cell ext up to b8189; {x, y} (8 bytes) for M-RoPE
+    // models from b8352 (docs/llama-formats.md, "Eras"). A model without the
+    // ext never has one; the structure decides between 0 and 8 otherwise.
+    exts = shape && shape->ext_bytes == 0u ? std::vector<uint32_t>{0} : std::vector<uint32_t>{0, 8};
   } else if (shape && shape->ext_bytes) {
     exts = {*shape->ext_bytes};
   } else if (era >= 3) {
@@ -469,6 +472,53 @@ Status read_outputs(Cursor& c, SessionOutputs& o) {
   return Status::OK();
 }
 
+// After the arch name, a version-9 context holds output ids, logits and
+// embeddings before the memory section up to b8121, and nothing from b8179 on
+// (llama.cpp #18862 kept the version). Both readings are tried; the structure
+// decides, and a file that fits both is refused rather than guessed.
+Status read_v9_context(const ReadableFile& file, Cursor& c, const MemoryShape* shape, StateFile& f) {
+  const uint64_t at = c.offset();
+  StateFile with = f;
+  SessionOutputs o;
+  Status outputs_status = read_outputs(c, o);
+  Status with_status = outputs_status;
+  if (outputs_status.ok()) {
+    with.outputs = o;
+    with_status = read_memory(file, c.offset(), 2, shape, with);
+  }
+  StateFile without = f;
+  Status without_status = read_memory(file, at, 2, shape, without);
+  if (with_status.ok() && without_status.ok()) {
+    return Status::Ambiguous(file.name() + ": the version-9 body reads both with output logits (llama.cpp b8121 and "
+                             "older) and without (b8179 and later); pass --source-build bNNNN to say which");
+  }
+  if (with_status.ok()) {
+    f = std::move(with);
+    f.reading += "; outputs before the memory (b8121 and older)";
+    return Status::OK();
+  }
+  if (without_status.ok() && !f.tokens.tokens.empty() && kv_totals(without).n_cells == 0) {
+    // A b8121 session cut short after its first output words reads as an
+    // empty b8179 one; a saved session with tokens has cells.
+    return Status::Corruption(file.name() + ": the version-9 body reads only as an empty cache (b8179 and later) "
+                              "although the file lists " + std::to_string(f.tokens.tokens.size()) +
+                              " tokens, and not with output logits (b8121 and older): " + with_status.message() +
+                              " (truncated?)");
+  }
+  if (without_status.ok()) {
+    f = std::move(without);
+    f.reading += "; no outputs (b8179 and later)";
+    return Status::OK();
+  }
+  // Neither fits: show the reading that got past its first hurdle.
+  if (outputs_status.ok()) {
+    return with_status.Prefixed("read with output logits (b8121 and older)")
+        .Appended("; read without them (b8179 and later): " + without_status.message());
+  }
+  return without_status.Prefixed("read without output logits (b8179 and later)")
+      .Appended("; read with them (b8121 and older): " + outputs_status.message());
+}
+
 Result<std::string> read_arch(Cursor& c) {
   const uint64_t at = c.offset();
   KV_ASSIGN_OR_RETURN(uint32_t len, c.u32("arch name length"));
@@ -617,9 +667,9 @@ Result<StateFile> parse_state(const ReadableFile& file, const ParseOptions& opts
     if (f.kind == StateKind::kRawContext) {
       KV_ASSIGN_OR_RETURN(f.arch, read_arch(c));
       if (era < 3) {
-        SessionOutputs o;
-        KV_RETURN_IF_ERROR(read_outputs(c, o));
-        f.outputs = o;
+        f.version = era;
+        KV_RETURN_IF_ERROR(read_v9_context(file, c, shape, f));
+        return f;
       }
     }
     f.version = era;
@@ -648,9 +698,8 @@ Result<StateFile> parse_state(const ReadableFile& file, const ParseOptions& opts
       KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/false));
       KV_ASSIGN_OR_RETURN(f.arch, read_arch(c));
       if (f.version == 9) {
-        SessionOutputs o;
-        KV_RETURN_IF_ERROR(read_outputs(c, o));
-        f.outputs = o;
+        KV_RETURN_IF_ERROR(read_v9_context(file, c, shape, f));
+        return f;
       }
     } else if (f.magic == kRawSeqMagic) {
       f.kind = StateKind::kRawSeq;
@@ -805,8 +854,9 @@ Status write_state(const StateFile& file, TensorSource& tensors, const ReadableF
       KV_RETURN_IF_ERROR(write_u32(out, file.version));
       KV_RETURN_IF_ERROR(write_words(file.tokens.words, out));
       KV_RETURN_IF_ERROR(write_arch(file.arch, out));
-      if (file.version == 9) {
-        if (!file.outputs) return Status::InvalidArgument("writer: a v9 session needs its outputs section");
+      // v9 sessions of b8121 and older hold outputs; those of b8179..b10375 do not.
+      if (file.outputs) {
+        if (file.version != 9) return Status::InvalidArgument("writer: only v9 sessions hold outputs");
         KV_RETURN_IF_ERROR(write_outputs(*file.outputs, opaque_src, out));
       }
       break;

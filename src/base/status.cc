@@ -26,4 +26,9 @@ Status Status::Prefixed(const std::string& prefix) const {
   return Status(code_, prefix + ": " + msg_);
 }
 
+Status Status::Appended(const std::string& suffix) const {
+  if (ok()) return *this;
+  return Status(code_, msg_ + suffix);
+}
+
 }  // namespace kvsnap

@@ -45,6 +45,8 @@ class [[nodiscard]] Status {
   std::string ToString() const;
   // The same status with "<prefix>: " in front of the message (OK stays OK).
   Status Prefixed(const std::string& prefix) const;
+  // The same status with `suffix` after the message (OK stays OK).
+  Status Appended(const std::string& suffix) const;
 
  private:
   Status(Code c, std::string m) : code_(c), msg_(std::move(m)) {}

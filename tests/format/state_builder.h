@@ -32,6 +32,7 @@ struct SynthSpec {
   bool recurrent = false;      // hybrid tail
   std::vector<int32_t> token_words = {1, 2, 3, 4, 5};
   std::string arch = "llama";
+  bool v9_outputs = true;      // v9 sessions: output ids/logits/embeddings (b8121 and older)
   uint32_t n_outputs = 1;      // v9
   uint64_t logits = 11;        // v9 floats
   uint64_t embd = 0;
@@ -121,7 +122,7 @@ inline std::vector<std::byte> build_state(const SynthSpec& s) {
       w.u32(uint32_t(s.token_words.size()));
       for (int32_t t : s.token_words) w.i32(t);
       w.str(s.arch);
-      if (s.version == 9) {
+      if (s.version == 9 && s.v9_outputs) {
         w.u32(s.n_outputs);
         for (uint32_t i = 0; i < s.n_outputs; ++i) w.i32(int32_t(i));
         w.u64(s.logits); w.fill(s.logits * 4, rng);

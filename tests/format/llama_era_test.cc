@@ -1,0 +1,189 @@
+// Which llama.cpp builds write a file's layout (format/llama_era.h), and the
+// bodies that share a version number: v9 sessions with and without outputs,
+// v2 files with the 8-byte M-RoPE cell extra.
+#include "format/llama_era.h"
+
+#include <gtest/gtest.h>
+
+#include "format/state_builder.h"
+
+namespace kvsnap {
+namespace {
+
+using testing::build_state;
+using testing::SynthSpec;
+
+Result<StateFile> parse_bytes(const std::vector<std::byte>& b, const ParseOptions& o = {}) {
+  MemoryFile f("test.bin", std::span<const std::byte>(b));
+  return parse_state(f, o);
+}
+
+std::vector<std::byte> rewrite(const std::vector<std::byte>& b) {
+  MemoryFile f("test.bin", std::span<const std::byte>(b));
+  auto st = parse_state(f);
+  EXPECT_TRUE(st.ok()) << st.status().ToString();
+  if (!st.ok()) return {};
+  VectorSink out;
+  CopyTensorSource src(f);
+  EXPECT_TRUE(write_state(*st, src, f, out).ok());
+  return out.bytes;
+}
+
+SynthSpec session_v9(bool outputs) {
+  SynthSpec s;
+  s.kind = SynthSpec::kSession;
+  s.version = 9;
+  s.v9_outputs = outputs;
+  return s;
+}
+
+TEST(LlamaBuild, ParsesBuildNumbersAndTags) {
+  auto a = parse_llama_build("b8121");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->number, 8121u);
+  EXPECT_FALSE(a->is_tag());
+  EXPECT_EQ(parse_llama_build("10361")->number, 10361u);
+  EXPECT_EQ(parse_llama_build("b8643-f49e91787")->number, 8643u);  // llama-server's build_info
+  auto t = parse_llama_build("v0.5.0");
+  ASSERT_TRUE(t.ok());
+  EXPECT_TRUE(t->is_tag());
+  EXPECT_EQ(t->minor, 5);
+  for (const char* bad : {"", "b", "bx12", "v", "v1", "latest", "b-1", "b0"}) {
+    auto r = parse_llama_build(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
+  }
+}
+
+TEST(LlamaBuild, LayoutsOfTheEras) {
+  auto at = [](const char* b) { return *layout_of_build(*parse_llama_build(b)); };
+  EXPECT_EQ(at("b5640").era, "C");
+  EXPECT_EQ(at("b5640").stream_prefix, Tri::kNo);
+  EXPECT_EQ(at("b8121").era, "D");
+  EXPECT_EQ(at("b8121").session_outputs, Tri::kYes);
+  EXPECT_EQ(at("b8121").rotates, Tri::kNo);
+  EXPECT_EQ(at("b8179").session_outputs, Tri::kNo);
+  EXPECT_EQ(*at("b8179").mrope_ext_bytes, 0u);
+  EXPECT_EQ(*at("b8390").mrope_ext_bytes, 8u);
+  EXPECT_EQ(at("b8390").rotates, Tri::kNo);
+  EXPECT_EQ(at("b8500").era, "F|G");
+  EXPECT_EQ(at("b8500").rotates, Tri::kUnknown);  // between the last build seen without and the first seen with
+  EXPECT_EQ(at("b10361").era, "G");
+  EXPECT_EQ(at("b10361").rotates, Tri::kYes);
+  EXPECT_EQ(*at("b10361").ggsq_version, 2u);
+  EXPECT_FALSE(at("b10500").ggsq_version.has_value());
+  EXPECT_EQ(*at("b10645").ggsq_version, 3u);
+  EXPECT_EQ(*at("v0.4.0").ggsn_version, 10u);
+  EXPECT_EQ(at("v0.2.0").rotates, Tri::kYes);
+  EXPECT_FALSE(at("v0.2.0").ggsq_version.has_value());
+  EXPECT_EQ(layout_of_build(*parse_llama_build("b3166")).status().code(), Code::kNotSupported);
+}
+
+TEST(LlamaEra, CurrentFilesRotateAndOldLayoutsProveTheyDoNot) {
+  SynthSpec v3;
+  auto f3 = parse_bytes(build_state(v3));
+  ASSERT_TRUE(f3.ok());
+  EXPECT_EQ(era_of_file(*f3, std::nullopt).rotates, Tri::kYes);
+
+  SynthSpec b5640;
+  b5640.version = 2;
+  b5640.stream_prefix = false;
+  auto fc = parse_bytes(build_state(b5640));
+  ASSERT_TRUE(fc.ok());
+  EXPECT_EQ(era_of_file(*fc, std::nullopt).eras, "C");
+  EXPECT_EQ(era_of_file(*fc, std::nullopt).rotates, Tri::kNo);
+
+  auto fd = parse_bytes(build_state(session_v9(true)));
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  EXPECT_EQ(era_of_file(*fd, std::nullopt).eras, "D");
+  EXPECT_EQ(era_of_file(*fd, std::nullopt).rotates, Tri::kNo);
+}
+
+TEST(LlamaEra, PlainV2FilesDoNotTellTheirRotation) {
+  SynthSpec v2;
+  v2.version = 2;
+  auto f = parse_bytes(build_state(v2));
+  ASSERT_TRUE(f.ok());
+  const FileEra e = era_of_file(*f, std::nullopt);
+  EXPECT_EQ(e.rotates, Tri::kUnknown);
+  EXPECT_EQ(e.eras, "D..G");
+  EXPECT_NE(e.why.find("b8643"), std::string::npos) << e.why;
+  // An M-RoPE model's cells without the extra: before b8352, so before rotation.
+  EXPECT_EQ(era_of_file(*f, true).rotates, Tri::kNo);
+  EXPECT_EQ(era_of_file(*f, false).rotates, Tri::kUnknown);
+}
+
+TEST(LlamaEra, V9SessionsWithoutOutputsAreReadAndWrittenByteExact) {
+  const auto bytes = build_state(session_v9(false));
+  auto f = parse_bytes(bytes);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_FALSE(f->outputs.has_value());
+  EXPECT_NE(f->reading.find("b8179"), std::string::npos) << f->reading;
+  EXPECT_EQ(era_of_file(*f, std::nullopt).eras, "E..G");
+  EXPECT_EQ(era_of_file(*f, std::nullopt).rotates, Tri::kUnknown);
+  EXPECT_EQ(rewrite(bytes), bytes);
+
+  const auto with = build_state(session_v9(true));
+  auto g = parse_bytes(with);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_TRUE(g->outputs.has_value());
+  EXPECT_EQ(g->outputs->logits_size, 11u);
+  EXPECT_EQ(rewrite(with), with);
+}
+
+TEST(LlamaEra, V9SessionsThatFitNeitherBodySayBoth) {
+  auto bytes = build_state(session_v9(false));
+  bytes.resize(bytes.size() - 3);
+  auto f = parse_bytes(bytes);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), Code::kCorruption);
+  EXPECT_NE(f.status().message().find("b8179"), std::string::npos) << f.status().message();
+  EXPECT_NE(f.status().message().find("b8121"), std::string::npos) << f.status().message();
+}
+
+TEST(LlamaEra, V2FilesWithTheEightByteCellExtra) {
+  SynthSpec s;
+  s.version = 2;
+  s.ext_bytes = 8;
+  const auto bytes = build_state(s);
+  auto f = parse_bytes(bytes);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->memory.kv[0].ext_bytes, 8u);
+  EXPECT_EQ(f->memory.kv[0].streams[0].cells[3].ext[1], 31);
+  EXPECT_EQ(era_of_file(*f, std::nullopt).eras, "F|G");
+  EXPECT_EQ(era_of_file(*f, std::nullopt).rotates, Tri::kUnknown);
+  EXPECT_EQ(rewrite(bytes), bytes);
+  // A model without the extra never has one.
+  MemoryShape no_ext;
+  no_ext.ext_bytes = 0;
+  ParseOptions o;
+  o.shape = &no_ext;
+  EXPECT_FALSE(parse_bytes(bytes, o).ok());
+}
+
+TEST(LlamaEra, ADeclaredBuildMustBeAbleToHaveWrittenTheFile) {
+  SynthSpec v3;
+  auto f3 = parse_bytes(build_state(v3));
+  ASSERT_TRUE(f3.ok());
+  Status s = check_build_wrote(*f3, *parse_llama_build("b10361"), std::nullopt);
+  EXPECT_EQ(s.code(), Code::kMismatch);
+  EXPECT_NE(s.message().find("ggsq v2"), std::string::npos) << s.message();
+  EXPECT_TRUE(check_build_wrote(*f3, *parse_llama_build("v0.5.0"), std::nullopt).ok());
+
+  auto fe = parse_bytes(build_state(session_v9(false)));
+  ASSERT_TRUE(fe.ok());
+  EXPECT_EQ(check_build_wrote(*fe, *parse_llama_build("b8121"), std::nullopt).code(), Code::kMismatch);
+  EXPECT_TRUE(check_build_wrote(*fe, *parse_llama_build("b10257"), std::nullopt).ok());
+
+  SynthSpec b5640;
+  b5640.version = 2;
+  b5640.stream_prefix = false;
+  auto fc = parse_bytes(build_state(b5640));
+  ASSERT_TRUE(fc.ok());
+  EXPECT_EQ(check_build_wrote(*fc, *parse_llama_build("b8121"), std::nullopt).code(), Code::kMismatch);
+  // A build inside a gap contradicts nothing it might have written.
+  EXPECT_TRUE(check_build_wrote(*fc, *parse_llama_build("b6000"), std::nullopt).ok());
+}
+
+}  // namespace
+}  // namespace kvsnap
