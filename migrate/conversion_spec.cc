@@ -23,12 +23,7 @@ Result<std::optional<int32_t>> optional_type(const std::string& s, const char* f
 }
 
 Status set_geometry(const ConversionSpec& spec, const StateFile& src, const ModelInfo* model, ConvertRequest& req) {
-  if (model) {
-    for (size_t s = 0; s < model->head_dim_k.size(); ++s) {
-      req.geometry.k_head_dim.push_back(model->rotation_head_dim(false, s));
-      req.geometry.v_head_dim.push_back(model->rotation_head_dim(true, s));
-    }
-  }
+  if (model) req.geometry = model_rotation_geometry(*model);
   if (spec.head_dim_k > 0 || spec.head_dim_v > 0) {
     if (model) return Status::InvalidArgument("--head-dim-k/--head-dim-v and --model both given; the model decides");
     req.geometry.k_head_dim.assign(src.memory.kv.size(), uint32_t(std::max(0, spec.head_dim_k)));
@@ -59,7 +54,55 @@ Status check_upgrade(const StateFile& src, const ModelInfo* model, const Convert
   return Status::OK();
 }
 
+// --target-build: the build that will load the output decides the format
+// version, the n_stream prefix, v9 outputs, the M-RoPE extra and whether
+// quantized caches are written rotated.
+Status set_target_build(const ConversionSpec& spec, const StateFile& src, ConvertRequest& req) {
+  if (spec.target_build.empty()) return Status::OK();
+  KV_ASSIGN_OR_RETURN(LlamaBuild b, parse_llama_build(spec.target_build));
+  auto layout = layout_of_build(b);
+  if (!layout.ok()) return layout.status().Prefixed("--target-build");
+  const BuildLayout& L = *layout;
+  const std::string who = "--target-build " + spec.target_build + " (era " + L.era + ")";
+  auto unknown = [&](const char* what) {
+    return Status::Ambiguous(who + ": that build falls between two known ones that differ in " + std::string(what) +
+                             "; name a build kvsnap knows (docs/llama-formats.md, \"Eras\") or use --format");
+  };
+  const bool session = src.kind == StateKind::kSessionFile;
+  if (src.kind != StateKind::kSeqFile && !session) {
+    return Status::InvalidArgument(who + ": applies to slot (ggsq) and session (ggsn) files, the input is a " +
+                                   kind_name(src.kind));
+  }
+  const std::optional<uint32_t> version = session ? L.ggsn_version : L.ggsq_version;
+  if (!version) return unknown("file version");
+  const bool old = *version < (session ? 10u : 3u);
+  if (old && L.stream_prefix == Tri::kUnknown) return unknown("the n_stream prefix");
+  if (old && session && L.session_outputs == Tri::kUnknown) return unknown("session outputs");
+  TargetFormat fmt = TargetFormat::kSameKindCurrent;
+  if (session) {
+    fmt = !old ? TargetFormat::kGgsnV10 : L.stream_prefix == Tri::kYes ? TargetFormat::kGgsnV9 : TargetFormat::kGgsnV9NoStream;
+  } else {
+    fmt = !old ? TargetFormat::kGgsqV3 : L.stream_prefix == Tri::kYes ? TargetFormat::kGgsqV2 : TargetFormat::kGgsqV2NoStream;
+  }
+  if (!spec.format.empty() && req.format != fmt) {
+    return Status::InvalidArgument("--format " + spec.format + " is not what " + who + " reads; give one of them");
+  }
+  req.format = fmt;
+  req.target_build = L;
+  if (!req.dst_rotates && L.rotates != Tri::kUnknown) req.dst_rotates = L.rotates == Tri::kYes;
+  return Status::OK();
+}
+
 }  // namespace
+
+RotationGeometry model_rotation_geometry(const ModelInfo& model) {
+  RotationGeometry g;
+  for (size_t s = 0; s < model.head_dim_k.size(); ++s) {
+    g.k_head_dim.push_back(model.rotation_head_dim(false, s));
+    g.v_head_dim.push_back(model.rotation_head_dim(true, s));
+  }
+  return g;
+}
 
 Result<int32_t> parse_kv_type(const std::string& name, const std::string& flag) {
   const TypeLayout* t = find_type(name);
@@ -72,7 +115,8 @@ Result<int32_t> parse_kv_type(const std::string& name, const std::string& flag) 
 }
 
 Result<ConvertRequest> make_request(const ConversionSpec& spec, const StateFile& src, const ModelInfo* model,
-                                    const std::string& src_name, std::string* warnings) {
+                                    const std::string& src_name, std::string* warnings, const ReadableFile* file,
+                                    SourceRotation* decision) {
   ConvertRequest req;
   KV_ASSIGN_OR_RETURN(req.k_type, optional_type(spec.ctk, "--ctk"));
   KV_ASSIGN_OR_RETURN(req.v_type, optional_type(spec.ctv, "--ctv"));
@@ -81,17 +125,32 @@ Result<ConvertRequest> make_request(const ConversionSpec& spec, const StateFile&
       return Status::InvalidArgument("--flash-attn must be on or off, not '" + spec.flash_attn + "'");
     req.flash_attn = spec.flash_attn == "on";
   }
+  // "on" at an end: the llama.cpp there rotates quantized K/V by its rule;
+  // "off": it does not (LLAMA_ATTN_ROT_DISABLE=1, or a build before b8643).
   KV_RETURN_IF_ERROR(parse_mode(spec.rotation, "--rotation").status());
-  KV_ASSIGN_OR_RETURN(RotationMode src_mode,
-                      parse_mode(spec.src_rotation.empty() ? spec.rotation : spec.src_rotation, "--src-rotation"));
-  KV_ASSIGN_OR_RETURN(RotationMode dst_mode,
-                      parse_mode(spec.dst_rotation.empty() ? spec.rotation : spec.dst_rotation, "--dst-rotation"));
-  req.k_rotation = req.v_rotation = RotationOverride{src_mode, dst_mode};
+  const std::string src_word = spec.src_rotation.empty() ? spec.rotation : spec.src_rotation;
+  const std::string dst_word = spec.dst_rotation.empty() ? spec.rotation : spec.dst_rotation;
+  KV_ASSIGN_OR_RETURN(RotationMode src_mode, parse_mode(src_word, "--src-rotation"));
+  KV_ASSIGN_OR_RETURN(RotationMode dst_mode, parse_mode(dst_word, "--dst-rotation"));
+  if (dst_mode != RotationMode::kAuto) req.dst_rotates = dst_mode == RotationMode::kOn;
+  req.k_rotation = req.v_rotation = RotationOverride{src_mode == RotationMode::kOff ? src_mode : RotationMode::kAuto,
+                                                     dst_mode == RotationMode::kOff ? dst_mode : RotationMode::kAuto};
   KV_ASSIGN_OR_RETURN(req.format, parse_target_format(spec.format));
   req.threads = spec.threads > 0 ? uint32_t(spec.threads) : std::max(1u, std::thread::hardware_concurrency());
   req.report = spec.report;
   KV_RETURN_IF_ERROR(set_geometry(spec, src, model, req));
+  KV_RETURN_IF_ERROR(set_target_build(spec, src, req));
   KV_RETURN_IF_ERROR(check_upgrade(src, model, req, src_name, warnings));
+
+  RotationClaims claims;
+  claims.src_rotation = src_word;
+  claims.source_build = spec.source_build;
+  claims.server_build = spec.server_build;
+  std::optional<bool> mrope;
+  if (model) mrope = model->profile.has_cell_ext;
+  KV_ASSIGN_OR_RETURN(SourceRotation d, decide_source_rotation(file, src, req.geometry, mrope, claims));
+  apply_source_rotation(d, req);
+  if (decision) *decision = std::move(d);
   return req;
 }
 

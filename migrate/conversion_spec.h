@@ -11,6 +11,7 @@
 #include "format/llama_state.h"
 #include "migrate/convert_state.h"
 #include "migrate/model_info.h"
+#include "migrate/source_rotation.h"
 
 namespace kvsnap {
 
@@ -20,7 +21,10 @@ struct ConversionSpec {
   std::string rotation;          // "auto" | "on" | "off" | "" (both ends)
   std::string src_rotation;      // per end, overriding `rotation`
   std::string dst_rotation;
-  std::string format;            // target_format_names(); empty: current
+  std::string format;            // target_format_names(); empty: current (or --target-build's)
+  std::string source_build;      // the llama.cpp that wrote the input: "b8121", "v0.5.0"
+  std::string server_build;      // what llama-server reported for the input (/props build_info)
+  std::string target_build;      // the llama.cpp that will load the output: picks format, rotation, extras
   int head_dim_k = 0;            // without a model: the head dims for the rotation
   int head_dim_v = 0;
   // Without a model and head dims: the rotation geometry recorded elsewhere
@@ -31,10 +35,17 @@ struct ConversionSpec {
 };
 
 // kInvalidArgument for unknown words, kNotSupported for conversions kvsnap
-// refuses (an old M-RoPE file upgraded). Notes for the user (not errors) are
+// refuses (an old M-RoPE file upgraded), kMismatch when a named build cannot
+// have written the input. Whether the input is stored rotated is decided as
+// migrate/source_rotation.h says, from the data too when `file` is given; the
+// decision goes to `decision` when given. Notes for the user (not errors) are
 // appended to `warnings` when given.
 Result<ConvertRequest> make_request(const ConversionSpec& spec, const StateFile& src, const ModelInfo* model,
-                                    const std::string& src_name, std::string* warnings = nullptr);
+                                    const std::string& src_name, std::string* warnings = nullptr,
+                                    const ReadableFile* file = nullptr, SourceRotation* decision = nullptr);
+
+// The rotation geometry llama.cpp's rule sees for the model's KV sections.
+RotationGeometry model_rotation_geometry(const ModelInfo& model);
 
 // "f16", "q8_0", ...: the type id, or kInvalidArgument naming `flag` and the choices.
 Result<int32_t> parse_kv_type(const std::string& name, const std::string& flag);

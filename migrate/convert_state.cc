@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "format/ggml_types.h"
+#include "format/llama_era.h"
 #include "migrate/convert_row.h"
 #include "migrate/exact_requant.h"
 #include "migrate/type_traits.h"
@@ -33,7 +34,8 @@ std::string layer_ctx(size_t section, size_t n_sections, size_t layer, bool is_v
   return s + "layer " + std::to_string(layer) + " " + (is_v ? "V" : "K");
 }
 
-Status apply_format(const StateFile& src, TargetFormat fmt, StateFile& t) {
+Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<BuildLayout>& target, StateFile& t) {
+  const std::optional<uint32_t> old_ext = target ? target->mrope_ext_bytes : std::nullopt;
   auto want_kind = [&](StateKind k, const char* name) -> Status {
     if (src.kind != k) {
       return Status::InvalidArgument(std::string("--format ") + name + " needs a " + kind_name(k) + ", the input is a " +
@@ -67,10 +69,14 @@ Status apply_format(const StateFile& src, TargetFormat fmt, StateFile& t) {
       prefix = false;
       break;
   }
-  // v9 sessions carry outputs; v10 does not. Going down, an empty outputs block is valid.
+  // v9 sessions carry outputs up to b8121 and none from b8179; v10 none.
+  // Going down, an empty outputs block is valid for the older builds.
   if (t.kind == StateKind::kSessionFile) {
-    if (t.version == 9 && !t.outputs) t.outputs = SessionOutputs{};
-    if (t.version == 10) t.outputs.reset();
+    if (t.version == 10 || (target && target->session_outputs == Tri::kNo)) t.outputs.reset();
+    const bool want = target ? target->session_outputs == Tri::kYes : src.version != 9;
+    if (t.version == 9 && !t.outputs && want) {
+      t.outputs = SessionOutputs{};
+    }
   }
   if (t.kind == StateKind::kRawContext && t.version >= 3) t.outputs.reset();
   if (!era3(t) && t.kind == StateKind::kSeqFile && t.tokens.packed) {
@@ -88,15 +94,23 @@ Status apply_format(const StateFile& src, TargetFormat fmt, StateFile& t) {
     }
     sec.stream_prefix = prefix;
   }
-  // The cell ext exists only in v0.5.0-era files.
+  // The cell ext of M-RoPE models: {x, y, token} in v0.5.0-era files, {x, y}
+  // in v2/v9 files of b8352..b10375, none before.
   const bool src3 = era3(src), dst3 = era3(t);
   for (size_t i = 0; i < t.memory.kv.size(); ++i) {
     const uint32_t ext = src.memory.kv[i].ext_bytes;
-    if (src3 && !dst3 && ext != 0) {
-      return Status::NotSupported("the cells carry a " + std::to_string(ext) +
-                                  "-byte M-RoPE/token extra that the older format cannot store");
+    if (src3 == dst3 || ext == 0) continue;
+    if (dst3) {
+      return Status::NotSupported(
+          "the cells carry the 8-byte M-RoPE {x, y} extra of llama.cpp b8352..b10375; v0.5.0 files also need each "
+          "cell's token, which kvsnap cannot rebuild: keep the old format (--format ggsq-v2 or --target-build)");
     }
-    if (!src3 && dst3) t.memory.kv[i].ext_bytes = 0;  // checked against the model by the caller
+    if (old_ext != 8u) {
+      return Status::NotSupported("the cells carry a " + std::to_string(ext) +
+                                  "-byte M-RoPE/token extra that the older format cannot store as it is; llama.cpp "
+                                  "b8352..b10375 keep its first 8 bytes: name that build with --target-build");
+    }
+    t.memory.kv[i].ext_bytes = 8;  // {x, y}: the writer stores the first ext_bytes / 4 fields
   }
   return Status::OK();
 }
@@ -108,12 +122,38 @@ struct SidePlan {
   uint64_t n_elems = 0;
 };
 
-RotationOverride effective(RotationOverride user, const StateFile& src, const StateFile& dst) {
-  // kAuto at an end written by a llama.cpp that did not rotate means "off".
-  RotationOverride o = user;
-  if (o.src == RotationMode::kAuto && !era3(src)) o.src = RotationMode::kOff;
-  if (o.dst == RotationMode::kAuto && !era3(dst)) o.dst = RotationMode::kOff;
-  return o;
+// Whether the build that wrote (or will read) `f` rotates quantized K/V: the
+// request's word when it has one, else what the file's layout proves.
+Tri build_rotates(const std::optional<bool>& declared, const StateFile& f) {
+  if (declared) return *declared ? Tri::kYes : Tri::kNo;
+  return era_of_file(f, std::nullopt).rotates;
+}
+
+// The rotation modes an end can be in: kAuto at an end whose build does not
+// rotate means "off"; where that is unknown, both are possible.
+std::vector<RotationMode> possible_modes(RotationMode user, Tri rotates) {
+  if (user != RotationMode::kAuto) return {user};
+  switch (rotates) {
+    case Tri::kYes: return {RotationMode::kAuto};
+    case Tri::kNo: return {RotationMode::kOff};
+    case Tri::kUnknown: break;
+  }
+  return {RotationMode::kAuto, RotationMode::kOff};
+}
+
+Status unknown_rotation(const std::string& ctx, const TypeTraits& a, const TypeTraits& b, const StateFile& src,
+                        bool src_unknown) {
+  const FileEra era = era_of_file(src, std::nullopt);
+  if (src_unknown) {
+    return Status::Ambiguous(
+        ctx + ": converting " + std::string(a.name()) + " to " + std::string(b.name()) +
+        " depends on whether the input is stored Hadamard-rotated, which the file does not record: " + era.why +
+        ". Say which build wrote it (--source-build bNNNN|vX.Y.Z) or how it is stored (--src-rotation on|off)");
+  }
+  return Status::Ambiguous(
+      ctx + ": writing " + std::string(b.name()) +
+      " in this format depends on whether the llama.cpp that loads it rotates quantized caches (builds from b8643 "
+      "do, older ones do not): name it with --target-build bNNNN|vX.Y.Z, or say --dst-rotation on|off");
 }
 
 Result<SidePlan> plan_side(const StateFile& src, const StateFile& dst, const ConvertRequest& req, size_t si,
@@ -125,24 +165,58 @@ Result<SidePlan> plan_side(const StateFile& src, const StateFile& dst, const Con
   const std::string ctx = layer_ctx(si, src.memory.kv.size(), il, is_v);
   if (!p.src || !p.dst) return Status::NotSupported(ctx + ": no codec for " + type_name(src_type));
   const KvSide side = is_v ? KvSide::kV : KvSide::kK;
-  const RotationOverride ovr = effective(is_v ? req.v_rotation : req.k_rotation, src, dst);
-  // Whether the head dim matters: the plan differs between "rotating head
-  // dim" and "never rotates". Then it must be known, not guessed.
-  auto with = [&](uint32_t hd) { return plan_rotation(*p.src->layout, *p.dst->layout, hd, side, ovr); };
-  const auto& dims = is_v ? req.geometry.v_head_dim : req.geometry.k_head_dim;
-  if (si < dims.size()) {
-    KV_ASSIGN_OR_RETURN(p.rot, with(dims[si]));
-  } else {
-    auto a = with(128), b = with(0);
-    if (!b.ok()) return b.status().Prefixed(ctx);
-    if (!a.ok() || a->step != b->step) {
-      return Status::InvalidArgument(
-          ctx + ": converting " + std::string(p.src->name()) + " to " + std::string(p.dst->name()) +
-          " crosses llama.cpp's Hadamard rotation, whose block depends on the head dim, which the state file "
-          "does not record: pass the model with --model GGUF (or --head-dim-k/--head-dim-v)");
+  const RotationOverride user = is_v ? req.v_rotation : req.k_rotation;
+  // The same format version and no target named: the output is for the
+  // build that wrote the input, whichever that is.
+  const bool same_build = !req.dst_rotates && !req.target_build && src.kind == dst.kind && src.version == dst.version;
+  const Tri src_tri = build_rotates(req.src_rotates, src);
+  const Tri dst_tri = same_build ? src_tri : build_rotates(req.dst_rotates, dst);
+  std::vector<std::pair<RotationMode, RotationMode>> ends;
+  for (RotationMode s : possible_modes(user.src, src_tri)) {
+    for (RotationMode d : possible_modes(user.dst, dst_tri)) {
+      if (same_build && src_tri == Tri::kUnknown && user.src == user.dst && s != d) continue;
+      ends.emplace_back(s, d);
     }
-    p.rot = *b;
   }
+  // Plans for every rotation state the ends may be in and, without the head
+  // dim, for a rotating and a non-rotating one. They must all agree: what the
+  // file does not record is never guessed.
+  auto plan_for = [&](uint32_t hd, RotationMode s, RotationMode d) {
+    return plan_rotation(*p.src->layout, *p.dst->layout, hd, side, RotationOverride{s, d});
+  };
+  const auto& dims = is_v ? req.geometry.v_head_dim : req.geometry.k_head_dim;
+  const bool dim_known = si < dims.size();
+  const std::vector<uint32_t> head_dims = dim_known ? std::vector<uint32_t>{dims[si]} : std::vector<uint32_t>{0, 128};
+  std::optional<RotationPlan> first;
+  for (uint32_t hd : head_dims) {
+    for (auto [s, d] : ends) {
+      {
+        auto r = plan_for(hd, s, d);
+        if (!r.ok()) {
+          if (!dim_known && hd != 0) {
+            return Status::InvalidArgument(
+                ctx + ": converting " + std::string(p.src->name()) + " to " + std::string(p.dst->name()) +
+                " may cross llama.cpp's Hadamard rotation, whose block depends on the head dim, which the state "
+                "file does not record: pass the model with --model GGUF (or --head-dim-k/--head-dim-v)");
+          }
+          return r.status().Prefixed(ctx);
+        }
+        if (!first) {
+          first = *r;
+          continue;
+        }
+        if (r->step == first->step && r->n_rot == first->n_rot) continue;
+        if (hd != head_dims.front()) {
+          return Status::InvalidArgument(
+              ctx + ": converting " + std::string(p.src->name()) + " to " + std::string(p.dst->name()) +
+              " crosses llama.cpp's Hadamard rotation, whose block depends on the head dim, which the state file "
+              "does not record: pass the model with --model GGUF (or --head-dim-k/--head-dim-v)");
+        }
+        return unknown_rotation(ctx, *p.src, *p.dst, src, s != ends.front().first);
+      }
+    }
+  }
+  p.rot = *first;
   return p;
 }
 
@@ -429,7 +503,7 @@ std::string target_format_names() {
 
 Result<StateFile> plan_target(const StateFile& src, const ConvertRequest& req) {
   StateFile t = src;
-  KV_RETURN_IF_ERROR(apply_format(src, req.format, t));
+  KV_RETURN_IF_ERROR(apply_format(src, req.format, req.target_build, t));
   const TypeLayout* kt = req.k_type ? find_type(*req.k_type) : nullptr;
   const TypeLayout* vt = req.v_type ? find_type(*req.v_type) : nullptr;
   if (req.k_type && !kt) return Status::InvalidArgument("unknown K type " + type_name(*req.k_type));
@@ -498,7 +572,9 @@ Result<StateFile> plan_target(const StateFile& src, const ConvertRequest& req) {
 Result<ConvertResult> convert_state(const StateFile& src, const ReadableFile& in, const ConvertRequest& req,
                                     ByteSink& out) {
   ConvertResult res;
-  KV_ASSIGN_OR_RETURN(res.target, plan_target(src, req));
+  auto target = plan_target(src, req);
+  if (!target.ok()) return target.status().Prefixed(in.name());
+  res.target = std::move(*target);
   ConvertingSource tensors(src, in, req);
   CountingSink count;
   struct Tee final : ByteSink {

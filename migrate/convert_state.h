@@ -18,6 +18,7 @@
 
 #include "base/io.h"
 #include "base/status.h"
+#include "format/llama_era.h"
 #include "format/llama_state.h"
 #include "migrate/hadamard.h"
 
@@ -51,6 +52,14 @@ struct ConvertRequest {
   std::optional<bool> flash_attn;    // target V layout: true rows, false transposed; nullopt: keep
   RotationOverride k_rotation;       // per end; kAuto follows llama.cpp (and the file's era)
   RotationOverride v_rotation;
+  // Whether the llama.cpp that wrote the input / will load the output rotates
+  // quantized K/V (format/llama_era.h). nullopt: what the file's layout
+  // proves; where that is unknown, a conversion that depends on it is refused.
+  std::optional<bool> src_rotates;
+  std::optional<bool> dst_rotates;
+  // The llama.cpp build that will load an old-format (v2/v9) output, when
+  // named: whether its v9 sessions hold outputs and its M-RoPE cell extra.
+  std::optional<BuildLayout> target_build;
   TargetFormat format = TargetFormat::kSameKindCurrent;
   RotationGeometry geometry;         // from --model or --head-dim-k/v
   uint32_t threads = 1;

@@ -130,7 +130,7 @@ kvsnap_status convert(const kvsnap_model* model, const void* src, size_t src_siz
   const kvsnap::ModelInfo* info = model ? &model->info : nullptr;
   auto state = kvsnap::parse_for_model(in, parse_options(p, src, src_size), info);
   if (!state.ok()) return fail(state.status(), error);
-  auto req = kvsnap::make_request(spec_of(p), *state, info, in.name());
+  auto req = kvsnap::make_request(spec_of(p), *state, info, in.name(), nullptr, &in);
   if (!req.ok()) return fail(req.status(), error);
   MallocSink sink;
   sink.reserve(src_size);

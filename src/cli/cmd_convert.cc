@@ -17,6 +17,7 @@
 #include "format/state_summary.h"
 #include "migrate/conversion_spec.h"
 #include "migrate/convert_state.h"
+#include "migrate/source_rotation.h"
 
 namespace kvsnap::cli {
 namespace {
@@ -43,6 +44,8 @@ ConversionSpec spec_of(const ConvertOptions& o) {
   c.src_rotation = o.src_rotation;
   c.dst_rotation = o.dst_rotation;
   c.format = o.format;
+  c.source_build = o.source_build;
+  c.target_build = o.target_build;
   c.head_dim_k = o.head_dim_k;
   c.head_dim_v = o.head_dim_v;
   c.threads = o.threads;
@@ -59,7 +62,9 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
   const ReadableFile* file = opened.file.get();
   const StateFile& src = opened.state;
   std::string notes;
-  KV_ASSIGN_OR_RETURN(ConvertRequest req, make_request(spec_of(o), src, opened.model_ptr(), o.in, &notes));
+  SourceRotation rotation;
+  KV_ASSIGN_OR_RETURN(ConvertRequest req,
+                      make_request(spec_of(o), src, opened.model_ptr(), o.in, &notes, file, &rotation));
   if (!notes.empty()) warnings += "kvsnap convert: " + notes;
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -88,6 +93,7 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
                       {"snr_db", finite_or(r.snr_db, 999.0)}, {"signal_rms", r.signal_rms}});
   }
   j["layers"] = layers;
+  j["source_rotation"] = source_rotation_json(rotation);
   if (o.json) {
     out = j.dump(2) + "\n";
     return Status::OK();
@@ -101,6 +107,7 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
                 (unsigned long long)res.bytes_out, secs);
   out = buf;
   if (o.report) {
+    out += source_rotation_text(rotation);
     std::snprintf(buf, sizeof buf, "  %-5s %-4s %-15s %-14s %12s %12s %9s\n", "layer", "side", "types", "rotation",
                   "rmse", "max|err|", "snr dB");
     out += buf;
@@ -144,6 +151,12 @@ void setup_convert(CLI::App& app, int& exit_status) {
                   "auto|on|off for the input only (off: it was saved with LLAMA_ATTN_ROT_DISABLE=1)");
   sub->add_option("--dst-rotation", o->dst_rotation,
                   "auto|on|off for the output only (off: the target server runs with LLAMA_ATTN_ROT_DISABLE=1)");
+  sub->add_option("--source-build", o->source_build,
+                  "the llama.cpp build that wrote the input (b8121, v0.5.0; llama-server --version shows it): "
+                  "decides whether its quantized caches are stored rotated, and is checked against the file");
+  sub->add_option("--target-build", o->target_build,
+                  "the llama.cpp build that will load the output: picks the file format, n_stream prefix, session "
+                  "outputs, M-RoPE cell extra and whether quantized caches are written rotated");
   sub->add_option("--format", o->format, "output format: " + target_format_names() + " (default: current)");
   sub->add_option("--head-dim-k", o->head_dim_k, "K head dim, when no --model is given");
   sub->add_option("--head-dim-v", o->head_dim_v, "V head dim, when no --model is given");
@@ -156,7 +169,13 @@ void setup_convert(CLI::App& app, int& exit_status) {
       "  kvsnap convert slot-f16.bin slot-q8.bin --ctk q8_0 --ctv q8_0 --model model.gguf\n"
       "  kvsnap convert slot.bin slot-nofa.bin --flash-attn off          # for a server run without -fa\n"
       "  kvsnap convert old-b8121.bin new.bin                            # upgrade the format only\n"
-      "  kvsnap convert slot.bin s.bin --ctk q4_0 --model m.gguf --report\n");
+      "  kvsnap convert slot.bin s.bin --ctk q4_0 --model m.gguf --report\n"
+      "  kvsnap convert old-q8.bin f16.bin --ctk f16 --ctv f16 --model m.gguf --source-build b10361\n"
+      "  kvsnap convert new.bin for-b8121.bin --ctk q8_0 --ctv q8_0 --model m.gguf --target-build b8121\n"
+      "\nRotation: llama.cpp from b8643 stores quantized K/V Hadamard-rotated; the file does not say so, and\n"
+      "ggsq v2 / ggsn v9 files come from builds on both sides. kvsnap decides from --src-rotation,\n"
+      "--source-build, the file's layout, then the data (with --model), reports the evidence (--report),\n"
+      "and stops with exit 6 when nothing decides and the conversion depends on it.\n");
   sub->callback([o, &exit_status]() {
     std::string out, warnings;
     Status s = run_convert(*o, out, warnings);

@@ -12,6 +12,9 @@
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
 #include "cli/open_state.h"
+#include "format/llama_era.h"
+#include "migrate/conversion_spec.h"
+#include "migrate/source_rotation.h"
 #include "format/ggml_types.h"
 #include "format/llama_state.h"
 
@@ -44,49 +47,45 @@ std::string format_tag(const StateFile& f) {
   return "?";
 }
 
-// Which llama.cpp releases write this layout (docs/llama-formats.md).
-std::string era_note(const StateFile& f) {
-  const bool prefix = f.memory.kv.empty() || f.memory.kv[0].stream_prefix;
-  if (f.kind == StateKind::kSeqFile && f.version == 3) return "llama.cpp v0.5.0 and later";
-  if (f.kind == StateKind::kSessionFile && f.version == 10) return "llama.cpp v0.5.0 and later";
-  if (f.version == 2 || f.version == 9) {
-    return prefix ? "llama.cpp b6xxx..b8xxx (n_stream prefix, e.g. b8121)" : "llama.cpp up to b5xxx (e.g. b5640)";
-  }
-  return "";
-}
-
 // What each rotation word means, printed under the layer table.
 const std::map<std::string, std::string>& rotation_notes() {
   static const std::map<std::string, std::string> m = {
       {"unknown", "quantized and written by a rotating llama.cpp: rotated when the head dim is a multiple of 64; "
                   "give --model to know"},
-      {"none-pre-rotation", "quantized, written before llama.cpp rotated quantized caches: not rotated"},
+      {"unknown-era", "quantized, and the file does not tell whether the llama.cpp that wrote it rotated (b8643 and "
+                      "later do): pass --source-build or --src-rotation; conversions that depend on it are refused"},
+      {"none-pre-rotation", "quantized, written by a llama.cpp that did not rotate quantized caches: not rotated"},
+      {"none-declared", "quantized, declared unrotated (--src-rotation off)"},
+      {"none-by-data", "quantized, and the data shows it stored unrotated"},
       {"none-head-dim", "quantized but not rotated: the head dim is not a multiple of 64"},
       {"hadamard-64", "Walsh-Hadamard rotated in blocks of 64 (llama.cpp default; LLAMA_ATTN_ROT_DISABLE=1 on the "
                       "saving server turns it off)"},
       {"hadamard-128", "Walsh-Hadamard rotated in blocks of 128 (llama.cpp default; LLAMA_ATTN_ROT_DISABLE=1 on the "
                        "saving server turns it off)"},
+      {"hadamard-256", "Walsh-Hadamard rotated in blocks of 256 (llama.cpp default; LLAMA_ATTN_ROT_DISABLE=1 on the "
+                       "saving server turns it off)"},
   };
   return m;
 }
 
-// Rotation as llama.cpp applies it: quantized caches of v0.5.0-era files are
-// Hadamard-rotated when the head dim is a multiple of 64.
-std::string rotation_state(const StateFile& f, int32_t type, const ModelInfo* model, bool is_v, size_t section,
+// One tensor's rotation word, from the file-level decision and the model's
+// head dims (migrate/source_rotation.h).
+std::string rotation_state(const SourceRotation& d, int32_t type, const ModelInfo* model, bool is_v, size_t section,
                            size_t layer) {
   const TypeLayout* t = find_type(type);
   if (!t || !t->quantized) return "none";
-  const bool current_era = (f.kind == StateKind::kSeqFile && f.version >= 3) ||
-                           (f.kind == StateKind::kSessionFile && f.version >= 10) ||
-                           ((f.kind == StateKind::kRawSeq || f.kind == StateKind::kRawContext) && f.version >= 3);
-  if (!current_era) return "none-pre-rotation";
+  if (d.rotated == Tri::kNo) {
+    if (d.decided_by == "declared") return "none-declared";
+    return d.decided_by == "data" ? "none-by-data" : "none-pre-rotation";
+  }
+  if (d.rotated == Tri::kUnknown) return "unknown-era";
   if (!model) return "unknown";
   auto n_rot = model->rotation_block(is_v, section, layer);
   if (!n_rot) return "none-head-dim";
   return "hadamard-" + std::to_string(*n_rot);
 }
 
-json layer_json(const StateFile& f, const KvStream& st, const KvLayer& L, const ModelInfo* model, size_t si,
+json layer_json(const SourceRotation& rot, const KvStream& st, const KvLayer& L, const ModelInfo* model, size_t si,
                 size_t il) {
   json j;
   j["layer"] = il;
@@ -94,7 +93,7 @@ json layer_json(const StateFile& f, const KvStream& st, const KvLayer& L, const 
   j["k_type_id"] = L.k_type;
   j["k_row_bytes"] = L.k_row_bytes;
   if (auto n = layer_n_embd_k(L)) j["n_embd_k_gqa"] = *n;
-  j["k_rotation"] = rotation_state(f, L.k_type, model, false, si, il);
+  j["k_rotation"] = rotation_state(rot, L.k_type, model, false, si, il);
   j["k_bytes"] = L.k.size;
   j["has_v"] = L.has_v;
   if (L.has_v) {
@@ -106,7 +105,7 @@ json layer_json(const StateFile& f, const KvStream& st, const KvLayer& L, const 
       j["v_row_bytes"] = L.v_row_bytes;
     }
     if (auto n = layer_n_embd_v(L, st.v_trans)) j["n_embd_v_gqa"] = *n;
-    j["v_rotation"] = rotation_state(f, L.v_type, model, true, si, il);
+    j["v_rotation"] = rotation_state(rot, L.v_type, model, true, si, il);
     j["v_bytes"] = L.v.size;
   }
   return j;
@@ -137,7 +136,8 @@ std::optional<uint64_t> kv_bytes_at(const StateFile& f, const TypeLayout& kt, co
   return total;
 }
 
-json build_info(const StateFile& f, const std::string& path, const ModelInfo* model, bool with_tokens) {
+json build_info(const StateFile& f, const std::string& path, const ModelInfo* model, const SourceRotation& rot,
+               bool with_tokens) {
   json j;
   j["kvsnap_info_version"] = 1;
   j["file"] = path;
@@ -145,7 +145,10 @@ json build_info(const StateFile& f, const std::string& path, const ModelInfo* mo
   j["format"] = format_tag(f);
   j["version"] = f.version;
   j["kind"] = kind_name(f.kind);
-  j["written_by"] = era_note(f);
+  const FileEra era = era_of_file(f, model ? std::optional<bool>(model->profile.has_cell_ext) : std::nullopt);
+  j["written_by"] = "llama.cpp " + era.builds;
+  j["era"] = {{"eras", era.eras}, {"builds", era.builds}, {"rotates", tri_name(era.rotates)}, {"why", era.why}};
+  j["source_rotation"] = source_rotation_json(rot);
   json layout;
   layout["reading"] = f.reading;
   layout["from_model"] = model != nullptr;
@@ -202,7 +205,7 @@ json build_info(const StateFile& f, const std::string& path, const ModelInfo* mo
         js["v_layout"] = st.v_trans ? "transposed" : "rows";
         js["n_layer"] = st.n_layer;
         json layers = json::array();
-        for (size_t il = 0; il < st.layers.size(); ++il) layers.push_back(layer_json(f, st, st.layers[il], model, si, il));
+        for (size_t il = 0; il < st.layers.size(); ++il) layers.push_back(layer_json(rot, st, st.layers[il], model, si, il));
         js["layers"] = layers;
       }
       streams.push_back(js);
@@ -291,6 +294,18 @@ std::string render_human(const json& j) {
                      (j["written_by"].get<std::string>().empty() ? "" : "; " + j["written_by"].get<std::string>()));
   line("layout", j["layout"]["reading"].get<std::string>() +
                      (j["layout"]["from_model"].get<bool>() ? "" : " (inferred from the file's structure)"));
+  line("era", j["era"]["eras"].get<std::string>() + ": " + j["era"]["why"].get<std::string>());
+  {
+    const auto& r = j["source_rotation"];
+    std::string v = r["rotated"].is_null() ? (r["needed"].get<bool>() ? "UNKNOWN" : "not needed")
+                                           : (r["rotated"].get<bool>() ? "stored rotated" : "stored unrotated");
+    if (!r["rotated"].is_null()) v += " (decided by " + r["decided_by"].get<std::string>() + ")";
+    if (r["rotated"].is_null() && r["needed"].get<bool>()) {
+      v += ": conversions that depend on it are refused; --source-build or --src-rotation settles it";
+    }
+    line("rotation", v);
+    for (const auto& e : r["evidence"]) line("", e.get<std::string>());
+  }
   if (j.contains("tokens")) {
     const auto& t = j["tokens"];
     std::string s = std::to_string(t["count"].get<size_t>());
@@ -424,7 +439,16 @@ std::string render_human(const json& j) {
 
 Status run_info(const InfoOptions& opts, std::string& out) {
   KV_ASSIGN_OR_RETURN(OpenedState in, open_state(posix_io(), opts.file, opts.model, opts.input_format));
-  json j = build_info(in.state, opts.file, in.model_ptr(), opts.tokens);
+  const ModelInfo* model = in.model_ptr();
+  RotationClaims claims;
+  claims.src_rotation = opts.src_rotation;
+  claims.source_build = opts.source_build;
+  KV_ASSIGN_OR_RETURN(SourceRotation rot,
+                      decide_source_rotation(in.file.get(), in.state,
+                                             model ? model_rotation_geometry(*model) : RotationGeometry{},
+                                             model ? std::optional<bool>(model->profile.has_cell_ext) : std::nullopt,
+                                             claims));
+  json j = build_info(in.state, opts.file, model, rot, opts.tokens);
   out = opts.json ? j.dump(2) + "\n" : render_human(j);
   return Status::OK();
 }
@@ -440,6 +464,11 @@ void setup_info(CLI::App& app, int& exit_status) {
   sub->add_option("--input-format", opts->input_format,
                   "raw-seq for a llama_state_seq_get_data buffer, raw-context for llama_state_get_data")
       ->check(CLI::IsMember({"", "raw-seq", "raw-context"}));
+  sub->add_option("--source-build", opts->source_build,
+                  "the llama.cpp build that wrote the file (b8121, v0.5.0): checked against the file, and decides "
+                  "whether its quantized caches are stored rotated");
+  sub->add_option("--src-rotation", opts->src_rotation, "on|off: declare how the quantized caches are stored")
+      ->check(CLI::IsMember({"", "auto", "on", "off"}));
   sub->add_flag("--json", opts->json, "machine-readable output (schema: docs/info-json.md)");
   sub->add_flag("--tokens", opts->tokens, "also list the tokens");
   sub->footer(

@@ -18,6 +18,8 @@ struct InfoOptions {
   std::string file;
   std::string model;        // GGUF, optional
   std::string input_format; // "", "raw-seq", "raw-context"
+  std::string source_build; // --source-build
+  std::string src_rotation; // --src-rotation on|off
   bool json = false;
   bool tokens = false;
 };
@@ -31,6 +33,7 @@ struct ConvertOptions {
   std::string flash_attn;        // "", "on", "off"
   std::string rotation, src_rotation, dst_rotation;  // "", auto, on, off
   std::string format;            // "" = current
+  std::string source_build, target_build;  // "" = unknown / not named
   std::string input_format;
   int head_dim_k = 0, head_dim_v = 0;
   int threads = 0;               // 0 = all cores

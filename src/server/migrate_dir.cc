@@ -107,7 +107,7 @@ class Migrator {
     }
     const StateFile& src = *parsed;
     r.from = describe_state(src);
-    KV_ASSIGN_OR_RETURN(ConvertRequest req, make_request(o_.spec, src, o_.model, path));
+    KV_ASSIGN_OR_RETURN(ConvertRequest req, make_request(o_.spec, src, o_.model, path, nullptr, file.get()));
     KV_ASSIGN_OR_RETURN(StateFile target, plan_target(src, req));
     r.to = describe_state(target);
     if (same_layout(src, target)) {

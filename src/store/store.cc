@@ -203,7 +203,7 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   std::unique_ptr<ReadableFile> converted_file;
   StateFile converted;
   if (req.store_type) {
-    KV_ASSIGN_OR_RETURN(ConvertRequest creq, make_request(*req.store_type, parsed, req.model, file.name()));
+    KV_ASSIGN_OR_RETURN(ConvertRequest creq, make_request(*req.store_type, parsed, req.model, file.name(), nullptr, &file));
     temp.path = temp_name(paths_, "store-type");
     KV_RETURN_IF_ERROR(write_temp(io_, temp.path, [&](ByteSink& out) {
       return convert_state(parsed, file, creq, out).status();

@@ -251,11 +251,96 @@ TEST_F(CliTest, InfoWithTheRightModelIsExactAndNamesTheRotation) {
   EXPECT_EQ(L["v_rotation"], "hadamard-64");
 }
 
-TEST_F(CliTest, OldQuantizedFilesAreNotRotated) {
+// ggsq v2 files come from builds that rotate quantized caches (b8643..b10375)
+// and from builds that do not (up to b8390): the file does not say which.
+TEST_F(CliTest, OldQuantizedFilesOfUnknownEraSaySo) {
   CmdResult r = run("info " + fixture("b8121/hd64-q8_0-q8_0-faon.slot") + " --model " + model("hd64") + " --json");
   ASSERT_EQ(r.code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["kv_sections"][0]["streams"][0]["layers"][0]["k_rotation"], "unknown-era");
+  EXPECT_TRUE(j["source_rotation"]["rotated"].is_null());
+  EXPECT_EQ(j["source_rotation"]["needed"], true);
+  EXPECT_EQ(j["era"]["eras"], "D..G");
+  // The random-weight model has no outlier channels: the data must not decide.
+  ASSERT_FALSE(j["source_rotation"]["data"].is_null());
+  EXPECT_EQ(j["source_rotation"]["data"]["verdict"], "unsure");
+}
+
+TEST_F(CliTest, ADeclaredBuildDecidesTheRotationAndIsCheckedAgainstTheFile) {
+  const std::string f = fixture("b8121/hd64-q8_0-q8_0-faon.slot");
+  CmdResult r = run("info " + f + " --model " + model("hd64") + " --source-build b8121 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["kv_sections"][0]["streams"][0]["layers"][0]["k_rotation"], "none-pre-rotation");
+  EXPECT_EQ(j["source_rotation"]["decided_by"], "source-build");
+  EXPECT_EQ(j["source_rotation"]["rotated"], false);
+
+  r = run("info " + f + " --source-build b10361 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["source_rotation"]["rotated"], true);
+
+  r = run("info " + f + " --source-build v0.5.0");  // v0.5.0 writes ggsq v3
+  EXPECT_EQ(r.code, 5) << r.err;
+  EXPECT_NE(r.err.find("ggsq v3"), std::string::npos) << r.err;
+  r = run("info " + f + " --source-build b5640");  // no n_stream prefix then
+  EXPECT_EQ(r.code, 5) << r.err;
+  r = run("info " + f + " --source-build latest");
+  EXPECT_EQ(r.code, 2) << r.err;
+}
+
+TEST_F(CliTest, TheB5640LayoutProvesNoRotation) {
+  CmdResult r = run("info " + fixture("b5640/hd64-q8_0-q8_0-faon.slot") + " --model " + model("hd64") + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["kv_sections"][0]["streams"][0]["layers"][0]["k_rotation"], "none-pre-rotation");
+  EXPECT_EQ(j["source_rotation"]["decided_by"], "file-format");
+}
+
+TEST_F(CliTest, ConvertRefusesToGuessTheRotationOfAnOldQuantizedFile) {
+  const std::string f = fixture("b8121/hd64-q8_0-q8_0-faon.slot");
+  const std::string out = (dir_ / "f16.slot").string();
+  CmdResult r = run("convert " + f + " " + out + " --ctk f16 --ctv f16 --model " + model("hd64"));
+  EXPECT_EQ(r.code, 6) << r.err;
+  EXPECT_NE(r.err.find("--source-build"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--src-rotation"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("hd64-q8_0-q8_0-faon.slot"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_EQ(files_in_dir(), 0u);
+
+  r = run("convert " + f + " " + out + " --ctk f16 --ctv f16 --model " + model("hd64") + " --source-build b8121 --report");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("decided by source-build"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(out));
+  // Between quantized types of the same build nothing depends on it.
+  r = run("convert " + f + " " + (dir_ / "q4.slot").string() + " --ctk q4_0 --format ggsq-v2 --model " + model("hd64"));
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
+TEST_F(CliTest, OldFloatFilesAreNeverRefused) {
+  for (const char* f : {"b8121/hd64-f16-f16-faon.slot", "b8121/hd64-f16-f16-faoff.slot", "b5640/hd64-f16-f16-faon.slot"}) {
+    CmdResult r = run("convert " + fixture(f) + " " + (dir_ / "out.slot").string() + " --model " + model("hd64"));
+    EXPECT_EQ(r.code, 0) << f << ": " << r.err;
+    fs::remove(dir_ / "out.slot");
+  }
+}
+
+TEST_F(CliTest, WritingQuantizedCachesForAnOldBuildNeedsTheBuild) {
+  const std::string f = fixture("v0.5.0/hd64-q8_0-q8_0-faon.slot");
+  const std::string out = (dir_ / "old.slot").string();
+  CmdResult r = run("convert " + f + " " + out + " --format ggsq-v2 --model " + model("hd64"));
+  EXPECT_EQ(r.code, 6) << r.err;
+  EXPECT_NE(r.err.find("--target-build"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  r = run("convert " + f + " " + out + " --target-build b8121 --model " + model("hd64") + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["target"]["format"], "ggsq v2");
+  EXPECT_EQ(nlohmann::json::parse(r.out)["layers"][0]["rotation"], "unrotate-64");
+  r = run("convert " + f + " " + (dir_ / "g.slot").string() + " --target-build b10361 --model " + model("hd64") +
+          " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["layers"][0]["rotation"], "none");
+  r = run("convert " + f + " " + out + " --target-build b10361 --format ggsq-v3");
+  EXPECT_EQ(r.code, 2) << r.err;
 }
 
 TEST_F(CliTest, AModelThatDoesNotMatchTheFileIsAMismatch) {

@@ -112,6 +112,17 @@ TEST(Store, RestoreAtOtherTypesEqualsConvert) {
       ConversionSpec spec;
       spec.ctk = spec.ctv = types;
       spec.flash_attn = "on";
+      const bool old_quantized = std::string(name).starts_with("b8121/hd64-q8_0");
+      if (old_quantized && std::string(types) != "q8_0") {
+        // A ggsq v2 file does not say whether its build rotated: never guessed.
+        RestoreRequest unsure;
+        unsure.spec = spec;
+        VectorSink none;
+        auto r = t.store->restore(std::to_string(saved->info.id), unsure, none);
+        ASSERT_FALSE(r.ok()) << name << " " << types;
+        EXPECT_EQ(r.status().code(), Code::kAmbiguous) << r.status().ToString();
+      }
+      if (old_quantized) spec.source_build = "b8121";
       // what `kvsnap convert --model` writes
       auto req = make_request(spec, l.state, &*model, name);
       ASSERT_TRUE(req.ok()) << req.status().ToString();

@@ -1,0 +1,169 @@
+#include "migrate/source_rotation.h"
+
+#include <cstdio>
+
+#include "format/ggml_types.h"
+#include "migrate/hadamard.h"
+
+namespace kvsnap {
+namespace {
+
+// Whether a tensor of this type at this section may be stored rotated by a
+// rotating build: quantized, and a head dim the rule rotates (or unknown).
+bool may_rotate(int32_t type, const std::vector<uint32_t>& dims, size_t si, KvSide side) {
+  const TypeLayout* t = find_type(type);
+  if (!t || !t->quantized) return false;
+  if (si >= dims.size()) return true;
+  return rotation_block_size(side, dims[si]) != 0;
+}
+
+bool holds_rotatable(const StateFile& f, const RotationGeometry& g) {
+  for (size_t si = 0; si < f.memory.kv.size(); ++si) {
+    for (const KvStream& st : f.memory.kv[si].streams) {
+      if (st.cell_count == 0) continue;
+      for (const KvLayer& L : st.layers) {
+        if (may_rotate(L.k_type, g.k_head_dim, si, KvSide::kK)) return true;
+        if (L.has_v && !st.v_trans && may_rotate(L.v_type, g.v_head_dim, si, KvSide::kV)) return true;
+      }
+    }
+  }
+  return false;
+}
+
+Tri tri_of(bool b) { return b ? Tri::kYes : Tri::kNo; }
+
+const char* stored(Tri t) {
+  switch (t) {
+    case Tri::kYes: return "stored rotated";
+    case Tri::kNo: return "stored unrotated";
+    case Tri::kUnknown: break;
+  }
+  return "unknown";
+}
+
+// A build named by the user or by the server: checked against the file, then
+// its default rotation.
+Status consider_build(const std::string& text, const char* label, const StateFile& f,
+                      std::optional<bool> model_has_cell_ext, SourceRotation& d) {
+  auto build = parse_llama_build(text);
+  if (!build.ok()) return build.status().Prefixed(std::string("--") + label);
+  KV_RETURN_IF_ERROR(check_build_wrote(f, *build, model_has_cell_ext).Prefixed(std::string(label) + " " + text));
+  KV_ASSIGN_OR_RETURN(BuildLayout L, layout_of_build(*build));
+  std::string line = std::string(label) + ": llama.cpp " + text + " (era " + L.era + ")";
+  if (L.rotates == Tri::kUnknown) {
+    line += " falls between b8390 (does not rotate) and b8643 (rotates): its rotation is unknown";
+  } else {
+    line += L.rotates == Tri::kYes ? " rotates quantized K/V by default" : " does not rotate";
+  }
+  d.evidence.push_back(line);
+  if (L.rotates != Tri::kUnknown && d.rotated == Tri::kUnknown) {
+    d.rotated = L.rotates;
+    d.decided_by = label;
+    d.confidence = 1;
+  }
+  return Status::OK();
+}
+
+std::string percent(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.0f%%", x * 100);
+  return b;
+}
+
+}  // namespace
+
+Result<SourceRotation> decide_source_rotation(const ReadableFile* file, const StateFile& f,
+                                              const RotationGeometry& geometry, std::optional<bool> model_has_cell_ext,
+                                              const RotationClaims& claims) {
+  SourceRotation d;
+  d.matters = holds_rotatable(f, geometry);
+  const FileEra era = era_of_file(f, model_has_cell_ext);
+  d.evidence.push_back("layout: era " + era.eras + " (llama.cpp " + era.builds + "): " + era.why);
+
+  if (claims.src_rotation == "on" || claims.src_rotation == "off") {
+    d.rotated = tri_of(claims.src_rotation == "on");
+    d.decided_by = "declared";
+    d.confidence = 1;
+    d.evidence.push_back("declared: --src-rotation " + claims.src_rotation);
+    if (era.rotates != Tri::kUnknown && era.rotates != d.rotated) {
+      d.evidence.push_back(std::string("note: the layout says ") + stored(era.rotates) + "; the declaration wins");
+    }
+    return d;
+  }
+  if (!claims.src_rotation.empty() && claims.src_rotation != "auto") {
+    return Status::InvalidArgument("--src-rotation must be auto, on or off, not '" + claims.src_rotation + "'");
+  }
+  if (!claims.source_build.empty()) KV_RETURN_IF_ERROR(consider_build(claims.source_build, "source-build", f, model_has_cell_ext, d));
+  if (!claims.server_build.empty()) KV_RETURN_IF_ERROR(consider_build(claims.server_build, "server-build", f, model_has_cell_ext, d));
+  if (d.rotated == Tri::kUnknown && era.rotates != Tri::kUnknown) {
+    d.rotated = era.rotates;
+    d.decided_by = "file-format";
+    d.confidence = 1;
+  }
+
+  if (d.matters && file && geometry.known()) {
+    KV_ASSIGN_OR_RETURN(RotationEvidence ev, detect_rotation(*file, f, geometry));
+    d.data = ev;
+    d.evidence.push_back(std::string("data: ") + verdict_name(ev.verdict) + " (confidence " +
+                         percent(ev.confidence) + "): " + ev.summary);
+    const bool decisive = ev.verdict != RotationEvidence::Verdict::kUnsure;
+    const Tri says = ev.verdict == RotationEvidence::Verdict::kRotated ? Tri::kYes : Tri::kNo;
+    if (decisive && d.rotated == Tri::kUnknown) {
+      d.rotated = says;
+      d.decided_by = "data";
+      d.confidence = ev.confidence;
+    } else if (decisive && says != d.rotated) {
+      if (d.rotated == Tri::kYes) {
+        // A rotating build run with LLAMA_ATTN_ROT_DISABLE=1 writes unrotated
+        // caches in the same layout: the data is the better witness, but
+        // deciding against the build is the user's call.
+        return Status::Ambiguous(file->name() + ": the " + d.decided_by + " says the quantized caches are stored "
+                                 "rotated, but the data looks unrotated (" + ev.summary +
+                                 "); was it saved with LLAMA_ATTN_ROT_DISABLE=1? Pass --src-rotation off if so, "
+                                 "--src-rotation on to keep the build's default");
+      }
+      // No build before b8643 rotates: the layout or build is proof, the data a hint.
+      d.evidence.push_back("note: the data disagrees with the " + d.decided_by + ", which proves no rotation");
+    }
+  } else if (d.matters && file && d.rotated == Tri::kUnknown) {
+    d.evidence.push_back("data: not examined (the head dims come from the model: pass --model GGUF)");
+  }
+  if (!d.matters && d.rotated == Tri::kUnknown) d.decided_by = "not-needed";
+  return d;
+}
+
+void apply_source_rotation(const SourceRotation& d, ConvertRequest& req) {
+  if (d.rotated != Tri::kUnknown) req.src_rotates = d.rotated == Tri::kYes;
+}
+
+nlohmann::ordered_json source_rotation_json(const SourceRotation& d) {
+  nlohmann::ordered_json j;
+  j["needed"] = d.matters;
+  j["rotated"] = d.rotated == Tri::kUnknown ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(d.rotated == Tri::kYes);
+  j["decided_by"] = d.decided_by;
+  j["confidence"] = d.confidence;
+  j["evidence"] = d.evidence;
+  if (d.data) {
+    j["data"] = {{"verdict", verdict_name(d.data->verdict)}, {"score", d.data->score},
+                 {"confidence", d.data->confidence}, {"tensors", d.data->tensors},
+                 {"for_rotated", d.data->for_rotated}, {"for_plain", d.data->for_plain}};
+  } else {
+    j["data"] = nullptr;
+  }
+  return j;
+}
+
+std::string source_rotation_text(const SourceRotation& d) {
+  std::string s = "  rotation of quantized K/V: ";
+  if (!d.matters && d.rotated == Tri::kUnknown) {
+    s += "not needed (no quantized K/V that llama.cpp rotates)\n";
+  } else if (d.rotated == Tri::kUnknown) {
+    s += "UNKNOWN (conversions that depend on it are refused: --source-build or --src-rotation settles it)\n";
+  } else {
+    s += std::string(stored(d.rotated)) + " (decided by " + d.decided_by + ")\n";
+  }
+  for (const auto& e : d.evidence) s += "    " + e + "\n";
+  return s;
+}
+
+}  // namespace kvsnap
