@@ -54,13 +54,23 @@ check hd128-f16-to-q4q8     $V/hd128-f16-f16-faon.slot  hd128  q4_0 q8_0 on  $V/
 # Older releases, upgraded to the v0.5.0 format while converting (the references are v0.5.0's).
 for tag in b8121 b5640; do
   check $tag-hd64-f16-to-q8_0   $fx/$tag/hd64-f16-f16-faon.slot  hd64 q8_0 q8_0 on $V/hd64-f16-f16-faon.logits $V/hd64-q8_0-q8_0-faon.logits
-  check $tag-hd64-q8_0-rotate   $fx/$tag/hd64-q8_0-q8_0-faon.slot hd64 q8_0 q8_0 on $V/hd64-f16-f16-faon.logits $V/hd64-q8_0-q8_0-faon.logits
+  check $tag-hd64-q8_0-rotate   $fx/$tag/hd64-q8_0-q8_0-faon.slot hd64 q8_0 q8_0 on $V/hd64-f16-f16-faon.logits $V/hd64-q8_0-q8_0-faon.logits --source-build $tag
   check $tag-iswa-f16-to-q8_0   $fx/$tag/iswa-f16-f16-faon.slot  iswa q8_0 q8_0 on $V/iswa-f16-f16-faon.logits $V/iswa-q8_0-q8_0-faon.logits
 done
 check b8121-hybrid-f16-to-q8_0 $fx/b8121/hybrid-f16-f16-faon.slot hybrid q8_0 q8_0 on $V/hybrid-f16-f16-faon.logits "$(native hybrid q8_0 q8_0 on)"
 check hybrid-f16-to-q4_0    $V/hybrid-f16-f16-faon.slot hybrid q4_0 q4_0 on $V/hybrid-f16-f16-faon.logits "$(native hybrid q4_0 q4_0 on)"
 check mrope-f16-to-q8_0     $V/mrope-f16-f16-faon.slot  mrope  q8_0 q8_0 on  $V/mrope-f16-f16-faon.logits  "$(native mrope q8_0 q8_0 on)"
 check mrope-f16-to-q4_0     $V/mrope-f16-f16-faon.slot  mrope  q4_0 q4_0 on  $V/mrope-f16-f16-faon.logits  "$(native mrope q4_0 q4_0 on)"
+
+# A ggsq v2 file does not say whether its build rotated (b8121 did not, b10361 did): without the
+# build, a conversion that depends on it is refused (exit 6), never guessed.
+if "$kvsnap" convert "$fx/b8121/hd64-q8_0-q8_0-faon.slot" "$work/guess.slot" --ctk q8_0 --ctv q8_0 --model "$fx/models/tiny-hd64.gguf" >/dev/null 2>"$work/guess.err"; then
+  echo "FAIL b8121 q8_0 without --source-build: converted on a guess"; fail=$((fail + 1))
+elif [ "$(cat "$work/guess.err" | grep -c -- --source-build)" -eq 0 ]; then
+  echo "FAIL b8121 q8_0 without --source-build: the error does not name --source-build: $(cat "$work/guess.err")"; fail=$((fail + 1))
+else
+  echo "ok   b8121 q8_0 without --source-build is refused"; pass=$((pass + 1))
+fi
 
 # Negative control: an unrotated (b5640) q8_0 cache declared rotated gives garbage that the bound catches.
 "$kvsnap" convert "$fx/b5640/hd64-q8_0-q8_0-faon.slot" "$work/neg.slot" --ctk q8_0 --ctv q8_0 --model "$fx/models/tiny-hd64.gguf" --src-rotation on >/dev/null
