@@ -72,7 +72,10 @@ for d in "${drivers[@]}"; do
   [ -x "$drv" ] || { fail "$v: driver $drv missing"; continue; }
   case "$v" in
     # raw_pre: v0.5.0's llama_state_seq_get_data puts u32 0xaf143cd8 + i32 seq_id before the memory section
-    3.22.1) want_sq=3 want_sn=10 want_stream=1 raw_pre=8 ;;
+    # (b9842 and later: the io magic prefix came before the v3/v10 bump, docs/oracle.md)
+    3.22.1|3.21.1) want_sq=3 want_sn=10 want_stream=1 raw_pre=8 ;;
+    3.20.0|3.19.0) want_sq=2 want_sn=9 want_stream=1 raw_pre=8 ;;
+    3.18.1|3.17.1) want_sq=2 want_sn=9 want_stream=1 raw_pre=0 ;;
     3.16.2) want_sq=2 want_sn=9 want_stream=1 raw_pre=0 ;;
     3.10.0) want_sq=2 want_sn=9 want_stream=0 raw_pre=0 ;;
     *) want_sq="$("$drv" info | sed -n 's/^state_seq_version //p')"
