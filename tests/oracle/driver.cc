@@ -18,7 +18,9 @@
 // logits file holds K rows of n_vocab float32 (row-major). compare --rows K (alias --eval-tail)
 // splits both files into K rows and reports the mean KL over the rows.
 //
-// One source for llama.cpp b5640 (npm 3.10.0), b8121 (3.16.2) and v0.5.0 (3.22.1). CMake defines
+// One source for llama.cpp b5640 (npm 3.10.0), b8121 (3.16.2), b8179 (3.17.1), b8390 (3.18.1),
+// b9842 (3.19.0), b10361 (3.20.0), v0.4.0 (3.21.1) and v0.5.0 (3.22.1): every call below has the same
+// signature from b8121 on, so the zoo versions need no probe of their own. CMake defines
 //   KVSNAP_ORACLE_HAS_FA_TYPE     llama_context_params::flash_attn_type (else bool flash_attn)
 //   KVSNAP_ORACLE_HAS_KV_UNIFIED  llama_context_params::kv_unified
 //   KVSNAP_ORACLE_LIBDIR          directory with libggml-cpu-*.so (for ggml_backend_load_all_from_path)

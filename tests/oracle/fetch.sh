@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # fetch.sh: set up the real-llama.cpp test bed ("oracle") from the npm packages of node-llama-cpp.
 #
-#   tests/oracle/fetch.sh [NPM_VERSION...]     default: 3.22.1;  "all" = 3.22.1 3.16.2 3.10.0
+#   tests/oracle/fetch.sh [NPM_VERSION... | llama.node]
+#       default: 3.22.1;  "all" = 3.22.1 3.21.1 3.20.0 3.19.0 3.18.1 3.17.1 3.16.2 3.10.0 llama.node
 #
 # For each version V this produces, under $KVSNAP_ORACLE_DIR (default ~/.cache/kvsnap-oracle):
 #   npm/node-llama-cpp-V.tgz, npm/node-llama-cpp-linux-x64-V.tgz   (npm pack, kept as a download cache)
@@ -9,30 +10,36 @@
 #   V/src/       llama.cpp source (git clone of llama/gitRelease.bundle)
 #   V/include/   llama.h, llama-cpp.h and ggml/include/*.h of that source
 #   V/tag        the llama.cpp release the package was built from (e.g. v0.5.0, b8121, b5640)
+# "llama.node": npm install (no install scripts, no optional GPU/other-platform builds) of
+#   @fugood/llama.node@1.7.15 (llama.cpp b10257) + @fugood/node-llama-linux-x64 into
+#   llama.node-1.7.15/ (a JS API that writes era-G ggsn v9 sessions; tests/oracle/llama_node_session.mjs)
 # Idempotent: every step is skipped when its result is already there. Needs node/npm, git, tar.
 set -euo pipefail
 
-ALL_VERSIONS=(3.22.1 3.16.2 3.10.0)
+ALL_VERSIONS=(3.22.1 3.21.1 3.20.0 3.19.0 3.18.1 3.17.1 3.16.2 3.10.0)
+LLAMA_NODE_VERSION=1.7.15
 DIR="${KVSNAP_ORACLE_DIR:-${HOME:-/root}/.cache/kvsnap-oracle}"
 
 log() { printf 'oracle-fetch: %s\n' "$*" >&2; }
 die() { printf 'oracle-fetch: error: %s\n' "$*" >&2; exit 1; }
 
 usage() {
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-0}"
 }
 
 versions=()
+llama_node=0
 for a in "$@"; do
   case "$a" in
     -h|--help) usage 0 ;;
-    all) versions+=("${ALL_VERSIONS[@]}") ;;
+    all) versions+=("${ALL_VERSIONS[@]}"); llama_node=1 ;;
+    llama.node) llama_node=1 ;;
     [0-9]*.[0-9]*.[0-9]*) versions+=("$a") ;;
     *) log "unknown argument: $a"; usage 2 ;;
   esac
 done
-[ ${#versions[@]} -gt 0 ] || versions=(3.22.1)
+[ ${#versions[@]} -gt 0 ] || [ $llama_node = 1 ] || versions=(3.22.1)
 
 for tool in npm git tar; do
   command -v "$tool" >/dev/null 2>&1 || die "'$tool' is required but not on PATH"
@@ -134,7 +141,26 @@ fetch_one() {
   log "$v: ready: $vdir (llama.cpp $tag, $(ls "$vdir"/lib/libllama*.so | xargs -n1 basename | tr '\n' ' '))"
 }
 
+# fetch_llama_node: the @fugood/llama.node package and its linux-x64 CPU addon, nothing else
+fetch_llama_node() {
+  local p="$DIR/llama.node-$LLAMA_NODE_VERSION"
+  if [ -f "$p/node_modules/@fugood/llama.node/package.json" ] && [ -f "$p/node_modules/@fugood/node-llama-linux-x64/index.node" ]; then
+    log "llama.node $LLAMA_NODE_VERSION: present"
+    return
+  fi
+  log "llama.node $LLAMA_NODE_VERSION: npm install into $p"
+  rm -rf "$p.tmp"
+  mkdir -p "$p.tmp"
+  npm install --prefix "$p.tmp" --ignore-scripts --omit=optional --no-audit --no-fund --silent \
+    "@fugood/llama.node@$LLAMA_NODE_VERSION" "@fugood/node-llama-linux-x64@$LLAMA_NODE_VERSION" >/dev/null \
+    || die "llama.node: npm install failed"
+  rm -rf "$p"
+  mv "$p.tmp" "$p"
+  log "llama.node $LLAMA_NODE_VERSION: ready: $p ($(du -sh "$p" | cut -f1))"
+}
+
 for v in "${versions[@]}"; do
   fetch_one "$v"
 done
+[ $llama_node = 0 ] || fetch_llama_node
 log "bed directory: $DIR"
