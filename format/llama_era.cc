@@ -17,6 +17,7 @@ constexpr Change kNoOutputs{8121, 8179};        // #18862: v9 sessions lose outp
 constexpr Change kCellExt8{8189, 8352};         // #20132: {x, y} per cell for M-RoPE models
 constexpr Change kRotation{8390, 8643};         // #21038 (744c0c73, 2026-04-01): Hadamard-rotated quantized K/V
 constexpr Change kVersion3{10375, 10645};       // #27762: ggsq 3 / ggsn 10, 12-byte cell ext
+constexpr Change kRawTag{8390, 9842};           // llama_state_seq_get_data puts 0xaf143cd8 + seq id first
 constexpr uint32_t kFirstReadable = 3889;       // ggsn 9 / ggsq 2; older builds wrote ggsn 6..8
 
 Tri side_of(uint32_t n, Change c) {
@@ -180,6 +181,11 @@ Result<BuildLayout> layout_of_build(const LlamaBuild& build) {
 
 FileEra era_of_file(const StateFile& f, std::optional<bool> model_has_cell_ext) {
   const std::string what = file_words(f);
+  if (f.kind == StateKind::kRawSeq && f.raw_seq_tagged) {
+    const bool ext8 = cell_ext(f) == 8u;
+    return FileEra{ext8 ? "G" : "G|H", b(kRawTag.first_with) + ".." + (ext8 ? b(kVersion3.last_without) : ""),
+                   Tri::kYes, what + " is written only by llama.cpp " + b(kRawTag.first_with) + " and later, which rotate"};
+  }
   if (!is_old_format(f)) {
     return FileEra{"H", b(kVersion3.first_with) + ".. (v0.4.0, v0.5.0)", Tri::kYes,
                    what + " is written only by llama.cpp " + b(kVersion3.first_with) + " and later, which rotate"};
@@ -227,8 +233,9 @@ Status check_build_wrote(const StateFile& f, const LlamaBuild& build, std::optio
     return mismatch("it writes " + std::string(f.kind == StateKind::kSeqFile ? "ggsq v" : "ggsn v") +
                     std::to_string(*version) + ", the file is " + file_words(f));
   }
-  if (f.kind == StateKind::kRawSeq && L.ggsq_version && (*L.ggsq_version >= 3) != f.raw_seq_tagged) {
-    return mismatch(std::string("its raw sequence buffers are ") + (*L.ggsq_version >= 3 ? "" : "not ") +
+  const Tri tagged = build.is_tag() ? Tri::kYes : side_of(build.number, kRawTag);
+  if (f.kind == StateKind::kRawSeq && tagged != Tri::kUnknown && (tagged == Tri::kYes) != f.raw_seq_tagged) {
+    return mismatch(std::string("its raw sequence buffers are ") + (tagged == Tri::kYes ? "" : "not ") +
                     "tagged with 0xaf143cd8, this one is " + (f.raw_seq_tagged ? "" : "not"));
   }
   if (L.stream_prefix != Tri::kUnknown && (L.stream_prefix == Tri::kYes) != has_stream_prefix(f)) {

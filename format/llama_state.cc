@@ -310,7 +310,9 @@ Status parse_memory_rest(Cursor& c, const Reading& r, const MemoryShape* shape, 
   return Status::OK();
 }
 
-std::vector<Reading> candidate_readings(uint32_t era, const MemoryShape* shape) {
+// `tagged_raw`: a llama_state_seq_get_data buffer with the io magic, which
+// b9842..b10375 already write before a v2 memory section (8-byte cell ext).
+std::vector<Reading> candidate_readings(uint32_t era, const MemoryShape* shape, bool tagged_raw) {
   std::vector<bool> prefixes = era >= 3 ? std::vector<bool>{true} : std::vector<bool>{true, false};
   std::vector<uint32_t> exts;
   if (era < 3) {
@@ -320,6 +322,7 @@ std::vector<Reading> candidate_readings(uint32_t era, const MemoryShape* shape) 
     exts = shape && shape->ext_bytes == 0u ? std::vector<uint32_t>{0} : std::vector<uint32_t>{0, 8};
   } else if (shape && shape->ext_bytes) {
     exts = {*shape->ext_bytes};
+    if (tagged_raw && *shape->ext_bytes == 12) exts.push_back(8);
   } else if (era >= 3) {
     exts = {0, 12, 8};
   }
@@ -356,7 +359,8 @@ struct Attempt {
 
 Status read_memory(const ReadableFile& file, uint64_t begin, uint32_t era, const MemoryShape* shape,
                    StateFile& out) {
-  const std::vector<Reading> readings = candidate_readings(era, shape);
+  const std::vector<Reading> readings =
+      candidate_readings(era, shape, out.kind == StateKind::kRawSeq && out.raw_seq_tagged);
   std::vector<Attempt> ok;
   std::optional<Attempt> best_fail;
   // The error worth showing: the furthest among readings whose first KV

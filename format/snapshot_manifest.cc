@@ -8,6 +8,7 @@
 #include "format/rotation_rule.h"
 #include "format/snapshot.h"
 #include "format/snapshot_internal.h"
+#include "format/llama_era.h"
 
 namespace kvsnap {
 
@@ -151,20 +152,19 @@ std::string hex32(uint32_t v) {
   return b;
 }
 
-bool current_era(const StateFile& f) {
-  return (f.kind == StateKind::kSeqFile && f.version >= 3) || (f.kind == StateKind::kSessionFile && f.version >= 10) ||
-         ((f.kind == StateKind::kRawSeq || f.kind == StateKind::kRawContext) && f.version >= 3);
-}
-
-// llama.cpp's rotation (docs/llama-formats.md): quantized caches of v0.5.0-era
-// files, when the model's head dims allow; the file does not record it.
+// llama.cpp's rotation (docs/llama-formats.md): quantized caches of builds
+// that rotate, when the model's head dims allow; the file does not record it,
+// and for ggsq v2 / ggsn v9 files its layout may not tell (format/llama_era.h).
 ordered_json rotation_json(const StateFile& f, int32_t type, const SnapshotOptions& o, size_t si, bool is_v) {
   ordered_json j;
   const TypeLayout* t = find_type(type);
   std::optional<uint32_t> block;
   std::string rotated;
-  if (!t || !t->quantized || !current_era(f)) {
+  const Tri era_rotates = era_of_file(f, std::nullopt).rotates;
+  if (!t || !t->quantized || era_rotates == Tri::kNo) {
     rotated = "no";
+  } else if (era_rotates == Tri::kUnknown) {
+    rotated = "unknown-era";
   } else if (!o.model || si >= o.model->kv_sections.size()) {
     rotated = "unknown";
   } else {

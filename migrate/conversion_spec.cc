@@ -41,7 +41,9 @@ Status check_upgrade(const StateFile& src, const ModelInfo* model, const Convert
   const bool src_old = (src.kind == StateKind::kSeqFile && src.version < 3) ||
                        (src.kind == StateKind::kSessionFile && src.version < 10);
   if (!src_old) return Status::OK();
-  if (model && model->shape.ext_bytes.value_or(0) != 0) {
+  const bool to_current = req.format == TargetFormat::kSameKindCurrent || req.format == TargetFormat::kGgsqV3 ||
+                          req.format == TargetFormat::kGgsnV10;
+  if (to_current && model && model->shape.ext_bytes.value_or(0) != 0) {
     return Status::NotSupported(src_name + ": " + model->arch +
                                 " stores an M-RoPE cell extra in v0.5.0 files that older files lack; kvsnap "
                                 "cannot rebuild it: keep the old format (--format ggsq-v2)");

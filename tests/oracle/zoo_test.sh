@@ -16,12 +16,12 @@
 #   its quantized slots are rotated exactly when the era says so: converted to f16 by kvsnap (format
 #   kept) with --src-rotation set to the era's answer they restore in the same build within the
 #   bound, with the other answer they are far over it (head dim 96, the control: never rotated);
-#   and the reverse: v0.5.0 files written back with `kvsnap convert --format ggsq-v2|ggsn-v9` restore in
+#   and the reverse: v0.5.0 files written back with `kvsnap convert --target-build <tag>` restore in
 #   each older driver within the bound.
 #   With --llama-node (an npm prefix holding @fugood/llama.node@1.7.15, b10257): its JS API writes
 #   f16 and q8_0 sessions (tests/oracle/llama_node_session.mjs) that are ggsn v9 without outputs,
 #   reload in llama.node, and whose q8_0 context logs attn_rot_k = 1 (rotated, era G).
-# --part source-build (ctest oracle.zoo_source_build, labels oracle;zoo-pending): every quantized
+# --part source-build (ctest oracle.zoo_source_build, label oracle): every quantized
 #   era-G file (fixtures/b9842, fixtures/b10361 and files written now by the G drivers) converted to
 #   f16 with `--source-build <tag>` restores in v0.5.0 within the bound; an unrecognized
 #   --source-build is a FAILURE. Without the flag, convert must either succeed within the bound or
@@ -68,32 +68,10 @@ declare -A ERA=(
   [3.20.0]="G b10361 2 9 8"
   [3.21.1]="H v0.4.0 3 10 12"
 )
-# Checks that fail today because of kvsnap gaps being fixed elsewhere (format/llama_state.cc, the
-# rotation rule); name -> reason. Empty this list as kvsnap is fixed (a passing entry fails as STALE).
-R_EXT8="kvsnap cannot read the 8-byte M-RoPE cell ext of ggsq v2 files from b8352 on (it assumes v2 has none)"
-R_EXT_W="kvsnap convert --format ggsq-v2 refuses a v0.5.0 M-RoPE file (12-byte ext): it cannot write the 8-byte {x,y} ext of b8352..b10375 nor drop it for <= b8189"
-R_ROT_W="kvsnap convert --format ggsq-v2 un-rotates quantized K/V (v2 = pre-rotation to kvsnap), but b8740..b10375 expect them rotated"
-R_SN9="kvsnap convert --format ggsn-v9 writes the b5640..b8121 body (output ids, logits, embeddings); b8179+ read the memory section right after the arch name"
-R_E_MROPE="with --model of an M-RoPE model kvsnap refuses a ggsq v2 file of b8179 (no cell ext) even with --format ggsq-v2 ('cannot rebuild' the v0.5.0 ext it does not need)"
+# Checks that fail today because of kvsnap gaps; name -> reason. A passing entry fails as STALE.
+R_DROP_EXT="a v0.5.0 M-RoPE file has a 12-byte cell ext {x, y, token}; b8179 (era E) stores none, and kvsnap refuses (by name) to drop the image positions"
 declare -A ZOO_KNOWN_GAPS=(
-  ["b8179 mrope-q8_0-q8_0-faon.slot -> f16 --src-rotation off"]="$R_E_MROPE"
-  ["b8179 mrope-q8_0-q8_0-faon.slot -> f16 --src-rotation on (wrong)"]="$R_E_MROPE"
-  ["b8390 mrope-q8_0-q8_0-faon.slot -> f16 --src-rotation off"]="$R_EXT8"
-  ["b8390 mrope-q8_0-q8_0-faon.slot -> f16 --src-rotation on (wrong)"]="$R_EXT8"
-  ["b9842 mrope-q8_0-q8_0-faon.slot -> f16 --src-rotation on"]="$R_EXT8"
-  ["b9842 mrope-q8_0-q8_0-faon.slot -> f16 --src-rotation off (wrong)"]="$R_EXT8"
-  ["b10361 mrope-q8_0-q8_0-faon.slot -> f16 --src-rotation on"]="$R_EXT8"
-  ["b10361 mrope-q8_0-q8_0-faon.slot -> f16 --src-rotation off (wrong)"]="$R_EXT8"
-  ["v0.5.0 mrope-f16-f16-faon.slot -> ggsq-v2 -> b8179"]="$R_EXT_W"
-  ["v0.5.0 mrope-f16-f16-faon.slot -> ggsq-v2 -> b8390"]="$R_EXT_W"
-  ["v0.5.0 mrope-f16-f16-faon.slot -> ggsq-v2 -> b9842"]="$R_EXT_W"
-  ["v0.5.0 mrope-f16-f16-faon.slot -> ggsq-v2 -> b10361"]="$R_EXT_W"
-  ["v0.5.0 hd64-q8_0-q8_0-faon.slot -> ggsq-v2 -> b9842"]="$R_ROT_W"
-  ["v0.5.0 hd64-q8_0-q8_0-faon.slot -> ggsq-v2 -> b10361"]="$R_ROT_W"
-  ["v0.5.0 hd64-f16-f16-faon.session -> ggsn-v9 -> b8179"]="$R_SN9"
-  ["v0.5.0 hd64-f16-f16-faon.session -> ggsn-v9 -> b8390"]="$R_SN9"
-  ["v0.5.0 hd64-f16-f16-faon.session -> ggsn-v9 -> b9842"]="$R_SN9"
-  ["v0.5.0 hd64-f16-f16-faon.session -> ggsn-v9 -> b10361"]="$R_SN9"
+  ["v0.5.0 mrope-f16-f16-faon.slot -> --target-build b8179"]="$R_DROP_EXT"
 )
 
 fails=0 passes=0 gaps=0
@@ -291,11 +269,9 @@ if [ "$part" = bed ]; then
       [ -f "$V/$src" ] || continue
       stem="${src%.*}" kind="${src##*.}"
       IFS=- read -r m ctk ctv fa <<<"$stem"; fa="${fa#fa}"
-      if [ "$kind" = slot ]; then fmt=ggsq-v2; else fmt=ggsn-v9; fi
-      extra=(); case "$era" in E|F) [ "$ctk" = f16 ] || extra=(--dst-rotation off) ;; esac
-      name="v0.5.0 $src -> $fmt${extra[*]:+ ${extra[*]}} -> $tag"
+      name="v0.5.0 $src -> --target-build $tag"
       out="$work/rev-$tag-$src"
-      if ! "$kvsnap" convert "$V/$src" "$out" --format "$fmt" --model "$(model_of "$m")" "${extra[@]}" >"$out.err" 2>&1; then
+      if ! "$kvsnap" convert "$V/$src" "$out" --target-build "$tag" --model "$(model_of "$m")" >"$out.err" 2>&1; then
         fail "$name" "kvsnap convert failed: $(tail -n1 "$out.err")"; continue
       fi
       if ! "$drv" restore --model "$(model_of "$m")" --prompt-file "$P" --ctk "$ctk" --ctv "$ctv" --fa "$fa" \
