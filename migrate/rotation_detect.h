@@ -68,7 +68,7 @@ struct DetectOptions {
 
 // Per-tensor and file-level thresholds (docs/rotation-detection.md says why these).
 inline constexpr uint32_t kDetectMinCells = 16;    // fewer sampled cells: the tensor is not examined
-inline constexpr double kDetectMinLogRatio = 0.5;  // |d|: one domain >= 1.65x as concentrated
+inline constexpr double kDetectMinLogRatio = 0.75;  // |d|: one domain >= 2.1x as concentrated
 inline constexpr double kDetectMinZ = 8.0;         // |z| and the spiky domain vs the generic level
 inline constexpr uint32_t kDetectMinAgree = 2;     // decisive tensors agreeing, at least
 inline constexpr uint32_t kDetectNullDomains = 4;
