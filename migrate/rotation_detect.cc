@@ -15,6 +15,7 @@ namespace {
 constexpr uint32_t R = kDetectNullDomains;
 constexpr uint64_t kReadBudget = 256 * 1024;  // bytes of rows read at once
 constexpr uint32_t kSampleRun = 32;           // sampled cells come in runs of this many
+constexpr uint64_t kMaxRowValues = 16384;     // values of a row examined, at most (its first blocks)
 
 uint64_t splitmix(uint64_t& s) {
   uint64_t z = (s += 0x9E3779B97F4A7C15ull);
@@ -72,8 +73,11 @@ bool log_concentration(const float* e, uint32_t n, double& out) {
 Result<std::optional<TensorEvidence>> examine(const ReadableFile& file, const TensorJob& j, const DetectOptions& opts,
                                               const std::vector<float>& pattern) {
   const uint32_t n_rot = j.n_rot;
-  const uint64_t n = j.n_elems;
+  // The first whole rotation blocks of each row, at most kMaxRowValues values: memory stays
+  // bounded whatever row size a (corrupt) file claims.
+  const uint64_t n = std::min<uint64_t>(j.n_elems, std::max<uint64_t>(n_rot, kMaxRowValues / n_rot * n_rot));
   const uint64_t blocks = n / n_rot;
+  const uint64_t use_bytes = n / j.traits->block_elems() * j.traits->block_bytes();  // of each row
   const uint32_t want = std::max<uint32_t>(1, std::min<uint32_t>(opts.max_cells, j.cell_count));
   // Runs of kSampleRun consecutive cells, the runs spread evenly over the stream: few
   // separate reads, so a cold multi-GB file is not read whole by the kernel's readahead.
@@ -103,7 +107,8 @@ Result<std::optional<TensorEvidence>> examine(const ReadableFile& file, const Te
   }
   std::vector<float> energy(D * n, 0.0f);  // float sums: 1024 cells lose < 1e-4 relative
   std::vector<float> x(n), y(n);
-  const uint64_t rows_per_read = std::max<uint64_t>(1, kReadBudget / j.row_bytes);
+  // Whole rows: consecutive cells in one read; capped rows: each row's prefix on its own.
+  const uint64_t rows_per_read = use_bytes < j.row_bytes ? 1 : std::max<uint64_t>(1, kReadBudget / j.row_bytes);
   std::vector<std::byte> buf;
   uint32_t used = 0;
   const uint32_t n_idx = uint32_t(idx.size());
@@ -112,7 +117,7 @@ Result<std::optional<TensorEvidence>> examine(const ReadableFile& file, const Te
     uint32_t k = i + 1;
     while (k < n_idx && idx[k] == idx[k - 1] + 1 && k - i < rows_per_read) ++k;
     const uint64_t run = k - i;
-    buf.resize(run * j.row_bytes);
+    buf.resize(run == 1 ? use_bytes : run * j.row_bytes);
     KV_RETURN_IF_ERROR(file.read_at(j.range.offset + uint64_t(idx[i]) * j.row_bytes, buf));
     for (uint64_t r = 0; r < run; ++r) {
       j.traits->to_f32(buf.data() + r * j.row_bytes, x.data(), n);

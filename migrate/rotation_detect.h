@@ -15,6 +15,7 @@
 // The statistic, per examined tensor (one K or V tensor of one layer and stream):
 //   - sample up to max_cells cells (rows): runs of 32 consecutive cells spread evenly over
 //     the stream (all cells when there are no more than max_cells);
+//     Rows longer than 16,384 values are examined in their first 16,384 (bounded memory);
 //   - per rotation block position b (a row holds n_embd / n_rot blocks) and channel j,
 //     the energy E_D[b][j] = sum over sampled cells of y_j^2, y = the block in domain D;
 //   - the concentration C_D[b] = n_rot * sum_j p_j^2 with p = E_D[b] / sum(E_D[b]):
@@ -67,7 +68,7 @@ struct DetectOptions {
 
 // Per-tensor and file-level thresholds (docs/rotation-detection.md says why these).
 inline constexpr uint32_t kDetectMinCells = 16;    // fewer sampled cells: the tensor is not examined
-inline constexpr double kDetectMinLogRatio = 0.5;  // |d|: one domain >= 1.65x as concentrated
+inline constexpr double kDetectMinLogRatio = 0.75;  // |d|: one domain >= 2.1x as concentrated
 inline constexpr double kDetectMinZ = 8.0;         // |z| and the spiky domain vs the generic level
 inline constexpr uint32_t kDetectMinAgree = 2;     // decisive tensors agreeing, at least
 inline constexpr uint32_t kDetectNullDomains = 4;

@@ -299,6 +299,20 @@ TEST(RotationDetect, SamplesAtMostMaxCells) {
   }
 }
 
+TEST(RotationDetect, WideRowsAreExaminedInPart) {
+  // 160 KV heads x 128 = 20,480 values a row: only the first 16,384 are examined.
+  for (bool rotated : {false, true}) {
+    Spec s;
+    s.n_head_kv = 160;
+    s.n_layer = 2;
+    s.cells = 40;
+    s.rotated = rotated;
+    const RotationEvidence e = detect(s);
+    EXPECT_EQ(e.tensors, 4u);
+    EXPECT_EQ(e.verdict, rotated ? V::kRotated : V::kNotRotated) << e.summary;
+  }
+}
+
 TEST(RotationDetect, NothingToExamine) {
   Spec f16;
   f16.k_type = f16.v_type = 1;
