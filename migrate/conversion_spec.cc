@@ -43,7 +43,9 @@ Status check_upgrade(const StateFile& src, const ModelInfo* model, const Convert
   if (!src_old) return Status::OK();
   const bool to_current = req.format == TargetFormat::kSameKindCurrent || req.format == TargetFormat::kGgsqV3 ||
                           req.format == TargetFormat::kGgsnV10;
-  if (to_current && model && model->shape.ext_bytes.value_or(0) != 0) {
+  const bool src_has_ext = std::any_of(src.memory.kv.begin(), src.memory.kv.end(),
+                                      [](const KvSection& k) { return k.ext_bytes != 0; });
+  if (to_current && !src_has_ext && model && model->shape.ext_bytes.value_or(0) != 0) {
     return Status::NotSupported(src_name + ": " + model->arch +
                                 " stores an M-RoPE cell extra in v0.5.0 files that older files lack; kvsnap "
                                 "cannot rebuild it: keep the old format (--format ggsq-v2)");

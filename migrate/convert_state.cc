@@ -34,6 +34,37 @@ std::string layer_ctx(size_t section, size_t n_sections, size_t layer, bool is_v
   return s + "layer " + std::to_string(layer) + " " + (is_v ? "V" : "K");
 }
 
+// Rewrites the M-RoPE cell extra of `sec` to `to` bytes: {x, y, token} (12),
+// {x, y} (8) or none (0). llama.cpp fills the token from the batch and sets
+// x = y = pos for text, so a text-only cache (every cell x == y == pos) loses
+// nothing either way; the token comes from the file's token list by position.
+// Cells of an image (other x, y) keep their 2-D positions only in 8 or 12 bytes.
+Status recode_cell_ext(const std::vector<int32_t>& tokens, uint32_t to, KvSection& sec) {
+  const uint32_t from = sec.ext_bytes;
+  if (from == to) return Status::OK();
+  for (KvStream& st : sec.streams) {
+    for (CellMeta& c : st.cells) {
+      const bool text = c.ext[0] == c.pos && c.ext[1] == c.pos;
+      if (to == 0 && !text) {
+        return Status::NotSupported("a cell at position " + std::to_string(c.pos) + " holds an image's 2-D position (" +
+                                    std::to_string(c.ext[0]) + ", " + std::to_string(c.ext[1]) +
+                                    "), which llama.cpp b8189 and older cannot store");
+      }
+      if (to == 12 && from < 12) {
+        if (!text || c.pos < 0 || size_t(c.pos) >= tokens.size() || c.seq_ids.size() != 1) {
+          return Status::NotSupported("v0.5.0 files keep each cell's token; kvsnap takes it from the token list for "
+                                      "text cells of one sequence, and the cell at position " +
+                                      std::to_string(c.pos) + " is not one: keep the old format (--format ggsq-v2 or "
+                                      "--target-build)");
+        }
+        c.ext[2] = tokens[size_t(c.pos)];
+      }
+    }
+  }
+  sec.ext_bytes = to;
+  return Status::OK();
+}
+
 Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<BuildLayout>& target, StateFile& t) {
   const std::optional<uint32_t> old_ext = target ? target->mrope_ext_bytes : std::nullopt;
   auto want_kind = [&](StateKind k, const char* name) -> Status {
@@ -100,17 +131,13 @@ Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<
   for (size_t i = 0; i < t.memory.kv.size(); ++i) {
     const uint32_t ext = src.memory.kv[i].ext_bytes;
     if (src3 == dst3 || ext == 0) continue;
-    if (dst3) {
-      return Status::NotSupported(
-          "the cells carry the 8-byte M-RoPE {x, y} extra of llama.cpp b8352..b10375; v0.5.0 files also need each "
-          "cell's token, which kvsnap cannot rebuild: keep the old format (--format ggsq-v2 or --target-build)");
-    }
-    if (old_ext != 8u) {
+    const std::optional<uint32_t> want = dst3 ? std::optional<uint32_t>(12) : old_ext;
+    if (!want) {
       return Status::NotSupported("the cells carry a " + std::to_string(ext) +
-                                  "-byte M-RoPE/token extra that the older format cannot store as it is; llama.cpp "
-                                  "b8352..b10375 keep its first 8 bytes: name that build with --target-build");
+                                  "-byte M-RoPE/token extra; older builds store 8 bytes (b8352..b10375) or none "
+                                  "(b8189 and older): name the build that will load the file with --target-build");
     }
-    t.memory.kv[i].ext_bytes = 8;  // {x, y}: the writer stores the first ext_bytes / 4 fields
+    KV_RETURN_IF_ERROR(recode_cell_ext(src.tokens.tokens, *want, t.memory.kv[i]));
   }
   return Status::OK();
 }

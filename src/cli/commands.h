@@ -46,6 +46,7 @@ Status run_convert(const ConvertOptions& opts, std::string& out, std::string& wa
 struct MigrateOptions {
   std::string dir;
   std::string ctk, ctv, flash_attn, format, rotation;
+  std::string src_rotation, source_build, target_build;  // as for convert
   std::string model;
   bool backup_store = false;
   std::string store;             // --store DIR for --backup-store

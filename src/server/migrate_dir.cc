@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "format/llama_era.h"
 #include "format/state_summary.h"
 #include "migrate/convert_state.h"
 
@@ -107,7 +108,12 @@ class Migrator {
     }
     const StateFile& src = *parsed;
     r.from = describe_state(src);
-    KV_ASSIGN_OR_RETURN(ConvertRequest req, make_request(o_.spec, src, o_.model, path, nullptr, file.get()));
+    // --source-build names the build of the old files; a file already in the
+    // current format was converted by an earlier (interrupted) run or written
+    // by a current build, and is not checked against it.
+    ConversionSpec spec = o_.spec;
+    if (era_of_file(src, std::nullopt).rotates == Tri::kYes && src.version >= 3) spec.source_build.clear();
+    KV_ASSIGN_OR_RETURN(ConvertRequest req, make_request(spec, src, o_.model, path, nullptr, file.get()));
     KV_ASSIGN_OR_RETURN(StateFile target, plan_target(src, req));
     r.to = describe_state(target);
     if (same_layout(src, target)) {

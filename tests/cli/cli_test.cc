@@ -324,6 +324,28 @@ TEST_F(CliTest, OldFloatFilesAreNeverRefused) {
   }
 }
 
+// M-RoPE cells: {x, y} in b8352..b10375 files, {x, y, token} in v0.5.0 ones, none before b8352.
+// Text cells (x == y == pos) move between them without loss; the token comes from the token list.
+TEST_F(CliTest, TheMRopeCellExtraMovesBetweenEras) {
+  const std::string up = (dir_ / "up.slot").string(), down = (dir_ / "down.slot").string();
+  CmdResult r = run("convert " + fixture("b8390/mrope-f16-f16-faon.slot") + " " + up + " --model " + model("mrope"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("info " + up + " --model " + model("mrope") + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["layout"]["cell_ext_bytes"], 12);
+  // The same cells v0.5.0 wrote for the same prompt: the cell metadata (with tokens) is identical.
+  const auto mine = read(up), theirs = read(fixture("v0.5.0/mrope-f16-f16-faon.slot"));
+  ASSERT_GT(mine.size(), 2000u);
+  ASSERT_EQ(mine.size(), theirs.size());
+  EXPECT_TRUE(std::equal(mine.begin(), mine.begin() + 2000, theirs.begin())) << "header and cells differ";
+
+  r = run("convert " + up + " " + down + " --target-build b8179 --model " + model("mrope") + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("info " + down + " --model " + model("mrope") + " --source-build b8179 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["layout"]["cell_ext_bytes"], 0);
+}
+
 TEST_F(CliTest, WritingQuantizedCachesForAnOldBuildNeedsTheBuild) {
   const std::string f = fixture("v0.5.0/hd64-q8_0-q8_0-faon.slot");
   const std::string out = (dir_ / "old.slot").string();

@@ -74,6 +74,27 @@ TEST(Migrate, ConvertsInPlaceExactlyLikeConvertAndSkipsWhatIsDone) {
   EXPECT_NE(slurp(again).find("\"at_target\": 4"), std::string::npos) << slurp(again);
 }
 
+// A slot directory of a llama.cpp that wrote ggsq v2: its quantized files do not say whether that
+// build rotated. Without --source-build they are left as they are and the run fails; with it they
+// convert exactly as `kvsnap convert --source-build` does.
+TEST(Migrate, OldQuantizedFilesNeedTheBuildThatWroteThem) {
+  TempDir t;
+  fs::path dir = t.path / "slots";
+  fs::create_directories(dir);
+  fs::copy_file(fixture("b10361/hd64-q8_0-q8_0-faon.slot"), dir / "g.slot");
+  fs::copy_file(fixture("b10361/hd64-f16-f16-faon.slot"), dir / "f.slot");
+  const std::string before = slurp(dir / "g.slot");
+  const std::string args = "--ctk f16 --ctv f16 --model " + kModel;
+  EXPECT_NE(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " " + args + " >/dev/null 2>&1"), 0);
+  EXPECT_EQ(slurp(dir / "g.slot"), before) << "converted on a guess";
+  const std::string want = expected_conversion(fixture("b10361/hd64-q8_0-q8_0-faon.slot"), t.path,
+                                               args + " --source-build b10361");
+  ASSERT_FALSE(want.empty());
+  ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " " + args + " --source-build b10361 >/dev/null"),
+            0);
+  EXPECT_EQ(slurp(dir / "g.slot"), want);
+}
+
 TEST(Migrate, BackupStoreKeepsEveryOriginal) {
   TempDir t;
   fs::path dir = t.path / "slots", store = t.path / "store";

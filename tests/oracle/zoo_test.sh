@@ -69,10 +69,7 @@ declare -A ERA=(
   [3.21.1]="H v0.4.0 3 10 12"
 )
 # Checks that fail today because of kvsnap gaps; name -> reason. A passing entry fails as STALE.
-R_DROP_EXT="a v0.5.0 M-RoPE file has a 12-byte cell ext {x, y, token}; b8179 (era E) stores none, and kvsnap refuses (by name) to drop the image positions"
-declare -A ZOO_KNOWN_GAPS=(
-  ["v0.5.0 mrope-f16-f16-faon.slot -> --target-build b8179"]="$R_DROP_EXT"
-)
+declare -A ZOO_KNOWN_GAPS=()
 
 fails=0 passes=0 gaps=0
 pass() { printf 'ok    %s\n' "$1"; passes=$((passes + 1)); }
