@@ -697,7 +697,9 @@ Status check_tables(const std::string& name, const SnapshotManifest& m, uint64_t
   if (t.frame_chunk_bytes == 0 || t.frame_chunk_bytes > kMaxChunkRawBytes) {
     return bad("frame chunk size " + std::to_string(t.frame_chunk_bytes) + " is out of range");
   }
-  if (t.n_frame_chunks != (t.frame_bytes + t.frame_chunk_bytes - 1) / t.frame_chunk_bytes) {
+  // Ceiling division that cannot wrap: frame_bytes is the file's word, up to 2^64 - 1.
+  const uint64_t frame_chunks = t.frame_bytes / t.frame_chunk_bytes + (t.frame_bytes % t.frame_chunk_bytes != 0);
+  if (t.n_frame_chunks != frame_chunks) {
     return bad("frame chunk count " + std::to_string(t.n_frame_chunks) + " does not fit " +
                std::to_string(t.frame_bytes) + " frame bytes");
   }
@@ -706,10 +708,23 @@ Status check_tables(const std::string& name, const SnapshotManifest& m, uint64_t
                std::to_string(original_size));
   }
   if (m.provenance.sha256 != m.original_sha256) return bad("INFO and DIGS disagree on the original's SHA-256");
+  if (t.frame_bytes > original_size || t.n_frame_chunks > m.chunks.size()) {
+    return bad(std::to_string(t.frame_bytes) + " frame bytes in " + std::to_string(t.n_frame_chunks) +
+               " chunks do not fit a " + std::to_string(original_size) + "-byte original and " +
+               std::to_string(m.chunks.size()) + " chunks");
+  }
+  // Readers size per-layer tables by the largest layer index: bound it by
+  // what the table holds (every layer has at least one tensor segment).
+  const uint64_t tensor_segments = uint64_t(std::count_if(
+      t.segments.begin(), t.segments.end(), [](const Segment& s) { return s.kind != SegmentKind::kFrame; }));
   uint64_t at = 0, frame_at = 0, next_chunk = t.n_frame_chunks;
   for (size_t i = 0; i < t.segments.size(); ++i) {
     const Segment& s = t.segments[i];
     const std::string which = "segment " + std::to_string(i);
+    if (s.kind != SegmentKind::kFrame && s.layer >= tensor_segments) {
+      return bad(which + ": layer " + std::to_string(s.layer) + " is out of range (the table has " +
+                 std::to_string(tensor_segments) + " tensor segments)");
+    }
     if (s.file_offset != at) {
       return bad(which + " starts at " + std::to_string(s.file_offset) + ", expected " + std::to_string(at));
     }
@@ -748,8 +763,9 @@ Status check_tables(const std::string& name, const SnapshotManifest& m, uint64_t
     if (s.first_chunk != next_chunk) {
       return bad(which + ": first chunk " + std::to_string(s.first_chunk) + ", expected " + std::to_string(next_chunk));
     }
+    // next_chunk <= chunks.size() here, so comparing before adding cannot wrap.
+    if (s.n_chunks() > m.chunks.size() - next_chunk) return bad(which + ": chunks past the end of the chunk table");
     next_chunk += s.n_chunks();
-    if (next_chunk > m.chunks.size()) return bad(which + ": chunks past the end of the chunk table");
   }
   if (at != original_size) return bad("segments cover " + std::to_string(at) + " of " + std::to_string(original_size) + " bytes");
   if (frame_at != t.frame_bytes) return bad("frame segments hold " + std::to_string(frame_at) + " of " + std::to_string(t.frame_bytes) + " frame bytes");

@@ -207,10 +207,12 @@ void SnapshotReader::Impl::build_shape() {
     if (stream_of[s.section] < 0) stream_of[s.section] = s.stream;
     if (int64_t(s.stream) != stream_of[s.section]) continue;
     KvSectionShape& ks = shape.kv_sections[s.section];
-    if (ks.n_embd_k_gqa.size() <= s.layer) {
-      ks.n_embd_k_gqa.resize(s.layer + 1, 0);
-      ks.n_embd_v_gqa.resize(s.layer + 1, 0);
-      ks.has_v.resize(s.layer + 1, false);
+    // parse_manifest bounded s.layer by the segment count; size_t keeps 0xFFFFFFFF + 1 from wrapping.
+    const size_t n_layers = size_t(s.layer) + 1;
+    if (ks.n_embd_k_gqa.size() < n_layers) {
+      ks.n_embd_k_gqa.resize(n_layers, 0);
+      ks.n_embd_v_gqa.resize(n_layers, 0);
+      ks.has_v.resize(n_layers, false);
     }
     uint64_t n = 0;
     if (s.kind == SegmentKind::kTransposed) {
