@@ -20,8 +20,9 @@ Status status_of(Code code, std::string msg) {
 
 }  // namespace
 
-Result<nlohmann::json> parse_json(std::string_view text, const std::string& doc, Code code) {
-  nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+template <class Json>
+Result<Json> parse_json(std::string_view text, const std::string& doc, Code code) {
+  Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return status_of(code, doc + ": not valid JSON");
   return j;
 }
@@ -129,6 +130,18 @@ Result<double> BasicJsonRef<Json>::number() const {
   return v_->template get<double>();
 }
 
+template <class Json>
+Result<std::string> BasicJsonRef<Json>::string_at(std::string_view key) const {
+  KV_ASSIGN_OR_RETURN(BasicJsonRef m, at(key));
+  return m.string();
+}
+
+template <class Json>
+Result<uint64_t> BasicJsonRef<Json>::unsigned_at(std::string_view key, uint64_t max) const {
+  KV_ASSIGN_OR_RETURN(BasicJsonRef m, at(key));
+  return m.unsigned_integer(max);
+}
+
 // The *_or getters: absent or null gives the fallback, anything else must have the type.
 template <class Json>
 Result<std::string> BasicJsonRef<Json>::string_or(std::string_view key, std::string fallback) const {
@@ -150,9 +163,9 @@ Result<int64_t> BasicJsonRef<Json>::integer_or(std::string_view key, int64_t fal
 }
 
 template <class Json>
-Result<uint64_t> BasicJsonRef<Json>::unsigned_or(std::string_view key, uint64_t fallback) const {
+Result<uint64_t> BasicJsonRef<Json>::unsigned_or(std::string_view key, uint64_t fallback, uint64_t max) const {
   KV_ASSIGN_OR_RETURN(std::optional<BasicJsonRef> m, find(key));
-  return m ? m->unsigned_integer() : Result<uint64_t>(fallback);
+  return m ? m->unsigned_integer(max) : Result<uint64_t>(fallback);
 }
 
 template <class Json>
@@ -161,6 +174,8 @@ Result<double> BasicJsonRef<Json>::number_or(std::string_view key, double fallba
   return m ? m->number() : Result<double>(fallback);
 }
 
+template Result<nlohmann::json> parse_json<nlohmann::json>(std::string_view, const std::string&, Code);
+template Result<nlohmann::ordered_json> parse_json<nlohmann::ordered_json>(std::string_view, const std::string&, Code);
 template class BasicJsonRef<nlohmann::json>;
 template class BasicJsonRef<nlohmann::ordered_json>;
 

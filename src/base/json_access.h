@@ -25,7 +25,9 @@ namespace kvsnap {
 // Parses `text` without exceptions. kCorruption ("<doc>: not valid JSON") when
 // it is not JSON (code `code` instead, for documents whose badness is not a
 // damaged file, e.g. a server's answer).
-Result<nlohmann::json> parse_json(std::string_view text, const std::string& doc, Code code = Code::kCorruption);
+// Json: nlohmann::json, or nlohmann::ordered_json to keep the document's key order.
+template <class Json = nlohmann::json>
+Result<Json> parse_json(std::string_view text, const std::string& doc, Code code = Code::kCorruption);
 
 template <class Json>
 class BasicJsonRef {
@@ -66,12 +68,16 @@ class BasicJsonRef {
   Result<uint64_t> unsigned_integer(uint64_t max = UINT64_MAX) const;
   Result<double> number() const;  // any number
 
+  // Required members of a type (error when absent, null or of another type).
+  Result<std::string> string_at(std::string_view key) const;
+  Result<uint64_t> unsigned_at(std::string_view key, uint64_t max = UINT64_MAX) const;
+
   // Optional members with a default when absent or null; a wrong type is still an error.
   Result<std::string> string_or(std::string_view key, std::string fallback) const;
   Result<bool> boolean_or(std::string_view key, bool fallback) const;
   Result<int64_t> integer_or(std::string_view key, int64_t fallback, int64_t min = INT64_MIN,
                              int64_t max = INT64_MAX) const;
-  Result<uint64_t> unsigned_or(std::string_view key, uint64_t fallback) const;
+  Result<uint64_t> unsigned_or(std::string_view key, uint64_t fallback, uint64_t max = UINT64_MAX) const;
   Result<double> number_or(std::string_view key, double fallback) const;
 
   // The error for this value: "<where>: <problem>".
@@ -92,6 +98,8 @@ class BasicJsonRef {
 using JsonRef = BasicJsonRef<nlohmann::json>;
 using OrderedJsonRef = BasicJsonRef<nlohmann::ordered_json>;
 
+extern template Result<nlohmann::json> parse_json<nlohmann::json>(std::string_view, const std::string&, Code);
+extern template Result<nlohmann::ordered_json> parse_json<nlohmann::ordered_json>(std::string_view, const std::string&, Code);
 extern template class BasicJsonRef<nlohmann::json>;
 extern template class BasicJsonRef<nlohmann::ordered_json>;
 

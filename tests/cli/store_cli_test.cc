@@ -210,4 +210,19 @@ TEST_F(StoreCli, ImportOfAMistypedIndexIsAnErrorNotAnAbort) {
   EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
 }
 
+
+// `find --tokens FILE` reads outside JSON through the checked reader: a token
+// id that does not fit int32 is refused by position, not wrapped.
+TEST_F(StoreCli, TokenListFileIsTypeChecked) {
+  const fs::path f = dir_ / "tokens.json";
+  std::ofstream(f) << "[1, 2, 99999999999]";
+  KvRun big = kv("find --tokens " + f.string());
+  EXPECT_EQ(big.code, 2) << big.err;
+  EXPECT_NE(big.err.find("tokens.json: [2]: 99999999999 is out of range"), std::string::npos) << big.err;
+  std::ofstream(f) << "[1, \"x\"]";
+  KvRun str = kv("find --tokens " + f.string());
+  EXPECT_EQ(str.code, 2) << str.err;
+  EXPECT_NE(str.err.find("tokens.json: [1]: expected an integer"), std::string::npos) << str.err;
+}
+
 }  // namespace

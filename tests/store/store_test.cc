@@ -313,6 +313,39 @@ TEST(Store, ImportTypeChecksTheExportIndex) {
   EXPECT_TRUE(ok->imported[0].tags.empty());
 }
 
+// Found by the audit for the fuzz findings: a snapshot whose INFO.lossy has
+// a non-string type name made import's catalog row (.value() on it) throw.
+TEST(Store, ImportOfAMistypedLossyNoteDoesNotThrow) {
+  const auto bytes = slurp(fixtures() / "kvsnap/v1/b8121-hybrid-f16-f16-faon.kvsnap");
+  MemoryFile f("fixture.kvsnap", std::span<const std::byte>(bytes));
+  auto reader = open_snapshot_file(f);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  struct FromReader final : ChunkSource {
+    const SnapshotReader* r;
+    Result<std::vector<std::byte>> get(const ChunkRef& ref) override { return r->blob(ref.index); }
+  } source;
+  source.r = reader->get();
+  SnapshotManifest m = (*reader)->manifest();
+  m.info["lossy"] = {{"from_k", 3}, {"to_v", nullptr}};
+  auto plan = SnapshotFileAssembler::plan(m, source);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  VectorSink file;
+  ASSERT_TRUE(plan->write(source, file).ok());
+  const std::string index = R"({"snapshots": [{"file": "snapshots/a.kvsnap"}]})";
+  MemoryFile index_file("index", std::span<const std::byte>(reinterpret_cast<const std::byte*>(index.data()), index.size()));
+  MemoryFile snap_file("snap", std::span<const std::byte>(file.bytes));
+  const std::vector<ExportEntry> entries = {ExportEntry::FromFile("kvsnap-export.json", index_file),
+                                            ExportEntry::FromFile("snapshots/a.kvsnap", snap_file)};
+  TempStore s;
+  const fs::path p = s.root.parent_path() / ("lossy-" + std::to_string(::getpid()) + ".tar.zst");
+  ASSERT_TRUE(export_archive(posix_io(), p.string(), entries).ok());
+  auto r = s.store->import_from(p.string());
+  fs::remove(p);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->imported.size(), 1u);
+  EXPECT_EQ(r->imported[0].lossy, "?/? -> ?/?");
+}
+
 TEST(Store, ExportIndexErrorsNameTheKeyAndType) {
   struct Case {
     const char* text;
