@@ -22,6 +22,7 @@
 #include "format/model_profile.h"
 #include "format/snapshot_internal.h"
 #include "format/state_builder.h"
+#include "under_asan.h"
 
 namespace kvsnap {
 namespace {
@@ -700,15 +701,6 @@ bool reset_peak_rss() {
   out << "5";
   return bool(out.flush());
 }
-
-// gcc says __SANITIZE_ADDRESS__; clang 14 only answers __has_feature (the fuzz build's ASan).
-#if defined(__SANITIZE_ADDRESS__)
-#define KVSNAP_UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KVSNAP_UNDER_ASAN 1
-#endif
-#endif
 
 TEST(SnapshotMemory, LargeStateBuildsAndReadsInBoundedMemory) {
 #if defined(KVSNAP_UNDER_ASAN)
