@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "base/json_access.h"
 #include "format/cursor.h"
 #include "format/ggml_types.h"
 #include "format/rotation_rule.h"
@@ -456,93 +457,105 @@ Result<SnapshotModelInfo> snapshot_model_info(const ModelProfile& p) {
 
 namespace {
 
-const ordered_json* field(const ordered_json& j, const char* key) {
-  if (!j.is_object()) return nullptr;
-  auto it = j.find(key);
-  return it == j.end() ? nullptr : &*it;
+Result<uint32_t> u32_or0(const OrderedJsonRef& j, const char* key) {
+  KV_ASSIGN_OR_RETURN(uint64_t v, j.unsigned_or(key, 0, UINT32_MAX));
+  return uint32_t(v);
 }
-bool get_string(const ordered_json& j, const char* key, std::string& out) {
-  const ordered_json* f = field(j, key);
-  if (!f || !f->is_string()) return false;
-  out = f->get_ref<const std::string&>();
-  return true;
+Result<uint32_t> as_u32(const OrderedJsonRef& j) {
+  KV_ASSIGN_OR_RETURN(uint64_t v, j.unsigned_integer(UINT32_MAX));
+  return uint32_t(v);
 }
-bool get_u64(const ordered_json& j, const char* key, uint64_t& out) {
-  const ordered_json* f = field(j, key);
-  if (!f || !f->is_number_unsigned()) return false;
-  out = f->get<uint64_t>();
-  return true;
+// An optional array of u32 (absent: empty).
+Result<std::vector<uint32_t>> u32_list(const OrderedJsonRef& j, const char* key) {
+  KV_ASSIGN_OR_RETURN(std::optional<OrderedJsonRef> list, j.find(key));
+  if (!list) return std::vector<uint32_t>();
+  return list->elements_as<uint32_t>(as_u32);
 }
-uint32_t u32_or0(const ordered_json& j, const char* key) {
-  uint64_t v = 0;
-  return get_u64(j, key, v) && v <= UINT32_MAX ? uint32_t(v) : 0;
+Result<std::optional<uint32_t>> opt_u32(const OrderedJsonRef& j, const char* key) {
+  KV_ASSIGN_OR_RETURN(std::optional<OrderedJsonRef> v, j.find(key));
+  if (!v) return std::optional<uint32_t>();
+  KV_ASSIGN_OR_RETURN(uint32_t u, as_u32(*v));
+  return std::optional<uint32_t>(u);
 }
-std::vector<uint32_t> u32_list(const ordered_json& j, const char* key) {
-  std::vector<uint32_t> out;
-  const ordered_json* f = field(j, key);
-  if (!f || !f->is_array()) return out;
-  for (const auto& e : *f) out.push_back(e.is_number_unsigned() && e.get<uint64_t>() <= UINT32_MAX ? e.get<uint32_t>() : 0);
+
+Result<SnapshotModelInfo::Layer> model_layer(const OrderedJsonRef& L) {
+  SnapshotModelInfo::Layer out;
+  KV_ASSIGN_OR_RETURN(out.head_dim_k, u32_or0(L, "head_dim_k"));
+  KV_ASSIGN_OR_RETURN(out.head_dim_v, u32_or0(L, "head_dim_v"));
+  KV_ASSIGN_OR_RETURN(out.n_head_kv, u32_or0(L, "n_head_kv"));
   return out;
 }
-std::optional<uint32_t> opt_u32(const ordered_json& j, const char* key) {
-  uint64_t v = 0;
-  if (get_u64(j, key, v) && v <= UINT32_MAX) return uint32_t(v);
-  return std::nullopt;
+
+Result<SnapshotModelInfo::Section> model_section(const OrderedJsonRef& s) {
+  SnapshotModelInfo::Section sec;
+  KV_ASSIGN_OR_RETURN(sec.head_dim_k, u32_list(s, "head_dim_k"));
+  KV_ASSIGN_OR_RETURN(sec.head_dim_v, u32_list(s, "head_dim_v"));
+  KV_ASSIGN_OR_RETURN(sec.k_rotation_block, opt_u32(s, "k_rotation_block"));
+  KV_ASSIGN_OR_RETURN(sec.v_rotation_block, opt_u32(s, "v_rotation_block"));
+  return sec;
+}
+
+// INFO.model (written when a GGUF was given; every field optional).
+Result<SnapshotModelInfo> model_info(const OrderedJsonRef& mo) {
+  SnapshotModelInfo mi;
+  KV_ASSIGN_OR_RETURN(mi.arch, mo.string_or("arch", ""));
+  KV_ASSIGN_OR_RETURN(mi.gguf_fingerprint, mo.string_or("gguf_fingerprint", ""));
+  KV_ASSIGN_OR_RETURN(mi.n_layer, u32_or0(mo, "n_layer"));
+  KV_ASSIGN_OR_RETURN(mi.n_head_kv, u32_or0(mo, "n_head_kv"));
+  KV_ASSIGN_OR_RETURN(std::optional<OrderedJsonRef> layers, mo.find("layers"));
+  if (layers) {
+    KV_ASSIGN_OR_RETURN(mi.layers, layers->elements_as<SnapshotModelInfo::Layer>(model_layer));
+  }
+  KV_ASSIGN_OR_RETURN(std::optional<OrderedJsonRef> sections, mo.find("kv_sections"));
+  if (sections) {
+    KV_ASSIGN_OR_RETURN(mi.kv_sections, sections->elements_as<SnapshotModelInfo::Section>(model_section));
+  }
+  return mi;
+}
+
+Status decode_provenance(const OrderedJsonRef& prov, SnapshotProvenance& pv) {
+  KV_ASSIGN_OR_RETURN(pv.source, prov.string_at("source"));
+  KV_ASSIGN_OR_RETURN(const std::string kind, prov.string_at("kind"));
+  KV_ASSIGN_OR_RETURN(const std::string magic, prov.string_at("magic"));
+  KV_ASSIGN_OR_RETURN(const uint64_t version, prov.unsigned_at("version", UINT32_MAX));
+  KV_ASSIGN_OR_RETURN(pv.file_size, prov.unsigned_at("file_size"));
+  KV_ASSIGN_OR_RETURN(const std::string sha, prov.string_at("sha256"));
+  auto k = kind_from_tag(kind);
+  if (!k) return prov.error("kind '" + kind + "' is unknown");
+  pv.kind = *k;
+  if (magic.size() != 8 || magic.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return prov.error("magic '" + magic + "' is not 8 hex digits");
+  }
+  pv.magic = uint32_t(std::stoul(magic, nullptr, 16));
+  pv.version = uint32_t(version);
+  if (!from_hex(sha, pv.sha256)) return prov.error("sha256 is not 64 hex digits");
+  return Status::OK();
 }
 
 Status decode_info(std::span<const std::byte> payload, const std::string& name, SnapshotManifest& m) {
-  const char* p = reinterpret_cast<const char*>(payload.data());
-  ordered_json j = ordered_json::parse(p, p + payload.size(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return Status::Corruption(name + ": INFO section is not a JSON object");
+  const std::string doc = name + ": INFO";
+  const std::string_view text(reinterpret_cast<const char*>(payload.data()), payload.size());
+  // INFO is kept in file order (ordered_json): `kvsnap show` prints it as written.
+  auto parsed = parse_json<ordered_json>(text, doc);
+  if (!parsed.ok() || !parsed->is_object()) return Status::Corruption(name + ": INFO section is not a JSON object");
+  ordered_json j = std::move(parsed).value();
+  const OrderedJsonRef info(j, doc);
+  KV_ASSIGN_OR_RETURN(OrderedJsonRef prov, info.at("provenance"));
+  KV_RETURN_IF_ERROR(decode_provenance(prov, m.provenance));
+  KV_ASSIGN_OR_RETURN(std::optional<OrderedJsonRef> arch, info.find("arch"));
+  if (arch) {
+    KV_ASSIGN_OR_RETURN(m.arch, arch->string());
   }
-  const ordered_json* prov = field(j, "provenance");
-  if (!prov || !prov->is_object()) return Status::Corruption(name + ": INFO has no provenance object");
-  SnapshotProvenance& pv = m.provenance;
-  std::string kind, magic, sha;
-  uint64_t version = 0;
-  if (!get_string(*prov, "source", pv.source) || !get_string(*prov, "kind", kind) ||
-      !get_string(*prov, "magic", magic) || !get_u64(*prov, "version", version) ||
-      !get_u64(*prov, "file_size", pv.file_size) || !get_string(*prov, "sha256", sha)) {
-    return Status::Corruption(name + ": INFO provenance lacks source, kind, magic, version, file_size or sha256");
+  KV_ASSIGN_OR_RETURN(std::optional<OrderedJsonRef> model, info.find("model"));
+  if (model) {
+    KV_ASSIGN_OR_RETURN(m.model, model_info(*model));
   }
-  auto k = kind_from_tag(kind);
-  if (!k) return Status::Corruption(name + ": INFO provenance kind '" + kind + "' is unknown");
-  pv.kind = *k;
-  if (magic.size() != 8 || magic.find_first_not_of("0123456789abcdef") != std::string::npos) {
-    return Status::Corruption(name + ": INFO provenance magic '" + magic + "' is not 8 hex digits");
+  KV_ASSIGN_OR_RETURN(std::optional<OrderedJsonRef> chunking, info.find("chunking"));
+  if (chunking) {
+    KV_ASSIGN_OR_RETURN(m.cells_per_chunk, u32_or0(*chunking, "cells_per_chunk"));
   }
-  pv.magic = uint32_t(std::stoul(magic, nullptr, 16));
-  if (version > UINT32_MAX) return Status::Corruption(name + ": INFO provenance version is out of range");
-  pv.version = uint32_t(version);
-  if (!from_hex(sha, pv.sha256)) return Status::Corruption(name + ": INFO provenance sha256 is not 64 hex digits");
-
-  std::string arch;
-  if (get_string(j, "arch", arch)) m.arch = arch;
-  if (const ordered_json* mo = field(j, "model"); mo && mo->is_object()) {
-    SnapshotModelInfo mi;
-    get_string(*mo, "arch", mi.arch);
-    get_string(*mo, "gguf_fingerprint", mi.gguf_fingerprint);
-    mi.n_layer = u32_or0(*mo, "n_layer");
-    mi.n_head_kv = u32_or0(*mo, "n_head_kv");
-    if (const ordered_json* ls = field(*mo, "layers"); ls && ls->is_array()) {
-      for (const auto& L : *ls) mi.layers.push_back({u32_or0(L, "head_dim_k"), u32_or0(L, "head_dim_v"), u32_or0(L, "n_head_kv")});
-    }
-    if (const ordered_json* ss = field(*mo, "kv_sections"); ss && ss->is_array()) {
-      for (const auto& s : *ss) {
-        SnapshotModelInfo::Section sec;
-        sec.head_dim_k = u32_list(s, "head_dim_k");
-        sec.head_dim_v = u32_list(s, "head_dim_v");
-        sec.k_rotation_block = opt_u32(s, "k_rotation_block");
-        sec.v_rotation_block = opt_u32(s, "v_rotation_block");
-        mi.kv_sections.push_back(std::move(sec));
-      }
-    }
-    m.model = std::move(mi);
-  }
-  if (const ordered_json* ch = field(j, "chunking")) m.cells_per_chunk = u32_or0(*ch, "cells_per_chunk");
-  const ordered_json* lossy = field(j, "lossy");
-  m.lossy = lossy && !lossy->is_null();
+  KV_ASSIGN_OR_RETURN(std::optional<OrderedJsonRef> lossy, info.find("lossy"));
+  m.lossy = lossy.has_value();
   m.info = std::move(j);
   return Status::OK();
 }
@@ -697,7 +710,9 @@ Status check_tables(const std::string& name, const SnapshotManifest& m, uint64_t
   if (t.frame_chunk_bytes == 0 || t.frame_chunk_bytes > kMaxChunkRawBytes) {
     return bad("frame chunk size " + std::to_string(t.frame_chunk_bytes) + " is out of range");
   }
-  if (t.n_frame_chunks != (t.frame_bytes + t.frame_chunk_bytes - 1) / t.frame_chunk_bytes) {
+  // Ceiling division that cannot wrap: frame_bytes is the file's word, up to 2^64 - 1.
+  const uint64_t frame_chunks = t.frame_bytes / t.frame_chunk_bytes + (t.frame_bytes % t.frame_chunk_bytes != 0);
+  if (t.n_frame_chunks != frame_chunks) {
     return bad("frame chunk count " + std::to_string(t.n_frame_chunks) + " does not fit " +
                std::to_string(t.frame_bytes) + " frame bytes");
   }
@@ -706,10 +721,23 @@ Status check_tables(const std::string& name, const SnapshotManifest& m, uint64_t
                std::to_string(original_size));
   }
   if (m.provenance.sha256 != m.original_sha256) return bad("INFO and DIGS disagree on the original's SHA-256");
+  if (t.frame_bytes > original_size || t.n_frame_chunks > m.chunks.size()) {
+    return bad(std::to_string(t.frame_bytes) + " frame bytes in " + std::to_string(t.n_frame_chunks) +
+               " chunks do not fit a " + std::to_string(original_size) + "-byte original and " +
+               std::to_string(m.chunks.size()) + " chunks");
+  }
+  // Readers size per-layer tables by the largest layer index: bound it by
+  // what the table holds (every layer has at least one tensor segment).
+  const uint64_t tensor_segments = uint64_t(std::count_if(
+      t.segments.begin(), t.segments.end(), [](const Segment& s) { return s.kind != SegmentKind::kFrame; }));
   uint64_t at = 0, frame_at = 0, next_chunk = t.n_frame_chunks;
   for (size_t i = 0; i < t.segments.size(); ++i) {
     const Segment& s = t.segments[i];
     const std::string which = "segment " + std::to_string(i);
+    if (s.kind != SegmentKind::kFrame && s.layer >= tensor_segments) {
+      return bad(which + ": layer " + std::to_string(s.layer) + " is out of range (the table has " +
+                 std::to_string(tensor_segments) + " tensor segments)");
+    }
     if (s.file_offset != at) {
       return bad(which + " starts at " + std::to_string(s.file_offset) + ", expected " + std::to_string(at));
     }
@@ -748,8 +776,9 @@ Status check_tables(const std::string& name, const SnapshotManifest& m, uint64_t
     if (s.first_chunk != next_chunk) {
       return bad(which + ": first chunk " + std::to_string(s.first_chunk) + ", expected " + std::to_string(next_chunk));
     }
+    // next_chunk <= chunks.size() here, so comparing before adding cannot wrap.
+    if (s.n_chunks() > m.chunks.size() - next_chunk) return bad(which + ": chunks past the end of the chunk table");
     next_chunk += s.n_chunks();
-    if (next_chunk > m.chunks.size()) return bad(which + ": chunks past the end of the chunk table");
   }
   if (at != original_size) return bad("segments cover " + std::to_string(at) + " of " + std::to_string(original_size) + " bytes");
   if (frame_at != t.frame_bytes) return bad("frame segments hold " + std::to_string(frame_at) + " of " + std::to_string(t.frame_bytes) + " frame bytes");

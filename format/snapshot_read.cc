@@ -6,6 +6,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "base/json_access.h"
 #include "format/ggml_types.h"
 #include "format/snapshot.h"
 #include "format/snapshot_internal.h"
@@ -37,10 +38,12 @@ class FileChunkSource final : public ChunkSource {
 
 class OriginalFile;
 
-const nlohmann::ordered_json* info_field(const nlohmann::ordered_json& j, const char* key) {
-  if (!j.is_object()) return nullptr;
-  auto it = j.find(key);
-  return it == j.end() ? nullptr : &*it;
+// INFO.memory.recurrent is present (not null): the state carries recurrent memory.
+bool info_has_recurrent(const nlohmann::ordered_json& info) {
+  auto mem = OrderedJsonRef(info, "INFO").find("memory");
+  if (!mem.ok() || !*mem) return false;
+  auto rec = (*mem)->find("recurrent");
+  return rec.ok() && rec->has_value();
 }
 
 }  // namespace
@@ -193,10 +196,7 @@ void SnapshotReader::Impl::build_shape() {
   shape.recurrent_known = true;
   shape.recurrent_opaque_ok = true;
   shape.source = "snapshot manifest";
-  if (const auto* mem = info_field(m.info, "memory")) {
-    const auto* rec = info_field(*mem, "recurrent");
-    shape.has_recurrent = rec && !rec->is_null();
-  }
+  shape.has_recurrent = info_has_recurrent(m.info);
   if (!m.cells.empty()) shape.ext_bytes = m.cells[0].ext_bytes;
   shape.kv_sections.resize(m.cells.size());
   // One stream with cells per section tells the layer widths (every stream
@@ -207,10 +207,12 @@ void SnapshotReader::Impl::build_shape() {
     if (stream_of[s.section] < 0) stream_of[s.section] = s.stream;
     if (int64_t(s.stream) != stream_of[s.section]) continue;
     KvSectionShape& ks = shape.kv_sections[s.section];
-    if (ks.n_embd_k_gqa.size() <= s.layer) {
-      ks.n_embd_k_gqa.resize(s.layer + 1, 0);
-      ks.n_embd_v_gqa.resize(s.layer + 1, 0);
-      ks.has_v.resize(s.layer + 1, false);
+    // parse_manifest bounded s.layer by the segment count; size_t keeps 0xFFFFFFFF + 1 from wrapping.
+    const size_t n_layers = size_t(s.layer) + 1;
+    if (ks.n_embd_k_gqa.size() < n_layers) {
+      ks.n_embd_k_gqa.resize(n_layers, 0);
+      ks.n_embd_v_gqa.resize(n_layers, 0);
+      ks.has_v.resize(n_layers, false);
     }
     uint64_t n = 0;
     if (s.kind == SegmentKind::kTransposed) {

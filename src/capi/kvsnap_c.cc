@@ -1,11 +1,13 @@
 // The C API (src/capi/kvsnap.h) over the migration layer. Everything that can
 // fail returns a Status inside; here it becomes a kvsnap_status and a
-// malloc'ed message. No C++ exception crosses the boundary: the few standard
-// library calls that may throw (allocation) are caught at each entry point.
+// malloc'ed message. No C++ exception crosses the boundary: every exported
+// function that can throw runs inside guarded(), which turns any exception
+// into an error return.
 #include "capi/kvsnap.h"
 
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <new>
 #include <string>
@@ -57,6 +59,34 @@ kvsnap_status fail(const Status& s, char** error) {
 kvsnap_status succeed(char** error) {
   if (error) *error = nullptr;
   return KVSNAP_OK;
+}
+
+// The error return for an exception, without throwing again: when even the
+// message cannot be allocated, the caller gets the code and no message.
+kvsnap_status exception_status(kvsnap_status code, const char* function, const char* problem, const char* detail,
+                               char** error) noexcept {
+  try {
+    if (error) *error = dup_message(std::string(kvsnap_status_name(code)) + ": " + function + ": " + problem + detail);
+  } catch (...) {
+    if (error) *error = nullptr;
+  }
+  return code;
+}
+
+// Runs `body` and turns any exception into an error return: out of memory is
+// an I/O error, as a failed allocation elsewhere; anything else is a kvsnap
+// bug, reported as an internal error rather than unwinding into C.
+template <class Body>
+kvsnap_status guarded(const char* function, char** error, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return exception_status(KVSNAP_ERR_IO, function, "out of memory", "", error);
+  } catch (const std::exception& e) {
+    return exception_status(KVSNAP_ERR_INVALID_ARGUMENT, function, "internal error: ", e.what(), error);
+  } catch (...) {
+    return exception_status(KVSNAP_ERR_INVALID_ARGUMENT, function, "internal error: ", "unknown exception", error);
+  }
 }
 
 // A sink that grows one malloc'ed buffer, so the caller frees it with kvsnap_free.
@@ -170,33 +200,29 @@ void kvsnap_convert_params_init(kvsnap_convert_params* p) {
 }
 
 kvsnap_status kvsnap_model_open(const char* gguf_path, kvsnap_model** out, char** error) {
-  if (!gguf_path || !out) return fail(Status::InvalidArgument("kvsnap_model_open: NULL argument"), error);
-  *out = nullptr;
-  try {
+  return guarded("kvsnap_model_open", error, [&] {
+    if (!gguf_path || !out) return fail(Status::InvalidArgument("kvsnap_model_open: NULL argument"), error);
+    *out = nullptr;
     auto info = kvsnap::load_model_info(kvsnap::posix_io(), gguf_path);
     if (!info.ok()) return fail(info.status(), error);
     *out = new kvsnap_model{std::move(info).value()};
     return succeed(error);
-  } catch (const std::bad_alloc&) {
-    return fail(Status::IOError("out of memory reading the model"), error);
-  }
+  });
 }
 
 void kvsnap_model_free(kvsnap_model* m) { delete m; }
 
 kvsnap_status kvsnap_convert_state(const kvsnap_model* model, const void* src, size_t src_size,
                                    const kvsnap_convert_params* params, void** out, size_t* out_size, char** error) {
-  if (!out || !out_size || (!src && src_size))
-    return fail(Status::InvalidArgument("kvsnap_convert_state: NULL argument"), error);
-  *out = nullptr;
-  *out_size = 0;
-  kvsnap_convert_params defaults;
-  kvsnap_convert_params_init(&defaults);
-  try {
+  return guarded("kvsnap_convert_state", error, [&] {
+    if (!out || !out_size || (!src && src_size))
+      return fail(Status::InvalidArgument("kvsnap_convert_state: NULL argument"), error);
+    *out = nullptr;
+    *out_size = 0;
+    kvsnap_convert_params defaults;
+    kvsnap_convert_params_init(&defaults);
     return convert(model, src, src_size, params ? *params : defaults, out, out_size, error);
-  } catch (const std::bad_alloc&) {
-    return fail(Status::IOError("out of memory converting the state"), error);
-  }
+  });
 }
 
 }  // extern "C"

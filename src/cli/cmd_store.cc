@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/json_access.h"
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
 #include "cli/open_state.h"
@@ -86,15 +87,14 @@ Status refuse_existing(const std::string& path, bool force) {
 Result<std::vector<int32_t>> read_token_list(const std::string& path) {
   KV_ASSIGN_OR_RETURN(auto bytes, read_all(posix_io(), path, uint64_t(256) << 20));
   std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  std::vector<int32_t> out;
-  json j = json::parse(text, nullptr, false);
-  if (j.is_array()) {
-    for (const auto& t : j) {
-      if (!t.is_number_integer()) return Status::InvalidArgument(path + ": the JSON array holds a non-integer");
-      out.push_back(t.get<int32_t>());
-    }
-    return out;
+  auto parsed = parse_json(text, path, Code::kInvalidArgument);
+  if (parsed.ok() && parsed->is_array()) {
+    return JsonRef(*parsed, path, Code::kInvalidArgument).elements_as<int32_t>([](const JsonRef& t) -> Result<int32_t> {
+      KV_ASSIGN_OR_RETURN(int64_t id, t.integer(INT32_MIN, INT32_MAX));
+      return int32_t(id);
+    });
   }
+  std::vector<int32_t> out;
   for (char& c : text)
     if (c == ',' || c == '[' || c == ']') c = ' ';
   std::istringstream in(text);

@@ -10,6 +10,8 @@ namespace kvsnap::cli {
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitUsage = 2;
+// An exception reached main: a bug in kvsnap, never an answer about the input.
+inline constexpr int kExitInternal = 70;
 
 inline int exit_code(const Status& s) {
   switch (s.code()) {

@@ -2,11 +2,14 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <exception>
 
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   CLI::App app{"kvsnap: read, convert and store llama.cpp KV caches (slot and session files)"};
   app.set_version_flag("--version", std::string("kvsnap ") + KVSNAP_VERSION);
   app.require_subcommand(1);
@@ -22,4 +25,23 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   return exit_status;
+}
+
+// The edge of the process: errors are values inside kvsnap, so an exception
+// here is a bug; it still ends with a message and an exit code, not abort().
+int internal_error(const char* what) {
+  std::fprintf(stderr, "kvsnap: internal error: %s\n", what);
+  return kvsnap::cli::kExitInternal;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    return internal_error(e.what());
+  } catch (...) {
+    return internal_error("unknown exception");
+  }
 }

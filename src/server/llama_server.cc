@@ -6,6 +6,8 @@
 #include <fstream>
 #include <mutex>
 
+#include "base/json_access.h"
+
 namespace kvsnap {
 
 using json = nlohmann::json;
@@ -27,24 +29,22 @@ std::string strip_slash(std::string s) {
   return s;
 }
 
-// llama-server's error body: {"error": {"code": 400, "message": "...", "type": "..."}}.
-std::string server_message(const std::string& body) {
-  json j = json::parse(body, nullptr, false);
-  if (j.is_object() && j.contains("error")) {
-    const json& e = j["error"];
-    if (e.is_object()) {
-      std::string type = e.value("type", "");
-      std::string msg = e.value("message", "");
-      return type.empty() ? msg : type + ": " + msg;
-    }
-    if (e.is_string()) return e.get<std::string>();
-  }
-  std::string b = body.substr(0, 300);
-  return b.empty() ? "(empty response)" : b;
+// Where a reply's keys are named in messages.
+std::string reply_doc(const std::string& url, const std::string& what) { return "llama-server " + url + ": " + what; }
+
+Result<json> parse_reply(const std::string& body, const std::string& doc) {
+  auto j = parse_json(body, doc, Code::kMismatch);
+  if (!j.ok()) return Status::Mismatch(doc + ": the answer is not JSON: " + body.substr(0, 200));
+  return j;
+}
+
+Result<int> int_or(const JsonRef& j, const char* key, int fallback) {
+  KV_ASSIGN_OR_RETURN(int64_t v, j.integer_or(key, fallback, INT32_MIN, INT32_MAX));
+  return int(v);
 }
 
 Status http_error(const std::string& prefix, long status, const std::string& body) {
-  std::string m = prefix + ": HTTP " + std::to_string(status) + " " + server_message(body);
+  std::string m = prefix + ": HTTP " + std::to_string(status) + " " + parse_error_reply(body);
   switch (status) {
     case 401:
     case 403: return Status::InvalidArgument(m + " (check --api-key / the server profile's key)");
@@ -94,88 +94,134 @@ Result<LlamaServer::Response> LlamaServer::request(const std::string& method, co
   return r;
 }
 
-Result<json> LlamaServer::call(const std::string& method, const std::string& path, const json* body,
-                               const std::string& doing) {
+Result<std::string> LlamaServer::call(const std::string& method, const std::string& path, const json* body,
+                                      const std::string& doing) {
   KV_ASSIGN_OR_RETURN(Response r, request(method, path, body ? body->dump() : std::string(), doing));
-  const std::string prefix = "llama-server " + ep_.url + ": " + doing;
-  if (r.status < 200 || r.status >= 300) return http_error(prefix, r.status, r.body);
-  json j = json::parse(r.body, nullptr, false);
-  if (j.is_discarded()) return Status::Mismatch(prefix + ": the answer is not JSON: " + r.body.substr(0, 200));
-  return j;
+  if (r.status < 200 || r.status >= 300) return http_error(reply_doc(ep_.url, doing), r.status, r.body);
+  return std::move(r.body);
 }
 
-Status LlamaServer::health() { return call("GET", "/health", nullptr, "checking /health").status(); }
+Status LlamaServer::health() {
+  KV_ASSIGN_OR_RETURN(std::string body, call("GET", "/health", nullptr, "checking /health"));
+  return parse_reply(body, reply_doc(ep_.url, "checking /health")).status();
+}
 
-Result<json> LlamaServer::props() { return call("GET", "/props", nullptr, "reading /props"); }
+Result<json> LlamaServer::props() {
+  KV_ASSIGN_OR_RETURN(std::string body, call("GET", "/props", nullptr, "reading /props"));
+  return parse_reply(body, reply_doc(ep_.url, "reading /props"));
+}
 
 Result<std::vector<SlotState>> LlamaServer::slots() {
-  KV_ASSIGN_OR_RETURN(json j, call("GET", "/slots", nullptr, "listing slots"));
-  if (!j.is_array()) return Status::Mismatch("llama-server " + ep_.url + ": /slots did not return a list");
-  std::vector<SlotState> out;
-  for (const json& s : j) {
-    SlotState st;
-    st.id = s.value("id", -1);
-    st.is_processing = s.value("is_processing", false);
-    st.n_ctx = s.value("n_ctx", 0);
-    st.raw = s;
-    out.push_back(std::move(st));
-  }
-  return out;
+  KV_ASSIGN_OR_RETURN(std::string body, call("GET", "/slots", nullptr, "listing slots"));
+  return parse_slots_reply(body, reply_doc(ep_.url, "listing slots"));
 }
-
-namespace {
-
-// save and restore answer alike: {"n_saved"|"n_restored", "n_written"|"n_read", "timings": {"save_ms"|"restore_ms"}}.
-SlotFileResult slot_file_result(const json& j, const char* tokens, const char* bytes, const char* ms) {
-  SlotFileResult r;
-  r.n_tokens = j.value(tokens, uint64_t(0));
-  r.n_bytes = j.value(bytes, uint64_t(0));
-  if (j.contains("timings") && j["timings"].is_object()) r.ms = j["timings"].value(ms, 0.0);
-  return r;
-}
-
-}  // namespace
 
 Result<SlotFileResult> LlamaServer::save_slot(int slot, const std::string& filename) {
   json body = {{"filename", filename}};
-  KV_ASSIGN_OR_RETURN(json j, call("POST", "/slots/" + std::to_string(slot) + "?action=save", &body,
-                                   "saving slot " + std::to_string(slot) + " to '" + filename + "'"));
-  return slot_file_result(j, "n_saved", "n_written", "save_ms");
+  const std::string doing = "saving slot " + std::to_string(slot) + " to '" + filename + "'";
+  KV_ASSIGN_OR_RETURN(std::string reply, call("POST", "/slots/" + std::to_string(slot) + "?action=save", &body, doing));
+  return parse_slot_file_reply(reply, reply_doc(ep_.url, doing), /*restore=*/false);
 }
 
 Result<SlotFileResult> LlamaServer::restore_slot(int slot, const std::string& filename) {
   json body = {{"filename", filename}};
-  KV_ASSIGN_OR_RETURN(json j, call("POST", "/slots/" + std::to_string(slot) + "?action=restore", &body,
-                                   "restoring slot " + std::to_string(slot) + " from '" + filename + "'"));
-  return slot_file_result(j, "n_restored", "n_read", "restore_ms");
+  const std::string doing = "restoring slot " + std::to_string(slot) + " from '" + filename + "'";
+  KV_ASSIGN_OR_RETURN(std::string reply,
+                      call("POST", "/slots/" + std::to_string(slot) + "?action=restore", &body, doing));
+  return parse_slot_file_reply(reply, reply_doc(ep_.url, doing), /*restore=*/true);
 }
 
 Status LlamaServer::erase_slot(int slot) {
   json body = json::object();
-  return call("POST", "/slots/" + std::to_string(slot) + "?action=erase", &body,
-              "erasing slot " + std::to_string(slot))
-      .status();
+  const std::string doing = "erasing slot " + std::to_string(slot);
+  KV_ASSIGN_OR_RETURN(std::string reply, call("POST", "/slots/" + std::to_string(slot) + "?action=erase", &body, doing));
+  return parse_reply(reply, reply_doc(ep_.url, doing)).status();
 }
 
 Result<std::vector<int32_t>> LlamaServer::tokenize(const std::string& text, bool add_special) {
   json body = {{"content", text}, {"add_special", add_special}};
-  KV_ASSIGN_OR_RETURN(json j, call("POST", "/tokenize", &body, "tokenizing"));
-  std::vector<int32_t> out;
-  if (!j.contains("tokens") || !j["tokens"].is_array())
-    return Status::Mismatch("llama-server " + ep_.url + ": /tokenize returned no token list");
-  for (const json& t : j["tokens"]) out.push_back(t.is_number() ? t.get<int32_t>() : t.value("id", -1));
-  return out;
+  KV_ASSIGN_OR_RETURN(std::string reply, call("POST", "/tokenize", &body, "tokenizing"));
+  return parse_tokenize_reply(reply, reply_doc(ep_.url, "tokenizing"));
 }
 
 Result<CompletionResult> LlamaServer::complete(int slot, json body) {
   body["id_slot"] = slot;
   body["cache_prompt"] = true;
-  KV_ASSIGN_OR_RETURN(json j, call("POST", "/completion", &body, "completing on slot " + std::to_string(slot)));
+  const std::string doing = "completing on slot " + std::to_string(slot);
+  KV_ASSIGN_OR_RETURN(std::string reply, call("POST", "/completion", &body, doing));
+  return parse_completion_reply(reply, reply_doc(ep_.url, doing));
+}
+
+// --- Replies: outside JSON, read only through JsonRef -----------------------------------
+
+std::string parse_error_reply(const std::string& body) {
+  // {"error": {"code": 400, "message": "...", "type": "..."}} or {"error": "..."}; else the body itself.
+  auto j = parse_json(body, "error reply");
+  if (j.ok()) {
+    const JsonRef root(*j, "error reply");
+    auto e = root.find("error");
+    if (e.ok() && *e) {
+      if (auto msg = (*e)->string(); msg.ok()) return *msg;
+      auto type = (*e)->string_or("type", "");
+      auto msg = (*e)->string_or("message", "");
+      if (type.ok() && msg.ok()) return type->empty() ? *msg : *type + ": " + *msg;
+    }
+  }
+  std::string b = body.substr(0, 300);
+  return b.empty() ? "(empty response)" : b;
+}
+
+
+Result<std::vector<SlotState>> parse_slots_reply(const std::string& body, const std::string& doc) {
+  KV_ASSIGN_OR_RETURN(json j, parse_reply(body, doc));
+  const JsonRef root(j, doc, Code::kMismatch);
+  if (!j.is_array()) return root.error("did not return a list");
+  return root.elements_as<SlotState>([](const JsonRef& s) -> Result<SlotState> {
+    SlotState st;
+    KV_ASSIGN_OR_RETURN(st.id, int_or(s, "id", -1));
+    KV_ASSIGN_OR_RETURN(st.is_processing, s.boolean_or("is_processing", false));
+    KV_ASSIGN_OR_RETURN(st.n_ctx, int_or(s, "n_ctx", 0));
+    st.raw = s.json();
+    return st;
+  });
+}
+
+// save and restore answer alike: {"n_saved"|"n_restored", "n_written"|"n_read", "timings": {"save_ms"|"restore_ms"}}.
+Result<SlotFileResult> parse_slot_file_reply(const std::string& body, const std::string& doc, bool restore) {
+  KV_ASSIGN_OR_RETURN(json j, parse_reply(body, doc));
+  const JsonRef root(j, doc, Code::kMismatch);
+  SlotFileResult r;
+  KV_ASSIGN_OR_RETURN(r.n_tokens, root.unsigned_or(restore ? "n_restored" : "n_saved", 0));
+  KV_ASSIGN_OR_RETURN(r.n_bytes, root.unsigned_or(restore ? "n_read" : "n_written", 0));
+  KV_ASSIGN_OR_RETURN(std::optional<JsonRef> timings, root.find("timings"));
+  if (timings && timings->json().is_object()) {
+    KV_ASSIGN_OR_RETURN(r.ms, timings->number_or(restore ? "restore_ms" : "save_ms", 0.0));
+  }
+  return r;
+}
+
+Result<std::vector<int32_t>> parse_tokenize_reply(const std::string& body, const std::string& doc) {
+  KV_ASSIGN_OR_RETURN(json j, parse_reply(body, doc));
+  const JsonRef root(j, doc, Code::kMismatch);
+  auto tokens = root.at("tokens");
+  if (!tokens.ok() || !tokens->json().is_array()) return root.error("returned no token list");
+  return tokens->elements_as<int32_t>([](const JsonRef& t) -> Result<int32_t> {
+    // A token is a number, or {"id": N, "piece": ...} when pieces were asked for.
+    auto id = t.json().is_number() ? t.integer(INT32_MIN, INT32_MAX) : t.integer_or("id", -1, INT32_MIN, INT32_MAX);
+    if (!id.ok()) return id.status();
+    return int32_t(*id);
+  });
+}
+
+Result<CompletionResult> parse_completion_reply(const std::string& body, const std::string& doc) {
+  KV_ASSIGN_OR_RETURN(json j, parse_reply(body, doc));
+  const JsonRef root(j, doc, Code::kMismatch);
   CompletionResult r;
-  r.content = j.value("content", "");
-  if (j.contains("timings")) {
-    r.prompt_n = j["timings"].value("prompt_n", uint64_t(0));
-    r.cache_n = j["timings"].value("cache_n", uint64_t(0));
+  KV_ASSIGN_OR_RETURN(r.content, root.string_or("content", ""));
+  KV_ASSIGN_OR_RETURN(std::optional<JsonRef> timings, root.find("timings"));
+  if (timings) {
+    KV_ASSIGN_OR_RETURN(r.prompt_n, timings->unsigned_or("prompt_n", 0));
+    KV_ASSIGN_OR_RETURN(r.cache_n, timings->unsigned_or("cache_n", 0));
   }
   r.raw = std::move(j);
   return r;

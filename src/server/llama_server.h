@@ -71,10 +71,22 @@ class LlamaServer {
                            const std::string& doing);
 
  private:
-  Result<nlohmann::json> call(const std::string& method, const std::string& path, const nlohmann::json* body,
-                              const std::string& doing);
+  // The reply's body, or the HTTP error as a Status.
+  Result<std::string> call(const std::string& method, const std::string& path, const nlohmann::json* body,
+                           const std::string& doing);
   ServerEndpoint ep_;
 };
+
+// The pure parsers of llama-server's replies (no I/O), for the client above
+// and the fuzz targets. `doc` names the reply in messages; a reply that is not
+// JSON or has a key of the wrong type is kMismatch naming the key path.
+Result<std::vector<SlotState>> parse_slots_reply(const std::string& body, const std::string& doc);
+// POST /slots/N?action=save (restore = false) or ?action=restore.
+Result<SlotFileResult> parse_slot_file_reply(const std::string& body, const std::string& doc, bool restore);
+Result<std::vector<int32_t>> parse_tokenize_reply(const std::string& body, const std::string& doc);
+Result<CompletionResult> parse_completion_reply(const std::string& body, const std::string& doc);
+// What an error reply says ("type: message"), else the start of the body.
+std::string parse_error_reply(const std::string& body);
 
 // Reads an API key from a file (first line, trimmed), refusing files others can read.
 Result<std::string> read_api_key_file(const std::string& path);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <random>
 
+#include "base/json_access.h"
 #include "format/ggml_types.h"
 
 namespace kvsnap {
@@ -81,8 +82,11 @@ Result<Model> find_model(Io& io, LlamaServer& srv, const ServerTarget& t) {
   m.from = "--model";
   if (path.empty()) {
     auto props = srv.props();
-    if (props.ok() && props->contains("model_path") && (*props)["model_path"].is_string()) {
-      path = (*props)["model_path"].get<std::string>();
+    if (props.ok()) {
+      KV_ASSIGN_OR_RETURN(path, JsonRef(*props, "llama-server " + srv.url() + ": /props", Code::kMismatch)
+                                    .string_or("model_path", ""));
+    }
+    if (!path.empty()) {
       m.from = "the server's model_path";
       auto there = io.exists(path);
       if (!there.ok() || !*there) return m;  // another machine's path: go without

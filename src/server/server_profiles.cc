@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "base/json_access.h"
+
 namespace kvsnap {
 
 using json = nlohmann::ordered_json;
@@ -15,20 +17,29 @@ json to_json(const ServerProfile& p) {
           {"flash_attn", p.flash_attn}, {"model", p.model}, {"api_key_file", p.api_key_file}};
 }
 
-ServerProfile from_json(const json& j) {
+// One entry of servers.json: every field is an optional string.
+Result<ServerProfile> from_json(const JsonRef& j) {
   ServerProfile p;
-  p.name = j.value("name", "");
-  p.url = j.value("url", "");
-  p.slot_dir = j.value("slot_dir", "");
-  p.ctk = j.value("ctk", "");
-  p.ctv = j.value("ctv", "");
-  p.flash_attn = j.value("flash_attn", "");
-  p.model = j.value("model", "");
-  p.api_key_file = j.value("api_key_file", "");
+  KV_ASSIGN_OR_RETURN(p.name, j.string_or("name", ""));
+  KV_ASSIGN_OR_RETURN(p.url, j.string_or("url", ""));
+  KV_ASSIGN_OR_RETURN(p.slot_dir, j.string_or("slot_dir", ""));
+  KV_ASSIGN_OR_RETURN(p.ctk, j.string_or("ctk", ""));
+  KV_ASSIGN_OR_RETURN(p.ctv, j.string_or("ctv", ""));
+  KV_ASSIGN_OR_RETURN(p.flash_attn, j.string_or("flash_attn", ""));
+  KV_ASSIGN_OR_RETURN(p.model, j.string_or("model", ""));
+  KV_ASSIGN_OR_RETURN(p.api_key_file, j.string_or("api_key_file", ""));
   return p;
 }
 
 }  // namespace
+
+Result<std::vector<ServerProfile>> parse_server_profiles(std::string_view text, const std::string& path) {
+  auto parsed = parse_json(text, path);
+  if (!parsed.ok() || !parsed->is_object()) return Status::Corruption(path + ": not a kvsnap server profile file");
+  const JsonRef root(*parsed, path);
+  KV_ASSIGN_OR_RETURN(JsonRef servers, root.at("servers"));
+  return servers.elements_as<ServerProfile>(from_json);
+}
 
 Result<ServerProfiles> ServerProfiles::load(Io& io, const std::string& store_root) {
   ServerProfiles s;
@@ -36,13 +47,8 @@ Result<ServerProfiles> ServerProfiles::load(Io& io, const std::string& store_roo
   KV_ASSIGN_OR_RETURN(bool there, io.exists(s.path_));
   if (!there) return s;
   KV_ASSIGN_OR_RETURN(auto bytes, read_all(io, s.path_, 16 << 20));
-  json j = json::parse(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), nullptr, false);
-  if (!j.is_object() || !j.contains("servers") || !j["servers"].is_array())
-    return Status::Corruption(s.path_ + ": not a kvsnap server profile file");
-  for (const json& p : j["servers"]) {
-    if (!p.is_object()) return Status::Corruption(s.path_ + ": a server entry is not an object");
-    s.profiles_.push_back(from_json(p));
-  }
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  KV_ASSIGN_OR_RETURN(s.profiles_, parse_server_profiles(text, s.path_));
   return s;
 }
 

@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/io.h"
@@ -25,6 +26,10 @@ struct ServerProfile {
   std::string model;          // GGUF path, optional
   std::string api_key_file;   // optional
 };
+
+// Parses servers.json's text (type-checked: errors name `path`, the key path
+// and the type found).
+Result<std::vector<ServerProfile>> parse_server_profiles(std::string_view text, const std::string& path);
 
 class ServerProfiles {
  public:

@@ -7,6 +7,7 @@
 #include <set>
 #include <thread>
 
+#include "base/json_access.h"
 #include "format/rotation_rule.h"
 #include "format/state_summary.h"
 #include "format/state_prefix.h"
@@ -134,6 +135,19 @@ Status write_temp(Io& io, const std::string& path, const std::function<Status(By
   return w->close();
 }
 
+// "f16/f16 -> q8_0/q8_0" from INFO.lossy (a snapshot's word: any type may be there).
+std::string lossy_summary(const SnapshotManifest& m) {
+  const OrderedJsonRef info(m.info, "snapshot INFO");
+  auto lossy = info.find("lossy");
+  if (!lossy.ok() || !*lossy || !(**lossy).json().is_object()) return "lossy";
+  const OrderedJsonRef& l = **lossy;
+  auto type = [&](const char* key) {
+    auto t = l.string_or(key, "?");
+    return t.ok() ? *t : std::string("?");
+  };
+  return type("from_k") + "/" + type("from_v") + " -> " + type("to_k") + "/" + type("to_v");
+}
+
 // The catalog's row for a snapshot: what ls shows and find searches.
 SnapshotRecord make_record(const SnapshotManifest& m, const StateFile& state, uint64_t raw_bytes,
                            const std::string& arch, const std::string& fingerprint) {
@@ -147,13 +161,7 @@ SnapshotRecord make_record(const SnapshotManifest& m, const StateFile& state, ui
   info.source_format = state_format_name(state);
   info.raw_bytes = raw_bytes;
   info.stored_bytes = m.stored_bytes();
-  if (m.lossy && m.info.contains("lossy") && m.info["lossy"].is_object()) {
-    const auto& l = m.info["lossy"];
-    info.lossy = l.value("from_k", "?") + "/" + l.value("from_v", "?") + " -> " + l.value("to_k", "?") + "/" +
-                 l.value("to_v", "?");
-  } else if (m.lossy) {
-    info.lossy = "lossy";
-  }
+  if (m.lossy) info.lossy = lossy_summary(m);
   info.content_sha256 = to_hex(m.original_sha256);
   rec.manifest = m.bytes;
   rec.tokens = state.tokens.tokens;
@@ -417,7 +425,37 @@ class ImportVisitor final : public ArchiveVisitor {
   std::unique_ptr<WritableFile> out_;
 };
 
+Result<ExportIndexEntry> index_entry_of(const JsonRef& e) {
+  ExportIndexEntry out;
+  KV_ASSIGN_OR_RETURN(JsonRef file, e.at("file"));
+  KV_ASSIGN_OR_RETURN(out.file, file.string());
+  KV_ASSIGN_OR_RETURN(out.uuid, e.string_or("uuid", ""));
+  KV_ASSIGN_OR_RETURN(out.created, e.string_or("created", ""));
+  KV_ASSIGN_OR_RETURN(out.model_fingerprint, e.string_or("model_fingerprint", ""));
+  KV_ASSIGN_OR_RETURN(std::optional<JsonRef> name, e.find("name"));
+  if (name) {
+    KV_ASSIGN_OR_RETURN(out.name, name->string());
+  }
+  KV_ASSIGN_OR_RETURN(std::optional<JsonRef> tags, e.find("tags"));
+  if (tags) {
+    KV_ASSIGN_OR_RETURN(auto members, tags->members());
+    for (const auto& [key, value] : members) {
+      KV_ASSIGN_OR_RETURN(out.tags[key], value.string());
+    }
+  }
+  return out;
+}
+
 }  // namespace
+
+Result<std::vector<ExportIndexEntry>> parse_export_index(std::string_view text, const std::string& archive) {
+  const std::string doc = archive + ": " + kExportIndex;
+  if (text.empty()) return Status::Corruption(doc + ": missing or empty; not a kvsnap export");
+  KV_ASSIGN_OR_RETURN(nlohmann::json index, parse_json(text, doc));
+  const JsonRef root(index, doc);
+  KV_ASSIGN_OR_RETURN(JsonRef snapshots, root.at("snapshots"));
+  return snapshots.elements_as<ExportIndexEntry>(index_entry_of);
+}
 
 Status Store::export_to(const std::vector<std::string>& refs, const std::string& path) {
   if (refs.empty()) return Status::InvalidArgument("export: name at least one snapshot");
@@ -452,21 +490,19 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
 Result<ImportReport> Store::import_from(const std::string& path) {
   ImportVisitor v(io_, paths_, path);
   KV_RETURN_IF_ERROR(import_archive(io_, path, v));  // any error: everything received is discarded
-  nlohmann::json index = nlohmann::json::parse(v.index_text, nullptr, false);
-  if (v.index_text.empty() || !index.is_object() || !index.contains("snapshots") || !index["snapshots"].is_array())
-    return Status::Corruption(path + ": no valid " + std::string(kExportIndex) + "; not a kvsnap export");
+  KV_ASSIGN_OR_RETURN(std::vector<ExportIndexEntry> index, parse_export_index(v.index_text, path));
   ImportReport rep;
   for (const auto& [entry, tmp] : v.files) {
-    const nlohmann::json* meta = nullptr;
-    for (const auto& e : index["snapshots"])
-      if (e.is_object() && e.value("file", "") == entry) meta = &e;
+    const ExportIndexEntry* meta = nullptr;
+    for (const ExportIndexEntry& e : index)
+      if (e.file == entry) meta = &e;
     if (!meta) return Status::Corruption(path + ": " + entry + " is not in the export's index");
     KV_ASSIGN_OR_RETURN(auto file, io_.open_read(tmp));
     auto reader = open_snapshot_file(*file);
     if (!reader.ok()) return reader.status().Prefixed(path + ": " + entry);
     KV_RETURN_IF_ERROR((*reader)->verify_chunks().Prefixed(path + ": " + entry));
     KV_RETURN_IF_ERROR((*reader)->verify_original().Prefixed(path + ": " + entry));
-    const std::string uuid = meta->value("uuid", "");
+    const std::string& uuid = meta->uuid;
     if (!uuid.empty() && catalog_->resolve(uuid).ok()) {
       rep.skipped.push_back(uuid + " (already in the store)");
       continue;
@@ -481,18 +517,15 @@ Result<ImportReport> Store::import_from(const std::string& path) {
       uses.push_back({hash_of(ref), ref.raw_size, blob.size()});
     }
     KV_RETURN_IF_ERROR(batch->sync_dirs());
-    SnapshotRecord rec = make_record(m, state, m.provenance.file_size, m.arch.value_or(""),
-                                     meta->value("model_fingerprint", ""));
+    SnapshotRecord rec = make_record(m, state, m.provenance.file_size, m.arch.value_or(""), meta->model_fingerprint);
     rec.info.uuid = uuid;
-    rec.info.created = meta->value("created", "");
-    if ((*meta)["name"].is_string()) {
-      std::string name = (*meta)["name"].get<std::string>();
+    rec.info.created = meta->created;
+    if (meta->name) {
+      const std::string& name = *meta->name;
       if (catalog_->resolve(name).ok()) rep.skipped.push_back("name '" + name + "' is taken: imported " + uuid + " without it");
       else rec.info.name = name;
     }
-    if ((*meta)["tags"].is_object())
-      for (const auto& [k, val] : (*meta)["tags"].items())
-        if (val.is_string()) rec.info.tags[k] = val.get<std::string>();
+    rec.info.tags = meta->tags;
     KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->add_snapshot(std::move(rec), uses));
     rep.imported.push_back(std::move(stored));
   }

@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/io.h"
@@ -121,6 +122,17 @@ class Store {
   std::unique_ptr<BlobStore> blobs_;
   std::unique_ptr<Catalog> catalog_;
 };
+
+// An export archive's index (kvsnap-export.json): one entry per .kvsnap in the archive.
+struct ExportIndexEntry {
+  std::string file;                       // the archive entry it describes
+  std::string uuid, created, model_fingerprint;  // empty when absent
+  std::optional<std::string> name;
+  std::map<std::string, std::string> tags;
+};
+// Parses and type-checks the index text (outside input); errors name
+// `archive`, the index, the key path and what was wrong.
+Result<std::vector<ExportIndexEntry>> parse_export_index(std::string_view text, const std::string& archive);
 
 // The rotation geometry a snapshot recorded (from the model given at save), if any.
 std::optional<RotationGeometry> recorded_geometry(const SnapshotManifest& m);

@@ -14,6 +14,7 @@
 
 #include "format/llama_state.h"
 #include "format/state_builder.h"
+#include "under_asan.h"
 
 namespace kvsnap {
 namespace {
@@ -411,7 +412,7 @@ TEST_F(CliTest, EveryLayoutConvertsAndComesBackWithoutLoss) {
 // q8_0, and its V to columns (flash attention off), in well under 128 MiB.
 // (docs/performance.md has the 2 GiB measurement.)
 TEST_F(CliTest, ConversionMemoryIsBoundedWhateverTheFileSize) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(KVSNAP_UNDER_ASAN)
   GTEST_SKIP() << "peak RSS means nothing under AddressSanitizer (quarantine, shadow memory); the normal build "
                   "runs this test";
 #endif

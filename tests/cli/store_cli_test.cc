@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "store/archive.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -182,6 +184,45 @@ TEST_F(StoreCli, ExitCodesAndMessages) {
   EXPECT_EQ(kv("rm one").code, 0);
   EXPECT_EQ(count_snapshots(), 0u);
   EXPECT_EQ(kv("verify").code, 2) << "verify needs names or --all";
+}
+
+
+// Fuzz finding: `kvsnap import` of an export whose index has "uuid": 12345
+// died of an uncaught nlohmann::json::type_error (exit 134). Now: a corrupt
+// input (exit 3) naming the archive, the key path and the type; and main
+// catches whatever would still escape ("kvsnap: internal error", never abort).
+TEST_F(StoreCli, ImportOfAMistypedIndexIsAnErrorNotAnAbort) {
+  const std::string index = R"({"snapshots": [{"file": "snapshots/a.kvsnap", "uuid": 12345}]})";
+  const std::string snap = slurp(fs::path(KVSNAP_SOURCE_DIR) / "fixtures/kvsnap/v1/b8121-hybrid-f16-f16-faon.kvsnap");
+  auto bytes = [](const std::string& s) {
+    return std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()), s.size());
+  };
+  kvsnap::MemoryFile index_file("index", bytes(index)), snap_file("snap", bytes(snap));
+  const std::vector<kvsnap::ExportEntry> entries = {kvsnap::ExportEntry::FromFile("kvsnap-export.json", index_file),
+                                                    kvsnap::ExportEntry::FromFile("snapshots/a.kvsnap", snap_file)};
+  const fs::path archive = dir_ / "bad-index.tar.zst";
+  ASSERT_TRUE(kvsnap::export_archive(kvsnap::posix_io(), archive.string(), entries).ok());
+  KvRun r = kv("import " + archive.string());
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_NE(r.err.find("bad-index.tar.zst: kvsnap-export.json: snapshots[0].uuid: expected a string, got number"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+}
+
+
+// `find --tokens FILE` reads outside JSON through the checked reader: a token
+// id that does not fit int32 is refused by position, not wrapped.
+TEST_F(StoreCli, TokenListFileIsTypeChecked) {
+  const fs::path f = dir_ / "tokens.json";
+  std::ofstream(f) << "[1, 2, 99999999999]";
+  KvRun big = kv("find --tokens " + f.string());
+  EXPECT_EQ(big.code, 2) << big.err;
+  EXPECT_NE(big.err.find("tokens.json: [2]: 99999999999 is out of range"), std::string::npos) << big.err;
+  std::ofstream(f) << "[1, \"x\"]";
+  KvRun str = kv("find --tokens " + f.string());
+  EXPECT_EQ(str.code, 2) << str.err;
+  EXPECT_NE(str.err.find("tokens.json: [1]: expected an integer"), std::string::npos) << str.err;
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "format/model_profile.h"
 #include "format/snapshot_internal.h"
 #include "format/state_builder.h"
+#include "under_asan.h"
 
 namespace kvsnap {
 namespace {
@@ -583,6 +584,71 @@ TEST(SnapshotHostile, HugeDeclaredLengthsAreRefusedWithoutAllocating) {
   }
 }
 
+// Offset of the first tensor segment's record in the SEGS section.
+size_t first_tensor_record(const Surgery& x) {
+  using namespace snapshot_detail;
+  const size_t recs = x.payload_of(kTagSegs) + 32;
+  for (size_t at = recs;; at += kSegmentRecordBytes) {
+    if (x.b[at] != std::byte{uint8_t(SegmentKind::kFrame)}) return at;
+  }
+}
+
+// Fuzz finding: the reader sized per-layer tables by a segment's layer field
+// (4-17 GB allocations; at 0xFFFFFFFF, layer + 1 wrapped to 0 and it wrote
+// out of bounds).
+TEST(SnapshotHostile, LayerIndexIsBoundedByTheSegmentTable) {
+  auto s = store_snapshot();
+  for (uint32_t layer : {1000u, 0x40000000u, 0xFFFFFFFFu}) {
+    SCOPED_TRACE(layer);
+    Surgery x{s->m.bytes};
+    x.set_u32(first_tensor_record(x) + 12, layer);
+    x.reseal();
+    auto r = open_snapshot(x.b, s->store);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kCorruption);
+    EXPECT_NE(r.status().message().find("layer " + std::to_string(layer) + " is out of range"), std::string::npos)
+        << r.status().ToString();
+  }
+}
+
+// A manifest whose whole original is frame bytes: one frame segment of
+// `frame_bytes` in `n_frame_chunks` chunks, and no chunk table.
+SnapshotManifest frame_only_manifest(uint64_t frame_bytes, uint64_t n_frame_chunks) {
+  SnapshotManifest m;
+  m.original_sha256.fill(0x11);
+  m.provenance.file_size = frame_bytes;
+  m.info = {{"provenance",
+             {{"source", "x.slot"}, {"kind", "seq"}, {"magic", "67677371"}, {"version", 3},
+              {"file_size", frame_bytes}, {"sha256", to_hex(m.original_sha256)}}}};
+  m.segments.frame_bytes = frame_bytes;
+  m.segments.n_frame_chunks = n_frame_chunks;
+  Segment fr;
+  fr.size = frame_bytes;
+  m.segments.segments.push_back(fr);
+  snapshot_detail::encode_manifest(m);
+  return m;
+}
+
+// Fuzz finding: (frame_bytes + chunk - 1) / chunk wrapped for frame_bytes near
+// 2^64, so a manifest with no chunks passed and reading the original indexed
+// past the chunk list.
+TEST(SnapshotHostile, FrameChunkCountCannotWrap) {
+  const uint64_t huge = ~uint64_t(0);
+  for (uint64_t n_chunks : {uint64_t(0), huge / kFrameChunkBytes + 1}) {
+    SCOPED_TRACE(n_chunks);
+    SnapshotManifest m = frame_only_manifest(huge, n_chunks);
+    auto r = parse_manifest(m.bytes, "wrap.manifest");
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kCorruption);
+    EXPECT_NE(r.status().message().find("wrap.manifest: "), std::string::npos) << r.status().ToString();
+  }
+  // The same shape at a sane size is accepted until the (missing) chunks are counted.
+  auto ok = parse_manifest(frame_only_manifest(100, 0).bytes);
+  ASSERT_FALSE(ok.ok());
+  EXPECT_NE(ok.status().message().find("frame chunk count 0 does not fit 100"), std::string::npos)
+      << ok.status().ToString();
+}
+
 TEST(SnapshotHostile, DamagedChunkIsNamedByIndexAndCoverage) {
   auto s = store_snapshot();
   auto r = open_snapshot(s->m.bytes, s->store);
@@ -637,7 +703,7 @@ bool reset_peak_rss() {
 }
 
 TEST(SnapshotMemory, LargeStateBuildsAndReadsInBoundedMemory) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(KVSNAP_UNDER_ASAN)
   const bool measure = false;  // peak RSS means nothing under AddressSanitizer
   const uint32_t cells = 4096;
 #else

@@ -13,6 +13,7 @@
 
 #include "format/state_prefix.h"
 #include "migrate/convert_state.h"
+#include "store/archive.h"
 #include "store/fault_io.h"
 
 namespace kvsnap {
@@ -283,6 +284,108 @@ size_t files_under(const fs::path& p) {
   if (fs::exists(p))
     for (const auto& e : fs::recursive_directory_iterator(p)) n += e.is_regular_file();
   return n;
+}
+
+// An archive with `index` as kvsnap-export.json and one released .kvsnap fixture as snapshots/a.kvsnap.
+fs::path export_with_index(const fs::path& dir, const std::string& index) {
+  const auto snap = slurp(fixtures() / "kvsnap/v1/b8121-hybrid-f16-f16-faon.kvsnap");
+  MemoryFile index_file("index", std::span<const std::byte>(reinterpret_cast<const std::byte*>(index.data()),
+                                                           index.size()));
+  MemoryFile snap_file("snap", std::span<const std::byte>(snap));
+  const std::vector<ExportEntry> entries = {ExportEntry::FromFile("kvsnap-export.json", index_file),
+                                            ExportEntry::FromFile("snapshots/a.kvsnap", snap_file)};
+  const fs::path p = dir / ("index-" + std::to_string(::getpid()) + ".tar.zst");
+  EXPECT_TRUE(export_archive(posix_io(), p.string(), entries).ok());
+  return p;
+}
+
+// Fuzz finding: the index was read with operator[] on keys that may be
+// missing (undefined behaviour) and .value() that throws on a wrong type
+// ("uuid": 12345 aborted the process).
+TEST(Store, ImportTypeChecksTheExportIndex) {
+  TempStore s;
+  const fs::path bad = export_with_index(s.root.parent_path(), R"({"snapshots": [{"file": "snapshots/a.kvsnap", "uuid": 12345}]})");
+  auto r = s.store->import_from(bad.string());
+  fs::remove(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kCorruption);
+  EXPECT_NE(r.status().message().find("kvsnap-export.json: snapshots[0].uuid: expected a string, got number"),
+            std::string::npos)
+      << r.status().ToString();
+  EXPECT_EQ(files_under(s.root / "tmp"), 0u);
+
+  // Only "file" is required: no name, tags, uuid or created imports without them.
+  const fs::path bare = export_with_index(s.root.parent_path(), R"({"snapshots": [{"file": "snapshots/a.kvsnap"}]})");
+  auto ok = s.store->import_from(bare.string());
+  fs::remove(bare);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  ASSERT_EQ(ok->imported.size(), 1u);
+  EXPECT_FALSE(ok->imported[0].name.has_value());
+  EXPECT_TRUE(ok->imported[0].tags.empty());
+}
+
+// Found by the audit for the fuzz findings: a snapshot whose INFO.lossy has
+// a non-string type name made import's catalog row (.value() on it) throw.
+TEST(Store, ImportOfAMistypedLossyNoteDoesNotThrow) {
+  const auto bytes = slurp(fixtures() / "kvsnap/v1/b8121-hybrid-f16-f16-faon.kvsnap");
+  MemoryFile f("fixture.kvsnap", std::span<const std::byte>(bytes));
+  auto reader = open_snapshot_file(f);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  struct FromReader final : ChunkSource {
+    const SnapshotReader* r;
+    Result<std::vector<std::byte>> get(const ChunkRef& ref) override { return r->blob(ref.index); }
+  } source;
+  source.r = reader->get();
+  SnapshotManifest m = (*reader)->manifest();
+  m.info["lossy"] = {{"from_k", 3}, {"to_v", nullptr}};
+  auto plan = SnapshotFileAssembler::plan(m, source);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  VectorSink file;
+  ASSERT_TRUE(plan->write(source, file).ok());
+  const std::string index = R"({"snapshots": [{"file": "snapshots/a.kvsnap"}]})";
+  MemoryFile index_file("index", std::span<const std::byte>(reinterpret_cast<const std::byte*>(index.data()), index.size()));
+  MemoryFile snap_file("snap", std::span<const std::byte>(file.bytes));
+  const std::vector<ExportEntry> entries = {ExportEntry::FromFile("kvsnap-export.json", index_file),
+                                            ExportEntry::FromFile("snapshots/a.kvsnap", snap_file)};
+  TempStore s;
+  const fs::path p = s.root.parent_path() / ("lossy-" + std::to_string(::getpid()) + ".tar.zst");
+  ASSERT_TRUE(export_archive(posix_io(), p.string(), entries).ok());
+  auto r = s.store->import_from(p.string());
+  fs::remove(p);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->imported.size(), 1u);
+  EXPECT_EQ(r->imported[0].lossy, "?/? -> ?/?");
+}
+
+TEST(Store, ExportIndexErrorsNameTheKeyAndType) {
+  struct Case {
+    const char* text;
+    const char* message;
+  } cases[] = {
+      {"", "a.tar: kvsnap-export.json: missing or empty"},
+      {"{not json", "a.tar: kvsnap-export.json: not valid JSON"},
+      {"[]", "a.tar: kvsnap-export.json: expected an object, got array"},
+      {"{}", "a.tar: kvsnap-export.json: no \"snapshots\""},
+      {R"({"snapshots": {}})", "kvsnap-export.json: snapshots: expected an array, got object"},
+      {R"({"snapshots": [7]})", "kvsnap-export.json: snapshots[0]: expected an object, got number"},
+      {R"({"snapshots": [{"uuid": "u"}]})", "kvsnap-export.json: snapshots[0]: no \"file\""},
+      {R"({"snapshots": [{"file": "a", "name": ["x"]}]})", "snapshots[0].name: expected a string, got array"},
+      {R"({"snapshots": [{"file": "a", "tags": {"k": 1}}]})", "snapshots[0].tags.k: expected a string, got number"},
+      {R"({"snapshots": [{"file": "a", "tags": []}]})", "snapshots[0].tags: expected an object, got array"},
+  };
+  for (const Case& c : cases) {
+    auto r = parse_export_index(c.text, "a.tar");
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_EQ(r.status().code(), Code::kCorruption) << c.text;
+    EXPECT_NE(r.status().message().find(c.message), std::string::npos) << c.text << " -> " << r.status().ToString();
+  }
+  auto ok = parse_export_index(R"({"snapshots": [{"file": "f", "name": null, "tags": {"a": "b"}, "uuid": "u"}]})", "a.tar");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  ASSERT_EQ(ok->size(), 1u);
+  EXPECT_EQ((*ok)[0].file, "f");
+  EXPECT_EQ((*ok)[0].uuid, "u");
+  EXPECT_FALSE((*ok)[0].name.has_value());
+  EXPECT_EQ((*ok)[0].tags.at("a"), "b");
 }
 
 TEST(Store, ExportImportRoundTripAndHostileExports) {

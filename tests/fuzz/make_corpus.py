@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""Writes the fuzz seed corpus (tests/fuzz/corpus/<target>/) and the crash
+reproducers of the fixed fuzz findings (tests/fuzz/regressions/<target>/).
+
+  python3 tests/fuzz/make_corpus.py BUILD_DIR   (a normal build: kvsnap, kvsnap-mkmodel)
+
+Seeds are small real files: 3-token prefixes of fixtures/ state files (cut by
+`kvsnap restore --tokens`), their token payloads, snapshots and export archives
+of those, metadata-only GGUF models, and llama-server / servers.json replies
+as the code expects them. The regressions are built here byte by byte so that
+they can be read and regenerated.
+"""
+import hashlib
+import io
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FUZZ = os.path.join(ROOT, "tests", "fuzz")
+
+# State files to seed from, and the model whose shape fuzz_llama_state's mode byte picks
+# (mode 5 + 8 * index in the sorted fixtures/models listing).
+STATES = [
+    ("v0.5.0/hd64-f16-f16-faon.slot", "tiny-hd64.gguf"),
+    ("v0.5.0/hd64-f16-f16-faoff.slot", "tiny-hd64.gguf"),
+    ("v0.5.0/hd64-q4_0-q8_0-faon.slot", "tiny-hd64.gguf"),
+    ("v0.5.0/iswa-q8_0-q8_0-faon.slot", "tiny-iswa.gguf"),
+    ("v0.5.0/mrope-f16-f16-faon.slot", "tiny-mrope.gguf"),
+    ("v0.5.0/hybrid-f16-f16-faon.slot", "tiny-hybrid.gguf"),
+    ("b8121/hd64-f16-f16-faon.slot", "tiny-hd64.gguf"),
+    ("b5640/hd64-f16-f16-faoff.slot", "tiny-hd64.gguf"),
+    ("b5640/hd64-f16-f16-faon.session", "tiny-hd64.gguf"),
+]
+
+
+def write(path, data):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def run(*args):
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def name_of(rel):
+    return rel.replace("/", "-")
+
+
+# --- Snapshot byte surgery (docs/format.md) ---------------------------------------
+
+def sections(man):
+    """[(tag, header_at, payload_at, length)] of a manifest."""
+    out, at = [], 16
+    while at < len(man):
+        tag, _flags, n = struct.unpack_from("<IIQ", man, at)
+        out.append((man[at:at + 4], at, at + 16, n))
+        at += 16 + n
+    return out
+
+
+def reseal(man):
+    """Recomputes DIGS' digest of the sections before it."""
+    man = bytearray(man)
+    tag, header_at, payload_at, _ = sections(man)[-1]
+    assert tag == b"DIGS"
+    man[payload_at + 40:payload_at + 72] = hashlib.sha256(man[:header_at]).digest()
+    return bytes(man)
+
+
+def split_file(snap):
+    area_off, area_len, man_off, man_len = struct.unpack_from("<QQQQ", snap, len(snap) - 80)
+    return snap[:man_off], snap[man_off:man_off + man_len], snap[man_off + man_len:]
+
+
+def join_file(head, man, trailer):
+    """A standalone file with `man` in place of its manifest (same length) and the trailer's hash updated."""
+    trailer = bytearray(trailer)
+    trailer[32:64] = hashlib.sha256(man).digest()
+    return head + man + bytes(trailer)
+
+
+def payload(man, want):
+    for tag, _h, p, n in sections(man):
+        if tag == want:
+            return p, n
+    raise KeyError(want)
+
+
+def rebuild(man, replace):
+    """The manifest with some section payloads replaced ({tag: bytes}), resealed."""
+    out = bytearray(man[:16])
+    for tag, h, p, n in sections(man):
+        body = replace.get(tag, man[p:p + n])
+        out += man[h:h + 8] + struct.pack("<Q", len(body)) + body
+    return reseal(bytes(out))
+
+
+def layer_out_of_range(man, layer):
+    """Fuzz finding 1: a tensor segment's layer field sized per-layer tables."""
+    man = bytearray(man)
+    p, _ = payload(man, b"SEGS")
+    at = p + 32
+    while man[at] == 0:  # frame segment
+        at += 64
+    struct.pack_into("<I", man, at + 12, layer)
+    return reseal(bytes(man))
+
+
+def frame_bytes_wrap(man):
+    """Fuzz finding 2: frame_bytes near 2^64 made (frame_bytes + chunk - 1) / chunk wrap to 0 chunks."""
+    huge = 2**64 - 1
+    p, n = payload(man, b"INFO")
+    info = json.loads(man[p:p + n])
+    info["provenance"]["file_size"] = huge
+    digs_p, _ = payload(man, b"DIGS")
+    digs = bytearray(man[digs_p:digs_p + 72])
+    struct.pack_into("<Q", digs, 32, huge)
+    segs = struct.pack("<IIQQQ", 1 << 20, 0, huge, 0, 1)
+    segs += struct.pack("<BBHIIIQQQQIIIi", 0, 0, 0, 0, 0, 0, 0, huge, 0, 0, 0, 0, 0, 0)
+    return rebuild(man, {b"INFO": json.dumps(info, separators=(",", ":")).encode(), b"SEGS": segs,
+                         b"CHNK": struct.pack("<Q", 0), b"DIGS": bytes(digs)})
+
+
+# --- Archives -----------------------------------------------------------------------
+
+def tar_of(entries):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for name, data in entries:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    build = os.path.abspath(sys.argv[1])
+    kvsnap = os.path.join(build, "kvsnap")
+    mkmodel = os.path.join(build, "kvsnap-mkmodel")
+    models = sorted(os.listdir(os.path.join(ROOT, "fixtures", "models")))
+    corpus = os.path.join(FUZZ, "corpus")
+    regressions = os.path.join(FUZZ, "regressions")
+    shutil.rmtree(corpus, ignore_errors=True)
+    shutil.rmtree(regressions, ignore_errors=True)
+    tmp = tempfile.mkdtemp()
+    try:
+        store = os.path.join(tmp, "store")
+        # State files: 3-token prefixes, parsed without options and with their model's shape.
+        for rel, model in list(STATES):
+            src = os.path.join(ROOT, "fixtures", rel)
+            name = name_of(rel)
+            run(kvsnap, "save", src, "--name", name, "--store", store)
+            cut = os.path.join(tmp, name)
+            try:
+                run(kvsnap, "restore", name, "--tokens", "3", "-o", cut, "--store", store)
+            except subprocess.CalledProcessError as e:
+                print("skipping %s: %s" % (rel, e.stderr.decode().strip()))
+                STATES.remove((rel, model))
+                continue
+            data = open(cut, "rb").read()
+            write(os.path.join(corpus, "llama_state", name), b"\x00" + data)
+            write(os.path.join(corpus, "llama_state", name + ".shape"),
+                  bytes([5 + 8 * models.index(model)]) + data)
+            n_words = struct.unpack_from("<I", data, 8)[0]
+            write(os.path.join(corpus, "token_payload", name), data[12:12 + 4 * n_words])
+            run(kvsnap, "save", cut, "--name", name + "-3", "--store", store)
+            if rel.startswith("v0.5.0/"):
+                # A ggsq v3 file is a llama_state_seq_get_data buffer after its token list: mode 1 (raw-seq, era 3).
+                write(os.path.join(corpus, "llama_state", name + ".raw"), b"\x01" + data[12 + 4 * n_words:])
+
+        # Snapshots, archives and indexes: exports of the 3-token snapshots.
+        small = []
+        for rel, _ in STATES[:6]:
+            name = name_of(rel) + "-3"
+            ex = os.path.join(tmp, name + ".tar.zst")
+            run(kvsnap, "export", name, "-o", ex, "--store", store)
+            write(os.path.join(corpus, "archive", name + ".tar.zst"), open(ex, "rb").read())
+            out = os.path.join(tmp, "x-" + name)
+            os.makedirs(out)
+            run("tar", "--zstd", "-xf", ex, "-C", out)
+            index = open(os.path.join(out, "kvsnap-export.json"), "rb").read()
+            write(os.path.join(corpus, "export_index", name + ".json"), index)
+            snap_dir = os.path.join(out, "snapshots")
+            snap = open(os.path.join(snap_dir, os.listdir(snap_dir)[0]), "rb").read()
+            write(os.path.join(corpus, "snapshot", name + ".kvsnap"), snap)
+            write(os.path.join(corpus, "snapshot", name + ".manifest"), split_file(snap)[1])
+            small.append((name, index, snap))
+        # Layouts that cannot be cut to a prefix (iSWA, hybrid): released snapshots and a whole small state.
+        for rel in ["kvsnap/v1/b8121-hybrid-f16-f16-faon.kvsnap", "kvsnap/v1/v0.5.0-iswa-q8_0-q8_0-faon.kvsnap"]:
+            write(os.path.join(corpus, "snapshot", os.path.basename(rel)), open(os.path.join(ROOT, "fixtures", rel), "rb").read())
+        hybrid = open(os.path.join(ROOT, "fixtures/v0.5.0/hybrid-f16-f16-faon.slot"), "rb").read()
+        write(os.path.join(corpus, "llama_state", "v0.5.0-hybrid-f16-f16-faon.slot.shape"),
+              bytes([5 + 8 * models.index("tiny-hybrid.gguf")]) + hybrid)
+        name, index, snap = small[0]
+        write(os.path.join(corpus, "archive", name + ".tar"),
+              tar_of([("kvsnap-export.json", index), ("snapshots/a.kvsnap", snap)]))
+
+        # GGUF: metadata-only models of every arch kvsnap models.
+        for arch in ["llama", "gemma2", "gemma3", "qwen2vl", "lfm2", "deci"]:
+            out = os.path.join(corpus, "gguf", arch + ".gguf")
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            try:
+                run(mkmodel, "--out", out, "--arch", arch, "--n-layer", "4", "--n-embd", "256", "--metadata-only")
+            except subprocess.CalledProcessError as e:
+                print("skipping gguf %s: %s" % (arch, e.stderr.decode().strip()))
+
+        # llama-server replies, as llama-server v0.5.0 sends them.
+        replies = {
+            "slots.json": [{"id": 0, "n_ctx": 4096, "is_processing": False, "params": {"n_predict": -1}},
+                           {"id": 1, "n_ctx": 4096, "is_processing": True}],
+            "save.json": {"id_slot": 0, "filename": "s.bin", "n_saved": 12, "n_written": 20480,
+                          "timings": {"save_ms": 1.5}},
+            "restore.json": {"id_slot": 0, "filename": "s.bin", "n_restored": 12, "n_read": 20480,
+                             "timings": {"restore_ms": 2.25}},
+            "tokenize.json": {"tokens": [1, 15043, 3186]},
+            "tokenize-pieces.json": {"tokens": [{"id": 1, "piece": "<s>"}, {"id": 15043, "piece": " Hello"}]},
+            "completion.json": {"content": "", "id_slot": 0, "stop": True,
+                                "timings": {"prompt_n": 1, "cache_n": 11, "prompt_ms": 3.0}},
+            "error.json": {"error": {"code": 400, "message": "failed to restore slot", "type": "invalid_request_error"}},
+            "error-string.json": {"error": "Loading model"},
+        }
+        for n, body in replies.items():
+            write(os.path.join(corpus, "server_replies", n), json.dumps(body))
+        profiles = {"version": 1, "servers": [
+            {"name": "local", "url": "http://127.0.0.1:8080", "slot_dir": "/srv/slots", "ctk": "q8_0",
+             "ctv": "q8_0", "flash_attn": "on", "model": "/m/tiny.gguf", "api_key_file": ""},
+            {"name": "bare", "url": "http://h:1", "slot_dir": "/s"}]}
+        write(os.path.join(corpus, "server_profiles", "servers.json"), json.dumps(profiles, indent=2))
+
+        # --- Regressions: the inputs of the fixed findings --------------------------------
+        name, index, snap = small[0]
+        head, man, trailer = split_file(snap)
+        for layer in (0x40000000, 0xFFFFFFFF):
+            bad = layer_out_of_range(man, layer)
+            write(os.path.join(regressions, "snapshot", "layer-%08x.manifest" % layer), bad)
+            write(os.path.join(regressions, "snapshot", "layer-%08x.kvsnap" % layer), join_file(head, bad, trailer))
+        write(os.path.join(regressions, "snapshot", "frame-bytes-wrap.manifest"), frame_bytes_wrap(man))
+        mistyped = b'{"snapshots": [{"file": "snapshots/a.kvsnap", "uuid": 12345}]}'
+        missing = b'{"snapshots": [{"file": "snapshots/a.kvsnap"}], "kvsnap_export": 1}'
+        write(os.path.join(regressions, "archive", "uuid-number.tar"),
+              tar_of([("kvsnap-export.json", mistyped), ("snapshots/a.kvsnap", snap)]))
+        write(os.path.join(regressions, "archive", "no-name-no-tags.tar"),
+              tar_of([("kvsnap-export.json", missing), ("snapshots/a.kvsnap", snap)]))
+        write(os.path.join(regressions, "export_index", "uuid-number.json"), mistyped)
+        write(os.path.join(regressions, "export_index", "no-name-no-tags.json"), missing)
+        write(os.path.join(regressions, "export_index", "entry-not-object.json"), b'{"snapshots": [7, null]}')
+        write(os.path.join(regressions, "export_index", "name-array.json"),
+              b'{"snapshots": [{"file": "a", "name": ["x"], "tags": {"k": 1}}]}')
+        for n, body in {"slots-id-string.json": '[{"id": "0", "n_ctx": 1e300}]',
+                        "slots-not-objects.json": '[1, "a", null]',
+                        "tokenize-huge.json": '{"tokens": [1e300, -99999999999, "x"]}',
+                        "timings-not-object.json": '{"timings": 5, "n_saved": -1, "content": 3}',
+                        "error-nested.json": '{"error": {"type": 1, "message": [2]}}'}.items():
+            write(os.path.join(regressions, "server_replies", n), body)
+        write(os.path.join(regressions, "server_profiles", "name-number.json"),
+              b'{"servers": [{"name": 5, "url": null}, 3]}')
+    finally:
+        shutil.rmtree(tmp)
+    total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(corpus) for f in fs)
+    print("corpus: %d bytes" % total)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Runs the libFuzzer targets of BUILD_DIR (configured with -DKVSNAP_FUZZ=ON,
+# built with --target fuzz_all):
+#   1. every file under tests/fuzz/regressions/<target>/ once (past crashes),
+#   2. each target for a fixed SECONDS_PER_TARGET (default 30), one at a time,
+#      on a copy of tests/fuzz/corpus/<target>/ (the committed corpus is not
+#      changed; new inputs are thrown away).
+# Fails if any target crashes, leaks, times out (10 s per input) or passes
+# 2 GB RSS; crash inputs are kept in BUILD_DIR/fuzz-artifacts/<target>/ and
+# their paths printed. Add a fixed crash input to regressions/<target>/.
+set -euo pipefail
+if [ $# -lt 1 ]; then
+  echo "usage: $0 BUILD_DIR [SECONDS_PER_TARGET]" >&2
+  exit 2
+fi
+build=$(cd "$1" && pwd)
+seconds=${2:-30}
+here=$(cd "$(dirname "$0")" && pwd)
+flags=(-rss_limit_mb=2048 -timeout=10 -print_final_stats=0)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+failed=()
+shopt -s nullglob
+targets=("$build"/tests/fuzz/fuzz_*)
+if [ ${#targets[@]} -eq 0 ]; then
+  echo "fuzz: no fuzz_* targets in $build/tests/fuzz (cmake --build $build --target fuzz_all)" >&2
+  exit 2
+fi
+for bin in "${targets[@]}"; do
+  [ -x "$bin" ] || continue
+  t=$(basename "$bin")
+  t=${t#fuzz_}
+  artifacts="$build/fuzz-artifacts/$t"
+  rm -rf "$artifacts"
+  mkdir -p "$artifacts"
+  regressions=("$here/regressions/$t"/*)
+  if [ ${#regressions[@]} -gt 0 ]; then
+    if ! "$bin" "${flags[@]}" -artifact_prefix="$artifacts/" "${regressions[@]}" >"$work/$t.regressions.log" 2>&1; then
+      echo "fuzz: $t: a regression input fails again:" >&2
+      grep -E "Running:|ERROR|SUMMARY" "$work/$t.regressions.log" | tail -5 >&2 || true
+      failed+=("$t (regressions)")
+    else
+      echo "fuzz: $t: ${#regressions[@]} regression inputs pass"
+    fi
+  fi
+  mkdir -p "$work/$t"
+  cp -R "$here/corpus/$t/." "$work/$t/" 2>/dev/null || true
+  start=$(date +%s)
+  if "$bin" "${flags[@]}" -max_total_time="$seconds" -artifact_prefix="$artifacts/" "$work/$t" >"$work/$t.log" 2>&1; then
+    runs=$(grep -Eo '#[0-9]+' "$work/$t.log" | tail -1 || true)
+    echo "fuzz: $t: no crash in $(( $(date +%s) - start )) s (${runs:-#?} runs)"
+  else
+    echo "fuzz: $t: CRASH" >&2
+    grep -E "ERROR|SUMMARY|Test unit written" "$work/$t.log" | tail -5 >&2 || true
+    for a in "$artifacts"/*; do echo "fuzz: $t: crash input $a" >&2; done
+    failed+=("$t")
+  fi
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "fuzz: FAILED: ${failed[*]}" >&2
+  exit 1
+fi
+echo "fuzz: every target ran ${seconds} s without a crash"
