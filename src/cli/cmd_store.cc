@@ -240,6 +240,7 @@ Status render_save(const SaveResult& r, const std::string& root, bool as_json, s
 
 struct RestoreOpts {
   std::string ref, out, ctk, ctv, flash_attn, format, rotation, model, store;
+  std::string src_rotation, source_build;  // of the stored file (convert --help)
   uint64_t tokens = 0;
   int threads = 0;
   bool force = false, json = false, check = false;
@@ -250,6 +251,8 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
   if (!o.out.empty() || o.tokens || !o.format.empty())
     return Status::InvalidArgument("--server restores into the server; --out, --tokens and --format do not apply");
   KV_ASSIGN_OR_RETURN(ServerTarget t, server_target(o.srv, o.store, o.ctk, o.ctv, o.flash_attn, o.model));
+  t.stored_source_build = o.source_build;
+  t.stored_src_rotation = o.src_rotation;
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
   KV_ASSIGN_OR_RETURN(ServerRestoreResult r, restore_to_server(posix_io(), *store, t, o.ref, o.check));
   json j = {{"snapshot", info_json(r.restore.info)}, {"server", t.endpoint.url}, {"slot", t.slot},
@@ -296,6 +299,8 @@ Status run_restore(const RestoreOpts& o, std::string& out) {
   req.spec.flash_attn = o.flash_attn;
   req.spec.format = o.format;
   req.spec.rotation = o.rotation;
+  req.spec.src_rotation = o.src_rotation;
+  req.spec.source_build = o.source_build;
   req.spec.threads = o.threads;
   req.model = model ? &*model : nullptr;
   if (o.tokens) req.tokens = o.tokens;
@@ -657,6 +662,10 @@ void setup_store_commands(CLI::App& app, int& exit_status) {
     sub->add_option("--flash-attn,--fa", o->flash_attn, "on|off of that server (default: as stored)");
     sub->add_option("--format", o->format, "output format: " + target_format_names());
     sub->add_option("--rotation", o->rotation, "auto|on|off (see kvsnap convert --help)");
+    sub->add_option("--source-build", o->source_build,
+                    "the llama.cpp build that wrote the stored file (b10361, v0.5.0): decides whether its quantized "
+                    "caches are stored rotated when converting (see kvsnap convert --help)");
+    sub->add_option("--src-rotation", o->src_rotation, "auto|on|off: how the stored file's quantized caches are stored");
     sub->add_option("--tokens", o->tokens, "restore only the first N tokens (a slot file without media)");
     sub->add_option("--model,-m", o->model, "the model's GGUF (default: the head dims recorded at save)");
     sub->add_option("--threads,-t", o->threads, "conversion threads (default: all cores)");

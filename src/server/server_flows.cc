@@ -203,6 +203,8 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   req.spec.ctk = r.ctk;
   req.spec.ctv = r.ctv;
   req.spec.flash_attn = r.flash_attn;
+  req.spec.source_build = t.stored_source_build;
+  req.spec.src_rotation = t.stored_src_rotation;
   req.model = model.info ? &*model.info : nullptr;
   const std::string name = fresh_name("restore");
   SlotFile file{io, join(t.slot_dir, name)};

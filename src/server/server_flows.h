@@ -34,6 +34,9 @@ struct ServerTarget {
   std::string slot_dir;                 // the server's --slot-save-path, as seen from here
   std::string ctk, ctv, flash_attn;     // the server's cache; empty: detect
   std::string model;                    // GGUF path; empty: the server's /props model_path if readable
+  // Restores: the llama.cpp build that wrote the stored file and how its
+  // quantized caches are stored, when the file's layout does not tell.
+  std::string stored_source_build, stored_src_rotation;
 };
 
 struct ServerSaveResult {

@@ -186,6 +186,27 @@ TEST_F(StoreCli, ExitCodesAndMessages) {
   EXPECT_EQ(kv("verify").code, 2) << "verify needs names or --all";
 }
 
+// A stored ggsq v2 q8_0 slot does not say whether the llama.cpp that wrote it rotated: restoring it
+// at f16 is refused (exit 6, naming --source-build) until the build is named; then it is exactly
+// what `kvsnap convert --source-build` writes.
+TEST_F(StoreCli, RestoringAnOldQuantizedSlotAtOtherTypesNeedsItsBuild) {
+  const fs::path fx = fs::path(KVSNAP_SOURCE_DIR) / "fixtures";
+  const std::string model = (fx / "models/tiny-hd64.gguf").string();
+  const std::string slot = (fx / "b10361/hd64-q8_0-q8_0-faon.slot").string();
+  ASSERT_EQ(kv("save " + slot + " --name g --model " + model).code, 0);
+  const fs::path out = dir_ / "f16.slot";
+  KvRun r = kv("restore g -o " + out.string() + " --ctk f16 --ctv f16 --model " + model);
+  EXPECT_EQ(r.code, 6) << r.err;
+  EXPECT_NE(r.err.find("--source-build"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  r = kv("restore g -o " + out.string() + " --ctk f16 --ctv f16 --model " + model + " --source-build b10361");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const fs::path want = dir_ / "want.slot";
+  ASSERT_EQ(std::system((std::string(KVSNAP_BINARY) + " convert " + slot + " " + want.string() +
+                         " --ctk f16 --ctv f16 --model " + model + " --source-build b10361 >/dev/null").c_str()),
+            0);
+  EXPECT_EQ(slurp(out), slurp(want));
+}
 
 // Fuzz finding: `kvsnap import` of an export whose index has "uuid": 12345
 // died of an uncaught nlohmann::json::type_error (exit 134). Now: a corrupt

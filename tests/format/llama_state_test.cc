@@ -443,12 +443,17 @@ TEST(Fixtures, TruncationSweepOnRealFiles) {
       if (p.parent_path().filename() != "v0.5.0") shape.ext_bytes.reset();  // older files have no ext
       o.shape = &shape;
     }
-    for (size_t n = 0; n < bytes.size(); ++n) {
+    // Every cut in the headers and cell metadata (the first 8 KiB) and the
+    // last 4 KiB, and every 61st byte between: inside tensor rows one cut is
+    // like its neighbours, and the synthetic sweeps above cut everywhere.
+    size_t tried = 0;
+    for (size_t n = 0; n < bytes.size(); n += (n < 8192 || n + 4096 >= bytes.size()) ? 1 : 61) {
       MemoryFile f("cut", std::span<const std::byte>(bytes.data(), n));
       auto st = parse_state(f, o);
       ASSERT_FALSE(st.ok()) << "prefix of " << n << " bytes parsed";
+      ++tried;
     }
-    std::printf("truncation sweep: %s (%zu prefixes)\n", p.filename().c_str(), bytes.size());
+    std::printf("truncation sweep: %s (%zu of %zu prefixes)\n", p.filename().c_str(), tried, bytes.size());
   }
 }
 
