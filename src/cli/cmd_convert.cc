@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/era_options.h"
 #include "cli/exit_codes.h"
 #include "cli/open_state.h"
 #include "format/ggml_types.h"
@@ -145,18 +146,11 @@ void setup_convert(CLI::App& app, int& exit_status) {
   sub->add_option("--flash-attn,--fa", o->flash_attn,
                   "flash attention of the target server: on = V stored as rows, off = V transposed (default: keep)");
   sub->add_option("--rotation", o->rotation,
-                  "auto|on|off: whether quantized caches are Hadamard-rotated at both ends; auto = llama.cpp's rule "
-                  "(v0.5.0 files rotate, older files do not)");
-  sub->add_option("--src-rotation", o->src_rotation,
-                  "auto|on|off for the input only (off: it was saved with LLAMA_ATTN_ROT_DISABLE=1)");
+                  "auto|on|off: whether the llama.cpp at both ends rotates quantized caches (see below)");
+  add_source_options(sub, o->src_rotation, o->source_build, "the input");
   sub->add_option("--dst-rotation", o->dst_rotation,
                   "auto|on|off for the output only (off: the target server runs with LLAMA_ATTN_ROT_DISABLE=1)");
-  sub->add_option("--source-build", o->source_build,
-                  "the llama.cpp build that wrote the input (b8121, v0.5.0; llama-server --version shows it): "
-                  "decides whether its quantized caches are stored rotated, and is checked against the file");
-  sub->add_option("--target-build", o->target_build,
-                  "the llama.cpp build that will load the output: picks the file format, n_stream prefix, session "
-                  "outputs, M-RoPE cell extra and whether quantized caches are written rotated");
+  add_target_build_option(sub, o->target_build, "the output");
   sub->add_option("--format", o->format, "output format: " + target_format_names() + " (default: current)");
   sub->add_option("--head-dim-k", o->head_dim_k, "K head dim, when no --model is given");
   sub->add_option("--head-dim-v", o->head_dim_v, "V head dim, when no --model is given");

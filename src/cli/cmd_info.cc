@@ -10,6 +10,7 @@
 #include <set>
 
 #include "cli/commands.h"
+#include "cli/era_options.h"
 #include "cli/exit_codes.h"
 #include "cli/open_state.h"
 #include "format/llama_era.h"
@@ -464,11 +465,7 @@ void setup_info(CLI::App& app, int& exit_status) {
   sub->add_option("--input-format", opts->input_format,
                   "raw-seq for a llama_state_seq_get_data buffer, raw-context for llama_state_get_data")
       ->check(CLI::IsMember({"", "raw-seq", "raw-context"}));
-  sub->add_option("--source-build", opts->source_build,
-                  "the llama.cpp build that wrote the file (b8121, v0.5.0): checked against the file, and decides "
-                  "whether its quantized caches are stored rotated");
-  sub->add_option("--src-rotation", opts->src_rotation, "on|off: declare how the quantized caches are stored")
-      ->check(CLI::IsMember({"", "auto", "on", "off"}));
+  add_source_options(sub, opts->src_rotation, opts->source_build, "the file");
   sub->add_flag("--json", opts->json, "machine-readable output (schema: docs/info-json.md)");
   sub->add_flag("--tokens", opts->tokens, "also list the tokens");
   sub->footer(

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/era_options.h"
 #include "cli/exit_codes.h"
 #include "server/migrate_dir.h"
 #include "store/store.h"
@@ -144,12 +145,8 @@ void setup_migrate(CLI::App& app, int& exit_status) {
   sub->add_option("--flash-attn,--fa", o->flash_attn, "on|off: the target server's flash attention (default: keep)");
   sub->add_option("--format", o->format, "current (default) or " + target_format_names());
   sub->add_option("--rotation", o->rotation, "auto|on|off (see kvsnap convert --help)");
-  sub->add_option("--src-rotation", o->src_rotation, "auto|on|off: how the files' quantized caches are stored");
-  sub->add_option("--source-build", o->source_build,
-                  "the llama.cpp build that wrote the files (b10361, v0.5.0): decides whether their quantized "
-                  "caches are stored rotated; each file is checked against it");
-  sub->add_option("--target-build", o->target_build,
-                  "the llama.cpp build that will load them: format, outputs, cell extra and rotation");
+  add_source_options(sub, o->src_rotation, o->source_build, "the files");
+  add_target_build_option(sub, o->target_build, "them");
   sub->add_option("--model,-m", o->model, "the model's GGUF: exact layout and head dims (recommended)");
   sub->add_flag("--backup-store", o->backup_store, "save each original in the snapshot store (tag migrated-from=PATH) before converting it");
   sub->add_option("--store", o->store, "the store for --backup-store (default: $KVSNAP_HOME)");

@@ -11,6 +11,7 @@
 
 #include "base/json_access.h"
 #include "cli/commands.h"
+#include "cli/era_options.h"
 #include "cli/exit_codes.h"
 #include "cli/open_state.h"
 #include "server/server_flows.h"
@@ -662,10 +663,7 @@ void setup_store_commands(CLI::App& app, int& exit_status) {
     sub->add_option("--flash-attn,--fa", o->flash_attn, "on|off of that server (default: as stored)");
     sub->add_option("--format", o->format, "output format: " + target_format_names());
     sub->add_option("--rotation", o->rotation, "auto|on|off (see kvsnap convert --help)");
-    sub->add_option("--source-build", o->source_build,
-                    "the llama.cpp build that wrote the stored file (b10361, v0.5.0): decides whether its quantized "
-                    "caches are stored rotated when converting (see kvsnap convert --help)");
-    sub->add_option("--src-rotation", o->src_rotation, "auto|on|off: how the stored file's quantized caches are stored");
+    add_source_options(sub, o->src_rotation, o->source_build, "the stored file");
     sub->add_option("--tokens", o->tokens, "restore only the first N tokens (a slot file without media)");
     sub->add_option("--model,-m", o->model, "the model's GGUF (default: the head dims recorded at save)");
     sub->add_option("--threads,-t", o->threads, "conversion threads (default: all cores)");
