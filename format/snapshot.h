@@ -131,8 +131,21 @@ struct SnapshotTokens {
   bool packed = false;
 };
 
+// Which llama.cpp wrote the original, as far as the saver knew (the file
+// does not say; format/llama_era.h). Recorded at save so that a restore
+// decides the rotation of a ggsq v2 / ggsn v9 file as the saver could.
+// Empty strings: not known.
+struct SourceClaims {
+  std::string llama_build;       // "b8121", "v0.5.0": declared, or reported by llama-server
+  std::string llama_build_from;  // "declared" | "llama-server"
+  std::string reported_build;    // llama-server's /props build_info as it said it ("b1-1a2b3c"), even when unusable
+  std::string src_rotation;      // "on" | "off": declared at save
+  bool empty() const { return llama_build.empty() && reported_build.empty() && src_rotation.empty(); }
+};
+
 struct SnapshotProvenance {
   std::string source;                // basename of the original file
+  SourceClaims writer;               // who wrote it (optional keys of INFO)
   StateKind kind = StateKind::kSeqFile;
   uint32_t magic = 0;
   uint32_t version = 0;
@@ -212,6 +225,7 @@ struct SnapshotOptions {
   uint32_t threads = 1;
   std::optional<SnapshotModelInfo> model;
   std::string source_name;           // recorded as its basename
+  SourceClaims writer;               // recorded in the provenance; also settles "unknown-era" rotation
   std::optional<LossyConversion> lossy;
   std::string created;               // ISO-8601 UTC; empty: now (set it for reproducible output)
   std::string kvsnap_version = kKvsnapLibraryVersion;

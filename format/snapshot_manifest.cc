@@ -156,12 +156,25 @@ std::string hex32(uint32_t v) {
 // llama.cpp's rotation (docs/llama-formats.md): quantized caches of builds
 // that rotate, when the model's head dims allow; the file does not record it,
 // and for ggsq v2 / ggsn v9 files its layout may not tell (format/llama_era.h).
+// What the saver's claims say when the layout does not: a declared rotation,
+// else the default of a named build.
+Tri claimed_rotation(const SourceClaims& c) {
+  if (c.src_rotation == "on") return Tri::kYes;
+  if (c.src_rotation == "off") return Tri::kNo;
+  if (c.llama_build.empty()) return Tri::kUnknown;
+  auto build = parse_llama_build(c.llama_build);
+  if (!build.ok()) return Tri::kUnknown;
+  auto layout = layout_of_build(*build);
+  return layout.ok() ? layout->rotates : Tri::kUnknown;
+}
+
 ordered_json rotation_json(const StateFile& f, int32_t type, const SnapshotOptions& o, size_t si, bool is_v) {
   ordered_json j;
   const TypeLayout* t = find_type(type);
   std::optional<uint32_t> block;
   std::string rotated;
-  const Tri era_rotates = era_of_file(f, std::nullopt).rotates;
+  Tri era_rotates = era_of_file(f, std::nullopt).rotates;
+  if (era_rotates == Tri::kUnknown) era_rotates = claimed_rotation(o.writer);
   if (!t || !t->quantized || era_rotates == Tri::kNo) {
     rotated = "no";
   } else if (era_rotates == Tri::kUnknown) {
@@ -247,6 +260,14 @@ ordered_json build_info(const StateFile& f, const SnapshotOptions& o, const Sha2
   prov["version"] = f.version;
   prov["file_size"] = f.file_size;
   prov["sha256"] = to_hex(original_sha);
+  // Written only when known, so snapshots of unknown origin stay as before.
+  const SourceClaims& w = o.writer;
+  if (!w.llama_build.empty()) {
+    prov["llama_build"] = w.llama_build;
+    prov["llama_build_from"] = w.llama_build_from;
+  }
+  if (!w.reported_build.empty()) prov["reported_build"] = w.reported_build;
+  if (w.src_rotation == "on" || w.src_rotation == "off") prov["src_rotation"] = w.src_rotation;
   j["provenance"] = std::move(prov);
   std::string arch = !f.arch.empty() ? f.arch : (o.model ? o.model->arch : "");
   j["arch"] = arch.empty() ? ordered_json(nullptr) : ordered_json(arch);
@@ -529,6 +550,14 @@ Status decode_provenance(const OrderedJsonRef& prov, SnapshotProvenance& pv) {
   pv.magic = uint32_t(std::stoul(magic, nullptr, 16));
   pv.version = uint32_t(version);
   if (!from_hex(sha, pv.sha256)) return prov.error("sha256 is not 64 hex digits");
+  KV_ASSIGN_OR_RETURN(pv.writer.llama_build, prov.string_or("llama_build", ""));
+  KV_ASSIGN_OR_RETURN(pv.writer.llama_build_from, prov.string_or("llama_build_from", ""));
+  KV_ASSIGN_OR_RETURN(pv.writer.reported_build, prov.string_or("reported_build", ""));
+  KV_ASSIGN_OR_RETURN(pv.writer.src_rotation, prov.string_or("src_rotation", ""));
+  if (!pv.writer.llama_build.empty() && !parse_llama_build(pv.writer.llama_build).ok())
+    return prov.error("llama_build '" + pv.writer.llama_build + "' is not a llama.cpp build");
+  if (!pv.writer.src_rotation.empty() && pv.writer.src_rotation != "on" && pv.writer.src_rotation != "off")
+    return prov.error("src_rotation must be on or off, not '" + pv.writer.src_rotation + "'");
   return Status::OK();
 }
 

@@ -303,7 +303,8 @@ Result<SnapshotManifest> build_snapshot(const StateFile& parsed, const ReadableF
   KV_RETURN_IF_ERROR(hasher.status);
 
   m.original_sha256 = hasher.sha;
-  m.provenance = {std::string(), parsed.kind, parsed.magic, parsed.version, parsed.file_size, hasher.sha};
+  m.provenance = {std::string(), opts.writer, parsed.kind, parsed.magic, parsed.version, parsed.file_size, hasher.sha};
+  if (m.provenance.writer.src_rotation == "auto") m.provenance.writer.src_rotation.clear();
   m.info = build_info(parsed, opts, hasher.sha, opts.created.empty() ? utc_now() : opts.created);
   m.provenance.source = m.info["provenance"]["source"].get<std::string>();
   if (!parsed.arch.empty()) m.arch = parsed.arch;

@@ -158,4 +158,27 @@ Result<ConvertRequest> make_request(const ConversionSpec& spec, const StateFile&
   return req;
 }
 
+void apply_writer_claims(const SourceClaims& writer, ConversionSpec& spec) {
+  if (spec.source_build.empty() && spec.server_build.empty() && !writer.llama_build.empty()) {
+    (writer.llama_build_from == "llama-server" ? spec.server_build : spec.source_build) = writer.llama_build;
+  }
+  if ((spec.src_rotation.empty() || spec.src_rotation == "auto") && !writer.src_rotation.empty()) {
+    spec.src_rotation = writer.src_rotation;
+  }
+}
+
+Status check_writer_claims(const SourceClaims& writer, const StateFile& src, const ModelInfo* model,
+                           const std::string& src_name) {
+  if (!writer.src_rotation.empty() && writer.src_rotation != "on" && writer.src_rotation != "off" &&
+      writer.src_rotation != "auto") {
+    return Status::InvalidArgument("the source rotation must be auto, on or off, not '" + writer.src_rotation + "'");
+  }
+  if (writer.llama_build.empty()) return Status::OK();
+  KV_ASSIGN_OR_RETURN(LlamaBuild build, parse_llama_build(writer.llama_build));
+  std::optional<bool> mrope;
+  if (model) mrope = model->profile.has_cell_ext;
+  return check_build_wrote(src, build, mrope)
+      .Prefixed(src_name + ": llama.cpp " + writer.llama_build + " (" + writer.llama_build_from + ")");
+}
+
 }  // namespace kvsnap

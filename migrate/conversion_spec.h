@@ -9,6 +9,7 @@
 
 #include "base/status.h"
 #include "format/llama_state.h"
+#include "format/snapshot.h"
 #include "migrate/convert_state.h"
 #include "migrate/model_info.h"
 #include "migrate/source_rotation.h"
@@ -43,6 +44,17 @@ struct ConversionSpec {
 Result<ConvertRequest> make_request(const ConversionSpec& spec, const StateFile& src, const ModelInfo* model,
                                     const std::string& src_name, std::string* warnings = nullptr,
                                     const ReadableFile* file = nullptr, SourceRotation* decision = nullptr);
+
+// What a snapshot recorded about the llama.cpp that wrote its original, as
+// the claims of a conversion: fills source_build (declared), server_build
+// (reported by llama-server) and src_rotation where `spec` names none.
+void apply_writer_claims(const SourceClaims& writer, ConversionSpec& spec);
+
+// Checks claims about who wrote `src` before they are recorded: a build that
+// parses and could have written the file (kMismatch naming it otherwise), a
+// rotation word that is on or off.
+Status check_writer_claims(const SourceClaims& writer, const StateFile& src, const ModelInfo* model,
+                           const std::string& src_name);
 
 // The rotation geometry llama.cpp's rule sees for the model's KV sections.
 RotationGeometry model_rotation_geometry(const ModelInfo& model);

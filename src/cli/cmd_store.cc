@@ -162,6 +162,7 @@ Result<ServerTarget> server_target(const ServerOpts& o, const std::string& store
 
 struct SaveOpts {
   std::string file, name, model, store_type, store_ctk, store_ctv, input_format, store;
+  std::string src_rotation, source_build;  // recorded with the snapshot
   std::vector<std::string> tags;
   int level = 3, threads = 0;
   unsigned cells_per_chunk = kDefaultCellsPerChunk;
@@ -170,7 +171,22 @@ struct SaveOpts {
 };
 
 Status run_save_server(const SaveOpts& o, SaveRequest req, std::string& out);
-Status render_save(const SaveResult& r, const std::string& root, bool as_json, std::string& out);
+
+json server_build_json(const ServerBuild& b) {
+  return {{"reported", b.reported.empty() ? json(nullptr) : json(b.reported)},
+          {"usable", b.usable.empty() ? json(nullptr) : json(b.usable)},
+          {"why_not", b.why_not.empty() ? json(nullptr) : json(b.why_not)}};
+}
+
+// "; the server is llama.cpp b8121" or why its build_info was not used.
+std::string server_build_note(const ServerBuild& b) {
+  if (b.reported.empty()) return "; the server's /props has no build_info";
+  if (!b.usable.empty()) return "; the server reports llama.cpp " + b.reported;
+  return "; the server's build_info '" + b.reported + "' was not used (" + b.why_not + ")";
+}
+// `extra` (JSON only): more keys for the result.
+Status render_save(const SaveResult& r, const std::string& root, bool as_json, std::string& out,
+                   const json* extra = nullptr);
 
 Status run_save(const SaveOpts& o, std::string& out) {
   if (o.file.empty() == !o.srv.given())
@@ -187,6 +203,11 @@ Status run_save(const SaveOpts& o, std::string& out) {
     spec.ctv = o.store_ctv.empty() ? o.store_type : o.store_ctv;
     req.store_type = spec;
   }
+  if (!o.source_build.empty()) {
+    req.writer.llama_build = o.source_build;
+    req.writer.llama_build_from = "declared";
+  }
+  req.writer.src_rotation = o.src_rotation;
   req.zstd_level = o.level;
   req.threads = uint32_t(std::max(0, o.threads));
   req.cells_per_chunk = o.cells_per_chunk;
@@ -208,15 +229,18 @@ Status run_save_server(const SaveOpts& o, SaveRequest req, std::string& out) {
   }
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
   KV_ASSIGN_OR_RETURN(ServerSaveResult r, save_from_server(posix_io(), *store, t, req));
-  KV_RETURN_IF_ERROR(render_save(r.save, store->paths().root, o.json, out));
-  if (!o.json) out += "  from " + t.endpoint.url + " slot " + std::to_string(t.slot) + ": " + std::to_string(r.n_saved) +
-                      " tokens saved by the server in " + std::to_string(int(r.server_ms)) + " ms\n";
+  const json extra = {{"server_build", server_build_json(r.build)}};
+  KV_RETURN_IF_ERROR(render_save(r.save, store->paths().root, o.json, out, &extra));
+  if (o.json) return Status::OK();
+  out += "  from " + t.endpoint.url + " slot " + std::to_string(t.slot) + ": " + std::to_string(r.n_saved) +
+         " tokens saved by the server in " + std::to_string(int(r.server_ms)) + " ms" + server_build_note(r.build) + "\n";
   return Status::OK();
 }
 
-Status render_save(const SaveResult& r, const std::string& root, bool as_json, std::string& out) {
+Status render_save(const SaveResult& r, const std::string& root, bool as_json, std::string& out, const json* extra) {
   if (as_json) {
     json j = info_json(r.info);
+    if (extra) j.update(*extra);
     j["chunks_new"] = r.chunks_new;
     j["bytes_new"] = r.bytes_new;
     j["seconds"] = r.seconds;
@@ -242,6 +266,7 @@ Status render_save(const SaveResult& r, const std::string& root, bool as_json, s
 struct RestoreOpts {
   std::string ref, out, ctk, ctv, flash_attn, format, rotation, model, store;
   std::string src_rotation, source_build;  // of the stored file (convert --help)
+  std::string target_build;                // of the llama.cpp that loads it
   uint64_t tokens = 0;
   int threads = 0;
   bool force = false, json = false, check = false;
@@ -254,12 +279,16 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
   KV_ASSIGN_OR_RETURN(ServerTarget t, server_target(o.srv, o.store, o.ctk, o.ctv, o.flash_attn, o.model));
   t.stored_source_build = o.source_build;
   t.stored_src_rotation = o.src_rotation;
+  t.target_build = o.target_build;
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
   KV_ASSIGN_OR_RETURN(ServerRestoreResult r, restore_to_server(posix_io(), *store, t, o.ref, o.check));
   json j = {{"snapshot", info_json(r.restore.info)}, {"server", t.endpoint.url}, {"slot", t.slot},
             {"n_restored", r.n_restored}, {"ctk", r.ctk}, {"ctv", r.ctv}, {"flash_attn", r.flash_attn},
             {"types_from", r.types_from}, {"model_from", r.model_from}, {"converted", r.restore.converted},
-            {"bytes", r.restore.bytes_out}, {"server_ms", r.server_ms}, {"seconds", r.seconds}};
+            {"bytes", r.restore.bytes_out}, {"server_ms", r.server_ms}, {"seconds", r.seconds},
+            {"server_build", server_build_json(r.build)},
+            {"target_build", r.target_build.empty() ? json(nullptr) : json(r.target_build)},
+            {"target_build_from", r.target_build_from}};
   if (r.check)
     j["check"] = {{"n_tokens", r.check->n_tokens}, {"prompt_n", r.check->prompt_n}, {"cache_n", r.check->cache_n},
                   {"reused", r.check->reused}};
@@ -273,6 +302,9 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
                   r.ctk.c_str(), r.ctv.c_str(), r.flash_attn.c_str(), r.types_from.c_str(),
                   r.restore.converted ? "converted" : "as stored", r.seconds, r.server_ms);
     out = buf;
+    out += "  written for " + (r.target_build.empty() ? std::string("the stored file's format")
+                                                     : "llama.cpp " + r.target_build + " (" + r.target_build_from + ")") +
+           server_build_note(r.build) + "\n";
     if (r.check) {
       std::snprintf(buf, sizeof buf, "check: the stored prompt (%llu tokens) needed %llu evaluated, %llu from the cache: %s\n",
                     (unsigned long long)r.check->n_tokens, (unsigned long long)r.check->prompt_n,
@@ -302,6 +334,7 @@ Status run_restore(const RestoreOpts& o, std::string& out) {
   req.spec.rotation = o.rotation;
   req.spec.src_rotation = o.src_rotation;
   req.spec.source_build = o.source_build;
+  req.spec.target_build = o.target_build;
   req.spec.threads = o.threads;
   req.model = model ? &*model : nullptr;
   if (o.tokens) req.tokens = o.tokens;
@@ -389,6 +422,11 @@ Status run_show(const ShowOpts& o, std::string& out) {
         "\nformat     " + s.source_format + "\nsize       " + mib(s.raw_bytes) + " as llama.cpp wrote it, " +
         mib(s.stored_bytes) + " stored in " + std::to_string(r.chunks().size()) + " chunks\nsha256     " +
         s.content_sha256 + "\n";
+  const SourceClaims& w = r.manifest().provenance.writer;
+  if (!w.llama_build.empty()) out += "written by llama.cpp " + w.llama_build + " (" + w.llama_build_from + ")\n";
+  if (!w.reported_build.empty() && w.llama_build_from != "llama-server")
+    out += "server     reported build_info " + w.reported_build + "\n";
+  if (!w.src_rotation.empty()) out += "rotation   declared " + w.src_rotation + " at save\n";
   if (s.parent_id) out += "parent     id " + std::to_string(*s.parent_id) + "\n";
   for (const auto& [k, v] : s.tags) out += "tag        " + k + "=" + v + "\n";
   if (o.tokens) out += "tokens     " + json(r.tokens().tokens).dump() + "\n";
@@ -641,6 +679,8 @@ void setup_store_commands(CLI::App& app, int& exit_status) {
     sub->add_option("--store-ctk", o->store_ctk, "quantize only K on store");
     sub->add_option("--store-ctv", o->store_ctv, "quantize only V on store");
     sub->add_option("--input-format", o->input_format, "raw-seq or raw-context for raw buffers");
+    add_source_options(sub, o->src_rotation, o->source_build,
+                       "the file (recorded with the snapshot; with --server, default: the server's /props build_info)");
     sub->add_option("--level", o->level, "zstd level (default 3)");
     sub->add_option("--cells-per-chunk", o->cells_per_chunk, "cells per chunk (default 256)");
     sub->add_option("--threads,-t", o->threads, "compression threads (default: all cores)");
@@ -663,7 +703,8 @@ void setup_store_commands(CLI::App& app, int& exit_status) {
     sub->add_option("--flash-attn,--fa", o->flash_attn, "on|off of that server (default: as stored)");
     sub->add_option("--format", o->format, "output format: " + target_format_names());
     sub->add_option("--rotation", o->rotation, "auto|on|off (see kvsnap convert --help)");
-    add_source_options(sub, o->src_rotation, o->source_build, "the stored file");
+    add_source_options(sub, o->src_rotation, o->source_build, "the stored file (default: as recorded at save)");
+    add_target_build_option(sub, o->target_build, "the file (with --server, default: the server's /props build_info)");
     sub->add_option("--tokens", o->tokens, "restore only the first N tokens (a slot file without media)");
     sub->add_option("--model,-m", o->model, "the model's GGUF (default: the head dims recorded at save)");
     sub->add_option("--threads,-t", o->threads, "conversion threads (default: all cores)");

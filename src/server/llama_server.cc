@@ -3,6 +3,7 @@
 #include <curl/curl.h>
 #include <sys/stat.h>
 
+#include <cctype>
 #include <fstream>
 #include <mutex>
 
@@ -153,6 +154,28 @@ Result<CompletionResult> LlamaServer::complete(int slot, json body) {
 }
 
 // --- Replies: outside JSON, read only through JsonRef -----------------------------------
+
+ServerBuild parse_server_build(const nlohmann::json& props) {
+  ServerBuild b;
+  auto text = JsonRef(props, "/props").string_or("build_info", "");
+  if (!text.ok() || text->empty()) return b;
+  b.reported = *text;
+  // "b<number>-<commit>"
+  size_t end = 1;
+  while (end < b.reported.size() && std::isdigit(static_cast<unsigned char>(b.reported[end]))) ++end;
+  if (b.reported[0] != 'b' || end == 1 || end > 10) {
+    b.why_not = "not of the form b<number>-<commit>";
+    return b;
+  }
+  const unsigned long number = std::stoul(b.reported.substr(1, end - 1));
+  if (number < kFirstPlausibleServerBuild) {
+    b.why_not = "build number " + std::to_string(number) + " is below any llama-server that saves slots: a build "
+                "without git history (source bundle, tarball) says nothing of its era";
+    return b;
+  }
+  b.usable = "b" + std::to_string(number);
+  return b;
+}
 
 std::string parse_error_reply(const std::string& body) {
   // {"error": {"code": 400, "message": "...", "type": "..."}} or {"error": "..."}; else the body itself.

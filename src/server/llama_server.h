@@ -88,6 +88,19 @@ Result<CompletionResult> parse_completion_reply(const std::string& body, const s
 // What an error reply says ("type: message"), else the start of the body.
 std::string parse_error_reply(const std::string& body);
 
+// llama-server's build, as GET /props reports it in build_info ("b8121-1a2b3c4",
+// from about b6xxx on). A build compiled without git history (a source
+// bundle or tarball) reports a meaningless number such as b0 or b1: it is
+// kept as reported but is no evidence of the file layout or the rotation.
+struct ServerBuild {
+  std::string reported;  // as the server said it; empty: no build_info in /props
+  std::string usable;    // "b8121": the build number, when plausible
+  std::string why_not;   // when reported but not usable
+};
+ServerBuild parse_server_build(const nlohmann::json& props);
+// No llama-server before this build saved slots (b2xxx, spring 2024).
+inline constexpr uint32_t kFirstPlausibleServerBuild = 2000;
+
 // Reads an API key from a file (first line, trimmed), refusing files others can read.
 Result<std::string> read_api_key_file(const std::string& path);
 

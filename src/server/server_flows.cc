@@ -97,6 +97,12 @@ Result<Model> find_model(Io& io, LlamaServer& srv, const ServerTarget& t) {
   return m;
 }
 
+// The server's build; a /props the server cannot give is no build, not an error.
+ServerBuild server_build(LlamaServer& srv) {
+  auto props = srv.props();
+  return props.ok() ? parse_server_build(*props) : ServerBuild{};
+}
+
 std::string first_type(const StateFile& f, bool v) {
   for (const auto& sec : f.memory.kv)
     for (const auto& st : sec.streams)
@@ -160,9 +166,15 @@ Result<ServerSaveResult> save_from_server(Io& io, Store& store, const ServerTarg
   KV_RETURN_IF_ERROR(check_idle(srv, t.slot));
   KV_ASSIGN_OR_RETURN(Model model, find_model(io, srv, t));
   if (!req.model && model.info) req.model = &*model.info;
+  ServerSaveResult r;
+  r.build = server_build(srv);
+  req.writer.reported_build = r.build.reported;
+  if (req.writer.llama_build.empty() && !r.build.usable.empty()) {
+    req.writer.llama_build = r.build.usable;
+    req.writer.llama_build_from = "llama-server";
+  }
   const std::string name = fresh_name("save");
   SlotFile file{io, join(t.slot_dir, name)};
-  ServerSaveResult r;
   KV_ASSIGN_OR_RETURN(SlotFileResult saved, srv.save_slot(t.slot, name));
   r.n_saved = saved.n_tokens;
   r.server_ms = saved.ms;
@@ -205,6 +217,15 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   req.spec.flash_attn = r.flash_attn;
   req.spec.source_build = t.stored_source_build;
   req.spec.src_rotation = t.stored_src_rotation;
+  r.build = server_build(srv);
+  r.target_build = t.target_build;
+  r.target_build_from = "--target-build";
+  if (r.target_build.empty() && !r.build.usable.empty()) {
+    r.target_build = r.build.usable;
+    r.target_build_from = "the server's /props build_info";
+  }
+  if (r.target_build.empty()) r.target_build_from.clear();
+  req.spec.target_build = r.target_build;
   req.model = model.info ? &*model.info : nullptr;
   const std::string name = fresh_name("restore");
   SlotFile file{io, join(t.slot_dir, name)};

@@ -10,7 +10,10 @@
 //
 // llama-server does not report its cache types. They come from the caller
 // (flags or a server profile), else are detected from a file the server saves
-// of the same slot. The model (for the rotation's head dims and the
+// of the same slot. Its build comes from /props build_info (when the number
+// is plausible): recorded at save as the file's writer (it decides whether a
+// ggsq v2 file is stored rotated), used at restore as the target build (file
+// format, cell extra, rotation). The model (for the rotation's head dims and the
 // wrong-model check) comes from the caller, else from the server's /props
 // model_path when that file is readable here.
 //
@@ -37,10 +40,14 @@ struct ServerTarget {
   // Restores: the llama.cpp build that wrote the stored file and how its
   // quantized caches are stored, when the file's layout does not tell.
   std::string stored_source_build, stored_src_rotation;
+  // Restores: the llama.cpp that will load the file (--target-build); empty:
+  // the server's /props build_info when it is usable, else the stored format.
+  std::string target_build;
 };
 
 struct ServerSaveResult {
   SaveResult save;
+  ServerBuild build;         // what /props said; recorded unless --source-build named one
   uint64_t n_saved = 0;      // tokens the server wrote
   double server_ms = 0;
 };
@@ -59,6 +66,8 @@ struct ServerRestoreResult {
   double seconds = 0;        // everything: convert, write, server restore
   std::string ctk, ctv, flash_attn, types_from;  // what kvsnap wrote for, and how it knew
   std::string model_from;
+  ServerBuild build;                // what /props said
+  std::string target_build, target_build_from;  // what kvsnap wrote for ("" = the stored format)
   std::optional<ReuseCheck> check;
 };
 

@@ -77,7 +77,7 @@ class OpenedSnapshot final : public StoredSnapshot {
 
 bool wants_conversion(const ConversionSpec& s) {
   return !s.ctk.empty() || !s.ctv.empty() || !s.flash_attn.empty() || !s.format.empty() || !s.rotation.empty() ||
-         !s.src_rotation.empty() || !s.dst_rotation.empty() || s.head_dim_k || s.head_dim_v;
+         !s.src_rotation.empty() || !s.dst_rotation.empty() || !s.target_build.empty() || s.head_dim_k || s.head_dim_v;
 }
 
 std::string temp_name(const StorePaths& p, const char* what) {
@@ -202,6 +202,9 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   so.byte_shuffle = req.byte_shuffle;
   so.threads = req.threads ? req.threads : std::max(1u, std::thread::hardware_concurrency());
   so.source_name = req.source_name.empty() ? file.name() : req.source_name;
+  KV_RETURN_IF_ERROR(check_writer_claims(req.writer, parsed, req.model, so.source_name));
+  so.writer = req.writer;
+  if (so.writer.src_rotation == "auto") so.writer.src_rotation.clear();
   if (req.model) {
     KV_ASSIGN_OR_RETURN(so.model, snapshot_model_info(req.model->profile));
   }
@@ -211,7 +214,9 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   std::unique_ptr<ReadableFile> converted_file;
   StateFile converted;
   if (req.store_type) {
-    KV_ASSIGN_OR_RETURN(ConvertRequest creq, make_request(*req.store_type, parsed, req.model, file.name(), nullptr, &file));
+    ConversionSpec store_spec = *req.store_type;
+    apply_writer_claims(so.writer, store_spec);
+    KV_ASSIGN_OR_RETURN(ConvertRequest creq, make_request(store_spec, parsed, req.model, file.name(), nullptr, &file));
     temp.path = temp_name(paths_, "store-type");
     KV_RETURN_IF_ERROR(write_temp(io_, temp.path, [&](ByteSink& out) {
       return convert_state(parsed, file, creq, out).status();
@@ -279,6 +284,7 @@ Result<RestoreResult> Store::restore(const std::string& ref, const RestoreReques
     r.n_tokens = *req.tokens;
   } else {
     ConversionSpec spec = req.spec;
+    apply_writer_claims(reader.manifest().provenance.writer, spec);
     if (!req.model && !spec.geometry) spec.geometry = recorded_geometry(reader.manifest());
     const ReadableFile* src = &original;
     const StateFile* state = &parsed;

@@ -44,6 +44,10 @@ struct SaveRequest {
   std::optional<ConversionSpec> store_type;  // quantize on store (recorded as lossy)
   bool find_parent = true;                   // parent = the longest stored prefix of the same model
   std::string source_name;                   // the file's name, recorded in the snapshot
+  // The llama.cpp that wrote the file (--source-build, llama-server's /props)
+  // and a declared rotation: checked against the file, recorded, and used by
+  // restores that convert (format/snapshot.h SourceClaims).
+  SourceClaims writer;
   uint32_t threads = 0;                      // 0: every core
   int zstd_level = 3;
   bool byte_shuffle = true;                  // false: benchmarks of the filter's gain

@@ -208,6 +208,46 @@ TEST_F(StoreCli, RestoringAnOldQuantizedSlotAtOtherTypesNeedsItsBuild) {
   EXPECT_EQ(slurp(out), slurp(want));
 }
 
+// `save --source-build` checks the build against the file, records it in the snapshot, and restores
+// that convert use it: no flag at restore, the same bytes as `convert --source-build`; a recorded
+// declared rotation works the same way; `restore --target-build` writes for another build.
+TEST_F(StoreCli, SaveRecordsTheBuildThatWroteTheFile) {
+  const fs::path fx = fs::path(KVSNAP_SOURCE_DIR) / "fixtures";
+  const std::string model = (fx / "models/tiny-hd64.gguf").string();
+  const std::string slot = (fx / "b10361/hd64-q8_0-q8_0-faon.slot").string();
+  KvRun r = kv("save " + slot + " --name bad --model " + model + " --source-build b5640");
+  EXPECT_EQ(r.code, 5) << "b5640 wrote no n_stream prefix: " << r.err;
+  EXPECT_NE(r.err.find("b5640"), std::string::npos) << r.err;
+  ASSERT_EQ(kv("save " + slot + " --name g --model " + model + " --source-build b10361").code, 0);
+  r = kv("show g --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"llama_build\": \"b10361\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"llama_build_from\": \"declared\""), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("unknown-era"), std::string::npos) << "the build settles the rotation: " << r.out;
+
+  const fs::path want = dir_ / "want.slot";
+  ASSERT_EQ(std::system((std::string(KVSNAP_BINARY) + " convert " + slot + " " + want.string() +
+                         " --ctk f16 --ctv f16 --model " + model + " --source-build b10361 >/dev/null").c_str()),
+            0);
+  const fs::path out = dir_ / "f16.slot";
+  r = kv("restore g -o " + out.string() + " --ctk f16 --ctv f16 --model " + model);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(slurp(out) == slurp(want)) << out << " differs from " << want;
+
+  ASSERT_EQ(kv("save " + slot + " --name declared --model " + model + " --src-rotation on").code, 0);
+  const fs::path out2 = dir_ / "f16-declared.slot";
+  ASSERT_EQ(kv("restore declared -o " + out2.string() + " --ctk f16 --ctv f16 --model " + model).code, 0);
+  EXPECT_TRUE(slurp(out2) == slurp(want)) << out2 << " differs from " << want;
+
+  const fs::path want_h = dir_ / "want-v050.slot", out_h = dir_ / "v050.slot";
+  ASSERT_EQ(std::system((std::string(KVSNAP_BINARY) + " convert " + slot + " " + want_h.string() +
+                         " --target-build v0.5.0 --model " + model + " --source-build b10361 >/dev/null").c_str()),
+            0);
+  r = kv("restore g -o " + out_h.string() + " --target-build v0.5.0 --model " + model);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(slurp(out_h) == slurp(want_h)) << out_h << " differs from " << want_h;
+}
+
 // Fuzz finding: `kvsnap import` of an export whose index has "uuid": 12345
 // died of an uncaught nlohmann::json::type_error (exit 134). Now: a corrupt
 // input (exit 3) naming the archive, the key path and the type; and main

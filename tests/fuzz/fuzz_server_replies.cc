@@ -1,5 +1,5 @@
 // llama-server's replies (src/server/llama_server.h): every reply parser on
-// the same body (/slots, save, restore, /tokenize, /completion, error bodies).
+// the same body (/slots, save, restore, /tokenize, /completion, /props build_info, error bodies).
 #include "fuzz/fuzz_input.h"
 #include "server/llama_server.h"
 
@@ -11,5 +11,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)kvsnap::parse_tokenize_reply(body, "fuzz");
   (void)kvsnap::parse_completion_reply(body, "fuzz");
   (void)kvsnap::parse_error_reply(body);
+  const auto props = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!props.is_discarded()) (void)kvsnap::parse_server_build(props);  // GET /props
   return 0;
 }

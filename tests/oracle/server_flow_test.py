@@ -62,6 +62,23 @@ def main():
         saved = json.loads(p.stdout)
         check(saved["n_tokens"] > 100, f"save --server stored {saved['n_tokens']} tokens")
         check(not leftovers(slots), "save --server leaves nothing in the slot directory")
+        # /props build_info is recorded. This bed's server is built from node-llama-cpp's squashed
+        # source bundle, so it says b1-<commit>: kept as reported, never used as evidence.
+        build = saved["server_build"]
+        check(bool(build["reported"]) and build["reported"].startswith("b1-") and build["usable"] is None
+              and "git history" in (build["why_not"] or ""), f"/props build_info read: {build}")
+        prov = json.loads(kvsnap([k, "show", "chat", "--json"], env).stdout)["snapshot"]["provenance"]
+        check(prov.get("reported_build") == build["reported"] and "llama_build" not in prov,
+              f"the snapshot records the reported build only: {prov}")
+        p = kvsnap([k, "save", "--server", src.url, "--slot", "0", "--slot-dir", slots, "--name", "declared",
+                    "--source-build", "v0.5.0", "--json"], env)
+        prov = json.loads(kvsnap([k, "show", "declared", "--json"], env).stdout)["snapshot"]["provenance"]
+        check(prov.get("llama_build") == "v0.5.0" and prov.get("llama_build_from") == "declared"
+              and prov.get("reported_build") == build["reported"], f"--source-build wins and is recorded: {prov}")
+        p = kvsnap([k, "save", "--server", src.url, "--slot", "0", "--slot-dir", slots, "--name", "wrong",
+                    "--source-build", "b10361"], env, expect=None)
+        check(p.returncode == 5 and "b10361" in p.stderr and not leftovers(slots),
+              f"a build that cannot have written the server's ggsq v3 file is refused: {p.stderr.strip()}")
         _, ref = completion(src, prompt + SUFFIX, 100000)
         n_vocab = len(ref[0][1])
         # failure: a slot that does not exist
@@ -99,6 +116,8 @@ def main():
                 check(False, f"restore --server into {ctk}/{ctv} fa {fa_word}: {p.stderr.strip()}")
                 continue
             r = json.loads(p.stdout)
+            check(r["target_build"] is None and r["server_build"]["reported"] == build["reported"],
+                  f"{ctk}/{ctv}: the unusable build_info picks no target build: {r['server_build']}")
             check(r["n_restored"] == saved["n_tokens"] and r["check"]["reused"],
                   f"{ctk}/{ctv} fa {fa_word} ({r['types_from']}): restored {r['n_restored']} tokens, "
                   f"--check evaluated {r['check']['prompt_n']}")

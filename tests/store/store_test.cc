@@ -141,6 +141,48 @@ TEST(Store, RestoreAtOtherTypesEqualsConvert) {
   }
 }
 
+// A build reported by llama-server at save is recorded as such and decides the rotation of a
+// restore that converts, as the same build named at convert time would.
+TEST(Store, AServerReportedBuildIsRecordedAndUsedByRestores) {
+  TempStore t;
+  auto model = load_model_info(posix_io(), (fixtures() / "models/tiny-hd64.gguf").string());
+  ASSERT_TRUE(model.ok());
+  Loaded l = load(fixtures() / "b10361/hd64-q8_0-q8_0-faon.slot", &*model);
+  SaveRequest sreq;
+  sreq.model = &*model;
+  sreq.writer.llama_build = "b10361";
+  sreq.writer.llama_build_from = "llama-server";
+  sreq.writer.reported_build = "b10361-4f0a0c2";
+  auto saved = t.store->save(*l.file, l.state, sreq);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  auto snap = t.store->open_snapshot(saved->info.uuid);
+  ASSERT_TRUE(snap.ok());
+  const SourceClaims& w = (*snap)->reader().manifest().provenance.writer;
+  EXPECT_EQ(w.llama_build, "b10361");
+  EXPECT_EQ(w.llama_build_from, "llama-server");
+  EXPECT_EQ(w.reported_build, "b10361-4f0a0c2");
+
+  ConversionSpec spec;
+  spec.ctk = spec.ctv = "f16";
+  spec.server_build = "b10361";
+  auto req = make_request(spec, l.state, &*model, "b10361 slot");
+  ASSERT_TRUE(req.ok()) << req.status().ToString();
+  VectorSink want;
+  ASSERT_TRUE(convert_state(l.state, *l.file, *req, want).ok());
+  RestoreRequest rreq;
+  rreq.spec.ctk = rreq.spec.ctv = "f16";
+  VectorSink got;
+  auto r = t.store->restore(saved->info.uuid, rreq, got);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(got.bytes == want.bytes);
+
+  // A claim the file contradicts is refused before anything is stored.
+  sreq.writer.llama_build = "v0.5.0";
+  auto wrong = t.store->save(*l.file, l.state, sreq);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), Code::kMismatch) << wrong.status().ToString();
+}
+
 TEST(Store, TokenPrefixRestoreAndSharedChunks) {
   TempStore t;
   Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faoff.slot");
