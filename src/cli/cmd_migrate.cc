@@ -81,10 +81,38 @@ std::string to_text(const MigrateSummary& s, bool dry_run) {
   return out;
 }
 
+// --server: the directory, types and model a profile keeps (flags win), and
+// the target build from the server's /props (--target-build wins).
+Status apply_server(MigrateOptions& o, std::string& note) {
+  KV_ASSIGN_OR_RETURN(ServerTarget t, server_target(o.srv, o.store, o.ctk, o.ctv, o.flash_attn, o.model));
+  if (o.dir.empty()) o.dir = t.slot_dir;
+  if (o.dir.empty()) return Status::InvalidArgument("give DIR: the profile " + o.srv.server + " keeps no slot directory");
+  o.ctk = t.ctk;
+  o.ctv = t.ctv;
+  o.flash_attn = t.flash_attn;
+  o.model = t.model;
+  KV_ASSIGN_OR_RETURN(ServerBuild b, query_server_build(t.endpoint));
+  if (!o.target_build.empty()) {
+    note = "target: llama.cpp " + o.target_build + " (--target-build)";
+  } else if (!b.usable.empty()) {
+    o.target_build = b.usable;
+    note = "target: llama.cpp " + b.usable + " (" + t.endpoint.url + " /props build_info " + b.reported + ")";
+  } else {
+    note = "target: the current format (" + t.endpoint.url + " " +
+           (b.reported.empty() ? std::string("reports no build_info") : "build_info " + b.reported + ": " + b.why_not) +
+           ")";
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
-Status run_migrate(const MigrateOptions& o, std::string& out) {
+Status run_migrate(const MigrateOptions& given, std::string& out) {
   Io& io = posix_io();
+  MigrateOptions o = given;
+  std::string server_note;
+  if (o.srv.given()) KV_RETURN_IF_ERROR(apply_server(o, server_note));
+  if (o.dir.empty()) return Status::InvalidArgument("give DIR (or --server PROFILE whose profile keeps a slot directory)");
   kvsnap::MigrateOptions m;
   m.dir = o.dir;
   while (m.dir.size() > 1 && m.dir.back() == '/') m.dir.pop_back();
@@ -127,7 +155,14 @@ Status run_migrate(const MigrateOptions& o, std::string& out) {
     };
   }
   KV_ASSIGN_OR_RETURN(MigrateSummary sum, migrate_dir(io, m));
-  out = o.json ? to_json(sum, o.dry_run).dump(2) + "\n" : to_text(sum, o.dry_run);
+  if (o.json) {
+    json j = to_json(sum, o.dry_run);
+    if (o.srv.given()) j["server"] = {{"target_build", o.target_build.empty() ? json(nullptr) : json(o.target_build)},
+                                      {"note", server_note}};
+    out = j.dump(2) + "\n";
+  } else {
+    out = (server_note.empty() ? "" : server_note + "\n") + to_text(sum, o.dry_run);
+  }
   const size_t failed = sum.count(FileAction::kFailed);
   if (failed) return Status::Mismatch(std::to_string(failed) + " of the files in " + o.dir + " failed (listed above)");
   return Status::OK();
@@ -139,7 +174,9 @@ void setup_migrate(CLI::App& app, int& exit_status) {
       "migrate",
       "Convert every llama.cpp slot/session file in a directory in place: after a llama.cpp upgrade (format), or "
       "for a server restarted with other -ctk/-ctv/-fa. Each file is replaced atomically; a rerun resumes");
-  sub->add_option("dir", o->dir, "the directory (e.g. llama-server's --slot-save-path)")->required();
+  sub->add_option("dir", o->dir, "the directory (e.g. llama-server's --slot-save-path; default with --server PROFILE: "
+                                 "the profile's)");
+  add_server_options(sub, o->srv, /*with_slot=*/false);
   sub->add_option("--ctk", o->ctk, "target K type (default: keep each file's)");
   sub->add_option("--ctv", o->ctv, "target V type (default: keep)");
   sub->add_option("--flash-attn,--fa", o->flash_attn, "on|off: the target server's flash attention (default: keep)");
@@ -149,7 +186,7 @@ void setup_migrate(CLI::App& app, int& exit_status) {
   add_target_build_option(sub, o->target_build, "them");
   sub->add_option("--model,-m", o->model, "the model's GGUF: exact layout and head dims (recommended)");
   sub->add_flag("--backup-store", o->backup_store, "save each original in the snapshot store (tag migrated-from=PATH) before converting it");
-  sub->add_option("--store", o->store, "the store for --backup-store (default: $KVSNAP_HOME)");
+  sub->add_option("--store", o->store, "the store for --backup-store and --server profiles (default: $KVSNAP_HOME)");
   sub->add_option("--jobs,-j", o->jobs, "files converted at once (default 1)");
   sub->add_option("--threads,-t", o->threads, "threads per file (default: cores / jobs)");
   sub->add_flag("--dry-run,-n", o->dry_run, "print the plan and the bytes that would be freed; change nothing");
@@ -159,7 +196,9 @@ void setup_migrate(CLI::App& app, int& exit_status) {
       "target and files that are not llama.cpp states are left alone. Exit status 5 when some file failed.\n"
       "\nExamples:\n"
       "  kvsnap migrate /srv/slots --dry-run                       # what an upgrade to the current format does\n"
-      "  kvsnap migrate /srv/slots --ctk q8_0 --ctv q8_0 -m model.gguf   # before restarting with -ctk q8_0\n");
+      "  kvsnap migrate /srv/slots --ctk q8_0 --ctv q8_0 -m model.gguf   # before restarting with -ctk q8_0\n"
+      "  kvsnap migrate --server local --dry-run   # for the upgraded server of profile 'local': its /props build,\n"
+      "                                            # the profile's slot dir, types and model\n");
   sub->callback([o, &exit_status]() {
     std::string out;
     Status s = run_migrate(*o, out);

@@ -14,6 +14,7 @@
 #include "cli/era_options.h"
 #include "cli/exit_codes.h"
 #include "cli/open_state.h"
+#include "cli/server_options.h"
 #include "server/server_flows.h"
 #include "server/server_profiles.h"
 #include "store/store.h"
@@ -111,52 +112,6 @@ Result<std::vector<int32_t>> read_token_list(const std::string& path) {
 
 // ---- --server URL|PROFILE --slot N --slot-dir DIR --api-key K ----
 
-struct ServerOpts {
-  std::string server, slot_dir, api_key, api_key_file;
-  int slot = 0;
-  bool given() const { return !server.empty(); }
-};
-
-void add_server_options(CLI::App* sub, ServerOpts& o) {
-  sub->add_option("--server", o.server, "a llama-server URL (http://127.0.0.1:8080) or a profile name (kvsnap server add)");
-  sub->add_option("--slot", o.slot, "the server's slot id (default 0)");
-  sub->add_option("--slot-dir", o.slot_dir, "the server's --slot-save-path as seen from here (default: the profile's)");
-  sub->add_option("--api-key", o.api_key, "the server's API key (sent as Authorization: Bearer)");
-  sub->add_option("--api-key-file", o.api_key_file, "a chmod-600 file holding the API key");
-}
-
-// Flags override the profile; a URL needs no profile.
-Result<ServerTarget> server_target(const ServerOpts& o, const std::string& store_dir, const std::string& ctk,
-                                   const std::string& ctv, const std::string& fa, const std::string& model) {
-  ServerTarget t;
-  std::string key_file = o.api_key_file;
-  if (o.server.find("://") == std::string::npos) {
-    KV_ASSIGN_OR_RETURN(StorePaths paths, resolve_store_paths(store_dir));
-    KV_ASSIGN_OR_RETURN(ServerProfiles profiles, ServerProfiles::load(posix_io(), paths.root));
-    const ServerProfile* p = profiles.find(o.server);
-    if (!p) return Status::NotFound("--server " + o.server + ": neither a URL nor a profile (kvsnap server ls)");
-    t.endpoint.url = p->url;
-    t.slot_dir = p->slot_dir;
-    t.ctk = p->ctk;
-    t.ctv = p->ctv;
-    t.flash_attn = p->flash_attn;
-    t.model = p->model;
-    if (key_file.empty()) key_file = p->api_key_file;
-  } else {
-    t.endpoint.url = o.server;
-  }
-  t.slot = o.slot;
-  if (!o.slot_dir.empty()) t.slot_dir = o.slot_dir;
-  if (!ctk.empty()) t.ctk = ctk;
-  if (!ctv.empty()) t.ctv = ctv;
-  if (!fa.empty()) t.flash_attn = fa;
-  if (!model.empty()) t.model = model;
-  t.endpoint.api_key = o.api_key;
-  if (t.endpoint.api_key.empty() && !key_file.empty()) {
-    KV_ASSIGN_OR_RETURN(t.endpoint.api_key, read_api_key_file(key_file));
-  }
-  return t;
-}
 
 // ---- save ----
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "cli/server_options.h"
 
 namespace CLI {
 class App;
@@ -48,6 +49,7 @@ struct MigrateOptions {
   std::string ctk, ctv, flash_attn, format, rotation;
   std::string src_rotation, source_build, target_build;  // as for convert
   std::string model;
+  ServerOpts srv;                // --server: the target's build, and a profile's dir, types and model
   bool backup_store = false;
   std::string store;             // --store DIR for --backup-store
   int jobs = 1;

@@ -159,6 +159,12 @@ Result<ReuseCheck> check_reuse(LlamaServer& srv, int slot, const std::vector<int
 
 }  // namespace
 
+Result<ServerBuild> query_server_build(const ServerEndpoint& endpoint) {
+  LlamaServer srv(endpoint);
+  KV_RETURN_IF_ERROR(srv.health());
+  return server_build(srv);
+}
+
 Result<ServerSaveResult> save_from_server(Io& io, Store& store, const ServerTarget& t, SaveRequest req) {
   LlamaServer srv(t.endpoint);
   KV_RETURN_IF_ERROR(check_slot_dir(io, t));

@@ -71,6 +71,9 @@ struct ServerRestoreResult {
   std::optional<ReuseCheck> check;
 };
 
+// The server's build (GET /health, then /props); kIOError when it is not running.
+Result<ServerBuild> query_server_build(const ServerEndpoint& endpoint);
+
 Result<ServerSaveResult> save_from_server(Io& io, Store& store, const ServerTarget& t, SaveRequest req);
 Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const ServerTarget& t, const std::string& ref,
                                               bool check);

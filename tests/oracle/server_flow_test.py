@@ -75,6 +75,18 @@ def main():
         prov = json.loads(kvsnap([k, "show", "declared", "--json"], env).stdout)["snapshot"]["provenance"]
         check(prov.get("llama_build") == "v0.5.0" and prov.get("llama_build_from") == "declared"
               and prov.get("reported_build") == build["reported"], f"--source-build wins and is recorded: {prov}")
+        # migrate --server: the target build comes from /props (here unusable, so the current format)
+        mig = os.path.join(work, "migrate")
+        os.makedirs(mig, exist_ok=True)
+        shutil.copy(os.path.join(fixtures, "b8121", "hd64-f16-f16-faon.slot"), mig)
+        p = kvsnap([k, "migrate", mig, "--server", src.url, "--dry-run", "--json"], env)
+        m = json.loads(p.stdout)
+        check(m["server"]["target_build"] is None and build["reported"] in m["server"]["note"]
+              and m["converted"] == 1, f"migrate --server: {m['server']}, {m['converted']} to convert")
+        p = kvsnap([k, "migrate", mig, "--server", src.url, "--target-build", "b8121", "--dry-run", "--json"], env)
+        m = json.loads(p.stdout)
+        check(m["server"]["target_build"] == "b8121" and m["at_target"] == 1,
+              f"migrate --server --target-build b8121 leaves a b8121 file alone: {m['server']}")
         p = kvsnap([k, "save", "--server", src.url, "--slot", "0", "--slot-dir", slots, "--name", "wrong",
                     "--source-build", "b10361"], env, expect=None)
         check(p.returncode == 5 and "b10361" in p.stderr and not leftovers(slots),

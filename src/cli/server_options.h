@@ -1,0 +1,31 @@
+// The options that name a llama-server (--server URL|PROFILE, --slot,
+// --slot-dir, --api-key, --api-key-file), shared by save, restore and migrate,
+// and their resolution against the server profiles (kvsnap server add).
+#pragma once
+
+#include <string>
+
+#include "base/status.h"
+#include "server/server_flows.h"
+
+namespace CLI {
+class App;
+}
+
+namespace kvsnap::cli {
+
+struct ServerOpts {
+  std::string server, slot_dir, api_key, api_key_file;
+  int slot = 0;
+  bool given() const { return !server.empty(); }
+};
+
+// with_slot = false (migrate): only --server and the API key options.
+void add_server_options(CLI::App* sub, ServerOpts& o, bool with_slot = true);
+
+// Flags override the profile; a URL needs no profile. Empty ctk/ctv/fa/model
+// keep the profile's.
+Result<ServerTarget> server_target(const ServerOpts& o, const std::string& store_dir, const std::string& ctk,
+                                   const std::string& ctv, const std::string& fa, const std::string& model);
+
+}  // namespace kvsnap::cli
