@@ -62,7 +62,15 @@ void setup_migrate(CLI::App& app, int& exit_status);
 // Returns kMismatch ("N files failed") after printing the summary when some files failed.
 Status run_migrate(const MigrateOptions& opts, std::string& out);
 
-// save, restore, ls, show, find, rm, gc, verify, export, import (cmd_store.cc)
-void setup_store_commands(CLI::App& app, int& exit_status);
+// The store commands, one file each (helpers they share: store_common.h).
+void setup_save(CLI::App& app, int& exit_status);               // cmd_save.cc
+void setup_restore(CLI::App& app, int& exit_status);            // cmd_restore.cc
+void setup_list_commands(CLI::App& app, int& exit_status);      // cmd_list.cc: ls, show, find
+void setup_maintain_commands(CLI::App& app, int& exit_status);  // cmd_maintain.cc: rm, gc, verify
+void setup_transfer_commands(CLI::App& app, int& exit_status);  // cmd_transfer.cc: export, import
+void setup_server_commands(CLI::App& app, int& exit_status);    // cmd_server.cc: server add, ls, rm
+
+// Every subcommand, in the order `kvsnap --help` lists them.
+void setup_all_commands(CLI::App& app, int& exit_status);
 
 }  // namespace kvsnap::cli

@@ -15,14 +15,13 @@ int run(int argc, char** argv) {
   app.require_subcommand(1);
   app.footer("\nRun 'kvsnap COMMAND --help' for a command's options. Exit codes: docs/cli.md.");
   int exit_status = kvsnap::cli::kExitOk;
-  kvsnap::cli::setup_info(app, exit_status);
-  kvsnap::cli::setup_convert(app, exit_status);
-  kvsnap::cli::setup_store_commands(app, exit_status);
-  kvsnap::cli::setup_migrate(app, exit_status);
+  kvsnap::cli::setup_all_commands(app, exit_status);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version end here too (exit 0); every usage error is exit 2 (docs/cli.md)
+    const int code = app.exit(e);
+    return code == 0 ? kvsnap::cli::kExitOk : kvsnap::cli::kExitUsage;
   }
   return exit_status;
 }

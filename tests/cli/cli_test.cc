@@ -182,6 +182,18 @@ TEST_F(CliTest, ConvertAcrossTheRotationWithoutHeadDimAsksForTheModel) {
   EXPECT_EQ(files_in_dir(), 1u);
 }
 
+// Usage errors are exit 2 whatever CLI11 calls them (an unknown option was CLI11's 109);
+// --help and --version are exit 0.
+TEST_F(CliTest, EveryUsageErrorIsExit2) {
+  for (const char* args : {"info --bogus", "convert", "frobnicate", "save --level", "migrate --jobs x"}) {
+    CmdResult r = run(args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+  }
+  EXPECT_EQ(run("--help").code, 0);
+  EXPECT_EQ(run("convert --help").code, 0);
+  EXPECT_EQ(run("--version").code, 0);
+}
+
 TEST_F(CliTest, ConvertNeverWritesOverItsInput) {
   const auto in = write("a.slot", build_state({}));
   const auto before = read(in);

@@ -1,0 +1,166 @@
+// kvsnap ls, show, find: what the store holds.
+#include "cli/store_common.h"
+#include "cli/commands.h"
+#include "cli/open_state.h"
+
+namespace kvsnap::cli {
+namespace {
+
+std::string table(const std::vector<SnapshotInfo>& v) {
+  std::string out;
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%-5s %-24s %8s %-12s %-10s %11s %11s  %-20s %s\n", "ID", "NAME", "TOKENS", "K/V",
+                "ARCH", "RAW", "STORED", "CREATED", "TAGS");
+  out += buf;
+  for (const auto& s : v) {
+    std::string tags;
+    for (const auto& [k, val] : s.tags) tags += (tags.empty() ? "" : ",") + k + "=" + val;
+    std::string types = s.k_types + "/" + s.v_types + (s.lossy.empty() ? "" : "*");
+    std::snprintf(buf, sizeof buf, "%-5lld %-24s %8lld %-12s %-10s %11s %11s  %-20s %s\n", (long long)s.id,
+                  s.name ? s.name->c_str() : "-", (long long)s.n_tokens, types.c_str(), s.model_arch.c_str(),
+                  mib(s.raw_bytes).c_str(), mib(s.stored_bytes).c_str(), s.created.substr(0, 19).c_str(), tags.c_str());
+    out += buf;
+  }
+  if (v.empty()) out += "(no snapshots)\n";
+  return out;
+}
+
+
+struct ListOpts {
+  std::string model, fingerprint, name, type, store;
+  std::vector<std::string> tags;
+  int64_t limit = -1;
+  bool json = false;
+};
+
+Result<std::string> fingerprint_of(const std::string& model, const std::string& fingerprint) {
+  if (!fingerprint.empty()) return fingerprint;
+  if (model.empty()) return std::string();
+  KV_ASSIGN_OR_RETURN(ModelInfo m, load_model_info(posix_io(), model));
+  return m.profile.fingerprint;
+}
+
+std::string render_list(const std::vector<SnapshotInfo>& v, bool as_json) {
+  if (!as_json) return table(v);
+  json a = json::array();
+  for (const auto& s : v) a.push_back(info_json(s));
+  return a.dump(2) + "\n";
+}
+
+Status run_ls(const ListOpts& o, std::string& out) {
+  ListFilter f;
+  KV_ASSIGN_OR_RETURN(f.model_fingerprint, fingerprint_of(o.model, o.fingerprint));
+  for (const auto& t : o.tags) {
+    KV_ASSIGN_OR_RETURN(auto kv, parse_tag(t));
+    f.tags.push_back(kv);
+  }
+  f.name_glob = o.name;
+  f.type = o.type;
+  f.limit = o.limit;
+  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  KV_ASSIGN_OR_RETURN(auto v, store->catalog().list(f));
+  out = render_list(v, o.json);
+  return Status::OK();
+}
+
+struct ShowOpts {
+  std::string ref, store;
+  bool json = false, tokens = false;
+};
+
+Status run_show(const ShowOpts& o, std::string& out) {
+  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  KV_ASSIGN_OR_RETURN(auto snap, store->open_snapshot(o.ref));
+  const SnapshotReader& r = snap->reader();
+  json j = info_json(snap->info());
+  j["snapshot"] = r.info();
+  j["chunks"] = {{"count", r.chunks().size()}, {"raw_bytes", r.manifest().raw_bytes()},
+                 {"stored_bytes", r.manifest().stored_bytes()}};
+  if (o.tokens) j["tokens"] = r.tokens().tokens;
+  if (o.json) {
+    out = j.dump(2) + "\n";
+    return Status::OK();
+  }
+  const SnapshotInfo& s = snap->info();
+  out = "snapshot   " + label(s) + "\nuuid       " + s.uuid + "\ncreated    " + s.created + "\nmodel      " +
+        (s.model_arch.empty() ? "-" : s.model_arch) +
+        (s.model_fingerprint.empty() ? "" : " (" + s.model_fingerprint.substr(0, 16) + "...)") + "\ntokens     " +
+        std::to_string(s.n_tokens) + "\ntypes      K " + s.k_types + ", V " + s.v_types + " (" +
+        (s.v_trans ? "transposed" : "rows") + ")" + (s.lossy.empty() ? "" : ", lossy: " + s.lossy) +
+        "\nformat     " + s.source_format + "\nsize       " + mib(s.raw_bytes) + " as llama.cpp wrote it, " +
+        mib(s.stored_bytes) + " stored in " + std::to_string(r.chunks().size()) + " chunks\nsha256     " +
+        s.content_sha256 + "\n";
+  const SourceClaims& w = r.manifest().provenance.writer;
+  if (!w.llama_build.empty()) out += "written by llama.cpp " + w.llama_build + " (" + w.llama_build_from + ")\n";
+  if (!w.reported_build.empty() && w.llama_build_from != "llama-server")
+    out += "server     reported build_info " + w.reported_build + "\n";
+  if (!w.src_rotation.empty()) out += "rotation   declared " + w.src_rotation + " at save\n";
+  if (s.parent_id) out += "parent     id " + std::to_string(*s.parent_id) + "\n";
+  for (const auto& [k, v] : s.tags) out += "tag        " + k + "=" + v + "\n";
+  if (o.tokens) out += "tokens     " + json(r.tokens().tokens).dump() + "\n";
+  return Status::OK();
+}
+
+struct FindOpts {
+  std::string tokens_file, like, model, input_format, store;
+  int64_t limit = -1;
+  bool json = false;
+};
+
+Status run_find(const FindOpts& o, std::string& out) {
+  if (o.tokens_file.empty() == o.like.empty())
+    return Status::InvalidArgument("give exactly one of --tokens FILE or --like SLOTFILE");
+  std::vector<int32_t> query;
+  std::string fingerprint;
+  if (!o.tokens_file.empty()) {
+    KV_ASSIGN_OR_RETURN(query, read_token_list(o.tokens_file));
+    KV_ASSIGN_OR_RETURN(fingerprint, fingerprint_of(o.model, ""));
+  } else {
+    KV_ASSIGN_OR_RETURN(OpenedState st, open_state(posix_io(), o.like, o.model, o.input_format));
+    query = st.state.tokens.tokens;
+    if (st.model) fingerprint = st.model->profile.fingerprint;
+  }
+  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  KV_ASSIGN_OR_RETURN(auto v, store->catalog().find_prefix(query, fingerprint,
+                                                           o.limit < 0 ? SIZE_MAX : size_t(o.limit)));
+  out = render_list(v, o.json);
+  return Status::OK();
+}
+
+}  // namespace
+
+void setup_list_commands(CLI::App& app, int& exit_status) {
+  {
+    auto o = std::make_shared<ListOpts>();
+    auto* sub = app.add_subcommand("ls", "List stored snapshots, newest first");
+    sub->add_option("--model,-m", o->model, "only snapshots of this GGUF (by fingerprint)");
+    sub->add_option("--fingerprint", o->fingerprint, "only snapshots with this model fingerprint");
+    sub->add_option("--tag", o->tags, "KEY=VALUE, repeatable (all must match)");
+    sub->add_option("--name", o->name, "name glob, e.g. 'chat-*'");
+    sub->add_option("--type", o->type, "only snapshots with this K or V type");
+    sub->add_option("--limit", o->limit, "at most N");
+    sub->add_flag("--json", o->json, "machine-readable list");
+    bind(sub, o, run_ls, "ls", exit_status);
+  }
+  {
+    auto o = std::make_shared<ShowOpts>();
+    auto* sub = app.add_subcommand("show", "Everything about one snapshot");
+    sub->add_option("snapshot", o->ref, "name, id or uuid (prefix)")->required();
+    sub->add_flag("--tokens", o->tokens, "include the token ids");
+    sub->add_flag("--json", o->json, "machine-readable (includes the snapshot's INFO section)");
+    bind(sub, o, run_show, "show", exit_status);
+  }
+  {
+    auto o = std::make_shared<FindOpts>();
+    auto* sub = app.add_subcommand("find", "Stored snapshots whose tokens are a prefix of a prompt, longest first");
+    sub->add_option("--tokens", o->tokens_file, "a file of token ids (JSON array or whitespace separated)");
+    sub->add_option("--like", o->like, "a llama.cpp state file whose tokens are the prompt");
+    sub->add_option("--model,-m", o->model, "only snapshots of this GGUF");
+    sub->add_option("--input-format", o->input_format, "raw-seq or raw-context for --like raw buffers");
+    sub->add_option("--limit", o->limit, "at most N");
+    sub->add_flag("--json", o->json, "machine-readable list");
+    bind(sub, o, run_find, "find", exit_status);
+  }
+}
+
+}  // namespace kvsnap::cli

@@ -1,0 +1,135 @@
+// kvsnap restore: a snapshot as a llama.cpp file (--out) or into a llama-server slot (--server).
+#include "cli/store_common.h"
+#include "cli/commands.h"
+#include "cli/era_options.h"
+#include "cli/server_options.h"
+#include "server/server_flows.h"
+
+namespace kvsnap::cli {
+namespace {
+
+struct RestoreOpts {
+  std::string ref, out, ctk, ctv, flash_attn, format, rotation, model, store;
+  std::string src_rotation, source_build;  // of the stored file (convert --help)
+  std::string target_build;                // of the llama.cpp that loads it
+  uint64_t tokens = 0;
+  int threads = 0;
+  bool force = false, json = false, check = false;
+  ServerOpts srv;
+};
+
+Status run_restore_server(const RestoreOpts& o, std::string& out) {
+  if (!o.out.empty() || o.tokens || !o.format.empty())
+    return Status::InvalidArgument("--server restores into the server; --out, --tokens and --format do not apply");
+  KV_ASSIGN_OR_RETURN(ServerTarget t, server_target(o.srv, o.store, o.ctk, o.ctv, o.flash_attn, o.model));
+  t.stored_source_build = o.source_build;
+  t.stored_src_rotation = o.src_rotation;
+  t.target_build = o.target_build;
+  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  KV_ASSIGN_OR_RETURN(ServerRestoreResult r, restore_to_server(posix_io(), *store, t, o.ref, o.check));
+  json j = {{"snapshot", info_json(r.restore.info)}, {"server", t.endpoint.url}, {"slot", t.slot},
+            {"n_restored", r.n_restored}, {"ctk", r.ctk}, {"ctv", r.ctv}, {"flash_attn", r.flash_attn},
+            {"types_from", r.types_from}, {"model_from", r.model_from}, {"converted", r.restore.converted},
+            {"bytes", r.restore.bytes_out}, {"server_ms", r.server_ms}, {"seconds", r.seconds},
+            {"server_build", server_build_json(r.build)},
+            {"target_build", r.target_build.empty() ? json(nullptr) : json(r.target_build)},
+            {"target_build_from", r.target_build_from}};
+  if (r.check)
+    j["check"] = {{"n_tokens", r.check->n_tokens}, {"prompt_n", r.check->prompt_n}, {"cache_n", r.check->cache_n},
+                  {"reused", r.check->reused}};
+  if (o.json) {
+    out = j.dump(2) + "\n";
+  } else {
+    char buf[768];
+    std::snprintf(buf, sizeof buf,
+                  "restored %s into %s slot %d: %llu tokens, K %s V %s fa %s (%s), %s, %.2f s (server %.0f ms)\n",
+                  label(r.restore.info).c_str(), t.endpoint.url.c_str(), t.slot, (unsigned long long)r.n_restored,
+                  r.ctk.c_str(), r.ctv.c_str(), r.flash_attn.c_str(), r.types_from.c_str(),
+                  r.restore.converted ? "converted" : "as stored", r.seconds, r.server_ms);
+    out = buf;
+    out += "  written for " + (r.target_build.empty() ? std::string("the stored file's format")
+                                                     : "llama.cpp " + r.target_build + " (" + r.target_build_from + ")") +
+           server_build_note(r.build) + "\n";
+    if (r.check) {
+      std::snprintf(buf, sizeof buf, "check: the stored prompt (%llu tokens) needed %llu evaluated, %llu from the cache: %s\n",
+                    (unsigned long long)r.check->n_tokens, (unsigned long long)r.check->prompt_n,
+                    (unsigned long long)r.check->cache_n,
+                    r.check->reused ? "the server reused the cache" : "the server did NOT reuse the cache");
+      out += buf;
+    }
+  }
+  if (r.check && !r.check->reused)
+    return Status::Mismatch("the server restored the slot but reprocessed the prompt (see above)");
+  return Status::OK();
+}
+
+Status run_restore(const RestoreOpts& o, std::string& out) {
+  if (o.srv.given()) return run_restore_server(o, out);
+  if (o.out.empty()) return Status::InvalidArgument("--out FILE is needed (or --server to restore into a server)");
+  KV_RETURN_IF_ERROR(refuse_existing(o.out, o.force));
+  std::optional<ModelInfo> model;
+  if (!o.model.empty()) {
+    KV_ASSIGN_OR_RETURN(model, load_model_info(posix_io(), o.model));
+  }
+  RestoreRequest req;
+  req.spec.ctk = o.ctk;
+  req.spec.ctv = o.ctv;
+  req.spec.flash_attn = o.flash_attn;
+  req.spec.format = o.format;
+  req.spec.rotation = o.rotation;
+  req.spec.src_rotation = o.src_rotation;
+  req.spec.source_build = o.source_build;
+  req.spec.target_build = o.target_build;
+  req.spec.threads = o.threads;
+  req.model = model ? &*model : nullptr;
+  if (o.tokens) req.tokens = o.tokens;
+  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(posix_io(), o.out));
+  KV_ASSIGN_OR_RETURN(RestoreResult r, store->restore(o.ref, req, *writer));
+  KV_RETURN_IF_ERROR(writer->commit());
+  if (o.json) {
+    json j = {{"snapshot", info_json(r.info)}, {"output", o.out}, {"bytes", r.bytes_out},
+              {"n_tokens", r.n_tokens}, {"converted", r.converted}, {"seconds", r.seconds}};
+    out = j.dump(2) + "\n";
+    return Status::OK();
+  }
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "restored %s -> %s: %llu tokens, %s%s, %.2f s\n", label(r.info).c_str(),
+                o.out.c_str(), (unsigned long long)r.n_tokens, mib(r.bytes_out).c_str(),
+                r.converted ? " (converted)" : req.tokens ? " (prefix, stored types)" : " (original bytes)", r.seconds);
+  out = buf;
+  return Status::OK();
+}
+
+}  // namespace
+
+void setup_restore(CLI::App& app, int& exit_status) {
+  {
+    auto o = std::make_shared<RestoreOpts>();
+    auto* sub = app.add_subcommand("restore", "Write a stored snapshot as a llama.cpp file, optionally at other cache "
+                                              "types / flash attention / format, or only its first N tokens");
+    sub->add_option("snapshot", o->ref, "name, id or uuid (prefix) of the snapshot")->required();
+    sub->add_option("--out,-o", o->out, "the llama.cpp file to write (atomically)");
+    add_server_options(sub, o->srv);
+    sub->add_flag("--check", o->check, "after --server: send the stored prompt and report whether the server reused the cache");
+    sub->add_option("--ctk", o->ctk, "K type of the server that will load it (default: as stored)");
+    sub->add_option("--ctv", o->ctv, "V type (default: as stored)");
+    sub->add_option("--flash-attn,--fa", o->flash_attn, "on|off of that server (default: as stored)");
+    sub->add_option("--format", o->format, "output format: " + target_format_names());
+    sub->add_option("--rotation", o->rotation, "auto|on|off (see kvsnap convert --help)");
+    add_source_options(sub, o->src_rotation, o->source_build, "the stored file (default: as recorded at save)");
+    add_target_build_option(sub, o->target_build, "the file (with --server, default: the server's /props build_info)");
+    sub->add_option("--tokens", o->tokens, "restore only the first N tokens (a slot file without media)");
+    sub->add_option("--model,-m", o->model, "the model's GGUF (default: the head dims recorded at save)");
+    sub->add_option("--threads,-t", o->threads, "conversion threads (default: all cores)");
+    sub->add_flag("--force", o->force, "replace --out if it exists");
+    sub->add_flag("--json", o->json, "machine-readable result");
+    sub->footer("\nWithout --ctk/--ctv/--fa/--format/--tokens the output is the saved file, byte for byte.\n"
+                "With --server, --ctk/--ctv/--fa are the server's (else its profile's, else detected from a file it saves).\n"
+                "\nExamples:\n  kvsnap restore chat-42 -o slot.bin --ctk q8_0 --ctv q8_0\n"
+                "  kvsnap restore chat-42 --server http://127.0.0.1:8080 --slot-dir /srv/slots --ctk q8_0 --ctv q8_0 --check\n");
+    bind(sub, o, run_restore, "restore", exit_status);
+  }
+}
+
+}  // namespace kvsnap::cli

@@ -1,0 +1,129 @@
+// kvsnap save: a state file, or a llama-server slot (--server), into the store.
+#include "cli/store_common.h"
+#include "cli/commands.h"
+#include "cli/era_options.h"
+#include "cli/open_state.h"
+#include "cli/server_options.h"
+#include "server/server_flows.h"
+
+namespace kvsnap::cli {
+namespace {
+
+struct SaveOpts {
+  std::string file, name, model, store_type, store_ctk, store_ctv, input_format, store;
+  std::string src_rotation, source_build;  // recorded with the snapshot
+  std::vector<std::string> tags;
+  int level = 3, threads = 0;
+  unsigned cells_per_chunk = kDefaultCellsPerChunk;
+  bool json = false;
+  ServerOpts srv;
+};
+
+Status run_save_server(const SaveOpts& o, SaveRequest req, std::string& out);
+// `extra` (JSON only): more keys for the result.
+Status render_save(const SaveResult& r, const std::string& root, bool as_json, std::string& out,
+                   const json* extra = nullptr);
+
+Status run_save(const SaveOpts& o, std::string& out) {
+  if (o.file.empty() == !o.srv.given())
+    return Status::InvalidArgument("give a state FILE, or --server URL|PROFILE (with --slot and --slot-dir)");
+  SaveRequest req;
+  req.name = o.name;
+  for (const auto& t : o.tags) {
+    KV_ASSIGN_OR_RETURN(auto kv, parse_tag(t));
+    req.tags[kv.first] = kv.second;
+  }
+  if (!o.store_type.empty() || !o.store_ctk.empty() || !o.store_ctv.empty()) {
+    ConversionSpec spec;
+    spec.ctk = o.store_ctk.empty() ? o.store_type : o.store_ctk;
+    spec.ctv = o.store_ctv.empty() ? o.store_type : o.store_ctv;
+    req.store_type = spec;
+  }
+  if (!o.source_build.empty()) {
+    req.writer.llama_build = o.source_build;
+    req.writer.llama_build_from = "declared";
+  }
+  req.writer.src_rotation = o.src_rotation;
+  req.zstd_level = o.level;
+  req.threads = uint32_t(std::max(0, o.threads));
+  req.cells_per_chunk = o.cells_per_chunk;
+  if (o.srv.given()) return run_save_server(o, req, out);
+  KV_ASSIGN_OR_RETURN(OpenedState st, open_state(posix_io(), o.file, o.model, o.input_format));
+  req.model = st.model_ptr();
+  req.source_name = o.file;
+  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  KV_ASSIGN_OR_RETURN(SaveResult r, store->save(*st.file, st.state, req));
+  return render_save(r, store->paths().root, o.json, out);
+}
+
+Status run_save_server(const SaveOpts& o, SaveRequest req, std::string& out) {
+  KV_ASSIGN_OR_RETURN(ServerTarget t, server_target(o.srv, o.store, "", "", "", o.model));
+  std::optional<ModelInfo> model;
+  if (!t.model.empty()) {
+    KV_ASSIGN_OR_RETURN(model, load_model_info(posix_io(), t.model));
+    req.model = &*model;
+  }
+  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  KV_ASSIGN_OR_RETURN(ServerSaveResult r, save_from_server(posix_io(), *store, t, req));
+  const json extra = {{"server_build", server_build_json(r.build)}};
+  KV_RETURN_IF_ERROR(render_save(r.save, store->paths().root, o.json, out, &extra));
+  if (o.json) return Status::OK();
+  out += "  from " + t.endpoint.url + " slot " + std::to_string(t.slot) + ": " + std::to_string(r.n_saved) +
+         " tokens saved by the server in " + std::to_string(int(r.server_ms)) + " ms" + server_build_note(r.build) + "\n";
+  return Status::OK();
+}
+
+Status render_save(const SaveResult& r, const std::string& root, bool as_json, std::string& out, const json* extra) {
+  if (as_json) {
+    json j = info_json(r.info);
+    if (extra) j.update(*extra);
+    j["chunks_new"] = r.chunks_new;
+    j["bytes_new"] = r.bytes_new;
+    j["seconds"] = r.seconds;
+    j["store"] = root;
+    out = j.dump(2) + "\n";
+    return Status::OK();
+  }
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "saved %s: %lld tokens, K %s V %s%s, %s -> %s stored (%llu of %llu chunks new, %s written), %.2f s\n"
+                "  uuid %s%s\n",
+                label(r.info).c_str(), (long long)r.info.n_tokens, r.info.k_types.c_str(), r.info.v_types.c_str(),
+                r.info.lossy.empty() ? "" : (" (lossy: " + r.info.lossy + ")").c_str(), mib(r.info.raw_bytes).c_str(),
+                mib(r.info.stored_bytes).c_str(), (unsigned long long)r.chunks_new, (unsigned long long)r.chunks,
+                mib(r.bytes_new).c_str(), r.seconds, r.info.uuid.c_str(),
+                r.info.parent_id ? (", parent id " + std::to_string(*r.info.parent_id)).c_str() : "");
+  out = buf;
+  return Status::OK();
+}
+
+}  // namespace
+
+void setup_save(CLI::App& app, int& exit_status) {
+  {
+    auto o = std::make_shared<SaveOpts>();
+    auto* sub = app.add_subcommand("save", "Store a llama.cpp slot/session file in the snapshot store (compressed, "
+                                           "checksummed, deduplicated by chunk)");
+    sub->add_option("file", o->file, "the state file (a llama-server slot file, a session file, a raw buffer)");
+    add_server_options(sub, o->srv);
+    sub->add_option("--name", o->name, "a unique name to restore it by (default: none; ids and uuids always work)");
+    sub->add_option("--tag", o->tags, "KEY=VALUE, repeatable; filter with ls --tag");
+    sub->add_option("--model,-m", o->model, "the model's GGUF: records its fingerprint and head dims (recommended)");
+    sub->add_option("--store-type", o->store_type, "quantize K and V to this type on store (lossy, recorded as such)");
+    sub->add_option("--store-ctk", o->store_ctk, "quantize only K on store");
+    sub->add_option("--store-ctv", o->store_ctv, "quantize only V on store");
+    sub->add_option("--input-format", o->input_format, "raw-seq or raw-context for raw buffers");
+    add_source_options(sub, o->src_rotation, o->source_build,
+                       "the file (recorded with the snapshot; with --server, default: the server's /props build_info)");
+    sub->add_option("--level", o->level, "zstd level (default 3)");
+    sub->add_option("--cells-per-chunk", o->cells_per_chunk, "cells per chunk (default 256)");
+    sub->add_option("--threads,-t", o->threads, "compression threads (default: all cores)");
+    sub->add_flag("--json", o->json, "machine-readable result");
+    sub->footer("\nExamples:\n  kvsnap save slot0.bin --name chat-42 --tag user=ana -m model.gguf\n"
+                "  kvsnap save slot0.bin --store-type q8_0 -m model.gguf    # half the space, lossy\n"
+                "  kvsnap save --server http://127.0.0.1:8080 --slot 0 --slot-dir /srv/slots --name chat-42\n");
+    bind(sub, o, run_save, "save", exit_status);
+  }
+}
+
+}  // namespace kvsnap::cli

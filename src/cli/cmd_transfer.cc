@@ -1,0 +1,67 @@
+// kvsnap export, import: snapshots between stores as one archive.
+#include <sys/stat.h>
+
+#include "cli/store_common.h"
+#include "cli/commands.h"
+
+namespace kvsnap::cli {
+namespace {
+
+struct ExportOpts {
+  std::vector<std::string> refs;
+  std::string out, store;
+  bool force = false;
+};
+
+Status run_export(const ExportOpts& o, std::string& out) {
+  KV_RETURN_IF_ERROR(refuse_existing(o.out, o.force));
+  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  KV_RETURN_IF_ERROR(store->export_to(o.refs, o.out));
+  struct stat st {};
+  ::stat(o.out.c_str(), &st);
+  out = "exported " + std::to_string(o.refs.size()) + " snapshots to " + o.out + " (" + mib(uint64_t(st.st_size)) + ")\n";
+  return Status::OK();
+}
+
+struct ImportOpts {
+  std::string file, store;
+  bool json = false;
+};
+
+Status run_import(const ImportOpts& o, std::string& out) {
+  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  KV_ASSIGN_OR_RETURN(ImportReport r, store->import_from(o.file));
+  if (o.json) {
+    json a = json::array();
+    for (const auto& s : r.imported) a.push_back(info_json(s));
+    out = json{{"imported", a}, {"skipped", r.skipped}}.dump(2) + "\n";
+    return Status::OK();
+  }
+  for (const auto& s : r.imported) out += "imported " + label(s) + ", " + std::to_string(s.n_tokens) + " tokens\n";
+  for (const auto& s : r.skipped) out += "skipped " + s + "\n";
+  if (r.imported.empty() && r.skipped.empty()) out = "the archive holds no snapshots\n";
+  return Status::OK();
+}
+
+}  // namespace
+
+void setup_transfer_commands(CLI::App& app, int& exit_status) {
+  {
+    auto o = std::make_shared<ExportOpts>();
+    auto* sub = app.add_subcommand("export", "Bundle snapshots into one .tar.zst (standalone .kvsnap files + an index)");
+    sub->add_option("snapshot", o->refs, "names, ids or uuids")->required();
+    sub->add_option("-o,--out", o->out, "the archive to write (atomically)")->required();
+    sub->add_flag("--force", o->force, "replace --out if it exists");
+    bind(sub, o, run_export, "export", exit_status);
+  }
+  {
+    auto o = std::make_shared<ImportOpts>();
+    auto* sub = app.add_subcommand("import", "Add the snapshots of an export archive to the store (every chunk re-hashed; "
+                                             "hostile archives refused)");
+    sub->add_option("file", o->file, "a kvsnap export (.tar.zst, .tar.gz, .tar.xz or .tar)")->required();
+    sub->add_flag("--json", o->json, "machine-readable result");
+    bind(sub, o, run_import, "import", exit_status);
+  }
+}
+
+}  // namespace kvsnap::cli

@@ -1,0 +1,92 @@
+#include "cli/store_common.h"
+
+#include <sys/stat.h>
+
+#include <sstream>
+
+#include "base/json_access.h"
+
+namespace kvsnap::cli {
+
+std::string mib(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", double(b) / (1 << 20));
+  return buf;
+}
+
+Result<std::unique_ptr<Store>> open_store(const std::string& dir) {
+  KV_ASSIGN_OR_RETURN(StorePaths p, resolve_store_paths(dir));
+  return Store::open(posix_io(), p);
+}
+
+json info_json(const SnapshotInfo& s) {
+  json j = {{"id", s.id}, {"uuid", s.uuid}, {"name", s.name ? json(*s.name) : json(nullptr)},
+            {"created", s.created}, {"model_arch", s.model_arch}, {"model_fingerprint", s.model_fingerprint},
+            {"n_tokens", s.n_tokens}, {"k_types", s.k_types}, {"v_types", s.v_types},
+            {"v_layout", s.v_trans ? "transposed" : "rows"}, {"source_format", s.source_format},
+            {"raw_bytes", s.raw_bytes}, {"stored_bytes", s.stored_bytes},
+            {"lossy", s.lossy.empty() ? json(nullptr) : json(s.lossy)},
+            {"parent_id", s.parent_id ? json(*s.parent_id) : json(nullptr)}, {"content_sha256", s.content_sha256},
+            {"n_chunks", s.n_chunks}};
+  j["tags"] = json::object();
+  for (const auto& [k, v] : s.tags) j["tags"][k] = v;
+  return j;
+}
+
+std::string label(const SnapshotInfo& s) {
+  return s.name ? *s.name + " (id " + std::to_string(s.id) + ")" : "id " + std::to_string(s.id);
+}
+
+Result<std::pair<std::string, std::string>> parse_tag(const std::string& t) {
+  const auto eq = t.find('=');
+  if (eq == std::string::npos || eq == 0) return Status::InvalidArgument("--tag '" + t + "': expected KEY=VALUE");
+  return std::make_pair(t.substr(0, eq), t.substr(eq + 1));
+}
+
+Status refuse_existing(const std::string& path, bool force) {
+  struct stat st {};
+  if (!force && ::stat(path.c_str(), &st) == 0)
+    return Status::InvalidArgument(path + " exists; pass --force to replace it");
+  return Status::OK();
+}
+
+Result<std::vector<int32_t>> read_token_list(const std::string& path) {
+  KV_ASSIGN_OR_RETURN(auto bytes, read_all(posix_io(), path, uint64_t(256) << 20));
+  std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  auto parsed = parse_json(text, path, Code::kInvalidArgument);
+  if (parsed.ok() && parsed->is_array()) {
+    return JsonRef(*parsed, path, Code::kInvalidArgument).elements_as<int32_t>([](const JsonRef& t) -> Result<int32_t> {
+      KV_ASSIGN_OR_RETURN(int64_t id, t.integer(INT32_MIN, INT32_MAX));
+      return int32_t(id);
+    });
+  }
+  std::vector<int32_t> out;
+  for (char& c : text)
+    if (c == ',' || c == '[' || c == ']') c = ' ';
+  std::istringstream in(text);
+  std::string w;
+  while (in >> w) {
+    char* end = nullptr;
+    long v = std::strtol(w.c_str(), &end, 10);
+    if (*end != 0) return Status::InvalidArgument(path + ": '" + w + "' is not a token id");
+    out.push_back(int32_t(v));
+  }
+  return out;
+}
+
+json server_build_json(const ServerBuild& b) {
+  return {{"reported", b.reported.empty() ? json(nullptr) : json(b.reported)},
+          {"usable", b.usable.empty() ? json(nullptr) : json(b.usable)},
+          {"why_not", b.why_not.empty() ? json(nullptr) : json(b.why_not)}};
+}
+
+std::string server_build_note(const ServerBuild& b) {
+  if (b.reported.empty()) return "; the server's /props has no build_info";
+  if (!b.usable.empty()) return "; the server reports llama.cpp " + b.reported;
+  return "; the server's build_info '" + b.reported + "' was not used (" + b.why_not + ")";
+}
+// `extra` (JSON only): more keys for the result.
+Status render_save(const SaveResult& r, const std::string& root, bool as_json, std::string& out,
+                   const json* extra = nullptr);
+
+}  // namespace kvsnap::cli

@@ -1,0 +1,49 @@
+// What the store commands (save, restore, ls, show, find, rm, gc, verify,
+// export, import, server) share: opening the store, rendering a snapshot,
+// the --store option bound with each command's callback.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/status.h"
+#include "cli/exit_codes.h"
+#include "server/llama_server.h"
+#include "store/store.h"
+
+namespace kvsnap::cli {
+
+using json = nlohmann::ordered_json;
+
+std::string mib(uint64_t b);  // "1.25 MiB"
+Result<std::unique_ptr<Store>> open_store(const std::string& dir);  // --store DIR, $KVSNAP_HOME, XDG
+json info_json(const SnapshotInfo& s);
+std::string label(const SnapshotInfo& s);  // "chat-42 (id 3)" or "id 3"
+Result<std::pair<std::string, std::string>> parse_tag(const std::string& t);  // KEY=VALUE
+Status refuse_existing(const std::string& path, bool force);  // kInvalidArgument unless --force
+// --tokens FILE: a JSON array, or integers separated by spaces, commas or newlines.
+Result<std::vector<int32_t>> read_token_list(const std::string& path);
+json server_build_json(const ServerBuild& b);
+// "; the server reports llama.cpp b8121-..." or why its build_info was not used.
+std::string server_build_note(const ServerBuild& b);
+
+// Adds --store and runs `run` when the subcommand is chosen: its output on
+// stdout, an error on stderr, the exit code in exit_status.
+template <class Opts, class Run>
+void bind(CLI::App* sub, std::shared_ptr<Opts> o, Run run, const char* name, int& exit_status) {
+  sub->add_option("--store", o->store, "the store directory (default: $KVSNAP_HOME, else ~/.local/share/kvsnap)");
+  sub->callback([o, run, name, &exit_status]() {
+    std::string out;
+    Status s = run(*o, out);
+    if (!s.ok() && !out.empty()) std::fputs(out.c_str(), stdout);
+    exit_status = report(name, s, s.ok() ? out : "");
+  });
+}
+
+}  // namespace kvsnap::cli
