@@ -1,6 +1,5 @@
 #include "format/chunk_codec.h"
 
-#include <openssl/evp.h>
 #include <zstd.h>
 
 #include <algorithm>
@@ -15,70 +14,6 @@
 
 namespace kvsnap {
 
-// --- SHA-256 ----------------------------------------------------------------------
-
-namespace {
-
-// Fetched once: in OpenSSL 3 an EVP_sha256() init does a provider lookup per
-// call, which costs as much as hashing a small chunk.
-const EVP_MD* sha256_md() {
-  static const EVP_MD* md = [] {
-    const EVP_MD* m = EVP_MD_fetch(nullptr, "SHA256", nullptr);
-    return m ? m : EVP_sha256();
-  }();
-  return md;
-}
-
-}  // namespace
-
-Sha256Digest sha256_of(std::span<const std::byte> data) {
-  static thread_local Sha256Hasher h;
-  h.update(data);
-  return h.finish();
-}
-
-std::string to_hex(const Sha256Digest& h) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string s(64, '0');
-  for (size_t i = 0; i < 32; ++i) {
-    s[2 * i] = kDigits[h[i] >> 4];
-    s[2 * i + 1] = kDigits[h[i] & 15];
-  }
-  return s;
-}
-
-bool from_hex(const std::string& hex, Sha256Digest& out) {
-  if (hex.size() != 64) return false;
-  auto nib = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  for (size_t i = 0; i < 32; ++i) {
-    const int hi = nib(hex[2 * i]), lo = nib(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    out[i] = uint8_t(hi << 4 | lo);
-  }
-  return true;
-}
-
-// OpenSSL only fails these calls on allocation failure or a broken build; both
-// are fatal for the process anyway, so the hasher has no error path.
-Sha256Hasher::Sha256Hasher() : ctx_(EVP_MD_CTX_new()) {
-  if (!ctx_ || EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), sha256_md(), nullptr) != 1) throw std::bad_alloc();
-}
-Sha256Hasher::~Sha256Hasher() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
-void Sha256Hasher::update(std::span<const std::byte> data) {
-  if (!data.empty()) EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data.data(), data.size());
-}
-Sha256Digest Sha256Hasher::finish() {
-  Sha256Digest h{};
-  unsigned int n = 0;
-  EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), h.data(), &n);
-  EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), sha256_md(), nullptr);
-  return h;
-}
 
 // --- Header -------------------------------------------------------------------------
 

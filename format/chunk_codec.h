@@ -28,33 +28,13 @@
 #include <string>
 #include <vector>
 
+#include "base/sha256.h"
 #include "base/status.h"
 
 struct ZSTD_CCtx_s;
 struct ZSTD_DCtx_s;
 
 namespace kvsnap {
-
-// --- SHA-256 ------------------------------------------------------------------
-using Sha256Digest = std::array<uint8_t, 32>;
-Sha256Digest sha256_of(std::span<const std::byte> data);
-std::string to_hex(const Sha256Digest& h);
-// Parses 64 hex digits; false otherwise.
-bool from_hex(const std::string& hex, Sha256Digest& out);
-
-// Incremental SHA-256 (OpenSSL EVP).
-class Sha256Hasher {
- public:
-  Sha256Hasher();
-  ~Sha256Hasher();
-  Sha256Hasher(const Sha256Hasher&) = delete;
-  Sha256Hasher& operator=(const Sha256Hasher&) = delete;
-  void update(std::span<const std::byte> data);
-  Sha256Digest finish();  // the hasher is reset afterwards
-
- private:
-  void* ctx_;  // EVP_MD_CTX
-};
 
 // --- Blob header ----------------------------------------------------------------
 enum class ChunkCodec : uint8_t {

@@ -1,13 +1,12 @@
 #include "format/gguf.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
 
+#include "base/sha256.h"
 #include "format/cursor.h"
 
 namespace kvsnap {
@@ -799,32 +798,18 @@ Result<std::string> gguf_fingerprint(const ReadableFile& file, const GgufHeader&
     return Status::InvalidArgument(file.name() + ": header of " + std::to_string(header.infos_end) +
                                    " bytes does not fit the file of " + std::to_string(file.size()));
   }
-  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) {
-    return Status::IOError("OpenSSL: SHA-256 unavailable");
-  }
+  Sha256 sha;
   std::vector<std::byte> buf(64 * 1024);
   for (uint64_t off = 0; off < header.infos_end;) {
     const uint64_t n = std::min<uint64_t>(buf.size(), header.infos_end - off);
     KV_RETURN_IF_ERROR(file.read_at(off, std::span<std::byte>(buf.data(), n)));
-    if (EVP_DigestUpdate(ctx.get(), buf.data(), n) != 1) return Status::IOError("OpenSSL: SHA-256 update failed");
+    sha.update(std::span<const std::byte>(buf.data(), n));
     off += n;
   }
   std::vector<std::byte> size_le;
   put_u64(size_le, file.size());
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int md_len = 0;
-  if (EVP_DigestUpdate(ctx.get(), size_le.data(), size_le.size()) != 1 ||
-      EVP_DigestFinal_ex(ctx.get(), md, &md_len) != 1) {
-    return Status::IOError("OpenSSL: SHA-256 failed");
-  }
-  static const char* kHex = "0123456789abcdef";
-  std::string hex;
-  for (unsigned i = 0; i < md_len; ++i) {
-    hex += kHex[md[i] >> 4];
-    hex += kHex[md[i] & 15];
-  }
-  return hex;
+  sha.update(size_le);
+  return to_hex(sha.finish());
 }
 
 Result<std::string> gguf_fingerprint(Io& io, const std::string& path) {

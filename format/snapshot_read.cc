@@ -264,7 +264,7 @@ Status SnapshotReader::verify_chunks() const {
 
 Status SnapshotReader::verify_original() const {
   const ReadableFile& f = original();
-  Sha256Hasher h;
+  Sha256 h;
   std::vector<std::byte> buf(std::min<uint64_t>(f.size(), 1 << 20));
   for (uint64_t at = 0; at < f.size();) {
     const uint64_t n = std::min<uint64_t>(buf.size(), f.size() - at);

@@ -213,7 +213,7 @@ struct OriginalHasher {
   Status status;
   Sha256Digest sha{};
   void run() {
-    Sha256Hasher h;
+    Sha256 h;
     std::vector<std::byte> buf(std::min<uint64_t>(file.size(), 1 << 20));
     for (uint64_t at = 0; at < file.size() && !cancel.load(std::memory_order_relaxed);) {
       const uint64_t n = std::min<uint64_t>(buf.size(), file.size() - at);

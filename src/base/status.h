@@ -4,6 +4,11 @@
 // Status whose code callers branch on and whose message names the file, the
 // offset and the problem in words a user can act on. The CLI maps codes to exit
 // codes in one place (src/cli/exit_codes.h).
+//
+// The one exception: running out of memory is std::bad_alloc, as for every
+// standard container, including the few C libraries whose context allocation
+// fails (OpenSSL, zstd). It is never an answer about the input; the process
+// edge (src/cli/main.cc, exit 70) and the C API (KVSNAP_ERR_IO "out of memory") catch it.
 #pragma once
 
 #include <cassert>

@@ -1,19 +1,12 @@
 #include "store/blob_store.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
+
+#include "base/sha256.h"
 
 namespace kvsnap {
 
 namespace {
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 bool is_blob_name(const std::string& name) {
   return name.size() == 64 && std::all_of(name.begin(), name.end(), [](char c) {
@@ -25,39 +18,19 @@ bool is_blob_name(const std::string& name) {
 
 ChunkHash ChunkHash::of(std::span<const std::byte> raw) {
   ChunkHash h;
-  unsigned int len = 0;
-  // EVP_Digest cannot fail for SHA-256 on valid input short of an allocation
-  // failure; abort rather than hand out a wrong identity.
-  if (EVP_Digest(raw.data(), raw.size(), h.bytes.data(), &len, EVP_sha256(), nullptr) != 1 || len != 32) {
-    std::abort();
-  }
+  h.bytes = sha256_of(raw);
   return h;
 }
 
 Result<ChunkHash> ChunkHash::from_hex(std::string_view hex) {
   ChunkHash h;
-  if (hex.size() != 64) {
+  if (!kvsnap::from_hex(hex, h.bytes)) {
     return Status::InvalidArgument("'" + std::string(hex) + "' is not a chunk hash (64 hex digits)");
-  }
-  for (size_t i = 0; i < 32; ++i) {
-    int hi = hex_value(hex[2 * i]), lo = hex_value(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) {
-      return Status::InvalidArgument("'" + std::string(hex) + "' is not a chunk hash (64 hex digits)");
-    }
-    h.bytes[i] = static_cast<uint8_t>(hi * 16 + lo);
   }
   return h;
 }
 
-std::string ChunkHash::hex() const {
-  static const char* kDigits = "0123456789abcdef";
-  std::string s(64, '0');
-  for (size_t i = 0; i < 32; ++i) {
-    s[2 * i] = kDigits[bytes[i] >> 4];
-    s[2 * i + 1] = kDigits[bytes[i] & 15];
-  }
-  return s;
-}
+std::string ChunkHash::hex() const { return to_hex(bytes); }
 
 Result<std::unique_ptr<BlobStore>> BlobStore::open(Io& io, std::string root) {
   while (root.size() > 1 && root.back() == '/') root.pop_back();

@@ -1,6 +1,5 @@
 #include "store/catalog.h"
 
-#include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <sqlite3.h>
 
@@ -12,6 +11,8 @@
 #include <random>
 #include <set>
 #include <thread>
+
+#include "base/sha256.h"
 
 namespace kvsnap {
 
@@ -90,37 +91,13 @@ static_assert(kNumMigrations == Catalog::kSchemaVersion, "one migration per sche
 
 using Hash16 = std::array<uint8_t, 16>;
 
-// Incremental SHA-256 whose digest can be read at any point without ending it.
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new()), scratch_(EVP_MD_CTX_new()) {
-    if (!ctx_ || !scratch_ || EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1) std::abort();
-  }
-  Sha256(const Sha256& o) : ctx_(EVP_MD_CTX_new()), scratch_(EVP_MD_CTX_new()) {
-    if (!ctx_ || !scratch_ || EVP_MD_CTX_copy_ex(ctx_, o.ctx_) != 1) std::abort();
-  }
-  Sha256& operator=(const Sha256&) = delete;
-  ~Sha256() {
-    EVP_MD_CTX_free(ctx_);
-    EVP_MD_CTX_free(scratch_);
-  }
-  void update(const void* p, size_t n) {
-    if (n && EVP_DigestUpdate(ctx_, p, n) != 1) std::abort();
-  }
-  // The first 16 bytes of the digest of everything so far.
-  Hash16 peek() const {
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int len = 0;
-    if (EVP_MD_CTX_copy_ex(scratch_, ctx_) != 1 || EVP_DigestFinal_ex(scratch_, md, &len) != 1) std::abort();
-    Hash16 h;
-    std::memcpy(h.data(), md, h.size());
-    return h;
-  }
-
- private:
-  EVP_MD_CTX* ctx_;
-  EVP_MD_CTX* scratch_;
-};
+// The first 16 bytes of the digest of everything hashed so far.
+Hash16 prefix16(const Sha256& sha) {
+  const Sha256Digest d = sha.peek();
+  Hash16 h;
+  std::memcpy(h.data(), d.data(), h.size());
+  return h;
+}
 
 // Tokens as stored and hashed: int32 little-endian.
 std::vector<std::byte> tokens_le(std::span<const int32_t> tokens) {
@@ -487,9 +464,9 @@ Result<SnapshotInfo> Catalog::add_snapshot(SnapshotRecord rec, const std::vector
   int64_t anchor_len = info.n_tokens / kPrefixStride * kPrefixStride;
   Sha256 sha;
   sha.update(tok.data(), static_cast<size_t>(anchor_len) * 4);
-  Hash16 anchor_hash = sha.peek();
+  Hash16 anchor_hash = prefix16(sha);
   sha.update(tok.data() + anchor_len * 4, tok.size() - static_cast<size_t>(anchor_len) * 4);
-  Hash16 full_hash = sha.peek();
+  Hash16 full_hash = prefix16(sha);
 
   Status s = write_txn([&]() -> Status {
     if (info.name) {
@@ -783,7 +760,7 @@ Result<std::vector<std::pair<int64_t, int64_t>>> Catalog::prefix_candidates(std:
   for (int64_t c = 0; c <= m; c += kPrefixStride) {
     const int64_t band_last = std::min(c + kPrefixStride - 1, m);  // longest length anchored at c
     rows.clear();
-    band.i64(1, c).blob(2, run.peek()).i64(3, m).i64(4, kPrefixStride + 1);
+    band.i64(1, c).blob(2, prefix16(run)).i64(3, m).i64(4, kPrefixStride + 1);
     for (;;) {
       KV_ASSIGN_OR_RETURN(bool row, band.step());
       if (!row) break;
@@ -800,7 +777,7 @@ Result<std::vector<std::pair<int64_t, int64_t>>> Catalog::prefix_candidates(std:
       auto hash_to = [&](int64_t n) {
         walk.update(q.data() + pos * 4, static_cast<size_t>(n - pos) * 4);
         pos = n;
-        return walk.peek();
+        return prefix16(walk);
       };
       if (rows.size() <= static_cast<size_t>(kPrefixStride)) {
         std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.n < b.n; });

@@ -44,7 +44,7 @@ TEST(ChunkCodec, Sha256KnownAnswer) {
   ASSERT_TRUE(from_hex(to_hex(h), back));
   EXPECT_EQ(back, h);
   EXPECT_FALSE(from_hex("xyz", back));
-  Sha256Hasher inc;
+  Sha256 inc;
   inc.update(std::as_bytes(std::span(abc.data(), 1)));
   inc.update(std::as_bytes(std::span(abc.data() + 1, 2)));
   EXPECT_EQ(inc.finish(), h);
