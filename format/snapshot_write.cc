@@ -9,6 +9,7 @@
 #include <ctime>
 #include <thread>
 
+#include "base/parallel.h"
 #include "format/cursor.h"
 #include "format/snapshot.h"
 #include "format/snapshot_internal.h"
@@ -262,14 +263,9 @@ Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink
   refs.reserve(n);
   for (uint64_t base = 0; base < n; base += W) {
     const size_t count = size_t(std::min<uint64_t>(W, n - base));
-    std::atomic<size_t> next{0};
-    auto work = [&](size_t t) {
-      for (size_t i; (i = next.fetch_add(1)) < count;) slots[i].status = encode_one(reader, base + i, *encoders[t], o.byte_shuffle, slots[i]);
-    };
-    std::vector<std::thread> pool;
-    for (size_t t = 1; t < std::min<size_t>(T, count); ++t) pool.emplace_back(work, t);
-    work(0);
-    for (auto& th : pool) th.join();
+    parallel_for(count, T, [&](size_t i, size_t t) {
+      slots[i].status = encode_one(reader, base + i, *encoders[t], o.byte_shuffle, slots[i]);
+    });
     for (size_t i = 0; i < count; ++i) {
       KV_RETURN_IF_ERROR(slots[i].status);
       KV_RETURN_IF_ERROR(sink.put(slots[i].ref, slots[i].blob));

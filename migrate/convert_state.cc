@@ -6,6 +6,7 @@
 #include <limits>
 #include <thread>
 
+#include "base/parallel.h"
 #include "format/ggml_types.h"
 #include "format/llama_era.h"
 #include "migrate/convert_row.h"
@@ -306,7 +307,7 @@ class RowPipeline {
     std::vector<std::vector<std::byte>> in(T), out(T);
     std::vector<Status> st(T);
     for (uint64_t r0 = 0; r0 < n_rows; r0 += per_block * T) {
-      size_t used = 0;
+      const size_t used = size_t(std::min<uint64_t>(T, (n_rows - r0 + per_block - 1) / per_block));
       auto work = [&](size_t w) {
         const uint64_t first = r0 + w * per_block;
         const uint64_t n = std::min(per_block, n_rows - first);
@@ -317,13 +318,7 @@ class RowPipeline {
         st[w] = exact_.empty() ? workers_[w].convert(in[w], out[w]) : exact_[w].convert(in[w], out[w]);
         if (st[w].ok() && report_) measure(w, in[w], out[w], n);
       };
-      std::vector<std::thread> pool;
-      for (size_t w = 0; w < T && r0 + w * per_block < n_rows; ++w, ++used) {
-        if (w == 0) continue;
-        pool.emplace_back(work, w);
-      }
-      work(0);
-      for (auto& t : pool) t.join();
+      fork_join(used, work);
       for (size_t w = 0; w < used; ++w) {
         KV_RETURN_IF_ERROR(st[w]);
         KV_RETURN_IF_ERROR(deliver(std::span<const std::byte>(out[w])));

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "base/parallel.h"
 #include "format/llama_era.h"
 #include "format/state_summary.h"
 #include "migrate/convert_state.h"
@@ -224,10 +225,7 @@ Result<MigrateSummary> migrate_dir(Io& io, const MigrateOptions& o) {
     }
   };
   const int jobs = std::max(1, std::min<int>(o.jobs, int(todo.size())));
-  std::vector<std::thread> pool;
-  for (int j = 1; j < jobs; ++j) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
+  fork_join(size_t(jobs), [&](size_t) { worker(); });
   for (auto& f : done) sum.files.push_back(std::move(f));
   std::sort(sum.files.begin(), sum.files.end(), [](const FileOutcome& a, const FileOutcome& b) { return a.name < b.name; });
   sum.seconds = since(t0);

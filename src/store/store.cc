@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "base/json_access.h"
+#include "base/parallel.h"
 #include "format/rotation_rule.h"
 #include "format/state_summary.h"
 #include "format/state_prefix.h"
@@ -111,10 +112,7 @@ Status copy_parallel(const ReadableFile& file, uint32_t threads, ByteSink& out) 
       const uint64_t n = std::min<uint64_t>(kBlock, file.size() - off);
       status[t] = file.read_at(off, std::span<std::byte>(bufs[t].data(), n));
     };
-    std::vector<std::thread> pool;
-    for (uint32_t t = 1; t < T; ++t) pool.emplace_back(work, t);
-    work(0);
-    for (auto& th : pool) th.join();
+    fork_join(T, work);
     for (uint32_t t = 0; t < T; ++t) {
       const uint64_t off = base + t * kBlock;
       if (off >= file.size()) break;
