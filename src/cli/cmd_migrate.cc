@@ -9,7 +9,7 @@
 #include "cli/commands.h"
 #include "cli/era_options.h"
 #include "cli/exit_codes.h"
-#include "server/migrate_dir.h"
+#include "migrate/migrate_dir.h"
 #include "store/store.h"
 
 #include <mutex>

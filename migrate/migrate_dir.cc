@@ -1,4 +1,4 @@
-#include "server/migrate_dir.h"
+#include "migrate/migrate_dir.h"
 
 #include <signal.h>
 

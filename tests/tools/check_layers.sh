@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# check_layers.sh SOURCE_DIR: fails when a product file includes a layer above its own.
+# Layers, lowest first (CMakeLists.txt): base < format < migrate < store < server < cli;
+# the C API (src/capi) stands on base, format and migrate only.
+set -euo pipefail
+root="${1:-.}"
+declare -A rank=([base]=0 [format]=1 [migrate]=2 [store]=3 [server]=4 [cli]=5)
+declare -A dir_of=([base]=src/base [format]=format [migrate]=migrate [store]=src/store [server]=src/server
+                   [cli]=src/cli [capi]=src/capi)
+bad=0
+for layer in base format migrate store server cli capi; do
+  own=${rank[$layer]:-2}  # capi: as migrate, plus itself
+  while IFS= read -r hit; do
+    file=${hit%%:*}
+    inc=$(sed -E 's/.*#include "([a-z_]+)\/.*/\1/' <<<"$hit")
+    [ "$inc" = "$layer" ] && continue
+    if [ -z "${rank[$inc]+x}" ] || [ "${rank[$inc]}" -gt "$own" ]; then
+      echo "upward include: $hit (layer $layer may include only lower layers)"
+      bad=1
+    fi
+  done < <(grep -Hn '^#include "[a-z_]*/' "$root/${dir_of[$layer]}"/*.h "$root/${dir_of[$layer]}"/*.cc 2>/dev/null || true)
+done
+[ $bad = 0 ] && echo "layers: no upward include in $root"
+exit $bad
