@@ -18,6 +18,8 @@ constexpr uint32_t kMaxSeqIdsPerCell = 4096;
 constexpr uint64_t kMaxRowBytes = uint64_t(1) << 30;
 constexpr uint32_t kMaxEmbd = 1u << 22;
 constexpr uint32_t kMaxArchName = 256;
+// std::mt19937 as text: 624 state words and the index, about 7 KB.
+constexpr uint32_t kMaxRngText = 1u << 16;
 
 std::string hex32(uint32_t v) {
   char b[16];
@@ -523,21 +525,33 @@ Status read_v9_context(const ReadableFile& file, Cursor& c, const MemoryShape* s
       .Appended("; read with them (b8121 and older): " + outputs_status.message());
 }
 
-Result<std::string> read_arch(Cursor& c) {
+// A u32 length + text field of 1..max bytes, each accepted by `ok`
+// (`what`: "arch name", "RNG state"; `kind`: what the bytes must be).
+template <typename Pred>
+Result<std::string> read_text_field(Cursor& c, const std::string& what, uint32_t max, const char* kind, Pred ok) {
   const uint64_t at = c.offset();
-  KV_ASSIGN_OR_RETURN(uint32_t len, c.u32("arch name length"));
-  if (len == 0 || len > kMaxArchName) {
-    return c.corrupt(at, "arch name length " + std::to_string(len) + " is out of range (1.." +
-                             std::to_string(kMaxArchName) + ")");
+  KV_ASSIGN_OR_RETURN(uint32_t len, c.u32((what + " length").c_str()));
+  if (len == 0 || len > max) {
+    return c.corrupt(at, what + " length " + std::to_string(len) + " is out of range (1.." + std::to_string(max) + ")");
   }
   std::string s(len, '\0');
-  KV_RETURN_IF_ERROR(c.read(s.data(), len, "arch name"));
+  KV_RETURN_IF_ERROR(c.read(s.data(), len, what.c_str()));
   for (char ch : s) {
-    if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) > 0x7e) {
-      return c.corrupt(at, "arch name is not printable text");
-    }
+    if (!ok(static_cast<unsigned char>(ch))) return c.corrupt(at, what + " is not " + kind);
   }
   return s;
+}
+
+// ggsn v8 (llama.cpp b3543): after the arch name the sampler's RNG as text
+// (u32 length + `std::mt19937 << ` output: decimal words separated by spaces).
+Result<std::string> read_rng(Cursor& c) {
+  return read_text_field(c, "RNG state", kMaxRngText, "decimal words",
+                         [](unsigned char ch) { return ch == ' ' || (ch >= '0' && ch <= '9'); });
+}
+
+Result<std::string> read_arch(Cursor& c) {
+  return read_text_field(c, "arch name", kMaxArchName, "printable text",
+                         [](unsigned char ch) { return ch >= 0x20 && ch <= 0x7e; });
 }
 
 Status read_tokens(Cursor& c, TokenPayload& tp, bool allow_packed) {
@@ -684,6 +698,14 @@ Result<StateFile> parse_state(const ReadableFile& file, const ParseOptions& opts
     }
     KV_ASSIGN_OR_RETURN(f.magic, c.u32("magic"));
     KV_ASSIGN_OR_RETURN(f.version, c.u32("version"));
+    if ((f.magic == kMagicGgsq && f.version == 1) || (f.magic == kMagicGgsn && f.version >= 6 && f.version <= 7)) {
+      return Status::NotSupported(
+          file.name() + ": " + (f.magic == kMagicGgsq ? "ggsq v1" : "ggsn v" + std::to_string(f.version)) +
+          ": ggsn v6 / ggsq v1 files (llama.cpp b3166, era A; ggsn v7 is from between b3166 and b3543) are not "
+          "supported: sessions hold the legacy KV dump (raw ggml cache buffers up to the saving context's kv_head), "
+          "sequence files the pre-b3543 cell layout, and kvsnap reads neither. Load the file in the llama.cpp that "
+          "wrote it and save it again with b3543 or newer");
+    }
     if (f.magic == kMagicGgsq) {
       f.kind = StateKind::kSeqFile;
       if (f.version != 3 && f.version != 2) {
@@ -694,15 +716,31 @@ Result<StateFile> parse_state(const ReadableFile& file, const ParseOptions& opts
       KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/true));
     } else if (f.magic == kMagicGgsn) {
       f.kind = StateKind::kSessionFile;
-      if (f.version != 10 && f.version != 9) {
+      if (f.version != 10 && f.version != 9 && f.version != 8) {
         return Status::NotSupported(file.name() + ": unknown (magic, version) for session file: " + hex32(f.magic) +
-                                    ", " + hex32(f.version) + " (kvsnap reads ggsn v9 and v10)");
+                                    ", " + hex32(f.version) + " (kvsnap reads ggsn v8, v9 and v10)");
       }
       era = f.version == 10 ? 3 : 2;
       KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/false));
       KV_ASSIGN_OR_RETURN(f.arch, read_arch(c));
       if (f.version == 9) {
         KV_RETURN_IF_ERROR(read_v9_context(file, c, shape, f));
+        return f;
+      }
+      if (f.version == 8) {
+        // b3543: RNG text, then outputs as in v9 of b8121 and older, then an L0 memory section
+        KV_ASSIGN_OR_RETURN(f.rng, read_rng(c));
+        SessionOutputs o;
+        KV_RETURN_IF_ERROR(read_outputs(c, o));
+        f.outputs = o;
+        KV_RETURN_IF_ERROR(read_memory(file, c.offset(), era, shape, f));
+        for (const KvSection& sec : f.memory.kv) {
+          if (sec.stream_prefix || sec.ext_bytes) {
+            return Status::Corruption(file.name() + ": a ggsn v8 session (llama.cpp b3543) has no n_stream prefix and "
+                                      "no cell extras, and this one reads only with them");
+          }
+        }
+        f.reading += "; RNG state and outputs before the memory (ggsn v8, b3543)";
         return f;
       }
     } else if (f.magic == kRawSeqMagic) {
@@ -858,9 +896,17 @@ Status write_state(const StateFile& file, TensorSource& tensors, const ReadableF
       KV_RETURN_IF_ERROR(write_u32(out, file.version));
       KV_RETURN_IF_ERROR(write_words(file.tokens.words, out));
       KV_RETURN_IF_ERROR(write_arch(file.arch, out));
-      // v9 sessions of b8121 and older hold outputs; those of b8179..b10375 do not.
+      if (file.version == 8) {
+        if (file.rng.empty() || !file.outputs) {
+          return Status::InvalidArgument("writer: a ggsn v8 session needs its RNG state and an outputs block");
+        }
+        KV_RETURN_IF_ERROR(write_arch(file.rng, out));  // same u32 length + bytes framing
+      } else if (!file.rng.empty()) {
+        return Status::InvalidArgument("writer: only ggsn v8 sessions hold an RNG state");
+      }
+      // v9 sessions of b8121 and older hold outputs; those of b8179..b10375 do not; v8 always.
       if (file.outputs) {
-        if (file.version != 9) return Status::InvalidArgument("writer: only v9 sessions hold outputs");
+        if (file.version != 9 && file.version != 8) return Status::InvalidArgument("writer: only v8/v9 sessions hold outputs");
         KV_RETURN_IF_ERROR(write_outputs(*file.outputs, opaque_src, out));
       }
       break;
