@@ -175,10 +175,23 @@ Result<BuildLayout> layout_of_build(const LlamaBuild& build) {
     return L;
   }
   const uint32_t n = build.number;
+  if (n == kEraA) {
+    // ggsq v1 is read and written; ggsn v6 (the legacy dump) is not
+    L.era = "A";
+    L.ggsq_version = 1;
+    L.ggsn_version = 6;
+    L.stream_prefix = Tri::kNo;
+    L.session_outputs = Tri::kYes;
+    L.seq_cell_ids = Tri::kNo;
+    L.mrope_ext_bytes = 0;
+    L.rotates = Tri::kNo;
+    return L;
+  }
   if (n < kFirstReadable) {
-    return Status::NotSupported("llama.cpp " + build.text + (n == kEraA ? " (era A)" : n < kEraA ? " (before era A)" : " (between b3166, era A, and b3543, era B)") +
-                                " writes ggsn 6..7 / ggsq 1 files (the legacy KV dump), which kvsnap does not read or "
-                                "write: not supported (b3543 and newer are)");
+    return Status::NotSupported("llama.cpp " + build.text +
+                                (n < kEraA ? " (before b3166, era A)" : " (between b3166, era A, and b3543, era B)") +
+                                " writes state files whose layout kvsnap does not know: not supported (b3166 sequence "
+                                "files and everything from b3543 on are)");
   }
   L.era = era_letters(n);
   const Tri v3 = side_of(n, kVersion3);
@@ -209,6 +222,10 @@ FileEra era_of_file(const StateFile& f, std::optional<bool> model_has_cell_ext) 
   if (!is_old_format(f)) {
     return FileEra{"H", b(kVersion3.first_with) + ".. (v0.4.0, v0.5.0)", Tri::kYes,
                    what + " is written only by llama.cpp " + b(kVersion3.first_with) + " and later, which rotate"};
+  }
+  if (f.kind == StateKind::kSeqFile && f.version == 1) {
+    return FileEra{"A", b(kEraA), Tri::kNo,
+                   "ggsq v1 is written by llama.cpp " + b(kEraA) + " (and maybe a little later), before any build rotated"};
   }
   if (f.kind == StateKind::kSessionFile && f.version == 8) {
     return FileEra{"B", b(kSessionV9.last_without) + " (" + b(kEraA + 1) + ".." + b(kSessionV9.first_with - 1) + ")",

@@ -7,7 +7,7 @@
 // version (ggsq v2 / ggsn v9 cover eras C..G). What a parsed file proves:
 //
 //   era  builds           ggsq/ggsn  body                               rotation
-//   A    b3166            1 / 6      legacy raw KV dump: not read       no
+//   A    b3166            1 / 6      ggsq v1 layout; ggsn v6 not read   no
 //   B    b3543            2 / 8      as C, + RNG text in sessions       no
 //   C    b3889..b5869     2 / 9      no n_stream prefix, v9 outputs     no
 //   D    b6122..b8121     2 / 9      n_stream, v9 outputs               no
@@ -62,8 +62,8 @@ struct BuildLayout {
   std::optional<uint32_t> mrope_ext_bytes;  // per-cell extra for M-RoPE models: 0, 8, 12
   Tri rotates = Tri::kUnknown;              // quantized K/V stored rotated (unless LLAMA_ATTN_ROT_DISABLE=1)
 };
-// kNotSupported for builds before b3543 (era A, ggsn 6 / ggsq 1, and older), which kvsnap does
-// not read.
+// kNotSupported for builds before b3543 other than b3166 (era A: ggsq 1 / ggsn 6), whose layout
+// kvsnap does not know.
 Result<BuildLayout> layout_of_build(const LlamaBuild& b);
 
 // What a parsed file proves about the build that wrote it.

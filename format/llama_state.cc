@@ -108,6 +108,42 @@ Status parse_cells(Cursor& c, uint32_t cell_count, uint32_t ext_bytes, std::vect
   return Status::OK();
 }
 
+// A type id at the cursor, checked (`side`: "key" | "value").
+Result<int32_t> read_type(Cursor& c, const std::string& ctx, const char* side) {
+  const uint64_t at = c.offset();
+  KV_ASSIGN_OR_RETURN(int32_t t, c.i32(side[0] == 'k' ? "key type" : "value type"));
+  KV_RETURN_IF_ERROR(check_type(c, at, t, ctx, side));
+  return t;
+}
+
+// u64 row bytes (checked against the type and the model) and n_cells rows.
+Status read_rows(Cursor& c, int32_t type, const std::string& ctx, const char* side, const std::vector<uint32_t>* n_embd,
+                 size_t il, uint64_t n_cells, uint64_t& row, ByteRange& range) {
+  const bool k = side[0] == 'k';
+  const uint64_t at = c.offset();
+  KV_ASSIGN_OR_RETURN(row, c.u64(k ? "key row size" : "value row size"));
+  KV_RETURN_IF_ERROR(check_row_bytes(c, at, type, row, ctx, side, n_embd, il));
+  range.offset = c.offset();
+  KV_RETURN_IF_ERROR(c.skip(n_cells, row, k ? "key rows" : "value rows"));
+  range.size = n_cells * row;
+  return Status::OK();
+}
+
+// st.n_layer x {i32 k_type, u64 k_row_bytes, st.cell_count rows}: the same in every layout.
+Status read_k_layers(Cursor& c, const KvSectionShape* shape, size_t si, size_t n_sections, size_t stream_index,
+                     KvStream& st) {
+  const uint64_t n_cells = st.cell_count;
+  st.layers.resize(st.n_layer);
+  for (uint32_t il = 0; il < st.n_layer; ++il) {
+    KvLayer& L = st.layers[il];
+    const std::string ctx = where(si, n_sections, stream_index, il);
+    KV_ASSIGN_OR_RETURN(L.k_type, read_type(c, ctx, "key"));
+    KV_RETURN_IF_ERROR(read_rows(c, L.k_type, ctx, "key", shape ? &shape->n_embd_k_gqa : nullptr, il, n_cells,
+                                 L.k_row_bytes, L.k));
+  }
+  return Status::OK();
+}
+
 Status parse_kv_stream(Cursor& c, const Reading& r, const KvSectionShape* shape, size_t si, size_t n_sections,
                        size_t stream_index, KvStream& st) {
   KV_ASSIGN_OR_RETURN(st.cell_count, c.u32("stream cell count"));
@@ -129,21 +165,7 @@ Status parse_kv_stream(Cursor& c, const Reading& r, const KvSectionShape* shape,
                             std::to_string(shape->n_embd_k_gqa.size()) + " in the model)");
   }
   const uint64_t n_cells = st.cell_count;
-  st.layers.resize(st.n_layer);
-  for (uint32_t il = 0; il < st.n_layer; ++il) {
-    KvLayer& L = st.layers[il];
-    const std::string ctx = where(si, n_sections, stream_index, il);
-    at = c.offset();
-    KV_ASSIGN_OR_RETURN(L.k_type, c.i32("key type"));
-    KV_RETURN_IF_ERROR(check_type(c, at, L.k_type, ctx, "key"));
-    at = c.offset();
-    KV_ASSIGN_OR_RETURN(L.k_row_bytes, c.u64("key row size"));
-    KV_RETURN_IF_ERROR(check_row_bytes(c, at, L.k_type, L.k_row_bytes, ctx, "key",
-                                       shape ? &shape->n_embd_k_gqa : nullptr, il));
-    L.k.offset = c.offset();
-    KV_RETURN_IF_ERROR(c.skip(n_cells, L.k_row_bytes, "key rows"));
-    L.k.size = n_cells * L.k_row_bytes;
-  }
+  KV_RETURN_IF_ERROR(read_k_layers(c, shape, si, n_sections, stream_index, st));
   for (uint32_t il = 0; il < st.n_layer; ++il) {
     KvLayer& L = st.layers[il];
     if (shape && il < shape->has_v.size() && !shape->has_v[il]) {
@@ -151,18 +173,11 @@ Status parse_kv_stream(Cursor& c, const Reading& r, const KvSectionShape* shape,
       continue;
     }
     const std::string ctx = where(si, n_sections, stream_index, il);
-    at = c.offset();
-    KV_ASSIGN_OR_RETURN(L.v_type, c.i32("value type"));
-    KV_RETURN_IF_ERROR(check_type(c, at, L.v_type, ctx, "value"));
+    KV_ASSIGN_OR_RETURN(L.v_type, read_type(c, ctx, "value"));
     const TypeLayout& vt = *find_type(L.v_type);
     if (!st.v_trans) {
-      at = c.offset();
-      KV_ASSIGN_OR_RETURN(L.v_row_bytes, c.u64("value row size"));
-      KV_RETURN_IF_ERROR(check_row_bytes(c, at, L.v_type, L.v_row_bytes, ctx, "value",
-                                         shape ? &shape->n_embd_v_gqa : nullptr, il));
-      L.v.offset = c.offset();
-      KV_RETURN_IF_ERROR(c.skip(n_cells, L.v_row_bytes, "value rows"));
-      L.v.size = n_cells * L.v_row_bytes;
+      KV_RETURN_IF_ERROR(read_rows(c, L.v_type, ctx, "value", shape ? &shape->n_embd_v_gqa : nullptr, il, n_cells,
+                                   L.v_row_bytes, L.v));
     } else {
       at = c.offset();
       KV_ASSIGN_OR_RETURN(L.v_elem_bytes, c.u32("value element size"));
@@ -459,6 +474,91 @@ Status read_memory(const ReadableFile& file, uint64_t begin, uint32_t era, const
   return s;
 }
 
+// ggsq v1 (llama.cpp b3166, llama_state_seq_get_data_internal), after the
+// tokens: u32 sizeof(size_t) (8), u32 cell_count, u32 n_layer, u32 n_embd_v_gqa,
+// cell_count x i32 pos (no seq ids), per layer {i32 k_type, u64 k_row, rows},
+// then per layer V rows {i32 type, u64 row, rows} or, with transposed V (no
+// flag: the u64 is the element size then), {i32 type, u64 element size,
+// n_embd_v_gqa x cell_count elements}. Layers are written even without cells.
+Status read_seq_v1(Cursor& c, const MemoryShape* shape, StateFile& f) {
+  KvSection sec;
+  sec.stream_prefix = false;
+  sec.range.offset = c.offset();
+  KvStream& st = sec.streams.emplace_back();
+  uint64_t at = c.offset();
+  KV_ASSIGN_OR_RETURN(uint32_t size_t_size, c.u32("size_t width"));
+  if (size_t_size != 8) {
+    return c.corrupt(at, "size_t width " + std::to_string(size_t_size) + " (a 64-bit llama.cpp b3166 writes 8)");
+  }
+  KV_ASSIGN_OR_RETURN(st.cell_count, c.u32("cell count"));
+  at = c.offset();
+  KV_ASSIGN_OR_RETURN(st.n_layer, c.u32("layer count"));
+  if (st.n_layer == 0 || st.n_layer > kMaxLayers) {
+    return c.corrupt(at, "layer count " + std::to_string(st.n_layer) + " is out of range (1.." +
+                             std::to_string(kMaxLayers) + ")");
+  }
+  at = c.offset();
+  KV_ASSIGN_OR_RETURN(uint32_t n_embd_v, c.u32("value embedding size"));
+  if (n_embd_v == 0 || n_embd_v > kMaxEmbd) {
+    return c.corrupt(at, "n_embd_v_gqa " + std::to_string(n_embd_v) + " is out of range");
+  }
+  const KvSectionShape* ss = shape && shape->kv_sections_known && !shape->kv_sections.empty() ? &shape->kv_sections[0]
+                                                                                               : nullptr;
+  if (ss && !ss->n_embd_k_gqa.empty() && ss->n_embd_k_gqa.size() != st.n_layer) {
+    return Status::Mismatch(c.file().name() + ": mismatched layer count (" + std::to_string(st.n_layer) +
+                            " in the file, " + std::to_string(ss->n_embd_k_gqa.size()) + " in the model)");
+  }
+  for (uint32_t v : ss ? ss->n_embd_v_gqa : std::vector<uint32_t>{}) {
+    if (v != n_embd_v) {
+      return Status::Mismatch(c.file().name() + ": offset " + std::to_string(at) + ": mismatched value embedding size (" +
+                              std::to_string(n_embd_v) + " != " + std::to_string(v) + " from the model)");
+    }
+  }
+  if (st.cell_count > c.remaining() / 4) return c.corrupt("truncated: " + std::to_string(st.cell_count) + " cells");
+  st.cells.resize(st.cell_count);
+  for (CellMeta& m : st.cells) {
+    KV_ASSIGN_OR_RETURN(m.pos, c.i32("cell position"));
+  }
+  const uint64_t n_cells = st.cell_count;
+  KV_RETURN_IF_ERROR(read_k_layers(c, ss, 0, 1, 0, st));
+  for (uint32_t il = 0; il < st.n_layer; ++il) {
+    KvLayer& L = st.layers[il];
+    const std::string ctx = where(0, 1, 0, il);
+    KV_ASSIGN_OR_RETURN(L.v_type, read_type(c, ctx, "value"));
+    const TypeLayout& vt = *find_type(L.v_type);
+    at = c.offset();
+    KV_ASSIGN_OR_RETURN(uint64_t x, c.u64("value row or element size"));
+    auto row = row_bytes(vt, n_embd_v);
+    // rows: x = the row of n_embd_v_gqa values; transposed: x = one element
+    // (the same number only when n_embd_v_gqa is 1, where both layouts agree)
+    const bool trans = x != (row.ok() ? *row : 0) && vt.block_elems == 1 && x == vt.block_bytes;
+    if (il == 0) st.v_trans = trans ? 1 : 0;
+    if (trans != (st.v_trans == 1) || (!trans && (!row.ok() || x != *row))) {
+      return c.corrupt(at, ctx + ": value size " + std::to_string(x) + " is neither the row of " +
+                               std::to_string(n_embd_v) + " " + std::string(vt.name) + " values nor, with " +
+                               (st.v_trans ? "" : "un") + "transposed V, one element");
+    }
+    L.v.offset = c.offset();
+    if (trans) {
+      L.v_elem_bytes = uint32_t(x);
+      L.n_embd_v_gqa = n_embd_v;
+      KV_RETURN_IF_ERROR(c.skip(uint64_t(n_embd_v) * n_cells, x, "transposed value data"));
+      L.v.size = uint64_t(n_embd_v) * n_cells * x;
+    } else {
+      L.v_row_bytes = x;
+      KV_RETURN_IF_ERROR(c.skip(n_cells, x, "value rows"));
+      L.v.size = n_cells * x;
+    }
+  }
+  if (!c.at_end()) return c.corrupt(std::to_string(c.remaining()) + " bytes remain after the sequence state");
+  sec.range.size = c.offset() - sec.range.offset;
+  f.memory.range = sec.range;
+  f.memory.kv.push_back(std::move(sec));
+  f.reading = "ggsq v1 (b3166): 1 KV section, cells without seq ids, V " + std::string(st.v_trans ? "transposed" : "rows") +
+              (shape ? " (from " + shape->source + ")" : "");
+  return Status::OK();
+}
+
 Status read_outputs(Cursor& c, SessionOutputs& o) {
   uint64_t at = c.offset();
   KV_ASSIGN_OR_RETURN(o.n_outputs, c.u32("output count"));
@@ -698,19 +798,25 @@ Result<StateFile> parse_state(const ReadableFile& file, const ParseOptions& opts
     }
     KV_ASSIGN_OR_RETURN(f.magic, c.u32("magic"));
     KV_ASSIGN_OR_RETURN(f.version, c.u32("version"));
-    if ((f.magic == kMagicGgsq && f.version == 1) || (f.magic == kMagicGgsn && f.version >= 6 && f.version <= 7)) {
+    if (f.magic == kMagicGgsn && f.version >= 6 && f.version <= 7) {
       return Status::NotSupported(
-          file.name() + ": " + (f.magic == kMagicGgsq ? "ggsq v1" : "ggsn v" + std::to_string(f.version)) +
-          ": ggsn v6 / ggsq v1 files (llama.cpp b3166, era A; ggsn v7 is from between b3166 and b3543) are not "
-          "supported: sessions hold the legacy KV dump (raw ggml cache buffers up to the saving context's kv_head), "
-          "sequence files the pre-b3543 cell layout, and kvsnap reads neither. Load the file in the llama.cpp that "
-          "wrote it and save it again with b3543 or newer");
+          file.name() + ": ggsn v" + std::to_string(f.version) +
+          ": ggsn v6 session files (llama.cpp b3166, era A; v7 is from between b3166 and b3543) are not supported: "
+          "they hold that build's raw llama_hparams struct and the legacy KV dump (raw ggml cache buffers up to the "
+          "saving context's kv_head), which kvsnap does not read. Load the session in the llama.cpp that wrote it "
+          "and save it again with b3543 or newer, or save a sequence (ggsq v1) file, which kvsnap reads");
+    }
+    if (f.magic == kMagicGgsq && f.version == 1) {
+      f.kind = StateKind::kSeqFile;
+      KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/false));
+      KV_RETURN_IF_ERROR(read_seq_v1(c, shape, f));
+      return f;
     }
     if (f.magic == kMagicGgsq) {
       f.kind = StateKind::kSeqFile;
       if (f.version != 3 && f.version != 2) {
         return Status::NotSupported(file.name() + ": unknown (magic, version) for sequence state file: " +
-                                    hex32(f.magic) + ", " + hex32(f.version) + " (kvsnap reads ggsq v2 and v3)");
+                                    hex32(f.magic) + ", " + hex32(f.version) + " (kvsnap reads ggsq v1, v2 and v3)");
       }
       era = f.version;
       KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/true));
@@ -868,6 +974,47 @@ Status write_kv_section(const StateFile& file, size_t si, TensorSource& tensors,
   return Status::OK();
 }
 
+// ggsq v1 (b3166): see read_seq_v1.
+Status write_seq_v1(const StateFile& file, TensorSource& tensors, ByteSink& out) {
+  if (file.memory.kv.size() != 1 || file.memory.kv[0].streams.size() != 1 || file.memory.recurrent ||
+      file.memory.kv[0].ext_bytes) {
+    return Status::InvalidArgument("writer: a ggsq v1 file holds one KV section of one stream, without cell extras");
+  }
+  const KvStream& st = file.memory.kv[0].streams[0];
+  if (st.layers.empty() || st.cells.size() != st.cell_count) {
+    return Status::InvalidArgument("writer: a ggsq v1 file needs its layers and cell list");
+  }
+  const std::optional<uint64_t> n_embd_v = layer_n_embd_v(st.layers[0], st.v_trans);
+  std::vector<std::byte> meta;
+  put_u32(meta, 8);
+  put_u32(meta, st.cell_count);
+  put_u32(meta, uint32_t(st.layers.size()));
+  put_u32(meta, uint32_t(n_embd_v.value_or(0)));
+  for (const CellMeta& m : st.cells) {
+    if (!m.seq_ids.empty()) return Status::InvalidArgument("writer: ggsq v1 cells carry no seq id");
+    put_i32(meta, m.pos);
+  }
+  KV_RETURN_IF_ERROR(out.append(meta));
+  const uint64_t n = st.cell_count;
+  for (size_t il = 0; il < st.layers.size(); ++il) {
+    const KvLayer& L = st.layers[il];
+    if (!L.has_v || layer_n_embd_v(L, st.v_trans) != n_embd_v || !n_embd_v) {
+      return Status::InvalidArgument("writer: ggsq v1 has one n_embd_v_gqa for every layer, each with V");
+    }
+    KV_RETURN_IF_ERROR(write_i32(out, L.k_type));
+    KV_RETURN_IF_ERROR(write_u64(out, L.k_row_bytes));
+    KV_RETURN_IF_ERROR(emit_checked(file, tensors, {0, 0, il, false}, n * L.k_row_bytes, out));
+  }
+  for (size_t il = 0; il < st.layers.size(); ++il) {
+    const KvLayer& L = st.layers[il];
+    KV_RETURN_IF_ERROR(write_i32(out, L.v_type));
+    KV_RETURN_IF_ERROR(write_u64(out, st.v_trans ? L.v_elem_bytes : L.v_row_bytes));
+    const uint64_t bytes = st.v_trans ? n * L.n_embd_v_gqa * uint64_t(L.v_elem_bytes) : n * L.v_row_bytes;
+    KV_RETURN_IF_ERROR(emit_checked(file, tensors, {0, 0, il, true}, bytes, out));
+  }
+  return Status::OK();
+}
+
 Status write_arch(const std::string& arch, ByteSink& out) {
   KV_RETURN_IF_ERROR(write_u32(out, uint32_t(arch.size())));
   return out.append(arch.data(), arch.size());
@@ -890,6 +1037,10 @@ Status write_state(const StateFile& file, TensorSource& tensors, const ReadableF
       KV_RETURN_IF_ERROR(write_u32(out, kMagicGgsq));
       KV_RETURN_IF_ERROR(write_u32(out, file.version));
       KV_RETURN_IF_ERROR(write_words(file.tokens.words, out));
+      if (file.version == 1) {
+        KV_RETURN_IF_ERROR(write_seq_v1(file, tensors, out));
+        return out.flush();
+      }
       break;
     case StateKind::kSessionFile:
       KV_RETURN_IF_ERROR(write_u32(out, kMagicGgsn));

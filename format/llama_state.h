@@ -1,7 +1,7 @@
 // llama.cpp KV state files: what they hold, how to read them, how to write them.
 //
 // Covers slot/sequence files (`ggsq` v3 and v2, with or without the n_stream
-// prefix), session files (`ggsn` v10, v9 and v8 (llama.cpp b3543: an RNG
+// prefix, and b3166's v1 layout), session files (`ggsn` v10, v9 and v8 (llama.cpp b3543: an RNG
 // string after the arch name)), and raw buffers from
 // llama_state_seq_get_data / llama_state_get_data. See docs/llama-formats.md
 // for the byte layouts and which llama.cpp release wrote which.

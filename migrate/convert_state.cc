@@ -99,6 +99,11 @@ Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<
       t.version = 2;
       prefix = false;
       break;
+    case TargetFormat::kGgsqV1:
+      KV_RETURN_IF_ERROR(want_kind(StateKind::kSeqFile, "ggsq-v1-b3166"));
+      t.version = 1;
+      prefix = false;
+      break;
     case TargetFormat::kGgsnV8:
       KV_RETURN_IF_ERROR(want_kind(StateKind::kSessionFile, "ggsn-v8-b3543"));
       t.version = 8;
@@ -136,7 +141,7 @@ Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<
   // ggsq cells: no seq id up to b4980 (the reader there refuses one), the saved
   // sequence's (always 0 in a file) from b5640 on (the reader refuses none).
   if (t.kind == StateKind::kSeqFile) {
-    const bool ids = fmt != TargetFormat::kGgsqV2NoSeqIds;
+    const bool ids = fmt != TargetFormat::kGgsqV2NoSeqIds && fmt != TargetFormat::kGgsqV1;
     for (auto& sec : t.memory.kv) {
       for (auto& st : sec.streams) {
         for (auto& c : st.cells) {
@@ -562,12 +567,13 @@ Result<TargetFormat> parse_target_format(const std::string& s) {
   if (s == "ggsn-v9") return TargetFormat::kGgsnV9;
   if (s == "ggsn-v9-b5640") return TargetFormat::kGgsnV9NoStream;
   if (s == "ggsq-v2-b3543") return TargetFormat::kGgsqV2NoSeqIds;
+  if (s == "ggsq-v1-b3166") return TargetFormat::kGgsqV1;
   if (s == "ggsn-v8-b3543") return TargetFormat::kGgsnV8;
   return Status::InvalidArgument("unknown format '" + s + "' (one of " + target_format_names() + ")");
 }
 
 std::string target_format_names() {
-  return "current, ggsq-v3, ggsq-v2, ggsq-v2-b5640, ggsq-v2-b3543, ggsn-v10, ggsn-v9, ggsn-v9-b5640, ggsn-v8-b3543";
+  return "current, ggsq-v3, ggsq-v2, ggsq-v2-b5640, ggsq-v2-b3543, ggsq-v1-b3166, ggsn-v10, ggsn-v9, ggsn-v9-b5640, ggsn-v8-b3543";
 }
 
 Result<StateFile> plan_target(const StateFile& src, const ConvertRequest& req) {

@@ -31,6 +31,7 @@ enum class TargetFormat {
   kGgsqV2,           // b6xxx..b8121: n_stream prefix
   kGgsqV2NoStream,   // b5640..b5869 (no n_stream prefix; cells hold their seq id)
   kGgsqV2NoSeqIds,   // b3543..b4980: as kGgsqV2NoStream, cells without their seq id (n_seq_id 0)
+  kGgsqV1,           // b3166: the v1 sequence layout (cell positions only, one n_embd_v_gqa)
   kGgsnV10,
   kGgsnV9,
   kGgsnV9NoStream,

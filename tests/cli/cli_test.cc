@@ -322,7 +322,9 @@ TEST_F(CliTest, EraBFilesReadAndComeBackFromTheCurrentFormat) {
     ASSERT_EQ(r.code, 0) << r.err;
     // f16 comes back bit for bit; q8_0 went through v0.5.0's rotated domain (sessions: v8 -> v8
     // directly, keeping the RNG text and outputs)
-    if (session || std::string(name).find("f16") != std::string::npos) EXPECT_EQ(read(down), read(f));
+    if (session || std::string(name).find("f16") != std::string::npos) {
+      EXPECT_EQ(read(down), read(f));
+    }
   }
   // v0.5.0 -> b3543: a session gets an RNG state and an empty outputs block
   const auto v8 = (dir_ / "v8.session").string();
@@ -335,20 +337,36 @@ TEST_F(CliTest, EraBFilesReadAndComeBackFromTheCurrentFormat) {
   EXPECT_EQ(j["outputs"]["n_outputs"], 0);
 }
 
-TEST_F(CliTest, EraAFilesAreRefusedByName) {
-  for (const char* name : {"b3166/hd64n-f16-f16-faon.slot.refused", "b3166/hd64n-f16-f16-faon.session.refused"}) {
-    const auto copy = (dir_ / "a.bin").string();
-    fs::copy_file(fixture(name), copy, fs::copy_options::overwrite_existing);
-    CmdResult r = run("info " + copy);
-    EXPECT_EQ(r.code, 4) << name;
-    EXPECT_NE(r.err.find("era A"), std::string::npos) << r.err;
-    EXPECT_NE(r.err.find("not supported"), std::string::npos) << r.err;
-    r = run("convert " + copy + " " + (dir_ / "out.bin").string());
-    EXPECT_EQ(r.code, 4) << name;
-    EXPECT_FALSE(fs::exists(dir_ / "out.bin"));
+// Era A (llama.cpp b3166, fixtures/b3166): ggsq v1 slots are read (era A, never rotated), go up to
+// v0.5.0 and come back with --target-build b3166 bit for bit (f16); ggsn v6 sessions are refused.
+TEST_F(CliTest, EraASlotsReadAndSessionsAreRefusedByName) {
+  const std::string m = " --model " + model("hd64n");
+  for (const char* name : {"b3166/hd64n-f16-f16-faon.slot", "b3166/hd64n-f16-f16-faoff.slot"}) {
+    SCOPED_TRACE(name);
+    CmdResult r = run("info " + fixture(name) + m + " --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["era"]["eras"], "A");
+    EXPECT_EQ(j["era"]["rotates"], "no");
+    const auto up = (dir_ / "up.slot").string(), down = (dir_ / "down.slot").string();
+    ASSERT_EQ(run("convert " + fixture(name) + " " + up + m).code, 0);
+    r = run("convert " + up + " " + down + m + " --target-build b3166");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(read(down), read(fixture(name)));
   }
-  EXPECT_EQ(run("convert " + fixture("b3543/hd64n-f16-f16-faon.slot") + " " + (dir_ / "x.slot").string() +
-                " --target-build b3166").code,
+  const std::string session = fixture("b3166/hd64n-f16-f16-faon.session.refused");
+  CmdResult r = run("info " + session);
+  EXPECT_EQ(r.code, 4);
+  EXPECT_NE(r.err.find("era A"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("not supported"), std::string::npos) << r.err;
+  r = run("convert " + session + " " + (dir_ / "out.bin").string());
+  EXPECT_EQ(r.code, 4);
+  EXPECT_FALSE(fs::exists(dir_ / "out.bin"));
+  r = run("convert " + fixture("b3543/hd64n-f16-f16-faon.session") + " " + (dir_ / "x.session").string() + m +
+          " --target-build b3166");
+  EXPECT_EQ(r.code, 4) << r.err;
+  EXPECT_EQ(run("convert " + fixture("b3543/hd64n-f16-f16-faon.slot") + " " + (dir_ / "x.slot").string() + m +
+                " --target-build b3000").code,
             4);
 }
 

@@ -239,16 +239,22 @@ TEST(HostileInput, WrongVersion) {
   expect_error(b, Code::kNotSupported, "unknown (magic, version) for sequence state file: 67677371, 00000004");
 }
 
-TEST(HostileInput, EraAFilesAreRefusedByName) {
-  auto b = build_state({});
-  set_u32(b, 4, 1);  // ggsq v1 (b3166)
-  expect_error(b, Code::kNotSupported, "ggsn v6 / ggsq v1 files (llama.cpp b3166, era A");
+TEST(HostileInput, EraASessionsAreRefusedByName) {
   SynthSpec s;
   s.kind = SynthSpec::kSession;
   s.version = 9;
   auto sn = build_state(s);
-  set_u32(sn, 4, 6);  // ggsn v6 (b3166)
+  set_u32(sn, 4, 6);  // ggsn v6 (b3166): the legacy KV dump
+  expect_error(sn, Code::kNotSupported, "ggsn v6 session files (llama.cpp b3166, era A");
+  set_u32(sn, 4, 7);
   expect_error(sn, Code::kNotSupported, "not supported");
+}
+
+// ggsq v1 (b3166) is read (real files: fixtures/b3166); a v3 body under a v1 header is not one.
+TEST(HostileInput, AV1HeaderOnAnotherBody) {
+  auto b = build_state({});
+  set_u32(b, 4, 1);
+  expect_error(b, Code::kCorruption, "size_t width");
 }
 
 TEST(HostileInput, V8RngThatIsNotDecimalWords) {

@@ -37,6 +37,7 @@ STATES = [
     ("b5640/hd64-f16-f16-faoff.slot", "tiny-hd64.gguf"),
     ("b5640/hd64-f16-f16-faon.session", "tiny-hd64.gguf"),
     ("b3543/hd64n-q8_0-q8_0-faon.slot", "tiny-hd64n.gguf"),
+    ("b3166/hd64n-q8_0-q8_0-faon.slot", "tiny-hd64n.gguf"),
 ]
 
 
