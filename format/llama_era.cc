@@ -18,7 +18,10 @@ constexpr Change kCellExt8{8189, 8352};         // #20132: {x, y} per cell for M
 constexpr Change kRotation{8390, 8643};         // #21038 (744c0c73, 2026-04-01): Hadamard-rotated quantized K/V
 constexpr Change kVersion3{10375, 10645};       // #27762: ggsq 3 / ggsn 10, 12-byte cell ext
 constexpr Change kRawTag{8390, 9842};           // llama_state_seq_get_data puts 0xaf143cd8 + seq id first
-constexpr uint32_t kFirstReadable = 3889;       // ggsn 9 / ggsq 2; older builds wrote ggsn 6..8
+constexpr Change kSessionV9{3543, 3889};       // ggsn 8 (RNG text after the arch name) -> 9 (no RNG)
+constexpr Change kSeqCellIds{4980, 5640};      // ggsq cells: n_seq_id 0 -> 1 + the seq id
+constexpr uint32_t kEraA = 3166;               // ggsn 6 / ggsq 1: legacy KV dump, not read
+constexpr uint32_t kFirstReadable = 3543;      // era B: ggsn 8 / ggsq 2
 
 Tri side_of(uint32_t n, Change c) {
   if (n <= c.last_without) return Tri::kNo;
@@ -34,7 +37,8 @@ std::string era_letters(uint32_t n) {
     uint32_t first, last;
     const char* name;
   };
-  static const Span spans[] = {{kFirstReadable, kStreamPrefix.last_without, "C"},
+  static const Span spans[] = {{kFirstReadable, kSessionV9.last_without, "B"},
+                               {kSessionV9.first_with, kStreamPrefix.last_without, "C"},
                                {kStreamPrefix.first_with, kNoOutputs.last_without, "D"},
                                {kNoOutputs.first_with, kCellExt8.last_without, "E"},
                                {kCellExt8.first_with, kRotation.last_without, "F"},
@@ -79,6 +83,18 @@ std::optional<uint32_t> cell_ext(const StateFile& f) {
   for (const auto& sec : f.memory.kv) {
     for (const auto& st : sec.streams) {
       if (st.cell_count) return sec.ext_bytes;
+    }
+  }
+  return std::nullopt;
+}
+
+// Whether the cells of a sequence file carry their seq id: yes (b5640 on), no
+// (b4980 and older), nullopt when there are no cells or it is not a ggsq file.
+std::optional<bool> seq_cell_ids(const StateFile& f) {
+  if (f.kind != StateKind::kSeqFile) return std::nullopt;
+  for (const auto& sec : f.memory.kv) {
+    for (const auto& st : sec.streams) {
+      if (!st.cells.empty()) return !st.cells[0].seq_ids.empty();
     }
   }
   return std::nullopt;
@@ -151,6 +167,7 @@ Result<BuildLayout> layout_of_build(const LlamaBuild& build) {
     L.stream_prefix = Tri::kYes;
     L.session_outputs = Tri::kNo;
     L.rotates = Tri::kYes;
+    L.seq_cell_ids = Tri::kYes;
     const Tri v3 = h ? Tri::kYes : Tri::kUnknown;
     L.ggsq_version = version_for(v3, 2, 3);
     L.ggsn_version = version_for(v3, 9, 10);
@@ -158,14 +175,30 @@ Result<BuildLayout> layout_of_build(const LlamaBuild& build) {
     return L;
   }
   const uint32_t n = build.number;
+  if (n == kEraA) {
+    // ggsq v1 is read and written; ggsn v6 (the legacy dump) is not
+    L.era = "A";
+    L.ggsq_version = 1;
+    L.ggsn_version = 6;
+    L.stream_prefix = Tri::kNo;
+    L.session_outputs = Tri::kYes;
+    L.seq_cell_ids = Tri::kNo;
+    L.mrope_ext_bytes = 0;
+    L.rotates = Tri::kNo;
+    return L;
+  }
   if (n < kFirstReadable) {
-    return Status::NotSupported("llama.cpp " + build.text + " (before " + b(kFirstReadable) +
-                                ") writes session/slot versions older than ggsn 9 / ggsq 2, which kvsnap does not read");
+    return Status::NotSupported("llama.cpp " + build.text +
+                                (n < kEraA ? " (before b3166, era A)" : " (between b3166, era A, and b3543, era B)") +
+                                " writes state files whose layout kvsnap does not know: not supported (b3166 sequence "
+                                "files and everything from b3543 on are)");
   }
   L.era = era_letters(n);
   const Tri v3 = side_of(n, kVersion3);
+  const Tri v9 = side_of(n, kSessionV9);
   L.ggsq_version = version_for(v3, 2, 3);
-  L.ggsn_version = version_for(v3, 9, 10);
+  L.ggsn_version = v9 == Tri::kNo ? std::optional<uint32_t>(8) : v9 == Tri::kYes ? version_for(v3, 9, 10) : std::nullopt;
+  L.seq_cell_ids = side_of(n, kSeqCellIds);
   L.stream_prefix = side_of(n, kStreamPrefix);
   const Tri no_outputs = side_of(n, kNoOutputs);
   L.session_outputs = no_outputs == Tri::kUnknown ? Tri::kUnknown : (no_outputs == Tri::kYes ? Tri::kNo : Tri::kYes);
@@ -190,10 +223,32 @@ FileEra era_of_file(const StateFile& f, std::optional<bool> model_has_cell_ext) 
     return FileEra{"H", b(kVersion3.first_with) + ".. (v0.4.0, v0.5.0)", Tri::kYes,
                    what + " is written only by llama.cpp " + b(kVersion3.first_with) + " and later, which rotate"};
   }
+  if (f.kind == StateKind::kSeqFile && f.version == 1) {
+    return FileEra{"A", b(kEraA), Tri::kNo,
+                   "ggsq v1 is written by llama.cpp " + b(kEraA) + " (and maybe a little later), before any build rotated"};
+  }
+  if (f.kind == StateKind::kSessionFile && f.version == 8) {
+    return FileEra{"B", b(kSessionV9.last_without) + " (" + b(kEraA + 1) + ".." + b(kSessionV9.first_with - 1) + ")",
+                   Tri::kNo, "ggsn v8 (RNG state after the arch name) is written by llama.cpp " +
+                                 b(kSessionV9.last_without) + ", before any build rotated"};
+  }
   if (!has_stream_prefix(f)) {
-    return FileEra{"C", b(kFirstReadable) + ".." + b(kStreamPrefix.last_without), Tri::kNo,
-                   "no n_stream prefix: written by llama.cpp " + b(kStreamPrefix.last_without) +
-                       " or older, before any build rotated"};
+    const std::string none = " before any build rotated";
+    const std::optional<bool> ids = seq_cell_ids(f);
+    if (ids == false) {
+      return FileEra{"B..C", b(kFirstReadable) + ".." + b(kSeqCellIds.last_without), Tri::kNo,
+                     "no n_stream prefix and cells without seq ids: written by llama.cpp " +
+                         b(kSeqCellIds.last_without) + " or older," + none};
+    }
+    if (ids == true) {
+      return FileEra{"C", b(kSeqCellIds.first_with) + ".." + b(kStreamPrefix.last_without), Tri::kNo,
+                     "no n_stream prefix, cells with their seq id: written by llama.cpp " + b(kSeqCellIds.first_with) +
+                         ".." + b(kStreamPrefix.last_without) + "," + none};
+    }
+    const bool v9 = f.kind == StateKind::kSessionFile;
+    const uint32_t first = v9 ? kSessionV9.first_with : kFirstReadable;
+    return FileEra{v9 ? "C" : "B..C", b(first) + ".." + b(kStreamPrefix.last_without), Tri::kNo,
+                   "no n_stream prefix: written by llama.cpp " + b(kStreamPrefix.last_without) + " or older," + none};
   }
   if (has_outputs_field(f) && f.outputs) {
     return FileEra{"D", b(kStreamPrefix.first_with) + ".." + b(kNoOutputs.last_without), Tri::kNo,
@@ -246,6 +301,11 @@ Status check_build_wrote(const StateFile& f, const LlamaBuild& build, std::optio
       (L.session_outputs == Tri::kYes) != f.outputs.has_value()) {
     return mismatch(std::string("its v9 sessions ") + (L.session_outputs == Tri::kYes ? "hold" : "have no") +
                     " output logits, the file's " + (f.outputs ? "does" : "does not"));
+  }
+  const std::optional<bool> ids = seq_cell_ids(f);
+  if (ids && L.seq_cell_ids != Tri::kUnknown && (L.seq_cell_ids == Tri::kYes) != *ids) {
+    return mismatch(std::string("its sequence files store cells ") + (L.seq_cell_ids == Tri::kYes ? "with" : "without") +
+                    " their seq id, the file's are " + (*ids ? "with" : "without"));
   }
   const std::optional<uint32_t> ext = cell_ext(f);
   if (model_has_cell_ext == true && L.mrope_ext_bytes && ext && *ext != *L.mrope_ext_bytes) {

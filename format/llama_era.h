@@ -7,6 +7,8 @@
 // version (ggsq v2 / ggsn v9 cover eras C..G). What a parsed file proves:
 //
 //   era  builds           ggsq/ggsn  body                               rotation
+//   A    b3166            1 / 6      ggsq v1 layout; ggsn v6 not read   no
+//   B    b3543            2 / 8      as C, + RNG text in sessions       no
 //   C    b3889..b5869     2 / 9      no n_stream prefix, v9 outputs     no
 //   D    b6122..b8121     2 / 9      n_stream, v9 outputs               no
 //   E    b8179..b8189     2 / 9      v9 without outputs                 no
@@ -14,9 +16,14 @@
 //   G    b8643..b10375    2 / 9      as F                               yes (quantized K/V)
 //   H    b10645..v0.5.0   3 / 10     12-byte cell ext (M-RoPE)          yes
 //
+// Sequence files up to b4980 (B and early C) store cells without their seq id
+// (n_seq_id 0); from b5640 each cell holds the saved sequence (n_seq_id 1), and
+// each side refuses the other's.
+//
 // Between the last build seen without a change and the first seen with it
-// (b5869|b6122, b8121|b8179, b8189|b8352, b8390|b8643, b10375|b10645) the
-// property is unknown, and is reported as such, never guessed.
+// (b3166|b3543, b3543|b3889, b4980|b5640, b5869|b6122, b8121|b8179,
+// b8189|b8352, b8390|b8643, b10375|b10645) the property is unknown, and is
+// reported as such, never guessed.
 #pragma once
 
 #include <cstdint>
@@ -46,20 +53,22 @@ const char* tri_name(Tri t);  // "no" | "yes" | "unknown"
 // What a build writes. Unknown parts (a build inside a gap of the table
 // above) are nullopt / Tri::kUnknown.
 struct BuildLayout {
-  std::string era;                          // "C".."H", "F|G" in a gap
+  std::string era;                          // "B".."H", "F|G" in a gap
   std::optional<uint32_t> ggsq_version;     // 2 or 3
-  std::optional<uint32_t> ggsn_version;     // 9 or 10
+  std::optional<uint32_t> ggsn_version;     // 8, 9 or 10
+  Tri seq_cell_ids = Tri::kUnknown;         // ggsq cells hold the seq id (n_seq_id 1), else none (0)
   Tri stream_prefix = Tri::kUnknown;        // u32 n_stream before each KV section
   Tri session_outputs = Tri::kUnknown;      // v9 output ids, logits, embeddings
   std::optional<uint32_t> mrope_ext_bytes;  // per-cell extra for M-RoPE models: 0, 8, 12
   Tri rotates = Tri::kUnknown;              // quantized K/V stored rotated (unless LLAMA_ATTN_ROT_DISABLE=1)
 };
-// kNotSupported for builds before b3889 (ggsn 6-8 / ggsq 1), which kvsnap does not read.
+// kNotSupported for builds before b3543 other than b3166 (era A: ggsq 1 / ggsn 6), whose layout
+// kvsnap does not know.
 Result<BuildLayout> layout_of_build(const LlamaBuild& b);
 
 // What a parsed file proves about the build that wrote it.
 struct FileEra {
-  std::string eras;       // "H", "D..G", "F|G"
+  std::string eras;       // "H", "D..G", "F|G", "B"
   std::string builds;     // "b6122..b10375"
   Tri rotates = Tri::kUnknown;
   std::string why;        // the structural fact that decided, in words

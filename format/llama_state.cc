@@ -18,6 +18,8 @@ constexpr uint32_t kMaxSeqIdsPerCell = 4096;
 constexpr uint64_t kMaxRowBytes = uint64_t(1) << 30;
 constexpr uint32_t kMaxEmbd = 1u << 22;
 constexpr uint32_t kMaxArchName = 256;
+// std::mt19937 as text: 624 state words and the index, about 7 KB.
+constexpr uint32_t kMaxRngText = 1u << 16;
 
 std::string hex32(uint32_t v) {
   char b[16];
@@ -106,6 +108,42 @@ Status parse_cells(Cursor& c, uint32_t cell_count, uint32_t ext_bytes, std::vect
   return Status::OK();
 }
 
+// A type id at the cursor, checked (`side`: "key" | "value").
+Result<int32_t> read_type(Cursor& c, const std::string& ctx, const char* side) {
+  const uint64_t at = c.offset();
+  KV_ASSIGN_OR_RETURN(int32_t t, c.i32(side[0] == 'k' ? "key type" : "value type"));
+  KV_RETURN_IF_ERROR(check_type(c, at, t, ctx, side));
+  return t;
+}
+
+// u64 row bytes (checked against the type and the model) and n_cells rows.
+Status read_rows(Cursor& c, int32_t type, const std::string& ctx, const char* side, const std::vector<uint32_t>* n_embd,
+                 size_t il, uint64_t n_cells, uint64_t& row, ByteRange& range) {
+  const bool k = side[0] == 'k';
+  const uint64_t at = c.offset();
+  KV_ASSIGN_OR_RETURN(row, c.u64(k ? "key row size" : "value row size"));
+  KV_RETURN_IF_ERROR(check_row_bytes(c, at, type, row, ctx, side, n_embd, il));
+  range.offset = c.offset();
+  KV_RETURN_IF_ERROR(c.skip(n_cells, row, k ? "key rows" : "value rows"));
+  range.size = n_cells * row;
+  return Status::OK();
+}
+
+// st.n_layer x {i32 k_type, u64 k_row_bytes, st.cell_count rows}: the same in every layout.
+Status read_k_layers(Cursor& c, const KvSectionShape* shape, size_t si, size_t n_sections, size_t stream_index,
+                     KvStream& st) {
+  const uint64_t n_cells = st.cell_count;
+  st.layers.resize(st.n_layer);
+  for (uint32_t il = 0; il < st.n_layer; ++il) {
+    KvLayer& L = st.layers[il];
+    const std::string ctx = where(si, n_sections, stream_index, il);
+    KV_ASSIGN_OR_RETURN(L.k_type, read_type(c, ctx, "key"));
+    KV_RETURN_IF_ERROR(read_rows(c, L.k_type, ctx, "key", shape ? &shape->n_embd_k_gqa : nullptr, il, n_cells,
+                                 L.k_row_bytes, L.k));
+  }
+  return Status::OK();
+}
+
 Status parse_kv_stream(Cursor& c, const Reading& r, const KvSectionShape* shape, size_t si, size_t n_sections,
                        size_t stream_index, KvStream& st) {
   KV_ASSIGN_OR_RETURN(st.cell_count, c.u32("stream cell count"));
@@ -127,21 +165,7 @@ Status parse_kv_stream(Cursor& c, const Reading& r, const KvSectionShape* shape,
                             std::to_string(shape->n_embd_k_gqa.size()) + " in the model)");
   }
   const uint64_t n_cells = st.cell_count;
-  st.layers.resize(st.n_layer);
-  for (uint32_t il = 0; il < st.n_layer; ++il) {
-    KvLayer& L = st.layers[il];
-    const std::string ctx = where(si, n_sections, stream_index, il);
-    at = c.offset();
-    KV_ASSIGN_OR_RETURN(L.k_type, c.i32("key type"));
-    KV_RETURN_IF_ERROR(check_type(c, at, L.k_type, ctx, "key"));
-    at = c.offset();
-    KV_ASSIGN_OR_RETURN(L.k_row_bytes, c.u64("key row size"));
-    KV_RETURN_IF_ERROR(check_row_bytes(c, at, L.k_type, L.k_row_bytes, ctx, "key",
-                                       shape ? &shape->n_embd_k_gqa : nullptr, il));
-    L.k.offset = c.offset();
-    KV_RETURN_IF_ERROR(c.skip(n_cells, L.k_row_bytes, "key rows"));
-    L.k.size = n_cells * L.k_row_bytes;
-  }
+  KV_RETURN_IF_ERROR(read_k_layers(c, shape, si, n_sections, stream_index, st));
   for (uint32_t il = 0; il < st.n_layer; ++il) {
     KvLayer& L = st.layers[il];
     if (shape && il < shape->has_v.size() && !shape->has_v[il]) {
@@ -149,18 +173,11 @@ Status parse_kv_stream(Cursor& c, const Reading& r, const KvSectionShape* shape,
       continue;
     }
     const std::string ctx = where(si, n_sections, stream_index, il);
-    at = c.offset();
-    KV_ASSIGN_OR_RETURN(L.v_type, c.i32("value type"));
-    KV_RETURN_IF_ERROR(check_type(c, at, L.v_type, ctx, "value"));
+    KV_ASSIGN_OR_RETURN(L.v_type, read_type(c, ctx, "value"));
     const TypeLayout& vt = *find_type(L.v_type);
     if (!st.v_trans) {
-      at = c.offset();
-      KV_ASSIGN_OR_RETURN(L.v_row_bytes, c.u64("value row size"));
-      KV_RETURN_IF_ERROR(check_row_bytes(c, at, L.v_type, L.v_row_bytes, ctx, "value",
-                                         shape ? &shape->n_embd_v_gqa : nullptr, il));
-      L.v.offset = c.offset();
-      KV_RETURN_IF_ERROR(c.skip(n_cells, L.v_row_bytes, "value rows"));
-      L.v.size = n_cells * L.v_row_bytes;
+      KV_RETURN_IF_ERROR(read_rows(c, L.v_type, ctx, "value", shape ? &shape->n_embd_v_gqa : nullptr, il, n_cells,
+                                   L.v_row_bytes, L.v));
     } else {
       at = c.offset();
       KV_ASSIGN_OR_RETURN(L.v_elem_bytes, c.u32("value element size"));
@@ -457,6 +474,91 @@ Status read_memory(const ReadableFile& file, uint64_t begin, uint32_t era, const
   return s;
 }
 
+// ggsq v1 (llama.cpp b3166, llama_state_seq_get_data_internal), after the
+// tokens: u32 sizeof(size_t) (8), u32 cell_count, u32 n_layer, u32 n_embd_v_gqa,
+// cell_count x i32 pos (no seq ids), per layer {i32 k_type, u64 k_row, rows},
+// then per layer V rows {i32 type, u64 row, rows} or, with transposed V (no
+// flag: the u64 is the element size then), {i32 type, u64 element size,
+// n_embd_v_gqa x cell_count elements}. Layers are written even without cells.
+Status read_seq_v1(Cursor& c, const MemoryShape* shape, StateFile& f) {
+  KvSection sec;
+  sec.stream_prefix = false;
+  sec.range.offset = c.offset();
+  KvStream& st = sec.streams.emplace_back();
+  uint64_t at = c.offset();
+  KV_ASSIGN_OR_RETURN(uint32_t size_t_size, c.u32("size_t width"));
+  if (size_t_size != 8) {
+    return c.corrupt(at, "size_t width " + std::to_string(size_t_size) + " (a 64-bit llama.cpp b3166 writes 8)");
+  }
+  KV_ASSIGN_OR_RETURN(st.cell_count, c.u32("cell count"));
+  at = c.offset();
+  KV_ASSIGN_OR_RETURN(st.n_layer, c.u32("layer count"));
+  if (st.n_layer == 0 || st.n_layer > kMaxLayers) {
+    return c.corrupt(at, "layer count " + std::to_string(st.n_layer) + " is out of range (1.." +
+                             std::to_string(kMaxLayers) + ")");
+  }
+  at = c.offset();
+  KV_ASSIGN_OR_RETURN(uint32_t n_embd_v, c.u32("value embedding size"));
+  if (n_embd_v == 0 || n_embd_v > kMaxEmbd) {
+    return c.corrupt(at, "n_embd_v_gqa " + std::to_string(n_embd_v) + " is out of range");
+  }
+  const KvSectionShape* ss = shape && shape->kv_sections_known && !shape->kv_sections.empty() ? &shape->kv_sections[0]
+                                                                                               : nullptr;
+  if (ss && !ss->n_embd_k_gqa.empty() && ss->n_embd_k_gqa.size() != st.n_layer) {
+    return Status::Mismatch(c.file().name() + ": mismatched layer count (" + std::to_string(st.n_layer) +
+                            " in the file, " + std::to_string(ss->n_embd_k_gqa.size()) + " in the model)");
+  }
+  for (uint32_t v : ss ? ss->n_embd_v_gqa : std::vector<uint32_t>{}) {
+    if (v != n_embd_v) {
+      return Status::Mismatch(c.file().name() + ": offset " + std::to_string(at) + ": mismatched value embedding size (" +
+                              std::to_string(n_embd_v) + " != " + std::to_string(v) + " from the model)");
+    }
+  }
+  if (st.cell_count > c.remaining() / 4) return c.corrupt("truncated: " + std::to_string(st.cell_count) + " cells");
+  st.cells.resize(st.cell_count);
+  for (CellMeta& m : st.cells) {
+    KV_ASSIGN_OR_RETURN(m.pos, c.i32("cell position"));
+  }
+  const uint64_t n_cells = st.cell_count;
+  KV_RETURN_IF_ERROR(read_k_layers(c, ss, 0, 1, 0, st));
+  for (uint32_t il = 0; il < st.n_layer; ++il) {
+    KvLayer& L = st.layers[il];
+    const std::string ctx = where(0, 1, 0, il);
+    KV_ASSIGN_OR_RETURN(L.v_type, read_type(c, ctx, "value"));
+    const TypeLayout& vt = *find_type(L.v_type);
+    at = c.offset();
+    KV_ASSIGN_OR_RETURN(uint64_t x, c.u64("value row or element size"));
+    auto row = row_bytes(vt, n_embd_v);
+    // rows: x = the row of n_embd_v_gqa values; transposed: x = one element
+    // (the same number only when n_embd_v_gqa is 1, where both layouts agree)
+    const bool trans = x != (row.ok() ? *row : 0) && vt.block_elems == 1 && x == vt.block_bytes;
+    if (il == 0) st.v_trans = trans ? 1 : 0;
+    if (trans != (st.v_trans == 1) || (!trans && (!row.ok() || x != *row))) {
+      return c.corrupt(at, ctx + ": value size " + std::to_string(x) + " is neither the row of " +
+                               std::to_string(n_embd_v) + " " + std::string(vt.name) + " values nor, with " +
+                               (st.v_trans ? "" : "un") + "transposed V, one element");
+    }
+    L.v.offset = c.offset();
+    if (trans) {
+      L.v_elem_bytes = uint32_t(x);
+      L.n_embd_v_gqa = n_embd_v;
+      KV_RETURN_IF_ERROR(c.skip(uint64_t(n_embd_v) * n_cells, x, "transposed value data"));
+      L.v.size = uint64_t(n_embd_v) * n_cells * x;
+    } else {
+      L.v_row_bytes = x;
+      KV_RETURN_IF_ERROR(c.skip(n_cells, x, "value rows"));
+      L.v.size = n_cells * x;
+    }
+  }
+  if (!c.at_end()) return c.corrupt(std::to_string(c.remaining()) + " bytes remain after the sequence state");
+  sec.range.size = c.offset() - sec.range.offset;
+  f.memory.range = sec.range;
+  f.memory.kv.push_back(std::move(sec));
+  f.reading = "ggsq v1 (b3166): 1 KV section, cells without seq ids, V " + std::string(st.v_trans ? "transposed" : "rows") +
+              (shape ? " (from " + shape->source + ")" : "");
+  return Status::OK();
+}
+
 Status read_outputs(Cursor& c, SessionOutputs& o) {
   uint64_t at = c.offset();
   KV_ASSIGN_OR_RETURN(o.n_outputs, c.u32("output count"));
@@ -523,21 +625,33 @@ Status read_v9_context(const ReadableFile& file, Cursor& c, const MemoryShape* s
       .Appended("; read with them (b8121 and older): " + outputs_status.message());
 }
 
-Result<std::string> read_arch(Cursor& c) {
+// A u32 length + text field of 1..max bytes, each accepted by `ok`
+// (`what`: "arch name", "RNG state"; `kind`: what the bytes must be).
+template <typename Pred>
+Result<std::string> read_text_field(Cursor& c, const std::string& what, uint32_t max, const char* kind, Pred ok) {
   const uint64_t at = c.offset();
-  KV_ASSIGN_OR_RETURN(uint32_t len, c.u32("arch name length"));
-  if (len == 0 || len > kMaxArchName) {
-    return c.corrupt(at, "arch name length " + std::to_string(len) + " is out of range (1.." +
-                             std::to_string(kMaxArchName) + ")");
+  KV_ASSIGN_OR_RETURN(uint32_t len, c.u32((what + " length").c_str()));
+  if (len == 0 || len > max) {
+    return c.corrupt(at, what + " length " + std::to_string(len) + " is out of range (1.." + std::to_string(max) + ")");
   }
   std::string s(len, '\0');
-  KV_RETURN_IF_ERROR(c.read(s.data(), len, "arch name"));
+  KV_RETURN_IF_ERROR(c.read(s.data(), len, what.c_str()));
   for (char ch : s) {
-    if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) > 0x7e) {
-      return c.corrupt(at, "arch name is not printable text");
-    }
+    if (!ok(static_cast<unsigned char>(ch))) return c.corrupt(at, what + " is not " + kind);
   }
   return s;
+}
+
+// ggsn v8 (llama.cpp b3543): after the arch name the sampler's RNG as text
+// (u32 length + `std::mt19937 << ` output: decimal words separated by spaces).
+Result<std::string> read_rng(Cursor& c) {
+  return read_text_field(c, "RNG state", kMaxRngText, "decimal words",
+                         [](unsigned char ch) { return ch == ' ' || (ch >= '0' && ch <= '9'); });
+}
+
+Result<std::string> read_arch(Cursor& c) {
+  return read_text_field(c, "arch name", kMaxArchName, "printable text",
+                         [](unsigned char ch) { return ch >= 0x20 && ch <= 0x7e; });
 }
 
 Status read_tokens(Cursor& c, TokenPayload& tp, bool allow_packed) {
@@ -684,25 +798,55 @@ Result<StateFile> parse_state(const ReadableFile& file, const ParseOptions& opts
     }
     KV_ASSIGN_OR_RETURN(f.magic, c.u32("magic"));
     KV_ASSIGN_OR_RETURN(f.version, c.u32("version"));
+    if (f.magic == kMagicGgsn && f.version >= 6 && f.version <= 7) {
+      return Status::NotSupported(
+          file.name() + ": ggsn v" + std::to_string(f.version) +
+          ": ggsn v6 session files (llama.cpp b3166, era A; v7 is from between b3166 and b3543) are not supported: "
+          "they hold that build's raw llama_hparams struct and the legacy KV dump (raw ggml cache buffers up to the "
+          "saving context's kv_head), which kvsnap does not read. Load the session in the llama.cpp that wrote it "
+          "and save it again with b3543 or newer, or save a sequence (ggsq v1) file, which kvsnap reads");
+    }
+    if (f.magic == kMagicGgsq && f.version == 1) {
+      f.kind = StateKind::kSeqFile;
+      KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/false));
+      KV_RETURN_IF_ERROR(read_seq_v1(c, shape, f));
+      return f;
+    }
     if (f.magic == kMagicGgsq) {
       f.kind = StateKind::kSeqFile;
       if (f.version != 3 && f.version != 2) {
         return Status::NotSupported(file.name() + ": unknown (magic, version) for sequence state file: " +
-                                    hex32(f.magic) + ", " + hex32(f.version) + " (kvsnap reads ggsq v2 and v3)");
+                                    hex32(f.magic) + ", " + hex32(f.version) + " (kvsnap reads ggsq v1, v2 and v3)");
       }
       era = f.version;
       KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/true));
     } else if (f.magic == kMagicGgsn) {
       f.kind = StateKind::kSessionFile;
-      if (f.version != 10 && f.version != 9) {
+      if (f.version != 10 && f.version != 9 && f.version != 8) {
         return Status::NotSupported(file.name() + ": unknown (magic, version) for session file: " + hex32(f.magic) +
-                                    ", " + hex32(f.version) + " (kvsnap reads ggsn v9 and v10)");
+                                    ", " + hex32(f.version) + " (kvsnap reads ggsn v8, v9 and v10)");
       }
       era = f.version == 10 ? 3 : 2;
       KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/false));
       KV_ASSIGN_OR_RETURN(f.arch, read_arch(c));
       if (f.version == 9) {
         KV_RETURN_IF_ERROR(read_v9_context(file, c, shape, f));
+        return f;
+      }
+      if (f.version == 8) {
+        // b3543: RNG text, then outputs as in v9 of b8121 and older, then an L0 memory section
+        KV_ASSIGN_OR_RETURN(f.rng, read_rng(c));
+        SessionOutputs o;
+        KV_RETURN_IF_ERROR(read_outputs(c, o));
+        f.outputs = o;
+        KV_RETURN_IF_ERROR(read_memory(file, c.offset(), era, shape, f));
+        for (const KvSection& sec : f.memory.kv) {
+          if (sec.stream_prefix || sec.ext_bytes) {
+            return Status::Corruption(file.name() + ": a ggsn v8 session (llama.cpp b3543) has no n_stream prefix and "
+                                      "no cell extras, and this one reads only with them");
+          }
+        }
+        f.reading += "; RNG state and outputs before the memory (ggsn v8, b3543)";
         return f;
       }
     } else if (f.magic == kRawSeqMagic) {
@@ -830,6 +974,47 @@ Status write_kv_section(const StateFile& file, size_t si, TensorSource& tensors,
   return Status::OK();
 }
 
+// ggsq v1 (b3166): see read_seq_v1.
+Status write_seq_v1(const StateFile& file, TensorSource& tensors, ByteSink& out) {
+  if (file.memory.kv.size() != 1 || file.memory.kv[0].streams.size() != 1 || file.memory.recurrent ||
+      file.memory.kv[0].ext_bytes) {
+    return Status::InvalidArgument("writer: a ggsq v1 file holds one KV section of one stream, without cell extras");
+  }
+  const KvStream& st = file.memory.kv[0].streams[0];
+  if (st.layers.empty() || st.cells.size() != st.cell_count) {
+    return Status::InvalidArgument("writer: a ggsq v1 file needs its layers and cell list");
+  }
+  const std::optional<uint64_t> n_embd_v = layer_n_embd_v(st.layers[0], st.v_trans);
+  std::vector<std::byte> meta;
+  put_u32(meta, 8);
+  put_u32(meta, st.cell_count);
+  put_u32(meta, uint32_t(st.layers.size()));
+  put_u32(meta, uint32_t(n_embd_v.value_or(0)));
+  for (const CellMeta& m : st.cells) {
+    if (!m.seq_ids.empty()) return Status::InvalidArgument("writer: ggsq v1 cells carry no seq id");
+    put_i32(meta, m.pos);
+  }
+  KV_RETURN_IF_ERROR(out.append(meta));
+  const uint64_t n = st.cell_count;
+  for (size_t il = 0; il < st.layers.size(); ++il) {
+    const KvLayer& L = st.layers[il];
+    if (!L.has_v || layer_n_embd_v(L, st.v_trans) != n_embd_v || !n_embd_v) {
+      return Status::InvalidArgument("writer: ggsq v1 has one n_embd_v_gqa for every layer, each with V");
+    }
+    KV_RETURN_IF_ERROR(write_i32(out, L.k_type));
+    KV_RETURN_IF_ERROR(write_u64(out, L.k_row_bytes));
+    KV_RETURN_IF_ERROR(emit_checked(file, tensors, {0, 0, il, false}, n * L.k_row_bytes, out));
+  }
+  for (size_t il = 0; il < st.layers.size(); ++il) {
+    const KvLayer& L = st.layers[il];
+    KV_RETURN_IF_ERROR(write_i32(out, L.v_type));
+    KV_RETURN_IF_ERROR(write_u64(out, st.v_trans ? L.v_elem_bytes : L.v_row_bytes));
+    const uint64_t bytes = st.v_trans ? n * L.n_embd_v_gqa * uint64_t(L.v_elem_bytes) : n * L.v_row_bytes;
+    KV_RETURN_IF_ERROR(emit_checked(file, tensors, {0, 0, il, true}, bytes, out));
+  }
+  return Status::OK();
+}
+
 Status write_arch(const std::string& arch, ByteSink& out) {
   KV_RETURN_IF_ERROR(write_u32(out, uint32_t(arch.size())));
   return out.append(arch.data(), arch.size());
@@ -852,15 +1037,27 @@ Status write_state(const StateFile& file, TensorSource& tensors, const ReadableF
       KV_RETURN_IF_ERROR(write_u32(out, kMagicGgsq));
       KV_RETURN_IF_ERROR(write_u32(out, file.version));
       KV_RETURN_IF_ERROR(write_words(file.tokens.words, out));
+      if (file.version == 1) {
+        KV_RETURN_IF_ERROR(write_seq_v1(file, tensors, out));
+        return out.flush();
+      }
       break;
     case StateKind::kSessionFile:
       KV_RETURN_IF_ERROR(write_u32(out, kMagicGgsn));
       KV_RETURN_IF_ERROR(write_u32(out, file.version));
       KV_RETURN_IF_ERROR(write_words(file.tokens.words, out));
       KV_RETURN_IF_ERROR(write_arch(file.arch, out));
-      // v9 sessions of b8121 and older hold outputs; those of b8179..b10375 do not.
+      if (file.version == 8) {
+        if (file.rng.empty() || !file.outputs) {
+          return Status::InvalidArgument("writer: a ggsn v8 session needs its RNG state and an outputs block");
+        }
+        KV_RETURN_IF_ERROR(write_arch(file.rng, out));  // same u32 length + bytes framing
+      } else if (!file.rng.empty()) {
+        return Status::InvalidArgument("writer: only ggsn v8 sessions hold an RNG state");
+      }
+      // v9 sessions of b8121 and older hold outputs; those of b8179..b10375 do not; v8 always.
       if (file.outputs) {
-        if (file.version != 9) return Status::InvalidArgument("writer: only v9 sessions hold outputs");
+        if (file.version != 9 && file.version != 8) return Status::InvalidArgument("writer: only v8/v9 sessions hold outputs");
         KV_RETURN_IF_ERROR(write_outputs(*file.outputs, opaque_src, out));
       }
       break;

@@ -1,7 +1,8 @@
 // llama.cpp KV state files: what they hold, how to read them, how to write them.
 //
 // Covers slot/sequence files (`ggsq` v3 and v2, with or without the n_stream
-// prefix), session files (`ggsn` v10 and v9), and raw buffers from
+// prefix, and b3166's v1 layout), session files (`ggsn` v10, v9 and v8 (llama.cpp b3543: an RNG
+// string after the arch name)), and raw buffers from
 // llama_state_seq_get_data / llama_state_get_data. See docs/llama-formats.md
 // for the byte layouts and which llama.cpp release wrote which.
 //
@@ -68,6 +69,8 @@ std::vector<int32_t> pack_server_tokens(const std::vector<int32_t>& tokens,
 
 struct CellMeta {
   int32_t pos = 0;
+  // Sequence files of llama.cpp b4980 and older store no ids (n_seq_id 0);
+  // later ones store the one saved sequence.
   std::vector<int32_t> seq_ids;
   std::array<int32_t, 3> ext{};  // M-RoPE x, y and the token (v0.5.0); only ext_bytes/4 are stored
 };
@@ -133,6 +136,7 @@ struct StateFile {
   uint32_t version = 0;        // file version; for raw buffers the layout era (3 or 2)
   TokenPayload tokens;         // seq and session files
   std::string arch;            // session files and raw context buffers
+  std::string rng;             // ggsn v8 (b3543): the sampler's std::mt19937 as text, after the arch name
   std::optional<SessionOutputs> outputs;
   bool raw_seq_tagged = false; // raw seq buffer starts with kRawSeqMagic + seq id
   int32_t raw_seq_id = 0;

@@ -79,14 +79,28 @@ Status set_target_build(const ConversionSpec& spec, const StateFile& src, Conver
   }
   const std::optional<uint32_t> version = session ? L.ggsn_version : L.ggsq_version;
   if (!version) return unknown("file version");
+  if (session && *version < 8) {
+    return Status::NotSupported(who + ": its ggsn v" + std::to_string(*version) +
+                                " sessions (the legacy KV dump) are not supported; convert a sequence (ggsq) file");
+  }
   const bool old = *version < (session ? 10u : 3u);
   if (old && L.stream_prefix == Tri::kUnknown) return unknown("the n_stream prefix");
   if (old && session && L.session_outputs == Tri::kUnknown) return unknown("session outputs");
+  if (old && !session && L.stream_prefix == Tri::kNo && L.seq_cell_ids == Tri::kUnknown) {
+    return unknown("whether slot cells carry their seq id");
+  }
   TargetFormat fmt = TargetFormat::kSameKindCurrent;
   if (session) {
-    fmt = !old ? TargetFormat::kGgsnV10 : L.stream_prefix == Tri::kYes ? TargetFormat::kGgsnV9 : TargetFormat::kGgsnV9NoStream;
+    fmt = !old              ? TargetFormat::kGgsnV10
+          : *version == 8   ? TargetFormat::kGgsnV8
+          : L.stream_prefix == Tri::kYes ? TargetFormat::kGgsnV9
+                                         : TargetFormat::kGgsnV9NoStream;
   } else {
-    fmt = !old ? TargetFormat::kGgsqV3 : L.stream_prefix == Tri::kYes ? TargetFormat::kGgsqV2 : TargetFormat::kGgsqV2NoStream;
+    fmt = !old                             ? TargetFormat::kGgsqV3
+          : *version == 1                  ? TargetFormat::kGgsqV1
+          : L.stream_prefix == Tri::kYes   ? TargetFormat::kGgsqV2
+          : L.seq_cell_ids == Tri::kNo     ? TargetFormat::kGgsqV2NoSeqIds
+                                           : TargetFormat::kGgsqV2NoStream;
   }
   if (!spec.format.empty() && req.format != fmt) {
     return Status::InvalidArgument("--format " + spec.format + " is not what " + who + " reads; give one of them");

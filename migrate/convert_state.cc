@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
+#include <sstream>
 #include <thread>
 
 #include "base/parallel.h"
@@ -93,6 +95,21 @@ Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<
       t.version = 2;
       prefix = false;
       break;
+    case TargetFormat::kGgsqV2NoSeqIds:
+      KV_RETURN_IF_ERROR(want_kind(StateKind::kSeqFile, "ggsq-v2-b3543"));
+      t.version = 2;
+      prefix = false;
+      break;
+    case TargetFormat::kGgsqV1:
+      KV_RETURN_IF_ERROR(want_kind(StateKind::kSeqFile, "ggsq-v1-b3166"));
+      t.version = 1;
+      prefix = false;
+      break;
+    case TargetFormat::kGgsnV8:
+      KV_RETURN_IF_ERROR(want_kind(StateKind::kSessionFile, "ggsn-v8-b3543"));
+      t.version = 8;
+      prefix = false;
+      break;
     case TargetFormat::kGgsnV10: KV_RETURN_IF_ERROR(want_kind(StateKind::kSessionFile, "ggsn-v10")); t.version = 10; break;
     case TargetFormat::kGgsnV9: KV_RETURN_IF_ERROR(want_kind(StateKind::kSessionFile, "ggsn-v9")); t.version = 9; break;
     case TargetFormat::kGgsnV9NoStream:
@@ -108,6 +125,34 @@ Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<
     const bool want = target ? target->session_outputs == Tri::kYes : src.version != 9;
     if (t.version == 9 && !t.outputs && want) {
       t.outputs = SessionOutputs{};
+    }
+    // v8 (b3543) always holds outputs and the sampler's RNG as text, which b3543 parses
+    // with `>> std::mt19937` and otherwise ignores for the cache: a fresh engine's state serves.
+    if (t.version == 8) {
+      if (!t.outputs) t.outputs = SessionOutputs{};
+      if (t.rng.empty()) {
+        std::ostringstream rng;
+        rng << std::mt19937();
+        t.rng = rng.str();
+      }
+    } else {
+      t.rng.clear();
+    }
+  }
+  // ggsq cells: no seq id up to b4980 (the reader there refuses one), the saved
+  // sequence's (always 0 in a file) from b5640 on (the reader refuses none).
+  if (t.kind == StateKind::kSeqFile) {
+    const bool ids = fmt != TargetFormat::kGgsqV2NoSeqIds && fmt != TargetFormat::kGgsqV1;
+    for (auto& sec : t.memory.kv) {
+      for (auto& st : sec.streams) {
+        for (auto& c : st.cells) {
+          if (!ids) {
+            c.seq_ids.clear();
+          } else if (c.seq_ids.empty()) {
+            c.seq_ids = {0};
+          }
+        }
+      }
     }
   }
   if (t.kind == StateKind::kRawContext && t.version >= 3) t.outputs.reset();
@@ -516,11 +561,14 @@ Result<TargetFormat> parse_target_format(const std::string& s) {
   if (s == "ggsn-v10") return TargetFormat::kGgsnV10;
   if (s == "ggsn-v9") return TargetFormat::kGgsnV9;
   if (s == "ggsn-v9-b5640") return TargetFormat::kGgsnV9NoStream;
+  if (s == "ggsq-v2-b3543") return TargetFormat::kGgsqV2NoSeqIds;
+  if (s == "ggsq-v1-b3166") return TargetFormat::kGgsqV1;
+  if (s == "ggsn-v8-b3543") return TargetFormat::kGgsnV8;
   return Status::InvalidArgument("unknown format '" + s + "' (one of " + target_format_names() + ")");
 }
 
 std::string target_format_names() {
-  return "current, ggsq-v3, ggsq-v2, ggsq-v2-b5640, ggsn-v10, ggsn-v9, ggsn-v9-b5640";
+  return "current, ggsq-v3, ggsq-v2, ggsq-v2-b5640, ggsq-v2-b3543, ggsq-v1-b3166, ggsn-v10, ggsn-v9, ggsn-v9-b5640, ggsn-v8-b3543";
 }
 
 Result<StateFile> plan_target(const StateFile& src, const ConvertRequest& req) {

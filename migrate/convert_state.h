@@ -29,10 +29,13 @@ enum class TargetFormat {
   kSameKindCurrent,  // default: the input's kind, in v0.5.0's version (ggsq 3, ggsn 10, tagged raw)
   kGgsqV3,
   kGgsqV2,           // b6xxx..b8121: n_stream prefix
-  kGgsqV2NoStream,   // b5640 and older
+  kGgsqV2NoStream,   // b5640..b5869 (no n_stream prefix; cells hold their seq id)
+  kGgsqV2NoSeqIds,   // b3543..b4980: as kGgsqV2NoStream, cells without their seq id (n_seq_id 0)
+  kGgsqV1,           // b3166: the v1 sequence layout (cell positions only, one n_embd_v_gqa)
   kGgsnV10,
   kGgsnV9,
   kGgsnV9NoStream,
+  kGgsnV8,           // b3543: RNG text + outputs + a memory section without the n_stream prefix
 };
 Result<TargetFormat> parse_target_format(const std::string& s);  // "ggsq-v3", "ggsq-v2", "ggsq-v2-b5640", ...
 std::string target_format_names();                               // for --help

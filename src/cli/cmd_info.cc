@@ -172,6 +172,7 @@ json build_info(const StateFile& f, const std::string& path, const ModelInfo* mo
     j["tokens"] = t;
   }
   if (!f.arch.empty()) j["arch"] = f.arch;
+  if (!f.rng.empty()) j["rng_state_bytes"] = f.rng.size();  // ggsn v8 (b3543)
   if (f.kind == StateKind::kRawSeq) {
     j["raw_seq_tagged"] = f.raw_seq_tagged;
     if (f.raw_seq_tagged) j["raw_seq_id"] = f.raw_seq_id;
@@ -322,6 +323,8 @@ std::string render_human(const json& j) {
     }
   }
   if (j.contains("arch")) line("arch", j["arch"].get<std::string>());
+  if (j.contains("rng_state_bytes"))
+    line("rng state", std::to_string(j["rng_state_bytes"].get<uint64_t>()) + " bytes of text (ggsn v8, b3543)");
   if (!j["model"].is_null()) {
     const auto& m = j["model"];
     line("model", m.value("path", "") + " (" + m.value("arch", "") + ", " + std::to_string(m.value("n_layer", 0)) +
@@ -387,7 +390,7 @@ std::string render_human(const json& j) {
   }
   if (j.contains("outputs")) {
     const auto& ou = j["outputs"];
-    o += "\noutputs (v9): " + std::to_string(ou["n_outputs"].get<uint32_t>()) + " outputs, " +
+    o += "\noutputs (v8/v9): " + std::to_string(ou["n_outputs"].get<uint32_t>()) + " outputs, " +
          std::to_string(ou["logits_floats"].get<uint64_t>()) + " logits, " +
          std::to_string(ou["embd_floats"].get<uint64_t>()) + " embedding floats\n";
   }

@@ -309,6 +309,79 @@ TEST_F(CliTest, TheB5640LayoutProvesNoRotation) {
   EXPECT_EQ(j["source_rotation"]["decided_by"], "file-format");
 }
 
+// Era B (llama.cpp b3543, fixtures/b3543): slots whose cells carry no seq id,
+// ggsn v8 sessions with the sampler's RNG text. Read as B, never rotated; up to
+// v0.5.0 and back with --target-build b3543 gives the original bytes.
+TEST_F(CliTest, EraBFilesReadAndComeBackFromTheCurrentFormat) {
+  const std::string m = " --model " + model("hd64n");
+  for (const char* name : {"b3543/hd64n-q8_0-q8_0-faon.slot", "b3543/hd64n-f16-f16-faoff.slot",
+                           "b3543/hd64n-q8_0-q8_0-faon.session"}) {
+    SCOPED_TRACE(name);
+    const std::string f = fixture(name);
+    CmdResult r = run("info " + f + m + " --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_NE(j["era"]["eras"].get<std::string>().find('B'), std::string::npos) << r.out;
+    EXPECT_EQ(j["era"]["rotates"], "no");
+    EXPECT_EQ(run("info " + f + m + " --source-build b3543").code, 0);
+    EXPECT_EQ(run("info " + f + m + " --source-build b8121").code, 5);  // n_stream prefix there
+    const bool session = std::string(name).ends_with(".session");
+    const auto up = (dir_ / (session ? "up.session" : "up.slot")).string();
+    const auto down = (dir_ / (session ? "down.session" : "down.slot")).string();
+    ASSERT_EQ(run("convert " + f + " " + up + m).code, 0);
+    EXPECT_EQ(read(up).size() > 8 ? uint32_t(uint8_t(read(up)[4])) : 0u, session ? 10u : 3u);
+    r = run("convert " + (session ? f : up) + " " + down + m + " --target-build b3543");
+    ASSERT_EQ(r.code, 0) << r.err;
+    // f16 comes back bit for bit; q8_0 went through v0.5.0's rotated domain (sessions: v8 -> v8
+    // directly, keeping the RNG text and outputs)
+    if (session || std::string(name).find("f16") != std::string::npos) {
+      EXPECT_EQ(read(down), read(f));
+    }
+  }
+  // v0.5.0 -> b3543: a session gets an RNG state and an empty outputs block
+  const auto v8 = (dir_ / "v8.session").string();
+  ASSERT_EQ(run("convert " + fixture("b3543/hd64n-f16-f16-faon.session") + " " + (dir_ / "v10.session").string() + m).code, 0);
+  ASSERT_EQ(run("convert " + (dir_ / "v10.session").string() + " " + v8 + m + " --target-build b3543").code, 0);
+  CmdResult r = run("info " + v8 + m + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["rng_state_bytes"].get<uint64_t>(), 1000u);
+  EXPECT_EQ(j["outputs"]["n_outputs"], 0);
+}
+
+// Era A (llama.cpp b3166, fixtures/b3166): ggsq v1 slots are read (era A, never rotated), go up to
+// v0.5.0 and come back with --target-build b3166 bit for bit (f16); ggsn v6 sessions are refused.
+TEST_F(CliTest, EraASlotsReadAndSessionsAreRefusedByName) {
+  const std::string m = " --model " + model("hd64n");
+  for (const char* name : {"b3166/hd64n-f16-f16-faon.slot", "b3166/hd64n-f16-f16-faoff.slot"}) {
+    SCOPED_TRACE(name);
+    CmdResult r = run("info " + fixture(name) + m + " --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["era"]["eras"], "A");
+    EXPECT_EQ(j["era"]["rotates"], "no");
+    const auto up = (dir_ / "up.slot").string(), down = (dir_ / "down.slot").string();
+    ASSERT_EQ(run("convert " + fixture(name) + " " + up + m).code, 0);
+    r = run("convert " + up + " " + down + m + " --target-build b3166");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(read(down), read(fixture(name)));
+  }
+  const std::string session = fixture("b3166/hd64n-f16-f16-faon.session.refused");
+  CmdResult r = run("info " + session);
+  EXPECT_EQ(r.code, 4);
+  EXPECT_NE(r.err.find("era A"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("not supported"), std::string::npos) << r.err;
+  r = run("convert " + session + " " + (dir_ / "out.bin").string());
+  EXPECT_EQ(r.code, 4);
+  EXPECT_FALSE(fs::exists(dir_ / "out.bin"));
+  r = run("convert " + fixture("b3543/hd64n-f16-f16-faon.session") + " " + (dir_ / "x.session").string() + m +
+          " --target-build b3166");
+  EXPECT_EQ(r.code, 4) << r.err;
+  EXPECT_EQ(run("convert " + fixture("b3543/hd64n-f16-f16-faon.slot") + " " + (dir_ / "x.slot").string() + m +
+                " --target-build b3000").code,
+            4);
+}
+
 TEST_F(CliTest, ConvertRefusesToGuessTheRotationOfAnOldQuantizedFile) {
   const std::string f = fixture("b8121/hd64-q8_0-q8_0-faon.slot");
   const std::string out = (dir_ / "f16.slot").string();

@@ -7,7 +7,7 @@ For each file it tries every reading its (magic, version) allows -- n_stream pre
 ext 0/8/12 bytes, v9 sessions with or without the output block (output ids, logits, embeddings;
 dropped at b8179 without a version bump), one or two KV sections, a recurrent tail -- keeps the
 readings that consume the file exactly (there must be exactly one) and says which llama.cpp layout
-eras (C..H, docs/oracle.md) that reading fits. A fixture's MANIFEST.json (its llama.cpp tag) must
+eras (A..H, docs/oracle.md) that reading fits. A fixture's MANIFEST.json (its llama.cpp tag) must
 name one of those eras.
 
 Then `kvsnap info --json` (and, when the manifest names the model, `kvsnap info --json --model M`)
@@ -35,7 +35,7 @@ FLOAT_TYPES = {"f32", "f16", "bf16"}
 GGSQ, GGSN, RAW_TAG = 0x67677371, 0x6767736e, 0xaf143cd8
 
 # llama.cpp tag -> layout era (docs/oracle.md, fixtures/README.md)
-ERA_OF_TAG = {"b5640": "C", "b8121": "D", "b8179": "E", "b8390": "F", "b9842": "G", "b10361": "G",
+ERA_OF_TAG = {"b3166": "A", "b3543": "B", "b5640": "C", "b8121": "D", "b8179": "E", "b8390": "F", "b9842": "G", "b10361": "G",
               "v0.4.0": "H", "v0.5.0": "H"}
 ROTATING_ERAS = {"G", "H"}
 
@@ -60,7 +60,8 @@ class R:
         self.p += n
 
 
-def kv_section(r, prefix, ext):
+def kv_section(r, prefix, ext, ids=None):
+    """ids: collects each cell's n_seq_id (ggsq cells hold none up to b4980, one from b5640)."""
     streams = []
     n_stream = r.u32() if prefix else 1
     if n_stream > 64: raise ValueError("implausible n_stream")
@@ -70,6 +71,7 @@ def kv_section(r, prefix, ext):
         if cc:
             for _ in range(cc):
                 r.i32(); n = r.u32(); r.skip(ext); r.skip(4 * n)
+                if ids is not None: ids.add(n)
             s["v_trans"] = r.u32(); nl = r.u32(); s["n_layer"] = nl
             if s["v_trans"] > 1 or nl > 4096: raise ValueError("implausible")
             layers = [{} for _ in range(nl)]
@@ -103,13 +105,42 @@ def recurrent_tail(r):
     return entries > 0 and entries % 2 == 0
 
 
-def eras_of(magic, ver, prefix, ext, outputs):
+def seq_v1(r):
+    """ggsq v1 (b3166): u32 sizeof(size_t), cell_count, n_layer, n_embd_v_gqa, cell_count i32 positions,
+    per layer {i32 k_type, u64 k_row, rows}, then per layer V {i32 type, u64 row | element size, data}."""
+    if r.u32() != 8: raise ValueError("size_t width")
+    cc, nl, nv = r.u32(), r.u32(), r.u32()
+    r.skip(4 * cc)
+    s = {"cell_count": cc, "n_layer": nl}
+    layers = [{} for _ in range(nl)]
+    for L in layers:
+        t = r.i32(); rb = r.u64(); L["k_type"] = TYPES[t][0]; L["k_row_bytes"] = rb; r.skip(rb * cc)
+    for L in layers:
+        t = r.i32(); x = r.u64(); L["v_type"] = TYPES[t][0]
+        name, blk, bb = TYPES[t]
+        if blk == 1 and x == bb and nv > 1:  # transposed: element size
+            s["v_trans"] = 1; L["v_elem_bytes"] = x; L["n_embd_v_gqa"] = nv; r.skip(x * nv * cc)
+        elif x == nv // blk * bb:
+            s["v_trans"] = 0; L["v_row_bytes"] = x; r.skip(x * cc)
+        else:
+            raise ValueError("V size")
+    s["layers"] = layers
+    return [s]
+
+
+def eras_of(magic, ver, prefix, ext, outputs, ids=frozenset()):
     """The layout eras (docs/oracle.md) in which llama.cpp writes a file read this way."""
+    if magic == GGSQ and ver == 1:
+        return {"A"}
+    if magic == GGSN and ver == 8:
+        return {"B"}
     if magic == RAW_TAG:  # the io magic prefix appeared at b9842 (G), before the v3 bump (H)
         return {0: {"G", "H"}, 8: {"G"}, 12: {"H"}}[ext]
     if ver in (3, 10):
         return {"H"}
     if not prefix:
+        if magic == GGSQ and ids == {0}:  # b3543..b4980 slots: cells without their seq id
+            return {"B", "C"}
         return {"C"}
     if outputs:
         return {"D"}
@@ -129,6 +160,10 @@ def readings(magic, ver):
         return [(False, 0, False), (True, 0, False), (True, 8, False)]
     if magic == GGSN and ver == 9:
         return [(False, 0, True), (True, 0, True), (True, 0, False), (True, 8, False)]
+    if magic == GGSN and ver == 8:  # b3543: RNG text, outputs, memory without n_stream
+        return [(False, 0, True)]
+    if magic == GGSQ and ver == 1:  # b3166: its own sequence layout (seq_v1)
+        return [(False, 0, False)]
     raise ValueError("unknown version %d" % ver)
 
 
@@ -143,6 +178,8 @@ def parse(path):
     elif magic == GGSN:
         n = r.u32(); r.skip(4 * n); out["tokens"] = n
         alen = r.u32(); r.skip(alen)
+        if ver == 8:
+            rlen = r.u32(); r.skip(rlen); out["rng_bytes"] = rlen
     elif magic == RAW_TAG:  # b9842+ raw sequence buffer: magic, i32 seq_id (already read as "version")
         pass
     else:
@@ -156,12 +193,17 @@ def parse(path):
                     r.p = start
                     if outputs:
                         no = r.u32(); r.skip(4 * no); ls = r.u64(); r.skip(4 * ls); es = r.u64(); r.skip(4 * es)
-                    sections = [kv_section(r, prefix, ext) for _ in range(n_kv)]
+                    ids = set()
+                    if magic == GGSQ and ver == 1:
+                        if n_kv == 2 or recurrent: continue
+                        sections = [seq_v1(r)]
+                    else:
+                        sections = [kv_section(r, prefix, ext, ids) for _ in range(n_kv)]
                     if recurrent and (not prefix or not recurrent_tail(r)):  # b5640 had no hybrid memory
                         continue
                     if r.p == len(b):
                         fits.append({"sections": sections, "prefix": prefix, "ext": ext, "outputs": outputs,
-                                     "recurrent": recurrent, "eras": eras_of(magic, ver, prefix, ext, outputs)})
+                                     "recurrent": recurrent, "eras": eras_of(magic, ver, prefix, ext, outputs, ids)})
                 except (ValueError, KeyError, struct.error):
                     pass
     if len(fits) != 1:
@@ -230,7 +272,7 @@ def compare(mine, j, problems, era=None, head_dim=None, undecided_ok=False):
     lay = j.get("layout", {})
     if lay.get("cell_ext_bytes", mine["ext"]) != mine["ext"]:
         bad("cell-ext", "cell ext %s != %s" % (lay.get("cell_ext_bytes"), mine["ext"]))
-    if mine["magic"] == GGSN and mine["version"] == 9 and bool(j.get("outputs")) != mine["outputs"]:
+    if mine["magic"] == GGSN and mine["version"] in (8, 9) and bool(j.get("outputs")) != mine["outputs"]:
         bad("outputs", "outputs %s, the file has %s" % ("present" if j.get("outputs") else "none",
                                                          "an output block" if mine["outputs"] else "none"))
     if len(mine["sections"]) != len(j.get("kv_sections", [])):

@@ -76,7 +76,24 @@ TEST(LlamaBuild, LayoutsOfTheEras) {
   EXPECT_EQ(*at("v0.4.0").ggsn_version, 10u);
   EXPECT_EQ(at("v0.2.0").rotates, Tri::kYes);
   EXPECT_FALSE(at("v0.2.0").ggsq_version.has_value());
-  EXPECT_EQ(layout_of_build(*parse_llama_build("b3166")).status().code(), Code::kNotSupported);
+  // eras A and B, and the slot cells' seq id (b4980|b5640)
+  EXPECT_EQ(at("b3166").era, "A");
+  EXPECT_EQ(*at("b3166").ggsq_version, 1u);
+  EXPECT_EQ(*at("b3166").ggsn_version, 6u);
+  EXPECT_EQ(layout_of_build(*parse_llama_build("b3000")).status().code(), Code::kNotSupported);
+  EXPECT_EQ(layout_of_build(*parse_llama_build("b3300")).status().code(), Code::kNotSupported);
+  EXPECT_EQ(at("b3543").era, "B");
+  EXPECT_EQ(*at("b3543").ggsn_version, 8u);
+  EXPECT_EQ(*at("b3543").ggsq_version, 2u);
+  EXPECT_EQ(at("b3543").stream_prefix, Tri::kNo);
+  EXPECT_EQ(at("b3543").seq_cell_ids, Tri::kNo);
+  EXPECT_EQ(at("b3700").era, "B|C");
+  EXPECT_FALSE(at("b3700").ggsn_version.has_value());
+  EXPECT_EQ(*at("b3889").ggsn_version, 9u);
+  EXPECT_EQ(at("b3889").seq_cell_ids, Tri::kNo);
+  EXPECT_EQ(at("b5000").seq_cell_ids, Tri::kUnknown);
+  EXPECT_EQ(at("b5640").seq_cell_ids, Tri::kYes);
+  EXPECT_EQ(at("v0.5.0").seq_cell_ids, Tri::kYes);
 }
 
 TEST(LlamaEra, CurrentFilesRotateAndOldLayoutsProveTheyDoNot) {

@@ -91,6 +91,11 @@ std::vector<Layout> layouts() {
   s = {}; s.kind = SynthSpec::kSession; s.version = 9; s.stream_prefix = false; s.embd = 5;
   v.push_back({"ggsn9_b5640", s});
   s = {}; s.kind = SynthSpec::kRawSeqTagged; v.push_back({"raw_seq_tagged", s});
+  // b3543 (era B): slots store cells without their seq id; sessions hold an RNG string
+  s = {}; s.version = 2; s.stream_prefix = false; s.n_seq_per_cell = 0; v.push_back({"ggsq2_b3543", s});
+  s = {}; s.kind = SynthSpec::kSession; s.version = 8; s.stream_prefix = false; v.push_back({"ggsn8_b3543", s});
+  s = {}; s.kind = SynthSpec::kSession; s.version = 8; s.stream_prefix = false; s.v_trans = 1; s.n_outputs = 0;
+  s.logits = 0; v.push_back({"ggsn8_b3543_vtrans_no_outputs", s});
   return v;
 }
 
@@ -232,6 +237,35 @@ TEST(HostileInput, WrongVersion) {
   auto b = build_state({});
   set_u32(b, 4, 4);
   expect_error(b, Code::kNotSupported, "unknown (magic, version) for sequence state file: 67677371, 00000004");
+}
+
+TEST(HostileInput, EraASessionsAreRefusedByName) {
+  SynthSpec s;
+  s.kind = SynthSpec::kSession;
+  s.version = 9;
+  auto sn = build_state(s);
+  set_u32(sn, 4, 6);  // ggsn v6 (b3166): the legacy KV dump
+  expect_error(sn, Code::kNotSupported, "ggsn v6 session files (llama.cpp b3166, era A");
+  set_u32(sn, 4, 7);
+  expect_error(sn, Code::kNotSupported, "not supported");
+}
+
+// ggsq v1 (b3166) is read (real files: fixtures/b3166); a v3 body under a v1 header is not one.
+TEST(HostileInput, AV1HeaderOnAnotherBody) {
+  auto b = build_state({});
+  set_u32(b, 4, 1);
+  expect_error(b, Code::kCorruption, "size_t width");
+}
+
+TEST(HostileInput, V8RngThatIsNotDecimalWords) {
+  SynthSpec s;
+  s.kind = SynthSpec::kSession;
+  s.version = 8;
+  s.stream_prefix = false;
+  s.rng = "12 x4";
+  expect_error(build_state(s), Code::kCorruption, "RNG state is not decimal words");
+  s.rng = "";
+  expect_error(build_state(s), Code::kCorruption, "RNG state length 0 is out of range");
 }
 
 TEST(HostileInput, TokenCountPastTheEnd) {

@@ -20,7 +20,7 @@ struct SynthLayer {
 
 struct SynthSpec {
   enum Kind { kSeq, kSession, kRawSeqTagged, kRawSeqBare } kind = kSeq;
-  uint32_t version = 3;        // ggsq 3/2, ggsn 10/9
+  uint32_t version = 3;        // ggsq 3/2, ggsn 10/9/8
   bool stream_prefix = true;
   uint32_t ext_bytes = 0;
   uint32_t n_streams = 1;
@@ -32,7 +32,8 @@ struct SynthSpec {
   bool recurrent = false;      // hybrid tail
   std::vector<int32_t> token_words = {1, 2, 3, 4, 5};
   std::string arch = "llama";
-  bool v9_outputs = true;      // v9 sessions: output ids/logits/embeddings (b8121 and older)
+  bool v9_outputs = true;      // v9 sessions: output ids/logits/embeddings (b8121 and older); v8 always
+  std::string rng = "5489 1 2 3 624";  // v8 sessions (b3543): the sampler RNG as text
   uint32_t n_outputs = 1;      // v9
   uint64_t logits = 11;        // v9 floats
   uint64_t embd = 0;
@@ -122,7 +123,8 @@ inline std::vector<std::byte> build_state(const SynthSpec& s) {
       w.u32(uint32_t(s.token_words.size()));
       for (int32_t t : s.token_words) w.i32(t);
       w.str(s.arch);
-      if (s.version == 9 && s.v9_outputs) {
+      if (s.version == 8) w.str(s.rng);
+      if ((s.version == 9 && s.v9_outputs) || s.version == 8) {
         w.u32(s.n_outputs);
         for (uint32_t i = 0; i < s.n_outputs; ++i) w.i32(int32_t(i));
         w.u64(s.logits); w.fill(s.logits * 4, rng);

@@ -36,6 +36,8 @@ STATES = [
     ("b8121/hd64-f16-f16-faon.slot", "tiny-hd64.gguf"),
     ("b5640/hd64-f16-f16-faoff.slot", "tiny-hd64.gguf"),
     ("b5640/hd64-f16-f16-faon.session", "tiny-hd64.gguf"),
+    ("b3543/hd64n-q8_0-q8_0-faon.slot", "tiny-hd64n.gguf"),
+    ("b3166/hd64n-q8_0-q8_0-faon.slot", "tiny-hd64n.gguf"),
 ]
 
 
@@ -200,6 +202,10 @@ def main():
         hybrid = open(os.path.join(ROOT, "fixtures/v0.5.0/hybrid-f16-f16-faon.slot"), "rb").read()
         write(os.path.join(corpus, "llama_state", "v0.5.0-hybrid-f16-f16-faon.slot.shape"),
               bytes([5 + 8 * models.index("tiny-hybrid.gguf")]) + hybrid)
+        # A ggsn v8 session (b3543: RNG text, outputs) cannot be cut to a prefix either: the whole small one.
+        v8 = open(os.path.join(ROOT, "fixtures/b3543/hd64n-q8_0-q8_0-faon.session"), "rb").read()
+        write(os.path.join(corpus, "llama_state", "b3543-hd64n-q8_0-q8_0-faon.session.shape"),
+              bytes([5 + 8 * models.index("tiny-hd64n.gguf")]) + v8)
         name, index, snap = small[0]
         write(os.path.join(corpus, "archive", name + ".tar"),
               tar_of([("kvsnap-export.json", index), ("snapshots/a.kvsnap", snap)]))

@@ -20,7 +20,13 @@
 //
 // One source for llama.cpp b5640 (npm 3.10.0), b8121 (3.16.2), b8179 (3.17.1), b8390 (3.18.1),
 // b9842 (3.19.0), b10361 (3.20.0), v0.4.0 (3.21.1) and v0.5.0 (3.22.1): every call below has the same
-// signature from b8121 on, so the zoo versions need no probe of their own. CMake defines
+// signature from b8121 on, so the zoo versions need no probe of their own. The era A/B builds
+// b3166 (3.0.0-beta.32) and b3543 (3.0.0-beta.44) predate the model/vocab API and the backend
+// registry: KVSNAP_ORACLE_LEGACY_API switches to llama_load_model_from_file,
+// llama_new_context_with_model, llama_tokenize(model, ...), llama_n_vocab(model) and
+// llama_kv_cache_seq_pos_max, with the CPU backend linked into the library. CMake defines
+//   KVSNAP_ORACLE_LEGACY_API      llama.h has no llama_model_load_from_file (b3166, b3543)
+//   KVSNAP_ORACLE_UNSIZED_SEQ_DATA  llama_state_seq_get/set_data take no buffer size (b3166)
 //   KVSNAP_ORACLE_HAS_FA_TYPE     llama_context_params::flash_attn_type (else bool flash_attn)
 //   KVSNAP_ORACLE_HAS_KV_UNIFIED  llama_context_params::kv_unified
 //   KVSNAP_ORACLE_LIBDIR          directory with libggml-cpu-*.so (for ggml_backend_load_all_from_path)
@@ -68,11 +74,15 @@ std::vector<std::string> g_errors;  // error-level messages since the last reset
 std::string g_partial;              // an error line still being assembled (CONT)
 
 void log_cb(ggml_log_level level, const char* text, void* /*user*/) {
+#ifndef KVSNAP_ORACLE_LEGACY_API
   if (level == GGML_LOG_LEVEL_CONT) {
     level = g_last_level;
   } else {
     g_last_level = level;
   }
+#else
+  g_last_level = level;  // no GGML_LOG_LEVEL_CONT before b3900
+#endif
   if (level == GGML_LOG_LEVEL_ERROR && text) {
     g_partial += text;
     size_t nl;
@@ -233,6 +243,13 @@ int parse_int(const std::string& k, const std::string& s) {
   return static_cast<int>(v);
 }
 
+#ifdef KVSNAP_ORACLE_LEGACY_API
+// b3166/b3543: one library with the CPU backend built in, no backend registry
+void init_backend() {
+  llama_log_set(log_cb, nullptr);
+  llama_backend_init();
+}
+#else
 void init_backend() {
   llama_log_set(log_cb, nullptr);
   ggml_log_set(log_cb, nullptr);
@@ -255,6 +272,13 @@ void init_backend() {
   if (ggml_backend_dev_count() == 0) die("no ggml backend could be loaded from '" + libdir + "'");
   llama_backend_init();
 }
+#endif
+
+#ifdef KVSNAP_ORACLE_LEGACY_API
+#define llama_model_load_from_file llama_load_model_from_file
+#define llama_init_from_model llama_new_context_with_model
+#define llama_model_free llama_free_model
+#endif
 
 struct Setup {
   std::string model_path, prompt_path;
@@ -307,7 +331,9 @@ llama_context* make_context(llama_model* model, const Setup& s) {
   cp.n_threads_batch = s.threads;
   cp.type_k = s.ctk;
   cp.type_v = s.ctv;
+#ifndef KVSNAP_ORACLE_LEGACY_API
   cp.no_perf = true;
+#endif
 #ifdef KVSNAP_ORACLE_HAS_FA_TYPE
   cp.flash_attn_type = s.fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
 #else
@@ -322,8 +348,16 @@ llama_context* make_context(llama_model* model, const Setup& s) {
   return ctx;
 }
 
+#ifdef KVSNAP_ORACLE_LEGACY_API
+const llama_model* vocab_of(const llama_model* model) { return model; }
+int32_t n_vocab_of(const llama_model* model) { return llama_n_vocab(model); }
+#else
+const llama_vocab* vocab_of(const llama_model* model) { return llama_model_get_vocab(model); }
+int32_t n_vocab_of(const llama_model* model) { return llama_vocab_n_tokens(llama_model_get_vocab(model)); }
+#endif
+
 std::vector<llama_token> tokenize(llama_model* model, const std::string& text) {
-  const llama_vocab* vocab = llama_model_get_vocab(model);
+  const auto* vocab = vocab_of(model);
   std::vector<llama_token> toks(text.size() + 16);
   int n = llama_tokenize(vocab, text.data(), (int32_t)text.size(), toks.data(), (int32_t)toks.size(),
                          /*add_special*/ true, /*parse_special*/ false);
@@ -367,7 +401,7 @@ void decode_range(llama_context* ctx, const std::vector<llama_token>& toks, int 
 std::vector<float> decode_tail(llama_context* ctx, llama_model* model, const std::vector<llama_token>& toks, int k) {
   const int n = (int)toks.size();
   decode_range(ctx, toks, n - k, n, k, /*all_logits*/ true);
-  const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+  const int n_vocab = n_vocab_of(model);
   std::vector<float> out;
   out.reserve((size_t)k * n_vocab);
   for (int i = 0; i < k; ++i) {
@@ -416,7 +450,11 @@ int cmd_save(const Args& a) {
     size_t sz = llama_state_seq_get_size(ctx, 0);
     std::vector<uint8_t> buf(sz);
     reset_errors();
+#ifdef KVSNAP_ORACLE_UNSIZED_SEQ_DATA
+    size_t w = llama_state_seq_get_data(ctx, buf.data(), 0);
+#else
     size_t w = llama_state_seq_get_data(ctx, buf.data(), buf.size(), 0);
+#endif
     if (w == 0) die("llama_state_seq_get_data failed: " + error_summary());
     write_bytes(a.get("raw-seq"), buf.data(), w);
   }
@@ -460,13 +498,21 @@ int cmd_restore(const Args& a) {
   } else {
     what = a.get("raw-seq");
     std::string buf = read_text(what);
+#ifdef KVSNAP_ORACLE_UNSIZED_SEQ_DATA
+    size_t r = llama_state_seq_set_data(ctx, reinterpret_cast<const uint8_t*>(buf.data()), 0);
+#else
     size_t r = llama_state_seq_set_data(ctx, reinterpret_cast<const uint8_t*>(buf.data()), buf.size(), 0);
+#endif
     if (r == 0) die("restore failed: " + what + ": " + error_summary(), 3);
     n_loaded = (size_t)-1;
   }
 
+#ifdef KVSNAP_ORACLE_LEGACY_API
+  llama_pos pmax = llama_kv_cache_seq_pos_max(ctx, 0);
+#else
   llama_memory_t mem = llama_get_memory(ctx);
   llama_pos pmax = llama_memory_seq_pos_max(mem, 0);
+#endif
   if (pmax != n_state - 1) {
     fprintf(stderr, "kvsnap-oracle: warning: restored sequence 0 ends at position %d, prompt expects %d\n", (int)pmax,
             n_state - 1);
@@ -558,10 +604,12 @@ int cmd_info() {
   printf("npm_version %s\ntag %s\nsession_version %d\nstate_seq_version %d\n", KVSNAP_ORACLE_NPM_VERSION,
          KVSNAP_ORACLE_TAG, (int)LLAMA_SESSION_VERSION, (int)LLAMA_STATE_SEQ_VERSION);
   printf("libdir %s\n", KVSNAP_ORACLE_LIBDIR);
+#ifndef KVSNAP_ORACLE_LEGACY_API
   for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
     ggml_backend_dev_t d = ggml_backend_dev_get(i);
     printf("device %s (%s)\n", ggml_backend_dev_name(d), ggml_backend_dev_description(d));
   }
+#endif
   printf("system %s\n", llama_print_system_info());
   return 0;
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # fetch.sh: set up the real-llama.cpp test bed ("oracle") from the npm packages of node-llama-cpp.
 #
-#   tests/oracle/fetch.sh [NPM_VERSION... | llama.node]
+#   tests/oracle/fetch.sh [NPM_VERSION... | llama.node | eras-ab]
 #       default: 3.22.1;  "all" = 3.22.1 3.21.1 3.20.0 3.19.0 3.18.1 3.17.1 3.16.2 3.10.0 llama.node
+#       "eras-ab" = 3.0.0-beta.44 (b3543, era B) 3.0.0-beta.32 (b3166, era A); optional, not in "all"
 #
 # For each version V this produces, under $KVSNAP_ORACLE_DIR (default ~/.cache/kvsnap-oracle):
 #   npm/node-llama-cpp-V.tgz, npm/node-llama-cpp-linux-x64-V.tgz   (npm pack, kept as a download cache)
@@ -13,6 +14,10 @@
 # "llama.node": npm install (no install scripts, no optional GPU/other-platform builds) of
 #   @fugood/llama.node@1.7.15 (llama.cpp b10257) + @fugood/node-llama-linux-x64 into
 #   llama.node-1.7.15/ (a JS API that writes era-G ggsn v9 sessions; tests/oracle/llama_node_session.mjs)
+# 3.0.0-beta.NN (eras A/B): no @node-llama-cpp/linux-x64 package exists for the betas; the main
+#   package's bins/linux-x64/ is used: libllama.so + libggml.so (beta.44), or llama-addon.node alone
+#   (beta.32: llama.cpp linked in; the driver links it with napi_* stubs). Headers come from the
+#   source's include/ + ggml/include/ (b3543) or its top directory (b3166).
 # Idempotent: every step is skipped when its result is already there. Needs node/npm, git, tar.
 set -euo pipefail
 
@@ -35,6 +40,7 @@ for a in "$@"; do
     -h|--help) usage 0 ;;
     all) versions+=("${ALL_VERSIONS[@]}"); llama_node=1 ;;
     llama.node) llama_node=1 ;;
+    eras-ab) versions+=(3.0.0-beta.44 3.0.0-beta.32) ;;
     [0-9]*.[0-9]*.[0-9]*) versions+=("$a") ;;
     *) log "unknown argument: $a"; usage 2 ;;
   esac
@@ -62,7 +68,8 @@ fetch_one() {
   local vdir="$DIR/$v"
 
   # 1. npm pack (download only, no install scripts run)
-  local want=()
+  local want=() beta=0
+  case "$v" in *-beta.*) beta=1; bin_tgz="$main_tgz" ;; esac
   [ -s "$main_tgz" ] || want+=("node-llama-cpp@$v")
   [ -s "$bin_tgz" ] || want+=("@node-llama-cpp/linux-x64@$v")
   if [ ${#want[@]} -gt 0 ]; then
@@ -93,6 +100,19 @@ fetch_one() {
   # 3. libraries
   if ls "$vdir"/lib/libllama*.so >/dev/null 2>&1 && ls "$vdir"/lib/libggml-base.so >/dev/null 2>&1; then
     log "$v: lib/ present"
+  elif [ $beta = 1 ] && { [ -f "$vdir/lib/libllama.so" ] || [ -f "$vdir/lib/llama-addon.node" ]; }; then
+    log "$v: lib/ present"
+  elif [ $beta = 1 ]; then
+    log "$v: extracting prebuilt libraries from the main package's bins/linux-x64"
+    tar -xzf "$main_tgz" -C "$tmp" package/bins/linux-x64 || die "$v: $main_tgz has no package/bins/linux-x64"
+    mkdir -p "$vdir/lib.tmp"
+    if ls "$tmp"/package/bins/linux-x64/libllama.so >/dev/null 2>&1; then
+      cp "$tmp"/package/bins/linux-x64/*.so "$vdir/lib.tmp/"
+    else
+      cp "$tmp"/package/bins/linux-x64/llama-addon.node "$vdir/lib.tmp/"
+    fi
+    rm -rf "${vdir:?}/lib"
+    mv "$vdir/lib.tmp" "$vdir/lib"
   else
     log "$v: extracting prebuilt libraries"
     tar -xzf "$bin_tgz" -C "$tmp" package/bins/linux-x64 || die "$v: $bin_tgz has no package/bins/linux-x64"
@@ -108,7 +128,7 @@ fetch_one() {
   fi
 
   # 4. source
-  if [ -d "$vdir/src/.git" ] && [ -f "$vdir/src/include/llama.h" ]; then
+  if [ -d "$vdir/src/.git" ] && { [ -f "$vdir/src/include/llama.h" ] || [ -f "$vdir/src/llama.h" ]; }; then
     log "$v: src/ present"
   else
     log "$v: cloning llama.cpp source from llama/gitRelease.bundle"
@@ -116,7 +136,7 @@ fetch_one() {
     rm -rf "$vdir/src.tmp"
     git -c advice.detachedHead=false clone --quiet "$tmp/package/llama/gitRelease.bundle" "$vdir/src.tmp" \
       || die "$v: git clone of the bundle failed"
-    [ -f "$vdir/src.tmp/include/llama.h" ] || die "$v: cloned source has no include/llama.h"
+    [ -f "$vdir/src.tmp/include/llama.h" ] || [ -f "$vdir/src.tmp/llama.h" ] || die "$v: cloned source has no include/llama.h"
     rm -rf "${vdir:?}/src"
     mv "$vdir/src.tmp" "$vdir/src"
   fi
@@ -127,8 +147,12 @@ fetch_one() {
   else
     log "$v: copying headers"
     mkdir -p "$vdir/include.tmp"
-    cp "$vdir/src/include/"*.h "$vdir/include.tmp/"
-    cp "$vdir/src/ggml/include/"*.h "$vdir/include.tmp/"
+    if [ -f "$vdir/src/include/llama.h" ]; then
+      cp "$vdir/src/include/"*.h "$vdir/include.tmp/"
+      cp "$vdir/src/ggml/include/"*.h "$vdir/include.tmp/"
+    else  # b3166: llama.h and ggml*.h in the top directory
+      cp "$vdir/src/"*.h "$vdir/include.tmp/"
+    fi
     rm -rf "${vdir:?}/include"
     mv "$vdir/include.tmp" "$vdir/include"
   fi
@@ -138,7 +162,7 @@ fetch_one() {
     printf '%s\n' "$tag" > "$vdir/tag"
   fi
   rm -rf "$tmp"
-  log "$v: ready: $vdir (llama.cpp $tag, $(ls "$vdir"/lib/libllama*.so | xargs -n1 basename | tr '\n' ' '))"
+  log "$v: ready: $vdir (llama.cpp $tag, $(ls "$vdir"/lib/ | tr '\n' ' '))"
 }
 
 # fetch_llama_node: the @fugood/llama.node package and its linux-x64 CPU addon, nothing else

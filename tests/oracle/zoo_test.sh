@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# zoo_test.sh: the llama.cpp layout eras E..H (docs/oracle.md, "The zoo") inside real llama.cpp.
+# zoo_test.sh: the llama.cpp layout eras A, B and E..H (docs/oracle.md, "The zoo") inside real llama.cpp.
 #
 #   zoo_test.sh --kvsnap BIN --checker independent_info_check.py --fixtures DIR --work DIR
 #               --driver NPM_VERSION=PATH ... [--part bed|source-build] [--matrix ci|full]
@@ -21,6 +21,12 @@
 #   With --llama-node (an npm prefix holding @fugood/llama.node@1.7.15, b10257): its JS API writes
 #   f16 and q8_0 sessions (tests/oracle/llama_node_session.mjs) that are ggsn v9 without outputs,
 #   reload in llama.node, and whose q8_0 context logs attn_rot_k = 1 (rotated, era G).
+#   Eras A and B (drivers 3.0.0-beta.32 = b3166 and 3.0.0-beta.44 = b3543, tests/oracle/fetch.sh
+#   eras-ab; the tiny-hd64n model, whose n_embd = n_head x head_dim as b3166 requires): era B slots
+#   and sessions read as B (sessions: ggsn v8 with RNG text and outputs), restore in b3543, convert to
+#   v0.5.0 (f16 and their own types) within the bound, and come back with --target-build b3543; era A
+#   files restore in b3166, its ggsq v1 slots go the same ways as era B's (--target-build b3166), its
+#   ggsn v6 sessions are refused by name (exit 4, no crash).
 # --part source-build (ctest oracle.zoo_source_build, label oracle): every quantized
 #   era-G file (fixtures/b9842, fixtures/b10361 and files written now by the G drivers) converted to
 #   f16 with `--source-build <tag>` restores in v0.5.0 within the bound; an unrecognized
@@ -62,6 +68,8 @@ t_start=$(date +%s)
 
 # npm version -> "era tag ggsq ggsn ext_mrope" (docs/oracle.md)
 declare -A ERA=(
+  [3.0.0-beta.32]="A b3166 1 6 0"
+  [3.0.0-beta.44]="B b3543 2 8 0"
   [3.17.1]="E b8179 2 9 0"
   [3.18.1]="F b8390 2 9 8"
   [3.19.0]="G b9842 2 9 8"
@@ -97,6 +105,7 @@ within() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "" && (a <= 1.5 * b || a
 far_over() { awk -v a="$1" -v b="$2" 'BEGIN { m = 1.5 * b; if (m < 1e-5) m = 1e-5; exit !(a != "" && a > 10 * m) }'; }
 reading() { python3 "$checker" --reading "$1" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print(d.get("error") or "%s %s %s %s %s" % (d["magic"], d["version"], d["cell_ext_bytes"], int(d["outputs"]), d["eras"]))'; }
 model_of() { printf '%s\n' "$fx/models/tiny-$1.gguf"; }
+legacy() { case "${ERA[$1]%% *}" in A|B) return 0 ;; *) return 1 ;; esac; }
 tag_of() { if [ "$1" = 3.22.1 ]; then echo v0.5.0; else read -r _ t _ <<<"${ERA[$1]}"; echo "$t"; fi; }
 file_id() { printf '%s' "$1" | tr -c 'A-Za-z0-9._-' '_'; }
 is_quant() { case "$1" in f32|f16|bf16) return 1 ;; *) return 0 ;; esac; }
@@ -156,8 +165,15 @@ convert_and_judge() {
 }
 
 # ---------------------------------------------------------------- files written now by each driver
-# configs: MODEL CTK CTV FA KINDS
+# configs [VERSION]: MODEL CTK CTV FA KINDS
 configs() {
+  if [ -n "${1:-}" ] && legacy "$1"; then
+    # b3166/b3543: llama models whose n_embd = n_head x head_dim (hd64n); no M-RoPE/iSWA/hybrid archs yet
+    printf '%s\n' "hd64n f16 f16 on slot session" "hd64n f16 f16 off slot session" "hd64n q8_0 q8_0 on slot session" \
+      "hd64n q4_0 q8_0 on slot"
+    [ "$matrix" = full ] && printf '%s\n' "hd64n q4_0 q4_0 on slot" "hd64n q5_1 q5_1 on slot" "hd64n iq4_nl iq4_nl on slot"
+    return
+  fi
   printf '%s\n' "hd64 f16 f16 on slot session" "hd64 q8_0 q8_0 on slot session" "hd64 q4_0 q8_0 on slot" \
     "hd96 q8_0 q8_0 on slot" "mrope f16 f16 on slot session" "mrope q8_0 q8_0 on slot"
   if [ "$matrix" = full ]; then
@@ -183,7 +199,7 @@ for v in "${!ERA[@]}"; do
     else
       fail "$v save $m $ctk/$ctv fa $fa" "$(tail -n1 "$base.save.err")"
     fi
-  done < <(configs)
+  done < <(configs "$v")
 done
 
 # ---------------------------------------------------------------- part: bed
@@ -197,12 +213,34 @@ if [ "$part" = bed ]; then
     got_m="$(hex32at "$f" 0)" got_v="$(u32at "$f" 4)"
     if [ "$got_m" = "$want_m" ] && [ "$got_v" = "$want_v" ]; then pass "$name: magic $got_m version $got_v"
     else fail "$name header" "magic $got_m version $got_v, want $want_m $want_v"; fi
-    read -r rm rv rext rout reras <<<"$(reading "$f")"
-    want_ext=0; [ "$m" = mrope ] && want_ext=$ext_mrope
-    if [ "$rext" = "$want_ext" ] && [ "$rout" = 0 ] && [[ "$reras" == *"$era"* ]]; then
-      pass "$name: independent reading: cell ext $rext, no output block, fits eras $reras"
+    if [ "$era" = A ] && [ "$kind" = session ]; then
+      # era A sessions (ggsn v6, the legacy dump): kvsnap refuses them by name, cleanly (exit 4 = not supported)
+      "$kvsnap" info "$f" --model "$(model_of "$m")" >"$f.info.out" 2>&1; rc=$?
+      if [ $rc -eq 4 ] && grep -q "era A" "$f.info.out" && grep -q "not supported" "$f.info.out"; then
+        pass "$name: kvsnap info refuses it by name (exit 4)"
+      else
+        fail "$name refusal" "kvsnap info exit $rc: $(tail -n1 "$f.info.out")"
+      fi
     else
-      fail "$name layout" "independent reading '$rm $rv ext $rext outputs $rout eras $reras', want ext $want_ext, no outputs, era $era"
+      read -r rm rv rext rout reras <<<"$(reading "$f")"
+      want_ext=0; [ "$m" = mrope ] && want_ext=$ext_mrope
+      want_out=0; [ "$era" = B ] && [ "$kind" = session ] && want_out=1
+      if [ "$rext" = "$want_ext" ] && [ "$rout" = "$want_out" ] && [[ "$reras" == *"$era"* ]]; then
+        pass "$name: independent reading: cell ext $rext, outputs $rout, fits eras $reras"
+      else
+        fail "$name layout" "independent reading '$rm $rv ext $rext outputs $rout eras $reras', want ext $want_ext, outputs $want_out, era $era"
+      fi
+      # kvsnap info names era A / B (later eras share version numbers: kvsnap names ranges like D..G there)
+      if [ "$era" != B ] && [ "$era" != A ]; then :
+      elif "$kvsnap" info "$f" --model "$(model_of "$m")" --json >"$f.info.json" 2>"$f.info.err"; then
+        if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if sys.argv[2] in d["era"]["eras"] else 1)' "$f.info.json" "$era"; then
+          pass "$name: kvsnap info names era $era"
+        else
+          fail "$name info" "kvsnap info --json does not name era $era"
+        fi
+      else
+        fail "$name info" "kvsnap info failed: $(tail -n1 "$f.info.err")"
+      fi
     fi
     # same build, same types
     if "$drv" restore --model "$(model_of "$m")" --prompt-file "$P" --ctk "$ctk" --ctv "$ctv" --fa "$fa" \
@@ -221,6 +259,7 @@ if [ "$part" = bed ]; then
     [ "$kind" = slot ] && is_quant "$ctk" || continue
     case "$era" in G|H) rot=on anti=off ;; *) rot=off anti=on ;; esac
     keep=(); [ "$sq" = 2 ] && keep=(--format ggsq-v2)
+    legacy "$v" && keep=(--target-build "$tag")
     name="$tag $(basename "$f")"
     if [ "$m" = hd96 ]; then
       convert_and_judge "$v" "$name -> f16 (head dim 96: never rotated)" "$f" slot "$m" "$fa" "$lg" within "${keep[@]}" --src-rotation off
@@ -255,14 +294,51 @@ if [ "$part" = bed ]; then
     fi
   fi
 
+  echo "== forward: era A slots and era B files converted to the v0.5.0 format, restored in v0.5.0"
+  for rec in "${written[@]}"; do
+    read -r v f kind m ctk ctv fa lg <<<"$rec"
+    read -r era tag _ <<<"${ERA[$v]}"
+    legacy "$v" || continue
+    [ "$era/$kind" = A/session ] && continue   # refused
+    name="$tag $(basename "$f")"
+    convert_and_judge 3.22.1 "$name -> v0.5.0 f16" "$f" "$kind" "$m" "$fa" "$lg" within
+    [ "$ctk/$ctv" = f16/f16 ] && continue
+    # the same types (quantized: rotated on the way, since v0.5.0 rotates and b3543 did not)
+    id="$(file_id "$name-same")" out="$work/$(file_id "$name").same"
+    if ! "$kvsnap" convert "$f" "$out" --ctk "$ctk" --ctv "$ctv" --model "$(model_of "$m")" >"$out.err" 2>&1; then
+      fail "$name -> v0.5.0 $ctk/$ctv" "kvsnap convert failed: $(tail -n1 "$out.err")"; continue
+    fi
+    if ! "$V5" restore --model "$(model_of "$m")" --prompt-file "$P" --ctk "$ctk" --ctv "$ctv" --fa "$fa" \
+         --"$kind" "$out" --logits "$out.logits" >"$out.rerr" 2>&1; then
+      fail "$name -> v0.5.0 $ctk/$ctv" "v0.5.0 refused it: $(tail -n1 "$out.rerr")"; continue
+    fi
+    k=$(kl "$(native "$m" f16 f16 "$fa")" "$out.logits"); b=$(bound_of "$m" "$fa" "$lg" "$ctk" "$ctv")
+    if within "$k" "$b"; then ok_or_stale "$name -> v0.5.0 $ctk/$ctv" "KL $k, bound 1.5 x $b"
+    else fail "$name -> v0.5.0 $ctk/$ctv" "KL $k over the bound 1.5 x $b"; fi
+  done
+
   echo "== reverse: v0.5.0 files written back in an older era's format"
   V="$fx/v0.5.0"
   for v in "${!ERA[@]}"; do
     drv="${drv_of[$v]:-}"
     [ -x "$drv" ] || continue
     read -r era tag sq sn _ <<<"${ERA[$v]}"
-    [ "$sq" = 2 ] || continue
-    for src in hd64-f16-f16-faon.slot mrope-f16-f16-faon.slot hd64-q8_0-q8_0-faon.slot hd64-f16-f16-faon.session; do
+    [ "$sq" = 2 ] || [ "$era" = A ] || continue
+    srcs=(hd64-f16-f16-faon.slot mrope-f16-f16-faon.slot hd64-q8_0-q8_0-faon.slot hd64-f16-f16-faon.session)
+    # b3166/b3543 load only the hd64n model: its v0.5.0 files are written now (fixtures/ has none);
+    # b3166: slots only (its ggsn v6 is not written)
+    if legacy "$v"; then
+      srcs=()
+      for c in "hd64n f16 f16 on" "hd64n f16 f16 off" "hd64n q8_0 q8_0 on"; do
+        read -r m ctk ctv fa <<<"$c"; stem="$m-$ctk-$ctv-fa$fa"
+        mkdir -p "$work/v5"
+        "$V5" save --model "$(model_of "$m")" --prompt-file "$P" --ctk "$ctk" --ctv "$ctv" --fa "$fa" \
+          --slot "$work/v5/$stem.slot" --session "$work/v5/$stem.session" --logits "$work/v5/$stem.logits" >/dev/null 2>&1 \
+          && srcs+=("$stem.slot") && [ "$era" = B ] && srcs+=("$stem.session")
+      done
+    fi
+    for src in "${srcs[@]}"; do
+      V="$fx/v0.5.0"; legacy "$v" && V="$work/v5"
       [ -f "$V/$src" ] || continue
       stem="${src%.*}" kind="${src##*.}"
       IFS=- read -r m ctk ctv fa <<<"$stem"; fa="${fa#fa}"
