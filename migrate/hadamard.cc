@@ -7,7 +7,6 @@
 #include <string>
 
 #include "migrate/simd_kernels.h"
-#include "migrate/simd_level.h"
 
 namespace kvsnap {
 namespace {
@@ -99,12 +98,7 @@ void hadamard_ref::rotate(float* x, size_t n, uint32_t n_rot) {
 
 void hadamard_rotate(float* x, size_t n, uint32_t n_rot) {
   assert(is_pow2(n_rot) && n_rot >= 2 && n % n_rot == 0);
-#ifdef KVSNAP_SIMD_X86
-  const simd::Level l = simd::level();
-  if (l == simd::Level::kAvx512 && n_rot >= 16) return simd::x86::hadamard_avx512(x, n, n_rot);
-  if (l >= simd::Level::kAvx2 && n_rot >= 8) return simd::x86::hadamard_avx2(x, n, n_rot);
-#endif
-  hadamard_ref::rotate(x, n, n_rot);
+  simd::find_hadamard(n_rot)(x, n, n_rot);  // the level table (simd_level.cc)
 }
 
 void apply_rotation(const RotationPlan& plan, float* x, size_t n) {
