@@ -76,7 +76,7 @@ Result<RotationPlan> plan_rotation(const TypeLayout& src, const TypeLayout& dst,
 // ggml_compute_forward_fwht_impl (ggml-cpu/ops.cpp), one row of n_rot values at a time.
 // Its SIMD passes compute u - v as FMA(u, v, -1) (== u - v exactly, v * -1 being exact)
 // and touch each pair once, so this scalar loop yields the same bits. The SIMD kernels
-// (simd_x86.cc) do the same operations on the same pairs, stage by stage, so they do too.
+// (migrate/kernels/) do the same operations on the same pairs, stage by stage, so they do too.
 void hadamard_ref::rotate(float* x, size_t n, uint32_t n_rot) {
   assert(is_pow2(n_rot) && n_rot >= 2 && n % n_rot == 0);
   const float scale = 1.0f / std::sqrt(static_cast<float>(n_rot));

@@ -2,8 +2,9 @@
 //
 //   quants::ref::*     the scalar transcriptions of ggml's reference code (quants.h/.cc). They
 //                      define the bytes; every other kernel must agree with them exactly.
-//   simd::x86::*_avx2  AVX2 + F16C kernels (simd_x86.cc), compiled with target attributes
-//   simd::x86::*_avx512 AVX-512 F/BW/DQ/VL kernels (simd_x86.cc)
+//   simd::x86::*_avx2  AVX2 + F16C kernels (kernels/x86_avx2.cc), compiled with target attributes
+//   simd::x86::*_avx512 AVX-512 F/BW/DQ/VL kernels (kernels/x86_avx512.cc, x86_avx512_iq4_nl*.cc)
+// A new ISA's kernels go in migrate/kernels/<isa>_*.cc, declared here in a section of their own.
 //
 // Only call a kernel when simd::level() (migrate/simd_level.h) says the CPU has it; the
 // dispatch tables do that: the codec table (migrate/type_traits.cc, a column per level) and
