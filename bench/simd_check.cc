@@ -450,8 +450,9 @@ void check_iq4_index(bool exhaustive) {
 }
 
 // The iq4_nl trial scales: every divisor in [1, 2) exhaustively (by the scaling argument in
-// simd_x86.cc that covers every |max| in [2^-100, 2^100]), both signs, plus random maxima of any
-// magnitude (the kernel divides outside that range); each must equal the division.
+// migrate/kernels/x86_avx512_iq4_nl.cc that covers every |max| in [2^-100, 2^100]), both signs,
+// plus random maxima of any magnitude (the kernel divides outside that range); each must equal
+// the division.
 void check_iq4_trial_ids() {
   if (simd::best_level() < Level::kAvx512) return;
   const size_t chunk = 1 << 16;

@@ -88,12 +88,10 @@ Result<BlobHeader> read_blob_header(std::span<const std::byte> blob) {
 }
 
 FilterChoice filter_for_type(int32_t ggml_type) {
-  switch (GgmlType(ggml_type)) {
-    case GgmlType::kF16:
-    case GgmlType::kBF16: return {ChunkFilter::kShuffle, 2};
-    case GgmlType::kF32: return {ChunkFilter::kShuffle, 4};
-    default: return {ChunkFilter::kNone, 0};
-  }
+  // The float KV cache types (f32, f16, bf16): byte planes of their element size.
+  const TypeLayout* t = find_type(ggml_type);
+  if (t && t->kind == TypeKind::kFloat) return {ChunkFilter::kShuffle, static_cast<uint16_t>(t->block_bytes)};
+  return {ChunkFilter::kNone, 0};
 }
 
 // --- Shuffle ------------------------------------------------------------------------

@@ -1,48 +1,73 @@
 #include "format/ggml_types.h"
 
-#include <array>
+#include <limits>
 #include <string>
 
 namespace kvsnap {
 namespace {
 
-constexpr std::array<TypeLayout, 9> kTypes = {{
-    {GgmlType::kF32, "f32", 1, 4, false},
-    {GgmlType::kF16, "f16", 1, 2, false},
-    {GgmlType::kQ4_0, "q4_0", 32, 18, true},
-    {GgmlType::kQ4_1, "q4_1", 32, 20, true},
-    {GgmlType::kQ5_0, "q5_0", 32, 22, true},
-    {GgmlType::kQ5_1, "q5_1", 32, 24, true},
-    {GgmlType::kQ8_0, "q8_0", 32, 34, true},
-    {GgmlType::kIQ4_NL, "iq4_nl", 32, 18, true},
-    {GgmlType::kBF16, "bf16", 1, 2, false},
-}};
+// ---- compile-time checks of the table (a wrong row does not build) ----------------------------
 
-static_assert(kTypes.size() == 9, "llama.cpp accepts nine KV cache types");
-static_assert(kTypes[6].block_bytes == 2 + 32, "q8_0: f16 scale + 32 int8");
-static_assert(kTypes[2].block_bytes == 2 + 16, "q4_0: f16 scale + 32 nibbles");
-static_assert(kTypes[3].block_bytes == 4 + 16, "q4_1: f16 scale, f16 min + 32 nibbles");
-static_assert(kTypes[4].block_bytes == 2 + 4 + 16, "q5_0: f16 scale, 32 high bits + nibbles");
-static_assert(kTypes[5].block_bytes == 4 + 4 + 16, "q5_1: scale, min, high bits + nibbles");
-static_assert(kTypes[7].block_bytes == 2 + 16, "iq4_nl: f16 scale + 32 nibbles");
+constexpr bool ids_are_indices() {
+  for (size_t i = 0; i < kGgmlTypes.size(); i++) {
+    if (static_cast<size_t>(kGgmlTypes[i].id) != i) return false;
+  }
+  return true;
+}
+static_assert(ids_are_indices(), "kGgmlTypes: row i must be ggml type id i (removed ids keep their row)");
+
+constexpr bool rows_are_consistent() {
+  for (const TypeLayout& t : kGgmlTypes) {
+    const bool none = t.kind == TypeKind::kNone;
+    if (none != (t.block_elems == 0) || none != (t.block_bytes == 0) || none != t.name.empty()) return false;
+    if (t.quantized != (t.kind == TypeKind::kQuantized)) return false;
+    if ((t.kind == TypeKind::kFloat || t.kind == TypeKind::kInt) && t.block_elems != 1) return false;
+    if (t.kind == TypeKind::kQuantized && t.block_elems < 32) return false;
+    if (t.kv_cache() && t.kind != TypeKind::kFloat && t.kind != TypeKind::kQuantized) return false;
+  }
+  for (size_t i = 0; i < kGgmlTypes.size(); i++) {
+    for (size_t j = i + 1; j < kGgmlTypes.size(); j++) {
+      if (!kGgmlTypes[i].name.empty() && kGgmlTypes[i].name == kGgmlTypes[j].name) return false;
+    }
+  }
+  return true;
+}
+static_assert(rows_are_consistent(), "kGgmlTypes: kind, sizes and name must agree; names must be unique");
+
+constexpr bool layout_is(GgmlType id, std::string_view name, uint32_t elems, uint32_t bytes) {
+  const TypeLayout& t = ggml_layout(id);
+  return t.id == id && t.name == name && t.block_elems == elems && t.block_bytes == bytes && t.kv_cache();
+}
+// ggml-common.h block structs of the nine KV cache types.
+static_assert(layout_is(GgmlType::kF32, "f32", 1, 4), "f32: 4 bytes");
+static_assert(layout_is(GgmlType::kF16, "f16", 1, 2), "f16: 2 bytes");
+static_assert(layout_is(GgmlType::kBF16, "bf16", 1, 2), "bf16: 2 bytes");
+static_assert(layout_is(GgmlType::kQ8_0, "q8_0", 32, 34), "q8_0: f16 scale + 32 int8");
+static_assert(layout_is(GgmlType::kQ4_0, "q4_0", 32, 18), "q4_0: f16 scale + 32 nibbles");
+static_assert(layout_is(GgmlType::kQ4_1, "q4_1", 32, 20), "q4_1: f16 scale, f16 min + 32 nibbles");
+static_assert(layout_is(GgmlType::kIQ4_NL, "iq4_nl", 32, 18), "iq4_nl: f16 scale + 32 nibbles");
+static_assert(layout_is(GgmlType::kQ5_0, "q5_0", 32, 22), "q5_0: f16 scale, 32 high bits + nibbles");
+static_assert(layout_is(GgmlType::kQ5_1, "q5_1", 32, 24), "q5_1: scale, min, high bits + nibbles");
+// A few of the others the GGUF reader sizes model tensors with.
+static_assert(kGgmlTypes[12].name == "q4_K" && kGgmlTypes[12].block_elems == 256 && kGgmlTypes[12].block_bytes == 144);
+static_assert(kGgmlTypes[14].name == "q6_K" && kGgmlTypes[14].block_bytes == 210);
+static_assert(kGgmlTypes[28].name == "f64" && kGgmlTypes[28].block_bytes == 8);
+static_assert(find_ggml_type(4) == nullptr && find_ggml_type(kGgmlTypeCount) == nullptr, "removed / unknown ids");
+
+// llama.cpp's kv_cache_types: these nine, and in ggml enum order.
+static_assert(kKvCacheTypes.size() == 9, "llama.cpp accepts nine KV cache types");
+constexpr bool kv_types_in_enum_order() {
+  constexpr GgmlType kWant[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kQ4_0,   GgmlType::kQ4_1, GgmlType::kQ5_0,
+                                GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kIQ4_NL, GgmlType::kBF16};
+  for (size_t i = 0; i < kKvCacheTypes.size(); i++) {
+    if (kKvCacheTypes[i].id != kWant[i]) return false;
+  }
+  return true;
+}
+static_assert(kv_types_in_enum_order(), "kKvCacheTypes: the GgmlType enumerators, in enum order");
+static_assert(find_type(8) == &kKvCacheTypes[6] && find_type("bf16") == &kKvCacheTypes[8] && !find_type(12));
 
 }  // namespace
-
-std::span<const TypeLayout> kv_cache_types() { return kTypes; }
-
-const TypeLayout* find_type(int32_t id) {
-  for (const auto& t : kTypes) {
-    if (static_cast<int32_t>(t.id) == id) return &t;
-  }
-  return nullptr;
-}
-
-const TypeLayout* find_type(std::string_view name) {
-  for (const auto& t : kTypes) {
-    if (t.name == name) return &t;
-  }
-  return nullptr;
-}
 
 Result<uint64_t> row_bytes(const TypeLayout& t, uint64_t n_elems) {
   if (n_elems % t.block_elems != 0) {
@@ -60,6 +85,19 @@ std::optional<uint64_t> row_elems(const TypeLayout& t, uint64_t bytes) {
 std::string type_name(int32_t id) {
   if (const TypeLayout* t = find_type(id)) return std::string(t->name);
   return "type " + std::to_string(id);
+}
+
+std::optional<uint64_t> ggml_nbytes(int32_t type, uint64_t n) {
+  const TypeLayout* r = find_ggml_type(type);
+  if (!r || n % r->block_elems != 0) return std::nullopt;
+  const uint64_t blocks = n / r->block_elems;
+  if (blocks > std::numeric_limits<uint64_t>::max() / r->block_bytes) return std::nullopt;
+  return blocks * r->block_bytes;
+}
+
+std::string ggml_type_name_any(int32_t type) {
+  const TypeLayout* r = find_ggml_type(type);
+  return r ? std::string(r->name) : "type " + std::to_string(type);
 }
 
 }  // namespace kvsnap

@@ -12,35 +12,6 @@
 namespace kvsnap {
 namespace {
 
-// ---------------------------------------------------------------- ggml types
-// Block size and bytes per block of every ggml type id (ggml.c type_traits,
-// read off libggml-base of llama.cpp v0.5.0). Removed ids keep a zero row so
-// numbers never shift.
-struct GgmlTypeRow {
-  const char* name;
-  uint32_t blck;
-  uint32_t size;
-};
-constexpr GgmlTypeRow kGgmlTypes[] = {
-    {"f32", 1, 4},        {"f16", 1, 2},        {"q4_0", 32, 18},    {"q4_1", 32, 20},   {nullptr, 0, 0},
-    {nullptr, 0, 0},      {"q5_0", 32, 22},     {"q5_1", 32, 24},    {"q8_0", 32, 34},   {"q8_1", 32, 36},
-    {"q2_K", 256, 84},    {"q3_K", 256, 110},   {"q4_K", 256, 144},  {"q5_K", 256, 176}, {"q6_K", 256, 210},
-    {"q8_K", 256, 292},   {"iq2_xxs", 256, 66}, {"iq2_xs", 256, 74}, {"iq3_xxs", 256, 98}, {"iq1_s", 256, 50},
-    {"iq4_nl", 32, 18},   {"iq3_s", 256, 110},  {"iq2_s", 256, 82},  {"iq4_xs", 256, 136}, {"i8", 1, 1},
-    {"i16", 1, 2},        {"i32", 1, 4},        {"i64", 1, 8},       {"f64", 1, 8},      {"iq1_m", 256, 56},
-    {"bf16", 1, 2},       {nullptr, 0, 0},      {nullptr, 0, 0},     {nullptr, 0, 0},    {"tq1_0", 256, 54},
-    {"tq2_0", 256, 66},   {nullptr, 0, 0},      {nullptr, 0, 0},     {nullptr, 0, 0},    {"mxfp4", 32, 17},
-    {"nvfp4", 64, 36},    {"q1_0", 128, 18},    {"q2_0", 64, 18},
-};
-constexpr int32_t kGgmlTypeCount = int32_t(std::size(kGgmlTypes));
-static_assert(kGgmlTypeCount == 43, "GGML_TYPE_COUNT of llama.cpp v0.5.0");
-static_assert(kGgmlTypes[8].size == 34 && kGgmlTypes[30].size == 2, "q8_0 / bf16 rows");
-
-const GgmlTypeRow* ggml_row(int32_t type) {
-  if (type < 0 || type >= kGgmlTypeCount || kGgmlTypes[type].blck == 0) return nullptr;
-  return &kGgmlTypes[type];
-}
-
 // ---------------------------------------------------------------- helpers
 std::string quote(std::string_view s) {
   std::string out = "'";
@@ -264,19 +235,6 @@ bool gguf_type_is_integer(GgufType t) {
     case GgufType::kI64: return true;
     default: return false;
   }
-}
-
-std::optional<uint64_t> ggml_nbytes(int32_t type, uint64_t n) {
-  const GgmlTypeRow* r = ggml_row(type);
-  if (!r || n % r->blck != 0) return std::nullopt;
-  const uint64_t blocks = n / r->blck;
-  if (blocks > std::numeric_limits<uint64_t>::max() / r->size) return std::nullopt;
-  return blocks * r->size;
-}
-
-std::string ggml_type_name_any(int32_t type) {
-  const GgmlTypeRow* r = ggml_row(type);
-  return r ? std::string(r->name) : "type " + std::to_string(type);
 }
 
 // ---------------------------------------------------------------- arrays
@@ -737,7 +695,7 @@ Result<GgufHeader> read_gguf(const ReadableFile& file) {
     KV_RETURN_IF_ERROR(check_ne(c, t.info_offset, t));
     const uint64_t type_at = c.offset();
     KV_ASSIGN_OR_RETURN(t.type, c.i32(("type of " + tw).c_str()));
-    const GgmlTypeRow* row = ggml_row(t.type);
+    const TypeLayout* row = find_ggml_type(t.type);
     if (!row) {
       if (t.type >= kGgmlTypeCount) {
         return Status::NotSupported(file.name() + ": offset " + std::to_string(type_at) + ": " + tw +
@@ -746,10 +704,10 @@ Result<GgufHeader> read_gguf(const ReadableFile& file) {
       }
       return c.corrupt(type_at, tw + " has invalid or removed ggml type " + std::to_string(t.type));
     }
-    if (t.ne[0] % row->blck != 0) {
-      return c.corrupt(type_at, tw + " of type " + row->name + " has " + std::to_string(t.ne[0]) +
+    if (t.ne[0] % row->block_elems != 0) {
+      return c.corrupt(type_at, tw + " of type " + std::string(row->name) + " has " + std::to_string(t.ne[0]) +
                                     " elements per row, not a multiple of the block size " +
-                                    std::to_string(row->blck));
+                                    std::to_string(row->block_elems));
     }
     auto nb = ggml_nbytes(t.type, t.n_elements());
     if (!nb) return c.corrupt(type_at, tw + ": size in bytes overflows");

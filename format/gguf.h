@@ -28,6 +28,7 @@
 
 #include "base/io.h"
 #include "base/status.h"
+#include "format/ggml_types.h"  // ggml_nbytes, ggml_type_name_any: tensor sizes and names
 
 namespace kvsnap {
 
@@ -202,12 +203,5 @@ Result<GgufHeader> read_gguf(Io& io, const std::string& path);
 // are not read, so it costs one small read even for a 100 GB model.
 Result<std::string> gguf_fingerprint(const ReadableFile& file, const GgufHeader& header);
 Result<std::string> gguf_fingerprint(Io& io, const std::string& path);
-
-// Size in bytes of n elements of ggml type `type` (any ggml type, not only the
-// KV cache ones); nullopt for unknown/removed types or n not a whole number of
-// blocks.
-std::optional<uint64_t> ggml_nbytes(int32_t type, uint64_t n_elements);
-// ggml's type name ("f16", "q4_K") or "type N".
-std::string ggml_type_name_any(int32_t type);
 
 }  // namespace kvsnap

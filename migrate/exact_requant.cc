@@ -4,20 +4,19 @@
 #include <cstring>
 
 #include "migrate/half.h"
+#include "migrate/quants.h"
 
 namespace kvsnap {
 namespace {
 
-constexpr int kBlock = 32;
+// Values per block of every quantized KV type (format/ggml_types.h, via quants.h).
+constexpr int kBlock = static_cast<int>(quants::kQK);
 
 // iq4_nl's non-linear levels (ggml-common.h kvalues_iq4nl).
-constexpr int8_t kIq4nlLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+constexpr const int8_t* kIq4nlLevels = quants::kIQ4NLValues;
 
-uint16_t read_u16(const std::byte* p) { return uint16_t(uint8_t(p[0]) | (uint8_t(p[1]) << 8)); }
-void write_u16(std::byte* p, uint16_t v) {
-  p[0] = std::byte(v & 0xff);
-  p[1] = std::byte(v >> 8);
-}
+using half::load_u16;
+using half::store_u16;
 
 // Integer levels q with value == d * q exactly (as floats), or false.
 bool levels_for_scale(const float* x, float d, int* q) {
@@ -35,7 +34,7 @@ bool levels_for_scale(const float* x, float d, int* q) {
 bool build(GgmlType dst, uint16_t d16, const int* q_sym, std::byte* out, const float* x) {
   switch (dst) {
     case GgmlType::kQ8_0: {
-      write_u16(out, d16);
+      store_u16(out, d16);
       for (int i = 0; i < kBlock; ++i) {
         if (q_sym[i] < -127 || q_sym[i] > 127) return false;
         out[2 + i] = std::byte(int8_t(q_sym[i]));
@@ -46,7 +45,7 @@ bool build(GgmlType dst, uint16_t d16, const int* q_sym, std::byte* out, const f
     case GgmlType::kQ5_0: {
       const int bias = dst == GgmlType::kQ4_0 ? 8 : 16;
       const int top = dst == GgmlType::kQ4_0 ? 15 : 31;
-      write_u16(out, d16);
+      store_u16(out, d16);
       uint8_t* qs = reinterpret_cast<uint8_t*>(out) + (dst == GgmlType::kQ4_0 ? 2 : 6);
       uint32_t qh = 0;
       for (int j = 0; j < kBlock / 2; ++j) {
@@ -60,7 +59,7 @@ bool build(GgmlType dst, uint16_t d16, const int* q_sym, std::byte* out, const f
       return true;
     }
     case GgmlType::kIQ4_NL: {
-      write_u16(out, d16);
+      store_u16(out, d16);
       uint8_t* qs = reinterpret_cast<uint8_t*>(out) + 2;
       auto index = [](int v) {
         for (int k = 0; k < 16; ++k)
@@ -84,8 +83,8 @@ int offset_top(GgmlType t) { return t == GgmlType::kQ4_1 ? 15 : 31; }
 
 // Packs an offset-type block (q4_1, q5_1): d, m, [32 high bits], nibbles.
 void encode_offset(GgmlType dst, uint16_t d16, uint16_t m16, const int* q, std::byte* out) {
-  write_u16(out, d16);
-  write_u16(out + 2, m16);
+  store_u16(out, d16);
+  store_u16(out + 2, m16);
   uint8_t* qs = reinterpret_cast<uint8_t*>(out) + (dst == GgmlType::kQ4_1 ? 4 : 8);
   uint32_t qh = 0;
   for (int j = 0; j < kBlock / 2; ++j) {
@@ -173,7 +172,7 @@ Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const Typ
 
 bool ExactRequantizer::embed_block(const std::byte* sb, const float* x, std::byte* db) {
   // Every quantized KV type starts its block with the f16 scale d.
-  const uint16_t d16 = read_u16(sb);
+  const uint16_t d16 = load_u16(sb);
   const float d = half::fp16_to_f32(d16);
   const GgmlType dt = dst_->id();
   std::byte cand[64];
@@ -197,7 +196,7 @@ bool ExactRequantizer::embed_block(const std::byte* sb, const float* x, std::byt
     const float m = half::fp16_to_f32(m16);
     return std::isfinite(m) && build_offset(dt, d16, m16, d, m, x, cand) && decodes_exactly();
   };
-  if (has_offset(src_->id()) && try_offset(read_u16(sb + 2))) return true;
+  if (has_offset(src_->id()) && try_offset(load_u16(sb + 2))) return true;
   const float centre = -float((offset_top(dt) + 1) / 2) * d;
   const uint16_t c16 = half::f32_to_fp16(centre);
   if (half::fp16_to_f32(c16) == centre && try_offset(c16)) return true;
@@ -220,7 +219,7 @@ void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
   dst_->from_f32(x, best, kBlock);
   dst_->to_f32(best, y, kBlock);
   double best_err = sse(x, y);
-  const float d_ref = half::fp16_to_f32(read_u16(best));
+  const float d_ref = half::fp16_to_f32(load_u16(best));
   if (!mode_search_ || best_err == 0 || !std::isfinite(best_err) || !(std::fabs(d_ref) > 0) ||
       !std::isfinite(d_ref)) {
     std::memcpy(db, best, dst_->block_bytes());
@@ -256,15 +255,15 @@ void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
   };
   static constexpr float kFactors[] = {0.88f, 0.91f, 0.94f, 0.96f, 0.97f, 0.98f, 0.99f, 0.995f,
                                        1.005f, 1.01f, 1.02f, 1.03f, 1.04f, 1.06f, 1.09f, 1.12f};
-  const uint16_t m_ref = offset ? read_u16(best + 2) : 0;
+  const uint16_t m_ref = offset ? load_u16(best + 2) : 0;
   for (float f : kFactors) consider(half::f32_to_fp16(d_ref * f), m_ref);
   // Then least-squares refinements of the best: with its levels fixed, the
   // scale (and offset) that fit the values best; consider() re-picks levels.
   for (int iter = 0; iter < 3; ++iter) {
     const double before = best_err;
     dst_->to_f32(best, y, kBlock);
-    const float d0 = half::fp16_to_f32(read_u16(best));
-    const float m0 = offset ? half::fp16_to_f32(read_u16(best + 2)) : 0.0f;
+    const float d0 = half::fp16_to_f32(load_u16(best));
+    const float m0 = offset ? half::fp16_to_f32(load_u16(best + 2)) : 0.0f;
     if (!(std::fabs(d0) > 0) || !std::isfinite(d0)) break;
     double sq = 0, sqq = 0, sx = 0, sxq = 0;
     for (int i = 0; i < kBlock; ++i) {
@@ -337,7 +336,7 @@ void ExactRequantizer::convert_row_direct(const std::byte* s, std::byte* o) {
   for (uint64_t b = 0; b < nb; ++b) {
     const std::byte* sb = s + b * sbytes;
     std::byte* db = o + b * dbytes;
-    const uint16_t d16 = read_u16(sb);
+    const uint16_t d16 = load_u16(sb);
     if ((d16 & 0x7fff) == 0 || (d16 & 0x7c00) == 0x7c00) {
       float x[kBlock];
       src_->to_f32(sb, x, kBlock);

@@ -7,7 +7,6 @@
 #include <string>
 
 #include "migrate/simd_kernels.h"
-#include "migrate/simd_level.h"
 
 namespace kvsnap {
 namespace {
@@ -77,7 +76,7 @@ Result<RotationPlan> plan_rotation(const TypeLayout& src, const TypeLayout& dst,
 // ggml_compute_forward_fwht_impl (ggml-cpu/ops.cpp), one row of n_rot values at a time.
 // Its SIMD passes compute u - v as FMA(u, v, -1) (== u - v exactly, v * -1 being exact)
 // and touch each pair once, so this scalar loop yields the same bits. The SIMD kernels
-// (simd_x86.cc) do the same operations on the same pairs, stage by stage, so they do too.
+// (migrate/kernels/) do the same operations on the same pairs, stage by stage, so they do too.
 void hadamard_ref::rotate(float* x, size_t n, uint32_t n_rot) {
   assert(is_pow2(n_rot) && n_rot >= 2 && n % n_rot == 0);
   const float scale = 1.0f / std::sqrt(static_cast<float>(n_rot));
@@ -99,12 +98,7 @@ void hadamard_ref::rotate(float* x, size_t n, uint32_t n_rot) {
 
 void hadamard_rotate(float* x, size_t n, uint32_t n_rot) {
   assert(is_pow2(n_rot) && n_rot >= 2 && n % n_rot == 0);
-#ifdef KVSNAP_SIMD_X86
-  const simd::Level l = simd::level();
-  if (l == simd::Level::kAvx512 && n_rot >= 16) return simd::x86::hadamard_avx512(x, n, n_rot);
-  if (l >= simd::Level::kAvx2 && n_rot >= 8) return simd::x86::hadamard_avx2(x, n, n_rot);
-#endif
-  hadamard_ref::rotate(x, n, n_rot);
+  simd::find_hadamard(n_rot)(x, n, n_rot);  // the level table (simd_level.cc)
 }
 
 void apply_rotation(const RotationPlan& plan, float* x, size_t n) {

@@ -9,8 +9,6 @@
 #include <cstring>
 
 #include "migrate/half.h"
-#include "migrate/simd_kernels.h"
-#include "migrate/simd_level.h"
 
 // Transcriptions of ggml/src/ggml-quants.c (llama.cpp v0.5.0). Keep them literal: the
 // order of every float operation is part of the contract (bytes equal to
@@ -70,16 +68,16 @@ inline float signed_absmax(const float* x) {
 
 }  // namespace
 
+// The scalar reference kernels (declared in quants.h). migrate/type_traits.cc picks these or a
+// SIMD kernel that gives the same bytes.
+namespace ref {
+
+int iq4_nl_best_index(float x) { return best_index_int8(16, kIQ4NLValues, x); }
+
 // ---- float types (ggml.c) ----------------------------------------------------------
 
 void f32_to_f32(const std::byte* src, float* dst, size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
 void f32_from_f32(const float* src, std::byte* dst, size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
-
-// The scalar reference kernels (declared in simd_kernels.h). The public functions at the end
-// of this file pick these or a SIMD kernel that gives the same bytes.
-namespace ref {
-
-int iq4_nl_best_index(float x) { return best_index_int8(16, kIQ4NLValues, x); }
 
 // ggml_fp16_to_fp32_row
 void f16_to_f32(const std::byte* src, float* dst, size_t n) {
@@ -394,62 +392,5 @@ void iq4_nl_to_f32(const std::byte* in, float* y, size_t n) {
 }
 
 }  // namespace ref
-
-// ---- dispatch -------------------------------------------------------------------------------
-// The SIMD kernels (simd_x86.cc) where the CPU has them, else the scalar reference. Same bytes.
-
-#ifdef KVSNAP_SIMD_X86
-#define KVSNAP_DISPATCH(avx512_fn, avx2_fn, ref_fn, ...)        \
-  do {                                                          \
-    switch (simd::level()) {                                    \
-      case simd::Level::kAvx512: return avx512_fn(__VA_ARGS__); \
-      case simd::Level::kAvx2: return avx2_fn(__VA_ARGS__);     \
-      case simd::Level::kScalar: break;                         \
-    }                                                           \
-    return ref_fn(__VA_ARGS__);                                 \
-  } while (0)
-namespace x = simd::x86;
-#else
-#define KVSNAP_DISPATCH(avx512_fn, avx2_fn, ref_fn, ...) return ref_fn(__VA_ARGS__)
-#endif
-
-void f16_to_f32(const std::byte* s, float* d, size_t n) {
-  KVSNAP_DISPATCH(x::f16_to_f32_avx512, x::f16_to_f32_avx2, ref::f16_to_f32, s, d, n);
-}
-void f16_from_f32(const float* s, std::byte* d, size_t n) {
-  KVSNAP_DISPATCH(x::f16_from_f32_avx512, x::f16_from_f32_avx2, ref::f16_from_f32, s, d, n);
-}
-void bf16_to_f32(const std::byte* s, float* d, size_t n) {
-  KVSNAP_DISPATCH(x::bf16_to_f32_avx2, x::bf16_to_f32_avx2, ref::bf16_to_f32, s, d, n);
-}
-void bf16_from_f32(const float* s, std::byte* d, size_t n) {
-  KVSNAP_DISPATCH(x::bf16_from_f32_avx2, x::bf16_from_f32_avx2, ref::bf16_from_f32, s, d, n);
-}
-void q4_0_to_f32(const std::byte* s, float* d, size_t n) {
-  KVSNAP_DISPATCH(x::q4_0_to_f32_avx2, x::q4_0_to_f32_avx2, ref::q4_0_to_f32, s, d, n);
-}
-void q4_0_from_f32(const float* s, std::byte* d, size_t n) {
-  KVSNAP_DISPATCH(x::q4_0_from_f32_avx512, x::q4_0_from_f32_avx2, ref::q4_0_from_f32, s, d, n);
-}
-void q4_1_to_f32(const std::byte* s, float* d, size_t n) { ref::q4_1_to_f32(s, d, n); }
-void q4_1_from_f32(const float* s, std::byte* d, size_t n) { ref::q4_1_from_f32(s, d, n); }
-void q5_0_to_f32(const std::byte* s, float* d, size_t n) { ref::q5_0_to_f32(s, d, n); }
-void q5_0_from_f32(const float* s, std::byte* d, size_t n) { ref::q5_0_from_f32(s, d, n); }
-void q5_1_to_f32(const std::byte* s, float* d, size_t n) { ref::q5_1_to_f32(s, d, n); }
-void q5_1_from_f32(const float* s, std::byte* d, size_t n) { ref::q5_1_from_f32(s, d, n); }
-void q8_0_to_f32(const std::byte* s, float* d, size_t n) {
-  KVSNAP_DISPATCH(x::q8_0_to_f32_avx2, x::q8_0_to_f32_avx2, ref::q8_0_to_f32, s, d, n);
-}
-void q8_0_from_f32(const float* s, std::byte* d, size_t n) {
-  KVSNAP_DISPATCH(x::q8_0_from_f32_avx512, x::q8_0_from_f32_avx2, ref::q8_0_from_f32, s, d, n);
-}
-void iq4_nl_to_f32(const std::byte* s, float* d, size_t n) {
-  KVSNAP_DISPATCH(x::iq4_nl_to_f32_avx2, x::iq4_nl_to_f32_avx2, ref::iq4_nl_to_f32, s, d, n);
-}
-void iq4_nl_from_f32(const float* s, std::byte* d, size_t n) {
-  KVSNAP_DISPATCH(x::iq4_nl_from_f32_avx512, ref::iq4_nl_from_f32, ref::iq4_nl_from_f32, s, d, n);
-}
-
-#undef KVSNAP_DISPATCH
 
 }  // namespace kvsnap::quants

@@ -1,48 +1,30 @@
 // Internal to migrate/: the row kernels behind quants.cc and hadamard.cc.
 //
-//   quants::ref::*     the scalar transcriptions of ggml's reference code (quants.cc). They
+//   quants::ref::*     the scalar transcriptions of ggml's reference code (quants.h/.cc). They
 //                      define the bytes; every other kernel must agree with them exactly.
-//   simd::x86::*_avx2  AVX2 + F16C kernels (simd_x86.cc), compiled with target attributes
-//   simd::x86::*_avx512 AVX-512 F/BW/DQ/VL kernels (simd_x86.cc)
+//   simd::x86::*_avx2  AVX2 + F16C kernels (kernels/x86_avx2.cc), compiled with target attributes
+//   simd::x86::*_avx512 AVX-512 F/BW/DQ/VL kernels (kernels/x86_avx512.cc, x86_avx512_iq4_nl*.cc)
+// A new ISA's kernels go in migrate/kernels/<isa>_*.cc, declared here in a section of their own.
 //
-// Only call a kernel when simd::level() (migrate/simd_level.h) says the CPU has it; the public
-// entry points in quants.cc / hadamard.cc do that. A kernel computes the reference's float
-// operations in the reference's order for every value (lanes are values, blocks or trial
-// scales, never partial sums of one reduction), uses instructions whose results are fully
-// specified by IEEE 754 / the x86 manuals (F16C for f16 only where it equals ggml's rounding,
-// truncating conversions with x86's INT32_MIN for NaN and out-of-range values, as the reference
-// does on x86-64), and hands a block to the scalar reference whenever its input could take
-// the vector shortcut off the reference's path (NaN or infinite values).
+// Only call a kernel when simd::level() (migrate/simd_level.h) says the CPU has it; the
+// dispatch tables do that: the codec table (migrate/type_traits.cc, a column per level) and
+// the level table (simd_level.cc: Hadamard and fused kernels per level).
+//
+// A kernel computes the reference's float operations in the reference's order for every value
+// (lanes are values, blocks or trial scales, never partial sums of one reduction), uses
+// instructions whose results are fully specified by IEEE 754 / the x86 manuals (F16C for f16
+// only where it equals ggml's rounding, truncating conversions with x86's INT32_MIN for NaN and
+// out-of-range values, as the reference does on x86-64), and hands a block to the scalar
+// reference whenever its input could take the vector shortcut off the reference's path (NaN or
+// infinite values).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 #include "format/ggml_types.h"
-
-namespace kvsnap::quants::ref {
-
-void f16_to_f32(const std::byte* src, float* dst, size_t n);
-void f16_from_f32(const float* src, std::byte* dst, size_t n);
-void bf16_to_f32(const std::byte* src, float* dst, size_t n);
-void bf16_from_f32(const float* src, std::byte* dst, size_t n);
-void q4_0_to_f32(const std::byte* src, float* dst, size_t n);
-void q4_0_from_f32(const float* src, std::byte* dst, size_t n);
-void q4_1_to_f32(const std::byte* src, float* dst, size_t n);
-void q4_1_from_f32(const float* src, std::byte* dst, size_t n);
-void q5_0_to_f32(const std::byte* src, float* dst, size_t n);
-void q5_0_from_f32(const float* src, std::byte* dst, size_t n);
-void q5_1_to_f32(const std::byte* src, float* dst, size_t n);
-void q5_1_from_f32(const float* src, std::byte* dst, size_t n);
-void q8_0_to_f32(const std::byte* src, float* dst, size_t n);
-void q8_0_from_f32(const float* src, std::byte* dst, size_t n);
-void iq4_nl_to_f32(const std::byte* src, float* dst, size_t n);
-void iq4_nl_from_f32(const float* src, std::byte* dst, size_t n);
-
-// ggml's best_index_int8(16, kvalues_iq4nl, x): the binary search of the reference.
-int iq4_nl_best_index(float x);
-
-}  // namespace kvsnap::quants::ref
+#include "migrate/quants.h"  // quants::ref: the scalar kernels every other one falls back to
+#include "migrate/simd_level.h"
 
 namespace kvsnap::hadamard_ref {
 // The scalar fast Walsh-Hadamard transform (== the CPU backend's fwht), block by block.
@@ -59,6 +41,24 @@ using FusedRowFn = void (*)(const std::byte* in, std::byte* out, size_t n, uint3
 // The fused kernel for src -> dst at the current level (rotate: whether the values are
 // multiplied by the n_rot Hadamard matrix on the way), or nullptr: then use the three steps.
 FusedRowFn find_fused(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot);
+
+using HadamardFn = void (*)(float* x, size_t n, uint32_t n_rot);
+using FindFusedFn = FusedRowFn (*)(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot);
+
+// What one SIMD level brings besides its row codecs (those are its column of the codec table
+// in migrate/type_traits.cc). One row per Level in simd_level.cc's kLevels.
+struct LevelKernels {
+  Level level;
+  const char* name;               // KVSNAP_SIMD=<name>, kvsnap-bench --simd <name>
+  HadamardFn hadamard;            // nullptr: the level below's
+  uint32_t hadamard_min_n_rot;    // the smallest rotation block `hadamard` takes (a smaller one: the level below's)
+  FindFusedFn find_fused;         // nullptr: no fused row kernels at this level
+};
+const LevelKernels& level_kernels(Level l);
+
+// The Hadamard kernel for blocks of n_rot at the current level: the best level at or below it
+// whose kernel takes n_rot (the scalar one takes every power of two >= 2).
+HadamardFn find_hadamard(uint32_t n_rot);
 
 }  // namespace kvsnap::simd
 

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
@@ -34,12 +35,39 @@ Level detect() {
   return Level::kScalar;
 }
 
-bool parse(std::string_view name, Level* out) {
-  if (name == "scalar") *out = Level::kScalar;
-  else if (name == "avx2") *out = Level::kAvx2;
-  else if (name == "avx512") *out = Level::kAvx512;
-  else return false;
+// ---- the level table: one row per Level, lowest first ----------------------------------------
+// A new level (e.g. NEON): its enumerator in simd_level.h, its row here, its detection in
+// detect(), its column in the codec table (migrate/type_traits.cc), its kernels in
+// migrate/kernels/ declared in simd_kernels.h.
+#ifdef KVSNAP_SIMD_X86
+#define KVSNAP_X86(fn) x86::fn
+#else
+#define KVSNAP_X86(fn) nullptr  // never selected: detect() finds no x86 level in such a build
+#endif
+constexpr LevelKernels kLevels[] = {
+    //  level          name      Hadamard kernel               min n_rot  fused row kernels
+    {Level::kScalar, "scalar", hadamard_ref::rotate, 2, nullptr},
+    {Level::kAvx2, "avx2", KVSNAP_X86(hadamard_avx2), 8, nullptr},
+    {Level::kAvx512, "avx512", KVSNAP_X86(hadamard_avx512), 16, KVSNAP_X86(find_fused_avx512)},
+};
+#undef KVSNAP_X86
+static_assert(std::size(kLevels) == kLevelCount, "one row per simd::Level");
+constexpr bool levels_in_order() {
+  for (size_t i = 0; i < kLevelCount; i++) {
+    if (static_cast<size_t>(kLevels[i].level) != i) return false;
+  }
   return true;
+}
+static_assert(levels_in_order(), "kLevels: row i is Level i (the scalar row, complete, ends every fallback)");
+
+bool parse(std::string_view name, Level* out) {
+  for (const LevelKernels& k : kLevels) {
+    if (name == k.name) {
+      *out = k.level;
+      return true;
+    }
+  }
+  return false;
 }
 
 std::atomic<int>& current() {
@@ -75,12 +103,17 @@ bool set_level(std::string_view name) {
 }
 
 const char* level_name(Level l) {
-  switch (l) {
-    case Level::kScalar: return "scalar";
-    case Level::kAvx2: return "avx2";
-    case Level::kAvx512: return "avx512";
+  const size_t i = static_cast<size_t>(l);
+  return i < kLevelCount ? kLevels[i].name : "?";
+}
+
+const LevelKernels& level_kernels(Level l) { return kLevels[static_cast<size_t>(l)]; }
+
+HadamardFn find_hadamard(uint32_t n_rot) {
+  for (size_t i = static_cast<size_t>(level()); i > 0; i--) {
+    if (kLevels[i].hadamard && n_rot >= kLevels[i].hadamard_min_n_rot) return kLevels[i].hadamard;
   }
-  return "?";
+  return kLevels[0].hadamard;
 }
 
 std::string describe() {
@@ -105,11 +138,8 @@ std::string describe() {
 }
 
 FusedRowFn find_fused(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot) {
-#ifdef KVSNAP_SIMD_X86
-  if (level() == Level::kAvx512) return x86::find_fused_avx512(src, dst, rotate, n_rot);
-#endif
-  (void)src, (void)dst, (void)rotate, (void)n_rot;
-  return nullptr;
+  const FindFusedFn find = level_kernels(level()).find_fused;
+  return find ? find(src, dst, rotate, n_rot) : nullptr;
 }
 
 }  // namespace kvsnap::simd

@@ -1,13 +1,15 @@
-// Which instruction set the row codecs use (migrate/quants.cc, migrate/hadamard.cc).
+// Which instruction set the row kernels use (the codec table of migrate/type_traits.cc, the
+// Hadamard and fused kernels of simd_level.cc's level table).
 //
-// Every level produces the same bytes and floats: the SIMD kernels (migrate/simd_x86.cc) perform
-// the reference's float operations in the reference's order, lane by lane, and fall back to the
-// scalar transcription for the blocks where a vector shortcut could differ (NaN/inf inputs).
+// Every level produces the same bytes and floats: the SIMD kernels (migrate/simd_kernels.h)
+// perform the reference's float operations in the reference's order, lane by lane, and fall
+// back to the scalar transcription for the blocks where a vector shortcut could differ (NaN/inf inputs).
 // The level only changes speed. It is picked once from the CPU (__builtin_cpu_supports), can be
 // lowered with the environment variable KVSNAP_SIMD=scalar|avx2|avx512 (read at first use), or
 // with set_level() (tests, the benchmark).
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -18,6 +20,10 @@ enum class Level : int {
   kAvx2 = 1,    // AVX2 + FMA + F16C (x86-64-v3)
   kAvx512 = 2,  // AVX-512 F/BW/DQ/VL + F16C (x86-64-v4)
 };
+// Levels are ordered: each includes the one below (a kernel missing at a level is the one below's).
+// A new level: an enumerator here (and kLevelCount), its row in simd_level.cc's kLevels (name,
+// detection, Hadamard/fused kernels), its column in migrate/type_traits.cc's codec table.
+inline constexpr size_t kLevelCount = 3;
 
 // The level in use (the best the CPU has, unless lowered).
 Level level();

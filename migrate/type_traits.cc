@@ -1,53 +1,112 @@
 #include "migrate/type_traits.h"
 
 #include <array>
-#include <cassert>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "migrate/half.h"
 #include "migrate/quants.h"
+#include "migrate/simd_kernels.h"
+#include "migrate/simd_level.h"
 
 namespace kvsnap {
 namespace {
 
-// The codec half of each row; the layout half comes from format/ggml_types.h.
-struct Codec {
+namespace ref = quants::ref;
+#ifdef KVSNAP_SIMD_X86
+#define KVSNAP_X86(fn) simd::x86::fn
+#else
+#define KVSNAP_X86(fn) nullptr  // a build without the x86 kernels: those levels are never selected
+#endif
+
+// One row per KV cache type, in the order of kv_cache_types() (ggml enum order); one column
+// per simd::Level, lowest first. nullptr: this level has no kernel of its own for it, the level
+// below's serves (the scalar column is complete).
+struct CodecRow {
   GgmlType id;
-  ToF32Fn to_f32;
-  FromF32Fn from_f32;
+  std::array<RowCodec, simd::kLevelCount> level;
 };
 
-// Same order as kv_cache_types() (ggml enum order).
-constexpr std::array<Codec, 9> kCodecs = {{
-    {GgmlType::kF32, quants::f32_to_f32, quants::f32_from_f32},
-    {GgmlType::kF16, quants::f16_to_f32, quants::f16_from_f32},
-    {GgmlType::kQ4_0, quants::q4_0_to_f32, quants::q4_0_from_f32},
-    {GgmlType::kQ4_1, quants::q4_1_to_f32, quants::q4_1_from_f32},
-    {GgmlType::kQ5_0, quants::q5_0_to_f32, quants::q5_0_from_f32},
-    {GgmlType::kQ5_1, quants::q5_1_to_f32, quants::q5_1_from_f32},
-    {GgmlType::kQ8_0, quants::q8_0_to_f32, quants::q8_0_from_f32},
-    {GgmlType::kIQ4_NL, quants::iq4_nl_to_f32, quants::iq4_nl_from_f32},
-    {GgmlType::kBF16, quants::bf16_to_f32, quants::bf16_from_f32},
-}};
-static_assert(kCodecs.size() == 9, "one codec per KV cache type llama.cpp accepts");
+constexpr CodecRow kCodecRows[] = {
+    //                scalar                                   avx2                                          avx512
+    {GgmlType::kF32, {{{ref::f32_to_f32, ref::f32_from_f32}, {}, {}}}},
+    {GgmlType::kF16,
+     {{{ref::f16_to_f32, ref::f16_from_f32},
+       {KVSNAP_X86(f16_to_f32_avx2), KVSNAP_X86(f16_from_f32_avx2)},
+       {KVSNAP_X86(f16_to_f32_avx512), KVSNAP_X86(f16_from_f32_avx512)}}}},
+    {GgmlType::kQ4_0,
+     {{{ref::q4_0_to_f32, ref::q4_0_from_f32},
+       {KVSNAP_X86(q4_0_to_f32_avx2), KVSNAP_X86(q4_0_from_f32_avx2)},
+       {nullptr, KVSNAP_X86(q4_0_from_f32_avx512)}}}},
+    {GgmlType::kQ4_1, {{{ref::q4_1_to_f32, ref::q4_1_from_f32}, {}, {}}}},
+    {GgmlType::kQ5_0, {{{ref::q5_0_to_f32, ref::q5_0_from_f32}, {}, {}}}},
+    {GgmlType::kQ5_1, {{{ref::q5_1_to_f32, ref::q5_1_from_f32}, {}, {}}}},
+    {GgmlType::kQ8_0,
+     {{{ref::q8_0_to_f32, ref::q8_0_from_f32},
+       {KVSNAP_X86(q8_0_to_f32_avx2), KVSNAP_X86(q8_0_from_f32_avx2)},
+       {nullptr, KVSNAP_X86(q8_0_from_f32_avx512)}}}},
+    {GgmlType::kIQ4_NL,
+     {{{ref::iq4_nl_to_f32, ref::iq4_nl_from_f32},
+       {KVSNAP_X86(iq4_nl_to_f32_avx2), nullptr},
+       {nullptr, KVSNAP_X86(iq4_nl_from_f32_avx512)}}}},
+    {GgmlType::kBF16,
+     {{{ref::bf16_to_f32, ref::bf16_from_f32},
+       {KVSNAP_X86(bf16_to_f32_avx2), KVSNAP_X86(bf16_from_f32_avx2)},
+       {}}}},
+};
+#undef KVSNAP_X86
 
-std::array<TypeTraits, kCodecs.size()> build_table() {
-  std::array<TypeTraits, kCodecs.size()> table{};
-  const auto layouts = kv_cache_types();
-  assert(layouts.size() == kCodecs.size());
-  for (size_t i = 0; i < kCodecs.size(); i++) {
-    const TypeLayout* layout = &layouts[i];
-    assert(layout->id == kCodecs[i].id && "kCodecs must follow kv_cache_types() order");
-    table[i] = TypeTraits{layout, kCodecs[i].to_f32, kCodecs[i].from_f32};
+constexpr size_t kTypes = std::size(kCodecRows);
+static_assert(kTypes == kKvCacheTypes.size(), "one codec row per KV cache type of format/ggml_types.h");
+
+constexpr bool rows_follow_layouts() {
+  for (size_t i = 0; i < kTypes; i++) {
+    if (kCodecRows[i].id != kKvCacheTypes[i].id) return false;
   }
-  return table;
+  return true;
+}
+static_assert(rows_follow_layouts(), "kCodecRows must follow kv_cache_types() order");
+
+constexpr bool scalar_column_complete() {
+  for (const CodecRow& r : kCodecRows) {
+    if (!r.level[0].to_f32 || !r.level[0].from_f32) return false;
+  }
+  return true;
+}
+static_assert(scalar_column_complete(), "every KV type needs its scalar reference pair");
+
+// kCodecRows with every empty entry filled from the level below.
+constexpr std::array<std::array<RowCodec, simd::kLevelCount>, kTypes> resolve_levels() {
+  std::array<std::array<RowCodec, simd::kLevelCount>, kTypes> out{};
+  for (size_t i = 0; i < kTypes; i++) {
+    for (size_t l = 0; l < simd::kLevelCount; l++) {
+      const RowCodec& own = kCodecRows[i].level[l];
+      out[i][l].to_f32 = own.to_f32 ? own.to_f32 : out[i][l - (l > 0)].to_f32;
+      out[i][l].from_f32 = own.from_f32 ? own.from_f32 : out[i][l - (l > 0)].from_f32;
+    }
+  }
+  return out;
+}
+constexpr auto kCodecs = resolve_levels();
+
+// The entry points TypeTraits::to_f32 / from_f32 of row I: the codec of the current level.
+template <size_t I>
+void to_f32_at_level(const std::byte* src, float* dst, size_t n) {
+  kCodecs[I][static_cast<size_t>(simd::level())].to_f32(src, dst, n);
+}
+template <size_t I>
+void from_f32_at_level(const float* src, std::byte* dst, size_t n) {
+  kCodecs[I][static_cast<size_t>(simd::level())].from_f32(src, dst, n);
 }
 
-const std::array<TypeTraits, kCodecs.size()>& table() {
-  static const auto t = build_table();
-  return t;
+template <size_t... I>
+constexpr std::array<TypeTraits, kTypes> make_table(std::index_sequence<I...>) {
+  return {{TypeTraits{&kKvCacheTypes[I], to_f32_at_level<I>, from_f32_at_level<I>, kCodecs[I]}...}};
 }
+constexpr std::array<TypeTraits, kTypes> kTraits = make_table(std::make_index_sequence<kTypes>{});
+
+const std::array<TypeTraits, kTypes>& table() { return kTraits; }
 
 }  // namespace
 

@@ -1,35 +1,53 @@
-// One table of codecs over the nine KV cache types (ggml's type_traits, kvsnap style).
-//
-// Each row points at its on-disk layout in format/ggml_types.h (sizes live there
-// only) and adds two row functions with ggml reference semantics:
+// THE codec table: per KV cache type, per SIMD level, the two row functions (ggml's
+// type_traits, kvsnap style). The layouts are format/ggml_types.h's (sizes live there only);
+// this adds, for each of its nine KV cache rows, with ggml reference semantics:
 //   to_f32    == ggml_get_type_traits(type)->to_float   (dequantize_row_*, fp16/bf16 rows)
 //   from_f32  == ggml_quantize_chunk(type, ...)          (the *_ref quantizers; iq4_nl with
 //                its scale search, quantize_iq4_nl(ntry 7); f16 ggml_fp32_to_fp16_row;
 //                bf16 ggml_fp32_to_bf16_row_ref; f32 memcpy)
 // Output is bit-identical to libggml-base of llama.cpp v0.5.0 on x86-64, including
-// NaN/inf/denormal inputs (tests/migrate/oracle_test.cc checks it against the library).
+// NaN/inf/denormal inputs (tests/migrate/oracle_test.cc checks it against the library), at
+// every SIMD level: a level's kernels only change speed.
 //
 // Both functions take whole rows: `n` values, a multiple of the layout's block_elems;
-// src and dst must not overlap. Adding a type = one row, two functions, one golden file.
+// src and dst must not overlap.
+//
+// A new KV type: its row in format/ggml_types.h (flag kTypeKvCache), then one row of
+// kCodecRows in type_traits.cc (the scalar pair at least), one golden file. A new SIMD level:
+// its column in kCodecRows (nullptr where it has no kernel of its own). Both are checked at
+// compile time.
 #pragma once
 
 #include <cstddef>
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string_view>
 
 #include "base/status.h"
 #include "format/ggml_types.h"
+#include "migrate/simd_level.h"
 
 namespace kvsnap {
 
 using ToF32Fn = void (*)(const std::byte* src, float* dst, size_t n);
 using FromF32Fn = void (*)(const float* src, std::byte* dst, size_t n);
 
+// The row functions of one type at one SIMD level.
+struct RowCodec {
+  ToF32Fn to_f32 = nullptr;
+  FromF32Fn from_f32 = nullptr;
+};
+
 struct TypeTraits {
   const TypeLayout* layout = nullptr;  // the row of kv_cache_types() this codec is for
-  ToF32Fn to_f32 = nullptr;            // n values of `layout` -> n floats
-  FromF32Fn from_f32 = nullptr;        // n floats -> n values of `layout`
+  ToF32Fn to_f32 = nullptr;            // n values of `layout` -> n floats, at simd::level()
+  FromF32Fn from_f32 = nullptr;        // n floats -> n values of `layout`, at simd::level()
+  // The functions of each level (every entry set: a level without a kernel of its own for this
+  // type has the one of the level below). to_f32/from_f32 call codec(simd::level()).
+  std::array<RowCodec, simd::kLevelCount> codecs{};
+
+  const RowCodec& codec(simd::Level l) const { return codecs[static_cast<size_t>(l)]; }
 
   GgmlType id() const { return layout->id; }
   std::string_view name() const { return layout->name; }
