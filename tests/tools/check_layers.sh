@@ -18,7 +18,8 @@ for layer in base format migrate store server cli capi; do
       echo "upward include: $hit (layer $layer may include only lower layers)"
       bad=1
     fi
-  done < <(grep -Hn '^#include "[a-z_]*/' "$root/${dir_of[$layer]}"/*.h "$root/${dir_of[$layer]}"/*.cc 2>/dev/null || true)
+  done < <(find "$root/${dir_of[$layer]}" \( -name '*.h' -o -name '*.cc' \) -print0 |
+             xargs -0 grep -Hn '^#include "[a-z_]*/' 2>/dev/null || true)
 done
 [ $bad = 0 ] && echo "layers: no upward include in $root"
 exit $bad
