@@ -14,6 +14,8 @@ if [ -x tests/oracle/fetch.sh ] || [ -f tests/oracle/fetch.sh ]; then
   # node-llama-cpp 3.22.1 3.21.1 3.20.0 3.19.0 3.18.1 3.17.1 3.16.2 3.10.0 and @fugood/llama.node:
   # ~1.5 min the first time (npm pack + the source bundles), cached afterwards
   bash tests/oracle/fetch.sh all
+  # eras A and B (node-llama-cpp 3.0.0-beta.32/44): ~1 min the first time, cached afterwards
+  bash tests/oracle/fetch.sh eras-ab
   # llama-server from the bed's source: ~17 min the first time on 2 cores, cached afterwards
   bash tests/oracle/build-server.sh 3.22.1
 fi
