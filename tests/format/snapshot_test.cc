@@ -201,9 +201,12 @@ TEST(Snapshot, EveryFixtureRoundTripsInBothForms) {
   EXPECT_EQ(n, 47u);
 }
 
-// Sizes of the standalone files at the defaults (KVSNAP_MEASURE=1).
-TEST(Snapshot, MeasureFixtureSizes) {
-  if (!std::getenv("KVSNAP_MEASURE")) GTEST_SKIP() << "set KVSNAP_MEASURE=1 to print snapshot sizes";
+// The standalone files at the defaults stay small: none grows by more than its
+// manifest and a few percent (tiny or already-quantized fixtures barely
+// compress: the worst, a 40 KB iSWA q8_0 slot, was 1.07x its size), and all
+// fixtures together shrink (1.21x measured when this was written; zstd level 3
+// with the byte-shuffle filter). Speed and the filter's gain: bench/store_bench.cc.
+TEST(Snapshot, FixtureSizesStayBounded) {
   uint64_t total_in = 0, total_out = 0;
   for (const auto& p : llama_fixtures()) {
     const auto bytes = slurp(p);
@@ -211,12 +214,9 @@ TEST(Snapshot, MeasureFixtureSizes) {
     const auto file = make_file(bytes, options_for(p), opts_with(kDefaultCellsPerChunk), &m);
     total_in += bytes.size();
     total_out += file.size();
-    std::printf("%-40s %8zu -> %8zu (%.3fx; manifest %zu B, %zu chunks)\n",
-                (p.parent_path().filename() / p.filename()).c_str(), bytes.size(), file.size(),
-                double(bytes.size()) / double(file.size()), m.bytes.size(), m.chunks.size());
+    EXPECT_LE(file.size(), bytes.size() + bytes.size() / 20 + m.bytes.size() + 1024) << p;
   }
-  std::printf("all fixtures: %llu -> %llu bytes (%.3fx)\n", (unsigned long long)total_in,
-              (unsigned long long)total_out, double(total_in) / double(total_out));
+  EXPECT_GE(double(total_in) / double(total_out), 1.15) << total_in << " -> " << total_out;
 }
 
 TEST(Snapshot, SmallChunksCrossTransposedGathers) {
