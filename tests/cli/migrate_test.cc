@@ -13,14 +13,13 @@
 #include <thread>
 #include <vector>
 
+#include "test_files.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
+std::string slurp(const fs::path& p) { return kvsnap::test::slurp_text(p); }
 
 fs::path fixture(const std::string& n) { return fs::path(KVSNAP_SOURCE_DIR) / "fixtures" / n; }
 const std::string kModel = fixture("models/tiny-hd64.gguf").string();

@@ -15,15 +15,13 @@
 #include <vector>
 
 #include "store/archive.h"
+#include "test_files.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
+std::string slurp(const fs::path& p) { return kvsnap::test::slurp_text(p); }
 
 struct KvRun {
   int code = -1;

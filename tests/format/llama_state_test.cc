@@ -10,6 +10,7 @@
 #include "format/memory_shape.h"
 #include "format/model_profile.h"
 #include "format/state_builder.h"
+#include "test_files.h"
 
 namespace kvsnap {
 namespace {
@@ -35,13 +36,7 @@ std::vector<std::byte> rewrite(const std::vector<std::byte>& b, const ParseOptio
   return out.bytes;
 }
 
-std::vector<std::byte> slurp(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::vector<char> c((std::istreambuf_iterator<char>(in)), {});
-  std::vector<std::byte> b(c.size());
-  std::memcpy(b.data(), c.data(), c.size());
-  return b;
-}
+using test::slurp;
 
 // Every llama.cpp state file under `dir` (by extension).
 std::vector<std::filesystem::path> state_files_under(const std::filesystem::path& dir) {

@@ -23,6 +23,7 @@
 #include "format/snapshot_internal.h"
 #include "format/state_builder.h"
 #include "under_asan.h"
+#include "test_files.h"
 
 namespace kvsnap {
 namespace {
@@ -34,13 +35,7 @@ using testing::SynthSpec;
 const fs::path kRoot = fs::path(KVSNAP_SOURCE_DIR);
 const std::string kCreated = "2025-01-01T00:00:00Z";
 
-std::vector<std::byte> slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::vector<char> c((std::istreambuf_iterator<char>(in)), {});
-  std::vector<std::byte> b(c.size());
-  if (!c.empty()) std::memcpy(b.data(), c.data(), c.size());
-  return b;
-}
+using test::slurp;
 
 std::vector<fs::path> state_files_under(const fs::path& dir) {
   std::vector<fs::path> out;

@@ -8,16 +8,12 @@
 #include <filesystem>
 #include <fstream>
 
+#include "test_files.h"
+
 namespace kvsnap {
 namespace {
 
-std::vector<std::byte> slurp(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::vector<char> c((std::istreambuf_iterator<char>(in)), {});
-  std::vector<std::byte> b(c.size());
-  if (!c.empty()) std::memcpy(b.data(), c.data(), c.size());
-  return b;
-}
+using test::slurp;
 
 std::filesystem::path fixture(const std::string& name) {
   return std::filesystem::path(KVSNAP_SOURCE_DIR) / "fixtures" / name;

@@ -15,19 +15,14 @@
 #include "migrate/convert_state.h"
 #include "store/archive.h"
 #include "store/fault_io.h"
+#include "test_files.h"
 
 namespace kvsnap {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<std::byte> slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::vector<char> c((std::istreambuf_iterator<char>(in)), {});
-  std::vector<std::byte> b(c.size());
-  if (!c.empty()) std::memcpy(b.data(), c.data(), c.size());
-  return b;
-}
+using test::slurp;
 
 fs::path fixtures() { return fs::path(KVSNAP_SOURCE_DIR) / "fixtures"; }
 
