@@ -69,6 +69,7 @@ void setup_list_commands(CLI::App& app, int& exit_status);      // cmd_list.cc: 
 void setup_maintain_commands(CLI::App& app, int& exit_status);  // cmd_maintain.cc: rm, gc, verify
 void setup_transfer_commands(CLI::App& app, int& exit_status);  // cmd_transfer.cc: export, import
 void setup_server_commands(CLI::App& app, int& exit_status);    // cmd_server.cc: server add, ls, rm
+void setup_doctor(CLI::App& app, int& exit_status);             // cmd_doctor.cc
 
 // Every subcommand, in the order `kvsnap --help` lists them.
 void setup_all_commands(CLI::App& app, int& exit_status);

@@ -206,6 +206,23 @@ TEST_F(StoreCli, RestoringAnOldQuantizedSlotAtOtherTypesNeedsItsBuild) {
   EXPECT_EQ(slurp(out), slurp(want));
 }
 
+// kvsnap doctor: a fresh store is fine (and doctor creates nothing); a profile whose server is down
+// fails with the fix named; --json lists every check.
+TEST_F(StoreCli, DoctorChecksTheStoreAndEveryProfile) {
+  KvRun r = kv("doctor");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "store" / "catalog.sqlite")) << "doctor changes nothing";
+  ASSERT_EQ(kv("server add down http://127.0.0.1:9 --slot-dir " + dir_.string()).code, 0);
+  r = kv("doctor");
+  EXPECT_EQ(r.code, 5) << r.out << r.err;
+  EXPECT_NE(r.out.find("FAIL  server down"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("-> start llama-server at http://127.0.0.1:9"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("warn  server down cache types"), std::string::npos) << r.out;
+  r = kv("doctor --json");
+  EXPECT_EQ(r.code, 5);
+  EXPECT_NE(r.out.find("\"failed\": 1"), std::string::npos) << r.out;
+}
+
 // `save --source-build` checks the build against the file, records it in the snapshot, and restores
 // that convert use it: no flag at restore, the same bytes as `convert --source-build`; a recorded
 // declared rotation works the same way; `restore --target-build` writes for another build.

@@ -148,6 +148,13 @@ def main():
                         "--fa", "on", "--model", model], env)
                 p = kvsnap([k, "restore", "chat", "--server", "q8", "--check"], env, expect=None)
                 check(p.returncode == 0, f"restore --server PROFILE: {p.stdout.strip()} {p.stderr.strip()}")
+                # doctor against the live server: reachable, its build unknown (b1), slot dir and types known
+                p = kvsnap([k, "doctor", "--server", "q8", "--json"], env, expect=None)
+                d = {c["check"]: c for c in json.loads(p.stdout)["checks"]}
+                check(p.returncode == 0 and d["server q8"]["verdict"] == "warn"
+                      and build["reported"] in d["server q8"]["detail"]
+                      and d["server q8 slot dir"]["verdict"] == "ok" and d["catalog"]["verdict"] == "ok",
+                      f"doctor --server q8: {p.stdout.strip()} {p.stderr.strip()}")
                 # failure: --slot-dir that is not the server's
                 other = os.path.join(work, "other")
                 os.makedirs(other, exist_ok=True)

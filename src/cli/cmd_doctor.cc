@@ -1,0 +1,189 @@
+// kvsnap doctor: checks a setup (the store, its catalog, every server profile:
+// reachable, its build, its slot directory, its cache types and model) and
+// says what to fix. Changes nothing.
+#include <unistd.h>
+
+#include "cli/commands.h"
+#include "cli/store_common.h"
+#include "server/server_flows.h"
+#include "server/server_profiles.h"
+#include "store/catalog.h"
+#include "store/store_paths.h"
+
+namespace kvsnap::cli {
+namespace {
+
+enum class Verdict { kOk, kWarn, kFail };
+
+struct Check {
+  Verdict verdict;
+  std::string what, detail, fix;  // fix: empty when nothing is to do
+};
+
+const char* verdict_word(Verdict v) {
+  switch (v) {
+    case Verdict::kOk: return "ok";
+    case Verdict::kWarn: return "warn";
+    case Verdict::kFail: return "FAIL";
+  }
+  return "?";
+}
+
+bool is_dir(const std::string& p) {
+  auto there = posix_io().exists(p);
+  return there.ok() && *there && ::access(p.c_str(), X_OK) == 0;
+}
+
+bool writable(const std::string& p) { return ::access(p.c_str(), W_OK) == 0; }
+
+void check_store(const StorePaths& paths, std::vector<Check>& out) {
+  const std::string& root = paths.root;
+  if (!is_dir(root)) {
+    out.push_back({Verdict::kWarn, "store", root + " does not exist yet",
+                   "nothing to do: `kvsnap save` creates it (or pass --store DIR / set KVSNAP_HOME)"});
+    return;
+  }
+  if (!writable(root)) {
+    out.push_back({Verdict::kFail, "store", root + " is not writable by this user",
+                   "fix its permissions, or use another store (--store DIR, KVSNAP_HOME)"});
+    return;
+  }
+  out.push_back({Verdict::kOk, "store", root + " is writable", ""});
+  auto has_catalog = posix_io().exists(paths.catalog());
+  if (!has_catalog.ok() || !*has_catalog) {
+    out.push_back({Verdict::kOk, "catalog", "none yet (the first `kvsnap save` creates it)", ""});
+    return;
+  }
+  auto catalog = Catalog::open(paths.catalog());
+  if (!catalog.ok()) {
+    out.push_back({Verdict::kFail, "catalog", catalog.status().ToString(),
+                   "restore a backup of " + paths.catalog() + ", or move the store aside and import your exports"});
+    return;
+  }
+  auto problems = (*catalog)->integrity_check();
+  auto listed = (*catalog)->list();
+  if (!problems.ok() || !problems->empty()) {
+    out.push_back({Verdict::kFail, "catalog",
+                   problems.ok() ? std::to_string(problems->size()) + " problems, the first: " + problems->front()
+                                 : problems.status().ToString(),
+                   "run `kvsnap verify --all` for the details"});
+    return;
+  }
+  out.push_back({Verdict::kOk, "catalog",
+                 std::to_string(listed.ok() ? listed->size() : 0) + " snapshots, consistent (`kvsnap verify --all` "
+                                                                     "re-hashes the chunks too)",
+                 ""});
+}
+
+void check_profile(const ServerProfile& p, std::vector<Check>& out) {
+  const std::string what = "server " + p.name;
+  ServerEndpoint ep;
+  ep.url = p.url;
+  ep.timeout_s = 10;
+  if (!p.api_key_file.empty()) {
+    auto key = read_api_key_file(p.api_key_file);
+    if (!key.ok()) {
+      out.push_back({Verdict::kFail, what, key.status().ToString(), "kvsnap server add " + p.name + " ... --api-key-file F"});
+    } else {
+      ep.api_key = *key;
+    }
+  }
+  auto build = query_server_build(ep);
+  if (!build.ok()) {
+    out.push_back({Verdict::kFail, what, build.status().ToString(),
+                   "start llama-server at " + p.url + " (with --slot-save-path " + p.slot_dir +
+                       "), or correct the profile: kvsnap server add " + p.name + " URL ..."});
+  } else if (!build->usable.empty()) {
+    out.push_back({Verdict::kOk, what, p.url + " answers; llama.cpp " + build->reported, ""});
+  } else {
+    out.push_back({Verdict::kWarn, what,
+                   p.url + " answers, but its build is unknown (" +
+                       (build->reported.empty() ? std::string("no build_info in /props")
+                                                : build->reported + ": " + build->why_not) +
+                       ")",
+                   "saves record no build and restores keep the stored format: pass --source-build / --target-build "
+                   "where it matters"});
+  }
+  if (!is_dir(p.slot_dir)) {
+    out.push_back({Verdict::kFail, what + " slot dir", p.slot_dir + " is not a directory here",
+                   "mount the server's --slot-save-path here and set it: kvsnap server add " + p.name + " " + p.url +
+                       " --slot-dir DIR"});
+  } else if (!writable(p.slot_dir)) {
+    out.push_back({Verdict::kFail, what + " slot dir", p.slot_dir + " is not writable by this user",
+                   "restores write converted files there: fix its permissions"});
+  } else {
+    out.push_back({Verdict::kOk, what + " slot dir", p.slot_dir + " is writable", ""});
+  }
+  if (p.ctk.empty() || p.ctv.empty() || p.flash_attn.empty()) {
+    out.push_back({Verdict::kWarn, what + " cache types", "the profile does not say the server's -ctk/-ctv/-fa",
+                   "restores detect them from a file the server saves (not from an empty slot); or add them: "
+                   "kvsnap server add " + p.name + " " + p.url + " --slot-dir " + p.slot_dir + " --ctk T --ctv T --fa on|off"});
+  } else {
+    out.push_back({Verdict::kOk, what + " cache types", "-ctk " + p.ctk + " -ctv " + p.ctv + " -fa " + p.flash_attn, ""});
+  }
+  if (p.model.empty()) {
+    out.push_back({Verdict::kWarn, what + " model", "no model in the profile",
+                   "without it kvsnap uses the server's /props model_path when readable here, else the head dims "
+                   "recorded at save; add --model GGUF to the profile for the wrong-model check"});
+  } else if (::access(p.model.c_str(), R_OK) != 0) {
+    out.push_back({Verdict::kFail, what + " model", p.model + " is not readable here", "correct the profile's --model"});
+  } else {
+    out.push_back({Verdict::kOk, what + " model", p.model, ""});
+  }
+}
+
+struct DoctorOpts {
+  std::string store, server;
+  bool json = false;
+};
+
+Status run_doctor(const DoctorOpts& o, std::string& out) {
+  std::vector<Check> checks;
+  KV_ASSIGN_OR_RETURN(StorePaths paths, resolve_store_paths(o.store));
+  check_store(paths, checks);
+  auto profiles = ServerProfiles::load(posix_io(), paths.root);
+  if (!profiles.ok()) {
+    checks.push_back({Verdict::kFail, "server profiles", profiles.status().ToString(),
+                      "fix or remove " + paths.root + "/servers.json, then kvsnap server add again"});
+  } else {
+    size_t n = 0;
+    for (const auto& p : profiles->all()) {
+      if (!o.server.empty() && p.name != o.server) continue;
+      check_profile(p, checks);
+      ++n;
+    }
+    if (!o.server.empty() && n == 0)
+      checks.push_back({Verdict::kFail, "server " + o.server, "no such profile", "kvsnap server ls"});
+    if (o.server.empty() && n == 0)
+      checks.push_back({Verdict::kOk, "server profiles", "none (kvsnap server add keeps a llama-server's details)", ""});
+  }
+  size_t failed = 0;
+  json arr = json::array();
+  for (const auto& c : checks) {
+    failed += c.verdict == Verdict::kFail;
+    arr.push_back({{"check", c.what}, {"verdict", verdict_word(c.verdict)}, {"detail", c.detail},
+                   {"fix", c.fix.empty() ? json(nullptr) : json(c.fix)}});
+    if (!o.json) {
+      out += std::string(verdict_word(c.verdict)) + std::string(6 - std::string(verdict_word(c.verdict)).size(), ' ') +
+             c.what + ": " + c.detail + "\n";
+      if (!c.fix.empty()) out += "      -> " + c.fix + "\n";
+    }
+  }
+  if (o.json) out = json{{"checks", arr}, {"failed", failed}}.dump(2) + "\n";
+  if (failed) return Status::Mismatch(std::to_string(failed) + " check(s) failed (listed above)");
+  return Status::OK();
+}
+
+}  // namespace
+
+void setup_doctor(CLI::App& app, int& exit_status) {
+  auto o = std::make_shared<DoctorOpts>();
+  auto* sub = app.add_subcommand("doctor", "Check the setup: the store and its catalog, every server profile (reachable, "
+                                           "its llama.cpp build, slot directory, cache types, model); says what to fix");
+  sub->add_option("--server", o->server, "only this profile");
+  sub->add_flag("--json", o->json, "machine-readable: {checks: [{check, verdict: ok|warn|FAIL, detail, fix}], failed}");
+  sub->footer("\nChanges nothing. Exit status 5 when a check failed (warnings do not fail).\n");
+  bind(sub, o, run_doctor, "doctor", exit_status);
+}
+
+}  // namespace kvsnap::cli
