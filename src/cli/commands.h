@@ -70,6 +70,8 @@ void setup_maintain_commands(CLI::App& app, int& exit_status);  // cmd_maintain.
 void setup_transfer_commands(CLI::App& app, int& exit_status);  // cmd_transfer.cc: export, import
 void setup_server_commands(CLI::App& app, int& exit_status);    // cmd_server.cc: server add, ls, rm
 void setup_doctor(CLI::App& app, int& exit_status);             // cmd_doctor.cc
+// cmd_completion.cc: a completion script from the whole command tree; set up last.
+void setup_completion(CLI::App& app, int& exit_status);
 
 // Every subcommand, in the order `kvsnap --help` lists them.
 void setup_all_commands(CLI::App& app, int& exit_status);
