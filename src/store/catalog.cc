@@ -1,3 +1,7 @@
+// The catalog's core: the schema and its migrations, opening the database,
+// transactions, the statement cache, and the snapshot records themselves
+// (add, remove, get, resolve, list). The prefix index is in catalog_prefix.cc,
+// gc / stats / integrity in catalog_gc.cc, shared helpers in catalog_internal.h.
 #include "store/catalog.h"
 
 #include <openssl/rand.h>
@@ -13,8 +17,11 @@
 #include <thread>
 
 #include "base/sha256.h"
+#include "store/catalog_internal.h"
 
 namespace kvsnap {
+
+using namespace catalog_detail;
 
 namespace {
 
@@ -82,47 +89,6 @@ CREATE INDEX snapshot_chunks_sha ON snapshot_chunks(sha256);
 constexpr int kNumMigrations = sizeof(kMigrations) / sizeof(kMigrations[0]);
 static_assert(kNumMigrations == Catalog::kSchemaVersion, "one migration per schema version");
 
-#define KV_INFO_COLS                                                                                   \
-  "s.id, s.uuid, s.name, s.created, s.model_arch, s.model_fingerprint, s.n_tokens, s.k_types, "       \
-  "s.v_types, s.v_trans, s.source_format, s.raw_bytes, s.stored_bytes, s.lossy, s.parent_id, "        \
-  "s.content_sha256, s.n_chunks"
-
-// ---------------------------------------------------------------- hashing
-
-using Hash16 = std::array<uint8_t, 16>;
-
-// The first 16 bytes of the digest of everything hashed so far.
-Hash16 prefix16(const Sha256& sha) {
-  const Sha256Digest d = sha.peek();
-  Hash16 h;
-  std::memcpy(h.data(), d.data(), h.size());
-  return h;
-}
-
-// Tokens as stored and hashed: int32 little-endian.
-std::vector<std::byte> tokens_le(std::span<const int32_t> tokens) {
-  std::vector<std::byte> out(tokens.size() * 4);
-  if constexpr (std::endian::native == std::endian::little) {
-    if (!tokens.empty()) std::memcpy(out.data(), tokens.data(), out.size());
-  } else {
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      uint32_t v = static_cast<uint32_t>(tokens[i]);
-      for (int b = 0; b < 4; ++b) out[4 * i + b] = std::byte((v >> (8 * b)) & 0xff);
-    }
-  }
-  return out;
-}
-
-std::vector<int32_t> tokens_from_le(std::span<const std::byte> b) {
-  std::vector<int32_t> out(b.size() / 4);
-  for (size_t i = 0; i < out.size(); ++i) {
-    uint32_t v = 0;
-    for (int k = 0; k < 4; ++k) v |= uint32_t(b[4 * i + k]) << (8 * k);
-    out[i] = static_cast<int32_t>(v);
-  }
-  return out;
-}
-
 // ---------------------------------------------------------------- small helpers
 
 std::string now_iso8601() {
@@ -164,95 +130,9 @@ bool uuid_like(const std::string& s) {
                      [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || c == '-'; });
 }
 
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- statements
-
-// A prepared statement in use: cached ones are reset (not finalized) when it
-// goes out of scope, so no statement is left mid-step across a COMMIT.
-class Catalog::Stmt {
- public:
-  // `in_use`: the cache's flag for this statement, cleared when done.
-  Stmt(Catalog& c, sqlite3_stmt* s, bool* in_use) : c_(&c), s_(s), in_use_(in_use) {}
-  Stmt(Stmt&& o) noexcept : c_(o.c_), s_(o.s_), in_use_(o.in_use_) { o.s_ = nullptr; }
-  Stmt& operator=(Stmt&&) = delete;
-  void reset() {
-    sqlite3_reset(s_);
-    sqlite3_clear_bindings(s_);
-  }
-  ~Stmt() {
-    if (!s_) return;
-    if (!in_use_) {
-      sqlite3_finalize(s_);
-    } else {
-      sqlite3_reset(s_);
-      sqlite3_clear_bindings(s_);
-      *in_use_ = false;
-    }
-  }
-  Stmt& i64(int i, int64_t v) {
-    sqlite3_bind_int64(s_, i, v);
-    return *this;
-  }
-  Stmt& text(int i, std::string_view v) {
-    sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
-    return *this;
-  }
-  Stmt& opt_text(int i, const std::optional<std::string>& v) {
-    if (v) return text(i, *v);
-    sqlite3_bind_null(s_, i);
-    return *this;
-  }
-  // An empty blob is bound as a zero-length blob, not NULL.
-  Stmt& blob(int i, const void* p, size_t n) {
-    if (n == 0) {
-      sqlite3_bind_zeroblob(s_, i, 0);
-    } else {
-      sqlite3_bind_blob(s_, i, p, static_cast<int>(n), SQLITE_TRANSIENT);
-    }
-    return *this;
-  }
-  template <class C>
-  Stmt& blob(int i, const C& c) {
-    return blob(i, c.data(), c.size() * sizeof(c[0]));
-  }
-  // true: a row is ready; false: done.
-  Result<bool> step() {
-    int rc = sqlite3_step(s_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc == SQLITE_DONE) return false;
-    return c_->sqlite_error(rc, sqlite3_sql(s_));
-  }
-  // Steps to the end, ignoring rows.
-  Status run() {
-    for (;;) {
-      KV_ASSIGN_OR_RETURN(bool row, step());
-      if (!row) return Status::OK();
-    }
-  }
-  int64_t col_i64(int i) const { return sqlite3_column_int64(s_, i); }
-  bool is_null(int i) const { return sqlite3_column_type(s_, i) == SQLITE_NULL; }
-  std::string col_text(int i) const {
-    const unsigned char* p = sqlite3_column_text(s_, i);
-    return p ? std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(s_, i)) : std::string();
-  }
-  std::span<const std::byte> col_blob(int i) const {
-    const void* p = sqlite3_column_blob(s_, i);
-    int n = sqlite3_column_bytes(s_, i);
-    return p ? std::span<const std::byte>(static_cast<const std::byte*>(p), static_cast<size_t>(n))
-             : std::span<const std::byte>();
-  }
-
- private:
-  Catalog* c_;
-  sqlite3_stmt* s_;
-  bool* in_use_;  // nullptr: a one-off statement, finalized when done
-};
 
 Result<Catalog::Stmt> Catalog::stmt(const char* sql) {
   auto it = stmts_.find(sql);
@@ -401,17 +281,6 @@ Status Catalog::commit() {
 void Catalog::rollback() {
   // After some errors (I/O, full disk) SQLite has already rolled back.
   if (!sqlite3_get_autocommit(db_)) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-}
-
-template <class F>
-Status Catalog::write_txn(F&& body) {
-  KV_RETURN_IF_ERROR(begin_immediate());
-  Status s = body();
-  if (!s.ok()) {
-    rollback();
-    return s;
-  }
-  return commit();
 }
 
 Result<int> Catalog::schema_version() {
@@ -738,267 +607,6 @@ Result<std::vector<SnapshotInfo>> Catalog::list(const ListFilter& f) {
   rollback();
   if (!s.ok()) return s;
   return out;
-}
-
-// ---------------------------------------------------------------- prefix search
-
-// Tokens are not compared here.
-Result<std::vector<std::pair<int64_t, int64_t>>> Catalog::prefix_candidates(std::span<const int32_t> query) {
-  const int64_t m = static_cast<int64_t>(query.size());
-  std::vector<std::byte> q = tokens_le(query);
-  std::vector<std::pair<int64_t, int64_t>> ids;
-  KV_ASSIGN_OR_RETURN(Stmt band, stmt("SELECT n_tokens, full_hash, id FROM snapshots "
-                                      "WHERE anchor_len = ?1 AND anchor_hash = ?2 AND n_tokens <= ?3 LIMIT ?4"));
-  KV_ASSIGN_OR_RETURN(Stmt probe, stmt("SELECT id FROM snapshots WHERE n_tokens = ?1 AND full_hash = ?2"));
-  struct Row {
-    int64_t n;
-    Hash16 full;
-    int64_t id;
-  };
-  std::vector<Row> rows;
-  Sha256 run;  // the hash of q[0, c)
-  for (int64_t c = 0; c <= m; c += kPrefixStride) {
-    const int64_t band_last = std::min(c + kPrefixStride - 1, m);  // longest length anchored at c
-    rows.clear();
-    band.i64(1, c).blob(2, prefix16(run)).i64(3, m).i64(4, kPrefixStride + 1);
-    for (;;) {
-      KV_ASSIGN_OR_RETURN(bool row, band.step());
-      if (!row) break;
-      Row r{band.col_i64(0), {}, band.col_i64(2)};
-      auto h = band.col_blob(1);
-      if (h.size() == r.full.size()) std::memcpy(r.full.data(), h.data(), h.size());
-      rows.push_back(r);
-    }
-    band.reset();
-    if (!rows.empty()) {
-      // Hash q[0, n) for the lengths n this band needs, continuing from c.
-      Sha256 walk(run);
-      int64_t pos = c;
-      auto hash_to = [&](int64_t n) {
-        walk.update(q.data() + pos * 4, static_cast<size_t>(n - pos) * 4);
-        pos = n;
-        return prefix16(walk);
-      };
-      if (rows.size() <= static_cast<size_t>(kPrefixStride)) {
-        std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.n < b.n; });
-        Hash16 h{};
-        int64_t hashed = -1;
-        for (const Row& r : rows) {
-          if (r.n == 0) continue;
-          if (r.n != hashed) {
-            h = hash_to(r.n);
-            hashed = r.n;
-          }
-          if (h == r.full) ids.emplace_back(r.n, r.id);
-        }
-      } else {
-        // Crowded band (a shared system prompt): probe each length instead of
-        // comparing every snapshot anchored here.
-        for (int64_t n = std::max<int64_t>(c, 1); n <= band_last; ++n) {
-          probe.i64(1, n).blob(2, hash_to(n));
-          for (;;) {
-            KV_ASSIGN_OR_RETURN(bool row, probe.step());
-            if (!row) break;
-            ids.emplace_back(n, probe.col_i64(0));
-          }
-          probe.reset();
-        }
-      }
-    }
-    const int64_t next = std::min(c + kPrefixStride, m);
-    run.update(q.data() + c * 4, static_cast<size_t>(next - c) * 4);
-  }
-  return ids;
-}
-
-Result<std::vector<SnapshotInfo>> Catalog::find_prefix(std::span<const int32_t> query,
-                                                       const std::string& model_fingerprint, size_t limit) {
-  std::vector<SnapshotInfo> out;
-  if (query.empty() || limit == 0) return out;
-  KV_RETURN_IF_ERROR(exec("BEGIN"));  // one consistent view for the probes and the checks
-  Status s = [&]() -> Status {
-    KV_ASSIGN_OR_RETURN(auto candidates, prefix_candidates(query));
-    std::sort(candidates.begin(), candidates.end(), std::greater<>());  // longest, then highest id
-    std::vector<std::byte> q = tokens_le(query);
-    for (const auto& [n_tokens, id] : candidates) {
-      if (out.size() >= limit) break;
-      // Hashes only chose the candidates; the tokens decide.
-      {
-        KV_ASSIGN_OR_RETURN(Stmt t, stmt("SELECT b.tokens, s.model_fingerprint FROM snapshot_blobs b "
-                                         "JOIN snapshots s ON s.id = b.snapshot_id WHERE b.snapshot_id = ?1"));
-        t.i64(1, id);
-        KV_ASSIGN_OR_RETURN(bool found, t.step());
-        if (!found) continue;
-        if (!model_fingerprint.empty() && t.col_text(1) != model_fingerprint) continue;
-        auto stored = t.col_blob(0);
-        size_t n = static_cast<size_t>(n_tokens) * 4;
-        if (stored.size() != n || n > q.size() || std::memcmp(stored.data(), q.data(), n) != 0) continue;
-      }
-      KV_ASSIGN_OR_RETURN(SnapshotInfo info, get_info(id));
-      out.push_back(std::move(info));
-    }
-    return Status::OK();
-  }();
-  rollback();
-  if (!s.ok()) return s;
-  return out;
-}
-
-// ---------------------------------------------------------------- gc, stats, checks
-
-static bool hash_from_blob(std::span<const std::byte> b, ChunkHash& h) {
-  if (b.size() != h.bytes.size()) return false;
-  std::memcpy(h.bytes.data(), b.data(), b.size());
-  return true;
-}
-
-Result<GcCandidates> Catalog::gc_candidates(const std::vector<ChunkHash>& on_disk) {
-  GcCandidates out;
-  KV_RETURN_IF_ERROR(exec("BEGIN"));
-  Status s = [&]() -> Status {
-    {
-      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT sha256 FROM chunks WHERE refcount = 0"));
-      for (;;) {
-        KV_ASSIGN_OR_RETURN(bool row, q.step());
-        if (!row) break;
-        ChunkHash h;
-        if (hash_from_blob(q.col_blob(0), h)) out.unreferenced.push_back(h);
-      }
-    }
-    KV_ASSIGN_OR_RETURN(Stmt probe, stmt("SELECT 1 FROM chunks WHERE sha256 = ?1"));
-    for (const ChunkHash& h : on_disk) {
-      probe.blob(1, h.bytes);
-      KV_ASSIGN_OR_RETURN(bool known, probe.step());
-      probe.reset();
-      if (!known) out.orphans.push_back(h);
-    }
-    return Status::OK();
-  }();
-  rollback();
-  if (!s.ok()) return s;
-  return out;
-}
-
-Result<std::vector<ChunkHash>> Catalog::forget_unreferenced(const std::vector<ChunkHash>& hashes) {
-  std::vector<ChunkHash> gone;
-  Status s = write_txn([&]() -> Status {
-    gone.clear();
-    KV_ASSIGN_OR_RETURN(Stmt del, stmt("DELETE FROM chunks WHERE sha256 = ?1 AND refcount = 0"));
-    for (const ChunkHash& h : hashes) {
-      del.blob(1, h.bytes);
-      KV_RETURN_IF_ERROR(del.run());
-      del.reset();
-      if (sqlite3_changes(db_) == 1) gone.push_back(h);
-    }
-    return Status::OK();
-  });
-  if (!s.ok()) return s;
-  return gone;
-}
-
-Result<CatalogStats> Catalog::stats() {
-  CatalogStats st;
-  KV_RETURN_IF_ERROR(exec("BEGIN"));
-  Status s = [&]() -> Status {
-    {
-      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT COUNT(*), COALESCE(SUM(raw_bytes), 0) FROM snapshots"));
-      KV_ASSIGN_OR_RETURN(bool row, q.step());
-      if (row) {
-        st.snapshots = q.col_i64(0);
-        st.raw_bytes = static_cast<uint64_t>(q.col_i64(1));
-      }
-    }
-    {
-      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT COALESCE(SUM(refcount > 0), 0), COALESCE(SUM(refcount = 0), 0), "
-                                       "COALESCE(SUM(raw_size * refcount), 0), "
-                                       "COALESCE(SUM(CASE WHEN refcount > 0 THEN stored_size ELSE 0 END), 0) FROM chunks"));
-      KV_ASSIGN_OR_RETURN(bool row, q.step());
-      if (row) {
-        st.chunks = q.col_i64(0);
-        st.unreferenced_chunks = q.col_i64(1);
-        st.chunk_raw_bytes = static_cast<uint64_t>(q.col_i64(2));
-        st.stored_bytes = static_cast<uint64_t>(q.col_i64(3));
-      }
-    }
-    KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT COALESCE(SUM(length(manifest)), 0) FROM snapshot_blobs"));
-    KV_ASSIGN_OR_RETURN(bool row, q.step());
-    if (row) st.manifest_bytes = static_cast<uint64_t>(q.col_i64(0));
-    return Status::OK();
-  }();
-  rollback();
-  if (!s.ok()) return s;
-  st.dedup_ratio = st.stored_bytes ? double(st.chunk_raw_bytes) / double(st.stored_bytes) : 0.0;
-  return st;
-}
-
-Result<std::vector<std::string>> Catalog::integrity_check() {
-  std::vector<std::string> problems;
-  auto collect = [&](const char* sql, auto describe) -> Status {
-    KV_ASSIGN_OR_RETURN(Stmt q, stmt_once(sql));
-    for (;;) {
-      KV_ASSIGN_OR_RETURN(bool row, q.step());
-      if (!row) return Status::OK();
-      std::string p = describe(q);
-      if (!p.empty()) problems.push_back(std::move(p));
-    }
-  };
-  KV_RETURN_IF_ERROR(exec("BEGIN"));
-  Status s = [&]() -> Status {
-    KV_RETURN_IF_ERROR(collect("PRAGMA quick_check", [](const Stmt& q) {
-      std::string r = q.col_text(0);
-      return r == "ok" ? std::string() : "sqlite: " + r;
-    }));
-    KV_RETURN_IF_ERROR(collect("PRAGMA foreign_key_check", [](const Stmt& q) {
-      return "foreign key: a row of " + q.col_text(0) + " (rowid " + q.col_text(1) + ") names a missing " +
-             q.col_text(2) + " row";
-    }));
-    KV_RETURN_IF_ERROR(collect(
-        "SELECT hex(c.sha256), c.refcount, COUNT(sc.sha256) FROM chunks c "
-        "LEFT JOIN snapshot_chunks sc ON sc.sha256 = c.sha256 GROUP BY c.sha256 HAVING c.refcount != COUNT(sc.sha256)",
-        [](const Stmt& q) {
-          return "chunk " + lower(q.col_text(0)) + " has refcount " + std::to_string(q.col_i64(1)) + " but " +
-                 std::to_string(q.col_i64(2)) + " uses";
-        }));
-    KV_RETURN_IF_ERROR(collect(
-        "SELECT s.id, s.n_chunks, (SELECT COUNT(*) FROM snapshot_chunks sc WHERE sc.snapshot_id = s.id) AS n "
-        "FROM snapshots s WHERE s.n_chunks != n",
-        [](const Stmt& q) {
-          return "snapshot " + std::to_string(q.col_i64(0)) + " says " + std::to_string(q.col_i64(1)) +
-                 " chunks but lists " + std::to_string(q.col_i64(2));
-        }));
-    return collect(
-        "SELECT s.id FROM snapshots s LEFT JOIN snapshot_blobs b ON b.snapshot_id = s.id "
-        "WHERE b.snapshot_id IS NULL OR length(b.tokens) != 4 * s.n_tokens",
-        [](const Stmt& q) { return "snapshot " + std::to_string(q.col_i64(0)) + " has no or wrong-sized tokens"; });
-  }();
-  rollback();
-  if (!s.ok()) return s;
-  return problems;
-}
-
-Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOptions& options) {
-  GcReport report;
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLock> lock, blobs.lock_for_gc(options.wait));
-  if (!lock) {
-    report.skipped_busy = true;
-    return report;
-  }
-  // From here until `lock` goes, no save is between writing a blob and
-  // committing the row that names it.
-  std::vector<ChunkHash> on_disk;
-  if (options.scan_orphans) {
-    KV_ASSIGN_OR_RETURN(on_disk, blobs.list());
-  }
-  KV_ASSIGN_OR_RETURN(GcCandidates cand, catalog.gc_candidates(on_disk));
-  KV_ASSIGN_OR_RETURN(std::vector<ChunkHash> gone, catalog.forget_unreferenced(cand.unreferenced));
-  for (const ChunkHash& h : gone) KV_RETURN_IF_ERROR(blobs.remove(*lock, h));
-  report.unreferenced_deleted = gone.size();
-  for (const ChunkHash& h : cand.orphans) KV_RETURN_IF_ERROR(blobs.remove(*lock, h));
-  report.orphans_deleted = cand.orphans.size();
-  if (options.scan_orphans) {
-    KV_ASSIGN_OR_RETURN(report.temporaries_deleted, blobs.clear_tmp(*lock));
-  }
-  return report;
 }
 
 }  // namespace kvsnap

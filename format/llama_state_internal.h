@@ -1,0 +1,59 @@
+// Internal to format/llama_state*.cc and format/kv_section.cc: the bounds on
+// header fields, one way of reading the memory section (Reading), and the KV
+// section reader that llama_state.cc drives. Not a public header.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "format/cursor.h"
+#include "format/llama_state.h"
+
+namespace kvsnap::llama_state_detail {
+
+// Bounds on header fields. Anything larger is not a KV cache llama.cpp can
+// make; refusing it early keeps hostile files from steering allocations.
+inline constexpr uint32_t kMaxLayers = 4096;
+inline constexpr uint32_t kMaxStreams = 4096;
+inline constexpr uint32_t kMaxSeqIdsPerCell = 4096;
+inline constexpr uint64_t kMaxRowBytes = uint64_t(1) << 30;
+inline constexpr uint32_t kMaxEmbd = 1u << 22;
+
+// One way of reading the memory section.
+struct Reading {
+  bool stream_prefix = true;
+  uint32_t ext_bytes = 0;
+  int n_kv = 1;
+  bool recurrent = false;
+
+  std::string describe() const {
+    std::string s = std::to_string(n_kv) + " KV section" + (n_kv == 1 ? "" : "s");
+    if (n_kv == 2) s += " (iSWA)";
+    if (recurrent) s += std::string(n_kv ? " + " : "") + "recurrent state";
+    s += stream_prefix ? ", n_stream prefix" : ", no n_stream prefix (b5640 layout)";
+    s += ", cell ext " + std::to_string(ext_bytes) + " bytes";
+    return s;
+  }
+};
+
+// "KV section 1, stream 0, layer 3" (the section only when there are several).
+std::string where(size_t section, size_t n_sections, size_t stream, size_t layer);
+
+// cell_count x {i32 pos, u32 n_seq, ext_bytes of extras, n_seq x i32 seq id}.
+Status parse_cells(Cursor& c, uint32_t cell_count, uint32_t ext_bytes, std::vector<CellMeta>& cells);
+
+// A type id at the cursor, checked (`side`: "key" | "value").
+Result<int32_t> read_type(Cursor& c, const std::string& ctx, const char* side);
+
+// st.n_layer x {i32 k_type, u64 k_row_bytes, st.cell_count rows}: the same in every layout.
+Status read_k_layers(Cursor& c, const KvSectionShape* shape, size_t si, size_t n_sections, size_t stream_index,
+                     KvStream& st);
+
+// One KV section (section si of n_sections) read as `r` says, checked against
+// `shape` where given.
+Status parse_kv_section(Cursor& c, const Reading& r, const KvSectionShape* shape, size_t si, size_t n_sections,
+                        KvSection& sec);
+
+}  // namespace kvsnap::llama_state_detail

@@ -1,0 +1,227 @@
+// Writes a parsed StateFile back out in its own era's layout: the header of
+// each kind, the KV sections with tensors streamed from a TensorSource (checked
+// for size), and the opaque ranges (outputs, recurrent state) copied verbatim.
+// The reader lives in llama_state.cc.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "format/cursor.h"
+#include "format/llama_state.h"
+
+namespace kvsnap {
+Status copy_range(const ReadableFile& src, ByteRange range, ByteSink& out) {
+  constexpr uint64_t kPiece = 1 << 20;
+  std::vector<std::byte> buf(std::min<uint64_t>(kPiece, range.size));
+  uint64_t done = 0;
+  while (done < range.size) {
+    const uint64_t n = std::min<uint64_t>(kPiece, range.size - done);
+    std::span<std::byte> piece(buf.data(), n);
+    KV_RETURN_IF_ERROR(src.read_at(range.offset + done, piece));
+    KV_RETURN_IF_ERROR(out.append(piece));
+    done += n;
+  }
+  return Status::OK();
+}
+
+Status CopyTensorSource::emit(const StateFile& target, const TensorRef& ref, ByteSink& out) {
+  const KvLayer& L = target.memory.kv.at(ref.section).streams.at(ref.stream).layers.at(ref.layer);
+  return copy_range(src_, ref.is_v ? L.v : L.k, out);
+}
+
+namespace {
+
+// Forwards to a sink and counts, so the writer can check what a TensorSource emitted.
+class CountingForwarder final : public ByteSink {
+ public:
+  explicit CountingForwarder(ByteSink& out) : out_(out) {}
+  using ByteSink::append;
+  Status append(std::span<const std::byte> d) override {
+    count += d.size();
+    return out_.append(d);
+  }
+  uint64_t count = 0;
+
+ private:
+  ByteSink& out_;
+};
+
+Status emit_checked(const StateFile& file, TensorSource& tensors, const TensorRef& ref, uint64_t expect,
+                    ByteSink& out) {
+  CountingForwarder fw(out);
+  KV_RETURN_IF_ERROR(tensors.emit(file, ref, fw));
+  if (fw.count != expect) {
+    return Status::InvalidArgument("writer: " + std::string(ref.is_v ? "V" : "K") + " tensor of section " +
+                                   std::to_string(ref.section) + " stream " + std::to_string(ref.stream) +
+                                   " layer " + std::to_string(ref.layer) + " produced " + std::to_string(fw.count) +
+                                   " bytes, expected " + std::to_string(expect));
+  }
+  return Status::OK();
+}
+
+Status write_outputs(const SessionOutputs& o, const ReadableFile& src, ByteSink& out) {
+  KV_RETURN_IF_ERROR(write_u32(out, o.n_outputs));
+  KV_RETURN_IF_ERROR(copy_range(src, o.output_pos, out));
+  KV_RETURN_IF_ERROR(write_u64(out, o.logits_size));
+  KV_RETURN_IF_ERROR(copy_range(src, o.logits, out));
+  KV_RETURN_IF_ERROR(write_u64(out, o.embd_size));
+  return copy_range(src, o.embd, out);
+}
+
+Status write_kv_section(const StateFile& file, size_t si, TensorSource& tensors, ByteSink& out) {
+  const KvSection& sec = file.memory.kv[si];
+  if (sec.stream_prefix) {
+    KV_RETURN_IF_ERROR(write_u32(out, uint32_t(sec.streams.size())));
+  } else if (sec.streams.size() != 1) {
+    return Status::InvalidArgument("writer: a KV section without the n_stream prefix holds exactly one stream");
+  }
+  for (size_t s = 0; s < sec.streams.size(); ++s) {
+    const KvStream& st = sec.streams[s];
+    KV_RETURN_IF_ERROR(write_u32(out, st.cell_count));
+    if (st.cell_count == 0) continue;
+    if (st.cells.size() != st.cell_count) return Status::InvalidArgument("writer: cell list does not match cell_count");
+    std::vector<std::byte> meta;
+    for (const CellMeta& m : st.cells) {
+      put_i32(meta, m.pos);
+      put_u32(meta, uint32_t(m.seq_ids.size()));
+      for (uint32_t e = 0; e < sec.ext_bytes / 4; ++e) put_i32(meta, m.ext[e]);
+      for (int32_t id : m.seq_ids) put_i32(meta, id);
+      if (meta.size() >= (1 << 16)) {
+        KV_RETURN_IF_ERROR(out.append(meta));
+        meta.clear();
+      }
+    }
+    put_u32(meta, st.v_trans);
+    put_u32(meta, uint32_t(st.layers.size()));
+    KV_RETURN_IF_ERROR(out.append(meta));
+    const uint64_t n = st.cell_count;
+    for (size_t il = 0; il < st.layers.size(); ++il) {
+      const KvLayer& L = st.layers[il];
+      KV_RETURN_IF_ERROR(write_i32(out, L.k_type));
+      KV_RETURN_IF_ERROR(write_u64(out, L.k_row_bytes));
+      KV_RETURN_IF_ERROR(emit_checked(file, tensors, {si, s, il, false}, n * L.k_row_bytes, out));
+    }
+    for (size_t il = 0; il < st.layers.size(); ++il) {
+      const KvLayer& L = st.layers[il];
+      if (!L.has_v) continue;
+      KV_RETURN_IF_ERROR(write_i32(out, L.v_type));
+      if (!st.v_trans) {
+        KV_RETURN_IF_ERROR(write_u64(out, L.v_row_bytes));
+        KV_RETURN_IF_ERROR(emit_checked(file, tensors, {si, s, il, true}, n * L.v_row_bytes, out));
+      } else {
+        KV_RETURN_IF_ERROR(write_u32(out, L.v_elem_bytes));
+        KV_RETURN_IF_ERROR(write_u32(out, L.n_embd_v_gqa));
+        KV_RETURN_IF_ERROR(
+            emit_checked(file, tensors, {si, s, il, true}, n * L.n_embd_v_gqa * uint64_t(L.v_elem_bytes), out));
+      }
+    }
+  }
+  return Status::OK();
+}
+
+// ggsq v1 (b3166): see read_seq_v1.
+Status write_seq_v1(const StateFile& file, TensorSource& tensors, ByteSink& out) {
+  if (file.memory.kv.size() != 1 || file.memory.kv[0].streams.size() != 1 || file.memory.recurrent ||
+      file.memory.kv[0].ext_bytes) {
+    return Status::InvalidArgument("writer: a ggsq v1 file holds one KV section of one stream, without cell extras");
+  }
+  const KvStream& st = file.memory.kv[0].streams[0];
+  if (st.layers.empty() || st.cells.size() != st.cell_count) {
+    return Status::InvalidArgument("writer: a ggsq v1 file needs its layers and cell list");
+  }
+  const std::optional<uint64_t> n_embd_v = layer_n_embd_v(st.layers[0], st.v_trans);
+  std::vector<std::byte> meta;
+  put_u32(meta, 8);
+  put_u32(meta, st.cell_count);
+  put_u32(meta, uint32_t(st.layers.size()));
+  put_u32(meta, uint32_t(n_embd_v.value_or(0)));
+  for (const CellMeta& m : st.cells) {
+    if (!m.seq_ids.empty()) return Status::InvalidArgument("writer: ggsq v1 cells carry no seq id");
+    put_i32(meta, m.pos);
+  }
+  KV_RETURN_IF_ERROR(out.append(meta));
+  const uint64_t n = st.cell_count;
+  for (size_t il = 0; il < st.layers.size(); ++il) {
+    const KvLayer& L = st.layers[il];
+    if (!L.has_v || layer_n_embd_v(L, st.v_trans) != n_embd_v || !n_embd_v) {
+      return Status::InvalidArgument("writer: ggsq v1 has one n_embd_v_gqa for every layer, each with V");
+    }
+    KV_RETURN_IF_ERROR(write_i32(out, L.k_type));
+    KV_RETURN_IF_ERROR(write_u64(out, L.k_row_bytes));
+    KV_RETURN_IF_ERROR(emit_checked(file, tensors, {0, 0, il, false}, n * L.k_row_bytes, out));
+  }
+  for (size_t il = 0; il < st.layers.size(); ++il) {
+    const KvLayer& L = st.layers[il];
+    KV_RETURN_IF_ERROR(write_i32(out, L.v_type));
+    KV_RETURN_IF_ERROR(write_u64(out, st.v_trans ? L.v_elem_bytes : L.v_row_bytes));
+    const uint64_t bytes = st.v_trans ? n * L.n_embd_v_gqa * uint64_t(L.v_elem_bytes) : n * L.v_row_bytes;
+    KV_RETURN_IF_ERROR(emit_checked(file, tensors, {0, 0, il, true}, bytes, out));
+  }
+  return Status::OK();
+}
+
+Status write_arch(const std::string& arch, ByteSink& out) {
+  KV_RETURN_IF_ERROR(write_u32(out, uint32_t(arch.size())));
+  return out.append(arch.data(), arch.size());
+}
+
+Status write_words(const std::vector<int32_t>& words, ByteSink& out) {
+  KV_RETURN_IF_ERROR(write_u32(out, uint32_t(words.size())));
+  std::vector<std::byte> b;
+  b.reserve(words.size() * 4);
+  for (int32_t w : words) put_i32(b, w);
+  return out.append(b);
+}
+
+}  // namespace
+
+Status write_state(const StateFile& file, TensorSource& tensors, const ReadableFile& opaque_src, ByteSink& sink) {
+  BufferedSink out(sink);
+  switch (file.kind) {
+    case StateKind::kSeqFile:
+      KV_RETURN_IF_ERROR(write_u32(out, kMagicGgsq));
+      KV_RETURN_IF_ERROR(write_u32(out, file.version));
+      KV_RETURN_IF_ERROR(write_words(file.tokens.words, out));
+      if (file.version == 1) {
+        KV_RETURN_IF_ERROR(write_seq_v1(file, tensors, out));
+        return out.flush();
+      }
+      break;
+    case StateKind::kSessionFile:
+      KV_RETURN_IF_ERROR(write_u32(out, kMagicGgsn));
+      KV_RETURN_IF_ERROR(write_u32(out, file.version));
+      KV_RETURN_IF_ERROR(write_words(file.tokens.words, out));
+      KV_RETURN_IF_ERROR(write_arch(file.arch, out));
+      if (file.version == 8) {
+        if (file.rng.empty() || !file.outputs) {
+          return Status::InvalidArgument("writer: a ggsn v8 session needs its RNG state and an outputs block");
+        }
+        KV_RETURN_IF_ERROR(write_arch(file.rng, out));  // same u32 length + bytes framing
+      } else if (!file.rng.empty()) {
+        return Status::InvalidArgument("writer: only ggsn v8 sessions hold an RNG state");
+      }
+      // v9 sessions of b8121 and older hold outputs; those of b8179..b10375 do not; v8 always.
+      if (file.outputs) {
+        if (file.version != 9 && file.version != 8) return Status::InvalidArgument("writer: only v8/v9 sessions hold outputs");
+        KV_RETURN_IF_ERROR(write_outputs(*file.outputs, opaque_src, out));
+      }
+      break;
+    case StateKind::kRawSeq:
+      if (file.raw_seq_tagged) {
+        KV_RETURN_IF_ERROR(write_u32(out, kRawSeqMagic));
+        KV_RETURN_IF_ERROR(write_i32(out, file.raw_seq_id));
+      }
+      break;
+    case StateKind::kRawContext:
+      KV_RETURN_IF_ERROR(write_arch(file.arch, out));
+      if (file.outputs) KV_RETURN_IF_ERROR(write_outputs(*file.outputs, opaque_src, out));
+      break;
+  }
+  for (size_t si = 0; si < file.memory.kv.size(); ++si) {
+    KV_RETURN_IF_ERROR(write_kv_section(file, si, tensors, out));
+  }
+  if (file.memory.recurrent) KV_RETURN_IF_ERROR(copy_range(opaque_src, file.memory.recurrent->range, out));
+  return out.flush();
+}
+
+}  // namespace kvsnap

@@ -1,0 +1,171 @@
+// Catalog: garbage collection, statistics and the integrity check. Lists the
+// unreferenced and orphaned chunks, forgets them, and collect_garbage() deletes
+// their blobs under the gc lock.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "store/catalog_internal.h"
+
+namespace kvsnap {
+
+using namespace catalog_detail;
+
+// ---------------------------------------------------------------- gc, stats, checks
+
+static bool hash_from_blob(std::span<const std::byte> b, ChunkHash& h) {
+  if (b.size() != h.bytes.size()) return false;
+  std::memcpy(h.bytes.data(), b.data(), b.size());
+  return true;
+}
+
+Result<GcCandidates> Catalog::gc_candidates(const std::vector<ChunkHash>& on_disk) {
+  GcCandidates out;
+  KV_RETURN_IF_ERROR(exec("BEGIN"));
+  Status s = [&]() -> Status {
+    {
+      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT sha256 FROM chunks WHERE refcount = 0"));
+      for (;;) {
+        KV_ASSIGN_OR_RETURN(bool row, q.step());
+        if (!row) break;
+        ChunkHash h;
+        if (hash_from_blob(q.col_blob(0), h)) out.unreferenced.push_back(h);
+      }
+    }
+    KV_ASSIGN_OR_RETURN(Stmt probe, stmt("SELECT 1 FROM chunks WHERE sha256 = ?1"));
+    for (const ChunkHash& h : on_disk) {
+      probe.blob(1, h.bytes);
+      KV_ASSIGN_OR_RETURN(bool known, probe.step());
+      probe.reset();
+      if (!known) out.orphans.push_back(h);
+    }
+    return Status::OK();
+  }();
+  rollback();
+  if (!s.ok()) return s;
+  return out;
+}
+
+Result<std::vector<ChunkHash>> Catalog::forget_unreferenced(const std::vector<ChunkHash>& hashes) {
+  std::vector<ChunkHash> gone;
+  Status s = write_txn([&]() -> Status {
+    gone.clear();
+    KV_ASSIGN_OR_RETURN(Stmt del, stmt("DELETE FROM chunks WHERE sha256 = ?1 AND refcount = 0"));
+    for (const ChunkHash& h : hashes) {
+      del.blob(1, h.bytes);
+      KV_RETURN_IF_ERROR(del.run());
+      del.reset();
+      if (sqlite3_changes(db_) == 1) gone.push_back(h);
+    }
+    return Status::OK();
+  });
+  if (!s.ok()) return s;
+  return gone;
+}
+
+Result<CatalogStats> Catalog::stats() {
+  CatalogStats st;
+  KV_RETURN_IF_ERROR(exec("BEGIN"));
+  Status s = [&]() -> Status {
+    {
+      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT COUNT(*), COALESCE(SUM(raw_bytes), 0) FROM snapshots"));
+      KV_ASSIGN_OR_RETURN(bool row, q.step());
+      if (row) {
+        st.snapshots = q.col_i64(0);
+        st.raw_bytes = static_cast<uint64_t>(q.col_i64(1));
+      }
+    }
+    {
+      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT COALESCE(SUM(refcount > 0), 0), COALESCE(SUM(refcount = 0), 0), "
+                                       "COALESCE(SUM(raw_size * refcount), 0), "
+                                       "COALESCE(SUM(CASE WHEN refcount > 0 THEN stored_size ELSE 0 END), 0) FROM chunks"));
+      KV_ASSIGN_OR_RETURN(bool row, q.step());
+      if (row) {
+        st.chunks = q.col_i64(0);
+        st.unreferenced_chunks = q.col_i64(1);
+        st.chunk_raw_bytes = static_cast<uint64_t>(q.col_i64(2));
+        st.stored_bytes = static_cast<uint64_t>(q.col_i64(3));
+      }
+    }
+    KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT COALESCE(SUM(length(manifest)), 0) FROM snapshot_blobs"));
+    KV_ASSIGN_OR_RETURN(bool row, q.step());
+    if (row) st.manifest_bytes = static_cast<uint64_t>(q.col_i64(0));
+    return Status::OK();
+  }();
+  rollback();
+  if (!s.ok()) return s;
+  st.dedup_ratio = st.stored_bytes ? double(st.chunk_raw_bytes) / double(st.stored_bytes) : 0.0;
+  return st;
+}
+
+Result<std::vector<std::string>> Catalog::integrity_check() {
+  std::vector<std::string> problems;
+  auto collect = [&](const char* sql, auto describe) -> Status {
+    KV_ASSIGN_OR_RETURN(Stmt q, stmt_once(sql));
+    for (;;) {
+      KV_ASSIGN_OR_RETURN(bool row, q.step());
+      if (!row) return Status::OK();
+      std::string p = describe(q);
+      if (!p.empty()) problems.push_back(std::move(p));
+    }
+  };
+  KV_RETURN_IF_ERROR(exec("BEGIN"));
+  Status s = [&]() -> Status {
+    KV_RETURN_IF_ERROR(collect("PRAGMA quick_check", [](const Stmt& q) {
+      std::string r = q.col_text(0);
+      return r == "ok" ? std::string() : "sqlite: " + r;
+    }));
+    KV_RETURN_IF_ERROR(collect("PRAGMA foreign_key_check", [](const Stmt& q) {
+      return "foreign key: a row of " + q.col_text(0) + " (rowid " + q.col_text(1) + ") names a missing " +
+             q.col_text(2) + " row";
+    }));
+    KV_RETURN_IF_ERROR(collect(
+        "SELECT hex(c.sha256), c.refcount, COUNT(sc.sha256) FROM chunks c "
+        "LEFT JOIN snapshot_chunks sc ON sc.sha256 = c.sha256 GROUP BY c.sha256 HAVING c.refcount != COUNT(sc.sha256)",
+        [](const Stmt& q) {
+          return "chunk " + lower(q.col_text(0)) + " has refcount " + std::to_string(q.col_i64(1)) + " but " +
+                 std::to_string(q.col_i64(2)) + " uses";
+        }));
+    KV_RETURN_IF_ERROR(collect(
+        "SELECT s.id, s.n_chunks, (SELECT COUNT(*) FROM snapshot_chunks sc WHERE sc.snapshot_id = s.id) AS n "
+        "FROM snapshots s WHERE s.n_chunks != n",
+        [](const Stmt& q) {
+          return "snapshot " + std::to_string(q.col_i64(0)) + " says " + std::to_string(q.col_i64(1)) +
+                 " chunks but lists " + std::to_string(q.col_i64(2));
+        }));
+    return collect(
+        "SELECT s.id FROM snapshots s LEFT JOIN snapshot_blobs b ON b.snapshot_id = s.id "
+        "WHERE b.snapshot_id IS NULL OR length(b.tokens) != 4 * s.n_tokens",
+        [](const Stmt& q) { return "snapshot " + std::to_string(q.col_i64(0)) + " has no or wrong-sized tokens"; });
+  }();
+  rollback();
+  if (!s.ok()) return s;
+  return problems;
+}
+
+Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOptions& options) {
+  GcReport report;
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLock> lock, blobs.lock_for_gc(options.wait));
+  if (!lock) {
+    report.skipped_busy = true;
+    return report;
+  }
+  // From here until `lock` goes, no save is between writing a blob and
+  // committing the row that names it.
+  std::vector<ChunkHash> on_disk;
+  if (options.scan_orphans) {
+    KV_ASSIGN_OR_RETURN(on_disk, blobs.list());
+  }
+  KV_ASSIGN_OR_RETURN(GcCandidates cand, catalog.gc_candidates(on_disk));
+  KV_ASSIGN_OR_RETURN(std::vector<ChunkHash> gone, catalog.forget_unreferenced(cand.unreferenced));
+  for (const ChunkHash& h : gone) KV_RETURN_IF_ERROR(blobs.remove(*lock, h));
+  report.unreferenced_deleted = gone.size();
+  for (const ChunkHash& h : cand.orphans) KV_RETURN_IF_ERROR(blobs.remove(*lock, h));
+  report.orphans_deleted = cand.orphans.size();
+  if (options.scan_orphans) {
+    KV_ASSIGN_OR_RETURN(report.temporaries_deleted, blobs.clear_tmp(*lock));
+  }
+  return report;
+}
+
+}  // namespace kvsnap

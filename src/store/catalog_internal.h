@@ -1,0 +1,165 @@
+// Internal to src/store/catalog*.cc: the prepared-statement wrapper over
+// SQLite, the write-transaction helper, the snapshot column list and the token
+// hashing helpers the catalog files share. Not a public header.
+#pragma once
+
+#include <sqlite3.h>
+
+#include <array>
+#include <bit>
+#include <cctype>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/sha256.h"
+#include "store/catalog.h"
+
+namespace kvsnap {
+
+#define KV_INFO_COLS                                                                                   \
+  "s.id, s.uuid, s.name, s.created, s.model_arch, s.model_fingerprint, s.n_tokens, s.k_types, "       \
+  "s.v_types, s.v_trans, s.source_format, s.raw_bytes, s.stored_bytes, s.lossy, s.parent_id, "        \
+  "s.content_sha256, s.n_chunks"
+
+namespace catalog_detail {
+
+// ---------------------------------------------------------------- hashing
+
+using Hash16 = std::array<uint8_t, 16>;
+
+// The first 16 bytes of the digest of everything hashed so far.
+inline Hash16 prefix16(const Sha256& sha) {
+  const Sha256Digest d = sha.peek();
+  Hash16 h;
+  std::memcpy(h.data(), d.data(), h.size());
+  return h;
+}
+
+// Tokens as stored and hashed: int32 little-endian.
+inline std::vector<std::byte> tokens_le(std::span<const int32_t> tokens) {
+  std::vector<std::byte> out(tokens.size() * 4);
+  if constexpr (std::endian::native == std::endian::little) {
+    if (!tokens.empty()) std::memcpy(out.data(), tokens.data(), out.size());
+  } else {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      uint32_t v = static_cast<uint32_t>(tokens[i]);
+      for (int b = 0; b < 4; ++b) out[4 * i + b] = std::byte((v >> (8 * b)) & 0xff);
+    }
+  }
+  return out;
+}
+
+inline std::vector<int32_t> tokens_from_le(std::span<const std::byte> b) {
+  std::vector<int32_t> out(b.size() / 4);
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint32_t v = 0;
+    for (int k = 0; k < 4; ++k) v |= uint32_t(b[4 * i + k]) << (8 * k);
+    out[i] = static_cast<int32_t>(v);
+  }
+  return out;
+}
+
+inline std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+}  // namespace catalog_detail
+
+// A prepared statement in use: cached ones are reset (not finalized) when it
+// goes out of scope, so no statement is left mid-step across a COMMIT.
+class Catalog::Stmt {
+ public:
+  // `in_use`: the cache's flag for this statement, cleared when done.
+  Stmt(Catalog& c, sqlite3_stmt* s, bool* in_use) : c_(&c), s_(s), in_use_(in_use) {}
+  Stmt(Stmt&& o) noexcept : c_(o.c_), s_(o.s_), in_use_(o.in_use_) { o.s_ = nullptr; }
+  Stmt& operator=(Stmt&&) = delete;
+  void reset() {
+    sqlite3_reset(s_);
+    sqlite3_clear_bindings(s_);
+  }
+  ~Stmt() {
+    if (!s_) return;
+    if (!in_use_) {
+      sqlite3_finalize(s_);
+    } else {
+      sqlite3_reset(s_);
+      sqlite3_clear_bindings(s_);
+      *in_use_ = false;
+    }
+  }
+  Stmt& i64(int i, int64_t v) {
+    sqlite3_bind_int64(s_, i, v);
+    return *this;
+  }
+  Stmt& text(int i, std::string_view v) {
+    sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& opt_text(int i, const std::optional<std::string>& v) {
+    if (v) return text(i, *v);
+    sqlite3_bind_null(s_, i);
+    return *this;
+  }
+  // An empty blob is bound as a zero-length blob, not NULL.
+  Stmt& blob(int i, const void* p, size_t n) {
+    if (n == 0) {
+      sqlite3_bind_zeroblob(s_, i, 0);
+    } else {
+      sqlite3_bind_blob(s_, i, p, static_cast<int>(n), SQLITE_TRANSIENT);
+    }
+    return *this;
+  }
+  template <class C>
+  Stmt& blob(int i, const C& c) {
+    return blob(i, c.data(), c.size() * sizeof(c[0]));
+  }
+  // true: a row is ready; false: done.
+  Result<bool> step() {
+    int rc = sqlite3_step(s_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    return c_->sqlite_error(rc, sqlite3_sql(s_));
+  }
+  // Steps to the end, ignoring rows.
+  Status run() {
+    for (;;) {
+      KV_ASSIGN_OR_RETURN(bool row, step());
+      if (!row) return Status::OK();
+    }
+  }
+  int64_t col_i64(int i) const { return sqlite3_column_int64(s_, i); }
+  bool is_null(int i) const { return sqlite3_column_type(s_, i) == SQLITE_NULL; }
+  std::string col_text(int i) const {
+    const unsigned char* p = sqlite3_column_text(s_, i);
+    return p ? std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(s_, i)) : std::string();
+  }
+  std::span<const std::byte> col_blob(int i) const {
+    const void* p = sqlite3_column_blob(s_, i);
+    int n = sqlite3_column_bytes(s_, i);
+    return p ? std::span<const std::byte>(static_cast<const std::byte*>(p), static_cast<size_t>(n))
+             : std::span<const std::byte>();
+  }
+
+ private:
+  Catalog* c_;
+  sqlite3_stmt* s_;
+  bool* in_use_;  // nullptr: a one-off statement, finalized when done
+};
+
+template <class F>
+Status Catalog::write_txn(F&& body) {
+  KV_RETURN_IF_ERROR(begin_immediate());
+  Status s = body();
+  if (!s.ok()) {
+    rollback();
+    return s;
+  }
+  return commit();
+}
+
+}  // namespace kvsnap
