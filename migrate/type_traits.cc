@@ -1,6 +1,7 @@
 #include "migrate/type_traits.h"
 
 #include <array>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -23,9 +24,25 @@ namespace ref = quants::ref;
 // One row per KV cache type, in the order of kv_cache_types() (ggml enum order); one column
 // per simd::Level, lowest first. nullptr: this level has no kernel of its own for it, the level
 // below's serves (the scalar column is complete).
+//
+// Whether an entry is there is recorded when the row is built (`Slot::set`), not found by
+// comparing the pointer with nullptr: gcc cannot compare the address of a function defined
+// in another file with nullptr in a constant expression under -fsanitize=undefined.
+template <class Fn>
+struct Slot {
+  Fn fn = nullptr;
+  bool set = false;
+  constexpr Slot() = default;
+  constexpr Slot(std::nullptr_t) {}
+  constexpr Slot(Fn f) : fn(f), set(true) {}
+};
+struct LevelCodec {
+  Slot<ToF32Fn> to_f32;
+  Slot<FromF32Fn> from_f32;
+};
 struct CodecRow {
   GgmlType id;
-  std::array<RowCodec, simd::kLevelCount> level;
+  std::array<LevelCodec, simd::kLevelCount> level;
 };
 
 constexpr CodecRow kCodecRows[] = {
@@ -70,7 +87,7 @@ static_assert(rows_follow_layouts(), "kCodecRows must follow kv_cache_types() or
 
 constexpr bool scalar_column_complete() {
   for (const CodecRow& r : kCodecRows) {
-    if (!r.level[0].to_f32 || !r.level[0].from_f32) return false;
+    if (!r.level[0].to_f32.set || !r.level[0].from_f32.set) return false;
   }
   return true;
 }
@@ -81,9 +98,9 @@ constexpr std::array<std::array<RowCodec, simd::kLevelCount>, kTypes> resolve_le
   std::array<std::array<RowCodec, simd::kLevelCount>, kTypes> out{};
   for (size_t i = 0; i < kTypes; i++) {
     for (size_t l = 0; l < simd::kLevelCount; l++) {
-      const RowCodec& own = kCodecRows[i].level[l];
-      out[i][l].to_f32 = own.to_f32 ? own.to_f32 : out[i][l - (l > 0)].to_f32;
-      out[i][l].from_f32 = own.from_f32 ? own.from_f32 : out[i][l - (l > 0)].from_f32;
+      const LevelCodec& own = kCodecRows[i].level[l];
+      out[i][l].to_f32 = own.to_f32.set ? own.to_f32.fn : out[i][l - (l > 0)].to_f32;
+      out[i][l].from_f32 = own.from_f32.set ? own.from_f32.fn : out[i][l - (l > 0)].from_f32;
     }
   }
   return out;
