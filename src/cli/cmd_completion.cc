@@ -100,7 +100,8 @@ void setup_completion(CLI::App& app, int& exit_status) {
       ->check(CLI::IsMember({"bash", "zsh"}));
   sub->footer("\nInstall: kvsnap completion bash > ~/.local/share/bash-completion/completions/kvsnap\n"
               "     or: source <(kvsnap completion bash)\n");
-  sub->callback([&app, &exit_status]() { exit_status = report("completion", Status::OK(), bash_script(app)); });
+  // The callback owns `shell`, which CLI11 writes into while parsing.
+  sub->callback([shell, &app, &exit_status]() { exit_status = report("completion", Status::OK(), bash_script(app)); });
 }
 
 }  // namespace kvsnap::cli
