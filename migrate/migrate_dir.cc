@@ -83,6 +83,7 @@ class Migrator {
     r.name = name;
     const auto t0 = Clock::now();
     Status s = convert_one(o_.dir + "/" + name, r);
+    if (s.code() == Code::kInterrupted) interrupted_.store(true);
     if (!s.ok()) {
       r.action = FileAction::kFailed;
       r.detail = s.ToString();
@@ -90,6 +91,8 @@ class Migrator {
     r.seconds = since(t0);
     return r;
   }
+  // The Io said stop (Ctrl-C): no further file is started.
+  bool interrupted() const { return interrupted_.load(); }
 
  private:
   Status convert_one(const std::string& path, FileOutcome& r) {
@@ -141,6 +144,7 @@ class Migrator {
 
   Io& io_;
   const MigrateOptions& o_;
+  std::atomic<bool> interrupted_{false};
 };
 
 Result<std::vector<std::string>> scan(Io& io, const MigrateOptions& o, MigrateSummary& sum) {
@@ -213,7 +217,7 @@ Result<MigrateSummary> migrate_dir(Io& io, const MigrateOptions& o) {
   std::mutex mu;
   size_t finished = 0;
   auto worker = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < todo.size();) {
+    for (size_t i; !m.interrupted() && (i = next.fetch_add(1)) < todo.size();) {
       if (o.progress) {
         std::lock_guard<std::mutex> lock(mu);
         o.progress(finished, todo.size(), nullptr, todo[i]);
@@ -226,6 +230,13 @@ Result<MigrateSummary> migrate_dir(Io& io, const MigrateOptions& o) {
   };
   const int jobs = std::max(1, std::min<int>(o.jobs, int(todo.size())));
   fork_join(size_t(jobs), [&](size_t) { worker(); });
+  if (m.interrupted()) {
+    size_t converted = 0;
+    for (const auto& f : done) converted += f.action == FileAction::kConverted;
+    return Status::Interrupted(o.dir + ": stopped by a signal after converting " + std::to_string(converted) + " of " +
+                               std::to_string(todo.size()) +
+                               " files; every file is either converted or untouched: run the same migrate again to finish");
+  }
   for (auto& f : done) sum.files.push_back(std::move(f));
   std::sort(sum.files.begin(), sum.files.end(), [](const FileOutcome& a, const FileOutcome& b) { return a.name < b.name; });
   sum.seconds = since(t0);

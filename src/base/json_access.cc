@@ -12,6 +12,7 @@ Status status_of(Code code, std::string msg) {
     case Code::kNotFound: return Status::NotFound(std::move(msg));
     case Code::kMismatch: return Status::Mismatch(std::move(msg));
     case Code::kAmbiguous: return Status::Ambiguous(std::move(msg));
+    case Code::kInterrupted: return Status::Interrupted(std::move(msg));
     case Code::kOk:  // an error is wanted: a damaged document
     case Code::kCorruption: break;
   }

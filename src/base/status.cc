@@ -12,6 +12,7 @@ const char* code_name(Code c) {
     case Code::kNotFound: return "not found";
     case Code::kMismatch: return "mismatch";
     case Code::kAmbiguous: return "ambiguous";
+    case Code::kInterrupted: return "interrupted";
   }
   return "unknown";
 }

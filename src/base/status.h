@@ -27,6 +27,7 @@ enum class Code {
   kNotFound,
   kMismatch,         // two valid things disagree (file vs model, type vs row size)
   kAmbiguous,        // more than one reading fits: more information (--model) needed
+  kInterrupted,      // the user stopped the operation (Ctrl-C): nothing was committed
 };
 
 const char* code_name(Code c);
@@ -42,6 +43,7 @@ class [[nodiscard]] Status {
   static Status NotFound(std::string m) { return Status(Code::kNotFound, std::move(m)); }
   static Status Mismatch(std::string m) { return Status(Code::kMismatch, std::move(m)); }
   static Status Ambiguous(std::string m) { return Status(Code::kAmbiguous, std::move(m)); }
+  static Status Interrupted(std::string m) { return Status(Code::kInterrupted, std::move(m)); }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }

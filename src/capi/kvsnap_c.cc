@@ -40,6 +40,7 @@ kvsnap_status to_c(Code c) {
     case Code::kMismatch: return KVSNAP_ERR_MISMATCH;
     case Code::kAmbiguous: return KVSNAP_ERR_AMBIGUOUS;
     case Code::kIOError: return KVSNAP_ERR_IO;
+    case Code::kInterrupted: return KVSNAP_ERR_IO;  // the C API's files are the caller's: never interrupted by kvsnap
     case Code::kNotFound: return KVSNAP_ERR_NOT_FOUND;
   }
   return KVSNAP_ERR_INVALID_ARGUMENT;

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "cli/progress.h"
 #include "cli/commands.h"
 #include "cli/era_options.h"
 #include "cli/exit_codes.h"
@@ -57,7 +58,7 @@ ConversionSpec spec_of(const ConvertOptions& o) {
 }  // namespace
 
 Status run_convert(const ConvertOptions& o, std::string& out, std::string& warnings) {
-  Io& io = posix_io();
+  Io& io = cli_io();
   KV_RETURN_IF_ERROR(check_not_same_file(o.in, o.out));
   KV_ASSIGN_OR_RETURN(OpenedState opened, open_state(io, o.in, o.model, o.input_format));
   const ReadableFile* file = opened.file.get();
@@ -70,7 +71,11 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
 
   const auto t0 = std::chrono::steady_clock::now();
   KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(io, o.out));
-  KV_ASSIGN_OR_RETURN(ConvertResult res, convert_state(src, *file, req, *writer));
+  Result<ConvertResult> converted = [&]() -> Result<ConvertResult> {
+    ProgressDisplay shown("convert " + o.in, Counted::kRead, file->size(), o.progress.mode(o.json));
+    return convert_state(src, *file, req, *writer);
+  }();
+  KV_ASSIGN_OR_RETURN(ConvertResult res, std::move(converted));
   KV_RETURN_IF_ERROR(writer->commit());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -158,6 +163,7 @@ void setup_convert(CLI::App& app, int& exit_status) {
   sub->add_option("--input-format", o->input_format, "raw-seq or raw-context for raw state buffers");
   sub->add_flag("--report", o->report, "per layer and side: RMSE, max |error| and SNR of the conversion");
   sub->add_flag("--json", o->json, "machine-readable summary including the per-layer report");
+  add_progress_flags(sub, o->progress);
   sub->footer(
       "\nExamples:\n"
       "  kvsnap convert slot-f16.bin slot-q8.bin --ctk q8_0 --ctv q8_0 --model model.gguf\n"

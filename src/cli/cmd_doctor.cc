@@ -3,6 +3,7 @@
 // says what to fix. Changes nothing.
 #include <unistd.h>
 
+#include "cli/progress.h"
 #include "cli/commands.h"
 #include "cli/store_common.h"
 #include "server/server_flows.h"
@@ -30,7 +31,7 @@ const char* verdict_word(Verdict v) {
 }
 
 bool is_dir(const std::string& p) {
-  auto there = posix_io().exists(p);
+  auto there = cli_io().exists(p);
   return there.ok() && *there && ::access(p.c_str(), X_OK) == 0;
 }
 
@@ -49,7 +50,7 @@ void check_store(const StorePaths& paths, std::vector<Check>& out) {
     return;
   }
   out.push_back({Verdict::kOk, "store", root + " is writable", ""});
-  auto has_catalog = posix_io().exists(paths.catalog());
+  auto has_catalog = cli_io().exists(paths.catalog());
   if (!has_catalog.ok() || !*has_catalog) {
     out.push_back({Verdict::kOk, "catalog", "none yet (the first `kvsnap save` creates it)", ""});
     return;
@@ -141,7 +142,7 @@ Status run_doctor(const DoctorOpts& o, std::string& out) {
   std::vector<Check> checks;
   KV_ASSIGN_OR_RETURN(StorePaths paths, resolve_store_paths(o.store));
   check_store(paths, checks);
-  auto profiles = ServerProfiles::load(posix_io(), paths.root);
+  auto profiles = ServerProfiles::load(cli_io(), paths.root);
   if (!profiles.ok()) {
     checks.push_back({Verdict::kFail, "server profiles", profiles.status().ToString(),
                       "fix or remove " + paths.root + "/servers.json, then kvsnap server add again"});

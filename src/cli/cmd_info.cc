@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "cli/progress.h"
 #include "cli/commands.h"
 #include "cli/era_options.h"
 #include "cli/exit_codes.h"
@@ -442,7 +443,7 @@ std::string render_human(const json& j) {
 }  // namespace
 
 Status run_info(const InfoOptions& opts, std::string& out) {
-  KV_ASSIGN_OR_RETURN(OpenedState in, open_state(posix_io(), opts.file, opts.model, opts.input_format));
+  KV_ASSIGN_OR_RETURN(OpenedState in, open_state(cli_io(), opts.file, opts.model, opts.input_format));
   const ModelInfo* model = in.model_ptr();
   RotationClaims claims;
   claims.src_rotation = opts.src_rotation;

@@ -1,4 +1,5 @@
 // kvsnap ls, show, find: what the store holds.
+#include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
 #include "cli/open_state.h"
@@ -36,7 +37,7 @@ struct ListOpts {
 Result<std::string> fingerprint_of(const std::string& model, const std::string& fingerprint) {
   if (!fingerprint.empty()) return fingerprint;
   if (model.empty()) return std::string();
-  KV_ASSIGN_OR_RETURN(ModelInfo m, load_model_info(posix_io(), model));
+  KV_ASSIGN_OR_RETURN(ModelInfo m, load_model_info(cli_io(), model));
   return m.profile.fingerprint;
 }
 
@@ -116,7 +117,7 @@ Status run_find(const FindOpts& o, std::string& out) {
     KV_ASSIGN_OR_RETURN(query, read_token_list(o.tokens_file));
     KV_ASSIGN_OR_RETURN(fingerprint, fingerprint_of(o.model, ""));
   } else {
-    KV_ASSIGN_OR_RETURN(OpenedState st, open_state(posix_io(), o.like, o.model, o.input_format));
+    KV_ASSIGN_OR_RETURN(OpenedState st, open_state(cli_io(), o.like, o.model, o.input_format));
     query = st.state.tokens.tokens;
     if (st.model) fingerprint = st.model->profile.fingerprint;
   }

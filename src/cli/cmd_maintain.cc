@@ -58,12 +58,17 @@ struct VerifyOpts {
   std::vector<std::string> refs;
   std::string store;
   bool all = false, json = false;
+  ProgressFlags progress;
 };
 
 Status run_verify(const VerifyOpts& o, std::string& out) {
   if (o.all == !o.refs.empty()) return Status::InvalidArgument("give snapshot names/ids or --all");
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
-  KV_ASSIGN_OR_RETURN(VerifyReport r, store->verify(o.refs));
+  Result<VerifyReport> verified = [&] {
+    ProgressDisplay shown("verify", Counted::kRead, stored_bytes_of(*store, o.refs), o.progress.mode(o.json));
+    return store->verify(o.refs);
+  }();
+  KV_ASSIGN_OR_RETURN(VerifyReport r, std::move(verified));
   if (o.json) {
     out = json{{"snapshots", r.snapshots}, {"chunks", r.chunks}, {"bytes", r.bytes}, {"problems", r.problems}}.dump(2) +
           "\n";
@@ -102,6 +107,7 @@ void setup_maintain_commands(CLI::App& app, int& exit_status) {
     sub->add_option("snapshot", o->refs, "names, ids or uuids");
     sub->add_flag("--all", o->all, "every snapshot, and the catalog's own consistency");
     sub->add_flag("--json", o->json, "machine-readable result");
+    add_progress_flags(sub, o->progress);
     bind(sub, o, run_verify, "verify", exit_status);
   }
 }

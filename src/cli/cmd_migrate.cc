@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "cli/progress.h"
 #include "cli/commands.h"
 #include "cli/era_options.h"
 #include "cli/exit_codes.h"
@@ -108,7 +109,7 @@ Status apply_server(MigrateOptions& o, std::string& note) {
 }  // namespace
 
 Status run_migrate(const MigrateOptions& given, std::string& out) {
-  Io& io = posix_io();
+  Io& io = cli_io();
   MigrateOptions o = given;
   std::string server_note;
   if (o.srv.given()) KV_RETURN_IF_ERROR(apply_server(o, server_note));
@@ -191,6 +192,7 @@ void setup_migrate(CLI::App& app, int& exit_status) {
   sub->add_option("--threads,-t", o->threads, "threads per file (default: cores / jobs)");
   sub->add_flag("--dry-run,-n", o->dry_run, "print the plan and the bytes that would be freed; change nothing");
   sub->add_flag("--json", o->json, "machine-readable summary");
+  sub->add_flag_callback("-q,--quiet", [o] { o->progress = false; }, "no per-file progress on stderr");
   sub->footer(
       "\nOnly regular files directly in DIR are touched; symlinks are never followed. Files already at the\n"
       "target and files that are not llama.cpp states are left alone. Exit status 5 when some file failed.\n"

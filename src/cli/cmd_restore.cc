@@ -1,4 +1,5 @@
 // kvsnap restore: a snapshot as a llama.cpp file (--out) or into a llama-server slot (--server).
+#include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
 #include "cli/era_options.h"
@@ -15,6 +16,7 @@ struct RestoreOpts {
   uint64_t tokens = 0;
   int threads = 0;
   bool force = false, json = false, check = false;
+  ProgressFlags progress;
   ServerOpts srv;
 };
 
@@ -26,7 +28,11 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
   t.stored_src_rotation = o.src_rotation;
   t.target_build = o.target_build;
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
-  KV_ASSIGN_OR_RETURN(ServerRestoreResult r, restore_to_server(posix_io(), *store, t, o.ref, o.check));
+  Result<ServerRestoreResult> restored = [&] {
+    ProgressDisplay shown("restore " + o.ref, Counted::kRead, stored_bytes_of(*store, {o.ref}), o.progress.mode(o.json));
+    return restore_to_server(cli_io(), *store, t, o.ref, o.check);
+  }();
+  KV_ASSIGN_OR_RETURN(ServerRestoreResult r, std::move(restored));
   json j = {{"snapshot", info_json(r.restore.info)}, {"server", t.endpoint.url}, {"slot", t.slot},
             {"n_restored", r.n_restored}, {"ctk", r.ctk}, {"ctv", r.ctv}, {"flash_attn", r.flash_attn},
             {"types_from", r.types_from}, {"model_from", r.model_from}, {"converted", r.restore.converted},
@@ -69,7 +75,7 @@ Status run_restore(const RestoreOpts& o, std::string& out) {
   KV_RETURN_IF_ERROR(refuse_existing(o.out, o.force));
   std::optional<ModelInfo> model;
   if (!o.model.empty()) {
-    KV_ASSIGN_OR_RETURN(model, load_model_info(posix_io(), o.model));
+    KV_ASSIGN_OR_RETURN(model, load_model_info(cli_io(), o.model));
   }
   RestoreRequest req;
   req.spec.ctk = o.ctk;
@@ -84,8 +90,12 @@ Status run_restore(const RestoreOpts& o, std::string& out) {
   req.model = model ? &*model : nullptr;
   if (o.tokens) req.tokens = o.tokens;
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
-  KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(posix_io(), o.out));
-  KV_ASSIGN_OR_RETURN(RestoreResult r, store->restore(o.ref, req, *writer));
+  KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(cli_io(), o.out));
+  Result<RestoreResult> restored = [&] {
+    ProgressDisplay shown("restore " + o.ref, Counted::kRead, stored_bytes_of(*store, {o.ref}), o.progress.mode(o.json));
+    return store->restore(o.ref, req, *writer);
+  }();
+  KV_ASSIGN_OR_RETURN(RestoreResult r, std::move(restored));
   KV_RETURN_IF_ERROR(writer->commit());
   if (o.json) {
     json j = {{"snapshot", info_json(r.info)}, {"output", o.out}, {"bytes", r.bytes_out},
@@ -124,6 +134,7 @@ void setup_restore(CLI::App& app, int& exit_status) {
     sub->add_option("--threads,-t", o->threads, "conversion threads (default: all cores)");
     sub->add_flag("--force", o->force, "replace --out if it exists");
     sub->add_flag("--json", o->json, "machine-readable result");
+    add_progress_flags(sub, o->progress);
     sub->footer("\nWithout --ctk/--ctv/--fa/--format/--tokens the output is the saved file, byte for byte.\n"
                 "With --server, --ctk/--ctv/--fa are the server's (else its profile's, else detected from a file it saves).\n"
                 "\nExamples:\n  kvsnap restore chat-42 -o slot.bin --ctk q8_0 --ctv q8_0\n"

@@ -1,4 +1,5 @@
 // kvsnap save: a state file, or a llama-server slot (--server), into the store.
+#include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
 #include "cli/era_options.h"
@@ -16,6 +17,7 @@ struct SaveOpts {
   int level = 3, threads = 0;
   unsigned cells_per_chunk = kDefaultCellsPerChunk;
   bool json = false;
+  ProgressFlags progress;
   ServerOpts srv;
 };
 
@@ -48,11 +50,15 @@ Status run_save(const SaveOpts& o, std::string& out) {
   req.threads = uint32_t(std::max(0, o.threads));
   req.cells_per_chunk = o.cells_per_chunk;
   if (o.srv.given()) return run_save_server(o, req, out);
-  KV_ASSIGN_OR_RETURN(OpenedState st, open_state(posix_io(), o.file, o.model, o.input_format));
+  KV_ASSIGN_OR_RETURN(OpenedState st, open_state(cli_io(), o.file, o.model, o.input_format));
   req.model = st.model_ptr();
   req.source_name = o.file;
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
-  KV_ASSIGN_OR_RETURN(SaveResult r, store->save(*st.file, st.state, req));
+  Result<SaveResult> saved = [&] {
+    ProgressDisplay shown("save " + o.file, Counted::kRead, st.file->size(), o.progress.mode(o.json));
+    return store->save(*st.file, st.state, req);
+  }();
+  KV_ASSIGN_OR_RETURN(SaveResult r, std::move(saved));
   return render_save(r, store->paths().root, o.json, out);
 }
 
@@ -60,11 +66,15 @@ Status run_save_server(const SaveOpts& o, SaveRequest req, std::string& out) {
   KV_ASSIGN_OR_RETURN(ServerTarget t, server_target(o.srv, o.store, "", "", "", o.model));
   std::optional<ModelInfo> model;
   if (!t.model.empty()) {
-    KV_ASSIGN_OR_RETURN(model, load_model_info(posix_io(), t.model));
+    KV_ASSIGN_OR_RETURN(model, load_model_info(cli_io(), t.model));
     req.model = &*model;
   }
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
-  KV_ASSIGN_OR_RETURN(ServerSaveResult r, save_from_server(posix_io(), *store, t, req));
+  Result<ServerSaveResult> saved = [&] {
+    ProgressDisplay shown("save slot " + std::to_string(t.slot), Counted::kRead, 0, o.progress.mode(o.json));
+    return save_from_server(cli_io(), *store, t, req);
+  }();
+  KV_ASSIGN_OR_RETURN(ServerSaveResult r, std::move(saved));
   const json extra = {{"server_build", server_build_json(r.build)}};
   KV_RETURN_IF_ERROR(render_save(r.save, store->paths().root, o.json, out, &extra));
   if (o.json) return Status::OK();
@@ -119,6 +129,7 @@ void setup_save(CLI::App& app, int& exit_status) {
     sub->add_option("--cells-per-chunk", o->cells_per_chunk, "cells per chunk (default 256)");
     sub->add_option("--threads,-t", o->threads, "compression threads (default: all cores)");
     sub->add_flag("--json", o->json, "machine-readable result");
+    add_progress_flags(sub, o->progress);
     sub->footer("\nExamples:\n  kvsnap save slot0.bin --name chat-42 --tag user=ana -m model.gguf\n"
                 "  kvsnap save slot0.bin --store-type q8_0 -m model.gguf    # half the space, lossy\n"
                 "  kvsnap save --server http://127.0.0.1:8080 --slot 0 --slot-dir /srv/slots --name chat-42\n");

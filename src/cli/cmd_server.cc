@@ -1,4 +1,5 @@
 // kvsnap server add, ls, rm: profiles of llama-servers (what a server does not report).
+#include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
 #include "server/server_profiles.h"
@@ -20,9 +21,9 @@ Status run_server_add(const ServerCmdOpts& o, std::string& out) {
     return Status::InvalidArgument("--flash-attn must be on or off");
   if (!o.api_key_file.empty()) KV_RETURN_IF_ERROR(read_api_key_file(o.api_key_file).status());
   KV_ASSIGN_OR_RETURN(StorePaths paths, resolve_store_paths(o.store));
-  KV_RETURN_IF_ERROR(posix_io().create_dirs(paths.root));
-  KV_ASSIGN_OR_RETURN(ServerProfiles profiles, ServerProfiles::load(posix_io(), paths.root));
-  KV_RETURN_IF_ERROR(profiles.put(posix_io(), {o.name, o.url, o.slot_dir, o.ctk, o.ctv, o.flash_attn, o.model,
+  KV_RETURN_IF_ERROR(cli_io().create_dirs(paths.root));
+  KV_ASSIGN_OR_RETURN(ServerProfiles profiles, ServerProfiles::load(cli_io(), paths.root));
+  KV_RETURN_IF_ERROR(profiles.put(cli_io(), {o.name, o.url, o.slot_dir, o.ctk, o.ctv, o.flash_attn, o.model,
                                                o.api_key_file}));
   out = "server profile '" + o.name + "' -> " + o.url + "\n";
   return Status::OK();
@@ -30,7 +31,7 @@ Status run_server_add(const ServerCmdOpts& o, std::string& out) {
 
 Status run_server_ls(const ServerCmdOpts& o, std::string& out) {
   KV_ASSIGN_OR_RETURN(StorePaths paths, resolve_store_paths(o.store));
-  KV_ASSIGN_OR_RETURN(ServerProfiles profiles, ServerProfiles::load(posix_io(), paths.root));
+  KV_ASSIGN_OR_RETURN(ServerProfiles profiles, ServerProfiles::load(cli_io(), paths.root));
   json a = json::array();
   for (const auto& p : profiles.all()) {
     a.push_back({{"name", p.name}, {"url", p.url}, {"slot_dir", p.slot_dir}, {"ctk", p.ctk}, {"ctv", p.ctv},
@@ -47,8 +48,8 @@ Status run_server_ls(const ServerCmdOpts& o, std::string& out) {
 
 Status run_server_rm(const ServerCmdOpts& o, std::string& out) {
   KV_ASSIGN_OR_RETURN(StorePaths paths, resolve_store_paths(o.store));
-  KV_ASSIGN_OR_RETURN(ServerProfiles profiles, ServerProfiles::load(posix_io(), paths.root));
-  KV_RETURN_IF_ERROR(profiles.remove(posix_io(), o.name));
+  KV_ASSIGN_OR_RETURN(ServerProfiles profiles, ServerProfiles::load(cli_io(), paths.root));
+  KV_RETURN_IF_ERROR(profiles.remove(cli_io(), o.name));
   out = "removed server profile '" + o.name + "'\n";
   return Status::OK();
 }

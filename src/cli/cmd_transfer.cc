@@ -1,6 +1,7 @@
 // kvsnap export, import: snapshots between stores as one archive.
 #include <sys/stat.h>
 
+#include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
 
@@ -11,12 +12,16 @@ struct ExportOpts {
   std::vector<std::string> refs;
   std::string out, store;
   bool force = false;
+  ProgressFlags progress;
 };
 
 Status run_export(const ExportOpts& o, std::string& out) {
   KV_RETURN_IF_ERROR(refuse_existing(o.out, o.force));
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
-  KV_RETURN_IF_ERROR(store->export_to(o.refs, o.out));
+  {
+    ProgressDisplay shown("export", Counted::kRead, stored_bytes_of(*store, o.refs), o.progress.mode(false));
+    KV_RETURN_IF_ERROR(store->export_to(o.refs, o.out));
+  }
   struct stat st {};
   ::stat(o.out.c_str(), &st);
   out = "exported " + std::to_string(o.refs.size()) + " snapshots to " + o.out + " (" + mib(uint64_t(st.st_size)) + ")\n";
@@ -26,11 +31,18 @@ Status run_export(const ExportOpts& o, std::string& out) {
 struct ImportOpts {
   std::string file, store;
   bool json = false;
+  ProgressFlags progress;
 };
 
 Status run_import(const ImportOpts& o, std::string& out) {
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
-  KV_ASSIGN_OR_RETURN(ImportReport r, store->import_from(o.file));
+  Result<ImportReport> imported = [&] {
+    struct stat st {};
+    const uint64_t total = ::stat(o.file.c_str(), &st) == 0 ? uint64_t(st.st_size) : 0;
+    ProgressDisplay shown("import " + o.file, Counted::kRead, total, o.progress.mode(o.json));
+    return store->import_from(o.file);
+  }();
+  KV_ASSIGN_OR_RETURN(ImportReport r, std::move(imported));
   if (o.json) {
     json a = json::array();
     for (const auto& s : r.imported) a.push_back(info_json(s));
@@ -52,6 +64,7 @@ void setup_transfer_commands(CLI::App& app, int& exit_status) {
     sub->add_option("snapshot", o->refs, "names, ids or uuids")->required();
     sub->add_option("-o,--out", o->out, "the archive to write (atomically)")->required();
     sub->add_flag("--force", o->force, "replace --out if it exists");
+    add_progress_flags(sub, o->progress);
     bind(sub, o, run_export, "export", exit_status);
   }
   {
@@ -60,6 +73,7 @@ void setup_transfer_commands(CLI::App& app, int& exit_status) {
                                              "hostile archives refused)");
     sub->add_option("file", o->file, "a kvsnap export (.tar.zst, .tar.gz, .tar.xz or .tar)")->required();
     sub->add_flag("--json", o->json, "machine-readable result");
+    add_progress_flags(sub, o->progress);
     bind(sub, o, run_import, "import", exit_status);
   }
 }

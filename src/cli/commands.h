@@ -7,6 +7,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "cli/progress.h"
 #include "cli/server_options.h"
 
 namespace CLI {
@@ -40,6 +41,7 @@ struct ConvertOptions {
   int threads = 0;               // 0 = all cores
   bool report = false;
   bool json = false;
+  ProgressFlags progress;
 };
 void setup_convert(CLI::App& app, int& exit_status);
 Status run_convert(const ConvertOptions& opts, std::string& out, std::string& warnings);

@@ -12,6 +12,8 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitUsage = 2;
 // An exception reached main: a bug in kvsnap, never an answer about the input.
 inline constexpr int kExitInternal = 70;
+// Ctrl-C (SIGINT) or SIGTERM stopped the command; what it was writing was removed (128 + SIGINT, as shells report).
+inline constexpr int kExitInterrupted = 130;
 
 inline int exit_code(const Status& s) {
   switch (s.code()) {
@@ -23,6 +25,7 @@ inline int exit_code(const Status& s) {
     case Code::kAmbiguous: return 6;
     case Code::kIOError: return 7;
     case Code::kNotFound: return 8;
+    case Code::kInterrupted: return kExitInterrupted;
   }
   return 1;
 }

@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
+#include "cli/progress.h"
 
 namespace {
 
@@ -14,6 +15,7 @@ int run(int argc, char** argv) {
   app.set_version_flag("--version", std::string("kvsnap ") + KVSNAP_VERSION);
   app.require_subcommand(1);
   app.footer("\nRun 'kvsnap COMMAND --help' for a command's options. Exit codes: docs/cli.md.");
+  kvsnap::cli::install_interrupt_handler();
   int exit_status = kvsnap::cli::kExitOk;
   kvsnap::cli::setup_all_commands(app, exit_status);
   try {

@@ -1,3 +1,4 @@
+#include "cli/progress.h"
 #include "cli/server_options.h"
 
 #include <CLI/CLI.hpp>
@@ -23,7 +24,7 @@ Result<ServerTarget> server_target(const ServerOpts& o, const std::string& store
   std::string key_file = o.api_key_file;
   if (o.server.find("://") == std::string::npos) {
     KV_ASSIGN_OR_RETURN(StorePaths paths, resolve_store_paths(store_dir));
-    KV_ASSIGN_OR_RETURN(ServerProfiles profiles, ServerProfiles::load(posix_io(), paths.root));
+    KV_ASSIGN_OR_RETURN(ServerProfiles profiles, ServerProfiles::load(cli_io(), paths.root));
     const ServerProfile* p = profiles.find(o.server);
     if (!p) return Status::NotFound("--server " + o.server + ": neither a URL nor a profile (kvsnap server ls)");
     t.endpoint.url = p->url;

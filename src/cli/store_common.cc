@@ -1,3 +1,4 @@
+#include "cli/progress.h"
 #include "cli/store_common.h"
 
 #include <sys/stat.h>
@@ -16,7 +17,25 @@ std::string mib(uint64_t b) {
 
 Result<std::unique_ptr<Store>> open_store(const std::string& dir) {
   KV_ASSIGN_OR_RETURN(StorePaths p, resolve_store_paths(dir));
-  return Store::open(posix_io(), p);
+  return Store::open(cli_io(), p);
+}
+
+uint64_t stored_bytes_of(Store& store, const std::vector<std::string>& refs) {
+  uint64_t total = 0;
+  if (refs.empty()) {
+    auto all = store.catalog().list();
+    if (!all.ok()) return 0;
+    for (const SnapshotInfo& s : *all) total += s.stored_bytes;
+    return total;
+  }
+  for (const std::string& r : refs) {
+    auto id = store.catalog().resolve(r);
+    if (!id.ok()) return 0;
+    auto info = store.catalog().get_info(*id);
+    if (!info.ok()) return 0;
+    total += info->stored_bytes;
+  }
+  return total;
 }
 
 json info_json(const SnapshotInfo& s) {
@@ -51,7 +70,7 @@ Status refuse_existing(const std::string& path, bool force) {
 }
 
 Result<std::vector<int32_t>> read_token_list(const std::string& path) {
-  KV_ASSIGN_OR_RETURN(auto bytes, read_all(posix_io(), path, uint64_t(256) << 20));
+  KV_ASSIGN_OR_RETURN(auto bytes, read_all(cli_io(), path, uint64_t(256) << 20));
   std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   auto parsed = parse_json(text, path, Code::kInvalidArgument);
   if (parsed.ok() && parsed->is_array()) {

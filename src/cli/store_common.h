@@ -24,6 +24,9 @@ using json = nlohmann::ordered_json;
 std::string mib(uint64_t b);  // "1.25 MiB"
 Result<std::unique_ptr<Store>> open_store(const std::string& dir);  // --store DIR, $KVSNAP_HOME, XDG
 json info_json(const SnapshotInfo& s);
+// The blob bytes reading these snapshots takes (every snapshot when `refs` is empty): the
+// total of a progress display. 0 when a ref does not resolve (the command itself will say so).
+uint64_t stored_bytes_of(Store& store, const std::vector<std::string>& refs);
 std::string label(const SnapshotInfo& s);  // "chat-42 (id 3)" or "id 3"
 Result<std::pair<std::string, std::string>> parse_tag(const std::string& t);  // KEY=VALUE
 Status refuse_existing(const std::string& path, bool force);  // kInvalidArgument unless --force

@@ -346,6 +346,7 @@ Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
     auto snap = open_snapshot(std::to_string(id));
     ++rep.snapshots;
     if (!snap.ok()) {
+      if (snap.status().code() == Code::kInterrupted) return snap.status();  // stopped, not damaged
       rep.problems.push_back(who + ": " + snap.status().ToString());
       continue;
     }
@@ -359,6 +360,7 @@ Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
       rep.problems.push_back(label + ": the catalog's content hash differs from the snapshot's");
     Status s = reader.verify_chunks();
     if (s.ok()) s = reader.verify_original();
+    if (s.code() == Code::kInterrupted) return s;
     if (!s.ok()) rep.problems.push_back(label + ": " + s.ToString());
     rep.chunks += reader.chunks().size();
     rep.bytes += reader.manifest().raw_bytes();

@@ -1,0 +1,84 @@
+// Progress and Ctrl-C for the long commands (save, restore, convert, verify, export,
+// import, gc, migrate).
+//
+// Nothing below the CLI knows about either. Every file the CLI opens goes through
+// cli_io(), an Io that counts the bytes read and written and, once SIGINT or SIGTERM
+// has arrived, answers every further read or write with Code::kInterrupted. The
+// operation then fails the way it fails on a disk error: atomic writers remove their
+// temporaries, the catalog rolls back, and the command exits 130 with nothing
+// half-written. A second Ctrl-C kills the process at once (the default action).
+//
+// ProgressDisplay draws "what: done / total (pct) rate ETA" on stderr, redrawn in
+// place, once the operation has run for a second, and clears it at the end; it draws
+// nothing when stderr is not a terminal or with --quiet. With --json it prints one
+// JSON line per second on stderr instead ({"progress": {...}}), for scripts.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "base/io.h"
+
+namespace CLI {
+class App;
+}
+
+namespace kvsnap::cli {
+
+// The Io every command uses: posix_io() with byte counters and the interrupt check.
+Io& cli_io();
+uint64_t cli_bytes_read();
+uint64_t cli_bytes_written();
+
+// Installs the SIGINT/SIGTERM handler (main does, once).
+void install_interrupt_handler();
+bool interrupted();
+
+// Testing knob: KVSNAP_TEST_INTERRUPT_AFTER_BYTES=N raises SIGINT in the process once
+// N bytes have been read or written through cli_io(), so tests can stop every command
+// at a known point through the real signal path.
+
+enum class ProgressMode { kAuto, kQuiet, kJson };
+
+// --quiet and --json as the long commands bind them.
+struct ProgressFlags {
+  bool quiet = false;
+  ProgressMode mode(bool json) const { return quiet ? ProgressMode::kQuiet : json ? ProgressMode::kJson : ProgressMode::kAuto; }
+};
+void add_progress_flags(CLI::App* sub, ProgressFlags& flags);
+
+enum class Counted { kRead, kWritten };
+
+class ProgressDisplay {
+ public:
+  // `what` names the operation ("save chat.bin"); `total` 0: unknown (no percentage, no ETA).
+  ProgressDisplay(std::string what, Counted counted, uint64_t total, ProgressMode mode);
+  ~ProgressDisplay();  // stops the drawing and clears the line
+  ProgressDisplay(const ProgressDisplay&) = delete;
+  ProgressDisplay& operator=(const ProgressDisplay&) = delete;
+  void set_total(uint64_t total) { total_.store(total); }
+
+ private:
+  void run();
+  void draw(bool final);
+  uint64_t done() const;
+
+  std::string what_;
+  Counted counted_;
+  std::atomic<uint64_t> total_;
+  ProgressMode mode_;
+  uint64_t base_ = 0;  // the counter when the operation started
+  std::chrono::steady_clock::time_point start_;
+  bool drew_ = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace kvsnap::cli

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# interrupt_test.sh KVSNAP FIXTURES: Ctrl-C during every long command leaves nothing half-written,
+# and progress shows on a terminal only.
+#
+# Each command is stopped by a real SIGINT through kvsnap's handler, raised by the process itself
+# once N bytes went through its file layer (KVSNAP_TEST_INTERRUPT_AFTER_BYTES, src/cli/progress.h),
+# so the stop lands mid-operation every time. After it: exit 130, "interrupted" on stderr, no output
+# file, no temporary anywhere, the store unchanged (ls) and whole (verify --all), a migrated
+# directory whose every file is either its original bytes or a complete converted file.
+set -uo pipefail
+kvsnap="$1"; fx="$2"
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+export KVSNAP_HOME="$work/store"
+src="$fx/b10361/hd128-f16-f16-faon.slot" model="$fx/models/tiny-hd128.gguf"
+size=$(stat -c %s "$src")
+third=$((size / 3))
+fails=0
+ok() { echo "ok    $1"; }
+bad() { echo "FAIL  $1"; fails=$((fails + 1)); }
+# stopped NAME RC ERRFILE: the command ended as an interrupted one
+stopped() {
+  if [ "$2" -eq 130 ] && grep -q "interrupted" "$3"; then ok "$1: exit 130, $(tail -n1 "$3" | cut -c1-110)"
+  else bad "$1: exit $2 (want 130 and 'interrupted'): $(tail -n2 "$3")"; fi
+}
+no_temps() {  # no_temps NAME DIR...: no kvsnap temporary left in DIRs (the store's tmp/ included)
+  local left; left=$(find "${@:2}" \( -name '*kvsnap-tmp*' -o -path '*/store*/tmp/*' \) -type f 2>/dev/null | head -n3)
+  if [ -z "$left" ]; then ok "$1: no temporaries left"; else bad "$1: temporaries left: $left"; fi
+}
+store_whole() {  # store_whole NAME WANT_COUNT
+  local n; n=$("$kvsnap" ls --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
+  if [ "$n" = "$2" ]; then ok "$1: the store lists $n snapshots, as before"; else bad "$1: the store lists $n snapshots, want $2"; fi
+  if "$kvsnap" verify --all >/dev/null 2>&1; then ok "$1: verify --all passes"; else bad "$1: verify --all fails"; fi
+}
+stop_after() { KVSNAP_TEST_INTERRUPT_AFTER_BYTES="$1" "${@:2}"; }
+
+mkdir -p "$work/out"
+# convert
+stop_after "$third" "$kvsnap" convert "$src" "$work/out/c.slot" --ctk q8_0 --ctv q8_0 --model "$model" \
+  >/dev/null 2>"$work/err"; stopped "convert" $? "$work/err"
+[ ! -e "$work/out/c.slot" ] && ok "convert: no output file" || bad "convert: the output exists"
+no_temps convert "$work/out"
+"$kvsnap" convert "$src" "$work/out/c.slot" --ctk q8_0 --ctv q8_0 --model "$model" >/dev/null 2>&1 \
+  && ok "convert: the same command without the signal succeeds" || bad "convert: fails without the signal"
+rm -f "$work/out/c.slot"
+
+# save (the store is new: an interrupted first save leaves an empty store)
+"$kvsnap" save "$fx/v0.5.0/hd64-f16-f16-faon.slot" --name base >/dev/null || bad "save: setup"
+stop_after "$third" "$kvsnap" save "$src" --name big --model "$model" >/dev/null 2>"$work/err"; stopped "save" $? "$work/err"
+store_whole save 1
+no_temps save "$KVSNAP_HOME"
+"$kvsnap" save "$src" --name big --model "$model" >/dev/null 2>&1 && ok "save: succeeds without the signal" || bad "save: fails without the signal"
+
+# restore (to a file, converting)
+stop_after "$third" "$kvsnap" restore big -o "$work/out/r.slot" --ctk q8_0 --ctv q8_0 >/dev/null 2>"$work/err"
+stopped "restore" $? "$work/err"
+[ ! -e "$work/out/r.slot" ] && ok "restore: no output file" || bad "restore: the output exists"
+no_temps restore "$work/out" "$KVSNAP_HOME"
+
+# verify: stopped is not damaged (exit 130, not 3)
+stop_after "$third" "$kvsnap" verify --all >/dev/null 2>"$work/err"; stopped "verify" $? "$work/err"
+
+# export
+stop_after "$third" "$kvsnap" export big base -o "$work/out/e.tar.zst" >/dev/null 2>"$work/err"; stopped "export" $? "$work/err"
+[ ! -e "$work/out/e.tar.zst" ] && ok "export: no archive" || bad "export: the archive exists"
+no_temps export "$work/out" "$KVSNAP_HOME"
+
+# import into a second store
+"$kvsnap" export big base -o "$work/e.tar.zst" >/dev/null 2>&1 || bad "import: setup export"
+KVSNAP_HOME="$work/store2" "$kvsnap" save "$fx/v0.5.0/hd64-f16-f16-faoff.slot" --name other >/dev/null 2>&1
+KVSNAP_HOME="$work/store2" stop_after "$(( $(stat -c %s "$work/e.tar.zst") / 2 ))" "$kvsnap" import "$work/e.tar.zst" \
+  >/dev/null 2>"$work/err"; stopped "import" $? "$work/err"
+KVSNAP_HOME="$work/store2" store_whole import 1
+no_temps import "$work/store2"
+
+# migrate: every file either untouched or converted
+mkdir -p "$work/slots"
+for i in 1 2 3 4; do cp "$src" "$work/slots/s$i.bin"; done
+orig=$(sha256sum <"$src" | cut -d' ' -f1)
+# a file costs its size in reads plus about half in writes: the stop lands in the second file
+stop_after $((size * 2)) "$kvsnap" migrate "$work/slots" --ctk q8_0 --ctv q8_0 --model "$model" \
+  >/dev/null 2>"$work/err"; stopped "migrate" $? "$work/err"
+n_conv=0 n_orig=0
+for f in "$work/slots"/s*.bin; do
+  if [ "$(sha256sum <"$f" | cut -d' ' -f1)" = "$orig" ]; then n_orig=$((n_orig + 1))
+  elif "$kvsnap" info "$f" --model "$model" --json >"$work/info" 2>&1 && grep -q '"q8_0"' "$work/info"; then n_conv=$((n_conv + 1))
+  else bad "migrate: $f is neither the original nor a q8_0 file"; fi
+done
+[ $((n_conv + n_orig)) -eq 4 ] && [ $n_orig -ge 1 ] && [ $n_conv -ge 1 ] && ok "migrate: $n_conv converted, $n_orig untouched" \
+  || bad "migrate: $n_conv converted, $n_orig untouched (want all 4 accounted for, the stop between the first and the last)"
+no_temps migrate "$work/slots"
+"$kvsnap" migrate "$work/slots" --ctk q8_0 --ctv q8_0 --model "$model" >/dev/null 2>&1 \
+  && ok "migrate: the same command finishes the directory" || bad "migrate: the rerun fails"
+
+# progress: on a terminal (a pty from script(1)) it is drawn and cleared; not on a pipe; JSON with --json
+export KVSNAP_PROGRESS_DELAY_MS=0
+script -qec "$kvsnap convert $src $work/out/p.slot --ctk q4_0 --ctv q4_0 --model $model" /dev/null >"$work/tty" 2>&1
+if grep -q "kvsnap convert $src: " "$work/tty" && grep -q $'\r\033\\[K' "$work/tty"; then ok "progress: drawn on a terminal, cleared after"
+else bad "progress: nothing drawn on a terminal: $(head -c 300 "$work/tty" | od -c | head -n4)"; fi
+rm -f "$work/out/p.slot"
+"$kvsnap" convert "$src" "$work/out/p.slot" --ctk q4_0 --ctv q4_0 --model "$model" >/dev/null 2>"$work/err"
+[ ! -s "$work/err" ] && ok "progress: nothing on stderr when it is not a terminal" || bad "progress: stderr not empty: $(head -c 200 "$work/err")"
+rm -f "$work/out/p.slot"
+script -qec "$kvsnap convert $src $work/out/p.slot --ctk q4_0 --ctv q4_0 --model $model --quiet" /dev/null >"$work/tty" 2>&1
+! grep -q "kvsnap convert $src: " "$work/tty" && ok "progress: --quiet draws nothing on a terminal" || bad "progress: --quiet drew"
+rm -f "$work/out/p.slot"
+"$kvsnap" convert "$src" "$work/out/p.slot" --ctk q4_0 --ctv q4_0 --model "$model" --json >/dev/null 2>"$work/err"
+if python3 -c 'import json,sys; ev=[json.loads(l)["progress"] for l in open(sys.argv[1])]; assert ev and ev[-1]["finished"] and 0 < ev[-1]["done_bytes"] <= ev[-1]["total_bytes"], ev' "$work/err"; then
+  ok "progress: --json gives JSON lines on stderr, the last one finished"
+else bad "progress: --json events wrong: $(head -c 300 "$work/err")"; fi
+
+echo "$fails failed"
+exit $((fails > 0))
