@@ -72,6 +72,7 @@ void setup_maintain_commands(CLI::App& app, int& exit_status);  // cmd_maintain.
 void setup_transfer_commands(CLI::App& app, int& exit_status);  // cmd_transfer.cc: export, import
 void setup_server_commands(CLI::App& app, int& exit_status);    // cmd_server.cc: server add, ls, rm
 void setup_doctor(CLI::App& app, int& exit_status);             // cmd_doctor.cc
+void setup_man(CLI::App& app, int& exit_status);                // cmd_man.cc: manual pages from the command tree
 // cmd_completion.cc: a completion script from the whole command tree; set up last.
 void setup_completion(CLI::App& app, int& exit_status);
 

@@ -15,6 +15,25 @@ inline constexpr int kExitInternal = 70;
 // Ctrl-C (SIGINT) or SIGTERM stopped the command; what it was writing was removed (128 + SIGINT, as shells report).
 inline constexpr int kExitInterrupted = 130;
 
+// What each exit status means, for kvsnap(1) (docs/cli.md keeps the same table).
+struct ExitMeaning {
+  int code;
+  const char* meaning;
+};
+inline constexpr ExitMeaning kExitMeanings[] = {
+    {0, "success"},
+    {2, "bad arguments, and every usage error (unknown option or command, missing or malformed value)"},
+    {3, "corrupt input: truncated, bad count, bad magic"},
+    {4, "not supported: a well-formed input kvsnap does not handle (unknown version, unknown magic)"},
+    {5, "mismatch: the file and the model (or target) disagree"},
+    {6, "ambiguous: more than one layout fits (pass --model), or the result depends on a rotation nothing decides "
+        "(pass --source-build/--src-rotation, or --target-build/--dst-rotation)"},
+    {7, "I/O error"},
+    {8, "not found"},
+    {70, "internal error: an exception reached main (a kvsnap bug)"},
+    {130, "interrupted: Ctrl-C (SIGINT) or SIGTERM stopped the command; what it was writing is removed"},
+};
+
 inline int exit_code(const Status& s) {
   switch (s.code()) {
     case Code::kOk: return 0;

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# man_test.sh KVSNAP: `kvsnap man --dir` writes a page per command; each renders with groff -man
+# without a warning, names every option its --help lists, and the main page lists every command
+# and every exit status of docs/cli.md.
+set -uo pipefail
+kvsnap="$1"
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+fails=0
+bad() { echo "FAIL $1"; fails=$((fails + 1)); }
+"$kvsnap" man --dir "$work" >/dev/null || { echo "FAIL kvsnap man --dir"; exit 1; }
+commands=$("$kvsnap" --help | sed -n '/^Subcommands:/,/^$/p' | awk 'NR > 1 && /^  [a-z]/ { print $1 }')
+[ -n "$commands" ] || { echo "FAIL no commands in kvsnap --help"; exit 1; }
+render() { groff -man -Tutf8 -ww -z "$1" 2>&1; }
+text_of() { groff -man -Tutf8 -rLL=250n "$1" 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g; s/.\x08//g'; }
+main=$(text_of "$work/kvsnap.1")
+w=$(render "$work/kvsnap.1"); [ -z "$w" ] || bad "kvsnap.1: groff warns: $w"
+for code in $(sed -n 's/^| \([0-9][0-9]*\) |.*/\1/p' "$(dirname "$0")/../../docs/cli.md"); do
+  grep -qE "^ +$code( |$)" <<<"$main" || bad "kvsnap.1 lacks exit status $code"
+done
+for c in $commands; do
+  grep -qE "^ +$c( |$)" <<<"$main" || bad "kvsnap.1 does not list $c"
+  paths="$c"
+  sub=$("$kvsnap" "$c" --help | sed -n '/^Subcommands:/,/^$/p' | awk 'NR > 1 && /^  [a-z]/ { print $1 }')
+  for s in $sub; do paths="$paths|$c $s"; done
+  IFS='|' read -r -a list <<<"$paths"
+  for p in "${list[@]}"; do
+    page="$work/kvsnap-${p// /-}.1"
+    [ -f "$page" ] || { bad "no page for '$p'"; continue; }
+    w=$(render "$page"); [ -z "$w" ] || bad "$page: groff warns: $w"
+    text=$(text_of "$page")
+    # shellcheck disable=SC2086
+    for opt in $("$kvsnap" $p --help | grep -oE -- '--[a-z][a-z0-9-]*' | sort -u); do
+      grep -q -- "$opt" <<<"$text" || bad "$page lacks $opt (in '$p --help')"
+    done
+  done
+done
+n=$(ls "$work"/*.1 | wc -l)
+echo "$n pages checked, $fails failed"
+exit $((fails > 0))
