@@ -10,7 +10,7 @@
 #include <limits>
 
 #include "format/cursor.h"
-#include "format/gguf_writer.h"
+#include "support/gguf_writer.h"
 #include "format/model_profile.h"
 #include "tools/model_builder.h"
 

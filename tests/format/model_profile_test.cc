@@ -6,7 +6,7 @@
 
 #include <filesystem>
 
-#include "format/gguf_writer.h"
+#include "support/gguf_writer.h"
 #include "tools/model_builder.h"
 
 namespace kvsnap {

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "format/gguf.h"
-#include "format/gguf_writer.h"
+#include "support/gguf_writer.h"
 #include "format/model_profile.h"
 #include "tools/model_builder.h"
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "format/gguf_writer.h"
+#include "support/gguf_writer.h"
 
 namespace kvsnap::testing {
 

@@ -1,4 +1,4 @@
-#include "format/gguf_writer.h"
+#include "support/gguf_writer.h"
 
 #include <cstring>
 
