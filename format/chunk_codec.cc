@@ -10,6 +10,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "base/byte_order.h"
 #include "format/ggml_types.h"
 
 namespace kvsnap {
@@ -35,19 +36,12 @@ const char* filter_name(ChunkFilter f) {
 
 namespace {
 
-uint64_t load_u64(const std::byte* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = v << 8 | uint64_t(p[i]);
-  return v;
-}
-
 void store_header(std::byte* p, const BlobHeader& h) {
   for (size_t i = 0; i < 4; ++i) p[i] = std::byte(kBlobMagic[i]);
   p[4] = std::byte(uint8_t(h.codec));
   p[5] = std::byte(uint8_t(h.filter));
-  p[6] = std::byte(h.elem_size & 0xff);
-  p[7] = std::byte(h.elem_size >> 8);
-  for (int i = 0; i < 8; ++i) p[8 + i] = std::byte((h.raw_size >> (8 * i)) & 0xff);
+  store_le(p + 6, h.elem_size, 2);
+  store_le(p + 8, h.raw_size, 8);
 }
 
 }  // namespace
@@ -71,8 +65,8 @@ Result<BlobHeader> read_blob_header(std::span<const std::byte> blob) {
   }
   h.codec = ChunkCodec(codec);
   h.filter = ChunkFilter(filter);
-  h.elem_size = uint16_t(uint8_t(blob[6]) | uint8_t(blob[7]) << 8);
-  h.raw_size = load_u64(blob.data() + 8);
+  h.elem_size = load_le<uint16_t>(blob.data() + 6);
+  h.raw_size = load_le<uint64_t>(blob.data() + 8);
   if (h.filter == ChunkFilter::kShuffle && (h.elem_size < 2 || h.elem_size > kMaxShuffleElem)) {
     return Status::Corruption("chunk blob: shuffle element size " + std::to_string(h.elem_size) + " is out of range (2.." +
                               std::to_string(kMaxShuffleElem) + ")");

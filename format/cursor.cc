@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/byte_order.h"
+
 namespace kvsnap {
 namespace {
 // Small on purpose: after skipping tensor rows only a header is read, and
@@ -51,7 +53,7 @@ Status Cursor::read(void* dst, uint64_t n, const char* what) {
 Result<uint32_t> Cursor::u32(const char* what) {
   uint8_t b[4];
   KV_RETURN_IF_ERROR(read(b, 4, what));
-  return uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24;
+  return load_le<uint32_t>(b);
 }
 
 Result<int32_t> Cursor::i32(const char* what) {
@@ -80,14 +82,9 @@ Status Cursor::seek(uint64_t offset) {
   return Status::OK();
 }
 
-void put_u32(std::vector<std::byte>& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(std::byte((v >> (8 * i)) & 0xff));
-}
-void put_i32(std::vector<std::byte>& out, int32_t v) { put_u32(out, static_cast<uint32_t>(v)); }
-void put_u64(std::vector<std::byte>& out, uint64_t v) {
-  put_u32(out, static_cast<uint32_t>(v));
-  put_u32(out, static_cast<uint32_t>(v >> 32));
-}
+void put_u32(std::vector<std::byte>& out, uint32_t v) { append_le(out, v); }
+void put_i32(std::vector<std::byte>& out, int32_t v) { append_le(out, v); }
+void put_u64(std::vector<std::byte>& out, uint64_t v) { append_le(out, v); }
 Status write_u32(ByteSink& sink, uint32_t v) {
   std::vector<std::byte> b;
   put_u32(b, v);

@@ -6,6 +6,7 @@
 #include <limits>
 #include <memory>
 
+#include "base/byte_order.h"
 #include "base/sha256.h"
 #include "format/cursor.h"
 
@@ -30,12 +31,6 @@ std::string quote(std::string_view s) {
 }
 
 uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
-
-uint64_t load_le(const std::byte* p, uint32_t n) {
-  uint64_t v = 0;
-  for (uint32_t i = 0; i < n; ++i) v |= uint64_t(std::to_integer<uint8_t>(p[i])) << (8 * i);
-  return v;
-}
 
 int64_t sign_extend(uint64_t v, uint32_t bytes) {
   if (bytes >= 8) return static_cast<int64_t>(v);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/byte_order.h"
 #include "format/snapshot.h"
 
 namespace kvsnap::snapshot_detail {
@@ -103,8 +104,7 @@ class SpanReader {
   Status little(T& v, const char* what) {
     std::array<uint8_t, sizeof(T)> b{};
     KV_RETURN_IF_ERROR(fixed(b.data(), sizeof(T), what));
-    v = 0;
-    for (size_t i = sizeof(T); i-- > 0;) v = T(v << 8 | b[i]);
+    v = load_le<T>(b.data());
     return Status::OK();
   }
   std::span<const std::byte> d_;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "base/byte_order.h"
 #include "base/json_access.h"
 #include "format/cursor.h"
 #include "format/ggml_types.h"
@@ -205,8 +206,7 @@ std::vector<std::byte> encode_chunks(const std::vector<ChunkRef>& chunks) {
     put_u64(b, c.stored_size);
     b.push_back(std::byte(uint8_t(c.codec)));
     b.push_back(std::byte(uint8_t(c.filter)));
-    b.push_back(std::byte(c.elem_size & 0xff));
-    b.push_back(std::byte(c.elem_size >> 8));
+    append_le(b, c.elem_size);
     put_u32(b, 0);
   }
   return b;

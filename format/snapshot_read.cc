@@ -6,6 +6,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "base/byte_order.h"
 #include "base/json_access.h"
 #include "format/ggml_types.h"
 #include "format/snapshot.h"
@@ -306,14 +307,6 @@ SnapshotReader::CacheStats SnapshotReader::cache_stats() const {
 
 namespace {
 
-uint64_t load_u64(const std::byte* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = v << 8 | uint64_t(p[i]);
-  return v;
-}
-uint32_t load_u32(const std::byte* p) {
-  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
-}
 bool has_magic(const std::byte* p) { return std::memcmp(p, kFileMagic.data(), kFileMagic.size()) == 0; }
 
 Status check_versions(const std::string& name, uint32_t version, uint32_t min_reader, const char* where) {
@@ -353,7 +346,7 @@ Result<std::unique_ptr<SnapshotReader>> open_snapshot_file(const ReadableFile& f
   std::array<std::byte, kPreambleBytes> pre{};
   KV_RETURN_IF_ERROR(file.read_at(0, pre));
   if (!has_magic(pre.data())) return Status::Corruption(name + ": not a kvsnap snapshot file (bad magic)");
-  KV_RETURN_IF_ERROR(check_versions(name, load_u32(pre.data() + 8), load_u32(pre.data() + 12), "preamble"));
+  KV_RETURN_IF_ERROR(check_versions(name, load_le<uint32_t>(pre.data() + 8), load_le<uint32_t>(pre.data() + 12), "preamble"));
   std::array<std::byte, kTrailerBytes> tr{};
   KV_RETURN_IF_ERROR(file.read_at(size - kTrailerBytes, tr));
   if (!has_magic(tr.data() + 72)) {
@@ -361,11 +354,11 @@ Result<std::unique_ptr<SnapshotReader>> open_snapshot_file(const ReadableFile& f
                               ": no kvsnap trailer at the end: the file is truncated, was not completely written, "
                               "or has bytes appended");
   }
-  const uint64_t area_off = load_u64(tr.data()), area_len = load_u64(tr.data() + 8);
-  const uint64_t man_off = load_u64(tr.data() + 16), man_len = load_u64(tr.data() + 24);
-  const uint32_t version = load_u32(tr.data() + 64), min_reader = load_u32(tr.data() + 68);
+  const uint64_t area_off = load_le<uint64_t>(tr.data()), area_len = load_le<uint64_t>(tr.data() + 8);
+  const uint64_t man_off = load_le<uint64_t>(tr.data() + 16), man_len = load_le<uint64_t>(tr.data() + 24);
+  const uint32_t version = load_le<uint32_t>(tr.data() + 64), min_reader = load_le<uint32_t>(tr.data() + 68);
   KV_RETURN_IF_ERROR(check_versions(name, version, min_reader, "trailer"));
-  if (version != load_u32(pre.data() + 8) || min_reader != load_u32(pre.data() + 12)) {
+  if (version != load_le<uint32_t>(pre.data() + 8) || min_reader != load_le<uint32_t>(pre.data() + 12)) {
     return Status::Corruption(name + ": preamble and trailer disagree on the format version");
   }
   const uint64_t body = size - kPreambleBytes - kTrailerBytes;
