@@ -1,0 +1,214 @@
+#include "migrate/fp_strict.h"  // first: no FMA contraction in this file
+
+// AVX2 + FMA + F16C fused rows (simd::Level::kAvx2): to_f32, rotation, from_f32 per rotation
+// block in one pass, the structure of x86_avx512.cc's with 8-wide vectors. Each step is the
+// same operations as the separate AVX2 kernels (f16_to_f32_avx2, hadamard_avx2,
+// q8_0_from_f32_avx2, f16_from_f32_avx2), so the bytes equal the three steps' (and the scalar
+// reference's). See x86_common.h for the rules.
+//
+// A rotation block of R = 64, 128 or 256 values: each 64-value chunk is rotated in 8 registers
+// (stages len 1..32); for R > 64 the chunks go to an L1 buffer where the middle stage (len 64,
+// R = 256) runs, and the last stage (len R / 2) is done as the values are read back, two output
+// quant blocks (8 registers) at a time: block j (u + w) and block j + R / 64 (u - w).
+
+#include "migrate/kernels/x86_common.h"
+
+#ifdef KVSNAP_SIMD_X86
+
+namespace kvsnap::simd::x86 {
+namespace {
+
+struct Rot8 {
+  __m256 scale;
+  __m256 s[3];
+};
+
+KV_AVX2_INLINE Rot8 rot8(uint32_t r) {
+  Rot8 k;
+  k.scale = _mm256_set1_ps(fwht_scale(r));
+  load_signs8(k.s);
+  return k;
+}
+
+// The rotation block of R values whose 64-value chunk c (8 registers, f32, unscaled) load(c, v)
+// gives, rotated; emit(v, a, b) receives the rotated values 8 registers at a time: values a..a+31
+// in v[0..3], b..b+31 in v[4..7]. Returns false without emitting anything when the block holds
+// an inf or NaN (then every rotated value is inf or NaN: each is a +- sum of all the inputs,
+// and inf - inf is NaN), checked on the first rotated value of each half.
+template <int R, class Load, class Emit>
+KV_AVX2_INLINE bool rotate_block(const Rot8& k, Load load, Emit emit) {
+  static_assert(R == 64 || R == 128 || R == 256, "n_rot 64, 128, 256");
+  if constexpr (R == 64) {
+    __m256 v[8];
+    load(0, v);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) v[i] = _mm256_mul_ps(v[i], k.scale);
+    fwht_regs8<8>(v, k.s);
+    if (!std::isfinite(_mm256_cvtss_f32(v[0]))) return false;
+    emit(v, 0, 32);
+  } else {
+    alignas(32) float buf[R];
+    for (int c = 0; c < R / 64; c++) {
+      __m256 v[8];
+      load(c, v);
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; i++) v[i] = _mm256_mul_ps(v[i], k.scale);
+      fwht_regs8<8>(v, k.s);
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; i++) _mm256_store_ps(buf + 64 * c + 8 * i, v[i]);
+    }
+    if constexpr (R == 256) {  // stage len 64
+      for (int i = 0; i < R; i += 128) {
+#pragma GCC unroll 8
+        for (int j = 0; j < 64; j += 8) {
+          const __m256 u = _mm256_load_ps(buf + i + j), w = _mm256_load_ps(buf + i + 64 + j);
+          _mm256_store_ps(buf + i + j, _mm256_add_ps(u, w));
+          _mm256_store_ps(buf + i + 64 + j, _mm256_sub_ps(u, w));
+        }
+      }
+    }
+    if (!std::isfinite(buf[0]) || !std::isfinite(buf[R / 2])) return false;
+    for (int j = 0; j < R / 2; j += 32) {  // the last stage, len R / 2
+      __m256 v[8];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; i++) {
+        const __m256 u = _mm256_load_ps(buf + j + 8 * i), w = _mm256_load_ps(buf + R / 2 + j + 8 * i);
+        v[i] = _mm256_add_ps(u, w);
+        v[4 + i] = _mm256_sub_ps(u, w);
+      }
+      emit(v, j, R / 2 + j);
+    }
+  }
+  return true;
+}
+
+// 64 f16 values -> 8 registers of floats (f16_to_f32_avx2).
+KV_AVX2_INLINE void load_f16x64(const std::byte* in, __m256* v) {
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i++) v[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 16 * i)));
+}
+
+// Two q8_0 blocks (v[0..3], v[4..7]) of finite values -> out_a, out_b: q8_0_from_f32_avx2's
+// operations, both abs-max reductions in one register (block a in lanes 0-3, b in 4-7) and
+// both scale divisions in one vector division. q = roundf(x * id) lies in -127..127 when id is
+// finite, so saturating packs keep the reference's (int8_t) bytes; an infinite id (an amax
+// below ~1e-36, which rotated f16 values never give: their nonzero sums are >= 2^-77) takes
+// the scalar reference instead.
+KV_AVX2_INLINE void q8_0_pair(const __m256* v, std::byte* out_a, std::byte* out_b) {
+  const __m256 ma = _mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3])));
+  const __m256 mb = _mm256_max_ps(_mm256_max_ps(abs8(v[4]), abs8(v[5])), _mm256_max_ps(abs8(v[6]), abs8(v[7])));
+  __m256 t = _mm256_max_ps(_mm256_permute2f128_ps(ma, mb, 0x20), _mm256_permute2f128_ps(ma, mb, 0x31));
+  t = _mm256_max_ps(t, _mm256_permute_ps(t, 0x4E));
+  t = _mm256_max_ps(t, _mm256_permute_ps(t, 0xB1));  // amax of a in lanes 0-3, of b in 4-7
+  const __m256 d = _mm256_div_ps(t, _mm256_set1_ps(static_cast<float>((1 << 7) - 1)));
+  const __m256 id = _mm256_and_ps(_mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_UQ), _mm256_div_ps(_mm256_set1_ps(1.0f), d));
+  if (__builtin_expect(_mm256_movemask_ps(_mm256_cmp_ps(id, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ)) != 0, 0)) {
+    alignas(32) float tmp[64];
+    for (int i = 0; i < 8; i++) _mm256_store_ps(tmp + 8 * i, v[i]);
+    quants::ref::q8_0_from_f32(tmp, out_a, kQK);
+    quants::ref::q8_0_from_f32(tmp + kQK, out_b, kQK);
+    return;
+  }
+  const __m128i dh = _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT);  // d is not NaN: F16C == ggml
+  store_u16(out_a, static_cast<uint16_t>(_mm_extract_epi16(dh, 0)));
+  store_u16(out_b, static_cast<uint16_t>(_mm_extract_epi16(dh, 4)));
+  const __m256 ida = _mm256_permute2f128_ps(id, id, 0x00), idb = _mm256_permute2f128_ps(id, id, 0x11);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int h = 0; h < 2; h++) {
+    const __m256* x = v + 4 * h;
+    const __m256 vid = h == 0 ? ida : idb;
+    const __m256i w01 = _mm256_packs_epi32(roundf_to_i32_8(_mm256_mul_ps(x[0], vid)), roundf_to_i32_8(_mm256_mul_ps(x[1], vid)));
+    const __m256i w23 = _mm256_packs_epi32(roundf_to_i32_8(_mm256_mul_ps(x[2], vid)), roundf_to_i32_8(_mm256_mul_ps(x[3], vid)));
+    const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>((h == 0 ? out_a : out_b) + 2), b);
+  }
+}
+
+// f16 rows -> floats, rotated in blocks of R, -> q8_0.
+template <int R>
+KV_AVX2 void f16_rot_q8_0(const std::byte* in, std::byte* out, size_t n, uint32_t) {
+  assert(n % R == 0);
+  const Rot8 k = rot8(R);
+  for (size_t b = 0; b < n; b += R) {
+    const std::byte* src = in + 2 * b;
+    std::byte* dst = out + b / kQK * kQ8_0Bytes;
+    const bool ok = rotate_block<R>(
+        k, [&](int c, __m256* v) KV_AVX2_LAMBDA { load_f16x64(src + 128 * c, v); },
+        [&](const __m256* v, int a, int bb) KV_AVX2_LAMBDA { q8_0_pair(v, dst + a / kQK * kQ8_0Bytes, dst + bb / kQK * kQ8_0Bytes); });
+    if (__builtin_expect(!ok, 0)) {
+      alignas(32) float tmp[R];
+      quants::ref::f16_to_f32(src, tmp, R);
+      hadamard_ref::rotate(tmp, R, R);
+      quants::ref::q8_0_from_f32(tmp, dst, R);
+    }
+  }
+}
+
+// 64 q8_0 values (two blocks) -> 8 registers of floats (q8_0_to_f32_avx2: float(q) * d).
+KV_AVX2_INLINE void load_q8_0x64(const std::byte* in, __m256* v) {
+#pragma GCC unroll 2
+  for (int b = 0; b < 2; b++) {
+    const std::byte* blk = in + b * kQ8_0Bytes;
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * k));
+      v[4 * b + k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+    }
+  }
+}
+
+// q8_0 rows -> floats, rotated in blocks of R, -> f16. Finite scales give finite values, so no
+// NaN reaches the f16 conversion (whose only difference from ggml's is NaN); a block with an
+// inf/NaN scale takes the scalar reference.
+template <int R>
+KV_AVX2 void q8_0_rot_f16(const std::byte* in, std::byte* out, size_t n, uint32_t) {
+  assert(n % R == 0);
+  const Rot8 k = rot8(R);
+  for (size_t b = 0; b < n; b += R) {
+    const std::byte* src = in + b / kQK * kQ8_0Bytes;
+    std::byte* dst = out + 2 * b;
+    bool bad = false;
+    for (int q = 0; q < R / static_cast<int>(kQK); q++) bad |= (load_u16(src + q * kQ8_0Bytes) & 0x7c00u) == 0x7c00u;
+    if (__builtin_expect(bad, 0)) {
+      alignas(32) float tmp[R];
+      quants::ref::q8_0_to_f32(src, tmp, R);
+      hadamard_ref::rotate(tmp, R, R);
+      quants::ref::f16_from_f32(tmp, dst, R);
+      continue;
+    }
+    rotate_block<R>(
+        k, [&](int c, __m256* v) KV_AVX2_LAMBDA { load_q8_0x64(src + 2 * c * kQ8_0Bytes, v); },
+        [&](const __m256* v, int a, int bb) KV_AVX2_LAMBDA {
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; i++) {
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * (a + 8 * i)), _mm256_cvtps_ph(v[i], _MM_FROUND_TO_NEAREST_INT));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * (bb + 8 * i)),
+                             _mm256_cvtps_ph(v[4 + i], _MM_FROUND_TO_NEAREST_INT));
+          }
+        });
+  }
+}
+
+}  // namespace
+
+KV_AVX2 void roundf_i32_avx2(const float* x, int32_t* out, size_t n) {
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), roundf_to_i32_8(_mm256_loadu_ps(x + i)));
+  }
+}
+
+FusedRowFn find_fused_avx2(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot) {
+  if (!rotate || (n_rot != 64 && n_rot != 128 && n_rot != 256)) return nullptr;
+  if (src == GgmlType::kF16 && dst == GgmlType::kQ8_0) {
+    return n_rot == 64 ? f16_rot_q8_0<64> : n_rot == 128 ? f16_rot_q8_0<128> : f16_rot_q8_0<256>;
+  }
+  if (src == GgmlType::kQ8_0 && dst == GgmlType::kF16) {
+    return n_rot == 64 ? q8_0_rot_f16<64> : n_rot == 128 ? q8_0_rot_f16<128> : q8_0_rot_f16<256>;
+  }
+  return nullptr;
+}
+
+}  // namespace kvsnap::simd::x86
+
+#endif  // KVSNAP_SIMD_X86
