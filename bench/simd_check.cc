@@ -417,21 +417,30 @@ void check_roundf_exhaustive() {
 }
 
 // The iq4_nl best_index equivalence: the bucketed count of midpoints == ggml's binary search.
+// The AVX2 kernel's count of midpoints is checked on the same values (and, where the CPU has
+// AVX-512, the AVX-512 kernel's two bucketings).
 void check_iq4_index(bool exhaustive) {
-  if (simd::best_level() < Level::kAvx512) return;
+  if (simd::best_level() < Level::kAvx2) return;
+  const bool avx512 = simd::best_level() >= Level::kAvx512;
   const size_t chunk = 1 << 20;
   std::vector<float> x(chunk), x128(chunk + 16);
-  std::vector<uint8_t> got(chunk), got128(chunk + 16);
+  std::vector<uint8_t> got(chunk), got128(chunk + 16), got2(chunk);
   uint64_t checked = 0, checked128 = 0;
   auto run = [&](size_t n) {
-    simd::x86::iq4_nl_index_avx512(x.data(), got.data(), n);
+    simd::x86::iq4_nl_index_avx2(x.data(), got2.data(), n);
+    if (!avx512) {  // the AVX2 count only
+      for (size_t i = 0; i < n; i++) got[i] = got2[i];
+    } else {
+      simd::x86::iq4_nl_index_avx512(x.data(), got.data(), n);
+    }
     // the kernel's other bucketing, for values in [-128, 128)
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
       if (x[i] >= -128.0f && x[i] < 128.0f) x128[m++] = x[i];
     }
     for (size_t i = m; i % 16 != 0; i++) x128[m++] = 0.0f;
-    simd::x86::iq4_nl_index_within128_avx512(x128.data(), got128.data(), m);
+    if (avx512) simd::x86::iq4_nl_index_within128_avx512(x128.data(), got128.data(), m);
+    else m = 0;
     auto check = [&](const char* what, float v, int idx) {
       if (idx == quants::ref::iq4_nl_best_index(v)) return true;
       char buf[128];
@@ -441,7 +450,7 @@ void check_iq4_index(bool exhaustive) {
       return false;
     };
     for (size_t i = 0; i < n; i++) {
-      if (!check("index", x[i], got[i])) return;
+      if (!check("index", x[i], got[i]) || !check("index (avx2)", x[i], got2[i])) return;
     }
     for (size_t i = 0; i < m; i++) {
       if (!check("index (within 128)", x128[i], got128[i])) return;
@@ -476,9 +485,10 @@ void check_iq4_index(bool exhaustive) {
   }
   fill = fill / 16 * 16;
   if (fill) run(fill);
-  std::printf("  avx512: iq4_nl index == ggml's best_index_int8 for %" PRIu64 " floats%s, and %" PRIu64
+  std::printf("  %s: iq4_nl index == ggml's best_index_int8 for %" PRIu64 " floats%s (the AVX2 count of midpoints%s), and %" PRIu64
               " of them in [-128, 128) by the width-8 buckets\n",
-              checked, exhaustive ? " (every non-NaN f32)" : "", checked128);
+              avx512 ? "avx2, avx512" : "avx2", checked, exhaustive ? " (every non-NaN f32)" : "",
+              avx512 ? " and the AVX-512 bucketing" : "", checked128);
 }
 
 // The iq4_nl trial scales: every divisor in [1, 2) exhaustively (by the scaling argument in

@@ -82,6 +82,10 @@ void q5_0_from_f32_avx2(const float* src, std::byte* dst, size_t n);
 void q5_1_to_f32_avx2(const std::byte* src, float* dst, size_t n);
 void q5_1_from_f32_avx2(const float* src, std::byte* dst, size_t n);
 void iq4_nl_to_f32_avx2(const std::byte* src, float* dst, size_t n);
+void iq4_nl_from_f32_avx2(const float* src, std::byte* dst, size_t n);
+// best_index_int8(16, kvalues_iq4nl, x[i]) as the AVX2 iq4_nl kernel counts it, for n (a
+// multiple of 8) non-NaN values (exposed for kvsnap-simd-check)
+void iq4_nl_index_avx2(const float* x, uint8_t* idx, size_t n);
 void hadamard_avx2(float* x, size_t n, uint32_t n_rot);  // n_rot >= 8
 
 // roundf(x[i]) converted to int32 the way the AVX2 quantizers compute it (exposed for

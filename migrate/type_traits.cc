@@ -74,7 +74,7 @@ constexpr CodecRow kCodecRows[] = {
        {nullptr, KVSNAP_X86(q8_0_from_f32_avx512)}}}},
     {GgmlType::kIQ4_NL,
      {{{ref::iq4_nl_to_f32, ref::iq4_nl_from_f32},
-       {KVSNAP_X86(iq4_nl_to_f32_avx2), nullptr},
+       {KVSNAP_X86(iq4_nl_to_f32_avx2), KVSNAP_X86(iq4_nl_from_f32_avx2)},
        {nullptr, KVSNAP_X86(iq4_nl_from_f32_avx512)}}}},
     {GgmlType::kBF16,
      {{{ref::bf16_to_f32, ref::bf16_from_f32},

@@ -35,7 +35,7 @@ KV_AVX2_INLINE Rot8 rot8(uint32_t r) {
 // in v[0..3], b..b+31 in v[4..7]. Returns false without emitting anything when the block holds
 // an inf or NaN (then every rotated value is inf or NaN: each is a +- sum of all the inputs,
 // and inf - inf is NaN), checked on the first rotated value of each half.
-template <int R, class Load, class Emit>
+template <int R, bool kCheck = true, class Load, class Emit>
 KV_AVX2_INLINE bool rotate_block(const Rot8& k, Load load, Emit emit) {
   static_assert(R == 64 || R == 128 || R == 256, "n_rot 64, 128, 256");
   if constexpr (R == 64) {
@@ -44,7 +44,7 @@ KV_AVX2_INLINE bool rotate_block(const Rot8& k, Load load, Emit emit) {
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) v[i] = _mm256_mul_ps(v[i], k.scale);
     fwht_regs8<8>(v, k.s);
-    if (!std::isfinite(_mm256_cvtss_f32(v[0]))) return false;
+    if (kCheck && !std::isfinite(_mm256_cvtss_f32(v[0]))) return false;
     emit(v, 0, 32);
   } else {
     alignas(32) float buf[R];
@@ -67,7 +67,7 @@ KV_AVX2_INLINE bool rotate_block(const Rot8& k, Load load, Emit emit) {
         }
       }
     }
-    if (!std::isfinite(buf[0]) || !std::isfinite(buf[R / 2])) return false;
+    if (kCheck && (!std::isfinite(buf[0]) || !std::isfinite(buf[R / 2]))) return false;
     for (int j = 0; j < R / 2; j += 32) {  // the last stage, len R / 2
       __m256 v[8];
 #pragma GCC unroll 4
@@ -88,59 +88,117 @@ KV_AVX2_INLINE void load_f16x64(const std::byte* in, __m256* v) {
   for (int i = 0; i < 8; i++) v[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 16 * i)));
 }
 
-// Two q8_0 blocks (v[0..3], v[4..7]) of finite values -> out_a, out_b: q8_0_from_f32_avx2's
-// operations, both abs-max reductions in one register (block a in lanes 0-3, b in 4-7) and
-// both scale divisions in one vector division. q = roundf(x * id) lies in -127..127 when id is
-// finite, so saturating packs keep the reference's (int8_t) bytes; an infinite id (an amax
-// below ~1e-36, which rotated f16 values never give: their nonzero sums are >= 2^-77) takes
-// the scalar reference instead.
-KV_AVX2_INLINE void q8_0_pair(const __m256* v, std::byte* out_a, std::byte* out_b) {
-  const __m256 ma = _mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3])));
-  const __m256 mb = _mm256_max_ps(_mm256_max_ps(abs8(v[4]), abs8(v[5])), _mm256_max_ps(abs8(v[6]), abs8(v[7])));
-  __m256 t = _mm256_max_ps(_mm256_permute2f128_ps(ma, mb, 0x20), _mm256_permute2f128_ps(ma, mb, 0x31));
-  t = _mm256_max_ps(t, _mm256_permute_ps(t, 0x4E));
-  t = _mm256_max_ps(t, _mm256_permute_ps(t, 0xB1));  // amax of a in lanes 0-3, of b in 4-7
-  const __m256 d = _mm256_div_ps(t, _mm256_set1_ps(static_cast<float>((1 << 7) - 1)));
-  const __m256 id = _mm256_and_ps(_mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_UQ), _mm256_div_ps(_mm256_set1_ps(1.0f), d));
-  if (__builtin_expect(_mm256_movemask_ps(_mm256_cmp_ps(id, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ)) != 0, 0)) {
-    alignas(32) float tmp[64];
-    for (int i = 0; i < 8; i++) _mm256_store_ps(tmp + 8 * i, v[i]);
-    quants::ref::q8_0_from_f32(tmp, out_a, kQK);
-    quants::ref::q8_0_from_f32(tmp + kQK, out_b, kQK);
-    return;
+// f16 -> q8_0 with rotation works in units of 256 values (8 quant blocks): the front of a
+// unit rotates it into an L1 buffer and reduces the 8 abs-maxima into one register, whose
+// scales (d = amax / 127, id = 1 / d: q8_0_from_f32_avx2's divisions, 8 lanes at once) are
+// ready while the next unit's front runs (software pipelining over the divisions' latency);
+// the back quantizes the unit from the buffer.
+constexpr int kUnit = 256;
+
+struct Unit {
+  alignas(32) float buf[kUnit];
+  alignas(32) float id[8];
+  alignas(16) uint16_t dh[8];
+  const std::byte* in;  // the unit's f16 input (for the scalar path of a rotation block with inf/NaN)
+  std::byte* out;
+  int nb;               // quant blocks in the unit (a multiple of R / 32)
+  uint32_t nonfinite;   // blocks whose abs-max is inf/NaN: their rotation block had an inf/NaN input
+  uint32_t inf_id;      // blocks whose id is infinite (amax below ~1e-36; see q8_0_back)
+};
+
+// The abs-maxima of the 8 blocks, lane b = max over the 8 lanes of p[b]: three rounds of
+// shuffles and maxima (order-free on non-NaN values; NaN blocks are flagged, not used).
+KV_AVX2_INLINE __m256 hmax8x8(const __m256* p) {
+  __m256 t[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {
+    t[i] = _mm256_max_ps(_mm256_unpacklo_ps(p[2 * i], p[2 * i + 1]), _mm256_unpackhi_ps(p[2 * i], p[2 * i + 1]));
   }
-  const __m128i dh = _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT);  // d is not NaN: F16C == ggml
-  store_u16(out_a, static_cast<uint16_t>(_mm_extract_epi16(dh, 0)));
-  store_u16(out_b, static_cast<uint16_t>(_mm_extract_epi16(dh, 4)));
-  const __m256 ida = _mm256_permute2f128_ps(id, id, 0x00), idb = _mm256_permute2f128_ps(id, id, 0x11);
+  const __m256 u0 = _mm256_max_ps(_mm256_shuffle_ps(t[0], t[1], 0x44), _mm256_shuffle_ps(t[0], t[1], 0xEE));
+  const __m256 u1 = _mm256_max_ps(_mm256_shuffle_ps(t[2], t[3], 0x44), _mm256_shuffle_ps(t[2], t[3], 0xEE));
+  return _mm256_max_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+template <int R>
+KV_AVX2_INLINE void q8_0_front(const std::byte* in, std::byte* out, size_t len, const Rot8& k, Unit* u) {
+  __m256 pm[8];
+  for (int b = 0; b < 8; b++) pm[b] = _mm256_setzero_ps();
+  u->in = in;
+  u->out = out;
+  u->nb = static_cast<int>(len / kQK);
+  for (size_t r = 0; r < len; r += R) {
+    float* buf = u->buf + r;
+    __m256* pmr = pm + r / kQK;
+    // rotate_block's inf/NaN answer is not needed: such a block's maxima are inf/NaN (flagged below)
+    rotate_block<R, false>(
+        k, [&](int c, __m256* v) KV_AVX2_LAMBDA { load_f16x64(in + 2 * (r + 64 * c), v); },
+        [&](const __m256* v, int a, int bb) KV_AVX2_LAMBDA {
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; i++) {
+            _mm256_store_ps(buf + a + 8 * i, v[i]);
+            _mm256_store_ps(buf + bb + 8 * i, v[4 + i]);
+          }
+          pmr[a / kQK] = _mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3])));
+          pmr[bb / kQK] = _mm256_max_ps(_mm256_max_ps(abs8(v[4]), abs8(v[5])), _mm256_max_ps(abs8(v[6]), abs8(v[7])));
+        });
+  }
+  const __m256 amax = hmax8x8(pm);
+  const __m256 d = _mm256_div_ps(amax, _mm256_set1_ps(static_cast<float>((1 << 7) - 1)));
+  const __m256 id = _mm256_and_ps(_mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_UQ), _mm256_div_ps(_mm256_set1_ps(1.0f), d));
+  _mm256_store_ps(u->id, id);
+  _mm_store_si128(reinterpret_cast<__m128i*>(u->dh), _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT));
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  u->nonfinite = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(amax, inf, _CMP_NLT_UQ)));
+  u->inf_id = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(id, inf, _CMP_EQ_OQ)));
+}
+
+// q8_0_from_f32_avx2's operations on the unit's blocks. q = roundf(x * id) lies in -127..127
+// when id is finite, so saturating packs keep the reference's (int8_t) bytes; a block with an
+// infinite id (which rotated f16 values never give: their nonzero sums are >= 2^-77) takes the
+// scalar reference on the same rotated values, and a rotation block with an inf/NaN input the
+// scalar reference from its input.
+template <int R>
+KV_AVX2_INLINE void q8_0_back(const Unit& u) {
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  for (int h = 0; h < 2; h++) {
-    const __m256* x = v + 4 * h;
-    const __m256 vid = h == 0 ? ida : idb;
-    const __m256i w01 = _mm256_packs_epi32(roundf_to_i32_8(_mm256_mul_ps(x[0], vid)), roundf_to_i32_8(_mm256_mul_ps(x[1], vid)));
-    const __m256i w23 = _mm256_packs_epi32(roundf_to_i32_8(_mm256_mul_ps(x[2], vid)), roundf_to_i32_8(_mm256_mul_ps(x[3], vid)));
-    const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>((h == 0 ? out_a : out_b) + 2), b);
+  for (int b = 0; b < u.nb; b++) {
+    std::byte* blk = u.out + b * kQ8_0Bytes;
+    const float* x = u.buf + b * kQK;
+    if (__builtin_expect(((u.nonfinite | u.inf_id) >> b) & 1, 0)) {
+      if ((u.nonfinite >> b) & 1) {  // the whole rotation block, once, from its input
+        if (b % (R / kQK) == 0) {
+          alignas(32) float tmp[R];
+          quants::ref::f16_to_f32(u.in + 2 * b * kQK, tmp, R);
+          hadamard_ref::rotate(tmp, R, R);
+          quants::ref::q8_0_from_f32(tmp, blk, R);
+        }
+      } else {
+        quants::ref::q8_0_from_f32(x, blk, kQK);
+      }
+      continue;
+    }
+    const __m256 vid = _mm256_broadcast_ss(u.id + b);
+    const __m256i w01 = _mm256_packs_epi32(roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x), vid)),
+                                           roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 8), vid)));
+    const __m256i w23 = _mm256_packs_epi32(roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 16), vid)),
+                                           roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 24), vid)));
+    store_u16(blk, u.dh[b]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 2), _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order));
   }
 }
 
-// f16 rows -> floats, rotated in blocks of R, -> q8_0.
+// f16 rows -> floats, rotated in blocks of R, -> q8_0: front of unit i + 1, then back of unit i.
 template <int R>
 KV_AVX2 void f16_rot_q8_0(const std::byte* in, std::byte* out, size_t n, uint32_t) {
   assert(n % R == 0);
   const Rot8 k = rot8(R);
-  for (size_t b = 0; b < n; b += R) {
-    const std::byte* src = in + 2 * b;
-    std::byte* dst = out + b / kQK * kQ8_0Bytes;
-    const bool ok = rotate_block<R>(
-        k, [&](int c, __m256* v) KV_AVX2_LAMBDA { load_f16x64(src + 128 * c, v); },
-        [&](const __m256* v, int a, int bb) KV_AVX2_LAMBDA { q8_0_pair(v, dst + a / kQK * kQ8_0Bytes, dst + bb / kQK * kQ8_0Bytes); });
-    if (__builtin_expect(!ok, 0)) {
-      alignas(32) float tmp[R];
-      quants::ref::f16_to_f32(src, tmp, R);
-      hadamard_ref::rotate(tmp, R, R);
-      quants::ref::q8_0_from_f32(tmp, dst, R);
+  Unit units[2];
+  const size_t nu = (n + kUnit - 1) / kUnit;
+  for (size_t i = 0; i <= nu; i++) {
+    if (i < nu) {
+      const size_t v0 = i * kUnit, len = n - v0 < size_t{kUnit} ? n - v0 : size_t{kUnit};
+      q8_0_front<R>(in + 2 * v0, out + v0 / kQK * kQ8_0Bytes, len, k, &units[i & 1]);
     }
+    if (i > 0) q8_0_back<R>(units[(i - 1) & 1]);
   }
 }
 
