@@ -106,19 +106,6 @@ struct Unit {
   uint32_t inf_id;      // blocks whose id is infinite (amax below ~1e-36; see q8_0_back)
 };
 
-// The abs-maxima of the 8 blocks, lane b = max over the 8 lanes of p[b]: three rounds of
-// shuffles and maxima (order-free on non-NaN values; NaN blocks are flagged, not used).
-KV_AVX2_INLINE __m256 hmax8x8(const __m256* p) {
-  __m256 t[4];
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; i++) {
-    t[i] = _mm256_max_ps(_mm256_unpacklo_ps(p[2 * i], p[2 * i + 1]), _mm256_unpackhi_ps(p[2 * i], p[2 * i + 1]));
-  }
-  const __m256 u0 = _mm256_max_ps(_mm256_shuffle_ps(t[0], t[1], 0x44), _mm256_shuffle_ps(t[0], t[1], 0xEE));
-  const __m256 u1 = _mm256_max_ps(_mm256_shuffle_ps(t[2], t[3], 0x44), _mm256_shuffle_ps(t[2], t[3], 0xEE));
-  return _mm256_max_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
 template <int R>
 KV_AVX2_INLINE void q8_0_front(const std::byte* in, std::byte* out, size_t len, const Rot8& k, Unit* u) {
   __m256 pm[8];

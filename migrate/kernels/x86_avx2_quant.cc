@@ -71,22 +71,45 @@ KV_AVX2_INLINE bool min_max8(const Block32& b, float* mn, float* mx) {
 // q8_0 (quantize_row_q8_0_ref): d = amax / 127, id = 1/d, q = (int8)roundf(x * id)
 // =============================================================================================
 
+// Eight blocks at a time: their abs-maxima reduced into one register and both divisions done
+// once for the eight (8 lanes; an IEEE division rounds the same in every lane), so the blocks'
+// division latencies overlap instead of forming a chain. A block holding a NaN takes the
+// scalar reference.
 KV_AVX2 void q8_0_from_f32_avx2(const float* x, std::byte* out, size_t n) {
   assert(n % kQK == 0);
-  for (size_t ib = 0; ib < n / kQK; ib++, x += kQK) {
-    std::byte* blk = out + ib * kQ8_0Bytes;
-    const Block32 b = load32(x);
-    if (__builtin_expect(any_nan32(b.v), 0)) {
-      quants::ref::q8_0_from_f32(x, blk, kQK);
-      continue;
+  const size_t nb = n / kQK;
+  for (size_t b0 = 0; b0 < nb; b0 += 8) {
+    const int cnt = nb - b0 < 8 ? static_cast<int>(nb - b0) : 8;
+    const float* xs = x + b0 * kQK;
+    __m256 pm[8];
+    uint32_t nan = 0;
+    for (int b = 0; b < 8; b++) {
+      if (b >= cnt) {
+        pm[b] = _mm256_setzero_ps();
+        continue;
+      }
+      const Block32 v = load32(xs + b * kQK);
+      nan |= static_cast<uint32_t>(any_nan32(v.v)) << b;
+      pm[b] = _mm256_max_ps(_mm256_max_ps(abs8(v.v[0]), abs8(v.v[1])), _mm256_max_ps(abs8(v.v[2]), abs8(v.v[3])));
     }
-    const float amax = hmax8(_mm256_max_ps(_mm256_max_ps(abs8(b.v[0]), abs8(b.v[1])), _mm256_max_ps(abs8(b.v[2]), abs8(b.v[3]))));
-    const float d = amax / ((1 << 7) - 1);
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    store_u16(blk, _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));  // d is not NaN: F16C == ggml
-    const __m256 vid = _mm256_set1_ps(id);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 2),
-                        bytes32(b, [&](__m256 v) KV_AVX2_LAMBDA { return roundf_to_i32_8(_mm256_mul_ps(v, vid)); }));
+    const __m256 d = _mm256_div_ps(hmax8x8(pm), _mm256_set1_ps(static_cast<float>((1 << 7) - 1)));
+    alignas(32) float id[8];
+    _mm256_store_ps(id, _mm256_and_ps(_mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_UQ), _mm256_div_ps(_mm256_set1_ps(1.0f), d)));
+    alignas(16) uint16_t dh[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(dh), _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT));  // NaN lanes unused
+    for (int b = 0; b < cnt; b++) {
+      std::byte* blk = out + (b0 + b) * kQ8_0Bytes;
+      if (__builtin_expect((nan >> b) & 1, 0)) {
+        quants::ref::q8_0_from_f32(xs + b * kQK, blk, kQK);
+        continue;
+      }
+      store_u16(blk, dh[b]);
+      const __m256 vid = _mm256_broadcast_ss(id + b);
+      const Block32 v = load32(xs + b * kQK);
+      // the low byte of each int32 (the reference's (int8_t) cast, also for an infinite id)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 2),
+                          bytes32(v, [&](__m256 y) KV_AVX2_LAMBDA { return roundf_to_i32_8(_mm256_mul_ps(y, vid)); }));
+    }
   }
 }
 
