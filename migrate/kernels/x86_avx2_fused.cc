@@ -32,11 +32,11 @@ KV_AVX2_INLINE Rot8 rot8(uint32_t r) {
 
 // The rotation block of R values whose 64-value chunk c (8 registers, f32, unscaled) load(c, v)
 // gives, rotated; emit(v, a, b) receives the rotated values 8 registers at a time: values a..a+31
-// in v[0..3], b..b+31 in v[4..7]. Returns false without emitting anything when the block holds
-// an inf or NaN (then every rotated value is inf or NaN: each is a +- sum of all the inputs,
-// and inf - inf is NaN), checked on the first rotated value of each half.
-template <int R, bool kCheck = true, class Load, class Emit>
-KV_AVX2_INLINE bool rotate_block(const Rot8& k, Load load, Emit emit) {
+// in v[0..3], b..b+31 in v[4..7]. An inf or NaN input makes every rotated value of the block
+// inf or NaN (each is a +- sum of all the inputs, and inf - inf is NaN): callers detect it on
+// what they receive.
+template <int R, class Load, class Emit>
+KV_AVX2_INLINE void rotate_block(const Rot8& k, Load load, Emit emit) {
   static_assert(R == 64 || R == 128 || R == 256, "n_rot 64, 128, 256");
   if constexpr (R == 64) {
     __m256 v[8];
@@ -44,7 +44,6 @@ KV_AVX2_INLINE bool rotate_block(const Rot8& k, Load load, Emit emit) {
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) v[i] = _mm256_mul_ps(v[i], k.scale);
     fwht_regs8<8>(v, k.s);
-    if (kCheck && !std::isfinite(_mm256_cvtss_f32(v[0]))) return false;
     emit(v, 0, 32);
   } else {
     alignas(32) float buf[R];
@@ -67,7 +66,6 @@ KV_AVX2_INLINE bool rotate_block(const Rot8& k, Load load, Emit emit) {
         }
       }
     }
-    if (kCheck && (!std::isfinite(buf[0]) || !std::isfinite(buf[R / 2]))) return false;
     for (int j = 0; j < R / 2; j += 32) {  // the last stage, len R / 2
       __m256 v[8];
 #pragma GCC unroll 4
@@ -79,7 +77,6 @@ KV_AVX2_INLINE bool rotate_block(const Rot8& k, Load load, Emit emit) {
       emit(v, j, R / 2 + j);
     }
   }
-  return true;
 }
 
 // 64 f16 values -> 8 registers of floats (f16_to_f32_avx2).
@@ -116,8 +113,8 @@ KV_AVX2_INLINE void q8_0_front(const std::byte* in, std::byte* out, size_t len, 
   for (size_t r = 0; r < len; r += R) {
     float* buf = u->buf + r;
     __m256* pmr = pm + r / kQK;
-    // rotate_block's inf/NaN answer is not needed: such a block's maxima are inf/NaN (flagged below)
-    rotate_block<R, false>(
+    // a rotation block with an inf/NaN input has inf/NaN maxima (flagged below)
+    rotate_block<R>(
         k, [&](int c, __m256* v) KV_AVX2_LAMBDA { load_f16x64(in + 2 * (r + 64 * c), v); },
         [&](const __m256* v, int a, int bb) KV_AVX2_LAMBDA {
 #pragma GCC unroll 4
@@ -222,7 +219,7 @@ KV_AVX2 void q8_0_rot_f16(const std::byte* in, std::byte* out, size_t n, uint32_
       quants::ref::f16_from_f32(tmp, dst, R);
       continue;
     }
-    rotate_block<R>(
+    rotate_block<R>(  // finite scales: finite values
         k, [&](int c, __m256* v) KV_AVX2_LAMBDA { load_q8_0x64(src + 2 * c * kQ8_0Bytes, v); },
         [&](const __m256* v, int a, int bb) KV_AVX2_LAMBDA {
 #pragma GCC unroll 4
