@@ -41,30 +41,6 @@ KV_AVX2_INLINE __m128i nibbles16(__m256i b) {
 // Bit j = bit 4 of byte j: the qh of q5_0/q5_1.
 KV_AVX2_INLINE uint32_t bit4_mask(__m256i b) { return static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_slli_epi16(b, 3))); }
 
-// The signed value of the first element of largest |x| (q4_0, q5_0), for a block without NaN.
-KV_AVX2_INLINE float first_of_amax8(const float* x, const Block32& b) {
-  const __m256 a[4] = {abs8(b.v[0]), abs8(b.v[1]), abs8(b.v[2]), abs8(b.v[3])};
-  const float amax = hmax8(_mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3])));
-  if (!(amax > 0.0f)) return 0.0f;
-  const __m256 m = _mm256_set1_ps(amax);
-  uint32_t k = 0;
-  for (int i = 0; i < 4; i++) k |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a[i], m, _CMP_EQ_OQ))) << (8 * i);
-  return x[__builtin_ctz(k)];
-}
-
-// min and max of a block without NaN; false when either is a zero (see the top of the file).
-KV_AVX2_INLINE bool min_max8(const Block32& b, float* mn, float* mx) {
-  __m128 m = _mm_setzero_ps();
-  const __m256 lo = _mm256_min_ps(_mm256_min_ps(b.v[0], b.v[1]), _mm256_min_ps(b.v[2], b.v[3]));
-  m = _mm_min_ps(_mm256_castps256_ps128(lo), _mm256_extractf128_ps(lo, 1));
-  m = _mm_min_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_min_ss(m, _mm_shuffle_ps(m, m, 1));
-  // the reference starts from min = FLT_MAX, max = -FLT_MAX: a block of +inf keeps min = FLT_MAX
-  *mn = std::min(_mm_cvtss_f32(m), FLT_MAX);
-  *mx = std::max(hmax8(_mm256_max_ps(_mm256_max_ps(b.v[0], b.v[1]), _mm256_max_ps(b.v[2], b.v[3]))), -FLT_MAX);
-  return *mn != 0.0f && *mx != 0.0f;
-}
-
 }  // namespace
 
 // =============================================================================================
@@ -115,75 +91,112 @@ KV_AVX2 void q8_0_from_f32_avx2(const float* x, std::byte* out, size_t n) {
 
 // =============================================================================================
 // q4_0 / q5_0 (quantize_row_q{4,5}_0_ref): max = first value of largest |x|, d = max / -2^(B-1),
-// id = 1/d, q = MIN(2^B - 1, (int8)(x * id + 2^(B-1) + 0.5f))
+// id = 1/d, q = MIN(2^B - 1, (int8)(x * id + 2^(B-1) + 0.5f)).
+// q4_1 / q5_1 (quantize_row_q{4,5}_1_ref): d = (max - min) / (2^B - 1), id = 1/d,
+// q = (int8)((x - min) * id + 0.5f), MIN(15, q) for q4_1 (q5_1 keeps the (uint8) cast alone).
+// Eight blocks at a time: their reductions in one register, their scales in one division each.
 // =============================================================================================
 
 namespace {
 
-template <int B>
-KV_AVX2_INLINE void qx_0_block(const float* x, const Block32& b, std::byte* blk) {
-  constexpr float kHalfRange = static_cast<float>(1 << (B - 1));
-  const float max = first_of_amax8(x, b);
-  const float d = max / -kHalfRange;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  store_u16(blk, _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));  // d is not NaN
-  const __m256 vid = _mm256_set1_ps(id), bias = _mm256_set1_ps(kHalfRange + 0.5f);
-  const __m256i q = _mm256_min_epi8(bytes32(b, [&](__m256 v) KV_AVX2_LAMBDA { return _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(v, vid), bias)); }),
-                                    _mm256_set1_epi8((1 << B) - 1));
-  if constexpr (B == 4) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(blk + 2), nibbles16(q));
-  } else {
-    const uint32_t qh = bit4_mask(q);
-    std::memcpy(blk + 2, &qh, sizeof(qh));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(blk + 6), nibbles16(q));
+struct Scales8 {
+  alignas(32) float id[8];
+  alignas(32) float mn[8];
+  alignas(16) uint16_t dh[8];
+  alignas(16) uint16_t mh[8];
+  uint32_t scalar;  // blocks for the scalar reference: a NaN, or (q4_1/q5_1) a zero min or max
+};
+
+KV_AVX2_INLINE __m256 neg8(__m256 v) { return _mm256_xor_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN))); }
+
+template <int B, bool kMin>
+KV_AVX2_INLINE void scales8(const float* xs, int cnt, Scales8* s) {
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 pa[8], pb[8];
+  uint32_t nan = 0;
+  for (int b = 0; b < 8; b++) {
+    pa[b] = pb[b] = zero;
+    if (b >= cnt) continue;
+    const Block32 v = load32(xs + b * kQK);
+    nan |= static_cast<uint32_t>(any_nan32(v.v)) << b;
+    if constexpr (kMin) {
+      pa[b] = _mm256_max_ps(_mm256_max_ps(v.v[0], v.v[1]), _mm256_max_ps(v.v[2], v.v[3]));
+      pb[b] = _mm256_max_ps(_mm256_max_ps(neg8(v.v[0]), neg8(v.v[1])), _mm256_max_ps(neg8(v.v[2]), neg8(v.v[3])));
+    } else {
+      pa[b] = _mm256_max_ps(_mm256_max_ps(abs8(v.v[0]), abs8(v.v[1])), _mm256_max_ps(abs8(v.v[2]), abs8(v.v[3])));
+    }
   }
+  __m256 d;
+  if constexpr (kMin) {
+    // the reference starts from min = FLT_MAX, max = -FLT_MAX: a block of +inf keeps min = FLT_MAX
+    const __m256 mx = _mm256_max_ps(hmax8x8(pa), _mm256_set1_ps(-FLT_MAX));
+    const __m256 mn = _mm256_min_ps(neg8(hmax8x8(pb)), _mm256_set1_ps(FLT_MAX));
+    const __m256 zmask = _mm256_or_ps(_mm256_cmp_ps(mn, zero, _CMP_EQ_OQ), _mm256_cmp_ps(mx, zero, _CMP_EQ_OQ));
+    nan |= static_cast<uint32_t>(_mm256_movemask_ps(zmask));
+    d = _mm256_div_ps(_mm256_sub_ps(mx, mn), _mm256_set1_ps(static_cast<float>((1 << B) - 1)));
+    _mm256_store_ps(s->mn, mn);
+    _mm_store_si128(reinterpret_cast<__m128i*>(s->mh), _mm256_cvtps_ph(mn, _MM_FROUND_TO_NEAREST_INT));
+  } else {
+    alignas(32) float amax[8], max[8];
+    _mm256_store_ps(amax, hmax8x8(pa));
+    for (int b = 0; b < 8; b++) {
+      max[b] = 0.0f;
+      if (b >= cnt || ((nan >> b) & 1) || !(amax[b] > 0.0f)) continue;
+      const Block32 v = load32(xs + b * kQK);
+      const __m256 m = _mm256_set1_ps(amax[b]);
+      uint32_t k = 0;
+      for (int i = 0; i < 4; i++) k |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(abs8(v.v[i]), m, _CMP_EQ_OQ))) << (8 * i);
+      max[b] = xs[b * kQK + __builtin_ctz(k)];  // the first of largest |x|
+    }
+    d = _mm256_div_ps(_mm256_load_ps(max), _mm256_set1_ps(-static_cast<float>(1 << (B - 1))));
+  }
+  s->scalar = nan;
+  _mm256_store_ps(s->id, _mm256_and_ps(_mm256_cmp_ps(d, zero, _CMP_NEQ_UQ), _mm256_div_ps(_mm256_set1_ps(1.0f), d)));
+  _mm_store_si128(reinterpret_cast<__m128i*>(s->dh), _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT));  // NaN lanes unused
 }
 
-// q4_1 / q5_1 (quantize_row_q{4,5}_1_ref): d = (max - min) / (2^B - 1), id = 1/d,
-// q = (int8)((x - min) * id + 0.5f), MIN(15, q) for q4_1 (q5_1 keeps the (uint8) cast alone).
-template <int B>
-KV_AVX2_INLINE bool qx_1_block(const Block32& b, std::byte* blk) {
-  float mn, mx;
-  if (!min_max8(b, &mn, &mx)) return false;
-  const float d = (mx - mn) / ((1 << B) - 1);
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  store_u16(blk, _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));  // no NaN in the block: d, min are not NaN
-  store_u16(blk + 2, _cvtss_sh(mn, _MM_FROUND_TO_NEAREST_INT));
-  const __m256 vid = _mm256_set1_ps(id), vmin = _mm256_set1_ps(mn), half = _mm256_set1_ps(0.5f);
-  __m256i q = bytes32(b, [&](__m256 v) KV_AVX2_LAMBDA { return _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(v, vmin), vid), half)); });
-  if constexpr (B == 4) {
-    q = _mm256_min_epi8(q, _mm256_set1_epi8(15));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(blk + 4), nibbles16(q));
+template <int B, bool kMin>
+KV_AVX2_INLINE void qx_block(const float* x, const Scales8& s, int b, std::byte* blk) {
+  const Block32 v = load32(x);
+  const __m256 vid = _mm256_broadcast_ss(s.id + b);
+  store_u16(blk, s.dh[b]);
+  __m256i q;
+  if constexpr (kMin) {
+    store_u16(blk + 2, s.mh[b]);
+    const __m256 vmin = _mm256_broadcast_ss(s.mn + b), half = _mm256_set1_ps(0.5f);
+    q = bytes32(v, [&](__m256 y) KV_AVX2_LAMBDA {
+      return _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(y, vmin), vid), half));
+    });
+    if constexpr (B == 4) q = _mm256_min_epi8(q, _mm256_set1_epi8(15));
   } else {
-    const uint32_t qh = bit4_mask(q);
-    std::memcpy(blk + 4, &qh, sizeof(qh));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(blk + 8), nibbles16(q));
+    const __m256 bias = _mm256_set1_ps(static_cast<float>(1 << (B - 1)) + 0.5f);
+    q = _mm256_min_epi8(bytes32(v, [&](__m256 y) KV_AVX2_LAMBDA { return _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(y, vid), bias)); }),
+                        _mm256_set1_epi8((1 << B) - 1));
   }
-  return true;
+  constexpr size_t kQs = (kMin ? 4 : 2) + (B == 5 ? 4 : 0);  // offset of qs: d (, m) (, qh)
+  if constexpr (B == 5) {
+    const uint32_t qh = bit4_mask(q);
+    std::memcpy(blk + kQs - 4, &qh, sizeof(qh));
+  }
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(blk + kQs), nibbles16(q));
 }
 
-}  // namespace
-
-namespace {
-
-// A row of the 4/5-bit types: block by block, a block holding a NaN (or, for q4_1/q5_1, a zero
-// min or max) through the scalar reference `ref`.
+// A row of a 4/5-bit type, eight blocks at a time; blocks flagged by scales8 through the scalar
+// reference `ref`.
 template <int B, bool kMin, size_t kBytes>
 KV_AVX2_INLINE void qx_row(const float* x, std::byte* out, size_t n, void (*ref)(const float*, std::byte*, size_t)) {
   assert(n % kQK == 0);
-  for (size_t ib = 0; ib < n / kQK; ib++, x += kQK) {
-    std::byte* blk = out + ib * kBytes;
-    const Block32 b = load32(x);
-    bool done = false;
-    if (__builtin_expect(!any_nan32(b.v), 1)) {
-      if constexpr (kMin) {
-        done = qx_1_block<B>(b, blk);
-      } else {
-        qx_0_block<B>(x, b, blk);
-        done = true;
-      }
+  const size_t nb = n / kQK;
+  for (size_t b0 = 0; b0 < nb; b0 += 8) {
+    const int cnt = nb - b0 < 8 ? static_cast<int>(nb - b0) : 8;
+    const float* xs = x + b0 * kQK;
+    Scales8 s;
+    scales8<B, kMin>(xs, cnt, &s);
+    for (int b = 0; b < cnt; b++) {
+      std::byte* blk = out + (b0 + b) * kBytes;
+      if (__builtin_expect((s.scalar >> b) & 1, 0)) ref(xs + b * kQK, blk, kQK);
+      else qx_block<B, kMin>(xs + b * kQK, s, b, blk);
     }
-    if (__builtin_expect(!done, 0)) ref(x, blk, kQK);
   }
 }
 
