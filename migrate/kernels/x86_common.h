@@ -9,7 +9,8 @@
 // The files, one per ISA and seam (declarations in migrate/simd_kernels.h):
 //   x86_avx2.cc               AVX2 + FMA + F16C: f16/bf16, dequantization, Hadamard
 //   x86_avx2_quant.cc         AVX2: the quantizers q8_0, q4_0, q4_1, q5_0, q5_1
-//   x86_avx2_fused.cc         AVX2: the fused rows (f16 <-> q8_0 with the rotation, ...)
+//   x86_avx2_fused.cc         AVX2: the fused rows (f16 -> q8_0, q8_0 -> f16 with the rotation)
+//   x86_avx2_iq4_nl.cc        AVX2: the iq4_nl quantizer
 //   x86_avx512.cc             AVX-512: f16, Hadamard, q8_0/q4_0, the fused rows
 //   x86_avx512_iq4_nl*.cc     AVX-512: the iq4_nl quantizer (x86_avx512_iq4_nl.h)
 // Another x86 level gets a file x86_<level>.cc of its own (and a KV_<LEVEL> macro here);
@@ -26,17 +27,20 @@
 //                 Blocks holding a NaN take the scalar loop (which NaN survives when two meet
 //                 depends on operand order).
 //   q8_0/q4_0     the abs-max of a block is a max over non-NaN values (order-free; VRANGEPS
-//                 returns one of its operands), the scale and its inverse are IEEE divisions
-//                 (a vector lane rounds like the scalar division), every value goes through the
-//                 same multiply/add; roundf is round-half-away done exactly (roundf_to_i32_16);
-//                 float->int is cvttps2dq, as in the reference on x86-64. Blocks holding a NaN
-//                 take the scalar path (the reference's NaN handling depends on the order).
+//   (q4_1, q5_0,  returns one of its operands), the scale and its inverse are IEEE divisions
+//    q5_1)        (a vector lane rounds like the scalar division), every value goes through the
+//                 same multiply/add; roundf is round-half-away done exactly (roundf_to_i32_16,
+//                 roundf_to_i32_8); float->int is cvttps2dq, as in the reference on x86-64.
+//                 Blocks holding a NaN take the scalar path (the reference's NaN handling
+//                 depends on the order), and so do q4_1/q5_1 blocks whose min or max is a zero
+//                 (the sign the reference keeps depends on the order).
 //   iq4_nl        lane = one block (16 blocks per vector; the 16 passes of a block in the
 //                 lanes for runs of fewer than 8 blocks); each lane runs the reference's sums
 //                 over j = 0..31 in order, so every sum is bit-identical; best_index is an exact
 //                 equivalent (see x86_avx512_iq4_nl.h; verified for every float); the decision
 //                 between the trials is the reference's sequence of comparisons, lane = block.
-//                 Blocks with NaN/inf: scalar.
+//                 Blocks with NaN/inf: scalar. AVX2: 8 blocks per vector, best_index as a
+//                 four-comparison search of the midpoints (x86_avx2_iq4_nl.cc).
 // Each of these is compared with the scalar reference byte for byte by kvsnap-simd-check
 // (bench/simd_check.cc) and, through the public codecs, by tests/migrate at every level
 // (KVSNAP_SIMD=avx2|avx512).
