@@ -92,8 +92,8 @@ void hadamard_avx2(float* x, size_t n, uint32_t n_rot);  // n_rot >= 8
 // kvsnap-simd-check's exhaustive comparison with roundf), n a multiple of 8.
 void roundf_i32_avx2(const float* x, int32_t* out, size_t n);
 
-// f16 -> q8_0 with rotation, q8_0 -> f16 with rotation (n_rot 64, 128, 256); the other
-// conversions at this level take the three steps (every step an AVX2 kernel)
+// f16 -> q8_0 / q4_0 / q4_1 / q5_0 / q5_1 with rotation, q8_0 -> f16 with rotation (n_rot 64,
+// 128, 256); the other conversions at this level take the three steps (each an AVX2 kernel)
 FusedRowFn find_fused_avx2(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot);
 
 // AVX-512 F/BW/DQ/VL (+ F16C)

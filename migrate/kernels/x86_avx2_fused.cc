@@ -186,6 +186,68 @@ KV_AVX2 void f16_rot_q8_0(const std::byte* in, std::byte* out, size_t n, uint32_
   }
 }
 
+// f16 rows -> floats, rotated in blocks of R, -> a 4/5-bit type through its AVX2 quantizer
+// (quant, blocks of kBytes): each unit of 256 values is rotated into an L1 buffer in registers
+// (rotate_block), then quantized from there. A rotation block with an inf/NaN input (then its
+// first rotated value is inf/NaN too, see rotate_block) takes the scalar reference's three steps.
+using QuantFn = void (*)(const float* src, std::byte* dst, size_t n);
+
+template <int R, size_t kBytes>
+KV_AVX2_INLINE void f16_rot_quant(const std::byte* in, std::byte* out, size_t n, QuantFn quant, QuantFn ref) {
+  assert(n % R == 0);
+  const Rot8 k = rot8(R);
+  alignas(32) float buf[kUnit];
+  for (size_t v0 = 0; v0 < n; v0 += kUnit) {
+    const size_t len = n - v0 < size_t{kUnit} ? n - v0 : size_t{kUnit};
+    bool bad = false;
+    for (size_t r = 0; r < len; r += R) {
+      float* b = buf + r;
+      rotate_block<R>(
+          k, [&](int c, __m256* v) KV_AVX2_LAMBDA { load_f16x64(in + 2 * (v0 + r + 64 * c), v); },
+          [&](const __m256* v, int a, int bb) KV_AVX2_LAMBDA {
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+              _mm256_store_ps(b + a + 8 * i, v[i]);
+              _mm256_store_ps(b + bb + 8 * i, v[4 + i]);
+            }
+          });
+      bad |= !std::isfinite(b[0]);
+    }
+    std::byte* dst = out + v0 / kQK * kBytes;
+    if (__builtin_expect(!bad, 1)) {
+      quant(buf, dst, len);
+      continue;
+    }
+    for (size_t r = 0; r < len; r += R) {
+      if (std::isfinite(buf[r])) {
+        quant(buf + r, dst + r / kQK * kBytes, R);
+      } else {
+        alignas(32) float tmp[R];
+        quants::ref::f16_to_f32(in + 2 * (v0 + r), tmp, R);
+        hadamard_ref::rotate(tmp, R, R);
+        ref(tmp, dst + r / kQK * kBytes, R);
+      }
+    }
+  }
+}
+
+template <int R>
+KV_AVX2 void f16_rot_q4_0(const std::byte* in, std::byte* out, size_t n, uint32_t) {
+  f16_rot_quant<R, kQ4_0Bytes>(in, out, n, q4_0_from_f32_avx2, quants::ref::q4_0_from_f32);
+}
+template <int R>
+KV_AVX2 void f16_rot_q4_1(const std::byte* in, std::byte* out, size_t n, uint32_t) {
+  f16_rot_quant<R, kQ4_1Bytes>(in, out, n, q4_1_from_f32_avx2, quants::ref::q4_1_from_f32);
+}
+template <int R>
+KV_AVX2 void f16_rot_q5_0(const std::byte* in, std::byte* out, size_t n, uint32_t) {
+  f16_rot_quant<R, kQ5_0Bytes>(in, out, n, q5_0_from_f32_avx2, quants::ref::q5_0_from_f32);
+}
+template <int R>
+KV_AVX2 void f16_rot_q5_1(const std::byte* in, std::byte* out, size_t n, uint32_t) {
+  f16_rot_quant<R, kQ5_1Bytes>(in, out, n, q5_1_from_f32_avx2, quants::ref::q5_1_from_f32);
+}
+
 // 64 q8_0 values (two blocks) -> 8 registers of floats (q8_0_to_f32_avx2: float(q) * d).
 KV_AVX2_INLINE void load_q8_0x64(const std::byte* in, __m256* v) {
 #pragma GCC unroll 2
@@ -248,7 +310,14 @@ FusedRowFn find_fused_avx2(GgmlType src, GgmlType dst, bool rotate, uint32_t n_r
   if (src == GgmlType::kQ8_0 && dst == GgmlType::kF16) {
     return n_rot == 64 ? q8_0_rot_f16<64> : n_rot == 128 ? q8_0_rot_f16<128> : q8_0_rot_f16<256>;
   }
-  return nullptr;
+  if (src != GgmlType::kF16) return nullptr;
+  switch (dst) {
+    case GgmlType::kQ4_0: return n_rot == 64 ? f16_rot_q4_0<64> : n_rot == 128 ? f16_rot_q4_0<128> : f16_rot_q4_0<256>;
+    case GgmlType::kQ4_1: return n_rot == 64 ? f16_rot_q4_1<64> : n_rot == 128 ? f16_rot_q4_1<128> : f16_rot_q4_1<256>;
+    case GgmlType::kQ5_0: return n_rot == 64 ? f16_rot_q5_0<64> : n_rot == 128 ? f16_rot_q5_0<128> : f16_rot_q5_0<256>;
+    case GgmlType::kQ5_1: return n_rot == 64 ? f16_rot_q5_1<64> : n_rot == 128 ? f16_rot_q5_1<128> : f16_rot_q5_1<256>;
+    default: return nullptr;
+  }
 }
 
 }  // namespace kvsnap::simd::x86
