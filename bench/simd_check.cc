@@ -256,9 +256,14 @@ void check_pipelines(Level l) {
 // per unit).
 void check_row_lengths(Level l) {
   const auto sets = row_sets();
-  const TypeTraits& f16 = *find_traits(GgmlType::kF16);
-  const GgmlType dsts[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kIQ4_NL};
-  for (GgmlType dt : dsts) {
+  // (source, destination): the fused kernels of every level (AVX2: 64-value chunks, the last
+  // stage of n_rot 128/256 on the way out), and the quantizers of the 4/5-bit types
+  const std::pair<GgmlType, GgmlType> pairs[] = {
+      {GgmlType::kF16, GgmlType::kQ8_0}, {GgmlType::kF16, GgmlType::kQ4_0}, {GgmlType::kF16, GgmlType::kIQ4_NL},
+      {GgmlType::kF16, GgmlType::kQ4_1}, {GgmlType::kF16, GgmlType::kQ5_0}, {GgmlType::kF16, GgmlType::kQ5_1},
+      {GgmlType::kQ8_0, GgmlType::kF16}};
+  for (const auto& [st, dt] : pairs) {
+    const TypeTraits& src = *find_traits(st);
     const TypeTraits& dst = *find_traits(dt);
     for (uint32_t n_rot : {64u, 128u, 256u}) {
       for (size_t n : {64, 128, 192, 256, 320, 384, 640}) {
@@ -270,14 +275,16 @@ void check_row_lengths(Level l) {
           const auto& x = sets[s];
           const size_t rows = x.size() / n;
           if (rows == 0) continue;
-          const std::vector<std::byte>& in = scalar_once("f16 whole rows of set " + std::to_string(s), [&] {
-            std::vector<std::byte> b(x.size() * 2);
-            f16.from_f32(x.data(), b.data(), x.size());
-            return b;
-          });
-          auto conv = RowConverter::make(f16, dst, n, plan);
+          const size_t whole = x.size() / src.block_elems() * src.block_elems();
+          const std::vector<std::byte>& in =
+              scalar_once(std::string(src.name()) + " whole rows of set " + std::to_string(s), [&] {
+                std::vector<std::byte> b(whole / src.block_elems() * src.block_bytes());
+                src.from_f32(x.data(), b.data(), whole);
+                return b;
+              });
+          auto conv = RowConverter::make(src, dst, n, plan);
           if (!conv.ok()) continue;
-          compare(l, "f16 -> " + std::string(dst.name()) + " n_rot " + std::to_string(n_rot) + " rows of " +
+          compare(l, std::string(src.name()) + " -> " + std::string(dst.name()) + " n_rot " + std::to_string(n_rot) + " rows of " +
                          std::to_string(n) + " set " + std::to_string(s),
                   [&] {
                     std::vector<std::byte> out(rows * conv->dst_row_bytes());
@@ -384,22 +391,56 @@ void check_half_exhaustive(Level l) {
 }
 
 #ifdef KVSNAP_SIMD_X86
+// The AVX2 quantizers' roundf (trunc(x + copysign(0.49999997f, x)), x86_common.h) against
+// roundf then cvttss2si, the reference's (int8_t)roundf(x) before the cast, for every f32 pattern.
+void check_roundf_exhaustive() {
+  if (simd::best_level() < Level::kAvx2) return;
+  const size_t chunk = 1 << 22;
+  std::vector<float> x(chunk);
+  std::vector<int32_t> got(chunk);
+  for (uint64_t base = 0; base < (1ull << 32); base += chunk) {
+    for (size_t i = 0; i < chunk; i++) x[i] = testing::bits_f32(static_cast<uint32_t>(base + i));
+    simd::x86::roundf_i32_avx2(x.data(), got.data(), chunk);
+    for (size_t i = 0; i < chunk; i++) {
+      const float r = std::round(x[i]);
+      // cvttss2si: INT32_MIN for NaN and out-of-range values
+      const int32_t want = std::isnan(r) || r >= 2147483648.0f || r < -2147483648.0f ? INT32_MIN : static_cast<int32_t>(r);
+      if (got[i] != want) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "avx2 roundf of bits 0x%08" PRIx64 ": %d, roundf %d", base + i, got[i], want);
+        fail(buf);
+      }
+    }
+    g_compared += 4 * chunk;
+  }
+  std::printf("  avx2: roundf of all 2^32 f32 patterns == the quantizers' vector rounding\n");
+}
+
 // The iq4_nl best_index equivalence: the bucketed count of midpoints == ggml's binary search.
+// The AVX2 kernel's count of midpoints is checked on the same values (and, where the CPU has
+// AVX-512, the AVX-512 kernel's two bucketings).
 void check_iq4_index(bool exhaustive) {
-  if (simd::best_level() < Level::kAvx512) return;
+  if (simd::best_level() < Level::kAvx2) return;
+  const bool avx512 = simd::best_level() >= Level::kAvx512;
   const size_t chunk = 1 << 20;
   std::vector<float> x(chunk), x128(chunk + 16);
-  std::vector<uint8_t> got(chunk), got128(chunk + 16);
+  std::vector<uint8_t> got(chunk), got128(chunk + 16), got2(chunk);
   uint64_t checked = 0, checked128 = 0;
   auto run = [&](size_t n) {
-    simd::x86::iq4_nl_index_avx512(x.data(), got.data(), n);
+    simd::x86::iq4_nl_index_avx2(x.data(), got2.data(), n);
+    if (!avx512) {  // the AVX2 count only
+      for (size_t i = 0; i < n; i++) got[i] = got2[i];
+    } else {
+      simd::x86::iq4_nl_index_avx512(x.data(), got.data(), n);
+    }
     // the kernel's other bucketing, for values in [-128, 128)
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
       if (x[i] >= -128.0f && x[i] < 128.0f) x128[m++] = x[i];
     }
     for (size_t i = m; i % 16 != 0; i++) x128[m++] = 0.0f;
-    simd::x86::iq4_nl_index_within128_avx512(x128.data(), got128.data(), m);
+    if (avx512) simd::x86::iq4_nl_index_within128_avx512(x128.data(), got128.data(), m);
+    else m = 0;
     auto check = [&](const char* what, float v, int idx) {
       if (idx == quants::ref::iq4_nl_best_index(v)) return true;
       char buf[128];
@@ -409,7 +450,7 @@ void check_iq4_index(bool exhaustive) {
       return false;
     };
     for (size_t i = 0; i < n; i++) {
-      if (!check("index", x[i], got[i])) return;
+      if (!check("index", x[i], got[i]) || !check("index (avx2)", x[i], got2[i])) return;
     }
     for (size_t i = 0; i < m; i++) {
       if (!check("index (within 128)", x128[i], got128[i])) return;
@@ -444,9 +485,10 @@ void check_iq4_index(bool exhaustive) {
   }
   fill = fill / 16 * 16;
   if (fill) run(fill);
-  std::printf("  avx512: iq4_nl index == ggml's best_index_int8 for %" PRIu64 " floats%s, and %" PRIu64
+  std::printf("  %s: iq4_nl index == ggml's best_index_int8 for %" PRIu64 " floats%s (the AVX2 count of midpoints%s), and %" PRIu64
               " of them in [-128, 128) by the width-8 buckets\n",
-              checked, exhaustive ? " (every non-NaN f32)" : "", checked128);
+              avx512 ? "avx2, avx512" : "avx2", checked, exhaustive ? " (every non-NaN f32)" : "",
+              avx512 ? " and the AVX-512 bucketing" : "", checked128);
 }
 
 // The iq4_nl trial scales: every divisor in [1, 2) exhaustively (by the scaling argument in
@@ -621,6 +663,7 @@ int main(int argc, char** argv) {
     if (exhaustive) check_half_exhaustive(l);
   }
 #ifdef KVSNAP_SIMD_X86
+  if (exhaustive) check_roundf_exhaustive();
   check_iq4_index(exhaustive);
   check_iq4_trial_ids();
   check_iq4_trial_schedule();

@@ -2,7 +2,7 @@
 //
 //   quants::ref::*     the scalar transcriptions of ggml's reference code (quants.h/.cc). They
 //                      define the bytes; every other kernel must agree with them exactly.
-//   simd::x86::*_avx2  AVX2 + F16C kernels (kernels/x86_avx2.cc), compiled with target attributes
+//   simd::x86::*_avx2  AVX2 + FMA + F16C kernels (kernels/x86_avx2*.cc), compiled with target attributes
 //   simd::x86::*_avx512 AVX-512 F/BW/DQ/VL kernels (kernels/x86_avx512.cc, x86_avx512_iq4_nl*.cc)
 // A new ISA's kernels go in migrate/kernels/<isa>_*.cc, declared here in a section of their own.
 //
@@ -75,8 +75,26 @@ void q4_0_to_f32_avx2(const std::byte* src, float* dst, size_t n);
 void q4_0_from_f32_avx2(const float* src, std::byte* dst, size_t n);
 void q8_0_to_f32_avx2(const std::byte* src, float* dst, size_t n);
 void q8_0_from_f32_avx2(const float* src, std::byte* dst, size_t n);
+void q4_1_to_f32_avx2(const std::byte* src, float* dst, size_t n);
+void q4_1_from_f32_avx2(const float* src, std::byte* dst, size_t n);
+void q5_0_to_f32_avx2(const std::byte* src, float* dst, size_t n);
+void q5_0_from_f32_avx2(const float* src, std::byte* dst, size_t n);
+void q5_1_to_f32_avx2(const std::byte* src, float* dst, size_t n);
+void q5_1_from_f32_avx2(const float* src, std::byte* dst, size_t n);
 void iq4_nl_to_f32_avx2(const std::byte* src, float* dst, size_t n);
+void iq4_nl_from_f32_avx2(const float* src, std::byte* dst, size_t n);
+// best_index_int8(16, kvalues_iq4nl, x[i]) as the AVX2 iq4_nl kernel counts it, for n (a
+// multiple of 8) non-NaN values (exposed for kvsnap-simd-check)
+void iq4_nl_index_avx2(const float* x, uint8_t* idx, size_t n);
 void hadamard_avx2(float* x, size_t n, uint32_t n_rot);  // n_rot >= 8
+
+// roundf(x[i]) converted to int32 the way the AVX2 quantizers compute it (exposed for
+// kvsnap-simd-check's exhaustive comparison with roundf), n a multiple of 8.
+void roundf_i32_avx2(const float* x, int32_t* out, size_t n);
+
+// f16 -> q8_0 / q4_0 / q4_1 / q5_0 / q5_1 with rotation, q8_0 -> f16 with rotation (n_rot 64,
+// 128, 256); the other conversions at this level take the three steps (each an AVX2 kernel)
+FusedRowFn find_fused_avx2(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot);
 
 // AVX-512 F/BW/DQ/VL (+ F16C)
 void f16_to_f32_avx512(const std::byte* src, float* dst, size_t n);

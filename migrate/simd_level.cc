@@ -47,7 +47,7 @@ Level detect() {
 constexpr LevelKernels kLevels[] = {
     //  level          name      Hadamard kernel               min n_rot  fused row kernels
     {Level::kScalar, "scalar", hadamard_ref::rotate, 2, nullptr},
-    {Level::kAvx2, "avx2", KVSNAP_X86(hadamard_avx2), 8, nullptr},
+    {Level::kAvx2, "avx2", KVSNAP_X86(hadamard_avx2), 8, KVSNAP_X86(find_fused_avx2)},
     {Level::kAvx512, "avx512", KVSNAP_X86(hadamard_avx512), 16, KVSNAP_X86(find_fused_avx512)},
 };
 #undef KVSNAP_X86

@@ -103,6 +103,67 @@ KV_AVX2 void q4_0_to_f32_avx2(const std::byte* in, float* y, size_t n) {
   }
 }
 
+namespace {
+
+// The 32 4-bit values of a block's qs[16]: x[j] = low nibble of qs[j], x[16 + j] = high nibble.
+KV_AVX2_INLINE __m256i nibbles32(const std::byte* qs) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+}
+
+// 0x10 in byte j where bit j of qh is set (the fifth bit of q5_0/q5_1).
+KV_AVX2_INLINE __m256i high_bits32(const std::byte* qhp) {
+  uint32_t qh;
+  std::memcpy(&qh, qhp, sizeof(qh));
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                                             _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2,
+                                                              2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+// y = float(q) * d (+ m): 32 int8 values q of a block, the reference's one multiply (and add).
+template <bool kMin>
+KV_AVX2_INLINE void scale_store32(__m256i q, __m256 d, __m256 m, float* y) {
+  const __m128i parts[4] = {_mm256_castsi256_si128(q), _mm_srli_si128(_mm256_castsi256_si128(q), 8),
+                            _mm256_extracti128_si256(q, 1), _mm_srli_si128(_mm256_extracti128_si256(q, 1), 8)};
+  for (int k = 0; k < 4; k++) {
+    __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])), d);
+    if constexpr (kMin) f = _mm256_add_ps(f, m);
+    _mm256_storeu_ps(y + 8 * k, f);
+  }
+}
+
+KV_AVX2_INLINE __m256 half8(const std::byte* p) { return _mm256_set1_ps(_cvtsh_ss(load_u16(p))); }
+
+}  // namespace
+
+KV_AVX2 void q4_1_to_f32_avx2(const std::byte* in, float* y, size_t n) {
+  assert(n % kQK == 0);
+  for (size_t ib = 0; ib < n / kQK; ib++, y += kQK) {
+    const std::byte* blk = in + ib * kQ4_1Bytes;
+    scale_store32<true>(nibbles32(blk + 4), half8(blk), half8(blk + 2), y);
+  }
+}
+
+KV_AVX2 void q5_0_to_f32_avx2(const std::byte* in, float* y, size_t n) {
+  assert(n % kQK == 0);
+  for (size_t ib = 0; ib < n / kQK; ib++, y += kQK) {
+    const std::byte* blk = in + ib * kQ5_0Bytes;
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nibbles32(blk + 6), high_bits32(blk + 2)), _mm256_set1_epi8(16));
+    scale_store32<false>(q, half8(blk), _mm256_setzero_ps(), y);
+  }
+}
+
+KV_AVX2 void q5_1_to_f32_avx2(const std::byte* in, float* y, size_t n) {
+  assert(n % kQK == 0);
+  for (size_t ib = 0; ib < n / kQK; ib++, y += kQK) {
+    const std::byte* blk = in + ib * kQ5_1Bytes;
+    scale_store32<true>(_mm256_or_si256(nibbles32(blk + 8), high_bits32(blk + 4)), half8(blk), half8(blk + 2), y);
+  }
+}
+
 // y = d * kvalues_iq4nl[nibble]
 KV_AVX2 void iq4_nl_to_f32_avx2(const std::byte* in, float* y, size_t n) {
   assert(n % kQK == 0);
@@ -123,104 +184,10 @@ KV_AVX2 void iq4_nl_to_f32_avx2(const std::byte* in, float* y, size_t n) {
 }
 
 // =============================================================================================
-// q8_0 (quantize_row_q8_0_ref): d = amax / 127, id = 1/d, q = (int8)roundf(x * id)
-// =============================================================================================
-
-KV_AVX2 void q8_0_from_f32_avx2(const float* x, std::byte* out, size_t n) {
-  assert(n % kQK == 0);
-  for (size_t ib = 0; ib < n / kQK; ib++, x += kQK) {
-    std::byte* blk = out + ib * kQ8_0Bytes;
-    const __m256 v[4] = {_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), _mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)};
-    if (__builtin_expect(any_nan32(v), 0)) {
-      quants::ref::q8_0_from_f32(x, blk, kQK);
-      continue;
-    }
-    const float amax = hmax8(_mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3]))));
-    const float d = amax / ((1 << 7) - 1);
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    store_u16(blk, _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));  // d is not NaN: F16C == ggml
-    const __m256 vid = _mm256_set1_ps(id);
-    __m256i q[4];
-    for (int k = 0; k < 4; k++) q[k] = _mm256_cvttps_epi32(roundf8(_mm256_mul_ps(v[k], vid)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 2), low_bytes32(q[0], q[1], q[2], q[3]));
-  }
-}
-
-
-// =============================================================================================
-// q4_0 (quantize_row_q4_0_ref): max = first value of largest |x|, d = max / -8, id = 1/d,
-// q = MIN(15, (int8)(x * id + 8.5f)), two values per byte
-// =============================================================================================
-
-KV_AVX2 void q4_0_from_f32_avx2(const float* x, std::byte* out, size_t n) {
-  assert(n % kQK == 0);
-  for (size_t ib = 0; ib < n / kQK; ib++, x += kQK) {
-    std::byte* blk = out + ib * kQ4_0Bytes;
-    const __m256 v[4] = {_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), _mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)};
-    if (__builtin_expect(any_nan32(v), 0)) {
-      quants::ref::q4_0_from_f32(x, blk, kQK);
-      continue;
-    }
-    const __m256 a[4] = {abs8(v[0]), abs8(v[1]), abs8(v[2]), abs8(v[3])};
-    const float amax = hmax8(_mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3])));
-    float max = 0.0f;
-    if (amax > 0.0f) {
-      const __m256 m = _mm256_set1_ps(amax);
-      uint32_t k = 0;
-      for (int i = 0; i < 4; i++) {
-        k |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a[i], m, _CMP_EQ_OQ))) << (8 * i);
-      }
-      max = x[__builtin_ctz(k)];
-    }
-    const float d = max / -8;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    store_u16(blk, _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));  // d is not NaN
-    const __m256 vid = _mm256_set1_ps(id), bias = _mm256_set1_ps(8.5f);
-    __m256i c[4];
-    for (int i = 0; i < 4; i++) c[i] = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(v[i], vid), bias));
-    // (int8) of each, then MIN(15, .) as int8
-    const __m256i b = _mm256_min_epi8(low_bytes32(c[0], c[1], c[2], c[3]), _mm256_set1_epi8(15));
-    const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
-    const __m128i q = _mm_or_si128(lo, _mm_and_si128(_mm_slli_epi16(hi, 4), _mm_set1_epi8(static_cast<char>(0xf0))));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(blk + 2), q);
-  }
-}
-
-// =============================================================================================
 // Walsh-Hadamard rotation (see x86_common.h): 8 lanes
 // =============================================================================================
 
 namespace {
-
-KV_AVX2_INLINE __m256 fwht_in8(__m256 a, const __m256* s) {
-  a = _mm256_fmadd_ps(a, s[0], _mm256_permute_ps(a, 0xB1));            // len 1
-  a = _mm256_fmadd_ps(a, s[1], _mm256_permute_ps(a, 0x4E));            // len 2
-  return _mm256_fmadd_ps(a, s[2], _mm256_permute2f128_ps(a, a, 0x01));  // len 4
-}
-
-// The stages across registers: register distance LEN, 2 LEN, ... < NV.
-template <int NV, int LEN>
-KV_AVX2_INLINE void fwht_across8(__m256* v) {
-  if constexpr (LEN < NV) {
-#pragma GCC unroll 32
-    for (int i = 0; i < NV; i++) {
-      if ((i & LEN) == 0) {
-        const __m256 u = v[i], w = v[i + LEN];
-        v[i] = _mm256_add_ps(u, w);
-        v[i + LEN] = _mm256_sub_ps(u, w);
-      }
-    }
-    fwht_across8<NV, 2 * LEN>(v);
-  }
-}
-
-// One block of NV registers (n_rot = 8 NV values), already scaled.
-template <int NV>
-KV_AVX2_INLINE void fwht_regs8(__m256* v, const __m256* s) {
-#pragma GCC unroll 32
-  for (int i = 0; i < NV; i++) v[i] = fwht_in8(v[i], s);
-  fwht_across8<NV, 1>(v);
-}
 
 // A block holding a NaN is left to the scalar loop (false): when two NaNs meet, which one
 // survives depends on the operand order of the instruction the compiler picked, so only the
@@ -264,10 +231,6 @@ KV_AVX2 bool fwht_generic_avx2(float* r, uint32_t n_rot, __m256 scale, const __m
     }
   }
   return true;
-}
-
-KV_AVX2_INLINE void load_signs8(__m256* s) {
-  for (int k = 0; k < 3; k++) s[k] = _mm256_load_ps(kSigns.s[k]);
 }
 
 }  // namespace

@@ -7,7 +7,10 @@
 // operators).
 //
 // The files, one per ISA and seam (declarations in migrate/simd_kernels.h):
-//   x86_avx2.cc               AVX2 + FMA + F16C: f16/bf16, dequantization, q8_0/q4_0, Hadamard
+//   x86_avx2.cc               AVX2 + FMA + F16C: f16/bf16, dequantization, Hadamard
+//   x86_avx2_quant.cc         AVX2: the quantizers q8_0, q4_0, q4_1, q5_0, q5_1
+//   x86_avx2_fused.cc         AVX2: the fused rows (f16 -> q8_0/q4_0/q4_1/q5_0/q5_1, q8_0 -> f16, rotated)
+//   x86_avx2_iq4_nl.cc        AVX2: the iq4_nl quantizer
 //   x86_avx512.cc             AVX-512: f16, Hadamard, q8_0/q4_0, the fused rows
 //   x86_avx512_iq4_nl*.cc     AVX-512: the iq4_nl quantizer (x86_avx512_iq4_nl.h)
 // Another x86 level gets a file x86_<level>.cc of its own (and a KV_<LEVEL> macro here);
@@ -24,17 +27,20 @@
 //                 Blocks holding a NaN take the scalar loop (which NaN survives when two meet
 //                 depends on operand order).
 //   q8_0/q4_0     the abs-max of a block is a max over non-NaN values (order-free; VRANGEPS
-//                 returns one of its operands), the scale and its inverse are IEEE divisions
-//                 (a vector lane rounds like the scalar division), every value goes through the
-//                 same multiply/add; roundf is round-half-away done exactly (roundf_to_i32_16);
-//                 float->int is cvttps2dq, as in the reference on x86-64. Blocks holding a NaN
-//                 take the scalar path (the reference's NaN handling depends on the order).
+//   (q4_1, q5_0,  returns one of its operands), the scale and its inverse are IEEE divisions
+//    q5_1)        (a vector lane rounds like the scalar division), every value goes through the
+//                 same multiply/add; roundf is round-half-away done exactly (roundf_to_i32_16,
+//                 roundf_to_i32_8); float->int is cvttps2dq, as in the reference on x86-64.
+//                 Blocks holding a NaN take the scalar path (the reference's NaN handling
+//                 depends on the order), and so do q4_1/q5_1 blocks whose min or max is a zero
+//                 (the sign the reference keeps depends on the order).
 //   iq4_nl        lane = one block (16 blocks per vector; the 16 passes of a block in the
 //                 lanes for runs of fewer than 8 blocks); each lane runs the reference's sums
 //                 over j = 0..31 in order, so every sum is bit-identical; best_index is an exact
 //                 equivalent (see x86_avx512_iq4_nl.h; verified for every float); the decision
 //                 between the trials is the reference's sequence of comparisons, lane = block.
-//                 Blocks with NaN/inf: scalar.
+//                 Blocks with NaN/inf: scalar. AVX2: 8 blocks per vector, best_index as a
+//                 four-comparison search of the midpoints (x86_avx2_iq4_nl.cc).
 // Each of these is compared with the scalar reference byte for byte by kvsnap-simd-check
 // (bench/simd_check.cc) and, through the public codecs, by tests/migrate at every level
 // (KVSNAP_SIMD=avx2|avx512).
@@ -61,6 +67,8 @@
 #define KV_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define KV_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
 #define KV_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+// After a lambda's parameter list: lambdas do not inherit the enclosing function's target.
+#define KV_AVX2_LAMBDA __attribute__((target("avx2,fma,f16c"), always_inline))
 #define KV_AVX512_INLINE                                                                                    \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c"), always_inline)) \
   inline
@@ -72,6 +80,9 @@ using half::store_u16;
 using quants::kIQ4_NLBytes;
 using quants::kIQ4NLValues;
 using quants::kQ4_0Bytes;
+using quants::kQ4_1Bytes;
+using quants::kQ5_0Bytes;
+using quants::kQ5_1Bytes;
 using quants::kQ8_0Bytes;
 using quants::kQK;
 
@@ -107,17 +118,28 @@ KV_AVX2 inline __m256i low_bytes32(__m256i a, __m256i b, __m256i c, __m256i d) {
   return _mm256_permutevar8x32_epi32(abcd, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-// roundf(x) for 8 lanes: round half away from zero. trunc(x) and x - trunc(x) are exact, so
-// |x - trunc(x)| >= 0.5 decides exactly; t +- 1 is exact for |t| < 2^24 and never taken
-// above (the fraction is 0 there). inf -> inf (the fraction is NaN), NaN -> NaN.
-KV_AVX2 inline __m256 roundf8(__m256 x) {
-  const __m256 t = _mm256_round_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-  const __m256 f = abs8(_mm256_sub_ps(x, t));
-  const __m256 half = _mm256_set1_ps(0.5f);
-  const __m256 ge = _mm256_cmp_ps(f, half, _CMP_GE_OQ);
-  const __m256 one = _mm256_or_ps(_mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN))),
-                                  _mm256_set1_ps(1.0f));
-  return _mm256_add_ps(t, _mm256_and_ps(ge, one));
+// Lane b = the largest of the 8 lanes of p[b] (the abs-maxima of 8 blocks at once): three rounds of
+// shuffles and maxima (order-free on non-NaN values; NaN blocks are flagged, not used).
+KV_AVX2_INLINE __m256 hmax8x8(const __m256* p) {
+  __m256 t[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {
+    t[i] = _mm256_max_ps(_mm256_unpacklo_ps(p[2 * i], p[2 * i + 1]), _mm256_unpackhi_ps(p[2 * i], p[2 * i + 1]));
+  }
+  const __m256 u0 = _mm256_max_ps(_mm256_shuffle_ps(t[0], t[1], 0x44), _mm256_shuffle_ps(t[0], t[1], 0xEE));
+  const __m256 u1 = _mm256_max_ps(_mm256_shuffle_ps(t[2], t[3], 0x44), _mm256_shuffle_ps(t[2], t[3], 0xEE));
+  return _mm256_max_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// roundf(x) -> int32 for 8 lanes (cvttps2dq of the rounded value, as the reference does):
+// trunc(x + copysign(0.49999997f, x)). With the largest float below 0.5, the one rounding of the
+// addition can no longer carry a fraction just below .5 up to the next integer (what breaks
+// x + 0.5), and a tie still reaches it; equal to roundf for every non-NaN float (all 2^32
+// patterns: kvsnap-simd-check --exhaustive). NaN and |x| >= 2^31 give INT32_MIN either way.
+KV_AVX2_INLINE __m256i roundf_to_i32_8(__m256 x) {
+  const __m256 sign = _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN)));
+  const __m256 half = _mm256_or_ps(sign, _mm256_set1_ps(0x1.fffffep-2f));
+  return _mm256_cvttps_epi32(_mm256_add_ps(x, half));
 }
 
 // ---- AVX-512 helpers ------------------------------------------------------------------------
@@ -214,6 +236,40 @@ KV_AVX512_INLINE void fwht_across16(__m512* v) {
     }
     fwht_across16<NV, 2 * LEN>(v);
   }
+}
+
+// 8 lanes (AVX2): the same, stages len 1, 2, 4 inside a register.
+KV_AVX2_INLINE __m256 fwht_in8(__m256 a, const __m256* s) {
+  a = _mm256_fmadd_ps(a, s[0], _mm256_permute_ps(a, 0xB1));            // len 1
+  a = _mm256_fmadd_ps(a, s[1], _mm256_permute_ps(a, 0x4E));            // len 2
+  return _mm256_fmadd_ps(a, s[2], _mm256_permute2f128_ps(a, a, 0x01));  // len 4
+}
+
+template <int NV, int LEN>
+KV_AVX2_INLINE void fwht_across8(__m256* v) {
+  if constexpr (LEN < NV) {
+#pragma GCC unroll 32
+    for (int i = 0; i < NV; i++) {
+      if ((i & LEN) == 0) {
+        const __m256 u = v[i], w = v[i + LEN];
+        v[i] = _mm256_add_ps(u, w);
+        v[i + LEN] = _mm256_sub_ps(u, w);
+      }
+    }
+    fwht_across8<NV, 2 * LEN>(v);
+  }
+}
+
+// One block of NV registers (n_rot = 8 NV values), already scaled.
+template <int NV>
+KV_AVX2_INLINE void fwht_regs8(__m256* v, const __m256* s) {
+#pragma GCC unroll 32
+  for (int i = 0; i < NV; i++) v[i] = fwht_in8(v[i], s);
+  fwht_across8<NV, 1>(v);
+}
+
+KV_AVX2_INLINE void load_signs8(__m256* s) {
+  for (int k = 0; k < 3; k++) s[k] = _mm256_load_ps(kSigns.s[k]);
 }
 
 // One block of NV registers (n_rot = 16 NV values), already scaled.

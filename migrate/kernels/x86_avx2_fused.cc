@@ -1,0 +1,325 @@
+#include "migrate/fp_strict.h"  // first: no FMA contraction in this file
+
+// AVX2 + FMA + F16C fused rows (simd::Level::kAvx2): to_f32, rotation, from_f32 per rotation
+// block in one pass, the structure of x86_avx512.cc's with 8-wide vectors. Each step is the
+// same operations as the separate AVX2 kernels (f16_to_f32_avx2, hadamard_avx2,
+// q8_0_from_f32_avx2, f16_from_f32_avx2), so the bytes equal the three steps' (and the scalar
+// reference's). See x86_common.h for the rules.
+//
+// A rotation block of R = 64, 128 or 256 values: each 64-value chunk is rotated in 8 registers
+// (stages len 1..32); for R > 64 the chunks go to an L1 buffer where the middle stage (len 64,
+// R = 256) runs, and the last stage (len R / 2) is done as the values are read back, two output
+// quant blocks (8 registers) at a time: block j (u + w) and block j + R / 64 (u - w).
+
+#include "migrate/kernels/x86_common.h"
+
+#ifdef KVSNAP_SIMD_X86
+
+namespace kvsnap::simd::x86 {
+namespace {
+
+struct Rot8 {
+  __m256 scale;
+  __m256 s[3];
+};
+
+KV_AVX2_INLINE Rot8 rot8(uint32_t r) {
+  Rot8 k;
+  k.scale = _mm256_set1_ps(fwht_scale(r));
+  load_signs8(k.s);
+  return k;
+}
+
+// The rotation block of R values whose 64-value chunk c (8 registers, f32, unscaled) load(c, v)
+// gives, rotated; emit(v, a, b) receives the rotated values 8 registers at a time: values a..a+31
+// in v[0..3], b..b+31 in v[4..7]. An inf or NaN input makes every rotated value of the block
+// inf or NaN (each is a +- sum of all the inputs, and inf - inf is NaN): callers detect it on
+// what they receive.
+template <int R, class Load, class Emit>
+KV_AVX2_INLINE void rotate_block(const Rot8& k, Load load, Emit emit) {
+  static_assert(R == 64 || R == 128 || R == 256, "n_rot 64, 128, 256");
+  if constexpr (R == 64) {
+    __m256 v[8];
+    load(0, v);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) v[i] = _mm256_mul_ps(v[i], k.scale);
+    fwht_regs8<8>(v, k.s);
+    emit(v, 0, 32);
+  } else {
+    alignas(32) float buf[R];
+    for (int c = 0; c < R / 64; c++) {
+      __m256 v[8];
+      load(c, v);
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; i++) v[i] = _mm256_mul_ps(v[i], k.scale);
+      fwht_regs8<8>(v, k.s);
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; i++) _mm256_store_ps(buf + 64 * c + 8 * i, v[i]);
+    }
+    if constexpr (R == 256) {  // stage len 64
+      for (int i = 0; i < R; i += 128) {
+#pragma GCC unroll 8
+        for (int j = 0; j < 64; j += 8) {
+          const __m256 u = _mm256_load_ps(buf + i + j), w = _mm256_load_ps(buf + i + 64 + j);
+          _mm256_store_ps(buf + i + j, _mm256_add_ps(u, w));
+          _mm256_store_ps(buf + i + 64 + j, _mm256_sub_ps(u, w));
+        }
+      }
+    }
+    for (int j = 0; j < R / 2; j += 32) {  // the last stage, len R / 2
+      __m256 v[8];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; i++) {
+        const __m256 u = _mm256_load_ps(buf + j + 8 * i), w = _mm256_load_ps(buf + R / 2 + j + 8 * i);
+        v[i] = _mm256_add_ps(u, w);
+        v[4 + i] = _mm256_sub_ps(u, w);
+      }
+      emit(v, j, R / 2 + j);
+    }
+  }
+}
+
+// 64 f16 values -> 8 registers of floats (f16_to_f32_avx2).
+KV_AVX2_INLINE void load_f16x64(const std::byte* in, __m256* v) {
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i++) v[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 16 * i)));
+}
+
+// f16 -> q8_0 with rotation works in units of 256 values (8 quant blocks): the front of a
+// unit rotates it into an L1 buffer and reduces the 8 abs-maxima into one register, whose
+// scales (d = amax / 127, id = 1 / d: q8_0_from_f32_avx2's divisions, 8 lanes at once) are
+// ready while the next unit's front runs (software pipelining over the divisions' latency);
+// the back quantizes the unit from the buffer.
+constexpr int kUnit = 256;
+
+struct Unit {
+  alignas(32) float buf[kUnit];
+  alignas(32) float id[8];
+  alignas(16) uint16_t dh[8];
+  const std::byte* in;  // the unit's f16 input (for the scalar path of a rotation block with inf/NaN)
+  std::byte* out;
+  int nb;               // quant blocks in the unit (a multiple of R / 32)
+  uint32_t nonfinite;   // blocks whose abs-max is inf/NaN: their rotation block had an inf/NaN input
+  uint32_t inf_id;      // blocks whose id is infinite (amax below ~1e-36; see q8_0_back)
+};
+
+template <int R>
+KV_AVX2_INLINE void q8_0_front(const std::byte* in, std::byte* out, size_t len, const Rot8& k, Unit* u) {
+  __m256 pm[8];
+  for (int b = 0; b < 8; b++) pm[b] = _mm256_setzero_ps();
+  u->in = in;
+  u->out = out;
+  u->nb = static_cast<int>(len / kQK);
+  for (size_t r = 0; r < len; r += R) {
+    float* buf = u->buf + r;
+    __m256* pmr = pm + r / kQK;
+    // a rotation block with an inf/NaN input has inf/NaN maxima (flagged below)
+    rotate_block<R>(
+        k, [&](int c, __m256* v) KV_AVX2_LAMBDA { load_f16x64(in + 2 * (r + 64 * c), v); },
+        [&](const __m256* v, int a, int bb) KV_AVX2_LAMBDA {
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; i++) {
+            _mm256_store_ps(buf + a + 8 * i, v[i]);
+            _mm256_store_ps(buf + bb + 8 * i, v[4 + i]);
+          }
+          pmr[a / kQK] = _mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3])));
+          pmr[bb / kQK] = _mm256_max_ps(_mm256_max_ps(abs8(v[4]), abs8(v[5])), _mm256_max_ps(abs8(v[6]), abs8(v[7])));
+        });
+  }
+  const __m256 amax = hmax8x8(pm);
+  const __m256 d = _mm256_div_ps(amax, _mm256_set1_ps(static_cast<float>((1 << 7) - 1)));
+  const __m256 id = _mm256_and_ps(_mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_UQ), _mm256_div_ps(_mm256_set1_ps(1.0f), d));
+  _mm256_store_ps(u->id, id);
+  _mm_store_si128(reinterpret_cast<__m128i*>(u->dh), _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT));
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  u->nonfinite = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(amax, inf, _CMP_NLT_UQ)));
+  u->inf_id = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(id, inf, _CMP_EQ_OQ)));
+}
+
+// q8_0_from_f32_avx2's operations on the unit's blocks. q = roundf(x * id) lies in -127..127
+// when id is finite, so saturating packs keep the reference's (int8_t) bytes; a block with an
+// infinite id (which rotated f16 values never give: their nonzero sums are >= 2^-77) takes the
+// scalar reference on the same rotated values, and a rotation block with an inf/NaN input the
+// scalar reference from its input.
+template <int R>
+KV_AVX2_INLINE void q8_0_back(const Unit& u) {
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int b = 0; b < u.nb; b++) {
+    std::byte* blk = u.out + b * kQ8_0Bytes;
+    const float* x = u.buf + b * kQK;
+    if (__builtin_expect(((u.nonfinite | u.inf_id) >> b) & 1, 0)) {
+      if ((u.nonfinite >> b) & 1) {  // the whole rotation block, once, from its input
+        if (b % (R / kQK) == 0) {
+          alignas(32) float tmp[R];
+          quants::ref::f16_to_f32(u.in + 2 * b * kQK, tmp, R);
+          hadamard_ref::rotate(tmp, R, R);
+          quants::ref::q8_0_from_f32(tmp, blk, R);
+        }
+      } else {
+        quants::ref::q8_0_from_f32(x, blk, kQK);
+      }
+      continue;
+    }
+    const __m256 vid = _mm256_broadcast_ss(u.id + b);
+    const __m256i w01 = _mm256_packs_epi32(roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x), vid)),
+                                           roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 8), vid)));
+    const __m256i w23 = _mm256_packs_epi32(roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 16), vid)),
+                                           roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 24), vid)));
+    store_u16(blk, u.dh[b]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 2), _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order));
+  }
+}
+
+// f16 rows -> floats, rotated in blocks of R, -> q8_0: front of unit i + 1, then back of unit i.
+template <int R>
+KV_AVX2 void f16_rot_q8_0(const std::byte* in, std::byte* out, size_t n, uint32_t) {
+  assert(n % R == 0);
+  const Rot8 k = rot8(R);
+  Unit units[2];
+  const size_t nu = (n + kUnit - 1) / kUnit;
+  for (size_t i = 0; i <= nu; i++) {
+    if (i < nu) {
+      const size_t v0 = i * kUnit, len = n - v0 < size_t{kUnit} ? n - v0 : size_t{kUnit};
+      q8_0_front<R>(in + 2 * v0, out + v0 / kQK * kQ8_0Bytes, len, k, &units[i & 1]);
+    }
+    if (i > 0) q8_0_back<R>(units[(i - 1) & 1]);
+  }
+}
+
+// f16 rows -> floats, rotated in blocks of R, -> a 4/5-bit type through its AVX2 quantizer
+// (quant, blocks of kBytes): each unit of 256 values is rotated into an L1 buffer in registers
+// (rotate_block), then quantized from there. A rotation block with an inf/NaN input (then its
+// first rotated value is inf/NaN too, see rotate_block) takes the scalar reference's three steps.
+using QuantFn = void (*)(const float* src, std::byte* dst, size_t n);
+
+template <int R, size_t kBytes>
+KV_AVX2_INLINE void f16_rot_quant(const std::byte* in, std::byte* out, size_t n, QuantFn quant, QuantFn ref) {
+  assert(n % R == 0);
+  const Rot8 k = rot8(R);
+  alignas(32) float buf[kUnit];
+  for (size_t v0 = 0; v0 < n; v0 += kUnit) {
+    const size_t len = n - v0 < size_t{kUnit} ? n - v0 : size_t{kUnit};
+    bool bad = false;
+    for (size_t r = 0; r < len; r += R) {
+      float* b = buf + r;
+      rotate_block<R>(
+          k, [&](int c, __m256* v) KV_AVX2_LAMBDA { load_f16x64(in + 2 * (v0 + r + 64 * c), v); },
+          [&](const __m256* v, int a, int bb) KV_AVX2_LAMBDA {
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+              _mm256_store_ps(b + a + 8 * i, v[i]);
+              _mm256_store_ps(b + bb + 8 * i, v[4 + i]);
+            }
+          });
+      bad |= !std::isfinite(b[0]);
+    }
+    std::byte* dst = out + v0 / kQK * kBytes;
+    if (__builtin_expect(!bad, 1)) {
+      quant(buf, dst, len);
+      continue;
+    }
+    for (size_t r = 0; r < len; r += R) {
+      if (std::isfinite(buf[r])) {
+        quant(buf + r, dst + r / kQK * kBytes, R);
+      } else {
+        alignas(32) float tmp[R];
+        quants::ref::f16_to_f32(in + 2 * (v0 + r), tmp, R);
+        hadamard_ref::rotate(tmp, R, R);
+        ref(tmp, dst + r / kQK * kBytes, R);
+      }
+    }
+  }
+}
+
+template <int R>
+KV_AVX2 void f16_rot_q4_0(const std::byte* in, std::byte* out, size_t n, uint32_t) {
+  f16_rot_quant<R, kQ4_0Bytes>(in, out, n, q4_0_from_f32_avx2, quants::ref::q4_0_from_f32);
+}
+template <int R>
+KV_AVX2 void f16_rot_q4_1(const std::byte* in, std::byte* out, size_t n, uint32_t) {
+  f16_rot_quant<R, kQ4_1Bytes>(in, out, n, q4_1_from_f32_avx2, quants::ref::q4_1_from_f32);
+}
+template <int R>
+KV_AVX2 void f16_rot_q5_0(const std::byte* in, std::byte* out, size_t n, uint32_t) {
+  f16_rot_quant<R, kQ5_0Bytes>(in, out, n, q5_0_from_f32_avx2, quants::ref::q5_0_from_f32);
+}
+template <int R>
+KV_AVX2 void f16_rot_q5_1(const std::byte* in, std::byte* out, size_t n, uint32_t) {
+  f16_rot_quant<R, kQ5_1Bytes>(in, out, n, q5_1_from_f32_avx2, quants::ref::q5_1_from_f32);
+}
+
+// 64 q8_0 values (two blocks) -> 8 registers of floats (q8_0_to_f32_avx2: float(q) * d).
+KV_AVX2_INLINE void load_q8_0x64(const std::byte* in, __m256* v) {
+#pragma GCC unroll 2
+  for (int b = 0; b < 2; b++) {
+    const std::byte* blk = in + b * kQ8_0Bytes;
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * k));
+      v[4 * b + k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+    }
+  }
+}
+
+// q8_0 rows -> floats, rotated in blocks of R, -> f16. Finite scales give finite values, so no
+// NaN reaches the f16 conversion (whose only difference from ggml's is NaN); a block with an
+// inf/NaN scale takes the scalar reference.
+template <int R>
+KV_AVX2 void q8_0_rot_f16(const std::byte* in, std::byte* out, size_t n, uint32_t) {
+  assert(n % R == 0);
+  const Rot8 k = rot8(R);
+  for (size_t b = 0; b < n; b += R) {
+    const std::byte* src = in + b / kQK * kQ8_0Bytes;
+    std::byte* dst = out + 2 * b;
+    bool bad = false;
+    for (int q = 0; q < R / static_cast<int>(kQK); q++) bad |= (load_u16(src + q * kQ8_0Bytes) & 0x7c00u) == 0x7c00u;
+    if (__builtin_expect(bad, 0)) {
+      alignas(32) float tmp[R];
+      quants::ref::q8_0_to_f32(src, tmp, R);
+      hadamard_ref::rotate(tmp, R, R);
+      quants::ref::f16_from_f32(tmp, dst, R);
+      continue;
+    }
+    rotate_block<R>(  // finite scales: finite values
+        k, [&](int c, __m256* v) KV_AVX2_LAMBDA { load_q8_0x64(src + 2 * c * kQ8_0Bytes, v); },
+        [&](const __m256* v, int a, int bb) KV_AVX2_LAMBDA {
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; i++) {
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * (a + 8 * i)), _mm256_cvtps_ph(v[i], _MM_FROUND_TO_NEAREST_INT));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * (bb + 8 * i)),
+                             _mm256_cvtps_ph(v[4 + i], _MM_FROUND_TO_NEAREST_INT));
+          }
+        });
+  }
+}
+
+}  // namespace
+
+KV_AVX2 void roundf_i32_avx2(const float* x, int32_t* out, size_t n) {
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), roundf_to_i32_8(_mm256_loadu_ps(x + i)));
+  }
+}
+
+FusedRowFn find_fused_avx2(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot) {
+  if (!rotate || (n_rot != 64 && n_rot != 128 && n_rot != 256)) return nullptr;
+  if (src == GgmlType::kF16 && dst == GgmlType::kQ8_0) {
+    return n_rot == 64 ? f16_rot_q8_0<64> : n_rot == 128 ? f16_rot_q8_0<128> : f16_rot_q8_0<256>;
+  }
+  if (src == GgmlType::kQ8_0 && dst == GgmlType::kF16) {
+    return n_rot == 64 ? q8_0_rot_f16<64> : n_rot == 128 ? q8_0_rot_f16<128> : q8_0_rot_f16<256>;
+  }
+  if (src != GgmlType::kF16) return nullptr;
+  switch (dst) {
+    case GgmlType::kQ4_0: return n_rot == 64 ? f16_rot_q4_0<64> : n_rot == 128 ? f16_rot_q4_0<128> : f16_rot_q4_0<256>;
+    case GgmlType::kQ4_1: return n_rot == 64 ? f16_rot_q4_1<64> : n_rot == 128 ? f16_rot_q4_1<128> : f16_rot_q4_1<256>;
+    case GgmlType::kQ5_0: return n_rot == 64 ? f16_rot_q5_0<64> : n_rot == 128 ? f16_rot_q5_0<128> : f16_rot_q5_0<256>;
+    case GgmlType::kQ5_1: return n_rot == 64 ? f16_rot_q5_1<64> : n_rot == 128 ? f16_rot_q5_1<128> : f16_rot_q5_1<256>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace kvsnap::simd::x86
+
+#endif  // KVSNAP_SIMD_X86
