@@ -248,7 +248,8 @@ Status read_session_v6(Cursor& c, const ParseOptions& opts, StateFile& f) {
     if (kv_buf_size != 0) return c.corrupt(dump_at, "kv_buf_size " + std::to_string(kv_buf_size) + " with kv_head 0");
   } else {
     if (kv_buf_size == 0 || kv_buf_size % st.cell_count != 0) {
-      return c.corrupt(dump_at, "kv_buf_size " + std::to_string(kv_buf_size) + " is not a positive multiple of kv_head " +
+      return c.corrupt(dump_at, "kv_buf_size " + std::to_string(kv_buf_size) +
+                                    " is not a positive multiple of kv_head " +
                                     std::to_string(st.cell_count));
     }
     st.n_layer = uint32_t(ks.n_embd_k_gqa.size());

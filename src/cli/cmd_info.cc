@@ -324,7 +324,8 @@ std::string render_human(const json& j) {
   }
   if (j.contains("arch")) line("arch", j["arch"].get<std::string>());
   if (j.contains("rng_state_bytes"))
-    line("rng state", std::to_string(j["rng_state_bytes"].get<uint64_t>()) + " bytes of text (ggsn v8, b3543)");
+    line("rng state",
+         std::to_string(j["rng_state_bytes"].get<uint64_t>()) + " bytes of text (ggsn v8 of b3543, v6 of b3166)");
   if (!j["model"].is_null()) {
     const auto& m = j["model"];
     line("model", m.value("path", "") + " (" + m.value("arch", "") + ", " + std::to_string(m.value("n_layer", 0)) +
@@ -390,7 +391,7 @@ std::string render_human(const json& j) {
   }
   if (j.contains("outputs")) {
     const auto& ou = j["outputs"];
-    o += "\noutputs (v8/v9): " + std::to_string(ou["n_outputs"].get<uint32_t>()) + " outputs, " +
+    o += "\noutputs (v6/v8/v9): " + std::to_string(ou["n_outputs"].get<uint32_t>()) + " outputs, " +
          std::to_string(ou["logits_floats"].get<uint64_t>()) + " logits, " +
          std::to_string(ou["embd_floats"].get<uint64_t>()) + " embedding floats\n";
   }

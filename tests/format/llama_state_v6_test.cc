@@ -158,7 +158,8 @@ TEST(EraASession, TheWrongModelIsAMismatchNamingTheFields) {
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.status().code(), Code::kMismatch);
   EXPECT_NE(st.status().message().find("wrong model"), std::string::npos) << st.status().ToString();
-  EXPECT_NE(st.status().message().find("n_head 2 in the file, 4 in the model"), std::string::npos) << st.status().ToString();
+  EXPECT_NE(st.status().message().find("n_head 2 in the file, 4 in the model"), std::string::npos)
+      << st.status().ToString();
 }
 
 // q4_0 and iq4_nl blocks have the same size: a q4_0/q8_0 dump is also an iq4_nl/q8_0 one.
@@ -218,6 +219,16 @@ TEST(EraASession, EmptyCellsAreKeptAndCounted) {
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   EXPECT_EQ(st->legacy->empty_cells, 1u);
   EXPECT_NE(st->reading.find("1 empty"), std::string::npos) << st->reading;
+  EXPECT_EQ(rewrite(b, &shape), b);
+}
+
+// An empty context (kv_head 0): no rows, no cells, no types to infer.
+TEST(EraASession, AnEmptyCacheReadsAndRoundTrips) {
+  const MemoryShape shape = shape_of("hd64n");
+  const auto b = synth(128, 128, {});
+  auto st = parse(b, &shape);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->memory.kv.at(0).streams.at(0).cell_count, 0u);
   EXPECT_EQ(rewrite(b, &shape), b);
 }
 

@@ -27,7 +27,8 @@
 #   v0.5.0 (f16 and their own types) within the bound, and come back with --target-build b3543; era A
 #   files restore in b3166, its ggsq v1 slots go the same ways as era B's (--target-build b3166), its
 #   ggsn v6 sessions are read with the model (kvsnap info names era A and the K/V types it infers),
-#   come back byte for byte with --target-build b3166 and convert to v0.5.0 within the bound; a v6
+#   come back byte for byte with --target-build b3166 (the q8_0 one also as f16, restored in b3166
+#   within the bound) and convert to v0.5.0 within the bound; a v6
 #   session whose sizes fit several type pairs (q4_0/q8_0 = iq4_nl/q8_0) is refused as ambiguous
 #   (exit 6) naming both, and a v0.5.0 session cannot be written as ggsn v6 (exit 4: no b3166 header).
 # --part source-build (ctest oracle.zoo_source_build, label oracle): every quantized
@@ -238,6 +239,9 @@ if [ "$part" = bed ]; then
         "$kvsnap" convert "$f" "$f.same" --model "$(model_of "$m")" --target-build b3166 >"$f.same.err" 2>&1
         if cmp -s "$f" "$f.same"; then pass "$name: --target-build b3166 gives the same bytes back"
         else fail "$name identity" "convert --target-build b3166 differs or failed: $(tail -n1 "$f.same.err")"; fi
+        # v6 -> v6 with other types: the header comes from the input; b3166 loads it with f16
+        is_quant "$ctk" && convert_and_judge "$v" "$name -> ggsn v6 f16 (--target-build b3166)" "$f" session "$m" "$fa" \
+          "$lg" within --target-build b3166
       fi
     else
       read -r rm rv rext rout reras <<<"$(reading "$f")"
