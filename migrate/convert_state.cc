@@ -113,8 +113,8 @@ Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<
     case TargetFormat::kGgsnV6:
       KV_RETURN_IF_ERROR(want_kind(StateKind::kSessionFile, "ggsn-v6-b3166"));
       if (!src.legacy) {
-        return Status::NotSupported("a ggsn v6 session (b3166) starts with that build's raw llama_hparams of the model, "
-                                    "which kvsnap takes only from a ggsn v6 input; this input is " +
+        return Status::NotSupported("a ggsn v6 session (b3166) starts with that build's raw llama_hparams of the "
+                                    "model, which kvsnap takes only from a ggsn v6 input; this input is " +
                                     std::string("ggsn v") + std::to_string(src.version));
       }
       t.version = 6;
