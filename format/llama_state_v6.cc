@@ -144,8 +144,8 @@ Result<std::pair<int32_t, int32_t>> choose_types(const std::string& name, const 
   }
   return Status::Ambiguous(name + ": ggsn v6 (b3166) records no K/V types, and its " + std::to_string(per_cell) +
                            " bytes per cell fit " + std::to_string(fits.size()) + " pairs: " + list +
-                           ". kvsnap does not guess: load the session in b3166 and save a sequence (ggsq v1) file, "
-                           "which records its types (no command-line flag declares the pair yet)");
+                           ". kvsnap does not guess: name the pair the session was saved with (--src-types K/V), or "
+                           "load it in b3166 and save a sequence (ggsq v1) file, which records its types");
 }
 
 // The layers of the dump: per layer K of n cells, then V.

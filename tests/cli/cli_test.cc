@@ -383,6 +383,18 @@ TEST_F(CliTest, EraASlotsAndSessionsAreRead) {
   EXPECT_EQ(read(same), read(session));
   r = run("convert " + up + " " + (dir_ / "x.session").string() + m + " --target-build b3166");
   EXPECT_EQ(r.code, 4) << r.err;
+  // q4_0/q8_0: the sizes fit iq4_nl/q8_0 and the swapped pairs too; --src-types names the pair.
+  const std::string amb = fixture("b3166/hd64n-q4_0-q8_0-faon.session.ambiguous");
+  r = run("info " + amb + m);
+  EXPECT_EQ(r.code, 6) << r.err;
+  EXPECT_NE(r.err.find("--src-types"), std::string::npos) << r.err;
+  r = run("info " + amb + m + " --src-types q4_0/q8_0 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("as declared"), std::string::npos) << r.out;
+  EXPECT_EQ(run("info " + amb + m + " --src-types f16/f16").code, 5);
+  EXPECT_EQ(run("info " + amb + m + " --src-types q4_0").code, 2);
+  EXPECT_EQ(run("info " + session + m + " --src-types f16/f16").code, 0);
+  EXPECT_EQ(run("info " + fixture("b3166/hd64n-f16-f16-faon.slot") + m + " --src-types f16/f16").code, 2);
   r = run("convert " + fixture("b3543/hd64n-f16-f16-faon.session") + " " + (dir_ / "x.session").string() + m +
           " --target-build b3166");
   EXPECT_EQ(r.code, 4) << r.err;

@@ -30,7 +30,8 @@
 #   come back byte for byte with --target-build b3166 (the q8_0 one also as f16, restored in b3166
 #   within the bound) and convert to v0.5.0 within the bound; a v6
 #   session whose sizes fit several type pairs (q4_0/q8_0 = iq4_nl/q8_0) is refused as ambiguous
-#   (exit 6) naming both, and a v0.5.0 session cannot be written as ggsn v6 (exit 4: no b3166 header).
+#   (exit 6) naming both, converts within the bound with --src-types q4_0/q8_0 and far over it with
+#   the wrong declaration iq4_nl/q8_0, and a v0.5.0 session cannot be written as ggsn v6 (exit 4: no b3166 header).
 # --part source-build (ctest oracle.zoo_source_build, label oracle): every quantized
 #   era-G file (fixtures/b9842, fixtures/b10361 and files written now by the G drivers) converted to
 #   f16 with `--source-build <tag>` restores in v0.5.0 within the bound; an unrecognized
@@ -163,7 +164,7 @@ convert_and_judge() {
   if [ "$expect" = within ]; then
     if within "$k" "$b"; then ok_or_stale "$name" "KL $k, bound 1.5 x $b"; else fail "$name" "KL $k over the bound 1.5 x $b"; fi
   else
-    if far_over "$k" "$b"; then ok_or_stale "$name" "KL $k, > 10 x the bound 1.5 x $b (the wrong rotation is caught)"
+    if far_over "$k" "$b"; then ok_or_stale "$name" "KL $k, > 10 x the bound 1.5 x $b (the wrong reading is caught)"
     else fail "$name" "KL $k is not 10x over the bound 1.5 x $b: the rotation of this file cannot be told"; fi
   fi
 }
@@ -229,6 +230,11 @@ if [ "$part" = bed ]; then
           fail "$name ambiguity" "kvsnap info exit $rc (want 6 naming both pairs): $(tail -n1 "$f.info.err")"
         fi
         AMBIG["$f"]=1
+        # declared, it converts; declared wrong (a pair of the same size), the result is far off
+        convert_and_judge 3.22.1 "$name -> v0.5.0 f16 --src-types $ctk/$ctv" "$f" session "$m" "$fa" "$lg" within \
+          --src-types "$ctk/$ctv"
+        convert_and_judge 3.22.1 "$name -> v0.5.0 f16 --src-types iq4_nl/$ctv (wrong)" "$f" session "$m" "$fa" "$lg" \
+          far --src-types "iq4_nl/$ctv"
       elif [ $rc -eq 0 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["era"]["eras"] == "A" and ("types " + sys.argv[2] + " inferred") in json.dumps(d) else 1)' "$f.info.json" "$ctk/$ctv"; then
         pass "$name: kvsnap info reads it as era A with K/V $ctk/$ctv inferred"
       else
