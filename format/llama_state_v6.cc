@@ -67,6 +67,18 @@ Status check_hparams(const std::string& name, const std::vector<std::byte>& h, c
     return Status::NotSupported(name + ": ggsn v6 of a state-space (Mamba) model: its recurrent cache in the legacy "
                                 "dump is not supported");
   }
+  // b3166 sizes every layer's rows as n_embd_head x n_head_kv; a model whose layers differ
+  // today (per-layer head counts) was cached otherwise then.
+  const KvSectionShape& ks = shape.kv_sections[0];
+  const uint32_t nk = hp_u32(h, 32) * hp_u32(h, 20), nv = hp_u32(h, 36) * hp_u32(h, 20);
+  for (size_t il = 0; il < ks.n_embd_k_gqa.size(); ++il) {
+    if (ks.n_embd_k_gqa[il] != nk || ks.n_embd_v_gqa[il] != nv) {
+      return Status::NotSupported(name + ": ggsn v6 (b3166) rows are n_embd_head x n_head_kv (" + std::to_string(nk) +
+                                  "/" + std::to_string(nv) + ") in every layer, and " + shape.source +
+                                  " gives layer " + std::to_string(il) + " " + std::to_string(ks.n_embd_k_gqa[il]) +
+                                  "/" + std::to_string(ks.n_embd_v_gqa[il]) + ": not supported");
+    }
+  }
   return Status::OK();
 }
 

@@ -162,6 +162,21 @@ TEST(EraASession, TheWrongModelIsAMismatchNamingTheFields) {
       << st.status().ToString();
 }
 
+// b3166 gave every layer n_embd_head x n_head_kv; a model that says otherwise for a layer (or has
+// another memory layout today) is refused by name rather than read with the wrong widths.
+TEST(EraASession, ModelsWhoseLayersDifferFromB3166sAreRefused) {
+  MemoryShape shape = shape_of("hd64n");
+  shape.kv_sections[0].n_embd_k_gqa[2] = 128;
+  auto st = parse(fixture("hd64n-f16-f16-faon.session"), &shape);
+  EXPECT_EQ(st.status().code(), Code::kNotSupported) << st.status().ToString();
+  EXPECT_NE(st.status().message().find("layer 2 128/64"), std::string::npos) << st.status().ToString();
+  shape = shape_of("hd64n");
+  shape.kv_sections.push_back(shape.kv_sections[0]);  // iSWA today
+  st = parse(fixture("hd64n-f16-f16-faon.session"), &shape);
+  EXPECT_EQ(st.status().code(), Code::kNotSupported) << st.status().ToString();
+  EXPECT_NE(st.status().message().find("another memory layout"), std::string::npos) << st.status().ToString();
+}
+
 // q4_0 and iq4_nl blocks have the same size: a q4_0/q8_0 dump is also an iq4_nl/q8_0 one.
 TEST(EraASession, SizesThatFitSeveralTypePairsAreRefusedNamingThem) {
   const MemoryShape shape = shape_of("hd64n");

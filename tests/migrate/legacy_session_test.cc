@@ -4,6 +4,8 @@
 // Real v6 files (no holes) are converted in tests/cli/cli_test.cc and tests/oracle/zoo_test.sh.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "format/cursor.h"
 #include "format/llama_state.h"
 #include "migrate/convert_state.h"
@@ -16,7 +18,13 @@ std::vector<std::byte> v6_session(const std::vector<std::pair<int32_t, bool>>& c
   std::vector<std::byte> b;
   put_u32(b, kMagicGgsn);
   put_u32(b, 6);
-  b.resize(b.size() + kB3166HparamsBytes);  // hparams: not checked without a model's
+  // llama_hparams: n_head_kv 1 (offset 20), n_embd_head_k/v 64 (32, 36), the rest 0
+  const size_t hp = b.size();
+  b.resize(hp + kB3166HparamsBytes);
+  for (size_t off : {size_t(20), size_t(32), size_t(36)}) {
+    const uint32_t v = off == 20 ? 1 : 64;
+    std::memcpy(b.data() + hp + off, &v, 4);
+  }
   put_u32(b, 1);
   put_i32(b, 7);
   const std::string rng = "5489 1 2";
@@ -45,7 +53,9 @@ MemoryShape two_layers() {
   s.kv_sections_known = s.recurrent_known = true;
   s.kv_sections.push_back(KvSectionShape{{64, 64}, {64, 64}, {true, true}});
   s.source = "test model";
-  s.hparams = MemoryShape::Hparams{};  // the zero header above
+  s.hparams = MemoryShape::Hparams{};  // the header above
+  s.hparams->n_head_kv = 1;
+  s.hparams->n_embd_head_k = s.hparams->n_embd_head_v = 64;
   s.hparams->arch = "llama";
   return s;
 }
