@@ -20,7 +20,7 @@ constexpr Change kVersion3{10375, 10645};       // #27762: ggsq 3 / ggsn 10, 12-
 constexpr Change kRawTag{8390, 9842};           // llama_state_seq_get_data puts 0xaf143cd8 + seq id first
 constexpr Change kSessionV9{3543, 3889};       // ggsn 8 (RNG text after the arch name) -> 9 (no RNG)
 constexpr Change kSeqCellIds{4980, 5640};      // ggsq cells: n_seq_id 0 -> 1 + the seq id
-constexpr uint32_t kEraA = 3166;               // ggsn 6 / ggsq 1: legacy KV dump, not read
+constexpr uint32_t kEraA = 3166;               // ggsn 6 (legacy KV dump) / ggsq 1: own layouts
 constexpr uint32_t kFirstReadable = 3543;      // era B: ggsn 8 / ggsq 2
 
 Tri side_of(uint32_t n, Change c) {
@@ -176,7 +176,7 @@ Result<BuildLayout> layout_of_build(const LlamaBuild& build) {
   }
   const uint32_t n = build.number;
   if (n == kEraA) {
-    // ggsq v1 is read and written; ggsn v6 (the legacy dump) is not
+    // ggsq v1 read and written; ggsn v6 (the legacy dump) read with the model, written from an era-A session
     L.era = "A";
     L.ggsq_version = 1;
     L.ggsn_version = 6;
@@ -226,6 +226,11 @@ FileEra era_of_file(const StateFile& f, std::optional<bool> model_has_cell_ext) 
   if (f.kind == StateKind::kSeqFile && f.version == 1) {
     return FileEra{"A", b(kEraA), Tri::kNo,
                    "ggsq v1 is written by llama.cpp " + b(kEraA) + " (and maybe a little later), before any build rotated"};
+  }
+  if (f.kind == StateKind::kSessionFile && f.version == 6) {
+    return FileEra{"A", b(kEraA), Tri::kNo,
+                   "ggsn v6 (b3166's llama_hparams and legacy KV dump) is written by llama.cpp " + b(kEraA) +
+                       " (and builds near it), before any build rotated"};
   }
   if (f.kind == StateKind::kSessionFile && f.version == 8) {
     return FileEra{"B", b(kSessionV9.last_without) + " (" + b(kEraA + 1) + ".." + b(kSessionV9.first_with - 1) + ")",

@@ -7,7 +7,8 @@
 // version (ggsq v2 / ggsn v9 cover eras C..G). What a parsed file proves:
 //
 //   era  builds           ggsq/ggsn  body                               rotation
-//   A    b3166            1 / 6      ggsq v1 layout; ggsn v6 not read   no
+//   A    b3166            1 / 6      ggsq v1 layout; ggsn v6 legacy     no
+//                                     dump (types inferred, --model)
 //   B    b3543            2 / 8      as C, + RNG text in sessions       no
 //   C    b3889..b5869     2 / 9      no n_stream prefix, v9 outputs     no
 //   D    b6122..b8121     2 / 9      n_stream, v9 outputs               no

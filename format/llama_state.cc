@@ -361,22 +361,9 @@ Status read_seq_v1(Cursor& c, const MemoryShape* shape, StateFile& f) {
 }
 
 Status read_outputs(Cursor& c, SessionOutputs& o) {
-  uint64_t at = c.offset();
-  KV_ASSIGN_OR_RETURN(o.n_outputs, c.u32("output count"));
-  o.output_pos.offset = c.offset();
-  if (o.n_outputs > c.remaining() / 4) return c.corrupt(at, "truncated: " + std::to_string(o.n_outputs) + " output ids");
-  KV_RETURN_IF_ERROR(c.skip(o.n_outputs, 4, "output ids"));
-  o.output_pos.size = uint64_t(o.n_outputs) * 4;
-  at = c.offset();
-  KV_ASSIGN_OR_RETURN(o.logits_size, c.u64("logits size"));
-  o.logits.offset = c.offset();
-  KV_RETURN_IF_ERROR(c.skip(o.logits_size, 4, "logits"));
-  o.logits.size = o.logits_size * 4;
-  KV_ASSIGN_OR_RETURN(o.embd_size, c.u64("embeddings size"));
-  o.embd.offset = c.offset();
-  KV_RETURN_IF_ERROR(c.skip(o.embd_size, 4, "embeddings"));
-  o.embd.size = o.embd_size * 4;
-  return Status::OK();
+  const uint64_t at = c.offset();
+  KV_ASSIGN_OR_RETURN(uint32_t n, c.u32("output count"));
+  return read_output_arrays(c, at, n, o);
 }
 
 // After the arch name, a version-9 context holds output ids, logits and
@@ -455,7 +442,27 @@ Result<std::string> read_arch(Cursor& c) {
                          [](unsigned char ch) { return ch >= 0x20 && ch <= 0x7e; });
 }
 
-Status read_tokens(Cursor& c, TokenPayload& tp, bool allow_packed) {
+}  // namespace
+
+Status llama_state_detail::read_output_arrays(Cursor& c, uint64_t at, uint64_t n_outputs, SessionOutputs& o) {
+  if (n_outputs > c.remaining() / 4 || n_outputs > UINT32_MAX) {
+    return c.corrupt(at, "truncated: " + std::to_string(n_outputs) + " output ids");
+  }
+  o.n_outputs = uint32_t(n_outputs);
+  o.output_pos = {c.offset(), n_outputs * 4};
+  KV_RETURN_IF_ERROR(c.skip(n_outputs, 4, "output ids"));
+  KV_ASSIGN_OR_RETURN(o.logits_size, c.u64("logits size"));
+  o.logits.offset = c.offset();
+  KV_RETURN_IF_ERROR(c.skip(o.logits_size, 4, "logits"));
+  o.logits.size = o.logits_size * 4;
+  KV_ASSIGN_OR_RETURN(o.embd_size, c.u64("embeddings size"));
+  o.embd.offset = c.offset();
+  KV_RETURN_IF_ERROR(c.skip(o.embd_size, 4, "embeddings"));
+  o.embd.size = o.embd_size * 4;
+  return Status::OK();
+}
+
+Status llama_state_detail::read_tokens(Cursor& c, TokenPayload& tp, bool allow_packed) {
   const uint64_t at = c.offset();
   KV_ASSIGN_OR_RETURN(uint32_t n, c.u32("token count"));
   if (n > c.remaining() / 4) {
@@ -476,8 +483,6 @@ Status read_tokens(Cursor& c, TokenPayload& tp, bool allow_packed) {
   tp = std::move(parsed).value();
   return Status::OK();
 }
-
-}  // namespace
 
 const char* kind_name(StateKind k) {
   switch (k) {
@@ -526,13 +531,15 @@ Result<StateFile> parse_state(const ReadableFile& file, const ParseOptions& opts
     }
     KV_ASSIGN_OR_RETURN(f.magic, c.u32("magic"));
     KV_ASSIGN_OR_RETURN(f.version, c.u32("version"));
-    if (f.magic == kMagicGgsn && f.version >= 6 && f.version <= 7) {
+    if (f.magic == kMagicGgsn && f.version == 6) {
+      KV_RETURN_IF_ERROR(read_session_v6(c, opts, f));
+      return f;
+    }
+    if (f.magic == kMagicGgsn && f.version == 7) {
       return Status::NotSupported(
-          file.name() + ": ggsn v" + std::to_string(f.version) +
-          ": ggsn v6 session files (llama.cpp b3166, era A; v7 is from between b3166 and b3543) are not supported: "
-          "they hold that build's raw llama_hparams struct and the legacy KV dump (raw ggml cache buffers up to the "
-          "saving context's kv_head), which kvsnap does not read. Load the session in the llama.cpp that wrote it "
-          "and save it again with b3543 or newer, or save a sequence (ggsq v1) file, which kvsnap reads");
+          file.name() + ": ggsn v7 session files (llama.cpp between b3166 and b3543) are not supported: their layout "
+          "is not known to kvsnap. Load the session in the llama.cpp that wrote it and save it again with b3543 or "
+          "newer, or save a sequence file");
     }
     if (f.magic == kMagicGgsq && f.version == 1) {
       f.kind = StateKind::kSeqFile;

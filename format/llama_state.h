@@ -2,7 +2,8 @@
 //
 // Covers slot/sequence files (`ggsq` v3 and v2, with or without the n_stream
 // prefix, and b3166's v1 layout), session files (`ggsn` v10, v9 and v8 (llama.cpp b3543: an RNG
-// string after the arch name)), and raw buffers from
+// string after the arch name), and v6 (b3166: its legacy KV dump, read with the model's shape)),
+// and raw buffers from
 // llama_state_seq_get_data / llama_state_get_data. See docs/llama-formats.md
 // for the byte layouts and which llama.cpp release wrote which.
 //
@@ -23,6 +24,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/io.h"
@@ -130,14 +132,28 @@ struct SessionOutputs {
   ByteRange embd;
 };
 
+// ggsn v6 (llama.cpp b3166): what its legacy dump holds besides the cache
+// rows, cells, tokens, RNG and outputs, kept so the file is written back byte
+// for byte (format/llama_state_v6.cc).
+struct LegacySession {
+  std::vector<std::byte> hparams;  // b3166's raw `struct llama_hparams` (152 bytes, padding included)
+  uint32_t kv_size = 0;            // the saving context's cache size
+  uint32_t kv_used = 0;            // its count of used cells
+  // Cells inside kv_head that hold no sequence (pos -1, no seq id): their rows
+  // are in the dump too. Formats that list only live cells cannot take them.
+  uint32_t empty_cells = 0;
+};
+inline constexpr uint64_t kB3166HparamsBytes = 152;  // sizeof(llama_hparams) of b3166 on LP64
+
 struct StateFile {
   StateKind kind = StateKind::kSeqFile;
   uint32_t magic = 0;
   uint32_t version = 0;        // file version; for raw buffers the layout era (3 or 2)
   TokenPayload tokens;         // seq and session files
-  std::string arch;            // session files and raw context buffers
+  std::string arch;            // session files and raw context buffers (ggsn v6: from the model)
   std::string rng;             // ggsn v8 (b3543): the sampler's std::mt19937 as text, after the arch name
   std::optional<SessionOutputs> outputs;
+  std::optional<LegacySession> legacy;  // ggsn v6 only
   bool raw_seq_tagged = false; // raw seq buffer starts with kRawSeqMagic + seq id
   int32_t raw_seq_id = 0;
   MemorySection memory;
@@ -166,6 +182,14 @@ struct MemoryShape {
   std::optional<uint32_t> recurrent_n_layer;
   std::vector<uint64_t> recurrent_row_elems;
   std::string source;                       // "model.gguf (llama)"
+  // What b3166's llama_hparams must hold for this model (ggsn v6 headers are
+  // checked against it); set from the GGUF.
+  struct Hparams {
+    uint32_t n_vocab = 0, n_embd = 0, n_head = 0, n_head_kv = 0, n_layer = 0;
+    uint32_t n_embd_head_k = 0, n_embd_head_v = 0;
+    std::string arch;  // general.architecture: later session formats store it, v6 does not
+  };
+  std::optional<Hparams> hparams;
 };
 
 struct ParseOptions {
@@ -174,6 +198,9 @@ struct ParseOptions {
   std::optional<StateKind> kind;
   // For raw buffers: the layout era (3 = v0.5.0 style, 2 = older).
   std::optional<uint32_t> raw_version;
+  // ggsn v6 records no K/V types: the pair the user declares when the sizes
+  // fit several (ggml type ids).
+  std::optional<std::pair<int32_t, int32_t>> legacy_kv_types;
 };
 
 Result<StateFile> parse_state(const ReadableFile& file, const ParseOptions& opts = {});

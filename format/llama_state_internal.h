@@ -56,4 +56,23 @@ Status read_k_layers(Cursor& c, const KvSectionShape* shape, size_t si, size_t n
 Status parse_kv_section(Cursor& c, const Reading& r, const KvSectionShape* shape, size_t si, size_t n_sections,
                         KvSection& sec);
 
+// u32 n + n x i32 token words (`allow_packed`: the llama-server payload may be packed).
+Status read_tokens(Cursor& c, TokenPayload& tp, bool allow_packed);
+
+// After a session's output count (at `at`): n_outputs x i32 output ids, u64 + f32 logits,
+// u64 + f32 embeddings.
+Status read_output_arrays(Cursor& c, uint64_t at, uint64_t n_outputs, SessionOutputs& o);
+
+// u32 n + n x i32.
+Status write_words(const std::vector<int32_t>& words, ByteSink& out);
+
+// Lets `tensors` write one tensor and checks that it wrote `expect` bytes.
+Status emit_checked(const StateFile& file, TensorSource& tensors, const TensorRef& ref, uint64_t expect,
+                    ByteSink& out);
+
+// ggsn v6 (b3166) after magic and version: needs opts.shape (the model), see llama_state_v6.cc.
+Status read_session_v6(Cursor& c, const ParseOptions& opts, StateFile& f);
+// The body of a ggsn v6 session after magic and version, from an era-A StateFile.
+Status write_session_v6(const StateFile& f, TensorSource& tensors, const ReadableFile& opaque_src, ByteSink& out);
+
 }  // namespace kvsnap::llama_state_detail

@@ -8,8 +8,12 @@
 
 #include "format/cursor.h"
 #include "format/llama_state.h"
+#include "format/llama_state_internal.h"
 
 namespace kvsnap {
+
+using namespace llama_state_detail;
+
 Status copy_range(const ReadableFile& src, ByteRange range, ByteSink& out) {
   constexpr uint64_t kPiece = 1 << 20;
   std::vector<std::byte> buf(std::min<uint64_t>(kPiece, range.size));
@@ -45,19 +49,6 @@ class CountingForwarder final : public ByteSink {
  private:
   ByteSink& out_;
 };
-
-Status emit_checked(const StateFile& file, TensorSource& tensors, const TensorRef& ref, uint64_t expect,
-                    ByteSink& out) {
-  CountingForwarder fw(out);
-  KV_RETURN_IF_ERROR(tensors.emit(file, ref, fw));
-  if (fw.count != expect) {
-    return Status::InvalidArgument("writer: " + std::string(ref.is_v ? "V" : "K") + " tensor of section " +
-                                   std::to_string(ref.section) + " stream " + std::to_string(ref.stream) +
-                                   " layer " + std::to_string(ref.layer) + " produced " + std::to_string(fw.count) +
-                                   " bytes, expected " + std::to_string(expect));
-  }
-  return Status::OK();
-}
 
 Status write_outputs(const SessionOutputs& o, const ReadableFile& src, ByteSink& out) {
   KV_RETURN_IF_ERROR(write_u32(out, o.n_outputs));
@@ -165,6 +156,23 @@ Status write_arch(const std::string& arch, ByteSink& out) {
   return out.append(arch.data(), arch.size());
 }
 
+}  // namespace
+
+namespace llama_state_detail {
+
+Status emit_checked(const StateFile& file, TensorSource& tensors, const TensorRef& ref, uint64_t expect,
+                    ByteSink& out) {
+  CountingForwarder fw(out);
+  KV_RETURN_IF_ERROR(tensors.emit(file, ref, fw));
+  if (fw.count != expect) {
+    return Status::InvalidArgument("writer: " + std::string(ref.is_v ? "V" : "K") + " tensor of section " +
+                                   std::to_string(ref.section) + " stream " + std::to_string(ref.stream) +
+                                   " layer " + std::to_string(ref.layer) + " produced " + std::to_string(fw.count) +
+                                   " bytes, expected " + std::to_string(expect));
+  }
+  return Status::OK();
+}
+
 Status write_words(const std::vector<int32_t>& words, ByteSink& out) {
   KV_RETURN_IF_ERROR(write_u32(out, uint32_t(words.size())));
   std::vector<std::byte> b;
@@ -173,7 +181,7 @@ Status write_words(const std::vector<int32_t>& words, ByteSink& out) {
   return out.append(b);
 }
 
-}  // namespace
+}  // namespace llama_state_detail
 
 Status write_state(const StateFile& file, TensorSource& tensors, const ReadableFile& opaque_src, ByteSink& sink) {
   BufferedSink out(sink);
@@ -190,6 +198,11 @@ Status write_state(const StateFile& file, TensorSource& tensors, const ReadableF
     case StateKind::kSessionFile:
       KV_RETURN_IF_ERROR(write_u32(out, kMagicGgsn));
       KV_RETURN_IF_ERROR(write_u32(out, file.version));
+      if (file.version == 6) {
+        KV_RETURN_IF_ERROR(write_session_v6(file, tensors, opaque_src, out));
+        return out.flush();
+      }
+      if (file.legacy) return Status::InvalidArgument("writer: only ggsn v6 sessions hold b3166's legacy header");
       KV_RETURN_IF_ERROR(write_words(file.tokens.words, out));
       KV_RETURN_IF_ERROR(write_arch(file.arch, out));
       if (file.version == 8) {

@@ -9,6 +9,10 @@ Result<MemoryShape> memory_shape(const ModelProfile& p, const std::string& sourc
   m.kv_sections_known = true;
   m.recurrent_known = true;
   m.source = source_name + " (" + p.arch + ")";
+  if (!p.layers.empty()) {
+    m.hparams = MemoryShape::Hparams{p.n_vocab, p.n_embd, p.n_head, p.n_head_kv, p.n_layer,
+                                     p.layers[0].head_dim_k, p.layers[0].head_dim_v, p.arch};
+  }
   for (const auto& s : sections) {
     if (s.kind == SectionKind::kRecurrent) {
       m.has_recurrent = true;

@@ -250,10 +250,22 @@ ParseOptions SnapshotReader::parse_options() const {
     o.kind = p.kind;
     o.raw_version = p.version;
   }
+  // A ggsn v6 session does not record its K/V types; its segments do.
+  std::optional<int32_t> k, v;
+  for (const Segment& s : impl_->m.segments.segments) {
+    if (s.kind == SegmentKind::kFrame) continue;
+    (s.is_v ? v : k) = (s.is_v ? v : k).value_or(s.ggml_type);
+  }
+  if (p.kind == StateKind::kSessionFile && p.version == 6 && k && v) o.legacy_kv_types = std::make_pair(*k, *v);
   return o;
 }
 
-Result<StateFile> SnapshotReader::parse_original() const { return parse_state(original(), parse_options()); }
+Result<StateFile> SnapshotReader::parse_original() const {
+  KV_ASSIGN_OR_RETURN(StateFile f, parse_state(original(), parse_options()));
+  // A ggsn v6 session does not name its arch; the model recorded at save time does.
+  if (f.legacy && f.arch.empty() && impl_->m.model) f.arch = impl_->m.model->arch;
+  return f;
+}
 
 Status SnapshotReader::verify_chunks() const {
   for (uint64_t i = 0; i < impl_->m.chunks.size(); ++i) {

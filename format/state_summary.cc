@@ -32,7 +32,8 @@ std::string state_format_name(const StateFile& f) {
                   : f.kind == StateKind::kRawSeq      ? "raw-seq"
                                                       : "raw-context";
   return k + " v" + std::to_string(f.version) +
-         (!f.memory.kv.empty() && !f.memory.kv[0].stream_prefix ? " (b5640 layout)" : "");
+         ((f.version == 2 || f.version == 9) && !f.memory.kv.empty() && !f.memory.kv[0].stream_prefix ? " (b5640 layout)"
+                                                                                                  : "");
 }
 
 std::string describe_state(const StateFile& f) {

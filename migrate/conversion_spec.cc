@@ -79,9 +79,11 @@ Status set_target_build(const ConversionSpec& spec, const StateFile& src, Conver
   }
   const std::optional<uint32_t> version = session ? L.ggsn_version : L.ggsq_version;
   if (!version) return unknown("file version");
-  if (session && *version < 8) {
+  if (session && *version < 8 && !src.legacy) {
     return Status::NotSupported(who + ": its ggsn v" + std::to_string(*version) +
-                                " sessions (the legacy KV dump) are not supported; convert a sequence (ggsq) file");
+                                " sessions (the legacy KV dump) start with that build's raw llama_hparams, which "
+                                "kvsnap takes only from a ggsn v6 input (a b3166 session); convert a sequence (ggsq) "
+                                "file instead");
   }
   const bool old = *version < (session ? 10u : 3u);
   if (old && L.stream_prefix == Tri::kUnknown) return unknown("the n_stream prefix");
@@ -93,6 +95,7 @@ Status set_target_build(const ConversionSpec& spec, const StateFile& src, Conver
   if (session) {
     fmt = !old              ? TargetFormat::kGgsnV10
           : *version == 8   ? TargetFormat::kGgsnV8
+          : *version == 6   ? TargetFormat::kGgsnV6
           : L.stream_prefix == Tri::kYes ? TargetFormat::kGgsnV9
                                          : TargetFormat::kGgsnV9NoStream;
   } else {

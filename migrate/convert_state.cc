@@ -110,6 +110,16 @@ Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<
       t.version = 8;
       prefix = false;
       break;
+    case TargetFormat::kGgsnV6:
+      KV_RETURN_IF_ERROR(want_kind(StateKind::kSessionFile, "ggsn-v6-b3166"));
+      if (!src.legacy) {
+        return Status::NotSupported("a ggsn v6 session (b3166) starts with that build's raw llama_hparams of the "
+                                    "model, which kvsnap takes only from a ggsn v6 input; this input is " +
+                                    std::string("ggsn v") + std::to_string(src.version));
+      }
+      t.version = 6;
+      prefix = false;
+      break;
     case TargetFormat::kGgsnV10: KV_RETURN_IF_ERROR(want_kind(StateKind::kSessionFile, "ggsn-v10")); t.version = 10; break;
     case TargetFormat::kGgsnV9: KV_RETURN_IF_ERROR(want_kind(StateKind::kSessionFile, "ggsn-v9")); t.version = 9; break;
     case TargetFormat::kGgsnV9NoStream:
@@ -117,6 +127,21 @@ Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<
       t.version = 9;
       prefix = false;
       break;
+  }
+  if (t.version != 6 || t.kind != StateKind::kSessionFile) {
+    t.legacy.reset();
+    // The legacy dump lists kv_head cells, empty ones (pos -1, no sequence) with their rows;
+    // every later format lists live cells only, and the converter keeps rows and cells 1:1.
+    if (src.legacy && src.legacy->empty_cells) {
+      return Status::NotSupported(std::to_string(src.legacy->empty_cells) +
+                                  " of the session's cells are empty (pos -1, no sequence: a hole left by a removed "
+                                  "sequence in b3166's cache); kvsnap converts ggsn v6 sessions without holes only. "
+                                  "Load it in b3166, save a sequence (ggsq v1) file and convert that");
+    }
+    if (src.legacy && t.arch.empty()) {
+      return Status::NotSupported("a ggsn v6 session does not name its model's architecture, which later session "
+                                  "formats store: read it with --model GGUF");
+    }
   }
   // v9 sessions carry outputs up to b8121 and none from b8179; v10 none.
   // Going down, an empty outputs block is valid for the older builds.
@@ -128,7 +153,7 @@ Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<
     }
     // v8 (b3543) always holds outputs and the sampler's RNG as text, which b3543 parses
     // with `>> std::mt19937` and otherwise ignores for the cache: a fresh engine's state serves.
-    if (t.version == 8) {
+    if (t.version == 8 || t.version == 6) {
       if (!t.outputs) t.outputs = SessionOutputs{};
       if (t.rng.empty()) {
         std::ostringstream rng;
@@ -564,11 +589,12 @@ Result<TargetFormat> parse_target_format(const std::string& s) {
   if (s == "ggsq-v2-b3543") return TargetFormat::kGgsqV2NoSeqIds;
   if (s == "ggsq-v1-b3166") return TargetFormat::kGgsqV1;
   if (s == "ggsn-v8-b3543") return TargetFormat::kGgsnV8;
+  if (s == "ggsn-v6-b3166") return TargetFormat::kGgsnV6;
   return Status::InvalidArgument("unknown format '" + s + "' (one of " + target_format_names() + ")");
 }
 
 std::string target_format_names() {
-  return "current, ggsq-v3, ggsq-v2, ggsq-v2-b5640, ggsq-v2-b3543, ggsq-v1-b3166, ggsn-v10, ggsn-v9, ggsn-v9-b5640, ggsn-v8-b3543";
+  return "current, ggsq-v3, ggsq-v2, ggsq-v2-b5640, ggsq-v2-b3543, ggsq-v1-b3166, ggsn-v10, ggsn-v9, ggsn-v9-b5640, ggsn-v8-b3543, ggsn-v6-b3166";
 }
 
 Result<StateFile> plan_target(const StateFile& src, const ConvertRequest& req) {

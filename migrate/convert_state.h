@@ -36,6 +36,7 @@ enum class TargetFormat {
   kGgsnV9,
   kGgsnV9NoStream,
   kGgsnV8,           // b3543: RNG text + outputs + a memory section without the n_stream prefix
+  kGgsnV6,           // b3166: the legacy dump; only from a ggsn v6 input (its llama_hparams header)
 };
 Result<TargetFormat> parse_target_format(const std::string& s);  // "ggsq-v3", "ggsq-v2", "ggsq-v2-b5640", ...
 std::string target_format_names();                               // for --help

@@ -60,7 +60,7 @@ ConversionSpec spec_of(const ConvertOptions& o) {
 Status run_convert(const ConvertOptions& o, std::string& out, std::string& warnings) {
   Io& io = cli_io();
   KV_RETURN_IF_ERROR(check_not_same_file(o.in, o.out));
-  KV_ASSIGN_OR_RETURN(OpenedState opened, open_state(io, o.in, o.model, o.input_format));
+  KV_ASSIGN_OR_RETURN(OpenedState opened, open_state(io, o.in, o.model, o.input_format, o.src_types));
   const ReadableFile* file = opened.file.get();
   const StateFile& src = opened.state;
   std::string notes;
@@ -161,6 +161,9 @@ void setup_convert(CLI::App& app, int& exit_status) {
   sub->add_option("--head-dim-v", o->head_dim_v, "V head dim, when no --model is given");
   sub->add_option("--threads,-t", o->threads, "worker threads (default: all cores)");
   sub->add_option("--input-format", o->input_format, "raw-seq or raw-context for raw state buffers");
+  sub->add_option("--src-types", o->src_types,
+                  "K/V: the cache types of a ggsn v6 (b3166) session, which records none, when its sizes fit several "
+                  "pairs (q4_0/q8_0 vs iq4_nl/q8_0)");
   sub->add_flag("--report", o->report, "per layer and side: RMSE, max |error| and SNR of the conversion");
   sub->add_flag("--json", o->json, "machine-readable summary including the per-layer report");
   add_progress_flags(sub, o->progress);

@@ -325,7 +325,8 @@ std::string render_human(const json& j) {
   }
   if (j.contains("arch")) line("arch", j["arch"].get<std::string>());
   if (j.contains("rng_state_bytes"))
-    line("rng state", std::to_string(j["rng_state_bytes"].get<uint64_t>()) + " bytes of text (ggsn v8, b3543)");
+    line("rng state",
+         std::to_string(j["rng_state_bytes"].get<uint64_t>()) + " bytes of text (ggsn v8 of b3543, v6 of b3166)");
   if (!j["model"].is_null()) {
     const auto& m = j["model"];
     line("model", m.value("path", "") + " (" + m.value("arch", "") + ", " + std::to_string(m.value("n_layer", 0)) +
@@ -391,7 +392,7 @@ std::string render_human(const json& j) {
   }
   if (j.contains("outputs")) {
     const auto& ou = j["outputs"];
-    o += "\noutputs (v8/v9): " + std::to_string(ou["n_outputs"].get<uint32_t>()) + " outputs, " +
+    o += "\noutputs (v6/v8/v9): " + std::to_string(ou["n_outputs"].get<uint32_t>()) + " outputs, " +
          std::to_string(ou["logits_floats"].get<uint64_t>()) + " logits, " +
          std::to_string(ou["embd_floats"].get<uint64_t>()) + " embedding floats\n";
   }
@@ -443,7 +444,7 @@ std::string render_human(const json& j) {
 }  // namespace
 
 Status run_info(const InfoOptions& opts, std::string& out) {
-  KV_ASSIGN_OR_RETURN(OpenedState in, open_state(cli_io(), opts.file, opts.model, opts.input_format));
+  KV_ASSIGN_OR_RETURN(OpenedState in, open_state(cli_io(), opts.file, opts.model, opts.input_format, opts.src_types));
   const ModelInfo* model = in.model_ptr();
   RotationClaims claims;
   claims.src_rotation = opts.src_rotation;
@@ -470,6 +471,9 @@ void setup_info(CLI::App& app, int& exit_status) {
                   "raw-seq for a llama_state_seq_get_data buffer, raw-context for llama_state_get_data")
       ->check(CLI::IsMember({"", "raw-seq", "raw-context"}));
   add_source_options(sub, opts->src_rotation, opts->source_build, "the file");
+  sub->add_option("--src-types", opts->src_types,
+                  "K/V: the cache types of a ggsn v6 (b3166) session, which records none, when its sizes fit several "
+                  "pairs (q4_0/q8_0 vs iq4_nl/q8_0)");
   sub->add_flag("--json", opts->json, "machine-readable output (schema: docs/info-json.md)");
   sub->add_flag("--tokens", opts->tokens, "also list the tokens");
   sub->footer(

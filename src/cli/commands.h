@@ -22,6 +22,7 @@ struct InfoOptions {
   std::string input_format; // "", "raw-seq", "raw-context"
   std::string source_build; // --source-build
   std::string src_rotation; // --src-rotation on|off
+  std::string src_types;    // --src-types K/V: the cache types of a ggsn v6 (b3166) session
   bool json = false;
   bool tokens = false;
 };
@@ -37,6 +38,7 @@ struct ConvertOptions {
   std::string format;            // "" = current
   std::string source_build, target_build;  // "" = unknown / not named
   std::string input_format;
+  std::string src_types;         // --src-types K/V (ggsn v6 sessions)
   int head_dim_k = 0, head_dim_v = 0;
   int threads = 0;               // 0 = all cores
   bool report = false;

@@ -1,9 +1,11 @@
 #include "cli/open_state.h"
 
+#include "format/ggml_types.h"
+
 namespace kvsnap::cli {
 
 Result<OpenedState> open_state(Io& io, const std::string& path, const std::string& model_path,
-                               const std::string& input_format) {
+                               const std::string& input_format, const std::string& src_types) {
   OpenedState o;
   if (!model_path.empty()) {
     KV_ASSIGN_OR_RETURN(o.model, load_model_info(io, model_path));
@@ -12,7 +14,20 @@ Result<OpenedState> open_state(Io& io, const std::string& path, const std::strin
   ParseOptions po;
   if (input_format == "raw-seq") po.kind = StateKind::kRawSeq;
   if (input_format == "raw-context") po.kind = StateKind::kRawContext;
+  if (!src_types.empty()) {
+    const size_t slash = src_types.find('/');
+    const TypeLayout* k = slash == std::string::npos ? nullptr : find_type(src_types.substr(0, slash));
+    const TypeLayout* v = slash == std::string::npos ? nullptr : find_type(src_types.substr(slash + 1));
+    if (!k || !v || !k->kv_cache() || !v->kv_cache()) {
+      return Status::InvalidArgument("--src-types '" + src_types + "': expected K/V cache types, e.g. q4_0/q8_0");
+    }
+    po.legacy_kv_types = std::make_pair(int32_t(k->id), int32_t(v->id));
+  }
   KV_ASSIGN_OR_RETURN(o.state, parse_for_model(*o.file, po, o.model_ptr()));
+  if (po.legacy_kv_types && !o.state.legacy) {
+    return Status::InvalidArgument(path + ": --src-types applies to ggsn v6 (b3166) sessions only; this file records "
+                                   "its types");
+  }
   return o;
 }
 

@@ -20,8 +20,10 @@ struct OpenedState {
   StateFile state;
   const ModelInfo* model_ptr() const { return model ? &*model : nullptr; }
 };
+// `src_types` ("q4_0/q8_0", --src-types): the K/V cache types of a ggsn v6 (b3166) session, which
+// records none, for when its sizes fit several pairs; refused for any other file.
 Result<OpenedState> open_state(Io& io, const std::string& path, const std::string& model_path,
-                               const std::string& input_format);
+                               const std::string& input_format, const std::string& src_types = "");
 
 
 }  // namespace kvsnap::cli

@@ -350,8 +350,10 @@ TEST_F(CliTest, EraBFilesReadAndComeBackFromTheCurrentFormat) {
 }
 
 // Era A (llama.cpp b3166, fixtures/b3166): ggsq v1 slots are read (era A, never rotated), go up to
-// v0.5.0 and come back with --target-build b3166 bit for bit (f16); ggsn v6 sessions are refused.
-TEST_F(CliTest, EraASlotsReadAndSessionsAreRefusedByName) {
+// v0.5.0 and come back with --target-build b3166 bit for bit (f16); ggsn v6 sessions are read with
+// the model, go up to v0.5.0, and come back byte for byte with --target-build b3166 (a v6 header
+// can only come from a v6 input: from anything else that target is refused).
+TEST_F(CliTest, EraASlotsAndSessionsAreRead) {
   const std::string m = " --model " + model("hd64n");
   for (const char* name : {"b3166/hd64n-f16-f16-faon.slot", "b3166/hd64n-f16-f16-faoff.slot"}) {
     SCOPED_TRACE(name);
@@ -366,14 +368,33 @@ TEST_F(CliTest, EraASlotsReadAndSessionsAreRefusedByName) {
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(read(down), read(fixture(name)));
   }
-  const std::string session = fixture("b3166/hd64n-f16-f16-faon.session.refused");
+  const std::string session = fixture("b3166/hd64n-f16-f16-faon.session");
   CmdResult r = run("info " + session);
   EXPECT_EQ(r.code, 4);
-  EXPECT_NE(r.err.find("era A"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("not supported"), std::string::npos) << r.err;
-  r = run("convert " + session + " " + (dir_ / "out.bin").string());
-  EXPECT_EQ(r.code, 4);
-  EXPECT_FALSE(fs::exists(dir_ / "out.bin"));
+  EXPECT_NE(r.err.find("--model"), std::string::npos) << r.err;
+  r = run("info " + session + m + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["era"]["eras"], "A");
+  const auto up = (dir_ / "up.session").string(), same = (dir_ / "same.session").string();
+  r = run("convert " + session + " " + up + m);
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("convert " + session + " " + same + m + " --target-build b3166");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read(same), read(session));
+  r = run("convert " + up + " " + (dir_ / "x.session").string() + m + " --target-build b3166");
+  EXPECT_EQ(r.code, 4) << r.err;
+  // q4_0/q8_0: the sizes fit iq4_nl/q8_0 and the swapped pairs too; --src-types names the pair.
+  const std::string amb = fixture("b3166/hd64n-q4_0-q8_0-faon.session.ambiguous");
+  r = run("info " + amb + m);
+  EXPECT_EQ(r.code, 6) << r.err;
+  EXPECT_NE(r.err.find("--src-types"), std::string::npos) << r.err;
+  r = run("info " + amb + m + " --src-types q4_0/q8_0 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("as declared"), std::string::npos) << r.out;
+  EXPECT_EQ(run("info " + amb + m + " --src-types f16/f16").code, 5);
+  EXPECT_EQ(run("info " + amb + m + " --src-types q4_0").code, 2);
+  EXPECT_EQ(run("info " + session + m + " --src-types f16/f16").code, 0);
+  EXPECT_EQ(run("info " + fixture("b3166/hd64n-f16-f16-faon.slot") + m + " --src-types f16/f16").code, 2);
   r = run("convert " + fixture("b3543/hd64n-f16-f16-faon.session") + " " + (dir_ / "x.session").string() + m +
           " --target-build b3166");
   EXPECT_EQ(r.code, 4) << r.err;

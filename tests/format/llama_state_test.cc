@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 
 #include "format/memory_shape.h"
 #include "format/model_profile.h"
@@ -52,9 +54,27 @@ std::vector<std::filesystem::path> state_files_under(const std::filesystem::path
   return out;
 }
 
+// The model a fixture was written with: fixtures/models/tiny-<first word of its name>.gguf.
+std::optional<MemoryShape> fixture_model_shape(const std::filesystem::path& p) {
+  const std::string model_name = p.filename().string().substr(0, p.filename().string().find('-'));
+  const auto model = std::filesystem::path(KVSNAP_SOURCE_DIR) / "fixtures" / "models" / ("tiny-" + model_name + ".gguf");
+  if (!std::filesystem::exists(model)) return std::nullopt;
+  auto prof = load_model_profile(posix_io(), model.string());
+  if (!prof.ok()) return std::nullopt;
+  auto sh = memory_shape(*prof, model.string());
+  if (!sh.ok()) return std::nullopt;
+  return *sh;
+}
+
+// ggsn v6 sessions (b3166) are read only with their model.
 ParseOptions options_for(const std::filesystem::path& p) {
+  static std::map<std::string, std::optional<MemoryShape>> shapes;
   ParseOptions o;
   if (p.extension() == ".raw") o.kind = StateKind::kRawSeq;
+  if (p.extension() == ".session" && p.parent_path().filename() == "b3166") {
+    auto it = shapes.emplace(p.string(), fixture_model_shape(p)).first;
+    if (it->second) o.shape = &*it->second;
+  }
   return o;
 }
 
@@ -234,15 +254,16 @@ TEST(HostileInput, WrongVersion) {
   expect_error(b, Code::kNotSupported, "unknown (magic, version) for sequence state file: 67677371, 00000004");
 }
 
-TEST(HostileInput, EraASessionsAreRefusedByName) {
+// ggsn v6 (b3166) is read with the model (llama_state_v6_test.cc); v7 is not known.
+TEST(HostileInput, EraASessionsNeedTheModelAndV7IsRefusedByName) {
   SynthSpec s;
   s.kind = SynthSpec::kSession;
   s.version = 9;
   auto sn = build_state(s);
   set_u32(sn, 4, 6);  // ggsn v6 (b3166): the legacy KV dump
-  expect_error(sn, Code::kNotSupported, "ggsn v6 session files (llama.cpp b3166, era A");
+  expect_error(sn, Code::kNotSupported, "pass its model with --model GGUF");
   set_u32(sn, 4, 7);
-  expect_error(sn, Code::kNotSupported, "not supported");
+  expect_error(sn, Code::kNotSupported, "ggsn v7 session files");
 }
 
 // ggsq v1 (b3166) is read (real files: fixtures/b3166); a v3 body under a v1 header is not one.
@@ -460,17 +481,10 @@ TEST(Fixtures, TruncationSweepOnRealFiles) {
     // iSWA and hybrid files cut at a section boundary are valid shorter files
     // unless the model says how many sections there are: sweep with the model.
     ParseOptions o = options_for(p);
-    MemoryShape shape;
-    const std::string model_name = p.filename().string().substr(0, p.filename().string().find('-'));
-    const auto model = std::filesystem::path(KVSNAP_SOURCE_DIR) / "fixtures" / "models" / ("tiny-" + model_name + ".gguf");
-    if (std::filesystem::exists(model)) {
-      auto prof = load_model_profile(posix_io(), model.string());
-      ASSERT_TRUE(prof.ok()) << prof.status().ToString();
-      auto sh = memory_shape(*prof, model.string());
-      ASSERT_TRUE(sh.ok()) << sh.status().ToString();
-      shape = *sh;
-      if (p.parent_path().filename() != "v0.5.0") shape.ext_bytes.reset();  // older files have no ext
-      o.shape = &shape;
+    std::optional<MemoryShape> shape = fixture_model_shape(p);
+    if (shape) {
+      if (p.parent_path().filename() != "v0.5.0") shape->ext_bytes.reset();  // older files have no ext
+      o.shape = &*shape;
     }
     // Every cut in the headers and cell metadata (the first 8 KiB) and the
     // last 4 KiB, and every 61st byte between: inside tensor rows one cut is

@@ -206,6 +206,10 @@ def main():
         v8 = open(os.path.join(ROOT, "fixtures/b3543/hd64n-q8_0-q8_0-faon.session"), "rb").read()
         write(os.path.join(corpus, "llama_state", "b3543-hd64n-q8_0-q8_0-faon.session.shape"),
               bytes([5 + 8 * models.index("tiny-hd64n.gguf")]) + v8)
+        # A ggsn v6 session (b3166: raw llama_hparams, legacy KV dump) is read only with the model.
+        v6 = open(os.path.join(ROOT, "fixtures/b3166/hd64n-q8_0-q8_0-faon.session"), "rb").read()
+        write(os.path.join(corpus, "llama_state", "b3166-hd64n-q8_0-q8_0-faon.session.shape"),
+              bytes([5 + 8 * models.index("tiny-hd64n.gguf")]) + v6)
         name, index, snap = small[0]
         write(os.path.join(corpus, "archive", name + ".tar"),
               tar_of([("kvsnap-export.json", index), ("snapshots/a.kvsnap", snap)]))

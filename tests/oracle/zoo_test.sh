@@ -28,7 +28,12 @@
 #   and sessions read as B (sessions: ggsn v8 with RNG text and outputs), restore in b3543, convert to
 #   v0.5.0 (f16 and their own types) within the bound, and come back with --target-build b3543; era A
 #   files restore in b3166, its ggsq v1 slots go the same ways as era B's (--target-build b3166), its
-#   ggsn v6 sessions are refused by name (exit 4, no crash).
+#   ggsn v6 sessions are read with the model (kvsnap info names era A and the K/V types it infers),
+#   come back byte for byte with --target-build b3166 (the q8_0 one also as f16, restored in b3166
+#   within the bound) and convert to v0.5.0 within the bound; a v6
+#   session whose sizes fit several type pairs (q4_0/q8_0 = iq4_nl/q8_0) is refused as ambiguous
+#   (exit 6) naming both, converts within the bound with --src-types q4_0/q8_0 and far over it with
+#   the wrong declaration iq4_nl/q8_0, and a v0.5.0 session cannot be written as ggsn v6 (exit 4: no b3166 header).
 # --part source-build (ctest oracle.zoo_source_build, label oracle): every quantized
 #   era-G file (fixtures/b9842, fixtures/b10361 and files written now by the G drivers) converted to
 #   f16 with `--source-build <tag>` restores in v0.5.0 within the bound; an unrecognized
@@ -161,7 +166,7 @@ convert_and_judge() {
   if [ "$expect" = within ]; then
     if within "$k" "$b"; then ok_or_stale "$name" "KL $k, bound 1.5 x $b"; else fail "$name" "KL $k over the bound 1.5 x $b"; fi
   else
-    if far_over "$k" "$b"; then ok_or_stale "$name" "KL $k, > 10 x the bound 1.5 x $b (the wrong rotation is caught)"
+    if far_over "$k" "$b"; then ok_or_stale "$name" "KL $k, > 10 x the bound 1.5 x $b (the wrong reading is caught)"
     else fail "$name" "KL $k is not 10x over the bound 1.5 x $b: the rotation of this file cannot be told"; fi
   fi
 }
@@ -171,8 +176,9 @@ convert_and_judge() {
 configs() {
   if [ -n "${1:-}" ] && legacy "$1"; then
     # b3166/b3543: llama models whose n_embd = n_head x head_dim (hd64n); no M-RoPE/iSWA/hybrid archs yet
-    printf '%s\n' "hd64n f16 f16 on slot session" "hd64n f16 f16 off slot session" "hd64n q8_0 q8_0 on slot session" \
-      "hd64n q4_0 q8_0 on slot"
+    printf '%s\n' "hd64n f16 f16 on slot session" "hd64n f16 f16 off slot session" "hd64n q8_0 q8_0 on slot session"
+    # era A: the q4_0/q8_0 session is the ambiguous case (its sizes fit iq4_nl/q8_0 too)
+    if [ "${ERA[$1]%% *}" = A ]; then echo "hd64n q4_0 q8_0 on slot session"; else echo "hd64n q4_0 q8_0 on slot"; fi
     [ "$matrix" = full ] && printf '%s\n' "hd64n q4_0 q4_0 on slot" "hd64n q5_1 q5_1 on slot" "hd64n iq4_nl iq4_nl on slot"
     return
   fi
@@ -186,6 +192,7 @@ configs() {
   fi
 }
 declare -a written=()   # "version file kind model ctk ctv fa logits"
+declare -A AMBIG=()     # era A sessions refused as ambiguous (not converted)
 for v in "${!ERA[@]}"; do
   drv="${drv_of[$v]:-}"
   [ -n "$drv" ] || continue
@@ -216,12 +223,33 @@ if [ "$part" = bed ]; then
     if [ "$got_m" = "$want_m" ] && [ "$got_v" = "$want_v" ]; then pass "$name: magic $got_m version $got_v"
     else fail "$name header" "magic $got_m version $got_v, want $want_m $want_v"; fi
     if [ "$era" = A ] && [ "$kind" = session ]; then
-      # era A sessions (ggsn v6, the legacy dump): kvsnap refuses them by name, cleanly (exit 4 = not supported)
-      "$kvsnap" info "$f" --model "$(model_of "$m")" >"$f.info.out" 2>&1; rc=$?
-      if [ $rc -eq 4 ] && grep -q "era A" "$f.info.out" && grep -q "not supported" "$f.info.out"; then
-        pass "$name: kvsnap info refuses it by name (exit 4)"
+      # era A sessions (ggsn v6, the legacy dump): read with the model, types inferred from the sizes
+      "$kvsnap" info "$f" --model "$(model_of "$m")" --json >"$f.info.json" 2>"$f.info.err"; rc=$?
+      if [ "$ctk" = q4_0 ] || [ "$ctk" = iq4_nl ]; then
+        if [ $rc -eq 6 ] && grep -q "q4_0/$ctv" "$f.info.err" && grep -q "iq4_nl/$ctv" "$f.info.err"; then
+          pass "$name: kvsnap info refuses it as ambiguous (exit 6), naming q4_0/$ctv and iq4_nl/$ctv"
+        else
+          fail "$name ambiguity" "kvsnap info exit $rc (want 6 naming both pairs): $(tail -n1 "$f.info.err")"
+        fi
+        AMBIG["$f"]=1
+        # declared, it converts; declared wrong (a pair of the same size), the result is far off
+        convert_and_judge 3.22.1 "$name -> v0.5.0 f16 --src-types $ctk/$ctv" "$f" session "$m" "$fa" "$lg" within \
+          --src-types "$ctk/$ctv"
+        convert_and_judge 3.22.1 "$name -> v0.5.0 f16 --src-types iq4_nl/$ctv (wrong)" "$f" session "$m" "$fa" "$lg" \
+          far --src-types "iq4_nl/$ctv"
+      elif [ $rc -eq 0 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["era"]["eras"] == "A" and ("types " + sys.argv[2] + " inferred") in json.dumps(d) else 1)' "$f.info.json" "$ctk/$ctv"; then
+        pass "$name: kvsnap info reads it as era A with K/V $ctk/$ctv inferred"
       else
-        fail "$name refusal" "kvsnap info exit $rc: $(tail -n1 "$f.info.out")"
+        fail "$name info" "kvsnap info exit $rc: $(tail -n1 "$f.info.err") (want era A, types $ctk/$ctv inferred)"
+      fi
+      if [ -z "${AMBIG[$f]:-}" ]; then
+        rm -f "$f.same"
+        "$kvsnap" convert "$f" "$f.same" --model "$(model_of "$m")" --target-build b3166 >"$f.same.err" 2>&1
+        if cmp -s "$f" "$f.same"; then pass "$name: --target-build b3166 gives the same bytes back"
+        else fail "$name identity" "convert --target-build b3166 differs or failed: $(tail -n1 "$f.same.err")"; fi
+        # v6 -> v6 with other types: the header comes from the input; b3166 loads it with f16
+        is_quant "$ctk" && convert_and_judge "$v" "$name -> ggsn v6 f16 (--target-build b3166)" "$f" session "$m" "$fa" \
+          "$lg" within --target-build b3166
       fi
     else
       read -r rm rv rext rout reras <<<"$(reading "$f")"
@@ -296,12 +324,12 @@ if [ "$part" = bed ]; then
     fi
   fi
 
-  echo "== forward: era A slots and era B files converted to the v0.5.0 format, restored in v0.5.0"
+  echo "== forward: era A and B files converted to the v0.5.0 format, restored in v0.5.0"
   for rec in "${written[@]}"; do
     read -r v f kind m ctk ctv fa lg <<<"$rec"
     read -r era tag _ <<<"${ERA[$v]}"
     legacy "$v" || continue
-    [ "$era/$kind" = A/session ] && continue   # refused
+    [ -n "${AMBIG[$f]:-}" ] && continue   # refused as ambiguous above
     name="$tag $(basename "$f")"
     convert_and_judge 3.22.1 "$name -> v0.5.0 f16" "$f" "$kind" "$m" "$fa" "$lg" within
     [ "$ctk/$ctv" = f16/f16 ] && continue
@@ -326,9 +354,19 @@ if [ "$part" = bed ]; then
     [ -x "$drv" ] || continue
     read -r era tag sq sn _ <<<"${ERA[$v]}"
     [ "$sq" = 2 ] || [ "$era" = A ] || continue
+    if [ "$era" = A ] && [ -f "$fx/v0.5.0/hd64-f16-f16-faon.session" ]; then
+      out="$work/rev-b3166-from-v5.session"; rm -f "$out"
+      "$kvsnap" convert "$fx/v0.5.0/hd64-f16-f16-faon.session" "$out" --target-build b3166 --model "$(model_of hd64)" \
+        >"$out.err" 2>&1; rc=$?
+      if [ $rc -eq 4 ] && [ ! -e "$out" ] && grep -q "ggsn v6" "$out.err"; then
+        pass "v0.5.0 session -> --target-build b3166: refused (exit 4, no b3166 header to write), no output"
+      else
+        fail "v0.5.0 session -> --target-build b3166" "exit $rc (want 4 naming ggsn v6, no output): $(tail -n1 "$out.err")"
+      fi
+    fi
     srcs=(hd64-f16-f16-faon.slot mrope-f16-f16-faon.slot hd64-q8_0-q8_0-faon.slot hd64-f16-f16-faon.session)
     # b3166/b3543 load only the hd64n model: its v0.5.0 files are written now (fixtures/ has none);
-    # b3166: slots only (its ggsn v6 is not written)
+    # b3166: slots only (a ggsn v6 header comes only from a v6 input: checked to be refused below)
     if legacy "$v"; then
       srcs=()
       for c in "hd64n f16 f16 on" "hd64n f16 f16 off" "hd64n q8_0 q8_0 on" "hd64n q4_0 q4_0 on" "hd64n q4_0 q8_0 on"; do
