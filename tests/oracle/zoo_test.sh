@@ -44,7 +44,8 @@
 #
 # Bound (docs/fidelity.md, as in convert_layouts_test.sh): KL(ref || converted) <= 1.5 x
 # max(KL_native(S), KL_native(T)) or <= 1e-5; ref and natives are computed at test time by the build
-# the file is restored in.
+# the file is restored in. A 4/5-bit file moved across a change of rotation (era A/B <-> v0.5.0) is a
+# lateral pair: 1.5 x (KL_native(S) + KL_native(T)).
 # A check listed in ZOO_KNOWN_GAPS is expected to fail today (kvsnap gaps being fixed elsewhere):
 # it is reported as "gap"; if it passes it fails as STALE, so the list is emptied as kvsnap is fixed.
 set -uo pipefail
@@ -116,6 +117,16 @@ legacy() { case "${ERA[$1]%% *}" in A|B) return 0 ;; *) return 1 ;; esac; }
 tag_of() { if [ "$1" = 3.22.1 ]; then echo v0.5.0; else read -r _ t _ <<<"${ERA[$1]}"; echo "$t"; fi; }
 file_id() { printf '%s' "$1" | tr -c 'A-Za-z0-9._-' '_'; }
 is_quant() { case "$1" in f32|f16|bf16) return 1 ;; *) return 0 ;; esac; }
+# 4/5-bit types: a rotated and an unrotated grid of one of them do not nest, so a file moved across a
+# change of rotation keeps its source's error and adds the target's (docs/fidelity.md, "lateral")
+is_45bit() { case "$1" in q4_0|q4_1|iq4_nl|q5_0|q5_1) return 0 ;; *) return 1 ;; esac; }
+lateral() { is_45bit "$1" || is_45bit "$2"; }
+# bound_sum_of MODEL FA SRC_LOGITS CTK CTV -> KL_native(S) + KL_native(T) (v0.5.0's reference)
+bound_sum_of() {
+  local ref a b; ref="$(native "$1" f16 f16 "$2")"
+  a=$(kl "$ref" "$3"); b=$(kl "$ref" "$(native "$1" "$4" "$5" "$2")")
+  awk -v a="${a:-0}" -v b="${b:-0}" 'BEGIN { print a + b }'
+}
 
 # native [VERSION] MODEL CTK CTV FA -> logits computed natively by that driver (default 3.22.1; cached)
 native() {
@@ -342,9 +353,11 @@ if [ "$part" = bed ]; then
          --"$kind" "$out" --logits "$out.logits" >"$out.rerr" 2>&1; then
       fail "$name -> v0.5.0 $ctk/$ctv" "v0.5.0 refused it: $(tail -n1 "$out.rerr")"; continue
     fi
-    k=$(kl "$(native "$m" f16 f16 "$fa")" "$out.logits"); b=$(bound_of "$m" "$fa" "$lg" "$ctk" "$ctv")
-    if within "$k" "$b"; then ok_or_stale "$name -> v0.5.0 $ctk/$ctv" "KL $k, bound 1.5 x $b"
-    else fail "$name -> v0.5.0 $ctk/$ctv" "KL $k over the bound 1.5 x $b"; fi
+    k=$(kl "$(native "$m" f16 f16 "$fa")" "$out.logits"); b=$(bound_of "$m" "$fa" "$lg" "$ctk" "$ctv") rule=max
+    # into v0.5.0's rotated grid from b3166/b3543's unrotated one: a lateral pair at 4/5 bits
+    lateral "$ctk" "$ctv" && b=$(bound_sum_of "$m" "$fa" "$lg" "$ctk" "$ctv") rule="sum, lateral"
+    if within "$k" "$b"; then ok_or_stale "$name -> v0.5.0 $ctk/$ctv" "KL $k, bound 1.5 x $b ($rule)"
+    else fail "$name -> v0.5.0 $ctk/$ctv" "KL $k over the bound 1.5 x $b ($rule)"; fi
   done
 
   echo "== reverse: v0.5.0 files written back in an older era's format"
@@ -397,7 +410,11 @@ if [ "$part" = bed ]; then
       # rotated grid of the source cannot survive in a build that does not rotate).
       b=$(bound_of "$m" "$fa" "$V/$stem.logits" "$ctk" "$ctv")
       t=$(kl "$(native "$v" "$m" f16 f16 "$fa")" "$(native "$v" "$m" "$ctk" "$ctv" "$fa")")
-      b=$(awk -v a="${b:-0}" -v t="${t:-0}" 'BEGIN { print (a > t ? a : t) }')
+      if lateral "$ctk" "$ctv"; then  # out of the rotated grid into the unrotated one: errors add
+        b=$(awk -v a="$(kl "$(native "$m" f16 f16 "$fa")" "$V/$stem.logits")" -v t="${t:-0}" 'BEGIN { print a + t }')
+      else
+        b=$(awk -v a="${b:-0}" -v t="${t:-0}" 'BEGIN { print (a > t ? a : t) }')
+      fi
       if within "$k" "$b"; then ok_or_stale "$name" "KL $k, bound 1.5 x $b (native $tag $ctk/$ctv: $t)"; else fail "$name" "KL $k over the bound 1.5 x $b (native $tag $ctk/$ctv: $t)"; fi
     done
   done
