@@ -134,6 +134,7 @@ void q5_1_from_f32_neon(const float* src, std::byte* dst, size_t n);
 void q8_0_to_f32_neon(const std::byte* src, float* dst, size_t n);
 void q8_0_from_f32_neon(const float* src, std::byte* dst, size_t n);
 void iq4_nl_to_f32_neon(const std::byte* src, float* dst, size_t n);
+void iq4_nl_from_f32_neon(const float* src, std::byte* dst, size_t n);  // kernels/arm_neon_iq4_nl.cc
 void hadamard_neon(float* x, size_t n, uint32_t n_rot);  // n_rot >= 4
 
 }  // namespace kvsnap::simd::arm

@@ -80,7 +80,7 @@ constexpr CodecRow kCodecRows[] = {
      {{{ref::iq4_nl_to_f32, ref::iq4_nl_from_f32},
        {KVSNAP_X86(iq4_nl_to_f32_avx2), nullptr},
        {nullptr, KVSNAP_X86(iq4_nl_from_f32_avx512)},
-       {KVSNAP_ARM(iq4_nl_to_f32_neon), nullptr}}}},
+       {KVSNAP_ARM(iq4_nl_to_f32_neon), KVSNAP_ARM(iq4_nl_from_f32_neon)}}}},
     {GgmlType::kBF16,
      {{{ref::bf16_to_f32, ref::bf16_from_f32},
        {KVSNAP_X86(bf16_to_f32_avx2), KVSNAP_X86(bf16_from_f32_avx2)},
