@@ -34,7 +34,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 
 echo "== aarch64: cross build, unit + golden tests and kvsnap-simd-check (NEON) under qemu-user =="
 # tests/cross/run.sh: installs g++-aarch64-linux-gnu, qemu-user and arm64 -dev packages if missing.
-# Measured on 2 cores shared with other builds (load 6-9): 9.8 min clean (build ~6, tests ~4).
+# Measured clean on 2 cores shared with other builds: 7.0 min (9.8 min at load 6-9).
 bash tests/cross/run.sh build-aarch64
 
 echo "== fuzz targets (clang, libFuzzer + ASan + UBSan) =="
