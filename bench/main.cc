@@ -82,7 +82,7 @@ void usage() {
       "  --wall        one-thread cells in wall-clock time (default: the thread's CPU time)\n"
       "  --threads N   threads of the all-threads columns (default: all cores)\n"
       "  --only NAME   one conversion, e.g. f16-q8_0\n"
-      "  --simd LEVEL  kvsnap's codec level: scalar, avx2, avx512 (default: the best this CPU has), or\n"
+      "  --simd LEVEL  kvsnap's codec level: scalar, avx2, avx512, neon on aarch64 (default: the best this CPU has), or\n"
       "                all: every level this CPU has, one after the other, each against ggml's CPU\n"
       "                variant of the same level, then the ratios of all levels in one table\n");
 }

@@ -5,7 +5,7 @@
 // hard cases and random distributions as the tests plus NaN/inf/tie/zero-heavy rows, for every
 // codec, every rotation block size and every (source, destination, rotation) RowConverter.
 //
-//   kvsnap-simd-check                 the sweeps above (seconds)
+//   kvsnap-simd-check                 the sweeps above (seconds; about a minute under qemu-aarch64)
 //   kvsnap-simd-check --exhaustive    also every f32 bit pattern through f16/bf16 conversion and
 //                                     every non-NaN float through the iq4_nl index equivalence
 //                                     (about a minute)
@@ -649,9 +649,10 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("kvsnap-simd-check: best level %s (%s)\n", simd::level_name(simd::best_level()), simd::describe().c_str());
-  for (Level l : {Level::kAvx2, Level::kAvx512}) {
-    if (l > simd::best_level()) {
-      std::printf("  %s: not supported by this CPU, skipped\n", simd::level_name(l));
+  for (size_t i = 1; i < simd::kLevelCount; i++) {  // every level but the scalar one
+    const Level l = static_cast<Level>(i);
+    if (!simd::supported(l)) {
+      std::printf("  %s: not supported by this CPU or build, skipped\n", simd::level_name(l));
       continue;
     }
     check_codecs(l);

@@ -4,6 +4,7 @@
 //                      define the bytes; every other kernel must agree with them exactly.
 //   simd::x86::*_avx2  AVX2 + FMA + F16C kernels (kernels/x86_avx2*.cc), compiled with target attributes
 //   simd::x86::*_avx512 AVX-512 F/BW/DQ/VL kernels (kernels/x86_avx512.cc, x86_avx512_iq4_nl*.cc)
+//   simd::arm::*_neon   aarch64 Advanced SIMD kernels (kernels/arm_neon*.cc), aarch64 builds only
 // A new ISA's kernels go in migrate/kernels/<isa>_*.cc, declared here in a section of their own.
 //
 // Only call a kernel when simd::level() (migrate/simd_level.h) says the CPU has it; the
@@ -129,4 +130,30 @@ int iq4_nl_trial_schedule_avx512(const float* x, size_t cnt, uint8_t* trials);
 FusedRowFn find_fused_avx512(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot);
 
 }  // namespace kvsnap::simd::x86
+#endif
+
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#define KVSNAP_SIMD_NEON 1
+namespace kvsnap::simd::arm {
+
+// aarch64 Advanced SIMD (kernels/arm_common.h says why each gives the reference's bytes)
+void f16_to_f32_neon(const std::byte* src, float* dst, size_t n);
+void f16_from_f32_neon(const float* src, std::byte* dst, size_t n);
+void bf16_to_f32_neon(const std::byte* src, float* dst, size_t n);
+void bf16_from_f32_neon(const float* src, std::byte* dst, size_t n);
+void q4_0_to_f32_neon(const std::byte* src, float* dst, size_t n);
+void q4_0_from_f32_neon(const float* src, std::byte* dst, size_t n);
+void q4_1_to_f32_neon(const std::byte* src, float* dst, size_t n);
+void q4_1_from_f32_neon(const float* src, std::byte* dst, size_t n);
+void q5_0_to_f32_neon(const std::byte* src, float* dst, size_t n);
+void q5_0_from_f32_neon(const float* src, std::byte* dst, size_t n);
+void q5_1_to_f32_neon(const std::byte* src, float* dst, size_t n);
+void q5_1_from_f32_neon(const float* src, std::byte* dst, size_t n);
+void q8_0_to_f32_neon(const std::byte* src, float* dst, size_t n);
+void q8_0_from_f32_neon(const float* src, std::byte* dst, size_t n);
+void iq4_nl_to_f32_neon(const std::byte* src, float* dst, size_t n);
+void iq4_nl_from_f32_neon(const float* src, std::byte* dst, size_t n);  // kernels/arm_neon_iq4_nl.cc
+void hadamard_neon(float* x, size_t n, uint32_t n_rot);  // n_rot >= 4
+
+}  // namespace kvsnap::simd::arm
 #endif

@@ -32,6 +32,9 @@ Level detect() {
   if (avx512) return Level::kAvx512;
   if (avx2) return Level::kAvx2;
 #endif
+#ifdef KVSNAP_SIMD_NEON
+  return Level::kNeon;  // Advanced SIMD is mandatory in ARMv8-A (and the kernels use nothing beyond it)
+#endif
   return Level::kScalar;
 }
 
@@ -44,13 +47,20 @@ Level detect() {
 #else
 #define KVSNAP_X86(fn) nullptr  // never selected: detect() finds no x86 level in such a build
 #endif
+#ifdef KVSNAP_SIMD_NEON
+#define KVSNAP_ARM(fn) arm::fn
+#else
+#define KVSNAP_ARM(fn) nullptr  // never selected: detect() finds no ARM level in such a build
+#endif
 constexpr LevelKernels kLevels[] = {
     //  level          name      Hadamard kernel               min n_rot  fused row kernels
     {Level::kScalar, "scalar", hadamard_ref::rotate, 2, nullptr},
     {Level::kAvx2, "avx2", KVSNAP_X86(hadamard_avx2), 8, KVSNAP_X86(find_fused_avx2)},
     {Level::kAvx512, "avx512", KVSNAP_X86(hadamard_avx512), 16, KVSNAP_X86(find_fused_avx512)},
+    {Level::kNeon, "neon", KVSNAP_ARM(hadamard_neon), 4, nullptr},
 };
 #undef KVSNAP_X86
+#undef KVSNAP_ARM
 static_assert(std::size(kLevels) == kLevelCount, "one row per simd::Level");
 constexpr bool levels_in_order() {
   for (size_t i = 0; i < kLevelCount; i++) {
@@ -75,7 +85,7 @@ std::atomic<int>& current() {
     Level l = best_level();
     if (const char* env = std::getenv("KVSNAP_SIMD")) {
       Level want;
-      if (parse(env, &want) && static_cast<int>(want) < static_cast<int>(l)) l = want;
+      if (parse(env, &want) && supported(want)) l = want;
     }
     return static_cast<int>(l);
   }();
@@ -91,8 +101,15 @@ Level best_level() {
 
 Level level() { return static_cast<Level>(current().load(std::memory_order_relaxed)); }
 
+bool supported(Level l) {
+  for (Level k = best_level();; k = fallback(k)) {
+    if (k == l) return true;
+    if (k == Level::kScalar) return false;
+  }
+}
+
 bool set_level(Level l) {
-  if (static_cast<int>(l) > static_cast<int>(best_level())) return false;
+  if (!supported(l)) return false;
   current().store(static_cast<int>(l), std::memory_order_relaxed);
   return true;
 }
@@ -110,8 +127,9 @@ const char* level_name(Level l) {
 const LevelKernels& level_kernels(Level l) { return kLevels[static_cast<size_t>(l)]; }
 
 HadamardFn find_hadamard(uint32_t n_rot) {
-  for (size_t i = static_cast<size_t>(level()); i > 0; i--) {
-    if (kLevels[i].hadamard && n_rot >= kLevels[i].hadamard_min_n_rot) return kLevels[i].hadamard;
+  for (Level l = level(); l != Level::kScalar; l = fallback(l)) {
+    const LevelKernels& k = kLevels[static_cast<size_t>(l)];
+    if (k.hadamard && n_rot >= k.hadamard_min_n_rot) return k.hadamard;
   }
   return kLevels[0].hadamard;
 }
@@ -132,8 +150,10 @@ std::string describe() {
     if (has) s += std::string(" ") + f;
   }
   return s;
+#elif defined(KVSNAP_SIMD_NEON)
+  return "aarch64: neon";
 #else
-  return "no x86-64 SIMD in this build";
+  return "no SIMD kernels in this build";
 #endif
 }
 

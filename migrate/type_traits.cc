@@ -20,10 +20,15 @@ namespace ref = quants::ref;
 #else
 #define KVSNAP_X86(fn) nullptr  // a build without the x86 kernels: those levels are never selected
 #endif
+#ifdef KVSNAP_SIMD_NEON
+#define KVSNAP_ARM(fn) simd::arm::fn
+#else
+#define KVSNAP_ARM(fn) nullptr  // a build without the NEON kernels: that level is never selected
+#endif
 
 // One row per KV cache type, in the order of kv_cache_types() (ggml enum order); one column
-// per simd::Level, lowest first. nullptr: this level has no kernel of its own for it, the level
-// below's serves (the scalar column is complete).
+// per simd::Level, in enum order. nullptr: this level has no kernel of its own for it, the one of
+// simd::fallback(level) serves (the scalar column is complete).
 //
 // Whether an entry is there is recorded when the row is built (`Slot::set`), not found by
 // comparing the pointer with nullptr: gcc cannot compare the address of a function defined
@@ -47,41 +52,52 @@ struct CodecRow {
 
 constexpr CodecRow kCodecRows[] = {
     //                scalar                                   avx2                                          avx512
-    {GgmlType::kF32, {{{ref::f32_to_f32, ref::f32_from_f32}, {}, {}}}},
+    //   neon
+    {GgmlType::kF32, {{{ref::f32_to_f32, ref::f32_from_f32}, {}, {},
+       {}}}},
     {GgmlType::kF16,
      {{{ref::f16_to_f32, ref::f16_from_f32},
        {KVSNAP_X86(f16_to_f32_avx2), KVSNAP_X86(f16_from_f32_avx2)},
-       {KVSNAP_X86(f16_to_f32_avx512), KVSNAP_X86(f16_from_f32_avx512)}}}},
+       {KVSNAP_X86(f16_to_f32_avx512), KVSNAP_X86(f16_from_f32_avx512)},
+       {KVSNAP_ARM(f16_to_f32_neon), KVSNAP_ARM(f16_from_f32_neon)}}}},
     {GgmlType::kQ4_0,
      {{{ref::q4_0_to_f32, ref::q4_0_from_f32},
        {KVSNAP_X86(q4_0_to_f32_avx2), KVSNAP_X86(q4_0_from_f32_avx2)},
-       {nullptr, KVSNAP_X86(q4_0_from_f32_avx512)}}}},
+       {nullptr, KVSNAP_X86(q4_0_from_f32_avx512)},
+       {KVSNAP_ARM(q4_0_to_f32_neon), KVSNAP_ARM(q4_0_from_f32_neon)}}}},
     {GgmlType::kQ4_1,
      {{{ref::q4_1_to_f32, ref::q4_1_from_f32},
        {KVSNAP_X86(q4_1_to_f32_avx2), KVSNAP_X86(q4_1_from_f32_avx2)},
-       {}}}},
+       {},
+       {KVSNAP_ARM(q4_1_to_f32_neon), KVSNAP_ARM(q4_1_from_f32_neon)}}}},
     {GgmlType::kQ5_0,
      {{{ref::q5_0_to_f32, ref::q5_0_from_f32},
        {KVSNAP_X86(q5_0_to_f32_avx2), KVSNAP_X86(q5_0_from_f32_avx2)},
-       {}}}},
+       {},
+       {KVSNAP_ARM(q5_0_to_f32_neon), KVSNAP_ARM(q5_0_from_f32_neon)}}}},
     {GgmlType::kQ5_1,
      {{{ref::q5_1_to_f32, ref::q5_1_from_f32},
        {KVSNAP_X86(q5_1_to_f32_avx2), KVSNAP_X86(q5_1_from_f32_avx2)},
-       {}}}},
+       {},
+       {KVSNAP_ARM(q5_1_to_f32_neon), KVSNAP_ARM(q5_1_from_f32_neon)}}}},
     {GgmlType::kQ8_0,
      {{{ref::q8_0_to_f32, ref::q8_0_from_f32},
        {KVSNAP_X86(q8_0_to_f32_avx2), KVSNAP_X86(q8_0_from_f32_avx2)},
-       {nullptr, KVSNAP_X86(q8_0_from_f32_avx512)}}}},
+       {nullptr, KVSNAP_X86(q8_0_from_f32_avx512)},
+       {KVSNAP_ARM(q8_0_to_f32_neon), KVSNAP_ARM(q8_0_from_f32_neon)}}}},
     {GgmlType::kIQ4_NL,
      {{{ref::iq4_nl_to_f32, ref::iq4_nl_from_f32},
        {KVSNAP_X86(iq4_nl_to_f32_avx2), KVSNAP_X86(iq4_nl_from_f32_avx2)},
-       {nullptr, KVSNAP_X86(iq4_nl_from_f32_avx512)}}}},
+       {nullptr, KVSNAP_X86(iq4_nl_from_f32_avx512)},
+       {KVSNAP_ARM(iq4_nl_to_f32_neon), KVSNAP_ARM(iq4_nl_from_f32_neon)}}}},
     {GgmlType::kBF16,
      {{{ref::bf16_to_f32, ref::bf16_from_f32},
        {KVSNAP_X86(bf16_to_f32_avx2), KVSNAP_X86(bf16_from_f32_avx2)},
-       {}}}},
+       {},
+       {KVSNAP_ARM(bf16_to_f32_neon), KVSNAP_ARM(bf16_from_f32_neon)}}}},
 };
 #undef KVSNAP_X86
+#undef KVSNAP_ARM
 
 constexpr size_t kTypes = std::size(kCodecRows);
 static_assert(kTypes == kKvCacheTypes.size(), "one codec row per KV cache type of format/ggml_types.h");
@@ -102,14 +118,16 @@ constexpr bool scalar_column_complete() {
 }
 static_assert(scalar_column_complete(), "every KV type needs its scalar reference pair");
 
-// kCodecRows with every empty entry filled from the level below.
+// kCodecRows with every empty entry filled from simd::fallback(level) (resolved before it: every
+// fallback is a lower enumerator).
 constexpr std::array<std::array<RowCodec, simd::kLevelCount>, kTypes> resolve_levels() {
   std::array<std::array<RowCodec, simd::kLevelCount>, kTypes> out{};
   for (size_t i = 0; i < kTypes; i++) {
     for (size_t l = 0; l < simd::kLevelCount; l++) {
       const LevelCodec& own = kCodecRows[i].level[l];
-      out[i][l].to_f32 = own.to_f32.set ? own.to_f32.fn : out[i][l - (l > 0)].to_f32;
-      out[i][l].from_f32 = own.from_f32.set ? own.from_f32.fn : out[i][l - (l > 0)].from_f32;
+      const size_t below = static_cast<size_t>(simd::fallback(static_cast<simd::Level>(l)));
+      out[i][l].to_f32 = own.to_f32.set ? own.to_f32.fn : out[i][below].to_f32;
+      out[i][l].from_f32 = own.from_f32.set ? own.from_f32.fn : out[i][below].from_f32;
     }
   }
   return out;

@@ -2,7 +2,8 @@
 # The whole test suite, as README.md and .ci/run invoke it:
 #   1. dependencies (Debian packages), 2. the real-llama.cpp bed (npm pack,
 #   cached outside the checkout), 3. build and every test, 4. the unit tests
-#   again under AddressSanitizer + UndefinedBehaviorSanitizer, 5. every
+#   again under AddressSanitizer + UndefinedBehaviorSanitizer, 4b. the kernel layers cross-built
+#   for aarch64 and tested under qemu-user (tests/cross/run.sh), 5. every
 #   libFuzzer target (tests/fuzz) on its regression inputs and for a fixed
 #   time (KVSNAP_FUZZ_SECONDS per target, 30 by default).
 set -euo pipefail
@@ -30,6 +31,11 @@ cmake -S . -B build-asan -G Ninja -DKVSNAP_SANITIZE=ON -DKVSNAP_BUILD_BENCH=OFF 
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan -L unit --output-on-failure -j"$jobs"
+
+echo "== aarch64: cross build, unit + golden tests and kvsnap-simd-check (NEON) under qemu-user =="
+# tests/cross/run.sh: installs g++-aarch64-linux-gnu, qemu-user and arm64 -dev packages if missing.
+# Measured clean on 2 cores shared with other builds: 7.0 min (9.8 min at load 6-9).
+bash tests/cross/run.sh build-aarch64
 
 echo "== fuzz targets (clang, libFuzzer + ASan + UBSan) =="
 # Only the fuzz targets and the libraries they link. Measured on 2 cores shared

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The aarch64 stage: cross-compiles the layers the row kernels live in (base, format, migrate:
+# -DKVSNAP_CORE_ONLY=ON) with Debian's aarch64 toolchain and runs their unit tests, the golden
+# tests pinned to ggml (tests/migrate) and kvsnap-simd-check (every NEON kernel against the
+# scalar reference, byte for byte) under qemu-user. The migrate tests run twice: at the NEON
+# level (the default on aarch64) and at KVSNAP_SIMD=scalar, which proves the scalar reference
+# itself on ARM. Bytes only: timings under qemu mean nothing (docs/performance.md, "ARM").
+#
+#   bash tests/cross/run.sh [BUILD_DIR]     (default build-aarch64)
+#
+# Installs its packages when root (CI: .ci/run runs as root with CI=true) or with sudo:
+# g++-aarch64-linux-gnu, qemu-user, and the arm64 -dev packages of the libraries those layers
+# link (dpkg --add-architecture arm64).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${1:-build-aarch64}
+jobs=$(nproc 2>/dev/null || echo 2)
+
+host_pkgs=(g++-aarch64-linux-gnu qemu-user)
+arm_pkgs=(libssl-dev:arm64 libzstd-dev:arm64 libgtest-dev:arm64)
+missing=()
+for p in "${host_pkgs[@]}" "${arm_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "cross: installing ${missing[*]}"
+  dpkg --print-foreign-architectures | grep -qx arm64 || $sudo dpkg --add-architecture arm64
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cmake -S . -B "$build" -G Ninja -DCMAKE_TOOLCHAIN_FILE=tests/cross/aarch64.cmake -DKVSNAP_CORE_ONLY=ON \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$build" -j"$jobs" --target base_tests format_tests migrate_tests kvsnap-simd-check
+# ctest runs every command through CMAKE_CROSSCOMPILING_EMULATOR (qemu-aarch64, the toolchain file).
+#
+# Left out: the golden tests of the quantized types (tests/migrate/golden/*.golden, made by ggml
+# on x86-64). For q4_0..q8_0 every encoding matches on aarch64, but they also hash decoded
+# rows holding NaNs that the arithmetic makes (inf * 0, inf / inf: an inf scale), and the default
+# NaN differs by hardware: 0xFFC00000 on x86-64, 0x7FC00000 on aarch64 (iq4_nl's huge_range
+# block even stores its scale as 0x7E00 where x86 ggml stores 0xFE00).
+# ggml itself computes the same on ARM; the files pin the x86 bytes. See docs/performance.md, "ARM".
+# (ctest's names of those tests end in '  # GetParam() = "q4_0"', hence the space)
+golden_x86_nan='GoldenTypes\.MatchesGgml/(q4_0|q4_1|q5_0|q5_1|q8_0|iq4_nl) '
+ctest --test-dir "$build" -L unit -E "$golden_x86_nan" --output-on-failure -j"$jobs"
+echo "== cross: tests/migrate at KVSNAP_SIMD=scalar (the scalar reference on aarch64) =="
+# (the emulator line of tests/cross/aarch64.cmake)
+KVSNAP_SIMD=scalar qemu-aarch64 -L /usr/aarch64-linux-gnu -E LD_LIBRARY_PATH=/usr/aarch64-linux-gnu/lib \
+  "$build/tests/migrate/migrate_tests" --gtest_brief=1 \
+  --gtest_filter='-AllKvTypes/GoldenTypes.MatchesGgml/q*:AllKvTypes/GoldenTypes.MatchesGgml/iq4_nl'
+
