@@ -39,7 +39,7 @@ namespace kvsnap::simd {
 // of `src` in `in` -> `dst` in `out`. Rows are independent, so n may span several rows.
 using FusedRowFn = void (*)(const std::byte* in, std::byte* out, size_t n, uint32_t n_rot);
 
-// The fused kernel for src -> dst at the current level (rotate: whether the values are
+// The fused kernel for src -> dst at the current level or the nearest level below it (rotate: whether the values are
 // multiplied by the n_rot Hadamard matrix on the way), or nullptr: then use the three steps.
 FusedRowFn find_fused(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot);
 

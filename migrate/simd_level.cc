@@ -157,9 +157,14 @@ std::string describe() {
 #endif
 }
 
+// The current level's fused kernel, else the one of a level below (AVX-512 has no fused
+// f16 -> q4_1/q5_x of its own; AVX2's beats the three-step path at any level above it).
 FusedRowFn find_fused(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot) {
-  const FindFusedFn find = level_kernels(level()).find_fused;
-  return find ? find(src, dst, rotate, n_rot) : nullptr;
+  for (Level l = level(); l != Level::kScalar; l = fallback(l)) {
+    const FindFusedFn find = level_kernels(l).find_fused;
+    if (FusedRowFn fn = find ? find(src, dst, rotate, n_rot) : nullptr) return fn;
+  }
+  return nullptr;
 }
 
 }  // namespace kvsnap::simd
