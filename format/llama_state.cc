@@ -121,7 +121,7 @@ Status parse_memory_rest(Cursor& c, const Reading& r, const MemoryShape* shape, 
     mem.recurrent = rec;
   }
   if (!c.at_end()) {
-    std::string hint = r.n_kv == 1 && !r.recurrent ? " (a second KV section (iSWA) or recurrent state? --model tells)" : "";
+    std::string hint = r.n_kv == 1 && !r.recurrent ? " (a second KV section (iSWA) or recurrent state? {--model} tells)" : "";
     return c.corrupt(std::to_string(c.remaining()) + " bytes remain after the memory section" + hint);
   }
   mem.range.size = c.offset() - mem.range.offset;
@@ -265,12 +265,12 @@ Status read_memory(const ReadableFile& file, uint64_t begin, uint32_t era, const
     for (const auto& a : ok) list += "\n  - " + a.reading.describe();
     return Status::Ambiguous(file.name() + ": the memory section fits " + std::to_string(ok.size()) +
                              " layouts:" + list +
-                             "\nllama.cpp state files do not say which; pass the model with --model GGUF");
+                             "\nllama.cpp state files do not say which; pass the model with {--model GGUF}");
   }
   Status s = best_fail ? best_fail->status : primary_fail->status;
   if (!shape && readings.size() > 1) {
     return s.Prefixed("cannot read the memory section (tried " + std::to_string(readings.size()) +
-                      " layouts; --model GGUF makes the layout exact)");
+                      " layouts; {--model GGUF} makes the layout exact)");
   }
   return s;
 }
@@ -384,7 +384,7 @@ Status read_v9_context(const ReadableFile& file, Cursor& c, const MemoryShape* s
   Status without_status = read_memory(file, at, 2, shape, without);
   if (with_status.ok() && without_status.ok()) {
     return Status::Ambiguous(file.name() + ": the version-9 body reads both with output logits (llama.cpp b8121 and "
-                             "older) and without (b8179 and later); pass --source-build bNNNN to say which");
+                             "older) and without (b8179 and later); pass {--source-build bNNNN} to say which");
   }
   if (with_status.ok()) {
     f = std::move(with);
@@ -593,7 +593,7 @@ Result<StateFile> parse_state(const ReadableFile& file, const ParseOptions& opts
     } else {
       return Status::NotSupported(file.name() + ": not a llama.cpp state file: unknown magic " + hex32(f.magic) +
                                   " (expected ggsq " + hex32(kMagicGgsq) + " or ggsn " + hex32(kMagicGgsn) +
-                                  "; for a raw llama_state_seq_get_data buffer pass --input-format raw-seq)");
+                                  "; for a raw llama_state_seq_get_data buffer pass {--input-format raw-seq})");
     }
   }
   KV_RETURN_IF_ERROR(read_memory(file, c.offset(), era, shape, f));

@@ -156,7 +156,7 @@ Result<std::pair<int32_t, int32_t>> choose_types(const std::string& name, const 
   }
   return Status::Ambiguous(name + ": ggsn v6 (b3166) records no K/V types, and its " + std::to_string(per_cell) +
                            " bytes per cell fit " + std::to_string(fits.size()) + " pairs: " + list +
-                           ". kvsnap does not guess: name the pair the session was saved with (--src-types K/V), or "
+                           ". kvsnap does not guess: name the pair the session was saved with ({--src-types K/V}), or "
                            "load it in b3166 and save a sequence (ggsq v1) file, which records its types");
 }
 
@@ -222,7 +222,7 @@ Status read_session_v6(Cursor& c, const ParseOptions& opts, StateFile& f) {
   lg.hparams.resize(kB3166HparamsBytes);
   KV_RETURN_IF_ERROR(c.read(lg.hparams.data(), kB3166HparamsBytes, "llama_hparams"));
   if (!shape || !shape->kv_sections_known) {
-    return Status::NotSupported(name + ": ggsn v6 session (llama.cpp b3166, era A): pass its model with --model GGUF "
+    return Status::NotSupported(name + ": ggsn v6 session (llama.cpp b3166, era A): pass its model with {--model GGUF} "
                                 "(the file records neither the cache types nor the row sizes of its legacy KV dump)");
   }
   if (shape->kv_sections.size() != 1 || shape->has_recurrent) {

@@ -50,7 +50,7 @@ Result<StateFile> plan_prefix(const StateFile& src, uint64_t n_tokens) {
   KV_RETURN_IF_ERROR(check_prefixable(src));
   const uint64_t have = src.tokens.tokens.size();
   if (n_tokens == 0 || n_tokens > have)
-    return Status::InvalidArgument("--tokens " + std::to_string(n_tokens) + ": the state holds " +
+    return Status::InvalidArgument("{--tokens} " + std::to_string(n_tokens) + ": the state holds " +
                                    std::to_string(have) + " tokens; ask for 1.." + std::to_string(have));
   StateFile dst = src;
   KV_ASSIGN_OR_RETURN(dst.tokens, prefix_tokens(src.tokens, n_tokens));

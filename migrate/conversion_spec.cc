@@ -25,7 +25,7 @@ Result<std::optional<int32_t>> optional_type(const std::string& s, const char* f
 Status set_geometry(const ConversionSpec& spec, const StateFile& src, const ModelInfo* model, ConvertRequest& req) {
   if (model) req.geometry = model_rotation_geometry(*model);
   if (spec.head_dim_k > 0 || spec.head_dim_v > 0) {
-    if (model) return Status::InvalidArgument("--head-dim-k/--head-dim-v and --model both given; the model decides");
+    if (model) return Status::InvalidArgument("{--head-dim-k}/{--head-dim-v} and {--model} both given; the model decides");
     req.geometry.k_head_dim.assign(src.memory.kv.size(), uint32_t(std::max(0, spec.head_dim_k)));
     req.geometry.v_head_dim.assign(src.memory.kv.size(), uint32_t(std::max(0, spec.head_dim_v)));
   } else if (!model && spec.geometry) {
@@ -48,12 +48,12 @@ Status check_upgrade(const StateFile& src, const ModelInfo* model, const Convert
   if (to_current && !src_has_ext && model && model->shape.ext_bytes.value_or(0) != 0) {
     return Status::NotSupported(src_name + ": " + model->arch +
                                 " stores an M-RoPE cell extra in v0.5.0 files that older files lack; kvsnap "
-                                "cannot rebuild it: keep the old format (--format ggsq-v2)");
+                                "cannot rebuild it: keep the old format ({--format} ggsq-v2)");
   }
   if (!model && req.format == TargetFormat::kSameKindCurrent && warnings) {
     *warnings += "note: upgrading " + src_name +
                  " to the v0.5.0 format assumes the model has no M-RoPE cell extra (true for text-only models); "
-                 "pass --model GGUF to check\n";
+                 "pass {--model GGUF} to check\n";
   }
   return Status::OK();
 }
@@ -65,12 +65,12 @@ Status set_target_build(const ConversionSpec& spec, const StateFile& src, Conver
   if (spec.target_build.empty()) return Status::OK();
   KV_ASSIGN_OR_RETURN(LlamaBuild b, parse_llama_build(spec.target_build));
   auto layout = layout_of_build(b);
-  if (!layout.ok()) return layout.status().Prefixed("--target-build");
+  if (!layout.ok()) return layout.status().Prefixed("{--target-build}");
   const BuildLayout& L = *layout;
-  const std::string who = "--target-build " + spec.target_build + " (era " + L.era + ")";
+  const std::string who = "{--target-build} " + spec.target_build + " (era " + L.era + ")";
   auto unknown = [&](const char* what) {
     return Status::Ambiguous(who + ": that build falls between two known ones that differ in " + std::string(what) +
-                             "; name a build kvsnap knows (docs/llama-formats.md, \"Eras\") or use --format");
+                             "; name a build kvsnap knows (docs/llama-formats.md, \"Eras\") or use {--format}");
   };
   const bool session = src.kind == StateKind::kSessionFile;
   if (src.kind != StateKind::kSeqFile && !session) {
@@ -106,7 +106,7 @@ Status set_target_build(const ConversionSpec& spec, const StateFile& src, Conver
                                            : TargetFormat::kGgsqV2NoStream;
   }
   if (!spec.format.empty() && req.format != fmt) {
-    return Status::InvalidArgument("--format " + spec.format + " is not what " + who + " reads; give one of them");
+    return Status::InvalidArgument("{--format} " + spec.format + " is not what " + who + " reads; give one of them");
   }
   req.format = fmt;
   req.target_build = L;
@@ -139,20 +139,20 @@ Result<ConvertRequest> make_request(const ConversionSpec& spec, const StateFile&
                                     const std::string& src_name, std::string* warnings, const ReadableFile* file,
                                     SourceRotation* decision) {
   ConvertRequest req;
-  KV_ASSIGN_OR_RETURN(req.k_type, optional_type(spec.ctk, "--ctk"));
-  KV_ASSIGN_OR_RETURN(req.v_type, optional_type(spec.ctv, "--ctv"));
+  KV_ASSIGN_OR_RETURN(req.k_type, optional_type(spec.ctk, "{--ctk}"));
+  KV_ASSIGN_OR_RETURN(req.v_type, optional_type(spec.ctv, "{--ctv}"));
   if (!spec.flash_attn.empty()) {
     if (spec.flash_attn != "on" && spec.flash_attn != "off")
-      return Status::InvalidArgument("--flash-attn must be on or off, not '" + spec.flash_attn + "'");
+      return Status::InvalidArgument("{--flash-attn} must be on or off, not '" + spec.flash_attn + "'");
     req.flash_attn = spec.flash_attn == "on";
   }
   // "on" at an end: the llama.cpp there rotates quantized K/V by its rule;
   // "off": it does not (LLAMA_ATTN_ROT_DISABLE=1, or a build before b8643).
-  KV_RETURN_IF_ERROR(parse_mode(spec.rotation, "--rotation").status());
+  KV_RETURN_IF_ERROR(parse_mode(spec.rotation, "{--rotation}").status());
   const std::string src_word = spec.src_rotation.empty() ? spec.rotation : spec.src_rotation;
   const std::string dst_word = spec.dst_rotation.empty() ? spec.rotation : spec.dst_rotation;
-  KV_ASSIGN_OR_RETURN(RotationMode src_mode, parse_mode(src_word, "--src-rotation"));
-  KV_ASSIGN_OR_RETURN(RotationMode dst_mode, parse_mode(dst_word, "--dst-rotation"));
+  KV_ASSIGN_OR_RETURN(RotationMode src_mode, parse_mode(src_word, "{--src-rotation}"));
+  KV_ASSIGN_OR_RETURN(RotationMode dst_mode, parse_mode(dst_word, "{--dst-rotation}"));
   if (dst_mode != RotationMode::kAuto) req.dst_rotates = dst_mode == RotationMode::kOn;
   req.k_rotation = req.v_rotation = RotationOverride{src_mode == RotationMode::kOff ? src_mode : RotationMode::kAuto,
                                                      dst_mode == RotationMode::kOff ? dst_mode : RotationMode::kAuto};

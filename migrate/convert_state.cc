@@ -57,8 +57,8 @@ Status recode_cell_ext(const std::vector<int32_t>& tokens, uint32_t to, KvSectio
         if (!text || c.pos < 0 || size_t(c.pos) >= tokens.size() || c.seq_ids.size() != 1) {
           return Status::NotSupported("v0.5.0 files keep each cell's token; kvsnap takes it from the token list for "
                                       "text cells of one sequence, and the cell at position " +
-                                      std::to_string(c.pos) + " is not one: keep the old format (--format ggsq-v2 or "
-                                      "--target-build)");
+                                      std::to_string(c.pos) + " is not one: keep the old format ({--format ggsq-v2} or "
+                                      "{--target-build})");
         }
         c.ext[2] = tokens[size_t(c.pos)];
       }
@@ -72,7 +72,7 @@ Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<
   const std::optional<uint32_t> old_ext = target ? target->mrope_ext_bytes : std::nullopt;
   auto want_kind = [&](StateKind k, const char* name) -> Status {
     if (src.kind != k) {
-      return Status::InvalidArgument(std::string("--format ") + name + " needs a " + kind_name(k) + ", the input is a " +
+      return Status::InvalidArgument(std::string("{--format} ") + name + " needs a " + kind_name(k) + ", the input is a " +
                                      kind_name(src.kind));
     }
     return Status::OK();
@@ -140,7 +140,7 @@ Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<
     }
     if (src.legacy && t.arch.empty()) {
       return Status::NotSupported("a ggsn v6 session does not name its model's architecture, which later session "
-                                  "formats store: read it with --model GGUF");
+                                  "formats store: read it with {--model GGUF}");
     }
   }
   // v9 sessions carry outputs up to b8121 and none from b8179; v10 none.
@@ -206,7 +206,7 @@ Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<
     if (!want) {
       return Status::NotSupported("the cells carry a " + std::to_string(ext) +
                                   "-byte M-RoPE/token extra; older builds store 8 bytes (b8352..b10375) or none "
-                                  "(b8189 and older): name the build that will load the file with --target-build");
+                                  "(b8189 and older): name the build that will load the file with {--target-build}");
     }
     KV_RETURN_IF_ERROR(recode_cell_ext(src.tokens.tokens, *want, t.memory.kv[i]));
   }
@@ -246,12 +246,12 @@ Status unknown_rotation(const std::string& ctx, const TypeTraits& a, const TypeT
     return Status::Ambiguous(
         ctx + ": converting " + std::string(a.name()) + " to " + std::string(b.name()) +
         " depends on whether the input is stored Hadamard-rotated, which the file does not record: " + era.why +
-        ". Say which build wrote it (--source-build bNNNN|vX.Y.Z) or how it is stored (--src-rotation on|off)");
+        ". Say which build wrote it ({--source-build bNNNN|vX.Y.Z}) or how it is stored ({--src-rotation on|off})");
   }
   return Status::Ambiguous(
       ctx + ": writing " + std::string(b.name()) +
       " in this format depends on whether the llama.cpp that loads it rotates quantized caches (builds from b8643 "
-      "do, older ones do not): name it with --target-build bNNNN|vX.Y.Z, or say --dst-rotation on|off");
+      "do, older ones do not): name it with {--target-build bNNNN|vX.Y.Z}, or say {--dst-rotation on|off}");
 }
 
 Result<SidePlan> plan_side(const StateFile& src, const StateFile& dst, const ConvertRequest& req, size_t si,
@@ -295,7 +295,7 @@ Result<SidePlan> plan_side(const StateFile& src, const StateFile& dst, const Con
             return Status::InvalidArgument(
                 ctx + ": converting " + std::string(p.src->name()) + " to " + std::string(p.dst->name()) +
                 " may cross llama.cpp's Hadamard rotation, whose block depends on the head dim, which the state "
-                "file does not record: pass the model with --model GGUF (or --head-dim-k/--head-dim-v)");
+                "file does not record: pass the model with {--model GGUF} (or {--head-dim-k}/{--head-dim-v})");
           }
           return r.status().Prefixed(ctx);
         }
@@ -308,7 +308,7 @@ Result<SidePlan> plan_side(const StateFile& src, const StateFile& dst, const Con
           return Status::InvalidArgument(
               ctx + ": converting " + std::string(p.src->name()) + " to " + std::string(p.dst->name()) +
               " crosses llama.cpp's Hadamard rotation, whose block depends on the head dim, which the state file "
-              "does not record: pass the model with --model GGUF (or --head-dim-k/--head-dim-v)");
+              "does not record: pass the model with {--model GGUF} (or {--head-dim-k}/{--head-dim-v})");
         }
         return unknown_rotation(ctx, *p.src, *p.dst, src, s != ends.front().first);
       }
@@ -628,7 +628,7 @@ Result<StateFile> plan_target(const StateFile& src, const ConvertRequest& req) {
           if (v.quantized) {
             return Status::InvalidArgument(
                 vctx + ": quantized V cache requires flash_attn to be enabled (llama.cpp): a " + std::string(v.name) +
-                " V cannot be stored transposed; use --flash-attn on (the target server must run with -fa on)");
+                " V cannot be stored transposed; use {--flash-attn on} (the target server must run with -fa on)");
           }
           L.v_elem_bytes = v.block_bytes;
           L.n_embd_v_gqa = uint32_t(nv);

@@ -84,14 +84,14 @@ Result<SourceRotation> decide_source_rotation(const ReadableFile* file, const St
     d.rotated = tri_of(claims.src_rotation == "on");
     d.decided_by = "declared";
     d.confidence = 1;
-    d.evidence.push_back("declared: --src-rotation " + claims.src_rotation);
+    d.evidence.push_back("declared: {--src-rotation} " + claims.src_rotation);
     if (era.rotates != Tri::kUnknown && era.rotates != d.rotated) {
       d.evidence.push_back(std::string("note: the layout says ") + stored(era.rotates) + "; the declaration wins");
     }
     return d;
   }
   if (!claims.src_rotation.empty() && claims.src_rotation != "auto") {
-    return Status::InvalidArgument("--src-rotation must be auto, on or off, not '" + claims.src_rotation + "'");
+    return Status::InvalidArgument("{--src-rotation} must be auto, on or off, not '" + claims.src_rotation + "'");
   }
   if (!claims.source_build.empty()) KV_RETURN_IF_ERROR(consider_build(claims.source_build, "source-build", f, model_has_cell_ext, d));
   if (!claims.server_build.empty()) KV_RETURN_IF_ERROR(consider_build(claims.server_build, "server-build", f, model_has_cell_ext, d));
@@ -119,14 +119,14 @@ Result<SourceRotation> decide_source_rotation(const ReadableFile* file, const St
         // deciding against the build is the user's call.
         return Status::Ambiguous(file->name() + ": the " + d.decided_by + " says the quantized caches are stored "
                                  "rotated, but the data looks unrotated (" + ev.summary +
-                                 "); was it saved with LLAMA_ATTN_ROT_DISABLE=1? Pass --src-rotation off if so, "
-                                 "--src-rotation on to keep the build's default");
+                                 "); was it saved with LLAMA_ATTN_ROT_DISABLE=1? Pass {--src-rotation} off if so, "
+                                 "{--src-rotation} on to keep the build's default");
       }
       // No build before b8643 rotates: the layout or build is proof, the data a hint.
       d.evidence.push_back("note: the data disagrees with the " + d.decided_by + ", which proves no rotation");
     }
   } else if (d.matters && file && d.rotated == Tri::kUnknown) {
-    d.evidence.push_back("data: not examined (the head dims come from the model: pass --model GGUF)");
+    d.evidence.push_back("data: not examined (the head dims come from the model: pass {--model GGUF})");
   }
   if (!d.matters && d.rotated == Tri::kUnknown) d.decided_by = "not-needed";
   return d;
@@ -158,7 +158,7 @@ std::string source_rotation_text(const SourceRotation& d) {
   if (!d.matters && d.rotated == Tri::kUnknown) {
     s += "not needed (no quantized K/V that llama.cpp rotates)\n";
   } else if (d.rotated == Tri::kUnknown) {
-    s += "UNKNOWN (conversions that depend on it are refused: --source-build or --src-rotation settles it)\n";
+    s += "UNKNOWN (conversions that depend on it are refused: {--source-build} or {--src-rotation} settles it)\n";
   } else {
     s += std::string(stored(d.rotated)) + " (decided by " + d.decided_by + ")\n";
   }

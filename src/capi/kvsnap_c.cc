@@ -13,6 +13,7 @@
 #include <string>
 
 #include "base/io.h"
+#include "base/remedy.h"
 #include "format/llama_state.h"
 #include "migrate/conversion_spec.h"
 #include "migrate/convert_state.h"
@@ -52,8 +53,23 @@ char* dup_message(const std::string& s) {
   return p;
 }
 
+// A remedy the layers below name as a command-line flag (base/remedy.h), in this API's terms.
+std::string c_api_remedy(std::string_view remedy) {
+  const std::string r(remedy);
+  const std::string flag = r.substr(0, r.find(' '));
+  const std::string value = flag.size() < r.size() ? r.substr(flag.size() + 1) : "";
+  if (flag == "--model") return "a kvsnap_model (kvsnap_model_open of the model's GGUF)";
+  if (flag == "--ctk" || flag == "--ctv" || flag == "--rotation")
+    return "kvsnap_convert_params." + flag.substr(2) + (value.empty() ? "" : " = \"" + value + "\"");
+  if (flag == "--flash-attn")
+    return "kvsnap_convert_params.flash_attn" + std::string(value == "on" ? " = 1" : value == "off" ? " = 0" : "");
+  if (flag == "--input-format")
+    return value == "raw-seq" ? "kvsnap_convert_params.input = KVSNAP_INPUT_SEQ_BUFFER" : "kvsnap_convert_params.input";
+  return "the kvsnap command line's " + r + " (not a parameter of this API)";
+}
+
 kvsnap_status fail(const Status& s, char** error) {
-  if (error) *error = dup_message(s.ToString());
+  if (error) *error = dup_message(kvsnap::render_remedies(s.ToString(), c_api_remedy));
   return to_c(s.code());
 }
 

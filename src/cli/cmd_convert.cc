@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "base/remedy.h"
 #include "cli/progress.h"
 #include "cli/commands.h"
 #include "cli/era_options.h"
@@ -182,7 +183,7 @@ void setup_convert(CLI::App& app, int& exit_status) {
   sub->callback([o, &exit_status]() {
     std::string out, warnings;
     Status s = run_convert(*o, out, warnings);
-    if (!warnings.empty()) std::fputs(warnings.c_str(), stderr);
+    if (!warnings.empty()) std::fputs(render_remedies_as_flags(warnings).c_str(), stderr);
     exit_status = report("convert", s, out);
   });
 }

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "base/remedy.h"
 #include "base/status.h"
 
 namespace kvsnap::cli {
@@ -52,12 +53,13 @@ inline int exit_code(const Status& s) {
 // Prints a command's result the one way every command does: output to
 // stdout on success, "kvsnap CMD: <kind>: <message>" to stderr otherwise.
 // Returns the process exit code.
+// Remedies the layers below name ("{--model GGUF}", base/remedy.h) are shown as the flags they are.
 inline int report(const char* command, const Status& s, const std::string& out) {
   if (!s.ok()) {
-    std::fprintf(stderr, "kvsnap %s: %s\n", command, s.ToString().c_str());
+    std::fprintf(stderr, "kvsnap %s: %s\n", command, render_remedies_as_flags(s.ToString()).c_str());
     return exit_code(s);
   }
-  std::fputs(out.c_str(), stdout);
+  std::fputs(render_remedies_as_flags(out).c_str(), stdout);
   return kExitOk;
 }
 

@@ -101,8 +101,18 @@ TEST(CApi, ErrorsAreStatusesWithMessages) {
   p.ctk = "q8_0";
   p.ctv = "q8_0";
   p.flash_attn = 0;  // quantized V needs flash attention
-  EXPECT_EQ(convert(m.m, raw, p).status, KVSNAP_ERR_INVALID_ARGUMENT);
+  Converted no_fa = convert(m.m, raw, p);
+  EXPECT_EQ(no_fa.status, KVSNAP_ERR_INVALID_ARGUMENT);
+  // the remedy in this API's words, never a command-line flag (base/remedy.h)
+  EXPECT_NE(no_fa.error.find("kvsnap_convert_params.flash_attn = 1"), std::string::npos) << no_fa.error;
+  EXPECT_EQ(no_fa.error.find("--flash-attn"), std::string::npos) << no_fa.error;
+  EXPECT_EQ(no_fa.error.find('{'), std::string::npos) << no_fa.error;
   p.flash_attn = -1;
+
+  Converted no_model = convert(nullptr, raw, p);  // f16 -> q8_0 rotates by head dims only the model knows
+  EXPECT_NE(no_model.status, KVSNAP_OK);
+  EXPECT_NE(no_model.error.find("kvsnap_model"), std::string::npos) << no_model.error;
+  EXPECT_EQ(no_model.error.find("--model"), std::string::npos) << no_model.error;
 
   for (size_t cut : {size_t(0), size_t(3), size_t(100), raw.size() / 2, raw.size() - 1}) {
     std::vector<unsigned char> part(raw.begin(), raw.begin() + cut);

@@ -261,7 +261,7 @@ TEST(HostileInput, EraASessionsNeedTheModelAndV7IsRefusedByName) {
   s.version = 9;
   auto sn = build_state(s);
   set_u32(sn, 4, 6);  // ggsn v6 (b3166): the legacy KV dump
-  expect_error(sn, Code::kNotSupported, "pass its model with --model GGUF");
+  expect_error(sn, Code::kNotSupported, "pass its model with {--model GGUF}");
   set_u32(sn, 4, 7);
   expect_error(sn, Code::kNotSupported, "ggsn v7 session files");
 }

@@ -148,7 +148,7 @@ TEST(EraASession, WithoutTheModelItNamesModel) {
   auto st = parse(fixture("hd64n-f16-f16-faon.session"), nullptr);
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.status().code(), Code::kNotSupported);
-  EXPECT_NE(st.status().message().find("--model"), std::string::npos) << st.status().ToString();
+  EXPECT_NE(st.status().message().find("{--model GGUF}"), std::string::npos) << st.status().ToString();
   EXPECT_NE(st.status().message().find("test.session"), std::string::npos) << st.status().ToString();
 }
 

@@ -21,5 +21,12 @@ for layer in base format migrate store server cli capi; do
   done < <(find "$root/${dir_of[$layer]}" \( -name '*.h' -o -name '*.cc' \) -print0 |
              xargs -0 grep -Hn '^#include "[a-z_]*/' 2>/dev/null || true)
 done
-[ $bad = 0 ] && echo "layers: no upward include in $root"
+# Below the command line, a message names a flag only as a remedy ("{--model GGUF}", src/base/remedy.h),
+# which each front end renders in its own terms: a bare "--flag" in a string would reach C API callers.
+while IFS= read -r hit; do
+  echo "a command-line flag outside {...} below the CLI: $hit"
+  bad=1
+done < <(grep -HnE '"([^"]*[^{a-z-])?--[a-z][a-z-]*' "$root"/format/*.cc "$root"/migrate/*.cc "$root"/format/*.h "$root"/migrate/*.h 2>/dev/null |
+           grep -vE '^[^:]+:[0-9]+: *//' | grep -v 'llama-server --version' || true)
+[ $bad = 0 ] && echo "layers: no upward include in $root; no bare command-line flag below the CLI"
 exit $bad
