@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "format/rewrite.h"
 #include "format/state_builder.h"
 
 namespace kvsnap {
@@ -18,16 +19,7 @@ Result<StateFile> parse_bytes(const std::vector<std::byte>& b, const ParseOption
   return parse_state(f, o);
 }
 
-std::vector<std::byte> rewrite(const std::vector<std::byte>& b) {
-  MemoryFile f("test.bin", std::span<const std::byte>(b));
-  auto st = parse_state(f);
-  EXPECT_TRUE(st.ok()) << st.status().ToString();
-  if (!st.ok()) return {};
-  VectorSink out;
-  CopyTensorSource src(f);
-  EXPECT_TRUE(write_state(*st, src, f, out).ok());
-  return out.bytes;
-}
+using test::rewrite;
 
 SynthSpec session_v9(bool outputs) {
   SynthSpec s;

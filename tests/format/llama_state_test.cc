@@ -11,6 +11,7 @@
 
 #include "format/memory_shape.h"
 #include "format/model_profile.h"
+#include "format/rewrite.h"
 #include "format/state_builder.h"
 #include "test_files.h"
 
@@ -26,17 +27,7 @@ Result<StateFile> parse_bytes(const std::vector<std::byte>& b, const ParseOption
   return parse_state(f, o);
 }
 
-std::vector<std::byte> rewrite(const std::vector<std::byte>& b, const ParseOptions& o = {}) {
-  MemoryFile f("test.bin", std::span<const std::byte>(b));
-  auto st = parse_state(f, o);
-  EXPECT_TRUE(st.ok()) << st.status().ToString();
-  if (!st.ok()) return {};
-  VectorSink out;
-  CopyTensorSource src(f);
-  Status s = write_state(*st, src, f, out);
-  EXPECT_TRUE(s.ok()) << s.ToString();
-  return out.bytes;
-}
+using test::rewrite;
 
 using test::slurp;
 

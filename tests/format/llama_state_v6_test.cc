@@ -12,6 +12,7 @@
 #include "format/llama_state.h"
 #include "format/memory_shape.h"
 #include "format/model_profile.h"
+#include "format/rewrite.h"
 #include "test_files.h"
 
 namespace kvsnap {
@@ -38,17 +39,9 @@ Result<StateFile> parse(const std::vector<std::byte>& b, const MemoryShape* shap
 }
 
 std::vector<std::byte> rewrite(const std::vector<std::byte>& b, const MemoryShape* shape) {
-  MemoryFile f("test.session", std::span<const std::byte>(b));
   ParseOptions o;
   o.shape = shape;
-  auto st = parse_state(f, o);
-  EXPECT_TRUE(st.ok()) << st.status().ToString();
-  if (!st.ok()) return {};
-  VectorSink out;
-  CopyTensorSource src(f);
-  Status s = write_state(*st, src, f, out);
-  EXPECT_TRUE(s.ok()) << s.ToString();
-  return out.bytes;
+  return test::rewrite(b, o, "test.session");
 }
 
 std::vector<std::byte> fixture(const std::string& name) { return test::slurp(kDir / "b3166" / name); }
