@@ -199,7 +199,8 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   KV_RETURN_IF_ERROR(srv.health());
   KV_RETURN_IF_ERROR(check_idle(srv, t.slot));
   KV_ASSIGN_OR_RETURN(Model model, find_model(io, srv, t));
-  KV_ASSIGN_OR_RETURN(SnapshotInfo info, store.catalog().get_info(*store.catalog().resolve(ref)));
+  KV_ASSIGN_OR_RETURN(int64_t id, store.catalog().resolve(ref));
+  KV_ASSIGN_OR_RETURN(SnapshotInfo info, store.catalog().get_info(id));
   KV_RETURN_IF_ERROR(check_model(info, model, ref));
 
   ServerRestoreResult r;

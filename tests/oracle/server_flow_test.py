@@ -96,6 +96,10 @@ def main():
         # failure: a slot that does not exist
         p = kvsnap([k, "save", "--server", src.url, "--slot", "7", "--slot-dir", slots], env, expect=None)
         check(p.returncode != 0 and "slot 7" in p.stderr, f"unknown slot refused: {p.stderr.strip()}")
+        # failure: a snapshot name the store does not hold (exit 8, not an internal error)
+        p = kvsnap([k, "restore", "no-such-snapshot", "--server", src.url, "--slot-dir", slots], env, expect=None)
+        check(p.returncode == 8 and "no-such-snapshot" in p.stderr and not leftovers(slots),
+              f"unknown snapshot refused with exit 8: {p.returncode} {p.stderr.strip()}")
         # failure: slot busy (a long generation is running)
         busy = threading.Thread(target=lambda: src.post("/completion", {"prompt": prompt, "n_predict": 3000,
                                                                          "id_slot": 0, "ignore_eos": True}))
