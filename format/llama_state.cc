@@ -75,7 +75,7 @@ Status parse_recurrent(Cursor& c, RecurrentSection& rec, const MemoryShape* shap
     if (shape->recurrent_n_layer && *shape->recurrent_n_layer != rec.n_layer) {
       return Status::Mismatch(c.file().name() + ": recurrent state: mismatched layer count (" +
                               std::to_string(rec.n_layer) + " != " + std::to_string(*shape->recurrent_n_layer) +
-                              " from the model)");
+                              " from the model): pass the GGUF the file was saved with ({--model GGUF})");
     }
     Cursor w(c.file(), rec.range.offset, rec.range.offset + rec.range.size);
     KV_RETURN_IF_ERROR(w.seek(after_header));
@@ -307,7 +307,8 @@ Status read_seq_v1(Cursor& c, const MemoryShape* shape, StateFile& f) {
                                                                                                : nullptr;
   if (ss && !ss->n_embd_k_gqa.empty() && ss->n_embd_k_gqa.size() != st.n_layer) {
     return Status::Mismatch(c.file().name() + ": mismatched layer count (" + std::to_string(st.n_layer) +
-                            " in the file, " + std::to_string(ss->n_embd_k_gqa.size()) + " in the model)");
+                            " in the file, " + std::to_string(ss->n_embd_k_gqa.size()) +
+                            " in the model): pass the GGUF the file was saved with ({--model GGUF})");
   }
   for (uint32_t v : ss ? ss->n_embd_v_gqa : std::vector<uint32_t>{}) {
     if (v != n_embd_v) {

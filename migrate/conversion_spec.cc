@@ -63,7 +63,9 @@ Status check_upgrade(const StateFile& src, const ModelInfo* model, const Convert
 // quantized caches are written rotated.
 Status set_target_build(const ConversionSpec& spec, const StateFile& src, ConvertRequest& req) {
   if (spec.target_build.empty()) return Status::OK();
-  KV_ASSIGN_OR_RETURN(LlamaBuild b, parse_llama_build(spec.target_build));
+  auto parsed = parse_llama_build(spec.target_build);
+  if (!parsed.ok()) return parsed.status().Prefixed("{--target-build}");
+  const LlamaBuild& b = *parsed;
   auto layout = layout_of_build(b);
   if (!layout.ok()) return layout.status().Prefixed("{--target-build}");
   const BuildLayout& L = *layout;
@@ -191,11 +193,15 @@ Status check_writer_claims(const SourceClaims& writer, const StateFile& src, con
     return Status::InvalidArgument("the source rotation must be auto, on or off, not '" + writer.src_rotation + "'");
   }
   if (writer.llama_build.empty()) return Status::OK();
-  KV_ASSIGN_OR_RETURN(LlamaBuild build, parse_llama_build(writer.llama_build));
+  const std::string from = writer.llama_build_from == "llama-server" ? "llama-server's /props build_info"
+                                                                       : "{--source-build}";
+  auto build = parse_llama_build(writer.llama_build);
+  if (!build.ok()) return build.status().Prefixed(src_name + ": " + from);
   std::optional<bool> mrope;
   if (model) mrope = model->profile.has_cell_ext;
-  return check_build_wrote(src, build, mrope)
-      .Prefixed(src_name + ": llama.cpp " + writer.llama_build + " (" + writer.llama_build_from + ")");
+  return check_build_wrote(src, *build, mrope)
+      .Prefixed(src_name + ": llama.cpp " + writer.llama_build + " (" + writer.llama_build_from + ")")
+      .Appended("; correct or drop " + from);
 }
 
 }  // namespace kvsnap

@@ -51,7 +51,8 @@ Status recode_cell_ext(const std::vector<int32_t>& tokens, uint32_t to, KvSectio
       if (to == 0 && !text) {
         return Status::NotSupported("a cell at position " + std::to_string(c.pos) + " holds an image's 2-D position (" +
                                     std::to_string(c.ext[0]) + ", " + std::to_string(c.ext[1]) +
-                                    "), which llama.cpp b8189 and older cannot store");
+                                    "), which llama.cpp b8189 and older cannot store: target b8352 or newer ({--target-build}) "
+                                    "or keep the current format");
       }
       if (to == 12 && from < 12) {
         if (!text || c.pos < 0 || size_t(c.pos) >= tokens.size() || c.seq_ids.size() != 1) {
@@ -184,7 +185,8 @@ Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<
   if (!era3(t) && t.kind == StateKind::kSeqFile && t.tokens.packed) {
     // Older llama-server wrote plain lists and cannot read the packed payload.
     if (!t.tokens.media_chunks.empty()) {
-      return Status::NotSupported("the slot holds media chunks, which only the packed v0.5.0 payload can carry");
+      return Status::NotSupported("the slot holds media chunks, which only the packed v0.5.0 payload can carry: keep the "
+                                  "current format (no {--format} or {--target-build} before v0.5.0)");
     }
     t.tokens.words = t.tokens.tokens;
     t.tokens.packed = false;
@@ -192,7 +194,8 @@ Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<
   for (auto& sec : t.memory.kv) {
     if (!prefix && sec.streams.size() != 1) {
       return Status::NotSupported("the b5640 layout holds one stream; this state has " +
-                                  std::to_string(sec.streams.size()));
+                                  std::to_string(sec.streams.size()) +
+                                  ": choose a format with the n_stream prefix ({--format ggsq-v2} or current)");
     }
     sec.stream_prefix = prefix;
   }

@@ -56,7 +56,8 @@ Result<RotationPlan> plan_rotation(const TypeLayout& src, const TypeLayout& dst,
   if ((ovr.src == RotationMode::kOn || ovr.dst == RotationMode::kOn) && n_rot == 0) {
     return Status::InvalidArgument(std::string("cannot take the ") + side_name(side) +
                                    " cache as rotated: head_dim " + std::to_string(head_dim) +
-                                   " is not a multiple of 64 (llama.cpp never rotates it)");
+                                   " is not a multiple of 64 (llama.cpp never rotates it): use {--src-rotation auto} / "
+                                   "{--dst-rotation auto}, or off");
   }
   RotationPlan plan;
   plan.src_rotated = end_rotated(ovr.src, src, head_dim, side);

@@ -23,7 +23,7 @@ uint32_t ModelInfo::rotation_head_dim(bool is_v, size_t section) const {
 Status ModelInfo::check_state(const StateFile& f, const std::string& file_name) const {
   if (!f.arch.empty() && f.arch != arch) {
     return Status::Mismatch(file_name + ": wrong model arch: '" + f.arch + "' instead of '" + arch + "' (" + path +
-                            ")");
+                            "): pass the GGUF the file was saved with ({--model GGUF})");
   }
   if (n_vocab > 0) {
     for (size_t i = 0; i < f.tokens.tokens.size(); ++i) {
@@ -33,7 +33,7 @@ Status ModelInfo::check_state(const StateFile& f, const std::string& file_name) 
         if (t == -1 && f.tokens.packed) continue;
         return Status::Mismatch(file_name + ": token " + std::to_string(i) + " is id " + std::to_string(t) +
                                 ", outside the vocabulary of " + path + " (" + std::to_string(n_vocab) +
-                                " tokens): the file was not made with this model");
+                                " tokens): the file was not made with this model; pass the GGUF it was saved with ({--model GGUF})");
       }
     }
   }

@@ -45,9 +45,13 @@ const char* stored(Tri t) {
 // its default rotation.
 Status consider_build(const std::string& text, const char* label, const StateFile& f,
                       std::optional<bool> model_has_cell_ext, SourceRotation& d) {
+  const std::string from = std::string(label) == "server-build" ? "llama-server's /props build_info"
+                                                                 : "{--" + std::string(label) + "}";
   auto build = parse_llama_build(text);
-  if (!build.ok()) return build.status().Prefixed(std::string("--") + label);
-  KV_RETURN_IF_ERROR(check_build_wrote(f, *build, model_has_cell_ext).Prefixed(std::string(label) + " " + text));
+  if (!build.ok()) return build.status().Prefixed(from);
+  KV_RETURN_IF_ERROR(check_build_wrote(f, *build, model_has_cell_ext)
+                         .Prefixed(from + " " + text)
+                         .Appended("; correct or drop " + from));
   KV_ASSIGN_OR_RETURN(BuildLayout L, layout_of_build(*build));
   std::string line = std::string(label) + ": llama.cpp " + text + " (era " + L.era + ")";
   if (L.rotates == Tri::kUnknown) {
@@ -93,8 +97,13 @@ Result<SourceRotation> decide_source_rotation(const ReadableFile* file, const St
   if (!claims.src_rotation.empty() && claims.src_rotation != "auto") {
     return Status::InvalidArgument("{--src-rotation} must be auto, on or off, not '" + claims.src_rotation + "'");
   }
-  if (!claims.source_build.empty()) KV_RETURN_IF_ERROR(consider_build(claims.source_build, "source-build", f, model_has_cell_ext, d));
-  if (!claims.server_build.empty()) KV_RETURN_IF_ERROR(consider_build(claims.server_build, "server-build", f, model_has_cell_ext, d));
+  const std::string file_name = file ? file->name() : std::string("the input");
+  if (!claims.source_build.empty()) {
+    KV_RETURN_IF_ERROR(consider_build(claims.source_build, "source-build", f, model_has_cell_ext, d).Prefixed(file_name));
+  }
+  if (!claims.server_build.empty()) {
+    KV_RETURN_IF_ERROR(consider_build(claims.server_build, "server-build", f, model_has_cell_ext, d).Prefixed(file_name));
+  }
   if (d.rotated == Tri::kUnknown && era.rotates != Tri::kUnknown) {
     d.rotated = era.rotates;
     d.decided_by = "file-format";

@@ -63,8 +63,15 @@ std::string c_api_remedy(std::string_view remedy) {
     return "kvsnap_convert_params." + flag.substr(2) + (value.empty() ? "" : " = \"" + value + "\"");
   if (flag == "--flash-attn")
     return "kvsnap_convert_params.flash_attn" + std::string(value == "on" ? " = 1" : value == "off" ? " = 0" : "");
-  if (flag == "--input-format")
-    return value == "raw-seq" ? "kvsnap_convert_params.input = KVSNAP_INPUT_SEQ_BUFFER" : "kvsnap_convert_params.input";
+  // The API has one rotation setting for both ends (conversion_spec.cc): name it, and say so.
+  if (flag == "--src-rotation" || flag == "--dst-rotation")
+    return "kvsnap_convert_params.rotation" + (value.empty() ? std::string() : " = \"" + value + "\"") +
+           " (it sets both ends)";
+  if (flag == "--input-format") {
+    if (value == "raw-seq") return "kvsnap_convert_params.input = KVSNAP_INPUT_SEQ_BUFFER";
+    if (value == "raw-context") return "kvsnap_convert_params.input = KVSNAP_INPUT_CONTEXT_BUFFER";
+    return "kvsnap_convert_params.input";
+  }
   return "the kvsnap command line's " + r + " (not a parameter of this API)";
 }
 

@@ -65,7 +65,8 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
     }
   }
   if (r.check && !r.check->reused)
-    return Status::Mismatch("the server restored the slot but reprocessed the prompt (see above)");
+    return Status::Mismatch("the server restored the slot but reprocessed the prompt (see above): check that it runs "
+                            "the snapshot's model and that --ctk/--ctv/--fa match its flags");
   return Status::OK();
 }
 

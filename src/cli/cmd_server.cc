@@ -14,7 +14,7 @@ struct ServerCmdOpts {
 };
 
 Status run_server_add(const ServerCmdOpts& o, std::string& out) {
-  if (o.url.find("://") == std::string::npos) return Status::InvalidArgument("URL must look like http://HOST:PORT");
+  if (o.url.find("://") == std::string::npos) return Status::InvalidArgument("'" + o.url + "': the URL must look like http://HOST:PORT");
   for (const auto* t : {&o.ctk, &o.ctv})
     if (!t->empty()) KV_RETURN_IF_ERROR(parse_kv_type(*t, "--ctk/--ctv").status());
   if (!o.flash_attn.empty() && o.flash_attn != "on" && o.flash_attn != "off")

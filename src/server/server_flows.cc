@@ -142,7 +142,8 @@ Status check_model(const SnapshotInfo& s, const Model& m, const std::string& ref
   if (m.info->profile.fingerprint != s.model_fingerprint)
     return Status::Mismatch("snapshot " + ref + " was saved from another model (fingerprint " +
                             s.model_fingerprint.substr(0, 16) + "...) than " + m.info->path + " (" + m.from + ", " +
-                            m.info->profile.fingerprint.substr(0, 16) + "...)");
+                            m.info->profile.fingerprint.substr(0, 16) + "...): restore into a server running that model, or "
+                            "pass {--model GGUF} if the server's /props model_path is not the model it runs");
   return Status::OK();
 }
 

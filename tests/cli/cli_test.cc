@@ -297,8 +297,12 @@ TEST_F(CliTest, ADeclaredBuildDecidesTheRotationAndIsCheckedAgainstTheFile) {
   EXPECT_NE(r.err.find("ggsq v3"), std::string::npos) << r.err;
   r = run("info " + f + " --source-build b5640");  // no n_stream prefix then
   EXPECT_EQ(r.code, 5) << r.err;
+  // the error names the file, the flag and what to do with it
+  EXPECT_NE(r.err.find(f + ": --source-build b5640"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("correct or drop --source-build"), std::string::npos) << r.err;
   r = run("info " + f + " --source-build latest");
   EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--source-build: 'latest' is not a llama.cpp build"), std::string::npos) << r.err;
 }
 
 TEST_F(CliTest, TheB5640LayoutProvesNoRotation) {
