@@ -560,68 +560,72 @@ Result<std::string> GgufHeader::get_string_or(std::string_view key, std::string 
 }
 
 // ---------------------------------------------------------------- reading
-Result<GgufHeader> read_gguf(const ReadableFile& file) {
-  Cursor c(file);
-  Parser p(c);
-  GgufHeader h;
-  h.file = file.name();
-  h.file_size = file.size();
+namespace {
 
-  // magic and version
-  {
-    std::byte m[4];
-    KV_RETURN_IF_ERROR(c.read(m, 4, "GGUF magic"));
-    if (std::memcmp(m, "GGUF", 4) != 0) {
-      std::string shown;
-      for (std::byte b : m) {
-        const char ch = static_cast<char>(b);
-        shown += (ch >= 0x20 && ch < 0x7f) ? ch : '?';
-      }
-      return c.corrupt(0, "not a GGUF file: magic '" + shown + "', expected 'GGUF'");
+// A key/value pair takes at least 8 + 1 + 4 + 1 bytes, a tensor info 8 + 4 + 4 + 8:
+// counts beyond what the rest of the file can hold are refused before any allocation.
+constexpr uint64_t kMinKv = 14, kMinInfo = 24;
+
+// The magic and a version this reader knows (2 or 3, little-endian).
+Status read_magic_and_version(Cursor& c, const std::string& name, uint32_t& version) {
+  std::byte m[4];
+  KV_RETURN_IF_ERROR(c.read(m, 4, "GGUF magic"));
+  if (std::memcmp(m, "GGUF", 4) != 0) {
+    std::string shown;
+    for (std::byte b : m) {
+      const char ch = static_cast<char>(b);
+      shown += (ch >= 0x20 && ch < 0x7f) ? ch : '?';
     }
-    KV_ASSIGN_OR_RETURN(h.version, c.u32("GGUF version"));
-    if (h.version == 0) return c.corrupt(4, "bad GGUF version 0");
-    if ((h.version & 0xFFFF) == 0) {
-      return Status::NotSupported(file.name() + ": offset 4: GGUF version " + std::to_string(h.version) +
-                                  " looks byte-swapped: big-endian GGUF files are not supported");
-    }
-    if (h.version == 1) {
-      return Status::NotSupported(file.name() + ": offset 4: GGUF v1 is not supported (llama.cpp dropped it too)");
-    }
-    if (h.version > 3) {
-      return Status::NotSupported(file.name() + ": offset 4: GGUF version " + std::to_string(h.version) +
-                                  " is newer than the supported 2 and 3");
-    }
+    return c.corrupt(0, "not a GGUF file: magic '" + shown + "', expected 'GGUF'");
   }
+  KV_ASSIGN_OR_RETURN(version, c.u32("GGUF version"));
+  if (version == 0) return c.corrupt(4, "bad GGUF version 0");
+  if ((version & 0xFFFF) == 0) {
+    return Status::NotSupported(name + ": offset 4: GGUF version " + std::to_string(version) +
+                                " looks byte-swapped: big-endian GGUF files are not supported");
+  }
+  if (version == 1) {
+    return Status::NotSupported(name + ": offset 4: GGUF v1 is not supported (llama.cpp dropped it too)");
+  }
+  if (version > 3) {
+    return Status::NotSupported(name + ": offset 4: GGUF version " + std::to_string(version) +
+                                " is newer than the supported 2 and 3");
+  }
+  return Status::OK();
+}
 
-  KV_ASSIGN_OR_RETURN(uint64_t n_tensors, c.u64("tensor count"));
+// The tensor and key/value counts, each within its limit.
+Status read_counts(Cursor& c, uint64_t& n_tensors, uint64_t& n_kv) {
+  KV_ASSIGN_OR_RETURN(n_tensors, c.u64("tensor count"));
   if (n_tensors > kGgufMaxTensorCount) {
     return c.corrupt(8, "tensor count " + std::to_string(n_tensors) + " exceeds the limit of " +
                             std::to_string(kGgufMaxTensorCount));
   }
-  KV_ASSIGN_OR_RETURN(uint64_t n_kv, c.u64("key/value count"));
+  KV_ASSIGN_OR_RETURN(n_kv, c.u64("key/value count"));
   if (n_kv > kGgufMaxKvCount) {
     return c.corrupt(16, "key/value count " + std::to_string(n_kv) + " exceeds the limit of " +
                              std::to_string(kGgufMaxKvCount));
   }
-  // a key/value pair takes at least 8 + 1 + 4 + 1 bytes, a tensor info 8 + 4 + 4 + 8
-  constexpr uint64_t kMinKv = 14, kMinInfo = 24;
   if (n_kv > c.remaining() / kMinKv) {
     return c.corrupt(16, "truncated: " + std::to_string(n_kv) + " key/value pairs need at least " +
                              std::to_string(n_kv * kMinKv) + " bytes, " + std::to_string(c.remaining()) + " remain");
   }
+  return Status::OK();
+}
 
-  // key/value pairs
-  h.kvs.reserve(static_cast<size_t>(n_kv));
+// The key/value pairs, in file order; a key may appear once.
+Status read_kvs(Cursor& c, Parser& p, uint64_t n_kv, std::vector<GgufKv>& kvs,
+                std::map<std::string, size_t, std::less<>>& index) {
+  kvs.reserve(static_cast<size_t>(n_kv));
   for (uint64_t i = 0; i < n_kv; ++i) {
     GgufKv kv;
     kv.offset = c.offset();
     const std::string kw = "key " + std::to_string(i);
     KV_ASSIGN_OR_RETURN(kv.key, p.string(kw));
     if (kv.key.empty()) return c.corrupt(kv.offset, kw + " is empty");
-    if (auto it = h.index_.find(kv.key); it != h.index_.end()) {
+    if (auto it = index.find(kv.key); it != index.end()) {
       return c.corrupt(kv.offset, "duplicate key " + quote(kv.key) + " (first at offset " +
-                                      std::to_string(h.kvs[it->second].offset) + ")");
+                                      std::to_string(kvs[it->second].offset) + ")");
     }
     const std::string what = "value of key " + quote(kv.key);
     KV_ASSIGN_OR_RETURN(GgufType t, p.type("type of key " + quote(kv.key)));
@@ -633,87 +637,114 @@ Result<GgufHeader> read_gguf(const ReadableFile& file) {
     } else {
       KV_RETURN_IF_ERROR(p.scalar(t, kv.value, what));
     }
-    h.index_.emplace(kv.key, h.kvs.size());
-    h.kvs.push_back(std::move(kv));
+    index.emplace(kv.key, kvs.size());
+    kvs.push_back(std::move(kv));
   }
-  h.kv_end = c.offset();
+  return Status::OK();
+}
 
-  // alignment
-  if (const GgufKv* a = h.find(kGgufAlignmentKey)) {
-    if (a->value.type != GgufType::kU32) {
-      return c.corrupt(a->offset, std::string("key '") + kGgufAlignmentKey + "' must be u32 but is " +
-                                      gguf_type_name(a->value.type));
-    }
-    const uint64_t al = std::get<uint64_t>(a->value.v);
-    if (al == 0 || (al & (al - 1)) != 0) {
-      return c.corrupt(a->offset, "alignment " + std::to_string(al) + " is not a power of 2");
-    }
-    h.alignment = static_cast<uint32_t>(al);
+// general.alignment, when present: a u32 power of 2.
+Status read_alignment(Cursor& c, GgufHeader& h) {
+  const GgufKv* a = h.find(kGgufAlignmentKey);
+  if (!a) return Status::OK();
+  if (a->value.type != GgufType::kU32) {
+    return c.corrupt(a->offset, std::string("key '") + kGgufAlignmentKey + "' must be u32 but is " +
+                                    gguf_type_name(a->value.type));
   }
+  const uint64_t al = std::get<uint64_t>(a->value.v);
+  if (al == 0 || (al & (al - 1)) != 0) {
+    return c.corrupt(a->offset, "alignment " + std::to_string(al) + " is not a power of 2");
+  }
+  h.alignment = static_cast<uint32_t>(al);
+  return Status::OK();
+}
 
-  // tensor infos
+// A tensor's name: not too long, not seen before.
+Status read_tensor_name(Cursor& c, Parser& p, uint64_t i, const std::map<std::string, uint64_t, std::less<>>& names,
+                        GgufTensorInfo& t) {
+  KV_ASSIGN_OR_RETURN(t.name, p.string("name of tensor " + std::to_string(i)));
+  if (t.name.size() > kGgufMaxTensorName) {
+    return c.corrupt(t.info_offset, "tensor " + std::to_string(i) + " name " + quote(t.name) + " is too long: " +
+                                        std::to_string(t.name.size()) + " >= " +
+                                        std::to_string(kGgufMaxTensorName + 1));
+  }
+  if (auto it = names.find(t.name); it != names.end()) {
+    return c.corrupt(t.info_offset, "duplicate tensor name " + quote(t.name) + " (first at offset " +
+                                        std::to_string(it->second) + ")");
+  }
+  return Status::OK();
+}
+
+// A tensor's shape: at most kGgufMaxDims sizes, none negative, their product
+// within int64.
+Status read_tensor_shape(Cursor& c, const std::string& tw, GgufTensorInfo& t) {
+  const uint64_t dims_at = c.offset();
+  KV_ASSIGN_OR_RETURN(t.n_dims, c.u32(("dimension count of " + tw).c_str()));
+  if (t.n_dims > kGgufMaxDims) {
+    return c.corrupt(dims_at, tw + " has " + std::to_string(t.n_dims) + " dimensions, at most " +
+                                  std::to_string(kGgufMaxDims) + " allowed");
+  }
+  for (uint32_t d = 0; d < t.n_dims; ++d) {
+    const uint64_t at = c.offset();
+    KV_ASSIGN_OR_RETURN(uint64_t ne, c.u64(("shape of " + tw).c_str()));
+    t.ne[d] = static_cast<int64_t>(ne);
+    if (t.ne[d] < 0) {
+      return c.corrupt(at, tw + " dimension " + std::to_string(d) + " has a negative size " + std::to_string(t.ne[d]));
+    }
+  }
+  return check_ne(c, t.info_offset, t);
+}
+
+// A tensor's ggml type (known to this kvsnap, whole blocks per row) and its
+// size in bytes.
+Status read_tensor_type(Cursor& c, const std::string& file, const std::string& tw, GgufTensorInfo& t) {
+  const uint64_t type_at = c.offset();
+  KV_ASSIGN_OR_RETURN(t.type, c.i32(("type of " + tw).c_str()));
+  const TypeLayout* row = find_ggml_type(t.type);
+  if (!row) {
+    if (t.type >= kGgmlTypeCount) {
+      return Status::NotSupported(file + ": offset " + std::to_string(type_at) + ": " + tw + " has ggml type " +
+                                  std::to_string(t.type) + ", unknown to this kvsnap (< " +
+                                  std::to_string(kGgmlTypeCount) + ")");
+    }
+    return c.corrupt(type_at, tw + " has invalid or removed ggml type " + std::to_string(t.type));
+  }
+  if (t.ne[0] % row->block_elems != 0) {
+    return c.corrupt(type_at, tw + " of type " + std::string(row->name) + " has " + std::to_string(t.ne[0]) +
+                                  " elements per row, not a multiple of the block size " +
+                                  std::to_string(row->block_elems));
+  }
+  auto nb = ggml_nbytes(t.type, t.n_elements());
+  if (!nb) return c.corrupt(type_at, tw + ": size in bytes overflows");
+  t.n_bytes = *nb;
+  return Status::OK();
+}
+
+// The tensor infos: name, shape, type and data offset of each.
+Status read_tensor_infos(Cursor& c, Parser& p, const std::string& file, uint64_t n_tensors,
+                         std::vector<GgufTensorInfo>& tensors) {
   if (n_tensors > c.remaining() / kMinInfo) {
     return c.corrupt("truncated: " + std::to_string(n_tensors) + " tensor infos need at least " +
                      std::to_string(n_tensors * kMinInfo) + " bytes, " + std::to_string(c.remaining()) + " remain");
   }
-  h.tensors.reserve(static_cast<size_t>(n_tensors));
+  tensors.reserve(static_cast<size_t>(n_tensors));
   std::map<std::string, uint64_t, std::less<>> names;
   for (uint64_t i = 0; i < n_tensors; ++i) {
     GgufTensorInfo t;
     t.info_offset = c.offset();
-    KV_ASSIGN_OR_RETURN(t.name, p.string("name of tensor " + std::to_string(i)));
-    if (t.name.size() > kGgufMaxTensorName) {
-      return c.corrupt(t.info_offset, "tensor " + std::to_string(i) + " name " + quote(t.name) + " is too long: " +
-                                          std::to_string(t.name.size()) + " >= " +
-                                          std::to_string(kGgufMaxTensorName + 1));
-    }
-    if (auto it = names.find(t.name); it != names.end()) {
-      return c.corrupt(t.info_offset, "duplicate tensor name " + quote(t.name) + " (first at offset " +
-                                          std::to_string(it->second) + ")");
-    }
+    KV_RETURN_IF_ERROR(read_tensor_name(c, p, i, names, t));
     const std::string tw = "tensor " + quote(t.name);
-    const uint64_t dims_at = c.offset();
-    KV_ASSIGN_OR_RETURN(t.n_dims, c.u32(("dimension count of " + tw).c_str()));
-    if (t.n_dims > kGgufMaxDims) {
-      return c.corrupt(dims_at, tw + " has " + std::to_string(t.n_dims) + " dimensions, at most " +
-                                    std::to_string(kGgufMaxDims) + " allowed");
-    }
-    for (uint32_t d = 0; d < t.n_dims; ++d) {
-      const uint64_t at = c.offset();
-      KV_ASSIGN_OR_RETURN(uint64_t ne, c.u64(("shape of " + tw).c_str()));
-      t.ne[d] = static_cast<int64_t>(ne);
-      if (t.ne[d] < 0) {
-        return c.corrupt(at, tw + " dimension " + std::to_string(d) + " has a negative size " +
-                                 std::to_string(t.ne[d]));
-      }
-    }
-    KV_RETURN_IF_ERROR(check_ne(c, t.info_offset, t));
-    const uint64_t type_at = c.offset();
-    KV_ASSIGN_OR_RETURN(t.type, c.i32(("type of " + tw).c_str()));
-    const TypeLayout* row = find_ggml_type(t.type);
-    if (!row) {
-      if (t.type >= kGgmlTypeCount) {
-        return Status::NotSupported(file.name() + ": offset " + std::to_string(type_at) + ": " + tw +
-                                    " has ggml type " + std::to_string(t.type) + ", unknown to this kvsnap (< " +
-                                    std::to_string(kGgmlTypeCount) + ")");
-      }
-      return c.corrupt(type_at, tw + " has invalid or removed ggml type " + std::to_string(t.type));
-    }
-    if (t.ne[0] % row->block_elems != 0) {
-      return c.corrupt(type_at, tw + " of type " + std::string(row->name) + " has " + std::to_string(t.ne[0]) +
-                                    " elements per row, not a multiple of the block size " +
-                                    std::to_string(row->block_elems));
-    }
-    auto nb = ggml_nbytes(t.type, t.n_elements());
-    if (!nb) return c.corrupt(type_at, tw + ": size in bytes overflows");
-    t.n_bytes = *nb;
+    KV_RETURN_IF_ERROR(read_tensor_shape(c, tw, t));
+    KV_RETURN_IF_ERROR(read_tensor_type(c, file, tw, t));
     KV_ASSIGN_OR_RETURN(t.offset, c.u64(("data offset of " + tw).c_str()));
     names.emplace(t.name, t.info_offset);
-    h.tensors.push_back(std::move(t));
+    tensors.push_back(std::move(t));
   }
-  h.infos_end = c.offset();
+  return Status::OK();
+}
 
-  // data section: aligned, tensors contiguous in info order, inside the file
+// The data section: aligned, tensors contiguous in info order, inside the file.
+Status check_data_section(Cursor& c, GgufHeader& h) {
   h.data_offset = align_up(h.infos_end, h.alignment);
   uint64_t expect = 0;
   for (const auto& t : h.tensors) {
@@ -728,15 +759,34 @@ Result<GgufHeader> read_gguf(const ReadableFile& file) {
     expect += padded;
   }
   h.data_size = expect;
-  if (!h.tensors.empty()) {
-    const auto& last = h.tensors.back();
-    const uint64_t need_end = last.offset + last.n_bytes;  // the last tensor's padding is optional
-    if (h.data_offset > h.file_size || need_end > h.file_size - h.data_offset) {
-      const uint64_t have = h.data_offset > h.file_size ? 0 : h.file_size - h.data_offset;
-      return c.corrupt(h.data_offset, "truncated: tensor data needs " + std::to_string(need_end) + " bytes, " +
-                                          std::to_string(have) + " remain");
-    }
+  if (h.tensors.empty()) return Status::OK();
+  const auto& last = h.tensors.back();
+  const uint64_t need_end = last.offset + last.n_bytes;  // the last tensor's padding is optional
+  if (h.data_offset > h.file_size || need_end > h.file_size - h.data_offset) {
+    const uint64_t have = h.data_offset > h.file_size ? 0 : h.file_size - h.data_offset;
+    return c.corrupt(h.data_offset, "truncated: tensor data needs " + std::to_string(need_end) + " bytes, " +
+                                        std::to_string(have) + " remain");
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<GgufHeader> read_gguf(const ReadableFile& file) {
+  Cursor c(file);
+  Parser p(c);
+  GgufHeader h;
+  h.file = file.name();
+  h.file_size = file.size();
+  KV_RETURN_IF_ERROR(read_magic_and_version(c, file.name(), h.version));
+  uint64_t n_tensors = 0, n_kv = 0;
+  KV_RETURN_IF_ERROR(read_counts(c, n_tensors, n_kv));
+  KV_RETURN_IF_ERROR(read_kvs(c, p, n_kv, h.kvs, h.index_));
+  h.kv_end = c.offset();
+  KV_RETURN_IF_ERROR(read_alignment(c, h));
+  KV_RETURN_IF_ERROR(read_tensor_infos(c, p, file.name(), n_tensors, h.tensors));
+  h.infos_end = c.offset();
+  KV_RETURN_IF_ERROR(check_data_section(c, h));
   return h;
 }
 

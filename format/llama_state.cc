@@ -173,87 +173,97 @@ struct Attempt {
   Status status;
   uint64_t reached = 0;
   MemorySection mem;
+  bool past_first_kv = false;  // its first KV section parsed (there was one)
 };
 
-Status read_memory(const ReadableFile& file, uint64_t begin, uint32_t era, const MemoryShape* shape,
-                   StateFile& out) {
-  const std::vector<Reading> readings =
-      candidate_readings(era, shape, out.kind == StateKind::kRawSeq && out.raw_seq_tagged);
-  std::vector<Attempt> ok;
-  std::optional<Attempt> best_fail;
-  // The error worth showing: the furthest among readings whose first KV
-  // section parsed; when none did, the most common layout's (readings are in
-  // order of likelihood), not a wrong reading that wandered further in garbage.
-  std::optional<Attempt> primary_fail;
-  auto consider_failure = [&](Attempt a, bool first_section_ok) {
-    if (!first_section_ok) {
-      if (!primary_fail) primary_fail = std::move(a);
+// The first KV section reads the same for every layout that shares the
+// stream prefix and cell ext: it is parsed once per such pair.
+struct FirstKv {
+  bool prefix;
+  uint32_t ext;
+  Status status;
+  uint64_t reached;
+  KvSection sec;
+};
+
+const FirstKv& first_kv_section(const ReadableFile& file, uint64_t begin, const Reading& r, const MemoryShape* shape,
+                                std::vector<FirstKv>& firsts) {
+  auto it = std::find_if(firsts.begin(), firsts.end(),
+                         [&](const FirstKv& f) { return f.prefix == r.stream_prefix && f.ext == r.ext_bytes; });
+  if (it != firsts.end()) return *it;
+  Cursor c(file, begin, file.size());
+  FirstKv f{r.stream_prefix, r.ext_bytes, Status::OK(), 0, {}};
+  const KvSectionShape* ss = nullptr;
+  if (shape && shape->kv_sections_known && !shape->kv_sections.empty()) ss = &shape->kv_sections[0];
+  f.status = parse_kv_section(c, r, ss, 0, r.n_kv, f.sec);
+  f.reached = c.offset();
+  firsts.push_back(std::move(f));
+  return firsts.back();
+}
+
+// Reads the memory section at `begin` the way reading r says.
+Attempt attempt_reading(const ReadableFile& file, uint64_t begin, const Reading& r, const MemoryShape* shape,
+                        std::vector<FirstKv>& firsts) {
+  Attempt a{r, Status::OK(), 0, {}};
+  a.mem.range.offset = begin;
+  uint64_t resume = begin;
+  if (r.n_kv > 0) {
+    const FirstKv& first = first_kv_section(file, begin, r, shape, firsts);
+    if (!first.status.ok()) {
+      a.status = first.status;
+      a.reached = first.reached;
+      return a;
+    }
+    a.mem.kv.push_back(first.sec);
+    a.past_first_kv = true;
+    resume = first.reached;
+  }
+  Cursor c(file, begin, file.size());
+  a.status = c.seek(resume);
+  if (a.status.ok()) a.status = parse_memory_rest(c, r, shape, a.mem);
+  a.reached = c.offset();
+  return a;
+}
+
+// Readings that differ only in the cell ext of sections without cells are
+// the same reading.
+bool same_reading(const Attempt& a, const Attempt& o) {
+  if (o.mem.kv.size() != a.mem.kv.size() || o.reading.recurrent != a.reading.recurrent ||
+      o.reading.stream_prefix != a.reading.stream_prefix)
+    return false;
+  for (size_t i = 0; i < a.mem.kv.size(); ++i) {
+    if (o.mem.kv[i].range.size != a.mem.kv[i].range.size) return false;
+    for (const auto& st : a.mem.kv[i].streams)
+      if (st.cell_count && o.mem.kv[i].ext_bytes != a.mem.kv[i].ext_bytes) return false;
+  }
+  return true;
+}
+
+// The error worth showing: the furthest among readings whose first KV
+// section parsed; when none did, the most common layout's (readings are in
+// order of likelihood), not a wrong reading that wandered further in garbage.
+class FailurePicker {
+ public:
+  void consider(Attempt a) {
+    if (!a.past_first_kv) {
+      if (!primary_) primary_ = std::move(a);
       return;
     }
-    if (!best_fail || a.reached > best_fail->reached ||
-        (a.status.code() == Code::kMismatch && best_fail->status.code() != Code::kMismatch)) {
-      best_fail = std::move(a);
-    }
-  };
-  // The first KV section reads the same for every layout that shares the
-  // stream prefix and cell ext: parse it once per such pair.
-  struct First {
-    bool prefix;
-    uint32_t ext;
-    Status status;
-    uint64_t reached;
-    KvSection sec;
-  };
-  std::vector<First> firsts;
-  for (const Reading& r : readings) {
-    Attempt a{r, Status::OK(), 0, {}};
-    a.mem.range.offset = begin;
-    uint64_t resume = begin;
-    if (r.n_kv > 0) {
-      auto it = std::find_if(firsts.begin(), firsts.end(),
-                             [&](const First& f) { return f.prefix == r.stream_prefix && f.ext == r.ext_bytes; });
-      if (it == firsts.end()) {
-        Cursor c(file, begin, file.size());
-        First f{r.stream_prefix, r.ext_bytes, Status::OK(), 0, {}};
-        const KvSectionShape* ss = nullptr;
-        if (shape && shape->kv_sections_known && !shape->kv_sections.empty()) ss = &shape->kv_sections[0];
-        f.status = parse_kv_section(c, r, ss, 0, r.n_kv, f.sec);
-        f.reached = c.offset();
-        firsts.push_back(std::move(f));
-        it = std::prev(firsts.end());
-      }
-      if (!it->status.ok()) {
-        a.status = it->status;
-        a.reached = it->reached;
-        consider_failure(std::move(a), false);
-        continue;
-      }
-      a.mem.kv.push_back(it->sec);
-      resume = it->reached;
-    }
-    Cursor c(file, begin, file.size());
-    a.status = c.seek(resume);
-    if (a.status.ok()) a.status = parse_memory_rest(c, r, shape, a.mem);
-    a.reached = c.offset();
-    if (a.status.ok()) {
-      // Readings that differ only in the cell ext of sections without cells
-      // are the same reading.
-      auto same = [&](const Attempt& o) {
-        if (o.mem.kv.size() != a.mem.kv.size() || o.reading.recurrent != a.reading.recurrent ||
-            o.reading.stream_prefix != a.reading.stream_prefix)
-          return false;
-        for (size_t i = 0; i < a.mem.kv.size(); ++i) {
-          if (o.mem.kv[i].range.size != a.mem.kv[i].range.size) return false;
-          for (const auto& st : a.mem.kv[i].streams)
-            if (st.cell_count && o.mem.kv[i].ext_bytes != a.mem.kv[i].ext_bytes) return false;
-        }
-        return true;
-      };
-      if (std::none_of(ok.begin(), ok.end(), same)) ok.push_back(std::move(a));
-    } else {
-      consider_failure(std::move(a), r.n_kv > 0);
+    if (!best_ || a.reached > best_->reached ||
+        (a.status.code() == Code::kMismatch && best_->status.code() != Code::kMismatch)) {
+      best_ = std::move(a);
     }
   }
+  const Status& status() const { return best_ ? best_->status : primary_->status; }
+
+ private:
+  std::optional<Attempt> best_, primary_;
+};
+
+// The outcome of trying every reading: the one that fits, else why none or
+// several do.
+Status settle_reading(const ReadableFile& file, const MemoryShape* shape, size_t n_readings, std::vector<Attempt>& ok,
+                      const FailurePicker& failures, StateFile& out) {
   if (ok.size() == 1) {
     out.memory = std::move(ok[0].mem);
     out.reading = ok[0].reading.describe();
@@ -267,12 +277,30 @@ Status read_memory(const ReadableFile& file, uint64_t begin, uint32_t era, const
                              " layouts:" + list +
                              "\nllama.cpp state files do not say which; pass the model with {--model GGUF}");
   }
-  Status s = best_fail ? best_fail->status : primary_fail->status;
-  if (!shape && readings.size() > 1) {
-    return s.Prefixed("cannot read the memory section (tried " + std::to_string(readings.size()) +
+  Status s = failures.status();
+  if (!shape && n_readings > 1) {
+    return s.Prefixed("cannot read the memory section (tried " + std::to_string(n_readings) +
                       " layouts; {--model GGUF} makes the layout exact)");
   }
   return s;
+}
+
+Status read_memory(const ReadableFile& file, uint64_t begin, uint32_t era, const MemoryShape* shape,
+                   StateFile& out) {
+  const std::vector<Reading> readings =
+      candidate_readings(era, shape, out.kind == StateKind::kRawSeq && out.raw_seq_tagged);
+  std::vector<Attempt> ok;
+  FailurePicker failures;
+  std::vector<FirstKv> firsts;
+  for (const Reading& r : readings) {
+    Attempt a = attempt_reading(file, begin, r, shape, firsts);
+    if (!a.status.ok()) {
+      failures.consider(std::move(a));
+    } else if (std::none_of(ok.begin(), ok.end(), [&](const Attempt& o) { return same_reading(a, o); })) {
+      ok.push_back(std::move(a));
+    }
+  }
+  return settle_reading(file, shape, readings.size(), ok, failures, out);
 }
 
 // ggsq v1 (llama.cpp b3166, llama_state_seq_get_data_internal), after the
@@ -495,109 +523,143 @@ const char* kind_name(StateKind k) {
   return "?";
 }
 
+namespace {
+
+// Each header reader below reads what precedes the memory section and sets
+// `era` for it; it returns true when it has read the whole file itself (the
+// layouts whose memory is not a plain memory section).
+
+// A raw llama_state_*_get_data buffer: no magic, except the io magic and
+// sequence id that newer builds tag a sequence buffer with.
+Result<bool> read_raw_header(const ReadableFile& file, Cursor& c, const ParseOptions& opts, StateFile& f,
+                             uint32_t& era) {
+  f.kind = *opts.kind;
+  era = opts.raw_version.value_or(3);
+  if (f.kind == StateKind::kRawSeq && c.remaining() >= 4) {
+    KV_ASSIGN_OR_RETURN(uint32_t first, c.u32("magic"));
+    if (first == kRawSeqMagic) {
+      f.raw_seq_tagged = true;
+      f.magic = first;
+      KV_ASSIGN_OR_RETURN(f.raw_seq_id, c.i32("sequence id"));
+    } else {
+      KV_RETURN_IF_ERROR(c.seek(0));
+      if (!opts.raw_version) era = 2;  // untagged buffers come from before v0.5.0, or are ambiguous
+    }
+  }
+  if (f.kind == StateKind::kRawContext) {
+    KV_ASSIGN_OR_RETURN(f.arch, read_arch(c));
+    if (era < 3) {
+      f.version = era;
+      KV_RETURN_IF_ERROR(read_v9_context(file, c, opts.shape, f));
+      return true;
+    }
+  }
+  f.version = era;
+  return false;
+}
+
+// ggsn v8 (b3543): RNG text, then outputs as in v9 of b8121 and older, then an
+// L0 memory section.
+Status read_session_v8(const ReadableFile& file, Cursor& c, uint32_t era, const MemoryShape* shape, StateFile& f) {
+  KV_ASSIGN_OR_RETURN(f.rng, read_rng(c));
+  SessionOutputs o;
+  KV_RETURN_IF_ERROR(read_outputs(c, o));
+  f.outputs = o;
+  KV_RETURN_IF_ERROR(read_memory(file, c.offset(), era, shape, f));
+  for (const KvSection& sec : f.memory.kv) {
+    if (sec.stream_prefix || sec.ext_bytes) {
+      return Status::Corruption(file.name() + ": a ggsn v8 session (llama.cpp b3543) has no n_stream prefix and "
+                                "no cell extras, and this one reads only with them");
+    }
+  }
+  f.reading += "; RNG state and outputs before the memory (ggsn v8, b3543)";
+  return Status::OK();
+}
+
+// ggsn v8, v9 and v10 session files, after magic and version.
+Result<bool> read_session_header(const ReadableFile& file, Cursor& c, const MemoryShape* shape, StateFile& f,
+                                 uint32_t& era) {
+  f.kind = StateKind::kSessionFile;
+  if (f.version != 10 && f.version != 9 && f.version != 8) {
+    return Status::NotSupported(file.name() + ": unknown (magic, version) for session file: " + hex32(f.magic) +
+                                ", " + hex32(f.version) + " (kvsnap reads ggsn v8, v9 and v10)");
+  }
+  era = f.version == 10 ? 3 : 2;
+  KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/false));
+  KV_ASSIGN_OR_RETURN(f.arch, read_arch(c));
+  if (f.version == 9) {
+    KV_RETURN_IF_ERROR(read_v9_context(file, c, shape, f));
+    return true;
+  }
+  if (f.version == 8) {
+    KV_RETURN_IF_ERROR(read_session_v8(file, c, era, shape, f));
+    return true;
+  }
+  return false;
+}
+
+// A state file with a magic of its own: ggsq, ggsn, or a tagged raw sequence
+// buffer saved as a file.
+Result<bool> read_file_header(const ReadableFile& file, Cursor& c, const ParseOptions& opts, StateFile& f,
+                              uint32_t& era) {
+  if (file.size() < 8) {
+    return Status::Corruption(file.name() + ": " + std::to_string(file.size()) +
+                              " bytes is too short for a llama.cpp state file (magic and version need 8)");
+  }
+  KV_ASSIGN_OR_RETURN(f.magic, c.u32("magic"));
+  KV_ASSIGN_OR_RETURN(f.version, c.u32("version"));
+  if (f.magic == kMagicGgsn && f.version == 6) {
+    KV_RETURN_IF_ERROR(read_session_v6(c, opts, f));
+    return true;
+  }
+  if (f.magic == kMagicGgsn && f.version == 7) {
+    return Status::NotSupported(
+        file.name() + ": ggsn v7 session files (llama.cpp between b3166 and b3543) are not supported: their layout "
+        "is not known to kvsnap. Load the session in the llama.cpp that wrote it and save it again with b3543 or "
+        "newer, or save a sequence file");
+  }
+  if (f.magic == kMagicGgsq && f.version == 1) {
+    f.kind = StateKind::kSeqFile;
+    KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/false));
+    KV_RETURN_IF_ERROR(read_seq_v1(c, opts.shape, f));
+    return true;
+  }
+  if (f.magic == kMagicGgsq) {
+    f.kind = StateKind::kSeqFile;
+    if (f.version != 3 && f.version != 2) {
+      return Status::NotSupported(file.name() + ": unknown (magic, version) for sequence state file: " +
+                                  hex32(f.magic) + ", " + hex32(f.version) + " (kvsnap reads ggsq v1, v2 and v3)");
+    }
+    era = f.version;
+    KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/true));
+    return false;
+  }
+  if (f.magic == kMagicGgsn) return read_session_header(file, c, opts.shape, f, era);
+  if (f.magic == kRawSeqMagic) {
+    f.kind = StateKind::kRawSeq;
+    f.raw_seq_tagged = true;
+    KV_RETURN_IF_ERROR(c.seek(4));
+    KV_ASSIGN_OR_RETURN(f.raw_seq_id, c.i32("sequence id"));
+    f.version = 3;
+    return false;
+  }
+  return Status::NotSupported(file.name() + ": not a llama.cpp state file: unknown magic " + hex32(f.magic) +
+                              " (expected ggsq " + hex32(kMagicGgsq) + " or ggsn " + hex32(kMagicGgsn) +
+                              "; for a raw llama_state_seq_get_data buffer pass {--input-format raw-seq})");
+}
+
+}  // namespace
+
 Result<StateFile> parse_state(const ReadableFile& file, const ParseOptions& opts) {
   StateFile f;
   f.file_size = file.size();
   Cursor c(file);
-  const MemoryShape* shape = opts.shape;
   uint32_t era = 3;
-
-  if (opts.kind == StateKind::kRawSeq || opts.kind == StateKind::kRawContext) {
-    f.kind = *opts.kind;
-    era = opts.raw_version.value_or(3);
-    if (f.kind == StateKind::kRawSeq && c.remaining() >= 4) {
-      KV_ASSIGN_OR_RETURN(uint32_t first, c.u32("magic"));
-      if (first == kRawSeqMagic) {
-        f.raw_seq_tagged = true;
-        f.magic = first;
-        KV_ASSIGN_OR_RETURN(f.raw_seq_id, c.i32("sequence id"));
-      } else {
-        KV_RETURN_IF_ERROR(c.seek(0));
-        if (!opts.raw_version) era = 2;  // untagged buffers come from before v0.5.0, or are ambiguous
-      }
-    }
-    if (f.kind == StateKind::kRawContext) {
-      KV_ASSIGN_OR_RETURN(f.arch, read_arch(c));
-      if (era < 3) {
-        f.version = era;
-        KV_RETURN_IF_ERROR(read_v9_context(file, c, shape, f));
-        return f;
-      }
-    }
-    f.version = era;
-  } else {
-    if (file.size() < 8) {
-      return Status::Corruption(file.name() + ": " + std::to_string(file.size()) +
-                                " bytes is too short for a llama.cpp state file (magic and version need 8)");
-    }
-    KV_ASSIGN_OR_RETURN(f.magic, c.u32("magic"));
-    KV_ASSIGN_OR_RETURN(f.version, c.u32("version"));
-    if (f.magic == kMagicGgsn && f.version == 6) {
-      KV_RETURN_IF_ERROR(read_session_v6(c, opts, f));
-      return f;
-    }
-    if (f.magic == kMagicGgsn && f.version == 7) {
-      return Status::NotSupported(
-          file.name() + ": ggsn v7 session files (llama.cpp between b3166 and b3543) are not supported: their layout "
-          "is not known to kvsnap. Load the session in the llama.cpp that wrote it and save it again with b3543 or "
-          "newer, or save a sequence file");
-    }
-    if (f.magic == kMagicGgsq && f.version == 1) {
-      f.kind = StateKind::kSeqFile;
-      KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/false));
-      KV_RETURN_IF_ERROR(read_seq_v1(c, shape, f));
-      return f;
-    }
-    if (f.magic == kMagicGgsq) {
-      f.kind = StateKind::kSeqFile;
-      if (f.version != 3 && f.version != 2) {
-        return Status::NotSupported(file.name() + ": unknown (magic, version) for sequence state file: " +
-                                    hex32(f.magic) + ", " + hex32(f.version) + " (kvsnap reads ggsq v1, v2 and v3)");
-      }
-      era = f.version;
-      KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/true));
-    } else if (f.magic == kMagicGgsn) {
-      f.kind = StateKind::kSessionFile;
-      if (f.version != 10 && f.version != 9 && f.version != 8) {
-        return Status::NotSupported(file.name() + ": unknown (magic, version) for session file: " + hex32(f.magic) +
-                                    ", " + hex32(f.version) + " (kvsnap reads ggsn v8, v9 and v10)");
-      }
-      era = f.version == 10 ? 3 : 2;
-      KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/false));
-      KV_ASSIGN_OR_RETURN(f.arch, read_arch(c));
-      if (f.version == 9) {
-        KV_RETURN_IF_ERROR(read_v9_context(file, c, shape, f));
-        return f;
-      }
-      if (f.version == 8) {
-        // b3543: RNG text, then outputs as in v9 of b8121 and older, then an L0 memory section
-        KV_ASSIGN_OR_RETURN(f.rng, read_rng(c));
-        SessionOutputs o;
-        KV_RETURN_IF_ERROR(read_outputs(c, o));
-        f.outputs = o;
-        KV_RETURN_IF_ERROR(read_memory(file, c.offset(), era, shape, f));
-        for (const KvSection& sec : f.memory.kv) {
-          if (sec.stream_prefix || sec.ext_bytes) {
-            return Status::Corruption(file.name() + ": a ggsn v8 session (llama.cpp b3543) has no n_stream prefix and "
-                                      "no cell extras, and this one reads only with them");
-          }
-        }
-        f.reading += "; RNG state and outputs before the memory (ggsn v8, b3543)";
-        return f;
-      }
-    } else if (f.magic == kRawSeqMagic) {
-      f.kind = StateKind::kRawSeq;
-      f.raw_seq_tagged = true;
-      KV_RETURN_IF_ERROR(c.seek(4));
-      KV_ASSIGN_OR_RETURN(f.raw_seq_id, c.i32("sequence id"));
-      f.version = 3;
-    } else {
-      return Status::NotSupported(file.name() + ": not a llama.cpp state file: unknown magic " + hex32(f.magic) +
-                                  " (expected ggsq " + hex32(kMagicGgsq) + " or ggsn " + hex32(kMagicGgsn) +
-                                  "; for a raw llama_state_seq_get_data buffer pass {--input-format raw-seq})");
-    }
-  }
-  KV_RETURN_IF_ERROR(read_memory(file, c.offset(), era, shape, f));
+  const bool raw = opts.kind == StateKind::kRawSeq || opts.kind == StateKind::kRawContext;
+  KV_ASSIGN_OR_RETURN(bool complete,
+                      raw ? read_raw_header(file, c, opts, f, era) : read_file_header(file, c, opts, f, era));
+  if (complete) return f;
+  KV_RETURN_IF_ERROR(read_memory(file, c.offset(), era, opts.shape, f));
   return f;
 }
 

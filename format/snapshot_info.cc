@@ -142,15 +142,10 @@ ordered_json model_json(const SnapshotModelInfo& m) {
   return j;
 }
 
-}  // namespace
-
-ordered_json build_info(const StateFile& f, const SnapshotOptions& o, const Sha256Digest& original_sha,
-                        const std::string& created) {
-  ordered_json j;
-  j["format"] = "kvsnap snapshot";
-  j["format_version"] = kSnapshotFormatVersion;
-  j["kvsnap_version"] = o.kvsnap_version;
-  j["created"] = created;
+// Where the snapshot came from: the original file, and what its writer was
+// told about it (written only when known, so snapshots of unknown origin stay
+// as before).
+ordered_json provenance_json(const StateFile& f, const SnapshotOptions& o, const Sha256Digest& original_sha) {
   ordered_json prov;
   prov["source"] = basename_of(o.source_name);
   prov["kind"] = kind_tag(f.kind);
@@ -158,7 +153,6 @@ ordered_json build_info(const StateFile& f, const SnapshotOptions& o, const Sha2
   prov["version"] = f.version;
   prov["file_size"] = f.file_size;
   prov["sha256"] = to_hex(original_sha);
-  // Written only when known, so snapshots of unknown origin stay as before.
   const SourceClaims& w = o.writer;
   if (!w.llama_build.empty()) {
     prov["llama_build"] = w.llama_build;
@@ -166,24 +160,12 @@ ordered_json build_info(const StateFile& f, const SnapshotOptions& o, const Sha2
   }
   if (!w.reported_build.empty()) prov["reported_build"] = w.reported_build;
   if (w.src_rotation == "on" || w.src_rotation == "off") prov["src_rotation"] = w.src_rotation;
-  j["provenance"] = std::move(prov);
-  std::string arch = !f.arch.empty() ? f.arch : (o.model ? o.model->arch : "");
-  j["arch"] = arch.empty() ? ordered_json(nullptr) : ordered_json(arch);
-  j["model"] = o.model ? model_json(*o.model) : ordered_json(nullptr);
+  return prov;
+}
 
-  ordered_json layout;
-  layout["reading"] = f.reading;
-  layout["raw_seq_tagged"] = f.raw_seq_tagged;
-  layout["raw_seq_id"] = f.raw_seq_id;
-  if (f.outputs) {
-    layout["outputs"] = {{"n_outputs", f.outputs->n_outputs},
-                         {"logits", f.outputs->logits_size},
-                         {"embd", f.outputs->embd_size}};
-  } else {
-    layout["outputs"] = nullptr;
-  }
-  j["layout"] = std::move(layout);
-
+// The memory section: per KV section its streams and layers, then the
+// recurrent state.
+ordered_json memory_json(const StateFile& f, const SnapshotOptions& o) {
   ordered_json mem;
   ordered_json secs = ordered_json::array();
   for (size_t si = 0; si < f.memory.kv.size(); ++si) {
@@ -217,7 +199,36 @@ ordered_json build_info(const StateFile& f, const SnapshotOptions& o, const Sha2
   } else {
     mem["recurrent"] = nullptr;
   }
-  j["memory"] = std::move(mem);
+  return mem;
+}
+
+}  // namespace
+
+ordered_json build_info(const StateFile& f, const SnapshotOptions& o, const Sha256Digest& original_sha,
+                        const std::string& created) {
+  ordered_json j;
+  j["format"] = "kvsnap snapshot";
+  j["format_version"] = kSnapshotFormatVersion;
+  j["kvsnap_version"] = o.kvsnap_version;
+  j["created"] = created;
+  j["provenance"] = provenance_json(f, o, original_sha);
+  std::string arch = !f.arch.empty() ? f.arch : (o.model ? o.model->arch : "");
+  j["arch"] = arch.empty() ? ordered_json(nullptr) : ordered_json(arch);
+  j["model"] = o.model ? model_json(*o.model) : ordered_json(nullptr);
+
+  ordered_json layout;
+  layout["reading"] = f.reading;
+  layout["raw_seq_tagged"] = f.raw_seq_tagged;
+  layout["raw_seq_id"] = f.raw_seq_id;
+  if (f.outputs) {
+    layout["outputs"] = {{"n_outputs", f.outputs->n_outputs},
+                         {"logits", f.outputs->logits_size},
+                         {"embd", f.outputs->embd_size}};
+  } else {
+    layout["outputs"] = nullptr;
+  }
+  j["layout"] = std::move(layout);
+  j["memory"] = memory_json(f, o);
   j["tokens"] = {{"n_tokens", f.tokens.tokens.size()}, {"n_words", f.tokens.words.size()}, {"packed", f.tokens.packed}};
   if (o.lossy) {
     j["lossy"] = {{"from_k", o.lossy->from_k}, {"from_v", o.lossy->from_v}, {"to_k", o.lossy->to_k},

@@ -387,54 +387,113 @@ Status decode_digests(std::span<const std::byte> payload, const std::string& nam
 // The tables must describe one file: segments tile [0, size), frame segments
 // tile the frame stream, tensor segments number their chunks in order after
 // the frame chunks, and every chunk's raw size follows from the geometry.
-Status check_tables(const std::string& name, const SnapshotManifest& m, uint64_t original_size) {
-  auto bad = [&](const std::string& msg) { return Status::Corruption(name + ": " + msg); };
-  const SegmentTable& t = m.segments;
-  if (t.frame_chunk_bytes == 0 || t.frame_chunk_bytes > kMaxChunkRawBytes) {
-    return bad("frame chunk size " + std::to_string(t.frame_chunk_bytes) + " is out of range");
+// Every error names the file.
+class TableCheck {
+ public:
+  TableCheck(const std::string& name, const SnapshotManifest& m, uint64_t original_size)
+      : name_(name), m_(m), t_(m.segments), original_size_(original_size) {}
+
+  // The frame chunking, and INFO against DIGS.
+  Status frame_and_digests() const {
+    if (t_.frame_chunk_bytes == 0 || t_.frame_chunk_bytes > kMaxChunkRawBytes) {
+      return bad("frame chunk size " + std::to_string(t_.frame_chunk_bytes) + " is out of range");
+    }
+    // Ceiling division that cannot wrap: frame_bytes is the file's word, up to 2^64 - 1.
+    const uint64_t frame_chunks =
+        t_.frame_bytes / t_.frame_chunk_bytes + (t_.frame_bytes % t_.frame_chunk_bytes != 0);
+    if (t_.n_frame_chunks != frame_chunks) {
+      return bad("frame chunk count " + std::to_string(t_.n_frame_chunks) + " does not fit " +
+                 std::to_string(t_.frame_bytes) + " frame bytes");
+    }
+    if (m_.provenance.file_size != original_size_) {
+      return bad("INFO says the original has " + std::to_string(m_.provenance.file_size) + " bytes, DIGS says " +
+                 std::to_string(original_size_));
+    }
+    if (m_.provenance.sha256 != m_.original_sha256) return bad("INFO and DIGS disagree on the original's SHA-256");
+    if (t_.frame_bytes > original_size_ || t_.n_frame_chunks > m_.chunks.size()) {
+      return bad(std::to_string(t_.frame_bytes) + " frame bytes in " + std::to_string(t_.n_frame_chunks) +
+                 " chunks do not fit a " + std::to_string(original_size_) + "-byte original and " +
+                 std::to_string(m_.chunks.size()) + " chunks");
+    }
+    return Status::OK();
   }
-  // Ceiling division that cannot wrap: frame_bytes is the file's word, up to 2^64 - 1.
-  const uint64_t frame_chunks = t.frame_bytes / t.frame_chunk_bytes + (t.frame_bytes % t.frame_chunk_bytes != 0);
-  if (t.n_frame_chunks != frame_chunks) {
-    return bad("frame chunk count " + std::to_string(t.n_frame_chunks) + " does not fit " +
-               std::to_string(t.frame_bytes) + " frame bytes");
+
+  // Walks the segments in file order; then they must have covered the file,
+  // the frame stream and the chunk table exactly.
+  Status segments() {
+    // Readers size per-layer tables by the largest layer index: bound it by
+    // what the table holds (every layer has at least one tensor segment).
+    tensor_segments_ = uint64_t(std::count_if(t_.segments.begin(), t_.segments.end(),
+                                              [](const Segment& s) { return s.kind != SegmentKind::kFrame; }));
+    next_chunk_ = t_.n_frame_chunks;
+    for (size_t i = 0; i < t_.segments.size(); ++i) KV_RETURN_IF_ERROR(segment(i, t_.segments[i]));
+    if (at_ != original_size_) {
+      return bad("segments cover " + std::to_string(at_) + " of " + std::to_string(original_size_) + " bytes");
+    }
+    if (frame_at_ != t_.frame_bytes) {
+      return bad("frame segments hold " + std::to_string(frame_at_) + " of " + std::to_string(t_.frame_bytes) +
+                 " frame bytes");
+    }
+    if (next_chunk_ != m_.chunks.size()) {
+      return bad("the segments use " + std::to_string(next_chunk_) + " chunks, the chunk table has " +
+                 std::to_string(m_.chunks.size()));
+    }
+    return Status::OK();
   }
-  if (m.provenance.file_size != original_size) {
-    return bad("INFO says the original has " + std::to_string(m.provenance.file_size) + " bytes, DIGS says " +
-               std::to_string(original_size));
+
+  // Chunk raw sizes from the geometry.
+  Status chunk_sizes() const {
+    for (uint64_t k = 0; k < t_.n_frame_chunks; ++k) {
+      KV_RETURN_IF_ERROR(
+          chunk(k, std::min<uint64_t>(t_.frame_chunk_bytes, t_.frame_bytes - k * t_.frame_chunk_bytes)));
+    }
+    for (const Segment& s : t_.segments) {
+      if (s.kind == SegmentKind::kFrame) continue;
+      for (uint64_t k = 0; k < s.n_chunks(); ++k) KV_RETURN_IF_ERROR(chunk(s.first_chunk + k, s.chunk_raw_size(k)));
+    }
+    return Status::OK();
   }
-  if (m.provenance.sha256 != m.original_sha256) return bad("INFO and DIGS disagree on the original's SHA-256");
-  if (t.frame_bytes > original_size || t.n_frame_chunks > m.chunks.size()) {
-    return bad(std::to_string(t.frame_bytes) + " frame bytes in " + std::to_string(t.n_frame_chunks) +
-               " chunks do not fit a " + std::to_string(original_size) + "-byte original and " +
-               std::to_string(m.chunks.size()) + " chunks");
-  }
-  // Readers size per-layer tables by the largest layer index: bound it by
-  // what the table holds (every layer has at least one tensor segment).
-  const uint64_t tensor_segments = uint64_t(std::count_if(
-      t.segments.begin(), t.segments.end(), [](const Segment& s) { return s.kind != SegmentKind::kFrame; }));
-  uint64_t at = 0, frame_at = 0, next_chunk = t.n_frame_chunks;
-  for (size_t i = 0; i < t.segments.size(); ++i) {
-    const Segment& s = t.segments[i];
+
+ private:
+  Status bad(const std::string& msg) const { return Status::Corruption(name_ + ": " + msg); }
+
+  // Segment i: where it starts, its size, and (tensor segments) its cells and chunks.
+  Status segment(size_t i, const Segment& s) {
     const std::string which = "segment " + std::to_string(i);
-    if (s.kind != SegmentKind::kFrame && s.layer >= tensor_segments) {
+    if (s.kind != SegmentKind::kFrame && s.layer >= tensor_segments_) {
       return bad(which + ": layer " + std::to_string(s.layer) + " is out of range (the table has " +
-                 std::to_string(tensor_segments) + " tensor segments)");
+                 std::to_string(tensor_segments_) + " tensor segments)");
     }
-    if (s.file_offset != at) {
-      return bad(which + " starts at " + std::to_string(s.file_offset) + ", expected " + std::to_string(at));
+    if (s.file_offset != at_) {
+      return bad(which + " starts at " + std::to_string(s.file_offset) + ", expected " + std::to_string(at_));
     }
-    if (s.size == 0 || s.size > original_size - at) return bad(which + ": size " + std::to_string(s.size) + " is out of range");
-    at += s.size;
+    if (s.size == 0 || s.size > original_size_ - at_) {
+      return bad(which + ": size " + std::to_string(s.size) + " is out of range");
+    }
+    at_ += s.size;
     if (s.kind == SegmentKind::kFrame) {
-      if (s.frame_offset != frame_at) return bad(which + ": frame offset out of order");
-      frame_at += s.size;
-      continue;
+      if (s.frame_offset != frame_at_) return bad(which + ": frame offset out of order");
+      frame_at_ += s.size;
+      return Status::OK();
     }
+    KV_RETURN_IF_ERROR(tensor_geometry(which, s));
+    if (s.first_chunk != next_chunk_) {
+      return bad(which + ": first chunk " + std::to_string(s.first_chunk) + ", expected " +
+                 std::to_string(next_chunk_));
+    }
+    // next_chunk_ <= chunks.size() here, so comparing before adding cannot wrap.
+    if (s.n_chunks() > m_.chunks.size() - next_chunk_) return bad(which + ": chunks past the end of the chunk table");
+    next_chunk_ += s.n_chunks();
+    return Status::OK();
+  }
+
+  // A tensor segment's cells agree with CELL, its bytes are whole rows (or a
+  // whole transposed block), and its chunks stay within the size limit.
+  Status tensor_geometry(const std::string& which, const Segment& s) const {
     const uint64_t cc = s.cell_count, N = s.cells_per_chunk;
     if (cc == 0 || N == 0) return bad(which + ": zero cells or cells per chunk");
-    if (m.cells.size() <= s.section || m.cells[s.section].streams.size() <= s.stream ||
-        m.cells[s.section].streams[s.stream].size() != cc) {
+    if (m_.cells.size() <= s.section || m_.cells[s.section].streams.size() <= s.stream ||
+        m_.cells[s.section].streams[s.stream].size() != cc) {
       return bad(which + ": " + std::to_string(cc) + " cells disagree with the CELL section");
     }
     uint64_t max_chunk = 0;
@@ -456,22 +515,11 @@ Status check_tables(const std::string& name, const SnapshotManifest& m, uint64_t
       max_chunk = max_chunk > kMaxChunkRawBytes / R ? kMaxChunkRawBytes + 1 : max_chunk * R;
     }
     if (max_chunk > kMaxChunkRawBytes) return bad(which + ": its chunks exceed the chunk size limit");
-    if (s.first_chunk != next_chunk) {
-      return bad(which + ": first chunk " + std::to_string(s.first_chunk) + ", expected " + std::to_string(next_chunk));
-    }
-    // next_chunk <= chunks.size() here, so comparing before adding cannot wrap.
-    if (s.n_chunks() > m.chunks.size() - next_chunk) return bad(which + ": chunks past the end of the chunk table");
-    next_chunk += s.n_chunks();
+    return Status::OK();
   }
-  if (at != original_size) return bad("segments cover " + std::to_string(at) + " of " + std::to_string(original_size) + " bytes");
-  if (frame_at != t.frame_bytes) return bad("frame segments hold " + std::to_string(frame_at) + " of " + std::to_string(t.frame_bytes) + " frame bytes");
-  if (next_chunk != m.chunks.size()) {
-    return bad("the segments use " + std::to_string(next_chunk) + " chunks, the chunk table has " +
-               std::to_string(m.chunks.size()));
-  }
-  // Chunk raw sizes from the geometry.
-  auto check_chunk = [&](uint64_t i, uint64_t expect) -> Status {
-    const ChunkRef& c = m.chunks[i];
+
+  Status chunk(uint64_t i, uint64_t expect) const {
+    const ChunkRef& c = m_.chunks[i];
     if (c.raw_size != expect) {
       return bad("chunk " + std::to_string(i) + ": raw size " + std::to_string(c.raw_size) + ", the segments say " +
                  std::to_string(expect));
@@ -480,26 +528,28 @@ Status check_tables(const std::string& name, const SnapshotManifest& m, uint64_t
       return bad("chunk " + std::to_string(i) + ": stored size " + std::to_string(c.stored_size) + " is out of range");
     }
     return Status::OK();
-  };
-  for (uint64_t k = 0; k < t.n_frame_chunks; ++k) {
-    KV_RETURN_IF_ERROR(check_chunk(k, std::min<uint64_t>(t.frame_chunk_bytes, t.frame_bytes - k * t.frame_chunk_bytes)));
   }
-  for (const Segment& s : t.segments) {
-    if (s.kind == SegmentKind::kFrame) continue;
-    for (uint64_t k = 0; k < s.n_chunks(); ++k) KV_RETURN_IF_ERROR(check_chunk(s.first_chunk + k, s.chunk_raw_size(k)));
-  }
-  return Status::OK();
+
+  const std::string& name_;
+  const SnapshotManifest& m_;
+  const SegmentTable& t_;
+  const uint64_t original_size_;
+  uint64_t tensor_segments_ = 0;
+  uint64_t at_ = 0, frame_at_ = 0, next_chunk_ = 0;  // where the walk has reached
+};
+
+Status check_tables(const std::string& name, const SnapshotManifest& m, uint64_t original_size) {
+  TableCheck check(name, m, original_size);
+  KV_RETURN_IF_ERROR(check.frame_and_digests());
+  KV_RETURN_IF_ERROR(check.segments());
+  return check.chunk_sizes();
 }
 
-}  // namespace
-
-Result<SnapshotManifest> parse_manifest(std::span<const std::byte> bytes, const std::string& name) {
-  SpanReader r(bytes, name);
+// Magic and versions; a manifest a newer kvsnap requires is refused by name.
+Status read_preamble(SpanReader& r, const std::string& name, SnapshotManifest& m) {
   std::array<uint8_t, 4> magic{};
-  SnapshotManifest m;
   KV_RETURN_IF_ERROR(r.bytes(magic.data(), 4, "manifest magic"));
   if (magic != kManifestMagic) return Status::Corruption(name + ": not a kvsnap manifest (bad magic)");
-  uint32_t n_sections = 0;
   KV_RETURN_IF_ERROR(r.u32(m.format_version, "format version"));
   KV_RETURN_IF_ERROR(r.u32(m.min_reader_version, "minimum reader version"));
   if (m.format_version == 0 || m.min_reader_version == 0 || m.min_reader_version > m.format_version) {
@@ -512,19 +562,23 @@ Result<SnapshotManifest> parse_manifest(std::span<const std::byte> bytes, const 
                                 std::to_string(m.min_reader_version) + " or later; this kvsnap reads version " +
                                 std::to_string(kSnapshotReaderVersion) + ": upgrade kvsnap");
   }
+  return Status::OK();
+}
+
+struct SectionEntry {
+  uint32_t tag, flags;
+  size_t header_at;
+  std::span<const std::byte> payload;
+};
+
+// The section directory, with DIGS last; nothing decoded yet.
+Result<std::vector<SectionEntry>> read_section_directory(SpanReader& r, const std::string& name) {
+  uint32_t n_sections = 0;
   KV_RETURN_IF_ERROR(r.u32(n_sections, "section count"));
   KV_RETURN_IF_ERROR(r.check_count(n_sections, kSectionHeaderBytes, "sections"));
-
-  // First pass: the section directory; the digest is checked before any
-  // section is decoded, so a damaged manifest reads as damaged.
-  struct Sec {
-    uint32_t tag, flags;
-    size_t header_at;
-    std::span<const std::byte> payload;
-  };
-  std::vector<Sec> secs;
+  std::vector<SectionEntry> secs;
   for (uint32_t i = 0; i < n_sections; ++i) {
-    Sec s{};
+    SectionEntry s{};
     s.header_at = r.offset();
     uint64_t len = 0;
     KV_RETURN_IF_ERROR(r.u32(s.tag, "section tag"));
@@ -537,14 +591,15 @@ Result<SnapshotManifest> parse_manifest(std::span<const std::byte> bytes, const 
   if (secs.empty() || secs.back().tag != kTagDigs) {
     return Status::Corruption(name + ": the last section is not DIGS (the manifest is cut or damaged)");
   }
-  uint64_t original_size = 0;
-  KV_RETURN_IF_ERROR(decode_digests(secs.back().payload, name, m, original_size));
-  if (sha256_of(bytes.first(secs.back().header_at)) != m.sections_sha256) {
-    return Status::Corruption(name + ": manifest digest mismatch: the manifest is damaged");
-  }
+  return secs;
+}
+
+// Every section but DIGS, each at most once; unknown optional ones are
+// skipped, unknown required ones refused, and the five known ones required.
+Status decode_sections(const std::vector<SectionEntry>& secs, const std::string& name, SnapshotManifest& m) {
   std::vector<uint32_t> seen;
   for (size_t i = 0; i + 1 < secs.size(); ++i) {
-    const Sec& s = secs[i];
+    const SectionEntry& s = secs[i];
     if (std::find(seen.begin(), seen.end(), s.tag) != seen.end() || s.tag == kTagDigs) {
       return Status::Corruption(name + ": section " + tag_name(s.tag) + " appears twice");
     }
@@ -569,6 +624,24 @@ Result<SnapshotManifest> parse_manifest(std::span<const std::byte> bytes, const 
       return Status::Corruption(name + ": the manifest has no " + tag_name(tag) + " section");
     }
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<SnapshotManifest> parse_manifest(std::span<const std::byte> bytes, const std::string& name) {
+  SpanReader r(bytes, name);
+  SnapshotManifest m;
+  KV_RETURN_IF_ERROR(read_preamble(r, name, m));
+  // The digest is checked before any section is decoded, so a damaged
+  // manifest reads as damaged.
+  KV_ASSIGN_OR_RETURN(std::vector<SectionEntry> secs, read_section_directory(r, name));
+  uint64_t original_size = 0;
+  KV_RETURN_IF_ERROR(decode_digests(secs.back().payload, name, m, original_size));
+  if (sha256_of(bytes.first(secs.back().header_at)) != m.sections_sha256) {
+    return Status::Corruption(name + ": manifest digest mismatch: the manifest is damaged");
+  }
+  KV_RETURN_IF_ERROR(decode_sections(secs, name, m));
   KV_RETURN_IF_ERROR(check_tables(name, m, original_size));
   m.bytes.assign(bytes.begin(), bytes.end());
   m.manifest_sha256 = sha256_of(bytes);

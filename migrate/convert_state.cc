@@ -69,8 +69,9 @@ Status recode_cell_ext(const std::vector<int32_t>& tokens, uint32_t to, KvSectio
   return Status::OK();
 }
 
-Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<BuildLayout>& target, StateFile& t) {
-  const std::optional<uint32_t> old_ext = target ? target->mrope_ext_bytes : std::nullopt;
+// Sets t.version for the format asked for, which must fit the input's kind;
+// returns whether the format has the n_stream prefix (b5640 and older do not).
+Result<bool> set_target_version(const StateFile& src, TargetFormat fmt, StateFile& t) {
   auto want_kind = [&](StateKind k, const char* name) -> Status {
     if (src.kind != k) {
       return Status::InvalidArgument(std::string("{--format} ") + name + " needs a " + kind_name(k) + ", the input is a " +
@@ -129,68 +130,82 @@ Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<
       prefix = false;
       break;
   }
-  if (t.version != 6 || t.kind != StateKind::kSessionFile) {
-    t.legacy.reset();
-    // The legacy dump lists kv_head cells, empty ones (pos -1, no sequence) with their rows;
-    // every later format lists live cells only, and the converter keeps rows and cells 1:1.
-    if (src.legacy && src.legacy->empty_cells) {
-      return Status::NotSupported(std::to_string(src.legacy->empty_cells) +
-                                  " of the session's cells are empty (pos -1, no sequence: a hole left by a removed "
-                                  "sequence in b3166's cache); kvsnap converts ggsn v6 sessions without holes only. "
-                                  "Load it in b3166, save a sequence (ggsq v1) file and convert that");
-    }
-    if (src.legacy && t.arch.empty()) {
-      return Status::NotSupported("a ggsn v6 session does not name its model's architecture, which later session "
-                                  "formats store: read it with {--model GGUF}");
-    }
+  return prefix;
+}
+
+// A ggsn v6 input (b3166's legacy dump) converts to a later format only
+// without holes and with a known architecture.
+Status drop_legacy(const StateFile& src, StateFile& t) {
+  if (t.version == 6 && t.kind == StateKind::kSessionFile) return Status::OK();
+  t.legacy.reset();
+  // The legacy dump lists kv_head cells, empty ones (pos -1, no sequence) with their rows;
+  // every later format lists live cells only, and the converter keeps rows and cells 1:1.
+  if (src.legacy && src.legacy->empty_cells) {
+    return Status::NotSupported(std::to_string(src.legacy->empty_cells) +
+                                " of the session's cells are empty (pos -1, no sequence: a hole left by a removed "
+                                "sequence in b3166's cache); kvsnap converts ggsn v6 sessions without holes only. "
+                                "Load it in b3166, save a sequence (ggsq v1) file and convert that");
   }
+  if (src.legacy && t.arch.empty()) {
+    return Status::NotSupported("a ggsn v6 session does not name its model's architecture, which later session "
+                                "formats store: read it with {--model GGUF}");
+  }
+  return Status::OK();
+}
+
+// Session outputs and RNG text as the target session version holds them.
+void set_session_extras(const StateFile& src, const std::optional<BuildLayout>& target, StateFile& t) {
   // v9 sessions carry outputs up to b8121 and none from b8179; v10 none.
   // Going down, an empty outputs block is valid for the older builds.
-  if (t.kind == StateKind::kSessionFile) {
-    if (t.version == 10 || (target && target->session_outputs == Tri::kNo)) t.outputs.reset();
-    const bool want = target ? target->session_outputs == Tri::kYes : src.version != 9;
-    if (t.version == 9 && !t.outputs && want) {
-      t.outputs = SessionOutputs{};
-    }
-    // v8 (b3543) always holds outputs and the sampler's RNG as text, which b3543 parses
-    // with `>> std::mt19937` and otherwise ignores for the cache: a fresh engine's state serves.
-    if (t.version == 8 || t.version == 6) {
-      if (!t.outputs) t.outputs = SessionOutputs{};
-      if (t.rng.empty()) {
-        std::ostringstream rng;
-        rng << std::mt19937();
-        t.rng = rng.str();
-      }
-    } else {
-      t.rng.clear();
-    }
+  if (t.version == 10 || (target && target->session_outputs == Tri::kNo)) t.outputs.reset();
+  const bool want = target ? target->session_outputs == Tri::kYes : src.version != 9;
+  if (t.version == 9 && !t.outputs && want) {
+    t.outputs = SessionOutputs{};
   }
-  // ggsq cells: no seq id up to b4980 (the reader there refuses one), the saved
-  // sequence's (always 0 in a file) from b5640 on (the reader refuses none).
-  if (t.kind == StateKind::kSeqFile) {
-    const bool ids = fmt != TargetFormat::kGgsqV2NoSeqIds && fmt != TargetFormat::kGgsqV1;
-    for (auto& sec : t.memory.kv) {
-      for (auto& st : sec.streams) {
-        for (auto& c : st.cells) {
-          if (!ids) {
-            c.seq_ids.clear();
-          } else if (c.seq_ids.empty()) {
-            c.seq_ids = {0};
-          }
+  // v8 (b3543) always holds outputs and the sampler's RNG as text, which b3543 parses
+  // with `>> std::mt19937` and otherwise ignores for the cache: a fresh engine's state serves.
+  if (t.version == 8 || t.version == 6) {
+    if (!t.outputs) t.outputs = SessionOutputs{};
+    if (t.rng.empty()) {
+      std::ostringstream rng;
+      rng << std::mt19937();
+      t.rng = rng.str();
+    }
+  } else {
+    t.rng.clear();
+  }
+}
+
+// ggsq cells: no seq id up to b4980 (the reader there refuses one), the saved
+// sequence's (always 0 in a file) from b5640 on (the reader refuses none).
+void set_cell_seq_ids(TargetFormat fmt, StateFile& t) {
+  const bool ids = fmt != TargetFormat::kGgsqV2NoSeqIds && fmt != TargetFormat::kGgsqV1;
+  for (auto& sec : t.memory.kv) {
+    for (auto& st : sec.streams) {
+      for (auto& c : st.cells) {
+        if (!ids) {
+          c.seq_ids.clear();
+        } else if (c.seq_ids.empty()) {
+          c.seq_ids = {0};
         }
       }
     }
   }
-  if (t.kind == StateKind::kRawContext && t.version >= 3) t.outputs.reset();
-  if (!era3(t) && t.kind == StateKind::kSeqFile && t.tokens.packed) {
-    // Older llama-server wrote plain lists and cannot read the packed payload.
-    if (!t.tokens.media_chunks.empty()) {
-      return Status::NotSupported("the slot holds media chunks, which only the packed v0.5.0 payload can carry: keep the "
-                                  "current format (no {--format} or {--target-build} before v0.5.0)");
-    }
-    t.tokens.words = t.tokens.tokens;
-    t.tokens.packed = false;
+}
+
+// Older llama-server wrote plain token lists and cannot read the packed payload.
+Status unpack_tokens_for_old_builds(StateFile& t) {
+  if (era3(t) || t.kind != StateKind::kSeqFile || !t.tokens.packed) return Status::OK();
+  if (!t.tokens.media_chunks.empty()) {
+    return Status::NotSupported("the slot holds media chunks, which only the packed v0.5.0 payload can carry: keep the "
+                                "current format (no {--format} or {--target-build} before v0.5.0)");
   }
+  t.tokens.words = t.tokens.tokens;
+  t.tokens.packed = false;
+  return Status::OK();
+}
+
+Status set_stream_prefix(bool prefix, StateFile& t) {
   for (auto& sec : t.memory.kv) {
     if (!prefix && sec.streams.size() != 1) {
       return Status::NotSupported("the b5640 layout holds one stream; this state has " +
@@ -199,8 +214,12 @@ Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<
     }
     sec.stream_prefix = prefix;
   }
-  // The cell ext of M-RoPE models: {x, y, token} in v0.5.0-era files, {x, y}
-  // in v2/v9 files of b8352..b10375, none before.
+  return Status::OK();
+}
+
+// The cell ext of M-RoPE models: {x, y, token} in v0.5.0-era files, {x, y}
+// in v2/v9 files of b8352..b10375 (old_ext: what the target build wants), none before.
+Status recode_cell_exts(const StateFile& src, std::optional<uint32_t> old_ext, StateFile& t) {
   const bool src3 = era3(src), dst3 = era3(t);
   for (size_t i = 0; i < t.memory.kv.size(); ++i) {
     const uint32_t ext = src.memory.kv[i].ext_bytes;
@@ -214,6 +233,17 @@ Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<
     KV_RETURN_IF_ERROR(recode_cell_ext(src.tokens.tokens, *want, t.memory.kv[i]));
   }
   return Status::OK();
+}
+
+Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<BuildLayout>& target, StateFile& t) {
+  KV_ASSIGN_OR_RETURN(const bool prefix, set_target_version(src, fmt, t));
+  KV_RETURN_IF_ERROR(drop_legacy(src, t));
+  if (t.kind == StateKind::kSessionFile) set_session_extras(src, target, t);
+  if (t.kind == StateKind::kSeqFile) set_cell_seq_ids(fmt, t);
+  if (t.kind == StateKind::kRawContext && t.version >= 3) t.outputs.reset();
+  KV_RETURN_IF_ERROR(unpack_tokens_for_old_builds(t));
+  KV_RETURN_IF_ERROR(set_stream_prefix(prefix, t));
+  return recode_cell_exts(src, target ? target->mrope_ext_bytes : std::nullopt, t);
 }
 
 struct SidePlan {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "migrate/hadamard.h"
@@ -70,17 +71,11 @@ bool log_concentration(const float* e, uint32_t n, double& out) {
   return std::isfinite(out);
 }
 
-Result<std::optional<TensorEvidence>> examine(const ReadableFile& file, const TensorJob& j, const DetectOptions& opts,
-                                              const std::vector<float>& pattern) {
-  const uint32_t n_rot = j.n_rot;
-  // The first whole rotation blocks of each row, at most kMaxRowValues values: memory stays
-  // bounded whatever row size a (corrupt) file claims.
-  const uint64_t n = std::min<uint64_t>(j.n_elems, std::max<uint64_t>(n_rot, kMaxRowValues / n_rot * n_rot));
-  const uint64_t blocks = n / n_rot;
-  const uint64_t use_bytes = n / j.traits->block_elems() * j.traits->block_bytes();  // of each row
+// Which cells of the stream to examine: all, or opts.max_cells of them in runs
+// of kSampleRun consecutive cells spread evenly over the stream: few separate
+// reads, so a cold multi-GB file is not read whole by the kernel's readahead.
+std::vector<uint32_t> sample_cells(const TensorJob& j, const DetectOptions& opts) {
   const uint32_t want = std::max<uint32_t>(1, std::min<uint32_t>(opts.max_cells, j.cell_count));
-  // Runs of kSampleRun consecutive cells, the runs spread evenly over the stream: few
-  // separate reads, so a cold multi-GB file is not read whole by the kernel's readahead.
   const uint32_t n_runs = (want + kSampleRun - 1) / kSampleRun;
   std::vector<uint32_t> idx;
   idx.reserve(want);
@@ -98,18 +93,68 @@ Result<std::optional<TensorEvidence>> examine(const ReadableFile& file, const Te
   }
   std::sort(idx.begin(), idx.end());
   idx.erase(std::unique(idx.begin(), idx.end()), idx.end());
+  return idx;
+}
 
-  const size_t D = 2 + R;  // stored, H.stored, R generic
-  // The sign patterns tiled over a whole row (so the loops below vectorize).
-  std::vector<float> signs(size_t(2) * R * n);
-  for (size_t p = 0; p < size_t(2) * R; ++p) {
-    for (uint64_t e = 0; e < n; ++e) signs[p * n + e] = pattern[p * n_rot + e % n_rot];
+// Per-value energy of the examined cells in 2 + R domains (stored, H.stored,
+// R generic rotations), each domain n values; float sums: 1024 cells lose
+// < 1e-4 relative.
+class EnergySums {
+ public:
+  static constexpr size_t kDomains = 2 + R;
+
+  EnergySums(const std::vector<float>& pattern, uint64_t n, uint32_t n_rot)
+      : n_(n), n_rot_(n_rot), signs_(size_t(2) * R * n), energy_(kDomains * n, 0.0f), y_(n) {
+    // The sign patterns tiled over a whole row (so the loops below vectorize).
+    for (size_t p = 0; p < size_t(2) * R; ++p) {
+      for (uint64_t e = 0; e < n; ++e) signs_[p * n + e] = pattern[p * n_rot + e % n_rot];
+    }
   }
-  std::vector<float> energy(D * n, 0.0f);  // float sums: 1024 cells lose < 1e-4 relative
-  std::vector<float> x(n), y(n);
+
+  // Adds one row's values; false (and nothing added) for NaN, inf or absurd
+  // values (a corrupt block scale): that cell is left out.
+  bool add(const float* x) {
+    int bad = 0;
+    for (uint64_t e = 0; e < n_; ++e) bad |= !(std::fabs(x[e]) < 1e18f);
+    if (bad) return false;
+    float* y = y_.data();
+    accumulate(0, x);
+    std::memcpy(y, x, n_ * sizeof(float));
+    hadamard_rotate(y, n_, n_rot_);
+    accumulate(1, y);
+    for (uint32_t g = 0; g < R; ++g) {
+      const float* s1 = signs_.data() + size_t(2 * g) * n_;
+      const float* s2 = s1 + n_;
+      for (uint64_t e = 0; e < n_; ++e) y[e] = x[e] * s1[e];
+      hadamard_rotate(y, n_, n_rot_);
+      for (uint64_t e = 0; e < n_; ++e) y[e] *= s2[e];
+      hadamard_rotate(y, n_, n_rot_);
+      accumulate(2 + g, y);
+    }
+    return true;
+  }
+  const float* domain(size_t d) const { return energy_.data() + d * n_; }
+
+ private:
+  void accumulate(size_t d, const float* v) {
+    float* es = energy_.data() + d * n_;
+    for (uint64_t e = 0; e < n_; ++e) es[e] += v[e] * v[e];
+  }
+
+  uint64_t n_;
+  uint32_t n_rot_;
+  std::vector<float> signs_, energy_, y_;
+};
+
+// Reads the sampled cells' rows (their first n values) into `sums`; returns
+// how many cells were usable.
+Result<uint32_t> read_energy(const ReadableFile& file, const TensorJob& j, const std::vector<uint32_t>& idx, uint64_t n,
+                             EnergySums& sums) {
+  const uint64_t use_bytes = n / j.traits->block_elems() * j.traits->block_bytes();  // of each row
   // Whole rows: consecutive cells in one read; capped rows: each row's prefix on its own.
   const uint64_t rows_per_read = use_bytes < j.row_bytes ? 1 : std::max<uint64_t>(1, kReadBudget / j.row_bytes);
   std::vector<std::byte> buf;
+  std::vector<float> x(n);
   uint32_t used = 0;
   const uint32_t n_idx = uint32_t(idx.size());
   for (uint32_t i = 0; i < n_idx;) {
@@ -121,39 +166,27 @@ Result<std::optional<TensorEvidence>> examine(const ReadableFile& file, const Te
     KV_RETURN_IF_ERROR(file.read_at(j.range.offset + uint64_t(idx[i]) * j.row_bytes, buf));
     for (uint64_t r = 0; r < run; ++r) {
       j.traits->to_f32(buf.data() + r * j.row_bytes, x.data(), n);
-      int bad = 0;  // NaN, inf or absurd values (a corrupt block scale): leave the cell out
-      for (uint64_t e = 0; e < n; ++e) bad |= !(std::fabs(x[e]) < 1e18f);
-      if (bad) continue;
-      ++used;
-      float* es = energy.data();
-      for (uint64_t e = 0; e < n; ++e) es[e] += x[e] * x[e];
-      std::memcpy(y.data(), x.data(), n * sizeof(float));
-      hadamard_rotate(y.data(), n, n_rot);
-      float* eh = energy.data() + n;
-      for (uint64_t e = 0; e < n; ++e) eh[e] += y[e] * y[e];
-      for (uint32_t g = 0; g < R; ++g) {
-        const float* s1 = signs.data() + size_t(2 * g) * n;
-        const float* s2 = s1 + n;
-        for (uint64_t e = 0; e < n; ++e) y[e] = x[e] * s1[e];
-        hadamard_rotate(y.data(), n, n_rot);
-        for (uint64_t e = 0; e < n; ++e) y[e] *= s2[e];
-        hadamard_rotate(y.data(), n, n_rot);
-        float* eg = energy.data() + (2 + g) * n;
-        for (uint64_t e = 0; e < n; ++e) eg[e] += y[e] * y[e];
-      }
+      if (sums.add(x.data())) ++used;
     }
     i = k;
   }
-  if (used < kDetectMinCells) return std::optional<TensorEvidence>{};
+  return used;
+}
 
-  // Per block position: ln C in every domain; blocks without energy are left out.
+// The evidence from the energy sums: per block position ln C in every domain
+// (blocks without energy left out), stored and H.stored against the spread of
+// the generic domains. Nothing when no block has energy.
+std::optional<TensorEvidence> weigh_energy(const TensorJob& j, const EnergySums& sums, uint64_t blocks, uint32_t used) {
+  const uint32_t n_rot = j.n_rot;
   double sum_s = 0, sum_h = 0, sum_ss = 0;
   std::vector<double> sum_g(R, 0.0);
   uint64_t nb = 0;
   for (uint64_t b = 0; b < blocks; ++b) {
-    double l[2 + R];
+    double l[EnergySums::kDomains];
     bool ok = true;
-    for (size_t d = 0; d < D && ok; ++d) ok = log_concentration(energy.data() + d * n + b * n_rot, n_rot, l[d]);
+    for (size_t d = 0; d < EnergySums::kDomains && ok; ++d) {
+      ok = log_concentration(sums.domain(d) + b * n_rot, n_rot, l[d]);
+    }
     if (!ok) continue;
     ++nb;
     sum_s += l[0];
@@ -166,7 +199,7 @@ Result<std::optional<TensorEvidence>> examine(const ReadableFile& file, const Te
       sum_ss += (l[2 + g] - mu) * (l[2 + g] - mu);
     }
   }
-  if (nb == 0) return std::optional<TensorEvidence>{};
+  if (nb == 0) return std::nullopt;
   TensorEvidence ev;
   ev.section = j.section;
   ev.stream = j.stream;
@@ -188,7 +221,20 @@ Result<std::optional<TensorEvidence>> examine(const ReadableFile& file, const Te
   const double zh = (ev.l_h - ev.l_null) / ev.sigma, zs = (ev.l_stored - ev.l_null) / ev.sigma;
   if (ev.d >= kDetectMinLogRatio && ev.z >= kDetectMinZ && zh >= kDetectMinZ) ev.decisive = 1;
   if (-ev.d >= kDetectMinLogRatio && -ev.z >= kDetectMinZ && zs >= kDetectMinZ) ev.decisive = -1;
-  return std::optional<TensorEvidence>(ev);
+  return ev;
+}
+
+Result<std::optional<TensorEvidence>> examine(const ReadableFile& file, const TensorJob& j, const DetectOptions& opts,
+                                              const std::vector<float>& pattern) {
+  const uint32_t n_rot = j.n_rot;
+  // The first whole rotation blocks of each row, at most kMaxRowValues values: memory stays
+  // bounded whatever row size a (corrupt) file claims.
+  const uint64_t n = std::min<uint64_t>(j.n_elems, std::max<uint64_t>(n_rot, kMaxRowValues / n_rot * n_rot));
+  const std::vector<uint32_t> idx = sample_cells(j, opts);
+  EnergySums sums(pattern, n, n_rot);
+  KV_ASSIGN_OR_RETURN(const uint32_t used, read_energy(file, j, idx, n, sums));
+  if (used < kDetectMinCells) return std::optional<TensorEvidence>{};
+  return weigh_energy(j, sums, n / n_rot, used);
 }
 
 struct SideTally {
@@ -213,6 +259,142 @@ std::string side_line(const char* name, const SideTally& t) {
   return buf;
 }
 
+// The tensor of one side (K or V) of one layer when llama.cpp would rotate
+// it: quantized, with a head dim that has a rotation block. hd: that head dim.
+std::optional<TensorJob> rotating_tensor(const KvStream& s, const KvLayer& L, size_t si, size_t st, size_t il,
+                                         bool is_v, const RotationGeometry& geometry, uint32_t& hd) {
+  if (is_v && (!L.has_v || s.v_trans)) return std::nullopt;  // transposed V is float: never rotated
+  const auto& dims = is_v ? geometry.v_head_dim : geometry.k_head_dim;
+  if (si >= dims.size()) return std::nullopt;
+  hd = dims[si];
+  const uint32_t n_rot = rotation_block_size(is_v ? KvSide::kV : KvSide::kK, hd);
+  if (n_rot == 0) return std::nullopt;
+  const TypeTraits* t = find_traits(is_v ? L.v_type : L.k_type);
+  if (!t || !t->quantized()) return std::nullopt;
+  return TensorJob{si, st, il, is_v, t, is_v ? L.v : L.k, is_v ? L.v_row_bytes : L.k_row_bytes, 0, n_rot,
+                   s.cell_count};
+}
+
+// What the file says about a tensor must hold before its rows are read:
+// whole blocks per row, the rows inside the file, whole heads per row.
+Status check_job(const ReadableFile& file, size_t n_sections, uint32_t hd, TensorJob& j) {
+  const TypeTraits* t = j.traits;
+  const uint64_t fsize = file.size();
+  const std::string ctx = file.name() + ": " + where(j, n_sections);
+  if (j.row_bytes == 0 || j.row_bytes % t->block_bytes() != 0) {
+    return Status::Corruption(ctx + ": row of " + std::to_string(j.row_bytes) + " bytes is not whole " +
+                              std::string(t->name()) + " blocks");
+  }
+  j.n_elems = j.row_bytes / t->block_bytes() * t->block_elems();
+  if (j.range.size / j.row_bytes < j.cell_count || j.range.offset > fsize || j.range.size > fsize - j.range.offset) {
+    return Status::Corruption(ctx + ": " + std::to_string(j.cell_count) + " rows of " + std::to_string(j.row_bytes) +
+                              " bytes at offset " + std::to_string(j.range.offset) + " do not fit the file (" +
+                              std::to_string(fsize) + " bytes)");
+  }
+  if (j.n_elems % hd != 0) {
+    return Status::Mismatch(ctx + ": a row of " + std::to_string(j.n_elems) + " values is not whole heads of " +
+                            std::to_string(hd) + " (the head dim given for this cache)");
+  }
+  return Status::OK();
+}
+
+// The tensors to examine, in file order, each checked.
+Result<std::vector<TensorJob>> collect_jobs(const ReadableFile& file, const StateFile& state,
+                                            const RotationGeometry& geometry) {
+  std::vector<TensorJob> jobs;
+  const size_t n_sections = state.memory.kv.size();
+  for (size_t si = 0; si < n_sections; ++si) {
+    const KvSection& sec = state.memory.kv[si];
+    for (size_t st = 0; st < sec.streams.size(); ++st) {
+      const KvStream& s = sec.streams[st];
+      if (s.cell_count == 0) continue;
+      for (size_t il = 0; il < s.layers.size(); ++il) {
+        for (bool is_v : {false, true}) {
+          uint32_t hd = 0;
+          std::optional<TensorJob> j = rotating_tensor(s, s.layers[il], si, st, il, is_v, geometry, hd);
+          if (!j) continue;
+          KV_RETURN_IF_ERROR(check_job(file, n_sections, hd, *j));
+          jobs.push_back(*j);
+        }
+      }
+    }
+  }
+  return jobs;
+}
+
+// The evidence of every examined tensor, counted per side and overall.
+struct Tally {
+  SideTally side[2];  // K, V
+  std::vector<double> all_d;
+  std::vector<double> agree_excess[2];  // [0] rotated, [1] plain
+  uint32_t too_few = 0;                 // tensors with too few usable cells
+
+  void count(const TensorEvidence& ev, RotationEvidence& out) {
+    SideTally& t = side[ev.is_v ? 1 : 0];
+    ++t.examined;
+    t.d.push_back(ev.d);
+    all_d.push_back(ev.d);
+    ++out.tensors;
+    const double excess = std::min(std::fabs(ev.d) / kDetectMinLogRatio, std::fabs(ev.z) / kDetectMinZ) - 1.0;
+    if (ev.decisive > 0) {
+      ++t.rot;
+      ++out.for_rotated;
+      agree_excess[0].push_back(excess);
+    } else if (ev.decisive < 0) {
+      ++t.plain;
+      ++out.for_plain;
+      agree_excess[1].push_back(excess);
+    }
+  }
+};
+
+// Examines every job, with one set of sign patterns per distinct n_rot.
+Status examine_all(const ReadableFile& file, const std::vector<TensorJob>& jobs, size_t n_sections,
+                   const DetectOptions& opts, std::vector<TensorEvidence>* per_tensor, Tally& tally,
+                   RotationEvidence& out) {
+  std::vector<std::vector<float>> signs_by_nrot;  // small: one pattern set per distinct n_rot
+  std::vector<uint32_t> nrot_keys;
+  for (const TensorJob& j : jobs) {
+    size_t k = 0;
+    while (k < nrot_keys.size() && nrot_keys[k] != j.n_rot) ++k;
+    if (k == nrot_keys.size()) {
+      nrot_keys.push_back(j.n_rot);
+      signs_by_nrot.push_back(sign_patterns(j.n_rot));
+    }
+    auto r = examine(file, j, opts, signs_by_nrot[k]);
+    if (!r.ok()) return r.status().Prefixed(file.name() + ": " + where(j, n_sections));
+    if (!r->has_value()) {
+      ++tally.too_few;
+      continue;
+    }
+    if (per_tensor) per_tensor->push_back(**r);
+    tally.count(**r, out);
+  }
+  return Status::OK();
+}
+
+// The verdict: one side wins with enough agreeing tensors and few contrary
+// ones; the confidence grows with the agreement and how far past the
+// thresholds the agreeing tensors are.
+void decide_verdict(const Tally& tally, RotationEvidence& out) {
+  const uint32_t decisive = out.for_rotated + out.for_plain;
+  auto wins = [&](uint32_t agree, uint32_t contrary) {
+    return agree >= kDetectMinAgree && 4 * agree >= out.tensors && 10 * contrary <= decisive;
+  };
+  if (wins(out.for_rotated, out.for_plain)) {
+    out.verdict = RotationEvidence::Verdict::kRotated;
+  } else if (wins(out.for_plain, out.for_rotated)) {
+    out.verdict = RotationEvidence::Verdict::kNotRotated;
+  }
+  if (out.verdict == RotationEvidence::Verdict::kUnsure) return;
+  const bool rot = out.verdict == RotationEvidence::Verdict::kRotated;
+  const uint32_t agree = rot ? out.for_rotated : out.for_plain;
+  const uint32_t contrary = rot ? out.for_plain : out.for_rotated;
+  const double agreement = double(agree - contrary) / double(agree + contrary);
+  const double excess = std::max(0.0, median(tally.agree_excess[rot ? 0 : 1]));
+  out.confidence = agreement * (1.0 - std::exp(-excess));
+}
+
 }  // namespace
 
 const char* verdict_name(RotationEvidence::Verdict v) {
@@ -234,124 +416,22 @@ Result<RotationEvidence> detect_rotation_detailed(const ReadableFile& file, cons
                                                   std::vector<TensorEvidence>* per_tensor) {
   RotationEvidence out;
   if (per_tensor) per_tensor->clear();
-  const size_t n_sections = state.memory.kv.size();
-  const uint64_t fsize = file.size();
-
-  // Collect the tensors to examine, checking what the file says about them.
-  std::vector<TensorJob> jobs;
-  uint32_t rotating = 0, too_few = 0;
-  for (size_t si = 0; si < n_sections; ++si) {
-    const KvSection& sec = state.memory.kv[si];
-    for (size_t st = 0; st < sec.streams.size(); ++st) {
-      const KvStream& s = sec.streams[st];
-      if (s.cell_count == 0) continue;
-      for (size_t il = 0; il < s.layers.size(); ++il) {
-        const KvLayer& L = s.layers[il];
-        for (int side = 0; side < 2; ++side) {
-          const bool is_v = side == 1;
-          if (is_v && (!L.has_v || s.v_trans)) continue;  // transposed V is float: never rotated
-          const auto& dims = is_v ? geometry.v_head_dim : geometry.k_head_dim;
-          if (si >= dims.size()) continue;
-          const uint32_t hd = dims[si];
-          const uint32_t n_rot = rotation_block_size(is_v ? KvSide::kV : KvSide::kK, hd);
-          if (n_rot == 0) continue;
-          const int32_t type = is_v ? L.v_type : L.k_type;
-          const TypeTraits* t = find_traits(type);
-          if (!t || !t->quantized()) continue;
-          TensorJob j{si, st, il, is_v, t, is_v ? L.v : L.k, is_v ? L.v_row_bytes : L.k_row_bytes, 0, n_rot,
-                      s.cell_count};
-          const std::string ctx = file.name() + ": " + where(j, n_sections);
-          if (j.row_bytes == 0 || j.row_bytes % t->block_bytes() != 0) {
-            return Status::Corruption(ctx + ": row of " + std::to_string(j.row_bytes) + " bytes is not whole " +
-                                      std::string(t->name()) + " blocks");
-          }
-          j.n_elems = j.row_bytes / t->block_bytes() * t->block_elems();
-          if (j.range.size / j.row_bytes < s.cell_count || j.range.offset > fsize ||
-              j.range.size > fsize - j.range.offset) {
-            return Status::Corruption(ctx + ": " + std::to_string(s.cell_count) + " rows of " +
-                                      std::to_string(j.row_bytes) + " bytes at offset " +
-                                      std::to_string(j.range.offset) + " do not fit the file (" +
-                                      std::to_string(fsize) + " bytes)");
-          }
-          if (j.n_elems % hd != 0) {
-            return Status::Mismatch(ctx + ": a row of " + std::to_string(j.n_elems) +
-                                    " values is not whole heads of " + std::to_string(hd) +
-                                    " (the head dim given for this cache)");
-          }
-          ++rotating;
-          jobs.push_back(j);
-        }
-      }
-    }
-  }
-
-  std::vector<std::vector<float>> signs_by_nrot;  // small: one pattern set per distinct n_rot
-  std::vector<uint32_t> nrot_keys;
-  SideTally tally[2];
-  std::vector<double> all_d;
-  std::vector<double> agree_excess[2];  // [0] rotated, [1] plain
-  for (const TensorJob& j : jobs) {
-    size_t k = 0;
-    while (k < nrot_keys.size() && nrot_keys[k] != j.n_rot) ++k;
-    if (k == nrot_keys.size()) {
-      nrot_keys.push_back(j.n_rot);
-      signs_by_nrot.push_back(sign_patterns(j.n_rot));
-    }
-    auto r = examine(file, j, opts, signs_by_nrot[k]);
-    if (!r.ok()) return r.status().Prefixed(file.name() + ": " + where(j, n_sections));
-    if (!r->has_value()) {
-      ++too_few;
-      continue;
-    }
-    const TensorEvidence& ev = **r;
-    if (per_tensor) per_tensor->push_back(ev);
-    SideTally& t = tally[ev.is_v ? 1 : 0];
-    ++t.examined;
-    t.d.push_back(ev.d);
-    all_d.push_back(ev.d);
-    ++out.tensors;
-    const double excess = std::min(std::fabs(ev.d) / kDetectMinLogRatio, std::fabs(ev.z) / kDetectMinZ) - 1.0;
-    if (ev.decisive > 0) {
-      ++t.rot;
-      ++out.for_rotated;
-      agree_excess[0].push_back(excess);
-    } else if (ev.decisive < 0) {
-      ++t.plain;
-      ++out.for_plain;
-      agree_excess[1].push_back(excess);
-    }
-  }
-  out.score = median(all_d);
-
+  KV_ASSIGN_OR_RETURN(const std::vector<TensorJob> jobs, collect_jobs(file, state, geometry));
+  Tally tally;
+  KV_RETURN_IF_ERROR(examine_all(file, jobs, state.memory.kv.size(), opts, per_tensor, tally, out));
+  out.score = median(tally.all_d);
   if (out.tensors == 0) {
-    if (rotating == 0) {
+    if (jobs.empty()) {
       out.summary = "no quantized tensor whose head dim llama.cpp rotates: nothing to examine";
     } else {
-      out.summary = "too few cells: " + std::to_string(too_few) + " quantized tensor(s) with fewer than " +
+      out.summary = "too few cells: " + std::to_string(tally.too_few) + " quantized tensor(s) with fewer than " +
                     std::to_string(kDetectMinCells) + " usable cells";
     }
     return out;
   }
-
-  const uint32_t decisive = out.for_rotated + out.for_plain;
-  auto wins = [&](uint32_t agree, uint32_t contrary) {
-    return agree >= kDetectMinAgree && 4 * agree >= out.tensors && 10 * contrary <= decisive;
-  };
-  if (wins(out.for_rotated, out.for_plain)) {
-    out.verdict = RotationEvidence::Verdict::kRotated;
-  } else if (wins(out.for_plain, out.for_rotated)) {
-    out.verdict = RotationEvidence::Verdict::kNotRotated;
-  }
-  if (out.verdict != RotationEvidence::Verdict::kUnsure) {
-    const bool rot = out.verdict == RotationEvidence::Verdict::kRotated;
-    const uint32_t agree = rot ? out.for_rotated : out.for_plain;
-    const uint32_t contrary = rot ? out.for_plain : out.for_rotated;
-    const double agreement = double(agree - contrary) / double(agree + contrary);
-    const double excess = std::max(0.0, median(agree_excess[rot ? 0 : 1]));
-    out.confidence = agreement * (1.0 - std::exp(-excess));
-  }
-  out.summary = side_line("K", tally[0]) + "; " + side_line("V", tally[1]);
-  if (too_few) out.summary += "; " + std::to_string(too_few) + " tensor(s) with too few cells";
+  decide_verdict(tally, out);
+  out.summary = side_line("K", tally.side[0]) + "; " + side_line("V", tally.side[1]);
+  if (tally.too_few) out.summary += "; " + std::to_string(tally.too_few) + " tensor(s) with too few cells";
   return out;
 }
 

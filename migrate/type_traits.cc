@@ -174,49 +174,64 @@ const TypeTraits* find_traits(std::string_view name) {
 
 const TypeTraits* find_traits(const TypeLayout& layout) { return find_traits(layout.id); }
 
+namespace {
+
+// An IEEE float inside a block that ggml_validate_row_data checks: where it
+// is, how wide, and its exponent and mantissa bits (all exponent bits set:
+// NaN or infinite).
+struct FloatField {
+  uint8_t offset;  // bytes into the block
+  uint8_t bytes;   // 4 (f32) or 2 (f16, bf16)
+  uint32_t exp_mask, mantissa_mask;
+  const char* what;
+};
+constexpr FloatField kF32Value{0, 4, 0x7f800000, 0x007fffff, "value"};
+constexpr FloatField kF16Value{0, 2, 0x7c00, 0x03ff, "value"};
+constexpr FloatField kBF16Value{0, 2, 0x7f80, 0x007f, "value"};
+// Every quantized KV type starts with an f16 scale; q4_1/q5_1 follow it with an f16 min.
+constexpr FloatField kScale{0, 2, 0x7c00, 0x03ff, "scale of block"};
+constexpr FloatField kMin{2, 2, 0x7c00, 0x03ff, "min of block"};
+
+std::span<const FloatField> float_fields(GgmlType id) {
+  static constexpr FloatField f32[] = {kF32Value}, f16[] = {kF16Value}, bf16[] = {kBF16Value};
+  static constexpr FloatField scale[] = {kScale}, scale_min[] = {kScale, kMin};
+  switch (id) {
+    case GgmlType::kF32: return f32;
+    case GgmlType::kF16: return f16;
+    case GgmlType::kBF16: return bf16;
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1: return scale_min;
+    default: return scale;
+  }
+}
+
+uint32_t load_field(const std::byte* blk, const FloatField& f) {
+  if (f.bytes == 2) return half::load_u16(blk + f.offset);
+  uint32_t w;
+  std::memcpy(&w, blk + f.offset, 4);
+  return w;
+}
+
+}  // namespace
+
 Status validate_row(const TypeTraits& t, std::span<const std::byte> row) {
   if (row.size() % t.block_bytes() != 0) {
     return Status::Corruption(std::to_string(row.size()) + " bytes are not a whole number of " +
                               std::string(t.name()) + " blocks of " + std::to_string(t.block_bytes()));
   }
   const size_t nb = row.size() / t.block_bytes();
-  auto bad = [&](size_t i, const char* what, bool nan) {
-    return Status::Corruption(std::string(t.name()) + " " + what + " " + std::to_string(i) + " is " +
-                              (nan ? "NaN" : "infinite"));
-  };
-  switch (t.id()) {
-    case GgmlType::kF32:
-      for (size_t i = 0; i < nb; i++) {
-        uint32_t w;
-        std::memcpy(&w, row.data() + 4 * i, 4);
-        if ((w & 0x7f800000) == 0x7f800000) return bad(i, "value", (w & 0x007fffff) != 0);
+  const std::span<const FloatField> fields = float_fields(t.id());
+  for (size_t i = 0; i < nb; i++) {
+    const std::byte* blk = row.data() + i * t.block_bytes();
+    for (const FloatField& f : fields) {
+      const uint32_t v = load_field(blk, f);
+      if ((v & f.exp_mask) == f.exp_mask) {
+        return Status::Corruption(std::string(t.name()) + " " + f.what + " " + std::to_string(i) + " is " +
+                                  ((v & f.mantissa_mask) != 0 ? "NaN" : "infinite"));
       }
-      return Status::OK();
-    case GgmlType::kF16:
-      for (size_t i = 0; i < nb; i++) {
-        const uint16_t h = half::load_u16(row.data() + 2 * i);
-        if ((h & 0x7c00) == 0x7c00) return bad(i, "value", (h & 0x03ff) != 0);
-      }
-      return Status::OK();
-    case GgmlType::kBF16:
-      for (size_t i = 0; i < nb; i++) {
-        const uint16_t h = half::load_u16(row.data() + 2 * i);
-        if ((h & 0x7f80) == 0x7f80) return bad(i, "value", (h & 0x007f) != 0);
-      }
-      return Status::OK();
-    default: {
-      // Every quantized KV type starts with an f16 scale; q4_1/q5_1 follow it with an f16 min.
-      const bool has_min = t.id() == GgmlType::kQ4_1 || t.id() == GgmlType::kQ5_1;
-      for (size_t i = 0; i < nb; i++) {
-        const std::byte* blk = row.data() + i * t.block_bytes();
-        for (int k = 0; k < (has_min ? 2 : 1); k++) {
-          const uint16_t h = half::load_u16(blk + 2 * k);
-          if ((h & 0x7c00) == 0x7c00) return bad(i, k == 0 ? "scale of block" : "min of block", (h & 0x03ff) != 0);
-        }
-      }
-      return Status::OK();
     }
   }
+  return Status::OK();
 }
 
 }  // namespace kvsnap

@@ -521,24 +521,31 @@ void q4_0_to_q8_0_fn(const std::byte* in, std::byte* out, size_t n, uint32_t) { 
 KV_AVX512 void q8_0_from_f32_avx512(const float* x, std::byte* out, size_t n) { quant_from_f32<Quant::kQ8_0>(x, out, n); }
 KV_AVX512 void q4_0_from_f32_avx512(const float* x, std::byte* out, size_t n) { quant_from_f32<Quant::kQ4_0>(x, out, n); }
 
+namespace {
+
+// The fused (src -> dst) row kernels of this level: one row per pair, one
+// column per rotation block (the unrotated kernel, then n_rot 64, 128, 256;
+// nullptr where this level has none and the caller falls back).
+struct FusedEntry {
+  GgmlType src, dst;
+  FusedRowFn plain, rot64, rot128, rot256;
+};
+constexpr FusedEntry kFused[] = {
+    {GgmlType::kQ4_0, GgmlType::kQ8_0, q4_0_to_q8_0_fn, nullptr, nullptr, nullptr},
+    {GgmlType::kF16, GgmlType::kIQ4_NL, f16_iq4_nl_fn, f16_rot_iq4_nl, f16_rot_iq4_nl, f16_rot_iq4_nl},
+    {GgmlType::kF16, GgmlType::kQ8_0, nullptr, f16_rot_q8_0<4>, f16_rot_q8_0<8>, f16_rot_q8_0<16>},
+    {GgmlType::kF16, GgmlType::kQ4_0, nullptr, f16_rot_q4_0<4>, f16_rot_q4_0<8>, f16_rot_q4_0<16>},
+    {GgmlType::kQ8_0, GgmlType::kF16, nullptr, q8_0_rot_f16_fn<4>, q8_0_rot_f16_fn<8>, q8_0_rot_f16_fn<16>},
+};
+
+}  // namespace
+
 FusedRowFn find_fused_avx512(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot) {
-  if (!rotate) {
-    if (src == GgmlType::kQ4_0 && dst == GgmlType::kQ8_0) return q4_0_to_q8_0_fn;
-    if (src == GgmlType::kF16 && dst == GgmlType::kIQ4_NL) return f16_iq4_nl_fn;
-    return nullptr;
+  for (const FusedEntry& e : kFused) {
+    if (e.src != src || e.dst != dst) continue;
+    if (!rotate) return e.plain;
+    return n_rot == 64 ? e.rot64 : n_rot == 128 ? e.rot128 : n_rot == 256 ? e.rot256 : nullptr;
   }
-  const int nv = n_rot == 64 ? 4 : n_rot == 128 ? 8 : n_rot == 256 ? 16 : 0;
-  if (nv == 0) return nullptr;
-  if (src == GgmlType::kF16 && dst == GgmlType::kQ8_0) {
-    return nv == 4 ? f16_rot_q8_0<4> : nv == 8 ? f16_rot_q8_0<8> : f16_rot_q8_0<16>;
-  }
-  if (src == GgmlType::kF16 && dst == GgmlType::kQ4_0) {
-    return nv == 4 ? f16_rot_q4_0<4> : nv == 8 ? f16_rot_q4_0<8> : f16_rot_q4_0<16>;
-  }
-  if (src == GgmlType::kQ8_0 && dst == GgmlType::kF16) {
-    return nv == 4 ? q8_0_rot_f16_fn<4> : nv == 8 ? q8_0_rot_f16_fn<8> : q8_0_rot_f16_fn<16>;
-  }
-  if (src == GgmlType::kF16 && dst == GgmlType::kIQ4_NL) return f16_rot_iq4_nl;  // n_rot 64, 128, 256
   return nullptr;
 }
 

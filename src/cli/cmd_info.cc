@@ -1,13 +1,18 @@
 // kvsnap info: what a llama.cpp state file holds, and what it would weigh at
-// every other cache type. The JSON document is the model; the human table is
-// rendered from it, so the two never disagree. Schema: docs/info-json.md.
+// every other cache type. One report is built and rendered twice, as the JSON
+// document and as the human table, so the two never disagree. Schema:
+// docs/info-json.md.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cinttypes>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <set>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "cli/progress.h"
 #include "cli/commands.h"
@@ -87,30 +92,138 @@ std::string rotation_state(const SourceRotation& d, int32_t type, const ModelInf
   return "hadamard-" + std::to_string(*n_rot);
 }
 
-json layer_json(const SourceRotation& rot, const KvStream& st, const KvLayer& L, const ModelInfo* model, size_t si,
-                size_t il) {
-  json j;
-  j["layer"] = il;
-  j["k_type"] = type_name(L.k_type);
-  j["k_type_id"] = L.k_type;
-  j["k_row_bytes"] = L.k_row_bytes;
-  if (auto n = layer_n_embd_k(L)) j["n_embd_k_gqa"] = *n;
-  j["k_rotation"] = rotation_state(rot, L.k_type, model, false, si, il);
-  j["k_bytes"] = L.k.size;
-  j["has_v"] = L.has_v;
-  if (L.has_v) {
-    j["v_type"] = type_name(L.v_type);
-    j["v_type_id"] = L.v_type;
-    if (st.v_trans) {
-      j["v_elem_bytes"] = L.v_elem_bytes;
-    } else {
-      j["v_row_bytes"] = L.v_row_bytes;
-    }
-    if (auto n = layer_n_embd_v(L, st.v_trans)) j["n_embd_v_gqa"] = *n;
-    j["v_rotation"] = rotation_state(rot, L.v_type, model, true, si, il);
-    j["v_bytes"] = L.v.size;
+// ---------------------------------------------------------------- the report
+// What info says about a file, built once from the parsed state and rendered
+// twice: as the JSON document (docs/info-json.md) and as the human table. The
+// fields mirror the JSON keys; optional ones are absent from the JSON when unset.
+
+struct LayerReport {
+  size_t layer = 0;
+  std::string k_type;
+  int32_t k_type_id = 0;
+  uint64_t k_row_bytes = 0;
+  std::optional<uint64_t> n_embd_k_gqa;
+  std::string k_rotation;
+  uint64_t k_bytes = 0;
+  bool has_v = false;
+  // the V fields are set only when has_v
+  std::string v_type;
+  int32_t v_type_id = 0;
+  std::optional<uint32_t> v_elem_bytes;  // transposed V
+  std::optional<uint64_t> v_row_bytes;   // V rows
+  std::optional<uint64_t> n_embd_v_gqa;
+  std::string v_rotation;
+  uint64_t v_bytes = 0;
+
+  // Everything but the layer index: consecutive layers that look the same are
+  // shown as one line.
+  bool looks_like(const LayerReport& o) const {
+    auto shape = [](const LayerReport& l) {
+      return std::tie(l.k_type, l.k_type_id, l.k_row_bytes, l.n_embd_k_gqa, l.k_rotation, l.k_bytes, l.has_v,
+                      l.v_type, l.v_type_id, l.v_elem_bytes, l.v_row_bytes, l.n_embd_v_gqa, l.v_rotation, l.v_bytes);
+    };
+    return shape(*this) == shape(o);
   }
-  return j;
+};
+
+struct StreamReport {
+  size_t index = 0;
+  uint32_t cell_count = 0;
+  // the rest only when cell_count > 0
+  int32_t pos_min = 0, pos_max = 0;
+  std::set<int32_t> seq_ids;
+  uint32_t v_trans = 0;
+  uint32_t n_layer = 0;
+  std::vector<LayerReport> layers;
+};
+
+struct SectionReport {
+  size_t index = 0;
+  std::string role;  // "attention", or "base" / "swa" of an iSWA cache
+  uint64_t bytes = 0;
+  std::vector<StreamReport> streams;
+};
+
+struct DryRunCell {
+  std::string ctk, ctv;
+  std::optional<uint64_t> kv_bytes;  // nullopt: a row is not whole blocks of the type
+  uint64_t file_bytes = 0;
+  double ratio = 0;
+  std::string note;
+};
+
+struct InfoReport {
+  std::string file;
+  uint64_t file_bytes = 0;
+  std::string format;
+  uint32_t version = 0;
+  std::string kind;
+  FileEra era;
+  SourceRotation rotation;
+  const StateFile* state = nullptr;  // the layout, tokens, arch, recurrent and outputs fields, as parsed
+  const ModelInfo* model = nullptr;
+  bool with_tokens = false;
+  std::vector<SectionReport> sections;
+  KvTotals totals;
+  uint64_t kv_bytes = 0;
+  std::vector<DryRunCell> dry_run;  // kv_cache_types() squared, ctk-major
+};
+
+LayerReport layer_report(const SourceRotation& rot, const KvStream& st, const KvLayer& L, const ModelInfo* model,
+                         size_t si, size_t il) {
+  LayerReport r;
+  r.layer = il;
+  r.k_type = type_name(L.k_type);
+  r.k_type_id = L.k_type;
+  r.k_row_bytes = L.k_row_bytes;
+  r.n_embd_k_gqa = layer_n_embd_k(L);
+  r.k_rotation = rotation_state(rot, L.k_type, model, false, si, il);
+  r.k_bytes = L.k.size;
+  r.has_v = L.has_v;
+  if (!L.has_v) return r;
+  r.v_type = type_name(L.v_type);
+  r.v_type_id = L.v_type;
+  if (st.v_trans) {
+    r.v_elem_bytes = L.v_elem_bytes;
+  } else {
+    r.v_row_bytes = L.v_row_bytes;
+  }
+  r.n_embd_v_gqa = layer_n_embd_v(L, st.v_trans);
+  r.v_rotation = rotation_state(rot, L.v_type, model, true, si, il);
+  r.v_bytes = L.v.size;
+  return r;
+}
+
+StreamReport stream_report(const SourceRotation& rot, const KvStream& st, const ModelInfo* model, size_t si,
+                           size_t k) {
+  StreamReport r;
+  r.index = k;
+  r.cell_count = st.cell_count;
+  if (!st.cell_count) return r;
+  r.pos_min = r.pos_max = st.cells[0].pos;
+  for (const auto& c : st.cells) {
+    r.pos_min = std::min(r.pos_min, c.pos);
+    r.pos_max = std::max(r.pos_max, c.pos);
+    r.seq_ids.insert(c.seq_ids.begin(), c.seq_ids.end());
+  }
+  r.v_trans = st.v_trans;
+  r.n_layer = st.n_layer;
+  for (size_t il = 0; il < st.layers.size(); ++il) r.layers.push_back(layer_report(rot, st, st.layers[il], model, si, il));
+  return r;
+}
+
+std::vector<SectionReport> section_reports(const StateFile& f, const SourceRotation& rot, const ModelInfo* model) {
+  std::vector<SectionReport> out;
+  for (size_t si = 0; si < f.memory.kv.size(); ++si) {
+    const KvSection& sec = f.memory.kv[si];
+    SectionReport s;
+    s.index = si;
+    s.role = f.memory.kv.size() == 2 ? (si == 0 ? "base" : "swa") : "attention";
+    s.bytes = sec.range.size;
+    for (size_t k = 0; k < sec.streams.size(); ++k) s.streams.push_back(stream_report(rot, sec.streams[k], model, si, k));
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 // KV bytes if every layer were stored at (ctk, ctv); nullopt when a row is
@@ -138,28 +251,118 @@ std::optional<uint64_t> kv_bytes_at(const StateFile& f, const TypeLayout& kt, co
   return total;
 }
 
-json build_info(const StateFile& f, const std::string& path, const ModelInfo* model, const SourceRotation& rot,
-               bool with_tokens) {
+// The "how much would I free by quantizing" table (llama.cpp PR #24134).
+std::vector<DryRunCell> dry_run(const StateFile& f, uint64_t kv) {
+  bool any_trans = false;
+  for (const auto& sec : f.memory.kv)
+    for (const auto& st : sec.streams) any_trans = any_trans || (st.cell_count && st.v_trans);
+  std::vector<DryRunCell> out;
+  for (const TypeLayout& kt : kv_cache_types()) {
+    for (const TypeLayout& vt : kv_cache_types()) {
+      DryRunCell d;
+      d.ctk = kt.name;
+      d.ctv = vt.name;
+      d.kv_bytes = kv_bytes_at(f, kt, vt);
+      if (!d.kv_bytes) {
+        d.note = "a row is not a whole number of blocks of this type";
+      } else {
+        d.file_bytes = f.file_size - kv + *d.kv_bytes;
+        d.ratio = kv ? double(*d.kv_bytes) / double(kv) : 1.0;
+        if (vt.quantized && any_trans) d.note = "quantized V needs flash attention: V becomes rows";
+      }
+      out.push_back(std::move(d));
+    }
+  }
+  return out;
+}
+
+InfoReport build_report(const StateFile& f, const std::string& path, const ModelInfo* model,
+                        const SourceRotation& rot, bool with_tokens) {
+  InfoReport r;
+  r.file = path;
+  r.file_bytes = f.file_size;
+  r.format = format_tag(f);
+  r.version = f.version;
+  r.kind = kind_name(f.kind);
+  r.era = era_of_file(f, model ? std::optional<bool>(model->profile.has_cell_ext) : std::nullopt);
+  r.rotation = rot;
+  r.state = &f;
+  r.model = model;
+  r.with_tokens = with_tokens;
+  r.sections = section_reports(f, rot, model);
+  r.totals = kv_totals(f);
+  r.kv_bytes = r.totals.k_bytes + r.totals.v_bytes;
+  r.dry_run = dry_run(f, r.kv_bytes);
+  return r;
+}
+
+// ---------------------------------------------------------------- JSON
+// Key order and presence are the schema of docs/info-json.md.
+
+json layer_json(const LayerReport& l) {
   json j;
-  j["kvsnap_info_version"] = 1;
-  j["file"] = path;
-  j["file_bytes"] = f.file_size;
-  j["format"] = format_tag(f);
-  j["version"] = f.version;
-  j["kind"] = kind_name(f.kind);
-  const FileEra era = era_of_file(f, model ? std::optional<bool>(model->profile.has_cell_ext) : std::nullopt);
-  j["written_by"] = "llama.cpp " + era.builds;
-  j["era"] = {{"eras", era.eras}, {"builds", era.builds}, {"rotates", tri_name(era.rotates)}, {"why", era.why}};
-  j["source_rotation"] = source_rotation_json(rot);
+  j["layer"] = l.layer;
+  j["k_type"] = l.k_type;
+  j["k_type_id"] = l.k_type_id;
+  j["k_row_bytes"] = l.k_row_bytes;
+  if (l.n_embd_k_gqa) j["n_embd_k_gqa"] = *l.n_embd_k_gqa;
+  j["k_rotation"] = l.k_rotation;
+  j["k_bytes"] = l.k_bytes;
+  j["has_v"] = l.has_v;
+  if (l.has_v) {
+    j["v_type"] = l.v_type;
+    j["v_type_id"] = l.v_type_id;
+    if (l.v_elem_bytes) j["v_elem_bytes"] = *l.v_elem_bytes;
+    if (l.v_row_bytes) j["v_row_bytes"] = *l.v_row_bytes;
+    if (l.n_embd_v_gqa) j["n_embd_v_gqa"] = *l.n_embd_v_gqa;
+    j["v_rotation"] = l.v_rotation;
+    j["v_bytes"] = l.v_bytes;
+  }
+  return j;
+}
+
+json sections_json(const std::vector<SectionReport>& sections) {
+  json out = json::array();
+  for (const SectionReport& sec : sections) {
+    json s;
+    s["index"] = sec.index;
+    s["role"] = sec.role;
+    s["bytes"] = sec.bytes;
+    json streams = json::array();
+    for (const StreamReport& st : sec.streams) {
+      json js;
+      js["index"] = st.index;
+      js["cell_count"] = st.cell_count;
+      if (st.cell_count) {
+        js["pos_min"] = st.pos_min;
+        js["pos_max"] = st.pos_max;
+        js["seq_ids"] = st.seq_ids;
+        js["v_trans"] = st.v_trans;
+        js["v_layout"] = st.v_trans ? "transposed" : "rows";
+        js["n_layer"] = st.n_layer;
+        json layers = json::array();
+        for (const LayerReport& l : st.layers) layers.push_back(layer_json(l));
+        js["layers"] = layers;
+      }
+      streams.push_back(js);
+    }
+    s["streams"] = streams;
+    out.push_back(s);
+  }
+  return out;
+}
+
+// The file as read: which layout, and the token payload of seq/session files.
+void file_json(const InfoReport& r, json& j) {
+  const StateFile& f = *r.state;
   json layout;
   layout["reading"] = f.reading;
-  layout["from_model"] = model != nullptr;
+  layout["from_model"] = r.model != nullptr;
   layout["stream_prefix"] = f.memory.kv.empty() ? true : f.memory.kv[0].stream_prefix;
   layout["cell_ext_bytes"] = f.memory.kv.empty() ? 0 : f.memory.kv[0].ext_bytes;
   layout["kv_sections"] = f.memory.kv.size();
   layout["recurrent"] = f.memory.recurrent.has_value();
   j["layout"] = layout;
-
   if (f.kind == StateKind::kSeqFile || f.kind == StateKind::kSessionFile) {
     json t;
     t["count"] = f.tokens.tokens.size();
@@ -169,7 +372,7 @@ json build_info(const StateFile& f, const std::string& path, const ModelInfo* mo
       t["payload_version"] = f.tokens.packed_version;
       t["media_chunks"] = f.tokens.media_chunks.size();
     }
-    if (with_tokens) t["tokens"] = f.tokens.tokens;
+    if (r.with_tokens) t["tokens"] = f.tokens.tokens;
     j["tokens"] = t;
   }
   if (!f.arch.empty()) j["arch"] = f.arch;
@@ -178,45 +381,10 @@ json build_info(const StateFile& f, const std::string& path, const ModelInfo* mo
     j["raw_seq_tagged"] = f.raw_seq_tagged;
     if (f.raw_seq_tagged) j["raw_seq_id"] = f.raw_seq_id;
   }
-  j["model"] = model ? model->to_json() : json(nullptr);
+}
 
-  json sections = json::array();
-  for (size_t si = 0; si < f.memory.kv.size(); ++si) {
-    const KvSection& sec = f.memory.kv[si];
-    json s;
-    s["index"] = si;
-    s["role"] = f.memory.kv.size() == 2 ? (si == 0 ? "base" : "swa") : "attention";
-    s["bytes"] = sec.range.size;
-    json streams = json::array();
-    for (size_t k = 0; k < sec.streams.size(); ++k) {
-      const KvStream& st = sec.streams[k];
-      json js;
-      js["index"] = k;
-      js["cell_count"] = st.cell_count;
-      if (st.cell_count) {
-        int32_t lo = st.cells[0].pos, hi = st.cells[0].pos;
-        std::set<int32_t> seqs;
-        for (const auto& c : st.cells) {
-          lo = std::min(lo, c.pos);
-          hi = std::max(hi, c.pos);
-          seqs.insert(c.seq_ids.begin(), c.seq_ids.end());
-        }
-        js["pos_min"] = lo;
-        js["pos_max"] = hi;
-        js["seq_ids"] = seqs;
-        js["v_trans"] = st.v_trans;
-        js["v_layout"] = st.v_trans ? "transposed" : "rows";
-        js["n_layer"] = st.n_layer;
-        json layers = json::array();
-        for (size_t il = 0; il < st.layers.size(); ++il) layers.push_back(layer_json(rot, st, st.layers[il], model, si, il));
-        js["layers"] = layers;
-      }
-      streams.push_back(js);
-    }
-    s["streams"] = streams;
-    sections.push_back(s);
-  }
-  j["kv_sections"] = sections;
+// What follows the KV sections: recurrent state and session outputs.
+void tail_sections_json(const StateFile& f, json& j) {
   if (f.memory.recurrent) {
     const auto& r = *f.memory.recurrent;
     json jr;
@@ -236,209 +404,239 @@ json build_info(const StateFile& f, const std::string& path, const ModelInfo* mo
     o["embd_floats"] = f.outputs->embd_size;
     j["outputs"] = o;
   }
+}
 
-  const KvTotals tot = kv_totals(f);
-  const uint64_t kv = tot.k_bytes + tot.v_bytes;
+json sizes_json(const InfoReport& r) {
+  const StateFile& f = *r.state;
   json sz;
-  sz["cells"] = tot.n_cells;
-  sz["k_bytes"] = tot.k_bytes;
-  sz["v_bytes"] = tot.v_bytes;
-  sz["kv_bytes"] = kv;
-  sz["bytes_per_cell"] = tot.n_cells ? kv / tot.n_cells : 0;
+  sz["cells"] = r.totals.n_cells;
+  sz["k_bytes"] = r.totals.k_bytes;
+  sz["v_bytes"] = r.totals.v_bytes;
+  sz["kv_bytes"] = r.kv_bytes;
+  sz["bytes_per_cell"] = r.totals.n_cells ? r.kv_bytes / r.totals.n_cells : 0;
   sz["recurrent_bytes"] = f.memory.recurrent ? f.memory.recurrent->range.size : 0;
-  sz["other_bytes"] = f.file_size - kv;
-  j["sizes"] = sz;
+  sz["other_bytes"] = f.file_size - r.kv_bytes;
+  return sz;
+}
 
-  // The "how much would I free by quantizing" table (llama.cpp PR #24134).
+json dry_run_json(const std::vector<DryRunCell>& cells) {
   json dry = json::array();
-  bool any_trans = false;
-  for (const auto& sec : f.memory.kv)
-    for (const auto& st : sec.streams) any_trans = any_trans || (st.cell_count && st.v_trans);
-  for (const TypeLayout& kt : kv_cache_types()) {
-    for (const TypeLayout& vt : kv_cache_types()) {
-      json d;
-      d["ctk"] = kt.name;
-      d["ctv"] = vt.name;
-      auto b = kv_bytes_at(f, kt, vt);
-      if (!b) {
-        d["valid"] = false;
-        d["note"] = "a row is not a whole number of blocks of this type";
-      } else {
-        d["valid"] = true;
-        d["kv_bytes"] = *b;
-        d["file_bytes"] = f.file_size - kv + *b;
-        d["ratio"] = kv ? double(*b) / double(kv) : 1.0;
-        if (vt.quantized && any_trans) d["note"] = "quantized V needs flash attention: V becomes rows";
-      }
-      dry.push_back(d);
+  for (const DryRunCell& c : cells) {
+    json d;
+    d["ctk"] = c.ctk;
+    d["ctv"] = c.ctv;
+    if (!c.kv_bytes) {
+      d["valid"] = false;
+      d["note"] = c.note;
+    } else {
+      d["valid"] = true;
+      d["kv_bytes"] = *c.kv_bytes;
+      d["file_bytes"] = c.file_bytes;
+      d["ratio"] = c.ratio;
+      if (!c.note.empty()) d["note"] = c.note;
     }
+    dry.push_back(d);
   }
-  j["dry_run"] = dry;
+  return dry;
+}
+
+json info_json(const InfoReport& r) {
+  json j;
+  j["kvsnap_info_version"] = 1;
+  j["file"] = r.file;
+  j["file_bytes"] = r.file_bytes;
+  j["format"] = r.format;
+  j["version"] = r.version;
+  j["kind"] = r.kind;
+  j["written_by"] = "llama.cpp " + r.era.builds;
+  j["era"] = {{"eras", r.era.eras}, {"builds", r.era.builds}, {"rotates", tri_name(r.era.rotates)}, {"why", r.era.why}};
+  j["source_rotation"] = source_rotation_json(r.rotation);
+  file_json(r, j);
+  j["model"] = r.model ? r.model->to_json() : json(nullptr);
+  j["kv_sections"] = sections_json(r.sections);
+  tail_sections_json(*r.state, j);
+  j["sizes"] = sizes_json(r);
+  j["dry_run"] = dry_run_json(r.dry_run);
   return j;
 }
 
-// Consecutive layers that look the same are shown as one line.
-std::string layer_line_key(const json& L) {
-  json c = L;
-  c.erase("layer");
-  return c.dump();
+// ---------------------------------------------------------------- human
+// The same report as a table; every figure comes from the report, as in the JSON.
+
+class HumanText {
+ public:
+  // "key        value"
+  void line(const char* k, const std::string& v) { add("%-10s %s\n", k, v.c_str()); }
+  template <class... A>
+  void add(const char* fmt, A... args) {
+    std::snprintf(buf_, sizeof buf_, fmt, args...);
+    out_ += buf_;
+  }
+  void add_text(const std::string& s) { out_ += s; }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+  char buf_[512];
+};
+
+// file, format, layout, era and rotation lines.
+void render_header(const InfoReport& r, HumanText& o) {
+  const std::string written_by = "llama.cpp " + r.era.builds;
+  o.line("file", r.file + " (" + std::to_string(r.file_bytes) + " bytes)");
+  o.line("format", r.format + " v" + std::to_string(r.version) + ", " + r.kind + "; " + written_by);
+  o.line("layout", r.state->reading + (r.model ? "" : " (inferred from the file's structure)"));
+  o.line("era", r.era.eras + ": " + r.era.why);
+  const SourceRotation& d = r.rotation;
+  const bool known = d.rotated != Tri::kUnknown;
+  std::string v = !known ? (d.matters ? "UNKNOWN" : "not needed")
+                         : (d.rotated == Tri::kYes ? "stored rotated" : "stored unrotated");
+  if (known) v += " (decided by " + d.decided_by + ")";
+  if (!known && d.matters) v += ": conversions that depend on it are refused; --source-build or --src-rotation settles it";
+  o.line("rotation", v);
+  for (const auto& e : d.evidence) o.line("", e);
 }
 
-std::string render_human(const json& j) {
-  std::string o;
-  char buf[512];
-  auto line = [&](const char* k, const std::string& v) {
-    std::snprintf(buf, sizeof buf, "%-10s %s\n", k, v.c_str());
-    o += buf;
-  };
-  line("file", j["file"].get<std::string>() + " (" + std::to_string(j["file_bytes"].get<uint64_t>()) + " bytes)");
-  line("format", j["format"].get<std::string>() + " v" + std::to_string(j["version"].get<uint32_t>()) + ", " +
-                     j["kind"].get<std::string>() +
-                     (j["written_by"].get<std::string>().empty() ? "" : "; " + j["written_by"].get<std::string>()));
-  line("layout", j["layout"]["reading"].get<std::string>() +
-                     (j["layout"]["from_model"].get<bool>() ? "" : " (inferred from the file's structure)"));
-  line("era", j["era"]["eras"].get<std::string>() + ": " + j["era"]["why"].get<std::string>());
-  {
-    const auto& r = j["source_rotation"];
-    std::string v = r["rotated"].is_null() ? (r["needed"].get<bool>() ? "UNKNOWN" : "not needed")
-                                           : (r["rotated"].get<bool>() ? "stored rotated" : "stored unrotated");
-    if (!r["rotated"].is_null()) v += " (decided by " + r["decided_by"].get<std::string>() + ")";
-    if (r["rotated"].is_null() && r["needed"].get<bool>()) {
-      v += ": conversions that depend on it are refused; --source-build or --src-rotation settles it";
-    }
-    line("rotation", v);
-    for (const auto& e : r["evidence"]) line("", e.get<std::string>());
-  }
-  if (j.contains("tokens")) {
-    const auto& t = j["tokens"];
-    std::string s = std::to_string(t["count"].get<size_t>());
-    s += t["payload"] == "server-packed"
-             ? " (llama-server packed payload v" + std::to_string(t["payload_version"].get<uint32_t>()) + ", " +
-                   std::to_string(t["media_chunks"].get<size_t>()) + " media chunks)"
-             : " (plain token list)";
-    line("tokens", s);
-    if (t.contains("tokens")) {
+// tokens, arch, RNG state and model lines.
+void render_file_facts(const InfoReport& r, HumanText& o) {
+  const StateFile& f = *r.state;
+  if (f.kind == StateKind::kSeqFile || f.kind == StateKind::kSessionFile) {
+    std::string s = std::to_string(f.tokens.tokens.size());
+    s += f.tokens.packed ? " (llama-server packed payload v" + std::to_string(f.tokens.packed_version) + ", " +
+                               std::to_string(f.tokens.media_chunks.size()) + " media chunks)"
+                         : " (plain token list)";
+    o.line("tokens", s);
+    if (r.with_tokens) {
       std::string list;
-      for (const auto& tok : t["tokens"]) list += (list.empty() ? "" : " ") + std::to_string(tok.get<int32_t>());
-      line("", list);
+      for (int32_t tok : f.tokens.tokens) list += (list.empty() ? "" : " ") + std::to_string(tok);
+      o.line("", list);
     }
   }
-  if (j.contains("arch")) line("arch", j["arch"].get<std::string>());
-  if (j.contains("rng_state_bytes"))
-    line("rng state",
-         std::to_string(j["rng_state_bytes"].get<uint64_t>()) + " bytes of text (ggsn v8 of b3543, v6 of b3166)");
-  if (!j["model"].is_null()) {
-    const auto& m = j["model"];
-    line("model", m.value("path", "") + " (" + m.value("arch", "") + ", " + std::to_string(m.value("n_layer", 0)) +
-                      " layers, fingerprint " + m.value("fingerprint", "").substr(0, 16) + ")");
+  if (!f.arch.empty()) o.line("arch", f.arch);
+  if (!f.rng.empty()) {
+    o.line("rng state", std::to_string(f.rng.size()) + " bytes of text (ggsn v8 of b3543, v6 of b3166)");
   }
-  for (const auto& s : j["kv_sections"]) {
-    o += "\nKV section " + std::to_string(s["index"].get<size_t>()) + " (" + s["role"].get<std::string>() + "), " +
-         std::to_string(s["streams"].size()) + " stream(s), " + human_bytes(s["bytes"].get<uint64_t>()) + "\n";
-    for (const auto& st : s["streams"]) {
-      if (st["cell_count"].get<uint32_t>() == 0) {
-        o += "  stream " + std::to_string(st["index"].get<size_t>()) + ": empty\n";
+  if (r.model) {
+    const ModelProfile& p = r.model->profile;
+    o.line("model", r.model->path + " (" + p.arch + ", " + std::to_string(p.n_layer) + " layers, fingerprint " +
+                        p.fingerprint.substr(0, 16) + ")");
+  }
+}
+
+// The layer table of a stream, equal neighbours on one line, then what its
+// rotation words mean.
+void render_layers(const std::vector<LayerReport>& layers, HumanText& o) {
+  o.add("    %-7s %-6s %8s %7s  %-6s %8s %7s  %s\n", "layer", "K", "row B", "n_embd", "V", "row B", "n_embd",
+        "rotation K / V");
+  for (size_t i = 0; i < layers.size();) {
+    size_t k = i + 1;
+    while (k < layers.size() && layers[k].looks_like(layers[i])) ++k;
+    const LayerReport& L = layers[i];
+    const std::string range = k - i > 1 ? std::to_string(i) + "-" + std::to_string(k - 1) : std::to_string(i);
+    const std::string vrow = !L.has_v          ? "-"
+                             : L.v_row_bytes ? std::to_string(*L.v_row_bytes)
+                                             : std::to_string(L.v_elem_bytes.value_or(0)) + "/el";
+    const std::string nk = L.n_embd_k_gqa ? std::to_string(*L.n_embd_k_gqa) : "?";
+    const std::string nv = L.n_embd_v_gqa ? std::to_string(*L.n_embd_v_gqa) : "-";
+    o.add("    %-7s %-6s %8" PRIu64 " %7s  %-6s %8s %7s  %s / %s\n", range.c_str(), L.k_type.c_str(), L.k_row_bytes,
+          nk.c_str(), L.has_v ? L.v_type.c_str() : "-", vrow.c_str(), nv.c_str(), L.k_rotation.c_str(),
+          L.has_v ? L.v_rotation.c_str() : "-");
+    i = k;
+  }
+  // Explain the rotation words once.
+  std::set<std::string> notes;
+  for (const LayerReport& L : layers) {
+    notes.insert(L.k_rotation);
+    if (L.has_v) notes.insert(L.v_rotation);
+  }
+  for (const auto& n : notes) {
+    auto it = rotation_notes().find(n);
+    if (it != rotation_notes().end()) o.add_text("    " + n + ": " + it->second + "\n");
+  }
+}
+
+void render_sections(const std::vector<SectionReport>& sections, HumanText& o) {
+  for (const SectionReport& s : sections) {
+    o.add_text("\nKV section " + std::to_string(s.index) + " (" + s.role + "), " + std::to_string(s.streams.size()) +
+               " stream(s), " + human_bytes(s.bytes) + "\n");
+    for (const StreamReport& st : s.streams) {
+      if (st.cell_count == 0) {
+        o.add_text("  stream " + std::to_string(st.index) + ": empty\n");
         continue;
       }
       std::string seqs;
-      for (const auto& q : st["seq_ids"]) seqs += (seqs.empty() ? "" : ",") + std::to_string(q.get<int32_t>());
-      std::snprintf(buf, sizeof buf, "  stream %zu: %u cells, positions %d..%d, seq ids {%s}, V %s, %u layers\n",
-                    st["index"].get<size_t>(), st["cell_count"].get<uint32_t>(), st["pos_min"].get<int32_t>(),
-                    st["pos_max"].get<int32_t>(), seqs.c_str(),
-                    st["v_trans"].get<uint32_t>() ? "transposed (flash attention off)" : "rows (flash attention on)",
-                    st["n_layer"].get<uint32_t>());
-      o += buf;
-      std::snprintf(buf, sizeof buf, "    %-7s %-6s %8s %7s  %-6s %8s %7s  %s\n", "layer", "K", "row B", "n_embd",
-                    "V", "row B", "n_embd", "rotation K / V");
-      o += buf;
-      const auto& layers = st["layers"];
-      for (size_t i = 0; i < layers.size();) {
-        size_t k = i + 1;
-        while (k < layers.size() && layer_line_key(layers[k]) == layer_line_key(layers[i])) ++k;
-        const auto& L = layers[i];
-        std::string range = k - i > 1 ? std::to_string(i) + "-" + std::to_string(k - 1) : std::to_string(i);
-        std::string vrow = !L["has_v"].get<bool>() ? "-"
-                           : L.contains("v_row_bytes") ? std::to_string(L["v_row_bytes"].get<uint64_t>())
-                                                       : std::to_string(L["v_elem_bytes"].get<uint32_t>()) + "/el";
-        auto rot = [](const json& r) { return r.get<std::string>(); };
-        std::snprintf(buf, sizeof buf, "    %-7s %-6s %8" PRIu64 " %7s  %-6s %8s %7s  %s / %s\n", range.c_str(),
-                      L["k_type"].get<std::string>().c_str(), L["k_row_bytes"].get<uint64_t>(),
-                      L.contains("n_embd_k_gqa") ? std::to_string(L["n_embd_k_gqa"].get<uint64_t>()).c_str() : "?",
-                      L.value("v_type", std::string("-")).c_str(), vrow.c_str(),
-                      L.contains("n_embd_v_gqa") ? std::to_string(L["n_embd_v_gqa"].get<uint64_t>()).c_str() : "-",
-                      rot(L["k_rotation"]).c_str(), L.contains("v_rotation") ? rot(L["v_rotation"]).c_str() : "-");
-        o += buf;
-        i = k;
-      }
-      // Explain the rotation words once.
-      std::set<std::string> notes;
-      for (const auto& L : layers) {
-        notes.insert(L["k_rotation"].get<std::string>());
-        if (L.contains("v_rotation")) notes.insert(L["v_rotation"].get<std::string>());
-      }
-      for (const auto& n : notes) {
-        auto it = rotation_notes().find(n);
-        if (it != rotation_notes().end()) o += "    " + n + ": " + it->second + "\n";
-      }
+      for (int32_t q : st.seq_ids) seqs += (seqs.empty() ? "" : ",") + std::to_string(q);
+      o.add("  stream %zu: %u cells, positions %d..%d, seq ids {%s}, V %s, %u layers\n", st.index, st.cell_count,
+            st.pos_min, st.pos_max, seqs.c_str(),
+            st.v_trans ? "transposed (flash attention off)" : "rows (flash attention on)", st.n_layer);
+      render_layers(st.layers, o);
     }
   }
-  if (!j["recurrent"].is_null()) {
-    const auto& r = j["recurrent"];
-    o += "\nrecurrent state: " + human_bytes(r["bytes"].get<uint64_t>()) + ", carried byte-exact" +
-         (r["understood"].get<bool>()
-              ? " (" + std::to_string(r["cell_count"].get<uint32_t>()) + " cells, " +
-                    std::to_string(r["tensors"].get<uint32_t>()) + " tensors)\n"
-              : " (inner layout not understood)\n");
-  }
-  if (j.contains("outputs")) {
-    const auto& ou = j["outputs"];
-    o += "\noutputs (v6/v8/v9): " + std::to_string(ou["n_outputs"].get<uint32_t>()) + " outputs, " +
-         std::to_string(ou["logits_floats"].get<uint64_t>()) + " logits, " +
-         std::to_string(ou["embd_floats"].get<uint64_t>()) + " embedding floats\n";
-  }
-  const auto& sz = j["sizes"];
-  const uint64_t kv = sz["kv_bytes"].get<uint64_t>();
-  o += "\nmemory    K " + human_bytes(sz["k_bytes"].get<uint64_t>()) + " + V " +
-       human_bytes(sz["v_bytes"].get<uint64_t>()) + " = " + human_bytes(kv) + " for " +
-       std::to_string(sz["cells"].get<uint64_t>()) + " cells (" + std::to_string(sz["bytes_per_cell"].get<uint64_t>()) +
-       " bytes per cell); other " + human_bytes(sz["other_bytes"].get<uint64_t>()) + "\n";
+}
 
-  // Dry-run matrix: ratio of KV bytes at (ctk row, ctv column) to now.
-  o += "\nKV size at other types (ratio to now; rows ctk, columns ctv):\n";
-  std::snprintf(buf, sizeof buf, "  %-7s", "");
-  o += buf;
-  for (const TypeLayout& vt : kv_cache_types()) {
-    std::snprintf(buf, sizeof buf, " %6s", std::string(vt.name).c_str());
-    o += buf;
+// Recurrent state, session outputs and the memory totals.
+void render_totals(const InfoReport& r, HumanText& o) {
+  const StateFile& f = *r.state;
+  if (f.memory.recurrent) {
+    const auto& rec = *f.memory.recurrent;
+    o.add_text("\nrecurrent state: " + human_bytes(rec.range.size) + ", carried byte-exact" +
+               (rec.understood ? " (" + std::to_string(rec.cell_count) + " cells, " + std::to_string(rec.n_entries) +
+                                     " tensors)\n"
+                               : " (inner layout not understood)\n"));
   }
-  o += "\n";
+  if (f.outputs) {
+    o.add_text("\noutputs (v6/v8/v9): " + std::to_string(f.outputs->n_outputs) + " outputs, " +
+               std::to_string(f.outputs->logits_size) + " logits, " + std::to_string(f.outputs->embd_size) +
+               " embedding floats\n");
+  }
+  const KvTotals& t = r.totals;
+  o.add_text("\nmemory    K " + human_bytes(t.k_bytes) + " + V " + human_bytes(t.v_bytes) + " = " +
+             human_bytes(r.kv_bytes) + " for " + std::to_string(t.n_cells) + " cells (" +
+             std::to_string(t.n_cells ? r.kv_bytes / t.n_cells : 0) + " bytes per cell); other " +
+             human_bytes(f.file_size - r.kv_bytes) + "\n");
+}
+
+// Dry-run matrix: ratio of KV bytes at (ctk row, ctv column) to now; then the
+// most useful few in bytes.
+void render_dry_run(const InfoReport& r, HumanText& o) {
+  o.add_text("\nKV size at other types (ratio to now; rows ctk, columns ctv):\n");
+  o.add("  %-7s", "");
+  for (const TypeLayout& vt : kv_cache_types()) o.add(" %6s", std::string(vt.name).c_str());
+  o.add_text("\n");
   size_t idx = 0;
   for (const TypeLayout& kt : kv_cache_types()) {
-    std::snprintf(buf, sizeof buf, "  %-7s", std::string(kt.name).c_str());
-    o += buf;
+    o.add("  %-7s", std::string(kt.name).c_str());
     for (size_t c = 0; c < kv_cache_types().size(); ++c, ++idx) {
-      const auto& d = j["dry_run"][idx];
-      if (d["valid"].get<bool>()) {
-        std::snprintf(buf, sizeof buf, " %6.3f", d["ratio"].get<double>());
+      const DryRunCell& d = r.dry_run[idx];
+      if (d.kv_bytes) {
+        o.add(" %6.3f", d.ratio);
       } else {
-        std::snprintf(buf, sizeof buf, " %6s", "n/a");
+        o.add(" %6s", "n/a");
       }
-      o += buf;
     }
-    o += "\n";
+    o.add_text("\n");
   }
-  // The most useful few in bytes.
-  for (const auto& d : j["dry_run"]) {
-    if (!d["valid"].get<bool>()) continue;
-    const std::string k = d["ctk"], v = d["ctv"];
+  const uint64_t kv = r.kv_bytes;
+  for (const DryRunCell& d : r.dry_run) {
+    if (!d.kv_bytes) continue;
+    const std::string& k = d.ctk;
+    const std::string& v = d.ctv;
     if ((k == v && (k == "f16" || k == "q8_0" || k == "q4_0")) || (k == "q8_0" && v == "q4_0")) {
-      const uint64_t b = d["kv_bytes"].get<uint64_t>();
-      std::snprintf(buf, sizeof buf, "  at %s/%s: %s (%s %s)\n", k.c_str(), v.c_str(), human_bytes(b).c_str(),
-                    b <= kv ? "frees" : "adds", human_bytes(b <= kv ? kv - b : b - kv).c_str());
-      o += buf;
+      const uint64_t b = *d.kv_bytes;
+      o.add("  at %s/%s: %s (%s %s)\n", k.c_str(), v.c_str(), human_bytes(b).c_str(), b <= kv ? "frees" : "adds",
+            human_bytes(b <= kv ? kv - b : b - kv).c_str());
     }
   }
-  return o;
+}
+
+std::string render_human(const InfoReport& r) {
+  HumanText o;
+  render_header(r, o);
+  render_file_facts(r, o);
+  render_sections(r.sections, o);
+  render_totals(r, o);
+  render_dry_run(r, o);
+  return o.take();
 }
 
 }  // namespace
@@ -454,8 +652,8 @@ Status run_info(const InfoOptions& opts, std::string& out) {
                                              model ? model_rotation_geometry(*model) : RotationGeometry{},
                                              model ? std::optional<bool>(model->profile.has_cell_ext) : std::nullopt,
                                              claims));
-  json j = build_info(in.state, opts.file, model, rot, opts.tokens);
-  out = opts.json ? j.dump(2) + "\n" : render_human(j);
+  const InfoReport report = build_report(in.state, opts.file, model, rot, opts.tokens);
+  out = opts.json ? info_json(report).dump(2) + "\n" : render_human(report);
   return Status::OK();
 }
 
