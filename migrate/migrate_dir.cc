@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "base/byte_order.h"
 #include "base/parallel.h"
 #include "format/llama_era.h"
 #include "format/state_summary.h"
@@ -60,8 +61,9 @@ bool same_layout(const StateFile& a, const StateFile& b) {
 }
 
 bool has_state_magic(const ReadableFile& f) {
-  uint32_t magic = 0;
-  if (f.size() < 4 || !f.read_at(0, std::span<std::byte>(reinterpret_cast<std::byte*>(&magic), 4)).ok()) return false;
+  std::byte head[4];
+  if (f.size() < 4 || !f.read_at(0, head).ok()) return false;
+  const uint32_t magic = load_le<uint32_t>(head);
   return magic == kMagicGgsq || magic == kMagicGgsn;
 }
 
