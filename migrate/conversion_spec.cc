@@ -1,8 +1,8 @@
 #include "migrate/conversion_spec.h"
 
 #include <algorithm>
-#include <thread>
 
+#include "base/parallel.h"
 #include "format/ggml_types.h"
 
 namespace kvsnap {
@@ -157,7 +157,7 @@ Result<ConvertRequest> make_request(const ConversionSpec& spec, const StateFile&
   req.k_rotation = req.v_rotation = RotationOverride{src_mode == RotationMode::kOff ? src_mode : RotationMode::kAuto,
                                                      dst_mode == RotationMode::kOff ? dst_mode : RotationMode::kAuto};
   KV_ASSIGN_OR_RETURN(req.format, parse_target_format(spec.format));
-  req.threads = spec.threads > 0 ? uint32_t(spec.threads) : std::max(1u, std::thread::hardware_concurrency());
+  req.threads = spec.threads > 0 ? uint32_t(spec.threads) : default_threads();
   req.report = spec.report;
   KV_RETURN_IF_ERROR(set_geometry(spec, src, model, req));
   KV_RETURN_IF_ERROR(set_target_build(spec, src, req));

@@ -10,6 +10,13 @@
 
 namespace kvsnap {
 
+// Threads for a parallel loop when the user gives none: one per hardware
+// thread, at least one (hardware_concurrency() may say 0 when it cannot tell).
+inline unsigned default_threads() {
+  const unsigned n = std::thread::hardware_concurrency();
+  return n > 0 ? n : 1u;
+}
+
 // Runs work(w) for every w in [0, workers): the caller runs w = 0, each other
 // worker gets a thread; returns when all are done. `work` must not throw
 // (errors are Status values the caller collects per worker).

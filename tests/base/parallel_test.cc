@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <thread>
 #include <vector>
 
 namespace kvsnap {
@@ -30,6 +31,11 @@ TEST(Parallel, ParallelForRunsEachItemOnceOnAValidWorker) {
       EXPECT_FALSE(bad_worker);
     }
   }
+}
+
+TEST(Parallel, DefaultThreadsIsTheHardwareThreadsAndAtLeastOne) {
+  const unsigned hw = std::thread::hardware_concurrency();
+  EXPECT_EQ(default_threads(), hw > 0 ? hw : 1u);
 }
 
 }  // namespace
