@@ -327,6 +327,12 @@ std::string number_string(double d) {
   return buf;
 }
 
+// An element for display: its text, or what is wrong with it (never an exception).
+template <class T, class Show>
+std::string shown(const Result<T>& r, Show show) {
+  return r.ok() ? show(*r) : "<" + r.status().ToString() + ">";
+}
+
 std::string array_display(const GgufArray& a, size_t max_items) {
   std::string out = "[";
   const uint64_t n = std::min<uint64_t>(a.count, max_items);
@@ -336,13 +342,13 @@ std::string array_display(const GgufArray& a, size_t max_items) {
       case GgufType::kString: out += quote_text(a.strings[i]); break;
       case GgufType::kArray: out += array_display(a.arrays[i], max_items); break;
       case GgufType::kF32:
-      case GgufType::kF64: out += number_string(a.float_at(i).value()); break;
-      case GgufType::kBool: out += a.bool_at(i).value() ? "true" : "false"; break;
+      case GgufType::kF64: out += shown(a.float_at(i), number_string); break;
+      case GgufType::kBool: out += shown(a.bool_at(i), [](bool b) { return std::string(b ? "true" : "false"); }); break;
       default:
         if (is_signed(a.elem_type)) {
-          out += std::to_string(a.int_at(i).value());
+          out += shown(a.int_at(i), [](int64_t v) { return std::to_string(v); });
         } else {
-          out += std::to_string(a.uint_at(i).value());
+          out += shown(a.uint_at(i), [](uint64_t v) { return std::to_string(v); });
         }
     }
   }
@@ -500,7 +506,10 @@ Result<std::vector<float>> GgufHeader::get_f32_array(std::string_view key) const
   }
   std::vector<float> out;
   out.reserve(static_cast<size_t>(a->count));
-  for (uint64_t i = 0; i < a->count; ++i) out.push_back(float(a->float_at(i).value()));
+  for (uint64_t i = 0; i < a->count; ++i) {
+    KV_ASSIGN_OR_RETURN(double v, a->float_at(i));
+    out.push_back(float(v));
+  }
   return out;
 }
 
