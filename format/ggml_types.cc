@@ -93,6 +93,12 @@ std::optional<uint64_t> row_elems(const TypeLayout& t, uint64_t bytes) {
   return bytes / t.block_bytes * t.block_elems;
 }
 
+std::string kv_cache_type_names() {
+  std::string names;
+  for (const TypeLayout& t : kKvCacheTypes) names += (names.empty() ? "" : " ") + std::string(t.name);
+  return names;
+}
+
 std::string type_name(int32_t id) {
   if (const TypeLayout* t = find_type(id)) return std::string(t->name);
   return "type " + std::to_string(id);

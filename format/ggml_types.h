@@ -185,6 +185,9 @@ Result<uint64_t> row_bytes(const TypeLayout& t, uint64_t n_elems);
 // The element count a row of `bytes` holds, if `bytes` is a whole number of blocks.
 std::optional<uint64_t> row_elems(const TypeLayout& t, uint64_t bytes);
 
+// The KV cache types' names in table order, for messages and --help: "f32 f16 q4_0 ... bf16".
+std::string kv_cache_type_names();
+
 // "q8_0" or "type 99" for ids that are not KV cache types, for messages.
 std::string type_name(int32_t id);
 

@@ -128,9 +128,7 @@ RotationGeometry model_rotation_geometry(const ModelInfo& model) {
 Result<int32_t> parse_kv_type(const std::string& name, const std::string& flag) {
   const TypeLayout* t = find_type(name);
   if (!t) {
-    std::string names;
-    for (const auto& x : kv_cache_types()) names += (names.empty() ? "" : " ") + std::string(x.name);
-    return Status::InvalidArgument(flag + " '" + name + "' is not a KV cache type (" + names + ")");
+    return Status::InvalidArgument(flag + " '" + name + "' is not a KV cache type (" + kv_cache_type_names() + ")");
   }
   return int32_t(t->id);
 }
