@@ -91,20 +91,21 @@ Status set_target_build(const ConversionSpec& spec, const StateFile& src, Conver
   if (old && !session && L.stream_prefix == Tri::kNo && L.seq_cell_ids == Tri::kUnknown) {
     return unknown("whether slot cells carry their seq id");
   }
-  TargetFormat fmt = TargetFormat::kSameKindCurrent;
-  if (session) {
-    fmt = !old              ? TargetFormat::kGgsnV10
-          : *version == 8   ? TargetFormat::kGgsnV8
-          : *version == 6   ? TargetFormat::kGgsnV6
-          : L.stream_prefix == Tri::kYes ? TargetFormat::kGgsnV9
-                                         : TargetFormat::kGgsnV9NoStream;
-  } else {
-    fmt = !old                             ? TargetFormat::kGgsqV3
-          : *version == 1                  ? TargetFormat::kGgsqV1
-          : L.stream_prefix == Tri::kYes   ? TargetFormat::kGgsqV2
-          : L.seq_cell_ids == Tri::kNo     ? TargetFormat::kGgsqV2NoSeqIds
-                                           : TargetFormat::kGgsqV2NoStream;
+  // The row of kTargetFormats (convert_state.h) the build writes: its kind and version (a newer
+  // version than kvsnap writes: the current one), the n_stream prefix and the cells' seq ids.
+  const StateKind kind = session ? StateKind::kSessionFile : StateKind::kSeqFile;
+  const uint32_t v = old ? *version : session ? 10u : 3u;
+  auto fits = [](Tri row, Tri build) { return row == Tri::kUnknown || row == build; };
+  const TargetFormatRow* row = nullptr;
+  for (const TargetFormatRow& r : kTargetFormats) {
+    if (r.kind == kind && r.version == v && fits(r.stream_prefix, L.stream_prefix) &&
+        fits(r.seq_cell_ids, L.seq_cell_ids)) {
+      row = &r;
+      break;
+    }
   }
+  if (!row) return unknown("the file format");
+  const TargetFormat fmt = row->format;
   if (!spec.format.empty() && req.format != fmt) {
     return Status::InvalidArgument("{--format} " + spec.format + " is not what " + who + " reads; give one of them");
   }
