@@ -1,5 +1,6 @@
 #include "format/ggml_types.h"
 
+#include <iterator>
 #include <limits>
 #include <string>
 
@@ -54,18 +55,28 @@ static_assert(kGgmlTypes[14].name == "q6_K" && kGgmlTypes[14].block_bytes == 210
 static_assert(kGgmlTypes[28].name == "f64" && kGgmlTypes[28].block_bytes == 8);
 static_assert(find_ggml_type(4) == nullptr && find_ggml_type(kGgmlTypeCount) == nullptr, "removed / unknown ids");
 
-// llama.cpp's kv_cache_types: these nine, and in ggml enum order.
-static_assert(kKvCacheTypes.size() == 9, "llama.cpp accepts nine KV cache types");
+// A second opinion on the kTypeKvCache flags, kept by hand on purpose: llama.cpp's own list
+// (common/arg.cpp kv_cache_types, v0.5.0), in ggml enum order, with the GgmlType enumerators
+// that name them. A row flagged (or unflagged) by mistake fails here; a new KV cache type is
+// added here too, after checking llama.cpp accepts it for -ctk/-ctv. The count follows from it.
+constexpr GgmlType kLlamaKvCacheTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kQ4_0,
+                                           GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
+                                           GgmlType::kQ8_0, GgmlType::kIQ4_NL, GgmlType::kBF16};
+static_assert(kKvCacheTypes.size() == std::size(kLlamaKvCacheTypes), "kTypeKvCache rows vs llama.cpp's list");
 constexpr bool kv_types_in_enum_order() {
-  constexpr GgmlType kWant[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kQ4_0,   GgmlType::kQ4_1, GgmlType::kQ5_0,
-                                GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kIQ4_NL, GgmlType::kBF16};
   for (size_t i = 0; i < kKvCacheTypes.size(); i++) {
-    if (kKvCacheTypes[i].id != kWant[i]) return false;
+    if (kKvCacheTypes[i].id != kLlamaKvCacheTypes[i]) return false;
   }
   return true;
 }
 static_assert(kv_types_in_enum_order(), "kKvCacheTypes: the GgmlType enumerators, in enum order");
-static_assert(find_type(8) == &kKvCacheTypes[6] && find_type("bf16") == &kKvCacheTypes[8] && !find_type(12));
+constexpr bool find_type_finds_every_row() {
+  for (const TypeLayout& t : kKvCacheTypes) {
+    if (find_type(static_cast<int32_t>(t.id)) != &t || find_type(t.name) != &t) return false;
+  }
+  return true;
+}
+static_assert(find_type_finds_every_row() && !find_type(12) && !find_type("q4_K"));
 
 }  // namespace
 
@@ -80,6 +91,12 @@ Result<uint64_t> row_bytes(const TypeLayout& t, uint64_t n_elems) {
 std::optional<uint64_t> row_elems(const TypeLayout& t, uint64_t bytes) {
   if (bytes % t.block_bytes != 0) return std::nullopt;
   return bytes / t.block_bytes * t.block_elems;
+}
+
+std::string kv_cache_type_names() {
+  std::string names;
+  for (const TypeLayout& t : kKvCacheTypes) names += (names.empty() ? "" : " ") + std::string(t.name);
+  return names;
 }
 
 std::string type_name(int32_t id) {

@@ -5,10 +5,11 @@
 // (migrate/quants.h takes its block constants from here; migrate/type_traits.h adds the codec
 // pointers per SIMD level over the KV cache rows).
 //
-// A new ggml type: fill its row in kGgmlTypes (ggml.c type_traits: blck_size, type_size) and,
-// when llama.cpp accepts it for -ctk/-ctv, give it kTypeKvCache, a GgmlType name below and its
-// codecs in migrate/type_traits.cc (the static_asserts there and in ggml_types.cc say what is
-// missing).
+// A new ggml type: fill its row in kGgmlTypes (ggml.c type_traits: blck_size, type_size;
+// ggml_types.cc checks ids, kinds, sizes and unique names at compile time). When llama.cpp
+// accepts it for -ctk/-ctv, also give it kTypeKvCache, a GgmlType name below and its entry in
+// ggml_types.cc's kLlamaKvCacheTypes (the hand-kept second opinion the flags are checked
+// against), then its codecs (migrate/type_traits.h says where, and what fails if forgotten).
 #pragma once
 
 #include <array>
@@ -149,8 +150,8 @@ constexpr std::array<TypeLayout, count_kv()> kv_rows() {
 
 }  // namespace ggml_types_detail
 
-// The rows of kGgmlTypes flagged kTypeKvCache, in ggml enum order: the nine types llama.cpp
-// accepts for -ctk/-ctv. find_type() and migrate/type_traits.h point into this array.
+// The rows of kGgmlTypes flagged kTypeKvCache, in ggml enum order: the types llama.cpp
+// accepts for -ctk/-ctv (nine in v0.5.0). find_type() and migrate/type_traits.h point into this array.
 inline constexpr auto kKvCacheTypes = ggml_types_detail::kv_rows();
 
 constexpr std::span<const TypeLayout> kv_cache_types() { return kKvCacheTypes; }
@@ -184,6 +185,9 @@ Result<uint64_t> row_bytes(const TypeLayout& t, uint64_t n_elems);
 
 // The element count a row of `bytes` holds, if `bytes` is a whole number of blocks.
 std::optional<uint64_t> row_elems(const TypeLayout& t, uint64_t bytes);
+
+// The KV cache types' names in table order, for messages and --help: "f32 f16 q4_0 ... bf16".
+std::string kv_cache_type_names();
 
 // "q8_0" or "type 99" for ids that are not KV cache types, for messages.
 std::string type_name(int32_t id);

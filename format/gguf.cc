@@ -8,27 +8,13 @@
 
 #include "base/byte_order.h"
 #include "base/sha256.h"
+#include "base/text.h"
 #include "format/cursor.h"
 
 namespace kvsnap {
 namespace {
 
 // ---------------------------------------------------------------- helpers
-std::string quote(std::string_view s) {
-  std::string out = "'";
-  for (char ch : s.substr(0, 80)) {
-    unsigned char c = static_cast<unsigned char>(ch);
-    if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  if (s.size() > 80) out += "...";
-  return out + "'";
-}
 
 uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
@@ -168,7 +154,7 @@ Status check_ne(Cursor& c, uint64_t at, const GgufTensorInfo& t) {
   }
   for (int64_t d : t.ne) {
     if (uint64_t(d) > uint64_t(std::numeric_limits<int64_t>::max()) / total) {
-      return c.corrupt(at, "tensor " + quote(t.name) + ": element count of shape (" + std::to_string(t.ne[0]) + ", " +
+      return c.corrupt(at, "tensor " + quote_text(t.name) + ": element count of shape (" + std::to_string(t.ne[0]) + ", " +
                                std::to_string(t.ne[1]) + ", " + std::to_string(t.ne[2]) + ", " +
                                std::to_string(t.ne[3]) + ") overflows");
     }
@@ -341,22 +327,28 @@ std::string number_string(double d) {
   return buf;
 }
 
+// An element for display: its text, or what is wrong with it (never an exception).
+template <class T, class Show>
+std::string shown(const Result<T>& r, Show show) {
+  return r.ok() ? show(*r) : "<" + r.status().ToString() + ">";
+}
+
 std::string array_display(const GgufArray& a, size_t max_items) {
   std::string out = "[";
   const uint64_t n = std::min<uint64_t>(a.count, max_items);
   for (uint64_t i = 0; i < n; ++i) {
     if (i) out += ", ";
     switch (a.elem_type) {
-      case GgufType::kString: out += quote(a.strings[i]); break;
+      case GgufType::kString: out += quote_text(a.strings[i]); break;
       case GgufType::kArray: out += array_display(a.arrays[i], max_items); break;
       case GgufType::kF32:
-      case GgufType::kF64: out += number_string(a.float_at(i).value()); break;
-      case GgufType::kBool: out += a.bool_at(i).value() ? "true" : "false"; break;
+      case GgufType::kF64: out += shown(a.float_at(i), number_string); break;
+      case GgufType::kBool: out += shown(a.bool_at(i), [](bool b) { return std::string(b ? "true" : "false"); }); break;
       default:
         if (is_signed(a.elem_type)) {
-          out += std::to_string(a.int_at(i).value());
+          out += shown(a.int_at(i), [](int64_t v) { return std::to_string(v); });
         } else {
-          out += std::to_string(a.uint_at(i).value());
+          out += shown(a.uint_at(i), [](uint64_t v) { return std::to_string(v); });
         }
     }
   }
@@ -367,7 +359,7 @@ std::string array_display(const GgufArray& a, size_t max_items) {
 
 std::string GgufValue::to_display_string(size_t max_items) const {
   switch (type) {
-    case GgufType::kString: return quote(std::get<std::string>(v));
+    case GgufType::kString: return quote_text(std::get<std::string>(v));
     case GgufType::kArray: return array_display(std::get<GgufArray>(v), max_items);
     case GgufType::kF32:
     case GgufType::kF64: return number_string(std::get<double>(v));
@@ -403,12 +395,12 @@ Status GgufHeader::type_error(const GgufKv& kv, const char* expected) const {
   if (kv.value.type == GgufType::kArray) {
     got = "array of " + gguf_type_name(std::get<GgufArray>(kv.value.v).elem_type);
   }
-  return Status::Mismatch(file + ": key " + quote(kv.key) + " has type " + got + ", expected " + expected);
+  return Status::Mismatch(file + ": key " + quote_text(kv.key) + " has type " + got + ", expected " + expected);
 }
 
 namespace {
 Status not_found(const std::string& file, std::string_view key) {
-  return Status::NotFound(file + ": key " + quote(key) + " not found");
+  return Status::NotFound(file + ": key " + quote_text(key) + " not found");
 }
 }  // namespace
 
@@ -419,7 +411,7 @@ Result<int64_t> GgufHeader::get_i64(std::string_view key) const {
   if (is_signed(kv->value.type)) return std::get<int64_t>(kv->value.v);
   const uint64_t u = std::get<uint64_t>(kv->value.v);
   if (u > uint64_t(std::numeric_limits<int64_t>::max())) {
-    return Status::Mismatch(file + ": key " + quote(key) + " value " + std::to_string(u) + " does not fit in i64");
+    return Status::Mismatch(file + ": key " + quote_text(key) + " value " + std::to_string(u) + " does not fit in i64");
   }
   return int64_t(u);
 }
@@ -430,7 +422,7 @@ Result<uint64_t> GgufHeader::get_u64(std::string_view key) const {
   if (!gguf_type_is_integer(kv->value.type)) return type_error(*kv, "an integer");
   if (is_signed(kv->value.type)) {
     const int64_t i = std::get<int64_t>(kv->value.v);
-    if (i < 0) return Status::Mismatch(file + ": key " + quote(key) + " is negative (" + std::to_string(i) + ")");
+    if (i < 0) return Status::Mismatch(file + ": key " + quote_text(key) + " is negative (" + std::to_string(i) + ")");
     return uint64_t(i);
   }
   return std::get<uint64_t>(kv->value.v);
@@ -439,7 +431,7 @@ Result<uint64_t> GgufHeader::get_u64(std::string_view key) const {
 Result<uint32_t> GgufHeader::get_u32(std::string_view key) const {
   KV_ASSIGN_OR_RETURN(uint64_t v, get_u64(key));
   if (v > std::numeric_limits<uint32_t>::max()) {
-    return Status::Mismatch(file + ": key " + quote(key) + " value " + std::to_string(v) + " does not fit in u32");
+    return Status::Mismatch(file + ": key " + quote_text(key) + " value " + std::to_string(v) + " does not fit in u32");
   }
   return uint32_t(v);
 }
@@ -447,7 +439,7 @@ Result<uint32_t> GgufHeader::get_u32(std::string_view key) const {
 Result<int32_t> GgufHeader::get_i32(std::string_view key) const {
   KV_ASSIGN_OR_RETURN(int64_t v, get_i64(key));
   if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) {
-    return Status::Mismatch(file + ": key " + quote(key) + " value " + std::to_string(v) + " does not fit in i32");
+    return Status::Mismatch(file + ": key " + quote_text(key) + " value " + std::to_string(v) + " does not fit in i32");
   }
   return int32_t(v);
 }
@@ -500,7 +492,7 @@ Result<std::vector<uint32_t>> GgufHeader::get_u32_array(std::string_view key) co
   for (uint64_t i = 0; i < a->count; ++i) {
     auto v = a->uint_at(i);
     if (!v.ok() || *v > std::numeric_limits<uint32_t>::max()) {
-      return Status::Mismatch(file + ": key " + quote(key) + " element " + std::to_string(i) + " does not fit in u32");
+      return Status::Mismatch(file + ": key " + quote_text(key) + " element " + std::to_string(i) + " does not fit in u32");
     }
     out.push_back(uint32_t(*v));
   }
@@ -514,7 +506,10 @@ Result<std::vector<float>> GgufHeader::get_f32_array(std::string_view key) const
   }
   std::vector<float> out;
   out.reserve(static_cast<size_t>(a->count));
-  for (uint64_t i = 0; i < a->count; ++i) out.push_back(float(a->float_at(i).value()));
+  for (uint64_t i = 0; i < a->count; ++i) {
+    KV_ASSIGN_OR_RETURN(double v, a->float_at(i));
+    out.push_back(float(v));
+  }
   return out;
 }
 
@@ -530,7 +525,7 @@ Result<std::vector<uint32_t>> GgufHeader::get_u32_or_array(std::string_view key,
   if (kv->value.type == GgufType::kArray) {
     const auto& a = std::get<GgufArray>(kv->value.v);
     if (a.count != n) {
-      return Status::Mismatch(file + ": key " + quote(key) + " has wrong array length; expected " + std::to_string(n) +
+      return Status::Mismatch(file + ": key " + quote_text(key) + " has wrong array length; expected " + std::to_string(n) +
                               ", got " + std::to_string(a.count));
     }
     return get_u32_array(key);
@@ -624,11 +619,11 @@ Status read_kvs(Cursor& c, Parser& p, uint64_t n_kv, std::vector<GgufKv>& kvs,
     KV_ASSIGN_OR_RETURN(kv.key, p.string(kw));
     if (kv.key.empty()) return c.corrupt(kv.offset, kw + " is empty");
     if (auto it = index.find(kv.key); it != index.end()) {
-      return c.corrupt(kv.offset, "duplicate key " + quote(kv.key) + " (first at offset " +
+      return c.corrupt(kv.offset, "duplicate key " + quote_text(kv.key) + " (first at offset " +
                                       std::to_string(kvs[it->second].offset) + ")");
     }
-    const std::string what = "value of key " + quote(kv.key);
-    KV_ASSIGN_OR_RETURN(GgufType t, p.type("type of key " + quote(kv.key)));
+    const std::string what = "value of key " + quote_text(kv.key);
+    KV_ASSIGN_OR_RETURN(GgufType t, p.type("type of key " + quote_text(kv.key)));
     if (t == GgufType::kArray) {
       GgufArray a;
       KV_RETURN_IF_ERROR(p.array(a, 0, what));
@@ -664,12 +659,12 @@ Status read_tensor_name(Cursor& c, Parser& p, uint64_t i, const std::map<std::st
                         GgufTensorInfo& t) {
   KV_ASSIGN_OR_RETURN(t.name, p.string("name of tensor " + std::to_string(i)));
   if (t.name.size() > kGgufMaxTensorName) {
-    return c.corrupt(t.info_offset, "tensor " + std::to_string(i) + " name " + quote(t.name) + " is too long: " +
+    return c.corrupt(t.info_offset, "tensor " + std::to_string(i) + " name " + quote_text(t.name) + " is too long: " +
                                         std::to_string(t.name.size()) + " >= " +
                                         std::to_string(kGgufMaxTensorName + 1));
   }
   if (auto it = names.find(t.name); it != names.end()) {
-    return c.corrupt(t.info_offset, "duplicate tensor name " + quote(t.name) + " (first at offset " +
+    return c.corrupt(t.info_offset, "duplicate tensor name " + quote_text(t.name) + " (first at offset " +
                                         std::to_string(it->second) + ")");
   }
   return Status::OK();
@@ -733,7 +728,7 @@ Status read_tensor_infos(Cursor& c, Parser& p, const std::string& file, uint64_t
     GgufTensorInfo t;
     t.info_offset = c.offset();
     KV_RETURN_IF_ERROR(read_tensor_name(c, p, i, names, t));
-    const std::string tw = "tensor " + quote(t.name);
+    const std::string tw = "tensor " + quote_text(t.name);
     KV_RETURN_IF_ERROR(read_tensor_shape(c, tw, t));
     KV_RETURN_IF_ERROR(read_tensor_type(c, file, tw, t));
     KV_ASSIGN_OR_RETURN(t.offset, c.u64(("data offset of " + tw).c_str()));
@@ -749,12 +744,12 @@ Status check_data_section(Cursor& c, GgufHeader& h) {
   uint64_t expect = 0;
   for (const auto& t : h.tensors) {
     if (t.offset != expect) {
-      return c.corrupt(t.info_offset, "tensor " + quote(t.name) + " has data offset " + std::to_string(t.offset) +
+      return c.corrupt(t.info_offset, "tensor " + quote_text(t.name) + " has data offset " + std::to_string(t.offset) +
                                           ", expected " + std::to_string(expect));
     }
     const uint64_t padded = align_up(t.n_bytes, h.alignment);
     if (padded < t.n_bytes || expect > std::numeric_limits<uint64_t>::max() - padded) {
-      return c.corrupt(t.info_offset, "tensor " + quote(t.name) + ": data section size overflows");
+      return c.corrupt(t.info_offset, "tensor " + quote_text(t.name) + ": data section size overflows");
     }
     expect += padded;
   }

@@ -14,7 +14,7 @@ namespace {
 Status check_type(Cursor& c, uint64_t at, int32_t id, const std::string& ctx, const char* side) {
   if (!find_type(id)) {
     return c.corrupt(at, ctx + ": unknown " + side + " type id " + std::to_string(id) +
-                             " (not one of f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl)");
+                             " (not one of " + kv_cache_type_names() + ")");
   }
   return Status::OK();
 }

@@ -20,6 +20,9 @@ constexpr Change kVersion3{10375, 10645};       // #27762: ggsq 3 / ggsn 10, 12-
 constexpr Change kRawTag{8390, 9842};           // llama_state_seq_get_data puts 0xaf143cd8 + seq id first
 constexpr Change kSessionV9{3543, 3889};       // ggsn 8 (RNG text after the arch name) -> 9 (no RNG)
 constexpr Change kSeqCellIds{4980, 5640};      // ggsq cells: n_seq_id 0 -> 1 + the seq id
+// #26640: llama-server's packed token payload. Absent in b10361; merged about 2026-08-15, so
+// first_with is an estimate (no build in the window b1040x..b1063x ships llama-server to test).
+constexpr Change kServerPackedTokens{10361, 10400};
 constexpr uint32_t kEraA = 3166;               // ggsn 6 (legacy KV dump) / ggsq 1: own layouts
 constexpr uint32_t kFirstReadable = 3543;      // era B: ggsn 8 / ggsq 2
 
@@ -272,8 +275,9 @@ FileEra era_of_file(const StateFile& f, std::optional<bool> model_has_cell_ext) 
                        " or older, before any build rotated"};
   }
   if (f.kind == StateKind::kSeqFile && f.tokens.packed) {
-    return FileEra{"G", "about b10400.." + b(kVersion3.last_without), Tri::kYes,
-                   "ggsq v2 with llama-server's packed token payload (added about b10400, after rotation)"};
+    const std::string first = "about " + b(kServerPackedTokens.first_with);
+    return FileEra{"G", first + ".." + b(kVersion3.last_without), Tri::kYes,
+                   "ggsq v2 with llama-server's packed token payload (added " + first + ", after rotation)"};
   }
   const bool no_outputs = has_outputs_field(f) && !f.outputs;
   const uint32_t first = no_outputs ? kNoOutputs.first_with : kStreamPrefix.first_with;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/text.h"
 #include "format/cursor.h"
 #include "format/ggml_types.h"
 #include "format/llama_state_internal.h"
@@ -23,12 +24,6 @@ namespace {
 constexpr uint32_t kMaxArchName = 256;
 // std::mt19937 as text: 624 state words and the index, about 7 KB.
 constexpr uint32_t kMaxRngText = 1u << 16;
-
-std::string hex32(uint32_t v) {
-  char b[16];
-  std::snprintf(b, sizeof b, "%08x", v);
-  return b;
-}
 
 // The recurrent section is always last, so its extent is known; its inside is
 // parsed only to describe it. Layout (llama_memory_recurrent::state_write):

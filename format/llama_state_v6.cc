@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "base/byte_order.h"
 #include "format/ggml_types.h"
 #include "format/llama_state_internal.h"
 
@@ -31,11 +32,7 @@ constexpr uint64_t kMaxRngState = 64 * 1024;
 constexpr GgmlType kB3166CacheTypes[] = {GgmlType::kF32,  GgmlType::kF16,   GgmlType::kQ8_0, GgmlType::kQ4_0,
                                          GgmlType::kQ4_1, GgmlType::kIQ4_NL, GgmlType::kQ5_0, GgmlType::kQ5_1};
 
-uint32_t hp_u32(const std::vector<std::byte>& h, size_t off) {
-  uint32_t v;
-  std::memcpy(&v, h.data() + off, 4);
-  return v;
-}
+uint32_t hp_u32(const std::vector<std::byte>& h, size_t off) { return load_le<uint32_t>(h.data() + off); }
 
 // The fields of b3166's llama_hparams that fix the cache's shape, at their
 // LP64 offsets, against the model; ssm_* must be 0 (Mamba caches are not

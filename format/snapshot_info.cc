@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "base/json_access.h"
+#include "base/text.h"
 #include "format/ggml_types.h"
 #include "format/llama_era.h"
 #include "format/rotation_rule.h"
@@ -43,12 +44,6 @@ std::optional<StateKind> kind_from_tag(const std::string& s) {
     if (s == kind_tag(k)) return k;
   }
   return std::nullopt;
-}
-
-std::string hex32(uint32_t v) {
-  char b[16];
-  std::snprintf(b, sizeof b, "%08x", v);
-  return b;
 }
 
 // llama.cpp's rotation (docs/llama-formats.md): quantized caches of builds

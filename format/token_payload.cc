@@ -2,10 +2,10 @@
 // (a -1 word, version, tokens, media positions and chunks) read back into a
 // TokenPayload, and the tokens packed into that form again. Plain token lists
 // pass through as they are.
-#include <cstring>
 #include <string>
 #include <vector>
 
+#include "base/byte_order.h"
 #include "format/cursor.h"
 #include "format/llama_state.h"
 
@@ -21,11 +21,11 @@ Result<TokenPayload> parse_token_payload(std::vector<int32_t> words) {
   // Packed llama-server payload, read as bytes.
   const size_t nbytes = words.size() * 4;
   std::vector<std::byte> b(nbytes);
-  std::memcpy(b.data(), words.data(), nbytes);  // little-endian host assumed (x86_64, arm64)
+  for (size_t i = 0; i < words.size(); ++i) store_le(b.data() + 4 * i, uint32_t(words[i]), 4);
   size_t pos = 4;
   auto rd32 = [&](uint32_t& v, const char* what) -> Status {
     if (nbytes - pos < 4) return Status::Corruption(std::string("packed server token payload: truncated ") + what);
-    std::memcpy(&v, b.data() + pos, 4);
+    v = load_le<uint32_t>(b.data() + pos);
     pos += 4;
     return Status::OK();
   };
@@ -38,13 +38,13 @@ Result<TokenPayload> parse_token_payload(std::vector<int32_t> words) {
   KV_RETURN_IF_ERROR(rd32(n, "token count"));
   if (n > (nbytes - pos) / 4) return Status::Corruption("packed server token payload: token count past the end");
   tp.tokens.resize(n);
-  if (n) std::memcpy(tp.tokens.data(), b.data() + pos, size_t(n) * 4);
+  for (size_t k = 0; k < n; ++k) tp.tokens[k] = load_le<int32_t>(b.data() + pos + 4 * k);
   pos += size_t(n) * 4;
   uint32_t m = 0;
   KV_RETURN_IF_ERROR(rd32(m, "media count"));
   if (m > (nbytes - pos) / 4) return Status::Corruption("packed server token payload: media count past the end");
   tp.media_positions.resize(m);
-  if (m) std::memcpy(tp.media_positions.data(), b.data() + pos, size_t(m) * 4);
+  for (size_t k = 0; k < m; ++k) tp.media_positions[k] = load_le<uint32_t>(b.data() + pos + 4 * k);
   pos += size_t(m) * 4;
   for (uint32_t i = 0; i < m; ++i) {
     uint32_t len = 0;
@@ -80,7 +80,7 @@ std::vector<int32_t> pack_server_tokens(const std::vector<int32_t>& tokens,
   }
   b.resize((b.size() + 3) / 4 * 4, std::byte{0});
   std::vector<int32_t> words(b.size() / 4);
-  std::memcpy(words.data(), b.data(), b.size());
+  for (size_t i = 0; i < words.size(); ++i) words[i] = load_le<int32_t>(b.data() + 4 * i);
   return words;
 }
 

@@ -1,8 +1,8 @@
 #include "migrate/conversion_spec.h"
 
 #include <algorithm>
-#include <thread>
 
+#include "base/parallel.h"
 #include "format/ggml_types.h"
 
 namespace kvsnap {
@@ -93,20 +93,21 @@ Status set_target_build(const ConversionSpec& spec, const StateFile& src, Conver
   if (old && !session && L.stream_prefix == Tri::kNo && L.seq_cell_ids == Tri::kUnknown) {
     return unknown("whether slot cells carry their seq id");
   }
-  TargetFormat fmt = TargetFormat::kSameKindCurrent;
-  if (session) {
-    fmt = !old              ? TargetFormat::kGgsnV10
-          : *version == 8   ? TargetFormat::kGgsnV8
-          : *version == 6   ? TargetFormat::kGgsnV6
-          : L.stream_prefix == Tri::kYes ? TargetFormat::kGgsnV9
-                                         : TargetFormat::kGgsnV9NoStream;
-  } else {
-    fmt = !old                             ? TargetFormat::kGgsqV3
-          : *version == 1                  ? TargetFormat::kGgsqV1
-          : L.stream_prefix == Tri::kYes   ? TargetFormat::kGgsqV2
-          : L.seq_cell_ids == Tri::kNo     ? TargetFormat::kGgsqV2NoSeqIds
-                                           : TargetFormat::kGgsqV2NoStream;
+  // The row of kTargetFormats (convert_state.h) the build writes: its kind and version (a newer
+  // version than kvsnap writes: the current one), the n_stream prefix and the cells' seq ids.
+  const StateKind kind = session ? StateKind::kSessionFile : StateKind::kSeqFile;
+  const uint32_t v = old ? *version : session ? 10u : 3u;
+  auto fits = [](Tri row, Tri build) { return row == Tri::kUnknown || row == build; };
+  const TargetFormatRow* row = nullptr;
+  for (const TargetFormatRow& r : kTargetFormats) {
+    if (r.kind == kind && r.version == v && fits(r.stream_prefix, L.stream_prefix) &&
+        fits(r.seq_cell_ids, L.seq_cell_ids)) {
+      row = &r;
+      break;
+    }
   }
+  if (!row) return unknown("the file format");
+  const TargetFormat fmt = row->format;
   if (!spec.format.empty() && req.format != fmt) {
     return Status::InvalidArgument("{--format} " + spec.format + " is not what " + who + " reads; give one of them");
   }
@@ -130,9 +131,7 @@ RotationGeometry model_rotation_geometry(const ModelInfo& model) {
 Result<int32_t> parse_kv_type(const std::string& name, const std::string& flag) {
   const TypeLayout* t = find_type(name);
   if (!t) {
-    std::string names;
-    for (const auto& x : kv_cache_types()) names += (names.empty() ? "" : " ") + std::string(x.name);
-    return Status::InvalidArgument(flag + " '" + name + "' is not a KV cache type (" + names + ")");
+    return Status::InvalidArgument(flag + " '" + name + "' is not a KV cache type (" + kv_cache_type_names() + ")");
   }
   return int32_t(t->id);
 }
@@ -159,7 +158,7 @@ Result<ConvertRequest> make_request(const ConversionSpec& spec, const StateFile&
   req.k_rotation = req.v_rotation = RotationOverride{src_mode == RotationMode::kOff ? src_mode : RotationMode::kAuto,
                                                      dst_mode == RotationMode::kOff ? dst_mode : RotationMode::kAuto};
   KV_ASSIGN_OR_RETURN(req.format, parse_target_format(spec.format));
-  req.threads = spec.threads > 0 ? uint32_t(spec.threads) : std::max(1u, std::thread::hardware_concurrency());
+  req.threads = spec.threads > 0 ? uint32_t(spec.threads) : default_threads();
   req.report = spec.report;
   KV_RETURN_IF_ERROR(set_geometry(spec, src, model, req));
   KV_RETURN_IF_ERROR(set_target_build(spec, src, req));

@@ -609,25 +609,38 @@ class ConvertingSource final : public TensorSource {
   const ConvertRequest& req_;
 };
 
+// Every TargetFormat has one row of kTargetFormats (kGgsnV6 is the last enumerator).
+constexpr bool every_format_has_one_row() {
+  for (int f = 0; f <= int(TargetFormat::kGgsnV6); ++f) {
+    int n = 0;
+    for (const TargetFormatRow& r : kTargetFormats) n += r.format == TargetFormat(f) ? 1 : 0;
+    if (n != 1) return false;
+  }
+  return std::size(kTargetFormats) == size_t(TargetFormat::kGgsnV6) + 1;
+}
+static_assert(every_format_has_one_row(), "kTargetFormats: one row per TargetFormat");
+
 }  // namespace
 
 Result<TargetFormat> parse_target_format(const std::string& s) {
-  if (s.empty() || s == "current") return TargetFormat::kSameKindCurrent;
-  if (s == "ggsq-v3") return TargetFormat::kGgsqV3;
-  if (s == "ggsq-v2") return TargetFormat::kGgsqV2;
-  if (s == "ggsq-v2-b5640") return TargetFormat::kGgsqV2NoStream;
-  if (s == "ggsn-v10") return TargetFormat::kGgsnV10;
-  if (s == "ggsn-v9") return TargetFormat::kGgsnV9;
-  if (s == "ggsn-v9-b5640") return TargetFormat::kGgsnV9NoStream;
-  if (s == "ggsq-v2-b3543") return TargetFormat::kGgsqV2NoSeqIds;
-  if (s == "ggsq-v1-b3166") return TargetFormat::kGgsqV1;
-  if (s == "ggsn-v8-b3543") return TargetFormat::kGgsnV8;
-  if (s == "ggsn-v6-b3166") return TargetFormat::kGgsnV6;
+  if (s.empty()) return TargetFormat::kSameKindCurrent;
+  for (const TargetFormatRow& r : kTargetFormats) {
+    if (r.name == s) return r.format;
+  }
   return Status::InvalidArgument("unknown format '" + s + "' (one of " + target_format_names() + ")");
 }
 
 std::string target_format_names() {
-  return "current, ggsq-v3, ggsq-v2, ggsq-v2-b5640, ggsq-v2-b3543, ggsq-v1-b3166, ggsn-v10, ggsn-v9, ggsn-v9-b5640, ggsn-v8-b3543, ggsn-v6-b3166";
+  std::string names;
+  for (const TargetFormatRow& r : kTargetFormats) names += (names.empty() ? "" : ", ") + std::string(r.name);
+  return names;
+}
+
+const TargetFormatRow& target_format_row(TargetFormat f) {
+  for (const TargetFormatRow& r : kTargetFormats) {
+    if (r.format == f) return r;
+  }
+  return kTargetFormats[0];  // unreachable: every enumerator has its row (static_assert above)
 }
 
 Result<StateFile> plan_target(const StateFile& src, const ConvertRequest& req) {

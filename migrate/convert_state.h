@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/io.h"
@@ -37,9 +38,43 @@ enum class TargetFormat {
   kGgsnV9NoStream,
   kGgsnV8,           // b3543: RNG text + outputs + a memory section without the n_stream prefix
   kGgsnV6,           // b3166: the legacy dump; only from a ggsn v6 input (its llama_hparams header)
+  // (kGgsnV6 stays last: convert_state.cc checks kTargetFormats has one row per enumerator up to it)
 };
-Result<TargetFormat> parse_target_format(const std::string& s);  // "ggsq-v3", "ggsq-v2", "ggsq-v2-b5640", ...
-std::string target_format_names();                               // for --help
+
+// THE table of output formats: a new file era is one row here (and its case in apply_format).
+// `name` is --format's spelling; the rest says which builds' files it is: the kind, its version
+// and, for the old versions whose layout changed without a bump, the n_stream prefix and the
+// seq ids of ggsq cells (kUnknown: either). set_target_build (conversion_spec.cc) picks the row
+// a named build's layout (format/llama_era.h) matches.
+struct TargetFormatRow {
+  std::string_view name;
+  TargetFormat format;
+  std::optional<StateKind> kind;     // kSeqFile or kSessionFile; nullopt for "current" (any kind)
+  uint32_t version;                  // 0 for "current"
+  Tri stream_prefix = Tri::kUnknown;
+  Tri seq_cell_ids = Tri::kUnknown;
+  std::string_view builds;           // the llama.cpp builds that write it (docs/llama-formats.md)
+};
+inline constexpr TargetFormatRow kTargetFormats[] = {
+    {"current", TargetFormat::kSameKindCurrent, std::nullopt, 0, Tri::kUnknown, Tri::kUnknown,
+     "the input's kind as v0.5.0 writes it"},
+    {"ggsq-v3", TargetFormat::kGgsqV3, StateKind::kSeqFile, 3, Tri::kUnknown, Tri::kUnknown, "b10645.., v0.4.0, v0.5.0"},
+    {"ggsq-v2", TargetFormat::kGgsqV2, StateKind::kSeqFile, 2, Tri::kYes, Tri::kUnknown, "b6122..b10375"},
+    {"ggsq-v2-b5640", TargetFormat::kGgsqV2NoStream, StateKind::kSeqFile, 2, Tri::kNo, Tri::kYes, "b5640..b5869"},
+    {"ggsq-v2-b3543", TargetFormat::kGgsqV2NoSeqIds, StateKind::kSeqFile, 2, Tri::kNo, Tri::kNo, "b3543..b4980"},
+    {"ggsq-v1-b3166", TargetFormat::kGgsqV1, StateKind::kSeqFile, 1, Tri::kUnknown, Tri::kUnknown, "b3166"},
+    {"ggsn-v10", TargetFormat::kGgsnV10, StateKind::kSessionFile, 10, Tri::kUnknown, Tri::kUnknown,
+     "b10645.., v0.4.0, v0.5.0"},
+    {"ggsn-v9", TargetFormat::kGgsnV9, StateKind::kSessionFile, 9, Tri::kYes, Tri::kUnknown, "b6122..b10375"},
+    {"ggsn-v9-b5640", TargetFormat::kGgsnV9NoStream, StateKind::kSessionFile, 9, Tri::kNo, Tri::kUnknown,
+     "b3889..b5869"},
+    {"ggsn-v8-b3543", TargetFormat::kGgsnV8, StateKind::kSessionFile, 8, Tri::kUnknown, Tri::kUnknown, "b3543"},
+    {"ggsn-v6-b3166", TargetFormat::kGgsnV6, StateKind::kSessionFile, 6, Tri::kUnknown, Tri::kUnknown, "b3166"},
+};
+
+Result<TargetFormat> parse_target_format(const std::string& s);  // a kTargetFormats name; "" is "current"
+std::string target_format_names();                               // for --help: the names, in table order
+const TargetFormatRow& target_format_row(TargetFormat f);
 
 // What llama.cpp's rotation rule sees, per KV section: the head dim of the
 // cache's layers when they share one and layer 0's is a multiple of 64, else

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 
 #include "migrate/half.h"
 #include "migrate/quants.h"
@@ -17,6 +18,46 @@ constexpr const int8_t* kIq4nlLevels = quants::kIQ4NLValues;
 
 using half::load_u16;
 using half::store_u16;
+
+// How exact requantization sees each KV cache type, decided type by type: every row of
+// kv_cache_types() must be here (static_assert below), so a new type is never taken on trust.
+// What the code below assumes of a quantized row: a block of 32 values starting with its f16
+// scale d (an offset type then its f16 min m), levels q in [lo, hi] (value d*q, or d*q + m),
+// packed as build() / encode_offset() / direct_levels() know. A new quantized type gets its
+// packing there and its row here, or kNone: exact requantization then leaves it to convert_row.
+enum class Grid : uint8_t { kNone, kSymmetric, kOffset };
+struct GridRow {
+  GgmlType id;
+  Grid grid;
+  int lo, hi;  // the levels q
+};
+constexpr GridRow kGrids[] = {
+    {GgmlType::kF32, Grid::kNone, 0, 0},          {GgmlType::kF16, Grid::kNone, 0, 0},
+    {GgmlType::kQ4_0, Grid::kSymmetric, -8, 7},   {GgmlType::kQ4_1, Grid::kOffset, 0, 15},
+    {GgmlType::kQ5_0, Grid::kSymmetric, -16, 15}, {GgmlType::kQ5_1, Grid::kOffset, 0, 31},
+    {GgmlType::kQ8_0, Grid::kSymmetric, -127, 127},
+    {GgmlType::kIQ4_NL, Grid::kSymmetric, quants::kIQ4NLValues[0], quants::kIQ4NLValues[15]},
+    {GgmlType::kBF16, Grid::kNone, 0, 0},
+};
+
+constexpr const GridRow* grid_of(GgmlType t) {
+  for (const GridRow& g : kGrids) {
+    if (g.id == t) return &g;
+  }
+  return nullptr;
+}
+
+constexpr bool every_kv_type_decided() {
+  for (const TypeLayout& t : kv_cache_types()) {
+    const GridRow* g = grid_of(t.id);
+    if (!g || (g->grid != Grid::kNone) != t.quantized) return false;
+    if (g->grid != Grid::kNone && t.block_elems != uint32_t(kBlock)) return false;
+  }
+  return std::size(kGrids) == kv_cache_types().size();
+}
+static_assert(every_kv_type_decided(),
+              "exact_requant.cc kGrids: decide every KV cache type of format/ggml_types.h (kNone, or its grid and "
+              "packing), quantized types only with blocks of 32");
 
 // Integer levels q with value == d * q exactly (as floats), or false.
 bool levels_for_scale(const float* x, float d, int* q) {
@@ -79,7 +120,7 @@ bool build(GgmlType dst, uint16_t d16, const int* q_sym, std::byte* out, const f
   }
 }
 
-int offset_top(GgmlType t) { return t == GgmlType::kQ4_1 ? 15 : 31; }
+int offset_top(GgmlType t) { return grid_of(t)->hi; }  // an offset type's levels are 0..hi
 
 // Packs an offset-type block (q4_1, q5_1): d, m, [32 high bits], nibbles.
 void encode_offset(GgmlType dst, uint16_t d16, uint16_t m16, const int* q, std::byte* out) {
@@ -108,7 +149,10 @@ bool build_offset(GgmlType dst, uint16_t d16, uint16_t m16, float d, float m, co
   return true;
 }
 
-bool has_offset(GgmlType t) { return t == GgmlType::kQ4_1 || t == GgmlType::kQ5_1; }
+bool has_offset(GgmlType t) {
+  const GridRow* g = grid_of(t);
+  return g && g->grid == Grid::kOffset;
+}
 
 double sse(const float* a, const float* b) {
   double s = 0;
@@ -121,12 +165,8 @@ double sse(const float* a, const float* b) {
 
 // Symmetric level range of a type without offset (levels relative to 0).
 void sym_range(GgmlType t, int& lo, int& hi) {
-  switch (t) {
-    case GgmlType::kQ4_0: lo = -8; hi = 7; break;
-    case GgmlType::kQ5_0: lo = -16; hi = 15; break;
-    case GgmlType::kQ8_0: lo = -127; hi = 127; break;
-    default: lo = -127; hi = 113; break;  // iq4_nl table range
-  }
+  lo = grid_of(t)->lo;
+  hi = grid_of(t)->hi;
 }
 
 int nearest_iq4nl(float r) {
@@ -145,8 +185,9 @@ int nearest_iq4nl(float r) {
 }  // namespace
 
 bool exact_requant_applies(const TypeTraits& src, const TypeTraits& dst) {
-  return src.quantized() && dst.quantized() && src.id() != dst.id() && src.block_elems() == kBlock &&
-         dst.block_elems() == kBlock;
+  const GridRow* s = grid_of(src.id());
+  const GridRow* d = grid_of(dst.id());
+  return s && d && s->grid != Grid::kNone && d->grid != Grid::kNone && src.id() != dst.id();
 }
 
 Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const TypeTraits& dst, uint64_t n_elems,

@@ -4,8 +4,10 @@
 
 #include <cassert>
 #include <cmath>
+#include <optional>
 #include <string>
 
+#include "format/rotation_rule.h"
 #include "migrate/simd_kernels.h"
 
 namespace kvsnap {
@@ -35,15 +37,12 @@ std::string_view to_string(RotationStep step) {
   return "?";
 }
 
+// The rule itself is format/rotation_rule.h's; `head_dim` is already the shared head dim
+// (RotationGeometry), so it is passed as both the shared and layer 0's.
 uint32_t rotation_block_size(KvSide side, uint32_t head_dim) {
-  if (head_dim == 0 || head_dim % 64 != 0) return 0;
-  if (side == KvSide::kV) return 64;  // build_input_v_rot: "smaller rotation matrices for V"
-  // build_input_k_rot: nrot = 64; do { nrot *= 2; } while (head_dim % nrot == 0); nrot /= 2;
-  uint32_t nrot = 64;
-  do {
-    nrot *= 2;
-  } while (head_dim % nrot == 0);
-  return nrot / 2;
+  const std::optional<uint32_t> n =
+      side == KvSide::kV ? v_rotation_block(head_dim, head_dim) : k_rotation_block(head_dim, head_dim);
+  return n.value_or(0);
 }
 
 bool llama_rotates(const TypeLayout& type, uint32_t head_dim, KvSide side) {

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "base/byte_order.h"
+
 namespace kvsnap::half {
 
 inline float f32_from_bits(uint32_t w) { return std::bit_cast<float>(w); }
@@ -67,11 +69,7 @@ inline uint16_t f32_to_bf16(float s) {
 }
 
 // Little-endian loads/stores of the 16-bit scale fields inside quant blocks.
-inline uint16_t load_u16(const std::byte* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-inline void store_u16(std::byte* p, uint16_t v) { std::memcpy(p, &v, 2); }
+inline uint16_t load_u16(const std::byte* p) { return load_le<uint16_t>(p); }
+inline void store_u16(std::byte* p, uint16_t v) { store_le(p, v, 2); }
 
 }  // namespace kvsnap::half

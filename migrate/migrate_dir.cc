@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "base/byte_order.h"
 #include "base/parallel.h"
 #include "format/llama_era.h"
 #include "format/state_summary.h"
@@ -60,16 +61,17 @@ bool same_layout(const StateFile& a, const StateFile& b) {
 }
 
 bool has_state_magic(const ReadableFile& f) {
-  uint32_t magic = 0;
-  if (f.size() < 4 || !f.read_at(0, std::span<std::byte>(reinterpret_cast<std::byte*>(&magic), 4)).ok()) return false;
+  std::byte head[4];
+  if (f.size() < 4 || !f.read_at(0, head).ok()) return false;
+  const uint32_t magic = load_le<uint32_t>(head);
   return magic == kMagicGgsq || magic == kMagicGgsn;
 }
 
 // `<file>.kvsnap-tmp-<pid>-<n>` of a process that no longer runs.
 bool is_stale_temp(const std::string& name) {
-  const auto at = name.find(".kvsnap-tmp-");
+  const auto at = name.find(kTempInfix);
   if (at == std::string::npos) return false;
-  const long pid = std::strtol(name.c_str() + at + 12, nullptr, 10);
+  const long pid = std::strtol(name.c_str() + at + kTempInfix.size(), nullptr, 10);
   if (pid <= 0) return true;
   return ::kill(pid_t(pid), 0) != 0 && errno == ESRCH;
 }
@@ -152,7 +154,7 @@ Result<std::vector<std::string>> scan(Io& io, const MigrateOptions& o, MigrateSu
   std::sort(entries.begin(), entries.end(), [](const DirEntry& a, const DirEntry& b) { return a.name < b.name; });
   std::vector<std::string> todo;
   for (const DirEntry& e : entries) {
-    if (e.name.find(".kvsnap-tmp-") != std::string::npos) {
+    if (e.name.find(kTempInfix) != std::string::npos) {
       if (is_stale_temp(e.name) && e.is_regular && !o.dry_run && io.remove(o.dir + "/" + e.name).ok())
         ++sum.stale_temps_removed;
       continue;

@@ -1,4 +1,6 @@
-// Internal to migrate/: the row kernels behind quants.cc and hadamard.cc.
+// Internal to migrate/: the row kernels behind the codec table (type_traits.cc: TypeTraits's
+// to_f32 / from_f32), the Hadamard rotation (hadamard.cc) and the fused row conversions
+// (convert_row.cc), reached only through the dispatch tables named below.
 //
 //   quants::ref::*     the scalar transcriptions of ggml's reference code (quants.h/.cc). They
 //                      define the bytes; every other kernel must agree with them exactly.

@@ -1,6 +1,6 @@
 // THE codec table: per KV cache type, per SIMD level, the two row functions (ggml's
 // type_traits, kvsnap style). The layouts are format/ggml_types.h's (sizes live there only);
-// this adds, for each of its nine KV cache rows, with ggml reference semantics:
+// this adds, for each of its KV cache rows (nine in v0.5.0), with ggml reference semantics:
 //   to_f32    == ggml_get_type_traits(type)->to_float   (dequantize_row_*, fp16/bf16 rows)
 //   from_f32  == ggml_quantize_chunk(type, ...)          (the *_ref quantizers; iq4_nl with
 //                its scale search, quantize_iq4_nl(ntry 7); f16 ggml_fp32_to_fp16_row;
@@ -12,10 +12,18 @@
 // Both functions take whole rows: `n` values, a multiple of the layout's block_elems;
 // src and dst must not overlap.
 //
-// A new KV type: its row in format/ggml_types.h (flag kTypeKvCache), then one row of
-// kCodecRows in type_traits.cc (the scalar pair at least), one golden file. A new SIMD level:
-// its column in kCodecRows (nullptr where it has no kernel of its own). Both are checked at
-// compile time.
+// A new KV type: its row in format/ggml_types.h (flag kTypeKvCache; see there), its scalar
+// pair in migrate/quants (quants::ref::<type>_to_f32 / _from_f32) and one row of kCodecRows in
+// type_traits.cc. What fails when something else is forgotten:
+//   - compile time: a KV row without its kCodecRows row, rows out of table order, a missing
+//     scalar pair (type_traits.cc); a KV type exact_requant.cc has not decided (its kGrids);
+//     ggml_types.cc's second opinion (llama.cpp's own -ctk/-ctv list).
+//   - tests: its golden file (Golden.OneFilePerKvType; kvsnap_make_golden writes one per KV
+//     type of the table), the codec properties of type_traits_test.cc.
+// Not checked: validate_row's quantized case and the SIMD/fused kernels assume an f16 scale
+// first (q4_1/q5_1: then an f16 min), as every KV type so far has.
+// A new SIMD level: its column in kCodecRows; an empty entry (nullptr or {}) means "no kernel
+// of its own" and is filled at compile time from simd::fallback(level).
 #pragma once
 
 #include <cstddef>

@@ -225,7 +225,7 @@ Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::create(Io& io, const
   thread_local std::mt19937_64 rng{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};
   std::string base = options.temp_dir.empty() ? path : options.temp_dir + "/" +
                                                            std::filesystem::path(path).filename().string();
-  std::string tmp = base + ".kvsnap-tmp-" + std::to_string(::getpid()) + "-" + std::to_string(rng());
+  std::string tmp = base + std::string(kTempInfix) + std::to_string(::getpid()) + "-" + std::to_string(rng());
   KV_ASSIGN_OR_RETURN(auto f, io.open_write(tmp, /*exclusive=*/true));
   return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(io, path, tmp, std::move(f), options.sync_dir));
 }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -172,6 +173,10 @@ struct AtomicWriteOptions {
   // Until it does, the new name may not survive a crash.
   bool sync_dir = true;
 };
+
+// What marks AtomicFileWriter's temporary files: `<target>.kvsnap-tmp-<pid>-<random>`.
+// Cleaners of stale temporaries (migrate_dir) match this and read the pid after it.
+inline constexpr std::string_view kTempInfix = ".kvsnap-tmp-";
 
 // Writes `path` so that a reader sees either the old file or the complete new
 // one, never a mix: a temporary file in the same directory, fsync, rename,

@@ -12,6 +12,7 @@
 #include <new>
 #include <string>
 
+#include "base/byte_order.h"
 #include "base/io.h"
 #include "base/remedy.h"
 #include "format/llama_state.h"
@@ -150,8 +151,7 @@ class MallocSink final : public kvsnap::ByteSink {
 
 bool has_file_magic(const void* src, size_t n) {
   if (n < 4) return false;
-  uint32_t m;
-  std::memcpy(&m, src, 4);
+  const uint32_t m = kvsnap::load_le<uint32_t>(static_cast<const std::byte*>(src));
   return m == kvsnap::kMagicGgsq || m == kvsnap::kMagicGgsn;
 }
 

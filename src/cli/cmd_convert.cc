@@ -144,7 +144,7 @@ void setup_convert(CLI::App& app, int& exit_status) {
       "file format, so a server started with those settings restores it without reprocessing the prompt");
   sub->add_option("in", o->in, "input state file (ggsq slot file, ggsn session file, or raw buffer)")->required();
   sub->add_option("out", o->out, "output file; written atomically, never over the input")->required();
-  sub->add_option("--ctk", o->ctk, "target K type: f32 f16 bf16 q8_0 q4_0 q4_1 iq4_nl q5_0 q5_1 (default: keep)");
+  sub->add_option("--ctk", o->ctk, "target K type: " + kv_cache_type_names() + " (default: keep)");
   sub->add_option("--ctv", o->ctv, "target V type (default: keep)");
   sub->add_option("--model,-m", o->model,
                   "the model's GGUF: head dims (needed when a conversion crosses the Hadamard rotation), exact layout, "

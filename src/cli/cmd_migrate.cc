@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <thread>
 
+#include "base/parallel.h"
 #include "cli/progress.h"
 #include "cli/commands.h"
 #include "cli/era_options.h"
@@ -126,7 +126,7 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
   m.spec.source_build = o.source_build;
   m.spec.target_build = o.target_build;
   m.jobs = std::max(1, o.jobs);
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = int(default_threads());
   m.spec.threads = o.threads > 0 ? o.threads : std::max(1, cores / m.jobs);
   m.dry_run = o.dry_run;
   std::optional<ModelInfo> model;

@@ -35,8 +35,10 @@ inline constexpr ExitMeaning kExitMeanings[] = {
     {130, "interrupted: Ctrl-C (SIGINT) or SIGTERM stopped the command; what it was writing is removed"},
 };
 
-inline int exit_code(const Status& s) {
-  switch (s.code()) {
+// Codes 0..8 are the C API's kvsnap_status values (capi/kvsnap.h): tests/cli/exit_codes_test.cc
+// pins each one, so the two front ends cannot drift apart.
+constexpr int exit_code(Code c) {
+  switch (c) {
     case Code::kOk: return 0;
     case Code::kInvalidArgument: return 2;
     case Code::kCorruption: return 3;
@@ -49,6 +51,20 @@ inline int exit_code(const Status& s) {
   }
   return 1;
 }
+inline int exit_code(const Status& s) { return exit_code(s.code()); }
+
+// Every code's exit status is explained in kExitMeanings (kvsnap(1), docs/cli.md).
+constexpr bool exit_code_explained(Code c) {
+  for (const ExitMeaning& m : kExitMeanings) {
+    if (m.code == exit_code(c)) return true;
+  }
+  return false;
+}
+static_assert(exit_code_explained(Code::kOk) && exit_code_explained(Code::kCorruption) &&
+              exit_code_explained(Code::kNotSupported) && exit_code_explained(Code::kInvalidArgument) &&
+              exit_code_explained(Code::kIOError) && exit_code_explained(Code::kNotFound) &&
+              exit_code_explained(Code::kMismatch) && exit_code_explained(Code::kAmbiguous) &&
+              exit_code_explained(Code::kInterrupted));
 
 // Prints a command's result the one way every command does: output to
 // stdout on success, "kvsnap CMD: <kind>: <message>" to stderr otherwise.

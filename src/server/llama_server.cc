@@ -3,11 +3,11 @@
 #include <curl/curl.h>
 #include <sys/stat.h>
 
-#include <cctype>
 #include <fstream>
 #include <mutex>
 
 #include "base/json_access.h"
+#include "format/llama_era.h"
 
 namespace kvsnap {
 
@@ -160,14 +160,13 @@ ServerBuild parse_server_build(const nlohmann::json& props) {
   auto text = JsonRef(props, "/props").string_or("build_info", "");
   if (!text.ok() || text->empty()) return b;
   b.reported = *text;
-  // "b<number>-<commit>"
-  size_t end = 1;
-  while (end < b.reported.size() && std::isdigit(static_cast<unsigned char>(b.reported[end]))) ++end;
-  if (b.reported[0] != 'b' || end == 1 || end > 10) {
+  // "b<number>-<commit>" (format/llama_era.h reads builds; a server reports no release tag)
+  const Result<LlamaBuild> build = parse_llama_build(b.reported);
+  if (b.reported[0] != 'b' || !build.ok() || build->is_tag()) {
     b.why_not = "not of the form b<number>-<commit>";
     return b;
   }
-  const unsigned long number = std::stoul(b.reported.substr(1, end - 1));
+  const uint32_t number = build->number;
   if (number < kFirstPlausibleServerBuild) {
     b.why_not = "build number " + std::to_string(number) + " is below any llama-server that saves slots: a build "
                 "without git history (source bundle, tarball) says nothing of its era";

@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <thread>
 #include <vector>
 
 namespace kvsnap {
@@ -30,6 +34,50 @@ TEST(Parallel, ParallelForRunsEachItemOnceOnAValidWorker) {
       EXPECT_FALSE(bad_worker);
     }
   }
+}
+
+// A worker that runs out of memory must not std::terminate the process from its thread: the
+// exception comes back on the caller's thread once every worker ran and was joined, so it reaches
+// main's handler (exit 70) or the C API's (an error return), as a failed allocation anywhere does.
+TEST(Parallel, ForkJoinRethrowsAWorkersBadAllocOnTheCallerAfterJoiningAll) {
+  for (size_t thrower : {0u, 2u, 4u}) {
+    std::vector<std::atomic<int>> ran(5);
+    EXPECT_THROW(fork_join(5,
+                           [&](size_t w) {
+                             ran[w]++;
+                             if (w == thrower) throw std::bad_alloc();
+                           }),
+                 std::bad_alloc)
+        << thrower;
+    for (size_t w = 0; w < ran.size(); ++w) EXPECT_EQ(ran[w].load(), 1) << thrower << " " << w;
+  }
+}
+
+TEST(Parallel, ForkJoinRethrowsTheFirstWorkersException) {
+  try {
+    fork_join(3, [](size_t w) {
+      if (w >= 1) throw std::runtime_error("worker " + std::to_string(w));
+    });
+    FAIL() << "no exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "worker 1");
+  }
+}
+
+TEST(Parallel, ParallelForRethrowsAnItemsBadAlloc) {
+  std::atomic<int> items{0};
+  EXPECT_THROW(parallel_for(50, 4,
+                            [&](size_t i, size_t) {
+                              items++;
+                              if (i == 7) throw std::bad_alloc();
+                            }),
+               std::bad_alloc);
+  EXPECT_EQ(items.load(), 50);  // the other workers finish every item
+}
+
+TEST(Parallel, DefaultThreadsIsTheHardwareThreadsAndAtLeastOne) {
+  const unsigned hw = std::thread::hardware_concurrency();
+  EXPECT_EQ(default_threads(), hw > 0 ? hw : 1u);
 }
 
 }  // namespace

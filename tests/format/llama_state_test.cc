@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 
+#include "format/llama_era.h"
 #include "format/memory_shape.h"
 #include "format/model_profile.h"
 #include "format/rewrite.h"
@@ -46,13 +47,22 @@ std::vector<std::filesystem::path> state_files_under(const std::filesystem::path
 }
 
 // The model a fixture was written with: fixtures/models/tiny-<first word of its name>.gguf.
-std::optional<MemoryShape> fixture_model_shape(const std::filesystem::path& p) {
+std::filesystem::path fixture_model(const std::filesystem::path& p) {
   const std::string model_name = p.filename().string().substr(0, p.filename().string().find('-'));
-  const auto model = std::filesystem::path(KVSNAP_SOURCE_DIR) / "fixtures" / "models" / ("tiny-" + model_name + ".gguf");
+  return std::filesystem::path(KVSNAP_SOURCE_DIR) / "fixtures" / "models" / ("tiny-" + model_name + ".gguf");
+}
+std::optional<ModelProfile> fixture_model_profile(const std::filesystem::path& p) {
+  const auto model = fixture_model(p);
   if (!std::filesystem::exists(model)) return std::nullopt;
   auto prof = load_model_profile(posix_io(), model.string());
   if (!prof.ok()) return std::nullopt;
-  auto sh = memory_shape(*prof, model.string());
+  return *prof;
+}
+
+std::optional<MemoryShape> fixture_model_shape(const std::filesystem::path& p) {
+  const auto prof = fixture_model_profile(p);
+  if (!prof) return std::nullopt;
+  auto sh = memory_shape(*prof, fixture_model(p).string());
   if (!sh.ok()) return std::nullopt;
   return *sh;
 }
@@ -447,6 +457,37 @@ TEST(Fixtures, SharedReferenceFilesRoundTripByteExact) {
   round_trip_dir(dir, n);
   if (n == 0) GTEST_SKIP() << "../shared/fixtures is not beside this checkout";
   std::printf("round-tripped %zu shared reference files\n", n);
+}
+
+// Every fixtures/<build>/ directory proves its era: llama.cpp's layout of the build it is named
+// after is known (layout_of_build), and that build can have written each of its files
+// (check_build_wrote: version, n_stream prefix, v9 outputs, seq ids, raw tag, M-RoPE cell extra
+// with the fixture's model). A new fixture directory is checked without touching this test.
+TEST(Fixtures, EachBuildDirectoryHoldsFilesOfItsBuildsEra) {
+  size_t dirs = 0;
+  for (const auto& d : std::filesystem::directory_iterator(std::filesystem::path(KVSNAP_SOURCE_DIR) / "fixtures")) {
+    const std::string name = d.path().filename().string();
+    const auto build = parse_llama_build(name);
+    if (!d.is_directory() || !build.ok()) continue;  // models/, kvsnap/ (snapshots), scripts
+    SCOPED_TRACE(name);
+    ++dirs;
+    const auto layout = layout_of_build(*build);
+    ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+    size_t files = 0;
+    for (const auto& p : state_files_under(d.path())) {
+      SCOPED_TRACE(p.filename().string());
+      const auto st = parse_bytes(slurp(p), options_for(p));
+      ASSERT_TRUE(st.ok()) << st.status().ToString();
+      const auto prof = fixture_model_profile(p);
+      const std::optional<bool> cell_ext = prof ? std::optional<bool>(prof->has_cell_ext) : std::nullopt;
+      const Status wrote = check_build_wrote(*st, *build, cell_ext);
+      EXPECT_TRUE(wrote.ok()) << "era " << layout->era << ": " << wrote.ToString();
+      ++files;
+    }
+    EXPECT_GT(files, 0u) << "a fixture directory without state files";
+  }
+  if (dirs == 0) GTEST_SKIP() << "no fixtures/<build>/ directories";
+  std::printf("checked the files of %zu fixture build directories against their builds\n", dirs);
 }
 
 // One real file per format: every strict prefix is a clean error.

@@ -126,5 +126,16 @@ TEST(ExactRequant, RefusesPairsItIsNotFor) {
   EXPECT_FALSE(ExactRequantizer::make(*find_traits("q8_0"), *find_traits("q4_0"), 31).ok());
 }
 
+// Every pair of two different quantized KV types, and only those: the grids of exact_requant.cc
+// cover the whole table (its static_assert), so no quantized type is left out or assumed.
+TEST(ExactRequant, AppliesToEveryPairOfDifferentQuantizedTypes) {
+  for (const TypeTraits& s : type_traits()) {
+    for (const TypeTraits& d : type_traits()) {
+      EXPECT_EQ(exact_requant_applies(s, d), s.quantized() && d.quantized() && s.id() != d.id())
+          << s.name() << " -> " << d.name();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvsnap

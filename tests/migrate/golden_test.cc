@@ -5,7 +5,9 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -70,7 +72,15 @@ std::vector<float> decode(const TypeTraits& t, const std::vector<std::byte>& b) 
   return out;
 }
 
-class GoldenTypes : public ::testing::TestWithParam<const char*> {};
+// The KV cache types of format/ggml_types.h's table: a new type gets its golden test (and
+// needs its golden file, Golden.OneFilePerKvType) without touching this file.
+std::vector<std::string> kv_type_names() {
+  std::vector<std::string> out;
+  for (const TypeLayout& t : kv_cache_types()) out.emplace_back(t.name);
+  return out;
+}
+
+class GoldenTypes : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenTypes, MatchesGgml) {
   const TypeTraits& t = *find_traits(GetParam());
@@ -128,9 +138,22 @@ TEST_P(GoldenTypes, MatchesGgml) {
               std::string(t.name()).c_str(), n_case, n_random, n_blocks, bytes);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllKvTypes, GoldenTypes,
-                         ::testing::Values("f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "bf16"),
-                         [](const auto& info) { return std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(AllKvTypes, GoldenTypes, ::testing::ValuesIn(kv_type_names()),
+                         [](const auto& info) { return info.param; });
+
+// golden/ holds exactly one <type>.golden per KV cache type, besides the files of the half,
+// rotation and pipeline tests: a type added to the table without its vectors fails here.
+TEST(Golden, OneFilePerKvType) {
+  std::set<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(KVSNAP_MIGRATE_GOLDEN_DIR)) {
+    if (e.path().extension() == ".golden") files.insert(e.path().stem().string());
+  }
+  for (const char* other : {"half", "rotation", "pipeline"}) {
+    EXPECT_EQ(files.erase(other), 1u) << other << ".golden";
+  }
+  const std::vector<std::string> names = kv_type_names();
+  EXPECT_EQ(files, std::set<std::string>(names.begin(), names.end()));
+}
 
 TEST(Golden, HalfConversions) {
   const auto recs = read_golden("half.golden");

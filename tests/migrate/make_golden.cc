@@ -20,11 +20,13 @@
 //     unrotate <type> <K|V> <head_dim> <dist> <seed> <rows> <n> <fnv64 quantized input> <fnv64 f16 output>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "format/ggml_types.h"
 #include "ggml.h"
 #include "ggml_oracle.h"
 #include "test_inputs.h"
@@ -38,11 +40,22 @@ namespace {
 
 struct TypeInfo {
   int id;
-  const char* name;
+  std::string name;
 };
-constexpr TypeInfo kTypes[] = {{GGML_TYPE_F32, "f32"},   {GGML_TYPE_F16, "f16"},   {GGML_TYPE_Q4_0, "q4_0"},
-                               {GGML_TYPE_Q4_1, "q4_1"}, {GGML_TYPE_Q5_0, "q5_0"}, {GGML_TYPE_Q5_1, "q5_1"},
-                               {GGML_TYPE_Q8_0, "q8_0"}, {GGML_TYPE_IQ4_NL, "iq4_nl"}, {GGML_TYPE_BF16, "bf16"}};
+// The KV cache types from kvsnap's one type table (format/ggml_types.h: a constexpr header, no
+// kvsnap code is linked), in ggml enum order; main() checks each name against ggml's own.
+std::vector<TypeInfo> kv_types() {
+  std::vector<TypeInfo> out;
+  for (const kvsnap::TypeLayout& t : kvsnap::kv_cache_types()) out.push_back({int(t.id), std::string(t.name)});
+  return out;
+}
+TypeInfo kv_type(const std::string& name) {
+  for (const TypeInfo& t : kv_types()) {
+    if (t.name == name) return t;
+  }
+  std::fprintf(stderr, "no KV cache type %s\n", name.c_str());
+  std::exit(1);
+}
 
 std::string hex(const void* p, size_t n) {
   static const char* d = "0123456789abcdef";
@@ -81,11 +94,19 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("ggml CPU backend: %s\n", o->describe().c_str());
+  const std::vector<TypeInfo> types = kv_types();
+  for (const TypeInfo& t : types) {
+    if (t.name != ggml_type_name(static_cast<ggml_type>(t.id))) {
+      std::fprintf(stderr, "format/ggml_types.h names type %d %s, ggml %s\n", t.id, t.name.c_str(),
+                   ggml_type_name(static_cast<ggml_type>(t.id)));
+      return 1;
+    }
+  }
   const auto cases = kvsnap::testing::hard_cases();
   uint64_t inputs = 0xcbf29ce484222325ull;
   for (const auto& c : cases) inputs = fnv1a_of(c.x, inputs);
 
-  for (const TypeInfo& t : kTypes) {
+  for (const TypeInfo& t : types) {
     const auto tt = ggml_get_type_traits(static_cast<ggml_type>(t.id));
     std::ofstream f(dir + "/" + t.name + ".golden");
     f << kHeader << "type " << t.name << "\n";
@@ -111,7 +132,7 @@ int main(int argc, char** argv) {
       const auto back = o->to_float(t.id, b.data(), n_blocks * static_cast<size_t>(tt->blck_size));
       f << "blocks " << seed << " " << n_blocks << " " << h64(fnv1a_of(back)) << "\n";
     }
-    std::printf("wrote %s/%s.golden\n", dir.c_str(), t.name);
+    std::printf("wrote %s/%s.golden\n", dir.c_str(), t.name.c_str());
   }
 
   {
@@ -120,7 +141,7 @@ int main(int argc, char** argv) {
     std::vector<std::byte> codes(65536 * 2);
     for (uint32_t i = 0; i < 65536; i++) std::memcpy(&codes[2 * i], &i, 2);
     const auto sweep = kvsnap::testing::half_sweep();
-    for (const TypeInfo& t : {kTypes[1], kTypes[8]}) {
+    for (const TypeInfo& t : {kv_type("f16"), kv_type("bf16")}) {
       f << "codes " << t.name << " " << h64(fnv1a_of(o->to_float(t.id, codes.data(), 65536))) << "\n";
       f << "sweep " << t.name << " " << sweep.size() << " " << h64(fnv1a_of(sweep)) << " "
         << h64(fnv1a_of(o->quantize(t.id, sweep.data(), 1, sweep.size()))) << "\n";
@@ -163,7 +184,7 @@ int main(int argc, char** argv) {
     f << "# unrotate: those quantized rows -> to_float -> CPU fwht -> f16 (ggml_quantize_chunk)\n";
     const uint32_t head_dim = 128;
     const size_t n = 8 * head_dim, rows = 16;
-    for (const TypeInfo& t : kTypes) {
+    for (const TypeInfo& t : types) {
       const auto tt = ggml_get_type_traits(static_cast<ggml_type>(t.id));
       if (!tt->is_quantized) continue;
       for (const char* side : {"K", "V"}) {
