@@ -112,7 +112,9 @@ KV_AVX2_INLINE void q8_0_front(const std::byte* in, std::byte* out, size_t len, 
   u->in = in;
   u->out = out;
   u->nb = static_cast<int>(len / kQK);
-  for (int b = u->nb; b < 8; b++) pm[b] = _mm256_setzero_ps();
+  if (__builtin_expect(u->nb < 8, 0)) {
+    for (int b = u->nb; b < 8; b++) pm[b] = _mm256_setzero_ps();
+  }
   for (size_t r = 0; r < len; r += R) {
     float* buf = u->buf + r;
     __m256* pmr = pm + r / kQK;
