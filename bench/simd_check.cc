@@ -540,20 +540,24 @@ void check_iq4_trial_ids() {
   std::printf("  avx512: iq4_nl trial scales == (itry - 127) / max for %" PRIu64 " quotients\n", checked);
 }
 
-// The iq4_nl kernel skips the trials whose indices repeat the trial before (see
-// iq4_nl_compact_trials). For each block: its schedule starts at trial 1, is in order, and holds
-// every trial whose indices differ from the previous trial's (computed here the reference's way:
-// id = (itry - 127) / max, al = id * x, best_index_int8), on random blocks and on blocks built so
-// that a value's index flips right at a trial (x = m / id_p and its neighbours, m a midpoint).
-void check_iq4_trial_schedule() {
-  if (simd::best_level() < Level::kAvx512) return;
+// The iq4_nl kernels skip the trials whose indices repeat the trial before (see
+// iq4_nl_compact_trials, and compact_trials in x86_avx2_iq4_nl.cc). For each block: its schedule
+// starts at trial 1, is in order, and holds every trial whose indices differ from the previous
+// trial's (computed here the reference's way: id = (itry - 127) / max, al = id * x,
+// best_index_int8), on random blocks and on blocks built so that a value's index flips right at
+// a trial (x = m / id_p and its neighbours, m a midpoint). AVX-512 chunks hold 8..16 blocks,
+// AVX2 ones 1..8.
+void check_iq4_trial_schedule(Level level) {
+  if (simd::best_level() < level) return;
+  const bool avx2 = level == Level::kAvx2;
+  const size_t lanes = avx2 ? 8 : 16;
   testing::Rng rng(23);
   const float v0 = static_cast<float>(quants::kIQ4NLValues[0]);
   uint64_t blocks = 0, steps_sum = 0, chunks = 0, flips = 0;
-  std::vector<float> x(16 * 32);
   const int failures_before = g_failures;
+  std::vector<float> x(16 * 32);
   for (int iter = 0; iter < 40000 && g_failures == failures_before; iter++) {
-    const size_t cnt = iter % 9 == 0 ? 8 + rng.below(9) : 16;
+    const size_t cnt = iter % 9 == 0 ? lanes / 2 + rng.below(lanes / 2 + 1) : lanes;
     const bool built = iter % 2 == 1;  // a chunk of random blocks skips more trials
     for (size_t b = 0; b < 16; b++) {
       float* xb = x.data() + 32 * b;
@@ -578,7 +582,8 @@ void check_iq4_trial_schedule() {
       if (kind == 3 && rng.below(4) == 0) xb[5] = -xb[0];  // both signs at the maximum
     }
     alignas(64) uint8_t trials[15 * 16];
-    const int steps = simd::x86::iq4_nl_trial_schedule_avx512(x.data(), cnt, trials);
+    const int steps = avx2 ? simd::x86::iq4_nl_trial_schedule_avx2(x.data(), cnt, trials)
+                           : simd::x86::iq4_nl_trial_schedule_avx512(x.data(), cnt, trials);
     chunks++;
     steps_sum += static_cast<uint64_t>(steps);
     for (size_t b = 0; b < cnt; b++) {
@@ -590,13 +595,13 @@ void check_iq4_trial_schedule() {
           max = xb[j];
         }
       }
-      if (amax < 1e-15f) continue;
+      if (amax < 1e-15f || (avx2 && amax > 1e18f)) continue;  // (AVX2: larger ones take the scalar path)
       blocks++;
       bool listed[16] = {};
       int last = 0;
       bool padding = false;  // the lane repeats its last trial from here on
       for (int k = 0; k < steps; k++) {
-        const int p = trials[16 * k + b];
+        const int p = trials[lanes * k + b];
         if (p == 0 && k > 0) break;  // the block's half of the lanes ran no more passes
         const bool repeat = k > 0 && p == last;
         if (p < 1 || p > 15 || p < last || (k == 0 && p != 1) || (padding && !repeat)) {
@@ -629,9 +634,9 @@ void check_iq4_trial_schedule() {
       }
     }
   }
-  std::printf("  avx512: iq4_nl trial schedules hold every trial that changes an index: %" PRIu64
+  std::printf("  %s: iq4_nl trial schedules hold every trial that changes an index: %" PRIu64
               " blocks, %" PRIu64 " such trials, %.2f passes per chunk of 15\n",
-              blocks, flips, static_cast<double>(steps_sum) / static_cast<double>(chunks));
+              simd::level_name(level), blocks, flips, static_cast<double>(steps_sum) / static_cast<double>(chunks));
 }
 #endif
 
@@ -667,7 +672,8 @@ int main(int argc, char** argv) {
   if (exhaustive) check_roundf_exhaustive();
   check_iq4_index(exhaustive);
   check_iq4_trial_ids();
-  check_iq4_trial_schedule();
+  check_iq4_trial_schedule(Level::kAvx2);
+  check_iq4_trial_schedule(Level::kAvx512);
 #endif
   std::printf("%" PRIu64 " bytes compared, %d mismatches\n", g_compared, g_failures);
   return g_failures == 0 ? 0 : 1;

@@ -89,6 +89,9 @@ void iq4_nl_from_f32_avx2(const float* src, std::byte* dst, size_t n);
 // best_index_int8(16, kvalues_iq4nl, x[i]) as the AVX2 iq4_nl kernel counts it, for n (a
 // multiple of 8) non-NaN values (exposed for kvsnap-simd-check)
 void iq4_nl_index_avx2(const float* x, uint8_t* idx, size_t n);
+// The trial passes the AVX2 iq4_nl kernel runs for cnt (1..8) blocks of 32 values at x, as
+// iq4_nl_trial_schedule_avx512 (below) with 8 lanes: trials[8 k + b] (exposed for kvsnap-simd-check)
+int iq4_nl_trial_schedule_avx2(const float* x, size_t cnt, uint8_t* trials);
 void hadamard_avx2(float* x, size_t n, uint32_t n_rot);  // n_rot >= 8
 
 // roundf(x[i]) converted to int32 the way the AVX2 quantizers compute it (exposed for

@@ -114,9 +114,11 @@ KV_AVX2_INLINE void scales8(const float* xs, int cnt, Scales8* s) {
   const __m256 zero = _mm256_setzero_ps();
   __m256 pa[8], pb[8];
   uint32_t nan = 0;
-  for (int b = 0; b < 8; b++) {
-    pa[b] = pb[b] = zero;
-    if (b >= cnt) continue;
+  // only the missing blocks' lanes are zeroed (a zeroing of all sixteen became a rep stos)
+  if (__builtin_expect(cnt < 8, 0)) {
+    for (int b = cnt; b < 8; b++) pa[b] = pb[b] = zero;
+  }
+  for (int b = 0; b < cnt; b++) {
     const Block32 v = load32(xs + b * kQK);
     nan |= static_cast<uint32_t>(any_nan32(v.v)) << b;
     if constexpr (kMin) {

@@ -40,7 +40,8 @@
 //                 equivalent (see x86_avx512_iq4_nl.h; verified for every float); the decision
 //                 between the trials is the reference's sequence of comparisons, lane = block.
 //                 Blocks with NaN/inf: scalar. AVX2: 8 blocks per vector, best_index as a
-//                 four-comparison search of the midpoints (x86_avx2_iq4_nl.cc).
+//                 four-comparison search of the midpoints, the same trial skipping
+//                 (x86_avx2_iq4_nl.cc).
 // Each of these is compared with the scalar reference byte for byte by kvsnap-simd-check
 // (bench/simd_check.cc) and, through the public codecs, by tests/migrate at every level
 // (KVSNAP_SIMD=avx2|avx512).
