@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""kvsnap serve in front of the bed's real llama-server (issue 14, parts 1 and 2).
+
+  serve_test.py KVSNAP LLAMA_SERVER FIXTURES WORKDIR [OPENAI_PYTHON]
+
+A direct llama-server and `kvsnap serve -- llama-server` with the same arguments get the same
+requests in the same order; then:
+  1. /health, /props, /tokenize, /completion, /v1/chat/completions answers are identical (status
+     and JSON, timing fields and the random chat id aside);
+  2. a streamed /completion and /v1/chat/completions give the same sequence of events, and the
+     proxy forwards them chunked (no Content-Length);
+  3. malformed JSON and an unknown route: the child's status and body, untouched;
+  4. 8 concurrent clients through the proxy all get complete answers;
+  5. persistence: `kvsnap ls --tag serve.ns=...` shows the slots saved after completions, the
+     X-Kvsnap-Session namespace kept apart;
+  6. the child SIGKILLed is restarted and serving resumes;
+  7. SIGTERM to kvsnap serve saves the slot last used and leaves no llama-server process.
+With OPENAI_PYTHON (a Python with the `openai` package), one chat goes through the openai client.
+Needs only the Python standard library otherwise.
+"""
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+FAILS = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        FAILS.append(what)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def request(port, method, path, body=None, headers=None, timeout=120):
+    """(status, headers dict (lower-case names), raw body bytes)"""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+    h = {"Content-Type": "application/json"} if data is not None else {}
+    h.update(headers or {})
+    c.request(method, path, body=data, headers=h)
+    r = c.getresponse()
+    raw = r.read()
+    hd = {k.lower(): v for k, v in r.getheaders()}
+    c.close()
+    return r.status, hd, raw
+
+
+def wait_health(port, proc, what, deadline_s=120):
+    deadline = time.time() + deadline_s
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited ({proc.returncode})")
+        try:
+            if request(port, "GET", "/health", timeout=2)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} did not become healthy")
+
+
+# Fields that differ between any two runs of llama-server: timings, the chat id, and /props'
+# media_marker (a random string each server process draws at start).
+TIMING = {"timings", "created", "id", "prompt_ms", "predicted_ms", "t_load", "t_start", "media_marker"}
+
+
+def strip(j):
+    if isinstance(j, dict):
+        return {k: strip(v) for k, v in j.items() if k not in TIMING}
+    if isinstance(j, list):
+        return [strip(v) for v in j]
+    return j
+
+
+def events(raw):
+    out = []
+    for line in raw.decode().split("\n"):
+        if line.startswith("data: "):
+            d = line[6:]
+            out.append(d if d == "[DONE]" else strip(json.loads(d)))
+    return out
+
+
+def children_of(pid):
+    """Children of every thread of pid (a restarted child is the monitor thread's)."""
+    kids = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return kids
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def ls(kvsnap, store, *extra):
+    p = subprocess.run([kvsnap, "ls", "--store", store, "--json", *extra], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"kvsnap ls failed: {p.stderr}")
+    return json.loads(p.stdout)
+
+
+def wait_for(pred, seconds):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.2)
+    return pred()
+
+
+def main():
+    kvsnap, llama, fixtures, work = sys.argv[1:5]
+    openai_python = sys.argv[5] if len(sys.argv) > 5 else ""
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    store = os.path.join(work, "store")
+    model = os.path.join(fixtures, "models", "tiny-hd64.gguf")
+    args = ["-m", model, "-c", "4096", "-np", "2", "-t", "1", "--no-warmup", "--seed", "42"]
+
+    dport = free_port()
+    direct_log = open(os.path.join(work, "direct.log"), "w")
+    direct = subprocess.Popen([llama, *args, "--host", "127.0.0.1", "--port", str(dport)], stdout=direct_log,
+                              stderr=subprocess.STDOUT)
+    pport = free_port()
+    serve_log = open(os.path.join(work, "serve.log"), "w")
+    serve = subprocess.Popen([kvsnap, "serve", "--listen", f"127.0.0.1:{pport}", "--store", store, "--log",
+                              os.path.join(work, "child.log"), "--", llama, *args], stdout=serve_log,
+                             stderr=subprocess.STDOUT)
+    try:
+        wait_health(dport, direct, "direct llama-server")
+        wait_health(pport, serve, "kvsnap serve")
+        run_checks(kvsnap, store, dport, pport, serve, openai_python)
+    finally:
+        for p in (direct, serve):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        serve_log.close()
+        print(open(os.path.join(work, "serve.log")).read())
+    print(f"{len(FAILS)} failed")
+    return 1 if FAILS else 0
+
+
+def same_on_both(dport, pport, method, path, body=None, what=None, as_json=True, headers=None):
+    d = request(dport, method, path, body, headers)
+    p = request(pport, method, path, body, headers)
+    what = what or f"{method} {path}"
+    if as_json:
+        dj, pj = strip(json.loads(d[2])), strip(json.loads(p[2]))
+        diff = sorted(k for k in set(dj) | set(pj) if dj.get(k) != pj.get(k)) if isinstance(dj, dict) else []
+        check(d[0] == p[0] and dj == pj, f"{what}: status {p[0]} and JSON identical to direct access"
+              + (f" (differ: {diff}: {[(dj.get(k), pj.get(k)) for k in diff]})" if diff else ""))
+    else:
+        check(d[0] == p[0] and d[2] == p[2], f"{what}: status {p[0]} and body byte-identical to direct access")
+    check(d[1].get("content-type") == p[1].get("content-type"), f"{what}: same Content-Type")
+    return d, p
+
+
+def run_checks(kvsnap, store, dport, pport, serve, openai_python):
+    # 1. identical answers
+    same_on_both(dport, pport, "GET", "/health", as_json=False)
+    props_d, props_p = same_on_both(dport, pport, "GET", "/props")
+    same_on_both(dport, pport, "POST", "/tokenize", {"content": "Once upon a time"}, as_json=False)
+    same_on_both(dport, pport, "GET", "/v1/models")
+    comp = {"prompt": "Once upon a time, in a quiet village", "n_predict": 8, "temperature": 0, "seed": 7}
+    _, p = same_on_both(dport, pport, "POST", "/completion?x=1", comp, "POST /completion")
+    check(json.loads(p[2]).get("id_slot") is not None, "the completion names its slot (id_slot)")
+    chat = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 6, "temperature": 0,
+            "seed": 7}
+    same_on_both(dport, pport, "POST", "/v1/chat/completions", chat)
+
+    # 2. streaming
+    for path, body in (("/completion", dict(comp, stream=True, prompt="A dragon flew over the hills")),
+                       ("/v1/chat/completions", dict(chat, stream=True))):
+        d = request(dport, "POST", path, body)
+        p = request(pport, "POST", path, body)
+        de, pe = events(d[2]), events(p[2])
+        check(p[0] == 200 and len(pe) > 2 and de == pe,
+              f"streamed {path}: {len(pe)} events, the same sequence as direct access")
+        check(p[1].get("transfer-encoding") == "chunked" and "content-length" not in p[1],
+              f"streamed {path}: forwarded chunked ({p[1].get('content-type')})")
+
+    # 3. bad requests, untouched
+    same_on_both(dport, pport, "POST", "/completion", b"{not json", "malformed JSON", as_json=False)
+    same_on_both(dport, pport, "GET", "/no/such/route", None, "unknown route", as_json=False)
+    same_on_both(dport, pport, "POST", "/completion", {"n_predict": 1}, "a completion without a prompt",
+                 as_json=False)
+
+    # 4. 8 concurrent clients
+    results = [None] * 8
+    prompts = [f"Client {i} asks about the weather in town number {i}." for i in range(8)]
+
+    def client(i):
+        try:
+            s, _, raw = request(pport, "POST", "/completion", {"prompt": prompts[i], "n_predict": 12, "temperature": 0})
+            j = json.loads(raw)
+            # each client gets the answer to its own prompt, complete
+            results[i] = (s, j.get("prompt", "").endswith(prompts[i]) and j.get("stop") is True and
+                          j.get("tokens_predicted", 0) >= 1)
+        except Exception as e:  # noqa: BLE001 - reported as a failure below
+            results[i] = (str(e), None)
+
+    t0 = time.time()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(all(r == (200, True) for r in results), f"8 concurrent clients: {results} in {time.time() - t0:.2f} s")
+
+    # openai client, if given
+    if openai_python:
+        code = ("import openai,sys; c=openai.OpenAI(base_url=sys.argv[1], api_key='none');"
+                "r=c.chat.completions.create(model='x', messages=[{'role':'user','content':'Tell me a story.'}],"
+                "max_tokens=6, temperature=0, seed=7); print(r.choices[0].message.content)")
+        o = subprocess.run([openai_python, "-c", code, f"http://127.0.0.1:{pport}/v1"], capture_output=True, text=True)
+        direct = json.loads(request(dport, "POST", "/v1/chat/completions", chat)[2])
+        check(o.returncode == 0 and o.stdout[:-1] == direct["choices"][0]["message"]["content"],
+              f"openai client through kvsnap serve: the direct answer ({o.stderr.strip()[-200:]})")
+
+    # 5. persistence
+    snaps = wait_for(lambda: ls(kvsnap, store, "--tag", "serve.ns=default"), 30)
+    check(len(snaps) >= 1, f"kvsnap ls shows {len(snaps)} slot snapshots saved after completions")
+    check(all(s["tags"].get("serve.slot") in ("0", "1") for s in snaps), "each is tagged with its slot")
+    s, _, _ = request(pport, "POST", "/completion", {"prompt": "A private conversation", "n_predict": 4},
+                      headers={"X-Kvsnap-Session": "tenant-a"})
+    mine = wait_for(lambda: ls(kvsnap, store, "--tag", "serve.ns=session-tenant-a"), 30)
+    check(s == 200 and len(mine) == 1, f"an X-Kvsnap-Session request is saved in its own namespace ({len(mine)})")
+
+    # 6. SIGKILL the child
+    kids = children_of(serve.pid)
+    check(len(kids) == 1, f"kvsnap serve has one child ({kids})")
+    os.kill(kids[0], signal.SIGKILL)
+    t0 = time.time()
+    s = wait_for(lambda: (request(pport, "GET", "/health", timeout=5)[0] == 200 and
+                          children_of(serve.pid) not in ([], kids)), 120)
+    check(bool(s), f"the SIGKILLed child was restarted, serving resumed after {time.time() - t0:.1f} s")
+    before = len(ls(kvsnap, store))
+    s, _, raw = request(pport, "POST", "/completion", {"prompt": "After the restart, the story", "n_predict": 4})
+    check(s == 200, "a completion after the restart")
+
+    # 7. SIGTERM at once: the slot just used is saved (by the background save or the shutdown's), no child left
+    kids = children_of(serve.pid)
+    serve.send_signal(signal.SIGTERM)
+    try:
+        rc = serve.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        rc = None
+    check(rc == 0, f"SIGTERM: kvsnap serve exited with {rc}")
+    check(kids and not any(alive(k) for k in kids), f"SIGTERM: no llama-server left ({kids})")
+    after = ls(kvsnap, store)
+    check(len(after) == before + 1, f"SIGTERM: the slot used last is in the store ({before} -> {len(after)} snapshots)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
