@@ -35,23 +35,31 @@ bool is_completion_route(const std::string& path) {
   return false;
 }
 
-int slot_of_answer(const Exchange& x) {
-  if (!x.streamed) return slot_in(nlohmann::json::parse(x.response_body, nullptr, false));
-  // SSE: "data: {...}" events; the last one that names a slot.
-  int slot = -1;
-  size_t p = 0;
-  while ((p = x.response_body.find("data: ", p)) != std::string::npos) {
+void for_each_answer_json(const Exchange& x, const std::function<void(const nlohmann::json&)>& f) {
+  auto one = [&f](const std::string& text) {
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (!j.is_discarded()) f(j);
+  };
+  if (!x.streamed) return one(x.response_body);
+  for (size_t p = 0; (p = x.response_body.find("data: ", p)) != std::string::npos;) {
     size_t e = x.response_body.find('\n', p);
     if (e == std::string::npos) e = x.response_body.size();
-    int s = slot_in(nlohmann::json::parse(x.response_body.substr(p + 6, e - p - 6), nullptr, false));
-    if (s >= 0) slot = s;
+    one(x.response_body.substr(p + 6, e - p - 6));
     p = e;
   }
+}
+
+int slot_of_answer(const Exchange& x) {
+  int slot = -1;  // in a stream, the last event that names one
+  for_each_answer_json(x, [&slot](const nlohmann::json& j) {
+    if (int s = slot_in(j); s >= 0) slot = s;
+  });
   return slot;
 }
 
-Persister::Persister(Io& io, Store& store, ServerTarget target, std::function<void(const std::string&)> log)
-    : io_(io), store_(store), target_(std::move(target)), log_(std::move(log)) {
+Persister::Persister(Io& io, Store& store, std::mutex& store_mu, ServerTarget target,
+                     std::function<void(const std::string&)> log)
+    : io_(io), store_(store), store_mu_(store_mu), target_(std::move(target)), log_(std::move(log)) {
   thread_ = std::thread([this] { worker(); });
 }
 
@@ -124,7 +132,11 @@ void Persister::save_changed(int only_slot, const std::string& ns) {
     t.slot = slot;
     SaveRequest req;
     req.tags = {{"serve.ns", slot_ns}, {"serve.slot", std::to_string(slot)}, {"serve.task", std::to_string(task)}};
-    auto r = save_from_server(io_, store_, t, req);
+    auto save = [&] {
+      std::lock_guard<std::mutex> s(store_mu_);
+      return save_from_server(io_, store_, t, req);
+    };
+    auto r = save();
     std::lock_guard<std::mutex> l(mu_);
     if (!r.ok()) {
       ++stats_.failed;

@@ -24,6 +24,8 @@
 #include <string>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "base/io.h"
 #include "serve/proxy.h"
 #include "server/server_flows.h"
@@ -34,6 +36,8 @@ namespace kvsnap {
 // The namespace of a request: X-Kvsnap-Session, else "key-" + the first 16
 // hex digits of SHA-256(API key), else "default".
 std::string namespace_of(const Exchange& x);
+// Calls `f` with the answer's JSON: the body, or each "data: " event of a stream (unparsable ones skipped).
+void for_each_answer_json(const Exchange& x, const std::function<void(const nlohmann::json&)>& f);
 // True for the routes that run a completion in a slot.
 bool is_completion_route(const std::string& path);
 // The slot a completion answer names (id_slot / slot_id; in a stream, its
@@ -48,7 +52,9 @@ struct PersistStats {
 class Persister {
  public:
   // `target`: the child's endpoint, slot directory and model (slot is set per save).
-  Persister(Io& io, Store& store, ServerTarget target, std::function<void(const std::string&)> log);
+  // `store_mu` guards `store` (one catalog connection, shared with serve/prefix.h).
+  Persister(Io& io, Store& store, std::mutex& store_mu, ServerTarget target,
+            std::function<void(const std::string&)> log);
   ~Persister();  // finishes the queued saves
 
   void note_completion(const Exchange& x);
@@ -66,6 +72,7 @@ class Persister {
 
   Io& io_;
   Store& store_;
+  std::mutex& store_mu_;
   ServerTarget target_;
   std::function<void(const std::string&)> log_;
   std::mutex mu_;

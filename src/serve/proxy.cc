@@ -81,15 +81,16 @@ std::string header_value(const std::vector<std::pair<std::string, std::string>>&
 
 struct Proxy::Impl {
   ProxyOptions o;
+  std::function<void(Forward&)> before;
   std::function<void(const Exchange&)> on_done;
   httplib::Server svr;
 
-  void start_upstream(const std::shared_ptr<Upstream>& st, const httplib::Request& req) {
+  void start_upstream(const std::shared_ptr<Upstream>& st, const httplib::Request& req, const Forward& f) {
     httplib::Request up;
     up.method = req.method;
     up.path = req.target;  // path and query exactly as the client wrote them
     up.headers = end_to_end(req.headers, false);
-    up.body = req.body;
+    up.body = f.body_changed ? f.body : req.body;
     st->thread = std::thread([st, up = std::move(up), port = o.upstream_port, t = o.upstream_timeout_s]() mutable {
       httplib::Client cli("127.0.0.1", port);
       cli.set_url_encode(false);
@@ -127,8 +128,11 @@ struct Proxy::Impl {
     });
   }
 
-  Exchange exchange_of(const httplib::Request& req, int status) {
+  Exchange exchange_of(const httplib::Request& req, const Forward& f, int status) {
     Exchange x;
+    x.prompt_tokens = f.prompt_tokens;
+    x.pinned_slot = f.pinned_slot;
+    x.restored_tokens = f.restored_tokens;
     x.method = req.method;
     x.path = req.path;
     for (const auto& [k, v] : req.headers) x.request_headers.emplace_back(k, v);
@@ -142,8 +146,16 @@ struct Proxy::Impl {
     // must pass unchanged, so the client's Accept-Encoding goes to the child only. (The request is
     // the server's own non-const object, handed to the handler as const.)
     httplib::Request& mreq = const_cast<httplib::Request&>(req);
+    Forward f;
+    if (before) {
+      f.method = req.method;
+      f.path = req.path;
+      for (const auto& [k, v] : req.headers) f.headers.emplace_back(k, v);
+      f.body = req.body;
+      before(f);
+    }
     auto st = std::make_shared<Upstream>();
-    start_upstream(st, req);
+    start_upstream(st, req, f);
     mreq.headers.erase("Accept-Encoding");
     std::unique_lock<std::mutex> l(st->mu);
     st->cv.wait(l, [&] { return st->have_head || st->done; });
@@ -168,13 +180,13 @@ struct Proxy::Impl {
       l.unlock();
       st->join();
       if (!body.empty() || !ctype.empty()) res.set_content(body, ctype);
-      Exchange x = exchange_of(req, res.status);
+      Exchange x = exchange_of(req, f, res.status);
       x.response_body = std::move(body);
       if (on_done) on_done(x);
       return;
     }
     l.unlock();
-    auto x = std::make_shared<Exchange>(exchange_of(req, res.status));
+    auto x = std::make_shared<Exchange>(exchange_of(req, f, res.status));
     x->streamed = true;
     res.set_chunked_content_provider(
         ctype,
@@ -206,8 +218,10 @@ struct Proxy::Impl {
   }
 };
 
-Proxy::Proxy(ProxyOptions o, std::function<void(const Exchange&)> on_done) : impl_(std::make_unique<Impl>()) {
+Proxy::Proxy(ProxyOptions o, std::function<void(Forward&)> before, std::function<void(const Exchange&)> on_done)
+    : impl_(std::make_unique<Impl>()) {
   impl_->o = std::move(o);
+  impl_->before = std::move(before);
   impl_->on_done = std::move(on_done);
   const int n = impl_->o.threads;
   impl_->svr.new_task_queue = [n] { return new httplib::ThreadPool(size_t(n)); };

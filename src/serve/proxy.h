@@ -17,6 +17,7 @@
 //     thread: it must return quickly, e.g. hand the work to another thread).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -35,6 +36,18 @@ struct ProxyOptions {
   double upstream_timeout_s = 3600;
 };
 
+// A request about to be forwarded: a hook may rewrite its body (then body_changed).
+struct Forward {
+  std::string method, path;  // path without the query
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+  bool body_changed = false;
+  // What the hook learned, carried into the Exchange.
+  std::vector<int32_t> prompt_tokens;
+  int pinned_slot = -1;
+  uint64_t restored_tokens = 0;
+};
+
 // A finished exchange, as far as kvsnap's persistence needs it.
 struct Exchange {
   std::string method, path;  // path without the query
@@ -43,11 +56,16 @@ struct Exchange {
   int status = 0;
   bool streamed = false;
   std::string response_body;  // a streamed answer: its last 64 KiB (the final events)
+  std::vector<int32_t> prompt_tokens;  // from the Forward hook
+  int pinned_slot = -1;
+  uint64_t restored_tokens = 0;
 };
 
 class Proxy {
  public:
-  Proxy(ProxyOptions o, std::function<void(const Exchange&)> on_done);
+  // `before` (may be empty) runs on the serving thread before a request is forwarded; the client
+  // waits for it.
+  Proxy(ProxyOptions o, std::function<void(Forward&)> before, std::function<void(const Exchange&)> on_done);
   ~Proxy();
   // Binds --listen; kIOError naming the address when it is taken.
   Status bind();

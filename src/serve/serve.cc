@@ -8,10 +8,12 @@
 
 #include <charconv>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include "serve/llama_args.h"
 #include "serve/persist.h"
+#include "serve/prefix.h"
 #include "serve/proxy.h"
 #include "serve/supervisor.h"
 #include "store/store.h"
@@ -79,8 +81,17 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   target.model = args.model;
   target.ctk = args.ctk;
   target.ctv = args.ctv;
-  Persister persist(io, *store, target, log);
-  Proxy proxy(po, [&persist](const Exchange& x) { persist.note_completion(x); });
+  // "auto" is the server's choice, which it does not report: restores detect it from a saved slot.
+  target.flash_attn = args.flash_attn == "auto" ? "" : args.flash_attn;
+  std::mutex store_mu;
+  Persister persist(io, *store, store_mu, target, log);
+  PrefixRestorer prefix(io, *store, store_mu, target, log);
+  Proxy proxy(
+      po, [&prefix](Forward& f) { prefix.before(f); },
+      [&persist, &prefix](const Exchange& x) {
+        prefix.after(x);
+        persist.note_completion(x);
+      });
   KV_RETURN_IF_ERROR(proxy.bind());
 
   SupervisorOptions so;
@@ -89,7 +100,10 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   so.api_key = args.api_key;
   so.log_path = o.log_file.empty() ? serve_dir + "/llama-server.log" : o.log_file;
   Supervisor sup(so, log);
-  sup.on_restart([&persist] { persist.forget_slots(); });
+  sup.on_restart([&persist, &prefix] {
+    persist.forget_slots();
+    prefix.forget_slots();
+  });
   KV_RETURN_IF_ERROR(sup.start());
 
   std::thread server([&proxy] { proxy.run(); });
@@ -104,8 +118,10 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   persist.save_all();
   sup.stop();
   const PersistStats st = persist.stats();
-  log("stopped: " + std::to_string(st.saved) + " slot saves, " + std::to_string(st.failed) + " failed, " +
-      std::to_string(sup.restarts()) + " restarts of llama-server");
+  const PrefixStats pr = prefix.stats();
+  log("stopped: " + std::to_string(st.saved) + " slot saves, " + std::to_string(st.failed) + " failed; " +
+      std::to_string(pr.restores) + " prefix restores (" + std::to_string(pr.restored_tokens) + " tokens), " +
+      std::to_string(pr.failed) + " failed; " + std::to_string(sup.restarts()) + " restarts of llama-server");
   return Status::OK();
 }
 

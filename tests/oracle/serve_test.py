@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""kvsnap serve in front of the bed's real llama-server (issue 14, parts 1 and 2).
+"""kvsnap serve in front of the bed's real llama-server (issue 14, parts 1 to 3).
 
   serve_test.py KVSNAP LLAMA_SERVER FIXTURES WORKDIR [OPENAI_PYTHON]
 
@@ -14,7 +14,10 @@ requests in the same order; then:
   5. persistence: `kvsnap ls --tag serve.ns=...` shows the slots saved after completions, the
      X-Kvsnap-Session namespace kept apart;
   6. the child SIGKILLed is restarted and serving resumes;
-  7. SIGTERM to kvsnap serve saves the slot last used and leaves no llama-server process.
+  7. SIGTERM to kvsnap serve saves the slot last used and leaves no llama-server process;
+  8. prefix restore: a conversation saved at f16 continues after restarts at q8_0/q8_0 and
+     q4_0/q8_0 evaluating only its suffix (timings.prompt_n <= 8); another namespace gets nothing
+     restored; a chat's next turn evaluates only its new tokens; 3 conversations through -np 1.
 With OPENAI_PYTHON (a Python with the `openai` package), one chat goes through the openai client.
 Needs only the Python standard library otherwise.
 """
@@ -160,8 +163,104 @@ def main():
                 p.wait()
         serve_log.close()
         print(open(os.path.join(work, "serve.log")).read())
+    run_prefix_restore(kvsnap, llama, model, work)
     print(f"{len(FAILS)} failed")
     return 1 if FAILS else 0
+
+
+def start_serve(kvsnap, llama, store, work, name, args):
+    port = free_port()
+    log = open(os.path.join(work, name + ".log"), "w")
+    proc = subprocess.Popen([kvsnap, "serve", "--listen", f"127.0.0.1:{port}", "--store", store, "--log",
+                             os.path.join(work, name + "-child.log"), "--", llama, *args], stdout=log,
+                            stderr=subprocess.STDOUT)
+    wait_health(port, proc, name)
+    return proc, port, log
+
+
+def stop_serve(proc, log, name, work):
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    log.close()
+    return open(os.path.join(work, name + ".log")).read()
+
+
+PROMPT = ("The old lighthouse keeper climbed the spiral stairs every evening, counting the steps and "
+          "listening to the sea below, until one night the light would not turn on.")
+SUFFIX = " Then"
+
+
+def run_prefix_restore(kvsnap, llama, model, work):
+    """Part 3: a conversation saved at f16 continues after a restart at q8_0/q8_0 (and at q4_0/q8_0)
+    evaluating only its new tokens; another namespace gets nothing restored."""
+    store = os.path.join(work, "prefix-store")
+    base = ["-m", model, "-c", "4096", "-np", "1", "-t", "1", "--no-warmup", "-fa", "on"]
+    proc, port, log = start_serve(kvsnap, llama, store, work, "prefix-f16", base)
+    n_prompt = len(json.loads(request(port, "POST", "/tokenize", {"content": PROMPT, "add_special": True})[2])["tokens"])
+    n_full = len(json.loads(request(port, "POST", "/tokenize",
+                                    {"content": PROMPT + SUFFIX, "add_special": True})[2])["tokens"])
+    s, _, raw = request(port, "POST", "/completion", {"prompt": PROMPT, "n_predict": 1, "temperature": 0})
+    first = json.loads(raw)["timings"]["prompt_n"]
+    check(s == 200 and first >= n_prompt - 1, f"prefix: the first turn at f16 evaluates its prompt ({first} tokens)")
+    text = stop_serve(proc, log, "prefix-f16", work)
+    check("saved as snapshot" in text, "prefix: the conversation is in the store after SIGTERM")
+    for ctk, ctv in (("q8_0", "q8_0"), ("q4_0", "q8_0")):
+        name = f"prefix-{ctk}-{ctv}"
+        proc, port, log = start_serve(kvsnap, llama, store, work, name, [*base, "-ctk", ctk, "-ctv", ctv])
+        # another namespace first: nothing of 'default' may be restored for it
+        s, _, raw = request(port, "POST", "/completion", {"prompt": PROMPT + SUFFIX, "n_predict": 1, "temperature": 0},
+                            headers={"X-Kvsnap-Session": f"someone-else-{ctk}"})  # new each round
+        other = json.loads(raw)["timings"]["prompt_n"]
+        check(s == 200 and other >= n_prompt, f"prefix ({ctk}/{ctv}): another namespace gets no restore "
+                                              f"(evaluates {other} of {n_full} tokens)")
+        # the slot now holds the other tenant's tokens: llama-server's own cache, not kvsnap's restore, would
+        # reuse them; restart so the returning conversation starts from an empty slot
+        text = stop_serve(proc, log, name, work)
+        check("prefix: restored" not in text, f"prefix ({ctk}/{ctv}): no restore logged for the other namespace")
+        proc, port, log = start_serve(kvsnap, llama, store, work, name + "-2", [*base, "-ctk", ctk, "-ctv", ctv])
+        t0 = time.time()
+        s, _, raw = request(port, "POST", "/completion", {"prompt": PROMPT + SUFFIX, "n_predict": 1, "temperature": 0})
+        ms = (time.time() - t0) * 1000
+        j = json.loads(raw)
+        n = j["timings"]["prompt_n"]
+        check(s == 200 and n <= 8 and n <= n_full - n_prompt + 1,
+              f"prefix ({ctk}/{ctv}): after the restart the same prompt + suffix evaluates {n} of {n_full} tokens "
+              f"(suffix {n_full - n_prompt}; the request took {ms:.0f} ms with the restore)")
+        text = stop_serve(proc, log, name + "-2", work)
+        check(f"-> {ctk}/{ctv}" in text and "prefix: reuse" in text,
+              f"prefix ({ctk}/{ctv}): the log names the conversion and the reuse")
+        print("\n".join(l for l in text.splitlines() if "prefix:" in l))
+
+    # three conversations through one slot (-np 1): the first, when it returns, comes back from the store
+    proc, port, log = start_serve(kvsnap, llama, os.path.join(work, "three-store"), work, "three", base)
+    convs = [PROMPT, "A second conversation, about the price of apples at the market in the autumn of that year.",
+             "A third one, which asks the way to the station and is told to follow the river north."]
+    for c in convs:
+        request(port, "POST", "/completion", {"prompt": c, "n_predict": 1, "temperature": 0})
+    wait_for(lambda: len(ls(kvsnap, os.path.join(work, "three-store"))) >= 3, 30)
+    s, _, raw = request(port, "POST", "/completion", {"prompt": PROMPT + SUFFIX, "n_predict": 1, "temperature": 0})
+    n = json.loads(raw)["timings"]["prompt_n"]
+    text = stop_serve(proc, log, "three", work)
+    check(s == 200 and n <= n_full - n_prompt + 1,
+          f"prefix: 3 conversations through -np 1, the first returns evaluating {n} of {n_full} tokens")
+
+    # a chat: the first turn at f16, the next (the first plus an answer and a question) after a restart at q8_0
+    chat_store = os.path.join(work, "chat-store")
+    first = [{"role": "user", "content": PROMPT}]
+    proc, port, log = start_serve(kvsnap, llama, chat_store, work, "chat-f16", base)
+    s, _, raw = request(port, "POST", "/v1/chat/completions", {"messages": first, "max_tokens": 1, "temperature": 0})
+    n1 = json.loads(raw)["timings"]["prompt_n"]
+    stop_serve(proc, log, "chat-f16", work)
+    proc, port, log = start_serve(kvsnap, llama, chat_store, work, "chat-q8", [*base, "-ctk", "q8_0", "-ctv", "q8_0"])
+    second = first + [{"role": "assistant", "content": "Yes."}, {"role": "user", "content": "Why?"}]
+    s, _, raw = request(port, "POST", "/v1/chat/completions", {"messages": second, "max_tokens": 1, "temperature": 0})
+    j = json.loads(raw)
+    n2, total = j["timings"]["prompt_n"], j["usage"]["prompt_tokens"]
+    text = stop_serve(proc, log, "chat-q8", work)
+    check(s == 200 and "prefix: restored" in text and n2 <= total - n1 + 1,
+          f"prefix (chat, /apply-template): after a restart at q8_0 the next turn evaluates {n2} of {total} tokens "
+          f"(the first turn was {n1})")
+    print("\n".join(l for l in text.splitlines() if "prefix:" in l))
 
 
 def same_on_both(dport, pport, method, path, body=None, what=None, as_json=True, headers=None):
