@@ -83,9 +83,12 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   target.ctv = args.ctv;
   // "auto" is the server's choice, which it does not report: restores detect it from a saved slot.
   target.flash_attn = args.flash_attn == "auto" ? "" : args.flash_attn;
-  std::mutex store_mu;
+  // Two connections to the store (a Catalog is one SQLite connection, for one thread at a time): the
+  // background saves never hold up a request's prefix lookup (SQLite's WAL lets them run together).
+  KV_ASSIGN_OR_RETURN(auto lookup_store, Store::open(io, paths));
+  std::mutex store_mu, lookup_mu;
   Persister persist(io, *store, store_mu, target, log);
-  PrefixRestorer prefix(io, *store, store_mu, target, log);
+  PrefixRestorer prefix(io, *lookup_store, lookup_mu, target, log);
   Proxy proxy(
       po, [&prefix](Forward& f) { prefix.before(f); },
       [&persist, &prefix](const Exchange& x) {

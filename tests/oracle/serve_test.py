@@ -24,6 +24,7 @@ Needs only the Python standard library otherwise.
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -164,8 +165,45 @@ def main():
         serve_log.close()
         print(open(os.path.join(work, "serve.log")).read())
     run_prefix_restore(kvsnap, llama, model, work)
+    run_disk_full(kvsnap, llama, model, work)
     print(f"{len(FAILS)} failed")
     return 1 if FAILS else 0
+
+
+def run_disk_full(kvsnap, llama, model, work):
+    """The store on a 4 MiB tmpfs, filled up while serving: completions still answer, the failed save is
+    logged and counted, and saving works again once there is room. Needs to mount (root); else skipped."""
+    mnt = os.path.join(work, "small-disk")
+    os.makedirs(mnt, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", mnt], capture_output=True).returncode != 0:
+        print("skip the store's disk full: cannot mount a tmpfs here (not root)")
+        return
+    try:
+        store = os.path.join(mnt, "store")
+        args = ["-m", model, "-c", "4096", "-np", "1", "-t", "1", "--no-warmup", "-fa", "on"]
+        proc, port, log = start_serve(kvsnap, llama, store, work, "disk-full", args)
+        filler = os.path.join(mnt, "filler")
+        with open(filler, "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        s, _, _ = request(port, "POST", "/completion", {"prompt": PROMPT, "n_predict": 2, "temperature": 0})
+        logged = wait_for(lambda: "failed (serving continues)" in open(os.path.join(work, "disk-full.log")).read(), 30)
+        s2, _, _ = request(port, "POST", "/completion", {"prompt": "Still serving?", "n_predict": 2})
+        check(s == 200 and s2 == 200 and logged, "disk full: completions answer 200, the failed save is logged")
+        os.remove(filler)
+        request(port, "POST", "/completion", {"prompt": "Room again: " + PROMPT, "n_predict": 2, "temperature": 0})
+        saved = wait_for(lambda: len(ls(kvsnap, store)) >= 1, 30)
+        text = stop_serve(proc, log, "disk-full", work)
+        counted = re.search(r"stopped: (\d+) slot saves, (\d+) failed", text)
+        check(bool(saved) and counted is not None and int(counted.group(2)) >= 1,
+              f"disk full: saving works again with room ({len(ls(kvsnap, store))} snapshots); the failures counted: "
+              + next((l for l in text.splitlines() if "stopped:" in l), "?"))
+    finally:
+        subprocess.run(["umount", mnt])
 
 
 def start_serve(kvsnap, llama, store, work, name, args):
@@ -278,6 +316,35 @@ def same_on_both(dport, pport, method, path, body=None, what=None, as_json=True,
     return d, p
 
 
+def first_event_ms(port, body):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    t0 = time.perf_counter()
+    c.request("POST", "/completion", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    r.read(1)  # the first byte of the first event
+    ms = (time.perf_counter() - t0) * 1000
+    r.read()
+    c.close()
+    return ms
+
+
+def measure_overhead(dport, pport):
+    """Figures, not checks (bench/ has no proxy benchmark yet): latency of a small request on a new
+    connection and time to the first streamed event, direct and through kvsnap serve."""
+    def pct(v, q):
+        v = sorted(v)
+        return v[min(len(v) - 1, int(q * len(v)))]
+    for name, port in (("direct", dport), ("kvsnap serve", pport)):
+        lat = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            request(port, "POST", "/tokenize", {"content": "Once upon a time"})
+            lat.append((time.perf_counter() - t0) * 1000)
+        ttft = [first_event_ms(port, {"prompt": "Once upon a time", "n_predict": 4, "stream": True}) for _ in range(30)]
+        print(f"measure {name}: /tokenize p50 {pct(lat, 0.5):.2f} ms p99 {pct(lat, 0.99):.2f} ms; "
+              f"first streamed event p50 {pct(ttft, 0.5):.2f} ms p99 {pct(ttft, 0.99):.2f} ms", flush=True)
+
+
 def run_checks(kvsnap, store, dport, pport, serve, openai_python):
     # 1. identical answers
     same_on_both(dport, pport, "GET", "/health", as_json=False)
@@ -329,6 +396,8 @@ def run_checks(kvsnap, store, dport, pport, serve, openai_python):
     for t in threads:
         t.join()
     check(all(r == (200, True) for r in results), f"8 concurrent clients: {results} in {time.time() - t0:.2f} s")
+
+    measure_overhead(dport, pport)
 
     # openai client, if given
     if openai_python:
