@@ -108,6 +108,13 @@ void PrefixRestorer::before_unguarded(Forward& f) {
   ServerTarget t = target_;
   t.slot = slot;
   const auto t0 = std::chrono::steady_clock::now();
+  if (t.flash_attn.empty()) {
+    // -fa auto: the child's V layout is known only from a slot file it saves, which an empty slot
+    // cannot give. One token evaluated in the slot (about to be overwritten) makes it savable.
+    auto filled = srv.complete(slot, {{"prompt", "a"}, {"n_predict", 0}});
+    if (!filled.ok()) log_("prefix: cannot fill slot " + std::to_string(slot) + " to detect -fa auto: " +
+                           filled.status().ToString());
+  }
   auto restore = [&] {
     std::lock_guard<std::mutex> s(store_mu_);
     return restore_to_server(io_, store_, t, std::to_string(best->id), false);
@@ -120,6 +127,10 @@ void PrefixRestorer::before_unguarded(Forward& f) {
     return;
   }
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (target_.flash_attn.empty()) {
+    target_.flash_attn = r->flash_attn;  // what -fa auto chose: the same for every later restore
+    log_("prefix: the child's -fa auto is " + r->flash_attn + " (detected from a slot file it saved)");
+  }
   held_[slot].assign(toks->begin(), toks->begin() + best->n_tokens);
   ++stats_.restores;
   stats_.restored_tokens += best->n_tokens;

@@ -282,9 +282,11 @@ def run_prefix_restore(kvsnap, llama, model, work):
     check(s == 200 and n <= n_full - n_prompt + 1,
           f"prefix: 3 conversations through -np 1, the first returns evaluating {n} of {n_full} tokens")
 
-    # a chat: the first turn at f16, the next (the first plus an answer and a question) after a restart at q8_0
+    # a chat: the first turn at f16, the next (the first plus an answer and a question) after a restart at
+    # q8_0; without -fa (llama-server's auto, which kvsnap detects from a slot file)
     chat_store = os.path.join(work, "chat-store")
     first = [{"role": "user", "content": PROMPT}]
+    base = base[:-2]
     proc, port, log = start_serve(kvsnap, llama, chat_store, work, "chat-f16", base)
     s, _, raw = request(port, "POST", "/v1/chat/completions", {"messages": first, "max_tokens": 1, "temperature": 0})
     n1 = json.loads(raw)["timings"]["prompt_n"]
@@ -296,7 +298,7 @@ def run_prefix_restore(kvsnap, llama, model, work):
     n2, total = j["timings"]["prompt_n"], j["usage"]["prompt_tokens"]
     text = stop_serve(proc, log, "chat-q8", work)
     check(s == 200 and "prefix: restored" in text and n2 <= total - n1 + 1,
-          f"prefix (chat, /apply-template): after a restart at q8_0 the next turn evaluates {n2} of {total} tokens "
+          f"prefix (chat, /apply-template, -fa auto): after a restart at q8_0 the next turn evaluates {n2} of {total} tokens "
           f"(the first turn was {n1})")
     print("\n".join(l for l in text.splitlines() if "prefix:" in l))
 
