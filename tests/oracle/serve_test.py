@@ -142,7 +142,7 @@ def main():
     os.makedirs(work)
     store = os.path.join(work, "store")
     model = os.path.join(fixtures, "models", "tiny-hd64.gguf")
-    args = ["-m", model, "-c", "4096", "-np", "2", "-t", "1", "--no-warmup", "--seed", "42"]
+    args = ["-m", model, "-c", "4096", "-np", "2", "-t", "1", "--no-warmup", "--seed", "42", "--metrics"]
 
     dport = free_port()
     direct_log = open(os.path.join(work, "direct.log"), "w")
@@ -350,7 +350,17 @@ def measure_overhead(dport, pport):
 def run_checks(kvsnap, store, dport, pport, serve, openai_python):
     # 1. identical answers
     same_on_both(dport, pport, "GET", "/health", as_json=False)
-    props_d, props_p = same_on_both(dport, pport, "GET", "/props")
+    # a client that accepts gzip/br: the child sends plain JSON, and so must kvsnap (cpp-httplib would compress)
+    props_d, props_p = same_on_both(dport, pport, "GET", "/props", headers={"Accept-Encoding": "gzip, br"})
+    check("content-encoding" not in props_p[1] and "content-encoding" not in props_d[1],
+          "Accept-Encoding: gzip, br: the answer is not re-encoded")
+    # /metrics is text/plain, which cpp-httplib compresses for a client that accepts gzip: the child does not,
+    # so neither may kvsnap (the counters themselves differ between the two servers: only the encoding is compared)
+    m_d = request(dport, "GET", "/metrics", headers={"Accept-Encoding": "gzip, br"})
+    m_p = request(pport, "GET", "/metrics", headers={"Accept-Encoding": "gzip, br"})
+    check(m_d[0] == m_p[0] == 200 and m_p[1].get("content-encoding") == m_d[1].get("content-encoding") and
+          m_p[2].startswith(b"# HELP"), f"GET /metrics with Accept-Encoding: gzip, br: not re-encoded "
+                                         f"({m_p[1].get('content-type')}, {m_p[1].get('content-encoding')})")
     same_on_both(dport, pport, "POST", "/tokenize", {"content": "Once upon a time"}, as_json=False)
     same_on_both(dport, pport, "GET", "/v1/models")
     comp = {"prompt": "Once upon a time, in a quiet village", "n_predict": 8, "temperature": 0, "seed": 7}
