@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "migrate/model_info.h"
 #include "serve/persist.h"
 
 namespace kvsnap {
@@ -16,13 +17,25 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
   return n;
 }
 
+// Longest first: the namespace's own is almost always among the first few; this bounds the
+// token-by-token checks when many conversations share a system prompt.
+constexpr size_t kMaxCandidates = 256;
+
 bool is_chat(const std::string& path) { return path == "/v1/chat/completions" || path == "/chat/completions"; }
 
 }  // namespace
 
 PrefixRestorer::PrefixRestorer(Io& io, Store& store, std::mutex& store_mu, ServerTarget target,
                                std::function<void(const std::string&)> log)
-    : io_(io), store_(store), store_mu_(store_mu), target_(std::move(target)), log_(std::move(log)) {}
+    : io_(io), store_(store), store_mu_(store_mu), target_(std::move(target)), log_(std::move(log)) {
+  // Only snapshots of the child's model are candidates (a restore would refuse the others anyway).
+  if (!target_.model.empty()) {
+    auto m = load_model_info(io_, target_.model);
+    if (m.ok()) model_fingerprint_ = m->profile.fingerprint;
+    else log_("prefix: cannot read the model " + target_.model + " (any model's snapshot is a candidate): " +
+              m.status().ToString());
+  }
+}
 
 Result<std::vector<int32_t>> PrefixRestorer::prompt_tokens(const std::string& path, const ojson& body) {
   LlamaServer srv(target_.endpoint);
@@ -74,7 +87,7 @@ void PrefixRestorer::before_unguarded(Forward& f) {
   std::optional<SnapshotInfo> best;
   {
     std::lock_guard<std::mutex> s(store_mu_);
-    auto found = store_.catalog().find_prefix(*toks);
+    auto found = store_.catalog().find_prefix(*toks, model_fingerprint_, kMaxCandidates);
     if (!found.ok()) {
       ++stats_.failed;
       log_("prefix: the store's lookup failed (forwarded as is): " + found.status().ToString());

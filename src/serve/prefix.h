@@ -60,6 +60,7 @@ class PrefixRestorer {
   Store& store_;
   std::mutex& store_mu_;
   ServerTarget target_;
+  std::string model_fingerprint_;  // "" when the model is unknown: any
   std::function<void(const std::string&)> log_;
   std::mutex mu_;  // one decision at a time: two requests never restore into the same slot at once
   std::map<int, std::vector<int32_t>> held_;  // slot -> the tokens kvsnap last put or sent there
