@@ -153,19 +153,21 @@ def main():
     serve = subprocess.Popen([kvsnap, "serve", "--listen", f"127.0.0.1:{pport}", "--store", store, "--log",
                               os.path.join(work, "child.log"), "--", llama, *args], stdout=serve_log,
                              stderr=subprocess.STDOUT)
+    SERVES.append(serve)
     try:
         wait_health(dport, direct, "direct llama-server")
         wait_health(pport, serve, "kvsnap serve")
         run_checks(kvsnap, store, dport, pport, serve, openai_python)
-    finally:
-        for p in (direct, serve):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
         serve_log.close()
         print(open(os.path.join(work, "serve.log")).read())
-    run_prefix_restore(kvsnap, llama, model, work)
-    run_disk_full(kvsnap, llama, model, work)
+        run_prefix_restore(kvsnap, llama, model, work)
+        run_disk_full(kvsnap, llama, model, work)
+    finally:
+        if direct.poll() is None:
+            direct.kill()
+            direct.wait()
+        for p in SERVES:
+            stop_quietly(p)
     print(f"{len(FAILS)} failed")
     return 1 if FAILS else 0
 
@@ -206,12 +208,32 @@ def run_disk_full(kvsnap, llama, model, work):
         subprocess.run(["umount", mnt])
 
 
+SERVES = []  # every kvsnap serve started: stopped at the end whatever happens
+
+
+def stop_quietly(proc):
+    """SIGTERM (kvsnap serve then stops its llama-server); SIGKILL to both after 30 s."""
+    if proc.poll() is not None:
+        return
+    kids = children_of(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for k in kids:
+        if alive(k):
+            os.kill(k, signal.SIGKILL)
+
+
 def start_serve(kvsnap, llama, store, work, name, args):
     port = free_port()
     log = open(os.path.join(work, name + ".log"), "w")
     proc = subprocess.Popen([kvsnap, "serve", "--listen", f"127.0.0.1:{port}", "--store", store, "--log",
                              os.path.join(work, name + "-child.log"), "--", llama, *args], stdout=log,
                             stderr=subprocess.STDOUT)
+    SERVES.append(proc)
     wait_health(port, proc, name)
     return proc, port, log
 
