@@ -4,6 +4,7 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates python3
       libsqlite3-dev libzstd-dev libarchive-dev libcli11-dev libssl-dev nlohmann-json3-dev
       libgtest-dev libgmock-dev libbenchmark-dev libcurl4-openssl-dev
+      libcpp-httplib-dev        # kvsnap serve's proxy (0.11.4, what llama-server vendors)
       clang libclang-rt-14-dev  # the fuzz stage: clang 14, and libFuzzer + sanitizer runtimes (not pulled in by clang)
       zsh fish)                 # the shell-completion tests run in the real shells
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)

@@ -12,6 +12,7 @@ void setup_all_commands(CLI::App& app, int& exit_status) {
   setup_maintain_commands(app, exit_status);
   setup_transfer_commands(app, exit_status);
   setup_migrate(app, exit_status);
+  setup_serve(app, exit_status);
   setup_doctor(app, exit_status);
   setup_man(app, exit_status);
   setup_completion(app, exit_status);

@@ -73,6 +73,7 @@ void setup_list_commands(CLI::App& app, int& exit_status);      // cmd_list.cc: 
 void setup_maintain_commands(CLI::App& app, int& exit_status);  // cmd_maintain.cc: rm, gc, verify
 void setup_transfer_commands(CLI::App& app, int& exit_status);  // cmd_transfer.cc: export, import
 void setup_server_commands(CLI::App& app, int& exit_status);    // cmd_server.cc: server add, ls, rm
+void setup_serve(CLI::App& app, int& exit_status);               // cmd_serve.cc: llama-server behind kvsnap
 void setup_doctor(CLI::App& app, int& exit_status);             // cmd_doctor.cc
 void setup_man(CLI::App& app, int& exit_status);                // cmd_man.cc: manual pages from the command tree
 // cmd_completion.cc: a completion script from the whole command tree; set up last.

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # check_layers.sh SOURCE_DIR: fails when a product file includes a layer above its own.
-# Layers, lowest first (CMakeLists.txt): base < format < migrate < store < server < cli;
+# Layers, lowest first (CMakeLists.txt): base < format < migrate < store < server < serve < cli;
 # the C API (src/capi) stands on base, format and migrate only.
 set -euo pipefail
 root="${1:-.}"
-declare -A rank=([base]=0 [format]=1 [migrate]=2 [store]=3 [server]=4 [cli]=5)
-declare -A dir_of=([base]=src/base [format]=format [migrate]=migrate [store]=src/store [server]=src/server
+declare -A rank=([base]=0 [format]=1 [migrate]=2 [store]=3 [server]=4 [serve]=5 [cli]=6)
+declare -A dir_of=([base]=src/base [format]=format [migrate]=migrate [store]=src/store [server]=src/server [serve]=src/serve
                    [cli]=src/cli [capi]=src/capi)
 bad=0
-for layer in base format migrate store server cli capi; do
+for layer in base format migrate store server serve cli capi; do
   own=${rank[$layer]:-2}  # capi: as migrate, plus itself
   while IFS= read -r hit; do
     file=${hit%%:*}

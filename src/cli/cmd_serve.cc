@@ -1,0 +1,64 @@
+// kvsnap serve: llama-server behind kvsnap, its slots persisted into the store (src/serve/serve.h).
+#include <cstdio>
+#include <ctime>
+
+#include "cli/commands.h"
+#include "cli/progress.h"
+#include "cli/store_common.h"
+#include "serve/serve.h"
+
+namespace kvsnap::cli {
+namespace {
+
+struct ServeCmdOpts {
+  std::string listen = "127.0.0.1:8080", store, log;
+  std::vector<std::string> llama;
+  int threads = 32;
+};
+
+void log_line(const std::string& s) {
+  std::time_t now = std::time(nullptr);
+  char ts[32];
+  std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  std::fprintf(stderr, "%s kvsnap serve: %s\n", ts, s.c_str());
+  std::fflush(stderr);
+}
+
+Status run_serve_cmd(const ServeCmdOpts& o, std::string& out) {
+  ServeOptions so;
+  so.listen = o.listen;
+  so.store = o.store;
+  so.log_file = o.log;
+  so.llama = o.llama;
+  so.threads = o.threads;
+  return run_serve(cli_io(), so, log_line);
+}
+
+}  // namespace
+
+void setup_serve(CLI::App& app, int& exit_status) {
+  auto o = std::make_shared<ServeCmdOpts>();
+  auto* sub = app.add_subcommand(
+      "serve", "Run llama-server behind kvsnap: every request forwarded unchanged, slots saved into the store");
+  sub->add_option("--listen", o->listen, "HOST:PORT clients connect to (default 127.0.0.1:8080)");
+  sub->add_option("--log", o->log, "llama-server's output, appended (default: STORE/serve/llama-server.log)");
+  sub->add_option("--threads", o->threads, "concurrent client connections (default 32; a stream holds one)");
+  sub->add_option("llama-server", o->llama, "after --: the llama-server program and its arguments");
+  sub->footer(
+      "\nkvsnap serve starts llama-server ARGS as a child on a private loopback port with a kvsnap-owned\n"
+      "--slot-save-path (so ARGS must not set --host, --port or --slot-save-path: use --listen), waits\n"
+      "until it is healthy and forwards every request to it unchanged (streaming included). After each\n"
+      "completion the slot it used is saved into the store in the background (kvsnap ls --tag\n"
+      "serve.ns=default); on SIGTERM or Ctrl-C every filled slot is saved, then llama-server stops.\n"
+      "Before a completion is forwarded, the longest stored prefix of its prompt (same namespace) is\n"
+      "restored into the slot, converted to the server's -ctk/-ctv/-fa, when the slot holds less: after\n"
+      "a restart with other cache types, or beyond -np conversations, only the new tokens are evaluated.\n"
+      "A llama-server that dies is restarted. Sessions are namespaced by the X-Kvsnap-Session header,\n"
+      "else by the API key (a hash of it), else 'default'. See docs/serve.md.\n"
+      "\nExamples:\n"
+      "  kvsnap serve --listen 0.0.0.0:8080 -- llama-server -m model.gguf -c 8192 -np 2 -ctk q8_0 -ctv q8_0 -fa on\n"
+      "  kvsnap serve --store /srv/kvsnap --log /var/log/llama.log -- /opt/llama/llama-server -m m.gguf\n");
+  bind(sub, o, run_serve_cmd, "serve", exit_status);
+}
+
+}  // namespace kvsnap::cli

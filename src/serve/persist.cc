@@ -1,0 +1,172 @@
+#include "serve/persist.h"
+
+#include <nlohmann/json.hpp>
+
+#include "base/sha256.h"
+
+namespace kvsnap {
+
+namespace {
+
+int slot_in(const nlohmann::json& j) {
+  if (!j.is_object()) return -1;
+  for (const char* k : {"id_slot", "slot_id"})
+    if (auto it = j.find(k); it != j.end() && it->is_number_integer()) return it->get<int>();
+  return -1;
+}
+
+}  // namespace
+
+std::string namespace_of(const Exchange& x) {
+  if (std::string s = header_value(x.request_headers, "X-Kvsnap-Session"); !s.empty()) return "session-" + s;
+  std::string auth = header_value(x.request_headers, "Authorization");
+  if (auth.rfind("Bearer ", 0) == 0) {
+    const std::string key = auth.substr(7);
+    const auto d = sha256_of(std::span<const std::byte>(reinterpret_cast<const std::byte*>(key.data()), key.size()));
+    return "key-" + to_hex(d).substr(0, 16);
+  }
+  return "default";
+}
+
+bool is_completion_route(const std::string& path) {
+  for (const char* p : {"/completion", "/completions", "/v1/completions", "/chat/completions",
+                        "/v1/chat/completions", "/infill", "/v1/messages"})
+    if (path == p) return true;
+  return false;
+}
+
+void for_each_answer_json(const Exchange& x, const std::function<void(const nlohmann::json&)>& f) {
+  auto one = [&f](const std::string& text) {
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (!j.is_discarded()) f(j);
+  };
+  if (!x.streamed) return one(x.response_body);
+  for (size_t p = 0; (p = x.response_body.find("data: ", p)) != std::string::npos;) {
+    size_t e = x.response_body.find('\n', p);
+    if (e == std::string::npos) e = x.response_body.size();
+    one(x.response_body.substr(p + 6, e - p - 6));
+    p = e;
+  }
+}
+
+int slot_of_answer(const Exchange& x) {
+  int slot = -1;  // in a stream, the last event that names one
+  for_each_answer_json(x, [&slot](const nlohmann::json& j) {
+    if (int s = slot_in(j); s >= 0) slot = s;
+  });
+  return slot;
+}
+
+Persister::Persister(Io& io, Store& store, std::mutex& store_mu, ServerTarget target,
+                     std::function<void(const std::string&)> log)
+    : io_(io), store_(store), store_mu_(store_mu), target_(std::move(target)), log_(std::move(log)) {
+  thread_ = std::thread([this] { worker(); });
+}
+
+Persister::~Persister() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Persister::note_completion(const Exchange& x) {
+  if (x.status != 200 || !is_completion_route(x.path)) return;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    jobs_.push_back({slot_of_answer(x), namespace_of(x)});
+  }
+  cv_.notify_all();
+}
+
+void Persister::worker() {
+  std::unique_lock<std::mutex> l(mu_);
+  for (;;) {
+    cv_.wait(l, [this] { return stop_ || !jobs_.empty(); });
+    if (jobs_.empty()) return;  // stopping, everything saved
+    Job j = jobs_.front();
+    jobs_.pop_front();
+    busy_ = true;
+    l.unlock();
+    save_changed(j.slot, j.ns);
+    l.lock();
+    busy_ = false;
+    cv_.notify_all();
+  }
+}
+
+void Persister::save_changed(int only_slot, const std::string& ns) {
+  LlamaServer srv(target_.endpoint);
+  auto slots = srv.slots();
+  if (!slots.ok()) {
+    std::lock_guard<std::mutex> l(mu_);
+    ++stats_.failed;
+    stats_.last_error = slots.status().ToString();
+    log_("persist: cannot list the slots: " + stats_.last_error);
+    return;
+  }
+  std::vector<std::pair<int, int64_t>> changed;
+  for (const auto& s : *slots) {
+    const int64_t task = s.raw.value("id_task", int64_t(-1));
+    const int64_t n_prompt = s.raw.value("n_prompt_tokens", int64_t(1));  // absent: assume filled
+    if (s.is_processing || n_prompt <= 0 || task < 0) continue;
+    if (only_slot >= 0 && s.id != only_slot) continue;
+    std::lock_guard<std::mutex> l(mu_);
+    if (auto it = saved_task_.find(s.id); it != saved_task_.end() && it->second == task) continue;
+    changed.emplace_back(s.id, task);
+  }
+  for (auto [slot, task] : changed) {
+    std::string slot_ns = ns;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (slot_ns.empty() || (only_slot < 0 && changed.size() > 1)) {
+        // Several slots changed and the answer named none: each keeps the namespace that last used it.
+        auto it = slot_ns_.find(slot);
+        slot_ns = it != slot_ns_.end() ? it->second : "unattributed";
+      }
+      slot_ns_[slot] = slot_ns;
+    }
+    ServerTarget t = target_;
+    t.slot = slot;
+    SaveRequest req;
+    req.tags = {{"serve.ns", slot_ns}, {"serve.slot", std::to_string(slot)}, {"serve.task", std::to_string(task)}};
+    auto save = [&] {
+      std::lock_guard<std::mutex> s(store_mu_);
+      return save_from_server(io_, store_, t, req);
+    };
+    auto r = save();
+    std::lock_guard<std::mutex> l(mu_);
+    if (!r.ok()) {
+      ++stats_.failed;
+      stats_.last_error = r.status().ToString();
+      log_("persist: saving slot " + std::to_string(slot) + " failed (serving continues): " + stats_.last_error);
+      continue;
+    }
+    saved_task_[slot] = task;
+    ++stats_.saved;
+    log_("persist: slot " + std::to_string(slot) + " (" + slot_ns + ") saved as snapshot " +
+         std::to_string(r->save.info.id) + ": " + std::to_string(r->n_saved) + " tokens, " +
+         std::to_string(r->save.chunks_new) + "/" + std::to_string(r->save.chunks) + " chunks new");
+  }
+}
+
+void Persister::save_all() {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait(l, [this] { return jobs_.empty() && !busy_; });
+  l.unlock();
+  save_changed(-1, "");
+}
+
+void Persister::forget_slots() {
+  std::lock_guard<std::mutex> l(mu_);
+  saved_task_.clear();
+}
+
+PersistStats Persister::stats() {
+  std::lock_guard<std::mutex> l(mu_);
+  return stats_;
+}
+
+}  // namespace kvsnap

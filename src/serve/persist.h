@@ -1,0 +1,88 @@
+// kvsnap serve's persistence: slots saved into the store in the background
+// after completions, and every filled slot at shutdown.
+//
+// Promises:
+//   - note_completion() only queues work: the response it follows is never
+//     held up by the store (one worker thread does every save, in order);
+//   - a slot is saved when its last task (/slots id_task) differs from the one
+//     last saved, so a slot is written once per completion it served; the
+//     store's content addressing makes a conversation's next turn write only
+//     its new chunks;
+//   - each snapshot is tagged serve.ns (the namespace: X-Kvsnap-Session, else
+//     a hash of the API key, else "default"), serve.slot and serve.task;
+//   - a failed save (disk full, the child restarting) is logged and counted,
+//     never fatal: serving continues;
+//   - save_all() (shutdown) saves every filled slot that changed, then returns.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "base/io.h"
+#include "serve/proxy.h"
+#include "server/server_flows.h"
+#include "store/store.h"
+
+namespace kvsnap {
+
+// The namespace of a request: X-Kvsnap-Session, else "key-" + the first 16
+// hex digits of SHA-256(API key), else "default".
+std::string namespace_of(const Exchange& x);
+// Calls `f` with the answer's JSON: the body, or each "data: " event of a stream (unparsable ones skipped).
+void for_each_answer_json(const Exchange& x, const std::function<void(const nlohmann::json&)>& f);
+// True for the routes that run a completion in a slot.
+bool is_completion_route(const std::string& path);
+// The slot a completion answer names (id_slot / slot_id; in a stream, its
+// last event that has one), or -1.
+int slot_of_answer(const Exchange& x);
+
+struct PersistStats {
+  uint64_t saved = 0, failed = 0;
+  std::string last_error;
+};
+
+class Persister {
+ public:
+  // `target`: the child's endpoint, slot directory and model (slot is set per save).
+  // `store_mu` guards `store` (one catalog connection, shared with serve/prefix.h).
+  Persister(Io& io, Store& store, std::mutex& store_mu, ServerTarget target,
+            std::function<void(const std::string&)> log);
+  ~Persister();  // finishes the queued saves
+
+  void note_completion(const Exchange& x);
+  void save_all();
+  void forget_slots();  // after a restart of the child: its slots are empty
+  PersistStats stats();
+
+ private:
+  struct Job {
+    int slot;  // -1: the answer did not say; save the slots whose task changed
+    std::string ns;
+  };
+  void worker();
+  void save_changed(int only_slot, const std::string& ns);
+
+  Io& io_;
+  Store& store_;
+  std::mutex& store_mu_;
+  ServerTarget target_;
+  std::function<void(const std::string&)> log_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool stop_ = false, busy_ = false;
+  std::map<int, int64_t> saved_task_;   // slot -> id_task of its last save
+  std::map<int, std::string> slot_ns_;  // slot -> the namespace that last used it
+  PersistStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace kvsnap

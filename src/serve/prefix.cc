@@ -1,0 +1,213 @@
+#include "serve/prefix.h"
+
+#include <chrono>
+
+#include "migrate/model_info.h"
+#include "serve/persist.h"
+
+namespace kvsnap {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+// Longest first: the namespace's own is almost always among the first few; this bounds the
+// token-by-token checks when many conversations share a system prompt.
+constexpr size_t kMaxCandidates = 256;
+
+bool is_chat(const std::string& path) { return path == "/v1/chat/completions" || path == "/chat/completions"; }
+
+}  // namespace
+
+PrefixRestorer::PrefixRestorer(Io& io, Store& store, std::mutex& store_mu, ServerTarget target,
+                               std::function<void(const std::string&)> log)
+    : io_(io), store_(store), store_mu_(store_mu), target_(std::move(target)), log_(std::move(log)) {
+  // Only snapshots of the child's model are candidates (a restore would refuse the others anyway).
+  if (!target_.model.empty()) {
+    auto m = load_model_info(io_, target_.model);
+    if (m.ok()) model_fingerprint_ = m->profile.fingerprint;
+    else log_("prefix: cannot read the model " + target_.model + " (any model's snapshot is a candidate): " +
+              m.status().ToString());
+  }
+}
+
+Result<std::vector<int32_t>> PrefixRestorer::prompt_tokens(const std::string& path, const ojson& body) {
+  LlamaServer srv(target_.endpoint);
+  std::string text;
+  if (is_chat(path)) {
+    if (!body.contains("messages")) return std::vector<int32_t>{};
+    ojson req = {{"messages", body["messages"]}};
+    for (const char* k : {"tools", "chat_template_kwargs"})
+      if (body.contains(k)) req[k] = body[k];
+    KV_ASSIGN_OR_RETURN(auto r, srv.request("POST", "/apply-template", req.dump(), "applying the chat template"));
+    if (r.status != 200) return Status::IOError("/apply-template answered " + std::to_string(r.status));
+    auto j = ojson::parse(r.body, nullptr, false);
+    if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string())
+      return Status::Mismatch("/apply-template answered without a prompt");
+    text = j["prompt"].get<std::string>();
+  } else {
+    auto it = body.find("prompt");
+    if (it == body.end()) return std::vector<int32_t>{};
+    if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) return it->get<std::vector<int32_t>>();
+    if (!it->is_string()) return std::vector<int32_t>{};  // several prompts, multimodal: not looked up
+    text = it->get<std::string>();
+  }
+  // As llama-server tokenizes a prompt: with BOS and special tokens parsed.
+  ojson req = {{"content", text}, {"add_special", true}, {"parse_special", true}};
+  KV_ASSIGN_OR_RETURN(auto r, srv.request("POST", "/tokenize", req.dump(), "tokenizing the prompt"));
+  if (r.status != 200) return Status::IOError("/tokenize answered " + std::to_string(r.status));
+  return parse_tokenize_reply(r.body, "/tokenize");
+}
+
+void PrefixRestorer::before_unguarded(Forward& f) {
+  if (f.method != "POST" || !is_completion_route(f.path)) return;
+  auto body = ojson::parse(f.body, nullptr, false);
+  if (!body.is_object()) return;  // the child answers malformed JSON itself
+  Exchange who;
+  who.request_headers = f.headers;
+  const std::string ns = namespace_of(who);
+  std::lock_guard<std::mutex> l(mu_);
+  auto toks = prompt_tokens(f.path, body);
+  if (!toks.ok()) {
+    ++stats_.failed;
+    log_("prefix: cannot tokenize the request (forwarded as is): " + toks.status().ToString());
+    return;
+  }
+  if (toks->empty()) return;
+  f.prompt_tokens = *toks;
+  int asked = -1;
+  if (auto it = body.find("id_slot"); it != body.end() && it->is_number_integer()) asked = it->get<int>();
+  // The longest stored prefix of this namespace.
+  std::optional<SnapshotInfo> best;
+  {
+    std::lock_guard<std::mutex> s(store_mu_);
+    auto found = store_.catalog().find_prefix(*toks, model_fingerprint_, kMaxCandidates);
+    if (!found.ok()) {
+      ++stats_.failed;
+      log_("prefix: the store's lookup failed (forwarded as is): " + found.status().ToString());
+      return;
+    }
+    for (auto& info : *found) {
+      auto t = info.tags.find("serve.ns");
+      if (t != info.tags.end() && t->second == ns) {
+        best = info;
+        break;
+      }
+    }
+  }
+  if (!best) return;
+  // What the slots hold, as far as kvsnap knows; the slot to use: the one asked for, else the idle
+  // slot whose contents are worth least to this request.
+  LlamaServer srv(target_.endpoint);
+  auto slots = srv.slots();
+  if (!slots.ok()) return;
+  int slot = -1;
+  size_t slot_has = 0, best_has = 0;
+  for (const auto& s : *slots) {
+    const size_t has = common_prefix(held_[s.id], *toks);
+    best_has = std::max(best_has, has);
+    if (asked >= 0 ? s.id == asked : !s.is_processing && (slot < 0 || has < slot_has)) {
+      slot = s.id;
+      slot_has = has;
+    }
+  }
+  if (slot < 0 || uint64_t(best->n_tokens) <= (asked >= 0 ? slot_has : best_has)) return;
+  ServerTarget t = target_;
+  t.slot = slot;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (t.flash_attn.empty()) {
+    // -fa auto: the child's V layout is known only from a slot file it saves, which an empty slot
+    // cannot give. One token evaluated in the slot (about to be overwritten) makes it savable.
+    auto filled = srv.complete(slot, {{"prompt", "a"}, {"n_predict", 0}});
+    if (!filled.ok()) log_("prefix: cannot fill slot " + std::to_string(slot) + " to detect -fa auto: " +
+                           filled.status().ToString());
+  }
+  auto restore = [&] {
+    std::lock_guard<std::mutex> s(store_mu_);
+    return restore_to_server(io_, store_, t, std::to_string(best->id), false);
+  };
+  Result<ServerRestoreResult> r = restore();
+  if (!r.ok()) {
+    ++stats_.failed;
+    log_("prefix: restoring snapshot " + std::to_string(best->id) + " into slot " + std::to_string(slot) +
+         " failed (forwarded as is): " + r.status().ToString());
+    return;
+  }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (target_.flash_attn.empty()) {
+    target_.flash_attn = r->flash_attn;  // what -fa auto chose: the same for every later restore
+    log_("prefix: the child's -fa auto is " + r->flash_attn + " (detected from a slot file it saved)");
+  }
+  held_[slot].assign(toks->begin(), toks->begin() + best->n_tokens);
+  ++stats_.restores;
+  stats_.restored_tokens += best->n_tokens;
+  body["id_slot"] = slot;
+  f.body = body.dump();
+  f.body_changed = true;
+  f.pinned_slot = slot;
+  f.restored_tokens = best->n_tokens;
+  log_("prefix: restored snapshot " + std::to_string(best->id) + " (" + std::to_string(best->n_tokens) + " of " +
+       std::to_string(toks->size()) + " prompt tokens, " + ns + ", " + best->k_types + "/" + best->v_types + " -> " +
+       r->ctk + "/" + r->ctv + " fa " + r->flash_attn + ") into slot " + std::to_string(slot) + " in " +
+       std::to_string(int(ms)) + " ms");
+}
+
+void PrefixRestorer::after_unguarded(const Exchange& x) {
+  if (x.prompt_tokens.empty() || x.status != 200) return;
+  int slot = slot_of_answer(x);
+  if (slot < 0) slot = x.pinned_slot;
+  std::lock_guard<std::mutex> l(mu_);
+  if (slot >= 0) held_[slot] = x.prompt_tokens;
+  if (x.restored_tokens == 0) return;
+  // Proof of reuse: what the child evaluated of the prompt after the restore.
+  uint64_t prompt_n = 0;
+  bool found = false;
+  auto scan = [&](const nlohmann::json& j) {
+    if (j.is_object() && j.contains("timings") && j["timings"].contains("prompt_n")) {
+      prompt_n = j["timings"]["prompt_n"].get<uint64_t>();
+      found = true;
+    }
+  };
+  for_each_answer_json(x, scan);
+  if (!found) return;
+  stats_.last_prompt_n = prompt_n;
+  log_("prefix: reuse on slot " + std::to_string(slot) + ": the child evaluated " + std::to_string(prompt_n) + " of " +
+       std::to_string(x.prompt_tokens.size()) + " prompt tokens (" + std::to_string(x.restored_tokens) +
+       " restored)" + (prompt_n + x.restored_tokens > x.prompt_tokens.size() + 1 ? ": NOT reused" : ""));
+}
+
+// A request's JSON is the client's: a value of an unexpected type is no reason to fail it, nor to
+// let nlohmann's exception out of this module.
+void PrefixRestorer::before(Forward& f) {
+  try {
+    before_unguarded(f);
+  } catch (const nlohmann::json::exception& e) {
+    log_(std::string("prefix: the request's JSON is not what a completion takes (forwarded as is): ") + e.what());
+  }
+}
+
+void PrefixRestorer::after(const Exchange& x) {
+  try {
+    after_unguarded(x);
+  } catch (const nlohmann::json::exception& e) {
+    log_(std::string("prefix: an answer's JSON is not what llama-server sends: ") + e.what());
+  }
+}
+
+void PrefixRestorer::forget_slots() {
+  std::lock_guard<std::mutex> l(mu_);
+  held_.clear();
+}
+
+PrefixStats PrefixRestorer::stats() {
+  std::lock_guard<std::mutex> l(mu_);
+  return stats_;
+}
+
+}  // namespace kvsnap

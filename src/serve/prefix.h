@@ -1,0 +1,70 @@
+// Prefix restore (issue 14, part 3): before a completion is forwarded, kvsnap
+// finds its prompt's tokens (the child's /tokenize; /apply-template first for
+// chat), looks up the longest snapshot of the request's namespace whose tokens
+// are a prefix of them, and when that is longer than what the slot holds (as
+// far as kvsnap knows: what it restored or last sent there), restores it into
+// the slot, converted to the child's cache types, and pins the request to that
+// slot (id_slot). The child then evaluates only the tokens after the prefix.
+//
+// Promises:
+//   - no tenant's snapshot is restored for another: only snapshots tagged
+//     with the request's namespace (serve/persist.h namespace_of) are candidates;
+//   - the body is rewritten (id_slot added) only when a restore happened;
+//     otherwise the request goes on untouched;
+//   - a failure (tokenizing, the store, the restore) is logged and counted,
+//     never fails the request: it is forwarded as it came;
+//   - after the answer, how many prompt tokens the child evaluated
+//     (timings.prompt_n) is logged beside the restored length: proof of reuse,
+//     or of its absence.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/io.h"
+#include "serve/proxy.h"
+#include "server/server_flows.h"
+#include "store/store.h"
+
+namespace kvsnap {
+
+struct PrefixStats {
+  uint64_t restores = 0, restored_tokens = 0, failed = 0;
+  uint64_t last_prompt_n = 0;  // of the last answer after a restore
+};
+
+class PrefixRestorer {
+ public:
+  // `target`: the child's endpoint, slot directory, model and cache types (flash_attn "" = detect).
+  // `store_mu` guards `store` (one catalog connection, shared with the persister).
+  PrefixRestorer(Io& io, Store& store, std::mutex& store_mu, ServerTarget target,
+                 std::function<void(const std::string&)> log);
+
+  void before(Forward& f);
+  void after(const Exchange& x);
+  void forget_slots();  // the child restarted: its slots are empty
+  PrefixStats stats();
+
+ private:
+  void before_unguarded(Forward& f);
+  void after_unguarded(const Exchange& x);
+  Result<std::vector<int32_t>> prompt_tokens(const std::string& path, const nlohmann::ordered_json& body);
+
+  Io& io_;
+  Store& store_;
+  std::mutex& store_mu_;
+  ServerTarget target_;
+  std::string model_fingerprint_;  // "" when the model is unknown: any
+  std::function<void(const std::string&)> log_;
+  std::mutex mu_;  // one decision at a time: two requests never restore into the same slot at once
+  std::map<int, std::vector<int32_t>> held_;  // slot -> the tokens kvsnap last put or sent there
+  PrefixStats stats_;
+};
+
+}  // namespace kvsnap

@@ -1,0 +1,256 @@
+#include "serve/proxy.h"
+
+#include <httplib.h>
+#include <strings.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <set>
+#include <thread>
+
+namespace kvsnap {
+
+namespace {
+
+constexpr size_t kStreamTail = 64 << 10;
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// RFC 9110 7.6.1: hop-by-hop fields, plus those the Connection field names; Content-Length is the
+// library's to set for the body it sends; REMOTE_ADDR/PORT, LOCAL_ADDR/PORT are cpp-httplib's own
+// annotations of a received request, not fields the client sent.
+std::set<std::string> dropped_fields(const httplib::Headers& h) {
+  std::set<std::string> drop = {"connection", "keep-alive", "proxy-connection", "te", "trailer",
+                                "transfer-encoding", "upgrade", "content-length", "remote_addr",
+                                "remote_port", "local_addr", "local_port"};
+  auto range = h.equal_range("Connection");
+  for (auto it = range.first; it != range.second; ++it) {
+    std::string v = it->second;
+    size_t p = 0;
+    while (p <= v.size()) {
+      size_t q = v.find(',', p);
+      if (q == std::string::npos) q = v.size();
+      std::string name = v.substr(p, q - p);
+      name.erase(0, name.find_first_not_of(" \t"));
+      name.erase(name.find_last_not_of(" \t") + 1);
+      if (!name.empty()) drop.insert(lower(name));
+      p = q + 1;
+    }
+  }
+  return drop;
+}
+
+httplib::Headers end_to_end(const httplib::Headers& h, bool drop_content_type) {
+  const auto drop = dropped_fields(h);
+  httplib::Headers out;
+  for (const auto& [k, v] : h) {
+    const std::string lk = lower(k);
+    if (drop.count(lk) || (drop_content_type && lk == "content-type")) continue;
+    out.emplace(k, v);
+  }
+  return out;
+}
+
+// One forwarded request: the child's answer as it arrives, shared between the
+// thread that talks to the child and the one that answers the client.
+struct Upstream {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool have_head = false, done = false, ok = false, cancel = false;
+  int status = 0;
+  httplib::Headers headers;
+  std::string pending;  // received, not yet passed on
+  httplib::Error error = httplib::Error::Success;
+  std::thread thread;
+
+  void join() {
+    if (thread.joinable()) thread.join();
+  }
+};
+
+}  // namespace
+
+std::string header_value(const std::vector<std::pair<std::string, std::string>>& h, const std::string& name) {
+  for (const auto& [k, v] : h)
+    if (strcasecmp(k.c_str(), name.c_str()) == 0) return v;
+  return "";
+}
+
+struct Proxy::Impl {
+  ProxyOptions o;
+  std::function<void(Forward&)> before;
+  std::function<void(const Exchange&)> on_done;
+  httplib::Server svr;
+
+  void start_upstream(const std::shared_ptr<Upstream>& st, const httplib::Request& req, const Forward& f) {
+    httplib::Request up;
+    up.method = req.method;
+    up.path = req.target;  // path and query exactly as the client wrote them
+    up.headers = end_to_end(req.headers, false);
+    up.body = f.body_changed ? f.body : req.body;
+    st->thread = std::thread([st, up = std::move(up), port = o.upstream_port, t = o.upstream_timeout_s]() mutable {
+      httplib::Client cli("127.0.0.1", port);
+      cli.set_url_encode(false);
+      cli.set_decompress(false);
+      cli.set_connection_timeout(5);
+      cli.set_read_timeout(time_t(t));
+      cli.set_write_timeout(time_t(t));
+      up.response_handler = [st](const httplib::Response& r) {
+        std::lock_guard<std::mutex> l(st->mu);
+        st->status = r.status;
+        st->headers = r.headers;
+        st->have_head = true;
+        st->cv.notify_all();
+        return !st->cancel;
+      };
+      up.content_receiver = [st](const char* d, size_t n, uint64_t, uint64_t) {
+        std::lock_guard<std::mutex> l(st->mu);
+        st->pending.append(d, n);
+        st->cv.notify_all();
+        return !st->cancel;
+      };
+      httplib::Response r;
+      httplib::Error err = httplib::Error::Success;
+      const bool ok = cli.send(up, r, err);
+      std::lock_guard<std::mutex> l(st->mu);
+      if (!st->have_head && ok) {  // 204 and HEAD answers skip the response handler
+        st->status = r.status;
+        st->headers = r.headers;
+        st->have_head = true;
+      }
+      st->ok = ok;
+      st->error = err;
+      st->done = true;
+      st->cv.notify_all();
+    });
+  }
+
+  Exchange exchange_of(const httplib::Request& req, const Forward& f, int status) {
+    Exchange x;
+    x.prompt_tokens = f.prompt_tokens;
+    x.pinned_slot = f.pinned_slot;
+    x.restored_tokens = f.restored_tokens;
+    x.method = req.method;
+    x.path = req.path;
+    for (const auto& [k, v] : req.headers) x.request_headers.emplace_back(k, v);
+    x.request_body = req.body;
+    x.status = status;
+    return x;
+  }
+
+  void handle(const httplib::Request& req, httplib::Response& res) {
+    // cpp-httplib would gzip or brotli a text answer for a client that accepts it: the child's bytes
+    // must pass unchanged, so the client's Accept-Encoding goes to the child only. (The request is
+    // the server's own non-const object, handed to the handler as const.)
+    httplib::Request& mreq = const_cast<httplib::Request&>(req);
+    Forward f;
+    if (before) {
+      f.method = req.method;
+      f.path = req.path;
+      for (const auto& [k, v] : req.headers) f.headers.emplace_back(k, v);
+      f.body = req.body;
+      before(f);
+    }
+    auto st = std::make_shared<Upstream>();
+    start_upstream(st, req, f);
+    mreq.headers.erase("Accept-Encoding");
+    std::unique_lock<std::mutex> l(st->mu);
+    st->cv.wait(l, [&] { return st->have_head || st->done; });
+    if (!st->have_head) {
+      const std::string why = httplib::to_string(st->error);
+      l.unlock();
+      st->join();
+      res.status = 502;
+      res.set_content(R"({"error":{"code":502,"message":"kvsnap serve: llama-server is not answering ()" + why +
+                          R"(); it may be restarting","type":"unavailable_error"}})",
+                      "application/json");
+      return;
+    }
+    res.status = st->status;
+    res.headers = end_to_end(st->headers, true);
+    auto ct = st->headers.find("Content-Type");  // Headers compare names case-insensitively
+    const std::string ctype = ct == st->headers.end() ? "" : ct->second;
+    const bool sized = st->headers.count("Content-Length") > 0;
+    if (sized || st->done) {  // a whole body: wait for it
+      st->cv.wait(l, [&] { return st->done; });
+      std::string body = std::move(st->pending);
+      l.unlock();
+      st->join();
+      if (!body.empty() || !ctype.empty()) res.set_content(body, ctype);
+      Exchange x = exchange_of(req, f, res.status);
+      x.response_body = std::move(body);
+      if (on_done) on_done(x);
+      return;
+    }
+    l.unlock();
+    auto x = std::make_shared<Exchange>(exchange_of(req, f, res.status));
+    x->streamed = true;
+    res.set_chunked_content_provider(
+        ctype,
+        [this, st, x](size_t, httplib::DataSink& sink) {
+          std::unique_lock<std::mutex> l(st->mu);
+          st->cv.wait(l, [&] { return !st->pending.empty() || st->done; });
+          std::string chunk = std::move(st->pending);
+          st->pending.clear();
+          const bool done = st->done;
+          l.unlock();
+          if (!chunk.empty()) {
+            x->response_body += chunk;
+            if (x->response_body.size() > 2 * kStreamTail) x->response_body.erase(0, x->response_body.size() - kStreamTail);
+            if (!sink.write(chunk.data(), chunk.size())) return false;
+          }
+          if (done) {
+            sink.done();
+            if (on_done) on_done(*x);
+          }
+          return true;
+        },
+        [st](bool) {
+          {
+            std::lock_guard<std::mutex> l(st->mu);
+            st->cancel = true;  // a no-op once the child has finished
+          }
+          st->join();
+        });
+  }
+};
+
+Proxy::Proxy(ProxyOptions o, std::function<void(Forward&)> before, std::function<void(const Exchange&)> on_done)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->o = std::move(o);
+  impl_->before = std::move(before);
+  impl_->on_done = std::move(on_done);
+  const int n = impl_->o.threads;
+  impl_->svr.new_task_queue = [n] { return new httplib::ThreadPool(size_t(n)); };
+  impl_->svr.set_keep_alive_max_count(1000);
+  impl_->svr.set_keep_alive_timeout(5);  // also bounds how long stop() waits for idle connections
+  impl_->svr.set_read_timeout(600);
+  impl_->svr.set_write_timeout(600);
+  auto h = [impl = impl_.get()](const httplib::Request& req, httplib::Response& res) { impl->handle(req, res); };
+  impl_->svr.Get(".*", h);
+  impl_->svr.Post(".*", h);
+  impl_->svr.Put(".*", h);
+  impl_->svr.Patch(".*", h);
+  impl_->svr.Delete(".*", h);
+  impl_->svr.Options(".*", h);
+}
+
+Proxy::~Proxy() { stop(); }
+
+Status Proxy::bind() {
+  if (!impl_->svr.bind_to_port(impl_->o.listen_host, impl_->o.listen_port))
+    return Status::IOError("cannot listen on " + impl_->o.listen_host + ":" + std::to_string(impl_->o.listen_port) +
+                           " (address in use, or not this machine's?)");
+  return Status::OK();
+}
+
+void Proxy::run() { impl_->svr.listen_after_bind(); }
+
+void Proxy::stop() {
+  if (impl_ && impl_->svr.is_running()) impl_->svr.stop();
+}
+
+}  // namespace kvsnap

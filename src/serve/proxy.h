@@ -1,0 +1,84 @@
+// The HTTP face of kvsnap serve: a cpp-httplib server on --listen that
+// forwards every request to the llama-server child and its answer back.
+//
+// Promises:
+//   - method, request target (path and query, byte for byte), headers and
+//     body go to the child unchanged, and its status, headers and body come
+//     back unchanged, except the hop-by-hop headers (RFC 9110 7.6.1:
+//     Connection and the fields it names, Keep-Alive, Proxy-Connection, TE,
+//     Trailer, Transfer-Encoding, Upgrade), which each hop sets for itself;
+//   - an answer without a Content-Length (llama-server's SSE streams) is
+//     forwarded chunk by chunk as the child sends it, never buffered whole;
+//     a client that goes away cancels the child's request;
+//   - kvsnap never re-encodes a body (no compression of its own);
+//   - clients are served concurrently (a thread pool), with keep-alive;
+//   - a child that does not answer (restarting) is a 502 with a JSON error;
+//   - when an exchange has finished, `on_done` sees it (from the serving
+//     thread: it must return quickly, e.g. hand the work to another thread).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/status.h"
+
+namespace kvsnap {
+
+struct ProxyOptions {
+  std::string listen_host = "127.0.0.1";
+  int listen_port = 8080;
+  int upstream_port = 0;        // the child, on 127.0.0.1
+  int threads = 32;             // concurrent clients (a streaming client holds one)
+  double upstream_timeout_s = 3600;
+};
+
+// A request about to be forwarded: a hook may rewrite its body (then body_changed).
+struct Forward {
+  std::string method, path;  // path without the query
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+  bool body_changed = false;
+  // What the hook learned, carried into the Exchange.
+  std::vector<int32_t> prompt_tokens;
+  int pinned_slot = -1;
+  uint64_t restored_tokens = 0;
+};
+
+// A finished exchange, as far as kvsnap's persistence needs it.
+struct Exchange {
+  std::string method, path;  // path without the query
+  std::vector<std::pair<std::string, std::string>> request_headers;
+  std::string request_body;
+  int status = 0;
+  bool streamed = false;
+  std::string response_body;  // a streamed answer: its last 64 KiB (the final events)
+  std::vector<int32_t> prompt_tokens;  // from the Forward hook
+  int pinned_slot = -1;
+  uint64_t restored_tokens = 0;
+};
+
+class Proxy {
+ public:
+  // `before` (may be empty) runs on the serving thread before a request is forwarded; the client
+  // waits for it.
+  Proxy(ProxyOptions o, std::function<void(Forward&)> before, std::function<void(const Exchange&)> on_done);
+  ~Proxy();
+  // Binds --listen; kIOError naming the address when it is taken.
+  Status bind();
+  // Serves until stop() (blocks).
+  void run();
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The value of header `name` (case-insensitive), "" when absent.
+std::string header_value(const std::vector<std::pair<std::string, std::string>>& h, const std::string& name);
+
+}  // namespace kvsnap

@@ -1,0 +1,131 @@
+#include "serve/serve.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "serve/llama_args.h"
+#include "serve/persist.h"
+#include "serve/prefix.h"
+#include "serve/proxy.h"
+#include "serve/supervisor.h"
+#include "store/store.h"
+#include "store/store_paths.h"
+
+namespace kvsnap {
+
+namespace {
+
+// A port the kernel says is free on loopback now (the child binds it a moment later).
+Result<int> free_loopback_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return Status::IOError("socket() failed");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t n = sizeof a;
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  if (port <= 0) return Status::IOError("cannot find a free loopback port for llama-server");
+  return port;
+}
+
+}  // namespace
+
+Status parse_listen(const std::string& s, std::string& host, int& port) {
+  const auto colon = s.rfind(':');
+  if (colon == std::string::npos)
+    return Status::InvalidArgument("--listen '" + s + "' must be HOST:PORT (e.g. 127.0.0.1:8080 or 0.0.0.0:8080)");
+  host = colon == 0 ? "127.0.0.1" : s.substr(0, colon);
+  if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string p = s.substr(colon + 1);
+  auto [end, ec] = std::from_chars(p.data(), p.data() + p.size(), port);
+  if (ec != std::errc() || end != p.data() + p.size() || port <= 0 || port > 65535)
+    return Status::InvalidArgument("--listen '" + s + "': the port must be a number from 1 to 65535");
+  return Status::OK();
+}
+
+Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const std::string&)>& log) {
+  KV_ASSIGN_OR_RETURN(LlamaArgs args, parse_llama_args(o.llama));
+  ProxyOptions po;
+  KV_RETURN_IF_ERROR(parse_listen(o.listen, po.listen_host, po.listen_port));
+  po.threads = o.threads;
+  KV_ASSIGN_OR_RETURN(StorePaths paths, resolve_store_paths(o.store));
+  KV_ASSIGN_OR_RETURN(auto store, Store::open(io, paths));
+  const std::string serve_dir = paths.root + "/serve", slot_dir = serve_dir + "/slots";
+  KV_RETURN_IF_ERROR(io.create_dirs(slot_dir));
+  KV_ASSIGN_OR_RETURN(po.upstream_port, free_loopback_port());
+
+  // SIGTERM/SIGINT are taken by sigwait below: blocked here before any thread starts, so every
+  // thread inherits the mask (the child gets default signals back: supervisor.cc).
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not the end of kvsnap
+
+  ServerTarget target;
+  target.endpoint = {"http://127.0.0.1:" + std::to_string(po.upstream_port), args.api_key, 3600};
+  target.slot_dir = slot_dir;
+  target.model = args.model;
+  target.ctk = args.ctk;
+  target.ctv = args.ctv;
+  // "auto" is the server's choice, which it does not report: restores detect it from a saved slot.
+  target.flash_attn = args.flash_attn == "auto" ? "" : args.flash_attn;
+  // Two connections to the store (a Catalog is one SQLite connection, for one thread at a time): the
+  // background saves never hold up a request's prefix lookup (SQLite's WAL lets them run together).
+  KV_ASSIGN_OR_RETURN(auto lookup_store, Store::open(io, paths));
+  std::mutex store_mu, lookup_mu;
+  Persister persist(io, *store, store_mu, target, log);
+  PrefixRestorer prefix(io, *lookup_store, lookup_mu, target, log);
+  Proxy proxy(
+      po, [&prefix](Forward& f) { prefix.before(f); },
+      [&persist, &prefix](const Exchange& x) {
+        prefix.after(x);
+        persist.note_completion(x);
+      });
+  KV_RETURN_IF_ERROR(proxy.bind());
+
+  SupervisorOptions so;
+  so.argv = child_argv(args, po.upstream_port, slot_dir);
+  so.health_url = target.endpoint.url;
+  so.api_key = args.api_key;
+  so.log_path = o.log_file.empty() ? serve_dir + "/llama-server.log" : o.log_file;
+  Supervisor sup(so, log);
+  sup.on_restart([&persist, &prefix] {
+    persist.forget_slots();
+    prefix.forget_slots();
+  });
+  KV_RETURN_IF_ERROR(sup.start());
+
+  std::thread server([&proxy] { proxy.run(); });
+  log("listening on http://" + o.listen + " (llama-server pid " + std::to_string(sup.pid()) + " on " +
+      target.endpoint.url + ", store " + paths.root + ", its log " + so.log_path + ")");
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  log(std::string("got ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
+      ": finishing the requests in flight, saving the slots, stopping llama-server");
+  proxy.stop();
+  server.join();
+  persist.save_all();
+  sup.stop();
+  const PersistStats st = persist.stats();
+  const PrefixStats pr = prefix.stats();
+  log("stopped: " + std::to_string(st.saved) + " slot saves, " + std::to_string(st.failed) + " failed; " +
+      std::to_string(pr.restores) + " prefix restores (" + std::to_string(pr.restored_tokens) + " tokens), " +
+      std::to_string(pr.failed) + " failed; " + std::to_string(sup.restarts()) + " restarts of llama-server");
+  return Status::OK();
+}
+
+}  // namespace kvsnap

@@ -1,0 +1,34 @@
+// kvsnap serve: llama-server supervised as a child on a private loopback
+// port, behind a proxy on --listen that forwards everything unchanged and
+// persists the slots into the store (serve/supervisor.h, serve/proxy.h,
+// serve/persist.h say what each part promises).
+//
+// run_serve() blocks until SIGTERM or SIGINT; then it stops accepting
+// requests, lets the ones in flight finish, saves every filled slot, stops
+// the child (no process is left behind) and returns.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "base/io.h"
+#include "base/status.h"
+
+namespace kvsnap {
+
+struct ServeOptions {
+  std::string listen = "127.0.0.1:8080";  // HOST:PORT (":PORT" = 127.0.0.1)
+  std::string store;                      // --store DIR; empty: $KVSNAP_HOME, else XDG
+  std::string log_file;                   // the child's output; empty: STORE/serve/llama-server.log
+  std::vector<std::string> llama;         // llama-server and its ARGS
+  int threads = 32;
+};
+
+// "HOST:PORT" -> host, port; kInvalidArgument naming --listen otherwise.
+Status parse_listen(const std::string& s, std::string& host, int& port);
+
+// `log` gets one line per event (also the line saying where it listens).
+Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const std::string&)>& log);
+
+}  // namespace kvsnap

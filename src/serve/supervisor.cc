@@ -1,0 +1,162 @@
+#include "serve/supervisor.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "server/llama_server.h"
+
+extern char** environ;
+
+namespace kvsnap {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string describe_exit(int st) {
+  if (WIFEXITED(st)) return "exited with status " + std::to_string(WEXITSTATUS(st));
+  if (WIFSIGNALED(st)) return std::string("was killed by signal ") + strsignal(WTERMSIG(st));
+  return "stopped";
+}
+
+}  // namespace
+
+Supervisor::Supervisor(SupervisorOptions o, std::function<void(const std::string&)> log)
+    : o_(std::move(o)), log_(std::move(log)) {}
+
+Supervisor::~Supervisor() { stop(); }
+
+Result<pid_t> Supervisor::spawn() {
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t at;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawnattr_init(&at);
+  if (!o_.log_path.empty()) {
+    posix_spawn_file_actions_addopen(&fa, 1, o_.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  }
+  // Its own process group (a Ctrl-C at the terminal reaches kvsnap, which stops it in order), with
+  // the signals kvsnap blocks or ignores restored to their defaults.
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGPIPE}) sigaddset(&defaults, s);
+  posix_spawnattr_setsigmask(&at, &none);
+  posix_spawnattr_setsigdefault(&at, &defaults);
+  posix_spawnattr_setpgroup(&at, 0);
+  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  std::vector<char*> args;
+  for (auto& a : o_.argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  int rc = posix_spawnp(&pid, args[0], &fa, &at, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&at);
+  if (rc != 0) return Status::IOError("cannot start " + o_.argv[0] + ": " + std::strerror(rc));
+  return pid;
+}
+
+Status Supervisor::wait_healthy(pid_t pid) {
+  LlamaServer srv({o_.health_url, o_.api_key, 2.0});
+  const auto deadline = Clock::now() + std::chrono::duration<double>(o_.start_timeout_s);
+  const std::string where = o_.log_path.empty() ? "its output above" : o_.log_path;
+  while (Clock::now() < deadline) {
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) == pid)
+      return Status::IOError(o_.argv[0] + " " + describe_exit(st) + " before answering /health; see " + where);
+    if (srv.health().ok()) return Status::OK();
+    if (stopping_) return Status::Interrupted("stopping");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  kill(-pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return Status::IOError(o_.argv[0] + " did not answer /health within " + std::to_string(int(o_.start_timeout_s)) +
+                         " s; see " + where);
+}
+
+Status Supervisor::start() {
+  KV_ASSIGN_OR_RETURN(pid_t pid, spawn());
+  pid_ = pid;
+  log_("started " + o_.argv[0] + " (pid " + std::to_string(pid) + ") on " + o_.health_url);
+  KV_RETURN_IF_ERROR(wait_healthy(pid));
+  healthy_ = true;
+  log_(o_.argv[0] + " is healthy");
+  monitor_ = std::thread([this] { monitor(); });
+  return Status::OK();
+}
+
+void Supervisor::monitor() {
+  for (;;) {
+    const pid_t pid = pid_;
+    int st = 0;
+    if (waitpid(pid, &st, 0) != pid) return;  // not ours any more (cannot happen: only this thread reaps)
+    healthy_ = false;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      pid_ = 0;
+    }
+    cv_.notify_all();
+    if (stopping_) return;
+    log_(o_.argv[0] + " (pid " + std::to_string(pid) + ") " + describe_exit(st) + " unexpectedly: restarting it");
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        if (cv_.wait_for(l, std::chrono::duration<double>(o_.restart_pause_s), [this] { return stopping_.load(); }))
+          return;
+      }
+      auto np = spawn();
+      if (!np.ok()) {
+        log_(np.status().ToString());
+        continue;
+      }
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        pid_ = *np;
+      }
+      Status h = wait_healthy(*np);
+      if (h.ok()) break;
+      // Stopping during the restart: stop() signals this child; reap it here, the only reaper.
+      if (stopping_) waitpid(*np, nullptr, 0);
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        pid_ = 0;
+      }
+      cv_.notify_all();
+      if (stopping_) return;
+      log_("restart failed: " + h.ToString());
+    }
+    healthy_ = true;
+    ++restarts_;
+    log_("restarted " + o_.argv[0] + " (pid " + std::to_string(pid_) + "), restart " + std::to_string(restarts_));
+    if (on_restart_) on_restart_();
+  }
+}
+
+void Supervisor::stop() {
+  if (stopping_.exchange(true)) {
+    if (monitor_.joinable()) monitor_.join();
+    return;
+  }
+  cv_.notify_all();
+  std::unique_lock<std::mutex> l(mu_);
+  if (pid_ > 0) {
+    const pid_t pid = pid_;
+    log_("stopping " + o_.argv[0] + " (pid " + std::to_string(pid) + "): SIGTERM");
+    kill(-pid, SIGTERM);
+    if (!cv_.wait_for(l, std::chrono::duration<double>(o_.stop_timeout_s), [this] { return pid_ == 0; })) {
+      log_(o_.argv[0] + " did not stop within " + std::to_string(int(o_.stop_timeout_s)) + " s: SIGKILL");
+      kill(-pid, SIGKILL);
+      cv_.wait(l, [this] { return pid_ == 0; });
+    }
+  }
+  l.unlock();
+  if (monitor_.joinable()) monitor_.join();
+}
+
+}  // namespace kvsnap

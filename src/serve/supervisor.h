@@ -1,0 +1,72 @@
+// llama-server as a child process: started in its own process group, waited
+// for until /health answers, restarted when it dies without being asked to,
+// stopped with SIGTERM and, after a grace period, SIGKILL.
+//
+// Promises:
+//   - start() returns once the child answers /health (or with an error naming
+//     the log file when it exits or stays unhealthy past the timeout);
+//   - a child that dies unexpectedly is restarted by a monitor thread with the
+//     same command line (after a pause, so a crash loop does not spin), and
+//     the restart is counted and logged;
+//   - stop() leaves no child process behind: SIGTERM to its process group,
+//     SIGKILL after `stop_timeout_s`, and reaps it;
+//   - the child's stdout and stderr go to `log_path` (appended), or are
+//     inherited when it is empty.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/status.h"
+
+namespace kvsnap {
+
+struct SupervisorOptions {
+  std::vector<std::string> argv;  // the child's command line (argv[0] looked up in PATH)
+  std::string health_url;         // "http://127.0.0.1:PORT"
+  std::string api_key;            // for /health when the child wants one
+  std::string log_path;           // empty: inherit stdout/stderr
+  double start_timeout_s = 300;   // loading a large model takes a while
+  double stop_timeout_s = 20;
+  double restart_pause_s = 1;
+};
+
+class Supervisor {
+ public:
+  // `log` receives one line per event (started, died, restarted).
+  Supervisor(SupervisorOptions o, std::function<void(const std::string&)> log);
+  ~Supervisor();  // stop()
+
+  Status start();
+  void stop();
+  // Called after each restart once the new child is healthy (its slots are empty).
+  void on_restart(std::function<void()> f) { on_restart_ = std::move(f); }
+
+  pid_t pid() const { return pid_.load(); }
+  int restarts() const { return restarts_.load(); }
+  bool healthy() const { return healthy_.load(); }
+
+ private:
+  Result<pid_t> spawn();
+  Status wait_healthy(pid_t pid);
+  void monitor();
+
+  SupervisorOptions o_;
+  std::function<void(const std::string&)> log_;
+  std::function<void()> on_restart_;
+  std::atomic<pid_t> pid_{0};
+  std::atomic<int> restarts_{0};
+  std::atomic<bool> healthy_{false}, stopping_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::thread monitor_;
+};
+
+}  // namespace kvsnap

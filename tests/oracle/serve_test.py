@@ -1,0 +1,481 @@
+#!/usr/bin/env python3
+"""kvsnap serve in front of the bed's real llama-server (issue 14, parts 1 to 3).
+
+  serve_test.py KVSNAP LLAMA_SERVER FIXTURES WORKDIR [OPENAI_PYTHON]
+
+A direct llama-server and `kvsnap serve -- llama-server` with the same arguments get the same
+requests in the same order; then:
+  1. /health, /props, /tokenize, /completion, /v1/chat/completions answers are identical (status
+     and JSON, timing fields and the random chat id aside);
+  2. a streamed /completion and /v1/chat/completions give the same sequence of events, and the
+     proxy forwards them chunked (no Content-Length);
+  3. malformed JSON and an unknown route: the child's status and body, untouched;
+  4. 8 concurrent clients through the proxy all get complete answers;
+  5. persistence: `kvsnap ls --tag serve.ns=...` shows the slots saved after completions, the
+     X-Kvsnap-Session namespace kept apart;
+  6. the child SIGKILLed is restarted and serving resumes;
+  7. SIGTERM to kvsnap serve saves the slot last used and leaves no llama-server process;
+  8. prefix restore: a conversation saved at f16 continues after restarts at q8_0/q8_0 and
+     q4_0/q8_0 evaluating only its suffix (timings.prompt_n <= 8); another namespace gets nothing
+     restored; a chat's next turn evaluates only its new tokens; 3 conversations through -np 1.
+With OPENAI_PYTHON (a Python with the `openai` package), one chat goes through the openai client.
+Needs only the Python standard library otherwise.
+"""
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+FAILS = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        FAILS.append(what)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def request(port, method, path, body=None, headers=None, timeout=120):
+    """(status, headers dict (lower-case names), raw body bytes)"""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+    h = {"Content-Type": "application/json"} if data is not None else {}
+    h.update(headers or {})
+    c.request(method, path, body=data, headers=h)
+    r = c.getresponse()
+    raw = r.read()
+    hd = {k.lower(): v for k, v in r.getheaders()}
+    c.close()
+    return r.status, hd, raw
+
+
+def wait_health(port, proc, what, deadline_s=120):
+    deadline = time.time() + deadline_s
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited ({proc.returncode})")
+        try:
+            if request(port, "GET", "/health", timeout=2)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} did not become healthy")
+
+
+# Fields that differ between any two runs of llama-server: timings, the chat id, and /props'
+# media_marker (a random string each server process draws at start).
+TIMING = {"timings", "created", "id", "prompt_ms", "predicted_ms", "t_load", "t_start", "media_marker"}
+
+
+def strip(j):
+    if isinstance(j, dict):
+        return {k: strip(v) for k, v in j.items() if k not in TIMING}
+    if isinstance(j, list):
+        return [strip(v) for v in j]
+    return j
+
+
+def events(raw):
+    out = []
+    for line in raw.decode().split("\n"):
+        if line.startswith("data: "):
+            d = line[6:]
+            out.append(d if d == "[DONE]" else strip(json.loads(d)))
+    return out
+
+
+def children_of(pid):
+    """Children of every thread of pid (a restarted child is the monitor thread's)."""
+    kids = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return kids
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def ls(kvsnap, store, *extra):
+    p = subprocess.run([kvsnap, "ls", "--store", store, "--json", *extra], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"kvsnap ls failed: {p.stderr}")
+    return json.loads(p.stdout)
+
+
+def wait_for(pred, seconds):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.2)
+    return pred()
+
+
+def main():
+    kvsnap, llama, fixtures, work = sys.argv[1:5]
+    openai_python = sys.argv[5] if len(sys.argv) > 5 else ""
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    store = os.path.join(work, "store")
+    model = os.path.join(fixtures, "models", "tiny-hd64.gguf")
+    args = ["-m", model, "-c", "4096", "-np", "2", "-t", "1", "--no-warmup", "--seed", "42", "--metrics"]
+
+    dport = free_port()
+    direct_log = open(os.path.join(work, "direct.log"), "w")
+    direct = subprocess.Popen([llama, *args, "--host", "127.0.0.1", "--port", str(dport)], stdout=direct_log,
+                              stderr=subprocess.STDOUT)
+    pport = free_port()
+    serve_log = open(os.path.join(work, "serve.log"), "w")
+    serve = subprocess.Popen([kvsnap, "serve", "--listen", f"127.0.0.1:{pport}", "--store", store, "--log",
+                              os.path.join(work, "child.log"), "--", llama, *args], stdout=serve_log,
+                             stderr=subprocess.STDOUT)
+    SERVES.append(serve)
+    try:
+        wait_health(dport, direct, "direct llama-server")
+        wait_health(pport, serve, "kvsnap serve")
+        run_checks(kvsnap, store, dport, pport, serve, openai_python)
+        serve_log.close()
+        print(open(os.path.join(work, "serve.log")).read())
+        run_prefix_restore(kvsnap, llama, model, work)
+        run_disk_full(kvsnap, llama, model, work)
+    finally:
+        if direct.poll() is None:
+            direct.kill()
+            direct.wait()
+        for p in SERVES:
+            stop_quietly(p)
+    print(f"{len(FAILS)} failed")
+    return 1 if FAILS else 0
+
+
+def run_disk_full(kvsnap, llama, model, work):
+    """The store on a 4 MiB tmpfs, filled up while serving: completions still answer, the failed save is
+    logged and counted, and saving works again once there is room. Needs to mount (root); else skipped."""
+    mnt = os.path.join(work, "small-disk")
+    os.makedirs(mnt, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", mnt], capture_output=True).returncode != 0:
+        print("skip the store's disk full: cannot mount a tmpfs here (not root)")
+        return
+    try:
+        store = os.path.join(mnt, "store")
+        args = ["-m", model, "-c", "4096", "-np", "1", "-t", "1", "--no-warmup", "-fa", "on"]
+        proc, port, log = start_serve(kvsnap, llama, store, work, "disk-full", args)
+        filler = os.path.join(mnt, "filler")
+        with open(filler, "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        s, _, _ = request(port, "POST", "/completion", {"prompt": PROMPT, "n_predict": 2, "temperature": 0})
+        logged = wait_for(lambda: "failed (serving continues)" in open(os.path.join(work, "disk-full.log")).read(), 30)
+        s2, _, _ = request(port, "POST", "/completion", {"prompt": "Still serving?", "n_predict": 2})
+        check(s == 200 and s2 == 200 and logged, "disk full: completions answer 200, the failed save is logged")
+        os.remove(filler)
+        request(port, "POST", "/completion", {"prompt": "Room again: " + PROMPT, "n_predict": 2, "temperature": 0})
+        saved = wait_for(lambda: len(ls(kvsnap, store)) >= 1, 30)
+        text = stop_serve(proc, log, "disk-full", work)
+        counted = re.search(r"stopped: (\d+) slot saves, (\d+) failed", text)
+        check(bool(saved) and counted is not None and int(counted.group(2)) >= 1,
+              f"disk full: saving works again with room ({len(ls(kvsnap, store))} snapshots); the failures counted: "
+              + next((l for l in text.splitlines() if "stopped:" in l), "?"))
+    finally:
+        subprocess.run(["umount", mnt])
+
+
+SERVES = []  # every kvsnap serve started: stopped at the end whatever happens
+
+
+def stop_quietly(proc):
+    """SIGTERM (kvsnap serve then stops its llama-server); SIGKILL to both after 30 s."""
+    if proc.poll() is not None:
+        return
+    kids = children_of(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for k in kids:
+        if alive(k):
+            os.kill(k, signal.SIGKILL)
+
+
+def start_serve(kvsnap, llama, store, work, name, args):
+    port = free_port()
+    log = open(os.path.join(work, name + ".log"), "w")
+    proc = subprocess.Popen([kvsnap, "serve", "--listen", f"127.0.0.1:{port}", "--store", store, "--log",
+                             os.path.join(work, name + "-child.log"), "--", llama, *args], stdout=log,
+                            stderr=subprocess.STDOUT)
+    SERVES.append(proc)
+    wait_health(port, proc, name)
+    return proc, port, log
+
+
+def stop_serve(proc, log, name, work):
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    log.close()
+    return open(os.path.join(work, name + ".log")).read()
+
+
+PROMPT = ("The old lighthouse keeper climbed the spiral stairs every evening, counting the steps and "
+          "listening to the sea below, until one night the light would not turn on.")
+SUFFIX = " Then"
+
+
+def run_prefix_restore(kvsnap, llama, model, work):
+    """Part 3: a conversation saved at f16 continues after a restart at q8_0/q8_0 (and at q4_0/q8_0)
+    evaluating only its new tokens; another namespace gets nothing restored."""
+    store = os.path.join(work, "prefix-store")
+    base = ["-m", model, "-c", "4096", "-np", "1", "-t", "1", "--no-warmup", "-fa", "on"]
+    proc, port, log = start_serve(kvsnap, llama, store, work, "prefix-f16", base)
+    n_prompt = len(json.loads(request(port, "POST", "/tokenize", {"content": PROMPT, "add_special": True})[2])["tokens"])
+    n_full = len(json.loads(request(port, "POST", "/tokenize",
+                                    {"content": PROMPT + SUFFIX, "add_special": True})[2])["tokens"])
+    s, _, raw = request(port, "POST", "/completion", {"prompt": PROMPT, "n_predict": 1, "temperature": 0})
+    first = json.loads(raw)["timings"]["prompt_n"]
+    check(s == 200 and first >= n_prompt - 1, f"prefix: the first turn at f16 evaluates its prompt ({first} tokens)")
+    text = stop_serve(proc, log, "prefix-f16", work)
+    check("saved as snapshot" in text, "prefix: the conversation is in the store after SIGTERM")
+    for ctk, ctv in (("q8_0", "q8_0"), ("q4_0", "q8_0")):
+        name = f"prefix-{ctk}-{ctv}"
+        proc, port, log = start_serve(kvsnap, llama, store, work, name, [*base, "-ctk", ctk, "-ctv", ctv])
+        # another namespace first: nothing of 'default' may be restored for it
+        s, _, raw = request(port, "POST", "/completion", {"prompt": PROMPT + SUFFIX, "n_predict": 1, "temperature": 0},
+                            headers={"X-Kvsnap-Session": f"someone-else-{ctk}"})  # new each round
+        other = json.loads(raw)["timings"]["prompt_n"]
+        check(s == 200 and other >= n_prompt, f"prefix ({ctk}/{ctv}): another namespace gets no restore "
+                                              f"(evaluates {other} of {n_full} tokens)")
+        # the slot now holds the other tenant's tokens: llama-server's own cache, not kvsnap's restore, would
+        # reuse them; restart so the returning conversation starts from an empty slot
+        text = stop_serve(proc, log, name, work)
+        check("prefix: restored" not in text, f"prefix ({ctk}/{ctv}): no restore logged for the other namespace")
+        proc, port, log = start_serve(kvsnap, llama, store, work, name + "-2", [*base, "-ctk", ctk, "-ctv", ctv])
+        t0 = time.time()
+        s, _, raw = request(port, "POST", "/completion", {"prompt": PROMPT + SUFFIX, "n_predict": 1, "temperature": 0})
+        ms = (time.time() - t0) * 1000
+        j = json.loads(raw)
+        n = j["timings"]["prompt_n"]
+        check(s == 200 and n <= 8 and n <= n_full - n_prompt + 1,
+              f"prefix ({ctk}/{ctv}): after the restart the same prompt + suffix evaluates {n} of {n_full} tokens "
+              f"(suffix {n_full - n_prompt}; the request took {ms:.0f} ms with the restore)")
+        text = stop_serve(proc, log, name + "-2", work)
+        check(f"-> {ctk}/{ctv}" in text and "prefix: reuse" in text,
+              f"prefix ({ctk}/{ctv}): the log names the conversion and the reuse")
+        print("\n".join(l for l in text.splitlines() if "prefix:" in l))
+
+    # three conversations through one slot (-np 1): the first, when it returns, comes back from the store
+    proc, port, log = start_serve(kvsnap, llama, os.path.join(work, "three-store"), work, "three", base)
+    convs = [PROMPT, "A second conversation, about the price of apples at the market in the autumn of that year.",
+             "A third one, which asks the way to the station and is told to follow the river north."]
+    for c in convs:
+        request(port, "POST", "/completion", {"prompt": c, "n_predict": 1, "temperature": 0})
+    wait_for(lambda: len(ls(kvsnap, os.path.join(work, "three-store"))) >= 3, 30)
+    s, _, raw = request(port, "POST", "/completion", {"prompt": PROMPT + SUFFIX, "n_predict": 1, "temperature": 0})
+    n = json.loads(raw)["timings"]["prompt_n"]
+    text = stop_serve(proc, log, "three", work)
+    check(s == 200 and n <= n_full - n_prompt + 1,
+          f"prefix: 3 conversations through -np 1, the first returns evaluating {n} of {n_full} tokens")
+
+    # a chat: the first turn at f16, the next (the first plus an answer and a question) after a restart at
+    # q8_0; without -fa (llama-server's auto, which kvsnap detects from a slot file)
+    chat_store = os.path.join(work, "chat-store")
+    first = [{"role": "user", "content": PROMPT}]
+    base = base[:-2]
+    proc, port, log = start_serve(kvsnap, llama, chat_store, work, "chat-f16", base)
+    s, _, raw = request(port, "POST", "/v1/chat/completions", {"messages": first, "max_tokens": 1, "temperature": 0})
+    n1 = json.loads(raw)["timings"]["prompt_n"]
+    stop_serve(proc, log, "chat-f16", work)
+    proc, port, log = start_serve(kvsnap, llama, chat_store, work, "chat-q8", [*base, "-ctk", "q8_0", "-ctv", "q8_0"])
+    second = first + [{"role": "assistant", "content": "Yes."}, {"role": "user", "content": "Why?"}]
+    s, _, raw = request(port, "POST", "/v1/chat/completions", {"messages": second, "max_tokens": 1, "temperature": 0})
+    j = json.loads(raw)
+    n2, total = j["timings"]["prompt_n"], j["usage"]["prompt_tokens"]
+    text = stop_serve(proc, log, "chat-q8", work)
+    check(s == 200 and "prefix: restored" in text and n2 <= total - n1 + 1,
+          f"prefix (chat, /apply-template, -fa auto): after a restart at q8_0 the next turn evaluates {n2} of {total} tokens "
+          f"(the first turn was {n1})")
+    print("\n".join(l for l in text.splitlines() if "prefix:" in l))
+
+
+def same_on_both(dport, pport, method, path, body=None, what=None, as_json=True, headers=None):
+    d = request(dport, method, path, body, headers)
+    p = request(pport, method, path, body, headers)
+    what = what or f"{method} {path}"
+    if as_json:
+        dj, pj = strip(json.loads(d[2])), strip(json.loads(p[2]))
+        diff = sorted(k for k in set(dj) | set(pj) if dj.get(k) != pj.get(k)) if isinstance(dj, dict) else []
+        check(d[0] == p[0] and dj == pj, f"{what}: status {p[0]} and JSON identical to direct access"
+              + (f" (differ: {diff}: {[(dj.get(k), pj.get(k)) for k in diff]})" if diff else ""))
+    else:
+        check(d[0] == p[0] and d[2] == p[2], f"{what}: status {p[0]} and body byte-identical to direct access")
+    check(d[1].get("content-type") == p[1].get("content-type"), f"{what}: same Content-Type")
+    return d, p
+
+
+def first_event_ms(port, body):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    t0 = time.perf_counter()
+    c.request("POST", "/completion", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    r.read(1)  # the first byte of the first event
+    ms = (time.perf_counter() - t0) * 1000
+    r.read()
+    c.close()
+    return ms
+
+
+def measure_overhead(dport, pport):
+    """Figures, not checks (bench/ has no proxy benchmark yet): latency of a small request on a new
+    connection and time to the first streamed event, direct and through kvsnap serve."""
+    def pct(v, q):
+        v = sorted(v)
+        return v[min(len(v) - 1, int(q * len(v)))]
+    for name, port in (("direct", dport), ("kvsnap serve", pport)):
+        lat = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            request(port, "POST", "/tokenize", {"content": "Once upon a time"})
+            lat.append((time.perf_counter() - t0) * 1000)
+        ttft = [first_event_ms(port, {"prompt": "Once upon a time", "n_predict": 4, "stream": True}) for _ in range(30)]
+        print(f"measure {name}: /tokenize p50 {pct(lat, 0.5):.2f} ms p99 {pct(lat, 0.99):.2f} ms; "
+              f"first streamed event p50 {pct(ttft, 0.5):.2f} ms p99 {pct(ttft, 0.99):.2f} ms", flush=True)
+
+
+def run_checks(kvsnap, store, dport, pport, serve, openai_python):
+    # 1. identical answers
+    same_on_both(dport, pport, "GET", "/health", as_json=False)
+    # a client that accepts gzip/br: the child sends plain JSON, and so must kvsnap (cpp-httplib would compress)
+    props_d, props_p = same_on_both(dport, pport, "GET", "/props", headers={"Accept-Encoding": "gzip, br"})
+    check("content-encoding" not in props_p[1] and "content-encoding" not in props_d[1],
+          "Accept-Encoding: gzip, br: the answer is not re-encoded")
+    # /metrics is text/plain, which cpp-httplib compresses for a client that accepts gzip: the child does not,
+    # so neither may kvsnap (the counters themselves differ between the two servers: only the encoding is compared)
+    m_d = request(dport, "GET", "/metrics", headers={"Accept-Encoding": "gzip, br"})
+    m_p = request(pport, "GET", "/metrics", headers={"Accept-Encoding": "gzip, br"})
+    check(m_d[0] == m_p[0] == 200 and m_p[1].get("content-encoding") == m_d[1].get("content-encoding") and
+          m_p[2].startswith(b"# HELP"), f"GET /metrics with Accept-Encoding: gzip, br: not re-encoded "
+                                         f"({m_p[1].get('content-type')}, {m_p[1].get('content-encoding')})")
+    same_on_both(dport, pport, "POST", "/tokenize", {"content": "Once upon a time"}, as_json=False)
+    same_on_both(dport, pport, "GET", "/v1/models")
+    comp = {"prompt": "Once upon a time, in a quiet village", "n_predict": 8, "temperature": 0, "seed": 7}
+    _, p = same_on_both(dport, pport, "POST", "/completion?x=1", comp, "POST /completion")
+    check(json.loads(p[2]).get("id_slot") is not None, "the completion names its slot (id_slot)")
+    chat = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 6, "temperature": 0,
+            "seed": 7}
+    same_on_both(dport, pport, "POST", "/v1/chat/completions", chat)
+
+    # 2. streaming
+    for path, body in (("/completion", dict(comp, stream=True, prompt="A dragon flew over the hills")),
+                       ("/v1/chat/completions", dict(chat, stream=True))):
+        d = request(dport, "POST", path, body)
+        p = request(pport, "POST", path, body)
+        de, pe = events(d[2]), events(p[2])
+        check(p[0] == 200 and len(pe) > 2 and de == pe,
+              f"streamed {path}: {len(pe)} events, the same sequence as direct access")
+        check(p[1].get("transfer-encoding") == "chunked" and "content-length" not in p[1],
+              f"streamed {path}: forwarded chunked ({p[1].get('content-type')})")
+
+    # 3. bad requests, untouched
+    same_on_both(dport, pport, "POST", "/completion", b"{not json", "malformed JSON", as_json=False)
+    same_on_both(dport, pport, "GET", "/no/such/route", None, "unknown route", as_json=False)
+    same_on_both(dport, pport, "POST", "/completion", {"n_predict": 1}, "a completion without a prompt",
+                 as_json=False)
+
+    # 4. 8 concurrent clients
+    results = [None] * 8
+    prompts = [f"Client {i} asks about the weather in town number {i}." for i in range(8)]
+
+    def client(i):
+        try:
+            s, _, raw = request(pport, "POST", "/completion", {"prompt": prompts[i], "n_predict": 12, "temperature": 0})
+            j = json.loads(raw)
+            # each client gets the answer to its own prompt, complete
+            results[i] = (s, j.get("prompt", "").endswith(prompts[i]) and j.get("stop") is True and
+                          j.get("tokens_predicted", 0) >= 1)
+        except Exception as e:  # noqa: BLE001 - reported as a failure below
+            results[i] = (str(e), None)
+
+    t0 = time.time()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(all(r == (200, True) for r in results), f"8 concurrent clients: {results} in {time.time() - t0:.2f} s")
+
+    measure_overhead(dport, pport)
+
+    # openai client, if given
+    if openai_python:
+        code = ("import openai,sys; c=openai.OpenAI(base_url=sys.argv[1], api_key='none');"
+                "r=c.chat.completions.create(model='x', messages=[{'role':'user','content':'Tell me a story.'}],"
+                "max_tokens=6, temperature=0, seed=7); print(r.choices[0].message.content)")
+        o = subprocess.run([openai_python, "-c", code, f"http://127.0.0.1:{pport}/v1"], capture_output=True, text=True)
+        direct = json.loads(request(dport, "POST", "/v1/chat/completions", chat)[2])
+        check(o.returncode == 0 and o.stdout[:-1] == direct["choices"][0]["message"]["content"],
+              f"openai client through kvsnap serve: the direct answer ({o.stderr.strip()[-200:]})")
+
+    # 5. persistence
+    snaps = wait_for(lambda: ls(kvsnap, store, "--tag", "serve.ns=default"), 30)
+    check(len(snaps) >= 1, f"kvsnap ls shows {len(snaps)} slot snapshots saved after completions")
+    check(all(s["tags"].get("serve.slot") in ("0", "1") for s in snaps), "each is tagged with its slot")
+    s, _, _ = request(pport, "POST", "/completion", {"prompt": "A private conversation", "n_predict": 4},
+                      headers={"X-Kvsnap-Session": "tenant-a"})
+    mine = wait_for(lambda: ls(kvsnap, store, "--tag", "serve.ns=session-tenant-a"), 30)
+    check(s == 200 and len(mine) == 1, f"an X-Kvsnap-Session request is saved in its own namespace ({len(mine)})")
+
+    # 6. SIGKILL the child
+    kids = children_of(serve.pid)
+    check(len(kids) == 1, f"kvsnap serve has one child ({kids})")
+    os.kill(kids[0], signal.SIGKILL)
+    t0 = time.time()
+    s = wait_for(lambda: (request(pport, "GET", "/health", timeout=5)[0] == 200 and
+                          children_of(serve.pid) not in ([], kids)), 120)
+    check(bool(s), f"the SIGKILLed child was restarted, serving resumed after {time.time() - t0:.1f} s")
+    before = len(ls(kvsnap, store))
+    s, _, raw = request(pport, "POST", "/completion", {"prompt": "After the restart, the story", "n_predict": 4})
+    check(s == 200, "a completion after the restart")
+
+    # 7. SIGTERM at once: the slot just used is saved (by the background save or the shutdown's), no child left
+    kids = children_of(serve.pid)
+    serve.send_signal(signal.SIGTERM)
+    try:
+        rc = serve.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        rc = None
+    check(rc == 0, f"SIGTERM: kvsnap serve exited with {rc}")
+    check(kids and not any(alive(k) for k in kids), f"SIGTERM: no llama-server left ({kids})")
+    after = ls(kvsnap, store)
+    check(len(after) == before + 1, f"SIGTERM: the slot used last is in the store ({before} -> {len(after)} snapshots)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
