@@ -95,6 +95,14 @@ class BasicJsonRef {
   Code code_;
 };
 
+// The text of `j` (indent < 0: one line), never throwing: strings that are not valid UTF-8 (a
+// file name, a tag, a path from the file system) are written with U+FFFD for the bad bytes, where
+// nlohmann's default dump() throws type_error 316. Every JSON kvsnap writes goes through here.
+template <class Json>
+std::string json_text(const Json& j, int indent = -1) {
+  return j.dump(indent, ' ', false, nlohmann::detail::error_handler_t::replace);
+}
+
 using JsonRef = BasicJsonRef<nlohmann::json>;
 using OrderedJsonRef = BasicJsonRef<nlohmann::ordered_json>;
 

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "base/json_access.h"
 #include "base/remedy.h"
 #include "cli/progress.h"
 #include "cli/commands.h"
@@ -102,7 +103,7 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
   j["layers"] = layers;
   j["source_rotation"] = source_rotation_json(rotation);
   if (o.json) {
-    out = j.dump(2) + "\n";
+    out = json_text(j, 2) + "\n";
     return Status::OK();
   }
   char buf[512];

@@ -3,6 +3,7 @@
 // says what to fix. Changes nothing.
 #include <unistd.h>
 
+#include "base/json_access.h"
 #include "cli/progress.h"
 #include "cli/commands.h"
 #include "cli/store_common.h"
@@ -170,7 +171,7 @@ Status run_doctor(const DoctorOpts& o, std::string& out) {
       if (!c.fix.empty()) out += "      -> " + c.fix + "\n";
     }
   }
-  if (o.json) out = json{{"checks", arr}, {"failed", failed}}.dump(2) + "\n";
+  if (o.json) out = json_text(json{{"checks", arr}, {"failed", failed}}, 2) + "\n";
   if (failed) return Status::Mismatch(std::to_string(failed) + " check(s) failed (listed above)");
   return Status::OK();
 }

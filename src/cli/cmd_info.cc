@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "base/json_access.h"
 #include "cli/progress.h"
 #include "cli/commands.h"
 #include "cli/era_options.h"
@@ -653,7 +654,7 @@ Status run_info(const InfoOptions& opts, std::string& out) {
                                              model ? std::optional<bool>(model->profile.has_cell_ext) : std::nullopt,
                                              claims));
   const InfoReport report = build_report(in.state, opts.file, model, rot, opts.tokens);
-  out = opts.json ? info_json(report).dump(2) + "\n" : render_human(report);
+  out = opts.json ? json_text(info_json(report), 2) + "\n" : render_human(report);
   return Status::OK();
 }
 

@@ -1,4 +1,5 @@
 // kvsnap ls, show, find: what the store holds.
+#include "base/json_access.h"
 #include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
@@ -45,7 +46,7 @@ std::string render_list(const std::vector<SnapshotInfo>& v, bool as_json) {
   if (!as_json) return table(v);
   json a = json::array();
   for (const auto& s : v) a.push_back(info_json(s));
-  return a.dump(2) + "\n";
+  return json_text(a, 2) + "\n";
 }
 
 Status run_ls(const ListOpts& o, std::string& out) {
@@ -79,7 +80,7 @@ Status run_show(const ShowOpts& o, std::string& out) {
                  {"stored_bytes", r.manifest().stored_bytes()}};
   if (o.tokens) j["tokens"] = r.tokens().tokens;
   if (o.json) {
-    out = j.dump(2) + "\n";
+    out = json_text(j, 2) + "\n";
     return Status::OK();
   }
   const SnapshotInfo& s = snap->info();
@@ -98,7 +99,7 @@ Status run_show(const ShowOpts& o, std::string& out) {
   if (!w.src_rotation.empty()) out += "rotation   declared " + w.src_rotation + " at save\n";
   if (s.parent_id) out += "parent     id " + std::to_string(*s.parent_id) + "\n";
   for (const auto& [k, v] : s.tags) out += "tag        " + k + "=" + v + "\n";
-  if (o.tokens) out += "tokens     " + json(r.tokens().tokens).dump() + "\n";
+  if (o.tokens) out += "tokens     " + json_text(json(r.tokens().tokens)) + "\n";
   return Status::OK();
 }
 

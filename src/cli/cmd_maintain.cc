@@ -1,4 +1,5 @@
 // kvsnap rm, gc, verify: keeping the store tidy and proving it intact.
+#include "base/json_access.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
 
@@ -19,7 +20,7 @@ Status run_rm(const RmOpts& o, std::string& out) {
     a.push_back(info_json(s));
     if (!o.json) out += "removed " + label(s) + "\n";
   }
-  if (o.json) out = a.dump(2) + "\n";
+  if (o.json) out = json_text(a, 2) + "\n";
   return Status::OK();
 }
 
@@ -37,7 +38,7 @@ Status run_gc(const GcOpts& o, std::string& out) {
             {"snapshots", s.snapshots}, {"chunks", s.chunks}, {"stored_bytes", s.stored_bytes},
             {"raw_bytes", s.raw_bytes}, {"dedup_ratio", s.dedup_ratio}};
   if (o.json) {
-    out = j.dump(2) + "\n";
+    out = json_text(j, 2) + "\n";
     return Status::OK();
   }
   if (r.skipped_busy) {
@@ -70,7 +71,7 @@ Status run_verify(const VerifyOpts& o, std::string& out) {
   }();
   KV_ASSIGN_OR_RETURN(VerifyReport r, std::move(verified));
   if (o.json) {
-    out = json{{"snapshots", r.snapshots}, {"chunks", r.chunks}, {"bytes", r.bytes}, {"problems", r.problems}}.dump(2) +
+    out = json_text(json{{"snapshots", r.snapshots}, {"chunks", r.chunks}, {"bytes", r.bytes}, {"problems", r.problems}}, 2) +
           "\n";
   } else {
     for (const auto& p : r.problems) out += "problem: " + p + "\n";

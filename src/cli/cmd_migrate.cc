@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "base/json_access.h"
 #include "base/parallel.h"
 #include "cli/progress.h"
 #include "cli/commands.h"
@@ -160,7 +161,7 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
     json j = to_json(sum, o.dry_run);
     if (o.srv.given()) j["server"] = {{"target_build", o.target_build.empty() ? json(nullptr) : json(o.target_build)},
                                       {"note", server_note}};
-    out = j.dump(2) + "\n";
+    out = json_text(j, 2) + "\n";
   } else {
     out = (server_note.empty() ? "" : server_note + "\n") + to_text(sum, o.dry_run);
   }

@@ -1,4 +1,5 @@
 // kvsnap restore: a snapshot as a llama.cpp file (--out) or into a llama-server slot (--server).
+#include "base/json_access.h"
 #include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
@@ -44,7 +45,7 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
     j["check"] = {{"n_tokens", r.check->n_tokens}, {"prompt_n", r.check->prompt_n}, {"cache_n", r.check->cache_n},
                   {"reused", r.check->reused}};
   if (o.json) {
-    out = j.dump(2) + "\n";
+    out = json_text(j, 2) + "\n";
   } else {
     char buf[768];
     std::snprintf(buf, sizeof buf,
@@ -101,7 +102,7 @@ Status run_restore(const RestoreOpts& o, std::string& out) {
   if (o.json) {
     json j = {{"snapshot", info_json(r.info)}, {"output", o.out}, {"bytes", r.bytes_out},
               {"n_tokens", r.n_tokens}, {"converted", r.converted}, {"seconds", r.seconds}};
-    out = j.dump(2) + "\n";
+    out = json_text(j, 2) + "\n";
     return Status::OK();
   }
   char buf[512];

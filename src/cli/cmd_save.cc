@@ -1,4 +1,5 @@
 // kvsnap save: a state file, or a llama-server slot (--server), into the store.
+#include "base/json_access.h"
 #include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
@@ -91,7 +92,7 @@ Status render_save(const SaveResult& r, const std::string& root, bool as_json, s
     j["bytes_new"] = r.bytes_new;
     j["seconds"] = r.seconds;
     j["store"] = root;
-    out = j.dump(2) + "\n";
+    out = json_text(j, 2) + "\n";
     return Status::OK();
   }
   char buf[512];

@@ -1,4 +1,5 @@
 // kvsnap server add, ls, rm: profiles of llama-servers (what a server does not report).
+#include "base/json_access.h"
 #include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
@@ -41,7 +42,7 @@ Status run_server_ls(const ServerCmdOpts& o, std::string& out) {
              (p.ctk.empty() ? "?" : p.ctk) + " V " + (p.ctv.empty() ? "?" : p.ctv) + " fa " +
              (p.flash_attn.empty() ? "?" : p.flash_attn) + (p.model.empty() ? "" : "  model " + p.model) + "\n";
   }
-  if (o.json) out = a.dump(2) + "\n";
+  if (o.json) out = json_text(a, 2) + "\n";
   else if (a.empty()) out = "(no server profiles; kvsnap server add NAME URL --slot-dir DIR ...)\n";
   return Status::OK();
 }

@@ -1,6 +1,7 @@
 // kvsnap export, import: snapshots between stores as one archive.
 #include <sys/stat.h>
 
+#include "base/json_access.h"
 #include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
@@ -46,7 +47,7 @@ Status run_import(const ImportOpts& o, std::string& out) {
   if (o.json) {
     json a = json::array();
     for (const auto& s : r.imported) a.push_back(info_json(s));
-    out = json{{"imported", a}, {"skipped", r.skipped}}.dump(2) + "\n";
+    out = json_text(json{{"imported", a}, {"skipped", r.skipped}}, 2) + "\n";
     return Status::OK();
   }
   for (const auto& s : r.imported) out += "imported " + label(s) + ", " + std::to_string(s.n_tokens) + " tokens\n";

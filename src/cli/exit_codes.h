@@ -27,9 +27,10 @@ inline constexpr ExitMeaning kExitMeanings[] = {
     {3, "corrupt input: truncated, bad count, bad magic"},
     {4, "not supported: a well-formed input kvsnap does not handle (unknown version, unknown magic)"},
     {5, "mismatch: the file and the model (or target) disagree"},
-    {6, "ambiguous: more than one layout fits (pass --model), or the result depends on a rotation nothing decides "
-        "(pass --source-build/--src-rotation, or --target-build/--dst-rotation)"},
-    {7, "I/O error"},
+    {6, "ambiguous: more than one layout fits (pass --model), the result depends on a rotation nothing decides "
+        "(pass --source-build/--src-rotation, or --target-build/--dst-rotation), or a uuid prefix names several "
+        "snapshots"},
+    {7, "I/O error, or out of memory"},
     {8, "not found"},
     {70, "internal error: an exception reached main (a kvsnap bug)"},
     {130, "interrupted: Ctrl-C (SIGINT) or SIGTERM stopped the command; what it was writing is removed"},

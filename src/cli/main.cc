@@ -40,6 +40,10 @@ int internal_error(const char* what) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const std::bad_alloc&) {
+    // Not a bug (base/status.h): the machine ran out of memory. The C API reports it as I/O too.
+    std::fprintf(stderr, "kvsnap: out of memory\n");
+    return kvsnap::cli::exit_code(kvsnap::Code::kIOError);
   } catch (const std::exception& e) {
     return internal_error(e.what());
   } catch (...) {

@@ -1,3 +1,4 @@
+#include "base/json_access.h"
 #include "cli/progress.h"
 
 #include <CLI/CLI.hpp>
@@ -189,7 +190,7 @@ void ProgressDisplay::draw(bool final) {
     json j = {{"op", what_}, {"done_bytes", d}, {"elapsed_s", secs}, {"bytes_per_s", rate}};
     if (total) j["total_bytes"] = total;
     if (final) j["finished"] = !interrupted();
-    std::fprintf(stderr, "%s\n", json{{"progress", j}}.dump().c_str());
+    std::fprintf(stderr, "%s\n", json_text(json{{"progress", j}}).c_str());
     return;
   }
   if (final) {

@@ -1,3 +1,4 @@
+#include "base/json_access.h"
 #include "serve/prefix.h"
 
 #include <chrono>
@@ -45,7 +46,7 @@ Result<std::vector<int32_t>> PrefixRestorer::prompt_tokens(const std::string& pa
     ojson req = {{"messages", body["messages"]}};
     for (const char* k : {"tools", "chat_template_kwargs"})
       if (body.contains(k)) req[k] = body[k];
-    KV_ASSIGN_OR_RETURN(auto r, srv.request("POST", "/apply-template", req.dump(), "applying the chat template"));
+    KV_ASSIGN_OR_RETURN(auto r, srv.request("POST", "/apply-template", json_text(req), "applying the chat template"));
     if (r.status != 200) return Status::IOError("/apply-template answered " + std::to_string(r.status));
     auto j = ojson::parse(r.body, nullptr, false);
     if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string())
@@ -60,7 +61,7 @@ Result<std::vector<int32_t>> PrefixRestorer::prompt_tokens(const std::string& pa
   }
   // As llama-server tokenizes a prompt: with BOS and special tokens parsed.
   ojson req = {{"content", text}, {"add_special", true}, {"parse_special", true}};
-  KV_ASSIGN_OR_RETURN(auto r, srv.request("POST", "/tokenize", req.dump(), "tokenizing the prompt"));
+  KV_ASSIGN_OR_RETURN(auto r, srv.request("POST", "/tokenize", json_text(req), "tokenizing the prompt"));
   if (r.status != 200) return Status::IOError("/tokenize answered " + std::to_string(r.status));
   return parse_tokenize_reply(r.body, "/tokenize");
 }
@@ -148,7 +149,7 @@ void PrefixRestorer::before_unguarded(Forward& f) {
   ++stats_.restores;
   stats_.restored_tokens += best->n_tokens;
   body["id_slot"] = slot;
-  f.body = body.dump();
+  f.body = json_text(body);
   f.body_changed = true;
   f.pinned_slot = slot;
   f.restored_tokens = best->n_tokens;

@@ -97,7 +97,7 @@ Result<LlamaServer::Response> LlamaServer::request(const std::string& method, co
 
 Result<std::string> LlamaServer::call(const std::string& method, const std::string& path, const json* body,
                                       const std::string& doing) {
-  KV_ASSIGN_OR_RETURN(Response r, request(method, path, body ? body->dump() : std::string(), doing));
+  KV_ASSIGN_OR_RETURN(Response r, request(method, path, body ? json_text(*body) : std::string(), doing));
   if (r.status < 200 || r.status >= 300) return http_error(reply_doc(ep_.url, doing), r.status, r.body);
   return std::move(r.body);
 }

@@ -75,7 +75,7 @@ Status ServerProfiles::remove(Io& io, const std::string& name) {
 Status ServerProfiles::save(Io& io) const {
   json j = {{"version", 1}, {"servers", json::array()}};
   for (const auto& p : profiles_) j["servers"].push_back(to_json(p));
-  const std::string text = j.dump(2) + "\n";
+  const std::string text = json_text(j, 2) + "\n";
   KV_ASSIGN_OR_RETURN(auto w, AtomicFileWriter::create(io, path_));
   KV_RETURN_IF_ERROR(w->append(text.data(), text.size()));
   return w->commit();

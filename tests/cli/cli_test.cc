@@ -279,6 +279,21 @@ TEST_F(CliTest, OldQuantizedFilesOfUnknownEraSaySo) {
   EXPECT_EQ(j["source_rotation"]["data"]["verdict"], "unsure");
 }
 
+// A file name that is not UTF-8 (Linux allows any bytes) still gives valid JSON, with U+FFFD for
+// the bad bytes, instead of an exception from the JSON writer and exit 70.
+TEST_F(CliTest, JsonOutputOfANonUtf8FileNameIsValid) {
+  const fs::path in = dir_ / "bad\xffname.slot";
+  fs::copy_file(fixture("v0.5.0/hd64-f16-f16-faon.slot"), in);
+  for (const std::string cmd : {"info " + in.string() + " --json",
+                                "convert " + in.string() + " " + (dir_ / "out\xfe.slot").string() + " --ctk q8_0 --ctv q8_0 --model " +
+                                    model("hd64") + " --json"}) {
+    CmdResult r = run(cmd);
+    EXPECT_EQ(r.code, 0) << cmd << "\n" << r.err;
+    EXPECT_NE(r.out.find("bad\xef\xbf\xbdname.slot"), std::string::npos) << r.out.substr(0, 200);
+    EXPECT_TRUE(nlohmann::json::accept(r.out)) << r.out.substr(0, 200);
+  }
+}
+
 TEST_F(CliTest, ADeclaredBuildDecidesTheRotationAndIsCheckedAgainstTheFile) {
   const std::string f = fixture("b8121/hd64-q8_0-q8_0-faon.slot");
   CmdResult r = run("info " + f + " --model " + model("hd64") + " --source-build b8121 --json");
