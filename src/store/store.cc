@@ -31,17 +31,26 @@ ChunkHash hash_of(const ChunkRef& r) {
   return h;
 }
 
-// Hands the snapshot writer's blobs to the blob store and remembers the chunk list.
+// Hands the snapshot writer's blobs to the blob store and remembers the chunk
+// list. A chunk the catalog already has is not written (its row says where it
+// is and that it is durable); the others go into the batch's pack.
 class BlobSink final : public ChunkSink {
  public:
-  explicit BlobSink(BlobWriteBatch& batch) : batch_(batch) {}
+  BlobSink(BlobWriteBatch& batch, Catalog& catalog) : batch_(batch), catalog_(catalog) {}
   Status put(const ChunkRef& ref, std::span<const std::byte> blob) override {
-    KV_ASSIGN_OR_RETURN(PutOutcome o, batch_.put(hash_of(ref), blob));
-    if (o == PutOutcome::kWritten) {
+    const ChunkHash h = hash_of(ref);
+    KV_ASSIGN_OR_RETURN(std::optional<ChunkUse> known, catalog_.find_chunk(h));
+    if (known) {
+      uses.push_back(std::move(*known));
+      return Status::OK();
+    }
+    const uint64_t before = batch_.written();
+    KV_ASSIGN_OR_RETURN(BlobLocation where, batch_.append(h, blob));
+    if (batch_.written() != before) {
       ++written;
       bytes_written += blob.size();
     }
-    uses.push_back({hash_of(ref), ref.raw_size, blob.size()});
+    uses.push_back({h, ref.raw_size, where.size, where.pack, where.offset});
     return Status::OK();
   }
   std::vector<ChunkUse> uses;
@@ -49,13 +58,21 @@ class BlobSink final : public ChunkSink {
 
  private:
   BlobWriteBatch& batch_;
+  Catalog& catalog_;
 };
 
+// Blobs by hash, from where the catalog says they are (add() the chunk lists
+// of the snapshots read); a hash it was not told about is read as a loose blob.
 class BlobSource final : public ChunkSource {
  public:
   explicit BlobSource(BlobStore& blobs) : blobs_(blobs) {}
+  void add(const std::vector<ChunkUse>& uses) {
+    for (const ChunkUse& u : uses) where_.emplace(u.sha256, u.location());
+  }
   Result<std::vector<std::byte>> get(const ChunkRef& ref) override {
-    auto b = blobs_.get(hash_of(ref), kMaxBlobBytes);
+    const ChunkHash h = hash_of(ref);
+    auto it = where_.find(h);
+    auto b = blobs_.get(h, it == where_.end() ? BlobLocation{} : it->second, kMaxBlobBytes);
     if (!b.ok() && b.status().code() == Code::kNotFound)
       return Status::Corruption("the store lost chunk " + to_hex(ref.sha256) + " (" + b.status().message() +
                                 "); run kvsnap verify");
@@ -64,6 +81,7 @@ class BlobSource final : public ChunkSource {
 
  private:
   BlobStore& blobs_;
+  std::map<ChunkHash, BlobLocation> where_;  // read-only once reading starts (readers may be threads)
 };
 
 class OpenedSnapshot final : public StoredSnapshot {
@@ -227,7 +245,7 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
     src = converted_file.get();
     state = &converted;
   }
-  BlobSink sink(*batch);
+  BlobSink sink(*batch, *catalog_);
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_snapshot(*state, *src, so, sink));
   KV_RETURN_IF_ERROR(batch->sync_dirs());
 
@@ -255,6 +273,8 @@ Result<std::unique_ptr<StoredSnapshot>> Store::open_snapshot(const std::string& 
   KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
   KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
   auto s = std::make_unique<OpenedSnapshot>(std::move(rec.info), *blobs_);
+  KV_ASSIGN_OR_RETURN(std::vector<ChunkUse> uses, catalog_->chunks_of(id));
+  s->source_.add(uses);
   auto reader = kvsnap::open_snapshot(rec.manifest, s->source_);
   if (!reader.ok())
     return reader.status().Prefixed("snapshot " + ref + " (id " + std::to_string(id) + "): its manifest");
@@ -476,6 +496,8 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
     KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
     KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
     KV_ASSIGN_OR_RETURN(SnapshotManifest m, parse_manifest(rec.manifest, "snapshot " + ref));
+    KV_ASSIGN_OR_RETURN(std::vector<ChunkUse> uses, catalog_->chunks_of(id));
+    source.add(uses);
     KV_ASSIGN_OR_RETURN(SnapshotFileAssembler a, SnapshotFileAssembler::plan(m, source));
     index["snapshots"].push_back(index_entry(rec.info));
     items.push_back({std::move(rec.info), std::make_unique<SnapshotFileAssembler>(std::move(a))});
@@ -516,13 +538,13 @@ Result<ImportReport> Store::import_from(const std::string& path) {
     KV_ASSIGN_OR_RETURN(StateFile state, (*reader)->parse_original());
     const SnapshotManifest& m = (*reader)->manifest();
     KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
-    std::vector<ChunkUse> uses;
+    BlobSink sink(*batch, *catalog_);
     for (const ChunkRef& ref : m.chunks) {
       KV_ASSIGN_OR_RETURN(std::vector<std::byte> blob, (*reader)->blob(ref.index));
-      KV_RETURN_IF_ERROR(batch->put(hash_of(ref), blob).status());
-      uses.push_back({hash_of(ref), ref.raw_size, blob.size()});
+      KV_RETURN_IF_ERROR(sink.put(ref, blob));
     }
     KV_RETURN_IF_ERROR(batch->sync_dirs());
+    const std::vector<ChunkUse>& uses = sink.uses;
     SnapshotRecord rec = make_record(m, state, m.provenance.file_size, m.arch.value_or(""), meta->model_fingerprint);
     rec.info.uuid = uuid;
     rec.info.created = meta->created;
