@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <future>
 #include <random>
 #include <set>
 #include <thread>
@@ -44,6 +45,8 @@ class BlobSink final : public ChunkSink {
       uses.push_back(std::move(*known));
       return Status::OK();
     }
+    if (blob.empty() && ref.raw_size > 0)  // a parent's chunk (SnapshotOptions::known_chunks) must have a row
+      return Status::Corruption("chunk " + h.hex() + " of the parent snapshot has no catalog row; run kvsnap verify --all");
     const uint64_t before = batch_.written();
     KV_ASSIGN_OR_RETURN(BlobLocation where, batch_.append(h, blob));
     if (batch_.written() != before) {
@@ -115,27 +118,47 @@ struct TempFile {
 
 // Copies the snapshot's original to `out` in order, decoding ahead on `threads`
 // workers: each round, every worker reads (decodes and hash-checks the chunks
-// of) one block, then the blocks are appended in order. Every byte comes from
-// a chunk whose SHA-256 was checked when decoded, and the manifest itself is
-// checked by its digest, so no whole-file hash is needed here (verify does one).
+// of) one block, and while the blocks of one round are appended in order the
+// next round is already being decoded (so writing overlaps decoding). Every
+// byte comes from a chunk whose SHA-256 was checked when decoded, and the
+// manifest itself is checked by its digest, so no whole-file hash is needed
+// here (verify does one).
 Status copy_parallel(const ReadableFile& file, uint32_t threads, ByteSink& out) {
   constexpr uint64_t kBlock = 4u << 20;
   const uint32_t T = std::max(1u, threads);
-  std::vector<std::vector<std::byte>> bufs(T, std::vector<std::byte>(kBlock));
-  std::vector<Status> status(T);
-  for (uint64_t base = 0; base < file.size(); base += kBlock * T) {
-    auto work = [&](uint32_t t) {
-      const uint64_t off = base + t * kBlock;
-      if (off >= file.size()) return;
-      const uint64_t n = std::min<uint64_t>(kBlock, file.size() - off);
-      status[t] = file.read_at(off, std::span<std::byte>(bufs[t].data(), n));
-    };
-    fork_join(T, work);
-    for (uint32_t t = 0; t < T; ++t) {
-      const uint64_t off = base + t * kBlock;
-      if (off >= file.size()) break;
-      KV_RETURN_IF_ERROR(status[t]);
-      KV_RETURN_IF_ERROR(out.append(std::span<const std::byte>(bufs[t].data(), std::min<uint64_t>(kBlock, file.size() - off))));
+  const uint64_t round_bytes = kBlock * T;
+  struct Round {
+    std::vector<std::vector<std::byte>> bufs;
+    std::vector<Status> status;
+  };
+  Round rounds[2];
+  for (Round& r : rounds) {
+    r.bufs.assign(T, std::vector<std::byte>(kBlock));
+    r.status.assign(T, Status::OK());
+  }
+  auto block_size = [&](uint64_t off) { return off >= file.size() ? 0 : std::min<uint64_t>(kBlock, file.size() - off); };
+  auto decode = [&](Round& r, uint64_t base) {
+    fork_join(T, [&](uint32_t t) {
+      const uint64_t off = base + t * kBlock, n = block_size(off);
+      if (n) r.status[t] = file.read_at(off, std::span<std::byte>(r.bufs[t].data(), n));
+    });
+  };
+  if (file.size() == 0) return Status::OK();
+  std::future<void> ahead = std::async(std::launch::async, decode, std::ref(rounds[0]), 0);
+  Status failed;
+  for (uint64_t base = 0, i = 0; base < file.size(); base += round_bytes, ++i) {
+    ahead.get();
+    Round& r = rounds[i % 2];
+    if (base + round_bytes < file.size())
+      ahead = std::async(std::launch::async, decode, std::ref(rounds[(i + 1) % 2]), base + round_bytes);
+    for (uint32_t t = 0; t < T && failed.ok(); ++t) {
+      const uint64_t off = base + t * kBlock, n = block_size(off);
+      if (!n) break;
+      failed = r.status[t].ok() ? out.append(std::span<const std::byte>(r.bufs[t].data(), n)) : r.status[t];
+    }
+    if (!failed.ok()) {
+      if (ahead.valid()) ahead.get();  // the next round uses this frame's buffers and file
+      return failed;
     }
   }
   return Status::OK();
@@ -245,19 +268,31 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
     src = converted_file.get();
     state = &converted;
   }
+  // The parent first: its chunks (a conversation's shared prefix) are hashed
+  // but not encoded again.
+  const std::string fingerprint = req.model ? req.model->profile.fingerprint : "";
+  std::optional<int64_t> parent_id;
+  std::map<Sha256Digest, ChunkRef> parent_chunks;
+  if (req.find_parent && !state->tokens.tokens.empty()) {
+    KV_ASSIGN_OR_RETURN(auto prefixes, catalog_->find_prefix(state->tokens.tokens, fingerprint, 1));
+    if (!prefixes.empty()) {
+      parent_id = prefixes[0].id;
+      KV_ASSIGN_OR_RETURN(SnapshotRecord parent, catalog_->get(*parent_id));
+      auto pm = parse_manifest(parent.manifest, "snapshot " + std::to_string(*parent_id));
+      if (pm.ok())  // a damaged parent only costs the shortcut
+        for (const ChunkRef& c : pm->chunks) parent_chunks.emplace(c.sha256, c);
+      so.known_chunks = &parent_chunks;
+    }
+  }
   BlobSink sink(*batch, *catalog_);
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_snapshot(*state, *src, so, sink));
   KV_RETURN_IF_ERROR(batch->sync_dirs());
 
-  SnapshotRecord rec = make_record(m, *state, src->size(), req.model ? req.model->arch : state->arch,
-                                   req.model ? req.model->profile.fingerprint : "");
+  SnapshotRecord rec = make_record(m, *state, src->size(), req.model ? req.model->arch : state->arch, fingerprint);
   SnapshotInfo& info = rec.info;
   if (!req.name.empty()) info.name = req.name;
   info.tags = req.tags;
-  if (req.find_parent && !rec.tokens.empty()) {
-    KV_ASSIGN_OR_RETURN(auto prefixes, catalog_->find_prefix(rec.tokens, info.model_fingerprint, 1));
-    if (!prefixes.empty()) info.parent_id = prefixes[0].id;
-  }
+  info.parent_id = parent_id;
   KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->add_snapshot(std::move(rec), sink.uses));
   batch.reset();  // the catalog references the blobs now: gc may run again
   SaveResult r;
