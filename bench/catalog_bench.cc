@@ -112,7 +112,7 @@ SnapshotRecord record_of(const Spec& s, uint32_t i) {
 std::vector<ChunkUse> chunks_of(const Spec& s) {
   std::vector<ChunkUse> out;
   for (uint32_t idx = 0; 256 * idx < s.n; ++idx) {
-    out.push_back(ChunkUse{chunk_hash(s, idx), 256u * 131072, 256u * 65536});
+    out.push_back(ChunkUse{chunk_hash(s, idx), 256u * 131072, 256u * 65536, "", 0});
   }
   return out;
 }

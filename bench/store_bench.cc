@@ -1,7 +1,7 @@
 // kvsnap-store-bench: the store's speed and space, each beside a baseline
 // measured in the same run (docs/performance.md, "Store"). Not a test.
 //
-//   kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D]
+//   kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D] [--extends BASE] [--level L]
 //
 // For each llama.cpp state FILE (default: the f16 and q8_0 fixtures):
 //   copy      read + write + fsync of the same bytes (what `cp` + sync costs): the baseline
@@ -10,6 +10,8 @@
 //   decode    restore into memory only (the decode path alone)
 //   ratio     raw bytes / stored bytes, with the byte-shuffle filter and without
 //   dedup     a second session sharing the first 90% of the tokens: bytes it added
+//   extend    (--extends BASE, for one FILE that continues the session BASE) save of FILE into a
+//             store that holds BASE: time and bytes against a save of FILE into an empty store
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -28,6 +30,8 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+int g_level = SaveRequest{}.zstd_level;  // --level
 
 double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -72,6 +76,48 @@ struct Store_ {
   }
 };
 
+double save_seconds(Store& s, const ReadableFile& f, const StateFile& st, uint32_t threads, SaveResult* out = nullptr) {
+  SaveRequest req;
+  req.threads = threads;
+  req.zstd_level = g_level;
+  const auto t0 = Clock::now();
+  auto r = s.save(f, st, req);
+  const double t = secs(t0);
+  if (!r.ok()) {
+    std::printf("save failed: %s\n", r.status().ToString().c_str());
+    std::exit(1);
+  }
+  if (out) *out = *r;
+  return t;
+}
+
+// FILE extends BASE (same prompt, more tokens): what saving it costs when BASE is stored.
+void bench_extension(const std::string& base, const std::string& path, const std::string& dir, uint32_t threads,
+                     int rounds) {
+  auto bf = std::move(posix_io().open_read(base).value());
+  auto bs = parse_state(*bf).value();
+  auto ef = std::move(posix_io().open_read(path).value());
+  auto es = parse_state(*ef).value();
+  double t_full = 1e9, t_inc = 1e9;
+  SaveResult full, inc;
+  for (int r = 0; r < rounds; ++r) {
+    {
+      Store_ st(dir + "/store");
+      t_full = std::min(t_full, save_seconds(*st.s, *ef, es, threads, &full));
+    }
+    Store_ st(dir + "/store");
+    (void)save_seconds(*st.s, *bf, bs, threads);
+    t_inc = std::min(t_inc, save_seconds(*st.s, *ef, es, threads, &inc));
+  }
+  const double new_tokens = double(es.tokens.tokens.size() - bs.tokens.tokens.size());
+  std::printf("%s extends %s by %.0f tokens (%.1f%%)\n", fs::path(path).filename().c_str(),
+              fs::path(base).filename().c_str(), new_tokens, 100.0 * new_tokens / double(es.tokens.tokens.size()));
+  std::printf("  save alone      %7.3f s, %.1f MB written\n", t_full, double(full.bytes_new) / 1e6);
+  std::printf("  save after base %7.3f s = %.3fx of alone, %.1f MB written (%llu of %llu chunks new)\n", t_inc,
+              t_inc / t_full, double(inc.bytes_new) / 1e6, (unsigned long long)inc.chunks_new,
+              (unsigned long long)inc.chunks);
+}
+
 void bench_file(const std::string& path, const std::string& dir, uint32_t threads, int rounds) {
   auto file = std::move(posix_io().open_read(path).value());
   auto parsed = parse_state(*file);
@@ -87,6 +133,8 @@ void bench_file(const std::string& path, const std::string& dir, uint32_t thread
     Store_ st(dir + "/store");
     SaveRequest req;
     req.threads = threads;
+    req.zstd_level = g_level;
+  req.zstd_level = g_level;
     req.name = "a";
     auto t0 = Clock::now();
     auto saved = st.s->save(*file, *parsed, req);
@@ -111,6 +159,8 @@ void bench_file(const std::string& path, const std::string& dir, uint32_t thread
     Store_ st(dir + "/store");
     SaveRequest req;
     req.threads = threads;
+    req.zstd_level = g_level;
+  req.zstd_level = g_level;
     req.byte_shuffle = false;
     stored_plain = st.s->save(*file, *parsed, req).value().info.stored_bytes;
   }
@@ -128,6 +178,8 @@ void bench_file(const std::string& path, const std::string& dir, uint32_t thread
     Store_ st(dir + "/store");
     SaveRequest req;
     req.threads = threads;
+    req.zstd_level = g_level;
+  req.zstd_level = g_level;
     (void)st.s->save(*file, *parsed, req).value();
     auto second = st.s->save(*cut_file, cut_state, req).value();
     added = second.bytes_new;
@@ -137,7 +189,8 @@ void bench_file(const std::string& path, const std::string& dir, uint32_t thread
   std::printf("%s (%.1f MB, %zu tokens)\n", fs::path(path).filename().c_str(), double(file->size()) / 1e6,
               parsed->tokens.tokens.size());
   std::printf("  copy+fsync      %7.3f GB/s  (baseline)\n", gb / t_copy);
-  std::printf("  save            %7.3f GB/s  %5.2fx of copy   (%u threads)\n", gb / t_save, t_copy / t_save, threads);
+  std::printf("  save            %7.3f GB/s  %5.2fx of copy   (%u threads, zstd level %d)\n", gb / t_save,
+              t_copy / t_save, threads, g_level);
   std::printf("  restore+fsync   %7.3f GB/s  %5.2fx of copy\n", gb / t_restore, t_copy / t_restore);
   std::printf("  decode only     %7.3f GB/s\n", gb / t_decode);
   std::printf("  stored          %7.3fx smaller with the filter, %5.3fx without\n", double(file->size()) / double(stored),
@@ -154,14 +207,17 @@ int main(int argc, char** argv) {
   std::vector<std::string> files;
   uint32_t threads = 1;
   int rounds = 3;
+  std::string extends;
   std::string dir = fs::temp_directory_path() / ("kvsnap-store-bench-" + std::to_string(::getpid()));
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) threads = uint32_t(std::atoi(argv[++i]));
     else if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
     else if (a == "--dir" && i + 1 < argc) dir = argv[++i];
+    else if (a == "--extends" && i + 1 < argc) extends = argv[++i];
+    else if (a == "--level" && i + 1 < argc) g_level = std::atoi(argv[++i]);
     else if (a == "-h" || a == "--help") {
-      std::printf("usage: kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D]\n");
+      std::printf("usage: kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D] [--extends BASE] [--level L]\n");
       return 0;
     } else files.push_back(a);
   }
@@ -170,7 +226,11 @@ int main(int argc, char** argv) {
     files = {fx + "hd128-f16-f16-faon.slot", fx + "hd128-q8_0-q8_0-faon.slot"};
   }
   fs::create_directories(dir);
-  for (const auto& f : files) bench_file(f, dir, threads, rounds);
+  if (!extends.empty()) {
+    for (const auto& f : files) bench_extension(extends, f, dir, threads, rounds);
+  } else {
+    for (const auto& f : files) bench_file(f, dir, threads, rounds);
+  }
   fs::remove_all(dir);
   return 0;
 }

@@ -159,6 +159,39 @@ void unshuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::
 
 // --- Encoder ----------------------------------------------------------------------
 
+namespace {
+
+// A plane whose sample compresses to more than this share of its size is
+// written uncompressed (the low mantissa byte of f16 K/V: measured ~0.99):
+// compressing it would cost most of a save's time for nothing.
+constexpr size_t kProbeBytes = 16 << 10;
+constexpr double kWorthCompressing = 0.97;
+
+// `src` as one zstd frame of raw blocks (RFC 8878: single segment, 4-byte
+// content size, no checksum): any zstd decoder reads it, at memcpy speed.
+size_t put_raw_frame(std::span<const std::byte> src, std::byte* dst) {
+  constexpr size_t kMaxBlock = 128 << 10;
+  size_t pos = 0;
+  store_le(dst, 0xFD2FB528u, 4);
+  dst[4] = std::byte{0xA0};  // Single_Segment_flag, Frame_Content_Size_flag 2 (4 bytes)
+  store_le(dst + 5, src.size(), 4);
+  pos = 9;
+  size_t at = 0;
+  do {
+    const size_t n = std::min(kMaxBlock, src.size() - at);
+    const bool last = at + n == src.size();
+    store_le(dst + pos, uint64_t(last) | (uint64_t(n) << 3), 3);  // Block_Type 0: raw
+    if (n) std::memcpy(dst + pos + 3, src.data() + at, n);
+    pos += 3 + n;
+    at += n;
+  } while (at < src.size());
+  return pos;
+}
+
+size_t raw_frame_bound(size_t n) { return 9 + 3 * (n / (128 << 10) + 1) + n; }
+
+}  // namespace
+
 ChunkEncoder::ChunkEncoder(int zstd_level) : cctx_(ZSTD_createCCtx()), level_(zstd_level) {
   if (!cctx_) throw std::bad_alloc();
 }
@@ -188,7 +221,7 @@ Result<std::span<const std::byte>> ChunkEncoder::encode(std::span<const std::byt
     parts.push_back(raw);
   }
   size_t bound = kBlobHeaderBytes;
-  for (const auto& p : parts) bound += ZSTD_compressBound(p.size());
+  for (const auto& p : parts) bound += std::max(ZSTD_compressBound(p.size()), raw_frame_bound(p.size()));
   out_.resize(std::max(bound, kBlobHeaderBytes + raw.size()));
 
   size_t ret = ZSTD_CCtx_reset(cctx_, ZSTD_reset_session_and_parameters);
@@ -196,6 +229,15 @@ Result<std::span<const std::byte>> ChunkEncoder::encode(std::span<const std::byt
   if (ZSTD_isError(ret)) return Status::InvalidArgument(std::string("zstd: ") + ZSTD_getErrorName(ret));
   size_t pos = kBlobHeaderBytes;
   for (const auto& p : parts) {
+    if (p.size() > 2 * kProbeBytes) {
+      // Probe a sample first (into the space the plane's frame will take).
+      ret = ZSTD_compress2(cctx_, out_.data() + pos, out_.size() - pos, p.data(), kProbeBytes);
+      if (ZSTD_isError(ret)) return Status::InvalidArgument(std::string("zstd: ") + ZSTD_getErrorName(ret));
+      if (double(ret) > kWorthCompressing * kProbeBytes) {
+        pos += put_raw_frame(p, out_.data() + pos);
+        continue;
+      }
+    }
     ret = ZSTD_compress2(cctx_, out_.data() + pos, out_.size() - pos, p.data(), p.size());
     if (ZSTD_isError(ret)) return Status::InvalidArgument(std::string("zstd: ") + ZSTD_getErrorName(ret));
     pos += ret;

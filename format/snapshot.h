@@ -36,6 +36,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -211,7 +212,8 @@ Result<SnapshotManifest> parse_manifest(std::span<const std::byte> bytes, const 
 
 // Receives every chunk blob, in chunk order, from one thread. Content-addressed:
 // a store may skip hashes it already has (the same raw bytes always have the
-// same hash, whatever their encoding).
+// same hash, whatever their encoding). The blob is empty for a chunk of
+// SnapshotOptions::known_chunks.
 class ChunkSink {
  public:
   virtual ~ChunkSink() = default;
@@ -229,6 +231,11 @@ struct SnapshotOptions {
   std::optional<LossyConversion> lossy;
   std::string created;               // ISO-8601 UTC; empty: now (set it for reproducible output)
   std::string kvsnap_version = kKvsnapLibraryVersion;
+  // Chunks the sink already holds (a store: the parent snapshot's, by hash,
+  // with the encoding recorded for them). A chunk whose raw bytes hash to one
+  // of these is not encoded: the sink gets the known ref (index and raw size
+  // of this chunk) and an empty blob. Read-only while building.
+  const std::map<Sha256Digest, ChunkRef>* known_chunks = nullptr;
 };
 
 // Reads `original` (described by `parsed`, from parse_state on it) once for

@@ -235,11 +235,21 @@ struct Slot {
   Status status;
 };
 
-Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, bool shuffle, Slot& slot) {
+Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, const SnapshotOptions& o, Slot& slot) {
   KV_RETURN_IF_ERROR(reader.read(index, slot.raw));
   const Segment* seg = reader.tensor_segment(index);
-  const FilterChoice filter = seg && shuffle ? filter_for_type(seg->ggml_type) : FilterChoice{};
-  slot.ref.sha256 = sha256_of(slot.raw);
+  const FilterChoice filter = seg && o.byte_shuffle ? filter_for_type(seg->ggml_type) : FilterChoice{};
+  const Sha256Digest sha = sha256_of(slot.raw);
+  if (o.known_chunks) {
+    auto it = o.known_chunks->find(sha);
+    if (it != o.known_chunks->end() && it->second.raw_size == slot.raw.size()) {
+      slot.ref = it->second;  // stored already: no need to encode it again
+      slot.ref.index = index;
+      slot.blob.clear();
+      return Status::OK();
+    }
+  }
+  slot.ref.sha256 = sha;
   slot.ref.raw_size = slot.raw.size();
   slot.ref.index = index;
   KV_ASSIGN_OR_RETURN(auto blob, enc.encode(slot.raw, filter));
@@ -264,7 +274,7 @@ Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink
   for (uint64_t base = 0; base < n; base += W) {
     const size_t count = size_t(std::min<uint64_t>(W, n - base));
     parallel_for(count, T, [&](size_t i, size_t t) {
-      slots[i].status = encode_one(reader, base + i, *encoders[t], o.byte_shuffle, slots[i]);
+      slots[i].status = encode_one(reader, base + i, *encoders[t], o, slots[i]);
     });
     for (size_t i = 0; i < count; ++i) {
       KV_RETURN_IF_ERROR(slots[i].status);

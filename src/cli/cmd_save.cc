@@ -15,7 +15,7 @@ struct SaveOpts {
   std::string file, name, model, store_type, store_ctk, store_ctv, input_format, store;
   std::string src_rotation, source_build;  // recorded with the snapshot
   std::vector<std::string> tags;
-  int level = 3, threads = 0;
+  int level = SaveRequest{}.zstd_level, threads = 0;
   unsigned cells_per_chunk = kDefaultCellsPerChunk;
   bool json = false;
   ProgressFlags progress;
@@ -126,7 +126,7 @@ void setup_save(CLI::App& app, int& exit_status) {
     sub->add_option("--input-format", o->input_format, "raw-seq or raw-context for raw buffers");
     add_source_options(sub, o->src_rotation, o->source_build,
                        "the file (recorded with the snapshot; with --server, default: the server's /props build_info)");
-    sub->add_option("--level", o->level, "zstd level (default 3)");
+    sub->add_option("--level", o->level, "zstd level (default 1)");
     sub->add_option("--cells-per-chunk", o->cells_per_chunk, "cells per chunk (default 256)");
     sub->add_option("--threads,-t", o->threads, "compression threads (default: all cores)");
     sub->add_flag("--json", o->json, "machine-readable result");

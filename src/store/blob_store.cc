@@ -1,6 +1,7 @@
 #include "store/blob_store.h"
 
 #include <algorithm>
+#include <random>
 
 #include "base/sha256.h"
 
@@ -12,6 +13,22 @@ bool is_blob_name(const std::string& name) {
   return name.size() == 64 && std::all_of(name.begin(), name.end(), [](char c) {
            return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
          });
+}
+
+bool is_pack_name(const std::string& name) {
+  constexpr size_t kHex = 16;
+  return name.size() == kHex + 5 && name.compare(kHex, 5, ".pack") == 0 &&
+         std::all_of(name.begin(), name.begin() + kHex, [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// 64 random bits as 16 hex digits: concurrent saves never pick the same pack.
+std::string new_pack_name() {
+  std::random_device rd;
+  const uint64_t v = (uint64_t(rd()) << 32) ^ rd();
+  static const char* kDigits = "0123456789abcdef";
+  std::string s(16, '0');
+  for (int i = 0; i < 16; ++i) s[i] = kDigits[(v >> (60 - 4 * i)) & 15];
+  return s;
 }
 
 }  // namespace
@@ -36,6 +53,7 @@ Result<std::unique_ptr<BlobStore>> BlobStore::open(Io& io, std::string root) {
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   KV_RETURN_IF_ERROR(io.create_dirs(root + "/chunks"));
   KV_RETURN_IF_ERROR(io.create_dirs(root + "/tmp"));
+  KV_RETURN_IF_ERROR(io.create_dirs(root + "/packs"));
   return std::unique_ptr<BlobStore>(new BlobStore(io, std::move(root)));
 }
 
@@ -65,6 +83,49 @@ Result<std::vector<std::byte>> BlobStore::get(const ChunkHash& h, uint64_t max_b
   KV_ASSIGN_OR_RETURN(bool present, io_.exists(path));
   if (!present) return Status::NotFound("chunk " + h.hex() + " is missing from the store (" + path + ")");
   return read_all(io_, path, max_bytes);
+}
+
+Result<const ReadableFile*> BlobStore::open_pack(const std::string& pack) {
+  std::lock_guard<std::mutex> g(packs_mu_);
+  auto it = open_packs_.find(pack);
+  if (it != open_packs_.end()) return it->second.get();
+  const std::string path = pack_path(pack);
+  KV_ASSIGN_OR_RETURN(bool present, io_.exists(path));
+  if (!present) return Status::NotFound("pack " + pack + " is missing from the store (" + path + ")");
+  KV_ASSIGN_OR_RETURN(auto f, io_.open_read(path));
+  return open_packs_.emplace(pack, std::move(f)).first->second.get();
+}
+
+Result<std::vector<std::byte>> BlobStore::get(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes) {
+  if (where.pack.empty()) return get(h, max_bytes);
+  if (where.size > max_bytes)
+    return Status::InvalidArgument("chunk " + h.hex() + " in pack " + where.pack + " claims " +
+                                   std::to_string(where.size) + " bytes, more than " + std::to_string(max_bytes));
+  KV_ASSIGN_OR_RETURN(const ReadableFile* f, open_pack(where.pack));
+  if (where.offset > f->size() || where.size > f->size() - where.offset)
+    return Status::Corruption("chunk " + h.hex() + ": pack " + pack_path(where.pack) + " has " +
+                              std::to_string(f->size()) + " bytes, the blob is said to end at " +
+                              std::to_string(where.offset + where.size));
+  std::vector<std::byte> out(where.size);
+  KV_RETURN_IF_ERROR(f->read_at(where.offset, out));
+  return out;
+}
+
+Result<std::vector<std::string>> BlobStore::list_packs() {
+  std::vector<std::string> out;
+  KV_ASSIGN_OR_RETURN(auto files, io_.list_dir(pack_dir()));
+  for (const DirEntry& f : files)
+    if (f.is_regular && is_pack_name(f.name)) out.push_back(f.name.substr(0, f.name.size() - 5));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Status BlobStore::remove_pack(const GcLock&, const std::string& pack) {
+  {
+    std::lock_guard<std::mutex> g(packs_mu_);
+    open_packs_.erase(pack);
+  }
+  return io_.remove(pack_path(pack));
 }
 
 Result<std::vector<ChunkHash>> BlobStore::list() {
@@ -123,10 +184,44 @@ Result<PutOutcome> BlobWriteBatch::put(const ChunkHash& h, std::span<const std::
   return PutOutcome::kWritten;
 }
 
+Result<BlobLocation> BlobWriteBatch::append(const ChunkHash& h, std::span<const std::byte> stored) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (auto it = packed_.find(h); it != packed_.end()) return it->second;
+  if (!pack_file_) {
+    pack_ = new_pack_name();
+    AtomicWriteOptions opt;
+    opt.temp_dir = store_.tmp_dir();
+    opt.sync_dir = false;  // sync_dirs() does packs/
+    KV_ASSIGN_OR_RETURN(pack_file_, AtomicFileWriter::create(store_.io_, store_.pack_path(pack_), opt));
+    pack_size_ = 0;
+  }
+  Status s = pack_file_->append(stored);
+  if (!s.ok()) {
+    pack_file_.reset();  // removes the temporary: a pack is never left half-written
+    packed_.clear();     // those locations will never exist
+    return s;
+  }
+  BlobLocation where{pack_, pack_size_, stored.size()};
+  pack_size_ += stored.size();
+  packed_.emplace(h, where);
+  ++written_;
+  return where;
+}
+
 Status BlobWriteBatch::sync_dirs() {
   std::set<std::string> dirs;
   {
     std::lock_guard<std::mutex> g(mu_);
+    if (pack_file_) {
+      Status s = pack_file_->commit();  // fsync, rename into packs/
+      if (!s.ok()) {
+        pack_file_.reset();
+        packed_.clear();  // those locations will never exist
+        return s;
+      }
+      pack_file_.reset();
+      dirty_dirs_.insert(store_.pack_dir());
+    }
     dirs.swap(dirty_dirs_);
   }
   // Order does not matter: all of them complete before the catalog commit.

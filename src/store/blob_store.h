@@ -1,21 +1,29 @@
 // Content-addressed chunk blobs on disk.
 //
-//   <root>/chunks/ab/<64 hex>   one blob per chunk; the name is the SHA-256 of
-//                               the chunk's raw bytes (ab = its first two hex
-//                               digits), the content is whatever the container
-//                               stores for it (opaque here)
-//   <root>/tmp/                 temporaries of puts in progress
+//   <root>/packs/<16 hex>.pack  the blobs one save wrote, back to back (what a
+//                               save writes): one file and one fsync per save
+//                               instead of one per chunk. The catalog knows
+//                               where each blob is (BlobLocation).
+//   <root>/chunks/ab/<64 hex>   one blob per chunk (put(): what stores made
+//                               before packs hold, still read): the name is the
+//                               SHA-256 of the chunk's raw bytes (ab = its
+//                               first two hex digits), the content is whatever
+//                               the container stores for it (opaque here)
+//   <root>/tmp/                 temporaries of writes in progress
 //   <root>/gc.lock              the gc lock (below)
 //
 // What the store promises:
-//   - A blob under chunks/ is always complete: it is written to tmp/, fsynced
-//     and renamed into place, so a crash or a failed write leaves at most a
-//     temporary file in tmp/, never a partial blob.
-//   - put() of a hash already present writes nothing (dedup).
-//   - After BlobWriteBatch::sync_dirs() returns OK, every blob the batch put,
-//     *including the ones it found already present*, survives a crash. (A blob
-//     found present may have been renamed in a moment ago by another save that
-//     has not synced its directory yet, so "present" is not "durable".)
+//   - A blob under chunks/ and a pack under packs/ is always complete: it is
+//     written to tmp/, fsynced and renamed into place, so a crash or a failed
+//     write leaves at most a temporary file in tmp/, never a partial blob.
+//   - put() of a hash already present writes nothing (dedup); append() of a
+//     hash this batch already appended writes nothing (the caller dedups
+//     against the catalog).
+//   - After BlobWriteBatch::sync_dirs() returns OK, the batch's pack is
+//     complete under packs/, and every blob the batch put, *including the ones
+//     it found already present*, survives a crash. (A blob found present may
+//     have been renamed in a moment ago by another save that has not synced its
+//     directory yet, so "present" is not "durable".)
 //   - All file access goes through Io.
 //
 // The gc rule (why blobs are never deleted under a save's feet). A save writes
@@ -37,6 +45,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -61,6 +70,14 @@ struct ChunkHash {
   auto operator<=>(const ChunkHash&) const = default;
 };
 
+// Where a blob is: `size` bytes at `offset` of packs/<pack>.pack, or, when
+// `pack` is empty, the whole loose file chunks/ab/<sha>.
+struct BlobLocation {
+  std::string pack;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
 enum class PutOutcome { kWritten, kExisted };
 
 class BlobWriteBatch;
@@ -83,6 +100,8 @@ class BlobStore {
   std::string blob_path(const ChunkHash& h) const;
   std::string lock_path() const { return root_ + "/gc.lock"; }
   std::string tmp_dir() const { return root_ + "/tmp"; }
+  std::string pack_dir() const { return root_ + "/packs"; }
+  std::string pack_path(const std::string& pack) const { return pack_dir() + "/" + pack + ".pack"; }
 
   // Starts a save: takes the shared gc lock. With wait=false returns nullptr
   // when a gc holds the lock.
@@ -95,12 +114,21 @@ class BlobStore {
   // The blob's bytes; kNotFound when absent, kInvalidArgument when larger
   // than `max_bytes`.
   Result<std::vector<std::byte>> get(const ChunkHash& h, uint64_t max_bytes);
+  // The blob at `where` (a loose one when where.pack is empty). kNotFound
+  // when the pack is missing, kCorruption when it is shorter than `where`
+  // says. Packs stay open for later reads (thread-safe).
+  Result<std::vector<std::byte>> get(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes);
   // Every blob on disk, sorted. Ignores names that are not 64 hex digits in
   // the right shard (foreign files are never deleted by gc).
   Result<std::vector<ChunkHash>> list();
 
+  // The packs on disk (names without ".pack"), sorted; foreign names ignored.
+  Result<std::vector<std::string>> list_packs();
+
   // Deletes a blob (absent is OK).
   Status remove(const GcLock&, const ChunkHash& h);
+  // Deletes a pack (absent is OK).
+  Status remove_pack(const GcLock&, const std::string& pack);
   // Deletes every file in tmp/: leftovers of saves that crashed. Returns how many.
   Result<size_t> clear_tmp(const GcLock&);
 
@@ -109,8 +137,12 @@ class BlobStore {
   friend class BlobWriteBatch;
   std::string shard_dir(const ChunkHash& h) const;
 
+  Result<const ReadableFile*> open_pack(const std::string& pack);
+
   Io& io_;
   std::string root_;
+  std::mutex packs_mu_;
+  std::map<std::string, std::unique_ptr<ReadableFile>> open_packs_;  // guarded by packs_mu_
 };
 
 // A save's view of the store: holds the shared gc lock until destroyed.
@@ -121,8 +153,15 @@ class BlobWriteBatch {
   // Writes `stored` as the blob of `h` unless it is already there. Does not
   // fsync the directory: call sync_dirs() once after the last put.
   Result<PutOutcome> put(const ChunkHash& h, std::span<const std::byte> stored);
-  // fsyncs every shard directory this batch touched (and chunks/ when a shard
-  // was created). Call before committing the catalog.
+  // Appends `stored` as the blob of `h` to this batch's pack (a temporary in
+  // tmp/ until sync_dirs()) and says where it will be; a hash appended before
+  // by this batch is not written again. Not durable, not even under packs/,
+  // until sync_dirs() returns OK.
+  Result<BlobLocation> append(const ChunkHash& h, std::span<const std::byte> stored);
+  // Completes the pack (fsync, rename into packs/), then fsyncs packs/ and
+  // every shard directory this batch touched (and chunks/ when a shard was
+  // created). Call before committing the catalog. Appends after it start a
+  // new pack.
   Status sync_dirs();
   uint64_t written() const;  // blobs written (not deduplicated) so far
 
@@ -134,6 +173,11 @@ class BlobWriteBatch {
   mutable std::mutex mu_;
   std::set<std::string> dirty_dirs_;  // guarded by mu_
   uint64_t written_ = 0;              // guarded by mu_
+  // The pack being written (guarded by mu_): its name, file, size so far and blobs.
+  std::string pack_;
+  std::unique_ptr<AtomicFileWriter> pack_file_;
+  uint64_t pack_size_ = 0;
+  std::map<ChunkHash, BlobLocation> packed_;
 };
 
 }  // namespace kvsnap

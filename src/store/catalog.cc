@@ -85,6 +85,12 @@ CREATE TABLE snapshot_chunks(
 ) WITHOUT ROWID;
 CREATE INDEX snapshot_chunks_sha ON snapshot_chunks(sha256);
 )sql",
+    // v2: pack files. NULL pack: a loose blob under chunks/ (stores made before v2).
+    R"sql(
+ALTER TABLE chunks ADD COLUMN pack TEXT;
+ALTER TABLE chunks ADD COLUMN pack_offset INTEGER;
+CREATE INDEX chunks_pack ON chunks(pack) WHERE pack IS NOT NULL;
+)sql",
 };
 constexpr int kNumMigrations = sizeof(kMigrations) / sizeof(kMigrations[0]);
 static_assert(kNumMigrations == Catalog::kSchemaVersion, "one migration per schema version");
@@ -393,10 +399,12 @@ Result<SnapshotInfo> Catalog::add_snapshot(SnapshotRecord rec, const std::vector
       const ChunkUse& c = chunks[idx];
       {
         // The hash names the raw bytes, so one hash with two raw sizes means a bug upstream.
-        KV_ASSIGN_OR_RETURN(Stmt up, stmt("INSERT INTO chunks(sha256, raw_size, stored_size, refcount) "
-                                          "VALUES(?1, ?2, ?3, 1) ON CONFLICT(sha256) DO UPDATE "
+        KV_ASSIGN_OR_RETURN(Stmt up, stmt("INSERT INTO chunks(sha256, raw_size, stored_size, refcount, pack, pack_offset) "
+                                          "VALUES(?1, ?2, ?3, 1, ?4, ?5) ON CONFLICT(sha256) DO UPDATE "
                                           "SET refcount = refcount + 1 WHERE raw_size = excluded.raw_size"));
         up.blob(1, c.sha256.bytes).i64(2, static_cast<int64_t>(c.raw_size)).i64(3, static_cast<int64_t>(c.stored_size));
+        up.opt_text(4, c.pack.empty() ? std::nullopt : std::optional<std::string>(c.pack));
+        up.i64(5, static_cast<int64_t>(c.pack_offset));
         KV_RETURN_IF_ERROR(up.run());
       }
       if (sqlite3_changes(db_) != 1) {
@@ -492,23 +500,42 @@ Result<SnapshotRecord> Catalog::get(int64_t id) {
   return rec;
 }
 
+// A chunks row as (sha256, raw_size, stored_size, pack, pack_offset); false when the hash is malformed.
+static constexpr auto read_chunk_row = [](const auto& q, ChunkUse& u) {
+  auto b = q.col_blob(0);
+  if (b.size() != 32) return false;
+  std::memcpy(u.sha256.bytes.data(), b.data(), 32);
+  u.raw_size = static_cast<uint64_t>(q.col_i64(1));
+  u.stored_size = static_cast<uint64_t>(q.col_i64(2));
+  u.pack = q.col_text(3);
+  u.pack_offset = static_cast<uint64_t>(q.col_i64(4));
+  return true;
+};
+
 Result<std::vector<ChunkUse>> Catalog::chunks_of(int64_t id) {
-  KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT c.sha256, c.raw_size, c.stored_size FROM snapshot_chunks sc "
-                                   "JOIN chunks c ON c.sha256 = sc.sha256 WHERE sc.snapshot_id = ?1 ORDER BY sc.idx"));
+  KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT c.sha256, c.raw_size, c.stored_size, c.pack, c.pack_offset "
+                                   "FROM snapshot_chunks sc JOIN chunks c ON c.sha256 = sc.sha256 "
+                                   "WHERE sc.snapshot_id = ?1 ORDER BY sc.idx"));
   q.i64(1, id);
   std::vector<ChunkUse> out;
   for (;;) {
     KV_ASSIGN_OR_RETURN(bool row, q.step());
     if (!row) break;
     ChunkUse u;
-    auto b = q.col_blob(0);
-    if (b.size() != 32) return Status::Corruption(path_ + ": malformed chunk hash in snapshot " + std::to_string(id));
-    std::memcpy(u.sha256.bytes.data(), b.data(), 32);
-    u.raw_size = static_cast<uint64_t>(q.col_i64(1));
-    u.stored_size = static_cast<uint64_t>(q.col_i64(2));
+    if (!read_chunk_row(q, u)) return Status::Corruption(path_ + ": malformed chunk hash in snapshot " + std::to_string(id));
     out.push_back(u);
   }
   return out;
+}
+
+Result<std::optional<ChunkUse>> Catalog::find_chunk(const ChunkHash& h) {
+  KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT sha256, raw_size, stored_size, pack, pack_offset FROM chunks WHERE sha256 = ?1"));
+  q.blob(1, h.bytes);
+  KV_ASSIGN_OR_RETURN(bool row, q.step());
+  if (!row) return std::optional<ChunkUse>();
+  ChunkUse u;
+  if (!read_chunk_row(q, u)) return Status::Corruption(path_ + ": malformed chunk hash " + h.hex());
+  return std::optional<ChunkUse>(std::move(u));
 }
 
 Result<int64_t> Catalog::resolve(const std::string& ref) {

@@ -97,6 +97,10 @@ struct ChunkUse {
   ChunkHash sha256;
   uint64_t raw_size = 0;
   uint64_t stored_size = 0;
+  std::string pack;          // empty: a loose blob (chunks/ab/<sha>)
+  uint64_t pack_offset = 0;  // where the blob starts in the pack
+
+  BlobLocation location() const { return {pack, pack_offset, stored_size}; }
 };
 
 struct ListFilter {
@@ -134,7 +138,7 @@ struct CatalogOptions {
 
 class Catalog {
  public:
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
   static constexpr int64_t kPrefixStride = 64;
 
   // Opens (creating if missing) and migrates the catalog at `path`. The
@@ -146,7 +150,8 @@ class Catalog {
   Catalog& operator=(const Catalog&) = delete;
 
   // Inserts the snapshot, its tags and chunk list and bumps the chunks'
-  // refcounts in one transaction. Returns the stored info (id, uuid, created
+  // refcounts in one transaction. A chunk already recorded keeps its recorded
+  // location (and stored size): find_chunk() is how a save learns it. Returns the stored info (id, uuid, created
   // filled in). kInvalidArgument for a taken name or uuid, a missing parent,
   // an all-digit name; kMismatch when a chunk hash is known with another raw size.
   Result<SnapshotInfo> add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks);
@@ -159,6 +164,10 @@ class Catalog {
   Result<SnapshotRecord> get(int64_t id);
   Result<SnapshotInfo> get_info(int64_t id);
   Result<std::vector<ChunkUse>> chunks_of(int64_t id);  // in idx order
+  // The chunk's row (where its blob is), if any. A row means a committed
+  // snapshot named it, so its blob is durable; under the shared gc lock it
+  // stays, even at refcount 0.
+  Result<std::optional<ChunkUse>> find_chunk(const ChunkHash& h);
 
   // What the user typed, tried in this order: exact name, decimal id, full
   // uuid, unique uuid prefix of >= 6 characters. kAmbiguous names the
@@ -182,6 +191,9 @@ class Catalog {
   Result<GcCandidates> gc_candidates(const std::vector<ChunkHash>& on_disk);
   // Deletes the chunk rows among `hashes` whose refcount is still 0; returns those.
   Result<std::vector<ChunkHash>> forget_unreferenced(const std::vector<ChunkHash>& hashes);
+  // The packs among `packs` that no chunk row names (garbage under the
+  // exclusive gc lock: a crashed save's, or one whose every chunk is gone).
+  Result<std::vector<std::string>> unused_packs(const std::vector<std::string>& packs);
 
   Result<CatalogStats> stats();
   // Problems found, empty when none: SQLite's quick_check, foreign keys,
@@ -231,12 +243,14 @@ struct GcReport {
   bool skipped_busy = false;  // a save held the lock and wait was false
   size_t unreferenced_deleted = 0;
   size_t orphans_deleted = 0;
+  size_t packs_deleted = 0;
   size_t temporaries_deleted = 0;
 };
 
 // Deletes what no snapshot uses, under the exclusive gc lock: chunk rows with
-// refcount 0 and their blobs, and (scan_orphans) blobs without a chunk row and
-// leftover temporaries. Rows go before blobs, so a crash in between leaves an
+// refcount 0 and their loose blobs, packs no chunk row names, and
+// (scan_orphans) loose blobs without a chunk row and leftover temporaries. A
+// pack with some live chunks stays whole (no compaction). Rows go before blobs, so a crash in between leaves an
 // orphan blob, which the next gc removes. Call with scan_orphans=false after
 // remove_snapshot() for a cheap cleanup.
 Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOptions& options = {});

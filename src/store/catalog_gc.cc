@@ -63,6 +63,18 @@ Result<std::vector<ChunkHash>> Catalog::forget_unreferenced(const std::vector<Ch
   return gone;
 }
 
+Result<std::vector<std::string>> Catalog::unused_packs(const std::vector<std::string>& packs) {
+  std::vector<std::string> out;
+  KV_ASSIGN_OR_RETURN(Stmt probe, stmt("SELECT 1 FROM chunks WHERE pack = ?1 LIMIT 1"));
+  for (const std::string& p : packs) {
+    probe.text(1, p);
+    KV_ASSIGN_OR_RETURN(bool used, probe.step());
+    probe.reset();
+    if (!used) out.push_back(p);
+  }
+  return out;
+}
+
 Result<CatalogStats> Catalog::stats() {
   CatalogStats st;
   KV_RETURN_IF_ERROR(exec("BEGIN"));
@@ -162,6 +174,12 @@ Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOpt
   report.unreferenced_deleted = gone.size();
   for (const ChunkHash& h : cand.orphans) KV_RETURN_IF_ERROR(blobs.remove(*lock, h));
   report.orphans_deleted = cand.orphans.size();
+  // Packs after rows: a pack's last rows are gone now, and a crashed save's
+  // pack (renamed in, never committed) was never named.
+  KV_ASSIGN_OR_RETURN(std::vector<std::string> packs, blobs.list_packs());
+  KV_ASSIGN_OR_RETURN(std::vector<std::string> unused, catalog.unused_packs(packs));
+  for (const std::string& p : unused) KV_RETURN_IF_ERROR(blobs.remove_pack(*lock, p));
+  report.packs_deleted = unused.size();
   if (options.scan_orphans) {
     KV_ASSIGN_OR_RETURN(report.temporaries_deleted, blobs.clear_tmp(*lock));
   }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <future>
 #include <random>
 #include <set>
 #include <thread>
@@ -31,17 +32,28 @@ ChunkHash hash_of(const ChunkRef& r) {
   return h;
 }
 
-// Hands the snapshot writer's blobs to the blob store and remembers the chunk list.
+// Hands the snapshot writer's blobs to the blob store and remembers the chunk
+// list. A chunk the catalog already has is not written (its row says where it
+// is and that it is durable); the others go into the batch's pack.
 class BlobSink final : public ChunkSink {
  public:
-  explicit BlobSink(BlobWriteBatch& batch) : batch_(batch) {}
+  BlobSink(BlobWriteBatch& batch, Catalog& catalog) : batch_(batch), catalog_(catalog) {}
   Status put(const ChunkRef& ref, std::span<const std::byte> blob) override {
-    KV_ASSIGN_OR_RETURN(PutOutcome o, batch_.put(hash_of(ref), blob));
-    if (o == PutOutcome::kWritten) {
+    const ChunkHash h = hash_of(ref);
+    KV_ASSIGN_OR_RETURN(std::optional<ChunkUse> known, catalog_.find_chunk(h));
+    if (known) {
+      uses.push_back(std::move(*known));
+      return Status::OK();
+    }
+    if (blob.empty() && ref.raw_size > 0)  // a parent's chunk (SnapshotOptions::known_chunks) must have a row
+      return Status::Corruption("chunk " + h.hex() + " of the parent snapshot has no catalog row; run kvsnap verify --all");
+    const uint64_t before = batch_.written();
+    KV_ASSIGN_OR_RETURN(BlobLocation where, batch_.append(h, blob));
+    if (batch_.written() != before) {
       ++written;
       bytes_written += blob.size();
     }
-    uses.push_back({hash_of(ref), ref.raw_size, blob.size()});
+    uses.push_back({h, ref.raw_size, where.size, where.pack, where.offset});
     return Status::OK();
   }
   std::vector<ChunkUse> uses;
@@ -49,13 +61,21 @@ class BlobSink final : public ChunkSink {
 
  private:
   BlobWriteBatch& batch_;
+  Catalog& catalog_;
 };
 
+// Blobs by hash, from where the catalog says they are (add() the chunk lists
+// of the snapshots read); a hash it was not told about is read as a loose blob.
 class BlobSource final : public ChunkSource {
  public:
   explicit BlobSource(BlobStore& blobs) : blobs_(blobs) {}
+  void add(const std::vector<ChunkUse>& uses) {
+    for (const ChunkUse& u : uses) where_.emplace(u.sha256, u.location());
+  }
   Result<std::vector<std::byte>> get(const ChunkRef& ref) override {
-    auto b = blobs_.get(hash_of(ref), kMaxBlobBytes);
+    const ChunkHash h = hash_of(ref);
+    auto it = where_.find(h);
+    auto b = blobs_.get(h, it == where_.end() ? BlobLocation{} : it->second, kMaxBlobBytes);
     if (!b.ok() && b.status().code() == Code::kNotFound)
       return Status::Corruption("the store lost chunk " + to_hex(ref.sha256) + " (" + b.status().message() +
                                 "); run kvsnap verify");
@@ -64,6 +84,7 @@ class BlobSource final : public ChunkSource {
 
  private:
   BlobStore& blobs_;
+  std::map<ChunkHash, BlobLocation> where_;  // read-only once reading starts (readers may be threads)
 };
 
 class OpenedSnapshot final : public StoredSnapshot {
@@ -97,27 +118,47 @@ struct TempFile {
 
 // Copies the snapshot's original to `out` in order, decoding ahead on `threads`
 // workers: each round, every worker reads (decodes and hash-checks the chunks
-// of) one block, then the blocks are appended in order. Every byte comes from
-// a chunk whose SHA-256 was checked when decoded, and the manifest itself is
-// checked by its digest, so no whole-file hash is needed here (verify does one).
+// of) one block, and while the blocks of one round are appended in order the
+// next round is already being decoded (so writing overlaps decoding). Every
+// byte comes from a chunk whose SHA-256 was checked when decoded, and the
+// manifest itself is checked by its digest, so no whole-file hash is needed
+// here (verify does one).
 Status copy_parallel(const ReadableFile& file, uint32_t threads, ByteSink& out) {
   constexpr uint64_t kBlock = 4u << 20;
   const uint32_t T = std::max(1u, threads);
-  std::vector<std::vector<std::byte>> bufs(T, std::vector<std::byte>(kBlock));
-  std::vector<Status> status(T);
-  for (uint64_t base = 0; base < file.size(); base += kBlock * T) {
-    auto work = [&](uint32_t t) {
-      const uint64_t off = base + t * kBlock;
-      if (off >= file.size()) return;
-      const uint64_t n = std::min<uint64_t>(kBlock, file.size() - off);
-      status[t] = file.read_at(off, std::span<std::byte>(bufs[t].data(), n));
-    };
-    fork_join(T, work);
-    for (uint32_t t = 0; t < T; ++t) {
-      const uint64_t off = base + t * kBlock;
-      if (off >= file.size()) break;
-      KV_RETURN_IF_ERROR(status[t]);
-      KV_RETURN_IF_ERROR(out.append(std::span<const std::byte>(bufs[t].data(), std::min<uint64_t>(kBlock, file.size() - off))));
+  const uint64_t round_bytes = kBlock * T;
+  struct Round {
+    std::vector<std::vector<std::byte>> bufs;
+    std::vector<Status> status;
+  };
+  Round rounds[2];
+  for (Round& r : rounds) {
+    r.bufs.assign(T, std::vector<std::byte>(kBlock));
+    r.status.assign(T, Status::OK());
+  }
+  auto block_size = [&](uint64_t off) { return off >= file.size() ? 0 : std::min<uint64_t>(kBlock, file.size() - off); };
+  auto decode = [&](Round& r, uint64_t base) {
+    fork_join(T, [&](uint32_t t) {
+      const uint64_t off = base + t * kBlock, n = block_size(off);
+      if (n) r.status[t] = file.read_at(off, std::span<std::byte>(r.bufs[t].data(), n));
+    });
+  };
+  if (file.size() == 0) return Status::OK();
+  std::future<void> ahead = std::async(std::launch::async, decode, std::ref(rounds[0]), 0);
+  Status failed;
+  for (uint64_t base = 0, i = 0; base < file.size(); base += round_bytes, ++i) {
+    ahead.get();
+    Round& r = rounds[i % 2];
+    if (base + round_bytes < file.size())
+      ahead = std::async(std::launch::async, decode, std::ref(rounds[(i + 1) % 2]), base + round_bytes);
+    for (uint32_t t = 0; t < T && failed.ok(); ++t) {
+      const uint64_t off = base + t * kBlock, n = block_size(off);
+      if (!n) break;
+      failed = r.status[t].ok() ? out.append(std::span<const std::byte>(r.bufs[t].data(), n)) : r.status[t];
+    }
+    if (!failed.ok()) {
+      if (ahead.valid()) ahead.get();  // the next round uses this frame's buffers and file
+      return failed;
     }
   }
   return Status::OK();
@@ -227,19 +268,31 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
     src = converted_file.get();
     state = &converted;
   }
-  BlobSink sink(*batch);
+  // The parent first: its chunks (a conversation's shared prefix) are hashed
+  // but not encoded again.
+  const std::string fingerprint = req.model ? req.model->profile.fingerprint : "";
+  std::optional<int64_t> parent_id;
+  std::map<Sha256Digest, ChunkRef> parent_chunks;
+  if (req.find_parent && !state->tokens.tokens.empty()) {
+    KV_ASSIGN_OR_RETURN(auto prefixes, catalog_->find_prefix(state->tokens.tokens, fingerprint, 1));
+    if (!prefixes.empty()) {
+      parent_id = prefixes[0].id;
+      KV_ASSIGN_OR_RETURN(SnapshotRecord parent, catalog_->get(*parent_id));
+      auto pm = parse_manifest(parent.manifest, "snapshot " + std::to_string(*parent_id));
+      if (pm.ok())  // a damaged parent only costs the shortcut
+        for (const ChunkRef& c : pm->chunks) parent_chunks.emplace(c.sha256, c);
+      so.known_chunks = &parent_chunks;
+    }
+  }
+  BlobSink sink(*batch, *catalog_);
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_snapshot(*state, *src, so, sink));
   KV_RETURN_IF_ERROR(batch->sync_dirs());
 
-  SnapshotRecord rec = make_record(m, *state, src->size(), req.model ? req.model->arch : state->arch,
-                                   req.model ? req.model->profile.fingerprint : "");
+  SnapshotRecord rec = make_record(m, *state, src->size(), req.model ? req.model->arch : state->arch, fingerprint);
   SnapshotInfo& info = rec.info;
   if (!req.name.empty()) info.name = req.name;
   info.tags = req.tags;
-  if (req.find_parent && !rec.tokens.empty()) {
-    KV_ASSIGN_OR_RETURN(auto prefixes, catalog_->find_prefix(rec.tokens, info.model_fingerprint, 1));
-    if (!prefixes.empty()) info.parent_id = prefixes[0].id;
-  }
+  info.parent_id = parent_id;
   KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->add_snapshot(std::move(rec), sink.uses));
   batch.reset();  // the catalog references the blobs now: gc may run again
   SaveResult r;
@@ -255,6 +308,8 @@ Result<std::unique_ptr<StoredSnapshot>> Store::open_snapshot(const std::string& 
   KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
   KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
   auto s = std::make_unique<OpenedSnapshot>(std::move(rec.info), *blobs_);
+  KV_ASSIGN_OR_RETURN(std::vector<ChunkUse> uses, catalog_->chunks_of(id));
+  s->source_.add(uses);
   auto reader = kvsnap::open_snapshot(rec.manifest, s->source_);
   if (!reader.ok())
     return reader.status().Prefixed("snapshot " + ref + " (id " + std::to_string(id) + "): its manifest");
@@ -476,6 +531,8 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
     KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
     KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
     KV_ASSIGN_OR_RETURN(SnapshotManifest m, parse_manifest(rec.manifest, "snapshot " + ref));
+    KV_ASSIGN_OR_RETURN(std::vector<ChunkUse> uses, catalog_->chunks_of(id));
+    source.add(uses);
     KV_ASSIGN_OR_RETURN(SnapshotFileAssembler a, SnapshotFileAssembler::plan(m, source));
     index["snapshots"].push_back(index_entry(rec.info));
     items.push_back({std::move(rec.info), std::make_unique<SnapshotFileAssembler>(std::move(a))});
@@ -516,13 +573,13 @@ Result<ImportReport> Store::import_from(const std::string& path) {
     KV_ASSIGN_OR_RETURN(StateFile state, (*reader)->parse_original());
     const SnapshotManifest& m = (*reader)->manifest();
     KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
-    std::vector<ChunkUse> uses;
+    BlobSink sink(*batch, *catalog_);
     for (const ChunkRef& ref : m.chunks) {
       KV_ASSIGN_OR_RETURN(std::vector<std::byte> blob, (*reader)->blob(ref.index));
-      KV_RETURN_IF_ERROR(batch->put(hash_of(ref), blob).status());
-      uses.push_back({hash_of(ref), ref.raw_size, blob.size()});
+      KV_RETURN_IF_ERROR(sink.put(ref, blob));
     }
     KV_RETURN_IF_ERROR(batch->sync_dirs());
+    const std::vector<ChunkUse>& uses = sink.uses;
     SnapshotRecord rec = make_record(m, state, m.provenance.file_size, m.arch.value_or(""), meta->model_fingerprint);
     rec.info.uuid = uuid;
     rec.info.created = meta->created;

@@ -4,6 +4,7 @@
 #include "format/chunk_codec.h"
 
 #include <gtest/gtest.h>
+#include <zstd.h>
 
 #include <chrono>
 #include <cstring>
@@ -112,6 +113,34 @@ TEST(ChunkCodec, EncodeDecodeRoundTrips) {
   auto zst = enc.encode(std::vector<std::byte>(50000, std::byte{7}), {});
   EXPECT_EQ(read_blob_header(std::vector<std::byte>(zst->begin(), zst->end()))->codec, ChunkCodec::kZstd);
   EXPECT_LT(zst->size(), 1000u);
+}
+
+// f16 with a random low byte: that plane is written as a zstd frame of raw
+// blocks (not compressed), which stock zstd decodes to exactly the plane, and
+// the high-byte plane is still compressed.
+TEST(ChunkCodec, AnIncompressiblePlaneIsStoredAsARawZstdFrame) {
+  const size_t n = 300000;  // three raw blocks per plane, the last one short
+  auto raw = f16ish(n, 11);
+  ChunkEncoder enc(3);
+  auto blob = enc.encode(raw, filter_for_type(1));
+  ASSERT_TRUE(blob.ok()) << blob.status().ToString();
+  auto h = read_blob_header(*blob);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->codec, ChunkCodec::kZstd);
+  const auto payload = blob->subspan(kBlobHeaderBytes);
+  std::vector<std::byte> low(n);
+  for (size_t i = 0; i < n; ++i) low[i] = raw[2 * i];
+  const size_t frame = ZSTD_findFrameCompressedSize(payload.data(), payload.size());
+  ASSERT_FALSE(ZSTD_isError(frame));
+  EXPECT_EQ(frame, 9 + 3 * 3 + n) << "a raw frame: header, three block headers, the bytes";
+  std::vector<std::byte> got(n);
+  ASSERT_EQ(ZSTD_decompress(got.data(), n, payload.data(), frame), n);
+  EXPECT_EQ(got, low);
+  EXPECT_LT(payload.size() - frame, n * 3 / 4) << "the high bytes are compressed";
+  ChunkDecoder dec;
+  std::vector<std::byte> out;
+  ASSERT_TRUE(dec.decode(*blob, raw.size(), out).ok());
+  EXPECT_EQ(out, raw);
 }
 
 TEST(ChunkCodec, RefusesOversizedChunks) {

@@ -125,7 +125,7 @@ TEST_F(CatalogTest, EmptyVersionZeroDatabaseMigrates) {
   raw_sql(db_path_, "PRAGMA user_version = 0; CREATE TABLE unrelated(x); DROP TABLE unrelated;");
   auto c = open();
   ASSERT_TRUE(c);
-  EXPECT_EQ(*c->schema_version(), 1);
+  EXPECT_EQ(*c->schema_version(), Catalog::kSchemaVersion);
   EXPECT_GT(add(*c, record("x")), 0);
   // Reopening an up-to-date catalog changes nothing.
   c.reset();
@@ -156,7 +156,7 @@ TEST_F(CatalogTest, ConcurrentFirstOpensMigrateOnce) {
   for (int i = 0; i < 6; ++i) {
     opens.push_back(std::async(std::launch::async, [&] {
       auto c = Catalog::open(db_path_);
-      return c.ok() && *(*c)->schema_version() == 1;
+      return c.ok() && *(*c)->schema_version() == Catalog::kSchemaVersion;
     }));
   }
   for (auto& f : opens) EXPECT_TRUE(f.get());

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 
 #include "format/state_prefix.h"
 #include "migrate/convert_state.h"
@@ -218,23 +219,35 @@ TEST(Store, FlippedStoredBytesAreCaught) {
   auto saved = t.store->save(*l.file, l.state, req);
   ASSERT_TRUE(saved.ok());
   const std::string id = std::to_string(saved->info.id);
-  std::vector<fs::path> blobs;
-  for (const auto& e : fs::recursive_directory_iterator(t.root / "chunks"))
-    if (e.is_regular_file()) blobs.push_back(e.path());
+  // Every stored blob: a byte range of a pack (where the catalog says) or a loose file.
+  struct Blob {
+    fs::path file;
+    uint64_t offset, size;
+  };
+  std::vector<Blob> blobs;
+  auto uses = t.store->catalog().chunks_of(saved->info.id);
+  ASSERT_TRUE(uses.ok());
+  std::set<std::string> seen;
+  for (const ChunkUse& u : *uses) {
+    if (!seen.insert(u.sha256.hex()).second) continue;
+    if (u.pack.empty()) blobs.push_back({t.root / "chunks" / u.sha256.hex().substr(0, 2) / u.sha256.hex(), 0, u.stored_size});
+    else blobs.push_back({t.root / "packs" / (u.pack + ".pack"), u.pack_offset, u.stored_size});
+  }
   ASSERT_GT(blobs.size(), 3u);
   std::mt19937 rng(3);
   for (const auto& blob : blobs) {
-    auto bytes = slurp(blob);
-    const size_t at = rng() % bytes.size();
+    auto bytes = slurp(blob.file);
+    ASSERT_LE(blob.offset + blob.size, bytes.size()) << blob.file;
+    const size_t at = blob.offset + rng() % blob.size;
     bytes[at] ^= std::byte{0x10};
-    std::ofstream(blob, std::ios::binary | std::ios::trunc).write(reinterpret_cast<char*>(bytes.data()), bytes.size());
+    std::ofstream(blob.file, std::ios::binary | std::ios::trunc).write(reinterpret_cast<char*>(bytes.data()), bytes.size());
     auto v = t.store->verify({id});
     ASSERT_TRUE(v.ok());
-    EXPECT_FALSE(v->problems.empty()) << blob << " byte " << at;
+    EXPECT_FALSE(v->problems.empty()) << blob.file << " byte " << at;
     VectorSink out;
-    EXPECT_FALSE(t.store->restore(id, {}, out).ok()) << blob << " byte " << at;
+    EXPECT_FALSE(t.store->restore(id, {}, out).ok()) << blob.file << " byte " << at;
     bytes[at] ^= std::byte{0x10};
-    std::ofstream(blob, std::ios::binary | std::ios::trunc).write(reinterpret_cast<char*>(bytes.data()), bytes.size());
+    std::ofstream(blob.file, std::ios::binary | std::ios::trunc).write(reinterpret_cast<char*>(bytes.data()), bytes.size());
   }
   auto clean = t.store->verify({id});
   ASSERT_TRUE(clean.ok());
@@ -261,6 +274,13 @@ TEST(Store, FlippedStoredBytesAreCaught) {
   EXPECT_FALSE(t.store->restore(id, {}, out).ok());
 }
 
+size_t files_under(const fs::path& p) {
+  size_t n = 0;
+  if (fs::exists(p))
+    for (const auto& e : fs::recursive_directory_iterator(p)) n += e.is_regular_file();
+  return n;
+}
+
 // A failed write or fsync anywhere in a save: an error, no snapshot, and gc
 // cleans up whatever blobs were written.
 TEST(Store, FailedSaveLeavesNoSnapshot) {
@@ -281,9 +301,8 @@ TEST(Store, FailedSaveLeavesNoSnapshot) {
       io.clear();
       auto gc = t.store->gc(true);
       ASSERT_TRUE(gc.ok()) << gc.status().ToString();
-      size_t left = 0;
-      for (const auto& e : fs::recursive_directory_iterator(t.root / "chunks")) left += e.is_regular_file();
-      EXPECT_EQ(left, 0u) << fault_op_name(op) << " #" << nth << ": gc left blobs";
+      const size_t left = files_under(t.root / "chunks") + files_under(t.root / "packs") + files_under(t.root / "tmp");
+      EXPECT_EQ(left, 0u) << fault_op_name(op) << " #" << nth << ": gc left blobs or packs";
       // and the store still works
       auto again = t.store->save(*l.file, l.state, req);
       ASSERT_TRUE(again.ok()) << again.status().ToString();
@@ -292,6 +311,76 @@ TEST(Store, FailedSaveLeavesNoSnapshot) {
       EXPECT_EQ(out.bytes, l.bytes);
     }
   }
+}
+
+
+// A save writes one pack; a pack goes when no chunk row names it any more,
+// not before (a second snapshot sharing its chunks keeps it).
+TEST(Store, APackLivesAsLongAsAChunkInItIsUsed) {
+  TempStore t;
+  Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faon.slot");
+  SaveRequest req;
+  req.cells_per_chunk = 16;
+  auto a = t.store->save(*l.file, l.state, req);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(files_under(t.root / "packs"), 1u);
+  EXPECT_EQ(files_under(t.root / "chunks"), 0u);
+  EXPECT_EQ(files_under(t.root / "tmp"), 0u);
+  auto b = t.store->save(*l.file, l.state, req);  // every chunk known: nothing written, no pack
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->chunks_new, 0u);
+  EXPECT_EQ(files_under(t.root / "packs"), 1u);
+  ASSERT_TRUE(t.store->remove(std::to_string(a->info.id)).ok());
+  ASSERT_TRUE(t.store->gc(true).ok());
+  EXPECT_EQ(files_under(t.root / "packs"), 1u) << "b still uses the pack a wrote";
+  VectorSink out;
+  ASSERT_TRUE(t.store->restore(std::to_string(b->info.id), {}, out).ok());
+  EXPECT_EQ(out.bytes, l.bytes);
+  ASSERT_TRUE(t.store->remove(std::to_string(b->info.id)).ok());
+  auto gc = t.store->gc(true);
+  ASSERT_TRUE(gc.ok());
+  EXPECT_EQ(files_under(t.root / "packs"), 0u);
+  auto v = t.store->verify({});
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->problems.empty()) << v->problems.front();
+}
+
+// Stores written before packs keep one loose file per chunk (chunk rows with
+// no pack): they still restore, verify, and survive gc.
+TEST(Store, LooseBlobsOfEarlierStoresStillRead) {
+  TempStore t;
+  Loaded l = load(fixtures() / "v0.5.0/hd64-q8_0-q8_0-faon.slot");
+  SaveRequest req;
+  req.cells_per_chunk = 32;
+  auto saved = t.store->save(*l.file, l.state, req);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  auto uses = t.store->catalog().chunks_of(saved->info.id);
+  ASSERT_TRUE(uses.ok());
+  ASSERT_GT(uses->size(), 3u);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((t.root / "catalog.sqlite").c_str(), &db), SQLITE_OK);
+  for (const ChunkUse& u : *uses) {
+    ASSERT_FALSE(u.pack.empty());
+    auto pack = slurp(t.root / "packs" / (u.pack + ".pack"));
+    const fs::path loose = t.root / "chunks" / u.sha256.hex().substr(0, 2) / u.sha256.hex();
+    fs::create_directories(loose.parent_path());
+    std::ofstream(loose, std::ios::binary).write(reinterpret_cast<char*>(pack.data() + u.pack_offset), u.stored_size);
+    ASSERT_EQ(sqlite3_exec(db, ("UPDATE chunks SET pack = NULL, pack_offset = NULL WHERE hex(sha256) = upper('" +
+                                u.sha256.hex() + "')").c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  }
+  sqlite3_close(db);
+  for (const auto& e : fs::directory_iterator(t.root / "packs")) fs::remove(e.path());
+  auto s = Store::open(posix_io(), StorePaths{t.root.string()});
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE((*s)->gc(true).ok());
+  EXPECT_GT(files_under(t.root / "chunks"), 3u) << "gc kept the loose blobs";
+  VectorSink out;
+  auto r = (*s)->restore(std::to_string(saved->info.id), {}, out);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(out.bytes, l.bytes);
+  auto v = (*s)->verify({});
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->problems.empty()) << v->problems.front();
 }
 
 TEST(Store, LossyStoreTypeIsRecordedAndRestoresAsConvert) {
@@ -316,12 +405,6 @@ TEST(Store, LossyStoreTypeIsRecordedAndRestoresAsConvert) {
   EXPECT_EQ(got.bytes, want.bytes);
 }
 
-size_t files_under(const fs::path& p) {
-  size_t n = 0;
-  if (fs::exists(p))
-    for (const auto& e : fs::recursive_directory_iterator(p)) n += e.is_regular_file();
-  return n;
-}
 
 // An archive with `index` as kvsnap-export.json and one released .kvsnap fixture as snapshots/a.kvsnap.
 fs::path export_with_index(const fs::path& dir, const std::string& index) {
