@@ -537,7 +537,7 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
     index["snapshots"].push_back(index_entry(rec.info));
     items.push_back({std::move(rec.info), std::make_unique<SnapshotFileAssembler>(std::move(a))});
   }
-  const std::string index_text = index.dump(2) + "\n";
+  const std::string index_text = json_text(index, 2) + "\n";
   std::vector<ExportEntry> entries;
   entries.push_back(ExportEntry::FromProducer(kExportIndex, index_text.size(), [&](ByteSink& out) {
     return out.append(index_text.data(), index_text.size());
