@@ -21,6 +21,13 @@ if [ -x tests/oracle/fetch.sh ] || [ -f tests/oracle/fetch.sh ]; then
   bash tests/oracle/build-server.sh 3.22.1
 fi
 
+# the openai Python client for oracle.serve's real-client check (PyPI, a venv cached outside the checkout)
+if [ ! -x "$HOME/.cache/kvsnap-openai-venv/bin/python3" ] ||
+   ! "$HOME/.cache/kvsnap-openai-venv/bin/python3" -c 'import openai' 2>/dev/null; then
+  python3 -m venv "$HOME/.cache/kvsnap-openai-venv"
+  "$HOME/.cache/kvsnap-openai-venv/bin/pip" install -q openai
+fi
+
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$jobs"
 # Left out: "slow" (bigger matrices, e.g. oracle.zoo_full).
