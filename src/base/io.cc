@@ -214,18 +214,22 @@ Result<std::vector<std::byte>> read_all(Io& io, const std::string& path, uint64_
   return buf;
 }
 
+std::string unique_suffix() {
+  // 64 random bits: many threads of one process may write temporaries for the
+  // same target at once (two saves of one chunk), and the opens are exclusive.
+  thread_local std::mt19937_64 rng{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};
+  return std::to_string(::getpid()) + "-" + std::to_string(rng());
+}
+
 Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::create(Io& io, const std::string& path) {
   return create(io, path, AtomicWriteOptions{});
 }
 
 Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::create(Io& io, const std::string& path,
                                                                    const AtomicWriteOptions& options) {
-  // 64 random bits: many threads of one process may write temporaries for the
-  // same target at once (two saves of one chunk), and the open is exclusive.
-  thread_local std::mt19937_64 rng{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};
   std::string base = options.temp_dir.empty() ? path : options.temp_dir + "/" +
                                                            std::filesystem::path(path).filename().string();
-  std::string tmp = base + std::string(kTempInfix) + std::to_string(::getpid()) + "-" + std::to_string(rng());
+  std::string tmp = base + std::string(kTempInfix) + unique_suffix();
   KV_ASSIGN_OR_RETURN(auto f, io.open_write(tmp, /*exclusive=*/true));
   return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(io, path, tmp, std::move(f), options.sync_dir));
 }

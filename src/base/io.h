@@ -178,6 +178,10 @@ struct AtomicWriteOptions {
 // Cleaners of stale temporaries (migrate_dir) match this and read the pid after it.
 inline constexpr std::string_view kTempInfix = ".kvsnap-tmp-";
 
+// "<pid>-<64 random bits>": what makes every kvsnap temporary name unique across processes and
+// threads (AtomicFileWriter, the store's tmp/ files, slot files handed to llama-server).
+std::string unique_suffix();
+
 // Writes `path` so that a reader sees either the old file or the complete new
 // one, never a mix: a temporary file in the same directory, fsync, rename,
 // fsync of the directory. Dropping the writer without commit() removes the

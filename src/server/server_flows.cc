@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <random>
 
 #include "base/json_access.h"
 #include "format/ggml_types.h"
@@ -23,12 +22,7 @@ struct SlotFile {
   }
 };
 
-std::string fresh_name(const char* what) {
-  std::random_device rd;
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "kvsnap-%s-%d-%08x.bin", what, int(::getpid()), unsigned(rd()));
-  return buf;
-}
+std::string fresh_name(const char* what) { return std::string("kvsnap-") + what + "-" + unique_suffix() + ".bin"; }
 
 std::string join(const std::string& dir, const std::string& name) {
   return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;

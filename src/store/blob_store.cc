@@ -136,7 +136,8 @@ Result<std::vector<ChunkHash>> BlobStore::list() {
     KV_ASSIGN_OR_RETURN(auto files, io_.list_dir(root_ + "/chunks/" + shard.name));
     for (const DirEntry& f : files) {
       if (!f.is_regular || !is_blob_name(f.name) || f.name.compare(0, 2, shard.name) != 0) continue;
-      out.push_back(ChunkHash::from_hex(f.name).value());
+      KV_ASSIGN_OR_RETURN(ChunkHash h, ChunkHash::from_hex(f.name));  // is_blob_name checked the digits
+      out.push_back(h);
     }
   }
   std::sort(out.begin(), out.end());

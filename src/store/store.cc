@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <future>
-#include <random>
 #include <set>
 #include <thread>
 
@@ -102,10 +101,7 @@ bool wants_conversion(const ConversionSpec& s) {
          !s.src_rotation.empty() || !s.dst_rotation.empty() || !s.target_build.empty() || s.head_dim_k || s.head_dim_v;
 }
 
-std::string temp_name(const StorePaths& p, const char* what) {
-  std::random_device rd;
-  return p.tmp_dir() + "/" + what + "-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
-}
+std::string temp_name(const StorePaths& p, const char* what) { return p.tmp_dir() + "/" + what + "-" + unique_suffix(); }
 
 // Removes a temporary file when it goes out of scope.
 struct TempFile {
@@ -239,7 +235,7 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   so.cells_per_chunk = req.cells_per_chunk;
   so.zstd_level = req.zstd_level;
   so.byte_shuffle = req.byte_shuffle;
-  so.threads = req.threads ? req.threads : std::max(1u, std::thread::hardware_concurrency());
+  so.threads = req.threads ? req.threads : default_threads();
   so.source_name = req.source_name.empty() ? file.name() : req.source_name;
   KV_RETURN_IF_ERROR(check_writer_claims(req.writer, parsed, req.model, so.source_name));
   so.writer = req.writer;
@@ -330,7 +326,7 @@ Result<RestoreResult> Store::restore(const std::string& ref, const RestoreReques
   TeeSink tee(out, count);
   const bool convert = wants_conversion(req.spec);
   if (!convert && !req.tokens) {
-    const uint32_t threads = req.spec.threads > 0 ? uint32_t(req.spec.threads) : std::max(1u, std::thread::hardware_concurrency());
+    const uint32_t threads = req.spec.threads > 0 ? uint32_t(req.spec.threads) : default_threads();
     KV_RETURN_IF_ERROR(copy_parallel(original, threads, tee));
   } else if (!convert) {
     KV_RETURN_IF_ERROR(write_prefix(parsed, original, *req.tokens, tee));
