@@ -35,7 +35,7 @@ Status check_row_bytes(Cursor& c, uint64_t at, int32_t type, uint64_t bytes, con
       return Status::Mismatch(c.file().name() + ": offset " + std::to_string(at) + ": " + ctx + ": mismatched " +
                               side + " row size (" + std::to_string(bytes) + " != " +
                               (expect.ok() ? std::to_string(*expect) : std::string("n/a")) + " for " +
-                              std::to_string((*n_embd)[il]) + " " + std::string(t.name) + " values from the model)");
+                              std::to_string((*n_embd)[il]) + " " + std::string(t.name) + " values from the model): pass the GGUF the file was saved with ({--model GGUF})");
     }
   }
   return Status::OK();
@@ -89,7 +89,7 @@ Status read_v_layers(Cursor& c, const KvSectionShape* shape, size_t si, size_t n
       if (shape && il < shape->n_embd_v_gqa.size() && shape->n_embd_v_gqa[il] != L.n_embd_v_gqa) {
         return Status::Mismatch(c.file().name() + ": offset " + std::to_string(at) + ": " + ctx +
                                 ": mismatched value embedding size (" + std::to_string(L.n_embd_v_gqa) +
-                                " != " + std::to_string(shape->n_embd_v_gqa[il]) + " from the model)");
+                                " != " + std::to_string(shape->n_embd_v_gqa[il]) + " from the model): pass the GGUF the file was saved with ({--model GGUF})");
       }
       L.v.offset = c.offset();
       KV_RETURN_IF_ERROR(c.skip(uint64_t(L.n_embd_v_gqa) * n_cells, L.v_elem_bytes, "transposed value data"));
@@ -117,7 +117,7 @@ Status parse_kv_stream(Cursor& c, const Reading& r, const KvSectionShape* shape,
   if (shape && !shape->n_embd_k_gqa.empty() && shape->n_embd_k_gqa.size() != st.n_layer) {
     return Status::Mismatch(c.file().name() + ": offset " + std::to_string(at) + ": mismatched layer count (" +
                             std::to_string(st.n_layer) + " in the file, " +
-                            std::to_string(shape->n_embd_k_gqa.size()) + " in the model)");
+                            std::to_string(shape->n_embd_k_gqa.size()) + " in the model): pass the GGUF the file was saved with ({--model GGUF})");
   }
   KV_RETURN_IF_ERROR(read_k_layers(c, shape, si, n_sections, stream_index, st));
   return read_v_layers(c, shape, si, n_sections, stream_index, st);

@@ -336,7 +336,7 @@ Status read_seq_v1(Cursor& c, const MemoryShape* shape, StateFile& f) {
   for (uint32_t v : ss ? ss->n_embd_v_gqa : std::vector<uint32_t>{}) {
     if (v != n_embd_v) {
       return Status::Mismatch(c.file().name() + ": offset " + std::to_string(at) + ": mismatched value embedding size (" +
-                              std::to_string(n_embd_v) + " != " + std::to_string(v) + " from the model)");
+                              std::to_string(n_embd_v) + " != " + std::to_string(v) + " from the model): pass the GGUF the file was saved with ({--model GGUF})");
     }
   }
   if (st.cell_count > c.remaining() / 4) return c.corrupt("truncated: " + std::to_string(st.cell_count) + " cells");

@@ -58,7 +58,7 @@ Status check_hparams(const std::string& name, const std::vector<std::byte>& h, c
   }
   if (!diff.empty()) {
     return Status::Mismatch(name + ": wrong model: the session's llama_hparams (ggsn v6, b3166) do not match " +
-                            shape.source + ": " + diff);
+                            shape.source + ": " + diff + "; pass the GGUF the file was saved with ({--model GGUF})");
   }
   if (hp_u32(h, 108) || hp_u32(h, 112) || hp_u32(h, 116)) {
     return Status::NotSupported(name + ": ggsn v6 of a state-space (Mamba) model: its recurrent cache in the legacy "

@@ -194,14 +194,14 @@ std::string utc_now() {
 
 Status check_options(const SnapshotOptions& o) {
   if (o.cells_per_chunk == 0 || o.cells_per_chunk > (1u << 24)) {
-    return Status::InvalidArgument("cells per chunk " + std::to_string(o.cells_per_chunk) + " is out of range (1..16777216)");
+    return Status::InvalidArgument("{--cells-per-chunk} " + std::to_string(o.cells_per_chunk) + " is out of range (1..16777216)");
   }
   if (o.zstd_level < ZSTD_minCLevel() || o.zstd_level > ZSTD_maxCLevel()) {
-    return Status::InvalidArgument("zstd level " + std::to_string(o.zstd_level) + " is out of range (" +
+    return Status::InvalidArgument("zstd level ({--level}) " + std::to_string(o.zstd_level) + " is out of range (" +
                                    std::to_string(ZSTD_minCLevel()) + ".." + std::to_string(ZSTD_maxCLevel()) + ")");
   }
   if (o.threads == 0 || o.threads > 256) {
-    return Status::InvalidArgument("threads " + std::to_string(o.threads) + " is out of range (1..256)");
+    return Status::InvalidArgument("{--threads} " + std::to_string(o.threads) + " is out of range (1..256)");
   }
   return Status::OK();
 }

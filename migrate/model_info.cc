@@ -42,7 +42,9 @@ Status ModelInfo::check_state(const StateFile& f, const std::string& file_name) 
 
 Result<ModelInfo> load_model_info(Io& io, const std::string& path) {
   KV_ASSIGN_OR_RETURN(ModelProfile p, load_model_profile(io, path));
-  KV_ASSIGN_OR_RETURN(auto sections, memory_sections(p));
+  auto laid_out = memory_sections(p);
+  if (!laid_out.ok()) return laid_out.status().Prefixed(path);
+  const std::vector<MemorySectionLayout>& sections = *laid_out;
   ModelInfo m;
   m.path = path;
   m.arch = p.arch;

@@ -293,7 +293,8 @@ Status check_job(const ReadableFile& file, size_t n_sections, uint32_t hd, Tenso
   }
   if (j.n_elems % hd != 0) {
     return Status::Mismatch(ctx + ": a row of " + std::to_string(j.n_elems) + " values is not whole heads of " +
-                            std::to_string(hd) + " (the head dim given for this cache)");
+                            std::to_string(hd) + " (the head dim given for this cache): correct {--head-dim-k} / "
+                            "{--head-dim-v}, or pass the model ({--model GGUF})");
   }
   return Status::OK();
 }

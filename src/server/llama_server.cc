@@ -52,7 +52,11 @@ Status http_error(const std::string& prefix, long status, const std::string& bod
     case 404: return Status::NotFound(m);
     case 503: return Status::IOError(m + " (the server is loading or the slot is busy; try again)");
     case 501: return Status::NotSupported(m + " (start llama-server with --slot-save-path DIR)");
-    default: return Status::Mismatch(m);
+    default:
+      // llama-server answers 500 when a restored file does not fit its context (other cache
+      // types, another -c, another model): the usual cause on this path, said so.
+      return Status::Mismatch(m + (status >= 500 ? " (see the server's log; " : " (") +
+                              "does the file fit the server: its model, -c, -ctk/-ctv/-fa?)");
   }
 }
 

@@ -8,6 +8,7 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <bit>
 #include <chrono>
 #include <cstring>
@@ -350,7 +351,8 @@ Result<SnapshotInfo> Catalog::add_snapshot(SnapshotRecord rec, const std::vector
       KV_ASSIGN_OR_RETURN(bool taken, q.step());
       if (taken) {
         return Status::InvalidArgument("a snapshot named '" + *info.name + "' already exists (id " +
-                                       std::to_string(q.col_i64(0)) + ")");
+                                       std::to_string(q.col_i64(0)) + "): choose another {--name}, or remove it "
+                                       "first (kvsnap rm " + *info.name + ")");
       }
     }
     {
@@ -408,8 +410,9 @@ Result<SnapshotInfo> Catalog::add_snapshot(SnapshotRecord rec, const std::vector
         KV_RETURN_IF_ERROR(up.run());
       }
       if (sqlite3_changes(db_) != 1) {
-        return Status::Mismatch("chunk " + c.sha256.hex() + " is already recorded with another raw size than " +
-                                std::to_string(c.raw_size));
+        return Status::Mismatch(path_ + ": chunk " + c.sha256.hex() + " is already recorded with another raw size than " +
+                                std::to_string(c.raw_size) + ": the catalog or the chunk is damaged; kvsnap verify --all "
+                                "lists what");
       }
       KV_ASSIGN_OR_RETURN(Stmt ins, stmt("INSERT INTO snapshot_chunks(snapshot_id, idx, sha256) VALUES(?1, ?2, ?3)"));
       ins.i64(1, info.id).i64(2, static_cast<int64_t>(idx)).blob(3, c.sha256.bytes);
@@ -581,6 +584,8 @@ Result<int64_t> Catalog::resolve(const std::string& ref) {
   }
   std::string msg = "no snapshot has the name, id or uuid '" + ref + "'";
   if (hexish && p.size() < 6) msg += " (a uuid prefix needs at least 6 characters)";
+  msg += " in the store at " + std::filesystem::path(path_).parent_path().string() +
+         "; kvsnap ls lists them ({--store DIR} picks another store)";
   return Status::NotFound(msg);
 }
 

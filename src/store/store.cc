@@ -101,6 +101,12 @@ bool wants_conversion(const ConversionSpec& s) {
          !s.src_rotation.empty() || !s.dst_rotation.empty() || !s.target_build.empty() || s.head_dim_k || s.head_dim_v;
 }
 
+// A token prefix that cannot be cut (state_prefix.h says why) names the snapshot and the way out.
+Status prefix_error(const Status& s, const std::string& ref) {
+  if (s.code() != Code::kNotSupported) return s;
+  return s.Prefixed("snapshot " + ref).Appended("; restore the whole snapshot (without {--tokens})");
+}
+
 std::string temp_name(const StorePaths& p, const char* what) { return p.tmp_dir() + "/" + what + "-" + unique_suffix(); }
 
 // Removes a temporary file when it goes out of scope.
@@ -329,7 +335,7 @@ Result<RestoreResult> Store::restore(const std::string& ref, const RestoreReques
     const uint32_t threads = req.spec.threads > 0 ? uint32_t(req.spec.threads) : default_threads();
     KV_RETURN_IF_ERROR(copy_parallel(original, threads, tee));
   } else if (!convert) {
-    KV_RETURN_IF_ERROR(write_prefix(parsed, original, *req.tokens, tee));
+    KV_RETURN_IF_ERROR(prefix_error(write_prefix(parsed, original, *req.tokens, tee), ref));
     r.n_tokens = *req.tokens;
   } else {
     ConversionSpec spec = req.spec;
@@ -343,7 +349,8 @@ Result<RestoreResult> Store::restore(const std::string& ref, const RestoreReques
     if (req.tokens) {
       // Cut first (reads only the prefix's chunks), then convert the cut.
       temp.path = temp_name(paths_, "restore-prefix");
-      KV_RETURN_IF_ERROR(write_temp(io_, temp.path, [&](ByteSink& o) { return write_prefix(parsed, original, *req.tokens, o); }));
+      KV_RETURN_IF_ERROR(prefix_error(
+          write_temp(io_, temp.path, [&](ByteSink& o) { return write_prefix(parsed, original, *req.tokens, o); }), ref));
       KV_ASSIGN_OR_RETURN(prefix_file, io_.open_read(temp.path));
       ParseOptions po = reader.parse_options();
       KV_ASSIGN_OR_RETURN(prefix_state, parse_state(*prefix_file, po));

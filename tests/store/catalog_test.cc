@@ -230,7 +230,8 @@ TEST_F(CatalogTest, TakenNameIsRefusedAndChangesNothing) {
   auto dup = c->add_snapshot(record("chat"), {use("a"), use("b")});
   ASSERT_FALSE(dup.ok());
   EXPECT_EQ(dup.status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(dup.status().message(), "a snapshot named 'chat' already exists (id " + std::to_string(id) + ")");
+  EXPECT_EQ(dup.status().message(), "a snapshot named 'chat' already exists (id " + std::to_string(id) +
+                                        "): choose another {--name}, or remove it first (kvsnap rm chat)");
   EXPECT_EQ(refcounts(), before) << "a refused add leaves no refcount behind";
   EXPECT_EQ(c->list()->size(), 1u);
   // Unnamed snapshots do not collide.
