@@ -26,6 +26,9 @@ Status MemoryFile::read_at(uint64_t offset, std::span<std::byte> dst) const {
 namespace {
 
 Status errno_status(const std::string& what, const std::string& path, int err) {
+  // A path that does not exist is "not found" (exit 8), whatever was being done to it; every other
+  // refusal of the OS is an I/O error (exit 7).
+  if (err == ENOENT) return Status::NotFound(path + ": " + what + ": " + std::strerror(err));
   return Status::IOError(path + ": " + what + ": " + std::strerror(err));
 }
 

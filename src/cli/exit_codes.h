@@ -31,7 +31,7 @@ inline constexpr ExitMeaning kExitMeanings[] = {
         "(pass --source-build/--src-rotation, or --target-build/--dst-rotation), or a uuid prefix names several "
         "snapshots"},
     {7, "I/O error, or out of memory"},
-    {8, "not found"},
+    {8, "not found: a file, snapshot, model or server slot that does not exist"},
     {70, "internal error: an exception reached main (a kvsnap bug)"},
     {130, "interrupted: Ctrl-C (SIGINT) or SIGTERM stopped the command; what it was writing is removed"},
 };

@@ -29,6 +29,7 @@
 //                      truncated or damaged archive (including a tar that stops
 //                      at an entry boundary without its end-of-archive block),
 //                      an entry whose bytes do not match its header's size;
+//       kNotFound      the file does not exist;
 //       kIOError       the file could not be read;
 //       anything else  returned unchanged from the visitor, which stops the walk.
 //   - directories are validated like files, then skipped without a callback.

@@ -112,9 +112,9 @@ TEST_F(CliTest, EmptyFileIsACleanError) {
   EXPECT_NE(r.err.find("too short"), std::string::npos) << r.err;
 }
 
-TEST_F(CliTest, MissingFileIsAnIoError) {
+TEST_F(CliTest, MissingFileIsNotFound) {
   CmdResult r = run("info " + (dir_ / "nope.slot").string());
-  EXPECT_EQ(r.code, 7) << r.err;
+  EXPECT_EQ(r.code, 8) << r.err;
   EXPECT_NE(r.err.find("nope.slot"), std::string::npos);
 }
 

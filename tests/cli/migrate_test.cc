@@ -136,7 +136,7 @@ TEST(Migrate, DamagedStateFailsTheRunButNotTheOthers) {
             5);
   EXPECT_NE(slurp(t.path / "good.slot"), b) << "the good file was not converted";
   EXPECT_EQ(slurp(t.path / "cut.slot"), b.substr(0, b.size() / 2));
-  EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + (t.path / "missing").string() + " 2>/dev/null"), 7);
+  EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + (t.path / "missing").string() + " 2>/dev/null"), 8);
 }
 
 // 100 files, kill -9 at random moments, then run again: every file is at all

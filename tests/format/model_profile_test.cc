@@ -574,7 +574,7 @@ TEST(ModelProfile, LoadFromFileSetsFingerprint) {
   EXPECT_NE(d.find("cell ext 12 bytes"), std::string::npos) << d;
   EXPECT_NE(d.find("section kv: n_layer 2"), std::string::npos) << d;
   auto missing = load_model_profile(posix_io(), (dir / "nope.gguf").string());
-  EXPECT_EQ(missing.status().code(), Code::kIOError);
+  EXPECT_EQ(missing.status().code(), Code::kNotFound);
   std::filesystem::remove_all(dir);
 }
 

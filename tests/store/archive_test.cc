@@ -693,7 +693,7 @@ TEST(ArchiveHostile, ReadErrorIsReturnedAsIs) {
 TEST(ArchiveHostile, MissingFile) {
   Collector c;
   Status s = import_archive(posix_io(), fresh_dir("missing") + "/nope.tar.zst", c);
-  EXPECT_EQ(s.code(), Code::kIOError);
+  EXPECT_EQ(s.code(), Code::kNotFound);
   EXPECT_THAT(s.message(), HasSubstr("nope.tar.zst"));
 }
 
