@@ -6,6 +6,7 @@
 #include "cli/era_options.h"
 #include "cli/open_state.h"
 #include "cli/server_options.h"
+#include "migrate/conversion_spec.h"
 #include "server/server_flows.h"
 
 namespace kvsnap::cli {
@@ -40,6 +41,11 @@ Status run_save(const SaveOpts& o, std::string& out) {
     ConversionSpec spec;
     spec.ctk = o.store_ctk.empty() ? o.store_type : o.store_ctk;
     spec.ctv = o.store_ctv.empty() ? o.store_type : o.store_ctv;
+    // Checked here so that a typo names the flag the user typed, not the conversion's --ctk/--ctv.
+    const char* k_flag = o.store_ctk.empty() ? "--store-type" : "--store-ctk";
+    const char* v_flag = o.store_ctv.empty() ? "--store-type" : "--store-ctv";
+    if (!spec.ctk.empty()) KV_RETURN_IF_ERROR(parse_kv_type(spec.ctk, k_flag).status());
+    if (!spec.ctv.empty()) KV_RETURN_IF_ERROR(parse_kv_type(spec.ctv, v_flag).status());
     req.store_type = spec;
   }
   if (!o.source_build.empty()) {

@@ -175,6 +175,12 @@ TEST_F(StoreCli, ExitCodesAndMessages) {
   EXPECT_EQ(exists.code, 2) << "restore must not replace a file without --force";
   KvRun bad_tag = kv("save " + a.string() + " --tag novalue");
   EXPECT_EQ(bad_tag.code, 2);
+  KvRun bad_type = kv("save " + a.string() + " --store-ctk q8_0 --store-ctv q9_0");
+  EXPECT_EQ(bad_type.code, 2);
+  EXPECT_NE(bad_type.err.find("--store-ctv 'q9_0'"), std::string::npos) << "names the flag typed: " << bad_type.err;
+  KvRun missing_file = kv("save " + (dir_ / "gone.slot").string());
+  EXPECT_EQ(missing_file.code, 8) << missing_file.err;
+  EXPECT_NE(missing_file.err.find("gone.slot"), std::string::npos) << missing_file.err;
   KvRun ls = kv("ls --tag k=v --json");
   EXPECT_NE(ls.out.find("\"one\""), std::string::npos) << ls.out;
   KvRun find = kv("find --like " + a.string() + " --json");
