@@ -54,6 +54,7 @@ typedef enum kvsnap_status {
   KVSNAP_ERR_AMBIGUOUS = 6,        /* the layout needs the model to be read */
   KVSNAP_ERR_IO = 7,               /* the operating system refused */
   KVSNAP_ERR_NOT_FOUND = 8,
+  KVSNAP_ERR_INTERNAL = 70,        /* a bug in kvsnap (an exception it did not expect); please report it */
 } kvsnap_status;
 
 /* What the input bytes are. */

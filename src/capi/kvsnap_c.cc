@@ -108,9 +108,9 @@ kvsnap_status guarded(const char* function, char** error, Body&& body) noexcept 
   } catch (const std::bad_alloc&) {
     return exception_status(KVSNAP_ERR_IO, function, "out of memory", "", error);
   } catch (const std::exception& e) {
-    return exception_status(KVSNAP_ERR_INVALID_ARGUMENT, function, "internal error: ", e.what(), error);
+    return exception_status(KVSNAP_ERR_INTERNAL, function, "", e.what(), error);
   } catch (...) {
-    return exception_status(KVSNAP_ERR_INVALID_ARGUMENT, function, "internal error: ", "unknown exception", error);
+    return exception_status(KVSNAP_ERR_INTERNAL, function, "", "unknown exception", error);
   }
 }
 
@@ -210,6 +210,7 @@ const char* kvsnap_status_name(kvsnap_status s) {
     case KVSNAP_ERR_AMBIGUOUS: return "ambiguous";
     case KVSNAP_ERR_IO: return "I/O error";
     case KVSNAP_ERR_NOT_FOUND: return "not found";
+    case KVSNAP_ERR_INTERNAL: return "internal error";
   }
   return "unknown status";
 }

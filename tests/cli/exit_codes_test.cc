@@ -18,6 +18,7 @@ static_assert(exit_code(Code::kMismatch) == KVSNAP_ERR_MISMATCH);
 static_assert(exit_code(Code::kAmbiguous) == KVSNAP_ERR_AMBIGUOUS);
 static_assert(exit_code(Code::kIOError) == KVSNAP_ERR_IO);
 static_assert(exit_code(Code::kNotFound) == KVSNAP_ERR_NOT_FOUND);
+static_assert(kExitInternal == KVSNAP_ERR_INTERNAL);
 // Interrupted has no C API value: the C API's files are the caller's, kvsnap never stops them.
 static_assert(exit_code(Code::kInterrupted) == kExitInterrupted);
 
