@@ -54,10 +54,15 @@ void setup_serve(CLI::App& app, int& exit_status) {
       "restored into the slot, converted to the server's -ctk/-ctv/-fa, when the slot holds less: after\n"
       "a restart with other cache types, or beyond -np conversations, only the new tokens are evaluated.\n"
       "A llama-server that dies is restarted. Sessions are namespaced by the X-Kvsnap-Session header,\n"
-      "else by the API key (a hash of it), else 'default'. See docs/serve.md.\n"
+      "else by the API key (a hash of it), else 'default'.\n"
+      "kvsnap's own routes: POST /kvsnap/requantize {\"ctk\":\"q8_0\",\"ctv\":\"q8_0\"} (optional \"flash_attn\",\n"
+      "\"ctx_size\", \"dry_run\") drains, saves the slots, restarts llama-server with the new types and restores\n"
+      "them converted; GET /kvsnap/usage: per-slot tokens, bytes, types, the size at every ctk/ctv, and the\n"
+      "save/restore/reuse counters. See docs/serve.md.\n"
       "\nExamples:\n"
       "  kvsnap serve --listen 0.0.0.0:8080 -- llama-server -m model.gguf -c 8192 -np 2 -ctk q8_0 -ctv q8_0 -fa on\n"
-      "  kvsnap serve --store /srv/kvsnap --log /var/log/llama.log -- /opt/llama/llama-server -m m.gguf\n");
+      "  kvsnap serve --store /srv/kvsnap --log /var/log/llama.log -- /opt/llama/llama-server -m m.gguf\n"
+      "  curl -d '{\"ctk\":\"q4_0\",\"ctv\":\"q4_0\",\"dry_run\":true}' http://127.0.0.1:8080/kvsnap/requantize\n");
   bind(sub, o, run_serve_cmd, "serve", exit_status);
 }
 

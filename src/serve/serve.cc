@@ -11,6 +11,8 @@
 #include <mutex>
 #include <thread>
 
+#include "serve/control.h"
+#include "serve/drain.h"
 #include "serve/llama_args.h"
 #include "serve/persist.h"
 #include "serve/prefix.h"
@@ -89,24 +91,34 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   std::mutex store_mu, lookup_mu;
   Persister persist(io, *store, store_mu, target, log);
   PrefixRestorer prefix(io, *lookup_store, lookup_mu, target, log);
+  SlotBook book;
+  persist.set_book(&book);
+  prefix.set_book(&book);
+  Drain drain;
   Proxy proxy(
       po, [&prefix](Forward& f) { prefix.before(f); },
       [&persist, &prefix](const Exchange& x) {
         prefix.after(x);
         persist.note_completion(x);
       });
-  KV_RETURN_IF_ERROR(proxy.bind());
-
   SupervisorOptions so;
   so.argv = child_argv(args, po.upstream_port, slot_dir);
   so.health_url = target.endpoint.url;
   so.api_key = args.api_key;
   so.log_path = o.log_file.empty() ? serve_dir + "/llama-server.log" : o.log_file;
   Supervisor sup(so, log);
-  sup.on_restart([&persist, &prefix] {
+  sup.on_restart([&persist, &prefix, &book] {
     persist.forget_slots();
     prefix.forget_slots();
+    book.clear();
   });
+  ControlDeps cd{&io, store.get(), &store_mu, &drain, &persist, &prefix, &sup, &book,
+                 target.endpoint.url, po.upstream_port, slot_dir, log};
+  Control control(cd, args);
+  proxy.set_local([&control](const LocalRequest& r, LocalAnswer& a) { return control.handle(r, a); });
+  // Requests wait while a requantize restarts the child (a large model can take minutes to load).
+  proxy.set_drain(&drain, 600);
+  KV_RETURN_IF_ERROR(proxy.bind());
   KV_RETURN_IF_ERROR(sup.start());
 
   std::thread server([&proxy] { proxy.run(); });

@@ -1,0 +1,276 @@
+#include "serve/control.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "base/json_access.h"
+#include "format/ggml_types.h"
+#include "server/llama_server.h"
+
+namespace kvsnap {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+void answer(LocalAnswer& out, int status, const ojson& j) {
+  out.status = status;
+  out.body = json_text(j);
+  out.content_type = "application/json";
+}
+
+// llama-server's error shape, so clients read kvsnap's errors as they read the server's.
+void error(LocalAnswer& out, int status, const std::string& type, const std::string& message) {
+  answer(out, status, {{"error", {{"code", status}, {"message", "kvsnap serve: " + message}, {"type", type}}}});
+}
+
+// The key of a request as llama-server reads it: Authorization (without "Bearer "), else X-Api-Key.
+std::string request_key(const LocalRequest& r) {
+  std::string k = header_value(r.headers, "Authorization");
+  if (k.empty()) k = header_value(r.headers, "X-Api-Key");
+  return k.rfind("Bearer ", 0) == 0 ? k.substr(7) : k;
+}
+
+ojson sizes_json(const std::vector<PairSize>& sizes) {
+  ojson a = ojson::array();
+  for (const PairSize& p : sizes)
+    a.push_back({{"ctk", p.ctk}, {"ctv", p.ctv}, {"bytes", p.bytes ? ojson(*p.bytes) : ojson(nullptr)}});
+  return a;
+}
+
+}  // namespace
+
+Control::Control(ControlDeps d, LlamaArgs args) : d_(std::move(d)), args_(std::move(args)) {}
+
+bool Control::handle(const LocalRequest& req, LocalAnswer& out) {
+  if (req.path.rfind("/kvsnap/", 0) != 0) return false;
+  {
+    std::lock_guard<std::mutex> l(args_mu_);
+    const auto& keys = args_.api_keys;
+    if (!keys.empty() && std::find(keys.begin(), keys.end(), request_key(req)) == keys.end()) {
+      error(out, 401, "authentication_error", "Invalid API Key (the child's --api-key/--api-key-file/LLAMA_API_KEY)");
+      return true;
+    }
+  }
+  if (req.path == "/kvsnap/requantize" && req.method == "POST") requantize(req.body, out);
+  else if (req.path == "/kvsnap/usage" && req.method == "GET") usage(out);
+  else error(out, 404, "not_found_error", "no route " + req.method + " " + req.path +
+                                              " (kvsnap's own: POST /kvsnap/requantize, GET /kvsnap/usage)");
+  return true;
+}
+
+Result<Control::Ask> Control::parse_ask(const std::string& body) {
+  auto j = ojson::parse(body, nullptr, false);
+  if (!j.is_object())
+    return Status::InvalidArgument(R"(the body must be a JSON object such as {"ctk":"q8_0","ctv":"q8_0"})");
+  Ask a;
+  {
+    std::lock_guard<std::mutex> l(args_mu_);
+    a.ctk = args_.ctk;
+    a.ctv = args_.ctv;
+  }
+  for (auto& [k, v] : j.items()) {
+    if (k == "ctk" || k == "ctv") {
+      if (!v.is_string() || !find_type(v.get<std::string>()))
+        return Status::InvalidArgument(k + " " + v.dump() + " is not a cache type llama-server takes (" +
+                                       kv_cache_type_names() + ")");
+      (k == "ctk" ? a.ctk : a.ctv) = v.get<std::string>();
+    } else if (k == "flash_attn") {
+      if (v.is_boolean()) a.flash_attn = v.get<bool>() ? "on" : "off";
+      else if (v.is_string() && (v == "on" || v == "off" || v == "auto")) a.flash_attn = v.get<std::string>();
+      else return Status::InvalidArgument("flash_attn " + v.dump() + " must be \"on\", \"off\", \"auto\" or a boolean");
+    } else if (k == "ctx_size") {
+      if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > (1 << 24))
+        return Status::InvalidArgument("ctx_size " + v.dump() + " must be a positive whole number of tokens");
+      a.ctx_size = v.get<int>();
+    } else if (k == "dry_run") {
+      if (!v.is_boolean()) return Status::InvalidArgument("dry_run " + v.dump() + " must be true or false");
+      a.dry_run = v.get<bool>();
+    } else {
+      return Status::InvalidArgument("unknown key \"" + k + "\" (ctk, ctv, flash_attn, ctx_size, dry_run)");
+    }
+  }
+  if (!j.contains("ctk") && !j.contains("ctv")) return Status::InvalidArgument("name ctk and/or ctv");
+  return a;
+}
+
+Result<std::vector<PairSize>> Control::sizes(int64_t id) {
+  {
+    std::lock_guard<std::mutex> l(sizes_mu_);
+    if (auto it = sizes_.find(id); it != sizes_.end()) return it->second;
+  }
+  Result<std::vector<PairSize>> r = [&] {
+    std::lock_guard<std::mutex> l(*d_.store_mu);
+    return sizes_at_every_pair(*d_.store, id);
+  }();
+  if (!r.ok()) return r.status();
+  std::lock_guard<std::mutex> l(sizes_mu_);
+  return sizes_[id] = *r;
+}
+
+void Control::requantize(const std::string& body, LocalAnswer& out) {
+  auto ask = parse_ask(body);
+  if (!ask.ok()) return error(out, 400, "invalid_request_error", "requantize: " + ask.status().message());
+  LlamaArgs old;
+  {
+    std::lock_guard<std::mutex> l(args_mu_);
+    old = args_;
+  }
+  auto next = with_cache(old, ask->ctk, ask->ctv, ask->flash_attn, ask->ctx_size);
+  if (!next.ok()) return error(out, 400, "invalid_request_error", "requantize: " + next.status().message());
+  const std::string to = next->ctk + "/" + next->ctv + " fa " + next->flash_attn +
+                         (next->ctx_size > 0 ? " -c " + std::to_string(next->ctx_size) : "");
+  auto slot_json = [&](int slot, const SlotRecord& r) -> ojson {
+    auto s = sizes(r.snapshot);
+    std::optional<uint64_t> after = s.ok() ? size_at(*s, next->ctk, next->ctv) : std::nullopt;
+    return {{"slot", slot}, {"snapshot", r.snapshot}, {"n_tokens", r.n_tokens}, {"bytes_before", r.bytes},
+            {"bytes_after_estimate", after ? ojson(*after) : ojson(nullptr)}};
+  };
+  ojson res = {{"from", {{"ctk", old.ctk}, {"ctv", old.ctv}, {"flash_attn", old.flash_attn}, {"ctx_size", old.ctx_size}}},
+               {"to", {{"ctk", next->ctk}, {"ctv", next->ctv}, {"flash_attn", next->flash_attn},
+                       {"ctx_size", next->ctx_size}}}};
+  if (ask->dry_run) {
+    res["dry_run"] = true;
+    uint64_t before = 0, after = 0;
+    ojson slots = ojson::array();
+    for (const auto& [slot, r] : d_.book->all()) {
+      slots.push_back(slot_json(slot, r));
+      before += r.bytes;
+      if (slots.back()["bytes_after_estimate"].is_number()) after += slots.back()["bytes_after_estimate"].get<uint64_t>();
+    }
+    res["slots"] = slots;
+    res["bytes_before"] = before;
+    res["bytes_after_estimate"] = after;
+    d_.log("requantize (dry run) to " + to + ": " + std::to_string(before) + " -> " + std::to_string(after) + " bytes");
+    return answer(out, 200, res);
+  }
+  std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
+  if (!busy.owns_lock()) return error(out, 409, "conflict_error", "a requantize is already running");
+  const auto t0 = Clock::now();
+  d_.log("requantize to " + to + ": draining (new requests wait)");
+  const uint64_t in_flight = d_.drain->close();
+  const double drain_ms = ms_since(t0);
+  d_.log("requantize: drained (" + std::to_string(in_flight) + " in flight waited for); saving the slots");
+  auto t = Clock::now();
+  const uint64_t failed_before = d_.persist->stats().failed;
+  d_.persist->save_all();
+  const PersistStats ps = d_.persist->stats();
+  const double save_ms = ms_since(t);
+  if (ps.failed != failed_before) {
+    d_.drain->open();
+    ++requantize_failed_;
+    d_.log("requantize: a save failed, nothing changed: " + ps.last_error);
+    return error(out, 500, "server_error", "requantize: saving the slots failed, nothing changed: " + ps.last_error);
+  }
+  const auto book = d_.book->all();
+  d_.log("requantize: " + std::to_string(book.size()) + " slots saved in " + std::to_string(int(save_ms)) +
+         " ms; restarting llama-server with " + to);
+  t = Clock::now();
+  Status restarted = d_.sup->replace(child_argv(*next, d_.child_port, d_.slot_dir));
+  const double restart_ms = ms_since(t);
+  const LlamaArgs& now = restarted.ok() ? *next : old;
+  if (restarted.ok()) {
+    std::lock_guard<std::mutex> l(args_mu_);
+    args_ = *next;
+  }
+  d_.prefix->set_cache(now.ctk, now.ctv, now.flash_attn == "auto" ? "" : now.flash_attn);
+  d_.log(restarted.ok() ? "requantize: llama-server restarted in " + std::to_string(int(restart_ms)) +
+                              " ms; restoring the slots"
+                        : "requantize: llama-server refused " + to + " (" + restarted.ToString() +
+                              "): the previous arguments run again; restoring the slots");
+  t = Clock::now();
+  ojson slots = ojson::array();
+  uint64_t before = 0, after = 0, restored = 0;
+  for (const auto& [slot, r] : book) {
+    ojson s = slot_json(slot, r);
+    const auto ts = Clock::now();
+    auto rr = d_.prefix->restore_slot(slot, r.snapshot);
+    s["ms"] = ms_since(ts);
+    before += r.bytes;
+    if (rr.ok()) {
+      ++restored;
+      s["bytes_after"] = rr->restore.bytes_out;
+      after += rr->restore.bytes_out;
+      d_.log("requantize: slot " + std::to_string(slot) + " restored (" + std::to_string(r.n_tokens) + " tokens, " +
+             std::to_string(r.bytes) + " -> " + std::to_string(rr->restore.bytes_out) + " bytes)");
+    } else {
+      s["error"] = rr.status().ToString();
+      d_.log("requantize: slot " + std::to_string(slot) + ": " + rr.status().ToString() +
+             " (the conversation stays in the store: a returning request restores what fits)");
+    }
+    slots.push_back(std::move(s));
+  }
+  const double restore_ms = ms_since(t);
+  d_.drain->open();
+  res["ms"] = {{"drain", drain_ms}, {"save", save_ms}, {"restart", restart_ms}, {"restore", restore_ms},
+               {"total", ms_since(t0)}};
+  res["slots"] = slots;
+  res["slots_restored"] = restored;
+  res["bytes_before"] = before;
+  res["bytes_after"] = after;
+  d_.log("requantize: done in " + std::to_string(int(ms_since(t0))) + " ms, " + std::to_string(restored) + " of " +
+         std::to_string(book.size()) + " slots restored, " + std::to_string(before) + " -> " + std::to_string(after) +
+         " bytes");
+  if (!restarted.ok()) {
+    ++requantize_failed_;
+    res["error"] = {{"code", 500}, {"type", "server_error"},
+                    {"message", "kvsnap serve: requantize: llama-server did not start with " + to + ": " +
+                                    restarted.ToString() + "; it runs again with the previous arguments"}};
+    return answer(out, 500, res);
+  }
+  ++requantized_;
+  answer(out, 200, res);
+}
+
+void Control::usage(LocalAnswer& out) {
+  LlamaArgs a;
+  {
+    std::lock_guard<std::mutex> l(args_mu_);
+    a = args_;
+  }
+  const auto book = d_.book->all();
+  ojson slots = ojson::array();
+  auto live = LlamaServer({d_.child_url, a.api_key, 10}).slots();
+  std::vector<int> ids;
+  if (live.ok())
+    for (const auto& s : *live) ids.push_back(s.id);
+  for (const auto& [slot, r] : book)
+    if (std::find(ids.begin(), ids.end(), slot) == ids.end()) ids.push_back(slot);
+  for (int id : ids) {
+    ojson s = {{"id", id}};
+    if (live.ok())
+      for (const auto& l : *live)
+        if (l.id == id) s["n_ctx"] = l.n_ctx, s["is_processing"] = l.is_processing;
+    auto it = book.find(id);
+    if (it == book.end()) {
+      s["n_tokens"] = nullptr;  // nothing kvsnap saved or restored there since the child started
+      slots.push_back(std::move(s));
+      continue;
+    }
+    const SlotRecord& r = it->second;
+    s.update({{"snapshot", r.snapshot}, {"namespace", r.ns}, {"n_tokens", r.n_tokens}, {"bytes", r.bytes},
+              {"ctk", r.ctk}, {"ctv", r.ctv}, {"v_rows", r.v_rows}, {"from", r.how}});
+    auto sz = sizes(r.snapshot);
+    if (sz.ok()) s["sizes"] = sizes_json(*sz);
+    else s["sizes_error"] = sz.status().ToString();
+    slots.push_back(std::move(s));
+  }
+  const PersistStats ps = d_.persist->stats();
+  const PrefixStats pr = d_.prefix->stats();
+  ojson j = {{"child", {{"pid", d_.sup->pid()}, {"ctk", a.ctk}, {"ctv", a.ctv}, {"flash_attn", a.flash_attn},
+                        {"ctx_size", a.ctx_size}, {"restarts", d_.sup->restarts()}}},
+             {"slots", slots},
+             {"counters",
+              {{"saves", {{"ok", ps.saved}, {"failed", ps.failed}}},
+               {"restores", {{"ok", pr.restores}, {"failed", pr.failed}, {"tokens", pr.restored_tokens}}},
+               {"reuse", {{"reused", pr.reused}, {"not_reused", pr.not_reused}, {"unverified", pr.unverified},
+                          {"last_prompt_n", pr.last_prompt_n}}},
+               {"requantizes", {{"ok", requantized_.load()}, {"failed", requantize_failed_.load()}}}}}};
+  if (!live.ok()) j["child"]["slots_error"] = live.status().ToString();
+  answer(out, 200, j);
+}
+
+}  // namespace kvsnap
