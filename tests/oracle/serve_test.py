@@ -434,6 +434,33 @@ def run_requantize(kvsnap, llama, model, work):
           reuse["not_reused"] == 0,
           f"after the requantize the next turn evaluates {n} of {n_more} tokens; usage counts it: {reuse}")
 
+    # drain: a long completion in flight when a requantize comes finishes first, whole; a request sent while
+    # the child restarts waits at the gate and is answered by the new child
+    results = {}
+    long_body = {"prompt": "Count with me:", "n_predict": 600, "ignore_eos": True, "temperature": 0}
+    th_long = threading.Thread(target=lambda: results.update(long=post_json(port, "/completion", long_body, B)))
+    th_long.start()
+    busy = wait_for(lambda: any(x.get("is_processing") for x in
+                                json.loads(request(port, "GET", "/slots", headers={"X-Api-Key": B})[2])), 10)
+    log_path = os.path.join(work, "requant.log")
+
+    def during():
+        wait_for(lambda: "requantize to f16/f16 fa on -c 4096: draining" in open(log_path).read(), 30)
+        results["during"] = post_json(port, "/completion", {"prompt": "During the restart", "n_predict": 1}, B)
+    th_during = threading.Thread(target=during)
+    th_during.start()
+    s, rq2 = post_json(port, "/kvsnap/requantize", {"ctk": "f16", "ctv": "f16"}, A)
+    th_long.join()
+    th_during.join()
+    text = open(log_path).read()
+    ls_, lj = results.get("long", (None, {}))
+    ds, _ = results.get("during", (None, {}))
+    check(busy and s == 200 and ls_ == 200 and lj.get("tokens_predicted") == 600 and ds == 200 and
+          "drained (1 in flight waited for)" in text,
+          f"requantize while a completion is in flight: it finishes first ({ls_}, {lj.get('tokens_predicted')} "
+          f"tokens), the requantize answers {s} after it, a request sent meanwhile waits and gets {ds}")
+    s, _ = post_json(port, "/kvsnap/requantize", {"ctk": "q4_0", "ctv": "q4_0"}, A)  # back, for what follows
+
     # a restart the child refuses (quantized V without flash attention): rolled back, serving continues
     s, rb = post_json(port, "/kvsnap/requantize", {"ctk": "q8_0", "ctv": "q8_0", "flash_attn": "off"}, A)
     after = get_usage(port, A)
@@ -441,7 +468,7 @@ def run_requantize(kvsnap, llama, model, work):
     s2, j2 = post_json(port, "/completion", {"prompt": more2, "n_predict": 1, "temperature": 0}, A)
     n2 = j2["timings"]["prompt_n"] if s2 == 200 else None
     check(s == 500 and "previous arguments" in json.dumps(rb) and after["child"]["ctk"] == "q4_0" and
-          after["counters"]["requantizes"] == {"ok": 1, "failed": 1} and s2 == 200 and n2 is not None and n2 <= 8,
+          after["counters"]["requantizes"] == {"ok": 3, "failed": 1} and s2 == 200 and n2 is not None and n2 <= 8,
           f"requantize refused by the child (-fa off, q8_0 V): {s}, back at {after['child']['ctk']}, "
           f"serving continues, the conversation restored again (the next turn evaluates {n2} tokens)")
 
