@@ -43,7 +43,70 @@ ojson sizes_json(const std::vector<PairSize>& sizes) {
 
 }  // namespace
 
-Control::Control(ControlDeps d, LlamaArgs args) : d_(std::move(d)), args_(std::move(args)) {}
+Control::Control(ControlDeps d, LlamaArgs args, std::optional<Ladder> ladder)
+    : d_(std::move(d)), args_(std::move(args)), ladder_(std::move(ladder)) {
+  if (ladder_) watcher_ = std::thread([this] { watch(); });
+}
+
+Control::~Control() { stop(); }
+
+void Control::stop() {
+  {
+    std::lock_guard<std::mutex> l(watch_mu_);
+    stopping_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
+}
+
+void Control::note_saved() {
+  if (!ladder_) return;
+  {
+    std::lock_guard<std::mutex> l(watch_mu_);
+    saved_ = true;
+  }
+  watch_cv_.notify_all();
+}
+
+// The ladder's own thread: after each save, a slot at kStepAt of its context steps the cache down a rung
+// (through the requantize path, never from a thread a requantize waits for).
+void Control::watch() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> l(watch_mu_);
+      watch_cv_.wait(l, [this] { return stopping_ || saved_; });
+      if (stopping_) return;
+      saved_ = false;
+    }
+    if (rung_ + 1 >= ladder_->rungs.size()) continue;
+    std::string key;
+    {
+      std::lock_guard<std::mutex> l(args_mu_);
+      key = args_.api_key;
+    }
+    auto live = LlamaServer({d_.child_url, key, 10}).slots();
+    if (!live.ok()) continue;
+    const auto book = d_.book->all();
+    for (const auto& s : *live) {
+      auto it = book.find(s.id);
+      if (it == book.end() || s.n_ctx <= 0 || double(it->second.n_tokens) < kStepAt * s.n_ctx) continue;
+      const Rung& next = ladder_->rungs[rung_ + 1];
+      d_.log("dynamic cache: slot " + std::to_string(s.id) + " holds " + std::to_string(it->second.n_tokens) + " of " +
+             std::to_string(s.n_ctx) + " tokens: stepping down to " + next.ctk + "/" + next.ctv + " with -c " +
+             std::to_string(next.ctx_size) + " (" + std::to_string(next.bytes_per_token) + " bytes a token, budget " +
+             std::to_string(ladder_->budget) + ")");
+      Ask ask;
+      ask.ctk = next.ctk;
+      ask.ctv = next.ctv;
+      ask.ctx_size = next.ctx_size;
+      LocalAnswer out;
+      run(ask, out);
+      if (out.status == 200) ++rung_;
+      else d_.log("dynamic cache: the step down failed (" + std::to_string(out.status) + "): " + out.body);
+      break;
+    }
+  }
+}
 
 bool Control::handle(const LocalRequest& req, LocalAnswer& out) {
   if (req.path.rfind("/kvsnap/", 0) != 0) return false;
@@ -114,6 +177,11 @@ Result<std::vector<PairSize>> Control::sizes(int64_t id) {
 void Control::requantize(const std::string& body, LocalAnswer& out) {
   auto ask = parse_ask(body);
   if (!ask.ok()) return error(out, 400, "invalid_request_error", "requantize: " + ask.status().message());
+  run(*ask, out);
+}
+
+void Control::run(const Ask& a, LocalAnswer& out) {
+  const Ask* ask = &a;
   LlamaArgs old;
   {
     std::lock_guard<std::mutex> l(args_mu_);
@@ -262,6 +330,7 @@ void Control::usage(LocalAnswer& out) {
   const PrefixStats pr = d_.prefix->stats();
   ojson j = {{"child", {{"pid", d_.sup->pid()}, {"ctk", a.ctk}, {"ctv", a.ctv}, {"flash_attn", a.flash_attn},
                         {"ctx_size", a.ctx_size}, {"restarts", d_.sup->restarts()}}},
+             {"dynamic_cache", nullptr},
              {"slots", slots},
              {"counters",
               {{"saves", {{"ok", ps.saved}, {"failed", ps.failed}}},
@@ -270,6 +339,12 @@ void Control::usage(LocalAnswer& out) {
                           {"last_prompt_n", pr.last_prompt_n}}},
                {"requantizes", {{"ok", requantized_.load()}, {"failed", requantize_failed_.load()}}}}}};
   if (!live.ok()) j["child"]["slots_error"] = live.status().ToString();
+  if (ladder_) {
+    ojson rungs = ojson::array();
+    for (const Rung& r : ladder_->rungs)
+      rungs.push_back({{"ctk", r.ctk}, {"ctv", r.ctv}, {"ctx_size", r.ctx_size}, {"bytes_per_token", r.bytes_per_token}});
+    j["dynamic_cache"] = {{"budget", ladder_->budget}, {"rung", rung_.load()}, {"rungs", rungs}};
+  }
   answer(out, 200, j);
 }
 

@@ -20,19 +20,26 @@
 //     again with the previous ones, its slots restored, and the answer is a
 //     500 naming the failure: serving continues either way;
 //   - with API keys (--api-key, --api-key-file, LLAMA_API_KEY), these routes
-//     want one of them, as llama-server's own routes do (401 otherwise).
+//     want one of them, as llama-server's own routes do (401 otherwise);
+//   - with a ladder (--dynamic-cache, serve/ladder.h), after each save a slot
+//     at 90% of its context steps the cache down one rung, with the rung's
+//     context size, through the same requantize path (its own thread).
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/io.h"
 #include "serve/drain.h"
+#include "serve/ladder.h"
 #include "serve/llama_args.h"
 #include "serve/persist.h"
 #include "serve/prefix.h"
@@ -60,7 +67,11 @@ struct ControlDeps {
 
 class Control {
  public:
-  Control(ControlDeps d, LlamaArgs args);
+  // `ladder`: the child already runs at its first rung.
+  Control(ControlDeps d, LlamaArgs args, std::optional<Ladder> ladder = std::nullopt);
+  ~Control();
+  void stop();        // the ladder's thread ends (before shutdown saves)
+  void note_saved();  // a slot was saved: the ladder looks at the slots
   // False for requests that are not kvsnap's routes.
   bool handle(const LocalRequest& req, LocalAnswer& out);
   uint64_t requantizes() const { return requantized_; }
@@ -73,6 +84,8 @@ class Control {
   };
   Result<Ask> parse_ask(const std::string& body);
   void requantize(const std::string& body, LocalAnswer& out);
+  void run(const Ask& ask, LocalAnswer& out);
+  void watch();
   void usage(LocalAnswer& out);
   // The sizes of snapshot `id` at every pair (cached: a snapshot never changes).
   Result<std::vector<PairSize>> sizes(int64_t id);
@@ -84,6 +97,12 @@ class Control {
   std::mutex sizes_mu_;
   std::map<int64_t, std::vector<PairSize>> sizes_;
   std::atomic<uint64_t> requantized_{0}, requantize_failed_{0};
+  std::optional<Ladder> ladder_;
+  std::atomic<size_t> rung_{0};
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool stopping_ = false, saved_ = false;
+  std::thread watcher_;
 };
 
 }  // namespace kvsnap

@@ -156,6 +156,7 @@ void Persister::save_changed(int only_slot, const std::string& ns) {
          std::to_string(r->save.info.id) + ": " + std::to_string(r->n_saved) + " tokens, " +
          std::to_string(r->save.chunks_new) + "/" + std::to_string(r->save.chunks) + " chunks new");
   }
+  if (on_saved_ && !changed.empty()) on_saved_();
 }
 
 void Persister::save_all() {

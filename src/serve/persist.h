@@ -65,6 +65,8 @@ class Persister {
   PersistStats stats();
   // Each save is recorded there (before the first completion).
   void set_book(SlotBook* book) { book_ = book; }
+  // Called (from the saving thread) after each successful save; must return quickly.
+  void set_on_saved(std::function<void()> f) { on_saved_ = std::move(f); }
 
  private:
   struct Job {
@@ -87,6 +89,7 @@ class Persister {
   std::map<int, std::string> slot_ns_;  // slot -> the namespace that last used it
   PersistStats stats_;
   SlotBook* book_ = nullptr;
+  std::function<void()> on_saved_;
   std::thread thread_;
 };
 

@@ -22,7 +22,9 @@ requests in the same order; then:
      `kvsnap ls` and `kvsnap info`'s size table of the slot file; a requantize dry run changes
      nothing; a bad type is a 400 and serving continues; POST /kvsnap/requantize to q4_0 answers
      200 with the dry run's bytes and the next turn evaluates <= 8 tokens (counted as reused); a
-     restart the child refuses rolls back; two API keys are isolated.
+     restart the child refuses rolls back; two API keys are isolated;
+ 10. --dynamic-cache f16,q8_0,q4_0 --cache-budget: a slot filled to 90% of its context steps the cache
+     down once, to q8_0 with the context the budget holds there, and the conversation goes on.
 With OPENAI_PYTHON (a Python with the `openai` package), one chat goes through the openai client.
 Needs only the Python standard library otherwise.
 """
@@ -167,6 +169,7 @@ def main():
         print(open(os.path.join(work, "serve.log")).read())
         run_prefix_restore(kvsnap, llama, model, work)
         run_requantize(kvsnap, llama, model, work)
+        run_ladder(kvsnap, llama, model, work)
         run_disk_full(kvsnap, llama, model, work)
     finally:
         if direct.poll() is None:
@@ -486,6 +489,61 @@ def run_requantize(kvsnap, llama, model, work):
     check("requantize: drained" in text and "requantize: done" in text and "with the previous arguments" in text,
           "requantize: progress lines and the rollback in the log")
     print("\n".join(l for l in text.splitlines() if "requantize" in l or "reuse" in l))
+
+
+def run_ladder(kvsnap, llama, model, work):
+    """Part 4's ladder: the child starts at f16 with the context 1 MiB holds; a conversation at 90% of it steps
+    the cache down to q8_0 (a larger context in the same budget); the next turn evaluates only its new tokens."""
+    store = os.path.join(work, "ladder-store")
+    args = ["-m", model, "-np", "1", "-t", "1", "--no-warmup", "-fa", "on", "--cache-ram", "0"]
+    port = free_port()
+    log = open(os.path.join(work, "ladder.log"), "w")
+    proc = subprocess.Popen([kvsnap, "serve", "--listen", f"127.0.0.1:{port}", "--store", store, "--log",
+                             os.path.join(work, "ladder-child.log"), "--dynamic-cache", "f16,q8_0,q4_0",
+                             "--cache-budget", "1M", "--", llama, *args], stdout=log, stderr=subprocess.STDOUT)
+    SERVES.append(proc)
+    wait_health(port, proc, "ladder")
+    u = json.loads(request(port, "GET", "/kvsnap/usage")[2])
+    rungs = u["dynamic_cache"]["rungs"]
+    ctx0 = rungs[0]["ctx_size"]
+    check(u["child"]["ctk"] == "f16" and u["child"]["ctx_size"] == ctx0 and
+          all(r["ctx_size"] * r["bytes_per_token"] <= 1 << 20 for r in rungs),
+          f"ladder: the child starts at f16 with -c {ctx0}; rungs {[(r['ctk'], r['ctx_size']) for r in rungs]} "
+          f"all within 1 MiB")
+    # a prompt of 92% of the context
+    text = PROMPT
+    while len(json.loads(request(port, "POST", "/tokenize", {"content": text + " " + PROMPT})[2])["tokens"]) < 0.92 * ctx0:
+        text += " " + PROMPT
+    while len(json.loads(request(port, "POST", "/tokenize", {"content": text})[2])["tokens"]) < 0.92 * ctx0:
+        text += " and the sea"
+    n0 = len(json.loads(request(port, "POST", "/tokenize", {"content": text, "add_special": True})[2])["tokens"])
+    s, _, raw = request(port, "POST", "/completion", {"prompt": text, "n_predict": 1, "temperature": 0})
+    before = wait_for(lambda: (lambda u: u if u["slots"] and u["slots"][0].get("n_tokens") else None)(
+        json.loads(request(port, "GET", "/kvsnap/usage")[2])), 30) or {"slots": [{}]}
+    stepped = wait_for(lambda: (lambda u: u if u["child"]["ctk"] == "q8_0" and u["slots"] and
+                                u["slots"][0].get("ctk") == "q8_0" else None)(
+        json.loads(request(port, "GET", "/kvsnap/usage")[2])), 60) or {"child": {}, "slots": [{}],
+                                                                       "dynamic_cache": {}}
+    sb, sa = before["slots"][0], stepped["slots"][0]
+    # the rungs' bytes per token against the slot files: the f16 and the q8_0 state differ by exactly that
+    diff_ok = (sb.get("n_tokens") == sa.get("n_tokens") and sa.get("bytes") is not None and sb.get("bytes") is not None
+               and sb["bytes"] - sa["bytes"] == sb["n_tokens"] * (rungs[0]["bytes_per_token"] - rungs[1]["bytes_per_token"]))
+    check(s == 200 and stepped["child"].get("ctx_size") == rungs[1]["ctx_size"] and
+          stepped["dynamic_cache"].get("rung") == 1 and diff_ok,
+          f"ladder: {n0} of {ctx0} tokens: stepped down to {stepped['child'].get('ctk')} with -c "
+          f"{stepped['child'].get('ctx_size')}, the slot restored ({sb.get('bytes')} -> {sa.get('bytes')} bytes, "
+          f"{sa.get('n_tokens')} tokens)")
+    s, _, raw = request(port, "POST", "/completion", {"prompt": text + SUFFIX, "n_predict": 1, "temperature": 0})
+    n = json.loads(raw)["timings"]["prompt_n"] if s == 200 else None
+    time.sleep(1)  # the save after it, and the ladder's look (no second step: far from the new context)
+    u = json.loads(request(port, "GET", "/kvsnap/usage")[2])
+    log.close()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    text = open(os.path.join(work, "ladder.log")).read()
+    check(n is not None and n <= 8 and u["dynamic_cache"]["rung"] == 1 and text.count("stepping down") == 1,
+          f"ladder: the next turn at q8_0 evaluates {n} tokens; one step only (rung {u['dynamic_cache']['rung']})")
+    print("\n".join(l for l in text.splitlines() if "dynamic cache" in l or "requantize: done" in l))
 
 
 def same_on_both(dport, pport, method, path, body=None, what=None, as_json=True, headers=None):

@@ -5,6 +5,7 @@
 
 #include <map>
 
+#include "serve/ladder.h"
 #include "serve/serve.h"
 
 namespace kvsnap {
@@ -118,6 +119,17 @@ TEST(LlamaArgs, WithCacheReplacesTheFlagsWhereverTheyAre) {
                                                "-ctv", "q8_0"}));
   EXPECT_EQ(b->flash_attn, "on");
   EXPECT_EQ(b->ctx_size, 512);
+}
+
+TEST(Ladder, Budget) {
+  EXPECT_EQ(*parse_budget("1048576"), 1048576u);
+  EXPECT_EQ(*parse_budget("512K"), 512u << 10);
+  EXPECT_EQ(*parse_budget("2G"), 2ull << 30);
+  for (const char* bad : {"", "0", "1.5G", "12Q", "-1"}) {
+    auto b = parse_budget(bad);
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_NE(b.status().message().find("--cache-budget"), std::string::npos);
+  }
 }
 
 TEST(ServeListen, HostPort) {
