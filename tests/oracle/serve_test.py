@@ -440,7 +440,8 @@ def run_requantize(kvsnap, llama, model, work):
     # drain: a long completion in flight when a requantize comes finishes first, whole; a request sent while
     # the child restarts waits at the gate and is answered by the new child
     results = {}
-    long_body = {"prompt": "Count with me:", "n_predict": 600, "ignore_eos": True, "temperature": 0}
+    # 1500 tokens: seconds on the 2-core CI, long enough to be seen busy (/slots) and still running at the requantize
+    long_body = {"prompt": "Count with me:", "n_predict": 1500, "ignore_eos": True, "temperature": 0}
     th_long = threading.Thread(target=lambda: results.update(long=post_json(port, "/completion", long_body, B)))
     th_long.start()
     busy = wait_for(lambda: any(x.get("is_processing") for x in
@@ -458,7 +459,7 @@ def run_requantize(kvsnap, llama, model, work):
     text = open(log_path).read()
     ls_, lj = results.get("long", (None, {}))
     ds, _ = results.get("during", (None, {}))
-    check(busy and s == 200 and ls_ == 200 and lj.get("tokens_predicted") == 600 and ds == 200 and
+    check(busy and s == 200 and ls_ == 200 and lj.get("tokens_predicted") == 1500 and ds == 200 and
           "drained (1 in flight waited for)" in text,
           f"requantize while a completion is in flight: it finishes first ({ls_}, {lj.get('tokens_predicted')} "
           f"tokens), the requantize answers {s} after it, a request sent meanwhile waits and gets {ds}")
