@@ -180,39 +180,74 @@ void Control::requantize(const std::string& body, LocalAnswer& out) {
   run(*ask, out);
 }
 
-void Control::run(const Ask& a, LocalAnswer& out) {
-  const Ask* ask = &a;
+// A slot's entry in a requantize answer: what it holds and the estimate at (ctk, ctv).
+ojson Control::slot_estimate(int slot, const SlotRecord& r, const std::string& ctk, const std::string& ctv) {
+  auto s = sizes(r.snapshot);
+  std::optional<uint64_t> after = s.ok() ? size_at(*s, ctk, ctv) : std::nullopt;
+  return {{"slot", slot}, {"snapshot", r.snapshot}, {"n_tokens", r.n_tokens}, {"bytes_before", r.bytes},
+          {"bytes_after_estimate", after ? ojson(*after) : ojson(nullptr)}};
+}
+
+void Control::dry_run(const LlamaArgs& next, ojson& res) {
+  res["dry_run"] = true;
+  uint64_t before = 0, after = 0;
+  ojson slots = ojson::array();
+  for (const auto& [slot, r] : d_.book->all()) {
+    slots.push_back(slot_estimate(slot, r, next.ctk, next.ctv));
+    before += r.bytes;
+    if (slots.back()["bytes_after_estimate"].is_number()) after += slots.back()["bytes_after_estimate"].get<uint64_t>();
+  }
+  res["slots"] = slots;
+  res["bytes_before"] = before;
+  res["bytes_after_estimate"] = after;
+}
+
+// Every slot of `book` restored into the child (at its types now); the answer's slots and totals.
+void Control::restore_all(const std::map<int, SlotRecord>& book, const LlamaArgs& next, ojson& res) {
+  ojson slots = ojson::array();
+  uint64_t before = 0, after = 0, restored = 0;
+  for (const auto& [slot, r] : book) {
+    ojson s = slot_estimate(slot, r, next.ctk, next.ctv);
+    const auto ts = Clock::now();
+    auto rr = d_.prefix->restore_slot(slot, r.snapshot);
+    s["ms"] = ms_since(ts);
+    before += r.bytes;
+    if (rr.ok()) {
+      ++restored;
+      s["bytes_after"] = rr->restore.bytes_out;
+      after += rr->restore.bytes_out;
+      d_.log("requantize: slot " + std::to_string(slot) + " restored (" + std::to_string(r.n_tokens) + " tokens, " +
+             std::to_string(r.bytes) + " -> " + std::to_string(rr->restore.bytes_out) + " bytes)");
+    } else {
+      s["error"] = rr.status().ToString();
+      d_.log("requantize: slot " + std::to_string(slot) + ": " + rr.status().ToString() +
+             " (the conversation stays in the store: a returning request restores what fits)");
+    }
+    slots.push_back(std::move(s));
+  }
+  res["slots"] = slots;
+  res["slots_restored"] = restored;
+  res["bytes_before"] = before;
+  res["bytes_after"] = after;
+}
+
+void Control::run(const Ask& ask, LocalAnswer& out) {
   LlamaArgs old;
   {
     std::lock_guard<std::mutex> l(args_mu_);
     old = args_;
   }
-  auto next = with_cache(old, ask->ctk, ask->ctv, ask->flash_attn, ask->ctx_size);
+  auto next = with_cache(old, ask.ctk, ask.ctv, ask.flash_attn, ask.ctx_size);
   if (!next.ok()) return error(out, 400, "invalid_request_error", "requantize: " + next.status().message());
   const std::string to = next->ctk + "/" + next->ctv + " fa " + next->flash_attn +
                          (next->ctx_size > 0 ? " -c " + std::to_string(next->ctx_size) : "");
-  auto slot_json = [&](int slot, const SlotRecord& r) -> ojson {
-    auto s = sizes(r.snapshot);
-    std::optional<uint64_t> after = s.ok() ? size_at(*s, next->ctk, next->ctv) : std::nullopt;
-    return {{"slot", slot}, {"snapshot", r.snapshot}, {"n_tokens", r.n_tokens}, {"bytes_before", r.bytes},
-            {"bytes_after_estimate", after ? ojson(*after) : ojson(nullptr)}};
-  };
   ojson res = {{"from", {{"ctk", old.ctk}, {"ctv", old.ctv}, {"flash_attn", old.flash_attn}, {"ctx_size", old.ctx_size}}},
                {"to", {{"ctk", next->ctk}, {"ctv", next->ctv}, {"flash_attn", next->flash_attn},
                        {"ctx_size", next->ctx_size}}}};
-  if (ask->dry_run) {
-    res["dry_run"] = true;
-    uint64_t before = 0, after = 0;
-    ojson slots = ojson::array();
-    for (const auto& [slot, r] : d_.book->all()) {
-      slots.push_back(slot_json(slot, r));
-      before += r.bytes;
-      if (slots.back()["bytes_after_estimate"].is_number()) after += slots.back()["bytes_after_estimate"].get<uint64_t>();
-    }
-    res["slots"] = slots;
-    res["bytes_before"] = before;
-    res["bytes_after_estimate"] = after;
-    d_.log("requantize (dry run) to " + to + ": " + std::to_string(before) + " -> " + std::to_string(after) + " bytes");
+  if (ask.dry_run) {
+    dry_run(*next, res);
+    d_.log("requantize (dry run) to " + to + ": " + res["bytes_before"].dump() + " -> " +
+           res["bytes_after_estimate"].dump() + " bytes");
     return answer(out, 200, res);
   }
   std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
@@ -234,8 +269,8 @@ void Control::run(const Ask& a, LocalAnswer& out) {
     return error(out, 500, "server_error", "requantize: saving the slots failed, nothing changed: " + ps.last_error);
   }
   const auto book = d_.book->all();
-  d_.log("requantize: " + std::to_string(book.size()) + " slots saved in " + std::to_string(int(save_ms)) +
-         " ms; restarting llama-server with " + to);
+  d_.log("requantize: saved in " + std::to_string(int(save_ms)) + " ms, " + std::to_string(book.size()) +
+         " slots to restore; restarting llama-server with " + to);
   t = Clock::now();
   Status restarted = d_.sup->replace(child_argv(*next, d_.child_port, d_.slot_dir));
   const double restart_ms = ms_since(t);
@@ -250,38 +285,14 @@ void Control::run(const Ask& a, LocalAnswer& out) {
                         : "requantize: llama-server refused " + to + " (" + restarted.ToString() +
                               "): the previous arguments run again; restoring the slots");
   t = Clock::now();
-  ojson slots = ojson::array();
-  uint64_t before = 0, after = 0, restored = 0;
-  for (const auto& [slot, r] : book) {
-    ojson s = slot_json(slot, r);
-    const auto ts = Clock::now();
-    auto rr = d_.prefix->restore_slot(slot, r.snapshot);
-    s["ms"] = ms_since(ts);
-    before += r.bytes;
-    if (rr.ok()) {
-      ++restored;
-      s["bytes_after"] = rr->restore.bytes_out;
-      after += rr->restore.bytes_out;
-      d_.log("requantize: slot " + std::to_string(slot) + " restored (" + std::to_string(r.n_tokens) + " tokens, " +
-             std::to_string(r.bytes) + " -> " + std::to_string(rr->restore.bytes_out) + " bytes)");
-    } else {
-      s["error"] = rr.status().ToString();
-      d_.log("requantize: slot " + std::to_string(slot) + ": " + rr.status().ToString() +
-             " (the conversation stays in the store: a returning request restores what fits)");
-    }
-    slots.push_back(std::move(s));
-  }
+  restore_all(book, *next, res);
   const double restore_ms = ms_since(t);
   d_.drain->open();
   res["ms"] = {{"drain", drain_ms}, {"save", save_ms}, {"restart", restart_ms}, {"restore", restore_ms},
                {"total", ms_since(t0)}};
-  res["slots"] = slots;
-  res["slots_restored"] = restored;
-  res["bytes_before"] = before;
-  res["bytes_after"] = after;
-  d_.log("requantize: done in " + std::to_string(int(ms_since(t0))) + " ms, " + std::to_string(restored) + " of " +
-         std::to_string(book.size()) + " slots restored, " + std::to_string(before) + " -> " + std::to_string(after) +
-         " bytes");
+  d_.log("requantize: done in " + std::to_string(int(ms_since(t0))) + " ms, " + res["slots_restored"].dump() + " of " +
+         std::to_string(book.size()) + " slots restored, " + res["bytes_before"].dump() + " -> " +
+         res["bytes_after"].dump() + " bytes");
   if (!restarted.ok()) {
     ++requantize_failed_;
     res["error"] = {{"code", 500}, {"type", "server_error"},

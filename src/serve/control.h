@@ -37,6 +37,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "base/io.h"
 #include "serve/drain.h"
 #include "serve/ladder.h"
@@ -85,6 +87,9 @@ class Control {
   Result<Ask> parse_ask(const std::string& body);
   void requantize(const std::string& body, LocalAnswer& out);
   void run(const Ask& ask, LocalAnswer& out);
+  nlohmann::ordered_json slot_estimate(int slot, const SlotRecord& r, const std::string& ctk, const std::string& ctv);
+  void dry_run(const LlamaArgs& next, nlohmann::ordered_json& res);
+  void restore_all(const std::map<int, SlotRecord>& book, const LlamaArgs& next, nlohmann::ordered_json& res);
   void watch();
   void usage(LocalAnswer& out);
   // The sizes of snapshot `id` at every pair (cached: a snapshot never changes).
