@@ -102,7 +102,7 @@ void PrefixRestorer::before_unguarded(Forward& f) {
       }
     }
   }
-  if (!best) return;
+  if (!best) return pin_fresh(f, body, *toks, ns, asked);  // no stored prefix; a requantize's slot may still serve
   // What the slots hold, as far as kvsnap knows; the slot to use: the one asked for, else the idle
   // slot whose contents are worth least to this request.
   LlamaServer srv(target_.endpoint);
@@ -175,12 +175,15 @@ Result<ServerRestoreResult> PrefixRestorer::restore_into(int slot, const Snapsho
 
 void PrefixRestorer::pin_fresh(Forward& f, ojson& body, const std::vector<int32_t>& toks, const std::string& ns,
                                int asked) {
+  // A chat's next turn renders the last answer anew (its tokens may differ from the ones generated):
+  // the slot is worth it when most of what was restored is a prefix of the request.
   int slot = -1;
   size_t has = 0;
   for (const auto& [s, owner] : fresh_) {
     const auto& held = held_[s];
-    if (owner != ns || (asked >= 0 && s != asked) || held.empty() || common_prefix(held, toks) != held.size()) continue;
-    if (held.size() > has) slot = s, has = held.size();
+    const size_t c = common_prefix(held, toks);
+    if (owner != ns || (asked >= 0 && s != asked) || held.empty() || 2 * c < held.size()) continue;
+    if (c > has) slot = s, has = c;
   }
   if (slot < 0) return;
   fresh_.erase(slot);

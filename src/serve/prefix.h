@@ -11,8 +11,9 @@
 //     with the request's namespace (serve/persist.h namespace_of) are candidates;
 //   - the body is rewritten (id_slot added) only when a restore happened, or
 //     when a slot holds what kvsnap restored there (a requantize) for this
-//     namespace and not yet used: the request is pinned to it, so that reuse
-//     is proven too; otherwise the request goes on untouched;
+//     namespace, not yet used, at least half of it a prefix of the prompt:
+//     the request is pinned to it, so that reuse is proven too; otherwise the
+//     request goes on untouched;
 //   - a failure (tokenizing, the store, the restore) is logged and counted,
 //     never fails the request: it is forwarded as it came;
 //   - after the answer, how many prompt tokens the child evaluated
@@ -71,7 +72,8 @@ class PrefixRestorer {
   // Restores `info` into `slot` (under mu_); records the slot's new contents.
   Result<ServerRestoreResult> restore_into(int slot, const SnapshotInfo& info, const std::vector<int32_t>& tokens,
                                            const std::string& ns);
-  // Pins the request to a slot kvsnap restored for `ns` and nobody used since, when it extends it.
+  // Pins the request to a slot kvsnap restored for `ns` and nobody used since, when at least half of
+  // what it holds is a prefix of the request (that much is the reuse to prove).
   void pin_fresh(Forward& f, nlohmann::ordered_json& body, const std::vector<int32_t>& toks, const std::string& ns,
                  int asked);
 

@@ -169,6 +169,7 @@ def main():
         print(open(os.path.join(work, "serve.log")).read())
         run_prefix_restore(kvsnap, llama, model, work)
         run_requantize(kvsnap, llama, model, work)
+        run_requantize_chat(kvsnap, llama, model, work)
         run_ladder(kvsnap, llama, model, work)
         run_disk_full(kvsnap, llama, model, work)
     finally:
@@ -490,6 +491,30 @@ def run_requantize(kvsnap, llama, model, work):
     check("requantize: drained" in text and "requantize: done" in text and "with the previous arguments" in text,
           "requantize: progress lines and the rollback in the log")
     print("\n".join(l for l in text.splitlines() if "requantize" in l or "reuse" in l))
+
+
+def run_requantize_chat(kvsnap, llama, model, work):
+    """As an operator would: stock ARGS (-fa auto, -np 2) at q8_0, a chat, a requantize to q4_0, the next turn
+    streamed: it goes to the restored slot and evaluates only its new tokens, counted as reused."""
+    proc, port, log = start_serve(kvsnap, llama, os.path.join(work, "rq-chat-store"), work, "rq-chat",
+                                  ["-m", model, "-np", "2", "-t", "1", "--no-warmup", "-ctk", "q8_0", "-ctv", "q8_0"])
+    msgs = [{"role": "user", "content": PROMPT}]
+    s, _, raw = request(port, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0})
+    answer = json.loads(raw)["choices"][0]["message"]["content"]
+    wait_for(lambda: json.loads(request(port, "GET", "/kvsnap/usage")[2])["counters"]["saves"]["ok"] >= 1, 30)
+    s, _, raw = request(port, "POST", "/kvsnap/requantize", {"ctk": "q4_0", "ctv": "q4_0"})
+    rq = json.loads(raw)
+    msgs += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And then?"}]
+    s2, _, raw = request(port, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0,
+                                                                "stream": True})
+    timed = [json.loads(l[6:]) for l in raw.decode().split("\n") if l.startswith("data: {") and '"timings"' in l]
+    tm = timed[-1]["timings"] if timed else {}
+    reuse = json.loads(request(port, "GET", "/kvsnap/usage")[2])["counters"]["reuse"]
+    stop_serve(proc, log, "rq-chat", work)
+    check(s == 200 and rq.get("slots_restored") == 1 and s2 == 200 and tm.get("cache_n", 0) >= 200 and
+          reuse["reused"] == 1 and reuse["not_reused"] == 0,
+          f"requantize q8_0 -> q4_0 (-fa auto, -np 2, chat): the next turn, streamed, evaluates {tm.get('prompt_n')} "
+          f"new tokens and takes {tm.get('cache_n')} from the restored slot; usage counts it: {reuse}")
 
 
 def run_ladder(kvsnap, llama, model, work):
