@@ -171,6 +171,7 @@ Result<std::vector<PairSize>> Control::sizes(int64_t id) {
   }();
   if (!r.ok()) return r.status();
   std::lock_guard<std::mutex> l(sizes_mu_);
+  if (sizes_.size() >= 256) sizes_.clear();  // the slots' current snapshots are looked up again cheaply
   return sizes_[id] = *r;
 }
 
