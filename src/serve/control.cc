@@ -253,6 +253,8 @@ void Control::run(const Ask& ask, LocalAnswer& out) {
   }
   std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
   if (!busy.owns_lock()) return error(out, 409, "conflict_error", "a requantize is already running");
+  if (!d_.sup->healthy())
+    return error(out, 503, "unavailable_error", "requantize: llama-server is restarting now; try again");
   const auto t0 = Clock::now();
   d_.log("requantize to " + to + ": draining (new requests wait)");
   const uint64_t in_flight = d_.drain->close();
