@@ -14,6 +14,7 @@ struct ServeCmdOpts {
   std::string listen = "127.0.0.1:8080", store, log;
   std::vector<std::string> llama;
   int threads = 32;
+  std::string dynamic_cache, cache_budget;
 };
 
 void log_line(const std::string& s) {
@@ -31,6 +32,8 @@ Status run_serve_cmd(const ServeCmdOpts& o, std::string& out) {
   so.log_file = o.log;
   so.llama = o.llama;
   so.threads = o.threads;
+  so.dynamic_cache = o.dynamic_cache;
+  so.cache_budget = o.cache_budget;
   return run_serve(cli_io(), so, log_line);
 }
 
@@ -43,6 +46,10 @@ void setup_serve(CLI::App& app, int& exit_status) {
   sub->add_option("--listen", o->listen, "HOST:PORT clients connect to (default 127.0.0.1:8080)");
   sub->add_option("--log", o->log, "llama-server's output, appended (default: STORE/serve/llama-server.log)");
   sub->add_option("--threads", o->threads, "concurrent client connections (default 32; a stream holds one)");
+  sub->add_option("--dynamic-cache", o->dynamic_cache,
+                  "LADDER of cache types, e.g. f16,q8_0,q4_0 (a rung may be K/V: q8_0/q4_0): start at the first; "
+                  "when a slot holds 90% of its context, step down one rung with the context that fits --cache-budget");
+  sub->add_option("--cache-budget", o->cache_budget, "with --dynamic-cache: the K/V cache's bytes (K, M, G suffixes)");
   sub->add_option("llama-server", o->llama, "after --: the llama-server program and its arguments");
   sub->footer(
       "\nkvsnap serve starts llama-server ARGS as a child on a private loopback port with a kvsnap-owned\n"
@@ -54,10 +61,15 @@ void setup_serve(CLI::App& app, int& exit_status) {
       "restored into the slot, converted to the server's -ctk/-ctv/-fa, when the slot holds less: after\n"
       "a restart with other cache types, or beyond -np conversations, only the new tokens are evaluated.\n"
       "A llama-server that dies is restarted. Sessions are namespaced by the X-Kvsnap-Session header,\n"
-      "else by the API key (a hash of it), else 'default'. See docs/serve.md.\n"
+      "else by the API key (a hash of it), else 'default'.\n"
+      "kvsnap's own routes: POST /kvsnap/requantize {\"ctk\":\"q8_0\",\"ctv\":\"q8_0\"} (optional \"flash_attn\",\n"
+      "\"ctx_size\", \"dry_run\") drains, saves the slots, restarts llama-server with the new types and restores\n"
+      "them converted; GET /kvsnap/usage: per-slot tokens, bytes, types, the size at every ctk/ctv, and the\n"
+      "save/restore/reuse counters. See docs/serve.md.\n"
       "\nExamples:\n"
       "  kvsnap serve --listen 0.0.0.0:8080 -- llama-server -m model.gguf -c 8192 -np 2 -ctk q8_0 -ctv q8_0 -fa on\n"
-      "  kvsnap serve --store /srv/kvsnap --log /var/log/llama.log -- /opt/llama/llama-server -m m.gguf\n");
+      "  kvsnap serve --store /srv/kvsnap --log /var/log/llama.log -- /opt/llama/llama-server -m m.gguf\n"
+      "  curl -d '{\"ctk\":\"q4_0\",\"ctv\":\"q4_0\",\"dry_run\":true}' http://127.0.0.1:8080/kvsnap/requantize\n");
   bind(sub, o, run_serve_cmd, "serve", exit_status);
 }
 

@@ -1,6 +1,9 @@
 #include "serve/llama_args.h"
 
 #include <charconv>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 namespace kvsnap {
 
@@ -20,24 +23,125 @@ Result<int> to_int(const std::string& flag, const std::string& v) {
   return n;
 }
 
+// The flags kvsnap reads that take a value (-fa's is optional: handled apart).
+bool takes_value(const std::string& flag) {
+  return is_one_of(flag, {"-m", "--model", "-c", "--ctx-size", "-np", "--parallel", "-ctk", "--cache-type-k", "-ctv",
+                          "--cache-type-v", "--api-key", "--api-key-file"});
+}
+
+// One flag of ARGS with its value: argv[first..last].
+struct ArgItem {
+  std::string flag, value;
+  size_t first = 0, last = 0;
+};
+
+// ARGS as flags with their values. Long flags are spelled as llama-server reads them ('_' -> '-').
+Result<std::vector<ArgItem>> split_args(const std::vector<std::string>& argv) {
+  std::vector<ArgItem> out;
+  for (size_t i = 1; i < argv.size(); ++i) {
+    ArgItem it;
+    it.first = it.last = i;
+    it.flag = argv[i];
+    bool inline_value = false;
+    if (it.flag.rfind("--", 0) == 0) {
+      if (auto eq = it.flag.find('='); eq != std::string::npos) {
+        it.value = it.flag.substr(eq + 1);
+        it.flag.resize(eq);
+        inline_value = true;
+      }
+      for (auto& c : it.flag) c = c == '_' ? '-' : c;
+    }
+    if (is_one_of(it.flag, {"-fa", "--flash-attn"})) {
+      // -fa takes an optional value (on|off|auto); a bare -fa (older servers) means on.
+      if (!inline_value) {
+        if (i + 1 < argv.size() && is_one_of(argv[i + 1], {"on", "off", "auto"})) it.value = argv[it.last = ++i];
+        else it.value = "on";
+      }
+    } else if (takes_value(it.flag) && !inline_value) {
+      if (i + 1 >= argv.size()) return Status::InvalidArgument("llama-server argument " + it.flag + " needs a value");
+      it.value = argv[it.last = ++i];
+    }
+    out.push_back(std::move(it));
+  }
+  return out;
+}
+
+// llama-server's parse_csv_row: commas split, a field may be quoted ("" is a quote inside one).
+std::vector<std::string> csv_fields(const std::string& s) {
+  std::vector<std::string> fields;
+  std::string field;
+  bool quoted = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '"') {
+      if (!quoted) {
+        if (field.empty()) quoted = true;
+        else field += '"';
+      } else if (i + 1 < s.size() && s[i + 1] == '"') {
+        field += '"';
+        ++i;
+      } else {
+        quoted = false;
+      }
+    } else if (c == ',' && !quoted) {
+      fields.push_back(std::move(field));
+      field.clear();
+    } else {
+      field += c;
+    }
+  }
+  fields.push_back(std::move(field));
+  return fields;
+}
+
+void add_key_list(const std::string& value, std::vector<std::string>& keys) {
+  for (auto& k : csv_fields(value))
+    if (!k.empty()) keys.push_back(std::move(k));
+}
+
+Status add_key_file(const std::string& path, const std::string& from, const ArgsEnvironment& env,
+                    std::vector<std::string>& keys) {
+  auto text = env.read_file(path);
+  if (!text)
+    return Status::InvalidArgument("API key file '" + path + "' (" + from +
+                                   ") cannot be read; llama-server would refuse to start");
+  std::istringstream in(*text);
+  for (std::string line; std::getline(in, line);)  // as llama-server: no trimming
+    if (!line.empty() && line[0] != '#') keys.push_back(line);
+  return Status::OK();
+}
+
 }  // namespace
 
-Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv) {
+ArgsEnvironment process_environment() {
+  ArgsEnvironment e;
+  e.getenv = [](const std::string& name) -> std::optional<std::string> {
+    const char* v = std::getenv(name.c_str());
+    return v ? std::optional<std::string>(v) : std::nullopt;
+  };
+  e.read_file = [](const std::string& path) -> std::optional<std::string> {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return std::nullopt;
+    std::ostringstream s;
+    s << f.rdbuf();
+    return s.str();
+  };
+  return e;
+}
+
+Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const ArgsEnvironment& env) {
   if (argv.empty() || argv[0].empty())
     return Status::InvalidArgument("no llama-server command after '--' (kvsnap serve -- llama-server -m MODEL ...)");
   LlamaArgs a;
   a.argv = argv;
-  bool have_key = false;
-  for (size_t i = 1; i < argv.size(); ++i) {
-    std::string flag = argv[i], value;
-    bool inline_value = false;
-    if (flag.rfind("--", 0) == 0) {
-      if (auto eq = flag.find('='); eq != std::string::npos) {
-        value = flag.substr(eq + 1);
-        flag.resize(eq);
-        inline_value = true;
-      }
-    }
+  KV_ASSIGN_OR_RETURN(auto items, split_args(argv));
+  // llama-server applies the environment before the command line, --api-key's variable before --api-key-file's.
+  if (auto v = env.getenv("LLAMA_API_KEY")) add_key_list(*v, a.api_keys);
+  if (auto v = env.getenv("LLAMA_ARG_API_KEY_FILE"))
+    KV_RETURN_IF_ERROR(add_key_file(*v, "LLAMA_ARG_API_KEY_FILE", env, a.api_keys));
+  for (const ArgItem& it : items) {
+    const std::string& flag = it.flag;
+    const std::string& value = it.value;
     if (is_one_of(flag, {"--host", "--port", "--slot-save-path"}))
       return Status::InvalidArgument("llama-server argument " + flag +
                                      " is kvsnap serve's own: the child listens on a private loopback port with a "
@@ -46,35 +150,45 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv) {
     if (flag == "--no-slots")
       return Status::InvalidArgument("llama-server argument --no-slots: kvsnap serve saves and restores slots "
                                      "through the /slots endpoint it disables");
-    // -fa takes an optional value (on|off|auto); a bare -fa (older servers) means on.
     if (is_one_of(flag, {"-fa", "--flash-attn"})) {
-      if (!inline_value) {
-        if (i + 1 < argv.size() && is_one_of(argv[i + 1], {"on", "off", "auto"})) value = argv[++i];
-        else value = "on";
-      }
       if (!is_one_of(value, {"on", "off", "auto"}))
         return Status::InvalidArgument("llama-server argument " + flag + " '" + value + "' must be on, off or auto");
       a.flash_attn = value;
-      continue;
+    } else if (is_one_of(flag, {"-m", "--model"})) {
+      a.model = value;
+    } else if (is_one_of(flag, {"-c", "--ctx-size"})) {
+      KV_ASSIGN_OR_RETURN(a.ctx_size, to_int(flag, value));
+    } else if (is_one_of(flag, {"-np", "--parallel"})) {
+      KV_ASSIGN_OR_RETURN(a.parallel, to_int(flag, value));
+    } else if (is_one_of(flag, {"-ctk", "--cache-type-k"})) {
+      a.ctk = value;
+    } else if (is_one_of(flag, {"-ctv", "--cache-type-v"})) {
+      a.ctv = value;
+    } else if (flag == "--api-key") {
+      add_key_list(value, a.api_keys);
+    } else if (flag == "--api-key-file") {
+      KV_RETURN_IF_ERROR(add_key_file(value, "--api-key-file", env, a.api_keys));
     }
-    const bool known = is_one_of(flag, {"-m", "--model", "-c", "--ctx-size", "-np", "--parallel", "-ctk",
-                                        "--cache-type-k", "-ctv", "--cache-type-v", "--api-key"});
-    if (!known) continue;  // any other flag goes to the child untouched
-    if (!inline_value) {
-      if (i + 1 >= argv.size()) return Status::InvalidArgument("llama-server argument " + flag + " needs a value");
-      value = argv[++i];
-    }
-    if (is_one_of(flag, {"-m", "--model"})) a.model = value;
-    else if (is_one_of(flag, {"-c", "--ctx-size"})) { KV_ASSIGN_OR_RETURN(a.ctx_size, to_int(flag, value)); }
-    else if (is_one_of(flag, {"-np", "--parallel"})) { KV_ASSIGN_OR_RETURN(a.parallel, to_int(flag, value)); }
-    else if (is_one_of(flag, {"-ctk", "--cache-type-k"})) a.ctk = value;
-    else if (is_one_of(flag, {"-ctv", "--cache-type-v"})) a.ctv = value;
-    else if (!have_key) {  // --api-key K1[,K2...]: kvsnap's own calls send the first
-      a.api_key = value.substr(0, value.find(','));
-      have_key = true;
-    }
+    // any other flag goes to the child untouched
   }
+  if (!a.api_keys.empty()) a.api_key = a.api_keys.front();
   return a;
+}
+
+Result<LlamaArgs> with_cache(const LlamaArgs& a, const std::string& ctk, const std::string& ctv,
+                             const std::string& flash_attn, int ctx_size, const ArgsEnvironment& env) {
+  KV_ASSIGN_OR_RETURN(auto items, split_args(a.argv));
+  std::vector<std::string> argv = {a.argv[0]};
+  for (const ArgItem& it : items) {
+    const bool replaced = is_one_of(it.flag, {"-ctk", "--cache-type-k", "-ctv", "--cache-type-v"}) ||
+                          (!flash_attn.empty() && is_one_of(it.flag, {"-fa", "--flash-attn"})) ||
+                          (ctx_size > 0 && is_one_of(it.flag, {"-c", "--ctx-size"}));
+    if (!replaced) argv.insert(argv.end(), a.argv.begin() + long(it.first), a.argv.begin() + long(it.last) + 1);
+  }
+  argv.insert(argv.end(), {"-ctk", ctk, "-ctv", ctv});
+  if (!flash_attn.empty()) argv.insert(argv.end(), {"-fa", flash_attn});
+  if (ctx_size > 0) argv.insert(argv.end(), {"-c", std::to_string(ctx_size)});
+  return parse_llama_args(argv, env);
 }
 
 std::vector<std::string> child_argv(const LlamaArgs& a, int port, const std::string& slot_dir) {

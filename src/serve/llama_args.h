@@ -11,9 +11,19 @@
 //     a private loopback port, its slot files go to a kvsnap-owned directory);
 //     so is --no-slots (kvsnap saves and restores through /slots);
 //   - child_argv() is ARGS unchanged, followed by kvsnap's own --host, --port
-//     and --slot-save-path.
+//     and --slot-save-path;
+//   - the API keys are read as llama-server 3.22.1 reads them (common/arg.cpp):
+//     the environment first (LLAMA_API_KEY, a comma-separated list;
+//     LLAMA_ARG_API_KEY_FILE), then --api-key and --api-key-file in command-line
+//     order, every key kept (a key file: one per line, empty lines and lines
+//     starting with '#' skipped); an unreadable key file is kInvalidArgument
+//     naming it (llama-server would refuse to start);
+//   - with_cache() rebuilds ARGS for other cache types (and flash attention,
+//     context size): those flags removed wherever they were, the new ones appended.
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,12 +38,29 @@ struct LlamaArgs {
   int parallel = 0;               // -np / --parallel; 0: the server's default
   std::string ctk = "f16", ctv = "f16";  // -ctk / -ctv (llama-server's defaults)
   std::string flash_attn = "auto";       // -fa [on|off|auto]; a bare -fa is "on"
-  std::string api_key;            // --api-key (the first one when several are given)
+  std::vector<std::string> api_keys;  // every key the child accepts, in llama-server's order
+  std::string api_key;            // the first of them: what kvsnap's own calls send
 };
 
+// Where parse_llama_args() reads the environment and key files (tests give their own).
+struct ArgsEnvironment {
+  std::function<std::optional<std::string>(const std::string& name)> getenv;
+  std::function<std::optional<std::string>(const std::string& path)> read_file;  // nullopt: cannot be read
+};
+// This process's environment and files.
+ArgsEnvironment process_environment();
+
 // Parses ARGS (argv[0] the program). kInvalidArgument for an empty command
-// line, a flag kvsnap owns, a value flag without its value, or a number that is not one.
-Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv);
+// line, a flag kvsnap owns, a value flag without its value, a number that is
+// not one, or an API key file that cannot be read.
+Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv,
+                                   const ArgsEnvironment& env = process_environment());
+
+// ARGS with -ctk/-ctv (and -fa when `flash_attn` is not empty, -c when
+// `ctx_size` > 0) replaced, parsed again.
+Result<LlamaArgs> with_cache(const LlamaArgs& a, const std::string& ctk, const std::string& ctv,
+                             const std::string& flash_attn, int ctx_size,
+                             const ArgsEnvironment& env = process_environment());
 
 // ARGS followed by --host 127.0.0.1 --port PORT --slot-save-path SLOT_DIR/.
 std::vector<std::string> child_argv(const LlamaArgs& a, int port, const std::string& slot_dir);

@@ -19,9 +19,11 @@ int slot_in(const nlohmann::json& j) {
 
 std::string namespace_of(const Exchange& x) {
   if (std::string s = header_value(x.request_headers, "X-Kvsnap-Session"); !s.empty()) return "session-" + s;
-  std::string auth = header_value(x.request_headers, "Authorization");
-  if (auth.rfind("Bearer ", 0) == 0) {
-    const std::string key = auth.substr(7);
+  // The key as llama-server reads it: Authorization (its "Bearer " cut), else X-Api-Key.
+  std::string key = header_value(x.request_headers, "Authorization");
+  if (key.empty()) key = header_value(x.request_headers, "X-Api-Key");
+  if (key.rfind("Bearer ", 0) == 0) key = key.substr(7);
+  if (!key.empty()) {
     const auto d = sha256_of(std::span<const std::byte>(reinterpret_cast<const std::byte*>(key.data()), key.size()));
     return "key-" + to_hex(d).substr(0, 16);
   }
@@ -146,10 +148,15 @@ void Persister::save_changed(int only_slot, const std::string& ns) {
     }
     saved_task_[slot] = task;
     ++stats_.saved;
+    const SnapshotInfo& info = r->save.info;
+    if (book_)
+      book_->put(slot, {info.id, slot_ns, uint64_t(info.n_tokens), info.raw_bytes, info.k_types, info.v_types,
+                        !info.v_trans, "saved"});
     log_("persist: slot " + std::to_string(slot) + " (" + slot_ns + ") saved as snapshot " +
          std::to_string(r->save.info.id) + ": " + std::to_string(r->n_saved) + " tokens, " +
          std::to_string(r->save.chunks_new) + "/" + std::to_string(r->save.chunks) + " chunks new");
   }
+  if (on_saved_ && !changed.empty()) on_saved_();
 }
 
 void Persister::save_all() {

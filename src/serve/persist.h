@@ -28,13 +28,15 @@
 
 #include "base/io.h"
 #include "serve/proxy.h"
+#include "serve/usage.h"
 #include "server/server_flows.h"
 #include "store/store.h"
 
 namespace kvsnap {
 
 // The namespace of a request: X-Kvsnap-Session, else "key-" + the first 16
-// hex digits of SHA-256(API key), else "default".
+// hex digits of SHA-256(API key), else "default". The key is read as
+// llama-server reads it: Authorization (without "Bearer "), else X-Api-Key.
 std::string namespace_of(const Exchange& x);
 // Calls `f` with the answer's JSON: the body, or each "data: " event of a stream (unparsable ones skipped).
 void for_each_answer_json(const Exchange& x, const std::function<void(const nlohmann::json&)>& f);
@@ -61,6 +63,10 @@ class Persister {
   void save_all();
   void forget_slots();  // after a restart of the child: its slots are empty
   PersistStats stats();
+  // Each save is recorded there (before the first completion).
+  void set_book(SlotBook* book) { book_ = book; }
+  // Called (from the saving thread) after each successful save; must return quickly.
+  void set_on_saved(std::function<void()> f) { on_saved_ = std::move(f); }
 
  private:
   struct Job {
@@ -82,6 +88,8 @@ class Persister {
   std::map<int, int64_t> saved_task_;   // slot -> id_task of its last save
   std::map<int, std::string> slot_ns_;  // slot -> the namespace that last used it
   PersistStats stats_;
+  SlotBook* book_ = nullptr;
+  std::function<void()> on_saved_;
   std::thread thread_;
 };
 

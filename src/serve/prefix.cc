@@ -1,7 +1,7 @@
 #include "base/json_access.h"
 #include "serve/prefix.h"
 
-#include <chrono>
+#include <algorithm>
 
 #include "migrate/model_info.h"
 #include "serve/persist.h"
@@ -102,7 +102,7 @@ void PrefixRestorer::before_unguarded(Forward& f) {
       }
     }
   }
-  if (!best) return;
+  if (!best) return pin_fresh(f, body, *toks, ns, asked);  // no stored prefix; a requantize's slot may still serve
   // What the slots hold, as far as kvsnap knows; the slot to use: the one asked for, else the idle
   // slot whose contents are worth least to this request.
   LlamaServer srv(target_.endpoint);
@@ -118,36 +118,14 @@ void PrefixRestorer::before_unguarded(Forward& f) {
       slot_has = has;
     }
   }
-  if (slot < 0 || uint64_t(best->n_tokens) <= (asked >= 0 ? slot_has : best_has)) return;
-  ServerTarget t = target_;
-  t.slot = slot;
-  const auto t0 = std::chrono::steady_clock::now();
-  if (t.flash_attn.empty()) {
-    // -fa auto: the child's V layout is known only from a slot file it saves, which an empty slot
-    // cannot give. One token evaluated in the slot (about to be overwritten) makes it savable.
-    auto filled = srv.complete(slot, {{"prompt", "a"}, {"n_predict", 0}});
-    if (!filled.ok()) log_("prefix: cannot fill slot " + std::to_string(slot) + " to detect -fa auto: " +
-                           filled.status().ToString());
-  }
-  auto restore = [&] {
-    std::lock_guard<std::mutex> s(store_mu_);
-    return restore_to_server(io_, store_, t, std::to_string(best->id), false);
-  };
-  Result<ServerRestoreResult> r = restore();
+  if (slot < 0) return;
+  if (uint64_t(best->n_tokens) <= (asked >= 0 ? slot_has : best_has)) return pin_fresh(f, body, *toks, ns, asked);
+  auto r = restore_into(slot, *best, *toks, ns);
   if (!r.ok()) {
-    ++stats_.failed;
-    log_("prefix: restoring snapshot " + std::to_string(best->id) + " into slot " + std::to_string(slot) +
-         " failed (forwarded as is): " + r.status().ToString());
+    log_("prefix: " + r.status().ToString() + " (forwarded as is)");
     return;
   }
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  if (target_.flash_attn.empty()) {
-    target_.flash_attn = r->flash_attn;  // what -fa auto chose: the same for every later restore
-    log_("prefix: the child's -fa auto is " + r->flash_attn + " (detected from a slot file it saved)");
-  }
-  held_[slot].assign(toks->begin(), toks->begin() + best->n_tokens);
-  ++stats_.restores;
-  stats_.restored_tokens += best->n_tokens;
+  fresh_.erase(slot);
   body["id_slot"] = slot;
   f.body = json_text(body);
   f.body_changed = true;
@@ -156,7 +134,87 @@ void PrefixRestorer::before_unguarded(Forward& f) {
   log_("prefix: restored snapshot " + std::to_string(best->id) + " (" + std::to_string(best->n_tokens) + " of " +
        std::to_string(toks->size()) + " prompt tokens, " + ns + ", " + best->k_types + "/" + best->v_types + " -> " +
        r->ctk + "/" + r->ctv + " fa " + r->flash_attn + ") into slot " + std::to_string(slot) + " in " +
-       std::to_string(int(ms)) + " ms");
+       std::to_string(int(r->seconds * 1000)) + " ms");
+}
+
+Result<ServerRestoreResult> PrefixRestorer::restore_into(int slot, const SnapshotInfo& info,
+                                                         const std::vector<int32_t>& tokens, const std::string& ns) {
+  ServerTarget t = target_;
+  t.slot = slot;
+  if (t.flash_attn.empty()) {
+    // -fa auto: the child's V layout is known only from a slot file it saves, which an empty slot
+    // cannot give. One token evaluated in the slot (about to be overwritten) makes it savable.
+    LlamaServer srv(target_.endpoint);
+    auto filled = srv.complete(slot, {{"prompt", "a"}, {"n_predict", 0}});
+    if (!filled.ok()) log_("prefix: cannot fill slot " + std::to_string(slot) + " to detect -fa auto: " +
+                           filled.status().ToString());
+  }
+  auto restore = [&] {
+    std::lock_guard<std::mutex> s(store_mu_);
+    return restore_to_server(io_, store_, t, std::to_string(info.id), false);
+  };
+  Result<ServerRestoreResult> r = restore();
+  if (!r.ok()) {
+    ++stats_.failed;
+    held_.erase(slot);  // unknown now
+    return r.status().Prefixed("restoring snapshot " + std::to_string(info.id) + " into slot " + std::to_string(slot) +
+                               " failed");
+  }
+  if (target_.flash_attn.empty()) {
+    target_.flash_attn = r->flash_attn;  // what -fa auto chose: the same for every later restore
+    log_("prefix: the child's -fa auto is " + r->flash_attn + " (detected from a slot file it saved)");
+  }
+  held_[slot].assign(tokens.begin(), tokens.begin() + std::min<size_t>(tokens.size(), size_t(info.n_tokens)));
+  ++stats_.restores;
+  stats_.restored_tokens += info.n_tokens;
+  if (book_)
+    book_->put(slot, {info.id, ns, uint64_t(info.n_tokens), r->restore.bytes_out, r->ctk, r->ctv,
+                      r->flash_attn == "on", "restored"});
+  return r;
+}
+
+void PrefixRestorer::pin_fresh(Forward& f, ojson& body, const std::vector<int32_t>& toks, const std::string& ns,
+                               int asked) {
+  // A chat's next turn renders the last answer anew (its tokens may differ from the ones generated):
+  // the slot is worth it when most of what was restored is a prefix of the request.
+  int slot = -1;
+  size_t has = 0;
+  for (const auto& [s, owner] : fresh_) {
+    const auto& held = held_[s];
+    const size_t c = common_prefix(held, toks);
+    if (owner != ns || (asked >= 0 && s != asked) || held.empty() || 2 * c < held.size()) continue;
+    if (c > has) slot = s, has = c;
+  }
+  if (slot < 0) return;
+  fresh_.erase(slot);
+  body["id_slot"] = slot;
+  f.body = json_text(body);
+  f.body_changed = true;
+  f.pinned_slot = slot;
+  f.restored_tokens = has;
+  log_("prefix: slot " + std::to_string(slot) + " holds " + std::to_string(has) + " of the " +
+       std::to_string(toks.size()) + " prompt tokens (" + ns + ", restored by a requantize): the request goes there");
+}
+
+Result<ServerRestoreResult> PrefixRestorer::restore_slot(int slot, int64_t id) {
+  std::lock_guard<std::mutex> l(mu_);
+  SnapshotRecord rec;
+  {
+    std::lock_guard<std::mutex> s(store_mu_);
+    KV_ASSIGN_OR_RETURN(rec, store_.catalog().get(id));
+  }
+  auto t = rec.info.tags.find("serve.ns");
+  const std::string ns = t == rec.info.tags.end() ? "unattributed" : t->second;
+  auto r = restore_into(slot, rec.info, rec.tokens, ns);
+  if (r.ok()) fresh_[slot] = ns;
+  return r;
+}
+
+void PrefixRestorer::set_cache(const std::string& ctk, const std::string& ctv, const std::string& flash_attn) {
+  std::lock_guard<std::mutex> l(mu_);
+  target_.ctk = ctk;
+  target_.ctv = ctv;
+  target_.flash_attn = flash_attn;
 }
 
 void PrefixRestorer::after_unguarded(const Exchange& x) {
@@ -164,7 +222,10 @@ void PrefixRestorer::after_unguarded(const Exchange& x) {
   int slot = slot_of_answer(x);
   if (slot < 0) slot = x.pinned_slot;
   std::lock_guard<std::mutex> l(mu_);
-  if (slot >= 0) held_[slot] = x.prompt_tokens;
+  if (slot >= 0) {
+    held_[slot] = x.prompt_tokens;
+    fresh_.erase(slot);
+  }
   if (x.restored_tokens == 0) return;
   // Proof of reuse: what the child evaluated of the prompt after the restore.
   uint64_t prompt_n = 0;
@@ -176,11 +237,17 @@ void PrefixRestorer::after_unguarded(const Exchange& x) {
     }
   };
   for_each_answer_json(x, scan);
-  if (!found) return;
+  if (!found) {
+    ++stats_.unverified;
+    log_("prefix: reuse on slot " + std::to_string(slot) + " unverified: the answer has no timings.prompt_n");
+    return;
+  }
   stats_.last_prompt_n = prompt_n;
+  const bool reused = prompt_n + x.restored_tokens <= x.prompt_tokens.size() + 1;
+  ++(reused ? stats_.reused : stats_.not_reused);
   log_("prefix: reuse on slot " + std::to_string(slot) + ": the child evaluated " + std::to_string(prompt_n) + " of " +
        std::to_string(x.prompt_tokens.size()) + " prompt tokens (" + std::to_string(x.restored_tokens) +
-       " restored)" + (prompt_n + x.restored_tokens > x.prompt_tokens.size() + 1 ? ": NOT reused" : ""));
+       " restored)" + (reused ? "" : ": NOT reused"));
 }
 
 // A request's JSON is the client's: a value of an unexpected type is no reason to fail it, nor to
@@ -204,6 +271,7 @@ void PrefixRestorer::after(const Exchange& x) {
 void PrefixRestorer::forget_slots() {
   std::lock_guard<std::mutex> l(mu_);
   held_.clear();
+  fresh_.clear();
 }
 
 PrefixStats PrefixRestorer::stats() {

@@ -9,13 +9,18 @@
 // Promises:
 //   - no tenant's snapshot is restored for another: only snapshots tagged
 //     with the request's namespace (serve/persist.h namespace_of) are candidates;
-//   - the body is rewritten (id_slot added) only when a restore happened;
-//     otherwise the request goes on untouched;
+//   - the body is rewritten (id_slot added) only when a restore happened, or
+//     when a slot holds what kvsnap restored there (a requantize) for this
+//     namespace, not yet used, at least half of it a prefix of the prompt:
+//     the request is pinned to it, so that reuse is proven too; otherwise the
+//     request goes on untouched;
 //   - a failure (tokenizing, the store, the restore) is logged and counted,
 //     never fails the request: it is forwarded as it came;
 //   - after the answer, how many prompt tokens the child evaluated
-//     (timings.prompt_n) is logged beside the restored length: proof of reuse,
-//     or of its absence.
+//     (timings.prompt_n) is logged beside the restored length and counted:
+//     reused when prompt_n <= the prompt's tokens - the restored ones + 1
+//     (llama-server always evaluates a prompt's last token again), not_reused
+//     otherwise, unverified when the answer carries no timings.prompt_n.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +34,7 @@
 
 #include "base/io.h"
 #include "serve/proxy.h"
+#include "serve/usage.h"
 #include "server/server_flows.h"
 #include "store/store.h"
 
@@ -36,6 +42,7 @@ namespace kvsnap {
 
 struct PrefixStats {
   uint64_t restores = 0, restored_tokens = 0, failed = 0;
+  uint64_t reused = 0, not_reused = 0, unverified = 0;  // the answers after a restore
   uint64_t last_prompt_n = 0;  // of the last answer after a restore
 };
 
@@ -50,11 +57,25 @@ class PrefixRestorer {
   void after(const Exchange& x);
   void forget_slots();  // the child restarted: its slots are empty
   PrefixStats stats();
+  // Each restore is recorded there (before the first request).
+  void set_book(SlotBook* book) { book_ = book; }
+  // The child's cache types changed (a requantize); flash_attn "" = detect.
+  void set_cache(const std::string& ctk, const std::string& ctv, const std::string& flash_attn);
+  // Restores snapshot `id` into `slot` at the child's types (a requantize); the next request of its
+  // namespace that extends it is pinned there.
+  Result<ServerRestoreResult> restore_slot(int slot, int64_t id);
 
  private:
   void before_unguarded(Forward& f);
   void after_unguarded(const Exchange& x);
   Result<std::vector<int32_t>> prompt_tokens(const std::string& path, const nlohmann::ordered_json& body);
+  // Restores `info` into `slot` (under mu_); records the slot's new contents.
+  Result<ServerRestoreResult> restore_into(int slot, const SnapshotInfo& info, const std::vector<int32_t>& tokens,
+                                           const std::string& ns);
+  // Pins the request to a slot kvsnap restored for `ns` and nobody used since, when at least half of
+  // what it holds is a prefix of the request (that much is the reuse to prove).
+  void pin_fresh(Forward& f, nlohmann::ordered_json& body, const std::vector<int32_t>& toks, const std::string& ns,
+                 int asked);
 
   Io& io_;
   Store& store_;
@@ -64,7 +85,9 @@ class PrefixRestorer {
   std::function<void(const std::string&)> log_;
   std::mutex mu_;  // one decision at a time: two requests never restore into the same slot at once
   std::map<int, std::vector<int32_t>> held_;  // slot -> the tokens kvsnap last put or sent there
+  std::map<int, std::string> fresh_;           // slot -> the namespace of a restore nobody used yet
   PrefixStats stats_;
+  SlotBook* book_ = nullptr;
 };
 
 }  // namespace kvsnap

@@ -83,7 +83,22 @@ struct Proxy::Impl {
   ProxyOptions o;
   std::function<void(Forward&)> before;
   std::function<void(const Exchange&)> on_done;
+  std::function<bool(const LocalRequest&, LocalAnswer&)> local;
+  Drain* drain = nullptr;
+  double drain_wait_s = 0;
   httplib::Server svr;
+
+  bool answer_locally(const httplib::Request& req, httplib::Response& res) {
+    if (!local) return false;
+    LocalRequest lr{req.method, req.path, req.body, {}};
+    for (const auto& [k, v] : req.headers) lr.headers.emplace_back(k, v);
+    LocalAnswer a;
+    if (!local(lr, a)) return false;
+    res.status = a.status;
+    for (const auto& [k, v] : a.headers) res.set_header(k, v);
+    res.set_content(a.body, a.content_type);
+    return true;
+  }
 
   void start_upstream(const std::shared_ptr<Upstream>& st, const httplib::Request& req, const Forward& f) {
     httplib::Request up;
@@ -146,6 +161,16 @@ struct Proxy::Impl {
     // must pass unchanged, so the client's Accept-Encoding goes to the child only. (The request is
     // the server's own non-const object, handed to the handler as const.)
     httplib::Request& mreq = const_cast<httplib::Request&>(req);
+    if (answer_locally(req, res)) return;
+    Drain::Ticket ticket;
+    if (drain && !(ticket = drain->enter(drain_wait_s))) {
+      res.status = 503;
+      res.set_header("Retry-After", "10");
+      res.set_content(R"({"error":{"code":503,"message":"kvsnap serve: llama-server is being restarted with other cache )"
+                      R"(types (POST /kvsnap/requantize); try again","type":"unavailable_error"}})",
+                      "application/json");
+      return;
+    }
     Forward f;
     if (before) {
       f.method = req.method;
@@ -208,7 +233,7 @@ struct Proxy::Impl {
           }
           return true;
         },
-        [st](bool) {
+        [st, ticket](bool) {
           {
             std::lock_guard<std::mutex> l(st->mu);
             st->cancel = true;  // a no-op once the child has finished
@@ -239,6 +264,15 @@ Proxy::Proxy(ProxyOptions o, std::function<void(Forward&)> before, std::function
 }
 
 Proxy::~Proxy() { stop(); }
+
+void Proxy::set_local(std::function<bool(const LocalRequest&, LocalAnswer&)> local) {
+  impl_->local = std::move(local);
+}
+
+void Proxy::set_drain(Drain* drain, double max_wait_s) {
+  impl_->drain = drain;
+  impl_->drain_wait_s = max_wait_s;
+}
 
 Status Proxy::bind() {
   if (!impl_->svr.bind_to_port(impl_->o.listen_host, impl_->o.listen_port))

@@ -14,7 +14,12 @@
 //   - clients are served concurrently (a thread pool), with keep-alive;
 //   - a child that does not answer (restarting) is a 502 with a JSON error;
 //   - when an exchange has finished, `on_done` sees it (from the serving
-//     thread: it must return quickly, e.g. hand the work to another thread).
+//     thread: it must return quickly, e.g. hand the work to another thread);
+//   - requests `local` claims (kvsnap's own routes) are answered here and
+//     never forwarded, and never wait for the drain gate;
+//   - every forwarded request holds a ticket of the drain gate (serve/drain.h)
+//     from before the `before` hook until its answer has been passed on; one
+//     that cannot get a ticket in time is answered 503 with Retry-After.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +30,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "serve/drain.h"
 
 namespace kvsnap {
 
@@ -61,12 +67,26 @@ struct Exchange {
   uint64_t restored_tokens = 0;
 };
 
+// A request kvsnap answers itself, and its answer.
+struct LocalRequest {
+  std::string method, path, body;  // path without the query
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+struct LocalAnswer {
+  int status = 200;
+  std::string body, content_type = "application/json";
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
 class Proxy {
  public:
   // `before` (may be empty) runs on the serving thread before a request is forwarded; the client
   // waits for it.
   Proxy(ProxyOptions o, std::function<void(Forward&)> before, std::function<void(const Exchange&)> on_done);
   ~Proxy();
+  // Both before run(). `local` returns false for the requests it does not answer.
+  void set_local(std::function<bool(const LocalRequest&, LocalAnswer&)> local);
+  void set_drain(Drain* drain, double max_wait_s);
   // Binds --listen; kIOError naming the address when it is taken.
   Status bind();
   // Serves until stop() (blocks).

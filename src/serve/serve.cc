@@ -9,8 +9,12 @@
 #include <charconv>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
+#include "serve/control.h"
+#include "serve/drain.h"
+#include "serve/ladder.h"
 #include "serve/llama_args.h"
 #include "serve/persist.h"
 #include "serve/prefix.h"
@@ -40,6 +44,18 @@ Result<int> free_loopback_port() {
   return port;
 }
 
+Result<Ladder> ladder_of(Io& io, const ServeOptions& o, const LlamaArgs& args) {
+  if (o.dynamic_cache.empty() || o.cache_budget.empty())
+    return Status::InvalidArgument("--dynamic-cache and --cache-budget go together (e.g. --dynamic-cache "
+                                   "f16,q8_0,q4_0 --cache-budget 2G)");
+  if (args.model.empty())
+    return Status::InvalidArgument("--dynamic-cache sizes the cache from the model: llama-server's ARGS need -m MODEL");
+  KV_ASSIGN_OR_RETURN(uint64_t budget, parse_budget(o.cache_budget));
+  auto model = load_model_info(io, args.model);
+  if (!model.ok()) return model.status().Prefixed("--dynamic-cache: reading the model " + args.model);
+  return make_ladder(o.dynamic_cache, budget, *model);
+}
+
 }  // namespace
 
 Status parse_listen(const std::string& s, std::string& host, int& port) {
@@ -57,6 +73,15 @@ Status parse_listen(const std::string& s, std::string& host, int& port) {
 
 Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const std::string&)>& log) {
   KV_ASSIGN_OR_RETURN(LlamaArgs args, parse_llama_args(o.llama));
+  std::optional<Ladder> ladder;
+  if (!o.dynamic_cache.empty() || !o.cache_budget.empty()) {
+    KV_ASSIGN_OR_RETURN(ladder, ladder_of(io, o, args));
+    // The child starts at the first rung, with the context the budget holds there.
+    const Rung& r = ladder->rungs[0];
+    KV_ASSIGN_OR_RETURN(args, with_cache(args, r.ctk, r.ctv, "", r.ctx_size));
+    log("dynamic cache: starting at " + r.ctk + "/" + r.ctv + " with -c " + std::to_string(r.ctx_size) + " (" +
+        std::to_string(r.bytes_per_token) + " bytes a token, budget " + std::to_string(ladder->budget) + " bytes)");
+  }
   ProxyOptions po;
   KV_RETURN_IF_ERROR(parse_listen(o.listen, po.listen_host, po.listen_port));
   po.threads = o.threads;
@@ -89,24 +114,35 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   std::mutex store_mu, lookup_mu;
   Persister persist(io, *store, store_mu, target, log);
   PrefixRestorer prefix(io, *lookup_store, lookup_mu, target, log);
+  SlotBook book;
+  persist.set_book(&book);
+  prefix.set_book(&book);
+  Drain drain;
   Proxy proxy(
       po, [&prefix](Forward& f) { prefix.before(f); },
       [&persist, &prefix](const Exchange& x) {
         prefix.after(x);
         persist.note_completion(x);
       });
-  KV_RETURN_IF_ERROR(proxy.bind());
-
   SupervisorOptions so;
   so.argv = child_argv(args, po.upstream_port, slot_dir);
   so.health_url = target.endpoint.url;
   so.api_key = args.api_key;
   so.log_path = o.log_file.empty() ? serve_dir + "/llama-server.log" : o.log_file;
   Supervisor sup(so, log);
-  sup.on_restart([&persist, &prefix] {
+  sup.on_restart([&persist, &prefix, &book] {
     persist.forget_slots();
     prefix.forget_slots();
+    book.clear();
   });
+  ControlDeps cd{&io, store.get(), &store_mu, &drain, &persist, &prefix, &sup, &book,
+                 target.endpoint.url, po.upstream_port, slot_dir, log};
+  Control control(cd, args, ladder);
+  persist.set_on_saved([&control] { control.note_saved(); });
+  proxy.set_local([&control](const LocalRequest& r, LocalAnswer& a) { return control.handle(r, a); });
+  // Requests wait while a requantize restarts the child (a large model can take minutes to load).
+  proxy.set_drain(&drain, 600);
+  KV_RETURN_IF_ERROR(proxy.bind());
   KV_RETURN_IF_ERROR(sup.start());
 
   std::thread server([&proxy] { proxy.run(); });
@@ -118,6 +154,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
       ": finishing the requests in flight, saving the slots, stopping llama-server");
   proxy.stop();
   server.join();
+  control.stop();
   persist.save_all();
   sup.stop();
   const PersistStats st = persist.stats();

@@ -23,6 +23,8 @@ struct ServeOptions {
   std::string log_file;                   // the child's output; empty: STORE/serve/llama-server.log
   std::vector<std::string> llama;         // llama-server and its ARGS
   int threads = 32;
+  std::string dynamic_cache;  // --dynamic-cache LADDER (serve/ladder.h); empty: off
+  std::string cache_budget;   // --cache-budget BYTES, with the ladder
 };
 
 // "HOST:PORT" -> host, port; kInvalidArgument naming --listen otherwise.

@@ -97,45 +97,121 @@ void Supervisor::monitor() {
     int st = 0;
     if (waitpid(pid, &st, 0) != pid) return;  // not ours any more (cannot happen: only this thread reaps)
     healthy_ = false;
+    std::vector<std::string> next;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      pid_ = 0;
+      if (replace_.asked) next = replace_.argv;
+    }
+    cv_.notify_all();
+    if (stopping_) return;
+    Status replaced = Status::OK();
+    const bool replacing = !next.empty();
+    if (replacing && try_replacement(next, replaced)) {
+      log_("started " + o_.argv[0] + " with the new arguments (pid " + std::to_string(pid_) + ")");
+    } else {
+      if (!replacing)
+        log_(o_.argv[0] + " (pid " + std::to_string(pid) + ") " + describe_exit(st) + " unexpectedly: restarting it");
+      restart_loop();
+      if (stopping_) return;
+      if (!replacing) ++restarts_;
+      log_("restarted " + o_.argv[0] + " (pid " + std::to_string(pid_) + ")" +
+           (replacing ? " with the previous arguments" : ", restart " + std::to_string(restarts_)));
+    }
+    healthy_ = true;
+    if (on_restart_) on_restart_();
+    if (replacing) {
+      std::lock_guard<std::mutex> l(mu_);
+      replace_.asked = false;
+      replace_.done = true;
+      replace_.result = replaced;
+      cv_.notify_all();
+    }
+  }
+}
+
+// The new command line, started now; false (with `result` saying why) when it does not become healthy.
+bool Supervisor::try_replacement(const std::vector<std::string>& argv, Status& result) {
+  std::vector<std::string> previous;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    previous = o_.argv;
+    o_.argv = argv;
+  }
+  auto np = spawn();
+  Status h = np.ok() ? Status::OK() : np.status();
+  if (np.ok()) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      pid_ = *np;
+    }
+    h = wait_healthy(*np);
+    if (!h.ok() && stopping_) waitpid(*np, nullptr, 0);  // stop() signalled it; this thread is the only reaper
+  }
+  if (h.ok()) return true;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    pid_ = 0;
+    o_.argv = previous;
+  }
+  cv_.notify_all();
+  result = h;
+  log_("the new arguments failed (" + h.ToString() + "): starting the previous ones again");
+  return false;
+}
+
+// Starts o_.argv again after a pause, until it is healthy or stop() is called.
+void Supervisor::restart_loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      if (cv_.wait_for(l, std::chrono::duration<double>(o_.restart_pause_s), [this] { return stopping_.load(); }))
+        return;
+    }
+    auto np = spawn();
+    if (!np.ok()) {
+      log_(np.status().ToString());
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      pid_ = *np;
+    }
+    Status h = wait_healthy(*np);
+    if (h.ok()) return;
+    // Stopping during the restart: stop() signals this child; reap it here, the only reaper.
+    if (stopping_) waitpid(*np, nullptr, 0);
     {
       std::lock_guard<std::mutex> l(mu_);
       pid_ = 0;
     }
     cv_.notify_all();
     if (stopping_) return;
-    log_(o_.argv[0] + " (pid " + std::to_string(pid) + ") " + describe_exit(st) + " unexpectedly: restarting it");
-    for (;;) {
-      {
-        std::unique_lock<std::mutex> l(mu_);
-        if (cv_.wait_for(l, std::chrono::duration<double>(o_.restart_pause_s), [this] { return stopping_.load(); }))
-          return;
-      }
-      auto np = spawn();
-      if (!np.ok()) {
-        log_(np.status().ToString());
-        continue;
-      }
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        pid_ = *np;
-      }
-      Status h = wait_healthy(*np);
-      if (h.ok()) break;
-      // Stopping during the restart: stop() signals this child; reap it here, the only reaper.
-      if (stopping_) waitpid(*np, nullptr, 0);
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        pid_ = 0;
-      }
-      cv_.notify_all();
-      if (stopping_) return;
-      log_("restart failed: " + h.ToString());
-    }
-    healthy_ = true;
-    ++restarts_;
-    log_("restarted " + o_.argv[0] + " (pid " + std::to_string(pid_) + "), restart " + std::to_string(restarts_));
-    if (on_restart_) on_restart_();
+    log_("restart failed: " + h.ToString());
   }
+}
+
+Status Supervisor::replace(std::vector<std::string> argv) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (stopping_ || pid_ <= 0 || !healthy_)
+    return Status::IOError(o_.argv[0] + " is not running now (restarting or stopping): try again");
+  replace_ = {std::move(argv), true, false, Status::OK()};
+  const pid_t pid = pid_;
+  log_("stopping " + o_.argv[0] + " (pid " + std::to_string(pid) + ") to start it with new arguments");
+  kill(-pid, SIGTERM);
+  if (!cv_.wait_for(l, std::chrono::duration<double>(o_.stop_timeout_s), [&] { return pid_ != pid; })) {
+    log_(o_.argv[0] + " did not stop within " + std::to_string(int(o_.stop_timeout_s)) + " s: SIGKILL");
+    kill(-pid, SIGKILL);
+  }
+  cv_.wait(l, [this] { return replace_.done || stopping_.load(); });
+  if (!replace_.done) return Status::Interrupted("kvsnap serve is stopping");
+  replace_.done = false;
+  return replace_.result;
+}
+
+std::vector<std::string> Supervisor::argv() {
+  std::lock_guard<std::mutex> l(mu_);
+  return o_.argv;
 }
 
 void Supervisor::stop() {

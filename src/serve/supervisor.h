@@ -11,7 +11,11 @@
 //   - stop() leaves no child process behind: SIGTERM to its process group,
 //     SIGKILL after `stop_timeout_s`, and reaps it;
 //   - the child's stdout and stderr go to `log_path` (appended), or are
-//     inherited when it is empty.
+//     inherited when it is empty;
+//   - replace() swaps the command line (a requantize): the child is stopped and
+//     the new one started by the monitor thread, which starts every later child;
+//     when the new one does not become healthy the previous command line is
+//     started again and replace() answers the error: serving continues.
 #pragma once
 
 #include <sys/types.h>
@@ -48,6 +52,11 @@ class Supervisor {
   void stop();
   // Called after each restart once the new child is healthy (its slots are empty).
   void on_restart(std::function<void()> f) { on_restart_ = std::move(f); }
+  // Stops the child and starts `argv` in its place; returns once a child is healthy again: OK with
+  // the new one, else the error of the new one (the previous command line running again).
+  // kIOError when the child is not running now (restarting, stopping).
+  Status replace(std::vector<std::string> argv);
+  std::vector<std::string> argv();
 
   pid_t pid() const { return pid_.load(); }
   int restarts() const { return restarts_.load(); }
@@ -57,6 +66,8 @@ class Supervisor {
   Result<pid_t> spawn();
   Status wait_healthy(pid_t pid);
   void monitor();
+  void restart_loop();
+  bool try_replacement(const std::vector<std::string>& argv, Status& result);
 
   SupervisorOptions o_;
   std::function<void(const std::string&)> log_;
@@ -67,6 +78,11 @@ class Supervisor {
   std::mutex mu_;
   std::condition_variable cv_;
   std::thread monitor_;
+  struct Replacement {
+    std::vector<std::string> argv;
+    bool asked = false, done = false;
+    Status result;
+  } replace_;  // guarded by mu_
 };
 
 }  // namespace kvsnap

@@ -17,7 +17,14 @@ requests in the same order; then:
   7. SIGTERM to kvsnap serve saves the slot last used and leaves no llama-server process;
   8. prefix restore: a conversation saved at f16 continues after restarts at q8_0/q8_0 and
      q4_0/q8_0 evaluating only its suffix (timings.prompt_n <= 8); another namespace gets nothing
-     restored; a chat's next turn evaluates only its new tokens; 3 conversations through -np 1.
+     restored; a chat's next turn evaluates only its new tokens; 3 conversations through -np 1;
+  9. part 4 and 5, with API keys from --api-key-file and LLAMA_API_KEY: GET /kvsnap/usage matches
+     `kvsnap ls` and `kvsnap info`'s size table of the slot file; a requantize dry run changes
+     nothing; a bad type is a 400 and serving continues; POST /kvsnap/requantize to q4_0 answers
+     200 with the dry run's bytes and the next turn evaluates <= 8 tokens (counted as reused); a
+     restart the child refuses rolls back; two API keys are isolated;
+ 10. --dynamic-cache f16,q8_0,q4_0 --cache-budget: a slot filled to 90% of its context steps the cache
+     down once, to q8_0 with the context the budget holds there, and the conversation goes on.
 With OPENAI_PYTHON (a Python with the `openai` package), one chat goes through the openai client.
 Needs only the Python standard library otherwise.
 """
@@ -161,6 +168,9 @@ def main():
         serve_log.close()
         print(open(os.path.join(work, "serve.log")).read())
         run_prefix_restore(kvsnap, llama, model, work)
+        run_requantize(kvsnap, llama, model, work)
+        run_requantize_chat(kvsnap, llama, model, work)
+        run_ladder(kvsnap, llama, model, work)
         run_disk_full(kvsnap, llama, model, work)
     finally:
         if direct.poll() is None:
@@ -323,6 +333,243 @@ def run_prefix_restore(kvsnap, llama, model, work):
           f"prefix (chat, /apply-template, -fa auto): after a restart at q8_0 the next turn evaluates {n2} of {total} tokens "
           f"(the first turn was {n1})")
     print("\n".join(l for l in text.splitlines() if "prefix:" in l))
+
+
+def post_json(port, path, body, key, extra=None):
+    h = {"Authorization": "Bearer " + key} if key else {}
+    h.update(extra or {})
+    s, _, raw = request(port, "POST", path, body, headers=h, timeout=300)
+    try:
+        return s, json.loads(raw)
+    except ValueError:
+        return s, raw
+
+
+def get_usage(port, key):
+    s, _, raw = request(port, "GET", "/kvsnap/usage", headers={"Authorization": "Bearer " + key})
+    return json.loads(raw) if s == 200 else {"status": s, "body": raw}
+
+
+def run_requantize(kvsnap, llama, model, work):
+    """Part 4 (requantize, usage) and 5 (reuse counted), with the keys of --api-key-file and LLAMA_API_KEY;
+    two keys isolated."""
+    store = os.path.join(work, "requant-store")
+    keyfile = os.path.join(work, "keys.txt")
+    with open(keyfile, "w") as f:
+        f.write("# tenants\nkey-alice\n\nkey-bob\n")
+    # --cache-ram 0: llama-server's own RAM prompt cache would hand A's state to B (it knows no tenants)
+    args = ["-m", model, "-c", "4096", "-np", "1", "-t", "1", "--no-warmup", "-fa", "on", "--cache-ram", "0",
+            "--api-key-file", keyfile]
+    os.environ["LLAMA_API_KEY"] = "key-ops"  # llama-server reads it before --api-key-file: kvsnap's own calls use it
+    try:
+        proc, port, log = start_serve(kvsnap, llama, store, work, "requant", args)
+    finally:
+        del os.environ["LLAMA_API_KEY"]
+    A, B = "key-alice", "key-bob"
+    s, _ = post_json(port, "/completion", {"prompt": "no key", "n_predict": 1}, None)
+    u = request(port, "GET", "/kvsnap/usage")[0]
+    u_env = request(port, "GET", "/kvsnap/usage", headers={"Authorization": "Bearer key-ops"})[0]
+    u_file = request(port, "GET", "/kvsnap/usage", headers={"X-Api-Key": "key-bob"})[0]
+    check(s == 401 and u == 401 and u_env == 200 and u_file == 200,
+          f"API keys: without a key the child refuses ({s}) and so does /kvsnap/usage ({u}); it takes LLAMA_API_KEY's "
+          f"({u_env}) and --api-key-file's ({u_file}, as X-Api-Key)")
+    n_prompt = len(post_json(port, "/tokenize", {"content": PROMPT, "add_special": True}, A)[1]["tokens"])
+    n_full = len(post_json(port, "/tokenize", {"content": PROMPT + SUFFIX, "add_special": True}, A)[1]["tokens"])
+    s, j = post_json(port, "/completion", {"prompt": PROMPT, "n_predict": 1, "temperature": 0}, A)
+    check(s == 200, f"key A's first turn through kvsnap serve ({s})")
+    usage = wait_for(lambda: (lambda u: u if u.get("counters", {}).get("saves", {}).get("ok", 0) >= 1 else None)(
+        get_usage(port, A)), 30) or {}
+    snaps = ls(kvsnap, store)
+    slot = (usage.get("slots") or [{}])[0]
+    snap = next((x for x in snaps if x["id"] == slot.get("snapshot")), {})
+    check(snap and slot.get("n_tokens") == snap["n_tokens"] and slot.get("bytes") == snap["raw_bytes"] and
+          slot.get("ctk") == "f16" and slot.get("namespace") == snap["tags"].get("serve.ns"),
+          f"/kvsnap/usage: slot 0 holds snapshot {slot.get('snapshot')}, {slot.get('n_tokens')} tokens, "
+          f"{slot.get('bytes')} bytes, as kvsnap ls says ({snap.get('n_tokens')}, {snap.get('raw_bytes')})")
+    # the size table against kvsnap info's (other code: the CLI's dry-run table) on the slot file itself
+    slot_file = os.path.join(work, "requant-slot.bin")
+    subprocess.run([kvsnap, "restore", "--store", store, str(slot.get("snapshot")), "-o", slot_file], check=True,
+                   capture_output=True)
+    info = json.loads(subprocess.run([kvsnap, "info", slot_file, "--json", "-m", model], capture_output=True,
+                                     text=True, check=True).stdout)
+    theirs = {(d["ctk"], d["ctv"]): d.get("file_bytes") for d in info["dry_run"]}
+    mine = {(d["ctk"], d["ctv"]): d["bytes"] for d in slot.get("sizes", [])}
+    check(len(mine) == 81 and os.path.getsize(slot_file) == slot.get("bytes") and
+          all(mine[k] == theirs.get(k) for k in mine),
+          f"/kvsnap/usage: the size at all {len(mine)} ctk/ctv pairs equals kvsnap info's table of the slot file "
+          f"(q4_0/q4_0: {mine.get(('q4_0', 'q4_0'))} bytes)")
+
+    # a dry run: the estimate, nothing restarted
+    pid = usage["child"]["pid"]
+    s, dry = post_json(port, "/kvsnap/requantize", {"ctk": "q4_0", "ctv": "q4_0", "dry_run": True}, A)
+    after = get_usage(port, A)
+    check(s == 200 and dry.get("bytes_after_estimate") == mine.get(("q4_0", "q4_0")) and
+          after["child"]["pid"] == pid and after["child"]["ctk"] == "f16",
+          f"requantize dry run: 200, estimate {dry.get('bytes_after_estimate') if s == 200 else dry}, the child "
+          f"untouched (pid {after['child']['pid']}, {after['child']['ctk']})")
+    # bad requests: 400, nothing restarted, serving continues
+    bad = [post_json(port, "/kvsnap/requantize", b, A) for b in
+           ({"ctk": "q3_K", "ctv": "q4_0"}, {"ctk": "q4_0", "ctx": 5}, b"{not json")]
+    s2, _ = post_json(port, "/completion", {"prompt": "Still here?", "n_predict": 1}, B)
+    check(all(b[0] == 400 for b in bad) and "q3_K" in bad[0][1]["error"]["message"] and s2 == 200 and
+          get_usage(port, A)["child"]["pid"] == pid,
+          f"requantize with a bad type / unknown key / bad JSON: {[b[0] for b in bad]} "
+          f"({bad[0][1]['error']['message'][:90]}...); serving continues ({s2})")
+
+    # the real thing: A's conversation is in the slot? (B's request above took it) -- A comes back first
+    s, j = post_json(port, "/completion", {"prompt": PROMPT + SUFFIX, "n_predict": 1, "temperature": 0}, A)
+    wait_for(lambda: get_usage(port, A)["counters"]["saves"]["ok"] >= 3, 30)
+    s, dry = post_json(port, "/kvsnap/requantize", {"ctk": "q4_0", "ctv": "q4_0", "dry_run": True}, A)
+    t0 = time.time()
+    s, rq = post_json(port, "/kvsnap/requantize", {"ctk": "q4_0", "ctv": "q4_0"}, A)
+    ms = (time.time() - t0) * 1000
+    after = get_usage(port, A)
+    check(s == 200 and rq.get("slots_restored") == 1 and rq.get("bytes_after") == dry.get("bytes_after_estimate")
+          and after["child"]["ctk"] == "q4_0" and after["child"]["pid"] != pid and after["slots"][0]["ctk"] == "q4_0",
+          f"requantize to q4_0/q4_0: {s}, {rq.get('slots_restored')} slot restored, {rq.get('bytes_before')} -> "
+          f"{rq.get('bytes_after')} bytes (dry run said {dry.get('bytes_after_estimate')}), phases {rq.get('ms')} "
+          f"({ms:.0f} ms seen by the client)")
+    more = PROMPT + SUFFIX + " the"
+    n_more = len(post_json(port, "/tokenize", {"content": more, "add_special": True}, A)[1]["tokens"])
+    s, j = post_json(port, "/completion", {"prompt": more, "n_predict": 1, "temperature": 0}, A)
+    n = j["timings"]["prompt_n"] if s == 200 else None
+    reuse = get_usage(port, A)["counters"]["reuse"]
+    check(s == 200 and n is not None and n <= 8 and n <= n_more - n_full + 1 and reuse["reused"] >= 1 and
+          reuse["not_reused"] == 0,
+          f"after the requantize the next turn evaluates {n} of {n_more} tokens; usage counts it: {reuse}")
+
+    # drain: a long completion in flight when a requantize comes finishes first, whole; a request sent while
+    # the child restarts waits at the gate and is answered by the new child
+    results = {}
+    # 1500 tokens: seconds on the 2-core CI, long enough to be seen busy (/slots) and still running at the requantize
+    long_body = {"prompt": "Count with me:", "n_predict": 1500, "ignore_eos": True, "temperature": 0}
+    th_long = threading.Thread(target=lambda: results.update(long=post_json(port, "/completion", long_body, B)))
+    th_long.start()
+    busy = wait_for(lambda: any(x.get("is_processing") for x in
+                                json.loads(request(port, "GET", "/slots", headers={"X-Api-Key": B})[2])), 10)
+    log_path = os.path.join(work, "requant.log")
+
+    def during():
+        wait_for(lambda: "requantize to f16/f16 fa on -c 4096: draining" in open(log_path).read(), 30)
+        results["during"] = post_json(port, "/completion", {"prompt": "During the restart", "n_predict": 1}, B)
+    th_during = threading.Thread(target=during)
+    th_during.start()
+    s, rq2 = post_json(port, "/kvsnap/requantize", {"ctk": "f16", "ctv": "f16"}, A)
+    th_long.join()
+    th_during.join()
+    text = open(log_path).read()
+    ls_, lj = results.get("long", (None, {}))
+    ds, _ = results.get("during", (None, {}))
+    check(busy and s == 200 and ls_ == 200 and lj.get("tokens_predicted") == 1500 and ds == 200 and
+          "drained (1 in flight waited for)" in text,
+          f"requantize while a completion is in flight: it finishes first ({ls_}, {lj.get('tokens_predicted')} "
+          f"tokens), the requantize answers {s} after it, a request sent meanwhile waits and gets {ds}")
+    s, _ = post_json(port, "/kvsnap/requantize", {"ctk": "q4_0", "ctv": "q4_0"}, A)  # back, for what follows
+
+    # a restart the child refuses (quantized V without flash attention): rolled back, serving continues
+    s, rb = post_json(port, "/kvsnap/requantize", {"ctk": "q8_0", "ctv": "q8_0", "flash_attn": "off"}, A)
+    after = get_usage(port, A)
+    more2 = more + " end"
+    s2, j2 = post_json(port, "/completion", {"prompt": more2, "n_predict": 1, "temperature": 0}, A)
+    n2 = j2["timings"]["prompt_n"] if s2 == 200 else None
+    check(s == 500 and "previous arguments" in json.dumps(rb) and after["child"]["ctk"] == "q4_0" and
+          after["counters"]["requantizes"] == {"ok": 3, "failed": 1} and s2 == 200 and n2 is not None and n2 <= 8,
+          f"requantize refused by the child (-fa off, q8_0 V): {s}, back at {after['child']['ctk']}, "
+          f"serving continues, the conversation restored again (the next turn evaluates {n2} tokens)")
+
+    # two keys isolated: B asks for A's conversation; the slot holds B's own prompt first, so only a restore
+    # of A's snapshot could make B's evaluation short
+    post_json(port, "/completion", {"prompt": "Bob talks about something else entirely.", "n_predict": 1}, B)
+    s, j = post_json(port, "/completion", {"prompt": more2, "n_predict": 1, "temperature": 0}, B)
+    nb = j["timings"]["prompt_n"] if s == 200 else None
+    s, j = post_json(port, "/completion", {"prompt": more2 + " again", "n_predict": 1, "temperature": 0}, A)
+    na = j["timings"]["prompt_n"] if s == 200 else None
+    text = stop_serve(proc, log, "requant", work)
+    check(nb is not None and nb >= n_prompt and na is not None and na <= 8,
+          f"two API keys isolated: B's request for A's prompt evaluates {nb} tokens (nothing of A's restored), "
+          f"A's next turn evaluates {na}")
+    check("requantize: drained" in text and "requantize: done" in text and "with the previous arguments" in text,
+          "requantize: progress lines and the rollback in the log")
+    print("\n".join(l for l in text.splitlines() if "requantize" in l or "reuse" in l))
+
+
+def run_requantize_chat(kvsnap, llama, model, work):
+    """As an operator would: stock ARGS (-fa auto, -np 2) at q8_0, a chat, a requantize to q4_0, the next turn
+    streamed: it goes to the restored slot and evaluates only its new tokens, counted as reused."""
+    proc, port, log = start_serve(kvsnap, llama, os.path.join(work, "rq-chat-store"), work, "rq-chat",
+                                  ["-m", model, "-np", "2", "-t", "1", "--no-warmup", "-ctk", "q8_0", "-ctv", "q8_0"])
+    msgs = [{"role": "user", "content": PROMPT}]
+    s, _, raw = request(port, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0})
+    answer = json.loads(raw)["choices"][0]["message"]["content"]
+    wait_for(lambda: json.loads(request(port, "GET", "/kvsnap/usage")[2])["counters"]["saves"]["ok"] >= 1, 30)
+    s, _, raw = request(port, "POST", "/kvsnap/requantize", {"ctk": "q4_0", "ctv": "q4_0"})
+    rq = json.loads(raw)
+    msgs += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And then?"}]
+    s2, _, raw = request(port, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0,
+                                                                "stream": True})
+    timed = [json.loads(l[6:]) for l in raw.decode().split("\n") if l.startswith("data: {") and '"timings"' in l]
+    tm = timed[-1]["timings"] if timed else {}
+    reuse = json.loads(request(port, "GET", "/kvsnap/usage")[2])["counters"]["reuse"]
+    stop_serve(proc, log, "rq-chat", work)
+    check(s == 200 and rq.get("slots_restored") == 1 and s2 == 200 and tm.get("cache_n", 0) >= 200 and
+          reuse["reused"] == 1 and reuse["not_reused"] == 0,
+          f"requantize q8_0 -> q4_0 (-fa auto, -np 2, chat): the next turn, streamed, evaluates {tm.get('prompt_n')} "
+          f"new tokens and takes {tm.get('cache_n')} from the restored slot; usage counts it: {reuse}")
+
+
+def run_ladder(kvsnap, llama, model, work):
+    """Part 4's ladder: the child starts at f16 with the context 1 MiB holds; a conversation at 90% of it steps
+    the cache down to q8_0 (a larger context in the same budget); the next turn evaluates only its new tokens."""
+    store = os.path.join(work, "ladder-store")
+    args = ["-m", model, "-np", "1", "-t", "1", "--no-warmup", "-fa", "on", "--cache-ram", "0"]
+    port = free_port()
+    log = open(os.path.join(work, "ladder.log"), "w")
+    proc = subprocess.Popen([kvsnap, "serve", "--listen", f"127.0.0.1:{port}", "--store", store, "--log",
+                             os.path.join(work, "ladder-child.log"), "--dynamic-cache", "f16,q8_0,q4_0",
+                             "--cache-budget", "1M", "--", llama, *args], stdout=log, stderr=subprocess.STDOUT)
+    SERVES.append(proc)
+    wait_health(port, proc, "ladder")
+    u = json.loads(request(port, "GET", "/kvsnap/usage")[2])
+    rungs = u["dynamic_cache"]["rungs"]
+    ctx0 = rungs[0]["ctx_size"]
+    check(u["child"]["ctk"] == "f16" and u["child"]["ctx_size"] == ctx0 and
+          all(r["ctx_size"] * r["bytes_per_token"] <= 1 << 20 for r in rungs),
+          f"ladder: the child starts at f16 with -c {ctx0}; rungs {[(r['ctk'], r['ctx_size']) for r in rungs]} "
+          f"all within 1 MiB")
+    # a prompt of 92% of the context
+    text = PROMPT
+    while len(json.loads(request(port, "POST", "/tokenize", {"content": text + " " + PROMPT})[2])["tokens"]) < 0.92 * ctx0:
+        text += " " + PROMPT
+    while len(json.loads(request(port, "POST", "/tokenize", {"content": text})[2])["tokens"]) < 0.92 * ctx0:
+        text += " and the sea"
+    n0 = len(json.loads(request(port, "POST", "/tokenize", {"content": text, "add_special": True})[2])["tokens"])
+    s, _, raw = request(port, "POST", "/completion", {"prompt": text, "n_predict": 1, "temperature": 0})
+    before = wait_for(lambda: (lambda u: u if u["slots"] and u["slots"][0].get("n_tokens") else None)(
+        json.loads(request(port, "GET", "/kvsnap/usage")[2])), 30) or {"slots": [{}]}
+    stepped = wait_for(lambda: (lambda u: u if u["child"]["ctk"] == "q8_0" and u["slots"] and
+                                u["slots"][0].get("ctk") == "q8_0" else None)(
+        json.loads(request(port, "GET", "/kvsnap/usage")[2])), 60) or {"child": {}, "slots": [{}],
+                                                                       "dynamic_cache": {}}
+    sb, sa = before["slots"][0], stepped["slots"][0]
+    # the rungs' bytes per token against the slot files: the f16 and the q8_0 state differ by exactly that
+    diff_ok = (sb.get("n_tokens") == sa.get("n_tokens") and sa.get("bytes") is not None and sb.get("bytes") is not None
+               and sb["bytes"] - sa["bytes"] == sb["n_tokens"] * (rungs[0]["bytes_per_token"] - rungs[1]["bytes_per_token"]))
+    check(s == 200 and stepped["child"].get("ctx_size") == rungs[1]["ctx_size"] and
+          stepped["dynamic_cache"].get("rung") == 1 and diff_ok,
+          f"ladder: {n0} of {ctx0} tokens: stepped down to {stepped['child'].get('ctk')} with -c "
+          f"{stepped['child'].get('ctx_size')}, the slot restored ({sb.get('bytes')} -> {sa.get('bytes')} bytes, "
+          f"{sa.get('n_tokens')} tokens)")
+    s, _, raw = request(port, "POST", "/completion", {"prompt": text + SUFFIX, "n_predict": 1, "temperature": 0})
+    n = json.loads(raw)["timings"]["prompt_n"] if s == 200 else None
+    time.sleep(1)  # the save after it, and the ladder's look (no second step: far from the new context)
+    u = json.loads(request(port, "GET", "/kvsnap/usage")[2])
+    log.close()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    text = open(os.path.join(work, "ladder.log")).read()
+    check(n is not None and n <= 8 and u["dynamic_cache"]["rung"] == 1 and text.count("stepping down") == 1,
+          f"ladder: the next turn at q8_0 evaluates {n} tokens; one step only (rung {u['dynamic_cache']['rung']})")
+    print("\n".join(l for l in text.splitlines() if "dynamic cache" in l or "requantize: done" in l))
 
 
 def same_on_both(dport, pport, method, path, body=None, what=None, as_json=True, headers=None):

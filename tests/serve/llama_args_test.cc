@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
+#include "serve/ladder.h"
 #include "serve/serve.h"
 
 namespace kvsnap {
@@ -71,6 +74,62 @@ TEST(LlamaArgs, ChildArgvIsArgsPlusKvsnapsOwn) {
   EXPECT_EQ(child_argv(*a, 40123, "/store/serve/slots"),
             (std::vector<std::string>{"/opt/llama-server", "-m", "m.gguf", "-c", "4096", "--host", "127.0.0.1",
                                       "--port", "40123", "--slot-save-path", "/store/serve/slots/"}));
+}
+
+// llama-server 3.22.1 (common/arg.cpp): the environment first (LLAMA_API_KEY, then LLAMA_ARG_API_KEY_FILE),
+// then the command line in order; every key kept; a key file's empty and '#' lines skipped.
+TEST(LlamaArgs, ApiKeysFromEnvironmentFilesAndFlags) {
+  std::map<std::string, std::string> vars = {{"LLAMA_API_KEY", "e1,\"e,2\""}, {"LLAMA_ARG_API_KEY_FILE", "/env.keys"}};
+  std::map<std::string, std::string> files = {{"/env.keys", "f1\n# comment\n\nf2\n"}, {"/cli.keys", "c1\n"}};
+  ArgsEnvironment env;
+  env.getenv = [&](const std::string& n) -> std::optional<std::string> {
+    auto it = vars.find(n);
+    return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+  env.read_file = [&](const std::string& p) -> std::optional<std::string> {
+    auto it = files.find(p);
+    return it == files.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+  auto a = parse_llama_args({"s", "--api-key-file", "/cli.keys", "--api_key", "k1,,k2"}, env);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->api_keys, (std::vector<std::string>{"e1", "e,2", "f1", "f2", "c1", "k1", "k2"}));
+  EXPECT_EQ(a->api_key, "e1");
+  a = parse_llama_args({"s", "--api-key-file=/missing"}, env);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("/missing"), std::string::npos) << a.status().message();
+  vars.clear();
+  a = parse_llama_args({"s", "-m", "m.gguf"}, env);
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(a->api_keys.empty());
+}
+
+TEST(LlamaArgs, WithCacheReplacesTheFlagsWhereverTheyAre) {
+  auto a = parse_llama_args({"srv", "-ctk", "f16", "-m", "m.gguf", "--cache-type-v=q8_0", "-fa", "-c", "512", "-t", "2"});
+  ASSERT_TRUE(a.ok());
+  auto b = with_cache(*a, "q4_0", "q8_0", "on", 1024);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->argv, (std::vector<std::string>{"srv", "-m", "m.gguf", "-t", "2", "-ctk", "q4_0", "-ctv", "q8_0", "-fa",
+                                               "on", "-c", "1024"}));
+  EXPECT_EQ(b->ctk, "q4_0");
+  EXPECT_EQ(b->ctx_size, 1024);
+  // flash attention and the context kept when not given
+  b = with_cache(*a, "q8_0", "q8_0", "", 0);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->argv, (std::vector<std::string>{"srv", "-m", "m.gguf", "-fa", "-c", "512", "-t", "2", "-ctk", "q8_0",
+                                               "-ctv", "q8_0"}));
+  EXPECT_EQ(b->flash_attn, "on");
+  EXPECT_EQ(b->ctx_size, 512);
+}
+
+TEST(Ladder, Budget) {
+  EXPECT_EQ(*parse_budget("1048576"), 1048576u);
+  EXPECT_EQ(*parse_budget("512K"), 512u << 10);
+  EXPECT_EQ(*parse_budget("2G"), 2ull << 30);
+  for (const char* bad : {"", "0", "1.5G", "12Q", "-1"}) {
+    auto b = parse_budget(bad);
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_NE(b.status().message().find("--cache-budget"), std::string::npos);
+  }
 }
 
 TEST(ServeListen, HostPort) {

@@ -1,0 +1,34 @@
+#include "serve/drain.h"
+
+#include <chrono>
+
+namespace kvsnap {
+
+Drain::Ticket Drain::enter(double max_wait_s) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (!cv_.wait_for(l, std::chrono::duration<double>(max_wait_s), [this] { return !closed_; })) return nullptr;
+  ++out_;
+  return Ticket(static_cast<void*>(this), [](void* self) { static_cast<Drain*>(self)->leave(); });
+}
+
+void Drain::leave() {
+  std::lock_guard<std::mutex> l(mu_);
+  --out_;
+  cv_.notify_all();
+}
+
+uint64_t Drain::close() {
+  std::unique_lock<std::mutex> l(mu_);
+  closed_ = true;
+  const uint64_t n = out_;
+  cv_.wait(l, [this] { return out_ == 0; });
+  return n;
+}
+
+void Drain::open() {
+  std::lock_guard<std::mutex> l(mu_);
+  closed_ = false;
+  cv_.notify_all();
+}
+
+}  // namespace kvsnap

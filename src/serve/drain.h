@@ -1,0 +1,37 @@
+// The gate a requantize closes: requests take a ticket while they are forwarded
+// and answered; close() stops admitting new ones and waits until every ticket
+// is back (the child idle), open() lets the waiting ones through.
+//
+// Promises:
+//   - while the gate is closed, enter() waits (the request is queued, not
+//     refused) up to `max_wait_s`; then it returns no ticket and the caller
+//     answers 503 with Retry-After;
+//   - close() returns once no ticket is out: nothing is being forwarded.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+namespace kvsnap {
+
+class Drain {
+ public:
+  using Ticket = std::shared_ptr<void>;  // returned when the last copy goes
+
+  // A ticket, or nullptr when the gate stayed closed for `max_wait_s`.
+  Ticket enter(double max_wait_s);
+  // Stops admitting, then waits for the tickets out; returns how many there were when it closed.
+  uint64_t close();
+  void open();
+
+ private:
+  void leave();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t out_ = 0;
+  bool closed_ = false;
+};
+
+}  // namespace kvsnap

@@ -1,0 +1,44 @@
+// --dynamic-cache LADDER --cache-budget BYTES: the rungs of cache types kvsnap
+// serve steps down through as the context fills, and the context size that
+// keeps the K/V cache inside the same budget at each rung.
+//
+// Promises:
+//   - LADDER is comma-separated rungs, each a type for K and V ("q8_0") or a
+//     K/V pair ("q8_0/q4_0"), every type one llama-server takes; fewer than
+//     two rungs, an unknown type or a budget that does not hold 256 tokens at
+//     the first rung is kInvalidArgument naming it;
+//   - a rung's bytes per token come from the model's GGUF (every KV layer's
+//     K and V row widths) and the type table's row sizes (format/ggml_types.h
+//     row_bytes); its context is budget / bytes per token, rounded down to a
+//     multiple of 256 (llama.cpp pads the cache's size to 256 cells);
+//   - a step down is due when a slot holds at least 90% of its context
+//     (kStepAt) and a lower rung is left.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "migrate/model_info.h"
+
+namespace kvsnap {
+
+struct Rung {
+  std::string ctk, ctv;
+  uint64_t bytes_per_token = 0;  // the K/V rows of one cell, every layer
+  int ctx_size = 0;              // what fits the budget
+};
+
+struct Ladder {
+  std::vector<Rung> rungs;
+  uint64_t budget = 0;
+};
+
+inline constexpr double kStepAt = 0.9;
+
+Result<Ladder> make_ladder(const std::string& spec, uint64_t budget, const ModelInfo& model);
+// "1048576", "512K", "64M", "2G" (powers of 1024); kInvalidArgument naming --cache-budget otherwise.
+Result<uint64_t> parse_budget(const std::string& s);
+
+}  // namespace kvsnap
