@@ -169,11 +169,14 @@ def main():
                                       "--ctk", a.to, "--ctv", a.to, "--fa", a.fa, "--model", a.model, "--json"] + st,
                                 "kvsnap restore --server")
             t_after, first_ms = complete(srv.port, prompt)
+            # Control: the same again, nothing restored: what one token costs on this server right now.
+            t_again, again_ms = complete(srv.port, prompt)
             http(srv.port, "POST", "/slots/0?action=erase", {})
             t_fresh, fresh_ms = complete(srv.port, prompt)
             rounds.append({"restore_wall_ms": restore_ms, "restore": r, "first_completion_ms": first_ms,
                            "prompt_n_after_restore": t_after["prompt_n"],
-                           "prompt_ms_after_restore": t_after["prompt_ms"], "reprocess_wall_ms": fresh_ms,
+                           "prompt_ms_after_restore": t_after["prompt_ms"],
+                           "control_completion_ms": again_ms, "control_prompt_n": t_again["prompt_n"], "reprocess_wall_ms": fresh_ms,
                            "reprocess_prompt_ms": t_fresh["prompt_ms"], "reprocess_prompt_n": t_fresh["prompt_n"]})
         # 4. the phases, each on its own.
         conv = os.path.join(work, "converted.bin")
@@ -262,6 +265,8 @@ def main():
     print(f"{'(a) kvsnap restore --server (wall)':44} {restore_ms:9.0f}")
     print(f"{'    first completion after it (wall)':44} {first_ms:9.0f}   prompt_n "
           f"{summary['prompt_n_after_restore']}")
+    print(f"{'    control: the same completion again':44} {m('control_completion_ms'):9.0f}   "
+          "(no restore in between: one token on this server now)")
     print(f"{'    resume = both':44} {restore_ms + first_ms:9.0f}")
     print(f"{'(b) reprocess on an erased slot (wall)':44} {reproc_ms:9.0f}   prompt_ms {reproc_prompt_ms:.0f}")
     print(f"ratio reprocess / resume: {summary['ratio_reprocess_over_resume']:.1f}x "
