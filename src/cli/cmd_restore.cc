@@ -28,6 +28,7 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
   t.stored_source_build = o.source_build;
   t.stored_src_rotation = o.src_rotation;
   t.target_build = o.target_build;
+  t.threads = o.threads;
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
   Result<ServerRestoreResult> restored = [&] {
     ProgressDisplay shown("restore " + o.ref, Counted::kRead, stored_bytes_of(*store, {o.ref}), o.progress.mode(o.json));
@@ -40,7 +41,9 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
             {"bytes", r.restore.bytes_out}, {"server_ms", r.server_ms}, {"seconds", r.seconds},
             {"server_build", server_build_json(r.build)},
             {"target_build", r.target_build.empty() ? json(nullptr) : json(r.target_build)},
-            {"target_build_from", r.target_build_from}};
+            {"target_build_from", r.target_build_from},
+            {"phases_ms", {{"prepare", r.phases.prepare}, {"write", r.phases.write}, {"commit", r.phases.commit},
+                           {"server", r.phases.server}, {"check", r.phases.check}}}};
   if (r.check)
     j["check"] = {{"n_tokens", r.check->n_tokens}, {"prompt_n", r.check->prompt_n}, {"cache_n", r.check->cache_n},
                   {"reused", r.check->reused}};

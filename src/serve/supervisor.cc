@@ -2,16 +2,17 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 
 #include "server/llama_server.h"
-
-extern char** environ;
 
 namespace kvsnap {
 
@@ -33,32 +34,67 @@ Supervisor::Supervisor(SupervisorOptions o, std::function<void(const std::string
 Supervisor::~Supervisor() { stop(); }
 
 Result<pid_t> Supervisor::spawn() {
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t at;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawnattr_init(&at);
-  if (!o_.log_path.empty()) {
-    posix_spawn_file_actions_addopen(&fa, 1, o_.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  }
-  // Its own process group (a Ctrl-C at the terminal reaches kvsnap, which stops it in order), with
-  // the signals kvsnap blocks or ignores restored to their defaults.
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigemptyset(&defaults);
-  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGPIPE}) sigaddset(&defaults, s);
-  posix_spawnattr_setsigmask(&at, &none);
-  posix_spawnattr_setsigdefault(&at, &defaults);
-  posix_spawnattr_setpgroup(&at, 0);
-  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  // fork + exec rather than posix_spawn: the child must ask for a signal when kvsnap dies (below),
+  // which posix_spawn cannot. Everything the child needs is made before fork (kvsnap has threads:
+  // between fork and exec the child calls only async-signal-safe functions).
   std::vector<char*> args;
   for (auto& a : o_.argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  pid_t pid = 0;
-  int rc = posix_spawnp(&pid, args[0], &fa, &at, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&at);
-  if (rc != 0) return Status::IOError("cannot start " + o_.argv[0] + ": " + std::strerror(rc));
+  const char* log_path = o_.log_path.empty() ? nullptr : o_.log_path.c_str();
+  int report[2];  // the child writes errno here when it cannot exec; closed on exec
+  if (pipe(report) != 0) return Status::IOError(std::string("cannot make a pipe: ") + std::strerror(errno));
+  fcntl(report[0], F_SETFD, FD_CLOEXEC);
+  fcntl(report[1], F_SETFD, FD_CLOEXEC);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int e = errno;
+    close(report[0]);
+    close(report[1]);
+    return Status::IOError("cannot start " + o_.argv[0] + ": fork: " + std::strerror(e));
+  }
+  if (pid == 0) {
+    auto fail = [&](int e) {
+      (void)!write(report[1], &e, sizeof e);
+      _exit(127);
+    };
+#ifdef __linux__
+    // A SIGKILLed kvsnap cannot stop its child: the kernel sends SIGTERM instead, when the thread
+    // that forked it exits (spawn() runs on the thread that start()s and on the monitor thread,
+    // both of which live as long as their child). If kvsnap died before prctl, getppid() is no
+    // longer it: exit now. Other POSIX systems have no such request (FreeBSD's
+    // procctl(PROC_PDEATHSIG_CTL) would be the equivalent); there a SIGKILLed kvsnap leaves its
+    // llama-server running, to be stopped by hand.
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) fail(errno);
+    if (getppid() != parent) _exit(1);
+#endif
+    // Its own process group (a Ctrl-C at the terminal reaches kvsnap, which stops it in order), with
+    // the signals kvsnap blocks or ignores restored to their defaults.
+    if (setpgid(0, 0) != 0) fail(errno);
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int s : {SIGTERM, SIGINT, SIGHUP, SIGPIPE}) sigaction(s, &dfl, nullptr);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (log_path) {
+      const int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd < 0 || dup2(fd, 1) < 0 || dup2(1, 2) < 0) fail(errno);
+      if (fd > 2) close(fd);
+    }
+    execvp(args[0], args.data());
+    fail(errno);
+  }
+  close(report[1]);
+  int e = 0;
+  ssize_t n;
+  while ((n = read(report[0], &e, sizeof e)) < 0 && errno == EINTR) {
+  }
+  close(report[0]);
+  if (n > 0) {
+    waitpid(pid, nullptr, 0);
+    return Status::IOError("cannot start " + o_.argv[0] + ": " + std::strerror(e));
+  }
   return pid;
 }
 

@@ -6,6 +6,7 @@
 
 #include "base/json_access.h"
 #include "format/ggml_types.h"
+#include "server/slot_file_writer.h"
 
 namespace kvsnap {
 
@@ -23,6 +24,13 @@ struct SlotFile {
 };
 
 std::string fresh_name(const char* what) { return std::string("kvsnap-") + what + "-" + unique_suffix() + ".bin"; }
+
+double ms_since(Clock::time_point& t) {
+  const auto now = Clock::now();
+  const double ms = std::chrono::duration<double, std::milli>(now - t).count();
+  t = now;
+  return ms;
+}
 
 std::string join(const std::string& dir, const std::string& name) {
   return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
@@ -228,14 +236,19 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   }
   if (r.target_build.empty()) r.target_build_from.clear();
   req.spec.target_build = r.target_build;
+  req.spec.threads = t.threads;
   req.model = model.info ? &*model.info : nullptr;
   const std::string name = fresh_name("restore");
   SlotFile file{io, join(t.slot_dir, name)};
+  auto lap = Clock::now();
+  r.phases.prepare = std::chrono::duration<double, std::milli>(lap - t0).count();
   {
-    auto w = AtomicFileWriter::create(io, file.path);
+    auto w = SlotFileWriter::create(io, file.path);
     if (!w.ok()) return w.status().Prefixed("cannot write into --slot-dir " + t.slot_dir);
     KV_ASSIGN_OR_RETURN(r.restore, store.restore(ref, req, **w));
+    r.phases.write = ms_since(lap);
     KV_RETURN_IF_ERROR((*w)->commit());
+    r.phases.commit = ms_since(lap);
   }
   auto restored_or = srv.restore_slot(t.slot, name);
   if (!restored_or.ok()) {
@@ -243,12 +256,14 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
                                          " for the server (is --slot-dir its --slot-save-path? was the file still "
                                          "there?)");
   }
+  r.phases.server = ms_since(lap);
   SlotFileResult restored = *restored_or;
   r.n_restored = restored.n_tokens;
   r.server_ms = restored.ms;
   if (check) {
     KV_ASSIGN_OR_RETURN(auto snap, store.open_snapshot(ref));
     KV_ASSIGN_OR_RETURN(r.check, check_reuse(srv, t.slot, snap->reader().tokens().tokens));
+    r.phases.check = ms_since(lap);
   }
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;

@@ -43,6 +43,7 @@ struct ServerTarget {
   // Restores: the llama.cpp that will load the file (--target-build); empty:
   // the server's /props build_info when it is usable, else the stored format.
   std::string target_build;
+  int threads = 0;                      // conversion threads; 0: all cores
 };
 
 struct ServerSaveResult {
@@ -59,8 +60,18 @@ struct ReuseCheck {
   bool reused = false;       // prompt_n <= 1: only the last token, which llama-server always re-evaluates
 };
 
+// Where a restore's time went (wall clock, ms), for `restore --json` and bench/resume_bench.py.
+struct ServerRestorePhases {
+  double prepare = 0;  // /health, /slots, /props, the model, the catalog (and detecting types)
+  double write = 0;    // reading the snapshot, converting, writing into the slot directory
+  double commit = 0;   // the last writes and the rename
+  double server = 0;   // POST /slots/N?action=restore, round trip
+  double check = 0;    // --check's completion
+};
+
 struct ServerRestoreResult {
   RestoreResult restore;
+  ServerRestorePhases phases;
   uint64_t n_restored = 0;
   double server_ms = 0;
   double seconds = 0;        // everything: convert, write, server restore

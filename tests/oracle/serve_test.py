@@ -172,6 +172,7 @@ def main():
         run_requantize_chat(kvsnap, llama, model, work)
         run_ladder(kvsnap, llama, model, work)
         run_disk_full(kvsnap, llama, model, work)
+        run_serve_sigkilled(kvsnap, llama, model, work)
     finally:
         if direct.poll() is None:
             direct.kill()
@@ -216,6 +217,22 @@ def run_disk_full(kvsnap, llama, model, work):
               + next((l for l in text.splitlines() if "stopped:" in l), "?"))
     finally:
         subprocess.run(["umount", mnt])
+
+
+def run_serve_sigkilled(kvsnap, llama, model, work):
+    """kvsnap serve killed with SIGKILL (it cannot stop anything then): its llama-server goes too,
+    within a few seconds (Linux: the child asked for SIGTERM at its parent's death)."""
+    args = ["-m", model, "-c", "1024", "-np", "1", "-t", "1", "--no-warmup"]
+    proc, port, log = start_serve(kvsnap, llama, os.path.join(work, "sigkill-store"), work, "sigkill", args)
+    kids = children_of(proc.pid)
+    proc.kill()
+    proc.wait()
+    log.close()
+    gone = wait_for(lambda: kids and not any(alive(k) for k in kids), 10)
+    for k in kids:
+        if alive(k):
+            os.kill(k, signal.SIGKILL)
+    check(bool(gone), f"kvsnap serve SIGKILLed: its llama-server (pid {kids}) exits within 10 s")
 
 
 SERVES = []  # every kvsnap serve started: stopped at the end whatever happens

@@ -1,0 +1,303 @@
+#!/usr/bin/env python3
+"""End to end: resuming a session with `kvsnap restore --server` against reprocessing its prompt.
+
+One run, one machine, one stock llama-server (issue 13 part 3, docs/performance.md "End to end"):
+
+  1. llama-server at f16 with --slot-save-path evaluates the prompt on slot 0;
+     `kvsnap save --server` puts the slot into a fresh store;
+  2. the server is restarted at q8_0 (-ctk/-ctv q8_0, the same -fa);
+  3. (a) resume: `kvsnap restore --server` (converts f16 -> q8_0 into the slot directory, the server
+     loads it), then the same prompt as a completion: its prompt_n proves the reuse;
+     (b) reprocess: the slot erased, the same prompt evaluated from scratch (prompt_ms, wall);
+  4. the restore's phases, each measured on its own: reading the snapshot out of the store
+     (`kvsnap restore --out`, stored types), reading + converting (`--out` at q8_0), converting a
+     plain file (`kvsnap convert`), llama-server's own load of the converted file
+     (POST /slots/0?action=restore of that file, no kvsnap in between).
+
+Prints a table and the ratio; --json FILE writes every figure. Nothing here asserts a time.
+
+  bench/resume_bench.py KVSNAP LLAMA_SERVER MODEL PROMPT_FILE WORK_DIR [--repeat N] [--json FILE]
+
+With bench/make_real_slot.sh's model and prompt (~/.cache/kvsnap-bench/model.gguf and
+real-f16.slot.prompt.txt, ~3,200 tokens). WORK_DIR is emptied of the bench's own files.
+"""
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(port, method, path, body=None, timeout=3600):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            out = r.read()
+    except urllib.error.HTTPError as e:
+        raise SystemExit(f"resume_bench: {method} {path}: HTTP {e.code}: {e.read()[:300]!r}")
+    return json.loads(out), (time.perf_counter() - t0) * 1000
+
+
+class Server:
+    """A stock llama-server on a free loopback port; its log goes to WORK/name.log."""
+
+    def __init__(self, binary, model, slot_dir, work, name, ctk, ctv, fa, ctx, threads):
+        self.port = free_port()
+        self.log_path = os.path.join(work, name + ".log")
+        self.log = open(self.log_path, "w")
+        args = [binary, "-m", model, "-c", str(ctx), "-np", "1", "-ctk", ctk, "-ctv", ctv, "-fa", fa,
+                "-t", str(threads), "--slot-save-path", slot_dir, "--cache-ram", "0",
+                "--host", "127.0.0.1", "--port", str(self.port)]
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"resume_bench: llama-server exited ({self.proc.returncode}); see {self.log_path}")
+            try:
+                http(self.port, "GET", "/health", timeout=5)
+                return
+            except (OSError, SystemExit):
+                time.sleep(0.2)
+        raise SystemExit(f"resume_bench: llama-server did not become healthy; see {self.log_path}")
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def run(cmd, what):
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    ms = (time.perf_counter() - t0) * 1000
+    if p.returncode != 0:
+        raise SystemExit(f"resume_bench: {what} failed ({p.returncode}):\n  {' '.join(cmd)}\n{p.stderr}{p.stdout}")
+    try:
+        out = json.loads(p.stdout) if p.stdout.strip().startswith("{") else p.stdout
+    except json.JSONDecodeError:
+        out = p.stdout
+    return out, ms
+
+
+def complete(port, prompt):
+    """The prompt on slot 0, one token predicted: (timings, wall ms)."""
+    body = {"prompt": prompt, "n_predict": 1, "temperature": 0, "cache_prompt": True, "id_slot": 0}
+    j, ms = http(port, "POST", "/completion", body)
+    return j["timings"], ms
+
+
+def ph_bytes_rate(p):
+    return p["bytes"] / p["wall_ms"] / 1e6
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("kvsnap")
+    ap.add_argument("llama_server")
+    ap.add_argument("model")
+    ap.add_argument("prompt_file")
+    ap.add_argument("work")
+    ap.add_argument("--repeat", type=int, default=3, help="resume / reprocess rounds (medians reported)")
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--fa", default="on")
+    ap.add_argument("--to", default="q8_0", help="the restarted server's -ctk/-ctv")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server -t")
+    ap.add_argument("--json", help="write every figure here")
+    a = ap.parse_args()
+
+    prompt = open(a.prompt_file).read()
+    work = os.path.abspath(a.work)
+    slot_dir, store = os.path.join(work, "slots"), os.path.join(work, "store")
+    for d in (slot_dir, store):
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+    kv = [a.kvsnap]
+    st = ["--store", store]
+    res = {"model": a.model, "prompt_file": a.prompt_file, "to": a.to, "fa": a.fa, "ctx": a.ctx,
+           "cores": os.cpu_count(), "loadavg_before": os.getloadavg()}
+
+    # 1. f16: evaluate, save.
+    srv = Server(a.llama_server, a.model, slot_dir, work, "server-f16", "f16", "f16", a.fa, a.ctx, a.threads)
+    try:
+        t, ms = complete(srv.port, prompt)
+        res["f16_prompt"] = {"prompt_n": t["prompt_n"], "prompt_ms": t["prompt_ms"], "wall_ms": ms}
+        saved, ms = run(kv + ["save", "--server", srv.url, "--slot", "0", "--slot-dir", slot_dir, "--model", a.model,
+                              "--name", "e2e", "--json"] + st, "kvsnap save --server")
+        res["save"] = {"wall_ms": ms, "result": saved}
+        # The f16 file llama-server itself writes, for the phase runs below.
+        j, ms = http(srv.port, "POST", "/slots/0?action=save", {"filename": "server-f16.bin"})
+        res["server_save_f16"] = {"wall_ms": ms, "bytes": j.get("n_written"), "save_ms": j["timings"]["save_ms"]}
+    finally:
+        srv.stop()
+    f16_file = os.path.join(slot_dir, "server-f16.bin")
+    n_tokens = res["f16_prompt"]["prompt_n"]
+
+    # 2. restart at the other types.
+    srv = Server(a.llama_server, a.model, slot_dir, work, f"server-{a.to}", a.to, a.to, a.fa, a.ctx, a.threads)
+    rounds = []
+    try:
+        for _ in range(a.repeat):
+            http(srv.port, "POST", "/slots/0?action=erase", {})
+            r, restore_ms = run(kv + ["restore", "e2e", "--server", srv.url, "--slot", "0", "--slot-dir", slot_dir,
+                                      "--ctk", a.to, "--ctv", a.to, "--fa", a.fa, "--model", a.model, "--json"] + st,
+                                "kvsnap restore --server")
+            t_after, first_ms = complete(srv.port, prompt)
+            # Control: the same again, nothing restored: what one token costs on this server right now.
+            t_again, again_ms = complete(srv.port, prompt)
+            http(srv.port, "POST", "/slots/0?action=erase", {})
+            t_fresh, fresh_ms = complete(srv.port, prompt)
+            rounds.append({"restore_wall_ms": restore_ms, "restore": r, "first_completion_ms": first_ms,
+                           "prompt_n_after_restore": t_after["prompt_n"],
+                           "prompt_ms_after_restore": t_after["prompt_ms"],
+                           "control_completion_ms": again_ms, "control_prompt_n": t_again["prompt_n"], "reprocess_wall_ms": fresh_ms,
+                           "reprocess_prompt_ms": t_fresh["prompt_ms"], "reprocess_prompt_n": t_fresh["prompt_n"]})
+        # 4. the phases, each on its own.
+        conv = os.path.join(work, "converted.bin")
+        phases = {}
+        for name, extra in (("store_read", []), ("store_read_convert", ["--ctk", a.to, "--ctv", a.to, "--fa", a.fa])):
+            out = os.path.join(work, name + ".bin")
+            xs = []
+            for _ in range(a.repeat):
+                if os.path.exists(out):
+                    os.remove(out)
+                j, ms = run(kv + ["restore", "e2e", "--out", out, "--model", a.model, "--json"] + extra + st, name)
+                xs.append(ms)
+            phases[name] = {"wall_ms": median(xs), "bytes": os.path.getsize(out)}
+        os.replace(os.path.join(work, "store_read_convert.bin"), os.path.join(slot_dir, "converted.bin"))
+        xs = []
+        for _ in range(a.repeat):
+            if os.path.exists(conv):
+                os.remove(conv)
+            _, ms = run(kv + ["convert", f16_file, conv, "--ctk", a.to, "--ctv", a.to, "--fa", a.fa, "--model", a.model],
+                        "kvsnap convert")
+            xs.append(ms)
+        phases["convert_plain_file"] = {"wall_ms": median(xs), "bytes_in": os.path.getsize(f16_file),
+                                        "bytes": os.path.getsize(conv)}
+        xs, ys = [], []
+        for _ in range(a.repeat):
+            http(srv.port, "POST", "/slots/0?action=erase", {})
+            j, ms = http(srv.port, "POST", "/slots/0?action=restore", {"filename": "converted.bin"})
+            xs.append(ms)
+            ys.append(j["timings"]["restore_ms"])
+        phases["server_load"] = {"wall_ms": median(xs), "restore_ms": median(ys)}
+        # The machine's ceiling: the same number of bytes written into the slot dir by plain write(2)s
+        # of 4 MiB (a new file each time, as the restore makes, no fsync).
+        xs = []
+        block = b"\x01" * (4 << 20)
+        for _ in range(a.repeat):
+            path = os.path.join(slot_dir, "plain-write.bin")
+            t0 = time.perf_counter()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            left = phases["store_read_convert"]["bytes"]
+            while left > 0:
+                left -= os.write(fd, block[:min(left, len(block))])
+            os.close(fd)
+            xs.append((time.perf_counter() - t0) * 1000)
+            os.remove(path)
+        phases["plain_write"] = {"wall_ms": median(xs), "bytes": phases["store_read_convert"]["bytes"]}
+        xs = []
+        for _ in range(a.repeat):
+            _, ms = run([a.kvsnap, "--version"], "kvsnap --version")
+            xs.append(ms)
+        phases["kvsnap_process_start"] = {"wall_ms": median(xs)}
+        res["phases"] = phases
+    finally:
+        srv.stop()
+    res["rounds"] = rounds
+    res["loadavg_after"] = os.getloadavg()
+
+    m = lambda k: median([r[k] for r in rounds])
+    restore_ms, first_ms = m("restore_wall_ms"), m("first_completion_ms")
+    reproc_ms, reproc_prompt_ms = m("reprocess_wall_ms"), m("reprocess_prompt_ms")
+    out_bytes = rounds[-1]["restore"]["bytes"]
+    inner = median([r["restore"].get("phases_ms", {}).get("write", float("nan")) +
+                    r["restore"].get("phases_ms", {}).get("commit", 0) for r in rounds])
+    summary = {
+        "n_tokens": n_tokens,
+        "restore_wall_ms": restore_ms,
+        "first_completion_after_restore_ms": first_ms,
+        "prompt_n_after_restore": [r["prompt_n_after_restore"] for r in rounds],
+        "resume_ms": restore_ms + first_ms,
+        "reprocess_wall_ms": reproc_ms,
+        "reprocess_prompt_ms": reproc_prompt_ms,
+        "ratio_reprocess_over_resume": reproc_ms / (restore_ms + first_ms),
+        "ratio_reprocess_over_restore": reproc_ms / restore_ms,
+        "slot_file_bytes": out_bytes,
+        "write_phase_ms": inner,
+        "restore_rate_gbps_whole": out_bytes / restore_ms / 1e6,
+        "restore_rate_gbps_write_phase": out_bytes / inner / 1e6 if inner == inner else None,
+        "plain_write_gbps": ph_bytes_rate(res["phases"]["plain_write"]),
+    }
+    res["summary"] = summary
+
+    ph = res["phases"]
+    print(f"end to end, {n_tokens} tokens, f16 saved -> server restarted at {a.to}/{a.to} fa {a.fa}, "
+          f"{a.repeat} rounds (medians), {os.cpu_count()} cores, load {res['loadavg_before'][0]:.1f} -> "
+          f"{res['loadavg_after'][0]:.1f}")
+    print(f"{'':44} {'ms':>9}")
+    print(f"{'(a) kvsnap restore --server (wall)':44} {restore_ms:9.0f}")
+    print(f"{'    first completion after it (wall)':44} {first_ms:9.0f}   prompt_n "
+          f"{summary['prompt_n_after_restore']}")
+    print(f"{'    control: the same completion again':44} {m('control_completion_ms'):9.0f}   "
+          "(no restore in between: one token on this server now)")
+    print(f"{'    resume = both':44} {restore_ms + first_ms:9.0f}")
+    print(f"{'(b) reprocess on an erased slot (wall)':44} {reproc_ms:9.0f}   prompt_ms {reproc_prompt_ms:.0f}")
+    print(f"ratio reprocess / resume: {summary['ratio_reprocess_over_resume']:.1f}x "
+          f"(reprocess / restore alone: {summary['ratio_reprocess_over_restore']:.1f}x)")
+    print(f"restore --server: {out_bytes / 1e6:.1f} MB into the slot dir; "
+          f"{summary['restore_rate_gbps_whole']:.2f} GB/s over the whole command"
+          + (f", {summary['restore_rate_gbps_write_phase']:.2f} GB/s over its read+convert+write phase"
+             if summary["restore_rate_gbps_write_phase"] else ""))
+    inner_phases = rounds[-1]["restore"].get("phases_ms")
+    if inner_phases:
+        print("  inside the restore (last round, ms): " + ", ".join(f"{k} {v:.0f}" for k, v in inner_phases.items()))
+    print("phases, each on its own (ms):")
+    print(f"  kvsnap process start (--version)            {ph['kvsnap_process_start']['wall_ms']:9.0f}")
+    print(f"  store -> file, stored types (restore --out) {ph['store_read']['wall_ms']:9.0f}   "
+          f"{ph['store_read']['bytes'] / 1e6:.1f} MB")
+    print(f"  store -> file at {a.to:5} (restore --out)      {ph['store_read_convert']['wall_ms']:9.0f}   "
+          f"{ph['store_read_convert']['bytes'] / 1e6:.1f} MB")
+    print(f"  plain f16 file -> {a.to} (kvsnap convert)     {ph['convert_plain_file']['wall_ms']:9.0f}")
+    print(f"  plain write(2) of as many bytes (ceiling)   {ph['plain_write']['wall_ms']:9.0f}   "
+          f"{ph['plain_write']['bytes'] / ph['plain_write']['wall_ms'] / 1e6:.2f} GB/s")
+    print(f"  llama-server loads the converted file       {ph['server_load']['wall_ms']:9.0f}   "
+          f"(its restore_ms {ph['server_load']['restore_ms']:.0f})")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=2)
+    bad = [r for r in rounds if r["prompt_n_after_restore"] > 8]
+    if bad:
+        print(f"WARNING: the server did not reuse the restored cache (prompt_n {bad[0]['prompt_n_after_restore']})")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+#include "server/slot_file_writer.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kvsnap {
+
+namespace {
+// Blocks handed to the writing thread: large enough that a write(2) costs
+// nothing per call, few enough in flight to bound memory (kInFlight x kBlock).
+constexpr size_t kBlock = 4u << 20;
+constexpr size_t kInFlight = 4;
+}  // namespace
+
+// A bounded queue of filled blocks and the thread that writes them in order.
+struct SlotFileWriter::Pipe {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::vector<std::byte>> full;
+  std::vector<std::vector<std::byte>> spare;
+  std::vector<std::byte> filling;
+  Status error;  // the first failed write; later blocks are dropped
+  bool closing = false;
+  std::thread thread;
+
+  void run(WritableFile& f) {
+    std::unique_lock<std::mutex> l(mu);
+    for (;;) {
+      cv.wait(l, [&] { return closing || !full.empty(); });
+      if (full.empty()) return;
+      std::vector<std::byte> b = std::move(full.front());
+      full.pop_front();
+      l.unlock();
+      Status s = error.ok() ? f.append(b) : Status::OK();
+      b.clear();
+      l.lock();
+      if (!s.ok() && error.ok()) error = s;
+      spare.push_back(std::move(b));
+      cv.notify_all();
+    }
+  }
+
+  // Queues `filling` (waiting while kInFlight blocks are queued) and takes a spare to fill next.
+  Status hand_over() {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return full.size() < kInFlight; });
+    if (!error.ok()) return error;
+    full.push_back(std::move(filling));
+    filling = std::vector<std::byte>();
+    if (!spare.empty()) {
+      filling = std::move(spare.back());
+      spare.pop_back();
+    }
+    filling.reserve(kBlock);
+    cv.notify_all();
+    return Status::OK();
+  }
+
+  Status finish() {
+    Status s = filling.empty() ? Status::OK() : hand_over();
+    {
+      std::lock_guard<std::mutex> l(mu);
+      closing = true;
+    }
+    cv.notify_all();
+    if (thread.joinable()) thread.join();
+    return s.ok() ? error : s;
+  }
+};
+
+Result<std::unique_ptr<SlotFileWriter>> SlotFileWriter::create(Io& io, const std::string& path) {
+  std::string tmp = path + std::string(kTempInfix) + unique_suffix();
+  KV_ASSIGN_OR_RETURN(auto f, io.open_write(tmp, /*exclusive=*/true));
+  return std::unique_ptr<SlotFileWriter>(new SlotFileWriter(io, path, std::move(tmp), std::move(f)));
+}
+
+SlotFileWriter::SlotFileWriter(Io& io, std::string path, std::string tmp, std::unique_ptr<WritableFile> f)
+    : io_(io), path_(std::move(path)), tmp_(std::move(tmp)), file_(std::move(f)), pipe_(std::make_unique<Pipe>()) {
+  pipe_->filling.reserve(kBlock);
+  pipe_->thread = std::thread([this] { pipe_->run(*file_); });
+}
+
+SlotFileWriter::~SlotFileWriter() {
+  if (committed_) return;
+  (void)pipe_->finish();
+  (void)file_->close();
+  (void)io_.remove(tmp_);
+}
+
+Status SlotFileWriter::fail(const Status& s) const {
+  return s.Prefixed("writing " + path_ + " (as " + tmp_ + ")");
+}
+
+Status SlotFileWriter::append(std::span<const std::byte> data) {
+  if (committed_) return Status::InvalidArgument(path_ + ": append after commit");
+  while (!data.empty()) {
+    auto& b = pipe_->filling;
+    const size_t n = std::min(data.size(), kBlock - b.size());
+    b.insert(b.end(), data.begin(), data.begin() + n);
+    data = data.subspan(n);
+    if (b.size() == kBlock) {
+      Status s = pipe_->hand_over();
+      if (!s.ok()) return fail(s);
+    }
+  }
+  return Status::OK();
+}
+
+Status SlotFileWriter::commit() {
+  if (committed_) return Status::OK();
+  Status s = pipe_->finish();
+  if (!s.ok()) return fail(s);
+  s = file_->close();
+  if (!s.ok()) return fail(s);
+  s = io_.rename(tmp_, path_);
+  if (!s.ok()) return fail(s);
+  committed_ = true;
+  return Status::OK();
+}
+
+}  // namespace kvsnap

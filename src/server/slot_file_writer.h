@@ -1,0 +1,44 @@
+// The file kvsnap hands to llama-server in its slot directory: written
+// beside its final name under a temporary one and renamed into place, so the
+// server never sees a partial file, with the writing done by a thread of its
+// own so the kernel's copy into the page cache overlaps the conversion that
+// produces the bytes.
+//
+// Not fsynced: the server reads the file at once and kvsnap removes it right
+// after (server_flows.h), so durability would buy nothing and costs a flush of
+// the whole file to disk on the restore's critical path. A crash leaves at most
+// a temporary named `<name>.kvsnap-tmp-<pid>-<random>` (base/io.h kTempInfix).
+//
+// Errors name the file. Dropping the writer without commit() removes the
+// temporary file.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "base/io.h"
+#include "base/status.h"
+
+namespace kvsnap {
+
+class SlotFileWriter final : public ByteSink {
+ public:
+  static Result<std::unique_ptr<SlotFileWriter>> create(Io& io, const std::string& path);
+  ~SlotFileWriter() override;
+  using ByteSink::append;
+  Status append(std::span<const std::byte> data) override;
+  // Waits for the writes, closes, renames to the final name.
+  Status commit();
+
+ private:
+  struct Pipe;
+  SlotFileWriter(Io& io, std::string path, std::string tmp, std::unique_ptr<WritableFile> f);
+  Status fail(const Status& s) const;
+  Io& io_;
+  std::string path_, tmp_;
+  std::unique_ptr<WritableFile> file_;
+  std::unique_ptr<Pipe> pipe_;
+  bool committed_ = false;
+};
+
+}  // namespace kvsnap
