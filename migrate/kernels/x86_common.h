@@ -137,9 +137,10 @@ KV_AVX2_INLINE __m256 hmax8x8(const __m256* p) {
 // addition can no longer carry a fraction just below .5 up to the next integer (what breaks
 // x + 0.5), and a tie still reaches it; equal to roundf for every non-NaN float (all 2^32
 // patterns: kvsnap-simd-check --exhaustive). NaN and |x| >= 2^31 give INT32_MIN either way.
+// copysign is one blend on x's sign bit (-0.0 and negative NaNs take -h, as and/or would give).
 KV_AVX2_INLINE __m256i roundf_to_i32_8(__m256 x) {
-  const __m256 sign = _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN)));
-  const __m256 half = _mm256_or_ps(sign, _mm256_set1_ps(0x1.fffffep-2f));
+  const __m256 h = _mm256_set1_ps(0x1.fffffep-2f);
+  const __m256 half = _mm256_blendv_ps(h, _mm256_set1_ps(-0x1.fffffep-2f), x);
   return _mm256_cvttps_epi32(_mm256_add_ps(x, half));
 }
 
