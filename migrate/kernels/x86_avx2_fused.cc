@@ -45,6 +45,32 @@ KV_AVX2_INLINE void rotate_block(const Rot8& k, Load load, Emit emit) {
     for (int i = 0; i < 8; i++) v[i] = _mm256_mul_ps(v[i], k.scale);
     fwht_regs8<8>(v, k.s);
     emit(v, 0, 32);
+  } else if constexpr (R == 128) {
+    // chunk 0 through L1, chunk 1 stays in registers for the last stage (len 64)
+    alignas(32) float buf[64];
+    __m256 v[8];
+    load(0, v);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) v[i] = _mm256_mul_ps(v[i], k.scale);
+    fwht_regs8<8>(v, k.s);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) _mm256_store_ps(buf + 8 * i, v[i]);
+    __m256 w[8];
+    load(1, w);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) w[i] = _mm256_mul_ps(w[i], k.scale);
+    fwht_regs8<8>(w, k.s);
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; j++) {
+      __m256 o[8];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; i++) {
+        const __m256 u = _mm256_load_ps(buf + 32 * j + 8 * i);
+        o[i] = _mm256_add_ps(u, w[4 * j + i]);
+        o[4 + i] = _mm256_sub_ps(u, w[4 * j + i]);
+      }
+      emit(o, 32 * j, 64 + 32 * j);
+    }
   } else {
     alignas(32) float buf[R];
     for (int c = 0; c < R / 64; c++) {
@@ -146,9 +172,26 @@ KV_AVX2_INLINE void q8_0_front(const std::byte* in, std::byte* out, size_t len, 
 // infinite id (which rotated f16 values never give: their nonzero sums are >= 2^-77) takes the
 // scalar reference on the same rotated values, and a rotation block with an inf/NaN input the
 // scalar reference from its input.
+KV_AVX2_INLINE void q8_0_block(const Unit& u, int b) {
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  std::byte* blk = u.out + b * kQ8_0Bytes;
+  const float* x = u.buf + b * kQK;
+  const __m256 vid = _mm256_broadcast_ss(u.id + b);
+  const __m256i w01 = _mm256_packs_epi32(roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x), vid)),
+                                         roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 8), vid)));
+  const __m256i w23 = _mm256_packs_epi32(roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 16), vid)),
+                                         roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 24), vid)));
+  store_u16(blk, u.dh[b]);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 2), _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order));
+}
+
 template <int R>
 KV_AVX2_INLINE void q8_0_back(const Unit& u) {
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  if (__builtin_expect(u.nb == 8 && (u.nonfinite | u.inf_id) == 0, 1)) {  // a whole unit, no flags
+#pragma GCC unroll 8
+    for (int b = 0; b < 8; b++) q8_0_block(u, b);
+    return;
+  }
   for (int b = 0; b < u.nb; b++) {
     std::byte* blk = u.out + b * kQ8_0Bytes;
     const float* x = u.buf + b * kQK;
@@ -165,13 +208,7 @@ KV_AVX2_INLINE void q8_0_back(const Unit& u) {
       }
       continue;
     }
-    const __m256 vid = _mm256_broadcast_ss(u.id + b);
-    const __m256i w01 = _mm256_packs_epi32(roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x), vid)),
-                                           roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 8), vid)));
-    const __m256i w23 = _mm256_packs_epi32(roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 16), vid)),
-                                           roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 24), vid)));
-    store_u16(blk, u.dh[b]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 2), _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order));
+    q8_0_block(u, b);
   }
 }
 
