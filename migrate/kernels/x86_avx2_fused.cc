@@ -177,7 +177,9 @@ KV_AVX2_INLINE void unit_front(const std::byte* in, std::byte* out, size_t len, 
   if constexpr (kMin) {
     const __m256 mn = hmax8x8<true>(pb);
     // the reference starts from min = FLT_MAX, max = -FLT_MAX and compares strictly: on finite
-    // values that is the plain minimum and maximum, up to the sign of a zero (flagged)
+    // values that is the plain minimum and maximum, up to the sign of a zero (flagged; a rotated
+    // -0 needs a rotation block of zeros only, whose maximum is a zero too, kvsnap-simd-check's
+    // signed-zero rows)
     bad = _mm256_or_ps(_mm256_cmp_ps(mx, inf, _CMP_NLT_UQ), _mm256_cmp_ps(mn, _mm256_set1_ps(-INFINITY), _CMP_NGT_UQ));
     u->scalar = static_cast<uint32_t>(
         _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(mn, zero, _CMP_EQ_OQ), _mm256_cmp_ps(mx, zero, _CMP_EQ_OQ))));
@@ -359,7 +361,8 @@ KV_AVX2_INLINE void load_q8_0x64(const std::byte* in, __m256* v) {
 #pragma GCC unroll 2
   for (int b = 0; b < 2; b++) {
     const std::byte* blk = in + b * kQ8_0Bytes;
-    const __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
+    // the scale broadcast as f16, then converted: one vpbroadcastw from memory and one vcvtph2ps
+    const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(load_u16(blk))));
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
       const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * k));
