@@ -126,7 +126,7 @@ struct Unit {
   alignas(32) float id[8];
   alignas(32) float mn[8];     // q4_1: the blocks' minima
   alignas(16) uint16_t dh[8];
-  alignas(16) uint16_t mh[8];  // q4_1: the minima as f16
+  alignas(32) uint32_t dm[8];  // q4_1: d and the minimum as f16, the first 4 bytes of each block
   const std::byte* in;  // the unit's f16 input (for the scalar path of a rotation block with inf/NaN)
   std::byte* out;
   int nb;               // quant blocks in the unit (a multiple of R / 32)
@@ -185,7 +185,9 @@ KV_AVX2_INLINE void unit_front(const std::byte* in, std::byte* out, size_t len, 
         _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(mn, zero, _CMP_EQ_OQ), _mm256_cmp_ps(mx, zero, _CMP_EQ_OQ))));
     d = _mm256_div_ps(_mm256_sub_ps(mx, mn), _mm256_set1_ps(static_cast<float>((1 << 4) - 1)));
     _mm256_store_ps(u->mn, mn);
-    _mm_store_si128(reinterpret_cast<__m128i*>(u->mh), _mm256_cvtps_ph(mn, _MM_FROUND_TO_NEAREST_INT));
+    const __m128i dh = _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT), mh = _mm256_cvtps_ph(mn, _MM_FROUND_TO_NEAREST_INT);
+    _mm_store_si128(reinterpret_cast<__m128i*>(u->dm), _mm_unpacklo_epi16(dh, mh));
+    _mm_store_si128(reinterpret_cast<__m128i*>(u->dm + 4), _mm_unpackhi_epi16(dh, mh));
   } else {
     bad = _mm256_cmp_ps(mx, inf, _CMP_NLT_UQ);
     u->scalar = 0;
@@ -216,7 +218,10 @@ KV_AVX2_INLINE void q8_0_block(const Unit& u, int b) {
 }
 
 // q4_1_from_f32_avx2's operations on block b of the unit: q = (int8)((x - min) * id + 0.5f),
-// MIN(15, q). With finite values, min <= x <= max and a finite id, (x - min) * id lies in
+// MIN(15, q), computed as 0.5f - (min - x) * id: rounding to nearest is symmetric, so
+// fl(min - x) = -fl(x - min) and fl(fl(min - x) * id) = -fl(fl(x - min) * id), and the last
+// subtraction is the reference's addition (a zero difference gives 0.5 either way); the x
+// operand can then come straight from memory. With finite values, min <= x <= max and a finite id, (x - min) * id lies in
 // [0, 15 (1 + 2^-21)], so q is 0..15 and saturating packs keep the reference's bytes. The
 // packing pairs j with 16 + j without a byte shuffle: packs(q0, q2), packs(q1, q3), packus put
 // values j..j+3 and 16+j..19+j in one 64-bit lane, so a 64-bit shift by 28 lays the second
@@ -228,15 +233,14 @@ KV_AVX2_INLINE void q4_1_block(const Unit& u, int b) {
   __m256i q[4];
 #pragma GCC unroll 4
   for (int i = 0; i < 4; i++) {
-    q[i] = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_load_ps(x + 8 * i), vmn), vid), half));
+    q[i] = _mm256_cvttps_epi32(_mm256_sub_ps(half, _mm256_mul_ps(_mm256_sub_ps(vmn, _mm256_load_ps(x + 8 * i)), vid)));
   }
   // bytes: values 0-3 16-19 8-11 24-27 | 4-7 20-23 12-15 28-31
   __m256i r = _mm256_packus_epi16(_mm256_packs_epi32(q[0], q[2]), _mm256_packs_epi32(q[1], q[3]));
   r = _mm256_min_epu8(r, _mm256_set1_epi8(15));
   r = _mm256_or_si256(r, _mm256_srli_epi64(r, 28));
   const __m256i qs = _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 4, 2, 6, 0, 4, 2, 6));
-  store_u16(blk, u.dh[b]);
-  store_u16(blk + 2, u.mh[b]);
+  std::memcpy(blk, &u.dm[b], sizeof(uint32_t));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(blk + 4), _mm256_castsi256_si128(qs));
 }
 
