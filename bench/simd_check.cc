@@ -125,6 +125,17 @@ std::vector<std::vector<float>> row_sets() {
     }
     sets.push_back(std::move(x));
   }
+  // Signed zeros: rotation blocks of zeros only (their rotated values mix +0 and -0, so the
+  // minimum and maximum that q4_1/q5_1 store are zeros whose sign depends on the order), beside
+  // ordinary blocks.
+  for (int pat = 0; pat < 4; pat++) {
+    auto x = testing::random_rows(Dist::kGauss, 990 + pat, 1, 512);
+    for (size_t i = 0; i < 256; i++) {
+      const bool neg = pat == 0 || (pat == 1 && i % 2) || (pat == 2 && i % 7 == 3) || (pat == 3 && i >= 128);
+      x[(pat % 2) * 256 + i] = neg ? -0.0f : 0.0f;
+    }
+    sets.push_back(std::move(x));
+  }
   return sets;
 }
 

@@ -45,6 +45,32 @@ KV_AVX2_INLINE void rotate_block(const Rot8& k, Load load, Emit emit) {
     for (int i = 0; i < 8; i++) v[i] = _mm256_mul_ps(v[i], k.scale);
     fwht_regs8<8>(v, k.s);
     emit(v, 0, 32);
+  } else if constexpr (R == 128) {
+    // chunk 0 through L1, chunk 1 stays in registers for the last stage (len 64)
+    alignas(32) float buf[64];
+    __m256 v[8];
+    load(0, v);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) v[i] = _mm256_mul_ps(v[i], k.scale);
+    fwht_regs8<8>(v, k.s);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) _mm256_store_ps(buf + 8 * i, v[i]);
+    __m256 w[8];
+    load(1, w);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) w[i] = _mm256_mul_ps(w[i], k.scale);
+    fwht_regs8<8>(w, k.s);
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; j++) {
+      __m256 o[8];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; i++) {
+        const __m256 u = _mm256_load_ps(buf + 32 * j + 8 * i);
+        o[i] = _mm256_add_ps(u, w[4 * j + i]);
+        o[4 + i] = _mm256_sub_ps(u, w[4 * j + i]);
+      }
+      emit(o, 32 * j, 64 + 32 * j);
+    }
   } else {
     alignas(32) float buf[R];
     for (int c = 0; c < R / 64; c++) {
@@ -85,40 +111,54 @@ KV_AVX2_INLINE void load_f16x64(const std::byte* in, __m256* v) {
   for (int i = 0; i < 8; i++) v[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 16 * i)));
 }
 
-// f16 -> q8_0 with rotation works in units of 256 values (8 quant blocks): the front of a
-// unit rotates it into an L1 buffer and reduces the 8 abs-maxima into one register, whose
-// scales (d = amax / 127, id = 1 / d: q8_0_from_f32_avx2's divisions, 8 lanes at once) are
-// ready while the next unit's front runs (software pipelining over the divisions' latency);
-// the back quantizes the unit from the buffer.
+// f16 -> q8_0 / q4_1 with rotation works in units of 256 values (8 quant blocks): the front of a
+// unit rotates it into an L1 buffer and reduces the blocks' abs-maxima (q4_1: maxima and minima)
+// into registers of 8 lanes, whose scales (q8_0: d = amax / 127; q4_1: d = (max - min) / 15;
+// id = 1 / d: the quantizers' divisions, 8 lanes at once) are ready while the next unit's front
+// runs (software pipelining over the divisions' latency); the back quantizes the unit from the
+// buffer.
 constexpr int kUnit = 256;
+
+enum class Kind { kQ8_0, kQ4_1 };
 
 struct Unit {
   alignas(32) float buf[kUnit];
   alignas(32) float id[8];
+  alignas(32) float mn[8];     // q4_1: the blocks' minima
   alignas(16) uint16_t dh[8];
+  alignas(32) uint32_t dm[8];  // q4_1: d and the minimum as f16, the first 4 bytes of each block
   const std::byte* in;  // the unit's f16 input (for the scalar path of a rotation block with inf/NaN)
   std::byte* out;
   int nb;               // quant blocks in the unit (a multiple of R / 32)
-  uint32_t nonfinite;   // blocks whose abs-max is inf/NaN: their rotation block had an inf/NaN input
-  uint32_t inf_id;      // blocks whose id is infinite (amax below ~1e-36; see q8_0_back)
+  uint32_t nonfinite;   // blocks whose maxima are inf/NaN: their rotation block had an inf/NaN input
+  uint32_t scalar;      // blocks for the scalar reference on the rotated values (see the backs)
 };
 
-template <int R>
-KV_AVX2_INLINE void q8_0_front(const std::byte* in, std::byte* out, size_t len, const Rot8& k, Unit* u) {
-  // pm[b]: block b's lane maxima; the emits below set those of the unit's blocks, so only the
-  // missing blocks of a short unit are zeroed (a zeroing of all eight became a rep stos that
-  // cost ~5% of the row)
-  __m256 pm[8];
+template <int R, Kind K>
+KV_AVX2_INLINE void unit_front(const std::byte* in, std::byte* out, size_t len, const Rot8& k, Unit* u) {
+  constexpr bool kMin = K == Kind::kQ4_1;
+  // pa[b]: block b's lane (abs-)maxima, pb[b] its lane minima (q4_1); the emits below set those of
+  // the unit's blocks, so only the missing blocks of a short unit are zeroed (a zeroing of all
+  // eight became a rep stos that cost ~5% of the row)
+  __m256 pa[8], pb[8];
   u->in = in;
   u->out = out;
   u->nb = static_cast<int>(len / kQK);
   if (__builtin_expect(u->nb < 8, 0)) {
-    for (int b = u->nb; b < 8; b++) pm[b] = _mm256_setzero_ps();
+    for (int b = u->nb; b < 8; b++) pa[b] = pb[b] = _mm256_setzero_ps();
   }
+  const auto reduce = [&](const __m256* v, int b) KV_AVX2_LAMBDA {
+    if constexpr (kMin) {
+      pa[b] = _mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3]));
+      pb[b] = _mm256_min_ps(_mm256_min_ps(v[0], v[1]), _mm256_min_ps(v[2], v[3]));
+    } else {
+      pa[b] = _mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3])));
+    }
+  };
   for (size_t r = 0; r < len; r += R) {
     float* buf = u->buf + r;
-    __m256* pmr = pm + r / kQK;
-    // a rotation block with an inf/NaN input has inf/NaN maxima (flagged below)
+    const int b0 = static_cast<int>(r / kQK);
+    // a rotation block with an inf/NaN input has inf/NaN maxima and minima (flagged below)
     rotate_block<R>(
         k, [&](int c, __m256* v) KV_AVX2_LAMBDA { load_f16x64(in + 2 * (r + 64 * c), v); },
         [&](const __m256* v, int a, int bb) KV_AVX2_LAMBDA {
@@ -127,68 +167,139 @@ KV_AVX2_INLINE void q8_0_front(const std::byte* in, std::byte* out, size_t len, 
             _mm256_store_ps(buf + a + 8 * i, v[i]);
             _mm256_store_ps(buf + bb + 8 * i, v[4 + i]);
           }
-          pmr[a / kQK] = _mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3])));
-          pmr[bb / kQK] = _mm256_max_ps(_mm256_max_ps(abs8(v[4]), abs8(v[5])), _mm256_max_ps(abs8(v[6]), abs8(v[7])));
+          reduce(v, b0 + a / kQK);
+          reduce(v + 4, b0 + bb / kQK);
         });
   }
-  const __m256 amax = hmax8x8(pm);
-  const __m256 d = _mm256_div_ps(amax, _mm256_set1_ps(static_cast<float>((1 << 7) - 1)));
-  const __m256 id = _mm256_and_ps(_mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_UQ), _mm256_div_ps(_mm256_set1_ps(1.0f), d));
+  const __m256 zero = _mm256_setzero_ps(), inf = _mm256_set1_ps(INFINITY);
+  const __m256 mx = hmax8x8(pa);
+  __m256 d, bad;
+  if constexpr (kMin) {
+    const __m256 mn = hmax8x8<true>(pb);
+    // the reference starts from min = FLT_MAX, max = -FLT_MAX and compares strictly: on finite
+    // values that is the plain minimum and maximum, up to the sign of a zero (flagged; a rotated
+    // -0 needs a rotation block of zeros only, whose maximum is a zero too, kvsnap-simd-check's
+    // signed-zero rows)
+    bad = _mm256_or_ps(_mm256_cmp_ps(mx, inf, _CMP_NLT_UQ), _mm256_cmp_ps(mn, _mm256_set1_ps(-INFINITY), _CMP_NGT_UQ));
+    u->scalar = static_cast<uint32_t>(
+        _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(mn, zero, _CMP_EQ_OQ), _mm256_cmp_ps(mx, zero, _CMP_EQ_OQ))));
+    d = _mm256_div_ps(_mm256_sub_ps(mx, mn), _mm256_set1_ps(static_cast<float>((1 << 4) - 1)));
+    _mm256_store_ps(u->mn, mn);
+    const __m128i dh = _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT), mh = _mm256_cvtps_ph(mn, _MM_FROUND_TO_NEAREST_INT);
+    _mm_store_si128(reinterpret_cast<__m128i*>(u->dm), _mm_unpacklo_epi16(dh, mh));
+    _mm_store_si128(reinterpret_cast<__m128i*>(u->dm + 4), _mm_unpackhi_epi16(dh, mh));
+  } else {
+    bad = _mm256_cmp_ps(mx, inf, _CMP_NLT_UQ);
+    u->scalar = 0;
+    d = _mm256_div_ps(mx, _mm256_set1_ps(static_cast<float>((1 << 7) - 1)));
+  }
+  const __m256 id = _mm256_and_ps(_mm256_cmp_ps(d, zero, _CMP_NEQ_UQ), _mm256_div_ps(_mm256_set1_ps(1.0f), d));
   _mm256_store_ps(u->id, id);
   _mm_store_si128(reinterpret_cast<__m128i*>(u->dh), _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT));
-  const __m256 inf = _mm256_set1_ps(INFINITY);
-  u->nonfinite = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(amax, inf, _CMP_NLT_UQ)));
-  u->inf_id = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(id, inf, _CMP_EQ_OQ)));
+  u->nonfinite = static_cast<uint32_t>(_mm256_movemask_ps(bad));
+  // an infinite id (a d below ~2^-128, which rotated f16 values never give: their nonzero sums
+  // are >= 2^-77) goes to the scalar reference too
+  u->scalar |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(id, inf, _CMP_EQ_OQ)));
 }
 
-// q8_0_from_f32_avx2's operations on the unit's blocks. q = roundf(x * id) lies in -127..127
-// when id is finite, so saturating packs keep the reference's (int8_t) bytes; a block with an
-// infinite id (which rotated f16 values never give: their nonzero sums are >= 2^-77) takes the
-// scalar reference on the same rotated values, and a rotation block with an inf/NaN input the
-// scalar reference from its input.
-template <int R>
-KV_AVX2_INLINE void q8_0_back(const Unit& u) {
+// q8_0_from_f32_avx2's operations on block b of the unit. q = roundf(x * id) lies in -127..127
+// when id is finite, so saturating packs keep the reference's (int8_t) bytes.
+KV_AVX2_INLINE void q8_0_block(const Unit& u, int b) {
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  std::byte* blk = u.out + b * kQ8_0Bytes;
+  const float* x = u.buf + b * kQK;
+  const __m256 vid = _mm256_broadcast_ss(u.id + b);
+  const __m256i w01 = _mm256_packs_epi32(roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x), vid)),
+                                         roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 8), vid)));
+  const __m256i w23 = _mm256_packs_epi32(roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 16), vid)),
+                                         roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 24), vid)));
+  store_u16(blk, u.dh[b]);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 2), _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order));
+}
+
+// q4_1_from_f32_avx2's operations on block b of the unit: q = (int8)((x - min) * id + 0.5f),
+// MIN(15, q), computed as 0.5f - (min - x) * id: rounding to nearest is symmetric, so
+// fl(min - x) = -fl(x - min) and fl(fl(min - x) * id) = -fl(fl(x - min) * id), and the last
+// subtraction is the reference's addition (a zero difference gives 0.5 either way); the x
+// operand can then come straight from memory. With finite values, min <= x <= max and a finite id, (x - min) * id lies in
+// [0, 15 (1 + 2^-21)], so q is 0..15 and saturating packs keep the reference's bytes. The
+// packing pairs j with 16 + j without a byte shuffle: packs(q0, q2), packs(q1, q3), packus put
+// values j..j+3 and 16+j..19+j in one 64-bit lane, so a 64-bit shift by 28 lays the second
+// group on the first's high nibbles.
+KV_AVX2_INLINE void q4_1_block(const Unit& u, int b) {
+  std::byte* blk = u.out + b * kQ4_1Bytes;
+  const float* x = u.buf + b * kQK;
+  const __m256 vid = _mm256_broadcast_ss(u.id + b), vmn = _mm256_broadcast_ss(u.mn + b), half = _mm256_set1_ps(0.5f);
+  __m256i q[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {
+    q[i] = _mm256_cvttps_epi32(_mm256_sub_ps(half, _mm256_mul_ps(_mm256_sub_ps(vmn, _mm256_load_ps(x + 8 * i)), vid)));
+  }
+  // bytes: values 0-3 16-19 8-11 24-27 | 4-7 20-23 12-15 28-31
+  __m256i r = _mm256_packus_epi16(_mm256_packs_epi32(q[0], q[2]), _mm256_packs_epi32(q[1], q[3]));
+  r = _mm256_min_epu8(r, _mm256_set1_epi8(15));
+  r = _mm256_or_si256(r, _mm256_srli_epi64(r, 28));
+  const __m256i qs = _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 4, 2, 6, 0, 4, 2, 6));
+  std::memcpy(blk, &u.dm[b], sizeof(uint32_t));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(blk + 4), _mm256_castsi256_si128(qs));
+}
+
+// The unit's blocks: a rotation block with an inf/NaN input from its input through the scalar
+// reference, a block flagged in u.scalar through the scalar quantizer on the same rotated values.
+template <int R, Kind K>
+KV_AVX2_INLINE void unit_back(const Unit& u) {
+  constexpr size_t kBytes = K == Kind::kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes;
+  const auto block = [&](int b) KV_AVX2_LAMBDA {
+    if constexpr (K == Kind::kQ4_1) q4_1_block(u, b);
+    else q8_0_block(u, b);
+  };
+  const auto ref = K == Kind::kQ4_1 ? quants::ref::q4_1_from_f32 : quants::ref::q8_0_from_f32;
+  if (__builtin_expect(u.nb == 8 && (u.nonfinite | u.scalar) == 0, 1)) {  // a whole unit, no flags
+#pragma GCC unroll 8
+    for (int b = 0; b < 8; b++) block(b);
+    return;
+  }
   for (int b = 0; b < u.nb; b++) {
-    std::byte* blk = u.out + b * kQ8_0Bytes;
-    const float* x = u.buf + b * kQK;
-    if (__builtin_expect(((u.nonfinite | u.inf_id) >> b) & 1, 0)) {
-      if ((u.nonfinite >> b) & 1) {  // the whole rotation block, once, from its input
-        if (b % (R / kQK) == 0) {
-          alignas(32) float tmp[R];
-          quants::ref::f16_to_f32(u.in + 2 * b * kQK, tmp, R);
-          hadamard_ref::rotate(tmp, R, R);
-          quants::ref::q8_0_from_f32(tmp, blk, R);
-        }
-      } else {
-        quants::ref::q8_0_from_f32(x, blk, kQK);
+    std::byte* blk = u.out + b * kBytes;
+    if (__builtin_expect((u.nonfinite >> b) & 1, 0)) {
+      if (b % (R / kQK) == 0) {  // the whole rotation block, once, from its input
+        alignas(32) float tmp[R];
+        quants::ref::f16_to_f32(u.in + 2 * b * kQK, tmp, R);
+        hadamard_ref::rotate(tmp, R, R);
+        ref(tmp, blk, R);
       }
-      continue;
+    } else if (__builtin_expect((u.scalar >> b) & 1, 0)) {
+      ref(u.buf + b * kQK, blk, kQK);
+    } else {
+      block(b);
     }
-    const __m256 vid = _mm256_broadcast_ss(u.id + b);
-    const __m256i w01 = _mm256_packs_epi32(roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x), vid)),
-                                           roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 8), vid)));
-    const __m256i w23 = _mm256_packs_epi32(roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 16), vid)),
-                                           roundf_to_i32_8(_mm256_mul_ps(_mm256_load_ps(x + 24), vid)));
-    store_u16(blk, u.dh[b]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk + 2), _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order));
   }
 }
 
-// f16 rows -> floats, rotated in blocks of R, -> q8_0: front of unit i + 1, then back of unit i.
-template <int R>
-KV_AVX2 void f16_rot_q8_0(const std::byte* in, std::byte* out, size_t n, uint32_t) {
+// f16 rows -> floats, rotated in blocks of R, -> q8_0 / q4_1: front of unit i + 1, then back of unit i.
+template <int R, Kind K>
+KV_AVX2_INLINE void f16_rot_unit(const std::byte* in, std::byte* out, size_t n) {
   assert(n % R == 0);
+  constexpr size_t kBytes = K == Kind::kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes;
   const Rot8 k = rot8(R);
   Unit units[2];
   const size_t nu = (n + kUnit - 1) / kUnit;
   for (size_t i = 0; i <= nu; i++) {
     if (i < nu) {
       const size_t v0 = i * kUnit, len = n - v0 < size_t{kUnit} ? n - v0 : size_t{kUnit};
-      q8_0_front<R>(in + 2 * v0, out + v0 / kQK * kQ8_0Bytes, len, k, &units[i & 1]);
+      unit_front<R, K>(in + 2 * v0, out + v0 / kQK * kBytes, len, k, &units[i & 1]);
     }
-    if (i > 0) q8_0_back<R>(units[(i - 1) & 1]);
+    if (i > 0) unit_back<R, K>(units[(i - 1) & 1]);
   }
+}
+
+template <int R>
+KV_AVX2 void f16_rot_q8_0(const std::byte* in, std::byte* out, size_t n, uint32_t) {
+  f16_rot_unit<R, Kind::kQ8_0>(in, out, n);
+}
+template <int R>
+KV_AVX2 void f16_rot_q4_1(const std::byte* in, std::byte* out, size_t n, uint32_t) {
+  f16_rot_unit<R, Kind::kQ4_1>(in, out, n);
 }
 
 // f16 rows -> floats, rotated in blocks of R, -> a 4/5-bit type through its AVX2 quantizer
@@ -241,10 +352,6 @@ KV_AVX2 void f16_rot_q4_0(const std::byte* in, std::byte* out, size_t n, uint32_
   f16_rot_quant<R, kQ4_0Bytes>(in, out, n, q4_0_from_f32_avx2, quants::ref::q4_0_from_f32);
 }
 template <int R>
-KV_AVX2 void f16_rot_q4_1(const std::byte* in, std::byte* out, size_t n, uint32_t) {
-  f16_rot_quant<R, kQ4_1Bytes>(in, out, n, q4_1_from_f32_avx2, quants::ref::q4_1_from_f32);
-}
-template <int R>
 KV_AVX2 void f16_rot_q5_0(const std::byte* in, std::byte* out, size_t n, uint32_t) {
   f16_rot_quant<R, kQ5_0Bytes>(in, out, n, q5_0_from_f32_avx2, quants::ref::q5_0_from_f32);
 }
@@ -258,7 +365,8 @@ KV_AVX2_INLINE void load_q8_0x64(const std::byte* in, __m256* v) {
 #pragma GCC unroll 2
   for (int b = 0; b < 2; b++) {
     const std::byte* blk = in + b * kQ8_0Bytes;
-    const __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
+    // the scale broadcast as f16, then converted: one vpbroadcastw from memory and one vcvtph2ps
+    const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(load_u16(blk))));
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
       const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * k));

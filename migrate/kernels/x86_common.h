@@ -119,17 +119,24 @@ KV_AVX2 inline __m256i low_bytes32(__m256i a, __m256i b, __m256i c, __m256i d) {
   return _mm256_permutevar8x32_epi32(abcd, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-// Lane b = the largest of the 8 lanes of p[b] (the abs-maxima of 8 blocks at once): three rounds of
-// shuffles and maxima (order-free on non-NaN values; NaN blocks are flagged, not used).
+// Lane b = the largest (kMin: smallest) of the 8 lanes of p[b] (the abs-maxima of 8 blocks at
+// once): three rounds of shuffles and maxima (order-free on non-NaN values, up to the sign of a
+// zero; NaN blocks are flagged, not used, and callers that store a zero's sign flag zeros too).
+template <bool kMin>
+KV_AVX2_INLINE __m256 max_or_min8(__m256 a, __m256 b) {
+  if constexpr (kMin) return _mm256_min_ps(a, b);
+  return _mm256_max_ps(a, b);
+}
+
+template <bool kMin = false>
 KV_AVX2_INLINE __m256 hmax8x8(const __m256* p) {
+  constexpr auto op = max_or_min8<kMin>;
   __m256 t[4];
 #pragma GCC unroll 4
-  for (int i = 0; i < 4; i++) {
-    t[i] = _mm256_max_ps(_mm256_unpacklo_ps(p[2 * i], p[2 * i + 1]), _mm256_unpackhi_ps(p[2 * i], p[2 * i + 1]));
-  }
-  const __m256 u0 = _mm256_max_ps(_mm256_shuffle_ps(t[0], t[1], 0x44), _mm256_shuffle_ps(t[0], t[1], 0xEE));
-  const __m256 u1 = _mm256_max_ps(_mm256_shuffle_ps(t[2], t[3], 0x44), _mm256_shuffle_ps(t[2], t[3], 0xEE));
-  return _mm256_max_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+  for (int i = 0; i < 4; i++) t[i] = op(_mm256_unpacklo_ps(p[2 * i], p[2 * i + 1]), _mm256_unpackhi_ps(p[2 * i], p[2 * i + 1]));
+  const __m256 u0 = op(_mm256_shuffle_ps(t[0], t[1], 0x44), _mm256_shuffle_ps(t[0], t[1], 0xEE));
+  const __m256 u1 = op(_mm256_shuffle_ps(t[2], t[3], 0x44), _mm256_shuffle_ps(t[2], t[3], 0xEE));
+  return op(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
 // roundf(x) -> int32 for 8 lanes (cvttps2dq of the rounded value, as the reference does):
@@ -137,9 +144,10 @@ KV_AVX2_INLINE __m256 hmax8x8(const __m256* p) {
 // addition can no longer carry a fraction just below .5 up to the next integer (what breaks
 // x + 0.5), and a tie still reaches it; equal to roundf for every non-NaN float (all 2^32
 // patterns: kvsnap-simd-check --exhaustive). NaN and |x| >= 2^31 give INT32_MIN either way.
+// copysign is one blend on x's sign bit (-0.0 and negative NaNs take -h, as and/or would give).
 KV_AVX2_INLINE __m256i roundf_to_i32_8(__m256 x) {
-  const __m256 sign = _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN)));
-  const __m256 half = _mm256_or_ps(sign, _mm256_set1_ps(0x1.fffffep-2f));
+  const __m256 h = _mm256_set1_ps(0x1.fffffep-2f);
+  const __m256 half = _mm256_blendv_ps(h, _mm256_set1_ps(-0x1.fffffep-2f), x);
   return _mm256_cvttps_epi32(_mm256_add_ps(x, half));
 }
 
