@@ -224,16 +224,20 @@ Status write_safetensors(const Safetensors& st, const ReadableFile& data, ByteSi
   append_le<uint64_t>(len, header.size());
   KV_RETURN_IF_ERROR(out.append(len));
   KV_RETURN_IF_ERROR(out.append(header.data(), header.size()));
-  std::vector<std::byte> buf(1 << 20);
   for (size_t i : st.data_order) {
     const SafetensorsTensor& t = st.tensors[i];
-    for (uint64_t at = t.begin; at < t.end;) {
-      const uint64_t n = std::min<uint64_t>(buf.size(), t.end - at);
-      std::span<std::byte> piece(buf.data(), n);
-      KV_RETURN_IF_ERROR(data.read_at(st.data_start() + at, piece));
-      KV_RETURN_IF_ERROR(out.append(piece));
-      at += n;
-    }
+    KV_RETURN_IF_ERROR(copy_bytes(data, st.data_start() + t.begin, t.bytes(), out));
+  }
+  return Status::OK();
+}
+
+Status copy_bytes(const ReadableFile& f, uint64_t at, uint64_t n, ByteSink& out) {
+  std::vector<std::byte> buf(std::min<uint64_t>(n, 1 << 20));
+  for (const uint64_t end = at + n; at < end;) {
+    std::span<std::byte> piece(buf.data(), std::min<uint64_t>(buf.size(), end - at));
+    KV_RETURN_IF_ERROR(f.read_at(at, piece));
+    KV_RETURN_IF_ERROR(out.append(piece));
+    at += piece.size();
   }
   return Status::OK();
 }

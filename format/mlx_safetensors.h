@@ -75,6 +75,9 @@ std::string safetensors_header_text(const Safetensors& st);
 // one with the same layout), in st.data_order.
 Status write_safetensors(const Safetensors& st, const ReadableFile& data, ByteSink& out);
 
+// Appends bytes [at, at+n) of `f` to `out`, a piece at a time (bounded memory).
+Status copy_bytes(const ReadableFile& f, uint64_t at, uint64_t n, ByteSink& out);
+
 // One tensor's bytes (bounded by the tensor's size; callers check the size first).
 Result<std::vector<std::byte>> read_tensor(const Safetensors& st, const ReadableFile& f, const SafetensorsTensor& t);
 

@@ -114,13 +114,104 @@ def check_roundtrip(roundtrip, path, out_path, python, version):
         return fail(path, "mlx_roundtrip failed: " + r.stderr.strip())
     if not filecmp.cmp(path, out_path, shallow=False):
         return fail(path, "rewrite differs from the original")
+    r = subprocess.run([python, __file__, "--load-compare", path, out_path], capture_output=True, text=True,
+                       env=python_env(python, version))
+    if r.returncode != 0:
+        fail(path, "mlx-lm %s on the rewrite: %s" % (version, (r.stdout + r.stderr).strip()[-800:]))
+
+
+def describe(paths, out):
+    """In the bed's venv (with one mlx-lm first on the path): what load_prompt_cache gives for each
+    file, normalized so releases compare: class, offset, ring/quantization fields and the SHA-256
+    of every K/V array cut to its valid rows (KVCache and QuantizedKVCache buffers of mlx-lm 0.32
+    run past offset)."""
+    import hashlib
+
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.models.cache import load_prompt_cache
+
+    def digest(x, rows):
+        x = x[..., :rows, :] if rows is not None else x
+        if x.dtype == mx.bfloat16:
+            x = x.view(mx.uint16)
+        return hashlib.sha256(np.ascontiguousarray(np.array(x)).tobytes()).hexdigest()[:16]
+
+    result = {}
+    for p in paths:
+        cache, meta = load_prompt_cache(p, return_metadata=True)
+        layers = []
+        for c in cache:
+            d = {"class": type(c).__name__}
+            for a in ("offset", "keep", "max_size", "_idx", "bits", "group_size"):
+                if isinstance(getattr(c, a, None), int):
+                    d[a] = getattr(c, a)
+            rows = None if d["class"] == "RotatingKVCache" else d["offset"]
+            for side in ("keys", "values"):
+                v = getattr(c, side)
+                d[side] = [digest(e, rows) for e in v] if isinstance(v, (list, tuple)) else digest(v, rows)
+            layers.append(d)
+        result[p] = {"layers": layers, "metadata": meta}
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+def python_env(python, version):
     env = dict(os.environ)
     old = os.path.join(os.path.dirname(os.path.dirname(python)), "old", "mlx-lm-" + version)
     if os.path.isdir(old):
         env["PYTHONPATH"] = old
-    r = subprocess.run([python, __file__, "--load-compare", path, out_path], capture_output=True, text=True, env=env)
+    return env
+
+
+def describe_in(python, version, paths, out):
+    r = subprocess.run([python, __file__, "--describe", out] + paths, capture_output=True, text=True,
+                       env=python_env(python, version))
     if r.returncode != 0:
-        fail(path, "mlx-lm %s on the rewrite: %s" % (version, (r.stdout + r.stderr).strip()[-800:]))
+        fail("mlx-lm " + version, "load_prompt_cache failed: " + (r.stdout + r.stderr).strip()[-1500:])
+        return {}
+    with open(out) as f:
+        return json.load(f)
+
+
+CONVERTIBLE = {"KVCache", "QuantizedKVCache", "RotatingKVCache"}
+
+
+def check_layouts(roundtrip, bed, versions, python, work):
+    """Every bed file of convertible classes, moved to the layout of every bed release, loads in that
+    release with the same classes, offsets, fields and arrays as the original in its own; the other
+    classes are refused (exit 3), not written wrong."""
+    originals, converted = {v: [] for v in versions}, {v: [] for v in versions}
+    pairs = []
+    for v in versions:
+        for name in sorted(os.listdir(os.path.join(bed, v))):
+            if not name.endswith(".safetensors"):
+                continue
+            path = os.path.join(bed, v, name)
+            with open(path[: -len(".safetensors")] + ".json") as f:
+                classes = {l["class"] for l in json.load(f)["layers"]}
+            for w in versions:
+                out = os.path.join(work, "to-" + w, v + "-" + name)
+                os.makedirs(os.path.dirname(out), exist_ok=True)
+                r = subprocess.run([roundtrip, path, out, w], capture_output=True, text=True)
+                if not classes <= CONVERTIBLE:
+                    if r.returncode != 3:
+                        fail(path, "to %s: expected a refusal (exit 3), got %d" % (w, r.returncode))
+                    continue
+                if r.returncode != 0:
+                    fail(path, "to %s: %s" % (w, r.stderr.strip()))
+                    continue
+                originals[v].append(path)
+                converted[w].append(out)
+                pairs.append((path, v, out, w))
+    want, got = {}, {}
+    for v in versions:
+        want.update(describe_in(python, v, sorted(set(originals[v])), os.path.join(work, "orig-%s.json" % v)))
+        got.update(describe_in(python, v, converted[v], os.path.join(work, "conv-%s.json" % v)))
+    for path, v, out, w in pairs:
+        if path in want and out in got and want[path] != got[out]:
+            fail(path, "moved to mlx-lm %s's layout, loads differently:\n  %s\n  %s" % (w, want[path], got[out]))
+    return len(pairs)
 
 
 def load_compare(a, b):
@@ -148,6 +239,9 @@ def load_compare(a, b):
 
 
 def main():
+    if sys.argv[1] == "--describe":
+        describe(sys.argv[3:], sys.argv[2])
+        return
     if sys.argv[1] == "--load-compare":
         load_compare(sys.argv[2], sys.argv[3])
         return
@@ -171,11 +265,12 @@ def main():
             check_roundtrip(roundtrip, path, os.path.join(work, version + "-" + name), python, version)
             n += 1
         check_sizes(version, infos)
+    versions = sorted(v for v in os.listdir(bed) if os.path.isdir(os.path.join(bed, v)))
+    moved = check_layouts(roundtrip, bed, versions, python, os.path.join(work, "layouts"))
     for f in failures:
         print("FAIL", f)
-    versions = sorted(v for v in os.listdir(bed) if os.path.isdir(os.path.join(bed, v)))
-    print("%d bed files (mlx-lm %s), %d size predictions checked, %d failures"
-          % (n, ", ".join(versions), sizes_checked, len(failures)))
+    print("%d bed files (mlx-lm %s), %d size predictions checked, %d layout moves loaded, %d failures"
+          % (n, ", ".join(versions), sizes_checked, moved, len(failures)))
     if n == 0 or failures:
         sys.exit(1)
 
