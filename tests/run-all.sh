@@ -28,6 +28,10 @@ if [ ! -x "$HOME/.cache/kvsnap-openai-venv/bin/python3" ] ||
   "$HOME/.cache/kvsnap-openai-venv/bin/pip" install -q openai
 fi
 
+# the mlx-lm bed for oracle.mlx_bed (PyPI: mlx[cpu], mlx-lm[cpu] in a venv cached outside the checkout;
+# ~2 min the first time, cached afterwards; the test is Skipped when it cannot be made)
+bash tests/mlx/make-bed.sh || echo "mlx-lm bed not made: oracle.mlx_bed will be Skipped"
+
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$jobs"
 # Left out: "slow" (bigger matrices, e.g. oracle.zoo_full).

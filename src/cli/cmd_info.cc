@@ -25,6 +25,7 @@
 #include "migrate/source_rotation.h"
 #include "format/ggml_types.h"
 #include "format/llama_state.h"
+#include "format/mlx_info.h"
 
 namespace kvsnap::cli {
 namespace {
@@ -642,7 +643,21 @@ std::string render_human(const InfoReport& r) {
 
 }  // namespace
 
+// An mlx-lm prompt cache (safetensors, told by content): its own report (format/mlx_info.h).
+// nullopt: not one, the llama.cpp path goes on.
+std::optional<Status> run_mlx_info(const InfoOptions& opts, std::string& out) {
+  if (!opts.input_format.empty()) return std::nullopt;
+  auto f = cli_io().open_read(opts.file);
+  if (!f.ok() || !looks_like_mlx_prompt_cache(**f)) return std::nullopt;
+  auto cache = read_mlx_prompt_cache(**f);
+  if (!cache.ok()) return cache.status();
+  const MlxInfoReport report = mlx_info_report(*cache, opts.file);
+  out = opts.json ? json_text(mlx_info_json(report), 2) + "\n" : mlx_info_text(report);
+  return Status::OK();
+}
+
 Status run_info(const InfoOptions& opts, std::string& out) {
+  if (auto mlx = run_mlx_info(opts, out)) return *mlx;
   KV_ASSIGN_OR_RETURN(OpenedState in, open_state(cli_io(), opts.file, opts.model, opts.input_format, opts.src_types));
   const ModelInfo* model = in.model_ptr();
   RotationClaims claims;
@@ -661,8 +676,9 @@ Status run_info(const InfoOptions& opts, std::string& out) {
 void setup_info(CLI::App& app, int& exit_status) {
   auto opts = std::make_shared<InfoOptions>();
   auto* sub = app.add_subcommand("info", "Describe a llama.cpp KV state file: format, tokens, cells, per-layer "
-                                         "types and row sizes, V layout, rotation, and its size at every ctk/ctv");
-  sub->add_option("file", opts->file, "slot file (ggsq), session file (ggsn) or raw state buffer")->required();
+                                         "types and row sizes, V layout, rotation, and its size at every ctk/ctv; "
+                                         "or an mlx-lm prompt cache (.safetensors, told by content)");
+  sub->add_option("file", opts->file, "slot file (ggsq), session file (ggsn), raw state buffer or mlx-lm prompt cache")->required();
   sub->add_option("--model,-m", opts->model,
                   "the model's GGUF: makes the layout exact (head dims, M-RoPE cell ext, iSWA, hybrid) and checks "
                   "that the file belongs to it");

@@ -1,0 +1,23 @@
+// read_mlx_prompt_cache (format/mlx_prompt_cache.h): the safetensors header, the mlx-lm layer on
+// top, the info report built from it, the writer over what was read, and the layout moves.
+#include "format/mlx_info.h"
+#include "format/mlx_layout.h"
+#include "format/mlx_prompt_cache.h"
+#include "fuzz/fuzz_input.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  kvsnap::MemoryFile file("fuzz.safetensors", kvsnap::fuzz::bytes(data, size));
+  (void)kvsnap::looks_like_mlx_prompt_cache(file);
+  auto cache = kvsnap::read_mlx_prompt_cache(file);
+  if (!cache.ok()) return 0;
+  const kvsnap::MlxInfoReport r = kvsnap::mlx_info_report(*cache, "fuzz.safetensors");
+  (void)kvsnap::mlx_info_json(r);
+  (void)kvsnap::mlx_info_text(r);
+  kvsnap::CountingSink out;
+  (void)kvsnap::write_safetensors(cache->st, file, out);
+  for (auto to : {kvsnap::MlxLayout::kMetaStep, kvsnap::MlxLayout::kMeta, kvsnap::MlxLayout::kScalars}) {
+    auto moved = kvsnap::mlx_change_layout(*cache, to);
+    if (moved.ok()) (void)kvsnap::write_mlx_file(*moved, *cache, file, out);
+  }
+  return 0;
+}

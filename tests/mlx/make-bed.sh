@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The mlx-lm test bed: a venv with the real mlx (CPU build) and mlx-lm, cached outside the checkout
+# (like the llama.cpp bed), then real save_prompt_cache files from tiny random models
+# (tests/mlx/make_caches.py) with mlx-lm's own description of each file next to it.
+#   bash tests/mlx/make-bed.sh [OUT_DIR]     (default ~/.cache/kvsnap-mlx-bed)
+# Re-running reuses the venv; the caches are rebuilt only when the versions or the script change.
+# Measured on 2 shared cores: the venv ~70 s (pip, once), old mlx-lm releases ~3 s each, caches ~20 s.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+venv="${KVSNAP_MLX_VENV:-$HOME/.cache/kvsnap-mlx-venv}"
+out="${1:-$HOME/.cache/kvsnap-mlx-bed}"
+# Pinned: the versions the bed's oracle JSON and the readers were checked with.
+mlx_version=0.32.4
+mlx_lm_version=0.32.2
+
+if [ ! -x "$venv/bin/python3" ] ||
+   ! "$venv/bin/python3" -c "import mlx.core, mlx_lm, sys; import importlib.metadata as m; \
+sys.exit(m.version('mlx') != '$mlx_version' or m.version('mlx-lm') != '$mlx_lm_version')" 2>/dev/null; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q "mlx[cpu]==$mlx_version" "mlx-lm[cpu]==$mlx_lm_version"
+fi
+# Older mlx-lm releases for the older file layouts: pure Python, run on the same mlx (make_caches.py).
+for v in 0.31.3 0.28.0; do
+  if [ ! -d "$venv/old/mlx-lm-$v/mlx_lm" ]; then
+    "$venv/bin/pip" install -q --no-deps --target "$venv/old/mlx-lm-$v" "mlx-lm==$v"
+  fi
+done
+
+stamp="mlx $mlx_version mlx-lm $mlx_lm_version $(sha256sum "$here/make_caches.py" | cut -d' ' -f1)"
+if [ -f "$out/STAMP" ] && [ "$(cat "$out/STAMP")" = "$stamp" ]; then
+  exit 0
+fi
+rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+"$venv/bin/python3" "$here/make_caches.py" "$out.tmp"
+echo "$stamp" >"$out.tmp/STAMP"
+rm -rf "$out" && mv "$out.tmp" "$out"
