@@ -2,17 +2,21 @@
 // measured in the same run (docs/performance.md, "Store"). Not a test.
 //
 //   kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D] [--extends BASE] [--level L]
+//                      [--server-save-ms MS] [--stages]
 //
 // For each llama.cpp state FILE (default: the f16 and q8_0 fixtures):
 //   copy      read + write + fsync of the same bytes (what `cp` + sync costs): the baseline
 //   save      kvsnap save into a fresh store (chunking, zstd, SHA-256, fsync, catalog commit)
 //   restore   kvsnap restore at the stored types into a file + fsync (decode, hash checks)
 //   decode    restore into memory only (the decode path alone)
+//   server    (--server-save-ms, from bench/server_save_time.sh) save against llama-server's own save
+//   stages    (--stages) each stage of a save or restore alone, one thread: where the time goes
 //   ratio     raw bytes / stored bytes, with the byte-shuffle filter and without
 //   dedup     a second session sharing the first 90% of the tokens: bytes it added
 //   extend    (--extends BASE, for one FILE that continues the session BASE) save of FILE into a
 //             store that holds BASE: time and bytes against a save of FILE into an empty store
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -22,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "base/sha256.h"
+#include "format/chunk_codec.h"
 #include "format/state_prefix.h"
 #include "store/store.h"
 
@@ -32,8 +38,19 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 int g_level = SaveRequest{}.zstd_level;  // --level
+double g_server_save_ms = 0;             // --server-save-ms: llama-server's own save of the same slot
+bool g_stages = false;                   // --stages
 
 double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// CPU seconds (user + system) of this process so far: on a shared machine the
+// CPU an operation needs says more than its wall time (which waits for others).
+double cpu_now() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; };
+  return s(u.ru_utime) + s(u.ru_stime);
+}
 
 double copy_file(const std::string& from, const std::string& to) {
   const auto t0 = Clock::now();
@@ -118,6 +135,61 @@ void bench_extension(const std::string& base, const std::string& path, const std
               (unsigned long long)inc.chunks);
 }
 
+// Where the time goes: each stage of a save or restore alone, one thread, on
+// the file cut into 512 KiB pieces (the chunk size of this slot's K and V),
+// shuffled as f16. Seconds per GB of the original, so the stages add up.
+void bench_stages(const std::string& path, const std::string& dir) {
+  auto t0 = Clock::now();
+  std::vector<std::byte> all(fs::file_size(path));
+  {
+    int fd = ::open(path.c_str(), O_RDONLY);
+    size_t at = 0;
+    for (ssize_t n; at < all.size() && (n = ::pread(fd, all.data() + at, all.size() - at, off_t(at))) > 0;) at += size_t(n);
+    ::close(fd);
+  }
+  const double gb = double(all.size()) / 1e9, t_read = secs(t0);
+  constexpr size_t kPiece = 512 << 10;
+  auto piece = [&](size_t at) { return std::span<std::byte>(all).subspan(at, std::min(kPiece, all.size() - at)); };
+  t0 = Clock::now();
+  for (size_t at = 0; at < all.size(); at += kPiece) (void)sha256_of(piece(at));
+  const double t_sha = secs(t0);
+  std::vector<std::byte> shuffled(kPiece);
+  t0 = Clock::now();
+  for (size_t at = 0; at < all.size(); at += kPiece)
+    shuffle_bytes(piece(at), 2, std::span<std::byte>(shuffled.data(), piece(at).size()));
+  const double t_shuffle = secs(t0);
+  ChunkEncoder enc(g_level);
+  std::vector<std::vector<std::byte>> blobs;
+  uint64_t stored = 0;
+  t0 = Clock::now();
+  for (size_t at = 0; at < all.size(); at += kPiece) {
+    auto b = enc.encode(piece(at), {ChunkFilter::kShuffle, 2});
+    blobs.emplace_back(b->begin(), b->end());
+    stored += b->size();
+  }
+  const double t_encode = secs(t0);
+  ChunkDecoder dec;
+  t0 = Clock::now();
+  for (size_t i = 0, at = 0; at < all.size(); ++i, at += kPiece)
+    if (!dec.decode_into(blobs[i], piece(at)).ok()) std::abort();
+  const double t_decode = secs(t0);
+  t0 = Clock::now();
+  {
+    FileSink out(dir + "/stage.bin");
+    for (const auto& b : blobs) (void)out.append(b);
+  }
+  const double t_write = secs(t0);
+  std::printf("  stages alone, 1 thread, seconds per GB of the original (GB/s):\n");
+  auto row = [&](const char* what, double t) { std::printf("    %-36s %6.3f s/GB  (%6.2f GB/s)\n", what, t / gb, gb / t); };
+  row("read the file (pread, page cache)", t_read);
+  row("SHA-256 (OpenSSL)", t_sha);
+  row("byte shuffle (part of encode)", t_shuffle);
+  row("encode (shuffle + zstd per plane)", t_encode);
+  row("decode (zstd + unshuffle)", t_decode);
+  row("write + fsync the stored bytes", t_write);
+  std::printf("    (stored %.1f MB at zstd level %d)\n", double(stored) / 1e6, g_level);
+}
+
 void bench_file(const std::string& path, const std::string& dir, uint32_t threads, int rounds) {
   auto file = std::move(posix_io().open_read(path).value());
   auto parsed = parse_state(*file);
@@ -127,40 +199,47 @@ void bench_file(const std::string& path, const std::string& dir, uint32_t thread
   }
   const double gb = double(file->size()) / 1e9;
   double t_copy = 1e9, t_save = 1e9, t_restore = 1e9, t_decode = 1e9;
+  double c_copy = 1e9, c_save = 1e9, c_restore = 1e9, c_decode = 1e9;  // CPU seconds
   uint64_t stored = 0, stored_plain = 0;
   for (int r = 0; r < rounds; ++r) {
+    double c0 = cpu_now();
     t_copy = std::min(t_copy, copy_file(path, dir + "/copy.bin"));
+    c_copy = std::min(c_copy, cpu_now() - c0);
     Store_ st(dir + "/store");
     SaveRequest req;
     req.threads = threads;
     req.zstd_level = g_level;
-  req.zstd_level = g_level;
     req.name = "a";
     auto t0 = Clock::now();
+    c0 = cpu_now();
     auto saved = st.s->save(*file, *parsed, req);
     t_save = std::min(t_save, secs(t0));
+    c_save = std::min(c_save, cpu_now() - c0);
     if (!saved.ok()) {
       std::printf("save failed: %s\n", saved.status().ToString().c_str());
       return;
     }
     stored = saved->info.stored_bytes;
     t0 = Clock::now();
+    c0 = cpu_now();
     {
       FileSink out(dir + "/restored.bin");
       if (!st.s->restore("a", {}, out).ok()) std::abort();
     }
     t_restore = std::min(t_restore, secs(t0));
+    c_restore = std::min(c_restore, cpu_now() - c0);
     t0 = Clock::now();
+    c0 = cpu_now();
     CountingSink count;
     if (!st.s->restore("a", {}, count).ok()) std::abort();
     t_decode = std::min(t_decode, secs(t0));
+    c_decode = std::min(c_decode, cpu_now() - c0);
   }
   {
     Store_ st(dir + "/store");
     SaveRequest req;
     req.threads = threads;
     req.zstd_level = g_level;
-  req.zstd_level = g_level;
     req.byte_shuffle = false;
     stored_plain = st.s->save(*file, *parsed, req).value().info.stored_bytes;
   }
@@ -179,7 +258,6 @@ void bench_file(const std::string& path, const std::string& dir, uint32_t thread
     SaveRequest req;
     req.threads = threads;
     req.zstd_level = g_level;
-  req.zstd_level = g_level;
     (void)st.s->save(*file, *parsed, req).value();
     auto second = st.s->save(*cut_file, cut_state, req).value();
     added = second.bytes_new;
@@ -192,13 +270,19 @@ void bench_file(const std::string& path, const std::string& dir, uint32_t thread
   std::printf("  save            %7.3f GB/s  %5.2fx of copy   (%u threads, zstd level %d)\n", gb / t_save,
               t_copy / t_save, threads, g_level);
   std::printf("  restore+fsync   %7.3f GB/s  %5.2fx of copy\n", gb / t_restore, t_copy / t_restore);
-  std::printf("  decode only     %7.3f GB/s\n", gb / t_decode);
+  if (g_server_save_ms > 0)
+    std::printf("  llama-server's own save of this slot %.3f s: kvsnap save %.2fx of it (>= 1 is not slower)\n",
+                g_server_save_ms / 1e3, g_server_save_ms / 1e3 / t_save);
+  std::printf("  decode only     %7.3f GB/s  %5.2fx of copy\n", gb / t_decode, t_copy / t_decode);
+  std::printf("  CPU seconds (user + system, all threads): copy %.3f, save %.3f, restore %.3f, decode %.3f\n", c_copy,
+              c_save, c_restore, c_decode);
   std::printf("  stored          %7.3fx smaller with the filter, %5.3fx without\n", double(file->size()) / double(stored),
               double(file->size()) / double(stored_plain));
   if (dedup > 0)
     std::printf("  dedup           a 90%% prefix session adds %.1f KB instead of %.1f KB: store %.2fx smaller than "
                 "without dedup\n",
                 double(added) / 1e3, double(second_alone) / 1e3, dedup);
+  if (g_stages) bench_stages(path, dir);
 }
 
 }  // namespace
@@ -216,8 +300,11 @@ int main(int argc, char** argv) {
     else if (a == "--dir" && i + 1 < argc) dir = argv[++i];
     else if (a == "--extends" && i + 1 < argc) extends = argv[++i];
     else if (a == "--level" && i + 1 < argc) g_level = std::atoi(argv[++i]);
+    else if (a == "--server-save-ms" && i + 1 < argc) g_server_save_ms = std::atof(argv[++i]);
+    else if (a == "--stages") g_stages = true;
     else if (a == "-h" || a == "--help") {
-      std::printf("usage: kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D] [--extends BASE] [--level L]\n");
+      std::printf("usage: kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D] [--extends BASE] [--level L]\n"
+                  "                          [--server-save-ms MS] [--stages]\n");
       return 0;
     } else files.push_back(a);
   }

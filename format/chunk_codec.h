@@ -88,6 +88,10 @@ class ChunkEncoder {
   // Encodes `raw` (at most kMaxChunkRawBytes) into a blob. The span points into
   // this encoder's buffer and stays valid until the next call.
   Result<std::span<const std::byte>> encode(std::span<const std::byte> raw, FilterChoice filter);
+  // The same, written into the first N bytes of `blob` (grown when too small,
+  // never shrunk, so a reused buffer costs no allocation or zero-fill); returns
+  // N. For a blob kept a while: no copy out of this encoder's buffer.
+  Result<size_t> encode_into(std::span<const std::byte> raw, FilterChoice filter, std::vector<std::byte>& blob);
 
  private:
   ZSTD_CCtx_s* cctx_;
@@ -107,6 +111,9 @@ class ChunkDecoder {
   // header is bad, the raw size is not `expect_raw_size`, or the payload does
   // not decode to exactly that many bytes. The caller checks the hash.
   Status decode(std::span<const std::byte> blob, uint64_t expect_raw_size, std::vector<std::byte>& out);
+  // The same into `out`, whose size is the expected raw size (no allocation
+  // when the blob needs no filter: a restore decodes straight into its output).
+  Status decode_into(std::span<const std::byte> blob, std::span<std::byte> out);
 
  private:
   ZSTD_DCtx_s* dctx_;

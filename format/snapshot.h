@@ -26,7 +26,7 @@
 //    the problem. Unknown optional sections are skipped; unknown required
 //    sections and too-new versions are refused naming the tag / version.
 //  - Bounded memory when writing and reading, whatever the state size:
-//    writing holds about 2 x threads chunks; reading holds the cache.
+//    writing holds about 3 x threads chunks; reading holds the cache.
 //
 // Thread safety: SnapshotReader and its original() may be read from several
 // threads at once. ChunkSink::put is called from one thread, in chunk order.
@@ -276,6 +276,12 @@ class ChunkSource {
  public:
   virtual ~ChunkSource() = default;
   virtual Result<std::vector<std::byte>> get(const ChunkRef& ref) = 0;
+  // The same into `out` (resized; a source may reuse its capacity and skip
+  // the zero-fill of a fresh vector): the hot path of a restore.
+  virtual Status get_into(const ChunkRef& ref, std::vector<std::byte>& out) {
+    KV_ASSIGN_OR_RETURN(out, get(ref));
+    return Status::OK();
+  }
 };
 
 struct SnapshotReadOptions {

@@ -27,9 +27,16 @@ class FileChunkSource final : public ChunkSource {
     if (ref.index >= offsets_.size()) {
       return Status::InvalidArgument(file_.name() + ": no chunk " + std::to_string(ref.index));
     }
-    std::vector<std::byte> blob(ref.stored_size);
-    KV_RETURN_IF_ERROR(file_.read_at(offsets_[ref.index], blob));
+    std::vector<std::byte> blob;
+    KV_RETURN_IF_ERROR(get_into(ref, blob));
     return blob;
+  }
+  Status get_into(const ChunkRef& ref, std::vector<std::byte>& out) override {
+    if (ref.index >= offsets_.size()) {
+      return Status::InvalidArgument(file_.name() + ": no chunk " + std::to_string(ref.index));
+    }
+    out.resize(ref.stored_size);
+    return file_.read_at(offsets_[ref.index], out);
   }
 
  private:
@@ -70,8 +77,18 @@ struct SnapshotReader::Impl {
 
   // Fetches, decodes and checks chunk `i` (no caching).
   Result<std::vector<std::byte>> load(uint64_t i) const;
+  // The same into `out` (exactly the chunk's raw size): no cache, no copy.
+  // On error `out` holds garbage.
+  Status load_into(uint64_t i, std::span<std::byte> out) const;
   // Through the cache.
   Result<Chunk> chunk(uint64_t i) const;
+  // True (and counted as a miss) when chunk i is not in the cache.
+  bool miss(uint64_t i) const {
+    std::lock_guard<std::mutex> lock(mu);
+    if (cache.count(i)) return false;
+    ++stats.misses;
+    return true;
+  }
   std::string describe(uint64_t i) const;
   void build_shape();
 };
@@ -99,6 +116,15 @@ class OriginalFile final : public ReadableFile {
       const Segment& seg = *std::prev(it);
       const Location loc = locate(impl_.m.segments, seg, at);
       const uint64_t n = std::min<uint64_t>(loc.run, dst.size() - done);
+      if (loc.offset_in_chunk == 0 && n == impl_.m.chunks[loc.chunk].raw_size && impl_.miss(loc.chunk)) {
+        // A whole chunk whose bytes are contiguous here (a run of cells of a
+        // row-major tensor, a piece of the frame): decoded and checked straight
+        // into the reader's buffer. Sequential readers (restore) read each
+        // chunk once, so caching it would only cost a copy.
+        KV_RETURN_IF_ERROR(impl_.load_into(loc.chunk, dst.subspan(done, n)));
+        done += n;
+        continue;
+      }
       KV_ASSIGN_OR_RETURN(auto chunk, impl_.chunk(loc.chunk));
       std::memcpy(dst.data() + done, chunk->data() + loc.offset_in_chunk, n);
       done += n;
@@ -114,23 +140,30 @@ class OriginalFile final : public ReadableFile {
 }  // namespace
 
 Result<std::vector<std::byte>> SnapshotReader::Impl::load(uint64_t i) const {
+  std::vector<std::byte> raw(m.chunks[i].raw_size);
+  KV_RETURN_IF_ERROR(load_into(i, raw));
+  return raw;
+}
+
+Status SnapshotReader::Impl::load_into(uint64_t i, std::span<std::byte> out) const {
   const ChunkRef& ref = m.chunks[i];
   auto fail = [&](const Status& s) { return s.Prefixed(name + ": " + describe(i)); };
-  auto blob = source->get(ref);
-  if (!blob.ok()) return fail(blob.status());
-  if (blob->size() > ref.raw_size + kMaxBlobOverhead) {
-    return fail(Status::Corruption("blob of " + std::to_string(blob->size()) + " bytes for " +
+  // One blob buffer and one decoder (zstd context and scratch) per thread, reused.
+  static thread_local std::vector<std::byte> blob;
+  static thread_local ChunkDecoder decoder;
+  Status s = source->get_into(ref, blob);
+  if (!s.ok()) return fail(s);
+  if (blob.size() > ref.raw_size + kMaxBlobOverhead) {
+    return fail(Status::Corruption("blob of " + std::to_string(blob.size()) + " bytes for " +
                                    std::to_string(ref.raw_size) + " raw bytes"));
   }
-  // One decoder (zstd context and scratch) per thread, reused.
-  static thread_local ChunkDecoder decoder;
-  std::vector<std::byte> raw;
-  Status s = decoder.decode(*blob, ref.raw_size, raw);
+  if (out.size() != ref.raw_size) return fail(Status::InvalidArgument("decode buffer of the wrong size"));
+  s = decoder.decode_into(blob, out);
   if (!s.ok()) return fail(s);
-  if (sha256_of(raw) != ref.sha256) {
+  if (sha256_of(out) != ref.sha256) {
     return fail(Status::Corruption("damaged: its decoded bytes do not match their SHA-256 " + to_hex(ref.sha256)));
   }
-  return raw;
+  return Status::OK();
 }
 
 Result<SnapshotReader::Impl::Chunk> SnapshotReader::Impl::chunk(uint64_t i) const {

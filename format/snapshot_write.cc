@@ -1,7 +1,7 @@
 // Writing snapshots: plan the segments of a parsed state, cut them into
-// chunks, encode the chunks on `threads` workers (in batches of 2 x threads,
-// so memory stays at a few chunks), hash the original on the side, and emit
-// blobs in chunk order; then the manifest (and, for a file, the trailer).
+// chunks, encode the chunks on `threads` workers (at most 3 x threads chunks in
+// flight, so memory stays at a few chunks), hash the original on the side, and
+// emit blobs in chunk order; then the manifest (and, for a file, the trailer).
 #include <zstd.h>
 
 #include <algorithm>
@@ -9,10 +9,10 @@
 #include <ctime>
 #include <thread>
 
-#include "base/parallel.h"
 #include "format/cursor.h"
 #include "format/snapshot.h"
 #include "format/snapshot_internal.h"
+#include "format/snapshot_pipeline.h"
 
 namespace kvsnap {
 
@@ -230,9 +230,9 @@ struct OriginalHasher {
 
 struct Slot {
   std::vector<std::byte> raw;
-  std::vector<std::byte> blob;
+  std::vector<std::byte> blob;  // its first blob_size bytes (ChunkEncoder::encode_into)
+  size_t blob_size = 0;
   ChunkRef ref;
-  Status status;
 };
 
 Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, const SnapshotOptions& o, Slot& slot) {
@@ -245,44 +245,40 @@ Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, 
     if (it != o.known_chunks->end() && it->second.raw_size == slot.raw.size()) {
       slot.ref = it->second;  // stored already: no need to encode it again
       slot.ref.index = index;
-      slot.blob.clear();
+      slot.blob_size = 0;
       return Status::OK();
     }
   }
   slot.ref.sha256 = sha;
   slot.ref.raw_size = slot.raw.size();
   slot.ref.index = index;
-  KV_ASSIGN_OR_RETURN(auto blob, enc.encode(slot.raw, filter));
-  slot.blob.assign(blob.begin(), blob.end());
-  KV_ASSIGN_OR_RETURN(BlobHeader h, read_blob_header(slot.blob));
-  slot.ref.stored_size = slot.blob.size();
+  KV_ASSIGN_OR_RETURN(slot.blob_size, enc.encode_into(slot.raw, filter, slot.blob));
+  KV_ASSIGN_OR_RETURN(BlobHeader h, read_blob_header(std::span<const std::byte>(slot.blob.data(), slot.blob_size)));
+  slot.ref.stored_size = slot.blob_size;
   slot.ref.codec = h.codec;
   slot.ref.filter = h.filter;
   slot.ref.elem_size = h.elem_size;
   return Status::OK();
 }
 
-// Encodes every chunk, handing blobs to `sink` in order.
+// Encodes every chunk on `o.threads` persistent workers and hands the blobs to
+// `sink` in order on this thread while the workers go on (format/snapshot_pipeline.h):
+// 3 x threads chunks in flight at most.
 Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink& sink, std::vector<ChunkRef>& refs) {
   const uint64_t n = reader.n_chunks();
-  const uint32_t T = o.threads;
-  const size_t W = T == 1 ? 1 : size_t(2) * T;
   std::vector<std::unique_ptr<ChunkEncoder>> encoders;
-  for (uint32_t t = 0; t < T; ++t) encoders.push_back(std::make_unique<ChunkEncoder>(o.zstd_level));
-  std::vector<Slot> slots(std::min<uint64_t>(W, std::max<uint64_t>(n, 1)));
+  for (uint32_t t = 0; t < o.threads; ++t) encoders.push_back(std::make_unique<ChunkEncoder>(o.zstd_level));
+  std::vector<Slot> slots(size_t(3) * o.threads);
   refs.reserve(n);
-  for (uint64_t base = 0; base < n; base += W) {
-    const size_t count = size_t(std::min<uint64_t>(W, n - base));
-    parallel_for(count, T, [&](size_t i, size_t t) {
-      slots[i].status = encode_one(reader, base + i, *encoders[t], o, slots[i]);
-    });
-    for (size_t i = 0; i < count; ++i) {
-      KV_RETURN_IF_ERROR(slots[i].status);
-      KV_RETURN_IF_ERROR(sink.put(slots[i].ref, slots[i].blob));
-      refs.push_back(slots[i].ref);
-    }
-  }
-  return Status::OK();
+  return ordered_pipeline(
+      n, o.threads, slots.size(),
+      [&](uint64_t i, size_t slot, uint32_t worker) { return encode_one(reader, i, *encoders[worker], o, slots[slot]); },
+      [&](uint64_t, size_t slot) {
+        const Slot& s = slots[slot];
+        KV_RETURN_IF_ERROR(sink.put(s.ref, std::span<const std::byte>(s.blob.data(), s.blob_size)));
+        refs.push_back(s.ref);
+        return Status::OK();
+      });
 }
 
 }  // namespace

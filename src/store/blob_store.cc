@@ -97,7 +97,16 @@ Result<const ReadableFile*> BlobStore::open_pack(const std::string& pack) {
 }
 
 Result<std::vector<std::byte>> BlobStore::get(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes) {
-  if (where.pack.empty()) return get(h, max_bytes);
+  std::vector<std::byte> out;
+  KV_RETURN_IF_ERROR(get_into(h, where, max_bytes, out));
+  return out;
+}
+
+Status BlobStore::get_into(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes, std::vector<std::byte>& out) {
+  if (where.pack.empty()) {
+    KV_ASSIGN_OR_RETURN(out, get(h, max_bytes));
+    return Status::OK();
+  }
   if (where.size > max_bytes)
     return Status::InvalidArgument("chunk " + h.hex() + " in pack " + where.pack + " claims " +
                                    std::to_string(where.size) + " bytes, more than " + std::to_string(max_bytes));
@@ -106,9 +115,8 @@ Result<std::vector<std::byte>> BlobStore::get(const ChunkHash& h, const BlobLoca
     return Status::Corruption("chunk " + h.hex() + ": pack " + pack_path(where.pack) + " has " +
                               std::to_string(f->size()) + " bytes, the blob is said to end at " +
                               std::to_string(where.offset + where.size));
-  std::vector<std::byte> out(where.size);
-  KV_RETURN_IF_ERROR(f->read_at(where.offset, out));
-  return out;
+  out.resize(where.size);
+  return f->read_at(where.offset, out);
 }
 
 Result<std::vector<std::string>> BlobStore::list_packs() {

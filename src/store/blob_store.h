@@ -118,6 +118,8 @@ class BlobStore {
   // when the pack is missing, kCorruption when it is shorter than `where`
   // says. Packs stay open for later reads (thread-safe).
   Result<std::vector<std::byte>> get(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes);
+  // The same into `out` (resized; a reused buffer keeps its capacity).
+  Status get_into(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes, std::vector<std::byte>& out);
   // Every blob on disk, sorted. Ignores names that are not 64 hex digits in
   // the right shard (foreign files are never deleted by gc).
   Result<std::vector<ChunkHash>> list();

@@ -3,13 +3,13 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <future>
 #include <set>
 #include <thread>
 
 #include "base/json_access.h"
 #include "base/parallel.h"
 #include "format/rotation_rule.h"
+#include "format/snapshot_pipeline.h"
 #include "format/state_summary.h"
 #include "format/state_prefix.h"
 #include "migrate/convert_state.h"
@@ -72,13 +72,18 @@ class BlobSource final : public ChunkSource {
     for (const ChunkUse& u : uses) where_.emplace(u.sha256, u.location());
   }
   Result<std::vector<std::byte>> get(const ChunkRef& ref) override {
+    std::vector<std::byte> out;
+    KV_RETURN_IF_ERROR(get_into(ref, out));
+    return out;
+  }
+  Status get_into(const ChunkRef& ref, std::vector<std::byte>& out) override {
     const ChunkHash h = hash_of(ref);
     auto it = where_.find(h);
-    auto b = blobs_.get(h, it == where_.end() ? BlobLocation{} : it->second, kMaxBlobBytes);
-    if (!b.ok() && b.status().code() == Code::kNotFound)
-      return Status::Corruption("the store lost chunk " + to_hex(ref.sha256) + " (" + b.status().message() +
-                                "); run kvsnap verify");
-    return b;
+    static const BlobLocation kLoose;
+    Status s = blobs_.get_into(h, it == where_.end() ? kLoose : it->second, kMaxBlobBytes, out);
+    if (s.code() == Code::kNotFound)
+      return Status::Corruption("the store lost chunk " + to_hex(ref.sha256) + " (" + s.message() + "); run kvsnap verify");
+    return s;
   }
 
  private:
@@ -118,52 +123,28 @@ struct TempFile {
   }
 };
 
-// Copies the snapshot's original to `out` in order, decoding ahead on `threads`
-// workers: each round, every worker reads (decodes and hash-checks the chunks
-// of) one block, and while the blocks of one round are appended in order the
-// next round is already being decoded (so writing overlaps decoding). Every
-// byte comes from a chunk whose SHA-256 was checked when decoded, and the
-// manifest itself is checked by its digest, so no whole-file hash is needed
-// here (verify does one).
+// Copies the snapshot's original to `out` in order (format/snapshot_pipeline.h):
+// `threads` decoders each take the next 4 MiB block as soon as a buffer of the
+// ring is free and decode and hash-check its chunks straight into it
+// (OriginalFile reads whole chunks into the caller's buffer); this thread
+// appends the blocks in order as they become ready, so writing overlaps
+// decoding. Every byte comes from a chunk whose SHA-256 was checked when
+// decoded, and the manifest itself is checked by its digest, so no whole-file
+// hash is needed here (verify does one).
 Status copy_parallel(const ReadableFile& file, uint32_t threads, ByteSink& out) {
   constexpr uint64_t kBlock = 4u << 20;
   const uint32_t T = std::max(1u, threads);
-  const uint64_t round_bytes = kBlock * T;
-  struct Round {
-    std::vector<std::vector<std::byte>> bufs;
-    std::vector<Status> status;
+  std::vector<std::vector<std::byte>> ring(2 * T);
+  auto block = [&](uint64_t i, size_t slot) {
+    return std::span<std::byte>(ring[slot].data(), std::min<uint64_t>(kBlock, file.size() - i * kBlock));
   };
-  Round rounds[2];
-  for (Round& r : rounds) {
-    r.bufs.assign(T, std::vector<std::byte>(kBlock));
-    r.status.assign(T, Status::OK());
-  }
-  auto block_size = [&](uint64_t off) { return off >= file.size() ? 0 : std::min<uint64_t>(kBlock, file.size() - off); };
-  auto decode = [&](Round& r, uint64_t base) {
-    fork_join(T, [&](uint32_t t) {
-      const uint64_t off = base + t * kBlock, n = block_size(off);
-      if (n) r.status[t] = file.read_at(off, std::span<std::byte>(r.bufs[t].data(), n));
-    });
-  };
-  if (file.size() == 0) return Status::OK();
-  std::future<void> ahead = std::async(std::launch::async, decode, std::ref(rounds[0]), 0);
-  Status failed;
-  for (uint64_t base = 0, i = 0; base < file.size(); base += round_bytes, ++i) {
-    ahead.get();
-    Round& r = rounds[i % 2];
-    if (base + round_bytes < file.size())
-      ahead = std::async(std::launch::async, decode, std::ref(rounds[(i + 1) % 2]), base + round_bytes);
-    for (uint32_t t = 0; t < T && failed.ok(); ++t) {
-      const uint64_t off = base + t * kBlock, n = block_size(off);
-      if (!n) break;
-      failed = r.status[t].ok() ? out.append(std::span<const std::byte>(r.bufs[t].data(), n)) : r.status[t];
-    }
-    if (!failed.ok()) {
-      if (ahead.valid()) ahead.get();  // the next round uses this frame's buffers and file
-      return failed;
-    }
-  }
-  return Status::OK();
+  return ordered_pipeline(
+      (file.size() + kBlock - 1) / kBlock, T, ring.size(),
+      [&](uint64_t i, size_t slot, uint32_t) {
+        if (ring[slot].empty()) ring[slot].resize(kBlock);
+        return file.read_at(i * kBlock, block(i, slot));
+      },
+      [&](uint64_t i, size_t slot) { return out.append(std::span<const std::byte>(block(i, slot))); });
 }
 
 Status write_temp(Io& io, const std::string& path, const std::function<Status(ByteSink&)>& fill) {
