@@ -74,8 +74,11 @@ Status ordered_pipeline(uint64_t n, uint32_t threads, size_t ring, Produce&& pro
     }
     failed = status[slot].ok() ? consume(i, slot) : status[slot];
     {
+      // A failure stops the workers at once: advancing `consumed` past the failed item would let
+      // them start one more item each before the stop below.
       std::lock_guard<std::mutex> g(mu);
-      consumed = i + 1;
+      if (failed.ok()) consumed = i + 1;
+      else stop = true;
     }
     cv.notify_all();
   }
