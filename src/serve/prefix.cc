@@ -22,6 +22,15 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 // token-by-token checks when many conversations share a system prompt.
 constexpr size_t kMaxCandidates = 256;
 
+// The memory kinds whose restored state llama-server may not reuse, for the log.
+std::string memory_kind(const ModelProfile& p) {
+  const std::string window = p.n_swa > 0 ? " (sliding window " + std::to_string(p.n_swa) + ")" : "";
+  if (p.is_hybrid()) return std::string(p.is_iswa() ? "hybrid SWA" : "hybrid") + " model (attention + recurrent)";
+  if (p.is_recurrent_only()) return "recurrent model";
+  if (p.is_iswa() || (p.swa != SwaKind::kNone && p.n_swa > 0)) return "SWA model" + window;
+  return "";
+}
+
 bool is_chat(const std::string& path) { return path == "/v1/chat/completions" || path == "/chat/completions"; }
 
 }  // namespace
@@ -32,8 +41,13 @@ PrefixRestorer::PrefixRestorer(Io& io, Store& store, std::mutex& store_mu, Serve
   // Only snapshots of the child's model are candidates (a restore would refuse the others anyway).
   if (!target_.model.empty()) {
     auto m = load_model_info(io_, target_.model);
-    if (m.ok()) model_fingerprint_ = m->profile.fingerprint;
-    else log_("prefix: cannot read the model " + target_.model + " (any model's snapshot is a candidate): " +
+    if (m.ok()) {
+      model_fingerprint_ = m->profile.fingerprint;
+      memory_kind_ = memory_kind(m->profile);
+      if (!memory_kind_.empty())
+        log_("prefix: " + memory_kind_ + ": llama-server may evaluate a restored prompt anew " +
+             "(it wants context checkpoints that slot files do not hold, llama.cpp #28194); each reuse is measured");
+    } else log_("prefix: cannot read the model " + target_.model + " (any model's snapshot is a candidate): " +
               m.status().ToString());
   }
 }
@@ -247,7 +261,9 @@ void PrefixRestorer::after_unguarded(const Exchange& x) {
   ++(reused ? stats_.reused : stats_.not_reused);
   log_("prefix: reuse on slot " + std::to_string(slot) + ": the child evaluated " + std::to_string(prompt_n) + " of " +
        std::to_string(x.prompt_tokens.size()) + " prompt tokens (" + std::to_string(x.restored_tokens) +
-       " restored)" + (reused ? "" : ": NOT reused"));
+       " restored)" + (reused ? "" : ": NOT reused") +
+       (memory_kind_.empty() ? "" : ", " + memory_kind_ + (reused ? "" : ": llama-server evaluated the prompt anew"
+                                                                        " (no context checkpoint in a slot file)")));
 }
 
 // A request's JSON is the client's: a value of an unexpected type is no reason to fail it, nor to

@@ -20,7 +20,9 @@
 //     (timings.prompt_n) is logged beside the restored length and counted:
 //     reused when prompt_n <= the prompt's tokens - the restored ones + 1
 //     (llama-server always evaluates a prompt's last token again), not_reused
-//     otherwise, unverified when the answer carries no timings.prompt_n.
+//     otherwise, unverified when the answer carries no timings.prompt_n. For an SWA, hybrid
+//     or recurrent model the line names the model's kind: llama-server 3.22.1 re-evaluates a
+//     restored SWA state whole (llama.cpp #28194); counted not_reused, never claimed.
 #pragma once
 
 #include <cstdint>
@@ -82,6 +84,10 @@ class PrefixRestorer {
   std::mutex& store_mu_;
   ServerTarget target_;
   std::string model_fingerprint_;  // "" when the model is unknown: any
+  // "SWA model (sliding window N)", "hybrid model (attention + recurrent)", "recurrent model", or ""
+  // (plain KV, or the model unknown): named in every reuse line, since llama-server may not reuse a
+  // restored state of such a model (it wants context checkpoints that slot files do not hold).
+  std::string memory_kind_;
   std::function<void(const std::string&)> log_;
   std::mutex mu_;  // one decision at a time: two requests never restore into the same slot at once
   std::map<int, std::vector<int32_t>> held_;  // slot -> the tokens kvsnap last put or sent there

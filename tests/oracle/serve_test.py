@@ -171,6 +171,7 @@ def main():
         run_requantize(kvsnap, llama, model, work)
         run_requantize_chat(kvsnap, llama, model, work)
         run_ladder(kvsnap, llama, model, work)
+        run_swa_hybrid(kvsnap, llama, model, work)
         run_disk_full(kvsnap, llama, model, work)
         run_serve_sigkilled(kvsnap, llama, model, work)
     finally:
@@ -181,6 +182,48 @@ def main():
             stop_quietly(p)
     print(f"{len(FAILS)} failed")
     return 1 if FAILS else 0
+
+
+def run_swa_hybrid(kvsnap, llama, model, work):
+    """Part 5 for SWA and hybrid models: a conversation saved at f16, the child restarted at q8_0, the same
+    prompt plus a few words. Whatever llama-server evaluates (timings.prompt_n), /kvsnap/usage and the log
+    must say it as it is. Measured with 3.22.1: the iSWA fixture (window 32) evaluates the whole prompt
+    (no context checkpoint in a slot file), with --swa-full only the new words, and the same answer as a
+    full evaluation; the hybrid fixture (attention + recurrent) only the new words."""
+    models = os.path.dirname(model)
+    more = PROMPT + SUFFIX + " the"
+    for name, extra in (("tiny-iswa", []), ("tiny-iswa", ["--swa-full"]), ("tiny-hybrid", [])):
+        tag = f"swa-{name}{extra and '-full' or ''}"
+        store = os.path.join(work, tag + "-store")
+        base = ["-m", os.path.join(models, name + ".gguf"), "-c", "4096", "-np", "1", "-t", "1", "--no-warmup",
+                "-fa", "on", *extra]
+        proc, port, log = start_serve(kvsnap, llama, store, work, tag + "-a", base)
+        request(port, "POST", "/completion", {"prompt": PROMPT, "n_predict": 1, "temperature": 0})
+        stop_serve(proc, log, tag + "-a", work)
+        proc, port, log = start_serve(kvsnap, llama, store, work, tag, [*base, "-ctk", "q8_0", "-ctv", "q8_0"])
+        n_total = len(json.loads(request(port, "POST", "/tokenize", {"content": more, "add_special": True})[2])["tokens"])
+        ask = {"prompt": more, "n_predict": 1, "temperature": 0, "n_probs": 3}
+        s, _, raw = request(port, "POST", "/completion", ask)
+        j = json.loads(raw)
+        n = j["timings"]["prompt_n"]
+        reuse = json.loads(request(port, "GET", "/kvsnap/usage")[2])["counters"]["reuse"]
+        anew = json.loads(request(port, "POST", "/completion", {**ask, "cache_prompt": False})[2])
+        text = stop_serve(proc, log, tag, work)
+        line = next((l for l in text.splitlines() if "prefix: reuse" in l), "")
+        restored = int(re.search(r"\((\d+) restored\)", line).group(1)) if line else 0
+        reused = n <= n_total - restored + 1
+        kind = "hybrid model" if "hybrid" in name else "SWA model (sliding window 32)"
+        check(s == 200 and restored > 0 and reuse["reused"] == int(reused) and reuse["not_reused"] == int(not reused)
+              and reuse["last_prompt_n"] == n and f"evaluated {n} of {n_total}" in line and kind in line and
+              ("NOT reused" in line) != reused,
+              f"{tag}: after a restart at q8_0 the child evaluates {n} of {n_total} tokens ({restored} restored), "
+              f"usage counts {reuse}, the log says: {line.split('prefix: ')[-1]}")
+        top = lambda a: [(p["id"], round(p["logprob"], 3)) for p in a["completion_probabilities"][0]["top_logprobs"]]
+        same = [x[0] for x in top(j)] == [x[0] for x in top(anew)] and \
+            all(abs(x[1] - y[1]) < 0.01 for x, y in zip(top(j), top(anew)))
+        check(reused == (name == "tiny-hybrid" or extra == ["--swa-full"]) and same,
+              f"{tag}: {'reused' if reused else 'evaluated anew'} as measured with 3.22.1; the answer's top tokens "
+              f"{top(j)} are a full evaluation's ({top(anew)})")
 
 
 def run_disk_full(kvsnap, llama, model, work):
