@@ -8,6 +8,7 @@
 
 #include "base/json_access.h"
 #include "base/parallel.h"
+#include "base/text.h"
 #include "format/rotation_rule.h"
 #include "format/snapshot_pipeline.h"
 #include "format/state_summary.h"
@@ -300,7 +301,18 @@ Result<std::unique_ptr<StoredSnapshot>> Store::open_snapshot(const std::string& 
   return std::unique_ptr<StoredSnapshot>(std::move(s));
 }
 
+// Damage found while restoring is named as the user named the snapshot, with the commands that
+// examine and remove it: the reader's own message names only the manifest's hash.
 Result<RestoreResult> Store::restore(const std::string& ref, const RestoreRequest& req, ByteSink& out) {
+  auto r = restore_unlabeled(ref, req, out);
+  if (r.ok() || r.status().code() != Code::kCorruption) return r;
+  std::string m = "snapshot " + quote_text(ref) + " is damaged in the store: " + r.status().message();
+  const std::string tail = "; run kvsnap verify";
+  if (m.size() >= tail.size() && m.compare(m.size() - tail.size(), tail.size(), tail) == 0) m.resize(m.size() - tail.size());
+  return Status::Corruption(m + " (kvsnap verify " + quote_text(ref) + " checks every chunk of it; kvsnap rm removes it)");
+}
+
+Result<RestoreResult> Store::restore_unlabeled(const std::string& ref, const RestoreRequest& req, ByteSink& out) {
   const auto t0 = Clock::now();
   KV_ASSIGN_OR_RETURN(auto snap, open_snapshot(ref));
   const SnapshotReader& reader = snap->reader();

@@ -121,6 +121,7 @@ class Store {
   Store(Io& io, StorePaths paths, std::unique_ptr<BlobStore> blobs, std::unique_ptr<Catalog> catalog);
   Result<SaveResult> save_manifest(const SnapshotManifest& m, const std::vector<ChunkUse>& uses,
                                    const StateFile& parsed, const SaveRequest& req, double t0);
+  Result<RestoreResult> restore_unlabeled(const std::string& ref, const RestoreRequest& req, ByteSink& out);
   Io& io_;
   StorePaths paths_;
   std::unique_ptr<BlobStore> blobs_;

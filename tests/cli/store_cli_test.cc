@@ -190,6 +190,28 @@ TEST_F(StoreCli, ExitCodesAndMessages) {
   EXPECT_EQ(kv("verify").code, 2) << "verify needs names or --all";
 }
 
+// Damage found by a restore names the snapshot as the user named it and the commands that deal
+// with it, not only the manifest's hash.
+TEST_F(StoreCli, DamageFoundByARestoreNamesTheSnapshotAndVerify) {
+  const fs::path a = make_slot("a.slot", 2, 64, 40, 4);
+  ASSERT_EQ(kv("save " + a.string() + " --name one").code, 0);
+  size_t flipped = 0;
+  for (const auto& e : fs::recursive_directory_iterator(fs::path(store_) / "packs")) {
+    if (!e.is_regular_file()) continue;
+    std::string b = slurp(e.path());
+    b[b.size() / 2] = char(b[b.size() / 2] ^ 0x5a);
+    std::ofstream(e.path(), std::ios::binary | std::ios::trunc) << b;
+    ++flipped;
+  }
+  ASSERT_EQ(flipped, 1u);
+  KvRun r = kv("restore one -o " + (dir_ / "one.slot").string());
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_NE(r.err.find("snapshot 'one' is damaged in the store"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("kvsnap verify 'one'"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "one.slot"));
+  EXPECT_EQ(kv("verify one").code, 3);
+}
+
 // A stored ggsq v2 q8_0 slot does not say whether the llama.cpp that wrote it rotated: restoring it
 // at f16 is refused (exit 6, naming --source-build) until the build is named; then it is exactly
 // what `kvsnap convert --source-build` writes.
