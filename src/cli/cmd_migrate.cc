@@ -165,8 +165,13 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
   } else {
     out = (server_note.empty() ? "" : server_note + "\n") + to_text(sum, o.dry_run);
   }
+  // The exit status is the first failed file's (in name order), as `kvsnap convert` of it would exit.
   const size_t failed = sum.count(FileAction::kFailed);
-  if (failed) return Status::Mismatch(std::to_string(failed) + " of the files in " + o.dir + " failed (listed above)");
+  for (const FileOutcome& f : sum.files) {
+    if (f.action != FileAction::kFailed) continue;
+    return f.error.Prefixed(std::to_string(failed) + " of the files in " + o.dir +
+                            " failed (listed above); the first, " + f.name);
+  }
   return Status::OK();
 }
 
@@ -196,7 +201,8 @@ void setup_migrate(CLI::App& app, int& exit_status) {
   sub->add_flag_callback("-q,--quiet", [o] { o->progress = false; }, "no per-file progress on stderr");
   sub->footer(
       "\nOnly regular files directly in DIR are touched; symlinks are never followed. Files already at the\n"
-      "target and files that are not llama.cpp states are left alone. Exit status 5 when some file failed.\n"
+      "target and files that are not llama.cpp states are left alone. When a file fails, the others are still\n"
+      "converted and the exit status is the first failed file's (3 damaged, 5 wrong model, 6 rotation unknown, ...).\n"
       "\nExamples:\n"
       "  kvsnap migrate /srv/slots --dry-run                       # what an upgrade to the current format does\n"
       "  kvsnap migrate /srv/slots --ctk q8_0 --ctv q8_0 -m model.gguf   # before restarting with -ctk q8_0\n"
@@ -205,8 +211,7 @@ void setup_migrate(CLI::App& app, int& exit_status) {
   sub->callback([o, &exit_status]() {
     std::string out;
     Status s = run_migrate(*o, out);
-    if (!s.ok() && !out.empty()) std::fputs(out.c_str(), stdout);
-    exit_status = report("migrate", s, out);
+    exit_status = report_with_output("migrate", s, out);
   });
 }
 
