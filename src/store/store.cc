@@ -371,10 +371,11 @@ Result<SnapshotInfo> Store::remove(const std::string& ref) {
   return info;
 }
 
-Result<GcReport> Store::gc(bool wait) {
+Result<GcReport> Store::gc(bool wait, std::function<Status(const GcProgress&)> progress) {
   GcOptions o;
   o.wait = wait;
   o.scan_orphans = true;
+  o.progress = std::move(progress);
   return collect_garbage(*catalog_, *blobs_, o);
 }
 

@@ -107,7 +107,8 @@ class Store {
   Result<std::unique_ptr<StoredSnapshot>> open_snapshot(const std::string& ref);
 
   Result<SnapshotInfo> remove(const std::string& ref);  // also deletes blobs nobody uses any more
-  Result<GcReport> gc(bool wait);
+  // `progress`: GcOptions::progress (an error from it stops gc before its next deletion).
+  Result<GcReport> gc(bool wait, std::function<Status(const GcProgress&)> progress = {});
   Result<VerifyReport> verify(const std::vector<std::string>& refs);  // empty: everything
 
   // One .tar.zst with each snapshot as a standalone .kvsnap file plus an index.

@@ -72,6 +72,27 @@ KVSNAP_HOME="$work/store2" stop_after "$(( $(stat -c %s "$work/e.tar.zst") / 2 )
 KVSNAP_HOME="$work/store2" store_whole import 1
 no_temps import "$work/store2"
 
+# gc: garbage as crashed saves leave it (packs no catalog row names, temporaries). gc deletes no byte
+# through its file layer, so the stop counts the bytes it freed: it lands after the second of five deletions.
+garbage() {  # garbage: four unused copies of the store's pack and a temporary
+  local pack; pack=$(ls "$KVSNAP_HOME"/packs/*.pack | head -n1)
+  for i in 1 2 3 4; do cp "$pack" "$KVSNAP_HOME/packs/00000000000000a$i.pack"; done
+  head -c 100000 /dev/zero >"$KVSNAP_HOME/tmp/crashed-save"
+  echo $(( $(stat -c %s "$pack") ))
+}
+n_packs() { ls "$KVSNAP_HOME"/packs/*.pack | wc -l; }
+packs_before=$(n_packs)
+psize=$(garbage)
+stop_after $((psize + psize / 2)) "$kvsnap" gc >/dev/null 2>"$work/err"; stopped "gc" $? "$work/err"
+store_whole gc 2
+left=$(( $(n_packs) - packs_before ))
+[ "$left" -eq 2 ] && ok "gc: stopped after two deletions, two unused packs left for the next gc" \
+  || bad "gc: $left unused packs left after the stop (want 2: it stops between deletions)"
+"$kvsnap" gc --json >"$work/gc.json" 2>/dev/null && ok "gc: the next gc succeeds" || bad "gc: the next gc fails"
+if python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["packs_deleted"] == 2 and j["temporaries_deleted"] == 1, j' "$work/gc.json" \
+  && [ "$(n_packs)" -eq "$packs_before" ]; then ok "gc: the next gc deletes the rest (packs_deleted 2, temporaries_deleted 1)"
+else bad "gc: the next gc: $(cat "$work/gc.json"), $(n_packs) packs (want $packs_before)"; fi
+
 # migrate: every file either untouched or converted
 mkdir -p "$work/slots"
 for i in 1 2 3 4; do cp "$src" "$work/slots/s$i.bin"; done
@@ -107,6 +128,28 @@ rm -f "$work/out/p.slot"
 if python3 -c 'import json,sys; ev=[json.loads(l)["progress"] for l in open(sys.argv[1])]; assert ev and ev[-1]["finished"] and 0 < ev[-1]["done_bytes"] <= ev[-1]["total_bytes"], ev' "$work/err"; then
   ok "progress: --json gives JSON lines on stderr, the last one finished"
 else bad "progress: --json events wrong: $(head -c 300 "$work/err")"; fi
+
+# gc's progress counts the bytes of garbage it deletes
+garbage >/dev/null
+script -qec "$kvsnap gc" /dev/null >"$work/tty" 2>&1
+if grep -q "kvsnap gc: " "$work/tty" && grep -q $'\r\033\\[K' "$work/tty" && grep -q "unused packs" "$work/tty"; then
+  ok "gc progress: drawn on a terminal, cleared after"
+else bad "gc progress: not drawn on a terminal: $(head -c 300 "$work/tty" | od -c | head -n4)"; fi
+garbage >/dev/null
+"$kvsnap" gc >/dev/null 2>"$work/err"
+[ ! -s "$work/err" ] && ok "gc progress: nothing on stderr when it is not a terminal" || bad "gc progress: stderr not empty: $(head -c 200 "$work/err")"
+garbage >/dev/null
+script -qec "$kvsnap gc --quiet" /dev/null >"$work/tty" 2>&1
+! grep -q "kvsnap gc: " "$work/tty" && ok "gc progress: --quiet draws nothing on a terminal" || bad "gc progress: --quiet drew"
+garbage >/dev/null
+"$kvsnap" gc --json >"$work/gc.json" 2>"$work/err"
+if python3 -c '
+import json, sys
+ev = [json.loads(l)["progress"] for l in open(sys.argv[1])]
+assert ev and ev[-1]["op"] == "gc" and ev[-1]["finished"] and ev[-1]["done_bytes"] == ev[-1]["total_bytes"] > 4 * int(sys.argv[3]), ev
+assert json.load(open(sys.argv[2]))["packs_deleted"] == 4' "$work/err" "$work/gc.json" "$psize"; then
+  ok "gc progress: --json gives JSON lines on stderr, the last one finished with every garbage byte"
+else bad "gc progress: --json events wrong: $(head -c 300 "$work/err") / $(head -c 300 "$work/gc.json")"; fi
 
 echo "$fails failed"
 exit $((fails > 0))
