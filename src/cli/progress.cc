@@ -199,6 +199,10 @@ void ProgressDisplay::draw(bool final) {
   if (mode_ == ProgressMode::kJson) {
     json j = {{"op", what_}, {"done_bytes", d}, {"elapsed_s", secs}, {"bytes_per_s", rate}};
     if (total) j["total_bytes"] = total;
+    if (files_total_.load()) {
+      j["files_done"] = files_done_.load();
+      j["files_total"] = files_total_.load();
+    }
     if (final) j["finished"] = !interrupted();
     std::fprintf(stderr, "%s\n", json_text(json{{"progress", j}}).c_str());
     return;
@@ -207,7 +211,9 @@ void ProgressDisplay::draw(bool final) {
     std::fputs("\r\033[K", stderr);  // the line goes; the command's own output follows
     return;
   }
-  std::string line = "kvsnap " + what_ + ": " + mib(d);
+  std::string line = "kvsnap " + what_ + ": ";
+  if (files_total_.load()) line += "[" + std::to_string(files_done_.load()) + "/" + std::to_string(files_total_.load()) + "] ";
+  line += mib(d);
   if (total) {
     char pct[16];
     std::snprintf(pct, sizeof pct, " (%.0f%%)", 100.0 * d / total);

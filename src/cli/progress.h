@@ -66,6 +66,12 @@ class ProgressDisplay {
   ProgressDisplay(const ProgressDisplay&) = delete;
   ProgressDisplay& operator=(const ProgressDisplay&) = delete;
   void set_total(uint64_t total) { total_.store(total); }
+  // For commands over many files (migrate): files done of the total, drawn as "[3/10]" before the
+  // bytes and in JSON as files_done/files_total.
+  void set_files(size_t done, size_t total) {
+    files_done_.store(done);
+    files_total_.store(total);
+  }
 
  private:
   void run();
@@ -76,6 +82,7 @@ class ProgressDisplay {
   std::string what_;
   Counted counted_;
   std::atomic<uint64_t> total_;
+  std::atomic<size_t> files_done_{0}, files_total_{0};
   ProgressMode mode_;
   uint64_t base_ = 0;  // the counter when the operation started
   std::chrono::steady_clock::time_point start_;

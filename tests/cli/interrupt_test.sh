@@ -129,6 +129,32 @@ if python3 -c 'import json,sys; ev=[json.loads(l)["progress"] for l in open(sys.
   ok "progress: --json gives JSON lines on stderr, the last one finished"
 else bad "progress: --json events wrong: $(head -c 300 "$work/err")"; fi
 
+# migrate's progress: files done of the total beside the bytes read of the directory's files
+mig() { rm -rf "$work/mslots"; mkdir -p "$work/mslots"; for i in 1 2 3; do cp "$src" "$work/mslots/s$i.bin"; done; }
+mig
+script -qec "$kvsnap migrate $work/mslots --ctk q4_0 --ctv q4_0 --model $model" /dev/null >"$work/tty" 2>&1
+# (these files take milliseconds: the one line drawn comes before the first file ends, so the [done/total]
+# count is checked in the JSON events below)
+if grep -q "kvsnap migrate $work/mslots: " "$work/tty" && grep -q $'\r\033\\[K' "$work/tty"; then
+  ok "migrate progress: drawn on a terminal, cleared after"
+else bad "migrate progress: not drawn on a terminal: $(head -c 300 "$work/tty" | od -c | head -n4)"; fi
+mig
+"$kvsnap" migrate "$work/mslots" --ctk q4_0 --ctv q4_0 --model "$model" >/dev/null 2>"$work/err"
+[ ! -s "$work/err" ] && ok "migrate progress: nothing on stderr when it is not a terminal" || bad "migrate progress: stderr not empty: $(head -c 200 "$work/err")"
+mig
+script -qec "$kvsnap migrate $work/mslots --ctk q4_0 --ctv q4_0 --model $model --quiet" /dev/null >"$work/tty" 2>&1
+! grep -q "kvsnap migrate " "$work/tty" && ok "migrate progress: --quiet draws nothing on a terminal" || bad "migrate progress: --quiet drew"
+mig
+"$kvsnap" migrate "$work/mslots" --ctk q4_0 --ctv q4_0 --model "$model" --json >/dev/null 2>"$work/err"
+if python3 -c '
+import json, sys
+ev = [json.loads(l)["progress"] for l in open(sys.argv[1])]
+last = ev[-1]
+assert last["finished"] and last["files_done"] == last["files_total"] == 3, ev
+assert last["total_bytes"] == 3 * int(sys.argv[2]) and last["done_bytes"] >= 3 * int(sys.argv[2]) * 0.9, ev' "$work/err" "$size"; then
+  ok "migrate progress: --json gives JSON lines, the last one finished with 3/3 files and the directory's bytes read"
+else bad "migrate progress: --json events wrong: $(head -c 400 "$work/err")"; fi
+
 # gc's progress counts the bytes of garbage it deletes
 garbage >/dev/null
 script -qec "$kvsnap gc" /dev/null >"$work/tty" 2>&1
