@@ -155,6 +155,18 @@ assert last["total_bytes"] == 3 * int(sys.argv[2]) and last["done_bytes"] >= 3 *
   ok "migrate progress: --json gives JSON lines, the last one finished with 3/3 files and the directory's bytes read"
 else bad "migrate progress: --json events wrong: $(head -c 400 "$work/err")"; fi
 
+# export --json: the result and the progress events for scripts
+rm -f "$work/out/j.tar.zst"
+"$kvsnap" export big base -o "$work/out/j.tar.zst" --json >"$work/export.json" 2>"$work/err"
+if python3 -c '
+import json, sys
+ev = [json.loads(l)["progress"] for l in open(sys.argv[1])]
+assert ev and ev[-1]["op"] == "export" and ev[-1]["finished"] and ev[-1]["done_bytes"] > 0, ev
+j = json.load(open(sys.argv[2]))
+assert j["exported"] == 2 and j["bytes"] > 0, j' "$work/err" "$work/export.json"; then
+  ok "export progress: --json gives the result on stdout and JSON lines on stderr, the last one finished"
+else bad "export --json: $(head -c 300 "$work/export.json") / $(head -c 300 "$work/err")"; fi
+
 # gc's progress counts the bytes of garbage it deletes
 garbage >/dev/null
 script -qec "$kvsnap gc" /dev/null >"$work/tty" 2>&1
