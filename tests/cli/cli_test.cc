@@ -229,6 +229,20 @@ TEST_F(CliTest, ConvertToGgsqV1RefusesWhatItCannotHoldBeforeWriting) {
   }
 }
 
+// An output in a directory that does not exist: named as the user named it, with the missing directory
+// and what to do (not the temporary kvsnap would have written first).
+TEST_F(CliTest, AnOutputInAMissingDirectoryNamesItAndTheDirectory) {
+  const auto in = write("in.slot", build_state({}));
+  const std::string out = (dir_ / "no-such-dir" / "o.slot").string();
+  CmdResult r = run("convert " + in + " " + out + " --ctk f32");
+  EXPECT_EQ(r.code, 8) << r.err;
+  EXPECT_NE(r.err.find(out + ": cannot write it: the directory " + (dir_ / "no-such-dir").string() +
+                       " does not exist (create it first, or write elsewhere)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("kvsnap-tmp"), std::string::npos) << r.err;
+}
+
 TEST_F(CliTest, ConvertUnknownTypeIsAUsageError) {
   const auto in = write("a.slot", build_state({}));
   CmdResult r = run("convert " + in + " " + (dir_ / "o.slot").string() + " --ctk q3_k");
