@@ -187,7 +187,8 @@ Result<ServerBuild> query_server_build(const ServerEndpoint& endpoint) {
   return server_build(srv);
 }
 
-Result<ServerSaveResult> save_from_server(Io& io, Store& store, const ServerTarget& t, SaveRequest req) {
+Result<ServerSaveResult> save_from_server(Io& io, Store& store, const ServerTarget& t, SaveRequest req,
+                                          const SaveHook& before_store) {
   LlamaServer srv(t.endpoint);
   KV_RETURN_IF_ERROR(check_slot_dir(io, t));
   KV_RETURN_IF_ERROR(srv.health());
@@ -208,6 +209,7 @@ Result<ServerSaveResult> save_from_server(Io& io, Store& store, const ServerTarg
   r.server_ms = saved.ms;
   KV_ASSIGN_OR_RETURN(auto in, open_server_file(io, t, name));
   KV_ASSIGN_OR_RETURN(StateFile st, parse_for_model(*in, {}, req.model));
+  if (before_store) KV_RETURN_IF_ERROR(before_store(st.tokens.tokens, req));
   if (req.source_name.empty()) req.source_name = srv.url() + " slot " + std::to_string(t.slot);
   KV_ASSIGN_OR_RETURN(r.save, store.save(*in, st, req));
   return r;
