@@ -154,8 +154,8 @@ void Persister::save_changed(int only_slot, const std::string& fallback) {
       }
       if (slot_ns.empty()) slot_ns = fallback;
       if ((unowned = slot_ns.empty()))
-        return Status::NotFound("slot " + std::to_string(slot) + " holds tokens no recent request's prompt starts "
-                                "them: left for that request's own save");
+        return Status::NotFound("slot " + std::to_string(slot) + " holds a conversation that begins with no recent "
+                                "request's prompt: not saved now, its own request's save will tag it");
       r.tags["serve.ns"] = slot_ns;
       return Status::OK();
     };
