@@ -172,8 +172,8 @@ struct Conv {
 
 // The metadata of the output: class names, meta_state (meta layouts) or the scalars list
 // (scalars layout) of the converted layers changed, everything else as it was.
-std::vector<std::pair<std::string, std::string>> out_metadata(const MlxPromptCache& in, const std::vector<Conv>& convs,
-                                                              const MlxKvSetting& to) {
+std::vector<std::pair<std::string, std::string>> out_metadata(const MlxPromptCache& in, MlxLayout layout,
+                                                              const std::vector<Conv>& convs, const MlxKvSetting& to) {
   std::map<std::string, std::string> m;
   if (in.st.metadata) m.insert(in.st.metadata->begin(), in.st.metadata->end());
   const bool sc = in.layout == MlxLayout::kScalars;
@@ -194,7 +194,7 @@ std::vector<std::pair<std::string, std::string>> out_metadata(const MlxPromptCac
       continue;
     }
     std::vector<int64_t> f{*c.L->offset, to.group_size, to.bits};
-    if (in.layout == MlxLayout::kMetaStep) f.insert(f.begin(), c.L->step.value_or(kMlxStep));
+    if (layout == MlxLayout::kMetaStep) f.insert(f.begin(), c.L->step.value_or(kMlxStep));
     for (size_t i = 0; i < f.size(); ++i) m["0." + p + "." + std::to_string(i)] = std::to_string(f[i]);
   }
   if (sc) {
@@ -279,6 +279,22 @@ Result<MlxRequantResult> mlx_requantize(const MlxPromptCache& in, const Readable
     }
     convs.push_back({&L, from});
   }
+  // The layout of the output: the input's, with `step` decided when the file does not say.
+  MlxLayout layout = in.layout;
+  const bool meta = in.layout != MlxLayout::kScalars;
+  if (spec.layout && !(*spec.layout == in.layout || (in.step_unknown && meta && *spec.layout != MlxLayout::kScalars))) {
+    return Status::InvalidArgument(in.st.file + ": written in mlx-lm's " + mlx_layout_name(in.layout) + " layout (" +
+                                   in.version_guess + "); the output keeps it, and --mlx-lm names the " +
+                                   mlx_layout_name(*spec.layout) + " layout (moving between layouts is not part of "
+                                   "convert)");
+  }
+  if (spec.layout) layout = *spec.layout;
+  if (in.step_unknown && meta && !spec.layout && !to.is_float() && !convs.empty()) {
+    return Status::Ambiguous(in.st.file + ": float K/V in the meta_state layout of mlx-lm 0.19.1 .. 0.31.x, and "
+                             "nothing in the file tells which: a QuantizedKVCache's meta_state has 'step' up to mlx-lm "
+                             "0.28.0 and not from 0.28.1, so the output depends on the release that will load it; "
+                             "give --mlx-lm VERSION (e.g. 0.28.0 or 0.31.3)");
+  }
   if (n_sides == 0) {
     std::string why;
     for (const std::string& n : res.notes) why += "\n  " + n;
@@ -349,7 +365,7 @@ Result<MlxRequantResult> mlx_requantize(const MlxPromptCache& in, const Readable
       out.tensors.push_back(mlx_scalar_tensor(a->second->L->prefix + ".4", to.bits));
     }
   }
-  out.metadata = out_metadata(in, convs, to);
+  out.metadata = out_metadata(in, layout, convs, to);
   CountingSink counted;
   TeeSink counter(sink, counted);
   KV_RETURN_IF_ERROR(write_mlx_file(out, in, src, counter));

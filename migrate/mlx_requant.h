@@ -17,14 +17,16 @@
 // (kInvalidArgument); separate K/V bits (KVSplit, mlx-lm #1074 / #1067) were never merged.
 //
 // Promises: everything is checked before the first byte is written (bits/group, every converted
-// layer's head dims against the group, K/V agreement); errors name the file, the layer, the
-// problem and the remedy. Memory stays bounded: rows are read, converted and written a chunk at
+// layer's head dims against the group, K/V agreement, the output layout when the file's meta_state
+// does not say whether mlx-lm <= 0.28.0 or a later one wrote it: kAmbiguous); errors name the file,
+// the layer, the problem and the remedy. Memory stays bounded: rows are read, converted and written a chunk at
 // a time. The per-side error report compares, over the rows a layer holds (offset), the values
 // mlx-lm will compute with (dequantized in T) against the input's values (its floats, or its
 // dequantized values for a quantized input).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +49,11 @@ struct MlxKvSetting {
 struct MlxRequantSpec {
   MlxKvSetting k, v;
   MlxDevice device = MlxDevice::kCpu;
+  // The layout of the mlx-lm that will load the output (format/mlx_layout.h, mlx_layout_for). Needed
+  // only when the file does not tell (MlxPromptCache::step_unknown: float layers of mlx-lm 0.19.1 ..
+  // 0.31.x going to quantized, whose meta_state has `step` up to 0.28.0); otherwise it must agree
+  // with the file's layout: the output keeps the input's.
+  std::optional<MlxLayout> layout;
 };
 
 struct MlxRequantSide {

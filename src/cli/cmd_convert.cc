@@ -65,9 +65,9 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
   KV_RETURN_IF_ERROR(check_not_same_file(o.in, o.out));
   // An mlx-lm prompt cache (a safetensors header, told by content) goes its own way.
   if (auto f = io.open_read(o.in); f.ok() && looks_like_mlx_prompt_cache(**f)) return run_convert_mlx(o, **f, out);
-  if (!o.kv_bits.empty() || o.kv_group_size) {
-    return Status::InvalidArgument(o.in + ": not an mlx-lm prompt cache: --kv-bits/--kv-group-size are for mlx-lm "
-                                   "files; for llama.cpp files give --ctk/--ctv");
+  if (!o.kv_bits.empty() || o.kv_group_size || !o.mlx_lm.empty()) {
+    return Status::InvalidArgument(o.in + ": not an mlx-lm prompt cache: --kv-bits/--kv-group-size/--mlx-lm are for "
+                                   "mlx-lm files; for llama.cpp files give --ctk/--ctv");
   }
   KV_ASSIGN_OR_RETURN(OpenedState opened, open_state(io, o.in, o.model, o.input_format, o.src_types));
   const ReadableFile* file = opened.file.get();
@@ -182,6 +182,10 @@ void setup_convert(CLI::App& app, int& exit_status) {
   sub->add_option("--mlx-device", o->mlx_device,
                   "mlx-lm prompt caches: quantize as MLX's cpu backend does (default; mlx[cpu]) or as its gpu kernel "
                   "(Metal/CUDA: what a Mac writes)");
+  sub->add_option("--mlx-lm", o->mlx_lm,
+                  "mlx-lm prompt caches: the mlx-lm release that will load the output (e.g. 0.28.0, 0.31.3), needed "
+                  "when a float file of mlx-lm 0.19-0.31 does not tell (QuantizedKVCache meta_state had 'step' up to "
+                  "0.28.0)");
   sub->add_flag("--report", o->report, "per layer and side: RMSE, max |error| and SNR of the conversion");
   sub->add_flag("--json", o->json, "machine-readable summary including the per-layer report");
   add_progress_flags(sub, o->progress);

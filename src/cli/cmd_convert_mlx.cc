@@ -8,6 +8,7 @@
 
 #include "base/json_access.h"
 #include "cli/commands.h"
+#include "format/mlx_layout.h"
 #include "format/mlx_prompt_cache.h"
 #include "migrate/mlx_requant.h"
 
@@ -110,9 +111,13 @@ Status run_convert_mlx(const ConvertOptions& o, const ReadableFile& file, std::s
   KV_ASSIGN_OR_RETURN(const MlxPromptCache cache, read_mlx_prompt_cache(file));
   KV_ASSIGN_OR_RETURN(const MlxKvSetting to, target_of(o, cache));
   KV_ASSIGN_OR_RETURN(const MlxDevice device, mlx_device_of(o.mlx_device));
+  MlxRequantSpec spec{to, to, device, std::nullopt};
+  if (!o.mlx_lm.empty()) {
+    KV_ASSIGN_OR_RETURN(spec.layout, mlx_layout_for(o.mlx_lm));
+  }
   const auto t0 = std::chrono::steady_clock::now();
   KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(cli_io(), o.out));
-  KV_ASSIGN_OR_RETURN(const MlxRequantResult res, mlx_requantize(cache, file, MlxRequantSpec{to, to, device}, *writer));
+  KV_ASSIGN_OR_RETURN(const MlxRequantResult res, mlx_requantize(cache, file, spec, *writer));
   KV_RETURN_IF_ERROR(writer->commit());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 

@@ -49,6 +49,7 @@ struct ConvertOptions {
   std::string kv_bits;
   int kv_group_size = 0;         // 0: the file's, else 64 (mlx-lm's default)
   std::string mlx_device = "cpu";
+  std::string mlx_lm;            // the mlx-lm release (or layout) that will load the output
 };
 void setup_convert(CLI::App& app, int& exit_status);
 Status run_convert(const ConvertOptions& opts, std::string& out, std::string& warnings);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,10 +78,12 @@ struct Converted {
   MlxRequantResult res;
 };
 
-Result<Converted> convert(const ReadableFile& f, MlxKvSetting to, MlxDevice dev = MlxDevice::kCpu) {
+// kv_meta_file's KVCache layers do not tell mlx-lm <= 0.28.0 from 0.28.1 .. 0.31: say 0.31.
+Result<Converted> convert(const ReadableFile& f, MlxKvSetting to, std::optional<MlxLayout> layout = MlxLayout::kMeta) {
   KV_ASSIGN_OR_RETURN(MlxPromptCache c, read_mlx_prompt_cache(f));
+  if (c.layout != MlxLayout::kMeta) layout.reset();
   VectorSink sink;
-  KV_ASSIGN_OR_RETURN(MlxRequantResult r, mlx_requantize(c, f, MlxRequantSpec{to, to, dev}, sink));
+  KV_ASSIGN_OR_RETURN(MlxRequantResult r, mlx_requantize(c, f, MlxRequantSpec{to, to, MlxDevice::kCpu, layout}, sink));
   EXPECT_EQ(r.bytes_out, sink.bytes.size());
   return Converted{MemoryFile("out.safetensors", std::move(sink.bytes)), std::move(r)};
 }
@@ -271,24 +274,47 @@ TEST(MlxRequant, MetaStepLayoutWritesStepFirstAndCarriesTheRing) {
   EXPECT_EQ(c->layers[1].step, 256);
 }
 
+TEST(MlxRequant, FloatMetaFilesNeedTheReadersReleaseToQuantize) {
+  // KVCache layers only: the file does not say whether QuantizedKVCache's meta_state needs `step`.
+  MemoryFile in = kv_meta_file();
+  auto c = read_mlx_prompt_cache(in);
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->step_unknown);
+  VectorSink sink;
+  auto r = mlx_requantize(*c, in, MlxRequantSpec{{4, 64}, {4, 64}, MlxDevice::kCpu, std::nullopt}, sink);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kAmbiguous);
+  EXPECT_NE(r.status().message().find("give --mlx-lm VERSION"), std::string::npos) << r.status().ToString();
+  EXPECT_TRUE(sink.bytes.empty());
+  auto scalars = mlx_requantize(*c, in, MlxRequantSpec{{4, 64}, {4, 64}, MlxDevice::kCpu, MlxLayout::kScalars}, sink);
+  EXPECT_EQ(scalars.status().code(), Code::kInvalidArgument) << scalars.status().ToString();
+  auto old = convert(in, {4, 64}, MlxLayout::kMetaStep);  // for mlx-lm 0.28.0
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  auto q = read_mlx_prompt_cache(old->file);
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ(q->layout, MlxLayout::kMetaStep);
+  EXPECT_EQ(q->layers[0].step, 256);
+  EXPECT_EQ(meta_of(*q).at("0.0.1"), "5");
+}
+
 TEST(MlxRequant, RefusalsNameTheFileLayerAndRemedy) {
   MemoryFile in = kv_meta_file(96);
   auto c = read_mlx_prompt_cache(in);
   ASSERT_TRUE(c.ok());
   VectorSink sink;
   // Different K and V: no mlx-lm loads that.
-  auto kv = mlx_requantize(*c, in, MlxRequantSpec{{4, 32}, {8, 32}, MlxDevice::kCpu}, sink);
+  auto kv = mlx_requantize(*c, in, MlxRequantSpec{{4, 32}, {8, 32}, MlxDevice::kCpu, MlxLayout::kMeta}, sink);
   ASSERT_FALSE(kv.ok());
   EXPECT_EQ(kv.status().code(), Code::kInvalidArgument);
   EXPECT_NE(kv.status().message().find("no mlx-lm release"), std::string::npos) << kv.status().ToString();
-  auto mixed = mlx_requantize(*c, in, MlxRequantSpec{{}, {8, 32}, MlxDevice::kCpu}, sink);
+  auto mixed = mlx_requantize(*c, in, MlxRequantSpec{{}, {8, 32}, MlxDevice::kCpu, MlxLayout::kMeta}, sink);
   EXPECT_FALSE(mixed.ok());
   // Bits MLX does not have.
-  auto b7 = mlx_requantize(*c, in, MlxRequantSpec{{7, 32}, {7, 32}, MlxDevice::kCpu}, sink);
+  auto b7 = mlx_requantize(*c, in, MlxRequantSpec{{7, 32}, {7, 32}, MlxDevice::kCpu, MlxLayout::kMeta}, sink);
   ASSERT_FALSE(b7.ok());
   EXPECT_NE(b7.status().message().find("bits 7"), std::string::npos);
   // Head dim 96 in groups of 64: the file, the layer, the side and the group that fits.
-  auto g64 = mlx_requantize(*c, in, MlxRequantSpec{{4, 64}, {4, 64}, MlxDevice::kCpu}, sink);
+  auto g64 = mlx_requantize(*c, in, MlxRequantSpec{{4, 64}, {4, 64}, MlxDevice::kCpu, MlxLayout::kMeta}, sink);
   ASSERT_FALSE(g64.ok());
   const std::string msg = g64.status().message();
   EXPECT_NE(msg.find("in.safetensors: layer 0 (KVCache): K head dim 96"), std::string::npos) << msg;
@@ -296,7 +322,7 @@ TEST(MlxRequant, RefusalsNameTheFileLayerAndRemedy) {
   EXPECT_TRUE(sink.bytes.empty());  // nothing written before the checks
   MemoryFile odd = kv_meta_file(80);
   auto co = read_mlx_prompt_cache(odd);
-  auto g32 = mlx_requantize(*co, odd, MlxRequantSpec{{4, 32}, {4, 32}, MlxDevice::kCpu}, sink);
+  auto g32 = mlx_requantize(*co, odd, MlxRequantSpec{{4, 32}, {4, 32}, MlxDevice::kCpu, MlxLayout::kMeta}, sink);
   ASSERT_FALSE(g32.ok());
   EXPECT_NE(g32.status().message().find("no MLX group size"), std::string::npos) << g32.status().ToString();
   // Nothing mlx-lm can quantize: a file of rotating caches only.
@@ -305,7 +331,7 @@ TEST(MlxRequant, RefusalsNameTheFileLayerAndRemedy) {
                              "rot.safetensors");
   auto rc = read_mlx_prompt_cache(rot);
   ASSERT_TRUE(rc.ok()) << rc.status().ToString();
-  auto none = mlx_requantize(*rc, rot, MlxRequantSpec{{4, 32}, {4, 32}, MlxDevice::kCpu}, sink);
+  auto none = mlx_requantize(*rc, rot, MlxRequantSpec{{4, 32}, {4, 32}, MlxDevice::kCpu, std::nullopt}, sink);
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), Code::kNotSupported);
   EXPECT_NE(none.status().message().find("rot.safetensors"), std::string::npos);
