@@ -141,7 +141,7 @@ std::string carry_note(const MlxLayer& L) {
   const std::string head = "layer " + L.prefix + " (" + L.cls + ") kept unchanged: ";
   if (L.cls == "RotatingKVCache") {
     return head + "mlx-lm cannot quantize a rotating cache (RotatingKVCache.to_quantized raises NotImplementedError "
-                  "\"RotatingKVCache Quantization NYI\"; mlx_lm.generate --kv-bits stops on it the same way)";
+                  "\"RotatingKVCache Quantization NYI\"; mlx_lm.generate stops on it the same way when it quantizes)";
   }
   if (L.cls == "ArraysCache" || L.cls == "MambaCache") {
     return head + "recurrent state, no K/V; mlx-lm never quantizes it (no to_quantized)";
@@ -162,7 +162,7 @@ Status dim_error(const MlxPromptCache& in, const MlxLayer& L, const char* side, 
       in.st.file + ": layer " + L.prefix + " (" + L.cls + "): " + side + " head dim " + std::to_string(dim) +
       " is not a whole number of groups of " + std::to_string(group) + " (mx.quantize needs it): " +
       (fits.empty() ? std::string("no MLX group size (32, 64, 128) divides it, so mlx-lm cannot quantize this cache")
-                    : "use --kv-group-size " + fits));
+                    : "use {--kv-group-size " + fits + "}"));
 }
 
 struct Conv {
@@ -250,7 +250,7 @@ Status mlx_requant_check_spec(const MlxRequantSpec& spec) {
         "K " + spec.k.name() + " and V " + spec.v.name() +
         ": no mlx-lm release (0.19.3 .. 0.32.2) loads different K and V settings: a QuantizedKVCache layer has one "
         "group_size and bits for both, and a layer is either all float (KVCache) or all quantized (separate K/V bits, "
-        "mlx-lm #1067 / #1074, were never merged); give one --kv-bits/--kv-group-size");
+        "mlx-lm #1067 / #1074, were never merged); give one setting for both ({--kv-bits B} {--kv-group-size G})");
   }
   if (!spec.k.is_float()) KV_RETURN_IF_ERROR(mlx_affine_check(spec.k.bits, spec.k.group_size));
   return Status::OK();
@@ -284,7 +284,7 @@ Result<MlxRequantResult> mlx_requantize(const MlxPromptCache& in, const Readable
   const bool meta = in.layout != MlxLayout::kScalars;
   if (spec.layout && !(*spec.layout == in.layout || (in.step_unknown && meta && *spec.layout != MlxLayout::kScalars))) {
     return Status::InvalidArgument(in.st.file + ": written in mlx-lm's " + mlx_layout_name(in.layout) + " layout (" +
-                                   in.version_guess + "); the output keeps it, and --mlx-lm names the " +
+                                   in.version_guess + "); the output keeps it, and {--mlx-lm} names the " +
                                    mlx_layout_name(*spec.layout) + " layout (moving between layouts is not part of "
                                    "convert)");
   }
@@ -293,7 +293,7 @@ Result<MlxRequantResult> mlx_requantize(const MlxPromptCache& in, const Readable
     return Status::Ambiguous(in.st.file + ": float K/V in the meta_state layout of mlx-lm 0.19.1 .. 0.31.x, and "
                              "nothing in the file tells which: a QuantizedKVCache's meta_state has 'step' up to mlx-lm "
                              "0.28.0 and not from 0.28.1, so the output depends on the release that will load it; "
-                             "give --mlx-lm VERSION (e.g. 0.28.0 or 0.31.3)");
+                             "give {--mlx-lm VERSION} (e.g. 0.28.0 or 0.31.3)");
   }
   if (n_sides == 0) {
     std::string why;

@@ -194,6 +194,8 @@ def check_bed(kvsnap, bed, python, work):
                 continue
             bits, gs = kind[1:].split("g")
             out = os.path.join(work, "bed-%s-%s" % (version, name))
+            if os.path.exists(out):
+                os.remove(out)
             if version < "0.32":
                 # A float file of mlx-lm 0.19 .. 0.31 does not say whether its reader wants `step` in
                 # QuantizedKVCache's meta_state (up to 0.28.0): refused (exit 6) until --mlx-lm says.

@@ -7,7 +7,7 @@ set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="${KVSNAP_MLX_VENV:-$HOME/.cache/kvsnap-mlx-venv}"
 bed="${KVSNAP_MLX_BED:-$HOME/.cache/kvsnap-mlx-bed}"
-mkdir -p "$2"
+rm -rf "$2" && mkdir -p "$2"  # fresh: the checks look for files a refusal must not leave
 if ! bash "$here/make-bed.sh" "$bed" >"$2.make-bed.log" 2>&1; then
   echo "SKIP: the mlx-lm bed could not be made (tests/mlx/make-bed.sh; log: $2.make-bed.log):"
   tail -5 "$2.make-bed.log"
