@@ -1,7 +1,7 @@
 """kvsnap convert --kv-bits/--kv-group-size on mlx-lm prompt caches against the REAL mlx (CPU):
 
 1. random K/V (bf16, f16, f32; rows with special groups: all negative, zeros, a constant, ties,
-   magnitudes from 1e-3 to 1e2) saved by mlx-lm's save_prompt_cache, converted by kvsnap to every
+   near f16's largest, f16 subnormals, magnitudes from 1e-3 to 1e2) saved by mlx-lm's save_prompt_cache, converted by kvsnap to every
    bits x group (2,3,4,5,6,8 x 32,64,128): the codes, scales and biases mlx-lm loads from kvsnap's
    file are bit for bit mx.quantize's of the float buffer (what KVCache.to_quantized does), and the
    whole file equals mlx-lm's own to_quantized + save_prompt_cache file (every tensor, dtype, shape
@@ -108,6 +108,8 @@ def random_cache(dtype, seed, layers=2, rows=37, dim=128):
             x[0, 0, 3] = np.tile(np.array([0.0, 3.0, 0.5, 2.5, 1.5, 1.0, 2.0, 0.25]), dim // 8)  # ties
             x[0, 1, 0] = np.abs(x[0, 1, 0]) + 2.0                          # all positive
             x[0, 1, 1] = rng.integers(-8, 8, size=dim)                     # small integers
+            x[0, 1, 2] = rng.uniform(-6e4, 6e4, size=dim)                  # near f16's largest
+            x[0, 1, 3] = rng.uniform(-3e-6, 3e-6, size=dim)                # f16 subnormals
             kv.append(mx.array(x).astype(dtype))
         c = C.KVCache()
         c.update_and_fetch(kv[0], kv[1])
