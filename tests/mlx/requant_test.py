@@ -11,7 +11,8 @@
    is bit for bit mx.dequantize;
 3. real caches: the bed's KVCache files of a tiny llama (mlx-lm 0.32.2, 0.31.3, 0.28.0: three file
    layouts) converted to each setting mlx-lm itself quantized them to in the bed: equal to mlx-lm's
-   file; each converted file loads in the mlx-lm release that made the original;
+   file; the bed's q4g64 files to q8g32, q3g128 and float: mx.quantize(mx.dequantize(x)) and
+   mx.dequantize bit for bit; each converted file loads in the mlx-lm release that made the original;
 4. a hybrid file (KVCache + RotatingKVCache layers): the ring is carried, the file loads; a file of
    rings only is refused with mlx-lm's reason;
 5. next-token logits of a tiny random llama continuing from the converted cache against the float
@@ -208,6 +209,31 @@ def check_bed(kvsnap, bed, python, work):
                 continue
             same_file("bed %s %s" % (version, name), os.path.join(vdir, name), out)
             made.append(out)
+        # Quantized -> quantized and -> float in this release's layout (mlx-lm's own q4g64 file),
+        # compared as raw tensors (0.32's loader cannot read the older layouts).
+        src = os.path.join(vdir, "q4g64_bf16.safetensors")
+        if os.path.exists(src):
+            a = mx.load(src)
+            layers = sorted({k.split(".")[0] for k in a})
+            for to in ((8, 32), (3, 128), None):
+                tag = "q8g32" if to == (8, 32) else "q3g128" if to else "float"
+                out = os.path.join(work, "bed-%s-q4g64-to-%s.safetensors" % (version, tag))
+                args = ["--kv-bits", to[0], "--kv-group-size", to[1]] if to else ["--kv-bits", "none"]
+                if convert(kvsnap, src, out, *args) is None:
+                    continue
+                b = mx.load(out)
+                for L in layers:
+                    for side in ("0", "1"):
+                        q = [a["%s.%s.%d" % (L, side, i)] for i in range(3)]
+                        deq = mx.dequantize(*q, group_size=64, bits=4)
+                        where = "bed %s q4g64 -> %s layer %s side %s" % (version, tag, L, side)
+                        if to is None:
+                            same_bits(where, deq, b.get("%s.%s" % (L, side), mx.array([])))
+                            continue
+                        want = mx.quantize(deq, group_size=to[1], bits=to[0])
+                        for i, w in enumerate(want):
+                            same_bits(where, w, b.get("%s.%s.%d" % (L, side, i), mx.array([])))
+                made.append(out)
         # Each converted file loads in the mlx-lm release that made the original.
         env = dict(os.environ)
         old = os.path.join(os.path.dirname(os.path.dirname(python)), "old", "mlx-lm-" + version)
