@@ -9,6 +9,7 @@
 #include <map>
 
 #include "base/byte_order.h"
+#include "base/parallel.h"
 #include "format/mlx_layout.h"
 
 namespace kvsnap {
@@ -16,7 +17,8 @@ namespace {
 
 // mlx-lm's caches grow in 256-row steps; the meta_state of mlx-lm 0.19.3 .. 0.28.0 records it.
 constexpr int64_t kMlxStep = 256;
-constexpr uint64_t kChunkBytes = 1 << 20;
+constexpr uint64_t kChunkBytes = 4 << 20;
+constexpr uint64_t kBlockRows = 64;  // rows per parallel work item
 
 enum class Part { kValues, kCodes, kScales, kBiases };
 
@@ -31,6 +33,12 @@ struct Stats {
       max_abs = std::max(max_abs, std::fabs(e));
     }
     n += uint64_t(d);
+  }
+  void merge(const Stats& o) {
+    n += o.n;
+    sq_err += o.sq_err;
+    sq_sig += o.sq_sig;
+    max_abs = std::max(max_abs, o.max_abs);
   }
   void finish(MlxRequantSide& r) const {
     r.values = n;
@@ -51,6 +59,7 @@ struct SideJob {
   MlxDevice device = MlxDevice::kCpu;
   int64_t offset = 0;               // rows per sequence the statistics count
   MlxRequantSide* report = nullptr;
+  size_t threads = 1;
 };
 
 Status read_rows(const SideJob& j, const SafetensorsTensor& t, uint64_t row_bytes, uint64_t r0, uint64_t n,
@@ -63,64 +72,93 @@ void load_floats(MlxFloat t, const std::byte* p, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = mlx_load_float(t, p + size_t(i) * mlx_float_size(t));
 }
 
+// One worker's row buffers.
+struct Scratch {
+  std::vector<float> x, y, fs, fb, qs, qb;
+  std::vector<std::byte> codes;
+};
+
+// Converts one row: its input (float, or codes + scales + biases) into the output part `o`, and
+// adds it to `acc` when it counts.
+void convert_row(const SideJob& j, Part part, const std::byte* in, const std::byte* sc, const std::byte* bi,
+                 std::byte* o, bool counted, Scratch& w, Stats& acc) {
+  const int64_t d = j.in->head_dim;
+  const size_t ts = mlx_float_size(j.t);
+  if (j.from.is_float()) {
+    load_floats(j.t, in, d, w.x.data());
+  } else {
+    load_floats(j.t, sc, int64_t(w.fs.size()), w.fs.data());
+    load_floats(j.t, bi, int64_t(w.fb.size()), w.fb.data());
+    mlx_affine_dequantize_row(in, w.fs.data(), w.fb.data(), d, j.from.bits, j.from.group_size, j.t, w.x.data());
+  }
+  if (part == Part::kValues) {
+    for (int64_t k = 0; k < d; ++k) mlx_store_float(j.t, w.x[size_t(k)], o + size_t(k) * ts);
+    if (counted) acc.add(w.x.data(), w.x.data(), d);  // the stored values are the dequantized ones
+    return;
+  }
+  mlx_affine_quantize_row(w.x.data(), d, j.to.bits, j.to.group_size, j.device, w.codes.data(), w.qs.data(),
+                          w.qb.data());
+  const size_t groups = w.qs.size();
+  if (part == Part::kCodes) std::memcpy(o, w.codes.data(), w.codes.size());
+  if (part == Part::kScales || part == Part::kBiases) {
+    const std::vector<float>& sb = part == Part::kScales ? w.qs : w.qb;
+    for (size_t g = 0; g < groups; ++g) mlx_store_float(j.t, sb[g], o + g * ts);
+  }
+  if (counted) {  // what mlx-lm computes with: the codes and the scales/biases rounded to T
+    for (size_t g = 0; g < groups; ++g) w.qs[g] = mlx_round_to(j.t, w.qs[g]);
+    for (size_t g = 0; g < groups; ++g) w.qb[g] = mlx_round_to(j.t, w.qb[g]);
+    mlx_affine_dequantize_row(w.codes.data(), w.qs.data(), w.qb.data(), d, j.to.bits, j.to.group_size, j.t,
+                              w.y.data());
+    acc.add(w.x.data(), w.y.data(), d);
+  }
+}
+
 // Writes one part of the converted side: its float values (to float), or its codes, scales or
-// biases (to quantized), a chunk of rows at a time. The values/codes pass fills the report.
+// biases (to quantized), a chunk of rows at a time, the rows of a chunk on `threads` workers in
+// blocks whose statistics are summed in block order (the report does not depend on the threads).
+// The values/codes pass fills the report.
 Status run_side(const SideJob& j, Part part, ByteSink& out) {
   const MlxKvSide& s = *j.in;
   const int64_t d = s.head_dim;
   const uint64_t rows = uint64_t(s.batch) * uint64_t(s.heads) * uint64_t(s.rows);
   if (rows == 0 || d == 0) return Status::OK();
   const size_t ts = mlx_float_size(j.t);
-  const int64_t g_in = j.from.is_float() ? 0 : d / j.from.group_size;
-  const int64_t g_out = j.to.is_float() ? 0 : d / j.to.group_size;
+  const size_t g_in = j.from.is_float() ? 0 : size_t(d / j.from.group_size);
+  const size_t g_out = j.to.is_float() ? 0 : size_t(d / j.to.group_size);
   const uint64_t in_row = j.from.is_float() ? uint64_t(d) * ts : mlx_affine_row_bytes(d, j.from.bits);
+  const uint64_t sb_row = g_in * ts;
   const uint64_t out_row = part == Part::kValues  ? uint64_t(d) * ts
                            : part == Part::kCodes ? mlx_affine_row_bytes(d, j.to.bits)
-                                                  : uint64_t(g_out) * ts;
+                                                  : g_out * ts;
   const uint64_t chunk = std::max<uint64_t>(1, kChunkBytes / std::max(in_row, out_row));
   const bool stats = j.report && (part == Part::kValues || part == Part::kCodes);
+  const size_t workers = std::max<size_t>(1, j.threads);
+  std::vector<Scratch> scratch(workers);
+  for (Scratch& w : scratch) {
+    w.x.resize(size_t(d)), w.y.resize(size_t(d)), w.fs.resize(g_in), w.fb.resize(g_in);
+    w.qs.resize(g_out), w.qb.resize(g_out);
+    w.codes.resize(j.to.is_float() ? 0 : mlx_affine_row_bytes(d, j.to.bits));
+  }
   std::vector<std::byte> data, sc, bi, obuf;
-  const size_t nd = static_cast<size_t>(d), ni = static_cast<size_t>(g_in), no = static_cast<size_t>(g_out);
-  std::vector<float> x(nd), y(nd), fs(ni), fb(ni), qs(no), qb(no);
-  std::vector<std::byte> codes(j.to.is_float() ? 0 : mlx_affine_row_bytes(d, j.to.bits));
   Stats acc;
   for (uint64_t r0 = 0; r0 < rows; r0 += chunk) {
     const uint64_t n = std::min(chunk, rows - r0);
     KV_RETURN_IF_ERROR(read_rows(j, *s.data, in_row, r0, n, data));
     if (!j.from.is_float()) {
-      KV_RETURN_IF_ERROR(read_rows(j, *s.scales, uint64_t(g_in) * ts, r0, n, sc));
-      KV_RETURN_IF_ERROR(read_rows(j, *s.biases, uint64_t(g_in) * ts, r0, n, bi));
+      KV_RETURN_IF_ERROR(read_rows(j, *s.scales, sb_row, r0, n, sc));
+      KV_RETURN_IF_ERROR(read_rows(j, *s.biases, sb_row, r0, n, bi));
     }
     obuf.resize(n * out_row);
-    for (uint64_t i = 0; i < n; ++i) {
-      if (j.from.is_float()) {
-        load_floats(j.t, data.data() + i * in_row, d, x.data());
-      } else {
-        load_floats(j.t, sc.data() + i * uint64_t(g_in) * ts, g_in, fs.data());
-        load_floats(j.t, bi.data() + i * uint64_t(g_in) * ts, g_in, fb.data());
-        mlx_affine_dequantize_row(data.data() + i * in_row, fs.data(), fb.data(), d, j.from.bits, j.from.group_size,
-                                  j.t, x.data());
+    const uint64_t blocks = (n + kBlockRows - 1) / kBlockRows;
+    std::vector<Stats> block_stats(blocks);
+    parallel_for(blocks, workers, [&](size_t b, size_t w) {
+      for (uint64_t i = b * kBlockRows; i < std::min<uint64_t>(n, (b + 1) * kBlockRows); ++i) {
+        const bool counted = stats && int64_t((r0 + i) % uint64_t(s.rows)) < j.offset;
+        convert_row(j, part, data.data() + i * in_row, sc.data() + i * sb_row, bi.data() + i * sb_row,
+                    obuf.data() + i * out_row, counted, scratch[w], block_stats[b]);
       }
-      std::byte* o = obuf.data() + i * out_row;
-      const bool counted = stats && int64_t((r0 + i) % uint64_t(s.rows)) < j.offset;
-      if (part == Part::kValues) {
-        for (int64_t k = 0; k < d; ++k) mlx_store_float(j.t, x[size_t(k)], o + size_t(k) * ts);
-        if (counted) acc.add(x.data(), x.data(), d);  // the stored values are the dequantized ones
-        continue;
-      }
-      mlx_affine_quantize_row(x.data(), d, j.to.bits, j.to.group_size, j.device, codes.data(), qs.data(), qb.data());
-      if (part == Part::kCodes) std::memcpy(o, codes.data(), codes.size());
-      const std::vector<float>& sb = part == Part::kScales ? qs : qb;
-      if (part != Part::kCodes) {
-        for (int64_t g = 0; g < g_out; ++g) mlx_store_float(j.t, sb[size_t(g)], o + size_t(g) * ts);
-      }
-      if (counted) {  // what mlx-lm computes with: the codes and the scales/biases rounded to T
-        for (int64_t g = 0; g < g_out; ++g) qs[size_t(g)] = mlx_round_to(j.t, qs[size_t(g)]);
-        for (int64_t g = 0; g < g_out; ++g) qb[size_t(g)] = mlx_round_to(j.t, qb[size_t(g)]);
-        mlx_affine_dequantize_row(codes.data(), qs.data(), qb.data(), d, j.to.bits, j.to.group_size, j.t, y.data());
-        acc.add(x.data(), y.data(), d);
-      }
-    }
+    });
+    for (const Stats& b : block_stats) acc.merge(b);
     KV_RETURN_IF_ERROR(out.append(obuf));
   }
   if (stats) acc.finish(*j.report);
@@ -328,7 +366,8 @@ Result<MlxRequantResult> mlx_requantize(const MlxPromptCache& in, const Readable
       if (!conv) continue;
       KV_ASSIGN_OR_RETURN(const MlxFloat t, mlx_float_of(s.dtype));
       (is_v ? job_of[conv].second : job_of[conv].first) = jobs.size();
-      jobs.push_back({&in.st, &src, &s, from, to, t, spec.device, std::min(*L.offset, s.rows), &res.sides.back()});
+      jobs.push_back({&in.st, &src, &s, from, to, t, spec.device, std::min(*L.offset, s.rows), &res.sides.back(),
+                      spec.threads ? spec.threads : default_threads()});
       std::vector<const SafetensorsTensor*> ts{s.data};
       if (s.scales) ts.insert(ts.end(), {s.scales, s.biases});
       const SafetensorsTensor* first = *std::min_element(ts.begin(), ts.end(), [](auto* a, auto* b) {

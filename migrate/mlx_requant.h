@@ -54,6 +54,8 @@ struct MlxRequantSpec {
   // 0.31.x going to quantized, whose meta_state has `step` up to 0.28.0); otherwise it must agree
   // with the file's layout: the output keeps the input's.
   std::optional<MlxLayout> layout;
+  unsigned threads = 0;  // rows converted on this many threads; 0: one per core. The bytes and the
+                         // report do not depend on it.
 };
 
 struct MlxRequantSide {

@@ -2,6 +2,7 @@
 // mlx-lm's own flag names, --kv-bits and --kv-group-size; the llama.cpp options are refused.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -111,7 +112,7 @@ Status run_convert_mlx(const ConvertOptions& o, const ReadableFile& file, std::s
   KV_ASSIGN_OR_RETURN(const MlxPromptCache cache, read_mlx_prompt_cache(file));
   KV_ASSIGN_OR_RETURN(const MlxKvSetting to, target_of(o, cache));
   KV_ASSIGN_OR_RETURN(const MlxDevice device, mlx_device_of(o.mlx_device));
-  MlxRequantSpec spec{to, to, device, std::nullopt};
+  MlxRequantSpec spec{to, to, device, std::nullopt, unsigned(std::max(o.threads, 0))};
   if (!o.mlx_lm.empty()) {
     KV_ASSIGN_OR_RETURN(spec.layout, mlx_layout_for(o.mlx_lm));
   }

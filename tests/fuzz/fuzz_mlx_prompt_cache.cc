@@ -23,8 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (const kvsnap::MlxKvSetting to : {kvsnap::MlxKvSetting{}, kvsnap::MlxKvSetting{4, 32}, kvsnap::MlxKvSetting{3, 128}}) {
     for (const kvsnap::MlxDevice d : {kvsnap::MlxDevice::kCpu, kvsnap::MlxDevice::kGpu}) {
-      (void)kvsnap::mlx_requantize(*cache, file, kvsnap::MlxRequantSpec{to, to, d, std::nullopt}, out);
-      (void)kvsnap::mlx_requantize(*cache, file, kvsnap::MlxRequantSpec{to, to, d, kvsnap::MlxLayout::kMetaStep}, out);
+      (void)kvsnap::mlx_requantize(*cache, file, kvsnap::MlxRequantSpec{to, to, d, std::nullopt, 1}, out);
+      (void)kvsnap::mlx_requantize(*cache, file, kvsnap::MlxRequantSpec{to, to, d, kvsnap::MlxLayout::kMetaStep, 1}, out);
     }
   }
   return 0;

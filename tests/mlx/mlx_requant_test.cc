@@ -274,6 +274,32 @@ TEST(MlxRequant, MetaStepLayoutWritesStepFirstAndCarriesTheRing) {
   EXPECT_EQ(c->layers[1].step, 256);
 }
 
+TEST(MlxRequant, ThreadsChangeNeitherTheBytesNorTheReport) {
+  // 2 x 2 heads x 300 rows: several 64-row blocks per side, spread over 1, 3 and 8 workers.
+  MemoryFile in = make_file({bf16_tensor("0.0", {2, 2, 300, 128}, 0), bf16_tensor("0.1", {2, 2, 300, 128}, 5)},
+                            {{"0.0", ""}, {"2.0", "KVCache"}});
+  auto c = read_mlx_prompt_cache(in);
+  ASSERT_TRUE(c.ok());
+  std::vector<std::vector<std::byte>> files;
+  std::vector<MlxRequantResult> reports;
+  for (unsigned threads : {1u, 3u, 8u}) {
+    VectorSink sink;
+    auto r = mlx_requantize(*c, in, MlxRequantSpec{{5, 32}, {5, 32}, MlxDevice::kCpu, MlxLayout::kMeta, threads}, sink);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    files.push_back(std::move(sink.bytes));
+    reports.push_back(*r);
+  }
+  for (size_t i = 1; i < files.size(); ++i) {
+    EXPECT_EQ(files[i], files[0]);
+    for (size_t s = 0; s < 2; ++s) {
+      EXPECT_EQ(reports[i].sides[s].rmse, reports[0].sides[s].rmse);
+      EXPECT_EQ(reports[i].sides[s].snr_db, reports[0].sides[s].snr_db);
+      EXPECT_EQ(reports[i].sides[s].max_abs, reports[0].sides[s].max_abs);
+    }
+  }
+  EXPECT_EQ(reports[0].sides[0].values, 2u * 2u * 300u * 128u);
+}
+
 TEST(MlxRequant, FloatMetaFilesNeedTheReadersReleaseToQuantize) {
   // KVCache layers only: the file does not say whether QuantizedKVCache's meta_state needs `step`.
   MemoryFile in = kv_meta_file();
