@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -61,13 +62,9 @@ Result<MlxKvSetting> target_of(const ConvertOptions& o, const MlxPromptCache& c)
     }
     to.bits = have.bits;
   } else {
-    size_t used = 0;
-    try {
-      to.bits = std::stoi(o.kv_bits, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used != o.kv_bits.size() || used == 0) {
+    const char* end = o.kv_bits.data() + o.kv_bits.size();
+    const auto [p, ec] = std::from_chars(o.kv_bits.data(), end, to.bits);
+    if (ec != std::errc() || p != end) {
       return Status::InvalidArgument(o.in + ": --kv-bits '" + o.kv_bits + "': give 2, 3, 4, 5, 6, 8, or none (float)");
     }
   }
