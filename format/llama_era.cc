@@ -275,8 +275,10 @@ FileEra era_of_file(const StateFile& f, std::optional<bool> model_has_cell_ext) 
                        " or older, before any build rotated"};
   }
   if (f.kind == StateKind::kSeqFile && f.tokens.packed) {
+    // The packed payload came after the last ggsq v2 build seen (b10375) and before the first v3 one:
+    // the file's builds end before kVersion3.first_with, not at its last_without.
     const std::string first = "about " + b(kServerPackedTokens.first_with);
-    return FileEra{"G", first + ".." + b(kVersion3.last_without), Tri::kYes,
+    return FileEra{"G", first + ".." + b(kVersion3.first_with - 1), Tri::kYes,
                    "ggsq v2 with llama-server's packed token payload (added " + first + ", after rotation)"};
   }
   const bool no_outputs = has_outputs_field(f) && !f.outputs;

@@ -60,14 +60,6 @@ Status check_convertible(const MlxPromptCache& in) {
   return Status::OK();
 }
 
-MlxOutTensor scalar_tensor(const std::string& name, int64_t v) {
-  MlxOutTensor o;
-  o.t.name = name;
-  o.t.dtype = "I32";
-  append_le<int32_t>(o.bytes, int32_t(v));
-  return o;
-}
-
 // The metadata of the target layout around `scalars` (names of the scalar tensors, scalars layout).
 std::vector<std::pair<std::string, std::string>> metadata_for(const MlxPromptCache& in, MlxLayout to,
                                                               const std::vector<std::string>& scalars) {
@@ -92,6 +84,14 @@ std::vector<std::pair<std::string, std::string>> metadata_for(const MlxPromptCac
 }
 
 }  // namespace
+
+MlxOutTensor mlx_scalar_tensor(const std::string& name, int64_t v) {
+  MlxOutTensor o;
+  o.t.name = name;
+  o.t.dtype = "I32";
+  append_le<int32_t>(o.bytes, int32_t(v));
+  return o;
+}
 
 Result<MlxLayout> mlx_layout_for(const std::string& name) {
   for (MlxLayout l : {MlxLayout::kMetaStep, MlxLayout::kMeta, MlxLayout::kScalars}) {
@@ -133,7 +133,7 @@ Result<MlxOutFile> mlx_change_layout(const MlxPromptCache& in, MlxLayout to) {
       const auto f = scalar_fields(L);
       for (size_t i = 0; i < f.size(); ++i) {
         scalars.push_back(L.prefix + "." + std::to_string(2 + i));
-        out.tensors.push_back(scalar_tensor(scalars.back(), f[i].value));
+        out.tensors.push_back(mlx_scalar_tensor(scalars.back(), f[i].value));
       }
     }
   }
@@ -158,7 +158,18 @@ Status write_mlx_file(const MlxOutFile& out, const MlxPromptCache& in, const Rea
   append_le<uint64_t>(len, header.size());
   KV_RETURN_IF_ERROR(sink.append(len));
   KV_RETURN_IF_ERROR(sink.append(header.data(), header.size()));
-  for (const MlxOutTensor& o : out.tensors) {
+  for (size_t i = 0; i < out.tensors.size(); ++i) {
+    const MlxOutTensor& o = out.tensors[i];
+    if (!o.src && o.produce) {
+      CountingSink counted;
+      TeeSink tee(sink, counted);
+      KV_RETURN_IF_ERROR(o.produce(tee));
+      if (counted.count != st.tensors[i].bytes()) {
+        return Status::Corruption("mlx-lm prompt cache: internal: tensor '" + o.t.name + "': " + std::to_string(counted.count) +
+                                " bytes written for a tensor of " + std::to_string(st.tensors[i].bytes()));
+      }
+      continue;
+    }
     if (!o.src) {
       KV_RETURN_IF_ERROR(sink.append(o.bytes));
       continue;

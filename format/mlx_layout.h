@@ -15,6 +15,7 @@
 // the input's data order for the tensors it keeps; new scalar tensors follow.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,18 +26,23 @@
 namespace kvsnap {
 
 // One output tensor: bytes from the input (`src`, all of it or its first `rows` rows along axis 2
-// of [B,H,S,...]) or inline bytes.
+// of [B,H,S,...]), inline bytes, or bytes made while writing (`produce`, e.g. requantized rows:
+// migrate/mlx_requant.h). write_mlx_file checks that a producer writes exactly the tensor's size.
 struct MlxOutTensor {
   SafetensorsTensor t;                     // name, dtype, shape of the output
-  const SafetensorsTensor* src = nullptr;  // nullptr: `bytes`
+  const SafetensorsTensor* src = nullptr;  // nullptr: `produce`, else `bytes`
   int64_t rows = -1;                       // >= 0: keep the first `rows` rows of src
   std::vector<std::byte> bytes;
+  std::function<Status(ByteSink&)> produce;
 };
 
 struct MlxOutFile {
   std::vector<MlxOutTensor> tensors;       // in data order
   std::vector<std::pair<std::string, std::string>> metadata;
 };
+
+// A 0-d I32 tensor: the integer state (offset, bits, ...) of the scalars layout.
+MlxOutTensor mlx_scalar_tensor(const std::string& name, int64_t v);
 
 // "meta_state-with-step", "meta_state", "scalars" (mlx_layout_name) or an mlx-lm version
 // ("0.28.0", "0.31.3", "0.32.2"): the layout that release writes.

@@ -313,6 +313,7 @@ Status detect_layout(MlxPromptCache& out, const Meta& meta) {
                            " meta_state strings: " + (step ? "with" : "without") + " 'step' (dropped in 0.28.1)");
     return Status::OK();
   }
+  out.step_unknown = true;
   out.evidence.push_back("no QuantizedKVCache or RotatingKVCache layer, whose meta_state would tell 0.28.1 apart");
   return Status::OK();
 }

@@ -59,6 +59,9 @@ struct MlxLayer {
 struct MlxPromptCache {
   Safetensors st;
   MlxLayout layout = MlxLayout::kMeta;
+  // A meta layout with no QuantizedKVCache or RotatingKVCache layer: nothing tells kMetaStep
+  // (mlx-lm <= 0.28.0) from kMeta (0.28.1 .. 0.31.x); `layout` then says kMeta.
+  bool step_unknown = false;
   std::string version_guess;  // "mlx-lm 0.28.1 .. 0.31.x"
   std::vector<std::string> evidence;
   std::vector<std::pair<std::string, std::string>> user_metadata;

@@ -6,7 +6,8 @@ pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates python3 p
       libgtest-dev libgmock-dev libbenchmark-dev libcurl4-openssl-dev
       libcpp-httplib-dev        # kvsnap serve's proxy (0.11.4, what llama-server vendors)
       clang libclang-rt-14-dev  # the fuzz stage: clang 14, and libFuzzer + sanitizer runtimes (not pulled in by clang)
-      zsh fish)                 # the shell-completion tests run in the real shells
+      zsh fish                  # the shell-completion tests run in the real shells
+      ccache)                   # run-all.sh: a machine that built the tree before rebuilds from its cache
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 missing=()
 for p in "${pkgs[@]}"; do

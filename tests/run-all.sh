@@ -11,6 +11,14 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
 
 bash tests/install-deps.sh
+# ccache (installed by install-deps) serves every build below when the machine has built this tree
+# before, in any clone: paths are hashed relative to the checkout (CCACHE_BASEDIR), so another
+# clone's objects are hits. A fresh machine only fills the cache. CMake reads the launcher from the
+# environment when it configures a new build directory.
+if command -v ccache >/dev/null 2>&1; then
+  export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
+  export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+fi
 if [ -x tests/oracle/fetch.sh ] || [ -f tests/oracle/fetch.sh ]; then
   # node-llama-cpp 3.22.1 3.21.1 3.20.0 3.19.0 3.18.1 3.17.1 3.16.2 3.10.0 and @fugood/llama.node:
   # ~1.5 min the first time (npm pack + the source bundles), cached afterwards

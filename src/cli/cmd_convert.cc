@@ -18,6 +18,7 @@
 #include "cli/exit_codes.h"
 #include "cli/open_state.h"
 #include "format/ggml_types.h"
+#include "format/mlx_prompt_cache.h"
 #include "format/state_summary.h"
 #include "migrate/conversion_spec.h"
 #include "migrate/convert_state.h"
@@ -62,6 +63,12 @@ ConversionSpec spec_of(const ConvertOptions& o) {
 Status run_convert(const ConvertOptions& o, std::string& out, std::string& warnings) {
   Io& io = cli_io();
   KV_RETURN_IF_ERROR(check_not_same_file(o.in, o.out));
+  // An mlx-lm prompt cache (a safetensors header, told by content) goes its own way.
+  if (auto f = io.open_read(o.in); f.ok() && looks_like_mlx_prompt_cache(**f)) return run_convert_mlx(o, **f, out);
+  if (!o.kv_bits.empty() || o.kv_group_size || !o.mlx_lm.empty()) {
+    return Status::InvalidArgument(o.in + ": not an mlx-lm prompt cache: --kv-bits/--kv-group-size/--mlx-lm are for "
+                                   "mlx-lm files; for llama.cpp files give --ctk/--ctv");
+  }
   KV_ASSIGN_OR_RETURN(OpenedState opened, open_state(io, o.in, o.model, o.input_format, o.src_types));
   const ReadableFile* file = opened.file.get();
   const StateFile& src = opened.state;
@@ -144,8 +151,9 @@ void setup_convert(CLI::App& app, int& exit_status) {
   auto* sub = app.add_subcommand(
       "convert",
       "Convert a llama.cpp slot/session file to other KV cache types (-ctk/-ctv), V layout (flash attention) or "
-      "file format, so a server started with those settings restores it without reprocessing the prompt");
-  sub->add_option("in", o->in, "input state file (ggsq slot file, ggsn session file, or raw buffer)")->required();
+      "file format, so a server started with those settings restores it without reprocessing the prompt; or an "
+      "mlx-lm prompt cache to other --kv-bits/--kv-group-size");
+  sub->add_option("in", o->in, "input state file (ggsq slot file, ggsn session file, raw buffer, or mlx-lm prompt cache)")->required();
   sub->add_option("out", o->out, "output file; written atomically, never over the input")->required();
   sub->add_option("--ctk", o->ctk, "target K type: " + kv_cache_type_names() + " (default: keep)");
   sub->add_option("--ctv", o->ctv, "target V type (default: keep)");
@@ -168,6 +176,18 @@ void setup_convert(CLI::App& app, int& exit_status) {
   sub->add_option("--src-types", o->src_types,
                   "K/V: the cache types of a ggsn v6 (b3166) session, which records none, when its sizes fit several "
                   "pairs (q4_0/q8_0 vs iq4_nl/q8_0)");
+  sub->add_option("--kv-bits", o->kv_bits,
+                  "mlx-lm prompt caches: K/V bits 2|3|4|5|6|8 (MLX affine, as mx.quantize), or none to dequantize "
+                  "(default: the file's)");
+  sub->add_option("--kv-group-size", o->kv_group_size,
+                  "mlx-lm prompt caches: values per scale/bias group, 32|64|128 (default: the file's, else 64)");
+  sub->add_option("--mlx-device", o->mlx_device,
+                  "mlx-lm prompt caches: quantize as MLX's cpu backend does (default; mlx[cpu]) or as its gpu kernel "
+                  "(Metal/CUDA: what a Mac writes)");
+  sub->add_option("--mlx-lm", o->mlx_lm,
+                  "mlx-lm prompt caches: the mlx-lm release that will load the output (e.g. 0.28.0, 0.31.3), needed "
+                  "when a float file of mlx-lm 0.19-0.31 does not tell (QuantizedKVCache meta_state had 'step' up to "
+                  "0.28.0)");
   sub->add_flag("--report", o->report, "per layer and side: RMSE, max |error| and SNR of the conversion");
   sub->add_flag("--json", o->json, "machine-readable summary including the per-layer report");
   add_progress_flags(sub, o->progress);
@@ -179,6 +199,7 @@ void setup_convert(CLI::App& app, int& exit_status) {
       "  kvsnap convert slot.bin s.bin --ctk q4_0 --model m.gguf --report\n"
       "  kvsnap convert old-q8.bin f16.bin --ctk f16 --ctv f16 --model m.gguf --source-build b10361\n"
       "  kvsnap convert new.bin for-b8121.bin --ctk q8_0 --ctv q8_0 --model m.gguf --target-build b8121\n"
+      "  kvsnap convert prompt.safetensors q4.safetensors --kv-bits 4 --kv-group-size 64 --report   # mlx-lm\n"
       "\nRotation: llama.cpp from b8643 stores quantized K/V Hadamard-rotated; the file does not say so, and\n"
       "ggsq v2 / ggsn v9 files come from builds on both sides. kvsnap decides from --src-rotation,\n"
       "--source-build, the file's layout, then the data (with --model), reports the evidence (--report),\n"

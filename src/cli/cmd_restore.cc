@@ -127,9 +127,9 @@ void setup_restore(CLI::App& app, int& exit_status) {
     sub->add_option("--out,-o", o->out, "the llama.cpp file to write (atomically)");
     add_server_options(sub, o->srv);
     sub->add_flag("--check", o->check, "after --server: send the stored prompt and report whether the server reused the cache");
-    sub->add_option("--ctk", o->ctk, "K type of the server that will load it (default: as stored)");
-    sub->add_option("--ctv", o->ctv, "V type (default: as stored)");
-    sub->add_option("--flash-attn,--fa", o->flash_attn, "on|off of that server (default: as stored)");
+    sub->add_option("--ctk", o->ctk, "K type of the server that will load it (default: as stored; with --server: detected)");
+    sub->add_option("--ctv", o->ctv, "V type (default: as stored; with --server: detected)");
+    sub->add_option("--flash-attn,--fa", o->flash_attn, "on|off of that server (default: as stored; with --server: detected)");
     sub->add_option("--format", o->format, "output format: " + target_format_names());
     sub->add_option("--rotation", o->rotation, "auto|on|off (see kvsnap convert --help)");
     add_source_options(sub, o->src_rotation, o->source_build, "the stored file (default: as recorded at save)");
@@ -141,7 +141,8 @@ void setup_restore(CLI::App& app, int& exit_status) {
     sub->add_flag("--json", o->json, "machine-readable result");
     add_progress_flags(sub, o->progress);
     sub->footer("\nWithout --ctk/--ctv/--fa/--format/--tokens the output is the saved file, byte for byte.\n"
-                "With --server, --ctk/--ctv/--fa are the server's (else its profile's, else detected from a file it saves).\n"
+                "With --server, --ctk/--ctv/--fa not given are the profile's, else detected from a file the server saves\n"
+                "of the slot (an empty slot, as after a restart, is given one token first: the restore overwrites it).\n"
                 "\nExamples:\n  kvsnap restore chat-42 -o slot.bin --ctk q8_0 --ctv q8_0\n"
                 "  kvsnap restore chat-42 --server http://127.0.0.1:8080 --slot-dir /srv/slots --ctk q8_0 --ctv q8_0 --check\n");
     bind(sub, o, run_restore, "restore", exit_status);

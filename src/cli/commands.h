@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "base/io.h"
 #include "base/status.h"
 #include "cli/progress.h"
 #include "cli/server_options.h"
@@ -44,9 +45,16 @@ struct ConvertOptions {
   bool report = false;
   bool json = false;
   ProgressFlags progress;
+  // mlx-lm prompt caches (cmd_convert_mlx.cc): "" keeps, "none" dequantizes, else 2..8 bits.
+  std::string kv_bits;
+  int kv_group_size = 0;         // 0: the file's, else 64 (mlx-lm's default)
+  std::string mlx_device = "cpu";
+  std::string mlx_lm;            // the mlx-lm release (or layout) that will load the output
 };
 void setup_convert(CLI::App& app, int& exit_status);
 Status run_convert(const ConvertOptions& opts, std::string& out, std::string& warnings);
+// kvsnap convert on an mlx-lm prompt cache (run_convert sends it there, told by content).
+Status run_convert_mlx(const ConvertOptions& opts, const ReadableFile& in, std::string& out);
 
 struct MigrateOptions {
   std::string dir;

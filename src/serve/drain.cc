@@ -6,7 +6,8 @@ namespace kvsnap {
 
 Drain::Ticket Drain::enter(double max_wait_s) {
   std::unique_lock<std::mutex> l(mu_);
-  if (!cv_.wait_for(l, std::chrono::duration<double>(max_wait_s), [this] { return !closed_; })) return nullptr;
+  if (!cv_.wait_for(l, std::chrono::duration<double>(max_wait_s), [this] { return !closed_ || shut_; }) || shut_)
+    return nullptr;
   ++out_;
   return Ticket(static_cast<void*>(this), [](void* self) { static_cast<Drain*>(self)->leave(); });
 }
@@ -29,6 +30,23 @@ void Drain::open() {
   std::lock_guard<std::mutex> l(mu_);
   closed_ = false;
   cv_.notify_all();
+}
+
+uint64_t Drain::shut() {
+  std::lock_guard<std::mutex> l(mu_);
+  shut_ = true;
+  cv_.notify_all();
+  return out_;
+}
+
+bool Drain::shut_down() {
+  std::lock_guard<std::mutex> l(mu_);
+  return shut_;
+}
+
+bool Drain::wait_idle(double max_wait_s) {
+  std::unique_lock<std::mutex> l(mu_);
+  return cv_.wait_for(l, std::chrono::duration<double>(max_wait_s), [this] { return out_ == 0; });
 }
 
 }  // namespace kvsnap

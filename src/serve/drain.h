@@ -1,12 +1,15 @@
-// The gate a requantize closes: requests take a ticket while they are forwarded
-// and answered; close() stops admitting new ones and waits until every ticket
-// is back (the child idle), open() lets the waiting ones through.
+// The gate a requantize closes, and the shutdown: requests take a ticket while
+// they are forwarded and answered (a stream until its last byte); close() stops
+// admitting new ones and waits until every ticket is back (the child idle),
+// open() lets the waiting ones through; shut() stops admitting for good.
 //
 // Promises:
 //   - while the gate is closed, enter() waits (the request is queued, not
 //     refused) up to `max_wait_s`; then it returns no ticket and the caller
 //     answers 503 with Retry-After;
-//   - close() returns once no ticket is out: nothing is being forwarded.
+//   - close() returns once no ticket is out: nothing is being forwarded;
+//   - after shut(), enter() returns no ticket at once (the waiting ones too),
+//     whatever open() does; wait_idle() says whether the tickets out came back.
 #pragma once
 
 #include <condition_variable>
@@ -25,6 +28,11 @@ class Drain {
   // Stops admitting, then waits for the tickets out; returns how many there were when it closed.
   uint64_t close();
   void open();
+  // For good (kvsnap is stopping); returns how many tickets were out.
+  uint64_t shut();
+  bool shut_down();
+  // True once no ticket is out, false after `max_wait_s` with some still out.
+  bool wait_idle(double max_wait_s);
 
  private:
   void leave();
@@ -32,6 +40,7 @@ class Drain {
   std::condition_variable cv_;
   uint64_t out_ = 0;
   bool closed_ = false;
+  bool shut_ = false;
 };
 
 }  // namespace kvsnap

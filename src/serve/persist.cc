@@ -1,5 +1,7 @@
 #include "serve/persist.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "base/sha256.h"
@@ -7,6 +9,9 @@
 namespace kvsnap {
 
 namespace {
+
+constexpr size_t kRecent = 64;
+constexpr const char* kUnattributed = "unattributed";
 
 int slot_in(const nlohmann::json& j) {
   if (!j.is_object()) return -1;
@@ -59,6 +64,17 @@ int slot_of_answer(const Exchange& x) {
   return slot;
 }
 
+std::string owner_of_tokens(const std::deque<PromptOwner>& recent, const std::vector<int32_t>& slot_tokens) {
+  const PromptOwner* best = nullptr;
+  for (const auto& o : recent) {
+    if (o.tokens.empty() || o.tokens.size() > slot_tokens.size() ||
+        !std::equal(o.tokens.begin(), o.tokens.end(), slot_tokens.begin()))
+      continue;
+    if (!best || o.tokens.size() >= best->tokens.size()) best = &o;
+  }
+  return best ? best->ns : "";
+}
+
 Persister::Persister(Io& io, Store& store, std::mutex& store_mu, ServerTarget target,
                      std::function<void(const std::string&)> log)
     : io_(io), store_(store), store_mu_(store_mu), target_(std::move(target)), log_(std::move(log)) {
@@ -78,7 +94,11 @@ void Persister::note_completion(const Exchange& x) {
   if (x.status != 200 || !is_completion_route(x.path)) return;
   {
     std::lock_guard<std::mutex> l(mu_);
-    jobs_.push_back({slot_of_answer(x), namespace_of(x)});
+    if (!x.prompt_tokens.empty()) {
+      recent_.push_back({namespace_of(x), x.prompt_tokens});
+      if (recent_.size() > kRecent) recent_.pop_front();
+    }
+    jobs_.push_back({slot_of_answer(x), x.prompt_tokens.empty()});
   }
   cv_.notify_all();
 }
@@ -92,14 +112,14 @@ void Persister::worker() {
     jobs_.pop_front();
     busy_ = true;
     l.unlock();
-    save_changed(j.slot, j.ns);
+    save_changed(j.slot, j.unverifiable ? kUnattributed : "");
     l.lock();
     busy_ = false;
     cv_.notify_all();
   }
 }
 
-void Persister::save_changed(int only_slot, const std::string& ns) {
+void Persister::save_changed(int only_slot, const std::string& fallback) {
   LlamaServer srv(target_.endpoint);
   auto slots = srv.slots();
   if (!slots.ok()) {
@@ -120,26 +140,35 @@ void Persister::save_changed(int only_slot, const std::string& ns) {
     changed.emplace_back(s.id, task);
   }
   for (auto [slot, task] : changed) {
-    std::string slot_ns = ns;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (slot_ns.empty() || (only_slot < 0 && changed.size() > 1)) {
-        // Several slots changed and the answer named none: each keeps the namespace that last used it.
-        auto it = slot_ns_.find(slot);
-        slot_ns = it != slot_ns_.end() ? it->second : "unattributed";
-      }
-      slot_ns_[slot] = slot_ns;
-    }
     ServerTarget t = target_;
     t.slot = slot;
     SaveRequest req;
-    req.tags = {{"serve.ns", slot_ns}, {"serve.slot", std::to_string(slot)}, {"serve.task", std::to_string(task)}};
+    req.tags = {{"serve.slot", std::to_string(slot)}, {"serve.task", std::to_string(task)}};
+    std::string slot_ns;
+    bool unowned = false;
+    // Tagged by what the slot holds: the request whose prompt its tokens start with.
+    auto attribute = [&](const std::vector<int32_t>& tokens, SaveRequest& r) -> Status {
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        slot_ns = owner_of_tokens(recent_, tokens);
+      }
+      if (slot_ns.empty()) slot_ns = fallback;
+      if ((unowned = slot_ns.empty()))
+        return Status::NotFound("slot " + std::to_string(slot) + " holds a conversation that begins with no recent "
+                                "request's prompt: not saved now, its own request's save will tag it");
+      r.tags["serve.ns"] = slot_ns;
+      return Status::OK();
+    };
     auto save = [&] {
       std::lock_guard<std::mutex> s(store_mu_);
-      return save_from_server(io_, store_, t, req);
+      return save_from_server(io_, store_, t, req, attribute);
     };
     auto r = save();
     std::lock_guard<std::mutex> l(mu_);
+    if (!r.ok() && unowned) {
+      log_("persist: " + r.status().message());
+      continue;
+    }
     if (!r.ok()) {
       ++stats_.failed;
       stats_.last_error = r.status().ToString();
@@ -163,7 +192,7 @@ void Persister::save_all() {
   std::unique_lock<std::mutex> l(mu_);
   cv_.wait(l, [this] { return jobs_.empty() && !busy_; });
   l.unlock();
-  save_changed(-1, "");
+  save_changed(-1, kUnattributed);  // the last chance: whatever no prompt matches is kept, for no tenant
 }
 
 void Persister::forget_slots() {

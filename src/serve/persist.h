@@ -9,7 +9,14 @@
 //     store's content addressing makes a conversation's next turn write only
 //     its new chunks;
 //   - each snapshot is tagged serve.ns (the namespace: X-Kvsnap-Session, else
-//     a hash of the API key, else "default"), serve.slot and serve.task;
+//     a hash of the API key, else "default"), serve.slot and serve.task. The
+//     namespace is the one of the request whose prompt the saved file's tokens
+//     start with (owner_of_tokens), never merely the one whose completion asked
+//     for the save: by the time a queued save runs, another tenant's request may
+//     have used the slot. Contents no recent request's prompt matches are left
+//     for that request's own save; those of a request whose prompt kvsnap could
+//     not tokenize (and at shutdown, any left) are tagged "unattributed", which
+//     no request's namespace is, so they are never restored for a tenant;
 //   - a failed save (disk full, the child restarting) is logged and counted,
 //     never fatal: serving continues;
 //   - save_all() (shutdown) saves every filled slot that changed, then returns.
@@ -23,6 +30,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -45,6 +53,15 @@ bool is_completion_route(const std::string& path);
 // The slot a completion answer names (id_slot / slot_id; in a stream, its
 // last event that has one), or -1.
 int slot_of_answer(const Exchange& x);
+
+// A recent completion's namespace and prompt tokens (as kvsnap tokenized them for the prefix lookup).
+struct PromptOwner {
+  std::string ns;
+  std::vector<int32_t> tokens;
+};
+// The namespace of the request whose prompt is the longest prefix of `slot_tokens` (the latest on a
+// tie; an empty prompt matches nothing), or "" when none is.
+std::string owner_of_tokens(const std::deque<PromptOwner>& recent, const std::vector<int32_t>& slot_tokens);
 
 struct PersistStats {
   uint64_t saved = 0, failed = 0;
@@ -71,10 +88,11 @@ class Persister {
  private:
   struct Job {
     int slot;  // -1: the answer did not say; save the slots whose task changed
-    std::string ns;
+    bool unverifiable;  // kvsnap has no prompt tokens of the request (not tokenized)
   };
   void worker();
-  void save_changed(int only_slot, const std::string& ns);
+  // `fallback`: the namespace for contents no recent prompt matches ("" = leave them for a later save).
+  void save_changed(int only_slot, const std::string& fallback);
 
   Io& io_;
   Store& store_;
@@ -86,7 +104,7 @@ class Persister {
   std::deque<Job> jobs_;
   bool stop_ = false, busy_ = false;
   std::map<int, int64_t> saved_task_;   // slot -> id_task of its last save
-  std::map<int, std::string> slot_ns_;  // slot -> the namespace that last used it
+  std::deque<PromptOwner> recent_;      // the last kRecent completions with prompt tokens, newest last
   PersistStats stats_;
   SlotBook* book_ = nullptr;
   std::function<void()> on_saved_;

@@ -155,14 +155,8 @@ Result<ServerRestoreResult> PrefixRestorer::restore_into(int slot, const Snapsho
                                                          const std::vector<int32_t>& tokens, const std::string& ns) {
   ServerTarget t = target_;
   t.slot = slot;
-  if (t.flash_attn.empty()) {
-    // -fa auto: the child's V layout is known only from a slot file it saves, which an empty slot
-    // cannot give. One token evaluated in the slot (about to be overwritten) makes it savable.
-    LlamaServer srv(target_.endpoint);
-    auto filled = srv.complete(slot, {{"prompt", "a"}, {"n_predict", 0}});
-    if (!filled.ok()) log_("prefix: cannot fill slot " + std::to_string(slot) + " to detect -fa auto: " +
-                           filled.status().ToString());
-  }
+  // -fa auto (flash_attn empty): restore_to_server detects the child's V layout from a file the child
+  // saves of this slot (an empty slot is given one token first; the restore overwrites it).
   auto restore = [&] {
     std::lock_guard<std::mutex> s(store_mu_);
     return restore_to_server(io_, store_, t, std::to_string(info.id), false);

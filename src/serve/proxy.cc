@@ -166,9 +166,14 @@ struct Proxy::Impl {
     if (drain && !(ticket = drain->enter(drain_wait_s))) {
       res.status = 503;
       res.set_header("Retry-After", "10");
-      res.set_content(R"({"error":{"code":503,"message":"kvsnap serve: llama-server is being restarted with other cache )"
-                      R"(types (POST /kvsnap/requantize); try again","type":"unavailable_error"}})",
-                      "application/json");
+      if (drain->shut_down())
+        res.set_content(R"({"error":{"code":503,"message":"kvsnap serve is shutting down (SIGTERM or SIGINT); )"
+                        R"(try again when it is back","type":"unavailable_error"}})",
+                        "application/json");
+      else
+        res.set_content(R"({"error":{"code":503,"message":"kvsnap serve: llama-server is being restarted with other )"
+                        R"(cache types (POST /kvsnap/requantize); try again","type":"unavailable_error"}})",
+                        "application/json");
       return;
     }
     Forward f;

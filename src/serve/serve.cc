@@ -150,8 +150,18 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
       target.endpoint.url + ", store " + paths.root + ", its log " + so.log_path + ")");
   int sig = 0;
   sigwait(&sigs, &sig);
-  log(std::string("got ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
-      ": finishing the requests in flight, saving the slots, stopping llama-server");
+  const uint64_t in_flight = drain.shut();  // new requests: 503 from here on
+  log(std::string("got ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + ": finishing the " + std::to_string(in_flight) +
+      " requests in flight (streams to their end; SIGTERM or SIGINT again stops at once), saving the slots, "
+      "stopping llama-server");
+  // Stopping the HTTP server cuts the streams it is writing: first wait for every ticket to come back.
+  const timespec now{0, 0};
+  while (!drain.wait_idle(0.2)) {
+    if (sigtimedwait(&sigs, nullptr, &now) > 0) {
+      log("second signal: stopping now, the requests still in flight are cut");
+      break;
+    }
+  }
   proxy.stop();
   server.join();
   control.stop();

@@ -113,9 +113,9 @@ std::string first_type(const StateFile& f, bool v) {
   return "";
 }
 
-// Asks the server to save the slot and reads its cache types and V layout from the file.
-Status detect_types(Io& io, LlamaServer& srv, const ServerTarget& t, const ModelInfo* model, std::string& ctk,
-                    std::string& ctv, std::string& fa) {
+// Reads the cache types and V layout from a file the server saves of the slot; false: it holds no cells.
+Result<bool> types_from_saved_slot(Io& io, LlamaServer& srv, const ServerTarget& t, const ModelInfo* model,
+                                   std::string& ctk, std::string& ctv, std::string& fa) {
   SlotFile probe{io, ""};
   const std::string name = fresh_name("probe");
   probe.path = join(t.slot_dir, name);
@@ -132,11 +132,30 @@ Status detect_types(Io& io, LlamaServer& srv, const ServerTarget& t, const Model
         ctk = first_type(st, false);
         ctv = first_type(st, true);
         fa = s.v_trans ? "off" : "on";
-        return Status::OK();
+        return true;
       }
+  return false;
+}
+
+// The server's cache types and V layout, from a file it saves of the slot. An empty slot (a server
+// just started, the usual case after a restart with other flags) saves no cells: one token evaluated
+// in it first makes it savable; the restore then overwrites it. `filled` says whether that happened.
+Status detect_types(Io& io, LlamaServer& srv, const ServerTarget& t, const ModelInfo* model, std::string& ctk,
+                    std::string& ctv, std::string& fa, bool& filled) {
+  filled = false;
+  KV_ASSIGN_OR_RETURN(bool found, types_from_saved_slot(io, srv, t, model, ctk, ctv, fa));
+  if (found) return Status::OK();
+  auto one = srv.complete(t.slot, {{"prompt", "a"}, {"n_predict", 0}});
+  if (!one.ok())
+    return one.status().Prefixed("detecting the cache types of " + srv.url() + ": slot " + std::to_string(t.slot) +
+                                 " is empty and evaluating one token in it failed; pass --ctk/--ctv/--flash-attn, "
+                                 "or keep them in a profile (kvsnap server add)");
+  filled = true;
+  KV_ASSIGN_OR_RETURN(found, types_from_saved_slot(io, srv, t, model, ctk, ctv, fa));
+  if (found) return Status::OK();
   return Status::InvalidArgument("cannot detect the cache types of " + srv.url() + ": slot " + std::to_string(t.slot) +
-                                 " is empty; pass --ctk/--ctv/--flash-attn, or keep them in a profile "
-                                 "(kvsnap server add)");
+                                 " is still empty after one token was evaluated in it; pass "
+                                 "--ctk/--ctv/--flash-attn, or keep them in a profile (kvsnap server add)");
 }
 
 Status check_model(const SnapshotInfo& s, const Model& m, const std::string& ref) {
@@ -168,7 +187,8 @@ Result<ServerBuild> query_server_build(const ServerEndpoint& endpoint) {
   return server_build(srv);
 }
 
-Result<ServerSaveResult> save_from_server(Io& io, Store& store, const ServerTarget& t, SaveRequest req) {
+Result<ServerSaveResult> save_from_server(Io& io, Store& store, const ServerTarget& t, SaveRequest req,
+                                          const SaveHook& before_store) {
   LlamaServer srv(t.endpoint);
   KV_RETURN_IF_ERROR(check_slot_dir(io, t));
   KV_RETURN_IF_ERROR(srv.health());
@@ -189,6 +209,7 @@ Result<ServerSaveResult> save_from_server(Io& io, Store& store, const ServerTarg
   r.server_ms = saved.ms;
   KV_ASSIGN_OR_RETURN(auto in, open_server_file(io, t, name));
   KV_ASSIGN_OR_RETURN(StateFile st, parse_for_model(*in, {}, req.model));
+  if (before_store) KV_RETURN_IF_ERROR(before_store(st.tokens.tokens, req));
   if (req.source_name.empty()) req.source_name = srv.url() + " slot " + std::to_string(t.slot);
   KV_ASSIGN_OR_RETURN(r.save, store.save(*in, st, req));
   return r;
@@ -213,11 +234,13 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   r.types_from = "given";
   if (r.ctk.empty() || r.ctv.empty() || r.flash_attn.empty()) {
     std::string k, v, fa;
-    KV_RETURN_IF_ERROR(detect_types(io, srv, t, model.info ? &*model.info : nullptr, k, v, fa));
+    bool filled = false;
+    KV_RETURN_IF_ERROR(detect_types(io, srv, t, model.info ? &*model.info : nullptr, k, v, fa, filled));
     if (r.ctk.empty()) r.ctk = k;
     if (r.ctv.empty()) r.ctv = v;
     if (r.flash_attn.empty()) r.flash_attn = fa;
-    r.types_from = "detected from a file the server saved";
+    r.types_from = filled ? "detected from a file the server saved (the empty slot given one token first)"
+                          : "detected from a file the server saved";
   }
   r.model_from = model.info ? model.from : "the snapshot's recorded head dims";
 

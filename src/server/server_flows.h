@@ -21,8 +21,10 @@
 // and every error says what kvsnap was doing and what the server answered.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "base/io.h"
 #include "base/status.h"
@@ -85,7 +87,11 @@ struct ServerRestoreResult {
 // The server's build (GET /health, then /props); kIOError when it is not running.
 Result<ServerBuild> query_server_build(const ServerEndpoint& endpoint);
 
-Result<ServerSaveResult> save_from_server(Io& io, Store& store, const ServerTarget& t, SaveRequest req);
+// `before_store`, when given, sees the prompt tokens of the file the server saved before it goes into
+// the store: it may change the request (its tags) or refuse (its Status is returned, nothing stored).
+using SaveHook = std::function<Status(const std::vector<int32_t>& tokens, SaveRequest& req)>;
+Result<ServerSaveResult> save_from_server(Io& io, Store& store, const ServerTarget& t, SaveRequest req,
+                                          const SaveHook& before_store = {});
 Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const ServerTarget& t, const std::string& ref,
                                               bool check);
 

@@ -33,6 +33,59 @@ TEST(Commands, RunConvertRefusesAMissingInputByName) {
   EXPECT_NE(s.message().find("no-such.slot"), std::string::npos) << s.ToString();
 }
 
+// An mlx-lm prompt cache (a real 3-bit file of mlx-lm 0.28.0 from the fuzz corpus): convert takes
+// mlx-lm's --kv-bits/--kv-group-size and refuses llama.cpp's options, and the reverse.
+const std::string kMlxQ3 = std::string(KVSNAP_SOURCE_DIR) + "/tests/fuzz/corpus/mlx_prompt_cache/meta_step_q3g128.safetensors";
+
+TEST(Commands, RunConvertRequantizesAnMlxPromptCache) {
+  ConvertOptions o;
+  o.in = kMlxQ3;
+  o.out = ::testing::TempDir() + "kvsnap-commands-mlx-q8.safetensors";
+  o.kv_bits = "8";
+  o.kv_group_size = 32;
+  o.report = true;
+  std::string out, warnings;
+  Status s = run_convert(o, out, warnings);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NE(out.find("K/V q8g32 (mx.quantize, CPU)"), std::string::npos) << out;
+  EXPECT_NE(out.find("q3g128 BF16->q8g32 BF16"), std::string::npos) << out;
+  InfoOptions i;
+  i.file = o.out;
+  std::string info;
+  ASSERT_TRUE(run_info(i, info).ok());
+  EXPECT_NE(info.find("8-bit g32"), std::string::npos) << info;
+}
+
+TEST(Commands, RunConvertKeepsMlxAndLlamaOptionsApart) {
+  std::string out, warnings;
+  ConvertOptions o;
+  o.in = kMlxQ3;
+  o.out = ::testing::TempDir() + "kvsnap-commands-never-written.safetensors";
+  o.ctk = "q8_0";
+  Status s = run_convert(o, out, warnings);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("llama.cpp options were given (--ctk)"), std::string::npos) << s.ToString();
+  o.ctk.clear();
+  s = run_convert(o, out, warnings);  // nothing asked
+  EXPECT_NE(s.message().find("nothing to do"), std::string::npos) << s.ToString();
+  o.kv_bits = "7";
+  s = run_convert(o, out, warnings);
+  EXPECT_NE(s.message().find("meta_step_q3g128.safetensors: bits 7"), std::string::npos) << s.ToString();
+  o.kv_bits = "four";
+  s = run_convert(o, out, warnings);
+  EXPECT_NE(s.message().find("--kv-bits 'four'"), std::string::npos) << s.ToString();
+  o.kv_bits = "none";
+  o.kv_group_size = 64;
+  s = run_convert(o, out, warnings);
+  EXPECT_NE(s.message().find("a float cache has no groups"), std::string::npos) << s.ToString();
+  ConvertOptions l;
+  l.in = kFixtures + "/v0.5.0/hd64-f16-f16-faon.slot";
+  l.out = o.out;
+  l.kv_bits = "4";
+  s = run_convert(l, out, warnings);
+  EXPECT_NE(s.message().find("not an mlx-lm prompt cache"), std::string::npos) << s.ToString();
+}
+
 TEST(Commands, RunMigrateWithoutADirectoryIsAUsageError) {
   MigrateOptions o;
   std::string out;

@@ -122,6 +122,21 @@ TEST(LlamaEra, PlainV2FilesDoNotTellTheirRotation) {
   EXPECT_EQ(era_of_file(*f, false).rotates, Tri::kUnknown);
 }
 
+// llama-server's packed token payload came after rotation (b10361 has none) and ggsq v2 ended before
+// b10645 (the first v3 build): the builds named end there, not at b10375, the last v2 build seen.
+TEST(LlamaEra, V2SeqFilesWithThePackedPayloadRotateAndEndBeforeV3) {
+  SynthSpec v2;
+  v2.version = 2;
+  v2.token_words = pack_server_tokens({1, 2, 3, 4}, {}, {});
+  auto f = parse_bytes(build_state(v2));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_TRUE(f->tokens.packed);
+  const FileEra e = era_of_file(*f, std::nullopt);
+  EXPECT_EQ(e.eras, "G");
+  EXPECT_EQ(e.rotates, Tri::kYes);
+  EXPECT_EQ(e.builds, "about b10400..b10644");
+}
+
 TEST(LlamaEra, V9SessionsWithoutOutputsAreReadAndWrittenByteExact) {
   const auto bytes = build_state(session_v9(false));
   auto f = parse_bytes(bytes);

@@ -1,9 +1,11 @@
 // read_mlx_prompt_cache (format/mlx_prompt_cache.h): the safetensors header, the mlx-lm layer on
-// top, the info report built from it, the writer over what was read, and the layout moves.
+// top, the info report built from it, the writer over what was read, the layout moves, and the
+// requantization kvsnap convert --kv-bits runs on it (migrate/mlx_requant.h).
 #include "format/mlx_info.h"
 #include "format/mlx_layout.h"
 #include "format/mlx_prompt_cache.h"
 #include "fuzz/fuzz_input.h"
+#include "migrate/mlx_requant.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kvsnap::MemoryFile file("fuzz.safetensors", kvsnap::fuzz::bytes(data, size));
@@ -18,6 +20,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (auto to : {kvsnap::MlxLayout::kMetaStep, kvsnap::MlxLayout::kMeta, kvsnap::MlxLayout::kScalars}) {
     auto moved = kvsnap::mlx_change_layout(*cache, to);
     if (moved.ok()) (void)kvsnap::write_mlx_file(*moved, *cache, file, out);
+  }
+  for (const kvsnap::MlxKvSetting to : {kvsnap::MlxKvSetting{}, kvsnap::MlxKvSetting{4, 32}, kvsnap::MlxKvSetting{3, 128}}) {
+    for (const kvsnap::MlxDevice d : {kvsnap::MlxDevice::kCpu, kvsnap::MlxDevice::kGpu}) {
+      (void)kvsnap::mlx_requantize(*cache, file, kvsnap::MlxRequantSpec{to, to, d, std::nullopt, 1}, out);
+      (void)kvsnap::mlx_requantize(*cache, file, kvsnap::MlxRequantSpec{to, to, d, kvsnap::MlxLayout::kMetaStep, 1}, out);
+    }
   }
   return 0;
 }

@@ -71,7 +71,8 @@ fetch_one() {
   local want=() beta=0
   case "$v" in *-beta.*) beta=1; bin_tgz="$main_tgz" ;; esac
   [ -s "$main_tgz" ] || want+=("node-llama-cpp@$v")
-  [ -s "$bin_tgz" ] || want+=("@node-llama-cpp/linux-x64@$v")
+  # the betas have no @node-llama-cpp/linux-x64 package: their libraries are in the main one
+  [ $beta = 1 ] || [ -s "$bin_tgz" ] || want+=("@node-llama-cpp/linux-x64@$v")
   if [ ${#want[@]} -gt 0 ]; then
     log "$v: npm pack ${want[*]}"
     (cd "$DIR/npm" && npm pack --silent --pack-destination "$DIR/npm" "${want[@]}" >/dev/null) \

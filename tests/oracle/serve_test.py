@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""kvsnap serve in front of the bed's real llama-server (issue 14, parts 1 to 3).
+"""kvsnap serve in front of the bed's real llama-server (issue 14, parts 1 to 6).
 
   serve_test.py KVSNAP LLAMA_SERVER FIXTURES WORKDIR [OPENAI_PYTHON]
 
@@ -7,12 +7,15 @@ A direct llama-server and `kvsnap serve -- llama-server` with the same arguments
 requests in the same order; then:
   1. /health, /props, /tokenize, /completion, /v1/chat/completions answers are identical (status
      and JSON, timing fields and the random chat id aside);
-  2. a streamed /completion and /v1/chat/completions give the same sequence of events, and the
-     proxy forwards them chunked (no Content-Length);
-  3. malformed JSON and an unknown route: the child's status and body, untouched;
+  2. a streamed /completion and /v1/chat/completions are byte-identical to direct access (the values
+     of timings, ids and times masked, the SSE framing not) and arrive chunked; a 64-token stream
+     comes in several HTTP chunks (not held back whole); one connection carries 4 requests
+     (keep-alive), a stream among them; a request body sent chunked gets the direct answer;
+  3. malformed JSON, a missing prompt and an unknown route: the child's status and body, untouched;
   4. 8 concurrent clients through the proxy all get complete answers;
   5. persistence: `kvsnap ls --tag serve.ns=...` shows the slots saved after completions, the
-     X-Kvsnap-Session namespace kept apart;
+     X-Kvsnap-Session namespace kept apart; a conversation's next turn writes at most half of its
+     chunks (the ones of its first 512 tokens are shared with the turn before);
   6. the child SIGKILLed is restarted and serving resumes;
   7. SIGTERM to kvsnap serve saves the slot last used and leaves no llama-server process;
   8. prefix restore: a conversation saved at f16 continues after restarts at q8_0/q8_0 and
@@ -22,12 +25,20 @@ requests in the same order; then:
      `kvsnap ls` and `kvsnap info`'s size table of the slot file; a requantize dry run changes
      nothing; a bad type is a 400 and serving continues; POST /kvsnap/requantize to q4_0 answers
      200 with the dry run's bytes and the next turn evaluates <= 8 tokens (counted as reused); a
-     restart the child refuses rolls back; two API keys are isolated;
+     completion in flight finishes first; a restart the child refuses rolls back; two API keys are
+     isolated; the same as an operator would run it (-fa auto, -np 2, a streamed chat);
  10. --dynamic-cache f16,q8_0,q4_0 --cache-budget: a slot filled to 90% of its context steps the cache
-     down once, to q8_0 with the context the budget holds there, and the conversation goes on.
+     down once, to q8_0 with the context the budget holds there, and the conversation goes on;
+ 11. SWA and hybrid models: what llama-server evaluates after a restore is what the log and
+     /kvsnap/usage say (not_reused for iSWA without --swa-full);
+ 12. disk full (root only: two tmpfs): the store's own disk, then the slot directory's; completions
+     answer, the failed saves are logged and counted, saving works again with room;
+ 13. SIGINT during a streamed completion: the stream completes, the slot is saved, no child left;
+     kvsnap serve SIGKILLed: its llama-server exits too.
 With OPENAI_PYTHON (a Python with the `openai` package), one chat goes through the openai client.
 Needs only the Python standard library otherwise.
 """
+import hashlib
 import http.client
 import json
 import os
@@ -164,7 +175,7 @@ def main():
     try:
         wait_health(dport, direct, "direct llama-server")
         wait_health(pport, serve, "kvsnap serve")
-        run_checks(kvsnap, store, dport, pport, serve, openai_python)
+        run_checks(kvsnap, store, dport, pport, serve, openai_python, os.path.join(work, "serve.log"))
         serve_log.close()
         print(open(os.path.join(work, "serve.log")).read())
         run_prefix_restore(kvsnap, llama, model, work)
@@ -173,6 +184,7 @@ def main():
         run_ladder(kvsnap, llama, model, work)
         run_swa_hybrid(kvsnap, llama, model, work)
         run_disk_full(kvsnap, llama, model, work)
+        run_sigint_in_flight(kvsnap, llama, model, work)
         run_serve_sigkilled(kvsnap, llama, model, work)
     finally:
         if direct.poll() is None:
@@ -227,39 +239,106 @@ def run_swa_hybrid(kvsnap, llama, model, work):
 
 
 def run_disk_full(kvsnap, llama, model, work):
-    """The store on a 4 MiB tmpfs, filled up while serving: completions still answer, the failed save is
-    logged and counted, and saving works again once there is room. Needs to mount (root); else skipped."""
+    """The store's disk full while serving: the store on a 4 MiB tmpfs, kvsnap's slot directory (STORE/serve) on
+    a second one. First the store's own disk fills (the slot file is written, the store's write of it fails),
+    then the slot directory's (llama-server cannot write the slot file): each time completions answer 200 and
+    the failed save is logged and counted; with room again saving works. Needs to mount (root); else skipped."""
     mnt = os.path.join(work, "small-disk")
+    store = os.path.join(mnt, "store")
+    serve_dir = os.path.join(store, "serve")
     os.makedirs(mnt, exist_ok=True)
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", mnt], capture_output=True).returncode != 0:
         print("skip the store's disk full: cannot mount a tmpfs here (not root)")
         return
+    mounted = [mnt]
     try:
-        store = os.path.join(mnt, "store")
+        os.makedirs(serve_dir)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", serve_dir], check=True)
+        mounted.append(serve_dir)
         args = ["-m", model, "-c", "4096", "-np", "1", "-t", "1", "--no-warmup", "-fa", "on"]
         proc, port, log = start_serve(kvsnap, llama, store, work, "disk-full", args)
-        filler = os.path.join(mnt, "filler")
-        with open(filler, "wb") as f:
-            try:
-                while True:
-                    f.write(b"\0" * 65536)
-                    f.flush()
-            except OSError:
-                pass
-        s, _, _ = request(port, "POST", "/completion", {"prompt": PROMPT, "n_predict": 2, "temperature": 0})
-        logged = wait_for(lambda: "failed (serving continues)" in open(os.path.join(work, "disk-full.log")).read(), 30)
-        s2, _, _ = request(port, "POST", "/completion", {"prompt": "Still serving?", "n_predict": 2})
-        check(s == 200 and s2 == 200 and logged, "disk full: completions answer 200, the failed save is logged")
-        os.remove(filler)
-        request(port, "POST", "/completion", {"prompt": "Room again: " + PROMPT, "n_predict": 2, "temperature": 0})
+        log_path = os.path.join(work, "disk-full.log")
+
+        def fill(where):
+            path = os.path.join(where, "filler")
+            with open(path, "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+            return path
+
+        def outcomes():  # each save's outcome, in order
+            with open(log_path) as f:
+                return [l for l in f.read().splitlines()
+                        if "failed (serving continues)" in l or ") saved as snapshot" in l]
+
+        for n, (where, what) in enumerate(((mnt, "the store's disk"), (serve_dir, "the slot directory's disk"))):
+            filler = fill(where)
+            s, _, _ = request(port, "POST", "/completion", {"prompt": f"{n}: " + PROMPT, "n_predict": 2,
+                                                            "temperature": 0})
+            wait_for(lambda: len(outcomes()) >= 2 * n + 1, 30)
+            s2, _, _ = request(port, "POST", "/completion", {"prompt": f"{n}: still serving?", "n_predict": 2})
+            done = wait_for(lambda: outcomes()[2 * n:] if len(outcomes()) >= 2 * n + 2 else None, 30) or []
+            failed = [l for l in done if "failed (serving continues)" in l]
+            line = failed[0].split("(serving continues): ")[-1] if failed else "no failure logged"
+            # first the store's own write fails (llama-server wrote the slot file), then llama-server's
+            from_store = not line.startswith("llama-server ") and "No space left" in line
+            check(s == 200 and s2 == 200 and bool(failed) and (from_store if n == 0 else not from_store),
+                  f"disk full ({what}): the completion answers {s}, serving continues, the failed save is logged: "
+                  f"{line[:300]}")
+            check(len(failed) == 2 and not [f for f in os.listdir(os.path.join(serve_dir, "slots"))
+                                             if f.startswith("kvsnap-")],
+                  f"disk full ({what}): both saves failed ({len(failed)}), no slot file left behind")
+            os.remove(filler)
+        s, _, _ = request(port, "POST", "/completion", {"prompt": "Room again: " + PROMPT, "n_predict": 2,
+                                                        "temperature": 0})
         saved = wait_for(lambda: len(ls(kvsnap, store)) >= 1, 30)
         text = stop_serve(proc, log, "disk-full", work)
         counted = re.search(r"stopped: (\d+) slot saves, (\d+) failed", text)
-        check(bool(saved) and counted is not None and int(counted.group(2)) >= 1,
+        check(s == 200 and bool(saved) and counted is not None and int(counted.group(2)) == 4,
               f"disk full: saving works again with room ({len(ls(kvsnap, store))} snapshots); the failures counted: "
               + next((l for l in text.splitlines() if "stopped:" in l), "?"))
     finally:
-        subprocess.run(["umount", mnt])
+        for m in reversed(mounted):
+            subprocess.run(["umount", m])
+
+
+def run_sigint_in_flight(kvsnap, llama, model, work):
+    """SIGINT while a streamed completion is generating: the client gets the whole stream, its slot is saved into
+    the store before the child stops, kvsnap exits 0 and leaves no llama-server."""
+    store = os.path.join(work, "sigint-store")
+    args = ["-m", model, "-c", "4096", "-np", "1", "-t", "1", "--no-warmup"]
+    proc, port, log = start_serve(kvsnap, llama, store, work, "sigint", args)
+    kids = children_of(proc.pid)
+    got = {}
+
+    def stream():
+        got["answer"] = request(port, "POST", "/completion", {"prompt": PROMPT, "n_predict": 1500, "ignore_eos": True,
+                                                              "temperature": 0, "stream": True})
+    th = threading.Thread(target=stream)
+    th.start()
+    busy = wait_for(lambda: any(x.get("is_processing") for x in json.loads(request(port, "GET", "/slots")[2])), 10)
+    proc.send_signal(signal.SIGINT)
+    th.join()
+    try:
+        rc = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        rc = None
+    log.close()
+    text = open(os.path.join(work, "sigint.log")).read()
+    s, _, raw = got.get("answer", (None, {}, b""))
+    last = [json.loads(l[6:]) for l in raw.decode().split("\n") if l.startswith("data: {")][-1:] or [{}]
+    snaps = ls(kvsnap, store)
+    check(busy and s == 200 and last[0].get("stop") is True and last[0].get("tokens_predicted") == 1500,
+          f"SIGINT during a streamed completion: the client gets the whole stream ({s}, "
+          f"{last[0].get('tokens_predicted')} tokens)")
+    check(rc == 0 and "got SIGINT" in text and len(snaps) == 1 and snaps[0]["n_tokens"] >= 1500 and
+          kids and not any(alive(k) for k in kids),
+          f"SIGINT: kvsnap serve exits {rc}, the slot is in the store "
+          f"({[x['n_tokens'] for x in snaps]} tokens), no llama-server left ({kids})")
 
 
 def run_serve_sigkilled(kvsnap, llama, model, work):
@@ -525,7 +604,12 @@ def run_requantize(kvsnap, llama, model, work):
           "drained (1 in flight waited for)" in text,
           f"requantize while a completion is in flight: it finishes first ({ls_}, {lj.get('tokens_predicted')} "
           f"tokens), the requantize answers {s} after it, a request sent meanwhile waits and gets {ds}")
-    s, _ = post_json(port, "/kvsnap/requantize", {"ctk": "q4_0", "ctv": "q4_0"}, A)  # back, for what follows
+    # back to q4_0, for what follows, with another context size
+    s, _ = post_json(port, "/kvsnap/requantize", {"ctk": "q4_0", "ctv": "q4_0", "ctx_size": 2048}, A)
+    after = get_usage(port, A)
+    check(s == 200 and after["child"]["ctx_size"] == 2048 and after["slots"][0].get("n_ctx") == 2048,
+          f"requantize with ctx_size 2048: {s}, the child runs with -c {after['child']['ctx_size']} "
+          f"(its slot's n_ctx {after['slots'][0].get('n_ctx')})")
 
     # a restart the child refuses (quantized V without flash attention): rolled back, serving continues
     s, rb = post_json(port, "/kvsnap/requantize", {"ctk": "q8_0", "ctv": "q8_0", "flash_attn": "off"}, A)
@@ -540,7 +624,21 @@ def run_requantize(kvsnap, llama, model, work):
 
     # two keys isolated: B asks for A's conversation; the slot holds B's own prompt first, so only a restore
     # of A's snapshot could make B's evaluation short
+    saves = lambda: (lambda c: c["ok"] + c["failed"])(get_usage(port, A)["counters"]["saves"])
+    n_saves = saves()
     post_json(port, "/completion", {"prompt": "Bob talks about something else entirely.", "n_predict": 1}, B)
+    wait_for(lambda: saves() > n_saves, 30)
+    # whichever completion's queued save stored it (B's may run after A used the slot), every snapshot
+    # holding A's conversation is in A's namespace
+    toks = os.path.join(work, "a-tokens.json")
+    with open(toks, "w") as f:
+        json.dump(post_json(port, "/tokenize", {"content": more2, "add_special": True}, A)[1]["tokens"], f)
+    found = json.loads(subprocess.run([kvsnap, "find", "--store", store, "--tokens", toks, "--json"],
+                                      capture_output=True, text=True, check=True).stdout)
+    ns_a = "key-" + hashlib.sha256(A.encode()).hexdigest()[:16]
+    check(found and all(x["tags"].get("serve.ns") == ns_a for x in found),
+          f"every stored snapshot of A's conversation is in A's namespace: "
+          f"{[(x['id'], x['n_tokens'], x['tags'].get('serve.ns')) for x in found]} ({ns_a})")
     s, j = post_json(port, "/completion", {"prompt": more2, "n_predict": 1, "temperature": 0}, B)
     nb = j["timings"]["prompt_n"] if s == 200 else None
     s, j = post_json(port, "/completion", {"prompt": more2 + " again", "n_predict": 1, "temperature": 0}, A)
@@ -654,6 +752,74 @@ def same_on_both(dport, pport, method, path, body=None, what=None, as_json=True,
     return d, p
 
 
+MASK = re.compile(rb'"(timings|created|id|prompt_ms|predicted_ms|t_load|t_start|media_marker)":'
+                  rb'(\{[^{}]*\}|"[^"]*"|-?[0-9][0-9.eE+-]*)')
+
+
+def masked(raw):
+    """The raw bytes with the values of the fields that differ between two llama-server processes replaced."""
+    return MASK.sub(rb'"\1":_', raw)
+
+
+def raw_chunked(port, path, body):
+    """POST body on a raw socket: (status, headers, the de-chunked body, how many HTTP chunks carried it)."""
+    data = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+        raw = b""
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            raw += b
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    hd = {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:])}
+    if hd.get("transfer-encoding") != "chunked":
+        return int(lines[0].split()[1]), hd, rest, 1
+    out, n = b"", 0
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        out += rest[:size]
+        rest = rest[size + 2:]
+        n += 1
+    return int(lines[0].split()[1]), hd, out, n
+
+
+def keep_alive(port, reqs):
+    """Several requests on one HTTPConnection: [(status, the local address of the socket after it)]; a server
+    that closes the connection leaves None (http.client would reconnect for the next one)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    out = []
+    for method, path, body in reqs:
+        data = None if body is None else json.dumps(body).encode()
+        try:
+            c.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+            r = c.getresponse()
+            r.read()
+            out.append((r.status, c.sock.getsockname() if c.sock else None))
+        except OSError as e:  # closed without saying so
+            out.append((str(e), None))
+            c.close()
+    c.close()
+    return out
+
+
+def chunked_request(port, path, body):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    data = json.dumps(body).encode()
+    c.request("POST", path, body=iter([data[:10], data[10:]]), encode_chunked=True,
+              headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+    r = c.getresponse()
+    raw = r.read()
+    c.close()
+    return r.status, raw
+
+
 def first_event_ms(port, body):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     t0 = time.perf_counter()
@@ -667,7 +833,7 @@ def first_event_ms(port, body):
 
 
 def measure_overhead(dport, pport):
-    """Figures, not checks (bench/ has no proxy benchmark yet): latency of a small request on a new
+    """Figures, not checks (bench/serve_bench.py measures more): latency of a small request on a new
     connection and time to the first streamed event, direct and through kvsnap serve."""
     def pct(v, q):
         v = sorted(v)
@@ -683,7 +849,7 @@ def measure_overhead(dport, pport):
               f"first streamed event p50 {pct(ttft, 0.5):.2f} ms p99 {pct(ttft, 0.99):.2f} ms", flush=True)
 
 
-def run_checks(kvsnap, store, dport, pport, serve, openai_python):
+def run_checks(kvsnap, store, dport, pport, serve, openai_python, log_path):
     # 1. identical answers
     same_on_both(dport, pport, "GET", "/health", as_json=False)
     # a client that accepts gzip/br: the child sends plain JSON, and so must kvsnap (cpp-httplib would compress)
@@ -706,16 +872,38 @@ def run_checks(kvsnap, store, dport, pport, serve, openai_python):
             "seed": 7}
     same_on_both(dport, pport, "POST", "/v1/chat/completions", chat)
 
-    # 2. streaming
+    # 2. streaming: the same bytes as direct access (the values of the fields that differ between any two
+    # llama-server processes masked, the framing not), forwarded chunk by chunk as the child writes them
     for path, body in (("/completion", dict(comp, stream=True, prompt="A dragon flew over the hills")),
                        ("/v1/chat/completions", dict(chat, stream=True))):
-        d = request(dport, "POST", path, body)
-        p = request(pport, "POST", path, body)
-        de, pe = events(d[2]), events(p[2])
-        check(p[0] == 200 and len(pe) > 2 and de == pe,
-              f"streamed {path}: {len(pe)} events, the same sequence as direct access")
-        check(p[1].get("transfer-encoding") == "chunked" and "content-length" not in p[1],
-              f"streamed {path}: forwarded chunked ({p[1].get('content-type')})")
+        (ds, dh, draw, dchunks), (ps, ph, praw, pchunks) = raw_chunked(dport, path, body), raw_chunked(pport, path, body)
+        de, pe = events(draw), events(praw)
+        check(ps == ds == 200 and len(pe) > 2 and masked(draw) == masked(praw),
+              f"streamed {path}: {len(pe)} events, byte-identical to direct access ({len(praw)} bytes; timings, ids "
+              f"and times masked)" + ("" if masked(draw) == masked(praw) else f": {masked(draw)[:300]!r} vs "
+                                                                                 f"{masked(praw)[:300]!r}"))
+        check(ph.get("transfer-encoding") == "chunked" and "content-length" not in ph and
+              ph.get("content-type") == dh.get("content-type"),
+              f"streamed {path}: forwarded chunked ({ph.get('content-type')}; {pchunks} HTTP chunks, direct {dchunks})")
+    # chunk by chunk as the child writes: a 64-token stream is not gathered into one chunk (several events may
+    # share one: the proxy forwards what it has read from the child each time)
+    long_stream = {"prompt": "The river", "n_predict": 64, "ignore_eos": True, "stream": True}
+    ps, _, praw, pchunks = raw_chunked(pport, "/completion", long_stream)
+    dchunks = raw_chunked(dport, "/completion", long_stream)[3]
+    check(ps == 200 and pchunks >= 2 and b'"tokens_predicted":64' in praw,
+          f"a 64-token stream comes through in {pchunks} HTTP chunks ({len(events(praw))} events; direct: {dchunks} "
+          f"chunks), not held back whole")
+
+    # keep-alive: one connection carries several requests through kvsnap, a stream among them. (llama-server
+    # itself closes the connection after a stream: direct, the request after it needs a new one.)
+    ka = keep_alive(pport, [("GET", "/health", None), ("POST", "/completion", comp),
+                            ("POST", "/completion", dict(comp, stream=True)), ("GET", "/props", None)])
+    check(all(st == 200 for st, _ in ka) and len({sn for _, sn in ka}) == 1 and ka[0][1] is not None,
+          f"keep-alive: 4 requests through kvsnap, a stream among them, on one connection: {ka}")
+    # a request body sent chunked (Transfer-Encoding: chunked) reaches the child whole
+    dc, pc = chunked_request(dport, "/completion", comp), chunked_request(pport, "/completion", comp)
+    check(dc[0] == pc[0] == 200 and strip(json.loads(dc[1])) == strip(json.loads(pc[1])),
+          f"a chunked request body: {pc[0]}, the same completion as direct access")
 
     # 3. bad requests, untouched
     same_on_both(dport, pport, "POST", "/completion", b"{not json", "malformed JSON", as_json=False)
@@ -768,6 +956,23 @@ def run_checks(kvsnap, store, dport, pport, serve, openai_python):
                       headers={"X-Kvsnap-Session": "tenant-a"})
     mine = wait_for(lambda: ls(kvsnap, store, "--tag", "serve.ns=session-tenant-a"), 30)
     check(s == 200 and len(mine) == 1, f"an X-Kvsnap-Session request is saved in its own namespace ({len(mine)})")
+    # incremental: a conversation's next turn writes only its new chunks. A chunk holds 256 cells of one K or
+    # V tensor: a first turn of over 512 tokens leaves two whole chunks of each that the next turn shares.
+    long_prompt = " ".join([PROMPT] * 4)
+    ns = {"X-Kvsnap-Session": "incremental"}
+    saved_re = re.compile(r"\(session-incremental\) saved as snapshot \d+: (\d+) tokens, (\d+)/(\d+) chunks new")
+
+    def turns():
+        with open(log_path) as f:
+            return [tuple(map(int, m.groups())) for m in saved_re.finditer(f.read())]
+    s1, _, _ = request(pport, "POST", "/completion", {"prompt": long_prompt, "n_predict": 1, "temperature": 0},
+                       headers=ns)
+    wait_for(lambda: len(turns()) >= 1, 30)
+    s2, _, _ = request(pport, "POST", "/completion", {"prompt": long_prompt + SUFFIX, "n_predict": 1,
+                                                      "temperature": 0}, headers=ns)
+    t = wait_for(lambda: turns() if len(turns()) >= 2 else None, 30) or turns()
+    check(s1 == s2 == 200 and len(t) == 2 and t[0][0] > 512 and t[1][0] > t[0][0] and t[1][1] * 2 <= t[1][2],
+          f"incremental: the next turn writes only its new chunks (turns saved: (tokens, new chunks, chunks) {t})")
 
     # 6. SIGKILL the child
     kids = children_of(serve.pid)

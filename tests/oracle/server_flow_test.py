@@ -7,9 +7,11 @@
    stores slot 0 (nothing is left in the slot directory);
 2. the server is restarted with q8_0/q8_0, then q4_0/q8_0, then f16/f16 without flash attention;
    each time `kvsnap restore --server --check` converts and restores the snapshot (types from flags, from a
-   profile, or detected), the check proves the cache is reused, and a completion of prompt + suffix
-   evaluates only the suffix and predicts like a server that computed the prompt natively in those
-   types (KL within 1.5x of the native one, over the whole vocabulary);
+   profile, or detected; the f16 one gets only --ctk/--ctv, into the restarted server's empty slot: the V
+   layout (flash attention off, unlike the stored file) is detected, not demanded), the check proves the
+   cache is reused, and a completion of prompt + suffix evaluates only the suffix and predicts like a
+   server that computed the prompt natively in those types (KL within 1.5x of the native one, over the
+   whole vocabulary);
 3. failure paths: server down, unknown slot, slot busy, --slot-dir not the server's, --slot-dir not
    writable, a snapshot of another model: each a clear error, a non-zero exit, nothing left behind.
 """
@@ -140,7 +142,8 @@ def main():
     # 2. restore into servers with other types
     kvsnap([k, "server", "add", "q8", "http://127.0.0.1:1", "--slot-dir", slots, "--ctk", "q8_0", "--ctv", "q8_0",
             "--fa", "on", "--model", model], env)
-    targets = [("q8_0", "q8_0", True, "flags"), ("q4_0", "q8_0", True, "detected"), ("f16", "f16", False, "flags")]
+    targets = [("q8_0", "q8_0", True, "flags"), ("q4_0", "q8_0", True, "detected"),
+               ("f16", "f16", False, "types only")]
     for ctk, ctv, fa, how in targets:
         fa_word = "on" if fa else "off"
         srv = Server(server_bin, model, ctk, ctv, fa, slots, os.path.join(work, f"{ctk}-{ctv}-{fa_word}.log"))
@@ -152,11 +155,16 @@ def main():
             args = [k, "restore", "chat", "--server", srv.url, "--slot-dir", slots, "--check", "--json"]
             if how == "flags":
                 args += ["--ctk", ctk, "--ctv", ctv, "--fa", fa_word]
+            if how == "types only":  # no --fa, the slot empty: the stored file's fa (on) would be refused here
+                args += ["--ctk", ctk, "--ctv", ctv]
             p = kvsnap(args, env, expect=None)
             if p.returncode != 0:
                 check(False, f"restore --server into {ctk}/{ctv} fa {fa_word}: {p.stderr.strip()}")
                 continue
             r = json.loads(p.stdout)
+            if how == "types only":
+                check(r["flash_attn"] == "off" and "empty slot" in r["types_from"],
+                      f"{ctk}/{ctv} without --fa, empty slot: fa {r['flash_attn']} ({r['types_from']})")
             check(r["target_build"] is None and r["server_build"]["reported"] == build["reported"],
                   f"{ctk}/{ctv}: the unusable build_info picks no target build: {r['server_build']}")
             check(r["n_restored"] == saved["n_tokens"] and r["check"]["reused"],
