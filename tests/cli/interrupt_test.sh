@@ -43,6 +43,18 @@ no_temps convert "$work/out"
   && ok "convert: the same command without the signal succeeds" || bad "convert: fails without the signal"
 rm -f "$work/out/c.slot"
 
+# convert of an mlx-lm prompt cache (its own path: format/mlx_*): stopped the same way, nothing left
+mlx="$fx/../tests/fuzz/corpus/mlx_prompt_cache/meta_step_q3g128.safetensors"
+stop_after 2000 "$kvsnap" convert "$mlx" "$work/out/m.safetensors" --kv-bits 4 >/dev/null 2>"$work/err"
+stopped "convert (mlx-lm)" $? "$work/err"
+[ ! -e "$work/out/m.safetensors" ] && ok "convert (mlx-lm): no output file" || bad "convert (mlx-lm): the output exists"
+no_temps "convert (mlx-lm)" "$work/out"
+KVSNAP_PROGRESS_DELAY_MS=0 "$kvsnap" convert "$mlx" "$work/out/m.safetensors" --kv-bits 4 --json >/dev/null 2>"$work/err"
+if python3 -c 'import json,sys; ev=[json.loads(l)["progress"] for l in open(sys.argv[1]) if l.startswith("{\"progress\"")]; assert ev and ev[-1]["finished"] and ev[-1]["done_bytes"] == ev[-1]["total_bytes"], ev' "$work/err"; then
+  ok "convert (mlx-lm): --json progress events, the last one finished"
+else bad "convert (mlx-lm): --json progress events wrong: $(head -c 300 "$work/err")"; fi
+rm -f "$work/out/m.safetensors"
+
 # save (the store is new: an interrupted first save leaves an empty store)
 "$kvsnap" save "$fx/v0.5.0/hd64-f16-f16-faon.slot" --name base >/dev/null || bad "save: setup"
 stop_after "$third" "$kvsnap" save "$src" --name big --model "$model" >/dev/null 2>"$work/err"; stopped "save" $? "$work/err"
