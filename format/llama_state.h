@@ -233,6 +233,12 @@ class CopyTensorSource final : public TensorSource {
 // Copies `range` of `src` to `out` in bounded pieces.
 Status copy_range(const ReadableFile& src, ByteRange range, ByteSink& out);
 
+// What write_state would refuse about `file`'s shape (a ggsq v1 file of an iSWA,
+// recurrent or hybrid model, or with V widths that differ by layer), checked
+// before any byte is written: write_state calls it first, and planners (convert,
+// migrate, restore) call it before they open an output.
+Status check_writable(const StateFile& file);
+
 // Writes `file` as llama.cpp would: headers from `file`, tensors from
 // `tensors`, opaque parts (v9 outputs, recurrent state) from `opaque_src`.
 Status write_state(const StateFile& file, TensorSource& tensors, const ReadableFile& opaque_src, ByteSink& out);

@@ -110,33 +110,20 @@ Status write_kv_section(const StateFile& file, size_t si, TensorSource& tensors,
   return Status::OK();
 }
 
-// ggsq v1 (b3166): see read_seq_v1.
+// ggsq v1 (b3166): see read_seq_v1. check_seq_v1 has refused what the layout cannot hold.
 Status write_seq_v1(const StateFile& file, TensorSource& tensors, ByteSink& out) {
-  if (file.memory.kv.size() != 1 || file.memory.kv[0].streams.size() != 1 || file.memory.recurrent ||
-      file.memory.kv[0].ext_bytes) {
-    return Status::InvalidArgument("writer: a ggsq v1 file holds one KV section of one stream, without cell extras");
-  }
   const KvStream& st = file.memory.kv[0].streams[0];
-  if (st.layers.empty() || st.cells.size() != st.cell_count) {
-    return Status::InvalidArgument("writer: a ggsq v1 file needs its layers and cell list");
-  }
-  const std::optional<uint64_t> n_embd_v = layer_n_embd_v(st.layers[0], st.v_trans);
+  const uint64_t n_embd_v = *layer_n_embd_v(st.layers[0], st.v_trans);
   std::vector<std::byte> meta;
   put_u32(meta, 8);
   put_u32(meta, st.cell_count);
   put_u32(meta, uint32_t(st.layers.size()));
-  put_u32(meta, uint32_t(n_embd_v.value_or(0)));
-  for (const CellMeta& m : st.cells) {
-    if (!m.seq_ids.empty()) return Status::InvalidArgument("writer: ggsq v1 cells carry no seq id");
-    put_i32(meta, m.pos);
-  }
+  put_u32(meta, uint32_t(n_embd_v));
+  for (const CellMeta& m : st.cells) put_i32(meta, m.pos);
   KV_RETURN_IF_ERROR(out.append(meta));
   const uint64_t n = st.cell_count;
   for (size_t il = 0; il < st.layers.size(); ++il) {
     const KvLayer& L = st.layers[il];
-    if (!L.has_v || layer_n_embd_v(L, st.v_trans) != n_embd_v || !n_embd_v) {
-      return Status::InvalidArgument("writer: ggsq v1 has one n_embd_v_gqa for every layer, each with V");
-    }
     KV_RETURN_IF_ERROR(write_i32(out, L.k_type));
     KV_RETURN_IF_ERROR(write_u64(out, L.k_row_bytes));
     KV_RETURN_IF_ERROR(emit_checked(file, tensors, {0, 0, il, false}, n * L.k_row_bytes, out));
@@ -183,8 +170,50 @@ Status write_words(const std::vector<int32_t>& words, ByteSink& out) {
 
 }  // namespace llama_state_detail
 
+// What b3166's ggsq v1 layout cannot hold, refused before a byte is written.
+static Status check_seq_v1(const StateFile& file) {
+  const auto refuse = [](const std::string& what) {
+    return Status::NotSupported("a ggsq v1 file (llama.cpp b3166) cannot hold this state: " + what +
+                                "; write a later format ({--format current}, or {--target-build} of the build "
+                                "that will load it)");
+  };
+  const auto& kv = file.memory.kv;
+  if (file.memory.recurrent) return refuse("it has a recurrent state (a recurrent or hybrid model)");
+  if (kv.size() != 1) {
+    return refuse("it has " + std::to_string(kv.size()) +
+                  " KV caches (an iSWA model's: sliding-window and full layers), v1 holds one");
+  }
+  if (kv[0].streams.size() != 1) return refuse("it has " + std::to_string(kv[0].streams.size()) + " streams, v1 holds one");
+  if (kv[0].ext_bytes) return refuse("its cells carry " + std::to_string(kv[0].ext_bytes) + "-byte M-RoPE extras");
+  const KvStream& st = kv[0].streams[0];
+  if (st.layers.empty() || st.cells.size() != st.cell_count) {
+    return Status::InvalidArgument("writer: a ggsq v1 file needs its layers and cell list");
+  }
+  for (const CellMeta& m : st.cells) {
+    if (!m.seq_ids.empty()) return Status::InvalidArgument("writer: ggsq v1 cells carry no seq id");
+  }
+  const std::optional<uint64_t> n_embd_v = layer_n_embd_v(st.layers[0], st.v_trans);
+  for (size_t il = 0; il < st.layers.size(); ++il) {
+    const KvLayer& L = st.layers[il];
+    if (!L.has_v) return refuse("layer " + std::to_string(il) + " has no V, v1 stores V for every layer");
+    const std::optional<uint64_t> w = layer_n_embd_v(L, st.v_trans);
+    if (!n_embd_v || w != n_embd_v) {
+      return refuse("layer " + std::to_string(il) + "'s V is " + std::to_string(w.value_or(0)) +
+                    " wide and layer 0's " + std::to_string(n_embd_v.value_or(0)) +
+                    ", v1 has one n_embd_v_gqa for every layer");
+    }
+  }
+  return Status::OK();
+}
+
+Status check_writable(const StateFile& file) {
+  if (file.kind == StateKind::kSeqFile && file.version == 1) return check_seq_v1(file);
+  return Status::OK();
+}
+
 Status write_state(const StateFile& file, TensorSource& tensors, const ReadableFile& opaque_src, ByteSink& sink) {
   BufferedSink out(sink);
+  KV_RETURN_IF_ERROR(check_writable(file));  // nothing reaches `sink` when the layout cannot hold the state
   switch (file.kind) {
     case StateKind::kSeqFile:
       KV_RETURN_IF_ERROR(write_u32(out, kMagicGgsq));

@@ -708,6 +708,8 @@ Result<StateFile> plan_target(const StateFile& src, const ConvertRequest& req) {
       }
     }
   }
+  // And what the target layout cannot hold (ggsq v1 of an iSWA model, ...).
+  KV_RETURN_IF_ERROR(check_writable(t));
   return t;
 }
 

@@ -89,6 +89,7 @@ class Migrator {
     if (!s.ok()) {
       r.action = FileAction::kFailed;
       r.detail = s.ToString();
+      r.error = s;
     }
     r.seconds = since(t0);
     return r;

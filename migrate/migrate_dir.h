@@ -48,6 +48,7 @@ struct FileOutcome {
   uint64_t bytes_after = 0;   // converted size (estimated exactly for --dry-run)
   std::string from, to;       // "ggsq v3 K f16 V f16 rows" -> "..."
   std::string detail;         // why skipped or failed
+  Status error;               // kFailed: the error itself (its code is what `kvsnap convert` of the file exits with)
   double seconds = 0;
 };
 

@@ -233,8 +233,18 @@ Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::create(Io& io, const
   std::string base = options.temp_dir.empty() ? path : options.temp_dir + "/" +
                                                            std::filesystem::path(path).filename().string();
   std::string tmp = base + std::string(kTempInfix) + unique_suffix();
-  KV_ASSIGN_OR_RETURN(auto f, io.open_write(tmp, /*exclusive=*/true));
-  return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(io, path, tmp, std::move(f), options.sync_dir));
+  auto f = io.open_write(tmp, /*exclusive=*/true);
+  if (!f.ok()) {
+    // Named as the caller's path: the temporary beside it is kvsnap's own business.
+    std::string dir = std::filesystem::path(tmp).parent_path().string();
+    if (dir.empty()) dir = ".";
+    if (f.status().code() == Code::kNotFound) {
+      return Status::NotFound(path + ": cannot write it: the directory " + dir +
+                              " does not exist (create it first, or write elsewhere)");
+    }
+    return f.status().Prefixed(path + ": cannot write it (a temporary in " + dir + " first)");
+  }
+  return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(io, path, tmp, std::move(*f), options.sync_dir));
 }
 
 AtomicFileWriter::~AtomicFileWriter() {

@@ -78,6 +78,8 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
                       make_request(spec_of(o), src, opened.model_ptr(), o.in, &notes, file, &rotation));
   if (!notes.empty()) warnings += "kvsnap convert: " + notes;
 
+  // Every refusal of the plan comes before the output exists (convert_state plans again: it is cheap).
+  if (auto plan = plan_target(src, req); !plan.ok()) return plan.status().Prefixed(o.in);
   const auto t0 = std::chrono::steady_clock::now();
   KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(io, o.out));
   Result<ConvertResult> converted = [&]() -> Result<ConvertResult> {

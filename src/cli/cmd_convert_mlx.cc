@@ -115,7 +115,11 @@ Status run_convert_mlx(const ConvertOptions& o, const ReadableFile& file, std::s
   }
   const auto t0 = std::chrono::steady_clock::now();
   KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(cli_io(), o.out));
-  KV_ASSIGN_OR_RETURN(const MlxRequantResult res, mlx_requantize(cache, file, spec, *writer));
+  Result<MlxRequantResult> requantized = [&] {
+    ProgressDisplay shown("convert " + o.in, Counted::kRead, file.size(), o.progress.mode(o.json));
+    return mlx_requantize(cache, file, spec, *writer);
+  }();
+  KV_ASSIGN_OR_RETURN(const MlxRequantResult res, std::move(requantized));
   KV_RETURN_IF_ERROR(writer->commit());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 

@@ -27,16 +27,34 @@ Status run_rm(const RmOpts& o, std::string& out) {
 struct GcOpts {
   std::string store;
   bool wait = false, json = false;
+  ProgressFlags progress;
 };
+
+// The store's gc with its progress drawn (bytes of garbage deleted) and Ctrl-C honoured between
+// deletions: the catalog rows went first, so a stopped gc leaves a whole store and the rest of the
+// garbage for the next gc.
+Result<GcReport> collect_with_progress(Store& store, const GcOpts& o) {
+  ProgressDisplay shown("gc", Counted::kFreed, 0, o.progress.mode(o.json));
+  uint64_t freed = 0;
+  return store.gc(o.wait, [&](const GcProgress& p) -> Status {
+    shown.set_total(p.bytes_total);
+    count_freed(p.bytes_done - freed);
+    freed = p.bytes_done;
+    if (!interrupted()) return Status::OK();
+    return Status::Interrupted(store.paths().root + ": gc stopped by a signal (Ctrl-C) after deleting " +
+                               std::to_string(p.files_done) + " of " + std::to_string(p.files_total) +
+                               " files; the store is whole, and the next kvsnap gc deletes the rest");
+  });
+}
 
 Status run_gc(const GcOpts& o, std::string& out) {
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
-  KV_ASSIGN_OR_RETURN(GcReport r, store->gc(o.wait));
+  KV_ASSIGN_OR_RETURN(GcReport r, collect_with_progress(*store, o));
   KV_ASSIGN_OR_RETURN(CatalogStats s, store->catalog().stats());
   json j = {{"skipped_busy", r.skipped_busy}, {"unreferenced_deleted", r.unreferenced_deleted},
-            {"orphans_deleted", r.orphans_deleted}, {"temporaries_deleted", r.temporaries_deleted},
-            {"snapshots", s.snapshots}, {"chunks", s.chunks}, {"stored_bytes", s.stored_bytes},
-            {"raw_bytes", s.raw_bytes}, {"dedup_ratio", s.dedup_ratio}};
+            {"orphans_deleted", r.orphans_deleted}, {"packs_deleted", r.packs_deleted},
+            {"temporaries_deleted", r.temporaries_deleted}, {"snapshots", s.snapshots}, {"chunks", s.chunks},
+            {"stored_bytes", s.stored_bytes}, {"raw_bytes", s.raw_bytes}, {"dedup_ratio", s.dedup_ratio}};
   if (o.json) {
     out = json_text(j, 2) + "\n";
     return Status::OK();
@@ -47,10 +65,11 @@ Status run_gc(const GcOpts& o, std::string& out) {
   }
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "gc: deleted %zu unreferenced chunks, %zu orphan blobs, %zu temporaries\n"
+                "gc: deleted %zu unreferenced chunks, %zu orphan blobs, %zu unused packs, %zu temporaries\n"
                 "store: %lld snapshots, %lld chunks, %s stored for %s of states (dedup %.2fx)\n",
-                r.unreferenced_deleted, r.orphans_deleted, r.temporaries_deleted, (long long)s.snapshots,
-                (long long)s.chunks, mib(s.stored_bytes).c_str(), mib(s.raw_bytes).c_str(), s.dedup_ratio);
+                r.unreferenced_deleted, r.orphans_deleted, r.packs_deleted, r.temporaries_deleted,
+                (long long)s.snapshots, (long long)s.chunks, mib(s.stored_bytes).c_str(), mib(s.raw_bytes).c_str(),
+                s.dedup_ratio);
   out = buf;
   return Status::OK();
 }
@@ -99,6 +118,7 @@ void setup_maintain_commands(CLI::App& app, int& exit_status) {
     auto* sub = app.add_subcommand("gc", "Delete chunks nobody uses, orphans of crashed saves and temporaries");
     sub->add_flag("--wait", o->wait, "wait for running saves instead of skipping");
     sub->add_flag("--json", o->json, "machine-readable result");
+    add_progress_flags(sub, o->progress);
     bind(sub, o, run_gc, "gc", exit_status);
   }
   {

@@ -1,7 +1,6 @@
 // kvsnap migrate DIR: convert a directory of llama.cpp slot/session files in place.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include <cstdio>
 
@@ -27,12 +26,18 @@ std::string mib(uint64_t b) {
   return buf;
 }
 
-// One line on stderr, rewritten in place: "[ 12/100] slot-7.bin".
-void show_progress(size_t done, size_t total, const std::string& starting) {
-  std::fprintf(stderr, "\r\033[K[%*zu/%zu] %s", int(std::to_string(total).size()), done, total,
-               starting.empty() ? "" : starting.c_str());
-  if (done == total) std::fputc('\n', stderr);
-  std::fflush(stderr);
+// The bytes a migration of DIR reads: every regular file directly in it (kvsnap's own temporaries
+// aside), twice with --backup-store (stored, then converted). The total of its progress display.
+uint64_t bytes_to_read(Io& io, const std::string& dir, bool backup) {
+  auto entries = io.list_dir(dir);
+  if (!entries.ok()) return 0;  // migrate_dir says why
+  uint64_t total = 0;
+  for (const DirEntry& e : *entries) {
+    if (!e.is_regular || e.is_symlink || e.name.find(kTempInfix) != std::string::npos) continue;
+    auto f = io.open_read(dir + "/" + e.name);
+    if (f.ok()) total += (*f)->size();
+  }
+  return backup ? 2 * total : total;
 }
 
 json to_json(const MigrateSummary& s, bool dry_run) {
@@ -150,13 +155,17 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
       return store->save(file, state, req).status();
     };
   }
-  const bool tty = o.progress && !o.json && ::isatty(2);
-  if (tty) {
-    m.progress = [](size_t done, size_t total, const FileOutcome*, const std::string& starting) {
-      show_progress(done, total, starting);
+  Result<MigrateSummary> migrated = [&] {
+    // A dry run reads the files' headers only: its display counts files, not bytes.
+    const ProgressMode mode = o.progress ? (o.json ? ProgressMode::kJson : ProgressMode::kAuto) : ProgressMode::kQuiet;
+    ProgressDisplay shown("migrate " + m.dir, Counted::kRead,
+                          o.dry_run ? 0 : bytes_to_read(io, m.dir, o.backup_store), mode);
+    m.progress = [&shown](size_t done, size_t total, const FileOutcome*, const std::string&) {
+      shown.set_files(done, total);
     };
-  }
-  KV_ASSIGN_OR_RETURN(MigrateSummary sum, migrate_dir(io, m));
+    return migrate_dir(io, m);
+  }();
+  KV_ASSIGN_OR_RETURN(MigrateSummary sum, std::move(migrated));
   if (o.json) {
     json j = to_json(sum, o.dry_run);
     if (o.srv.given()) j["server"] = {{"target_build", o.target_build.empty() ? json(nullptr) : json(o.target_build)},
@@ -165,8 +174,13 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
   } else {
     out = (server_note.empty() ? "" : server_note + "\n") + to_text(sum, o.dry_run);
   }
+  // The exit status is the first failed file's (in name order), as `kvsnap convert` of it would exit.
   const size_t failed = sum.count(FileAction::kFailed);
-  if (failed) return Status::Mismatch(std::to_string(failed) + " of the files in " + o.dir + " failed (listed above)");
+  for (const FileOutcome& f : sum.files) {
+    if (f.action != FileAction::kFailed) continue;
+    return f.error.Prefixed(std::to_string(failed) + " of the files in " + o.dir +
+                            " failed (listed above); the first, " + f.name);
+  }
   return Status::OK();
 }
 
@@ -193,10 +207,13 @@ void setup_migrate(CLI::App& app, int& exit_status) {
   sub->add_option("--threads,-t", o->threads, "threads per file (default: cores / jobs)");
   sub->add_flag("--dry-run,-n", o->dry_run, "print the plan and the bytes that would be freed; change nothing");
   sub->add_flag("--json", o->json, "machine-readable summary");
-  sub->add_flag_callback("-q,--quiet", [o] { o->progress = false; }, "no per-file progress on stderr");
+  sub->add_flag_callback("-q,--quiet", [o] { o->progress = false; },
+                         "no progress on stderr (it shows on a terminal once the command runs for a second; "
+                         "with --json as JSON lines instead)");
   sub->footer(
       "\nOnly regular files directly in DIR are touched; symlinks are never followed. Files already at the\n"
-      "target and files that are not llama.cpp states are left alone. Exit status 5 when some file failed.\n"
+      "target and files that are not llama.cpp states are left alone. When a file fails, the others are still\n"
+      "converted and the exit status is the first failed file's (3 damaged, 5 wrong model, 6 rotation unknown, ...).\n"
       "\nExamples:\n"
       "  kvsnap migrate /srv/slots --dry-run                       # what an upgrade to the current format does\n"
       "  kvsnap migrate /srv/slots --ctk q8_0 --ctv q8_0 -m model.gguf   # before restarting with -ctk q8_0\n"
@@ -205,8 +222,7 @@ void setup_migrate(CLI::App& app, int& exit_status) {
   sub->callback([o, &exit_status]() {
     std::string out;
     Status s = run_migrate(*o, out);
-    if (!s.ok() && !out.empty()) std::fputs(out.c_str(), stdout);
-    exit_status = report("migrate", s, out);
+    exit_status = report_with_output("migrate", s, out);
   });
 }
 

@@ -79,6 +79,7 @@ Status run_save_server(const SaveOpts& o, SaveRequest req, std::string& out) {
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
   Result<ServerSaveResult> saved = [&] {
     ProgressDisplay shown("save slot " + std::to_string(t.slot), Counted::kRead, 0, o.progress.mode(o.json));
+    req.on_start = [&shown](uint64_t file_bytes) { shown.set_total(file_bytes); };  // once the server wrote it
     return save_from_server(cli_io(), *store, t, req);
   }();
   KV_ASSIGN_OR_RETURN(ServerSaveResult r, std::move(saved));

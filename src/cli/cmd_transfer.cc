@@ -12,7 +12,7 @@ namespace {
 struct ExportOpts {
   std::vector<std::string> refs;
   std::string out, store;
-  bool force = false;
+  bool force = false, json = false;
   ProgressFlags progress;
 };
 
@@ -20,11 +20,15 @@ Status run_export(const ExportOpts& o, std::string& out) {
   KV_RETURN_IF_ERROR(refuse_existing(o.out, o.force));
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
   {
-    ProgressDisplay shown("export", Counted::kRead, stored_bytes_of(*store, o.refs), o.progress.mode(false));
+    ProgressDisplay shown("export", Counted::kRead, stored_bytes_of(*store, o.refs), o.progress.mode(o.json));
     KV_RETURN_IF_ERROR(store->export_to(o.refs, o.out));
   }
   struct stat st {};
   ::stat(o.out.c_str(), &st);
+  if (o.json) {
+    out = json_text(json{{"exported", o.refs.size()}, {"archive", o.out}, {"bytes", uint64_t(st.st_size)}}, 2) + "\n";
+    return Status::OK();
+  }
   out = "exported " + std::to_string(o.refs.size()) + " snapshots to " + o.out + " (" + mib(uint64_t(st.st_size)) + ")\n";
   return Status::OK();
 }
@@ -65,6 +69,7 @@ void setup_transfer_commands(CLI::App& app, int& exit_status) {
     sub->add_option("snapshot", o->refs, "names, ids or uuids")->required();
     sub->add_option("-o,--out", o->out, "the archive to write (atomically)")->required();
     sub->add_flag("--force", o->force, "replace --out if it exists");
+    sub->add_flag("--json", o->json, "machine-readable result (and progress as JSON lines on stderr)");
     add_progress_flags(sub, o->progress);
     bind(sub, o, run_export, "export", exit_status);
   }

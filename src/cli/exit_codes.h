@@ -80,4 +80,11 @@ inline int report(const char* command, const Status& s, const std::string& out) 
   return kExitOk;
 }
 
+// As report(), for commands whose output lists what failed (migrate's per-file outcomes, verify's
+// problems): on failure that output goes to stdout too, before the error, remedies rendered alike.
+inline int report_with_output(const char* command, const Status& s, const std::string& out) {
+  if (!s.ok() && !out.empty()) std::fputs(render_remedies_as_flags(out).c_str(), stdout);
+  return report(command, s, out);
+}
+
 }  // namespace kvsnap::cli

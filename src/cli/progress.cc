@@ -18,6 +18,7 @@ namespace {
 std::atomic<bool> g_interrupted{false};
 std::atomic<uint64_t> g_read{0};
 std::atomic<uint64_t> g_written{0};
+std::atomic<uint64_t> g_freed{0};
 
 extern "C" void on_signal(int) { g_interrupted.store(true); }
 
@@ -34,7 +35,7 @@ void count(std::atomic<uint64_t>& counter, uint64_t n) {
   counter.fetch_add(n);
   static std::atomic<bool> raised{false};
   const uint64_t after = interrupt_after();
-  if (after && g_read.load() + g_written.load() >= after && !raised.exchange(true)) raise(SIGINT);
+  if (after && g_read.load() + g_written.load() + g_freed.load() >= after && !raised.exchange(true)) raise(SIGINT);
 }
 
 Status stopped(const std::string& name) {
@@ -125,6 +126,8 @@ Io& cli_io() {
 }
 uint64_t cli_bytes_read() { return g_read.load(); }
 uint64_t cli_bytes_written() { return g_written.load(); }
+uint64_t cli_bytes_freed() { return g_freed.load(); }
+void count_freed(uint64_t n) { count(g_freed, n); }
 
 void install_interrupt_handler() {
   struct sigaction sa {};
@@ -147,7 +150,7 @@ ProgressDisplay::ProgressDisplay(std::string what, Counted counted, uint64_t tot
     : what_(std::move(what)), counted_(counted), total_(total), mode_(mode), start_(std::chrono::steady_clock::now()) {
   if (mode_ == ProgressMode::kAuto && !::isatty(2)) mode_ = ProgressMode::kQuiet;
   if (mode_ == ProgressMode::kQuiet) return;
-  base_ = counted_ == Counted::kRead ? cli_bytes_read() : cli_bytes_written();
+  base_ = counted_now();
   if (first_draw_delay().count() <= 0) {  // shown from the start (tests, and users who set the delay to 0)
     draw(/*final=*/false);
     drew_ = true;
@@ -166,9 +169,16 @@ ProgressDisplay::~ProgressDisplay() {
   if (drew_) draw(/*final=*/true);
 }
 
-uint64_t ProgressDisplay::done() const {
-  return (counted_ == Counted::kRead ? cli_bytes_read() : cli_bytes_written()) - base_;
+uint64_t ProgressDisplay::counted_now() const {
+  switch (counted_) {
+    case Counted::kRead: return cli_bytes_read();
+    case Counted::kWritten: return cli_bytes_written();
+    case Counted::kFreed: break;
+  }
+  return cli_bytes_freed();
 }
+
+uint64_t ProgressDisplay::done() const { return counted_now() - base_; }
 
 void ProgressDisplay::run() {
   const auto period = mode_ == ProgressMode::kJson ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(200);
@@ -189,6 +199,10 @@ void ProgressDisplay::draw(bool final) {
   if (mode_ == ProgressMode::kJson) {
     json j = {{"op", what_}, {"done_bytes", d}, {"elapsed_s", secs}, {"bytes_per_s", rate}};
     if (total) j["total_bytes"] = total;
+    if (files_total_.load()) {
+      j["files_done"] = files_done_.load();
+      j["files_total"] = files_total_.load();
+    }
     if (final) j["finished"] = !interrupted();
     std::fprintf(stderr, "%s\n", json_text(json{{"progress", j}}).c_str());
     return;
@@ -197,7 +211,9 @@ void ProgressDisplay::draw(bool final) {
     std::fputs("\r\033[K", stderr);  // the line goes; the command's own output follows
     return;
   }
-  std::string line = "kvsnap " + what_ + ": " + mib(d);
+  std::string line = "kvsnap " + what_ + ": ";
+  if (files_total_.load()) line += "[" + std::to_string(files_done_.load()) + "/" + std::to_string(files_total_.load()) + "] ";
+  line += mib(d);
   if (total) {
     char pct[16];
     std::snprintf(pct, sizeof pct, " (%.0f%%)", 100.0 * d / total);

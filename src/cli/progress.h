@@ -34,13 +34,17 @@ namespace kvsnap::cli {
 Io& cli_io();
 uint64_t cli_bytes_read();
 uint64_t cli_bytes_written();
+// Bytes of store files a gc deleted (gc deletes, it does not read or write): counted by the gc's
+// progress callback, drawn like the others, and stopped by Ctrl-C the same way (cmd_maintain.cc).
+uint64_t cli_bytes_freed();
+void count_freed(uint64_t n);
 
 // Installs the SIGINT/SIGTERM handler (main does, once).
 void install_interrupt_handler();
 bool interrupted();
 
 // Testing knob: KVSNAP_TEST_INTERRUPT_AFTER_BYTES=N raises SIGINT in the process once
-// N bytes have been read or written through cli_io(), so tests can stop every command
+// N bytes have been read or written through cli_io() (or freed by gc), so tests can stop every command
 // at a known point through the real signal path.
 
 enum class ProgressMode { kAuto, kQuiet, kJson };
@@ -52,7 +56,7 @@ struct ProgressFlags {
 };
 void add_progress_flags(CLI::App* sub, ProgressFlags& flags);
 
-enum class Counted { kRead, kWritten };
+enum class Counted { kRead, kWritten, kFreed };
 
 class ProgressDisplay {
  public:
@@ -62,15 +66,23 @@ class ProgressDisplay {
   ProgressDisplay(const ProgressDisplay&) = delete;
   ProgressDisplay& operator=(const ProgressDisplay&) = delete;
   void set_total(uint64_t total) { total_.store(total); }
+  // For commands over many files (migrate): files done of the total, drawn as "[3/10]" before the
+  // bytes and in JSON as files_done/files_total.
+  void set_files(size_t done, size_t total) {
+    files_done_.store(done);
+    files_total_.store(total);
+  }
 
  private:
   void run();
   void draw(bool final);
+  uint64_t counted_now() const;
   uint64_t done() const;
 
   std::string what_;
   Counted counted_;
   std::atomic<uint64_t> total_;
+  std::atomic<size_t> files_done_{0}, files_total_{0};
   ProgressMode mode_;
   uint64_t base_ = 0;  // the counter when the operation started
   std::chrono::steady_clock::time_point start_;

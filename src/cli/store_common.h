@@ -44,8 +44,7 @@ void bind(CLI::App* sub, std::shared_ptr<Opts> o, Run run, const char* name, int
   sub->callback([o, run, name, &exit_status]() {
     std::string out;
     Status s = run(*o, out);
-    if (!s.ok() && !out.empty()) std::fputs(out.c_str(), stdout);
-    exit_status = report(name, s, s.ok() ? out : "");
+    exit_status = report_with_output(name, s, out);
   });
 }
 

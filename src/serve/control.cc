@@ -207,22 +207,27 @@ void Control::dry_run(const LlamaArgs& next, ojson& res) {
 void Control::restore_all(const std::map<int, SlotRecord>& book, const LlamaArgs& next, ojson& res) {
   ojson slots = ojson::array();
   uint64_t before = 0, after = 0, restored = 0;
+  uint64_t total = 0;
+  for (const auto& [slot, r] : book) total += r.bytes;
+  progress_.restoring(book.size(), total, Clock::now());
   for (const auto& [slot, r] : book) {
     ojson s = slot_estimate(slot, r, next.ctk, next.ctv);
     const auto ts = Clock::now();
     auto rr = d_.prefix->restore_slot(slot, r.snapshot);
     s["ms"] = ms_since(ts);
     before += r.bytes;
+    progress_.slot_done(r.bytes, Clock::now());
+    const std::string done = "; " + progress_.restore_line(Clock::now());
     if (rr.ok()) {
       ++restored;
       s["bytes_after"] = rr->restore.bytes_out;
       after += rr->restore.bytes_out;
       d_.log("requantize: slot " + std::to_string(slot) + " restored (" + std::to_string(r.n_tokens) + " tokens, " +
-             std::to_string(r.bytes) + " -> " + std::to_string(rr->restore.bytes_out) + " bytes)");
+             std::to_string(r.bytes) + " -> " + std::to_string(rr->restore.bytes_out) + " bytes)" + done);
     } else {
       s["error"] = rr.status().ToString();
       d_.log("requantize: slot " + std::to_string(slot) + ": " + rr.status().ToString() +
-             " (the conversation stays in the store: a returning request restores what fits)");
+             " (the conversation stays in the store: a returning request restores what fits)" + done);
     }
     slots.push_back(std::move(s));
   }
@@ -256,11 +261,17 @@ void Control::run(const Ask& ask, LocalAnswer& out) {
   if (!d_.sup->healthy())
     return error(out, 503, "unavailable_error", "requantize: llama-server is restarting now; try again");
   const auto t0 = Clock::now();
+  progress_.start(to, t0);
+  struct Finished {
+    RequantizeProgress& p;
+    ~Finished() { p.finish(); }
+  } finished{progress_};
   d_.log("requantize to " + to + ": draining (new requests wait)");
   const uint64_t in_flight = d_.drain->close();
   const double drain_ms = ms_since(t0);
   d_.log("requantize: drained (" + std::to_string(in_flight) + " in flight waited for); saving the slots");
   auto t = Clock::now();
+  progress_.phase("saving", t);
   const uint64_t failed_before = d_.persist->stats().failed;
   d_.persist->save_all();
   const PersistStats ps = d_.persist->stats();
@@ -275,6 +286,7 @@ void Control::run(const Ask& ask, LocalAnswer& out) {
   d_.log("requantize: saved in " + std::to_string(int(save_ms)) + " ms, " + std::to_string(book.size()) +
          " slots to restore; restarting llama-server with " + to);
   t = Clock::now();
+  progress_.phase("restarting", t);
   Status restarted = d_.sup->replace(child_argv(*next, d_.child_port, d_.slot_dir));
   const double restart_ms = ms_since(t);
   const LlamaArgs& now = restarted.ok() ? *next : old;
@@ -352,6 +364,7 @@ void Control::usage(LocalAnswer& out) {
                {"reuse", {{"reused", pr.reused}, {"not_reused", pr.not_reused}, {"unverified", pr.unverified},
                           {"last_prompt_n", pr.last_prompt_n}}},
                {"requantizes", {{"ok", requantized_.load()}, {"failed", requantize_failed_.load()}}}}}};
+  j["requantize"] = progress_.json(Clock::now());
   if (!live.ok()) j["child"]["slots_error"] = live.status().ToString();
   if (ladder_) {
     ojson rungs = ojson::array();

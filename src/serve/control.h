@@ -8,7 +8,8 @@
 //     dry_run: the estimate only (serve/usage.h), nothing restarted.
 //   GET /kvsnap/usage
 //     per slot: tokens, bytes, types, the size at every ctk/ctv pair; counters
-//     of saves, restores, reuse proofs and requantizes.
+//     of saves, restores, reuse proofs and requantizes; "requantize": where a
+//     running one stands (serve/requantize_progress.h), null when none runs.
 //
 // Promises:
 //   - a bad body (not JSON, an unknown key, a type llama-server does not
@@ -46,6 +47,7 @@
 #include "serve/persist.h"
 #include "serve/prefix.h"
 #include "serve/proxy.h"
+#include "serve/requantize_progress.h"
 #include "serve/supervisor.h"
 #include "serve/usage.h"
 #include "store/store.h"
@@ -102,6 +104,7 @@ class Control {
   std::mutex sizes_mu_;
   std::map<int64_t, std::vector<PairSize>> sizes_;
   std::atomic<uint64_t> requantized_{0}, requantize_failed_{0};
+  RequantizeProgress progress_;  // the running requantize, for usage and the log
   std::optional<Ladder> ladder_;
   std::atomic<size_t> rung_{0};
   std::mutex watch_mu_;

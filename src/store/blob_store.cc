@@ -154,15 +154,26 @@ Result<std::vector<ChunkHash>> BlobStore::list() {
 
 Status BlobStore::remove(const GcLock&, const ChunkHash& h) { return io_.remove(blob_path(h)); }
 
-Result<size_t> BlobStore::clear_tmp(const GcLock&) {
+Result<std::vector<std::string>> BlobStore::list_tmp() {
   KV_ASSIGN_OR_RETURN(auto files, io_.list_dir(tmp_dir()));
-  size_t n = 0;
-  for (const DirEntry& f : files) {
-    if (!f.is_regular) continue;
-    KV_RETURN_IF_ERROR(io_.remove(tmp_dir() + "/" + f.name));
-    ++n;
-  }
-  return n;
+  std::vector<std::string> out;
+  for (const DirEntry& f : files)
+    if (f.is_regular) out.push_back(f.name);
+  return out;
+}
+
+Status BlobStore::remove_tmp(const GcLock&, const std::string& name) { return io_.remove(tmp_dir() + "/" + name); }
+
+Result<size_t> BlobStore::clear_tmp(const GcLock& lock) {
+  KV_ASSIGN_OR_RETURN(std::vector<std::string> names, list_tmp());
+  for (const std::string& n : names) KV_RETURN_IF_ERROR(remove_tmp(lock, n));
+  return names.size();
+}
+
+Result<uint64_t> BlobStore::size_on_disk(const std::string& path) {
+  auto f = io_.open_read(path);
+  if (!f.ok()) return f.status().code() == Code::kNotFound ? Result<uint64_t>(uint64_t(0)) : Result<uint64_t>(f.status());
+  return (*f)->size();
 }
 
 BlobWriteBatch::~BlobWriteBatch() = default;

@@ -133,6 +133,11 @@ class BlobStore {
   Status remove_pack(const GcLock&, const std::string& pack);
   // Deletes every file in tmp/: leftovers of saves that crashed. Returns how many.
   Result<size_t> clear_tmp(const GcLock&);
+  // The files in tmp/ (names), and one of them deleted (absent is OK).
+  Result<std::vector<std::string>> list_tmp();
+  Status remove_tmp(const GcLock&, const std::string& name);
+  // The size of a file of the store (a blob, pack or temporary path); 0 when it is absent.
+  Result<uint64_t> size_on_disk(const std::string& path);
 
  private:
   BlobStore(Io& io, std::string root) : io_(io), root_(std::move(root)) {}

@@ -48,6 +48,7 @@
 
 #include <cstdint>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -234,9 +235,19 @@ class Catalog {
   std::unordered_map<const char*, CachedStmt> stmts_;  // keyed by the SQL literal's address
 };
 
+// Where a gc stands: its deletions (files, and their sizes on disk).
+struct GcProgress {
+  uint64_t files_done = 0, files_total = 0;
+  uint64_t bytes_done = 0, bytes_total = 0;
+};
+
 struct GcOptions {
   bool wait = false;          // wait for running saves instead of skipping
   bool scan_orphans = true;   // also list the blobs on disk (slower) and empty tmp/
+  // Called once the deletions are planned (the catalog rows already gone) and after each file deleted,
+  // with the files' sizes (looked up only when this is set). An error stops gc before its next
+  // deletion and is returned: what is left is garbage the next gc deletes, the store stays whole.
+  std::function<Status(const GcProgress&)> progress;
 };
 
 struct GcReport {

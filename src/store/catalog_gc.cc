@@ -155,6 +155,37 @@ Result<std::vector<std::string>> Catalog::integrity_check() {
   return problems;
 }
 
+namespace {
+
+// One file a gc deletes; the catalog rows naming it are gone already.
+struct Deletion {
+  enum Kind { kUnreferenced, kOrphan, kPack, kTemp } kind;
+  ChunkHash hash;    // kUnreferenced, kOrphan
+  std::string name;  // kPack, kTemp
+};
+
+std::string path_of(BlobStore& blobs, const Deletion& d) {
+  switch (d.kind) {
+    case Deletion::kUnreferenced:
+    case Deletion::kOrphan: return blobs.blob_path(d.hash);
+    case Deletion::kPack: return blobs.pack_path(d.name);
+    case Deletion::kTemp: break;
+  }
+  return blobs.tmp_dir() + "/" + d.name;
+}
+
+Status remove(BlobStore& blobs, const GcLock& lock, const Deletion& d) {
+  switch (d.kind) {
+    case Deletion::kUnreferenced:
+    case Deletion::kOrphan: return blobs.remove(lock, d.hash);
+    case Deletion::kPack: return blobs.remove_pack(lock, d.name);
+    case Deletion::kTemp: break;
+  }
+  return blobs.remove_tmp(lock, d.name);
+}
+
+}  // namespace
+
 Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOptions& options) {
   GcReport report;
   KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLock> lock, blobs.lock_for_gc(options.wait));
@@ -170,18 +201,45 @@ Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOpt
   }
   KV_ASSIGN_OR_RETURN(GcCandidates cand, catalog.gc_candidates(on_disk));
   KV_ASSIGN_OR_RETURN(std::vector<ChunkHash> gone, catalog.forget_unreferenced(cand.unreferenced));
-  for (const ChunkHash& h : gone) KV_RETURN_IF_ERROR(blobs.remove(*lock, h));
-  report.unreferenced_deleted = gone.size();
-  for (const ChunkHash& h : cand.orphans) KV_RETURN_IF_ERROR(blobs.remove(*lock, h));
-  report.orphans_deleted = cand.orphans.size();
   // Packs after rows: a pack's last rows are gone now, and a crashed save's
   // pack (renamed in, never committed) was never named.
   KV_ASSIGN_OR_RETURN(std::vector<std::string> packs, blobs.list_packs());
   KV_ASSIGN_OR_RETURN(std::vector<std::string> unused, catalog.unused_packs(packs));
-  for (const std::string& p : unused) KV_RETURN_IF_ERROR(blobs.remove_pack(*lock, p));
-  report.packs_deleted = unused.size();
+  std::vector<std::string> temps;
   if (options.scan_orphans) {
-    KV_ASSIGN_OR_RETURN(report.temporaries_deleted, blobs.clear_tmp(*lock));
+    KV_ASSIGN_OR_RETURN(temps, blobs.list_tmp());
+  }
+  // Every file to delete is garbage now: no row names it. Deleting them in any
+  // order, or stopping at any point, leaves a whole store.
+  std::vector<Deletion> plan;
+  for (const ChunkHash& h : gone) plan.push_back({Deletion::kUnreferenced, h, {}});
+  for (const ChunkHash& h : cand.orphans) plan.push_back({Deletion::kOrphan, h, {}});
+  for (const std::string& p : unused) plan.push_back({Deletion::kPack, {}, p});
+  for (const std::string& t : temps) plan.push_back({Deletion::kTemp, {}, t});
+  GcProgress progress;
+  progress.files_total = plan.size();
+  std::vector<uint64_t> sizes(plan.size(), 0);
+  if (options.progress) {
+    for (size_t i = 0; i < plan.size(); ++i) {
+      KV_ASSIGN_OR_RETURN(sizes[i], blobs.size_on_disk(path_of(blobs, plan[i])));
+      progress.bytes_total += sizes[i];
+    }
+    KV_RETURN_IF_ERROR(options.progress(progress));
+  }
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const Deletion& d = plan[i];
+    KV_RETURN_IF_ERROR(remove(blobs, *lock, d));
+    switch (d.kind) {
+      case Deletion::kUnreferenced: ++report.unreferenced_deleted; break;
+      case Deletion::kOrphan: ++report.orphans_deleted; break;
+      case Deletion::kPack: ++report.packs_deleted; break;
+      case Deletion::kTemp: ++report.temporaries_deleted; break;
+    }
+    if (options.progress) {
+      ++progress.files_done;
+      progress.bytes_done += sizes[i];
+      KV_RETURN_IF_ERROR(options.progress(progress));
+    }
   }
   return report;
 }

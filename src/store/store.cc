@@ -218,6 +218,7 @@ Result<std::unique_ptr<Store>> Store::open(Io& io, const StorePaths& paths) {
 
 Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed, const SaveRequest& req) {
   const auto t0 = Clock::now();
+  if (req.on_start) req.on_start(file.size());
   KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
   SnapshotOptions so;
   so.cells_per_chunk = req.cells_per_chunk;
@@ -371,10 +372,11 @@ Result<SnapshotInfo> Store::remove(const std::string& ref) {
   return info;
 }
 
-Result<GcReport> Store::gc(bool wait) {
+Result<GcReport> Store::gc(bool wait, std::function<Status(const GcProgress&)> progress) {
   GcOptions o;
   o.wait = wait;
   o.scan_orphans = true;
+  o.progress = std::move(progress);
   return collect_garbage(*catalog_, *blobs_, o);
 }
 

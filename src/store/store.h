@@ -18,6 +18,7 @@
 //   - verify re-hashes everything it is asked about and lists every problem.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -52,6 +53,9 @@ struct SaveRequest {
   int zstd_level = 1;                        // measured: level 3 costs 2.3x the time of 1 for 1% of space (docs/store.md)
   bool byte_shuffle = true;                  // false: benchmarks of the filter's gain
   uint32_t cells_per_chunk = kDefaultCellsPerChunk;
+  // Called with the file's size when the save starts reading it: a progress display's total for a
+  // caller that could not know it before (save --server: the server writes the file).
+  std::function<void(uint64_t file_bytes)> on_start;
 };
 
 struct SaveResult {
@@ -107,7 +111,8 @@ class Store {
   Result<std::unique_ptr<StoredSnapshot>> open_snapshot(const std::string& ref);
 
   Result<SnapshotInfo> remove(const std::string& ref);  // also deletes blobs nobody uses any more
-  Result<GcReport> gc(bool wait);
+  // `progress`: GcOptions::progress (an error from it stops gc before its next deletion).
+  Result<GcReport> gc(bool wait, std::function<Status(const GcProgress&)> progress = {});
   Result<VerifyReport> verify(const std::vector<std::string>& refs);  // empty: everything
 
   // One .tar.zst with each snapshot as a standalone .kvsnap file plus an index.

@@ -214,6 +214,35 @@ TEST_F(CliTest, ConvertOfACorruptInputLeavesNoOutput) {
   EXPECT_EQ(files_in_dir(), 1u);
 }
 
+// b3166's ggsq v1 cannot hold an iSWA model's two caches or a hybrid's recurrent state: refused (exit 4)
+// naming the file, the problem and the format to write instead, and no output is made.
+TEST_F(CliTest, ConvertToGgsqV1RefusesWhatItCannotHoldBeforeWriting) {
+  for (const char* name : {"iswa-f16-f16-faon", "hybrid-f16-f16-faon"}) {
+    const std::string in = (fs::path(KVSNAP_SOURCE_DIR) / "fixtures" / "b10361" / (std::string(name) + ".slot")).string();
+    const auto out = (dir_ / "o.slot").string();
+    CmdResult r = run("convert " + in + " " + out + " --format ggsq-v1-b3166");
+    EXPECT_EQ(r.code, 4) << r.err;
+    EXPECT_NE(r.err.find(in + ": a ggsq v1 file (llama.cpp b3166) cannot hold this state"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--format current"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+    EXPECT_EQ(files_in_dir(), 0u);
+  }
+}
+
+// An output in a directory that does not exist: named as the user named it, with the missing directory
+// and what to do (not the temporary kvsnap would have written first).
+TEST_F(CliTest, AnOutputInAMissingDirectoryNamesItAndTheDirectory) {
+  const auto in = write("in.slot", build_state({}));
+  const std::string out = (dir_ / "no-such-dir" / "o.slot").string();
+  CmdResult r = run("convert " + in + " " + out + " --ctk f32");
+  EXPECT_EQ(r.code, 8) << r.err;
+  EXPECT_NE(r.err.find(out + ": cannot write it: the directory " + (dir_ / "no-such-dir").string() +
+                       " does not exist (create it first, or write elsewhere)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("kvsnap-tmp"), std::string::npos) << r.err;
+}
+
 TEST_F(CliTest, ConvertUnknownTypeIsAUsageError) {
   const auto in = write("a.slot", build_state({}));
   CmdResult r = run("convert " + in + " " + (dir_ / "o.slot").string() + " --ctk q3_k");

@@ -43,6 +43,18 @@ no_temps convert "$work/out"
   && ok "convert: the same command without the signal succeeds" || bad "convert: fails without the signal"
 rm -f "$work/out/c.slot"
 
+# convert of an mlx-lm prompt cache (its own path: format/mlx_*): stopped the same way, nothing left
+mlx="$fx/../tests/fuzz/corpus/mlx_prompt_cache/meta_step_q3g128.safetensors"
+stop_after 2000 "$kvsnap" convert "$mlx" "$work/out/m.safetensors" --kv-bits 4 >/dev/null 2>"$work/err"
+stopped "convert (mlx-lm)" $? "$work/err"
+[ ! -e "$work/out/m.safetensors" ] && ok "convert (mlx-lm): no output file" || bad "convert (mlx-lm): the output exists"
+no_temps "convert (mlx-lm)" "$work/out"
+KVSNAP_PROGRESS_DELAY_MS=0 "$kvsnap" convert "$mlx" "$work/out/m.safetensors" --kv-bits 4 --json >/dev/null 2>"$work/err"
+if python3 -c 'import json,sys; ev=[json.loads(l)["progress"] for l in open(sys.argv[1]) if l.startswith("{\"progress\"")]; assert ev and ev[-1]["finished"] and ev[-1]["done_bytes"] == ev[-1]["total_bytes"], ev' "$work/err"; then
+  ok "convert (mlx-lm): --json progress events, the last one finished"
+else bad "convert (mlx-lm): --json progress events wrong: $(head -c 300 "$work/err")"; fi
+rm -f "$work/out/m.safetensors"
+
 # save (the store is new: an interrupted first save leaves an empty store)
 "$kvsnap" save "$fx/v0.5.0/hd64-f16-f16-faon.slot" --name base >/dev/null || bad "save: setup"
 stop_after "$third" "$kvsnap" save "$src" --name big --model "$model" >/dev/null 2>"$work/err"; stopped "save" $? "$work/err"
@@ -71,6 +83,27 @@ KVSNAP_HOME="$work/store2" stop_after "$(( $(stat -c %s "$work/e.tar.zst") / 2 )
   >/dev/null 2>"$work/err"; stopped "import" $? "$work/err"
 KVSNAP_HOME="$work/store2" store_whole import 1
 no_temps import "$work/store2"
+
+# gc: garbage as crashed saves leave it (packs no catalog row names, temporaries). gc deletes no byte
+# through its file layer, so the stop counts the bytes it freed: it lands after the second of five deletions.
+garbage() {  # garbage: four unused copies of the store's pack and a temporary
+  local pack; pack=$(ls "$KVSNAP_HOME"/packs/*.pack | head -n1)
+  for i in 1 2 3 4; do cp "$pack" "$KVSNAP_HOME/packs/00000000000000a$i.pack"; done
+  head -c 100000 /dev/zero >"$KVSNAP_HOME/tmp/crashed-save"
+  echo $(( $(stat -c %s "$pack") ))
+}
+n_packs() { ls "$KVSNAP_HOME"/packs/*.pack | wc -l; }
+packs_before=$(n_packs)
+psize=$(garbage)
+stop_after $((psize + psize / 2)) "$kvsnap" gc >/dev/null 2>"$work/err"; stopped "gc" $? "$work/err"
+store_whole gc 2
+left=$(( $(n_packs) - packs_before ))
+[ "$left" -eq 2 ] && ok "gc: stopped after two deletions, two unused packs left for the next gc" \
+  || bad "gc: $left unused packs left after the stop (want 2: it stops between deletions)"
+"$kvsnap" gc --json >"$work/gc.json" 2>/dev/null && ok "gc: the next gc succeeds" || bad "gc: the next gc fails"
+if python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["packs_deleted"] == 2 and j["temporaries_deleted"] == 1, j' "$work/gc.json" \
+  && [ "$(n_packs)" -eq "$packs_before" ]; then ok "gc: the next gc deletes the rest (packs_deleted 2, temporaries_deleted 1)"
+else bad "gc: the next gc: $(cat "$work/gc.json"), $(n_packs) packs (want $packs_before)"; fi
 
 # migrate: every file either untouched or converted
 mkdir -p "$work/slots"
@@ -107,6 +140,66 @@ rm -f "$work/out/p.slot"
 if python3 -c 'import json,sys; ev=[json.loads(l)["progress"] for l in open(sys.argv[1])]; assert ev and ev[-1]["finished"] and 0 < ev[-1]["done_bytes"] <= ev[-1]["total_bytes"], ev' "$work/err"; then
   ok "progress: --json gives JSON lines on stderr, the last one finished"
 else bad "progress: --json events wrong: $(head -c 300 "$work/err")"; fi
+
+# migrate's progress: files done of the total beside the bytes read of the directory's files
+mig() { rm -rf "$work/mslots"; mkdir -p "$work/mslots"; for i in 1 2 3; do cp "$src" "$work/mslots/s$i.bin"; done; }
+mig
+script -qec "$kvsnap migrate $work/mslots --ctk q4_0 --ctv q4_0 --model $model" /dev/null >"$work/tty" 2>&1
+# (these files take milliseconds: the one line drawn comes before the first file ends, so the [done/total]
+# count is checked in the JSON events below)
+if grep -q "kvsnap migrate $work/mslots: " "$work/tty" && grep -q $'\r\033\\[K' "$work/tty"; then
+  ok "migrate progress: drawn on a terminal, cleared after"
+else bad "migrate progress: not drawn on a terminal: $(head -c 300 "$work/tty" | od -c | head -n4)"; fi
+mig
+"$kvsnap" migrate "$work/mslots" --ctk q4_0 --ctv q4_0 --model "$model" >/dev/null 2>"$work/err"
+[ ! -s "$work/err" ] && ok "migrate progress: nothing on stderr when it is not a terminal" || bad "migrate progress: stderr not empty: $(head -c 200 "$work/err")"
+mig
+script -qec "$kvsnap migrate $work/mslots --ctk q4_0 --ctv q4_0 --model $model --quiet" /dev/null >"$work/tty" 2>&1
+! grep -q "kvsnap migrate " "$work/tty" && ok "migrate progress: --quiet draws nothing on a terminal" || bad "migrate progress: --quiet drew"
+mig
+"$kvsnap" migrate "$work/mslots" --ctk q4_0 --ctv q4_0 --model "$model" --json >/dev/null 2>"$work/err"
+if python3 -c '
+import json, sys
+ev = [json.loads(l)["progress"] for l in open(sys.argv[1])]
+last = ev[-1]
+assert last["finished"] and last["files_done"] == last["files_total"] == 3, ev
+assert last["total_bytes"] == 3 * int(sys.argv[2]) and last["done_bytes"] >= 3 * int(sys.argv[2]) * 0.9, ev' "$work/err" "$size"; then
+  ok "migrate progress: --json gives JSON lines, the last one finished with 3/3 files and the directory's bytes read"
+else bad "migrate progress: --json events wrong: $(head -c 400 "$work/err")"; fi
+
+# export --json: the result and the progress events for scripts
+rm -f "$work/out/j.tar.zst"
+"$kvsnap" export big base -o "$work/out/j.tar.zst" --json >"$work/export.json" 2>"$work/err"
+if python3 -c '
+import json, sys
+ev = [json.loads(l)["progress"] for l in open(sys.argv[1])]
+assert ev and ev[-1]["op"] == "export" and ev[-1]["finished"] and ev[-1]["done_bytes"] > 0, ev
+j = json.load(open(sys.argv[2]))
+assert j["exported"] == 2 and j["bytes"] > 0, j' "$work/err" "$work/export.json"; then
+  ok "export progress: --json gives the result on stdout and JSON lines on stderr, the last one finished"
+else bad "export --json: $(head -c 300 "$work/export.json") / $(head -c 300 "$work/err")"; fi
+
+# gc's progress counts the bytes of garbage it deletes
+garbage >/dev/null
+script -qec "$kvsnap gc" /dev/null >"$work/tty" 2>&1
+if grep -q "kvsnap gc: " "$work/tty" && grep -q $'\r\033\\[K' "$work/tty" && grep -q "unused packs" "$work/tty"; then
+  ok "gc progress: drawn on a terminal, cleared after"
+else bad "gc progress: not drawn on a terminal: $(head -c 300 "$work/tty" | od -c | head -n4)"; fi
+garbage >/dev/null
+"$kvsnap" gc >/dev/null 2>"$work/err"
+[ ! -s "$work/err" ] && ok "gc progress: nothing on stderr when it is not a terminal" || bad "gc progress: stderr not empty: $(head -c 200 "$work/err")"
+garbage >/dev/null
+script -qec "$kvsnap gc --quiet" /dev/null >"$work/tty" 2>&1
+! grep -q "kvsnap gc: " "$work/tty" && ok "gc progress: --quiet draws nothing on a terminal" || bad "gc progress: --quiet drew"
+garbage >/dev/null
+"$kvsnap" gc --json >"$work/gc.json" 2>"$work/err"
+if python3 -c '
+import json, sys
+ev = [json.loads(l)["progress"] for l in open(sys.argv[1])]
+assert ev and ev[-1]["op"] == "gc" and ev[-1]["finished"] and ev[-1]["done_bytes"] == ev[-1]["total_bytes"] > 4 * int(sys.argv[3]), ev
+assert json.load(open(sys.argv[2]))["packs_deleted"] == 4' "$work/err" "$work/gc.json" "$psize"; then
+  ok "gc progress: --json gives JSON lines on stderr, the last one finished with every garbage byte"
+else bad "gc progress: --json events wrong: $(head -c 300 "$work/err") / $(head -c 300 "$work/gc.json")"; fi
 
 echo "$fails failed"
 exit $((fails > 0))

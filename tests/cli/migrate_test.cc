@@ -131,12 +131,41 @@ TEST(Migrate, DamagedStateFailsTheRunButNotTheOthers) {
   std::string b = slurp(fixture("v0.5.0/hd64-f16-f16-faon.slot"));
   std::ofstream(t.path / "cut.slot", std::ios::binary) << b.substr(0, b.size() / 2);
   std::ofstream(t.path / "readme.txt") << "not a state";
+  // the exit status is the damaged file's, as convert would exit for it: 3 (corrupt), not a blanket 5
   EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + t.path.string() + " --ctk q8_0 --ctv q8_0 -m " + kModel +
-               " >/dev/null 2>&1"),
-            5);
+               " >/dev/null 2>" + (t.path / "err").string()),
+            3);
+  EXPECT_NE(slurp(t.path / "err").find("1 of the files in " + t.path.string() + " failed (listed above); the first, cut.slot"),
+            std::string::npos)
+      << slurp(t.path / "err");
   EXPECT_NE(slurp(t.path / "good.slot"), b) << "the good file was not converted";
   EXPECT_EQ(slurp(t.path / "cut.slot"), b.substr(0, b.size() / 2));
   EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + (t.path / "missing").string() + " 2>/dev/null"), 8);
+}
+
+// A file of another model fails as convert fails on it (exit 5, mismatch); with a damaged file before it
+// in name order, the damaged one's status (3) is the run's.
+TEST(Migrate, ExitStatusIsTheFirstFailedFilesCause) {
+  TempDir t;
+  fs::copy_file(fixture("b10361/hd96-q8_0-q8_0-faon.slot"), t.path / "b-other-model.slot");
+  const std::string cmd = std::string(KVSNAP_BINARY) + " migrate " + t.path.string() + " --ctk q8_0 --ctv q8_0 -m " +
+                          kModel + " >/dev/null 2>&1";
+  EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " convert " + (t.path / "b-other-model.slot").string() + " " +
+               (t.path / "x.out").string() + " --ctk q8_0 --ctv q8_0 -m " + kModel + " >/dev/null 2>&1"),
+            5);
+  EXPECT_EQ(sh(cmd), 5);
+  // the per-file listing names the remedy as the flag it is, as the error line does
+  EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + t.path.string() + " --ctk q8_0 --ctv q8_0 -m " + kModel +
+               " >" + (t.path / "out").string() + " 2>&1"),
+            5);
+  const std::string said = slurp(t.path / "out");
+  fs::remove(t.path / "out");
+  EXPECT_NE(said.find("b-other-model.slot: FAILED"), std::string::npos) << said;
+  EXPECT_NE(said.find("(--model GGUF)"), std::string::npos) << said;
+  EXPECT_EQ(said.find("{--"), std::string::npos) << said;
+  std::string b = slurp(fixture("v0.5.0/hd64-f16-f16-faon.slot"));
+  std::ofstream(t.path / "a-cut.slot", std::ios::binary) << b.substr(0, b.size() / 2);
+  EXPECT_EQ(sh(cmd), 3);
 }
 
 // 100 files, kill -9 at random moments, then run again: every file is at all

@@ -274,6 +274,50 @@ TEST(HostileInput, AV1HeaderOnAnotherBody) {
   expect_error(b, Code::kCorruption, "size_t width");
 }
 
+// What b3166's ggsq v1 layout cannot hold is refused before the writer emits a byte: an iSWA model's
+// two caches, a hybrid's recurrent tail, V widths that differ by layer. The plain state writes.
+TEST(WriterRefusals, GgsqV1RefusesBeforeAnyByte) {
+  struct Case {
+    const char* name;
+    SynthSpec spec;
+    const char* says;  // nullptr: writable
+  };
+  SynthSpec iswa, hybrid, widths, layerless_v;
+  iswa.kv_sections = 2;
+  hybrid.recurrent = true;
+  widths.layers = {{1, 128, 1, 128}, {1, 128, 1, 64}};
+  std::vector<Case> cases = {{"plain", SynthSpec{}, nullptr},
+                             {"iswa", iswa, "2 KV caches (an iSWA model's"},
+                             {"hybrid", hybrid, "recurrent state"},
+                             {"widths", widths, "layer 1's V is 64 wide and layer 0's 128"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto bytes = build_state(c.spec);
+    MemoryFile in("in.bin", std::span<const std::byte>(bytes));
+    auto st = parse_state(in, {});
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    st->version = 1;
+    for (auto& sec : st->memory.kv) {
+      sec.stream_prefix = false;
+      for (auto& stream : sec.streams)
+        for (auto& cell : stream.cells) cell.seq_ids.clear();
+    }
+    CopyTensorSource tensors(in);
+    VectorSink out;
+    const Status w = write_state(*st, tensors, in, out);
+    EXPECT_EQ(check_writable(*st).code(), w.code());
+    if (!c.says) {
+      EXPECT_TRUE(w.ok()) << w.ToString();
+      EXPECT_FALSE(out.bytes.empty());
+      continue;
+    }
+    EXPECT_EQ(w.code(), Code::kNotSupported) << w.ToString();
+    EXPECT_NE(w.message().find(c.says), std::string::npos) << w.message();
+    EXPECT_NE(w.message().find("{--format current}"), std::string::npos) << w.message();
+    EXPECT_TRUE(out.bytes.empty()) << out.bytes.size() << " bytes written before the refusal";
+  }
+}
+
 TEST(HostileInput, V8RngThatIsNotDecimalWords) {
   SynthSpec s;
   s.kind = SynthSpec::kSession;

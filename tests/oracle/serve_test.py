@@ -590,6 +590,7 @@ def run_requantize(kvsnap, llama, model, work):
 
     def during():
         wait_for(lambda: "requantize to f16/f16 fa on -c 4096: draining" in open(log_path).read(), 30)
+        results["progress"] = get_usage(port, A).get("requantize")  # where the running requantize stands
         results["during"] = post_json(port, "/completion", {"prompt": "During the restart", "n_predict": 1}, B)
     th_during = threading.Thread(target=during)
     th_during.start()
@@ -648,6 +649,12 @@ def run_requantize(kvsnap, llama, model, work):
           f"A's next turn evaluates {na}")
     check("requantize: drained" in text and "requantize: done" in text and "with the previous arguments" in text,
           "requantize: progress lines and the rollback in the log")
+    prog = results.get("progress") or {}
+    check(prog.get("phase") == "draining" and prog.get("to", "").startswith("f16/f16") and
+          prog.get("slots_total") == 0 and after.get("requantize", "absent") is None and
+          re.search(r"restored \(.*\); \d+ of \d+ slots, [\d.]+ of [\d.]+ MiB \(\d+%\), [\d.]+ MiB/s", text),
+          f"requantize progress: /kvsnap/usage during the drain says {prog}, null after; the log's restore lines "
+          f"end with slots and MiB done of the total and the rate")
     print("\n".join(l for l in text.splitlines() if "requantize" in l or "reuse" in l))
 
 

@@ -93,6 +93,31 @@ def main():
                     "--source-build", "b10361"], env, expect=None)
         check(p.returncode == 5 and "b10361" in p.stderr and not leftovers(slots),
               f"a build that cannot have written the server's ggsq v3 file is refused: {p.stderr.strip()}")
+        # Ctrl-C: save --server and restore --server stopped midway by a real SIGINT through kvsnap's handler
+        # (raised after 100,000 bytes went through its file layer: the slot file is about 350,000) exit 130,
+        # store nothing new and leave nothing in the slot directory
+        # progress of save --server: the total is the file the server wrote, known once it did
+        p = kvsnap([k, "save", "--server", src.url, "--slot", "0", "--slot-dir", slots, "--name", "progress",
+                    "--json"], dict(env, KVSNAP_PROGRESS_DELAY_MS="0"))
+        ev = [json.loads(l)["progress"] for l in p.stderr.splitlines() if l.startswith('{"progress"')]
+        size = json.loads(kvsnap([k, "show", "progress", "--json"], env).stdout)["snapshot"]["provenance"]["file_size"]
+        check(ev and ev[-1]["finished"] and ev[-1].get("total_bytes") == size and ev[-1]["done_bytes"] == size,
+              f"save --server --json: progress events with the slot file's size as the total ({size}): "
+              f"{ev[-1] if ev else p.stderr.strip()[:200]}")
+        kvsnap([k, "rm", "progress"], env)
+        stop_env = dict(env, KVSNAP_TEST_INTERRUPT_AFTER_BYTES="100000")
+        listed = lambda: len(json.loads(kvsnap([k, "ls", "--json"], env).stdout))
+        n_listed = listed()
+        p = kvsnap([k, "save", "--server", src.url, "--slot", "0", "--slot-dir", slots, "--name", "stopped"], stop_env,
+                   expect=None)
+        check(p.returncode == 130 and "interrupted" in p.stderr and not leftovers(slots) and listed() == n_listed,
+              f"save --server stopped by Ctrl-C: exit {p.returncode}, nothing stored, nothing left in the slot "
+              f"directory: {p.stderr.strip()[:160]}")
+        p = kvsnap([k, "restore", "chat", "--server", src.url, "--slot-dir", slots, "--ctk", "f16", "--ctv", "f16",
+                    "--fa", "on"], stop_env, expect=None)
+        check(p.returncode == 130 and "interrupted" in p.stderr and not leftovers(slots),
+              f"restore --server stopped by Ctrl-C: exit {p.returncode}, nothing left in the slot directory: "
+              f"{p.stderr.strip()[:160]}")
         _, ref = completion(src, prompt + SUFFIX, 100000)
         n_vocab = len(ref[0][1])
         # failure: a slot that does not exist

@@ -345,6 +345,58 @@ TEST(Store, APackLivesAsLongAsAChunkInItIsUsed) {
   EXPECT_TRUE(v->problems.empty()) << v->problems.front();
 }
 
+// gc reports its plan (files and bytes) and each deletion; an error from the callback stops it before
+// its next deletion, the store stays whole, and the next gc deletes the rest.
+TEST(Store, GcReportsProgressAndStopsWhenToldTo) {
+  TempStore t;
+  Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faon.slot");
+  SaveRequest req;
+  req.cells_per_chunk = 16;
+  auto kept = t.store->save(*l.file, l.state, req);
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  // garbage as crashed saves leave it: packs no row names, temporaries
+  const fs::path pack = fs::directory_iterator(t.root / "packs")->path();
+  uint64_t garbage = 0;
+  for (const char* name : {"00000000000000a1", "00000000000000a2", "00000000000000a3"}) {
+    fs::copy_file(pack, t.root / "packs" / (std::string(name) + ".pack"));
+    garbage += fs::file_size(pack);
+  }
+  std::ofstream(t.root / "tmp" / "save-crashed", std::ios::binary) << std::string(1000, 'x');
+  garbage += 1000;
+  std::vector<GcProgress> seen;
+  auto stopped = t.store->gc(true, [&](const GcProgress& p) {
+    seen.push_back(p);
+    return p.files_done == 2 ? Status::Interrupted("told to stop") : Status::OK();
+  });
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_EQ(stopped.status().code(), Code::kInterrupted);
+  ASSERT_EQ(seen.size(), 3u);  // the plan, then one call per deletion until the stop
+  EXPECT_EQ(seen[0].files_total, 4u);
+  EXPECT_EQ(seen[0].bytes_total, garbage);
+  EXPECT_EQ(seen[0].files_done, 0u);
+  EXPECT_EQ(seen[0].bytes_done, 0u);
+  EXPECT_GT(seen[2].bytes_done, seen[1].bytes_done);
+  EXPECT_EQ(files_under(t.root / "packs") + files_under(t.root / "tmp"), 1u + 2u) << "two deletions, then the stop";
+  auto v = t.store->verify({});
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->problems.empty()) << v->problems.front();
+  seen.clear();
+  auto rest = t.store->gc(true, [&](const GcProgress& p) {
+    seen.push_back(p);
+    return Status::OK();
+  });
+  ASSERT_TRUE(rest.ok()) << rest.status().ToString();
+  EXPECT_EQ(rest->packs_deleted + rest->temporaries_deleted, 2u);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back().files_done, seen.back().files_total);
+  EXPECT_EQ(seen.back().bytes_done, seen.back().bytes_total);
+  EXPECT_EQ(files_under(t.root / "packs"), 1u);
+  EXPECT_EQ(files_under(t.root / "tmp"), 0u);
+  VectorSink out;
+  ASSERT_TRUE(t.store->restore(std::to_string(kept->info.id), {}, out).ok());
+  EXPECT_EQ(out.bytes, l.bytes);
+}
+
 // Stores written before packs keep one loose file per chunk (chunk rows with
 // no pack): they still restore, verify, and survive gc.
 TEST(Store, LooseBlobsOfEarlierStoresStillRead) {
