@@ -6,8 +6,8 @@ reproducers of the fixed fuzz findings (tests/fuzz/regressions/<target>/).
 
 Seeds are small real files: 3-token prefixes of fixtures/ state files (cut by
 `kvsnap restore --tokens`), their token payloads, snapshots and export archives
-of those, metadata-only GGUF models, and llama-server / servers.json replies
-as the code expects them. The regressions are built here byte by byte so that
+of those, metadata-only GGUF models, llama-server / servers.json replies
+as the code expects them, and kvsnap serve's client bodies and child answers. The regressions are built here byte by byte so that
 they can be read and regenerated.
 """
 import hashlib
