@@ -6,6 +6,7 @@
 #include "base/json_access.h"
 #include "format/ggml_types.h"
 #include "server/llama_server.h"
+#include "serve/requests.h"
 
 namespace kvsnap {
 
@@ -126,38 +127,13 @@ bool Control::handle(const LocalRequest& req, LocalAnswer& out) {
 }
 
 Result<Control::Ask> Control::parse_ask(const std::string& body) {
-  auto j = ojson::parse(body, nullptr, false);
-  if (!j.is_object())
-    return Status::InvalidArgument(R"(the body must be a JSON object such as {"ctk":"q8_0","ctv":"q8_0"})");
-  Ask a;
+  std::string ctk, ctv;
   {
     std::lock_guard<std::mutex> l(args_mu_);
-    a.ctk = args_.ctk;
-    a.ctv = args_.ctv;
+    ctk = args_.ctk;
+    ctv = args_.ctv;
   }
-  for (auto& [k, v] : j.items()) {
-    if (k == "ctk" || k == "ctv") {
-      if (!v.is_string() || !find_type(v.get<std::string>()))
-        return Status::InvalidArgument(k + " " + v.dump() + " is not a cache type llama-server takes (" +
-                                       kv_cache_type_names() + ")");
-      (k == "ctk" ? a.ctk : a.ctv) = v.get<std::string>();
-    } else if (k == "flash_attn") {
-      if (v.is_boolean()) a.flash_attn = v.get<bool>() ? "on" : "off";
-      else if (v.is_string() && (v == "on" || v == "off" || v == "auto")) a.flash_attn = v.get<std::string>();
-      else return Status::InvalidArgument("flash_attn " + v.dump() + " must be \"on\", \"off\", \"auto\" or a boolean");
-    } else if (k == "ctx_size") {
-      if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > (1 << 24))
-        return Status::InvalidArgument("ctx_size " + v.dump() + " must be a positive whole number of tokens");
-      a.ctx_size = v.get<int>();
-    } else if (k == "dry_run") {
-      if (!v.is_boolean()) return Status::InvalidArgument("dry_run " + v.dump() + " must be true or false");
-      a.dry_run = v.get<bool>();
-    } else {
-      return Status::InvalidArgument("unknown key \"" + k + "\" (ctk, ctv, flash_attn, ctx_size, dry_run)");
-    }
-  }
-  if (!j.contains("ctk") && !j.contains("ctv")) return Status::InvalidArgument("name ctk and/or ctv");
-  return a;
+  return parse_requantize_body(body, ctk, ctv);
 }
 
 Result<std::vector<PairSize>> Control::sizes(int64_t id) {

@@ -48,6 +48,7 @@
 #include "serve/prefix.h"
 #include "serve/proxy.h"
 #include "serve/requantize_progress.h"
+#include "serve/requests.h"
 #include "serve/supervisor.h"
 #include "serve/usage.h"
 #include "store/store.h"
@@ -81,11 +82,7 @@ class Control {
   uint64_t requantizes() const { return requantized_; }
 
  private:
-  struct Ask {
-    std::string ctk, ctv, flash_attn;
-    int ctx_size = 0;
-    bool dry_run = false;
-  };
+  using Ask = RequantizeAsk;
   Result<Ask> parse_ask(const std::string& body);
   void requantize(const std::string& body, LocalAnswer& out);
   void run(const Ask& ask, LocalAnswer& out);

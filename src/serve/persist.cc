@@ -2,9 +2,8 @@
 
 #include <algorithm>
 
-#include <nlohmann/json.hpp>
-
 #include "base/sha256.h"
+#include "serve/requests.h"
 
 namespace kvsnap {
 
@@ -12,13 +11,6 @@ namespace {
 
 constexpr size_t kRecent = 64;
 constexpr const char* kUnattributed = "unattributed";
-
-int slot_in(const nlohmann::json& j) {
-  if (!j.is_object()) return -1;
-  for (const char* k : {"id_slot", "slot_id"})
-    if (auto it = j.find(k); it != j.end() && it->is_number_integer()) return it->get<int>();
-  return -1;
-}
 
 }  // namespace
 
@@ -42,27 +34,7 @@ bool is_completion_route(const std::string& path) {
   return false;
 }
 
-void for_each_answer_json(const Exchange& x, const std::function<void(const nlohmann::json&)>& f) {
-  auto one = [&f](const std::string& text) {
-    auto j = nlohmann::json::parse(text, nullptr, false);
-    if (!j.is_discarded()) f(j);
-  };
-  if (!x.streamed) return one(x.response_body);
-  for (size_t p = 0; (p = x.response_body.find("data: ", p)) != std::string::npos;) {
-    size_t e = x.response_body.find('\n', p);
-    if (e == std::string::npos) e = x.response_body.size();
-    one(x.response_body.substr(p + 6, e - p - 6));
-    p = e;
-  }
-}
-
-int slot_of_answer(const Exchange& x) {
-  int slot = -1;  // in a stream, the last event that names one
-  for_each_answer_json(x, [&slot](const nlohmann::json& j) {
-    if (int s = slot_in(j); s >= 0) slot = s;
-  });
-  return slot;
-}
+int slot_of_answer(const Exchange& x) { return slot_of_answer_body(x.streamed, x.response_body); }
 
 std::string owner_of_tokens(const std::deque<PromptOwner>& recent, const std::vector<int32_t>& slot_tokens) {
   const PromptOwner* best = nullptr;

@@ -32,8 +32,6 @@
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "base/io.h"
 #include "serve/proxy.h"
 #include "serve/usage.h"
@@ -46,12 +44,10 @@ namespace kvsnap {
 // hex digits of SHA-256(API key), else "default". The key is read as
 // llama-server reads it: Authorization (without "Bearer "), else X-Api-Key.
 std::string namespace_of(const Exchange& x);
-// Calls `f` with the answer's JSON: the body, or each "data: " event of a stream (unparsable ones skipped).
-void for_each_answer_json(const Exchange& x, const std::function<void(const nlohmann::json&)>& f);
 // True for the routes that run a completion in a slot.
 bool is_completion_route(const std::string& path);
 // The slot a completion answer names (id_slot / slot_id; in a stream, its
-// last event that has one), or -1.
+// last event that has one), or -1. The parsing: slot_of_answer_body (serve/requests.h).
 int slot_of_answer(const Exchange& x);
 
 // A recent completion's namespace and prompt tokens (as kvsnap tokenized them for the prefix lookup).

@@ -5,6 +5,7 @@
 
 #include "migrate/model_info.h"
 #include "serve/persist.h"
+#include "serve/requests.h"
 
 namespace kvsnap {
 
@@ -31,8 +32,6 @@ std::string memory_kind(const ModelProfile& p) {
   return "";
 }
 
-bool is_chat(const std::string& path) { return path == "/v1/chat/completions" || path == "/chat/completions"; }
-
 }  // namespace
 
 PrefixRestorer::PrefixRestorer(Io& io, Store& store, std::mutex& store_mu, ServerTarget target,
@@ -52,43 +51,49 @@ PrefixRestorer::PrefixRestorer(Io& io, Store& store, std::mutex& store_mu, Serve
   }
 }
 
-Result<std::vector<int32_t>> PrefixRestorer::prompt_tokens(const std::string& path, const ojson& body) {
+Result<std::vector<int32_t>> PrefixRestorer::prompt_tokens(const CompletionRequest& req) {
   LlamaServer srv(target_.endpoint);
   std::string text;
-  if (is_chat(path)) {
-    if (!body.contains("messages")) return std::vector<int32_t>{};
-    ojson req = {{"messages", body["messages"]}};
-    for (const char* k : {"tools", "chat_template_kwargs"})
-      if (body.contains(k)) req[k] = body[k];
-    KV_ASSIGN_OR_RETURN(auto r, srv.request("POST", "/apply-template", json_text(req), "applying the chat template"));
-    if (r.status != 200) return Status::IOError("/apply-template answered " + std::to_string(r.status));
-    auto j = ojson::parse(r.body, nullptr, false);
-    if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string())
-      return Status::Mismatch("/apply-template answered without a prompt");
-    text = j["prompt"].get<std::string>();
-  } else {
-    auto it = body.find("prompt");
-    if (it == body.end()) return std::vector<int32_t>{};
-    if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) return it->get<std::vector<int32_t>>();
-    if (!it->is_string()) return std::vector<int32_t>{};  // several prompts, multimodal: not looked up
-    text = it->get<std::string>();
+  switch (req.prompt) {
+    case CompletionRequest::Prompt::kNone: return std::vector<int32_t>{};
+    case CompletionRequest::Prompt::kTokens: return req.tokens;
+    case CompletionRequest::Prompt::kText: text = req.text; break;
+    case CompletionRequest::Prompt::kChat: {
+      KV_ASSIGN_OR_RETURN(auto r,
+                          srv.request("POST", "/apply-template", req.template_body, "applying the chat template"));
+      if (r.status != 200) return Status::IOError("/apply-template answered " + std::to_string(r.status));
+      KV_ASSIGN_OR_RETURN(text, parse_apply_template_reply(r.body));
+      break;
+    }
   }
   // As llama-server tokenizes a prompt: with BOS and special tokens parsed.
-  ojson req = {{"content", text}, {"add_special", true}, {"parse_special", true}};
-  KV_ASSIGN_OR_RETURN(auto r, srv.request("POST", "/tokenize", json_text(req), "tokenizing the prompt"));
+  ojson tok = {{"content", text}, {"add_special", true}, {"parse_special", true}};
+  KV_ASSIGN_OR_RETURN(auto r, srv.request("POST", "/tokenize", json_text(tok), "tokenizing the prompt"));
   if (r.status != 200) return Status::IOError("/tokenize answered " + std::to_string(r.status));
   return parse_tokenize_reply(r.body, "/tokenize");
 }
 
+void PrefixRestorer::pin(Forward& f, int slot) {
+  auto body = body_with_id_slot(f.body, slot);
+  if (!body) return;  // not reached: the body was parsed as an object before
+  f.body = std::move(*body);
+  f.body_changed = true;
+  f.pinned_slot = slot;
+}
+
 void PrefixRestorer::before_unguarded(Forward& f) {
   if (f.method != "POST" || !is_completion_route(f.path)) return;
-  auto body = ojson::parse(f.body, nullptr, false);
-  if (!body.is_object()) return;  // the child answers malformed JSON itself
+  auto req = parse_completion_request(f.path, f.body);
+  if (!req.ok()) {
+    log_("prefix: the request's JSON is not what a completion takes (forwarded as is): " + req.status().message());
+    return;
+  }
+  if (req->prompt == CompletionRequest::Prompt::kNone) return;
   Exchange who;
   who.request_headers = f.headers;
   const std::string ns = namespace_of(who);
   std::lock_guard<std::mutex> l(mu_);
-  auto toks = prompt_tokens(f.path, body);
+  auto toks = prompt_tokens(*req);
   if (!toks.ok()) {
     ++stats_.failed;
     log_("prefix: cannot tokenize the request (forwarded as is): " + toks.status().ToString());
@@ -96,8 +101,7 @@ void PrefixRestorer::before_unguarded(Forward& f) {
   }
   if (toks->empty()) return;
   f.prompt_tokens = *toks;
-  int asked = -1;
-  if (auto it = body.find("id_slot"); it != body.end() && it->is_number_integer()) asked = it->get<int>();
+  const int asked = req->id_slot;
   // The longest stored prefix of this namespace.
   std::optional<SnapshotInfo> best;
   {
@@ -116,7 +120,7 @@ void PrefixRestorer::before_unguarded(Forward& f) {
       }
     }
   }
-  if (!best) return pin_fresh(f, body, *toks, ns, asked);  // no stored prefix; a requantize's slot may still serve
+  if (!best) return pin_fresh(f, *toks, ns, asked);  // no stored prefix; a requantize's slot may still serve
   // What the slots hold, as far as kvsnap knows; the slot to use: the one asked for, else the idle
   // slot whose contents are worth least to this request.
   LlamaServer srv(target_.endpoint);
@@ -133,17 +137,14 @@ void PrefixRestorer::before_unguarded(Forward& f) {
     }
   }
   if (slot < 0) return;
-  if (uint64_t(best->n_tokens) <= (asked >= 0 ? slot_has : best_has)) return pin_fresh(f, body, *toks, ns, asked);
+  if (uint64_t(best->n_tokens) <= (asked >= 0 ? slot_has : best_has)) return pin_fresh(f, *toks, ns, asked);
   auto r = restore_into(slot, *best, *toks, ns);
   if (!r.ok()) {
     log_("prefix: " + r.status().ToString() + " (forwarded as is)");
     return;
   }
   fresh_.erase(slot);
-  body["id_slot"] = slot;
-  f.body = json_text(body);
-  f.body_changed = true;
-  f.pinned_slot = slot;
+  pin(f, slot);
   f.restored_tokens = best->n_tokens;
   log_("prefix: restored snapshot " + std::to_string(best->id) + " (" + std::to_string(best->n_tokens) + " of " +
        std::to_string(toks->size()) + " prompt tokens, " + ns + ", " + best->k_types + "/" + best->v_types + " -> " +
@@ -181,7 +182,7 @@ Result<ServerRestoreResult> PrefixRestorer::restore_into(int slot, const Snapsho
   return r;
 }
 
-void PrefixRestorer::pin_fresh(Forward& f, ojson& body, const std::vector<int32_t>& toks, const std::string& ns,
+void PrefixRestorer::pin_fresh(Forward& f, const std::vector<int32_t>& toks, const std::string& ns,
                                int asked) {
   // A chat's next turn renders the last answer anew (its tokens may differ from the ones generated):
   // the slot is worth it when most of what was restored is a prefix of the request.
@@ -195,10 +196,7 @@ void PrefixRestorer::pin_fresh(Forward& f, ojson& body, const std::vector<int32_
   }
   if (slot < 0) return;
   fresh_.erase(slot);
-  body["id_slot"] = slot;
-  f.body = json_text(body);
-  f.body_changed = true;
-  f.pinned_slot = slot;
+  pin(f, slot);
   f.restored_tokens = has;
   log_("prefix: slot " + std::to_string(slot) + " holds " + std::to_string(has) + " of the " +
        std::to_string(toks.size()) + " prompt tokens (" + ns + ", restored by a requantize): the request goes there");
@@ -236,20 +234,17 @@ void PrefixRestorer::after_unguarded(const Exchange& x) {
   }
   if (x.restored_tokens == 0) return;
   // Proof of reuse: what the child evaluated of the prompt after the restore.
-  uint64_t prompt_n = 0;
-  bool found = false;
-  auto scan = [&](const nlohmann::json& j) {
-    if (j.is_object() && j.contains("timings") && j["timings"].contains("prompt_n")) {
-      prompt_n = j["timings"]["prompt_n"].get<uint64_t>();
-      found = true;
-    }
-  };
-  for_each_answer_json(x, scan);
-  if (!found) {
+  auto found = prompt_n_of_answer(x.streamed, x.response_body);
+  if (!found.ok()) {
+    log_("prefix: an answer's JSON is not what llama-server sends: " + found.status().message());
+    return;
+  }
+  if (!*found) {
     ++stats_.unverified;
     log_("prefix: reuse on slot " + std::to_string(slot) + " unverified: the answer has no timings.prompt_n");
     return;
   }
+  const uint64_t prompt_n = **found;
   stats_.last_prompt_n = prompt_n;
   const bool reused = prompt_n + x.restored_tokens <= x.prompt_tokens.size() + 1;
   ++(reused ? stats_.reused : stats_.not_reused);
@@ -260,8 +255,9 @@ void PrefixRestorer::after_unguarded(const Exchange& x) {
                                                                         " (no context checkpoint in a slot file)")));
 }
 
-// A request's JSON is the client's: a value of an unexpected type is no reason to fail it, nor to
-// let nlohmann's exception out of this module.
+// A request's JSON is the client's: a value of an unexpected type is no reason to fail it. The
+// parsers (serve/requests.h) do not throw; this catch is a backstop, so that no nlohmann exception
+// leaves this module.
 void PrefixRestorer::before(Forward& f) {
   try {
     before_unguarded(f);

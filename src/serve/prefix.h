@@ -32,10 +32,9 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "base/io.h"
 #include "serve/proxy.h"
+#include "serve/requests.h"
 #include "serve/usage.h"
 #include "server/server_flows.h"
 #include "store/store.h"
@@ -70,13 +69,16 @@ class PrefixRestorer {
  private:
   void before_unguarded(Forward& f);
   void after_unguarded(const Exchange& x);
-  Result<std::vector<int32_t>> prompt_tokens(const std::string& path, const nlohmann::ordered_json& body);
+  // The request's prompt as tokens (the child's /apply-template and /tokenize when it is not tokens).
+  Result<std::vector<int32_t>> prompt_tokens(const CompletionRequest& req);
+  // Pins the request to `slot`: id_slot set in its body.
+  void pin(Forward& f, int slot);
   // Restores `info` into `slot` (under mu_); records the slot's new contents.
   Result<ServerRestoreResult> restore_into(int slot, const SnapshotInfo& info, const std::vector<int32_t>& tokens,
                                            const std::string& ns);
   // Pins the request to a slot kvsnap restored for `ns` and nobody used since, when at least half of
   // what it holds is a prefix of the request (that much is the reuse to prove).
-  void pin_fresh(Forward& f, nlohmann::ordered_json& body, const std::vector<int32_t>& toks, const std::string& ns,
+  void pin_fresh(Forward& f, const std::vector<int32_t>& toks, const std::string& ns,
                  int asked);
 
   Io& io_;

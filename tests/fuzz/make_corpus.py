@@ -6,8 +6,8 @@ reproducers of the fixed fuzz findings (tests/fuzz/regressions/<target>/).
 
 Seeds are small real files: 3-token prefixes of fixtures/ state files (cut by
 `kvsnap restore --tokens`), their token payloads, snapshots and export archives
-of those, metadata-only GGUF models, and llama-server / servers.json replies
-as the code expects them. The regressions are built here byte by byte so that
+of those, metadata-only GGUF models, llama-server / servers.json replies
+as the code expects them, and kvsnap serve's client bodies and child answers. The regressions are built here byte by byte so that
 they can be read and regenerated.
 """
 import hashlib
@@ -45,6 +45,48 @@ def write(path, data):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def serve_requests(corpus, regressions):
+    """kvsnap serve's inputs (src/serve/requests.h): client bodies, the child's answers."""
+    d = os.path.join(corpus, "serve_requests")
+    bodies = {
+        "completion-text.json": {"prompt": "Building a website can be done in 10 simple steps:", "n_predict": 16,
+                                 "cache_prompt": True},
+        "completion-tokens.json": {"prompt": [1, 15043, 3186, 29991], "n_predict": 4, "id_slot": 1},
+        "completions-oai.json": {"model": "tiny", "prompt": "Hello", "max_tokens": 8, "stream": True},
+        "chat.json": {"model": "tiny", "messages": [{"role": "system", "content": "You are terse."},
+                                                    {"role": "user", "content": "Hi"}], "max_tokens": 8},
+        "chat-tools.json": {"messages": [{"role": "user", "content": "Weather in Paris?"}],
+                            "tools": [{"type": "function", "function": {"name": "weather", "parameters": {
+                                "type": "object", "properties": {"city": {"type": "string"}}}}}],
+                            "chat_template_kwargs": {"enable_thinking": False}, "id_slot": 0},
+        "requantize.json": {"ctk": "q8_0", "ctv": "q8_0"},
+        "requantize-all.json": {"ctk": "q4_0", "ctv": "q8_0", "flash_attn": "auto", "ctx_size": 8192,
+                                "dry_run": True},
+        "apply-template.json": {"prompt": "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"},
+        "answer.json": {"content": " Paris", "id_slot": 0, "stop": True, "tokens_cached": 12,
+                        "timings": {"prompt_n": 1, "prompt_ms": 3.0, "predicted_n": 2, "predicted_ms": 9.5}},
+        "answer-oai.json": {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"},
+                                         "finish_reason": "stop"}], "object": "chat.completion",
+                            "timings": {"prompt_n": 3, "cache_n": 9}},
+    }
+    for n, body in bodies.items():
+        write(os.path.join(d, n), json.dumps(body))
+    events = [{"content": " Par", "stop": False, "id_slot": 0}, {"content": "is", "stop": False, "id_slot": 0},
+              {"content": "", "stop": True, "id_slot": 0, "timings": {"prompt_n": 2, "predicted_n": 2}}]
+    write(os.path.join(d, "answer-stream.sse"), "".join("data: %s\n\n" % json.dumps(e) for e in events))
+    write(os.path.join(d, "answer-stream-oai.sse"),
+          "data: %s\n\ndata: %s\n\ndata: [DONE]\n\n" % (
+              json.dumps({"choices": [{"delta": {"content": "Hi"}, "index": 0}], "object": "chat.completion.chunk"}),
+              json.dumps({"choices": [{"delta": {}, "finish_reason": "stop", "index": 0}],
+                          "timings": {"prompt_n": 4, "cache_n": 0}})))
+    # Nesting that copying or writing the body would have recursed through (the parsers refuse it).
+    r = os.path.join(regressions, "serve_requests")
+    write(os.path.join(r, "chat-messages-deep.json"), '{"messages": ' + "[" * 20000 + "]" * 20000 + "}")
+    write(os.path.join(r, "prompt-deep-extra.json"), '{"prompt": "a", "x": ' + "[" * 20000 + "]" * 20000 + "}")
+    write(os.path.join(r, "tokens-huge.json"), '{"prompt": [1, 1e300, -99999999999], "id_slot": 4294967297}')
+    write(os.path.join(r, "prompt-n-wrong.sse"), 'data: {"timings": {"prompt_n": -1}}\n\ndata: {"timings": {"prompt_n": 1e300}}\n')
 
 
 def run(*args):
@@ -240,6 +282,7 @@ def main():
         }
         for n, body in replies.items():
             write(os.path.join(corpus, "server_replies", n), json.dumps(body))
+        serve_requests(corpus, regressions)
         profiles = {"version": 1, "servers": [
             {"name": "local", "url": "http://127.0.0.1:8080", "slot_dir": "/srv/slots", "ctk": "q8_0",
              "ctv": "q8_0", "flash_attn": "on", "model": "/m/tiny.gguf", "api_key_file": ""},

@@ -1,0 +1,203 @@
+#include "serve/requests.h"
+
+#include <climits>
+
+#include "base/json_access.h"
+#include "format/ggml_types.h"
+#include "server/llama_server.h"
+
+namespace kvsnap {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+// True when `text`, read as JSON, opens more than `max` arrays/objects at once (brackets inside
+// strings do not count). Checked before parsing: nlohmann parses any depth, but copying and
+// writing a value recurse once per level.
+bool nested_deeper_than(std::string_view text, size_t max) {
+  size_t depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max) return true;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return false;
+}
+
+// The document, or a discarded value when it is not JSON or nested too deep.
+template <class Json>
+Json parse_bounded(std::string_view text) {
+  if (nested_deeper_than(text, kMaxServeJsonDepth)) return Json(nlohmann::detail::value_t::discarded);
+  return Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+}
+
+// `v` when it is an integer in min..max (the token ids of a long prompt go through here: no
+// JsonRef, whose messages cost an allocation per value).
+template <class Json>
+std::optional<int64_t> integer_in(const Json& v, int64_t min, int64_t max) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.template get<uint64_t>();
+    if (max < 0 || u > uint64_t(max) || (min > 0 && u < uint64_t(min))) return std::nullopt;
+    return int64_t(u);
+  }
+  if (!v.is_number_integer()) return std::nullopt;
+  const int64_t i = v.template get<int64_t>();
+  return i >= min && i <= max ? std::optional<int64_t>(i) : std::nullopt;
+}
+
+// The slot an answer's JSON names: its first integer member of id_slot, slot_id (-1 when that is
+// out of int range), else -1.
+int slot_in(const nlohmann::json& j) {
+  if (!j.is_object()) return -1;
+  for (const char* k : {"id_slot", "slot_id"})
+    if (auto it = j.find(k); it != j.end() && it->is_number_integer())
+      return int(integer_in(*it, INT_MIN, INT_MAX).value_or(-1));
+  return -1;
+}
+
+}  // namespace
+
+bool is_chat_route(std::string_view path) { return path == "/v1/chat/completions" || path == "/chat/completions"; }
+
+Result<CompletionRequest> parse_completion_request(std::string_view path, std::string_view body) {
+  CompletionRequest out;
+  if (nested_deeper_than(body, kMaxServeJsonDepth))
+    return Status::InvalidArgument("the request's JSON is nested deeper than " + std::to_string(kMaxServeJsonDepth) +
+                                   " levels");
+  const auto j = ojson::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return out;  // the child answers malformed JSON itself
+  if (auto it = j.find("id_slot"); it != j.end()) out.id_slot = int(integer_in(*it, INT_MIN, INT_MAX).value_or(-1));
+  if (is_chat_route(path)) {
+    auto it = j.find("messages");
+    if (it == j.end()) return out;
+    ojson req = {{"messages", *it}};
+    for (const char* k : {"tools", "chat_template_kwargs"})
+      if (auto m = j.find(k); m != j.end()) req[k] = *m;
+    out.prompt = CompletionRequest::Prompt::kChat;
+    out.template_body = json_text(req);
+    return out;
+  }
+  auto it = j.find("prompt");
+  if (it == j.end()) return out;
+  if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) {
+    // Token ids; a list whose first element is one is taken only when all are.
+    out.tokens.reserve(it->size());
+    for (size_t i = 0; i < it->size(); ++i) {
+      const ojson& t = (*it)[i];
+      auto v = integer_in(t, INT32_MIN, INT32_MAX);
+      if (!v)
+        return Status::InvalidArgument("prompt[" + std::to_string(i) +
+                                       "]: a token id must be an integer in int32 range, got " +
+                                       (t.is_number() ? json_text(t) : std::string(t.type_name())));
+      out.tokens.push_back(int32_t(*v));
+    }
+    out.prompt = CompletionRequest::Prompt::kTokens;
+    return out;
+  }
+  if (!it->is_string()) return out;  // several prompts, multimodal: not looked up
+  out.text = it->get_ref<const std::string&>();
+  out.prompt = CompletionRequest::Prompt::kText;
+  return out;
+}
+
+std::optional<std::string> body_with_id_slot(std::string_view body, int slot) {
+  auto j = parse_bounded<ojson>(body);
+  if (!j.is_object()) return std::nullopt;
+  j["id_slot"] = slot;
+  return json_text(j);
+}
+
+Result<std::string> parse_apply_template_reply(std::string_view body) {
+  const auto j = parse_bounded<ojson>(body);
+  if (!j.is_object()) return Status::Mismatch("/apply-template answered without a prompt");
+  auto it = j.find("prompt");
+  if (it == j.end() || !it->is_string()) return Status::Mismatch("/apply-template answered without a prompt");
+  return it->get<std::string>();
+}
+
+void for_each_answer_json(bool streamed, std::string_view body, const std::function<void(const nlohmann::json&)>& f) {
+  auto one = [&f](std::string_view text) {
+    auto j = parse_bounded<nlohmann::json>(text);
+    if (!j.is_discarded()) f(j);
+  };
+  if (!streamed) return one(body);
+  for (size_t p = 0; (p = body.find("data: ", p)) != std::string_view::npos;) {
+    size_t e = body.find('\n', p);
+    if (e == std::string_view::npos) e = body.size();
+    one(body.substr(p + 6, e - p - 6));
+    p = e;
+  }
+}
+
+int slot_of_answer_body(bool streamed, std::string_view body) {
+  int slot = -1;  // in a stream, the last event that names one
+  for_each_answer_json(streamed, body, [&slot](const nlohmann::json& j) {
+    if (int s = slot_in(j); s >= 0) slot = s;
+  });
+  return slot;
+}
+
+Result<std::optional<uint64_t>> prompt_n_of_answer(bool streamed, std::string_view body) {
+  std::optional<uint64_t> prompt_n;
+  Status bad;
+  for_each_answer_json(streamed, body, [&](const nlohmann::json& j) {
+    if (!bad.ok() || !j.is_object()) return;
+    auto t = j.find("timings");
+    if (t == j.end() || !t->is_object()) return;
+    auto n = t->find("prompt_n");
+    if (n == t->end()) return;
+    auto v = JsonRef(*n, "the answer", Code::kMismatch).unsigned_integer();
+    if (!v.ok()) bad = Status::Mismatch("timings.prompt_n: " + v.status().message());
+    else prompt_n = *v;
+  });
+  if (!bad.ok()) return bad;
+  return prompt_n;
+}
+
+Result<RequantizeAsk> parse_requantize_body(std::string_view body, const std::string& ctk, const std::string& ctv) {
+  const auto j = parse_bounded<ojson>(body);
+  if (!j.is_object())
+    return Status::InvalidArgument(R"(the body must be a JSON object such as {"ctk":"q8_0","ctv":"q8_0"})");
+  RequantizeAsk a;
+  a.ctk = ctk;
+  a.ctv = ctv;
+  for (auto& [k, v] : j.items()) {
+    if (k == "ctk" || k == "ctv") {
+      if (!v.is_string() || !find_type(v.get<std::string>()))
+        return Status::InvalidArgument(k + " " + json_text(v) + " is not a cache type llama-server takes (" +
+                                       kv_cache_type_names() + ")");
+      (k == "ctk" ? a.ctk : a.ctv) = v.get<std::string>();
+    } else if (k == "flash_attn") {
+      if (v.is_boolean()) a.flash_attn = v.get<bool>() ? "on" : "off";
+      else if (v.is_string() && (v == "on" || v == "off" || v == "auto")) a.flash_attn = v.get<std::string>();
+      else
+        return Status::InvalidArgument("flash_attn " + json_text(v) +
+                                       " must be \"on\", \"off\", \"auto\" or a boolean");
+    } else if (k == "ctx_size") {
+      // Not JsonRef::integer: it lets 0 through as 1..N (its unsigned branch checks only the maximum).
+      auto n = integer_in(v, 1, 1 << 24);
+      if (!n)
+        return Status::InvalidArgument("ctx_size " + json_text(v) + " must be a positive whole number of tokens");
+      a.ctx_size = int(*n);
+    } else if (k == "dry_run") {
+      if (!v.is_boolean()) return Status::InvalidArgument("dry_run " + json_text(v) + " must be true or false");
+      a.dry_run = v.get<bool>();
+    } else {
+      return Status::InvalidArgument("unknown key \"" + k + "\" (ctk, ctv, flash_attn, ctx_size, dry_run)");
+    }
+  }
+  if (!j.contains("ctk") && !j.contains("ctv")) return Status::InvalidArgument("name ctk and/or ctv");
+  return a;
+}
+
+}  // namespace kvsnap

@@ -1,0 +1,79 @@
+// The JSON `kvsnap serve` reads from outside, parsed without I/O and without
+// exceptions: a client's completion request and requantize body, and what the
+// child (llama-server) answers to /apply-template and to a completion (a body,
+// or a stream of "data: " events). Every function here takes hostile input:
+// wrong types, numbers out of range, deep nesting and bytes that are not UTF-8
+// end in an error or an empty answer, never in a throw or a crash
+// (tests/fuzz/fuzz_serve_requests.cc).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+
+namespace kvsnap {
+
+// JSON nested deeper than this is not read (copying and writing JSON recurse once per level).
+inline constexpr size_t kMaxServeJsonDepth = 512;
+
+// What the prefix lookup needs of a completion request.
+struct CompletionRequest {
+  enum class Prompt {
+    kNone,    // not a JSON object, or no prompt kvsnap looks up (none, several, multimodal): forwarded untouched
+    kTokens,  // "prompt" is an array of token ids: `tokens`
+    kText,    // "prompt" is a string: `text`, to tokenize
+    kChat,    // a chat route with "messages": `template_body`, the child's /apply-template request
+  };
+  Prompt prompt = Prompt::kNone;
+  std::vector<int32_t> tokens;
+  std::string text;
+  std::string template_body;  // {"messages": .., "tools": .., "chat_template_kwargs": ..} (those present)
+  int id_slot = -1;           // the slot the client asked for (an integer in int range), else -1
+};
+
+// True for the chat routes (their prompt is "messages", rendered by the child's chat template).
+bool is_chat_route(std::string_view path);
+
+// A completion request's body (`path`: its route). An error (kInvalidArgument) when the body is a
+// JSON object whose prompt kvsnap cannot take: token ids that are not all integers in int32 range,
+// or nesting deeper than kMaxServeJsonDepth; the request is then forwarded as it came.
+Result<CompletionRequest> parse_completion_request(std::string_view path, std::string_view body);
+
+// The body with "id_slot": slot set (the other members as they were, in their order); nullopt when
+// it is not a JSON object (or nested too deep).
+std::optional<std::string> body_with_id_slot(std::string_view body, int slot);
+
+// The "prompt" of the child's /apply-template answer (kMismatch when it has none).
+Result<std::string> parse_apply_template_reply(std::string_view body);
+
+// Calls `f` with a completion answer's JSON: the body, or each "data: " event of a stream;
+// unparsable (or too deep) ones are skipped.
+void for_each_answer_json(bool streamed, std::string_view body, const std::function<void(const nlohmann::json&)>& f);
+
+// The slot a completion answer names (id_slot / slot_id, an integer in int range; in a stream, its
+// last event that names one), or -1.
+int slot_of_answer_body(bool streamed, std::string_view body);
+
+// timings.prompt_n of a completion answer (in a stream, its last event that has one): how many
+// prompt tokens the child evaluated. nullopt when no event has one; an error (kMismatch) when one
+// is not a non-negative integer.
+Result<std::optional<uint64_t>> prompt_n_of_answer(bool streamed, std::string_view body);
+
+// A POST /kvsnap/requantize body: {"ctk", "ctv", "flash_attn", "ctx_size", "dry_run"}.
+struct RequantizeAsk {
+  std::string ctk, ctv, flash_attn;  // flash_attn "" = unchanged
+  int ctx_size = 0;                  // 0 = unchanged
+  bool dry_run = false;
+};
+// `ctk`, `ctv`: the child's current types (kept for the one the body does not name). Errors are
+// kInvalidArgument, their message meant for the client.
+Result<RequantizeAsk> parse_requantize_body(std::string_view body, const std::string& ctk, const std::string& ctv);
+
+}  // namespace kvsnap

@@ -1,0 +1,20 @@
+// What kvsnap serve reads from clients and from its child (src/serve/requests.h): every parser on
+// the same input, as a completion request on each kind of route, a requantize body, the child's
+// /apply-template answer and a completion answer both whole and as a "data: " event stream.
+#include "fuzz/fuzz_input.h"
+#include "serve/requests.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view body = kvsnap::fuzz::text(data, size);
+  for (const char* path : {"/completion", "/v1/chat/completions"}) {
+    auto r = kvsnap::parse_completion_request(path, body);
+    if (r.ok() && r->prompt != kvsnap::CompletionRequest::Prompt::kNone) (void)kvsnap::body_with_id_slot(body, 1);
+  }
+  (void)kvsnap::parse_requantize_body(body, "f16", "f16");
+  (void)kvsnap::parse_apply_template_reply(body);
+  for (bool streamed : {false, true}) {
+    (void)kvsnap::slot_of_answer_body(streamed, body);
+    (void)kvsnap::prompt_n_of_answer(streamed, body);
+  }
+  return 0;
+}

@@ -1,0 +1,216 @@
+// serve/requests.h: the JSON kvsnap serve reads from clients and from the child, parsed without
+// exceptions; hostile inputs end in an error or an empty answer.
+#include "serve/requests.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace kvsnap {
+namespace {
+
+using Prompt = CompletionRequest::Prompt;
+
+std::string nested(size_t depth, const std::string& inner = "1") {
+  return std::string(depth, '[') + inner + std::string(depth, ']');
+}
+
+TEST(ServeRequests, CompletionPromptText) {
+  auto r = parse_completion_request("/completion", R"({"prompt": "Hello", "n_predict": 4, "id_slot": 1})");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->prompt, Prompt::kText);
+  EXPECT_EQ(r->text, "Hello");
+  EXPECT_EQ(r->id_slot, 1);
+}
+
+TEST(ServeRequests, CompletionPromptTokens) {
+  auto r = parse_completion_request("/v1/completions", R"({"prompt": [1, 15043, 2147483647, -2147483648]})");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->prompt, Prompt::kTokens);
+  EXPECT_EQ(r->tokens, (std::vector<int32_t>{1, 15043, INT32_MAX, INT32_MIN}));
+  EXPECT_EQ(r->id_slot, -1);
+}
+
+TEST(ServeRequests, CompletionTokensOfWrongTypeOrRangeAreAnError) {
+  for (const char* body : {R"({"prompt": [1, "a"]})", R"({"prompt": [1, [2]]})", R"({"prompt": [1, 2.5]})",
+                           R"({"prompt": [1, 1e300]})", R"({"prompt": [1, null]})", R"({"prompt": [2147483648]})",
+                           R"({"prompt": [-2147483649]})", R"({"prompt": [1, 18446744073709551615]})"}) {
+    auto r = parse_completion_request("/completion", body);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << body;
+  }
+}
+
+TEST(ServeRequests, CompletionWithoutAPromptItLooksUp) {
+  for (const char* body : {R"({"n_predict": 4})", R"({"prompt": 5})", R"({"prompt": null})", R"({"prompt": []})",
+                           R"({"prompt": ["a", "b"]})", R"({"prompt": [[1, 2], [3]]})", R"({"prompt": [1.5, 2]})",
+                           R"({"prompt": {"multimodal_data": []}})", R"([1, 2])", R"("prompt")", "null", "", "{",
+                           "{\"prompt\": \"\xff\xfe\"}", "{\"prompt\": \"a\x80\"}"}) {
+    auto r = parse_completion_request("/completion", body);
+    ASSERT_TRUE(r.ok()) << body << ": " << r.status().ToString();
+    EXPECT_EQ(r->prompt, Prompt::kNone) << body;
+  }
+}
+
+TEST(ServeRequests, IdSlotOutOfIntRangeOrNotAnIntegerIsNotAsked) {
+  for (const char* body : {R"({"prompt": "a", "id_slot": 4294967297})", R"({"prompt": "a", "id_slot": 1.0})",
+                           R"({"prompt": "a", "id_slot": "1"})", R"({"prompt": "a", "id_slot": null})",
+                           R"({"prompt": "a", "id_slot": -9223372036854775808})",
+                           R"({"prompt": "a", "id_slot": 18446744073709551615})"}) {
+    auto r = parse_completion_request("/completion", body);
+    ASSERT_TRUE(r.ok()) << body;
+    EXPECT_EQ(r->id_slot, -1) << body;
+  }
+  auto r = parse_completion_request("/completion", R"({"prompt": "a", "id_slot": -3})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->id_slot, -3);  // as llama-server reads it: any negative is "any slot"
+}
+
+TEST(ServeRequests, ChatTakesMessagesToolsAndTemplateKwargsInThatOrder) {
+  auto r = parse_completion_request(
+      "/v1/chat/completions",
+      R"({"chat_template_kwargs": {"x": 1}, "model": "m", "messages": [{"role": "user", "content": "hi"}],
+          "tools": [], "prompt": "ignored"})");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->prompt, Prompt::kChat);
+  EXPECT_EQ(r->template_body,
+            R"({"messages":[{"role":"user","content":"hi"}],"tools":[],"chat_template_kwargs":{"x":1}})");
+  // Messages of any type go to the child's template (it answers for them), as they came.
+  r = parse_completion_request("/chat/completions", R"({"messages": 7})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->prompt, Prompt::kChat);
+  EXPECT_EQ(r->template_body, R"({"messages":7})");
+  r = parse_completion_request("/chat/completions", R"({"prompt": "a"})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->prompt, Prompt::kNone);  // a chat without messages is not looked up
+}
+
+TEST(ServeRequests, DeepNestingIsAnErrorNotACrash) {
+  const std::string deep = "{\"prompt\": \"a\", \"x\": " + nested(100000) + "}";
+  auto r = parse_completion_request("/completion", deep);
+  EXPECT_FALSE(r.ok());
+  r = parse_completion_request("/v1/chat/completions", "{\"messages\": " + nested(600) + "}");
+  EXPECT_FALSE(r.ok());
+  // Brackets inside strings are not nesting.
+  r = parse_completion_request("/completion", "{\"prompt\": \"" + std::string(5000, '[') + "\"}");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->prompt, Prompt::kText);
+  r = parse_completion_request("/completion", "{\"prompt\": \"a\", \"x\": " + nested(500) + "}");
+  EXPECT_TRUE(r.ok());
+  EXPECT_FALSE(body_with_id_slot(deep, 0));
+  EXPECT_FALSE(parse_requantize_body("{\"ctk\": " + nested(100000) + "}", "f16", "f16").ok());
+  EXPECT_FALSE(parse_apply_template_reply(nested(100000)).ok());
+  EXPECT_EQ(slot_of_answer_body(false, nested(100000, "{\"id_slot\": 1}")), -1);
+}
+
+TEST(ServeRequests, BodyWithIdSlotKeepsTheRestInOrder) {
+  EXPECT_EQ(body_with_id_slot(R"({"prompt":"a","id_slot":-1,"n_predict":2})", 3),
+            R"({"prompt":"a","id_slot":3,"n_predict":2})");
+  EXPECT_EQ(body_with_id_slot(R"({"z":1,"a":2})", 0), R"({"z":1,"a":2,"id_slot":0})");
+  EXPECT_FALSE(body_with_id_slot("[1]", 0));
+  EXPECT_FALSE(body_with_id_slot("{", 0));
+}
+
+TEST(ServeRequests, ApplyTemplateReply) {
+  auto r = parse_apply_template_reply(R"({"prompt": "<|user|>hi"})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, "<|user|>hi");
+  for (const char* body : {R"({"prompt": 1})", R"({})", R"([])", "", "nope", R"({"prompt": null})"}) {
+    auto bad = parse_apply_template_reply(body);
+    ASSERT_FALSE(bad.ok()) << body;
+    EXPECT_EQ(bad.status().code(), Code::kMismatch);
+  }
+}
+
+TEST(ServeRequests, SlotOfAnswer) {
+  EXPECT_EQ(slot_of_answer_body(false, R"({"content": "x", "id_slot": 2})"), 2);
+  EXPECT_EQ(slot_of_answer_body(false, R"({"slot_id": 3})"), 3);
+  EXPECT_EQ(slot_of_answer_body(false, R"({"id_slot": -1, "slot_id": 3})"), -1);  // the first one named counts
+  EXPECT_EQ(slot_of_answer_body(false, R"({"id_slot": "2", "slot_id": 3})"), 3);  // a string names none
+  EXPECT_EQ(slot_of_answer_body(false, R"({"id_slot": 4294967298})"), -1);
+  EXPECT_EQ(slot_of_answer_body(false, R"({"id_slot": 2.0})"), -1);
+  EXPECT_EQ(slot_of_answer_body(false, "not json"), -1);
+  EXPECT_EQ(slot_of_answer_body(true, "data: {\"id_slot\": 1}\n\ndata: {\"content\": \"a\"}\n\n"
+                                      "data: {\"id_slot\": 4}\n\ndata: [DONE]\n\n"),
+            4);
+  EXPECT_EQ(slot_of_answer_body(true, "data: {\"id_slot\": 1"), -1);  // cut off
+}
+
+TEST(ServeRequests, PromptNOfAnswer) {
+  auto r = prompt_n_of_answer(false, R"({"timings": {"prompt_n": 7, "predicted_n": 2}})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, std::optional<uint64_t>(7));
+  r = prompt_n_of_answer(true,
+                         "data: {\"content\":\"a\"}\n\ndata: {\"timings\":{\"prompt_n\":1}}\n\n"
+                         "data: {\"timings\":{\"prompt_n\":9}}\n\ndata: [DONE]\n\n");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, std::optional<uint64_t>(9));
+  for (const char* none : {R"({"content": "a"})", R"({"timings": 5})", R"({"timings": [1]})", R"({"timings": {}})",
+                           "", "data: x", R"([{"timings": {"prompt_n": 1}}])"}) {
+    r = prompt_n_of_answer(false, none);
+    ASSERT_TRUE(r.ok()) << none;
+    EXPECT_EQ(*r, std::nullopt) << none;
+  }
+  for (const char* bad : {R"({"timings": {"prompt_n": -1}})", R"({"timings": {"prompt_n": "7"}})",
+                          R"({"timings": {"prompt_n": 1e300}})", R"({"timings": {"prompt_n": true}})",
+                          R"({"timings": {"prompt_n": null}})", R"({"timings": {"prompt_n": 2.5}})"}) {
+    r = prompt_n_of_answer(false, bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), Code::kMismatch);
+  }
+  r = prompt_n_of_answer(false, R"({"timings": {"prompt_n": 18446744073709551615}})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, std::optional<uint64_t>(UINT64_MAX));
+}
+
+TEST(ServeRequests, RequantizeBody) {
+  auto a = parse_requantize_body(R"({"ctk": "q8_0", "flash_attn": true, "ctx_size": 4096, "dry_run": true})", "f16",
+                                 "q4_0");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->ctk, "q8_0");
+  EXPECT_EQ(a->ctv, "q4_0");  // kept
+  EXPECT_EQ(a->flash_attn, "on");
+  EXPECT_EQ(a->ctx_size, 4096);
+  EXPECT_TRUE(a->dry_run);
+  a = parse_requantize_body(R"({"ctv": "q8_0", "flash_attn": "auto"})", "f16", "f16");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->ctk, "f16");
+  EXPECT_EQ(a->flash_attn, "auto");
+  EXPECT_EQ(a->ctx_size, 0);
+  EXPECT_FALSE(a->dry_run);
+}
+
+TEST(ServeRequests, RequantizeBodyRefusals) {
+  struct Case {
+    const char* body;
+    const char* says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"", "must be a JSON object"},
+           {"[]", "must be a JSON object"},
+           {"{\"ctk\": \"\xff\"}", "must be a JSON object"},  // not UTF-8: not JSON
+           {R"({})", "name ctk and/or ctv"},
+           {R"({"dry_run": true})", "name ctk and/or ctv"},
+           {R"({"ctk": "q9_9"})", "ctk \"q9_9\" is not a cache type"},
+           {R"({"ctk": 8})", "ctk 8 is not a cache type"},
+           {R"({"ctv": ["q8_0"]})", "ctv [\"q8_0\"] is not a cache type"},
+           {R"({"ctk": "q8_0", "flash_attn": "yes"})", "flash_attn \"yes\" must be"},
+           {R"({"ctk": "q8_0", "flash_attn": 1})", "flash_attn 1 must be"},
+           {R"({"ctk": "q8_0", "ctx_size": 0})", "ctx_size 0 must be"},
+           {R"({"ctk": "q8_0", "ctx_size": -5})", "ctx_size -5 must be"},
+           {R"({"ctk": "q8_0", "ctx_size": 16777217})", "ctx_size 16777217 must be"},
+           {R"({"ctk": "q8_0", "ctx_size": 18446744073709551615})", "ctx_size 18446744073709551615 must be"},
+           {R"({"ctk": "q8_0", "ctx_size": 1e300})", "must be a positive whole number"},
+           {R"({"ctk": "q8_0", "ctx_size": 4096.0})", "must be a positive whole number"},
+           {R"({"ctk": "q8_0", "dry_run": "yes"})", "dry_run \"yes\" must be true or false"},
+           {R"({"ctk": "q8_0", "model": "x"})", "unknown key \"model\""},
+       }) {
+    auto a = parse_requantize_body(c.body, "f16", "f16");
+    ASSERT_FALSE(a.ok()) << c.body;
+    EXPECT_EQ(a.status().code(), Code::kInvalidArgument) << c.body;
+    EXPECT_NE(a.status().message().find(c.says), std::string::npos) << c.body << ": " << a.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace kvsnap
