@@ -111,7 +111,10 @@ void Persister::save_changed(int only_slot, const std::string& fallback) {
     if (auto it = saved_task_.find(s.id); it != saved_task_.end() && it->second == task) continue;
     changed.emplace_back(s.id, task);
   }
-  for (auto [slot, task] : changed) {
+  for (const auto& slot_task : changed) {
+    // Named variables, not a structured binding: clang before 16 cannot capture one in a lambda.
+    const int slot = slot_task.first;
+    const int64_t task = slot_task.second;
     ServerTarget t = target_;
     t.slot = slot;
     SaveRequest req;
