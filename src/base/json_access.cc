@@ -109,7 +109,8 @@ Result<int64_t> BasicJsonRef<Json>::integer(int64_t min, int64_t max) const {
   if (!v_->is_number_integer()) return expected(("an integer" + range).c_str());
   if (v_->is_number_unsigned()) {
     const uint64_t u = v_->template get<uint64_t>();
-    if (max < 0 || u > uint64_t(max)) return error(std::to_string(u) + " is out of range (expected" + range + ")");
+    // nlohmann parses every non-negative literal as unsigned: min applies here too (integer(1, N) and 0).
+    if (max < 0 || u > uint64_t(max) || (min > 0 && u < uint64_t(min))) return error(std::to_string(u) + " is out of range (expected" + range + ")");
     return int64_t(u);
   }
   const int64_t i = v_->template get<int64_t>();

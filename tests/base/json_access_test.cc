@@ -49,6 +49,18 @@ TEST(JsonAccess, ErrorsNameDocumentPathAndType) {
   EXPECT_EQ(*root.integer_or("n", 0), -1);
 }
 
+// nlohmann stores 0 and every positive literal as unsigned: the lower bound must hold for them too.
+TEST(JsonAccess, IntegerLowerBoundHoldsForNonNegativeLiterals) {
+  const nlohmann::json j = doc(R"({"zero": 0, "three": 3, "minus": -2})");
+  const JsonRef root(j, "body");
+  expect_error(root.integer_or("zero", 7, 1, 10).status(), "body: zero: 0 is out of range (expected in 1..10)");
+  expect_error(root.integer_or("three", 7, 4, 10).status(), "body: three: 3 is out of range (expected in 4..10)");
+  expect_error(root.integer_or("minus", 7, -1, 10).status(), "body: minus: -2 is out of range (expected in -1..10)");
+  EXPECT_EQ(*root.integer_or("three", 7, 3, 3), 3);
+  EXPECT_EQ(*root.integer_or("zero", 7, 0, 10), 0);
+  EXPECT_EQ(*root.integer_or("absent", 7, 1, 10), 7);
+}
+
 TEST(JsonAccess, OptionalMembersTakeTheirDefaultOnlyWhenAbsentOrNull) {
   const nlohmann::json j = doc(R"({"s": "x", "z": null, "b": true, "d": 1.5, "wrong": [1]})");
   const JsonRef r(j, "servers.json");
