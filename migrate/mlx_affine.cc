@@ -122,7 +122,9 @@ void mlx_affine_quantize_row(const float* x, int64_t dim, int bits, int group_si
     for (int j = 0; j < group_size; ++j) {
       float q = round_code((w[j] - bias) / scale, device);
       q = std::min(std::max(q, 0.0f), n_bins);
-      acc |= uint64_t(q) << acc_bits;
+      // A NaN here (a NaN in the group, inf - inf) survives the clamp, and its cast is undefined in
+      // C++: code 0, the low bits of what x86's cvttss2si and ARM's fcvtzu give for it.
+      acc |= (std::isnan(q) ? uint64_t{0} : uint64_t(q)) << acc_bits;
       acc_bits += bits;
       while (acc_bits >= 8) {
         codes[out++] = std::byte(acc & 0xff);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "migrate/half.h"
@@ -40,6 +41,22 @@ TEST(MlxAffine, AscendingGroupHandWorked) {
   EXPECT_EQ(mlx_affine_code(q.codes.data(), 10, 4), 13u);  // 53 / 4.2 = 12.62
   // 4 bits: code i in bits 4(i%8).. of little-endian word i/8: byte 0 holds codes 0 (low) and 1.
   EXPECT_EQ(uint8_t(q.codes[0]), uint8_t(15 | (15 << 4)));  // (63-0)/4.2 = 15, (63-1)/4.2 = 14.76
+}
+
+// A NaN in a file's cache (fuzz_mlx_prompt_cache found one) is no reason for undefined behaviour: the
+// clamp keeps a NaN, and casting it is undefined in C++. It becomes code 0; min and max skip it
+// (std::max/min keep their first argument against a NaN), so the other codes do not change.
+TEST(MlxAffine, ANaNBecomesCodeZeroAndLeavesTheOtherCodesAlone) {
+  std::vector<float> x(64);
+  for (int i = 0; i < 64; ++i) x[size_t(i)] = float(i);
+  const Quantized plain = quantize(x, 4, 64);
+  x[10] = std::numeric_limits<float>::quiet_NaN();
+  const Quantized q = quantize(x, 4, 64);
+  EXPECT_EQ(mlx_affine_code(q.codes.data(), 10, 4), 0u);
+  for (int i = 0; i < 64; ++i)
+    if (i != 10) EXPECT_EQ(mlx_affine_code(q.codes.data(), i, 4), mlx_affine_code(plain.codes.data(), i, 4)) << i;
+  EXPECT_EQ(q.scales[0], plain.scales[0]);
+  EXPECT_EQ(q.biases[0], plain.biases[0]);
 }
 
 TEST(MlxAffine, ZeroGroupIsMinusEpsInEachType) {
