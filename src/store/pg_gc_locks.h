@@ -1,0 +1,55 @@
+// The gc lock of a store whose catalog is in PostgreSQL: session-level
+// advisory locks in the catalog's database instead of flock(2) on a local file,
+// so that saves and gc on different hosts exclude each other (blob_store.h
+// states why saves hold it shared and gc exclusive).
+//
+// Each hold is its own connection holding pg_advisory_lock_shared(key) or
+// pg_advisory_lock(key); destroying the hold unlocks and closes it. A process
+// that dies holds nothing once the server sees its connection close (a host
+// that vanishes without closing it: after the server's tcp_keepalives_*).
+// The wait=false variants use pg_try_advisory_lock*: they answer at once. A
+// waiting exclusive request queues new shared ones behind it (PostgreSQL's lock
+// queue), so a waiting gc is not starved by a stream of saves.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+
+namespace kvsnap {
+
+class PgConn;
+
+// Held until destroyed.
+class PgGcHold {
+ public:
+  PgGcHold(std::unique_ptr<PgConn> conn, bool shared);
+  ~PgGcHold();
+  PgGcHold(const PgGcHold&) = delete;
+  PgGcHold& operator=(const PgGcHold&) = delete;
+
+ private:
+  std::unique_ptr<PgConn> conn_;
+  bool shared_;
+};
+
+class PgGcLocks {
+ public:
+  // The advisory lock key ("kvsnapgc"); locks are per database.
+  static constexpr int64_t kGcLockKey = 0x6b76736e61706763;
+
+  // `url`: the catalog's libpq URL. Connects only when a lock is asked for.
+  explicit PgGcLocks(std::string url) : url_(std::move(url)) {}
+
+  // A save's shared hold; nullptr when wait=false and a gc holds (or waits for) the exclusive one.
+  Result<std::unique_ptr<PgGcHold>> lock_shared(bool wait);
+  // gc's exclusive hold; nullptr when wait=false and a save or another gc holds it.
+  Result<std::unique_ptr<PgGcHold>> lock_exclusive(bool wait);
+
+ private:
+  Result<std::unique_ptr<PgGcHold>> lock(bool shared, bool wait);
+  std::string url_;
+};
+
+}  // namespace kvsnap
