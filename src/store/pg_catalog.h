@@ -26,9 +26,9 @@
 //     reports anyway is retried from the start of the transaction.
 //   - Name and uuid uniqueness are unique indexes: of two concurrent saves of
 //     one name, one gets kInvalidArgument.
-//   - Reads that need one consistent view of several statements (list's tags,
-//     stats, integrity_check, gc_candidates) run in one statement or a
-//     REPEATABLE READ READ ONLY transaction.
+//   - Reads that need one consistent view of several statements (find_prefix,
+//     integrity_check, gc_candidates) run in a REPEATABLE READ READ ONLY
+//     transaction; list (with its tags) and stats are single statements.
 //   - A client that dies mid-transaction (kill -9, a lost host) holds nothing
 //     once the server notices the connection is gone: the transaction is rolled
 //     back whole. (For a host that vanishes without closing its TCP connection

@@ -111,40 +111,44 @@ Result<std::vector<std::pair<int64_t, int64_t>>> PgCatalog::prefix_candidates(st
   return ids;
 }
 
-// Without a transaction: each snapshot returned existed and matched when its
-// tokens were read; one removed meanwhile is simply not returned.
+// One REPEATABLE READ transaction: the probes and the token checks see one moment.
 Result<std::vector<SnapshotInfo>> PgCatalog::find_prefix(std::span<const int32_t> query,
                                                          const std::string& model_fingerprint, size_t limit) {
   std::vector<SnapshotInfo> out;
   if (query.empty() || limit == 0) return out;
-  KV_ASSIGN_OR_RETURN(auto candidates, prefix_candidates(query));
-  std::sort(candidates.begin(), candidates.end(), std::greater<>());  // longest, then highest id
   std::vector<std::byte> q = tokens_le(query);
-  size_t next = 0;
-  while (next < candidates.size() && out.size() < limit) {
-    // Usually every candidate verifies: ask for as many as are still wanted.
-    size_t batch = std::min(candidates.size() - next, limit - out.size());
-    std::vector<int64_t> ids;
-    for (size_t i = next; i < next + batch; ++i) ids.push_back(candidates[i].second);
-    next += batch;
-    KV_ASSIGN_OR_RETURN(PgResult rows,
-                        conn_->exec("SELECT " KV_PG_INFO_COLS ", b.tokens FROM snapshots s "
-                                    "JOIN snapshot_blobs b ON b.snapshot_id = s.id "
-                                    "WHERE s.id = ANY($1) AND ($2 = '' OR s.model_fingerprint = $2)",
-                                    PgParams().i64_array(ids).text(model_fingerprint)));
-    std::map<int64_t, int> row_of;
-    for (int r = 0; r < rows.rows(); ++r) row_of[rows.i64(r, 0)] = r;
-    for (int64_t id : ids) {
-      auto it = row_of.find(id);
-      if (it == row_of.end() || out.size() >= limit) continue;
-      // Hashes only chose the candidates; the tokens decide.
-      SnapshotInfo info = pg_info_from_row(rows, it->second);
-      auto stored = rows.bytes(it->second, kPgInfoCols);
-      size_t n = static_cast<size_t>(info.n_tokens) * 4;
-      if (stored.size() != n || n > q.size() || n == 0 || std::memcmp(stored.data(), q.data(), n) != 0) continue;
-      out.push_back(std::move(info));
+  Status s = conn_->transaction(Iso::kRepeatableReadOnly, [&]() -> Status {
+    out.clear();
+    KV_ASSIGN_OR_RETURN(auto candidates, prefix_candidates(query));
+    std::sort(candidates.begin(), candidates.end(), std::greater<>());  // longest, then highest id
+    size_t next = 0;
+    while (next < candidates.size() && out.size() < limit) {
+      // Usually every candidate verifies: ask for as many as are still wanted.
+      size_t batch = std::min(candidates.size() - next, limit - out.size());
+      std::vector<int64_t> ids;
+      for (size_t i = next; i < next + batch; ++i) ids.push_back(candidates[i].second);
+      next += batch;
+      KV_ASSIGN_OR_RETURN(PgResult rows,
+                          conn_->exec("SELECT " KV_PG_INFO_COLS ", b.tokens FROM snapshots s "
+                                      "JOIN snapshot_blobs b ON b.snapshot_id = s.id "
+                                      "WHERE s.id = ANY($1) AND ($2 = '' OR s.model_fingerprint = $2)",
+                                      PgParams().i64_array(ids).text(model_fingerprint)));
+      std::map<int64_t, int> row_of;
+      for (int r = 0; r < rows.rows(); ++r) row_of[rows.i64(r, 0)] = r;
+      for (int64_t id : ids) {
+        auto it = row_of.find(id);
+        if (it == row_of.end() || out.size() >= limit) continue;
+        // Hashes only chose the candidates; the tokens decide.
+        SnapshotInfo info = pg_info_from_row(rows, it->second);
+        auto stored = rows.bytes(it->second, kPgInfoCols);
+        size_t n = static_cast<size_t>(info.n_tokens) * 4;
+        if (stored.size() != n || n > q.size() || n == 0 || std::memcmp(stored.data(), q.data(), n) != 0) continue;
+        out.push_back(std::move(info));
+      }
     }
-  }
+    return Status::OK();
+  });
+  if (!s.ok()) return s;
   return out;
 }
 
