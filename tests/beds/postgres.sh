@@ -9,7 +9,8 @@
 # that process is gone, so a test that crashes or is killed leaves nothing running.
 # initdb and postgres refuse to run as root: as root the server runs as the `postgres` system user
 # (Debian's package creates it) in DIR, which is handed to it. Trust authentication, on 127.0.0.1
-# only; fsync off (the data is thrown away; no test depends on surviving an OS crash).
+# only; fsync off (the data is thrown away; no test depends on surviving an OS crash) unless
+# KVSNAP_PG_FSYNC=on (the bench, for durable commit rates).
 # Exit 77 when the PostgreSQL 15 binaries are not installed (tests/install-deps.sh installs them).
 set -euo pipefail
 bin=${KVSNAP_PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -41,8 +42,8 @@ case "$cmd" in
     as_owner "$bin/initdb" -D "$dir/data" -U kvsnap --auth=trust --encoding=UTF8 --locale=C -N \
       >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; exit 1; }
     as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 30 \
-      -o "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$dir -c fsync=off \
-          -c full_page_writes=off -c max_connections=100 -c shared_buffers=128MB" start >/dev/null \
+      -o "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$dir \
+          -c fsync=${KVSNAP_PG_FSYNC:-off} -c full_page_writes=${KVSNAP_PG_FSYNC:-off} -c max_connections=100 -c shared_buffers=128MB" start >/dev/null \
       || { cat "$dir/server.log" >&2; stop; exit 1; }
     as_owner "$bin/psql" -h 127.0.0.1 -p "$port" -U kvsnap -d postgres -qAt -c "CREATE DATABASE kvsnap" >/dev/null \
       || { cat "$dir/server.log" >&2; stop; exit 1; }
