@@ -53,6 +53,54 @@ bool uuid_like(const std::string& s) {
                      [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || c == '-'; });
 }
 
+namespace {
+
+// Hashes q[0, n) for increasing n, continuing from the hash of q[0, pos).
+class PrefixWalk {
+ public:
+  PrefixWalk(const Sha256& at, int64_t pos, std::span<const std::byte> q) : sha_(at), pos_(pos), q_(q) {}
+  Hash16 to(int64_t n) {
+    sha_.update(q_.data() + pos_ * 4, static_cast<size_t>(n - pos_) * 4);
+    pos_ = n;
+    return prefix16(sha_);
+  }
+
+ private:
+  Sha256 sha_;
+  int64_t pos_;
+  std::span<const std::byte> q_;
+};
+
+int64_t band_last(int64_t c, std::span<const std::byte> q) {
+  return std::min<int64_t>(c + Catalog::kPrefixStride - 1, static_cast<int64_t>(q.size() / 4));
+}
+
+}  // namespace
+
+void match_band(std::vector<BandRow> rows, const Sha256& at_c, int64_t c, std::span<const std::byte> q,
+                std::vector<std::pair<int64_t, int64_t>>& out) {
+  std::sort(rows.begin(), rows.end(), [](const BandRow& a, const BandRow& b) { return a.n < b.n; });
+  PrefixWalk walk(at_c, c, q);
+  const int64_t last = band_last(c, q);
+  Hash16 h{};
+  int64_t hashed = -1;
+  for (const BandRow& r : rows) {
+    if (r.n == 0 || r.n < c || r.n > last) continue;
+    if (r.n != hashed) {
+      h = walk.to(r.n);
+      hashed = r.n;
+    }
+    if (h == r.full) out.emplace_back(r.n, r.id);
+  }
+}
+
+std::vector<std::pair<int64_t, Hash16>> band_probes(const Sha256& at_c, int64_t c, std::span<const std::byte> q) {
+  std::vector<std::pair<int64_t, Hash16>> out;
+  PrefixWalk walk(at_c, c, q);
+  for (int64_t n = std::max<int64_t>(c, 1), last = band_last(c, q); n <= last; ++n) out.emplace_back(n, walk.to(n));
+  return out;
+}
+
 Result<PrefixKey> prepare_snapshot(SnapshotRecord& rec, size_t n_chunks) {
   SnapshotInfo& info = rec.info;
   if (info.name) {

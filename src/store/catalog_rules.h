@@ -15,6 +15,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/sha256.h"
@@ -73,6 +74,22 @@ struct PrefixKey {
   Hash16 anchor_hash{};
   Hash16 full_hash{};
 };
+
+// The prefix search's per-band work (catalog.h, "Prefix search"), shared by
+// the backends, which differ only in how they fetch a band's rows.
+struct BandRow {
+  int64_t n = 0;  // n_tokens
+  Hash16 full{};  // full_hash
+  int64_t id = 0;
+};
+// Appends to `out` the (n, id) of the rows of the band anchored at `c` whose
+// full hash is that of q[0, n). `at_c` is the hash of q[0, c); q is the
+// query's tokens_le. Rows of length 0 or outside the band are skipped.
+void match_band(std::vector<BandRow> rows, const Sha256& at_c, int64_t c, std::span<const std::byte> q,
+                std::vector<std::pair<int64_t, int64_t>>& out);
+// A crowded band's probes: (n, hash of q[0, n)) for every length n >= 1 of the
+// band anchored at `c`, continuing from `at_c`, the hash of q[0, c).
+std::vector<std::pair<int64_t, Hash16>> band_probes(const Sha256& at_c, int64_t c, std::span<const std::byte> q);
 
 // Checks `rec` and fills its defaults (see the top of this file); the key to store with it.
 Result<PrefixKey> prepare_snapshot(SnapshotRecord& rec, size_t n_chunks);

@@ -53,14 +53,9 @@ Result<std::vector<std::pair<int64_t, int64_t>>> PgCatalog::prefix_candidates(st
                                   "CROSS JOIN LATERAL (SELECT n_tokens, full_hash, id FROM snapshots "
                                   "WHERE anchor_len = b.c AND anchor_hash = b.h AND n_tokens <= $3 LIMIT $4) s",
                                   PgParams().i64_array(anchors).bytes_array(hash_spans).i64(m).i64(kStride + 1)));
-  struct Row {
-    int64_t n;
-    Hash16 full;
-    int64_t id;
-  };
-  std::map<int64_t, std::vector<Row>> by_band;
+  std::map<int64_t, std::vector<BandRow>> by_band;
   for (int r = 0; r < bands.rows(); ++r) {
-    Row row{bands.i64(r, 1), {}, bands.i64(r, 3)};
+    BandRow row{bands.i64(r, 1), {}, bands.i64(r, 3)};
     auto h = bands.bytes(r, 2);
     if (h.size() == row.full.size()) std::memcpy(row.full.data(), h.data(), h.size());
     by_band[bands.i64(r, 0)].push_back(row);
@@ -70,32 +65,14 @@ Result<std::vector<std::pair<int64_t, int64_t>>> PgCatalog::prefix_candidates(st
   std::vector<Hash16> probe_h;
   for (auto& [c, rows] : by_band) {
     if (c < 0 || c > m || c % kStride != 0) continue;  // not an anchor we asked for
-    // Hash q[0, n) for the lengths n this band needs, continuing from c.
-    Sha256 walk(states[static_cast<size_t>(c / kStride)]);
-    int64_t pos = c;
-    auto hash_to = [&](int64_t n) {
-      walk.update(q.data() + pos * 4, static_cast<size_t>(n - pos) * 4);
-      pos = n;
-      return prefix16(walk);
-    };
-    const int64_t band_last = std::min(c + kStride - 1, m);
+    const Sha256& at_c = states[static_cast<size_t>(c / kStride)];
     if (rows.size() <= static_cast<size_t>(kStride)) {
-      std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.n < b.n; });
-      Hash16 h{};
-      int64_t hashed = -1;
-      for (const Row& r : rows) {
-        if (r.n == 0 || r.n < c || r.n > band_last) continue;
-        if (r.n != hashed) {
-          h = hash_to(r.n);
-          hashed = r.n;
-        }
-        if (h == r.full) ids.emplace_back(r.n, r.id);
-      }
+      match_band(std::move(rows), at_c, c, q, ids);
     } else {
       // Crowded band (a shared system prompt): probe each length instead.
-      for (int64_t n = std::max<int64_t>(c, 1); n <= band_last; ++n) {
+      for (const auto& [n, h] : band_probes(at_c, c, q)) {
         probe_n.push_back(n);
-        probe_h.push_back(hash_to(n));
+        probe_h.push_back(h);
       }
     }
   }
