@@ -3,6 +3,9 @@
 //
 // Address: a libpq URI, postgresql://user[:password]@host:port/db[?param=...]
 // (or a key=value connection string). Messages name it without the password.
+// Text (names, tags, model strings) must be valid in the database's encoding
+// (UTF-8 for a database created by tests/beds/postgres.sh); other bytes are an
+// error from the server, where SQLite would store them.
 //
 // Same semantics as the SQLite catalog (catalog.h): add_snapshot() and
 // remove_snapshot() are each one transaction; refcounts equal the chunk-list

@@ -121,6 +121,8 @@ class PgConn {
 
   // The backend's process id (pg_stat_activity.pid), 0 when not connected.
   int backend_pid() const;
+  // False once the connection is known to be broken (the next statement would reconnect).
+  bool connected() const { return backend_pid() != 0; }
 
  private:
   PgConn(pg_conn* c, std::string url, std::string where, PgConnOptions options)

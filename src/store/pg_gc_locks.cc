@@ -9,6 +9,8 @@ PgGcHold::PgGcHold(std::unique_ptr<PgConn> conn, bool shared) : conn_(std::move(
 PgGcHold::~PgGcHold() {
   // Unlock before closing so the next locker need not wait for the server to
   // notice the closed connection. Failure is harmless: closing releases it too.
+  // (A broken connection holds nothing any more: no reconnecting to unlock.)
+  if (!conn_->connected()) return;
   Status s = conn_->exec(shared_ ? "SELECT pg_advisory_unlock_shared($1)" : "SELECT pg_advisory_unlock($1)",
                          PgParams().i64(PgGcLocks::kGcLockKey))
                  .status();

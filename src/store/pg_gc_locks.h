@@ -7,6 +7,10 @@
 // pg_advisory_lock(key); destroying the hold unlocks and closes it. A process
 // that dies holds nothing once the server sees its connection close (a host
 // that vanishes without closing it: after the server's tcp_keepalives_*).
+// A hold lasts as long as its connection: if the server restarts or the
+// connection drops, the hold is gone without its owner knowing (a save would
+// then find out only if gc deleted a blob it had counted on; kvsnap verify
+// --all finds such a snapshot). Keep the server up while saves run.
 // The wait=false variants use pg_try_advisory_lock*: they answer at once. A
 // waiting exclusive request queues new shared ones behind it (PostgreSQL's lock
 // queue), so a waiting gc is not starved by a stream of saves.
