@@ -1,7 +1,7 @@
-// Internal to src/store/catalog*.cc: the prepared-statement wrapper over
-// SQLite, the write-transaction helper and the snapshot column list the
-// catalog files share (the token hashing helpers are in catalog_rules.h, shared
-// with the PostgreSQL catalog). Not a public header.
+// Internal to src/store/catalog*.cc (SqliteCatalog): the prepared-statement
+// wrapper over SQLite, the write-transaction helper and the snapshot column
+// list the catalog files share (the token hashing helpers are in
+// catalog_rules.h, shared with the PostgreSQL catalog). Not a public header.
 #pragma once
 
 #include <sqlite3.h>
@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "base/sha256.h"
-#include "store/catalog.h"
 #include "store/catalog_rules.h"
+#include "store/sqlite_catalog.h"
 
 namespace kvsnap {
 
@@ -30,10 +30,10 @@ namespace kvsnap {
 
 // A prepared statement in use: cached ones are reset (not finalized) when it
 // goes out of scope, so no statement is left mid-step across a COMMIT.
-class Catalog::Stmt {
+class SqliteCatalog::Stmt {
  public:
   // `in_use`: the cache's flag for this statement, cleared when done.
-  Stmt(Catalog& c, sqlite3_stmt* s, bool* in_use) : c_(&c), s_(s), in_use_(in_use) {}
+  Stmt(SqliteCatalog& c, sqlite3_stmt* s, bool* in_use) : c_(&c), s_(s), in_use_(in_use) {}
   Stmt(Stmt&& o) noexcept : c_(o.c_), s_(o.s_), in_use_(o.in_use_) { o.s_ = nullptr; }
   Stmt& operator=(Stmt&&) = delete;
   void reset() {
@@ -104,13 +104,13 @@ class Catalog::Stmt {
   }
 
  private:
-  Catalog* c_;
+  SqliteCatalog* c_;
   sqlite3_stmt* s_;
   bool* in_use_;  // nullptr: a one-off statement, finalized when done
 };
 
 template <class F>
-Status Catalog::write_txn(F&& body) {
+Status SqliteCatalog::write_txn(F&& body) {
   KV_RETURN_IF_ERROR(begin_immediate());
   Status s = body();
   if (!s.ok()) {

@@ -65,7 +65,7 @@ namespace kvsnap {
 
 class PgConn;
 
-class PgCatalog {
+class PgCatalog : public Catalog {
  public:
   static constexpr int kSchemaVersion = 1;
 
@@ -73,33 +73,30 @@ class PgCatalog {
   // busy_timeout_ms bounds row-lock waits; durable_commits=false sets
   // synchronous_commit=off for this connection (bulk loads); vfs is ignored.
   static Result<std::unique_ptr<PgCatalog>> open(const std::string& url, const CatalogOptions& options = {});
-  ~PgCatalog();
-  PgCatalog(const PgCatalog&) = delete;
-  PgCatalog& operator=(const PgCatalog&) = delete;
+  ~PgCatalog() override;
 
-  // The methods of catalog.h, with the same promises.
-  Result<SnapshotInfo> add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks);
-  Result<std::vector<ChunkHash>> remove_snapshot(int64_t id);
-  Result<SnapshotRecord> get(int64_t id);
-  Result<SnapshotInfo> get_info(int64_t id);
-  Result<std::vector<ChunkUse>> chunks_of(int64_t id);
-  Result<std::optional<ChunkUse>> find_chunk(const ChunkHash& h);
-  Result<int64_t> resolve(const std::string& ref);
+  // catalog.h's methods, with its promises.
+  Result<SnapshotInfo> add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks) override;
+  Result<std::vector<ChunkHash>> remove_snapshot(int64_t id) override;
+  Result<SnapshotRecord> get(int64_t id) override;
+  Result<SnapshotInfo> get_info(int64_t id) override;
+  Result<std::vector<ChunkUse>> chunks_of(int64_t id) override;
+  Result<std::optional<ChunkUse>> find_chunk(const ChunkHash& h) override;
+  Result<int64_t> resolve(const std::string& ref) override;
   // name_glob has SQLite GLOB's syntax (* ? [...] [^...]), case-sensitive.
-  Result<std::vector<SnapshotInfo>> list(const ListFilter& filter = {});
-  Result<std::vector<SnapshotInfo>> find_prefix(std::span<const int32_t> query,
-                                                const std::string& model_fingerprint = "",
-                                                size_t limit = SIZE_MAX);
-  Result<GcCandidates> gc_candidates(const std::vector<ChunkHash>& on_disk);
-  Result<std::vector<ChunkHash>> forget_unreferenced(const std::vector<ChunkHash>& hashes);
-  Result<std::vector<std::string>> unused_packs(const std::vector<std::string>& packs);
-  Result<CatalogStats> stats();
+  Result<std::vector<SnapshotInfo>> list(const ListFilter& filter = {}) override;
+  Result<std::vector<SnapshotInfo>> find_prefix(std::span<const int32_t> query, const std::string& model_fingerprint = "",
+                                                size_t limit = SIZE_MAX) override;
+  Result<GcCandidates> gc_candidates(const std::vector<ChunkHash>& on_disk) override;
+  Result<std::vector<ChunkHash>> forget_unreferenced(const std::vector<ChunkHash>& hashes) override;
+  Result<std::vector<std::string>> unused_packs(const std::vector<std::string>& packs) override;
+  Result<CatalogStats> stats() override;
   // Refcounts against chunk lists, n_chunks against the lists, token sizes
   // (PostgreSQL enforces the foreign keys itself).
-  Result<std::vector<std::string>> integrity_check();
-  Result<int> schema_version();
+  Result<std::vector<std::string>> integrity_check() override;
+  Result<int> schema_version() override;
   // The URL without its password.
-  const std::string& path() const { return where_; }
+  std::string describe() const override { return where_; }
 
  private:
   explicit PgCatalog(std::unique_ptr<PgConn> conn);

@@ -17,10 +17,10 @@ PgGcHold::~PgGcHold() {
   (void)s;
 }
 
-Result<std::unique_ptr<PgGcHold>> PgGcLocks::lock_shared(bool wait) { return lock(true, wait); }
-Result<std::unique_ptr<PgGcHold>> PgGcLocks::lock_exclusive(bool wait) { return lock(false, wait); }
+Result<std::unique_ptr<GcLockHold>> PgGcLocks::lock_shared(bool wait) { return lock(true, wait); }
+Result<std::unique_ptr<GcLockHold>> PgGcLocks::lock_exclusive(bool wait) { return lock(false, wait); }
 
-Result<std::unique_ptr<PgGcHold>> PgGcLocks::lock(bool shared, bool wait) {
+Result<std::unique_ptr<GcLockHold>> PgGcLocks::lock(bool shared, bool wait) {
   PgConnOptions o;
   o.lock_timeout_ms = 0;  // like flock(LOCK_EX): wait as long as it takes
   KV_ASSIGN_OR_RETURN(std::unique_ptr<PgConn> conn, PgConn::connect(url_, o));
@@ -28,8 +28,8 @@ Result<std::unique_ptr<PgGcHold>> PgGcLocks::lock(bool shared, bool wait) {
                            : (wait ? "SELECT pg_advisory_lock($1), true" : "SELECT true, pg_try_advisory_lock($1)");
   KV_ASSIGN_OR_RETURN(PgResult r, conn->exec(sql, PgParams().i64(kGcLockKey)));
   if (r.rows() != 1) return Status::IOError(conn->where() + ": the gc lock query returned no row");
-  if (!r.boolean(0, 1)) return std::unique_ptr<PgGcHold>();
-  return std::make_unique<PgGcHold>(std::move(conn), shared);
+  if (!r.boolean(0, 1)) return std::unique_ptr<GcLockHold>();
+  return std::unique_ptr<GcLockHold>(std::make_unique<PgGcHold>(std::move(conn), shared));
 }
 
 }  // namespace kvsnap

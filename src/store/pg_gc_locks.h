@@ -20,16 +20,16 @@
 #include <string>
 
 #include "base/status.h"
+#include "store/gc_lock.h"
 
 namespace kvsnap {
 
 class PgConn;
 
-// Held until destroyed.
-class PgGcHold {
+class PgGcHold : public GcLockHold {
  public:
   PgGcHold(std::unique_ptr<PgConn> conn, bool shared);
-  ~PgGcHold();
+  ~PgGcHold() override;
   PgGcHold(const PgGcHold&) = delete;
   PgGcHold& operator=(const PgGcHold&) = delete;
 
@@ -38,7 +38,7 @@ class PgGcHold {
   bool shared_;
 };
 
-class PgGcLocks {
+class PgGcLocks : public GcLocks {
  public:
   // The advisory lock key ("kvsnapgc"); locks are per database.
   static constexpr int64_t kGcLockKey = 0x6b76736e61706763;
@@ -46,13 +46,12 @@ class PgGcLocks {
   // `url`: the catalog's libpq URL. Connects only when a lock is asked for.
   explicit PgGcLocks(std::string url) : url_(std::move(url)) {}
 
-  // A save's shared hold; nullptr when wait=false and a gc holds (or waits for) the exclusive one.
-  Result<std::unique_ptr<PgGcHold>> lock_shared(bool wait);
-  // gc's exclusive hold; nullptr when wait=false and a save or another gc holds it.
-  Result<std::unique_ptr<PgGcHold>> lock_exclusive(bool wait);
+  // nullptr when wait=false and a gc holds (or waits for) the exclusive lock.
+  Result<std::unique_ptr<GcLockHold>> lock_shared(bool wait) override;
+  Result<std::unique_ptr<GcLockHold>> lock_exclusive(bool wait) override;
 
  private:
-  Result<std::unique_ptr<PgGcHold>> lock(bool shared, bool wait);
+  Result<std::unique_ptr<GcLockHold>> lock(bool shared, bool wait);
   std::string url_;
 };
 

@@ -35,9 +35,16 @@ struct PgBackend {
     if (std::string why = bed_problem(); !why.empty()) return why;
     url = PostgresBed::instance().create_database(&db);
     if (url.empty()) ADD_FAILURE() << "cannot create a database";
+    std::string tmpl = (std::filesystem::temp_directory_path() / "kvsnap-pgblobs-XXXXXX").string();
+    if (mkdtemp(tmpl.data())) root = tmpl;
     return url.empty() ? "no database" : "";
   }
-  void tear_down() { PostgresBed::instance().drop_database(db); }
+  void tear_down() {
+    PostgresBed::instance().drop_database(db);
+    if (!root.empty()) std::filesystem::remove_all(root);
+  }
+  std::string blob_root() const { return root; }
+  std::unique_ptr<GcLocks> gc_locks() { return std::make_unique<PgGcLocks>(url); }
   Result<std::unique_ptr<PgCatalog>> open(const CatalogOptions& o = {}) { return PgCatalog::open(url, o); }
   void sql(const std::string& s) {
     auto r = pg_query(url, s);
@@ -55,10 +62,11 @@ struct PgBackend {
     sql("UPDATE kvsnap_meta SET value = '" + std::to_string(v) + "' WHERE key = 'schema_version'");
   }
   std::string bytes_literal(const std::string& hex) { return "'\\x" + hex + "'::bytea"; }
-  std::string url, db;
+  std::string url, db, root;
 };
 
 INSTANTIATE_TYPED_TEST_SUITE_P(Postgres, CatalogContract, PgBackend);
+INSTANTIATE_TYPED_TEST_SUITE_P(Postgres, CatalogGc, PgBackend);
 
 // ---------------------------------------------------------------- PostgreSQL only
 

@@ -11,6 +11,8 @@
 //   std::map<std::string, int64_t> refcounts();  // lowercase hex hash -> refcount, read directly
 //   void set_schema_version(int);
 //   std::string bytes_literal(const std::string& hex);  // a blob literal in the backend's SQL
+//   std::string blob_root();       // a directory for this test's LocalBlobStore
+//   std::unique_ptr<GcLocks> gc_locks();  // the locks a store with this catalog uses (nullptr: the file lock)
 // Included by one test source per executable (it defines tests and helpers).
 #pragma once
 
@@ -27,7 +29,11 @@
 #include <random>
 #include <thread>
 
+#include <fstream>
+
+#include "base/io.h"
 #include "store/catalog.h"
+#include "store/local_blob_store.h"
 
 // Filters and options below are written with designated initializers.
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
@@ -551,6 +557,117 @@ TYPED_TEST_P(CatalogContract, ConcurrentAddsAndRemovesKeepRefcountsExact) {
 }
 
 REGISTER_TYPED_TEST_SUITE_P(CatalogContract, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact);
+
+// What a save does (format/ will own the real one): blobs first, synced, then
+// the catalog row; the gc lock is held throughout.
+Status save(BlobStore& blobs, Catalog& cat, SnapshotRecord rec, const std::vector<std::string>& raw_chunks) {
+  KV_ASSIGN_OR_RETURN(auto batch, blobs.begin_write());
+  std::vector<ChunkUse> uses;
+  for (const std::string& raw : raw_chunks) {
+    ChunkHash h = chunk(raw);
+    std::string stored = "z:" + raw;
+    KV_ASSIGN_OR_RETURN(PutOutcome o, batch->put(h, bytes_of(stored)));
+    (void)o;
+    uses.push_back(ChunkUse{h, raw.size(), stored.size()});
+  }
+  KV_RETURN_IF_ERROR(batch->commit());
+  return cat.add_snapshot(std::move(rec), uses).status();
+}
+
+// ---------------------------------------------------------------- gc
+
+// collect_garbage over the backend's catalog, local blobs and the backend's gc locks.
+template <class B>
+class CatalogGc : public CatalogContract<B> {
+ protected:
+  void SetUp() override {
+    CatalogContract<B>::SetUp();
+    if (this->IsSkipped()) return;
+    auto blobs = LocalBlobStore::open(posix_io(), this->b_.blob_root(), this->b_.gc_locks());
+    ASSERT_TRUE(blobs.ok()) << blobs.status().ToString();
+    blobs_ = std::move(blobs).value();
+    cat_ = this->open();
+  }
+  std::string root() const { return this->b_.blob_root(); }
+  std::unique_ptr<BlobStore> blobs_;
+  std::unique_ptr<typename B::Cat> cat_;
+};
+
+TYPED_TEST_SUITE_P(CatalogGc);
+
+TYPED_TEST_P(CatalogGc, OrphansOfACrashedSaveAreCollected) {
+  ASSERT_TRUE(save(*this->blobs_, *this->cat_, record("kept"), {"k1", "k2"}).ok());
+  {
+    // A save that dies between its blobs and its catalog commit.
+    auto batch = std::move(this->blobs_->begin_write()).value();
+    ASSERT_TRUE(batch->put(chunk("o1"), bytes_of("z:o1")).ok());
+    ASSERT_TRUE(batch->put(chunk("k1"), bytes_of("z:k1")).ok());
+  }
+  std::ofstream(this->root() + "/tmp/half.kvsnap-tmp-1-1") << "half";
+  auto cand = this->cat_->gc_candidates(*this->blobs_->list());
+  ASSERT_TRUE(cand.ok());
+  EXPECT_EQ(cand->orphans, std::vector<ChunkHash>{chunk("o1")});
+  auto gc = collect_garbage(*this->cat_, *this->blobs_);
+  ASSERT_TRUE(gc.ok()) << gc.status().ToString();
+  EXPECT_FALSE(gc->skipped_busy);
+  EXPECT_EQ(gc->orphans_deleted, 1u);
+  EXPECT_EQ(gc->temporaries_deleted, 1u);
+  EXPECT_FALSE(*this->blobs_->contains(chunk("o1")));
+  EXPECT_TRUE(*this->blobs_->contains(chunk("k1")));
+  EXPECT_TRUE(*this->blobs_->contains(chunk("k2")));
+}
+
+// The race the gc lock exists for: a save has written blobs (new ones, and one
+// that was unreferenced) but not committed yet. gc must not take them.
+TYPED_TEST_P(CatalogGc, GcNeverDeletesBlobsOfASaveInProgress) {
+  ASSERT_TRUE(save(*this->blobs_, *this->cat_, record("old"), {"revived"}).ok());
+  ASSERT_TRUE(this->cat_->remove_snapshot(*this->cat_->resolve("old")).ok());  // "revived": refcount 0, blob still there
+
+  auto batch = std::move(this->blobs_->begin_write()).value();
+  ASSERT_TRUE(batch->put(chunk("fresh"), bytes_of("z:fresh")).ok());
+  EXPECT_EQ(*batch->put(chunk("revived"), bytes_of("z:revived")), PutOutcome::kExisted);
+  ASSERT_TRUE(batch->commit().ok());
+
+  auto gc = collect_garbage(*this->cat_, *this->blobs_);
+  ASSERT_TRUE(gc.ok());
+  EXPECT_TRUE(gc->skipped_busy);
+  EXPECT_TRUE(*this->blobs_->contains(chunk("fresh")));
+  EXPECT_TRUE(*this->blobs_->contains(chunk("revived")));
+
+  // A gc that waits runs as soon as the save has committed and let go.
+  auto waiting = std::async(std::launch::async, [&] {
+    auto c2 = this->b_.open();
+    return collect_garbage(**c2, *this->blobs_, GcOptions{.wait = true});
+  });
+  EXPECT_EQ(waiting.wait_for(std::chrono::milliseconds(150)), std::future_status::timeout);
+  ASSERT_TRUE(this->cat_->add_snapshot(record("new"), {ChunkUse{chunk("fresh"), 5, 7}, ChunkUse{chunk("revived"), 7, 9}}).ok());
+  batch.reset();
+  auto done = waiting.get();
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_FALSE(done->skipped_busy);
+  EXPECT_EQ(done->orphans_deleted, 0u);
+  EXPECT_EQ(done->unreferenced_deleted, 0u);
+  EXPECT_TRUE(*this->blobs_->contains(chunk("fresh")));
+  EXPECT_TRUE(*this->blobs_->contains(chunk("revived")));
+  this->expect_consistent(*this->cat_);
+}
+
+TYPED_TEST_P(CatalogGc, RemovedSnapshotsChunksGoOnTheCheapPass) {
+  ASSERT_TRUE(save(*this->blobs_, *this->cat_, record("a"), {"s", "only-a"}).ok());
+  ASSERT_TRUE(save(*this->blobs_, *this->cat_, record("b"), {"s", "only-b"}).ok());
+  auto freed = this->cat_->remove_snapshot(*this->cat_->resolve("a"));
+  ASSERT_TRUE(freed.ok());
+  EXPECT_EQ(*freed, std::vector<ChunkHash>{chunk("only-a")});
+  auto gc = collect_garbage(*this->cat_, *this->blobs_, GcOptions{.scan_orphans = false});
+  ASSERT_TRUE(gc.ok());
+  EXPECT_EQ(gc->unreferenced_deleted, 1u);
+  EXPECT_FALSE(*this->blobs_->contains(chunk("only-a")));
+  EXPECT_TRUE(*this->blobs_->contains(chunk("s")));
+  EXPECT_EQ(this->cat_->stats()->unreferenced_chunks, 0);
+  this->expect_consistent(*this->cat_);
+}
+
+REGISTER_TYPED_TEST_SUITE_P(CatalogGc, OrphansOfACrashedSaveAreCollected, GcNeverDeletesBlobsOfASaveInProgress, RemovedSnapshotsChunksGoOnTheCheapPass);
 
 }  // namespace
 }  // namespace kvsnap

@@ -1,4 +1,6 @@
 #include "store/catalog.h"
+#include "store/local_blob_store.h"
+#include "store/sqlite_catalog.h"
 
 #include <gtest/gtest.h>
 #include <sqlite3.h>
@@ -52,7 +54,7 @@ std::map<std::string, int64_t> sqlite_refcounts(const std::string& path) {
 // The SQLite catalog for the behaviour every catalog shares (catalog_contract.h).
 struct SqliteBackend {
   using Cat = Catalog;
-  static constexpr int kSchemaVersion = Catalog::kSchemaVersion;
+  static constexpr int kSchemaVersion = SqliteCatalog::kSchemaVersion;
   std::string set_up() {
     std::string tmpl = (fs::temp_directory_path() / "kvsnap-catalog-XXXXXX").string();
     if (!mkdtemp(tmpl.data())) return "mkdtemp failed";
@@ -68,10 +70,13 @@ struct SqliteBackend {
   std::map<std::string, int64_t> refcounts() { return sqlite_refcounts(path()); }
   void set_schema_version(int v) { sql("PRAGMA user_version = " + std::to_string(v)); }
   std::string bytes_literal(const std::string& hex) { return "x'" + hex + "'"; }
+  std::string blob_root() const { return root; }
+  std::unique_ptr<GcLocks> gc_locks() { return nullptr; }  // LocalBlobStore's own: <root>/gc.lock
   std::string root;
 };
 
 INSTANTIATE_TYPED_TEST_SUITE_P(Sqlite, CatalogContract, SqliteBackend);
+INSTANTIATE_TYPED_TEST_SUITE_P(Sqlite, CatalogGc, SqliteBackend);
 
 class CatalogTest : public ::testing::Test {
  protected:
@@ -109,7 +114,7 @@ class CatalogTest : public ::testing::Test {
 TEST_F(CatalogTest, FreshFileIsMigratedToCurrentVersionWithWal) {
   auto c = open();
   ASSERT_TRUE(c);
-  EXPECT_EQ(*c->schema_version(), Catalog::kSchemaVersion);
+  EXPECT_EQ(*c->schema_version(), SqliteCatalog::kSchemaVersion);
   EXPECT_TRUE(fs::exists(root_ + "/catalog.sqlite-wal")) << "WAL mode";
   expect_consistent(*c);
 }
@@ -118,7 +123,7 @@ TEST_F(CatalogTest, EmptyVersionZeroDatabaseMigrates) {
   raw_sql(db_path_, "PRAGMA user_version = 0; CREATE TABLE unrelated(x); DROP TABLE unrelated;");
   auto c = open();
   ASSERT_TRUE(c);
-  EXPECT_EQ(*c->schema_version(), Catalog::kSchemaVersion);
+  EXPECT_EQ(*c->schema_version(), SqliteCatalog::kSchemaVersion);
   EXPECT_GT(add(*c, record("x")), 0);
   // Reopening an up-to-date catalog changes nothing.
   c.reset();
@@ -136,22 +141,6 @@ TEST_F(CatalogTest, NotADatabaseIsCorruption) {
 
 // ---------------------------------------------------------------- faults: the save protocol
 
-// What a save does (format/ will own the real one): blobs first, synced, then
-// the catalog row; the gc lock is held throughout.
-Status save(BlobStore& blobs, Catalog& cat, SnapshotRecord rec, const std::vector<std::string>& raw_chunks) {
-  KV_ASSIGN_OR_RETURN(auto batch, blobs.begin_write());
-  std::vector<ChunkUse> uses;
-  for (const std::string& raw : raw_chunks) {
-    ChunkHash h = chunk(raw);
-    std::string stored = "z:" + raw;
-    KV_ASSIGN_OR_RETURN(PutOutcome o, batch->put(h, bytes_of(stored)));
-    (void)o;
-    uses.push_back(ChunkUse{h, raw.size(), stored.size()});
-  }
-  KV_RETURN_IF_ERROR(batch->sync_dirs());
-  return cat.add_snapshot(std::move(rec), uses).status();
-}
-
 class SaveFaultTest : public CatalogTest, public ::testing::WithParamInterface<int> {};
 
 // Fail each Io operation of a save in turn: whichever fails, there is no
@@ -162,7 +151,7 @@ TEST_P(SaveFaultTest, AFailedBlobWriteOrSyncLeavesNoSnapshotAndNoPartialBlob) {
   FaultOp op = ops[GetParam() % 6];
   int nth = 1 + GetParam() / 6;
   FaultInjectingIo io(posix_io());
-  auto blobs = std::move(BlobStore::open(io, root_)).value();
+  auto blobs = std::move(LocalBlobStore::open(io, root_)).value();
   auto c = open();
   ASSERT_TRUE(save(*blobs, *c, record("before"), {"shared", "old"}).ok());
   if (GetParam() % 7 == 3) {
@@ -308,91 +297,6 @@ TEST_F(CatalogTest, AFailedCommitSyncIsReported) {
   EXPECT_EQ(FaultVfs::fail_wal_syncs.load(), 0);
   EXPECT_EQ(c->list()->size(), 0u);
   EXPECT_GT(add(*c, record("next"), {use("a")}), 0);
-}
-
-// ---------------------------------------------------------------- gc
-
-class GcTest : public CatalogTest {
- protected:
-  void SetUp() override {
-    CatalogTest::SetUp();
-    blobs_ = std::move(BlobStore::open(posix_io(), root_)).value();
-    cat_ = open();
-  }
-  std::unique_ptr<BlobStore> blobs_;
-  std::unique_ptr<Catalog> cat_;
-};
-
-TEST_F(GcTest, OrphansOfACrashedSaveAreCollected) {
-  ASSERT_TRUE(save(*blobs_, *cat_, record("kept"), {"k1", "k2"}).ok());
-  {
-    // A save that dies between its blobs and its catalog commit.
-    auto batch = std::move(blobs_->begin_write()).value();
-    ASSERT_TRUE(batch->put(chunk("o1"), bytes_of("z:o1")).ok());
-    ASSERT_TRUE(batch->put(chunk("k1"), bytes_of("z:k1")).ok());
-  }
-  std::ofstream(root_ + "/tmp/half.kvsnap-tmp-1-1") << "half";
-  auto cand = cat_->gc_candidates(*blobs_->list());
-  ASSERT_TRUE(cand.ok());
-  EXPECT_EQ(cand->orphans, std::vector<ChunkHash>{chunk("o1")});
-  auto gc = collect_garbage(*cat_, *blobs_);
-  ASSERT_TRUE(gc.ok()) << gc.status().ToString();
-  EXPECT_FALSE(gc->skipped_busy);
-  EXPECT_EQ(gc->orphans_deleted, 1u);
-  EXPECT_EQ(gc->temporaries_deleted, 1u);
-  EXPECT_FALSE(*blobs_->contains(chunk("o1")));
-  EXPECT_TRUE(*blobs_->contains(chunk("k1")));
-  EXPECT_TRUE(*blobs_->contains(chunk("k2")));
-}
-
-// The race the gc lock exists for: a save has written blobs (new ones, and one
-// that was unreferenced) but not committed yet. gc must not take them.
-TEST_F(GcTest, GcNeverDeletesBlobsOfASaveInProgress) {
-  ASSERT_TRUE(save(*blobs_, *cat_, record("old"), {"revived"}).ok());
-  ASSERT_TRUE(cat_->remove_snapshot(*cat_->resolve("old")).ok());  // "revived": refcount 0, blob still there
-
-  auto batch = std::move(blobs_->begin_write()).value();
-  ASSERT_TRUE(batch->put(chunk("fresh"), bytes_of("z:fresh")).ok());
-  EXPECT_EQ(*batch->put(chunk("revived"), bytes_of("z:revived")), PutOutcome::kExisted);
-  ASSERT_TRUE(batch->sync_dirs().ok());
-
-  auto gc = collect_garbage(*cat_, *blobs_);
-  ASSERT_TRUE(gc.ok());
-  EXPECT_TRUE(gc->skipped_busy);
-  EXPECT_TRUE(*blobs_->contains(chunk("fresh")));
-  EXPECT_TRUE(*blobs_->contains(chunk("revived")));
-
-  // A gc that waits runs as soon as the save has committed and let go.
-  auto waiting = std::async(std::launch::async, [&] {
-    auto c2 = Catalog::open(db_path_);
-    return collect_garbage(**c2, *blobs_, GcOptions{.wait = true});
-  });
-  EXPECT_EQ(waiting.wait_for(std::chrono::milliseconds(150)), std::future_status::timeout);
-  ASSERT_TRUE(cat_->add_snapshot(record("new"), {ChunkUse{chunk("fresh"), 5, 7}, ChunkUse{chunk("revived"), 7, 9}}).ok());
-  batch.reset();
-  auto done = waiting.get();
-  ASSERT_TRUE(done.ok()) << done.status().ToString();
-  EXPECT_FALSE(done->skipped_busy);
-  EXPECT_EQ(done->orphans_deleted, 0u);
-  EXPECT_EQ(done->unreferenced_deleted, 0u);
-  EXPECT_TRUE(*blobs_->contains(chunk("fresh")));
-  EXPECT_TRUE(*blobs_->contains(chunk("revived")));
-  expect_consistent(*cat_);
-}
-
-TEST_F(GcTest, RemovedSnapshotsChunksGoOnTheCheapPass) {
-  ASSERT_TRUE(save(*blobs_, *cat_, record("a"), {"s", "only-a"}).ok());
-  ASSERT_TRUE(save(*blobs_, *cat_, record("b"), {"s", "only-b"}).ok());
-  auto freed = cat_->remove_snapshot(*cat_->resolve("a"));
-  ASSERT_TRUE(freed.ok());
-  EXPECT_EQ(*freed, std::vector<ChunkHash>{chunk("only-a")});
-  auto gc = collect_garbage(*cat_, *blobs_, GcOptions{.scan_orphans = false});
-  ASSERT_TRUE(gc.ok());
-  EXPECT_EQ(gc->unreferenced_deleted, 1u);
-  EXPECT_FALSE(*blobs_->contains(chunk("only-a")));
-  EXPECT_TRUE(*blobs_->contains(chunk("s")));
-  EXPECT_EQ(cat_->stats()->unreferenced_chunks, 0);
-  expect_consistent(*cat_);
 }
 
 }  // namespace
