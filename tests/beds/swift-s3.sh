@@ -7,9 +7,12 @@
 #                                   (tempauth's tokens) on PORT+4; returns once
 #                                   an S3 request is answered; writes DIR/env (S3_* variables)
 #   swift-s3.sh stop DIR            stops the daemons started from DIR and deletes DIR
+#   swift-s3.sh pause DIR           stops only the proxy (tests of a server that went away)
+#   swift-s3.sh resume DIR          starts the proxy again and waits until it answers
 #   swift-s3.sh run DIR PORT CMD..  start, run CMD with DIR/env exported, stop (also when CMD fails
 #                                   or the script is interrupted: trap); exits with CMD's status,
 #                                   77 (skip) when Swift is not installed
+# PORT "auto" picks five free consecutive ports.
 #
 # Credentials (tempauth; fixed, test only): S3 access key "test:tester", secret "testing".
 # Nothing is written outside DIR: /etc/swift/swift.conf is the package's (its hash prefix and
@@ -145,10 +148,41 @@ wait_ready() {
   return 1
 }
 
+# Five consecutive ports nobody listens on (bound and released: a small race, fine for tests).
+pick_ports() {
+  "$PY" - <<'PYEOF'
+import random, socket
+for _ in range(200):
+    base = random.randrange(20000, 60000)
+    socks = []
+    try:
+        for p in range(base, base + 5):
+            s = socket.socket()
+            socks.append(s)
+            s.bind(('127.0.0.1', p))
+        print(base)
+        break
+    except OSError:
+        pass
+    finally:
+        for s in socks:
+            s.close()
+else:
+    raise SystemExit('no five free ports')
+PYEOF
+}
+
+start_server() {
+  local dir=$1 s=$2
+  setsid "swift-$s-server" "$dir/etc/$s-server.conf" -v </dev/null >>"$dir/log/$s.log" 2>&1 &
+  echo $! >"$dir/run/$s.pid"
+}
+
 start() {
   local dir=$1 port=$2
   installed || die "OpenStack Swift is not installed (apt-get install swift swift-proxy swift-object swift-container swift-account python3-swift memcached; tests/install-deps.sh)"
-  [[ $port =~ ^[0-9]+$ ]] && [ "$port" -ge 1024 ] && [ "$port" -le 65530 ] || die "bad port '$port'"
+  [ "$port" != auto ] || port=$(pick_ports)
+  [[ $port =~ ^[0-9]+$ ]] && [ "$port" -ge 1024 ] && [ "$port" -le 65530 ] || die "bad port '$port' (a number or auto)"
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd)
   [ ! -e "$dir/run" ] || die "$dir: already holds a bed (stop it first)"
@@ -160,10 +194,8 @@ start() {
   setsid memcached -l 127.0.0.1 -p $((port + 4)) -U 0 -m 16 -u "$(id -un)" </dev/null >"$dir/log/memcached.log" 2>&1 &
   echo $! >"$dir/run/memcached.pid"
   local s
-  for s in account container object proxy; do
-    setsid "swift-$s-server" "$dir/etc/$s-server.conf" -v </dev/null >"$dir/log/$s.log" 2>&1 &
-    echo $! >"$dir/run/$s.pid"
-  done
+  for s in account container object proxy; do start_server "$dir" "$s"; done
+  echo "$port" >"$dir/port"
   wait_ready "$dir" "$port" || { stop "$dir"; die "start-up failed (the bed in $dir is removed)"; }
   cat >"$dir/env" <<ENV
 S3_ENDPOINT=http://127.0.0.1:$port
@@ -173,6 +205,21 @@ S3_SECRET_KEY=testing
 ENV
   local ms=$((($(date +%s%N) - t0) / 1000000))
   echo "swift-s3: ready at http://127.0.0.1:$port in $((ms / 1000)).$(printf '%03d' $((ms % 1000))) s (dir $dir)" >&2
+}
+
+pause() {
+  local dir=$1 pid
+  pid=$(cat "$dir/run/proxy.pid") || die "$dir: no bed"
+  kill -TERM -- "-$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+}
+
+resume() {
+  local dir=$1
+  [ -r "$dir/port" ] || die "$dir: no bed"
+  start_server "$dir" proxy
+  wait_ready "$dir" "$(cat "$dir/port")" || die "the proxy did not come back (log: $dir/log/proxy.log)"
 }
 
 stop() {
@@ -213,6 +260,8 @@ run() {
 case "${1:-}" in
   start) [ $# -eq 3 ] || die "usage: $0 start DIR PORT"; start "$2" "$3" ;;
   stop) [ $# -eq 2 ] || die "usage: $0 stop DIR"; stop "$2" ;;
+  pause) [ $# -eq 2 ] || die "usage: $0 pause DIR"; pause "$2" ;;
+  resume) [ $# -eq 2 ] || die "usage: $0 resume DIR"; resume "$2" ;;
   run) [ $# -ge 4 ] || die "usage: $0 run DIR PORT CMD [ARGS...]"; run "$2" "$3" "${@:4}" ;;
-  *) die "usage: $0 start DIR PORT | stop DIR | run DIR PORT CMD [ARGS...]" ;;
+  *) die "usage: $0 start DIR PORT | stop DIR | pause DIR | resume DIR | run DIR PORT CMD [ARGS...]" ;;
 esac
