@@ -165,56 +165,75 @@ const char* env_or_null(const char* name) {
 Result<S3Location> parse_s3_location(std::string_view loc) {
   // Shown without the credentials: what follows the last '@' of the authority.
   std::string shown(loc);
-  if (const size_t at = loc.rfind('@', loc.find('/', loc.find("://") + 3)); at != std::string_view::npos)
-    shown = std::string(loc.substr(0, loc.find("://") + 3)) + std::string(loc.substr(at + 1));
+  const size_t scheme_end = loc.find("://");
+  if (scheme_end != std::string_view::npos) {
+    const size_t at = loc.substr(0, loc.find('/', scheme_end + 3)).rfind('@');
+    if (at != std::string_view::npos) shown = std::string(loc.substr(0, scheme_end + 3)) + std::string(loc.substr(at + 1));
+  }
   shown = quote_text(shown, 200);
   auto bad = [&](const std::string& why) {
     return Status::InvalidArgument("S3 location " + shown + ": " + why +
-                                   " (expected s3+http[s]://[ACCESS:SECRET@]HOST[:PORT]/BUCKET[/PREFIX][?region=R])");
+                                   " (expected s3://BUCKET[/PREFIX][?endpoint=URL&region=R] or "
+                                   "s3+http[s]://[ACCESS:SECRET@]HOST[:PORT]/BUCKET[/PREFIX][?region=R])");
   };
-  std::string scheme;
-  if (loc.starts_with("s3+http://")) scheme = "http";
-  else if (loc.starts_with("s3+https://")) scheme = "https";
-  else return bad("unknown scheme");
-  std::string_view rest = loc.substr(scheme.size() + 6);
+  if (scheme_end == std::string_view::npos) return bad("no scheme");
+  const std::string_view scheme = loc.substr(0, scheme_end);
+  const bool bare = scheme == "s3";  // s3://BUCKET/PREFIX: the endpoint from ?endpoint= or the environment
+  if (!bare && scheme != "s3+http" && scheme != "s3+https") return bad("unknown scheme");
+  std::string_view rest = loc.substr(scheme_end + 3);
   std::string_view query;
   if (const size_t q = rest.find('?'); q != std::string_view::npos) {
     query = rest.substr(q + 1);
     rest = rest.substr(0, q);
   }
-  const size_t slash = rest.find('/');
-  std::string_view authority = rest.substr(0, slash);
-  std::string_view path = slash == std::string_view::npos ? std::string_view() : rest.substr(slash + 1);
   S3Location out;
   S3Config& c = out.config;
-  if (const size_t at = authority.rfind('@'); at != std::string_view::npos) {
-    const std::string_view user = authority.substr(0, at);
-    const size_t colon = user.find(':');
-    if (colon == std::string_view::npos) return bad("credentials without ':' between access key and secret");
-    c.access_key = percent_decode(user.substr(0, colon));
-    c.secret_key = percent_decode(user.substr(colon + 1));
-    authority = authority.substr(at + 1);
+  std::string_view authority;
+  if (!bare) {
+    const size_t slash = rest.find('/');
+    authority = rest.substr(0, slash);
+    rest = slash == std::string_view::npos ? std::string_view() : rest.substr(slash + 1);
+    if (const size_t at = authority.rfind('@'); at != std::string_view::npos) {
+      const std::string_view user = authority.substr(0, at);
+      const size_t colon = user.find(':');
+      if (colon == std::string_view::npos) return bad("credentials without ':' between access key and secret");
+      c.access_key = percent_decode(user.substr(0, colon));
+      c.secret_key = percent_decode(user.substr(colon + 1));
+      authority = authority.substr(at + 1);
+    }
+    if (authority.empty()) return bad("no host");
+    c.endpoint = std::string(scheme.substr(3)) + "://" + std::string(authority);
   }
-  if (authority.empty()) return bad("no host");
-  c.endpoint = scheme + "://" + std::string(authority);
-  while (!path.empty() && path.back() == '/') path.remove_suffix(1);
-  const size_t bslash = path.find('/');
-  c.bucket = std::string(path.substr(0, bslash));
+  while (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
+  const size_t bslash = rest.find('/');
+  c.bucket = std::string(rest.substr(0, bslash));
   if (c.bucket.empty()) return bad("no bucket");
-  if (bslash != std::string_view::npos) out.prefix = std::string(path.substr(bslash + 1));
+  if (bslash != std::string_view::npos) out.prefix = std::string(rest.substr(bslash + 1));
   bool region_given = false;
   while (!query.empty()) {
     const size_t amp = query.find('&');
     const std::string_view kv = query.substr(0, amp);
     query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    if (!kv.starts_with("region=") || kv.size() == 7) return bad("unknown parameter " + quote_text(kv, 40));
-    c.region = percent_decode(kv.substr(7));
-    region_given = true;
+    if (kv.starts_with("region=") && kv.size() > 7) {
+      c.region = percent_decode(kv.substr(7));
+      region_given = true;
+    } else if (bare && kv.starts_with("endpoint=") && kv.size() > 9) {
+      c.endpoint = percent_decode(kv.substr(9));
+    } else {
+      return bad("unknown parameter " + quote_text(kv, 40));
+    }
   }
   if (!region_given) {
     if (const char* r = env_or_null("AWS_REGION")) c.region = r;
     else if (const char* r2 = env_or_null("AWS_DEFAULT_REGION")) c.region = r2;
   }
+  if (c.endpoint.empty()) {
+    if (const char* e = env_or_null("AWS_ENDPOINT_URL_S3")) c.endpoint = e;
+    else if (const char* e2 = env_or_null("AWS_ENDPOINT_URL")) c.endpoint = e2;
+    else c.endpoint = "https://s3." + c.region + ".amazonaws.com";
+  }
+  if (!c.endpoint.starts_with("http://") && !c.endpoint.starts_with("https://"))
+    return bad("endpoint " + quote_text(c.endpoint, 80) + " is not an http:// or https:// URL");
   if (c.access_key.empty()) {
     const char* a = env_or_null("AWS_ACCESS_KEY_ID");
     const char* s = env_or_null("AWS_SECRET_ACCESS_KEY");
@@ -222,7 +241,8 @@ Result<S3Location> parse_s3_location(std::string_view loc) {
     c.access_key = a;
     c.secret_key = s;
   }
-  out.redacted = "s3+" + scheme + "://" + std::string(authority) + "/" + c.bucket + (out.prefix.empty() ? "" : "/" + out.prefix);
+  const std::string path = c.bucket + (out.prefix.empty() ? "" : "/" + out.prefix);
+  out.redacted = bare ? "s3://" + path + " at " + c.endpoint : std::string(scheme) + "://" + std::string(authority) + "/" + path;
   return out;
 }
 

@@ -59,10 +59,13 @@ struct S3Config {
   S3RetryPolicy retry;
 };
 
-// An S3 location: "s3+http://[ACCESS:SECRET@]HOST[:PORT]/BUCKET[/PREFIX][?region=R]"
-// (s3+https for TLS). ACCESS and SECRET are percent-decoded ("test%3Atester").
-// Without them, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; without ?region,
-// AWS_REGION, AWS_DEFAULT_REGION, then us-east-1.
+// An S3 location, one of
+//   s3://BUCKET[/PREFIX][?endpoint=URL&region=R]   the endpoint from ?endpoint=, else
+//       AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else https://s3.<region>.amazonaws.com
+//   s3+http[s]://[ACCESS:SECRET@]HOST[:PORT]/BUCKET[/PREFIX][?region=R]
+// ACCESS and SECRET are percent-decoded ("test%3Atester"). Without them,
+// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; without ?region, AWS_REGION,
+// AWS_DEFAULT_REGION, then us-east-1.
 struct S3Location {
   S3Config config;
   std::string prefix;    // no leading or trailing '/'; may be empty

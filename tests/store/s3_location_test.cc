@@ -20,8 +20,31 @@ TEST(S3Location, Parse) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().message().find("supersecret"), std::string::npos) << bad.status().message();
   EXPECT_NE(bad.status().message().find("'s3+http://h/'"), std::string::npos) << bad.status().message();
-  EXPECT_FALSE(parse_s3_location("s3://b/p").ok());
+  EXPECT_FALSE(parse_s3_location("s3+ftp://a:b@h/b").ok());
   EXPECT_FALSE(parse_s3_location("s3+http://a:b@h/b?foo=1").ok());
+}
+
+TEST(S3Location, BareBucketWithEndpoint) {
+  setenv("AWS_ACCESS_KEY_ID", "AKID", 1);
+  setenv("AWS_SECRET_ACCESS_KEY", "SECRET", 1);
+  Result<S3Location> l = parse_s3_location("s3://kv-cache/team-a?endpoint=http%3A%2F%2F127.0.0.1%3A9000");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->config.endpoint, "http://127.0.0.1:9000");
+  EXPECT_EQ(l->config.bucket, "kv-cache");
+  EXPECT_EQ(l->prefix, "team-a");
+  EXPECT_EQ(l->redacted, "s3://kv-cache/team-a at http://127.0.0.1:9000");
+  setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1234", 1);
+  l = parse_s3_location("s3://kv-cache");
+  unsetenv("AWS_ENDPOINT_URL");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->config.endpoint, "http://127.0.0.1:1234");
+  l = parse_s3_location("s3://kv-cache?region=eu-west-3");
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->config.endpoint, "https://s3.eu-west-3.amazonaws.com");
+  EXPECT_FALSE(parse_s3_location("s3://kv-cache?endpoint=ftp://x").ok());
+  EXPECT_FALSE(parse_s3_location("s3:///prefix").ok());
+  unsetenv("AWS_ACCESS_KEY_ID");
+  unsetenv("AWS_SECRET_ACCESS_KEY");
 }
 
 TEST(S3Location, CredentialsFromTheEnvironment) {
