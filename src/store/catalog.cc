@@ -1,8 +1,8 @@
-// The catalog's core: the schema and its migrations, opening the database,
-// transactions, the statement cache, and the snapshot records themselves
-// (add, remove, get, resolve, list). The prefix index is in catalog_prefix.cc,
+// SqliteCatalog, the embedded catalog (sqlite_catalog.h), its core: the schema
+// and its migrations, opening the database, transactions, the statement cache,
+// and the snapshot records themselves (add, remove, get, resolve, list). The prefix index is in catalog_prefix.cc,
 // gc / stats / integrity in catalog_gc.cc, shared helpers in catalog_internal.h.
-#include "store/catalog.h"
+#include "store/sqlite_catalog.h"
 
 #include <openssl/rand.h>
 #include <sqlite3.h>
@@ -94,7 +94,7 @@ CREATE INDEX chunks_pack ON chunks(pack) WHERE pack IS NOT NULL;
 )sql",
 };
 constexpr int kNumMigrations = sizeof(kMigrations) / sizeof(kMigrations[0]);
-static_assert(kNumMigrations == Catalog::kSchemaVersion, "one migration per schema version");
+static_assert(kNumMigrations == SqliteCatalog::kSchemaVersion, "one migration per schema version");
 
 // ---------------------------------------------------------------- small helpers
 
@@ -141,7 +141,7 @@ bool uuid_like(const std::string& s) {
 
 // ---------------------------------------------------------------- statements
 
-Result<Catalog::Stmt> Catalog::stmt(const char* sql) {
+Result<SqliteCatalog::Stmt> SqliteCatalog::stmt(const char* sql) {
   auto it = stmts_.find(sql);
   if (it == stmts_.end()) {
     sqlite3_stmt* s = nullptr;
@@ -155,7 +155,7 @@ Result<Catalog::Stmt> Catalog::stmt(const char* sql) {
   return Stmt(*this, it->second.stmt, &it->second.in_use);
 }
 
-Result<Catalog::Stmt> Catalog::stmt_once(const std::string& sql) {
+Result<SqliteCatalog::Stmt> SqliteCatalog::stmt_once(const std::string& sql) {
   sqlite3_stmt* s = nullptr;
   int rc = sqlite3_prepare_v2(db_, sql.c_str(), -1, &s, nullptr);
   if (rc != SQLITE_OK) return sqlite_error(rc, "prepare " + sql);
@@ -163,7 +163,7 @@ Result<Catalog::Stmt> Catalog::stmt_once(const std::string& sql) {
 }
 
 // Reads KV_INFO_COLS starting at column 0 (tags are loaded separately).
-SnapshotInfo Catalog::info_from_row(const Stmt& st) {
+SnapshotInfo SqliteCatalog::info_from_row(const Stmt& st) {
   SnapshotInfo i;
   i.id = st.col_i64(0);
   i.uuid = st.col_text(1);
@@ -187,7 +187,7 @@ SnapshotInfo Catalog::info_from_row(const Stmt& st) {
 
 // ---------------------------------------------------------------- open, errors, transactions
 
-Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, const CatalogOptions& options) {
+Result<std::unique_ptr<SqliteCatalog>> SqliteCatalog::open(const std::string& path, const CatalogOptions& options) {
   sqlite3* db = nullptr;
   int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE;
   int rc = sqlite3_open_v2(path.c_str(), &db, flags, options.vfs.empty() ? nullptr : options.vfs.c_str());
@@ -196,7 +196,7 @@ Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, const Ca
     sqlite3_close_v2(db);
     return Status::IOError(path + ": cannot open the catalog: " + msg);
   }
-  std::unique_ptr<Catalog> c(new Catalog(db, path, options));
+  std::unique_ptr<SqliteCatalog> c(new SqliteCatalog(db, path, options));
   sqlite3_busy_timeout(db, options.busy_timeout_ms);
   // journal_mode=WAL needs a moment of exclusivity the first time; retry like a write.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options.busy_timeout_ms);
@@ -229,12 +229,17 @@ Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, const Ca
   return c;
 }
 
-Catalog::~Catalog() {
+Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, const CatalogOptions& options) {
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<SqliteCatalog> c, SqliteCatalog::open(path, options));
+  return std::unique_ptr<Catalog>(std::move(c));
+}
+
+SqliteCatalog::~SqliteCatalog() {
   for (auto& [sql, s] : stmts_) sqlite3_finalize(s.stmt);
   sqlite3_close_v2(db_);
 }
 
-Status Catalog::sqlite_error(int rc, const std::string& what) {
+Status SqliteCatalog::sqlite_error(int rc, const std::string& what) {
   std::string msg = path_ + ": " + sqlite3_errmsg(db_) + " (" + what.substr(0, 80) + ")";
   switch (rc & 0xff) {
     case SQLITE_CORRUPT:
@@ -251,7 +256,7 @@ Status Catalog::sqlite_error(int rc, const std::string& what) {
   }
 }
 
-Status Catalog::exec(const char* sql) {
+Status SqliteCatalog::exec(const char* sql) {
   char* err = nullptr;
   int rc = sqlite3_exec(db_, sql, nullptr, nullptr, &err);
   sqlite3_free(err);
@@ -263,7 +268,7 @@ Status Catalog::exec(const char* sql) {
 // upgrade a read lock (which in WAL mode fails with SQLITE_BUSY without
 // waiting). The busy handler waits inside each attempt; the loop covers the
 // cases where SQLite returns BUSY without calling it.
-Status Catalog::begin_immediate() {
+Status SqliteCatalog::begin_immediate() {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.busy_timeout_ms);
   std::minstd_rand jitter(static_cast<unsigned>(reinterpret_cast<uintptr_t>(this)));
   for (int attempt = 0;; ++attempt) {
@@ -277,7 +282,7 @@ Status Catalog::begin_immediate() {
   }
 }
 
-Status Catalog::commit() {
+Status SqliteCatalog::commit() {
   int rc = sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr);
   if (rc == SQLITE_OK) return Status::OK();
   Status s = sqlite_error(rc, "COMMIT");
@@ -285,12 +290,12 @@ Status Catalog::commit() {
   return s;
 }
 
-void Catalog::rollback() {
+void SqliteCatalog::rollback() {
   // After some errors (I/O, full disk) SQLite has already rolled back.
   if (!sqlite3_get_autocommit(db_)) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
 }
 
-Result<int> Catalog::schema_version() {
+Result<int> SqliteCatalog::schema_version() {
   KV_ASSIGN_OR_RETURN(Stmt st, stmt("PRAGMA user_version"));
   KV_ASSIGN_OR_RETURN(bool row, st.step());
   return row ? static_cast<int>(st.col_i64(0)) : 0;
@@ -298,11 +303,11 @@ Result<int> Catalog::schema_version() {
 
 static Status too_new(const std::string& path, int v) {
   return Status::NotSupported(path + ": the catalog has schema version " + std::to_string(v) +
-                              " but this kvsnap knows versions up to " + std::to_string(Catalog::kSchemaVersion) +
+                              " but this kvsnap knows versions up to " + std::to_string(SqliteCatalog::kSchemaVersion) +
                               ": it was written by a newer kvsnap; upgrade kvsnap to use this store");
 }
 
-Status Catalog::migrate() {
+Status SqliteCatalog::migrate() {
   KV_ASSIGN_OR_RETURN(int v, schema_version());
   if (v > kSchemaVersion) return too_new(path_, v);
   if (v == kSchemaVersion) return Status::OK();
@@ -320,7 +325,7 @@ Status Catalog::migrate() {
 
 // ---------------------------------------------------------------- add / remove
 
-Result<SnapshotInfo> Catalog::add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks) {
+Result<SnapshotInfo> SqliteCatalog::add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks) {
   SnapshotInfo& info = rec.info;
   if (info.name) {
     if (info.name->empty()) return Status::InvalidArgument("a snapshot name cannot be empty");
@@ -424,7 +429,7 @@ Result<SnapshotInfo> Catalog::add_snapshot(SnapshotRecord rec, const std::vector
   return std::move(info);
 }
 
-Result<std::vector<ChunkHash>> Catalog::remove_snapshot(int64_t id) {
+Result<std::vector<ChunkHash>> SqliteCatalog::remove_snapshot(int64_t id) {
   std::vector<ChunkHash> freed;
   Status s = write_txn([&]() -> Status {
     freed.clear();
@@ -466,7 +471,7 @@ Result<std::vector<ChunkHash>> Catalog::remove_snapshot(int64_t id) {
 
 // ---------------------------------------------------------------- reading
 
-Result<SnapshotInfo> Catalog::get_info(int64_t id) {
+Result<SnapshotInfo> SqliteCatalog::get_info(int64_t id) {
   SnapshotInfo info;
   {
     KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT " KV_INFO_COLS " FROM snapshots s WHERE s.id = ?1"));
@@ -485,7 +490,7 @@ Result<SnapshotInfo> Catalog::get_info(int64_t id) {
   return info;
 }
 
-Result<SnapshotRecord> Catalog::get(int64_t id) {
+Result<SnapshotRecord> SqliteCatalog::get(int64_t id) {
   SnapshotRecord rec;
   KV_ASSIGN_OR_RETURN(rec.info, get_info(id));
   KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT manifest, tokens FROM snapshot_blobs WHERE snapshot_id = ?1"));
@@ -515,7 +520,7 @@ static constexpr auto read_chunk_row = [](const auto& q, ChunkUse& u) {
   return true;
 };
 
-Result<std::vector<ChunkUse>> Catalog::chunks_of(int64_t id) {
+Result<std::vector<ChunkUse>> SqliteCatalog::chunks_of(int64_t id) {
   KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT c.sha256, c.raw_size, c.stored_size, c.pack, c.pack_offset "
                                    "FROM snapshot_chunks sc JOIN chunks c ON c.sha256 = sc.sha256 "
                                    "WHERE sc.snapshot_id = ?1 ORDER BY sc.idx"));
@@ -531,7 +536,7 @@ Result<std::vector<ChunkUse>> Catalog::chunks_of(int64_t id) {
   return out;
 }
 
-Result<std::optional<ChunkUse>> Catalog::find_chunk(const ChunkHash& h) {
+Result<std::optional<ChunkUse>> SqliteCatalog::find_chunk(const ChunkHash& h) {
   KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT sha256, raw_size, stored_size, pack, pack_offset FROM chunks WHERE sha256 = ?1"));
   q.blob(1, h.bytes);
   KV_ASSIGN_OR_RETURN(bool row, q.step());
@@ -541,7 +546,7 @@ Result<std::optional<ChunkUse>> Catalog::find_chunk(const ChunkHash& h) {
   return std::optional<ChunkUse>(std::move(u));
 }
 
-Result<int64_t> Catalog::resolve(const std::string& ref) {
+Result<int64_t> SqliteCatalog::resolve(const std::string& ref) {
   if (ref.empty()) return Status::InvalidArgument("an empty snapshot reference");
   {
     KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT id FROM snapshots WHERE name = ?1"));
@@ -589,7 +594,7 @@ Result<int64_t> Catalog::resolve(const std::string& ref) {
   return Status::NotFound(msg);
 }
 
-Result<std::vector<SnapshotInfo>> Catalog::list(const ListFilter& f) {
+Result<std::vector<SnapshotInfo>> SqliteCatalog::list(const ListFilter& f) {
   std::string sql = "SELECT " KV_INFO_COLS " FROM snapshots s WHERE 1";
   std::vector<std::string> args;
   auto arg = [&](const std::string& v) {

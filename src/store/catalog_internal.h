@@ -1,6 +1,6 @@
-// Internal to src/store/catalog*.cc: the prepared-statement wrapper over
-// SQLite, the write-transaction helper, the snapshot column list and the token
-// hashing helpers the catalog files share. Not a public header.
+// Internal to src/store/catalog*.cc (SqliteCatalog): the prepared-statement
+// wrapper over SQLite, the write-transaction helper, the snapshot column list
+// and the token hashing helpers the catalog files share. Not a public header.
 #pragma once
 
 #include <sqlite3.h>
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "base/sha256.h"
-#include "store/catalog.h"
+#include "store/sqlite_catalog.h"
 
 namespace kvsnap {
 
@@ -72,10 +72,10 @@ inline std::string lower(std::string s) {
 
 // A prepared statement in use: cached ones are reset (not finalized) when it
 // goes out of scope, so no statement is left mid-step across a COMMIT.
-class Catalog::Stmt {
+class SqliteCatalog::Stmt {
  public:
   // `in_use`: the cache's flag for this statement, cleared when done.
-  Stmt(Catalog& c, sqlite3_stmt* s, bool* in_use) : c_(&c), s_(s), in_use_(in_use) {}
+  Stmt(SqliteCatalog& c, sqlite3_stmt* s, bool* in_use) : c_(&c), s_(s), in_use_(in_use) {}
   Stmt(Stmt&& o) noexcept : c_(o.c_), s_(o.s_), in_use_(o.in_use_) { o.s_ = nullptr; }
   Stmt& operator=(Stmt&&) = delete;
   void reset() {
@@ -146,13 +146,13 @@ class Catalog::Stmt {
   }
 
  private:
-  Catalog* c_;
+  SqliteCatalog* c_;
   sqlite3_stmt* s_;
   bool* in_use_;  // nullptr: a one-off statement, finalized when done
 };
 
 template <class F>
-Status Catalog::write_txn(F&& body) {
+Status SqliteCatalog::write_txn(F&& body) {
   KV_RETURN_IF_ERROR(begin_immediate());
   Status s = body();
   if (!s.ok()) {

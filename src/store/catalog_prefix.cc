@@ -1,4 +1,4 @@
-// Catalog: the token-prefix index. Finds the snapshots whose tokens are a prefix
+// SqliteCatalog: the token-prefix index. Finds the snapshots whose tokens are a prefix
 // of a query by hashing the query at each kPrefixStride anchor and probing the
 // (anchor_len, anchor_hash) and (n_tokens, full_hash) indexes.
 #include <algorithm>
@@ -14,7 +14,7 @@ using namespace catalog_detail;
 // ---------------------------------------------------------------- prefix search
 
 // Tokens are not compared here.
-Result<std::vector<std::pair<int64_t, int64_t>>> Catalog::prefix_candidates(std::span<const int32_t> query) {
+Result<std::vector<std::pair<int64_t, int64_t>>> SqliteCatalog::prefix_candidates(std::span<const int32_t> query) {
   const int64_t m = static_cast<int64_t>(query.size());
   std::vector<std::byte> q = tokens_le(query);
   std::vector<std::pair<int64_t, int64_t>> ids;
@@ -82,7 +82,7 @@ Result<std::vector<std::pair<int64_t, int64_t>>> Catalog::prefix_candidates(std:
   return ids;
 }
 
-Result<std::vector<SnapshotInfo>> Catalog::find_prefix(std::span<const int32_t> query,
+Result<std::vector<SnapshotInfo>> SqliteCatalog::find_prefix(std::span<const int32_t> query,
                                                        const std::string& model_fingerprint, size_t limit) {
   std::vector<SnapshotInfo> out;
   if (query.empty() || limit == 0) return out;

@@ -1,4 +1,6 @@
 #include "store/catalog.h"
+#include "store/local_blob_store.h"
+#include "store/sqlite_catalog.h"
 
 #include <gtest/gtest.h>
 #include <sqlite3.h>
@@ -116,7 +118,7 @@ class CatalogTest : public ::testing::Test {
 TEST_F(CatalogTest, FreshFileIsMigratedToCurrentVersionWithWal) {
   auto c = open();
   ASSERT_TRUE(c);
-  EXPECT_EQ(*c->schema_version(), Catalog::kSchemaVersion);
+  EXPECT_EQ(*c->schema_version(), SqliteCatalog::kSchemaVersion);
   EXPECT_TRUE(fs::exists(root_ + "/catalog.sqlite-wal")) << "WAL mode";
   expect_consistent(*c);
 }
@@ -125,7 +127,7 @@ TEST_F(CatalogTest, EmptyVersionZeroDatabaseMigrates) {
   raw_sql(db_path_, "PRAGMA user_version = 0; CREATE TABLE unrelated(x); DROP TABLE unrelated;");
   auto c = open();
   ASSERT_TRUE(c);
-  EXPECT_EQ(*c->schema_version(), Catalog::kSchemaVersion);
+  EXPECT_EQ(*c->schema_version(), SqliteCatalog::kSchemaVersion);
   EXPECT_GT(add(*c, record("x")), 0);
   // Reopening an up-to-date catalog changes nothing.
   c.reset();
@@ -156,7 +158,7 @@ TEST_F(CatalogTest, ConcurrentFirstOpensMigrateOnce) {
   for (int i = 0; i < 6; ++i) {
     opens.push_back(std::async(std::launch::async, [&] {
       auto c = Catalog::open(db_path_);
-      return c.ok() && *(*c)->schema_version() == Catalog::kSchemaVersion;
+      return c.ok() && *(*c)->schema_version() == SqliteCatalog::kSchemaVersion;
     }));
   }
   for (auto& f : opens) EXPECT_TRUE(f.get());
@@ -527,7 +529,7 @@ Status save(BlobStore& blobs, Catalog& cat, SnapshotRecord rec, const std::vecto
     (void)o;
     uses.push_back(ChunkUse{h, raw.size(), stored.size()});
   }
-  KV_RETURN_IF_ERROR(batch->sync_dirs());
+  KV_RETURN_IF_ERROR(batch->commit());
   return cat.add_snapshot(std::move(rec), uses).status();
 }
 
@@ -541,7 +543,7 @@ TEST_P(SaveFaultTest, AFailedBlobWriteOrSyncLeavesNoSnapshotAndNoPartialBlob) {
   FaultOp op = ops[GetParam() % 6];
   int nth = 1 + GetParam() / 6;
   FaultInjectingIo io(posix_io());
-  auto blobs = std::move(BlobStore::open(io, root_)).value();
+  auto blobs = std::move(LocalBlobStore::open(io, root_)).value();
   auto c = open();
   ASSERT_TRUE(save(*blobs, *c, record("before"), {"shared", "old"}).ok());
   if (GetParam() % 7 == 3) {
@@ -763,7 +765,7 @@ class GcTest : public CatalogTest {
  protected:
   void SetUp() override {
     CatalogTest::SetUp();
-    blobs_ = std::move(BlobStore::open(posix_io(), root_)).value();
+    blobs_ = std::move(LocalBlobStore::open(posix_io(), root_)).value();
     cat_ = open();
   }
   std::unique_ptr<BlobStore> blobs_;
@@ -801,7 +803,7 @@ TEST_F(GcTest, GcNeverDeletesBlobsOfASaveInProgress) {
   auto batch = std::move(blobs_->begin_write()).value();
   ASSERT_TRUE(batch->put(chunk("fresh"), bytes_of("z:fresh")).ok());
   EXPECT_EQ(*batch->put(chunk("revived"), bytes_of("z:revived")), PutOutcome::kExisted);
-  ASSERT_TRUE(batch->sync_dirs().ok());
+  ASSERT_TRUE(batch->commit().ok());
 
   auto gc = collect_garbage(*cat_, *blobs_);
   ASSERT_TRUE(gc.ok());
