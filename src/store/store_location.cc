@@ -6,6 +6,7 @@
 
 #include "base/json_access.h"
 #include "store/local_blob_store.h"
+#include "store/s3_blob_store.h"
 
 namespace kvsnap {
 
@@ -155,9 +156,16 @@ Result<std::unique_ptr<Catalog>> open_catalog(const StoreLocation& where) {
 }
 
 Result<std::unique_ptr<BlobStore>> open_blob_store(Io& io, const StoreLocation& where) {
-  if (where.blob_kind == BlobKind::kS3)
-    return Status::NotSupported(where.blobs + ": S3 blob stores are not built yet (issue 16); use a directory in " +
-                                where.config);
+  if (where.blob_kind == BlobKind::kS3) {
+    KV_ASSIGN_OR_RETURN(S3Location s3, parse_s3_location(where.blobs));
+    S3BlobStoreOptions opt;
+    opt.staging_dir = where.local_dir + "/tmp/s3-packs";
+    opt.cache_dir = where.local_dir + "/s3-cache";
+    // The gc locks of a SQLite catalog's store: a file on this host (gc_lock.h).
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<S3BlobStore> blobs,
+                        S3BlobStore::open(io, std::move(s3), std::move(opt), file_gc_locks(io, where.local_dir + "/gc.lock")));
+    return std::unique_ptr<BlobStore>(std::move(blobs));
+  }
   KV_ASSIGN_OR_RETURN(std::unique_ptr<LocalBlobStore> blobs, LocalBlobStore::open(io, where.blobs));
   return std::unique_ptr<BlobStore>(std::move(blobs));
 }
