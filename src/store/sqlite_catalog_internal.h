@@ -1,4 +1,4 @@
-// Internal to src/store/catalog*.cc (SqliteCatalog): the prepared-statement
+// Internal to src/store/sqlite_catalog*.cc (SqliteCatalog): the prepared-statement
 // wrapper over SQLite, the write-transaction helper, the snapshot column list
 // and the token hashing helpers the catalog files share. Not a public header.
 #pragma once
