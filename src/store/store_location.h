@@ -25,8 +25,14 @@
 // S3 blobs are parsed and refused with kNotSupported until they are built.
 //
 // The gc locks (gc_lock.h) follow the catalog: a SQLite catalog's store locks
-// <blob directory>/gc.lock; a shared catalog server will provide its own, so
-// that gc is safe across hosts.
+// <blob directory>/gc.lock (today's; <local_dir>/gc.lock is the place for blobs
+// that are not local, as a SQLite catalog serves one host); a shared catalog
+// server will provide its own, so that gc is safe across hosts.
+// open_store_parts() is where a backend's locks are handed to the blob store.
+//
+// Not yet handled for a configured store: the store's own temporaries
+// (restore, import) stay in <local_dir>/tmp, which gc empties only when the
+// blobs are local in that same directory.
 #pragma once
 
 #include <memory>
