@@ -108,7 +108,7 @@ std::string main_page(const CLI::App& root) {
       s += ".TP\n.B " + roff(c.path) + "\n" + roff(c.app->get_description()) + "\n";
   s += ".SH EXIT STATUS\n";
   for (const ExitMeaning& e : kExitMeanings) s += ".TP\n.B " + std::to_string(e.code) + "\n" + roff(e.meaning) + "\n";
-  s += ".SH ENVIRONMENT\n.TP\n.B KVSNAP_HOME\nthe store directory when \\-\\-store is not given "
+  s += ".SH ENVIRONMENT\n.TP\n.B KVSNAP_HOME\nthe store (a directory, or a store config file) when \\-\\-store is not given "
        "(default: ~/.local/share/kvsnap)\n.TP\n.B KVSNAP_SIMD\nscalar, avx2 or avx512: lowers the SIMD level of the "
        "conversion kernels (the output bytes are the same)\n.TP\n.B KVSNAP_PROGRESS_DELAY_MS\nhow long a command runs "
        "before it shows progress on a terminal (default 1000)\n";

@@ -22,7 +22,7 @@ namespace kvsnap::cli {
 using json = nlohmann::ordered_json;
 
 std::string mib(uint64_t b);  // "1.25 MiB"
-Result<std::unique_ptr<Store>> open_store(const std::string& dir);  // --store DIR, $KVSNAP_HOME, XDG
+Result<std::unique_ptr<Store>> open_store(const std::string& dir);  // --store, $KVSNAP_HOME, XDG (store_location.h)
 json info_json(const SnapshotInfo& s);
 // The blob bytes reading these snapshots takes (every snapshot when `refs` is empty): the
 // total of a progress display. 0 when a ref does not resolve (the command itself will say so).
@@ -40,7 +40,7 @@ std::string server_build_note(const ServerBuild& b);
 // stdout, an error on stderr, the exit code in exit_status.
 template <class Opts, class Run>
 void bind(CLI::App* sub, std::shared_ptr<Opts> o, Run run, const char* name, int& exit_status) {
-  sub->add_option("--store", o->store, "the store directory (default: $KVSNAP_HOME, else ~/.local/share/kvsnap)");
+  sub->add_option("--store", o->store, "the store: a directory, or a store config file FILE.json (docs/store.md) (default: $KVSNAP_HOME, else ~/.local/share/kvsnap)");
   sub->callback([o, run, name, &exit_status]() {
     std::string out;
     Status s = run(*o, out);

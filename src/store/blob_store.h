@@ -143,7 +143,8 @@ class BlobStore {
   // kInvalidArgument when where.size > max_bytes.
   virtual Status get_into(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes,
                           std::vector<std::byte>& out) = 0;
-  // The same, returned.
+  // The same, returned. (An implementation that overrides get() above says
+  // `using BlobStore::get;` so that this one stays visible through it.)
   Result<std::vector<std::byte>> get(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes);
   // Every loose blob, sorted. Ignores names that are not blobs (foreign
   // objects are never deleted by gc).

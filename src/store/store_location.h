@@ -26,8 +26,14 @@
 // directory holding store.json is configured by it.
 //
 // The gc locks (gc_lock.h) follow the catalog: a SQLite catalog's store locks
-// <blob directory>/gc.lock; a PostgreSQL catalog's store uses advisory locks in
-// its database (pg_gc_locks.h), so that gc is safe across hosts.
+// <blob directory>/gc.lock (<local_dir>/gc.lock for blobs that are not local,
+// as a SQLite catalog serves one host); a PostgreSQL catalog's store uses
+// advisory locks in its database (pg_gc_locks.h), so that gc is safe across
+// hosts. open_blob_store() is where a backend's locks are handed to the blob store.
+//
+// Not yet handled for a configured store: the store's own temporaries
+// (restore, import) stay in <local_dir>/tmp, which gc empties only when the
+// blobs are local in that same directory.
 #pragma once
 
 #include <memory>

@@ -1,4 +1,4 @@
-// Internal to src/store/catalog*.cc (SqliteCatalog): the prepared-statement
+// Internal to src/store/sqlite_catalog*.cc (SqliteCatalog): the prepared-statement
 // wrapper over SQLite, the write-transaction helper and the snapshot column
 // list the catalog files share (the token hashing helpers are in
 // catalog_rules.h, shared with the PostgreSQL catalog). Not a public header.

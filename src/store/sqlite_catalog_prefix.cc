@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "store/catalog_internal.h"
+#include "store/sqlite_catalog_internal.h"
 
 namespace kvsnap {
 

@@ -1,7 +1,8 @@
 // SqliteCatalog, the embedded catalog (sqlite_catalog.h), its core: the schema
 // and its migrations, opening the database, transactions, the statement cache,
-// and the snapshot records themselves (add, remove, get, resolve, list). The prefix index is in catalog_prefix.cc,
-// gc / stats / integrity in catalog_gc.cc, shared helpers in catalog_internal.h.
+// and the snapshot records themselves (add, remove, get, resolve, list). The prefix index is in
+// sqlite_catalog_prefix.cc, gc / stats / integrity in sqlite_catalog_gc.cc,
+// shared helpers in sqlite_catalog_internal.h.
 #include "store/sqlite_catalog.h"
 
 #include <sqlite3.h>
@@ -17,7 +18,7 @@
 #include <thread>
 
 #include "base/sha256.h"
-#include "store/catalog_internal.h"
+#include "store/sqlite_catalog_internal.h"
 
 namespace kvsnap {
 
