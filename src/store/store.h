@@ -130,6 +130,7 @@ class Store {
   Result<ImportReport> import_from(const std::string& path);
 
   Catalog& catalog() { return *catalog_; }
+  BlobStore& blobs() { return *blobs_; }
   // The local directory (StoreLocation::local_dir).
   const StorePaths& paths() const { return paths_; }
 
