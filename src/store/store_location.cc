@@ -6,6 +6,8 @@
 
 #include "base/json_access.h"
 #include "store/local_blob_store.h"
+#include "store/pg_catalog.h"
+#include "store/pg_gc_locks.h"
 
 namespace kvsnap {
 
@@ -148,9 +150,10 @@ Result<StoreLocation> resolve_store_location(Io& io, const std::string& given) {
 }
 
 Result<std::unique_ptr<Catalog>> open_catalog(const StoreLocation& where) {
-  if (where.catalog_kind == CatalogKind::kPostgres)
-    return Status::NotSupported(without_password(where.catalog) + ": PostgreSQL catalogs are not built yet (issue 16); "
-                                "use a SQLite catalog (a path) in " + where.config);
+  if (where.catalog_kind == CatalogKind::kPostgres) {
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<PgCatalog> pg, PgCatalog::open(where.catalog));
+    return std::unique_ptr<Catalog>(std::move(pg));
+  }
   return Catalog::open(where.catalog);
 }
 
@@ -158,7 +161,10 @@ Result<std::unique_ptr<BlobStore>> open_blob_store(Io& io, const StoreLocation& 
   if (where.blob_kind == BlobKind::kS3)
     return Status::NotSupported(where.blobs + ": S3 blob stores are not built yet (issue 16); use a directory in " +
                                 where.config);
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<LocalBlobStore> blobs, LocalBlobStore::open(io, where.blobs));
+  // The gc locks follow the catalog: a PostgreSQL catalog shared by hosts locks in its database.
+  std::unique_ptr<GcLocks> locks;
+  if (where.catalog_kind == CatalogKind::kPostgres) locks = std::make_unique<PgGcLocks>(where.catalog);
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<LocalBlobStore> blobs, LocalBlobStore::open(io, where.blobs, std::move(locks)));
   return std::unique_ptr<BlobStore>(std::move(blobs));
 }
 

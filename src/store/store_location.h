@@ -1,8 +1,8 @@
 // Where a store is, and opening its parts. What the user gives `--store` (or
 // $KVSNAP_HOME) is parsed into three parts:
 //
-//   catalog    which snapshots exist (catalog.h): a SQLite file, or (reserved)
-//              a PostgreSQL server, postgresql://USER@HOST[:PORT]/DB
+//   catalog    which snapshots exist (catalog.h): a SQLite file, or a
+//              PostgreSQL database, postgresql://USER@HOST[:PORT]/DB (pg_catalog.h)
 //   blobs      the chunk blobs (blob_store.h): a directory, or (reserved) an
 //              S3-compatible bucket, s3://BUCKET[/PREFIX]
 //   local_dir  this host's own directory, always local: temporaries of
@@ -21,14 +21,15 @@
 // to local_dir, local_dir to the config file's directory; relative paths are
 // relative to that directory; an unknown key is an error (a typo must not
 // silently give another store). `--store FILE.json` names a config file, and a
-// directory holding store.json is configured by it. The PostgreSQL catalog and
-// S3 blobs are parsed and refused with kNotSupported until they are built.
+// directory holding store.json is configured by it. S3 blobs are parsed and
+// refused with kNotSupported until they are built.
 //
 // The gc locks (gc_lock.h) follow the catalog: a SQLite catalog's store locks
-// <blob directory>/gc.lock (today's; <local_dir>/gc.lock is the place for blobs
-// that are not local, as a SQLite catalog serves one host); a shared catalog
-// server will provide its own, so that gc is safe across hosts.
-// open_store_parts() is where a backend's locks are handed to the blob store.
+// <blob directory>/gc.lock; a PostgreSQL catalog's store uses advisory locks in
+// its database (pg_gc_locks.h), so that gc is safe across hosts.
+// open_store_parts() is where a backend's locks are handed to the blob store;
+// for blobs that are not local under a SQLite catalog (one host),
+// <local_dir>/gc.lock is the place.
 //
 // Not yet handled for a configured store: the store's own temporaries
 // (restore, import) stay in <local_dir>/tmp, which gc empties only when the
