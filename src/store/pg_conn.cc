@@ -14,7 +14,7 @@ namespace kvsnap {
 namespace {
 
 // pg_type OIDs (catalog/pg_type.dat): fixed since PostgreSQL 7.
-constexpr uint32_t kBool = 16, kBytea = 17, kInt8 = 20, kText = 25, kTextArray = 1009, kByteaArray = 1001,
+constexpr uint32_t kBytea = 17, kInt8 = 20, kText = 25, kTextArray = 1009, kByteaArray = 1001,
                    kInt8Array = 1016;
 
 // The binary array format: ndim, has-nulls flag, element type, then per
