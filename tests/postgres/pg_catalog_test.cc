@@ -138,6 +138,40 @@ TEST_F(PgCatalogTest, ServerErrorsCarryTheServersMessage) {
   EXPECT_TRUE(c->add_snapshot(record("small", iota_tokens(5)), {use("a")}).ok());
 }
 
+// A save waiting on a chunk row another transaction holds gives up after
+// busy_timeout_ms, says the catalog is busy, and leaves nothing behind.
+TEST_F(PgCatalogTest, ARowLockHeldTooLongIsBusy) {
+  auto c = open();
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->add_snapshot(record("first"), {use("hot")}).ok());
+  PGconn* holder = PQconnectdb(b_.url.c_str());
+  ASSERT_EQ(PQstatus(holder), CONNECTION_OK);
+  PQclear(PQexec(holder, "BEGIN"));
+  PQclear(PQexec(holder, "SELECT 1 FROM chunks FOR UPDATE"));
+  CatalogOptions quick;
+  quick.busy_timeout_ms = 300;
+  auto waiting = PgCatalog::open(b_.url, quick);
+  ASSERT_TRUE(waiting.ok()) << waiting.status().ToString();
+  auto r = (*waiting)->add_snapshot(record("second"), {use("hot")});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kIOError);
+  EXPECT_NE(r.status().message().find("the catalog is busy"), std::string::npos) << r.status().message();
+  PQclear(PQexec(holder, "ROLLBACK"));
+  PQfinish(holder);
+  EXPECT_EQ(c->resolve("second").status().code(), Code::kNotFound);
+  ASSERT_TRUE((*waiting)->add_snapshot(record("second"), {use("hot")}).ok()) << "fine once the lock is gone";
+  EXPECT_EQ(b_.refcounts()[chunk("hot").hex()], 2);
+}
+
+TEST_F(PgCatalogTest, AMalformedSchemaVersionIsCorruption) {
+  { ASSERT_TRUE(open()); }
+  b_.sql("UPDATE kvsnap_meta SET value = 'two' WHERE key = 'schema_version'");
+  auto c = PgCatalog::open(b_.url);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kCorruption) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("'two'"), std::string::npos) << c.status().message();
+}
+
 // The server ends the catalog's connection (a restart, a failover, an admin):
 // the call in flight fails with kIOError, the next one reconnects.
 TEST_F(PgCatalogTest, ADroppedConnectionIsAnErrorThenReconnects) {
