@@ -12,7 +12,8 @@
 // rows naming a chunk; the prefix index stores the same (anchor_len,
 // anchor_hash, n_tokens, full_hash) keys as 16-byte bytea and answers
 // find_prefix() by the same band/probe plan, but sends all of a query's
-// anchor probes in one statement (a round trip costs more than an index probe).
+// anchor probes in one statement (a round trip costs more than an index probe)
+// and has the server compare the candidates' tokens with the query.
 //
 // Concurrency (many processes, many hosts). Transactions run at READ COMMITTED
 // and take row locks explicitly instead of relying on SERIALIZABLE:
@@ -41,8 +42,8 @@
 //
 // Schema (version kSchemaVersion, in table kvsnap_meta(key, value), key
 // 'schema_version'; migrations are applied in order in one transaction under an
-// advisory lock, so concurrent first opens migrate once; a
-// newer version than this code knows is refused with kNotSupported): the
+// advisory lock, so concurrent first opens migrate once; a newer version than
+// this code knows is refused with kNotSupported): the
 // tables of the SQLite catalog (snapshots, snapshot_blobs, tags, chunks,
 // snapshot_chunks) with the same columns and indexes; text that is compared or
 // ordered (uuid, name, created, tags) uses COLLATE "C" so ordering and uuid
