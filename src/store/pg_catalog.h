@@ -105,7 +105,8 @@ class PgCatalog : public Catalog {
   // Infos (with tags) of `ids` that exist, in the order of `ids`.
   Result<std::vector<SnapshotInfo>> infos(const std::vector<int64_t>& ids);
   // (n_tokens, id) of the snapshots whose hashes say "prefix of query".
-  Result<std::vector<std::pair<int64_t, int64_t>>> prefix_candidates(std::span<const int32_t> query);
+  // With `begin`, a REPEATABLE READ READ ONLY transaction starts with the first statement.
+  Result<std::vector<std::pair<int64_t, int64_t>>> prefix_candidates(std::span<const int32_t> query, bool begin);
 
   std::unique_ptr<PgConn> conn_;
   std::string where_;

@@ -189,6 +189,17 @@ TEST_F(PgCatalogTest, ADroppedConnectionIsAnErrorThenReconnects) {
   EXPECT_EQ(again->size(), 1u);
   ASSERT_TRUE(c->add_snapshot(record("after"), {use("a")}).ok()) << "statements are prepared again";
   expect_consistent(*c);
+  // The same for find_prefix, whose statements travel in pipelines.
+  query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'kvsnap-dropped'");
+  auto lost = c->find_prefix(std::vector<int32_t>{1, 2, 3, 4});
+  ASSERT_FALSE(lost.ok());
+  EXPECT_EQ(lost.status().code(), Code::kIOError) << lost.status().ToString();
+  auto found = c->find_prefix(std::vector<int32_t>{1, 2, 3, 4});
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(found->size(), 2u);
+  auto twice = c->find_prefix(std::vector<int32_t>{1, 2, 3, 4}, "", 1);
+  ASSERT_TRUE(twice.ok()) << twice.status().ToString();
+  EXPECT_EQ(twice->size(), 1u);
 }
 
 // A save killed (kill -9) in the middle of its transaction: nothing of it is
