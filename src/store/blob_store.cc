@@ -2,6 +2,9 @@
 // take, and the calls built on the backend's own.
 #include "store/blob_store.h"
 
+#include <algorithm>
+#include <random>
+
 #include "base/sha256.h"
 
 namespace kvsnap {
@@ -21,6 +24,28 @@ Result<ChunkHash> ChunkHash::from_hex(std::string_view hex) {
 }
 
 std::string ChunkHash::hex() const { return to_hex(bytes); }
+
+namespace {
+bool lower_hex(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+}  // namespace
+
+bool is_blob_name(std::string_view name) { return name.size() == 64 && lower_hex(name); }
+
+bool is_pack_name(std::string_view name) {
+  constexpr size_t kHex = 16;
+  return name.size() == kHex + 5 && name.substr(kHex) == ".pack" && lower_hex(name.substr(0, kHex));
+}
+
+std::string new_pack_name() {
+  std::random_device rd;
+  const uint64_t v = (uint64_t(rd()) << 32) ^ rd();
+  static const char* kDigits = "0123456789abcdef";
+  std::string s(16, '0');
+  for (int i = 0; i < 16; ++i) s[i] = kDigits[(v >> (60 - 4 * i)) & 15];
+  return s;
+}
 
 BlobWriteBatch::~BlobWriteBatch() = default;
 BlobStore::~BlobStore() = default;

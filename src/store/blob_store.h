@@ -80,6 +80,15 @@ struct BlobLocation {
 
 enum class PutOutcome { kWritten, kExisted };
 
+// The names every backend gives its blobs and packs (a directory's files, an
+// object store's keys), so that a listing ignores foreign names the same way.
+// A loose blob: its hash as 64 lowercase hex digits.
+bool is_blob_name(std::string_view name);
+// A pack: 16 lowercase hex digits + ".pack".
+bool is_pack_name(std::string_view name);
+// 64 random bits as 16 hex digits: concurrent saves never pick the same pack.
+std::string new_pack_name();
+
 // A save's view of the store: holds the shared gc lock until destroyed.
 // Destroy it only after the catalog commit that references its blobs.
 class BlobWriteBatch {

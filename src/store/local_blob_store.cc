@@ -1,35 +1,9 @@
 #include "store/local_blob_store.h"
 
 #include <algorithm>
-#include <random>
 
 namespace kvsnap {
 
-namespace {
-
-bool is_blob_name(const std::string& name) {
-  return name.size() == 64 && std::all_of(name.begin(), name.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
-
-bool is_pack_name(const std::string& name) {
-  constexpr size_t kHex = 16;
-  return name.size() == kHex + 5 && name.compare(kHex, 5, ".pack") == 0 &&
-         std::all_of(name.begin(), name.begin() + kHex, [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-}
-
-// 64 random bits as 16 hex digits: concurrent saves never pick the same pack.
-std::string new_pack_name() {
-  std::random_device rd;
-  const uint64_t v = (uint64_t(rd()) << 32) ^ rd();
-  static const char* kDigits = "0123456789abcdef";
-  std::string s(16, '0');
-  for (int i = 0; i < 16; ++i) s[i] = kDigits[(v >> (60 - 4 * i)) & 15];
-  return s;
-}
-
-}  // namespace
 
 // A save's batch: loose blobs renamed into chunks/, new blobs appended to one
 // pack written in tmp/ and renamed into packs/ by commit().

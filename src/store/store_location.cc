@@ -8,6 +8,7 @@
 #include "store/local_blob_store.h"
 #include "store/pg_catalog.h"
 #include "store/pg_gc_locks.h"
+#include "store/s3_blob_store.h"
 
 namespace kvsnap {
 
@@ -158,12 +159,20 @@ Result<std::unique_ptr<Catalog>> open_catalog(const StoreLocation& where) {
 }
 
 Result<std::unique_ptr<BlobStore>> open_blob_store(Io& io, const StoreLocation& where) {
-  if (where.blob_kind == BlobKind::kS3)
-    return Status::NotSupported(where.blobs + ": S3 blob stores are not built yet (issue 16); use a directory in " +
-                                where.config);
-  // The gc locks follow the catalog: a PostgreSQL catalog shared by hosts locks in its database.
+  // The gc locks follow the catalog: a PostgreSQL catalog shared by hosts locks in its database; a
+  // SQLite catalog's store locks a file on this host (gc_lock.h).
   std::unique_ptr<GcLocks> locks;
   if (where.catalog_kind == CatalogKind::kPostgres) locks = std::make_unique<PgGcLocks>(where.catalog);
+  if (where.blob_kind == BlobKind::kS3) {
+    KV_ASSIGN_OR_RETURN(S3Location s3, parse_s3_location(where.blobs));
+    S3BlobStoreOptions opt;
+    opt.staging_dir = where.local_dir + "/tmp/s3-packs";
+    opt.cache_dir = where.local_dir + "/s3-cache";
+    if (!locks) locks = file_gc_locks(io, where.local_dir + "/gc.lock");
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<S3BlobStore> blobs,
+                        S3BlobStore::open(io, std::move(s3), std::move(opt), std::move(locks)));
+    return std::unique_ptr<BlobStore>(std::move(blobs));
+  }
   KV_ASSIGN_OR_RETURN(std::unique_ptr<LocalBlobStore> blobs, LocalBlobStore::open(io, where.blobs, std::move(locks)));
   return std::unique_ptr<BlobStore>(std::move(blobs));
 }

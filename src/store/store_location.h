@@ -3,8 +3,10 @@
 //
 //   catalog    which snapshots exist (catalog.h): a SQLite file, or a
 //              PostgreSQL database, postgresql://USER@HOST[:PORT]/DB (pg_catalog.h)
-//   blobs      the chunk blobs (blob_store.h): a directory, or (reserved) an
-//              S3-compatible bucket, s3://BUCKET[/PREFIX]
+//   blobs      the chunk blobs (blob_store.h): a directory, or an S3-compatible
+//              bucket, s3://BUCKET[/PREFIX][?endpoint=URL] (s3_blob_store.h; packs
+//              are staged in <local_dir>/tmp/s3-packs, blobs read are cached in
+//              <local_dir>/s3-cache)
 //   local_dir  this host's own directory, always local: temporaries of
 //              restores and imports (tmp/), server profiles (servers.json),
 //              kvsnap serve's slots
@@ -21,8 +23,7 @@
 // to local_dir, local_dir to the config file's directory; relative paths are
 // relative to that directory; an unknown key is an error (a typo must not
 // silently give another store). `--store FILE.json` names a config file, and a
-// directory holding store.json is configured by it. S3 blobs are parsed and
-// refused with kNotSupported until they are built.
+// directory holding store.json is configured by it.
 //
 // The gc locks (gc_lock.h) follow the catalog: a SQLite catalog's store locks
 // <blob directory>/gc.lock; a PostgreSQL catalog's store uses advisory locks in
