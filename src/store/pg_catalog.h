@@ -12,7 +12,8 @@
 // rows naming a chunk; the prefix index stores the same (anchor_len,
 // anchor_hash, n_tokens, full_hash) keys as 16-byte bytea and answers
 // find_prefix() by the same band/probe plan, but sends all of a query's
-// anchor probes in one statement (a round trip costs more than an index probe).
+// anchor probes in one statement (a round trip costs more than an index probe)
+// and has the server compare the candidates' tokens with the query.
 //
 // Concurrency (many processes, many hosts). Transactions run at READ COMMITTED
 // and take row locks explicitly instead of relying on SERIALIZABLE:
@@ -41,8 +42,8 @@
 //
 // Schema (version kSchemaVersion, in table kvsnap_meta(key, value), key
 // 'schema_version'; migrations are applied in order in one transaction under an
-// advisory lock, so concurrent first opens migrate once; a
-// newer version than this code knows is refused with kNotSupported): the
+// advisory lock, so concurrent first opens migrate once; a newer version than
+// this code knows is refused with kNotSupported): the
 // tables of the SQLite catalog (snapshots, snapshot_blobs, tags, chunks,
 // snapshot_chunks) with the same columns and indexes; text that is compared or
 // ordered (uuid, name, created, tags) uses COLLATE "C" so ordering and uuid
@@ -104,7 +105,8 @@ class PgCatalog : public Catalog {
   // Infos (with tags) of `ids` that exist, in the order of `ids`.
   Result<std::vector<SnapshotInfo>> infos(const std::vector<int64_t>& ids);
   // (n_tokens, id) of the snapshots whose hashes say "prefix of query".
-  Result<std::vector<std::pair<int64_t, int64_t>>> prefix_candidates(std::span<const int32_t> query);
+  // With `begin`, a REPEATABLE READ READ ONLY transaction starts with the first statement.
+  Result<std::vector<std::pair<int64_t, int64_t>>> prefix_candidates(std::span<const int32_t> query, bool begin);
 
   std::unique_ptr<PgConn> conn_;
   std::string where_;

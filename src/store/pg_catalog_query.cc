@@ -30,7 +30,8 @@ constexpr size_t kSlice = 10000;
 // The plan of catalog.h, batched: one statement asks every band at once (at
 // most kPrefixStride + 1 rows per band, LATERAL), a second probes every length
 // of the crowded bands. Tokens are not compared here.
-Result<std::vector<std::pair<int64_t, int64_t>>> PgCatalog::prefix_candidates(std::span<const int32_t> query) {
+Result<std::vector<std::pair<int64_t, int64_t>>> PgCatalog::prefix_candidates(std::span<const int32_t> query,
+                                                                               bool begin) {
   constexpr int64_t kStride = Catalog::kPrefixStride;
   const int64_t m = static_cast<int64_t>(query.size());
   std::vector<std::byte> q = tokens_le(query);
@@ -48,11 +49,23 @@ Result<std::vector<std::pair<int64_t, int64_t>>> PgCatalog::prefix_candidates(st
   }
   std::vector<std::span<const std::byte>> hash_spans;
   for (const Hash16& h : anchor_hashes) hash_spans.push_back(span_of(h));
-  KV_ASSIGN_OR_RETURN(PgResult bands,
-                      conn_->exec("SELECT b.c, s.n_tokens, s.full_hash, s.id FROM unnest($1, $2) AS b(c, h) "
-                                  "CROSS JOIN LATERAL (SELECT n_tokens, full_hash, id FROM snapshots "
-                                  "WHERE anchor_len = b.c AND anchor_hash = b.h AND n_tokens <= $3 LIMIT $4) s",
-                                  PgParams().i64_array(anchors).bytes_array(hash_spans).i64(m).i64(kStride + 1)));
+  static const char* const kBands =
+      "SELECT b.c, s.n_tokens, s.full_hash, s.id FROM unnest($1, $2) AS b(c, h) "
+      "CROSS JOIN LATERAL (SELECT n_tokens, full_hash, id FROM snapshots "
+      "WHERE anchor_len = b.c AND anchor_hash = b.h AND n_tokens <= $3 LIMIT $4) s";
+  PgParams band_params;
+  band_params.i64_array(anchors).bytes_array(hash_spans).i64(m).i64(kStride + 1);
+  PgResult bands(nullptr);
+  if (begin) {
+    // BEGIN travels with the band query: one round trip for both.
+    const PgConn::Command cmds[] = {{kBeginSnapshot, nullptr}, {kBands, &band_params}};
+    KV_ASSIGN_OR_RETURN(std::vector<PgResult> r, conn_->pipeline(cmds));
+    conn_->set_in_transaction(true);
+    if (r.size() != 2) return Status::IOError(where_ + ": the band query returned no result");
+    bands = std::move(r[1]);
+  } else {
+    KV_ASSIGN_OR_RETURN(bands, conn_->exec(kBands, band_params));
+  }
   std::map<int64_t, std::vector<BandRow>> by_band;
   for (int r = 0; r < bands.rows(); ++r) {
     BandRow row{bands.i64(r, 1), {}, bands.i64(r, 3)};
@@ -88,41 +101,79 @@ Result<std::vector<std::pair<int64_t, int64_t>>> PgCatalog::prefix_candidates(st
   return ids;
 }
 
-// One REPEATABLE READ transaction: the probes and the token checks see one moment.
+// Hashes only chose the candidates; the tokens decide, compared by the server
+// (an 8,000-token snapshot's tokens are 32 KB not worth sending).
+static const char* const kVerify =
+    "SELECT " KV_PG_INFO_COLS " FROM snapshots s JOIN snapshot_blobs b ON b.snapshot_id = s.id "
+    "WHERE s.id = ANY($1) AND ($2 = '' OR s.model_fingerprint = $2) "
+    "AND s.n_tokens > 0 AND octet_length(b.tokens) = 4 * s.n_tokens "
+    "AND b.tokens = substring($3 FROM 1 FOR octet_length(b.tokens))";
+
+namespace {
+
+// Appends the verified rows of `rows` to `out` in the order of `ids`, up to `limit`.
+void take_verified(const PgResult& rows, const std::vector<int64_t>& ids, size_t n_query, size_t limit,
+                   std::vector<SnapshotInfo>& out) {
+  std::map<int64_t, int> row_of;
+  for (int r = 0; r < rows.rows(); ++r) row_of[rows.i64(r, 0)] = r;
+  for (int64_t id : ids) {
+    auto it = row_of.find(id);
+    if (it == row_of.end() || out.size() >= limit) continue;
+    SnapshotInfo info = pg_info_from_row(rows, it->second);
+    if (info.n_tokens > static_cast<int64_t>(n_query)) continue;
+    out.push_back(std::move(info));
+  }
+}
+
+}  // namespace
+
+// One REPEATABLE READ READ ONLY transaction, so the probes and the token checks
+// see one moment. Usually every candidate verifies, so the first token check
+// asks for as many as are wanted and carries the COMMIT: with BEGIN sent with
+// the band query, a query is 2 or 3 round trips. When that check leaves the
+// answer short (candidates of another model, a hash collision) and more
+// candidates remain, the query runs again the slow way (one statement per
+// round trip, as many token checks as needed).
 Result<std::vector<SnapshotInfo>> PgCatalog::find_prefix(std::span<const int32_t> query,
                                                          const std::string& model_fingerprint, size_t limit) {
   std::vector<SnapshotInfo> out;
   if (query.empty() || limit == 0) return out;
   std::vector<std::byte> q = tokens_le(query);
+  auto batch_ids = [&](const std::vector<std::pair<int64_t, int64_t>>& candidates, size_t next) {
+    size_t batch = std::min(candidates.size() - next, limit - out.size());
+    std::vector<int64_t> ids;
+    for (size_t i = next; i < next + batch; ++i) ids.push_back(candidates[i].second);
+    return ids;
+  };
+  bool complete = false;
+  Status fast = [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(auto candidates, prefix_candidates(query, /*begin=*/true));
+    std::sort(candidates.begin(), candidates.end(), std::greater<>());  // longest, then highest id
+    std::vector<int64_t> ids = batch_ids(candidates, 0);
+    PgParams p;
+    p.i64_array(ids).text(model_fingerprint).bytes(q);
+    const PgConn::Command cmds[] = {{kVerify, &p}, {"COMMIT", nullptr}};
+    KV_ASSIGN_OR_RETURN(std::vector<PgResult> r, conn_->pipeline(cmds));
+    conn_->set_in_transaction(false);
+    if (r.empty()) return Status::IOError(where_ + ": the token check returned no result");
+    take_verified(r[0], ids, query.size(), limit, out);
+    complete = out.size() >= limit || ids.size() == candidates.size();
+    return Status::OK();
+  }();
+  if (!fast.ok()) {
+    conn_->abandon_transaction();
+    return fast;
+  }
+  if (complete) return out;
   Status s = conn_->transaction(Iso::kRepeatableReadOnly, [&]() -> Status {
     out.clear();
-    KV_ASSIGN_OR_RETURN(auto candidates, prefix_candidates(query));
-    std::sort(candidates.begin(), candidates.end(), std::greater<>());  // longest, then highest id
-    size_t next = 0;
-    while (next < candidates.size() && out.size() < limit) {
-      // Usually every candidate verifies: ask for as many as are still wanted.
-      size_t batch = std::min(candidates.size() - next, limit - out.size());
-      std::vector<int64_t> ids;
-      for (size_t i = next; i < next + batch; ++i) ids.push_back(candidates[i].second);
-      next += batch;
-      // Hashes only chose the candidates; the tokens decide, compared by the
-      // server (an 8,000-token snapshot's tokens are 32 KB not worth sending).
-      KV_ASSIGN_OR_RETURN(PgResult rows,
-                          conn_->exec("SELECT " KV_PG_INFO_COLS " FROM snapshots s "
-                                      "JOIN snapshot_blobs b ON b.snapshot_id = s.id "
-                                      "WHERE s.id = ANY($1) AND ($2 = '' OR s.model_fingerprint = $2) "
-                                      "AND s.n_tokens > 0 AND octet_length(b.tokens) = 4 * s.n_tokens "
-                                      "AND b.tokens = substring($3 FROM 1 FOR octet_length(b.tokens))",
-                                      PgParams().i64_array(ids).text(model_fingerprint).bytes(q)));
-      std::map<int64_t, int> row_of;
-      for (int r = 0; r < rows.rows(); ++r) row_of[rows.i64(r, 0)] = r;
-      for (int64_t id : ids) {
-        auto it = row_of.find(id);
-        if (it == row_of.end() || out.size() >= limit) continue;
-        SnapshotInfo info = pg_info_from_row(rows, it->second);
-        if (info.n_tokens > static_cast<int64_t>(query.size())) continue;
-        out.push_back(std::move(info));
-      }
+    KV_ASSIGN_OR_RETURN(auto candidates, prefix_candidates(query, /*begin=*/false));
+    std::sort(candidates.begin(), candidates.end(), std::greater<>());
+    for (size_t next = 0; next < candidates.size() && out.size() < limit;) {
+      std::vector<int64_t> ids = batch_ids(candidates, next);
+      next += ids.size();
+      KV_ASSIGN_OR_RETURN(PgResult rows, conn_->exec(kVerify, PgParams().i64_array(ids).text(model_fingerprint).bytes(q)));
+      take_verified(rows, ids, query.size(), limit, out);
     }
     return Status::OK();
   });

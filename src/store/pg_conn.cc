@@ -14,7 +14,7 @@ namespace kvsnap {
 namespace {
 
 // pg_type OIDs (catalog/pg_type.dat): fixed since PostgreSQL 7.
-constexpr uint32_t kBool = 16, kBytea = 17, kInt8 = 20, kText = 25, kTextArray = 1009, kByteaArray = 1001,
+constexpr uint32_t kBytea = 17, kInt8 = 20, kText = 25, kTextArray = 1009, kByteaArray = 1001,
                    kInt8Array = 1016;
 
 // The binary array format: ndim, has-nulls flag, element type, then per
@@ -199,11 +199,19 @@ std::string redact_pg_url(const std::string& url) {
   return out;
 }
 
-Result<std::unique_ptr<PgConn>> PgConn::connect(const std::string& url, const PgConnOptions& options) {
+namespace {
+
+pg_conn* open_connection(const std::string& url) {
   // connect_timeout first, so that one in the URL wins (expand_dbname: later keywords override).
   const char* keys[] = {"connect_timeout", "dbname", nullptr};
   const char* values[] = {"10", url.c_str(), nullptr};
-  pg_conn* c = PQconnectdbParams(keys, values, 1);
+  return PQconnectdbParams(keys, values, 1);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<PgConn>> PgConn::connect(const std::string& url, const PgConnOptions& options) {
+  pg_conn* c = open_connection(url);
   std::string where = redact_pg_url(url);
   if (!c) return Status::IOError(where + ": cannot connect to the catalog: out of memory");
   if (PQstatus(c) != CONNECTION_OK) {
@@ -298,10 +306,78 @@ Status PgConn::run(const std::string& sql) {
   return check(PQexec(c_, sql.c_str()), sql).status();
 }
 
+Result<std::vector<PgResult>> PgConn::pipeline(std::span<const Command> commands) {
+  KV_RETURN_IF_ERROR(ensure_connected());
+  if (PQenterPipelineMode(c_) != 1) return Status::IOError(where_ + ": cannot enter pipeline mode");
+  // What each result answers: a command's index, or -1 for a statement being prepared.
+  std::vector<int> answers;
+  std::vector<std::pair<const char*, std::string>> preparing;
+  bool sent = true;
+  for (size_t i = 0; i < commands.size() && sent; ++i) {
+    const Command& cmd = commands[i];
+    if (!cmd.params) {
+      sent = PQsendQueryParams(c_, cmd.sql, 0, nullptr, nullptr, nullptr, nullptr, 1) == 1;
+      answers.push_back(static_cast<int>(i));
+      continue;
+    }
+    auto it = prepared_.find(cmd.sql);
+    std::string name;
+    if (it != prepared_.end()) {
+      name = it->second;
+    } else {
+      name = "kv" + std::to_string(prepared_.size() + preparing.size());
+      sent = PQsendPrepare(c_, name.c_str(), cmd.sql, static_cast<int>(cmd.params->size()), cmd.params->oids()) == 1;
+      answers.push_back(-1);
+      preparing.emplace_back(cmd.sql, name);
+    }
+    auto values = cmd.params->value_ptrs();
+    auto lengths = cmd.params->lengths();
+    auto formats = cmd.params->formats();
+    sent = sent && PQsendQueryPrepared(c_, name.c_str(), static_cast<int>(cmd.params->size()), values.data(),
+                                       lengths.data(), formats.data(), 1) == 1;
+    answers.push_back(static_cast<int>(i));
+  }
+  sent = sent && PQpipelineSync(c_) == 1;
+  std::vector<PgResult> out;
+  Status failed;
+  size_t next_prepared = 0;
+  // Each command's result is followed by a NULL; then comes the sync point.
+  for (size_t k = 0; k < answers.size() && sent && PQstatus(c_) == CONNECTION_OK; ++k) {
+    Result<PgResult> r = check(PQgetResult(c_), answers[k] < 0 ? "prepare" : commands[answers[k]].sql);
+    while (PGresult* extra = PQgetResult(c_)) PQclear(extra);
+    if (!r.ok()) {
+      if (failed.ok()) failed = r.status();
+      continue;
+    }
+    if (answers[k] < 0) {
+      prepared_.insert(preparing[next_prepared++]);
+    } else {
+      out.push_back(std::move(r).value());
+    }
+  }
+  for (int i = 0; i < 4 && PQstatus(c_) == CONNECTION_OK; ++i) {  // the sync point
+    PGresult* r = PQgetResult(c_);
+    bool sync = r && PQresultStatus(r) == PGRES_PIPELINE_SYNC;
+    PQclear(r);
+    if (sync) break;
+  }
+  if (PQexitPipelineMode(c_) != 1 || !sent) {
+    // Unread results or a lost connection: this connection is in no known
+    // state, so it is replaced (a failure shows at the next statement).
+    PQfinish(c_);
+    c_ = open_connection(url_);
+    prepared_.clear();
+    in_txn_ = false;
+    if (failed.ok()) failed = Status::IOError(where_ + ": lost the connection to the catalog in a pipeline");
+    if (PQstatus(c_) == CONNECTION_OK) (void)session_setup();
+  }
+  if (!failed.ok()) return failed;
+  return out;
+}
+
 Status PgConn::begin(Isolation iso) {
   last_sqlstate_.clear();
-  KV_RETURN_IF_ERROR(run(iso == Isolation::kReadCommitted ? "BEGIN"
-                                                          : "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"));
+  KV_RETURN_IF_ERROR(run(iso == Isolation::kReadCommitted ? "BEGIN" : kBeginSnapshot));
   in_txn_ = true;
   return Status::OK();
 }

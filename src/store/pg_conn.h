@@ -113,6 +113,25 @@ class PgConn {
   // One or more statements without parameters (DDL, SET).
   Status run(const std::string& sql);
 
+  // Statements sent together and answered in one round trip (libpq's pipeline
+  // mode): a constant SQL text with its parameters (prepared as by exec()), or,
+  // with params nullptr, a command without parameters (BEGIN, COMMIT). The
+  // results in order; the first failure is the answer, and what came after it
+  // did not run.
+  struct Command {
+    const char* sql;
+    const PgParams* params;
+  };
+  Result<std::vector<PgResult>> pipeline(std::span<const Command> commands);
+  // For transactions begun or ended inside a pipeline (kBeginSnapshot, "COMMIT").
+  void set_in_transaction(bool in) { in_txn_ = in; }
+  // Rolls back a transaction begun that way, whatever state the pipeline left
+  // (a ROLLBACK outside a transaction is only a warning).
+  void abandon_transaction() {
+    in_txn_ = true;
+    rollback();
+  }
+
   // Runs `body` between BEGIN and COMMIT; rolls back on any error. Retried from
   // the start (up to ~10 times) when the server reports a serialization failure
   // or a deadlock, so `body` must reset whatever it collects.
@@ -150,6 +169,9 @@ class PgConn {
 // postgresql://user@host/db; password=... in a key=value string or a query
 // parameter is dropped.
 std::string redact_pg_url(const std::string& url);
+
+// What Isolation::kRepeatableReadOnly begins with, for a pipeline.
+inline constexpr const char* kBeginSnapshot = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
 
 template <class F>
 Status PgConn::transaction(Isolation iso, F&& body) {

@@ -138,6 +138,40 @@ TEST_F(PgCatalogTest, ServerErrorsCarryTheServersMessage) {
   EXPECT_TRUE(c->add_snapshot(record("small", iota_tokens(5)), {use("a")}).ok());
 }
 
+// A save waiting on a chunk row another transaction holds gives up after
+// busy_timeout_ms, says the catalog is busy, and leaves nothing behind.
+TEST_F(PgCatalogTest, ARowLockHeldTooLongIsBusy) {
+  auto c = open();
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->add_snapshot(record("first"), {use("hot")}).ok());
+  PGconn* holder = PQconnectdb(b_.url.c_str());
+  ASSERT_EQ(PQstatus(holder), CONNECTION_OK);
+  PQclear(PQexec(holder, "BEGIN"));
+  PQclear(PQexec(holder, "SELECT 1 FROM chunks FOR UPDATE"));
+  CatalogOptions quick;
+  quick.busy_timeout_ms = 300;
+  auto waiting = PgCatalog::open(b_.url, quick);
+  ASSERT_TRUE(waiting.ok()) << waiting.status().ToString();
+  auto r = (*waiting)->add_snapshot(record("second"), {use("hot")});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kIOError);
+  EXPECT_NE(r.status().message().find("the catalog is busy"), std::string::npos) << r.status().message();
+  PQclear(PQexec(holder, "ROLLBACK"));
+  PQfinish(holder);
+  EXPECT_EQ(c->resolve("second").status().code(), Code::kNotFound);
+  ASSERT_TRUE((*waiting)->add_snapshot(record("second"), {use("hot")}).ok()) << "fine once the lock is gone";
+  EXPECT_EQ(b_.refcounts()[chunk("hot").hex()], 2);
+}
+
+TEST_F(PgCatalogTest, AMalformedSchemaVersionIsCorruption) {
+  { ASSERT_TRUE(open()); }
+  b_.sql("UPDATE kvsnap_meta SET value = 'two' WHERE key = 'schema_version'");
+  auto c = PgCatalog::open(b_.url);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kCorruption) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("'two'"), std::string::npos) << c.status().message();
+}
+
 // The server ends the catalog's connection (a restart, a failover, an admin):
 // the call in flight fails with kIOError, the next one reconnects.
 TEST_F(PgCatalogTest, ADroppedConnectionIsAnErrorThenReconnects) {
@@ -155,6 +189,17 @@ TEST_F(PgCatalogTest, ADroppedConnectionIsAnErrorThenReconnects) {
   EXPECT_EQ(again->size(), 1u);
   ASSERT_TRUE(c->add_snapshot(record("after"), {use("a")}).ok()) << "statements are prepared again";
   expect_consistent(*c);
+  // The same for find_prefix, whose statements travel in pipelines.
+  query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'kvsnap-dropped'");
+  auto lost = c->find_prefix(std::vector<int32_t>{1, 2, 3, 4});
+  ASSERT_FALSE(lost.ok());
+  EXPECT_EQ(lost.status().code(), Code::kIOError) << lost.status().ToString();
+  auto found = c->find_prefix(std::vector<int32_t>{1, 2, 3, 4});
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(found->size(), 2u);
+  auto twice = c->find_prefix(std::vector<int32_t>{1, 2, 3, 4}, "", 1);
+  ASSERT_TRUE(twice.ok()) << twice.status().ToString();
+  EXPECT_EQ(twice->size(), 1u);
 }
 
 // A save killed (kill -9) in the middle of its transaction: nothing of it is
@@ -285,6 +330,82 @@ TEST_F(PgCatalogTest, AStoreWithAPostgresCatalogSavesRestoresAndCollects) {
   EXPECT_EQ(out.bytes, originals[1]);
   expect_consistent(*PgCatalog::open(b_.url).value());
   EXPECT_FALSE(std::filesystem::exists(dir + "/gc.lock")) << "the gc lock is in the database, not a local file";
+}
+
+// Two processes on one store (the PostgreSQL catalog, one blob directory): one
+// saves in a loop, the other collects garbage in a loop; both are killed with
+// SIGKILL at some moment. Whatever was committed restores byte for byte, the
+// refcounts are exact, and a last gc leaves a store that verifies.
+TEST_F(PgCatalogTest, SaverAndCollectorKilledMidWayLeaveAWholeStore) {
+  std::string dir = b_.blob_root();
+  std::ofstream(dir + "/store.json") << R"({"catalog": ")" << b_.url << R"("})";
+  auto where = resolve_store_location(posix_io(), dir);
+  ASSERT_TRUE(where.ok()) << where.status().ToString();
+  const std::string fixtures = std::string(KVSNAP_SOURCE_DIR) + "/fixtures/b8121/";
+  const std::vector<std::string> names = {"hd128-f16-f16-faoff.slot", "hd128-f16-f16-faon.slot",
+                                          "hd128-q8_0-q8_0-faon.slot", "hd128-q4_0-q8_0-faon.slot"};
+  std::vector<std::vector<std::byte>> originals;
+  for (const auto& n : names) originals.push_back(test::slurp(fixtures + n));
+  { ASSERT_TRUE(Store::open(posix_io(), *where).ok()); }  // schema created once, before the race
+
+  pid_t saver = fork();
+  ASSERT_GE(saver, 0);
+  if (saver == 0) {
+    auto store = Store::open(posix_io(), *where);
+    if (!store.ok()) _exit(2);
+    for (int i = 0;; ++i) {
+      size_t k = static_cast<size_t>(i) % names.size();
+      MemoryFile file(names[k], std::span<const std::byte>(originals[k]));
+      auto state = parse_for_model(file, {}, nullptr);
+      SaveRequest req;
+      req.name = "s" + std::to_string(i) + "-" + std::to_string(k);
+      if (!state.ok() || !(*store)->save(file, *state, req).ok()) _exit(3);
+      if (i % 3 == 2 && !(*store)->remove("s" + std::to_string(i - 1) + "-" + std::to_string((i - 1) % names.size())).ok()) _exit(4);
+    }
+  }
+  pid_t collector = fork();
+  ASSERT_GE(collector, 0);
+  if (collector == 0) {
+    auto store = Store::open(posix_io(), *where);
+    if (!store.ok()) _exit(2);
+    for (;;) {
+      if (!(*store)->gc(true).ok()) _exit(3);
+    }
+  }
+  // Let both run until a dozen snapshots are in, then kill them where they are.
+  for (int i = 0; i < 3000; ++i) {
+    auto n = pg_query(b_.url, "SELECT COUNT(*) FROM snapshots");
+    if (n.ok() && !n->empty() && std::stoi((*n)[0][0]) >= 12) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  kill(saver, SIGKILL);
+  std::this_thread::sleep_for(20ms);
+  kill(collector, SIGKILL);
+  for (pid_t p : {saver, collector}) {
+    int st = 0;
+    ASSERT_EQ(waitpid(p, &st, 0), p);
+    EXPECT_TRUE(WIFSIGNALED(st)) << "a child stopped by itself (status " << st << "): it hit an error";
+  }
+
+  auto opened = Store::open(posix_io(), *where);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  Store& store = **opened;
+  auto gc = store.gc(true);  // waits until the server has noticed the dead holders
+  ASSERT_TRUE(gc.ok()) << gc.status().ToString();
+  expect_consistent(*PgCatalog::open(b_.url).value());
+  auto v = store.verify({});
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_TRUE(v->problems.empty()) << v->problems[0];
+  auto all = store.catalog().list();
+  ASSERT_TRUE(all.ok());
+  EXPECT_GE(all->size(), 8u);
+  for (const SnapshotInfo& i : *all) {
+    size_t k = static_cast<size_t>(std::stoi(i.name->substr(i.name->find('-') + 1)));
+    VectorSink out;
+    auto r = store.restore(std::to_string(i.id), {}, out);
+    ASSERT_TRUE(r.ok()) << *i.name << ": " << r.status().ToString();
+    EXPECT_EQ(out.bytes, originals[k]) << *i.name;
+  }
 }
 
 // ---------------------------------------------------------------- gc locks
