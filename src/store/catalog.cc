@@ -4,7 +4,6 @@
 // gc / stats / integrity in catalog_gc.cc, shared helpers in catalog_internal.h.
 #include "store/sqlite_catalog.h"
 
-#include <openssl/rand.h>
 #include <sqlite3.h>
 
 #include <algorithm>
@@ -95,47 +94,6 @@ CREATE INDEX chunks_pack ON chunks(pack) WHERE pack IS NOT NULL;
 };
 constexpr int kNumMigrations = sizeof(kMigrations) / sizeof(kMigrations[0]);
 static_assert(kNumMigrations == SqliteCatalog::kSchemaVersion, "one migration per schema version");
-
-// ---------------------------------------------------------------- small helpers
-
-std::string now_iso8601() {
-  auto now = std::chrono::system_clock::now();
-  std::time_t t = std::chrono::system_clock::to_time_t(now);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[80];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
-                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
-  return buf;
-}
-
-std::string new_uuid_v4() {
-  uint8_t b[16];
-  if (RAND_bytes(b, sizeof b) != 1) {
-    std::random_device rd;
-    for (auto& x : b) x = static_cast<uint8_t>(rd());
-  }
-  b[6] = (b[6] & 0x0f) | 0x40;
-  b[8] = (b[8] & 0x3f) | 0x80;
-  static const char* kDigits = "0123456789abcdef";
-  std::string s;
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
-    s += kDigits[b[i] >> 4];
-    s += kDigits[b[i] & 15];
-  }
-  return s;
-}
-
-bool all_digits(const std::string& s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
-bool uuid_like(const std::string& s) {
-  return std::all_of(s.begin(), s.end(),
-                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || c == '-'; });
-}
 
 }  // namespace
 
@@ -301,11 +259,7 @@ Result<int> SqliteCatalog::schema_version() {
   return row ? static_cast<int>(st.col_i64(0)) : 0;
 }
 
-static Status too_new(const std::string& path, int v) {
-  return Status::NotSupported(path + ": the catalog has schema version " + std::to_string(v) +
-                              " but this kvsnap knows versions up to " + std::to_string(SqliteCatalog::kSchemaVersion) +
-                              ": it was written by a newer kvsnap; upgrade kvsnap to use this store");
-}
+static Status too_new(const std::string& path, int v) { return schema_too_new(path, v, SqliteCatalog::kSchemaVersion); }
 
 Status SqliteCatalog::migrate() {
   KV_ASSIGN_OR_RETURN(int v, schema_version());
@@ -327,27 +281,8 @@ Status SqliteCatalog::migrate() {
 
 Result<SnapshotInfo> SqliteCatalog::add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks) {
   SnapshotInfo& info = rec.info;
-  if (info.name) {
-    if (info.name->empty()) return Status::InvalidArgument("a snapshot name cannot be empty");
-    if (all_digits(*info.name)) {
-      return Status::InvalidArgument("'" + *info.name + "' cannot be a snapshot name: it would read as an id");
-    }
-  }
-  for (const auto& [k, v] : info.tags) {
-    if (k.empty()) return Status::InvalidArgument("a tag key cannot be empty");
-  }
-  info.uuid = info.uuid.empty() ? new_uuid_v4() : lower(info.uuid);
-  if (info.created.empty()) info.created = now_iso8601();
-  info.n_tokens = static_cast<int64_t>(rec.tokens.size());
-  info.n_chunks = static_cast<int64_t>(chunks.size());
-
-  std::vector<std::byte> tok = tokens_le(rec.tokens);
-  int64_t anchor_len = info.n_tokens / kPrefixStride * kPrefixStride;
-  Sha256 sha;
-  sha.update(tok.data(), static_cast<size_t>(anchor_len) * 4);
-  Hash16 anchor_hash = prefix16(sha);
-  sha.update(tok.data() + anchor_len * 4, tok.size() - static_cast<size_t>(anchor_len) * 4);
-  Hash16 full_hash = prefix16(sha);
+  KV_ASSIGN_OR_RETURN(PrefixKey key, prepare_snapshot(rec, chunks.size()));
+  const std::vector<std::byte>& tok = key.tokens;
 
   Status s = write_txn([&]() -> Status {
     if (info.name) {
@@ -355,9 +290,7 @@ Result<SnapshotInfo> SqliteCatalog::add_snapshot(SnapshotRecord rec, const std::
       q.text(1, *info.name);
       KV_ASSIGN_OR_RETURN(bool taken, q.step());
       if (taken) {
-        return Status::InvalidArgument("a snapshot named '" + *info.name + "' already exists (id " +
-                                       std::to_string(q.col_i64(0)) + "): choose another {--name}, or remove it "
-                                       "first (kvsnap rm " + *info.name + ")");
+        return name_taken(*info.name, q.col_i64(0));
       }
     }
     {
@@ -365,15 +298,14 @@ Result<SnapshotInfo> SqliteCatalog::add_snapshot(SnapshotRecord rec, const std::
       q.text(1, info.uuid);
       KV_ASSIGN_OR_RETURN(bool taken, q.step());
       if (taken) {
-        return Status::InvalidArgument("a snapshot with uuid " + info.uuid + " already exists (id " +
-                                       std::to_string(q.col_i64(0)) + ")");
+        return uuid_taken(info.uuid, q.col_i64(0));
       }
     }
     if (info.parent_id) {
       KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT 1 FROM snapshots WHERE id = ?1"));
       q.i64(1, *info.parent_id);
       KV_ASSIGN_OR_RETURN(bool found, q.step());
-      if (!found) return Status::InvalidArgument("parent snapshot " + std::to_string(*info.parent_id) + " does not exist");
+      if (!found) return parent_missing(*info.parent_id);
     }
     {
       KV_ASSIGN_OR_RETURN(
@@ -388,7 +320,7 @@ Result<SnapshotInfo> SqliteCatalog::add_snapshot(SnapshotRecord rec, const std::
       ins.opt_text(13, info.lossy.empty() ? std::nullopt : std::optional<std::string>(info.lossy));
       if (info.parent_id) ins.i64(14, *info.parent_id);
       ins.opt_text(15, info.content_sha256.empty() ? std::nullopt : std::optional<std::string>(info.content_sha256));
-      ins.i64(16, info.n_chunks).i64(17, anchor_len).blob(18, anchor_hash).blob(19, full_hash);
+      ins.i64(16, info.n_chunks).i64(17, key.anchor_len).blob(18, key.anchor_hash).blob(19, key.full_hash);
       KV_RETURN_IF_ERROR(ins.run());
     }
     info.id = sqlite3_last_insert_rowid(db_);
@@ -415,9 +347,7 @@ Result<SnapshotInfo> SqliteCatalog::add_snapshot(SnapshotRecord rec, const std::
         KV_RETURN_IF_ERROR(up.run());
       }
       if (sqlite3_changes(db_) != 1) {
-        return Status::Mismatch(path_ + ": chunk " + c.sha256.hex() + " is already recorded with another raw size than " +
-                                std::to_string(c.raw_size) + ": the catalog or the chunk is damaged; kvsnap verify --all "
-                                "lists what");
+        return chunk_size_mismatch(path_, c.sha256, c.raw_size);
       }
       KV_ASSIGN_OR_RETURN(Stmt ins, stmt("INSERT INTO snapshot_chunks(snapshot_id, idx, sha256) VALUES(?1, ?2, ?3)"));
       ins.i64(1, info.id).i64(2, static_cast<int64_t>(idx)).blob(3, c.sha256.bytes);
@@ -437,7 +367,7 @@ Result<std::vector<ChunkHash>> SqliteCatalog::remove_snapshot(int64_t id) {
       KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT 1 FROM snapshots WHERE id = ?1"));
       q.i64(1, id);
       KV_ASSIGN_OR_RETURN(bool found, q.step());
-      if (!found) return Status::NotFound("no snapshot with id " + std::to_string(id));
+      if (!found) return no_snapshot(id);
     }
     std::vector<std::pair<ChunkHash, int64_t>> uses;
     {
@@ -477,7 +407,7 @@ Result<SnapshotInfo> SqliteCatalog::get_info(int64_t id) {
     KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT " KV_INFO_COLS " FROM snapshots s WHERE s.id = ?1"));
     q.i64(1, id);
     KV_ASSIGN_OR_RETURN(bool found, q.step());
-    if (!found) return Status::NotFound("no snapshot with id " + std::to_string(id));
+    if (!found) return no_snapshot(id);
     info = info_from_row(q);
   }
   KV_ASSIGN_OR_RETURN(Stmt t, stmt("SELECT key, value FROM tags WHERE snapshot_id = ?1"));
@@ -580,18 +510,9 @@ Result<int64_t> SqliteCatalog::resolve(const std::string& ref) {
       seen.push_back(d + ")");
     }
     if (seen.size() == 1) return first;
-    if (seen.size() > 1) {
-      std::string msg = "'" + ref + "' is the start of several snapshot uuids: ";
-      for (size_t i = 0; i < seen.size() && i < 5; ++i) msg += (i ? ", " : "") + seen[i];
-      if (seen.size() > 5) msg += ", ...";
-      return Status::Ambiguous(msg + "; give more of the uuid");
-    }
+    if (seen.size() > 1) return ambiguous_uuid(ref, seen);
   }
-  std::string msg = "no snapshot has the name, id or uuid '" + ref + "'";
-  if (hexish && p.size() < 6) msg += " (a uuid prefix needs at least 6 characters)";
-  msg += " in the store at " + std::filesystem::path(path_).parent_path().string() +
-         "; kvsnap ls lists them ({--store DIR} picks another store)";
-  return Status::NotFound(msg);
+  return unresolved(ref, "the store at " + std::filesystem::path(path_).parent_path().string());
 }
 
 Result<std::vector<SnapshotInfo>> SqliteCatalog::list(const ListFilter& f) {

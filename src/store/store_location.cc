@@ -6,6 +6,8 @@
 
 #include "base/json_access.h"
 #include "store/local_blob_store.h"
+#include "store/pg_catalog.h"
+#include "store/pg_gc_locks.h"
 #include "store/s3_blob_store.h"
 
 namespace kvsnap {
@@ -149,24 +151,29 @@ Result<StoreLocation> resolve_store_location(Io& io, const std::string& given) {
 }
 
 Result<std::unique_ptr<Catalog>> open_catalog(const StoreLocation& where) {
-  if (where.catalog_kind == CatalogKind::kPostgres)
-    return Status::NotSupported(without_password(where.catalog) + ": PostgreSQL catalogs are not built yet (issue 16); "
-                                "use a SQLite catalog (a path) in " + where.config);
+  if (where.catalog_kind == CatalogKind::kPostgres) {
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<PgCatalog> pg, PgCatalog::open(where.catalog));
+    return std::unique_ptr<Catalog>(std::move(pg));
+  }
   return Catalog::open(where.catalog);
 }
 
 Result<std::unique_ptr<BlobStore>> open_blob_store(Io& io, const StoreLocation& where) {
+  // The gc locks follow the catalog: a PostgreSQL catalog shared by hosts locks in its database.
+  std::unique_ptr<GcLocks> locks;
+  if (where.catalog_kind == CatalogKind::kPostgres) locks = std::make_unique<PgGcLocks>(where.catalog);
   if (where.blob_kind == BlobKind::kS3) {
     KV_ASSIGN_OR_RETURN(S3Location s3, parse_s3_location(where.blobs));
     S3BlobStoreOptions opt;
     opt.staging_dir = where.local_dir + "/tmp/s3-packs";
     opt.cache_dir = where.local_dir + "/s3-cache";
-    // The gc locks of a SQLite catalog's store: a file on this host (gc_lock.h).
+    // With a SQLite catalog, a file on this host: gc is safe while every writer of the prefix runs here.
+    if (!locks) locks = file_gc_locks(io, where.local_dir + "/gc.lock");
     KV_ASSIGN_OR_RETURN(std::unique_ptr<S3BlobStore> blobs,
-                        S3BlobStore::open(io, std::move(s3), std::move(opt), file_gc_locks(io, where.local_dir + "/gc.lock")));
+                        S3BlobStore::open(io, std::move(s3), std::move(opt), std::move(locks)));
     return std::unique_ptr<BlobStore>(std::move(blobs));
   }
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<LocalBlobStore> blobs, LocalBlobStore::open(io, where.blobs));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<LocalBlobStore> blobs, LocalBlobStore::open(io, where.blobs, std::move(locks)));
   return std::unique_ptr<BlobStore>(std::move(blobs));
 }
 

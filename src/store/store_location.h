@@ -1,8 +1,8 @@
 // Where a store is, and opening its parts. What the user gives `--store` (or
 // $KVSNAP_HOME) is parsed into three parts:
 //
-//   catalog    which snapshots exist (catalog.h): a SQLite file, or (reserved)
-//              a PostgreSQL server, postgresql://USER@HOST[:PORT]/DB
+//   catalog    which snapshots exist (catalog.h): a SQLite file, or a
+//              PostgreSQL database, postgresql://USER@HOST[:PORT]/DB (pg_catalog.h)
 //   blobs      the chunk blobs (blob_store.h): a directory, or an S3-compatible
 //              bucket, s3://BUCKET[/PREFIX][?endpoint=URL] (s3_blob_store.h; packs
 //              are staged in <local_dir>/tmp/s3-packs, blobs read are cached in
@@ -23,12 +23,12 @@
 // to local_dir, local_dir to the config file's directory; relative paths are
 // relative to that directory; an unknown key is an error (a typo must not
 // silently give another store). `--store FILE.json` names a config file, and a
-// directory holding store.json is configured by it. The PostgreSQL catalog is
-// parsed and refused with kNotSupported until it is built.
+// directory holding store.json is configured by it.
 //
 // The gc locks (gc_lock.h) follow the catalog: a SQLite catalog's store locks
-// <blob directory>/gc.lock; a shared catalog server will provide its own, so
-// that gc is safe across hosts.
+// <blob directory>/gc.lock (<local_dir>/gc.lock for S3 blobs); a PostgreSQL
+// catalog's store uses advisory locks in its database (pg_gc_locks.h), so that
+// gc is safe across hosts.
 #pragma once
 
 #include <memory>
@@ -77,7 +77,7 @@ struct StoreParts {
 };
 
 // Opens the catalog `where` names (a SQLite file's directory must exist).
-// kNotSupported for a backend not built yet.
+// Errors name the catalog (never its password).
 Result<std::unique_ptr<Catalog>> open_catalog(const StoreLocation& where);
 // Opens the blobs (creating a local directory's layout) with their gc locks.
 Result<std::unique_ptr<BlobStore>> open_blob_store(Io& io, const StoreLocation& where);
