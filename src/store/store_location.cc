@@ -159,7 +159,8 @@ Result<std::unique_ptr<Catalog>> open_catalog(const StoreLocation& where) {
 }
 
 Result<std::unique_ptr<BlobStore>> open_blob_store(Io& io, const StoreLocation& where) {
-  // The gc locks follow the catalog: a PostgreSQL catalog shared by hosts locks in its database.
+  // The gc locks follow the catalog: a PostgreSQL catalog shared by hosts locks in its database; a
+  // SQLite catalog's store locks a file on this host (gc_lock.h).
   std::unique_ptr<GcLocks> locks;
   if (where.catalog_kind == CatalogKind::kPostgres) locks = std::make_unique<PgGcLocks>(where.catalog);
   if (where.blob_kind == BlobKind::kS3) {
@@ -167,7 +168,6 @@ Result<std::unique_ptr<BlobStore>> open_blob_store(Io& io, const StoreLocation& 
     S3BlobStoreOptions opt;
     opt.staging_dir = where.local_dir + "/tmp/s3-packs";
     opt.cache_dir = where.local_dir + "/s3-cache";
-    // With a SQLite catalog, a file on this host: gc is safe while every writer of the prefix runs here.
     if (!locks) locks = file_gc_locks(io, where.local_dir + "/gc.lock");
     KV_ASSIGN_OR_RETURN(std::unique_ptr<S3BlobStore> blobs,
                         S3BlobStore::open(io, std::move(s3), std::move(opt), std::move(locks)));
