@@ -8,15 +8,16 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "base/io.h"
+#include "base/parallel.h"
 #include "store/s3_client.h"
 
 namespace {
@@ -28,16 +29,9 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // Runs job(i) for i in [0, n) on `threads` threads; false when any job failed.
 template <class Job>
 bool run_parallel(int n, int threads, Job job) {
-  std::vector<std::thread> pool;
   std::vector<char> ok(size_t(n), 0);
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      for (int i = t; i < n; i += threads) ok[size_t(i)] = job(i);
-    });
-  for (auto& th : pool) th.join();
-  for (char c : ok)
-    if (!c) return false;
-  return true;
+  kvsnap::parallel_for(size_t(n), size_t(threads), [&](size_t i, size_t) { ok[i] = job(int(i)); });
+  return std::all_of(ok.begin(), ok.end(), [](char c) { return c != 0; });
 }
 
 bool copy_file(const std::string& from, const std::string& to, std::vector<char>& buf) {

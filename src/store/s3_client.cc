@@ -3,12 +3,14 @@
 #include <curl/curl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
 
+#include "base/parallel.h"
 #include "base/sha256.h"
 #include "base/text.h"
 #include "store/s3_sigv4.h"
@@ -49,6 +51,7 @@ struct S3Client::Reply {
 namespace {
 
 constexpr uint64_t kMaxXmlBytes = 16ull << 20;
+constexpr uint64_t kMaxErrorBytes = 64ull << 10;
 
 void global_init_once() {
   static std::once_flag once;
@@ -77,6 +80,9 @@ size_t on_body(char* p, size_t size, size_t n, void* user) {
     if (r.received + len > c.max) return r.over_cap = true, 0;
     const auto* b = reinterpret_cast<const std::byte*>(p);
     c.into_vec->insert(c.into_vec->end(), b, b + len);
+  } else if (!ok) {
+    // An error body: its start holds <Code> and <Message>; the rest is dropped, not an error.
+    if (r.body.size() < kMaxErrorBytes) r.body.append(p, std::min(len, size_t(kMaxErrorBytes - r.body.size())));
   } else {
     if (r.body.size() + len > kMaxXmlBytes) return r.over_cap = true, 0;
     r.body.append(p, len);
@@ -441,15 +447,25 @@ Status S3Client::multipart(std::string_view key, const ReadableFile& src) {
   KV_ASSIGN_OR_RETURN(const std::string upload_id, parse_upload_id(created.body, "s3: POST " + url(key) + "?uploads"));
 
   auto upload = [&]() -> Status {
+    // Parts go up `upload_threads` at a time, each worker with its own buffer; the first failure
+    // stops the parts not started yet.
+    const uint64_t count = (src.size() + part - 1) / part;
+    const size_t threads = size_t(std::clamp(cfg_.upload_threads, 1, 16));
+    std::vector<std::string> etags(count);
+    std::vector<Status> errors(count);
+    std::vector<std::vector<std::byte>> bufs(std::min<uint64_t>(threads, count));
+    std::atomic<bool> failed{false};
+    parallel_for(count, threads, [&](size_t i, size_t w) {
+      if (failed.load()) return;
+      const uint64_t off = i * part;
+      errors[i] = put_part_range(key, src, off, std::min(part, src.size() - off), bufs[w],
+                                 {{"partNumber", std::to_string(i + 1)}, {"uploadId", upload_id}}, &etags[i]);
+      if (!errors[i].ok()) failed = true;
+    });
+    for (const Status& e : errors) KV_RETURN_IF_ERROR(e);
     std::string done = "<CompleteMultipartUpload>";
-    std::vector<std::byte> buf;
-    int number = 1;
-    for (uint64_t off = 0; off < src.size(); off += part, ++number) {
-      std::string etag;
-      KV_RETURN_IF_ERROR(put_part_range(key, src, off, std::min(part, src.size() - off), buf,
-                                        {{"partNumber", std::to_string(number)}, {"uploadId", upload_id}}, &etag));
-      done += "<Part><PartNumber>" + std::to_string(number) + "</PartNumber><ETag>" + xml_escape(etag) + "</ETag></Part>";
-    }
+    for (uint64_t i = 0; i < count; ++i)
+      done += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + xml_escape(etags[i]) + "</ETag></Part>";
     done += "</CompleteMultipartUpload>";
     Call complete("POST", key);
     complete.query = {{"uploadId", upload_id}};

@@ -5,7 +5,7 @@
 // What it promises:
 //   - Path-style URLs: <endpoint>/<bucket>/<key>; keys are UTF-8, encoded here.
 //   - put() is one PUT up to `multipart_threshold` bytes and a multipart upload
-//     above (parts of `part_size`, aborted when any step fails, so a failed
+//     above (parts of `part_size`, `upload_threads` at a time, aborted when any step fails, so a failed
 //     upload leaves no object and no parts). Either way the object appears
 //     whole or not at all, and a PUT of the same key and bytes again is
 //     harmless: content-addressed writers may race.
@@ -19,7 +19,7 @@
 //     range, bad XML), kInvalidArgument for an object over the caller's size
 //     cap, kIOError for everything else (refused, timed out, 403, 5xx).
 //   - Replies are untrusted: bodies are capped (a GET at the caller's max, XML
-//     at 16 MiB), XML goes through store/s3_xml.h.
+//     at 16 MiB, an error body cut at 64 KiB), XML goes through store/s3_xml.h.
 //   - Thread-safe: calls may run in parallel; connections are reused through a
 //     small pool of curl handles.
 #pragma once
@@ -54,6 +54,7 @@ struct S3Config {
   std::string secret_key;  // never logged, never in a message
   uint64_t multipart_threshold = 64ull << 20;
   uint64_t part_size = 16ull << 20;  // S3 wants >= 5 MiB for every part but the last
+  int upload_threads = 4;             // parts of one multipart upload in flight at once
   long connect_timeout_ms = 5000;
   long low_speed_time_s = 60;  // a transfer under 1 KiB/s for this long is a timeout
   S3RetryPolicy retry;

@@ -82,7 +82,7 @@ struct StoreParts {
 };
 
 // Opens the catalog `where` names (a SQLite file's directory must exist).
-// kNotSupported for a backend not built yet.
+// Errors name the catalog (never its password).
 Result<std::unique_ptr<Catalog>> open_catalog(const StoreLocation& where);
 // Opens the blobs (creating a local directory's layout) with their gc locks.
 Result<std::unique_ptr<BlobStore>> open_blob_store(Io& io, const StoreLocation& where);

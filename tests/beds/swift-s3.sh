@@ -250,6 +250,12 @@ run() {
   trap 'exit 130' INT TERM
   dir=$RUN_DIR
   start "$dir" "$port"
+  # A watchdog for when this script is killed outright (SIGKILL, no trap): it stops the bed once
+  # this process is gone, unless the bed is another run's by then (DIR/owner names its owner).
+  echo $$ >"$dir/owner"
+  setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done
+                  [ "$(cat "$3/owner" 2>/dev/null)" = "$1" ] && bash "$2" stop "$3"' \
+    watchdog $$ "$(readlink -f "$0")" "$dir" </dev/null >/dev/null 2>&1 &
   set -a; . "$dir/env"; set +a
   export S3_BED_DIR=$dir S3_BED_SCRIPT=$(readlink -f "$0")
   local rc=0

@@ -1,5 +1,5 @@
 // The storage seams (store_location.h, gc_lock.h): what --store means, the
-// config file's checks, the backends not built yet refused by name, and a
+// config file's checks, the backends refused with a clear error, and a
 // Store over parts the caller opened, taking its gc locks from them.
 #include "store/store_location.h"
 
@@ -112,7 +112,7 @@ TEST_F(StoreLocationTest, BadConfigsAreRefusedByFileAndKey) {
   EXPECT_NE(url.status().message().find("config file"), std::string::npos) << url.status().ToString();
 }
 
-TEST_F(StoreLocationTest, BackendsNotBuiltYetAreNotSupportedByName) {
+TEST_F(StoreLocationTest, BackendsThatCannotOpenSayWhyByName) {
   // PostgreSQL is built: an unreachable server is an I/O error naming the URL without its password.
   write("pg.json", R"({"catalog": "postgresql://kv:secret@127.0.0.1:1/kvsnap?connect_timeout=2"})");
   auto pg = resolve(dir_ + "/pg.json");
