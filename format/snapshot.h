@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "base/chunk_cipher.h"
 #include "base/io.h"
 #include "base/status.h"
 #include "format/chunk_codec.h"
@@ -181,6 +182,16 @@ struct LossyConversion {
   std::string note;
 };
 
+// An encrypted snapshot (base/chunk_cipher.h; docs/store.md, "Encryption at rest — design"):
+// every chunk id is the tenant's keyed id (HMAC-SHA256) and every blob is sealed (AES-256-GCM)
+// around the usual chunk blob. Recorded in the CRYP section, which is required: a kvsnap that
+// does not know it refuses the manifest instead of misreading keyed ids as SHA-256.
+struct SnapshotEncryption {
+  std::string tenant;   // the name the tenant keys were derived for
+  KeyId master_key_id{};
+  KeyId tenant_key_id{};
+};
+
 struct SnapshotManifest {
   uint32_t format_version = kSnapshotFormatVersion;
   uint32_t min_reader_version = 1;
@@ -196,6 +207,7 @@ struct SnapshotManifest {
   std::vector<ChunkRef> chunks;
   Sha256Digest original_sha256{};          // DIGS: SHA-256 of the original file
   Sha256Digest sections_sha256{};          // DIGS: SHA-256 of the manifest bytes before DIGS
+  std::optional<SnapshotEncryption> encryption;  // CRYP: absent = plain chunks, SHA-256 ids
   std::vector<uint32_t> skipped_sections;  // unknown optional tags a reader skipped
   std::vector<std::byte> bytes;      // the encoded manifest
   Sha256Digest manifest_sha256{};          // of `bytes` (a store may key the manifest by it)
@@ -236,6 +248,9 @@ struct SnapshotOptions {
   // of these is not encoded: the sink gets the known ref (index and raw size
   // of this chunk) and an empty blob. Read-only while building.
   const std::map<Sha256Digest, ChunkRef>* known_chunks = nullptr;
+  // Encrypts: chunk ids are cipher->chunk_id (known_chunks must hold ids of the same tenant),
+  // every blob is sealed after it is encoded, and the manifest records CRYP. Must outlive the build.
+  const ChunkCipher* cipher = nullptr;
 };
 
 // Reads `original` (described by `parsed`, from parse_state on it) once for
@@ -286,6 +301,11 @@ class ChunkSource {
 
 struct SnapshotReadOptions {
   uint64_t cache_bytes = uint64_t(64) << 20;  // decoded chunks kept (at least one chunk is)
+  // The tenant's cipher for an encrypted snapshot (must outlive the reader). Opening checks its
+  // key ids against CRYP (kMismatch naming both). Without it the snapshot opens, but every chunk
+  // read fails naming the key it needs; verify_sealed_chunks() checks what it can. Not used for
+  // a snapshot without CRYP.
+  const ChunkCipher* cipher = nullptr;
 };
 
 class SnapshotReader {
@@ -315,6 +335,11 @@ class SnapshotReader {
   Status verify_chunks() const;
   // Re-hashes original() and compares with the recorded SHA-256.
   Status verify_original() const;
+  // An encrypted snapshot without its key: fetches every blob and checks what needs no key (the
+  // sealed header, that the recorded key ids sealed it, its size against the chunk table). Not
+  // the contents: a flipped ciphertext byte passes here and fails verify_chunks() with the key.
+  Status verify_sealed_chunks() const;
+  bool encrypted() const { return manifest().encryption.has_value(); }
 
   // Chunk indices needed to read cells [0, n_cells) of every KV stream, and
   // every frame chunk (headers, cell metadata, tokens), ascending: what a store

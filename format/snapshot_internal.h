@@ -41,6 +41,7 @@ inline constexpr uint32_t kTagTokn = fourcc("TOKN");
 inline constexpr uint32_t kTagSegs = fourcc("SEGS");
 inline constexpr uint32_t kTagChnk = fourcc("CHNK");
 inline constexpr uint32_t kTagDigs = fourcc("DIGS");
+inline constexpr uint32_t kTagCryp = fourcc("CRYP");  // SnapshotEncryption
 inline constexpr uint32_t kSectionRequired = 1;
 
 // "INFO", or "0x12345678" when not printable.

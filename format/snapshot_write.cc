@@ -232,6 +232,7 @@ struct Slot {
   std::vector<std::byte> raw;
   std::vector<std::byte> blob;  // its first blob_size bytes (ChunkEncoder::encode_into)
   size_t blob_size = 0;
+  std::vector<std::byte> spare;  // encrypting: the other buffer, swapped with blob (no allocation)
   ChunkRef ref;
 };
 
@@ -239,7 +240,7 @@ Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, 
   KV_RETURN_IF_ERROR(reader.read(index, slot.raw));
   const Segment* seg = reader.tensor_segment(index);
   const FilterChoice filter = seg && o.byte_shuffle ? filter_for_type(seg->ggml_type) : FilterChoice{};
-  const Sha256Digest sha = sha256_of(slot.raw);
+  const Sha256Digest sha = o.cipher ? o.cipher->chunk_id(slot.raw) : sha256_of(slot.raw);
   if (o.known_chunks) {
     auto it = o.known_chunks->find(sha);
     if (it != o.known_chunks->end() && it->second.raw_size == slot.raw.size()) {
@@ -254,6 +255,14 @@ Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, 
   slot.ref.index = index;
   KV_ASSIGN_OR_RETURN(slot.blob_size, enc.encode_into(slot.raw, filter, slot.blob));
   KV_ASSIGN_OR_RETURN(BlobHeader h, read_blob_header(std::span<const std::byte>(slot.blob.data(), slot.blob_size)));
+  if (o.cipher) {
+    // Encrypt after compression (ciphertext does not compress); the codec fields below stay
+    // those of the blob inside, which a reader with the key decodes.
+    KV_ASSIGN_OR_RETURN(const size_t n,
+                        o.cipher->seal_into(sha, std::span<const std::byte>(slot.blob.data(), slot.blob_size), slot.spare));
+    slot.blob.swap(slot.spare);
+    slot.blob_size = n;
+  }
   slot.ref.stored_size = slot.blob_size;
   slot.ref.codec = h.codec;
   slot.ref.filter = h.filter;
@@ -321,6 +330,9 @@ Result<SnapshotManifest> build_snapshot(const StateFile& parsed, const ReadableF
     m.cells.push_back(std::move(cs));
   }
   m.tokens = {parsed.tokens.tokens, parsed.tokens.words, parsed.tokens.packed};
+  if (opts.cipher) {
+    m.encryption = SnapshotEncryption{opts.cipher->tenant(), opts.cipher->master_key_id(), opts.cipher->tenant_key_id()};
+  }
   encode_manifest(m);
   return m;
 }
@@ -398,6 +410,16 @@ Result<SnapshotFileAssembler> SnapshotFileAssembler::plan(const SnapshotManifest
   a.m_ = m;
   for (ChunkRef& ref : a.m_.chunks) {
     KV_ASSIGN_OR_RETURN(std::vector<std::byte> blob, blobs.get(ref));
+    if (m.encryption) {
+      // Exported as stored, and without the key: what is inside cannot be read, so the codec
+      // fields stay as recorded (a reader decodes the inner blob by its own header anyway).
+      const std::string what = "chunk " + std::to_string(ref.index);
+      KV_ASSIGN_OR_RETURN(const SealedHeader h, parse_sealed_header(blob, what));
+      KV_RETURN_IF_ERROR(check_sealed_key_ids(h, m.encryption->master_key_id, m.encryption->tenant_key_id, what));
+      ref.stored_size = blob.size();
+      a.blob_bytes_ += blob.size();
+      continue;
+    }
     KV_ASSIGN_OR_RETURN(BlobHeader h, read_blob_header(blob));
     if (h.raw_size != ref.raw_size)
       return Status::Corruption("chunk " + std::to_string(ref.index) + ": the blob holds " +
