@@ -260,7 +260,8 @@ Result<SnapshotManifest> build_snapshot(const StateFile& parsed, const ReadableF
                                         const SnapshotOptions& opts, ChunkSink& chunks);
 
 // The standalone .kvsnap file: preamble, blobs, manifest, trailer; streamed
-// to `out` (use AtomicFileWriter for files). Returns the manifest.
+// to `out` (use AtomicFileWriter for files). Returns the manifest. With opts.cipher the file
+// form is version 2: the manifest is sealed too, so the file shows no tokens or metadata.
 Result<SnapshotManifest> write_snapshot_file(const StateFile& parsed, const ReadableFile& original,
                                              const SnapshotOptions& opts, ByteSink& out);
 
@@ -272,15 +273,20 @@ Result<SnapshotManifest> write_snapshot_file(const StateFile& parsed, const Read
 // describes the same chunks and the same original. write() fetches the blobs
 // again (bounded memory) and refuses a blob that changed in between.
 class ChunkSource;
+//
+// An encrypted manifest (CRYP) needs its tenant's `cipher`: the blobs are copied sealed as they
+// are, the rewritten manifest is sealed again (the file form of an encrypted snapshot).
 class SnapshotFileAssembler {
  public:
-  static Result<SnapshotFileAssembler> plan(const SnapshotManifest& m, ChunkSource& blobs);
+  static Result<SnapshotFileAssembler> plan(const SnapshotManifest& m, ChunkSource& blobs,
+                                            const ChunkCipher* cipher = nullptr);
   uint64_t file_size() const;
   Status write(ChunkSource& blobs, ByteSink& out) const;
   const SnapshotManifest& manifest() const { return m_; }
 
  private:
   SnapshotManifest m_;
+  std::vector<std::byte> sealed_manifest_;  // encrypted: what the file holds instead of m_.bytes
   uint64_t blob_bytes_ = 0;
 };
 
@@ -369,7 +375,9 @@ class SnapshotReader {
 };
 
 // A standalone file; `file` must outlive the reader. Checks the preamble,
-// trailer (truncation), the manifest's hash and the manifest itself.
+// trailer (truncation), the manifest's hash and the manifest itself. An encrypted file (version
+// 2) needs opts.cipher to open its sealed manifest; without it, after the structure, digest and
+// sealed header are checked, the error names the key it needs.
 Result<std::unique_ptr<SnapshotReader>> open_snapshot_file(const ReadableFile& file,
                                                            const SnapshotReadOptions& opts = {});
 // Manifest bytes from a store (copied) and its chunk source (must outlive the reader).

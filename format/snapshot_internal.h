@@ -121,6 +121,15 @@ void encode_manifest(SnapshotManifest& m);
 nlohmann::ordered_json build_info(const StateFile& f, const SnapshotOptions& opts, const Sha256Digest& original_sha,
                                   const std::string& created);
 
+// The file form of an encrypted snapshot: preamble and trailer say version 2 (min reader 2, so
+// an older kvsnap refuses it: "upgrade kvsnap") and the manifest area holds the version-1
+// manifest sealed by the tenant's cipher under sealed_manifest_id().
+inline constexpr uint32_t kSealedFileVersion = 2;
+inline ChunkId sealed_manifest_id(const ChunkCipher& c) {
+  constexpr std::string_view kLabel = "kvsnap manifest v1";
+  return c.chunk_id({reinterpret_cast<const std::byte*>(kLabel.data()), kLabel.size()});
+}
+
 // Where a file offset of the original lands: the chunk (global index), the
 // offset inside the chunk's raw bytes, and how many bytes from there on are
 // contiguous in both the file and the chunk.

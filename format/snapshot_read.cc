@@ -406,6 +406,22 @@ Status check_versions(const std::string& name, uint32_t version, uint32_t min_re
   return Status::OK();
 }
 
+// The manifest area of an encrypted file, replaced by the manifest it seals. Without a cipher
+// the header is still checked, so the error can name the key the file needs.
+Status open_sealed_manifest(const std::string& name, const ChunkCipher* cipher, std::vector<std::byte>& bytes) {
+  const std::string what = name + ": manifest";
+  KV_ASSIGN_OR_RETURN(const SealedHeader h, parse_sealed_header(bytes, what));
+  if (!cipher) {
+    return Status::InvalidArgument(name + ": an encrypted snapshot file (key " + key_id_hex(h.master_key_id) +
+                                   ", tenant key " + key_id_hex(h.tenant_key_id) +
+                                   "), and no key was given: pass {--key-file FILE} or {--key-command CMD}");
+  }
+  std::vector<std::byte> plain;
+  KV_RETURN_IF_ERROR(cipher->open_into(sealed_manifest_id(*cipher), bytes, plain, what));
+  bytes.swap(plain);
+  return Status::OK();
+}
+
 Result<std::unique_ptr<SnapshotReader::Impl>> make_impl(SnapshotManifest m, std::string name,
                                                          const SnapshotReadOptions& opts) {
   auto impl = std::make_unique<SnapshotReader::Impl>();
@@ -439,7 +455,13 @@ Result<std::unique_ptr<SnapshotReader>> open_snapshot_file(const ReadableFile& f
   std::array<std::byte, kPreambleBytes> pre{};
   KV_RETURN_IF_ERROR(file.read_at(0, pre));
   if (!has_magic(pre.data())) return Status::Corruption(name + ": not a kvsnap snapshot file (bad magic)");
-  KV_RETURN_IF_ERROR(check_versions(name, load_le<uint32_t>(pre.data() + 8), load_le<uint32_t>(pre.data() + 12), "preamble"));
+  // Version 2 (min reader 2) is the file form of an encrypted snapshot: a sealed version-1 manifest.
+  const bool sealed = load_le<uint32_t>(pre.data() + 8) == kSealedFileVersion &&
+                      load_le<uint32_t>(pre.data() + 12) == kSealedFileVersion;
+  if (!sealed) {
+    KV_RETURN_IF_ERROR(
+        check_versions(name, load_le<uint32_t>(pre.data() + 8), load_le<uint32_t>(pre.data() + 12), "preamble"));
+  }
   std::array<std::byte, kTrailerBytes> tr{};
   KV_RETURN_IF_ERROR(file.read_at(size - kTrailerBytes, tr));
   if (!has_magic(tr.data() + 72)) {
@@ -450,7 +472,7 @@ Result<std::unique_ptr<SnapshotReader>> open_snapshot_file(const ReadableFile& f
   const uint64_t area_off = load_le<uint64_t>(tr.data()), area_len = load_le<uint64_t>(tr.data() + 8);
   const uint64_t man_off = load_le<uint64_t>(tr.data() + 16), man_len = load_le<uint64_t>(tr.data() + 24);
   const uint32_t version = load_le<uint32_t>(tr.data() + 64), min_reader = load_le<uint32_t>(tr.data() + 68);
-  KV_RETURN_IF_ERROR(check_versions(name, version, min_reader, "trailer"));
+  if (!sealed) KV_RETURN_IF_ERROR(check_versions(name, version, min_reader, "trailer"));
   if (version != load_le<uint32_t>(pre.data() + 8) || min_reader != load_le<uint32_t>(pre.data() + 12)) {
     return Status::Corruption(name + ": preamble and trailer disagree on the format version");
   }
@@ -472,8 +494,13 @@ Result<std::unique_ptr<SnapshotReader>> open_snapshot_file(const ReadableFile& f
   if (sha256_of(bytes) != want) {
     return Status::Corruption(name + ": the manifest does not match the SHA-256 in the trailer: the file is damaged");
   }
+  if (sealed) KV_RETURN_IF_ERROR(open_sealed_manifest(name, opts.cipher, bytes));
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, parse_manifest(bytes, name + ": manifest"));
-  if (m.format_version != version || m.min_reader_version != min_reader) {
+  if (sealed != m.encryption.has_value()) {
+    return Status::Corruption(name + (sealed ? ": a sealed manifest that records no encryption"
+                                             : ": an encrypted snapshot whose manifest is not sealed"));
+  }
+  if (!sealed && (m.format_version != version || m.min_reader_version != min_reader)) {
     return Status::Corruption(name + ": the manifest and the trailer disagree on the format version");
   }
   std::vector<uint64_t> offsets;

@@ -355,57 +355,74 @@ class FileChunkSink final : public ChunkSink {
 
 }  // namespace
 
-Result<SnapshotManifest> write_snapshot_file(const StateFile& parsed, const ReadableFile& original,
-                                             const SnapshotOptions& opts, ByteSink& sink) {
-  BufferedSink out(sink);
-  std::vector<std::byte> pre;
-  put_bytes(pre, kFileMagic.data(), kFileMagic.size());
-  put_u32(pre, kSnapshotFormatVersion);
-  put_u32(pre, 1);  // min_reader_version
-  KV_RETURN_IF_ERROR(out.append(pre));
-  FileChunkSink chunks(out);
-  KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_snapshot(parsed, original, opts, chunks));
-  KV_RETURN_IF_ERROR(out.append(m.bytes));
-  std::vector<std::byte> tr;
-  put_u64(tr, kPreambleBytes);
-  put_u64(tr, chunks.bytes);
-  put_u64(tr, kPreambleBytes + chunks.bytes);
-  put_u64(tr, m.bytes.size());
-  put_bytes(tr, m.manifest_sha256.data(), 32);
-  put_u32(tr, m.format_version);
-  put_u32(tr, m.min_reader_version);
-  put_bytes(tr, kFileMagic.data(), kFileMagic.size());
-  KV_RETURN_IF_ERROR(out.append(tr));
-  KV_RETURN_IF_ERROR(out.flush());
-  return m;
-}
-
 namespace {
 
-std::vector<std::byte> preamble_bytes() {
+std::vector<std::byte> preamble_bytes(uint32_t version, uint32_t min_reader) {
   std::vector<std::byte> pre;
   put_bytes(pre, kFileMagic.data(), kFileMagic.size());
-  put_u32(pre, kSnapshotFormatVersion);
-  put_u32(pre, 1);  // min_reader_version
+  put_u32(pre, version);
+  put_u32(pre, min_reader);
   return pre;
 }
 
-std::vector<std::byte> trailer_bytes(const SnapshotManifest& m, uint64_t blob_bytes) {
+// `manifest_area`: the manifest bytes as the file holds them (sealed when encrypted).
+std::vector<std::byte> trailer_bytes(std::span<const std::byte> manifest_area, uint64_t blob_bytes, uint32_t version,
+                                     uint32_t min_reader) {
   std::vector<std::byte> tr;
   put_u64(tr, kPreambleBytes);
   put_u64(tr, blob_bytes);
   put_u64(tr, kPreambleBytes + blob_bytes);
-  put_u64(tr, m.bytes.size());
-  put_bytes(tr, m.manifest_sha256.data(), 32);
-  put_u32(tr, m.format_version);
-  put_u32(tr, m.min_reader_version);
+  put_u64(tr, manifest_area.size());
+  const Sha256Digest sha = sha256_of(manifest_area);
+  put_bytes(tr, sha.data(), 32);
+  put_u32(tr, version);
+  put_u32(tr, min_reader);
   put_bytes(tr, kFileMagic.data(), kFileMagic.size());
   return tr;
 }
 
+// The file form's versions: a plain snapshot's own, or 2 for a sealed manifest.
+std::pair<uint32_t, uint32_t> file_versions(bool sealed, const SnapshotManifest* m) {
+  if (sealed) return {kSealedFileVersion, kSealedFileVersion};
+  return m ? std::make_pair(m->format_version, m->min_reader_version) : std::make_pair(kSnapshotFormatVersion, 1u);
+}
+
 }  // namespace
 
-Result<SnapshotFileAssembler> SnapshotFileAssembler::plan(const SnapshotManifest& m, ChunkSource& blobs) {
+Result<SnapshotManifest> write_snapshot_file(const StateFile& parsed, const ReadableFile& original,
+                                             const SnapshotOptions& opts, ByteSink& sink) {
+  BufferedSink out(sink);
+  const auto [version, min_reader] = file_versions(opts.cipher != nullptr, nullptr);
+  KV_RETURN_IF_ERROR(out.append(preamble_bytes(version, min_reader)));
+  FileChunkSink chunks(out);
+  KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_snapshot(parsed, original, opts, chunks));
+  std::vector<std::byte> sealed;
+  if (opts.cipher) {
+    KV_ASSIGN_OR_RETURN(const size_t n, opts.cipher->seal_into(sealed_manifest_id(*opts.cipher), m.bytes, sealed));
+    sealed.resize(n);
+  }
+  const std::span<const std::byte> area = opts.cipher ? std::span<const std::byte>(sealed) : m.bytes;
+  KV_RETURN_IF_ERROR(out.append(area));
+  const auto [tv, tm] = file_versions(opts.cipher != nullptr, &m);
+  KV_RETURN_IF_ERROR(out.append(trailer_bytes(area, chunks.bytes, tv, tm)));
+  KV_RETURN_IF_ERROR(out.flush());
+  return m;
+}
+
+Result<SnapshotFileAssembler> SnapshotFileAssembler::plan(const SnapshotManifest& m, ChunkSource& blobs,
+                                                          const ChunkCipher* cipher) {
+  if (m.encryption) {
+    if (!cipher) {
+      return Status::InvalidArgument("the snapshot is encrypted with key " + key_id_hex(m.encryption->master_key_id) +
+                                     " for tenant '" + m.encryption->tenant +
+                                     "', and no key was given to seal its manifest: pass {--key-file FILE} or "
+                                     "{--key-command CMD}");
+    }
+    SealedHeader recorded;
+    recorded.master_key_id = m.encryption->master_key_id;
+    recorded.tenant_key_id = m.encryption->tenant_key_id;
+    KV_RETURN_IF_ERROR(check_sealed_key_ids(recorded, cipher->master_key_id(), cipher->tenant_key_id(), "snapshot"));
+  }
   SnapshotFileAssembler a;
   a.m_ = m;
   for (ChunkRef& ref : a.m_.chunks) {
@@ -432,23 +449,30 @@ Result<SnapshotFileAssembler> SnapshotFileAssembler::plan(const SnapshotManifest
     a.blob_bytes_ += blob.size();
   }
   encode_manifest(a.m_);
+  if (m.encryption) {
+    KV_ASSIGN_OR_RETURN(const size_t n, cipher->seal_into(sealed_manifest_id(*cipher), a.m_.bytes, a.sealed_manifest_));
+    a.sealed_manifest_.resize(n);
+  }
   return a;
 }
 
 uint64_t SnapshotFileAssembler::file_size() const {
-  return kPreambleBytes + blob_bytes_ + m_.bytes.size() + kTrailerBytes;
+  return kPreambleBytes + blob_bytes_ + (m_.encryption ? sealed_manifest_.size() : m_.bytes.size()) + kTrailerBytes;
 }
 
 Status SnapshotFileAssembler::write(ChunkSource& blobs, ByteSink& out) const {
-  KV_RETURN_IF_ERROR(out.append(preamble_bytes()));
+  const bool sealed = m_.encryption.has_value();
+  const auto [version, min_reader] = file_versions(sealed, &m_);
+  KV_RETURN_IF_ERROR(out.append(preamble_bytes(version, min_reader)));
   for (const ChunkRef& ref : m_.chunks) {
     KV_ASSIGN_OR_RETURN(std::vector<std::byte> blob, blobs.get(ref));
     if (blob.size() != ref.stored_size)
       return Status::Corruption("chunk " + std::to_string(ref.index) + " changed size while being exported");
     KV_RETURN_IF_ERROR(out.append(blob));
   }
-  KV_RETURN_IF_ERROR(out.append(m_.bytes));
-  return out.append(trailer_bytes(m_, blob_bytes_));
+  const std::span<const std::byte> area = sealed ? std::span<const std::byte>(sealed_manifest_) : m_.bytes;
+  KV_RETURN_IF_ERROR(out.append(area));
+  return out.append(trailer_bytes(area, blob_bytes_, version, min_reader));
 }
 
 }  // namespace kvsnap
