@@ -17,10 +17,17 @@
 // and the ratios: seal and open against decode and memcpy, and a whole chunk's restore (open +
 // decode + hmac vs decode + sha256) and save (hmac + encode + seal vs sha256 + encode).
 //
+// Then the whole file end to end in memory, plain against encrypted, with --threads workers
+// (default 2): build_snapshot into an in-memory store (what save does minus the disk), and
+// open_snapshot + reading original() front to back (what restore does minus the disk); wall
+// seconds and CPU seconds (user + system, all threads), best of R.
+//
 // OpenSSL picks AES-NI / PCLMULQDQ / AVX code itself; OPENSSL_ia32cap masks them, e.g.
 //   OPENSSL_ia32cap="~0x200000000000000"   no AES-NI (bit 57)
 //   OPENSSL_ia32cap="~0x200000200000000"   no AES-NI and no PCLMULQDQ (bit 33: GHASH by table)
 // The bench prints the CPU's flags and the variable so that a table can say what ran.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,6 +35,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -91,6 +99,51 @@ double best_of(int rounds, const std::vector<Chunk>& chunks, const std::function
   return best;
 }
 
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+struct EndToEnd {
+  double save_wall = 1e30, save_cpu = 1e30, read_wall = 1e30, read_cpu = 1e30;
+};
+
+// build_snapshot of the whole file into memory, then every byte of original() read back.
+Status end_to_end(const std::string& path, const ChunkCipher* cipher, uint32_t threads, int level, int rounds,
+                  EndToEnd& e) {
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> f, posix_io().open_read(path));
+  KV_ASSIGN_OR_RETURN(StateFile parsed, parse_state(*f));
+  std::vector<std::byte> buf(4u << 20);
+  for (int r = 0; r < rounds; ++r) {
+    MemoryChunkStore store;
+    SnapshotOptions o;
+    o.zstd_level = level;
+    o.threads = threads;
+    o.cipher = cipher;
+    o.created = "2026-01-01T00:00:00Z";
+    double c0 = cpu_seconds();
+    auto t0 = Clock::now();
+    KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_snapshot(parsed, *f, o, store));
+    e.save_wall = std::min(e.save_wall, std::chrono::duration<double>(Clock::now() - t0).count());
+    e.save_cpu = std::min(e.save_cpu, cpu_seconds() - c0);
+    SnapshotReadOptions ro;
+    ro.cipher = cipher;
+    c0 = cpu_seconds();
+    t0 = Clock::now();
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<SnapshotReader> reader, open_snapshot(m.bytes, store, ro));
+    const ReadableFile& orig = reader->original();
+    for (uint64_t at = 0; at < orig.size();) {
+      const uint64_t n = std::min<uint64_t>(buf.size(), orig.size() - at);
+      KV_RETURN_IF_ERROR(orig.read_at(at, std::span<std::byte>(buf.data(), n)));
+      at += n;
+    }
+    e.read_wall = std::min(e.read_wall, std::chrono::duration<double>(Clock::now() - t0).count());
+    e.read_cpu = std::min(e.read_cpu, cpu_seconds() - c0);
+  }
+  return Status::OK();
+}
+
 std::string cpu_flags() {
   std::ifstream in("/proc/cpuinfo");
   std::string line, out;
@@ -108,13 +161,17 @@ int run(int argc, char** argv) {
   std::vector<std::string> files;
   double mb = 64;
   int rounds = 5, level = 1;
+  uint32_t threads = 2;
+  bool whole = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--mb" && i + 1 < argc) mb = std::atof(argv[++i]);
     else if (a == "--rounds" && i + 1 < argc) rounds = std::max(1, std::atoi(argv[++i]));
     else if (a == "--level" && i + 1 < argc) level = std::atoi(argv[++i]);
+    else if (a == "--threads" && i + 1 < argc) threads = uint32_t(std::max(1, std::atoi(argv[++i])));
+    else if (a == "--no-whole") whole = false;
     else if (a.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "usage: kvsnap-crypt-bench SLOT... [--mb N] [--rounds R] [--level L]\n");
+      std::fprintf(stderr, "usage: kvsnap-crypt-bench SLOT... [--mb N] [--rounds R] [--level L] [--threads T] [--no-whole]\n");
       return 2;
     } else files.push_back(a);
   }
@@ -186,6 +243,16 @@ int run(int argc, char** argv) {
                 (t_open + t_dec + t_hmac) / gb, (t_dec + t_sha) / gb, (t_open + t_dec + t_hmac) / (t_dec + t_sha));
     std::printf("save per new chunk: hmac + encode + seal = %.3f s/GB vs sha256 + encode = %.3f s/GB: %.2fx\n",
                 (t_hmac + t_enc + t_seal) / gb, (t_sha + t_enc) / gb, (t_hmac + t_enc + t_seal) / (t_sha + t_enc));
+    if (!whole) continue;
+    const int r3 = std::min(rounds, 3);
+    EndToEnd pe, ee;  // plain, encrypted
+    must(end_to_end(path, nullptr, threads, level, r3, pe));
+    must(end_to_end(path, &cipher, threads, level, r3, ee));
+    std::printf("whole file in memory, %u threads, best of %d: wall s / CPU s\n", threads, r3);
+    std::printf("  save    plain %.3f / %.3f   encrypted %.3f / %.3f   = %.2fx wall, %.2fx CPU\n", pe.save_wall,
+                pe.save_cpu, ee.save_wall, ee.save_cpu, ee.save_wall / pe.save_wall, ee.save_cpu / pe.save_cpu);
+    std::printf("  restore plain %.3f / %.3f   encrypted %.3f / %.3f   = %.2fx wall, %.2fx CPU\n", pe.read_wall,
+                pe.read_cpu, ee.read_wall, ee.read_cpu, ee.read_wall / pe.read_wall, ee.read_cpu / pe.read_cpu);
   }
   return 0;
 }

@@ -305,6 +305,22 @@ class ChunkSource {
   }
 };
 
+// Chunk blobs by id in memory, as a store keeps them (tests, benchmarks): the first blob put
+// for an id is kept; the empty blob of a known chunk is not stored.
+class MemoryChunkStore final : public ChunkSink, public ChunkSource {
+ public:
+  Status put(const ChunkRef& ref, std::span<const std::byte> blob) override {
+    if (!blob.empty()) blobs.try_emplace(ref.sha256, blob.begin(), blob.end());
+    return Status::OK();
+  }
+  Result<std::vector<std::byte>> get(const ChunkRef& ref) override {
+    auto it = blobs.find(ref.sha256);
+    if (it == blobs.end()) return Status::NotFound("no blob for chunk " + to_hex(ref.sha256));
+    return it->second;
+  }
+  std::map<Sha256Digest, std::vector<std::byte>> blobs;
+};
+
 struct SnapshotReadOptions {
   uint64_t cache_bytes = uint64_t(64) << 20;  // decoded chunks kept (at least one chunk is)
   // The tenant's cipher for an encrypted snapshot (must outlive the reader). Opening checks its

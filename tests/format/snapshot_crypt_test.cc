@@ -24,20 +24,7 @@ MasterKey key_of(uint8_t fill) {
   return MasterKey::from_bytes(k).value();
 }
 
-// Chunk blobs by id, in memory.
-class Blobs final : public ChunkSink, public ChunkSource {
- public:
-  Status put(const ChunkRef& ref, std::span<const std::byte> blob) override {
-    if (!blob.empty()) map.try_emplace(ref.sha256, blob.begin(), blob.end());
-    return Status::OK();
-  }
-  Result<std::vector<std::byte>> get(const ChunkRef& ref) override {
-    auto it = map.find(ref.sha256);
-    if (it == map.end()) return Status::NotFound("no blob " + to_hex(ref.sha256));
-    return it->second;
-  }
-  std::map<Sha256Digest, std::vector<std::byte>> map;
-};
+using Blobs = MemoryChunkStore;
 
 struct Saved {
   std::vector<std::byte> original;
@@ -74,8 +61,8 @@ TEST(SnapshotCrypt, RoundTripThroughTheStoreForm) {
   EXPECT_EQ(s.m.encryption->master_key_id, c.master_key_id());
   ASSERT_GT(s.m.chunks.size(), 4u);
   for (const ChunkRef& r : s.m.chunks) {
-    EXPECT_TRUE(looks_sealed(blobs.map.at(r.sha256))) << r.index;
-    EXPECT_EQ(r.stored_size, blobs.map.at(r.sha256).size());
+    EXPECT_TRUE(looks_sealed(blobs.blobs.at(r.sha256))) << r.index;
+    EXPECT_EQ(r.stored_size, blobs.blobs.at(r.sha256).size());
   }
   // The manifest round-trips with its CRYP section.
   Result<SnapshotManifest> parsed = parse_manifest(s.m.bytes);
@@ -159,7 +146,7 @@ TEST(SnapshotCrypt, ExportAssemblyKeepsBlobsSealedAndSealsTheManifest) {
   ASSERT_TRUE(a->write(blobs, out).ok());
   EXPECT_EQ(out.bytes.size(), a->file_size());
   for (const ChunkRef& r : s.m.chunks) {
-    const std::vector<std::byte>& b = blobs.map.at(r.sha256);
+    const std::vector<std::byte>& b = blobs.blobs.at(r.sha256);
     EXPECT_TRUE(std::search(out.bytes.begin(), out.bytes.end(), b.begin(), b.end()) != out.bytes.end())
         << "chunk " << r.index << " copied as stored";
   }
@@ -186,7 +173,7 @@ TEST(SnapshotCrypt, KeyedIdsDedupWithinATenantOnly) {
     EXPECT_NE(sa.m.chunks[i].sha256, sp.m.chunks[i].sha256) << i << ": not the plain SHA-256";
   }
   // Identical chunks inside one snapshot (the slot has some) still share one blob.
-  EXPECT_EQ(ba.map.size(), plain.map.size());
+  EXPECT_EQ(ba.blobs.size(), plain.blobs.size());
   // A second save against the first's chunks (a store's parent) encodes nothing again.
   std::map<Sha256Digest, ChunkRef> known;
   for (const ChunkRef& r : sa.m.chunks) known.emplace(r.sha256, r);
@@ -198,7 +185,7 @@ TEST(SnapshotCrypt, KeyedIdsDedupWithinATenantOnly) {
   o.known_chunks = &known;
   Blobs fresh;
   ASSERT_TRUE(build_snapshot(parse_state(f).value(), f, o, fresh).ok());
-  EXPECT_TRUE(fresh.map.empty());
+  EXPECT_TRUE(fresh.blobs.empty());
 }
 
 TEST(SnapshotCrypt, WrongKeyAndOtherTenantAreToldAtOpen) {
@@ -232,7 +219,7 @@ TEST(SnapshotCrypt, DamagedOrSwappedBlobsFail) {
   ASSERT_NE(first, second);
   {  // one ciphertext bit: the keyless check cannot see it, the key can
     Blobs bad = blobs;
-    bad.map[first][kSealedHeaderBytes + 3] ^= std::byte{0x10};
+    bad.blobs[first][kSealedHeaderBytes + 3] ^= std::byte{0x10};
     auto r = open_snapshot(s.m.bytes, bad, ro);
     ASSERT_TRUE(r.ok());
     EXPECT_TRUE((*r)->verify_sealed_chunks().ok());
@@ -242,14 +229,14 @@ TEST(SnapshotCrypt, DamagedOrSwappedBlobsFail) {
   }
   {  // another chunk's blob under this id: the id is in the tag's data
     Blobs bad = blobs;
-    bad.map[first] = blobs.map[second];
+    bad.blobs[first] = blobs.blobs[second];
     auto r = open_snapshot(s.m.bytes, bad, ro);
     ASSERT_TRUE(r.ok());
     EXPECT_EQ((*r)->verify_chunks().code(), Code::kCorruption);
   }
   {  // a truncated blob: both checks see it
     Blobs bad = blobs;
-    bad.map[first].resize(bad.map[first].size() - 1);
+    bad.blobs[first].resize(bad.blobs[first].size() - 1);
     auto r = open_snapshot(s.m.bytes, bad, ro);
     ASSERT_TRUE(r.ok());
     EXPECT_EQ((*r)->verify_sealed_chunks().code(), Code::kCorruption);
@@ -259,10 +246,10 @@ TEST(SnapshotCrypt, DamagedOrSwappedBlobsFail) {
     const ChunkCipher other = ChunkCipher::for_tenant(key_of(2), "alice").value();
     Blobs bad = blobs;
     std::vector<std::byte> plain_blob;
-    ASSERT_TRUE(c.open_into(first, blobs.map[first], plain_blob).ok());
+    ASSERT_TRUE(c.open_into(first, blobs.blobs[first], plain_blob).ok());
     std::vector<std::byte> resealed;
     resealed.resize(other.seal_into(first, plain_blob, resealed).value());
-    bad.map[first] = resealed;
+    bad.blobs[first] = resealed;
     auto keyless = open_snapshot(s.m.bytes, bad);
     ASSERT_TRUE(keyless.ok());
     EXPECT_EQ((*keyless)->verify_sealed_chunks().code(), Code::kMismatch);
@@ -281,8 +268,8 @@ TEST(SnapshotCrypt, PlainSnapshotsStayPlain) {
   const ChunkCipher c = ChunkCipher::for_tenant(key_of(1), "alice").value();
   const Sha256Digest first = s.m.chunks[0].sha256;
   std::vector<std::byte> sealed;
-  sealed.resize(c.seal_into(first, blobs.map[first], sealed).value());
-  blobs.map[first] = sealed;
+  sealed.resize(c.seal_into(first, blobs.blobs[first], sealed).value());
+  blobs.blobs[first] = sealed;
   r = open_snapshot(s.m.bytes, blobs);
   ASSERT_TRUE(r.ok());
   const Status st = (*r)->verify_chunks();
