@@ -2,9 +2,14 @@
 // Prints figures; asserts nothing about time. See docs/store.md, "Catalog".
 //
 //   kvsnap-catalog-bench [--snapshots N] [--queries Q] [--dir DIR] [--keep] [--reuse]
+//                        [--catalog postgresql://...]
 //
 // --reuse: with --dir, skip the fill when DIR already holds a catalog of N
 // snapshots from an earlier --keep run (the population is deterministic).
+// --catalog URL: after the SQLite catalog, the same population and queries
+// against a PostgreSQL catalog (PgCatalog) in that database, which must be
+// empty or (with --reuse) hold the N snapshots of an earlier run.
+// tests/beds/postgres.sh start DIR PORT gives a throwaway server.
 //
 // Population (deterministic): N snapshots (default 100,000) cut from 3,000
 // conversations of up to 8,000 tokens. 3 of 4 conversations start with one of
@@ -28,6 +33,8 @@
 #include <vector>
 
 #include "store/catalog.h"
+#include "store/pg_catalog.h"
+#include "store/pg_conn.h"
 
 using namespace kvsnap;
 namespace fs = std::filesystem;
@@ -132,69 +139,27 @@ void die(const Status& s) {
   std::exit(1);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  uint32_t n_snapshots = 100000;
-  int n_queries = 1000;
-  std::string dir;
-  bool keep = false, reuse = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--snapshots" && i + 1 < argc) n_snapshots = static_cast<uint32_t>(std::stoul(argv[++i]));
-    else if (a == "--queries" && i + 1 < argc) n_queries = std::stoi(argv[++i]);
-    else if (a == "--dir" && i + 1 < argc) dir = argv[++i];
-    else if (a == "--keep") keep = true;
-    else if (a == "--reuse") reuse = keep = true;
-    else {
-      std::fprintf(stderr, "usage: kvsnap-catalog-bench [--snapshots N] [--queries Q] [--dir DIR] [--keep] [--reuse]\n");
-      return 2;
-    }
+// Adds the population; prints the rate.
+template <class Cat>
+void fill(Cat& cat, const std::vector<Spec>& specs, const char* how) {
+  const uint32_t n_snapshots = static_cast<uint32_t>(specs.size());
+  auto t0 = Clock::now();
+  uint64_t total_tokens = 0;
+  for (uint32_t i = 0; i < n_snapshots; ++i) {
+    auto r = cat.add_snapshot(record_of(specs[i], i), chunks_of(specs[i]));
+    if (!r.ok()) die(r.status());
+    total_tokens += specs[i].n;
+    if ((i + 1) % 20000 == 0) std::fprintf(stderr, "  %u snapshots, %.1f s\n", i + 1, ms_since(t0) / 1000);
   }
-  if (dir.empty()) {
-    std::string tmpl = (fs::temp_directory_path() / "kvsnap-catalog-bench-XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) return 1;
-    dir = tmpl;
-  }
-  fs::create_directories(dir);
-  std::string db = dir + "/catalog.sqlite";
-  std::printf("catalog: %s\n", db.c_str());
+  double ms = ms_since(t0);
+  std::printf("fill: %u snapshots, %.0f tokens average, %.1f s: add_snapshot %.0f/s (%s)\n", n_snapshots,
+              double(total_tokens) / n_snapshots, ms / 1000, n_snapshots / (ms / 1000), how);
+}
 
-  std::mt19937_64 rng(20250101);
-  std::vector<Spec> specs;
-  specs.reserve(n_snapshots);
-  for (uint32_t i = 0; i < n_snapshots; ++i) specs.push_back(make_spec(rng, i));
-
-  // Fill, without fsync per commit (the durable rate is measured below).
-  if (reuse && fs::exists(db)) {
-    std::printf("fill: reusing %s\n", db.c_str());
-  } else {
-    CatalogOptions fast;
-    fast.durable_commits = false;
-    auto cat = Catalog::open(db, fast);
-    if (!cat.ok()) die(cat.status());
-    auto t0 = Clock::now();
-    uint64_t total_tokens = 0;
-    for (uint32_t i = 0; i < n_snapshots; ++i) {
-      auto r = (*cat)->add_snapshot(record_of(specs[i], i), chunks_of(specs[i]));
-      if (!r.ok()) die(r.status());
-      total_tokens += specs[i].n;
-      if ((i + 1) % 20000 == 0) std::fprintf(stderr, "  %u snapshots, %.1f s\n", i + 1, ms_since(t0) / 1000);
-    }
-    double ms = ms_since(t0);
-    std::printf("fill: %u snapshots, %.0f tokens average, %.1f s: add_snapshot %.0f/s (synchronous=NORMAL)\n",
-                n_snapshots, double(total_tokens) / n_snapshots, ms / 1000, n_snapshots / (ms / 1000));
-  }
-
-  auto opened = Catalog::open(db);
-  if (!opened.ok()) die(opened.status());
-  Catalog& cat = **opened;
-  auto stats = cat.stats();
-  if (!stats.ok()) die(stats.status());
-  std::printf("store: %lld snapshots, %lld chunks, dedup %.2fx, catalog file %.0f MiB\n",
-              static_cast<long long>(stats->snapshots), static_cast<long long>(stats->chunks), stats->dedup_ratio,
-              double(fs::file_size(db)) / (1 << 20));
-
+// find_prefix, ls, resolve, durable adds and removes, integrity_check.
+template <class Cat>
+void measure(Cat& cat, const std::vector<Spec>& specs, int n_queries, const char* durable) {
+  const uint32_t n_snapshots = static_cast<uint32_t>(specs.size());
   // find_prefix.
   auto run_queries = [&](const char* label, size_t limit, auto make_query) {
     std::vector<double> lat;
@@ -302,7 +267,7 @@ int main(int argc, char** argv) {
       if (!r.ok()) die(r.status());
     }
     double rm_ms = ms_since(t0);
-    std::printf("add_snapshot (synchronous=FULL, %u): %.0f/s (%.2f ms each); remove_snapshot %.0f/s\n", n,
+    std::printf("add_snapshot (%s, %u): %.0f/s (%.2f ms each); remove_snapshot %.0f/s\n", durable, n,
                 n / (add_ms / 1000), add_ms / n, n / (rm_ms / 1000));
   }
   {
@@ -311,7 +276,90 @@ int main(int argc, char** argv) {
     if (!problems.ok()) die(problems.status());
     std::printf("integrity_check: %.0f ms, %zu problems\n", ms_since(t0), problems->size());
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint32_t n_snapshots = 100000;
+  int n_queries = 1000;
+  std::string dir, pg_url;
+  bool keep = false, reuse = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--snapshots" && i + 1 < argc) n_snapshots = static_cast<uint32_t>(std::stoul(argv[++i]));
+    else if (a == "--queries" && i + 1 < argc) n_queries = std::stoi(argv[++i]);
+    else if (a == "--dir" && i + 1 < argc) dir = argv[++i];
+    else if (a == "--keep") keep = true;
+    else if (a == "--reuse") reuse = keep = true;
+    else if (a == "--catalog" && i + 1 < argc) pg_url = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: kvsnap-catalog-bench [--snapshots N] [--queries Q] [--dir DIR] [--keep] [--reuse] [--catalog postgresql://...]\n");
+      return 2;
+    }
+  }
+  if (dir.empty()) {
+    std::string tmpl = (fs::temp_directory_path() / "kvsnap-catalog-bench-XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) return 1;
+    dir = tmpl;
+  }
+  fs::create_directories(dir);
+  std::string db = dir + "/catalog.sqlite";
+  std::printf("catalog: %s\n", db.c_str());
+
+  std::mt19937_64 rng(20250101);
+  std::vector<Spec> specs;
+  specs.reserve(n_snapshots);
+  for (uint32_t i = 0; i < n_snapshots; ++i) specs.push_back(make_spec(rng, i));
+
+  // Fill, without fsync per commit (the durable rate is measured below).
+  if (reuse && fs::exists(db)) {
+    std::printf("fill: reusing %s\n", db.c_str());
+  } else {
+    CatalogOptions fast;
+    fast.durable_commits = false;
+    auto cat = Catalog::open(db, fast);
+    if (!cat.ok()) die(cat.status());
+    fill(**cat, specs, "synchronous=NORMAL");
+  }
+
+  auto opened = Catalog::open(db);
+  if (!opened.ok()) die(opened.status());
+  Catalog& cat = **opened;
+  auto stats = cat.stats();
+  if (!stats.ok()) die(stats.status());
+  std::printf("store: %lld snapshots, %lld chunks, dedup %.2fx, catalog file %.0f MiB\n",
+              static_cast<long long>(stats->snapshots), static_cast<long long>(stats->chunks), stats->dedup_ratio,
+              double(fs::file_size(db)) / (1 << 20));
+  measure(cat, specs, n_queries, "synchronous=FULL");
   opened.value().reset();  // close before removing the files
   if (!keep) fs::remove_all(dir);
+
+  if (!pg_url.empty()) {
+    std::printf("\n== PostgreSQL catalog: %s ==\n", redact_pg_url(pg_url).c_str());
+    CatalogOptions fast;
+    fast.durable_commits = false;
+    auto loader = PgCatalog::open(pg_url, fast);
+    if (!loader.ok()) die(loader.status());
+    auto before = (*loader)->stats();
+    if (!before.ok()) die(before.status());
+    if (reuse && before->snapshots == static_cast<int64_t>(n_snapshots)) {
+      std::printf("fill: reusing the %u snapshots in the database\n", n_snapshots);
+    } else if (before->snapshots != 0) {
+      die(Status::InvalidArgument("the PostgreSQL catalog holds " + std::to_string(before->snapshots) +
+                                  " snapshots: give an empty database (or --reuse with --snapshots " +
+                                  std::to_string(before->snapshots) + ")"));
+    } else {
+      fill(**loader, specs, "synchronous_commit=off");
+    }
+    loader.value().reset();
+    auto pg = PgCatalog::open(pg_url);
+    if (!pg.ok()) die(pg.status());
+    auto pst = (*pg)->stats();
+    if (!pst.ok()) die(pst.status());
+    std::printf("store: %lld snapshots, %lld chunks, dedup %.2fx\n", static_cast<long long>(pst->snapshots),
+                static_cast<long long>(pst->chunks), pst->dedup_ratio);
+    measure(**pg, specs, n_queries, "synchronous_commit=on");
+  }
   return 0;
 }

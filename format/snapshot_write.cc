@@ -9,6 +9,7 @@
 #include <ctime>
 #include <thread>
 
+#include "base/text.h"
 #include "format/cursor.h"
 #include "format/snapshot.h"
 #include "format/snapshot_internal.h"
@@ -183,15 +184,6 @@ class ChunkReader {
   std::vector<const Segment*> tensors_;
 };
 
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char b[32];
-  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return b;
-}
-
 Status check_options(const SnapshotOptions& o) {
   if (o.cells_per_chunk == 0 || o.cells_per_chunk > (1u << 24)) {
     return Status::InvalidArgument("{--cells-per-chunk} " + std::to_string(o.cells_per_chunk) + " is out of range (1..16777216)");
@@ -316,7 +308,7 @@ Result<SnapshotManifest> build_snapshot(const StateFile& parsed, const ReadableF
   m.original_sha256 = hasher.sha;
   m.provenance = {std::string(), opts.writer, parsed.kind, parsed.magic, parsed.version, parsed.file_size, hasher.sha};
   if (m.provenance.writer.src_rotation == "auto") m.provenance.writer.src_rotation.clear();
-  m.info = build_info(parsed, opts, hasher.sha, opts.created.empty() ? utc_now() : opts.created);
+  m.info = build_info(parsed, opts, hasher.sha, opts.created.empty() ? utc_now("%Y-%m-%dT%H:%M:%SZ") : opts.created);
   m.provenance.source = m.info["provenance"]["source"].get<std::string>();
   if (!parsed.arch.empty()) m.arch = parsed.arch;
   else if (opts.model && !opts.model->arch.empty()) m.arch = opts.model->arch;

@@ -5,8 +5,11 @@ pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates python3 p
       libsqlite3-dev libzstd-dev libarchive-dev libcli11-dev libssl-dev nlohmann-json3-dev
       libgtest-dev libgmock-dev libbenchmark-dev libcurl4-openssl-dev
       libcpp-httplib-dev        # kvsnap serve's proxy (0.11.4, what llama-server vendors)
+      libpq-dev postgresql-15   # the PostgreSQL catalog: libpq, and the server tests/beds/postgres.sh runs
       clang libclang-rt-14-dev  # the fuzz stage: clang 14, and libFuzzer + sanitizer runtimes (not pulled in by clang)
       zsh fish                  # the shell-completion tests run in the real shells
+      swift swift-proxy swift-object swift-container swift-account python3-swift memcached curl
+                                # the s3 tests' server: Swift 2.30 + s3api on loopback (tests/beds/swift-s3.sh)
       ccache)                   # run-all.sh: a machine that built the tree before rebuilds from its cache
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 missing=()

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -39,6 +40,18 @@ void append_le(std::vector<std::byte>& out, T v) {
   static_assert(std::is_integral_v<T>);
   const auto u = static_cast<std::make_unsigned_t<T>>(v);
   for (size_t i = 0; i < sizeof(T); ++i) out.push_back(std::byte((uint64_t(u) >> (8 * i)) & 0xff));
+}
+
+// Big-endian, for the one protocol that wants it: PostgreSQL's binary wire format (src/store/pg_conn.*).
+inline uint64_t load_be(const std::byte* p, size_t n) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < n; ++i) v = (v << 8) | uint64_t(std::to_integer<uint8_t>(p[i]));
+  return v;
+}
+
+// Appends the low n bytes of v, most significant first.
+inline void append_be(std::string& out, uint64_t v, size_t n) {
+  for (size_t i = n; i-- > 0;) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
 }  // namespace kvsnap

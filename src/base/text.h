@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <ctime>
 #include <string>
 #include <string_view>
 
@@ -15,6 +16,15 @@ inline std::string hex32(uint32_t v) {
   char b[16];
   std::snprintf(b, sizeof b, "%08x", v);
   return b;
+}
+
+// The current time in UTC as strftime(`format`) writes it ("%Y-%m-%dT%H:%M:%SZ").
+inline std::string utc_now(const char* format) {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char b[64];
+  return std::string(b, std::strftime(b, sizeof b, format, &tm));
 }
 
 // `s` between single quotes, safe to print whatever a file holds: control bytes

@@ -10,7 +10,7 @@
 #include "server/server_flows.h"
 #include "server/server_profiles.h"
 #include "store/catalog.h"
-#include "store/store_paths.h"
+#include "store/store_location.h"
 
 namespace kvsnap::cli {
 namespace {
@@ -38,28 +38,21 @@ bool is_dir(const std::string& p) {
 
 bool writable(const std::string& p) { return ::access(p.c_str(), W_OK) == 0; }
 
-void check_store(const StorePaths& paths, std::vector<Check>& out) {
-  const std::string& root = paths.root;
-  if (!is_dir(root)) {
-    out.push_back({Verdict::kWarn, "store", root + " does not exist yet",
-                   "nothing to do: `kvsnap save` creates it (or pass --store DIR / set KVSNAP_HOME)"});
-    return;
+// The catalog: opened read-only in effect (a missing SQLite file is not created).
+void check_catalog(const StoreLocation& where, std::vector<Check>& out) {
+  if (where.catalog_kind == CatalogKind::kSqlite) {
+    auto has_catalog = cli_io().exists(where.catalog);
+    if (!has_catalog.ok() || !*has_catalog) {
+      out.push_back({Verdict::kOk, "catalog", "none yet (the first `kvsnap save` creates it)", ""});
+      return;
+    }
   }
-  if (!writable(root)) {
-    out.push_back({Verdict::kFail, "store", root + " is not writable by this user",
-                   "fix its permissions, or use another store (--store DIR, KVSNAP_HOME)"});
-    return;
-  }
-  out.push_back({Verdict::kOk, "store", root + " is writable", ""});
-  auto has_catalog = cli_io().exists(paths.catalog());
-  if (!has_catalog.ok() || !*has_catalog) {
-    out.push_back({Verdict::kOk, "catalog", "none yet (the first `kvsnap save` creates it)", ""});
-    return;
-  }
-  auto catalog = Catalog::open(paths.catalog());
+  auto catalog = open_catalog(where);
   if (!catalog.ok()) {
     out.push_back({Verdict::kFail, "catalog", catalog.status().ToString(),
-                   "restore a backup of " + paths.catalog() + ", or move the store aside and import your exports"});
+                   where.catalog_kind == CatalogKind::kSqlite
+                       ? "restore a backup of " + where.catalog + ", or move the store aside and import your exports"
+                       : "fix the catalog in " + where.config});
     return;
   }
   auto problems = (*catalog)->integrity_check();
@@ -75,6 +68,30 @@ void check_store(const StorePaths& paths, std::vector<Check>& out) {
                  std::to_string(listed.ok() ? listed->size() : 0) + " snapshots, consistent (`kvsnap verify --all` "
                                                                      "re-hashes the chunks too)",
                  ""});
+}
+
+void check_store(const StoreLocation& where, std::vector<Check>& out) {
+  const std::string& root = where.local_dir;
+  if (!is_dir(root)) {
+    out.push_back({Verdict::kWarn, "store", root + " does not exist yet",
+                   "nothing to do: `kvsnap save` creates it (or pass --store DIR / set KVSNAP_HOME)"});
+    return;
+  }
+  if (!writable(root)) {
+    out.push_back({Verdict::kFail, "store", root + " is not writable by this user",
+                   "fix its permissions, or use another store (--store DIR, KVSNAP_HOME)"});
+    return;
+  }
+  out.push_back({Verdict::kOk, "store", root + " is writable", ""});
+  if (where.blob_kind != BlobKind::kLocal) {  // a local directory's layout is created by the first save
+    auto blobs = open_blob_store(cli_io(), where);
+    if (!blobs.ok()) {
+      out.push_back({Verdict::kFail, "blobs", blobs.status().ToString(), "fix the blobs in " + where.config});
+      return;
+    }
+    out.push_back({Verdict::kOk, "blobs", (*blobs)->describe(), ""});
+  }
+  check_catalog(where, out);
 }
 
 void check_profile(const ServerProfile& p, std::vector<Check>& out) {
@@ -141,12 +158,12 @@ struct DoctorOpts {
 
 Status run_doctor(const DoctorOpts& o, std::string& out) {
   std::vector<Check> checks;
-  KV_ASSIGN_OR_RETURN(StorePaths paths, resolve_store_paths(o.store));
-  check_store(paths, checks);
-  auto profiles = ServerProfiles::load(cli_io(), paths.root);
+  KV_ASSIGN_OR_RETURN(StoreLocation where, resolve_store_location(cli_io(), o.store));
+  check_store(where, checks);
+  auto profiles = ServerProfiles::load(cli_io(), where.local_dir);
   if (!profiles.ok()) {
     checks.push_back({Verdict::kFail, "server profiles", profiles.status().ToString(),
-                      "fix or remove " + paths.root + "/servers.json, then kvsnap server add again"});
+                      "fix or remove " + where.local_dir + "/servers.json, then kvsnap server add again"});
   } else {
     size_t n = 0;
     for (const auto& p : profiles->all()) {

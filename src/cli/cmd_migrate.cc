@@ -143,8 +143,8 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
   std::unique_ptr<Store> store;
   std::mutex store_mu;  // one catalog connection, shared by the jobs
   if (o.backup_store && !o.dry_run) {
-    KV_ASSIGN_OR_RETURN(StorePaths paths, resolve_store_paths(o.store));
-    KV_ASSIGN_OR_RETURN(store, Store::open(io, paths));
+    KV_ASSIGN_OR_RETURN(StoreLocation where, resolve_store_location(io, o.store));
+    KV_ASSIGN_OR_RETURN(store, Store::open(io, where));
     m.backup = [&](const std::string& path, const ReadableFile& file, const StateFile& state) -> Status {
       SaveRequest req;
       req.model = m.model;

@@ -16,8 +16,8 @@ std::string mib(uint64_t b) {
 }
 
 Result<std::unique_ptr<Store>> open_store(const std::string& dir) {
-  KV_ASSIGN_OR_RETURN(StorePaths p, resolve_store_paths(dir));
-  return Store::open(cli_io(), p);
+  KV_ASSIGN_OR_RETURN(StoreLocation where, resolve_store_location(cli_io(), dir));
+  return Store::open(cli_io(), where);
 }
 
 uint64_t stored_bytes_of(Store& store, const std::vector<std::string>& refs) {

@@ -21,7 +21,7 @@
 #include "serve/proxy.h"
 #include "serve/supervisor.h"
 #include "store/store.h"
-#include "store/store_paths.h"
+#include "store/store_location.h"
 
 namespace kvsnap {
 
@@ -85,9 +85,9 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   ProxyOptions po;
   KV_RETURN_IF_ERROR(parse_listen(o.listen, po.listen_host, po.listen_port));
   po.threads = o.threads;
-  KV_ASSIGN_OR_RETURN(StorePaths paths, resolve_store_paths(o.store));
-  KV_ASSIGN_OR_RETURN(auto store, Store::open(io, paths));
-  const std::string serve_dir = paths.root + "/serve", slot_dir = serve_dir + "/slots";
+  KV_ASSIGN_OR_RETURN(StoreLocation where, resolve_store_location(io, o.store));
+  KV_ASSIGN_OR_RETURN(auto store, Store::open(io, where));
+  const std::string serve_dir = where.local_dir + "/serve", slot_dir = serve_dir + "/slots";
   KV_RETURN_IF_ERROR(io.create_dirs(slot_dir));
   KV_ASSIGN_OR_RETURN(po.upstream_port, free_loopback_port());
 
@@ -110,7 +110,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   target.flash_attn = args.flash_attn == "auto" ? "" : args.flash_attn;
   // Two connections to the store (a Catalog is one SQLite connection, for one thread at a time): the
   // background saves never hold up a request's prefix lookup (SQLite's WAL lets them run together).
-  KV_ASSIGN_OR_RETURN(auto lookup_store, Store::open(io, paths));
+  KV_ASSIGN_OR_RETURN(auto lookup_store, Store::open(io, where));
   std::mutex store_mu, lookup_mu;
   Persister persist(io, *store, store_mu, target, log);
   PrefixRestorer prefix(io, *lookup_store, lookup_mu, target, log);
@@ -147,7 +147,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
 
   std::thread server([&proxy] { proxy.run(); });
   log("listening on http://" + o.listen + " (llama-server pid " + std::to_string(sup.pid()) + " on " +
-      target.endpoint.url + ", store " + paths.root + ", its log " + so.log_path + ")");
+      target.endpoint.url + ", store " + where.local_dir + ", its log " + so.log_path + ")");
   int sig = 0;
   sigwait(&sigs, &sig);
   const uint64_t in_flight = drain.shut();  // new requests: 503 from here on

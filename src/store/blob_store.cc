@@ -1,3 +1,5 @@
+// What every blob store shares: chunk hashes, the gc locks a save and a gc
+// take, and the calls built on the backend's own.
 #include "store/blob_store.h"
 
 #include <algorithm>
@@ -6,32 +8,6 @@
 #include "base/sha256.h"
 
 namespace kvsnap {
-
-namespace {
-
-bool is_blob_name(const std::string& name) {
-  return name.size() == 64 && std::all_of(name.begin(), name.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
-
-bool is_pack_name(const std::string& name) {
-  constexpr size_t kHex = 16;
-  return name.size() == kHex + 5 && name.compare(kHex, 5, ".pack") == 0 &&
-         std::all_of(name.begin(), name.begin() + kHex, [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-}
-
-// 64 random bits as 16 hex digits: concurrent saves never pick the same pack.
-std::string new_pack_name() {
-  std::random_device rd;
-  const uint64_t v = (uint64_t(rd()) << 32) ^ rd();
-  static const char* kDigits = "0123456789abcdef";
-  std::string s(16, '0');
-  for (int i = 0; i < 16; ++i) s[i] = kDigits[(v >> (60 - 4 * i)) & 15];
-  return s;
-}
-
-}  // namespace
 
 ChunkHash ChunkHash::of(std::span<const std::byte> raw) {
   ChunkHash h;
@@ -49,52 +25,38 @@ Result<ChunkHash> ChunkHash::from_hex(std::string_view hex) {
 
 std::string ChunkHash::hex() const { return to_hex(bytes); }
 
-Result<std::unique_ptr<BlobStore>> BlobStore::open(Io& io, std::string root) {
-  while (root.size() > 1 && root.back() == '/') root.pop_back();
-  KV_RETURN_IF_ERROR(io.create_dirs(root + "/chunks"));
-  KV_RETURN_IF_ERROR(io.create_dirs(root + "/tmp"));
-  KV_RETURN_IF_ERROR(io.create_dirs(root + "/packs"));
-  return std::unique_ptr<BlobStore>(new BlobStore(io, std::move(root)));
+namespace {
+bool lower_hex(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+}  // namespace
+
+bool is_blob_name(std::string_view name) { return name.size() == 64 && lower_hex(name); }
+
+bool is_pack_name(std::string_view name) {
+  constexpr size_t kHex = 16;
+  return name.size() == kHex + 5 && name.substr(kHex) == ".pack" && lower_hex(name.substr(0, kHex));
 }
 
-std::string BlobStore::shard_dir(const ChunkHash& h) const { return root_ + "/chunks/" + h.hex().substr(0, 2); }
-
-std::string BlobStore::blob_path(const ChunkHash& h) const {
-  std::string hex = h.hex();
-  return root_ + "/chunks/" + hex.substr(0, 2) + "/" + hex;
+std::string new_pack_name() {
+  std::random_device rd;
+  const uint64_t v = (uint64_t(rd()) << 32) ^ rd();
+  static const char* kDigits = "0123456789abcdef";
+  std::string s(16, '0');
+  for (int i = 0; i < 16; ++i) s[i] = kDigits[(v >> (60 - 4 * i)) & 15];
+  return s;
 }
+
+BlobWriteBatch::~BlobWriteBatch() = default;
+BlobStore::~BlobStore() = default;
 
 Result<std::unique_ptr<BlobWriteBatch>> BlobStore::begin_write(bool wait) {
-  KV_ASSIGN_OR_RETURN(auto lock, io_.lock_file(lock_path(), LockMode::kShared, wait));
-  if (!lock) return std::unique_ptr<BlobWriteBatch>();
-  return std::unique_ptr<BlobWriteBatch>(new BlobWriteBatch(*this, std::move(lock)));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLockHold> hold, locks_->lock_shared(wait));
+  if (!hold) return std::unique_ptr<BlobWriteBatch>();
+  return new_batch(std::move(hold));
 }
 
-Result<std::unique_ptr<GcLock>> BlobStore::lock_for_gc(bool wait) {
-  KV_ASSIGN_OR_RETURN(auto lock, io_.lock_file(lock_path(), LockMode::kExclusive, wait));
-  if (!lock) return std::unique_ptr<GcLock>();
-  return std::make_unique<GcLock>(std::move(lock));
-}
-
-Result<bool> BlobStore::contains(const ChunkHash& h) { return io_.exists(blob_path(h)); }
-
-Result<std::vector<std::byte>> BlobStore::get(const ChunkHash& h, uint64_t max_bytes) {
-  std::string path = blob_path(h);
-  KV_ASSIGN_OR_RETURN(bool present, io_.exists(path));
-  if (!present) return Status::NotFound("chunk " + h.hex() + " is missing from the store (" + path + ")");
-  return read_all(io_, path, max_bytes);
-}
-
-Result<const ReadableFile*> BlobStore::open_pack(const std::string& pack) {
-  std::lock_guard<std::mutex> g(packs_mu_);
-  auto it = open_packs_.find(pack);
-  if (it != open_packs_.end()) return it->second.get();
-  const std::string path = pack_path(pack);
-  KV_ASSIGN_OR_RETURN(bool present, io_.exists(path));
-  if (!present) return Status::NotFound("pack " + pack + " is missing from the store (" + path + ")");
-  KV_ASSIGN_OR_RETURN(auto f, io_.open_read(path));
-  return open_packs_.emplace(pack, std::move(f)).first->second.get();
-}
+Result<std::unique_ptr<GcLock>> BlobStore::lock_for_gc(bool wait) { return GcLock::take(*locks_, wait); }
 
 Result<std::vector<std::byte>> BlobStore::get(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes) {
   std::vector<std::byte> out;
@@ -102,164 +64,10 @@ Result<std::vector<std::byte>> BlobStore::get(const ChunkHash& h, const BlobLoca
   return out;
 }
 
-Status BlobStore::get_into(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes, std::vector<std::byte>& out) {
-  if (where.pack.empty()) {
-    KV_ASSIGN_OR_RETURN(out, get(h, max_bytes));
-    return Status::OK();
-  }
-  if (where.size > max_bytes)
-    return Status::InvalidArgument("chunk " + h.hex() + " in pack " + where.pack + " claims " +
-                                   std::to_string(where.size) + " bytes, more than " + std::to_string(max_bytes));
-  KV_ASSIGN_OR_RETURN(const ReadableFile* f, open_pack(where.pack));
-  if (where.offset > f->size() || where.size > f->size() - where.offset)
-    return Status::Corruption("chunk " + h.hex() + ": pack " + pack_path(where.pack) + " has " +
-                              std::to_string(f->size()) + " bytes, the blob is said to end at " +
-                              std::to_string(where.offset + where.size));
-  out.resize(where.size);
-  return f->read_at(where.offset, out);
-}
-
-Result<std::vector<std::string>> BlobStore::list_packs() {
-  std::vector<std::string> out;
-  KV_ASSIGN_OR_RETURN(auto files, io_.list_dir(pack_dir()));
-  for (const DirEntry& f : files)
-    if (f.is_regular && is_pack_name(f.name)) out.push_back(f.name.substr(0, f.name.size() - 5));
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-Status BlobStore::remove_pack(const GcLock&, const std::string& pack) {
-  {
-    std::lock_guard<std::mutex> g(packs_mu_);
-    open_packs_.erase(pack);
-  }
-  return io_.remove(pack_path(pack));
-}
-
-Result<std::vector<ChunkHash>> BlobStore::list() {
-  std::vector<ChunkHash> out;
-  KV_ASSIGN_OR_RETURN(auto shards, io_.list_dir(root_ + "/chunks"));
-  for (const DirEntry& shard : shards) {
-    if (!shard.is_dir || shard.name.size() != 2) continue;
-    KV_ASSIGN_OR_RETURN(auto files, io_.list_dir(root_ + "/chunks/" + shard.name));
-    for (const DirEntry& f : files) {
-      if (!f.is_regular || !is_blob_name(f.name) || f.name.compare(0, 2, shard.name) != 0) continue;
-      KV_ASSIGN_OR_RETURN(ChunkHash h, ChunkHash::from_hex(f.name));  // is_blob_name checked the digits
-      out.push_back(h);
-    }
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-Status BlobStore::remove(const GcLock&, const ChunkHash& h) { return io_.remove(blob_path(h)); }
-
-Result<std::vector<std::string>> BlobStore::list_tmp() {
-  KV_ASSIGN_OR_RETURN(auto files, io_.list_dir(tmp_dir()));
-  std::vector<std::string> out;
-  for (const DirEntry& f : files)
-    if (f.is_regular) out.push_back(f.name);
-  return out;
-}
-
-Status BlobStore::remove_tmp(const GcLock&, const std::string& name) { return io_.remove(tmp_dir() + "/" + name); }
-
 Result<size_t> BlobStore::clear_tmp(const GcLock& lock) {
   KV_ASSIGN_OR_RETURN(std::vector<std::string> names, list_tmp());
   for (const std::string& n : names) KV_RETURN_IF_ERROR(remove_tmp(lock, n));
   return names.size();
-}
-
-Result<uint64_t> BlobStore::size_on_disk(const std::string& path) {
-  auto f = io_.open_read(path);
-  if (!f.ok()) return f.status().code() == Code::kNotFound ? Result<uint64_t>(uint64_t(0)) : Result<uint64_t>(f.status());
-  return (*f)->size();
-}
-
-BlobWriteBatch::~BlobWriteBatch() = default;
-
-Result<PutOutcome> BlobWriteBatch::put(const ChunkHash& h, std::span<const std::byte> stored) {
-  Io& io = store_.io_;
-  std::string dir = store_.shard_dir(h);
-  std::string path = store_.blob_path(h);
-  KV_ASSIGN_OR_RETURN(bool present, io.exists(path));
-  if (present) {
-    // Present is not durable: another save may have renamed it in without
-    // syncing the directory yet. sync_dirs() covers it.
-    std::lock_guard<std::mutex> g(mu_);
-    dirty_dirs_.insert(dir);
-    return PutOutcome::kExisted;
-  }
-  KV_RETURN_IF_ERROR(io.create_dirs(dir));
-  AtomicWriteOptions opt;
-  opt.temp_dir = store_.tmp_dir();
-  opt.sync_dir = false;
-  KV_ASSIGN_OR_RETURN(auto w, AtomicFileWriter::create(io, path, opt));
-  KV_RETURN_IF_ERROR(w->append(stored));
-  KV_RETURN_IF_ERROR(w->commit());  // on failure the writer's destructor removes the temporary
-  std::lock_guard<std::mutex> g(mu_);
-  dirty_dirs_.insert(dir);
-  dirty_dirs_.insert(store_.root_ + "/chunks");  // the shard may be new
-  ++written_;
-  return PutOutcome::kWritten;
-}
-
-Result<BlobLocation> BlobWriteBatch::append(const ChunkHash& h, std::span<const std::byte> stored) {
-  std::lock_guard<std::mutex> g(mu_);
-  if (auto it = packed_.find(h); it != packed_.end()) return it->second;
-  if (!pack_file_) {
-    pack_ = new_pack_name();
-    AtomicWriteOptions opt;
-    opt.temp_dir = store_.tmp_dir();
-    opt.sync_dir = false;  // sync_dirs() does packs/
-    KV_ASSIGN_OR_RETURN(pack_file_, AtomicFileWriter::create(store_.io_, store_.pack_path(pack_), opt));
-    pack_size_ = 0;
-  }
-  Status s = pack_file_->append(stored);
-  if (!s.ok()) {
-    pack_file_.reset();  // removes the temporary: a pack is never left half-written
-    packed_.clear();     // those locations will never exist
-    return s;
-  }
-  BlobLocation where{pack_, pack_size_, stored.size()};
-  pack_size_ += stored.size();
-  packed_.emplace(h, where);
-  ++written_;
-  return where;
-}
-
-Status BlobWriteBatch::sync_dirs() {
-  std::set<std::string> dirs;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    if (pack_file_) {
-      Status s = pack_file_->commit();  // fsync, rename into packs/
-      if (!s.ok()) {
-        pack_file_.reset();
-        packed_.clear();  // those locations will never exist
-        return s;
-      }
-      pack_file_.reset();
-      dirty_dirs_.insert(store_.pack_dir());
-    }
-    dirs.swap(dirty_dirs_);
-  }
-  // Order does not matter: all of them complete before the catalog commit.
-  for (auto it = dirs.begin(); it != dirs.end(); ++it) {
-    Status s = store_.io_.sync_dir(*it);
-    if (!s.ok()) {
-      // Keep the rest dirty so that a retry covers them.
-      std::lock_guard<std::mutex> g(mu_);
-      dirty_dirs_.insert(it, dirs.end());
-      return s;
-    }
-  }
-  return Status::OK();
-}
-
-uint64_t BlobWriteBatch::written() const {
-  std::lock_guard<std::mutex> g(mu_);
-  return written_;
 }
 
 }  // namespace kvsnap

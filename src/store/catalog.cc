@@ -1,10 +1,9 @@
-// The catalog's core: the schema and its migrations, opening the database,
-// transactions, the statement cache, and the snapshot records themselves
-// (add, remove, get, resolve, list). The prefix index is in catalog_prefix.cc,
+// SqliteCatalog, the embedded catalog (sqlite_catalog.h), its core: the schema
+// and its migrations, opening the database, transactions, the statement cache,
+// and the snapshot records themselves (add, remove, get, resolve, list). The prefix index is in catalog_prefix.cc,
 // gc / stats / integrity in catalog_gc.cc, shared helpers in catalog_internal.h.
-#include "store/catalog.h"
+#include "store/sqlite_catalog.h"
 
-#include <openssl/rand.h>
 #include <sqlite3.h>
 
 #include <algorithm>
@@ -94,54 +93,13 @@ CREATE INDEX chunks_pack ON chunks(pack) WHERE pack IS NOT NULL;
 )sql",
 };
 constexpr int kNumMigrations = sizeof(kMigrations) / sizeof(kMigrations[0]);
-static_assert(kNumMigrations == Catalog::kSchemaVersion, "one migration per schema version");
-
-// ---------------------------------------------------------------- small helpers
-
-std::string now_iso8601() {
-  auto now = std::chrono::system_clock::now();
-  std::time_t t = std::chrono::system_clock::to_time_t(now);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[80];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
-                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
-  return buf;
-}
-
-std::string new_uuid_v4() {
-  uint8_t b[16];
-  if (RAND_bytes(b, sizeof b) != 1) {
-    std::random_device rd;
-    for (auto& x : b) x = static_cast<uint8_t>(rd());
-  }
-  b[6] = (b[6] & 0x0f) | 0x40;
-  b[8] = (b[8] & 0x3f) | 0x80;
-  static const char* kDigits = "0123456789abcdef";
-  std::string s;
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
-    s += kDigits[b[i] >> 4];
-    s += kDigits[b[i] & 15];
-  }
-  return s;
-}
-
-bool all_digits(const std::string& s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
-bool uuid_like(const std::string& s) {
-  return std::all_of(s.begin(), s.end(),
-                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || c == '-'; });
-}
+static_assert(kNumMigrations == SqliteCatalog::kSchemaVersion, "one migration per schema version");
 
 }  // namespace
 
 // ---------------------------------------------------------------- statements
 
-Result<Catalog::Stmt> Catalog::stmt(const char* sql) {
+Result<SqliteCatalog::Stmt> SqliteCatalog::stmt(const char* sql) {
   auto it = stmts_.find(sql);
   if (it == stmts_.end()) {
     sqlite3_stmt* s = nullptr;
@@ -155,7 +113,7 @@ Result<Catalog::Stmt> Catalog::stmt(const char* sql) {
   return Stmt(*this, it->second.stmt, &it->second.in_use);
 }
 
-Result<Catalog::Stmt> Catalog::stmt_once(const std::string& sql) {
+Result<SqliteCatalog::Stmt> SqliteCatalog::stmt_once(const std::string& sql) {
   sqlite3_stmt* s = nullptr;
   int rc = sqlite3_prepare_v2(db_, sql.c_str(), -1, &s, nullptr);
   if (rc != SQLITE_OK) return sqlite_error(rc, "prepare " + sql);
@@ -163,7 +121,7 @@ Result<Catalog::Stmt> Catalog::stmt_once(const std::string& sql) {
 }
 
 // Reads KV_INFO_COLS starting at column 0 (tags are loaded separately).
-SnapshotInfo Catalog::info_from_row(const Stmt& st) {
+SnapshotInfo SqliteCatalog::info_from_row(const Stmt& st) {
   SnapshotInfo i;
   i.id = st.col_i64(0);
   i.uuid = st.col_text(1);
@@ -187,7 +145,7 @@ SnapshotInfo Catalog::info_from_row(const Stmt& st) {
 
 // ---------------------------------------------------------------- open, errors, transactions
 
-Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, const CatalogOptions& options) {
+Result<std::unique_ptr<SqliteCatalog>> SqliteCatalog::open(const std::string& path, const CatalogOptions& options) {
   sqlite3* db = nullptr;
   int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE;
   int rc = sqlite3_open_v2(path.c_str(), &db, flags, options.vfs.empty() ? nullptr : options.vfs.c_str());
@@ -196,7 +154,7 @@ Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, const Ca
     sqlite3_close_v2(db);
     return Status::IOError(path + ": cannot open the catalog: " + msg);
   }
-  std::unique_ptr<Catalog> c(new Catalog(db, path, options));
+  std::unique_ptr<SqliteCatalog> c(new SqliteCatalog(db, path, options));
   sqlite3_busy_timeout(db, options.busy_timeout_ms);
   // journal_mode=WAL needs a moment of exclusivity the first time; retry like a write.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options.busy_timeout_ms);
@@ -229,12 +187,17 @@ Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, const Ca
   return c;
 }
 
-Catalog::~Catalog() {
+Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, const CatalogOptions& options) {
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<SqliteCatalog> c, SqliteCatalog::open(path, options));
+  return std::unique_ptr<Catalog>(std::move(c));
+}
+
+SqliteCatalog::~SqliteCatalog() {
   for (auto& [sql, s] : stmts_) sqlite3_finalize(s.stmt);
   sqlite3_close_v2(db_);
 }
 
-Status Catalog::sqlite_error(int rc, const std::string& what) {
+Status SqliteCatalog::sqlite_error(int rc, const std::string& what) {
   std::string msg = path_ + ": " + sqlite3_errmsg(db_) + " (" + what.substr(0, 80) + ")";
   switch (rc & 0xff) {
     case SQLITE_CORRUPT:
@@ -251,7 +214,7 @@ Status Catalog::sqlite_error(int rc, const std::string& what) {
   }
 }
 
-Status Catalog::exec(const char* sql) {
+Status SqliteCatalog::exec(const char* sql) {
   char* err = nullptr;
   int rc = sqlite3_exec(db_, sql, nullptr, nullptr, &err);
   sqlite3_free(err);
@@ -263,7 +226,7 @@ Status Catalog::exec(const char* sql) {
 // upgrade a read lock (which in WAL mode fails with SQLITE_BUSY without
 // waiting). The busy handler waits inside each attempt; the loop covers the
 // cases where SQLite returns BUSY without calling it.
-Status Catalog::begin_immediate() {
+Status SqliteCatalog::begin_immediate() {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.busy_timeout_ms);
   std::minstd_rand jitter(static_cast<unsigned>(reinterpret_cast<uintptr_t>(this)));
   for (int attempt = 0;; ++attempt) {
@@ -277,7 +240,7 @@ Status Catalog::begin_immediate() {
   }
 }
 
-Status Catalog::commit() {
+Status SqliteCatalog::commit() {
   int rc = sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr);
   if (rc == SQLITE_OK) return Status::OK();
   Status s = sqlite_error(rc, "COMMIT");
@@ -285,24 +248,20 @@ Status Catalog::commit() {
   return s;
 }
 
-void Catalog::rollback() {
+void SqliteCatalog::rollback() {
   // After some errors (I/O, full disk) SQLite has already rolled back.
   if (!sqlite3_get_autocommit(db_)) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
 }
 
-Result<int> Catalog::schema_version() {
+Result<int> SqliteCatalog::schema_version() {
   KV_ASSIGN_OR_RETURN(Stmt st, stmt("PRAGMA user_version"));
   KV_ASSIGN_OR_RETURN(bool row, st.step());
   return row ? static_cast<int>(st.col_i64(0)) : 0;
 }
 
-static Status too_new(const std::string& path, int v) {
-  return Status::NotSupported(path + ": the catalog has schema version " + std::to_string(v) +
-                              " but this kvsnap knows versions up to " + std::to_string(Catalog::kSchemaVersion) +
-                              ": it was written by a newer kvsnap; upgrade kvsnap to use this store");
-}
+static Status too_new(const std::string& path, int v) { return schema_too_new(path, v, SqliteCatalog::kSchemaVersion); }
 
-Status Catalog::migrate() {
+Status SqliteCatalog::migrate() {
   KV_ASSIGN_OR_RETURN(int v, schema_version());
   if (v > kSchemaVersion) return too_new(path_, v);
   if (v == kSchemaVersion) return Status::OK();
@@ -320,29 +279,10 @@ Status Catalog::migrate() {
 
 // ---------------------------------------------------------------- add / remove
 
-Result<SnapshotInfo> Catalog::add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks) {
+Result<SnapshotInfo> SqliteCatalog::add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks) {
   SnapshotInfo& info = rec.info;
-  if (info.name) {
-    if (info.name->empty()) return Status::InvalidArgument("a snapshot name cannot be empty");
-    if (all_digits(*info.name)) {
-      return Status::InvalidArgument("'" + *info.name + "' cannot be a snapshot name: it would read as an id");
-    }
-  }
-  for (const auto& [k, v] : info.tags) {
-    if (k.empty()) return Status::InvalidArgument("a tag key cannot be empty");
-  }
-  info.uuid = info.uuid.empty() ? new_uuid_v4() : lower(info.uuid);
-  if (info.created.empty()) info.created = now_iso8601();
-  info.n_tokens = static_cast<int64_t>(rec.tokens.size());
-  info.n_chunks = static_cast<int64_t>(chunks.size());
-
-  std::vector<std::byte> tok = tokens_le(rec.tokens);
-  int64_t anchor_len = info.n_tokens / kPrefixStride * kPrefixStride;
-  Sha256 sha;
-  sha.update(tok.data(), static_cast<size_t>(anchor_len) * 4);
-  Hash16 anchor_hash = prefix16(sha);
-  sha.update(tok.data() + anchor_len * 4, tok.size() - static_cast<size_t>(anchor_len) * 4);
-  Hash16 full_hash = prefix16(sha);
+  KV_ASSIGN_OR_RETURN(PrefixKey key, prepare_snapshot(rec, chunks.size()));
+  const std::vector<std::byte>& tok = key.tokens;
 
   Status s = write_txn([&]() -> Status {
     if (info.name) {
@@ -350,9 +290,7 @@ Result<SnapshotInfo> Catalog::add_snapshot(SnapshotRecord rec, const std::vector
       q.text(1, *info.name);
       KV_ASSIGN_OR_RETURN(bool taken, q.step());
       if (taken) {
-        return Status::InvalidArgument("a snapshot named '" + *info.name + "' already exists (id " +
-                                       std::to_string(q.col_i64(0)) + "): choose another {--name}, or remove it "
-                                       "first (kvsnap rm " + *info.name + ")");
+        return name_taken(*info.name, q.col_i64(0));
       }
     }
     {
@@ -360,15 +298,14 @@ Result<SnapshotInfo> Catalog::add_snapshot(SnapshotRecord rec, const std::vector
       q.text(1, info.uuid);
       KV_ASSIGN_OR_RETURN(bool taken, q.step());
       if (taken) {
-        return Status::InvalidArgument("a snapshot with uuid " + info.uuid + " already exists (id " +
-                                       std::to_string(q.col_i64(0)) + ")");
+        return uuid_taken(info.uuid, q.col_i64(0));
       }
     }
     if (info.parent_id) {
       KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT 1 FROM snapshots WHERE id = ?1"));
       q.i64(1, *info.parent_id);
       KV_ASSIGN_OR_RETURN(bool found, q.step());
-      if (!found) return Status::InvalidArgument("parent snapshot " + std::to_string(*info.parent_id) + " does not exist");
+      if (!found) return parent_missing(*info.parent_id);
     }
     {
       KV_ASSIGN_OR_RETURN(
@@ -383,7 +320,7 @@ Result<SnapshotInfo> Catalog::add_snapshot(SnapshotRecord rec, const std::vector
       ins.opt_text(13, info.lossy.empty() ? std::nullopt : std::optional<std::string>(info.lossy));
       if (info.parent_id) ins.i64(14, *info.parent_id);
       ins.opt_text(15, info.content_sha256.empty() ? std::nullopt : std::optional<std::string>(info.content_sha256));
-      ins.i64(16, info.n_chunks).i64(17, anchor_len).blob(18, anchor_hash).blob(19, full_hash);
+      ins.i64(16, info.n_chunks).i64(17, key.anchor_len).blob(18, key.anchor_hash).blob(19, key.full_hash);
       KV_RETURN_IF_ERROR(ins.run());
     }
     info.id = sqlite3_last_insert_rowid(db_);
@@ -410,9 +347,7 @@ Result<SnapshotInfo> Catalog::add_snapshot(SnapshotRecord rec, const std::vector
         KV_RETURN_IF_ERROR(up.run());
       }
       if (sqlite3_changes(db_) != 1) {
-        return Status::Mismatch(path_ + ": chunk " + c.sha256.hex() + " is already recorded with another raw size than " +
-                                std::to_string(c.raw_size) + ": the catalog or the chunk is damaged; kvsnap verify --all "
-                                "lists what");
+        return chunk_size_mismatch(path_, c.sha256, c.raw_size);
       }
       KV_ASSIGN_OR_RETURN(Stmt ins, stmt("INSERT INTO snapshot_chunks(snapshot_id, idx, sha256) VALUES(?1, ?2, ?3)"));
       ins.i64(1, info.id).i64(2, static_cast<int64_t>(idx)).blob(3, c.sha256.bytes);
@@ -424,7 +359,7 @@ Result<SnapshotInfo> Catalog::add_snapshot(SnapshotRecord rec, const std::vector
   return std::move(info);
 }
 
-Result<std::vector<ChunkHash>> Catalog::remove_snapshot(int64_t id) {
+Result<std::vector<ChunkHash>> SqliteCatalog::remove_snapshot(int64_t id) {
   std::vector<ChunkHash> freed;
   Status s = write_txn([&]() -> Status {
     freed.clear();
@@ -432,7 +367,7 @@ Result<std::vector<ChunkHash>> Catalog::remove_snapshot(int64_t id) {
       KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT 1 FROM snapshots WHERE id = ?1"));
       q.i64(1, id);
       KV_ASSIGN_OR_RETURN(bool found, q.step());
-      if (!found) return Status::NotFound("no snapshot with id " + std::to_string(id));
+      if (!found) return no_snapshot(id);
     }
     std::vector<std::pair<ChunkHash, int64_t>> uses;
     {
@@ -466,13 +401,13 @@ Result<std::vector<ChunkHash>> Catalog::remove_snapshot(int64_t id) {
 
 // ---------------------------------------------------------------- reading
 
-Result<SnapshotInfo> Catalog::get_info(int64_t id) {
+Result<SnapshotInfo> SqliteCatalog::get_info(int64_t id) {
   SnapshotInfo info;
   {
     KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT " KV_INFO_COLS " FROM snapshots s WHERE s.id = ?1"));
     q.i64(1, id);
     KV_ASSIGN_OR_RETURN(bool found, q.step());
-    if (!found) return Status::NotFound("no snapshot with id " + std::to_string(id));
+    if (!found) return no_snapshot(id);
     info = info_from_row(q);
   }
   KV_ASSIGN_OR_RETURN(Stmt t, stmt("SELECT key, value FROM tags WHERE snapshot_id = ?1"));
@@ -485,7 +420,7 @@ Result<SnapshotInfo> Catalog::get_info(int64_t id) {
   return info;
 }
 
-Result<SnapshotRecord> Catalog::get(int64_t id) {
+Result<SnapshotRecord> SqliteCatalog::get(int64_t id) {
   SnapshotRecord rec;
   KV_ASSIGN_OR_RETURN(rec.info, get_info(id));
   KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT manifest, tokens FROM snapshot_blobs WHERE snapshot_id = ?1"));
@@ -515,7 +450,7 @@ static constexpr auto read_chunk_row = [](const auto& q, ChunkUse& u) {
   return true;
 };
 
-Result<std::vector<ChunkUse>> Catalog::chunks_of(int64_t id) {
+Result<std::vector<ChunkUse>> SqliteCatalog::chunks_of(int64_t id) {
   KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT c.sha256, c.raw_size, c.stored_size, c.pack, c.pack_offset "
                                    "FROM snapshot_chunks sc JOIN chunks c ON c.sha256 = sc.sha256 "
                                    "WHERE sc.snapshot_id = ?1 ORDER BY sc.idx"));
@@ -531,7 +466,7 @@ Result<std::vector<ChunkUse>> Catalog::chunks_of(int64_t id) {
   return out;
 }
 
-Result<std::optional<ChunkUse>> Catalog::find_chunk(const ChunkHash& h) {
+Result<std::optional<ChunkUse>> SqliteCatalog::find_chunk(const ChunkHash& h) {
   KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT sha256, raw_size, stored_size, pack, pack_offset FROM chunks WHERE sha256 = ?1"));
   q.blob(1, h.bytes);
   KV_ASSIGN_OR_RETURN(bool row, q.step());
@@ -541,7 +476,7 @@ Result<std::optional<ChunkUse>> Catalog::find_chunk(const ChunkHash& h) {
   return std::optional<ChunkUse>(std::move(u));
 }
 
-Result<int64_t> Catalog::resolve(const std::string& ref) {
+Result<int64_t> SqliteCatalog::resolve(const std::string& ref) {
   if (ref.empty()) return Status::InvalidArgument("an empty snapshot reference");
   {
     KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT id FROM snapshots WHERE name = ?1"));
@@ -575,21 +510,12 @@ Result<int64_t> Catalog::resolve(const std::string& ref) {
       seen.push_back(d + ")");
     }
     if (seen.size() == 1) return first;
-    if (seen.size() > 1) {
-      std::string msg = "'" + ref + "' is the start of several snapshot uuids: ";
-      for (size_t i = 0; i < seen.size() && i < 5; ++i) msg += (i ? ", " : "") + seen[i];
-      if (seen.size() > 5) msg += ", ...";
-      return Status::Ambiguous(msg + "; give more of the uuid");
-    }
+    if (seen.size() > 1) return ambiguous_uuid(ref, seen);
   }
-  std::string msg = "no snapshot has the name, id or uuid '" + ref + "'";
-  if (hexish && p.size() < 6) msg += " (a uuid prefix needs at least 6 characters)";
-  msg += " in the store at " + std::filesystem::path(path_).parent_path().string() +
-         "; kvsnap ls lists them ({--store DIR} picks another store)";
-  return Status::NotFound(msg);
+  return unresolved(ref, "the store at " + std::filesystem::path(path_).parent_path().string());
 }
 
-Result<std::vector<SnapshotInfo>> Catalog::list(const ListFilter& f) {
+Result<std::vector<SnapshotInfo>> SqliteCatalog::list(const ListFilter& f) {
   std::string sql = "SELECT " KV_INFO_COLS " FROM snapshots s WHERE 1";
   std::vector<std::string> args;
   auto arg = [&](const std::string& v) {

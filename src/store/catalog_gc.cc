@@ -1,6 +1,7 @@
-// Catalog: garbage collection, statistics and the integrity check. Lists the
-// unreferenced and orphaned chunks, forgets them, and collect_garbage() deletes
-// their blobs under the gc lock.
+// SqliteCatalog: garbage collection, statistics and the integrity check. Lists
+// the unreferenced and orphaned chunks and forgets them. collect_garbage(), at
+// the end, is generic: it deletes their blobs under the gc lock through the
+// Catalog and BlobStore interfaces only.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -19,7 +20,7 @@ static bool hash_from_blob(std::span<const std::byte> b, ChunkHash& h) {
   return true;
 }
 
-Result<GcCandidates> Catalog::gc_candidates(const std::vector<ChunkHash>& on_disk) {
+Result<GcCandidates> SqliteCatalog::gc_candidates(const std::vector<ChunkHash>& on_disk) {
   GcCandidates out;
   KV_RETURN_IF_ERROR(exec("BEGIN"));
   Status s = [&]() -> Status {
@@ -46,7 +47,7 @@ Result<GcCandidates> Catalog::gc_candidates(const std::vector<ChunkHash>& on_dis
   return out;
 }
 
-Result<std::vector<ChunkHash>> Catalog::forget_unreferenced(const std::vector<ChunkHash>& hashes) {
+Result<std::vector<ChunkHash>> SqliteCatalog::forget_unreferenced(const std::vector<ChunkHash>& hashes) {
   std::vector<ChunkHash> gone;
   Status s = write_txn([&]() -> Status {
     gone.clear();
@@ -63,7 +64,7 @@ Result<std::vector<ChunkHash>> Catalog::forget_unreferenced(const std::vector<Ch
   return gone;
 }
 
-Result<std::vector<std::string>> Catalog::unused_packs(const std::vector<std::string>& packs) {
+Result<std::vector<std::string>> SqliteCatalog::unused_packs(const std::vector<std::string>& packs) {
   std::vector<std::string> out;
   KV_ASSIGN_OR_RETURN(Stmt probe, stmt("SELECT 1 FROM chunks WHERE pack = ?1 LIMIT 1"));
   for (const std::string& p : packs) {
@@ -75,7 +76,7 @@ Result<std::vector<std::string>> Catalog::unused_packs(const std::vector<std::st
   return out;
 }
 
-Result<CatalogStats> Catalog::stats() {
+Result<CatalogStats> SqliteCatalog::stats() {
   CatalogStats st;
   KV_RETURN_IF_ERROR(exec("BEGIN"));
   Status s = [&]() -> Status {
@@ -110,7 +111,7 @@ Result<CatalogStats> Catalog::stats() {
   return st;
 }
 
-Result<std::vector<std::string>> Catalog::integrity_check() {
+Result<std::vector<std::string>> SqliteCatalog::integrity_check() {
   std::vector<std::string> problems;
   auto collect = [&](const char* sql, auto describe) -> Status {
     KV_ASSIGN_OR_RETURN(Stmt q, stmt_once(sql));
@@ -164,14 +165,15 @@ struct Deletion {
   std::string name;  // kPack, kTemp
 };
 
-std::string path_of(BlobStore& blobs, const Deletion& d) {
+// What deleting it frees (0 when it is gone already).
+Result<uint64_t> size_of(BlobStore& blobs, const Deletion& d) {
   switch (d.kind) {
     case Deletion::kUnreferenced:
-    case Deletion::kOrphan: return blobs.blob_path(d.hash);
-    case Deletion::kPack: return blobs.pack_path(d.name);
+    case Deletion::kOrphan: return blobs.blob_size(d.hash);
+    case Deletion::kPack: return blobs.pack_size(d.name);
     case Deletion::kTemp: break;
   }
-  return blobs.tmp_dir() + "/" + d.name;
+  return blobs.tmp_size(d.name);
 }
 
 Status remove(BlobStore& blobs, const GcLock& lock, const Deletion& d) {
@@ -221,7 +223,7 @@ Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOpt
   std::vector<uint64_t> sizes(plan.size(), 0);
   if (options.progress) {
     for (size_t i = 0; i < plan.size(); ++i) {
-      KV_ASSIGN_OR_RETURN(sizes[i], blobs.size_on_disk(path_of(blobs, plan[i])));
+      KV_ASSIGN_OR_RETURN(sizes[i], size_of(blobs, plan[i]));
       progress.bytes_total += sizes[i];
     }
     KV_RETURN_IF_ERROR(options.progress(progress));

@@ -1,6 +1,7 @@
-// Internal to src/store/catalog*.cc: the prepared-statement wrapper over
-// SQLite, the write-transaction helper, the snapshot column list and the token
-// hashing helpers the catalog files share. Not a public header.
+// Internal to src/store/catalog*.cc (SqliteCatalog): the prepared-statement
+// wrapper over SQLite, the write-transaction helper and the snapshot column
+// list the catalog files share (the token hashing helpers are in
+// catalog_rules.h, shared with the PostgreSQL catalog). Not a public header.
 #pragma once
 
 #include <sqlite3.h>
@@ -16,7 +17,8 @@
 #include <vector>
 
 #include "base/sha256.h"
-#include "store/catalog.h"
+#include "store/catalog_rules.h"
+#include "store/sqlite_catalog.h"
 
 namespace kvsnap {
 
@@ -25,57 +27,13 @@ namespace kvsnap {
   "s.v_types, s.v_trans, s.source_format, s.raw_bytes, s.stored_bytes, s.lossy, s.parent_id, "        \
   "s.content_sha256, s.n_chunks"
 
-namespace catalog_detail {
-
-// ---------------------------------------------------------------- hashing
-
-using Hash16 = std::array<uint8_t, 16>;
-
-// The first 16 bytes of the digest of everything hashed so far.
-inline Hash16 prefix16(const Sha256& sha) {
-  const Sha256Digest d = sha.peek();
-  Hash16 h;
-  std::memcpy(h.data(), d.data(), h.size());
-  return h;
-}
-
-// Tokens as stored and hashed: int32 little-endian.
-inline std::vector<std::byte> tokens_le(std::span<const int32_t> tokens) {
-  std::vector<std::byte> out(tokens.size() * 4);
-  if constexpr (std::endian::native == std::endian::little) {
-    if (!tokens.empty()) std::memcpy(out.data(), tokens.data(), out.size());
-  } else {
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      uint32_t v = static_cast<uint32_t>(tokens[i]);
-      for (int b = 0; b < 4; ++b) out[4 * i + b] = std::byte((v >> (8 * b)) & 0xff);
-    }
-  }
-  return out;
-}
-
-inline std::vector<int32_t> tokens_from_le(std::span<const std::byte> b) {
-  std::vector<int32_t> out(b.size() / 4);
-  for (size_t i = 0; i < out.size(); ++i) {
-    uint32_t v = 0;
-    for (int k = 0; k < 4; ++k) v |= uint32_t(b[4 * i + k]) << (8 * k);
-    out[i] = static_cast<int32_t>(v);
-  }
-  return out;
-}
-
-inline std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-}  // namespace catalog_detail
 
 // A prepared statement in use: cached ones are reset (not finalized) when it
 // goes out of scope, so no statement is left mid-step across a COMMIT.
-class Catalog::Stmt {
+class SqliteCatalog::Stmt {
  public:
   // `in_use`: the cache's flag for this statement, cleared when done.
-  Stmt(Catalog& c, sqlite3_stmt* s, bool* in_use) : c_(&c), s_(s), in_use_(in_use) {}
+  Stmt(SqliteCatalog& c, sqlite3_stmt* s, bool* in_use) : c_(&c), s_(s), in_use_(in_use) {}
   Stmt(Stmt&& o) noexcept : c_(o.c_), s_(o.s_), in_use_(o.in_use_) { o.s_ = nullptr; }
   Stmt& operator=(Stmt&&) = delete;
   void reset() {
@@ -146,13 +104,13 @@ class Catalog::Stmt {
   }
 
  private:
-  Catalog* c_;
+  SqliteCatalog* c_;
   sqlite3_stmt* s_;
   bool* in_use_;  // nullptr: a one-off statement, finalized when done
 };
 
 template <class F>
-Status Catalog::write_txn(F&& body) {
+Status SqliteCatalog::write_txn(F&& body) {
   KV_RETURN_IF_ERROR(begin_immediate());
   Status s = body();
   if (!s.ok()) {

@@ -1,4 +1,4 @@
-// Catalog: the token-prefix index. Finds the snapshots whose tokens are a prefix
+// SqliteCatalog: the token-prefix index. Finds the snapshots whose tokens are a prefix
 // of a query by hashing the query at each kPrefixStride anchor and probing the
 // (anchor_len, anchor_hash) and (n_tokens, full_hash) indexes.
 #include <algorithm>
@@ -14,66 +14,40 @@ using namespace catalog_detail;
 // ---------------------------------------------------------------- prefix search
 
 // Tokens are not compared here.
-Result<std::vector<std::pair<int64_t, int64_t>>> Catalog::prefix_candidates(std::span<const int32_t> query) {
+Result<std::vector<std::pair<int64_t, int64_t>>> SqliteCatalog::prefix_candidates(std::span<const int32_t> query) {
   const int64_t m = static_cast<int64_t>(query.size());
   std::vector<std::byte> q = tokens_le(query);
   std::vector<std::pair<int64_t, int64_t>> ids;
   KV_ASSIGN_OR_RETURN(Stmt band, stmt("SELECT n_tokens, full_hash, id FROM snapshots "
                                       "WHERE anchor_len = ?1 AND anchor_hash = ?2 AND n_tokens <= ?3 LIMIT ?4"));
   KV_ASSIGN_OR_RETURN(Stmt probe, stmt("SELECT id FROM snapshots WHERE n_tokens = ?1 AND full_hash = ?2"));
-  struct Row {
-    int64_t n;
-    Hash16 full;
-    int64_t id;
-  };
-  std::vector<Row> rows;
+  std::vector<BandRow> rows;
   Sha256 run;  // the hash of q[0, c)
   for (int64_t c = 0; c <= m; c += kPrefixStride) {
-    const int64_t band_last = std::min(c + kPrefixStride - 1, m);  // longest length anchored at c
     rows.clear();
     band.i64(1, c).blob(2, prefix16(run)).i64(3, m).i64(4, kPrefixStride + 1);
     for (;;) {
       KV_ASSIGN_OR_RETURN(bool row, band.step());
       if (!row) break;
-      Row r{band.col_i64(0), {}, band.col_i64(2)};
+      BandRow r{band.col_i64(0), {}, band.col_i64(2)};
       auto h = band.col_blob(1);
       if (h.size() == r.full.size()) std::memcpy(r.full.data(), h.data(), h.size());
       rows.push_back(r);
     }
     band.reset();
-    if (!rows.empty()) {
-      // Hash q[0, n) for the lengths n this band needs, continuing from c.
-      Sha256 walk(run);
-      int64_t pos = c;
-      auto hash_to = [&](int64_t n) {
-        walk.update(q.data() + pos * 4, static_cast<size_t>(n - pos) * 4);
-        pos = n;
-        return prefix16(walk);
-      };
-      if (rows.size() <= static_cast<size_t>(kPrefixStride)) {
-        std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.n < b.n; });
-        Hash16 h{};
-        int64_t hashed = -1;
-        for (const Row& r : rows) {
-          if (r.n == 0) continue;
-          if (r.n != hashed) {
-            h = hash_to(r.n);
-            hashed = r.n;
-          }
-          if (h == r.full) ids.emplace_back(r.n, r.id);
+    if (rows.size() <= static_cast<size_t>(kPrefixStride)) {
+      match_band(rows, run, c, q, ids);
+    } else {
+      // Crowded band (a shared system prompt): probe each length instead of
+      // comparing every snapshot anchored here.
+      for (const auto& [n, h] : band_probes(run, c, q)) {
+        probe.i64(1, n).blob(2, h);
+        for (;;) {
+          KV_ASSIGN_OR_RETURN(bool row, probe.step());
+          if (!row) break;
+          ids.emplace_back(n, probe.col_i64(0));
         }
-      } else {
-        // Crowded band (a shared system prompt): probe each length instead of
-        // comparing every snapshot anchored here.
-        for (int64_t n = std::max<int64_t>(c, 1); n <= band_last; ++n) {
-          probe.i64(1, n).blob(2, hash_to(n));
-          for (;;) {
-            KV_ASSIGN_OR_RETURN(bool row, probe.step());
-            if (!row) break;
-            ids.emplace_back(n, probe.col_i64(0));
-          }
-          probe.reset();
-        }
+        probe.reset();
       }
     }
     const int64_t next = std::min(c + kPrefixStride, m);
@@ -82,7 +56,7 @@ Result<std::vector<std::pair<int64_t, int64_t>>> Catalog::prefix_candidates(std:
   return ids;
 }
 
-Result<std::vector<SnapshotInfo>> Catalog::find_prefix(std::span<const int32_t> query,
+Result<std::vector<SnapshotInfo>> SqliteCatalog::find_prefix(std::span<const int32_t> query,
                                                        const std::string& model_fingerprint, size_t limit) {
   std::vector<SnapshotInfo> out;
   if (query.empty() || limit == 0) return out;

@@ -210,10 +210,19 @@ Store::Store(Io& io, StorePaths paths, std::unique_ptr<BlobStore> blobs, std::un
 Store::~Store() = default;
 
 Result<std::unique_ptr<Store>> Store::open(Io& io, const StorePaths& paths) {
-  KV_RETURN_IF_ERROR(io.create_dirs(paths.root));
-  KV_ASSIGN_OR_RETURN(auto blobs, BlobStore::open(io, paths.root));
-  KV_ASSIGN_OR_RETURN(auto catalog, Catalog::open(paths.catalog()));
-  return std::unique_ptr<Store>(new Store(io, paths, std::move(blobs), std::move(catalog)));
+  return open(io, directory_store(paths.root));
+}
+
+Result<std::unique_ptr<Store>> Store::open(Io& io, const StoreLocation& where) {
+  KV_ASSIGN_OR_RETURN(StoreParts parts, open_store_parts(io, where));
+  return open(io, std::move(parts));
+}
+
+Result<std::unique_ptr<Store>> Store::open(Io& io, StoreParts parts) {
+  if (!parts.catalog || !parts.blobs) return Status::InvalidArgument("a store needs a catalog and blobs");
+  StorePaths local{parts.local_dir};
+  KV_RETURN_IF_ERROR(io.create_dirs(local.tmp_dir()));
+  return std::unique_ptr<Store>(new Store(io, std::move(local), std::move(parts.blobs), std::move(parts.catalog)));
 }
 
 Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed, const SaveRequest& req) {
@@ -271,7 +280,7 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   }
   BlobSink sink(*batch, *catalog_);
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_snapshot(*state, *src, so, sink));
-  KV_RETURN_IF_ERROR(batch->sync_dirs());
+  KV_RETURN_IF_ERROR(batch->commit());
 
   SnapshotRecord rec = make_record(m, *state, src->size(), req.model ? req.model->arch : state->arch, fingerprint);
   SnapshotInfo& info = rec.info;
@@ -576,7 +585,7 @@ Result<ImportReport> Store::import_from(const std::string& path) {
       KV_ASSIGN_OR_RETURN(std::vector<std::byte> blob, (*reader)->blob(ref.index));
       KV_RETURN_IF_ERROR(sink.put(ref, blob));
     }
-    KV_RETURN_IF_ERROR(batch->sync_dirs());
+    KV_RETURN_IF_ERROR(batch->commit());
     const std::vector<ChunkUse>& uses = sink.uses;
     SnapshotRecord rec = make_record(m, state, m.provenance.file_size, m.arch.value_or(""), meta->model_fingerprint);
     rec.info.uuid = uuid;

@@ -1,7 +1,10 @@
 // The snapshot store: what `kvsnap save / restore / ls / show / find / rm /
 // gc / verify / export / import` do, over three parts with their own
 // promises: the snapshot format (format/snapshot.h), the content-addressed
-// blobs (store/blob_store.h) and the SQLite catalog (store/catalog.h).
+// blobs (store/blob_store.h, with their gc locks, store/gc_lock.h) and the
+// catalog (store/catalog.h). The store uses the blobs and the catalog only
+// through those interfaces; store_location.h says which implementations a
+// location opens.
 //
 // Promises:
 //   - save: a snapshot becomes visible only after all its blobs are written
@@ -34,6 +37,7 @@
 #include "migrate/model_info.h"
 #include "store/blob_store.h"
 #include "store/catalog.h"
+#include "store/store_location.h"
 #include "store/store_paths.h"
 
 namespace kvsnap {
@@ -102,8 +106,14 @@ class StoredSnapshot {
 
 class Store {
  public:
-  // Opens (creating it when missing) the store at `paths`.
+  // Opens (creating it when missing) the directory store at `paths.root`: the
+  // embedded default (directory_store()).
   static Result<std::unique_ptr<Store>> open(Io& io, const StorePaths& paths);
+  // Opens the parts `where` names (open_store_parts).
+  static Result<std::unique_ptr<Store>> open(Io& io, const StoreLocation& where);
+  // A store over parts opened by the caller (any implementations). Creates
+  // <local_dir>/tmp, where restores and imports keep their temporaries.
+  static Result<std::unique_ptr<Store>> open(Io& io, StoreParts parts);
   ~Store();
 
   Result<SaveResult> save(const ReadableFile& file, const StateFile& parsed, const SaveRequest& req);
@@ -120,6 +130,8 @@ class Store {
   Result<ImportReport> import_from(const std::string& path);
 
   Catalog& catalog() { return *catalog_; }
+  BlobStore& blobs() { return *blobs_; }
+  // The local directory (StoreLocation::local_dir).
   const StorePaths& paths() const { return paths_; }
 
  private:

@@ -1,10 +1,9 @@
-// Where the store lives on disk.
+// The store's local directory (store_location.h says where a store is).
 //
 //   $KVSNAP_HOME, else ${XDG_DATA_HOME:-~/.local/share}/kvsnap; `--store DIR`
-//   overrides both. Inside it:
-//     catalog.sqlite     the SQLite catalog (WAL mode)
-//     chunks/ab/<sha256> content-addressed chunk blobs (ab = first two hex digits)
-//     tmp/               temporary files of writes in progress (gc empties it)
+//   overrides both. For a directory store it holds everything
+//   (local_blob_store.h, sqlite_catalog.h); for a configured one
+//   (store.json), this host's part: temporaries, server profiles.
 #pragma once
 
 #include <string>
@@ -15,12 +14,13 @@ namespace kvsnap {
 
 struct StorePaths {
   std::string root;
-  std::string catalog() const { return root + "/catalog.sqlite"; }
+  std::string catalog() const { return root + "/catalog.sqlite"; }  // a directory store's catalog
   std::string chunks_dir() const { return root + "/chunks"; }
   std::string tmp_dir() const { return root + "/tmp"; }
 };
 
-// `explicit_dir` (from --store) when non-empty, else the environment's choice.
+// The local directory of the store `explicit_dir` (from --store) names when
+// non-empty, else of the environment's choice (resolve_store_location).
 // kInvalidArgument when neither KVSNAP_HOME, XDG_DATA_HOME nor HOME is set.
 Result<StorePaths> resolve_store_paths(const std::string& explicit_dir);
 

@@ -7,8 +7,8 @@ reproducers of the fixed fuzz findings (tests/fuzz/regressions/<target>/).
 Seeds are small real files: 3-token prefixes of fixtures/ state files (cut by
 `kvsnap restore --tokens`), their token payloads, snapshots and export archives
 of those, metadata-only GGUF models, llama-server / servers.json replies
-as the code expects them, kvsnap serve's client bodies and child answers, and
-encrypted chunk blobs (sealed here with Python's `cryptography`, an implementation
+as the code expects them, kvsnap serve's client bodies and child answers, S3 XML replies,
+and encrypted chunk blobs (sealed here with Python's `cryptography`, an implementation
 independent of kvsnap's). The regressions are built here byte by byte so that
 they can be read and regenerated.
 """
@@ -89,6 +89,31 @@ def serve_requests(corpus, regressions):
     write(os.path.join(r, "prompt-deep-extra.json"), '{"prompt": "a", "x": ' + "[" * 20000 + "]" * 20000 + "}")
     write(os.path.join(r, "tokens-huge.json"), '{"prompt": [1, 1e300, -99999999999], "id_slot": 4294967297}')
     write(os.path.join(r, "prompt-n-wrong.sse"), 'data: {"timings": {"prompt_n": -1}}\n\ndata: {"timings": {"prompt_n": 1e300}}\n')
+
+
+def s3_xml(corpus):
+    """The S3 replies src/store/s3_xml.h parses, as Swift's s3api writes them (tests/beds/swift-s3.sh)."""
+    d = os.path.join(corpus, "s3_xml")
+    head = "<?xml version='1.0' encoding='UTF-8'?>\n"
+    ns = ' xmlns="http://s3.amazonaws.com/doc/2006-03-01/"'
+    contents = ("<Contents><Key>p/chunks/ab/%s</Key><LastModified>2026-11-28T06:57:19.000Z</LastModified>"
+                "<ETag>&quot;0cc175b9c0f1b6a831c399e269772661&quot;</ETag><Size>%d</Size>"
+                "<StorageClass>STANDARD</StorageClass></Contents>")
+    docs = {
+        "list-page.xml": head + "<ListBucketResult" + ns + "><Name>b</Name><Prefix>p/</Prefix><KeyCount>2</KeyCount>"
+        "<MaxKeys>2</MaxKeys><IsTruncated>true</IsTruncated><NextContinuationToken>cC9jaHVua3M=</NextContinuationToken>"
+        + contents % ("ab" * 32, 1) + contents % ("cd" * 32, 5242880) + "</ListBucketResult>",
+        "list-last.xml": head + "<ListBucketResult" + ns + "><Name>b</Name><Prefix/><KeyCount>0</KeyCount>"
+        "<MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated></ListBucketResult>",
+        "error.xml": head + "<Error><Code>NoSuchKey</Code><Message>The specified key does not exist.</Message>"
+        "<Key>x</Key><RequestId>tx3d11ac56a906421784ac5-006b0a7b4f</RequestId></Error>",
+        "error-cdata.xml": "<Error><Code>SignatureDoesNotMatch</Code><Message><![CDATA[a <b> &c]]></Message>"
+        "<!-- c --></Error>",
+        "upload-id.xml": head + "<InitiateMultipartUploadResult" + ns + "><Bucket>b</Bucket><Key>k</Key>"
+        "<UploadId>ZDk2YjA1ZTEtNzIzYS00&#x41;</UploadId></InitiateMultipartUploadResult>",
+    }
+    for n, body in docs.items():
+        write(os.path.join(d, n), body)
 
 
 def run(*args):
@@ -328,6 +353,7 @@ def main():
         for n, body in replies.items():
             write(os.path.join(corpus, "server_replies", n), json.dumps(body))
         serve_requests(corpus, regressions)
+        s3_xml(corpus)
         chunk_cipher(corpus)
         profiles = {"version": 1, "servers": [
             {"name": "local", "url": "http://127.0.0.1:8080", "slot_dir": "/srv/slots", "ctk": "q8_0",

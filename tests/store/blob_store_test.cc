@@ -1,4 +1,4 @@
-#include "store/blob_store.h"
+#include "store/local_blob_store.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -36,8 +36,8 @@ class BlobStoreTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(root_); }
 
-  std::unique_ptr<BlobStore> open(Io& io) {
-    auto s = BlobStore::open(io, root_);
+  std::unique_ptr<LocalBlobStore> open(Io& io) {
+    auto s = LocalBlobStore::open(io, root_);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     return std::move(s).value();
   }
@@ -81,7 +81,7 @@ TEST_F(BlobStoreTest, PutGetRoundTripInShardLayout) {
   auto put = (*batch)->put(h, data);
   ASSERT_TRUE(put.ok()) << put.status().ToString();
   EXPECT_EQ(*put, PutOutcome::kWritten);
-  ASSERT_TRUE((*batch)->sync_dirs().ok());
+  ASSERT_TRUE((*batch)->commit().ok());
 
   std::string hex = h.hex();
   EXPECT_EQ(store->blob_path(h), root_ + "/chunks/" + hex.substr(0, 2) + "/" + hex);
@@ -139,7 +139,7 @@ TEST_F(BlobStoreTest, ListFindsEveryBlobAndIgnoresForeignFiles) {
   EXPECT_EQ(*listed, want);
 }
 
-TEST_F(BlobStoreTest, PutsDoNotSyncDirectoriesUntilSyncDirs) {
+TEST_F(BlobStoreTest, PutsDoNotSyncDirectoriesUntilCommit) {
   FaultInjectingIo io(posix_io());
   auto store = open(io);
   auto batch = std::move(store->begin_write()).value();
@@ -151,15 +151,15 @@ TEST_F(BlobStoreTest, PutsDoNotSyncDirectoriesUntilSyncDirs) {
   }
   EXPECT_EQ(io.count(FaultOp::kSyncDir), 0);
   EXPECT_EQ(io.count(FaultOp::kSync), 100);  // every blob's data is fsynced before its rename
-  ASSERT_TRUE(batch->sync_dirs().ok());
+  ASSERT_TRUE(batch->commit().ok());
   EXPECT_EQ(io.count(FaultOp::kSyncDir), static_cast<int>(shards.size()) + 1);  // + chunks/
-  ASSERT_TRUE(batch->sync_dirs().ok());  // nothing new: nothing to do
+  ASSERT_TRUE(batch->commit().ok());  // nothing new: nothing to do
   EXPECT_EQ(io.count(FaultOp::kSyncDir), static_cast<int>(shards.size()) + 1);
 }
 
 // A blob found present may have been renamed in by another save that has not
-// synced its directory yet: sync_dirs() must cover it too.
-TEST_F(BlobStoreTest, SyncDirsCoversBlobsFoundPresent) {
+// synced its directory yet: commit() must cover it too.
+TEST_F(BlobStoreTest, CommitCoversBlobsFoundPresent) {
   FaultInjectingIo io(posix_io());
   auto store = open(io);
   ChunkHash h = ChunkHash::of(bytes_of("shared"));
@@ -170,9 +170,9 @@ TEST_F(BlobStoreTest, SyncDirsCoversBlobsFoundPresent) {
   auto batch = std::move(store->begin_write()).value();
   EXPECT_EQ(*batch->put(h, bytes_of("x")), PutOutcome::kExisted);
   io.fail_matching(FaultOp::kSyncDir, "/chunks/" + h.hex().substr(0, 2));
-  EXPECT_FALSE(batch->sync_dirs().ok());
+  EXPECT_FALSE(batch->commit().ok());
   io.clear();
-  EXPECT_TRUE(batch->sync_dirs().ok()) << "a failed sync_dirs keeps its directories for the retry";
+  EXPECT_TRUE(batch->commit().ok()) << "a failed commit keeps its directories for the retry";
   EXPECT_EQ(io.count(FaultOp::kSyncDir), 2);
 }
 
@@ -301,7 +301,7 @@ TEST_F(BlobStoreTest, ConcurrentPutsOfOverlappingChunks) {
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(failures.load(), 0);
-  EXPECT_TRUE(batch->sync_dirs().ok());
+  EXPECT_TRUE(batch->commit().ok());
   EXPECT_EQ(tmp_files(), 0u);
   expect_only_complete_blobs(payloads);
   EXPECT_EQ(store->list()->size(), chunks.size());

@@ -1,0 +1,174 @@
+#include "store/catalog_rules.h"
+
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <random>
+
+namespace kvsnap {
+namespace catalog_detail {
+
+namespace {
+
+std::string now_iso8601() {
+  auto now = std::chrono::system_clock::now();
+  std::time_t t = std::chrono::system_clock::to_time_t(now);
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[80];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
+  return buf;
+}
+
+std::string new_uuid_v4() {
+  uint8_t b[16];
+  if (RAND_bytes(b, sizeof b) != 1) {
+    std::random_device rd;
+    for (auto& x : b) x = static_cast<uint8_t>(rd());
+  }
+  b[6] = (b[6] & 0x0f) | 0x40;
+  b[8] = (b[8] & 0x3f) | 0x80;
+  static const char* kDigits = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    s += kDigits[b[i] >> 4];
+    s += kDigits[b[i] & 15];
+  }
+  return s;
+}
+
+}  // namespace
+
+bool all_digits(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+bool uuid_like(const std::string& s) {
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || c == '-'; });
+}
+
+namespace {
+
+// Hashes q[0, n) for increasing n, continuing from the hash of q[0, pos).
+class PrefixWalk {
+ public:
+  PrefixWalk(const Sha256& at, int64_t pos, std::span<const std::byte> q) : sha_(at), pos_(pos), q_(q) {}
+  Hash16 to(int64_t n) {
+    sha_.update(q_.data() + pos_ * 4, static_cast<size_t>(n - pos_) * 4);
+    pos_ = n;
+    return prefix16(sha_);
+  }
+
+ private:
+  Sha256 sha_;
+  int64_t pos_;
+  std::span<const std::byte> q_;
+};
+
+int64_t band_last(int64_t c, std::span<const std::byte> q) {
+  return std::min<int64_t>(c + Catalog::kPrefixStride - 1, static_cast<int64_t>(q.size() / 4));
+}
+
+}  // namespace
+
+void match_band(std::vector<BandRow> rows, const Sha256& at_c, int64_t c, std::span<const std::byte> q,
+                std::vector<std::pair<int64_t, int64_t>>& out) {
+  std::sort(rows.begin(), rows.end(), [](const BandRow& a, const BandRow& b) { return a.n < b.n; });
+  PrefixWalk walk(at_c, c, q);
+  const int64_t last = band_last(c, q);
+  Hash16 h{};
+  int64_t hashed = -1;
+  for (const BandRow& r : rows) {
+    if (r.n == 0 || r.n < c || r.n > last) continue;
+    if (r.n != hashed) {
+      h = walk.to(r.n);
+      hashed = r.n;
+    }
+    if (h == r.full) out.emplace_back(r.n, r.id);
+  }
+}
+
+std::vector<std::pair<int64_t, Hash16>> band_probes(const Sha256& at_c, int64_t c, std::span<const std::byte> q) {
+  std::vector<std::pair<int64_t, Hash16>> out;
+  PrefixWalk walk(at_c, c, q);
+  for (int64_t n = std::max<int64_t>(c, 1), last = band_last(c, q); n <= last; ++n) out.emplace_back(n, walk.to(n));
+  return out;
+}
+
+Result<PrefixKey> prepare_snapshot(SnapshotRecord& rec, size_t n_chunks) {
+  SnapshotInfo& info = rec.info;
+  if (info.name) {
+    if (info.name->empty()) return Status::InvalidArgument("a snapshot name cannot be empty");
+    if (all_digits(*info.name)) {
+      return Status::InvalidArgument("'" + *info.name + "' cannot be a snapshot name: it would read as an id");
+    }
+  }
+  for (const auto& [k, v] : info.tags) {
+    if (k.empty()) return Status::InvalidArgument("a tag key cannot be empty");
+  }
+  info.uuid = info.uuid.empty() ? new_uuid_v4() : lower(info.uuid);
+  if (info.created.empty()) info.created = now_iso8601();
+  info.n_tokens = static_cast<int64_t>(rec.tokens.size());
+  info.n_chunks = static_cast<int64_t>(n_chunks);
+
+  PrefixKey key;
+  key.tokens = tokens_le(rec.tokens);
+  key.anchor_len = info.n_tokens / Catalog::kPrefixStride * Catalog::kPrefixStride;
+  Sha256 sha;
+  sha.update(key.tokens.data(), static_cast<size_t>(key.anchor_len) * 4);
+  key.anchor_hash = prefix16(sha);
+  sha.update(key.tokens.data() + key.anchor_len * 4, key.tokens.size() - static_cast<size_t>(key.anchor_len) * 4);
+  key.full_hash = prefix16(sha);
+  return key;
+}
+
+Status name_taken(const std::string& name, int64_t id) {
+  return Status::InvalidArgument("a snapshot named '" + name + "' already exists (id " + std::to_string(id) +
+                                 "): choose another {--name}, or remove it first (kvsnap rm " + name + ")");
+}
+
+Status uuid_taken(const std::string& uuid, int64_t id) {
+  return Status::InvalidArgument("a snapshot with uuid " + uuid + " already exists (id " + std::to_string(id) + ")");
+}
+
+Status parent_missing(int64_t parent_id) {
+  return Status::InvalidArgument("parent snapshot " + std::to_string(parent_id) + " does not exist");
+}
+
+Status no_snapshot(int64_t id) { return Status::NotFound("no snapshot with id " + std::to_string(id)); }
+
+Status chunk_size_mismatch(const std::string& where, const ChunkHash& h, uint64_t raw_size) {
+  return Status::Mismatch(where + ": chunk " + h.hex() + " is already recorded with another raw size than " +
+                          std::to_string(raw_size) + ": the catalog or the chunk is damaged; kvsnap verify --all "
+                          "lists what");
+}
+
+Status schema_too_new(const std::string& where, int version, int known) {
+  return Status::NotSupported(where + ": the catalog has schema version " + std::to_string(version) +
+                              " but this kvsnap knows versions up to " + std::to_string(known) +
+                              ": it was written by a newer kvsnap; upgrade kvsnap to use this store");
+}
+
+Status unresolved(const std::string& ref, const std::string& where) {
+  std::string p = lower(ref);
+  std::string msg = "no snapshot has the name, id or uuid '" + ref + "'";
+  if (uuid_like(p) && p.size() < 6) msg += " (a uuid prefix needs at least 6 characters)";
+  msg += " in " + where + "; kvsnap ls lists them ({--store DIR} picks another store)";
+  return Status::NotFound(msg);
+}
+
+Status ambiguous_uuid(const std::string& ref, const std::vector<std::string>& seen) {
+  std::string msg = "'" + ref + "' is the start of several snapshot uuids: ";
+  for (size_t i = 0; i < seen.size() && i < 5; ++i) msg += (i ? ", " : "") + seen[i];
+  if (seen.size() > 5) msg += ", ...";
+  return Status::Ambiguous(msg + "; give more of the uuid");
+}
+
+}  // namespace catalog_detail
+}  // namespace kvsnap

@@ -1,0 +1,51 @@
+// The gc lock: the seam that keeps gc from deleting a blob a save is about to
+// reference (the rule is in blob_store.h). Saves take it shared, gc takes it
+// exclusive; a hold is released when destroyed, and by the lock's owner (the
+// kernel, a database server) when its process dies, so a crash never leaves a
+// stale lock.
+//
+// Implementations: file_gc_locks() below (the embedded default, one host) and
+// a catalog server's advisory locks (gc safe across hosts). Every process that
+// saves into or collects garbage from one store must use the same locks.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "base/io.h"
+#include "base/status.h"
+
+namespace kvsnap {
+
+// Held until destroyed.
+class GcLockHold {
+ public:
+  virtual ~GcLockHold() = default;
+};
+
+class GcLocks {
+ public:
+  virtual ~GcLocks() = default;
+  // A save's shared hold; nullptr when wait=false and a gc holds the exclusive one.
+  virtual Result<std::unique_ptr<GcLockHold>> lock_shared(bool wait) = 0;
+  // gc's exclusive hold; nullptr when wait=false and a save or another gc holds it.
+  virtual Result<std::unique_ptr<GcLockHold>> lock_exclusive(bool wait) = 0;
+};
+
+// The embedded default: flock(2) on `lock_path` (<blob root>/gc.lock) through Io.
+std::unique_ptr<GcLocks> file_gc_locks(Io& io, std::string lock_path);
+
+// Proof of holding the exclusive gc lock: what every deletion of blobs, packs
+// or temporaries takes (BlobStore::remove*), so the type system enforces the
+// rule. The only way to get one is take().
+class GcLock {
+ public:
+  // The exclusive hold of `locks`; nullptr when wait=false and it is taken.
+  static Result<std::unique_ptr<GcLock>> take(GcLocks& locks, bool wait);
+
+ private:
+  explicit GcLock(std::unique_ptr<GcLockHold> hold) : hold_(std::move(hold)) {}
+  std::unique_ptr<GcLockHold> hold_;
+};
+
+}  // namespace kvsnap

@@ -1,0 +1,116 @@
+// The catalog in PostgreSQL: what catalog.h promises, shared by every host
+// that points kvsnap at the same database.
+//
+// Address: a libpq URI, postgresql://user[:password]@host:port/db[?param=...]
+// (or a key=value connection string). Messages name it without the password.
+// Text (names, tags, model strings) must be valid in the database's encoding
+// (UTF-8 for a database created by tests/beds/postgres.sh); other bytes are an
+// error from the server, where SQLite would store them.
+//
+// Same semantics as the SQLite catalog (catalog.h): add_snapshot() and
+// remove_snapshot() are each one transaction; refcounts equal the chunk-list
+// rows naming a chunk; the prefix index stores the same (anchor_len,
+// anchor_hash, n_tokens, full_hash) keys as 16-byte bytea and answers
+// find_prefix() by the same band/probe plan, but sends all of a query's
+// anchor probes in one statement (a round trip costs more than an index probe).
+//
+// Concurrency (many processes, many hosts). Transactions run at READ COMMITTED
+// and take row locks explicitly instead of relying on SERIALIZABLE:
+//   - refcounts only ever change by relative, single-statement updates
+//     (INSERT .. ON CONFLICT DO UPDATE SET refcount = refcount + n, UPDATE ..
+//     SET refcount = refcount - n RETURNING refcount), which lock the chunk row
+//     and apply to its newest version, so concurrent saves sharing chunks queue
+//     on those rows and every increment counts. SERIALIZABLE would instead abort
+//     and retry every save that touches a popular chunk (a shared system
+//     prompt's chunks are in nearly every snapshot) while another is in flight.
+//   - Chunk rows are locked in hash order (adds insert sorted; removes lock with
+//     SELECT .. ORDER BY sha256 FOR UPDATE first), so saves and removes do not
+//     deadlock one another; a deadlock or serialization failure the server
+//     reports anyway is retried from the start of the transaction.
+//   - Name and uuid uniqueness are unique indexes: of two concurrent saves of
+//     one name, one gets kInvalidArgument.
+//   - Reads that need one consistent view of several statements (find_prefix,
+//     integrity_check, gc_candidates) run in a REPEATABLE READ READ ONLY
+//     transaction; list (with its tags) and stats are single statements.
+//   - A client that dies mid-transaction (kill -9, a lost host) holds nothing
+//     once the server notices the connection is gone: the transaction is rolled
+//     back whole. (For a host that vanishes without closing its TCP connection
+//     that takes the server's tcp_keepalives_* settings.)
+//   - Row-lock waits end after CatalogOptions::busy_timeout_ms with kIOError
+//     ("the catalog is busy"), as the SQLite catalog's busy timeout does.
+//
+// Schema (version kSchemaVersion, in table kvsnap_meta(key, value), key
+// 'schema_version'; migrations are applied in order in one transaction under an
+// advisory lock, so concurrent first opens migrate once; a
+// newer version than this code knows is refused with kNotSupported): the
+// tables of the SQLite catalog (snapshots, snapshot_blobs, tags, chunks,
+// snapshot_chunks) with the same columns and indexes; text that is compared or
+// ordered (uuid, name, created, tags) uses COLLATE "C" so ordering and uuid
+// prefix ranges do not depend on the database's locale.
+//
+// gc across hosts: PgGcLocks (pg_gc_locks.h) replaces the local flock with
+// advisory locks in the same database.
+//
+// A PgCatalog object is one connection: use one per thread.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "store/catalog.h"
+
+namespace kvsnap {
+
+class PgConn;
+
+class PgCatalog : public Catalog {
+ public:
+  static constexpr int kSchemaVersion = 1;
+
+  // Connects to `url` and creates or migrates the schema. options:
+  // busy_timeout_ms bounds row-lock waits; durable_commits=false sets
+  // synchronous_commit=off for this connection (bulk loads); vfs is ignored.
+  static Result<std::unique_ptr<PgCatalog>> open(const std::string& url, const CatalogOptions& options = {});
+  ~PgCatalog() override;
+
+  // catalog.h's methods, with its promises.
+  Result<SnapshotInfo> add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks) override;
+  Result<std::vector<ChunkHash>> remove_snapshot(int64_t id) override;
+  Result<SnapshotRecord> get(int64_t id) override;
+  Result<SnapshotInfo> get_info(int64_t id) override;
+  Result<std::vector<ChunkUse>> chunks_of(int64_t id) override;
+  Result<std::optional<ChunkUse>> find_chunk(const ChunkHash& h) override;
+  Result<int64_t> resolve(const std::string& ref) override;
+  // name_glob has SQLite GLOB's syntax (* ? [...] [^...]), case-sensitive.
+  Result<std::vector<SnapshotInfo>> list(const ListFilter& filter = {}) override;
+  Result<std::vector<SnapshotInfo>> find_prefix(std::span<const int32_t> query, const std::string& model_fingerprint = "",
+                                                size_t limit = SIZE_MAX) override;
+  Result<GcCandidates> gc_candidates(const std::vector<ChunkHash>& on_disk) override;
+  Result<std::vector<ChunkHash>> forget_unreferenced(const std::vector<ChunkHash>& hashes) override;
+  Result<std::vector<std::string>> unused_packs(const std::vector<std::string>& packs) override;
+  Result<CatalogStats> stats() override;
+  // Refcounts against chunk lists, n_chunks against the lists, token sizes
+  // (PostgreSQL enforces the foreign keys itself).
+  Result<std::vector<std::string>> integrity_check() override;
+  Result<int> schema_version() override;
+  // The URL without its password.
+  std::string describe() const override { return where_; }
+
+ private:
+  explicit PgCatalog(std::unique_ptr<PgConn> conn);
+  Status migrate();
+  // Infos (with tags) of `ids` that exist, in the order of `ids`.
+  Result<std::vector<SnapshotInfo>> infos(const std::vector<int64_t>& ids);
+  // (n_tokens, id) of the snapshots whose hashes say "prefix of query".
+  Result<std::vector<std::pair<int64_t, int64_t>>> prefix_candidates(std::span<const int32_t> query);
+
+  std::unique_ptr<PgConn> conn_;
+  std::string where_;
+};
+
+// SQLite's GLOB pattern as an anchored PostgreSQL regular expression (for ~).
+std::string glob_to_regex(const std::string& glob);
+
+}  // namespace kvsnap

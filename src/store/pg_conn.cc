@@ -1,0 +1,330 @@
+#include "store/pg_conn.h"
+
+#include <libpq-fe.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "base/byte_order.h"
+
+namespace kvsnap {
+
+namespace {
+
+// pg_type OIDs (catalog/pg_type.dat): fixed since PostgreSQL 7.
+constexpr uint32_t kBool = 16, kBytea = 17, kInt8 = 20, kText = 25, kTextArray = 1009, kByteaArray = 1001,
+                   kInt8Array = 1016;
+
+// The binary array format: ndim, has-nulls flag, element type, then per
+// dimension (length, lower bound 1), then each element as (int32 length, bytes),
+// length -1 for NULL.
+template <class Each>
+std::string encode_array(uint32_t elem_oid, size_t n, bool has_nulls, Each each) {
+  std::string out;
+  append_be(out, n ? 1 : 0, 4);
+  append_be(out, has_nulls ? 1 : 0, 4);
+  append_be(out, elem_oid, 4);
+  if (n) {
+    append_be(out, n, 4);
+    append_be(out, 1, 4);
+  }
+  for (size_t i = 0; i < n; ++i) each(i, out);
+  return out;
+}
+
+void append_element(std::string& out, std::string_view v) {
+  append_be(out, v.size(), 4);
+  out.append(v);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- parameters
+
+PgParams& PgParams::add(uint32_t oid, std::string value, bool null) {
+  oids_.push_back(oid);
+  values_.push_back(std::move(value));
+  nulls_.push_back(null);
+  return *this;
+}
+
+PgParams& PgParams::i64(int64_t v) {
+  std::string b;
+  append_be(b, static_cast<uint64_t>(v), 8);
+  return add(kInt8, std::move(b));
+}
+PgParams& PgParams::null_i64() { return add(kInt8, {}, true); }
+PgParams& PgParams::text(std::string_view v) { return add(kText, std::string(v)); }
+PgParams& PgParams::opt_text(const std::optional<std::string>& v) {
+  return v ? text(*v) : add(kText, {}, true);
+}
+PgParams& PgParams::bytes(std::span<const std::byte> v) {
+  return add(kBytea, std::string(reinterpret_cast<const char*>(v.data()), v.size()));
+}
+
+PgParams& PgParams::i64_array(std::span<const int64_t> v) {
+  return add(kInt8Array, encode_array(kInt8, v.size(), false, [&](size_t i, std::string& out) {
+               append_be(out, 8, 4);
+               append_be(out, static_cast<uint64_t>(v[i]), 8);
+             }));
+}
+
+PgParams& PgParams::text_array(std::span<const std::optional<std::string>> v) {
+  bool nulls = false;
+  for (const auto& s : v) nulls |= !s;
+  return add(kTextArray, encode_array(kText, v.size(), nulls, [&](size_t i, std::string& out) {
+               if (v[i]) {
+                 append_element(out, *v[i]);
+               } else {
+                 append_be(out, 0xffffffffu, 4);
+               }
+             }));
+}
+
+PgParams& PgParams::bytes_array(std::span<const std::span<const std::byte>> v) {
+  return add(kByteaArray, encode_array(kBytea, v.size(), false, [&](size_t i, std::string& out) {
+               append_element(out, {reinterpret_cast<const char*>(v[i].data()), v[i].size()});
+             }));
+}
+
+std::vector<const char*> PgParams::value_ptrs() const {
+  std::vector<const char*> p(values_.size());
+  for (size_t i = 0; i < values_.size(); ++i) p[i] = nulls_[i] ? nullptr : values_[i].data();
+  return p;
+}
+
+std::vector<int> PgParams::lengths() const {
+  std::vector<int> n(values_.size());
+  for (size_t i = 0; i < values_.size(); ++i) n[i] = static_cast<int>(values_[i].size());
+  return n;
+}
+
+// ---------------------------------------------------------------- results
+
+PgResult::PgResult(pg_result* r) : r_(r) {}
+PgResult::PgResult(PgResult&& o) noexcept : r_(o.r_) { o.r_ = nullptr; }
+PgResult& PgResult::operator=(PgResult&& o) noexcept {
+  if (this != &o) {
+    PQclear(r_);
+    r_ = o.r_;
+    o.r_ = nullptr;
+  }
+  return *this;
+}
+PgResult::~PgResult() { PQclear(r_); }
+
+int PgResult::rows() const { return r_ ? PQntuples(r_) : 0; }
+
+int64_t PgResult::changed() const {
+  const char* n = r_ ? PQcmdTuples(r_) : "";
+  return n && *n ? std::strtoll(n, nullptr, 10) : 0;
+}
+
+bool PgResult::is_null(int row, int col) const { return PQgetisnull(r_, row, col) != 0; }
+
+int64_t PgResult::i64(int row, int col) const {
+  auto b = bytes(row, col);
+  if (b.size() != 1 && b.size() != 2 && b.size() != 4 && b.size() != 8) return 0;
+  uint64_t v = load_be(b.data(), b.size());
+  // Sign-extend int2 and int4.
+  if (b.size() < 8 && (v >> (8 * b.size() - 1)) && b.size() > 1) v |= ~uint64_t(0) << (8 * b.size());
+  return static_cast<int64_t>(v);
+}
+
+std::string PgResult::text(int row, int col) const {
+  auto b = bytes(row, col);
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+std::span<const std::byte> PgResult::bytes(int row, int col) const {
+  if (!r_ || row < 0 || row >= PQntuples(r_) || col < 0 || col >= PQnfields(r_) || PQgetisnull(r_, row, col)) {
+    return {};
+  }
+  const char* p = PQgetvalue(r_, row, col);
+  int n = PQgetlength(r_, row, col);
+  return {reinterpret_cast<const std::byte*>(p), static_cast<size_t>(n < 0 ? 0 : n)};
+}
+
+std::vector<std::string> PgResult::text_array(int row, int col) const {
+  std::vector<std::string> out;
+  auto b = bytes(row, col);
+  size_t pos = 0;
+  auto u32 = [&](uint32_t& v) {
+    if (b.size() - pos < 4) return false;
+    v = static_cast<uint32_t>(load_be(b.data() + pos, 4));
+    pos += 4;
+    return true;
+  };
+  uint32_t ndim = 0, flags = 0, oid = 0, n = 0, lower = 0;
+  if (!u32(ndim) || !u32(flags) || !u32(oid) || ndim != 1 || !u32(n) || !u32(lower)) return out;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t len = 0;
+    if (!u32(len)) return {};
+    if (len == 0xffffffffu) {
+      out.emplace_back();
+      continue;
+    }
+    if (b.size() - pos < len) return {};
+    out.emplace_back(reinterpret_cast<const char*>(b.data() + pos), len);
+    pos += len;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- connection
+
+std::string redact_pg_url(const std::string& url) {
+  std::string out = url;
+  size_t scheme = out.find("://");
+  if (scheme != std::string::npos) {
+    size_t start = scheme + 3;
+    size_t at = out.find('@', start);
+    size_t slash = out.find('/', start);
+    if (at != std::string::npos && (slash == std::string::npos || at < slash)) {
+      size_t colon = out.find(':', start);
+      if (colon != std::string::npos && colon < at) out.erase(colon, at - colon);
+    }
+  }
+  // password=... as a query parameter or a key=value pair.
+  for (size_t p; (p = out.find("password=")) != std::string::npos;) {
+    size_t begin = p;
+    if (begin > 0 && (out[begin - 1] == '&' || out[begin - 1] == ' ')) --begin;
+    size_t end = out.find_first_of("& ", p);
+    out.erase(begin, (end == std::string::npos ? out.size() : end) - begin);
+    if (begin < out.size() && out[begin] == '&' && (begin == 0 || out[begin - 1] == '?')) out.erase(begin, 1);
+  }
+  if (!out.empty() && out.back() == '?') out.pop_back();
+  return out;
+}
+
+Result<std::unique_ptr<PgConn>> PgConn::connect(const std::string& url, const PgConnOptions& options) {
+  // connect_timeout first, so that one in the URL wins (expand_dbname: later keywords override).
+  const char* keys[] = {"connect_timeout", "dbname", nullptr};
+  const char* values[] = {"10", url.c_str(), nullptr};
+  pg_conn* c = PQconnectdbParams(keys, values, 1);
+  std::string where = redact_pg_url(url);
+  if (!c) return Status::IOError(where + ": cannot connect to the catalog: out of memory");
+  if (PQstatus(c) != CONNECTION_OK) {
+    std::string msg = PQerrorMessage(c);
+    while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+    PQfinish(c);
+    return Status::IOError(where + ": cannot connect to the catalog: " + msg);
+  }
+  std::unique_ptr<PgConn> conn(new PgConn(c, url, std::move(where), options));
+  KV_RETURN_IF_ERROR(conn->session_setup());
+  return conn;
+}
+
+PgConn::~PgConn() { PQfinish(c_); }
+
+int PgConn::backend_pid() const { return PQstatus(c_) == CONNECTION_OK ? PQbackendPID(c_) : 0; }
+
+Status PgConn::session_setup() {
+  std::string set = "SET lock_timeout = " + std::to_string(options_.lock_timeout_ms);
+  if (!options_.synchronous_commit) set += "; SET synchronous_commit = off";
+  return run(set);
+}
+
+Status PgConn::ensure_connected() {
+  if (PQstatus(c_) == CONNECTION_OK) return Status::OK();
+  if (in_txn_) return Status::IOError(where_ + ": the connection to the catalog was lost inside a transaction");
+  PQreset(c_);
+  prepared_.clear();
+  if (PQstatus(c_) != CONNECTION_OK) {
+    std::string msg = PQerrorMessage(c_);
+    while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+    return Status::IOError(where_ + ": lost the connection to the catalog and cannot reconnect: " + msg);
+  }
+  return session_setup();
+}
+
+Result<PgResult> PgConn::check(pg_result* r, std::string_view what) {
+  PgResult owned(r);
+  ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+  if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) return owned;
+  const char* state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
+  last_sqlstate_ = state ? state : "";
+  const char* primary = r ? PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY) : nullptr;
+  std::string msg = primary ? primary : PQerrorMessage(c_);
+  while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+  std::string full = where_ + ": " + msg + " (" + std::string(what.substr(0, 80)) + ")";
+  if (PQstatus(c_) != CONNECTION_OK) {
+    return Status::IOError(where_ + ": lost the connection to the catalog: " + msg);
+  }
+  std::string_view code = last_sqlstate_;
+  if (code.substr(0, 2) == "23") return Status::InvalidArgument(full);  // integrity constraint violation
+  if (code == "XX001" || code == "XX002") {
+    return Status::Corruption(where_ + ": the catalog is damaged: " + msg);
+  }
+  if (code == "55P03") {
+    return Status::IOError(where_ + ": the catalog is busy: another kvsnap process held a lock for more than " +
+                           std::to_string(options_.lock_timeout_ms / 1000) + " s (" + msg + ")");
+  }
+  return Status::IOError(full);
+}
+
+Result<PgResult> PgConn::exec(const char* sql, const PgParams& params) {
+  KV_RETURN_IF_ERROR(ensure_connected());
+  auto it = prepared_.find(sql);
+  if (it == prepared_.end()) {
+    std::string name = "kv" + std::to_string(prepared_.size());
+    KV_ASSIGN_OR_RETURN(PgResult r, check(PQprepare(c_, name.c_str(), sql, static_cast<int>(params.size()),
+                                                    params.oids()),
+                                          std::string("prepare ") + sql));
+    it = prepared_.emplace(sql, name).first;
+  }
+  auto values = params.value_ptrs();
+  auto lengths = params.lengths();
+  auto formats = params.formats();
+  return check(PQexecPrepared(c_, it->second.c_str(), static_cast<int>(params.size()), values.data(),
+                              lengths.data(), formats.data(), 1),
+               sql);
+}
+
+Result<PgResult> PgConn::exec_once(const std::string& sql, const PgParams& params) {
+  KV_RETURN_IF_ERROR(ensure_connected());
+  auto values = params.value_ptrs();
+  auto lengths = params.lengths();
+  auto formats = params.formats();
+  return check(PQexecParams(c_, sql.c_str(), static_cast<int>(params.size()), params.oids(), values.data(),
+                            lengths.data(), formats.data(), 1),
+               sql);
+}
+
+Status PgConn::run(const std::string& sql) {
+  KV_RETURN_IF_ERROR(ensure_connected());
+  return check(PQexec(c_, sql.c_str()), sql).status();
+}
+
+Status PgConn::begin(Isolation iso) {
+  last_sqlstate_.clear();
+  KV_RETURN_IF_ERROR(run(iso == Isolation::kReadCommitted ? "BEGIN"
+                                                          : "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"));
+  in_txn_ = true;
+  return Status::OK();
+}
+
+Status PgConn::commit() {
+  Status s = check(PQexec(c_, "COMMIT"), "COMMIT").status();
+  if (!s.ok() && PQstatus(c_) != CONNECTION_OK) {
+    in_txn_ = false;
+    return Status::IOError(s.message() + "; whether the last change was committed is unknown (kvsnap ls shows it)");
+  }
+  // A COMMIT of a failed transaction answers "ROLLBACK" without an error: body() reported the failure already.
+  in_txn_ = !s.ok();
+  return s;
+}
+
+void PgConn::rollback() {
+  if (in_txn_ && PQstatus(c_) == CONNECTION_OK) PQclear(PQexec(c_, "ROLLBACK"));
+  in_txn_ = false;
+}
+
+void PgConn::backoff() {
+  thread_local std::minstd_rand jitter(static_cast<unsigned>(std::hash<std::thread::id>()(std::this_thread::get_id())));
+  std::this_thread::sleep_for(std::chrono::microseconds(200 + jitter() % 5000));
+}
+
+}  // namespace kvsnap

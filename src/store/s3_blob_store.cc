@@ -1,0 +1,340 @@
+#include "store/s3_blob_store.h"
+
+#include <algorithm>
+
+#include "base/sha256.h"
+
+namespace kvsnap {
+
+// ---- BlobCache ----------------------------------------------------------------
+// A cached blob is the file <dir>/<64 hex>: the blob's bytes, then the SHA-256
+// of those bytes (32 bytes). Written to a temporary and renamed, never fsynced.
+
+namespace {
+constexpr size_t kDigest = 32;
+}
+
+BlobCache::BlobCache(Io& io, std::string dir, uint64_t max_bytes) : io_(io), dir_(std::move(dir)), max_(max_bytes) {}
+
+Status BlobCache::open() {
+  KV_RETURN_IF_ERROR(io_.create_dirs(dir_));
+  KV_ASSIGN_OR_RETURN(std::vector<DirEntry> files, io_.list_dir(dir_));
+  std::lock_guard lock(mu_);
+  for (const DirEntry& f : files) {
+    if (!f.is_regular) continue;
+    if (!is_blob_name(f.name)) {
+      (void)io_.remove(path(f.name));  // a temporary of a crashed put
+      continue;
+    }
+    auto r = io_.open_read(path(f.name));
+    if (!r.ok()) continue;
+    lru_.push_back(f.name);
+    index_[f.name] = {(*r)->size(), std::prev(lru_.end())};
+    bytes_ += (*r)->size();
+  }
+  return Status::OK();
+}
+
+void BlobCache::touch(const std::string& hex) {
+  auto it = index_.find(hex);
+  if (it != index_.end()) lru_.splice(lru_.begin(), lru_, it->second.second);
+}
+
+void BlobCache::drop(std::string hex) {  // a copy: `hex` may be the LRU entry erased here
+  auto it = index_.find(hex);
+  if (it == index_.end()) return;
+  bytes_ -= it->second.first;
+  lru_.erase(it->second.second);
+  index_.erase(it);
+  (void)io_.remove(path(hex));
+}
+
+bool BlobCache::get(const ChunkHash& h, std::vector<std::byte>& out) {
+  const std::string hex = h.hex();
+  {
+    std::lock_guard lock(mu_);
+    if (!index_.count(hex)) return false;
+    touch(hex);
+  }
+  auto f = io_.open_read(path(hex));
+  bool ok = f.ok() && (*f)->size() >= kDigest;
+  if (ok) {
+    const uint64_t n = (*f)->size() - kDigest;
+    Sha256Digest want{};
+    out.resize(n);
+    ok = (*f)->read_at(0, out).ok() &&
+         (*f)->read_at(n, std::as_writable_bytes(std::span<uint8_t>(want))).ok() && sha256_of(out) == want;
+  }
+  if (!ok) {
+    std::lock_guard lock(mu_);
+    drop(hex);  // torn or damaged: fetched again by the caller
+  }
+  return ok;
+}
+
+void BlobCache::put(const ChunkHash& h, std::span<const std::byte> bytes) {
+  const uint64_t size = bytes.size() + kDigest;
+  if (size > max_ / 4) return;  // one blob never pushes out most of the cache
+  const std::string hex = h.hex();
+  {
+    std::lock_guard lock(mu_);
+    if (index_.count(hex)) return;
+  }
+  const std::string tmp = path(hex) + std::string(kTempInfix) + unique_suffix();
+  auto w = io_.open_write(tmp, /*exclusive=*/true);
+  const Sha256Digest digest = sha256_of(bytes);
+  if (!w.ok() || !(*w)->append(bytes).ok() || !(*w)->append(digest.data(), digest.size()).ok() || !(*w)->close().ok() ||
+      !io_.rename(tmp, path(hex)).ok()) {
+    (void)io_.remove(tmp);
+    return;
+  }
+  std::lock_guard lock(mu_);
+  if (index_.count(hex)) return;  // another thread cached it meanwhile (same bytes)
+  lru_.push_front(hex);
+  index_[hex] = {size, lru_.begin()};
+  bytes_ += size;
+  while (bytes_ > max_ && !lru_.empty()) drop(lru_.back());
+}
+
+void BlobCache::erase(const ChunkHash& h) {
+  std::lock_guard lock(mu_);
+  drop(h.hex());
+}
+
+uint64_t BlobCache::bytes() const {
+  std::lock_guard lock(mu_);
+  return bytes_;
+}
+
+size_t BlobCache::entries() const {
+  std::lock_guard lock(mu_);
+  return index_.size();
+}
+
+// ---- the write batch ----------------------------------------------------------
+
+// Loose blobs are PUT at once; packed blobs go to a local temporary uploaded by commit().
+class S3BlobWriteBatch final : public BlobWriteBatch {
+ public:
+  S3BlobWriteBatch(S3BlobStore& store, std::unique_ptr<GcLockHold> hold)
+      : BlobWriteBatch(std::move(hold)), store_(store) {}
+  ~S3BlobWriteBatch() override { abandon_pack(); }
+  Result<PutOutcome> put(const ChunkHash& h, std::span<const std::byte> stored) override;
+  Result<BlobLocation> append(const ChunkHash& h, std::span<const std::byte> stored) override;
+  Status commit() override;
+  uint64_t written() const override {
+    std::lock_guard g(mu_);
+    return written_;
+  }
+
+ private:
+  void abandon_pack();  // mu_ held (or in the destructor)
+
+  S3BlobStore& store_;
+  mutable std::mutex mu_;
+  uint64_t written_ = 0;  // guarded by mu_
+  // The pack being staged (guarded by mu_): its name, temporary, size so far and blobs.
+  std::string pack_;
+  std::string tmp_path_;
+  std::unique_ptr<WritableFile> tmp_;
+  uint64_t pack_size_ = 0;
+  std::map<ChunkHash, BlobLocation> packed_;
+};
+
+void S3BlobWriteBatch::abandon_pack() {
+  if (tmp_) (void)tmp_->close();
+  if (!tmp_path_.empty()) (void)store_.io_.remove(tmp_path_);
+  tmp_.reset();
+  tmp_path_.clear();
+  pack_.clear();
+  pack_size_ = 0;
+  packed_.clear();  // those locations will never exist
+}
+
+Result<PutOutcome> S3BlobWriteBatch::put(const ChunkHash& h, std::span<const std::byte> stored) {
+  KV_ASSIGN_OR_RETURN(const bool present, store_.contains(h));
+  if (present) return PutOutcome::kExisted;
+  // Another writer may PUT the same key now: same bytes, and either PUT leaves a whole object.
+  KV_RETURN_IF_ERROR(store_.s3_.put(store_.blob_key(h), stored));
+  std::lock_guard g(mu_);
+  ++written_;
+  return PutOutcome::kWritten;
+}
+
+Result<BlobLocation> S3BlobWriteBatch::append(const ChunkHash& h, std::span<const std::byte> stored) {
+  std::lock_guard g(mu_);
+  if (auto it = packed_.find(h); it != packed_.end()) return it->second;
+  if (!tmp_path_.empty() && !tmp_) return Status::InvalidArgument("pack " + pack_ + " is being committed");
+  if (!tmp_) {
+    pack_ = new_pack_name();
+    tmp_path_ = store_.opt_.staging_dir + "/" + pack_ + ".pack" + std::string(kTempInfix) + unique_suffix();
+    KV_ASSIGN_OR_RETURN(tmp_, store_.io_.open_write(tmp_path_, /*exclusive=*/true));
+    pack_size_ = 0;
+  }
+  if (Status s = tmp_->append(stored); !s.ok()) {
+    abandon_pack();
+    return s;
+  }
+  BlobLocation where{pack_, pack_size_, stored.size()};
+  pack_size_ += stored.size();
+  packed_.emplace(h, where);
+  ++written_;
+  return where;
+}
+
+Status S3BlobWriteBatch::commit() {
+  std::lock_guard g(mu_);
+  if (tmp_path_.empty()) return Status::OK();  // loose PUTs are durable once answered
+  if (tmp_) {
+    KV_RETURN_IF_ERROR(tmp_->close());
+    tmp_.reset();
+  }
+  // The staged file stays until the upload succeeds: a failed commit may be retried.
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, store_.io_.open_read(tmp_path_));
+  if (file->size() != pack_size_)
+    return Status::Corruption(tmp_path_ + ": the staged pack has " + std::to_string(file->size()) + " bytes, " +
+                              std::to_string(pack_size_) + " were appended");
+  KV_RETURN_IF_ERROR(store_.s3_.put_file(store_.pack_key(pack_), *file));
+  file.reset();
+  (void)store_.io_.remove(tmp_path_);
+  tmp_path_.clear();
+  pack_.clear();
+  pack_size_ = 0;
+  packed_.clear();  // appends after a commit start a new pack
+  return Status::OK();
+}
+
+// ---- the store ----------------------------------------------------------------
+
+S3BlobStore::S3BlobStore(Io& io, S3Location where, S3BlobStoreOptions opt, std::unique_ptr<GcLocks> locks)
+    : BlobStore(std::move(locks)), io_(io), where_(std::move(where)), opt_(std::move(opt)), s3_(where_.config) {}
+
+Result<std::unique_ptr<S3BlobStore>> S3BlobStore::open(Io& io, S3Location where, S3BlobStoreOptions opt,
+                                                       std::unique_ptr<GcLocks> locks) {
+  if (opt.staging_dir.empty()) return Status::InvalidArgument("S3 blob store " + where.redacted + ": no staging directory");
+  KV_RETURN_IF_ERROR(io.create_dirs(opt.staging_dir));
+  if (!locks) locks = file_gc_locks(io, opt.staging_dir + "/gc.lock");
+  std::unique_ptr<S3BlobStore> store(new S3BlobStore(io, std::move(where), std::move(opt), std::move(locks)));
+  if (!store->opt_.cache_dir.empty()) {
+    store->cache_ = std::make_unique<BlobCache>(io, store->opt_.cache_dir, store->opt_.cache_bytes);
+    KV_RETURN_IF_ERROR(store->cache_->open());
+  }
+  // Fail here, with the server's words, rather than in the middle of a save.
+  KV_RETURN_IF_ERROR(store->s3_.list_page(store->key(""), "", 1).status());
+  return store;
+}
+
+std::string S3BlobStore::key(const std::string& rest) const {
+  return where_.prefix.empty() ? rest : where_.prefix + "/" + rest;
+}
+
+std::string S3BlobStore::blob_key(const ChunkHash& h) const {
+  const std::string hex = h.hex();
+  return key("chunks/" + hex.substr(0, 2) + "/" + hex);
+}
+
+std::string S3BlobStore::pack_key(const std::string& pack) const { return key("packs/" + pack + ".pack"); }
+
+Result<uint64_t> S3BlobStore::object_size(const std::string& k) {
+  KV_ASSIGN_OR_RETURN(const std::optional<uint64_t> size, s3_.head(k));
+  return size.value_or(0);
+}
+
+Result<bool> S3BlobStore::contains(const ChunkHash& h) {
+  KV_ASSIGN_OR_RETURN(const std::optional<uint64_t> size, s3_.head(blob_key(h)));
+  return size.has_value();
+}
+
+Result<std::vector<std::byte>> S3BlobStore::get(const ChunkHash& h, uint64_t max_bytes) {
+  std::vector<std::byte> out;
+  KV_RETURN_IF_ERROR(get_into(h, BlobLocation{}, max_bytes, out));
+  return out;
+}
+
+Status S3BlobStore::get_into(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes,
+                             std::vector<std::byte>& out) {
+  const bool packed = !where.pack.empty();
+  if (packed && where.size > max_bytes)
+    return Status::InvalidArgument("chunk " + h.hex() + " in pack " + where.pack + " claims " +
+                                   std::to_string(where.size) + " bytes, more than the " + std::to_string(max_bytes) +
+                                   " allowed");
+  if (cache_ && cache_->get(h, out) && out.size() <= max_bytes && (!packed || out.size() == where.size))
+    return Status::OK();
+  if (packed) {
+    if (!is_pack_name(where.pack + ".pack"))
+      return Status::Corruption("chunk " + h.hex() + ": '" + where.pack + "' is not a pack name");
+    out.resize(where.size);
+    KV_RETURN_IF_ERROR(s3_.get_range(pack_key(where.pack), where.offset, out));
+  } else {
+    KV_RETURN_IF_ERROR(s3_.get_into(blob_key(h), max_bytes, out));
+  }
+  if (cache_) cache_->put(h, out);
+  return Status::OK();
+}
+
+Result<std::vector<ChunkHash>> S3BlobStore::list() {
+  const std::string base = key("chunks/");
+  KV_ASSIGN_OR_RETURN(const std::vector<S3Object> objects, s3_.list(base));
+  std::vector<ChunkHash> out;
+  for (const S3Object& o : objects) {
+    const std::string_view rest = std::string_view(o.key).substr(base.size());  // "ab/<64 hex>"
+    if (rest.size() != 67 || rest[2] != '/' || !is_blob_name(rest.substr(3)) || rest.substr(0, 2) != rest.substr(3, 2))
+      continue;  // a foreign object: never deleted by gc
+    KV_ASSIGN_OR_RETURN(ChunkHash h, ChunkHash::from_hex(rest.substr(3)));
+    out.push_back(h);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Result<std::vector<std::string>> S3BlobStore::list_packs() {
+  const std::string base = key("packs/");
+  KV_ASSIGN_OR_RETURN(const std::vector<S3Object> objects, s3_.list(base));
+  std::vector<std::string> out;
+  for (const S3Object& o : objects) {
+    const std::string_view name = std::string_view(o.key).substr(base.size());
+    if (is_pack_name(name)) out.emplace_back(name.substr(0, name.size() - 5));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Status S3BlobStore::remove(const GcLock&, const ChunkHash& h) {
+  if (cache_) cache_->erase(h);
+  return s3_.remove(blob_key(h));
+}
+
+Status S3BlobStore::remove_pack(const GcLock&, const std::string& pack) {
+  // Cached blobs of the pack stay: content addressed, they are still the right bytes if read again.
+  return s3_.remove(pack_key(pack));
+}
+
+Result<std::vector<std::string>> S3BlobStore::list_tmp() {
+  KV_ASSIGN_OR_RETURN(const std::vector<DirEntry> files, io_.list_dir(opt_.staging_dir));
+  std::vector<std::string> out;
+  for (const DirEntry& f : files)
+    if (f.is_regular && f.name.find(kTempInfix) != std::string::npos) out.push_back(f.name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Status S3BlobStore::remove_tmp(const GcLock&, const std::string& name) {
+  if (name.find('/') != std::string::npos) return Status::InvalidArgument("'" + name + "' is not a temporary's name");
+  const std::string path = opt_.staging_dir + "/" + name;
+  KV_ASSIGN_OR_RETURN(const bool there, io_.exists(path));
+  return there ? io_.remove(path) : Status::OK();
+}
+
+Result<uint64_t> S3BlobStore::tmp_size(const std::string& name) {
+  const std::string path = opt_.staging_dir + "/" + name;
+  KV_ASSIGN_OR_RETURN(const bool there, io_.exists(path));
+  if (!there) return uint64_t(0);
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> f, io_.open_read(path));
+  return f->size();
+}
+
+Result<std::unique_ptr<BlobWriteBatch>> S3BlobStore::new_batch(std::unique_ptr<GcLockHold> hold) {
+  return std::unique_ptr<BlobWriteBatch>(new S3BlobWriteBatch(*this, std::move(hold)));
+}
+
+}  // namespace kvsnap

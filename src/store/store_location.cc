@@ -1,0 +1,189 @@
+#include "store/store_location.h"
+
+#include <cctype>
+#include <cstdlib>
+#include <initializer_list>
+
+#include "base/json_access.h"
+#include "store/local_blob_store.h"
+#include "store/pg_catalog.h"
+#include "store/pg_gc_locks.h"
+#include "store/s3_blob_store.h"
+
+namespace kvsnap {
+
+namespace {
+
+constexpr uint64_t kMaxConfigBytes = 1 << 20;
+constexpr const char* kConfigName = "store.json";
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+std::string strip_trailing_slashes(std::string s) {
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s;
+}
+
+bool ends_with(std::string_view s, std::string_view p) {
+  return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
+}
+
+// The scheme of a URL ("postgresql"), empty when `s` is no URL.
+std::string scheme_of(std::string_view s) {
+  const size_t colon = s.find("://");
+  if (colon == std::string_view::npos || colon == 0) return "";
+  for (char c : s.substr(0, colon))
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.')) return "";
+  return std::string(s.substr(0, colon));
+}
+
+// The URL without the password of its user part, for messages.
+std::string without_password(const std::string& url) {
+  const size_t start = url.find("://");
+  const size_t at = url.find('@', start == std::string::npos ? 0 : start + 3);
+  if (start == std::string::npos || at == std::string::npos) return url;
+  const size_t colon = url.find(':', start + 3);
+  if (colon == std::string::npos || colon > at) return url;
+  return url.substr(0, colon) + ":***" + url.substr(at);
+}
+
+std::string dir_of(const std::string& file) {
+  const size_t slash = file.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : file.substr(0, slash);
+}
+
+std::string anchored(const std::string& base, const std::string& path) {
+  return !path.empty() && path[0] == '/' ? path : base + "/" + path;
+}
+
+// One part of a config file: a URL of `scheme`, or a path.
+struct Part {
+  bool url = false;
+  std::string value;
+};
+
+Result<Part> config_part(const JsonRef& root, const char* key, std::initializer_list<const char*> schemes,
+                         const std::string& base) {
+  KV_ASSIGN_OR_RETURN(std::optional<JsonRef> v, root.find(key));
+  if (!v) return Part{};
+  KV_ASSIGN_OR_RETURN(std::string s, v->string());
+  if (s.empty()) return v->error("is empty");
+  const std::string scheme = scheme_of(s);
+  if (scheme.empty()) return Part{false, strip_trailing_slashes(anchored(base, s))};
+  for (const char* ok : schemes)
+    if (scheme == ok) return Part{true, s};
+  std::string known;
+  for (const char* ok : schemes) known += std::string(known.empty() ? "" : " or ") + ok + "://";
+  return v->error("'" + without_password(s) + "' is not a path and not a " + known + " URL");
+}
+
+}  // namespace
+
+StoreLocation directory_store(std::string dir) {
+  dir = strip_trailing_slashes(std::move(dir));
+  StoreLocation l;
+  l.catalog = dir + "/catalog.sqlite";
+  l.blobs = dir;
+  l.local_dir = std::move(dir);
+  return l;
+}
+
+Result<StoreLocation> parse_store_config(std::string_view text, const std::string& file) {
+  KV_ASSIGN_OR_RETURN(nlohmann::json doc, parse_json(text, file, Code::kInvalidArgument));
+  const JsonRef root(doc, file, Code::kInvalidArgument);
+  KV_ASSIGN_OR_RETURN(auto members, root.members());
+  for (const auto& [key, value] : members)
+    if (key != "catalog" && key != "blobs" && key != "local_dir")
+      return value.error("is not a store config key (catalog, blobs, local_dir)");
+  const std::string base = dir_of(file);
+  KV_ASSIGN_OR_RETURN(Part local, config_part(root, "local_dir", {}, base));
+  StoreLocation l = directory_store(local.value.empty() ? base : local.value);
+  l.config = file;
+  KV_ASSIGN_OR_RETURN(Part catalog, config_part(root, "catalog", {"postgresql", "postgres"}, base));
+  if (!catalog.value.empty()) {
+    l.catalog_kind = catalog.url ? CatalogKind::kPostgres : CatalogKind::kSqlite;
+    l.catalog = catalog.value;
+  }
+  KV_ASSIGN_OR_RETURN(Part blobs, config_part(root, "blobs", {"s3"}, base));
+  if (!blobs.value.empty()) {
+    l.blob_kind = blobs.url ? BlobKind::kS3 : BlobKind::kLocal;
+    l.blobs = blobs.value;
+  }
+  if (l.blob_kind == BlobKind::kS3 && (l.blobs.size() <= 5 || l.blobs[5] == '/'))
+    return Status::InvalidArgument(file + ": blobs: '" + l.blobs + "' names no bucket (s3://BUCKET[/PREFIX])");
+  return l;
+}
+
+Result<StoreLocation> resolve_store_location(Io& io, const std::string& given) {
+  std::string where = given;
+  if (where.empty()) where = env("KVSNAP_HOME");
+  if (where.empty()) {
+    std::string data = env("XDG_DATA_HOME");
+    if (data.empty()) {
+      std::string home = env("HOME");
+      if (home.empty())
+        return Status::InvalidArgument("no store directory: set KVSNAP_HOME or HOME, or pass {--store DIR}");
+      data = home + "/.local/share";
+    }
+    where = data + "/kvsnap";
+  }
+  if (!scheme_of(where).empty())
+    return Status::InvalidArgument("store '" + without_password(where) + "': a URL names only a store's catalog or "
+                                   "its blobs; write a store config file (JSON: catalog, blobs, local_dir) and give "
+                                   "its path (docs/store.md, \"Storage interface\")");
+  where = strip_trailing_slashes(std::move(where));
+  std::string config;
+  if (ends_with(where, ".json")) {
+    config = where;
+  } else {
+    KV_ASSIGN_OR_RETURN(bool configured, io.exists(where + "/" + kConfigName));
+    if (!configured) return directory_store(where);
+    config = where + "/" + kConfigName;
+  }
+  KV_ASSIGN_OR_RETURN(bool present, io.exists(config));
+  if (!present) return Status::NotFound("store config file " + config + " does not exist");
+  KV_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, read_all(io, config, kMaxConfigBytes));
+  return parse_store_config(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), config);
+}
+
+Result<std::unique_ptr<Catalog>> open_catalog(const StoreLocation& where) {
+  if (where.catalog_kind == CatalogKind::kPostgres) {
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<PgCatalog> pg, PgCatalog::open(where.catalog));
+    return std::unique_ptr<Catalog>(std::move(pg));
+  }
+  return Catalog::open(where.catalog);
+}
+
+Result<std::unique_ptr<BlobStore>> open_blob_store(Io& io, const StoreLocation& where) {
+  // The gc locks follow the catalog: a PostgreSQL catalog shared by hosts locks in its database; a
+  // SQLite catalog's store locks a file on this host (gc_lock.h).
+  std::unique_ptr<GcLocks> locks;
+  if (where.catalog_kind == CatalogKind::kPostgres) locks = std::make_unique<PgGcLocks>(where.catalog);
+  if (where.blob_kind == BlobKind::kS3) {
+    KV_ASSIGN_OR_RETURN(S3Location s3, parse_s3_location(where.blobs));
+    S3BlobStoreOptions opt;
+    opt.staging_dir = where.local_dir + "/tmp/s3-packs";
+    opt.cache_dir = where.local_dir + "/s3-cache";
+    if (!locks) locks = file_gc_locks(io, where.local_dir + "/gc.lock");
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<S3BlobStore> blobs,
+                        S3BlobStore::open(io, std::move(s3), std::move(opt), std::move(locks)));
+    return std::unique_ptr<BlobStore>(std::move(blobs));
+  }
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<LocalBlobStore> blobs, LocalBlobStore::open(io, where.blobs, std::move(locks)));
+  return std::unique_ptr<BlobStore>(std::move(blobs));
+}
+
+Result<StoreParts> open_store_parts(Io& io, const StoreLocation& where) {
+  StoreParts parts;
+  KV_RETURN_IF_ERROR(io.create_dirs(where.local_dir));
+  KV_ASSIGN_OR_RETURN(parts.blobs, open_blob_store(io, where));
+  KV_ASSIGN_OR_RETURN(parts.catalog, open_catalog(where));
+  parts.local_dir = where.local_dir;
+  return parts;
+}
+
+}  // namespace kvsnap

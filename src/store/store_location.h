@@ -1,0 +1,86 @@
+// Where a store is, and opening its parts. What the user gives `--store` (or
+// $KVSNAP_HOME) is parsed into three parts:
+//
+//   catalog    which snapshots exist (catalog.h): a SQLite file, or a
+//              PostgreSQL database, postgresql://USER@HOST[:PORT]/DB (pg_catalog.h)
+//   blobs      the chunk blobs (blob_store.h): a directory, or an S3-compatible
+//              bucket, s3://BUCKET[/PREFIX][?endpoint=URL] (s3_blob_store.h; packs
+//              are staged in <local_dir>/tmp/s3-packs, blobs read are cached in
+//              <local_dir>/s3-cache)
+//   local_dir  this host's own directory, always local: temporaries of
+//              restores and imports (tmp/), server profiles (servers.json),
+//              kvsnap serve's slots
+//
+// Today's store, a directory DIR, is all three in one place: DIR/catalog.sqlite,
+// blobs under DIR (local_blob_store.h), the file gc lock DIR/gc.lock. A store
+// config file (JSON) names the parts apart:
+//
+//   {"catalog": "postgresql://kvsnap@db.internal/kvsnap",
+//    "blobs": "s3://kv-cache/team-a",
+//    "local_dir": "/var/cache/kvsnap"}
+//
+// Every key is optional: catalog defaults to <local_dir>/catalog.sqlite, blobs
+// to local_dir, local_dir to the config file's directory; relative paths are
+// relative to that directory; an unknown key is an error (a typo must not
+// silently give another store). `--store FILE.json` names a config file, and a
+// directory holding store.json is configured by it.
+//
+// The gc locks (gc_lock.h) follow the catalog: a SQLite catalog's store locks
+// <blob directory>/gc.lock; a PostgreSQL catalog's store uses advisory locks in
+// its database (pg_gc_locks.h), so that gc is safe across hosts.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "base/io.h"
+#include "base/status.h"
+#include "store/blob_store.h"
+#include "store/catalog.h"
+
+namespace kvsnap {
+
+enum class CatalogKind { kSqlite, kPostgres };
+enum class BlobKind { kLocal, kS3 };
+
+struct StoreLocation {
+  CatalogKind catalog_kind = CatalogKind::kSqlite;
+  std::string catalog;    // kSqlite: the file; kPostgres: the postgresql:// URL
+  BlobKind blob_kind = BlobKind::kLocal;
+  std::string blobs;      // kLocal: the directory; kS3: the s3:// URL
+  std::string local_dir;  // a directory on this host
+  std::string config;     // the store config file it came from; empty for a plain directory
+};
+
+// The embedded default in `dir`: DIR/catalog.sqlite, blobs in DIR.
+StoreLocation directory_store(std::string dir);
+
+// Parses a store config file's text (`file` names it in messages and anchors
+// relative paths). kInvalidArgument names the file, the key and the problem.
+Result<StoreLocation> parse_store_config(std::string_view text, const std::string& file);
+
+// `given` (--store) when non-empty, else $KVSNAP_HOME, else
+// ${XDG_DATA_HOME:-~/.local/share}/kvsnap; then: a FILE.json is a config file,
+// a directory holding store.json is configured by it, any other directory
+// (existing or not) is the embedded default. A bare postgresql:// or s3:// URL
+// is refused: it names one part only. kInvalidArgument when no environment
+// variable names a home.
+Result<StoreLocation> resolve_store_location(Io& io, const std::string& given);
+
+// The opened parts of a store, for Store::open (tests may pass any implementation).
+struct StoreParts {
+  std::unique_ptr<Catalog> catalog;
+  std::unique_ptr<BlobStore> blobs;  // with the gc locks every user of the store shares
+  std::string local_dir;
+};
+
+// Opens the catalog `where` names (a SQLite file's directory must exist).
+// kNotSupported for a backend not built yet.
+Result<std::unique_ptr<Catalog>> open_catalog(const StoreLocation& where);
+// Opens the blobs (creating a local directory's layout) with their gc locks.
+Result<std::unique_ptr<BlobStore>> open_blob_store(Io& io, const StoreLocation& where);
+// Both, and local_dir created when missing.
+Result<StoreParts> open_store_parts(Io& io, const StoreLocation& where);
+
+}  // namespace kvsnap

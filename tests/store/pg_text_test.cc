@@ -1,0 +1,32 @@
+// The PostgreSQL catalog's pure text helpers (no server): glob patterns as
+// regular expressions, URLs without passwords.
+#include <gtest/gtest.h>
+
+#include "store/pg_catalog.h"
+#include "store/pg_conn.h"
+
+namespace kvsnap {
+namespace {
+
+TEST(PgText, GlobBecomesAnAnchoredRegex) {
+  EXPECT_EQ(glob_to_regex("chat-*"), "^chat-.*$");
+  EXPECT_EQ(glob_to_regex("a?c"), "^a.c$");
+  EXPECT_EQ(glob_to_regex("v1.2+(x)"), "^v1\\.2\\+\\(x\\)$");
+  EXPECT_EQ(glob_to_regex("[a-c]x"), "^[a-c]x$");
+  EXPECT_EQ(glob_to_regex("[^0-9]*"), "^[^0-9].*$");
+  EXPECT_EQ(glob_to_regex("[]]"), "^[]]$") << "a ']' first in a set is literal";
+  EXPECT_EQ(glob_to_regex("a[b"), "^a\\[b$") << "an unclosed '[' is literal";
+  EXPECT_EQ(glob_to_regex("[\\]"), "^[\\\\]$");
+}
+
+TEST(PgText, UrlsLoseTheirPassword) {
+  EXPECT_EQ(redact_pg_url("postgresql://kv:s3cret@db.example:5432/kvsnap"), "postgresql://kv@db.example:5432/kvsnap");
+  EXPECT_EQ(redact_pg_url("postgresql://kv@127.0.0.1:5432/kvsnap"), "postgresql://kv@127.0.0.1:5432/kvsnap");
+  EXPECT_EQ(redact_pg_url("postgresql://127.0.0.1:5432/kvsnap"), "postgresql://127.0.0.1:5432/kvsnap");
+  EXPECT_EQ(redact_pg_url("postgresql://kv@h/db?password=x&sslmode=require"), "postgresql://kv@h/db?sslmode=require");
+  EXPECT_EQ(redact_pg_url("postgresql://kv@h/db?sslmode=require&password=x"), "postgresql://kv@h/db?sslmode=require");
+  EXPECT_EQ(redact_pg_url("host=h user=kv password=x dbname=d"), "host=h user=kv dbname=d");
+}
+
+}  // namespace
+}  // namespace kvsnap

@@ -1,0 +1,206 @@
+// The storage seams (store_location.h, gc_lock.h): what --store means, the
+// config file's checks, the backends not built yet refused by name, and a
+// Store over parts the caller opened, taking its gc locks from them.
+#include "store/store_location.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "store/local_blob_store.h"
+#include "store/store.h"
+#include "test_files.h"
+
+namespace kvsnap {
+namespace {
+
+namespace fs = std::filesystem;
+
+class StoreLocationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::temp_directory_path() / ("kvsnap-loc-" + std::to_string(::getpid()) + "-" +
+                                         std::to_string(std::random_device{}())))
+               .string();
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void write(const std::string& name, const std::string& text) { std::ofstream(dir_ + "/" + name) << text; }
+  Result<StoreLocation> resolve(const std::string& given) { return resolve_store_location(posix_io(), given); }
+  std::string dir_;
+};
+
+TEST_F(StoreLocationTest, ADirectoryIsTheEmbeddedDefault) {
+  auto l = resolve(dir_ + "/store//");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->catalog_kind, CatalogKind::kSqlite);
+  EXPECT_EQ(l->catalog, dir_ + "/store/catalog.sqlite");
+  EXPECT_EQ(l->blob_kind, BlobKind::kLocal);
+  EXPECT_EQ(l->blobs, dir_ + "/store");
+  EXPECT_EQ(l->local_dir, dir_ + "/store");
+  EXPECT_TRUE(l->config.empty());
+  EXPECT_FALSE(fs::exists(dir_ + "/store")) << "resolving creates nothing";
+}
+
+TEST_F(StoreLocationTest, TheEnvironmentChoosesWhenNoStoreIsGiven) {
+  const char* old = std::getenv("KVSNAP_HOME");
+  const std::string saved = old ? old : "";
+  ::setenv("KVSNAP_HOME", (dir_ + "/home").c_str(), 1);
+  auto l = resolve("");
+  if (old) ::setenv("KVSNAP_HOME", saved.c_str(), 1);
+  else ::unsetenv("KVSNAP_HOME");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->local_dir, dir_ + "/home");
+  auto p = resolve_store_paths(dir_ + "/x");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->root, dir_ + "/x");
+}
+
+TEST_F(StoreLocationTest, AConfigFileNamesThePartsApart) {
+  write("fleet.json", R"({"catalog": "postgresql://kv:secret@db.internal:5432/kvsnap",
+                          "blobs": "s3://kv-cache/team-a", "local_dir": "cache"})");
+  auto l = resolve(dir_ + "/fleet.json");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->catalog_kind, CatalogKind::kPostgres);
+  EXPECT_EQ(l->catalog, "postgresql://kv:secret@db.internal:5432/kvsnap");
+  EXPECT_EQ(l->blob_kind, BlobKind::kS3);
+  EXPECT_EQ(l->blobs, "s3://kv-cache/team-a");
+  EXPECT_EQ(l->local_dir, dir_ + "/cache") << "relative to the config file";
+  EXPECT_EQ(l->config, dir_ + "/fleet.json");
+}
+
+TEST_F(StoreLocationTest, ADirectoryWithStoreJsonIsConfiguredByIt) {
+  write("store.json", R"({"catalog": "/elsewhere/cat.sqlite"})");
+  auto l = resolve(dir_);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->catalog_kind, CatalogKind::kSqlite);
+  EXPECT_EQ(l->catalog, "/elsewhere/cat.sqlite");
+  EXPECT_EQ(l->blobs, dir_) << "defaults: blobs in the local directory, the config's own";
+  EXPECT_EQ(l->local_dir, dir_);
+}
+
+TEST_F(StoreLocationTest, BadConfigsAreRefusedByFileAndKey) {
+  struct Case {
+    const char* text;
+    const char* says;
+  } cases[] = {
+      {R"({"catalgo": "x.sqlite"})", "catalgo"},
+      {R"({"blobs": "ftp://host/x"})", "ftp://host/x"},
+      {R"({"blobs": "s3://"})", "names no bucket"},
+      {R"({"catalog": "mysql://u:pw@h/db"})", "mysql://u:***@h/db"},
+      {R"({"catalog": ""})", "empty"},
+      {R"({"catalog": 3})", "catalog"},
+      {R"(["catalog"])", "object"},
+      {"{", "JSON"},
+  };
+  for (const Case& c : cases) {
+    write("bad.json", c.text);
+    auto l = resolve(dir_ + "/bad.json");
+    ASSERT_FALSE(l.ok()) << c.text;
+    EXPECT_EQ(l.status().code(), Code::kInvalidArgument) << c.text << ": " << l.status().ToString();
+    EXPECT_NE(l.status().message().find(dir_ + "/bad.json"), std::string::npos) << l.status().ToString();
+    EXPECT_NE(l.status().message().find(c.says), std::string::npos) << l.status().ToString();
+    EXPECT_EQ(l.status().message().find("pw@"), std::string::npos) << "no password in messages";
+  }
+  auto missing = resolve(dir_ + "/none.json");
+  EXPECT_EQ(missing.status().code(), Code::kNotFound);
+  auto url = resolve("s3://bucket/prefix");
+  EXPECT_EQ(url.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(url.status().message().find("config file"), std::string::npos) << url.status().ToString();
+}
+
+TEST_F(StoreLocationTest, BackendsNotBuiltYetAreNotSupportedByName) {
+  // PostgreSQL is built: an unreachable server is an I/O error naming the URL without its password.
+  write("pg.json", R"({"catalog": "postgresql://kv:secret@127.0.0.1:1/kvsnap?connect_timeout=2"})");
+  auto pg = resolve(dir_ + "/pg.json");
+  ASSERT_TRUE(pg.ok());
+  auto opened = Store::open(posix_io(), *pg);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.status().code(), Code::kIOError) << opened.status().ToString();
+  EXPECT_NE(opened.status().message().find("postgresql://kv@127.0.0.1:1/kvsnap"), std::string::npos)
+      << opened.status().ToString();
+  EXPECT_EQ(opened.status().message().find("secret"), std::string::npos) << opened.status().ToString();
+  write("s3.json", R"({"blobs": "s3://kv-cache/a"})");
+  auto s3 = resolve(dir_ + "/s3.json");
+  ASSERT_TRUE(s3.ok());
+  // S3 blobs are built (tests/s3 runs them against a real server); without credentials: a clear refusal.
+  for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"}) unsetenv(v);
+  auto blobs = open_blob_store(posix_io(), *s3);
+  EXPECT_EQ(blobs.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(blobs.status().message().find("s3://kv-cache/a"), std::string::npos) << blobs.status().ToString();
+  EXPECT_NE(blobs.status().message().find("no credentials"), std::string::npos) << blobs.status().ToString();
+}
+
+TEST_F(StoreLocationTest, FileGcLocksShareAndExclude) {
+  auto a = file_gc_locks(posix_io(), dir_ + "/gc.lock");
+  auto b = file_gc_locks(posix_io(), dir_ + "/gc.lock");
+  auto s1 = std::move(a->lock_shared(false)).value();
+  auto s2 = std::move(b->lock_shared(false)).value();
+  ASSERT_NE(s1, nullptr);
+  ASSERT_NE(s2, nullptr) << "saves share the lock";
+  EXPECT_EQ(*b->lock_exclusive(false), nullptr) << "no gc while a save holds it";
+  s1.reset();
+  s2.reset();
+  auto gc = GcLock::take(*a, false);
+  ASSERT_TRUE(gc.ok());
+  ASSERT_NE(*gc, nullptr);
+  EXPECT_EQ(*b->lock_shared(false), nullptr) << "no save starts while gc runs";
+  EXPECT_EQ(*GcLock::take(*b, false), nullptr);
+}
+
+// Counts the holds it hands out from the real file locks.
+class CountingGcLocks final : public GcLocks {
+ public:
+  CountingGcLocks(std::unique_ptr<GcLocks> real, int& shared, int& exclusive)
+      : real_(std::move(real)), shared_(shared), exclusive_(exclusive) {}
+  Result<std::unique_ptr<GcLockHold>> lock_shared(bool wait) override {
+    ++shared_;
+    return real_->lock_shared(wait);
+  }
+  Result<std::unique_ptr<GcLockHold>> lock_exclusive(bool wait) override {
+    ++exclusive_;
+    return real_->lock_exclusive(wait);
+  }
+
+ private:
+  std::unique_ptr<GcLocks> real_;
+  int& shared_;
+  int& exclusive_;
+};
+
+TEST_F(StoreLocationTest, AStoreOverInjectedPartsUsesTheirLocks) {
+  int shared = 0, exclusive = 0;
+  const std::string blobs_dir = dir_ + "/blobs", local = dir_ + "/local";
+  fs::create_directories(local);
+  auto locks = std::make_unique<CountingGcLocks>(file_gc_locks(posix_io(), dir_ + "/shared.lock"), shared, exclusive);
+  StoreParts parts;
+  parts.blobs = std::move(LocalBlobStore::open(posix_io(), blobs_dir, std::move(locks))).value();
+  parts.catalog = std::move(Catalog::open(local + "/cat.sqlite")).value();
+  parts.local_dir = local;
+  auto opened = Store::open(posix_io(), std::move(parts));
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  Store& store = **opened;
+
+  const auto bytes = test::slurp(fs::path(KVSNAP_SOURCE_DIR) / "fixtures/v0.5.0/hd128-f16-f16-faoff.slot");
+  MemoryFile file("slot", std::span<const std::byte>(bytes));
+  auto state = parse_for_model(file, {}, nullptr);
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  auto saved = store.save(file, *state, {});
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_EQ(shared, 1) << "a save holds the shared lock of the parts it was given";
+  EXPECT_TRUE(fs::exists(dir_ + "/shared.lock"));
+  EXPECT_FALSE(fs::exists(blobs_dir + "/gc.lock")) << "not the default lock";
+  EXPECT_TRUE(fs::is_directory(local + "/tmp"));
+  ASSERT_TRUE(store.remove(std::to_string(saved->info.id)).ok());
+  EXPECT_EQ(exclusive, 1) << "rm's cleanup collects under the exclusive lock";
+  auto gc = store.gc(true);
+  ASSERT_TRUE(gc.ok());
+  EXPECT_EQ(exclusive, 2);
+  EXPECT_EQ(fs::directory_iterator(blobs_dir + "/packs"), fs::directory_iterator()) << "the pack was collected";
+}
+
+}  // namespace
+}  // namespace kvsnap
