@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "base/chunk_cipher.h"
 #include "base/io.h"
 #include "base/status.h"
 #include "format/chunk_codec.h"
@@ -181,6 +182,16 @@ struct LossyConversion {
   std::string note;
 };
 
+// An encrypted snapshot (base/chunk_cipher.h; docs/store.md, "Encryption at rest — design"):
+// every chunk id is the tenant's keyed id (HMAC-SHA256) and every blob is sealed (AES-256-GCM)
+// around the usual chunk blob. Recorded in the CRYP section, which is required: a kvsnap that
+// does not know it refuses the manifest instead of misreading keyed ids as SHA-256.
+struct SnapshotEncryption {
+  std::string tenant;   // the name the tenant keys were derived for
+  KeyId master_key_id{};
+  KeyId tenant_key_id{};
+};
+
 struct SnapshotManifest {
   uint32_t format_version = kSnapshotFormatVersion;
   uint32_t min_reader_version = 1;
@@ -196,6 +207,7 @@ struct SnapshotManifest {
   std::vector<ChunkRef> chunks;
   Sha256Digest original_sha256{};          // DIGS: SHA-256 of the original file
   Sha256Digest sections_sha256{};          // DIGS: SHA-256 of the manifest bytes before DIGS
+  std::optional<SnapshotEncryption> encryption;  // CRYP: absent = plain chunks, SHA-256 ids
   std::vector<uint32_t> skipped_sections;  // unknown optional tags a reader skipped
   std::vector<std::byte> bytes;      // the encoded manifest
   Sha256Digest manifest_sha256{};          // of `bytes` (a store may key the manifest by it)
@@ -236,6 +248,9 @@ struct SnapshotOptions {
   // of these is not encoded: the sink gets the known ref (index and raw size
   // of this chunk) and an empty blob. Read-only while building.
   const std::map<Sha256Digest, ChunkRef>* known_chunks = nullptr;
+  // Encrypts: chunk ids are cipher->chunk_id (known_chunks must hold ids of the same tenant),
+  // every blob is sealed after it is encoded, and the manifest records CRYP. Must outlive the build.
+  const ChunkCipher* cipher = nullptr;
 };
 
 // Reads `original` (described by `parsed`, from parse_state on it) once for
@@ -245,7 +260,8 @@ Result<SnapshotManifest> build_snapshot(const StateFile& parsed, const ReadableF
                                         const SnapshotOptions& opts, ChunkSink& chunks);
 
 // The standalone .kvsnap file: preamble, blobs, manifest, trailer; streamed
-// to `out` (use AtomicFileWriter for files). Returns the manifest.
+// to `out` (use AtomicFileWriter for files). Returns the manifest. With opts.cipher the file
+// form is version 2: the manifest is sealed too, so the file shows no tokens or metadata.
 Result<SnapshotManifest> write_snapshot_file(const StateFile& parsed, const ReadableFile& original,
                                              const SnapshotOptions& opts, ByteSink& out);
 
@@ -257,15 +273,20 @@ Result<SnapshotManifest> write_snapshot_file(const StateFile& parsed, const Read
 // describes the same chunks and the same original. write() fetches the blobs
 // again (bounded memory) and refuses a blob that changed in between.
 class ChunkSource;
+//
+// An encrypted manifest (CRYP) needs its tenant's `cipher`: the blobs are copied sealed as they
+// are, the rewritten manifest is sealed again (the file form of an encrypted snapshot).
 class SnapshotFileAssembler {
  public:
-  static Result<SnapshotFileAssembler> plan(const SnapshotManifest& m, ChunkSource& blobs);
+  static Result<SnapshotFileAssembler> plan(const SnapshotManifest& m, ChunkSource& blobs,
+                                            const ChunkCipher* cipher = nullptr);
   uint64_t file_size() const;
   Status write(ChunkSource& blobs, ByteSink& out) const;
   const SnapshotManifest& manifest() const { return m_; }
 
  private:
   SnapshotManifest m_;
+  std::vector<std::byte> sealed_manifest_;  // encrypted: what the file holds instead of m_.bytes
   uint64_t blob_bytes_ = 0;
 };
 
@@ -284,8 +305,29 @@ class ChunkSource {
   }
 };
 
+// Chunk blobs by id in memory, as a store keeps them (tests, benchmarks): the first blob put
+// for an id is kept; the empty blob of a known chunk is not stored.
+class MemoryChunkStore final : public ChunkSink, public ChunkSource {
+ public:
+  Status put(const ChunkRef& ref, std::span<const std::byte> blob) override {
+    if (!blob.empty()) blobs.try_emplace(ref.sha256, blob.begin(), blob.end());
+    return Status::OK();
+  }
+  Result<std::vector<std::byte>> get(const ChunkRef& ref) override {
+    auto it = blobs.find(ref.sha256);
+    if (it == blobs.end()) return Status::NotFound("no blob for chunk " + to_hex(ref.sha256));
+    return it->second;
+  }
+  std::map<Sha256Digest, std::vector<std::byte>> blobs;
+};
+
 struct SnapshotReadOptions {
   uint64_t cache_bytes = uint64_t(64) << 20;  // decoded chunks kept (at least one chunk is)
+  // The tenant's cipher for an encrypted snapshot (must outlive the reader). Opening checks its
+  // key ids against CRYP (kMismatch naming both). Without it the snapshot opens, but every chunk
+  // read fails naming the key it needs; verify_sealed_chunks() checks what it can. Not used for
+  // a snapshot without CRYP.
+  const ChunkCipher* cipher = nullptr;
 };
 
 class SnapshotReader {
@@ -315,6 +357,11 @@ class SnapshotReader {
   Status verify_chunks() const;
   // Re-hashes original() and compares with the recorded SHA-256.
   Status verify_original() const;
+  // An encrypted snapshot without its key: fetches every blob and checks what needs no key (the
+  // sealed header, that the recorded key ids sealed it, its size against the chunk table). Not
+  // the contents: a flipped ciphertext byte passes here and fails verify_chunks() with the key.
+  Status verify_sealed_chunks() const;
+  bool encrypted() const { return manifest().encryption.has_value(); }
 
   // Chunk indices needed to read cells [0, n_cells) of every KV stream, and
   // every frame chunk (headers, cell metadata, tokens), ascending: what a store
@@ -344,7 +391,9 @@ class SnapshotReader {
 };
 
 // A standalone file; `file` must outlive the reader. Checks the preamble,
-// trailer (truncation), the manifest's hash and the manifest itself.
+// trailer (truncation), the manifest's hash and the manifest itself. An encrypted file (version
+// 2) needs opts.cipher to open its sealed manifest; without it, after the structure, digest and
+// sealed header are checked, the error names the key it needs.
 Result<std::unique_ptr<SnapshotReader>> open_snapshot_file(const ReadableFile& file,
                                                            const SnapshotReadOptions& opts = {});
 // Manifest bytes from a store (copied) and its chunk source (must outlive the reader).

@@ -41,6 +41,7 @@ inline constexpr uint32_t kTagTokn = fourcc("TOKN");
 inline constexpr uint32_t kTagSegs = fourcc("SEGS");
 inline constexpr uint32_t kTagChnk = fourcc("CHNK");
 inline constexpr uint32_t kTagDigs = fourcc("DIGS");
+inline constexpr uint32_t kTagCryp = fourcc("CRYP");  // SnapshotEncryption
 inline constexpr uint32_t kSectionRequired = 1;
 
 // "INFO", or "0x12345678" when not printable.
@@ -119,6 +120,15 @@ void encode_manifest(SnapshotManifest& m);
 // The INFO document for a state (everything but the digests of the bytes).
 nlohmann::ordered_json build_info(const StateFile& f, const SnapshotOptions& opts, const Sha256Digest& original_sha,
                                   const std::string& created);
+
+// The file form of an encrypted snapshot: preamble and trailer say version 2 (min reader 2, so
+// an older kvsnap refuses it: "upgrade kvsnap") and the manifest area holds the version-1
+// manifest sealed by the tenant's cipher under sealed_manifest_id().
+inline constexpr uint32_t kSealedFileVersion = 2;
+inline ChunkId sealed_manifest_id(const ChunkCipher& c) {
+  constexpr std::string_view kLabel = "kvsnap manifest v1";
+  return c.chunk_id({reinterpret_cast<const std::byte*>(kLabel.data()), kLabel.size()});
+}
 
 // Where a file offset of the original lands: the chunk (global index), the
 // offset inside the chunk's raw bytes, and how many bytes from there on are

@@ -212,6 +212,18 @@ std::vector<std::byte> encode_chunks(const std::vector<ChunkRef>& chunks) {
   return b;
 }
 
+// CRYP: u8 version (1), u8 algorithm (1: AES-256-GCM), u8 chunk ids (1: HMAC-SHA256), u8 0,
+// master key id (8), tenant key id (8), u16 tenant name length, the name.
+std::vector<std::byte> encode_encryption(const SnapshotEncryption& e) {
+  std::vector<std::byte> b;
+  for (uint8_t v : {uint8_t(1), kSealedAesGcm, uint8_t(1), uint8_t(0)}) b.push_back(std::byte(v));
+  put_bytes(b, e.master_key_id.data(), e.master_key_id.size());
+  put_bytes(b, e.tenant_key_id.data(), e.tenant_key_id.size());
+  append_le(b, uint16_t(e.tenant.size()));
+  put_bytes(b, e.tenant.data(), e.tenant.size());
+  return b;
+}
+
 }  // namespace
 
 void encode_manifest(SnapshotManifest& m) {
@@ -219,7 +231,7 @@ void encode_manifest(SnapshotManifest& m) {
   put_bytes(b, kManifestMagic.data(), 4);
   put_u32(b, m.format_version);
   put_u32(b, m.min_reader_version);
-  put_u32(b, 6);  // sections
+  put_u32(b, m.encryption ? 7 : 6);  // sections
   const std::string info = m.info.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
   put_section(b, kTagInfo, std::vector<std::byte>(reinterpret_cast<const std::byte*>(info.data()),
                                                   reinterpret_cast<const std::byte*>(info.data()) + info.size()));
@@ -227,6 +239,7 @@ void encode_manifest(SnapshotManifest& m) {
   put_section(b, kTagTokn, encode_tokens(m.tokens));
   put_section(b, kTagSegs, encode_segments(m.segments));
   put_section(b, kTagChnk, encode_chunks(m.chunks));
+  if (m.encryption) put_section(b, kTagCryp, encode_encryption(*m.encryption));
   m.sections_sha256 = sha256_of(b);
   std::vector<std::byte> digs;
   put_bytes(digs, m.original_sha256.data(), 32);
@@ -371,6 +384,31 @@ Status decode_chunks(std::span<const std::byte> payload, const std::string& name
     c.codec = ChunkCodec(codec);
     c.filter = ChunkFilter(filter);
   }
+  return Status::OK();
+}
+
+Status decode_encryption(std::span<const std::byte> payload, const std::string& name, SnapshotManifest& m) {
+  SpanReader r(payload, name + ": CRYP section");
+  uint8_t version = 0, algorithm = 0, ids = 0, reserved = 0;
+  uint16_t tenant_len = 0;
+  SnapshotEncryption e;
+  KV_RETURN_IF_ERROR(r.u8(version, "version"));
+  KV_RETURN_IF_ERROR(r.u8(algorithm, "algorithm"));
+  KV_RETURN_IF_ERROR(r.u8(ids, "chunk id scheme"));
+  KV_RETURN_IF_ERROR(r.u8(reserved, "reserved"));
+  if (version != 1 || algorithm != kSealedAesGcm || ids != 1 || reserved != 0) {
+    return Status::NotSupported(name + ": CRYP section version " + std::to_string(version) + ", algorithm " +
+                                std::to_string(algorithm) + ", chunk ids " + std::to_string(ids) +
+                                ": this kvsnap reads version 1 (AES-256-GCM, HMAC-SHA256 ids)");
+  }
+  KV_RETURN_IF_ERROR(r.bytes(e.master_key_id.data(), e.master_key_id.size(), "master key id"));
+  KV_RETURN_IF_ERROR(r.bytes(e.tenant_key_id.data(), e.tenant_key_id.size(), "tenant key id"));
+  KV_RETURN_IF_ERROR(r.u16(tenant_len, "tenant name length"));
+  KV_ASSIGN_OR_RETURN(std::span<const std::byte> tenant, r.take(tenant_len, "tenant name"));
+  if (!r.at_end()) return r.corrupt(std::to_string(r.remaining()) + " bytes after the tenant name");
+  e.tenant.assign(reinterpret_cast<const char*>(tenant.data()), tenant.size());
+  if (Status s = check_tenant_name(e.tenant); !s.ok()) return r.corrupt(s.message());
+  m.encryption = std::move(e);
   return Status::OK();
 }
 
@@ -610,6 +648,7 @@ Status decode_sections(const std::vector<SectionEntry>& secs, const std::string&
     else if (s.tag == kTagTokn) st = decode_tokens(s.payload, name, m);
     else if (s.tag == kTagSegs) st = decode_segments(s.payload, name, m);
     else if (s.tag == kTagChnk) st = decode_chunks(s.payload, name, m);
+    else if (s.tag == kTagCryp) st = decode_encryption(s.payload, name, m);
     else if (s.flags & kSectionRequired) {
       return Status::NotSupported(name + ": required section '" + tag_name(s.tag) +
                                   "' is unknown to this kvsnap (it reads snapshot format version " +

@@ -8,6 +8,7 @@
 
 #include "base/byte_order.h"
 #include "base/json_access.h"
+#include "base/text.h"
 #include "format/ggml_types.h"
 #include "format/snapshot.h"
 #include "format/snapshot_internal.h"
@@ -61,6 +62,7 @@ struct SnapshotReader::Impl {
   std::string name;
   ChunkSource* source = nullptr;
   std::unique_ptr<ChunkSource> owned_source;
+  const ChunkCipher* cipher = nullptr;  // set only for an encrypted snapshot, checked against CRYP
   uint64_t cache_cap = 0;
   MemoryShape shape;
   std::unique_ptr<OriginalFile> original;
@@ -91,6 +93,12 @@ struct SnapshotReader::Impl {
   }
   std::string describe(uint64_t i) const;
   void build_shape();
+  // An encrypted snapshot read without its key.
+  Status missing_key() const {
+    return Status::InvalidArgument("encrypted with key " + key_id_hex(m.encryption->master_key_id) + " for tenant " +
+                                   quote_text(m.encryption->tenant) +
+                                   ", and no key was given: pass {--key-file FILE} or {--key-command CMD}");
+  }
 };
 
 namespace {
@@ -151,6 +159,7 @@ Status SnapshotReader::Impl::load_into(uint64_t i, std::span<std::byte> out) con
   // One blob buffer and one decoder (zstd context and scratch) per thread, reused.
   static thread_local std::vector<std::byte> blob;
   static thread_local ChunkDecoder decoder;
+  static thread_local std::vector<std::byte> opened;
   Status s = source->get_into(ref, blob);
   if (!s.ok()) return fail(s);
   if (blob.size() > ref.raw_size + kMaxBlobOverhead) {
@@ -158,10 +167,22 @@ Status SnapshotReader::Impl::load_into(uint64_t i, std::span<std::byte> out) con
                                    std::to_string(ref.raw_size) + " raw bytes"));
   }
   if (out.size() != ref.raw_size) return fail(Status::InvalidArgument("decode buffer of the wrong size"));
-  s = decoder.decode_into(blob, out);
+  std::span<const std::byte> inner = blob;
+  if (m.encryption) {
+    if (!cipher) return fail(missing_key());
+    s = cipher->open_into(ref.sha256, blob, opened, "its blob");
+    if (!s.ok()) return fail(s);
+    inner = opened;
+  } else if (looks_sealed(blob)) {
+    // A plain snapshot's id is the SHA-256 anyone can compute: an encrypted blob under it is
+    // not the store's doing.
+    return fail(Status::Corruption("an encrypted blob in a snapshot whose manifest records no encryption"));
+  }
+  s = decoder.decode_into(inner, out);
   if (!s.ok()) return fail(s);
-  if (sha256_of(out) != ref.sha256) {
-    return fail(Status::Corruption("damaged: its decoded bytes do not match their SHA-256 " + to_hex(ref.sha256)));
+  if (cipher ? cipher->chunk_id(out) != ref.sha256 : sha256_of(out) != ref.sha256) {
+    return fail(Status::Corruption(std::string("damaged: its decoded bytes do not match their ") +
+                                   (cipher ? "keyed id " : "SHA-256 ") + to_hex(ref.sha256)));
   }
   return Status::OK();
 }
@@ -308,6 +329,23 @@ Status SnapshotReader::verify_chunks() const {
   return Status::OK();
 }
 
+Status SnapshotReader::verify_sealed_chunks() const {
+  const SnapshotManifest& m = impl_->m;
+  if (!m.encryption) return Status::InvalidArgument(impl_->name + ": not encrypted (verify_chunks checks it)");
+  std::vector<std::byte> blob;
+  for (const ChunkRef& ref : m.chunks) {
+    const std::string what = impl_->name + ": " + impl_->describe(ref.index);
+    KV_RETURN_IF_ERROR(impl_->source->get_into(ref, blob).Prefixed(what));
+    KV_ASSIGN_OR_RETURN(const SealedHeader h, parse_sealed_header(blob, what));
+    KV_RETURN_IF_ERROR(check_sealed_key_ids(h, m.encryption->master_key_id, m.encryption->tenant_key_id, what));
+    if (h.payload_size < kBlobHeaderBytes || h.payload_size > ref.raw_size + kMaxBlobOverhead) {
+      return Status::Corruption(what + ": an encrypted blob of " + std::to_string(h.payload_size) +
+                                " bytes cannot hold " + std::to_string(ref.raw_size) + " raw bytes");
+    }
+  }
+  return Status::OK();
+}
+
 Status SnapshotReader::verify_original() const {
   const ReadableFile& f = original();
   Sha256 h;
@@ -368,12 +406,38 @@ Status check_versions(const std::string& name, uint32_t version, uint32_t min_re
   return Status::OK();
 }
 
+// The manifest area of an encrypted file, replaced by the manifest it seals. Without a cipher
+// the header is still checked, so the error can name the key the file needs.
+Status open_sealed_manifest(const std::string& name, const ChunkCipher* cipher, std::vector<std::byte>& bytes) {
+  const std::string what = name + ": manifest";
+  KV_ASSIGN_OR_RETURN(const SealedHeader h, parse_sealed_header(bytes, what));
+  if (!cipher) {
+    return Status::InvalidArgument(name + ": an encrypted snapshot file (key " + key_id_hex(h.master_key_id) +
+                                   ", tenant key " + key_id_hex(h.tenant_key_id) +
+                                   "), and no key was given: pass {--key-file FILE} or {--key-command CMD}");
+  }
+  std::vector<std::byte> plain;
+  KV_RETURN_IF_ERROR(cipher->open_into(sealed_manifest_id(*cipher), bytes, plain, what));
+  bytes.swap(plain);
+  return Status::OK();
+}
+
 Result<std::unique_ptr<SnapshotReader::Impl>> make_impl(SnapshotManifest m, std::string name,
                                                          const SnapshotReadOptions& opts) {
   auto impl = std::make_unique<SnapshotReader::Impl>();
   impl->m = std::move(m);
   impl->name = std::move(name);
   impl->cache_cap = opts.cache_bytes;
+  if (impl->m.encryption && opts.cipher) {
+    // The wrong key or tenant is told here, once, before any chunk is fetched.
+    const SnapshotEncryption& e = *impl->m.encryption;
+    SealedHeader recorded;
+    recorded.master_key_id = e.master_key_id;
+    recorded.tenant_key_id = e.tenant_key_id;
+    KV_RETURN_IF_ERROR(check_sealed_key_ids(recorded, opts.cipher->master_key_id(), opts.cipher->tenant_key_id(),
+                                            impl->name + " (tenant " + quote_text(e.tenant) + ")"));
+    impl->cipher = opts.cipher;
+  }
   impl->build_shape();
   impl->original = std::make_unique<OriginalFile>(*impl);
   return impl;
@@ -391,7 +455,13 @@ Result<std::unique_ptr<SnapshotReader>> open_snapshot_file(const ReadableFile& f
   std::array<std::byte, kPreambleBytes> pre{};
   KV_RETURN_IF_ERROR(file.read_at(0, pre));
   if (!has_magic(pre.data())) return Status::Corruption(name + ": not a kvsnap snapshot file (bad magic)");
-  KV_RETURN_IF_ERROR(check_versions(name, load_le<uint32_t>(pre.data() + 8), load_le<uint32_t>(pre.data() + 12), "preamble"));
+  // Version 2 (min reader 2) is the file form of an encrypted snapshot: a sealed version-1 manifest.
+  const bool sealed = load_le<uint32_t>(pre.data() + 8) == kSealedFileVersion &&
+                      load_le<uint32_t>(pre.data() + 12) == kSealedFileVersion;
+  if (!sealed) {
+    KV_RETURN_IF_ERROR(
+        check_versions(name, load_le<uint32_t>(pre.data() + 8), load_le<uint32_t>(pre.data() + 12), "preamble"));
+  }
   std::array<std::byte, kTrailerBytes> tr{};
   KV_RETURN_IF_ERROR(file.read_at(size - kTrailerBytes, tr));
   if (!has_magic(tr.data() + 72)) {
@@ -402,7 +472,7 @@ Result<std::unique_ptr<SnapshotReader>> open_snapshot_file(const ReadableFile& f
   const uint64_t area_off = load_le<uint64_t>(tr.data()), area_len = load_le<uint64_t>(tr.data() + 8);
   const uint64_t man_off = load_le<uint64_t>(tr.data() + 16), man_len = load_le<uint64_t>(tr.data() + 24);
   const uint32_t version = load_le<uint32_t>(tr.data() + 64), min_reader = load_le<uint32_t>(tr.data() + 68);
-  KV_RETURN_IF_ERROR(check_versions(name, version, min_reader, "trailer"));
+  if (!sealed) KV_RETURN_IF_ERROR(check_versions(name, version, min_reader, "trailer"));
   if (version != load_le<uint32_t>(pre.data() + 8) || min_reader != load_le<uint32_t>(pre.data() + 12)) {
     return Status::Corruption(name + ": preamble and trailer disagree on the format version");
   }
@@ -424,8 +494,13 @@ Result<std::unique_ptr<SnapshotReader>> open_snapshot_file(const ReadableFile& f
   if (sha256_of(bytes) != want) {
     return Status::Corruption(name + ": the manifest does not match the SHA-256 in the trailer: the file is damaged");
   }
+  if (sealed) KV_RETURN_IF_ERROR(open_sealed_manifest(name, opts.cipher, bytes));
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, parse_manifest(bytes, name + ": manifest"));
-  if (m.format_version != version || m.min_reader_version != min_reader) {
+  if (sealed != m.encryption.has_value()) {
+    return Status::Corruption(name + (sealed ? ": a sealed manifest that records no encryption"
+                                             : ": an encrypted snapshot whose manifest is not sealed"));
+  }
+  if (!sealed && (m.format_version != version || m.min_reader_version != min_reader)) {
     return Status::Corruption(name + ": the manifest and the trailer disagree on the format version");
   }
   std::vector<uint64_t> offsets;

@@ -224,6 +224,7 @@ struct Slot {
   std::vector<std::byte> raw;
   std::vector<std::byte> blob;  // its first blob_size bytes (ChunkEncoder::encode_into)
   size_t blob_size = 0;
+  std::vector<std::byte> spare;  // encrypting: the other buffer, swapped with blob (no allocation)
   ChunkRef ref;
 };
 
@@ -231,7 +232,7 @@ Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, 
   KV_RETURN_IF_ERROR(reader.read(index, slot.raw));
   const Segment* seg = reader.tensor_segment(index);
   const FilterChoice filter = seg && o.byte_shuffle ? filter_for_type(seg->ggml_type) : FilterChoice{};
-  const Sha256Digest sha = sha256_of(slot.raw);
+  const Sha256Digest sha = o.cipher ? o.cipher->chunk_id(slot.raw) : sha256_of(slot.raw);
   if (o.known_chunks) {
     auto it = o.known_chunks->find(sha);
     if (it != o.known_chunks->end() && it->second.raw_size == slot.raw.size()) {
@@ -246,6 +247,14 @@ Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, 
   slot.ref.index = index;
   KV_ASSIGN_OR_RETURN(slot.blob_size, enc.encode_into(slot.raw, filter, slot.blob));
   KV_ASSIGN_OR_RETURN(BlobHeader h, read_blob_header(std::span<const std::byte>(slot.blob.data(), slot.blob_size)));
+  if (o.cipher) {
+    // Encrypt after compression (ciphertext does not compress); the codec fields below stay
+    // those of the blob inside, which a reader with the key decodes.
+    KV_ASSIGN_OR_RETURN(const size_t n,
+                        o.cipher->seal_into(sha, std::span<const std::byte>(slot.blob.data(), slot.blob_size), slot.spare));
+    slot.blob.swap(slot.spare);
+    slot.blob_size = n;
+  }
   slot.ref.stored_size = slot.blob_size;
   slot.ref.codec = h.codec;
   slot.ref.filter = h.filter;
@@ -313,6 +322,9 @@ Result<SnapshotManifest> build_snapshot(const StateFile& parsed, const ReadableF
     m.cells.push_back(std::move(cs));
   }
   m.tokens = {parsed.tokens.tokens, parsed.tokens.words, parsed.tokens.packed};
+  if (opts.cipher) {
+    m.encryption = SnapshotEncryption{opts.cipher->tenant(), opts.cipher->master_key_id(), opts.cipher->tenant_key_id()};
+  }
   encode_manifest(m);
   return m;
 }
@@ -335,61 +347,88 @@ class FileChunkSink final : public ChunkSink {
 
 }  // namespace
 
-Result<SnapshotManifest> write_snapshot_file(const StateFile& parsed, const ReadableFile& original,
-                                             const SnapshotOptions& opts, ByteSink& sink) {
-  BufferedSink out(sink);
-  std::vector<std::byte> pre;
-  put_bytes(pre, kFileMagic.data(), kFileMagic.size());
-  put_u32(pre, kSnapshotFormatVersion);
-  put_u32(pre, 1);  // min_reader_version
-  KV_RETURN_IF_ERROR(out.append(pre));
-  FileChunkSink chunks(out);
-  KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_snapshot(parsed, original, opts, chunks));
-  KV_RETURN_IF_ERROR(out.append(m.bytes));
-  std::vector<std::byte> tr;
-  put_u64(tr, kPreambleBytes);
-  put_u64(tr, chunks.bytes);
-  put_u64(tr, kPreambleBytes + chunks.bytes);
-  put_u64(tr, m.bytes.size());
-  put_bytes(tr, m.manifest_sha256.data(), 32);
-  put_u32(tr, m.format_version);
-  put_u32(tr, m.min_reader_version);
-  put_bytes(tr, kFileMagic.data(), kFileMagic.size());
-  KV_RETURN_IF_ERROR(out.append(tr));
-  KV_RETURN_IF_ERROR(out.flush());
-  return m;
-}
-
 namespace {
 
-std::vector<std::byte> preamble_bytes() {
+std::vector<std::byte> preamble_bytes(uint32_t version, uint32_t min_reader) {
   std::vector<std::byte> pre;
   put_bytes(pre, kFileMagic.data(), kFileMagic.size());
-  put_u32(pre, kSnapshotFormatVersion);
-  put_u32(pre, 1);  // min_reader_version
+  put_u32(pre, version);
+  put_u32(pre, min_reader);
   return pre;
 }
 
-std::vector<std::byte> trailer_bytes(const SnapshotManifest& m, uint64_t blob_bytes) {
+// `manifest_area`: the manifest bytes as the file holds them (sealed when encrypted).
+std::vector<std::byte> trailer_bytes(std::span<const std::byte> manifest_area, uint64_t blob_bytes, uint32_t version,
+                                     uint32_t min_reader) {
   std::vector<std::byte> tr;
   put_u64(tr, kPreambleBytes);
   put_u64(tr, blob_bytes);
   put_u64(tr, kPreambleBytes + blob_bytes);
-  put_u64(tr, m.bytes.size());
-  put_bytes(tr, m.manifest_sha256.data(), 32);
-  put_u32(tr, m.format_version);
-  put_u32(tr, m.min_reader_version);
+  put_u64(tr, manifest_area.size());
+  const Sha256Digest sha = sha256_of(manifest_area);
+  put_bytes(tr, sha.data(), 32);
+  put_u32(tr, version);
+  put_u32(tr, min_reader);
   put_bytes(tr, kFileMagic.data(), kFileMagic.size());
   return tr;
 }
 
+// The file form's versions: a plain snapshot's own, or 2 for a sealed manifest.
+std::pair<uint32_t, uint32_t> file_versions(bool sealed, const SnapshotManifest* m) {
+  if (sealed) return {kSealedFileVersion, kSealedFileVersion};
+  return m ? std::make_pair(m->format_version, m->min_reader_version) : std::make_pair(kSnapshotFormatVersion, 1u);
+}
+
 }  // namespace
 
-Result<SnapshotFileAssembler> SnapshotFileAssembler::plan(const SnapshotManifest& m, ChunkSource& blobs) {
+Result<SnapshotManifest> write_snapshot_file(const StateFile& parsed, const ReadableFile& original,
+                                             const SnapshotOptions& opts, ByteSink& sink) {
+  BufferedSink out(sink);
+  const auto [version, min_reader] = file_versions(opts.cipher != nullptr, nullptr);
+  KV_RETURN_IF_ERROR(out.append(preamble_bytes(version, min_reader)));
+  FileChunkSink chunks(out);
+  KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_snapshot(parsed, original, opts, chunks));
+  std::vector<std::byte> sealed;
+  if (opts.cipher) {
+    KV_ASSIGN_OR_RETURN(const size_t n, opts.cipher->seal_into(sealed_manifest_id(*opts.cipher), m.bytes, sealed));
+    sealed.resize(n);
+  }
+  const std::span<const std::byte> area = opts.cipher ? std::span<const std::byte>(sealed) : m.bytes;
+  KV_RETURN_IF_ERROR(out.append(area));
+  const auto [tv, tm] = file_versions(opts.cipher != nullptr, &m);
+  KV_RETURN_IF_ERROR(out.append(trailer_bytes(area, chunks.bytes, tv, tm)));
+  KV_RETURN_IF_ERROR(out.flush());
+  return m;
+}
+
+Result<SnapshotFileAssembler> SnapshotFileAssembler::plan(const SnapshotManifest& m, ChunkSource& blobs,
+                                                          const ChunkCipher* cipher) {
+  if (m.encryption) {
+    if (!cipher) {
+      return Status::InvalidArgument("the snapshot is encrypted with key " + key_id_hex(m.encryption->master_key_id) +
+                                     " for tenant '" + m.encryption->tenant +
+                                     "', and no key was given to seal its manifest: pass {--key-file FILE} or "
+                                     "{--key-command CMD}");
+    }
+    SealedHeader recorded;
+    recorded.master_key_id = m.encryption->master_key_id;
+    recorded.tenant_key_id = m.encryption->tenant_key_id;
+    KV_RETURN_IF_ERROR(check_sealed_key_ids(recorded, cipher->master_key_id(), cipher->tenant_key_id(), "snapshot"));
+  }
   SnapshotFileAssembler a;
   a.m_ = m;
   for (ChunkRef& ref : a.m_.chunks) {
     KV_ASSIGN_OR_RETURN(std::vector<std::byte> blob, blobs.get(ref));
+    if (m.encryption) {
+      // Exported as stored, and without the key: what is inside cannot be read, so the codec
+      // fields stay as recorded (a reader decodes the inner blob by its own header anyway).
+      const std::string what = "chunk " + std::to_string(ref.index);
+      KV_ASSIGN_OR_RETURN(const SealedHeader h, parse_sealed_header(blob, what));
+      KV_RETURN_IF_ERROR(check_sealed_key_ids(h, m.encryption->master_key_id, m.encryption->tenant_key_id, what));
+      ref.stored_size = blob.size();
+      a.blob_bytes_ += blob.size();
+      continue;
+    }
     KV_ASSIGN_OR_RETURN(BlobHeader h, read_blob_header(blob));
     if (h.raw_size != ref.raw_size)
       return Status::Corruption("chunk " + std::to_string(ref.index) + ": the blob holds " +
@@ -402,23 +441,30 @@ Result<SnapshotFileAssembler> SnapshotFileAssembler::plan(const SnapshotManifest
     a.blob_bytes_ += blob.size();
   }
   encode_manifest(a.m_);
+  if (m.encryption) {
+    KV_ASSIGN_OR_RETURN(const size_t n, cipher->seal_into(sealed_manifest_id(*cipher), a.m_.bytes, a.sealed_manifest_));
+    a.sealed_manifest_.resize(n);
+  }
   return a;
 }
 
 uint64_t SnapshotFileAssembler::file_size() const {
-  return kPreambleBytes + blob_bytes_ + m_.bytes.size() + kTrailerBytes;
+  return kPreambleBytes + blob_bytes_ + (m_.encryption ? sealed_manifest_.size() : m_.bytes.size()) + kTrailerBytes;
 }
 
 Status SnapshotFileAssembler::write(ChunkSource& blobs, ByteSink& out) const {
-  KV_RETURN_IF_ERROR(out.append(preamble_bytes()));
+  const bool sealed = m_.encryption.has_value();
+  const auto [version, min_reader] = file_versions(sealed, &m_);
+  KV_RETURN_IF_ERROR(out.append(preamble_bytes(version, min_reader)));
   for (const ChunkRef& ref : m_.chunks) {
     KV_ASSIGN_OR_RETURN(std::vector<std::byte> blob, blobs.get(ref));
     if (blob.size() != ref.stored_size)
       return Status::Corruption("chunk " + std::to_string(ref.index) + " changed size while being exported");
     KV_RETURN_IF_ERROR(out.append(blob));
   }
-  KV_RETURN_IF_ERROR(out.append(m_.bytes));
-  return out.append(trailer_bytes(m_, blob_bytes_));
+  const std::span<const std::byte> area = sealed ? std::span<const std::byte>(sealed_manifest_) : m_.bytes;
+  KV_RETURN_IF_ERROR(out.append(area));
+  return out.append(trailer_bytes(area, blob_bytes_, version, min_reader));
 }
 
 }  // namespace kvsnap

@@ -7,7 +7,9 @@ reproducers of the fixed fuzz findings (tests/fuzz/regressions/<target>/).
 Seeds are small real files: 3-token prefixes of fixtures/ state files (cut by
 `kvsnap restore --tokens`), their token payloads, snapshots and export archives
 of those, metadata-only GGUF models, llama-server / servers.json replies
-as the code expects them, and kvsnap serve's client bodies and child answers, S3 XML replies. The regressions are built here byte by byte so that
+as the code expects them, kvsnap serve's client bodies and child answers, S3 XML replies,
+and encrypted chunk blobs (sealed here with Python's `cryptography`, an implementation
+independent of kvsnap's). The regressions are built here byte by byte so that
 they can be read and regenerated.
 """
 import hashlib
@@ -120,6 +122,49 @@ def run(*args):
 
 def name_of(rel):
     return rel.replace("/", "-")
+
+
+# --- Encrypted chunk blobs (src/base/chunk_cipher.h), sealed here independently ------------
+
+CIPHER_TENANTS = [b"alice", b"bob", b"acme-prod_1.eu@x"]  # fuzz_chunk_cipher's, by a seed's first byte
+
+
+def chunk_cipher(corpus):
+    """Blobs sealed with Python's `cryptography` under fuzz_chunk_cipher's key (bytes 0..31), as
+    docs/store.md describes the format; tests/base/chunk_cipher_test.cc opens them, so this is also
+    the independent check of the format. Nonces come from the names: the seeds are reproducible."""
+    from cryptography.hazmat.primitives import hashes, hmac
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    master = bytes(range(32))
+
+    def mac(key, data):
+        h = hmac.HMAC(key, hashes.SHA256())
+        h.update(data)
+        return h.finalize()
+
+    def derive(label, tenant):
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"kvsnap chunk cipher v1",
+                    info=label + b"\0" + tenant).derive(master)
+
+    d = os.path.join(corpus, "chunk_cipher")
+    master_id = mac(master, b"kvsnap key id")[:8]
+    for t, tenant in enumerate(CIPHER_TENANTS):
+        enc, idk = derive(b"kvsnap chunk enc v1", tenant), derive(b"kvsnap chunk id v1", tenant)
+        tenant_id = mac(idk, b"kvsnap tenant key id")[:8]
+        for n in [0, 1, 100, 4096]:
+            plain = bytes((i * 131 + 7) & 0xff for i in range(n))
+            chunk_id = mac(idk, plain)
+            nonce = hashlib.sha256(b"nonce %d %d" % (t, n)).digest()[:12]
+            header = b"KVSE" + bytes([1, 1, 0, 0]) + master_id + tenant_id + nonce + struct.pack("<I", n)
+            sealed = AESGCM(enc).encrypt(nonce, plain, header + chunk_id)  # ciphertext || tag
+            write(os.path.join(d, "%s.%d.seed" % (tenant.decode(), n)), bytes([t]) + chunk_id + header + sealed)
+    # Key material as a key file or command gives it (first byte 0x80: parse_master_key).
+    hexkey = master.hex().encode()
+    for name, text in [("hex", hexkey + b"\n"), ("hex-crlf", hexkey + b"\r\n"), ("raw", master),
+                       ("short", hexkey[:62]), ("bad", hexkey[:17] + b"g" + hexkey[18:])]:
+        write(os.path.join(d, "key-%s.seed" % name), b"\x80" + text)
 
 
 # --- Snapshot byte surgery (docs/format.md) ---------------------------------------
@@ -309,6 +354,7 @@ def main():
             write(os.path.join(corpus, "server_replies", n), json.dumps(body))
         serve_requests(corpus, regressions)
         s3_xml(corpus)
+        chunk_cipher(corpus)
         profiles = {"version": 1, "servers": [
             {"name": "local", "url": "http://127.0.0.1:8080", "slot_dir": "/srv/slots", "ctk": "q8_0",
              "ctv": "q8_0", "flash_attn": "on", "model": "/m/tiny.gguf", "api_key_file": ""},
