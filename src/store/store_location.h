@@ -25,12 +25,20 @@
 // silently give another store). `--store FILE.json` names a config file, and a
 // directory holding store.json is configured by it.
 //
+// Two more optional keys cap the store's size (eviction.h; docs/store.md,
+// "Caps and eviction"), enforced after every save: "max_bytes" for the whole
+// store and "tenant_max_bytes": {"TENANT": N, ...} per tenant (the serve.ns
+// tag); a size is a number of bytes or a string like "20G".
+//
 // The gc locks (gc_lock.h) follow the catalog: a SQLite catalog's store locks
 // <blob directory>/gc.lock; a PostgreSQL catalog's store uses advisory locks in
 // its database (pg_gc_locks.h), so that gc is safe across hosts.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -44,6 +52,12 @@ namespace kvsnap {
 enum class CatalogKind { kSqlite, kPostgres };
 enum class BlobKind { kLocal, kS3 };
 
+// Size caps a store enforces after every save (store config keys).
+struct StoreCaps {
+  std::optional<uint64_t> max_bytes;
+  std::map<std::string, uint64_t> tenant_max_bytes;
+};
+
 struct StoreLocation {
   CatalogKind catalog_kind = CatalogKind::kSqlite;
   std::string catalog;    // kSqlite: the file; kPostgres: the postgresql:// URL
@@ -51,6 +65,7 @@ struct StoreLocation {
   std::string blobs;      // kLocal: the directory; kS3: the s3:// URL
   std::string local_dir;  // a directory on this host
   std::string config;     // the store config file it came from; empty for a plain directory
+  StoreCaps caps;
 };
 
 // The embedded default in `dir`: DIR/catalog.sqlite, blobs in DIR.
@@ -73,6 +88,7 @@ struct StoreParts {
   std::unique_ptr<Catalog> catalog;
   std::unique_ptr<BlobStore> blobs;  // with the gc locks every user of the store shares
   std::string local_dir;
+  StoreCaps caps;
 };
 
 // Opens the catalog `where` names (a SQLite file's directory must exist).
