@@ -583,6 +583,28 @@ EvictionPlan plan(Cat& c, std::optional<uint64_t> cap, std::optional<std::string
   return p.ok() ? *p : EvictionPlan{};
 }
 
+TYPED_TEST_P(CatalogContract, ACatalogBeforeCapsGainsTheEvictionColumns) {
+  int64_t id = 0;
+  {
+    auto c = this->open();
+    id = this->add(*c, record("before-caps"), {use("x")});
+  }
+  // Make it what kvsnap before caps wrote: no eviction columns, the version before.
+  this->sql("ALTER TABLE snapshots DROP COLUMN pinned; ALTER TABLE snapshots DROP COLUMN expires_at; "
+            "ALTER TABLE snapshots DROP COLUMN last_restored;");
+  this->b_.set_schema_version(TypeParam::kSchemaVersion - 1);
+  auto c = this->open();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(*c->schema_version(), TypeParam::kSchemaVersion);
+  auto i = c->get_info(id);
+  ASSERT_TRUE(i.ok()) << i.status().ToString();
+  EXPECT_FALSE(i->pinned);
+  EXPECT_FALSE(i->expires_at);
+  EXPECT_FALSE(i->last_restored);
+  EXPECT_TRUE(c->set_pinned(id, true).ok());
+  this->expect_consistent(*c);
+}
+
 TYPED_TEST_P(CatalogContract, EvictionMarksRoundTrip) {
   auto c = this->open();
   SnapshotRecord r = aged("marked", 1);
@@ -709,7 +731,7 @@ TYPED_TEST_P(CatalogContract, TenantCapEvictsOnlyThatTenant) {
   EXPECT_TRUE(plan(*c, 0, "nobody").victims.empty());
 }
 
-REGISTER_TYPED_TEST_SUITE_P(CatalogContract, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact);
+REGISTER_TYPED_TEST_SUITE_P(CatalogContract, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact);
 
 // What a save does (format/ will own the real one): blobs first, synced, then
 // the catalog row; the gc lock is held throughout.

@@ -132,28 +132,6 @@ TEST_F(CatalogTest, EmptyVersionZeroDatabaseMigrates) {
   EXPECT_EQ(again->list()->size(), 1u);
 }
 
-TEST_F(CatalogTest, AVersion2CatalogGainsTheEvictionColumns) {
-  int64_t id = 0;
-  {
-    auto c = open();
-    ASSERT_TRUE(c);
-    id = add(*c, record("before-v3"), {use("x")});
-  }
-  // Make it what kvsnap before caps wrote: no eviction columns, version 2.
-  raw_sql(db_path_, "ALTER TABLE snapshots DROP COLUMN pinned; ALTER TABLE snapshots DROP COLUMN expires_at; "
-                    "ALTER TABLE snapshots DROP COLUMN last_restored; PRAGMA user_version = 2;");
-  auto c = open();
-  ASSERT_TRUE(c);
-  EXPECT_EQ(*c->schema_version(), 3);
-  auto i = c->get_info(id);
-  ASSERT_TRUE(i.ok()) << i.status().ToString();
-  EXPECT_FALSE(i->pinned);
-  EXPECT_FALSE(i->expires_at);
-  EXPECT_FALSE(i->last_restored);
-  EXPECT_TRUE(c->set_pinned(id, true).ok());
-  expect_consistent(*c);
-}
-
 TEST_F(CatalogTest, NotADatabaseIsCorruption) {
   std::ofstream(db_path_) << std::string(8192, 'z');
   auto c = Catalog::open(db_path_);
