@@ -132,8 +132,13 @@ Result<uint64_t> parse_byte_size(const std::string& text) {
   static const std::map<std::string, uint64_t> kShift = {
       {"", 0},   {"B", 0},    {"K", 10},   {"M", 20},  {"G", 30},  {"T", 40},  {"KB", 10}, {"MB", 20},
       {"GB", 30}, {"TB", 40}, {"KiB", 10}, {"MiB", 20}, {"GiB", 30}, {"TiB", 40}};
-  return number_with_unit(text, kShift, [](uint64_t n, uint64_t shift) { return n << shift; },
-                          "a size: use bytes or a number with K, M, G or T (e.g. 500M, 20G)");
+  const std::string usage = "a size: use bytes or a number with K, M, G or T (e.g. 500M, 20G)";
+  // Saturates instead of wrapping, then refuses: a cap of more than 2^63 bytes is a typo.
+  KV_ASSIGN_OR_RETURN(uint64_t v, number_with_unit(text, kShift, [](uint64_t n, uint64_t shift) {
+    return n > (UINT64_MAX >> (shift + 1)) ? UINT64_MAX : n << shift;
+  }, usage));
+  if (v == UINT64_MAX) return Status::InvalidArgument("'" + text + "' is more bytes than any store holds");
+  return v;
 }
 
 }  // namespace kvsnap

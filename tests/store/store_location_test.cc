@@ -127,6 +127,7 @@ TEST_F(StoreLocationTest, CapsAreSizesInBytesOrWithAUnit) {
   EXPECT_EQ(*parse_byte_size("7"), 7u);
   EXPECT_FALSE(parse_byte_size("").ok());
   EXPECT_FALSE(parse_byte_size("5 G").ok());
+  EXPECT_FALSE(parse_byte_size("999999999999T").ok()) << "no wrap-around";
   EXPECT_EQ(*parse_duration("90m"), 5400);
   EXPECT_EQ(*parse_duration("2w"), 1209600);
   EXPECT_FALSE(parse_duration("0s").ok());
