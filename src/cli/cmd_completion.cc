@@ -55,7 +55,7 @@ std::string words_of(Value v) {
 }
 
 // The commands that take snapshot names as their arguments.
-const std::set<std::string> kTakesSnapshots = {"restore", "show", "rm", "export", "verify"};
+const std::set<std::string> kTakesSnapshots = {"restore", "show", "rm", "export", "verify", "pin", "unpin", "expire"};
 
 std::string flags_of(const CLI::App* app) {
   std::set<std::string> words;

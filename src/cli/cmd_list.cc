@@ -11,16 +11,20 @@ namespace {
 std::string table(const std::vector<SnapshotInfo>& v) {
   std::string out;
   char buf[512];
-  std::snprintf(buf, sizeof buf, "%-5s %-24s %8s %-12s %-10s %11s %11s  %-20s %s\n", "ID", "NAME", "TOKENS", "K/V",
-                "ARCH", "RAW", "STORED", "CREATED", "TAGS");
+  std::snprintf(buf, sizeof buf, "%-5s %-24s %8s %-12s %-10s %11s %11s  %-20s %-20s %-24s %s\n", "ID", "NAME", "TOKENS",
+                "K/V", "ARCH", "RAW", "STORED", "CREATED", "RESTORED", "KEEP", "TAGS");
   out += buf;
   for (const auto& s : v) {
     std::string tags;
     for (const auto& [k, val] : s.tags) tags += (tags.empty() ? "" : ",") + k + "=" + val;
     std::string types = s.k_types + "/" + s.v_types + (s.lossy.empty() ? "" : "*");
-    std::snprintf(buf, sizeof buf, "%-5lld %-24s %8lld %-12s %-10s %11s %11s  %-20s %s\n", (long long)s.id,
+    // Eviction: pinned, or when it expires ("-": evicted by last use only).
+    std::string keep = s.pinned ? "pinned" : "-";
+    if (s.expires_at) keep = (s.pinned ? "pinned,exp " : "exp ") + s.expires_at->substr(0, 16);
+    std::snprintf(buf, sizeof buf, "%-5lld %-24s %8lld %-12s %-10s %11s %11s  %-20s %-20s %-24s %s\n", (long long)s.id,
                   s.name ? s.name->c_str() : "-", (long long)s.n_tokens, types.c_str(), s.model_arch.c_str(),
-                  mib(s.raw_bytes).c_str(), mib(s.stored_bytes).c_str(), s.created.substr(0, 19).c_str(), tags.c_str());
+                  mib(s.raw_bytes).c_str(), mib(s.stored_bytes).c_str(), s.created.substr(0, 19).c_str(),
+                  s.last_restored ? s.last_restored->substr(0, 19).c_str() : "never", keep.c_str(), tags.c_str());
     out += buf;
   }
   if (v.empty()) out += "(no snapshots)\n";

@@ -1,4 +1,5 @@
-// kvsnap rm, gc, verify: keeping the store tidy and proving it intact.
+// kvsnap rm, gc, verify, pin, unpin, expire: keeping the store tidy (and
+// within its caps, store/eviction.h) and proving it intact.
 #include "base/json_access.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
@@ -25,10 +26,42 @@ Status run_rm(const RmOpts& o, std::string& out) {
 }
 
 struct GcOpts {
-  std::string store;
-  bool wait = false, json = false;
+  std::string store, max_bytes, tenant;
+  bool wait = false, json = false, dry_run = false;
   ProgressFlags progress;
 };
+
+// gc's eviction: expired snapshots always, then --max-bytes (for --tenant's snapshots only when given).
+Result<EvictResult> evict_for_gc(Store& store, const GcOpts& o) {
+  EvictionRequest req;
+  if (!o.max_bytes.empty()) {
+    auto cap = parse_byte_size(o.max_bytes);
+    if (!cap.ok()) return cap.status().Prefixed("--max-bytes");
+    req.max_bytes = *cap;
+  }
+  if (!o.tenant.empty()) {
+    if (!req.max_bytes) return Status::InvalidArgument("--tenant needs --max-bytes: the cap to hold that tenant to");
+    req.tenant = o.tenant;
+  }
+  return store.evict(req, o.dry_run, o.wait);
+}
+
+void render_eviction(const EvictResult& e, const GcOpts& o, json& j, std::string& text) {
+  j["evicted"] = json::array();
+  for (const auto& v : e.plan.victims) j["evicted"].push_back(victim_json(v));
+  j["dry_run"] = e.dry_run;
+  j["scope"] = o.tenant.empty() ? json("store") : json(o.tenant);
+  j["bytes_before"] = e.plan.bytes_before;
+  j["bytes_after"] = e.plan.bytes_after;
+  j["bytes_freed"] = e.plan.freed_bytes;
+  j["cap_met"] = e.plan.cap_met;
+  const std::string verb = e.dry_run ? "would evict " : "evicted ";
+  for (const auto& v : e.plan.victims) text += verb + victim_line(v) + "\n";
+  const std::string scope = o.tenant.empty() ? "the store" : "tenant '" + o.tenant + "'";
+  if (!o.max_bytes.empty())
+    text += scope + ": " + mib(e.plan.bytes_before) + " -> " + mib(e.plan.bytes_after) + " after dedup" +
+            (e.plan.cap_met ? "" : ", still over --max-bytes " + o.max_bytes + ": the rest is pinned") + "\n";
+}
 
 // The store's gc with its progress drawn (bytes of garbage deleted) and Ctrl-C honoured between
 // deletions: the catalog rows went first, so a stopped gc leaves a whole store and the rest of the
@@ -49,18 +82,28 @@ Result<GcReport> collect_with_progress(Store& store, const GcOpts& o) {
 
 Status run_gc(const GcOpts& o, std::string& out) {
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  KV_ASSIGN_OR_RETURN(EvictResult evicted, evict_for_gc(*store, o));
+  json ej;
+  std::string etext;
+  render_eviction(evicted, o, ej, etext);
+  if (o.dry_run) {
+    out = o.json ? json_text(ej, 2) + "\n" : (etext.empty() ? "nothing to evict\n" : etext);
+    return Status::OK();
+  }
   KV_ASSIGN_OR_RETURN(GcReport r, collect_with_progress(*store, o));
   KV_ASSIGN_OR_RETURN(CatalogStats s, store->catalog().stats());
   json j = {{"skipped_busy", r.skipped_busy}, {"unreferenced_deleted", r.unreferenced_deleted},
             {"orphans_deleted", r.orphans_deleted}, {"packs_deleted", r.packs_deleted},
             {"temporaries_deleted", r.temporaries_deleted}, {"snapshots", s.snapshots}, {"chunks", s.chunks},
             {"stored_bytes", s.stored_bytes}, {"raw_bytes", s.raw_bytes}, {"dedup_ratio", s.dedup_ratio}};
+  j.update(ej);
+  out = etext;
   if (o.json) {
     out = json_text(j, 2) + "\n";
     return Status::OK();
   }
   if (r.skipped_busy) {
-    out = "gc: a save is running; nothing deleted (kvsnap gc --wait waits for it)\n";
+    out += "gc: a save is running; nothing deleted (kvsnap gc --wait waits for it)\n";
     return Status::OK();
   }
   char buf[512];
@@ -70,8 +113,45 @@ Status run_gc(const GcOpts& o, std::string& out) {
                 r.unreferenced_deleted, r.orphans_deleted, r.packs_deleted, r.temporaries_deleted,
                 (long long)s.snapshots, (long long)s.chunks, mib(s.stored_bytes).c_str(), mib(s.raw_bytes).c_str(),
                 s.dedup_ratio);
-  out = buf;
+  out += buf;
   return Status::OK();
+}
+
+struct MarkOpts {
+  std::vector<std::string> refs;
+  std::string store, duration;
+  bool json = false;
+};
+
+// pin, unpin and expire: one change to each snapshot named, then what it is now.
+Status mark_each(const MarkOpts& o, std::string& out, const std::function<Result<SnapshotInfo>(Store&, const std::string&)>& change) {
+  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  json a = json::array();
+  for (const auto& ref : o.refs) {
+    KV_ASSIGN_OR_RETURN(SnapshotInfo s, change(*store, ref));
+    a.push_back(info_json(s));
+    if (!o.json)
+      out += label(s) + ": " + (s.pinned ? "pinned" : "not pinned") + ", " +
+             (s.expires_at ? "expires " + *s.expires_at : "never expires") + "\n";
+  }
+  if (o.json) out = json_text(a, 2) + "\n";
+  return Status::OK();
+}
+
+Status run_pin(const MarkOpts& o, std::string& out) {
+  return mark_each(o, out, [](Store& s, const std::string& ref) { return s.set_pinned(ref, true); });
+}
+Status run_unpin(const MarkOpts& o, std::string& out) {
+  return mark_each(o, out, [](Store& s, const std::string& ref) { return s.set_pinned(ref, false); });
+}
+Status run_expire(const MarkOpts& o, std::string& out) {
+  std::optional<int64_t> seconds;
+  if (o.duration != "never") {
+    auto d = parse_duration(o.duration);
+    if (!d.ok()) return d.status().Prefixed("expire: DURATION (or never)");
+    seconds = *d;
+  }
+  return mark_each(o, out, [&](Store& s, const std::string& ref) { return s.set_expiry(ref, seconds); });
 }
 
 struct VerifyOpts {
@@ -103,23 +183,60 @@ Status run_verify(const VerifyOpts& o, std::string& out) {
   return Status::OK();
 }
 
+// The operands of rm, pin, unpin, expire: snapshot names, and --json.
+void add_snapshots_and_json(CLI::App* sub, std::vector<std::string>& refs, bool& json) {
+  sub->add_option("snapshot", refs, "names, ids or uuids")->required();
+  sub->add_flag("--json", json, "machine-readable result");
+}
+
 }  // namespace
 
 void setup_maintain_commands(CLI::App& app, int& exit_status) {
   {
     auto o = std::make_shared<RmOpts>();
     auto* sub = app.add_subcommand("rm", "Remove snapshots (their chunks go when nothing else uses them)");
-    sub->add_option("snapshot", o->refs, "names, ids or uuids")->required();
-    sub->add_flag("--json", o->json, "machine-readable result");
+    add_snapshots_and_json(sub, o->refs, o->json);
     bind(sub, o, run_rm, "rm", exit_status);
   }
   {
     auto o = std::make_shared<GcOpts>();
     auto* sub = app.add_subcommand("gc", "Delete chunks nobody uses, orphans of crashed saves and temporaries");
     sub->add_flag("--wait", o->wait, "wait for running saves instead of skipping");
-    sub->add_flag("--json", o->json, "machine-readable result");
+    sub->add_option("--max-bytes", o->max_bytes,
+                    "first evict snapshots until the store holds at most N bytes after dedup (N, or 500M, 20G, 1T)");
+    sub->add_option("--tenant", o->tenant, "with --max-bytes: cap only this tenant's snapshots (tag serve.ns)");
+    sub->add_flag("--dry-run", o->dry_run, "list what would be evicted; remove and delete nothing");
+    sub->add_flag("--json", o->json, "machine-readable result (evicted snapshots and bytes freed included)");
     add_progress_flags(sub, o->progress);
+    sub->footer("\nEviction (docs/store.md, \"Caps and eviction\"): expired snapshots (save --ttl, kvsnap expire) go\n"
+                "first, then the least recently restored, until the cap is met; pinned snapshots never go, and a\n"
+                "chunk another snapshot uses is never deleted.\n"
+                "\nExamples:\n  kvsnap gc                               # expired snapshots and garbage\n"
+                "  kvsnap gc --max-bytes 20G --dry-run     # what a 20 GiB cap would evict\n"
+                "  kvsnap gc --max-bytes 2G --tenant ana   # hold tenant ana to 2 GiB\n");
     bind(sub, o, run_gc, "gc", exit_status);
+  }
+  {
+    auto o = std::make_shared<MarkOpts>();
+    auto* sub = app.add_subcommand("pin", "Keep snapshots whatever the store's caps: eviction never removes them");
+    add_snapshots_and_json(sub, o->refs, o->json);
+    sub->footer("\nkvsnap rm still removes a pinned snapshot. Example:\n  kvsnap pin chat-42\n");
+    bind(sub, o, run_pin, "pin", exit_status);
+  }
+  {
+    auto o = std::make_shared<MarkOpts>();
+    auto* sub = app.add_subcommand("unpin", "Let eviction remove snapshots again (undoes kvsnap pin)");
+    add_snapshots_and_json(sub, o->refs, o->json);
+    bind(sub, o, run_unpin, "unpin", exit_status);
+  }
+  {
+    auto o = std::make_shared<MarkOpts>();
+    auto* sub = app.add_subcommand("expire", "Set when snapshots expire (gc and later saves evict expired ones first)");
+    sub->add_option("duration", o->duration, "from now: 90m, 12h, 7d, 2w; or never")->required();
+    add_snapshots_and_json(sub, o->refs, o->json);
+    sub->footer("\nA pinned snapshot is kept even once expired.\nExamples:\n  kvsnap expire 7d chat-42\n"
+                "  kvsnap expire never chat-42\n");
+    bind(sub, o, run_expire, "expire", exit_status);
   }
   {
     auto o = std::make_shared<VerifyOpts>();

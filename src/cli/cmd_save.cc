@@ -15,6 +15,8 @@ namespace {
 struct SaveOpts {
   std::string file, name, model, store_type, store_ctk, store_ctv, input_format, store;
   std::string src_rotation, source_build;  // recorded with the snapshot
+  std::string ttl;
+  bool pin = false;
   std::vector<std::string> tags;
   int level = SaveRequest{}.zstd_level, threads = 0;
   unsigned cells_per_chunk = kDefaultCellsPerChunk;
@@ -56,6 +58,12 @@ Status run_save(const SaveOpts& o, std::string& out) {
   req.zstd_level = o.level;
   req.threads = uint32_t(std::max(0, o.threads));
   req.cells_per_chunk = o.cells_per_chunk;
+  req.pin = o.pin;
+  if (!o.ttl.empty()) {
+    auto ttl = parse_duration(o.ttl);
+    if (!ttl.ok()) return ttl.status().Prefixed("--ttl");
+    req.ttl_seconds = *ttl;
+  }
   if (o.srv.given()) return run_save_server(o, req, out);
   KV_ASSIGN_OR_RETURN(OpenedState st, open_state(cli_io(), o.file, o.model, o.input_format));
   req.model = st.model_ptr();
@@ -99,6 +107,9 @@ Status render_save(const SaveResult& r, const std::string& root, bool as_json, s
     j["bytes_new"] = r.bytes_new;
     j["seconds"] = r.seconds;
     j["store"] = root;
+    j["evicted"] = json::array();
+    for (const auto& v : r.evicted) j["evicted"].push_back(victim_json(v));
+    j["cap_warnings"] = r.cap_warnings;
     out = json_text(j, 2) + "\n";
     return Status::OK();
   }
@@ -112,6 +123,8 @@ Status render_save(const SaveResult& r, const std::string& root, bool as_json, s
                 mib(r.bytes_new).c_str(), r.seconds, r.info.uuid.c_str(),
                 r.info.parent_id ? (", parent id " + std::to_string(*r.info.parent_id)).c_str() : "");
   out = buf;
+  for (const auto& v : r.evicted) out += "  evicted " + victim_line(v) + "\n";
+  for (const auto& w : r.cap_warnings) out += "  warning: cap not met: " + w + "\n";
   return Status::OK();
 }
 
@@ -133,6 +146,8 @@ void setup_save(CLI::App& app, int& exit_status) {
     sub->add_option("--input-format", o->input_format, "raw-seq or raw-context for raw buffers");
     add_source_options(sub, o->src_rotation, o->source_build,
                        "the file (recorded with the snapshot; with --server, default: the server's /props build_info)");
+    sub->add_option("--ttl", o->ttl, "expire after DURATION (90m, 12h, 7d, 2w): gc and later saves evict it");
+    sub->add_flag("--pin", o->pin, "never evict it (kvsnap unpin undoes)");
     sub->add_option("--level", o->level, "zstd level (default 1)");
     sub->add_option("--cells-per-chunk", o->cells_per_chunk, "cells per chunk (default 256)");
     sub->add_option("--threads,-t", o->threads, "compression threads (default: all cores)");
@@ -140,6 +155,7 @@ void setup_save(CLI::App& app, int& exit_status) {
     add_progress_flags(sub, o->progress);
     sub->footer("\nExamples:\n  kvsnap save slot0.bin --name chat-42 --tag user=ana -m model.gguf\n"
                 "  kvsnap save slot0.bin --store-type q8_0 -m model.gguf    # half the space, lossy\n"
+                "  kvsnap save slot0.bin --ttl 7d                            # gc evicts it after a week\n"
                 "  kvsnap save --server http://127.0.0.1:8080 --slot 0 --slot-dir /srv/slots --name chat-42\n");
     bind(sub, o, run_save, "save", exit_status);
   }

@@ -78,7 +78,7 @@ Status run_migrate(const MigrateOptions& opts, std::string& out);
 void setup_save(CLI::App& app, int& exit_status);               // cmd_save.cc
 void setup_restore(CLI::App& app, int& exit_status);            // cmd_restore.cc
 void setup_list_commands(CLI::App& app, int& exit_status);      // cmd_list.cc: ls, show, find
-void setup_maintain_commands(CLI::App& app, int& exit_status);  // cmd_maintain.cc: rm, gc, verify
+void setup_maintain_commands(CLI::App& app, int& exit_status);  // cmd_maintain.cc: rm, gc, verify, pin, unpin, expire
 void setup_transfer_commands(CLI::App& app, int& exit_status);  // cmd_transfer.cc: export, import
 void setup_server_commands(CLI::App& app, int& exit_status);    // cmd_server.cc: server add, ls, rm
 void setup_serve(CLI::App& app, int& exit_status);               // cmd_serve.cc: llama-server behind kvsnap

@@ -46,7 +46,9 @@ json info_json(const SnapshotInfo& s) {
             {"raw_bytes", s.raw_bytes}, {"stored_bytes", s.stored_bytes},
             {"lossy", s.lossy.empty() ? json(nullptr) : json(s.lossy)},
             {"parent_id", s.parent_id ? json(*s.parent_id) : json(nullptr)}, {"content_sha256", s.content_sha256},
-            {"n_chunks", s.n_chunks}};
+            {"n_chunks", s.n_chunks}, {"pinned", s.pinned},
+            {"expires_at", s.expires_at ? json(*s.expires_at) : json(nullptr)},
+            {"last_restored", s.last_restored ? json(*s.last_restored) : json(nullptr)}};
   j["tags"] = json::object();
   for (const auto& [k, v] : s.tags) j["tags"][k] = v;
   return j;
@@ -54,6 +56,16 @@ json info_json(const SnapshotInfo& s) {
 
 std::string label(const SnapshotInfo& s) {
   return s.name ? *s.name + " (id " + std::to_string(s.id) + ")" : "id " + std::to_string(s.id);
+}
+
+json victim_json(const EvictionVictim& v) {
+  return {{"snapshot", info_json(v.info)}, {"reason", v.expired ? "expired" : "lru"}, {"freed_bytes", v.freed_bytes}};
+}
+
+std::string victim_line(const EvictionVictim& v) {
+  return label(v.info) + (v.expired ? " (expired " + v.info.expires_at.value_or("") + ")"
+                                    : " (last used " + v.info.last_restored.value_or(v.info.created) + ")") +
+         ", frees " + mib(v.freed_bytes);
 }
 
 Result<std::pair<std::string, std::string>> parse_tag(const std::string& t) {

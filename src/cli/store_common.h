@@ -27,7 +27,10 @@ json info_json(const SnapshotInfo& s);
 // The blob bytes reading these snapshots takes (every snapshot when `refs` is empty): the
 // total of a progress display. 0 when a ref does not resolve (the command itself will say so).
 uint64_t stored_bytes_of(Store& store, const std::vector<std::string>& refs);
-std::string label(const SnapshotInfo& s);  // "chat-42 (id 3)" or "id 3"
+std::string label(const SnapshotInfo& s);
+// An evicted snapshot: {"snapshot": info_json, "reason": "expired"|"lru", "freed_bytes"}; and as one line.
+json victim_json(const EvictionVictim& v);
+std::string victim_line(const EvictionVictim& v);  // "chat-42 (id 3)" or "id 3"
 Result<std::pair<std::string, std::string>> parse_tag(const std::string& t);  // KEY=VALUE
 Status refuse_existing(const std::string& path, bool force);  // kInvalidArgument unless --force
 // --tokens FILE: a JSON array, or integers separated by spaces, commas or newlines.

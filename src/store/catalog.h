@@ -70,6 +70,10 @@ struct SnapshotInfo {
   std::string content_sha256;
   int64_t n_chunks = 0;            // set from the chunk list
   std::map<std::string, std::string> tags;
+  // Eviction (eviction.h). Times are ISO 8601 UTC with milliseconds, as `created`.
+  bool pinned = false;                       // never evicted
+  std::optional<std::string> expires_at;     // evicted first once past; unset: never expires
+  std::optional<std::string> last_restored;  // the last restore; unset: never restored
 };
 
 struct SnapshotRecord {
@@ -103,6 +107,20 @@ struct GcCandidates {
   std::vector<ChunkHash> orphans;       // loose blobs in storage without a chunk row
 };
 
+// What eviction (eviction.h) needs to know about the snapshots in its scope,
+// read in one consistent moment.
+struct EvictionUse {
+  int64_t snapshot_id = 0;
+  ChunkHash sha256;
+  int64_t uses = 0;          // how often the snapshot's chunk list names the chunk
+  uint64_t stored_size = 0;
+  int64_t refcount = 0;      // over the whole store, not only the scope
+};
+struct EvictionScope {
+  std::vector<SnapshotInfo> snapshots;  // tags not loaded
+  std::vector<EvictionUse> uses;        // one row per (snapshot, chunk)
+};
+
 struct CatalogStats {
   int64_t snapshots = 0;
   int64_t chunks = 0;               // chunk rows in use
@@ -122,6 +140,9 @@ struct CatalogOptions {
   // power loss. Only for bulk loads that can be redone (the benchmark's fill).
   bool durable_commits = true;
 };
+
+// The tag that names a snapshot's tenant: kvsnap serve's namespace (serve/persist.h).
+inline constexpr const char* kTenantTag = "serve.ns";
 
 class Catalog {
  public:
@@ -184,6 +205,15 @@ class Catalog {
   // The packs among `packs` that no chunk row names (garbage under the
   // exclusive gc lock: a crashed save's, or one whose every chunk is gone).
   virtual Result<std::vector<std::string>> unused_packs(const std::vector<std::string>& packs) = 0;
+
+  // Eviction marks (SnapshotInfo). Each is one small transaction; kNotFound
+  // when there is no such snapshot. `when`/`expires_at`: ISO 8601 UTC.
+  virtual Status mark_restored(int64_t id, const std::string& when) = 0;
+  virtual Status set_pinned(int64_t id, bool pinned) = 0;
+  virtual Status set_expiry(int64_t id, const std::optional<std::string>& expires_at) = 0;
+  // The snapshots of the scope (all, or those tagged kTenantTag = *tenant)
+  // and their chunk uses with the chunks' store-wide refcounts.
+  virtual Result<EvictionScope> eviction_scope(const std::optional<std::string>& tenant) = 0;
 
   virtual Result<CatalogStats> stats() = 0;
   // Problems found, empty when none: the backend's own consistency check,

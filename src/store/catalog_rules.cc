@@ -1,5 +1,7 @@
 #include "store/catalog_rules.h"
 
+#include "store/eviction.h"
+
 #include <openssl/rand.h>
 
 #include <algorithm>
@@ -12,17 +14,6 @@ namespace catalog_detail {
 
 namespace {
 
-std::string now_iso8601() {
-  auto now = std::chrono::system_clock::now();
-  std::time_t t = std::chrono::system_clock::to_time_t(now);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[80];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
-                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
-  return buf;
-}
 
 std::string new_uuid_v4() {
   uint8_t b[16];
@@ -113,7 +104,7 @@ Result<PrefixKey> prepare_snapshot(SnapshotRecord& rec, size_t n_chunks) {
     if (k.empty()) return Status::InvalidArgument("a tag key cannot be empty");
   }
   info.uuid = info.uuid.empty() ? new_uuid_v4() : lower(info.uuid);
-  if (info.created.empty()) info.created = now_iso8601();
+  if (info.created.empty()) info.created = utc_now_iso8601();
   info.n_tokens = static_cast<int64_t>(rec.tokens.size());
   info.n_chunks = static_cast<int64_t>(n_chunks);
 

@@ -83,6 +83,12 @@ CREATE TABLE snapshot_chunks(
 );
 CREATE INDEX snapshot_chunks_sha ON snapshot_chunks(sha256);
 )sql",
+    // v2: eviction (eviction.h): pins, expiry and the last restore, ISO 8601 UTC like created.
+    R"sql(
+ALTER TABLE snapshots ADD COLUMN pinned boolean NOT NULL DEFAULT false;
+ALTER TABLE snapshots ADD COLUMN expires_at text COLLATE "C";
+ALTER TABLE snapshots ADD COLUMN last_restored text COLLATE "C";
+)sql",
 };
 constexpr int kNumMigrations = sizeof(kMigrations) / sizeof(kMigrations[0]);
 static_assert(kNumMigrations == PgCatalog::kSchemaVersion, "one migration per schema version");
@@ -260,12 +266,13 @@ Result<SnapshotInfo> PgCatalog::add_snapshot(SnapshotRecord rec, const std::vect
     }
     p.opt_text(info.content_sha256.empty() ? std::nullopt : std::optional<std::string>(info.content_sha256));
     p.i64(info.n_chunks).i64(key.anchor_len).bytes(key.anchor_hash.data(), 16).bytes(key.full_hash.data(), 16);
+    p.i64(info.pinned ? 1 : 0).opt_text(info.expires_at);
     KV_ASSIGN_OR_RETURN(
         PgResult ins,
         conn_->exec("INSERT INTO snapshots(uuid, name, created, model_arch, model_fingerprint, n_tokens, k_types, "
                     "v_types, v_trans, source_format, raw_bytes, stored_bytes, lossy, parent_id, content_sha256, "
-                    "n_chunks, anchor_len, anchor_hash, full_hash) VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9 <> 0, "
-                    "$10, $11, $12, $13, $14, $15, $16, $17, $18, $19) RETURNING id",
+                    "n_chunks, anchor_len, anchor_hash, full_hash, pinned, expires_at) VALUES($1, $2, $3, $4, $5, $6, $7, "
+                    "$8, $9 <> 0, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20 <> 0, $21) RETURNING id",
                     p));
     if (ins.rows() != 1) return Status::IOError(where_ + ": INSERT INTO snapshots returned no id");
     info.id = ins.i64(0, 0);

@@ -68,7 +68,7 @@ class PgConn;
 
 class PgCatalog : public Catalog {
  public:
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
 
   // Connects to `url` and creates or migrates the schema. options:
   // busy_timeout_ms bounds row-lock waits; durable_commits=false sets
@@ -91,6 +91,10 @@ class PgCatalog : public Catalog {
   Result<GcCandidates> gc_candidates(const std::vector<ChunkHash>& on_disk) override;
   Result<std::vector<ChunkHash>> forget_unreferenced(const std::vector<ChunkHash>& hashes) override;
   Result<std::vector<std::string>> unused_packs(const std::vector<std::string>& packs) override;
+  Status mark_restored(int64_t id, const std::string& when) override;
+  Status set_pinned(int64_t id, bool pinned) override;
+  Status set_expiry(int64_t id, const std::optional<std::string>& expires_at) override;
+  Result<EvictionScope> eviction_scope(const std::optional<std::string>& tenant) override;
   Result<CatalogStats> stats() override;
   // Refcounts against chunk lists, n_chunks against the lists, token sizes
   // (PostgreSQL enforces the foreign keys itself).

@@ -16,8 +16,9 @@ namespace kvsnap {
   "s.v_types, s.v_trans, s.source_format, s.raw_bytes, s.stored_bytes, s.lossy, s.parent_id, "        \
   "s.content_sha256, s.n_chunks, "                                                                     \
   "(SELECT array_agg(t.key ORDER BY t.key) FROM tags t WHERE t.snapshot_id = s.id), "                 \
-  "(SELECT array_agg(t.value ORDER BY t.key) FROM tags t WHERE t.snapshot_id = s.id)"
-inline constexpr int kPgInfoCols = 19;
+  "(SELECT array_agg(t.value ORDER BY t.key) FROM tags t WHERE t.snapshot_id = s.id), "                \
+  "s.pinned, s.expires_at, s.last_restored"
+inline constexpr int kPgInfoCols = 22;
 
 template <size_t N>
 std::span<const std::byte> span_of(const std::array<uint8_t, N>& a) {
@@ -53,6 +54,9 @@ inline SnapshotInfo pg_info_from_row(const PgResult& q, int r) {
   i.n_chunks = q.i64(r, 16);
   std::vector<std::string> keys = q.text_array(r, 17), values = q.text_array(r, 18);
   for (size_t k = 0; k < keys.size() && k < values.size(); ++k) i.tags.emplace(std::move(keys[k]), std::move(values[k]));
+  i.pinned = q.boolean(r, 19);
+  if (!q.is_null(r, 20)) i.expires_at = q.text(r, 20);
+  if (!q.is_null(r, 21)) i.last_restored = q.text(r, 21);
   return i;
 }
 

@@ -92,6 +92,12 @@ ALTER TABLE chunks ADD COLUMN pack TEXT;
 ALTER TABLE chunks ADD COLUMN pack_offset INTEGER;
 CREATE INDEX chunks_pack ON chunks(pack) WHERE pack IS NOT NULL;
 )sql",
+    // v3: eviction (eviction.h): pins, expiry and the last restore, ISO 8601 UTC like created.
+    R"sql(
+ALTER TABLE snapshots ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN expires_at TEXT;
+ALTER TABLE snapshots ADD COLUMN last_restored TEXT;
+)sql",
 };
 constexpr int kNumMigrations = sizeof(kMigrations) / sizeof(kMigrations[0]);
 static_assert(kNumMigrations == SqliteCatalog::kSchemaVersion, "one migration per schema version");
@@ -141,6 +147,9 @@ SnapshotInfo SqliteCatalog::info_from_row(const Stmt& st) {
   if (!st.is_null(14)) i.parent_id = st.col_i64(14);
   i.content_sha256 = st.col_text(15);
   i.n_chunks = st.col_i64(16);
+  i.pinned = st.col_i64(17) != 0;
+  if (!st.is_null(18)) i.expires_at = st.col_text(18);
+  if (!st.is_null(19)) i.last_restored = st.col_text(19);
   return i;
 }
 
@@ -312,8 +321,8 @@ Result<SnapshotInfo> SqliteCatalog::add_snapshot(SnapshotRecord rec, const std::
       KV_ASSIGN_OR_RETURN(
           Stmt ins, stmt("INSERT INTO snapshots(uuid, name, created, model_arch, model_fingerprint, n_tokens, k_types, "
                          "v_types, v_trans, source_format, raw_bytes, stored_bytes, lossy, parent_id, content_sha256, "
-                         "n_chunks, anchor_len, anchor_hash, full_hash) "
-                         "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)"));
+                         "n_chunks, anchor_len, anchor_hash, full_hash, pinned, expires_at) "
+                         "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)"));
       ins.text(1, info.uuid).opt_text(2, info.name).text(3, info.created).text(4, info.model_arch);
       ins.text(5, info.model_fingerprint).i64(6, info.n_tokens).text(7, info.k_types).text(8, info.v_types);
       ins.i64(9, info.v_trans ? 1 : 0).text(10, info.source_format);
@@ -322,6 +331,7 @@ Result<SnapshotInfo> SqliteCatalog::add_snapshot(SnapshotRecord rec, const std::
       if (info.parent_id) ins.i64(14, *info.parent_id);
       ins.opt_text(15, info.content_sha256.empty() ? std::nullopt : std::optional<std::string>(info.content_sha256));
       ins.i64(16, info.n_chunks).i64(17, key.anchor_len).blob(18, key.anchor_hash).blob(19, key.full_hash);
+      ins.i64(20, info.pinned ? 1 : 0).opt_text(21, info.expires_at);
       KV_RETURN_IF_ERROR(ins.run());
     }
     info.id = sqlite3_last_insert_rowid(db_);

@@ -15,6 +15,7 @@
 //   chunks           sha256 -> raw_size, stored_size, refcount, pack, pack_offset
 //                    (v2; a NULL pack is a loose blob)
 //   snapshot_chunks  (snapshot_id, idx) -> sha256
+//   (v3: snapshots.pinned, expires_at, last_restored, for eviction.h)
 // integrity_check() adds SQLite's quick_check and foreign_key_check.
 //
 // Prefix search (find_prefix). Every snapshot of n tokens stores
@@ -51,7 +52,7 @@ namespace kvsnap {
 
 class SqliteCatalog final : public Catalog {
  public:
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
 
   // Catalog::open() is this.
   static Result<std::unique_ptr<SqliteCatalog>> open(const std::string& path, const CatalogOptions& options = {});
@@ -70,6 +71,10 @@ class SqliteCatalog final : public Catalog {
   Result<GcCandidates> gc_candidates(const std::vector<ChunkHash>& on_disk) override;
   Result<std::vector<ChunkHash>> forget_unreferenced(const std::vector<ChunkHash>& hashes) override;
   Result<std::vector<std::string>> unused_packs(const std::vector<std::string>& packs) override;
+  Status mark_restored(int64_t id, const std::string& when) override;
+  Status set_pinned(int64_t id, bool pinned) override;
+  Status set_expiry(int64_t id, const std::optional<std::string>& expires_at) override;
+  Result<EvictionScope> eviction_scope(const std::optional<std::string>& tenant) override;
   Result<CatalogStats> stats() override;
   Result<std::vector<std::string>> integrity_check() override;
   Result<int> schema_version() override;
@@ -96,6 +101,8 @@ class SqliteCatalog final : public Catalog {
   Status sqlite_error(int rc, const std::string& what);
   // (n_tokens, id) of the snapshots whose hashes say "prefix of query".
   Result<std::vector<std::pair<int64_t, int64_t>>> prefix_candidates(std::span<const int32_t> query);
+  // Runs one UPDATE of snapshot `id` (?1) in a write transaction; kNotFound when no row changed.
+  Status update_snapshot(int64_t id, Stmt& st);
 
   sqlite3* db_;
   std::string path_;

@@ -222,7 +222,9 @@ Result<std::unique_ptr<Store>> Store::open(Io& io, StoreParts parts) {
   if (!parts.catalog || !parts.blobs) return Status::InvalidArgument("a store needs a catalog and blobs");
   StorePaths local{parts.local_dir};
   KV_RETURN_IF_ERROR(io.create_dirs(local.tmp_dir()));
-  return std::unique_ptr<Store>(new Store(io, std::move(local), std::move(parts.blobs), std::move(parts.catalog)));
+  auto store = std::unique_ptr<Store>(new Store(io, std::move(local), std::move(parts.blobs), std::move(parts.catalog)));
+  store->caps_ = std::move(parts.caps);
+  return store;
 }
 
 Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed, const SaveRequest& req) {
@@ -287,6 +289,11 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   if (!req.name.empty()) info.name = req.name;
   info.tags = req.tags;
   info.parent_id = parent_id;
+  info.pinned = req.pin;
+  info.created = now_();  // the clock eviction compares restores and expiries with
+  if (req.ttl_seconds) {
+    KV_ASSIGN_OR_RETURN(info.expires_at, add_seconds(now_(), *req.ttl_seconds));
+  }
   KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->add_snapshot(std::move(rec), sink.uses));
   batch.reset();  // the catalog references the blobs now: gc may run again
   SaveResult r;
@@ -294,8 +301,73 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   r.chunks = sink.uses.size();
   r.chunks_new = sink.written;
   r.bytes_new = sink.bytes_written;
+  KV_RETURN_IF_ERROR(enforce_caps(r.info, r).Prefixed("saved snapshot " + std::to_string(r.info.id) +
+                                                        ", then keeping the store's caps"));
   r.seconds = since(t0);
   return r;
+}
+
+Status Store::enforce_caps(const SnapshotInfo& info, SaveResult& r) {
+  std::vector<EvictionRequest> reqs;
+  if (caps_.max_bytes) reqs.push_back({caps_.max_bytes, std::nullopt, "", info.id});
+  auto tenant = info.tags.find(kTenantTag);
+  if (tenant != info.tags.end()) {
+    auto cap = caps_.tenant_max_bytes.find(tenant->second);
+    if (cap != caps_.tenant_max_bytes.end()) reqs.push_back({cap->second, tenant->second, "", info.id});
+  }
+  // The tenant's cap first: what it evicts also counts toward the store's.
+  std::reverse(reqs.begin(), reqs.end());
+  for (EvictionRequest& q : reqs) {
+    KV_ASSIGN_OR_RETURN(EvictResult e, evict(q, /*dry_run=*/false));
+    for (EvictionVictim& v : e.plan.victims) r.evicted.push_back(std::move(v));
+    if (!e.plan.cap_met) {
+      std::string scope = q.tenant ? "tenant '" + *q.tenant + "'" : "the store";
+      r.cap_warnings.push_back(scope + " holds " + std::to_string(e.plan.bytes_after) + " bytes, over its cap of " +
+                               std::to_string(*q.max_bytes) + ": only pinned snapshots and the one just saved are left");
+    }
+  }
+  return Status::OK();
+}
+
+Result<SnapshotInfo> Store::set_pinned(const std::string& ref, bool pinned) {
+  KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
+  KV_RETURN_IF_ERROR(catalog_->set_pinned(id, pinned));
+  return catalog_->get_info(id);
+}
+
+Result<SnapshotInfo> Store::set_expiry(const std::string& ref, std::optional<int64_t> seconds) {
+  KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
+  std::optional<std::string> at;
+  if (seconds) {
+    KV_ASSIGN_OR_RETURN(at, add_seconds(now_(), *seconds));
+  }
+  KV_RETURN_IF_ERROR(catalog_->set_expiry(id, at));
+  return catalog_->get_info(id);
+}
+
+Result<EvictResult> Store::evict(EvictionRequest req, bool dry_run, bool wait_gc) {
+  if (req.now.empty()) req.now = now_();
+  EvictResult out;
+  out.dry_run = dry_run;
+  KV_ASSIGN_OR_RETURN(out.plan, plan_eviction(*catalog_, req));
+  if (dry_run || out.plan.victims.empty()) return out;
+  std::vector<EvictionVictim> removed;
+  for (EvictionVictim& v : out.plan.victims) {
+    auto now = catalog_->get_info(v.info.id);
+    if (!now.ok() && now.status().code() == Code::kNotFound) continue;  // removed meanwhile
+    KV_RETURN_IF_ERROR(now.status());
+    if (now->pinned) continue;  // pinned since the plan was read
+    auto gone = catalog_->remove_snapshot(v.info.id);
+    if (!gone.ok() && gone.status().code() == Code::kNotFound) continue;
+    KV_RETURN_IF_ERROR(gone.status());
+    removed.push_back(std::move(v));
+  }
+  out.plan.victims = std::move(removed);
+  GcOptions o;
+  o.wait = wait_gc;
+  o.scan_orphans = false;
+  KV_ASSIGN_OR_RETURN(out.gc, collect_garbage(*catalog_, *blobs_, o));
+  return out;
 }
 
 Result<std::unique_ptr<StoredSnapshot>> Store::open_snapshot(const std::string& ref) {
@@ -367,6 +439,9 @@ Result<RestoreResult> Store::restore_unlabeled(const std::string& ref, const Res
   }
   r.bytes_out = count.count;
   r.seconds = since(t0);
+  // Eviction's order (least recently restored goes first). A store that cannot record it still restored.
+  const std::string at = now_();
+  if (catalog_->mark_restored(r.info.id, at).ok()) r.info.last_restored = at;
   return r;
 }
 

@@ -18,6 +18,13 @@
 //     stream from chunks in bounded memory; every chunk is hash-checked when
 //     decoded, so a flipped stored byte is an error, never a silently wrong
 //     cache. --tokens N reads only the chunks the prefix needs.
+//   - caps (StoreCaps, from the store config) are enforced after every save:
+//     evict() with the new snapshot kept, for the store and for the new
+//     snapshot's tenant; pinned snapshots are never evicted. When pinned
+//     snapshots and the new one alone exceed a cap, the save still succeeds
+//     (its data is committed and the cap cannot be met by evicting) and
+//     SaveResult::cap_warnings says so. A restore records its time
+//     (last_restored), the order eviction follows (eviction.h).
 //   - verify re-hashes everything it is asked about and lists every problem.
 #pragma once
 
@@ -37,6 +44,7 @@
 #include "migrate/model_info.h"
 #include "store/blob_store.h"
 #include "store/catalog.h"
+#include "store/eviction.h"
 #include "store/store_location.h"
 #include "store/store_paths.h"
 
@@ -60,6 +68,8 @@ struct SaveRequest {
   // Called with the file's size when the save starts reading it: a progress display's total for a
   // caller that could not know it before (save --server: the server writes the file).
   std::function<void(uint64_t file_bytes)> on_start;
+  std::optional<int64_t> ttl_seconds;        // expires this long after the save
+  bool pin = false;                          // never evicted
 };
 
 struct SaveResult {
@@ -68,6 +78,14 @@ struct SaveResult {
   uint64_t chunks_new = 0;    // written now (the rest were already stored: dedup)
   uint64_t bytes_new = 0;     // blob bytes written now
   double seconds = 0;
+  std::vector<EvictionVictim> evicted;    // removed to keep the store's caps
+  std::vector<std::string> cap_warnings;  // caps that pinned snapshots and this one alone exceed
+};
+
+struct EvictResult {
+  EvictionPlan plan;  // victims: those removed (or, dry run, those that would be)
+  bool dry_run = false;
+  GcReport gc;        // the collection that followed (not on a dry run)
 };
 
 struct RestoreRequest {
@@ -125,6 +143,19 @@ class Store {
   Result<GcReport> gc(bool wait, std::function<Status(const GcProgress&)> progress = {});
   Result<VerifyReport> verify(const std::vector<std::string>& refs);  // empty: everything
 
+  // Pin / unpin; the snapshot's info after the change.
+  Result<SnapshotInfo> set_pinned(const std::string& ref, bool pinned);
+  // Expires `seconds` from now (nullopt: never).
+  Result<SnapshotInfo> set_expiry(const std::string& ref, std::optional<int64_t> seconds);
+  // Removes plan_eviction()'s victims (req.now filled from the clock when
+  // empty; a victim pinned since the plan was read is skipped), then collects
+  // garbage without waiting for saves (wait_gc: waits). dry_run: only plans.
+  Result<EvictResult> evict(EvictionRequest req, bool dry_run, bool wait_gc = false);
+  const StoreCaps& caps() const { return caps_; }
+  void set_caps(StoreCaps caps) { caps_ = std::move(caps); }
+  // The clock for restores' marks, TTLs and expiry (tests set their own).
+  void set_clock(std::function<std::string()> now) { now_ = std::move(now); }
+
   // One .tar.zst with each snapshot as a standalone .kvsnap file plus an index.
   Status export_to(const std::vector<std::string>& refs, const std::string& path);
   Result<ImportReport> import_from(const std::string& path);
@@ -139,10 +170,14 @@ class Store {
   Result<SaveResult> save_manifest(const SnapshotManifest& m, const std::vector<ChunkUse>& uses,
                                    const StateFile& parsed, const SaveRequest& req, double t0);
   Result<RestoreResult> restore_unlabeled(const std::string& ref, const RestoreRequest& req, ByteSink& out);
+  // The caps after a save of `info` (see the promises above).
+  Status enforce_caps(const SnapshotInfo& info, SaveResult& r);
   Io& io_;
   StorePaths paths_;
   std::unique_ptr<BlobStore> blobs_;
   std::unique_ptr<Catalog> catalog_;
+  StoreCaps caps_;
+  std::function<std::string()> now_ = utc_now_iso8601;
 };
 
 // An export archive's index (kvsnap-export.json): one entry per .kvsnap in the archive.

@@ -5,6 +5,7 @@
 #include <initializer_list>
 
 #include "base/json_access.h"
+#include "store/eviction.h"
 #include "store/local_blob_store.h"
 #include "store/pg_catalog.h"
 #include "store/pg_gc_locks.h"
@@ -81,6 +82,33 @@ Result<Part> config_part(const JsonRef& root, const char* key, std::initializer_
   return v->error("'" + without_password(s) + "' is not a path and not a " + known + " URL");
 }
 
+// A size: a number of bytes or a string such as "20G".
+Result<uint64_t> config_size(const JsonRef& v) {
+  if (v.json().is_string()) {
+    KV_ASSIGN_OR_RETURN(std::string s, v.string());
+    auto n = parse_byte_size(s);
+    if (!n.ok()) return v.error(n.status().message());
+    return n;
+  }
+  return v.unsigned_integer();
+}
+
+Result<StoreCaps> config_caps(const JsonRef& root) {
+  StoreCaps caps;
+  KV_ASSIGN_OR_RETURN(std::optional<JsonRef> max, root.find("max_bytes"));
+  if (max) {
+    KV_ASSIGN_OR_RETURN(caps.max_bytes, config_size(*max));
+  }
+  KV_ASSIGN_OR_RETURN(std::optional<JsonRef> tenants, root.find("tenant_max_bytes"));
+  if (tenants) {
+    KV_ASSIGN_OR_RETURN(auto members, tenants->members());
+    for (const auto& [tenant, v] : members) {
+      KV_ASSIGN_OR_RETURN(caps.tenant_max_bytes[tenant], config_size(v));
+    }
+  }
+  return caps;
+}
+
 }  // namespace
 
 StoreLocation directory_store(std::string dir) {
@@ -97,12 +125,13 @@ Result<StoreLocation> parse_store_config(std::string_view text, const std::strin
   const JsonRef root(doc, file, Code::kInvalidArgument);
   KV_ASSIGN_OR_RETURN(auto members, root.members());
   for (const auto& [key, value] : members)
-    if (key != "catalog" && key != "blobs" && key != "local_dir")
-      return value.error("is not a store config key (catalog, blobs, local_dir)");
+    if (key != "catalog" && key != "blobs" && key != "local_dir" && key != "max_bytes" && key != "tenant_max_bytes")
+      return value.error("is not a store config key (catalog, blobs, local_dir, max_bytes, tenant_max_bytes)");
   const std::string base = dir_of(file);
   KV_ASSIGN_OR_RETURN(Part local, config_part(root, "local_dir", {}, base));
   StoreLocation l = directory_store(local.value.empty() ? base : local.value);
   l.config = file;
+  KV_ASSIGN_OR_RETURN(l.caps, config_caps(root));
   KV_ASSIGN_OR_RETURN(Part catalog, config_part(root, "catalog", {"postgresql", "postgres"}, base));
   if (!catalog.value.empty()) {
     l.catalog_kind = catalog.url ? CatalogKind::kPostgres : CatalogKind::kSqlite;
@@ -183,6 +212,7 @@ Result<StoreParts> open_store_parts(Io& io, const StoreLocation& where) {
   KV_ASSIGN_OR_RETURN(parts.blobs, open_blob_store(io, where));
   KV_ASSIGN_OR_RETURN(parts.catalog, open_catalog(where));
   parts.local_dir = where.local_dir;
+  parts.caps = where.caps;
   return parts;
 }
 

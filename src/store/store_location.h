@@ -25,6 +25,11 @@
 // silently give another store). `--store FILE.json` names a config file, and a
 // directory holding store.json is configured by it.
 //
+// Two more optional keys cap the store's size (eviction.h; docs/store.md,
+// "Caps and eviction"), enforced after every save: "max_bytes" for the whole
+// store and "tenant_max_bytes": {"TENANT": N, ...} per tenant (the serve.ns
+// tag); a size is a number of bytes or a string like "20G".
+//
 // The gc locks (gc_lock.h) follow the catalog: a SQLite catalog's store locks
 // <blob directory>/gc.lock (<local_dir>/gc.lock for blobs that are not local,
 // as a SQLite catalog serves one host); a PostgreSQL catalog's store uses
@@ -36,7 +41,10 @@
 // blobs are local in that same directory.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -50,6 +58,12 @@ namespace kvsnap {
 enum class CatalogKind { kSqlite, kPostgres };
 enum class BlobKind { kLocal, kS3 };
 
+// Size caps a store enforces after every save (store config keys).
+struct StoreCaps {
+  std::optional<uint64_t> max_bytes;
+  std::map<std::string, uint64_t> tenant_max_bytes;
+};
+
 struct StoreLocation {
   CatalogKind catalog_kind = CatalogKind::kSqlite;
   std::string catalog;    // kSqlite: the file; kPostgres: the postgresql:// URL
@@ -57,6 +71,7 @@ struct StoreLocation {
   std::string blobs;      // kLocal: the directory; kS3: the s3:// URL
   std::string local_dir;  // a directory on this host
   std::string config;     // the store config file it came from; empty for a plain directory
+  StoreCaps caps;
 };
 
 // The embedded default in `dir`: DIR/catalog.sqlite, blobs in DIR.
@@ -79,6 +94,7 @@ struct StoreParts {
   std::unique_ptr<Catalog> catalog;
   std::unique_ptr<BlobStore> blobs;  // with the gc locks every user of the store shares
   std::string local_dir;
+  StoreCaps caps;
 };
 
 // Opens the catalog `where` names (a SQLite file's directory must exist).

@@ -190,6 +190,62 @@ TEST_F(StoreCli, ExitCodesAndMessages) {
   EXPECT_EQ(kv("verify").code, 2) << "verify needs names or --all";
 }
 
+// Caps and eviction through the binary: gc --max-bytes keeps pinned snapshots (and their chunks),
+// --dry-run changes nothing, a store config's cap is kept after each save, errors are usage errors.
+TEST_F(StoreCli, CapEnforcedWithPinsKept) {
+  const fs::path a = make_slot("a.slot", 2, 64, 40, 4), b = make_slot("b.slot", 2, 64, 40, 5),
+                 c = make_slot("c.slot", 2, 64, 40, 6);
+  ASSERT_EQ(kv("save " + a.string() + " --name keep --pin").code, 0);
+  ASSERT_EQ(kv("save " + b.string() + " --name old").code, 0);
+  KvRun ttl = kv("save " + c.string() + " --name brief --ttl 12h --json");
+  ASSERT_EQ(ttl.code, 0) << ttl.err;
+  EXPECT_NE(ttl.out.find("\"expires_at\": \"20"), std::string::npos) << ttl.out;
+  ASSERT_EQ(kv("restore old -o " + (dir_ / "old.slot").string()).code, 0);  // "old" is now the most recent
+
+  KvRun dry = kv("gc --max-bytes 1 --dry-run --json");
+  ASSERT_EQ(dry.code, 0) << dry.err;
+  EXPECT_LT(dry.out.find("\"brief\""), dry.out.find("\"old\"")) << "least recently restored first: " << dry.out;
+  EXPECT_EQ(dry.out.find("\"keep\""), std::string::npos) << dry.out;
+  EXPECT_EQ(count_snapshots(), 3u) << "a dry run removes nothing";
+
+  KvRun gc = kv("gc --max-bytes 1 --json");
+  ASSERT_EQ(gc.code, 0) << gc.err;
+  EXPECT_NE(gc.out.find("\"cap_met\": false"), std::string::npos) << gc.out;
+  EXPECT_NE(gc.out.find("\"reason\": \"lru\""), std::string::npos) << gc.out;
+  EXPECT_EQ(count_snapshots(), 1u);
+  KvRun ls = kv("ls");
+  EXPECT_NE(ls.out.find("pinned"), std::string::npos) << ls.out;
+  EXPECT_EQ(kv("verify --all").code, 0);
+  ASSERT_EQ(kv("restore keep -o " + (dir_ / "keep.slot").string()).code, 0);
+  EXPECT_EQ(slurp(dir_ / "keep.slot"), slurp(a));
+
+  EXPECT_EQ(kv("pin nope").code, 8);
+  KvRun bad = kv("expire soon keep");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("'soon' is not a duration"), std::string::npos) << bad.err;
+  EXPECT_EQ(kv("gc --tenant ana").code, 2);
+  EXPECT_EQ(kv("gc --max-bytes lots").code, 2);
+  KvRun unpinned = kv("unpin keep --json");
+  EXPECT_NE(unpinned.out.find("\"pinned\": false"), std::string::npos) << unpinned.out;
+  EXPECT_EQ(kv("expire 7d keep").code, 0);
+  EXPECT_EQ(kv("expire never keep").code, 0);
+
+  // A store config's cap: each save evicts the others it can; the pinned one stays and the save warns.
+  {
+    std::ofstream cfg(fs::path(store_) / "store.json");
+    cfg << R"({"max_bytes": "1K", "tenant_max_bytes": {"ana": 1}})";
+  }
+  ASSERT_EQ(kv("pin keep").code, 0);
+  KvRun capped = kv("save " + b.string() + " --name again");
+  ASSERT_EQ(capped.code, 0) << capped.err;
+  EXPECT_NE(capped.out.find("warning: cap not met"), std::string::npos) << capped.out;
+  EXPECT_EQ(count_snapshots(), 2u) << "the pinned snapshot and the new one";
+  KvRun next = kv("save " + c.string() + " --name third --json");
+  ASSERT_EQ(next.code, 0) << next.err;
+  EXPECT_NE(next.out.find("\"again\""), std::string::npos) << "evicted: " << next.out;
+  EXPECT_EQ(count_snapshots(), 2u);
+}
+
 // Damage found by a restore names the snapshot as the user named it and the commands that deal
 // with it, not only the manifest's hash.
 TEST_F(StoreCli, DamageFoundByARestoreNamesTheSnapshotAndVerify) {

@@ -33,6 +33,7 @@
 
 #include "base/io.h"
 #include "store/catalog.h"
+#include "store/eviction.h"
 #include "store/local_blob_store.h"
 
 // Filters and options below are written with designated initializers.
@@ -556,7 +557,181 @@ TYPED_TEST_P(CatalogContract, ConcurrentAddsAndRemovesKeepRefcountsExact) {
   this->expect_consistent(*c);
 }
 
-REGISTER_TYPED_TEST_SUITE_P(CatalogContract, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact);
+
+// ---------------------------------------------------------------- eviction marks and victims
+
+// A snapshot created at second `sec` of a fixed day, with its own chunk `own` (400 bytes stored) and `shared` ones.
+SnapshotRecord aged(const std::string& name, int sec) {
+  SnapshotRecord r = record(name);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "2026-01-01T00:00:%02d.000Z", sec);
+  r.info.created = buf;
+  return r;
+}
+
+std::vector<std::string> victim_names(const EvictionPlan& p) {
+  std::vector<std::string> v;
+  for (const auto& x : p.victims) v.push_back(x.info.name.value_or("?"));
+  return v;
+}
+
+template <class Cat>
+EvictionPlan plan(Cat& c, std::optional<uint64_t> cap, std::optional<std::string> tenant = {},
+                  std::string now = "2026-01-02T00:00:00.000Z") {
+  auto p = plan_eviction(c, EvictionRequest{cap, std::move(tenant), std::move(now), std::nullopt});
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return p.ok() ? *p : EvictionPlan{};
+}
+
+TYPED_TEST_P(CatalogContract, ACatalogBeforeCapsGainsTheEvictionColumns) {
+  int64_t id = 0;
+  {
+    auto c = this->open();
+    id = this->add(*c, record("before-caps"), {use("x")});
+  }
+  // Make it what kvsnap before caps wrote: no eviction columns, the version before.
+  this->sql("ALTER TABLE snapshots DROP COLUMN pinned; ALTER TABLE snapshots DROP COLUMN expires_at; "
+            "ALTER TABLE snapshots DROP COLUMN last_restored;");
+  this->b_.set_schema_version(TypeParam::kSchemaVersion - 1);
+  auto c = this->open();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(*c->schema_version(), TypeParam::kSchemaVersion);
+  auto i = c->get_info(id);
+  ASSERT_TRUE(i.ok()) << i.status().ToString();
+  EXPECT_FALSE(i->pinned);
+  EXPECT_FALSE(i->expires_at);
+  EXPECT_FALSE(i->last_restored);
+  EXPECT_TRUE(c->set_pinned(id, true).ok());
+  this->expect_consistent(*c);
+}
+
+TYPED_TEST_P(CatalogContract, EvictionMarksRoundTrip) {
+  auto c = this->open();
+  SnapshotRecord r = aged("marked", 1);
+  r.info.pinned = true;
+  r.info.expires_at = "2026-02-01T00:00:00.000Z";
+  int64_t id = this->add(*c, r, {use("m")});
+  auto i = c->get_info(id);
+  ASSERT_TRUE(i.ok()) << i.status().ToString();
+  EXPECT_TRUE(i->pinned);
+  EXPECT_EQ(i->expires_at, "2026-02-01T00:00:00.000Z");
+  EXPECT_FALSE(i->last_restored);
+
+  ASSERT_TRUE(c->mark_restored(id, "2026-01-05T00:00:00.000Z").ok());
+  ASSERT_TRUE(c->set_pinned(id, false).ok());
+  ASSERT_TRUE(c->set_expiry(id, std::nullopt).ok());
+  auto l = c->list({});
+  ASSERT_TRUE(l.ok());
+  ASSERT_EQ(l->size(), 1u);
+  EXPECT_FALSE((*l)[0].pinned);
+  EXPECT_FALSE((*l)[0].expires_at);
+  EXPECT_EQ((*l)[0].last_restored, "2026-01-05T00:00:00.000Z");
+
+  EXPECT_EQ(c->set_pinned(id + 100, true).code(), Code::kNotFound);
+  EXPECT_EQ(c->mark_restored(id + 100, "2026-01-05T00:00:00.000Z").code(), Code::kNotFound);
+  EXPECT_EQ(c->set_expiry(id + 100, std::nullopt).code(), Code::kNotFound);
+}
+
+TYPED_TEST_P(CatalogContract, EvictionKeepsPinsWhateverTheCap) {
+  auto c = this->open();
+  SnapshotRecord pinned = aged("pinned", 1);
+  pinned.info.pinned = true;
+  this->add(*c, pinned, {use("p")});
+  this->add(*c, aged("old", 2), {use("o")});
+  this->add(*c, aged("new", 3), {use("n")});
+  EvictionPlan p = plan(*c, 0);
+  EXPECT_EQ(victim_names(p), (std::vector<std::string>{"old", "new"}));
+  EXPECT_EQ(p.bytes_before, 1200u);
+  EXPECT_EQ(p.bytes_after, 400u);
+  EXPECT_EQ(p.freed_bytes, 800u);
+  EXPECT_FALSE(p.cap_met);
+  EXPECT_TRUE(plan(*c, 400).cap_met);
+  EXPECT_EQ(victim_names(plan(*c, 400)), (std::vector<std::string>{"old", "new"}));
+  EXPECT_TRUE(plan(*c, 1200).victims.empty());
+}
+
+TYPED_TEST_P(CatalogContract, EvictionIsLeastRecentlyRestoredFirst) {
+  auto c = this->open();
+  int64_t a = this->add(*c, aged("a", 1), {use("a")});
+  this->add(*c, aged("b", 2), {use("b")});
+  this->add(*c, aged("c", 3), {use("c")});
+  // One must go: never restored, the oldest created.
+  EXPECT_EQ(victim_names(plan(*c, 800)), (std::vector<std::string>{"a"}));
+  // A restore makes "a" the most recently used.
+  ASSERT_TRUE(c->mark_restored(a, "2026-01-01T00:00:09.000Z").ok());
+  EXPECT_EQ(victim_names(plan(*c, 800)), (std::vector<std::string>{"b"}));
+  EXPECT_EQ(victim_names(plan(*c, 400)), (std::vector<std::string>{"b", "c"}));
+}
+
+TYPED_TEST_P(CatalogContract, ExpiredSnapshotsGoFirstEvenUnderTheCap) {
+  auto c = this->open();
+  SnapshotRecord soon = aged("soon", 5), later = aged("later", 6), pinned = aged("pinned-expired", 7);
+  soon.info.expires_at = "2026-01-01T12:00:00.000Z";
+  later.info.expires_at = "2026-01-03T00:00:00.000Z";
+  pinned.info.expires_at = "2026-01-01T00:00:00.000Z";
+  pinned.info.pinned = true;
+  this->add(*c, aged("oldest", 1), {use("o")});
+  this->add(*c, soon, {use("s")});
+  this->add(*c, later, {use("l")});
+  this->add(*c, pinned, {use("p")});
+  // No cap: only the expired one (pinned wins over expiry).
+  EXPECT_EQ(victim_names(plan(*c, std::nullopt)), (std::vector<std::string>{"soon"}));
+  // A cap: the expired one first, then the least recently used.
+  EXPECT_EQ(victim_names(plan(*c, 800)), (std::vector<std::string>{"soon", "oldest"}));
+  EXPECT_TRUE(plan(*c, 800).victims[0].expired);
+  EXPECT_FALSE(plan(*c, 800).victims[1].expired);
+  // A day later "later" has expired too (the clock is the caller's).
+  EXPECT_EQ(victim_names(plan(*c, std::nullopt, {}, "2026-01-04T00:00:00.000Z")),
+            (std::vector<std::string>{"soon", "later"}));
+}
+
+TYPED_TEST_P(CatalogContract, EvictionCountsSharedChunksOnce) {
+  auto c = this->open();
+  // "base" (1000 stored) is shared by the two oldest; each has a 400-byte chunk of its own.
+  this->add(*c, aged("one", 1), {use("base", 5000, 1000), use("own1")});
+  this->add(*c, aged("two", 2), {use("base", 5000, 1000), use("own2")});
+  this->add(*c, aged("three", 3), {use("own3")});
+  // 1000 + 3 * 400 after dedup.
+  EvictionPlan p = plan(*c, 1800);
+  EXPECT_EQ(p.bytes_before, 2200u);
+  // "one" frees only its own 400 (base is still used by "two"): that is enough.
+  EXPECT_EQ(victim_names(p), (std::vector<std::string>{"one"}));
+  EXPECT_EQ(p.victims[0].freed_bytes, 400u);
+  EXPECT_EQ(p.bytes_after, 1800u);
+  // Under 1800 "two" must go as well, and then base is freed with it.
+  p = plan(*c, 1799);
+  EXPECT_EQ(victim_names(p), (std::vector<std::string>{"one", "two"}));
+  EXPECT_EQ(p.victims[1].freed_bytes, 1400u);
+  EXPECT_EQ(p.bytes_after, 400u);
+  EXPECT_EQ(p.freed_bytes, 1800u);
+  // Removing the first victim keeps the shared chunk.
+  ASSERT_TRUE(c->remove_snapshot(p.victims[0].info.id).ok());
+  EXPECT_EQ(this->refcounts()[chunk("base").hex()], 1);
+  this->expect_consistent(*c);
+}
+
+TYPED_TEST_P(CatalogContract, TenantCapEvictsOnlyThatTenant) {
+  auto c = this->open();
+  auto tenant = [](const std::string& name, int sec, const std::string& t) {
+    SnapshotRecord r = aged(name, sec);
+    r.info.tags[kTenantTag] = t;
+    return r;
+  };
+  this->add(*c, tenant("ana-1", 1, "ana"), {use("shared", 1000, 1000), use("a1")});
+  this->add(*c, tenant("bob-1", 2, "bob"), {use("shared", 1000, 1000), use("b1")});
+  this->add(*c, tenant("ana-2", 3, "ana"), {use("a2")});
+  this->add(*c, aged("untagged", 0), {use("u")});
+  EvictionPlan p = plan(*c, 0, "ana");
+  EXPECT_EQ(victim_names(p), (std::vector<std::string>{"ana-1", "ana-2"}));
+  // Ana is charged the shared chunk; evicting her snapshots frees only her own (bob still uses it).
+  EXPECT_EQ(p.bytes_before, 1800u);
+  EXPECT_EQ(p.bytes_after, 0u);
+  EXPECT_EQ(p.freed_bytes, 800u);
+  EXPECT_EQ(victim_names(plan(*c, 0, "bob")), (std::vector<std::string>{"bob-1"}));
+  EXPECT_TRUE(plan(*c, 0, "nobody").victims.empty());
+}
+
+REGISTER_TYPED_TEST_SUITE_P(CatalogContract, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact);
 
 // What a save does (format/ will own the real one): blobs first, synced, then
 // the catalog row; the gc lock is held throughout.

@@ -95,6 +95,10 @@ TEST_F(StoreLocationTest, BadConfigsAreRefusedByFileAndKey) {
       {R"({"catalog": 3})", "catalog"},
       {R"(["catalog"])", "object"},
       {"{", "JSON"},
+      {R"({"max_bytes": "lots"})", "'lots' is not a size"},
+      {R"({"max_bytes": -1})", "max_bytes"},
+      {R"({"tenant_max_bytes": {"ana": "2X"}})", "tenant_max_bytes.ana"},
+      {R"({"tenant_max_bytes": 5})", "tenant_max_bytes"},
   };
   for (const Case& c : cases) {
     write("bad.json", c.text);
@@ -110,6 +114,26 @@ TEST_F(StoreLocationTest, BadConfigsAreRefusedByFileAndKey) {
   auto url = resolve("s3://bucket/prefix");
   EXPECT_EQ(url.status().code(), Code::kInvalidArgument);
   EXPECT_NE(url.status().message().find("config file"), std::string::npos) << url.status().ToString();
+}
+
+TEST_F(StoreLocationTest, CapsAreSizesInBytesOrWithAUnit) {
+  write("caps.json", R"({"max_bytes": "20G", "tenant_max_bytes": {"ana": "512M", "bob": 1000}})");
+  auto l = resolve(dir_ + "/caps.json");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->caps.max_bytes, uint64_t{20} << 30);
+  EXPECT_EQ(l->caps.tenant_max_bytes, (std::map<std::string, uint64_t>{{"ana", uint64_t{512} << 20}, {"bob", 1000}}));
+  EXPECT_EQ(*parse_byte_size("1T"), uint64_t{1} << 40);
+  EXPECT_EQ(*parse_byte_size("3KiB"), 3072u);
+  EXPECT_EQ(*parse_byte_size("7"), 7u);
+  EXPECT_FALSE(parse_byte_size("").ok());
+  EXPECT_FALSE(parse_byte_size("5 G").ok());
+  EXPECT_FALSE(parse_byte_size("999999999999T").ok()) << "no wrap-around";
+  EXPECT_EQ(*parse_duration("90m"), 5400);
+  EXPECT_EQ(*parse_duration("2w"), 1209600);
+  EXPECT_FALSE(parse_duration("0s").ok());
+  EXPECT_FALSE(parse_duration("1y").ok());
+  EXPECT_EQ(*add_seconds("2026-12-31T23:59:30.250Z", 45), "2027-01-01T00:00:15.250Z");
+  EXPECT_FALSE(add_seconds("yesterday", 1).ok());
 }
 
 TEST_F(StoreLocationTest, BackendsThatCannotOpenSayWhyByName) {
