@@ -106,9 +106,8 @@ def free_port():
     return port
 
 
-def start_postgres(work):
-    d = work / "pg"
-    shutil.rmtree(d, ignore_errors=True)
+def start_postgres(d):
+    """The server's data lives in `d` (postgres.sh stop removes it)."""
     p = subprocess.run(["bash", str(SRC / "tests/beds/postgres.sh"), "start", str(d), str(free_port()),
                         str(os.getpid())], capture_output=True, text=True)
     if p.returncode == 77:
