@@ -104,6 +104,9 @@ struct ListFilter {
 
 struct GcCandidates {
   std::vector<ChunkHash> unreferenced;  // chunk rows with refcount 0
+  // Those of them whose blob is in a pack: it goes with the pack (unused_packs), there is no
+  // loose blob of theirs to delete.
+  std::vector<ChunkHash> unreferenced_packed;
   std::vector<ChunkHash> orphans;       // loose blobs in storage without a chunk row
 };
 

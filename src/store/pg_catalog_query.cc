@@ -188,10 +188,12 @@ Result<GcCandidates> PgCatalog::gc_candidates(const std::vector<ChunkHash>& on_d
   Status s = conn_->transaction(Iso::kRepeatableReadOnly, [&]() -> Status {
     out = {};
     {
-      KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT sha256 FROM chunks WHERE refcount = 0"));
+      KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT sha256, pack IS NOT NULL FROM chunks WHERE refcount = 0"));
       for (int r = 0; r < q.rows(); ++r) {
         ChunkHash h;
-        if (hash_from(q.bytes(r, 0), h)) out.unreferenced.push_back(h);
+        if (!hash_from(q.bytes(r, 0), h)) continue;
+        out.unreferenced.push_back(h);
+        if (q.boolean(r, 1)) out.unreferenced_packed.push_back(h);
       }
     }
     for (size_t i = 0; i < on_disk.size(); i += kSlice) {

@@ -24,12 +24,14 @@ Result<GcCandidates> SqliteCatalog::gc_candidates(const std::vector<ChunkHash>& 
   KV_RETURN_IF_ERROR(exec("BEGIN"));
   Status s = [&]() -> Status {
     {
-      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT sha256 FROM chunks WHERE refcount = 0"));
+      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT sha256, pack IS NOT NULL FROM chunks WHERE refcount = 0"));
       for (;;) {
         KV_ASSIGN_OR_RETURN(bool row, q.step());
         if (!row) break;
         ChunkHash h;
-        if (hash_from_blob(q.col_blob(0), h)) out.unreferenced.push_back(h);
+        if (!hash_from_blob(q.col_blob(0), h)) continue;
+        out.unreferenced.push_back(h);
+        if (q.col_i64(1)) out.unreferenced_packed.push_back(h);
       }
     }
     KV_ASSIGN_OR_RETURN(Stmt probe, stmt("SELECT 1 FROM chunks WHERE sha256 = ?1"));

@@ -842,7 +842,38 @@ TYPED_TEST_P(CatalogGc, RemovedSnapshotsChunksGoOnTheCheapPass) {
   this->expect_consistent(*this->cat_);
 }
 
-REGISTER_TYPED_TEST_SUITE_P(CatalogGc, OrphansOfACrashedSaveAreCollected, GcNeverDeletesBlobsOfASaveInProgress, RemovedSnapshotsChunksGoOnTheCheapPass);
+// A packed chunk's blob goes with its pack: gc deletes the pack, never a loose
+// blob per chunk (one wasted request each in an object store).
+TYPED_TEST_P(CatalogGc, PackedChunksGoWithTheirPackAlone) {
+  std::vector<ChunkUse> uses;
+  {
+    auto batch = std::move(this->blobs_->begin_write()).value();
+    for (const char* raw : {"p1", "p2", "p3"}) {
+      std::string stored = std::string("z:") + raw;
+      auto at = batch->append(chunk(raw), bytes_of(stored));
+      ASSERT_TRUE(at.ok()) << at.status().ToString();
+      uses.push_back(ChunkUse{chunk(raw), 2, stored.size(), at->pack, at->offset});
+    }
+    ASSERT_TRUE(batch->commit().ok());
+    ASSERT_TRUE(this->cat_->add_snapshot(record("packed"), uses).ok());
+  }
+  ASSERT_EQ(*this->blobs_->list_packs(), std::vector<std::string>{uses[0].pack});
+  ASSERT_TRUE(this->cat_->remove_snapshot(*this->cat_->resolve("packed")).ok());
+  uint64_t planned = 0;
+  auto gc = collect_garbage(*this->cat_, *this->blobs_, GcOptions{.scan_orphans = false, .progress = [&](const GcProgress& p) {
+                              planned = p.files_total;
+                              return Status::OK();
+                            }});
+  ASSERT_TRUE(gc.ok()) << gc.status().ToString();
+  EXPECT_EQ(gc->unreferenced_deleted, 3u);
+  EXPECT_EQ(gc->packs_deleted, 1u);
+  EXPECT_EQ(planned, 1u);  // the pack, nothing per chunk
+  EXPECT_TRUE(this->blobs_->list_packs()->empty());
+  EXPECT_EQ(this->cat_->stats()->unreferenced_chunks, 0);
+  this->expect_consistent(*this->cat_);
+}
+
+REGISTER_TYPED_TEST_SUITE_P(CatalogGc, OrphansOfACrashedSaveAreCollected, GcNeverDeletesBlobsOfASaveInProgress, RemovedSnapshotsChunksGoOnTheCheapPass, PackedChunksGoWithTheirPackAlone);
 
 }  // namespace
 }  // namespace kvsnap

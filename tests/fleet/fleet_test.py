@@ -1,0 +1,596 @@
+#!/usr/bin/env python3
+"""The multi-host proof (issue 16 part 4): two "hosts" share one store, a PostgreSQL catalog and an
+S3-compatible bucket, and save, restore, remove and collect garbage at once, with kill -9 in the
+middle of saves and of gc.
+
+A host is a store config of its own (same catalog URL, same bucket and prefix, its own local_dir:
+staging of packs, the read-through cache, restore temporaries) used by separate kvsnap processes.
+Run inside the Swift bed (tests/beds/swift-s3.sh run DIR auto python3 fleet_test.py KVSNAP WORK);
+the driver starts its own PostgreSQL (tests/beds/postgres.sh) and stops it when it exits.
+
+    fleet_test.py KVSNAP WORK_DIR [--seed N] [--save-kills N] [--gc-kills N]
+
+Phases (each ends with check_store(): verify, doctor, exact refcounts, every listed snapshot
+restored byte for byte on a host whose cache is empty, nothing committed lost):
+  d  cross-host: A saves, B restores (empty cache), B removes, A no longer lists it, its objects go
+  a  concurrency: both hosts save (fixtures, unique and shared-prefix states) while others restore
+  b  kill -9 during saves on A while B runs gc --wait and gc, over and over
+  c  kill -9 during gc on B while A saves
+and at the end a final gc from both hosts, after which the bucket holds exactly what the catalog
+names. Exit 0 when every check held, 1 otherwise, 77 (skip) when PostgreSQL is not installed.
+"""
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2]
+PSQL = os.environ.get("KVSNAP_PG_BIN", "/usr/lib/postgresql/15/bin") + "/psql"
+PREFIX = "fleet"
+failures = []
+figures = {}
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def check(ok, what):
+    if not ok:
+        failures.append(what)
+        log("FAIL: " + what)
+    return ok
+
+
+def sha256_of(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- state files
+
+def make_slot(path, seed, cells, n_layer=4, n=256, prefix_seed=None, prefix_cells=0):
+    """A ggsq v3 slot file (llama.cpp's layout, as tests/tools/make_big_slot.py writes it): q8_0 K and
+    V rows (scale 1/64, random int8 from `seed`), random tokens. With prefix_seed, the first
+    prefix_cells cells (tokens and rows) come from that seed: files sharing it share those chunks."""
+    row = n // 32 * 34
+    pre = random.Random(prefix_seed) if prefix_seed is not None else None
+    pc = prefix_cells if pre else 0
+    rng = random.Random(seed)
+
+    def rows(r, k):
+        b = bytearray(r.randbytes(k * row))
+        b[0::34] = b"\x00" * (k * row // 34)
+        b[1::34] = b"\x24" * (k * row // 34)
+        return bytes(b)
+
+    raw = (pre.randbytes(4 * pc) if pc else b"") + rng.randbytes(4 * (cells - pc))
+    toks = struct.pack(f"<{cells}i", *(1 + v % 30000 for v in struct.unpack(f"<{cells}I", raw)))
+    with open(path, "wb") as f:
+        f.write(struct.pack("<III", 0x67677371, 3, cells))
+        f.write(toks)
+        f.write(struct.pack("<II", 1, cells))
+        f.write(b"".join(struct.pack("<iIi", c, 1, 0) for c in range(cells)))
+        f.write(struct.pack("<II", 0, n_layer))
+        for _side in range(2):
+            for _il in range(n_layer):
+                f.write(struct.pack("<iQ", 8, row))
+                if pc:
+                    f.write(rows(pre, pc))
+                f.write(rows(rng, cells - pc))
+
+
+# ---------------------------------------------------------------- the servers
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start_postgres(d):
+    """The server's data lives in `d` (postgres.sh stop removes it)."""
+    p = subprocess.run(["bash", str(SRC / "tests/beds/postgres.sh"), "start", str(d), str(free_port()),
+                        str(os.getpid())], capture_output=True, text=True)
+    if p.returncode == 77:
+        print("SKIP: PostgreSQL 15 is not installed (tests/install-deps.sh installs it)", flush=True)
+        sys.exit(77)
+    if p.returncode != 0:
+        sys.exit("postgres bed failed: " + p.stderr)
+    return d, p.stdout.strip()
+
+
+def sql(url, query):
+    p = subprocess.run([PSQL, url, "-qAt", "-v", "ON_ERROR_STOP=1", "-c", query], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"psql {query!r}: {p.stderr}")
+    return [l.split("|") for l in p.stdout.splitlines() if l]
+
+
+class Swift:
+    """The bucket seen through Swift's own API (tempauth), not through the code under test."""
+
+    def __init__(self, endpoint):
+        self.endpoint = endpoint
+        req = urllib.request.Request(endpoint + "/auth/v1.0",
+                                     headers={"X-Auth-User": "test:tester", "X-Auth-Key": "testing"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            self.token = r.headers["X-Auth-Token"]
+            self.url = r.headers["X-Storage-Url"]
+
+    def call(self, method, path, query=""):
+        req = urllib.request.Request(self.url + "/" + path + ("?" + query if query else ""), method=method,
+                                     headers={"X-Auth-Token": self.token})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.read()
+
+    def create(self, bucket):
+        self.call("PUT", bucket)
+
+    def keys(self, container, prefix):
+        out, marker = [], ""
+        while True:
+            try:
+                body = self.call("GET", container, urllib.parse.urlencode(
+                    {"format": "json", "prefix": prefix, "marker": marker, "limit": "10000"}))
+            except urllib.error.HTTPError as e:
+                if e.code == 404:
+                    return out
+                raise
+            page = [o["name"] for o in json.loads(body)]
+            if not page:
+                return out
+            out += page
+            marker = page[-1]
+
+
+# ---------------------------------------------------------------- hosts
+
+class Host:
+    def __init__(self, name, work, catalog, blobs):
+        self.name = name
+        self.dir = work / ("host-" + name)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.mkdir(parents=True)
+        self.config = str(self.dir / "store.json")
+        with open(self.config, "w") as f:
+            json.dump({"catalog": catalog, "blobs": blobs, "local_dir": str(self.dir / "local")}, f)
+        self.cache = self.dir / "local" / "s3-cache"
+        self.staging = self.dir / "local" / "tmp" / "s3-packs"
+
+    def cmd(self, *args):
+        return [KV, *args, "--store", self.config]
+
+    def run(self, *args, timeout=600):
+        return subprocess.run(self.cmd(*args), capture_output=True, text=True, timeout=timeout, env=ENV)
+
+    def spawn(self, *args):
+        return subprocess.Popen(self.cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+
+    def ls(self):
+        p = self.run("ls", "--json")
+        if not check(p.returncode == 0, f"{self.name}: ls: {p.stderr}"):
+            return []
+        return json.loads(p.stdout)
+
+    def cache_entries(self):
+        return [f for f in self.cache.iterdir()] if self.cache.is_dir() else []
+
+    def clear_cache(self):
+        shutil.rmtree(self.cache, ignore_errors=True)
+
+
+class Registry:
+    """What was saved: snapshot name -> the original file and its SHA-256; which saves exited 0."""
+
+    def __init__(self):
+        self.files = {}
+        self.committed = set()
+        self.checked = set()  # restored byte for byte on a host with an empty cache
+        self.lock = threading.Lock()
+
+    def add(self, name, path):
+        with self.lock:
+            self.files[name] = (path, sha256_of(path))
+
+    def save(self, host, name, *extra):
+        p = host.run("save", self.files[name][0], "--name", name, "--json", "-q", *extra)
+        ok = check(p.returncode == 0, f"{host.name}: save {name}: exit {p.returncode}: {p.stderr.strip()}")
+        if ok:
+            with self.lock:
+                self.committed.add(name)
+        return ok
+
+
+def restore_matches(host, reg, name, out):
+    p = host.run("restore", name, "-o", str(out), "--force", "-q")
+    if not check(p.returncode == 0, f"{host.name}: restore {name}: exit {p.returncode}: {p.stderr.strip()}"):
+        return False
+    ok = check(sha256_of(out) == reg.files[name][1], f"{host.name}: restore {name} differs from the original")
+    out.unlink()
+    return ok
+
+
+# ---------------------------------------------------------------- the checks
+
+def check_store(label, hosts, fresh, reg, url, everything=False):
+    """The store is whole: catalog consistent, refcounts exact, every listed snapshot restores byte for
+    byte on a host with an empty cache (those not restored by an earlier check, or all of them), nothing
+    that a host saved (exit 0) is missing."""
+    a, b = hosts
+    t0 = time.time()
+    p = a.run("verify", "--all", "--json", "-q")
+    check(p.returncode == 0, f"{label}: verify --all: exit {p.returncode}: {p.stdout[-2000:]} {p.stderr.strip()}")
+    p = b.run("doctor", "--json")
+    if check(p.returncode == 0, f"{label}: doctor: exit {p.returncode}: {p.stdout[-2000:]}"):
+        bad = [c for c in json.loads(p.stdout)["checks"] if c["verdict"] != "ok"]
+        check(not bad, f"{label}: doctor: {bad}")
+    wrong = sql(url, "SELECT encode(c.sha256, 'hex'), c.refcount, COUNT(sc.sha256) FROM chunks c "
+                     "LEFT JOIN snapshot_chunks sc ON sc.sha256 = c.sha256 GROUP BY c.sha256, c.refcount "
+                     "HAVING c.refcount != COUNT(sc.sha256)")
+    check(not wrong, f"{label}: refcounts differ from the uses: {wrong[:5]}")
+    listed_a = {s["name"]: s["uuid"] for s in a.ls()}
+    listed_b = {s["name"]: s["uuid"] for s in b.ls()}
+    check(listed_a == listed_b, f"{label}: A and B list different snapshots")
+    lost = reg.committed - set(listed_a)
+    check(not lost, f"{label}: saves that exited 0 are not listed: {sorted(lost)}")
+    unknown = set(listed_a) - set(reg.files)
+    check(not unknown, f"{label}: listed snapshots nobody saved: {sorted(unknown)}")
+    fresh.clear_cache()
+    n = 0
+    for name in sorted(set(listed_a) & set(reg.files)):
+        if everything or name not in reg.checked:
+            n += restore_matches(fresh, reg, name, fresh.dir / "out.slot")
+            reg.checked.add(name)
+    fresh.clear_cache()
+    log(f"{label}: store checked: {len(listed_a)} snapshots listed, {n} restored byte for byte on host "
+        f"{fresh.name} (empty cache), {time.time() - t0:.1f} s")
+    return listed_a
+
+
+def check_bucket(label, swift, bucket, url, hosts):
+    """After a final gc (no save running): the bucket holds exactly the packs and loose blobs the
+    catalog names; no chunk row is unreferenced; no host keeps a staged pack."""
+    keys = swift.keys(bucket, PREFIX + "/")
+    packs = {k.rsplit("/", 1)[1] for k in keys if k.startswith(PREFIX + "/packs/")}
+    loose = {k.rsplit("/", 1)[1] for k in keys if k.startswith(PREFIX + "/chunks/")}
+    named = {r[0] + ".pack" for r in sql(url, "SELECT DISTINCT pack FROM chunks WHERE pack IS NOT NULL")}
+    named_loose = {r[0] for r in sql(url, "SELECT encode(sha256, 'hex') FROM chunks WHERE pack IS NULL")}
+    check(packs == named, f"{label}: bucket packs {len(packs)} != catalog packs {len(named)}: "
+                          f"extra {sorted(packs - named)[:5]}, missing {sorted(named - packs)[:5]}")
+    check(loose == named_loose, f"{label}: loose blobs in the bucket differ from the catalog's")
+    zero = sql(url, "SELECT COUNT(*) FROM chunks WHERE refcount = 0")[0][0]
+    check(zero == "0", f"{label}: {zero} unreferenced chunk rows left after gc")
+    for h in hosts:
+        staged = list(h.staging.iterdir()) if h.staging.is_dir() else []
+        check(not staged, f"{label}: host {h.name} keeps staged packs {staged[:3]}")
+    segments = swift.keys(bucket + "+segments", "")
+    log(f"{label}: bucket holds {len(packs)} packs, {len(loose)} loose blobs, exactly the catalog's; "
+        f"{len(segments)} multipart segments of killed uploads left (the lifecycle rule's job)")
+    figures[label + ": packs"] = len(packs)
+    figures[label + ": multipart segments left"] = len(segments)
+
+
+# ---------------------------------------------------------------- the phases
+
+def phase_cross_host(a, b, reg, url, swift, bucket, files):
+    """d: A saves, B restores with an empty cache, B removes, A no longer lists it, its objects go."""
+    path = files / "cross.slot"
+    make_slot(path, seed=1, cells=1024)
+    reg.add("cross", str(path))
+    reg.save(a, "cross")
+    b.clear_cache()
+    check(not b.cache_entries(), "d: host B's cache is not empty before its restore")
+    restore_matches(b, reg, "cross", b.dir / "cross.out")
+    check(len(b.cache_entries()) > 0, "d: host B's restore did not read through its cache (no entries)")
+    packs = {r[0] for r in sql(url, "SELECT DISTINCT c.pack FROM chunks c JOIN snapshot_chunks sc ON "
+                                    "sc.sha256 = c.sha256 JOIN snapshots s ON s.id = sc.snapshot_id "
+                                    "WHERE s.name = 'cross'")}
+    check(len(packs) == 1 and all(swift.keys(bucket, f"{PREFIX}/packs/{p}") for p in packs),
+          f"d: the snapshot's pack is not in the bucket: {packs}")
+    p = b.run("rm", "cross")
+    check(p.returncode == 0, f"d: B rm cross: {p.stderr}")
+    reg.committed.discard("cross")
+    del reg.files["cross"]
+    check("cross" not in {s["name"] for s in a.ls()}, "d: A still lists a snapshot B removed")
+    p = a.run("gc", "--wait", "--json", "-q")
+    check(p.returncode == 0, f"d: A gc: {p.stderr}")
+    left = [p for p in packs if swift.keys(bucket, f"{PREFIX}/packs/{p}")]
+    check(not left, f"d: after B's rm and A's gc the pack is still in the bucket: {left}")
+    log("d: cross-host save/restore/rm/gc done")
+
+
+def phase_concurrency(a, b, reg, files, rng):
+    """a: three savers per host (fixtures, unique and shared-prefix states) and two restorers per host
+    running at once; every restore is byte for byte."""
+    fixtures = sorted(SRC.glob("fixtures/v0.5.0/*.slot")) + sorted(SRC.glob("fixtures/b8390/*.slot"))
+    jobs = {a: [], b: []}
+    for i, fx in enumerate(fixtures[:8]):
+        name = f"fx-{fx.parent.name}-{fx.stem}"
+        reg.add(name, str(fx))
+        jobs[a if i % 2 == 0 else b].append(name)
+    for i in range(6):  # four cells of every six share a prefix: their first chunks dedup across hosts
+        path = files / f"family-{i}.slot"
+        make_slot(path, seed=100 + i, cells=1024, prefix_seed=99, prefix_cells=768)
+        reg.add(f"family-{i}", str(path))
+        jobs[a if i % 2 == 0 else b].append(f"family-{i}")
+        path = files / f"unique-{i}.slot"
+        make_slot(path, seed=200 + i, cells=1536)
+        reg.add(f"unique-{i}", str(path))
+        jobs[a if i % 2 else b].append(f"unique-{i}")
+    done = threading.Event()
+    restores = {"ok": 0, "failed": 0}
+    rlock = threading.Lock()
+
+    def saver(host, names):
+        for name in names:
+            reg.save(host, name)
+
+    def restorer(host, k):
+        out = host.dir / f"restore-{k}.slot"
+        r = random.Random(k)
+        while not done.is_set():
+            listed = [s["name"] for s in host.ls() if s["name"] in reg.files]
+            if not listed:
+                time.sleep(0.05)
+                continue
+            ok = restore_matches(host, reg, r.choice(listed), out)
+            with rlock:
+                restores["ok" if ok else "failed"] += 1
+
+    threads = []
+    for host in (a, b):
+        names = jobs[host]
+        rng.shuffle(names)
+        for k in range(3):
+            threads.append(threading.Thread(target=saver, args=(host, names[k::3])))
+    restorers = [threading.Thread(target=restorer, args=(h, f"{h.name}{k}")) for h in (a, b) for k in range(2)]
+    t0 = time.time()
+    for t in threads + restorers:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    for t in restorers:
+        t.join()
+    n = len(jobs[a]) + len(jobs[b])
+    figures["a: concurrent saves"] = n
+    figures["a: concurrent restores (byte for byte)"] = restores["ok"]
+    check(restores["ok"] > 0, "a: no restore ran during the saves")
+    shared = sql(URL, "SELECT COUNT(*) FROM chunks WHERE refcount >= 6")[0][0]
+    check(int(shared) > 0, "a: the six shared-prefix states share no chunk (no dedup across hosts)")
+    figures["a: chunks shared by all six family states"] = int(shared)
+    log(f"a: {n} saves from 6 processes on 2 hosts with {restores['ok']} concurrent restores, "
+        f"{shared} chunks shared by the 6 states of 2 hosts, {time.time() - t0:.1f} s")
+
+
+def staged(host):
+    return sorted(p.name for p in host.staging.iterdir()) if host.staging.is_dir() else []
+
+
+def phase_kill_saves(a, b, reg, files, rng, attempts, url, swift, bucket):
+    """b: saves on A killed with SIGKILL at random moments while B runs gc --wait and gc in a loop."""
+    sizes = [(6144, 1024), (10240, 1024)]  # 51 MB (one PUT) and 85 MB (multipart: above 64 MiB)
+    # One uninterrupted save of each size: how long the window to kill in is.
+    durations = []
+    for i, (cells, n) in enumerate(sizes):
+        path = files / f"big-ref-{i}.slot"
+        make_slot(path, seed=300 + i, cells=cells, n=n)
+        reg.add(f"big-ref-{i}", str(path))
+        t0 = time.time()
+        reg.save(a, f"big-ref-{i}")
+        durations.append(time.time() - t0)
+    figures["b: uninterrupted save seconds (51 MB, 85 MB)"] = [round(d, 2) for d in durations]
+    stop = threading.Event()
+    gcs = {"runs": 0, "failed": 0}
+
+    def gc_loop():
+        k = 0
+        while not stop.is_set():
+            args = ("gc", "--wait", "--json", "-q") if k % 2 == 0 else ("gc", "--json", "-q")
+            p = b.run(*args)
+            gcs["runs"] += 1
+            if not check(p.returncode == 0, f"b: B {' '.join(args)}: exit {p.returncode}: {p.stderr.strip()}"):
+                gcs["failed"] += 1
+            k += 1
+
+    gc_thread = threading.Thread(target=gc_loop)
+    gc_thread.start()
+    phases = {}
+    deadline = time.time() + 240
+    try:
+        for i in range(attempts):
+            if time.time() > deadline:
+                break
+            cells, n = sizes[i % 2]
+            name = f"killed-{i}"
+            path = files / f"{name}.slot"
+            make_slot(path, seed=1000 + i, cells=cells, n=n)
+            reg.add(name, str(path))
+            before = set(swift.keys(bucket, PREFIX + "/packs/"))
+            proc = a.spawn("save", str(path), "--name", name, "--json", "-q")
+            time.sleep(rng.uniform(0.0, 1.2 * durations[i % 2]))
+            proc.send_signal(signal.SIGKILL)
+            _, err = proc.communicate()
+            if proc.returncode == 0:
+                reg.committed.add(name)
+                phase = "finished before the kill"
+            elif proc.returncode != -signal.SIGKILL:
+                check(False, f"b: save {name} failed on its own: exit {proc.returncode}: {err.strip()}")
+                phase = "failed"
+            elif name in {s["name"] for s in a.ls()}:
+                phase = "killed after the catalog commit"  # committed: it must stay listed
+                reg.committed.add(name)
+            else:
+                new = set(swift.keys(bucket, PREFIX + "/packs/")) - before
+                if new:
+                    phase = "killed after the pack upload, before the commit"
+                elif staged(a):
+                    phase = "killed while staging or uploading the pack"
+                else:
+                    phase = "killed before its pack was staged"
+            phases[phase] = phases.get(phase, 0) + 1
+            if name not in reg.committed:
+                del reg.files[name]
+                path.unlink()
+    finally:
+        stop.set()
+        gc_thread.join()
+    figures["b: kill -9 during save, by phase"] = phases
+    figures["b: gc runs on B meanwhile"] = gcs["runs"]
+    check(gcs["runs"] > 0, "b: no gc ran on B")
+    log(f"b: {sum(phases.values())} saves killed at random moments on A: {phases}; {gcs['runs']} gc runs on B")
+
+
+def unnamed_packs(swift, bucket, url):
+    keys = {k.rsplit("/", 1)[1] for k in swift.keys(bucket, PREFIX + "/packs/")}
+    return keys - {r[0] + ".pack" for r in sql(url, "SELECT DISTINCT pack FROM chunks WHERE pack IS NOT NULL")}
+
+
+def phase_kill_gc(a, b, reg, files, rng, attempts, url, swift, bucket):
+    """c: gc on B killed with SIGKILL at random moments while A saves; the garbage is the chunks and
+    packs of snapshots B removed just before (many small chunks each)."""
+    stop = threading.Event()
+    saved = {"n": 0}
+
+    def save_loop():
+        k = 0
+        while not stop.is_set():
+            name = f"during-gc-{k}"
+            path = files / f"{name}.slot"
+            make_slot(path, seed=2000 + k, cells=2048)
+            reg.add(name, str(path))
+            if reg.save(a, name):
+                saved["n"] += 1
+            k += 1
+
+    outcomes = {}
+    saver = threading.Thread(target=save_loop)
+    saver.start()
+    deadline = time.time() + 180
+    try:
+        for i in range(attempts):
+            if time.time() > deadline:
+                break
+            names = []
+            for j in range(3):
+                name = f"garbage-{i}-{j}"
+                path = files / f"{name}.slot"
+                make_slot(path, seed=3000 + 10 * i + j, cells=1024)
+                reg.add(name, str(path))
+                if reg.save(a, name, "--cells-per-chunk", "8"):
+                    names.append(name)
+            p = b.run("rm", *names)
+            check(p.returncode == 0, f"c: B rm {names}: {p.stderr.strip()}")
+            for name in names:
+                reg.committed.discard(name)
+                del reg.files[name]
+            # rm collects what it freed unless a save holds the gc lock (A's save loop does, at
+            # random): then the gc below has those chunk rows and packs to delete.
+            rows0 = int(sql(url, "SELECT COUNT(*) FROM chunks WHERE refcount = 0")[0][0])
+            proc = b.spawn("gc", "--wait", "--json", "-q")
+            time.sleep(rng.uniform(0.0, 1.5))
+            proc.send_signal(signal.SIGKILL)
+            out, err = proc.communicate()
+            if proc.returncode == 0:
+                report = json.loads(out)
+                outcome = "finished before the kill" + (" (deleted something)" if any(
+                    v for k, v in report.items() if k.endswith("deleted") and isinstance(v, int)) else "")
+            else:
+                check(proc.returncode == -signal.SIGKILL, f"c: gc failed on its own: {proc.returncode} {err}")
+                rows1 = int(sql(url, "SELECT COUNT(*) FROM chunks WHERE refcount = 0")[0][0])
+                if rows0 == 0:
+                    outcome = "killed, no chunk rows to forget"
+                elif rows1 >= rows0:
+                    outcome = "killed before forgetting the rows (waiting for the lock or listing)"
+                elif unnamed_packs(swift, bucket, url):
+                    outcome = "killed after forgetting the rows, packs not all deleted"
+                else:
+                    outcome = "killed after its deletions"
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    finally:
+        stop.set()
+        saver.join()
+    figures["c: kill -9 during gc"] = outcomes
+    figures["c: saves on A meanwhile"] = saved["n"]
+    log(f"c: {sum(outcomes.values())} gc runs on B killed at random moments: {outcomes}; {saved['n']} saves on A")
+
+
+def main():
+    global KV, ENV, URL
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kvsnap")
+    ap.add_argument("work")
+    ap.add_argument("--seed", type=int, default=int(time.time()))
+    ap.add_argument("--save-kills", type=int, default=12)
+    ap.add_argument("--gc-kills", type=int, default=8)
+    args = ap.parse_args()
+    KV = os.path.abspath(args.kvsnap)
+    endpoint = os.environ.get("S3_ENDPOINT")
+    if not endpoint:
+        sys.exit("no S3 bed: run through tests/beds/swift-s3.sh run DIR auto python3 " + sys.argv[0] + " ...")
+    work = Path(args.work).resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    rng = random.Random(args.seed)
+    log(f"seed {args.seed}")
+    t_all = time.time()
+    pg_dir, URL = start_postgres(Path("/tmp") / f"kvsnap-fleet-pg-{os.getpid()}")
+    try:
+        ENV = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "KVSNAP_HOME"}
+        ENV.update(AWS_ACCESS_KEY_ID=os.environ["S3_ACCESS_KEY"], AWS_SECRET_ACCESS_KEY=os.environ["S3_SECRET_KEY"])
+        swift = Swift(endpoint)
+        bucket = f"fleet-{args.seed % 1000000}"
+        swift.create(bucket)
+        blobs = f"s3://{bucket}/{PREFIX}?endpoint=" + urllib.parse.quote(endpoint, safe="")
+        a, b, c = (Host(n, work, URL, blobs) for n in ("A", "B", "C"))
+        files = work / "files"
+        files.mkdir()
+        reg = Registry()
+        hosts = (a, b)
+        phase_cross_host(a, b, reg, URL, swift, bucket, files)
+        check_store("d", hosts, c, reg, URL)
+        phase_concurrency(a, b, reg, files, rng)
+        check_store("a", hosts, c, reg, URL)
+        phase_kill_saves(a, b, reg, files, rng, args.save_kills, URL, swift, bucket)
+        check_store("b", hosts, c, reg, URL)
+        phase_kill_gc(a, b, reg, files, rng, args.gc_kills, URL, swift, bucket)
+        check_store("c", hosts, c, reg, URL)
+        figures["staged packs of killed saves left on A before its gc"] = len(staged(a))
+        for h in (a, b):
+            p = h.run("gc", "--wait", "--json", "-q")
+            check(p.returncode == 0, f"final gc on {h.name}: {p.stderr.strip()}")
+        check_bucket("final", swift, bucket, URL, hosts)
+        check_store("final", hosts, c, reg, URL, everything=True)
+    finally:
+        subprocess.run(["bash", str(SRC / "tests/beds/postgres.sh"), "stop", str(pg_dir)])
+    figures["seconds"] = round(time.time() - t_all, 1)
+    log("figures: " + json.dumps(figures))
+    if failures:
+        log(f"{len(failures)} checks failed (seed {args.seed}):\n  " + "\n  ".join(failures))
+        return 1
+    log("every check held")
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
