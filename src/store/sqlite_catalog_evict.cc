@@ -2,7 +2,7 @@
 // policy itself is shared by every backend, eviction.cc).
 #include <cstring>
 
-#include "store/catalog_internal.h"
+#include "store/sqlite_catalog_internal.h"
 
 namespace kvsnap {
 
