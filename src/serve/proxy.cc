@@ -204,7 +204,10 @@ struct Proxy::Impl {
     auto ct = st->headers.find("Content-Type");  // Headers compare names case-insensitively
     const std::string ctype = ct == st->headers.end() ? "" : ct->second;
     const bool sized = st->headers.count("Content-Length") > 0;
-    if (sized || st->done) {  // a whole body: wait for it
+    // A sized answer (or one that finished without a body) is sent whole. A chunked one stays chunked even
+    // when the child finished before this thread woke up (on a loaded machine a short stream can): its
+    // framing must match direct access, so it goes out through the chunked provider, in one chunk.
+    if (sized || (st->done && st->pending.empty())) {  // a whole body: wait for it
       st->cv.wait(l, [&] { return st->done; });
       std::string body = std::move(st->pending);
       l.unlock();
