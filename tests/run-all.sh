@@ -55,7 +55,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
   ctest --test-dir build-asan -L unit --output-on-failure -j"$jobs"
 # The S3 client reads untrusted replies: its tests against the Swift bed under the sanitizers too (~1 min).
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan -L s3 --output-on-failure
+  ctest --test-dir build-asan -L s3 -LE slow --output-on-failure
 
 echo "== aarch64: cross build, unit + golden tests and kvsnap-simd-check (NEON) under qemu-user =="
 # tests/cross/run.sh: installs g++-aarch64-linux-gnu, qemu-user and arm64 -dev packages if missing.
