@@ -29,8 +29,9 @@ def unpermute_rows(w, n_head):
     return w.reshape(n_head, d // 2, 2, *rest).swapaxes(1, 2).reshape(out_dim, *rest)
 
 
-def load_twin(gguf_path):
-    """Returns (model, info) for a llama or qwen2 GGUF made by kvsnap-mkmodel."""
+def load_twin(gguf_path, permute=None):
+    """Returns (model, info) for a llama or qwen2 GGUF made by kvsnap-mkmodel. `permute` overrides
+    whether Q/K rows are un-permuted (the arch decides by default; the override is the control)."""
     w, md = mx.load(gguf_path, return_metadata=True)
     arch = str(md["general.architecture"])
     a = arch
@@ -49,13 +50,13 @@ def load_twin(gguf_path):
     if arch == "llama":
         from mlx_lm.models.llama import Model, ModelArgs
         model = Model(ModelArgs(model_type="llama", head_dim=head_dim, **common))
-        permuted = True
+        permuted = True if permute is None else permute
     elif arch == "qwen2":
         from mlx_lm.models.qwen2 import Model, ModelArgs
         if n_head * head_dim != n_embd:
             raise ValueError("qwen2 twin needs n_embd == n_head * head_dim")
         model = Model(ModelArgs(model_type="qwen2", **common))
-        permuted = False
+        permuted = False if permute is None else permute
     else:
         raise ValueError("no twin for arch %s" % arch)
 
