@@ -1,7 +1,7 @@
 """ctest oracle.mlx_cross_engine: sessions moved between real llama.cpp and real mlx-lm by
 `kvsnap convert --to mlx|llama`, proven by the next-token KL of the other engine continuing them.
 
-  cross_engine_test.py KVSNAP MKMODEL DRIVER_V050 DRIVER_B8121|- PROMPT WORK
+  cross_engine_test.py KVSNAP MKMODEL DRIVER_V050 DRIVER_B8121|- PROMPT WORK [LLAMA_SERVER|-]
 
 Models: kvsnap-mkmodel GGUFs with trained-like K/V outlier channels (so the rotation detector has
 something to see), loaded in mlx-lm with the same weights (tests/mlx/gguf_twin.py): llama at head
@@ -23,6 +23,9 @@ and the mean KL over their 16 next-token distributions is taken, in float64.
    Bound as in 2, from llama.cpp's natively computed cache of the target types.
 4. Controls that must fail the bound: the K pair order wrong (llama: permutation skipped; qwen2: a
    permutation made), both ways; the rotation not undone (--src-rotation off on a rotated file).
+5. With llama-server v0.5.0 (when built): a slot it saved (packed token payload) moved to mlx-lm;
+   mlx-lm's cache moved to f16 and q8_0 slots it restores (n_restored, only the 16 tail tokens
+   computed) and continues: KL of the one distribution after the prompt (n_probs = vocabulary).
 Prints a table of every KL and exits 1 on any failure.
 """
 import json
@@ -265,6 +268,57 @@ def mlx_to_llama(bed):
            mean_kl(ref, bed.restore("v0.5.0", back, "q8_0", "q8_0", "on")), native, 2.0 * 1.5 * native + FLOOR)
 
 
+def with_server(bed, server_bin):
+    """llama-server v0.5.0 (when built): a slot it saved (packed token payload) moved to mlx-lm, and
+    mlx-lm's cache moved to a slot it restores and continues. KL of the one next-token distribution
+    after the whole prompt (n_probs = the vocabulary), bound from the driver's native cache there."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
+    from server_test import Server  # noqa: E402
+
+    n_vocab = bed.info["n_vocab"]
+    full = bed.mlx_full()
+    ref_row = bed.llama_ref("v0.5.0")[-1:]
+    slot_dir = bed.path("server-slots")
+    os.makedirs(slot_dir, exist_ok=True)
+    for ctk in ("f16", "q8_0"):
+        native_lg = logits(bed.path("v0.5.0-native-%s-%s-faon.logits" % (ctk, ctk)))
+        native = mean_kl(ref_row, native_lg[-1:])  # the last position, for the server's one distribution
+        native16 = mean_kl(bed.llama_ref("v0.5.0"), native_lg)
+        srv = Server(bed.server, bed.gguf, ctk, ctk, True, slot_dir, bed.path("server-%s.log" % ctk))
+        try:
+            # the server computes t[0..91] and saves its slot (its packed token payload)
+            code, j = srv.post("/completion", {"prompt": bed.tokens[:-TAIL], "n_predict": 0, "cache_prompt": True,
+                                               "id_slot": 0})
+            code, j = srv.post("/slots/0?action=save", {"filename": "saved-%s.slot" % ctk})
+            if code != 200:
+                raise RuntimeError("slot save: %d %s" % (code, j))
+            saved = os.path.join(slot_dir, "saved-%s.slot" % ctk)
+            out = bed.path("server-%s.safetensors" % ctk)
+            bed.convert(saved, out, "--to", "mlx")
+            record("%s llama-server %s/%s slot -> mlx-lm" % (bed.name, ctk, ctk), mean_kl(full, bed.mlx_continue(out)),
+                   native16, 1.5 * native16 + FLOOR)
+            # mlx-lm's cache -> a slot this server restores, then the prompt's last token after it
+            name = "from-mlx-%s.slot" % ctk
+            bed.convert(bed.path("mlx-f32.safetensors"), os.path.join(slot_dir, name), "--to", "llama", "--tokens",
+                        bed.path("prompt-tokens.json"), "--ctk", ctk, "--ctv", ctk)
+            code, j = srv.post("/slots/0?action=restore", {"filename": name})
+            if code != 200 or j.get("n_restored") != len(bed.tokens) - TAIL:
+                fail(name, "llama-server restore: %d %s" % (code, j))
+                continue
+            code, j = srv.post("/completion", {"prompt": bed.tokens, "n_predict": 1, "temperature": 0,
+                                               "cache_prompt": True, "id_slot": 0, "n_probs": n_vocab})
+            if code != 200 or j["timings"]["prompt_n"] != TAIL:
+                fail(name, "llama-server did not continue the restored cache: %d %s" % (code, j.get("timings")))
+                continue
+            dist = np.full(n_vocab, -1e30)
+            for t in j["completion_probabilities"][0]["top_logprobs"]:
+                dist[t["id"]] = t["logprob"]
+            record("%s mlx-lm f32 -> llama-server %s/%s (last position)" % (bed.name, ctk, ctk),
+                   mean_kl(ref_row, dist[None, :]), native, 1.5 * native + FLOOR)
+        finally:
+            srv.stop()
+
+
 def check_refusals(bed, kvsnap, mkmodel, work):
     # a cache that does not fit the model: another head count
     other = os.path.join(work, "other-hd128.gguf")
@@ -284,6 +338,7 @@ def check_refusals(bed, kvsnap, mkmodel, work):
 
 def main():
     kvsnap, mkmodel, d050, d8121, prompt, work = sys.argv[1:7]
+    server = sys.argv[7] if len(sys.argv) > 7 and sys.argv[7] != "-" else None
     os.makedirs(work, exist_ok=True)
     drivers = {"v0.5.0": d050}
     if d8121 != "-":
@@ -294,9 +349,12 @@ def main():
                 ["--n-layer", "4", "--n-head", "2", "--n-head-kv", "1", "--head-dim", "128", "--seed", "2"] + trained),
             Bed(kvsnap, mkmodel, drivers, prompt, work, "qwen2", ["--arch", "qwen2", "--n-layer", "4", "--seed", "5"] + trained)]
     for bed in beds:
+        bed.server = server
         check_twin(bed)
         llama_to_mlx(bed)
         mlx_to_llama(bed)
+        if server:
+            with_server(bed, server)
     check_refusals(beds[0], kvsnap, mkmodel, work)
     print("\n%-72s %11s %11s %11s" % ("move", "KL", "native", "bound"))
     for what, kl, native, bound, note, verdict in rows:
