@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "base/json_access.h"
+#include "base/remedy.h"
 #include "cli/commands.h"
 #include "cli/open_state.h"
 #include "format/mlx_layout.h"
@@ -85,7 +86,9 @@ Status render(const ConvertOptions& o, const CrossEngineResult& r, double secs, 
     j["bytes_out"] = r.bytes_out;
     j["seconds"] = secs;
     j["source_rotation"] = source_rotation_json(r.rotation);
-    j["notes"] = r.notes;
+    json notes = json::array();
+    for (const std::string& n : r.notes) notes.push_back(render_remedies_as_flags(n));
+    j["notes"] = notes;
     out = json_text(j, 2) + "\n";
     return Status::OK();
   }
@@ -94,7 +97,7 @@ Status render(const ConvertOptions& o, const CrossEngineResult& r, double secs, 
                 (unsigned long long)r.bytes_out, secs);
   out = o.in + ": " + r.from + "\n  -> " + o.out + ": " + r.to + "\n  " + buf + "  K order: " + r.k_order.why + "\n";
   if (o.report && r.rotation.matters) out += source_rotation_text(r.rotation);
-  for (const std::string& n : r.notes) out += "  note: " + n + "\n";
+  for (const std::string& n : r.notes) out += "  note: " + render_remedies_as_flags(n) + "\n";
   return Status::OK();
 }
 
