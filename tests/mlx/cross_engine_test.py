@@ -201,12 +201,33 @@ def llama_to_mlx(bed):
         bed.convert(slot, out, "--to", "mlx", "--kv-bits", str(bits), "--kv-group-size", "64")
         record("%s llama.cpp f16 -> mlx-lm q%dg64" % (bed.name, bits), mean_kl(full, bed.mlx_continue(out)), native,
                1.5 * native + FLOOR)
-    # older mlx-lm layout: the file must be the meta_state layout and load in the bed's mlx-lm too
-    out = bed.path("v0.5.0-f16-meta.safetensors")
-    bed.convert(slot, out, "--to", "mlx", "--mlx-lm", "0.31.3")
-    info = json.loads(run([bed.kvsnap, "info", out, "--json"]).stdout)
-    if info.get("layout") != "meta_state":
-        fail(out, "layout %s, want meta_state" % info.get("layout"))
+    # older mlx-lm releases (the bed's venv/old): their layout, continued by that release
+    if bed.name != "hd64":
+        return
+    native_q8 = mean_kl(full, bed.mlx_continue(cache=[c.to_quantized(group_size=64, bits=8) for c in bed.mlx_cache()]))
+    for version, layout in (("0.31.3", "meta_state"), ("0.28.0", "meta_state-with-step")):
+        old = os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "old", "mlx-lm-" + version)
+        if not os.path.isdir(old):
+            fail(old, "mlx-lm %s is not in the bed (tests/mlx/make-bed.sh)" % version)
+            continue
+        for bits in (None, 8):
+            out = bed.path("v0.5.0-f16-mlx-lm-%s%s.safetensors" % (version, "-q8" if bits else ""))
+            bed.convert(slot, out, "--to", "mlx", "--mlx-lm", version, *(["--kv-bits", "8"] if bits else []))
+            info = json.loads(run([bed.kvsnap, "info", out, "--json"]).stdout)
+            # a KVCache-only file is the same in both meta layouts (only QuantizedKVCache has `step`)
+            if info.get("layout") != (layout if bits else "meta_state"):
+                fail(out, "layout %s, want %s" % (info.get("layout"), layout))
+            got = out + ".logits"
+            env = dict(os.environ, PYTHONPATH=old)
+            r = subprocess.run([sys.executable, os.path.abspath(__file__), "--continue", bed.gguf, bed.path("tokens.bin"),
+                                out, got], capture_output=True, text=True, env=env)
+            if r.returncode != 0:
+                fail(out, "mlx-lm %s: %s" % (version, (r.stdout + r.stderr).strip()[-800:]))
+                continue
+            native = native_q8 if bits else 0.0
+            record("%s llama.cpp f16 -> mlx-lm %s%s (its layout, continued by it)" % (bed.name, version,
+                                                                                      " q8g64" if bits else ""),
+                   mean_kl(full, logits(got)), native, 1.5 * native + FLOOR)
 
 
 def mlx_to_llama(bed):
@@ -336,7 +357,20 @@ def check_refusals(bed, kvsnap, mkmodel, work):
         fail("iSWA model", "exit %d: %s" % (r.returncode, r.stderr.strip()))
 
 
+def continue_here(gguf, tokens_bin, cache_path, out):
+    """--continue: run in another mlx-lm release (PYTHONPATH): its load_prompt_cache and models."""
+    import mlx_lm
+    model, _ = load_twin(gguf)
+    toks = np.fromfile(tokens_bin, dtype="<i4").tolist()
+    cache = C.load_prompt_cache(cache_path)
+    logits_ = model(mx.array([toks[-TAIL:]]), cache=cache)[0].astype(mx.float32)
+    np.array(logits_, dtype="<f4").tofile(out)
+    print("mlx-lm", getattr(mlx_lm, "__version__", "?"), mlx_lm.__file__)
+
+
 def main():
+    if sys.argv[1] == "--continue":
+        return continue_here(*sys.argv[2:6])
     kvsnap, mkmodel, d050, d8121, prompt, work = sys.argv[1:7]
     server = sys.argv[7] if len(sys.argv) > 7 and sys.argv[7] != "-" else None
     os.makedirs(work, exist_ok=True)
