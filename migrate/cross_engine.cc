@@ -1,13 +1,9 @@
 #include "migrate/fp_strict.h"  // first: float conversions as the engines do them, no FMA
 #include "migrate/cross_engine.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
-#include <cstring>
 
 #include "base/byte_order.h"
-#include "base/json_access.h"
 #include "format/ggml_types.h"
 #include "format/mlx_layout.h"
 #include "format/state_summary.h"
