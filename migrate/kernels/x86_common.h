@@ -262,7 +262,9 @@ KV_AVX2_INLINE void fwht_across8(__m256* v) {
       if ((i & LEN) == 0) {
         const __m256 u = v[i], w = v[i + LEN];
         v[i] = _mm256_add_ps(u, w);
-        v[i + LEN] = _mm256_sub_ps(u, w);
+        // u - w as -(w * 1) + u: the product is exact, so the one rounding is that of u - w (signed
+        // zeros too). On the multiply-add pipes, beside the additions on the add pipes.
+        v[i + LEN] = _mm256_fnmadd_ps(w, _mm256_set1_ps(1.0f), u);
       }
     }
     fwht_across8<NV, 2 * LEN>(v);
