@@ -367,6 +367,12 @@ class SnapshotReader {
   // every frame chunk (headers, cell metadata, tokens), ascending: what a store
   // prefetches for a token prefix.
   std::vector<uint64_t> chunks_for_cell_prefix(uint64_t n_cells) const;
+  // File offsets that cut original() into blocks of about `target` bytes for
+  // a parallel copy (ascending, from 0 to the file size): never inside a
+  // row-major chunk nor inside a band of transposed tiles, so each chunk is
+  // read by one copier, straight into its block (no shared cache, no chunk
+  // decoded twice). A block exceeds `target` only to hold one chunk or band.
+  std::vector<uint64_t> block_bounds(uint64_t target) const;
   // "chunk 12 (layer 3 V of KV section 0 stream 0, cells 256..511, rows 0..127)".
   std::string describe_chunk(uint64_t index) const;
 

@@ -476,6 +476,56 @@ TEST(SnapshotHostile, UnknownOptionalSectionIsSkipped) {
   EXPECT_TRUE(read_all_of((*r)->original()) == s->state);
 }
 
+// --- Speed paths: block bounds, the equality digest ------------------------------------
+
+// Restore copies original() in blocks on several threads: no cut inside a row-major chunk or a
+// transposed band (each chunk decoded once, by one thread), and the blocks add up to the file.
+TEST(Snapshot, BlockBoundsCutBetweenChunksAndBands) {
+  for (uint32_t v_trans : {0u, 1u}) {
+    SynthSpec spec;
+    spec.v_trans = v_trans;
+    spec.cells = 40;
+    spec.layers = {{1, 64, 1, 64}, {8, 64, 1, 32}, {0, 32, 0, 32}};
+    const auto state = build_state(spec);
+    MemoryFile f("state", std::span<const std::byte>(state));
+    auto st = parse_state(f);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    MapStore store;
+    auto m = build_snapshot(*st, f, opts_with(3), store);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    for (uint64_t target : {uint64_t(1), uint64_t(100), uint64_t(4096), uint64_t(1) << 20}) {
+      auto r = open_snapshot(m->bytes, store);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      const std::vector<uint64_t> cuts = (*r)->block_bounds(target);
+      ASSERT_GE(cuts.size(), 2u);
+      EXPECT_EQ(cuts.front(), 0u);
+      EXPECT_EQ(cuts.back(), state.size());
+      std::vector<std::byte> got;
+      for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+        ASSERT_LT(cuts[i], cuts[i + 1]);
+        std::vector<std::byte> b(cuts[i + 1] - cuts[i]);
+        ASSERT_TRUE((*r)->original().read_at(cuts[i], b).ok());
+        got.insert(got.end(), b.begin(), b.end());
+      }
+      EXPECT_TRUE(got == state) << "v_trans " << v_trans << ", target " << target;
+      for (const Segment& seg : m->segments.segments) {
+        uint64_t piece = 0;
+        if (seg.kind == SegmentKind::kRows) piece = uint64_t(seg.cells_per_chunk) * seg.row_bytes;
+        if (seg.kind == SegmentKind::kTransposed) piece = uint64_t(seg.rows_per_chunk) * seg.cell_count * seg.elem_bytes;
+        if (!piece) continue;
+        for (uint64_t c : cuts) {
+          if (c > seg.file_offset && c < seg.file_offset + seg.size) {
+            EXPECT_EQ((c - seg.file_offset) % piece, 0u) << snapshot_detail::describe_segment(seg) << ": cut at " << c;
+          }
+        }
+      }
+      if (target == 1) {
+        EXPECT_GT(cuts.size(), m->chunks.size() / 2) << "a small target cuts at every chunk";
+      }
+    }
+  }
+}
+
 TEST(SnapshotHostile, UnknownRequiredSectionIsRefusedByName) {
   auto s = store_snapshot();
   Surgery x{s->m.bytes};
