@@ -120,6 +120,10 @@ struct ChunkRef {
   ChunkFilter filter = ChunkFilter::kNone;
   uint16_t elem_size = 0;
   uint64_t index = 0;                // position in the chunk table (not part of the identity)
+  // chunk_xxh of the raw bytes, when the manifest records it (its optional CHKX section:
+  // snapshots saved before it, and encrypted ones, have none). Checked with the SHA-256
+  // whenever the chunk is decoded.
+  std::optional<ChunkXxh> xxh;
 };
 
 struct CellSection {
@@ -247,6 +251,9 @@ struct SnapshotOptions {
   // with the encoding recorded for them). A chunk whose raw bytes hash to one
   // of these is not encoded: the sink gets the known ref (index and raw size
   // of this chunk) and an empty blob. Read-only while building.
+  // Known chunks that carry an xxh are found by it first: a chunk of the same
+  // size and chunk_xxh takes the known SHA-256 without hashing it (what makes
+  // saving an extension cost in proportion to its new chunks).
   const std::map<Sha256Digest, ChunkRef>* known_chunks = nullptr;
   // Encrypts: chunk ids are cipher->chunk_id (known_chunks must hold ids of the same tenant),
   // every blob is sealed after it is encoded, and the manifest records CRYP. Must outlive the build.

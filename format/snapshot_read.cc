@@ -184,6 +184,12 @@ Status SnapshotReader::Impl::load_into(uint64_t i, std::span<std::byte> out) con
     return fail(Status::Corruption(std::string("damaged: its decoded bytes do not match their ") +
                                    (cipher ? "keyed id " : "SHA-256 ") + to_hex(ref.sha256)));
   }
+  // The manifest's equality digest must hold too (a forged one, from an imported manifest,
+  // would otherwise let a later extension's save take this chunk for other bytes).
+  if (ref.xxh && chunk_xxh(out) != *ref.xxh) {
+    return fail(Status::Corruption("damaged: its decoded bytes match their SHA-256 but not the manifest's "
+                                   "XXH3-128 " + to_hex(*ref.xxh)));
+  }
   return Status::OK();
 }
 

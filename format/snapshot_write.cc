@@ -228,20 +228,49 @@ struct Slot {
   ChunkRef ref;
 };
 
-Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, const SnapshotOptions& o, Slot& slot) {
+// The known chunks that carry an xxh, by it (SnapshotOptions::known_chunks).
+using KnownByXxh = std::map<ChunkXxh, const ChunkRef*>;
+KnownByXxh known_by_xxh(const SnapshotOptions& o) {
+  KnownByXxh out;
+  if (o.known_chunks && !o.cipher)
+    for (const auto& [sha, ref] : *o.known_chunks)
+      if (ref.xxh) out.emplace(*ref.xxh, &ref);
+  return out;
+}
+
+// A known chunk stands for this one: the sink gets its ref (stored already, not encoded again).
+void take_known(const ChunkRef& known, uint64_t index, const std::optional<ChunkXxh>& xxh, Slot& slot) {
+  slot.ref = known;
+  slot.ref.index = index;
+  slot.ref.xxh = xxh;
+  slot.blob_size = 0;
+}
+
+Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, const SnapshotOptions& o,
+                  const KnownByXxh& known_xxh, Slot& slot) {
   KV_RETURN_IF_ERROR(reader.read(index, slot.raw));
   const Segment* seg = reader.tensor_segment(index);
   const FilterChoice filter = seg && o.byte_shuffle ? filter_for_type(seg->ggml_type) : FilterChoice{};
+  // The equality digest first (memory speed): a parent's chunk found by it needs no SHA-256.
+  // Encrypted snapshots record none (a plain digest of the plaintext; their ids are keyed).
+  std::optional<ChunkXxh> xxh;
+  if (!o.cipher) xxh = chunk_xxh(slot.raw);
+  if (xxh) {
+    auto it = known_xxh.find(*xxh);
+    if (it != known_xxh.end() && it->second->raw_size == slot.raw.size()) {
+      take_known(*it->second, index, xxh, slot);
+      return Status::OK();
+    }
+  }
   const Sha256Digest sha = o.cipher ? o.cipher->chunk_id(slot.raw) : sha256_of(slot.raw);
   if (o.known_chunks) {
     auto it = o.known_chunks->find(sha);
     if (it != o.known_chunks->end() && it->second.raw_size == slot.raw.size()) {
-      slot.ref = it->second;  // stored already: no need to encode it again
-      slot.ref.index = index;
-      slot.blob_size = 0;
+      take_known(it->second, index, xxh, slot);
       return Status::OK();
     }
   }
+  slot.ref.xxh = xxh;
   slot.ref.sha256 = sha;
   slot.ref.raw_size = slot.raw.size();
   slot.ref.index = index;
@@ -270,10 +299,13 @@ Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink
   std::vector<std::unique_ptr<ChunkEncoder>> encoders;
   for (uint32_t t = 0; t < o.threads; ++t) encoders.push_back(std::make_unique<ChunkEncoder>(o.zstd_level));
   std::vector<Slot> slots(size_t(3) * o.threads);
+  const KnownByXxh known_xxh = known_by_xxh(o);
   refs.reserve(n);
   return ordered_pipeline(
       n, o.threads, slots.size(),
-      [&](uint64_t i, size_t slot, uint32_t worker) { return encode_one(reader, i, *encoders[worker], o, slots[slot]); },
+      [&](uint64_t i, size_t slot, uint32_t worker) {
+        return encode_one(reader, i, *encoders[worker], o, known_xxh, slots[slot]);
+      },
       [&](uint64_t, size_t slot) {
         const Slot& s = slots[slot];
         KV_RETURN_IF_ERROR(sink.put(s.ref, std::span<const std::byte>(s.blob.data(), s.blob_size)));
