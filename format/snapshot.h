@@ -261,8 +261,9 @@ struct SnapshotOptions {
 };
 
 // Reads `original` (described by `parsed`, from parse_state on it) once for
-// the chunks and once to hash it (concurrently), hands every blob to `chunks`,
-// and returns the manifest with its encoded bytes.
+// the chunks, hashes it whole from those bytes (re-reading only what lies
+// between row-major chunks), hands every blob to `chunks`, and returns the
+// manifest with its encoded bytes.
 Result<SnapshotManifest> build_snapshot(const StateFile& parsed, const ReadableFile& original,
                                         const SnapshotOptions& opts, ChunkSink& chunks);
 
