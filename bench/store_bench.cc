@@ -7,7 +7,8 @@
 // For each llama.cpp state FILE (default: the f16 and q8_0 fixtures):
 //   copy      read + write + fsync of the same bytes (what `cp` + sync costs): the baseline
 //   save      kvsnap save into a fresh store (chunking, zstd, SHA-256, fsync, catalog commit)
-//   restore   kvsnap restore at the stored types into a file + fsync (decode, hash checks)
+//   restore   kvsnap restore -o at the stored types: a file written as the CLI does (AtomicFileWriter:
+//             temporary, fsync, rename), decode and hash checks included
 //   decode    restore into memory only (the decode path alone)
 //   server    (--server-save-ms, from bench/server_save_time.sh) save against llama-server's own save
 //   stages    (--stages) each stage of a save or restore alone, one thread: where the time goes
@@ -115,24 +116,28 @@ void bench_extension(const std::string& base, const std::string& path, const std
   auto bs = parse_state(*bf).value();
   auto ef = std::move(posix_io().open_read(path).value());
   auto es = parse_state(*ef).value();
-  double t_full = 1e9, t_inc = 1e9;
+  double t_full = 1e9, t_inc = 1e9, c_full = 1e9, c_inc = 1e9;
   SaveResult full, inc;
   for (int r = 0; r < rounds; ++r) {
     {
       Store_ st(dir + "/store");
+      const double c0 = cpu_now();
       t_full = std::min(t_full, save_seconds(*st.s, *ef, es, threads, &full));
+      c_full = std::min(c_full, cpu_now() - c0);
     }
     Store_ st(dir + "/store");
     (void)save_seconds(*st.s, *bf, bs, threads);
+    const double c0 = cpu_now();
     t_inc = std::min(t_inc, save_seconds(*st.s, *ef, es, threads, &inc));
+    c_inc = std::min(c_inc, cpu_now() - c0);
   }
   const double new_tokens = double(es.tokens.tokens.size() - bs.tokens.tokens.size());
   std::printf("%s extends %s by %.0f tokens (%.1f%%)\n", fs::path(path).filename().c_str(),
               fs::path(base).filename().c_str(), new_tokens, 100.0 * new_tokens / double(es.tokens.tokens.size()));
-  std::printf("  save alone      %7.3f s, %.1f MB written\n", t_full, double(full.bytes_new) / 1e6);
-  std::printf("  save after base %7.3f s = %.3fx of alone, %.1f MB written (%llu of %llu chunks new)\n", t_inc,
-              t_inc / t_full, double(inc.bytes_new) / 1e6, (unsigned long long)inc.chunks_new,
-              (unsigned long long)inc.chunks);
+  std::printf("  save alone      %7.3f s, %.3f CPU s, %.1f MB written\n", t_full, c_full, double(full.bytes_new) / 1e6);
+  std::printf("  save after base %7.3f s = %.3fx of alone, %.3f CPU s = %.3fx, %.1f MB written (%llu of %llu chunks new)\n",
+              t_inc, t_inc / t_full, c_inc, c_inc / c_full, double(inc.bytes_new) / 1e6,
+              (unsigned long long)inc.chunks_new, (unsigned long long)inc.chunks);
 }
 
 // Where the time goes: each stage of a save or restore alone, one thread, on
@@ -153,6 +158,9 @@ void bench_stages(const std::string& path, const std::string& dir) {
   t0 = Clock::now();
   for (size_t at = 0; at < all.size(); at += kPiece) (void)sha256_of(piece(at));
   const double t_sha = secs(t0);
+  t0 = Clock::now();
+  for (size_t at = 0; at < all.size(); at += kPiece) (void)chunk_xxh(piece(at));
+  const double t_xxh = secs(t0);
   std::vector<std::byte> shuffled(kPiece);
   t0 = Clock::now();
   for (size_t at = 0; at < all.size(); at += kPiece)
@@ -183,6 +191,7 @@ void bench_stages(const std::string& path, const std::string& dir) {
   auto row = [&](const char* what, double t) { std::printf("    %-36s %6.3f s/GB  (%6.2f GB/s)\n", what, t / gb, gb / t); };
   row("read the file (pread, page cache)", t_read);
   row("SHA-256 (OpenSSL)", t_sha);
+  row("XXH3-128 (the equality digest)", t_xxh);
   row("byte shuffle (part of encode)", t_shuffle);
   row("encode (shuffle + zstd per plane)", t_encode);
   row("decode (zstd + unshuffle)", t_decode);
@@ -223,8 +232,9 @@ void bench_file(const std::string& path, const std::string& dir, uint32_t thread
     t0 = Clock::now();
     c0 = cpu_now();
     {
-      FileSink out(dir + "/restored.bin");
-      if (!st.s->restore("a", {}, out).ok()) std::abort();
+      // As `kvsnap restore -o`: a temporary, fsynced, renamed into place.
+      auto out = std::move(AtomicFileWriter::create(posix_io(), dir + "/restored.bin").value());
+      if (!st.s->restore("a", {}, *out).ok() || !out->commit().ok()) std::abort();
     }
     t_restore = std::min(t_restore, secs(t0));
     c_restore = std::min(c_restore, cpu_now() - c0);

@@ -4,6 +4,8 @@
 #define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cstring>
 #include <new>
@@ -88,6 +90,14 @@ FilterChoice filter_for_type(int32_t ggml_type) {
   const TypeLayout* t = find_type(ggml_type);
   if (t && t->kind == TypeKind::kFloat) return {ChunkFilter::kShuffle, static_cast<uint16_t>(t->block_bytes)};
   return {ChunkFilter::kNone, 0};
+}
+
+ChunkXxh chunk_xxh(std::span<const std::byte> raw) {
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, XXH3_128bits(raw.data(), raw.size()));
+  ChunkXxh d{};
+  std::memcpy(d.data(), c.digest, d.size());
+  return d;
 }
 
 // --- Shuffle ------------------------------------------------------------------------

@@ -77,6 +77,16 @@ FilterChoice filter_for_type(int32_t ggml_type);
 void shuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::byte> out);
 void unshuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::byte> out);
 
+// --- Equality digest ----------------------------------------------------------------
+// XXH3-128 of a chunk's raw bytes: not a chunk's identity (that is its SHA-256)
+// but a cheap check that two chunks hold the same bytes, at memory speed
+// (docs/store.md, "Speed and space": an extension's save finds the parent's
+// chunks by it without SHA-256 over them). Not collision-resistant against
+// someone crafting bytes: a manifest records it beside the SHA-256, every
+// decode checks both, and it never decides which blob a new chunk is stored as.
+using ChunkXxh = std::array<uint8_t, 16>;
+ChunkXxh chunk_xxh(std::span<const std::byte> raw);
+
 // --- Encoder / decoder (one per thread) -------------------------------------------
 class ChunkEncoder {
  public:

@@ -120,6 +120,10 @@ struct ChunkRef {
   ChunkFilter filter = ChunkFilter::kNone;
   uint16_t elem_size = 0;
   uint64_t index = 0;                // position in the chunk table (not part of the identity)
+  // chunk_xxh of the raw bytes, when the manifest records it (its optional CHKX section:
+  // snapshots saved before it, and encrypted ones, have none). Checked with the SHA-256
+  // whenever the chunk is decoded.
+  std::optional<ChunkXxh> xxh;
 };
 
 struct CellSection {
@@ -247,6 +251,9 @@ struct SnapshotOptions {
   // with the encoding recorded for them). A chunk whose raw bytes hash to one
   // of these is not encoded: the sink gets the known ref (index and raw size
   // of this chunk) and an empty blob. Read-only while building.
+  // Known chunks that carry an xxh are found by it first: a chunk of the same
+  // size and chunk_xxh takes the known SHA-256 without hashing it (what makes
+  // saving an extension cost in proportion to its new chunks).
   const std::map<Sha256Digest, ChunkRef>* known_chunks = nullptr;
   // Encrypts: chunk ids are cipher->chunk_id (known_chunks must hold ids of the same tenant),
   // every blob is sealed after it is encoded, and the manifest records CRYP. Must outlive the build.
@@ -254,8 +261,9 @@ struct SnapshotOptions {
 };
 
 // Reads `original` (described by `parsed`, from parse_state on it) once for
-// the chunks and once to hash it (concurrently), hands every blob to `chunks`,
-// and returns the manifest with its encoded bytes.
+// the chunks, hashes it whole from those bytes (re-reading only what lies
+// between row-major chunks), hands every blob to `chunks`, and returns the
+// manifest with its encoded bytes.
 Result<SnapshotManifest> build_snapshot(const StateFile& parsed, const ReadableFile& original,
                                         const SnapshotOptions& opts, ChunkSink& chunks);
 
@@ -367,6 +375,12 @@ class SnapshotReader {
   // every frame chunk (headers, cell metadata, tokens), ascending: what a store
   // prefetches for a token prefix.
   std::vector<uint64_t> chunks_for_cell_prefix(uint64_t n_cells) const;
+  // File offsets that cut original() into blocks of about `target` bytes for
+  // a parallel copy (ascending, from 0 to the file size): never inside a
+  // row-major chunk nor inside a band of transposed tiles, so each chunk is
+  // read by one copier, straight into its block (no shared cache, no chunk
+  // decoded twice). A block exceeds `target` only to hold one chunk or band.
+  std::vector<uint64_t> block_bounds(uint64_t target) const;
   // "chunk 12 (layer 3 V of KV section 0 stream 0, cells 256..511, rows 0..127)".
   std::string describe_chunk(uint64_t index) const;
 

@@ -42,6 +42,8 @@ inline constexpr uint32_t kTagSegs = fourcc("SEGS");
 inline constexpr uint32_t kTagChnk = fourcc("CHNK");
 inline constexpr uint32_t kTagDigs = fourcc("DIGS");
 inline constexpr uint32_t kTagCryp = fourcc("CRYP");  // SnapshotEncryption
+inline constexpr uint32_t kTagChkx = fourcc("CHKX");  // ChunkRef::xxh of every chunk (optional)
+inline constexpr uint32_t kChkxXxh3_128 = 1;           // CHKX's algorithm: XXH3-128, canonical bytes
 inline constexpr uint32_t kSectionRequired = 1;
 
 // "INFO", or "0x12345678" when not printable.

@@ -129,9 +129,10 @@ Location locate(const SegmentTable& table, const Segment& seg, uint64_t file_off
 
 namespace {
 
-void put_section(std::vector<std::byte>& out, uint32_t tag, const std::vector<std::byte>& payload) {
+void put_section(std::vector<std::byte>& out, uint32_t tag, const std::vector<std::byte>& payload,
+                 bool required = true) {
   put_u32(out, tag);
-  put_u32(out, kSectionRequired);
+  put_u32(out, required ? kSectionRequired : 0);
   put_u64(out, payload.size());
   out.insert(out.end(), payload.begin(), payload.end());
 }
@@ -212,6 +213,15 @@ std::vector<std::byte> encode_chunks(const std::vector<ChunkRef>& chunks) {
   return b;
 }
 
+// CHKX (optional: a reader without it loses nothing but the check): u32 algorithm (1: XXH3-128),
+// then the 16 canonical bytes of every chunk's ChunkRef::xxh, in chunk order.
+std::vector<std::byte> encode_chunk_xxh(const std::vector<ChunkRef>& chunks) {
+  std::vector<std::byte> b;
+  put_u32(b, kChkxXxh3_128);
+  for (const ChunkRef& c : chunks) put_bytes(b, c.xxh->data(), c.xxh->size());
+  return b;
+}
+
 // CRYP: u8 version (1), u8 algorithm (1: AES-256-GCM), u8 chunk ids (1: HMAC-SHA256), u8 0,
 // master key id (8), tenant key id (8), u16 tenant name length, the name.
 std::vector<std::byte> encode_encryption(const SnapshotEncryption& e) {
@@ -231,7 +241,9 @@ void encode_manifest(SnapshotManifest& m) {
   put_bytes(b, kManifestMagic.data(), 4);
   put_u32(b, m.format_version);
   put_u32(b, m.min_reader_version);
-  put_u32(b, m.encryption ? 7 : 6);  // sections
+  const bool chkx = !m.chunks.empty() && std::all_of(m.chunks.begin(), m.chunks.end(),
+                                                       [](const ChunkRef& c) { return c.xxh.has_value(); });
+  put_u32(b, 6 + (m.encryption ? 1 : 0) + (chkx ? 1 : 0));  // sections
   const std::string info = m.info.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
   put_section(b, kTagInfo, std::vector<std::byte>(reinterpret_cast<const std::byte*>(info.data()),
                                                   reinterpret_cast<const std::byte*>(info.data()) + info.size()));
@@ -240,6 +252,7 @@ void encode_manifest(SnapshotManifest& m) {
   put_section(b, kTagSegs, encode_segments(m.segments));
   put_section(b, kTagChnk, encode_chunks(m.chunks));
   if (m.encryption) put_section(b, kTagCryp, encode_encryption(*m.encryption));
+  if (chkx) put_section(b, kTagChkx, encode_chunk_xxh(m.chunks), /*required=*/false);
   m.sections_sha256 = sha256_of(b);
   std::vector<std::byte> digs;
   put_bytes(digs, m.original_sha256.data(), 32);
@@ -383,6 +396,28 @@ Status decode_chunks(std::span<const std::byte> payload, const std::string& name
     KV_RETURN_IF_ERROR(r.u32(res, "reserved"));
     c.codec = ChunkCodec(codec);
     c.filter = ChunkFilter(filter);
+  }
+  return Status::OK();
+}
+
+// After CHNK (the count comes from it). An algorithm this kvsnap does not know is skipped, like
+// an unknown optional section.
+Status decode_chunk_xxh(std::span<const std::byte> payload, const std::string& name, SnapshotManifest& m) {
+  SpanReader r(payload, name + ": CHKX section");
+  uint32_t algorithm = 0;
+  KV_RETURN_IF_ERROR(r.u32(algorithm, "algorithm"));
+  if (algorithm != kChkxXxh3_128) {
+    m.skipped_sections.push_back(kTagChkx);
+    return Status::OK();
+  }
+  if (r.remaining() != m.chunks.size() * sizeof(ChunkXxh)) {
+    return r.corrupt(std::to_string(r.remaining()) + " bytes of digests for " + std::to_string(m.chunks.size()) +
+                     " chunks of " + std::to_string(sizeof(ChunkXxh)) + " bytes each");
+  }
+  for (ChunkRef& c : m.chunks) {
+    ChunkXxh d{};
+    KV_RETURN_IF_ERROR(r.bytes(d.data(), d.size(), "chunk digest"));
+    c.xxh = d;
   }
   return Status::OK();
 }
@@ -636,6 +671,7 @@ Result<std::vector<SectionEntry>> read_section_directory(SpanReader& r, const st
 // skipped, unknown required ones refused, and the five known ones required.
 Status decode_sections(const std::vector<SectionEntry>& secs, const std::string& name, SnapshotManifest& m) {
   std::vector<uint32_t> seen;
+  const SectionEntry* chkx = nullptr;  // decoded once CHNK is
   for (size_t i = 0; i + 1 < secs.size(); ++i) {
     const SectionEntry& s = secs[i];
     if (std::find(seen.begin(), seen.end(), s.tag) != seen.end() || s.tag == kTagDigs) {
@@ -649,6 +685,7 @@ Status decode_sections(const std::vector<SectionEntry>& secs, const std::string&
     else if (s.tag == kTagSegs) st = decode_segments(s.payload, name, m);
     else if (s.tag == kTagChnk) st = decode_chunks(s.payload, name, m);
     else if (s.tag == kTagCryp) st = decode_encryption(s.payload, name, m);
+    else if (s.tag == kTagChkx) chkx = &s;
     else if (s.flags & kSectionRequired) {
       return Status::NotSupported(name + ": required section '" + tag_name(s.tag) +
                                   "' is unknown to this kvsnap (it reads snapshot format version " +
@@ -663,7 +700,7 @@ Status decode_sections(const std::vector<SectionEntry>& secs, const std::string&
       return Status::Corruption(name + ": the manifest has no " + tag_name(tag) + " section");
     }
   }
-  return Status::OK();
+  return chkx ? decode_chunk_xxh(chkx->payload, name, m) : Status::OK();
 }
 
 }  // namespace

@@ -184,6 +184,12 @@ Status SnapshotReader::Impl::load_into(uint64_t i, std::span<std::byte> out) con
     return fail(Status::Corruption(std::string("damaged: its decoded bytes do not match their ") +
                                    (cipher ? "keyed id " : "SHA-256 ") + to_hex(ref.sha256)));
   }
+  // The manifest's equality digest must hold too (a forged one, from an imported manifest,
+  // would otherwise let a later extension's save take this chunk for other bytes).
+  if (ref.xxh && chunk_xxh(out) != *ref.xxh) {
+    return fail(Status::Corruption("damaged: its decoded bytes match their SHA-256 but not the manifest's "
+                                   "XXH3-128 " + to_hex(*ref.xxh)));
+  }
   return Status::OK();
 }
 
@@ -379,6 +385,29 @@ std::vector<uint64_t> SnapshotReader::chunks_for_cell_prefix(uint64_t n_cells) c
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::vector<uint64_t> SnapshotReader::block_bounds(uint64_t target) const {
+  target = std::max<uint64_t>(target, 1);
+  std::vector<uint64_t> cuts{0};
+  uint64_t start = 0;  // of the block being filled
+  // The next piece [at, at + n) joins the block, or starts a new one when the block would outgrow `target`.
+  auto add = [&](uint64_t at, uint64_t n) {
+    if (at > start && at + n - start > target) {
+      cuts.push_back(at);
+      start = at;
+    }
+  };
+  for (const Segment& s : impl_->m.segments.segments) {
+    // A piece that may not be cut: a row-major chunk, a band of tiles; frame bytes cut anywhere.
+    uint64_t piece = target;
+    if (s.kind == SegmentKind::kRows) piece = uint64_t(s.cells_per_chunk) * s.row_bytes;
+    if (s.kind == SegmentKind::kTransposed) piece = uint64_t(s.rows_per_chunk) * s.cell_count * s.elem_bytes;
+    for (uint64_t at = 0; at < s.size; at += piece) add(s.file_offset + at, std::min(piece, s.size - at));
+  }
+  const uint64_t end = impl_->m.provenance.file_size;
+  if (cuts.back() != end) cuts.push_back(end);
+  return cuts;
 }
 
 std::string SnapshotReader::describe_chunk(uint64_t index) const { return impl_->describe(index); }

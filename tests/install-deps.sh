@@ -2,7 +2,7 @@
 # Installs what kvsnap needs to build and test on Debian 12 (apt-get; sudo when not root).
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates python3 python3-venv
-      libsqlite3-dev libzstd-dev libarchive-dev libcli11-dev libssl-dev nlohmann-json3-dev
+      libsqlite3-dev libzstd-dev libxxhash-dev libarchive-dev libcli11-dev libssl-dev nlohmann-json3-dev
       libgtest-dev libgmock-dev libbenchmark-dev libcurl4-openssl-dev
       libcpp-httplib-dev        # kvsnap serve's proxy (0.11.4, what llama-server vendors)
       libpq-dev postgresql-15   # the PostgreSQL catalog: libpq, and the server tests/beds/postgres.sh runs

@@ -62,6 +62,14 @@ class PosixReadableFile final : public ReadableFile {
   uint64_t size_;
 };
 
+// Write-behind: every kWriteBehindBytes appended, the kernel is asked to start
+// writing them to the disk (sync_file_range WRITE: it does not wait), so the
+// disk works while the caller computes the next bytes and the final fdatasync
+// waits only for the tail. Without it a 200 MB pack or restore stays dirty in
+// the page cache (below the kernel's background threshold) until sync(), which
+// then flushes all of it after the CPU work (docs/store.md, "Speed and space").
+constexpr uint64_t kWriteBehindBytes = uint64_t(8) << 20;
+
 class PosixWritableFile final : public WritableFile {
  public:
   PosixWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
@@ -77,6 +85,8 @@ class PosixWritableFile final : public WritableFile {
       }
       done += static_cast<size_t>(n);
     }
+    written_ += data.size();
+    if (written_ - flushing_from_ >= kWriteBehindBytes) start_writeback();
     return Status::OK();
   }
   Status sync() override {
@@ -92,8 +102,18 @@ class PosixWritableFile final : public WritableFile {
   }
 
  private:
+  // A hint: its failure (a file system without it) changes nothing that sync() promises.
+  void start_writeback() {
+#if defined(__linux__)
+    (void)::sync_file_range(fd_, off64_t(flushing_from_), off64_t(written_ - flushing_from_), SYNC_FILE_RANGE_WRITE);
+#endif
+    flushing_from_ = written_;
+  }
+
   std::string path_;
   int fd_;
+  uint64_t written_ = 0;        // bytes appended so far
+  uint64_t flushing_from_ = 0;  // bytes before this were handed to start_writeback()
 };
 
 class PosixFileLock final : public FileLock {

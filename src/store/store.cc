@@ -125,25 +125,27 @@ struct TempFile {
 };
 
 // Copies the snapshot's original to `out` in order (format/snapshot_pipeline.h):
-// `threads` decoders each take the next 4 MiB block as soon as a buffer of the
-// ring is free and decode and hash-check its chunks straight into it
-// (OriginalFile reads whole chunks into the caller's buffer); this thread
-// appends the blocks in order as they become ready, so writing overlaps
-// decoding. Every byte comes from a chunk whose SHA-256 was checked when
-// decoded, and the manifest itself is checked by its digest, so no whole-file
-// hash is needed here (verify does one).
-Status copy_parallel(const ReadableFile& file, uint32_t threads, ByteSink& out) {
-  constexpr uint64_t kBlock = 4u << 20;
+// `threads` decoders each take the next block of about 4 MiB as soon as a
+// buffer of the ring is free and decode and hash-check its chunks straight
+// into it (OriginalFile reads whole chunks into the caller's buffer; the
+// blocks are cut at chunk boundaries, so no chunk goes through the shared
+// cache or is decoded twice); this thread appends the blocks in order as they
+// become ready, so writing overlaps decoding. Every byte comes from a chunk
+// whose SHA-256 was checked when decoded, and the manifest itself is checked
+// by its digest, so no whole-file hash is needed here (verify does one).
+Status copy_parallel(const SnapshotReader& reader, uint32_t threads, ByteSink& out) {
+  const ReadableFile& file = reader.original();
+  const std::vector<uint64_t> cuts = reader.block_bounds(4u << 20);
+  uint64_t largest = 0;
+  for (size_t i = 1; i < cuts.size(); ++i) largest = std::max(largest, cuts[i] - cuts[i - 1]);
   const uint32_t T = std::max(1u, threads);
   std::vector<std::vector<std::byte>> ring(2 * T);
-  auto block = [&](uint64_t i, size_t slot) {
-    return std::span<std::byte>(ring[slot].data(), std::min<uint64_t>(kBlock, file.size() - i * kBlock));
-  };
+  auto block = [&](uint64_t i, size_t slot) { return std::span<std::byte>(ring[slot].data(), cuts[i + 1] - cuts[i]); };
   return ordered_pipeline(
-      (file.size() + kBlock - 1) / kBlock, T, ring.size(),
+      cuts.size() - 1, T, ring.size(),
       [&](uint64_t i, size_t slot, uint32_t) {
-        if (ring[slot].empty()) ring[slot].resize(kBlock);
-        return file.read_at(i * kBlock, block(i, slot));
+        if (ring[slot].empty()) ring[slot].resize(largest);
+        return file.read_at(cuts[i], block(i, slot));
       },
       [&](uint64_t i, size_t slot) { return out.append(std::span<const std::byte>(block(i, slot))); });
 }
@@ -408,7 +410,7 @@ Result<RestoreResult> Store::restore_unlabeled(const std::string& ref, const Res
   const bool convert = wants_conversion(req.spec);
   if (!convert && !req.tokens) {
     const uint32_t threads = req.spec.threads > 0 ? uint32_t(req.spec.threads) : default_threads();
-    KV_RETURN_IF_ERROR(copy_parallel(original, threads, tee));
+    KV_RETURN_IF_ERROR(copy_parallel(reader, threads, tee));
   } else if (!convert) {
     KV_RETURN_IF_ERROR(prefix_error(write_prefix(parsed, original, *req.tokens, tee), ref));
     r.n_tokens = *req.tokens;

@@ -17,7 +17,7 @@ build=${1:-build-aarch64}
 jobs=$(nproc 2>/dev/null || echo 2)
 
 host_pkgs=(g++-aarch64-linux-gnu qemu-user)
-arm_pkgs=(libssl-dev:arm64 libzstd-dev:arm64 libgtest-dev:arm64)
+arm_pkgs=(libssl-dev:arm64 libzstd-dev:arm64 libxxhash-dev:arm64 libgtest-dev:arm64)
 missing=()
 for p in "${host_pkgs[@]}" "${arm_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

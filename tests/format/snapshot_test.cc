@@ -22,6 +22,7 @@
 #include "format/model_profile.h"
 #include "format/snapshot_internal.h"
 #include "format/state_builder.h"
+#include "format/state_prefix.h"
 #include "under_asan.h"
 #include "test_files.h"
 
@@ -474,6 +475,168 @@ TEST(SnapshotHostile, UnknownOptionalSectionIsSkipped) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_EQ((*r)->manifest().skipped_sections.size(), 1u);
   EXPECT_TRUE(read_all_of((*r)->original()) == s->state);
+}
+
+// --- Speed paths: block bounds, the equality digest ------------------------------------
+
+// Restore copies original() in blocks on several threads: no cut inside a row-major chunk or a
+// transposed band (each chunk decoded once, by one thread), and the blocks add up to the file.
+TEST(Snapshot, BlockBoundsCutBetweenChunksAndBands) {
+  for (uint32_t v_trans : {0u, 1u}) {
+    SynthSpec spec;
+    spec.v_trans = v_trans;
+    spec.cells = 40;
+    spec.layers = {{1, 64, 1, 64}, {8, 64, 1, 32}, {0, 32, 0, 32}};
+    const auto state = build_state(spec);
+    MemoryFile f("state", std::span<const std::byte>(state));
+    auto st = parse_state(f);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    MapStore store;
+    auto m = build_snapshot(*st, f, opts_with(3), store);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    for (uint64_t target : {uint64_t(1), uint64_t(100), uint64_t(4096), uint64_t(1) << 20}) {
+      auto r = open_snapshot(m->bytes, store);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      const std::vector<uint64_t> cuts = (*r)->block_bounds(target);
+      ASSERT_GE(cuts.size(), 2u);
+      EXPECT_EQ(cuts.front(), 0u);
+      EXPECT_EQ(cuts.back(), state.size());
+      std::vector<std::byte> got;
+      for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+        ASSERT_LT(cuts[i], cuts[i + 1]);
+        std::vector<std::byte> b(cuts[i + 1] - cuts[i]);
+        ASSERT_TRUE((*r)->original().read_at(cuts[i], b).ok());
+        got.insert(got.end(), b.begin(), b.end());
+      }
+      EXPECT_TRUE(got == state) << "v_trans " << v_trans << ", target " << target;
+      for (const Segment& seg : m->segments.segments) {
+        uint64_t piece = 0;
+        if (seg.kind == SegmentKind::kRows) piece = uint64_t(seg.cells_per_chunk) * seg.row_bytes;
+        if (seg.kind == SegmentKind::kTransposed) piece = uint64_t(seg.rows_per_chunk) * seg.cell_count * seg.elem_bytes;
+        if (!piece) continue;
+        for (uint64_t c : cuts) {
+          if (c > seg.file_offset && c < seg.file_offset + seg.size) {
+            EXPECT_EQ((c - seg.file_offset) % piece, 0u) << snapshot_detail::describe_segment(seg) << ": cut at " << c;
+          }
+        }
+      }
+      if (target == 1) {
+        EXPECT_GT(cuts.size(), m->chunks.size() / 2) << "a small target cuts at every chunk";
+      }
+    }
+  }
+}
+
+// Every plain chunk records its XXH3-128 (CHKX) beside its SHA-256, and the manifest keeps it.
+TEST(Snapshot, ChunksRecordTheirXxhInTheManifest) {
+  auto s = store_snapshot();
+  ASSERT_FALSE(s->m.chunks.empty());
+  for (const ChunkRef& c : s->m.chunks) ASSERT_TRUE(c.xxh.has_value()) << "chunk " << c.index;
+  auto pm = parse_manifest(s->m.bytes);
+  ASSERT_TRUE(pm.ok()) << pm.status().ToString();
+  for (size_t i = 0; i < pm->chunks.size(); ++i) EXPECT_EQ(pm->chunks[i].xxh, s->m.chunks[i].xxh);
+  EXPECT_TRUE(pm->skipped_sections.empty());
+}
+
+// A saved session extended: its parent's chunks are found by XXH3-128 (no SHA-256 over them) and
+// the extension reads back byte for byte. A known ref is trusted by its digest: one with the same
+// digest and another SHA-256 is taken as it is (which is why every decode checks both).
+TEST(Snapshot, AnExtensionFindsItsParentsChunksByXxh) {
+  const auto full = slurp(kRoot / "fixtures/v0.5.0/hd64-f16-f16-faoff.slot");
+  MemoryFile ff("full.slot", std::span<const std::byte>(full));
+  auto fst = parse_state(ff);
+  ASSERT_TRUE(fst.ok()) << fst.status().ToString();
+  VectorSink cut;
+  ASSERT_TRUE(write_prefix(*fst, ff, 64, cut).ok());
+  MemoryFile cf("cut.slot", std::span<const std::byte>(cut.bytes));
+  auto cst = parse_state(cf);
+  ASSERT_TRUE(cst.ok()) << cst.status().ToString();
+  MapStore store;
+  auto parent = build_snapshot(*cst, cf, opts_with(16), store);
+  ASSERT_TRUE(parent.ok()) << parent.status().ToString();
+  auto pm = parse_manifest(parent->bytes);
+  ASSERT_TRUE(pm.ok());
+  std::map<Sha256Digest, ChunkRef> known;
+  for (const ChunkRef& c : pm->chunks) known.emplace(c.sha256, c);
+
+  SnapshotOptions o = opts_with(16);
+  o.known_chunks = &known;
+  auto ext = build_snapshot(*fst, ff, o, store);
+  ASSERT_TRUE(ext.ok()) << ext.status().ToString();
+  size_t reused = 0;
+  for (const ChunkRef& c : ext->chunks) {
+    ASSERT_TRUE(c.xxh.has_value());
+    reused += known.count(c.sha256);
+  }
+  EXPECT_GT(reused, ext->chunks.size() / 4) << "the parent's K/V chunks of the first 64 cells";
+  EXPECT_LT(reused, ext->chunks.size());
+  auto r = open_snapshot(ext->bytes, store);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(read_all_of((*r)->original()) == full);
+  EXPECT_TRUE((*r)->verify_chunks().ok());
+  EXPECT_TRUE((*r)->verify_original().ok());
+
+  // The digest decides: a known ref whose SHA-256 differs (but not its digest) is taken.
+  std::map<Sha256Digest, ChunkRef> forged;
+  Sha256Digest bent{};
+  for (const auto& [sha, ref] : known) {
+    ChunkRef c = ref;
+    if (bent == Sha256Digest{} && ref.raw_size > 0 && ref.index >= pm->segments.n_frame_chunks) {
+      c.sha256[0] ^= 1;
+      bent = c.sha256;
+    }
+    forged.emplace(c.sha256, c);
+  }
+  o.known_chunks = &forged;
+  auto taken = build_snapshot(*fst, ff, o, store);
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  EXPECT_TRUE(std::any_of(taken->chunks.begin(), taken->chunks.end(),
+                          [&](const ChunkRef& c) { return c.sha256 == bent; }));
+}
+
+// A damaged CHKX digest fails the read of its chunk (as a damaged blob does), naming the digest.
+TEST(SnapshotHostile, AWrongXxhFailsTheChunksRead) {
+  auto s = store_snapshot();
+  Surgery x{s->m.bytes};
+  const size_t at = x.payload_of(snapshot_detail::kTagChkx);
+  ASSERT_NE(at, 0u);
+  x.b[at + 4 + 16 * (s->m.chunks.size() - 1)] ^= std::byte{1};  // the last chunk's digest
+  x.reseal();
+  auto r = open_snapshot(x.b, s->store);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<std::byte> b(s->state.size());
+  Status rd = (*r)->original().read_at(0, b);
+  ASSERT_FALSE(rd.ok());
+  EXPECT_EQ(rd.code(), Code::kCorruption);
+  EXPECT_NE(rd.message().find("XXH3-128"), std::string::npos) << rd.ToString();
+  EXPECT_FALSE((*r)->verify_chunks().ok());
+}
+
+// CHKX of an algorithm this kvsnap does not know is skipped (the chunks have no digest); one of
+// the wrong length is refused.
+TEST(SnapshotHostile, ChkxOfAnotherAlgorithmIsSkippedAndOfAWrongLengthRefused) {
+  auto s = store_snapshot();
+  Surgery x{s->m.bytes};
+  const size_t at = x.payload_of(snapshot_detail::kTagChkx);
+  ASSERT_NE(at, 0u);
+  x.set_u32(at, 99);
+  x.reseal();
+  auto r = open_snapshot(x.b, s->store);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)->manifest().skipped_sections, std::vector<uint32_t>{snapshot_detail::kTagChkx});
+  for (const ChunkRef& c : (*r)->chunks()) EXPECT_FALSE(c.xxh.has_value());
+  EXPECT_TRUE(read_all_of((*r)->original()) == s->state);
+
+  Surgery y{s->m.bytes};
+  y.set_u64(y.payload_of(snapshot_detail::kTagChkx) - 8, 4 + 16 * (s->m.chunks.size() - 1));  // claims one less
+  // the section now ends 16 bytes early: move DIGS back by cutting the last digest out
+  const size_t cut_at = y.payload_of(snapshot_detail::kTagChkx) + 4 + 16 * (s->m.chunks.size() - 1);
+  y.b.erase(y.b.begin() + std::ptrdiff_t(cut_at), y.b.begin() + std::ptrdiff_t(cut_at + 16));
+  y.reseal();
+  auto bad = open_snapshot(y.b, s->store);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), Code::kCorruption);
+  EXPECT_NE(bad.status().message().find("CHKX"), std::string::npos) << bad.status().ToString();
 }
 
 TEST(SnapshotHostile, UnknownRequiredSectionIsRefusedByName) {

@@ -59,6 +59,22 @@ Loaded load(const fs::path& p, const ModelInfo* model = nullptr) {
   return l;
 }
 
+// A session's first n tokens, as the file llama-server would have saved then.
+struct Cut {
+  VectorSink bytes;
+  std::unique_ptr<MemoryFile> file;
+  StateFile state;
+};
+std::unique_ptr<Cut> cut_to(const Loaded& l, uint64_t n) {
+  auto c = std::make_unique<Cut>();
+  EXPECT_TRUE(write_prefix(l.state, *l.file, n, c->bytes).ok());
+  c->file = std::make_unique<MemoryFile>("cut.slot", std::span<const std::byte>(c->bytes.bytes));
+  auto st = parse_state(*c->file);
+  EXPECT_TRUE(st.ok()) << st.status().ToString();
+  if (st.ok()) c->state = std::move(st).value();
+  return c;
+}
+
 std::vector<fs::path> state_fixtures() {
   std::vector<fs::path> out;
   for (const char* dir : {"v0.5.0", "b8121", "b5640"})
@@ -208,6 +224,34 @@ TEST(Store, TokenPrefixRestoreAndSharedChunks) {
   ASSERT_EQ(found->size(), 2u);
   EXPECT_EQ((*found)[0].id, a->info.id);
   EXPECT_EQ((*found)[1].id, b->info.id);
+}
+
+// A session saved after its own prefix (a conversation that went on): the prefix is its parent,
+// only the new chunks are written, and it restores and verifies byte for byte, in one go and in
+// blocks cut at chunk boundaries on several threads.
+TEST(Store, AnExtensionOfAStoredSessionWritesOnlyItsNewChunks) {
+  TempStore t;
+  Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faoff.slot");
+  auto cut = cut_to(l, 64);
+  SaveRequest req;
+  req.cells_per_chunk = 16;
+  req.threads = 2;
+  auto base = t.store->save(*cut->file, cut->state, req);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  auto ext = t.store->save(*l.file, l.state, req);
+  ASSERT_TRUE(ext.ok()) << ext.status().ToString();
+  EXPECT_EQ(ext->info.parent_id.value_or(-1), base->info.id);
+  EXPECT_LT(ext->chunks_new, ext->chunks / 2) << "the parent's chunks are not written again";
+  for (int threads : {1, 2, 3}) {
+    RestoreRequest rr;
+    rr.spec.threads = threads;
+    VectorSink got;
+    ASSERT_TRUE(t.store->restore(std::to_string(ext->info.id), rr, got).ok());
+    EXPECT_TRUE(got.bytes == l.bytes) << threads << " threads";
+  }
+  auto v = t.store->verify({});
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_TRUE(v->problems.empty()) << v->problems.front();
 }
 
 // Caps (eviction.h): a store cap enforced after a save evicts the least recently restored and expired
