@@ -108,6 +108,8 @@ class BlobWriteBatch {
   // appends after it start a new pack.
   virtual Status commit() = 0;
   virtual uint64_t written() const = 0;  // blobs written (not deduplicated) so far
+  // The shared gc lock this batch holds: what the catalog commit checks (Catalog::commit_save).
+  GcLockHold& hold() const { return *hold_; }
 
  protected:
   explicit BlobWriteBatch(std::unique_ptr<GcLockHold> hold) : hold_(std::move(hold)) {}

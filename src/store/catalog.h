@@ -168,6 +168,16 @@ class Catalog {
   // taken name or uuid, a missing parent, an all-digit name; kMismatch when a
   // chunk hash is known with another raw size.
   virtual Result<SnapshotInfo> add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks) = 0;
+  // add_snapshot() as a save's commit: it commits only if `hold`, the save's
+  // shared gc lock (BlobWriteBatch::hold), has stood from the save's start
+  // through the commit, so no gc can have deleted a blob the snapshot names.
+  // A lost hold is kIOError saying so, and nothing is committed. The default
+  // checks hold.still_held() just before add_snapshot(): enough for a hold
+  // that cannot be lost while its process lives (a flock). A catalog whose
+  // database keeps the hold (hold.session()) checks it inside the commit
+  // transaction (PgCatalog says why that is race-free).
+  virtual Result<SnapshotInfo> commit_save(SnapshotRecord rec, const std::vector<ChunkUse>& chunks,
+                                           GcLockHold& hold);
 
   // Deletes the snapshot (its children's parent_id becomes unset) and drops its
   // chunk references in one transaction. Returns the chunks whose refcount

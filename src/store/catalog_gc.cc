@@ -1,6 +1,7 @@
 // collect_garbage(): generic over the Catalog, BlobStore and GcLocks
 // interfaces. Plans every deletion under the exclusive gc lock once the
 // catalog has forgotten the rows, then deletes blobs, packs and temporaries.
+// Also the save's side of the gc rule: Catalog::commit_save()'s default.
 #include <set>
 #include <string>
 #include <vector>
@@ -41,6 +42,11 @@ Status remove(BlobStore& blobs, const GcLock& lock, const Deletion& d) {
 
 }  // namespace
 
+Result<SnapshotInfo> Catalog::commit_save(SnapshotRecord rec, const std::vector<ChunkUse>& chunks, GcLockHold& hold) {
+  KV_RETURN_IF_ERROR(hold.still_held().Prefixed(describe() + ": not committing the save"));
+  return add_snapshot(std::move(rec), chunks);
+}
+
 Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOptions& options) {
   GcReport report;
   KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLock> lock, blobs.lock_for_gc(options.wait));
@@ -64,6 +70,11 @@ Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOpt
   if (options.scan_orphans) {
     KV_ASSIGN_OR_RETURN(temps, blobs.list_tmp());
   }
+  // The plan is sound only if the lock stood while it was made: a database's
+  // lock lost meanwhile (a restart) let saves in, whose new packs look unused.
+  // (Nothing a save starts later can have a planned name: packs are new names,
+  // and the rows planned for are gone.)
+  KV_RETURN_IF_ERROR(lock->still_held().Prefixed("gc: deleting nothing"));
   // Every file to delete is garbage now: no row names it. Deleting them in any
   // order, or stopping at any point, leaves a whole store.
   // A packed chunk's blob goes with its pack: deleting a loose blob of its hash

@@ -56,6 +56,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -78,6 +79,8 @@ class PgCatalog : public Catalog {
 
   // catalog.h's methods, with its promises.
   Result<SnapshotInfo> add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks) override;
+  // Checks the hold's session (PgGcHold) inside the commit transaction.
+  Result<SnapshotInfo> commit_save(SnapshotRecord rec, const std::vector<ChunkUse>& chunks, GcLockHold& hold) override;
   Result<std::vector<ChunkHash>> remove_snapshot(int64_t id) override;
   Result<SnapshotRecord> get(int64_t id) override;
   Result<SnapshotInfo> get_info(int64_t id) override;
@@ -106,6 +109,11 @@ class PgCatalog : public Catalog {
  private:
   explicit PgCatalog(std::unique_ptr<PgConn> conn);
   Status migrate();
+  // add_snapshot(), checking `hold` first inside its transaction (commit_save).
+  Result<SnapshotInfo> add(SnapshotRecord rec, const std::vector<ChunkUse>& chunks,
+                           const std::optional<GcHoldSession>& hold);
+  // OK when the session still holds the gc lock, under the commit fence (pg_gc_locks.h).
+  Status check_hold(const GcHoldSession& hold);
   // Infos (with tags) of `ids` that exist, in the order of `ids`.
   Result<std::vector<SnapshotInfo>> infos(const std::vector<int64_t>& ids);
   // (n_tokens, id) of the snapshots whose hashes say "prefix of query".

@@ -294,7 +294,7 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   if (req.ttl_seconds) {
     KV_ASSIGN_OR_RETURN(info.expires_at, add_seconds(now_(), *req.ttl_seconds));
   }
-  KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->add_snapshot(std::move(rec), sink.uses));
+  KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->commit_save(std::move(rec), sink.uses, batch->hold()));
   batch.reset();  // the catalog references the blobs now: gc may run again
   SaveResult r;
   r.info = std::move(stored);
@@ -671,7 +671,7 @@ Result<ImportReport> Store::import_from(const std::string& path) {
       else rec.info.name = name;
     }
     rec.info.tags = meta->tags;
-    KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->add_snapshot(std::move(rec), uses));
+    KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->commit_save(std::move(rec), uses, batch->hold()));
     rep.imported.push_back(std::move(stored));
   }
   return rep;
