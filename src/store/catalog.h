@@ -191,6 +191,12 @@ class Catalog {
   // snapshot named it, so its blob is durable; under the shared gc lock it
   // stays, even at refcount 0.
   virtual Result<std::optional<ChunkUse>> find_chunk(const ChunkHash& h) = 0;
+  // find_chunk() for many hashes: one answer per hash, in their order. A save
+  // asks this once per batch of chunks (kChunkLookupBatch), so a catalog
+  // server costs a round trip per batch, not per chunk. The default asks
+  // find_chunk() for each.
+  virtual Result<std::vector<std::optional<ChunkUse>>> find_chunks(std::span<const ChunkHash> hashes);
+  static constexpr size_t kChunkLookupBatch = 256;
 
   // What the user typed, tried in this order: exact name, decimal id, full
   // uuid, unique uuid prefix of >= 6 characters. kAmbiguous names the
@@ -227,6 +233,10 @@ class Catalog {
   // The snapshots of the scope (all, or those tagged kTenantTag = *tenant)
   // and their chunk uses with the chunks' store-wide refcounts.
   virtual Result<EvictionScope> eviction_scope(const std::optional<std::string>& tenant) = 0;
+  // The snapshots that are not pinned and whose expires_at <= `now`, oldest
+  // expiry first (then by id): what an eviction without a cap looks for first,
+  // from the snapshot rows alone, so a gc that finds none reads no chunk uses.
+  virtual Result<std::vector<int64_t>> expired_snapshots(const std::string& now) = 0;
 
   virtual Result<CatalogStats> stats() = 0;
   // Problems found, empty when none: the backend's own consistency check,

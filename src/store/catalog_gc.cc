@@ -1,7 +1,6 @@
 // collect_garbage(): generic over the Catalog, BlobStore and GcLocks
 // interfaces. Plans every deletion under the exclusive gc lock once the
 // catalog has forgotten the rows, then deletes blobs, packs and temporaries.
-// Also the save's side of the gc rule: Catalog::commit_save()'s default.
 #include <set>
 #include <string>
 #include <vector>
@@ -41,11 +40,6 @@ Status remove(BlobStore& blobs, const GcLock& lock, const Deletion& d) {
 }
 
 }  // namespace
-
-Result<SnapshotInfo> Catalog::commit_save(SnapshotRecord rec, const std::vector<ChunkUse>& chunks, GcLockHold& hold) {
-  KV_RETURN_IF_ERROR(hold.still_held().Prefixed(describe() + ": not committing the save"));
-  return add_snapshot(std::move(rec), chunks);
-}
 
 Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOptions& options) {
   GcReport report;

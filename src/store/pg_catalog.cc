@@ -481,6 +481,27 @@ Result<std::optional<ChunkUse>> PgCatalog::find_chunk(const ChunkHash& h) {
   return std::optional<ChunkUse>(std::move(u));
 }
 
+Result<std::vector<std::optional<ChunkUse>>> PgCatalog::find_chunks(std::span<const ChunkHash> hashes) {
+  std::vector<std::optional<ChunkUse>> out(hashes.size());
+  if (hashes.empty()) return out;
+  std::vector<ChunkHash> list(hashes.begin(), hashes.end());
+  std::vector<std::span<const std::byte>> keys = spans_of(list);
+  KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT sha256, raw_size, stored_size, pack, pack_offset FROM chunks "
+                                              "WHERE sha256 = ANY($1)",
+                                              PgParams().bytes_array(keys)));
+  std::map<ChunkHash, ChunkUse> found;
+  for (int r = 0; r < q.rows(); ++r) {
+    ChunkUse u;
+    if (!read_chunk_row(q, r, u)) return Status::Corruption(where_ + ": malformed chunk hash in the chunks table");
+    found.emplace(u.sha256, std::move(u));
+  }
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    auto it = found.find(hashes[i]);
+    if (it != found.end()) out[i] = it->second;
+  }
+  return out;
+}
+
 Result<int64_t> PgCatalog::resolve(const std::string& ref) {
   if (ref.empty()) return Status::InvalidArgument("an empty snapshot reference");
   {

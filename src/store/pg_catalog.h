@@ -86,6 +86,8 @@ class PgCatalog : public Catalog {
   Result<SnapshotInfo> get_info(int64_t id) override;
   Result<std::vector<ChunkUse>> chunks_of(int64_t id) override;
   Result<std::optional<ChunkUse>> find_chunk(const ChunkHash& h) override;
+  // One statement (sha256 = ANY($1)): one round trip however many hashes.
+  Result<std::vector<std::optional<ChunkUse>>> find_chunks(std::span<const ChunkHash> hashes) override;
   Result<int64_t> resolve(const std::string& ref) override;
   // name_glob has SQLite GLOB's syntax (* ? [...] [^...]), case-sensitive.
   Result<std::vector<SnapshotInfo>> list(const ListFilter& filter = {}) override;
@@ -98,6 +100,7 @@ class PgCatalog : public Catalog {
   Status set_pinned(int64_t id, bool pinned) override;
   Status set_expiry(int64_t id, const std::optional<std::string>& expires_at) override;
   Result<EvictionScope> eviction_scope(const std::optional<std::string>& tenant) override;
+  Result<std::vector<int64_t>> expired_snapshots(const std::string& now) override;
   Result<CatalogStats> stats() override;
   // Refcounts against chunk lists, n_chunks against the lists, token sizes
   // (PostgreSQL enforces the foreign keys itself).
