@@ -1,7 +1,7 @@
-// A store over the PostgreSQL catalog (tests/beds/postgres.sh) where only a
-// shared database can fail it: the save's gc lock lost mid-save (the lock's
-// backend terminated, as a server restart would), a gc from another host in
-// between.
+// A store over the PostgreSQL catalog (tests/beds/postgres.sh): where only a
+// shared database can fail it (the save's gc lock lost mid-save: the lock's
+// backend terminated, as a server restart would, a gc from another host in
+// between), and the store-level caps of store_test.cc.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -13,6 +13,7 @@
 #include "store/pg_catalog.h"
 #include "store/pg_gc_locks.h"
 #include "store/store.h"
+#include "store/store_caps_scenario.h"
 #include "store/store_location.h"
 #include "test_files.h"
 
@@ -194,6 +195,13 @@ TEST_F(PgStoreTest, AnExclusiveHoldWaitsForCommitsInFlight) {
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_TRUE(*got);
   PQfinish(c);
+}
+
+// The store-level cap scenario of store_test.cc, on the PostgreSQL catalog.
+TEST_F(PgStoreTest, CapEnforcedWithPinsKept) {
+  auto store = open();
+  ASSERT_TRUE(store);
+  test::cap_enforced_with_pins_kept(*store);
 }
 
 }  // namespace
