@@ -162,6 +162,10 @@ class BlobStore {
   // backend without local temporaries. One of them deleted (absent is OK).
   virtual Result<std::vector<std::string>> list_tmp() = 0;
   virtual Status remove_tmp(const GcLock&, const std::string& name) = 0;
+  // Aborts the incomplete uploads a killed save left in storage that are older
+  // than the backend's bound (S3: multipart uploads; their parts take space
+  // but no listing of objects shows them); how many. Default: none to abort.
+  virtual Result<size_t> abort_stale_uploads(const GcLock&) { return size_t{0}; }
   // Deletes every temporary: leftovers of saves that crashed. Returns how many.
   Result<size_t> clear_tmp(const GcLock&);
 

@@ -274,6 +274,7 @@ struct GcReport {
   size_t orphans_deleted = 0;
   size_t packs_deleted = 0;
   size_t temporaries_deleted = 0;
+  size_t uploads_aborted = 0;  // BlobStore::abort_stale_uploads (scan_orphans only)
 };
 
 // Deletes what no snapshot uses, under the exclusive gc lock: chunk rows with

@@ -112,6 +112,9 @@ Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOpt
       KV_RETURN_IF_ERROR(options.progress(progress));
     }
   }
+  if (options.scan_orphans) {
+    KV_ASSIGN_OR_RETURN(report.uploads_aborted, blobs.abort_stale_uploads(*lock));
+  }
   return report;
 }
 

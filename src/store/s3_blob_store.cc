@@ -1,8 +1,10 @@
 #include "store/s3_blob_store.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "base/sha256.h"
+#include "store/eviction.h"
 
 namespace kvsnap {
 
@@ -331,6 +333,23 @@ Result<uint64_t> S3BlobStore::tmp_size(const std::string& name) {
   if (!there) return uint64_t(0);
   KV_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> f, io_.open_read(path));
   return f->size();
+}
+
+// An upload is stale when it started before now - upload_max_age_s. Times are
+// compared to the second as ISO 8601 text; one the server wrote otherwise is left alone.
+Result<size_t> S3BlobStore::abort_stale_uploads(const GcLock&) {
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch()).count();
+  const std::string cutoff = utc_iso8601(now_ms - opt_.upload_max_age_s * 1000).substr(0, 19);
+  KV_ASSIGN_OR_RETURN(const std::vector<S3Upload> uploads, s3_.list_uploads(key("packs/")));
+  size_t aborted = 0;
+  for (const S3Upload& u : uploads) {
+    const bool dated = u.initiated.size() >= 19 && u.initiated[4] == '-' && u.initiated[10] == 'T';
+    if (!dated || u.initiated.substr(0, 19) >= cutoff) continue;
+    KV_RETURN_IF_ERROR(s3_.abort_upload(u.key, u.upload_id));
+    ++aborted;
+  }
+  return aborted;
 }
 
 Result<std::unique_ptr<BlobWriteBatch>> S3BlobStore::new_batch(std::unique_ptr<GcLockHold> hold) {
