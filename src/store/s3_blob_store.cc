@@ -5,6 +5,7 @@
 
 #include "base/sha256.h"
 #include "store/eviction.h"
+#include "store/pack_tally.h"
 
 namespace kvsnap {
 
@@ -135,12 +136,10 @@ class S3BlobWriteBatch final : public BlobWriteBatch {
   S3BlobStore& store_;
   mutable std::mutex mu_;
   uint64_t written_ = 0;  // guarded by mu_
-  // The pack being staged (guarded by mu_): its name, temporary, size so far and blobs.
-  std::string pack_;
+  // The pack being staged (guarded by mu_): its temporary, and its name, size so far and blobs.
   std::string tmp_path_;
   std::unique_ptr<WritableFile> tmp_;
-  uint64_t pack_size_ = 0;
-  std::map<ChunkHash, BlobLocation> packed_;
+  PackTally pack_;
 };
 
 void S3BlobWriteBatch::abandon_pack() {
@@ -148,9 +147,7 @@ void S3BlobWriteBatch::abandon_pack() {
   if (!tmp_path_.empty()) (void)store_.io_.remove(tmp_path_);
   tmp_.reset();
   tmp_path_.clear();
-  pack_.clear();
-  pack_size_ = 0;
-  packed_.clear();  // those locations will never exist
+  pack_.clear();  // those locations will never exist
 }
 
 Result<PutOutcome> S3BlobWriteBatch::put(const ChunkHash& h, std::span<const std::byte> stored) {
@@ -165,23 +162,19 @@ Result<PutOutcome> S3BlobWriteBatch::put(const ChunkHash& h, std::span<const std
 
 Result<BlobLocation> S3BlobWriteBatch::append(const ChunkHash& h, std::span<const std::byte> stored) {
   std::lock_guard g(mu_);
-  if (auto it = packed_.find(h); it != packed_.end()) return it->second;
-  if (!tmp_path_.empty() && !tmp_) return Status::InvalidArgument("pack " + pack_ + " is being committed");
+  if (const BlobLocation* at = pack_.find(h)) return *at;
+  if (!tmp_path_.empty() && !tmp_) return Status::InvalidArgument("pack " + pack_.name() + " is being committed");
   if (!tmp_) {
-    pack_ = new_pack_name();
-    tmp_path_ = store_.opt_.staging_dir + "/" + pack_ + ".pack" + std::string(kTempInfix) + unique_suffix();
+    pack_.start();
+    tmp_path_ = store_.opt_.staging_dir + "/" + pack_.name() + ".pack" + std::string(kTempInfix) + unique_suffix();
     KV_ASSIGN_OR_RETURN(tmp_, store_.io_.open_write(tmp_path_, /*exclusive=*/true));
-    pack_size_ = 0;
   }
   if (Status s = tmp_->append(stored); !s.ok()) {
     abandon_pack();
     return s;
   }
-  BlobLocation where{pack_, pack_size_, stored.size()};
-  pack_size_ += stored.size();
-  packed_.emplace(h, where);
   ++written_;
-  return where;
+  return pack_.add(h, stored.size());
 }
 
 Status S3BlobWriteBatch::commit() {
@@ -193,16 +186,14 @@ Status S3BlobWriteBatch::commit() {
   }
   // The staged file stays until the upload succeeds: a failed commit may be retried.
   KV_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, store_.io_.open_read(tmp_path_));
-  if (file->size() != pack_size_)
+  if (file->size() != pack_.size())
     return Status::Corruption(tmp_path_ + ": the staged pack has " + std::to_string(file->size()) + " bytes, " +
-                              std::to_string(pack_size_) + " were appended");
-  KV_RETURN_IF_ERROR(store_.s3_.put_file(store_.pack_key(pack_), *file));
+                              std::to_string(pack_.size()) + " were appended");
+  KV_RETURN_IF_ERROR(store_.s3_.put_file(store_.pack_key(pack_.name()), *file));
   file.reset();
   (void)store_.io_.remove(tmp_path_);
   tmp_path_.clear();
-  pack_.clear();
-  pack_size_ = 0;
-  packed_.clear();  // appends after a commit start a new pack
+  pack_.clear();  // appends after a commit start a new pack
   return Status::OK();
 }
 
