@@ -94,7 +94,7 @@ Status run_gc(const GcOpts& o, std::string& out) {
   KV_ASSIGN_OR_RETURN(CatalogStats s, store->catalog().stats());
   json j = {{"skipped_busy", r.skipped_busy}, {"unreferenced_deleted", r.unreferenced_deleted},
             {"orphans_deleted", r.orphans_deleted}, {"packs_deleted", r.packs_deleted},
-            {"temporaries_deleted", r.temporaries_deleted}, {"snapshots", s.snapshots}, {"chunks", s.chunks},
+            {"temporaries_deleted", r.temporaries_deleted}, {"uploads_aborted", r.uploads_aborted}, {"snapshots", s.snapshots}, {"chunks", s.chunks},
             {"stored_bytes", s.stored_bytes}, {"raw_bytes", s.raw_bytes}, {"dedup_ratio", s.dedup_ratio}};
   j.update(ej);
   out = etext;
@@ -114,6 +114,7 @@ Status run_gc(const GcOpts& o, std::string& out) {
                 (long long)s.snapshots, (long long)s.chunks, mib(s.stored_bytes).c_str(), mib(s.raw_bytes).c_str(),
                 s.dedup_ratio);
   out += buf;
+  if (r.uploads_aborted) out += "gc: aborted " + std::to_string(r.uploads_aborted) + " stale multipart uploads\n";
   return Status::OK();
 }
 

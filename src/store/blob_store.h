@@ -108,6 +108,8 @@ class BlobWriteBatch {
   // appends after it start a new pack.
   virtual Status commit() = 0;
   virtual uint64_t written() const = 0;  // blobs written (not deduplicated) so far
+  // The shared gc lock this batch holds: what the catalog commit checks (Catalog::commit_save).
+  GcLockHold& hold() const { return *hold_; }
 
  protected:
   explicit BlobWriteBatch(std::unique_ptr<GcLockHold> hold) : hold_(std::move(hold)) {}
@@ -160,6 +162,10 @@ class BlobStore {
   // backend without local temporaries. One of them deleted (absent is OK).
   virtual Result<std::vector<std::string>> list_tmp() = 0;
   virtual Status remove_tmp(const GcLock&, const std::string& name) = 0;
+  // Aborts the incomplete uploads a killed save left in storage that are older
+  // than the backend's bound (S3: multipart uploads; their parts take space
+  // but no listing of objects shows them); how many. Default: none to abort.
+  virtual Result<size_t> abort_stale_uploads(const GcLock&) { return size_t{0}; }
   // Deletes every temporary: leftovers of saves that crashed. Returns how many.
   Result<size_t> clear_tmp(const GcLock&);
 

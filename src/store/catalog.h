@@ -168,6 +168,16 @@ class Catalog {
   // taken name or uuid, a missing parent, an all-digit name; kMismatch when a
   // chunk hash is known with another raw size.
   virtual Result<SnapshotInfo> add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks) = 0;
+  // add_snapshot() as a save's commit: it commits only if `hold`, the save's
+  // shared gc lock (BlobWriteBatch::hold), has stood from the save's start
+  // through the commit, so no gc can have deleted a blob the snapshot names.
+  // A lost hold is kIOError saying so, and nothing is committed. The default
+  // checks hold.still_held() just before add_snapshot(): enough for a hold
+  // that cannot be lost while its process lives (a flock). A catalog whose
+  // database keeps the hold (hold.session()) checks it inside the commit
+  // transaction (PgCatalog says why that is race-free).
+  virtual Result<SnapshotInfo> commit_save(SnapshotRecord rec, const std::vector<ChunkUse>& chunks,
+                                           GcLockHold& hold);
 
   // Deletes the snapshot (its children's parent_id becomes unset) and drops its
   // chunk references in one transaction. Returns the chunks whose refcount
@@ -181,6 +191,12 @@ class Catalog {
   // snapshot named it, so its blob is durable; under the shared gc lock it
   // stays, even at refcount 0.
   virtual Result<std::optional<ChunkUse>> find_chunk(const ChunkHash& h) = 0;
+  // find_chunk() for many hashes: one answer per hash, in their order. A save
+  // asks this once per batch of chunks (kChunkLookupBatch), so a catalog
+  // server costs a round trip per batch, not per chunk. The default asks
+  // find_chunk() for each.
+  virtual Result<std::vector<std::optional<ChunkUse>>> find_chunks(std::span<const ChunkHash> hashes);
+  static constexpr size_t kChunkLookupBatch = 256;
 
   // What the user typed, tried in this order: exact name, decimal id, full
   // uuid, unique uuid prefix of >= 6 characters. kAmbiguous names the
@@ -217,6 +233,10 @@ class Catalog {
   // The snapshots of the scope (all, or those tagged kTenantTag = *tenant)
   // and their chunk uses with the chunks' store-wide refcounts.
   virtual Result<EvictionScope> eviction_scope(const std::optional<std::string>& tenant) = 0;
+  // The snapshots that are not pinned and whose expires_at <= `now`, oldest
+  // expiry first (then by id): what an eviction without a cap looks for first,
+  // from the snapshot rows alone, so a gc that finds none reads no chunk uses.
+  virtual Result<std::vector<int64_t>> expired_snapshots(const std::string& now) = 0;
 
   virtual Result<CatalogStats> stats() = 0;
   // Problems found, empty when none: the backend's own consistency check,
@@ -254,6 +274,7 @@ struct GcReport {
   size_t orphans_deleted = 0;
   size_t packs_deleted = 0;
   size_t temporaries_deleted = 0;
+  size_t uploads_aborted = 0;  // BlobStore::abort_stale_uploads (scan_orphans only)
 };
 
 // Deletes what no snapshot uses, under the exclusive gc lock: chunk rows with

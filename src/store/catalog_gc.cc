@@ -64,6 +64,11 @@ Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOpt
   if (options.scan_orphans) {
     KV_ASSIGN_OR_RETURN(temps, blobs.list_tmp());
   }
+  // The plan is sound only if the lock stood while it was made: a database's
+  // lock lost meanwhile (a restart) let saves in, whose new packs look unused.
+  // (Nothing a save starts later can have a planned name: packs are new names,
+  // and the rows planned for are gone.)
+  KV_RETURN_IF_ERROR(lock->still_held().Prefixed("gc: deleting nothing"));
   // Every file to delete is garbage now: no row names it. Deleting them in any
   // order, or stopping at any point, leaves a whole store.
   // A packed chunk's blob goes with its pack: deleting a loose blob of its hash
@@ -106,6 +111,9 @@ Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOpt
       progress.bytes_done += sizes[i];
       KV_RETURN_IF_ERROR(options.progress(progress));
     }
+  }
+  if (options.scan_orphans) {
+    KV_ASSIGN_OR_RETURN(report.uploads_aborted, blobs.abort_stale_uploads(*lock));
   }
   return report;
 }

@@ -9,7 +9,9 @@
 // saves into or collects garbage from one store must use the same locks.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "base/io.h"
@@ -17,10 +19,26 @@
 
 namespace kvsnap {
 
+// The database session that keeps a hold (PgGcHold): a catalog in the same
+// database checks, inside a save's commit, that this session still holds it
+// (Catalog::commit_save). The start time tells a session from a later one that
+// got the same pid.
+struct GcHoldSession {
+  int64_t pid = 0;
+  int64_t started_us = 0;  // backend_start, microseconds since the epoch
+};
+
 // Held until destroyed.
 class GcLockHold {
  public:
   virtual ~GcLockHold() = default;
+  // OK while the hold still excludes gc; kIOError naming the lock once it was
+  // lost behind its owner's back (a database restart or a killed connection;
+  // a flock cannot be lost while its process lives, so the default is OK).
+  // Only a snapshot of the moment: Catalog::commit_save() is what makes it safe.
+  virtual Status still_held() { return Status::OK(); }
+  // The session keeping the hold, for a lock a database server keeps; empty otherwise.
+  virtual std::optional<GcHoldSession> session() const { return std::nullopt; }
 };
 
 class GcLocks {
@@ -42,6 +60,8 @@ class GcLock {
  public:
   // The exclusive hold of `locks`; nullptr when wait=false and it is taken.
   static Result<std::unique_ptr<GcLock>> take(GcLocks& locks, bool wait);
+  // GcLockHold::still_held(): gc asks once its plan is made, before deleting.
+  Status still_held() const { return hold_->still_held(); }
 
  private:
   explicit GcLock(std::unique_ptr<GcLockHold> hold) : hold_(std::move(hold)) {}

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "store/pack_tally.h"
+
 namespace kvsnap {
 
 
@@ -24,11 +26,9 @@ class LocalBlobWriteBatch final : public BlobWriteBatch {
   mutable std::mutex mu_;
   std::set<std::string> dirty_dirs_;  // guarded by mu_
   uint64_t written_ = 0;              // guarded by mu_
-  // The pack being written (guarded by mu_): its name, file, size so far and blobs.
-  std::string pack_;
+  // The pack being written (guarded by mu_): its file, and its name, size so far and blobs.
   std::unique_ptr<AtomicFileWriter> pack_file_;
-  uint64_t pack_size_ = 0;
-  std::map<ChunkHash, BlobLocation> packed_;
+  PackTally pack_;
 };
 
 Result<std::unique_ptr<LocalBlobStore>> LocalBlobStore::open(Io& io, std::string root, std::unique_ptr<GcLocks> locks) {
@@ -167,26 +167,22 @@ Result<PutOutcome> LocalBlobWriteBatch::put(const ChunkHash& h, std::span<const 
 
 Result<BlobLocation> LocalBlobWriteBatch::append(const ChunkHash& h, std::span<const std::byte> stored) {
   std::lock_guard<std::mutex> g(mu_);
-  if (auto it = packed_.find(h); it != packed_.end()) return it->second;
+  if (const BlobLocation* at = pack_.find(h)) return *at;
   if (!pack_file_) {
-    pack_ = new_pack_name();
+    pack_.start();
     AtomicWriteOptions opt;
     opt.temp_dir = store_.tmp_dir();
     opt.sync_dir = false;  // commit() does packs/
-    KV_ASSIGN_OR_RETURN(pack_file_, AtomicFileWriter::create(store_.io_, store_.pack_path(pack_), opt));
-    pack_size_ = 0;
+    KV_ASSIGN_OR_RETURN(pack_file_, AtomicFileWriter::create(store_.io_, store_.pack_path(pack_.name()), opt));
   }
   Status s = pack_file_->append(stored);
   if (!s.ok()) {
     pack_file_.reset();  // removes the temporary: a pack is never left half-written
-    packed_.clear();     // those locations will never exist
+    pack_.clear();       // those locations will never exist
     return s;
   }
-  BlobLocation where{pack_, pack_size_, stored.size()};
-  pack_size_ += stored.size();
-  packed_.emplace(h, where);
   ++written_;
-  return where;
+  return pack_.add(h, stored.size());
 }
 
 Status LocalBlobWriteBatch::commit() {
@@ -197,7 +193,7 @@ Status LocalBlobWriteBatch::commit() {
       Status s = pack_file_->commit();  // fsync, rename into packs/
       if (!s.ok()) {
         pack_file_.reset();
-        packed_.clear();  // those locations will never exist
+        pack_.clear();  // those locations will never exist
         return s;
       }
       pack_file_.reset();

@@ -10,6 +10,7 @@
 #include "store/catalog_rules.h"
 #include "store/pg_catalog_internal.h"
 #include "store/pg_conn.h"
+#include "store/pg_gc_locks.h"
 
 namespace kvsnap {
 
@@ -224,6 +225,49 @@ std::vector<std::span<const std::byte>> spans_of(const std::vector<ChunkHash>& h
 }  // namespace
 
 Result<SnapshotInfo> PgCatalog::add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks) {
+  return add(std::move(rec), chunks, std::nullopt);
+}
+
+Result<SnapshotInfo> PgCatalog::commit_save(SnapshotRecord rec, const std::vector<ChunkUse>& chunks, GcLockHold& hold) {
+  std::optional<GcHoldSession> session = hold.session();
+  if (!session) return Catalog::commit_save(std::move(rec), chunks, hold);  // a lock kept elsewhere
+  return add(std::move(rec), chunks, session);
+}
+
+// Why the check cannot straddle a gc. Let the save's hold H (a session-level
+// shared lock on kGcLockKey) be taken at t0, before the save wrote or looked up
+// any blob. The commit transaction first takes the fence (kCommitFenceKey,
+// shared, until it ends at tc), then at tf reads pg_locks: H's session (pid and
+// start time, so not a later session with a reused pid) still holds the lock.
+// Suppose a gc G deleted a blob the snapshot names. G planned its deletions
+// from a catalog snapshot that did not see this commit, under its exclusive
+// lock granted at tg; right after tg, G took and dropped the fence exclusive
+// (PgGcLocks::lock_exclusive) at tb, and it planned after tb.
+//   - If tb < tf: G's exclusive lock was granted at tg < tb < tf, while H was
+//     held (a session lock stays until unlocked or the session ends, and H's
+//     session still holds it at tf, so it held it for all of [t0, tf]). An
+//     exclusive and a shared lock are never granted together: impossible
+//     (and tg < t0 cannot be: G holds its lock until it has deleted, and H
+//     was granted only after G's release, so G deleted nothing of this save).
+//   - If tb > tf: the fence was held shared from before tf until tc, so G's
+//     exclusive fence at tb came after tc: G's plan, later still, sees the commit.
+// So a save that passes the check commits only what no gc can have deleted;
+// one whose hold was lost fails here and commits nothing. (A gc that runs
+// after the commit sees the snapshot's rows.)
+Status PgCatalog::check_hold(const GcHoldSession& hold) {
+  KV_ASSIGN_OR_RETURN(PgResult r, conn_->exec(kPgHoldsGcLockSql, PgParams()
+                                                                     .i64(PgGcLocks::kGcLockKey)
+                                                                     .i64(hold.pid)
+                                                                     .i64(hold.started_us)
+                                                                     .i64(PgGcLocks::kCommitFenceKey)));
+  if (r.rows() == 1 && r.boolean(0, 0)) return Status::OK();
+  return Status::IOError(where_ + ": not committing the save: its gc lock (held by backend " + std::to_string(hold.pid) +
+                         ") was lost before the commit (the server restarted or the connection was killed), so a "
+                         "gc elsewhere may have deleted blobs it wrote; nothing was committed, save again");
+}
+
+Result<SnapshotInfo> PgCatalog::add(SnapshotRecord rec, const std::vector<ChunkUse>& chunks,
+                                    const std::optional<GcHoldSession>& hold) {
   SnapshotInfo& info = rec.info;
   KV_ASSIGN_OR_RETURN(PrefixKey key, prepare_snapshot(rec, chunks.size()));
   KV_ASSIGN_OR_RETURN(ChunkRows rows, chunk_rows(where_, chunks));
@@ -238,6 +282,7 @@ Result<SnapshotInfo> PgCatalog::add_snapshot(SnapshotRecord rec, const std::vect
   }
 
   Status s = conn_->transaction(Iso::kReadCommitted, [&]() -> Status {
+    if (hold) KV_RETURN_IF_ERROR(check_hold(*hold));  // first: see check_hold
     {
       // The name first, as the SQLite catalog checks it.
       KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT id, coalesce(name = $1, false) FROM snapshots "
@@ -434,6 +479,27 @@ Result<std::optional<ChunkUse>> PgCatalog::find_chunk(const ChunkHash& h) {
   ChunkUse u;
   if (!read_chunk_row(q, 0, u)) return Status::Corruption(where_ + ": malformed chunk hash " + h.hex());
   return std::optional<ChunkUse>(std::move(u));
+}
+
+Result<std::vector<std::optional<ChunkUse>>> PgCatalog::find_chunks(std::span<const ChunkHash> hashes) {
+  std::vector<std::optional<ChunkUse>> out(hashes.size());
+  if (hashes.empty()) return out;
+  std::vector<ChunkHash> list(hashes.begin(), hashes.end());
+  std::vector<std::span<const std::byte>> keys = spans_of(list);
+  KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT sha256, raw_size, stored_size, pack, pack_offset FROM chunks "
+                                              "WHERE sha256 = ANY($1)",
+                                              PgParams().bytes_array(keys)));
+  std::map<ChunkHash, ChunkUse> found;
+  for (int r = 0; r < q.rows(); ++r) {
+    ChunkUse u;
+    if (!read_chunk_row(q, r, u)) return Status::Corruption(where_ + ": malformed chunk hash in the chunks table");
+    found.emplace(u.sha256, std::move(u));
+  }
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    auto it = found.find(hashes[i]);
+    if (it != found.end()) out[i] = it->second;
+  }
+  return out;
 }
 
 Result<int64_t> PgCatalog::resolve(const std::string& ref) {

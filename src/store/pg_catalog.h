@@ -56,6 +56,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -78,11 +79,15 @@ class PgCatalog : public Catalog {
 
   // catalog.h's methods, with its promises.
   Result<SnapshotInfo> add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks) override;
+  // Checks the hold's session (PgGcHold) inside the commit transaction.
+  Result<SnapshotInfo> commit_save(SnapshotRecord rec, const std::vector<ChunkUse>& chunks, GcLockHold& hold) override;
   Result<std::vector<ChunkHash>> remove_snapshot(int64_t id) override;
   Result<SnapshotRecord> get(int64_t id) override;
   Result<SnapshotInfo> get_info(int64_t id) override;
   Result<std::vector<ChunkUse>> chunks_of(int64_t id) override;
   Result<std::optional<ChunkUse>> find_chunk(const ChunkHash& h) override;
+  // One statement (sha256 = ANY($1)): one round trip however many hashes.
+  Result<std::vector<std::optional<ChunkUse>>> find_chunks(std::span<const ChunkHash> hashes) override;
   Result<int64_t> resolve(const std::string& ref) override;
   // name_glob has SQLite GLOB's syntax (* ? [...] [^...]), case-sensitive.
   Result<std::vector<SnapshotInfo>> list(const ListFilter& filter = {}) override;
@@ -95,6 +100,7 @@ class PgCatalog : public Catalog {
   Status set_pinned(int64_t id, bool pinned) override;
   Status set_expiry(int64_t id, const std::optional<std::string>& expires_at) override;
   Result<EvictionScope> eviction_scope(const std::optional<std::string>& tenant) override;
+  Result<std::vector<int64_t>> expired_snapshots(const std::string& now) override;
   Result<CatalogStats> stats() override;
   // Refcounts against chunk lists, n_chunks against the lists, token sizes
   // (PostgreSQL enforces the foreign keys itself).
@@ -106,6 +112,11 @@ class PgCatalog : public Catalog {
  private:
   explicit PgCatalog(std::unique_ptr<PgConn> conn);
   Status migrate();
+  // add_snapshot(), checking `hold` first inside its transaction (commit_save).
+  Result<SnapshotInfo> add(SnapshotRecord rec, const std::vector<ChunkUse>& chunks,
+                           const std::optional<GcHoldSession>& hold);
+  // OK when the session still holds the gc lock, under the commit fence (pg_gc_locks.h).
+  Status check_hold(const GcHoldSession& hold);
   // Infos (with tags) of `ids` that exist, in the order of `ids`.
   Result<std::vector<SnapshotInfo>> infos(const std::vector<int64_t>& ids);
   // (n_tokens, id) of the snapshots whose hashes say "prefix of query".

@@ -1,8 +1,11 @@
 #include "store/s3_blob_store.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "base/sha256.h"
+#include "store/eviction.h"
+#include "store/pack_tally.h"
 
 namespace kvsnap {
 
@@ -133,12 +136,10 @@ class S3BlobWriteBatch final : public BlobWriteBatch {
   S3BlobStore& store_;
   mutable std::mutex mu_;
   uint64_t written_ = 0;  // guarded by mu_
-  // The pack being staged (guarded by mu_): its name, temporary, size so far and blobs.
-  std::string pack_;
+  // The pack being staged (guarded by mu_): its temporary, and its name, size so far and blobs.
   std::string tmp_path_;
   std::unique_ptr<WritableFile> tmp_;
-  uint64_t pack_size_ = 0;
-  std::map<ChunkHash, BlobLocation> packed_;
+  PackTally pack_;
 };
 
 void S3BlobWriteBatch::abandon_pack() {
@@ -146,9 +147,7 @@ void S3BlobWriteBatch::abandon_pack() {
   if (!tmp_path_.empty()) (void)store_.io_.remove(tmp_path_);
   tmp_.reset();
   tmp_path_.clear();
-  pack_.clear();
-  pack_size_ = 0;
-  packed_.clear();  // those locations will never exist
+  pack_.clear();  // those locations will never exist
 }
 
 Result<PutOutcome> S3BlobWriteBatch::put(const ChunkHash& h, std::span<const std::byte> stored) {
@@ -163,23 +162,19 @@ Result<PutOutcome> S3BlobWriteBatch::put(const ChunkHash& h, std::span<const std
 
 Result<BlobLocation> S3BlobWriteBatch::append(const ChunkHash& h, std::span<const std::byte> stored) {
   std::lock_guard g(mu_);
-  if (auto it = packed_.find(h); it != packed_.end()) return it->second;
-  if (!tmp_path_.empty() && !tmp_) return Status::InvalidArgument("pack " + pack_ + " is being committed");
+  if (const BlobLocation* at = pack_.find(h)) return *at;
+  if (!tmp_path_.empty() && !tmp_) return Status::InvalidArgument("pack " + pack_.name() + " is being committed");
   if (!tmp_) {
-    pack_ = new_pack_name();
-    tmp_path_ = store_.opt_.staging_dir + "/" + pack_ + ".pack" + std::string(kTempInfix) + unique_suffix();
+    pack_.start();
+    tmp_path_ = store_.opt_.staging_dir + "/" + pack_.name() + ".pack" + std::string(kTempInfix) + unique_suffix();
     KV_ASSIGN_OR_RETURN(tmp_, store_.io_.open_write(tmp_path_, /*exclusive=*/true));
-    pack_size_ = 0;
   }
   if (Status s = tmp_->append(stored); !s.ok()) {
     abandon_pack();
     return s;
   }
-  BlobLocation where{pack_, pack_size_, stored.size()};
-  pack_size_ += stored.size();
-  packed_.emplace(h, where);
   ++written_;
-  return where;
+  return pack_.add(h, stored.size());
 }
 
 Status S3BlobWriteBatch::commit() {
@@ -191,16 +186,14 @@ Status S3BlobWriteBatch::commit() {
   }
   // The staged file stays until the upload succeeds: a failed commit may be retried.
   KV_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, store_.io_.open_read(tmp_path_));
-  if (file->size() != pack_size_)
+  if (file->size() != pack_.size())
     return Status::Corruption(tmp_path_ + ": the staged pack has " + std::to_string(file->size()) + " bytes, " +
-                              std::to_string(pack_size_) + " were appended");
-  KV_RETURN_IF_ERROR(store_.s3_.put_file(store_.pack_key(pack_), *file));
+                              std::to_string(pack_.size()) + " were appended");
+  KV_RETURN_IF_ERROR(store_.s3_.put_file(store_.pack_key(pack_.name()), *file));
   file.reset();
   (void)store_.io_.remove(tmp_path_);
   tmp_path_.clear();
-  pack_.clear();
-  pack_size_ = 0;
-  packed_.clear();  // appends after a commit start a new pack
+  pack_.clear();  // appends after a commit start a new pack
   return Status::OK();
 }
 
@@ -331,6 +324,23 @@ Result<uint64_t> S3BlobStore::tmp_size(const std::string& name) {
   if (!there) return uint64_t(0);
   KV_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> f, io_.open_read(path));
   return f->size();
+}
+
+// An upload is stale when it started before now - upload_max_age_s. Times are
+// compared to the second as ISO 8601 text; one the server wrote otherwise is left alone.
+Result<size_t> S3BlobStore::abort_stale_uploads(const GcLock&) {
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch()).count();
+  const std::string cutoff = utc_iso8601(now_ms - opt_.upload_max_age_s * 1000).substr(0, 19);
+  KV_ASSIGN_OR_RETURN(const std::vector<S3Upload> uploads, s3_.list_uploads(key("packs/")));
+  size_t aborted = 0;
+  for (const S3Upload& u : uploads) {
+    const bool dated = u.initiated.size() >= 19 && u.initiated[4] == '-' && u.initiated[10] == 'T';
+    if (!dated || u.initiated.substr(0, 19) >= cutoff) continue;
+    KV_RETURN_IF_ERROR(s3_.abort_upload(u.key, u.upload_id));
+    ++aborted;
+  }
+  return aborted;
 }
 
 Result<std::unique_ptr<BlobWriteBatch>> S3BlobStore::new_batch(std::unique_ptr<GcLockHold> hold) {

@@ -25,8 +25,10 @@
 //     lock on this host by default, so gc is only safe while every writer of
 //     the bucket prefix runs on this host (a shared catalog's locks lift that).
 //   - Incomplete multipart uploads are aborted when an upload fails; a process
-//     killed during one leaves parts the bucket's lifecycle rule
-//     (AbortIncompleteMultipartUpload) should expire: list_tmp() does not see them.
+//     killed during one leaves parts that list_tmp() does not see: gc aborts
+//     those under packs/ older than `upload_max_age_s` (abort_stale_uploads;
+//     under the exclusive gc lock no save of this store is uploading, so the
+//     age is only a margin for writers that do not share the lock).
 #pragma once
 
 #include <list>
@@ -46,6 +48,8 @@ struct S3BlobStoreOptions {
   std::string staging_dir;                // packs being written (required; created)
   std::string cache_dir;                  // read-through cache; empty: no cache
   uint64_t cache_bytes = 1ull << 30;      // the cache's size bound
+  // gc aborts incomplete multipart uploads under packs/ started longer ago than this.
+  int64_t upload_max_age_s = 24 * 3600;
 };
 
 // The read-through cache of blobs by hash (content addressed, so an entry
@@ -100,6 +104,7 @@ class S3BlobStore final : public BlobStore {
   Status remove_pack(const GcLock&, const std::string& pack) override;
   Result<std::vector<std::string>> list_tmp() override;
   Status remove_tmp(const GcLock&, const std::string& name) override;
+  Result<size_t> abort_stale_uploads(const GcLock&) override;
   Result<uint64_t> blob_size(const ChunkHash& h) override { return object_size(blob_key(h)); }
   Result<uint64_t> pack_size(const std::string& pack) override { return object_size(pack_key(pack)); }
   Result<uint64_t> tmp_size(const std::string& name) override;

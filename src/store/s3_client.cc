@@ -441,10 +441,7 @@ Status S3Client::put_part_range(std::string_view key, const ReadableFile& src, u
 
 Status S3Client::multipart(std::string_view key, const ReadableFile& src) {
   const uint64_t part = std::max<uint64_t>(cfg_.part_size, 5ull << 20);
-  Call create("POST", key);
-  create.query = {{"uploads", ""}};
-  KV_ASSIGN_OR_RETURN(Reply created, perform(create));
-  KV_ASSIGN_OR_RETURN(const std::string upload_id, parse_upload_id(created.body, "s3: POST " + url(key) + "?uploads"));
+  KV_ASSIGN_OR_RETURN(const std::string upload_id, start_upload(key));
 
   auto upload = [&]() -> Status {
     // Parts go up `upload_threads` at a time, each worker with its own buffer; the first failure
@@ -479,12 +476,41 @@ Status S3Client::multipart(std::string_view key, const ReadableFile& src) {
     return Status::OK();
   };
   Status s = upload();
-  if (!s.ok()) {
-    Call abort("DELETE", key);
-    abort.query = {{"uploadId", upload_id}};
-    (void)perform(abort);  // best effort: the first error is the one to report
-  }
+  if (!s.ok()) (void)abort_upload(key, upload_id);  // best effort: the first error is the one to report
   return s;
+}
+
+Result<std::string> S3Client::start_upload(std::string_view key) {
+  Call create("POST", key);
+  create.query = {{"uploads", ""}};
+  KV_ASSIGN_OR_RETURN(Reply created, perform(create));
+  return parse_upload_id(created.body, "s3: POST " + url(key) + "?uploads");
+}
+
+Status S3Client::abort_upload(std::string_view key, const std::string& upload_id) {
+  Call abort("DELETE", key);
+  abort.query = {{"uploadId", upload_id}};
+  Status s = perform(abort).status();
+  return s.code() == Code::kNotFound ? Status::OK() : s;
+}
+
+Result<std::vector<S3Upload>> S3Client::list_uploads(std::string_view prefix) {
+  std::vector<S3Upload> all;
+  std::string key_marker, id_marker;
+  for (;;) {
+    Call c("GET", "");
+    c.query = {{"uploads", ""}, {"prefix", std::string(prefix)}};
+    if (!key_marker.empty()) c.query.emplace_back("key-marker", key_marker);
+    if (!id_marker.empty()) c.query.emplace_back("upload-id-marker", id_marker);
+    KV_ASSIGN_OR_RETURN(Reply r, perform(c));
+    KV_ASSIGN_OR_RETURN(S3UploadsPage page, parse_list_uploads(r.body, "s3: GET " + url("") + "?" + canonical_query(c.query)));
+    for (S3Upload& u : page.uploads) all.push_back(std::move(u));
+    if (!page.truncated) return all;
+    if (page.next_key_marker == key_marker && page.next_upload_id_marker == id_marker)
+      return Status::Corruption("s3: GET " + url("") + "?uploads: the server repeats key marker " + quote_text(key_marker, 80));
+    key_marker = page.next_key_marker;
+    id_marker = page.next_upload_id_marker;
+  }
 }
 
 Result<std::vector<std::byte>> S3Client::get(std::string_view key, uint64_t max_bytes) {

@@ -106,6 +106,15 @@ class S3Client {
   // Every object under `prefix`, following continuation tokens.
   Result<std::vector<S3Object>> list(std::string_view prefix, int page_size = 1000);
 
+  // Every incomplete multipart upload whose key starts with `prefix`
+  // (ListMultipartUploads, following its markers).
+  Result<std::vector<S3Upload>> list_uploads(std::string_view prefix);
+  // Starts a multipart upload (CreateMultipartUpload); its id. put() uses it;
+  // tests use it to leave an upload behind.
+  Result<std::string> start_upload(std::string_view key);
+  // AbortMultipartUpload: its parts are deleted; one already gone is fine.
+  Status abort_upload(std::string_view key, const std::string& upload_id);
+
   // HTTP attempts made so far, retries included (tests check the retry bound).
   uint64_t attempts() const;
 

@@ -244,6 +244,27 @@ S3ErrorBody parse_s3_error(std::string_view doc) {
   return {root->child_text("Code"), root->child_text("Message")};
 }
 
+Result<S3UploadsPage> parse_list_uploads(std::string_view doc, const std::string& what) {
+  KV_ASSIGN_OR_RETURN(const XmlElement root, parse_xml(doc, what));
+  if (root.name != "ListMultipartUploadsResult")
+    return Status::Corruption(what + ": expected <ListMultipartUploadsResult>, got <" + quote_text(root.name, 40) + ">");
+  S3UploadsPage page;
+  for (const XmlElement& c : root.children) {
+    if (c.name != "Upload") continue;
+    S3Upload u{c.child_text("Key"), c.child_text("UploadId"), c.child_text("Initiated")};
+    if (u.key.empty() || u.upload_id.empty()) return Status::Corruption(what + ": an <Upload> without <Key> or <UploadId>");
+    page.uploads.push_back(std::move(u));
+  }
+  page.truncated = root.child_text("IsTruncated") == "true";
+  if (page.truncated) {
+    page.next_key_marker = root.child_text("NextKeyMarker");
+    page.next_upload_id_marker = root.child_text("NextUploadIdMarker");
+    if (page.next_key_marker.empty())
+      return Status::Corruption(what + ": <IsTruncated> is true but there is no <NextKeyMarker>");
+  }
+  return page;
+}
+
 Result<std::string> parse_upload_id(std::string_view doc, const std::string& what) {
   KV_ASSIGN_OR_RETURN(const XmlElement root, parse_xml(doc, what));
   std::string id = root.child_text("UploadId");

@@ -53,6 +53,20 @@ struct S3ErrorBody {
 };
 S3ErrorBody parse_s3_error(std::string_view doc);
 
+// One incomplete multipart upload (an <Upload> of ListMultipartUploads).
+struct S3Upload {
+  std::string key;
+  std::string upload_id;
+  std::string initiated;  // as the server wrote it (ISO 8601 UTC)
+};
+// One page of ListMultipartUploads (<ListMultipartUploadsResult>).
+struct S3UploadsPage {
+  std::vector<S3Upload> uploads;
+  bool truncated = false;
+  std::string next_key_marker, next_upload_id_marker;  // when truncated
+};
+Result<S3UploadsPage> parse_list_uploads(std::string_view doc, const std::string& what);
+
 // <InitiateMultipartUploadResult><UploadId>.
 Result<std::string> parse_upload_id(std::string_view doc, const std::string& what);
 

@@ -487,6 +487,41 @@ Result<std::optional<ChunkUse>> SqliteCatalog::find_chunk(const ChunkHash& h) {
   return std::optional<ChunkUse>(std::move(u));
 }
 
+// Each statement binds up to kSqliteLookupBatch hashes; placeholders left unbound are NULL and match nothing.
+constexpr int kSqliteLookupBatch = 64;
+
+static const std::string& chunks_in_sql() {
+  static const std::string sql = [] {
+    std::string s = "SELECT sha256, raw_size, stored_size, pack, pack_offset FROM chunks WHERE sha256 IN (";
+    for (int i = 1; i <= kSqliteLookupBatch; ++i) s += (i > 1 ? ", ?" : "?") + std::to_string(i);
+    return s + ")";
+  }();
+  return sql;
+}
+
+Result<std::vector<std::optional<ChunkUse>>> SqliteCatalog::find_chunks(std::span<const ChunkHash> hashes) {
+  std::map<ChunkHash, ChunkUse> found;
+  for (size_t at = 0; at < hashes.size(); at += kSqliteLookupBatch) {
+    KV_ASSIGN_OR_RETURN(Stmt q, stmt(chunks_in_sql().c_str()));
+    const size_t n = std::min<size_t>(kSqliteLookupBatch, hashes.size() - at);
+    for (size_t i = 0; i < n; ++i) q.blob(static_cast<int>(i + 1), hashes[at + i].bytes);
+    for (;;) {
+      KV_ASSIGN_OR_RETURN(bool row, q.step());
+      if (!row) break;
+      ChunkUse u;
+      if (!read_chunk_row(q, u)) return Status::Corruption(path_ + ": malformed chunk hash in the chunks table");
+      found.emplace(u.sha256, std::move(u));
+    }
+  }
+  std::vector<std::optional<ChunkUse>> out;
+  out.reserve(hashes.size());
+  for (const ChunkHash& h : hashes) {
+    auto it = found.find(h);
+    out.push_back(it == found.end() ? std::nullopt : std::optional<ChunkUse>(it->second));
+  }
+  return out;
+}
+
 Result<int64_t> SqliteCatalog::resolve(const std::string& ref) {
   if (ref.empty()) return Status::InvalidArgument("an empty snapshot reference");
   {

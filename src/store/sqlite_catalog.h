@@ -64,6 +64,8 @@ class SqliteCatalog final : public Catalog {
   Result<SnapshotInfo> get_info(int64_t id) override;
   Result<std::vector<ChunkUse>> chunks_of(int64_t id) override;
   Result<std::optional<ChunkUse>> find_chunk(const ChunkHash& h) override;
+  // kSqliteLookupBatch hashes per statement (sha256 IN (?1, ...)).
+  Result<std::vector<std::optional<ChunkUse>>> find_chunks(std::span<const ChunkHash> hashes) override;
   Result<int64_t> resolve(const std::string& ref) override;
   Result<std::vector<SnapshotInfo>> list(const ListFilter& filter = {}) override;
   Result<std::vector<SnapshotInfo>> find_prefix(std::span<const int32_t> query, const std::string& model_fingerprint = "",
@@ -75,6 +77,7 @@ class SqliteCatalog final : public Catalog {
   Status set_pinned(int64_t id, bool pinned) override;
   Status set_expiry(int64_t id, const std::optional<std::string>& expires_at) override;
   Result<EvictionScope> eviction_scope(const std::optional<std::string>& tenant) override;
+  Result<std::vector<int64_t>> expired_snapshots(const std::string& now) override;
   Result<CatalogStats> stats() override;
   Result<std::vector<std::string>> integrity_check() override;
   Result<int> schema_version() override;

@@ -76,4 +76,16 @@ Result<EvictionScope> SqliteCatalog::eviction_scope(const std::optional<std::str
   return out;
 }
 
+Result<std::vector<int64_t>> SqliteCatalog::expired_snapshots(const std::string& now) {
+  KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT id FROM snapshots WHERE expires_at <= ?1 AND pinned = 0 "
+                                   "ORDER BY expires_at, id"));
+  q.text(1, now);
+  std::vector<int64_t> out;
+  for (;;) {
+    KV_ASSIGN_OR_RETURN(bool row, q.step());
+    if (!row) return out;
+    out.push_back(q.col_i64(0));
+  }
+}
+
 }  // namespace kvsnap

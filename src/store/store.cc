@@ -34,34 +34,60 @@ ChunkHash hash_of(const ChunkRef& r) {
 
 // Hands the snapshot writer's blobs to the blob store and remembers the chunk
 // list. A chunk the catalog already has is not written (its row says where it
-// is and that it is durable); the others go into the batch's pack.
+// is and that it is durable); the others go into the batch's pack. The catalog
+// is asked in batches (Catalog::find_chunks: a round trip per batch on a
+// catalog server), so chunks wait here, copied, until a batch is full or
+// finish(); kHeldBytes bounds the memory that takes.
 class BlobSink final : public ChunkSink {
  public:
   BlobSink(BlobWriteBatch& batch, Catalog& catalog) : batch_(batch), catalog_(catalog) {}
   Status put(const ChunkRef& ref, std::span<const std::byte> blob) override {
-    const ChunkHash h = hash_of(ref);
-    KV_ASSIGN_OR_RETURN(std::optional<ChunkUse> known, catalog_.find_chunk(h));
-    if (known) {
-      uses.push_back(std::move(*known));
-      return Status::OK();
-    }
-    if (blob.empty() && ref.raw_size > 0)  // a parent's chunk (SnapshotOptions::known_chunks) must have a row
-      return Status::Corruption("chunk " + h.hex() + " of the parent snapshot has no catalog row; run kvsnap verify --all");
-    const uint64_t before = batch_.written();
-    KV_ASSIGN_OR_RETURN(BlobLocation where, batch_.append(h, blob));
-    if (batch_.written() != before) {
-      ++written;
-      bytes_written += blob.size();
-    }
-    uses.push_back({h, ref.raw_size, where.size, where.pack, where.offset});
+    pending_.push_back({ref, std::vector<std::byte>(blob.begin(), blob.end())});
+    held_ += blob.size();
+    if (pending_.size() >= Catalog::kChunkLookupBatch || held_ >= kHeldBytes) return flush();
     return Status::OK();
   }
+  // The chunks still waiting; call before committing the batch.
+  Status finish() { return flush(); }
   std::vector<ChunkUse> uses;
   uint64_t written = 0, bytes_written = 0;
 
  private:
+  static constexpr uint64_t kHeldBytes = 64u << 20;
+  struct Pending {
+    ChunkRef ref;
+    std::vector<std::byte> blob;
+  };
+  Status flush() {
+    std::vector<ChunkHash> hashes;
+    hashes.reserve(pending_.size());
+    for (const Pending& p : pending_) hashes.push_back(hash_of(p.ref));
+    KV_ASSIGN_OR_RETURN(std::vector<std::optional<ChunkUse>> known, catalog_.find_chunks(hashes));
+    for (size_t i = 0; i < pending_.size(); ++i) KV_RETURN_IF_ERROR(store(hashes[i], pending_[i], known[i]));
+    pending_.clear();
+    held_ = 0;
+    return Status::OK();
+  }
+  Status store(const ChunkHash& h, const Pending& p, std::optional<ChunkUse>& known) {
+    if (known) {
+      uses.push_back(std::move(*known));
+      return Status::OK();
+    }
+    if (p.blob.empty() && p.ref.raw_size > 0)  // a parent's chunk (SnapshotOptions::known_chunks) must have a row
+      return Status::Corruption("chunk " + h.hex() + " of the parent snapshot has no catalog row; run kvsnap verify --all");
+    const uint64_t before = batch_.written();
+    KV_ASSIGN_OR_RETURN(BlobLocation where, batch_.append(h, p.blob));
+    if (batch_.written() != before) {
+      ++written;
+      bytes_written += p.blob.size();
+    }
+    uses.push_back({h, p.ref.raw_size, where.size, where.pack, where.offset});
+    return Status::OK();
+  }
   BlobWriteBatch& batch_;
   Catalog& catalog_;
+  std::vector<Pending> pending_;
+  uint64_t held_ = 0;
 };
 
 // Blobs by hash, from where the catalog says they are (add() the chunk lists
@@ -284,6 +310,7 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   }
   BlobSink sink(*batch, *catalog_);
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_snapshot(*state, *src, so, sink));
+  KV_RETURN_IF_ERROR(sink.finish());
   KV_RETURN_IF_ERROR(batch->commit());
 
   SnapshotRecord rec = make_record(m, *state, src->size(), req.model ? req.model->arch : state->arch, fingerprint);
@@ -296,7 +323,7 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   if (req.ttl_seconds) {
     KV_ASSIGN_OR_RETURN(info.expires_at, add_seconds(now_(), *req.ttl_seconds));
   }
-  KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->add_snapshot(std::move(rec), sink.uses));
+  KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->commit_save(std::move(rec), sink.uses, batch->hold()));
   batch.reset();  // the catalog references the blobs now: gc may run again
   SaveResult r;
   r.info = std::move(stored);
@@ -662,6 +689,7 @@ Result<ImportReport> Store::import_from(const std::string& path) {
       KV_ASSIGN_OR_RETURN(std::vector<std::byte> blob, (*reader)->blob(ref.index));
       KV_RETURN_IF_ERROR(sink.put(ref, blob));
     }
+    KV_RETURN_IF_ERROR(sink.finish());
     KV_RETURN_IF_ERROR(batch->commit());
     const std::vector<ChunkUse>& uses = sink.uses;
     SnapshotRecord rec = make_record(m, state, m.provenance.file_size, m.arch.value_or(""), meta->model_fingerprint);
@@ -673,7 +701,7 @@ Result<ImportReport> Store::import_from(const std::string& path) {
       else rec.info.name = name;
     }
     rec.info.tags = meta->tags;
-    KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->add_snapshot(std::move(rec), uses));
+    KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->commit_save(std::move(rec), uses, batch->hold()));
     rep.imported.push_back(std::move(stored));
   }
   return rep;

@@ -82,15 +82,24 @@ Result<Part> config_part(const JsonRef& root, const char* key, std::initializer_
   return v->error("'" + without_password(s) + "' is not a path and not a " + known + " URL");
 }
 
+// A number, or a string that `parse` reads ("20G", "24h"); errors name the key.
+template <class Parse>
+Result<uint64_t> number_or_text(const JsonRef& v, Parse parse) {
+  if (!v.json().is_string()) return v.unsigned_integer();
+  KV_ASSIGN_OR_RETURN(std::string s, v.string());
+  auto n = parse(s);
+  if (!n.ok()) return v.error(n.status().message());
+  return static_cast<uint64_t>(*n);
+}
+
 // A size: a number of bytes or a string such as "20G".
-Result<uint64_t> config_size(const JsonRef& v) {
-  if (v.json().is_string()) {
-    KV_ASSIGN_OR_RETURN(std::string s, v.string());
-    auto n = parse_byte_size(s);
-    if (!n.ok()) return v.error(n.status().message());
-    return n;
-  }
-  return v.unsigned_integer();
+Result<uint64_t> config_size(const JsonRef& v) { return number_or_text(v, parse_byte_size); }
+
+// A duration: a number of seconds (0 allowed) or a string such as "24h".
+Result<int64_t> config_seconds(const JsonRef& v) {
+  KV_ASSIGN_OR_RETURN(uint64_t n, number_or_text(v, parse_duration));
+  if (n > uint64_t{1} << 40) return v.error("is too long a duration");
+  return static_cast<int64_t>(n);
 }
 
 Result<StoreCaps> config_caps(const JsonRef& root) {
@@ -125,13 +134,23 @@ Result<StoreLocation> parse_store_config(std::string_view text, const std::strin
   const JsonRef root(doc, file, Code::kInvalidArgument);
   KV_ASSIGN_OR_RETURN(auto members, root.members());
   for (const auto& [key, value] : members)
-    if (key != "catalog" && key != "blobs" && key != "local_dir" && key != "max_bytes" && key != "tenant_max_bytes")
-      return value.error("is not a store config key (catalog, blobs, local_dir, max_bytes, tenant_max_bytes)");
+    if (key != "catalog" && key != "blobs" && key != "local_dir" && key != "max_bytes" && key != "tenant_max_bytes" &&
+        key != "cache_max_bytes" && key != "multipart_max_age")
+      return value.error("is not a store config key (catalog, blobs, local_dir, max_bytes, tenant_max_bytes, "
+                         "cache_max_bytes, multipart_max_age)");
   const std::string base = dir_of(file);
   KV_ASSIGN_OR_RETURN(Part local, config_part(root, "local_dir", {}, base));
   StoreLocation l = directory_store(local.value.empty() ? base : local.value);
   l.config = file;
   KV_ASSIGN_OR_RETURN(l.caps, config_caps(root));
+  KV_ASSIGN_OR_RETURN(std::optional<JsonRef> cache, root.find("cache_max_bytes"));
+  if (cache) {
+    KV_ASSIGN_OR_RETURN(l.cache_max_bytes, config_size(*cache));
+  }
+  KV_ASSIGN_OR_RETURN(std::optional<JsonRef> age, root.find("multipart_max_age"));
+  if (age) {
+    KV_ASSIGN_OR_RETURN(l.multipart_max_age_s, config_seconds(*age));
+  }
   KV_ASSIGN_OR_RETURN(Part catalog, config_part(root, "catalog", {"postgresql", "postgres"}, base));
   if (!catalog.value.empty()) {
     l.catalog_kind = catalog.url ? CatalogKind::kPostgres : CatalogKind::kSqlite;
@@ -196,7 +215,9 @@ Result<std::unique_ptr<BlobStore>> open_blob_store(Io& io, const StoreLocation& 
     KV_ASSIGN_OR_RETURN(S3Location s3, parse_s3_location(where.blobs));
     S3BlobStoreOptions opt;
     opt.staging_dir = where.local_dir + "/tmp/s3-packs";
-    opt.cache_dir = where.local_dir + "/s3-cache";
+    if (where.cache_max_bytes > 0) opt.cache_dir = where.local_dir + "/s3-cache";
+    opt.cache_bytes = where.cache_max_bytes;
+    opt.upload_max_age_s = where.multipart_max_age_s;
     if (!locks) locks = file_gc_locks(io, where.local_dir + "/gc.lock");
     KV_ASSIGN_OR_RETURN(std::unique_ptr<S3BlobStore> blobs,
                         S3BlobStore::open(io, std::move(s3), std::move(opt), std::move(locks)));

@@ -25,6 +25,11 @@
 // silently give another store). `--store FILE.json` names a config file, and a
 // directory holding store.json is configured by it.
 //
+// "cache_max_bytes" bounds this host's read-through cache of S3 blobs
+// (<local_dir>/s3-cache; default 1 GiB, 0: no cache), a size as below;
+// "multipart_max_age" is how old an incomplete multipart upload of a pack must
+// be for gc to abort it (a duration, "24h" by default, or seconds; 0: any).
+//
 // Two more optional keys cap the store's size (eviction.h; docs/store.md,
 // "Caps and eviction"), enforced after every save: "max_bytes" for the whole
 // store and "tenant_max_bytes": {"TENANT": N, ...} per tenant (the serve.ns
@@ -72,6 +77,8 @@ struct StoreLocation {
   std::string local_dir;  // a directory on this host
   std::string config;     // the store config file it came from; empty for a plain directory
   StoreCaps caps;
+  uint64_t cache_max_bytes = uint64_t{1} << 30;  // S3 blobs' read-through cache; 0: none
+  int64_t multipart_max_age_s = 24 * 3600;       // gc aborts older incomplete S3 uploads
 };
 
 // The embedded default in `dir`: DIR/catalog.sqlite, blobs in DIR.

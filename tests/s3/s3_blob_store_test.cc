@@ -60,6 +60,59 @@ class S3BlobStoreTest : public ::testing::Test {
   std::string local_;
 };
 
+// A killed save's multipart upload (started, never completed) is invisible to
+// listings; gc aborts the ones older than the bound, under packs/ only.
+TEST_F(S3BlobStoreTest, GcAbortsStaleMultipartUploads) {
+  auto store = open();
+  ASSERT_TRUE(store);
+  S3Client s3(*cfg_);
+  auto old_id = s3.start_upload("team-a/packs/00000000000000aa.pack");
+  auto foreign = s3.start_upload("team-a/elsewhere/x");
+  ASSERT_TRUE(old_id.ok() && foreign.ok()) << old_id.status().ToString() << foreign.status().ToString();
+  // Initiated has whole seconds, rounded up by Swift: 3 s apart, a 1 s bound tells the two apart.
+  std::this_thread::sleep_for(std::chrono::milliseconds(3100));
+  auto new_id = s3.start_upload("team-a/packs/00000000000000bb.pack");
+  ASSERT_TRUE(new_id.ok());
+  auto listed = s3.list_uploads("team-a/");
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_EQ(listed->size(), 3u) << "ListMultipartUploads shows all three";
+  for (const S3Upload& u : *listed) EXPECT_GE(u.initiated.size(), 19u) << u.initiated;
+  auto packs_only = s3.list_uploads("team-a/packs/");
+  ASSERT_TRUE(packs_only.ok()) << packs_only.status().ToString();
+  EXPECT_EQ(packs_only->size(), 2u) << "the prefix is honoured";
+
+  S3BlobStoreOptions opt;
+  opt.staging_dir = local_ + "/staging";
+  opt.upload_max_age_s = 1;
+  S3Location where;
+  where.config = *cfg_;
+  where.prefix = "team-a";
+  where.redacted = "s3://" + cfg_->bucket + "/team-a";
+  auto aging = S3BlobStore::open(posix_io(), std::move(where), std::move(opt));
+  ASSERT_TRUE(aging.ok()) << aging.status().ToString();
+  auto lock = (*aging)->lock_for_gc(true);
+  ASSERT_TRUE(lock.ok() && *lock);
+  auto aborted = (*aging)->abort_stale_uploads(**lock);
+  ASSERT_TRUE(aborted.ok()) << aborted.status().ToString();
+  EXPECT_EQ(*aborted, 1u);
+  auto left = s3.list_uploads("team-a/");
+  ASSERT_TRUE(left.ok());
+  std::vector<std::string> ids;
+  for (const S3Upload& u : *left) ids.push_back(u.upload_id);
+  std::sort(ids.begin(), ids.end());
+  std::vector<std::string> want = {*foreign, *new_id};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(ids, want) << "the recent one and the one outside packs/ stay";
+  lock->reset();
+  // The store's default bound (24 h) aborts neither; gc reports what it aborted.
+  auto gc_lock = store->lock_for_gc(true);
+  EXPECT_EQ(*store->abort_stale_uploads(**gc_lock), 0u);
+  EXPECT_TRUE(s3.abort_upload("team-a/packs/00000000000000bb.pack", *new_id).ok());
+  EXPECT_TRUE(s3.abort_upload("team-a/elsewhere/x", *foreign).ok());
+  EXPECT_TRUE(s3.abort_upload("team-a/elsewhere/x", *foreign).ok()) << "aborting twice is fine";
+  EXPECT_TRUE(s3.list_uploads("team-a/")->empty());
+}
+
 TEST_F(S3BlobStoreTest, PutGetRoundTripInShardLayout) {
   auto store = open();
   ASSERT_TRUE(store);

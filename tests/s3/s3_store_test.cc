@@ -74,5 +74,66 @@ TEST(S3Store, SaveRestoreVerifyRemoveGc) {
   fs::remove_all(dir);
 }
 
+// store.json's cache_max_bytes: restores through a store whose cache holds
+// 32 KiB keep it at most that (least recently used dropped), and 0 keeps none.
+TEST(S3Store, TheCacheSizeComesFromTheStoreConfig) {
+  KVSNAP_S3_BED_OR_SKIP(cfg);
+  ASSERT_TRUE(S3Client(*cfg).create_bucket().ok());
+  std::string tmpl = (fs::temp_directory_path() / "kvsnap-s3cache-XXXXXX").string();
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string dir = tmpl;
+  setenv("AWS_ACCESS_KEY_ID", cfg->access_key.c_str(), 1);
+  setenv("AWS_SECRET_ACCESS_KEY", cfg->secret_key.c_str(), 1);
+  auto open = [&](const std::string& host, const std::string& cache) {
+    fs::create_directories(dir + "/" + host);
+    std::ofstream(dir + "/" + host + "/store.json")
+        << R"({"catalog": ")" << dir << R"(/catalog.sqlite", "blobs": "s3://)" << cfg->bucket
+        << "/cache-test?endpoint=" << uri_encode(cfg->endpoint, false) << R"(", "cache_max_bytes": )" << cache << "}";
+    auto where = resolve_store_location(posix_io(), dir + "/" + host);
+    EXPECT_TRUE(where.ok()) << where.status().ToString();
+    auto store = Store::open(posix_io(), *where);
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    return store.ok() ? std::move(store).value() : nullptr;
+  };
+  auto cache_bytes = [&](const std::string& host) {
+    uint64_t n = 0;
+    if (fs::exists(dir + "/" + host + "/s3-cache"))
+      for (auto& e : fs::directory_iterator(dir + "/" + host + "/s3-cache")) n += e.file_size();
+    return n;
+  };
+  std::vector<std::byte> bytes = test::slurp(fs::path(KVSNAP_SOURCE_DIR) / "fixtures/b8121/hd128-f16-f16-faoff.slot");
+  int64_t id = 0;
+  {
+    auto writer = open("writer", "0");
+    ASSERT_TRUE(writer);
+    MemoryFile file("a.slot", std::span<const std::byte>(bytes));
+    auto parsed = parse_for_model(file, {}, nullptr);
+    ASSERT_TRUE(parsed.ok());
+    SaveRequest req;
+    req.cells_per_chunk = 4;  // small blobs: many fit in the cache
+    auto r = writer->save(file, *parsed, req);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    id = r->info.id;
+    ASSERT_GT(r->bytes_new, 2u * (32u << 10)) << "the snapshot is larger than the cache";
+  }
+  for (const char* host : {"small", "none"}) {
+    auto reader = open(host, std::string(host) == "small" ? "\"32K\"" : "0");
+    ASSERT_TRUE(reader);
+    for (int round = 0; round < 2; ++round) {
+      VectorSink out;
+      auto r = reader->restore(std::to_string(id), {}, out);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_EQ(out.bytes, bytes);
+    }
+  }
+  EXPECT_GT(cache_bytes("small"), 0u) << "the small cache is used";
+  EXPECT_LE(cache_bytes("small"), 32u << 10) << "and stays under its size";
+  EXPECT_FALSE(fs::exists(dir + "/none/s3-cache")) << "0: no cache at all";
+  EXPECT_EQ(cache_bytes("writer"), 0u);
+  unsetenv("AWS_ACCESS_KEY_ID");
+  unsetenv("AWS_SECRET_ACCESS_KEY");
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kvsnap

@@ -314,6 +314,47 @@ TYPED_TEST_P(CatalogContract, RefcountsFollowAddsAndRemovesOfSharingSnapshots) {
   this->expect_consistent(*c);
 }
 
+// The batched lookup answers as find_chunk() would, hash by hash, in order:
+// across statement-sized groups, with repeats, misses, refcount-0 rows and packed rows.
+TYPED_TEST_P(CatalogContract, FindChunksAnswersAsFindChunkInOrder) {
+  auto c = this->open();
+  std::vector<ChunkUse> uses;
+  for (int i = 0; i < 300; ++i) {
+    ChunkUse u = use("b" + std::to_string(i), 1000 + i, 400 + i);
+    if (i % 3 == 0) u.pack = "0123456789abcdef.pack", u.pack_offset = 7 * i;
+    uses.push_back(u);
+  }
+  int64_t gone = this->add(*c, record("gone"), {use("zero")});
+  this->add(*c, record("kept"), uses);
+  ASSERT_TRUE(c->remove_snapshot(gone).ok());  // "zero" stays, at refcount 0
+  std::vector<ChunkHash> ask;
+  for (int i = 299; i >= 0; --i) {
+    ask.push_back(chunk("b" + std::to_string(i)));
+    if (i % 50 == 0) ask.push_back(chunk("missing" + std::to_string(i)));
+  }
+  ask.push_back(chunk("zero"));
+  ask.push_back(chunk("b7"));  // asked twice
+  auto got = c->find_chunks(ask);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(got->size(), ask.size());
+  for (size_t i = 0; i < ask.size(); ++i) {
+    auto one = c->find_chunk(ask[i]);
+    ASSERT_TRUE(one.ok());
+    ASSERT_EQ((*got)[i].has_value(), one->has_value()) << i;
+    if (!one->has_value()) continue;
+    const ChunkUse &a = *(*got)[i], &b = **one;
+    EXPECT_EQ(a.sha256, ask[i]);
+    EXPECT_EQ(std::tie(a.sha256, a.raw_size, a.stored_size, a.pack, a.pack_offset),
+              std::tie(b.sha256, b.raw_size, b.stored_size, b.pack, b.pack_offset)) << i;
+  }
+  EXPECT_TRUE((*got)[ask.size() - 2].has_value()) << "a refcount-0 row is still found";
+  EXPECT_EQ((*got)[1].has_value(), true);
+  EXPECT_FALSE((*got)[ask.size() - 3].has_value()) << "a missing hash";
+  auto none = c->find_chunks({});
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+}
+
 TYPED_TEST_P(CatalogContract, IntegrityCheckReportsBrokenRefcounts) {
   auto c = this->open();
   this->add(*c, record("A"), {use("c1")});
@@ -663,6 +704,36 @@ TYPED_TEST_P(CatalogContract, EvictionIsLeastRecentlyRestoredFirst) {
   EXPECT_EQ(victim_names(plan(*c, 400)), (std::vector<std::string>{"b", "c"}));
 }
 
+// What an eviction without a cap asks first: expired, unpinned, oldest expiry first;
+// with none, the plan is empty and its bytes are the store's.
+TYPED_TEST_P(CatalogContract, ExpiredSnapshotsAreFoundFromTheSnapshotRows) {
+  auto c = this->open();
+  SnapshotRecord a = aged("a", 1), b = aged("b", 2), p = aged("p", 3);
+  a.info.expires_at = "2026-01-02T00:00:00.000Z";
+  b.info.expires_at = "2026-01-01T00:00:00.000Z";
+  p.info.expires_at = "2026-01-01T00:00:00.000Z";
+  p.info.pinned = true;
+  int64_t ia = this->add(*c, a, {use("a")});
+  int64_t ib = this->add(*c, b, {use("b"), use("shared")});
+  this->add(*c, p, {use("p"), use("shared")});
+  this->add(*c, aged("never", 4), {use("n")});
+  auto e = c->expired_snapshots("2026-01-02T00:00:00.000Z");
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(*e, (std::vector<int64_t>{ib, ia})) << "at the instant of expiry counts; pinned never";
+  EXPECT_EQ(*c->expired_snapshots("2026-01-01T12:00:00.000Z"), std::vector<int64_t>{ib});
+  EXPECT_TRUE(c->expired_snapshots("2025-12-31T00:00:00.000Z")->empty());
+  EvictionPlan none = plan(*c, std::nullopt, {}, "2025-12-31T00:00:00.000Z");
+  EXPECT_TRUE(none.victims.empty());
+  EXPECT_EQ(none.bytes_before, 5u * 400);
+  EXPECT_EQ(none.bytes_after, 5u * 400);
+  EXPECT_TRUE(none.cap_met);
+  // Kept (a save's new snapshot) counts as not expired.
+  auto kept = plan_eviction(*c, EvictionRequest{std::nullopt, std::nullopt, "2026-01-01T12:00:00.000Z", ib});
+  ASSERT_TRUE(kept.ok());
+  EXPECT_TRUE(kept->victims.empty());
+  EXPECT_EQ(victim_names(plan(*c, std::nullopt)), (std::vector<std::string>{"b", "a"}));
+}
+
 TYPED_TEST_P(CatalogContract, ExpiredSnapshotsGoFirstEvenUnderTheCap) {
   auto c = this->open();
   SnapshotRecord soon = aged("soon", 5), later = aged("later", 6), pinned = aged("pinned-expired", 7);
@@ -731,7 +802,7 @@ TYPED_TEST_P(CatalogContract, TenantCapEvictsOnlyThatTenant) {
   EXPECT_TRUE(plan(*c, 0, "nobody").victims.empty());
 }
 
-REGISTER_TYPED_TEST_SUITE_P(CatalogContract, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact);
+REGISTER_TYPED_TEST_SUITE_P(CatalogContract, FindChunksAnswersAsFindChunkInOrder, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, ExpiredSnapshotsAreFoundFromTheSnapshotRows, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact);
 
 // What a save does (format/ will own the real one): blobs first, synced, then
 // the catalog row; the gc lock is held throughout.

@@ -6,6 +6,30 @@
 namespace kvsnap {
 namespace {
 
+TEST(S3Xml, ListMultipartUploads) {
+  auto p = parse_list_uploads(
+      "<?xml version=\"1.0\"?><ListMultipartUploadsResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">"
+      "<Bucket>b</Bucket><IsTruncated>true</IsTruncated><NextKeyMarker>p/k2</NextKeyMarker>"
+      "<NextUploadIdMarker>id2</NextUploadIdMarker>"
+      "<Upload><Key>p/k1</Key><UploadId>id1</UploadId><Initiated>2026-11-28T10:00:00.000Z</Initiated></Upload>"
+      "<Upload><Key>p/k2</Key><UploadId>id2</UploadId><Initiated>2026-11-28T11:00:00.000Z</Initiated></Upload>"
+      "</ListMultipartUploadsResult>",
+      "test");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_EQ(p->uploads.size(), 2u);
+  EXPECT_EQ(p->uploads[1].key, "p/k2");
+  EXPECT_EQ(p->uploads[1].upload_id, "id2");
+  EXPECT_EQ(p->uploads[0].initiated, "2026-11-28T10:00:00.000Z");
+  EXPECT_TRUE(p->truncated);
+  EXPECT_EQ(p->next_key_marker, "p/k2");
+  EXPECT_EQ(p->next_upload_id_marker, "id2");
+  EXPECT_EQ(parse_list_uploads("<ListMultipartUploadsResult><Upload><Key>k</Key></Upload></ListMultipartUploadsResult>", "t")
+                .status().code(), Code::kCorruption);
+  EXPECT_EQ(parse_list_uploads("<ListMultipartUploadsResult><IsTruncated>true</IsTruncated></ListMultipartUploadsResult>", "t")
+                .status().code(), Code::kCorruption);
+  EXPECT_EQ(parse_list_uploads("<ListBucketResult/>", "t").status().code(), Code::kCorruption);
+}
+
 TEST(S3Xml, ListObjectsV2Page) {
   const std::string doc =
       "<?xml version='1.0' encoding='UTF-8'?>\n"

@@ -99,6 +99,10 @@ TEST_F(StoreLocationTest, BadConfigsAreRefusedByFileAndKey) {
       {R"({"max_bytes": -1})", "max_bytes"},
       {R"({"tenant_max_bytes": {"ana": "2X"}})", "tenant_max_bytes.ana"},
       {R"({"tenant_max_bytes": 5})", "tenant_max_bytes"},
+      {R"({"cache_max_bytes": "1 G"})", "cache_max_bytes"},
+      {R"({"cache_max_bytes": -5})", "cache_max_bytes"},
+      {R"({"multipart_max_age": "soon"})", "multipart_max_age"},
+      {R"({"multipart_max_age": -1})", "multipart_max_age"},
   };
   for (const Case& c : cases) {
     write("bad.json", c.text);
@@ -114,6 +118,21 @@ TEST_F(StoreLocationTest, BadConfigsAreRefusedByFileAndKey) {
   auto url = resolve("s3://bucket/prefix");
   EXPECT_EQ(url.status().code(), Code::kInvalidArgument);
   EXPECT_NE(url.status().message().find("config file"), std::string::npos) << url.status().ToString();
+}
+
+TEST_F(StoreLocationTest, TheS3CacheSizeIsASizeAndDefaultsToOneGiB) {
+  write("plain.json", R"({"blobs": "s3://b/p"})");
+  EXPECT_EQ(resolve(dir_ + "/plain.json")->cache_max_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(directory_store(dir_).cache_max_bytes, uint64_t{1} << 30);
+  write("small.json", R"({"blobs": "s3://b/p", "cache_max_bytes": "64M"})");
+  EXPECT_EQ(resolve(dir_ + "/small.json")->cache_max_bytes, uint64_t{64} << 20);
+  write("none.json", R"({"blobs": "s3://b/p", "cache_max_bytes": 0})");
+  EXPECT_EQ(resolve(dir_ + "/none.json")->cache_max_bytes, 0u);
+  EXPECT_EQ(resolve(dir_ + "/plain.json")->multipart_max_age_s, 24 * 3600);
+  write("age.json", R"({"blobs": "s3://b/p", "multipart_max_age": "2h"})");
+  EXPECT_EQ(resolve(dir_ + "/age.json")->multipart_max_age_s, 2 * 3600);
+  write("age0.json", R"({"blobs": "s3://b/p", "multipart_max_age": 0})");
+  EXPECT_EQ(resolve(dir_ + "/age0.json")->multipart_max_age_s, 0);
 }
 
 TEST_F(StoreLocationTest, CapsAreSizesInBytesOrWithAUnit) {

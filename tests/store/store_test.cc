@@ -16,6 +16,7 @@
 #include "migrate/convert_state.h"
 #include "store/archive.h"
 #include "store/fault_io.h"
+#include "store/store_caps_scenario.h"
 #include "test_files.h"
 
 namespace kvsnap {
@@ -256,80 +257,10 @@ TEST(Store, AnExtensionOfAStoredSessionWritesOnlyItsNewChunks) {
 
 // Caps (eviction.h): a store cap enforced after a save evicts the least recently restored and expired
 // snapshots, never a pinned one nor the one just saved, never a chunk a remaining snapshot uses.
+// The store-level cap (run for PostgreSQL too: tests/postgres/pg_store_test.cc).
 TEST(Store, CapEnforcedWithPinsKept) {
   TempStore t;
-  std::string now = "2026-01-01T00:00:00.000Z";
-  t.store->set_clock([&] { return now; });
-  auto tick = [&](int sec) { now = *add_seconds(now, sec); };
-  Loaded big = load(fixtures() / "v0.5.0/hd64-f16-f16-faoff.slot");
-  VectorSink cut;
-  ASSERT_TRUE(write_prefix(big.state, *big.file, 64, cut).ok());
-  MemoryFile cut_file("cut.slot", std::span<const std::byte>(cut.bytes));
-  auto cut_state = parse_state(cut_file);
-  ASSERT_TRUE(cut_state.ok());
-  Loaded other = load(fixtures() / "v0.5.0/hd64-q8_0-q8_0-faon.slot");
-  Loaded third = load(fixtures() / "v0.5.0/hd64-bf16-bf16-faoff.slot");
-
-  SaveRequest req;
-  req.cells_per_chunk = 16;
-  SaveRequest pin = req;
-  pin.pin = true;
-  auto prefix = t.store->save(cut_file, *cut_state, pin);  // pinned; its chunks are shared with "full"
-  ASSERT_TRUE(prefix.ok()) << prefix.status().ToString();
-  tick(1);
-  auto full = t.store->save(*big.file, big.state, req);
-  ASSERT_TRUE(full.ok());
-  tick(1);
-  SaveRequest ttl = req;
-  ttl.ttl_seconds = 60;
-  auto brief = t.store->save(*other.file, other.state, ttl);
-  ASSERT_TRUE(brief.ok());
-  EXPECT_EQ(brief->info.expires_at, "2026-01-01T00:01:02.000Z");
-  tick(1);
-  // A restore makes "full" the most recently used.
-  VectorSink sink;
-  ASSERT_TRUE(t.store->restore(std::to_string(full->info.id), {}, sink).ok());
-  EXPECT_EQ(t.store->catalog().get_info(full->info.id)->last_restored, now);
-
-  // Before expiry, a dry run under a cap that one eviction meets takes the least recently used: "brief".
-  auto stats = t.store->catalog().stats();
-  ASSERT_TRUE(stats.ok());
-  auto dry = t.store->evict({stats->stored_bytes - 1, std::nullopt, "", std::nullopt}, /*dry_run=*/true);
-  ASSERT_TRUE(dry.ok()) << dry.status().ToString();
-  ASSERT_EQ(dry->plan.victims.size(), 1u);
-  EXPECT_EQ(dry->plan.victims[0].info.id, brief->info.id);
-  EXPECT_EQ(t.store->catalog().list()->size(), 3u) << "a dry run removes nothing";
-
-  // After expiry, with no cap, gc's eviction takes the expired one only.
-  tick(120);
-  auto expired = t.store->evict({}, /*dry_run=*/false);
-  ASSERT_TRUE(expired.ok());
-  ASSERT_EQ(expired->plan.victims.size(), 1u);
-  EXPECT_TRUE(expired->plan.victims[0].expired);
-
-  // A cap no store meets: saving "third" evicts "full" but keeps the pinned prefix and itself.
-  t.store->set_caps({uint64_t{1}, {}});
-  auto last = t.store->save(*third.file, third.state, req);
-  ASSERT_TRUE(last.ok()) << last.status().ToString();
-  ASSERT_EQ(last->evicted.size(), 1u);
-  EXPECT_EQ(last->evicted[0].info.id, full->info.id);
-  ASSERT_EQ(last->cap_warnings.size(), 1u);
-  EXPECT_NE(last->cap_warnings[0].find("over its cap of 1"), std::string::npos) << last->cap_warnings[0];
-
-  // What is left is whole: verify is clean and every snapshot restores byte for byte.
-  auto v = t.store->verify({});
-  ASSERT_TRUE(v.ok());
-  EXPECT_TRUE(v->problems.empty()) << v->problems.front();
-  EXPECT_EQ(v->snapshots, 2u);
-  VectorSink a, b;
-  ASSERT_TRUE(t.store->restore(std::to_string(prefix->info.id), {}, a).ok());
-  EXPECT_EQ(a.bytes, cut.bytes);
-  ASSERT_TRUE(t.store->restore(std::to_string(last->info.id), {}, b).ok());
-  EXPECT_EQ(b.bytes, third.bytes);
-  auto gc = t.store->gc(true);
-  ASSERT_TRUE(gc.ok());
-  auto again = t.store->verify({});
-  EXPECT_TRUE(again.ok() && again->problems.empty());
+  test::cap_enforced_with_pins_kept(*t.store);
 }
 
 // Every stored byte matters: flip one in each blob in turn, then in the manifest.

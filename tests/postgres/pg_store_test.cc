@@ -1,0 +1,208 @@
+// A store over the PostgreSQL catalog (tests/beds/postgres.sh): where only a
+// shared database can fail it (the save's gc lock lost mid-save: the lock's
+// backend terminated, as a server restart would, a gc from another host in
+// between), and the store-level caps of store_test.cc.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+
+#include "beds/postgres_bed.h"
+#include "store/local_blob_store.h"
+#include "store/pg_catalog.h"
+#include "store/pg_gc_locks.h"
+#include "store/store.h"
+#include "store/store_caps_scenario.h"
+#include "store/store_location.h"
+#include "test_files.h"
+
+namespace kvsnap {
+namespace {
+
+using namespace std::chrono_literals;
+
+class PgStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    PostgresBed& bed = PostgresBed::instance();
+    if (!bed.unavailable().empty()) {
+      if (!bed.not_installed()) ADD_FAILURE() << bed.unavailable();
+      GTEST_SKIP() << bed.unavailable();
+    }
+    url_ = bed.create_database(&db_);
+    ASSERT_FALSE(url_.empty());
+    std::string tmpl = (std::filesystem::temp_directory_path() / "kvsnap-pgstore-XXXXXX").string();
+    ASSERT_TRUE(mkdtemp(tmpl.data()));
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    if (!db_.empty()) PostgresBed::instance().drop_database(db_);
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  // A store on this database and dir_'s blobs with `locks` (nullptr: PgGcLocks, as store.json opens it).
+  std::unique_ptr<Store> open(std::unique_ptr<GcLocks> locks = nullptr) {
+    if (!locks) locks = std::make_unique<PgGcLocks>(url_);
+    StoreParts parts;
+    auto blobs = LocalBlobStore::open(posix_io(), dir_, std::move(locks));
+    auto catalog = PgCatalog::open(url_);
+    EXPECT_TRUE(blobs.ok() && catalog.ok()) << blobs.status().ToString() << catalog.status().ToString();
+    if (!blobs.ok() || !catalog.ok()) return nullptr;
+    parts.blobs = std::move(blobs).value();
+    parts.catalog = std::move(catalog).value();
+    parts.local_dir = dir_;
+    auto s = Store::open(posix_io(), std::move(parts));
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+  std::string url_, db_, dir_;
+};
+
+struct Fixture {
+  std::vector<std::byte> bytes;
+  std::unique_ptr<MemoryFile> file;
+  StateFile state;
+  explicit Fixture(const std::string& name) {
+    bytes = test::slurp(std::string(KVSNAP_SOURCE_DIR) + "/fixtures/b8121/" + name);
+    file = std::make_unique<MemoryFile>(name, std::span<const std::byte>(bytes));
+    auto st = parse_for_model(*file, {}, nullptr);
+    EXPECT_TRUE(st.ok()) << st.status().ToString();
+    if (st.ok()) state = std::move(st).value();
+  }
+};
+
+// PgGcLocks whose first shared hold runs `at_commit` when the catalog asks for
+// their session, i.e. at the save's commit, after its blobs are written.
+class HookedLocks final : public GcLocks {
+ public:
+  HookedLocks(std::string url, std::function<void(const GcHoldSession&)> at_commit)
+      : inner_(std::move(url)), at_commit_(std::move(at_commit)) {}
+  Result<std::unique_ptr<GcLockHold>> lock_shared(bool wait) override {
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLockHold> h, inner_.lock_shared(wait));
+    if (!h) return h;
+    return std::unique_ptr<GcLockHold>(new Hold(std::move(h), std::exchange(at_commit_, nullptr)));  // once
+  }
+  Result<std::unique_ptr<GcLockHold>> lock_exclusive(bool wait) override { return inner_.lock_exclusive(wait); }
+
+ private:
+  struct Hold final : GcLockHold {
+    Hold(std::unique_ptr<GcLockHold> h, std::function<void(const GcHoldSession&)> f) : inner(std::move(h)), hook(std::move(f)) {}
+    Status still_held() override { return inner->still_held(); }
+    std::optional<GcHoldSession> session() const override {
+      if (hook) std::exchange(hook, nullptr)(*inner->session());
+      return inner->session();
+    }
+    std::unique_ptr<GcLockHold> inner;
+    mutable std::function<void(const GcHoldSession&)> hook;
+  };
+  PgGcLocks inner_;
+  std::function<void(const GcHoldSession&)> at_commit_;
+};
+
+// The lock's backend is terminated after the save wrote its pack and before
+// its commit; a gc on "another host" then takes the exclusive lock and deletes
+// that pack (no row names it yet). The save must fail, commit nothing, and
+// leave a store that verifies.
+TEST_F(PgStoreTest, ASaveWhoseGcLockWasLostFailsAndCommitsNothing) {
+  Fixture a("hd128-f16-f16-faoff.slot"), b("hd128-q8_0-q8_0-faon.slot");
+  auto other_host = open();
+  ASSERT_TRUE(other_host);
+  auto kept = other_host->save(*a.file, a.state, {});
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+
+  GcReport gc;
+  Status gc_status;
+  bool terminated = false;
+  auto store = open(std::make_unique<HookedLocks>(url_, [&](const GcHoldSession& s) {
+    auto r = pg_query(url_, "SELECT pg_terminate_backend(" + std::to_string(s.pid) + ")");
+    terminated = r.ok() && !r->empty() && (*r)[0][0] == "t";
+    auto g = other_host->gc(/*wait=*/true);  // waits until the server has let the lock go
+    gc_status = g.status();
+    if (g.ok()) gc = *g;
+  }));
+  ASSERT_TRUE(store);
+  SaveRequest req;
+  req.name = "doomed";
+  auto saved = store->save(*b.file, b.state, req);
+  ASSERT_TRUE(terminated) << "the hook ran and terminated the lock's backend";
+  ASSERT_TRUE(gc_status.ok()) << gc_status.ToString();
+  EXPECT_EQ(gc.packs_deleted, 1u) << "the other host's gc took the save's pack: the danger is real";
+  ASSERT_FALSE(saved.ok()) << "a save whose gc lock was lost committed";
+  EXPECT_EQ(saved.status().code(), Code::kIOError);
+  EXPECT_NE(saved.status().message().find("gc lock"), std::string::npos) << saved.status().ToString();
+  EXPECT_NE(saved.status().message().find("nothing was committed"), std::string::npos) << saved.status().ToString();
+
+  EXPECT_FALSE(other_host->catalog().resolve("doomed").ok()) << "nothing of the save is visible";
+  auto list = other_host->catalog().list();
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->size(), 1u);
+  auto problems = other_host->catalog().integrity_check();
+  ASSERT_TRUE(problems.ok());
+  EXPECT_TRUE(problems->empty()) << problems->front();
+  auto v = other_host->verify({});
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_TRUE(v->problems.empty()) << v->problems.front();
+  VectorSink out;
+  ASSERT_TRUE(other_host->restore(std::to_string(kept->info.id), {}, out).ok());
+  EXPECT_EQ(out.bytes, a.bytes);
+
+  // The same store saves again with a fresh lock.
+  auto again = store->save(*b.file, b.state, req);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  VectorSink out2;
+  ASSERT_TRUE(other_host->restore("doomed", {}, out2).ok());
+  EXPECT_EQ(out2.bytes, b.bytes);
+}
+
+// A hold reports its loss itself too (what gc asks before deleting).
+TEST_F(PgStoreTest, AHoldKnowsWhenItsBackendIsGone) {
+  PgGcLocks locks(url_);
+  auto ex = locks.lock_exclusive(true);
+  ASSERT_TRUE(ex.ok() && *ex) << ex.status().ToString();
+  EXPECT_TRUE((*ex)->still_held().ok());
+  auto sh = locks.lock_shared(false);
+  ASSERT_TRUE(sh.ok());
+  EXPECT_FALSE(*sh);
+  ASSERT_TRUE(pg_query(url_, "SELECT pg_terminate_backend(" + std::to_string((*ex)->session()->pid) + ")").ok());
+  Status s = (*ex)->still_held();
+  EXPECT_EQ(s.code(), Code::kIOError) << s.ToString();
+  EXPECT_NE(s.message().find("was lost"), std::string::npos) << s.ToString();
+}
+
+// The commit fence: a new exclusive hold waits for a save's commit
+// transaction in flight (one that holds the fence) before it returns.
+TEST_F(PgStoreTest, AnExclusiveHoldWaitsForCommitsInFlight) {
+  PGconn* c = PQconnectdb(url_.c_str());
+  ASSERT_EQ(PQstatus(c), CONNECTION_OK);
+  auto run = [&](const std::string& sql) {
+    PGresult* r = PQexec(c, sql.c_str());
+    EXPECT_TRUE(PQresultStatus(r) == PGRES_TUPLES_OK || PQresultStatus(r) == PGRES_COMMAND_OK) << PQerrorMessage(c);
+    PQclear(r);
+  };
+  run("BEGIN");
+  run("SELECT pg_advisory_xact_lock_shared(" + std::to_string(PgGcLocks::kCommitFenceKey) + ")");
+  PgGcLocks locks(url_);
+  auto waiting = std::async(std::launch::async, [&] { return locks.lock_exclusive(true); });
+  // The gc lock itself is granted at once (no save holds it); the fence is what it waits for.
+  for (int i = 0; i < 2000; ++i) {
+    auto r = pg_query(url_, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND NOT granted");
+    if (r.ok() && (*r)[0][0] == "1") break;
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_EQ(waiting.wait_for(0ms), std::future_status::timeout) << "gc went ahead of a commit in flight";
+  run("COMMIT");
+  auto got = waiting.get();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(*got);
+  PQfinish(c);
+}
+
+// The store-level cap scenario of store_test.cc, on the PostgreSQL catalog.
+TEST_F(PgStoreTest, CapEnforcedWithPinsKept) {
+  auto store = open();
+  ASSERT_TRUE(store);
+  test::cap_enforced_with_pins_kept(*store);
+}
+
+}  // namespace
+}  // namespace kvsnap
