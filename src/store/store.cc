@@ -241,6 +241,7 @@ Status Store::open_encryption(StoreParts& parts) {
                               " (wrong key: pass the store's --key-file FILE or --key-command CMD)");
     KV_ASSIGN_OR_RETURN(ChunkCipher c, ChunkCipher::for_tenant(*parts.key, tenant_));
     cipher_.emplace(std::move(c));
+    key_ = parts.key;
     catalog_->set_keying(prefix_keying(*cipher_));  // cipher_ lives as long as the store
   } else if (meta && !parts.keyless_ok) {
     return Status::InvalidArgument("store " + name_ + " is encrypted (key " + *meta +
@@ -309,7 +310,7 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   }
   // The parent first: its chunks (a conversation's shared prefix) are hashed
   // but not encoded again.
-  const std::string fingerprint = req.model ? req.model->profile.fingerprint : "";
+  const std::string fingerprint = req.model ? req.model->profile.fingerprint : req.model_fingerprint;
   std::optional<int64_t> parent_id;
   std::map<Sha256Digest, ChunkRef> parent_chunks;
   if (req.find_parent && !state->tokens.tokens.empty()) {
@@ -334,12 +335,13 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   info.tags = req.tags;
   info.parent_id = parent_id;
   info.pinned = req.pin;
-  info.created = now_();  // the clock eviction compares restores and expiries with
+  info.created = req.created.empty() ? now_() : req.created;  // the clock eviction compares restores and expiries with
+  info.uuid = req.uuid;
   if (req.ttl_seconds) {
     KV_ASSIGN_OR_RETURN(info.expires_at, add_seconds(now_(), *req.ttl_seconds));
   }
   if (cipher_) {
-    info.uuid = new_snapshot_uuid();  // the sealed rows are bound to it
+    if (info.uuid.empty()) info.uuid = new_snapshot_uuid();  // the sealed rows are bound to it
     info.content_sha256 = recorded_content_hash(m.original_sha256, cipher());
     KV_RETURN_IF_ERROR(seal_record(*cipher_, m.bytes, rec));
   }
@@ -598,6 +600,27 @@ namespace {
 
 constexpr const char* kExportIndex = "kvsnap-export.json";
 
+// export --decrypt: the snapshot's original saved again as a plain standalone file (every chunk
+// opened, decoded and encoded again under its SHA-256 id) into `out`, or only counted when `out`
+// is null (the archive needs each entry's size first). Returns the file's size.
+Result<uint64_t> write_plain_file(const StoredSnapshot& snap, ByteSink* out) {
+  const SnapshotReader& r = snap.reader();
+  KV_ASSIGN_OR_RETURN(StateFile state, r.parse_original());
+  SnapshotOptions so;
+  so.cells_per_chunk = r.manifest().cells_per_chunk;
+  so.zstd_level = SaveRequest{}.zstd_level;
+  so.threads = default_threads();
+  so.source_name = r.provenance().source;
+  so.writer = r.provenance().writer;
+  so.model = r.manifest().model;
+  so.created = snap.info().created;
+  CountingSink count;
+  TeeSink tee(out ? *out : static_cast<ByteSink&>(count), count);
+  ByteSink& sink = out ? static_cast<ByteSink&>(tee) : static_cast<ByteSink&>(count);
+  KV_RETURN_IF_ERROR(write_snapshot_file(state, r.original(), so, sink).status());
+  return count.count;
+}
+
 std::string export_entry_name(const SnapshotInfo& s) { return "snapshots/" + s.uuid + ".kvsnap"; }
 
 nlohmann::json index_entry(const SnapshotInfo& s) {
@@ -692,11 +715,13 @@ Result<std::vector<ExportIndexEntry>> parse_export_index(std::string_view text, 
   return snapshots.elements_as<ExportIndexEntry>(index_entry_of);
 }
 
-Status Store::export_to(const std::vector<std::string>& refs, const std::string& path) {
+Status Store::export_to(const std::vector<std::string>& refs, const std::string& path, bool decrypt) {
   if (refs.empty()) return Status::InvalidArgument("export: name at least one snapshot");
   struct Item {
     SnapshotInfo info;
     std::unique_ptr<SnapshotFileAssembler> file;
+    std::unique_ptr<StoredSnapshot> opened;  // --decrypt: written again as a plain file
+    uint64_t plain_size = 0;
   };
   std::vector<Item> items;
   BlobSource source(*blobs_);
@@ -704,6 +729,16 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
   for (const auto& ref : refs) {
     KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
     KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
+    if (decrypt && rec.info.tenant) {
+      KV_ASSIGN_OR_RETURN(auto opened, open_snapshot(std::to_string(id)));
+      KV_ASSIGN_OR_RETURN(uint64_t size, write_plain_file(*opened, nullptr));
+      SnapshotInfo plain = rec.info;
+      plain.tenant.reset();
+      plain.content_sha256 = to_hex(opened->reader().manifest().original_sha256);
+      index["snapshots"].push_back(index_entry(plain));
+      items.push_back({std::move(plain), nullptr, std::move(opened), size});
+      continue;
+    }
     KV_ASSIGN_OR_RETURN(std::vector<std::byte> manifest, manifest_of(rec));
     KV_ASSIGN_OR_RETURN(SnapshotManifest m, parse_manifest(manifest, "snapshot " + ref));
     KV_ASSIGN_OR_RETURN(std::vector<ChunkUse> uses, catalog_->chunks_of(id));
@@ -720,6 +755,13 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
     return out.append(index_text.data(), index_text.size());
   }));
   for (const auto& it : items) {
+    if (it.opened) {
+      const StoredSnapshot* snap = it.opened.get();
+      entries.push_back(ExportEntry::FromProducer(export_entry_name(it.info), it.plain_size, [snap](ByteSink& out) {
+        return write_plain_file(*snap, &out).status();
+      }));
+      continue;
+    }
     const SnapshotFileAssembler* a = it.file.get();
     entries.push_back(ExportEntry::FromProducer(export_entry_name(it.info), a->file_size(),
                                                 [a, &source](ByteSink& out) { return a->write(source, out); }));
@@ -727,7 +769,16 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
   return export_archive(io_, path, entries);
 }
 
-Result<ImportReport> Store::import_from(const std::string& path) {
+Result<ImportReport> Store::import_from(const std::string& path, const ImportOptions& opts) {
+  std::optional<ChunkCipher> from;
+  if (opts.from_key || !opts.from_tenant.empty()) {
+    if (!opts.from_key && !cipher_)
+      return Status::InvalidArgument("import {--from-tenant} needs a key: {--from-key-file} or the store's own");
+    KV_ASSIGN_OR_RETURN(ChunkCipher c, ChunkCipher::for_tenant(opts.from_key ? *opts.from_key : *key_,
+                                                               opts.from_tenant.empty() ? tenant_ : opts.from_tenant));
+    from.emplace(std::move(c));
+  }
+  const ChunkCipher* source_cipher = from ? &*from : cipher();
   ImportVisitor v(io_, paths_, path);
   KV_RETURN_IF_ERROR(import_archive(io_, path, v));  // any error: everything received is discarded
   KV_ASSIGN_OR_RETURN(std::vector<ExportIndexEntry> index, parse_export_index(v.index_text, path));
@@ -739,7 +790,7 @@ Result<ImportReport> Store::import_from(const std::string& path) {
     if (!meta) return Status::Corruption(path + ": " + entry + " is not in the export's index");
     KV_ASSIGN_OR_RETURN(auto file, io_.open_read(tmp));
     SnapshotReadOptions ro;
-    ro.cipher = cipher();
+    ro.cipher = source_cipher;
     auto reader = open_snapshot_file(*file, ro);
     if (!reader.ok()) return reader.status().Prefixed(path + ": " + entry);
     KV_RETURN_IF_ERROR((*reader)->verify_chunks().Prefixed(path + ": " + entry));
@@ -751,12 +802,26 @@ Result<ImportReport> Store::import_from(const std::string& path) {
     }
     KV_ASSIGN_OR_RETURN(StateFile state, (*reader)->parse_original());
     const SnapshotManifest& m = (*reader)->manifest();
-    if (cipher_ && !m.encryption)
-      return Status::NotSupported(path + ": " + entry + " is a plain snapshot and store " + name_ +
-                                  " is encrypted: importing plain snapshots into an encrypted store is not done yet");
     if (!cipher_ && !store_key_id_.empty())
       return Status::InvalidArgument("store " + name_ + " is encrypted (key " + store_key_id_ +
                                      "): pass --key-file FILE or --key-command CMD");
+    const bool same_keys = m.encryption ? cipher_ && source_cipher == cipher() : !cipher_;
+    if (!same_keys) {
+      // Plain into an encrypted store, or another key or tenant: the original saved again.
+      SaveRequest req;
+      req.uuid = uuid;
+      req.created = meta->created;
+      req.model_fingerprint = meta->model_fingerprint;
+      req.tags = meta->tags;
+      req.source_name = m.provenance.source;
+      req.writer = m.provenance.writer;
+      req.cells_per_chunk = m.cells_per_chunk;
+      if (meta->name && !catalog_->resolve(*meta->name).ok()) req.name = *meta->name;
+      else if (meta->name) rep.skipped.push_back("name '" + *meta->name + "' is taken: imported " + uuid + " without it");
+      KV_ASSIGN_OR_RETURN(SaveResult saved, save((*reader)->original(), state, req));
+      rep.imported.push_back(std::move(saved.info));
+      continue;
+    }
     KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
     BlobSink sink(*batch, *catalog_);
     for (const ChunkRef& ref : m.chunks) {

@@ -70,6 +70,9 @@ struct SaveRequest {
   std::function<void(uint64_t file_bytes)> on_start;
   std::optional<int64_t> ttl_seconds;        // expires this long after the save
   bool pin = false;                          // never evicted
+  // What an import keeps of the archive's snapshot when it saves its original again (re-sealed
+  // for this store's key or tenant): empty = new uuid, now, the model's fingerprint.
+  std::string uuid, created, model_fingerprint;
 };
 
 struct SaveResult {
@@ -111,6 +114,13 @@ struct VerifyReport {
   // what was not checked is said in not_checked.
   size_t sealed_only = 0;
   std::vector<std::string> not_checked;
+};
+
+// Where an encrypted archive's snapshots were sealed when that is not this store's key and tenant:
+// import opens them with this key and saves them again with the store's (or plain).
+struct ImportOptions {
+  std::optional<MasterKey> from_key;  // unset: the store's own key
+  std::string from_tenant;            // empty: the store's tenant
 };
 
 struct ImportReport {
@@ -166,8 +176,13 @@ class Store {
   void set_clock(std::function<std::string()> now) { now_ = std::move(now); }
 
   // One .tar.zst with each snapshot as a standalone .kvsnap file plus an index.
-  Status export_to(const std::vector<std::string>& refs, const std::string& path);
-  Result<ImportReport> import_from(const std::string& path);
+  // decrypt: encrypted snapshots are written as plain .kvsnap files (the key is needed; each
+  // chunk opened and encoded again with plain ids); otherwise they stay sealed.
+  Status export_to(const std::vector<std::string>& refs, const std::string& path, bool decrypt = false);
+  // A snapshot sealed for this store's key and tenant (or plain into a plain store) is copied as
+  // it is; any other (plain into an encrypted store, another key or tenant: opts) has its original
+  // saved again with this store's key, keeping uuid, created, name, tags and fingerprint.
+  Result<ImportReport> import_from(const std::string& path, const ImportOptions& opts = {});
 
   Catalog& catalog() { return *catalog_; }
   BlobStore& blobs() { return *blobs_; }
@@ -196,6 +211,7 @@ class Store {
   StoreCaps caps_;
   std::string name_;                     // the store in messages
   std::string tenant_ = kDefaultTenant;
+  std::optional<MasterKey> key_;         // the master key given
   std::optional<ChunkCipher> cipher_;    // the tenant's keys, when a key was given
   std::string store_key_id_;             // store_meta "encryption"
   std::function<std::string()> now_ = utc_now_iso8601;

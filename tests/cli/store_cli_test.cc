@@ -240,6 +240,31 @@ TEST_F(StoreCli, EncryptedStoreNeedsItsKeyAndTenant) {
   EXPECT_EQ(keyed.code, 0) << keyed.err;
   EXPECT_EQ(keyed.out.find("not checked"), std::string::npos) << keyed.out;
 
+  // export stays sealed unless --decrypt; import --from-key-file/--from-tenant seals it again
+  const std::string sealed = (dir_ / "sealed.tar.zst").string(), plain = (dir_ / "plain.tar.zst").string();
+  ASSERT_EQ(kv("export one -o " + sealed + " --tenant alice" + k).code, 0);
+  KvRun dec = kv("export one --decrypt -o " + plain + " --tenant alice" + k);
+  ASSERT_EQ(dec.code, 0) << dec.err;
+  auto kv_at = [&](const std::string& at, const std::string& args) {
+    const std::string keep = store_;
+    store_ = at;
+    KvRun r = kv(args);
+    store_ = keep;
+    return r;
+  };
+  KvRun in_plain = kv_at((dir_ / "other").string(), "import " + plain);
+  EXPECT_EQ(in_plain.code, 0) << in_plain.err;
+  const std::string third = (dir_ / "third").string();
+  KvRun resealed = kv_at(third, "import " + sealed + " --from-key-file " + key.string() +
+                                   " --from-tenant alice --tenant bob --key-file " + other.string());
+  EXPECT_EQ(resealed.code, 0) << resealed.err;
+  const size_t u = saved.out.find("\"uuid\": \"");
+  ASSERT_NE(u, std::string::npos) << saved.out;
+  const std::string uuid = saved.out.substr(u + 9, 36);  // a sealed export's index names no name: the uuid
+  KvRun back = kv_at(third, "restore " + uuid + " -o " + (dir_ / "bob.slot").string() + " --tenant bob --key-file " + other.string());
+  ASSERT_EQ(back.code, 0) << back.err;
+  EXPECT_EQ(slurp(dir_ / "bob.slot"), slurp(a));
+
   // the same through a store config file naming the key and the tenant
   std::ofstream(dir_ / "store" / "store.json") << "{\"key_file\": \"" << key.string() << "\", \"tenant\": \"alice\"}\n";
   KvRun configured = kv("restore one -o " + (dir_ / "cfg.slot").string());

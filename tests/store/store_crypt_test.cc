@@ -405,5 +405,72 @@ TEST(StoreCrypt, ExportStaysSealedAndImportsIntoTheSameKeyAndTenant) {
   fs::remove(archive);
 }
 
+// The restore of `uuid` in `s` is the slot's bytes.
+void expect_restores(Store& s, const std::string& uuid, const Loaded& l) {
+  const std::string back = restore_all(s, uuid);
+  EXPECT_TRUE(back.size() == l.bytes.size() && std::memcmp(back.data(), l.bytes.data(), back.size()) == 0) << uuid;
+}
+
+TEST(StoreCrypt, ImportSealsAgainForAnotherKeyOrTenantAndPlainArchives) {
+  Loaded l = load(fixtures() / kSlot);
+  Bed src;
+  auto alice = src.must_open(src.key_a, "alice");
+  SaveRequest req = small_chunks();
+  req.name = "chat";
+  req.tags = {{"k", "v"}};
+  auto saved = alice->save(*l.file, l.state, req);
+  ASSERT_TRUE(saved.ok());
+  const std::string sealed_archive = temp_path("sealed").string() + ".tar.zst";
+  ASSERT_TRUE(alice->export_to({"chat"}, sealed_archive).ok());
+
+  // another key and tenant: opened with --from-key-file/--from-tenant, sealed with the store's
+  Bed dst;
+  auto bob = dst.must_open(dst.key_b, "bob");
+  auto no_from = bob->import_from(sealed_archive);
+  EXPECT_EQ(no_from.status().code(), Code::kMismatch) << no_from.status().ToString();
+  ImportOptions from;
+  from.from_key = *load_key_file(src.key_a.string());
+  from.from_tenant = "alice";
+  auto resealed = bob->import_from(sealed_archive, from);
+  ASSERT_TRUE(resealed.ok()) << resealed.status().ToString();
+  ASSERT_EQ(resealed->imported.size(), 1u);
+  EXPECT_EQ(resealed->imported[0].uuid, saved->info.uuid);
+  EXPECT_EQ(resealed->imported[0].tenant, "bob");
+  EXPECT_EQ(resealed->imported[0].master_key_id, dst.key_id(dst.key_b));
+  expect_restores(*bob, saved->info.uuid, l);
+  ASSERT_TRUE(bob->verify({})->problems.empty());
+
+  // export --decrypt: plain .kvsnap files; imported into a plain store as they are
+  const std::string plain_archive = temp_path("plain").string() + ".tar.zst";
+  ASSERT_TRUE(alice->export_to({"chat"}, plain_archive, /*decrypt=*/true).ok());
+  Bed plain_bed;
+  {
+    auto plain = Store::open(posix_io(), StorePaths{plain_bed.root.string()});
+    ASSERT_TRUE(plain.ok());
+    auto in = (*plain)->import_from(plain_archive);
+    ASSERT_TRUE(in.ok()) << in.status().ToString();
+    ASSERT_EQ(in->imported.size(), 1u);
+    EXPECT_FALSE(in->imported[0].tenant);
+    EXPECT_EQ(in->imported[0].name, "chat");
+    EXPECT_EQ(in->imported[0].content_sha256, to_hex(sha256_of(l.bytes)));
+    expect_restores(**plain, saved->info.uuid, l);
+  }
+  // a plain archive into an encrypted store: encrypted on the way in
+  Bed enc_bed;
+  auto enc = enc_bed.must_open(enc_bed.key_a, "carol");
+  auto in = enc->import_from(plain_archive);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  ASSERT_EQ(in->imported.size(), 1u);
+  EXPECT_EQ(in->imported[0].tenant, "carol");
+  EXPECT_EQ(in->imported[0].name, "chat");
+  EXPECT_EQ(in->imported[0].tags, (std::map<std::string, std::string>{{"k", "v"}}));
+  expect_restores(*enc, saved->info.uuid, l);
+  std::vector<std::byte> tokens(64);
+  std::memcpy(tokens.data(), l.state.tokens.tokens.data(), 64);
+  EXPECT_FALSE(store_contains(enc_bed.root, tokens));
+  fs::remove(sealed_archive);
+  fs::remove(plain_archive);
+}
+
 }  // namespace
 }  // namespace kvsnap
