@@ -120,12 +120,12 @@ Result<StoreKeyConfig> config_keys(const JsonRef& root, const std::string& base)
     if (!v) continue;
     KV_ASSIGN_OR_RETURN(*out, v->string());
     if (out->empty()) return v->error("is empty");
+    if (out == &k.tenant) {
+      Status t = check_tenant_name(k.tenant);
+      if (!t.ok()) return v->error(t.message());
+    }
   }
   if (!k.key_file.empty()) k.key_file = anchored(base, k.key_file);
-  if (!k.tenant.empty()) {
-    Status t = check_tenant_name(k.tenant);
-    if (!t.ok()) return Status::InvalidArgument(t.message());
-  }
   return k;
 }
 

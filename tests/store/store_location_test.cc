@@ -14,6 +14,9 @@
 #include "store/store.h"
 #include "test_files.h"
 
+// Key configs below are written with designated initializers.
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
 namespace kvsnap {
 namespace {
 
@@ -99,6 +102,9 @@ TEST_F(StoreLocationTest, BadConfigsAreRefusedByFileAndKey) {
       {R"({"max_bytes": -1})", "max_bytes"},
       {R"({"tenant_max_bytes": {"ana": "2X"}})", "tenant_max_bytes.ana"},
       {R"({"tenant_max_bytes": 5})", "tenant_max_bytes"},
+      {R"({"key_file": ""})", "key_file"},
+      {R"({"key_command": 7})", "key_command"},
+      {R"({"tenant": "two words"})", "tenant"},
   };
   for (const Case& c : cases) {
     write("bad.json", c.text);
@@ -114,6 +120,27 @@ TEST_F(StoreLocationTest, BadConfigsAreRefusedByFileAndKey) {
   auto url = resolve("s3://bucket/prefix");
   EXPECT_EQ(url.status().code(), Code::kInvalidArgument);
   EXPECT_NE(url.status().message().find("config file"), std::string::npos) << url.status().ToString();
+}
+
+// Encryption at rest: the key's source and the tenant; a relative key file is the config's neighbour,
+// and the command line's options win over the file's (apply_key_flags).
+TEST_F(StoreLocationTest, KeysAndTenantComeFromTheConfigAndTheFlagsWin) {
+  write("keys.json", R"({"key_file": "secret/k.key", "tenant": "team-a"})");
+  auto l = resolve(dir_ + "/keys.json");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->keys.key_file, dir_ + "/secret/k.key");
+  EXPECT_EQ(l->keys.tenant, "team-a");
+  StoreLocation w = *l;
+  apply_key_flags(w, {.key_command = "cat /run/k"});
+  EXPECT_EQ(w.keys.key_file, "");
+  EXPECT_EQ(w.keys.key_command, "cat /run/k");
+  EXPECT_EQ(w.keys.tenant, "team-a");
+  apply_key_flags(w, {.tenant = "team-b"});
+  EXPECT_EQ(w.keys.tenant, "team-b");
+  EXPECT_EQ(w.keys.key_command, "cat /run/k") << "a flag left out keeps the config's";
+  auto both = load_store_key({.key_file = "a", .key_command = "b"});
+  EXPECT_EQ(both.status().code(), Code::kInvalidArgument);
+  EXPECT_FALSE(load_store_key({})->has_value());
 }
 
 TEST_F(StoreLocationTest, CapsAreSizesInBytesOrWithAUnit) {
