@@ -2,7 +2,7 @@
 // measured in the same run (docs/performance.md, "Store"). Not a test.
 //
 //   kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D] [--extends BASE] [--level L]
-//                      [--server-save-ms MS] [--stages]
+//                      [--server-save-ms MS] [--stages] [--encrypt]
 //
 // For each llama.cpp state FILE (default: the f16 and q8_0 fixtures):
 //   copy      read + write + fsync of the same bytes (what `cp` + sync costs): the baseline
@@ -16,6 +16,9 @@
 //   dedup     a second session sharing the first 90% of the tokens: bytes it added
 //   extend    (--extends BASE, for one FILE that continues the session BASE) save of FILE into a
 //             store that holds BASE: time and bytes against a save of FILE into an empty store
+//   encrypt   (--encrypt) save, restore+fsync and decode into a plain store and into an encrypted
+//             one (AES-256-GCM, docs/store.md "Encryption at rest"), the two alternating in each
+//             round: wall and CPU seconds, and encrypted/plain ratios
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -41,6 +44,7 @@ namespace {
 int g_level = SaveRequest{}.zstd_level;  // --level
 double g_server_save_ms = 0;             // --server-save-ms: llama-server's own save of the same slot
 bool g_stages = false;                   // --stages
+bool g_encrypt = false;                  // --encrypt
 
 double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -107,6 +111,86 @@ double save_seconds(Store& s, const ReadableFile& f, const StateFile& st, uint32
   }
   if (out) *out = *r;
   return t;
+}
+
+// Best-of-rounds wall and CPU seconds of one store configuration.
+struct Timings {
+  double t_save = 1e9, c_save = 1e9, t_restore = 1e9, c_restore = 1e9, t_decode = 1e9, c_decode = 1e9;
+};
+
+// One round of save, restore into a file + fsync, restore into memory (decode), into a fresh
+// store at `root`, encrypted when `key_file` is set.
+void measure_round(const std::string& root, const std::string& key_file, const ReadableFile& file,
+                   const StateFile& parsed, uint32_t threads, Timings& t) {
+  fs::remove_all(root);
+  StoreLocation where = directory_store(root);
+  where.keys.key_file = key_file;
+  auto opened = Store::open(posix_io(), where);
+  if (!opened.ok()) {
+    std::printf("open failed: %s\n", opened.status().ToString().c_str());
+    std::exit(1);
+  }
+  Store& s = **opened;
+  SaveRequest req;
+  req.threads = threads;
+  req.zstd_level = g_level;
+  req.name = "a";
+  auto t0 = Clock::now();
+  double c0 = cpu_now();
+  auto saved = s.save(file, parsed, req);
+  t.t_save = std::min(t.t_save, secs(t0));
+  t.c_save = std::min(t.c_save, cpu_now() - c0);
+  if (!saved.ok()) {
+    std::printf("save failed: %s\n", saved.status().ToString().c_str());
+    std::exit(1);
+  }
+  t0 = Clock::now();
+  c0 = cpu_now();
+  {
+    FileSink out(root + "-restored.bin");
+    if (!s.restore("a", {}, out).ok()) std::abort();
+  }
+  t.t_restore = std::min(t.t_restore, secs(t0));
+  t.c_restore = std::min(t.c_restore, cpu_now() - c0);
+  t0 = Clock::now();
+  c0 = cpu_now();
+  CountingSink count;
+  if (!s.restore("a", {}, count).ok()) std::abort();
+  t.t_decode = std::min(t.t_decode, secs(t0));
+  t.c_decode = std::min(t.c_decode, cpu_now() - c0);
+  fs::remove(root + "-restored.bin");
+}
+
+// --encrypt: the plain and the encrypted store alternating in each round, so that both see the
+// same machine load.
+void bench_encryption(const std::string& path, const std::string& dir, uint32_t threads, int rounds) {
+  auto file = std::move(posix_io().open_read(path).value());
+  auto parsed = parse_state(*file).value();
+  const std::string key = dir + "/bench.key";
+  {
+    int fd = ::open(key.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const std::string hex(64, '7');
+    if (::write(fd, hex.data(), hex.size()) != ssize_t(hex.size())) std::abort();
+    ::close(fd);
+  }
+  Timings plain, enc;
+  for (int r = 0; r < rounds; ++r) {
+    measure_round(dir + "/plain", "", *file, parsed, threads, plain);
+    measure_round(dir + "/enc", key, *file, parsed, threads, enc);
+  }
+  fs::remove_all(dir + "/plain");
+  fs::remove_all(dir + "/enc");
+  const double gb = double(file->size()) / 1e9;
+  std::printf("%s (%.1f MB), %u threads, zstd level %d, best of %d alternating rounds\n", fs::path(path).filename().c_str(),
+              gb * 1e3, threads, g_level, rounds);
+  std::printf("  %-16s %13s %13s %13s %13s   %s\n", "", "plain wall s", "plain CPU s", "enc wall s", "enc CPU s",
+              "encrypted/plain: wall, CPU");
+  auto row = [](const char* what, double tp, double cp, double te, double ce) {
+    std::printf("  %-16s %13.3f %13.3f %13.3f %13.3f   %.2fx, %.2fx\n", what, tp, cp, te, ce, te / tp, ce / cp);
+  };
+  row("save", plain.t_save, plain.c_save, enc.t_save, enc.c_save);
+  row("restore+fsync", plain.t_restore, plain.c_restore, enc.t_restore, enc.c_restore);
+  row("decode only", plain.t_decode, plain.c_decode, enc.t_decode, enc.c_decode);
 }
 
 // FILE extends BASE (same prompt, more tokens): what saving it costs when BASE is stored.
@@ -312,9 +396,10 @@ int main(int argc, char** argv) {
     else if (a == "--level" && i + 1 < argc) g_level = std::atoi(argv[++i]);
     else if (a == "--server-save-ms" && i + 1 < argc) g_server_save_ms = std::atof(argv[++i]);
     else if (a == "--stages") g_stages = true;
+    else if (a == "--encrypt") g_encrypt = true;
     else if (a == "-h" || a == "--help") {
       std::printf("usage: kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D] [--extends BASE] [--level L]\n"
-                  "                          [--server-save-ms MS] [--stages]\n");
+                  "                          [--server-save-ms MS] [--stages] [--encrypt]\n");
       return 0;
     } else files.push_back(a);
   }
@@ -323,7 +408,9 @@ int main(int argc, char** argv) {
     files = {fx + "hd128-f16-f16-faon.slot", fx + "hd128-q8_0-q8_0-faon.slot"};
   }
   fs::create_directories(dir);
-  if (!extends.empty()) {
+  if (g_encrypt) {
+    for (const auto& f : files) bench_encryption(f, dir, threads, rounds);
+  } else if (!extends.empty()) {
     for (const auto& f : files) bench_extension(extends, f, dir, threads, rounds);
   } else {
     for (const auto& f : files) bench_file(f, dir, threads, rounds);

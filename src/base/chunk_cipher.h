@@ -1,6 +1,6 @@
 // Encryption at rest for store chunks: AES-256-GCM per chunk (OpenSSL EVP), per-tenant keys
 // derived from one master key with HKDF-SHA256, keyed chunk ids. Design and threat model:
-// docs/store.md, "Encryption at rest — design".
+// docs/store.md, "Encryption at rest".
 //
 // Why in base/: the chunk id is computed where a save cuts chunks (format/snapshot_write.cc,
 // the pipeline of format/snapshot_pipeline.h), which is below the store; base is the one layer

@@ -1,5 +1,5 @@
 // Where an encrypted store's master key comes from: a key file or a key command
-// (docs/store.md, "Encryption at rest — design"). Both end in parse_master_key
+// (docs/store.md, "Encryption at rest"). Both end in parse_master_key
 // (base/chunk_cipher.h): 32 raw bytes or 64 hex digits plus an optional newline.
 //
 // These two talk to the OS directly rather than through Io: the key file's permission check

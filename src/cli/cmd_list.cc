@@ -64,6 +64,7 @@ Status run_ls(const ListOpts& o, std::string& out) {
   f.type = o.type;
   f.limit = o.limit;
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  if (store->cipher()) f.tenant = store->tenant();  // an encrypted store lists the key's tenant (and plain snapshots)
   KV_ASSIGN_OR_RETURN(auto v, store->catalog().list(f));
   out = render_list(v, o.json);
   return Status::OK();

@@ -7,6 +7,7 @@
 #include "base/json_access.h"
 #include "base/parallel.h"
 #include "cli/progress.h"
+#include "cli/store_common.h"
 #include "cli/commands.h"
 #include "cli/era_options.h"
 #include "cli/exit_codes.h"
@@ -144,6 +145,7 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
   std::mutex store_mu;  // one catalog connection, shared by the jobs
   if (o.backup_store && !o.dry_run) {
     KV_ASSIGN_OR_RETURN(StoreLocation where, resolve_store_location(io, o.store));
+    apply_key_flags(where, store_key_flags());
     KV_ASSIGN_OR_RETURN(store, Store::open(io, where));
     m.backup = [&](const std::string& path, const ReadableFile& file, const StateFile& state) -> Status {
       SaveRequest req;
@@ -203,6 +205,7 @@ void setup_migrate(CLI::App& app, int& exit_status) {
   sub->add_option("--model,-m", o->model, "the model's GGUF: exact layout and head dims (recommended)");
   sub->add_flag("--backup-store", o->backup_store, "save each original in the snapshot store (tag migrated-from=PATH) before converting it");
   sub->add_option("--store", o->store, "the store for --backup-store and --server profiles (default: $KVSNAP_HOME)");
+  add_store_key_options(sub);
   sub->add_option("--jobs,-j", o->jobs, "files converted at once (default 1)");
   sub->add_option("--threads,-t", o->threads, "threads per file (default: cores / jobs)");
   sub->add_flag("--dry-run,-n", o->dry_run, "print the plan and the bytes that would be freed; change nothing");

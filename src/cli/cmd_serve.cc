@@ -29,6 +29,7 @@ Status run_serve_cmd(const ServeCmdOpts& o, std::string& out) {
   ServeOptions so;
   so.listen = o.listen;
   so.store = o.store;
+  so.keys = store_key_flags();
   so.log_file = o.log;
   so.llama = o.llama;
   so.threads = o.threads;

@@ -12,7 +12,7 @@ namespace {
 struct ExportOpts {
   std::vector<std::string> refs;
   std::string out, store;
-  bool force = false, json = false;
+  bool force = false, json = false, decrypt = false;
   ProgressFlags progress;
 };
 
@@ -21,7 +21,7 @@ Status run_export(const ExportOpts& o, std::string& out) {
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
   {
     ProgressDisplay shown("export", Counted::kRead, stored_bytes_of(*store, o.refs), o.progress.mode(o.json));
-    KV_RETURN_IF_ERROR(store->export_to(o.refs, o.out));
+    KV_RETURN_IF_ERROR(store->export_to(o.refs, o.out, o.decrypt));
   }
   struct stat st {};
   ::stat(o.out.c_str(), &st);
@@ -35,17 +35,21 @@ Status run_export(const ExportOpts& o, std::string& out) {
 
 struct ImportOpts {
   std::string file, store;
+  StoreKeyConfig from;  // --from-key-file, --from-key-command, --from-tenant
   bool json = false;
   ProgressFlags progress;
 };
 
 Status run_import(const ImportOpts& o, std::string& out) {
+  ImportOptions io;
+  KV_ASSIGN_OR_RETURN(io.from_key, load_store_key(o.from));
+  io.from_tenant = o.from.tenant;
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
   Result<ImportReport> imported = [&] {
     struct stat st {};
     const uint64_t total = ::stat(o.file.c_str(), &st) == 0 ? uint64_t(st.st_size) : 0;
     ProgressDisplay shown("import " + o.file, Counted::kRead, total, o.progress.mode(o.json));
-    return store->import_from(o.file);
+    return store->import_from(o.file, io);
   }();
   KV_ASSIGN_OR_RETURN(ImportReport r, std::move(imported));
   if (o.json) {
@@ -69,6 +73,8 @@ void setup_transfer_commands(CLI::App& app, int& exit_status) {
     sub->add_option("snapshot", o->refs, "names, ids or uuids")->required();
     sub->add_option("-o,--out", o->out, "the archive to write (atomically)")->required();
     sub->add_flag("--force", o->force, "replace --out if it exists");
+    sub->add_flag("--decrypt", o->decrypt,
+                  "write encrypted snapshots as plain .kvsnap files (needs the key; default: they stay sealed)");
     sub->add_flag("--json", o->json, "machine-readable result (and progress as JSON lines on stderr)");
     add_progress_flags(sub, o->progress);
     bind(sub, o, run_export, "export", exit_status);
@@ -78,6 +84,11 @@ void setup_transfer_commands(CLI::App& app, int& exit_status) {
     auto* sub = app.add_subcommand("import", "Add the snapshots of an export archive to the store (every chunk re-hashed; "
                                              "hostile archives refused)");
     sub->add_option("file", o->file, "a kvsnap export (.tar.zst, .tar.gz, .tar.xz or .tar)")->required();
+    auto* ff = sub->add_option("--from-key-file", o->from.key_file,
+                               "the master key the archive's snapshots were sealed with, when not the store's: they "
+                               "are opened with it and sealed again with the store's");
+    ff->excludes(sub->add_option("--from-key-command", o->from.key_command, "the same, printed by a command"));
+    sub->add_option("--from-tenant", o->from.tenant, "the tenant the archive's snapshots were sealed for (default: --tenant)");
     sub->add_flag("--json", o->json, "machine-readable result");
     add_progress_flags(sub, o->progress);
     bind(sub, o, run_import, "import", exit_status);

@@ -15,8 +15,38 @@ std::string mib(uint64_t b) {
   return buf;
 }
 
-Result<std::unique_ptr<Store>> open_store(const std::string& dir) {
+StoreKeyConfig& store_key_flags() {
+  static StoreKeyConfig flags;
+  return flags;
+}
+
+void add_store_key_options(CLI::App* sub) {
+  StoreKeyConfig& f = store_key_flags();
+  auto* file = sub->add_option("--key-file", f.key_file,
+                               "encrypted store: the master key, 32 raw bytes or 64 hex digits, in a file only its "
+                               "owner may read (also store.json \"key_file\")");
+  auto* cmd = sub->add_option("--key-command", f.key_command,
+                              "encrypted store: a shell command that prints the master key (also \"key_command\")");
+  file->excludes(cmd);
+  if (!sub->get_option_no_throw("--tenant"))
+    sub->add_option("--tenant", f.tenant,
+                    "encrypted store: whose keys (derived from the master key) to use (default 'default'; also "
+                    "\"tenant\")");
+}
+
+Result<StoreLocation> store_location(const std::string& dir) {
   KV_ASSIGN_OR_RETURN(StoreLocation where, resolve_store_location(cli_io(), dir));
+  apply_key_flags(where, store_key_flags());
+  if (!where.keys.tenant.empty()) {
+    Status t = check_tenant_name(where.keys.tenant);
+    if (!t.ok()) return Status::InvalidArgument("{--tenant}: " + t.message());
+  }
+  return where;
+}
+
+Result<std::unique_ptr<Store>> open_store(const std::string& dir, bool keyless_ok) {
+  KV_ASSIGN_OR_RETURN(StoreLocation where, store_location(dir));
+  where.keys.keyless_ok = keyless_ok;
   return Store::open(cli_io(), where);
 }
 
@@ -51,6 +81,9 @@ json info_json(const SnapshotInfo& s) {
             {"last_restored", s.last_restored ? json(*s.last_restored) : json(nullptr)}};
   j["tags"] = json::object();
   for (const auto& [k, v] : s.tags) j["tags"][k] = v;
+  j["encryption"] = s.tenant ? json{{"tenant", *s.tenant}, {"master_key_id", s.master_key_id},
+                                    {"tenant_key_id", s.tenant_key_id}}
+                             : json(nullptr);
   return j;
 }
 

@@ -22,7 +22,17 @@ namespace kvsnap::cli {
 using json = nlohmann::ordered_json;
 
 std::string mib(uint64_t b);  // "1.25 MiB"
-Result<std::unique_ptr<Store>> open_store(const std::string& dir);  // --store, $KVSNAP_HOME, XDG (store_location.h)
+// --store, $KVSNAP_HOME, XDG (store_location.h), with the command's key options applied.
+// keyless_ok: an encrypted store opens without its key (verify, gc).
+Result<std::unique_ptr<Store>> open_store(const std::string& dir, bool keyless_ok = false);
+Result<StoreLocation> store_location(const std::string& dir);
+
+// The store's key options of the running command (docs/store.md, "Encryption at rest"): every
+// store command has --key-file, --key-command and --tenant (bind() adds them; a command with
+// its own --tenant, gc's, gets the key options only). One command runs per process, so they
+// are kept here rather than in each command's options.
+StoreKeyConfig& store_key_flags();
+void add_store_key_options(CLI::App* sub);
 json info_json(const SnapshotInfo& s);
 // The blob bytes reading these snapshots takes (every snapshot when `refs` is empty): the
 // total of a progress display. 0 when a ref does not resolve (the command itself will say so).
@@ -44,6 +54,7 @@ std::string server_build_note(const ServerBuild& b);
 template <class Opts, class Run>
 void bind(CLI::App* sub, std::shared_ptr<Opts> o, Run run, const char* name, int& exit_status) {
   sub->add_option("--store", o->store, "the store: a directory, or a store config file FILE.json (docs/store.md) (default: $KVSNAP_HOME, else ~/.local/share/kvsnap)");
+  add_store_key_options(sub);
   sub->callback([o, run, name, &exit_status]() {
     std::string out;
     Status s = run(*o, out);

@@ -86,6 +86,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   KV_RETURN_IF_ERROR(parse_listen(o.listen, po.listen_host, po.listen_port));
   po.threads = o.threads;
   KV_ASSIGN_OR_RETURN(StoreLocation where, resolve_store_location(io, o.store));
+  apply_key_flags(where, o.keys);  // the key is loaded once (load_store_key), for both connections
   KV_ASSIGN_OR_RETURN(auto store, Store::open(io, where));
   const std::string serve_dir = where.local_dir + "/serve", slot_dir = serve_dir + "/slots";
   KV_RETURN_IF_ERROR(io.create_dirs(slot_dir));

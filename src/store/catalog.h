@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "base/sha256.h"
 #include "base/status.h"
 #include "store/blob_store.h"
 
@@ -74,12 +75,32 @@ struct SnapshotInfo {
   bool pinned = false;                       // never evicted
   std::optional<std::string> expires_at;     // evicted first once past; unset: never expires
   std::optional<std::string> last_restored;  // the last restore; unset: never restored
+  // Encryption at rest (docs/store.md, "Encryption at rest"): the tenant the snapshot was sealed
+  // for and its key ids (16 hex digits each: fingerprints, never key bytes). Unset: plain.
+  std::optional<std::string> tenant;
+  std::string master_key_id, tenant_key_id;
 };
 
 struct SnapshotRecord {
   SnapshotInfo info;
-  std::vector<std::byte> manifest;  // opaque to the catalog
+  std::vector<std::byte> manifest;  // opaque to the catalog (sealed when info.tenant is set)
+  // Plain: stored. Encrypted (info.tenant set): given to add_snapshot only to compute the keyed
+  // prefix index (Catalog::keying()), never stored, and empty from get().
   std::vector<int32_t> tokens;
+  // Encrypted: the token list as stored, sealed by the store (what get() returns instead).
+  std::vector<std::byte> sealed_tokens;
+};
+
+// How an encrypted tenant's prefix index is keyed (docs/store.md, "Encryption at rest"). The
+// store sets it on its catalog (Catalog::set_keying) when it holds a key:
+//   - add_snapshot of an encrypted record hashes secret ‖ tokens (SHA-256, 16 bytes kept), so
+//     anchor_hash and full_hash say nothing to whoever reads the catalog without the key;
+//   - find_prefix hashes the query the same way, so it finds only this tenant's snapshots (a
+//     plain or another tenant's row cannot match), and checks each candidate's tokens with
+//     open_tokens (the catalog cannot read sealed tokens itself).
+struct PrefixKeying {
+  Sha256Digest secret{};
+  std::function<Result<std::vector<int32_t>>(const SnapshotRecord&)> open_tokens;
 };
 
 // One position of a snapshot's chunk list.
@@ -99,6 +120,8 @@ struct ListFilter {
   std::vector<std::pair<std::string, std::string>> tags;  // all must match
   std::string name_glob;                                  // glob as SQLite GLOB (* ? [..], case-sensitive); empty = any
   std::string type;                                       // a K or V type name; empty = any
+  // Encryption tenant: only plain snapshots and those sealed for this tenant; unset = any.
+  std::optional<std::string> tenant;
   int64_t limit = -1;                                     // < 0: all
 };
 
@@ -160,6 +183,16 @@ class Catalog {
   virtual ~Catalog() = default;
   Catalog(const Catalog&) = delete;
   Catalog& operator=(const Catalog&) = delete;
+
+  // The keyed prefix index of an encrypted tenant (PrefixKeying); nullptr: plain hashes.
+  void set_keying(std::shared_ptr<const PrefixKeying> k) { keying_ = std::move(k); }
+  const PrefixKeying* keying() const { return keying_.get(); }
+
+  // Store-wide settings (key -> value): "encryption" = the master key id of an encrypted store.
+  virtual Result<std::optional<std::string>> get_meta(const std::string& key) = 0;
+  // Sets `key` to `value` unless it is set; returns the value it holds after (the first
+  // writer's, when two race).
+  virtual Result<std::string> init_meta(const std::string& key, const std::string& value) = 0;
 
   // Inserts the snapshot, its tags and chunk list and bumps the chunks'
   // refcounts in one transaction. A chunk already recorded keeps its recorded
@@ -251,7 +284,14 @@ class Catalog {
 
  protected:
   Catalog() = default;
+
+ private:
+  std::shared_ptr<const PrefixKeying> keying_;
 };
+
+// A fresh random (v4) uuid: what add_snapshot assigns when none is given (an encrypted save
+// needs it first, to bind its sealed manifest and tokens to the row).
+std::string new_snapshot_uuid();
 
 // Where a gc stands: its deletions (blobs, packs, temporaries, and their sizes in storage).
 struct GcProgress {

@@ -14,7 +14,6 @@ namespace catalog_detail {
 
 namespace {
 
-
 std::string new_uuid_v4() {
   uint8_t b[16];
   if (RAND_bytes(b, sizeof b) != 1) {
@@ -34,6 +33,12 @@ std::string new_uuid_v4() {
 }
 
 }  // namespace
+
+Sha256 prefix_hash_start(const PrefixKeying* keying) {
+  Sha256 sha;
+  if (keying) sha.update(keying->secret.data(), keying->secret.size());
+  return sha;
+}
 
 bool all_digits(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
@@ -92,7 +97,7 @@ std::vector<std::pair<int64_t, Hash16>> band_probes(const Sha256& at_c, int64_t 
   return out;
 }
 
-Result<PrefixKey> prepare_snapshot(SnapshotRecord& rec, size_t n_chunks) {
+Result<PrefixKey> prepare_snapshot(SnapshotRecord& rec, size_t n_chunks, const PrefixKeying* keying) {
   SnapshotInfo& info = rec.info;
   if (info.name) {
     if (info.name->empty()) return Status::InvalidArgument("a snapshot name cannot be empty");
@@ -108,15 +113,43 @@ Result<PrefixKey> prepare_snapshot(SnapshotRecord& rec, size_t n_chunks) {
   info.n_tokens = static_cast<int64_t>(rec.tokens.size());
   info.n_chunks = static_cast<int64_t>(n_chunks);
 
+  const bool sealed = info.tenant.has_value();
+  if (sealed && (!keying || rec.sealed_tokens.size() != rec.tokens.size() * 4 + kSealedTokensOverhead))
+    return Status::InvalidArgument("an encrypted snapshot needs the tenant's keyed prefix index and its sealed tokens");
+  if (!sealed) keying = nullptr;  // a plain row keeps plain hashes
+
   PrefixKey key;
-  key.tokens = tokens_le(rec.tokens);
+  const std::vector<std::byte> plain = tokens_le(rec.tokens);
   key.anchor_len = info.n_tokens / Catalog::kPrefixStride * Catalog::kPrefixStride;
-  Sha256 sha;
-  sha.update(key.tokens.data(), static_cast<size_t>(key.anchor_len) * 4);
+  Sha256 sha = prefix_hash_start(keying);
+  sha.update(plain.data(), static_cast<size_t>(key.anchor_len) * 4);
   key.anchor_hash = prefix16(sha);
-  sha.update(key.tokens.data() + key.anchor_len * 4, key.tokens.size() - static_cast<size_t>(key.anchor_len) * 4);
+  sha.update(plain.data() + key.anchor_len * 4, plain.size() - static_cast<size_t>(key.anchor_len) * 4);
   key.full_hash = prefix16(sha);
+  key.tokens = sealed ? rec.sealed_tokens : plain;
   return key;
+}
+
+Result<std::vector<SnapshotInfo>> sealed_prefix_matches(Catalog& catalog, const PrefixKeying& keying,
+                                                        std::vector<std::pair<int64_t, int64_t>> candidates,
+                                                        std::span<const int32_t> query,
+                                                        const std::string& model_fingerprint, size_t limit) {
+  std::sort(candidates.begin(), candidates.end(), std::greater<>());  // longest, then highest id
+  std::vector<SnapshotInfo> out;
+  for (const auto& [n_tokens, id] : candidates) {
+    if (out.size() >= limit) break;
+    auto rec = catalog.get(id);
+    if (!rec.ok() && rec.status().code() == Code::kNotFound) continue;  // removed meanwhile
+    KV_RETURN_IF_ERROR(rec.status());
+    if (!rec->info.tenant || rec->info.n_tokens != n_tokens || n_tokens > static_cast<int64_t>(query.size())) continue;
+    if (!model_fingerprint.empty() && rec->info.model_fingerprint != model_fingerprint) continue;
+    // Hashes only chose the candidates; the tokens decide.
+    KV_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, keying.open_tokens(*rec));
+    if (tokens.size() != static_cast<size_t>(n_tokens) || !std::equal(tokens.begin(), tokens.end(), query.begin()))
+      continue;
+    out.push_back(std::move(rec->info));
+  }
+  return out;
 }
 
 Status name_taken(const std::string& name, int64_t id) {
@@ -162,4 +195,7 @@ Status ambiguous_uuid(const std::string& ref, const std::vector<std::string>& se
 }
 
 }  // namespace catalog_detail
+
+std::string new_snapshot_uuid() { return catalog_detail::new_uuid_v4(); }
+
 }  // namespace kvsnap

@@ -92,7 +92,25 @@ void match_band(std::vector<BandRow> rows, const Sha256& at_c, int64_t c, std::s
 std::vector<std::pair<int64_t, Hash16>> band_probes(const Sha256& at_c, int64_t c, std::span<const std::byte> q);
 
 // Checks `rec` and fills its defaults (see the top of this file); the key to store with it.
-Result<PrefixKey> prepare_snapshot(SnapshotRecord& rec, size_t n_chunks);
+// An encrypted record (info.tenant set) needs `keying` (its prefix hashes are keyed) and
+// sealed_tokens, which are what is stored.
+Result<PrefixKey> prepare_snapshot(SnapshotRecord& rec, size_t n_chunks, const PrefixKeying* keying);
+
+// Where every prefix hash starts: empty, or the keying's secret already hashed (PrefixKeying).
+Sha256 prefix_hash_start(const PrefixKeying* keying);
+
+// A sealed token list's bytes over the plain one's (base/chunk_cipher.h: header and tag).
+inline constexpr int64_t kSealedTokensOverhead = 56;
+// The integrity check's expected size of a snapshot_blobs.tokens value, as SQL over the
+// snapshots row `s` (both backends spell CASE and length the same way but for the function).
+#define KV_TOKENS_BYTES_SQL "4 * s.n_tokens + CASE WHEN s.tenant IS NULL THEN 0 ELSE 56 END"
+
+// find_prefix with keying: the candidates (n_tokens, id), longest first, checked by opening
+// each one's sealed tokens (keying.open_tokens) and comparing; at most `limit` returned.
+Result<std::vector<SnapshotInfo>> sealed_prefix_matches(Catalog& catalog, const PrefixKeying& keying,
+                                                        std::vector<std::pair<int64_t, int64_t>> candidates,
+                                                        std::span<const int32_t> query,
+                                                        const std::string& model_fingerprint, size_t limit);
 
 Status name_taken(const std::string& name, int64_t id);
 Status uuid_taken(const std::string& uuid, int64_t id);

@@ -90,6 +90,13 @@ ALTER TABLE snapshots ADD COLUMN pinned boolean NOT NULL DEFAULT false;
 ALTER TABLE snapshots ADD COLUMN expires_at text COLLATE "C";
 ALTER TABLE snapshots ADD COLUMN last_restored text COLLATE "C";
 )sql",
+    // v3: encryption at rest (docs/store.md), as the SQLite catalog's v4: each encrypted
+    // snapshot's tenant and key ids (hex); kvsnap_meta 'encryption' = the master key id.
+    R"sql(
+ALTER TABLE snapshots ADD COLUMN tenant text COLLATE "C";
+ALTER TABLE snapshots ADD COLUMN master_key_id text COLLATE "C";
+ALTER TABLE snapshots ADD COLUMN tenant_key_id text COLLATE "C";
+)sql",
 };
 constexpr int kNumMigrations = sizeof(kMigrations) / sizeof(kMigrations[0]);
 static_assert(kNumMigrations == PgCatalog::kSchemaVersion, "one migration per schema version");
@@ -141,6 +148,20 @@ Result<std::unique_ptr<PgCatalog>> PgCatalog::open(const std::string& url, const
   std::unique_ptr<PgCatalog> c(new PgCatalog(std::move(conn)));
   KV_RETURN_IF_ERROR(c->migrate());
   return c;
+}
+
+Result<std::optional<std::string>> PgCatalog::get_meta(const std::string& key) {
+  KV_ASSIGN_OR_RETURN(PgResult r, conn_->exec("SELECT value FROM kvsnap_meta WHERE key = $1", PgParams().text(key)));
+  if (r.rows() == 0) return std::optional<std::string>();
+  return std::optional<std::string>(r.text(0, 0));
+}
+
+Result<std::string> PgCatalog::init_meta(const std::string& key, const std::string& value) {
+  KV_RETURN_IF_ERROR(conn_->exec("INSERT INTO kvsnap_meta(key, value) VALUES($1, $2) ON CONFLICT(key) DO NOTHING",
+                                 PgParams().text(key).text(value))
+                         .status());
+  KV_ASSIGN_OR_RETURN(std::optional<std::string> now, get_meta(key));
+  return now.value_or("");
 }
 
 Result<int> PgCatalog::schema_version() {
@@ -269,7 +290,7 @@ Status PgCatalog::check_hold(const GcHoldSession& hold) {
 Result<SnapshotInfo> PgCatalog::add(SnapshotRecord rec, const std::vector<ChunkUse>& chunks,
                                     const std::optional<GcHoldSession>& hold) {
   SnapshotInfo& info = rec.info;
-  KV_ASSIGN_OR_RETURN(PrefixKey key, prepare_snapshot(rec, chunks.size()));
+  KV_ASSIGN_OR_RETURN(PrefixKey key, prepare_snapshot(rec, chunks.size(), keying()));
   KV_ASSIGN_OR_RETURN(ChunkRows rows, chunk_rows(where_, chunks));
   std::vector<std::span<const std::byte>> row_hashes = spans_of(rows.hashes);
   std::vector<ChunkHash> list_hashes;
@@ -311,13 +332,16 @@ Result<SnapshotInfo> PgCatalog::add(SnapshotRecord rec, const std::vector<ChunkU
     }
     p.opt_text(info.content_sha256.empty() ? std::nullopt : std::optional<std::string>(info.content_sha256));
     p.i64(info.n_chunks).i64(key.anchor_len).bytes(key.anchor_hash.data(), 16).bytes(key.full_hash.data(), 16);
-    p.i64(info.pinned ? 1 : 0).opt_text(info.expires_at);
+    p.i64(info.pinned ? 1 : 0).opt_text(info.expires_at).opt_text(info.tenant);
+    p.opt_text(info.tenant ? std::optional<std::string>(info.master_key_id) : std::nullopt);
+    p.opt_text(info.tenant ? std::optional<std::string>(info.tenant_key_id) : std::nullopt);
     KV_ASSIGN_OR_RETURN(
         PgResult ins,
         conn_->exec("INSERT INTO snapshots(uuid, name, created, model_arch, model_fingerprint, n_tokens, k_types, "
                     "v_types, v_trans, source_format, raw_bytes, stored_bytes, lossy, parent_id, content_sha256, "
-                    "n_chunks, anchor_len, anchor_hash, full_hash, pinned, expires_at) VALUES($1, $2, $3, $4, $5, $6, $7, "
-                    "$8, $9 <> 0, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20 <> 0, $21) RETURNING id",
+                    "n_chunks, anchor_len, anchor_hash, full_hash, pinned, expires_at, tenant, master_key_id, tenant_key_id) "
+                    "VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9 <> 0, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, "
+                    "$20 <> 0, $21, $22, $23, $24) RETURNING id",
                     p));
     if (ins.rows() != 1) return Status::IOError(where_ + ": INSERT INTO snapshots returned no id");
     info.id = ins.i64(0, 0);
@@ -435,6 +459,10 @@ Result<SnapshotRecord> PgCatalog::get(int64_t id) {
   auto m = q.bytes(0, kPgInfoCols);
   rec.manifest.assign(m.begin(), m.end());
   auto t = q.bytes(0, kPgInfoCols + 1);
+  if (rec.info.tenant) {
+    rec.sealed_tokens.assign(t.begin(), t.end());  // the store opens them (and checks their size)
+    return rec;
+  }
   if (t.size() != static_cast<size_t>(rec.info.n_tokens) * 4) {
     return Status::Corruption(where_ + ": snapshot " + std::to_string(id) + " stores " + std::to_string(t.size()) +
                               " token bytes for " + std::to_string(rec.info.n_tokens) + " tokens");
@@ -542,6 +570,7 @@ Result<std::vector<SnapshotInfo>> PgCatalog::list(const ListFilter& f) {
   if (!f.model_fingerprint.empty()) sql += " AND s.model_fingerprint = " + arg(f.model_fingerprint);
   if (!f.model_arch.empty()) sql += " AND s.model_arch = " + arg(f.model_arch);
   if (!f.name_glob.empty()) sql += " AND s.name ~ " + arg(glob_to_regex(f.name_glob));
+  if (f.tenant) sql += " AND (s.tenant IS NULL OR s.tenant = " + arg(*f.tenant) + ")";
   if (!f.type.empty()) {
     std::string t = arg("," + f.type + ",");
     sql += " AND (strpos(',' || s.k_types || ',', " + t + ") > 0 OR strpos(',' || s.v_types || ',', " + t + ") > 0)";

@@ -69,7 +69,7 @@ class PgConn;
 
 class PgCatalog : public Catalog {
  public:
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
 
   // Connects to `url` and creates or migrates the schema. options:
   // busy_timeout_ms bounds row-lock waits; durable_commits=false sets
@@ -106,6 +106,8 @@ class PgCatalog : public Catalog {
   // (PostgreSQL enforces the foreign keys itself).
   Result<std::vector<std::string>> integrity_check() override;
   Result<int> schema_version() override;
+  Result<std::optional<std::string>> get_meta(const std::string& key) override;
+  Result<std::string> init_meta(const std::string& key, const std::string& value) override;
   // The URL without its password.
   std::string describe() const override { return where_; }
 

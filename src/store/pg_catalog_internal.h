@@ -17,8 +17,8 @@ namespace kvsnap {
   "s.content_sha256, s.n_chunks, "                                                                     \
   "(SELECT array_agg(t.key ORDER BY t.key) FROM tags t WHERE t.snapshot_id = s.id), "                 \
   "(SELECT array_agg(t.value ORDER BY t.key) FROM tags t WHERE t.snapshot_id = s.id), "                \
-  "s.pinned, s.expires_at, s.last_restored"
-inline constexpr int kPgInfoCols = 22;
+  "s.pinned, s.expires_at, s.last_restored, s.tenant, s.master_key_id, s.tenant_key_id"
+inline constexpr int kPgInfoCols = 25;
 
 template <size_t N>
 std::span<const std::byte> span_of(const std::array<uint8_t, N>& a) {
@@ -57,6 +57,9 @@ inline SnapshotInfo pg_info_from_row(const PgResult& q, int r) {
   i.pinned = q.boolean(r, 19);
   if (!q.is_null(r, 20)) i.expires_at = q.text(r, 20);
   if (!q.is_null(r, 21)) i.last_restored = q.text(r, 21);
+  if (!q.is_null(r, 22)) i.tenant = q.text(r, 22);
+  i.master_key_id = q.text(r, 23);
+  i.tenant_key_id = q.text(r, 24);
   return i;
 }
 

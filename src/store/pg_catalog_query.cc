@@ -39,7 +39,7 @@ Result<std::vector<std::pair<int64_t, int64_t>>> PgCatalog::prefix_candidates(st
   std::vector<Hash16> anchor_hashes;
   std::vector<Sha256> states;  // the hash of q[0, c) for each anchor c
   states.reserve(static_cast<size_t>(m / kStride + 1));
-  Sha256 run;
+  Sha256 run = prefix_hash_start(keying());
   for (int64_t c = 0; c <= m; c += kStride) {
     anchors.push_back(c);
     anchor_hashes.push_back(prefix16(run));
@@ -138,6 +138,10 @@ Result<std::vector<SnapshotInfo>> PgCatalog::find_prefix(std::span<const int32_t
                                                          const std::string& model_fingerprint, size_t limit) {
   std::vector<SnapshotInfo> out;
   if (query.empty() || limit == 0) return out;
+  if (const PrefixKeying* k = keying()) {
+    KV_ASSIGN_OR_RETURN(auto candidates, prefix_candidates(query, /*begin=*/false));
+    return sealed_prefix_matches(*this, *k, std::move(candidates), query, model_fingerprint, limit);
+  }
   std::vector<std::byte> q = tokens_le(query);
   auto batch_ids = [&](const std::vector<std::pair<int64_t, int64_t>>& candidates, size_t next) {
     size_t batch = std::min(candidates.size() - next, limit - out.size());
@@ -300,7 +304,7 @@ Result<std::vector<std::string>> PgCatalog::integrity_check() {
         }));
     return collect(
         "SELECT s.id FROM snapshots s LEFT JOIN snapshot_blobs b ON b.snapshot_id = s.id "
-        "WHERE b.snapshot_id IS NULL OR octet_length(b.tokens) <> 4 * s.n_tokens",
+        "WHERE b.snapshot_id IS NULL OR octet_length(b.tokens) <> " KV_TOKENS_BYTES_SQL,
         [](const PgResult& q, int r) { return "snapshot " + std::to_string(q.i64(r, 0)) + " has no or wrong-sized tokens"; });
   });
   if (!s.ok()) return s;

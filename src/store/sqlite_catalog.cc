@@ -98,6 +98,17 @@ ALTER TABLE snapshots ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE snapshots ADD COLUMN expires_at TEXT;
 ALTER TABLE snapshots ADD COLUMN last_restored TEXT;
 )sql",
+    // v4: encryption at rest (docs/store.md): the store's settings ("encryption" = the master
+    // key id) and each encrypted snapshot's tenant and key ids (hex). NULL tenant: plain.
+    R"sql(
+CREATE TABLE IF NOT EXISTS store_meta(
+  key   TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+) WITHOUT ROWID;
+ALTER TABLE snapshots ADD COLUMN tenant TEXT;
+ALTER TABLE snapshots ADD COLUMN master_key_id TEXT;
+ALTER TABLE snapshots ADD COLUMN tenant_key_id TEXT;
+)sql",
 };
 constexpr int kNumMigrations = sizeof(kMigrations) / sizeof(kMigrations[0]);
 static_assert(kNumMigrations == SqliteCatalog::kSchemaVersion, "one migration per schema version");
@@ -150,6 +161,9 @@ SnapshotInfo SqliteCatalog::info_from_row(const Stmt& st) {
   i.pinned = st.col_i64(17) != 0;
   if (!st.is_null(18)) i.expires_at = st.col_text(18);
   if (!st.is_null(19)) i.last_restored = st.col_text(19);
+  if (!st.is_null(20)) i.tenant = st.col_text(20);
+  i.master_key_id = st.col_text(21);
+  i.tenant_key_id = st.col_text(22);
   return i;
 }
 
@@ -287,11 +301,34 @@ Status SqliteCatalog::migrate() {
   });
 }
 
+Result<std::optional<std::string>> SqliteCatalog::get_meta(const std::string& key) {
+  KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT value FROM store_meta WHERE key = ?1"));
+  q.text(1, key);
+  KV_ASSIGN_OR_RETURN(bool row, q.step());
+  if (!row) return std::optional<std::string>();
+  return std::optional<std::string>(q.col_text(0));
+}
+
+Result<std::string> SqliteCatalog::init_meta(const std::string& key, const std::string& value) {
+  std::string now;
+  KV_RETURN_IF_ERROR(write_txn([&]() -> Status {
+    {
+      KV_ASSIGN_OR_RETURN(Stmt ins, stmt("INSERT INTO store_meta(key, value) VALUES(?1, ?2) ON CONFLICT(key) DO NOTHING"));
+      ins.text(1, key).text(2, value);
+      KV_RETURN_IF_ERROR(ins.run());
+    }
+    KV_ASSIGN_OR_RETURN(std::optional<std::string> v, get_meta(key));
+    now = v.value_or("");
+    return Status::OK();
+  }));
+  return now;
+}
+
 // ---------------------------------------------------------------- add / remove
 
 Result<SnapshotInfo> SqliteCatalog::add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks) {
   SnapshotInfo& info = rec.info;
-  KV_ASSIGN_OR_RETURN(PrefixKey key, prepare_snapshot(rec, chunks.size()));
+  KV_ASSIGN_OR_RETURN(PrefixKey key, prepare_snapshot(rec, chunks.size(), keying()));
   const std::vector<std::byte>& tok = key.tokens;
 
   Status s = write_txn([&]() -> Status {
@@ -321,8 +358,9 @@ Result<SnapshotInfo> SqliteCatalog::add_snapshot(SnapshotRecord rec, const std::
       KV_ASSIGN_OR_RETURN(
           Stmt ins, stmt("INSERT INTO snapshots(uuid, name, created, model_arch, model_fingerprint, n_tokens, k_types, "
                          "v_types, v_trans, source_format, raw_bytes, stored_bytes, lossy, parent_id, content_sha256, "
-                         "n_chunks, anchor_len, anchor_hash, full_hash, pinned, expires_at) "
-                         "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)"));
+                         "n_chunks, anchor_len, anchor_hash, full_hash, pinned, expires_at, tenant, master_key_id, tenant_key_id) "
+                         "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, "
+                         "?22, ?23, ?24)"));
       ins.text(1, info.uuid).opt_text(2, info.name).text(3, info.created).text(4, info.model_arch);
       ins.text(5, info.model_fingerprint).i64(6, info.n_tokens).text(7, info.k_types).text(8, info.v_types);
       ins.i64(9, info.v_trans ? 1 : 0).text(10, info.source_format);
@@ -331,7 +369,8 @@ Result<SnapshotInfo> SqliteCatalog::add_snapshot(SnapshotRecord rec, const std::
       if (info.parent_id) ins.i64(14, *info.parent_id);
       ins.opt_text(15, info.content_sha256.empty() ? std::nullopt : std::optional<std::string>(info.content_sha256));
       ins.i64(16, info.n_chunks).i64(17, key.anchor_len).blob(18, key.anchor_hash).blob(19, key.full_hash);
-      ins.i64(20, info.pinned ? 1 : 0).opt_text(21, info.expires_at);
+      ins.i64(20, info.pinned ? 1 : 0).opt_text(21, info.expires_at).opt_text(22, info.tenant);
+      if (info.tenant) ins.text(23, info.master_key_id).text(24, info.tenant_key_id);
       KV_RETURN_IF_ERROR(ins.run());
     }
     info.id = sqlite3_last_insert_rowid(db_);
@@ -441,6 +480,10 @@ Result<SnapshotRecord> SqliteCatalog::get(int64_t id) {
   auto m = q.col_blob(0);
   rec.manifest.assign(m.begin(), m.end());
   auto t = q.col_blob(1);
+  if (rec.info.tenant) {
+    rec.sealed_tokens.assign(t.begin(), t.end());  // the store opens them (and checks their size)
+    return rec;
+  }
   if (t.size() != static_cast<size_t>(rec.info.n_tokens) * 4) {
     return Status::Corruption(path_ + ": snapshot " + std::to_string(id) + " stores " + std::to_string(t.size()) +
                               " token bytes for " + std::to_string(rec.info.n_tokens) + " tokens");
@@ -571,6 +614,7 @@ Result<std::vector<SnapshotInfo>> SqliteCatalog::list(const ListFilter& f) {
   if (!f.model_fingerprint.empty()) sql += " AND s.model_fingerprint = " + arg(f.model_fingerprint);
   if (!f.model_arch.empty()) sql += " AND s.model_arch = " + arg(f.model_arch);
   if (!f.name_glob.empty()) sql += " AND s.name GLOB " + arg(f.name_glob);
+  if (f.tenant) sql += " AND (s.tenant IS NULL OR s.tenant = " + arg(*f.tenant) + ")";
   if (!f.type.empty()) {
     std::string t = arg("," + f.type + ",");
     sql += " AND (instr(',' || s.k_types || ',', " + t + ") > 0 OR instr(',' || s.v_types || ',', " + t + ") > 0)";

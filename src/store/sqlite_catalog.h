@@ -16,6 +16,9 @@
 //                    (v2; a NULL pack is a loose blob)
 //   snapshot_chunks  (snapshot_id, idx) -> sha256
 //   (v3: snapshots.pinned, expires_at, last_restored, for eviction.h)
+//   store_meta       key -> value (v4; "encryption" = an encrypted store's master key id)
+//   (v4: snapshots.tenant, master_key_id, tenant_key_id: an encrypted snapshot's, whose
+//    manifest and tokens are sealed; catalog.h PrefixKeying keys its prefix hashes)
 // integrity_check() adds SQLite's quick_check and foreign_key_check.
 //
 // Prefix search (find_prefix). Every snapshot of n tokens stores
@@ -52,7 +55,7 @@ namespace kvsnap {
 
 class SqliteCatalog final : public Catalog {
  public:
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
 
   // Catalog::open() is this.
   static Result<std::unique_ptr<SqliteCatalog>> open(const std::string& path, const CatalogOptions& options = {});
@@ -81,6 +84,8 @@ class SqliteCatalog final : public Catalog {
   Result<CatalogStats> stats() override;
   Result<std::vector<std::string>> integrity_check() override;
   Result<int> schema_version() override;
+  Result<std::optional<std::string>> get_meta(const std::string& key) override;
+  Result<std::string> init_meta(const std::string& key, const std::string& value) override;
   std::string describe() const override { return path_; }
   const std::string& path() const { return path_; }
 

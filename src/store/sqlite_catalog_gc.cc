@@ -149,7 +149,7 @@ Result<std::vector<std::string>> SqliteCatalog::integrity_check() {
         }));
     return collect(
         "SELECT s.id FROM snapshots s LEFT JOIN snapshot_blobs b ON b.snapshot_id = s.id "
-        "WHERE b.snapshot_id IS NULL OR length(b.tokens) != 4 * s.n_tokens",
+        "WHERE b.snapshot_id IS NULL OR length(b.tokens) != " KV_TOKENS_BYTES_SQL,
         [](const Stmt& q) { return "snapshot " + std::to_string(q.col_i64(0)) + " has no or wrong-sized tokens"; });
   }();
   rollback();

@@ -25,7 +25,8 @@ namespace kvsnap {
 #define KV_INFO_COLS                                                                                   \
   "s.id, s.uuid, s.name, s.created, s.model_arch, s.model_fingerprint, s.n_tokens, s.k_types, "       \
   "s.v_types, s.v_trans, s.source_format, s.raw_bytes, s.stored_bytes, s.lossy, s.parent_id, "        \
-  "s.content_sha256, s.n_chunks, s.pinned, s.expires_at, s.last_restored"
+  "s.content_sha256, s.n_chunks, s.pinned, s.expires_at, s.last_restored, s.tenant, s.master_key_id, "      \
+  "s.tenant_key_id"
 
 
 // A prepared statement in use: cached ones are reset (not finalized) when it

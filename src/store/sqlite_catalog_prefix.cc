@@ -22,7 +22,7 @@ Result<std::vector<std::pair<int64_t, int64_t>>> SqliteCatalog::prefix_candidate
                                       "WHERE anchor_len = ?1 AND anchor_hash = ?2 AND n_tokens <= ?3 LIMIT ?4"));
   KV_ASSIGN_OR_RETURN(Stmt probe, stmt("SELECT id FROM snapshots WHERE n_tokens = ?1 AND full_hash = ?2"));
   std::vector<BandRow> rows;
-  Sha256 run;  // the hash of q[0, c)
+  Sha256 run = prefix_hash_start(keying());  // the hash of q[0, c)
   for (int64_t c = 0; c <= m; c += kPrefixStride) {
     rows.clear();
     band.i64(1, c).blob(2, prefix16(run)).i64(3, m).i64(4, kPrefixStride + 1);
@@ -60,6 +60,10 @@ Result<std::vector<SnapshotInfo>> SqliteCatalog::find_prefix(std::span<const int
                                                        const std::string& model_fingerprint, size_t limit) {
   std::vector<SnapshotInfo> out;
   if (query.empty() || limit == 0) return out;
+  if (const PrefixKeying* k = keying()) {
+    KV_ASSIGN_OR_RETURN(auto candidates, prefix_candidates(query));
+    return sealed_prefix_matches(*this, *k, std::move(candidates), query, model_fingerprint, limit);
+  }
   KV_RETURN_IF_ERROR(exec("BEGIN"));  // one consistent view for the probes and the checks
   Status s = [&]() -> Status {
     KV_ASSIGN_OR_RETURN(auto candidates, prefix_candidates(query));

@@ -15,6 +15,7 @@
 #include "format/state_prefix.h"
 #include "migrate/convert_state.h"
 #include "store/archive.h"
+#include "store/store_seal.h"
 
 namespace kvsnap {
 
@@ -252,11 +253,53 @@ Result<std::unique_ptr<Store>> Store::open(Io& io, StoreParts parts) {
   KV_RETURN_IF_ERROR(io.create_dirs(local.tmp_dir()));
   auto store = std::unique_ptr<Store>(new Store(io, std::move(local), std::move(parts.blobs), std::move(parts.catalog)));
   store->caps_ = std::move(parts.caps);
+  KV_RETURN_IF_ERROR(store->open_encryption(parts));
   return store;
+}
+
+Status Store::open_encryption(StoreParts& parts) {
+  name_ = parts.name.empty() ? paths_.root : parts.name;
+  tenant_ = parts.tenant.empty() ? kDefaultTenant : parts.tenant;
+  KV_ASSIGN_OR_RETURN(std::optional<std::string> meta, catalog_->get_meta("encryption"));
+  store_key_id_ = meta.value_or("");
+  if (parts.key) {
+    const std::string given = key_id_hex(parts.key->id());
+    if (meta && *meta != given)
+      return Status::Mismatch("store " + name_ + " is encrypted with key " + *meta + ", but the key given is " + given +
+                              " (wrong key: pass the store's --key-file FILE or --key-command CMD)");
+    KV_ASSIGN_OR_RETURN(ChunkCipher c, ChunkCipher::for_tenant(*parts.key, tenant_));
+    cipher_.emplace(std::move(c));
+    key_ = parts.key;
+    catalog_->set_keying(prefix_keying(*cipher_));  // cipher_ lives as long as the store
+  } else if (meta && !parts.keyless_ok) {
+    return Status::InvalidArgument("store " + name_ + " is encrypted (key " + *meta +
+                                   "): pass --key-file FILE or --key-command CMD");
+  }
+  return Status::OK();
+}
+
+Status Store::init_encryption_meta() {
+  if (!cipher_ || !store_key_id_.empty()) return Status::OK();
+  // The first encrypted save marks the store; of two first saves with different keys, one fails.
+  const std::string mine = key_id_hex(cipher_->master_key_id());
+  KV_ASSIGN_OR_RETURN(std::string now, catalog_->init_meta("encryption", mine));
+  if (now != mine)
+    return Status::Mismatch("store " + name_ + " is encrypted with key " + now + ", but the key given is " + mine +
+                            " (wrong key: pass the store's --key-file FILE or --key-command CMD)");
+  store_key_id_ = now;
+  return Status::OK();
+}
+
+Result<std::vector<std::byte>> Store::manifest_of(const SnapshotRecord& rec) const {
+  return open_manifest_row(rec, cipher());
 }
 
 Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed, const SaveRequest& req) {
   const auto t0 = Clock::now();
+  if (!store_key_id_.empty() && !cipher_)
+    return Status::InvalidArgument("store " + name_ + " is encrypted (key " + store_key_id_ +
+                                   "): it takes no plain snapshots; pass --key-file FILE or --key-command CMD");
+  KV_RETURN_IF_ERROR(init_encryption_meta());
   if (req.on_start) req.on_start(file.size());
   KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
   SnapshotOptions so;
@@ -265,6 +308,7 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   so.byte_shuffle = req.byte_shuffle;
   so.threads = req.threads ? req.threads : default_threads();
   so.source_name = req.source_name.empty() ? file.name() : req.source_name;
+  so.cipher = cipher();
   KV_RETURN_IF_ERROR(check_writer_claims(req.writer, parsed, req.model, so.source_name));
   so.writer = req.writer;
   if (so.writer.src_rotation == "auto") so.writer.src_rotation.clear();
@@ -294,7 +338,7 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   }
   // The parent first: its chunks (a conversation's shared prefix) are hashed
   // but not encoded again.
-  const std::string fingerprint = req.model ? req.model->profile.fingerprint : "";
+  const std::string fingerprint = req.model ? req.model->profile.fingerprint : req.model_fingerprint;
   std::optional<int64_t> parent_id;
   std::map<Sha256Digest, ChunkRef> parent_chunks;
   if (req.find_parent && !state->tokens.tokens.empty()) {
@@ -302,7 +346,8 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
     if (!prefixes.empty()) {
       parent_id = prefixes[0].id;
       KV_ASSIGN_OR_RETURN(SnapshotRecord parent, catalog_->get(*parent_id));
-      auto pm = parse_manifest(parent.manifest, "snapshot " + std::to_string(*parent_id));
+      auto bytes = manifest_of(parent);
+      auto pm = bytes.ok() ? parse_manifest(*bytes, "snapshot " + std::to_string(*parent_id)) : bytes.status();
       if (pm.ok())  // a damaged parent only costs the shortcut
         for (const ChunkRef& c : pm->chunks) parent_chunks.emplace(c.sha256, c);
       so.known_chunks = &parent_chunks;
@@ -319,9 +364,15 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   info.tags = req.tags;
   info.parent_id = parent_id;
   info.pinned = req.pin;
-  info.created = now_();  // the clock eviction compares restores and expiries with
+  info.created = req.created.empty() ? now_() : req.created;  // the clock eviction compares restores and expiries with
+  info.uuid = req.uuid;
   if (req.ttl_seconds) {
     KV_ASSIGN_OR_RETURN(info.expires_at, add_seconds(now_(), *req.ttl_seconds));
+  }
+  if (cipher_) {
+    if (info.uuid.empty()) info.uuid = new_snapshot_uuid();  // the sealed rows are bound to it
+    info.content_sha256 = recorded_content_hash(m.original_sha256, cipher());
+    KV_RETURN_IF_ERROR(seal_record(*cipher_, m.bytes, rec));
   }
   KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->commit_save(std::move(rec), sink.uses, batch->hold()));
   batch.reset();  // the catalog references the blobs now: gc may run again
@@ -402,10 +453,13 @@ Result<EvictResult> Store::evict(EvictionRequest req, bool dry_run, bool wait_gc
 Result<std::unique_ptr<StoredSnapshot>> Store::open_snapshot(const std::string& ref) {
   KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
   KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
+  KV_ASSIGN_OR_RETURN(std::vector<std::byte> manifest, manifest_of(rec));
   auto s = std::make_unique<OpenedSnapshot>(std::move(rec.info), *blobs_);
   KV_ASSIGN_OR_RETURN(std::vector<ChunkUse> uses, catalog_->chunks_of(id));
   s->source_.add(uses);
-  auto reader = kvsnap::open_snapshot(rec.manifest, s->source_);
+  SnapshotReadOptions ro;
+  ro.cipher = cipher();
+  auto reader = kvsnap::open_snapshot(manifest, s->source_, ro);
   if (!reader.ok())
     return reader.status().Prefixed("snapshot " + ref + " (id " + std::to_string(id) + "): its manifest");
   s->reader_ = std::move(reader).value();
@@ -509,8 +563,13 @@ Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
   }
   for (int64_t id : ids) {
     const std::string who = "snapshot " + std::to_string(id);
-    auto snap = open_snapshot(std::to_string(id));
+    KV_ASSIGN_OR_RETURN(SnapshotInfo row, catalog_->get_info(id));
     ++rep.snapshots;
+    if (row.tenant && (!cipher_ || *row.tenant != cipher_->tenant())) {
+      verify_sealed(row, rep);  // not this key's to open: what needs no key
+      continue;
+    }
+    auto snap = open_snapshot(std::to_string(id));
     if (!snap.ok()) {
       if (snap.status().code() == Code::kInterrupted) return snap.status();  // stopped, not damaged
       rep.problems.push_back(who + ": " + snap.status().ToString());
@@ -520,9 +579,12 @@ Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
     const SnapshotInfo& info = (*snap)->info();
     const std::string label = info.name ? who + " (" + *info.name + ")" : who;
     auto rec = catalog_->get(id);
-    if (rec.ok() && rec->tokens != reader.tokens().tokens)
+    auto tokens = rec.ok() ? open_tokens_row(*rec, cipher()) : rec.status();
+    if (!tokens.ok())
+      rep.problems.push_back(label + ": " + tokens.status().ToString());
+    else if (*tokens != reader.tokens().tokens)
       rep.problems.push_back(label + ": the catalog's token list differs from the snapshot's");
-    if (info.content_sha256 != to_hex(reader.manifest().original_sha256))
+    if (info.content_sha256 != recorded_content_hash(reader.manifest().original_sha256, info.tenant ? cipher() : nullptr))
       rep.problems.push_back(label + ": the catalog's content hash differs from the snapshot's");
     Status s = reader.verify_chunks();
     if (s.ok()) s = reader.verify_original();
@@ -531,16 +593,69 @@ Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
     rep.chunks += reader.chunks().size();
     rep.bytes += reader.manifest().raw_bytes();
   }
+  if (rep.sealed_only > 0)
+    rep.not_checked.push_back(std::to_string(rep.sealed_only) + " encrypted snapshot(s) checked without their key: "
+                              "catalog rows, key ids, every blob's presence, sealed header and size; not their "
+                              "contents, tokens or the original's hash (pass the tenant's key to check those)");
   return rep;
+}
+
+void Store::verify_sealed(const SnapshotInfo& info, VerifyReport& rep) {
+  ++rep.sealed_only;
+  const std::string label = snapshot_label(info);
+  auto problem = [&](const Status& s) { rep.problems.push_back(label + ": " + s.ToString()); };
+  if (info.master_key_id != store_key_id_)
+    problem(Status::Mismatch("sealed with key " + info.master_key_id + ", but the store's key is " + store_key_id_));
+  auto rec = catalog_->get(info.id);
+  if (!rec.ok()) return problem(rec.status());
+  Status s = check_sealed_without_key(rec->manifest, info, 0, "its manifest row");
+  if (!s.ok()) problem(s);
+  s = check_sealed_without_key(rec->sealed_tokens, info, uint64_t(info.n_tokens) * 4 + kSealedHeaderBytes + kSealedTagBytes, "its token row");
+  if (!s.ok()) problem(s);
+  auto uses = catalog_->chunks_of(info.id);
+  if (!uses.ok()) return problem(uses.status());
+  std::vector<std::byte> blob;
+  for (const ChunkUse& u : *uses) {
+    const std::string what = "chunk " + u.sha256.hex();
+    s = blobs_->get_into(u.sha256, u.location(), kMaxBlobBytes, blob);
+    if (s.ok()) s = check_sealed_without_key(blob, info, u.stored_size, what);
+    else s = s.Prefixed(what);
+    if (!s.ok()) problem(s);
+  }
+  rep.chunks += uses->size();
 }
 
 namespace {
 
 constexpr const char* kExportIndex = "kvsnap-export.json";
 
+// export --decrypt: the snapshot's original saved again as a plain standalone file (every chunk
+// opened, decoded and encoded again under its SHA-256 id) into `out`, or only counted when `out`
+// is null (the archive needs each entry's size first). Returns the file's size.
+Result<uint64_t> write_plain_file(const StoredSnapshot& snap, ByteSink* out) {
+  const SnapshotReader& r = snap.reader();
+  KV_ASSIGN_OR_RETURN(StateFile state, r.parse_original());
+  SnapshotOptions so;
+  so.cells_per_chunk = r.manifest().cells_per_chunk;
+  so.zstd_level = SaveRequest{}.zstd_level;
+  so.threads = default_threads();
+  so.source_name = r.provenance().source;
+  so.writer = r.provenance().writer;
+  so.model = r.manifest().model;
+  so.created = snap.info().created;
+  CountingSink count;
+  TeeSink tee(out ? *out : static_cast<ByteSink&>(count), count);
+  ByteSink& sink = out ? static_cast<ByteSink&>(tee) : static_cast<ByteSink&>(count);
+  KV_RETURN_IF_ERROR(write_snapshot_file(state, r.original(), so, sink).status());
+  return count.count;
+}
+
 std::string export_entry_name(const SnapshotInfo& s) { return "snapshots/" + s.uuid + ".kvsnap"; }
 
 nlohmann::json index_entry(const SnapshotInfo& s) {
+  if (s.tenant)  // what is at rest stays at rest: only what the sealed file needs to be opened
+    return {{"uuid", s.uuid}, {"file", export_entry_name(s)}, {"tenant", *s.tenant},
+            {"master_key_id", s.master_key_id}, {"tenant_key_id", s.tenant_key_id}};
   nlohmann::json j = {{"uuid", s.uuid}, {"file", export_entry_name(s)}, {"created", s.created},
                       {"model_fingerprint", s.model_fingerprint}, {"tags", nlohmann::json::object()}};
   j["name"] = s.name ? nlohmann::json(*s.name) : nlohmann::json(nullptr);
@@ -629,11 +744,13 @@ Result<std::vector<ExportIndexEntry>> parse_export_index(std::string_view text, 
   return snapshots.elements_as<ExportIndexEntry>(index_entry_of);
 }
 
-Status Store::export_to(const std::vector<std::string>& refs, const std::string& path) {
+Status Store::export_to(const std::vector<std::string>& refs, const std::string& path, bool decrypt) {
   if (refs.empty()) return Status::InvalidArgument("export: name at least one snapshot");
   struct Item {
     SnapshotInfo info;
     std::unique_ptr<SnapshotFileAssembler> file;
+    std::unique_ptr<StoredSnapshot> opened;  // --decrypt: written again as a plain file
+    uint64_t plain_size = 0;
   };
   std::vector<Item> items;
   BlobSource source(*blobs_);
@@ -641,10 +758,23 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
   for (const auto& ref : refs) {
     KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
     KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
-    KV_ASSIGN_OR_RETURN(SnapshotManifest m, parse_manifest(rec.manifest, "snapshot " + ref));
+    if (decrypt && rec.info.tenant) {
+      KV_ASSIGN_OR_RETURN(auto opened, open_snapshot(std::to_string(id)));
+      KV_ASSIGN_OR_RETURN(uint64_t size, write_plain_file(*opened, nullptr));
+      SnapshotInfo plain = rec.info;
+      plain.tenant.reset();
+      plain.content_sha256 = to_hex(opened->reader().manifest().original_sha256);
+      index["snapshots"].push_back(index_entry(plain));
+      items.push_back({std::move(plain), nullptr, std::move(opened), size});
+      continue;
+    }
+    KV_ASSIGN_OR_RETURN(std::vector<std::byte> manifest, manifest_of(rec));
+    KV_ASSIGN_OR_RETURN(SnapshotManifest m, parse_manifest(manifest, "snapshot " + ref));
     KV_ASSIGN_OR_RETURN(std::vector<ChunkUse> uses, catalog_->chunks_of(id));
     source.add(uses);
-    KV_ASSIGN_OR_RETURN(SnapshotFileAssembler a, SnapshotFileAssembler::plan(m, source));
+    // An encrypted snapshot stays sealed: blobs copied as stored, the manifest sealed again.
+    KV_ASSIGN_OR_RETURN(SnapshotFileAssembler a,
+                        SnapshotFileAssembler::plan(m, source, m.encryption ? cipher() : nullptr));
     index["snapshots"].push_back(index_entry(rec.info));
     items.push_back({std::move(rec.info), std::make_unique<SnapshotFileAssembler>(std::move(a))});
   }
@@ -654,6 +784,13 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
     return out.append(index_text.data(), index_text.size());
   }));
   for (const auto& it : items) {
+    if (it.opened) {
+      const StoredSnapshot* snap = it.opened.get();
+      entries.push_back(ExportEntry::FromProducer(export_entry_name(it.info), it.plain_size, [snap](ByteSink& out) {
+        return write_plain_file(*snap, &out).status();
+      }));
+      continue;
+    }
     const SnapshotFileAssembler* a = it.file.get();
     entries.push_back(ExportEntry::FromProducer(export_entry_name(it.info), a->file_size(),
                                                 [a, &source](ByteSink& out) { return a->write(source, out); }));
@@ -661,7 +798,16 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
   return export_archive(io_, path, entries);
 }
 
-Result<ImportReport> Store::import_from(const std::string& path) {
+Result<ImportReport> Store::import_from(const std::string& path, const ImportOptions& opts) {
+  std::optional<ChunkCipher> from;
+  if (opts.from_key || !opts.from_tenant.empty()) {
+    if (!opts.from_key && !cipher_)
+      return Status::InvalidArgument("import {--from-tenant} needs a key: {--from-key-file} or the store's own");
+    KV_ASSIGN_OR_RETURN(ChunkCipher c, ChunkCipher::for_tenant(opts.from_key ? *opts.from_key : *key_,
+                                                               opts.from_tenant.empty() ? tenant_ : opts.from_tenant));
+    from.emplace(std::move(c));
+  }
+  const ChunkCipher* source_cipher = from ? &*from : cipher();
   ImportVisitor v(io_, paths_, path);
   KV_RETURN_IF_ERROR(import_archive(io_, path, v));  // any error: everything received is discarded
   KV_ASSIGN_OR_RETURN(std::vector<ExportIndexEntry> index, parse_export_index(v.index_text, path));
@@ -672,7 +818,9 @@ Result<ImportReport> Store::import_from(const std::string& path) {
       if (e.file == entry) meta = &e;
     if (!meta) return Status::Corruption(path + ": " + entry + " is not in the export's index");
     KV_ASSIGN_OR_RETURN(auto file, io_.open_read(tmp));
-    auto reader = open_snapshot_file(*file);
+    SnapshotReadOptions ro;
+    ro.cipher = source_cipher;
+    auto reader = open_snapshot_file(*file, ro);
     if (!reader.ok()) return reader.status().Prefixed(path + ": " + entry);
     KV_RETURN_IF_ERROR((*reader)->verify_chunks().Prefixed(path + ": " + entry));
     KV_RETURN_IF_ERROR((*reader)->verify_original().Prefixed(path + ": " + entry));
@@ -683,6 +831,26 @@ Result<ImportReport> Store::import_from(const std::string& path) {
     }
     KV_ASSIGN_OR_RETURN(StateFile state, (*reader)->parse_original());
     const SnapshotManifest& m = (*reader)->manifest();
+    if (!cipher_ && !store_key_id_.empty())
+      return Status::InvalidArgument("store " + name_ + " is encrypted (key " + store_key_id_ +
+                                     "): pass --key-file FILE or --key-command CMD");
+    const bool same_keys = m.encryption ? cipher_ && source_cipher == cipher() : !cipher_;
+    if (!same_keys) {
+      // Plain into an encrypted store, or another key or tenant: the original saved again.
+      SaveRequest req;
+      req.uuid = uuid;
+      req.created = meta->created;
+      req.model_fingerprint = meta->model_fingerprint;
+      req.tags = meta->tags;
+      req.source_name = m.provenance.source;
+      req.writer = m.provenance.writer;
+      req.cells_per_chunk = m.cells_per_chunk;
+      if (meta->name && !catalog_->resolve(*meta->name).ok()) req.name = *meta->name;
+      else if (meta->name) rep.skipped.push_back("name '" + *meta->name + "' is taken: imported " + uuid + " without it");
+      KV_ASSIGN_OR_RETURN(SaveResult saved, save((*reader)->original(), state, req));
+      rep.imported.push_back(std::move(saved.info));
+      continue;
+    }
     KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
     BlobSink sink(*batch, *catalog_);
     for (const ChunkRef& ref : m.chunks) {
@@ -701,6 +869,12 @@ Result<ImportReport> Store::import_from(const std::string& path) {
       else rec.info.name = name;
     }
     rec.info.tags = meta->tags;
+    if (m.encryption) {  // the same key and tenant (open_snapshot_file checked): blobs copied as they are
+      if (rec.info.uuid.empty()) rec.info.uuid = new_snapshot_uuid();
+      rec.info.content_sha256 = recorded_content_hash(m.original_sha256, cipher());
+      KV_RETURN_IF_ERROR(seal_record(*cipher_, m.bytes, rec));
+      KV_RETURN_IF_ERROR(init_encryption_meta());
+    }
     KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->commit_save(std::move(rec), uses, batch->hold()));
     rep.imported.push_back(std::move(stored));
   }

@@ -70,6 +70,9 @@ struct SaveRequest {
   std::function<void(uint64_t file_bytes)> on_start;
   std::optional<int64_t> ttl_seconds;        // expires this long after the save
   bool pin = false;                          // never evicted
+  // What an import keeps of the archive's snapshot when it saves its original again (re-sealed
+  // for this store's key or tenant): empty = new uuid, now, the model's fingerprint.
+  std::string uuid, created, model_fingerprint;
 };
 
 struct SaveResult {
@@ -107,6 +110,17 @@ struct VerifyReport {
   uint64_t chunks = 0;
   uint64_t bytes = 0;                 // raw bytes re-hashed
   std::vector<std::string> problems;  // empty: everything checked out
+  // Encrypted snapshots checked without the key (their sealed headers, key ids and sizes only):
+  // what was not checked is said in not_checked.
+  size_t sealed_only = 0;
+  std::vector<std::string> not_checked;
+};
+
+// Where an encrypted archive's snapshots were sealed when that is not this store's key and tenant:
+// import opens them with this key and saves them again with the store's (or plain).
+struct ImportOptions {
+  std::optional<MasterKey> from_key;  // unset: the store's own key
+  std::string from_tenant;            // empty: the store's tenant
 };
 
 struct ImportReport {
@@ -152,13 +166,23 @@ class Store {
   // garbage without waiting for saves (wait_gc: waits). dry_run: only plans.
   Result<EvictResult> evict(EvictionRequest req, bool dry_run, bool wait_gc = false);
   const StoreCaps& caps() const { return caps_; }
+  // The tenant's cipher when a key was given (nullptr: none).
+  const ChunkCipher* cipher() const { return cipher_ ? &*cipher_ : nullptr; }
+  // The master key id of an encrypted store (store_meta "encryption"); empty: plain so far.
+  const std::string& encryption_key_id() const { return store_key_id_; }
+  const std::string& tenant() const { return tenant_; }
   void set_caps(StoreCaps caps) { caps_ = std::move(caps); }
   // The clock for restores' marks, TTLs and expiry (tests set their own).
   void set_clock(std::function<std::string()> now) { now_ = std::move(now); }
 
   // One .tar.zst with each snapshot as a standalone .kvsnap file plus an index.
-  Status export_to(const std::vector<std::string>& refs, const std::string& path);
-  Result<ImportReport> import_from(const std::string& path);
+  // decrypt: encrypted snapshots are written as plain .kvsnap files (the key is needed; each
+  // chunk opened and encoded again with plain ids); otherwise they stay sealed.
+  Status export_to(const std::vector<std::string>& refs, const std::string& path, bool decrypt = false);
+  // A snapshot sealed for this store's key and tenant (or plain into a plain store) is copied as
+  // it is; any other (plain into an encrypted store, another key or tenant: opts) has its original
+  // saved again with this store's key, keeping uuid, created, name, tags and fingerprint.
+  Result<ImportReport> import_from(const std::string& path, const ImportOptions& opts = {});
 
   Catalog& catalog() { return *catalog_; }
   BlobStore& blobs() { return *blobs_; }
@@ -170,6 +194,14 @@ class Store {
   Result<SaveResult> save_manifest(const SnapshotManifest& m, const std::vector<ChunkUse>& uses,
                                    const StateFile& parsed, const SaveRequest& req, double t0);
   Result<RestoreResult> restore_unlabeled(const std::string& ref, const RestoreRequest& req, ByteSink& out);
+  // The key checks of open(): see docs/store.md, "Encryption at rest".
+  Status open_encryption(StoreParts& parts);
+  // Marks the store encrypted with the given key on its first encrypted snapshot.
+  Status init_encryption_meta();
+  // A snapshot's manifest bytes (opened when sealed: the key checks first).
+  Result<std::vector<std::byte>> manifest_of(const SnapshotRecord& rec) const;
+  // What verify checks of an encrypted snapshot without the key.
+  void verify_sealed(const SnapshotInfo& info, VerifyReport& rep);
   // The caps after a save of `info` (see the promises above).
   Status enforce_caps(const SnapshotInfo& info, SaveResult& r);
   Io& io_;
@@ -177,6 +209,11 @@ class Store {
   std::unique_ptr<BlobStore> blobs_;
   std::unique_ptr<Catalog> catalog_;
   StoreCaps caps_;
+  std::string name_;                     // the store in messages
+  std::string tenant_ = kDefaultTenant;
+  std::optional<MasterKey> key_;         // the master key given
+  std::optional<ChunkCipher> cipher_;    // the tenant's keys, when a key was given
+  std::string store_key_id_;             // store_meta "encryption"
   std::function<std::string()> now_ = utc_now_iso8601;
 };
 

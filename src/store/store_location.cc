@@ -3,8 +3,11 @@
 #include <cctype>
 #include <cstdlib>
 #include <initializer_list>
+#include <map>
+#include <mutex>
 
 #include "base/json_access.h"
+#include "base/key_source.h"
 #include "store/eviction.h"
 #include "store/local_blob_store.h"
 #include "store/pg_catalog.h"
@@ -118,7 +121,50 @@ Result<StoreCaps> config_caps(const JsonRef& root) {
   return caps;
 }
 
+// "key_file", "key_command", "tenant": strings; a relative key file is anchored at `base`.
+Result<StoreKeyConfig> config_keys(const JsonRef& root, const std::string& base) {
+  StoreKeyConfig k;
+  for (auto [key, out] : {std::pair{"key_file", &k.key_file}, {"key_command", &k.key_command}, {"tenant", &k.tenant}}) {
+    KV_ASSIGN_OR_RETURN(std::optional<JsonRef> v, root.find(key));
+    if (!v) continue;
+    KV_ASSIGN_OR_RETURN(*out, v->string());
+    if (out->empty()) return v->error("is empty");
+    if (out == &k.tenant) {
+      Status t = check_tenant_name(k.tenant);
+      if (!t.ok()) return v->error(t.message());
+    }
+  }
+  if (!k.key_file.empty()) k.key_file = anchored(base, k.key_file);
+  return k;
+}
+
 }  // namespace
+
+void apply_key_flags(StoreLocation& where, const StoreKeyConfig& flags) {
+  if (!flags.key_file.empty() || !flags.key_command.empty()) {
+    where.keys.key_file = flags.key_file;
+    where.keys.key_command = flags.key_command;
+  }
+  if (!flags.tenant.empty()) where.keys.tenant = flags.tenant;
+  where.keys.keyless_ok = where.keys.keyless_ok || flags.keyless_ok;
+}
+
+Result<std::optional<MasterKey>> load_store_key(const StoreKeyConfig& keys) {
+  if (!keys.key_file.empty() && !keys.key_command.empty())
+    return Status::InvalidArgument("give the store's key once: {--key-file} or {--key-command}, not both");
+  if (keys.key_file.empty() && keys.key_command.empty()) return std::optional<MasterKey>();
+  // Once per process: a key command may prompt, and serve opens its store more than once.
+  static std::mutex mu;
+  static std::map<std::string, Result<MasterKey>>* loaded = new std::map<std::string, Result<MasterKey>>();
+  const std::string source = keys.key_file.empty() ? "command:" + keys.key_command : "file:" + keys.key_file;
+  std::lock_guard<std::mutex> hold(mu);
+  auto it = loaded->find(source);
+  if (it == loaded->end())
+    it = loaded->emplace(source, keys.key_file.empty() ? run_key_command(keys.key_command) : load_key_file(keys.key_file))
+             .first;
+  if (!it->second.ok()) return it->second.status();
+  return std::optional<MasterKey>(*it->second);
+}
 
 StoreLocation directory_store(std::string dir) {
   dir = strip_trailing_slashes(std::move(dir));
@@ -135,9 +181,10 @@ Result<StoreLocation> parse_store_config(std::string_view text, const std::strin
   KV_ASSIGN_OR_RETURN(auto members, root.members());
   for (const auto& [key, value] : members)
     if (key != "catalog" && key != "blobs" && key != "local_dir" && key != "max_bytes" && key != "tenant_max_bytes" &&
-        key != "cache_max_bytes" && key != "multipart_max_age")
+        key != "cache_max_bytes" && key != "multipart_max_age" && key != "key_file" && key != "key_command" &&
+        key != "tenant")
       return value.error("is not a store config key (catalog, blobs, local_dir, max_bytes, tenant_max_bytes, "
-                         "cache_max_bytes, multipart_max_age)");
+                         "cache_max_bytes, multipart_max_age, key_file, key_command, tenant)");
   const std::string base = dir_of(file);
   KV_ASSIGN_OR_RETURN(Part local, config_part(root, "local_dir", {}, base));
   StoreLocation l = directory_store(local.value.empty() ? base : local.value);
@@ -161,6 +208,7 @@ Result<StoreLocation> parse_store_config(std::string_view text, const std::strin
     l.blob_kind = blobs.url ? BlobKind::kS3 : BlobKind::kLocal;
     l.blobs = blobs.value;
   }
+  KV_ASSIGN_OR_RETURN(l.keys, config_keys(root, base));
   if (l.blob_kind == BlobKind::kS3 && (l.blobs.size() <= 5 || l.blobs[5] == '/'))
     return Status::InvalidArgument(file + ": blobs: '" + l.blobs + "' names no bucket (s3://BUCKET[/PREFIX])");
   return l;
@@ -229,11 +277,15 @@ Result<std::unique_ptr<BlobStore>> open_blob_store(Io& io, const StoreLocation& 
 
 Result<StoreParts> open_store_parts(Io& io, const StoreLocation& where) {
   StoreParts parts;
+  KV_ASSIGN_OR_RETURN(parts.key, load_store_key(where.keys));
   KV_RETURN_IF_ERROR(io.create_dirs(where.local_dir));
   KV_ASSIGN_OR_RETURN(parts.blobs, open_blob_store(io, where));
   KV_ASSIGN_OR_RETURN(parts.catalog, open_catalog(where));
   parts.local_dir = where.local_dir;
   parts.caps = where.caps;
+  parts.name = where.config.empty() ? where.local_dir : where.config;
+  if (!where.keys.tenant.empty()) parts.tenant = where.keys.tenant;
+  parts.keyless_ok = where.keys.keyless_ok;
   return parts;
 }
 

@@ -35,6 +35,12 @@
 // store and "tenant_max_bytes": {"TENANT": N, ...} per tenant (the serve.ns
 // tag); a size is a number of bytes or a string like "20G".
 //
+// Encryption at rest (docs/store.md, "Encryption at rest"): "key_file" (a path, relative to
+// the config file's directory) or "key_command" (run with /bin/sh -c) gives the master key,
+// "tenant" the tenant (default "default"); the command line's --key-file, --key-command and
+// --tenant override them (StoreKeyConfig). The key is loaded once per process
+// (load_store_key), however many times the store is opened.
+//
 // The gc locks (gc_lock.h) follow the catalog: a SQLite catalog's store locks
 // <blob directory>/gc.lock (<local_dir>/gc.lock for blobs that are not local,
 // as a SQLite catalog serves one host); a PostgreSQL catalog's store uses
@@ -53,6 +59,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/chunk_cipher.h"
 #include "base/io.h"
 #include "base/status.h"
 #include "store/blob_store.h"
@@ -69,6 +76,18 @@ struct StoreCaps {
   std::map<std::string, uint64_t> tenant_max_bytes;
 };
 
+// Where an encrypted store's master key comes from, and the tenant whose keys are used.
+struct StoreKeyConfig {
+  std::string key_file;     // at most one of key_file and key_command; both empty: no key
+  std::string key_command;
+  std::string tenant;       // empty: "default"
+  // Open an encrypted store without its key (what verify and gc need, which can check or
+  // collect what is sealed without reading it). Otherwise such a store refuses to open.
+  bool keyless_ok = false;
+};
+
+inline constexpr const char* kDefaultTenant = "default";
+
 struct StoreLocation {
   CatalogKind catalog_kind = CatalogKind::kSqlite;
   std::string catalog;    // kSqlite: the file; kPostgres: the postgresql:// URL
@@ -79,6 +98,7 @@ struct StoreLocation {
   StoreCaps caps;
   uint64_t cache_max_bytes = uint64_t{1} << 30;  // S3 blobs' read-through cache; 0: none
   int64_t multipart_max_age_s = 24 * 3600;       // gc aborts older incomplete S3 uploads
+  StoreKeyConfig keys;
 };
 
 // The embedded default in `dir`: DIR/catalog.sqlite, blobs in DIR.
@@ -96,13 +116,26 @@ Result<StoreLocation> parse_store_config(std::string_view text, const std::strin
 // variable names a home.
 Result<StoreLocation> resolve_store_location(Io& io, const std::string& given);
 
+// The command line's key options over the config file's: a non-empty key_file or key_command
+// replaces both of the config's, a non-empty tenant replaces its tenant.
+void apply_key_flags(StoreLocation& where, const StoreKeyConfig& flags);
+
 // The opened parts of a store, for Store::open (tests may pass any implementation).
 struct StoreParts {
   std::unique_ptr<Catalog> catalog;
   std::unique_ptr<BlobStore> blobs;  // with the gc locks every user of the store shares
   std::string local_dir;
   StoreCaps caps;
+  std::string name;                  // the store in messages: its config file or directory
+  std::optional<MasterKey> key;      // the master key given (load_store_key)
+  std::string tenant = kDefaultTenant;
+  bool keyless_ok = false;           // StoreKeyConfig::keyless_ok
 };
+
+// The master key `keys` names (nullopt when none): from the key file or key command, each
+// loaded once per process (a second call with the same source returns the first result).
+// kInvalidArgument when both are given.
+Result<std::optional<MasterKey>> load_store_key(const StoreKeyConfig& keys);
 
 // Opens the catalog `where` names (a SQLite file's directory must exist).
 // Errors name the catalog (never its password).

@@ -190,6 +190,88 @@ TEST_F(StoreCli, ExitCodesAndMessages) {
   EXPECT_EQ(kv("verify").code, 2) << "verify needs names or --all";
 }
 
+// Encryption at rest through the binary (docs/store.md, "Encryption at rest"): --key-file,
+// --key-command and --tenant on every store command, the store config's "key_file" and
+// "tenant", exit 2 without a key, 5 with another key or tenant, verify without the key.
+TEST_F(StoreCli, EncryptedStoreNeedsItsKeyAndTenant) {
+  const fs::path a = make_slot("a.slot", 2, 64, 300, 7);
+  const fs::path key = dir_ / "k.key", other = dir_ / "other.key";
+  std::ofstream(key) << std::string(64, 'c') << "\n";
+  std::ofstream(other) << std::string(64, 'd') << "\n";
+  fs::permissions(key, fs::perms::owner_read | fs::perms::owner_write);
+  fs::permissions(other, fs::perms::owner_read | fs::perms::owner_write);
+  const std::string k = " --key-file " + key.string();
+  KvRun saved = kv("save " + a.string() + " --name one --tenant alice --json" + k);
+  ASSERT_EQ(saved.code, 0) << saved.err;
+  EXPECT_NE(saved.out.find("\"tenant\": \"alice\""), std::string::npos) << saved.out;
+  ASSERT_EQ(kv("restore one -o " + (dir_ / "back.slot").string() + " --tenant alice" + k).code, 0);
+  EXPECT_EQ(slurp(dir_ / "back.slot"), slurp(a));
+
+  KvRun none = kv("restore one -o " + (dir_ / "x.slot").string());
+  EXPECT_EQ(none.code, 2) << none.err;
+  EXPECT_NE(none.err.find("is encrypted (key "), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("pass --key-file FILE or --key-command CMD"), std::string::npos) << none.err;
+  KvRun wrong = kv("ls --key-file " + other.string());
+  EXPECT_EQ(wrong.code, 5) << wrong.err;
+  EXPECT_NE(wrong.err.find("wrong key"), std::string::npos) << wrong.err;
+  KvRun tenant = kv("restore one -o " + (dir_ / "x.slot").string() + " --tenant bob" + k);
+  EXPECT_EQ(tenant.code, 5) << tenant.err;
+  EXPECT_NE(tenant.err.find("encrypted for tenant 'alice', not 'bob'"), std::string::npos) << tenant.err;
+  EXPECT_FALSE(fs::exists(dir_ / "x.slot"));
+  KvRun both = kv("ls" + k + " --key-command 'cat " + key.string() + "'");
+  EXPECT_EQ(both.code, 2) << "one key source: " << both.err;
+
+  // the key command; ls of another tenant shows nothing of alice's
+  KvRun by_cmd = kv("ls --json --tenant alice --key-command 'cat " + key.string() + "'");
+  ASSERT_EQ(by_cmd.code, 0) << by_cmd.err;
+  EXPECT_NE(by_cmd.out.find("\"one\""), std::string::npos) << by_cmd.out;
+  KvRun bob_ls = kv("ls --json --tenant bob" + k);
+  ASSERT_EQ(bob_ls.code, 0) << bob_ls.err;
+  EXPECT_EQ(bob_ls.out.find("\"one\""), std::string::npos) << bob_ls.out;
+  KvRun found = kv("find --like " + a.string() + " --json --tenant alice" + k);
+  EXPECT_NE(found.out.find("\"one\""), std::string::npos) << found.err;
+
+  // verify without the key: what it can, and says what it did not check
+  KvRun keyless = kv("verify --all --json");
+  EXPECT_EQ(keyless.code, 0) << keyless.err;
+  EXPECT_NE(keyless.out.find("\"sealed_only\": 1"), std::string::npos) << keyless.out;
+  EXPECT_NE(keyless.out.find("not their contents"), std::string::npos) << keyless.out;
+  KvRun keyed = kv("verify --all --tenant alice" + k);
+  EXPECT_EQ(keyed.code, 0) << keyed.err;
+  EXPECT_EQ(keyed.out.find("not checked"), std::string::npos) << keyed.out;
+
+  // export stays sealed unless --decrypt; import --from-key-file/--from-tenant seals it again
+  const std::string sealed = (dir_ / "sealed.tar.zst").string(), plain = (dir_ / "plain.tar.zst").string();
+  ASSERT_EQ(kv("export one -o " + sealed + " --tenant alice" + k).code, 0);
+  KvRun dec = kv("export one --decrypt -o " + plain + " --tenant alice" + k);
+  ASSERT_EQ(dec.code, 0) << dec.err;
+  auto kv_at = [&](const std::string& at, const std::string& args) {
+    const std::string keep = store_;
+    store_ = at;
+    KvRun r = kv(args);
+    store_ = keep;
+    return r;
+  };
+  KvRun in_plain = kv_at((dir_ / "other").string(), "import " + plain);
+  EXPECT_EQ(in_plain.code, 0) << in_plain.err;
+  const std::string third = (dir_ / "third").string();
+  KvRun resealed = kv_at(third, "import " + sealed + " --from-key-file " + key.string() +
+                                   " --from-tenant alice --tenant bob --key-file " + other.string());
+  EXPECT_EQ(resealed.code, 0) << resealed.err;
+  const size_t u = saved.out.find("\"uuid\": \"");
+  ASSERT_NE(u, std::string::npos) << saved.out;
+  const std::string uuid = saved.out.substr(u + 9, 36);  // a sealed export's index names no name: the uuid
+  KvRun back = kv_at(third, "restore " + uuid + " -o " + (dir_ / "bob.slot").string() + " --tenant bob --key-file " + other.string());
+  ASSERT_EQ(back.code, 0) << back.err;
+  EXPECT_EQ(slurp(dir_ / "bob.slot"), slurp(a));
+
+  // the same through a store config file naming the key and the tenant
+  std::ofstream(dir_ / "store" / "store.json") << "{\"key_file\": \"" << key.string() << "\", \"tenant\": \"alice\"}\n";
+  KvRun configured = kv("restore one -o " + (dir_ / "cfg.slot").string());
+  ASSERT_EQ(configured.code, 0) << configured.err;
+  EXPECT_EQ(slurp(dir_ / "cfg.slot"), slurp(a));
+}
+
 // Caps and eviction through the binary: gc --max-bytes keeps pinned snapshots (and their chunks),
 // --dry-run changes nothing, a store config's cap is kept after each save, errors are usage errors.
 TEST_F(StoreCli, CapEnforcedWithPinsKept) {

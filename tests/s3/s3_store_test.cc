@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -130,6 +132,65 @@ TEST(S3Store, TheCacheSizeComesFromTheStoreConfig) {
   EXPECT_LE(cache_bytes("small"), 32u << 10) << "and stays under its size";
   EXPECT_FALSE(fs::exists(dir + "/none/s3-cache")) << "0: no cache at all";
   EXPECT_EQ(cache_bytes("writer"), 0u);
+  unsetenv("AWS_ACCESS_KEY_ID");
+  unsetenv("AWS_SECRET_ACCESS_KEY");
+  fs::remove_all(dir);
+}
+
+// Encryption at rest on S3 (docs/store.md, "Encryption at rest"): the objects in the bucket,
+// read raw, hold none of the slot's token bytes or K/V bytes, and a restore needs the key.
+TEST(S3Store, EncryptedObjectsHoldNoPlaintextAndRestoreNeedsTheKey) {
+  KVSNAP_S3_BED_OR_SKIP(cfg);
+  S3Client raw(*cfg);
+  ASSERT_TRUE(raw.create_bucket().ok());
+  std::string tmpl = (fs::temp_directory_path() / "kvsnap-s3crypt-XXXXXX").string();
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string dir = tmpl;
+  setenv("AWS_ACCESS_KEY_ID", cfg->access_key.c_str(), 1);
+  setenv("AWS_SECRET_ACCESS_KEY", cfg->secret_key.c_str(), 1);
+  std::ofstream(dir + "/k.key") << std::string(64, 'e') << "\n";
+  fs::permissions(dir + "/k.key", fs::perms::owner_read | fs::perms::owner_write);
+  std::ofstream(dir + "/store.json") << R"({"blobs": "s3://)" << cfg->bucket << "/sealed?endpoint="
+                                     << uri_encode(cfg->endpoint, false) << R"(", "tenant": "alice"})";
+  auto where = resolve_store_location(posix_io(), dir);
+  ASSERT_TRUE(where.ok()) << where.status().ToString();
+  StoreLocation keyed = *where;
+  keyed.keys.key_file = dir + "/k.key";
+  auto store = Store::open(posix_io(), keyed);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+
+  const fs::path slot = fs::path(KVSNAP_SOURCE_DIR) / "fixtures/v0.5.0/hd64-f16-f16-faon.slot";
+  std::vector<std::byte> bytes = test::slurp(slot);
+  MemoryFile file("slot", std::span<const std::byte>(bytes));
+  auto parsed = parse_for_model(file, {}, nullptr);
+  ASSERT_TRUE(parsed.ok());
+  SaveRequest req;
+  req.cells_per_chunk = 32;
+  req.byte_shuffle = false;  // K/V bytes kept in runs: a plain store would show them
+  auto saved = (*store)->save(file, *parsed, req);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+
+  std::vector<std::byte> tokens(64), kv(bytes.begin() + bytes.size() / 2, bytes.begin() + bytes.size() / 2 + 64);
+  std::memcpy(tokens.data(), parsed->tokens.tokens.data(), 64);
+  auto objects = raw.list("sealed/");
+  ASSERT_TRUE(objects.ok()) << objects.status().ToString();
+  ASSERT_FALSE(objects->empty());
+  for (const S3Object& o : *objects) {
+    auto body = raw.get(o.key, 1u << 30);
+    ASSERT_TRUE(body.ok()) << o.key << ": " << body.status().ToString();
+    for (const auto* needle : {&tokens, &kv})
+      EXPECT_EQ(std::search(body->begin(), body->end(), needle->begin(), needle->end()), body->end())
+          << o.key << " holds plaintext";
+  }
+  VectorSink out;
+  ASSERT_TRUE((*store)->restore(std::to_string(saved->info.id), {}, out).ok());
+  EXPECT_EQ(out.bytes, bytes);
+
+  store->reset();
+  auto keyless = Store::open(posix_io(), *where);
+  ASSERT_FALSE(keyless.ok());
+  EXPECT_EQ(keyless.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(keyless.status().message().find("is encrypted (key "), std::string::npos) << keyless.status().ToString();
   unsetenv("AWS_ACCESS_KEY_ID");
   unsetenv("AWS_SECRET_ACCESS_KEY");
   fs::remove_all(dir);

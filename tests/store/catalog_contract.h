@@ -630,10 +630,11 @@ TYPED_TEST_P(CatalogContract, ACatalogBeforeCapsGainsTheEvictionColumns) {
     auto c = this->open();
     id = this->add(*c, record("before-caps"), {use("x")});
   }
-  // Make it what kvsnap before caps wrote: no eviction columns, the version before.
+  // Make it what kvsnap before caps wrote: no eviction (nor encryption) columns, that version.
   this->sql("ALTER TABLE snapshots DROP COLUMN pinned; ALTER TABLE snapshots DROP COLUMN expires_at; "
-            "ALTER TABLE snapshots DROP COLUMN last_restored;");
-  this->b_.set_schema_version(TypeParam::kSchemaVersion - 1);
+            "ALTER TABLE snapshots DROP COLUMN last_restored; ALTER TABLE snapshots DROP COLUMN tenant; "
+            "ALTER TABLE snapshots DROP COLUMN master_key_id; ALTER TABLE snapshots DROP COLUMN tenant_key_id;");
+  this->b_.set_schema_version(TypeParam::kSchemaVersion - 2);
   auto c = this->open();
   ASSERT_TRUE(c);
   EXPECT_EQ(*c->schema_version(), TypeParam::kSchemaVersion);
@@ -644,6 +645,94 @@ TYPED_TEST_P(CatalogContract, ACatalogBeforeCapsGainsTheEvictionColumns) {
   EXPECT_FALSE(i->last_restored);
   EXPECT_TRUE(c->set_pinned(id, true).ok());
   this->expect_consistent(*c);
+}
+
+TYPED_TEST_P(CatalogContract, ACatalogBeforeEncryptionGainsItsColumns) {
+  int64_t id = 0;
+  {
+    auto c = this->open();
+    id = this->add(*c, record("before-encryption"), {use("x")});
+  }
+  this->sql("ALTER TABLE snapshots DROP COLUMN tenant; ALTER TABLE snapshots DROP COLUMN master_key_id; "
+            "ALTER TABLE snapshots DROP COLUMN tenant_key_id;");
+  this->b_.set_schema_version(TypeParam::kSchemaVersion - 1);
+  auto c = this->open();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(*c->schema_version(), TypeParam::kSchemaVersion);
+  auto i = c->get_info(id);
+  ASSERT_TRUE(i.ok()) << i.status().ToString();
+  EXPECT_FALSE(i->tenant);
+  EXPECT_EQ(*c->get_meta("encryption"), std::nullopt);
+  this->expect_consistent(*c);
+}
+
+// A stand-in for the store's sealing (store_seal.h): 40 header bytes, the tokens, a 16-byte tag.
+std::vector<std::byte> fake_seal(const std::vector<int32_t>& tokens) {
+  std::vector<std::byte> out(40 + tokens.size() * 4 + 16, std::byte{0x5a});
+  if (!tokens.empty()) std::memcpy(out.data() + 40, tokens.data(), tokens.size() * 4);
+  return out;
+}
+
+std::shared_ptr<const PrefixKeying> fake_keying(uint8_t secret) {
+  auto k = std::make_shared<PrefixKeying>();
+  k->secret.fill(secret);
+  k->open_tokens = [](const SnapshotRecord& r) -> Result<std::vector<int32_t>> {
+    std::vector<int32_t> t((r.sealed_tokens.size() - 56) / 4);
+    if (!t.empty()) std::memcpy(t.data(), r.sealed_tokens.data() + 40, t.size() * 4);
+    return t;
+  };
+  return k;
+}
+
+SnapshotRecord sealed_record(const std::string& name, const std::string& tenant, std::vector<int32_t> tokens) {
+  SnapshotRecord r = record(name, tokens);
+  r.info.tenant = tenant;
+  r.info.master_key_id = "00112233445566aa";
+  r.info.tenant_key_id = "ffeeddccbbaa9988";
+  r.sealed_tokens = fake_seal(tokens);
+  return r;
+}
+
+TYPED_TEST_P(CatalogContract, EncryptedRowsKeepTheirKeyIdsAndAKeyedPrefixIndex) {
+  auto c = this->open();
+  ASSERT_TRUE(c);
+  const std::vector<int32_t> toks = iota_tokens(150);
+  const int64_t plain = this->add(*c, record("plain", toks));
+  c->set_keying(fake_keying(1));
+  const int64_t sealed = this->add(*c, sealed_record("sealed", "t1", toks), {use("s")});
+  c->set_keying(nullptr);
+  auto unkeyed = c->add_snapshot(sealed_record("no-keying", "t1", toks), {});
+  EXPECT_EQ(unkeyed.status().code(), Code::kInvalidArgument) << "an encrypted row needs its keyed index";
+
+  auto rec = c->get(sealed);
+  ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+  EXPECT_EQ(rec->info.tenant, "t1");
+  EXPECT_EQ(rec->info.master_key_id, "00112233445566aa");
+  EXPECT_EQ(rec->info.tenant_key_id, "ffeeddccbbaa9988");
+  EXPECT_EQ(rec->info.n_tokens, 150);
+  EXPECT_TRUE(rec->tokens.empty()) << "an encrypted row's tokens are only sealed";
+  EXPECT_EQ(rec->sealed_tokens, fake_seal(toks));
+  EXPECT_FALSE(c->get_info(plain)->tenant);
+
+  // the keyed index finds only the key's rows; plain hashes only plain rows
+  EXPECT_EQ(ids_of(c->find_prefix(toks)), (std::vector<int64_t>{plain}));
+  c->set_keying(fake_keying(1));
+  EXPECT_EQ(ids_of(c->find_prefix(toks)), (std::vector<int64_t>{sealed}));
+  EXPECT_EQ(ids_of(c->find_prefix(iota_tokens(149))), (std::vector<int64_t>{}));
+  EXPECT_EQ(ids_of(c->find_prefix(toks, "fp-other")), (std::vector<int64_t>{}));
+  c->set_keying(fake_keying(2));
+  EXPECT_EQ(ids_of(c->find_prefix(toks)), (std::vector<int64_t>{})) << "another secret: another tenant";
+  c->set_keying(nullptr);
+
+  EXPECT_EQ(ids_of(c->list({.tenant = "t1"})), (std::vector<int64_t>{sealed, plain}));
+  EXPECT_EQ(ids_of(c->list({.tenant = "t2"})), (std::vector<int64_t>{plain}));
+  this->expect_consistent(*c);
+
+  EXPECT_EQ(*c->get_meta("encryption"), std::nullopt);
+  EXPECT_EQ(*c->init_meta("encryption", "00112233445566aa"), "00112233445566aa");
+  EXPECT_EQ(*c->init_meta("encryption", "9999999999999999"), "00112233445566aa") << "the first writer's value stays";
+  auto other = this->open();
+  EXPECT_EQ(*other->get_meta("encryption"), std::optional<std::string>("00112233445566aa"));
 }
 
 TYPED_TEST_P(CatalogContract, EvictionMarksRoundTrip) {
@@ -802,7 +891,7 @@ TYPED_TEST_P(CatalogContract, TenantCapEvictsOnlyThatTenant) {
   EXPECT_TRUE(plan(*c, 0, "nobody").victims.empty());
 }
 
-REGISTER_TYPED_TEST_SUITE_P(CatalogContract, FindChunksAnswersAsFindChunkInOrder, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, ExpiredSnapshotsAreFoundFromTheSnapshotRows, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact);
+REGISTER_TYPED_TEST_SUITE_P(CatalogContract, FindChunksAnswersAsFindChunkInOrder, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, ExpiredSnapshotsAreFoundFromTheSnapshotRows, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact, ACatalogBeforeEncryptionGainsItsColumns, EncryptedRowsKeepTheirKeyIdsAndAKeyedPrefixIndex);
 
 // What a save does (format/ will own the real one): blobs first, synced, then
 // the catalog row; the gc lock is held throughout.

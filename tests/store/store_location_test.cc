@@ -14,6 +14,9 @@
 #include "store/store.h"
 #include "test_files.h"
 
+// Key configs below are written with designated initializers.
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
 namespace kvsnap {
 namespace {
 
@@ -103,6 +106,9 @@ TEST_F(StoreLocationTest, BadConfigsAreRefusedByFileAndKey) {
       {R"({"cache_max_bytes": -5})", "cache_max_bytes"},
       {R"({"multipart_max_age": "soon"})", "multipart_max_age"},
       {R"({"multipart_max_age": -1})", "multipart_max_age"},
+      {R"({"key_file": ""})", "key_file"},
+      {R"({"key_command": 7})", "key_command"},
+      {R"({"tenant": "two words"})", "tenant"},
   };
   for (const Case& c : cases) {
     write("bad.json", c.text);
@@ -133,6 +139,27 @@ TEST_F(StoreLocationTest, TheS3CacheSizeIsASizeAndDefaultsToOneGiB) {
   EXPECT_EQ(resolve(dir_ + "/age.json")->multipart_max_age_s, 2 * 3600);
   write("age0.json", R"({"blobs": "s3://b/p", "multipart_max_age": 0})");
   EXPECT_EQ(resolve(dir_ + "/age0.json")->multipart_max_age_s, 0);
+}
+
+// Encryption at rest: the key's source and the tenant; a relative key file is the config's neighbour,
+// and the command line's options win over the file's (apply_key_flags).
+TEST_F(StoreLocationTest, KeysAndTenantComeFromTheConfigAndTheFlagsWin) {
+  write("keys.json", R"({"key_file": "secret/k.key", "tenant": "team-a"})");
+  auto l = resolve(dir_ + "/keys.json");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->keys.key_file, dir_ + "/secret/k.key");
+  EXPECT_EQ(l->keys.tenant, "team-a");
+  StoreLocation w = *l;
+  apply_key_flags(w, {.key_command = "cat /run/k"});
+  EXPECT_EQ(w.keys.key_file, "");
+  EXPECT_EQ(w.keys.key_command, "cat /run/k");
+  EXPECT_EQ(w.keys.tenant, "team-a");
+  apply_key_flags(w, {.tenant = "team-b"});
+  EXPECT_EQ(w.keys.tenant, "team-b");
+  EXPECT_EQ(w.keys.key_command, "cat /run/k") << "a flag left out keeps the config's";
+  auto both = load_store_key({.key_file = "a", .key_command = "b"});
+  EXPECT_EQ(both.status().code(), Code::kInvalidArgument);
+  EXPECT_FALSE(load_store_key({})->has_value());
 }
 
 TEST_F(StoreLocationTest, CapsAreSizesInBytesOrWithAUnit) {

@@ -1,0 +1,119 @@
+#include "store/store_seal.h"
+
+#include <cstring>
+
+#include "store/catalog_rules.h"
+
+namespace kvsnap {
+
+namespace {
+
+// HMAC(id key, label ‖ 0 ‖ bytes): the id a sealed row is bound to.
+ChunkId labelled_id(const ChunkCipher& c, std::string_view label, std::span<const std::byte> bytes) {
+  std::vector<std::byte> msg(label.size() + 1 + bytes.size());
+  std::memcpy(msg.data(), label.data(), label.size());
+  msg[label.size()] = std::byte{0};
+  if (!bytes.empty()) std::memcpy(msg.data() + label.size() + 1, bytes.data(), bytes.size());
+  return c.chunk_id(msg);
+}
+
+std::span<const std::byte> bytes_of(const std::string& s) { return std::as_bytes(std::span<const char>(s)); }
+
+ChunkId manifest_id(const ChunkCipher& c, const std::string& uuid) {
+  return labelled_id(c, "kvsnap manifest v1", bytes_of(uuid));
+}
+ChunkId tokens_id(const ChunkCipher& c, const std::string& uuid) { return labelled_id(c, "kvsnap tokens v1", bytes_of(uuid)); }
+
+Result<std::vector<std::byte>> seal(const ChunkCipher& c, const ChunkId& id, std::span<const std::byte> plain) {
+  std::vector<std::byte> out;
+  KV_ASSIGN_OR_RETURN(size_t n, c.seal_into(id, plain, out));
+  out.resize(n);
+  return out;
+}
+
+}  // namespace
+
+std::string snapshot_label(const SnapshotInfo& info) {
+  std::string s = "snapshot " + std::to_string(info.id);
+  if (info.name) s += " ('" + *info.name + "')";
+  return s;
+}
+
+Status seal_record(const ChunkCipher& cipher, std::span<const std::byte> manifest, SnapshotRecord& rec) {
+  SnapshotInfo& info = rec.info;
+  info.tenant = cipher.tenant();
+  info.master_key_id = key_id_hex(cipher.master_key_id());
+  info.tenant_key_id = key_id_hex(cipher.tenant_key_id());
+  KV_ASSIGN_OR_RETURN(rec.manifest, seal(cipher, manifest_id(cipher, info.uuid), manifest));
+  const std::vector<std::byte> tokens = catalog_detail::tokens_le(rec.tokens);
+  KV_ASSIGN_OR_RETURN(rec.sealed_tokens, seal(cipher, tokens_id(cipher, info.uuid), tokens));
+  return Status::OK();
+}
+
+Status check_snapshot_key(const SnapshotInfo& info, const ChunkCipher* cipher) {
+  if (!info.tenant) return Status::OK();
+  const std::string who = snapshot_label(info);
+  if (!cipher)
+    return Status::InvalidArgument(who + " is encrypted with key " + info.master_key_id + " for tenant '" + *info.tenant +
+                                   "', and no key was given: pass --key-file FILE or --key-command CMD");
+  const std::string master = key_id_hex(cipher->master_key_id());
+  if (info.master_key_id != master)
+    return Status::Mismatch(who + " is encrypted with key " + info.master_key_id + ", but the key given is " + master +
+                            " (wrong key: pass the store's --key-file FILE or --key-command CMD)");
+  if (*info.tenant != cipher->tenant())
+    return Status::Mismatch(who + " is encrypted for tenant '" + *info.tenant + "', not '" + cipher->tenant() +
+                            "' (pass --tenant " + *info.tenant + ")");
+  if (info.tenant_key_id != key_id_hex(cipher->tenant_key_id()))
+    return Status::Mismatch(who + " is encrypted for another tenant key (" + info.tenant_key_id + ", expected " +
+                            key_id_hex(cipher->tenant_key_id()) + ")");
+  return Status::OK();
+}
+
+Result<std::vector<std::byte>> open_manifest_row(const SnapshotRecord& rec, const ChunkCipher* cipher) {
+  if (!rec.info.tenant) return rec.manifest;
+  KV_RETURN_IF_ERROR(check_snapshot_key(rec.info, cipher));
+  std::vector<std::byte> plain;
+  KV_RETURN_IF_ERROR(cipher->open_into(manifest_id(*cipher, rec.info.uuid), rec.manifest, plain,
+                                       snapshot_label(rec.info) + ": its manifest row"));
+  return plain;
+}
+
+Result<std::vector<int32_t>> open_tokens_row(const SnapshotRecord& rec, const ChunkCipher* cipher) {
+  if (!rec.info.tenant) return rec.tokens;
+  KV_RETURN_IF_ERROR(check_snapshot_key(rec.info, cipher));
+  std::vector<std::byte> plain;
+  KV_RETURN_IF_ERROR(cipher->open_into(tokens_id(*cipher, rec.info.uuid), rec.sealed_tokens, plain,
+                                       snapshot_label(rec.info) + ": its token row"));
+  if (plain.size() != static_cast<size_t>(rec.info.n_tokens) * 4)
+    return Status::Corruption(snapshot_label(rec.info) + ": its token row holds " + std::to_string(plain.size()) +
+                              " bytes for " + std::to_string(rec.info.n_tokens) + " tokens");
+  return catalog_detail::tokens_from_le(plain);
+}
+
+std::string recorded_content_hash(const Sha256Digest& original, const ChunkCipher* cipher) {
+  if (!cipher) return to_hex(original);
+  const ChunkId id = labelled_id(*cipher, "kvsnap content v1", std::as_bytes(std::span<const uint8_t>(original)));
+  return to_hex(id);
+}
+
+std::shared_ptr<const PrefixKeying> prefix_keying(const ChunkCipher& cipher) {
+  auto k = std::make_shared<PrefixKeying>();
+  k->secret = labelled_id(cipher, "kvsnap prefix index v1", {});
+  k->open_tokens = [&cipher](const SnapshotRecord& rec) { return open_tokens_row(rec, &cipher); };
+  return k;
+}
+
+Status check_sealed_without_key(std::span<const std::byte> blob, const SnapshotInfo& info, uint64_t expected_size,
+                                const std::string& what) {
+  KV_ASSIGN_OR_RETURN(SealedHeader h, parse_sealed_header(blob, what));
+  if (key_id_hex(h.master_key_id) != info.master_key_id || key_id_hex(h.tenant_key_id) != info.tenant_key_id)
+    return Status::Mismatch(what + ": sealed with key " + key_id_hex(h.master_key_id) + " (tenant key " +
+                            key_id_hex(h.tenant_key_id) + "), but the catalog records " + info.master_key_id + " (" +
+                            info.tenant_key_id + ")");
+  if (expected_size && blob.size() != expected_size)
+    return Status::Corruption(what + ": " + std::to_string(blob.size()) + " bytes, the catalog records " +
+                              std::to_string(expected_size));
+  return Status::OK();
+}
+
+}  // namespace kvsnap

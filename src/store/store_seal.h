@@ -1,0 +1,55 @@
+// What an encrypted store keeps in its catalog rows (docs/store.md, "Encryption at rest"),
+// and the checks that tell a missing key, a wrong key or tenant and tampering apart.
+//
+//   manifest row   the snapshot's manifest sealed by the tenant's cipher under the id
+//                  HMAC(id key, "kvsnap manifest v1\0" uuid)
+//   tokens row     its prompt tokens (i32 LE) sealed under HMAC(id key, "kvsnap tokens v1\0" uuid)
+//   content hash   hex HMAC(id key, "kvsnap content v1\0" SHA-256 of the original file)
+//   prefix index   keyed by the secret HMAC(id key, "kvsnap prefix index v1") (catalog.h PrefixKeying)
+//
+// The ids bind each sealed row to its snapshot's uuid: a row copied onto another snapshot fails
+// its tag like a flipped byte does ("tampered or corrupt", kCorruption, naming the snapshot).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/chunk_cipher.h"
+#include "base/status.h"
+#include "store/catalog.h"
+
+namespace kvsnap {
+
+// "snapshot 3 ('chat')": how the store names a snapshot in these messages.
+std::string snapshot_label(const SnapshotInfo& info);
+
+// Sets the row's tenant and key ids and seals `manifest` and `rec.tokens` into it (rec.info.uuid
+// must be set: the ids are bound to it).
+Status seal_record(const ChunkCipher& cipher, std::span<const std::byte> manifest, SnapshotRecord& rec);
+
+// Whether `cipher` may read the snapshot: kInvalidArgument without a key, kMismatch for another
+// master key or tenant (naming both key ids, or both tenants). OK for a plain snapshot.
+Status check_snapshot_key(const SnapshotInfo& info, const ChunkCipher* cipher);
+
+// The manifest bytes of a row: as stored when plain, opened (check_snapshot_key first) when sealed.
+Result<std::vector<std::byte>> open_manifest_row(const SnapshotRecord& rec, const ChunkCipher* cipher);
+// The tokens of a row: rec.tokens when plain, the sealed list opened when encrypted.
+Result<std::vector<int32_t>> open_tokens_row(const SnapshotRecord& rec, const ChunkCipher* cipher);
+
+// The content hash the catalog records for an original file of this SHA-256.
+std::string recorded_content_hash(const Sha256Digest& original, const ChunkCipher* cipher);
+
+// The keyed prefix index of the cipher's tenant, for Catalog::set_keying. `cipher` must outlive it.
+std::shared_ptr<const PrefixKeying> prefix_keying(const ChunkCipher& cipher);
+
+// What a verify without the key checks of a sealed row or blob: its header (base/chunk_cipher.h
+// parse_sealed_header), that the snapshot's recorded key ids sealed it, and its size. `what`
+// names it in the problem.
+Status check_sealed_without_key(std::span<const std::byte> blob, const SnapshotInfo& info, uint64_t expected_size,
+                                const std::string& what);
+
+}  // namespace kvsnap

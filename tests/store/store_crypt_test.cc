@@ -1,0 +1,476 @@
+// Encryption at rest wired into the store (docs/store.md, "Encryption at rest"): byte-identical
+// round trips, dedup within a tenant and none across tenants, the errors for a missing or wrong
+// key or tenant, tampering caught in blobs and in the sealed catalog rows, no plaintext in the
+// packs or the catalog file, verify with and without the key, find by keyed prefix, export and
+// import of encrypted snapshots.
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+
+#include "base/chunk_cipher.h"
+#include "base/key_source.h"
+#include "format/state_prefix.h"
+#include "store/store.h"
+#include "test_files.h"
+
+namespace kvsnap {
+namespace {
+
+namespace fs = std::filesystem;
+using test::slurp;
+
+fs::path fixtures() { return fs::path(KVSNAP_SOURCE_DIR) / "fixtures"; }
+
+fs::path temp_path(const char* what) {
+  return fs::temp_directory_path() /
+         (std::string("kvsnap-crypt-") + what + "-" + std::to_string(::getpid()) + "-" + std::to_string(std::random_device{}()));
+}
+
+// A key file of 64 hex digits, mode 0600 (load_key_file refuses anything more open).
+fs::path write_key(const fs::path& dir, const char* name, char digit) {
+  fs::create_directories(dir);
+  const fs::path p = dir / name;
+  std::ofstream(p) << std::string(64, digit) << "\n";
+  ::chmod(p.c_str(), 0600);
+  return p;
+}
+
+struct Loaded {
+  std::vector<std::byte> bytes;
+  std::unique_ptr<MemoryFile> file;
+  StateFile state;
+};
+
+Loaded load(const fs::path& p) {
+  Loaded l;
+  l.bytes = slurp(p);
+  l.file = std::make_unique<MemoryFile>(p.filename().string(), std::span<const std::byte>(l.bytes));
+  auto st = parse_for_model(*l.file, {}, nullptr);
+  EXPECT_TRUE(st.ok()) << p << ": " << st.status().ToString();
+  if (st.ok()) l.state = std::move(st).value();
+  return l;
+}
+
+// A directory store and key files beside it; open() with any key and tenant.
+struct Bed {
+  fs::path root = temp_path("store"), keys = temp_path("keys");
+  fs::path key_a = write_key(keys, "a.key", 'a'), key_b = write_key(keys, "b.key", 'b');
+  ~Bed() {
+    fs::remove_all(root);
+    fs::remove_all(keys);
+  }
+  Result<std::unique_ptr<Store>> open(const fs::path& key, const std::string& tenant = "", bool keyless_ok = false) {
+    StoreLocation where = directory_store(root.string());
+    where.keys.key_file = key.string();
+    where.keys.tenant = tenant;
+    where.keys.keyless_ok = keyless_ok;
+    return Store::open(posix_io(), where);
+  }
+  std::unique_ptr<Store> must_open(const fs::path& key, const std::string& tenant = "") {
+    auto s = open(key, tenant);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+  std::string key_id(const fs::path& key) {
+    auto k = load_key_file(key.string());
+    return k.ok() ? key_id_hex(k->id()) : "";
+  }
+};
+
+const char* const kSlot = "v0.5.0/hd64-f16-f16-faon.slot";
+
+SaveRequest small_chunks() {
+  SaveRequest r;
+  r.cells_per_chunk = 32;
+  r.byte_shuffle = false;  // K/V bytes stay in runs, so the plaintext search below can find them
+  return r;
+}
+
+std::string restore_all(Store& s, const std::string& ref, Status* status = nullptr, std::optional<uint64_t> tokens = {}) {
+  VectorSink out;
+  RestoreRequest req;
+  req.tokens = tokens;
+  auto r = s.restore(ref, req, out);
+  if (status) *status = r.status();
+  EXPECT_TRUE(status || r.ok()) << r.status().ToString();
+  return std::string(reinterpret_cast<const char*>(out.bytes.data()), out.bytes.size());
+}
+
+bool file_contains(const fs::path& p, std::span<const std::byte> needle) {
+  auto hay = slurp(p);
+  return std::search(hay.begin(), hay.end(), needle.begin(), needle.end()) != hay.end();
+}
+
+// Whether any file under `root` (packs, catalog, its WAL) holds `needle`.
+bool store_contains(const fs::path& root, std::span<const std::byte> needle) {
+  for (const auto& e : fs::recursive_directory_iterator(root))
+    if (e.is_regular_file() && file_contains(e.path(), needle)) return true;
+  return false;
+}
+
+TEST(StoreCrypt, RoundTripIsByteIdenticalAndDedupStaysWithinATenant) {
+  Bed b;
+  Loaded l = load(fixtures() / kSlot);
+  auto alice = b.must_open(b.key_a, "alice");
+  ASSERT_TRUE(alice);
+  auto first = alice->save(*l.file, l.state, small_chunks());
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->chunks_new, first->chunks);
+  EXPECT_EQ(first->info.tenant, "alice");
+  EXPECT_EQ(first->info.master_key_id, b.key_id(b.key_a));
+  EXPECT_EQ(alice->encryption_key_id(), b.key_id(b.key_a));
+  const std::string back = restore_all(*alice, std::to_string(first->info.id));
+  EXPECT_TRUE(back.size() == l.bytes.size() && std::memcmp(back.data(), l.bytes.data(), back.size()) == 0);
+
+  auto again = alice->save(*l.file, l.state, small_chunks());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->chunks_new, 0u) << "the same file again, same tenant: every chunk deduplicated";
+  EXPECT_EQ(again->info.parent_id, first->info.id) << "the keyed prefix index found the parent";
+
+  auto bob = b.must_open(b.key_a, "bob");
+  auto other = bob->save(*l.file, l.state, small_chunks());
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->chunks_new, other->chunks) << "another tenant shares no chunk ids";
+  EXPECT_FALSE(other->info.parent_id) << "another tenant's snapshot is no parent";
+  EXPECT_EQ(restore_all(*bob, std::to_string(other->info.id)), back);
+
+  // ls by tenant; find by keyed prefix sees only the key's tenant
+  ListFilter f;
+  f.tenant = "alice";
+  auto listed = alice->catalog().list(f);
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->size(), 2u);
+  auto found = alice->catalog().find_prefix(l.state.tokens.tokens);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  ASSERT_EQ(found->size(), 2u);
+  for (const auto& s : *found) EXPECT_EQ(s.tenant, "alice");
+  auto found_bob = bob->catalog().find_prefix(l.state.tokens.tokens);
+  ASSERT_TRUE(found_bob.ok());
+  ASSERT_EQ(found_bob->size(), 1u);
+  EXPECT_EQ((*found_bob)[0].id, other->info.id);
+
+  auto v = alice->verify({});
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->problems.empty()) << v->problems[0];
+  EXPECT_EQ(v->sealed_only, 1u) << "bob's snapshot is checked without opening it";
+}
+
+TEST(StoreCrypt, TokenPrefixRestoreReadsTheSealedSnapshot) {
+  Bed b;
+  Loaded l = load(fixtures() / kSlot);
+  auto s = b.must_open(b.key_a);
+  auto saved = s->save(*l.file, l.state, small_chunks());
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  const std::string cut = restore_all(*s, std::to_string(saved->info.id), nullptr, 40);
+  VectorSink want;
+  ASSERT_TRUE(write_prefix(l.state, *l.file, 40, want).ok());
+  EXPECT_EQ(cut, std::string(reinterpret_cast<const char*>(want.bytes.data()), want.bytes.size()));
+}
+
+TEST(StoreCrypt, MissingWrongKeyAndWrongTenantAreClearErrors) {
+  Bed b;
+  Loaded l = load(fixtures() / kSlot);
+  int64_t id = 0;
+  {
+    auto s = b.must_open(b.key_a, "alice");
+    auto saved = s->save(*l.file, l.state, small_chunks());
+    ASSERT_TRUE(saved.ok());
+    id = saved->info.id;
+  }
+  const std::string a = b.key_id(b.key_a), bb = b.key_id(b.key_b);
+  auto none = b.open("");
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(none.status().message(),
+            "store " + b.root.string() + " is encrypted (key " + a + "): pass --key-file FILE or --key-command CMD");
+  auto wrong = b.open(b.key_b, "alice");
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), Code::kMismatch);
+  EXPECT_EQ(wrong.status().message(), "store " + b.root.string() + " is encrypted with key " + a +
+                                          ", but the key given is " + bb +
+                                          " (wrong key: pass the store's --key-file FILE or --key-command CMD)");
+  auto bob = b.must_open(b.key_a, "bob");
+  Status st;
+  restore_all(*bob, std::to_string(id), &st);
+  EXPECT_EQ(st.code(), Code::kMismatch);
+  EXPECT_EQ(st.message(), "snapshot " + std::to_string(id) + " is encrypted for tenant 'alice', not 'bob' (pass --tenant alice)");
+  // keyless (verify, gc) opens, but reads nothing and saves nothing
+  auto keyless = b.open("", "", /*keyless_ok=*/true);
+  ASSERT_TRUE(keyless.ok()) << keyless.status().ToString();
+  restore_all(**keyless, std::to_string(id), &st);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_EQ(st.message(), "snapshot " + std::to_string(id) + " is encrypted with key " + a +
+                              " for tenant 'alice', and no key was given: pass --key-file FILE or --key-command CMD");
+  auto plain = (*keyless)->save(*l.file, l.state, small_chunks());
+  ASSERT_FALSE(plain.ok());
+  EXPECT_EQ(plain.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(plain.status().message().find("takes no plain snapshots"), std::string::npos) << plain.status().ToString();
+}
+
+// A synthetic f16 slot (ggsq v3) of `cells` tokens whose K/V values are random: zstd cannot
+// shrink them, so a plain store keeps runs of them as they are (the search below can find them).
+fs::path random_slot(const fs::path& dir, uint32_t n_layer, uint32_t n_embd, uint32_t cells) {
+  fs::create_directories(dir);
+  const fs::path p = dir / "random.slot";
+  std::ofstream f(p, std::ios::binary);
+  auto u32 = [&](uint32_t v) { f.write(reinterpret_cast<const char*>(&v), 4); };
+  auto u64 = [&](uint64_t v) { f.write(reinterpret_cast<const char*>(&v), 8); };
+  u32(0x67677371); u32(3); u32(cells);
+  for (uint32_t c = 0; c < cells; ++c) u32(1000 + c * 7);
+  u32(1); u32(cells);
+  for (uint32_t c = 0; c < cells; ++c) { u32(c); u32(1); u32(0); }
+  u32(0); u32(n_layer);
+  std::mt19937 rng(11);
+  std::vector<uint16_t> row(n_embd);
+  for (int side = 0; side < 2; ++side)
+    for (uint32_t l = 0; l < n_layer; ++l) {
+      u32(1); u64(uint64_t(n_embd) * 2);
+      for (uint32_t c = 0; c < cells; ++c) {
+        for (auto& h : row) h = uint16_t(rng());
+        f.write(reinterpret_cast<const char*>(row.data()), std::streamsize(row.size() * 2));
+      }
+    }
+  return p;
+}
+
+TEST(StoreCrypt, NoPlaintextAtRestAndThePlainStoreShowsTheTestCanFail) {
+  const fs::path dir = temp_path("slot");
+  Loaded l = load(random_slot(dir, 2, 64, 100));
+  fs::remove_all(dir);
+  // Needles: the first 16 tokens (i32 LE, as a plain catalog stores them) and 64 bytes of K/V
+  // data from the middle of the file.
+  std::vector<std::byte> tokens(64);
+  std::memcpy(tokens.data(), l.state.tokens.tokens.data(), 64);
+  const size_t mid = l.bytes.size() / 2;
+  std::span<const std::byte> kv(l.bytes.data() + mid, 64);
+  ASSERT_GT(std::set<std::byte>(kv.begin(), kv.end()).size(), 8u) << "a run of real data, not padding";
+
+  Bed plain_bed;
+  {
+    auto plain = Store::open(posix_io(), StorePaths{plain_bed.root.string()});
+    ASSERT_TRUE(plain.ok());
+    ASSERT_TRUE((*plain)->save(*l.file, l.state, small_chunks()).ok());
+  }
+  EXPECT_TRUE(file_contains(plain_bed.root / "catalog.sqlite", tokens) ||
+              file_contains(plain_bed.root / "catalog.sqlite-wal", tokens));
+  EXPECT_TRUE(store_contains(plain_bed.root / "packs", kv)) << "the needle would be found if it were there";
+
+  Bed b;
+  {
+    auto s = b.must_open(b.key_a, "alice");
+    ASSERT_TRUE(s->save(*l.file, l.state, small_chunks()).ok());
+  }
+  EXPECT_FALSE(store_contains(b.root, tokens)) << "token bytes in the encrypted store's files";
+  EXPECT_FALSE(store_contains(b.root, kv)) << "K/V bytes in the encrypted store's files";
+}
+
+// The bytes of one column of the only snapshot_blobs row, changed by `edit`.
+void edit_row(const fs::path& catalog, const char* column, const std::function<void(std::vector<unsigned char>&)>& edit) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(catalog.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  const std::string get = std::string("SELECT ") + column + " FROM snapshot_blobs";
+  ASSERT_EQ(sqlite3_prepare_v2(db, get.c_str(), -1, &st, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
+  auto* p = static_cast<const unsigned char*>(sqlite3_column_blob(st, 0));
+  std::vector<unsigned char> m(p, p + sqlite3_column_bytes(st, 0));
+  sqlite3_finalize(st);
+  edit(m);
+  const std::string put = std::string("UPDATE snapshot_blobs SET ") + column + " = ?";
+  ASSERT_EQ(sqlite3_prepare_v2(db, put.c_str(), -1, &st, nullptr), SQLITE_OK);
+  sqlite3_bind_blob(st, 1, m.data(), int(m.size()), SQLITE_TRANSIENT);
+  ASSERT_EQ(sqlite3_step(st), SQLITE_DONE);
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+}
+
+void flip(std::vector<unsigned char>& m) { m[m.size() / 2] ^= 0x01; }
+
+TEST(StoreCrypt, TamperingFailsTheTagNamingTheSnapshot) {
+  Bed b;
+  Loaded l = load(fixtures() / kSlot);
+  auto s = b.must_open(b.key_a, "alice");
+  auto saved = s->save(*l.file, l.state, small_chunks());
+  ASSERT_TRUE(saved.ok());
+  const std::string id = std::to_string(saved->info.id);
+  auto tampered = [&](const std::string& where) {
+    Status st;
+    restore_all(*s, id, &st);
+    EXPECT_EQ(st.code(), Code::kCorruption) << where << ": " << st.ToString();
+    EXPECT_NE(st.message().find("tampered or corrupt"), std::string::npos) << where << ": " << st.ToString();
+    EXPECT_NE(st.message().find("snapshot '" + id + "'"), std::string::npos) << where << ": " << st.ToString();
+    auto v = s->verify({id});
+    ASSERT_TRUE(v.ok());
+    EXPECT_FALSE(v->problems.empty()) << where;
+  };
+  // a byte of a stored pack: the ciphertext of some chunk
+  const fs::path pack = fs::directory_iterator(b.root / "packs")->path();
+  auto bytes = slurp(pack);
+  auto uses = s->catalog().chunks_of(saved->info.id);
+  ASSERT_TRUE(uses.ok());
+  const ChunkUse& u = (*uses)[uses->size() / 2];
+  const size_t at = u.pack_offset + kSealedHeaderBytes + 7;
+  bytes[at] ^= std::byte{0x40};
+  std::ofstream(pack, std::ios::binary | std::ios::trunc).write(reinterpret_cast<char*>(bytes.data()), bytes.size());
+  tampered("pack");
+  {
+    // without the key the flip is in the ciphertext, which only the tag can tell
+    auto keyless = b.open("", "", true);
+    ASSERT_TRUE(keyless.ok());
+    auto v = (*keyless)->verify({});
+    ASSERT_TRUE(v.ok());
+    EXPECT_TRUE(v->problems.empty());
+    EXPECT_EQ(v->sealed_only, 1u);
+    ASSERT_EQ(v->not_checked.size(), 1u);
+  }
+  bytes[at] ^= std::byte{0x40};
+  bytes[u.pack_offset + 9] ^= std::byte{0x01};  // the master key id in its sealed header
+  std::ofstream(pack, std::ios::binary | std::ios::trunc).write(reinterpret_cast<char*>(bytes.data()), bytes.size());
+  {
+    auto keyless = b.open("", "", true);
+    auto v = (*keyless)->verify({});
+    ASSERT_TRUE(v.ok());
+    ASSERT_EQ(v->problems.size(), 1u) << "a sealed header is checked without the key";
+    EXPECT_NE(v->problems[0].find("chunk " + u.sha256.hex()), std::string::npos) << v->problems[0];
+  }
+  bytes[u.pack_offset + 9] ^= std::byte{0x01};
+  std::ofstream(pack, std::ios::binary | std::ios::trunc).write(reinterpret_cast<char*>(bytes.data()), bytes.size());
+  ASSERT_TRUE(s->verify({id})->problems.empty());
+
+  edit_row(b.root / "catalog.sqlite", "manifest", flip);
+  tampered("manifest row");
+  edit_row(b.root / "catalog.sqlite", "manifest", flip);
+  ASSERT_TRUE(s->verify({id})->problems.empty());
+
+  edit_row(b.root / "catalog.sqlite", "tokens", flip);
+  auto v = s->verify({id});
+  ASSERT_TRUE(v.ok());
+  ASSERT_FALSE(v->problems.empty());
+  EXPECT_NE(v->problems[0].find("its token row: tampered or corrupt"), std::string::npos) << v->problems[0];
+  auto found = s->catalog().find_prefix(l.state.tokens.tokens);
+  EXPECT_EQ(found.status().code(), Code::kCorruption) << "find opens the candidate's tokens";
+}
+
+TEST(StoreCrypt, ARowCopiedOntoAnotherSnapshotFailsItsTag) {
+  Bed b;
+  Loaded l = load(fixtures() / kSlot);
+  auto s = b.must_open(b.key_a);
+  auto one = s->save(*l.file, l.state, small_chunks());
+  auto two = s->save(*l.file, l.state, small_chunks());
+  ASSERT_TRUE(one.ok() && two.ok());
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((b.root / "catalog.sqlite").c_str(), &db), SQLITE_OK);
+  const std::string sql = "UPDATE snapshot_blobs SET manifest = (SELECT manifest FROM snapshot_blobs WHERE snapshot_id = " +
+                          std::to_string(one->info.id) + ") WHERE snapshot_id = " + std::to_string(two->info.id);
+  ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  Status st;
+  restore_all(*s, std::to_string(two->info.id), &st);
+  EXPECT_EQ(st.code(), Code::kCorruption) << st.ToString();
+  EXPECT_NE(st.message().find("its manifest row: tampered or corrupt"), std::string::npos) << st.ToString();
+}
+
+TEST(StoreCrypt, ExportStaysSealedAndImportsIntoTheSameKeyAndTenant) {
+  Bed b, into;
+  Loaded l = load(fixtures() / kSlot);
+  auto s = b.must_open(b.key_a, "alice");
+  auto saved = s->save(*l.file, l.state, small_chunks());
+  ASSERT_TRUE(saved.ok());
+  const fs::path archive = temp_path("export").string() + ".tar.zst";
+  ASSERT_TRUE(s->export_to({std::to_string(saved->info.id)}, archive.string()).ok());
+  std::vector<std::byte> tokens(64);
+  std::memcpy(tokens.data(), l.state.tokens.tokens.data(), 64);
+  // the archive is zstd-compressed: its sealed bytes would not compress, plain tokens would
+  auto other = into.must_open(b.key_a, "alice");
+  auto imported = other->import_from(archive.string());
+  ASSERT_TRUE(imported.ok()) << imported.status().ToString();
+  ASSERT_EQ(imported->imported.size(), 1u);
+  EXPECT_EQ(imported->imported[0].uuid, saved->info.uuid);
+  EXPECT_EQ(imported->imported[0].tenant, "alice");
+  const std::string back = restore_all(*other, saved->info.uuid);
+  EXPECT_TRUE(back.size() == l.bytes.size() && std::memcmp(back.data(), l.bytes.data(), back.size()) == 0);
+  EXPECT_FALSE(store_contains(into.root, tokens));
+
+  Bed third;
+  auto wrong_tenant = third.must_open(b.key_a, "bob");
+  auto refused = wrong_tenant->import_from(archive.string());
+  EXPECT_EQ(refused.status().code(), Code::kMismatch) << refused.status().ToString();
+  fs::remove(archive);
+}
+
+// The restore of `uuid` in `s` is the slot's bytes.
+void expect_restores(Store& s, const std::string& uuid, const Loaded& l) {
+  const std::string back = restore_all(s, uuid);
+  EXPECT_TRUE(back.size() == l.bytes.size() && std::memcmp(back.data(), l.bytes.data(), back.size()) == 0) << uuid;
+}
+
+TEST(StoreCrypt, ImportSealsAgainForAnotherKeyOrTenantAndPlainArchives) {
+  Loaded l = load(fixtures() / kSlot);
+  Bed src;
+  auto alice = src.must_open(src.key_a, "alice");
+  SaveRequest req = small_chunks();
+  req.name = "chat";
+  req.tags = {{"k", "v"}};
+  auto saved = alice->save(*l.file, l.state, req);
+  ASSERT_TRUE(saved.ok());
+  const std::string sealed_archive = temp_path("sealed").string() + ".tar.zst";
+  ASSERT_TRUE(alice->export_to({"chat"}, sealed_archive).ok());
+
+  // another key and tenant: opened with --from-key-file/--from-tenant, sealed with the store's
+  Bed dst;
+  auto bob = dst.must_open(dst.key_b, "bob");
+  auto no_from = bob->import_from(sealed_archive);
+  EXPECT_EQ(no_from.status().code(), Code::kMismatch) << no_from.status().ToString();
+  ImportOptions from;
+  from.from_key = *load_key_file(src.key_a.string());
+  from.from_tenant = "alice";
+  auto resealed = bob->import_from(sealed_archive, from);
+  ASSERT_TRUE(resealed.ok()) << resealed.status().ToString();
+  ASSERT_EQ(resealed->imported.size(), 1u);
+  EXPECT_EQ(resealed->imported[0].uuid, saved->info.uuid);
+  EXPECT_EQ(resealed->imported[0].tenant, "bob");
+  EXPECT_EQ(resealed->imported[0].master_key_id, dst.key_id(dst.key_b));
+  expect_restores(*bob, saved->info.uuid, l);
+  ASSERT_TRUE(bob->verify({})->problems.empty());
+
+  // export --decrypt: plain .kvsnap files; imported into a plain store as they are
+  const std::string plain_archive = temp_path("plain").string() + ".tar.zst";
+  ASSERT_TRUE(alice->export_to({"chat"}, plain_archive, /*decrypt=*/true).ok());
+  Bed plain_bed;
+  {
+    auto plain = Store::open(posix_io(), StorePaths{plain_bed.root.string()});
+    ASSERT_TRUE(plain.ok());
+    auto in = (*plain)->import_from(plain_archive);
+    ASSERT_TRUE(in.ok()) << in.status().ToString();
+    ASSERT_EQ(in->imported.size(), 1u);
+    EXPECT_FALSE(in->imported[0].tenant);
+    EXPECT_EQ(in->imported[0].name, "chat");
+    EXPECT_EQ(in->imported[0].content_sha256, to_hex(sha256_of(l.bytes)));
+    expect_restores(**plain, saved->info.uuid, l);
+  }
+  // a plain archive into an encrypted store: encrypted on the way in
+  Bed enc_bed;
+  auto enc = enc_bed.must_open(enc_bed.key_a, "carol");
+  auto in = enc->import_from(plain_archive);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  ASSERT_EQ(in->imported.size(), 1u);
+  EXPECT_EQ(in->imported[0].tenant, "carol");
+  EXPECT_EQ(in->imported[0].name, "chat");
+  EXPECT_EQ(in->imported[0].tags, (std::map<std::string, std::string>{{"k", "v"}}));
+  expect_restores(*enc, saved->info.uuid, l);
+  std::vector<std::byte> tokens(64);
+  std::memcpy(tokens.data(), l.state.tokens.tokens.data(), 64);
+  EXPECT_FALSE(store_contains(enc_bed.root, tokens));
+  fs::remove(sealed_archive);
+  fs::remove(plain_archive);
+}
+
+}  // namespace
+}  // namespace kvsnap
