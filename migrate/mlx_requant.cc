@@ -298,6 +298,10 @@ Result<MlxRequantResult> mlx_requantize(const MlxPromptCache& in, const Readable
                                         ByteSink& sink) {
   KV_RETURN_IF_ERROR(mlx_requant_check_spec(spec));
   const MlxKvSetting to = spec.k;
+  if (in.layout == MlxLayout::kKeysValues) {
+    return Status::NotSupported(in.st.file + ": an mlx-lm 0.18 prompt cache ('<i>_keys'): requantize it in a newer "
+                                "layout (kvsnap convert with {--mlx-lm VERSION})");
+  }
   MlxRequantResult res;
   res.bytes_in = in.st.file_size;
   std::vector<Conv> convs;
