@@ -202,7 +202,7 @@ struct RemoveOnExit {
 Status run_convert_mlx(const ConvertOptions& o, const ReadableFile& file, std::string& out) {
   if (const std::string given = llama_only_options(o); !given.empty()) {
     return Status::InvalidArgument(o.in + ": an mlx-lm prompt cache, but llama.cpp options were given (" + given +
-                                   "); for mlx-lm give --kv-bits B [--kv-group-size G]");
+                                   "); for mlx-lm give --kv-bits B [--kv-group-size G] and/or --mlx-lm VERSION");
   }
   const bool requant = !o.kv_bits.empty() || o.kv_group_size;
   if (!requant && o.mlx_lm.empty()) {
