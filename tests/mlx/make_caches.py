@@ -9,15 +9,15 @@ the oracle `kvsnap info --json` is compared with (tests/mlx/bed_test.py).
 
 The installed mlx-lm makes the newest files. Older mlx-lm releases (pure Python, installed by
 make-bed.sh with --no-deps --target into <venv>/old/mlx-lm-<version>) are run in a child process on
-the same mlx, for the older file formats: 0.31.3 (meta_state strings) and 0.28.0 (meta_state with
-`step`).
+the same mlx, for the older file formats: 0.31.3 (meta_state strings), 0.30.5 (the same, the last
+release with MambaCache and without CacheList loading) and 0.28.0 (meta_state with `step`).
 """
 import json
 import os
 import subprocess
 import sys
 
-OLD_VERSIONS = ["0.31.3", "0.28.0"]
+OLD_VERSIONS = ["0.31.3", "0.30.5", "0.28.0"]
 
 
 def describe(x):
