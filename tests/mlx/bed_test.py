@@ -64,9 +64,12 @@ def same_layer(where, oracle, ours):
         for i, (o, g) in enumerate(zip(oracle["caches"], got)):
             same_layer("%s.%d" % (where, i), o, g)
     if "arrays" in oracle:
-        # The scalars layout keeps cache[i] under "<L>.0.<i>"; the older ones under "<L>.<i>".
-        prefix = where.split()[-1] + ".0."
-        got = [a for a in ours.get("arrays", []) if a["name"].startswith(prefix)] or ours.get("arrays", [])
+        # The scalars layout keeps cache[i] under "<state>.0.<i>", next to left_padding "<state>.1" and
+        # lengths "<state>.2" (kvsnap lists all four); the older ones only cache[i], "<state>.<i>".
+        got = ours.get("arrays", [])
+        if got and len(got) != len(oracle["arrays"]):
+            depth = max(a["name"].count(".") for a in got)
+            got = [a for a in got if a["name"].count(".") == depth]
         if len(got) != len(oracle["arrays"]):
             return fail(where, "%d arrays, mlx-lm says %d" % (len(got), len(oracle["arrays"])))
         for o, g in zip(oracle["arrays"], got):

@@ -177,6 +177,12 @@ def make_all(out, full):
         for i in range(11):
             rot.update_and_fetch(k(1, 32), k(1, 32))
         save(out, "cachelist_mixed", [C.CacheList(kv3.to_quantized(group_size=32, bits=4), rot)])
+        # SSM state and attention in one layer, as falcon_h1 makes: CacheList(ArraysCache(2), KVCache).
+        ssm, kv5 = C.ArraysCache(2), C.KVCache()
+        ssm[0] = mx.random.normal((1, 3, 40)).astype(mx.bfloat16)
+        ssm[1] = mx.random.normal((1, 2, 8, 4)).astype(mx.float32)
+        kv5.update_and_fetch(k(6), k(6))
+        save(out, "cachelist_hybrid", [C.CacheList(ssm, kv5), C.CacheList(ssm, kv5)])
         # A hybrid (as lfm2 makes): attention layers next to a one-array conv state.
         kv4 = C.KVCache()
         kv4.update_and_fetch(k(7), k(7))
