@@ -1,5 +1,7 @@
 #include "format/mlx_layout.h"
 
+#include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <map>
 
@@ -17,15 +19,19 @@ struct IntField {
   int64_t value;
 };
 
-// The integer state of a layer in the order each layout stores it.
+// The integer state of a layer in the order the scalars layout stores it (after keys and values).
 std::vector<IntField> scalar_fields(const MlxLayer& L) {
   if (L.cls == "QuantizedKVCache") return {{"offset", *L.offset}, {"group_size", *L.group_size}, {"bits", *L.bits}};
   if (L.cls == "RotatingKVCache") {
     return {{"offset", *L.offset}, {"keep", *L.keep}, {"max_size", *L.max_size}, {"_idx", *L.idx}};
   }
+  if (L.cls == "ChunkedKVCache") {
+    return {{"offset", *L.offset}, {"chunk_size", *L.chunk_size}, {"start_position", *L.start_position}};
+  }
   return {{"offset", *L.offset}};
 }
 
+// ... and in the order of the meta layouts' meta_state strings (KVCache: none).
 std::vector<IntField> meta_fields(const MlxLayer& L, bool step) {
   const int64_t s = L.step.value_or(kMlxStep);
   std::vector<IntField> f;
@@ -35,55 +41,278 @@ std::vector<IntField> meta_fields(const MlxLayer& L, bool step) {
   } else if (L.cls == "RotatingKVCache") {
     f = {{"keep", *L.keep}, {"max_size", *L.max_size}, {"offset", *L.offset}, {"_idx", *L.idx}};
     if (step) f.insert(f.begin() + 2, IntField{"step", s});
+  } else if (L.cls == "ChunkedKVCache") {
+    f = {{"chunk_size", *L.chunk_size}, {"start_position", *L.start_position}};
   }
   return f;
 }
 
-// The K/V tensors of a layer (float: 2, quantized: 6).
-std::vector<const SafetensorsTensor*> kv_tensors(const MlxLayer& L) {
-  std::vector<const SafetensorsTensor*> out;
+// The K/V tensors of a layer and their names inside its state (float: 2, quantized: 6).
+std::vector<std::pair<const SafetensorsTensor*, std::string>> kv_parts(const MlxLayer& L) {
+  std::vector<std::pair<const SafetensorsTensor*, std::string>> out;
+  int side = 0;
   for (const MlxKvSide* s : {&*L.k, &*L.v}) {
-    out.push_back(s->data);
-    if (s->scales) out.push_back(s->scales), out.push_back(s->biases);
+    const std::string p = "." + std::to_string(side++);
+    if (s->scales) {
+      out.emplace_back(s->data, p + ".0");
+      out.emplace_back(s->scales, p + ".1");
+      out.emplace_back(s->biases, p + ".2");
+    } else {
+      out.emplace_back(s->data, p);
+    }
   }
   return out;
 }
 
-Status check_convertible(const MlxPromptCache& in) {
-  for (const MlxLayer& L : in.layers) {
-    if (L.cls != "KVCache" && L.cls != "QuantizedKVCache" && L.cls != "RotatingKVCache") {
-      return Status::NotSupported(in.st.file + ": layer " + L.prefix + " is a " + L.cls +
-                                  ": changing the layout of its class is not supported yet (KVCache, "
-                                  "QuantizedKVCache and RotatingKVCache are)");
+// Bytes of one row (axis 2) of a [B, H, S, ...] tensor.
+uint64_t row_bytes_of(const SafetensorsTensor& t) {
+  uint64_t n = safetensors_itemsize(t.dtype);
+  for (size_t d = 3; d < t.shape.size(); ++d) n *= uint64_t(t.shape[d]);
+  return n;
+}
+
+Status append_zeros(ByteSink& sink, uint64_t n) {
+  static const std::vector<std::byte> kZeros(1 << 16);
+  for (; n > 0;) {
+    const uint64_t k = std::min<uint64_t>(n, kZeros.size());
+    KV_RETURN_IF_ERROR(sink.append(kZeros.data(), k));
+    n -= k;
+  }
+  return Status::OK();
+}
+
+// A move in progress: the output tensors (each with the input tensor whose place in the data
+// order it takes, if any) and metadata.
+struct Move {
+  const MlxPromptCache& in;
+  const MlxTarget& to;
+  bool sc = false;                                     // the target is the scalars layout
+  std::map<std::string, std::string> in_types;         // scalars input: tensor -> scalar|string|none
+  std::vector<std::pair<MlxOutTensor, const SafetensorsTensor*>> tensors;
+  std::vector<std::pair<std::string, std::string>> meta;     // meta layouts: "0.<L>..." meta_state
+  std::vector<std::pair<std::string, std::string>> scalars;  // scalars layout: tensor name, type
+};
+
+Status refuse(const Move& m, const MlxLayer& L, const std::string& why) {
+  return Status::NotSupported(m.in.st.file + ": layer " + L.prefix + " (" + L.cls + "): " + m.to.name() + " " + why);
+}
+
+// Scalars to scalars: a made tensor keeps the place of the input tensor of the same name.
+const SafetensorsTensor* anchor(const Move& m, const std::string& name) {
+  return m.in.layout == MlxLayout::kScalars ? m.in.st.find(name) : nullptr;
+}
+
+void carry(Move& m, const SafetensorsTensor* t, const std::string& name, int64_t rows = -1) {
+  MlxOutTensor o;
+  o.t = *t;
+  o.t.name = name;
+  o.src = t;
+  o.rows = rows;
+  if (rows >= 0) o.t.shape[2] = rows;
+  m.tensors.emplace_back(std::move(o), t);
+}
+
+void add_made(Move& m, MlxOutTensor o, const char* type) {
+  m.scalars.emplace_back(o.t.name, type);
+  const SafetensorsTensor* a = anchor(m, o.t.name);
+  m.tensors.emplace_back(std::move(o), a);
+}
+
+// None in the scalars layout: `mx.array([])`, F32 [0].
+void add_none(Move& m, const std::string& name) {
+  MlxOutTensor o;
+  o.t.name = name;
+  o.t.dtype = "F32";
+  o.t.shape = {0};
+  add_made(m, std::move(o), "none");
+}
+
+// A string in the scalars layout: its code points, I32 [n].
+void add_string(Move& m, const std::string& name, const std::string& s) {
+  MlxOutTensor o;
+  o.t.name = name;
+  o.t.dtype = "I32";
+  o.t.shape = {int64_t(s.size())};
+  for (char ch : s) append_le<int32_t>(o.bytes, int32_t(uint8_t(ch)));
+  add_made(m, std::move(o), "string");
+}
+
+// The integer state: scalar tensors "<dst>.2", ... or meta_state strings "<meta>.0", ... ("" if none).
+void put_fields(Move& m, const MlxLayer& L, const std::string& dst, const std::string& meta) {
+  if (m.sc) {
+    const auto f = scalar_fields(L);
+    for (size_t i = 0; i < f.size(); ++i) add_made(m, mlx_scalar_tensor(dst + "." + std::to_string(2 + i), f[i].value), "scalar");
+    return;
+  }
+  const auto f = meta_fields(L, m.to.layout == MlxLayout::kMetaStep);
+  if (f.empty()) m.meta.emplace_back(meta, "");
+  for (size_t i = 0; i < f.size(); ++i) m.meta.emplace_back(meta + "." + std::to_string(i), std::to_string(f[i].value));
+}
+
+// KVCache, QuantizedKVCache, RotatingKVCache, ChunkedKVCache.
+Status move_kv(Move& m, const MlxLayer& L, const std::string& dst, const std::string& meta) {
+  if (L.cls == "QuantizedKVCache" && !m.to.at_least(19, 3)) return refuse(m, L, "has no QuantizedKVCache (0.19.3 added it)");
+  if (L.cls == "ChunkedKVCache" && !m.to.at_least(23, 0)) {
+    return refuse(m, L, "cannot load a ChunkedKVCache (it lived in llama4.py: KeyError, mlx-lm #80; fixed in 0.23.0)");
+  }
+  // The meta loaders of KVCache and ChunkedKVCache take offset from the rows saved.
+  int64_t rows = -1;
+  if (!m.sc && L.cls == "KVCache" && L.k->rows > *L.offset) rows = *L.offset;
+  if (!m.sc && L.cls == "ChunkedKVCache" && L.k->rows != *L.offset) {
+    const int64_t valid = *L.offset - *L.start_position;
+    uint64_t bytes = 0;
+    if (*L.start_position < 0 || valid < 0 || valid > L.k->rows ||
+        __builtin_mul_overflow(uint64_t(*L.offset), row_bytes_of(*L.k->data) + row_bytes_of(*L.v->data), &bytes) ||
+        __builtin_mul_overflow(bytes, uint64_t(L.k->batch * L.k->heads), &bytes) || bytes > (uint64_t(1) << 40)) {
+      return Status::Corruption(m.in.st.file + ": layer " + L.prefix + " (ChunkedKVCache): offset " +
+                                std::to_string(*L.offset) + ", start_position " + std::to_string(*L.start_position) +
+                                " and " + std::to_string(L.k->rows) + " rows saved do not fit together");
+    }
+    rows = *L.offset;
+  }
+  for (const auto& [t, suffix] : kv_parts(L)) carry(m, t, dst + suffix, rows);
+  put_fields(m, L, dst, meta);
+  return Status::OK();
+}
+
+// ArraysCache/MambaCache state as the input holds it: arrays (nullptr: None), left_padding, lengths.
+struct ArraysState {
+  std::vector<const SafetensorsTensor*> arrays;
+  const SafetensorsTensor* left_padding = nullptr;
+  const SafetensorsTensor* lengths = nullptr;
+};
+
+const SafetensorsTensor* unless_none(const Move& m, const SafetensorsTensor* t) {
+  if (!t) return nullptr;
+  auto it = m.in_types.find(t->name);
+  return it != m.in_types.end() && it->second == "none" ? nullptr : t;
+}
+
+Result<ArraysState> arrays_state(const Move& m, const MlxLayer& L, const std::string& src) {
+  ArraysState s;
+  const bool sc = m.in.layout == MlxLayout::kScalars;
+  const std::string list = sc ? src + ".0." : src + ".";
+  size_t found = 0;
+  for (size_t i = 0;; ++i) {
+    const SafetensorsTensor* t = m.in.st.find(list + std::to_string(i));
+    if (!t) break;
+    ++found;
+    s.arrays.push_back(unless_none(m, t));
+  }
+  if (sc) {
+    const SafetensorsTensor* lp = m.in.st.find(src + ".1");
+    const SafetensorsTensor* ln = m.in.st.find(src + ".2");
+    found += (lp != nullptr) + (ln != nullptr);
+    s.left_padding = unless_none(m, lp);
+    s.lengths = unless_none(m, ln);
+  }
+  if (found != L.arrays.size() || s.arrays.empty()) {
+    return Status::Corruption(m.in.st.file + ": layer " + L.prefix + " (" + L.cls + "): " + std::to_string(L.arrays.size()) +
+                              " tensors under '" + src + ".', of which " + std::to_string(s.arrays.size()) +
+                              " are the arrays '" + list + "0', '" + list + "1', ... in a row: not a state mlx-lm wrote");
+  }
+  return s;
+}
+
+// The class an ArraysCache/MambaCache is for the target: MambaCache is gone from 0.30.6 (#842);
+// loaders before 0.28.1 call ArraysCache() without its size, so there only MambaCache (2 arrays) loads.
+Result<std::string> arrays_class(const Move& m, const MlxLayer& L, size_t n) {
+  if (!m.to.at_least(28, 1)) {
+    if (n != 2) {
+      return refuse(m, L, "cannot load an ArraysCache (its loader calls ArraysCache() without the size) and only a "
+                          "MambaCache of 2 arrays stands in for one; this one holds " + std::to_string(n) +
+                          ": give --mlx-lm 0.28.1 or later");
+    }
+    return std::string("MambaCache");
+  }
+  return m.to.at_least(30, 6) ? std::string("ArraysCache") : L.cls;
+}
+
+Status move_arrays(Move& m, const MlxLayer& L, const std::string& src, const std::string& dst, const std::string& meta,
+                   std::string& cls) {
+  KV_ASSIGN_OR_RETURN(ArraysState s, arrays_state(m, L, src));
+  KV_ASSIGN_OR_RETURN(cls, arrays_class(m, L, s.arrays.size()));
+  if (m.sc) {
+    for (size_t i = 0; i < s.arrays.size(); ++i) {
+      const std::string name = dst + ".0." + std::to_string(i);
+      s.arrays[i] ? carry(m, s.arrays[i], name) : add_none(m, name);
+    }
+    s.left_padding ? carry(m, s.left_padding, dst + ".1") : add_none(m, dst + ".1");
+    s.lengths ? carry(m, s.lengths, dst + ".2") : add_none(m, dst + ".2");
+    return Status::OK();
+  }
+  // The meta layouts' state is the list of arrays only, and a None in it cannot be saved.
+  const char* lost = s.left_padding ? "left_padding" : s.lengths ? "lengths" : nullptr;
+  if (lost) return refuse(m, L, std::string("saves no ") + lost + " (the ArraysCache state holds it from mlx-lm 0.32 on, #1632)");
+  for (size_t i = 0; i < s.arrays.size(); ++i) {
+    if (!s.arrays[i]) return refuse(m, L, "cannot save array " + std::to_string(i) + ", which is None (from 0.32 on it can)");
+    carry(m, s.arrays[i], dst + "." + std::to_string(i));
+  }
+  m.meta.emplace_back(meta, "");
+  return Status::OK();
+}
+
+Status move_layer(Move& m, const MlxLayer& L, const std::string& src, const std::string& dst, const std::string& meta,
+                  std::string& cls);
+
+// CacheList: members moved by their own rules. Scalars: member i is "<L>.<i>.0.<state>" with its class
+// name as the string "<L>.<i>.1"; meta layouts: "<L>.<i>.<state>", meta_state ([classes], [metas]).
+Status move_list(Move& m, const MlxLayer& L, const std::string& src, const std::string& dst, const std::string& meta) {
+  if (!m.to.at_least(31, 0)) {
+    return refuse(m, L, "cannot load a CacheList (before 0.31.0, #886, its loader drops the members' state or fails "
+                        "on it): give --mlx-lm 0.31.0 or later");
+  }
+  const bool in_sc = m.in.layout == MlxLayout::kScalars;
+  for (size_t i = 0; i < L.sub.size(); ++i) {
+    const std::string n = "." + std::to_string(i);
+    std::string cls;
+    KV_RETURN_IF_ERROR(move_layer(m, L.sub[i], src + n + (in_sc ? ".0" : ""), dst + n + (m.sc ? ".0" : ""),
+                                  meta + ".1" + n, cls));
+    if (m.sc) {
+      add_string(m, dst + n + ".1", cls);
+    } else {
+      m.meta.emplace_back(meta + ".0" + n, cls);
     }
   }
   return Status::OK();
 }
 
-// The metadata of the target layout around `scalars` (names of the scalar tensors, scalars layout).
-std::vector<std::pair<std::string, std::string>> metadata_for(const MlxPromptCache& in, MlxLayout to,
-                                                              const std::vector<std::string>& scalars) {
-  std::vector<std::pair<std::string, std::string>> m;
-  const bool sc = to == MlxLayout::kScalars;
-  for (const auto& [k, v] : in.user_metadata) m.emplace_back((sc ? "0." : "1.") + k, v);
-  for (const MlxLayer& L : in.layers) {
-    m.emplace_back((sc ? "1." : "2.") + L.prefix, L.cls);
-    if (sc) continue;
-    const auto f = meta_fields(L, to == MlxLayout::kMetaStep);
-    if (f.empty()) m.emplace_back("0." + L.prefix, "");
-    for (size_t i = 0; i < f.size(); ++i) m.emplace_back("0." + L.prefix + "." + std::to_string(i), std::to_string(f[i].value));
+// One layer (or CacheList member) whose state is under `src` in the input and goes under `dst`;
+// `meta` is where its meta_state goes (meta layouts). `cls` gets its class name in the target.
+Status move_layer(Move& m, const MlxLayer& L, const std::string& src, const std::string& dst, const std::string& meta,
+                  std::string& cls) {
+  cls = L.cls;
+  if (L.cls == "CacheList") return move_list(m, L, src, dst, meta);
+  if (L.cls == "ArraysCache" || L.cls == "MambaCache") return move_arrays(m, L, src, dst, meta, cls);
+  if (L.cls == "KVCache" || L.cls == "QuantizedKVCache" || L.cls == "RotatingKVCache" || L.cls == "ChunkedKVCache") {
+    return move_kv(m, L, dst, meta);
   }
-  if (sc) {
-    m.emplace_back("2.0", "");
-    for (size_t j = 0; j < scalars.size(); ++j) {
-      m.emplace_back("2." + std::to_string(j + 1) + ".0", scalars[j]);
-      m.emplace_back("2." + std::to_string(j + 1) + ".1", "scalar");
-    }
+  return Status::NotSupported(m.in.st.file + ": layer " + L.prefix + " is a " + L.cls +
+                              ": changing the layout of its class is not supported (KVCache, QuantizedKVCache, "
+                              "RotatingKVCache, ChunkedKVCache, ArraysCache, MambaCache and CacheList are)");
+}
+
+// The input's scalars list: tensor name -> type.
+std::map<std::string, std::string> scalar_types(const MlxPromptCache& in) {
+  std::map<std::string, std::string> names, types, out;
+  if (in.layout != MlxLayout::kScalars || !in.st.metadata) return out;
+  for (const auto& [k, v] : *in.st.metadata) {
+    if (k.size() < 5 || k.compare(0, 2, "2.") != 0) continue;
+    const std::string j = k.substr(2, k.size() - 4);
+    if (k.compare(k.size() - 2, 2, ".0") == 0) names[j] = v;
+    if (k.compare(k.size() - 2, 2, ".1") == 0) types[j] = v;
   }
-  return m;
+  for (const auto& [j, name] : names) {
+    if (auto t = types.find(j); t != types.end()) out[name] = t->second;
+  }
+  return out;
 }
 
 }  // namespace
+
+std::string MlxTarget::name() const {
+  return "mlx-lm 0." + std::to_string(minor) + "." + std::to_string(patch);
+}
 
 MlxOutTensor mlx_scalar_tensor(const std::string& name, int64_t v) {
   MlxOutTensor o;
@@ -93,51 +322,73 @@ MlxOutTensor mlx_scalar_tensor(const std::string& name, int64_t v) {
   return o;
 }
 
+Result<MlxTarget> mlx_target_for(const std::string& name) {
+  static const struct {
+    const char* name;
+    MlxLayout layout;
+    int minor, patch;
+  } kLayouts[] = {{"meta_state-with-step", MlxLayout::kMetaStep, 28, 0}, {"meta-step", MlxLayout::kMetaStep, 28, 0},
+                  {"meta_state", MlxLayout::kMeta, 31, 3},            {"meta", MlxLayout::kMeta, 31, 3},
+                  {"scalars", MlxLayout::kScalars, 32, 2}};
+  for (const auto& l : kLayouts) {
+    if (name == l.name) return MlxTarget{l.layout, l.minor, l.patch};
+  }
+  const std::string v = !name.empty() && name[0] == 'v' ? name.substr(1) : name;
+  int major = -1, minor = -1, patch = 0;
+  char tail = 0;
+  const int n = std::sscanf(v.c_str(), "%d.%d.%d%c", &major, &minor, &patch, &tail);
+  if ((n == 2 || n == 3) && major == 0 && minor >= 0 && patch >= 0) {
+    MlxTarget t{MlxLayout::kScalars, minor, patch};
+    if (!t.at_least(19, 1)) {
+      return Status::InvalidArgument("mlx-lm " + v + ": releases before 0.19.1 saved '<i>_keys' files (mlx-lm's "
+                                     "cache_prompt of 0.18.x), which kvsnap reads but does not write; give 0.19.1 or later");
+    }
+    t.layout = !t.at_least(28, 1) ? MlxLayout::kMetaStep : minor < 32 ? MlxLayout::kMeta : MlxLayout::kScalars;
+    return t;
+  }
+  return Status::InvalidArgument("mlx-lm release '" + name +
+                                 "': give the mlx-lm version that will load the file (e.g. 0.28.0, 0.31.3, 0.32.2; "
+                                 "`python -c 'import mlx_lm; print(mlx_lm.__version__)'`) or a layout: "
+                                 "meta_state-with-step, meta_state, scalars");
+}
+
 Result<MlxLayout> mlx_layout_for(const std::string& name) {
-  for (MlxLayout l : {MlxLayout::kMetaStep, MlxLayout::kMeta, MlxLayout::kScalars}) {
-    if (name == mlx_layout_name(l)) return l;
-  }
-  int major = 0, minor = 0, patch = 0;
-  if (std::sscanf(name.c_str(), "%d.%d.%d", &major, &minor, &patch) >= 2 && major == 0 && minor >= 19) {
-    if (minor < 28 || (minor == 28 && patch == 0)) return MlxLayout::kMetaStep;
-    return minor < 32 ? MlxLayout::kMeta : MlxLayout::kScalars;
-  }
-  return Status::InvalidArgument("mlx-lm layout '" + name +
-                                 "': give meta_state-with-step, meta_state, scalars or an mlx-lm version from 0.19 on");
+  KV_ASSIGN_OR_RETURN(MlxTarget t, mlx_target_for(name));
+  return t.layout;
 }
 
 Result<MlxOutFile> mlx_change_layout(const MlxPromptCache& in, MlxLayout to) {
-  KV_RETURN_IF_ERROR(check_convertible(in));
-  const bool sc = to == MlxLayout::kScalars;
-  // Which input tensors go on, and how many rows of each.
-  std::map<const SafetensorsTensor*, int64_t> keep;
+  KV_ASSIGN_OR_RETURN(MlxTarget t, mlx_target_for(mlx_layout_name(to)));
+  return mlx_change_layout(in, t);
+}
+
+Result<MlxOutFile> mlx_change_layout(const MlxPromptCache& in, const MlxTarget& to) {
+  Move m{in, to, to.layout == MlxLayout::kScalars, scalar_types(in), {}, {}, {}};
+  std::vector<std::pair<std::string, std::string>> classes;
   for (const MlxLayer& L : in.layers) {
-    const bool cut = !sc && L.cls == "KVCache" && L.k->rows > *L.offset;  // the meta loaders take offset from rows
-    for (const SafetensorsTensor* t : kv_tensors(L)) keep[t] = cut ? *L.offset : -1;
+    std::string cls;
+    KV_RETURN_IF_ERROR(move_layer(m, L, L.prefix, L.prefix, "0." + L.prefix, cls));
+    classes.emplace_back((m.sc ? "1." : "2.") + L.prefix, cls);
   }
+  // Data order: the input's for carried tensors (and made ones that take an input tensor's
+  // place), then the new ones in the order they were made.
+  std::map<const SafetensorsTensor*, size_t> pos;
+  for (size_t i = 0; i < in.st.data_order.size(); ++i) pos[&in.st.tensors[in.st.data_order[i]]] = i;
+  auto rank = [&](const auto& e) { return e.second ? pos.at(e.second) : SIZE_MAX; };
+  std::stable_sort(m.tensors.begin(), m.tensors.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
   MlxOutFile out;
-  for (size_t i : in.st.data_order) {
-    const SafetensorsTensor* t = &in.st.tensors[i];
-    auto it = keep.find(t);
-    if (it == keep.end()) continue;  // the scalar tensors of the scalars layout
-    MlxOutTensor o;
-    o.t = *t;
-    o.src = t;
-    o.rows = it->second;
-    if (o.rows >= 0) o.t.shape[2] = o.rows;
-    out.tensors.push_back(std::move(o));
-  }
-  std::vector<std::string> scalars;
-  if (sc) {
-    for (const MlxLayer& L : in.layers) {
-      const auto f = scalar_fields(L);
-      for (size_t i = 0; i < f.size(); ++i) {
-        scalars.push_back(L.prefix + "." + std::to_string(2 + i));
-        out.tensors.push_back(mlx_scalar_tensor(scalars.back(), f[i].value));
-      }
+  for (auto& [t, a] : m.tensors) out.tensors.push_back(std::move(t));
+  for (const auto& [k, v] : in.user_metadata) out.metadata.emplace_back((m.sc ? "0." : "1.") + k, v);
+  out.metadata.insert(out.metadata.end(), classes.begin(), classes.end());
+  if (m.sc) {
+    out.metadata.emplace_back("2.0", "");
+    for (size_t j = 0; j < m.scalars.size(); ++j) {
+      out.metadata.emplace_back("2." + std::to_string(j + 1) + ".0", m.scalars[j].first);
+      out.metadata.emplace_back("2." + std::to_string(j + 1) + ".1", m.scalars[j].second);
     }
+  } else {
+    out.metadata.insert(out.metadata.end(), m.meta.begin(), m.meta.end());
   }
-  out.metadata = metadata_for(in, to, scalars);
   return out;
 }
 
@@ -179,13 +430,14 @@ Status write_mlx_file(const MlxOutFile& out, const MlxPromptCache& in, const Rea
       KV_RETURN_IF_ERROR(copy_bytes(src, base, o.src->bytes(), sink));
       continue;
     }
-    // [B, H, S, ...]: the first `rows` rows of each of the B*H row blocks.
+    // [B, H, S, ...]: the first `rows` rows of each of the B*H row blocks, zero rows past S.
     const auto& s = o.src->shape;
     const uint64_t blocks = uint64_t(s[0]) * uint64_t(s[1]);
-    if (blocks == 0 || o.rows == 0) continue;
-    const uint64_t row_bytes = o.src->bytes() / (blocks * uint64_t(s[2]));
+    const uint64_t row_bytes = row_bytes_of(*o.src);
+    const uint64_t have = std::min<uint64_t>(uint64_t(o.rows), uint64_t(s[2]));
     for (uint64_t b = 0; b < blocks; ++b) {
-      KV_RETURN_IF_ERROR(copy_bytes(src, base + b * uint64_t(s[2]) * row_bytes, uint64_t(o.rows) * row_bytes, sink));
+      KV_RETURN_IF_ERROR(copy_bytes(src, base + b * uint64_t(s[2]) * row_bytes, have * row_bytes, sink));
+      KV_RETURN_IF_ERROR(append_zeros(sink, (uint64_t(o.rows) - have) * row_bytes));
     }
   }
   return Status::OK();

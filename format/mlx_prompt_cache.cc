@@ -109,8 +109,7 @@ Result<std::vector<int64_t>> meta_ints(const Ctx& c, const MlxLayer& L, const Wh
   return out;
 }
 
-Result<MlxKvSide> float_side(const Ctx& c, const MlxLayer& L, const Where& w, const std::string& rel, const char* what) {
-  KV_ASSIGN_OR_RETURN(const SafetensorsTensor* t, need(c, L, w, rel, what));
+Result<MlxKvSide> float_tensor_side(const Ctx& c, const MlxLayer& L, const SafetensorsTensor* t, const char* what) {
   if (!is_float(t->dtype) || t->shape.size() != 4) {
     return layer_error(c, L, "tensor '" + t->name + "' (" + what + ") is " + t->dtype + " " + shape_text(t->shape) +
                                  ", expected a float [batch, heads, rows, head_dim]");
@@ -120,6 +119,11 @@ Result<MlxKvSide> float_side(const Ctx& c, const MlxLayer& L, const Where& w, co
   s.batch = t->shape[0], s.heads = t->shape[1], s.rows = t->shape[2], s.head_dim = t->shape[3];
   s.dtype = t->dtype;
   return s;
+}
+
+Result<MlxKvSide> float_side(const Ctx& c, const MlxLayer& L, const Where& w, const std::string& rel, const char* what) {
+  KV_ASSIGN_OR_RETURN(const SafetensorsTensor* t, need(c, L, w, rel, what));
+  return float_tensor_side(c, L, t, what);
 }
 
 Result<MlxKvSide> quant_side(const Ctx& c, const MlxLayer& L, const Where& w, const std::string& rel, const char* what,
@@ -283,10 +287,16 @@ Status parse_layer(const Ctx& c, const Where& w, MlxLayer& L, int depth) {
 // Which of mlx-lm's three metadata layouts, and the evidence.
 Status detect_layout(MlxPromptCache& out, const Meta& meta) {
   auto c0 = meta.find("2.0");
+  if (c0 == meta.end() && out.st.find("0_keys")) {
+    out.layout = MlxLayout::kKeysValues;
+    out.version_guess = "mlx-lm 0.18.x .. 0.19.0";
+    out.evidence.push_back("tensors '<i>_keys'/'<i>_values' and no class list: cache_prompt before mlx-lm 0.19.1 "
+                           "(mlx-examples #956/#979)");
+    return Status::OK();
+  }
   if (c0 == meta.end()) {
     return Status::NotSupported(out.st.file + ": a safetensors file but not an mlx-lm prompt cache: its __metadata__ "
-                                "has no class list ('2.0'); files of mlx-lm before 0.19.1 ('<i>_keys' tensors) are "
-                                "not read either");
+                                "has no class list ('2.0') and no '0_keys' tensor (mlx-lm before 0.19.1)");
   }
   if (c0->second.empty()) {
     out.layout = MlxLayout::kScalars;
@@ -328,6 +338,67 @@ std::vector<std::string> class_list(const Meta& meta, const std::string& prefix)
   }
 }
 
+// Is the last row of every (batch, head) block of `t` zero? (#956's buffers: rows past offset.)
+Result<bool> last_rows_zero(const Ctx& c, const SafetensorsTensor& t) {
+  const auto& s = t.shape;
+  const uint64_t row = uint64_t(s[3]) * safetensors_itemsize(t.dtype);
+  std::vector<std::byte> b(row);
+  for (uint64_t i = 0; i < uint64_t(s[0]) * uint64_t(s[1]); ++i) {
+    const uint64_t at = c.st.data_start() + t.begin + ((i + 1) * uint64_t(s[2]) - 1) * row;
+    KV_RETURN_IF_ERROR(c.f.read_at(at, b));
+    for (std::byte x : b) {
+      if (x != std::byte{0}) return false;
+    }
+  }
+  return true;
+}
+
+// mlx-lm before 0.19.1: "<i>_keys"/"<i>_values" of a KVCache per layer, when that reading is exact.
+Status read_keys_values(const Ctx& c, MlxPromptCache& out) {
+  const std::string& file = out.st.file;
+  for (const auto& [k, v] : *out.st.metadata) out.user_metadata.emplace_back(k, v);
+  auto max_kv = c.meta.find("max_kv_size");
+  if (max_kv != c.meta.end() && max_kv->second != "None") {
+    return Status::NotSupported(file + ": an mlx-lm 0.18 prompt cache ('<i>_keys') saved with max_kv_size " +
+                                max_kv->second + ": its layers were RotatingKVCache rings, and the file lacks the ring "
+                                "position (_idx) and the tokens seen (offset), so kvsnap cannot read it exactly");
+  }
+  for (size_t i = 0;; ++i) {
+    const SafetensorsTensor* k = out.st.find(std::to_string(i) + "_keys");
+    if (!k) break;
+    MlxLayer L;
+    L.prefix = std::to_string(i);
+    L.cls = "KVCache";
+    const SafetensorsTensor* v = out.st.find(L.prefix + "_values");
+    if (!v) return layer_error(c, L, "tensor '" + L.prefix + "_values' is missing");
+    KV_ASSIGN_OR_RETURN(L.k, float_tensor_side(c, L, k, "keys"));
+    KV_ASSIGN_OR_RETURN(L.v, float_tensor_side(c, L, v, "values"));
+    KV_RETURN_IF_ERROR(check_pair(c, L));
+    L.offset = L.k->rows;
+    if (L.k->rows > 0 && L.k->rows % 256 == 0) {
+      KV_ASSIGN_OR_RETURN(bool zero, last_rows_zero(c, *k));
+      if (zero) {
+        return Status::NotSupported(file + ": an mlx-lm 0.18 prompt cache ('<i>_keys') whose layer " + L.prefix +
+                                    " holds " + std::to_string(L.k->rows) + " rows, the last of them zero: mlx-lm 0.18.1 "
+                                    "(mlx-examples #956) saved its whole 256-row buffer, so the tokens it holds are "
+                                    "not in the file");
+      }
+    }
+    L.bytes = k->bytes() + v->bytes();
+    out.layers.push_back(std::move(L));
+  }
+  for (const auto& t : out.st.tensors) {
+    const size_t u = t.name.find('_');
+    const auto layer = to_int(std::string_view(t.name).substr(0, u));
+    const std::string kind = u == std::string::npos ? "" : t.name.substr(u + 1);
+    if (!layer || *layer < 0 || size_t(*layer) >= out.layers.size() || (kind != "keys" && kind != "values")) {
+      return Status::Corruption(file + ": mlx-lm 0.18 prompt cache: tensor '" + t.name + "' is not '<i>_keys' or "
+                                "'<i>_values' of layers 0.." + std::to_string(out.layers.size() - 1));
+    }
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 const char* mlx_layout_name(MlxLayout l) {
@@ -335,6 +406,7 @@ const char* mlx_layout_name(MlxLayout l) {
     case MlxLayout::kMetaStep: return "meta_state-with-step";
     case MlxLayout::kMeta: return "meta_state";
     case MlxLayout::kScalars: return "scalars";
+    case MlxLayout::kKeysValues: return "keys-values";
   }
   return "?";
 }
@@ -355,6 +427,10 @@ Result<MlxPromptCache> read_mlx_prompt_cache(const ReadableFile& f) {
   for (const auto& [k, v] : *out.st.metadata) c.meta.emplace(k, v);
   KV_RETURN_IF_ERROR(detect_layout(out, c.meta));
   c.layout = out.layout;
+  if (c.layout == MlxLayout::kKeysValues) {
+    KV_RETURN_IF_ERROR(read_keys_values(c, out));
+    return out;
+  }
   const bool sc = c.layout == MlxLayout::kScalars;
   const std::string user = sc ? "0." : "1.";
   for (const auto& [k, v] : *out.st.metadata) {

@@ -1,7 +1,14 @@
 // mlx-lm prompt-cache files (mlx_lm.cache_prompt, save_prompt_cache): the safetensors container
 // (format/mlx_safetensors.h) read as mlx-lm's list of per-layer cache objects.
 //
-// mlx-lm has written three layouts; the reader tells them apart by content and says why:
+// mlx-lm has written four layouts; the reader tells them apart by content and says why:
+//   kKeysValues  mlx-lm 0.18.x .. 0.19.0   cache_prompt's plain mx.save_safetensors (mlx-examples
+//                #956, #979): "<i>_keys"/"<i>_values" per layer, metadata model, chat_template,
+//                tokenizer_config, max_kv_size (all kept as user metadata). Read as KVCache layers
+//                (offset = rows) only when that is exact: max_kv_size "None" (no ring, whose
+//                position the file lacks) and the rows are the tokens (#956 saved the whole
+//                256-row buffer: rows a multiple of 256 whose last row is zero in every head are
+//                refused); anything else is refused with kNotSupported saying why
 //   kMetaStep    mlx-lm 0.19.1 .. 0.28.0   metadata [meta_state, user, classes]:
 //                "0.<L>.<i>" meta_state strings (QuantizedKVCache (step,offset,gs,bits),
 //                RotatingKVCache (keep,max_size,step,offset,_idx)), "1.<k>" user, "2.<L>" class
@@ -31,7 +38,7 @@
 
 namespace kvsnap {
 
-enum class MlxLayout { kMetaStep, kMeta, kScalars };
+enum class MlxLayout { kMetaStep, kMeta, kScalars, kKeysValues };
 const char* mlx_layout_name(MlxLayout l);
 
 // One side (K or V) of an attention cache: a float tensor, or the quantized triple.

@@ -295,6 +295,10 @@ Result<MlxRequantResult> mlx_requantize(const MlxPromptCache& in, const Readable
                                         ByteSink& sink) {
   KV_RETURN_IF_ERROR(mlx_requant_check_spec(spec));
   const MlxKvSetting to = spec.k;
+  if (in.layout == MlxLayout::kKeysValues) {
+    return Status::NotSupported(in.st.file + ": an mlx-lm 0.18 prompt cache ('<i>_keys'): requantize it in a newer "
+                                "layout (kvsnap convert with {--mlx-lm VERSION})");
+  }
   MlxRequantResult res;
   res.bytes_in = in.st.file_size;
   std::vector<Conv> convs;
@@ -320,8 +324,8 @@ Result<MlxRequantResult> mlx_requantize(const MlxPromptCache& in, const Readable
   if (spec.layout && !(*spec.layout == in.layout || (in.step_unknown && meta && *spec.layout != MlxLayout::kScalars))) {
     return Status::InvalidArgument(in.st.file + ": written in mlx-lm's " + mlx_layout_name(in.layout) + " layout (" +
                                    in.version_guess + "); the output keeps it, and {--mlx-lm} names the " +
-                                   mlx_layout_name(*spec.layout) + " layout (moving between layouts is not part of "
-                                   "convert)");
+                                   mlx_layout_name(*spec.layout) + " layout (move it there first: "
+                                   "format/mlx_layout.h, kvsnap convert --mlx-lm)");
   }
   if (spec.layout) layout = *spec.layout;
   if (in.step_unknown && meta && !spec.layout && !to.is_float() && !convs.empty()) {

@@ -156,8 +156,8 @@ void setup_convert(CLI::App& app, int& exit_status) {
       "convert",
       "Convert a llama.cpp slot/session file to other KV cache types (-ctk/-ctv), V layout (flash attention) or "
       "file format, so a server started with those settings restores it without reprocessing the prompt; or an "
-      "mlx-lm prompt cache to other --kv-bits/--kv-group-size; or move a session between llama.cpp and mlx-lm "
-      "(--to mlx|llama)");
+      "mlx-lm prompt cache to other --kv-bits/--kv-group-size and/or the file layout of another mlx-lm release "
+      "(--mlx-lm); or move a session between llama.cpp and mlx-lm (--to mlx|llama)");
   sub->add_option("in", o->in, "input state file (ggsq slot file, ggsn session file, raw buffer, or mlx-lm prompt cache)")->required();
   sub->add_option("out", o->out, "output file; written atomically, never over the input")->required();
   sub->add_option("--ctk", o->ctk, "target K type: " + kv_cache_type_names() + " (default: keep)");
@@ -190,9 +190,10 @@ void setup_convert(CLI::App& app, int& exit_status) {
                   "mlx-lm prompt caches: quantize as MLX's cpu backend does (default; mlx[cpu]) or as its gpu kernel "
                   "(Metal/CUDA: what a Mac writes)");
   sub->add_option("--mlx-lm", o->mlx_lm,
-                  "mlx-lm prompt caches: the mlx-lm release that will load the output (e.g. 0.28.0, 0.31.3), needed "
-                  "when a float file of mlx-lm 0.19-0.31 does not tell (QuantizedKVCache meta_state had 'step' up to "
-                  "0.28.0)");
+                  "mlx-lm prompt caches: the mlx-lm release that will load the output (e.g. 0.28.0, 0.31.3, 0.32.2; "
+                  "`pip show mlx-lm` says yours): the file is moved to its layout (alone, or with --kv-bits); also "
+                  "what decides 'step' for a float file of mlx-lm 0.19-0.31 going to --kv-bits. A layout name "
+                  "(meta_state-with-step, meta_state, scalars) stands for 0.28.0, 0.31.3, 0.32.2");
   sub->add_option("--to", o->to,
                   "mlx|llama: move the session to the other engine (same model in both; --model required): a "
                   "llama.cpp slot/session file to an mlx-lm prompt cache, or a prompt cache to a llama.cpp slot file");
@@ -216,6 +217,13 @@ void setup_convert(CLI::App& app, int& exit_status) {
       "  kvsnap convert prompt.safetensors q4.safetensors --kv-bits 4 --kv-group-size 64 --report   # mlx-lm\n"
       "  kvsnap convert slot.bin prompt.safetensors --to mlx --model m.gguf [--kv-bits 8] [--mlx-lm 0.31.3]\n"
       "  kvsnap convert prompt.safetensors slot.bin --to llama --model m.gguf --ctk q8_0 --ctv q8_0 [--tokens t.json]\n"
+      "  kvsnap convert prompt-0.32.safetensors for-0.28.safetensors --mlx-lm 0.28.0    # mlx-lm 0.32 file, 0.28 reader\n"
+      "  kvsnap convert old.safetensors new-q8.safetensors --mlx-lm 0.32.2 --kv-bits 8  # move and requantize\n"
+      "\nmlx-lm releases save prompt caches in four layouts: '<i>_keys' tensors (0.18.x, read only),\n"
+      "meta_state strings with 'step' (0.19.1-0.28.0), without it (0.28.1-0.31.x), and scalar tensors\n"
+      "(0.32.0 on); none loads another's. --mlx-lm VERSION moves a file to that release's layout and\n"
+      "class names (MambaCache became ArraysCache in 0.30.6; CacheList loads from 0.31.0), tensors\n"
+      "carried byte for byte; a layer the release cannot load is refused (exit 4), naming it.\n"
       "\nRotation: llama.cpp from b8643 stores quantized K/V Hadamard-rotated; the file does not say so, and\n"
       "ggsq v2 / ggsn v9 files come from builds on both sides. kvsnap decides from --src-rotation,\n"
       "--source-build, the file's layout, then the data (with --model), reports the evidence (--report),\n"

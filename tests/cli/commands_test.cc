@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <string>
 
 namespace kvsnap::cli {
@@ -84,6 +86,59 @@ TEST(Commands, RunConvertKeepsMlxAndLlamaOptionsApart) {
   l.kv_bits = "4";
   s = run_convert(l, out, warnings);
   EXPECT_NE(s.message().find("not an mlx-lm prompt cache"), std::string::npos) << s.ToString();
+}
+
+// --mlx-lm alone moves the file to that release's layout; with --kv-bits it moves and requantizes.
+TEST(Commands, RunConvertMovesAnMlxPromptCacheToAnotherRelease) {
+  ConvertOptions o;
+  o.in = kMlxQ3;  // QuantizedKVCache, meta_state with `step` (mlx-lm 0.28.0)
+  o.out = ::testing::TempDir() + "kvsnap-commands-mlx-0.32.safetensors";
+  o.mlx_lm = "0.32.2";
+  o.json = true;
+  std::string out, warnings;
+  Status s = run_convert(o, out, warnings);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NE(out.find("\"layout_from\": \"meta_state-with-step\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"layout_to\": \"scalars\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"target\": \"mlx-lm 0.32.2\""), std::string::npos) << out;
+  InfoOptions i;
+  i.file = o.out;
+  std::string info;
+  ASSERT_TRUE(run_info(i, info).ok());
+  EXPECT_NE(info.find("layout scalars"), std::string::npos) << info;
+  EXPECT_NE(info.find("3-bit g128"), std::string::npos) << info;
+  // Moved and requantized: the 0.32 layout at 8 bits.
+  o.out = ::testing::TempDir() + "kvsnap-commands-mlx-0.32-q8.safetensors";
+  o.kv_bits = "8";
+  o.kv_group_size = 32;
+  o.json = false;
+  s = run_convert(o, out, warnings);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NE(out.find("scalars layout for mlx-lm 0.32.2"), std::string::npos) << out;
+  i.file = o.out;
+  ASSERT_TRUE(run_info(i, info).ok());
+  EXPECT_NE(info.find("layout scalars"), std::string::npos) << info;
+  EXPECT_NE(info.find("8-bit g32"), std::string::npos) << info;
+  // A release kvsnap does not write for, and a class the release cannot load: refused, no file.
+  o.kv_bits.clear();
+  o.kv_group_size = 0;
+  o.out = ::testing::TempDir() + "kvsnap-commands-mlx-never.safetensors";
+  o.mlx_lm = "0.18.2";
+  s = run_convert(o, out, warnings);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+  o.mlx_lm = "0.19.1";
+  s = run_convert(o, out, warnings);
+  EXPECT_EQ(s.code(), Code::kNotSupported) << s.ToString();
+  EXPECT_NE(s.message().find("layer 0 (QuantizedKVCache): mlx-lm 0.19.1 has no QuantizedKVCache"), std::string::npos)
+      << s.ToString();
+  EXPECT_EQ(::access(o.out.c_str(), F_OK), -1);
+  // An ArraysCache of mlx-lm 0.32 for 0.28.0, whose loader only builds MambaCache without arguments.
+  o.in = std::string(KVSNAP_SOURCE_DIR) + "/tests/fuzz/corpus/mlx_prompt_cache/scalars_arrays.safetensors";
+  o.out = ::testing::TempDir() + "kvsnap-commands-mlx-mamba.safetensors";
+  o.mlx_lm = "0.28.0";
+  s = run_convert(o, out, warnings);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NE(out.find("layer 0: ArraysCache -> MambaCache"), std::string::npos) << out;
 }
 
 TEST(Commands, RunMigrateWithoutADirectoryIsAUsageError) {

@@ -5,7 +5,11 @@
    each layer, CacheList members, ArraysCache arrays, the user metadata and the file size;
 2. read + write (tests/mlx/mlx_roundtrip) gives the same bytes (cmp);
 3. the written file loads in the mlx-lm that made the original (load_prompt_cache) with identical
-   arrays and scalars.
+   arrays and scalars;
+4. `kvsnap convert FILE OUT --mlx-lm V` for every bed release V: the moved file loads in V with the
+   original's classes, offsets, fields and arrays, or is refused when V cannot hold a layer; with
+   --kv-bits 4 --kv-group-size 64 as well, kv_bf16 of one release loads in another as that one's
+   own q4g64_bf16 file.
 
     python3 bed_test.py KVSNAP ROUNDTRIP BED_DIR VENV_PYTHON WORK_DIR
 Run by ctest (oracle.mlx_bed) through bed_test.sh, which makes the bed or exits 77 (SKIP).
@@ -60,9 +64,12 @@ def same_layer(where, oracle, ours):
         for i, (o, g) in enumerate(zip(oracle["caches"], got)):
             same_layer("%s.%d" % (where, i), o, g)
     if "arrays" in oracle:
-        # The scalars layout keeps cache[i] under "<L>.0.<i>"; the older ones under "<L>.<i>".
-        prefix = where.split()[-1] + ".0."
-        got = [a for a in ours.get("arrays", []) if a["name"].startswith(prefix)] or ours.get("arrays", [])
+        # The scalars layout keeps cache[i] under "<state>.0.<i>", next to left_padding "<state>.1" and
+        # lengths "<state>.2" (kvsnap lists all four); the older ones only cache[i], "<state>.<i>".
+        got = ours.get("arrays", [])
+        if got and len(got) != len(oracle["arrays"]):
+            depth = max(a["name"].count(".") for a in got)
+            got = [a for a in got if a["name"].count(".") == depth]
         if len(got) != len(oracle["arrays"]):
             return fail(where, "%d arrays, mlx-lm says %d" % (len(got), len(oracle["arrays"])))
         for o, g in zip(oracle["arrays"], got):
@@ -106,14 +113,17 @@ def check_sizes(version, infos):
 
 
 sizes_checked = 0
+refusals = 0
 
 
-def check_roundtrip(roundtrip, path, out_path, python, version):
+def check_roundtrip(roundtrip, path, out_path, python, version, loadable=True):
     r = subprocess.run([roundtrip, path, out_path], capture_output=True, text=True)
     if r.returncode != 0:
         return fail(path, "mlx_roundtrip failed: " + r.stderr.strip())
     if not filecmp.cmp(path, out_path, shallow=False):
         return fail(path, "rewrite differs from the original")
+    if not loadable:
+        return
     r = subprocess.run([python, __file__, "--load-compare", path, out_path], capture_output=True, text=True,
                        env=python_env(python, version))
     if r.returncode != 0:
@@ -122,36 +132,48 @@ def check_roundtrip(roundtrip, path, out_path, python, version):
 
 def describe(paths, out):
     """In the bed's venv (with one mlx-lm first on the path): what load_prompt_cache gives for each
-    file, normalized so releases compare: class, offset, ring/quantization fields and the SHA-256
-    of every K/V array cut to its valid rows (KVCache and QuantizedKVCache buffers of mlx-lm 0.32
-    run past offset)."""
+    file, normalized so releases compare: class (MambaCache is ArraysCache), offset, ring, chunk and
+    quantization fields, the SHA-256 of every K/V array cut to its valid rows (KVCache and
+    QuantizedKVCache buffers of mlx-lm 0.32 run past offset; a ChunkedKVCache holds offset -
+    start_position), of every ArraysCache array, left_padding and lengths, and CacheList members."""
     import hashlib
 
     import mlx.core as mx
     import numpy as np
     from mlx_lm.models.cache import load_prompt_cache
 
-    def digest(x, rows):
+    def digest(x, rows=None):
+        if x is None:
+            return None
         x = x[..., :rows, :] if rows is not None else x
         if x.dtype == mx.bfloat16:
             x = x.view(mx.uint16)
-        return hashlib.sha256(np.ascontiguousarray(np.array(x)).tobytes()).hexdigest()[:16]
+        return "%s%s:%s" % (x.dtype, list(x.shape), hashlib.sha256(np.ascontiguousarray(np.array(x)).tobytes()).hexdigest()[:16])
+
+    def layer(c):
+        d = {"class": type(c).__name__.replace("MambaCache", "ArraysCache")}
+        if hasattr(c, "caches"):
+            d["caches"] = [layer(s) for s in c.caches]
+            return d
+        if hasattr(c, "cache"):
+            d["arrays"] = [digest(a) for a in c.cache]
+            for a in ("left_padding", "lengths"):
+                d[a] = digest(getattr(c, a, None))
+            return d
+        for a in ("offset", "keep", "max_size", "_idx", "bits", "group_size", "chunk_size", "start_position"):
+            if isinstance(getattr(c, a, None), int):
+                d[a] = getattr(c, a)
+        rows = {"RotatingKVCache": None, "ChunkedKVCache": d.get("offset", 0) - d.get("start_position", 0)}
+        rows = rows.get(d["class"], d.get("offset"))
+        for side in ("keys", "values"):
+            v = getattr(c, side)
+            d[side] = [digest(e, rows) for e in v] if isinstance(v, (list, tuple)) else digest(v, rows)
+        return d
 
     result = {}
     for p in paths:
         cache, meta = load_prompt_cache(p, return_metadata=True)
-        layers = []
-        for c in cache:
-            d = {"class": type(c).__name__}
-            for a in ("offset", "keep", "max_size", "_idx", "bits", "group_size"):
-                if isinstance(getattr(c, a, None), int):
-                    d[a] = getattr(c, a)
-            rows = None if d["class"] == "RotatingKVCache" else d["offset"]
-            for side in ("keys", "values"):
-                v = getattr(c, side)
-                d[side] = [digest(e, rows) for e in v] if isinstance(v, (list, tuple)) else digest(v, rows)
-            layers.append(d)
-        result[p] = {"layers": layers, "metadata": meta}
+        result[p] = {"layers": [layer(c) for c in cache], "metadata": meta}
     with open(out, "w") as f:
         json.dump(result, f)
 
@@ -174,43 +196,97 @@ def describe_in(python, version, paths, out):
         return json.load(f)
 
 
-CONVERTIBLE = {"KVCache", "QuantizedKVCache", "RotatingKVCache"}
+def version_tuple(v):
+    return tuple(int(x) for x in v.split("."))
 
 
-def check_layouts(roundtrip, bed, versions, python, work):
-    """Every bed file of convertible classes, moved to the layout of every bed release, loads in that
-    release with the same classes, offsets, fields and arrays as the original in its own; the other
-    classes are refused (exit 3), not written wrong."""
+def refusal_expected(layers, target):
+    """Why kvsnap must refuse to move these layers (the bed oracle's) to mlx-lm `target`'s layout,
+    or None: the classes and state that release cannot load (format/mlx_layout.h)."""
+    t = version_tuple(target)
+    for L in layers:
+        if L["class"] == "CacheList":
+            if t < (0, 31, 0):
+                return "CacheList before 0.31.0"
+            why = refusal_expected(L["caches"], target)
+            if why:
+                return why
+        if L["class"] in ("ArraysCache", "MambaCache"):
+            if t < (0, 28, 1) and len(L["arrays"]) != 2:
+                return "ArraysCache of %d arrays before 0.28.1" % len(L["arrays"])
+            if t < (0, 32, 0) and ("left_padding" in L or "lengths" in L):
+                return "ArraysCache left_padding/lengths before 0.32"
+    return None
+
+
+def check_layouts(kvsnap, bed, versions, python, work):
+    """Every bed file, moved to the layout of every bed release, loads in that release with the same
+    classes, offsets, fields and arrays as the original in its own; what that release cannot load is
+    refused (`kvsnap convert --mlx-lm`: exit 4, naming the layer), not written wrong."""
     originals, converted = {v: [] for v in versions}, {v: [] for v in versions}
     pairs = []
+    global refusals
     for v in versions:
         for name in sorted(os.listdir(os.path.join(bed, v))):
             if not name.endswith(".safetensors"):
                 continue
             path = os.path.join(bed, v, name)
             with open(path[: -len(".safetensors")] + ".json") as f:
-                classes = {l["class"] for l in json.load(f)["layers"]}
+                oracle = json.load(f)
+            layers = oracle["layers"]
+            # A file no load_prompt_cache reads (mlx-lm 0.18's "<i>_keys") is compared with the same
+            # cache saved by save_prompt_cache.
+            ref = os.path.join(bed, v, oracle["reference"]) if "reference" in oracle else path
             for w in versions:
                 out = os.path.join(work, "to-" + w, v + "-" + name)
                 os.makedirs(os.path.dirname(out), exist_ok=True)
-                r = subprocess.run([roundtrip, path, out, w], capture_output=True, text=True)
-                if not classes <= CONVERTIBLE:
-                    if r.returncode != 3:
-                        fail(path, "to %s: expected a refusal (exit 3), got %d" % (w, r.returncode))
+                if os.path.exists(out):
+                    os.remove(out)
+                r = subprocess.run([kvsnap, "convert", path, out, "--mlx-lm", w], capture_output=True, text=True)
+                why = refusal_expected(layers, w)
+                if why:
+                    if r.returncode != 4 or os.path.exists(out) or "layer" not in r.stderr:
+                        fail(path, "to %s: expected a refusal naming the layer (%s; exit 4, no file), got %d: %s"
+                             % (w, why, r.returncode, r.stderr.strip()))
+                    refusals += 1
                     continue
                 if r.returncode != 0:
                     fail(path, "to %s: %s" % (w, r.stderr.strip()))
                     continue
-                originals[v].append(path)
+                originals[v].append(ref)
                 converted[w].append(out)
-                pairs.append((path, v, out, w))
+                pairs.append((ref, v, out, w, ref != path))
+    # Moved and requantized by one convert: kv_bf16 (every release made the same cache: the same seed)
+    # and the 0.18 keys_values_bf16 file, for every other release at q4g64, load there as that
+    # release's own q4g64_bf16 file of the cache does.
+    for v in versions:
+        for src_name in ("kv_bf16", "keys_values_bf16"):
+            src = os.path.join(bed, v, src_name + ".safetensors")
+            for w in versions:
+                ref = os.path.join(bed, w, "q4g64_bf16.safetensors")
+                if w == v or not os.path.exists(src) or not os.path.exists(ref):
+                    continue
+                out = os.path.join(work, "to-" + w, "q4g64-%s-%s.safetensors" % (v, src_name))
+                r = subprocess.run([kvsnap, "convert", src, out, "--mlx-lm", w, "--kv-bits", "4", "--kv-group-size", "64"],
+                                   capture_output=True, text=True)
+                if r.returncode != 0:
+                    fail(src, "to %s at q4g64: %s" % (w, r.stderr.strip()))
+                    continue
+                originals[w].append(ref)
+                converted[w].append(out)
+                pairs.append((ref, w, out, w, True))
     want, got = {}, {}
     for v in versions:
         want.update(describe_in(python, v, sorted(set(originals[v])), os.path.join(work, "orig-%s.json" % v)))
         got.update(describe_in(python, v, converted[v], os.path.join(work, "conv-%s.json" % v)))
-    for path, v, out, w in pairs:
-        if path in want and out in got and want[path] != got[out]:
-            fail(path, "moved to mlx-lm %s's layout, loads differently:\n  %s\n  %s" % (w, want[path], got[out]))
+    for path, v, out, w, by_ref in pairs:
+        if path not in want or out not in got:
+            continue
+        a, b = want[path], got[out]
+        if by_ref:  # mlx-lm 0.18's metadata (chat_template, max_kv_size) is carried as it was
+            a, b = a["layers"], b["layers"]
+        if a != b:
+            fail(path, "moved to mlx-lm %s's layout, loads differently:\n  %s\n  %s" % (w, a, b))
     return len(pairs)
 
 
@@ -262,15 +338,16 @@ def main():
             info = check_info(kvsnap, path, oracle)
             if info:
                 infos[name[: -len(".safetensors")]] = info
-            check_roundtrip(roundtrip, path, os.path.join(work, version + "-" + name), python, version)
+            check_roundtrip(roundtrip, path, os.path.join(work, version + "-" + name), python, version,
+                            "reference" not in oracle)
             n += 1
         check_sizes(version, infos)
     versions = sorted(v for v in os.listdir(bed) if os.path.isdir(os.path.join(bed, v)))
-    moved = check_layouts(roundtrip, bed, versions, python, os.path.join(work, "layouts"))
+    moved = check_layouts(kvsnap, bed, versions, python, os.path.join(work, "layouts"))
     for f in failures:
         print("FAIL", f)
-    print("%d bed files (mlx-lm %s), %d size predictions checked, %d layout moves loaded, %d failures"
-          % (n, ", ".join(versions), sizes_checked, moved, len(failures)))
+    print("%d bed files (mlx-lm %s), %d size predictions checked, %d layout moves loaded, %d refused as expected, "
+          "%d failures" % (n, ", ".join(versions), sizes_checked, moved, refusals, len(failures)))
     if n == 0 or failures:
         sys.exit(1)
 

@@ -20,7 +20,7 @@ sys.exit(m.version('mlx') != '$mlx_version' or m.version('mlx-lm') != '$mlx_lm_v
   "$venv/bin/pip" install -q "mlx[cpu]==$mlx_version" "mlx-lm[cpu]==$mlx_lm_version"
 fi
 # Older mlx-lm releases for the older file layouts: pure Python, run on the same mlx (make_caches.py).
-for v in 0.31.3 0.28.0; do
+for v in 0.31.3 0.30.5 0.28.0; do
   if [ ! -d "$venv/old/mlx-lm-$v/mlx_lm" ]; then
     "$venv/bin/pip" install -q --no-deps --target "$venv/old/mlx-lm-$v" "mlx-lm==$v"
   fi

@@ -9,15 +9,15 @@ the oracle `kvsnap info --json` is compared with (tests/mlx/bed_test.py).
 
 The installed mlx-lm makes the newest files. Older mlx-lm releases (pure Python, installed by
 make-bed.sh with --no-deps --target into <venv>/old/mlx-lm-<version>) are run in a child process on
-the same mlx, for the older file formats: 0.31.3 (meta_state strings) and 0.28.0 (meta_state with
-`step`).
+the same mlx, for the older file formats: 0.31.3 (meta_state strings), 0.30.5 (the same, the last
+release with MambaCache and without CacheList loading) and 0.28.0 (meta_state with `step`).
 """
 import json
 import os
 import subprocess
 import sys
 
-OLD_VERSIONS = ["0.31.3", "0.28.0"]
+OLD_VERSIONS = ["0.31.3", "0.30.5", "0.28.0"]
 
 
 def describe(x):
@@ -43,6 +43,9 @@ def layer_oracle(c):
         out["caches"] = [layer_oracle(s) for s in c.caches]
     elif isinstance(c, C.ArraysCache):
         out["arrays"] = describe(list(c.cache))
+        for attr in ("left_padding", "lengths"):
+            if getattr(c, attr, None) is not None:
+                out[attr] = describe(getattr(c, attr))
     else:
         keys, values = getattr(c, "keys", None), getattr(c, "values", None)
         if keys is not None:
@@ -66,6 +69,34 @@ def write_oracle(path):
         "raw_metadata": raw_meta,
         "tensors": {k: describe(v) for k, v in arrays.items()},
         "file_bytes": os.path.getsize(path),
+    }
+    with open(path[: -len(".safetensors")] + ".json", "w") as f:
+        json.dump(oracle, f, indent=1, sort_keys=True)
+
+
+def save_keys_values(out, name, cache):
+    """The same cache as mlx-lm 0.18.2 .. 0.19.0's cache_prompt saved it (mlx-examples #979: plain
+    mx.save_safetensors of "<i>_keys"/"<i>_values" cut to offset, no class list), which no
+    load_prompt_cache reads: the oracle JSON is written from the cache objects, and bed_test.py
+    compares moves of it with kv_bf16 (the same cache saved by save_prompt_cache)."""
+    import mlx.core as mx
+
+    path = os.path.join(out, name + ".safetensors")
+    arrays = {}
+    for i, c in enumerate(cache):
+        arrays["%d_keys" % i] = c.state[0][..., : c.offset, :]
+        arrays["%d_values" % i] = c.state[1][..., : c.offset, :]
+    meta = {"model": "tiny-random-llama", "chat_template": "{{ messages }}", "tokenizer_config": '{"trust_remote_code": null}',
+            "max_kv_size": "None"}
+    mx.save_safetensors(path, arrays, meta)
+    oracle = {
+        "layers": [{"class": "KVCache", "offset": c.offset, "keys": describe(arrays["%d_keys" % i]),
+                    "values": describe(arrays["%d_values" % i])} for i, c in enumerate(cache)],
+        "user_metadata": meta,
+        "raw_metadata": meta,
+        "tensors": {k: describe(v) for k, v in arrays.items()},
+        "file_bytes": os.path.getsize(path),
+        "reference": "kv_bf16.safetensors",
     }
     with open(path[: -len(".safetensors")] + ".json", "w") as f:
         json.dump(oracle, f, indent=1, sort_keys=True)
@@ -109,6 +140,8 @@ def make_all(out, full):
         cache = C.make_prompt_cache(model)
         prefill(model, cache, 37)
         save(out, "kv_" + dname, cache)
+        if full and dname == "bf16":
+            save_keys_values(out, "keys_values_bf16", cache)
         if dname != "bf16":
             save(out, "q4g64_" + dname, [c.to_quantized(group_size=64, bits=4) for c in cache])
             continue
@@ -123,21 +156,69 @@ def make_all(out, full):
         save(out, "rotating_bf16", rot)
         # Empty user metadata.
         save(out, "kv_bf16_nometa", cache, {})
-    if not full:
-        return
     k = lambda n, d=64: mx.random.normal((1, 2, n, d)).astype(mx.bfloat16)
-    # ChunkedKVCache (llama4's), CacheList of two KV caches, ArraysCache (SSM state), fed directly.
+    # ChunkedKVCache (llama4's), fed directly: 12 rows of a 16-token chunk.
     ch = C.ChunkedKVCache(chunk_size=16)
     ch.update_and_fetch(k(12), k(12))
     save(out, "chunked_bf16", [ch, ch])
-    kv1, kv2 = C.KVCache(), C.KVCache()
-    kv1.update_and_fetch(k(9), k(9))
-    kv2.update_and_fetch(k(9, 32), k(9, 32))
-    save(out, "cachelist_bf16", [C.CacheList(kv1, kv2)])
+    # A tiny random Mamba: MambaCache up to mlx-lm 0.30.5, ArraysCache(2) after (conv and SSM state).
+    save(out, "mamba_bf16", tiny_mamba(mx.bfloat16))
+    import mlx_lm
+
+    if tuple(int(x) for x in mlx_lm.__version__.split(".")[:2]) >= (0, 31):
+        # CacheList loads from mlx-lm 0.31.0 on: two KV caches with different head dims, and a
+        # quantized cache next to a wrapped ring.
+        kv1, kv2 = C.KVCache(), C.KVCache()
+        kv1.update_and_fetch(k(9), k(9))
+        kv2.update_and_fetch(k(9, 32), k(9, 32))
+        save(out, "cachelist_bf16", [C.CacheList(kv1, kv2)])
+        kv3, rot = C.KVCache(), C.RotatingKVCache(max_size=8, keep=2)
+        kv3.update_and_fetch(k(11), k(11))
+        for i in range(11):
+            rot.update_and_fetch(k(1, 32), k(1, 32))
+        save(out, "cachelist_mixed", [C.CacheList(kv3.to_quantized(group_size=32, bits=4), rot)])
+        # SSM state and attention in one layer, as falcon_h1 makes: CacheList(ArraysCache(2), KVCache).
+        ssm, kv5 = C.ArraysCache(2), C.KVCache()
+        ssm[0] = mx.random.normal((1, 3, 40)).astype(mx.bfloat16)
+        ssm[1] = mx.random.normal((1, 2, 8, 4)).astype(mx.float32)
+        kv5.update_and_fetch(k(6), k(6))
+        save(out, "cachelist_hybrid", [C.CacheList(ssm, kv5), C.CacheList(ssm, kv5)])
+        # A hybrid (as lfm2 makes): attention layers next to a one-array conv state.
+        kv4 = C.KVCache()
+        kv4.update_and_fetch(k(7), k(7))
+        conv = C.ArraysCache(1)
+        conv[0] = mx.random.normal((1, 3, 96)).astype(mx.bfloat16)
+        save(out, "hybrid_bf16", [kv4, conv, kv4])
+    if not full:
+        return
+    # ChunkedKVCache past its chunk: 20 tokens, the first 4 trimmed (start_position 4).
+    ch = C.ChunkedKVCache(chunk_size=16)
+    ch.update_and_fetch(k(20), k(20))
+    ch.maybe_trim_front()
+    save(out, "chunked_trimmed_bf16", [ch])
     ac = C.ArraysCache(2)
     ac[0] = mx.random.normal((1, 3, 48)).astype(mx.bfloat16)
     ac[1] = mx.random.normal((1, 4, 16, 8)).astype(mx.float32)
     save(out, "arrays_mixed", [ac])
+    # Batch state older layouts cannot hold: left_padding.
+    ap = C.ArraysCache(2, left_padding=[1])
+    ap[0] = mx.random.normal((1, 3, 48)).astype(mx.bfloat16)
+    ap[1] = mx.random.normal((1, 4, 16, 8)).astype(mx.bfloat16)
+    save(out, "arrays_padded", [ap])
+
+
+def tiny_mamba(dtype):
+    import mlx.core as mx
+    from mlx_lm.models.mamba import Model, ModelArgs
+
+    args = ModelArgs(model_type="mamba", vocab_size=64, hidden_size=32, intermediate_size=64, state_size=8,
+                     num_hidden_layers=2, conv_kernel=4, use_bias=False, use_conv_bias=True, time_step_rank=4)
+    model = Model(args)
+    model.set_dtype(dtype)
+    cache = model.make_cache()
+    model(mx.array([[(1 + i) % 64 for i in range(13)]]), cache=cache)
+    mx.eval([c.state for c in cache])
+    return cache
 
 
 def main():

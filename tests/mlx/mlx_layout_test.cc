@@ -3,6 +3,7 @@
 // not handled are refused. (Loading the moves in the real mlx-lm releases: oracle.mlx_bed.)
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <string>
 #include <vector>
 
@@ -100,19 +101,246 @@ TEST(MlxLayout, StepInsertedAndDropped) {
   EXPECT_TRUE(std::equal(sink2.bytes.begin(), sink2.bytes.end(), f.bytes().begin()));
 }
 
-TEST(MlxLayout, OtherClassesAreRefused) {
-  const std::string h = "{" + tensor("0.0", "F32", "[1,4]", 0, 16) + ",\"__metadata__\":{\"0.0\":\"\",\"2.0\":\"ArraysCache\"}}";
+// Four floats per tensor, counting from `first`.
+std::vector<std::byte> f32s(int n, uint32_t first) {
+  std::vector<std::byte> b;
+  for (int i = 0; i < n; ++i) append_le<uint32_t>(b, std::bit_cast<uint32_t>(float(first + i)));
+  return b;
+}
+
+std::vector<std::byte> concat(std::initializer_list<std::vector<std::byte>> parts) {
+  std::vector<std::byte> out;
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+Result<MlxPromptCache> moved_to(const MlxPromptCache& in, const ReadableFile& f, const std::string& release, VectorSink& sink) {
+  KV_ASSIGN_OR_RETURN(MlxTarget to, mlx_target_for(release));
+  KV_ASSIGN_OR_RETURN(MlxOutFile out, mlx_change_layout(in, to));
+  KV_RETURN_IF_ERROR(write_mlx_file(out, in, f, sink));
+  MemoryFile again("moved.safetensors", std::span<const std::byte>(sink.bytes));
+  return read_mlx_prompt_cache(again);
+}
+
+std::string meta_of(const MlxPromptCache& c, const std::string& key) {
+  for (const auto& [k, v] : *c.st.metadata) {
+    if (k == key) return v;
+  }
+  return "<none>";
+}
+
+void expect_refused(const Result<MlxOutFile>& r, const std::string& what) {
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kNotSupported) << r.status().ToString();
+  EXPECT_NE(r.status().message().find(what), std::string::npos) << r.status().ToString();
+}
+
+// ArraysCache of mlx-lm 0.31 (two arrays "0.0", "0.1"): to 0.32's (arrays, left_padding, lengths),
+// to MambaCache for 0.28.0, and back, byte for byte.
+TEST(MlxLayout, ArraysCacheMovesBetweenStateLayoutsAndNames) {
+  const std::string h = "{" + tensor("0.0", "F32", "[1,4]", 0, 16) + "," + tensor("0.1", "F32", "[1,2,2]", 16, 32) +
+                        ",\"__metadata__\":{\"0.0\":\"\",\"1.model\":\"m\",\"2.0\":\"ArraysCache\"}}";
+  MemoryFile f = file_of(h, f32s(8, 1));
+  auto in = read_mlx_prompt_cache(f);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  VectorSink s32;
+  auto v32 = moved_to(*in, f, "0.32.2", s32);
+  ASSERT_TRUE(v32.ok()) << v32.status().ToString();
+  EXPECT_EQ(v32->layout, MlxLayout::kScalars);
+  ASSERT_NE(v32->st.find("0.0.1"), nullptr);
+  EXPECT_EQ(v32->st.find("0.0.1")->shape, (std::vector<int64_t>{1, 2, 2}));
+  EXPECT_EQ(v32->st.find("0.2")->shape, (std::vector<int64_t>{0}));  // lengths: None
+  EXPECT_EQ(meta_of(*v32, "2.1.0"), "0.1");
+  EXPECT_EQ(meta_of(*v32, "2.1.1"), "none");
+  MemoryFile f32("v32", std::span<const std::byte>(s32.bytes));
+  VectorSink s28;
+  auto v28 = moved_to(*v32, f32, "0.28.0", s28);
+  ASSERT_TRUE(v28.ok()) << v28.status().ToString();
+  EXPECT_EQ(v28->layers[0].cls, "MambaCache");  // 0.28.0's loader calls ArraysCache() without a size
+  MemoryFile f28("v28", std::span<const std::byte>(s28.bytes));
+  VectorSink s31;
+  auto v31 = moved_to(*v28, f28, "0.31.3", s31);
+  ASSERT_TRUE(v31.ok()) << v31.status().ToString();
+  EXPECT_EQ(v31->layers[0].cls, "ArraysCache");  // no MambaCache from 0.30.6 on
+  ASSERT_EQ(s31.bytes.size(), f.size());
+  EXPECT_TRUE(std::equal(s31.bytes.begin(), s31.bytes.end(), f.bytes().begin()));
+  VectorSink s305;
+  auto v305 = moved_to(*v28, f28, "0.30.5", s305);  // both classes exist there: kept
+  ASSERT_TRUE(v305.ok());
+  EXPECT_EQ(v305->layers[0].cls, "MambaCache");
+}
+
+// An ArraysCache of mlx-lm 0.32: array 0 F32 [1,4], array 1 None, lengths None, and left_padding
+// I32 [1] or None.
+std::string arrays_032(bool left_padding) {
+  const uint64_t lp = left_padding ? 4 : 0;
+  std::string h = "{" + tensor("0.0.0", "F32", "[1,4]", 0, 16) + "," + tensor("0.0.1", "F32", "[0]", 16, 16) + "," +
+                  tensor("0.1", left_padding ? "I32" : "F32", left_padding ? "[1]" : "[0]", 16, 16 + lp) + "," +
+                  tensor("0.2", "F32", "[0]", 16 + lp, 16 + lp) +
+                  ",\"__metadata__\":{\"1.0\":\"ArraysCache\",\"2.0\":\"\",\"2.1.0\":\"0.0.1\",\"2.1.1\":\"none\","
+                  "\"2.2.0\":\"0.2\",\"2.2.1\":\"none\"";
+  if (!left_padding) h += ",\"2.3.0\":\"0.1\",\"2.3.1\":\"none\"";
+  return h + "}}";
+}
+
+TEST(MlxLayout, ArraysCacheStateAnOlderReleaseCannotHoldIsRefused) {
+  // One array: no MambaCache stands in for it before 0.28.1.
+  const std::string one = "{" + tensor("0.0", "F32", "[1,4]", 0, 16) + ",\"__metadata__\":{\"0.0\":\"\",\"2.0\":\"ArraysCache\"}}";
+  MemoryFile f1 = file_of(one, f32s(4, 0));
+  auto in1 = read_mlx_prompt_cache(f1);
+  ASSERT_TRUE(in1.ok());
+  expect_refused(mlx_change_layout(*in1, *mlx_target_for("0.28.0")), "layer 0 (ArraysCache): mlx-lm 0.28.0 cannot load an ArraysCache");
+  EXPECT_TRUE(mlx_change_layout(*in1, *mlx_target_for("0.28.1")).ok());
+  // 0.32: left_padding set, lengths None, and array 1 None.
+  MemoryFile fp = file_of(arrays_032(true), f32s(5, 0));
+  auto inp = read_mlx_prompt_cache(fp);
+  ASSERT_TRUE(inp.ok()) << inp.status().ToString();
+  expect_refused(mlx_change_layout(*inp, *mlx_target_for("0.31.3")), "layer 0 (ArraysCache): mlx-lm 0.31.3 saves no left_padding");
+  EXPECT_TRUE(mlx_change_layout(*inp, *mlx_target_for("0.32.0")).ok());
+  // Without left_padding the None array is what stops it.
+  MemoryFile fn = file_of(arrays_032(false), f32s(4, 0));
+  auto inn = read_mlx_prompt_cache(fn);
+  ASSERT_TRUE(inn.ok()) << inn.status().ToString();
+  expect_refused(mlx_change_layout(*inn, *mlx_target_for("0.31.3")), "cannot save array 1, which is None");
+}
+
+// A CacheList of mlx-lm 0.32 holding a KVCache (4-row buffer, offset 3): to 0.31's nested state
+// with meta_state ([classes], [metas]), the member cut to its offset; refused for 0.28.0.
+TEST(MlxLayout, CacheListMovesItsMembersByTheirOwnRules) {
+  const std::string h = "{" + tensor("0.0.0.0", "F32", "[1,1,4,2]", 0, 32) + "," + tensor("0.0.0.1", "F32", "[1,1,4,2]", 32, 64) +
+                        "," + tensor("0.0.0.2", "I32", "[]", 64, 68) + "," + tensor("0.0.1", "I32", "[7]", 68, 96) +
+                        ",\"__metadata__\":{\"1.0\":\"CacheList\",\"2.0\":\"\",\"2.1.0\":\"0.0.0.2\",\"2.1.1\":\"scalar\","
+                        "\"2.2.0\":\"0.0.1\",\"2.2.1\":\"string\"}}";
+  std::vector<std::byte> name;
+  for (char ch : std::string("KVCache")) append_le<int32_t>(name, ch);
+  std::vector<std::byte> three;
+  append_le<int32_t>(three, 3);
+  MemoryFile f = file_of(h, concat({f32s(16, 0), three, name}));
+  auto in = read_mlx_prompt_cache(f);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  VectorSink s31;
+  auto v31 = moved_to(*in, f, "0.31.3", s31);
+  ASSERT_TRUE(v31.ok()) << v31.status().ToString();
+  ASSERT_EQ(v31->layers[0].sub.size(), 1u);
+  EXPECT_EQ(v31->layers[0].sub[0].k->rows, 3);
+  EXPECT_EQ(v31->st.find("0.0.0")->shape, (std::vector<int64_t>{1, 1, 3, 2}));
+  EXPECT_EQ(meta_of(*v31, "0.0.0.0"), "KVCache");
+  EXPECT_EQ(meta_of(*v31, "0.0.1.0"), "");
+  // And back: the same tensors and scalars list; the member's buffer is now its 3 rows.
+  MemoryFile f31("v31", std::span<const std::byte>(s31.bytes));
+  VectorSink s32;
+  auto v32 = moved_to(*v31, f31, "scalars", s32);
+  ASSERT_TRUE(v32.ok()) << v32.status().ToString();
+  EXPECT_EQ(v32->layers[0].sub[0].offset, 3);
+  EXPECT_EQ(meta_of(*v32, "2.2.0"), "0.0.1");
+  EXPECT_EQ(meta_of(*v32, "2.2.1"), "string");
+  expect_refused(mlx_change_layout(*in, *mlx_target_for("0.30.7")), "layer 0 (CacheList): mlx-lm 0.30.7 cannot load a CacheList");
+}
+
+// ChunkedKVCache of 0.32 after a front trim: 2 rows saved, offset 3, start_position 1. The meta
+// loaders take offset from the rows: padded with one zero row; back: offset 3 again.
+TEST(MlxLayout, ChunkedKVCachePadsToOffsetForTheMetaLoaders) {
+  const std::string h = "{" + tensor("0.0", "F32", "[1,1,2,2]", 0, 16) + "," + tensor("0.1", "F32", "[1,1,2,2]", 16, 32) + "," +
+                        tensor("0.2", "I32", "[]", 32, 36) + "," + tensor("0.3", "I32", "[]", 36, 40) + "," +
+                        tensor("0.4", "I32", "[]", 40, 44) +
+                        ",\"__metadata__\":{\"1.0\":\"ChunkedKVCache\",\"2.0\":\"\",\"2.1.0\":\"0.2\",\"2.1.1\":\"scalar\","
+                        "\"2.2.0\":\"0.3\",\"2.2.1\":\"scalar\",\"2.3.0\":\"0.4\",\"2.3.1\":\"scalar\"}}";
+  std::vector<std::byte> ints;
+  for (int v : {3, 16, 1}) append_le<int32_t>(ints, v);
+  MemoryFile f = file_of(h, concat({f32s(8, 1), ints}));
+  auto in = read_mlx_prompt_cache(f);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  VectorSink s;
+  auto meta = moved_to(*in, f, "0.31.3", s);
+  ASSERT_TRUE(meta.ok()) << meta.status().ToString();
+  EXPECT_EQ(meta->layers[0].offset, 3);
+  EXPECT_EQ(meta->layers[0].start_position, 1);
+  EXPECT_EQ(meta->layers[0].chunk_size, 16);
+  MemoryFile mf("m", std::span<const std::byte>(s.bytes));
+  auto k = read_tensor(meta->st, mf, *meta->st.find("0.0"));
+  ASSERT_TRUE(k.ok());
+  EXPECT_EQ(*k, concat({f32s(4, 1), std::vector<std::byte>(8)}));
+  VectorSink s2;
+  auto back = moved_to(*meta, mf, "0.32.2", s2);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->layers[0].offset, 3);
+  EXPECT_EQ(back->layers[0].start_position, 1);
+  expect_refused(mlx_change_layout(*in, *mlx_target_for("0.22.0")), "cannot load a ChunkedKVCache");
+}
+
+TEST(MlxLayout, TargetsAreReleasesOrLayoutNames) {
+  EXPECT_EQ(mlx_target_for("0.28.0")->layout, MlxLayout::kMetaStep);
+  EXPECT_EQ(mlx_target_for("0.28.1")->layout, MlxLayout::kMeta);
+  EXPECT_EQ(mlx_target_for("v0.31")->layout, MlxLayout::kMeta);
+  EXPECT_EQ(mlx_target_for("0.32.2")->layout, MlxLayout::kScalars);
+  EXPECT_EQ(mlx_target_for("meta-step")->name(), "mlx-lm 0.28.0");
+  EXPECT_EQ(mlx_target_for("meta_state")->name(), "mlx-lm 0.31.3");
+  EXPECT_EQ(*mlx_layout_for("scalars"), MlxLayout::kScalars);
+  for (const char* bad : {"0.19.0", "0.18.2", "1.0.0", "latest", "0.28.0x", ""}) {
+    auto t = mlx_target_for(bad);
+    EXPECT_FALSE(t.ok()) << bad;
+    EXPECT_EQ(t.status().code(), Code::kInvalidArgument) << bad;
+  }
+  EXPECT_NE(mlx_target_for("0.18.2").status().message().find("'<i>_keys'"), std::string::npos);
+}
+
+TEST(MlxLayout, ClassesWithoutMovesAreRefused) {
+  const std::string h = "{" + tensor("0.0", "F32", "[1,4]", 0, 16) + ",\"__metadata__\":{\"0.0\":\"\",\"2.0\":\"BatchKVCache\"}}";
   MemoryFile f = file_of(h, std::vector<std::byte>(16));
   auto in = read_mlx_prompt_cache(f);
   ASSERT_TRUE(in.ok()) << in.status().ToString();
-  auto out = mlx_change_layout(*in, MlxLayout::kScalars);
-  ASSERT_FALSE(out.ok());
-  EXPECT_EQ(out.status().code(), Code::kNotSupported);
-  EXPECT_NE(out.status().message().find("layer 0 is a ArraysCache"), std::string::npos) << out.status().ToString();
-  EXPECT_FALSE(mlx_layout_for("0.18.0").ok());
-  EXPECT_EQ(*mlx_layout_for("0.28.0"), MlxLayout::kMetaStep);
-  EXPECT_EQ(*mlx_layout_for("0.28.1"), MlxLayout::kMeta);
-  EXPECT_EQ(*mlx_layout_for("0.32.2"), MlxLayout::kScalars);
+  expect_refused(mlx_change_layout(*in, MlxLayout::kScalars), "layer 0 is a BatchKVCache");
+}
+
+// mlx-lm 0.18.x's cache_prompt: "<i>_keys"/"<i>_values", read as KVCache when that is exact.
+std::string keys_values_header(int rows, const std::string& max_kv) {
+  const uint64_t n = uint64_t(rows) * 8;
+  const std::string shape = "[1,1," + std::to_string(rows) + ",2]";
+  return "{" + tensor("0_keys", "F32", shape, 0, n) + "," + tensor("0_values", "F32", shape, n, 2 * n) +
+         ",\"__metadata__\":{\"chat_template\":\"t\",\"max_kv_size\":\"" + max_kv +
+         "\",\"model\":\"m\",\"tokenizer_config\":\"{}\"}}";
+}
+
+TEST(MlxLayout, KeysValuesFilesOfMlxLm018AreReadWhenExact) {
+  MemoryFile f = file_of(keys_values_header(3, "None"), f32s(12, 1));
+  auto in = read_mlx_prompt_cache(f);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  EXPECT_EQ(in->layout, MlxLayout::kKeysValues);
+  ASSERT_EQ(in->layers.size(), 1u);
+  EXPECT_EQ(in->layers[0].cls, "KVCache");
+  EXPECT_EQ(in->layers[0].offset, 3);
+  EXPECT_EQ(in->user_metadata.size(), 4u);
+  VectorSink s;
+  auto v = moved_to(*in, f, "0.28.0", s);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->st.find("0.1")->shape, (std::vector<int64_t>{1, 1, 3, 2}));
+  EXPECT_EQ(meta_of(*v, "1.max_kv_size"), "None");
+  EXPECT_EQ(meta_of(*v, "2.0"), "KVCache");
+  // 256 rows whose last row is not zero: offset 256, exact either way.
+  std::vector<std::byte> full = concat({std::vector<std::byte>(255 * 8), f32s(2, 1), std::vector<std::byte>(256 * 8)});
+  auto in256 = read_mlx_prompt_cache(file_of(keys_values_header(256, "None"), full));
+  ASSERT_TRUE(in256.ok()) << in256.status().ToString();
+  EXPECT_EQ(in256->layers[0].offset, 256);
+}
+
+TEST(MlxLayout, KeysValuesFilesThatDoNotSayTheirTokensAreRefused) {
+  auto ring = read_mlx_prompt_cache(file_of(keys_values_header(3, "16"), f32s(12, 1)));
+  ASSERT_FALSE(ring.ok());
+  EXPECT_EQ(ring.status().code(), Code::kNotSupported);
+  EXPECT_NE(ring.status().message().find("max_kv_size 16"), std::string::npos) << ring.status().ToString();
+  // mlx-lm 0.18.1 (#956) saved the whole 256-row buffer: zero rows past the tokens.
+  std::vector<std::byte> padded = concat({f32s(20, 1), std::vector<std::byte>(256 * 8 * 2 - 80)});
+  auto buf = read_mlx_prompt_cache(file_of(keys_values_header(256, "None"), padded));
+  ASSERT_FALSE(buf.ok());
+  EXPECT_EQ(buf.status().code(), Code::kNotSupported);
+  EXPECT_NE(buf.status().message().find("whole 256-row buffer"), std::string::npos) << buf.status().ToString();
+  // A tensor that is not a layer's keys or values.
+  const std::string stray = "{" + tensor("0_keys", "F32", "[1,1,1,2]", 0, 8) + "," + tensor("0_values", "F32", "[1,1,1,2]", 8, 16) +
+                            "," + tensor("1_bias", "F32", "[1]", 16, 20) + ",\"__metadata__\":{\"max_kv_size\":\"None\"}}";
+  auto bad = read_mlx_prompt_cache(file_of(stray, f32s(5, 1)));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), Code::kCorruption);
+  EXPECT_NE(bad.status().message().find("'1_bias'"), std::string::npos) << bad.status().ToString();
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   if (!cache.ok()) return fail(cache.status());
   std::optional<kvsnap::MlxOutFile> changed;
   if (argc == 4) {
-    auto to = kvsnap::mlx_layout_for(argv[3]);
+    auto to = kvsnap::mlx_target_for(argv[3]);
     if (!to.ok()) return fail(to.status());
     auto c = kvsnap::mlx_change_layout(*cache, *to);
     if (!c.ok()) return fail(c.status());
