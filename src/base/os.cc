@@ -66,6 +66,16 @@ const char* sync_fd_call(bool data_only) {
 
 #endif
 
+void start_writeback(int fd, uint64_t offset, uint64_t len) {
+#if defined(__linux__)
+  (void)::sync_file_range(fd, static_cast<off_t>(offset), static_cast<off_t>(len), SYNC_FILE_RANGE_WRITE);
+#else
+  (void)fd;
+  (void)offset;
+  (void)len;
+#endif
+}
+
 int pipe_cloexec(int fds[2]) {
 #if defined(__linux__)
   return ::pipe2(fds, O_CLOEXEC) == 0 ? 0 : errno;

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 
 namespace kvsnap {
@@ -24,6 +25,12 @@ namespace kvsnap {
 int sync_fd(int fd, bool data_only);
 // The name of the call sync_fd makes, for error messages ("fdatasync", "F_FULLFSYNC", "fsync").
 const char* sync_fd_call(bool data_only);
+
+// Asks the kernel to start writing bytes [offset, offset + len) of `fd` to the disk without waiting
+// (write-behind: a later sync_fd then waits only for the tail). Linux: sync_file_range with
+// SYNC_FILE_RANGE_WRITE. Elsewhere nothing (macOS has no such call): sync_fd alone still makes every
+// byte durable, only later. Best effort, so no error.
+void start_writeback(int fd, uint64_t offset, uint64_t len);
 
 // A pipe whose two ends are close-on-exec. Linux: pipe2(O_CLOEXEC), atomic. Elsewhere pipe + fcntl:
 // a fork + exec by another thread between the two can leak the ends into that child (they are closed
