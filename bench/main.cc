@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "base/io.h"
+#include "base/os.h"
 #include "format/llama_state.h"
 #include "migrate/convert_row.h"
 #include "migrate/convert_state.h"
@@ -98,32 +99,9 @@ void usage() {
 
 // ---- the machine ---------------------------------------------------------------------------
 
-std::string first_line_with(const char* path, const char* prefix) {
-  FILE* f = std::fopen(path, "r");
-  if (!f) return "";
-  char line[512];
-  std::string out;
-  while (std::fgets(line, sizeof line, f)) {
-    if (std::strncmp(line, prefix, std::strlen(prefix)) == 0) {
-      out = line;
-      break;
-    }
-  }
-  std::fclose(f);
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out;
-}
-
-std::string cpu_model() {
-  std::string l = first_line_with("/proc/cpuinfo", "model name");
-  const auto colon = l.find(':');
-  return colon == std::string::npos ? "unknown CPU" : l.substr(colon + 2);
-}
-
-std::string loadavg() {
-  std::string l = first_line_with("/proc/loadavg", "");
-  return l.empty() ? "?" : l.substr(0, l.find(' ', l.find(' ', l.find(' ') + 1) + 1));
-}
+// /proc/cpuinfo and /proc/loadavg on Linux, sysctl and getloadavg on macOS (base/os.h).
+std::string cpu_model() { return kvsnap::cpu_model_name(); }
+std::string loadavg() { return kvsnap::load_average_text(); }
 
 // ---- data ------------------------------------------------------------------------------------
 

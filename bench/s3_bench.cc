@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "base/io.h"
+#include "base/os.h"
 #include "base/parallel.h"
 #include "store/s3_client.h"
 
@@ -39,7 +40,7 @@ bool copy_file(const std::string& from, const std::string& to, std::vector<char>
   const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   bool ok = in >= 0 && out >= 0;
   for (ssize_t n; ok && (n = ::read(in, buf.data(), buf.size())) != 0;) ok = n > 0 && ::write(out, buf.data(), size_t(n)) == n;
-  ok = ok && ::fsync(out) == 0;
+  ok = ok && kvsnap::sync_fd(out, /*data_only=*/true) == 0;  // as the store syncs
   if (in >= 0) ::close(in);
   if (out >= 0) ::close(out);
   return ok;

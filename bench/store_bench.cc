@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "base/os.h"
 #include "base/sha256.h"
 #include "format/chunk_codec.h"
 #include "format/state_prefix.h"
@@ -63,7 +64,7 @@ double copy_file(const std::string& from, const std::string& to) {
   std::vector<char> buf(1 << 20);
   for (ssize_t n; (n = ::read(in, buf.data(), buf.size())) > 0;)
     if (::write(out, buf.data(), size_t(n)) != n) std::abort();
-  ::fsync(out);
+  (void)kvsnap::sync_fd(out, /*data_only=*/true);  // as the store syncs (F_FULLFSYNC on macOS)
   ::close(in);
   ::close(out);
   return secs(t0);
@@ -73,7 +74,7 @@ class FileSink final : public ByteSink {
  public:
   explicit FileSink(const std::string& p) : fd_(::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644)) {}
   ~FileSink() override {
-    ::fsync(fd_);
+    (void)kvsnap::sync_fd(fd_, /*data_only=*/true);
     ::close(fd_);
   }
   using ByteSink::append;

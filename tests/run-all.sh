@@ -3,7 +3,8 @@
 #   1. dependencies (Debian packages), 2. the real-llama.cpp bed (npm pack,
 #   cached outside the checkout), 3. build and every test, 4. the unit tests
 #   again under AddressSanitizer + UndefinedBehaviorSanitizer, 4b. the kernel layers cross-built
-#   for aarch64 and tested under qemu-user (tests/cross/run.sh), 5. every
+#   for aarch64 and tested under qemu-user (tests/cross/run.sh), 4c. the whole tree with clang 16 +
+#   libc++ and its unit tests (the macOS proxy, docs/portability.md), 5. every
 #   libFuzzer target (tests/fuzz) on its regression inputs and for a fixed
 #   time (KVSNAP_FUZZ_SECONDS per target, 30 by default).
 set -euo pipefail
@@ -61,6 +62,17 @@ echo "== aarch64: cross build, unit + golden tests and kvsnap-simd-check (NEON) 
 # tests/cross/run.sh: installs g++-aarch64-linux-gnu, qemu-user and arm64 -dev packages if missing.
 # Measured clean on 2 cores shared with other builds: 7.0 min (9.8 min at load 6-9).
 bash tests/cross/run.sh build-aarch64
+
+echo "== clang 16 + libc++: every target, warnings as errors, and the unit tests (the macOS proxy) =="
+# macOS has only libc++ and Apple clang (docs/portability.md). Debug without debug info: the quickest
+# build, with asserts on. GoogleTest is compiled from /usr/src/googletest (Debian's libgtest.a is
+# libstdc++), cpp-httplib from the header-only copy llama.cpp b5640 vendors (0.20.1, fetched above:
+# Debian's is a libstdc++ .so). See docs/portability.md for the measured time of this stage.
+CC=clang-16 CXX=clang++-16 cmake -S . -B build-clang -G Ninja -DKVSNAP_LIBCXX=ON -DKVSNAP_WERROR=ON \
+  -DKVSNAP_HTTPLIB_INCLUDE_DIR="${KVSNAP_ORACLE_DIR:-$HOME/.cache/kvsnap-oracle}/3.10.0/src/vendor/cpp-httplib" \
+  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG=-g0 -DCMAKE_CXX_FLAGS_DEBUG=-g0 >/dev/null
+cmake --build build-clang -j"$jobs"
+ctest --test-dir build-clang -L unit --output-on-failure -j"$jobs"
 
 echo "== fuzz targets (clang, libFuzzer + ASan + UBSan) =="
 # Only the fuzz targets and the libraries they link. Measured on 2 cores shared

@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <random>
 
+#include "base/os.h"
+
 namespace kvsnap {
 
 Status MemoryFile::read_at(uint64_t offset, std::span<std::byte> dst) const {
@@ -90,7 +92,7 @@ class PosixWritableFile final : public WritableFile {
     return Status::OK();
   }
   Status sync() override {
-    if (::fdatasync(fd_) != 0) return errno_status("fdatasync", path_, errno);
+    if (const int e = sync_fd(fd_, /*data_only=*/true); e != 0) return errno_status(sync_fd_call(true), path_, e);
     return Status::OK();
   }
   Status close() override {
@@ -104,9 +106,7 @@ class PosixWritableFile final : public WritableFile {
  private:
   // A hint: its failure (a file system without it) changes nothing that sync() promises.
   void start_writeback() {
-#if defined(__linux__)
-    (void)::sync_file_range(fd_, off64_t(flushing_from_), off64_t(written_ - flushing_from_), SYNC_FILE_RANGE_WRITE);
-#endif
+    kvsnap::start_writeback(fd_, flushing_from_, written_ - flushing_from_);
     flushing_from_ = written_;
   }
 
@@ -159,10 +159,9 @@ class PosixIo final : public Io {
   Status sync_dir(const std::string& dir) override {
     int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return errno_status("open directory", dir, errno);
-    int rc = ::fsync(fd);
-    int e = errno;
+    const int e = sync_fd(fd, /*data_only=*/false);
     ::close(fd);
-    if (rc != 0) return errno_status("fsync directory", dir, e);
+    if (e != 0) return errno_status(std::string(sync_fd_call(false)) + " of the directory", dir, e);
     return Status::OK();
   }
   Result<bool> exists(const std::string& path) override {

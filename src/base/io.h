@@ -39,7 +39,7 @@ class ByteSink {
 
 class WritableFile : public ByteSink {
  public:
-  virtual Status sync() = 0;   // data durable on return (fdatasync)
+  virtual Status sync() = 0;   // data durable on return (sync_fd in base/os.h: fdatasync, F_FULLFSYNC on macOS)
   virtual Status close() = 0;  // idempotent
 };
 

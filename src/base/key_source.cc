@@ -16,9 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/os.h"
 #include "base/text.h"
-
-extern char** environ;
 
 namespace kvsnap {
 namespace {
@@ -114,7 +113,9 @@ Result<MasterKey> load_key_file(const std::string& path) {
 Result<MasterKey> run_key_command(const std::string& command, const KeyCommandOptions& opts) {
   const std::string what = command_name(command);
   int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return Status::IOError(what + ": cannot make a pipe: " + errno_text(errno));
+  if (const int e = pipe_cloexec(pipe_fds); e != 0) {
+    return Status::IOError(what + ": cannot make a pipe: " + errno_text(e));
+  }
   Fd rd{pipe_fds[0]};
   Fd wr{pipe_fds[1]};
   posix_spawn_file_actions_t actions;
@@ -124,7 +125,7 @@ Result<MasterKey> run_key_command(const std::string& command, const KeyCommandOp
   std::string sh = "sh", dash_c = "-c", cmd = command;
   char* argv[] = {sh.data(), dash_c.data(), cmd.data(), nullptr};
   pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, "/bin/sh", &actions, nullptr, argv, environ);
+  const int spawned = posix_spawn(&pid, "/bin/sh", &actions, nullptr, argv, process_environ());
   posix_spawn_file_actions_destroy(&actions);
   if (spawned != 0) return Status::IOError(what + ": cannot start /bin/sh: " + errno_text(spawned));
   ::close(wr.fd);

@@ -12,6 +12,7 @@
 #include <optional>
 #include <thread>
 
+#include "base/os.h"
 #include "serve/control.h"
 #include "serve/drain.h"
 #include "serve/ladder.h"
@@ -156,9 +157,8 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
       " requests in flight (streams to their end; SIGTERM or SIGINT again stops at once), saving the slots, "
       "stopping llama-server");
   // Stopping the HTTP server cuts the streams it is writing: first wait for every ticket to come back.
-  const timespec now{0, 0};
   while (!drain.wait_idle(0.2)) {
-    if (sigtimedwait(&sigs, nullptr, &now) > 0) {
+    if (take_pending_signal(sigs, &sig)) {
       log("second signal: stopping now, the requests still in flight are cut");
       break;
     }

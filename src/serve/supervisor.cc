@@ -2,9 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#ifdef __linux__
-#include <sys/prctl.h>
-#endif
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "base/os.h"
 #include "server/llama_server.h"
 
 namespace kvsnap {
@@ -42,9 +40,9 @@ Result<pid_t> Supervisor::spawn() {
   args.push_back(nullptr);
   const char* log_path = o_.log_path.empty() ? nullptr : o_.log_path.c_str();
   int report[2];  // the child writes errno here when it cannot exec; closed on exec
-  if (pipe(report) != 0) return Status::IOError(std::string("cannot make a pipe: ") + std::strerror(errno));
-  fcntl(report[0], F_SETFD, FD_CLOEXEC);
-  fcntl(report[1], F_SETFD, FD_CLOEXEC);
+  if (const int e = pipe_cloexec(report); e != 0) {
+    return Status::IOError(std::string("cannot make a pipe: ") + std::strerror(e));
+  }
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
@@ -58,16 +56,16 @@ Result<pid_t> Supervisor::spawn() {
       (void)!write(report[1], &e, sizeof e);
       _exit(127);
     };
-#ifdef __linux__
-    // A SIGKILLed kvsnap cannot stop its child: the kernel sends SIGTERM instead, when the thread
-    // that forked it exits (spawn() runs on the thread that start()s and on the monitor thread,
-    // both of which live as long as their child). If kvsnap died before prctl, getppid() is no
-    // longer it: exit now. Other POSIX systems have no such request (FreeBSD's
-    // procctl(PROC_PDEATHSIG_CTL) would be the equivalent); there a SIGKILLed kvsnap leaves its
+    // A SIGKILLed kvsnap cannot stop its child: on Linux the kernel sends SIGTERM instead, when the
+    // thread that forked it exits (spawn() runs on the thread that start()s and on the monitor
+    // thread, both of which live as long as their child). If kvsnap died before the request, exit
+    // now. Where the OS has no such request (macOS: base/os.h) a SIGKILLed kvsnap leaves its
     // llama-server running, to be stopped by hand.
-    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) fail(errno);
-    if (getppid() != parent) _exit(1);
-#endif
+    if (const int e = request_parent_death_signal(parent, SIGTERM); e == ESRCH) {
+      _exit(1);
+    } else if (e != 0) {
+      fail(e);
+    }
     // Its own process group (a Ctrl-C at the terminal reaches kvsnap, which stops it in order), with
     // the signals kvsnap blocks or ignores restored to their defaults.
     if (setpgid(0, 0) != 0) fail(errno);

@@ -11,7 +11,8 @@
 //   - stop() leaves no child process behind: SIGTERM to its process group,
 //     SIGKILL after `stop_timeout_s`, and reaps it;
 //   - on Linux, a kvsnap killed with SIGKILL takes its child with it (the
-//     child gets SIGTERM from the kernel: PR_SET_PDEATHSIG);
+//     child gets SIGTERM from the kernel: PR_SET_PDEATHSIG); not on macOS, which
+//     has no such request (base/os.h request_parent_death_signal);
 //   - the child's stdout and stderr go to `log_path` (appended), or are
 //     inherited when it is empty;
 //   - replace() swaps the command line (a requantize): the child is stopped and

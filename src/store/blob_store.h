@@ -47,7 +47,9 @@
 #pragma once
 
 #include <array>
+#include <compare>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -67,7 +69,12 @@ struct ChunkHash {
   // 64 lowercase or uppercase hex digits; kInvalidArgument otherwise.
   static Result<ChunkHash> from_hex(std::string_view hex);
   std::string hex() const;  // lowercase
-  auto operator<=>(const ChunkHash&) const = default;
+  bool operator==(const ChunkHash&) const = default;
+  // Byte order. Not `= default`: libc++ before 17 (Apple clang 15's too) has no operator<=> for
+  // std::array, so the defaulted one would be deleted there.
+  std::strong_ordering operator<=>(const ChunkHash& o) const {
+    return std::memcmp(bytes.data(), o.bytes.data(), bytes.size()) <=> 0;
+  }
 };
 
 // Where a blob is: `size` bytes at `offset` of pack `pack`, or, when `pack` is

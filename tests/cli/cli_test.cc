@@ -313,7 +313,7 @@ TEST_F(CliTest, OldQuantizedFilesOfUnknownEraSaySo) {
 TEST_F(CliTest, JsonOutputOfANonUtf8FileNameIsValid) {
   const fs::path in = dir_ / "bad\xffname.slot";
   fs::copy_file(fixture("v0.5.0/hd64-f16-f16-faon.slot"), in);
-  for (const std::string cmd : {"info " + in.string() + " --json",
+  for (const std::string& cmd : {"info " + in.string() + " --json",
                                 "convert " + in.string() + " " + (dir_ / "out\xfe.slot").string() + " --ctk q8_0 --ctv q8_0 --model " +
                                     model("hd64") + " --json"}) {
     CmdResult r = run(cmd);

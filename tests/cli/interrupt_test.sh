@@ -12,7 +12,10 @@ kvsnap="$1"; fx="$2"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 export KVSNAP_HOME="$work/store"
 src="$fx/b10361/hd128-f16-f16-faon.slot" model="$fx/models/tiny-hd128.gguf"
-size=$(stat -c %s "$src")
+# POSIX spellings (macOS has BSD stat and shasum, not GNU stat -c and sha256sum)
+file_size() { wc -c <"$1" | tr -d ' '; }
+sha256_of_stdin() { if command -v sha256sum >/dev/null; then sha256sum; else shasum -a 256; fi | cut -d' ' -f1; }
+size=$(file_size "$src")
 third=$((size / 3))
 fails=0
 ok() { echo "ok    $1"; }
@@ -79,7 +82,7 @@ no_temps export "$work/out" "$KVSNAP_HOME"
 # import into a second store
 "$kvsnap" export big base -o "$work/e.tar.zst" >/dev/null 2>&1 || bad "import: setup export"
 KVSNAP_HOME="$work/store2" "$kvsnap" save "$fx/v0.5.0/hd64-f16-f16-faoff.slot" --name other >/dev/null 2>&1
-KVSNAP_HOME="$work/store2" stop_after "$(( $(stat -c %s "$work/e.tar.zst") / 2 ))" "$kvsnap" import "$work/e.tar.zst" \
+KVSNAP_HOME="$work/store2" stop_after "$(( $(file_size "$work/e.tar.zst") / 2 ))" "$kvsnap" import "$work/e.tar.zst" \
   >/dev/null 2>"$work/err"; stopped "import" $? "$work/err"
 KVSNAP_HOME="$work/store2" store_whole import 1
 no_temps import "$work/store2"
@@ -90,7 +93,7 @@ garbage() {  # garbage: four unused copies of the store's pack and a temporary
   local pack; pack=$(ls "$KVSNAP_HOME"/packs/*.pack | head -n1)
   for i in 1 2 3 4; do cp "$pack" "$KVSNAP_HOME/packs/00000000000000a$i.pack"; done
   head -c 100000 /dev/zero >"$KVSNAP_HOME/tmp/crashed-save"
-  echo $(( $(stat -c %s "$pack") ))
+  echo $(( $(file_size "$pack") ))
 }
 n_packs() { ls "$KVSNAP_HOME"/packs/*.pack | wc -l; }
 packs_before=$(n_packs)
@@ -108,13 +111,13 @@ else bad "gc: the next gc: $(cat "$work/gc.json"), $(n_packs) packs (want $packs
 # migrate: every file either untouched or converted
 mkdir -p "$work/slots"
 for i in 1 2 3 4; do cp "$src" "$work/slots/s$i.bin"; done
-orig=$(sha256sum <"$src" | cut -d' ' -f1)
+orig=$(sha256_of_stdin <"$src")
 # a file costs its size in reads plus about half in writes: the stop lands in the second file
 stop_after $((size * 2)) "$kvsnap" migrate "$work/slots" --ctk q8_0 --ctv q8_0 --model "$model" \
   >/dev/null 2>"$work/err"; stopped "migrate" $? "$work/err"
 n_conv=0 n_orig=0
 for f in "$work/slots"/s*.bin; do
-  if [ "$(sha256sum <"$f" | cut -d' ' -f1)" = "$orig" ]; then n_orig=$((n_orig + 1))
+  if [ "$(sha256_of_stdin <"$f")" = "$orig" ]; then n_orig=$((n_orig + 1))
   elif "$kvsnap" info "$f" --model "$model" --json >"$work/info" 2>&1 && grep -q '"q8_0"' "$work/info"; then n_conv=$((n_conv + 1))
   else bad "migrate: $f is neither the original nor a q8_0 file"; fi
 done

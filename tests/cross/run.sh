@@ -6,7 +6,8 @@
 # level (the default on aarch64) and at KVSNAP_SIMD=scalar, which proves the scalar reference
 # itself on ARM. Bytes only: timings under qemu mean nothing (docs/performance.md, "ARM").
 #
-#   bash tests/cross/run.sh [BUILD_DIR]     (default build-aarch64)
+#   bash tests/cross/run.sh [BUILD_DIR [TOOLCHAIN_FILE]]   (default build-aarch64, tests/cross/aarch64.cmake;
+#                                                         tests/cross/aarch64-clang.cmake: clang 16, the Apple clang proxy)
 #
 # Installs its packages when root (CI: .ci/run runs as root with CI=true) or with sudo:
 # g++-aarch64-linux-gnu, qemu-user, and the arm64 -dev packages of the libraries those layers
@@ -14,6 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-aarch64}
+toolchain=${2:-tests/cross/aarch64.cmake}
 jobs=$(nproc 2>/dev/null || echo 2)
 
 host_pkgs=(g++-aarch64-linux-gnu qemu-user)
@@ -31,7 +33,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-cmake -S . -B "$build" -G Ninja -DCMAKE_TOOLCHAIN_FILE=tests/cross/aarch64.cmake -DKVSNAP_CORE_ONLY=ON \
+cmake -S . -B "$build" -G Ninja -DCMAKE_TOOLCHAIN_FILE="$toolchain" -DKVSNAP_CORE_ONLY=ON \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j"$jobs" --target base_tests format_tests migrate_tests kvsnap-simd-check
 # ctest runs every command through CMAKE_CROSSCOMPILING_EMULATOR (qemu-aarch64, the toolchain file).

@@ -575,7 +575,7 @@ TYPED_TEST_P(CatalogContract, ConcurrentAddsAndRemovesKeepRefcountsExact) {
   std::atomic<int> failures{0};
   std::vector<std::thread> ts;
   for (int t = 0; t < kThreads; ++t) {
-    ts.emplace_back([&, t] {
+    ts.emplace_back([&] {
       auto c = this->b_.open();
       if (!c.ok()) {
         ++failures;

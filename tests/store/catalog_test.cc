@@ -192,6 +192,8 @@ struct FaultVfs {
   static inline sqlite3_vfs vfs{};
   static inline std::atomic<int> fail_wal_writes{0};  // countdown: the n-th WAL write fails
   static inline std::atomic<int> fail_wal_syncs{0};
+  static inline std::atomic<int> wal_full_syncs{0};    // SQLITE_SYNC_FULL: F_FULLFSYNC on macOS
+  static inline std::atomic<int> wal_normal_syncs{0};  // SQLITE_SYNC_NORMAL: fsync
   static inline sqlite3_io_methods methods{};
 
   struct File {
@@ -231,6 +233,7 @@ struct FaultVfs {
     methods.xTruncate = [](sqlite3_file* f, sqlite3_int64 s) { return real(f)->pMethods->xTruncate(real(f), s); };
     methods.xSync = [](sqlite3_file* f, int fl) {
       if (reinterpret_cast<File*>(f)->wal && hit(fail_wal_syncs)) return SQLITE_IOERR_FSYNC;
+      if (reinterpret_cast<File*>(f)->wal) ++((fl & 0x0F) == SQLITE_SYNC_FULL ? wal_full_syncs : wal_normal_syncs);
       return real(f)->pMethods->xSync(real(f), fl);
     };
     methods.xFileSize = [](sqlite3_file* f, sqlite3_int64* s) { return real(f)->pMethods->xFileSize(real(f), s); };
@@ -280,6 +283,21 @@ TEST_F(CatalogTest, AFailedCommitLeavesTheCatalogUnchanged) {
   EXPECT_EQ(refcounts(), before);
   expect_consistent(*c);
   EXPECT_GT(add(*c, record("lost", iota_tokens(5000)), {use("a"), use("c")}), 0) << "works once the fault is gone";
+}
+
+// A durable commit asks the VFS for a full sync (PRAGMA fullfsync), which SQLite's unix VFS does with
+// fcntl(F_FULLFSYNC) on macOS; on Linux both kinds are fsync, so this is what can be checked here.
+TEST_F(CatalogTest, DurableCommitsAskForFullSyncs) {
+  FaultVfs::install();
+  CatalogOptions o;
+  o.vfs = "kvsnap-fault";
+  auto c = open(o);
+  ASSERT_TRUE(c);
+  FaultVfs::wal_full_syncs = 0;
+  FaultVfs::wal_normal_syncs = 0;
+  add(*c, record("durable"), {use("a")});
+  EXPECT_GT(FaultVfs::wal_full_syncs.load(), 0);
+  EXPECT_EQ(FaultVfs::wal_normal_syncs.load(), 0);
 }
 
 // An fsync failure at commit: the caller is told, and this process does not

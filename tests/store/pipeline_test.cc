@@ -106,7 +106,7 @@ TEST(OrderedPipeline, AnExceptionOfAWorkerReachesTheCaller) {
         },
         [](uint64_t, size_t) { return Status::OK(); });
   };
-  EXPECT_THROW(run(), std::runtime_error);
+  EXPECT_THROW((void)run(), std::runtime_error);
 }
 
 }  // namespace

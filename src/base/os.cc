@@ -1,0 +1,167 @@
+#include "base/os.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#if defined(__linux__)
+#include <sys/prctl.h>
+#elif defined(__APPLE__)
+#include <crt_externs.h>
+#include <sys/sysctl.h>
+#endif
+
+#if !defined(__APPLE__)
+extern char** environ;
+#endif
+
+namespace kvsnap {
+
+namespace {
+
+int retry_eintr(int (*call)(int), int fd) {
+  int rc;
+  do {
+    rc = call(fd);
+  } while (rc != 0 && errno == EINTR);
+  return rc == 0 ? 0 : errno;
+}
+
+}  // namespace
+
+#if defined(__linux__)
+
+int sync_fd(int fd, bool data_only) { return retry_eintr(data_only ? ::fdatasync : ::fsync, fd); }
+const char* sync_fd_call(bool data_only) { return data_only ? "fdatasync" : "fsync"; }
+
+#elif defined(__APPLE__)
+
+int sync_fd(int fd, bool) {
+  if (::fcntl(fd, F_FULLFSYNC) == 0) return 0;
+  // Refused (a file system without it, e.g. SMB or some FUSE): the drive's cache may keep the data
+  // a while longer, but fsync is the most this file system offers.
+  return retry_eintr(::fsync, fd);
+}
+const char* sync_fd_call(bool) { return "F_FULLFSYNC"; }
+
+#else
+
+int sync_fd(int fd, bool data_only) {
+#if defined(_POSIX_SYNCHRONIZED_IO) && _POSIX_SYNCHRONIZED_IO > 0
+  if (data_only) return retry_eintr(::fdatasync, fd);
+#endif
+  return retry_eintr(::fsync, fd);
+}
+const char* sync_fd_call(bool data_only) {
+#if defined(_POSIX_SYNCHRONIZED_IO) && _POSIX_SYNCHRONIZED_IO > 0
+  if (data_only) return "fdatasync";
+#endif
+  return "fsync";
+}
+
+#endif
+
+void start_writeback(int fd, uint64_t offset, uint64_t len) {
+#if defined(__linux__)
+  (void)::sync_file_range(fd, static_cast<off_t>(offset), static_cast<off_t>(len), SYNC_FILE_RANGE_WRITE);
+#else
+  (void)fd;
+  (void)offset;
+  (void)len;
+#endif
+}
+
+int pipe_cloexec(int fds[2]) {
+#if defined(__linux__)
+  return ::pipe2(fds, O_CLOEXEC) == 0 ? 0 : errno;
+#else
+  if (::pipe(fds) != 0) return errno;
+  for (int i = 0; i < 2; ++i) {
+    if (::fcntl(fds[i], F_SETFD, FD_CLOEXEC) != 0) {
+      const int e = errno;
+      ::close(fds[0]);
+      ::close(fds[1]);
+      return e;
+    }
+  }
+  return 0;
+#endif
+}
+
+char** process_environ() {
+#if defined(__APPLE__)
+  return *_NSGetEnviron();
+#else
+  return environ;
+#endif
+}
+
+int request_parent_death_signal(pid_t parent, int sig) {
+#if defined(__linux__)
+  if (::prctl(PR_SET_PDEATHSIG, sig) != 0) return errno;
+  // The parent may have died between fork and prctl: then nothing will ever send the signal.
+  if (::getppid() != parent) return ESRCH;
+  return 0;
+#else
+  // macOS has no such request (kqueue's EVFILT_PROC watches another process, but llama-server runs
+  // no code of ours after exec). FreeBSD's procctl(PROC_PDEATHSIG_CTL) would be the equivalent.
+  (void)parent;
+  (void)sig;
+  return 0;
+#endif
+}
+
+bool has_parent_death_signal() {
+#if defined(__linux__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool take_pending_signal(const sigset_t& among, int* sig) {
+  sigset_t pending;
+  if (::sigpending(&pending) != 0) return false;
+  for (int s = 1; s < NSIG; ++s) {
+    if (sigismember(&among, s) == 1 && sigismember(&pending, s) == 1) {
+      // Pending and blocked: sigwait returns at once.
+      sigset_t one;
+      sigemptyset(&one);
+      sigaddset(&one, s);
+      return ::sigwait(&one, sig) == 0;
+    }
+  }
+  return false;
+}
+
+std::string cpu_model_name() {
+#if defined(__APPLE__)
+  char buf[256];
+  size_t n = sizeof buf;
+  if (::sysctlbyname("machdep.cpu.brand_string", buf, &n, nullptr, 0) == 0 && n > 1) return std::string(buf, n - 1);
+#else
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const auto colon = line.find(':');
+    if (colon != std::string::npos && colon + 2 <= line.size()) return line.substr(colon + 2);
+  }
+#endif
+  return "unknown CPU";
+}
+
+std::string load_average_text() {
+  double l[3];
+  if (::getloadavg(l, 3) != 3) return "?";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f %.2f %.2f", l[0], l[1], l[2]);
+  return buf;
+}
+
+}  // namespace kvsnap

@@ -1,0 +1,62 @@
+// The operating-system seam below Io: every call whose spelling differs between Linux and other
+// POSIX systems (macOS first) lives here, each with one implementation per system chosen at compile
+// time in os.cc. Callers never test __linux__ or __APPLE__ themselves. docs/portability.md lists every
+// Linux-only call of the tree and what stands in for it elsewhere.
+//
+// The functions answer errno values (0 = done) rather than Status: they run where a Status cannot be
+// made (between fork and exec) or under callers that word their own errors.
+#pragma once
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+namespace kvsnap {
+
+// Makes what was written to `fd` durable: it survives a power cut once this returns 0.
+//   Linux: fdatasync (data_only) or fsync.
+//   macOS: fcntl(F_FULLFSYNC): there fsync only hands the data to the drive, whose volatile cache
+//          may still lose it. A file system that refuses F_FULLFSYNC (some network and FUSE ones)
+//          gets fsync instead, as SQLite does (its unixSync).
+//   Other POSIX: fdatasync where it exists, else fsync.
+// `data_only` allows skipping metadata a read does not need (mtime); a directory gets false.
+int sync_fd(int fd, bool data_only);
+// The name of the call sync_fd makes, for error messages ("fdatasync", "F_FULLFSYNC", "fsync").
+const char* sync_fd_call(bool data_only);
+
+// Asks the kernel to start writing bytes [offset, offset + len) of `fd` to the disk without waiting
+// (write-behind: a later sync_fd then waits only for the tail). Linux: sync_file_range with
+// SYNC_FILE_RANGE_WRITE. Elsewhere nothing (macOS has no such call): sync_fd alone still makes every
+// byte durable, only later. Best effort, so no error.
+void start_writeback(int fd, uint64_t offset, uint64_t len);
+
+// A pipe whose two ends are close-on-exec. Linux: pipe2(O_CLOEXEC), atomic. Elsewhere pipe + fcntl:
+// a fork + exec by another thread between the two can leak the ends into that child (they are closed
+// again when it exits; kvsnap's children are llama-server and key commands, which ignore them).
+int pipe_cloexec(int fds[2]);
+
+// The environment to hand to posix_spawn/execve. macOS shared libraries cannot see `environ`
+// directly (_NSGetEnviron instead).
+char** process_environ();
+
+// Child side, between fork and exec (async-signal-safe only): asks the kernel to send `sig` to this
+// process when the thread of `parent` that forked it ends, so a SIGKILLed kvsnap does not leave its
+// child running. Linux: prctl(PR_SET_PDEATHSIG); ESRCH when `parent` already died before the
+// request (the child should _exit). Systems without such a request (macOS) do nothing and answer 0:
+// has_parent_death_signal() tells them apart.
+int request_parent_death_signal(pid_t parent, int sig);
+bool has_parent_death_signal();
+
+// Takes one signal of `among` that is pending for this thread (blocked, delivered), without waiting:
+// true and `*sig` when there was one. POSIX (sigpending + sigwait): sigtimedwait is missing on macOS.
+bool take_pending_signal(const sigset_t& among, int* sig);
+
+// The CPU's marketing name for benchmark headers ("unknown CPU" when the system does not say).
+// Linux: /proc/cpuinfo "model name"; macOS: sysctl machdep.cpu.brand_string.
+std::string cpu_model_name();
+// The 1, 5 and 15 minute load averages as "a b c" (getloadavg, on Linux and macOS alike), or "?".
+std::string load_average_text();
+
+}  // namespace kvsnap

@@ -1,0 +1,151 @@
+// base/os.h: the OS seam. These run on every system; the parts only one system can show (the parent
+// death signal on Linux) say so and skip elsewhere. F_FULLFSYNC itself runs only on macOS.
+#include "base/os.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace kvsnap {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(Os, SyncFdSyncsFilesAndDirectories) {
+  const fs::path dir = fs::temp_directory_path() / ("kvsnap_os_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string file = (dir / "f").string();
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(::write(fd, "abc", 3), 3);
+  EXPECT_EQ(sync_fd(fd, /*data_only=*/true), 0);
+  EXPECT_EQ(sync_fd(fd, /*data_only=*/false), 0);
+  ::close(fd);
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(dfd, 0);
+  EXPECT_EQ(sync_fd(dfd, /*data_only=*/false), 0);
+  ::close(dfd);
+  // A closed descriptor is the OS's error, passed on (EBADF), not a crash or a silent success.
+  EXPECT_EQ(sync_fd(dfd, false), EBADF);
+  EXPECT_STRNE(sync_fd_call(true), "");
+  fs::remove_all(dir);
+}
+
+TEST(Os, WritebackThenSyncKeepsTheBytes) {
+  const std::string file = (fs::temp_directory_path() / ("kvsnap_os_wb_" + std::to_string(::getpid()))).string();
+  const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  std::string data(1 << 20, 'k');
+  ASSERT_EQ(::write(fd, data.data(), data.size()), ssize_t(data.size()));
+  start_writeback(fd, 0, data.size());
+  start_writeback(-1, 0, 1);  // best effort: a bad descriptor is ignored, not a crash
+  EXPECT_EQ(sync_fd(fd, /*data_only=*/true), 0);
+  EXPECT_EQ(fs::file_size(file), data.size());
+  ::close(fd);
+  fs::remove(file);
+}
+
+TEST(Os, PipeEndsAreCloseOnExec) {
+  int fds[2];
+  ASSERT_EQ(pipe_cloexec(fds), 0);
+  for (int fd : fds) EXPECT_TRUE(::fcntl(fd, F_GETFD) & FD_CLOEXEC) << "fd " << fd;
+  ASSERT_EQ(::write(fds[1], "x", 1), 1);
+  char c = 0;
+  EXPECT_EQ(::read(fds[0], &c, 1), 1);
+  EXPECT_EQ(c, 'x');
+  ::close(fds[0]);
+  ::close(fds[1]);
+}
+
+TEST(Os, ProcessEnvironmentIsThisProcesssEnvironment) {
+  ASSERT_EQ(::setenv("KVSNAP_OS_TEST", "here", 1), 0);
+  bool seen = false;
+  for (char** e = process_environ(); e && *e; ++e) seen = seen || std::string(*e) == "KVSNAP_OS_TEST=here";
+  EXPECT_TRUE(seen);
+  ::unsetenv("KVSNAP_OS_TEST");
+}
+
+TEST(Os, TakePendingSignalTakesOnlyWhatIsPending) {
+  sigset_t set, old;
+  sigemptyset(&set);
+  sigaddset(&set, SIGUSR1);
+  sigaddset(&set, SIGUSR2);
+  ASSERT_EQ(pthread_sigmask(SIG_BLOCK, &set, &old), 0);
+  int sig = 0;
+  EXPECT_FALSE(take_pending_signal(set, &sig)) << "nothing pending yet";
+  ASSERT_EQ(pthread_kill(pthread_self(), SIGUSR2), 0);
+  EXPECT_TRUE(take_pending_signal(set, &sig));
+  EXPECT_EQ(sig, SIGUSR2);
+  EXPECT_FALSE(take_pending_signal(set, &sig)) << "taken once";
+  sigset_t only_usr1;
+  sigemptyset(&only_usr1);
+  sigaddset(&only_usr1, SIGUSR1);
+  ASSERT_EQ(pthread_kill(pthread_self(), SIGUSR2), 0);
+  EXPECT_FALSE(take_pending_signal(only_usr1, &sig)) << "SIGUSR2 is not among those asked for";
+  EXPECT_TRUE(take_pending_signal(set, &sig));  // leave nothing pending behind
+  ASSERT_EQ(pthread_sigmask(SIG_SETMASK, &old, nullptr), 0);
+}
+
+// A grandchild asks for SIGTERM when its parent ends; the parent then exits. The grandchild holds the
+// write end of a pipe, so its death shows here as end-of-file (it is no child of this process).
+TEST(Os, ParentDeathSignalReachesTheOrphan) {
+  if (!has_parent_death_signal()) GTEST_SKIP() << "this system has no parent death signal (macOS)";
+  int fds[2], ready[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t middle = ::fork();
+  ASSERT_GE(middle, 0);
+  if (middle == 0) {
+    const pid_t parent = ::getpid();
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::close(fds[0]);
+      if (request_parent_death_signal(parent, SIGTERM) != 0) _exit(3);
+      (void)!::write(ready[1], "r", 1);
+      for (;;) ::pause();  // until SIGTERM
+    }
+    ::close(ready[1]);
+    char c = 0;
+    const bool made = ::read(ready[0], &c, 1) == 1 && c == 'r';  // the request is made: end now
+    _exit(made ? 0 : 4);
+  }
+  ::close(fds[1]);
+  ::close(ready[1]);
+  int st = 0;
+  ASSERT_EQ(::waitpid(middle, &st, 0), middle);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the orphan could not make its request";
+  char c = 0;
+  pollfd p{fds[0], POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 20000), 1) << "the orphan still runs 20 s after its parent ended";
+  EXPECT_EQ(::read(fds[0], &c, 1), 0) << "end of file: the orphan is gone";
+  ::close(fds[0]);
+  ::close(ready[0]);
+}
+
+TEST(Os, ParentDeathRequestSeesAParentAlreadyGone) {
+  if (!has_parent_death_signal()) GTEST_SKIP() << "this system has no parent death signal (macOS)";
+  // Asked in a child on behalf of a pid that is not its parent: as if the parent had died first.
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) _exit(request_parent_death_signal(::getppid() + 1, SIGTERM) == ESRCH ? 0 : 1);
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+TEST(Os, MachineDescriptionsNeverFail) {
+  EXPECT_FALSE(cpu_model_name().empty());
+  EXPECT_FALSE(load_average_text().empty());
+}
+
+}  // namespace
+}  // namespace kvsnap
