@@ -314,11 +314,13 @@ def main():
         for src in sorted(os.listdir(mlx_dir)):
             name = "mlx-" + src[: -len(".safetensors")]
             run(kvsnap, "save", os.path.join(mlx_dir, src), "--name", name, "--tokens", "1,2,3", "--store", store)
-            ex = os.path.join(tmp, name + ".tar")
+            ex = os.path.join(tmp, name + ".tar.zst")
             run(kvsnap, "export", name, "-o", ex, "--store", store)
-            with tarfile.open(ex) as t:
-                member = [m for m in t.getmembers() if m.name.endswith(".kvsnap")][0]
-                snap = t.extractfile(member).read()
+            out = os.path.join(tmp, "x-" + name)
+            os.makedirs(out)
+            run("tar", "--zstd", "-xf", ex, "-C", out)
+            snap_dir = os.path.join(out, "snapshots")
+            snap = open(os.path.join(snap_dir, os.listdir(snap_dir)[0]), "rb").read()
             write(os.path.join(corpus, "snapshot", name + ".kvsnap"), snap)
             write(os.path.join(corpus, "snapshot", name + ".manifest"), split_file(snap)[1])
         # Layouts that cannot be cut to a prefix (iSWA, hybrid): released snapshots and a whole small state.
