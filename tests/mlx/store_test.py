@@ -20,6 +20,8 @@ import os
 import subprocess
 import sys
 
+from bed_load import load_in_release
+
 failures = []
 stats = {"saved": 0, "restored_exact": 0, "requantized": 0, "equal_to_convert": 0, "loads": 0}
 SETTINGS = [("4", "64"), ("8", "32"), ("3", "128"), ("none", None)]
@@ -118,13 +120,9 @@ def check_bed(kvsnap, store, bed, python, work):
                 else:
                     stats["equal_to_convert"] += 1
                 loads.append(a)
-        env = dict(os.environ)
-        old = os.path.join(os.path.dirname(os.path.dirname(python)), "old", "mlx-lm-" + version)
-        if os.path.isdir(old):
-            env["PYTHONPATH"] = old
-        r = subprocess.run([python, __file__, "--load"] + loads, capture_output=True, text=True, env=env)
-        if r.returncode != 0:
-            fail("mlx-lm " + version, "load_prompt_cache: " + (r.stdout + r.stderr).strip()[-1500:])
+        ok, out = load_in_release(python, __file__, version, loads)
+        if not ok:
+            fail("mlx-lm " + version, "load_prompt_cache: " + out)
         else:
             stats["loads"] += len(loads)
 
