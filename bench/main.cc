@@ -26,16 +26,20 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "base/io.h"
 #include "format/llama_state.h"
 #include "migrate/convert_row.h"
 #include "migrate/convert_state.h"
 #include "migrate/hadamard.h"
+#include "migrate/mlx_affine.h"
 #include "migrate/simd_level.h"
 #include "migrate/type_traits.h"
 
@@ -68,6 +72,8 @@ struct Options {
   uint32_t chunk_rows = 64; // rows per call
   bool state = true;        // end-to-end convert_state table
   bool ggml = true;
+  bool mlx = true;          // the MLX affine table (and its mx.quantize baseline when mlx_python runs)
+  std::string mlx_python;   // an interpreter with mlx (default: ~/.cache/kvsnap-mlx-venv/bin/python)
   std::string only;
 };
 
@@ -81,7 +87,10 @@ void usage() {
       "  --rounds R    rounds per cell; the best round counts (default 5)\n"
       "  --wall        one-thread cells in wall-clock time (default: the thread's CPU time)\n"
       "  --threads N   threads of the all-threads columns (default: all cores)\n"
-      "  --only NAME   one conversion, e.g. f16-q8_0\n"
+      "  --only NAME   one conversion, e.g. f16-q8_0 (mlx: only the MLX affine table)\n"
+      "  --no-mlx      no MLX affine table\n"
+      "  --mlx-python P  the Python with mlx that times mx.quantize for the MLX table's baseline\n"
+      "                (default ~/.cache/kvsnap-mlx-venv/bin/python; without one: kvsnap's figures only)\n"
       "  --simd LEVEL  kvsnap's codec level: scalar, avx2, avx512, neon on aarch64 (default: the best this CPU has), or\n"
       "                all: every level this CPU has, one after the other, each against ggml's CPU\n"
       "                variant of the same level, then the ratios of all levels in one table\n");
@@ -511,7 +520,153 @@ void print_targets(simd::Level l, const std::vector<Row>& table) {
   }
 }
 
+// ---- MLX affine (mlx-lm's QuantizedKVCache, migrate/mlx_affine.h) ------------------------
+
+// mx.quantize / mx.dequantize on MLX's CPU backend, timed by bench/mlx_affine_bench.py in a child
+// process (per second of its CPU time, the best of its rounds): "quantize 4" -> GB/s of input.
+// Empty when no Python with mlx runs.
+std::map<std::string, double> mlx_baseline(const Options& opt, uint64_t rows, int dim, int group, int from_bits) {
+  std::string py = opt.mlx_python;
+  if (py.empty()) {
+    const char* home = std::getenv("HOME");
+    py = std::string(home ? home : "") + "/.cache/kvsnap-mlx-venv/bin/python";
+  }
+  std::map<std::string, double> out;
+  if (access(py.c_str(), X_OK) != 0) return out;
+  char args[256];
+  std::snprintf(args, sizeof args, " --rows %" PRIu64 " --dim %d --group %d --bits 4,8 --from-bits %d --seconds %g --rounds %d",
+                rows, dim, group, from_bits, opt.seconds, opt.rounds);
+  const std::string cmd = py + " " KVSNAP_BENCH_SOURCE_DIR "/mlx_affine_bench.py" + args + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char op[32];
+  int bits = 0, g = 0;
+  double gbps = 0;
+  while (std::fscanf(p, "%31s %d %d %lf", op, &bits, &g, &gbps) == 4) out[std::string(op) + " " + std::to_string(bits)] = gbps;
+  pclose(p);
+  return out;
+}
+
+// kvsnap's MLX rows against mx.quantize on the CPU: bf16 rows of head_dim values quantized at
+// 4 and 8 bits (group 64), dequantized, and 8 -> 4 bits requantized, each row as
+// migrate/mlx_requant.cc converts it (floats of T in, mlx_affine_quantize_row /
+// mlx_affine_dequantize_row, scales and biases stored as T).
+int run_mlx(const Options& opt) {
+  const int dim = static_cast<int>(opt.head_dim), group = 64, from_bits = 8;
+  const MlxFloat t = MlxFloat::kBF16;
+  const size_t ts = mlx_float_size(t), groups = size_t(dim / group);
+  const uint64_t chunk = opt.chunk_rows;
+  const uint64_t rows = std::max<uint64_t>(chunk * 4, uint64_t(std::min(opt.mb, 64.0) * 1e6) / (dim * ts) / chunk * chunk);
+  const size_t n_chunks = rows / chunk;
+  const Timing tm{opt.seconds, opt.rounds, !opt.wall};
+  std::printf("\nMLX affine (mlx-lm QuantizedKVCache), %s level: %" PRIu64 " rows of %d BF16 values (%.0f MB), group %d, "
+              "%" PRIu64 " rows per call\n",
+              simd::level_name(simd::level()), rows, dim, rows * dim * ts / 1e6, group, chunk);
+  const std::vector<float> x = make_rows(rows, static_cast<uint32_t>(dim), 777);
+  std::vector<std::byte> src(rows * dim * ts);
+  mlx_store_floats(t, x.data(), x.size(), src.data());
+  struct Packed {  // a quantized copy: codes, scales, biases (T)
+    int bits = 0;
+    std::vector<std::byte> codes, sc, bi;
+  };
+  std::vector<float> xf(dim), y(dim), qs(groups), qb(groups);
+  // one row of T values (or floats already in xf when `in` is null) -> codes + scales + biases
+  auto quant_row = [&](const std::byte* in, int bits, std::byte* codes, std::byte* sc, std::byte* bi) {
+    if (in) mlx_load_floats(t, in, size_t(dim), xf.data());
+    mlx_affine_quantize_row(xf.data(), dim, bits, group, MlxDevice::kCpu, codes, qs.data(), qb.data());
+    mlx_store_floats(t, qs.data(), groups, sc);
+    mlx_store_floats(t, qb.data(), groups, bi);
+  };
+  // one packed row -> floats in xf (and T values in `out` unless null)
+  auto dequant_row = [&](const Packed& q, uint64_t r, std::byte* out) {
+    const size_t cb = mlx_affine_row_bytes(dim, q.bits);
+    mlx_load_floats(t, q.sc.data() + r * groups * ts, groups, qs.data());
+    mlx_load_floats(t, q.bi.data() + r * groups * ts, groups, qb.data());
+    mlx_affine_dequantize_row(q.codes.data() + r * cb, qs.data(), qb.data(), dim, q.bits, group, t, xf.data());
+    if (out) mlx_store_floats(t, xf.data(), size_t(dim), out);
+  };
+  auto packed = [&](int bits) {
+    Packed q;
+    q.bits = bits;
+    q.codes.resize(rows * mlx_affine_row_bytes(dim, bits));
+    q.sc.resize(rows * groups * ts);
+    q.bi.resize(rows * groups * ts);
+    return q;
+  };
+  auto quantize_all = [&](int bits) {
+    Packed q = packed(bits);
+    const size_t cb = mlx_affine_row_bytes(dim, bits);
+    for (uint64_t r = 0; r < rows; r++) {
+      quant_row(src.data() + r * dim * ts, bits, q.codes.data() + r * cb, q.sc.data() + r * groups * ts,
+                q.bi.data() + r * groups * ts);
+    }
+    return q;
+  };
+  const Packed q8 = quantize_all(from_bits);
+  const std::map<std::string, double> mx = mlx_baseline(opt, rows, dim, group, from_bits);
+  struct Cell {
+    std::string name;
+    Rate ours;
+    double mx = 0;
+  };
+  std::vector<Cell> cells;
+  for (int bits : {4, 8}) {
+    const Packed q = bits == from_bits ? q8 : quantize_all(bits);
+    Packed out = packed(bits);
+    std::vector<std::byte> back(src.size());
+    const size_t cb = mlx_affine_row_bytes(dim, bits), cb8 = mlx_affine_row_bytes(dim, from_bits);
+    const uint64_t q_row = cb + 2 * groups * ts, q8_row = cb8 + 2 * groups * ts;
+    std::vector<Loop> loops;
+    Cell cq{"bf16 -> q" + std::to_string(bits) + "g64 (quantize)", {}, 0};
+    Cell cd{"q" + std::to_string(bits) + "g64 -> bf16 (dequantize)", {}, 0};
+    Cell cr{"q8g64 -> q" + std::to_string(bits) + "g64 (requantize)", {}, 0};
+    loops.push_back(Loop{n_chunks, [&](size_t i) -> uint64_t {
+                           for (uint64_t r = i * chunk; r < (i + 1) * chunk; r++) {
+                             quant_row(src.data() + r * dim * ts, bits, out.codes.data() + r * cb,
+                                       out.sc.data() + r * groups * ts, out.bi.data() + r * groups * ts);
+                           }
+                           return chunk * dim * ts;
+                         },
+                         &cq.ours});
+    loops.push_back(Loop{n_chunks, [&](size_t i) -> uint64_t {
+                           for (uint64_t r = i * chunk; r < (i + 1) * chunk; r++) dequant_row(q, r, back.data() + r * dim * ts);
+                           return chunk * q_row;
+                         },
+                         &cd.ours});
+    if (bits != from_bits) {
+      loops.push_back(Loop{n_chunks, [&](size_t i) -> uint64_t {
+                             for (uint64_t r = i * chunk; r < (i + 1) * chunk; r++) {
+                               dequant_row(q8, r, nullptr);
+                               quant_row(nullptr, bits, out.codes.data() + r * cb, out.sc.data() + r * groups * ts,
+                                         out.bi.data() + r * groups * ts);
+                             }
+                             return chunk * q8_row;
+                           },
+                           &cr.ours});
+    }
+    time_loops(loops, tm);
+    const std::string b = " " + std::to_string(bits);
+    cq.mx = mx.count("quantize" + b) ? mx.at("quantize" + b) : 0;
+    cd.mx = mx.count("dequantize" + b) ? mx.at("dequantize" + b) : 0;
+    cr.mx = mx.count("requantize" + b) ? mx.at("requantize" + b) : 0;
+    cells.push_back(cq);
+    cells.push_back(cd);
+    if (bits != from_bits) cells.push_back(cr);
+  }
+  std::printf("baseline: %s\n\n", mx.empty() ? "no Python with mlx (--mlx-python): kvsnap's figures only"
+                                             : "mx.quantize / mx.dequantize on MLX's CPU backend (bench/mlx_affine_bench.py, "
+                                               "per second of its process CPU time, timed after kvsnap's cells)");
+  std::printf("| conversion | kvsnap 1T | mx cpu | kvsnap / mx |\n| --- | ---: | ---: | ---: |\n");
+  for (const Cell& c : cells) {
+    const Rate base{c.mx, c.mx > 0, 0};
+    std::printf("| %s | %s | %s | %s |\n", c.name.c_str(), fmt_rate(c.ours).c_str(), fmt_rate(base).c_str(),
+                fmt_ratio(c.ours, base).c_str());
+  }
+  return 0;
+}
+
 int run(const Options& opt, std::vector<Row>* table_out) {
+  if (opt.only == "mlx") return run_mlx(opt);
   const unsigned n_threads = opt.threads ? opt.threads : std::max(1u, std::thread::hardware_concurrency());
   const uint32_t n = opt.n_head * opt.head_dim;
   const uint64_t f16_row = uint64_t(n) * 2;
@@ -757,6 +912,9 @@ int run(const Options& opt, std::vector<Row>* table_out) {
               loadavg().c_str());
 
   print_targets(simd::level(), table);
+  if (opt.mlx && opt.only.empty()) {
+    if (const int rc = run_mlx(opt); rc != 0) return rc;
+  }
   if (table_out) *table_out = std::move(table);
   return 0;
 }
@@ -841,6 +999,10 @@ int main(int argc, char** argv) {
       opt.state = false;
     } else if (a == "--no-ggml") {
       opt.ggml = false;
+    } else if (a == "--no-mlx") {
+      opt.mlx = false;
+    } else if (a == "--mlx-python") {
+      opt.mlx_python = next();
     } else if (a == "--simd") {
       simd_level = next();
     } else if (a == "-h" || a == "--help") {

@@ -22,6 +22,7 @@
 
 #include "migrate/convert_row.h"
 #include "migrate/hadamard.h"
+#include "migrate/mlx_affine.h"
 #include "migrate/quants.h"
 #include "migrate/simd_kernels.h"
 #include "migrate/simd_level.h"
@@ -651,6 +652,54 @@ void check_iq4_trial_schedule(Level level) {
 }
 #endif
 
+// MLX affine quantization (migrate/mlx_affine.h): rows quantized at every bits, group size and
+// rounding rule, and dequantized to every float type, the codes with their own scales and biases
+// rounded to T and with the row's values (inf, NaN, huge, tiny included) as scales and biases.
+void check_mlx_affine(Level l) {
+  const auto sets = row_sets();
+  for (size_t s = 0; s < sets.size(); s++) {
+    const std::vector<float>& x = sets[s];
+    for (int group : {32, 64, 128}) {
+      const int64_t dim = int64_t(x.size()) / group * group;
+      if (dim == 0) continue;
+      for (int bits : {2, 3, 4, 5, 6, 8}) {
+        const std::string key = "mlx q" + std::to_string(bits) + "g" + std::to_string(group) + " set " + std::to_string(s);
+        const size_t groups = size_t(dim / group), cb = mlx_affine_row_bytes(dim, bits);
+        for (MlxDevice dev : {MlxDevice::kCpu, MlxDevice::kGpu}) {
+          compare(l, key + " quantize " + mlx_device_name(dev), [&] {
+            std::vector<uint8_t> out(cb + 8 * groups);
+            std::vector<float> sc(groups), bi(groups);
+            mlx_affine_quantize_row(x.data(), dim, bits, group, dev, reinterpret_cast<std::byte*>(out.data()), sc.data(),
+                                    bi.data());
+            std::memcpy(out.data() + cb, sc.data(), 4 * groups);
+            std::memcpy(out.data() + cb + 4 * groups, bi.data(), 4 * groups);
+            return out;
+          });
+        }
+        std::vector<std::byte> codes(cb);
+        std::vector<float> sc(groups), bi(groups);
+        simd::set_level(Level::kScalar);
+        mlx_affine_quantize_row(x.data(), dim, bits, group, MlxDevice::kCpu, codes.data(), sc.data(), bi.data());
+        for (MlxFloat t : {MlxFloat::kF32, MlxFloat::kF16, MlxFloat::kBF16}) {
+          std::vector<float> st(groups), bt(groups), sx(groups), bx(groups);
+          for (size_t g = 0; g < groups; g++) {
+            st[g] = mlx_round_to(t, sc[g]), bt[g] = mlx_round_to(t, bi[g]);
+            sx[g] = mlx_round_to(t, x[(7 * g) % x.size()]), bx[g] = mlx_round_to(t, x[(7 * g + 3) % x.size()]);
+          }
+          for (int own = 0; own < 2; own++) {
+            compare(l, key + " dequantize " + mlx_float_name(t) + (own ? " own scales" : " row values as scales"), [&] {
+              std::vector<float> y(static_cast<size_t>(dim));
+              mlx_affine_dequantize_row(codes.data(), own ? st.data() : sx.data(), own ? bt.data() : bx.data(), dim,
+                                        bits, group, t, y.data());
+              return y;
+            });
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvsnap
 
@@ -676,7 +725,8 @@ int main(int argc, char** argv) {
     check_pipelines(l);
     check_row_lengths(l);
     check_iq4_nl_runs(l);
-    std::printf("  %s: codecs, rotation and row pipelines compared\n", simd::level_name(l));
+    check_mlx_affine(l);
+    std::printf("  %s: codecs, rotation, row pipelines and MLX affine rows compared\n", simd::level_name(l));
     if (exhaustive) check_half_exhaustive(l);
   }
 #ifdef KVSNAP_SIMD_X86

@@ -8,6 +8,8 @@
 
 #include "base/byte_order.h"
 #include "migrate/half.h"
+#include "migrate/simd_kernels.h"
+#include "migrate/type_traits.h"
 
 namespace kvsnap {
 namespace {
@@ -80,6 +82,30 @@ void mlx_store_float(MlxFloat t, float v, std::byte* p) {
   }
 }
 
+namespace {
+// mlx_load_float / mlx_store_float are ggml's f16 and bf16 conversions (migrate/half.h), which
+// the codec table's f16 and bf16 rows compute at every SIMD level.
+const TypeTraits* row_codec(MlxFloat t) {
+  return t == MlxFloat::kF16 ? find_traits(GgmlType::kF16) : t == MlxFloat::kBF16 ? find_traits(GgmlType::kBF16) : nullptr;
+}
+}  // namespace
+
+void mlx_load_floats(MlxFloat t, const std::byte* p, size_t n, float* out) {
+  if (const TypeTraits* c = row_codec(t)) {
+    c->to_f32(p, out, n);
+  } else {
+    for (size_t i = 0; i < n; ++i) out[i] = mlx_load_float(t, p + 4 * i);
+  }
+}
+
+void mlx_store_floats(MlxFloat t, const float* v, size_t n, std::byte* p) {
+  if (const TypeTraits* c = row_codec(t)) {
+    c->from_f32(v, p, n);
+  } else {
+    for (size_t i = 0; i < n; ++i) mlx_store_float(t, v[i], p + 4 * i);
+  }
+}
+
 float mlx_round_to(MlxFloat t, float v) {
   switch (t) {
     case MlxFloat::kF32: return v;
@@ -89,49 +115,68 @@ float mlx_round_to(MlxFloat t, float v) {
   return v;
 }
 
-void mlx_affine_quantize_row(const float* x, int64_t dim, int bits, int group_size, MlxDevice device,
-                             std::byte* codes, float* scales, float* biases) {
+void mlx_affine_scale_bias(float w_min, float w_max, int bits, MlxDevice device, float* scale_out, float* bias_out) {
   const float n_bins = float((1 << bits) - 1);
   const float eps = 1e-7f;
-  std::fill(codes, codes + mlx_affine_row_bytes(dim, bits), std::byte{0});
-  uint64_t acc = 0;  // bit stream, flushed a byte at a time
+  const bool mask = std::fabs(w_min) > std::fabs(w_max);
+  float scale = std::max((w_max - w_min) / n_bins, eps);
+  scale = mask ? scale : -scale;
+  const float edge = mask ? w_min : w_max;
+  const float q0 = round_code(edge / scale, device);
+  float bias = 0;
+  if (q0 != 0) {
+    scale = edge / q0;
+    bias = edge;
+  }
+  *scale_out = scale;
+  *bias_out = bias;
+}
+
+void mlx_affine_quantize_group(const float* w, int bits, int group_size, MlxDevice device, std::byte* codes,
+                               float* scale_out, float* bias_out) {
+  const float n_bins = float((1 << bits) - 1);
+  // The GPU kernel's running max starts at 0 (and its min at T's largest finite value, which no
+  // value of T is above: the same as starting at float's).
+  float w_min = device == MlxDevice::kCpu ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::max();
+  float w_max = device == MlxDevice::kCpu ? -std::numeric_limits<float>::infinity() : 0.0f;
+  for (int j = 0; j < group_size; ++j) {
+    w_max = std::max(w_max, w[j]);
+    w_min = std::min(w_min, w[j]);
+  }
+  float scale = 0, bias = 0;
+  mlx_affine_scale_bias(w_min, w_max, bits, device, &scale, &bias);
+  *scale_out = scale;
+  *bias_out = bias;
+  uint64_t acc = 0;  // bit stream, flushed a byte at a time; a group is whole bytes
   int acc_bits = 0;
   size_t out = 0;
+  for (int j = 0; j < group_size; ++j) {
+    float q = round_code((w[j] - bias) / scale, device);
+    q = std::min(std::max(q, 0.0f), n_bins);
+    // A NaN here (a NaN in the group, inf - inf) survives the clamp, and its cast is undefined in
+    // C++: code 0, the low bits of what x86's cvttss2si and ARM's fcvtzu give for it.
+    acc |= (std::isnan(q) ? uint64_t{0} : uint64_t(q)) << acc_bits;
+    acc_bits += bits;
+    while (acc_bits >= 8) {
+      codes[out++] = std::byte(acc & 0xff);
+      acc >>= 8;
+      acc_bits -= 8;
+    }
+  }
+}
+
+void mlx_affine_quantize_row(const float* x, int64_t dim, int bits, int group_size, MlxDevice device,
+                             std::byte* codes, float* scales, float* biases) {
+#ifdef KVSNAP_SIMD_X86
+  if (simd::level() != simd::Level::kScalar) {
+    simd::x86::mlx_affine_quantize_row_avx2(x, dim, bits, group_size, device, codes, scales, biases);
+    return;
+  }
+#endif
+  const size_t group_bytes = size_t(group_size) * size_t(bits) / 8;
   for (int64_t g = 0; g < dim / group_size; ++g) {
-    const float* w = x + g * group_size;
-    // The GPU kernel's running max starts at 0 (and its min at T's largest finite value, which no
-    // value of T is above: the same as starting at float's).
-    float w_min = device == MlxDevice::kCpu ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::max();
-    float w_max = device == MlxDevice::kCpu ? -std::numeric_limits<float>::infinity() : 0.0f;
-    for (int j = 0; j < group_size; ++j) {
-      w_max = std::max(w_max, w[j]);
-      w_min = std::min(w_min, w[j]);
-    }
-    const bool mask = std::fabs(w_min) > std::fabs(w_max);
-    float scale = std::max((w_max - w_min) / n_bins, eps);
-    scale = mask ? scale : -scale;
-    const float edge = mask ? w_min : w_max;
-    const float q0 = round_code(edge / scale, device);
-    float bias = 0;
-    if (q0 != 0) {
-      scale = edge / q0;
-      bias = edge;
-    }
-    scales[g] = scale;
-    biases[g] = bias;
-    for (int j = 0; j < group_size; ++j) {
-      float q = round_code((w[j] - bias) / scale, device);
-      q = std::min(std::max(q, 0.0f), n_bins);
-      // A NaN here (a NaN in the group, inf - inf) survives the clamp, and its cast is undefined in
-      // C++: code 0, the low bits of what x86's cvttss2si and ARM's fcvtzu give for it.
-      acc |= (std::isnan(q) ? uint64_t{0} : uint64_t(q)) << acc_bits;
-      acc_bits += bits;
-      while (acc_bits >= 8) {
-        codes[out++] = std::byte(acc & 0xff);
-        acc >>= 8;
-        acc_bits -= 8;
-      }
-    }
+    mlx_affine_quantize_group(x + g * group_size, bits, group_size, device, codes + size_t(g) * group_bytes,
+                              scales + g, biases + g);
   }
 }
 
@@ -145,6 +190,17 @@ uint32_t mlx_affine_code(const std::byte* codes, int64_t i, int bits) {
 
 void mlx_affine_dequantize_row(const std::byte* codes, const float* scales, const float* biases, int64_t dim, int bits,
                                int group_size, MlxFloat t, float* out) {
+#ifdef KVSNAP_SIMD_X86
+  if (simd::level() != simd::Level::kScalar) {
+    simd::x86::mlx_affine_dequantize_row_avx2(codes, scales, biases, dim, bits, group_size, t, out);
+    return;
+  }
+#endif
+  mlx_affine_dequantize_row_ref(codes, scales, biases, dim, bits, group_size, t, out);
+}
+
+void mlx_affine_dequantize_row_ref(const std::byte* codes, const float* scales, const float* biases, int64_t dim,
+                                   int bits, int group_size, MlxFloat t, float* out) {
   for (int64_t i = 0; i < dim; ++i) {
     const int64_t g = i / group_size;
     const float prod = mlx_round_to(t, float(mlx_affine_code(codes, i, bits)) * scales[g]);

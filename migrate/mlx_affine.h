@@ -49,6 +49,10 @@ inline size_t mlx_affine_row_bytes(int64_t dim, int bits) { return size_t(dim) *
 // The float value of T's encoding in `p` (little-endian), and the encoding of float v rounded to T.
 float mlx_load_float(MlxFloat t, const std::byte* p);
 void mlx_store_float(MlxFloat t, float v, std::byte* p);
+// n of them at once (the codec table's f16/bf16 row kernels, SIMD where the CPU has them: the
+// same bits as the one-value functions).
+void mlx_load_floats(MlxFloat t, const std::byte* p, size_t n, float* out);
+void mlx_store_floats(MlxFloat t, const float* v, size_t n, std::byte* p);
 // v rounded to T (round to nearest even; f32: v itself).
 float mlx_round_to(MlxFloat t, float v);
 
@@ -58,6 +62,15 @@ float mlx_round_to(MlxFloat t, float v);
 void mlx_affine_quantize_row(const float* x, int64_t dim, int bits, int group_size, MlxDevice device,
                              std::byte* codes, float* scales, float* biases);
 
+// The pieces mlx_affine_quantize_row is made of, shared with its SIMD kernels
+// (migrate/kernels/x86_avx2_mlx.cc), which must give the same bytes:
+// - the group's scale and bias from its minimum and maximum (MLX's float32 steps, in order);
+// - the scalar quantizer of one group of group_size values, whose codes (group_size * bits / 8
+//   bytes, always whole bytes) go to `codes`.
+void mlx_affine_scale_bias(float w_min, float w_max, int bits, MlxDevice device, float* scale, float* bias);
+void mlx_affine_quantize_group(const float* w, int bits, int group_size, MlxDevice device, std::byte* codes,
+                               float* scale, float* bias);
+
 // Code i of a packed row.
 uint32_t mlx_affine_code(const std::byte* codes, int64_t i, int bits);
 
@@ -65,5 +78,8 @@ uint32_t mlx_affine_code(const std::byte* codes, int64_t i, int bits);
 // mx.dequantize does on the CPU for T; the results are T values, as float.
 void mlx_affine_dequantize_row(const std::byte* codes, const float* scales, const float* biases, int64_t dim, int bits,
                                int group_size, MlxFloat t, float* out);
+// Its scalar code, which the SIMD kernels fall back to (and kvsnap-simd-check compares them with).
+void mlx_affine_dequantize_row_ref(const std::byte* codes, const float* scales, const float* biases, int64_t dim,
+                                   int bits, int group_size, MlxFloat t, float* out);
 
 }  // namespace kvsnap

@@ -68,9 +68,7 @@ Status read_rows(const SideJob& j, const SafetensorsTensor& t, uint64_t row_byte
   return j.f->read_at(j.st->data_start() + t.begin + r0 * row_bytes, buf);
 }
 
-void load_floats(MlxFloat t, const std::byte* p, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = mlx_load_float(t, p + size_t(i) * mlx_float_size(t));
-}
+void load_floats(MlxFloat t, const std::byte* p, int64_t n, float* out) { mlx_load_floats(t, p, size_t(n), out); }
 
 // One worker's row buffers.
 struct Scratch {
@@ -83,7 +81,6 @@ struct Scratch {
 void convert_row(const SideJob& j, Part part, const std::byte* in, const std::byte* sc, const std::byte* bi,
                  std::byte* o, bool counted, Scratch& w, Stats& acc) {
   const int64_t d = j.in->head_dim;
-  const size_t ts = mlx_float_size(j.t);
   if (j.from.is_float()) {
     load_floats(j.t, in, d, w.x.data());
   } else {
@@ -92,7 +89,7 @@ void convert_row(const SideJob& j, Part part, const std::byte* in, const std::by
     mlx_affine_dequantize_row(in, w.fs.data(), w.fb.data(), d, j.from.bits, j.from.group_size, j.t, w.x.data());
   }
   if (part == Part::kValues) {
-    for (int64_t k = 0; k < d; ++k) mlx_store_float(j.t, w.x[size_t(k)], o + size_t(k) * ts);
+    mlx_store_floats(j.t, w.x.data(), size_t(d), o);
     if (counted) acc.add(w.x.data(), w.x.data(), d);  // the stored values are the dequantized ones
     return;
   }
@@ -102,7 +99,7 @@ void convert_row(const SideJob& j, Part part, const std::byte* in, const std::by
   if (part == Part::kCodes) std::memcpy(o, w.codes.data(), w.codes.size());
   if (part == Part::kScales || part == Part::kBiases) {
     const std::vector<float>& sb = part == Part::kScales ? w.qs : w.qb;
-    for (size_t g = 0; g < groups; ++g) mlx_store_float(j.t, sb[g], o + g * ts);
+    mlx_store_floats(j.t, sb.data(), groups, o);
   }
   if (counted) {  // what mlx-lm computes with: the codes and the scales/biases rounded to T
     for (size_t g = 0; g < groups; ++g) w.qs[g] = mlx_round_to(j.t, w.qs[g]);

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "format/ggml_types.h"
+#include "migrate/mlx_affine.h"
 #include "migrate/quants.h"  // quants::ref: the scalar kernels every other one falls back to
 #include "migrate/simd_level.h"
 
@@ -101,6 +102,13 @@ void roundf_i32_avx2(const float* x, int32_t* out, size_t n);
 // f16 -> q8_0 / q4_0 / q4_1 / q5_0 / q5_1 with rotation, q8_0 -> f16 with rotation (n_rot 64,
 // 128, 256); the other conversions at this level take the three steps (each an AVX2 kernel)
 FusedRowFn find_fused_avx2(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot);
+
+// MLX affine quantization (migrate/mlx_affine.h): mlx_affine_quantize_row and
+// mlx_affine_dequantize_row, the same bytes and floats (kernels/x86_avx2_mlx.cc)
+void mlx_affine_quantize_row_avx2(const float* x, int64_t dim, int bits, int group_size, MlxDevice device,
+                                  std::byte* codes, float* scales, float* biases);
+void mlx_affine_dequantize_row_avx2(const std::byte* codes, const float* scales, const float* biases, int64_t dim,
+                                    int bits, int group_size, MlxFloat t, float* out);
 
 // AVX-512 F/BW/DQ/VL (+ F16C)
 void f16_to_f32_avx512(const std::byte* src, float* dst, size_t n);

@@ -9,7 +9,9 @@
 // A rotation block of R = 64, 128 or 256 values: each 64-value chunk is rotated in 8 registers
 // (stages len 1..32); for R > 64 the chunks go to an L1 buffer where the middle stage (len 64,
 // R = 256) runs, and the last stage (len R / 2) is done as the values are read back, two output
-// quant blocks (8 registers) at a time: block j (u + w) and block j + R / 64 (u - w).
+// quant blocks (8 registers) at a time: block j (u + w) and block j + R / 64 (u - w). The q8_0
+// rows (f16 -> q8_0, q8_0 -> f16) at R = 128, the K rotation of head_dim 128, go by 32-value
+// quarters instead (rotate128_quarters): fewer live registers, more independent chains.
 
 #include "migrate/kernels/x86_common.h"
 
@@ -30,6 +32,16 @@ KV_AVX2_INLINE Rot8 rot8(uint32_t r) {
   return k;
 }
 
+// Chunk c of a rotation block (load(c, v): NV registers of unscaled floats), scaled and rotated
+// inside itself (stages len 1 .. 4 NV).
+template <int NV, class Load>
+KV_AVX2_INLINE void load_rotate8(const Rot8& k, Load load, int c, __m256* v) {
+  load(c, v);
+#pragma GCC unroll 8
+  for (int i = 0; i < NV; i++) v[i] = _mm256_mul_ps(v[i], k.scale);
+  fwht_regs8<NV>(v, k.s);
+}
+
 // The rotation block of R values whose 64-value chunk c (8 registers, f32, unscaled) load(c, v)
 // gives, rotated; emit(v, a, b) receives the rotated values 8 registers at a time: values a..a+31
 // in v[0..3], b..b+31 in v[4..7]. An inf or NaN input makes every rotated value of the block
@@ -40,26 +52,17 @@ KV_AVX2_INLINE void rotate_block(const Rot8& k, Load load, Emit emit) {
   static_assert(R == 64 || R == 128 || R == 256, "n_rot 64, 128, 256");
   if constexpr (R == 64) {
     __m256 v[8];
-    load(0, v);
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) v[i] = _mm256_mul_ps(v[i], k.scale);
-    fwht_regs8<8>(v, k.s);
+    load_rotate8<8>(k, load, 0, v);
     emit(v, 0, 32);
   } else if constexpr (R == 128) {
     // chunk 0 through L1, chunk 1 stays in registers for the last stage (len 64)
     alignas(32) float buf[64];
     __m256 v[8];
-    load(0, v);
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) v[i] = _mm256_mul_ps(v[i], k.scale);
-    fwht_regs8<8>(v, k.s);
+    load_rotate8<8>(k, load, 0, v);
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) _mm256_store_ps(buf + 8 * i, v[i]);
     __m256 w[8];
-    load(1, w);
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) w[i] = _mm256_mul_ps(w[i], k.scale);
-    fwht_regs8<8>(w, k.s);
+    load_rotate8<8>(k, load, 1, w);
 #pragma GCC unroll 2
     for (int j = 0; j < 2; j++) {
       __m256 o[8];
@@ -75,10 +78,7 @@ KV_AVX2_INLINE void rotate_block(const Rot8& k, Load load, Emit emit) {
     alignas(32) float buf[R];
     for (int c = 0; c < R / 64; c++) {
       __m256 v[8];
-      load(c, v);
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; i++) v[i] = _mm256_mul_ps(v[i], k.scale);
-      fwht_regs8<8>(v, k.s);
+      load_rotate8<8>(k, load, c, v);
 #pragma GCC unroll 8
       for (int i = 0; i < 8; i++) _mm256_store_ps(buf + 64 * c + 8 * i, v[i]);
     }
@@ -105,18 +105,53 @@ KV_AVX2_INLINE void rotate_block(const Rot8& k, Load load, Emit emit) {
   }
 }
 
-// 64 f16 values -> 8 registers of floats (f16_to_f32_avx2).
+// n_rot 128 by quarters: each 32-value quarter q (load32(q, v): 4 registers, f32, unscaled) is
+// scaled and rotated in registers (stages len 1..16) into an L1 buffer; then, per register
+// position k, the four quarters' registers take stages len 32 and 64 and emit(b, k, x) receives
+// values 32 b + 8 k .. + 7 (b = 0..3, the quant blocks of the rotation block). Fewer values are
+// live at once than in rotate_block<128> (4 + 4 registers instead of 16), so nothing spills and the
+// quarters' dependency chains overlap. The same operations on the same pairs as rotate_block.
+template <class Load32, class Emit>
+KV_AVX2_INLINE void rotate128_quarters(const Rot8& k, Load32 load32, Emit emit) {
+  alignas(32) float buf[128];
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; q++) {
+    __m256 v[4];
+    load_rotate8<4>(k, load32, q, v);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) _mm256_store_ps(buf + 32 * q + 8 * i, v[i]);
+  }
+  const __m256 one = _mm256_set1_ps(1.0f);
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; j++) {
+    const __m256 x0 = _mm256_load_ps(buf + 8 * j), x1 = _mm256_load_ps(buf + 32 + 8 * j);
+    const __m256 x2 = _mm256_load_ps(buf + 64 + 8 * j), x3 = _mm256_load_ps(buf + 96 + 8 * j);
+    // len 32: (x0, x1), (x2, x3); len 64: (q0, q2), (q1, q3). u - w as -(w * 1) + u (exact product)
+    const __m256 q0 = _mm256_add_ps(x0, x1), q1 = _mm256_fnmadd_ps(x1, one, x0);
+    const __m256 q2 = _mm256_add_ps(x2, x3), q3 = _mm256_fnmadd_ps(x3, one, x2);
+    emit(0, j, _mm256_add_ps(q0, q2));
+    emit(1, j, _mm256_add_ps(q1, q3));
+    emit(2, j, _mm256_fnmadd_ps(q2, one, q0));
+    emit(3, j, _mm256_fnmadd_ps(q3, one, q1));
+  }
+}
+
+// 64 f16 values -> 8 registers of floats (f16_to_f32_avx2); load_f16x32: 32 values, 4 registers.
 KV_AVX2_INLINE void load_f16x64(const std::byte* in, __m256* v) {
 #pragma GCC unroll 8
   for (int i = 0; i < 8; i++) v[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 16 * i)));
 }
+KV_AVX2_INLINE void load_f16x32(const std::byte* in, __m256* v) {
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) v[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 16 * i)));
+}
 
-// f16 -> q8_0 / q4_1 with rotation works in units of 256 values (8 quant blocks): the front of a
-// unit rotates it into an L1 buffer and reduces the blocks' abs-maxima (q4_1: maxima and minima)
-// into registers of 8 lanes, whose scales (q8_0: d = amax / 127; q4_1: d = (max - min) / 15;
-// id = 1 / d: the quantizers' divisions, 8 lanes at once) are ready while the next unit's front
-// runs (software pipelining over the divisions' latency); the back quantizes the unit from the
-// buffer.
+// f16 -> q8_0 / q4_1 with rotation works in units of 256 values (8 quant blocks): unit_rotate
+// rotates a unit into an L1 buffer and reduces the blocks' abs-maxima (q4_1: maxima and minima)
+// into registers of 8 lanes; unit_scales turns them into the scales (q8_0: d = amax / 127; q4_1:
+// d = (max - min) / 15; id = 1 / d: the quantizers' divisions, 8 lanes at once) in the same
+// stretch of code as the next unit's rotation (software pipelining over the reductions' and
+// divisions' latency); the back quantizes the unit from the buffer.
 constexpr int kUnit = 256;
 
 enum class Kind { kQ8_0, kQ4_1 };
@@ -126,6 +161,7 @@ struct Unit {
   alignas(32) float id[8];
   alignas(32) float mn[8];     // q4_1: the blocks' minima
   alignas(16) uint16_t dh[8];
+  __m256 pa[8], pb[8];         // per block: the lane (abs-)maxima, the lane minima (q4_1)
   alignas(32) uint32_t dm[8];  // q4_1: d and the minimum as f16, the first 4 bytes of each block
   const std::byte* in;  // the unit's f16 input (for the scalar path of a rotation block with inf/NaN)
   std::byte* out;
@@ -134,13 +170,16 @@ struct Unit {
   uint32_t scalar;      // blocks for the scalar reference on the rotated values (see the backs)
 };
 
-template <int R, Kind K>
-KV_AVX2_INLINE void unit_front(const std::byte* in, std::byte* out, size_t len, const Rot8& k, Unit* u) {
+// side(g) is called before the g-th 32-value load of a whole unit on the n_rot 128 q8_0 path
+// (g = 0..7: other work to interleave, see Q8Scales), never on the others.
+template <int R, Kind K, class Side>
+KV_AVX2_INLINE void unit_rotate(const std::byte* in, std::byte* out, size_t len, const Rot8& k, Unit* u, Side side) {
   constexpr bool kMin = K == Kind::kQ4_1;
   // pa[b]: block b's lane (abs-)maxima, pb[b] its lane minima (q4_1); the emits below set those of
   // the unit's blocks, so only the missing blocks of a short unit are zeroed (a zeroing of all
   // eight became a rep stos that cost ~5% of the row)
-  __m256 pa[8], pb[8];
+  __m256* pa = u->pa;
+  __m256* pb = u->pb;
   u->in = in;
   u->out = out;
   u->nb = static_cast<int>(len / kQK);
@@ -155,6 +194,34 @@ KV_AVX2_INLINE void unit_front(const std::byte* in, std::byte* out, size_t len, 
       pa[b] = _mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3])));
     }
   };
+  if constexpr (R == 128 && !kMin) {
+    const auto rot = [&](size_t r, bool whole) KV_AVX2_LAMBDA {
+      float* buf = u->buf + r;
+      const int b0 = static_cast<int>(r / kQK);
+      __m256 acc[4];
+      rotate128_quarters(
+          k,
+          [&](int q, __m256* v) KV_AVX2_LAMBDA {
+            if (whole) side(static_cast<int>(r / 32) + q);
+            load_f16x32(in + 2 * (r + 32 * q), v);
+          },
+          [&](int b, int j, __m256 x) KV_AVX2_LAMBDA {
+            _mm256_store_ps(buf + 32 * b + 8 * j, x);
+            // |x| as int32 orders like the floats (NaN above inf), and the integer maximum runs on
+            // any vector pipe, not on the adders the rotation keeps busy
+            const __m256i a = _mm256_castps_si256(abs8(x));
+            acc[b] = j == 0 ? _mm256_castsi256_ps(a) : _mm256_castsi256_ps(_mm256_max_epi32(_mm256_castps_si256(acc[b]), a));
+          });
+#pragma GCC unroll 4
+      for (int b = 0; b < 4; b++) pa[b0 + b] = acc[b];
+    };
+    if (len == kUnit) {  // both rotation blocks in one straight stretch of code for the scheduler
+      rot(0, true);
+      rot(R, true);
+    } else {
+      for (size_t r = 0; r < len; r += R) rot(r, false);
+    }
+  } else {
   for (size_t r = 0; r < len; r += R) {
     float* buf = u->buf + r;
     const int b0 = static_cast<int>(r / kQK);
@@ -171,6 +238,16 @@ KV_AVX2_INLINE void unit_front(const std::byte* in, std::byte* out, size_t len, 
           reduce(v + 4, b0 + bb / kQK);
         });
   }
+  }
+}
+
+// The unit's scales from its maxima (and minima); run in the same stretch of code as the next
+// unit's rotation, so that the reductions' and divisions' latency overlaps with independent work.
+template <Kind K>
+KV_AVX2_INLINE void unit_scales(Unit* u) {
+  constexpr bool kMin = K == Kind::kQ4_1;
+  const __m256* pa = u->pa;
+  const __m256* pb = u->pb;
   const __m256 zero = _mm256_setzero_ps(), inf = _mm256_set1_ps(INFINITY);
   const __m256 mx = hmax8x8(pa);
   __m256 d, bad;
@@ -201,6 +278,33 @@ KV_AVX2_INLINE void unit_front(const std::byte* in, std::byte* out, size_t len, 
   // are >= 2^-77) goes to the scalar reference too
   u->scalar |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(id, inf, _CMP_EQ_OQ)));
 }
+
+// unit_scales for q8_0 in eight steps, step(g) before the g-th quarter of the next unit's
+// rotation: the same operations, the reductions and the two divisions (~45 cycles of latency in
+// a row) spread over independent work instead of holding the scheduler's entries while they
+// wait. 12 of ~120 cycles per 128 values on Zen 4.
+struct Q8Scales {
+  explicit Q8Scales(Unit* unit) : u(unit) {}
+  Unit* u;
+  __m256 t[4], v[2], d, bad;  // set by the steps, in order
+  KV_AVX2_INLINE void step(int g) {
+    const __m256 zero = _mm256_setzero_ps(), inf = _mm256_set1_ps(INFINITY);
+    if (g == 0) hmax8x8_round1(u->pa, t);
+    if (g == 1) hmax8x8_round2(t, v);
+    if (g == 2) {
+      const __m256 mx = hmax8x8_round3(v);
+      bad = _mm256_cmp_ps(mx, inf, _CMP_NLT_UQ);
+      d = _mm256_div_ps(mx, _mm256_set1_ps(static_cast<float>((1 << 7) - 1)));
+    }
+    if (g == 5) {
+      const __m256 id = _mm256_and_ps(_mm256_cmp_ps(d, zero, _CMP_NEQ_UQ), _mm256_div_ps(_mm256_set1_ps(1.0f), d));
+      _mm256_store_ps(u->id, id);
+      _mm_store_si128(reinterpret_cast<__m128i*>(u->dh), _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT));
+      u->nonfinite = static_cast<uint32_t>(_mm256_movemask_ps(bad));
+      u->scalar = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(id, inf, _CMP_EQ_OQ)));
+    }
+  }
+};
 
 // q8_0_from_f32_avx2's operations on block b of the unit. q = roundf(x * id) lies in -127..127
 // when id is finite, so saturating packs keep the reference's (int8_t) bytes.
@@ -284,12 +388,26 @@ KV_AVX2_INLINE void f16_rot_unit(const std::byte* in, std::byte* out, size_t n) 
   const Rot8 k = rot8(R);
   Unit units[2];
   const size_t nu = (n + kUnit - 1) / kUnit;
+  // iteration i: the scales of unit i - 1 and the rotation of unit i (one straight stretch of
+  // code), then the back of unit i - 1
   for (size_t i = 0; i <= nu; i++) {
-    if (i < nu) {
-      const size_t v0 = i * kUnit, len = n - v0 < size_t{kUnit} ? n - v0 : size_t{kUnit};
-      unit_front<R, K>(in + 2 * v0, out + v0 / kQK * kBytes, len, k, &units[i & 1]);
+    Unit* prev = i > 0 ? &units[(i - 1) & 1] : nullptr;
+    const size_t v0 = i * kUnit, len = n - v0 < size_t{kUnit} ? n - v0 : size_t{kUnit};
+    const auto none = [](int) {};
+    if (__builtin_expect(prev != nullptr && i < nu && len == kUnit, 1)) {
+      if constexpr (R == 128 && K == Kind::kQ8_0) {
+        Q8Scales sc(prev);
+        unit_rotate<R, K>(in + 2 * v0, out + v0 / kQK * kBytes, len, k, &units[i & 1],
+                          [&](int g) KV_AVX2_LAMBDA { sc.step(g); });
+      } else {
+        unit_scales<K>(prev);
+        unit_rotate<R, K>(in + 2 * v0, out + v0 / kQK * kBytes, len, k, &units[i & 1], none);
+      }
+    } else {
+      if (prev != nullptr) unit_scales<K>(prev);
+      if (i < nu) unit_rotate<R, K>(in + 2 * v0, out + v0 / kQK * kBytes, len, k, &units[i & 1], none);
     }
-    if (i > 0) unit_back<R, K>(units[(i - 1) & 1]);
+    if (prev != nullptr) unit_back<R, K>(*prev);
   }
 }
 
@@ -360,19 +478,20 @@ KV_AVX2 void f16_rot_q5_1(const std::byte* in, std::byte* out, size_t n, uint32_
   f16_rot_quant<R, kQ5_1Bytes>(in, out, n, q5_1_from_f32_avx2, quants::ref::q5_1_from_f32);
 }
 
-// 64 q8_0 values (two blocks) -> 8 registers of floats (q8_0_to_f32_avx2: float(q) * d).
-KV_AVX2_INLINE void load_q8_0x64(const std::byte* in, __m256* v) {
-#pragma GCC unroll 2
-  for (int b = 0; b < 2; b++) {
-    const std::byte* blk = in + b * kQ8_0Bytes;
-    // the scale broadcast as f16, then converted: one vpbroadcastw from memory and one vcvtph2ps
-    const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(load_u16(blk))));
+// One q8_0 block -> 4 registers of floats (q8_0_to_f32_avx2: float(q) * d); load_q8_0x64: two
+// blocks, 8 registers.
+KV_AVX2_INLINE void load_q8_0x32(const std::byte* blk, __m256* v) {
+  // the scale broadcast as f16, then converted: one vpbroadcastw from memory and one vcvtph2ps
+  const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(load_u16(blk))));
 #pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * k));
-      v[4 * b + k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
-    }
+  for (int k = 0; k < 4; k++) {
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * k));
+    v[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
   }
+}
+KV_AVX2_INLINE void load_q8_0x64(const std::byte* in, __m256* v) {
+  load_q8_0x32(in, v);
+  load_q8_0x32(in + kQ8_0Bytes, v + 4);
 }
 
 // q8_0 rows -> floats, rotated in blocks of R, -> f16. Finite scales give finite values, so no
@@ -392,6 +511,14 @@ KV_AVX2 void q8_0_rot_f16(const std::byte* in, std::byte* out, size_t n, uint32_
       quants::ref::q8_0_to_f32(src, tmp, R);
       hadamard_ref::rotate(tmp, R, R);
       quants::ref::f16_from_f32(tmp, dst, R);
+      continue;
+    }
+    if constexpr (R == 128) {
+      rotate128_quarters(
+          k, [&](int q, __m256* v) KV_AVX2_LAMBDA { load_q8_0x32(src + q * kQ8_0Bytes, v); },
+          [&](int qb, int j, __m256 x) KV_AVX2_LAMBDA {
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * (32 * qb + 8 * j)), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+          });
       continue;
     }
     rotate_block<R>(  // finite scales: finite values

@@ -128,15 +128,32 @@ KV_AVX2_INLINE __m256 max_or_min8(__m256 a, __m256 b) {
   return _mm256_max_ps(a, b);
 }
 
+// Its three rounds one by one, for callers that spread them over other work (the latency):
+// p[8] -> t[4] -> u[2] -> the result.
 template <bool kMin = false>
-KV_AVX2_INLINE __m256 hmax8x8(const __m256* p) {
+KV_AVX2_INLINE void hmax8x8_round1(const __m256* p, __m256* t) {
   constexpr auto op = max_or_min8<kMin>;
-  __m256 t[4];
 #pragma GCC unroll 4
   for (int i = 0; i < 4; i++) t[i] = op(_mm256_unpacklo_ps(p[2 * i], p[2 * i + 1]), _mm256_unpackhi_ps(p[2 * i], p[2 * i + 1]));
-  const __m256 u0 = op(_mm256_shuffle_ps(t[0], t[1], 0x44), _mm256_shuffle_ps(t[0], t[1], 0xEE));
-  const __m256 u1 = op(_mm256_shuffle_ps(t[2], t[3], 0x44), _mm256_shuffle_ps(t[2], t[3], 0xEE));
-  return op(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+template <bool kMin = false>
+KV_AVX2_INLINE void hmax8x8_round2(const __m256* t, __m256* u) {
+  constexpr auto op = max_or_min8<kMin>;
+  u[0] = op(_mm256_shuffle_ps(t[0], t[1], 0x44), _mm256_shuffle_ps(t[0], t[1], 0xEE));
+  u[1] = op(_mm256_shuffle_ps(t[2], t[3], 0x44), _mm256_shuffle_ps(t[2], t[3], 0xEE));
+}
+template <bool kMin = false>
+KV_AVX2_INLINE __m256 hmax8x8_round3(const __m256* u) {
+  constexpr auto op = max_or_min8<kMin>;
+  return op(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
+}
+
+template <bool kMin = false>
+KV_AVX2_INLINE __m256 hmax8x8(const __m256* p) {
+  __m256 t[4], u[2];
+  hmax8x8_round1<kMin>(p, t);
+  hmax8x8_round2<kMin>(t, u);
+  return hmax8x8_round3<kMin>(u);
 }
 
 // roundf(x) -> int32 for 8 lanes (cvttps2dq of the rounded value, as the reference does):
@@ -262,7 +279,9 @@ KV_AVX2_INLINE void fwht_across8(__m256* v) {
       if ((i & LEN) == 0) {
         const __m256 u = v[i], w = v[i + LEN];
         v[i] = _mm256_add_ps(u, w);
-        v[i + LEN] = _mm256_sub_ps(u, w);
+        // u - w as -(w * 1) + u: the product is exact, so the one rounding is that of u - w (signed
+        // zeros too). On the multiply-add pipes, beside the additions on the add pipes.
+        v[i + LEN] = _mm256_fnmadd_ps(w, _mm256_set1_ps(1.0f), u);
       }
     }
     fwht_across8<NV, 2 * LEN>(v);

@@ -63,6 +63,10 @@ ConversionSpec spec_of(const ConvertOptions& o) {
 Status run_convert(const ConvertOptions& o, std::string& out, std::string& warnings) {
   Io& io = cli_io();
   KV_RETURN_IF_ERROR(check_not_same_file(o.in, o.out));
+  if (!o.to.empty()) return run_convert_cross(o, out);
+  if (!o.tokens.empty() || !o.mlx_dtype.empty()) {
+    return Status::InvalidArgument(o.in + ": --tokens/--mlx-dtype move a session between engines: give --to llama|mlx");
+  }
   // An mlx-lm prompt cache (a safetensors header, told by content) goes its own way.
   if (auto f = io.open_read(o.in); f.ok() && looks_like_mlx_prompt_cache(**f)) return run_convert_mlx(o, **f, out);
   if (!o.kv_bits.empty() || o.kv_group_size || !o.mlx_lm.empty()) {
@@ -152,7 +156,8 @@ void setup_convert(CLI::App& app, int& exit_status) {
       "convert",
       "Convert a llama.cpp slot/session file to other KV cache types (-ctk/-ctv), V layout (flash attention) or "
       "file format, so a server started with those settings restores it without reprocessing the prompt; or an "
-      "mlx-lm prompt cache to other --kv-bits/--kv-group-size");
+      "mlx-lm prompt cache to other --kv-bits/--kv-group-size; or move a session between llama.cpp and mlx-lm "
+      "(--to mlx|llama)");
   sub->add_option("in", o->in, "input state file (ggsq slot file, ggsn session file, raw buffer, or mlx-lm prompt cache)")->required();
   sub->add_option("out", o->out, "output file; written atomically, never over the input")->required();
   sub->add_option("--ctk", o->ctk, "target K type: " + kv_cache_type_names() + " (default: keep)");
@@ -188,6 +193,15 @@ void setup_convert(CLI::App& app, int& exit_status) {
                   "mlx-lm prompt caches: the mlx-lm release that will load the output (e.g. 0.28.0, 0.31.3), needed "
                   "when a float file of mlx-lm 0.19-0.31 does not tell (QuantizedKVCache meta_state had 'step' up to "
                   "0.28.0)");
+  sub->add_option("--to", o->to,
+                  "mlx|llama: move the session to the other engine (same model in both; --model required): a "
+                  "llama.cpp slot/session file to an mlx-lm prompt cache, or a prompt cache to a llama.cpp slot file");
+  sub->add_option("--tokens", o->tokens,
+                  "--to llama: file with the prompt's token ids (JSON list or whitespace-separated), when the prompt "
+                  "cache has no 'tokens' metadata (mlx-lm stores none; kvsnap's --to mlx writes them)");
+  sub->add_option("--mlx-dtype", o->mlx_dtype,
+                  "--to mlx: f16|bf16|f32 float type of the KVCache (default: the file's float type; f16 for a "
+                  "quantized cache)");
   sub->add_flag("--report", o->report, "per layer and side: RMSE, max |error| and SNR of the conversion");
   sub->add_flag("--json", o->json, "machine-readable summary including the per-layer report");
   add_progress_flags(sub, o->progress);
@@ -200,10 +214,17 @@ void setup_convert(CLI::App& app, int& exit_status) {
       "  kvsnap convert old-q8.bin f16.bin --ctk f16 --ctv f16 --model m.gguf --source-build b10361\n"
       "  kvsnap convert new.bin for-b8121.bin --ctk q8_0 --ctv q8_0 --model m.gguf --target-build b8121\n"
       "  kvsnap convert prompt.safetensors q4.safetensors --kv-bits 4 --kv-group-size 64 --report   # mlx-lm\n"
+      "  kvsnap convert slot.bin prompt.safetensors --to mlx --model m.gguf [--kv-bits 8] [--mlx-lm 0.31.3]\n"
+      "  kvsnap convert prompt.safetensors slot.bin --to llama --model m.gguf --ctk q8_0 --ctv q8_0 [--tokens t.json]\n"
       "\nRotation: llama.cpp from b8643 stores quantized K/V Hadamard-rotated; the file does not say so, and\n"
       "ggsq v2 / ggsn v9 files come from builds on both sides. kvsnap decides from --src-rotation,\n"
       "--source-build, the file's layout, then the data (with --model), reports the evidence (--report),\n"
-      "and stops with exit 6 when nothing decides and the conversion depends on it.\n");
+      "and stops with exit 6 when nothing decides and the conversion depends on it.\n"
+      "\nBetween engines (--to mlx|llama, docs/mlx.md): llama family (K pairs permuted back to mlx-lm's\n"
+      "rotate-half order) and NEOX-rope families; the Hadamard rotation is undone or applied, ggml types\n"
+      "dequantized, transposed V read as rows. mlx-lm stores no token ids: --to mlx keeps the llama.cpp\n"
+      "file's in the cache's 'tokens' metadata, --to llama reads them back (or --tokens). iSWA, hybrid,\n"
+      "recurrent, MLA and M-RoPE models, and caches that do not fit --model, are refused.\n");
   sub->callback([o, &exit_status]() {
     std::string out, warnings;
     Status s = run_convert(*o, out, warnings);

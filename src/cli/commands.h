@@ -50,11 +50,17 @@ struct ConvertOptions {
   int kv_group_size = 0;         // 0: the file's, else 64 (mlx-lm's default)
   std::string mlx_device = "cpu";
   std::string mlx_lm;            // the mlx-lm release (or layout) that will load the output
+  // Between engines (cmd_convert_cross.cc): "mlx" or "llama"; "" converts within one engine.
+  std::string to;
+  std::string tokens;            // --to llama: the prompt's token ids (mlx-lm stores none)
+  std::string mlx_dtype;         // --to mlx: f16|bf16|f32 ("" = the file's float type, else f16)
 };
 void setup_convert(CLI::App& app, int& exit_status);
 Status run_convert(const ConvertOptions& opts, std::string& out, std::string& warnings);
 // kvsnap convert on an mlx-lm prompt cache (run_convert sends it there, told by content).
 Status run_convert_mlx(const ConvertOptions& opts, const ReadableFile& in, std::string& out);
+// kvsnap convert --to mlx|llama: a session moved between llama.cpp and mlx-lm.
+Status run_convert_cross(const ConvertOptions& opts, std::string& out);
 
 struct MigrateOptions {
   std::string dir;

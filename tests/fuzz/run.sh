@@ -48,8 +48,10 @@ for bin in "${targets[@]}"; do
   cp -R "$here/corpus/$t/." "$work/$t/" 2>/dev/null || true
   start=$(date +%s)
   if "$bin" "${flags[@]}" -max_total_time="$seconds" -artifact_prefix="$artifacts/" "$work/$t" >"$work/$t.log" 2>&1; then
-    runs=$(grep -Eo '#[0-9]+' "$work/$t.log" | tail -1 || true)
-    echo "fuzz: $t: no crash in $(( $(date +%s) - start )) s (${runs:-#?} runs)"
+    # libFuzzer's own total ("Done N runs in S second(s)"); the last "#N" of the log can be a byte
+    # string of the recommended dictionary printed after it (it once reported "#7 runs").
+    runs=$(sed -nE 's/^Done ([0-9]+) runs in.*/\1/p' "$work/$t.log" | tail -1)
+    echo "fuzz: $t: no crash in $(( $(date +%s) - start )) s (${runs:-?} runs)"
   else
     echo "fuzz: $t: CRASH" >&2
     grep -E "ERROR|SUMMARY|Test unit written" "$work/$t.log" | tail -5 >&2 || true

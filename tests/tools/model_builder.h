@@ -21,7 +21,7 @@
 namespace kvsnap::testing {
 
 struct ModelSpec {
-  std::string arch = "llama";        // llama | deci | qwen2vl | gemma2 | gemma3 | lfm2
+  std::string arch = "llama";        // llama | deci | qwen2 | qwen2vl | gemma2 | gemma3 | lfm2
   std::string name = "kvsnap-mkmodel";
   uint32_t n_layer = 4;
   uint32_t n_embd = 256;
@@ -55,7 +55,7 @@ struct ModelSpec {
 };
 
 inline const std::vector<std::string>& model_builder_archs() {
-  static const std::vector<std::string> k = {"llama", "deci", "qwen2vl", "gemma2", "gemma3", "lfm2"};
+  static const std::vector<std::string> k = {"llama", "deci", "qwen2", "qwen2vl", "gemma2", "gemma3", "lfm2"};
   return k;
 }
 
@@ -146,7 +146,7 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
                                      " is not a multiple of n_head_kv " + std::to_string(kv));
     }
   }
-  if ((a == "qwen2vl" || lfm2) && s.n_head * s.head_dim != s.n_embd) {
+  if ((a == "qwen2" || a == "qwen2vl" || lfm2) && s.n_head * s.head_dim != s.n_embd) {
     return Status::InvalidArgument("mkmodel: " + a + " needs n_embd == n_head * head_dim (" +
                                    std::to_string(s.n_head * s.head_dim) + ")");
   }
@@ -313,7 +313,7 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
     KV_RETURN_IF_ERROR(weight(p + "attn_q.weight", s.n_embd, n_q));
     KV_RETURN_IF_ERROR(weight(p + "attn_k.weight", s.n_embd, n_kv, detail::kv_row_scale(s, il, false)));
     KV_RETURN_IF_ERROR(weight(p + "attn_v.weight", s.n_embd, n_kv, detail::kv_row_scale(s, il, true)));
-    if (a == "qwen2vl") {
+    if (a == "qwen2" || a == "qwen2vl") {
       KV_RETURN_IF_ERROR(bias(p + "attn_q.bias", n_q));
       KV_RETURN_IF_ERROR(bias(p + "attn_k.bias", n_kv));
       KV_RETURN_IF_ERROR(bias(p + "attn_v.bias", n_kv));

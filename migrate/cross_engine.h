@@ -1,0 +1,98 @@
+// Moving a session between llama.cpp and mlx-lm for a model both engines run (issue 15 part 4):
+//
+//   llama.cpp slot/session file  ->  mlx-lm prompt cache (KVCache, or QuantizedKVCache at
+//                                    --kv-bits/--kv-group-size), in any of mlx-lm's three layouts
+//   mlx-lm prompt cache          ->  llama.cpp slot file (ggsq) at any -ctk/-ctv, flash attention on
+//                                    or off, rotated or not, for the llama.cpp build named
+//
+// What differs between the two caches, and what is done about it:
+//   - K rows in RoPE pair order. llama.cpp's converter permutes the Q/K projection rows of
+//     llama-family models so its NORM rope (pairs 2j, 2j+1) matches HF's rotate-half rope (pairs
+//     j, j+D/2) that mlx-lm runs; the cached, post-RoPE K therefore holds, per head,
+//         llama.cpp k[2j + t]  ==  mlx-lm k[t*D/2 + j]        (j < D/2, t in {0,1})
+//     and is mapped back and forth. NEOX-rope families (qwen2, ...) were not permuted: K is copied.
+//     Any other architecture is refused (kNotSupported): kvsnap does not know its converter.
+//   - llama.cpp's Hadamard rotation of quantized K/V (migrate/hadamard.h): undone on the way to
+//     mlx-lm as `kvsnap convert` undoes it (the writer's rotation decided from the evidence of
+//     migrate/source_rotation.h; undecided -> refused, never guessed), applied on the way back by
+//     llama.cpp's rule for the target build.
+//   - ggml block types are dequantized; a transposed V (flash attention off) is read as rows.
+//   - mlx-lm's shapes: [1, n_kv_heads, T, head_dim] per layer, in the layer's float type.
+//   - Tokens: mlx-lm stores none. The llama.cpp side's tokens go into the prompt cache's user
+//     metadata as "tokens" (a JSON list; mlx-lm ignores it), and the way back takes them from there
+//     or from the caller (`--tokens`); their count must be the cache's offset.
+// Refused (kNotSupported, naming the file and the reason): iSWA, hybrid and recurrent memories,
+// MLA, M-RoPE cell extras, more than one sequence or stream, positions that are not 0..T-1, mlx-lm
+// classes other than KVCache/QuantizedKVCache; kMismatch when the cache does not fit the model
+// (layer count, KV heads, head dims checked against the GGUF).
+//
+// Both directions go through float32 in memory (the cache at f32: 4 bytes per value, plus the
+// output), so memory grows with the session; nothing is written to `out` before every check passed.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/io.h"
+#include "base/status.h"
+#include "format/llama_state.h"
+#include "format/mlx_prompt_cache.h"
+#include "migrate/conversion_spec.h"
+#include "migrate/mlx_requant.h"
+#include "migrate/model_info.h"
+
+namespace kvsnap {
+
+// How a model's K rows differ between the engines.
+struct KOrder {
+  bool permuted = false;  // llama.cpp interleaved pairs vs mlx-lm split halves
+  std::string why;        // "llama: NORM rope, converter permuted Q/K" for reports
+};
+// kNotSupported for models the move cannot handle (the reasons listed above).
+Result<KOrder> cross_engine_k_order(const ModelInfo& model);
+
+// One head row of D values: llama.cpp order -> mlx-lm order (permuted), or the inverse.
+void k_row_to_mlx(const float* llama, float* mlx, uint32_t head_dim);
+void k_row_to_llama(const float* mlx, float* llama, uint32_t head_dim);
+
+struct LlamaToMlxSpec {
+  // Rotation claims about the input (--src-rotation, --source-build, a server's build), as for
+  // `kvsnap convert`; the rest of the ConversionSpec is ignored.
+  ConversionSpec claims;
+  // The float type of the KVCache tensors: "F16", "BF16", "F32"; "" = the file's K type when it
+  // is a float type, else F16.
+  std::string dtype;
+  MlxKvSetting quant;                      // bits 0: KVCache; else QuantizedKVCache
+  MlxLayout layout = MlxLayout::kScalars;  // the mlx-lm release that will load it (mlx_layout_for)
+  std::string model_name;                  // user metadata "model"
+};
+
+struct MlxToLlamaSpec {
+  // The target: ctk/ctv (default f16), flash_attn (default on), dst_rotation/rotation,
+  // target_build, format; as for `kvsnap convert`.
+  ConversionSpec target;
+  std::optional<std::vector<int32_t>> tokens;  // else the file's "tokens" metadata
+};
+
+struct CrossEngineResult {
+  uint32_t n_tokens = 0;
+  uint32_t n_layers = 0;
+  KOrder k_order;
+  std::string from, to;                // "ggsq v3 slot, K q8_0, V q8_0" / "mlx-lm KVCache F16 (scalars)"
+  SourceRotation rotation;             // llama -> mlx: how the input's rotation was decided
+  std::vector<std::string> notes;
+  uint64_t bytes_out = 0;
+};
+
+Result<CrossEngineResult> llama_to_mlx(const StateFile& src, const ReadableFile& file, const ModelInfo& model,
+                                       const LlamaToMlxSpec& spec, ByteSink& out);
+Result<CrossEngineResult> mlx_to_llama(const MlxPromptCache& src, const ReadableFile& file, const ModelInfo& model,
+                                       const MlxToLlamaSpec& spec, ByteSink& out);
+
+// Token ids from text: a JSON list ("[1, 2, 3]") or integers separated by spaces, commas or
+// newlines. kInvalidArgument naming `what` and the first bad word.
+Result<std::vector<int32_t>> parse_token_list(const std::string& text, const std::string& what);
+
+}  // namespace kvsnap

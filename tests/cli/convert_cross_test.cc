@@ -1,0 +1,78 @@
+// kvsnap convert --to mlx|llama (cmd_convert_cross.cc): a shipped llama.cpp v0.5.0 slot moved to an
+// mlx-lm prompt cache and back, and the option checks of each direction.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include "cli/commands.h"
+
+namespace kvsnap::cli {
+namespace {
+
+const std::string kFixtures = std::string(KVSNAP_SOURCE_DIR) + "/fixtures";
+const std::string kSlot = kFixtures + "/v0.5.0/hd64-f16-f16-faon.slot";
+const std::string kModel = kFixtures + "/models/tiny-hd64.gguf";
+
+bool exists(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+Status convert(ConvertOptions o, std::string& out) {
+  std::string warnings;
+  return run_convert(o, out, warnings);
+}
+
+TEST(ConvertCross, SlotToMlxAndBack) {
+  ConvertOptions o;
+  o.in = kSlot;
+  o.out = ::testing::TempDir() + "kvsnap-cross-hd64.safetensors";
+  o.to = "mlx";
+  o.model = kModel;
+  std::string out;
+  Status s = convert(o, out);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NE(out.find("mlx-lm KVCache F16 (scalars)"), std::string::npos) << out;
+  EXPECT_NE(out.find("K pairs (2j, 2j+1) <-> (j, j+D/2)"), std::string::npos) << out;
+
+  ConvertOptions b;
+  b.in = o.out;
+  b.out = ::testing::TempDir() + "kvsnap-cross-hd64-back.slot";
+  b.to = "llama";
+  b.model = kModel;
+  b.ctk = b.ctv = "q8_0";
+  b.json = true;
+  s = convert(b, out);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NE(out.find("\"to\": \"ggsq v3, K q8_0, V q8_0 (rows)\""), std::string::npos) << out;
+}
+
+TEST(ConvertCross, OptionChecks) {
+  std::string out;
+  ConvertOptions o;
+  o.in = kSlot;
+  o.out = ::testing::TempDir() + "kvsnap-cross-never.safetensors";
+  o.to = "mlx";
+  Status s = convert(o, out);  // no --model
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("--model"), std::string::npos) << s.ToString();
+  o.model = kModel;
+  o.ctk = "q8_0";  // a llama.cpp target option on the way to mlx-lm
+  s = convert(o, out);
+  EXPECT_NE(s.message().find("does not take --ctk/--ctv"), std::string::npos) << s.ToString();
+  o.ctk.clear();
+  o.to = "llama";  // a llama.cpp file cannot go to llama.cpp
+  s = convert(o, out);
+  EXPECT_NE(s.message().find("already a llama.cpp state file"), std::string::npos) << s.ToString();
+  o.to = "vllm";
+  s = convert(o, out);
+  EXPECT_NE(s.message().find("--to 'vllm'"), std::string::npos) << s.ToString();
+  o.to.clear();
+  o.tokens = "t.json";  // --tokens without --to
+  s = convert(o, out);
+  EXPECT_NE(s.message().find("--to llama|mlx"), std::string::npos) << s.ToString();
+  EXPECT_FALSE(exists(o.out));
+}
+
+}  // namespace
+}  // namespace kvsnap::cli

@@ -1,0 +1,218 @@
+// migrate/cross_engine: the K pair permutation, token lists, which models move, the refusals, and an
+// exact f32 round trip mlx-lm -> llama.cpp -> mlx-lm on synthetic caches. The real engines are in
+// tests/mlx/cross_engine_test.py (oracle.mlx_cross_engine).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "base/byte_order.h"
+#include "format/mlx_layout.h"
+#include "migrate/cross_engine.h"
+#include "support/gguf_writer.h"
+#include "tools/model_builder.h"
+
+namespace kvsnap {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CrossEngine : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("kvsnap-cross-" + unique_suffix());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A tiny model of `arch` written to a file and loaded as `kvsnap convert --model` does.
+  ModelInfo model(const std::string& arch, uint32_t n_head_kv = 2, uint32_t head_dim = 16) {
+    testing::ModelSpec s;
+    s.arch = arch;
+    s.n_layer = 2;
+    s.n_head = 4;
+    s.n_head_kv = n_head_kv;
+    s.head_dim = head_dim;
+    s.n_embd = 4 * head_dim;
+    s.n_ff = 32;
+    s.vocab_words = 4;
+    if (arch == "gemma3") s.swa_pattern = 2;
+    GgufWriter w;
+    EXPECT_TRUE(testing::build_model(s, w).ok());
+    VectorSink sink;
+    EXPECT_TRUE(w.write(sink).ok());
+    const std::string path = (dir_ / (arch + ".gguf")).string();
+    auto f = posix_io().open_write(path, false);
+    EXPECT_TRUE(f.ok());
+    EXPECT_TRUE((*f)->append(sink.bytes).ok());
+    EXPECT_TRUE((*f)->close().ok());
+    auto m = load_model_info(posix_io(), path);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    return std::move(*m);
+  }
+
+  fs::path dir_;
+};
+
+float value(int layer, int side, int h, int t, int d) {
+  return float(layer * 1000 + side * 500 + h * 100 + t) + float(d) / 64.0f;
+}
+
+// A float32 KVCache prompt cache (meta_state layout) of 2 layers, H heads, T tokens, D dims.
+std::vector<std::byte> mlx_cache(int H, int T, int D, const std::string& tokens) {
+  MlxOutFile f;
+  for (int il = 0; il < 2; ++il) {
+    for (int side = 0; side < 2; ++side) {
+      MlxOutTensor t;
+      t.t.name = std::to_string(il) + "." + std::to_string(side);
+      t.t.dtype = "F32";
+      t.t.shape = {1, H, T, D};
+      for (int h = 0; h < H; ++h) {
+        for (int tt = 0; tt < T; ++tt) {
+          for (int d = 0; d < D; ++d) append_le<uint32_t>(t.bytes, std::bit_cast<uint32_t>(value(il, side, h, tt, d)));
+        }
+      }
+      f.tensors.push_back(std::move(t));
+    }
+    f.metadata.emplace_back("0." + std::to_string(il), "");
+    f.metadata.emplace_back("2." + std::to_string(il), "KVCache");
+  }
+  if (!tokens.empty()) f.metadata.emplace_back("1.tokens", tokens);
+  std::sort(f.metadata.begin(), f.metadata.end());
+  VectorSink out;
+  const MemoryFile none("none", std::vector<std::byte>{});
+  EXPECT_TRUE(write_mlx_file(f, MlxPromptCache{}, none, out).ok());
+  return out.bytes;
+}
+
+TEST(CrossEngineKRow, PairsToHalvesAndBack) {
+  const float llama[8] = {0, 1, 2, 3, 4, 5, 6, 7};  // pairs (0,1) (2,3) (4,5) (6,7)
+  float mlx[8], back[8];
+  k_row_to_mlx(llama, mlx, 8);
+  const float want[8] = {0, 2, 4, 6, 1, 3, 5, 7};  // pair j at (j, j + 4)
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(mlx[i], want[i]) << i;
+  k_row_to_llama(mlx, back, 8);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(back[i], llama[i]) << i;
+}
+
+TEST(CrossEngineTokens, ListsAndRefusals) {
+  auto a = parse_token_list("[1, 2,3]\n", "t");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(*a, (std::vector<int32_t>{1, 2, 3}));
+  auto b = parse_token_list("1 2\n3,-4", "t");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(*b, (std::vector<int32_t>{1, 2, 3, -4}));
+  auto e = parse_token_list("[]", "t");
+  ASSERT_TRUE(e.ok());
+  EXPECT_TRUE(e->empty());
+  for (const char* bad : {"[1, x]", "[1, 2", "1.5", "99999999999", "[1] 2", "-"}) {
+    auto r = parse_token_list(bad, "toks.json");
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("toks.json"), std::string::npos) << r.status().ToString();
+  }
+}
+
+TEST_F(CrossEngine, WhichModelsMove) {
+  auto llama = cross_engine_k_order(model("llama"));
+  ASSERT_TRUE(llama.ok()) << llama.status().ToString();
+  EXPECT_TRUE(llama->permuted);
+  auto qwen2 = cross_engine_k_order(model("qwen2"));
+  ASSERT_TRUE(qwen2.ok()) << qwen2.status().ToString();
+  EXPECT_FALSE(qwen2->permuted);
+  const std::pair<const char*, const char*> refused[] = {
+      {"gemma3", "iSWA"}, {"lfm2", "recurrent"}, {"qwen2vl", "M-RoPE"}, {"deci", "does not know"}};
+  for (const auto& [arch, why] : refused) {
+    auto r = cross_engine_k_order(model(arch));
+    ASSERT_FALSE(r.ok()) << arch;
+    EXPECT_EQ(r.status().code(), Code::kNotSupported) << arch;
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().ToString();
+  }
+}
+
+// mlx-lm f32 -> llama.cpp f32 slot -> mlx-lm f32: every value back bit for bit, the llama.cpp rows
+// in its pair order, the tokens carried through the metadata.
+TEST_F(CrossEngine, F32RoundTripIsExact) {
+  const ModelInfo m = model("llama");
+  const int H = 2, T = 5, D = 16;
+  const MemoryFile in("in.safetensors", mlx_cache(H, T, D, "[1,2,3,4,5]"));
+  auto cache = read_mlx_prompt_cache(in);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  MlxToLlamaSpec to_llama;
+  to_llama.target.ctk = to_llama.target.ctv = "f32";
+  VectorSink slot;
+  auto r = mlx_to_llama(*cache, in, m, to_llama, slot);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->n_tokens, uint32_t(T));
+  EXPECT_TRUE(r->k_order.permuted);
+
+  const MemoryFile slot_file("out.slot", std::move(slot.bytes));
+  ParseOptions po;
+  po.shape = &m.shape;
+  auto st = parse_state(slot_file, po);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->tokens.tokens, (std::vector<int32_t>{1, 2, 3, 4, 5}));
+  // layer 1, cell 3, head 1: K value 2j+1 of llama.cpp's row is mlx-lm's D/2 + j
+  const KvLayer& L1 = st->memory.kv[0].streams[0].layers[1];
+  std::vector<std::byte> row(H * D * 4);
+  ASSERT_TRUE(slot_file.read_at(L1.k.offset + 3 * row.size(), row).ok());
+  const int j = 5;
+  const float got = std::bit_cast<float>(load_le<uint32_t>(row.data() + (D + 2 * j + 1) * 4));
+  EXPECT_EQ(got, value(1, 0, 1, 3, D / 2 + j));
+
+  LlamaToMlxSpec to_mlx;
+  to_mlx.dtype = "F32";
+  to_mlx.layout = MlxLayout::kMeta;
+  VectorSink back;
+  auto r2 = llama_to_mlx(*st, slot_file, m, to_mlx, back);
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  const MemoryFile back_file("back.safetensors", std::move(back.bytes));
+  auto again = read_mlx_prompt_cache(back_file);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  for (size_t il = 0; il < 2; ++il) {
+    for (int side = 0; side < 2; ++side) {
+      const MlxKvSide& a = side ? *cache->layers[il].v : *cache->layers[il].k;
+      const MlxKvSide& b = side ? *again->layers[il].v : *again->layers[il].k;
+      auto x = read_tensor(cache->st, in, *a.data);
+      auto y = read_tensor(again->st, back_file, *b.data);
+      ASSERT_TRUE(x.ok() && y.ok());
+      EXPECT_TRUE(*x == *y) << "layer " << il << " side " << side;
+    }
+  }
+  bool has_tokens = false;
+  for (const auto& [k, v] : again->user_metadata) has_tokens = has_tokens || (k == "tokens" && v == "[1,2,3,4,5]");
+  EXPECT_TRUE(has_tokens);
+}
+
+TEST_F(CrossEngine, MlxToLlamaRefusals) {
+  const ModelInfo m = model("llama");
+  VectorSink out;
+  {  // no token ids anywhere
+    const MemoryFile in("in.safetensors", mlx_cache(2, 5, 16, ""));
+    auto c = read_mlx_prompt_cache(in);
+    ASSERT_TRUE(c.ok());
+    auto r = mlx_to_llama(*c, in, m, MlxToLlamaSpec{}, out);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("--tokens"), std::string::npos) << r.status().ToString();
+    MlxToLlamaSpec spec;
+    spec.tokens = std::vector<int32_t>{1, 2, 3};  // 3 ids for 5 tokens
+    r = mlx_to_llama(*c, in, m, spec, out);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kMismatch) << r.status().ToString();
+  }
+  {  // 3 KV heads for a model of 2
+    const MemoryFile in("in.safetensors", mlx_cache(3, 5, 16, "[1,2,3,4,5]"));
+    auto c = read_mlx_prompt_cache(in);
+    ASSERT_TRUE(c.ok());
+    auto r = mlx_to_llama(*c, in, m, MlxToLlamaSpec{}, out);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kMismatch);
+    EXPECT_NE(r.status().message().find("KV heads"), std::string::npos) << r.status().ToString();
+  }
+  EXPECT_TRUE(out.bytes.empty());  // nothing is written before every check passed
+}
+
+}  // namespace
+}  // namespace kvsnap

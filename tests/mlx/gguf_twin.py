@@ -1,0 +1,101 @@
+"""The GGUF twin: an mlx-lm model with the very weights of a kvsnap-mkmodel GGUF, so llama.cpp and
+mlx-lm compute the same function of the same token ids (issue 15 part 5).
+
+mx.load reads the GGUF (f16/f32 tensors). llama.cpp's converter permuted the Q and K projection rows
+of llama-family models so that its NORM RoPE (adjacent pairs 2j, 2j+1) equals HF's rotate-half RoPE
+(pairs j, j + D/2) that mlx-lm runs (traditional=False); the twin undoes that permutation per head:
+    gguf row h*D + 2j + t  ==  HF row h*D + t*D/2 + j.
+NEOX-rope families (qwen2) were not permuted by the converter and are loaded as they are.
+Weights are kept in float32 (exact from f16), so mlx-lm computes in float32 like llama.cpp's CPU
+backend does with f16 weights.
+"""
+import mlx.core as mx
+import numpy as np
+
+
+def _meta_int(md, key):
+    return int(np.array(md[key]).item())
+
+
+def _meta_float(md, key):
+    return float(np.array(md[key]).item())
+
+
+def unpermute_rows(w, n_head):
+    """GGUF (interleaved-pair) rows of a Q/K projection -> HF (split-half) rows."""
+    out_dim = w.shape[0]
+    d = out_dim // n_head
+    rest = w.shape[1:]
+    return w.reshape(n_head, d // 2, 2, *rest).swapaxes(1, 2).reshape(out_dim, *rest)
+
+
+def load_twin(gguf_path, permute=None):
+    """Returns (model, info) for a llama or qwen2 GGUF made by kvsnap-mkmodel. `permute` overrides
+    whether Q/K rows are un-permuted (the arch decides by default; the override is the control)."""
+    w, md = mx.load(gguf_path, return_metadata=True)
+    arch = str(md["general.architecture"])
+    a = arch
+    n_layer = _meta_int(md, a + ".block_count")
+    n_embd = _meta_int(md, a + ".embedding_length")
+    n_head = _meta_int(md, a + ".attention.head_count")
+    n_head_kv = _meta_int(md, a + ".attention.head_count_kv")
+    head_dim = _meta_int(md, a + ".attention.key_length")
+    n_ff = _meta_int(md, a + ".feed_forward_length")
+    eps = _meta_float(md, a + ".attention.layer_norm_rms_epsilon")
+    theta = _meta_float(md, a + ".rope.freq_base")
+    n_vocab = w["token_embd.weight"].shape[0]
+    common = dict(hidden_size=n_embd, num_hidden_layers=n_layer, intermediate_size=n_ff,
+                  num_attention_heads=n_head, num_key_value_heads=n_head_kv, rms_norm_eps=eps,
+                  vocab_size=n_vocab, rope_theta=theta, tie_word_embeddings=False)
+    if arch == "llama":
+        from mlx_lm.models.llama import Model, ModelArgs
+        model = Model(ModelArgs(model_type="llama", head_dim=head_dim, **common))
+        permuted = True if permute is None else permute
+    elif arch == "qwen2":
+        from mlx_lm.models.qwen2 import Model, ModelArgs
+        if n_head * head_dim != n_embd:
+            raise ValueError("qwen2 twin needs n_embd == n_head * head_dim")
+        model = Model(ModelArgs(model_type="qwen2", **common))
+        permuted = False if permute is None else permute
+    else:
+        raise ValueError("no twin for arch %s" % arch)
+
+    f32 = {k: v.astype(mx.float32) for k, v in w.items()}
+    names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+             "output.weight": "lm_head.weight"}
+    per_layer = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+                 "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+                 "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+                 "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+                 "attn_v.bias": "self_attn.v_proj.bias",
+                 "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+                 "ffn_down.weight": "mlp.down_proj.weight"}
+    weights = []
+    for k, v in f32.items():
+        if k in names:
+            weights.append((names[k], v))
+            continue
+        parts = k.split(".", 2)
+        if parts[0] != "blk" or parts[2] not in per_layer:
+            raise ValueError("%s: tensor %s has no place in the twin" % (gguf_path, k))
+        if permuted and parts[2].startswith("attn_q."):
+            v = unpermute_rows(v, n_head)
+        if permuted and parts[2].startswith("attn_k."):
+            v = unpermute_rows(v, n_head_kv)
+        weights.append(("model.layers.%s.%s" % (parts[1], per_layer[parts[2]]), v))
+    model.load_weights(weights, strict=True)
+    mx.eval(model.parameters())
+    info = dict(arch=arch, n_layer=n_layer, n_head_kv=n_head_kv, head_dim=head_dim, n_vocab=n_vocab)
+    return model, info
+
+
+def log_softmax64(x):
+    x = np.array(x, dtype=np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def mean_kl(ref, got):
+    """Mean over rows of KL(softmax(ref) || softmax(got)), float64 (docs/fidelity.md)."""
+    lr, lg = log_softmax64(ref), log_softmax64(got)
+    return float(np.mean(np.sum(np.exp(lr) * (lr - lg), axis=-1)))
