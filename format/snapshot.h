@@ -157,6 +157,10 @@ struct SnapshotProvenance {
   uint32_t version = 0;
   uint64_t file_size = 0;
   Sha256Digest sha256{};
+  // INFO kind "mlx-prompt-cache": the original is an mlx-lm prompt cache (a safetensors file), not
+  // a llama.cpp state; `kind`, `magic` and `version` then mean nothing. Such a manifest has the
+  // MLXC section (SnapshotMlx) and no CELL data (format/snapshot_mlx.h).
+  bool mlx_prompt_cache = false;
 };
 
 // What the model's GGUF says, when one was given (all optional in INFO).
@@ -196,6 +200,18 @@ struct SnapshotEncryption {
   KeyId tenant_key_id{};
 };
 
+// MLXC: the original is an mlx-lm prompt cache (format/snapshot_mlx.h). One entry per tensor
+// segment, in segment order: the safetensors tensor it holds (a [B,H,S,D] tensor stored as a
+// kTransposed segment of B*H rows (planes) of S cells (sequence positions) of D*itemsize bytes).
+struct SnapshotMlxTensor {
+  std::string name;   // "3.0", "0.1.2"
+  std::string dtype;  // "BF16", "U32", ...
+};
+struct SnapshotMlx {
+  uint32_t version = 1;
+  std::vector<SnapshotMlxTensor> tensors;
+};
+
 struct SnapshotManifest {
   uint32_t format_version = kSnapshotFormatVersion;
   uint32_t min_reader_version = 1;
@@ -212,6 +228,7 @@ struct SnapshotManifest {
   Sha256Digest original_sha256{};          // DIGS: SHA-256 of the original file
   Sha256Digest sections_sha256{};          // DIGS: SHA-256 of the manifest bytes before DIGS
   std::optional<SnapshotEncryption> encryption;  // CRYP: absent = plain chunks, SHA-256 ids
+  std::optional<SnapshotMlx> mlx;                // MLXC: an mlx-lm prompt cache, not a llama.cpp state
   std::vector<uint32_t> skipped_sections;  // unknown optional tags a reader skipped
   std::vector<std::byte> bytes;      // the encoded manifest
   Sha256Digest manifest_sha256{};          // of `bytes` (a store may key the manifest by it)

@@ -304,8 +304,9 @@ Status decode_provenance(const OrderedJsonRef& prov, SnapshotProvenance& pv) {
   KV_ASSIGN_OR_RETURN(pv.file_size, prov.unsigned_at("file_size"));
   KV_ASSIGN_OR_RETURN(const std::string sha, prov.string_at("sha256"));
   auto k = kind_from_tag(kind);
-  if (!k) return prov.error("kind '" + kind + "' is unknown");
-  pv.kind = *k;
+  pv.mlx_prompt_cache = kind == kMlxPromptCacheKind;
+  if (!k && !pv.mlx_prompt_cache) return prov.error("kind '" + kind + "' is unknown");
+  pv.kind = k.value_or(StateKind::kSeqFile);
   if (magic.size() != 8 || magic.find_first_not_of("0123456789abcdef") != std::string::npos) {
     return prov.error("magic '" + magic + "' is not 8 hex digits");
   }

@@ -44,6 +44,11 @@ inline constexpr uint32_t kTagDigs = fourcc("DIGS");
 inline constexpr uint32_t kTagCryp = fourcc("CRYP");  // SnapshotEncryption
 inline constexpr uint32_t kTagChkx = fourcc("CHKX");  // ChunkRef::xxh of every chunk (optional)
 inline constexpr uint32_t kChkxXxh3_128 = 1;           // CHKX's algorithm: XXH3-128, canonical bytes
+// SnapshotMlx. Written first, so a kvsnap that does not know it stops at it ("required section
+// 'MLXC' is unknown") before it could take the mlx provenance in INFO for a damaged one.
+inline constexpr uint32_t kTagMlxc = fourcc("MLXC");
+// INFO.provenance.kind of an mlx-lm prompt cache.
+inline constexpr const char* kMlxPromptCacheKind = "mlx-prompt-cache";
 inline constexpr uint32_t kSectionRequired = 1;
 
 // "INFO", or "0x12345678" when not printable.
@@ -118,6 +123,20 @@ class SpanReader {
 // Encodes the sections of `m` (info, cells, tokens, segments, chunks, digests)
 // into m.bytes and sets m.sections_sha256 and m.manifest_sha256.
 void encode_manifest(SnapshotManifest& m);
+
+// Chunks the segments of m.segments (set by the caller) from `original`: every chunk encoded on
+// opts.threads workers and handed to `chunks` in order, the original hashed on the side. Sets
+// m.chunks and m.original_sha256. Checks opts first.
+Status encode_snapshot_chunks(const ReadableFile& original, const SnapshotOptions& opts, ChunkSink& chunks,
+                              SnapshotManifest& m);
+
+// Planning: a frame segment for file bytes [at, end) (nothing when end <= at; `at` moves to end),
+// and, once every segment is in, the frame chunk count and each tensor segment's first chunk.
+void add_frame_segment(SegmentTable& t, uint64_t& at, uint64_t end);
+void number_chunks(SegmentTable& t);
+
+// A kTransposed segment's band height (docs/format.md, "Writer's choices").
+uint32_t rows_per_chunk(uint64_t n_rows, uint64_t cell_count, uint64_t elem_bytes, uint64_t cells_per_chunk);
 
 // The INFO document for a state (everything but the digests of the bytes).
 nlohmann::ordered_json build_info(const StateFile& f, const SnapshotOptions& opts, const Sha256Digest& original_sha,

@@ -234,6 +234,20 @@ std::vector<std::byte> encode_encryption(const SnapshotEncryption& e) {
   return b;
 }
 
+// MLXC: u32 version (1), u32 n_tensors, per tensor u16 name length, name, u16 dtype length, dtype.
+std::vector<std::byte> encode_mlx(const SnapshotMlx& x) {
+  std::vector<std::byte> b;
+  put_u32(b, x.version);
+  put_u32(b, uint32_t(x.tensors.size()));
+  for (const SnapshotMlxTensor& t : x.tensors) {
+    append_le(b, uint16_t(t.name.size()));
+    put_bytes(b, t.name.data(), t.name.size());
+    append_le(b, uint16_t(t.dtype.size()));
+    put_bytes(b, t.dtype.data(), t.dtype.size());
+  }
+  return b;
+}
+
 }  // namespace
 
 void encode_manifest(SnapshotManifest& m) {
@@ -243,7 +257,8 @@ void encode_manifest(SnapshotManifest& m) {
   put_u32(b, m.min_reader_version);
   const bool chkx = !m.chunks.empty() && std::all_of(m.chunks.begin(), m.chunks.end(),
                                                        [](const ChunkRef& c) { return c.xxh.has_value(); });
-  put_u32(b, 6 + (m.encryption ? 1 : 0) + (chkx ? 1 : 0));  // sections
+  put_u32(b, 6 + (m.encryption ? 1 : 0) + (chkx ? 1 : 0) + (m.mlx ? 1 : 0));  // sections
+  if (m.mlx) put_section(b, kTagMlxc, encode_mlx(*m.mlx));
   const std::string info = m.info.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
   put_section(b, kTagInfo, std::vector<std::byte>(reinterpret_cast<const std::byte*>(info.data()),
                                                   reinterpret_cast<const std::byte*>(info.data()) + info.size()));
@@ -447,6 +462,35 @@ Status decode_encryption(std::span<const std::byte> payload, const std::string& 
   return Status::OK();
 }
 
+Status decode_mlx(std::span<const std::byte> payload, const std::string& name, SnapshotManifest& m) {
+  SpanReader r(payload, name + ": MLXC section");
+  SnapshotMlx x;
+  uint32_t n = 0;
+  KV_RETURN_IF_ERROR(r.u32(x.version, "version"));
+  if (x.version != 1) {
+    return Status::NotSupported(name + ": MLXC section version " + std::to_string(x.version) +
+                                ": this kvsnap reads version 1: upgrade kvsnap");
+  }
+  KV_RETURN_IF_ERROR(r.u32(n, "tensor count"));
+  KV_RETURN_IF_ERROR(r.check_count(n, 4, "tensors"));
+  x.tensors.resize(n);
+  auto text = [&r](std::string& out, const char* what) -> Status {
+    uint16_t len = 0;
+    KV_RETURN_IF_ERROR(r.u16(len, what));
+    KV_ASSIGN_OR_RETURN(std::span<const std::byte> bytes, r.take(len, what));
+    out.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    return Status::OK();
+  };
+  for (SnapshotMlxTensor& t : x.tensors) {
+    KV_RETURN_IF_ERROR(text(t.name, "tensor name"));
+    KV_RETURN_IF_ERROR(text(t.dtype, "tensor dtype"));
+    if (t.name.empty()) return r.corrupt("an empty tensor name");
+  }
+  if (!r.at_end()) return r.corrupt(std::to_string(r.remaining()) + " bytes after the tensors");
+  m.mlx = std::move(x);
+  return Status::OK();
+}
+
 Status decode_digests(std::span<const std::byte> payload, const std::string& name, SnapshotManifest& m,
                       uint64_t& original_size) {
   SpanReader r(payload, name + ": DIGS section");
@@ -565,8 +609,9 @@ class TableCheck {
   Status tensor_geometry(const std::string& which, const Segment& s) const {
     const uint64_t cc = s.cell_count, N = s.cells_per_chunk;
     if (cc == 0 || N == 0) return bad(which + ": zero cells or cells per chunk");
-    if (m_.cells.size() <= s.section || m_.cells[s.section].streams.size() <= s.stream ||
-        m_.cells[s.section].streams[s.stream].size() != cc) {
+    // An mlx-lm prompt cache has no cells: its segments' cell counts are sequence lengths (MLXC).
+    if (!m_.mlx && (m_.cells.size() <= s.section || m_.cells[s.section].streams.size() <= s.stream ||
+                    m_.cells[s.section].streams[s.stream].size() != cc)) {
       return bad(which + ": " + std::to_string(cc) + " cells disagree with the CELL section");
     }
     uint64_t max_chunk = 0;
@@ -611,7 +656,33 @@ class TableCheck {
   uint64_t at_ = 0, frame_at_ = 0, next_chunk_ = 0;  // where the walk has reached
 };
 
+// An mlx-lm prompt cache's manifest: INFO says so exactly when MLXC is there, it has no cells, and
+// MLXC names one tensor per tensor segment, each a kTransposed block of planes (format/snapshot_mlx.h).
+Status check_mlx(const std::string& name, const SnapshotManifest& m) {
+  if (m.provenance.mlx_prompt_cache != m.mlx.has_value()) {
+    return Status::Corruption(name + (m.mlx ? ": an MLXC section, but INFO's provenance is not an mlx-lm prompt cache"
+                                            : ": INFO says an mlx-lm prompt cache, but there is no MLXC section"));
+  }
+  if (!m.mlx) return Status::OK();
+  if (!m.cells.empty()) return Status::Corruption(name + ": an mlx-lm prompt cache with a CELL table");
+  size_t n = 0;
+  for (const Segment& s : m.segments.segments) {
+    if (s.kind == SegmentKind::kFrame) continue;
+    if (s.kind != SegmentKind::kTransposed || s.layer != n) {
+      return Status::Corruption(name + ": mlx-lm tensor segment " + std::to_string(n) + " is not the " +
+                                std::to_string(n) + "th block of planes");
+    }
+    ++n;
+  }
+  if (n != m.mlx->tensors.size()) {
+    return Status::Corruption(name + ": MLXC names " + std::to_string(m.mlx->tensors.size()) +
+                              " tensors, the segment table has " + std::to_string(n));
+  }
+  return Status::OK();
+}
+
 Status check_tables(const std::string& name, const SnapshotManifest& m, uint64_t original_size) {
+  KV_RETURN_IF_ERROR(check_mlx(name, m));
   TableCheck check(name, m, original_size);
   KV_RETURN_IF_ERROR(check.frame_and_digests());
   KV_RETURN_IF_ERROR(check.segments());
@@ -686,6 +757,7 @@ Status decode_sections(const std::vector<SectionEntry>& secs, const std::string&
     else if (s.tag == kTagChnk) st = decode_chunks(s.payload, name, m);
     else if (s.tag == kTagCryp) st = decode_encryption(s.payload, name, m);
     else if (s.tag == kTagChkx) chkx = &s;
+    else if (s.tag == kTagMlxc) st = decode_mlx(s.payload, name, m);
     else if (s.flags & kSectionRequired) {
       return Status::NotSupported(name + ": required section '" + tag_name(s.tag) +
                                   "' is unknown to this kvsnap (it reads snapshot format version " +

@@ -231,12 +231,18 @@ std::string SnapshotReader::Impl::describe(uint64_t i) const {
     const uint64_t b = i * t.frame_chunk_bytes;
     return s + " (frame stream bytes " + std::to_string(b) + ".." +
            std::to_string(std::min<uint64_t>(b + t.frame_chunk_bytes, t.frame_bytes) - 1) +
-           ": headers, cell metadata, tokens, opaque state)";
+           (m.mlx ? ": the safetensors header and the small tensors)" : ": headers, cell metadata, tokens, opaque state)");
   }
   for (const Segment& seg : t.segments) {
     if (seg.kind == SegmentKind::kFrame || i < seg.first_chunk || i >= seg.first_chunk + seg.n_chunks()) continue;
     const uint64_t k = i - seg.first_chunk, J = seg.cell_chunks(), j = k % J, b = k / J;
     const uint64_t c0 = j * seg.cells_per_chunk, c1 = std::min<uint64_t>(c0 + seg.cells_per_chunk, seg.cell_count);
+    if (m.mlx && seg.layer < m.mlx->tensors.size()) {  // an mlx-lm tensor: head planes x positions
+      const SnapshotMlxTensor& x = m.mlx->tensors[seg.layer];
+      const uint64_t r0 = b * seg.rows_per_chunk, r1 = std::min<uint64_t>(r0 + seg.rows_per_chunk, seg.n_rows);
+      return s + " (tensor " + x.name + " " + x.dtype + ", positions " + std::to_string(c0) + ".." +
+             std::to_string(c1 - 1) + ", planes " + std::to_string(r0) + ".." + std::to_string(r1 - 1) + ")";
+    }
     s += " (" + describe_segment(seg) + ", cells " + std::to_string(c0) + ".." + std::to_string(c1 - 1);
     if (seg.kind == SegmentKind::kTransposed) {
       const uint64_t r0 = b * seg.rows_per_chunk, r1 = std::min<uint64_t>(r0 + seg.rows_per_chunk, seg.n_rows);
@@ -321,6 +327,10 @@ ParseOptions SnapshotReader::parse_options() const {
 }
 
 Result<StateFile> SnapshotReader::parse_original() const {
+  if (impl_->m.mlx) {
+    return Status::NotSupported(impl_->name + ": an mlx-lm prompt cache (" + impl_->m.provenance.source +
+                                "), not a llama.cpp state");
+  }
   KV_ASSIGN_OR_RETURN(StateFile f, parse_state(original(), parse_options()));
   // A ggsn v6 session does not name its arch; the model recorded at save time does.
   if (f.legacy && f.arch.empty() && impl_->m.model) f.arch = impl_->m.model->arch;

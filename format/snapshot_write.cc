@@ -18,12 +18,7 @@ namespace kvsnap {
 
 using namespace snapshot_detail;
 
-namespace {
-
-struct TensorPiece {
-  ByteRange range;
-  Segment seg;
-};
+namespace snapshot_detail {
 
 // Transposed V: a band of R rows of every cell should fit kBandBytes (so a
 // front-to-back read of original() decodes each tile once), and a tile
@@ -41,6 +36,37 @@ uint32_t rows_per_chunk(uint64_t n_rows, uint64_t cell_count, uint64_t elem_byte
   R = std::min(R, std::max<uint64_t>(1, kMaxChunkRawBytes / tile_row));
   return uint32_t(std::min(R, n_rows));
 }
+
+void add_frame_segment(SegmentTable& t, uint64_t& at, uint64_t end) {
+  if (end <= at) return;
+  Segment fr;
+  fr.kind = SegmentKind::kFrame;
+  fr.file_offset = at;
+  fr.size = end - at;
+  fr.frame_offset = t.frame_bytes;
+  t.frame_bytes += fr.size;
+  t.segments.push_back(fr);
+  at = end;
+}
+
+void number_chunks(SegmentTable& t) {
+  t.n_frame_chunks = (t.frame_bytes + t.frame_chunk_bytes - 1) / t.frame_chunk_bytes;
+  uint64_t next = t.n_frame_chunks;
+  for (Segment& s : t.segments) {
+    if (s.kind == SegmentKind::kFrame) continue;
+    s.first_chunk = next;
+    next += s.n_chunks();
+  }
+}
+
+}  // namespace snapshot_detail
+
+namespace {
+
+struct TensorPiece {
+  ByteRange range;
+  Segment seg;
+};
 
 Result<SegmentTable> plan_segments(const StateFile& f, uint32_t cells_per_chunk, const std::string& name) {
   std::vector<TensorPiece> tensors;
@@ -79,17 +105,7 @@ Result<SegmentTable> plan_segments(const StateFile& f, uint32_t cells_per_chunk,
   SegmentTable t;
   t.frame_chunk_bytes = kFrameChunkBytes;
   uint64_t at = 0;
-  auto add_frame = [&](uint64_t end) {
-    if (end == at) return;
-    Segment fr;
-    fr.kind = SegmentKind::kFrame;
-    fr.file_offset = at;
-    fr.size = end - at;
-    fr.frame_offset = t.frame_bytes;
-    t.frame_bytes += fr.size;
-    t.segments.push_back(fr);
-    at = end;
-  };
+  auto add_frame = [&](uint64_t end) { add_frame_segment(t, at, end); };
   for (TensorPiece& p : tensors) {
     if (p.range.offset < at || p.range.size > f.file_size - p.range.offset || p.range.offset > f.file_size) {
       return Status::InvalidArgument(name + ": the parsed state's tensor ranges overlap or run past the file");
@@ -113,13 +129,7 @@ Result<SegmentTable> plan_segments(const StateFile& f, uint32_t cells_per_chunk,
     at = p.range.offset + p.range.size;
   }
   add_frame(f.file_size);
-  t.n_frame_chunks = (t.frame_bytes + t.frame_chunk_bytes - 1) / t.frame_chunk_bytes;
-  uint64_t next = t.n_frame_chunks;
-  for (Segment& s : t.segments) {
-    if (s.kind == SegmentKind::kFrame) continue;
-    s.first_chunk = next;
-    next += s.n_chunks();
-  }
+  number_chunks(t);
   return t;
 }
 
@@ -342,6 +352,16 @@ Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink
 
 }  // namespace
 
+Status snapshot_detail::encode_snapshot_chunks(const ReadableFile& original, const SnapshotOptions& opts,
+                                               ChunkSink& chunks, SnapshotManifest& m) {
+  KV_RETURN_IF_ERROR(check_options(opts));
+  ChunkReader reader(m.segments, original);
+  FileOrderHasher hasher(reader, original);
+  KV_RETURN_IF_ERROR(encode_all(reader, opts, chunks, hasher, m.chunks).Prefixed(original.name()));
+  KV_ASSIGN_OR_RETURN(m.original_sha256, hasher.finish());
+  return Status::OK();
+}
+
 Result<SnapshotManifest> build_snapshot(const StateFile& parsed, const ReadableFile& original,
                                         const SnapshotOptions& opts, ChunkSink& chunks) {
   KV_RETURN_IF_ERROR(check_options(opts));
@@ -352,16 +372,11 @@ Result<SnapshotManifest> build_snapshot(const StateFile& parsed, const ReadableF
   }
   SnapshotManifest m;
   KV_ASSIGN_OR_RETURN(m.segments, plan_segments(parsed, opts.cells_per_chunk, name));
-  ChunkReader reader(m.segments, original);
-
-  FileOrderHasher hasher(reader, original);
-  KV_RETURN_IF_ERROR(encode_all(reader, opts, chunks, hasher, m.chunks).Prefixed(name));
-  KV_ASSIGN_OR_RETURN(const Sha256Digest original_sha, hasher.finish());
-
-  m.original_sha256 = original_sha;
-  m.provenance = {std::string(), opts.writer, parsed.kind, parsed.magic, parsed.version, parsed.file_size, original_sha};
+  KV_RETURN_IF_ERROR(encode_snapshot_chunks(original, opts, chunks, m));
+  m.provenance = {std::string(), opts.writer, parsed.kind, parsed.magic, parsed.version, parsed.file_size,
+                  m.original_sha256};
   if (m.provenance.writer.src_rotation == "auto") m.provenance.writer.src_rotation.clear();
-  m.info = build_info(parsed, opts, original_sha, opts.created.empty() ? utc_now("%Y-%m-%dT%H:%M:%SZ") : opts.created);
+  m.info = build_info(parsed, opts, m.original_sha256, opts.created.empty() ? utc_now("%Y-%m-%dT%H:%M:%SZ") : opts.created);
   m.provenance.source = m.info["provenance"]["source"].get<std::string>();
   if (!parsed.arch.empty()) m.arch = parsed.arch;
   else if (opts.model && !opts.model->arch.empty()) m.arch = opts.model->arch;

@@ -16,6 +16,7 @@
 #include "cli/commands.h"
 #include "format/mlx_layout.h"
 #include "format/mlx_prompt_cache.h"
+#include "migrate/mlx_kv_target.h"
 #include "migrate/mlx_requant.h"
 
 namespace kvsnap::cli {
@@ -40,41 +41,6 @@ std::string llama_only_options(const ConvertOptions& o) {
   note(!o.input_format.empty(), "--input-format");
   note(!o.src_types.empty(), "--src-types");
   return given;
-}
-
-// The file's own setting: the first QuantizedKVCache layer's.
-MlxKvSetting file_setting(const MlxPromptCache& c) {
-  for (const MlxLayer& L : c.layers) {
-    if (L.cls == "QuantizedKVCache") return {int(*L.bits), int(*L.group_size)};
-  }
-  return {};
-}
-
-Result<MlxKvSetting> target_of(const ConvertOptions& o, const MlxPromptCache& c) {
-  const MlxKvSetting have = file_setting(c);
-  MlxKvSetting to;
-  if (o.kv_bits == "none" || o.kv_bits == "float") {
-    if (o.kv_group_size) {
-      return Status::InvalidArgument(o.in + ": --kv-group-size " + std::to_string(o.kv_group_size) +
-                                     " with --kv-bits " + o.kv_bits + ": a float cache has no groups; drop one");
-    }
-    return to;
-  }
-  if (o.kv_bits.empty()) {
-    if (have.is_float()) {
-      return Status::InvalidArgument(o.in + ": its K/V are float: give --kv-bits 2|3|4|5|6|8 to quantize them");
-    }
-    to.bits = have.bits;
-  } else {
-    const char* end = o.kv_bits.data() + o.kv_bits.size();
-    const auto [p, ec] = std::from_chars(o.kv_bits.data(), end, to.bits);
-    if (ec != std::errc() || p != end) {
-      return Status::InvalidArgument(o.in + ": --kv-bits '" + o.kv_bits + "': give 2, 3, 4, 5, 6, 8, or none (float)");
-    }
-  }
-  to.group_size = o.kv_group_size ? o.kv_group_size : have.is_float() ? 64 : have.group_size;
-  if (Status s = mlx_affine_check(to.bits, to.group_size); !s.ok()) return Status::InvalidArgument(o.in + ": " + s.message());
-  return to;
 }
 
 double finite_or(double v, double alt) { return std::isfinite(v) ? v : alt; }
@@ -239,7 +205,7 @@ Status run_convert_mlx(const ConvertOptions& o, const ReadableFile& file, std::s
     }
   }
   const MlxPromptCache& cache = *cache_ptr;
-  KV_ASSIGN_OR_RETURN(const MlxKvSetting to, target_of(o, cache));
+  KV_ASSIGN_OR_RETURN(const MlxKvSetting to, mlx_kv_target(cache, o.kv_bits, o.kv_group_size, o.in));
   KV_ASSIGN_OR_RETURN(const MlxDevice device, mlx_device_of(o.mlx_device));
   MlxRequantSpec spec{to, to, device, std::nullopt, unsigned(std::max(o.threads, 0))};
   if (target) spec.layout = target->layout;

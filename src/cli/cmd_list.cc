@@ -4,6 +4,7 @@
 #include "cli/store_common.h"
 #include "cli/commands.h"
 #include "cli/open_state.h"
+#include "format/snapshot_mlx.h"
 
 namespace kvsnap::cli {
 namespace {
@@ -75,6 +76,24 @@ struct ShowOpts {
   bool json = false, tokens = false;
 };
 
+// `show` of an mlx-lm prompt cache: what the file and the user said (format/snapshot_mlx.h).
+std::string show_mlx(const SnapshotInfo& s, const MlxCacheSummary& m, const SnapshotReader& r, bool tokens) {
+  std::string out = "snapshot   " + label(s) + "\nuuid       " + s.uuid + "\ncreated    " + s.created +
+                    "\nengine     mlx-lm prompt cache, " + m.layout + " layout (" + m.written_by + ")" +
+                    "\nmodel      " + (m.model.empty() ? "- (not given at save, not in the file)" : m.model) +
+                    "\nlayers     " + std::to_string(m.n_layers) + ": " + m.classes + "\nkv         K " + m.k_types +
+                    ", V " + m.v_types + "\noffset     " +
+                    (m.offset ? std::to_string(*m.offset) : std::string("differs by layer")) + "\ntokens     " +
+                    (r.tokens().tokens.empty() ? std::string("- (none given at save)")
+                                               : std::to_string(r.tokens().tokens.size())) +
+                    "\nsize       " + mib(s.raw_bytes) + " as mlx-lm wrote it, " + mib(s.stored_bytes) + " stored in " +
+                    std::to_string(r.chunks().size()) + " chunks\nsha256     " + s.content_sha256 + "\n";
+  if (s.parent_id) out += "parent     id " + std::to_string(*s.parent_id) + "\n";
+  for (const auto& [k, v] : s.tags) out += "tag        " + k + "=" + v + "\n";
+  if (tokens) out += "tokens     " + json_text(json(r.tokens().tokens)) + "\n";
+  return out;
+}
+
 Status run_show(const ShowOpts& o, std::string& out) {
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
   KV_ASSIGN_OR_RETURN(auto snap, store->open_snapshot(o.ref));
@@ -89,6 +108,10 @@ Status run_show(const ShowOpts& o, std::string& out) {
     return Status::OK();
   }
   const SnapshotInfo& s = snap->info();
+  if (auto mlx = mlx_summary_of(r.manifest())) {
+    out = show_mlx(s, *mlx, r, o.tokens);
+    return Status::OK();
+  }
   out = "snapshot   " + label(s) + "\nuuid       " + s.uuid + "\ncreated    " + s.created + "\nmodel      " +
         (s.model_arch.empty() ? "-" : s.model_arch) +
         (s.model_fingerprint.empty() ? "" : " (" + s.model_fingerprint.substr(0, 16) + "...)") + "\ntokens     " +

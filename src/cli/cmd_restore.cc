@@ -14,6 +14,8 @@ struct RestoreOpts {
   std::string ref, out, ctk, ctv, flash_attn, format, rotation, model, store;
   std::string src_rotation, source_build;  // of the stored file (convert --help)
   std::string target_build;                // of the llama.cpp that loads it
+  std::string kv_bits, mlx_device, mlx_lm;  // mlx-lm snapshots (kvsnap convert --help)
+  int kv_group_size = 0;
   uint64_t tokens = 0;
   int threads = 0;
   bool force = false, json = false, check = false;
@@ -75,7 +77,12 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
 }
 
 Status run_restore(const RestoreOpts& o, std::string& out) {
-  if (o.srv.given()) return run_restore_server(o, out);
+  if (o.srv.given()) {
+    if (!o.kv_bits.empty() || o.kv_group_size || !o.mlx_device.empty() || !o.mlx_lm.empty())
+      return Status::InvalidArgument("--server restores llama.cpp states into llama-server; --kv-bits, "
+                                     "--kv-group-size, --mlx-device and --mlx-lm are for mlx-lm snapshots");
+    return run_restore_server(o, out);
+  }
   if (o.out.empty()) return Status::InvalidArgument("--out FILE is needed (or --server to restore into a server)");
   KV_RETURN_IF_ERROR(refuse_existing(o.out, o.force));
   std::optional<ModelInfo> model;
@@ -92,6 +99,7 @@ Status run_restore(const RestoreOpts& o, std::string& out) {
   req.spec.source_build = o.source_build;
   req.spec.target_build = o.target_build;
   req.spec.threads = o.threads;
+  req.mlx = {o.kv_bits, o.kv_group_size, o.mlx_device, o.mlx_lm};
   req.model = model ? &*model : nullptr;
   if (o.tokens) req.tokens = o.tokens;
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
@@ -136,6 +144,12 @@ void setup_restore(CLI::App& app, int& exit_status) {
     add_target_build_option(sub, o->target_build, "the file (with --server, default: the server's /props build_info)");
     sub->add_option("--tokens", o->tokens, "restore only the first N tokens (a slot file without media)");
     sub->add_option("--model,-m", o->model, "the model's GGUF (default: the head dims recorded at save)");
+    sub->add_option("--kv-bits", o->kv_bits,
+                    "mlx-lm snapshots: requantize K/V to 2|3|4|5|6|8 bits (MLX affine), or none (float); the bytes of "
+                    "kvsnap convert --kv-bits on the restored file");
+    sub->add_option("--kv-group-size", o->kv_group_size, "mlx-lm snapshots: 32|64|128 (default: the file's, else 64)");
+    sub->add_option("--mlx-device", o->mlx_device, "mlx-lm snapshots: cpu (default) or gpu (see kvsnap convert --help)");
+    sub->add_option("--mlx-lm", o->mlx_lm, "mlx-lm snapshots: the mlx-lm release that will load it (see kvsnap convert --help)");
     sub->add_option("--threads,-t", o->threads, "conversion threads (default: all cores)");
     sub->add_flag("--force", o->force, "replace --out if it exists");
     sub->add_flag("--json", o->json, "machine-readable result");
@@ -143,7 +157,9 @@ void setup_restore(CLI::App& app, int& exit_status) {
     sub->footer("\nWithout --ctk/--ctv/--fa/--format/--tokens the output is the saved file, byte for byte.\n"
                 "With --server, --ctk/--ctv/--fa not given are the profile's, else detected from a file the server saves\n"
                 "of the slot (an empty slot, as after a restart, is given one token first: the restore overwrites it).\n"
+                "An mlx-lm snapshot is restored as its prompt cache (.safetensors), or requantized with --kv-bits.\n"
                 "\nExamples:\n  kvsnap restore chat-42 -o slot.bin --ctk q8_0 --ctv q8_0\n"
+                "  kvsnap restore mlx-chat -o q4.safetensors --kv-bits 4 --kv-group-size 64   # mlx-lm\n"
                 "  kvsnap restore chat-42 --server http://127.0.0.1:8080 --slot-dir /srv/slots --ctk q8_0 --ctv q8_0 --check\n");
     bind(sub, o, run_restore, "restore", exit_status);
   }

@@ -1,11 +1,15 @@
 // kvsnap save: a state file, or a llama-server slot (--server), into the store.
+#include <charconv>
+
 #include "base/json_access.h"
+#include "base/text.h"
 #include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
 #include "cli/era_options.h"
 #include "cli/open_state.h"
 #include "cli/server_options.h"
+#include "format/mlx_prompt_cache.h"
 #include "migrate/conversion_spec.h"
 #include "server/server_flows.h"
 
@@ -16,6 +20,7 @@ struct SaveOpts {
   std::string file, name, model, store_type, store_ctk, store_ctv, input_format, store;
   std::string src_rotation, source_build;  // recorded with the snapshot
   std::string ttl;
+  std::string tokens;  // mlx-lm prompt caches: the prompt's token ids (a file, or a comma list)
   bool pin = false;
   std::vector<std::string> tags;
   int level = SaveRequest{}.zstd_level, threads = 0;
@@ -26,6 +31,7 @@ struct SaveOpts {
 };
 
 Status run_save_server(const SaveOpts& o, SaveRequest req, std::string& out);
+Status run_save_mlx(const SaveOpts& o, SaveRequest req, const ReadableFile& file, std::string& out);
 // `extra` (JSON only): more keys for the result.
 Status render_save(const SaveResult& r, const std::string& root, bool as_json, std::string& out,
                    const json* extra = nullptr);
@@ -65,6 +71,14 @@ Status run_save(const SaveOpts& o, std::string& out) {
     req.ttl_seconds = *ttl;
   }
   if (o.srv.given()) return run_save_server(o, req, out);
+  // An mlx-lm prompt cache (a safetensors header, told by content) goes its own way.
+  if (auto f = cli_io().open_read(o.file); f.ok() && looks_like_mlx_prompt_cache(**f)) {
+    return run_save_mlx(o, std::move(req), **f, out);
+  }
+  if (!o.tokens.empty()) {
+    return Status::InvalidArgument(o.file + ": {--tokens} is for mlx-lm prompt caches; a llama.cpp state holds its "
+                                   "own tokens");
+  }
   KV_ASSIGN_OR_RETURN(OpenedState st, open_state(cli_io(), o.file, o.model, o.input_format));
   req.model = st.model_ptr();
   req.source_name = o.file;
@@ -72,6 +86,45 @@ Status run_save(const SaveOpts& o, std::string& out) {
   Result<SaveResult> saved = [&] {
     ProgressDisplay shown("save " + o.file, Counted::kRead, st.file->size(), o.progress.mode(o.json));
     return store->save(*st.file, st.state, req);
+  }();
+  KV_ASSIGN_OR_RETURN(SaveResult r, std::move(saved));
+  return render_save(r, store->paths().root, o.json, out);
+}
+
+// --tokens: a file of token ids (JSON array, or separated by commas or spaces), else the list itself.
+Result<std::vector<int32_t>> tokens_arg(const std::string& arg) {
+  if (cli_io().open_read(arg).ok()) return read_token_list(arg);
+  std::vector<int32_t> out;
+  size_t at = 0;
+  while (at <= arg.size()) {
+    const size_t comma = std::min(arg.find(',', at), arg.size());
+    const std::string w = arg.substr(at, comma - at);
+    int32_t v = 0;
+    const auto [p, ec] = std::from_chars(w.data(), w.data() + w.size(), v);
+    if (w.empty() || ec != std::errc() || p != w.data() + w.size()) {
+      return Status::InvalidArgument("{--tokens} '" + quote_text(arg, 40) + "': neither a file nor a comma-separated list "
+                                     "of token ids ('" + w + "')");
+    }
+    out.push_back(v);
+    at = comma + 1;
+  }
+  return out;
+}
+
+Status run_save_mlx(const SaveOpts& o, SaveRequest req, const ReadableFile& file, std::string& out) {
+  if (!o.input_format.empty()) {
+    return Status::InvalidArgument(o.file + ": an mlx-lm prompt cache: {--input-format} is for llama.cpp raw buffers");
+  }
+  req.mlx_model = o.model;  // a name here (mlx-lm loads models by name or directory), not a GGUF
+  if (!o.tokens.empty()) {
+    KV_ASSIGN_OR_RETURN(req.tokens, tokens_arg(o.tokens));
+  }
+  req.source_name = o.file;
+  KV_ASSIGN_OR_RETURN(const MlxPromptCache cache, read_mlx_prompt_cache(file));
+  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  Result<SaveResult> saved = [&] {
+    ProgressDisplay shown("save " + o.file, Counted::kRead, file.size(), o.progress.mode(o.json));
+    return store->save_mlx(file, cache, req);
   }();
   KV_ASSIGN_OR_RETURN(SaveResult r, std::move(saved));
   return render_save(r, store->paths().root, o.json, out);
@@ -135,11 +188,15 @@ void setup_save(CLI::App& app, int& exit_status) {
     auto o = std::make_shared<SaveOpts>();
     auto* sub = app.add_subcommand("save", "Store a llama.cpp slot/session file in the snapshot store (compressed, "
                                            "checksummed, deduplicated by chunk)");
-    sub->add_option("file", o->file, "the state file (a llama-server slot file, a session file, a raw buffer)");
+    sub->add_option("file", o->file, "the state file (a llama-server slot file, a session file, a raw buffer, or an "
+                                     "mlx-lm prompt cache, told by content)");
     add_server_options(sub, o->srv);
     sub->add_option("--name", o->name, "a unique name to restore it by (default: none; ids and uuids always work)");
     sub->add_option("--tag", o->tags, "KEY=VALUE, repeatable; filter with ls --tag");
-    sub->add_option("--model,-m", o->model, "the model's GGUF: records its fingerprint and head dims (recommended)");
+    sub->add_option("--model,-m", o->model, "the model's GGUF: records its fingerprint and head dims (recommended); "
+                                            "for an mlx-lm prompt cache, the model's name (recorded as given)");
+    sub->add_option("--tokens", o->tokens, "mlx-lm prompt caches: the prompt's token ids, a file (JSON array or "
+                                           "whitespace separated) or a comma list: find --tokens then finds it");
     sub->add_option("--store-type", o->store_type, "quantize K and V to this type on store (lossy, recorded as such)");
     sub->add_option("--store-ctk", o->store_ctk, "quantize only K on store");
     sub->add_option("--store-ctv", o->store_ctv, "quantize only V on store");
@@ -156,7 +213,8 @@ void setup_save(CLI::App& app, int& exit_status) {
     sub->footer("\nExamples:\n  kvsnap save slot0.bin --name chat-42 --tag user=ana -m model.gguf\n"
                 "  kvsnap save slot0.bin --store-type q8_0 -m model.gguf    # half the space, lossy\n"
                 "  kvsnap save slot0.bin --ttl 7d                            # gc evicts it after a week\n"
-                "  kvsnap save --server http://127.0.0.1:8080 --slot 0 --slot-dir /srv/slots --name chat-42\n");
+                "  kvsnap save --server http://127.0.0.1:8080 --slot 0 --slot-dir /srv/slots --name chat-42\n"
+                "  kvsnap save prompt.safetensors --model mlx-community/Qwen3-4B-4bit --tokens prompt.json   # mlx-lm\n");
     bind(sub, o, run_save, "save", exit_status);
   }
 }

@@ -16,13 +16,29 @@
 #include "migrate/convert_state.h"
 #include "store/archive.h"
 #include "store/store_seal.h"
+#include "store/store_internal.h"
 
 namespace kvsnap {
 
-namespace {
+namespace store_detail {
 
-using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+SnapshotOptions save_options(const SaveRequest& req, const ReadableFile& file) {
+  SnapshotOptions so;
+  so.cells_per_chunk = req.cells_per_chunk;
+  so.zstd_level = req.zstd_level;
+  so.byte_shuffle = req.byte_shuffle;
+  so.threads = req.threads ? req.threads : default_threads();
+  so.source_name = req.source_name.empty() ? file.name() : req.source_name;
+  return so;
+}
+
+}  // namespace store_detail
+
+using namespace store_detail;
+
+namespace {
 
 // Blobs are small (a chunk of 256 cells of one layer); anything larger than this is not ours.
 constexpr uint64_t kMaxBlobBytes = uint64_t(1) << 31;
@@ -33,63 +49,49 @@ ChunkHash hash_of(const ChunkRef& r) {
   return h;
 }
 
-// Hands the snapshot writer's blobs to the blob store and remembers the chunk
-// list. A chunk the catalog already has is not written (its row says where it
-// is and that it is durable); the others go into the batch's pack. The catalog
-// is asked in batches (Catalog::find_chunks: a round trip per batch on a
-// catalog server), so chunks wait here, copied, until a batch is full or
-// finish(); kHeldBytes bounds the memory that takes.
-class BlobSink final : public ChunkSink {
- public:
-  BlobSink(BlobWriteBatch& batch, Catalog& catalog) : batch_(batch), catalog_(catalog) {}
-  Status put(const ChunkRef& ref, std::span<const std::byte> blob) override {
-    pending_.push_back({ref, std::vector<std::byte>(blob.begin(), blob.end())});
-    held_ += blob.size();
-    if (pending_.size() >= Catalog::kChunkLookupBatch || held_ >= kHeldBytes) return flush();
-    return Status::OK();
-  }
-  // The chunks still waiting; call before committing the batch.
-  Status finish() { return flush(); }
-  std::vector<ChunkUse> uses;
-  uint64_t written = 0, bytes_written = 0;
+}  // namespace
 
- private:
-  static constexpr uint64_t kHeldBytes = 64u << 20;
-  struct Pending {
-    ChunkRef ref;
-    std::vector<std::byte> blob;
-  };
-  Status flush() {
-    std::vector<ChunkHash> hashes;
-    hashes.reserve(pending_.size());
-    for (const Pending& p : pending_) hashes.push_back(hash_of(p.ref));
-    KV_ASSIGN_OR_RETURN(std::vector<std::optional<ChunkUse>> known, catalog_.find_chunks(hashes));
-    for (size_t i = 0; i < pending_.size(); ++i) KV_RETURN_IF_ERROR(store(hashes[i], pending_[i], known[i]));
-    pending_.clear();
-    held_ = 0;
+// A chunk the catalog already has is not written (its row says where it is and
+// that it is durable); the others go into the batch's pack. The catalog is
+// asked in batches (Catalog::find_chunks: a round trip per batch on a catalog
+// server), so chunks wait here, copied, until a batch is full or finish();
+// kHeldBytes bounds the memory that takes.
+Status store_detail::BlobSink::put(const ChunkRef& ref, std::span<const std::byte> blob) {
+  pending_.push_back({ref, std::vector<std::byte>(blob.begin(), blob.end())});
+  held_ += blob.size();
+  if (pending_.size() >= Catalog::kChunkLookupBatch || held_ >= kHeldBytes) return flush();
+  return Status::OK();
+}
+
+Status store_detail::BlobSink::flush() {
+  std::vector<ChunkHash> hashes;
+  hashes.reserve(pending_.size());
+  for (const Pending& p : pending_) hashes.push_back(hash_of(p.ref));
+  KV_ASSIGN_OR_RETURN(std::vector<std::optional<ChunkUse>> known, catalog_.find_chunks(hashes));
+  for (size_t i = 0; i < pending_.size(); ++i) KV_RETURN_IF_ERROR(store(hashes[i], pending_[i], known[i]));
+  pending_.clear();
+  held_ = 0;
+  return Status::OK();
+}
+
+Status store_detail::BlobSink::store(const ChunkHash& h, const Pending& p, std::optional<ChunkUse>& known) {
+  if (known) {
+    uses.push_back(std::move(*known));
     return Status::OK();
   }
-  Status store(const ChunkHash& h, const Pending& p, std::optional<ChunkUse>& known) {
-    if (known) {
-      uses.push_back(std::move(*known));
-      return Status::OK();
-    }
-    if (p.blob.empty() && p.ref.raw_size > 0)  // a parent's chunk (SnapshotOptions::known_chunks) must have a row
-      return Status::Corruption("chunk " + h.hex() + " of the parent snapshot has no catalog row; run kvsnap verify --all");
-    const uint64_t before = batch_.written();
-    KV_ASSIGN_OR_RETURN(BlobLocation where, batch_.append(h, p.blob));
-    if (batch_.written() != before) {
-      ++written;
-      bytes_written += p.blob.size();
-    }
-    uses.push_back({h, p.ref.raw_size, where.size, where.pack, where.offset});
-    return Status::OK();
+  if (p.blob.empty() && p.ref.raw_size > 0)  // a parent's chunk (SnapshotOptions::known_chunks) must have a row
+    return Status::Corruption("chunk " + h.hex() + " of the parent snapshot has no catalog row; run kvsnap verify --all");
+  const uint64_t before = batch_.written();
+  KV_ASSIGN_OR_RETURN(BlobLocation where, batch_.append(h, p.blob));
+  if (batch_.written() != before) {
+    ++written;
+    bytes_written += p.blob.size();
   }
-  BlobWriteBatch& batch_;
-  Catalog& catalog_;
-  std::vector<Pending> pending_;
-  uint64_t held_ = 0;
-};
+  uses.push_back({h, p.ref.raw_size, where.size, where.pack, where.offset});
+  return Status::OK();
+}
+
+namespace {
 
 // Blobs by hash, from where the catalog says they are (add() the chunk lists
 // of the snapshots read); a hash it was not told about is read as a loose blob.
@@ -160,7 +162,9 @@ struct TempFile {
 // become ready, so writing overlaps decoding. Every byte comes from a chunk
 // whose SHA-256 was checked when decoded, and the manifest itself is checked
 // by its digest, so no whole-file hash is needed here (verify does one).
-Status copy_parallel(const SnapshotReader& reader, uint32_t threads, ByteSink& out) {
+}  // namespace
+
+Status store_detail::copy_parallel(const SnapshotReader& reader, uint32_t threads, ByteSink& out) {
   const ReadableFile& file = reader.original();
   const std::vector<uint64_t> cuts = reader.block_bounds(4u << 20);
   uint64_t largest = 0;
@@ -176,6 +180,8 @@ Status copy_parallel(const SnapshotReader& reader, uint32_t threads, ByteSink& o
       },
       [&](uint64_t i, size_t slot) { return out.append(std::span<const std::byte>(block(i, slot))); });
 }
+
+namespace {
 
 Status write_temp(Io& io, const std::string& path, const std::function<Status(ByteSink&)>& fill) {
   KV_ASSIGN_OR_RETURN(auto w, io.open_write(path, /*exclusive=*/true));
@@ -302,12 +308,7 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   KV_RETURN_IF_ERROR(init_encryption_meta());
   if (req.on_start) req.on_start(file.size());
   KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
-  SnapshotOptions so;
-  so.cells_per_chunk = req.cells_per_chunk;
-  so.zstd_level = req.zstd_level;
-  so.byte_shuffle = req.byte_shuffle;
-  so.threads = req.threads ? req.threads : default_threads();
-  so.source_name = req.source_name.empty() ? file.name() : req.source_name;
+  SnapshotOptions so = save_options(req, file);
   so.cipher = cipher();
   KV_RETURN_IF_ERROR(check_writer_claims(req.writer, parsed, req.model, so.source_name));
   so.writer = req.writer;
@@ -339,26 +340,40 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   // The parent first: its chunks (a conversation's shared prefix) are hashed
   // but not encoded again.
   const std::string fingerprint = req.model ? req.model->profile.fingerprint : req.model_fingerprint;
-  std::optional<int64_t> parent_id;
   std::map<Sha256Digest, ChunkRef> parent_chunks;
-  if (req.find_parent && !state->tokens.tokens.empty()) {
-    KV_ASSIGN_OR_RETURN(auto prefixes, catalog_->find_prefix(state->tokens.tokens, fingerprint, 1));
-    if (!prefixes.empty()) {
-      parent_id = prefixes[0].id;
-      KV_ASSIGN_OR_RETURN(SnapshotRecord parent, catalog_->get(*parent_id));
-      auto bytes = manifest_of(parent);
-      auto pm = bytes.ok() ? parse_manifest(*bytes, "snapshot " + std::to_string(*parent_id)) : bytes.status();
-      if (pm.ok())  // a damaged parent only costs the shortcut
-        for (const ChunkRef& c : pm->chunks) parent_chunks.emplace(c.sha256, c);
-      so.known_chunks = &parent_chunks;
-    }
-  }
+  KV_ASSIGN_OR_RETURN(std::optional<int64_t> parent_id, find_parent(state->tokens.tokens, fingerprint, req, parent_chunks));
+  if (parent_id) so.known_chunks = &parent_chunks;
   BlobSink sink(*batch, *catalog_);
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_snapshot(*state, *src, so, sink));
   KV_RETURN_IF_ERROR(sink.finish());
   KV_RETURN_IF_ERROR(batch->commit());
-
   SnapshotRecord rec = make_record(m, *state, src->size(), req.model ? req.model->arch : state->arch, fingerprint);
+  return commit_save(std::move(rec), m, sink, batch, req, parent_id, since(t0));
+}
+
+Result<std::optional<int64_t>> Store::find_parent(const std::vector<int32_t>& tokens, const std::string& fingerprint,
+                                                  const SaveRequest& req, std::map<Sha256Digest, ChunkRef>& chunks) {
+  if (!req.find_parent || tokens.empty()) return std::optional<int64_t>();
+  // An empty fingerprint matches any model: the parent must at least be of the same engine (mlx-lm
+  // snapshots' fingerprints start with "mlx-lm", store_mlx.cc).
+  const bool mlx = fingerprint.rfind("mlx-lm", 0) == 0;
+  KV_ASSIGN_OR_RETURN(auto prefixes, catalog_->find_prefix(tokens, fingerprint, 8));
+  auto same_engine = std::find_if(prefixes.begin(), prefixes.end(),
+                                  [&](const SnapshotInfo& p) { return (p.model_arch == "mlx-lm") == mlx; });
+  if (same_engine == prefixes.end()) return std::optional<int64_t>();
+  const int64_t id = same_engine->id;
+  KV_ASSIGN_OR_RETURN(SnapshotRecord parent, catalog_->get(id));
+  auto bytes = manifest_of(parent);
+  auto pm = bytes.ok() ? parse_manifest(*bytes, "snapshot " + std::to_string(id)) : bytes.status();
+  if (pm.ok())  // a damaged parent only costs the shortcut
+    for (const ChunkRef& c : pm->chunks) chunks.emplace(c.sha256, c);
+  return std::optional<int64_t>(id);
+}
+
+Result<SaveResult> Store::commit_save(SnapshotRecord rec, const SnapshotManifest& m, const BlobSink& sink,
+                                      std::unique_ptr<BlobWriteBatch>& batch, const SaveRequest& req,
+                                      std::optional<int64_t> parent_id, double seconds) {
+  const auto t1 = Clock::now();
   SnapshotInfo& info = rec.info;
   if (!req.name.empty()) info.name = req.name;
   info.tags = req.tags;
@@ -383,7 +398,7 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   r.bytes_new = sink.bytes_written;
   KV_RETURN_IF_ERROR(enforce_caps(r.info, r).Prefixed("saved snapshot " + std::to_string(r.info.id) +
                                                         ", then keeping the store's caps"));
-  r.seconds = since(t0);
+  r.seconds = seconds + since(t1);
   return r;
 }
 
@@ -481,6 +496,11 @@ Result<RestoreResult> Store::restore_unlabeled(const std::string& ref, const Res
   const auto t0 = Clock::now();
   KV_ASSIGN_OR_RETURN(auto snap, open_snapshot(ref));
   const SnapshotReader& reader = snap->reader();
+  if (reader.manifest().mlx) return restore_mlx(*snap, ref, req, out, t0);
+  if (req.mlx.given()) {
+    return Status::InvalidArgument("snapshot " + quote_text(ref) + " is a llama.cpp state: " + req.mlx.flags() +
+                                   " are for mlx-lm prompt caches; for llama.cpp give {--ctk}/{--ctv}");
+  }
   const ReadableFile& original = reader.original();
   KV_ASSIGN_OR_RETURN(StateFile parsed, reader.parse_original());
   RestoreResult r;
@@ -520,7 +540,11 @@ Result<RestoreResult> Store::restore_unlabeled(const std::string& ref, const Res
     KV_RETURN_IF_ERROR(convert_state(*state, *src, creq, tee).status());
     r.converted = true;
   }
-  r.bytes_out = count.count;
+  return finish_restore(std::move(r), count.count, t0);
+}
+
+RestoreResult Store::finish_restore(RestoreResult r, uint64_t bytes_out, Clock::time_point t0) {
+  r.bytes_out = bytes_out;
   r.seconds = since(t0);
   // Eviction's order (least recently restored goes first). A store that cannot record it still restored.
   const std::string at = now_();
@@ -829,12 +853,18 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
       rep.skipped.push_back(uuid + " (already in the store)");
       continue;
     }
-    KV_ASSIGN_OR_RETURN(StateFile state, (*reader)->parse_original());
     const SnapshotManifest& m = (*reader)->manifest();
+    StateFile state;
+    if (!m.mlx) {
+      KV_ASSIGN_OR_RETURN(state, (*reader)->parse_original());
+    }
     if (!cipher_ && !store_key_id_.empty())
       return Status::InvalidArgument("store " + name_ + " is encrypted (key " + store_key_id_ +
                                      "): pass --key-file FILE or --key-command CMD");
     const bool same_keys = m.encryption ? cipher_ && source_cipher == cipher() : !cipher_;
+    if (!same_keys && m.mlx)
+      return Status::NotSupported("snapshot " + uuid + " is an mlx-lm prompt cache: it can only be imported into a "
+                                  "store with the same keys (encrypted mlx-lm snapshots are not supported yet)");
     if (!same_keys) {
       // Plain into an encrypted store, or another key or tenant: the original saved again.
       SaveRequest req;
@@ -860,7 +890,13 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     KV_RETURN_IF_ERROR(sink.finish());
     KV_RETURN_IF_ERROR(batch->commit());
     const std::vector<ChunkUse>& uses = sink.uses;
-    SnapshotRecord rec = make_record(m, state, m.provenance.file_size, m.arch.value_or(""), meta->model_fingerprint);
+    SnapshotRecord rec;
+    if (m.mlx) {
+      KV_ASSIGN_OR_RETURN(rec, mlx_record(m, (*reader)->original()));
+      rec.info.model_fingerprint = meta->model_fingerprint;
+    } else {
+      rec = make_record(m, state, m.provenance.file_size, m.arch.value_or(""), meta->model_fingerprint);
+    }
     rec.info.uuid = uuid;
     rec.info.created = meta->created;
     if (meta->name) {

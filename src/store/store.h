@@ -28,6 +28,7 @@
 //   - verify re-hashes everything it is asked about and lists every problem.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -39,6 +40,7 @@
 #include "base/io.h"
 #include "base/status.h"
 #include "format/llama_state.h"
+#include "format/mlx_prompt_cache.h"
 #include "format/snapshot.h"
 #include "migrate/conversion_spec.h"
 #include "migrate/model_info.h"
@@ -49,6 +51,10 @@
 #include "store/store_paths.h"
 
 namespace kvsnap {
+
+namespace store_detail {
+class BlobSink;
+}
 
 struct SaveRequest {
   std::string name;                          // optional, unique
@@ -73,6 +79,9 @@ struct SaveRequest {
   // What an import keeps of the archive's snapshot when it saves its original again (re-sealed
   // for this store's key or tenant): empty = new uuid, now, the model's fingerprint.
   std::string uuid, created, model_fingerprint;
+  // save_mlx only (mlx-lm files name neither their model reliably nor their tokens):
+  std::string mlx_model;                     // the model's name ("": the file's "model" metadata)
+  std::vector<int32_t> tokens;               // the prompt's tokens: find --tokens, parents
 };
 
 struct SaveResult {
@@ -91,7 +100,19 @@ struct EvictResult {
   GcReport gc;        // the collection that followed (not on a dry run)
 };
 
+// Requantizing an mlx-lm snapshot on the way out, with mlx-lm's flags (migrate/mlx_kv_target.h):
+// exactly `kvsnap convert RESTORED OUT --kv-bits B --kv-group-size G ...` of the restored file.
+struct MlxRestoreSpec {
+  std::string kv_bits;     // "": the file's; "none": float
+  int kv_group_size = 0;   // 0: the file's, else 64
+  std::string device;      // "" or "cpu", "gpu" (MlxDevice)
+  std::string mlx_lm;      // the mlx-lm release that will load it (mlx_layout_for)
+  bool given() const { return !kv_bits.empty() || kv_group_size || !device.empty() || !mlx_lm.empty(); }
+  std::string flags() const;  // "{--kv-bits}, {--mlx-lm}": the ones given, for messages
+};
+
 struct RestoreRequest {
+  MlxRestoreSpec mlx;                // mlx-lm snapshots only (refused for llama.cpp ones)
   ConversionSpec spec;               // nothing set: the snapshot's own types, byte for byte
   const ModelInfo* model = nullptr;  // overrides the snapshot's recorded head dims
   std::optional<uint64_t> tokens;    // only the first N tokens
@@ -149,6 +170,10 @@ class Store {
   ~Store();
 
   Result<SaveResult> save(const ReadableFile& file, const StateFile& parsed, const SaveRequest& req);
+  // An mlx-lm prompt cache (format/snapshot_mlx.h). The llama.cpp-only fields of `req` (model,
+  // store_type, writer) are refused; the catalog row says engine "mlx-lm" as its arch, the
+  // model's name as "mlx-lm:NAME" for its fingerprint, K/V settings ("bf16", "q4g64") as types.
+  Result<SaveResult> save_mlx(const ReadableFile& file, const MlxPromptCache& cache, const SaveRequest& req);
   Result<RestoreResult> restore(const std::string& ref, const RestoreRequest& req, ByteSink& out);
   Result<std::unique_ptr<StoredSnapshot>> open_snapshot(const std::string& ref);
 
@@ -202,6 +227,20 @@ class Store {
   Result<std::vector<std::byte>> manifest_of(const SnapshotRecord& rec) const;
   // What verify checks of an encrypted snapshot without the key.
   void verify_sealed(const SnapshotInfo& info, VerifyReport& rep);
+  // An mlx-lm snapshot: the file byte for byte, or requantized (req.mlx); llama.cpp options refused.
+  Result<RestoreResult> restore_mlx(const StoredSnapshot& snap, const std::string& ref, const RestoreRequest& req,
+                                    ByteSink& out, std::chrono::steady_clock::time_point t0);
+  // The end of every restore: bytes and time, and the restore's time in the catalog (eviction's order).
+  RestoreResult finish_restore(RestoreResult r, uint64_t bytes_out, std::chrono::steady_clock::time_point t0);
+  // The parent of a save with these tokens (the longest stored prefix of the same model) and its
+  // chunks, which the save hashes but does not encode again.
+  Result<std::optional<int64_t>> find_parent(const std::vector<int32_t>& tokens, const std::string& fingerprint,
+                                             const SaveRequest& req, std::map<Sha256Digest, ChunkRef>& chunks);
+  // The end of every save: name, tags, parent, pin, TTL from `req`; the catalog row (then the
+  // batch is released); the caps.
+  Result<SaveResult> commit_save(SnapshotRecord rec, const SnapshotManifest& m, const store_detail::BlobSink& sink,
+                                 std::unique_ptr<BlobWriteBatch>& batch, const SaveRequest& req,
+                                 std::optional<int64_t> parent_id, double seconds);
   // The caps after a save of `info` (see the promises above).
   Status enforce_caps(const SnapshotInfo& info, SaveResult& r);
   Io& io_;

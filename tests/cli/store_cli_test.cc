@@ -453,6 +453,45 @@ TEST_F(StoreCli, ImportOfAMistypedIndexIsAnErrorNotAnAbort) {
 }
 
 
+// An mlx-lm prompt cache (a real one mlx-lm wrote, from the fuzz corpus) through the binary: told by
+// content, saved with a model name and tokens, restored byte for byte and at other bits (the bytes of
+// convert of the restored file); each engine's options refused on the other's files.
+TEST_F(StoreCli, MlxPromptCacheSavedAndRestoredThroughTheBinary) {
+  const fs::path src = fs::path(KVSNAP_SOURCE_DIR) / "tests/fuzz/corpus/mlx_prompt_cache/meta_step_q3g128.safetensors";
+  const fs::path in = dir_ / "prompt.bin";  // not named .safetensors: told by content
+  fs::copy_file(src, in);
+  KvRun saved = kv("save " + in.string() + " --name m --model mlx-community/tiny --tokens 4,5,6 --json");
+  ASSERT_EQ(saved.code, 0) << saved.err;
+  EXPECT_NE(saved.out.find("\"model_arch\": \"mlx-lm\""), std::string::npos) << saved.out;
+  EXPECT_NE(saved.out.find("\"k_types\": \"q3g128\""), std::string::npos) << saved.out;
+  std::ofstream(dir_ / "q.json") << "[4, 5, 6, 7]";
+  KvRun found = kv("find --tokens " + (dir_ / "q.json").string() + " --json");
+  EXPECT_NE(found.out.find("\"name\": \"m\""), std::string::npos) << found.out << found.err;
+  EXPECT_NE(kv("show m").out.find("model      mlx-community/tiny"), std::string::npos);
+  ASSERT_EQ(kv("restore m -o " + (dir_ / "back.safetensors").string()).code, 0);
+  EXPECT_EQ(slurp(dir_ / "back.safetensors"), slurp(src));
+  ASSERT_EQ(kv("restore m -o " + (dir_ / "q8.safetensors").string() + " --kv-bits 8 --kv-group-size 32").code, 0);
+  const std::string convert = std::string(KVSNAP_BINARY) + " convert " + (dir_ / "back.safetensors").string() + " " +
+                              (dir_ / "c8.safetensors").string() + " --kv-bits 8 --kv-group-size 32 >/dev/null";
+  ASSERT_EQ(std::system(convert.c_str()), 0);  // convert has no --store
+  EXPECT_EQ(slurp(dir_ / "q8.safetensors"), slurp(dir_ / "c8.safetensors"));
+  KvRun ctk = kv("restore m -o " + (dir_ / "x.safetensors").string() + " --ctk q8_0");
+  EXPECT_EQ(ctk.code, 2) << ctk.err;
+  EXPECT_NE(ctk.err.find("--ctk"), std::string::npos) << ctk.err;
+  EXPECT_FALSE(fs::exists(dir_ / "x.safetensors"));
+  KvRun store_type = kv("save " + in.string() + " --store-type q8_0");
+  EXPECT_EQ(store_type.code, 2) << store_type.err;
+  KvRun bad_tokens = kv("save " + in.string() + " --tokens 1,x");
+  EXPECT_EQ(bad_tokens.code, 2) << bad_tokens.err;
+  const fs::path a = make_slot("a.slot", 2, 64, 40, 4);
+  ASSERT_EQ(kv("save " + a.string() + " --name llama").code, 0);
+  KvRun bits = kv("restore llama -o " + (dir_ / "y.slot").string() + " --kv-bits 4");
+  EXPECT_EQ(bits.code, 2) << bits.err;
+  EXPECT_NE(bits.err.find("is a llama.cpp state"), std::string::npos) << bits.err;
+  KvRun llama_tokens = kv("save " + a.string() + " --tokens 1,2");
+  EXPECT_EQ(llama_tokens.code, 2) << llama_tokens.err;
+}
+
 // `find --tokens FILE` reads outside JSON through the checked reader: a token
 // id that does not fit int32 is refused by position, not wrapped.
 TEST_F(StoreCli, TokenListFileIsTypeChecked) {

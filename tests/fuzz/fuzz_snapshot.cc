@@ -1,7 +1,8 @@
 // The kvsnap snapshot reader (format/snapshot.h): a standalone .kvsnap file,
 // or, when the input starts with the manifest magic "KVSM", a store's manifest
 // (its chunks come from nowhere: every chunk read fails). Then everything a
-// consumer reads: the chunks, original() (the first 8 MiB), its parse, the
+// consumer reads: the chunks, original() (the first 8 MiB), its parse (as a
+// llama.cpp state, or as an mlx-lm prompt cache for an MLXC manifest), the
 // prefix chunk list and every chunk's description.
 //
 // A mutated input almost never matches its own SHA-256s (the DIGS digest of
@@ -14,6 +15,7 @@
 
 #include "format/chunk_codec.h"
 
+#include "format/mlx_prompt_cache.h"
 #include "format/snapshot.h"
 #include "fuzz/fuzz_input.h"
 
@@ -64,6 +66,8 @@ void read_everything(const kvsnap::SnapshotReader& r) {
   (void)r.verify_chunks();
   kvsnap::fuzz::read_some(r.original(), uint64_t(8) << 20);
   (void)r.parse_original();
+  // An mlx-lm prompt cache's snapshot (MLXC): its original is read as restore reads it.
+  if (r.manifest().mlx) (void)kvsnap::read_mlx_prompt_cache(r.original());
   (void)r.chunks_for_cell_prefix(1);
   for (uint64_t i = 0; i < r.chunks().size() && i < 4096; ++i) (void)r.describe_chunk(i);
 }

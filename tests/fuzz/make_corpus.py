@@ -308,6 +308,21 @@ def main():
             write(os.path.join(corpus, "snapshot", name + ".kvsnap"), snap)
             write(os.path.join(corpus, "snapshot", name + ".manifest"), split_file(snap)[1])
             small.append((name, index, snap))
+        # mlx-lm prompt caches (manifests with MLXC, format/snapshot_mlx.h): the mlx-lm files of the
+        # mlx_prompt_cache corpus (made by the real mlx-lm), saved and exported.
+        mlx_dir = os.path.join(corpus, "mlx_prompt_cache")
+        for src in sorted(os.listdir(mlx_dir)):
+            name = "mlx-" + src[: -len(".safetensors")]
+            run(kvsnap, "save", os.path.join(mlx_dir, src), "--name", name, "--tokens", "1,2,3", "--store", store)
+            ex = os.path.join(tmp, name + ".tar.zst")
+            run(kvsnap, "export", name, "-o", ex, "--store", store)
+            out = os.path.join(tmp, "x-" + name)
+            os.makedirs(out)
+            run("tar", "--zstd", "-xf", ex, "-C", out)
+            snap_dir = os.path.join(out, "snapshots")
+            snap = open(os.path.join(snap_dir, os.listdir(snap_dir)[0]), "rb").read()
+            write(os.path.join(corpus, "snapshot", name + ".kvsnap"), snap)
+            write(os.path.join(corpus, "snapshot", name + ".manifest"), split_file(snap)[1])
         # Layouts that cannot be cut to a prefix (iSWA, hybrid): released snapshots and a whole small state.
         for rel in ["kvsnap/v1/b8121-hybrid-f16-f16-faon.kvsnap", "kvsnap/v1/v0.5.0-iswa-q8_0-q8_0-faon.kvsnap"]:
             write(os.path.join(corpus, "snapshot", os.path.basename(rel)), open(os.path.join(ROOT, "fixtures", rel), "rb").read())

@@ -15,17 +15,14 @@
 #include "format/mlx_layout.h"
 #include "format/mlx_prompt_cache.h"
 #include "migrate/mlx_requant.h"
+#include "mlx/mlx_test_files.h"
 
 namespace kvsnap {
 namespace {
 
-using Meta = std::vector<std::pair<std::string, std::string>>;
-
-struct In {
-  std::string name, dtype;
-  std::vector<int64_t> shape;
-  std::vector<std::byte> bytes;
-};
+using test_mlx::make_file;
+using test_mlx::Meta;
+using In = test_mlx::Tensor;
 
 // bf16 values of a smooth, signed pattern; `seed` shifts it.
 In bf16_tensor(const std::string& name, std::vector<int64_t> shape, int seed, int64_t zero_from_row = -1) {
@@ -42,29 +39,7 @@ In bf16_tensor(const std::string& name, std::vector<int64_t> shape, int seed, in
   return t;
 }
 
-In i32_scalar(const std::string& name, int32_t v) {
-  In t{name, "I32", {}, {}};
-  append_le<int32_t>(t.bytes, v);
-  return t;
-}
-
-MemoryFile make_file(const std::vector<In>& ts, const Meta& meta, const std::string& name = "in.safetensors") {
-  MlxOutFile out;
-  for (const In& t : ts) {
-    MlxOutTensor o;
-    o.t.name = t.name;
-    o.t.dtype = t.dtype;
-    o.t.shape = t.shape;
-    o.bytes = t.bytes;
-    out.tensors.push_back(std::move(o));
-  }
-  out.metadata = meta;
-  MlxPromptCache none;
-  MemoryFile empty("none", std::vector<std::byte>{});
-  VectorSink sink;
-  EXPECT_TRUE(write_mlx_file(out, none, empty, sink).ok());
-  return MemoryFile(name, std::move(sink.bytes));
-}
+using test_mlx::i32_scalar;
 
 // Two KVCache layers, bf16 [1,2,5,D], mlx-lm 0.28.1 .. 0.31 (meta_state) layout.
 MemoryFile kv_meta_file(int64_t d = 64) {

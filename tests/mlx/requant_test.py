@@ -28,6 +28,8 @@ import os
 import subprocess
 import sys
 
+from bed_load import load_in_release
+
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models import cache as C
@@ -235,13 +237,9 @@ def check_bed(kvsnap, bed, python, work):
                             same_bits(where, w, b.get("%s.%s.%d" % (L, side, i), mx.array([])))
                 made.append(out)
         # Each converted file loads in the mlx-lm release that made the original.
-        env = dict(os.environ)
-        old = os.path.join(os.path.dirname(os.path.dirname(python)), "old", "mlx-lm-" + version)
-        if os.path.isdir(old):
-            env["PYTHONPATH"] = old
-        r = subprocess.run([python, __file__, "--load"] + made, capture_output=True, text=True, env=env)
-        if r.returncode != 0:
-            fail("mlx-lm " + version, "load_prompt_cache: " + (r.stdout + r.stderr).strip()[-1500:])
+        ok, out = load_in_release(python, __file__, version, made)
+        if not ok:
+            fail("mlx-lm " + version, "load_prompt_cache: " + out)
         else:
             stats["loads"] += len(made)
 

@@ -1,0 +1,61 @@
+// Internals shared by store.cc (llama.cpp states) and store_mlx.cc (mlx-lm prompt caches). Not
+// part of the API.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "base/io.h"
+#include "base/status.h"
+#include "format/snapshot.h"
+#include "store/blob_store.h"
+#include "store/catalog.h"
+#include "store/store.h"
+
+namespace kvsnap::store_detail {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0);
+
+// The chunking, compression and threads a save asks for, and the name it records.
+SnapshotOptions save_options(const SaveRequest& req, const ReadableFile& file);
+
+// Hands the snapshot writer's blobs to the blob store and remembers the chunk
+// list. A chunk the catalog already has is not written; the others go into the
+// batch's pack. Chunks are looked up in batches (Catalog::find_chunks), so call
+// finish() before committing the batch.
+class BlobSink final : public ChunkSink {
+ public:
+  BlobSink(BlobWriteBatch& batch, Catalog& catalog) : batch_(batch), catalog_(catalog) {}
+  Status put(const ChunkRef& ref, std::span<const std::byte> blob) override;
+  // The chunks still waiting; call before committing the batch.
+  Status finish() { return flush(); }
+  std::vector<ChunkUse> uses;
+  uint64_t written = 0, bytes_written = 0;
+
+ private:
+  static constexpr uint64_t kHeldBytes = 64u << 20;
+  struct Pending {
+    ChunkRef ref;
+    std::vector<std::byte> blob;
+  };
+  Status flush();
+  Status store(const ChunkHash& h, const Pending& p, std::optional<ChunkUse>& known);
+  BlobWriteBatch& batch_;
+  Catalog& catalog_;
+  std::vector<Pending> pending_;
+  uint64_t held_ = 0;
+};
+
+// Copies the snapshot's original to `out` in order, `threads` decoders ahead of the writer
+// (blocks cut between chunks: SnapshotReader::block_bounds).
+Status copy_parallel(const SnapshotReader& reader, uint32_t threads, ByteSink& out);
+
+// The catalog row of an mlx-lm snapshot (its manifest, and the original it describes, which is
+// read as a prompt cache: the header only).
+Result<SnapshotRecord> mlx_record(const SnapshotManifest& m, const ReadableFile& original);
+
+}  // namespace kvsnap::store_detail

@@ -1,0 +1,150 @@
+// The store's mlx-lm side: saving a prompt cache as a snapshot (format/snapshot_mlx.h), its
+// catalog row, and restoring it byte for byte or requantized as `kvsnap convert` would.
+#include <algorithm>
+
+#include "base/parallel.h"
+#include "base/text.h"
+#include "format/mlx_layout.h"
+#include "format/snapshot_mlx.h"
+#include "migrate/mlx_kv_target.h"
+#include "migrate/mlx_requant.h"
+#include "store/store.h"
+#include "store/store_internal.h"
+
+namespace kvsnap {
+
+using namespace store_detail;
+
+namespace {
+
+constexpr const char* kMlxEngine = "mlx-lm";
+
+// The catalog's model fingerprint of an mlx-lm snapshot: "mlx-lm:NAME", or "mlx-lm" when the model
+// is not known. Never empty, so parents and `find` stay among mlx-lm caches of the same model.
+std::string mlx_fingerprint(const std::string& model) {
+  return model.empty() ? std::string(kMlxEngine) : std::string(kMlxEngine) + ":" + model;
+}
+
+void note(std::string& given, bool set, const char* flag) {
+  if (set) given += (given.empty() ? "" : ", ") + std::string(flag);
+}
+
+// What a save request holds that only a llama.cpp state can use.
+std::string llama_save_fields(const SaveRequest& req) {
+  std::string given;
+  note(given, req.model != nullptr, "{--model} GGUF");
+  note(given, req.store_type.has_value(), "{--store-type}/{--store-ctk}/{--store-ctv}");
+  note(given, !req.writer.llama_build.empty() || !req.writer.reported_build.empty(), "{--source-build}");
+  note(given, !req.writer.src_rotation.empty() && req.writer.src_rotation != "auto", "{--src-rotation}");
+  return given;
+}
+
+// What a restore request holds that only a llama.cpp state can use.
+std::string llama_restore_fields(const RestoreRequest& req) {
+  const ConversionSpec& s = req.spec;
+  std::string given;
+  note(given, !s.ctk.empty() || !s.ctv.empty(), "{--ctk}/{--ctv}");
+  note(given, !s.flash_attn.empty(), "{--flash-attn}");
+  note(given, !s.format.empty(), "{--format}");
+  note(given, !s.rotation.empty() || !s.src_rotation.empty() || !s.dst_rotation.empty(), "{--rotation}");
+  note(given, !s.source_build.empty() || !s.target_build.empty(), "{--source-build}/{--target-build}");
+  note(given, s.head_dim_k || s.head_dim_v, "head dims");
+  note(given, req.model != nullptr, "{--model}");
+  note(given, req.tokens.has_value(), "{--tokens} (a prefix of an mlx-lm cache is not cut)");
+  return given;
+}
+
+}  // namespace
+
+std::string MlxRestoreSpec::flags() const {
+  std::string given;
+  note(given, !kv_bits.empty(), "{--kv-bits}");
+  note(given, kv_group_size != 0, "{--kv-group-size}");
+  note(given, !device.empty(), "{--mlx-device}");
+  note(given, !mlx_lm.empty(), "{--mlx-lm}");
+  return given;
+}
+
+Result<SnapshotRecord> store_detail::mlx_record(const SnapshotManifest& m, const ReadableFile& original) {
+  KV_ASSIGN_OR_RETURN(const MlxPromptCache cache, read_mlx_prompt_cache(original));
+  const std::optional<MlxCacheSummary> recorded = mlx_summary_of(m);
+  const MlxCacheSummary s = mlx_cache_summary(cache, recorded ? recorded->model : "");
+  SnapshotRecord rec;
+  SnapshotInfo& info = rec.info;
+  info.model_arch = kMlxEngine;
+  info.model_fingerprint = mlx_fingerprint(s.model);
+  info.k_types = s.k_types;
+  info.v_types = s.v_types;
+  info.source_format = "mlx-lm prompt cache, " + s.layout + " layout (" + s.written_by + "), " +
+                       std::to_string(s.n_layers) + " layers: " + s.classes;
+  info.raw_bytes = m.provenance.file_size;
+  info.stored_bytes = m.stored_bytes();
+  info.content_sha256 = to_hex(m.original_sha256);
+  rec.manifest = m.bytes;
+  rec.tokens = m.tokens.tokens;
+  return rec;
+}
+
+Result<SaveResult> Store::save_mlx(const ReadableFile& file, const MlxPromptCache& cache, const SaveRequest& req) {
+  const auto t0 = Clock::now();
+  if (const std::string given = llama_save_fields(req); !given.empty()) {
+    return Status::InvalidArgument(file.name() + ": an mlx-lm prompt cache, but llama.cpp options were given (" +
+                                   given + "); for mlx-lm give {--model NAME}, {--tokens FILE} and tags");
+  }
+  if (cipher_ || !store_key_id_.empty()) {
+    return Status::NotSupported(file.name() + ": an mlx-lm prompt cache, and store " + name_ +
+                                " is encrypted: encrypted mlx-lm snapshots are not supported yet");
+  }
+  if (req.on_start) req.on_start(file.size());
+  KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
+  SnapshotOptions so = save_options(req, file);
+  const MlxSnapshotMeta meta{req.mlx_model, req.tokens};
+  std::map<Sha256Digest, ChunkRef> parent_chunks;
+  const std::string fingerprint = mlx_fingerprint(mlx_cache_summary(cache, req.mlx_model).model);
+  KV_ASSIGN_OR_RETURN(std::optional<int64_t> parent_id, find_parent(req.tokens, fingerprint, req, parent_chunks));
+  if (parent_id) so.known_chunks = &parent_chunks;
+  BlobSink sink(*batch, *catalog_);
+  KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_mlx_snapshot(cache, file, so, meta, sink));
+  KV_RETURN_IF_ERROR(sink.finish());
+  KV_RETURN_IF_ERROR(batch->commit());
+  KV_ASSIGN_OR_RETURN(SnapshotRecord rec, mlx_record(m, file));
+  return commit_save(std::move(rec), m, sink, batch, req, parent_id, since(t0));
+}
+
+Result<RestoreResult> Store::restore_mlx(const StoredSnapshot& snap, const std::string& ref, const RestoreRequest& req,
+                                         ByteSink& out, Clock::time_point t0) {
+  const std::string what = "snapshot " + quote_text(ref);
+  if (const std::string given = llama_restore_fields(req); !given.empty()) {
+    return Status::InvalidArgument(what + " is an mlx-lm prompt cache, but llama.cpp options were given (" + given +
+                                   "); for mlx-lm give {--kv-bits B} [{--kv-group-size G}], or nothing for the "
+                                   "saved file");
+  }
+  const MlxRestoreSpec& x = req.mlx;
+  if (x.given() && x.kv_bits.empty() && !x.kv_group_size) {
+    return Status::InvalidArgument(what + ": " + x.flags() + " without {--kv-bits}: give --kv-bits 2|3|4|5|6|8 "
+                                   "[--kv-group-size 32|64|128], or --kv-bits none to dequantize");
+  }
+  const ReadableFile& original = snap.reader().original();
+  const uint32_t threads = req.spec.threads > 0 ? uint32_t(req.spec.threads) : default_threads();
+  RestoreResult r;
+  r.info = snap.info();
+  r.n_tokens = uint64_t(std::max<int64_t>(0, r.info.n_tokens));
+  CountingSink count;
+  TeeSink tee(out, count);
+  if (!x.given()) {
+    KV_RETURN_IF_ERROR(copy_parallel(snap.reader(), threads, tee));
+  } else {
+    KV_ASSIGN_OR_RETURN(const MlxPromptCache cache, read_mlx_prompt_cache(original));
+    KV_ASSIGN_OR_RETURN(const MlxKvSetting to, mlx_kv_target(cache, x.kv_bits, x.kv_group_size, what));
+    KV_ASSIGN_OR_RETURN(const MlxDevice device, mlx_device_of(x.device.empty() ? "cpu" : x.device));
+    MlxRequantSpec spec{to, to, device, std::nullopt, threads};
+    if (!x.mlx_lm.empty()) {
+      KV_ASSIGN_OR_RETURN(spec.layout, mlx_layout_for(x.mlx_lm));
+    }
+    KV_RETURN_IF_ERROR(mlx_requantize(cache, original, spec, tee).status());
+    r.converted = true;
+  }
+  return finish_restore(std::move(r), count.count, t0);
+}
+
+}  // namespace kvsnap
