@@ -221,7 +221,7 @@ Result<std::string> arrays_class(const Move& m, const MlxLayer& L, size_t n) {
     if (n != 2) {
       return refuse(m, L, "cannot load an ArraysCache (its loader calls ArraysCache() without the size) and only a "
                           "MambaCache of 2 arrays stands in for one; this one holds " + std::to_string(n) +
-                          ": give --mlx-lm 0.28.1 or later");
+                          ": give {--mlx-lm} 0.28.1 or later");
     }
     return std::string("MambaCache");
   }
@@ -260,7 +260,7 @@ Status move_layer(Move& m, const MlxLayer& L, const std::string& src, const std:
 Status move_list(Move& m, const MlxLayer& L, const std::string& src, const std::string& dst, const std::string& meta) {
   if (!m.to.at_least(31, 0)) {
     return refuse(m, L, "cannot load a CacheList (before 0.31.0, #886, its loader drops the members' state or fails "
-                        "on it): give --mlx-lm 0.31.0 or later");
+                        "on it): give {--mlx-lm} 0.31.0 or later");
   }
   const bool in_sc = m.in.layout == MlxLayout::kScalars;
   for (size_t i = 0; i < L.sub.size(); ++i) {

@@ -365,7 +365,7 @@ Result<std::vector<int32_t>> file_tokens(const MlxPromptCache& c, const std::str
   for (const auto& [k, v] : c.user_metadata) {
     if (k == "tokens") return parse_token_list(v, name + ": metadata 'tokens'");
   }
-  return Status::InvalidArgument(name + ": mlx-lm stores no token ids: give --tokens FILE with the prompt's token ids "
+  return Status::InvalidArgument(name + ": mlx-lm stores no token ids: give {--tokens} FILE with the prompt's token ids "
                                  "(a JSON list or whitespace-separated integers)");
 }
 

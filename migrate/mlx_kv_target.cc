@@ -19,21 +19,21 @@ Result<MlxKvSetting> mlx_kv_target(const MlxPromptCache& c, const std::string& k
   MlxKvSetting to;
   if (kv_bits == "none" || kv_bits == "float") {
     if (kv_group_size) {
-      return Status::InvalidArgument(what + ": --kv-group-size " + std::to_string(kv_group_size) + " with --kv-bits " +
+      return Status::InvalidArgument(what + ": {--kv-group-size} " + std::to_string(kv_group_size) + " with {--kv-bits} " +
                                      kv_bits + ": a float cache has no groups; drop one");
     }
     return to;
   }
   if (kv_bits.empty()) {
     if (have.is_float()) {
-      return Status::InvalidArgument(what + ": its K/V are float: give --kv-bits 2|3|4|5|6|8 to quantize them");
+      return Status::InvalidArgument(what + ": its K/V are float: give {--kv-bits} 2|3|4|5|6|8 to quantize them");
     }
     to.bits = have.bits;
   } else {
     const char* end = kv_bits.data() + kv_bits.size();
     const auto [p, ec] = std::from_chars(kv_bits.data(), end, to.bits);
     if (ec != std::errc() || p != end) {
-      return Status::InvalidArgument(what + ": --kv-bits '" + kv_bits + "': give 2, 3, 4, 5, 6, 8, or none (float)");
+      return Status::InvalidArgument(what + ": {--kv-bits} '" + kv_bits + "': give 2, 3, 4, 5, 6, 8, or none (float)");
     }
   }
   to.group_size = kv_group_size ? kv_group_size : have.is_float() ? 64 : have.group_size;

@@ -325,7 +325,7 @@ Result<MlxRequantResult> mlx_requantize(const MlxPromptCache& in, const Readable
     return Status::InvalidArgument(in.st.file + ": written in mlx-lm's " + mlx_layout_name(in.layout) + " layout (" +
                                    in.version_guess + "); the output keeps it, and {--mlx-lm} names the " +
                                    mlx_layout_name(*spec.layout) + " layout (move it there first: "
-                                   "format/mlx_layout.h, kvsnap convert --mlx-lm)");
+                                   "format/mlx_layout.h, kvsnap convert {--mlx-lm})");
   }
   if (spec.layout) layout = *spec.layout;
   if (in.step_unknown && meta && !spec.layout && !to.is_float() && !convs.empty()) {

@@ -800,7 +800,7 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
     KV_ASSIGN_OR_RETURN(SnapshotFileAssembler a,
                         SnapshotFileAssembler::plan(m, source, m.encryption ? cipher() : nullptr));
     index["snapshots"].push_back(index_entry(rec.info));
-    items.push_back({std::move(rec.info), std::make_unique<SnapshotFileAssembler>(std::move(a))});
+    items.push_back({std::move(rec.info), std::make_unique<SnapshotFileAssembler>(std::move(a)), nullptr, 0});
   }
   const std::string index_text = json_text(index, 2) + "\n";
   std::vector<ExportEntry> entries;

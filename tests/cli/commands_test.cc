@@ -75,7 +75,7 @@ TEST(Commands, RunConvertKeepsMlxAndLlamaOptionsApart) {
   EXPECT_NE(s.message().find("meta_step_q3g128.safetensors: bits 7"), std::string::npos) << s.ToString();
   o.kv_bits = "four";
   s = run_convert(o, out, warnings);
-  EXPECT_NE(s.message().find("--kv-bits 'four'"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("{--kv-bits} 'four'"), std::string::npos) << s.ToString();
   o.kv_bits = "none";
   o.kv_group_size = 64;
   s = run_convert(o, out, warnings);
