@@ -121,18 +121,18 @@ KV_AVX2_INLINE void rotate128_quarters(const Rot8& k, Load32 load32, Emit emit) 
 #pragma GCC unroll 4
     for (int i = 0; i < 4; i++) _mm256_store_ps(buf + 32 * q + 8 * i, v[i]);
   }
-  const __m256 one = _mm256_set1_ps(1.0f);
 #pragma GCC unroll 4
   for (int j = 0; j < 4; j++) {
     const __m256 x0 = _mm256_load_ps(buf + 8 * j), x1 = _mm256_load_ps(buf + 32 + 8 * j);
     const __m256 x2 = _mm256_load_ps(buf + 64 + 8 * j), x3 = _mm256_load_ps(buf + 96 + 8 * j);
-    // len 32: (x0, x1), (x2, x3); len 64: (q0, q2), (q1, q3). u - w as -(w * 1) + u (exact product)
-    const __m256 q0 = _mm256_add_ps(x0, x1), q1 = _mm256_fnmadd_ps(x1, one, x0);
-    const __m256 q2 = _mm256_add_ps(x2, x3), q3 = _mm256_fnmadd_ps(x3, one, x2);
+    // len 32: (x0, x1), (x2, x3); len 64: (q0, q2), (q1, q3). Plain subtractions: see fwht_across8
+    // (x86_common.h) for why not fnmadd.
+    const __m256 q0 = _mm256_add_ps(x0, x1), q1 = _mm256_sub_ps(x0, x1);
+    const __m256 q2 = _mm256_add_ps(x2, x3), q3 = _mm256_sub_ps(x2, x3);
     emit(0, j, _mm256_add_ps(q0, q2));
     emit(1, j, _mm256_add_ps(q1, q3));
-    emit(2, j, _mm256_fnmadd_ps(q2, one, q0));
-    emit(3, j, _mm256_fnmadd_ps(q3, one, q1));
+    emit(2, j, _mm256_sub_ps(q0, q2));
+    emit(3, j, _mm256_sub_ps(q1, q3));
   }
 }
 

@@ -279,9 +279,10 @@ KV_AVX2_INLINE void fwht_across8(__m256* v) {
       if ((i & LEN) == 0) {
         const __m256 u = v[i], w = v[i + LEN];
         v[i] = _mm256_add_ps(u, w);
-        // u - w as -(w * 1) + u: the product is exact, so the one rounding is that of u - w (signed
-        // zeros too). On the multiply-add pipes, beside the additions on the add pipes.
-        v[i + LEN] = _mm256_fnmadd_ps(w, _mm256_set1_ps(1.0f), u);
+        // A plain subtraction, not -(w * 1) + u on the multiply-add pipes: the values agree, but a
+        // NaN's sign then depends on the compiler (clang -O0 negates w with a sign flip, so a NaN
+        // came out 0x7FC00000 where the reference gives 0xFFC00000: kvsnap-simd-check, clang build).
+        v[i + LEN] = _mm256_sub_ps(u, w);
       }
     }
     fwht_across8<NV, 2 * LEN>(v);
