@@ -33,7 +33,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <string>
@@ -41,6 +40,7 @@
 
 #include "base/chunk_cipher.h"
 #include "base/io.h"
+#include "base/os.h"
 #include "format/chunk_codec.h"
 #include "format/llama_state.h"
 #include "format/snapshot.h"
@@ -144,19 +144,6 @@ Status end_to_end(const std::string& path, const ChunkCipher* cipher, uint32_t t
   return Status::OK();
 }
 
-std::string cpu_flags() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line, out;
-  while (std::getline(in, line)) {
-    if (line.rfind("flags", 0) != 0) continue;
-    for (const char* f : {" aes ", " pclmulqdq ", " avx2 ", " avx512f ", " vaes ", " vpclmulqdq ", " sha_ni "}) {
-      if ((line + " ").find(f) != std::string::npos) out += std::string(f).substr(1);
-    }
-    break;
-  }
-  return out.empty() ? "(none read)" : out;
-}
-
 int run(int argc, char** argv) {
   std::vector<std::string> files;
   double mb = 64;
@@ -180,7 +167,7 @@ int run(int argc, char** argv) {
     return 2;
   }
   const char* cap = std::getenv("OPENSSL_ia32cap");
-  std::printf("cpu flags: %s\nOPENSSL_ia32cap: %s\n", cpu_flags().c_str(), cap ? cap : "(unset: OpenSSL's choice)");
+  std::printf("cpu flags: %s\nOPENSSL_ia32cap: %s\n", cpu_crypto_features().c_str(), cap ? cap : "(unset: OpenSSL's choice)");
   std::array<uint8_t, 32> kb{};
   for (size_t i = 0; i < kb.size(); ++i) kb[i] = uint8_t(i * 7 + 1);
   const MasterKey key = MasterKey::from_bytes(kb).value();

@@ -80,11 +80,34 @@ class Migrator {
  public:
   Migrator(Io& io, const MigrateOptions& o) : io_(io), o_(o) {}
 
+  // Decides from the file's header and layout alone whether it needs converting: an outcome with
+  // `needs_conversion` set, or a final one (not a state file, already at the target, failed).
+  FileOutcome examine_one(const std::string& name) {
+    return timed(name, [&](FileOutcome& r) {
+      Examined e;
+      return examine(o_.dir + "/" + name, r, e);
+    });
+  }
+
   FileOutcome run_one(const std::string& name) {
+    return timed(name, [&](FileOutcome& r) { return convert_one(o_.dir + "/" + name, r); });
+  }
+  // The Io said stop (Ctrl-C): no further file is started.
+  bool interrupted() const { return interrupted_.load(); }
+
+ private:
+  struct Examined {
+    std::unique_ptr<ReadableFile> file;
+    StateFile src, target;
+    ConvertRequest req;
+  };
+
+  template <class Step>
+  FileOutcome timed(const std::string& name, Step step) {
     FileOutcome r;
     r.name = name;
     const auto t0 = Clock::now();
-    Status s = convert_one(o_.dir + "/" + name, r);
+    Status s = step(r);
     if (s.code() == Code::kInterrupted) interrupted_.store(true);
     if (!s.ok()) {
       r.action = FileAction::kFailed;
@@ -94,18 +117,15 @@ class Migrator {
     r.seconds = since(t0);
     return r;
   }
-  // The Io said stop (Ctrl-C): no further file is started.
-  bool interrupted() const { return interrupted_.load(); }
 
- private:
-  Status convert_one(const std::string& path, FileOutcome& r) {
-    KV_ASSIGN_OR_RETURN(auto file, io_.open_read(path));
-    r.bytes_before = file->size();
-    auto parsed = parse_for_model(*file, {}, o_.model);
+  Status examine(const std::string& path, FileOutcome& r, Examined& e) {
+    KV_ASSIGN_OR_RETURN(e.file, io_.open_read(path));
+    r.bytes_before = e.file->size();
+    auto parsed = parse_for_model(*e.file, {}, o_.model);
     if (!parsed.ok()) {
       // A file with a state magic that does not parse is a damaged state (an error);
       // anything else in the directory is simply not ours.
-      if (!has_state_magic(*file) &&
+      if (!has_state_magic(*e.file) &&
           (parsed.status().code() == Code::kCorruption || parsed.status().code() == Code::kNotSupported)) {
         r.action = FileAction::kNotState;
         r.detail = parsed.status().message();
@@ -113,32 +133,40 @@ class Migrator {
       }
       return parsed.status();
     }
-    const StateFile& src = *parsed;
-    r.from = describe_state(src);
+    e.src = std::move(*parsed);
+    r.from = describe_state(e.src);
     // --source-build names the build of the old files; a file already in the
     // current format was converted by an earlier (interrupted) run or written
     // by a current build, and is not checked against it.
     ConversionSpec spec = o_.spec;
-    if (era_of_file(src, std::nullopt).rotates == Tri::kYes && src.version >= 3) spec.source_build.clear();
-    KV_ASSIGN_OR_RETURN(ConvertRequest req, make_request(spec, src, o_.model, path, nullptr, file.get()));
-    KV_ASSIGN_OR_RETURN(StateFile target, plan_target(src, req));
-    r.to = describe_state(target);
-    if (same_layout(src, target)) {
+    if (era_of_file(e.src, std::nullopt).rotates == Tri::kYes && e.src.version >= 3) spec.source_build.clear();
+    KV_ASSIGN_OR_RETURN(e.req, make_request(spec, e.src, o_.model, path, nullptr, e.file.get()));
+    KV_ASSIGN_OR_RETURN(e.target, plan_target(e.src, e.req));
+    r.to = describe_state(e.target);
+    if (same_layout(e.src, e.target)) {
       r.action = FileAction::kAtTarget;
       r.bytes_after = r.bytes_before;
       return Status::OK();
     }
+    r.needs_conversion = true;
+    return Status::OK();
+  }
+
+  Status convert_one(const std::string& path, FileOutcome& r) {
+    Examined e;
+    KV_RETURN_IF_ERROR(examine(path, r, e));
+    if (!r.needs_conversion) return Status::OK();
     if (o_.dry_run) {
       CountingSink count;
       ZeroTensorSource zeros;
-      KV_RETURN_IF_ERROR(write_state(target, zeros, *file, count));
+      KV_RETURN_IF_ERROR(write_state(e.target, zeros, *e.file, count));
       r.bytes_after = count.count;
       r.action = FileAction::kWouldConvert;
       return Status::OK();
     }
-    if (o_.backup) KV_RETURN_IF_ERROR(o_.backup(path, *file, src).Prefixed("backing up " + path));
+    if (o_.backup) KV_RETURN_IF_ERROR(o_.backup(path, *e.file, e.src).Prefixed("backing up " + path));
     KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(io_, path));
-    KV_ASSIGN_OR_RETURN(ConvertResult res, convert_state(src, *file, req, *writer));
+    KV_ASSIGN_OR_RETURN(ConvertResult res, convert_state(e.src, *e.file, e.req, *writer));
     KV_RETURN_IF_ERROR(writer->commit());
     r.bytes_after = res.bytes_out;
     r.action = FileAction::kConverted;
@@ -213,8 +241,23 @@ uint64_t MigrateSummary::bytes_after() const {
 Result<MigrateSummary> migrate_dir(Io& io, const MigrateOptions& o) {
   const auto t0 = Clock::now();
   MigrateSummary sum;
-  KV_ASSIGN_OR_RETURN(std::vector<std::string> todo, scan(io, o, sum));
+  KV_ASSIGN_OR_RETURN(std::vector<std::string> listed, scan(io, o, sum));
   Migrator m(io, o);
+  // Headers first, so the progress counts only the files that will be converted (not the other
+  // files of the directory, nor those already at the target).
+  std::vector<std::string> todo;
+  uint64_t todo_bytes = 0;
+  for (const std::string& name : listed) {
+    if (m.interrupted()) break;
+    FileOutcome r = m.examine_one(name);
+    if (r.needs_conversion) {
+      todo.push_back(name);
+      todo_bytes += r.bytes_before;
+    } else {
+      sum.files.push_back(std::move(r));
+    }
+  }
+  if (o.planned && !m.interrupted()) o.planned(todo.size(), todo_bytes);
   std::vector<FileOutcome> done(todo.size());
   std::atomic<size_t> next{0};
   std::mutex mu;

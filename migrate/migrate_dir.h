@@ -50,6 +50,7 @@ struct FileOutcome {
   std::string detail;         // why skipped or failed
   Status error;               // kFailed: the error itself (its code is what `kvsnap convert` of the file exits with)
   double seconds = 0;
+  bool needs_conversion = false;  // its header and layout differ from the target's
 };
 
 struct MigrateSummary {
@@ -69,6 +70,9 @@ struct MigrateOptions {
   bool dry_run = false;
   // Called with each original before it is replaced; an error leaves the file untouched.
   std::function<Status(const std::string& path, const ReadableFile& file, const StateFile& state)> backup;
+  // Called once, after every file's header was read and before the first conversion: how many
+  // files (and bytes of them) will be converted; `progress` then counts those files only.
+  std::function<void(size_t files, uint64_t bytes)> planned;
   // Called (from any job's thread, serialized) when a file starts and when it ends.
   std::function<void(size_t done, size_t total, const FileOutcome* finished, const std::string& starting)> progress;
 };

@@ -16,6 +16,13 @@
 #include <sys/sysctl.h>
 #endif
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#elif defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
 #if !defined(__APPLE__)
 extern char** environ;
 #endif
@@ -154,6 +161,37 @@ std::string cpu_model_name() {
   }
 #endif
   return "unknown CPU";
+}
+
+std::string cpu_crypto_features() {
+  std::string out;
+  auto add = [&](bool has, const char* name) {
+    if (!has) return;
+    if (!out.empty()) out += ' ';
+    out += name;
+  };
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d) != 0) {
+    add(c & (1u << 25), "aes");
+    add(c & (1u << 1), "pclmulqdq");
+  }
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) != 0) {
+    add(b & (1u << 5), "avx2");
+    add(b & (1u << 16), "avx512f");
+    add(c & (1u << 9), "vaes");
+    add(c & (1u << 10), "vpclmulqdq");
+    add(b & (1u << 29), "sha_ni");
+  }
+#elif defined(__aarch64__) && defined(__linux__)
+  const unsigned long hw = ::getauxval(AT_HWCAP);
+  add(hw & HWCAP_AES, "aes");
+  add(hw & HWCAP_PMULL, "pmull");
+  add(hw & HWCAP_SHA2, "sha2");
+#else
+  return "(unknown)";
+#endif
+  return out.empty() ? "(none)" : out;
 }
 
 std::string load_average_text() {

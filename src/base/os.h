@@ -56,6 +56,11 @@ bool take_pending_signal(const sigset_t& among, int* sig);
 // The CPU's marketing name for benchmark headers ("unknown CPU" when the system does not say).
 // Linux: /proc/cpuinfo "model name"; macOS: sysctl machdep.cpu.brand_string.
 std::string cpu_model_name();
+// The crypto-relevant CPU features the running CPU reports, space-separated, for benchmark headers
+// (which of AES-NI, PCLMULQDQ, VAES, SHA-NI, AVX2, AVX-512F on x86-64; AES, PMULL, SHA2 on aarch64
+// Linux), "(none)" when it reports none of them, "(unknown)" where kvsnap cannot ask. From CPUID /
+// the auxiliary vector: no /proc, so the same code serves Linux and macOS on x86-64.
+std::string cpu_crypto_features();
 // The 1, 5 and 15 minute load averages as "a b c" (getloadavg, on Linux and macOS alike), or "?".
 std::string load_average_text();
 

@@ -29,18 +29,6 @@ std::string mib(uint64_t b) {
 
 // The bytes a migration of DIR reads: every regular file directly in it (kvsnap's own temporaries
 // aside), twice with --backup-store (stored, then converted). The total of its progress display.
-uint64_t bytes_to_read(Io& io, const std::string& dir, bool backup) {
-  auto entries = io.list_dir(dir);
-  if (!entries.ok()) return 0;  // migrate_dir says why
-  uint64_t total = 0;
-  for (const DirEntry& e : *entries) {
-    if (!e.is_regular || e.is_symlink || e.name.find(kTempInfix) != std::string::npos) continue;
-    auto f = io.open_read(dir + "/" + e.name);
-    if (f.ok()) total += (*f)->size();
-  }
-  return backup ? 2 * total : total;
-}
-
 json to_json(const MigrateSummary& s, bool dry_run) {
   json files = json::array();
   for (const auto& f : s.files) {
@@ -160,8 +148,13 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
   Result<MigrateSummary> migrated = [&] {
     // A dry run reads the files' headers only: its display counts files, not bytes.
     const ProgressMode mode = o.progress ? (o.json ? ProgressMode::kJson : ProgressMode::kAuto) : ProgressMode::kQuiet;
-    ProgressDisplay shown("migrate " + m.dir, Counted::kRead,
-                          o.dry_run ? 0 : bytes_to_read(io, m.dir, o.backup_store), mode);
+    ProgressDisplay shown("migrate " + m.dir, Counted::kRead, 0, mode);
+    const bool backup = o.backup_store;
+    // The files to convert are read in full, twice with a backup (the store reads the original).
+    m.planned = [&shown, backup, dry_run = o.dry_run](size_t files, uint64_t bytes) {
+      shown.set_files(0, files);
+      if (!dry_run) shown.set_total(backup ? 2 * bytes : bytes);
+    };
     m.progress = [&shown](size_t done, size_t total, const FileOutcome*, const std::string&) {
       shown.set_files(done, total);
     };

@@ -147,5 +147,18 @@ TEST(Os, MachineDescriptionsNeverFail) {
   EXPECT_FALSE(load_average_text().empty());
 }
 
+TEST(Os, CryptoFeaturesAgreeWithTheCompilersOwnQuery) {
+  const std::string f = " " + cpu_crypto_features() + " ";
+#if defined(__x86_64__) && defined(__GNUC__)
+  // GCC and clang answer from their own CPUID reading: an independent source for the same bits.
+  EXPECT_EQ(f.find(" aes ") != std::string::npos, __builtin_cpu_supports("aes") != 0) << f;
+  EXPECT_EQ(f.find(" pclmulqdq ") != std::string::npos, __builtin_cpu_supports("pclmul") != 0) << f;
+  EXPECT_EQ(f.find(" avx2 ") != std::string::npos, __builtin_cpu_supports("avx2") != 0) << f;
+  EXPECT_EQ(f.find(" avx512f ") != std::string::npos, __builtin_cpu_supports("avx512f") != 0) << f;
+#else
+  EXPECT_NE(f, "  ");
+#endif
+}
+
 }  // namespace
 }  // namespace kvsnap

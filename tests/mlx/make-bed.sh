@@ -9,6 +9,12 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="${KVSNAP_MLX_VENV:-$HOME/.cache/kvsnap-mlx-venv}"
 out="${1:-$HOME/.cache/kvsnap-mlx-bed}"
+# One maker at a time: the four mlx oracles each call this script, and ctest -j runs them together
+# (two pip installs into one venv, or one maker's `rm -rf OUT.tmp` under another's feet, break both).
+# The lock is held until this script exits; a waiting maker then finds the stamp and returns at once.
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
 # Pinned: the versions the bed's oracle JSON and the readers were checked with.
 mlx_version=0.32.4
 mlx_lm_version=0.32.2
