@@ -147,7 +147,11 @@ Status Supervisor::start() {
       kill(-pid, SIGKILL);
       waitpid(pid, nullptr, 0);
     }
-    pid_ = 0;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      pid_ = 0;
+    }
+    cv_.notify_all();
     lifeline_.stop();
     return h;
   }

@@ -258,5 +258,27 @@ TEST_F(ServeLifeline, TheWatchdogFollowsARestartAndAKilledWatchdogIsReplaced) {
   EXPECT_NE(kill(dog2, 0), 0);
 }
 
+TEST_F(ServeLifeline, AChildThatExitsBeforeHealthFailsStartAndStopReturns) {
+  // stop() (the destructor) used to wait for a monitor that never ran: kvsnap serve hung on a model
+  // llama-server could not load.
+  SupervisorOptions o = options({"sh", "-c", "exit 3"}, {});
+  o.health_url = "http://127.0.0.1:1";  // never asked: the child is gone first
+  Supervisor sup(o, [](const std::string&) {});
+  const Status s = sup.start();
+  EXPECT_EQ(s.code(), Code::kIOError);
+  EXPECT_NE(s.ToString().find("exited with status 3 before answering /health"), std::string::npos) << s.ToString();
+  EXPECT_EQ(sup.pid(), 0);
+  EXPECT_EQ(sup.lifeline_pid(), 0);
+  sup.stop();
+}
+
+TEST_F(ServeLifeline, AProgramThatCannotStartIsAnErrorNamingIt) {
+  Supervisor sup(options({"kvsnap-no-such-program"}, {}), [](const std::string&) {});
+  const Status s = sup.start();
+  EXPECT_EQ(s.code(), Code::kIOError);
+  EXPECT_NE(s.ToString().find("cannot start kvsnap-no-such-program"), std::string::npos) << s.ToString();
+  EXPECT_EQ(sup.lifeline_pid(), 0);
+}
+
 }  // namespace
 }  // namespace kvsnap
