@@ -10,7 +10,8 @@
 // kernel closes its descriptors and read() answers end-of-file: the watchdog sends SIGTERM to the
 // group, waits up to `grace_s` for the child to go, then SIGKILLs the group (itself included). The
 // SIGKILL matters: llama-server 3.22.1 loses a SIGTERM that comes while its task loop starts
-// (docs/serve.md, "Shutdown").
+// (docs/serve.md, "Shutdown"). One watchdog serves every child, forked with the first one (again only
+// if it died), while kvsnap is still small: it keeps few of kvsnap's pages alive copy-on-write.
 //
 // Promises:
 //   - start() forks the watchdog (again when the previous one has died: someone killed it, or a
