@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,6 +12,7 @@
 
 #if defined(__linux__)
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #elif defined(__APPLE__)
 #include <crt_externs.h>
 #include <sys/sysctl.h>
@@ -128,6 +130,37 @@ bool has_parent_death_signal() {
   return true;
 #else
   return false;
+#endif
+}
+
+void close_fds_from(int lowest, int limit) {
+#if defined(__linux__) && defined(SYS_close_range)
+  if (::syscall(SYS_close_range, static_cast<unsigned>(lowest), ~0U, 0U) == 0) return;
+#endif
+  for (int fd = lowest; fd < limit; ++fd) (void)::close(fd);
+}
+
+int open_fd_limit() {
+  rlimit r{};
+  // RLIM_INFINITY or a huge hard limit: descriptors are numbered from 0 up, and a process this
+  // small never got far; 65536 bounds the loop where there is no close_range.
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY || r.rlim_cur > 65536) return 65536;
+  return static_cast<int>(r.rlim_cur);
+}
+
+void name_this_process(const char* name) {
+#if defined(__linux__)
+  (void)::prctl(PR_SET_NAME, name, 0, 0, 0);
+#else
+  (void)name;
+#endif
+}
+
+int become_subreaper() {
+#if defined(__linux__)
+  return ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0 ? 0 : errno;
+#else
+  return ENOSYS;
 #endif
 }
 

@@ -49,6 +49,22 @@ char** process_environ();
 int request_parent_death_signal(pid_t parent, int sig);
 bool has_parent_death_signal();
 
+// For a process forked from a threaded kvsnap that never execs (serve/lifeline.h's watchdog): each
+// of the three is async-signal-safe.
+//   close_fds_from: closes every descriptor >= `lowest`. Linux: close_range(2), one call; where that
+//     is missing (macOS, kernels before 5.9), close() on each below `limit`, which open_fd_limit()
+//     gave before the fork (getrlimit is not async-signal-safe).
+//   name_this_process: the name ps and top show (Linux: prctl(PR_SET_NAME), 15 bytes kept); nothing
+//     elsewhere (macOS has no call for it: the watchdog shows as kvsnap there).
+void close_fds_from(int lowest, int limit);
+int open_fd_limit();
+void name_this_process(const char* name);
+
+// Makes this process the one that reaps its orphaned descendants, in place of init (tests: the
+// children of a supervisor the test SIGKILLed come back to the test, which can wait for them).
+// Linux: prctl(PR_SET_CHILD_SUBREAPER). Elsewhere ENOSYS (FreeBSD's procctl(PROC_REAP_ACQUIRE) would do).
+int become_subreaper();
+
 // Takes one signal of `among` that is pending for this thread (blocked, delivered), without waiting:
 // true and `*sig` when there was one. POSIX (sigpending + sigwait): sigtimedwait is missing on macOS.
 bool take_pending_signal(const sigset_t& among, int* sig);

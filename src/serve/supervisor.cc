@@ -27,7 +27,7 @@ std::string describe_exit(int st) {
 }  // namespace
 
 Supervisor::Supervisor(SupervisorOptions o, std::function<void(const std::string&)> log)
-    : o_(std::move(o)), log_(std::move(log)) {}
+    : o_(std::move(o)), log_(std::move(log)), lifeline_(o_.lifeline_grace_s) {}
 
 Supervisor::~Supervisor() { stop(); }
 
@@ -39,6 +39,8 @@ Result<pid_t> Supervisor::spawn() {
   for (auto& a : o_.argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   const char* log_path = o_.log_path.empty() ? nullptr : o_.log_path.c_str();
+  if (o_.lifeline) KV_RETURN_IF_ERROR(lifeline_.start());  // again if the previous watchdog died
+  const bool pdeathsig = o_.parent_death_signal;
   int report[2];  // the child writes errno here when it cannot exec; closed on exec
   if (const int e = pipe_cloexec(report); e != 0) {
     return Status::IOError(std::string("cannot make a pipe: ") + std::strerror(e));
@@ -56,19 +58,27 @@ Result<pid_t> Supervisor::spawn() {
       (void)!write(report[1], &e, sizeof e);
       _exit(127);
     };
-    // A SIGKILLed kvsnap cannot stop its child: on Linux the kernel sends SIGTERM instead, when the
+    // A SIGKILLed kvsnap cannot stop its child. On Linux the kernel sends SIGTERM instead, when the
     // thread that forked it exits (spawn() runs on the thread that start()s and on the monitor
     // thread, both of which live as long as their child). If kvsnap died before the request, exit
-    // now. Where the OS has no such request (macOS: base/os.h) a SIGKILLed kvsnap leaves its
-    // llama-server running, to be stopped by hand.
-    if (const int e = request_parent_death_signal(parent, SIGTERM); e == ESRCH) {
-      _exit(1);
-    } else if (e != 0) {
-      fail(e);
+    // now.
+    if (pdeathsig) {
+      if (const int e = request_parent_death_signal(parent, SIGTERM); e == ESRCH) {
+        _exit(1);
+      } else if (e != 0) {
+        fail(e);
+      }
     }
-    // Its own process group (a Ctrl-C at the terminal reaches kvsnap, which stops it in order), with
-    // the signals kvsnap blocks or ignores restored to their defaults.
+    // Its own process group (a Ctrl-C at the terminal reaches kvsnap, which stops it in order).
     if (setpgid(0, 0) != 0) fail(errno);
+    // The lifeline watchdog joins that group and stops it when kvsnap dies, on every system. Told
+    // before exec, so no code of llama-server's runs unguarded; a watchdog that died meanwhile is an
+    // EPIPE here, not a SIGPIPE.
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &ign, nullptr);
+    lifeline_.announce(getpid());
+    // The signals kvsnap blocks or ignores restored to their defaults.
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     for (int s : {SIGTERM, SIGINT, SIGHUP, SIGPIPE}) sigaction(s, &dfl, nullptr);
@@ -93,10 +103,14 @@ Result<pid_t> Supervisor::spawn() {
     waitpid(pid, nullptr, 0);
     return Status::IOError("cannot start " + o_.argv[0] + ": " + std::strerror(e));
   }
+  if (o_.lifeline) {
+    if (Status g = lifeline_.guard(pid); !g.ok()) log_(g.ToString() + "; " + o_.argv[0] + " runs on without it");
+  }
   return pid;
 }
 
 Status Supervisor::wait_healthy(pid_t pid) {
+  if (o_.health_url.empty()) return Status::OK();  // nothing to ask: running is healthy
   LlamaServer srv({o_.health_url, o_.api_key, 2.0});
   const auto deadline = Clock::now() + std::chrono::duration<double>(o_.start_timeout_s);
   const std::string where = o_.log_path.empty() ? "its output above" : o_.log_path;
@@ -104,7 +118,9 @@ Status Supervisor::wait_healthy(pid_t pid) {
     int st = 0;
     if (waitpid(pid, &st, WNOHANG) == pid)
       return Status::IOError(o_.argv[0] + " " + describe_exit(st) + " before answering /health; see " + where);
-    if (srv.health().ok()) return Status::OK();
+    // /health says the model is loaded; /slots is answered by the task loop, so then a SIGTERM is
+    // no longer lost (llama-server 3.22.1 drops one that comes before the loop has started).
+    if (srv.health().ok() && srv.slots().ok()) return Status::OK();
     if (stopping_) return Status::Interrupted("stopping");
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
@@ -115,10 +131,30 @@ Status Supervisor::wait_healthy(pid_t pid) {
 }
 
 Status Supervisor::start() {
-  KV_ASSIGN_OR_RETURN(pid_t pid, spawn());
+  auto spawned = spawn();
+  if (!spawned.ok()) {
+    lifeline_.stop();
+    return spawned.status();
+  }
+  const pid_t pid = *spawned;
   pid_ = pid;
-  log_("started " + o_.argv[0] + " (pid " + std::to_string(pid) + ") on " + o_.health_url);
-  KV_RETURN_IF_ERROR(wait_healthy(pid));
+  log_("started " + o_.argv[0] + " (pid " + std::to_string(pid) + ") on " + o_.health_url +
+       (lifeline_.pid() > 0 ? "; lifeline watchdog pid " + std::to_string(lifeline_.pid()) : ""));
+  if (Status h = wait_healthy(pid); !h.ok()) {
+    // wait_healthy reaped a child that exited or stayed unhealthy; one interrupted by stop() is ours
+    // to end. No monitor runs yet: stop() must find nothing to wait for.
+    if (h.code() == Code::kInterrupted) {
+      kill(-pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      pid_ = 0;
+    }
+    cv_.notify_all();
+    lifeline_.stop();
+    return h;
+  }
   healthy_ = true;
   log_(o_.argv[0] + " is healthy");
   monitor_ = std::thread([this] { monitor(); });
@@ -129,7 +165,12 @@ void Supervisor::monitor() {
   for (;;) {
     const pid_t pid = pid_;
     int st = 0;
-    if (waitpid(pid, &st, 0) != pid) return;  // not ours any more (cannot happen: only this thread reaps)
+    pid_t r;
+    while ((r = waitpid(pid, &st, 0)) < 0 && errno == EINTR) {
+    }
+    // Not ours any more (cannot happen: only this thread reaps). Returning ends this thread, which
+    // on Linux sends the parent-death signal to a child it forked.
+    if (r != pid) return;
     healthy_ = false;
     std::vector<std::string> next;
     {
@@ -267,6 +308,7 @@ void Supervisor::stop() {
   }
   l.unlock();
   if (monitor_.joinable()) monitor_.join();
+  lifeline_.stop();  // the child is reaped: the watchdog exits without signalling
 }
 
 }  // namespace kvsnap

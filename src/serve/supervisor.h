@@ -10,9 +10,19 @@
 //     the restart is counted and logged;
 //   - stop() leaves no child process behind: SIGTERM to its process group,
 //     SIGKILL after `stop_timeout_s`, and reaps it;
-//   - on Linux, a kvsnap killed with SIGKILL takes its child with it (the
-//     child gets SIGTERM from the kernel: PR_SET_PDEATHSIG); not on macOS, which
-//     has no such request (base/os.h request_parent_death_signal);
+//   - a kvsnap killed with SIGKILL (or crashing) takes its child with it, on
+//     every POSIX system: the lifeline watchdog (serve/lifeline.h) sends the
+//     child's group SIGTERM, then SIGKILL after `lifeline_grace_s`; on Linux the
+//     child also asks the kernel for SIGTERM at kvsnap's death (PR_SET_PDEATHSIG,
+//     base/os.h request_parent_death_signal). The kernel sends that when the
+//     *thread* that forked the child ends: start() must be called on a thread
+//     that outlives the child (kvsnap serve's main thread); restarts are forked
+//     by the monitor thread, which ends only in stop(), after the child;
+//   - "healthy" means /health answers 200 and so does /slots: llama-server
+//     answers /slots from its task loop, and a SIGTERM that comes before that
+//     loop runs is lost (llama-server 3.22.1 sets its `running` flag when the
+//     loop starts), so no stop is sent into that window. An empty `health_url`
+//     makes a child healthy once it runs (a program without /health: tests);
 //   - the child's stdout and stderr go to `log_path` (appended), or are
 //     inherited when it is empty;
 //   - replace() swaps the command line (a requantize): the child is stopped and
@@ -32,6 +42,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "serve/lifeline.h"
 
 namespace kvsnap {
 
@@ -43,6 +54,12 @@ struct SupervisorOptions {
   double start_timeout_s = 300;   // loading a large model takes a while
   double stop_timeout_s = 20;
   double restart_pause_s = 1;
+  // The two guards against a child outliving a SIGKILLed kvsnap; both on by default. Turning
+  // parent_death_signal off on Linux runs the lifeline alone, as on macOS (tests,
+  // KVSNAP_SERVE_NO_PDEATHSIG). Systems without a parent-death signal ignore it.
+  bool lifeline = true;
+  double lifeline_grace_s = 5;  // SIGTERM to SIGKILL
+  bool parent_death_signal = true;
 };
 
 class Supervisor {
@@ -62,6 +79,7 @@ class Supervisor {
   std::vector<std::string> argv();
 
   pid_t pid() const { return pid_.load(); }
+  pid_t lifeline_pid() const { return lifeline_.pid(); }  // 0 when none runs
   int restarts() const { return restarts_.load(); }
   bool healthy() const { return healthy_.load(); }
 
@@ -81,6 +99,7 @@ class Supervisor {
   std::mutex mu_;
   std::condition_variable cv_;
   std::thread monitor_;
+  Lifeline lifeline_;  // started and stopped by the thread that spawns: start(), then the monitor
   struct Replacement {
     std::vector<std::string> argv;
     bool asked = false, done = false;

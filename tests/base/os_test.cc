@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -129,6 +130,57 @@ TEST(Os, ParentDeathSignalReachesTheOrphan) {
   EXPECT_EQ(::read(fds[0], &c, 1), 0) << "end of file: the orphan is gone";
   ::close(fds[0]);
   ::close(ready[0]);
+}
+
+TEST(Os, CloseFdsFromClosesEveryDescriptorFromThereUp) {
+  // In a child, as the lifeline watchdog does it: descriptors below `lowest` stay open, all others close,
+  // a high one included (with and without close_range the same).
+  const int limit = open_fd_limit();
+  ASSERT_GT(limit, 3);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int p[2];
+    if (::pipe(p) != 0) _exit(2);
+    const int high = ::fcntl(p[0], F_DUPFD, limit > 1000 ? 1000 : limit - 1);
+    if (high < 0) _exit(3);
+    const int keep = ::dup(p[1]);
+    const int lowest = keep + 1;
+    const int next = ::fcntl(p[0], F_DUPFD, lowest);
+    if (next < 0) _exit(4);
+    close_fds_from(lowest, limit);
+    bool ok = ::fcntl(keep, F_GETFD) != -1;
+    for (int fd : {next, high}) ok = ok && ::fcntl(fd, F_GETFD) == -1 && errno == EBADF;
+    _exit(ok ? 0 : 1);
+  }
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "wait status " << st;
+}
+
+TEST(Os, NameThisProcessShowsInProc) {
+  if (!std::filesystem::exists("/proc/self/comm")) GTEST_SKIP() << "no /proc: the name is not readable here (macOS: not set)";
+  int up[2];
+  ASSERT_EQ(::pipe(up), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    name_this_process("kvsnap-lifeline");
+    (void)!::write(up[1], "r", 1);
+    for (;;) ::pause();
+  }
+  ::close(up[1]);
+  char c = 0;
+  ASSERT_EQ(::read(up[0], &c, 1), 1);
+  ::close(up[0]);
+  std::string name;
+  {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
+    std::getline(in, name);
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  EXPECT_EQ(name, "kvsnap-lifeline");
 }
 
 TEST(Os, ParentDeathRequestSeesAParentAlreadyGone) {

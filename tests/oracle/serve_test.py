@@ -34,7 +34,9 @@ requests in the same order; then:
  12. disk full (root only: two tmpfs): the store's own disk, then the slot directory's; completions
      answer, the failed saves are logged and counted, saving works again with room;
  13. SIGINT during a streamed completion: the stream completes, the slot is saved, no child left;
-     kvsnap serve SIGKILLed: its llama-server exits too.
+     kvsnap serve SIGKILLed: its llama-server and lifeline watchdog exit too, with the parent-death
+     signal and without it (the lifeline alone, as on macOS), and a llama-server deaf to SIGTERM is
+     SIGKILLed.
 With OPENAI_PYTHON (a Python with the `openai` package), one chat goes through the openai client.
 Needs only the Python standard library otherwise.
 """
@@ -126,6 +128,23 @@ def children_of(pid):
     except OSError:
         pass
     return kids
+
+
+def comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def llama_children(pid):
+    """kvsnap serve's llama-server (its other child is the lifeline watchdog, named kvsnap-lifeline)."""
+    return [k for k in children_of(pid) if comm(k) != "kvsnap-lifeline"]
+
+
+def watchdogs(pid):
+    return [k for k in children_of(pid) if comm(k) == "kvsnap-lifeline"]
 
 
 def alive(pid):
@@ -352,19 +371,32 @@ def run_sigint_in_flight(kvsnap, llama, model, work):
 
 
 def run_serve_sigkilled(kvsnap, llama, model, work):
-    """kvsnap serve killed with SIGKILL (it cannot stop anything then): its llama-server goes too,
-    within a few seconds (Linux: the child asked for SIGTERM at its parent's death)."""
+    """kvsnap serve killed with SIGKILL (it cannot stop anything then): its llama-server goes too, and so
+    does the lifeline watchdog. Twice: with both guards (Linux's parent-death signal and the lifeline), and
+    with the lifeline alone (KVSNAP_SERVE_NO_PDEATHSIG=1: the macOS path). Then a llama-server that does not
+    act on SIGTERM (stopped with SIGSTOP, as one that lost the signal) is SIGKILLed after the lifeline's
+    grace (5 s), with both guards again."""
     args = ["-m", model, "-c", "1024", "-np", "1", "-t", "1", "--no-warmup"]
-    proc, port, log = start_serve(kvsnap, llama, os.path.join(work, "sigkill-store"), work, "sigkill", args)
-    kids = children_of(proc.pid)
-    proc.kill()
-    proc.wait()
-    log.close()
-    gone = wait_for(lambda: kids and not any(alive(k) for k in kids), 10)
-    for k in kids:
-        if alive(k):
-            os.kill(k, signal.SIGKILL)
-    check(bool(gone), f"kvsnap serve SIGKILLed: its llama-server (pid {kids}) exits within 10 s")
+    for tag, name, env, stopped in (
+            ("sigkill", "both guards", None, False),
+            ("sigkill-lifeline", "the lifeline alone", {**os.environ, "KVSNAP_SERVE_NO_PDEATHSIG": "1"}, False),
+            ("sigkill-deaf", "a llama-server deaf to SIGTERM", None, True)):
+        proc, port, log = start_serve(kvsnap, llama, os.path.join(work, tag + "-store"), work, tag, args, env=env)
+        kids, dogs = llama_children(proc.pid), watchdogs(proc.pid)
+        check(len(kids) == 1 and len(dogs) == 1 and os.getpgid(dogs[0]) == kids[0],
+              f"{name}: kvsnap serve runs llama-server {kids} and a lifeline watchdog {dogs} in its group")
+        if stopped:
+            for k in kids:
+                os.kill(k, signal.SIGSTOP)
+        proc.kill()
+        proc.wait()
+        log.close()
+        every = kids + dogs
+        gone = wait_for(lambda: kids and not any(alive(k) for k in every), 30)
+        for k in every:
+            if alive(k):
+                os.kill(k, signal.SIGKILL)
+        check(bool(gone), f"kvsnap serve SIGKILLed, {name}: its llama-server and watchdog {every} exit")
 
 
 SERVES = []  # every kvsnap serve started: stopped at the end whatever happens
@@ -386,12 +418,12 @@ def stop_quietly(proc):
             os.kill(k, signal.SIGKILL)
 
 
-def start_serve(kvsnap, llama, store, work, name, args):
+def start_serve(kvsnap, llama, store, work, name, args, env=None):
     port = free_port()
     log = open(os.path.join(work, name + ".log"), "w")
     proc = subprocess.Popen([kvsnap, "serve", "--listen", f"127.0.0.1:{port}", "--store", store, "--log",
                              os.path.join(work, name + "-child.log"), "--", llama, *args], stdout=log,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, env=env)
     SERVES.append(proc)
     wait_health(port, proc, name)
     return proc, port, log
@@ -985,13 +1017,16 @@ def run_checks(kvsnap, store, dport, pport, serve, openai_python, log_path):
           f"incremental: the next turn writes only its new chunks (turns saved: (tokens, new chunks, chunks) {t})")
 
     # 6. SIGKILL the child
-    kids = children_of(serve.pid)
-    check(len(kids) == 1, f"kvsnap serve has one child ({kids})")
+    kids = llama_children(serve.pid)
+    check(len(kids) == 1, f"kvsnap serve has one llama-server ({kids})")
     os.kill(kids[0], signal.SIGKILL)
     t0 = time.time()
     s = wait_for(lambda: (request(pport, "GET", "/health", timeout=5)[0] == 200 and
-                          children_of(serve.pid) not in ([], kids)), 120)
+                          llama_children(serve.pid) not in ([], kids)), 120)
     check(bool(s), f"the SIGKILLed child was restarted, serving resumed after {time.time() - t0:.1f} s")
+    kids, dogs = llama_children(serve.pid), watchdogs(serve.pid)
+    check(len(kids) == 1 and len(dogs) == 1 and os.getpgid(dogs[0]) == kids[0],
+          f"the lifeline watchdog {dogs} guards the restarted llama-server {kids} (is in its group)")
     before = len(ls(kvsnap, store))
     s, _, raw = request(pport, "POST", "/completion", {"prompt": "After the restart, the story", "n_predict": 4})
     check(s == 200, "a completion after the restart")
@@ -1004,7 +1039,7 @@ def run_checks(kvsnap, store, dport, pport, serve, openai_python, log_path):
     except subprocess.TimeoutExpired:
         rc = None
     check(rc == 0, f"SIGTERM: kvsnap serve exited with {rc}")
-    check(kids and not any(alive(k) for k in kids), f"SIGTERM: no llama-server left ({kids})")
+    check(len(kids) == 2 and not any(alive(k) for k in kids), f"SIGTERM: no llama-server or watchdog left ({kids})")
     after = ls(kvsnap, store)
     check(len(after) == before + 1, f"SIGTERM: the slot used last is in the store ({before} -> {len(after)} snapshots)")
 
