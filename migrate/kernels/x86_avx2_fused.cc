@@ -12,6 +12,10 @@
 // quant blocks (8 registers) at a time: block j (u + w) and block j + R / 64 (u - w). The q8_0
 // rows (f16 -> q8_0, q8_0 -> f16) at R = 128, the K rotation of head_dim 128, go by 32-value
 // quarters instead (rotate128_quarters): fewer live registers, more independent chains.
+// Every rotation block whose input is not all finite is recomputed by the scalar reference (f16
+// inputs: after the rotation, from its maxima; q8_0: before, from its scales), and finite f16 or
+// q8_0 inputs never overflow in the rotation, so the subtractions run as fwht_sub8<true>
+// (x86_common.h) on the multiply-add pipes.
 
 #include "migrate/kernels/x86_common.h"
 
@@ -39,7 +43,7 @@ KV_AVX2_INLINE void load_rotate8(const Rot8& k, Load load, int c, __m256* v) {
   load(c, v);
 #pragma GCC unroll 8
   for (int i = 0; i < NV; i++) v[i] = _mm256_mul_ps(v[i], k.scale);
-  fwht_regs8<NV>(v, k.s);
+  fwht_regs8<NV, true>(v, k.s);
 }
 
 // The rotation block of R values whose 64-value chunk c (8 registers, f32, unscaled) load(c, v)
@@ -70,7 +74,7 @@ KV_AVX2_INLINE void rotate_block(const Rot8& k, Load load, Emit emit) {
       for (int i = 0; i < 4; i++) {
         const __m256 u = _mm256_load_ps(buf + 32 * j + 8 * i);
         o[i] = _mm256_add_ps(u, w[4 * j + i]);
-        o[4 + i] = _mm256_sub_ps(u, w[4 * j + i]);
+        o[4 + i] = fwht_sub8<true>(u, w[4 * j + i]);
       }
       emit(o, 32 * j, 64 + 32 * j);
     }
@@ -88,7 +92,7 @@ KV_AVX2_INLINE void rotate_block(const Rot8& k, Load load, Emit emit) {
         for (int j = 0; j < 64; j += 8) {
           const __m256 u = _mm256_load_ps(buf + i + j), w = _mm256_load_ps(buf + i + 64 + j);
           _mm256_store_ps(buf + i + j, _mm256_add_ps(u, w));
-          _mm256_store_ps(buf + i + 64 + j, _mm256_sub_ps(u, w));
+          _mm256_store_ps(buf + i + 64 + j, fwht_sub8<true>(u, w));
         }
       }
     }
@@ -98,7 +102,7 @@ KV_AVX2_INLINE void rotate_block(const Rot8& k, Load load, Emit emit) {
       for (int i = 0; i < 4; i++) {
         const __m256 u = _mm256_load_ps(buf + j + 8 * i), w = _mm256_load_ps(buf + R / 2 + j + 8 * i);
         v[i] = _mm256_add_ps(u, w);
-        v[4 + i] = _mm256_sub_ps(u, w);
+        v[4 + i] = fwht_sub8<true>(u, w);
       }
       emit(v, j, R / 2 + j);
     }
@@ -125,14 +129,13 @@ KV_AVX2_INLINE void rotate128_quarters(const Rot8& k, Load32 load32, Emit emit) 
   for (int j = 0; j < 4; j++) {
     const __m256 x0 = _mm256_load_ps(buf + 8 * j), x1 = _mm256_load_ps(buf + 32 + 8 * j);
     const __m256 x2 = _mm256_load_ps(buf + 64 + 8 * j), x3 = _mm256_load_ps(buf + 96 + 8 * j);
-    // len 32: (x0, x1), (x2, x3); len 64: (q0, q2), (q1, q3). Plain subtractions: see fwht_across8
-    // (x86_common.h) for why not fnmadd.
-    const __m256 q0 = _mm256_add_ps(x0, x1), q1 = _mm256_sub_ps(x0, x1);
-    const __m256 q2 = _mm256_add_ps(x2, x3), q3 = _mm256_sub_ps(x2, x3);
+    // len 32: (x0, x1), (x2, x3); len 64: (q0, q2), (q1, q3)
+    const __m256 q0 = _mm256_add_ps(x0, x1), q1 = fwht_sub8<true>(x0, x1);
+    const __m256 q2 = _mm256_add_ps(x2, x3), q3 = fwht_sub8<true>(x2, x3);
     emit(0, j, _mm256_add_ps(q0, q2));
     emit(1, j, _mm256_add_ps(q1, q3));
-    emit(2, j, _mm256_sub_ps(q0, q2));
-    emit(3, j, _mm256_sub_ps(q1, q3));
+    emit(2, j, fwht_sub8<true>(q0, q2));
+    emit(3, j, fwht_sub8<true>(q1, q3));
   }
 }
 

@@ -271,7 +271,20 @@ KV_AVX2_INLINE __m256 fwht_in8(__m256 a, const __m256* s) {
   return _mm256_fmadd_ps(a, s[2], _mm256_permute2f128_ps(a, a, 0x01));  // len 4
 }
 
-template <int NV, int LEN>
+// kFinite: the caller recomputes in scalar code every block whose values are not all finite (or
+// has none), so u - w may run as -(w * 1) + u on the multiply-add pipes, beside the additions on
+// the add pipes: on finite values the product is exact and the one rounding is that of u - w,
+// signed zeros included (-(+0) + -0 = -0 - +0 ... each case agrees). Only a NaN's sign differs: the
+// hardware keeps w's, while clang at -O0 negates w with a sign flip first (0x7FC00000 where the
+// reference gives 0xFFC00000: kvsnap-simd-check, clang build), so hadamard_avx2, whose inf inputs
+// make NaNs it returns, keeps the plain subtraction.
+template <bool kFinite>
+KV_AVX2_INLINE __m256 fwht_sub8(__m256 u, __m256 w) {
+  if constexpr (kFinite) return _mm256_fnmadd_ps(w, _mm256_set1_ps(1.0f), u);
+  return _mm256_sub_ps(u, w);
+}
+
+template <int NV, int LEN, bool kFinite>
 KV_AVX2_INLINE void fwht_across8(__m256* v) {
   if constexpr (LEN < NV) {
 #pragma GCC unroll 32
@@ -279,22 +292,19 @@ KV_AVX2_INLINE void fwht_across8(__m256* v) {
       if ((i & LEN) == 0) {
         const __m256 u = v[i], w = v[i + LEN];
         v[i] = _mm256_add_ps(u, w);
-        // A plain subtraction, not -(w * 1) + u on the multiply-add pipes: the values agree, but a
-        // NaN's sign then depends on the compiler (clang -O0 negates w with a sign flip, so a NaN
-        // came out 0x7FC00000 where the reference gives 0xFFC00000: kvsnap-simd-check, clang build).
-        v[i + LEN] = _mm256_sub_ps(u, w);
+        v[i + LEN] = fwht_sub8<kFinite>(u, w);
       }
     }
-    fwht_across8<NV, 2 * LEN>(v);
+    fwht_across8<NV, 2 * LEN, kFinite>(v);
   }
 }
 
 // One block of NV registers (n_rot = 8 NV values), already scaled.
-template <int NV>
+template <int NV, bool kFinite = false>
 KV_AVX2_INLINE void fwht_regs8(__m256* v, const __m256* s) {
 #pragma GCC unroll 32
   for (int i = 0; i < NV; i++) v[i] = fwht_in8(v[i], s);
-  fwht_across8<NV, 1>(v);
+  fwht_across8<NV, 1, kFinite>(v);
 }
 
 KV_AVX2_INLINE void load_signs8(__m256* s) {
