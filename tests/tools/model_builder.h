@@ -21,7 +21,7 @@
 namespace kvsnap::testing {
 
 struct ModelSpec {
-  std::string arch = "llama";        // llama | deci | qwen2 | qwen2vl | gemma2 | gemma3 | lfm2
+  std::string arch = "llama";        // llama | deci | qwen2 | qwen3 | qwen2vl | gemma2 | gemma3 | lfm2
   std::string name = "kvsnap-mkmodel";
   uint32_t n_layer = 4;
   uint32_t n_embd = 256;
@@ -55,7 +55,7 @@ struct ModelSpec {
 };
 
 inline const std::vector<std::string>& model_builder_archs() {
-  static const std::vector<std::string> k = {"llama", "deci", "qwen2", "qwen2vl", "gemma2", "gemma3", "lfm2"};
+  static const std::vector<std::string> k = {"llama", "deci", "qwen2", "qwen3", "qwen2vl", "gemma2", "gemma3", "lfm2"};
   return k;
 }
 
@@ -270,6 +270,13 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
     std::vector<float> v(size_t(n), 1.0f);
     return w.add_tensor_f32(name, {n}, v);
   };
+  // Per-head Q/K norms that differ per channel (qwen3), so a twin that swapped or skipped them
+  // would compute another function.
+  auto head_norm = [&](const std::string& name) -> Status {
+    std::vector<float> v(s.head_dim);
+    for (auto& x : v) x = 1.0f + 0.5f * rng.uniform();
+    return w.add_tensor_f32(name, {int64_t(s.head_dim)}, v);
+  };
   auto bias = [&](const std::string& name, int64_t n) -> Status {
     std::vector<float> v(static_cast<size_t>(n));
     for (auto& x : v) x = rng.uniform() * 0.02f;
@@ -322,6 +329,10 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
     if (a == "gemma3") {
       KV_RETURN_IF_ERROR(norm(p + "attn_q_norm.weight", s.head_dim));
       KV_RETURN_IF_ERROR(norm(p + "attn_k_norm.weight", s.head_dim));
+    }
+    if (a == "qwen3") {  // RMS norm per head on Q and K before the (NEOX) rope
+      KV_RETURN_IF_ERROR(head_norm(p + "attn_q_norm.weight"));
+      KV_RETURN_IF_ERROR(head_norm(p + "attn_k_norm.weight"));
     }
     if (gemma) KV_RETURN_IF_ERROR(norm(p + "post_attention_norm.weight", s.n_embd));
     KV_RETURN_IF_ERROR(norm(p + "ffn_norm.weight", s.n_embd));
