@@ -118,7 +118,7 @@ TEST_F(CrossEngine, WhichModelsMove) {
   auto llama = cross_engine_k_order(model("llama"));
   ASSERT_TRUE(llama.ok()) << llama.status().ToString();
   EXPECT_TRUE(llama->permuted);
-  for (const char* neox : {"qwen2", "qwen3"}) {
+  for (const char* neox : {"qwen2", "qwen3", "phi3"}) {
     auto r = cross_engine_k_order(model(neox));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_FALSE(r->permuted) << neox;
