@@ -361,6 +361,26 @@ Result<uint32_t> check_against_model(const MlxPromptCache& c, const std::string&
   return uint32_t(*offset);
 }
 
+// The header of the llama.cpp file to write, in v0.5.0's version of its kind; a session names the
+// model's architecture as llama_state_save_file does (llama_state_load_file refuses another).
+Status set_llama_kind(StateKind kind, const ModelInfo& model, const std::string& name, StateFile& f) {
+  f.kind = kind;
+  if (kind == StateKind::kSeqFile) {
+    f.magic = kMagicGgsq;
+    f.version = kGgsqVersionCurrent;
+    return Status::OK();
+  }
+  if (kind != StateKind::kSessionFile) {
+    return Status::InvalidArgument(name + ": a prompt cache moves to a llama.cpp slot or session file, not a " +
+                                   kind_name(kind));
+  }
+  if (model.profile.arch.empty()) return Status::InvalidArgument(model.path + ": names no architecture for the session file");
+  f.magic = kMagicGgsn;
+  f.version = kGgsnVersionCurrent;
+  f.arch = model.profile.arch;
+  return Status::OK();
+}
+
 Result<std::vector<int32_t>> file_tokens(const MlxPromptCache& c, const std::string& name) {
   for (const auto& [k, v] : c.user_metadata) {
     if (k == "tokens") return parse_token_list(v, name + ": metadata 'tokens'");
@@ -404,11 +424,10 @@ Result<CrossEngineResult> mlx_to_llama(const MlxPromptCache& src, const Readable
                             std::to_string(tokens.size()) + " token ids were given");
   }
 
-  // The state at f32 (flash-attention rows, unrotated), then kvsnap convert's way to the target.
+  // The state at f32 (flash-attention rows, unrotated), then kvsnap convert's way to the target,
+  // which keeps the kind (slot or session) of its input.
   StateFile f;
-  f.kind = StateKind::kSeqFile;
-  f.magic = kMagicGgsq;
-  f.version = kGgsqVersionCurrent;
+  KV_RETURN_IF_ERROR(set_llama_kind(spec.file_kind, model, name, f));
   f.tokens.words = tokens;
   f.tokens.tokens = tokens;
   KvSection sec;

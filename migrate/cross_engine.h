@@ -2,8 +2,10 @@
 //
 //   llama.cpp slot/session file  ->  mlx-lm prompt cache (KVCache, or QuantizedKVCache at
 //                                    --kv-bits/--kv-group-size), in any of mlx-lm's three layouts
-//   mlx-lm prompt cache          ->  llama.cpp slot file (ggsq) at any -ctk/-ctv, flash attention on
-//                                    or off, rotated or not, for the llama.cpp build named
+//   mlx-lm prompt cache          ->  llama.cpp slot file (ggsq, llama_state_seq_load_file, llama-server
+//                                    slots) or session file (ggsn, llama_state_load_file) at any
+//                                    -ctk/-ctv, flash attention on or off, rotated or not, for the
+//                                    llama.cpp build named
 //
 // What differs between the two caches, and what is done about it:
 //   - K rows in RoPE pair order. llama.cpp's converter permutes the Q/K projection rows of
@@ -71,8 +73,12 @@ struct LlamaToMlxSpec {
 
 struct MlxToLlamaSpec {
   // The target: ctk/ctv (default f16), flash_attn (default on), dst_rotation/rotation,
-  // target_build, format; as for `kvsnap convert`.
+  // target_build, format; as for `kvsnap convert`. `format` must name a format of `file_kind`.
   ConversionSpec target;
+  // kSeqFile: a slot file (sequence 0); kSessionFile: a session file (one stream, sequence 0, the
+  // model's architecture name), which llama.cpp loads into a context of one stream (n_seq_max 1
+  // or a unified KV cache).
+  StateKind file_kind = StateKind::kSeqFile;
   std::optional<std::vector<int32_t>> tokens;  // else the file's "tokens" metadata
 };
 

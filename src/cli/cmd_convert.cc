@@ -64,8 +64,9 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
   Io& io = cli_io();
   KV_RETURN_IF_ERROR(check_not_same_file(o.in, o.out));
   if (!o.to.empty()) return run_convert_cross(o, out);
-  if (!o.tokens.empty() || !o.mlx_dtype.empty()) {
-    return Status::InvalidArgument(o.in + ": --tokens/--mlx-dtype move a session between engines: give --to llama|mlx");
+  if (!o.tokens.empty() || !o.mlx_dtype.empty() || !o.llama_file.empty()) {
+    return Status::InvalidArgument(o.in + ": --tokens/--mlx-dtype/--llama-file move a session between engines: give "
+                                   "--to llama|mlx");
   }
   // An mlx-lm prompt cache (a safetensors header, told by content) goes its own way.
   if (auto f = io.open_read(o.in); f.ok() && looks_like_mlx_prompt_cache(**f)) return run_convert_mlx(o, **f, out);
@@ -196,10 +197,14 @@ void setup_convert(CLI::App& app, int& exit_status) {
                   "(meta_state-with-step, meta_state, scalars) stands for 0.28.0, 0.31.3, 0.32.2");
   sub->add_option("--to", o->to,
                   "mlx|llama: move the session to the other engine (same model in both; --model required): a "
-                  "llama.cpp slot/session file to an mlx-lm prompt cache, or a prompt cache to a llama.cpp slot file");
+                  "llama.cpp slot/session file to an mlx-lm prompt cache, or a prompt cache to a llama.cpp slot or "
+                  "session file (--llama-file)");
   sub->add_option("--tokens", o->tokens,
                   "--to llama: file with the prompt's token ids (JSON list or whitespace-separated), when the prompt "
                   "cache has no 'tokens' metadata (mlx-lm stores none; kvsnap's --to mlx writes them)");
+  sub->add_option("--llama-file", o->llama_file,
+                  "--to llama: slot (default: llama_state_seq_load_file, llama-server's slot restore) or session "
+                  "(llama_state_load_file: the whole context, one sequence)");
   sub->add_option("--mlx-dtype", o->mlx_dtype,
                   "--to mlx: f16|bf16|f32 float type of the KVCache (default: the file's float type; f16 for a "
                   "quantized cache)");
@@ -217,6 +222,7 @@ void setup_convert(CLI::App& app, int& exit_status) {
       "  kvsnap convert prompt.safetensors q4.safetensors --kv-bits 4 --kv-group-size 64 --report   # mlx-lm\n"
       "  kvsnap convert slot.bin prompt.safetensors --to mlx --model m.gguf [--kv-bits 8] [--mlx-lm 0.31.3]\n"
       "  kvsnap convert prompt.safetensors slot.bin --to llama --model m.gguf --ctk q8_0 --ctv q8_0 [--tokens t.json]\n"
+      "  kvsnap convert prompt.safetensors s.session --to llama --model m.gguf --llama-file session\n"
       "  kvsnap convert prompt-0.32.safetensors for-0.28.safetensors --mlx-lm 0.28.0    # mlx-lm 0.32 file, 0.28 reader\n"
       "  kvsnap convert old.safetensors new-q8.safetensors --mlx-lm 0.32.2 --kv-bits 8  # move and requantize\n"
       "\nmlx-lm releases save prompt caches in four layouts: '<i>_keys' tensors (0.18.x, read only),\n"

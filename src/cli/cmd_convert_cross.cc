@@ -12,6 +12,7 @@
 #include "cli/open_state.h"
 #include "format/mlx_layout.h"
 #include "format/mlx_prompt_cache.h"
+#include "migrate/convert_state.h"
 #include "migrate/cross_engine.h"
 #include "migrate/source_rotation.h"
 
@@ -35,6 +36,7 @@ std::string unused_options(const ConvertOptions& o, bool to_mlx) {
     note(!o.target_build.empty(), "--target-build");
     note(!o.format.empty(), "--format");
     note(!o.tokens.empty(), "--tokens");
+    note(!o.llama_file.empty(), "--llama-file");
   } else {
     note(!o.kv_bits.empty() || o.kv_group_size, "--kv-bits/--kv-group-size");
     note(!o.mlx_lm.empty(), "--mlx-lm");
@@ -72,6 +74,31 @@ Result<std::string> mlx_dtype_of(const std::string& word) {
   return Status::InvalidArgument("--mlx-dtype '" + word + "': give f16, bf16 or f32");
 }
 
+// --llama-file slot|session, else the kind of the format --format names, else a slot file.
+Result<StateKind> llama_file_of(const ConvertOptions& o) {
+  std::optional<StateKind> by_format;
+  if (!o.format.empty()) {
+    KV_ASSIGN_OR_RETURN(const TargetFormat f, parse_target_format(o.format));
+    by_format = target_format_row(f).kind;
+  }
+  if (o.llama_file.empty()) return by_format.value_or(StateKind::kSeqFile);
+  StateKind kind;
+  if (o.llama_file == "slot") {
+    kind = StateKind::kSeqFile;
+  } else if (o.llama_file == "session") {
+    kind = StateKind::kSessionFile;
+  } else {
+    return Status::InvalidArgument("--llama-file '" + o.llama_file +
+                                   "': give slot (llama_state_seq_load_file, llama-server slots) or session "
+                                   "(llama_state_load_file)");
+  }
+  if (by_format && *by_format != kind) {
+    return Status::InvalidArgument("--format " + o.format + " is a " + kind_name(*by_format) + ", not a " +
+                                   o.llama_file + " file: give one of them");
+  }
+  return kind;
+}
+
 Status render(const ConvertOptions& o, const CrossEngineResult& r, double secs, std::string& out) {
   if (o.json) {
     json j;
@@ -107,7 +134,8 @@ Status run_convert_cross(const ConvertOptions& o, std::string& out) {
   Io& io = cli_io();
   const bool to_mlx = o.to == "mlx" || o.to == "mlx-lm";
   if (!to_mlx && o.to != "llama" && o.to != "llama.cpp") {
-    return Status::InvalidArgument("--to '" + o.to + "': give mlx (an mlx-lm prompt cache) or llama (a llama.cpp slot file)");
+    return Status::InvalidArgument("--to '" + o.to + "': give mlx (an mlx-lm prompt cache) or llama (a llama.cpp slot or "
+                                   "session file)");
   }
   if (o.model.empty()) {
     return Status::InvalidArgument(o.in + ": --to " + o.to + " needs --model M.gguf: the model both engines run "
@@ -150,6 +178,7 @@ Status run_convert_cross(const ConvertOptions& o, std::string& out) {
     spec.target.target_build = o.target_build;
     spec.target.format = o.format;
     spec.target.threads = o.threads;
+    KV_ASSIGN_OR_RETURN(spec.file_kind, llama_file_of(o));
     if (!o.tokens.empty()) {
       KV_ASSIGN_OR_RETURN(const std::vector<std::byte> bytes, read_all(io, o.tokens, kMaxTokenFile));
       const std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());

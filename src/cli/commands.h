@@ -54,6 +54,7 @@ struct ConvertOptions {
   std::string to;
   std::string tokens;            // --to llama: the prompt's token ids (mlx-lm stores none)
   std::string mlx_dtype;         // --to mlx: f16|bf16|f32 ("" = the file's float type, else f16)
+  std::string llama_file;        // --to llama: slot|session ("" = slot, or the kind --format names)
 };
 void setup_convert(CLI::App& app, int& exit_status);
 Status run_convert(const ConvertOptions& opts, std::string& out, std::string& warnings);

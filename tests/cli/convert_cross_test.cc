@@ -45,6 +45,56 @@ TEST(ConvertCross, SlotToMlxAndBack) {
   s = convert(b, out);
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_NE(out.find("\"to\": \"ggsq v3, K q8_0, V q8_0 (rows)\""), std::string::npos) << out;
+
+  b.out = ::testing::TempDir() + "kvsnap-cross-hd64-back.session";
+  b.llama_file = "session";
+  s = convert(b, out);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NE(out.find("\"to\": \"ggsn v10, K q8_0, V q8_0 (rows)\""), std::string::npos) << out;
+  b.llama_file.clear();
+  b.format = "ggsn-v9";  // an older session format names the kind too
+  b.out = ::testing::TempDir() + "kvsnap-cross-hd64-back-v9.session";
+  s = convert(b, out);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NE(out.find("\"to\": \"ggsn v9, K q8_0, V q8_0 (rows)\""), std::string::npos) << out;
+
+  // and the session goes back to mlx-lm
+  ConvertOptions c;
+  c.in = b.out;
+  c.out = ::testing::TempDir() + "kvsnap-cross-hd64-from-session.safetensors";
+  c.to = "mlx";
+  c.model = kModel;
+  s = convert(c, out);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NE(out.find("ggsn v9"), std::string::npos) << out;
+}
+
+TEST(ConvertCross, LlamaFileChecks) {
+  std::string out;
+  ConvertOptions o;
+  o.in = kSlot;
+  o.out = ::testing::TempDir() + "kvsnap-cross-lf.safetensors";
+  o.to = "mlx";
+  o.model = kModel;
+  ASSERT_TRUE(convert(o, out).ok());
+  ConvertOptions b;
+  b.in = o.out;
+  b.out = ::testing::TempDir() + "kvsnap-cross-lf-never.bin";
+  b.to = "llama";
+  b.model = kModel;
+  b.llama_file = "context";
+  Status s = convert(b, out);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("--llama-file 'context'"), std::string::npos) << s.ToString();
+  b.llama_file = "session";
+  b.format = "ggsq-v3";  // a slot format with --llama-file session
+  s = convert(b, out);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("--format ggsq-v3"), std::string::npos) << s.ToString();
+  EXPECT_FALSE(exists(b.out));
+  o.llama_file = "session";  // the way to mlx-lm has no use for it
+  s = convert(o, out);
+  EXPECT_NE(s.message().find("does not take --llama-file"), std::string::npos) << s.ToString();
 }
 
 TEST(ConvertCross, OptionChecks) {

@@ -52,6 +52,9 @@ class CrossEngine : public ::testing::Test {
     return std::move(*m);
   }
 
+  // mlx-lm f32 -> llama.cpp f32 file of `kind` -> mlx-lm f32 (below).
+  void f32_round_trip(StateKind kind);
+
   fs::path dir_;
 };
 
@@ -118,9 +121,12 @@ TEST_F(CrossEngine, WhichModelsMove) {
   auto llama = cross_engine_k_order(model("llama"));
   ASSERT_TRUE(llama.ok()) << llama.status().ToString();
   EXPECT_TRUE(llama->permuted);
-  auto qwen2 = cross_engine_k_order(model("qwen2"));
-  ASSERT_TRUE(qwen2.ok()) << qwen2.status().ToString();
-  EXPECT_FALSE(qwen2->permuted);
+  for (const char* neox : {"qwen2", "qwen3", "phi3"}) {
+    auto r = cross_engine_k_order(model(neox));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_FALSE(r->permuted) << neox;
+    EXPECT_NE(r->why.find("NEOX rope"), std::string::npos) << r->why;
+  }
   const std::pair<const char*, const char*> refused[] = {
       {"gemma3", "iSWA"}, {"lfm2", "recurrent"}, {"qwen2vl", "M-RoPE"}, {"deci", "does not know"}};
   for (const auto& [arch, why] : refused) {
@@ -128,12 +134,13 @@ TEST_F(CrossEngine, WhichModelsMove) {
     ASSERT_FALSE(r.ok()) << arch;
     EXPECT_EQ(r.status().code(), Code::kNotSupported) << arch;
     EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(std::string("(") + arch + ")"), std::string::npos) << r.status().ToString();
   }
 }
 
-// mlx-lm f32 -> llama.cpp f32 slot -> mlx-lm f32: every value back bit for bit, the llama.cpp rows
-// in its pair order, the tokens carried through the metadata.
-TEST_F(CrossEngine, F32RoundTripIsExact) {
+// mlx-lm f32 -> llama.cpp f32 slot or session -> mlx-lm f32: every value back bit for bit, the
+// llama.cpp rows in its pair order, the tokens carried through the metadata.
+void CrossEngine::f32_round_trip(StateKind kind) {
   const ModelInfo m = model("llama");
   const int H = 2, T = 5, D = 16;
   const MemoryFile in("in.safetensors", mlx_cache(H, T, D, "[1,2,3,4,5]"));
@@ -141,6 +148,7 @@ TEST_F(CrossEngine, F32RoundTripIsExact) {
   ASSERT_TRUE(cache.ok()) << cache.status().ToString();
   MlxToLlamaSpec to_llama;
   to_llama.target.ctk = to_llama.target.ctv = "f32";
+  to_llama.file_kind = kind;
   VectorSink slot;
   auto r = mlx_to_llama(*cache, in, m, to_llama, slot);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -152,7 +160,18 @@ TEST_F(CrossEngine, F32RoundTripIsExact) {
   po.shape = &m.shape;
   auto st = parse_state(slot_file, po);
   ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->kind, kind);
+  if (kind == StateKind::kSessionFile) {  // what llama_state_save_file writes: ggsn v10, the arch
+    EXPECT_EQ(st->magic, kMagicGgsn);
+    EXPECT_EQ(st->version, kGgsnVersionCurrent);
+    EXPECT_EQ(st->arch, "llama");
+    EXPECT_EQ(r->to, "ggsn v10, K f32, V f32 (rows)");
+  } else {
+    EXPECT_EQ(st->magic, kMagicGgsq);
+    EXPECT_EQ(st->version, kGgsqVersionCurrent);
+  }
   EXPECT_EQ(st->tokens.tokens, (std::vector<int32_t>{1, 2, 3, 4, 5}));
+  EXPECT_FALSE(st->tokens.packed);
   // layer 1, cell 3, head 1: K value 2j+1 of llama.cpp's row is mlx-lm's D/2 + j
   const KvLayer& L1 = st->memory.kv[0].streams[0].layers[1];
   std::vector<std::byte> row(H * D * 4);
@@ -184,6 +203,9 @@ TEST_F(CrossEngine, F32RoundTripIsExact) {
   for (const auto& [k, v] : again->user_metadata) has_tokens = has_tokens || (k == "tokens" && v == "[1,2,3,4,5]");
   EXPECT_TRUE(has_tokens);
 }
+
+TEST_F(CrossEngine, F32RoundTripThroughASlotIsExact) { f32_round_trip(StateKind::kSeqFile); }
+TEST_F(CrossEngine, F32RoundTripThroughASessionIsExact) { f32_round_trip(StateKind::kSessionFile); }
 
 TEST_F(CrossEngine, MlxToLlamaRefusals) {
   const ModelInfo m = model("llama");

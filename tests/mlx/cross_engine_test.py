@@ -5,7 +5,10 @@
 
 Models: kvsnap-mkmodel GGUFs with trained-like K/V outlier channels (so the rotation detector has
 something to see), loaded in mlx-lm with the same weights (tests/mlx/gguf_twin.py): llama at head
-dim 64 and 128 (K pairs permuted between the engines), qwen2 (NEOX rope: K in the same order).
+dim 64 and 128 (K pairs permuted between the engines), qwen2, qwen3 and phi3 (NEOX rope: K in the
+same order; qwen3 with per-head Q/K norms, head dim 128 wider than n_embd / n_head, GQA ratio 4;
+phi3 with fused Q|K|V and gate|up projections and the rope over 96 of 128 dims, as Phi-4-mini; these
+two run a shorter list of cases, marked * below, to keep the test's time down).
 Method (docs/fidelity.md): the state holds t[0..n-17]; the 16 tail tokens are decoded in one batch
 and the mean KL over their 16 next-token distributions is taken, in float64.
 
@@ -17,10 +20,14 @@ and the mean KL over their 16 next-token distributions is taken, in float64.
    mlx-lm, the tail decoded from the loaded cache, KL against mlx-lm computing the whole prompt.
    Bound: KL <= 1.5 x the KL of llama.cpp's own cache of that type (against its f16 cache) + 1e-5.
    Also to mlx-lm's QuantizedKVCache (--kv-bits 8 / 4): bound 1.5 x mlx-lm's own quantized cache.
+   The session file (llama_state_save_file) llama.cpp saved with each slot of equal K/V types and
+   flash attention on moves too (f16 and q8_0 (*), q4_0; b8121's ggsn v9 q8_0).
 3. mlx-lm -> llama.cpp: mlx-lm's cache (float32, and its q8g64 QuantizedKVCache) moved to slot files
    at f16 (fa on/off), q8_0, q4_0 (rotated), q8_0 for b8121 (--target-build b8121: not rotated),
    restored by the driver of that build, KL against llama.cpp computing the prompt (f16 cache).
-   Bound as in 2, from llama.cpp's natively computed cache of the target types.
+   Bound as in 2, from llama.cpp's natively computed cache of the target types. Also to session
+   files (--llama-file session) at f16 and q8_0 (*), q4_0, and b8121's ggsn v9 q8_0
+   (--target-build b8121), loaded by llama_state_load_file.
 4. Controls that must fail the bound: the K pair order wrong (llama: permutation skipped; qwen2: a
    permutation made), both ways; the rotation not undone (--src-rotation off on a rotated file).
 5. With llama-server v0.5.0 (when built): a slot it saved (packed token payload) moved to mlx-lm;
@@ -30,8 +37,10 @@ Prints a table of every KL and exits 1 on any failure.
 """
 import json
 import os
+import resource
 import subprocess
 import sys
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -44,6 +53,12 @@ TAIL = 16
 FLOOR = 1e-5  # "near 0": f16 caches, whose native KL is 0 or a few 1e-6
 failures = []
 rows = []
+
+
+def cpu_seconds():
+    """CPU time of this process and of the engines it ran (the wall time depends on the machine's load)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def fail(where, msg):
@@ -74,9 +89,10 @@ def record(what, kl, native, bound, must_fail=False):
 
 
 class Bed:
-    def __init__(self, kvsnap, mkmodel, drivers, prompt, work, name, mk_args):
+    def __init__(self, kvsnap, mkmodel, drivers, prompt, work, name, mk_args, quick=False):
         self.kvsnap, self.drivers, self.prompt, self.work = kvsnap, drivers, prompt, work
         self.name = name
+        self.quick = quick  # the cases marked * in the docstring only
         self.gguf = os.path.join(work, name + ".gguf")
         run([mkmodel, "--out", self.gguf] + mk_args)
         self.model, self.info = load_twin(self.gguf)
@@ -87,9 +103,10 @@ class Bed:
         return os.path.join(self.work, self.name + "-" + s)
 
     def save(self, drv, ctk, ctv, fa, tag, env=None):
+        """llama.cpp computing t[0..n-17]: its slot file, its session file (<slot>.session) and the tail's logits."""
         slot, lg = self.path(tag + ".slot"), self.path(tag + ".logits")
         cmd = [self.drivers[drv], "save", "--model", self.gguf, "--prompt-file", self.prompt, "--ctk", ctk, "--ctv", ctv,
-               "--fa", fa, "--eval-tail", str(TAIL), "--slot", slot, "--logits", lg]
+               "--fa", fa, "--eval-tail", str(TAIL), "--slot", slot, "--session", slot + ".session", "--logits", lg]
         if self.tokens is None:
             cmd += ["--tokens-out", self.path("tokens.bin")]
         run(cmd, env)
@@ -102,10 +119,11 @@ class Bed:
             self.ref[drv] = self.save(drv, "f16", "f16", "on", drv + "-ref-f16")[1]
         return self.ref[drv]
 
-    def restore(self, drv, slot, ctk, ctv, fa):
+    def restore(self, drv, slot, ctk, ctv, fa, kind="slot"):
+        """The driver loads a slot (llama_state_seq_load_file) or session (llama_state_load_file) file."""
         lg = slot + ".logits"
         run([self.drivers[drv], "restore", "--model", self.gguf, "--prompt-file", self.prompt, "--ctk", ctk, "--ctv", ctv,
-             "--fa", fa, "--eval-tail", str(TAIL), "--slot", slot, "--logits", lg])
+             "--fa", fa, "--eval-tail", str(TAIL), "--" + kind, slot, "--logits", lg])
         return logits(lg)
 
     def mlx_full(self):
@@ -159,12 +177,13 @@ def k_to_llama_order(cache):
 def llama_to_mlx(bed):
     ref = bed.llama_ref("v0.5.0")
     full = bed.mlx_full()
-    cases = [("v0.5.0", "f16", "f16", "on", None, []), ("v0.5.0", "f16", "f16", "off", None, []),
-             ("v0.5.0", "q8_0", "q8_0", "on", None, []), ("v0.5.0", "q4_0", "q4_0", "on", None, []),
-             ("v0.5.0", "q8_0", "q4_0", "on", None, [])]
-    if "b8121" in bed.drivers:
-        cases.append(("b8121", "q8_0", "q8_0", "on", None, []))
-    cases.append(("v0.5.0", "q8_0", "q8_0", "on", {"LLAMA_ATTN_ROT_DISABLE": "1"}, ["--src-rotation", "off"]))
+    cases = [("v0.5.0", "f16", "f16", "on", None, []), ("v0.5.0", "q8_0", "q8_0", "on", None, [])]
+    if not bed.quick:
+        cases += [("v0.5.0", "f16", "f16", "off", None, []), ("v0.5.0", "q4_0", "q4_0", "on", None, []),
+                  ("v0.5.0", "q8_0", "q4_0", "on", None, [])]
+        if "b8121" in bed.drivers:
+            cases.append(("b8121", "q8_0", "q8_0", "on", None, []))
+        cases.append(("v0.5.0", "q8_0", "q8_0", "on", {"LLAMA_ATTN_ROT_DISABLE": "1"}, ["--src-rotation", "off"]))
     for drv, ctk, ctv, fa, env, claims in cases:
         tag = "%s-%s-%s-fa%s%s" % (drv, ctk, ctv, fa, "-norot" if env else "")
         slot, native_lg = bed.save(drv, ctk, ctv, fa, tag, env)
@@ -183,6 +202,11 @@ def llama_to_mlx(bed):
         kl = mean_kl(full, bed.mlx_continue(out))
         record("%s llama.cpp %s %s/%s fa %s -> mlx-lm" % (bed.name, drv + (" ROT_DISABLE" if env else ""), ctk, ctv, fa),
                kl, native, 1.5 * native + FLOOR)
+        if fa == "on" and ctk == ctv and not env:  # the session saved with the slot (ggsn v10; b8121: v9)
+            out = bed.path(tag + "-session.safetensors")
+            bed.convert(slot + ".session", out, "--to", "mlx")
+            record("%s llama.cpp %s %s/%s session -> mlx-lm" % (bed.name, drv, ctk, ctv),
+                   mean_kl(full, bed.mlx_continue(out)), native, 1.5 * native + FLOOR)
         if ctk == "f16" and fa == "on":
             bad = k_to_llama_order(C.load_prompt_cache(out))
             record("%s control: f16 -> mlx-lm, K pair order wrong" % bed.name,
@@ -194,7 +218,7 @@ def llama_to_mlx(bed):
                    mean_kl(full, bed.mlx_continue(bad)), native, 1.5 * native + FLOOR, must_fail=True)
     # llama.cpp f16 -> mlx-lm QuantizedKVCache: against mlx-lm's own quantized cache.
     slot = bed.path("v0.5.0-f16-f16-faon.slot")
-    for bits in (8, 4):
+    for bits in (8,) if bed.quick else (8, 4):
         native_cache = [c.to_quantized(group_size=64, bits=bits) for c in bed.mlx_cache()]
         native = mean_kl(full, bed.mlx_continue(cache=native_cache))
         out = bed.path("v0.5.0-f16-to-q%dg64.safetensors" % bits)
@@ -246,10 +270,12 @@ def mlx_to_llama(bed):
     r = bed.convert(src, bed.path("no-tokens.slot"), "--to", "llama", expect_ok=False)
     if r.returncode == 0 or os.path.exists(bed.path("no-tokens.slot")):
         fail(src, "moved to llama.cpp without token ids: exit %d" % r.returncode)
-    cases = [("v0.5.0", "f16", "f16", "on", []), ("v0.5.0", "f16", "f16", "off", []), ("v0.5.0", "q8_0", "q8_0", "on", []),
-             ("v0.5.0", "q4_0", "q4_0", "on", []), ("v0.5.0", "q8_0", "q4_0", "on", [])]
-    if "b8121" in bed.drivers:
-        cases.append(("b8121", "q8_0", "q8_0", "on", ["--target-build", "b8121"]))
+    cases = [("v0.5.0", "f16", "f16", "on", []), ("v0.5.0", "q8_0", "q8_0", "on", [])]
+    if not bed.quick:
+        cases += [("v0.5.0", "f16", "f16", "off", []), ("v0.5.0", "q4_0", "q4_0", "on", []),
+                  ("v0.5.0", "q8_0", "q4_0", "on", [])]
+        if "b8121" in bed.drivers:
+            cases.append(("b8121", "q8_0", "q8_0", "on", ["--target-build", "b8121"]))
     for drv, ctk, ctv, fa, extra in cases:
         tag = "mlx-to-%s-%s-%s-fa%s" % (drv, ctk, ctv, fa)
         _, native_lg = bed.save(drv, ctk, ctv, fa, drv + "-native-" + ctk + "-" + ctv + "-fa" + fa)
@@ -259,6 +285,15 @@ def mlx_to_llama(bed):
         bed.convert(src, out, "--to", "llama", "--tokens", toks, "--ctk", ctk, "--ctv", ctv, "--fa", fa, *extra)
         kl = mean_kl(ref, bed.restore(drv, out, ctk, ctv, fa))
         record("%s mlx-lm f32 -> llama.cpp %s %s/%s fa %s" % (bed.name, drv, ctk, ctv, fa), kl, native, 1.5 * native + FLOOR)
+        if fa == "on" and ctk == ctv:  # a session file (b8121: ggsn v9), loaded by llama_state_load_file
+            sess = bed.path(tag + ".session")
+            bed.convert(src, sess, "--to", "llama", "--llama-file", "session", "--tokens", toks, "--ctk", ctk, "--ctv", ctv,
+                        *extra)
+            with open(sess, "rb") as f:
+                if f.read(4) != b"nsgg":  # 'ggsn' as a little-endian u32
+                    fail(sess, "not a ggsn session file")
+            record("%s mlx-lm f32 -> llama.cpp %s %s/%s session" % (bed.name, drv, ctk, ctv),
+                   mean_kl(ref, bed.restore(drv, sess, ctk, ctv, fa, kind="session")), native, 1.5 * native + FLOOR)
         if ctk == "f16" and fa == "on":
             bad_src = bed.path("mlx-f32-k-prepermuted.safetensors")
             # K put in mlx-lm order from llama.cpp order: for a llama, kvsnap's permutation then gives
@@ -275,11 +310,12 @@ def mlx_to_llama(bed):
             record("%s control: mlx-lm -> llama.cpp f16, K pair order wrong" % bed.name,
                    mean_kl(ref, bed.restore(drv, bad, ctk, ctv, fa)), native, 1.5 * native + FLOOR, must_fail=True)
     # mlx-lm's own q8g64 cache -> llama.cpp f16: the loss is mlx-lm's quantization
-    out = bed.path("mlx-q8g64-to-f16.slot")
-    bed.convert(qsrc, out, "--to", "llama", "--tokens", toks)
     ref = bed.llama_ref("v0.5.0")
-    record("%s mlx-lm q8g64 -> llama.cpp f16" % bed.name, mean_kl(ref, bed.restore("v0.5.0", out, "f16", "f16", "on")),
-           mlx_q8_native, 1.5 * mlx_q8_native + FLOOR)
+    if not bed.quick:
+        out = bed.path("mlx-q8g64-to-f16.slot")
+        bed.convert(qsrc, out, "--to", "llama", "--tokens", toks)
+        record("%s mlx-lm q8g64 -> llama.cpp f16" % bed.name, mean_kl(ref, bed.restore("v0.5.0", out, "f16", "f16", "on")),
+               mlx_q8_native, 1.5 * mlx_q8_native + FLOOR)
     # round trip llama.cpp -> mlx-lm -> llama.cpp, tokens carried in the prompt cache's metadata
     there = bed.path("v0.5.0-q8_0-q8_0-faon.safetensors")
     back = bed.path("roundtrip-q8_0.slot")
@@ -381,14 +417,22 @@ def main():
     beds = [Bed(kvsnap, mkmodel, drivers, prompt, work, "hd64", ["--n-layer", "4", "--seed", "1"] + trained),
             Bed(kvsnap, mkmodel, drivers, prompt, work, "hd128",
                 ["--n-layer", "4", "--n-head", "2", "--n-head-kv", "1", "--head-dim", "128", "--seed", "2"] + trained),
-            Bed(kvsnap, mkmodel, drivers, prompt, work, "qwen2", ["--arch", "qwen2", "--n-layer", "4", "--seed", "5"] + trained)]
+            Bed(kvsnap, mkmodel, drivers, prompt, work, "qwen2", ["--arch", "qwen2", "--n-layer", "4", "--seed", "5"] + trained),
+            Bed(kvsnap, mkmodel, drivers, prompt, work, "qwen3",
+                ["--arch", "qwen3", "--n-layer", "4", "--n-head", "8", "--n-head-kv", "2", "--head-dim", "128",
+                 "--seed", "7"] + trained, quick=True),
+            Bed(kvsnap, mkmodel, drivers, prompt, work, "phi3",
+                ["--arch", "phi3", "--n-layer", "4", "--n-embd", "512", "--n-head", "4", "--n-head-kv", "2",
+                 "--head-dim", "128", "--n-rot", "96", "--seed", "9"] + trained, quick=True)]
     for bed in beds:
+        t0, c0 = time.time(), cpu_seconds()
         bed.server = server
         check_twin(bed)
         llama_to_mlx(bed)
         mlx_to_llama(bed)
-        if server:
+        if server and not bed.quick:
             with_server(bed, server)
+        print("%s: %.1f s (%.1f s of CPU)" % (bed.name, time.time() - t0, cpu_seconds() - c0), flush=True)
     check_refusals(beds[0], kvsnap, mkmodel, work)
     print("\n%-72s %11s %11s %11s" % ("move", "KL", "native", "bound"))
     for what, kl, native, bound, note, verdict in rows:

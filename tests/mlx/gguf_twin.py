@@ -5,7 +5,10 @@ mx.load reads the GGUF (f16/f32 tensors). llama.cpp's converter permuted the Q a
 of llama-family models so that its NORM RoPE (adjacent pairs 2j, 2j+1) equals HF's rotate-half RoPE
 (pairs j, j + D/2) that mlx-lm runs (traditional=False); the twin undoes that permutation per head:
     gguf row h*D + 2j + t  ==  HF row h*D + t*D/2 + j.
-NEOX-rope families (qwen2) were not permuted by the converter and are loaded as they are.
+NEOX-rope families (qwen2, qwen3) were not permuted by the converter and are loaded as they are.
+qwen3 adds per-head RMS norms on Q and K (before the rope) and a head dim free of the width. phi3
+has fused Q|K|V and gate|up projections (the GGUF's rows are mlx-lm's qkv_proj / gate_up_proj rows)
+and may rope only the first rope.dimension_count dims of a head (partial_rotary_factor).
 Weights are kept in float32 (exact from f16), so mlx-lm computes in float32 like llama.cpp's CPU
 backend does with f16 weights.
 """
@@ -30,7 +33,7 @@ def unpermute_rows(w, n_head):
 
 
 def load_twin(gguf_path, permute=None):
-    """Returns (model, info) for a llama or qwen2 GGUF made by kvsnap-mkmodel. `permute` overrides
+    """Returns (model, info) for a llama, qwen2, qwen3 or phi3 GGUF made by kvsnap-mkmodel. `permute` overrides
     whether Q/K rows are un-permuted (the arch decides by default; the override is the control)."""
     w, md = mx.load(gguf_path, return_metadata=True)
     arch = str(md["general.architecture"])
@@ -57,6 +60,16 @@ def load_twin(gguf_path, permute=None):
             raise ValueError("qwen2 twin needs n_embd == n_head * head_dim")
         model = Model(ModelArgs(model_type="qwen2", **common))
         permuted = False if permute is None else permute
+    elif arch == "phi3":
+        from mlx_lm.models.phi3 import Model, ModelArgs
+        n_rot = _meta_int(md, a + ".rope.dimension_count")
+        model = Model(ModelArgs(model_type="phi3", partial_rotary_factor=n_rot / head_dim, **common))
+        permuted = False if permute is None else permute
+    elif arch == "qwen3":
+        from mlx_lm.models.qwen3 import Model, ModelArgs
+        model = Model(ModelArgs(model_type="qwen3", head_dim=head_dim,
+                                max_position_embeddings=_meta_int(md, a + ".context_length"), **common))
+        permuted = False if permute is None else permute
     else:
         raise ValueError("no twin for arch %s" % arch)
 
@@ -68,6 +81,8 @@ def load_twin(gguf_path, permute=None):
                  "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
                  "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
                  "attn_v.bias": "self_attn.v_proj.bias",
+                 "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+                 "attn_qkv.weight": "self_attn.qkv_proj.weight",
                  "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
                  "ffn_down.weight": "mlp.down_proj.weight"}
     weights = []
@@ -82,6 +97,12 @@ def load_twin(gguf_path, permute=None):
             v = unpermute_rows(v, n_head)
         if permuted and parts[2].startswith("attn_k."):
             v = unpermute_rows(v, n_head_kv)
+        if permuted and parts[2] == "attn_qkv.weight":
+            nq, nk = n_head * head_dim, n_head_kv * head_dim
+            v = mx.concatenate([unpermute_rows(v[:nq], n_head), unpermute_rows(v[nq:nq + nk], n_head_kv), v[nq + nk:]])
+        if arch == "phi3" and parts[2] == "ffn_up.weight":  # gate|up, fused
+            weights.append(("model.layers.%s.mlp.gate_up_proj.weight" % parts[1], v))
+            continue
         weights.append(("model.layers.%s.%s" % (parts[1], per_layer[parts[2]]), v))
     model.load_weights(weights, strict=True)
     mx.eval(model.parameters())

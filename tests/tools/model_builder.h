@@ -21,7 +21,7 @@
 namespace kvsnap::testing {
 
 struct ModelSpec {
-  std::string arch = "llama";        // llama | deci | qwen2 | qwen2vl | gemma2 | gemma3 | lfm2
+  std::string arch = "llama";        // llama | deci | qwen2 | qwen3 | phi3 | qwen2vl | gemma2 | gemma3 | lfm2
   std::string name = "kvsnap-mkmodel";
   uint32_t n_layer = 4;
   uint32_t n_embd = 256;
@@ -32,6 +32,7 @@ struct ModelSpec {
   uint32_t shortconv_l_cache = 3;          // lfm2
   bool lfm2_swa = false;                   // lfm2: write sliding_window = n_swa (attention layers windowed)
   uint32_t head_dim = 64;                  // key_length = value_length
+  uint32_t n_rot = 0;                      // rope.dimension_count; 0: head_dim (partial rope below it)
   uint32_t n_ff = 512;
   uint32_t vocab_words = 14;                 // 14: the shared tiny model's 302-token vocabulary
   uint32_t n_ctx_train = 4096;
@@ -55,7 +56,8 @@ struct ModelSpec {
 };
 
 inline const std::vector<std::string>& model_builder_archs() {
-  static const std::vector<std::string> k = {"llama", "deci", "qwen2", "qwen2vl", "gemma2", "gemma3", "lfm2"};
+  static const std::vector<std::string> k = {"llama",   "deci",   "qwen2",  "qwen3", "phi3",
+                                             "qwen2vl", "gemma2", "gemma3", "lfm2"};
   return k;
 }
 
@@ -134,6 +136,9 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
     return Status::InvalidArgument("mkmodel: n_embd, n_head, head_dim and n_ff must be positive");
   }
   if (s.head_dim % 2 != 0) return Status::InvalidArgument("mkmodel: head_dim must be even (RoPE pairs)");
+  if (s.n_rot % 2 != 0 || s.n_rot > s.head_dim) {
+    return Status::InvalidArgument("mkmodel: n_rot must be even and at most head_dim");
+  }
   if (!s.n_head_kv_layers.empty() && s.n_head_kv_layers.size() != s.n_layer) {
     return Status::InvalidArgument("mkmodel: per-layer n_head_kv needs exactly n_layer values");
   }
@@ -146,7 +151,7 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
                                      " is not a multiple of n_head_kv " + std::to_string(kv));
     }
   }
-  if ((a == "qwen2" || a == "qwen2vl" || lfm2) && s.n_head * s.head_dim != s.n_embd) {
+  if ((a == "qwen2" || a == "qwen2vl" || a == "phi3" || lfm2) && s.n_head * s.head_dim != s.n_embd) {
     return Status::InvalidArgument("mkmodel: " + a + " needs n_embd == n_head * head_dim (" +
                                    std::to_string(s.n_head * s.head_dim) + ")");
   }
@@ -206,7 +211,7 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
   }
   w.set_u32(a + ".attention.key_length", s.head_dim);
   w.set_u32(a + ".attention.value_length", s.head_dim);
-  w.set_u32(a + ".rope.dimension_count", s.head_dim);
+  w.set_u32(a + ".rope.dimension_count", s.n_rot ? s.n_rot : s.head_dim);
   w.set_f32(a + ".attention.layer_norm_rms_epsilon", gemma ? 1e-6f : 1e-5f);
   w.set_f32(a + ".rope.freq_base", 10000.0f);
   if (a == "qwen2vl") {
@@ -270,6 +275,13 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
     std::vector<float> v(size_t(n), 1.0f);
     return w.add_tensor_f32(name, {n}, v);
   };
+  // Per-head Q/K norms that differ per channel (qwen3), so a twin that swapped or skipped them
+  // would compute another function.
+  auto head_norm = [&](const std::string& name) -> Status {
+    std::vector<float> v(s.head_dim);
+    for (auto& x : v) x = 1.0f + 0.5f * rng.uniform();
+    return w.add_tensor_f32(name, {int64_t(s.head_dim)}, v);
+  };
   auto bias = [&](const std::string& name, int64_t n) -> Status {
     std::vector<float> v(static_cast<size_t>(n));
     for (auto& x : v) x = rng.uniform() * 0.02f;
@@ -310,6 +322,21 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
       continue;
     }
     KV_RETURN_IF_ERROR(norm(p + "attn_norm.weight", s.n_embd));
+    if (a == "phi3") {  // fused Q|K|V rows and gate|up rows, as llama.cpp's converter writes Phi-3
+      std::vector<float> scale;
+      const std::vector<float> ks = detail::kv_row_scale(s, il, false), vs = detail::kv_row_scale(s, il, true);
+      if (!ks.empty()) {
+        scale.assign(size_t(n_q), 1.0f);
+        scale.insert(scale.end(), ks.begin(), ks.end());
+        scale.insert(scale.end(), vs.begin(), vs.end());
+      }
+      KV_RETURN_IF_ERROR(weight(p + "attn_qkv.weight", s.n_embd, n_q + 2 * n_kv, scale));
+      KV_RETURN_IF_ERROR(weight(p + "attn_output.weight", n_q, s.n_embd));
+      KV_RETURN_IF_ERROR(norm(p + "ffn_norm.weight", s.n_embd));
+      KV_RETURN_IF_ERROR(weight(p + "ffn_up.weight", s.n_embd, 2 * int64_t(s.n_ff)));
+      KV_RETURN_IF_ERROR(weight(p + "ffn_down.weight", s.n_ff, s.n_embd));
+      continue;
+    }
     KV_RETURN_IF_ERROR(weight(p + "attn_q.weight", s.n_embd, n_q));
     KV_RETURN_IF_ERROR(weight(p + "attn_k.weight", s.n_embd, n_kv, detail::kv_row_scale(s, il, false)));
     KV_RETURN_IF_ERROR(weight(p + "attn_v.weight", s.n_embd, n_kv, detail::kv_row_scale(s, il, true)));
@@ -322,6 +349,10 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
     if (a == "gemma3") {
       KV_RETURN_IF_ERROR(norm(p + "attn_q_norm.weight", s.head_dim));
       KV_RETURN_IF_ERROR(norm(p + "attn_k_norm.weight", s.head_dim));
+    }
+    if (a == "qwen3") {  // RMS norm per head on Q and K before the (NEOX) rope
+      KV_RETURN_IF_ERROR(head_norm(p + "attn_q_norm.weight"));
+      KV_RETURN_IF_ERROR(head_norm(p + "attn_k_norm.weight"));
     }
     if (gemma) KV_RETURN_IF_ERROR(norm(p + "post_attention_norm.weight", s.n_embd));
     KV_RETURN_IF_ERROR(norm(p + "ffn_norm.weight", s.n_embd));
