@@ -1,5 +1,5 @@
-// kvsnap rm, gc, verify, pin, unpin, expire: keeping the store tidy (and
-// within its caps, store/eviction.h) and proving it intact.
+// kvsnap rm, gc, verify, pin, unpin, expire, rekey: keeping the store tidy (and
+// within its caps, store/eviction.h), proving it intact, replacing its key.
 #include "base/json_access.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
@@ -187,6 +187,50 @@ Status run_verify(const VerifyOpts& o, std::string& out) {
   return Status::OK();
 }
 
+struct RekeyOpts {
+  std::string store;
+  StoreKeyConfig next;  // --new-key-file, --new-key-command
+  bool json = false;
+  ProgressFlags progress;
+};
+
+Status run_rekey(const RekeyOpts& o, std::string& out) {
+  if (o.next.key_file.empty() && o.next.key_command.empty())
+    return Status::InvalidArgument("rekey: give the new key: {--new-key-file FILE} or {--new-key-command CMD}");
+  KV_ASSIGN_OR_RETURN(std::optional<MasterKey> next, load_store_key(o.next));
+  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  Result<RekeyReport> rekeyed = [&] {
+    ProgressDisplay shown("rekey", Counted::kRead, 0, o.progress.mode(o.json));
+    RekeyOptions ro;
+    ro.progress = [&](const RekeyProgress& p) -> Status {
+      shown.set_total(p.bytes_total);
+      shown.set_files(p.snapshots_done, p.snapshots_total);
+      if (!interrupted()) return Status::OK();
+      return Status::Interrupted(store->paths().root + ": rekey stopped by a signal (Ctrl-C) after " +
+                                 std::to_string(p.snapshots_done) + " of " + std::to_string(p.snapshots_total) +
+                                 " snapshots; every snapshot opens with the old or the new key, and kvsnap rekey "
+                                 "with the same keys finishes the job");
+    };
+    return store->rekey(*next, ro);
+  }();
+  KV_ASSIGN_OR_RETURN(RekeyReport r, std::move(rekeyed));
+  if (o.json) {
+    out = json_text(json{{"from_key_id", r.from_key_id}, {"to_key_id", r.to_key_id}, {"resumed", r.resumed},
+                         {"snapshots_rekeyed", r.rekeyed}, {"plain_snapshots", r.plain}, {"chunks", r.chunks},
+                         {"bytes", r.bytes}, {"unreferenced_deleted", r.gc.unreferenced_deleted},
+                         {"packs_deleted", r.gc.packs_deleted}},
+                    2) + "\n";
+    return Status::OK();
+  }
+  out = std::string(r.resumed ? "resumed the rotation: " : "") + "sealed " + std::to_string(r.rekeyed) +
+        " snapshots again (" + std::to_string(r.chunks) + " chunks, " + mib(r.bytes) + ") with key " + r.to_key_id +
+        "; the store's key is now " + r.to_key_id + " and key " + r.from_key_id + " is refused\n";
+  if (r.plain) out += std::to_string(r.plain) + " plain snapshots stay plain\n";
+  out += "gc: deleted " + std::to_string(r.gc.unreferenced_deleted) + " chunks and " +
+         std::to_string(r.gc.packs_deleted) + " packs of the old key\n";
+  return Status::OK();
+}
+
 // The operands of rm, pin, unpin, expire: snapshot names, and --json.
 void add_snapshots_and_json(CLI::App* sub, std::vector<std::string>& refs, bool& json) {
   sub->add_option("snapshot", refs, "names, ids or uuids")->required();
@@ -241,6 +285,25 @@ void setup_maintain_commands(CLI::App& app, int& exit_status) {
     sub->footer("\nA pinned snapshot is kept even once expired.\nExamples:\n  kvsnap expire 7d chat-42\n"
                 "  kvsnap expire never chat-42\n");
     bind(sub, o, run_expire, "expire", exit_status);
+  }
+  {
+    auto o = std::make_shared<RekeyOpts>();
+    auto* sub = app.add_subcommand("rekey", "Replace an encrypted store's master key: every snapshot sealed again "
+                                            "with the new key, on a live store");
+    auto* nf = sub->add_option("--new-key-file", o->next.key_file,
+                               "the new master key (32 raw bytes or 64 hex digits, mode 0600); --key-file names the "
+                               "current one");
+    nf->excludes(sub->add_option("--new-key-command", o->next.key_command, "the same, printed by a command"));
+    sub->add_flag("--json", o->json, "machine-readable result (and progress as JSON lines on stderr)");
+    add_progress_flags(sub, o->progress);
+    sub->footer("\nEvery snapshot is read with the current key (--key-file or --key-command) and sealed again\n"
+                "with the new one, chunk by chunk (ids change: they are keyed), then its catalog rows are swapped\n"
+                "in one transaction; gc then deletes the old key's chunks. Saves and restores may run meanwhile.\n"
+                "Until it ends the store opens with either key and each snapshot with the key it is sealed\n"
+                "with; saves need the new key. Stopped or killed at any point, the store is whole: run the same\n"
+                "command again to finish. When it ends the old key is refused. docs/store.md, \"Key rotation\".\n"
+                "\nExample:\n  kvsnap rekey --key-file old.key --new-key-file new.key\n");
+    bind(sub, o, run_rekey, "rekey", exit_status);
   }
   {
     auto o = std::make_shared<VerifyOpts>();

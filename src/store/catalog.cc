@@ -8,6 +8,18 @@ Result<SnapshotInfo> Catalog::commit_save(SnapshotRecord rec, const std::vector<
   return add_snapshot(std::move(rec), chunks);
 }
 
+static Status rotation_not_supported(const Catalog& c) {
+  return Status::NotSupported(c.describe() + ": key rotation is not supported by this catalog yet (the SQLite catalog has it)");
+}
+Status Catalog::begin_key_rotation(const std::string&, const std::string&) { return rotation_not_supported(*this); }
+Result<int64_t> Catalog::finish_key_rotation(const std::string&, const std::string&) {
+  return rotation_not_supported(*this);
+}
+Status Catalog::replace_sealed(int64_t, SnapshotRecord, const std::vector<ChunkUse>&, const std::string&,
+                               const PrefixKeying&, GcLockHold&) {
+  return rotation_not_supported(*this);
+}
+
 Result<std::vector<std::optional<ChunkUse>>> Catalog::find_chunks(std::span<const ChunkHash> hashes) {
   std::vector<std::optional<ChunkUse>> out;
   out.reserve(hashes.size());

@@ -167,6 +167,11 @@ struct CatalogOptions {
   bool durable_commits = true;
 };
 
+// Store settings (Catalog::get_meta): the master key id saves seal under, and the one a key
+// rotation is replacing (set only while it runs).
+inline constexpr const char* kMetaEncryption = "encryption";
+inline constexpr const char* kMetaEncryptionPrevious = "encryption_previous";
+
 // The tag that names a snapshot's tenant: kvsnap serve's namespace (serve/persist.h).
 inline constexpr const char* kTenantTag = "serve.ns";
 
@@ -193,6 +198,28 @@ class Catalog {
   // Sets `key` to `value` unless it is set; returns the value it holds after (the first
   // writer's, when two race).
   virtual Result<std::string> init_meta(const std::string& key, const std::string& value) = 0;
+
+  // Key rotation (docs/store.md, "Key rotation"). "encryption" names the key saves use;
+  // "encryption_previous", set only while a rotation runs, the key being replaced: rows sealed
+  // under either are valid then. add_snapshot refuses, inside its transaction, an encrypted
+  // row whose master key is neither (kMismatch), so a save that read the settings before a
+  // rotation finished cannot add a row only the retired key opens.
+  //
+  // In one transaction: {encryption = from} becomes {encryption = to, encryption_previous =
+  // from}; a rotation already at that state (a resumed one) is left as it is. kMismatch when
+  // the store is on another key or rotating between other keys.
+  virtual Status begin_key_rotation(const std::string& from, const std::string& to);
+  // In one transaction: when no snapshot row names `from`, drops encryption_previous (the
+  // rotation is over) and returns 0; otherwise changes nothing and returns how many still do.
+  virtual Result<int64_t> finish_key_rotation(const std::string& from, const std::string& to);
+  // Swaps snapshot `id`'s sealed content for the same content sealed under another key, in one
+  // transaction, only while `hold` (the writer's shared gc lock) stands and the row still
+  // names `expect_key_id` (kMismatch: rotated meanwhile; kNotFound: removed). Replaced:
+  // manifest, sealed tokens, key ids, content hash, the prefix index keyed by `keying` (from
+  // rec.tokens), the chunk list, refcounts (the new chunks gain a use, the old lose one; those
+  // at 0 go with gc). Kept: id, uuid, name, tags, parent, created, pin, expiry, last restore.
+  virtual Status replace_sealed(int64_t id, SnapshotRecord rec, const std::vector<ChunkUse>& chunks,
+                                const std::string& expect_key_id, const PrefixKeying& keying, GcLockHold& hold);
 
   // Inserts the snapshot, its tags and chunk list and bumps the chunks'
   // refcounts in one transaction. A chunk already recorded keeps its recorded

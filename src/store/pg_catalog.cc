@@ -291,11 +291,7 @@ Result<SnapshotInfo> PgCatalog::add(SnapshotRecord rec, const std::vector<ChunkU
                                     const std::optional<GcHoldSession>& hold) {
   SnapshotInfo& info = rec.info;
   KV_ASSIGN_OR_RETURN(PrefixKey key, prepare_snapshot(rec, chunks.size(), keying()));
-  KV_ASSIGN_OR_RETURN(ChunkRows rows, chunk_rows(where_, chunks));
-  std::vector<std::span<const std::byte>> row_hashes = spans_of(rows.hashes);
-  std::vector<ChunkHash> list_hashes;
-  for (const ChunkUse& c : chunks) list_hashes.push_back(c.sha256);
-  std::vector<std::span<const std::byte>> list_spans = spans_of(list_hashes);
+  KV_RETURN_IF_ERROR(chunk_rows(where_, chunks).status());  // before any round trip
   std::vector<std::optional<std::string>> tag_keys, tag_values;
   for (const auto& [k, v] : info.tags) {
     tag_keys.emplace_back(k);
@@ -304,6 +300,7 @@ Result<SnapshotInfo> PgCatalog::add(SnapshotRecord rec, const std::vector<ChunkU
 
   Status s = conn_->transaction(Iso::kReadCommitted, [&]() -> Status {
     if (hold) KV_RETURN_IF_ERROR(check_hold(*hold));  // first: see check_hold
+    KV_RETURN_IF_ERROR(check_row_key(info));
     {
       // The name first, as the SQLite catalog checks it.
       KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT id, coalesce(name = $1, false) FROM snapshots "
@@ -353,39 +350,77 @@ Result<SnapshotInfo> PgCatalog::add(SnapshotRecord rec, const std::vector<ChunkU
                                      PgParams().i64(info.id).text_array(tag_keys).text_array(tag_values))
                              .status());
     }
-    if (rows.hashes.empty()) return Status::OK();
-    // One statement for all refcounts, rows in hash order. The WHERE leaves a
-    // row with another raw size alone: fewer rows changed means a mismatch.
-    KV_ASSIGN_OR_RETURN(
-        PgResult up,
-        conn_->exec("INSERT INTO chunks(sha256, raw_size, stored_size, refcount, pack, pack_offset) "
-                    "SELECT * FROM unnest($1, $2, $3, $4, $5, $6) "
-                    "ON CONFLICT(sha256) DO UPDATE SET refcount = chunks.refcount + excluded.refcount "
-                    "WHERE chunks.raw_size = excluded.raw_size",
-                    PgParams().bytes_array(row_hashes).i64_array(rows.raw).i64_array(rows.stored).i64_array(rows.uses)
-                        .text_array(rows.packs).i64_array(rows.offsets)));
-    if (up.changed() != static_cast<int64_t>(rows.hashes.size())) {
-      KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT sha256, raw_size FROM chunks WHERE sha256 = ANY($1)",
-                                                  PgParams().bytes_array(row_hashes)));
-      for (int r = 0; r < q.rows(); ++r) {
-        ChunkHash h;
-        if (!hash_from(q.bytes(r, 0), h)) continue;
-        auto it = std::lower_bound(rows.hashes.begin(), rows.hashes.end(), h);
-        if (it != rows.hashes.end() && *it == h && rows.raw[it - rows.hashes.begin()] != q.i64(r, 1)) {
-          return chunk_size_mismatch(where_, h, static_cast<uint64_t>(rows.raw[it - rows.hashes.begin()]));
-        }
-      }
-      return Status::IOError(where_ + ": recorded " + std::to_string(up.changed()) + " of " +
-                             std::to_string(rows.hashes.size()) + " chunks");
-    }
-    return conn_
-        ->exec("INSERT INTO snapshot_chunks(snapshot_id, idx, sha256) "
-               "SELECT $1, i - 1, h FROM unnest($2) WITH ORDINALITY AS u(h, i)",
-               PgParams().i64(info.id).bytes_array(list_spans))
-        .status();
+    return add_chunk_uses(info.id, chunks);
   });
   if (!s.ok()) return s;
   return std::move(info);
+}
+
+// Inside a transaction. One statement for all refcounts, rows in hash order (the order every
+// writer locks them in).
+Status PgCatalog::add_chunk_uses(int64_t id, const std::vector<ChunkUse>& chunks) {
+  KV_ASSIGN_OR_RETURN(ChunkRows rows, chunk_rows(where_, chunks));
+  std::vector<std::span<const std::byte>> row_hashes = spans_of(rows.hashes);
+  std::vector<ChunkHash> list_hashes;
+  for (const ChunkUse& c : chunks) list_hashes.push_back(c.sha256);
+  std::vector<std::span<const std::byte>> list_spans = spans_of(list_hashes);
+  if (rows.hashes.empty()) return Status::OK();
+  // One statement for all refcounts, rows in hash order. The WHERE leaves a
+  // row with another raw size alone: fewer rows changed means a mismatch.
+  KV_ASSIGN_OR_RETURN(
+      PgResult up,
+      conn_->exec("INSERT INTO chunks(sha256, raw_size, stored_size, refcount, pack, pack_offset) "
+                  "SELECT * FROM unnest($1, $2, $3, $4, $5, $6) "
+                  "ON CONFLICT(sha256) DO UPDATE SET refcount = chunks.refcount + excluded.refcount "
+                  "WHERE chunks.raw_size = excluded.raw_size",
+                  PgParams().bytes_array(row_hashes).i64_array(rows.raw).i64_array(rows.stored).i64_array(rows.uses)
+                      .text_array(rows.packs).i64_array(rows.offsets)));
+  if (up.changed() != static_cast<int64_t>(rows.hashes.size())) {
+    KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT sha256, raw_size FROM chunks WHERE sha256 = ANY($1)",
+                                                PgParams().bytes_array(row_hashes)));
+    for (int r = 0; r < q.rows(); ++r) {
+      ChunkHash h;
+      if (!hash_from(q.bytes(r, 0), h)) continue;
+      auto it = std::lower_bound(rows.hashes.begin(), rows.hashes.end(), h);
+      if (it != rows.hashes.end() && *it == h && rows.raw[it - rows.hashes.begin()] != q.i64(r, 1)) {
+        return chunk_size_mismatch(where_, h, static_cast<uint64_t>(rows.raw[it - rows.hashes.begin()]));
+      }
+    }
+    return Status::IOError(where_ + ": recorded " + std::to_string(up.changed()) + " of " +
+                           std::to_string(rows.hashes.size()) + " chunks");
+  }
+  return conn_
+      ->exec("INSERT INTO snapshot_chunks(snapshot_id, idx, sha256) "
+             "SELECT $1, i - 1, h FROM unnest($2) WITH ORDINALITY AS u(h, i)",
+             PgParams().i64(id).bytes_array(list_spans))
+      .status();
+}
+
+// Inside a transaction: the snapshot's chunk rows locked in hash order, their refcounts lowered
+// by its uses (those reaching 0 appended to `freed`), its chunk list deleted.
+Status PgCatalog::drop_chunk_uses(int64_t id, std::vector<ChunkHash>& freed) {
+  // Lock the chunk rows in hash order first (the order saves lock them in).
+  KV_ASSIGN_OR_RETURN(PgResult locked,
+                      conn_->exec("SELECT sha256 FROM chunks WHERE sha256 IN "
+                                  "(SELECT sha256 FROM snapshot_chunks WHERE snapshot_id = $1) "
+                                  "ORDER BY sha256 FOR UPDATE",
+                                  PgParams().i64(id)));
+  KV_ASSIGN_OR_RETURN(PgResult up,
+                      conn_->exec("UPDATE chunks c SET refcount = c.refcount - u.n FROM "
+                                  "(SELECT sha256, COUNT(*) AS n FROM snapshot_chunks WHERE snapshot_id = $1 "
+                                  "GROUP BY sha256) u WHERE c.sha256 = u.sha256 RETURNING c.sha256, c.refcount",
+                                  PgParams().i64(id)));
+  if (up.rows() != locked.rows()) {
+    return Status::Corruption(where_ + ": snapshot " + std::to_string(id) + " uses chunks without a chunk row");
+  }
+  for (int r = 0; r < up.rows(); ++r) {
+    ChunkHash h;
+    if (!hash_from(up.bytes(r, 0), h)) {
+      return Status::Corruption(where_ + ": snapshot " + std::to_string(id) + " has a malformed chunk hash");
+    }
+    if (up.i64(r, 1) == 0) freed.push_back(h);
+  }
+  return conn_->exec("DELETE FROM snapshot_chunks WHERE snapshot_id = $1", PgParams().i64(id)).status();
 }
 
 Result<std::vector<ChunkHash>> PgCatalog::remove_snapshot(int64_t id) {
@@ -396,28 +431,8 @@ Result<std::vector<ChunkHash>> PgCatalog::remove_snapshot(int64_t id) {
       KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT 1 FROM snapshots WHERE id = $1 FOR UPDATE", PgParams().i64(id)));
       if (q.rows() == 0) return no_snapshot(id);
     }
-    // Lock the chunk rows in hash order first (the order saves lock them in).
-    KV_ASSIGN_OR_RETURN(PgResult locked,
-                        conn_->exec("SELECT sha256 FROM chunks WHERE sha256 IN "
-                                    "(SELECT sha256 FROM snapshot_chunks WHERE snapshot_id = $1) "
-                                    "ORDER BY sha256 FOR UPDATE",
-                                    PgParams().i64(id)));
-    KV_ASSIGN_OR_RETURN(PgResult up,
-                        conn_->exec("UPDATE chunks c SET refcount = c.refcount - u.n FROM "
-                                    "(SELECT sha256, COUNT(*) AS n FROM snapshot_chunks WHERE snapshot_id = $1 "
-                                    "GROUP BY sha256) u WHERE c.sha256 = u.sha256 RETURNING c.sha256, c.refcount",
-                                    PgParams().i64(id)));
-    if (up.rows() != locked.rows()) {
-      return Status::Corruption(where_ + ": snapshot " + std::to_string(id) + " uses chunks without a chunk row");
-    }
-    for (int r = 0; r < up.rows(); ++r) {
-      ChunkHash h;
-      if (!hash_from(up.bytes(r, 0), h)) {
-        return Status::Corruption(where_ + ": snapshot " + std::to_string(id) + " has a malformed chunk hash");
-      }
-      if (up.i64(r, 1) == 0) freed.push_back(h);
-    }
-    // Tags, chunk list and blobs go by ON DELETE CASCADE.
+    KV_RETURN_IF_ERROR(drop_chunk_uses(id, freed));
+    // Tags and blobs go by ON DELETE CASCADE.
     return conn_->exec("DELETE FROM snapshots WHERE id = $1", PgParams().i64(id)).status();
   });
   if (!s.ok()) return s;

@@ -108,6 +108,12 @@ class PgCatalog : public Catalog {
   Result<int> schema_version() override;
   Result<std::optional<std::string>> get_meta(const std::string& key) override;
   Result<std::string> init_meta(const std::string& key, const std::string& value) override;
+  // Key rotation: the settings' rows are locked (FOR UPDATE here, FOR SHARE by add_snapshot's key
+  // check), so under READ COMMITTED a finish and a commit of an old-key row are ordered.
+  Status begin_key_rotation(const std::string& from, const std::string& to) override;
+  Result<int64_t> finish_key_rotation(const std::string& from, const std::string& to) override;
+  Status replace_sealed(int64_t id, SnapshotRecord rec, const std::vector<ChunkUse>& chunks,
+                        const std::string& expect_key_id, const PrefixKeying& keying, GcLockHold& hold) override;
   // The URL without its password.
   std::string describe() const override { return where_; }
 
@@ -117,6 +123,16 @@ class PgCatalog : public Catalog {
   // add_snapshot(), checking `hold` first inside its transaction (commit_save).
   Result<SnapshotInfo> add(SnapshotRecord rec, const std::vector<ChunkUse>& chunks,
                            const std::optional<GcHoldSession>& hold);
+  // Inside a transaction: a snapshot's chunk list and refcounts added, or dropped (the hashes
+  // at refcount 0 appended to `freed`), chunk rows locked in hash order.
+  Status add_chunk_uses(int64_t id, const std::vector<ChunkUse>& chunks);
+  Status drop_chunk_uses(int64_t id, std::vector<ChunkHash>& freed);
+  // Inside a transaction: the settings (encryption, encryption_previous), their rows locked
+  // FOR UPDATE when `exclusive` (begin, finish), else FOR SHARE (a commit).
+  Result<std::pair<std::optional<std::string>, std::optional<std::string>>> lock_key_settings(bool exclusive);
+  // Inside a transaction: kMismatch unless an encrypted row's master key is one the settings
+  // allow (Catalog::begin_key_rotation).
+  Status check_row_key(const SnapshotInfo& info);
   // OK when the session still holds the gc lock, under the commit fence (pg_gc_locks.h).
   Status check_hold(const GcHoldSession& hold);
   // Infos (with tags) of `ids` that exist, in the order of `ids`.

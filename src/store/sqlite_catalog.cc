@@ -338,6 +338,7 @@ Result<SnapshotInfo> SqliteCatalog::add_snapshot(SnapshotRecord rec, const std::
   const std::vector<std::byte>& tok = key.tokens;
 
   Status s = write_txn([&]() -> Status {
+    KV_RETURN_IF_ERROR(check_row_key(info));
     if (info.name) {
       KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT id FROM snapshots WHERE name = ?1"));
       q.text(1, *info.name);
@@ -390,26 +391,7 @@ Result<SnapshotInfo> SqliteCatalog::add_snapshot(SnapshotRecord rec, const std::
       ins.i64(1, info.id).text(2, k).text(3, v);
       KV_RETURN_IF_ERROR(ins.run());
     }
-    for (size_t idx = 0; idx < chunks.size(); ++idx) {
-      const ChunkUse& c = chunks[idx];
-      {
-        // The hash names the raw bytes, so one hash with two raw sizes means a bug upstream.
-        KV_ASSIGN_OR_RETURN(Stmt up, stmt("INSERT INTO chunks(sha256, raw_size, stored_size, refcount, pack, pack_offset) "
-                                          "VALUES(?1, ?2, ?3, 1, ?4, ?5) ON CONFLICT(sha256) DO UPDATE "
-                                          "SET refcount = refcount + 1 WHERE raw_size = excluded.raw_size"));
-        up.blob(1, c.sha256.bytes).i64(2, static_cast<int64_t>(c.raw_size)).i64(3, static_cast<int64_t>(c.stored_size));
-        up.opt_text(4, c.pack.empty() ? std::nullopt : std::optional<std::string>(c.pack));
-        up.i64(5, static_cast<int64_t>(c.pack_offset));
-        KV_RETURN_IF_ERROR(up.run());
-      }
-      if (sqlite3_changes(db_) != 1) {
-        return chunk_size_mismatch(path_, c.sha256, c.raw_size);
-      }
-      KV_ASSIGN_OR_RETURN(Stmt ins, stmt("INSERT INTO snapshot_chunks(snapshot_id, idx, sha256) VALUES(?1, ?2, ?3)"));
-      ins.i64(1, info.id).i64(2, static_cast<int64_t>(idx)).blob(3, c.sha256.bytes);
-      KV_RETURN_IF_ERROR(ins.run());
-    }
-    return Status::OK();
+    return add_chunk_uses(info.id, chunks);
   });
   if (!s.ok()) return s;
   return std::move(info);
@@ -425,31 +407,10 @@ Result<std::vector<ChunkHash>> SqliteCatalog::remove_snapshot(int64_t id) {
       KV_ASSIGN_OR_RETURN(bool found, q.step());
       if (!found) return no_snapshot(id);
     }
-    std::vector<std::pair<ChunkHash, int64_t>> uses;
-    {
-      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT sha256, COUNT(*) FROM snapshot_chunks WHERE snapshot_id = ?1 GROUP BY sha256"));
-      q.i64(1, id);
-      for (;;) {
-        KV_ASSIGN_OR_RETURN(bool row, q.step());
-        if (!row) break;
-        ChunkHash h;
-        auto b = q.col_blob(0);
-        if (b.size() != 32) return Status::Corruption(path_ + ": snapshot " + std::to_string(id) + " has a malformed chunk hash");
-        std::memcpy(h.bytes.data(), b.data(), 32);
-        uses.emplace_back(h, q.col_i64(1));
-      }
-    }
-    for (const auto& [h, n] : uses) {
-      KV_ASSIGN_OR_RETURN(Stmt up, stmt("UPDATE chunks SET refcount = refcount - ?2 WHERE sha256 = ?1 RETURNING refcount"));
-      up.blob(1, h.bytes).i64(2, n);
-      KV_ASSIGN_OR_RETURN(bool row, up.step());
-      if (!row) return Status::Corruption(path_ + ": chunk " + h.hex() + " is used but has no chunk row");
-      if (up.col_i64(0) == 0) freed.push_back(h);
-      KV_RETURN_IF_ERROR(up.run());
-    }
+    KV_RETURN_IF_ERROR(drop_chunk_uses(id, freed));
     KV_ASSIGN_OR_RETURN(Stmt del, stmt("DELETE FROM snapshots WHERE id = ?1"));
     del.i64(1, id);
-    return del.run();  // tags, chunk list and blobs go by ON DELETE CASCADE
+    return del.run();  // tags and blobs go by ON DELETE CASCADE
   });
   if (!s.ok()) return s;
   return freed;

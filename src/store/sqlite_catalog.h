@@ -83,6 +83,10 @@ class SqliteCatalog final : public Catalog {
   Result<std::vector<int64_t>> expired_snapshots(const std::string& now) override;
   Result<CatalogStats> stats() override;
   Result<std::vector<std::string>> integrity_check() override;
+  Status begin_key_rotation(const std::string& from, const std::string& to) override;
+  Result<int64_t> finish_key_rotation(const std::string& from, const std::string& to) override;
+  Status replace_sealed(int64_t id, SnapshotRecord rec, const std::vector<ChunkUse>& chunks,
+                        const std::string& expect_key_id, const PrefixKeying& keying, GcLockHold& hold) override;
   Result<int> schema_version() override;
   Result<std::optional<std::string>> get_meta(const std::string& key) override;
   Result<std::string> init_meta(const std::string& key, const std::string& value) override;
@@ -109,6 +113,13 @@ class SqliteCatalog final : public Catalog {
   Status sqlite_error(int rc, const std::string& what);
   // (n_tokens, id) of the snapshots whose hashes say "prefix of query".
   Result<std::vector<std::pair<int64_t, int64_t>>> prefix_candidates(std::span<const int32_t> query);
+  // Inside a write transaction: snapshot `id`'s chunk list and the chunks' refcounts, added
+  // (rows created as needed) or dropped (the hashes whose refcount reached 0 appended to `freed`).
+  Status add_chunk_uses(int64_t id, const std::vector<ChunkUse>& chunks);
+  Status drop_chunk_uses(int64_t id, std::vector<ChunkHash>& freed);
+  // Inside a write transaction: kMismatch unless an encrypted row's master key is one the
+  // store's settings allow (Catalog::begin_key_rotation).
+  Status check_row_key(const SnapshotInfo& info);
   // Runs one UPDATE of snapshot `id` (?1) in a write transaction; kNotFound when no row changed.
   Status update_snapshot(int64_t id, Stmt& st);
 

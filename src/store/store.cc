@@ -38,19 +38,6 @@ SnapshotOptions save_options(const SaveRequest& req, const ReadableFile& file) {
 
 using namespace store_detail;
 
-namespace {
-
-// Blobs are small (a chunk of 256 cells of one layer); anything larger than this is not ours.
-constexpr uint64_t kMaxBlobBytes = uint64_t(1) << 31;
-
-ChunkHash hash_of(const ChunkRef& r) {
-  ChunkHash h;
-  h.bytes = r.sha256;
-  return h;
-}
-
-}  // namespace
-
 // A chunk the catalog already has is not written (its row says where it is and
 // that it is durable); the others go into the batch's pack. The catalog is
 // asked in batches (Catalog::find_chunks: a round trip per batch on a catalog
@@ -92,34 +79,6 @@ Status store_detail::BlobSink::store(const ChunkHash& h, const Pending& p, std::
 }
 
 namespace {
-
-// Blobs by hash, from where the catalog says they are (add() the chunk lists
-// of the snapshots read); a hash it was not told about is read as a loose blob.
-class BlobSource final : public ChunkSource {
- public:
-  explicit BlobSource(BlobStore& blobs) : blobs_(blobs) {}
-  void add(const std::vector<ChunkUse>& uses) {
-    for (const ChunkUse& u : uses) where_.emplace(u.sha256, u.location());
-  }
-  Result<std::vector<std::byte>> get(const ChunkRef& ref) override {
-    std::vector<std::byte> out;
-    KV_RETURN_IF_ERROR(get_into(ref, out));
-    return out;
-  }
-  Status get_into(const ChunkRef& ref, std::vector<std::byte>& out) override {
-    const ChunkHash h = hash_of(ref);
-    auto it = where_.find(h);
-    static const BlobLocation kLoose;
-    Status s = blobs_.get_into(h, it == where_.end() ? kLoose : it->second, kMaxBlobBytes, out);
-    if (s.code() == Code::kNotFound)
-      return Status::Corruption("the store lost chunk " + to_hex(ref.sha256) + " (" + s.message() + "); run kvsnap verify");
-    return s;
-  }
-
- private:
-  BlobStore& blobs_;
-  std::map<ChunkHash, BlobLocation> where_;  // read-only once reading starts (readers may be threads)
-};
 
 class OpenedSnapshot final : public StoredSnapshot {
  public:
@@ -266,11 +225,13 @@ Result<std::unique_ptr<Store>> Store::open(Io& io, StoreParts parts) {
 Status Store::open_encryption(StoreParts& parts) {
   name_ = parts.name.empty() ? paths_.root : parts.name;
   tenant_ = parts.tenant.empty() ? kDefaultTenant : parts.tenant;
-  KV_ASSIGN_OR_RETURN(std::optional<std::string> meta, catalog_->get_meta("encryption"));
+  KV_ASSIGN_OR_RETURN(std::optional<std::string> meta, catalog_->get_meta(kMetaEncryption));
+  KV_ASSIGN_OR_RETURN(std::optional<std::string> previous, catalog_->get_meta(kMetaEncryptionPrevious));
   store_key_id_ = meta.value_or("");
+  rotating_from_ = previous.value_or("");
   if (parts.key) {
     const std::string given = key_id_hex(parts.key->id());
-    if (meta && *meta != given)
+    if (meta && *meta != given && given != rotating_from_)  // during a rotation either key opens it
       return Status::Mismatch("store " + name_ + " is encrypted with key " + *meta + ", but the key given is " + given +
                               " (wrong key: pass the store's --key-file FILE or --key-command CMD)");
     KV_ASSIGN_OR_RETURN(ChunkCipher c, ChunkCipher::for_tenant(*parts.key, tenant_));
@@ -288,7 +249,7 @@ Status Store::init_encryption_meta() {
   if (!cipher_ || !store_key_id_.empty()) return Status::OK();
   // The first encrypted save marks the store; of two first saves with different keys, one fails.
   const std::string mine = key_id_hex(cipher_->master_key_id());
-  KV_ASSIGN_OR_RETURN(std::string now, catalog_->init_meta("encryption", mine));
+  KV_ASSIGN_OR_RETURN(std::string now, catalog_->init_meta(kMetaEncryption, mine));
   if (now != mine)
     return Status::Mismatch("store " + name_ + " is encrypted with key " + now + ", but the key given is " + mine +
                             " (wrong key: pass the store's --key-file FILE or --key-command CMD)");
@@ -305,6 +266,9 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   if (!store_key_id_.empty() && !cipher_)
     return Status::InvalidArgument("store " + name_ + " is encrypted (key " + store_key_id_ +
                                    "): it takes no plain snapshots; pass --key-file FILE or --key-command CMD");
+  if (cipher_ && !rotating_from_.empty() && key_id_hex(cipher_->master_key_id()) == rotating_from_)
+    return Status::Mismatch("store " + name_ + " is being rotated from key " + rotating_from_ + " to " + store_key_id_ +
+                            " (kvsnap rekey): saves need the new key");
   KV_RETURN_IF_ERROR(init_encryption_meta());
   if (req.on_start) req.on_start(file.size());
   KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
@@ -589,7 +553,8 @@ Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
     const std::string who = "snapshot " + std::to_string(id);
     KV_ASSIGN_OR_RETURN(SnapshotInfo row, catalog_->get_info(id));
     ++rep.snapshots;
-    if (row.tenant && (!cipher_ || *row.tenant != cipher_->tenant())) {
+    if (row.tenant && (!cipher_ || *row.tenant != cipher_->tenant() ||
+                       row.master_key_id != key_id_hex(cipher_->master_key_id()))) {
       verify_sealed(row, rep);  // not this key's to open: what needs no key
       continue;
     }
@@ -628,7 +593,7 @@ void Store::verify_sealed(const SnapshotInfo& info, VerifyReport& rep) {
   ++rep.sealed_only;
   const std::string label = snapshot_label(info);
   auto problem = [&](const Status& s) { rep.problems.push_back(label + ": " + s.ToString()); };
-  if (info.master_key_id != store_key_id_)
+  if (info.master_key_id != store_key_id_ && info.master_key_id != rotating_from_)
     problem(Status::Mismatch("sealed with key " + info.master_key_id + ", but the store's key is " + store_key_id_));
   auto rec = catalog_->get(info.id);
   if (!rec.ok()) return problem(rec.status());

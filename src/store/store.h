@@ -149,6 +149,29 @@ struct ImportReport {
   std::vector<std::string> skipped;   // already in the store (same uuid)
 };
 
+// kvsnap rekey: replacing the store's master key (docs/store.md, "Key rotation").
+struct RekeyProgress {
+  uint64_t snapshots_done = 0, snapshots_total = 0;
+  uint64_t bytes_done = 0, bytes_total = 0;  // stored bytes of the snapshots' chunks
+};
+struct RekeyOptions {
+  // Called before the first snapshot and after each one is swapped. An error stops the rotation
+  // there and is returned: the store stays whole and mid-rotation; kvsnap rekey again finishes it.
+  std::function<Status(const RekeyProgress&)> progress;
+  // Tests: called at each step ("begun"; per snapshot "sealed" (new blobs durable, row not yet
+  // swapped) and "swapped"; "finished" (before the collection)). An error stops the rotation
+  // there as a crash would (nothing is undone).
+  std::function<Status(std::string_view step)> test_hook;
+};
+struct RekeyReport {
+  std::string from_key_id, to_key_id;
+  bool resumed = false;            // the store was already rotating between these keys
+  size_t rekeyed = 0;              // snapshots sealed again by this run
+  size_t plain = 0;                // plain snapshots (nothing to rotate; they stay plain)
+  uint64_t chunks = 0, bytes = 0;  // chunk uses sealed again, their stored bytes
+  GcReport gc;                     // the collection of the old key's chunks
+};
+
 // A snapshot opened from the store: its reader and the source of its blobs.
 class StoredSnapshot {
  public:
@@ -190,6 +213,10 @@ class Store {
   // empty; a victim pinned since the plan was read is skipped), then collects
   // garbage without waiting for saves (wait_gc: waits). dry_run: only plans.
   Result<EvictResult> evict(EvictionRequest req, bool dry_run, bool wait_gc = false);
+  // Seals every snapshot under the master key `to` instead of the store's key, which the store
+  // was opened with (docs/store.md, "Key rotation"): crash-safe and resumable, beside running
+  // saves and restores. When it returns OK the store's settings name only `to`.
+  Result<RekeyReport> rekey(const MasterKey& to, const RekeyOptions& opts = {});
   const StoreCaps& caps() const { return caps_; }
   // The tenant's cipher when a key was given (nullptr: none).
   const ChunkCipher* cipher() const { return cipher_ ? &*cipher_ : nullptr; }
@@ -221,6 +248,10 @@ class Store {
   Result<RestoreResult> restore_unlabeled(const std::string& ref, const RestoreRequest& req, ByteSink& out);
   // The key checks of open(): see docs/store.md, "Encryption at rest".
   Status open_encryption(StoreParts& parts);
+  // rekey() of one snapshot: its chunks and rows sealed again from `from` to `to` (one tenant's
+  // ciphers), then its rows swapped. False when it was removed or rotated meanwhile.
+  Result<bool> rekey_snapshot(const SnapshotInfo& info, const ChunkCipher& from, const ChunkCipher& to,
+                              const RekeyOptions& opts, RekeyReport& rep);
   // Marks the store encrypted with the given key on its first encrypted snapshot.
   Status init_encryption_meta();
   // A snapshot's manifest bytes (opened when sealed: the key checks first).
@@ -253,6 +284,7 @@ class Store {
   std::optional<MasterKey> key_;         // the master key given
   std::optional<ChunkCipher> cipher_;    // the tenant's keys, when a key was given
   std::string store_key_id_;             // store_meta "encryption"
+  std::string rotating_from_;            // store_meta "encryption_previous": a rotation is running
   std::function<std::string()> now_ = utc_now_iso8601;
 };
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -22,6 +23,43 @@ double since(Clock::time_point t0);
 
 // The chunking, compression and threads a save asks for, and the name it records.
 SnapshotOptions save_options(const SaveRequest& req, const ReadableFile& file);
+
+// Blobs are small (a chunk of 256 cells of one layer); anything larger than this is not ours.
+inline constexpr uint64_t kMaxBlobBytes = uint64_t(1) << 31;
+
+inline ChunkHash hash_of(const ChunkRef& r) {
+  ChunkHash h;
+  h.bytes = r.sha256;
+  return h;
+}
+
+// Blobs by hash, from where the catalog says they are (add() the chunk lists
+// of the snapshots read); a hash it was not told about is read as a loose blob.
+class BlobSource final : public ChunkSource {
+ public:
+  explicit BlobSource(BlobStore& blobs) : blobs_(blobs) {}
+  void add(const std::vector<ChunkUse>& uses) {
+    for (const ChunkUse& u : uses) where_.emplace(u.sha256, u.location());
+  }
+  Result<std::vector<std::byte>> get(const ChunkRef& ref) override {
+    std::vector<std::byte> out;
+    KV_RETURN_IF_ERROR(get_into(ref, out));
+    return out;
+  }
+  Status get_into(const ChunkRef& ref, std::vector<std::byte>& out) override {
+    const ChunkHash h = hash_of(ref);
+    auto it = where_.find(h);
+    static const BlobLocation kLoose;
+    Status s = blobs_.get_into(h, it == where_.end() ? kLoose : it->second, kMaxBlobBytes, out);
+    if (s.code() == Code::kNotFound)
+      return Status::Corruption("the store lost chunk " + to_hex(ref.sha256) + " (" + s.message() + "); run kvsnap verify");
+    return s;
+  }
+
+ private:
+  BlobStore& blobs_;
+  std::map<ChunkHash, BlobLocation> where_;  // read-only once reading starts (readers may be threads)
+};
 
 // Hands the snapshot writer's blobs to the blob store and remembers the chunk
 // list. A chunk the catalog already has is not written; the others go into the

@@ -506,4 +506,34 @@ TEST_F(StoreCli, TokenListFileIsTypeChecked) {
   EXPECT_NE(str.err.find("tokens.json: [1]: expected an integer"), std::string::npos) << str.err;
 }
 
+// kvsnap rekey through the binary (docs/store.md, "Key rotation"): the new key is required, a
+// wrong current key is exit 5, the rotation reports in JSON, restores then need the new key and
+// the old one is refused.
+TEST_F(StoreCli, RekeyReplacesTheKeyAndTheOldOneIsRefused) {
+  const fs::path a = make_slot("a.slot", 2, 64, 300, 7);
+  const fs::path old_key = dir_ / "old.key", new_key = dir_ / "new.key";
+  std::ofstream(old_key) << std::string(64, 'c') << "\n";
+  std::ofstream(new_key) << std::string(64, 'd') << "\n";
+  fs::permissions(old_key, fs::perms::owner_read | fs::perms::owner_write);
+  fs::permissions(new_key, fs::perms::owner_read | fs::perms::owner_write);
+  const std::string o = " --key-file " + old_key.string(), n = " --key-file " + new_key.string();
+  ASSERT_EQ(kv("save " + a.string() + " --name one --tenant alice" + o).code, 0);
+  ASSERT_EQ(kv("save " + a.string() + " --name two --tenant bob" + o).code, 0);
+  KvRun no_new = kv("rekey" + o);
+  EXPECT_EQ(no_new.code, 2) << no_new.err;
+  EXPECT_NE(no_new.err.find("--new-key-file"), std::string::npos) << no_new.err;
+  KvRun wrong = kv("rekey" + n + " --new-key-file " + old_key.string());
+  EXPECT_EQ(wrong.code, 5) << "the current key is not the store's: " << wrong.err;
+  KvRun done = kv("rekey --json" + o + " --new-key-file " + new_key.string());
+  ASSERT_EQ(done.code, 0) << done.err;
+  EXPECT_NE(done.out.find("\"snapshots_rekeyed\": 2"), std::string::npos) << done.out;
+  ASSERT_EQ(kv("restore one -o " + (dir_ / "back.slot").string() + " --tenant alice" + n).code, 0);
+  EXPECT_EQ(slurp(dir_ / "back.slot"), slurp(a));
+  KvRun old = kv("ls" + o);
+  EXPECT_EQ(old.code, 5) << old.err;
+  EXPECT_NE(old.err.find("wrong key"), std::string::npos) << old.err;
+  KvRun verified = kv("verify --all --tenant bob" + n);
+  EXPECT_EQ(verified.code, 0) << verified.out << verified.err;
+}
+
 }  // namespace

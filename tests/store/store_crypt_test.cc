@@ -19,89 +19,13 @@
 #include "format/state_prefix.h"
 #include "store/store.h"
 #include "test_files.h"
+#include "store/crypt_bed.h"
 
 namespace kvsnap {
 namespace {
 
-namespace fs = std::filesystem;
+using namespace crypt_bed;
 using test::slurp;
-
-fs::path fixtures() { return fs::path(KVSNAP_SOURCE_DIR) / "fixtures"; }
-
-fs::path temp_path(const char* what) {
-  return fs::temp_directory_path() /
-         (std::string("kvsnap-crypt-") + what + "-" + std::to_string(::getpid()) + "-" + std::to_string(std::random_device{}()));
-}
-
-// A key file of 64 hex digits, mode 0600 (load_key_file refuses anything more open).
-fs::path write_key(const fs::path& dir, const char* name, char digit) {
-  fs::create_directories(dir);
-  const fs::path p = dir / name;
-  std::ofstream(p) << std::string(64, digit) << "\n";
-  ::chmod(p.c_str(), 0600);
-  return p;
-}
-
-struct Loaded {
-  std::vector<std::byte> bytes;
-  std::unique_ptr<MemoryFile> file;
-  StateFile state;
-};
-
-Loaded load(const fs::path& p) {
-  Loaded l;
-  l.bytes = slurp(p);
-  l.file = std::make_unique<MemoryFile>(p.filename().string(), std::span<const std::byte>(l.bytes));
-  auto st = parse_for_model(*l.file, {}, nullptr);
-  EXPECT_TRUE(st.ok()) << p << ": " << st.status().ToString();
-  if (st.ok()) l.state = std::move(st).value();
-  return l;
-}
-
-// A directory store and key files beside it; open() with any key and tenant.
-struct Bed {
-  fs::path root = temp_path("store"), keys = temp_path("keys");
-  fs::path key_a = write_key(keys, "a.key", 'a'), key_b = write_key(keys, "b.key", 'b');
-  ~Bed() {
-    fs::remove_all(root);
-    fs::remove_all(keys);
-  }
-  Result<std::unique_ptr<Store>> open(const fs::path& key, const std::string& tenant = "", bool keyless_ok = false) {
-    StoreLocation where = directory_store(root.string());
-    where.keys.key_file = key.string();
-    where.keys.tenant = tenant;
-    where.keys.keyless_ok = keyless_ok;
-    return Store::open(posix_io(), where);
-  }
-  std::unique_ptr<Store> must_open(const fs::path& key, const std::string& tenant = "") {
-    auto s = open(key, tenant);
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    return s.ok() ? std::move(s).value() : nullptr;
-  }
-  std::string key_id(const fs::path& key) {
-    auto k = load_key_file(key.string());
-    return k.ok() ? key_id_hex(k->id()) : "";
-  }
-};
-
-const char* const kSlot = "v0.5.0/hd64-f16-f16-faon.slot";
-
-SaveRequest small_chunks() {
-  SaveRequest r;
-  r.cells_per_chunk = 32;
-  r.byte_shuffle = false;  // K/V bytes stay in runs, so the plaintext search below can find them
-  return r;
-}
-
-std::string restore_all(Store& s, const std::string& ref, Status* status = nullptr, std::optional<uint64_t> tokens = {}) {
-  VectorSink out;
-  RestoreRequest req;
-  req.tokens = tokens;
-  auto r = s.restore(ref, req, out);
-  if (status) *status = r.status();
-  EXPECT_TRUE(status || r.ok()) << r.status().ToString();
-  return std::string(reinterpret_cast<const char*>(out.bytes.data()), out.bytes.size());
-}
 
 bool file_contains(const fs::path& p, std::span<const std::byte> needle) {
   auto hay = slurp(p);
