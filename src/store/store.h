@@ -262,6 +262,9 @@ struct ExportIndexEntry {
   std::string uuid, created, model_fingerprint;  // empty when absent
   std::optional<std::string> name;
   std::map<std::string, std::string> tags;
+  // An encrypted snapshot's: name, tags, fingerprint and created sealed for its tenant (hex;
+  // empty when absent, as in a plain entry or an archive from before they were sealed).
+  std::string sealed_metadata;
 };
 // Parses and type-checks the index text (outside input); errors name
 // `archive`, the index, the key path and what was wrong.
