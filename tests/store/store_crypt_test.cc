@@ -14,13 +14,12 @@
 #include <random>
 #include <set>
 
-#include <nlohmann/json.hpp>
 
 #include "base/chunk_cipher.h"
 #include "base/key_source.h"
 #include "format/state_prefix.h"
-#include "store/archive.h"
 #include "store/store.h"
+#include "archive_edit.h"
 #include "test_files.h"
 
 namespace kvsnap {
@@ -477,41 +476,17 @@ TEST(StoreCrypt, ImportSealsAgainForAnotherKeyOrTenantAndPlainArchives) {
 
 // ---- export metadata: name, tags, fingerprint and created travel sealed -------------------------
 
-// Every regular file of an archive, decompressed, in archive order.
-using Entries = std::vector<std::pair<std::string, std::string>>;
-Entries archive_entries(const fs::path& p) {
-  struct Collect final : ArchiveVisitor {
-    Entries out;
-    Status begin_entry(const ArchiveEntryInfo& e) override {
-      out.push_back({e.name, ""});
-      return Status::OK();
-    }
-    Status entry_data(std::span<const std::byte> piece) override {
-      out.back().second.append(reinterpret_cast<const char*>(piece.data()), piece.size());
-      return Status::OK();
-    }
-    Status end_entry() override { return Status::OK(); }
-  } c;
-  Status s = import_archive(posix_io(), p.string(), c);
-  EXPECT_TRUE(s.ok()) << s.ToString();
-  return c.out;
-}
-
 // The archive at `p` with its index changed by `edit` (the rest as it was).
 void edit_index(const fs::path& p, const std::function<void(nlohmann::json&)>& edit) {
-  Entries e = archive_entries(p);
-  ASSERT_EQ(e.front().first, "kvsnap-export.json");
-  nlohmann::json index = nlohmann::json::parse(e.front().second);
-  edit(index);
-  e.front().second = index.dump(2);
-  std::vector<MemoryFile> files;
-  files.reserve(e.size());
-  std::vector<ExportEntry> out;
-  for (const auto& [name, bytes] : e) {
-    files.emplace_back(name, std::as_bytes(std::span<const char>(bytes)));
-    out.push_back(ExportEntry::FromFile(name, files.back()));
-  }
-  ASSERT_TRUE(export_archive(posix_io(), p.string(), out).ok());
+  Status s = test::edit_export_index(p.string(), edit);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+}
+
+// Every entry of the archive, decompressed.
+test::ArchiveEntries archive_entries(const fs::path& p) {
+  auto e = test::archive_entries(p.string());
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return e.ok() ? *e : test::ArchiveEntries{};
 }
 
 bool archive_contains(const fs::path& p, const std::string& needle) {
