@@ -202,11 +202,13 @@ class Store {
 
   // One .tar.zst with each snapshot as a standalone .kvsnap file plus an index.
   // decrypt: encrypted snapshots are written as plain .kvsnap files (the key is needed; each
-  // chunk opened and encoded again with plain ids); otherwise they stay sealed.
+  // chunk opened and encoded again with plain ids); otherwise they stay sealed, their name, tags,
+  // fingerprint and created too (the index entry's sealed_metadata, bound to the uuid).
   Status export_to(const std::vector<std::string>& refs, const std::string& path, bool decrypt = false);
   // A snapshot sealed for this store's key and tenant (or plain into a plain store) is copied as
   // it is; any other (plain into an encrypted store, another key or tenant: opts) has its original
-  // saved again with this store's key, keeping uuid, created, name, tags and fingerprint.
+  // saved again with this store's key, keeping uuid, created, name, tags and fingerprint (of a
+  // sealed snapshot: opened from its sealed_metadata with the key that opens its file).
   Result<ImportReport> import_from(const std::string& path, const ImportOptions& opts = {});
 
   Catalog& catalog() { return *catalog_; }
