@@ -74,7 +74,8 @@ void setup_transfer_commands(CLI::App& app, int& exit_status) {
     sub->add_option("-o,--out", o->out, "the archive to write (atomically)")->required();
     sub->add_flag("--force", o->force, "replace --out if it exists");
     sub->add_flag("--decrypt", o->decrypt,
-                  "write encrypted snapshots as plain .kvsnap files (needs the key; default: they stay sealed)");
+                  "write encrypted snapshots as plain .kvsnap files with a plain index (needs the key; default: they "
+                  "stay sealed, their names, tags and fingerprints too)");
     sub->add_flag("--json", o->json, "machine-readable result (and progress as JSON lines on stderr)");
     add_progress_flags(sub, o->progress);
     bind(sub, o, run_export, "export", exit_status);
@@ -86,7 +87,8 @@ void setup_transfer_commands(CLI::App& app, int& exit_status) {
     sub->add_option("file", o->file, "a kvsnap export (.tar.zst, .tar.gz, .tar.xz or .tar)")->required();
     auto* ff = sub->add_option("--from-key-file", o->from.key_file,
                                "the master key the archive's snapshots were sealed with, when not the store's: they "
-                               "are opened with it and sealed again with the store's");
+                               "(and their names, tags, fingerprints) are opened with it and sealed again with the "
+                               "store's");
     ff->excludes(sub->add_option("--from-key-command", o->from.key_command, "the same, printed by a command"));
     sub->add_option("--from-tenant", o->from.tenant, "the tenant the archive's snapshots were sealed for (default: --tenant)");
     sub->add_flag("--json", o->json, "machine-readable result");

@@ -97,6 +97,10 @@ ALTER TABLE snapshots ADD COLUMN tenant text COLLATE "C";
 ALTER TABLE snapshots ADD COLUMN master_key_id text COLLATE "C";
 ALTER TABLE snapshots ADD COLUMN tenant_key_id text COLLATE "C";
 )sql",
+    // v4: the expiry index, as the SQLite catalog's v5: expired_snapshots() walks it in order.
+    R"sql(
+CREATE INDEX snapshots_expires ON snapshots(expires_at, id) WHERE expires_at IS NOT NULL;
+)sql",
 };
 constexpr int kNumMigrations = sizeof(kMigrations) / sizeof(kMigrations[0]);
 static_assert(kNumMigrations == PgCatalog::kSchemaVersion, "one migration per schema version");

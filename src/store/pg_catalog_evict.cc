@@ -71,9 +71,7 @@ Result<EvictionScope> PgCatalog::eviction_scope(const std::optional<std::string>
 }
 
 Result<std::vector<int64_t>> PgCatalog::expired_snapshots(const std::string& now) {
-  KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT id FROM snapshots WHERE expires_at <= $1 AND NOT pinned "
-                                              "ORDER BY expires_at, id",
-                                              PgParams().text(now)));
+  KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec(kExpiredSql, PgParams().text(now)));
   std::vector<int64_t> out;
   for (int r = 0; r < q.rows(); ++r) out.push_back(q.i64(r, 0));
   return out;

@@ -77,8 +77,7 @@ Result<EvictionScope> SqliteCatalog::eviction_scope(const std::optional<std::str
 }
 
 Result<std::vector<int64_t>> SqliteCatalog::expired_snapshots(const std::string& now) {
-  KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT id FROM snapshots WHERE expires_at <= ?1 AND pinned = 0 "
-                                   "ORDER BY expires_at, id"));
+  KV_ASSIGN_OR_RETURN(Stmt q, stmt(kExpiredSql));
   q.text(1, now);
   std::vector<int64_t> out;
   for (;;) {

@@ -617,6 +617,7 @@ void Store::verify_sealed(const SnapshotInfo& info, VerifyReport& rep) {
 namespace {
 
 constexpr const char* kExportIndex = "kvsnap-export.json";
+constexpr const char* kSealedMetadata = "sealed_metadata";  // an index entry's sealed labels (hex)
 
 // export --decrypt: the snapshot's original saved again as a plain standalone file (every chunk
 // opened, decoded and encoded again under its SHA-256 id) into `out`, or only counted when `out`
@@ -641,14 +642,32 @@ Result<uint64_t> write_plain_file(const StoredSnapshot& snap, ByteSink* out) {
 
 std::string export_entry_name(const SnapshotInfo& s) { return "snapshots/" + s.uuid + ".kvsnap"; }
 
-nlohmann::json index_entry(const SnapshotInfo& s) {
-  if (s.tenant)  // what is at rest stays at rest: only what the sealed file needs to be opened
-    return {{"uuid", s.uuid}, {"file", export_entry_name(s)}, {"tenant", *s.tenant},
-            {"master_key_id", s.master_key_id}, {"tenant_key_id", s.tenant_key_id}};
-  nlohmann::json j = {{"uuid", s.uuid}, {"file", export_entry_name(s)}, {"created", s.created},
-                      {"model_fingerprint", s.model_fingerprint}, {"tags", nlohmann::json::object()}};
+// What a plain index entry shows and a sealed one hides: name, tags, fingerprint, created.
+nlohmann::json export_labels(const SnapshotInfo& s) {
+  nlohmann::json j = {{"created", s.created}, {"model_fingerprint", s.model_fingerprint},
+                      {"tags", nlohmann::json::object()}};
   j["name"] = s.name ? nlohmann::json(*s.name) : nlohmann::json(nullptr);
   for (const auto& [k, v] : s.tags) j["tags"][k] = v;
+  return j;
+}
+
+// A snapshot's entry in the index. An encrypted one shows only what opening its sealed file
+// needs; its labels travel sealed by the tenant's cipher, bound to the uuid, with the original's
+// SHA-256 inside so that they cannot be moved onto another file of the archive either.
+Result<nlohmann::json> index_entry(const SnapshotInfo& s, const Sha256Digest& original, const ChunkCipher* cipher) {
+  nlohmann::json j = {{"uuid", s.uuid}, {"file", export_entry_name(s)}};
+  if (!s.tenant) {
+    j.update(export_labels(s));
+    return j;
+  }
+  if (!cipher) return check_snapshot_key(s, cipher);  // the "no key was given" error
+  nlohmann::json labels = export_labels(s);
+  labels["original_sha256"] = to_hex(original);
+  const std::string plain = labels.dump();
+  KV_ASSIGN_OR_RETURN(std::vector<std::byte> sealed,
+                      seal_export_metadata(*cipher, s.uuid, std::as_bytes(std::span<const char>(plain))));
+  j.update({{"tenant", *s.tenant}, {"master_key_id", s.master_key_id}, {"tenant_key_id", s.tenant_key_id},
+            {kSealedMetadata, to_hex(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(sealed.data()), sealed.size()))}});
   return j;
 }
 
@@ -701,11 +720,8 @@ class ImportVisitor final : public ArchiveVisitor {
   std::unique_ptr<WritableFile> out_;
 };
 
-Result<ExportIndexEntry> index_entry_of(const JsonRef& e) {
-  ExportIndexEntry out;
-  KV_ASSIGN_OR_RETURN(JsonRef file, e.at("file"));
-  KV_ASSIGN_OR_RETURN(out.file, file.string());
-  KV_ASSIGN_OR_RETURN(out.uuid, e.string_or("uuid", ""));
+// export_labels() read back (from the index, or from the opened sealed metadata).
+Status read_labels(const JsonRef& e, ExportIndexEntry& out) {
   KV_ASSIGN_OR_RETURN(out.created, e.string_or("created", ""));
   KV_ASSIGN_OR_RETURN(out.model_fingerprint, e.string_or("model_fingerprint", ""));
   KV_ASSIGN_OR_RETURN(std::optional<JsonRef> name, e.find("name"));
@@ -719,7 +735,41 @@ Result<ExportIndexEntry> index_entry_of(const JsonRef& e) {
       KV_ASSIGN_OR_RETURN(out.tags[key], value.string());
     }
   }
+  return Status::OK();
+}
+
+Result<ExportIndexEntry> index_entry_of(const JsonRef& e) {
+  ExportIndexEntry out;
+  KV_ASSIGN_OR_RETURN(JsonRef file, e.at("file"));
+  KV_ASSIGN_OR_RETURN(out.file, file.string());
+  KV_ASSIGN_OR_RETURN(out.uuid, e.string_or("uuid", ""));
+  KV_ASSIGN_OR_RETURN(out.sealed_metadata, e.string_or(kSealedMetadata, ""));
+  KV_RETURN_IF_ERROR(read_labels(e, out));
   return out;
+}
+
+// The labels of a sealed export's entry, opened with the cipher that opened its file (`where`:
+// the archive and the entry). kCorruption when changed, moved from another uuid or file.
+Status open_labels(ExportIndexEntry& e, const ChunkCipher* cipher, const Sha256Digest& original,
+                   const std::string& where) {
+  const std::string what = where + ": its sealed metadata";
+  if (!cipher)
+    return Status::InvalidArgument(what + " is encrypted, and no key was given: pass {--key-file FILE} or "
+                                   "{--from-key-file FILE}");
+  const std::string& hex = e.sealed_metadata;
+  std::vector<uint8_t> sealed(hex.size() / 2);
+  if (hex.size() % 2 != 0 || !from_hex(hex, sealed)) return Status::Corruption(what + ": not hex digits");
+  KV_ASSIGN_OR_RETURN(std::vector<std::byte> plain,
+                      open_export_metadata(*cipher, e.uuid, std::as_bytes(std::span<const uint8_t>(sealed)), what));
+  const std::string_view text(reinterpret_cast<const char*>(plain.data()), plain.size());
+  KV_ASSIGN_OR_RETURN(nlohmann::json labels, parse_json(text, what));
+  const JsonRef root(labels, what);
+  KV_RETURN_IF_ERROR(read_labels(root, e));
+  KV_ASSIGN_OR_RETURN(std::string sha, root.string_or("original_sha256", ""));
+  if (sha != to_hex(original))
+    return Status::Corruption(what + ": it belongs to another snapshot (original " + sha + ", the file's " +
+                              to_hex(original) + ")");
+  return Status::OK();
 }
 
 }  // namespace
@@ -752,8 +802,10 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
       KV_ASSIGN_OR_RETURN(uint64_t size, write_plain_file(*opened, nullptr));
       SnapshotInfo plain = rec.info;
       plain.tenant.reset();
-      plain.content_sha256 = to_hex(opened->reader().manifest().original_sha256);
-      index["snapshots"].push_back(index_entry(plain));
+      const Sha256Digest& original = opened->reader().manifest().original_sha256;
+      plain.content_sha256 = to_hex(original);
+      KV_ASSIGN_OR_RETURN(nlohmann::json entry, index_entry(plain, original, nullptr));
+      index["snapshots"].push_back(std::move(entry));
       items.push_back({std::move(plain), nullptr, std::move(opened), size});
       continue;
     }
@@ -764,7 +816,8 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
     // An encrypted snapshot stays sealed: blobs copied as stored, the manifest sealed again.
     KV_ASSIGN_OR_RETURN(SnapshotFileAssembler a,
                         SnapshotFileAssembler::plan(m, source, m.encryption ? cipher() : nullptr));
-    index["snapshots"].push_back(index_entry(rec.info));
+    KV_ASSIGN_OR_RETURN(nlohmann::json entry, index_entry(rec.info, m.original_sha256, cipher()));
+    index["snapshots"].push_back(std::move(entry));
     items.push_back({std::move(rec.info), std::make_unique<SnapshotFileAssembler>(std::move(a)), nullptr, 0});
   }
   const std::string index_text = json_text(index, 2) + "\n";
@@ -802,10 +855,10 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
   KV_ASSIGN_OR_RETURN(std::vector<ExportIndexEntry> index, parse_export_index(v.index_text, path));
   ImportReport rep;
   for (const auto& [entry, tmp] : v.files) {
-    const ExportIndexEntry* meta = nullptr;
+    const ExportIndexEntry* listed = nullptr;
     for (const ExportIndexEntry& e : index)
-      if (e.file == entry) meta = &e;
-    if (!meta) return Status::Corruption(path + ": " + entry + " is not in the export's index");
+      if (e.file == entry) listed = &e;
+    if (!listed) return Status::Corruption(path + ": " + entry + " is not in the export's index");
     KV_ASSIGN_OR_RETURN(auto file, io_.open_read(tmp));
     SnapshotReadOptions ro;
     ro.cipher = source_cipher;
@@ -813,6 +866,10 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     if (!reader.ok()) return reader.status().Prefixed(path + ": " + entry);
     KV_RETURN_IF_ERROR((*reader)->verify_chunks().Prefixed(path + ": " + entry));
     KV_RETURN_IF_ERROR((*reader)->verify_original().Prefixed(path + ": " + entry));
+    ExportIndexEntry labelled = *listed;
+    if (!labelled.sealed_metadata.empty())
+      KV_RETURN_IF_ERROR(open_labels(labelled, source_cipher, (*reader)->manifest().original_sha256, path + ": " + entry));
+    const ExportIndexEntry* meta = &labelled;
     const std::string& uuid = meta->uuid;
     if (!uuid.empty() && catalog_->resolve(uuid).ok()) {
       rep.skipped.push_back(uuid + " (already in the store)");

@@ -229,11 +229,13 @@ class Store {
 
   // One .tar.zst with each snapshot as a standalone .kvsnap file plus an index.
   // decrypt: encrypted snapshots are written as plain .kvsnap files (the key is needed; each
-  // chunk opened and encoded again with plain ids); otherwise they stay sealed.
+  // chunk opened and encoded again with plain ids); otherwise they stay sealed, their name, tags,
+  // fingerprint and created too (the index entry's sealed_metadata, bound to the uuid).
   Status export_to(const std::vector<std::string>& refs, const std::string& path, bool decrypt = false);
   // A snapshot sealed for this store's key and tenant (or plain into a plain store) is copied as
   // it is; any other (plain into an encrypted store, another key or tenant: opts) has its original
-  // saved again with this store's key, keeping uuid, created, name, tags and fingerprint.
+  // saved again with this store's key, keeping uuid, created, name, tags and fingerprint (of a
+  // sealed snapshot: opened from its sealed_metadata with the key that opens its file).
   Result<ImportReport> import_from(const std::string& path, const ImportOptions& opts = {});
 
   Catalog& catalog() { return *catalog_; }
@@ -294,6 +296,9 @@ struct ExportIndexEntry {
   std::string uuid, created, model_fingerprint;  // empty when absent
   std::optional<std::string> name;
   std::map<std::string, std::string> tags;
+  // An encrypted snapshot's: name, tags, fingerprint and created sealed for its tenant (hex;
+  // empty when absent, as in a plain entry or an archive from before they were sealed).
+  std::string sealed_metadata;
 };
 // Parses and type-checks the index text (outside input); errors name
 // `archive`, the index, the key path and what was wrong.

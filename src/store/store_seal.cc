@@ -23,6 +23,9 @@ ChunkId manifest_id(const ChunkCipher& c, const std::string& uuid) {
   return labelled_id(c, "kvsnap manifest v1", bytes_of(uuid));
 }
 ChunkId tokens_id(const ChunkCipher& c, const std::string& uuid) { return labelled_id(c, "kvsnap tokens v1", bytes_of(uuid)); }
+ChunkId export_metadata_id(const ChunkCipher& c, const std::string& uuid) {
+  return labelled_id(c, "kvsnap export metadata v1", bytes_of(uuid));
+}
 
 Result<std::vector<std::byte>> seal(const ChunkCipher& c, const ChunkId& id, std::span<const std::byte> plain) {
   std::vector<std::byte> out;
@@ -88,6 +91,18 @@ Result<std::vector<int32_t>> open_tokens_row(const SnapshotRecord& rec, const Ch
     return Status::Corruption(snapshot_label(rec.info) + ": its token row holds " + std::to_string(plain.size()) +
                               " bytes for " + std::to_string(rec.info.n_tokens) + " tokens");
   return catalog_detail::tokens_from_le(plain);
+}
+
+Result<std::vector<std::byte>> seal_export_metadata(const ChunkCipher& cipher, const std::string& uuid,
+                                                    std::span<const std::byte> plain) {
+  return seal(cipher, export_metadata_id(cipher, uuid), plain);
+}
+
+Result<std::vector<std::byte>> open_export_metadata(const ChunkCipher& cipher, const std::string& uuid,
+                                                    std::span<const std::byte> sealed, const std::string& what) {
+  std::vector<std::byte> plain;
+  KV_RETURN_IF_ERROR(cipher.open_into(export_metadata_id(cipher, uuid), sealed, plain, what));
+  return plain;
 }
 
 std::string recorded_content_hash(const Sha256Digest& original, const ChunkCipher* cipher) {

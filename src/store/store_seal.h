@@ -6,6 +6,8 @@
 //   tokens row     its prompt tokens (i32 LE) sealed under HMAC(id key, "kvsnap tokens v1\0" uuid)
 //   content hash   hex HMAC(id key, "kvsnap content v1\0" SHA-256 of the original file)
 //   prefix index   keyed by the secret HMAC(id key, "kvsnap prefix index v1") (catalog.h PrefixKeying)
+//   export labels  a sealed export's name, tags, fingerprint and creation time per snapshot,
+//                  sealed under HMAC(id key, "kvsnap export metadata v1\0" uuid)
 //
 // The ids bind each sealed row to its snapshot's uuid: a row copied onto another snapshot fails
 // its tag like a flipped byte does ("tampered or corrupt", kCorruption, naming the snapshot).
@@ -39,6 +41,14 @@ Status check_snapshot_key(const SnapshotInfo& info, const ChunkCipher* cipher);
 Result<std::vector<std::byte>> open_manifest_row(const SnapshotRecord& rec, const ChunkCipher* cipher);
 // The tokens of a row: rec.tokens when plain, the sealed list opened when encrypted.
 Result<std::vector<int32_t>> open_tokens_row(const SnapshotRecord& rec, const ChunkCipher* cipher);
+
+// A sealed export's metadata of the snapshot `uuid` (what its index would show in plaintext),
+// sealed by the tenant's cipher and bound to the uuid; opened back with the same binding, so a
+// changed byte or metadata moved onto another uuid is kCorruption "<what>: tampered or corrupt".
+Result<std::vector<std::byte>> seal_export_metadata(const ChunkCipher& cipher, const std::string& uuid,
+                                                    std::span<const std::byte> plain);
+Result<std::vector<std::byte>> open_export_metadata(const ChunkCipher& cipher, const std::string& uuid,
+                                                    std::span<const std::byte> sealed, const std::string& what);
 
 // The content hash the catalog records for an original file of this SHA-256.
 std::string recorded_content_hash(const Sha256Digest& original, const ChunkCipher* cipher);

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "archive_edit.h"
 #include "store/archive.h"
 #include "test_files.h"
 
@@ -258,12 +259,19 @@ TEST_F(StoreCli, EncryptedStoreNeedsItsKeyAndTenant) {
   KvRun resealed = kv_at(third, "import " + sealed + " --from-key-file " + key.string() +
                                    " --from-tenant alice --tenant bob --key-file " + other.string());
   EXPECT_EQ(resealed.code, 0) << resealed.err;
-  const size_t u = saved.out.find("\"uuid\": \"");
-  ASSERT_NE(u, std::string::npos) << saved.out;
-  const std::string uuid = saved.out.substr(u + 9, 36);  // a sealed export's index names no name: the uuid
-  KvRun back = kv_at(third, "restore " + uuid + " -o " + (dir_ / "bob.slot").string() + " --tenant bob --key-file " + other.string());
+  // the name travelled sealed and came back with the key
+  KvRun back = kv_at(third, "restore one -o " + (dir_ / "bob.slot").string() + " --tenant bob --key-file " + other.string());
   ASSERT_EQ(back.code, 0) << back.err;
   EXPECT_EQ(slurp(dir_ / "bob.slot"), slurp(a));
+  // a changed byte of the sealed name and tags: corrupt input, nothing imported
+  ASSERT_TRUE(kvsnap::test::edit_export_index(sealed, [](nlohmann::json& j) {
+                std::string& hex = j["snapshots"][0]["sealed_metadata"].get_ref<std::string&>();
+                hex[hex.size() / 2] = hex[hex.size() / 2] == '0' ? '1' : '0';
+              }).ok());
+  KvRun tampered = kv_at((dir_ / "fourth").string(), "import " + sealed + " --tenant alice" + k);
+  EXPECT_EQ(tampered.code, 3) << tampered.err;
+  EXPECT_NE(tampered.err.find("its sealed metadata: tampered or corrupt"), std::string::npos) << tampered.err;
+  EXPECT_EQ(kv_at((dir_ / "fourth").string(), "ls --json --tenant alice" + k).out.find("\"one\""), std::string::npos);
 
   // the same through a store config file naming the key and the tenant
   std::ofstream(dir_ / "store" / "store.json") << "{\"key_file\": \"" << key.string() << "\", \"tenant\": \"alice\"}\n";

@@ -67,6 +67,19 @@ struct PgBackend {
     sql("UPDATE kvsnap_meta SET value = '" + std::to_string(v) + "' WHERE key = 'schema_version'");
   }
   std::string bytes_literal(const std::string& hex) { return "'\\x" + hex + "'::bytea"; }
+  // On a tiny table the planner's cheapest plan is a sequential or bitmap scan and a sort whatever
+  // the indexes; with those two off it shows whether an index can serve the query in its order
+  // (when none can, a disabled Seq Scan is still chosen and named).
+  std::string explain_expired() {
+    auto r = pg_query(url, std::string("SET enable_seqscan = off; SET enable_bitmapscan = off; "
+                                       "PREPARE expired(text) AS ") + PgCatalog::kExpiredSql +
+                               "; EXPLAIN EXECUTE expired('2026-01-02T00:00:00.000Z')");
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    std::string out;
+    if (r.ok())
+      for (const auto& row : *r) out += row[0] + "\n";
+    return out;
+  }
   std::string url, db, root;
 };
 

@@ -13,6 +13,7 @@
 //   std::string bytes_literal(const std::string& hex);  // a blob literal in the backend's SQL
 //   std::string blob_root();       // a directory for this test's LocalBlobStore
 //   std::unique_ptr<GcLocks> gc_locks();  // the locks a store with this catalog uses (nullptr: the file lock)
+//   std::string explain_expired();  // the plan of Cat::kExpiredSql on this test's catalog (the index named when used)
 // Included by one test source per executable (it defines tests and helpers).
 #pragma once
 
@@ -631,10 +632,11 @@ TYPED_TEST_P(CatalogContract, ACatalogBeforeCapsGainsTheEvictionColumns) {
     id = this->add(*c, record("before-caps"), {use("x")});
   }
   // Make it what kvsnap before caps wrote: no eviction (nor encryption) columns, that version.
-  this->sql("ALTER TABLE snapshots DROP COLUMN pinned; ALTER TABLE snapshots DROP COLUMN expires_at; "
+  this->sql("DROP INDEX snapshots_expires; "
+            "ALTER TABLE snapshots DROP COLUMN pinned; ALTER TABLE snapshots DROP COLUMN expires_at; "
             "ALTER TABLE snapshots DROP COLUMN last_restored; ALTER TABLE snapshots DROP COLUMN tenant; "
             "ALTER TABLE snapshots DROP COLUMN master_key_id; ALTER TABLE snapshots DROP COLUMN tenant_key_id;");
-  this->b_.set_schema_version(TypeParam::kSchemaVersion - 2);
+  this->b_.set_schema_version(TypeParam::kSchemaVersion - 3);
   auto c = this->open();
   ASSERT_TRUE(c);
   EXPECT_EQ(*c->schema_version(), TypeParam::kSchemaVersion);
@@ -653,9 +655,10 @@ TYPED_TEST_P(CatalogContract, ACatalogBeforeEncryptionGainsItsColumns) {
     auto c = this->open();
     id = this->add(*c, record("before-encryption"), {use("x")});
   }
-  this->sql("ALTER TABLE snapshots DROP COLUMN tenant; ALTER TABLE snapshots DROP COLUMN master_key_id; "
+  this->sql("DROP INDEX snapshots_expires; "
+            "ALTER TABLE snapshots DROP COLUMN tenant; ALTER TABLE snapshots DROP COLUMN master_key_id; "
             "ALTER TABLE snapshots DROP COLUMN tenant_key_id;");
-  this->b_.set_schema_version(TypeParam::kSchemaVersion - 1);
+  this->b_.set_schema_version(TypeParam::kSchemaVersion - 2);
   auto c = this->open();
   ASSERT_TRUE(c);
   EXPECT_EQ(*c->schema_version(), TypeParam::kSchemaVersion);
@@ -663,6 +666,42 @@ TYPED_TEST_P(CatalogContract, ACatalogBeforeEncryptionGainsItsColumns) {
   ASSERT_TRUE(i.ok()) << i.status().ToString();
   EXPECT_FALSE(i->tenant);
   EXPECT_EQ(*c->get_meta("encryption"), std::nullopt);
+  this->expect_consistent(*c);
+}
+
+// gc's expiry query walks the snapshots_expires index in its order: no scan of every snapshot
+// row, no sort (the plan's words for a sort: SQLite "TEMP B-TREE", PostgreSQL "Sort").
+void expect_indexed_expiry(const std::string& plan) {
+  EXPECT_NE(plan.find("snapshots_expires"), std::string::npos) << plan;
+  EXPECT_EQ(plan.find("TEMP B-TREE"), std::string::npos) << plan;
+  EXPECT_EQ(plan.find("Sort"), std::string::npos) << plan;
+}
+
+TYPED_TEST_P(CatalogContract, ExpiredSnapshotsAreFoundThroughTheExpiryIndex) {
+  auto c = this->open();
+  ASSERT_TRUE(c);
+  for (int i = 0; i < 20; ++i) this->add(*c, record("never-" + std::to_string(i)));
+  expect_indexed_expiry(this->b_.explain_expired());
+}
+
+TYPED_TEST_P(CatalogContract, ACatalogBeforeTheExpiryIndexGainsIt) {
+  int64_t id = 0;
+  {
+    auto c = this->open();
+    id = this->add(*c, record("expires"), {use("x")});
+    ASSERT_TRUE(c->set_expiry(id, "2026-01-01T00:00:00.000Z").ok());
+  }
+  this->sql("DROP INDEX snapshots_expires");
+  this->b_.set_schema_version(TypeParam::kSchemaVersion - 1);
+  const std::string before = this->b_.explain_expired();
+  EXPECT_EQ(before.find("snapshots_expires"), std::string::npos) << "the plan check can fail: " << before;
+  auto c = this->open();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(*c->schema_version(), TypeParam::kSchemaVersion);
+  expect_indexed_expiry(this->b_.explain_expired());
+  auto expired = c->expired_snapshots("2026-01-02T00:00:00.000Z");
+  ASSERT_TRUE(expired.ok()) << expired.status().ToString();
+  EXPECT_EQ(*expired, std::vector<int64_t>{id});
   this->expect_consistent(*c);
 }
 
@@ -891,7 +930,7 @@ TYPED_TEST_P(CatalogContract, TenantCapEvictsOnlyThatTenant) {
   EXPECT_TRUE(plan(*c, 0, "nobody").victims.empty());
 }
 
-REGISTER_TYPED_TEST_SUITE_P(CatalogContract, FindChunksAnswersAsFindChunkInOrder, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, ExpiredSnapshotsAreFoundFromTheSnapshotRows, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact, ACatalogBeforeEncryptionGainsItsColumns, EncryptedRowsKeepTheirKeyIdsAndAKeyedPrefixIndex);
+REGISTER_TYPED_TEST_SUITE_P(CatalogContract, FindChunksAnswersAsFindChunkInOrder, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, ExpiredSnapshotsAreFoundFromTheSnapshotRows, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact, ACatalogBeforeEncryptionGainsItsColumns, EncryptedRowsKeepTheirKeyIdsAndAKeyedPrefixIndex, ExpiredSnapshotsAreFoundThroughTheExpiryIndex, ACatalogBeforeTheExpiryIndexGainsIt);
 
 // What a save does (format/ will own the real one): blobs first, synced, then
 // the catalog row; the gc lock is held throughout.

@@ -51,6 +51,20 @@ std::map<std::string, int64_t> sqlite_refcounts(const std::string& path) {
   return out;
 }
 
+// EXPLAIN QUERY PLAN of `sql` (its ?1 bound to a time) on the catalog file: the details, one a line.
+std::string sqlite_plan(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(db, ("EXPLAIN QUERY PLAN " + sql).c_str(), -1, &st, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
+  sqlite3_bind_text(st, 1, "2026-01-02T00:00:00.000Z", -1, SQLITE_STATIC);
+  std::string out;
+  while (sqlite3_step(st) == SQLITE_ROW) out += reinterpret_cast<const char*>(sqlite3_column_text(st, 3)) + std::string("\n");
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  return out;
+}
+
 // The SQLite catalog for the behaviour every catalog shares (catalog_contract.h).
 struct SqliteBackend {
   using Cat = Catalog;
@@ -72,6 +86,7 @@ struct SqliteBackend {
   std::string bytes_literal(const std::string& hex) { return "x'" + hex + "'"; }
   std::string blob_root() const { return root; }
   std::unique_ptr<GcLocks> gc_locks() { return nullptr; }  // LocalBlobStore's own: <root>/gc.lock
+  std::string explain_expired() { return sqlite_plan(path(), SqliteCatalog::kExpiredSql); }
   std::string root;
 };
 

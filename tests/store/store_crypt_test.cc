@@ -14,10 +14,12 @@
 #include <random>
 #include <set>
 
+
 #include "base/chunk_cipher.h"
 #include "base/key_source.h"
 #include "format/state_prefix.h"
 #include "store/store.h"
+#include "archive_edit.h"
 #include "test_files.h"
 #include "store/crypt_bed.h"
 
@@ -394,6 +396,189 @@ TEST(StoreCrypt, ImportSealsAgainForAnotherKeyOrTenantAndPlainArchives) {
   EXPECT_FALSE(store_contains(enc_bed.root, tokens));
   fs::remove(sealed_archive);
   fs::remove(plain_archive);
+}
+
+// ---- export metadata: name, tags, fingerprint and created travel sealed -------------------------
+
+// The archive at `p` with its index changed by `edit` (the rest as it was).
+void edit_index(const fs::path& p, const std::function<void(nlohmann::json&)>& edit) {
+  Status s = test::edit_export_index(p.string(), edit);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+}
+
+// Every entry of the archive, decompressed.
+test::ArchiveEntries archive_entries(const fs::path& p) {
+  auto e = test::archive_entries(p.string());
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return e.ok() ? *e : test::ArchiveEntries{};
+}
+
+bool archive_contains(const fs::path& p, const std::string& needle) {
+  for (const auto& [name, bytes] : archive_entries(p))
+    if (name.find(needle) != std::string::npos || bytes.find(needle) != std::string::npos) return true;
+  return false;
+}
+
+const char* const kSecretName = "chat-of-zebra-launch";
+const char* const kSecretTag = "project-zebra-launch";
+const char* const kSecretFingerprint = "fp-zebra-launch-model";
+
+// Saves the slot with a name, a tag and a fingerprint that only the key should reveal.
+SnapshotInfo save_labelled(Store& s, const Loaded& l) {
+  SaveRequest req = small_chunks();
+  req.name = kSecretName;
+  req.tags = {{"project", kSecretTag}};
+  req.model_fingerprint = kSecretFingerprint;
+  auto saved = s.save(*l.file, l.state, req);
+  EXPECT_TRUE(saved.ok()) << saved.status().ToString();
+  return saved.ok() ? saved->info : SnapshotInfo{};
+}
+
+// `got` carries `want`'s uuid, name, tags, fingerprint and creation time.
+void expect_same_metadata(const SnapshotInfo& got, const SnapshotInfo& want, const std::string& how) {
+  EXPECT_EQ(got.uuid, want.uuid) << how;
+  EXPECT_EQ(got.name, want.name) << how;
+  EXPECT_EQ(got.tags, want.tags) << how;
+  EXPECT_EQ(got.model_fingerprint, want.model_fingerprint) << how;
+  EXPECT_EQ(got.created, want.created) << how;
+}
+
+Result<ImportReport> import_into(Store& s, const fs::path& archive, const ImportOptions& o = {}) {
+  return s.import_from(archive.string(), o);
+}
+
+// Tenant alice's store holding the labelled slot, and its sealed and --decrypt exports.
+struct LabelledExport {
+  Loaded l = load(fixtures() / kSlot);
+  Bed src;
+  std::unique_ptr<Store> alice = src.must_open(src.key_a, "alice");
+  SnapshotInfo saved = save_labelled(*alice, l);
+  fs::path sealed = temp_path("meta-sealed").string() + ".tar.zst";
+  fs::path plain = temp_path("meta-plain").string() + ".tar.zst";
+  LabelledExport() {
+    EXPECT_TRUE(alice->export_to({kSecretName}, sealed.string()).ok());
+    EXPECT_TRUE(alice->export_to({kSecretName}, plain.string(), /*decrypt=*/true).ok());
+  }
+  ~LabelledExport() {
+    fs::remove(sealed);
+    fs::remove(plain);
+  }
+};
+
+TEST(StoreCrypt, ASealedExportKeepsNameTagsAndFingerprintForTheKeyHolder) {
+  LabelledExport x;
+  const Loaded& l = x.l;
+  const SnapshotInfo& saved = x.saved;
+  const fs::path &sealed = x.sealed, &plain = x.plain;
+
+  {  // the same key and tenant: blobs copied as they are
+    Bed b;
+    auto s = b.must_open(x.src.key_a, "alice");
+    auto in = import_into(*s, sealed);
+    ASSERT_TRUE(in.ok()) << in.status().ToString();
+    ASSERT_EQ(in->imported.size(), 1u);
+    expect_same_metadata(in->imported[0], saved, "same key");
+    auto id = s->catalog().resolve(kSecretName);
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    expect_same_metadata(*s->catalog().get_info(*id), saved, "same key, in the catalog");
+    expect_restores(*s, kSecretName, l);
+  }
+  {  // sealed again for another key and tenant
+    Bed b;
+    auto s = b.must_open(b.key_b, "bob");
+    ImportOptions from;
+    from.from_key = *load_key_file(x.src.key_a.string());
+    from.from_tenant = "alice";
+    auto in = import_into(*s, sealed, from);
+    ASSERT_TRUE(in.ok()) << in.status().ToString();
+    ASSERT_EQ(in->imported.size(), 1u);
+    expect_same_metadata(in->imported[0], saved, "re-sealed");
+    EXPECT_EQ(in->imported[0].tenant, "bob");
+    expect_restores(*s, kSecretName, l);
+  }
+  {  // export --decrypt into a plain store
+    Bed b;
+    auto s = Store::open(posix_io(), StorePaths{b.root.string()});
+    ASSERT_TRUE(s.ok());
+    auto in = import_into(**s, plain);
+    ASSERT_TRUE(in.ok()) << in.status().ToString();
+    ASSERT_EQ(in->imported.size(), 1u);
+    expect_same_metadata(in->imported[0], saved, "--decrypt");
+  }
+  {  // a plain archive into an encrypted store
+    Bed b;
+    auto s = b.must_open(b.key_b, "carol");
+    auto in = import_into(*s, plain);
+    ASSERT_TRUE(in.ok()) << in.status().ToString();
+    ASSERT_EQ(in->imported.size(), 1u);
+    expect_same_metadata(in->imported[0], saved, "plain into encrypted");
+    EXPECT_EQ(in->imported[0].tenant, "carol");
+  }
+}
+
+TEST(StoreCrypt, ASealedExportShowsNoNamesTagsOrFingerprintsAndAPlainOneDoes) {
+  LabelledExport x;
+  for (const char* needle : {kSecretName, kSecretTag, kSecretFingerprint}) {
+    EXPECT_TRUE(archive_contains(x.plain, needle)) << needle << ": the search would find it";
+    EXPECT_FALSE(archive_contains(x.sealed, needle)) << needle << " in plaintext in a sealed export";
+  }
+}
+
+TEST(StoreCrypt, TamperedSealedMetadataFailsAndOldArchivesStillImport) {
+  LabelledExport x;
+  const Loaded& l = x.l;
+  Store* alice = x.alice.get();
+  const fs::path& archive = x.sealed;
+  auto fresh_export = [&] { ASSERT_TRUE(alice->export_to({kSecretName}, archive.string()).ok()); };
+  auto import_fails = [&](const std::string& what, Code code, const std::string& words) {
+    Bed b;
+    auto s = b.must_open(x.src.key_a, "alice");
+    auto in = import_into(*s, archive);
+    EXPECT_EQ(in.status().code(), code) << what << ": " << in.status().ToString();
+    EXPECT_NE(in.status().message().find(words), std::string::npos) << what << ": " << in.status().ToString();
+    EXPECT_TRUE(s->catalog().list()->empty()) << what << ": nothing imported";
+  };
+
+  fresh_export();
+  edit_index(archive, [](nlohmann::json& j) {
+    std::string& hex = j["snapshots"][0]["sealed_metadata"].get_ref<std::string&>();
+    hex[hex.size() / 2] = hex[hex.size() / 2] == '0' ? '1' : '0';
+  });
+  import_fails("a flipped bit", Code::kCorruption, "its sealed metadata: tampered or corrupt");
+
+  // the metadata of another snapshot: bound to the uuid, so it fails the same way
+  auto other = alice->save(*l.file, l.state, small_chunks());
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(alice->export_to({std::to_string(other->info.id)}, archive.string()).ok());
+  const std::string foreign = archive_entries(archive).front().second;
+  fresh_export();
+  edit_index(archive, [&](nlohmann::json& j) {
+    j["snapshots"][0]["sealed_metadata"] = nlohmann::json::parse(foreign)["snapshots"][0]["sealed_metadata"];
+  });
+  import_fails("another snapshot's metadata", Code::kCorruption, "its sealed metadata: tampered or corrupt");
+
+  // no key: refused, naming the key needed
+  fresh_export();
+  {
+    Bed b;
+    auto plain = Store::open(posix_io(), StorePaths{b.root.string()});
+    ASSERT_TRUE(plain.ok());
+    auto in = import_into(**plain, archive);
+    EXPECT_EQ(in.status().code(), Code::kInvalidArgument) << in.status().ToString();
+    EXPECT_NE(in.status().message().find("no key was given"), std::string::npos) << in.status().ToString();
+    EXPECT_TRUE((*plain)->catalog().list()->empty());
+  }
+
+  // an archive from before the metadata was sealed: imported by uuid, without name or tags
+  edit_index(archive, [](nlohmann::json& j) { j["snapshots"][0].erase("sealed_metadata"); });
+  Bed b;
+  auto s = b.must_open(x.src.key_a, "alice");
+  auto in = import_into(*s, archive);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  ASSERT_EQ(in->imported.size(), 1u);
+  EXPECT_EQ(in->imported[0].uuid, x.saved.uuid);
+  EXPECT_FALSE(in->imported[0].name);
+  expect_restores(*s, x.saved.uuid, l);
 }
 
 }  // namespace
