@@ -17,6 +17,7 @@
 #include "base/chunk_cipher.h"
 #include "base/key_source.h"
 #include "format/state_prefix.h"
+#include "store/crypt_bed.h"
 #include "store/store.h"
 #include "test_files.h"
 
@@ -25,22 +26,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::slurp;
+using namespace test_crypt;
 
 fs::path fixtures() { return fs::path(KVSNAP_SOURCE_DIR) / "fixtures"; }
-
-fs::path temp_path(const char* what) {
-  return fs::temp_directory_path() /
-         (std::string("kvsnap-crypt-") + what + "-" + std::to_string(::getpid()) + "-" + std::to_string(std::random_device{}()));
-}
-
-// A key file of 64 hex digits, mode 0600 (load_key_file refuses anything more open).
-fs::path write_key(const fs::path& dir, const char* name, char digit) {
-  fs::create_directories(dir);
-  const fs::path p = dir / name;
-  std::ofstream(p) << std::string(64, digit) << "\n";
-  ::chmod(p.c_str(), 0600);
-  return p;
-}
 
 struct Loaded {
   std::vector<std::byte> bytes;
@@ -57,32 +45,6 @@ Loaded load(const fs::path& p) {
   if (st.ok()) l.state = std::move(st).value();
   return l;
 }
-
-// A directory store and key files beside it; open() with any key and tenant.
-struct Bed {
-  fs::path root = temp_path("store"), keys = temp_path("keys");
-  fs::path key_a = write_key(keys, "a.key", 'a'), key_b = write_key(keys, "b.key", 'b');
-  ~Bed() {
-    fs::remove_all(root);
-    fs::remove_all(keys);
-  }
-  Result<std::unique_ptr<Store>> open(const fs::path& key, const std::string& tenant = "", bool keyless_ok = false) {
-    StoreLocation where = directory_store(root.string());
-    where.keys.key_file = key.string();
-    where.keys.tenant = tenant;
-    where.keys.keyless_ok = keyless_ok;
-    return Store::open(posix_io(), where);
-  }
-  std::unique_ptr<Store> must_open(const fs::path& key, const std::string& tenant = "") {
-    auto s = open(key, tenant);
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    return s.ok() ? std::move(s).value() : nullptr;
-  }
-  std::string key_id(const fs::path& key) {
-    auto k = load_key_file(key.string());
-    return k.ok() ? key_id_hex(k->id()) : "";
-  }
-};
 
 const char* const kSlot = "v0.5.0/hd64-f16-f16-faon.slot";
 
@@ -101,18 +63,6 @@ std::string restore_all(Store& s, const std::string& ref, Status* status = nullp
   if (status) *status = r.status();
   EXPECT_TRUE(status || r.ok()) << r.status().ToString();
   return std::string(reinterpret_cast<const char*>(out.bytes.data()), out.bytes.size());
-}
-
-bool file_contains(const fs::path& p, std::span<const std::byte> needle) {
-  auto hay = slurp(p);
-  return std::search(hay.begin(), hay.end(), needle.begin(), needle.end()) != hay.end();
-}
-
-// Whether any file under `root` (packs, catalog, its WAL) holds `needle`.
-bool store_contains(const fs::path& root, std::span<const std::byte> needle) {
-  for (const auto& e : fs::recursive_directory_iterator(root))
-    if (e.is_regular_file() && file_contains(e.path(), needle)) return true;
-  return false;
 }
 
 TEST(StoreCrypt, RoundTripIsByteIdenticalAndDedupStaysWithinATenant) {
@@ -270,28 +220,6 @@ TEST(StoreCrypt, NoPlaintextAtRestAndThePlainStoreShowsTheTestCanFail) {
   EXPECT_FALSE(store_contains(b.root, tokens)) << "token bytes in the encrypted store's files";
   EXPECT_FALSE(store_contains(b.root, kv)) << "K/V bytes in the encrypted store's files";
 }
-
-// The bytes of one column of the only snapshot_blobs row, changed by `edit`.
-void edit_row(const fs::path& catalog, const char* column, const std::function<void(std::vector<unsigned char>&)>& edit) {
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(catalog.c_str(), &db), SQLITE_OK);
-  sqlite3_stmt* st = nullptr;
-  const std::string get = std::string("SELECT ") + column + " FROM snapshot_blobs";
-  ASSERT_EQ(sqlite3_prepare_v2(db, get.c_str(), -1, &st, nullptr), SQLITE_OK);
-  ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
-  auto* p = static_cast<const unsigned char*>(sqlite3_column_blob(st, 0));
-  std::vector<unsigned char> m(p, p + sqlite3_column_bytes(st, 0));
-  sqlite3_finalize(st);
-  edit(m);
-  const std::string put = std::string("UPDATE snapshot_blobs SET ") + column + " = ?";
-  ASSERT_EQ(sqlite3_prepare_v2(db, put.c_str(), -1, &st, nullptr), SQLITE_OK);
-  sqlite3_bind_blob(st, 1, m.data(), int(m.size()), SQLITE_TRANSIENT);
-  ASSERT_EQ(sqlite3_step(st), SQLITE_DONE);
-  sqlite3_finalize(st);
-  sqlite3_close(db);
-}
-
-void flip(std::vector<unsigned char>& m) { m[m.size() / 2] ^= 0x01; }
 
 TEST(StoreCrypt, TamperingFailsTheTagNamingTheSnapshot) {
   Bed b;

@@ -1,0 +1,103 @@
+// Test helpers for encrypted stores (header-only): key files, a directory store opened with any
+// key and tenant, searching a store's files for plaintext, and editing a catalog row by hand.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/chunk_cipher.h"
+#include "base/key_source.h"
+#include "store/store.h"
+#include "test_files.h"
+
+namespace kvsnap::test_crypt {
+
+using Path = std::filesystem::path;
+
+inline Path temp_path(const char* what) {
+  return std::filesystem::temp_directory_path() / (std::string("kvsnap-crypt-") + what + "-" + std::to_string(::getpid()) + "-" +
+                                      std::to_string(std::random_device{}()));
+}
+
+// A key file of 64 hex digits, mode 0600 (load_key_file refuses anything more open).
+inline Path write_key(const Path& dir, const char* name, char digit) {
+  std::filesystem::create_directories(dir);
+  const Path p = dir / name;
+  std::ofstream(p) << std::string(64, digit) << "\n";
+  ::chmod(p.c_str(), 0600);
+  return p;
+}
+
+// A directory store and key files beside it; open() with any key ("": none) and tenant.
+struct Bed {
+  Path root = temp_path("store"), keys = temp_path("keys");
+  Path key_a = write_key(keys, "a.key", 'a'), key_b = write_key(keys, "b.key", 'b');
+  ~Bed() {
+    std::filesystem::remove_all(root);
+    std::filesystem::remove_all(keys);
+  }
+  Result<std::unique_ptr<Store>> open(const Path& key, const std::string& tenant = "", bool keyless_ok = false) {
+    StoreLocation where = directory_store(root.string());
+    where.keys.key_file = key.string();
+    where.keys.tenant = tenant;
+    where.keys.keyless_ok = keyless_ok;
+    return Store::open(posix_io(), where);
+  }
+  std::unique_ptr<Store> must_open(const Path& key, const std::string& tenant = "") {
+    auto s = open(key, tenant);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+  std::string key_id(const Path& key) {
+    auto k = load_key_file(key.string());
+    return k.ok() ? key_id_hex(k->id()) : "";
+  }
+};
+
+inline bool file_contains(const Path& p, std::span<const std::byte> needle) {
+  auto hay = test::slurp(p);
+  return std::search(hay.begin(), hay.end(), needle.begin(), needle.end()) != hay.end();
+}
+
+// Whether any file under `root` (packs, catalog, its WAL) holds `needle`.
+inline bool store_contains(const Path& root, std::span<const std::byte> needle) {
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root))
+    if (e.is_regular_file() && file_contains(e.path(), needle)) return true;
+  return false;
+}
+
+// The bytes of one column of the only snapshot_blobs row, changed by `edit`.
+inline void edit_row(const Path& catalog, const char* column,
+                     const std::function<void(std::vector<unsigned char>&)>& edit) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(catalog.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  const std::string get = std::string("SELECT ") + column + " FROM snapshot_blobs";
+  ASSERT_EQ(sqlite3_prepare_v2(db, get.c_str(), -1, &st, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
+  auto* p = static_cast<const unsigned char*>(sqlite3_column_blob(st, 0));
+  std::vector<unsigned char> m(p, p + sqlite3_column_bytes(st, 0));
+  sqlite3_finalize(st);
+  edit(m);
+  const std::string put = std::string("UPDATE snapshot_blobs SET ") + column + " = ?";
+  ASSERT_EQ(sqlite3_prepare_v2(db, put.c_str(), -1, &st, nullptr), SQLITE_OK);
+  sqlite3_bind_blob(st, 1, m.data(), int(m.size()), SQLITE_TRANSIENT);
+  ASSERT_EQ(sqlite3_step(st), SQLITE_DONE);
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+}
+
+inline void flip(std::vector<unsigned char>& m) { m[m.size() / 2] ^= 0x01; }
+
+}  // namespace kvsnap::test_crypt
