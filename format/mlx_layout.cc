@@ -473,7 +473,7 @@ Result<MlxOutFile> mlx_prefix(const MlxPromptCache& in, int64_t n) {
   if (n < 1) return Status::InvalidArgument("{--tokens} " + std::to_string(n) + ": ask for 1 position or more");
   if (in.layout == MlxLayout::kKeysValues) {
     return Status::NotSupported(in.st.file + ": cannot cut an mlx-lm 0.18.x '<i>_keys' file to a prefix (no mlx-lm "
-                                "since 0.19.1 loads it); convert it first: kvsnap convert FILE OUT --mlx-lm VERSION");
+                                "since 0.19.1 loads it); move it to a later layout first ({--mlx-lm} VERSION)");
   }
   KV_ASSIGN_OR_RETURN(const MlxTarget own, mlx_target_for(mlx_layout_name(in.layout)));
   return move_file(in, own, n);
