@@ -4,8 +4,10 @@
 #include <climits>
 #include <cstdio>
 #include <map>
+#include <optional>
 
 #include "base/byte_order.h"
+#include "base/json_access.h"
 
 namespace kvsnap {
 namespace {
@@ -87,6 +89,7 @@ struct Move {
   const MlxPromptCache& in;
   const MlxTarget& to;
   bool sc = false;                                     // the target is the scalars layout
+  std::optional<int64_t> prefix;                       // mlx_prefix: keep the first n positions
   std::map<std::string, std::string> in_types;         // scalars input: tensor -> scalar|string|none
   std::vector<std::pair<MlxOutTensor, const SafetensorsTensor*>> tensors;
   std::vector<std::pair<std::string, std::string>> meta;     // meta layouts: "0.<L>..." meta_state
@@ -149,8 +152,48 @@ void put_fields(Move& m, const MlxLayer& L, const std::string& dst, const std::s
   for (size_t i = 0; i < f.size(); ++i) m.meta.emplace_back(meta + "." + std::to_string(i), std::to_string(f[i].value));
 }
 
+Status refuse_cut(const Move& m, const MlxLayer& L, const std::string& why) {
+  return Status::NotSupported(m.in.st.file + ": layer " + L.prefix + " (" + L.cls + "): cannot cut it to its first " +
+                              std::to_string(*m.prefix) + " positions: " + why);
+}
+
+// mlx_prefix of one attention layer: the layer as it would be after the first n positions only,
+// where the saved rows hold exactly those positions in order (mlx_layout.h says which).
+Result<MlxLayer> cut_layer(const Move& m, const MlxLayer& L) {
+  const int64_t n = *m.prefix;
+  if (n > *L.offset) {
+    return Status::InvalidArgument("{--tokens} " + std::to_string(n) + ": " + m.in.st.file + ": layer " + L.prefix +
+                                   " (" + L.cls + ") holds " + std::to_string(*L.offset) + " positions; ask for 1.." +
+                                   std::to_string(*L.offset));
+  }
+  if (L.cls == "RotatingKVCache" && (*L.offset > *L.max_size || *L.idx != *L.offset)) {
+    return refuse_cut(m, L, "its ring of " + std::to_string(*L.max_size) + " positions has wrapped (offset " +
+                                std::to_string(*L.offset) + ", _idx " + std::to_string(*L.idx) +
+                                "): the first positions were overwritten by later ones");
+  }
+  if (L.cls == "ChunkedKVCache" && *L.start_position != 0) {
+    return refuse_cut(m, L, "it dropped its first " + std::to_string(*L.start_position) +
+                                " positions (start_position) when its chunk filled; a prefix would hold others");
+  }
+  if (L.k->rows < n || L.v->rows < n) {
+    return Status::Corruption(m.in.st.file + ": layer " + L.prefix + " (" + L.cls + "): offset " +
+                              std::to_string(*L.offset) + " but only " + std::to_string(std::min(L.k->rows, L.v->rows)) +
+                              " rows saved");
+  }
+  MlxLayer cut = L;
+  cut.offset = n;
+  if (L.cls == "RotatingKVCache") cut.idx = n;  // the next write goes right after the prefix, as before the ring fills
+  return cut;
+}
+
 // KVCache, QuantizedKVCache, RotatingKVCache, ChunkedKVCache.
 Status move_kv(Move& m, const MlxLayer& L, const std::string& dst, const std::string& meta) {
+  if (m.prefix) {
+    KV_ASSIGN_OR_RETURN(const MlxLayer cut, cut_layer(m, L));
+    for (const auto& [t, suffix] : kv_parts(cut)) carry(m, t, dst + suffix, *m.prefix);
+    put_fields(m, cut, dst, meta);
+    return Status::OK();
+  }
   if (L.cls == "QuantizedKVCache" && !m.to.at_least(19, 3)) return refuse(m, L, "has no QuantizedKVCache (0.19.3 added it)");
   if (L.cls == "ChunkedKVCache" && !m.to.at_least(23, 0)) {
     return refuse(m, L, "cannot load a ChunkedKVCache (it lived in llama4.py: KeyError, mlx-lm #80; fixed in 0.23.0)");
@@ -283,9 +326,16 @@ Status move_layer(Move& m, const MlxLayer& L, const std::string& src, const std:
                   std::string& cls) {
   cls = L.cls;
   if (L.cls == "CacheList") return move_list(m, L, src, dst, meta);
+  if (m.prefix && (L.cls == "ArraysCache" || L.cls == "MambaCache")) {
+    return refuse_cut(m, L, "its state is recurrent (each array has seen every position) and cannot be rewound");
+  }
   if (L.cls == "ArraysCache" || L.cls == "MambaCache") return move_arrays(m, L, src, dst, meta, cls);
   if (L.cls == "KVCache" || L.cls == "QuantizedKVCache" || L.cls == "RotatingKVCache" || L.cls == "ChunkedKVCache") {
     return move_kv(m, L, dst, meta);
+  }
+  if (m.prefix) {
+    return refuse_cut(m, L, "its class is not supported (KVCache, QuantizedKVCache, RotatingKVCache, ChunkedKVCache "
+                            "and CacheList are)");
   }
   return Status::NotSupported(m.in.st.file + ": layer " + L.prefix + " is a " + L.cls +
                               ": changing the layout of its class is not supported (KVCache, QuantizedKVCache, "
@@ -304,6 +354,59 @@ std::map<std::string, std::string> scalar_types(const MlxPromptCache& in) {
   }
   for (const auto& [j, name] : names) {
     if (auto t = types.find(j); t != types.end()) out[name] = t->second;
+  }
+  return out;
+}
+
+// The user metadata "tokens" (the prompt's ids as a JSON list: kvsnap convert --to mlx writes it)
+// cut to the first n, as the cache it describes is.
+Result<std::string> cut_tokens_metadata(const std::string& file, const std::string& value, int64_t n) {
+  const std::string what = file + ": metadata 'tokens'";
+  KV_ASSIGN_OR_RETURN(const nlohmann::json j, parse_json(value, what, Code::kNotSupported));
+  if (!j.is_array() || !std::all_of(j.begin(), j.end(), [](const nlohmann::json& e) { return e.is_number_integer(); }))
+    return Status::NotSupported(what + " is not a JSON list of token ids, so it cannot be cut to a prefix");
+  if (j.size() < uint64_t(n)) {
+    return Status::NotSupported(what + " holds " + std::to_string(j.size()) + " ids, fewer than the " +
+                                std::to_string(n) + " positions asked for");
+  }
+  std::string out = "[";
+  for (int64_t i = 0; i < n; ++i) out += (i ? "," : "") + std::to_string(j[size_t(i)].get<int64_t>());
+  return out + "]";
+}
+
+// Every layer moved (mlx_change_layout), or cut to its first `prefix` positions (mlx_prefix).
+Result<MlxOutFile> move_file(const MlxPromptCache& in, const MlxTarget& to, std::optional<int64_t> prefix) {
+  Move m{in, to, to.layout == MlxLayout::kScalars, prefix, scalar_types(in), {}, {}, {}};
+  std::vector<std::pair<std::string, std::string>> classes;
+  for (const MlxLayer& L : in.layers) {
+    std::string cls;
+    KV_RETURN_IF_ERROR(move_layer(m, L, L.prefix, L.prefix, "0." + L.prefix, cls));
+    classes.emplace_back((m.sc ? "1." : "2.") + L.prefix, cls);
+  }
+  // Data order: the input's for carried tensors (and made ones that take an input tensor's
+  // place), then the new ones in the order they were made.
+  std::map<const SafetensorsTensor*, size_t> pos;
+  for (size_t i = 0; i < in.st.data_order.size(); ++i) pos[&in.st.tensors[in.st.data_order[i]]] = i;
+  auto rank = [&](const auto& e) { return e.second ? pos.at(e.second) : SIZE_MAX; };
+  std::stable_sort(m.tensors.begin(), m.tensors.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
+  MlxOutFile out;
+  for (auto& [t, a] : m.tensors) out.tensors.push_back(std::move(t));
+  for (const auto& [k, v] : in.user_metadata) {
+    std::string value = v;
+    if (prefix && k == "tokens") {
+      KV_ASSIGN_OR_RETURN(value, cut_tokens_metadata(in.st.file, v, *prefix));
+    }
+    out.metadata.emplace_back((m.sc ? "0." : "1.") + k, std::move(value));
+  }
+  out.metadata.insert(out.metadata.end(), classes.begin(), classes.end());
+  if (m.sc) {
+    out.metadata.emplace_back("2.0", "");
+    for (size_t j = 0; j < m.scalars.size(); ++j) {
+      out.metadata.emplace_back("2." + std::to_string(j + 1) + ".0", m.scalars[j].first);
+      out.metadata.emplace_back("2." + std::to_string(j + 1) + ".1", m.scalars[j].second);
+    }
+  } else {
+    out.metadata.insert(out.metadata.end(), m.meta.begin(), m.meta.end());
   }
   return out;
 }
@@ -363,33 +466,17 @@ Result<MlxOutFile> mlx_change_layout(const MlxPromptCache& in, MlxLayout to) {
 }
 
 Result<MlxOutFile> mlx_change_layout(const MlxPromptCache& in, const MlxTarget& to) {
-  Move m{in, to, to.layout == MlxLayout::kScalars, scalar_types(in), {}, {}, {}};
-  std::vector<std::pair<std::string, std::string>> classes;
-  for (const MlxLayer& L : in.layers) {
-    std::string cls;
-    KV_RETURN_IF_ERROR(move_layer(m, L, L.prefix, L.prefix, "0." + L.prefix, cls));
-    classes.emplace_back((m.sc ? "1." : "2.") + L.prefix, cls);
+  return move_file(in, to, std::nullopt);
+}
+
+Result<MlxOutFile> mlx_prefix(const MlxPromptCache& in, int64_t n) {
+  if (n < 1) return Status::InvalidArgument("{--tokens} " + std::to_string(n) + ": ask for 1 position or more");
+  if (in.layout == MlxLayout::kKeysValues) {
+    return Status::NotSupported(in.st.file + ": cannot cut an mlx-lm 0.18.x '<i>_keys' file to a prefix (no mlx-lm "
+                                "since 0.19.1 loads it); move it to a later layout first ({--mlx-lm} VERSION)");
   }
-  // Data order: the input's for carried tensors (and made ones that take an input tensor's
-  // place), then the new ones in the order they were made.
-  std::map<const SafetensorsTensor*, size_t> pos;
-  for (size_t i = 0; i < in.st.data_order.size(); ++i) pos[&in.st.tensors[in.st.data_order[i]]] = i;
-  auto rank = [&](const auto& e) { return e.second ? pos.at(e.second) : SIZE_MAX; };
-  std::stable_sort(m.tensors.begin(), m.tensors.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
-  MlxOutFile out;
-  for (auto& [t, a] : m.tensors) out.tensors.push_back(std::move(t));
-  for (const auto& [k, v] : in.user_metadata) out.metadata.emplace_back((m.sc ? "0." : "1.") + k, v);
-  out.metadata.insert(out.metadata.end(), classes.begin(), classes.end());
-  if (m.sc) {
-    out.metadata.emplace_back("2.0", "");
-    for (size_t j = 0; j < m.scalars.size(); ++j) {
-      out.metadata.emplace_back("2." + std::to_string(j + 1) + ".0", m.scalars[j].first);
-      out.metadata.emplace_back("2." + std::to_string(j + 1) + ".1", m.scalars[j].second);
-    }
-  } else {
-    out.metadata.insert(out.metadata.end(), m.meta.begin(), m.meta.end());
-  }
-  return out;
+  KV_ASSIGN_OR_RETURN(const MlxTarget own, mlx_target_for(mlx_layout_name(in.layout)));
+  return move_file(in, own, n);
 }
 
 Status write_mlx_file(const MlxOutFile& out, const MlxPromptCache& in, const ReadableFile& src, ByteSink& sink) {

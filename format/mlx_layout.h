@@ -78,6 +78,22 @@ Result<MlxLayout> mlx_layout_for(const std::string& name);  // mlx_target_for(na
 Result<MlxOutFile> mlx_change_layout(const MlxPromptCache& in, const MlxTarget& to);
 Result<MlxOutFile> mlx_change_layout(const MlxPromptCache& in, MlxLayout to);  // the layout's release
 
+// The first `n` positions of every layer, in the file's own layout (`kvsnap restore --tokens N` of
+// an mlx-lm snapshot): the cache as mlx-lm would hold it had it seen only those positions, where
+// the saved rows are exactly them, in order:
+//   KVCache, QuantizedKVCache   the first n rows of every K/V tensor (quantization groups run
+//                               along head_dim, so a position's codes, scales and biases are its
+//                               own row), offset n
+//   ChunkedKVCache              the same, when it dropped nothing (start_position 0)
+//   RotatingKVCache             the same with _idx n, when its ring has not wrapped (offset <=
+//                               max_size and _idx = offset): n is then within its window
+//   CacheList                   its members by these rules
+// The user metadata "tokens" (a JSON list of ids, as kvsnap convert --to mlx writes) keeps its first n.
+// Refused with kNotSupported naming the layer and why: ArraysCache/MambaCache (a recurrent state
+// has seen every position), a wrapped ring, a ChunkedKVCache past its first chunk, any other
+// class, and the 0.18.x "<i>_keys" layout; n < 1 or above a layer's offset: kInvalidArgument.
+Result<MlxOutFile> mlx_prefix(const MlxPromptCache& in, int64_t n);
+
 // Writes `out` as MLX would (header via safetensors_header_text), tensor data copied from `src`.
 Status write_mlx_file(const MlxOutFile& out, const MlxPromptCache& in, const ReadableFile& src, ByteSink& sink);
 

@@ -142,7 +142,8 @@ void setup_restore(CLI::App& app, int& exit_status) {
     sub->add_option("--rotation", o->rotation, "auto|on|off (see kvsnap convert --help)");
     add_source_options(sub, o->src_rotation, o->source_build, "the stored file (default: as recorded at save)");
     add_target_build_option(sub, o->target_build, "the file (with --server, default: the server's /props build_info)");
-    sub->add_option("--tokens", o->tokens, "restore only the first N tokens (a slot file without media)");
+    sub->add_option("--tokens", o->tokens,
+                    "restore only the first N tokens (a slot file without media, or an mlx-lm cache: docs/mlx.md)");
     sub->add_option("--model,-m", o->model, "the model's GGUF (default: the head dims recorded at save)");
     sub->add_option("--kv-bits", o->kv_bits,
                     "mlx-lm snapshots: requantize K/V to 2|3|4|5|6|8 bits (MLX affine), or none (float); the bytes of "

@@ -34,6 +34,27 @@ SnapshotOptions save_options(const SaveRequest& req, const ReadableFile& file) {
   return so;
 }
 
+Status prefix_error(const Status& s, const std::string& ref) {
+  if (s.code() != Code::kNotSupported) return s;
+  return s.Prefixed("snapshot " + ref).Appended("; restore the whole snapshot (without {--tokens})");
+}
+
+std::string temp_name(const StorePaths& p, const char* what) { return p.tmp_dir() + "/" + what + "-" + unique_suffix(); }
+
+TempFile::~TempFile() {
+  if (!path.empty()) (void)io.remove(path);
+}
+
+Status write_temp(Io& io, const std::string& path, const std::function<Status(ByteSink&)>& fill) {
+  KV_ASSIGN_OR_RETURN(auto w, io.open_write(path, /*exclusive=*/true));
+  {
+    BufferedSink b(*w);
+    KV_RETURN_IF_ERROR(fill(b));
+    KV_RETURN_IF_ERROR(b.flush());
+  }
+  return w->close();
+}
+
 }  // namespace store_detail
 
 using namespace store_detail;
@@ -95,23 +116,6 @@ bool wants_conversion(const ConversionSpec& s) {
          !s.src_rotation.empty() || !s.dst_rotation.empty() || !s.target_build.empty() || s.head_dim_k || s.head_dim_v;
 }
 
-// A token prefix that cannot be cut (state_prefix.h says why) names the snapshot and the way out.
-Status prefix_error(const Status& s, const std::string& ref) {
-  if (s.code() != Code::kNotSupported) return s;
-  return s.Prefixed("snapshot " + ref).Appended("; restore the whole snapshot (without {--tokens})");
-}
-
-std::string temp_name(const StorePaths& p, const char* what) { return p.tmp_dir() + "/" + what + "-" + unique_suffix(); }
-
-// Removes a temporary file when it goes out of scope.
-struct TempFile {
-  Io& io;
-  std::string path;
-  ~TempFile() {
-    if (!path.empty()) (void)io.remove(path);
-  }
-};
-
 // Copies the snapshot's original to `out` in order (format/snapshot_pipeline.h):
 // `threads` decoders each take the next block of about 4 MiB as soon as a
 // buffer of the ring is free and decode and hash-check its chunks straight
@@ -141,16 +145,6 @@ Status store_detail::copy_parallel(const SnapshotReader& reader, uint32_t thread
 }
 
 namespace {
-
-Status write_temp(Io& io, const std::string& path, const std::function<Status(ByteSink&)>& fill) {
-  KV_ASSIGN_OR_RETURN(auto w, io.open_write(path, /*exclusive=*/true));
-  {
-    BufferedSink b(*w);
-    KV_RETURN_IF_ERROR(fill(b));
-    KV_RETURN_IF_ERROR(b.flush());
-  }
-  return w->close();
-}
 
 // "f16/f16 -> q8_0/q8_0" from INFO.lossy (a snapshot's word: any type may be there).
 std::string lossy_summary(const SnapshotManifest& m) {
@@ -257,19 +251,23 @@ Status Store::init_encryption_meta() {
   return Status::OK();
 }
 
-Result<std::vector<std::byte>> Store::manifest_of(const SnapshotRecord& rec) const {
-  return open_manifest_row(rec, cipher());
-}
-
-Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed, const SaveRequest& req) {
-  const auto t0 = Clock::now();
+Status Store::check_save_keys() {
   if (!store_key_id_.empty() && !cipher_)
     return Status::InvalidArgument("store " + name_ + " is encrypted (key " + store_key_id_ +
                                    "): it takes no plain snapshots; pass --key-file FILE or --key-command CMD");
   if (cipher_ && !rotating_from_.empty() && key_id_hex(cipher_->master_key_id()) == rotating_from_)
     return Status::Mismatch("store " + name_ + " is being rotated from key " + rotating_from_ + " to " + store_key_id_ +
                             " (kvsnap rekey): saves need the new key");
-  KV_RETURN_IF_ERROR(init_encryption_meta());
+  return init_encryption_meta();
+}
+
+Result<std::vector<std::byte>> Store::manifest_of(const SnapshotRecord& rec) const {
+  return open_manifest_row(rec, cipher());
+}
+
+Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed, const SaveRequest& req) {
+  const auto t0 = Clock::now();
+  KV_RETURN_IF_ERROR(check_save_keys());
   if (req.on_start) req.on_start(file.size());
   KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
   SnapshotOptions so = save_options(req, file);
@@ -624,7 +622,6 @@ constexpr const char* kSealedMetadata = "sealed_metadata";  // an index entry's 
 // is null (the archive needs each entry's size first). Returns the file's size.
 Result<uint64_t> write_plain_file(const StoredSnapshot& snap, ByteSink* out) {
   const SnapshotReader& r = snap.reader();
-  KV_ASSIGN_OR_RETURN(StateFile state, r.parse_original());
   SnapshotOptions so;
   so.cells_per_chunk = r.manifest().cells_per_chunk;
   so.zstd_level = SaveRequest{}.zstd_level;
@@ -636,7 +633,12 @@ Result<uint64_t> write_plain_file(const StoredSnapshot& snap, ByteSink* out) {
   CountingSink count;
   TeeSink tee(out ? *out : static_cast<ByteSink&>(count), count);
   ByteSink& sink = out ? static_cast<ByteSink&>(tee) : static_cast<ByteSink&>(count);
-  KV_RETURN_IF_ERROR(write_snapshot_file(state, r.original(), so, sink).status());
+  if (r.manifest().mlx) {
+    KV_RETURN_IF_ERROR(write_mlx_again(r, so, sink));
+  } else {
+    KV_ASSIGN_OR_RETURN(StateFile state, r.parse_original());
+    KV_RETURN_IF_ERROR(write_snapshot_file(state, r.original(), so, sink).status());
+  }
   return count.count;
 }
 
@@ -884,9 +886,6 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
       return Status::InvalidArgument("store " + name_ + " is encrypted (key " + store_key_id_ +
                                      "): pass --key-file FILE or --key-command CMD");
     const bool same_keys = m.encryption ? cipher_ && source_cipher == cipher() : !cipher_;
-    if (!same_keys && m.mlx)
-      return Status::NotSupported("snapshot " + uuid + " is an mlx-lm prompt cache: it can only be imported into a "
-                                  "store with the same keys (encrypted mlx-lm snapshots are not supported yet)");
     if (!same_keys) {
       // Plain into an encrypted store, or another key or tenant: the original saved again.
       SaveRequest req;
@@ -895,12 +894,23 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
       req.model_fingerprint = meta->model_fingerprint;
       req.tags = meta->tags;
       req.source_name = m.provenance.source;
-      req.writer = m.provenance.writer;
       req.cells_per_chunk = m.cells_per_chunk;
       if (meta->name && !catalog_->resolve(*meta->name).ok()) req.name = *meta->name;
       else if (meta->name) rep.skipped.push_back("name '" + *meta->name + "' is taken: imported " + uuid + " without it");
-      KV_ASSIGN_OR_RETURN(SaveResult saved, save((*reader)->original(), state, req));
-      rep.imported.push_back(std::move(saved.info));
+      const ReadableFile& original = (*reader)->original();
+      auto saved = [&]() -> Result<SaveResult> {
+        if (!m.mlx) {
+          req.writer = m.provenance.writer;
+          return save(original, state, req);
+        }
+        KV_ASSIGN_OR_RETURN(const MlxPromptCache cache, read_mlx_prompt_cache(original));
+        const MlxSnapshotMeta recorded = mlx_meta_of(m);  // its fingerprint comes from the model's name
+        req.mlx_model = recorded.model;
+        req.tokens = recorded.tokens;
+        return save_mlx(original, cache, req);
+      }();
+      KV_RETURN_IF_ERROR(saved.status());
+      rep.imported.push_back(std::move(saved->info));
       continue;
     }
     KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
@@ -915,7 +925,8 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     SnapshotRecord rec;
     if (m.mlx) {
       KV_ASSIGN_OR_RETURN(rec, mlx_record(m, (*reader)->original()));
-      rec.info.model_fingerprint = meta->model_fingerprint;
+      // A sealed export's index names no fingerprint: the one the (opened) manifest gives stays.
+      if (!meta->model_fingerprint.empty()) rec.info.model_fingerprint = meta->model_fingerprint;
     } else {
       rec = make_record(m, state, m.provenance.file_size, m.arch.value_or(""), meta->model_fingerprint);
     }

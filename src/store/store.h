@@ -196,6 +196,7 @@ class Store {
   // An mlx-lm prompt cache (format/snapshot_mlx.h). The llama.cpp-only fields of `req` (model,
   // store_type, writer) are refused; the catalog row says engine "mlx-lm" as its arch, the
   // model's name as "mlx-lm:NAME" for its fingerprint, K/V settings ("bf16", "q4g64") as types.
+  // In an encrypted store it is sealed exactly as save() seals a llama.cpp state.
   Result<SaveResult> save_mlx(const ReadableFile& file, const MlxPromptCache& cache, const SaveRequest& req);
   Result<RestoreResult> restore(const std::string& ref, const RestoreRequest& req, ByteSink& out);
   Result<std::unique_ptr<StoredSnapshot>> open_snapshot(const std::string& ref);
@@ -256,6 +257,9 @@ class Store {
                               const RekeyOptions& opts, RekeyReport& rep);
   // Marks the store encrypted with the given key on its first encrypted snapshot.
   Status init_encryption_meta();
+  // Before every save: an encrypted store takes no plain snapshot (no key given); the first
+  // encrypted save marks the store (init_encryption_meta).
+  Status check_save_keys();
   // A snapshot's manifest bytes (opened when sealed: the key checks first).
   Result<std::vector<std::byte>> manifest_of(const SnapshotRecord& rec) const;
   // What verify checks of an encrypted snapshot without the key.

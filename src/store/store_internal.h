@@ -5,13 +5,16 @@
 #include <chrono>
 #include <map>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "base/io.h"
 #include "base/status.h"
 #include "format/snapshot.h"
+#include "format/snapshot_mlx.h"
 #include "store/blob_store.h"
 #include "store/catalog.h"
 #include "store/store.h"
@@ -61,6 +64,22 @@ class BlobSource final : public ChunkSource {
   std::map<ChunkHash, BlobLocation> where_;  // read-only once reading starts (readers may be threads)
 };
 
+// A token prefix that cannot be cut (kNotSupported: state_prefix.h, mlx_layout.h mlx_prefix say
+// why) names the snapshot `ref` and the way out; other errors pass unchanged.
+Status prefix_error(const Status& s, const std::string& ref);
+
+// A fresh path under the store's tmp/ ("<what>-<unique>"), and the file there removed when the
+// TempFile goes out of scope (path "" : none yet).
+std::string temp_name(const StorePaths& p, const char* what);
+struct TempFile {
+  Io& io;
+  std::string path;
+  ~TempFile();
+};
+
+// Writes a new file at `path` through `fill`, buffered, and closes it.
+Status write_temp(Io& io, const std::string& path, const std::function<Status(ByteSink&)>& fill);
+
 // Hands the snapshot writer's blobs to the blob store and remembers the chunk
 // list. A chunk the catalog already has is not written; the others go into the
 // batch's pack. Chunks are looked up in batches (Catalog::find_chunks), so call
@@ -95,5 +114,13 @@ Status copy_parallel(const SnapshotReader& reader, uint32_t threads, ByteSink& o
 // The catalog row of an mlx-lm snapshot (its manifest, and the original it describes, which is
 // read as a prompt cache: the header only).
 Result<SnapshotRecord> mlx_record(const SnapshotManifest& m, const ReadableFile& original);
+
+// What an mlx-lm snapshot recorded of its save (the model's name, the tokens given): a save of its
+// original again (import into other keys, export --decrypt) records the same.
+MlxSnapshotMeta mlx_meta_of(const SnapshotManifest& m);
+
+// An mlx-lm snapshot's original written again as a standalone .kvsnap file with `so` (export
+// --decrypt: plain chunk ids).
+Status write_mlx_again(const SnapshotReader& r, const SnapshotOptions& so, ByteSink& out);
 
 }  // namespace kvsnap::store_detail

@@ -1,6 +1,7 @@
 // The store's mlx-lm side: saving a prompt cache as a snapshot (format/snapshot_mlx.h), its
 // catalog row, and restoring it byte for byte or requantized as `kvsnap convert` would.
 #include <algorithm>
+#include <climits>
 
 #include "base/parallel.h"
 #include "base/text.h"
@@ -50,8 +51,16 @@ std::string llama_restore_fields(const RestoreRequest& req) {
   note(given, !s.source_build.empty() || !s.target_build.empty(), "{--source-build}/{--target-build}");
   note(given, s.head_dim_k || s.head_dim_v, "head dims");
   note(given, req.model != nullptr, "{--model}");
-  note(given, req.tokens.has_value(), "{--tokens} (a prefix of an mlx-lm cache is not cut)");
   return given;
+}
+
+// --tokens N of an mlx-lm snapshot: within the tokens recorded at save, when there are any (the
+// prefix's tokens are then their first N).
+Status check_mlx_prefix(const SnapshotReader& reader, uint64_t n, const std::string& what) {
+  const size_t recorded = reader.tokens().tokens.size();
+  if (recorded == 0 || n <= recorded) return Status::OK();
+  return Status::InvalidArgument("{--tokens} " + std::to_string(n) + ": " + what + " recorded " +
+                                 std::to_string(recorded) + " tokens at save; ask for 1.." + std::to_string(recorded));
 }
 
 }  // namespace
@@ -85,19 +94,27 @@ Result<SnapshotRecord> store_detail::mlx_record(const SnapshotManifest& m, const
   return rec;
 }
 
+MlxSnapshotMeta store_detail::mlx_meta_of(const SnapshotManifest& m) {
+  const std::optional<MlxCacheSummary> recorded = mlx_summary_of(m);
+  return MlxSnapshotMeta{recorded ? recorded->model : "", m.tokens.tokens};
+}
+
+Status store_detail::write_mlx_again(const SnapshotReader& r, const SnapshotOptions& so, ByteSink& out) {
+  KV_ASSIGN_OR_RETURN(const MlxPromptCache cache, read_mlx_prompt_cache(r.original()));
+  return write_mlx_snapshot_file(cache, r.original(), so, mlx_meta_of(r.manifest()), out).status();
+}
+
 Result<SaveResult> Store::save_mlx(const ReadableFile& file, const MlxPromptCache& cache, const SaveRequest& req) {
   const auto t0 = Clock::now();
   if (const std::string given = llama_save_fields(req); !given.empty()) {
     return Status::InvalidArgument(file.name() + ": an mlx-lm prompt cache, but llama.cpp options were given (" +
                                    given + "); for mlx-lm give {--model NAME}, {--tokens FILE} and tags");
   }
-  if (cipher_ || !store_key_id_.empty()) {
-    return Status::NotSupported(file.name() + ": an mlx-lm prompt cache, and store " + name_ +
-                                " is encrypted: encrypted mlx-lm snapshots are not supported yet");
-  }
+  KV_RETURN_IF_ERROR(check_save_keys());
   if (req.on_start) req.on_start(file.size());
   KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
   SnapshotOptions so = save_options(req, file);
+  so.cipher = cipher();
   const MlxSnapshotMeta meta{req.mlx_model, req.tokens};
   std::map<Sha256Digest, ChunkRef> parent_chunks;
   const std::string fingerprint = mlx_fingerprint(mlx_cache_summary(cache, req.mlx_model).model);
@@ -131,17 +148,38 @@ Result<RestoreResult> Store::restore_mlx(const StoredSnapshot& snap, const std::
   r.n_tokens = uint64_t(std::max<int64_t>(0, r.info.n_tokens));
   CountingSink count;
   TeeSink tee(out, count);
+  // --tokens N: the prefix (format/mlx_layout.h mlx_prefix), written out or into a temporary that
+  // is requantized; only the chunks it reads are fetched.
+  const ReadableFile* src = &original;
+  TempFile temp{io_, ""};
+  std::unique_ptr<ReadableFile> cut_file;
+  if (req.tokens) {
+    KV_RETURN_IF_ERROR(check_mlx_prefix(snap.reader(), *req.tokens, what));
+    KV_ASSIGN_OR_RETURN(const MlxPromptCache cache, read_mlx_prompt_cache(original));
+    auto cut = mlx_prefix(cache, int64_t(std::min<uint64_t>(*req.tokens, INT64_MAX)));
+    if (!cut.ok()) return prefix_error(cut.status(), ref);
+    r.n_tokens = *req.tokens;
+    auto write_cut = [&](ByteSink& o) { return write_mlx_file(*cut, cache, original, o); };
+    if (!x.given()) {
+      KV_RETURN_IF_ERROR(write_cut(tee));
+      return finish_restore(std::move(r), count.count, t0);
+    }
+    temp.path = temp_name(paths_, "restore-prefix");
+    KV_RETURN_IF_ERROR(write_temp(io_, temp.path, write_cut));
+    KV_ASSIGN_OR_RETURN(cut_file, io_.open_read(temp.path));
+    src = cut_file.get();
+  }
   if (!x.given()) {
     KV_RETURN_IF_ERROR(copy_parallel(snap.reader(), threads, tee));
   } else {
-    KV_ASSIGN_OR_RETURN(const MlxPromptCache cache, read_mlx_prompt_cache(original));
+    KV_ASSIGN_OR_RETURN(const MlxPromptCache cache, read_mlx_prompt_cache(*src));
     KV_ASSIGN_OR_RETURN(const MlxKvSetting to, mlx_kv_target(cache, x.kv_bits, x.kv_group_size, what));
     KV_ASSIGN_OR_RETURN(const MlxDevice device, mlx_device_of(x.device.empty() ? "cpu" : x.device));
     MlxRequantSpec spec{to, to, device, std::nullopt, threads};
     if (!x.mlx_lm.empty()) {
       KV_ASSIGN_OR_RETURN(spec.layout, mlx_layout_for(x.mlx_lm));
     }
-    KV_RETURN_IF_ERROR(mlx_requantize(cache, original, spec, tee).status());
+    KV_RETURN_IF_ERROR(mlx_requantize(cache, *src, spec, tee).status());
     r.converted = true;
   }
   return finish_restore(std::move(r), count.count, t0);

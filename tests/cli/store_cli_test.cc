@@ -47,6 +47,14 @@ class StoreCli : public ::testing::Test {
     return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(o), slurp(e)};
   }
 
+  // A key file of 64 hex digits `digit`, mode 0600.
+  fs::path key_file(const char* name, char digit) {
+    const fs::path p = dir_ / name;
+    std::ofstream(p) << std::string(64, digit) << "\n";
+    fs::permissions(p, fs::perms::owner_read | fs::perms::owner_write);
+    return p;
+  }
+
   // A synthetic f16 slot: n_layer layers of n_embd values per cell, `cells` tokens.
   fs::path make_slot(const std::string& name, uint32_t n_layer, uint32_t n_embd, uint32_t cells, uint32_t seed) {
     const fs::path p = dir_ / name;
@@ -196,11 +204,7 @@ TEST_F(StoreCli, ExitCodesAndMessages) {
 // "tenant", exit 2 without a key, 5 with another key or tenant, verify without the key.
 TEST_F(StoreCli, EncryptedStoreNeedsItsKeyAndTenant) {
   const fs::path a = make_slot("a.slot", 2, 64, 300, 7);
-  const fs::path key = dir_ / "k.key", other = dir_ / "other.key";
-  std::ofstream(key) << std::string(64, 'c') << "\n";
-  std::ofstream(other) << std::string(64, 'd') << "\n";
-  fs::permissions(key, fs::perms::owner_read | fs::perms::owner_write);
-  fs::permissions(other, fs::perms::owner_read | fs::perms::owner_write);
+  const fs::path key = key_file("k.key", 'c'), other = key_file("other.key", 'd');
   const std::string k = " --key-file " + key.string();
   KvRun saved = kv("save " + a.string() + " --name one --tenant alice --json" + k);
   ASSERT_EQ(saved.code, 0) << saved.err;
@@ -487,6 +491,16 @@ TEST_F(StoreCli, MlxPromptCacheSavedAndRestoredThroughTheBinary) {
   EXPECT_EQ(ctk.code, 2) << ctk.err;
   EXPECT_NE(ctk.err.find("--ctk"), std::string::npos) << ctk.err;
   EXPECT_FALSE(fs::exists(dir_ / "x.safetensors"));
+  // restore --tokens: the first 2 of its 37 positions (a cut file mlx-lm loads: oracle.mlx_store);
+  // past the 3 tokens recorded at save, exit 2
+  KvRun cut = kv("restore m -o " + (dir_ / "cut.safetensors").string() + " --tokens 2");
+  ASSERT_EQ(cut.code, 0) << cut.err;
+  EXPECT_NE(cut.out.find(": 2 tokens"), std::string::npos) << cut.out;
+  EXPECT_LT(fs::file_size(dir_ / "cut.safetensors"), fs::file_size(src));
+  KvRun past = kv("restore m -o " + (dir_ / "x.safetensors").string() + " --tokens 4");
+  EXPECT_EQ(past.code, 2) << past.err;
+  EXPECT_NE(past.err.find("recorded 3 tokens at save"), std::string::npos) << past.err;
+  EXPECT_FALSE(fs::exists(dir_ / "x.safetensors"));
   KvRun store_type = kv("save " + in.string() + " --store-type q8_0");
   EXPECT_EQ(store_type.code, 2) << store_type.err;
   KvRun bad_tokens = kv("save " + in.string() + " --tokens 1,x");
@@ -498,6 +512,37 @@ TEST_F(StoreCli, MlxPromptCacheSavedAndRestoredThroughTheBinary) {
   EXPECT_NE(bits.err.find("is a llama.cpp state"), std::string::npos) << bits.err;
   KvRun llama_tokens = kv("save " + a.string() + " --tokens 1,2");
   EXPECT_EQ(llama_tokens.code, 2) << llama_tokens.err;
+}
+
+// An mlx-lm prompt cache in an encrypted store through the binary: the exit codes of a llama.cpp
+// snapshot's (no key 2, another key 5, a flipped pack byte 3), keyless verify, --tokens.
+TEST_F(StoreCli, MlxPromptCacheInAnEncryptedStore) {
+  const fs::path src = fs::path(KVSNAP_SOURCE_DIR) / "tests/fuzz/corpus/mlx_prompt_cache/meta_step_q3g128.safetensors";
+  const fs::path key = key_file("k.key", 'c'), other = key_file("other.key", 'd');
+  const std::string k = " --tenant ana --key-file " + key.string();
+  KvRun saved = kv("save " + src.string() + " --name m --model tiny --tokens 4,5,6 --json" + k);
+  ASSERT_EQ(saved.code, 0) << saved.err;
+  EXPECT_NE(saved.out.find("\"tenant\": \"ana\""), std::string::npos) << saved.out;
+  ASSERT_EQ(kv("restore m -o " + (dir_ / "back.safetensors").string() + k).code, 0);
+  EXPECT_EQ(slurp(dir_ / "back.safetensors"), slurp(src));
+  EXPECT_EQ(kv("restore m -o " + (dir_ / "cut.safetensors").string() + " --tokens 2" + k).code, 0);
+  KvRun none = kv("restore m -o " + (dir_ / "x.safetensors").string());
+  EXPECT_EQ(none.code, 2) << none.err;
+  KvRun wrong = kv("restore m -o " + (dir_ / "x.safetensors").string() + " --tenant ana --key-file " + other.string());
+  EXPECT_EQ(wrong.code, 5) << wrong.err;
+  EXPECT_FALSE(fs::exists(dir_ / "x.safetensors"));
+  KvRun keyless = kv("verify --all --json");
+  EXPECT_EQ(keyless.code, 0) << keyless.err;
+  EXPECT_NE(keyless.out.find("\"sealed_only\": 1"), std::string::npos) << keyless.out;
+  // the last byte of the pack: the GCM tag of its last blob
+  const fs::path pack = fs::directory_iterator(fs::path(store_) / "packs")->path();
+  auto bytes = slurp(pack);
+  bytes.back() ^= 0x20;
+  std::ofstream(pack, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size()));
+  KvRun damaged = kv("restore m -o " + (dir_ / "x.safetensors").string() + k);
+  EXPECT_EQ(damaged.code, 3) << damaged.err;
+  EXPECT_NE(damaged.err.find("tampered or corrupt"), std::string::npos) << damaged.err;
+  EXPECT_EQ(kv("verify m" + k).code, 3);
 }
 
 // `find --tokens FILE` reads outside JSON through the checked reader: a token

@@ -3,12 +3,18 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "base/key_source.h"
 #include "store/store.h"
@@ -95,5 +101,41 @@ inline std::string restore_all(Store& s, const std::string& ref, Status* status 
   EXPECT_TRUE(status || r.ok()) << r.status().ToString();
   return std::string(reinterpret_cast<const char*>(out.bytes.data()), out.bytes.size());
 }
+
+inline bool file_contains(const fs::path& p, std::span<const std::byte> needle) {
+  auto hay = slurp(p);
+  return std::search(hay.begin(), hay.end(), needle.begin(), needle.end()) != hay.end();
+}
+
+// Whether any file under `root` (packs, catalog, its WAL) holds `needle`.
+inline bool store_contains(const fs::path& root, std::span<const std::byte> needle) {
+  for (const auto& e : fs::recursive_directory_iterator(root))
+    if (e.is_regular_file() && file_contains(e.path(), needle)) return true;
+  return false;
+}
+
+// The bytes of one column of the only snapshot_blobs row, changed by `edit`.
+inline void edit_row(const fs::path& catalog, const char* column,
+                     const std::function<void(std::vector<unsigned char>&)>& edit) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(catalog.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  const std::string get = std::string("SELECT ") + column + " FROM snapshot_blobs";
+  ASSERT_EQ(sqlite3_prepare_v2(db, get.c_str(), -1, &st, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
+  auto* p = static_cast<const unsigned char*>(sqlite3_column_blob(st, 0));
+  std::vector<unsigned char> m(p, p + sqlite3_column_bytes(st, 0));
+  sqlite3_finalize(st);
+  edit(m);
+  const std::string put = std::string("UPDATE snapshot_blobs SET ") + column + " = ?";
+  ASSERT_EQ(sqlite3_prepare_v2(db, put.c_str(), -1, &st, nullptr), SQLITE_OK);
+  sqlite3_bind_blob(st, 1, m.data(), int(m.size()), SQLITE_TRANSIENT);
+  ASSERT_EQ(sqlite3_step(st), SQLITE_DONE);
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+}
+
+inline void flip(std::vector<unsigned char>& m) { m[m.size() / 2] ^= 0x01; }
+
 
 }  // namespace kvsnap::crypt_bed

@@ -18,28 +18,16 @@
 #include "base/chunk_cipher.h"
 #include "base/key_source.h"
 #include "format/state_prefix.h"
+#include "store/crypt_bed.h"
 #include "store/store.h"
 #include "archive_edit.h"
 #include "test_files.h"
-#include "store/crypt_bed.h"
 
 namespace kvsnap {
 namespace {
 
 using namespace crypt_bed;
 using test::slurp;
-
-bool file_contains(const fs::path& p, std::span<const std::byte> needle) {
-  auto hay = slurp(p);
-  return std::search(hay.begin(), hay.end(), needle.begin(), needle.end()) != hay.end();
-}
-
-// Whether any file under `root` (packs, catalog, its WAL) holds `needle`.
-bool store_contains(const fs::path& root, std::span<const std::byte> needle) {
-  for (const auto& e : fs::recursive_directory_iterator(root))
-    if (e.is_regular_file() && file_contains(e.path(), needle)) return true;
-  return false;
-}
 
 TEST(StoreCrypt, RoundTripIsByteIdenticalAndDedupStaysWithinATenant) {
   Bed b;
@@ -196,28 +184,6 @@ TEST(StoreCrypt, NoPlaintextAtRestAndThePlainStoreShowsTheTestCanFail) {
   EXPECT_FALSE(store_contains(b.root, tokens)) << "token bytes in the encrypted store's files";
   EXPECT_FALSE(store_contains(b.root, kv)) << "K/V bytes in the encrypted store's files";
 }
-
-// The bytes of one column of the only snapshot_blobs row, changed by `edit`.
-void edit_row(const fs::path& catalog, const char* column, const std::function<void(std::vector<unsigned char>&)>& edit) {
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(catalog.c_str(), &db), SQLITE_OK);
-  sqlite3_stmt* st = nullptr;
-  const std::string get = std::string("SELECT ") + column + " FROM snapshot_blobs";
-  ASSERT_EQ(sqlite3_prepare_v2(db, get.c_str(), -1, &st, nullptr), SQLITE_OK);
-  ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
-  auto* p = static_cast<const unsigned char*>(sqlite3_column_blob(st, 0));
-  std::vector<unsigned char> m(p, p + sqlite3_column_bytes(st, 0));
-  sqlite3_finalize(st);
-  edit(m);
-  const std::string put = std::string("UPDATE snapshot_blobs SET ") + column + " = ?";
-  ASSERT_EQ(sqlite3_prepare_v2(db, put.c_str(), -1, &st, nullptr), SQLITE_OK);
-  sqlite3_bind_blob(st, 1, m.data(), int(m.size()), SQLITE_TRANSIENT);
-  ASSERT_EQ(sqlite3_step(st), SQLITE_DONE);
-  sqlite3_finalize(st);
-  sqlite3_close(db);
-}
-
-void flip(std::vector<unsigned char>& m) { m[m.size() / 2] ^= 0x01; }
 
 TEST(StoreCrypt, TamperingFailsTheTagNamingTheSnapshot) {
   Bed b;

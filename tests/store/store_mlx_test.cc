@@ -5,10 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <sys/stat.h>
 
 #include <filesystem>
-#include <fstream>
 #include <random>
 
 #include "format/snapshot_mlx.h"
@@ -71,32 +69,6 @@ MemoryFile requantized(const MemoryFile& in, MlxKvSetting to, MlxLayout layout =
   auto r = mlx_requantize(*c, in, MlxRequantSpec{to, to, MlxDevice::kCpu, l}, sink);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   return MemoryFile("q.safetensors", std::move(sink.bytes));
-}
-
-// Encrypted stores and mlx-lm snapshots landed in parallel and are not joined yet: an encrypted
-// store refuses the cache clearly (never stores it in the clear) and holds nothing afterwards.
-TEST(StoreMlx, AnEncryptedStoreRefusesAPromptCache) {
-  const fs::path root = fs::temp_directory_path() /
-                        ("kvsnap-mlxcrypt-" + std::to_string(::getpid()) + "-" + std::to_string(std::random_device{}()));
-  fs::create_directories(root);
-  const fs::path key = root / "k.key";
-  std::ofstream(key) << std::string(64, 'c') << "\n";
-  ::chmod(key.c_str(), 0600);
-  StoreLocation where = directory_store((root / "store").string());
-  where.keys.key_file = key.string();
-  auto store = Store::open(posix_io(), where);
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
-  MemoryFile f = kv_file(2, 4, 300, 64, "chat.safetensors", "mlx-community/tiny");
-  auto saved = save(**store, f);
-  ASSERT_FALSE(saved.ok());
-  EXPECT_EQ(saved.status().code(), Code::kNotSupported) << saved.status().ToString();
-  EXPECT_NE(saved.status().message().find("encrypted mlx-lm snapshots are not supported yet"), std::string::npos)
-      << saved.status().ToString();
-  auto listed = (*store)->catalog().list(ListFilter{});
-  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
-  EXPECT_TRUE(listed->empty());
-  store->reset();
-  fs::remove_all(root);
 }
 
 TEST(StoreMlx, SavesListsAndRestoresByteForByte) {
@@ -203,9 +175,6 @@ TEST(StoreMlx, OptionsOfTheOtherEngineAreRefused) {
   EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
   EXPECT_NE(r.status().message().find("is an mlx-lm prompt cache"), std::string::npos) << r.status().ToString();
   EXPECT_NE(r.status().message().find("--ctk"), std::string::npos);
-  RestoreRequest prefix;
-  prefix.tokens = 5;
-  EXPECT_FALSE(restore(*s.store, "m", prefix).ok());
   RestoreRequest lone;
   lone.mlx.mlx_lm = "0.31.3";
   auto l = restore(*s.store, "m", lone);
@@ -236,6 +205,68 @@ TEST(StoreMlx, OptionsOfTheOtherEngineAreRefused) {
   auto sv = s.store->save_mlx(f, *c, bad);
   ASSERT_FALSE(sv.ok());
   EXPECT_NE(sv.status().message().find("--store-type"), std::string::npos) << sv.status().ToString();
+}
+
+// restore --tokens N: the cache of the prompt's first N positions (format/mlx_layout.h
+// mlx_prefix), byte for byte what the shorter prompt's cache is; with --kv-bits, convert of that.
+TEST(StoreMlx, RestoreTokensWritesThePrefixCache) {
+  TempStore s;
+  MemoryFile f = kv_file(2, 4, 600, 64, "chat.safetensors", "tiny");
+  MemoryFile want = kv_file(2, 4, 300, 64, "chat.safetensors", "tiny");
+  SaveRequest req = named("chat");
+  req.tokens.resize(600);
+  for (size_t i = 0; i < 600; ++i) req.tokens[i] = int32_t(i + 10);
+  ASSERT_TRUE(save(*s.store, f, req).ok());
+  RestoreRequest cut;
+  cut.tokens = 300;
+  VectorSink out;
+  auto r = s.store->restore("chat", cut, out);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->n_tokens, 300u);
+  EXPECT_FALSE(r->converted);
+  EXPECT_TRUE(same(out.bytes, want));
+  // The longest stored prefix of a longer prompt, then its first 300 positions.
+  std::vector<int32_t> prompt = req.tokens;
+  prompt.push_back(7);
+  auto found = s.store->catalog().find_prefix(prompt, "mlx-lm:tiny", 1);
+  ASSERT_TRUE(found.ok() && found->size() == 1u);
+  auto again = restore(*s.store, std::to_string((*found)[0].id), cut);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(same(*again, want));
+
+  RestoreRequest q4 = cut;
+  q4.mlx.kv_bits = "4";
+  q4.mlx.kv_group_size = 64;
+  q4.mlx.mlx_lm = "0.31.3";
+  auto got = restore(*s.store, "chat", q4);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(same(*got, requantized(want, {4, 64})));
+
+  RestoreRequest too_long;
+  too_long.tokens = 601;
+  auto tl = restore(*s.store, "chat", too_long);
+  EXPECT_EQ(tl.status().code(), Code::kInvalidArgument) << tl.status().ToString();
+  EXPECT_NE(tl.status().message().find("recorded 600 tokens at save; ask for 1..600"), std::string::npos)
+      << tl.status().ToString();
+  ASSERT_TRUE(save(*s.store, f, named("no-tokens")).ok());
+  auto nt = restore(*s.store, "no-tokens", too_long);
+  EXPECT_EQ(nt.status().code(), Code::kInvalidArgument) << nt.status().ToString();
+  EXPECT_NE(nt.status().message().find("holds 600 positions"), std::string::npos) << nt.status().ToString();
+
+  // Recurrent state cannot be cut: refused naming the snapshot, the layer and the way out.
+  Tensor conv{"1.0", "F32", {1, 3, 8}, std::vector<std::byte>(96)};
+  MemoryFile hybrid = make_file({kv_tensor("0.0", {1, 2, 20, 64}, 1), kv_tensor("0.1", {1, 2, 20, 64}, 2), conv},
+                                {{"0.0", ""}, {"0.1", ""}, {"2.0", "KVCache"}, {"2.1", "ArraysCache"}}, "hybrid.safetensors");
+  ASSERT_TRUE(save(*s.store, hybrid, named("hybrid")).ok());
+  RestoreRequest five;
+  five.tokens = 5;
+  auto h = restore(*s.store, "hybrid", five);
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().code(), Code::kNotSupported) << h.status().ToString();
+  EXPECT_EQ(h.status().message().rfind("snapshot hybrid: ", 0), 0u) << h.status().ToString();
+  EXPECT_NE(h.status().message().find("layer 1 (ArraysCache): cannot cut it"), std::string::npos) << h.status().ToString();
+  EXPECT_NE(h.status().message().find("restore the whole snapshot (without {--tokens})"), std::string::npos)
+      << h.status().ToString();
 }
 
 TEST(StoreMlx, AGrowingConversationDedupsAgainstItsParent) {
