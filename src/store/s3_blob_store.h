@@ -33,8 +33,8 @@
 //     is live (each holds the shared lock from its first blob to its commit;
 //     with a PostgreSQL catalog the lock spans hosts), so the age is only a
 //     margin for writers that do not share the lock.
-//   - <staging_dir> holds the default file gc lock and, from kvsnap versions
-//     that staged packs locally, temporaries (list_tmp) that gc removes.
+//   - <staging_dir> holds temporaries (list_tmp) of kvsnap versions that
+//     staged packs there, which gc removes, and the default file gc lock.
 #pragma once
 
 #include <list>
