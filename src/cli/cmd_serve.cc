@@ -15,6 +15,7 @@ struct ServeCmdOpts {
   std::vector<std::string> llama;
   int threads = 32;
   std::string dynamic_cache, cache_budget;
+  bool tenant_per_namespace = false;
 };
 
 void log_line(const std::string& s) {
@@ -30,6 +31,7 @@ Status run_serve_cmd(const ServeCmdOpts& o, std::string& out) {
   so.listen = o.listen;
   so.store = o.store;
   so.keys = store_key_flags();
+  so.tenant_per_namespace = o.tenant_per_namespace;
   so.log_file = o.log;
   so.llama = o.llama;
   so.threads = o.threads;
@@ -51,6 +53,9 @@ void setup_serve(CLI::App& app, int& exit_status) {
                   "LADDER of cache types, e.g. f16,q8_0,q4_0 (a rung may be K/V: q8_0/q4_0): start at the first; "
                   "when a slot holds 90% of its context, step down one rung with the context that fits --cache-budget");
   sub->add_option("--cache-budget", o->cache_budget, "with --dynamic-cache: the K/V cache's bytes (K, M, G suffixes)");
+  sub->add_flag("--tenant-per-namespace", o->tenant_per_namespace,
+                "seal each namespace's snapshots under its own tenant's keys (needs a key: --key-file, "
+                "--key-command or the store config's; not with --tenant)");
   sub->add_option("llama-server", o->llama, "after --: the llama-server program and its arguments");
   sub->footer(
       "\nkvsnap serve starts llama-server ARGS as a child on a private loopback port with a kvsnap-owned\n"

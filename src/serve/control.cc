@@ -136,14 +136,15 @@ Result<Control::Ask> Control::parse_ask(const std::string& body) {
   return parse_requantize_body(body, ctk, ctv);
 }
 
-Result<std::vector<PairSize>> Control::sizes(int64_t id) {
+Result<std::vector<PairSize>> Control::sizes(int64_t id, const std::string& ns) {
   {
     std::lock_guard<std::mutex> l(sizes_mu_);
     if (auto it = sizes_.find(id); it != sizes_.end()) return it->second;
   }
-  Result<std::vector<PairSize>> r = [&] {
+  Result<std::vector<PairSize>> r = [&]() -> Result<std::vector<PairSize>> {
     std::lock_guard<std::mutex> l(*d_.store_mu);
-    return sizes_at_every_pair(*d_.store, id);
+    KV_ASSIGN_OR_RETURN(Store* store, d_.stores->for_namespace(ns));
+    return sizes_at_every_pair(*store, id);
   }();
   if (!r.ok()) return r.status();
   std::lock_guard<std::mutex> l(sizes_mu_);
@@ -159,7 +160,7 @@ void Control::requantize(const std::string& body, LocalAnswer& out) {
 
 // A slot's entry in a requantize answer: what it holds and the estimate at (ctk, ctv).
 ojson Control::slot_estimate(int slot, const SlotRecord& r, const std::string& ctk, const std::string& ctv) {
-  auto s = sizes(r.snapshot);
+  auto s = sizes(r.snapshot, r.ns);
   std::optional<uint64_t> after = s.ok() ? size_at(*s, ctk, ctv) : std::nullopt;
   return {{"slot", slot}, {"snapshot", r.snapshot}, {"n_tokens", r.n_tokens}, {"bytes_before", r.bytes},
           {"bytes_after_estimate", after ? ojson(*after) : ojson(nullptr)}};
@@ -189,7 +190,7 @@ void Control::restore_all(const std::map<int, SlotRecord>& book, const LlamaArgs
   for (const auto& [slot, r] : book) {
     ojson s = slot_estimate(slot, r, next.ctk, next.ctv);
     const auto ts = Clock::now();
-    auto rr = d_.prefix->restore_slot(slot, r.snapshot);
+    auto rr = d_.prefix->restore_slot(slot, r.snapshot, r.ns);
     s["ms"] = ms_since(ts);
     before += r.bytes;
     progress_.slot_done(r.bytes, Clock::now());
@@ -323,7 +324,7 @@ void Control::usage(LocalAnswer& out) {
     const SlotRecord& r = it->second;
     s.update({{"snapshot", r.snapshot}, {"namespace", r.ns}, {"n_tokens", r.n_tokens}, {"bytes", r.bytes},
               {"ctk", r.ctk}, {"ctv", r.ctv}, {"v_rows", r.v_rows}, {"from", r.how}});
-    auto sz = sizes(r.snapshot);
+    auto sz = sizes(r.snapshot, r.ns);
     if (sz.ok()) s["sizes"] = sizes_json(*sz);
     else s["sizes_error"] = sz.status().ToString();
     slots.push_back(std::move(s));

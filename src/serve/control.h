@@ -57,7 +57,7 @@ namespace kvsnap {
 
 struct ControlDeps {
   Io* io = nullptr;
-  Store* store = nullptr;  // guarded by *store_mu
+  TenantStores* stores = nullptr;  // guarded by *store_mu (the persister's)
   std::mutex* store_mu = nullptr;
   Drain* drain = nullptr;
   Persister* persist = nullptr;
@@ -92,7 +92,7 @@ class Control {
   void watch();
   void usage(LocalAnswer& out);
   // The sizes of snapshot `id` at every pair (cached: a snapshot never changes).
-  Result<std::vector<PairSize>> sizes(int64_t id);
+  Result<std::vector<PairSize>> sizes(int64_t id, const std::string& ns);  // of `ns`'s snapshot `id`
 
   ControlDeps d_;
   std::mutex args_mu_;

@@ -47,9 +47,9 @@ std::string owner_of_tokens(const std::deque<PromptOwner>& recent, const std::ve
   return best ? best->ns : "";
 }
 
-Persister::Persister(Io& io, Store& store, std::mutex& store_mu, ServerTarget target,
+Persister::Persister(Io& io, TenantStores& stores, std::mutex& store_mu, ServerTarget target,
                      std::function<void(const std::string&)> log)
-    : io_(io), store_(store), store_mu_(store_mu), target_(std::move(target)), log_(std::move(log)) {
+    : io_(io), stores_(stores), store_mu_(store_mu), target_(std::move(target)), log_(std::move(log)) {
   thread_ = std::thread([this] { worker(); });
 }
 
@@ -136,7 +136,8 @@ void Persister::save_changed(int only_slot, const std::string& fallback) {
     };
     auto save = [&] {
       std::lock_guard<std::mutex> s(store_mu_);
-      return save_from_server(io_, store_, t, req, attribute);
+      auto pick = [this](const SaveRequest& r) { return stores_.for_namespace(r.tags.at("serve.ns")); };
+      return save_from_server(io_, pick, t, req, attribute);
     };
     auto r = save();
     std::lock_guard<std::mutex> l(mu_);

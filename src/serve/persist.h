@@ -36,7 +36,7 @@
 #include "serve/proxy.h"
 #include "serve/usage.h"
 #include "server/server_flows.h"
-#include "store/store.h"
+#include "serve/tenant_stores.h"
 
 namespace kvsnap {
 
@@ -67,8 +67,9 @@ struct PersistStats {
 class Persister {
  public:
   // `target`: the child's endpoint, slot directory and model (slot is set per save).
-  // `store_mu` guards `store` (one catalog connection, shared with serve/prefix.h).
-  Persister(Io& io, Store& store, std::mutex& store_mu, ServerTarget target,
+  // `store_mu` guards `stores` (catalog connections, shared with serve/control.h). Each
+  // snapshot goes into its namespace's store.
+  Persister(Io& io, TenantStores& stores, std::mutex& store_mu, ServerTarget target,
             std::function<void(const std::string&)> log);
   ~Persister();  // finishes the queued saves
 
@@ -91,7 +92,7 @@ class Persister {
   void save_changed(int only_slot, const std::string& fallback);
 
   Io& io_;
-  Store& store_;
+  TenantStores& stores_;
   std::mutex& store_mu_;
   ServerTarget target_;
   std::function<void(const std::string&)> log_;

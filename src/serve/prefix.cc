@@ -34,9 +34,9 @@ std::string memory_kind(const ModelProfile& p) {
 
 }  // namespace
 
-PrefixRestorer::PrefixRestorer(Io& io, Store& store, std::mutex& store_mu, ServerTarget target,
+PrefixRestorer::PrefixRestorer(Io& io, TenantStores& stores, std::mutex& store_mu, ServerTarget target,
                                std::function<void(const std::string&)> log)
-    : io_(io), store_(store), store_mu_(store_mu), target_(std::move(target)), log_(std::move(log)) {
+    : io_(io), stores_(stores), store_mu_(store_mu), target_(std::move(target)), log_(std::move(log)) {
   // Only snapshots of the child's model are candidates (a restore would refuse the others anyway).
   if (!target_.model.empty()) {
     auto m = load_model_info(io_, target_.model);
@@ -106,7 +106,9 @@ void PrefixRestorer::before_unguarded(Forward& f) {
   std::optional<SnapshotInfo> best;
   {
     std::lock_guard<std::mutex> s(store_mu_);
-    auto found = store_.catalog().find_prefix(*toks, model_fingerprint_, kMaxCandidates);
+    auto store = stores_.for_namespace(ns);
+    auto found = store.ok() ? (*store)->catalog().find_prefix(*toks, model_fingerprint_, kMaxCandidates)
+                            : Result<std::vector<SnapshotInfo>>(store.status());
     if (!found.ok()) {
       ++stats_.failed;
       log_("prefix: the store's lookup failed (forwarded as is): " + found.status().ToString());
@@ -158,9 +160,10 @@ Result<ServerRestoreResult> PrefixRestorer::restore_into(int slot, const Snapsho
   t.slot = slot;
   // -fa auto (flash_attn empty): restore_to_server detects the child's V layout from a file the child
   // saves of this slot (an empty slot is given one token first; the restore overwrites it).
-  auto restore = [&] {
+  auto restore = [&]() -> Result<ServerRestoreResult> {
     std::lock_guard<std::mutex> s(store_mu_);
-    return restore_to_server(io_, store_, t, std::to_string(info.id), false);
+    KV_ASSIGN_OR_RETURN(Store* store, stores_.for_namespace(ns));
+    return restore_to_server(io_, *store, t, std::to_string(info.id), false);
   };
   Result<ServerRestoreResult> r = restore();
   if (!r.ok()) {
@@ -202,15 +205,14 @@ void PrefixRestorer::pin_fresh(Forward& f, const std::vector<int32_t>& toks, con
        std::to_string(toks.size()) + " prompt tokens (" + ns + ", restored by a requantize): the request goes there");
 }
 
-Result<ServerRestoreResult> PrefixRestorer::restore_slot(int slot, int64_t id) {
+Result<ServerRestoreResult> PrefixRestorer::restore_slot(int slot, int64_t id, const std::string& ns) {
   std::lock_guard<std::mutex> l(mu_);
   SnapshotRecord rec;
   {
     std::lock_guard<std::mutex> s(store_mu_);
-    KV_ASSIGN_OR_RETURN(rec, store_.catalog().get(id));
+    KV_ASSIGN_OR_RETURN(Store* store, stores_.for_namespace(ns));
+    KV_ASSIGN_OR_RETURN(rec, store->catalog().get(id));
   }
-  auto t = rec.info.tags.find("serve.ns");
-  const std::string ns = t == rec.info.tags.end() ? "unattributed" : t->second;
   auto r = restore_into(slot, rec.info, rec.tokens, ns);
   if (r.ok()) fresh_[slot] = ns;
   return r;

@@ -37,7 +37,7 @@
 #include "serve/requests.h"
 #include "serve/usage.h"
 #include "server/server_flows.h"
-#include "store/store.h"
+#include "serve/tenant_stores.h"
 
 namespace kvsnap {
 
@@ -50,8 +50,9 @@ struct PrefixStats {
 class PrefixRestorer {
  public:
   // `target`: the child's endpoint, slot directory, model and cache types (flash_attn "" = detect).
-  // `store_mu` guards `store` (one catalog connection, shared with the persister).
-  PrefixRestorer(Io& io, Store& store, std::mutex& store_mu, ServerTarget target,
+  // `store_mu` guards `stores` (catalog connections of their own: lookups never wait for a save).
+  // A request's prefix is looked up in, and restored from, its namespace's store.
+  PrefixRestorer(Io& io, TenantStores& stores, std::mutex& store_mu, ServerTarget target,
                  std::function<void(const std::string&)> log);
 
   void before(Forward& f);
@@ -62,9 +63,9 @@ class PrefixRestorer {
   void set_book(SlotBook* book) { book_ = book; }
   // The child's cache types changed (a requantize); flash_attn "" = detect.
   void set_cache(const std::string& ctk, const std::string& ctv, const std::string& flash_attn);
-  // Restores snapshot `id` into `slot` at the child's types (a requantize); the next request of its
-  // namespace that extends it is pinned there.
-  Result<ServerRestoreResult> restore_slot(int slot, int64_t id);
+  // Restores snapshot `id` of namespace `ns` into `slot` at the child's types (a requantize); the
+  // next request of that namespace that extends it is pinned there.
+  Result<ServerRestoreResult> restore_slot(int slot, int64_t id, const std::string& ns);
 
  private:
   void before_unguarded(Forward& f);
@@ -82,7 +83,7 @@ class PrefixRestorer {
                  int asked);
 
   Io& io_;
-  Store& store_;
+  TenantStores& stores_;
   std::mutex& store_mu_;
   ServerTarget target_;
   std::string model_fingerprint_;  // "" when the model is unknown: any

@@ -88,8 +88,8 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   KV_RETURN_IF_ERROR(parse_listen(o.listen, po.listen_host, po.listen_port));
   po.threads = o.threads;
   KV_ASSIGN_OR_RETURN(StoreLocation where, resolve_store_location(io, o.store));
-  apply_key_flags(where, o.keys);  // the key is loaded once (load_store_key), for both connections
-  KV_ASSIGN_OR_RETURN(auto store, Store::open(io, where));
+  apply_key_flags(where, o.keys);  // the key is loaded once (load_store_key), for every connection
+  KV_ASSIGN_OR_RETURN(auto stores, TenantStores::open(io, where, o.tenant_per_namespace));
   const std::string serve_dir = where.local_dir + "/serve", slot_dir = serve_dir + "/slots";
   KV_RETURN_IF_ERROR(io.create_dirs(slot_dir));
   KV_ASSIGN_OR_RETURN(po.upstream_port, free_loopback_port());
@@ -113,10 +113,10 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   target.flash_attn = args.flash_attn == "auto" ? "" : args.flash_attn;
   // Two connections to the store (a Catalog is one SQLite connection, for one thread at a time): the
   // background saves never hold up a request's prefix lookup (SQLite's WAL lets them run together).
-  KV_ASSIGN_OR_RETURN(auto lookup_store, Store::open(io, where));
+  KV_ASSIGN_OR_RETURN(auto lookup_stores, TenantStores::open(io, where, o.tenant_per_namespace));
   std::mutex store_mu, lookup_mu;
-  Persister persist(io, *store, store_mu, target, log);
-  PrefixRestorer prefix(io, *lookup_store, lookup_mu, target, log);
+  Persister persist(io, *stores, store_mu, target, log);
+  PrefixRestorer prefix(io, *lookup_stores, lookup_mu, target, log);
   SlotBook book;
   persist.set_book(&book);
   prefix.set_book(&book);
@@ -140,7 +140,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
     prefix.forget_slots();
     book.clear();
   });
-  ControlDeps cd{&io, store.get(), &store_mu, &drain, &persist, &prefix, &sup, &book,
+  ControlDeps cd{&io, stores.get(), &store_mu, &drain, &persist, &prefix, &sup, &book,
                  target.endpoint.url, po.upstream_port, slot_dir, log};
   Control control(cd, args, ladder);
   persist.set_on_saved([&control] { control.note_saved(); });

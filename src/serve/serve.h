@@ -22,6 +22,7 @@ struct ServeOptions {
   std::string listen = "127.0.0.1:8080";  // HOST:PORT (":PORT" = 127.0.0.1)
   std::string store;                      // --store DIR; empty: $KVSNAP_HOME, else XDG
   StoreKeyConfig keys;                    // --key-file/--key-command/--tenant over store.json's
+  bool tenant_per_namespace = false;      // each namespace its own tenant (serve/tenant_stores.h)
   std::string log_file;                   // the child's output; empty: STORE/serve/llama-server.log
   std::vector<std::string> llama;         // llama-server and its ARGS
   int threads = 32;

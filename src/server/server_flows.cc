@@ -189,6 +189,12 @@ Result<ServerBuild> query_server_build(const ServerEndpoint& endpoint) {
 
 Result<ServerSaveResult> save_from_server(Io& io, Store& store, const ServerTarget& t, SaveRequest req,
                                           const SaveHook& before_store) {
+  return save_from_server(io, [&store](const SaveRequest&) -> Result<Store*> { return &store; }, t, std::move(req),
+                          before_store);
+}
+
+Result<ServerSaveResult> save_from_server(Io& io, const StorePick& pick, const ServerTarget& t, SaveRequest req,
+                                          const SaveHook& before_store) {
   LlamaServer srv(t.endpoint);
   KV_RETURN_IF_ERROR(check_slot_dir(io, t));
   KV_RETURN_IF_ERROR(srv.health());
@@ -211,7 +217,8 @@ Result<ServerSaveResult> save_from_server(Io& io, Store& store, const ServerTarg
   KV_ASSIGN_OR_RETURN(StateFile st, parse_for_model(*in, {}, req.model));
   if (before_store) KV_RETURN_IF_ERROR(before_store(st.tokens.tokens, req));
   if (req.source_name.empty()) req.source_name = srv.url() + " slot " + std::to_string(t.slot);
-  KV_ASSIGN_OR_RETURN(r.save, store.save(*in, st, req));
+  KV_ASSIGN_OR_RETURN(Store* store, pick(req));
+  KV_ASSIGN_OR_RETURN(r.save, store->save(*in, st, req));
   return r;
 }
 

@@ -92,6 +92,11 @@ Result<ServerBuild> query_server_build(const ServerEndpoint& endpoint);
 using SaveHook = std::function<Status(const std::vector<int32_t>& tokens, SaveRequest& req)>;
 Result<ServerSaveResult> save_from_server(Io& io, Store& store, const ServerTarget& t, SaveRequest req,
                                           const SaveHook& before_store = {});
+// The same into the store `pick` chooses once `before_store` has tagged the request (kvsnap serve:
+// the store of the namespace the saved tokens belong to, serve/tenant_stores.h).
+using StorePick = std::function<Result<Store*>(const SaveRequest& req)>;
+Result<ServerSaveResult> save_from_server(Io& io, const StorePick& pick, const ServerTarget& t, SaveRequest req,
+                                          const SaveHook& before_store = {});
 Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const ServerTarget& t, const std::string& ref,
                                               bool check);
 

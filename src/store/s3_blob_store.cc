@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 
 #include "base/sha256.h"
 #include "store/eviction.h"
@@ -116,12 +117,20 @@ size_t BlobCache::entries() const {
 
 // ---- the write batch ----------------------------------------------------------
 
-// Loose blobs are PUT at once; packed blobs go to a local temporary uploaded by commit().
+// Loose blobs are PUT at once. Packed blobs stream to the bucket: appends fill
+// a part in memory, and a full part goes up as a part of a multipart upload of
+// the pack's own key, outside the mutex (several appending threads may each
+// have a part in flight). commit() sends the last part and completes the
+// upload; a pack smaller than one part is one PUT at commit(). Until then the
+// pack is an incomplete upload, which no listing shows: nothing of a killed
+// save stays on this host, and any host's gc aborts its upload
+// (abort_stale_uploads).
 class S3BlobWriteBatch final : public BlobWriteBatch {
  public:
   S3BlobWriteBatch(S3BlobStore& store, std::unique_ptr<GcLockHold> hold)
-      : BlobWriteBatch(std::move(hold)), store_(store) {}
-  ~S3BlobWriteBatch() override { abandon_pack(); }
+      : BlobWriteBatch(std::move(hold)), store_(store),
+        part_bytes_(std::max<uint64_t>(store.s3_.config().part_size, 5ull << 20)) {}
+  ~S3BlobWriteBatch() override;
   Result<PutOutcome> put(const ChunkHash& h, std::span<const std::byte> stored) override;
   Result<BlobLocation> append(const ChunkHash& h, std::span<const std::byte> stored) override;
   Status commit() override;
@@ -131,23 +140,43 @@ class S3BlobWriteBatch final : public BlobWriteBatch {
   }
 
  private:
-  void abandon_pack();  // mu_ held (or in the destructor)
+  // Sends part_ as the next part (starting the upload first); `g` is released meanwhile.
+  Status send_part(std::unique_lock<std::mutex>& g);
+  Status finish_pack();  // mu_ held, no part in flight
+  void forget_pack();    // mu_ held: the next append starts a new pack
 
   S3BlobStore& store_;
+  const uint64_t part_bytes_;
   mutable std::mutex mu_;
+  std::condition_variable parts_done_;
   uint64_t written_ = 0;  // guarded by mu_
-  // The pack being staged (guarded by mu_): its temporary, and its name, size so far and blobs.
-  std::string tmp_path_;
-  std::unique_ptr<WritableFile> tmp_;
+  // The pack being written, all guarded by mu_: its name, size and blobs; the
+  // bytes not sent yet; the upload (empty id: no part sent) and its parts'
+  // ETags by number - 1; parts on their way; the first part that failed.
   PackTally pack_;
+  std::vector<std::byte> part_;
+  std::string upload_id_;
+  std::vector<std::string> etags_;
+  int in_flight_ = 0;
+  Status failed_;
+  bool committing_ = false;
 };
 
-void S3BlobWriteBatch::abandon_pack() {
-  if (tmp_) (void)tmp_->close();
-  if (!tmp_path_.empty()) (void)store_.io_.remove(tmp_path_);
-  tmp_.reset();
-  tmp_path_.clear();
-  pack_.clear();  // those locations will never exist
+S3BlobWriteBatch::~S3BlobWriteBatch() {
+  std::unique_lock g(mu_);
+  parts_done_.wait(g, [&] { return in_flight_ == 0; });
+  // A pack never completed: its parts go now (best effort; else any host's gc aborts the upload).
+  if (!upload_id_.empty()) (void)store_.s3_.abort_upload(store_.pack_key(pack_.name()), upload_id_);
+}
+
+void S3BlobWriteBatch::forget_pack() {
+  pack_.clear();  // appends after a commit start a new pack
+  part_.clear();
+  part_.shrink_to_fit();
+  upload_id_.clear();
+  etags_.clear();
+  failed_ = Status::OK();
+  committing_ = false;
 }
 
 Result<PutOutcome> S3BlobWriteBatch::put(const ChunkHash& h, std::span<const std::byte> stored) {
@@ -161,39 +190,68 @@ Result<PutOutcome> S3BlobWriteBatch::put(const ChunkHash& h, std::span<const std
 }
 
 Result<BlobLocation> S3BlobWriteBatch::append(const ChunkHash& h, std::span<const std::byte> stored) {
-  std::lock_guard g(mu_);
+  std::unique_lock g(mu_);
   if (const BlobLocation* at = pack_.find(h)) return *at;
-  if (!tmp_path_.empty() && !tmp_) return Status::InvalidArgument("pack " + pack_.name() + " is being committed");
-  if (!tmp_) {
-    pack_.start();
-    tmp_path_ = store_.opt_.staging_dir + "/" + pack_.name() + ".pack" + std::string(kTempInfix) + unique_suffix();
-    KV_ASSIGN_OR_RETURN(tmp_, store_.io_.open_write(tmp_path_, /*exclusive=*/true));
-  }
-  if (Status s = tmp_->append(stored); !s.ok()) {
-    abandon_pack();
-    return s;
-  }
+  if (committing_) return Status::InvalidArgument("pack " + pack_.name() + " is being committed");
+  KV_RETURN_IF_ERROR(failed_);
+  if (pack_.name().empty()) pack_.start();
+  part_.insert(part_.end(), stored.begin(), stored.end());
   ++written_;
-  return pack_.add(h, stored.size());
+  const BlobLocation at = pack_.add(h, stored.size());
+  if (part_.size() >= part_bytes_) KV_RETURN_IF_ERROR(send_part(g));
+  return at;
+}
+
+Status S3BlobWriteBatch::send_part(std::unique_lock<std::mutex>& g) {
+  const std::string key = store_.pack_key(pack_.name());
+  if (upload_id_.empty()) {
+    Result<std::string> id = store_.s3_.start_upload(key);
+    if (!id.ok()) return failed_ = id.status();
+    upload_id_ = *id;
+  }
+  const std::string id = upload_id_;
+  etags_.emplace_back();
+  const int number = int(etags_.size());
+  std::vector<std::byte> bytes;
+  bytes.swap(part_);
+  ++in_flight_;
+  g.unlock();
+  Result<std::string> etag = store_.s3_.upload_part(key, id, number, bytes);
+  g.lock();
+  --in_flight_;
+  parts_done_.notify_all();
+  if (!etag.ok()) {
+    if (failed_.ok()) failed_ = etag.status();
+    return etag.status();
+  }
+  etags_[number - 1] = *etag;
+  return Status::OK();
 }
 
 Status S3BlobWriteBatch::commit() {
-  std::lock_guard g(mu_);
-  if (tmp_path_.empty()) return Status::OK();  // loose PUTs are durable once answered
-  if (tmp_) {
-    KV_RETURN_IF_ERROR(tmp_->close());
-    tmp_.reset();
+  std::unique_lock g(mu_);
+  if (pack_.name().empty()) return Status::OK();  // loose PUTs are durable once answered
+  committing_ = true;
+  parts_done_.wait(g, [&] { return in_flight_ == 0; });
+  KV_RETURN_IF_ERROR(failed_);
+  return finish_pack();
+}
+
+// What stays after a failure (the upload, its ETags, the last part's bytes)
+// lets a retried commit() finish the same pack.
+Status S3BlobWriteBatch::finish_pack() {
+  const std::string key = store_.pack_key(pack_.name());
+  if (upload_id_.empty()) {
+    KV_RETURN_IF_ERROR(store_.s3_.put(key, part_));
+  } else {
+    if (!part_.empty()) {  // the last part may be short
+      KV_ASSIGN_OR_RETURN(std::string etag, store_.s3_.upload_part(key, upload_id_, int(etags_.size()) + 1, part_));
+      etags_.push_back(std::move(etag));
+      part_.clear();
+    }
+    KV_RETURN_IF_ERROR(store_.s3_.complete_upload(key, upload_id_, etags_));
   }
-  // The staged file stays until the upload succeeds: a failed commit may be retried.
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, store_.io_.open_read(tmp_path_));
-  if (file->size() != pack_.size())
-    return Status::Corruption(tmp_path_ + ": the staged pack has " + std::to_string(file->size()) + " bytes, " +
-                              std::to_string(pack_.size()) + " were appended");
-  KV_RETURN_IF_ERROR(store_.s3_.put_file(store_.pack_key(pack_.name()), *file));
-  file.reset();
-  (void)store_.io_.remove(tmp_path_);
-  tmp_path_.clear();
-  pack_.clear();  // appends after a commit start a new pack
+  forget_pack();
   return Status::OK();
 }
 

@@ -9,9 +9,11 @@
 //
 // How it keeps the promises:
 //   - An object appears whole or not at all (S3 PUT and CompleteMultipartUpload
-//     are atomic), so nothing partial is ever listed. A pack is staged in a
-//     local temporary (<staging_dir>, list_tmp()) and uploaded by commit()
-//     (multipart when big); a failed upload leaves the temporary for a retry.
+//     are atomic), so nothing partial is ever listed. A pack is staged in the
+//     bucket, not on this host: append() sends each full part (S3Config::
+//     part_size) of a multipart upload of the pack's key, and commit() sends
+//     the last part and completes it (one PUT when the pack is under a part).
+//     A failed commit keeps the upload for a retry.
 //   - Keys are content addressed, so many writers may PUT the same blob at
 //     once: the bytes are the same; put() HEADs first to write nothing when the
 //     blob is there. A PUT acknowledged by the server is durable: commit() only
@@ -24,11 +26,15 @@
 //   - The gc locks are the ones the store was opened with (gc_lock.h): a file
 //     lock on this host by default, so gc is only safe while every writer of
 //     the bucket prefix runs on this host (a shared catalog's locks lift that).
-//   - Incomplete multipart uploads are aborted when an upload fails; a process
-//     killed during one leaves parts that list_tmp() does not see: gc aborts
-//     those under packs/ older than `upload_max_age_s` (abort_stale_uploads;
-//     under the exclusive gc lock no save of this store is uploading, so the
-//     age is only a margin for writers that do not share the lock).
+//   - A batch destroyed before its commit aborts its upload. A save killed
+//     mid-pack leaves an incomplete upload, on the server where every host's
+//     gc sees it: gc aborts those under packs/ older than `upload_max_age_s`
+//     (abort_stale_uploads). Under the exclusive gc lock no save of this store
+//     is live (each holds the shared lock from its first blob to its commit;
+//     with a PostgreSQL catalog the lock spans hosts), so the age is only a
+//     margin for writers that do not share the lock.
+//   - <staging_dir> holds temporaries (list_tmp) of kvsnap versions that
+//     staged packs there, which gc removes, and the default file gc lock.
 #pragma once
 
 #include <list>
@@ -45,7 +51,7 @@
 namespace kvsnap {
 
 struct S3BlobStoreOptions {
-  std::string staging_dir;                // packs being written (required; created)
+  std::string staging_dir;                // this host's gc.lock and old temporaries (required; created)
   std::string cache_dir;                  // read-through cache; empty: no cache
   uint64_t cache_bytes = 1ull << 30;      // the cache's size bound
   // gc aborts incomplete multipart uploads under packs/ started longer ago than this.

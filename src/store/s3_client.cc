@@ -460,24 +460,38 @@ Status S3Client::multipart(std::string_view key, const ReadableFile& src) {
       if (!errors[i].ok()) failed = true;
     });
     for (const Status& e : errors) KV_RETURN_IF_ERROR(e);
-    std::string done = "<CompleteMultipartUpload>";
-    for (uint64_t i = 0; i < count; ++i)
-      done += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + xml_escape(etags[i]) + "</ETag></Part>";
-    done += "</CompleteMultipartUpload>";
-    Call complete("POST", key);
-    complete.query = {{"uploadId", upload_id}};
-    complete.body = std::as_bytes(std::span(done.data(), done.size()));
-    KV_ASSIGN_OR_RETURN(Reply r, perform(complete));
-    // S3 may answer 200 and put the error in the body (it failed after the headers went out).
-    const S3ErrorBody e = parse_s3_error(r.body);
-    if (!e.code.empty())
-      return Status::IOError("s3: POST " + url(key) + "?uploadId=" + upload_id + ": " + e.code + ": " +
-                             quote_text(e.message, 200));
-    return Status::OK();
+    return complete_upload(key, upload_id, etags);
   };
   Status s = upload();
   if (!s.ok()) (void)abort_upload(key, upload_id);  // best effort: the first error is the one to report
   return s;
+}
+
+Result<std::string> S3Client::upload_part(std::string_view key, const std::string& upload_id, int part_number,
+                                          std::span<const std::byte> data) {
+  std::vector<std::byte> unused;  // a MemoryFile's bytes go out without a copy
+  std::string etag;
+  KV_RETURN_IF_ERROR(put_part_range(key, MemoryFile(url(key), data), 0, data.size(), unused,
+                                    {{"partNumber", std::to_string(part_number)}, {"uploadId", upload_id}}, &etag));
+  return etag;
+}
+
+Status S3Client::complete_upload(std::string_view key, const std::string& upload_id,
+                                 const std::vector<std::string>& etags) {
+  std::string done = "<CompleteMultipartUpload>";
+  for (size_t i = 0; i < etags.size(); ++i)
+    done += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + xml_escape(etags[i]) + "</ETag></Part>";
+  done += "</CompleteMultipartUpload>";
+  Call complete("POST", key);
+  complete.query = {{"uploadId", upload_id}};
+  complete.body = std::as_bytes(std::span(done.data(), done.size()));
+  KV_ASSIGN_OR_RETURN(Reply r, perform(complete));
+  // S3 may answer 200 and put the error in the body (it failed after the headers went out).
+  const S3ErrorBody e = parse_s3_error(r.body);
+  if (!e.code.empty())
+    return Status::IOError("s3: POST " + url(key) + "?uploadId=" + upload_id + ": " + e.code + ": " +
+                           quote_text(e.message, 200));
+  return Status::OK();
 }
 
 Result<std::string> S3Client::start_upload(std::string_view key) {

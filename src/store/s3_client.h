@@ -109,9 +109,14 @@ class S3Client {
   // Every incomplete multipart upload whose key starts with `prefix`
   // (ListMultipartUploads, following its markers).
   Result<std::vector<S3Upload>> list_uploads(std::string_view prefix);
-  // Starts a multipart upload (CreateMultipartUpload); its id. put() uses it;
-  // tests use it to leave an upload behind.
+  // Starts a multipart upload (CreateMultipartUpload); its id. put() uses it, and
+  // S3BlobStore streams a pack through it; tests use it to leave an upload behind.
   Result<std::string> start_upload(std::string_view key);
+  // One part (UploadPart; numbers from 1, every part but the last >= 5 MiB); its ETag.
+  Result<std::string> upload_part(std::string_view key, const std::string& upload_id, int part_number,
+                                  std::span<const std::byte> data);
+  // CompleteMultipartUpload of parts 1..etags.size(): the object appears whole.
+  Status complete_upload(std::string_view key, const std::string& upload_id, const std::vector<std::string>& etags);
   // AbortMultipartUpload: its parts are deleted; one already gone is fine.
   Status abort_upload(std::string_view key, const std::string& upload_id);
 

@@ -5,7 +5,7 @@
 //              PostgreSQL database, postgresql://USER@HOST[:PORT]/DB (pg_catalog.h)
 //   blobs      the chunk blobs (blob_store.h): a directory, or an S3-compatible
 //              bucket, s3://BUCKET[/PREFIX][?endpoint=URL] (s3_blob_store.h; packs
-//              are staged in <local_dir>/tmp/s3-packs, blobs read are cached in
+//              are staged in the bucket, blobs read are cached in
 //              <local_dir>/s3-cache)
 //   local_dir  this host's own directory, always local: temporaries of
 //              restores and imports (tmp/), server profiles (servers.json),

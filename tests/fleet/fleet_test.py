@@ -16,8 +16,15 @@ restored byte for byte on a host whose cache is empty, nothing committed lost):
   a  concurrency: both hosts save (fixtures, unique and shared-prefix states) while others restore
   b  kill -9 during saves on A while B runs gc --wait and gc, over and over
   c  kill -9 during gc on B while A saves
+  s  staged packs: a save killed on A once its pack's upload holds a part leaves nothing on A, and
+     B's gc aborts the upload once older than multipart_max_age; a live save stopped on A with an
+     older stage is left alone by B's gc and, continued, commits and restores on B byte for byte
 and at the end a final gc from both hosts, after which the bucket holds exactly what the catalog
-names. Exit 0 when every check held, 1 otherwise, 77 (skip) when PostgreSQL is not installed.
+names and no incomplete upload. Then the same kill -9 phases (fewer rounds) on an encrypted store
+(its own database and prefix, key_file + tenant), with the same checks made with the key:
+  e  A saves with the key, B restores, a host without the key is refused, no object holds plaintext
+  eb, ec  kill -9 during saves and during gc, then check_store with the key and check_bucket
+Exit 0 when every check held, 1 otherwise, 77 (skip) when PostgreSQL is not installed.
 """
 import argparse
 import hashlib
@@ -40,6 +47,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2]
 PSQL = os.environ.get("KVSNAP_PG_BIN", "/usr/lib/postgresql/15/bin") + "/psql"
 PREFIX = "fleet"
+SEALED = "sealed"  # the encrypted store's prefix
+MULTIPART_MAX_AGE = 2  # seconds: gc aborts older incomplete uploads (the store configs say so)
 failures = []
 figures = {}
 
@@ -266,12 +275,12 @@ def check_store(label, hosts, fresh, reg, url, everything=False):
     return listed_a
 
 
-def check_bucket(label, swift, bucket, url, hosts):
+def check_bucket(label, swift, bucket, url, hosts, prefix=PREFIX):
     """After a final gc (no save running): the bucket holds exactly the packs and loose blobs the
-    catalog names; no chunk row is unreferenced; no host keeps a staged pack."""
-    keys = swift.keys(bucket, PREFIX + "/")
-    packs = {k.rsplit("/", 1)[1] for k in keys if k.startswith(PREFIX + "/packs/")}
-    loose = {k.rsplit("/", 1)[1] for k in keys if k.startswith(PREFIX + "/chunks/")}
+    catalog names; no chunk row is unreferenced; no host keeps a staged pack; no upload is left."""
+    keys = swift.keys(bucket, prefix + "/")
+    packs = {k.rsplit("/", 1)[1] for k in keys if k.startswith(prefix + "/packs/")}
+    loose = {k.rsplit("/", 1)[1] for k in keys if k.startswith(prefix + "/chunks/")}
     named = {r[0] + ".pack" for r in sql(url, "SELECT DISTINCT pack FROM chunks WHERE pack IS NOT NULL")}
     named_loose = {r[0] for r in sql(url, "SELECT encode(sha256, 'hex') FROM chunks WHERE pack IS NULL")}
     check(packs == named, f"{label}: bucket packs {len(packs)} != catalog packs {len(named)}: "
@@ -280,13 +289,12 @@ def check_bucket(label, swift, bucket, url, hosts):
     zero = sql(url, "SELECT COUNT(*) FROM chunks WHERE refcount = 0")[0][0]
     check(zero == "0", f"{label}: {zero} unreferenced chunk rows left after gc")
     for h in hosts:
-        staged = list(h.staging.iterdir()) if h.staging.is_dir() else []
-        check(not staged, f"{label}: host {h.name} keeps staged packs {staged[:3]}")
-    segments = swift.keys(bucket + "+segments", "")
+        check(not staged(h), f"{label}: host {h.name} keeps staged packs {staged(h)[:3]}")
+    uploads = in_progress_uploads(swift, bucket, prefix)
+    check(not uploads, f"{label}: incomplete uploads left after gc: {sorted(uploads)[:3]}")
     log(f"{label}: bucket holds {len(packs)} packs, {len(loose)} loose blobs, exactly the catalog's; "
-        f"{len(segments)} multipart segments of killed uploads left (the lifecycle rule's job)")
+        f"{len(uploads)} incomplete uploads left")
     figures[label + ": packs"] = len(packs)
-    figures[label + ": multipart segments left"] = len(segments)
 
 
 # ---------------------------------------------------------------- the phases
@@ -383,22 +391,39 @@ def phase_concurrency(a, b, reg, files, rng):
 
 
 def staged(host):
-    return sorted(p.name for p in host.staging.iterdir()) if host.staging.is_dir() else []
+    """Packs staged on the host's disk (kvsnap stages them in the bucket: always none)."""
+    return sorted(p.name for p in host.staging.iterdir() if ".pack" in p.name) if host.staging.is_dir() else []
 
 
-def phase_kill_saves(a, b, reg, files, rng, attempts, url, swift, bucket):
+def in_progress_uploads(swift, bucket, prefix=PREFIX):
+    """The incomplete multipart uploads of packs under `prefix`, upload id -> parts sent, as Swift's
+    s3api keeps them: a marker object <key>/<upload id> in the bucket's +segments container from
+    CreateMultipartUpload until the upload is completed or aborted, each part at <key>/<id>/<n>."""
+    base = prefix + "/packs/"
+    markers, parts = set(), {}
+    for k in swift.keys(bucket + "+segments", base):
+        p = k[len(base):].split("/")
+        if len(p) == 2:
+            markers.add(p[1])
+        elif len(p) == 3:
+            parts[p[1]] = parts.get(p[1], 0) + 1
+    return {u: parts.get(u, 0) for u in markers}
+
+
+def phase_kill_saves(a, b, reg, files, rng, attempts, url, swift, bucket, prefix=PREFIX, label="b",
+                     seconds=240, seed=0):
     """b: saves on A killed with SIGKILL at random moments while B runs gc --wait and gc in a loop."""
-    sizes = [(6144, 1024), (10240, 1024)]  # 51 MB (one PUT) and 85 MB (multipart: above 64 MiB)
+    sizes = [(6144, 1024), (10240, 1024)]  # 51 MB and 85 MB: packs of several 16 MiB parts
     # One uninterrupted save of each size: how long the window to kill in is.
     durations = []
     for i, (cells, n) in enumerate(sizes):
-        path = files / f"big-ref-{i}.slot"
-        make_slot(path, seed=300 + i, cells=cells, n=n)
+        path = files / f"{label}-big-ref-{i}.slot"
+        make_slot(path, seed=seed + 300 + i, cells=cells, n=n)
         reg.add(f"big-ref-{i}", str(path))
         t0 = time.time()
         reg.save(a, f"big-ref-{i}")
         durations.append(time.time() - t0)
-    figures["b: uninterrupted save seconds (51 MB, 85 MB)"] = [round(d, 2) for d in durations]
+    figures[f"{label}: uninterrupted save seconds (51 MB, 85 MB)"] = [round(d, 2) for d in durations]
     stop = threading.Event()
     gcs = {"runs": 0, "failed": 0}
 
@@ -408,24 +433,25 @@ def phase_kill_saves(a, b, reg, files, rng, attempts, url, swift, bucket):
             args = ("gc", "--wait", "--json", "-q") if k % 2 == 0 else ("gc", "--json", "-q")
             p = b.run(*args)
             gcs["runs"] += 1
-            if not check(p.returncode == 0, f"b: B {' '.join(args)}: exit {p.returncode}: {p.stderr.strip()}"):
+            if not check(p.returncode == 0, f"{label}: B {' '.join(args)}: exit {p.returncode}: {p.stderr.strip()}"):
                 gcs["failed"] += 1
             k += 1
 
     gc_thread = threading.Thread(target=gc_loop)
     gc_thread.start()
     phases = {}
-    deadline = time.time() + 240
+    deadline = time.time() + seconds
     try:
         for i in range(attempts):
             if time.time() > deadline:
                 break
             cells, n = sizes[i % 2]
             name = f"killed-{i}"
-            path = files / f"{name}.slot"
-            make_slot(path, seed=1000 + i, cells=cells, n=n)
+            path = files / f"{label}-{name}.slot"
+            make_slot(path, seed=seed + 1000 + i, cells=cells, n=n)
             reg.add(name, str(path))
-            before = set(swift.keys(bucket, PREFIX + "/packs/"))
+            before = set(swift.keys(bucket, prefix + "/packs/"))
+            uploads_before = set(in_progress_uploads(swift, bucket, prefix))
             proc = a.spawn("save", str(path), "--name", name, "--json", "-q")
             time.sleep(rng.uniform(0.0, 1.2 * durations[i % 2]))
             proc.send_signal(signal.SIGKILL)
@@ -434,19 +460,20 @@ def phase_kill_saves(a, b, reg, files, rng, attempts, url, swift, bucket):
                 reg.committed.add(name)
                 phase = "finished before the kill"
             elif proc.returncode != -signal.SIGKILL:
-                check(False, f"b: save {name} failed on its own: exit {proc.returncode}: {err.strip()}")
+                check(False, f"{label}: save {name} failed on its own: exit {proc.returncode}: {err.strip()}")
                 phase = "failed"
             elif name in {s["name"] for s in a.ls()}:
                 phase = "killed after the catalog commit"  # committed: it must stay listed
                 reg.committed.add(name)
             else:
-                new = set(swift.keys(bucket, PREFIX + "/packs/")) - before
+                new = set(swift.keys(bucket, prefix + "/packs/")) - before
+                check(not staged(a), f"{label}: killed save {name} left a pack on host A: {staged(a)}")
                 if new:
                     phase = "killed after the pack upload, before the commit"
-                elif staged(a):
-                    phase = "killed while staging or uploading the pack"
+                elif set(in_progress_uploads(swift, bucket, prefix)) - uploads_before:
+                    phase = "killed while its pack's upload was in progress"
                 else:
-                    phase = "killed before its pack was staged"
+                    phase = "killed before a part of its pack went up (gc may have aborted it)"
             phases[phase] = phases.get(phase, 0) + 1
             if name not in reg.committed:
                 del reg.files[name]
@@ -454,18 +481,19 @@ def phase_kill_saves(a, b, reg, files, rng, attempts, url, swift, bucket):
     finally:
         stop.set()
         gc_thread.join()
-    figures["b: kill -9 during save, by phase"] = phases
-    figures["b: gc runs on B meanwhile"] = gcs["runs"]
-    check(gcs["runs"] > 0, "b: no gc ran on B")
-    log(f"b: {sum(phases.values())} saves killed at random moments on A: {phases}; {gcs['runs']} gc runs on B")
+    figures[f"{label}: kill -9 during save, by phase"] = phases
+    figures[f"{label}: gc runs on B meanwhile"] = gcs["runs"]
+    check(gcs["runs"] > 0, f"{label}: no gc ran on B")
+    log(f"{label}: {sum(phases.values())} saves killed at random moments on A: {phases}; {gcs['runs']} gc runs on B")
 
 
-def unnamed_packs(swift, bucket, url):
-    keys = {k.rsplit("/", 1)[1] for k in swift.keys(bucket, PREFIX + "/packs/")}
+def unnamed_packs(swift, bucket, url, prefix=PREFIX):
+    keys = {k.rsplit("/", 1)[1] for k in swift.keys(bucket, prefix + "/packs/")}
     return keys - {r[0] + ".pack" for r in sql(url, "SELECT DISTINCT pack FROM chunks WHERE pack IS NOT NULL")}
 
 
-def phase_kill_gc(a, b, reg, files, rng, attempts, url, swift, bucket):
+def phase_kill_gc(a, b, reg, files, rng, attempts, url, swift, bucket, prefix=PREFIX, label="c", seconds=180,
+                  seed=0):
     """c: gc on B killed with SIGKILL at random moments while A saves; the garbage is the chunks and
     packs of snapshots B removed just before (many small chunks each)."""
     stop = threading.Event()
@@ -475,8 +503,8 @@ def phase_kill_gc(a, b, reg, files, rng, attempts, url, swift, bucket):
         k = 0
         while not stop.is_set():
             name = f"during-gc-{k}"
-            path = files / f"{name}.slot"
-            make_slot(path, seed=2000 + k, cells=2048)
+            path = files / f"{label}-{name}.slot"
+            make_slot(path, seed=seed + 2000 + k, cells=2048)
             reg.add(name, str(path))
             if reg.save(a, name):
                 saved["n"] += 1
@@ -485,7 +513,7 @@ def phase_kill_gc(a, b, reg, files, rng, attempts, url, swift, bucket):
     outcomes = {}
     saver = threading.Thread(target=save_loop)
     saver.start()
-    deadline = time.time() + 180
+    deadline = time.time() + seconds
     try:
         for i in range(attempts):
             if time.time() > deadline:
@@ -493,13 +521,13 @@ def phase_kill_gc(a, b, reg, files, rng, attempts, url, swift, bucket):
             names = []
             for j in range(3):
                 name = f"garbage-{i}-{j}"
-                path = files / f"{name}.slot"
-                make_slot(path, seed=3000 + 10 * i + j, cells=1024)
+                path = files / f"{label}-{name}.slot"
+                make_slot(path, seed=seed + 3000 + 10 * i + j, cells=1024)
                 reg.add(name, str(path))
                 if reg.save(a, name, "--cells-per-chunk", "8"):
                     names.append(name)
             p = b.run("rm", *names)
-            check(p.returncode == 0, f"c: B rm {names}: {p.stderr.strip()}")
+            check(p.returncode == 0, f"{label}: B rm {names}: {p.stderr.strip()}")
             for name in names:
                 reg.committed.discard(name)
                 del reg.files[name]
@@ -515,13 +543,13 @@ def phase_kill_gc(a, b, reg, files, rng, attempts, url, swift, bucket):
                 outcome = "finished before the kill" + (" (deleted something)" if any(
                     v for k, v in report.items() if k.endswith("deleted") and isinstance(v, int)) else "")
             else:
-                check(proc.returncode == -signal.SIGKILL, f"c: gc failed on its own: {proc.returncode} {err}")
+                check(proc.returncode == -signal.SIGKILL, f"{label}: gc failed on its own: {proc.returncode} {err}")
                 rows1 = int(sql(url, "SELECT COUNT(*) FROM chunks WHERE refcount = 0")[0][0])
                 if rows0 == 0:
                     outcome = "killed, no chunk rows to forget"
                 elif rows1 >= rows0:
                     outcome = "killed before forgetting the rows (waiting for the lock or listing)"
-                elif unnamed_packs(swift, bucket, url):
+                elif unnamed_packs(swift, bucket, url, prefix):
                     outcome = "killed after forgetting the rows, packs not all deleted"
                 else:
                     outcome = "killed after its deletions"
@@ -529,9 +557,82 @@ def phase_kill_gc(a, b, reg, files, rng, attempts, url, swift, bucket):
     finally:
         stop.set()
         saver.join()
-    figures["c: kill -9 during gc"] = outcomes
-    figures["c: saves on A meanwhile"] = saved["n"]
-    log(f"c: {sum(outcomes.values())} gc runs on B killed at random moments: {outcomes}; {saved['n']} saves on A")
+    figures[f"{label}: kill -9 during gc"] = outcomes
+    figures[f"{label}: saves on A meanwhile"] = saved["n"]
+    log(f"{label}: {sum(outcomes.values())} gc runs on B killed at random moments: {outcomes}; {saved['n']} saves on A")
+
+
+def stop_once_staged(host, swift, bucket, path, name):
+    """Starts `save path --name name` on `host` and stops it (SIGSTOP) as soon as a new upload of a
+    pack holds a part in the bucket: (the stopped process, its upload ids), or (None, None) when the
+    save ended first (it is removed again)."""
+    before = set(in_progress_uploads(swift, bucket))
+    proc = host.spawn("save", str(path), "--name", name, "--json", "-q")
+    while proc.poll() is None:
+        new = {u for u, n in in_progress_uploads(swift, bucket).items() if n > 0 and u not in before}
+        if new:
+            proc.send_signal(signal.SIGSTOP)
+            return proc, new
+        time.sleep(0.02)
+    proc.communicate()
+    host.run("rm", name)
+    return None, None
+
+
+def phase_stages(a, b, reg, files, swift, bucket):
+    """s: a save stages its pack in the bucket (a multipart upload of the pack's key), never on its
+    host, so any host's gc can reclaim what a killed save staged, and none touches a live save's."""
+    t0 = time.time()
+    for name, seed in (("staged-killed", 500), ("staged-live", 501)):
+        path = files / f"{name}.slot"
+        make_slot(path, seed=seed, cells=10240, n=1024)  # 85 MB: the pack goes up in several parts
+        reg.add(name, str(path))
+    def staged_save(name):  # a few tries: a save may end before a poll sees its upload
+        for _ in range(3):
+            proc, ids = stop_once_staged(a, swift, bucket, reg.files[name][0], name)
+            if proc:
+                return proc, ids
+        check(False, f"s: three saves of {name} ended before a part of their pack went up")
+        return None, None
+
+    # Killed (SIGKILL) once its upload holds a part: nothing on A, the upload stays until B's gc.
+    proc, ids = staged_save("staged-killed")
+    if not proc:
+        return
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    check("staged-killed" not in {s["name"] for s in a.ls()}, "s: a killed save is listed")
+    check(not staged(a), f"s: the killed save left a pack on host A: {staged(a)}")
+    check(ids <= set(in_progress_uploads(swift, bucket)), "s: the killed save's upload went before any gc")
+    time.sleep(MULTIPART_MAX_AGE + 1.5)  # Swift's upload times have whole seconds
+    p = b.run("gc", "--wait", "--json", "-q")
+    if check(p.returncode == 0, f"s: B gc: exit {p.returncode}: {p.stderr.strip()}"):
+        check(json.loads(p.stdout)["uploads_aborted"] >= 1, f"s: B's gc aborted no upload: {p.stdout}")
+    check(not ids & set(in_progress_uploads(swift, bucket)), "s: B's gc left the killed save's upload")
+    del reg.files["staged-killed"]
+    # Live, stopped (SIGSTOP) with a stage older than multipart_max_age: B's gc leaves it.
+    proc, ids = staged_save("staged-live")
+    if not proc:
+        return
+    time.sleep(MULTIPART_MAX_AGE + 1.5)
+    p = b.run("gc", "--json", "-q")
+    check(p.returncode == 0 and json.loads(p.stdout)["skipped_busy"],
+          f"s: B's gc while a save lives: exit {p.returncode}: {p.stdout} {p.stderr.strip()}")
+    waiting = b.spawn("gc", "--wait", "--json", "-q")
+    time.sleep(1.0)
+    check(waiting.poll() is None, "s: B's gc --wait ran while a save held the lock")
+    check(ids <= set(in_progress_uploads(swift, bucket)), "s: the live save's upload was aborted")
+    proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate()
+    if check(proc.returncode == 0, f"s: the live save, continued: exit {proc.returncode}: {err.strip()}"):
+        reg.committed.add("staged-live")
+    out, err = waiting.communicate()
+    check(waiting.returncode == 0, f"s: B's gc --wait: exit {waiting.returncode}: {err.strip()}")
+    check(not ids & set(in_progress_uploads(swift, bucket)), "s: the live save's upload is still incomplete")
+    b.clear_cache()
+    restore_matches(b, reg, "staged-live", b.dir / "staged.out")
+    figures["s: stage phase seconds"] = round(time.time() - t0, 1)
+    log(f"s: a killed save's staged upload reclaimed by B's gc; a live one left alone, committed, restored on B")
 
 
 def phase_encrypted(work, url, endpoint, swift, bucket, files):
@@ -539,15 +640,14 @@ def phase_encrypted(work, url, endpoint, swift, bucket, files):
     with the key (store config key_file + tenant), B restores it byte for byte with the key, a host
     without the key gets the clear error (exit 2) and writes nothing, and every object under the
     prefix, read raw through Swift, holds none of the slot's token bytes."""
-    t0 = time.time()
     sql(url, "CREATE DATABASE kvsnap_enc")
     enc_url = url.rsplit("/", 1)[0] + "/kvsnap_enc"
     key = work / "fleet.key"
     key.write_text("5" * 64 + "\n")
     os.chmod(key, 0o600)
-    blobs = f"s3://{bucket}/sealed?endpoint=" + urllib.parse.quote(endpoint, safe="")
-    keyed = {"key_file": str(key), "tenant": "fleet"}
-    ea, eb = (Host(n, work, enc_url, blobs, keyed) for n in ("EA", "EB"))
+    blobs = f"s3://{bucket}/{SEALED}?endpoint=" + urllib.parse.quote(endpoint, safe="")
+    keyed = {"key_file": str(key), "tenant": "fleet", "multipart_max_age": MULTIPART_MAX_AGE}
+    ea, eb, ec = (Host(n, work, enc_url, blobs, keyed) for n in ("EA", "EB", "EC"))
     keyless = Host("EN", work, enc_url, blobs)
     path = files / "sealed.slot"
     make_slot(path, seed=77, cells=512)
@@ -563,14 +663,33 @@ def phase_encrypted(work, url, endpoint, swift, bucket, files):
     with open(path, "rb") as f:
         head = f.read(12 + 64)
     tokens = head[12:12 + 64]  # ggsq v3: magic, version, n_token, then the tokens (i32 LE)
-    names = swift.keys(bucket, "sealed/")
+    names = swift.keys(bucket, SEALED + "/")
     check(len(names) > 0, "e: nothing under the encrypted store's prefix")
     leaked = [n for n in names if tokens in swift.call("GET", f"{bucket}/{urllib.parse.quote(n)}")]
     check(not leaked, f"e: objects holding the slot's token bytes: {leaked}")
     p = keyless.run("verify", "--all", "--json")
     check(p.returncode == 0 and '"sealed_only": 1' in p.stdout, f"e: keyless verify: {p.returncode} {p.stdout} {p.stderr}")
-    figures["e: encrypted phase seconds"] = round(time.time() - t0, 1)
     log(f"e: encrypted store: saved on EA, restored on EB with the key, refused without it; {len(names)} objects hold no tokens")
+    return ea, eb, ec, reg, enc_url
+
+
+def phase_encrypted_kills(ea, eb, ec, reg, enc_url, files, rng, swift, bucket, save_kills, gc_kills):
+    """eb, ec: the kill -9 phases on the encrypted store, fewer rounds, with check_store made with the
+    key (verify, doctor, exact refcounts, restores on a third host byte for byte) after the saves'
+    kills and, after both hosts' final gc, over everything with the bucket's contents."""
+    t0 = time.time()
+    hosts = (ea, eb)
+    phase_kill_saves(ea, eb, reg, files, rng, save_kills, enc_url, swift, bucket, prefix=SEALED, label="eb",
+                     seconds=60, seed=10000)
+    check_store("eb", hosts, ec, reg, enc_url)
+    phase_kill_gc(ea, eb, reg, files, rng, gc_kills, enc_url, swift, bucket, prefix=SEALED, label="ec",
+                  seconds=45, seed=10000)
+    for h in hosts:
+        p = h.run("gc", "--wait", "--json", "-q")
+        check(p.returncode == 0, f"encrypted final gc on {h.name}: {p.stderr.strip()}")
+    check_bucket("encrypted final", swift, bucket, enc_url, hosts, prefix=SEALED)
+    check_store("encrypted final", hosts, ec, reg, enc_url, everything=True)
+    figures["eb+ec: encrypted kill phases seconds"] = round(time.time() - t0, 1)
 
 
 def main():
@@ -581,6 +700,8 @@ def main():
     ap.add_argument("--seed", type=int, default=int(time.time()))
     ap.add_argument("--save-kills", type=int, default=12)
     ap.add_argument("--gc-kills", type=int, default=8)
+    ap.add_argument("--encrypted-save-kills", type=int, default=4)
+    ap.add_argument("--encrypted-gc-kills", type=int, default=2)
     args = ap.parse_args()
     KV = os.path.abspath(args.kvsnap)
     endpoint = os.environ.get("S3_ENDPOINT")
@@ -600,7 +721,7 @@ def main():
         bucket = f"fleet-{args.seed % 1000000}"
         swift.create(bucket)
         blobs = f"s3://{bucket}/{PREFIX}?endpoint=" + urllib.parse.quote(endpoint, safe="")
-        a, b, c = (Host(n, work, URL, blobs) for n in ("A", "B", "C"))
+        a, b, c = (Host(n, work, URL, blobs, {"multipart_max_age": MULTIPART_MAX_AGE}) for n in ("A", "B", "C"))
         files = work / "files"
         files.mkdir()
         reg = Registry()
@@ -613,13 +734,16 @@ def main():
         check_store("b", hosts, c, reg, URL)
         phase_kill_gc(a, b, reg, files, rng, args.gc_kills, URL, swift, bucket)
         check_store("c", hosts, c, reg, URL)
-        figures["staged packs of killed saves left on A before its gc"] = len(staged(a))
+        phase_stages(a, b, reg, files, swift, bucket)  # the final check_store covers it
         for h in (a, b):
             p = h.run("gc", "--wait", "--json", "-q")
             check(p.returncode == 0, f"final gc on {h.name}: {p.stderr.strip()}")
         check_bucket("final", swift, bucket, URL, hosts)
         check_store("final", hosts, c, reg, URL, everything=True)
-        phase_encrypted(work, URL, endpoint, swift, bucket, files)
+        sealed = phase_encrypted(work, URL, endpoint, swift, bucket, files)
+        if sealed:
+            phase_encrypted_kills(*sealed, files, rng, swift, bucket, args.encrypted_save_kills,
+                                  args.encrypted_gc_kills)
     finally:
         subprocess.run(["bash", str(SRC / "tests/beds/postgres.sh"), "stop", str(pg_dir)])
     figures["seconds"] = round(time.time() - t_all, 1)

@@ -52,9 +52,6 @@ class S3BlobStoreTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     return s.ok() ? std::move(s).value() : nullptr;
   }
-  size_t staged_files() {
-    return size_t(std::distance(fs::directory_iterator(local_ + "/staging"), fs::directory_iterator()));
-  }
 
   std::optional<S3Config> cfg_;
   std::string local_;
@@ -206,9 +203,8 @@ TEST_F(S3BlobStoreTest, PackIsInvisibleUntilCommitThenRangeRead) {
   EXPECT_EQ(batch->append(blobs[3].first, pattern(1000 + 37 * 3, 3))->offset, blobs[3].second.offset)
       << "a hash appended before is not written again";
   EXPECT_TRUE(store->list_packs()->empty()) << "nothing listed before commit";
-  EXPECT_EQ(store->list_tmp()->size(), 1u) << "the pack is staged locally";
+  EXPECT_EQ(store->list_tmp()->size(), 0u) << "nothing is staged on this host";
   ASSERT_TRUE(batch->commit().ok());
-  EXPECT_EQ(store->list_tmp()->size(), 0u);
   const std::string pack = blobs[0].second.pack;
   EXPECT_EQ(*store->list_packs(), std::vector<std::string>{pack});
   EXPECT_GT(*store->pack_size(pack), 20000u);
@@ -237,30 +233,48 @@ TEST_F(S3BlobStoreTest, BigPackGoesUpInParts) {
   ASSERT_TRUE(store);
   auto batch = std::move(store->begin_write()).value();
   std::vector<std::pair<ChunkHash, BlobLocation>> blobs;
-  for (int i = 0; i < 12; ++i) {  // 12 x 1 MiB: three parts
+  const uint64_t before = store->client().attempts();
+  for (int i = 0; i < 12; ++i) {  // 12 x 1 MiB: two full parts go up while appending, the last at commit
     const auto data = pattern(1 << 20, uint32_t(100 + i));
     blobs.emplace_back(ChunkHash::of(data), *batch->append(ChunkHash::of(data), data));
   }
-  const uint64_t before = store->client().attempts();
+  EXPECT_EQ(store->client().attempts() - before, 3u) << "create and two parts before the commit";
+  // The stage is in the bucket, where any host's gc sees it, and no listing shows it.
+  auto staged = store->client().list_uploads("team-a/packs/");
+  ASSERT_TRUE(staged.ok()) << staged.status().ToString();
+  ASSERT_EQ(staged->size(), 1u);
+  EXPECT_EQ((*staged)[0].key, store->pack_key(blobs[0].second.pack));
+  EXPECT_TRUE(store->list_packs()->empty());
+  EXPECT_EQ(store->list_tmp()->size(), 0u) << "nothing is staged on this host";
+  const uint64_t listed = store->client().attempts();
   ASSERT_TRUE(batch->commit().ok());
-  EXPECT_EQ(store->client().attempts() - before, 5u) << "create, three parts, complete";
+  EXPECT_EQ(store->client().attempts() - listed, 2u) << "the last part, complete";
+  EXPECT_TRUE(store->client().list_uploads("team-a/packs/")->empty());
   EXPECT_EQ(*store->pack_size(blobs[0].second.pack), 12u << 20);
   for (int i : {0, 4, 5, 11})  // across part boundaries
     EXPECT_EQ(*store->get(blobs[size_t(i)].first, blobs[size_t(i)].second, 2 << 20), pattern(1 << 20, uint32_t(100 + i)));
 }
 
-TEST_F(S3BlobStoreTest, DroppedBatchLeavesNoPackAndNoTemporary) {
+TEST_F(S3BlobStoreTest, DroppedBatchLeavesNoPackNoTemporaryAndNoUpload) {
+  cfg_->part_size = 5 << 20;
   auto store = open();
   ASSERT_TRUE(store);
   {
     auto batch = std::move(store->begin_write()).value();
     ASSERT_TRUE(batch->append(ChunkHash::of(bytes_of("a")), bytes_of("a")).ok());
   }
+  {  // a part went up: the batch aborts its upload
+    auto batch = std::move(store->begin_write()).value();
+    const auto data = pattern(6 << 20, 7);
+    ASSERT_TRUE(batch->append(ChunkHash::of(data), data).ok());
+    ASSERT_EQ(store->client().list_uploads("team-a/packs/")->size(), 1u);
+  }
   EXPECT_TRUE(store->list_packs()->empty());
   EXPECT_EQ(store->list_tmp()->size(), 0u);
+  EXPECT_TRUE(store->client().list_uploads("team-a/packs/")->empty());
 }
 
-TEST_F(S3BlobStoreTest, FailedUploadKeepsTheStagedPackForARetry) {
+TEST_F(S3BlobStoreTest, FailedCommitKeepsThePackForARetry) {
   cfg_->retry = {.max_attempts = 2, .base_delay_ms = 10, .max_delay_ms = 10, .max_total_ms = 10000};
   auto store = open();
   ASSERT_TRUE(store);
@@ -274,12 +288,10 @@ TEST_F(S3BlobStoreTest, FailedUploadKeepsTheStagedPackForARetry) {
   ASSERT_FALSE(failed.ok());
   EXPECT_NE(failed.message().find(store->pack_key(where->pack)), std::string::npos) << failed.message();
   ASSERT_EQ(resumed, 0);
-  EXPECT_EQ(store->list_tmp()->size(), 1u);
   EXPECT_TRUE(store->list_packs()->empty());
   const Status retried = batch->commit();
   ASSERT_TRUE(retried.ok()) << retried.ToString();
   EXPECT_EQ(*store->get(ChunkHash::of(data), *where, 1 << 20), data);
-  EXPECT_EQ(store->list_tmp()->size(), 0u);
 }
 
 TEST_F(S3BlobStoreTest, ReadThroughCacheServesWhileTheServerIsAway) {
@@ -357,7 +369,7 @@ TEST_F(S3BlobStoreTest, GcLockExcludesSavesAndRemoveDeletes) {
   EXPECT_EQ(store->get(h, 100).status().code(), Code::kNotFound) << "removed from the cache too";
   EXPECT_TRUE(store->list()->empty());
   EXPECT_TRUE(store->list_packs()->empty());
-  // A temporary a crashed save left: listed, sized, cleared.
+  // A temporary of a save an older kvsnap (which staged packs here) left: listed, sized, cleared.
   std::ofstream(local_ + "/staging/0123456789abcdef.pack.kvsnap-tmp-1-2") << "leftover";
   EXPECT_EQ(store->list_tmp()->size(), 1u);
   EXPECT_EQ(*store->tmp_size("0123456789abcdef.pack.kvsnap-tmp-1-2"), 8u);
