@@ -167,12 +167,11 @@ void mlx_affine_quantize_group(const float* w, int bits, int group_size, MlxDevi
 
 void mlx_affine_quantize_row(const float* x, int64_t dim, int bits, int group_size, MlxDevice device,
                              std::byte* codes, float* scales, float* biases) {
-#ifdef KVSNAP_SIMD_X86
-  if (simd::level() != simd::Level::kScalar) {
-    simd::x86::mlx_affine_quantize_row_avx2(x, dim, bits, group_size, device, codes, scales, biases);
-    return;
-  }
-#endif
+  simd::find_mlx_quantize()(x, dim, bits, group_size, device, codes, scales, biases);
+}
+
+void mlx_affine_quantize_row_ref(const float* x, int64_t dim, int bits, int group_size, MlxDevice device,
+                                 std::byte* codes, float* scales, float* biases) {
   const size_t group_bytes = size_t(group_size) * size_t(bits) / 8;
   for (int64_t g = 0; g < dim / group_size; ++g) {
     mlx_affine_quantize_group(x + g * group_size, bits, group_size, device, codes + size_t(g) * group_bytes,
@@ -190,13 +189,7 @@ uint32_t mlx_affine_code(const std::byte* codes, int64_t i, int bits) {
 
 void mlx_affine_dequantize_row(const std::byte* codes, const float* scales, const float* biases, int64_t dim, int bits,
                                int group_size, MlxFloat t, float* out) {
-#ifdef KVSNAP_SIMD_X86
-  if (simd::level() != simd::Level::kScalar) {
-    simd::x86::mlx_affine_dequantize_row_avx2(codes, scales, biases, dim, bits, group_size, t, out);
-    return;
-  }
-#endif
-  mlx_affine_dequantize_row_ref(codes, scales, biases, dim, bits, group_size, t, out);
+  simd::find_mlx_dequantize()(codes, scales, biases, dim, bits, group_size, t, out);
 }
 
 void mlx_affine_dequantize_row_ref(const std::byte* codes, const float* scales, const float* biases, int64_t dim,

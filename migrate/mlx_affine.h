@@ -62,8 +62,13 @@ float mlx_round_to(MlxFloat t, float v);
 void mlx_affine_quantize_row(const float* x, int64_t dim, int bits, int group_size, MlxDevice device,
                              std::byte* codes, float* scales, float* biases);
 
+// Its scalar code, which the SIMD kernels (the level table in migrate/simd_level.cc) must equal
+// byte for byte and kvsnap-simd-check compares them with.
+void mlx_affine_quantize_row_ref(const float* x, int64_t dim, int bits, int group_size, MlxDevice device,
+                                 std::byte* codes, float* scales, float* biases);
+
 // The pieces mlx_affine_quantize_row is made of, shared with its SIMD kernels
-// (migrate/kernels/x86_avx2_mlx.cc), which must give the same bytes:
+// (migrate/kernels/x86_avx2_mlx.cc, arm_neon_mlx.cc), which must give the same bytes:
 // - the group's scale and bias from its minimum and maximum (MLX's float32 steps, in order);
 // - the scalar quantizer of one group of group_size values, whose codes (group_size * bits / 8
 //   bytes, always whole bytes) go to `codes`.
