@@ -101,7 +101,10 @@ void unpack_codes(const std::byte* in, int n, int bits, uint8_t* c, size_t room)
   if (bits == 4) {  // code 2k = byte k & 15, code 2k + 1 = byte k >> 4
     for (int i = 0; i < n; i += 32) {
       const uint8x16_t b = vld1q_u8(u8(in) + i / 2);
-      vst2q_u8(c + i, uint8x16x2_t{{vandq_u8(b, vdupq_n_u8(0x0F)), vshrq_n_u8(b, 4)}});
+      uint8x16x2_t v;
+      v.val[0] = vandq_u8(b, vdupq_n_u8(0x0F));
+      v.val[1] = vshrq_n_u8(b, 4);
+      vst2q_u8(c + i, v);
     }
     return;
   }
