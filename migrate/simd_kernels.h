@@ -11,7 +11,7 @@
 //
 // Only call a kernel when simd::level() (migrate/simd_level.h) says the CPU has it; the
 // dispatch tables do that: the codec table (migrate/type_traits.cc, a column per level) and
-// the level table (simd_level.cc: Hadamard and fused kernels per level).
+// the level table (simd_level.cc: Hadamard, fused and MLX affine row kernels per level).
 //
 // A kernel computes the reference's float operations in the reference's order for every value
 // (lanes are values, blocks or trial scales, never partial sums of one reduction), uses
