@@ -132,17 +132,25 @@ void mlx_affine_scale_bias(float w_min, float w_max, int bits, MlxDevice device,
   *bias_out = bias;
 }
 
-void mlx_affine_quantize_group(const float* w, int bits, int group_size, MlxDevice device, std::byte* codes,
-                               float* scale_out, float* bias_out) {
-  const float n_bins = float((1 << bits) - 1);
+void mlx_affine_min_max(const float* lo, const float* hi, int n, MlxDevice device, float* w_min_out,
+                        float* w_max_out) {
   // The GPU kernel's running max starts at 0 (and its min at T's largest finite value, which no
   // value of T is above: the same as starting at float's).
   float w_min = device == MlxDevice::kCpu ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::max();
   float w_max = device == MlxDevice::kCpu ? -std::numeric_limits<float>::infinity() : 0.0f;
-  for (int j = 0; j < group_size; ++j) {
-    w_max = std::max(w_max, w[j]);
-    w_min = std::min(w_min, w[j]);
+  for (int j = 0; j < n; ++j) {
+    w_max = std::max(w_max, hi[j]);
+    w_min = std::min(w_min, lo[j]);
   }
+  *w_min_out = w_min;
+  *w_max_out = w_max;
+}
+
+void mlx_affine_quantize_group(const float* w, int bits, int group_size, MlxDevice device, std::byte* codes,
+                               float* scale_out, float* bias_out) {
+  const float n_bins = float((1 << bits) - 1);
+  float w_min = 0, w_max = 0;
+  mlx_affine_min_max(w, w, group_size, device, &w_min, &w_max);
   float scale = 0, bias = 0;
   mlx_affine_scale_bias(w_min, w_max, bits, device, &scale, &bias);
   *scale_out = scale;

@@ -4,7 +4,7 @@
 // the scalar code there (and as x86_avx2_mlx.cc), 4 values per vector:
 // - quantize: the group's minimum and maximum are lane-wise `acc < v ? v : acc` / `v < acc ? v :
 //   acc` (compare + select: std::max/std::min's expressions, so a NaN is skipped as the scalar
-//   loop skips it; FMAX/FMIN would return it), reduced across lanes with std::max/std::min; with
+//   loop skips it; FMAX/FMIN would return it), reduced across lanes by mlx_affine_min_max; with
 //   no NaN left they are order-free, and the sign of a zero extreme never reaches the output (a
 //   zero edge gives q0 = 0 either way). Scale and bias come from the scalar mlx_affine_scale_bias.
 //   Each value: (w - bias) / scale (FSUB, FDIV: IEEE, as the scalar ones), rint (FRINTN, half
@@ -138,11 +138,8 @@ void quantize_group(const float* w, int bits, int group_size, MlxDevice device, 
   float lmx[8], lmn[8];
   vst1q_f32(lmx, mx[0]), vst1q_f32(lmx + 4, mx[1]);
   vst1q_f32(lmn, mn[0]), vst1q_f32(lmn + 4, mn[1]);
-  float w_max = lmx[0], w_min = lmn[0];
-  for (int l = 1; l < 8; l++) {
-    w_max = std::max(w_max, lmx[l]);
-    w_min = std::min(w_min, lmn[l]);
-  }
+  float w_min = 0, w_max = 0;
+  mlx_affine_min_max(lmn, lmx, 8, device, &w_min, &w_max);
   mlx_affine_scale_bias(w_min, w_max, bits, device, scale, bias);
   const float32x4_t vs = vdupq_n_f32(*scale), vb = vdupq_n_f32(*bias);
   const float32x4_t zero = vdupq_n_f32(0.0f), top = vdupq_n_f32(float((1 << bits) - 1));

@@ -152,11 +152,8 @@ KV_AVX2 void quantize_group(const float* w, int bits, int group_size, MlxDevice 
   alignas(32) float lmx[8], lmn[8];
   _mm256_store_ps(lmx, mx);
   _mm256_store_ps(lmn, mn);
-  float w_max = lmx[0], w_min = lmn[0];
-  for (int l = 1; l < 8; l++) {
-    w_max = std::max(w_max, lmx[l]);
-    w_min = std::min(w_min, lmn[l]);
-  }
+  float w_min = 0, w_max = 0;
+  mlx_affine_min_max(lmn, lmx, 8, device, &w_min, &w_max);
   mlx_affine_scale_bias(w_min, w_max, bits, device, scale, bias);
   const __m256 vs = _mm256_set1_ps(*scale), vb = _mm256_set1_ps(*bias);
   const __m256 zero = _mm256_setzero_ps(), top = _mm256_set1_ps(float((1 << bits) - 1));
