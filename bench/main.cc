@@ -512,7 +512,7 @@ std::map<std::string, double> mlx_baseline(const Options& opt, uint64_t rows, in
   std::map<std::string, double> out;
   if (access(py.c_str(), X_OK) != 0) return out;
   char args[256];
-  std::snprintf(args, sizeof args, " --rows %" PRIu64 " --dim %d --group %d --bits 4,8 --from-bits %d --seconds %g --rounds %d",
+  std::snprintf(args, sizeof args, " --rows %" PRIu64 " --dim %d --group %d --bits 2,3,4,5,6,8 --from-bits %d --seconds %g --rounds %d",
                 rows, dim, group, from_bits, opt.seconds, opt.rounds);
   const std::string cmd = py + " " KVSNAP_BENCH_SOURCE_DIR "/mlx_affine_bench.py" + args + " 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
@@ -526,7 +526,7 @@ std::map<std::string, double> mlx_baseline(const Options& opt, uint64_t rows, in
 }
 
 // kvsnap's MLX rows against mx.quantize on the CPU: bf16 rows of head_dim values quantized at
-// 4 and 8 bits (group 64), dequantized, and 8 -> 4 bits requantized, each row as
+// every bits (group 64), dequantized, and requantized from 8 bits, each row as
 // migrate/mlx_requant.cc converts it (floats of T in, mlx_affine_quantize_row /
 // mlx_affine_dequantize_row, scales and biases stored as T).
 int run_mlx(const Options& opt) {
@@ -588,7 +588,7 @@ int run_mlx(const Options& opt) {
     double mx = 0;
   };
   std::vector<Cell> cells;
-  for (int bits : {4, 8}) {
+  for (int bits : {2, 3, 4, 5, 6, 8}) {
     const Packed q = bits == from_bits ? q8 : quantize_all(bits);
     Packed out = packed(bits);
     std::vector<std::byte> back(src.size());

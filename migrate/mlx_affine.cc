@@ -132,17 +132,25 @@ void mlx_affine_scale_bias(float w_min, float w_max, int bits, MlxDevice device,
   *bias_out = bias;
 }
 
-void mlx_affine_quantize_group(const float* w, int bits, int group_size, MlxDevice device, std::byte* codes,
-                               float* scale_out, float* bias_out) {
-  const float n_bins = float((1 << bits) - 1);
+void mlx_affine_min_max(const float* lo, const float* hi, int n, MlxDevice device, float* w_min_out,
+                        float* w_max_out) {
   // The GPU kernel's running max starts at 0 (and its min at T's largest finite value, which no
   // value of T is above: the same as starting at float's).
   float w_min = device == MlxDevice::kCpu ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::max();
   float w_max = device == MlxDevice::kCpu ? -std::numeric_limits<float>::infinity() : 0.0f;
-  for (int j = 0; j < group_size; ++j) {
-    w_max = std::max(w_max, w[j]);
-    w_min = std::min(w_min, w[j]);
+  for (int j = 0; j < n; ++j) {
+    w_max = std::max(w_max, hi[j]);
+    w_min = std::min(w_min, lo[j]);
   }
+  *w_min_out = w_min;
+  *w_max_out = w_max;
+}
+
+void mlx_affine_quantize_group(const float* w, int bits, int group_size, MlxDevice device, std::byte* codes,
+                               float* scale_out, float* bias_out) {
+  const float n_bins = float((1 << bits) - 1);
+  float w_min = 0, w_max = 0;
+  mlx_affine_min_max(w, w, group_size, device, &w_min, &w_max);
   float scale = 0, bias = 0;
   mlx_affine_scale_bias(w_min, w_max, bits, device, &scale, &bias);
   *scale_out = scale;
@@ -167,12 +175,11 @@ void mlx_affine_quantize_group(const float* w, int bits, int group_size, MlxDevi
 
 void mlx_affine_quantize_row(const float* x, int64_t dim, int bits, int group_size, MlxDevice device,
                              std::byte* codes, float* scales, float* biases) {
-#ifdef KVSNAP_SIMD_X86
-  if (simd::level() != simd::Level::kScalar) {
-    simd::x86::mlx_affine_quantize_row_avx2(x, dim, bits, group_size, device, codes, scales, biases);
-    return;
-  }
-#endif
+  simd::find_mlx_quantize()(x, dim, bits, group_size, device, codes, scales, biases);
+}
+
+void mlx_affine_quantize_row_ref(const float* x, int64_t dim, int bits, int group_size, MlxDevice device,
+                                 std::byte* codes, float* scales, float* biases) {
   const size_t group_bytes = size_t(group_size) * size_t(bits) / 8;
   for (int64_t g = 0; g < dim / group_size; ++g) {
     mlx_affine_quantize_group(x + g * group_size, bits, group_size, device, codes + size_t(g) * group_bytes,
@@ -190,13 +197,7 @@ uint32_t mlx_affine_code(const std::byte* codes, int64_t i, int bits) {
 
 void mlx_affine_dequantize_row(const std::byte* codes, const float* scales, const float* biases, int64_t dim, int bits,
                                int group_size, MlxFloat t, float* out) {
-#ifdef KVSNAP_SIMD_X86
-  if (simd::level() != simd::Level::kScalar) {
-    simd::x86::mlx_affine_dequantize_row_avx2(codes, scales, biases, dim, bits, group_size, t, out);
-    return;
-  }
-#endif
-  mlx_affine_dequantize_row_ref(codes, scales, biases, dim, bits, group_size, t, out);
+  simd::find_mlx_dequantize()(codes, scales, biases, dim, bits, group_size, t, out);
 }
 
 void mlx_affine_dequantize_row_ref(const std::byte* codes, const float* scales, const float* biases, int64_t dim,

@@ -62,11 +62,20 @@ float mlx_round_to(MlxFloat t, float v);
 void mlx_affine_quantize_row(const float* x, int64_t dim, int bits, int group_size, MlxDevice device,
                              std::byte* codes, float* scales, float* biases);
 
+// Its scalar code, which the SIMD kernels (the level table in migrate/simd_level.cc) must equal
+// byte for byte and kvsnap-simd-check compares them with.
+void mlx_affine_quantize_row_ref(const float* x, int64_t dim, int bits, int group_size, MlxDevice device,
+                                 std::byte* codes, float* scales, float* biases);
+
 // The pieces mlx_affine_quantize_row is made of, shared with its SIMD kernels
-// (migrate/kernels/x86_avx2_mlx.cc), which must give the same bytes:
+// (migrate/kernels/x86_avx2_mlx.cc, arm_neon_mlx.cc), which must give the same bytes:
+// - the group's minimum over lo[0..n) and maximum over hi[0..n) as MLX's loop takes them (a NaN
+//   is skipped; the GPU's running maximum starts at 0): the scalar quantizer passes the group
+//   twice, the kernels their lanes' minima and maxima (the same extremes in another order);
 // - the group's scale and bias from its minimum and maximum (MLX's float32 steps, in order);
 // - the scalar quantizer of one group of group_size values, whose codes (group_size * bits / 8
 //   bytes, always whole bytes) go to `codes`.
+void mlx_affine_min_max(const float* lo, const float* hi, int n, MlxDevice device, float* w_min, float* w_max);
 void mlx_affine_scale_bias(float w_min, float w_max, int bits, MlxDevice device, float* scale, float* bias);
 void mlx_affine_quantize_group(const float* w, int bits, int group_size, MlxDevice device, std::byte* codes,
                                float* scale, float* bias);

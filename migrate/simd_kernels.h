@@ -11,7 +11,7 @@
 //
 // Only call a kernel when simd::level() (migrate/simd_level.h) says the CPU has it; the
 // dispatch tables do that: the codec table (migrate/type_traits.cc, a column per level) and
-// the level table (simd_level.cc: Hadamard and fused kernels per level).
+// the level table (simd_level.cc: Hadamard, fused and MLX affine row kernels per level).
 //
 // A kernel computes the reference's float operations in the reference's order for every value
 // (lanes are values, blocks or trial scales, never partial sums of one reduction), uses
@@ -48,6 +48,11 @@ FusedRowFn find_fused(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot);
 
 using HadamardFn = void (*)(float* x, size_t n, uint32_t n_rot);
 using FindFusedFn = FusedRowFn (*)(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot);
+// mlx_affine_quantize_row / mlx_affine_dequantize_row (migrate/mlx_affine.h), same arguments.
+using MlxQuantizeFn = void (*)(const float* x, int64_t dim, int bits, int group_size, MlxDevice device,
+                               std::byte* codes, float* scales, float* biases);
+using MlxDequantizeFn = void (*)(const std::byte* codes, const float* scales, const float* biases, int64_t dim,
+                                 int bits, int group_size, MlxFloat t, float* out);
 
 // What one SIMD level brings besides its row codecs (those are its column of the codec table
 // in migrate/type_traits.cc). One row per Level in simd_level.cc's kLevels.
@@ -57,12 +62,18 @@ struct LevelKernels {
   HadamardFn hadamard;            // nullptr: the level below's
   uint32_t hadamard_min_n_rot;    // the smallest rotation block `hadamard` takes (a smaller one: the level below's)
   FindFusedFn find_fused;         // nullptr: no fused row kernels at this level
+  MlxQuantizeFn mlx_quantize;     // MLX affine rows; nullptr: the level below's
+  MlxDequantizeFn mlx_dequantize;
 };
 const LevelKernels& level_kernels(Level l);
 
 // The Hadamard kernel for blocks of n_rot at the current level: the best level at or below it
 // whose kernel takes n_rot (the scalar one takes every power of two >= 2).
 HadamardFn find_hadamard(uint32_t n_rot);
+
+// The MLX affine row kernels at the current level (or the nearest level below that has them).
+MlxQuantizeFn find_mlx_quantize();
+MlxDequantizeFn find_mlx_dequantize();
 
 }  // namespace kvsnap::simd
 
@@ -167,6 +178,13 @@ void q8_0_from_f32_neon(const float* src, std::byte* dst, size_t n);
 void iq4_nl_to_f32_neon(const std::byte* src, float* dst, size_t n);
 void iq4_nl_from_f32_neon(const float* src, std::byte* dst, size_t n);  // kernels/arm_neon_iq4_nl.cc
 void hadamard_neon(float* x, size_t n, uint32_t n_rot);  // n_rot >= 4
+
+// MLX affine quantization (migrate/mlx_affine.h): mlx_affine_quantize_row and
+// mlx_affine_dequantize_row, the same bytes and floats (kernels/arm_neon_mlx.cc)
+void mlx_affine_quantize_row_neon(const float* x, int64_t dim, int bits, int group_size, MlxDevice device,
+                                  std::byte* codes, float* scales, float* biases);
+void mlx_affine_dequantize_row_neon(const std::byte* codes, const float* scales, const float* biases, int64_t dim,
+                                    int bits, int group_size, MlxFloat t, float* out);
 
 }  // namespace kvsnap::simd::arm
 #endif

@@ -54,10 +54,15 @@ Level detect() {
 #endif
 constexpr LevelKernels kLevels[] = {
     //  level          name      Hadamard kernel               min n_rot  fused row kernels
-    {Level::kScalar, "scalar", hadamard_ref::rotate, 2, nullptr},
-    {Level::kAvx2, "avx2", KVSNAP_X86(hadamard_avx2), 8, KVSNAP_X86(find_fused_avx2)},
-    {Level::kAvx512, "avx512", KVSNAP_X86(hadamard_avx512), 16, KVSNAP_X86(find_fused_avx512)},
-    {Level::kNeon, "neon", KVSNAP_ARM(hadamard_neon), 4, nullptr},
+    //                 MLX affine quantize, dequantize
+    {Level::kScalar, "scalar", hadamard_ref::rotate, 2, nullptr,  //
+     mlx_affine_quantize_row_ref, mlx_affine_dequantize_row_ref},
+    {Level::kAvx2, "avx2", KVSNAP_X86(hadamard_avx2), 8, KVSNAP_X86(find_fused_avx2),  //
+     KVSNAP_X86(mlx_affine_quantize_row_avx2), KVSNAP_X86(mlx_affine_dequantize_row_avx2)},
+    {Level::kAvx512, "avx512", KVSNAP_X86(hadamard_avx512), 16, KVSNAP_X86(find_fused_avx512),  //
+     nullptr, nullptr},  // no AVX-512 MLX kernels: AVX2's serve
+    {Level::kNeon, "neon", KVSNAP_ARM(hadamard_neon), 4, nullptr,  //
+     KVSNAP_ARM(mlx_affine_quantize_row_neon), KVSNAP_ARM(mlx_affine_dequantize_row_neon)},
 };
 #undef KVSNAP_X86
 #undef KVSNAP_ARM
@@ -133,6 +138,17 @@ HadamardFn find_hadamard(uint32_t n_rot) {
   }
   return kLevels[0].hadamard;
 }
+
+// The first kernel of the chain from the current level down; the scalar row has every one.
+template <class Fn>
+Fn find_in_chain(Fn LevelKernels::*field) {
+  for (Level l = level();; l = fallback(l)) {
+    if (Fn fn = kLevels[static_cast<size_t>(l)].*field) return fn;
+  }
+}
+
+MlxQuantizeFn find_mlx_quantize() { return find_in_chain(&LevelKernels::mlx_quantize); }
+MlxDequantizeFn find_mlx_dequantize() { return find_in_chain(&LevelKernels::mlx_dequantize); }
 
 std::string describe() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

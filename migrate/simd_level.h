@@ -1,5 +1,5 @@
 // Which instruction set the row kernels use (the codec table of migrate/type_traits.cc, the
-// Hadamard and fused kernels of simd_level.cc's level table).
+// Hadamard, fused and MLX affine kernels of simd_level.cc's level table).
 //
 // Every level produces the same bytes and floats: the SIMD kernels (migrate/simd_kernels.h)
 // perform the reference's float operations in the reference's order, lane by lane, and fall
@@ -26,8 +26,8 @@ enum class Level : int {
 // kernel missing at a level is fallback(level)'s. A build for one architecture supports only
 // the levels of its chain (set_level refuses the others).
 // A new level: an enumerator here (and kLevelCount, fallback()), its row in simd_level.cc's
-// kLevels (name, detection, Hadamard/fused kernels), its column in migrate/type_traits.cc's
-// codec table.
+// kLevels (name, detection, Hadamard/fused/MLX affine kernels), its column in
+// migrate/type_traits.cc's codec table.
 inline constexpr size_t kLevelCount = 4;
 
 // The level whose kernel serves where `l` has none: the one below it in its chain.

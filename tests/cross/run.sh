@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The aarch64 stage: cross-compiles the layers the row kernels live in (base, format, migrate:
-# -DKVSNAP_CORE_ONLY=ON) with Debian's aarch64 toolchain and runs their unit tests, the golden
-# tests pinned to ggml (tests/migrate) and kvsnap-simd-check (every NEON kernel against the
-# scalar reference, byte for byte) under qemu-user. The migrate tests run twice: at the NEON
-# level (the default on aarch64) and at KVSNAP_SIMD=scalar, which proves the scalar reference
-# itself on ARM. Bytes only: timings under qemu mean nothing (docs/performance.md, "ARM").
+# -DKVSNAP_CORE_ONLY=ON) with Debian's aarch64 toolchain and runs their unit tests (and those of
+# tests/mlx: MLX's affine codec and the prompt-cache files), the golden tests pinned to ggml
+# (tests/migrate) and kvsnap-simd-check (every NEON kernel against the scalar reference, byte
+# for byte) under qemu-user. The migrate and mlx tests run twice: at the NEON level (the
+# default on aarch64) and at KVSNAP_SIMD=scalar, which proves the scalar reference itself on ARM.
+# Bytes only: timings under qemu mean nothing (docs/performance.md, "ARM").
 #
 #   bash tests/cross/run.sh [BUILD_DIR [TOOLCHAIN_FILE]]   (default build-aarch64, tests/cross/aarch64.cmake;
 #                                                         tests/cross/aarch64-clang.cmake: clang 16, the Apple clang proxy)
@@ -35,7 +36,7 @@ fi
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_TOOLCHAIN_FILE="$toolchain" -DKVSNAP_CORE_ONLY=ON \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$build" -j"$jobs" --target base_tests format_tests migrate_tests kvsnap-simd-check
+cmake --build "$build" -j"$jobs" --target base_tests format_tests migrate_tests mlx_tests kvsnap-simd-check
 # ctest runs every command through CMAKE_CROSSCOMPILING_EMULATOR (qemu-aarch64, the toolchain file).
 #
 # Left out: the golden tests of the quantized types (tests/migrate/golden/*.golden, made by ggml
@@ -52,4 +53,7 @@ echo "== cross: tests/migrate at KVSNAP_SIMD=scalar (the scalar reference on aar
 KVSNAP_SIMD=scalar qemu-aarch64 -L /usr/aarch64-linux-gnu -E LD_LIBRARY_PATH=/usr/aarch64-linux-gnu/lib \
   "$build/tests/migrate/migrate_tests" --gtest_brief=1 \
   --gtest_filter='-AllKvTypes/GoldenTypes.MatchesGgml/q*:AllKvTypes/GoldenTypes.MatchesGgml/iq4_nl'
+echo "== cross: tests/mlx at KVSNAP_SIMD=scalar =="
+KVSNAP_SIMD=scalar qemu-aarch64 -L /usr/aarch64-linux-gnu -E LD_LIBRARY_PATH=/usr/aarch64-linux-gnu/lib \
+  "$build/tests/mlx/mlx_tests" --gtest_brief=1
 
