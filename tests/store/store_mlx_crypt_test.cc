@@ -332,5 +332,41 @@ TEST(StoreMlxCrypt, ExportAndImportSealedDecryptedAndSealedAgain) {
   fs::remove(plain);
 }
 
+// kvsnap rekey (docs/store.md, "Key rotation") over a store that holds prompt caches beside a
+// llama.cpp state: each is sealed again under the new key, restores byte for byte with it (and
+// its token prefix is still found), verify is clean, and the old key is refused.
+TEST(StoreMlxCrypt, RekeySealsPromptCachesAgainUnderTheNewKey) {
+  Bed b;
+  MemoryFile short_f = kv_file(2, 4, 600, 64, "a.safetensors", "mlx-community/tiny");
+  MemoryFile long_f = kv_file(2, 4, 900, 64, "b.safetensors", "mlx-community/tiny");
+  Loaded slot = load(fixtures() / kSlot);
+  {
+    auto alice = b.must_open(b.key_a, "alice");
+    ASSERT_TRUE(alice);
+    ASSERT_TRUE(save(*alice, short_f, with("short", tokens(600))).ok());
+    ASSERT_TRUE(save(*alice, long_f, with("long", tokens(900))).ok());
+    auto s = alice->save(*slot.file, slot.state, small_chunks());
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    auto k = load_key_file(b.key_b.string());
+    ASSERT_TRUE(k.ok()) << k.status().ToString();
+    auto rep = alice->rekey(*k);
+    ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+    EXPECT_EQ(rep->rekeyed, 3u);
+  }
+  auto alice = b.must_open(b.key_b, "alice");
+  ASSERT_TRUE(alice);
+  expect_restores(*alice, "short", short_f);
+  expect_restores(*alice, "long", long_f);
+  auto found = alice->catalog().find_prefix(tokens(1000), "mlx-lm:mlx-community/tiny", 10);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(found->size(), 2u) << "the keyed prefix index, rebuilt under the new key";
+  auto v = alice->verify({});
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_TRUE(v->problems.empty()) << v->problems.front();
+  auto old_key = b.open(b.key_a, "alice");
+  ASSERT_FALSE(old_key.ok());
+  EXPECT_EQ(old_key.status().code(), Code::kMismatch);
+}
+
 }  // namespace
 }  // namespace kvsnap
