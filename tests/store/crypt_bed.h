@@ -18,6 +18,7 @@
 
 #include "base/key_source.h"
 #include "store/store.h"
+#include "store/store_caps_scenario.h"
 #include "test_files.h"
 
 namespace kvsnap::crypt_bed {
@@ -41,21 +42,8 @@ inline fs::path write_key(const fs::path& dir, const char* name, char digit) {
   return p;
 }
 
-struct Loaded {
-  std::vector<std::byte> bytes;
-  std::unique_ptr<MemoryFile> file;
-  StateFile state;
-};
-
-inline Loaded load(const fs::path& p) {
-  Loaded l;
-  l.bytes = slurp(p);
-  l.file = std::make_unique<MemoryFile>(p.filename().string(), std::span<const std::byte>(l.bytes));
-  auto st = parse_for_model(*l.file, {}, nullptr);
-  EXPECT_TRUE(st.ok()) << p << ": " << st.status().ToString();
-  if (st.ok()) l.state = std::move(st).value();
-  return l;
-}
+using Loaded = test::LoadedState;
+inline Loaded load(const fs::path& p) { return test::load_state(p); }
 
 // A directory store and key files beside it; open() with any key and tenant.
 struct Bed {

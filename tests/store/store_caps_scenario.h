@@ -16,14 +16,15 @@ namespace kvsnap::test {
 
 inline std::filesystem::path cap_fixtures() { return std::filesystem::path(KVSNAP_SOURCE_DIR) / "fixtures"; }
 
-struct CapLoaded {
+// A state file read into memory and parsed (no model): the bytes, the file over them, its layout.
+struct LoadedState {
   std::vector<std::byte> bytes;
   std::unique_ptr<MemoryFile> file;
   StateFile state;
 };
 
-inline CapLoaded cap_load(const std::filesystem::path& p) {
-  CapLoaded l;
+inline LoadedState load_state(const std::filesystem::path& p) {
+  LoadedState l;
   l.bytes = slurp(p);
   l.file = std::make_unique<MemoryFile>(p.filename().string(), std::span<const std::byte>(l.bytes));
   auto st = parse_for_model(*l.file, {}, nullptr);
@@ -36,14 +37,14 @@ inline void cap_enforced_with_pins_kept(Store& store) {
   std::string now = "2026-01-01T00:00:00.000Z";
   store.set_clock([&] { return now; });
   auto tick = [&](int sec) { now = *add_seconds(now, sec); };
-  CapLoaded big = cap_load(cap_fixtures() / "v0.5.0/hd64-f16-f16-faoff.slot");
+  LoadedState big = load_state(cap_fixtures() / "v0.5.0/hd64-f16-f16-faoff.slot");
   VectorSink cut;
   ASSERT_TRUE(write_prefix(big.state, *big.file, 64, cut).ok());
   MemoryFile cut_file("cut.slot", std::span<const std::byte>(cut.bytes));
   auto cut_state = parse_state(cut_file);
   ASSERT_TRUE(cut_state.ok());
-  CapLoaded other = cap_load(cap_fixtures() / "v0.5.0/hd64-q8_0-q8_0-faon.slot");
-  CapLoaded third = cap_load(cap_fixtures() / "v0.5.0/hd64-bf16-bf16-faoff.slot");
+  LoadedState other = load_state(cap_fixtures() / "v0.5.0/hd64-q8_0-q8_0-faon.slot");
+  LoadedState third = load_state(cap_fixtures() / "v0.5.0/hd64-bf16-bf16-faoff.slot");
 
   SaveRequest req;
   req.cells_per_chunk = 16;
