@@ -562,6 +562,25 @@ TEST_F(StoreCli, TokenListFileIsTypeChecked) {
 // kvsnap rekey through the binary (docs/store.md, "Key rotation"): the new key is required, a
 // wrong current key is exit 5, the rotation reports in JSON, restores then need the new key and
 // the old one is refused.
+// `kvsnap serve --tenant-per-namespace` as a user starts it: without a master key, or with a fixed
+// --tenant beside it, it is exit 2 naming what to change, before any llama-server is started.
+TEST_F(StoreCli, ServeTenantPerNamespaceNeedsAKeyAndNoFixedTenant) {
+  const fs::path key = key_file("serve.key", 'c');
+  auto serve = [&](const std::string& flags) {
+    const fs::path e = dir_ / "serve-err.txt";
+    const std::string cmd = std::string(KVSNAP_BINARY) + " serve --store " + store_ + " " + flags +
+                            " --tenant-per-namespace -- /bin/true >/dev/null 2>" + e.string();
+    const int rc = std::system(cmd.c_str());
+    return std::make_pair(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(e));
+  };
+  auto [no_key, why] = serve("");
+  EXPECT_EQ(no_key, 2) << why;
+  EXPECT_NE(why.find("needs the master key (--key-file or --key-command"), std::string::npos) << why;
+  auto [fixed, why2] = serve("--key-file " + key.string() + " --tenant bob");
+  EXPECT_EQ(fixed, 2) << why2;
+  EXPECT_NE(why2.find("not 'bob' (drop --tenant"), std::string::npos) << why2;
+}
+
 TEST_F(StoreCli, RekeyReplacesTheKeyAndTheOldOneIsRefused) {
   const fs::path a = make_slot("a.slot", 2, 64, 300, 7);
   const fs::path old_key = dir_ / "old.key", new_key = dir_ / "new.key";
