@@ -57,7 +57,7 @@ constexpr CrossEngineArch kArchs[] = {
     // starcoder.py StarCoder2Model: no permute; mlx-lm starcoder2.py nn.RoPE(head_dim, traditional=False).
     {"starcoder2", X, false, "starcoder2", false, false, C, ""},
     // olmo.py Olmo2Model: no permute; mlx-lm olmo2.py initialize_rope(head_dim, rope_traditional False).
-    {"olmo2", X, false, "olmo2", false, false, C, ""},
+    {"olmo2", X, false, "olmo2", false, false, C, "oracle.mlx_cross_engine"},
     // stablelm.py StableLMModel: no permute; mlx-lm stablelm.py nn.RoPE(partial_rotary_factor * head_dim, False).
     {"stablelm", X, false, "stablelm", false, true, C, ""},
     // exaone.py ExaoneModel: no permute; mlx-lm exaone.py initialize_rope(head_dim, rope_traditional False).

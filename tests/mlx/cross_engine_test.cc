@@ -135,7 +135,7 @@ TEST_F(CrossEngine, WhichModelsMove) {
   auto llama = cross_engine_k_order(model("llama"));
   ASSERT_TRUE(llama.ok()) << llama.status().ToString();
   EXPECT_TRUE(llama->permuted);
-  for (const char* kept : {"qwen2", "qwen3", "phi3", "command-r"}) {
+  for (const char* kept : {"qwen2", "qwen3", "phi3", "command-r", "olmo2"}) {
     auto r = cross_engine_k_order(model(kept));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_FALSE(r->permuted) << kept;

@@ -9,8 +9,8 @@ dim 64 and 128 (K pairs permuted between the engines), qwen2, qwen3 and phi3 (NE
 same order; qwen3 with per-head Q/K norms, head dim 128 wider than n_embd / n_head, GQA ratio 4;
 phi3 with fused Q|K|V and gate|up projections and the rope over 96 of 128 dims, as Phi-4-mini), and
 command-r (NORM rope in llama.cpp, traditional=True rope in mlx-lm, no converter permutation: K in
-the same order; LayerNorm without bias, parallel attention and FFN, tied and scaled logits). qwen3,
-phi3 and command-r run a shorter list of cases, marked * below, to keep the test's time down.
+the same order; LayerNorm without bias, parallel attention and FFN, tied and scaled logits), and olmo2 (NEOX; RMS norms over the whole Q and K projections, after
+attention and after the FFN, no pre-norms). qwen3, phi3, command-r and olmo2 run a shorter list of cases, marked * below, to keep the test's time down.
 KVSNAP_MLX_CROSS_BEDS=hd64,command-r runs only the beds named.
 Method (docs/fidelity.md): the state holds t[0..n-17]; the 16 tail tokens are decoded in one batch
 and the mean KL over their 16 next-token distributions is taken, in float64.
@@ -455,7 +455,9 @@ def main():
                 ["--arch", "phi3", "--n-layer", "4", "--n-embd", "512", "--n-head", "4", "--n-head-kv", "2",
                  "--head-dim", "128", "--n-rot", "96", "--seed", "9"] + trained, quick=True),
             Bed(kvsnap, mkmodel, drivers, prompt, work, "command-r",
-                ["--arch", "command-r", "--n-layer", "4", "--seed", "11"] + trained, quick=True)]
+                ["--arch", "command-r", "--n-layer", "4", "--seed", "11"] + trained, quick=True),
+            Bed(kvsnap, mkmodel, drivers, prompt, work, "olmo2",
+                ["--arch", "olmo2", "--n-layer", "4", "--seed", "13"] + trained, quick=True)]
     only = os.environ.get("KVSNAP_MLX_CROSS_BEDS")  # a comma-separated subset, for a quicker local run
     if only:
         beds = [b for b in beds if b.name in only.split(",")]

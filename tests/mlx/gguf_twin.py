@@ -11,7 +11,9 @@ has fused Q|K|V and gate|up projections (the GGUF's rows are mlx-lm's qkv_proj /
 and may rope only the first rope.dimension_count dims of a head (partial_rotary_factor). command-r
 (mlx-lm cohere.py) runs NORM rope in llama.cpp and traditional=True (adjacent pairs) in mlx-lm, and
 its converter did not permute: loaded as it is; one LayerNorm without bias feeds attention and FFN in
-parallel, the output is tied to the embeddings and scaled by logit_scale.
+parallel, the output is tied to the embeddings and scaled by logit_scale. olmo2 (NEOX, no
+permutation) has no pre-norms: RMS norms over the whole Q and K projections (before the rope), after
+attention and after the FFN.
 Weights are kept in float32 (exact from f16), so mlx-lm computes in float32 like llama.cpp's CPU
 backend does with f16 weights.
 """
@@ -36,7 +38,7 @@ def unpermute_rows(w, n_head):
 
 
 def load_twin(gguf_path, permute=None):
-    """Returns (model, info) for a llama, qwen2, qwen3, phi3 or command-r GGUF made by kvsnap-mkmodel. `permute` overrides
+    """Returns (model, info) for a llama, qwen2, qwen3, phi3, olmo2 or command-r GGUF made by kvsnap-mkmodel. `permute` overrides
     whether Q/K rows are un-permuted (the arch decides by default; the override is the control)."""
     w, md = mx.load(gguf_path, return_metadata=True)
     arch = str(md["general.architecture"])
@@ -74,6 +76,10 @@ def load_twin(gguf_path, permute=None):
         model = Model(ModelArgs(model_type="qwen3", head_dim=head_dim,
                                 max_position_embeddings=_meta_int(md, a + ".context_length"), **common))
         permuted = False if permute is None else permute
+    elif arch == "olmo2":
+        from mlx_lm.models.olmo2 import Model, ModelArgs
+        model = Model(ModelArgs(model_type="olmo2", head_dim=head_dim, **common))
+        permuted = False if permute is None else permute
     elif arch == "command-r":
         from mlx_lm.models.cohere import Model, ModelArgs
         if n_head * head_dim != n_embd:
@@ -95,6 +101,8 @@ def load_twin(gguf_path, permute=None):
                  "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
                  "attn_v.bias": "self_attn.v_proj.bias",
                  "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+                 "post_attention_norm.weight": "post_attention_layernorm.weight",
+                 "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
                  "attn_qkv.weight": "self_attn.qkv_proj.weight",
                  "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
                  "ffn_down.weight": "mlp.down_proj.weight"}

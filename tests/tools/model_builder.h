@@ -21,7 +21,7 @@
 namespace kvsnap::testing {
 
 struct ModelSpec {
-  std::string arch = "llama";        // llama | deci | qwen2 | qwen3 | phi3 | command-r | qwen2vl | gemma2 | gemma3 | lfm2
+  std::string arch = "llama";        // llama | deci | qwen2 | qwen3 | phi3 | command-r | olmo2 | qwen2vl | gemma2 | gemma3 | lfm2
   std::string name = "kvsnap-mkmodel";
   uint32_t n_layer = 4;
   uint32_t n_embd = 256;
@@ -56,7 +56,7 @@ struct ModelSpec {
 };
 
 inline const std::vector<std::string>& model_builder_archs() {
-  static const std::vector<std::string> k = {"llama",   "deci",   "qwen2",  "qwen3", "phi3",     "command-r",
+  static const std::vector<std::string> k = {"llama",   "deci",   "qwen2",  "qwen3", "phi3",     "command-r", "olmo2",
                                              "qwen2vl", "gemma2", "gemma3", "lfm2"};
   return k;
 }
@@ -151,8 +151,8 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
                                      " is not a multiple of n_head_kv " + std::to_string(kv));
     }
   }
-  const bool command_r = a == "command-r";
-  if ((a == "qwen2" || a == "qwen2vl" || a == "phi3" || lfm2 || command_r) && s.n_head * s.head_dim != s.n_embd) {
+  const bool command_r = a == "command-r", olmo2 = a == "olmo2";
+  if ((a == "qwen2" || a == "qwen2vl" || a == "phi3" || lfm2 || command_r || olmo2) && s.n_head * s.head_dim != s.n_embd) {
     return Status::InvalidArgument("mkmodel: " + a + " needs n_embd == n_head * head_dim (" +
                                    std::to_string(s.n_head * s.head_dim) + ")");
   }
@@ -279,7 +279,7 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
   };
   auto norm = [&](const std::string& name, int64_t n) -> Status {
     std::vector<float> v(size_t(n), 1.0f);
-    if (command_r) {  // weights that differ per channel, so a twin that skipped them computes another function
+    if (command_r || olmo2) {  // weights that differ per channel, so a twin that skipped them computes another function
       for (auto& x : v) x = 1.0f + 0.5f * rng.uniform();
     }
     return w.add_tensor_f32(name, {n}, v);
@@ -331,7 +331,7 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
       }
       continue;
     }
-    KV_RETURN_IF_ERROR(norm(p + "attn_norm.weight", s.n_embd));
+    if (!olmo2) KV_RETURN_IF_ERROR(norm(p + "attn_norm.weight", s.n_embd));
     if (a == "phi3") {  // fused Q|K|V rows and gate|up rows, as llama.cpp's converter writes Phi-3
       std::vector<float> scale;
       const std::vector<float> ks = detail::kv_row_scale(s, il, false), vs = detail::kv_row_scale(s, il, true);
@@ -345,6 +345,20 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
       KV_RETURN_IF_ERROR(norm(p + "ffn_norm.weight", s.n_embd));
       KV_RETURN_IF_ERROR(weight(p + "ffn_up.weight", s.n_embd, 2 * int64_t(s.n_ff)));
       KV_RETURN_IF_ERROR(weight(p + "ffn_down.weight", s.n_ff, s.n_embd));
+      continue;
+    }
+    if (olmo2) {  // no pre-norms: RMS norms over the whole Q and K projections, after attention and after the FFN
+      KV_RETURN_IF_ERROR(weight(p + "attn_q.weight", s.n_embd, n_q));
+      KV_RETURN_IF_ERROR(weight(p + "attn_k.weight", s.n_embd, n_kv, detail::kv_row_scale(s, il, false)));
+      KV_RETURN_IF_ERROR(weight(p + "attn_v.weight", s.n_embd, n_kv, detail::kv_row_scale(s, il, true)));
+      KV_RETURN_IF_ERROR(weight(p + "attn_output.weight", n_q, s.n_embd));
+      KV_RETURN_IF_ERROR(norm(p + "attn_q_norm.weight", n_q));
+      KV_RETURN_IF_ERROR(norm(p + "attn_k_norm.weight", n_kv));
+      KV_RETURN_IF_ERROR(norm(p + "post_attention_norm.weight", s.n_embd));
+      KV_RETURN_IF_ERROR(weight(p + "ffn_gate.weight", s.n_embd, s.n_ff));
+      KV_RETURN_IF_ERROR(weight(p + "ffn_up.weight", s.n_embd, s.n_ff));
+      KV_RETURN_IF_ERROR(weight(p + "ffn_down.weight", s.n_ff, s.n_embd));
+      KV_RETURN_IF_ERROR(norm(p + "post_ffw_norm.weight", s.n_embd));
       continue;
     }
     if (command_r) {  // one LayerNorm (weight, no bias) feeds attention and the gated FFN in parallel
