@@ -54,6 +54,12 @@ constexpr CrossEngineArch kArchs[] = {
     {"phi3", X, false, "phi3", false, true, C, "oracle.mlx_cross_engine (rope over 96 of 128 dims)"},
     // gemma.py GemmaModel: no permute (norm + 1 only); mlx-lm gemma.py nn.RoPE(head_dim, rope_traditional False).
     {"gemma", X, false, "gemma", false, false, C, ""},
+    // gemma.py Gemma2Model / Gemma3Model.modify_tensors: norm shift (+1) and vocab cut only, no permute;
+    // mlx-lm gemma2.py nn.RoPE(head_dim, rope_traditional False), gemma3_text.py initialize_rope(head_dim,
+    // traditional=False). Both are iSWA models: cross_engine_k_order refuses them before asking the table
+    // until the two KV sections move.
+    {"gemma2", X, false, "gemma2", false, false, C, ""},
+    {"gemma3", X, false, "gemma3_text", false, false, C, ""},
     // starcoder.py StarCoder2Model: no permute; mlx-lm starcoder2.py nn.RoPE(head_dim, traditional=False).
     {"starcoder2", X, false, "starcoder2", false, false, C, ""},
     // olmo.py Olmo2Model: no permute; mlx-lm olmo2.py initialize_rope(head_dim, rope_traditional False).

@@ -196,8 +196,8 @@ TEST(CrossEngineArchs, TableRowsAgreeWithLlamaCppAndWithThemselves) {
   for (const char* arch : {"llama", "granite", "granitemoe", "smollm3", "olmo", "minicpm", "internlm2"}) {
     EXPECT_EQ(find_cross_engine_arch(arch)->map, KMap::kPermute) << arch;
   }
-  for (const char* arch : {"command-r", "ernie4_5", "qwen2", "qwen3", "phi3", "gemma", "starcoder2", "olmo2",
-                           "stablelm", "exaone"}) {
+  for (const char* arch : {"command-r", "ernie4_5", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3",
+                           "starcoder2", "olmo2", "stablelm", "exaone"}) {
     EXPECT_EQ(find_cross_engine_arch(arch)->map, KMap::kCopy) << arch;
   }
 }
