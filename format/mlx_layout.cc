@@ -190,7 +190,14 @@ Result<MlxLayer> cut_layer(const Move& m, const MlxLayer& L) {
 Status move_kv(Move& m, const MlxLayer& L, const std::string& dst, const std::string& meta) {
   if (m.prefix) {
     KV_ASSIGN_OR_RETURN(const MlxLayer cut, cut_layer(m, L));
-    for (const auto& [t, suffix] : kv_parts(cut)) carry(m, t, dst + suffix, *m.prefix);
+    // mlx-lm 0.32's KVCache.state is its buffer of 256-row steps (KVCache.update_and_fetch):
+    // what it saves after computing the n positions in one go
+    const int64_t step = 256, n = *m.prefix;
+    const bool pad = m.sc && L.cls == "KVCache";
+    for (const auto& [t, suffix] : kv_parts(cut)) {
+      carry(m, t, dst + suffix, pad ? (n + step - 1) / step * step : n);
+      if (pad) m.tensors.back().first.data_rows = n;
+    }
     put_fields(m, cut, dst, meta);
     return Status::OK();
   }
@@ -521,7 +528,8 @@ Status write_mlx_file(const MlxOutFile& out, const MlxPromptCache& in, const Rea
     const auto& s = o.src->shape;
     const uint64_t blocks = uint64_t(s[0]) * uint64_t(s[1]);
     const uint64_t row_bytes = row_bytes_of(*o.src);
-    const uint64_t have = std::min<uint64_t>(uint64_t(o.rows), uint64_t(s[2]));
+    uint64_t have = std::min<uint64_t>(uint64_t(o.rows), uint64_t(s[2]));
+    if (o.data_rows >= 0) have = std::min<uint64_t>(have, uint64_t(o.data_rows));
     for (uint64_t b = 0; b < blocks; ++b) {
       KV_RETURN_IF_ERROR(copy_bytes(src, base + b * uint64_t(s[2]) * row_bytes, have * row_bytes, sink));
       KV_RETURN_IF_ERROR(append_zeros(sink, (uint64_t(o.rows) - have) * row_bytes));

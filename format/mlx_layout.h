@@ -49,6 +49,8 @@ struct MlxOutTensor {
   const SafetensorsTensor* src = nullptr;  // nullptr: `produce`, else `bytes`
   int64_t rows = -1;                       // >= 0: the first `rows` rows of src; more rows than
                                            // src has: zero rows after them
+  int64_t data_rows = -1;                  // >= 0 (with rows): only this many rows come from src,
+                                           // zero rows after them up to `rows`
   std::vector<std::byte> bytes;
   std::function<Status(ByteSink&)> produce;
 };
@@ -84,6 +86,12 @@ Result<MlxOutFile> mlx_change_layout(const MlxPromptCache& in, MlxLayout to);  /
 //   KVCache, QuantizedKVCache   the first n rows of every K/V tensor (quantization groups run
 //                               along head_dim, so a position's codes, scales and biases are its
 //                               own row), offset n
+//                               In mlx-lm 0.32's scalars layout a KVCache saves its whole
+//                               buffer, grown in steps of 256 rows with zeros: a KVCache cut to n
+//                               is written as mlx-lm 0.32 saves a cache that computed n positions
+//                               in one go: ceil(n/256)*256 rows, zero after the first n (the same
+//                               bytes). QuantizedKVCache keeps n rows: mlx-lm's padding there
+//                               depends on how it was quantized (docs/mlx.md).
 //   ChunkedKVCache              the same, when it dropped nothing (start_position 0)
 //   RotatingKVCache             the same with _idx n, when its ring has not wrapped (offset <=
 //                               max_size and _idx = offset): n is then within its window

@@ -8,6 +8,7 @@
 #include "format/mlx_layout.h"
 #include "format/state_summary.h"
 #include "migrate/convert_state.h"
+#include "migrate/cross_engine_archs.h"
 #include "migrate/half.h"
 
 namespace kvsnap {
@@ -21,16 +22,6 @@ using half::f32_to_fp16;
 using half::fp16_to_f32;
 using half::load_u16;
 using half::store_u16;
-
-// llama.cpp archs whose HF -> GGUF converter permutes Q/K (LlamaModel.undo_permute and the
-// subclasses that keep it, ../shared/notes/mlx-prompt-cache.md 4.3) and whose mlx-lm model runs
-// rotate-half rope (traditional=False).
-bool converter_permutes(const std::string& arch) {
-  for (const char* a : {"llama", "granite", "granitemoe", "smollm3", "arcee"}) {
-    if (arch == a) return true;
-  }
-  return false;
-}
 
 // The model's layers that have rows in the KV section, in section order.
 std::vector<const LayerProfile*> kv_layers(const ModelInfo& model) {
@@ -192,19 +183,14 @@ Result<KOrder> cross_engine_k_order(const ModelInfo& model) {
   }
   if (p.is_mla) return Status::NotSupported(who + ": MLA (latent K, no V rows): not supported across engines");
   if (p.has_cell_ext) return Status::NotSupported(who + ": M-RoPE (positions per cell): not supported across engines");
-  if (p.rope == RopeKind::kNeox) return KOrder{false, p.arch + ": NEOX rope, K in the same order in both engines"};
-  if (p.rope == RopeKind::kNorm && converter_permutes(p.arch)) {
-    for (const LayerProfile& l : p.layers) {
-      if (l.has_kv && (l.head_dim_k % 2 != 0 || (p.n_rot && p.n_rot != l.head_dim_k))) {
-        return Status::NotSupported(who + ": rope over " + std::to_string(p.n_rot) + " of " +
-                                    std::to_string(l.head_dim_k) + " K dims: the K permutation is not known for it");
-      }
-    }
-    return KOrder{true, p.arch + ": NORM rope, converter permuted Q/K: K pairs (2j, 2j+1) <-> (j, j+D/2)"};
+  KV_ASSIGN_OR_RETURN(const CrossEngineArch* a, cross_engine_arch_for(p, who));
+  const std::string rope = std::string(rope_kind_name(a->rope)) + " rope";
+  if (a->map == KMap::kPermute) {
+    return KOrder{true, p.arch + ": " + rope + ", converter permuted Q/K, mlx-lm " + a->mlx_module +
+                            " rotate-half: K pairs (2j, 2j+1) <-> (j, j+D/2)"};
   }
-  return Status::NotSupported(who + ": rope '" + std::string(rope_kind_name(p.rope)) +
-                              "': kvsnap does not know how its converter and mlx-lm lay out K; supported: llama "
-                              "family (NORM rope, permuted) and NEOX-rope families");
+  return KOrder{false, p.arch + ": " + rope + ", converter kept Q/K, mlx-lm " + a->mlx_module +
+                           (a->mlx_traditional ? " traditional" : " rotate-half") + " rope: K in the same order"};
 }
 
 Result<CrossEngineResult> llama_to_mlx(const StateFile& src, const ReadableFile& file, const ModelInfo& model,
@@ -338,8 +324,21 @@ Result<uint32_t> check_against_model(const MlxPromptCache& c, const std::string&
   for (size_t il = 0; il < layers.size(); ++il) {
     const MlxLayer& L = c.layers[il];
     const std::string where = name + ": layer " + std::to_string(il) + " (" + L.cls + ")";
-    if (L.cls != "KVCache" || !L.k || !L.v || !L.offset) {
-      return Status::NotSupported(where + ": only KVCache and QuantizedKVCache layers move to llama.cpp");
+    const bool ring = L.cls == "RotatingKVCache";
+    if ((L.cls != "KVCache" && !ring) || !L.k || !L.v || !L.offset) {
+      return Status::NotSupported(where + ": only KVCache, QuantizedKVCache and (before its ring wraps) "
+                                          "RotatingKVCache layers move to llama.cpp");
+    }
+    // A ring (mlx-lm --max-kv-size) that never wrapped holds positions 0..offset-1 in rows 0..offset-1,
+    // each computed with every earlier position in its window: an ordinary prefix. Once offset passes
+    // max_size the first positions are overwritten and later ones saw only a window, which llama.cpp's
+    // full-attention cache cannot represent.
+    if (ring && (!L.max_size || !L.idx || *L.offset > *L.max_size || *L.idx != *L.offset)) {
+      return Status::NotSupported(
+          where + ": its ring of " + (L.max_size ? std::to_string(*L.max_size) : "?") + " positions has wrapped (offset " +
+          std::to_string(*L.offset) + ", _idx " + (L.idx ? std::to_string(*L.idx) : "?") +
+          "): its first positions were overwritten and later ones attended to a window only; llama.cpp's "
+          "full-attention cache cannot hold that (save the session before it passes --max-kv-size)");
     }
     const LayerProfile& lp = *layers[il];
     if (L.k->batch != 1) return Status::NotSupported(where + ": batch " + std::to_string(L.k->batch) + ": one sequence only");

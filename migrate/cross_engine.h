@@ -12,8 +12,8 @@
 //     llama-family models so its NORM rope (pairs 2j, 2j+1) matches HF's rotate-half rope (pairs
 //     j, j+D/2) that mlx-lm runs; the cached, post-RoPE K therefore holds, per head,
 //         llama.cpp k[2j + t]  ==  mlx-lm k[t*D/2 + j]        (j < D/2, t in {0,1})
-//     and is mapped back and forth. NEOX-rope families (qwen2, ...) were not permuted: K is copied.
-//     Any other architecture is refused (kNotSupported): kvsnap does not know its converter.
+//     and is mapped back and forth. Which archs move, and which map each takes, is the audited
+//     table of migrate/cross_engine_archs.h; an arch not in it is refused (kNotSupported, naming it).
 //   - llama.cpp's Hadamard rotation of quantized K/V (migrate/hadamard.h): undone on the way to
 //     mlx-lm as `kvsnap convert` undoes it (the writer's rotation decided from the evidence of
 //     migrate/source_rotation.h; undecided -> refused, never guessed), applied on the way back by
@@ -25,7 +25,8 @@
 //     or from the caller (`--tokens`); their count must be the cache's offset.
 // Refused (kNotSupported, naming the file and the reason): iSWA, hybrid and recurrent memories,
 // MLA, M-RoPE cell extras, more than one sequence or stream, positions that are not 0..T-1, mlx-lm
-// classes other than KVCache/QuantizedKVCache; kMismatch when the cache does not fit the model
+// classes other than KVCache/QuantizedKVCache/RotatingKVCache, a RotatingKVCache whose ring wrapped
+// (offset > max_size or _idx != offset; before that it is an ordinary prefix); kMismatch when the cache does not fit the model
 // (layer count, KV heads, head dims checked against the GGUF).
 //
 // Both directions go through float32 in memory (the cache at f32: 4 bytes per value, plus the
@@ -42,6 +43,7 @@
 #include "format/llama_state.h"
 #include "format/mlx_prompt_cache.h"
 #include "migrate/conversion_spec.h"
+#include "migrate/cross_engine_archs.h"
 #include "migrate/mlx_requant.h"
 #include "migrate/model_info.h"
 

@@ -6,9 +6,11 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "base/byte_order.h"
 #include "format/mlx_layout.h"
+#include "format/model_arch_internal.h"
 #include "migrate/cross_engine.h"
 #include "support/gguf_writer.h"
 #include "tools/model_builder.h"
@@ -62,8 +64,14 @@ float value(int layer, int side, int h, int t, int d) {
   return float(layer * 1000 + side * 500 + h * 100 + t) + float(d) / 64.0f;
 }
 
-// A float32 KVCache prompt cache (meta_state layout) of 2 layers, H heads, T tokens, D dims.
-std::vector<std::byte> mlx_cache(int H, int T, int D, const std::string& tokens) {
+// A RotatingKVCache's state (meta_state: keep, max_size, offset, _idx); its T rows may pass offset.
+struct Ring {
+  int max_size, offset, idx;
+};
+
+// A float32 KVCache prompt cache (meta_state layout) of 2 layers, H heads, T tokens, D dims; with
+// `ring`, RotatingKVCache layers of that state.
+std::vector<std::byte> mlx_cache(int H, int T, int D, const std::string& tokens, std::optional<Ring> ring = {}) {
   MlxOutFile f;
   for (int il = 0; il < 2; ++il) {
     for (int side = 0; side < 2; ++side) {
@@ -78,8 +86,14 @@ std::vector<std::byte> mlx_cache(int H, int T, int D, const std::string& tokens)
       }
       f.tensors.push_back(std::move(t));
     }
-    f.metadata.emplace_back("0." + std::to_string(il), "");
-    f.metadata.emplace_back("2." + std::to_string(il), "KVCache");
+    const std::string meta = "0." + std::to_string(il);
+    if (ring) {
+      const int fields[] = {0, ring->max_size, ring->offset, ring->idx};
+      for (int i = 0; i < 4; ++i) f.metadata.emplace_back(meta + "." + std::to_string(i), std::to_string(fields[i]));
+    } else {
+      f.metadata.emplace_back(meta, "");
+    }
+    f.metadata.emplace_back("2." + std::to_string(il), ring ? "RotatingKVCache" : "KVCache");
   }
   if (!tokens.empty()) f.metadata.emplace_back("1.tokens", tokens);
   std::sort(f.metadata.begin(), f.metadata.end());
@@ -121,20 +135,99 @@ TEST_F(CrossEngine, WhichModelsMove) {
   auto llama = cross_engine_k_order(model("llama"));
   ASSERT_TRUE(llama.ok()) << llama.status().ToString();
   EXPECT_TRUE(llama->permuted);
-  for (const char* neox : {"qwen2", "qwen3", "phi3"}) {
-    auto r = cross_engine_k_order(model(neox));
+  for (const char* kept : {"qwen2", "qwen3", "phi3", "command-r", "olmo2"}) {
+    auto r = cross_engine_k_order(model(kept));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
-    EXPECT_FALSE(r->permuted) << neox;
-    EXPECT_NE(r->why.find("NEOX rope"), std::string::npos) << r->why;
+    EXPECT_FALSE(r->permuted) << kept;
+    EXPECT_NE(r->why.find("K in the same order"), std::string::npos) << r->why;
   }
-  const std::pair<const char*, const char*> refused[] = {
-      {"gemma3", "iSWA"}, {"lfm2", "recurrent"}, {"qwen2vl", "M-RoPE"}, {"deci", "does not know"}};
+  const std::pair<const char*, const char*> refused[] = {{"gemma3", "iSWA"},
+                                                         {"lfm2", "recurrent"},
+                                                         {"qwen2vl", "M-RoPE"},
+                                                         {"deci", "arch 'deci' (rope norm) is not in kvsnap's cross-engine table"}};
   for (const auto& [arch, why] : refused) {
     auto r = cross_engine_k_order(model(arch));
     ASSERT_FALSE(r.ok()) << arch;
     EXPECT_EQ(r.status().code(), Code::kNotSupported) << arch;
     EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().ToString();
     EXPECT_NE(r.status().message().find(std::string("(") + arch + ")"), std::string::npos) << r.status().ToString();
+  }
+}
+
+// A profile of `arch` as load_model_profile gives it: llama.cpp's rope kind, 2 KV layers of head
+// dim 64, rope over n_rot dims.
+ModelProfile profile_of(const std::string& arch, uint32_t n_rot = 64) {
+  ModelProfile p;
+  p.arch = arch;
+  p.rope = model_detail::table_rope(arch);
+  p.n_rot = n_rot;
+  for (int i = 0; i < 2; ++i) {
+    LayerProfile l;
+    l.has_kv = true;
+    l.n_head_kv = 2;
+    l.head_dim_k = l.head_dim_v = 64;
+    p.layers.push_back(l);
+  }
+  return p;
+}
+
+TEST(CrossEngineArchs, TableRowsAgreeWithLlamaCppAndWithThemselves) {
+  ASSERT_GE(cross_engine_archs().size(), 15u);
+  for (const CrossEngineArch& a : cross_engine_archs()) {
+    SCOPED_TRACE(a.arch);
+    // kvsnap's copy of llama_model_rope_type says the same rope kind
+    EXPECT_EQ(model_detail::table_rope(a.arch), a.rope);
+    // the map follows from converter and mlx-lm rope: permuted rows need NORM + rotate-half;
+    // copied rows need NORM + traditional, or NEOX + rotate-half
+    if (a.converter_permutes) {
+      EXPECT_EQ(a.map, KMap::kPermute);
+      EXPECT_EQ(a.rope, RopeKind::kNorm);
+      EXPECT_FALSE(a.mlx_traditional);
+      EXPECT_FALSE(a.partial_rotary);
+    } else {
+      EXPECT_EQ(a.map, KMap::kCopy);
+      EXPECT_EQ(a.mlx_traditional, a.rope == RopeKind::kNorm);
+    }
+    EXPECT_EQ(find_cross_engine_arch(a.arch), &a);
+    auto r = cross_engine_arch_for(profile_of(a.arch), "m.gguf");
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(*r, &a);
+  }
+  for (const char* arch : {"llama", "granite", "granitemoe", "smollm3", "olmo", "minicpm", "internlm2"}) {
+    EXPECT_EQ(find_cross_engine_arch(arch)->map, KMap::kPermute) << arch;
+  }
+  for (const char* arch : {"command-r", "ernie4_5", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3",
+                           "starcoder2", "olmo2", "stablelm", "exaone"}) {
+    EXPECT_EQ(find_cross_engine_arch(arch)->map, KMap::kCopy) << arch;
+  }
+}
+
+TEST(CrossEngineArchs, RefusedByName) {
+  // NEOX and NORM archs not audited: refused, never moved by rope kind alone. cohere2 and
+  // xverse's converters and gpt-neox's fused QKV are among the reasons (docs/mlx.md).
+  for (const char* arch : {"cohere2", "xverse", "gptneox", "falcon", "baichuan", "deci", "llama4", "arcee",
+                           "mistral3", "nemotron", "apertus", "some-new-arch"}) {
+    auto r = cross_engine_arch_for(profile_of(arch), "m.gguf");
+    ASSERT_FALSE(r.ok()) << arch;
+    EXPECT_EQ(r.status().code(), Code::kNotSupported);
+    EXPECT_NE(r.status().message().find(std::string("arch '") + arch + "'"), std::string::npos)
+        << r.status().ToString();
+    EXPECT_NE(r.status().message().find("not in kvsnap's cross-engine table"), std::string::npos);
+  }
+  // a GGUF whose rope kind is not the arch's
+  ModelProfile p = profile_of("qwen2");
+  p.rope = RopeKind::kNorm;
+  auto r = cross_engine_arch_for(p, "m.gguf");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("the GGUF's rope is norm, but arch 'qwen2' runs neox"), std::string::npos)
+      << r.status().ToString();
+  // partial rope: moves where mlx-lm ropes partial_rotary_factor dims, refused where it ropes the head
+  EXPECT_TRUE(cross_engine_arch_for(profile_of("phi3", 48), "m.gguf").ok());
+  EXPECT_TRUE(cross_engine_arch_for(profile_of("stablelm", 16), "m.gguf").ok());
+  for (const char* arch : {"llama", "qwen3", "command-r"}) {
+    auto q = cross_engine_arch_for(profile_of(arch, 32), "m.gguf");
+    ASSERT_FALSE(q.ok()) << arch;
+    EXPECT_NE(q.status().message().find("rope over 32 of 64 K dims"), std::string::npos) << q.status().ToString();
   }
 }
 
@@ -234,6 +327,40 @@ TEST_F(CrossEngine, MlxToLlamaRefusals) {
     EXPECT_NE(r.status().message().find("KV heads"), std::string::npos) << r.status().ToString();
   }
   EXPECT_TRUE(out.bytes.empty());  // nothing is written before every check passed
+}
+
+// mlx-lm --max-kv-size: a ring that has not wrapped is a prefix and moves exactly as a KVCache of its
+// first `offset` rows (rows past offset are the ring's unused zeros); a wrapped ring is refused.
+TEST_F(CrossEngine, RotatingKVCacheMovesUntilItsRingWraps) {
+  const ModelInfo m = model("llama");
+  MlxToLlamaSpec spec;
+  spec.target.ctk = spec.target.ctv = "f32";
+  auto move = [&](const std::vector<std::byte>& bytes, VectorSink& out) {
+    const MemoryFile in("in.safetensors", bytes);
+    auto c = read_mlx_prompt_cache(in);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return mlx_to_llama(*c, in, m, spec, out);
+  };
+  VectorSink plain;
+  ASSERT_TRUE(move(mlx_cache(2, 5, 16, "[1,2,3,4,5]"), plain).ok());
+  for (const Ring ring : {Ring{16, 5, 5}, Ring{5, 5, 5}}) {
+    VectorSink got;
+    auto r = move(mlx_cache(2, ring.max_size == 5 ? 5 : 8, 16, "[1,2,3,4,5]", ring), got);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->from, "mlx-lm RotatingKVCache F32 (meta_state)");
+    EXPECT_TRUE(got.bytes == plain.bytes) << "max_size " << ring.max_size;
+  }
+  const std::pair<Ring, const char*> wrapped[] = {
+      {{8, 20, 4}, "layer 0 (RotatingKVCache): its ring of 8 positions has wrapped (offset 20, _idx 4)"},
+      {{8, 8, 3}, "has wrapped (offset 8, _idx 3)"}};
+  for (const auto& [ring, why] : wrapped) {
+    VectorSink out;
+    auto r = move(mlx_cache(2, 8, 16, "", ring), out);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kNotSupported);
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().ToString();
+    EXPECT_TRUE(out.bytes.empty());
+  }
 }
 
 }  // namespace

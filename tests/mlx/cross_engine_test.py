@@ -7,8 +7,11 @@ Models: kvsnap-mkmodel GGUFs with trained-like K/V outlier channels (so the rota
 something to see), loaded in mlx-lm with the same weights (tests/mlx/gguf_twin.py): llama at head
 dim 64 and 128 (K pairs permuted between the engines), qwen2, qwen3 and phi3 (NEOX rope: K in the
 same order; qwen3 with per-head Q/K norms, head dim 128 wider than n_embd / n_head, GQA ratio 4;
-phi3 with fused Q|K|V and gate|up projections and the rope over 96 of 128 dims, as Phi-4-mini; these
-two run a shorter list of cases, marked * below, to keep the test's time down).
+phi3 with fused Q|K|V and gate|up projections and the rope over 96 of 128 dims, as Phi-4-mini), and
+command-r (NORM rope in llama.cpp, traditional=True rope in mlx-lm, no converter permutation: K in
+the same order; LayerNorm without bias, parallel attention and FFN, tied and scaled logits), and olmo2 (NEOX; RMS norms over the whole Q and K projections, after
+attention and after the FFN, no pre-norms). qwen3, phi3, command-r and olmo2 run a shorter list of cases, marked * below, to keep the test's time down.
+KVSNAP_MLX_CROSS_BEDS=hd64,command-r runs only the beds named.
 Method (docs/fidelity.md): the state holds t[0..n-17]; the 16 tail tokens are decoded in one batch
 and the mean KL over their 16 next-token distributions is taken, in float64.
 
@@ -30,7 +33,9 @@ and the mean KL over their 16 next-token distributions is taken, in float64.
    (--target-build b8121), loaded by llama_state_load_file.
 4. Controls that must fail the bound: the K pair order wrong (llama: permutation skipped; qwen2: a
    permutation made), both ways; the rotation not undone (--src-rotation off on a rotated file).
-5. With llama-server v0.5.0 (when built): a slot it saved (packed token payload) moved to mlx-lm;
+5. mlx-lm --max-kv-size: a RotatingKVCache of 128 holding the 92 positions moves to llama.cpp f16
+   (bound 1e-5); one of 64, whose ring has wrapped, is refused (exit 4) naming layer 0.
+6. With llama-server v0.5.0 (when built): a slot it saved (packed token payload) moved to mlx-lm;
    mlx-lm's cache moved to f16 and q8_0 slots it restores (n_restored, only the 16 tail tokens
    computed) and continues: KL of the one distribution after the prompt (n_probs = vocabulary).
 Prints a table of every KL and exits 1 on any failure.
@@ -325,6 +330,31 @@ def mlx_to_llama(bed):
            mean_kl(ref, bed.restore("v0.5.0", back, "q8_0", "q8_0", "on")), native, 2.0 * 1.5 * native + FLOOR)
 
 
+def rotating_to_llama(bed):
+    """mlx-lm --max-kv-size: a RotatingKVCache whose ring has not wrapped (max_size 128 > 92 positions)
+    moves to llama.cpp like a KVCache; one that has (max_size 64 < 92) is refused naming the layer."""
+    toks = bed.path("prompt-tokens.json")
+    ref = bed.llama_ref("v0.5.0")
+    for max_size in (128, 64):
+        cache = [C.RotatingKVCache(max_size=max_size, keep=4) for _ in bed.model.layers]
+        bed.model(mx.array([bed.tokens[:-TAIL]]), cache=cache)
+        mx.eval([c.state for c in cache])
+        src = bed.path("mlx-rotating-%d.safetensors" % max_size)
+        C.save_prompt_cache(src, cache, {"model": bed.name})
+        out = bed.path("mlx-rotating-%d.slot" % max_size)
+        if max_size == 128:
+            bed.convert(src, out, "--to", "llama", "--tokens", toks)
+            record("%s mlx-lm RotatingKVCache(128), 92 positions -> llama.cpp f16" % bed.name,
+                   mean_kl(ref, bed.restore("v0.5.0", out, "f16", "f16", "on")), 0.0, FLOOR)
+            continue
+        r = bed.convert(src, out, "--to", "llama", "--tokens", toks, expect_ok=False)
+        want = "layer 0 (RotatingKVCache): its ring of 64 positions has wrapped (offset 92, _idx 92)"
+        if r.returncode != 4 or want not in r.stderr or os.path.exists(out):
+            fail(src, "wrapped ring: exit %d (want 4, no output, '%s'): %s" % (r.returncode, want, r.stderr.strip()))
+        else:
+            print("ok %s: wrapped ring refused: %s" % (bed.name, r.stderr.strip()[:200]), flush=True)
+
+
 def with_server(bed, server_bin):
     """llama-server v0.5.0 (when built): a slot it saved (packed token payload) moved to mlx-lm, and
     mlx-lm's cache moved to a slot it restores and continues. KL of the one next-token distribution
@@ -423,13 +453,21 @@ def main():
                  "--seed", "7"] + trained, quick=True),
             Bed(kvsnap, mkmodel, drivers, prompt, work, "phi3",
                 ["--arch", "phi3", "--n-layer", "4", "--n-embd", "512", "--n-head", "4", "--n-head-kv", "2",
-                 "--head-dim", "128", "--n-rot", "96", "--seed", "9"] + trained, quick=True)]
+                 "--head-dim", "128", "--n-rot", "96", "--seed", "9"] + trained, quick=True),
+            Bed(kvsnap, mkmodel, drivers, prompt, work, "command-r",
+                ["--arch", "command-r", "--n-layer", "4", "--seed", "11"] + trained, quick=True),
+            Bed(kvsnap, mkmodel, drivers, prompt, work, "olmo2",
+                ["--arch", "olmo2", "--n-layer", "4", "--seed", "13"] + trained, quick=True)]
+    only = os.environ.get("KVSNAP_MLX_CROSS_BEDS")  # a comma-separated subset, for a quicker local run
+    if only:
+        beds = [b for b in beds if b.name in only.split(",")]
     for bed in beds:
         t0, c0 = time.time(), cpu_seconds()
         bed.server = server
         check_twin(bed)
         llama_to_mlx(bed)
         mlx_to_llama(bed)
+        rotating_to_llama(bed)
         if server and not bed.quick:
             with_server(bed, server)
         print("%s: %.1f s (%.1f s of CPU)" % (bed.name, time.time() - t0, cpu_seconds() - c0), flush=True)

@@ -8,7 +8,12 @@ of llama-family models so that its NORM RoPE (adjacent pairs 2j, 2j+1) equals HF
 NEOX-rope families (qwen2, qwen3) were not permuted by the converter and are loaded as they are.
 qwen3 adds per-head RMS norms on Q and K (before the rope) and a head dim free of the width. phi3
 has fused Q|K|V and gate|up projections (the GGUF's rows are mlx-lm's qkv_proj / gate_up_proj rows)
-and may rope only the first rope.dimension_count dims of a head (partial_rotary_factor).
+and may rope only the first rope.dimension_count dims of a head (partial_rotary_factor). command-r
+(mlx-lm cohere.py) runs NORM rope in llama.cpp and traditional=True (adjacent pairs) in mlx-lm, and
+its converter did not permute: loaded as it is; one LayerNorm without bias feeds attention and FFN in
+parallel, the output is tied to the embeddings and scaled by logit_scale. olmo2 (NEOX, no
+permutation) has no pre-norms: RMS norms over the whole Q and K projections (before the rope), after
+attention and after the FFN.
 Weights are kept in float32 (exact from f16), so mlx-lm computes in float32 like llama.cpp's CPU
 backend does with f16 weights.
 """
@@ -33,7 +38,7 @@ def unpermute_rows(w, n_head):
 
 
 def load_twin(gguf_path, permute=None):
-    """Returns (model, info) for a llama, qwen2, qwen3 or phi3 GGUF made by kvsnap-mkmodel. `permute` overrides
+    """Returns (model, info) for a llama, qwen2, qwen3, phi3, olmo2 or command-r GGUF made by kvsnap-mkmodel. `permute` overrides
     whether Q/K rows are un-permuted (the arch decides by default; the override is the control)."""
     w, md = mx.load(gguf_path, return_metadata=True)
     arch = str(md["general.architecture"])
@@ -44,7 +49,8 @@ def load_twin(gguf_path, permute=None):
     n_head_kv = _meta_int(md, a + ".attention.head_count_kv")
     head_dim = _meta_int(md, a + ".attention.key_length")
     n_ff = _meta_int(md, a + ".feed_forward_length")
-    eps = _meta_float(md, a + ".attention.layer_norm_rms_epsilon")
+    eps_key = a + (".attention.layer_norm_epsilon" if arch == "command-r" else ".attention.layer_norm_rms_epsilon")
+    eps = _meta_float(md, eps_key)
     theta = _meta_float(md, a + ".rope.freq_base")
     n_vocab = w["token_embd.weight"].shape[0]
     common = dict(hidden_size=n_embd, num_hidden_layers=n_layer, intermediate_size=n_ff,
@@ -70,6 +76,19 @@ def load_twin(gguf_path, permute=None):
         model = Model(ModelArgs(model_type="qwen3", head_dim=head_dim,
                                 max_position_embeddings=_meta_int(md, a + ".context_length"), **common))
         permuted = False if permute is None else permute
+    elif arch == "olmo2":
+        from mlx_lm.models.olmo2 import Model, ModelArgs
+        model = Model(ModelArgs(model_type="olmo2", head_dim=head_dim, **common))
+        permuted = False if permute is None else permute
+    elif arch == "command-r":
+        from mlx_lm.models.cohere import Model, ModelArgs
+        if n_head * head_dim != n_embd:
+            raise ValueError("command-r twin needs n_embd == n_head * head_dim")
+        common.pop("rms_norm_eps")
+        common.pop("tie_word_embeddings")
+        model = Model(ModelArgs(model_type="cohere", layer_norm_eps=eps,
+                                logit_scale=_meta_float(md, a + ".logit_scale"), **common))
+        permuted = False if permute is None else permute
     else:
         raise ValueError("no twin for arch %s" % arch)
 
@@ -82,6 +101,8 @@ def load_twin(gguf_path, permute=None):
                  "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
                  "attn_v.bias": "self_attn.v_proj.bias",
                  "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+                 "post_attention_norm.weight": "post_attention_layernorm.weight",
+                 "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
                  "attn_qkv.weight": "self_attn.qkv_proj.weight",
                  "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
                  "ffn_down.weight": "mlp.down_proj.weight"}

@@ -14,7 +14,8 @@
    cut loads in the mlx-lm release that made the original with offset 3 in every layer (and _idx 3
    for a ring) and the first 3 positions of every K/V tensor equal to the original's; refused
    (non-zero exit, no output) exactly where a layer cannot be cut (recurrent state, a wrapped ring,
-   a ChunkedKVCache past its first chunk, the 0.18.x '<i>_keys' layout);
+   a ChunkedKVCache past its first chunk, the 0.18.x '<i>_keys' layout); restore --tokens 600 of the
+   900-position KVCache equals mlx-lm 0.32's own save of those 600 positions byte for byte;
 6. an encrypted store (--key-file, --tenant) on a few bed files: restore byte for byte, --tokens and
    --kv-bits equal to the plain store's, show, find, verify with and without the key (exit 0,
    sealed_only), no key exit 2, another key exit 5, a flipped pack byte exit 3, export (sealed and
@@ -289,6 +290,15 @@ def check_dedup(kvsnap, work, python):
         if r and [s["name"] for s in json.loads(r.stdout)] != ["c600-" + kind]:
             fail("find " + kind, r.stdout[:300])
         run(kvsnap, "verify", "--all", "--store", store)
+        # restore --tokens 600 of the 900-position KVCache gives what mlx-lm 0.32 itself saved for
+        # those 600 positions (conv-600), byte for byte: its 256-row buffer (768 rows), zero past 600
+        if kind == "bf16":
+            cut = os.path.join(work, "c900-to-600.safetensors")
+            if run(kvsnap, "restore", "c900-bf16", "-o", cut, "--force", "--store", store, "--tokens", "600"):
+                if not filecmp.cmp(cut, os.path.join(work, "conv-600-bf16.safetensors"), shallow=False):
+                    fail("restore --tokens 600", "the cut differs from mlx-lm's own save of the 600 positions")
+                else:
+                    print("ok restore c900-bf16 --tokens 600 == mlx-lm's conv-600-bf16 byte for byte", flush=True)
     # export the q4g64 child, import it into a fresh store; rm of a parent, gc
     store = os.path.join(work, "dedup-bf16")
     ex = os.path.join(work, "conv.tar.zst")

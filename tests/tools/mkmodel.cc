@@ -1,7 +1,7 @@
 // kvsnap-mkmodel: writes a tiny random-weight GGUF model that real llama.cpp
 // (v0.5.0, b8121, b5640) loads and decodes, for tests that need real KV caches.
 //
-//   kvsnap-mkmodel --out F.gguf [--arch llama|deci|qwen2|qwen3|phi3|qwen2vl|gemma2|gemma3|lfm2]
+//   kvsnap-mkmodel --out F.gguf [--arch llama|deci|qwen2|qwen3|phi3|command-r|olmo2|qwen2vl|gemma2|gemma3|lfm2]
 //       [--n-layer 4] [--n-embd 256] [--n-head 4] [--n-head-kv 2 | 2,2,1,1]
 //       [--head-dim 64] [--n-rot N] [--n-ff 512] [--vocab-words 14] [--seed 1] [--dtype f16|f32]
 //       [--n-ctx-train 4096] [--swa 128] [--swa-pattern N | --swa-layers 1,1,0,...]
@@ -30,7 +30,7 @@ namespace {
 
 void usage() {
   std::fprintf(stderr,
-               "usage: kvsnap-mkmodel --out F.gguf [--arch llama|deci|qwen2|qwen3|phi3|qwen2vl|gemma2|gemma3|lfm2]\n"
+               "usage: kvsnap-mkmodel --out F.gguf [--arch llama|deci|qwen2|qwen3|phi3|command-r|olmo2|qwen2vl|gemma2|gemma3|lfm2]\n"
                "         [--n-layer 4] [--n-embd 256] [--n-head 4] [--n-head-kv 2 | 2,2,1,1] [--head-dim 64]\n"
                "         [--n-rot N (rope dims, default head-dim)]\n"
                "         [--n-ff 512] [--vocab-words 14] [--seed 1] [--dtype f16|f32] [--n-ctx-train 4096]\n"

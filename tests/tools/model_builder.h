@@ -21,7 +21,7 @@
 namespace kvsnap::testing {
 
 struct ModelSpec {
-  std::string arch = "llama";        // llama | deci | qwen2 | qwen3 | phi3 | qwen2vl | gemma2 | gemma3 | lfm2
+  std::string arch = "llama";        // llama | deci | qwen2 | qwen3 | phi3 | command-r | olmo2 | qwen2vl | gemma2 | gemma3 | lfm2
   std::string name = "kvsnap-mkmodel";
   uint32_t n_layer = 4;
   uint32_t n_embd = 256;
@@ -56,7 +56,7 @@ struct ModelSpec {
 };
 
 inline const std::vector<std::string>& model_builder_archs() {
-  static const std::vector<std::string> k = {"llama",   "deci",   "qwen2",  "qwen3", "phi3",
+  static const std::vector<std::string> k = {"llama",   "deci",   "qwen2",  "qwen3", "phi3",     "command-r", "olmo2",
                                              "qwen2vl", "gemma2", "gemma3", "lfm2"};
   return k;
 }
@@ -151,7 +151,8 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
                                      " is not a multiple of n_head_kv " + std::to_string(kv));
     }
   }
-  if ((a == "qwen2" || a == "qwen2vl" || a == "phi3" || lfm2) && s.n_head * s.head_dim != s.n_embd) {
+  const bool command_r = a == "command-r", olmo2 = a == "olmo2";
+  if ((a == "qwen2" || a == "qwen2vl" || a == "phi3" || lfm2 || command_r || olmo2) && s.n_head * s.head_dim != s.n_embd) {
     return Status::InvalidArgument("mkmodel: " + a + " needs n_embd == n_head * head_dim (" +
                                    std::to_string(s.n_head * s.head_dim) + ")");
   }
@@ -212,7 +213,12 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
   w.set_u32(a + ".attention.key_length", s.head_dim);
   w.set_u32(a + ".attention.value_length", s.head_dim);
   w.set_u32(a + ".rope.dimension_count", s.n_rot ? s.n_rot : s.head_dim);
-  w.set_f32(a + ".attention.layer_norm_rms_epsilon", gemma ? 1e-6f : 1e-5f);
+  if (command_r) {  // LayerNorm (LLM_NORM) and a scale on the logits (llama_model_command_r::load_arch_hparams)
+    w.set_f32(a + ".attention.layer_norm_epsilon", 1e-5f);
+    w.set_f32(a + ".logit_scale", 0.5f);
+  } else {
+    w.set_f32(a + ".attention.layer_norm_rms_epsilon", gemma ? 1e-6f : 1e-5f);
+  }
   w.set_f32(a + ".rope.freq_base", 10000.0f);
   if (a == "qwen2vl") {
     const int32_t half = int32_t(s.head_dim / 2);
@@ -273,6 +279,9 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
   };
   auto norm = [&](const std::string& name, int64_t n) -> Status {
     std::vector<float> v(size_t(n), 1.0f);
+    if (command_r || olmo2) {  // weights that differ per channel, so a twin that skipped them computes another function
+      for (auto& x : v) x = 1.0f + 0.5f * rng.uniform();
+    }
     return w.add_tensor_f32(name, {n}, v);
   };
   // Per-head Q/K norms that differ per channel (qwen3), so a twin that swapped or skipped them
@@ -292,7 +301,8 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
   KV_RETURN_IF_ERROR(embedding("token_embd.weight"));
   // lfm2 calls its output norm "token_embd_norm" (llama.cpp: "fix for wrong tensor name")
   KV_RETURN_IF_ERROR(norm(lfm2 ? "token_embd_norm.weight" : "output_norm.weight", s.n_embd));
-  if (!gemma) KV_RETURN_IF_ERROR(weight("output.weight", s.n_embd, n_vocab));  // gemma ties it to token_embd
+  // gemma and command-r tie the output to token_embd
+  if (!gemma && !command_r) KV_RETURN_IF_ERROR(weight("output.weight", s.n_embd, n_vocab));
   for (uint32_t il = 0; il < s.n_layer; ++il) {
     const std::string p = "blk." + std::to_string(il) + ".";
     const int64_t n_kv = int64_t(detail::kv_heads(s, il)) * s.head_dim;
@@ -321,7 +331,7 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
       }
       continue;
     }
-    KV_RETURN_IF_ERROR(norm(p + "attn_norm.weight", s.n_embd));
+    if (!olmo2) KV_RETURN_IF_ERROR(norm(p + "attn_norm.weight", s.n_embd));
     if (a == "phi3") {  // fused Q|K|V rows and gate|up rows, as llama.cpp's converter writes Phi-3
       std::vector<float> scale;
       const std::vector<float> ks = detail::kv_row_scale(s, il, false), vs = detail::kv_row_scale(s, il, true);
@@ -334,6 +344,30 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
       KV_RETURN_IF_ERROR(weight(p + "attn_output.weight", n_q, s.n_embd));
       KV_RETURN_IF_ERROR(norm(p + "ffn_norm.weight", s.n_embd));
       KV_RETURN_IF_ERROR(weight(p + "ffn_up.weight", s.n_embd, 2 * int64_t(s.n_ff)));
+      KV_RETURN_IF_ERROR(weight(p + "ffn_down.weight", s.n_ff, s.n_embd));
+      continue;
+    }
+    if (olmo2) {  // no pre-norms: RMS norms over the whole Q and K projections, after attention and after the FFN
+      KV_RETURN_IF_ERROR(weight(p + "attn_q.weight", s.n_embd, n_q));
+      KV_RETURN_IF_ERROR(weight(p + "attn_k.weight", s.n_embd, n_kv, detail::kv_row_scale(s, il, false)));
+      KV_RETURN_IF_ERROR(weight(p + "attn_v.weight", s.n_embd, n_kv, detail::kv_row_scale(s, il, true)));
+      KV_RETURN_IF_ERROR(weight(p + "attn_output.weight", n_q, s.n_embd));
+      KV_RETURN_IF_ERROR(norm(p + "attn_q_norm.weight", n_q));
+      KV_RETURN_IF_ERROR(norm(p + "attn_k_norm.weight", n_kv));
+      KV_RETURN_IF_ERROR(norm(p + "post_attention_norm.weight", s.n_embd));
+      KV_RETURN_IF_ERROR(weight(p + "ffn_gate.weight", s.n_embd, s.n_ff));
+      KV_RETURN_IF_ERROR(weight(p + "ffn_up.weight", s.n_embd, s.n_ff));
+      KV_RETURN_IF_ERROR(weight(p + "ffn_down.weight", s.n_ff, s.n_embd));
+      KV_RETURN_IF_ERROR(norm(p + "post_ffw_norm.weight", s.n_embd));
+      continue;
+    }
+    if (command_r) {  // one LayerNorm (weight, no bias) feeds attention and the gated FFN in parallel
+      KV_RETURN_IF_ERROR(weight(p + "attn_q.weight", s.n_embd, n_q));
+      KV_RETURN_IF_ERROR(weight(p + "attn_k.weight", s.n_embd, n_kv, detail::kv_row_scale(s, il, false)));
+      KV_RETURN_IF_ERROR(weight(p + "attn_v.weight", s.n_embd, n_kv, detail::kv_row_scale(s, il, true)));
+      KV_RETURN_IF_ERROR(weight(p + "attn_output.weight", n_q, s.n_embd));
+      KV_RETURN_IF_ERROR(weight(p + "ffn_gate.weight", s.n_embd, s.n_ff));
+      KV_RETURN_IF_ERROR(weight(p + "ffn_up.weight", s.n_embd, s.n_ff));
       KV_RETURN_IF_ERROR(weight(p + "ffn_down.weight", s.n_ff, s.n_embd));
       continue;
     }
