@@ -12,6 +12,9 @@
 // quant blocks (8 registers) at a time: block j (u + w) and block j + R / 64 (u - w). The q8_0
 // rows (f16 -> q8_0, q8_0 -> f16) at R = 128, the K rotation of head_dim 128, go by 32-value
 // quarters instead (rotate128_quarters): fewer live registers, more independent chains.
+// The avx512 level runs f16 -> q8_0 at n_rot 128 from here too (f16_rot_q8_0_vl: the same code
+// compiled with AVX-512VL's 32 registers), in the paired layout (unit_rotate_paired: two
+// rotation blocks per register, no lane-crossing stage), which needs more registers than AVX2's 16.
 // Every rotation block whose input is not all finite is recomputed by the scalar reference (f16
 // inputs: after the rotation, from its maxima; q8_0: before, from its scales), and finite f16 or
 // q8_0 inputs never overflow in the rotation, so the subtractions run as fwht_sub8<true>
