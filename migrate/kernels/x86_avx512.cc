@@ -541,8 +541,8 @@ constexpr FusedEntry kFused[] = {
 }  // namespace
 
 FusedRowFn find_fused_avx512(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot) {
-  // f16 -> q8_0 at n_rot 128: the AVX2 kernel with AVX-512VL's registers is faster on Zen 4 than
-  // f16_rot_q8_0<8> (docs/performance.md)
+  // the q8_0 rows where the AVX2 kernels with AVX-512VL's registers are faster on Zen 4 than
+  // this file's (docs/performance.md)
   if (FusedRowFn f = find_fused_avx2_vl(src, dst, rotate, n_rot)) return f;
   for (const FusedEntry& e : kFused) {
     if (e.src != src || e.dst != dst) continue;
