@@ -113,6 +113,9 @@ void roundf_i32_avx2(const float* x, int32_t* out, size_t n);
 // f16 -> q8_0 / q4_0 / q4_1 / q5_0 / q5_1 with rotation, q8_0 -> f16 with rotation (n_rot 64,
 // 128, 256); the other conversions at this level take the three steps (each an AVX2 kernel)
 FusedRowFn find_fused_avx2(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot);
+// The AVX2 fused rows compiled for the avx512 level where they beat its own (f16 -> q8_0 at
+// n_rot 64, 128, 256; q8_0 -> f16 at n_rot 64), else nullptr.
+FusedRowFn find_fused_avx2_vl(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot);
 
 // MLX affine quantization (migrate/mlx_affine.h): mlx_affine_quantize_row and
 // mlx_affine_dequantize_row, the same bytes and floats (kernels/x86_avx2_mlx.cc)

@@ -541,6 +541,9 @@ constexpr FusedEntry kFused[] = {
 }  // namespace
 
 FusedRowFn find_fused_avx512(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot) {
+  // the q8_0 rows where the AVX2 kernels with AVX-512VL's registers are faster on Zen 4 than
+  // this file's (docs/performance.md)
+  if (FusedRowFn f = find_fused_avx2_vl(src, dst, rotate, n_rot)) return f;
   for (const FusedEntry& e : kFused) {
     if (e.src != src || e.dst != dst) continue;
     if (!rotate) return e.plain;

@@ -10,6 +10,7 @@
 //   x86_avx2.cc               AVX2 + FMA + F16C: f16/bf16, dequantization, Hadamard
 //   x86_avx2_quant.cc         AVX2: the quantizers q8_0, q4_0, q4_1, q5_0, q5_1
 //   x86_avx2_fused.cc         AVX2: the fused rows (f16 -> q8_0/q4_0/q4_1/q5_0/q5_1, q8_0 -> f16, rotated)
+//                             (the q8_0 rows also compiled for the avx512 level, find_fused_avx2_vl)
 //   x86_avx2_iq4_nl.cc        AVX2: the iq4_nl quantizer
 //   x86_avx2_mlx.cc           AVX2: MLX's affine quantize / dequantize rows (mlx_pack.h: the packers' tables)
 //   x86_avx512.cc             AVX-512: f16, Hadamard, q8_0/q4_0, the fused rows
