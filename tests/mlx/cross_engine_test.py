@@ -102,11 +102,12 @@ class Bed:
     def path(self, s):
         return os.path.join(self.work, self.name + "-" + s)
 
-    def save(self, drv, ctk, ctv, fa, tag, env=None):
+    def save(self, drv, ctk, ctv, fa, tag, env=None, args=()):
         """llama.cpp computing t[0..n-17]: its slot file, its session file (<slot>.session) and the tail's logits."""
         slot, lg = self.path(tag + ".slot"), self.path(tag + ".logits")
         cmd = [self.drivers[drv], "save", "--model", self.gguf, "--prompt-file", self.prompt, "--ctk", ctk, "--ctv", ctv,
                "--fa", fa, "--eval-tail", str(TAIL), "--slot", slot, "--session", slot + ".session", "--logits", lg]
+        cmd += list(args)
         if self.tokens is None:
             cmd += ["--tokens-out", self.path("tokens.bin")]
         run(cmd, env)
@@ -376,6 +377,87 @@ def with_server(bed, server_bin):
             srv.stop()
 
 
+def ring_rows(c):
+    """A RotatingKVCache's K rows in temporal order (mlx-lm's own _temporal_order), as float32."""
+    return np.array(c._temporal_order(c.keys).astype(mx.float32))
+
+
+def gemma(bed):
+    """gemma3 (iSWA, window W): both ways, the prompt long enough to wrap the SWA layers' ring."""
+    W = bed.info["n_swa"]
+    ref, full = bed.llama_ref("v0.5.0"), bed.mlx_full()
+    record("%s twin: llama.cpp f16 vs mlx-lm f32, same ids (window %d)" % (bed.name, W), mean_kl(ref, full), 0.0, 1e-4)
+    wrong, _ = load_twin(bed.gguf)
+    wrong.model.window_size = W + 1  # the engines disagreeing on the window rule by one position
+    out = np.array(wrong(mx.array([bed.tokens]))[0].astype(mx.float32)[-TAIL:])
+    record("%s twin control: mlx-lm window %d" % (bed.name, W + 1), mean_kl(ref, out), 0.0, 1e-4, must_fail=True)
+
+    # llama.cpp -> mlx-lm: the slot's SWA section (the last W cells; every cell in a session) -> rings
+    own = bed.mlx_cache()
+    for ctk, ctv, fa, args in (("f16", "f16", "on", []), ("q8_0", "q8_0", "on", []), ("f16", "f16", "off", []),
+                               ("f16", "f16", "on", ["--swa-full", "on"])):
+        tag = "v0.5.0-%s-%s-fa%s%s" % (ctk, ctv, fa, "-swafull" if args else "")
+        slot, native_lg = bed.save("v0.5.0", ctk, ctv, fa, tag, args=args)
+        native = mean_kl(ref, native_lg)
+        what = "%s llama.cpp %s/%s fa %s%s" % (bed.name, ctk, ctv, fa, " --swa-full" if args else "")
+        for kind, src in (("slot", slot), ("session", slot + ".session")):
+            if kind == "session" and (fa == "off" or args):
+                continue
+            out = bed.path(tag + "-" + kind + ".safetensors")
+            bed.convert(src, out, "--to", "mlx")
+            moved = C.load_prompt_cache(out)
+            for i, (a, b) in enumerate(zip(own, moved)):  # the same caches as mlx-lm's own, window rows alike
+                if type(a) is not type(b) or a.offset != b.offset:
+                    fail(out, "layer %d: %s offset %d, mlx-lm's own %s offset %d" % (i, type(b).__name__, b.offset,
+                                                                                     type(a).__name__, a.offset))
+                elif isinstance(a, C.RotatingKVCache):
+                    mine, theirs = ring_rows(b), ring_rows(a)[..., -W:, :]
+                    err = np.abs(mine - theirs).max() / np.abs(theirs).max()
+                    if b.max_size != W or b.keep != 0 or mine.shape != theirs.shape or err > 0.02:
+                        fail(out, "layer %d: ring max %d keep %d rows %s, off by %.3g from mlx-lm's own" %
+                             (i, b.max_size, b.keep, mine.shape, err))
+            record("%s %s -> mlx-lm" % (what, kind), mean_kl(full, bed.mlx_continue(out)), native, 1.5 * native + FLOOR)
+        if ctk == "f16" and fa == "on" and not args:  # control: the rings' rows one slot off
+            bad = C.load_prompt_cache(bed.path(tag + "-slot.safetensors"))
+            for c in bad:
+                if isinstance(c, C.RotatingKVCache):
+                    c.keys, c.values = mx.roll(c.keys, 1, axis=2), mx.roll(c.values, 1, axis=2)
+            record("%s control: f16 -> mlx-lm, ring rows one slot off" % bed.name,
+                   mean_kl(full, bed.mlx_continue(cache=bad)), native, 1.5 * native + FLOOR, must_fail=True)
+
+    # mlx-lm -> llama.cpp: its cache after one batch (rings of all 92 rows, _idx 92) and after single
+    # steps (rings of W rows, wrapped: _idx 5)
+    toks = bed.path("prompt-tokens.json")
+    with open(toks, "w") as f:
+        json.dump(bed.tokens[:-TAIL], f)
+    C.save_prompt_cache(bed.path("mlx-batch.safetensors"), own, {"model": bed.name})
+    stepped = C.make_prompt_cache(bed.model)
+    bed.model(mx.array([bed.tokens[:-TAIL - 5]]), cache=stepped)
+    for t in bed.tokens[-TAIL - 5:-TAIL]:
+        bed.model(mx.array([[t]]), cache=stepped)
+    C.save_prompt_cache(bed.path("mlx-stepped.safetensors"), stepped, {"model": bed.name})
+    if stepped[0]._idx != 5 or stepped[0].keys.shape[2] != W:
+        fail("mlx-stepped", "ring _idx %d rows %d, want 5 and %d" % (stepped[0]._idx, stepped[0].keys.shape[2], W))
+    for name in ("batch", "stepped"):
+        src = bed.path("mlx-%s.safetensors" % name)
+        for ctk, kind in (("f16", "slot"), ("q8_0", "slot"), ("f16", "session")):
+            native = mean_kl(ref, logits(bed.path("v0.5.0-%s-%s-faon.logits" % (ctk, ctk))))
+            out = bed.path("mlx-%s-to-%s.%s" % (name, ctk, kind))
+            bed.convert(src, out, "--to", "llama", "--tokens", toks, "--ctk", ctk, "--ctv", ctk, "--llama-file", kind)
+            record("%s mlx-lm %s -> llama.cpp %s/%s %s" % (bed.name, name, ctk, ctk, kind),
+                   mean_kl(ref, bed.restore("v0.5.0", out, ctk, ctk, "on", kind=kind)), native, 1.5 * native + FLOOR)
+    # control: the wrapped ring read one slot off (_idx + 1): every SWA cell one position off
+    bad = C.load_prompt_cache(bed.path("mlx-stepped.safetensors"))
+    for c in bad:
+        if isinstance(c, C.RotatingKVCache):
+            c._idx += 1
+    C.save_prompt_cache(bed.path("mlx-stepped-off.safetensors"), bad, {"model": bed.name})
+    out = bed.path("mlx-stepped-off.slot")
+    bed.convert(bed.path("mlx-stepped-off.safetensors"), out, "--to", "llama", "--tokens", toks)
+    record("%s control: mlx-lm -> llama.cpp f16, SWA cells one position off" % bed.name,
+           mean_kl(ref, bed.restore("v0.5.0", out, "f16", "f16", "on")), 0.0, FLOOR, must_fail=True)
+
+
 def check_refusals(bed, kvsnap, mkmodel, work):
     # a cache that does not fit the model: another head count
     other = os.path.join(work, "other-hd128.gguf")
@@ -385,8 +467,8 @@ def check_refusals(bed, kvsnap, mkmodel, work):
              bed.path("prompt-tokens.json")], expect_ok=False)
     if r.returncode == 0 or "heads" not in r.stderr:
         fail("mismatched model", "exit %d: %s" % (r.returncode, r.stderr.strip()))
-    iswa = os.path.join(work, "iswa.gguf")
-    run([mkmodel, "--out", iswa, "--arch", "gemma3", "--n-layer", "4", "--swa-pattern", "2"])
+    iswa = os.path.join(work, "iswa.gguf")  # gemma2: mlx-lm's gemma2 has no sliding window
+    run([mkmodel, "--out", iswa, "--arch", "gemma2", "--n-layer", "4", "--swa-pattern", "2"])
     r = run([kvsnap, "convert", src, os.path.join(work, "iswa.slot"), "--to", "llama", "--model", iswa, "--tokens",
              bed.path("prompt-tokens.json")], expect_ok=False)
     if r.returncode == 0 or "iSWA" not in r.stderr:
@@ -424,7 +506,14 @@ def main():
             Bed(kvsnap, mkmodel, drivers, prompt, work, "phi3",
                 ["--arch", "phi3", "--n-layer", "4", "--n-embd", "512", "--n-head", "4", "--n-head-kv", "2",
                  "--head-dim", "128", "--n-rot", "96", "--seed", "9"] + trained, quick=True)]
-    for bed in beds:
+    t0, c0 = time.time(), cpu_seconds()
+    g = Bed(kvsnap, mkmodel, drivers, prompt, work, "gemma3",
+            ["--arch", "gemma3", "--n-layer", "6", "--swa-pattern", "3", "--swa", "16", "--rope-base", "1000000",
+             "--rope-base-swa", "10000", "--seed", "11"] + trained)
+    gemma(g)
+    print("gemma3: %.1f s (%.1f s of CPU)" % (time.time() - t0, cpu_seconds() - c0), flush=True)
+    only = os.environ.get("KVSNAP_CROSS_ENGINE_ONLY")  # e.g. "gemma3": that bed alone, for work on it
+    for bed in [] if only else beds:
         t0, c0 = time.time(), cpu_seconds()
         bed.server = server
         check_twin(bed)
@@ -433,7 +522,8 @@ def main():
         if server and not bed.quick:
             with_server(bed, server)
         print("%s: %.1f s (%.1f s of CPU)" % (bed.name, time.time() - t0, cpu_seconds() - c0), flush=True)
-    check_refusals(beds[0], kvsnap, mkmodel, work)
+    if not only:
+        check_refusals(beds[0], kvsnap, mkmodel, work)
     print("\n%-72s %11s %11s %11s" % ("move", "KL", "native", "bound"))
     for what, kl, native, bound, note, verdict in rows:
         print("%-72s %11.3e %11.3e %11.3e %s %s" % (what, kl, native, bound, verdict, note))
