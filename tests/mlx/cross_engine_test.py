@@ -230,29 +230,41 @@ def llama_to_mlx(bed):
     if bed.name != "hd64":
         return
     native_q8 = mean_kl(full, bed.mlx_continue(cache=[c.to_quantized(group_size=64, bits=8) for c in bed.mlx_cache()]))
-    for version, layout in (("0.31.3", "meta_state"), ("0.28.0", "meta_state-with-step")):
-        old = os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "old", "mlx-lm-" + version)
-        if not os.path.isdir(old):
-            fail(old, "mlx-lm %s is not in the bed (tests/mlx/make-bed.sh)" % version)
-            continue
+    for version, layout in OLD_MLX_LM:
         for bits in (None, 8):
             out = bed.path("v0.5.0-f16-mlx-lm-%s%s.safetensors" % (version, "-q8" if bits else ""))
             bed.convert(slot, out, "--to", "mlx", "--mlx-lm", version, *(["--kv-bits", "8"] if bits else []))
-            info = json.loads(run([bed.kvsnap, "info", out, "--json"]).stdout)
             # a KVCache-only file is the same in both meta layouts (only QuantizedKVCache has `step`)
-            if info.get("layout") != (layout if bits else "meta_state"):
-                fail(out, "layout %s, want %s" % (info.get("layout"), layout))
-            got = out + ".logits"
-            env = dict(os.environ, PYTHONPATH=old)
-            r = subprocess.run([sys.executable, os.path.abspath(__file__), "--continue", bed.gguf, bed.path("tokens.bin"),
-                                out, got], capture_output=True, text=True, env=env)
-            if r.returncode != 0:
-                fail(out, "mlx-lm %s: %s" % (version, (r.stdout + r.stderr).strip()[-800:]))
+            got = continue_in_old(bed, out, version, layout if bits else "meta_state")
+            if got is None:
                 continue
             native = native_q8 if bits else 0.0
             record("%s llama.cpp f16 -> mlx-lm %s%s (its layout, continued by it)" % (bed.name, version,
                                                                                       " q8g64" if bits else ""),
-                   mean_kl(full, logits(got)), native, 1.5 * native + FLOOR)
+                   mean_kl(full, got), native, 1.5 * native + FLOOR)
+
+
+OLD_MLX_LM = (("0.31.3", "meta_state"), ("0.28.0", "meta_state-with-step"))
+
+
+def continue_in_old(bed, out, version, layout):
+    """The tail's logits from an older mlx-lm release (the bed's <venv>/old/mlx-lm-<v>) loading the
+    prompt cache `out` (checked to be in `layout`), or None after recording why not."""
+    old = os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "old", "mlx-lm-" + version)
+    if not os.path.isdir(old):
+        fail(old, "mlx-lm %s is not in the bed (tests/mlx/make-bed.sh)" % version)
+        return None
+    info = json.loads(run([bed.kvsnap, "info", out, "--json"]).stdout)
+    if info.get("layout") != layout:
+        fail(out, "layout %s, want %s" % (info.get("layout"), layout))
+    got = out + ".logits"
+    env = dict(os.environ, PYTHONPATH=old)
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--continue", bed.gguf, bed.path("tokens.bin"),
+                        out, got], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        fail(out, "mlx-lm %s: %s" % (version, (r.stdout + r.stderr).strip()[-800:]))
+        return None
+    return logits(got)
 
 
 def mlx_to_llama(bed):
@@ -424,6 +436,13 @@ def gemma(bed):
                     c.keys, c.values = mx.roll(c.keys, 1, axis=2), mx.roll(c.values, 1, axis=2)
             record("%s control: f16 -> mlx-lm, ring rows one slot off" % bed.name,
                    mean_kl(full, bed.mlx_continue(cache=bad)), native, 1.5 * native + FLOOR, must_fail=True)
+            for version, layout in OLD_MLX_LM:  # the rings' meta_state of older releases (0.28.0: with step)
+                out = bed.path(tag + "-mlx-lm-%s.safetensors" % version)
+                bed.convert(slot, out, "--to", "mlx", "--mlx-lm", version)
+                got = continue_in_old(bed, out, version, layout)
+                if got is not None:
+                    record("%s llama.cpp f16 -> mlx-lm %s (its layout, continued by it)" % (bed.name, version),
+                           mean_kl(full, got), native, 1.5 * native + FLOOR)
 
     # mlx-lm -> llama.cpp: its cache after one batch (rings of all 92 rows, _idx 92) and after single
     # steps (rings of W rows, wrapped: _idx 5)
@@ -456,6 +475,51 @@ def gemma(bed):
     bed.convert(bed.path("mlx-stepped-off.safetensors"), out, "--to", "llama", "--tokens", toks)
     record("%s control: mlx-lm -> llama.cpp f16, SWA cells one position off" % bed.name,
            mean_kl(ref, bed.restore("v0.5.0", out, "f16", "f16", "on")), 0.0, FLOOR, must_fail=True)
+
+
+def gemma_server(bed, server_bin):
+    """llama-server v0.5.0 and gemma3 (-np 1: an SWA cache of n_swa + ubatch cells): a slot it saved
+    moved to mlx-lm; mlx-lm's wrapped ring moved to a slot it restores and continues. The server
+    re-processes the whole prompt after restoring any iSWA slot, its own as well (its reuse rule
+    wants SWA cells down to position T-n_swa-1, one more than its slot save keeps): checked to treat
+    the moved slot exactly as its own, and the distribution after the prompt scored as in with_server."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
+    from server_test import Server  # noqa: E402
+
+    n_vocab, T = bed.info["n_vocab"], len(bed.tokens) - TAIL
+    slot_dir = bed.path("server-slots")
+    os.makedirs(slot_dir, exist_ok=True)
+    bed.convert(bed.path("mlx-stepped.safetensors"), os.path.join(slot_dir, "from-mlx.slot"), "--to", "llama",
+                "--tokens", bed.path("prompt-tokens.json"))
+    srv = Server(server_bin, bed.gguf, "f16", "f16", True, slot_dir, bed.path("server.log"))
+    try:
+        srv.post("/completion", {"prompt": bed.tokens[:-TAIL], "n_predict": 0, "cache_prompt": True, "id_slot": 0})
+        code, j = srv.post("/slots/0?action=save", {"filename": "saved.slot"})
+        if code != 200:
+            raise RuntimeError("slot save: %d %s" % (code, j))
+        out = bed.path("server-f16.safetensors")
+        bed.convert(os.path.join(slot_dir, "saved.slot"), out, "--to", "mlx")
+        record("%s llama-server f16/f16 slot -> mlx-lm" % bed.name, mean_kl(bed.mlx_full(), bed.mlx_continue(out)),
+               0.0, FLOOR)
+        timings = {}
+        for name in ("saved.slot", "from-mlx.slot"):
+            code, j = srv.post("/slots/0?action=restore", {"filename": name})
+            if code != 200 or j.get("n_restored") != T:
+                fail(name, "llama-server restore: %d %s" % (code, j))
+                return
+            code, j = srv.post("/completion", {"prompt": bed.tokens, "n_predict": 1, "temperature": 0,
+                                               "cache_prompt": True, "id_slot": 0, "n_probs": n_vocab})
+            timings[name] = (j["timings"]["cache_n"], j["timings"]["prompt_n"])
+        if timings["from-mlx.slot"] != timings["saved.slot"]:
+            fail("from-mlx.slot", "llama-server's cache_n/prompt_n %s, with its own slot %s" %
+                 (timings["from-mlx.slot"], timings["saved.slot"]))
+        dist = np.full(n_vocab, -1e30)
+        for t in j["completion_probabilities"][0]["top_logprobs"]:
+            dist[t["id"]] = t["logprob"]
+        record("%s mlx-lm stepped -> llama-server f16/f16 (last position)" % bed.name,
+               mean_kl(bed.llama_ref("v0.5.0")[-1:], dist[None, :]), 0.0, FLOOR)
+    finally:
+        srv.stop()
 
 
 def check_refusals(bed, kvsnap, mkmodel, work):
@@ -511,6 +575,8 @@ def main():
             ["--arch", "gemma3", "--n-layer", "6", "--swa-pattern", "3", "--swa", "16", "--rope-base", "1000000",
              "--rope-base-swa", "10000", "--seed", "11"] + trained)
     gemma(g)
+    if server:
+        gemma_server(g, server)
     print("gemma3: %.1f s (%.1f s of CPU)" % (time.time() - t0, cpu_seconds() - c0), flush=True)
     only = os.environ.get("KVSNAP_CROSS_ENGINE_ONLY")  # e.g. "gemma3": that bed alone, for work on it
     for bed in [] if only else beds:

@@ -82,11 +82,12 @@ def load_twin(gguf_path, permute=None):
         if n_embd ** 0.5 != mx.array(n_embd ** 0.5, mx.bfloat16).item():
             raise ValueError("gemma3 twin: mlx-lm rounds sqrt(n_embd) to bf16; pick n_embd with an exact root")
         common.pop("tie_word_embeddings")
-        model = Model(ModelArgs(model_type="gemma3_text", head_dim=head_dim, query_pre_attn_scalar=head_dim,
-                                rope_local_base_freq=base_swa,
-                                sliding_window=_meta_int(md, a + ".attention.sliding_window"),
-                                sliding_window_pattern=pattern,
-                                max_position_embeddings=_meta_int(md, a + ".context_length"), **common))
+        # from_dict drops what an older mlx-lm's ModelArgs lacks (0.28.0: max_position_embeddings)
+        model = Model(ModelArgs.from_dict(dict(model_type="gemma3_text", head_dim=head_dim,
+                                               query_pre_attn_scalar=head_dim, rope_local_base_freq=base_swa,
+                                               sliding_window=_meta_int(md, a + ".attention.sliding_window"),
+                                               sliding_window_pattern=pattern,
+                                               max_position_embeddings=_meta_int(md, a + ".context_length"), **common)))
         permuted = False if permute is None else permute
     else:
         raise ValueError("no twin for arch %s" % arch)
