@@ -33,6 +33,16 @@ and the mean KL over their 16 next-token distributions is taken, in float64.
 5. With llama-server v0.5.0 (when built): a slot it saved (packed token payload) moved to mlx-lm;
    mlx-lm's cache moved to f16 and q8_0 slots it restores (n_restored, only the 16 tail tokens
    computed) and continues: KL of the one distribution after the prompt (n_probs = vocabulary).
+6. gemma3 (iSWA; gemma() and gemma_server()): 6 layers, every third global, window 16, so the
+   92-token state wraps the SWA layers' rings. The twin (and a twin with window 17, which must fail);
+   llama.cpp slot and session f16, q8_0, fa off, --swa-full -> mlx-lm (RotatingKVCache checked
+   against mlx-lm's own: classes, offsets, the window's rows), also in the layouts of mlx-lm 0.31.3
+   and 0.28.0 continued by them, and --kv-bits 8 (global layers quantized, rings float); mlx-lm's
+   cache after one batch (rings of 92 rows) and after single steps (wrapped rings, _idx 5), and its
+   q8g64 mixed cache -> llama.cpp slot/session; controls: the rings' rows one slot off, the SWA cells
+   one position off. llama-server: its slot to mlx-lm; mlx-lm's wrapped ring restored (n_restored
+   92) and treated as the server's own slot (which it re-processes: see docs/mlx.md).
+   KVSNAP_CROSS_ENGINE_ONLY=gemma3 runs this bed alone.
 Prints a table of every KL and exits 1 on any failure.
 """
 import json
@@ -444,6 +454,16 @@ def gemma(bed):
                     record("%s llama.cpp f16 -> mlx-lm %s (its layout, continued by it)" % (bed.name, version),
                            mean_kl(full, got), native, 1.5 * native + FLOOR)
 
+    # --kv-bits 8: the global layers' KVCache quantized, the rings kept float (mlx-lm cannot quantize
+    # them); native: mlx-lm's own cache quantized the same way
+    mixed = [c.to_quantized(group_size=64, bits=8) if isinstance(c, C.KVCache) else c for c in bed.mlx_cache()]
+    C.save_prompt_cache(bed.path("mlx-q8g64.safetensors"), mixed, {"model": bed.name})
+    native_q8 = mean_kl(full, bed.mlx_continue(cache=mixed))
+    out = bed.path("v0.5.0-f16-to-q8g64.safetensors")
+    bed.convert(bed.path("v0.5.0-f16-f16-faon.slot"), out, "--to", "mlx", "--kv-bits", "8")
+    record("%s llama.cpp f16 -> mlx-lm q8g64 (global layers; rings float)" % bed.name,
+           mean_kl(full, bed.mlx_continue(out)), native_q8, 1.5 * native_q8 + FLOOR)
+
     # mlx-lm -> llama.cpp: its cache after one batch (rings of all 92 rows, _idx 92) and after single
     # steps (rings of W rows, wrapped: _idx 5)
     toks = bed.path("prompt-tokens.json")
@@ -457,12 +477,14 @@ def gemma(bed):
     C.save_prompt_cache(bed.path("mlx-stepped.safetensors"), stepped, {"model": bed.name})
     if stepped[0]._idx != 5 or stepped[0].keys.shape[2] != W:
         fail("mlx-stepped", "ring _idx %d rows %d, want 5 and %d" % (stepped[0]._idx, stepped[0].keys.shape[2], W))
-    for name in ("batch", "stepped"):
+    for name in ("batch", "stepped", "q8g64"):
         src = bed.path("mlx-%s.safetensors" % name)
-        for ctk, kind in (("f16", "slot"), ("q8_0", "slot"), ("f16", "session")):
+        for ctk, kind in (("f16", "slot"),) if name == "q8g64" else (("f16", "slot"), ("q8_0", "slot"), ("f16", "session")):
             native = mean_kl(ref, logits(bed.path("v0.5.0-%s-%s-faon.logits" % (ctk, ctk))))
             out = bed.path("mlx-%s-to-%s.%s" % (name, ctk, kind))
             bed.convert(src, out, "--to", "llama", "--tokens", toks, "--ctk", ctk, "--ctv", ctk, "--llama-file", kind)
+            if name == "q8g64":  # the loss is mlx-lm's quantization
+                native = native_q8
             record("%s mlx-lm %s -> llama.cpp %s/%s %s" % (bed.name, name, ctk, ctk, kind),
                    mean_kl(ref, bed.restore("v0.5.0", out, ctk, ctk, "on", kind=kind)), native, 1.5 * native + FLOOR)
     # control: the wrapped ring read one slot off (_idx + 1): every SWA cell one position off
