@@ -160,6 +160,16 @@ Status read_f32_rows(const ReadableFile& f, ByteRange r, uint64_t first, uint64_
   return Status::OK();
 }
 
+// gemma2: mlx-lm attends to every position, llama.cpp's SWA layers to the last n_swa; their caches
+// are the same only up to the window.
+Status check_window(const KOrder& k, uint32_t T, const std::string& name) {
+  if (!k.n_swa || k.mlx_window || T <= k.n_swa) return Status::OK();
+  return Status::NotSupported(name + ": " + std::to_string(T) + " tokens, past the sliding window of " +
+                              std::to_string(k.n_swa) + ": llama.cpp's SWA layers attend to the last " +
+                              std::to_string(k.n_swa) + " positions, mlx-lm's gemma2 to every one, so the two "
+                              "engines' caches differ from there on");
+}
+
 // The prompt-cache tensors (meta_state layout) of the f32 state `f` (parsed from `mem`).
 Result<MlxOutFile> mlx_file_of(const StateFile& f, const ReadableFile& mem, const std::vector<SectionCells>& cells,
                                const std::vector<const LayerProfile*>& layers, const std::vector<Place>& places,
@@ -241,12 +251,9 @@ Result<KOrder> cross_engine_k_order(const ModelInfo& model) {
   uint32_t n_swa = 0;
   if (p.is_iswa()) {
     // gemma3: llama.cpp's LLAMA_SWA_TYPE_STANDARD window and mlx-lm's gemma3_text RotatingKVCache
-    // mask alike (position p attends to p-n_swa+1..p); mlx-lm's gemma2 has no window at all.
-    if (p.arch != "gemma3" || p.swa != SwaKind::kStandard || p.is_hybrid() || p.n_swa == 0) {
-      return Status::NotSupported(who + ": sliding-window attention (iSWA): across engines only for gemma3" +
-                                  (p.arch == "gemma2" ? std::string(" (mlx-lm's gemma2 attends to every position: "
-                                                                    "no sliding window, another function)")
-                                                      : std::string()));
+    // mask alike (position p attends to p-n_swa+1..p); mlx-lm's gemma2 has no window (check_window).
+    if ((p.arch != "gemma3" && p.arch != "gemma2") || p.swa != SwaKind::kStandard || p.is_hybrid() || p.n_swa == 0) {
+      return Status::NotSupported(who + ": sliding-window attention (iSWA): across engines only for gemma3 and gemma2");
     }
     n_swa = p.n_swa;
   }
@@ -256,9 +263,11 @@ Result<KOrder> cross_engine_k_order(const ModelInfo& model) {
   if (p.is_mla) return Status::NotSupported(who + ": MLA (latent K, no V rows): not supported across engines");
   if (p.has_cell_ext) return Status::NotSupported(who + ": M-RoPE (positions per cell): not supported across engines");
   if (p.rope == RopeKind::kNeox) {
-    return KOrder{false, p.arch + ": NEOX rope, K in the same order in both engines" +
-                             (n_swa ? "; sliding window " + std::to_string(n_swa) + " (RotatingKVCache)" : std::string()),
-                  n_swa};
+    const bool mlx_window = p.arch != "gemma2";  // mlx-lm's gemma2 has no window
+    std::string why = p.arch + ": NEOX rope, K in the same order in both engines";
+    if (n_swa && mlx_window) why += "; sliding window " + std::to_string(n_swa) + " (RotatingKVCache)";
+    if (!mlx_window) why += "; sliding window " + std::to_string(n_swa) + " in llama.cpp only: sessions up to it";
+    return KOrder{false, why, n_swa, mlx_window};
   }
   if (p.rope == RopeKind::kNorm && converter_permutes(p.arch)) {
     for (const LayerProfile& l : p.layers) {
@@ -283,6 +292,7 @@ Result<CrossEngineResult> llama_to_mlx(const StateFile& src, const ReadableFile&
   KV_RETURN_IF_ERROR(model.check_state(src, name));
   const uint32_t n_swa = res.k_order.n_swa;
   KV_ASSIGN_OR_RETURN(const std::vector<SectionCells> cells, cells_of(src, name, n_swa));
+  KV_RETURN_IF_ERROR(check_window(res.k_order, uint32_t(cells[0].order.size()), name));
   const std::vector<const LayerProfile*> layers = kv_layers(model);
   const std::vector<Place> places = places_of(layers, n_swa > 0);
   for (size_t s = 0; s < cells.size(); ++s) {
@@ -294,6 +304,10 @@ Result<CrossEngineResult> llama_to_mlx(const StateFile& src, const ReadableFile&
     }
   }
   if (spec.quant.bits) KV_RETURN_IF_ERROR(mlx_affine_check(spec.quant.bits, spec.quant.group_size).Prefixed(name));
+  if (spec.quant.bits && model.profile.arch == "gemma2") {  // mlx_lm/models/gemma2.py: mx.expand_dims(keys, 2)
+    return Status::NotSupported(name + ": gemma2: mlx-lm's gemma2 attention cannot run a QuantizedKVCache "
+                                "(it takes float keys only): move without --kv-bits");
+  }
 
   // Everything the two engines agree on (types, rotation, V layout) is kvsnap convert's job: the
   // state at f32, flash-attention rows, unrotated.
@@ -324,7 +338,7 @@ Result<CrossEngineResult> llama_to_mlx(const StateFile& src, const ReadableFile&
   const uint32_t T = uint32_t(cells[0].order.size());
   for (size_t il = 0; il < layers.size(); ++il) {
     const std::string p = std::to_string(il);
-    if (places[il].section == 0) {
+    if (places[il].section == 0 || !res.k_order.mlx_window) {
       mf.metadata.emplace_back("0." + p, "");
       mf.metadata.emplace_back("2." + p, "KVCache");
       continue;
@@ -343,7 +357,7 @@ Result<CrossEngineResult> llama_to_mlx(const StateFile& src, const ReadableFile&
     res.notes.push_back("the file holds " + std::to_string(src.tokens.tokens.size()) + " tokens for " +
                         std::to_string(T) + " cells; its token list is carried as it is");
   }
-  if (n_swa) {
+  if (n_swa && res.k_order.mlx_window) {
     res.notes.push_back("sliding-window layers: the last " + std::to_string(cells[1].order.size()) + " of " +
                         std::to_string(T) + " positions, as RotatingKVCache(max_size " + std::to_string(n_swa) + ")");
   }
@@ -372,7 +386,7 @@ Result<CrossEngineResult> llama_to_mlx(const StateFile& src, const ReadableFile&
   res.from = state_format_name(src) + ", K " + state_types(src, false) + ", V " + state_types(src, true) + " (" +
              state_v_layout(src) + ")";
   res.to = std::string("mlx-lm ") + (spec.quant.is_float() ? "KVCache " + dtype : "QuantizedKVCache " + spec.quant.name()) +
-           (n_swa ? " + RotatingKVCache" : "") + " (" + mlx_layout_name(spec.layout) + ")";
+           (n_swa && res.k_order.mlx_window ? " + RotatingKVCache" : "") + " (" + mlx_layout_name(spec.layout) + ")";
   return res;
 }
 
@@ -459,9 +473,11 @@ Result<std::pair<int64_t, MlxRows>> layer_rows(const MlxLayer& L, const LayerPro
 
 // Checks the float cache's layers against the model; returns the shared offset and each layer's
 // rows to move (an SWA layer's: the last swa_rows(offset, n_swa)).
+// `ring_window`: the window of the model's RotatingKVCache layers (0: mlx-lm has none).
 Result<std::pair<uint32_t, std::vector<MlxRows>>> check_against_model(const MlxPromptCache& c, const std::string& name,
                                                                       const std::vector<const LayerProfile*>& layers,
-                                                                      const std::string& model, uint32_t n_swa) {
+                                                                      const std::string& model, uint32_t ring_window,
+                                                                      uint32_t n_swa) {
   if (c.layers.size() != layers.size()) {
     return Status::Mismatch(name + ": " + std::to_string(c.layers.size()) + " layers, but " + model + " has " +
                             std::to_string(layers.size()) + " KV layers");
@@ -484,7 +500,7 @@ Result<std::pair<uint32_t, std::vector<MlxRows>>> check_against_model(const MlxP
                               model + " has " + std::to_string(lp.n_head_kv) + " KV heads of " +
                               std::to_string(lp.head_dim_k) + "/" + std::to_string(lp.head_dim_v));
     }
-    KV_ASSIGN_OR_RETURN(auto got, layer_rows(L, lp, n_swa, where));
+    KV_ASSIGN_OR_RETURN(auto got, layer_rows(L, lp, ring_window, where));
     if (offset && *offset != got.first) {
       return Status::NotSupported(where + ": offset " + std::to_string(got.first) + ", layer 0's " +
                                   std::to_string(*offset) + ": the layers must hold the same tokens");
@@ -561,8 +577,10 @@ Result<CrossEngineResult> mlx_to_llama(const MlxPromptCache& src, const Readable
     data = deq.file.get();
   }
   const uint32_t n_swa = res.k_order.n_swa;
-  KV_ASSIGN_OR_RETURN(const auto checked, check_against_model(*cache, name, layers, model.path, n_swa));
+  KV_ASSIGN_OR_RETURN(const auto checked, check_against_model(*cache, name, layers, model.path,
+                                                            res.k_order.mlx_window ? n_swa : 0, n_swa));
   const uint32_t T = checked.first;
+  KV_RETURN_IF_ERROR(check_window(res.k_order, T, name));
   const std::vector<MlxRows>& rows = checked.second;
   std::vector<int32_t> tokens;
   if (spec.tokens) {

@@ -33,8 +33,13 @@
 //     mlx-lm's own multi-token update leaves, from which it continues alike); read from mlx-lm
 //     through the ring's temporal order (mlx_ring_rows), whatever its _idx. Older positions of an
 //     SWA layer are not moved: neither engine attends to them again.
+//   - gemma2: llama.cpp windows its SWA layers, mlx-lm's gemma2 does not (every layer a KVCache
+//     attending to every position): the two compute the same cache only for T <= n_swa (real
+//     models: 4096), where llama.cpp's SWA section holds every position; such sessions move, every
+//     mlx-lm layer a KVCache; longer ones are refused, and so is --kv-bits (mlx-lm's gemma2
+//     attention takes no QuantizedKVCache).
 // Refused (kNotSupported, naming the file and the reason): other iSWA models (named by arch),
-// gemma2 (mlx-lm's gemma2 runs no sliding window), hybrid and recurrent memories, MLA, M-RoPE
+// gemma2 sessions past the window, hybrid and recurrent memories, MLA, M-RoPE
 // cell extras, more than one sequence or stream, base positions that are not 0..T-1, SWA cells
 // that are not the last min(T, n_swa) positions or more, a ring with attention-sink rows (keep)
 // or another max_size than the model's window, mlx-lm classes other than KVCache/QuantizedKVCache
@@ -65,6 +70,10 @@ struct KOrder {
   bool permuted = false;  // llama.cpp interleaved pairs vs mlx-lm split halves
   std::string why;        // "llama: NORM rope, converter permuted Q/K" for reports
   uint32_t n_swa = 0;     // > 0: iSWA, the SWA layers' window (see above)
+  // mlx-lm's model windows its SWA layers too (gemma3: RotatingKVCache). false (gemma2): mlx-lm
+  // attends to every position, so the engines' caches are the same function only while T <= n_swa,
+  // and sessions move only then, as KVCache in every layer.
+  bool mlx_window = true;
 };
 // kNotSupported for models the move cannot handle (the reasons listed above).
 Result<KOrder> cross_engine_k_order(const ModelInfo& model);

@@ -173,6 +173,11 @@ TEST_F(CrossEngine, WhichModelsMove) {
   ASSERT_TRUE(gemma3.ok()) << gemma3.status().ToString();
   EXPECT_FALSE(gemma3->permuted);
   EXPECT_EQ(gemma3->n_swa, 4u);
+  EXPECT_TRUE(gemma3->mlx_window);
+  auto gemma2 = cross_engine_k_order(model("gemma2"));  // mlx-lm's gemma2 has no window
+  ASSERT_TRUE(gemma2.ok()) << gemma2.status().ToString();
+  EXPECT_EQ(gemma2->n_swa, 4u);
+  EXPECT_FALSE(gemma2->mlx_window);
   for (const char* neox : {"qwen2", "qwen3", "phi3"}) {
     auto r = cross_engine_k_order(model(neox));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -180,7 +185,7 @@ TEST_F(CrossEngine, WhichModelsMove) {
     EXPECT_NE(r->why.find("NEOX rope"), std::string::npos) << r->why;
   }
   const std::pair<const char*, const char*> refused[] = {
-      {"gemma2", "iSWA"}, {"lfm2", "recurrent"}, {"qwen2vl", "M-RoPE"}, {"deci", "does not know"}};
+      {"lfm2", "recurrent"}, {"qwen2vl", "M-RoPE"}, {"deci", "does not know"}};
   for (const auto& [arch, why] : refused) {
     auto r = cross_engine_k_order(model(arch));
     ASSERT_FALSE(r.ok()) << arch;
@@ -359,6 +364,44 @@ TEST_F(CrossEngine, SlidingWindowRefusals) {
   refused(gemma_cache(2, 16, "1"), Code::kNotSupported, "attention-sink");
   refused(gemma_cache(2, 16, "0", "8"), Code::kNotSupported, "sliding window is 4");
   EXPECT_TRUE(out.bytes.empty());
+}
+
+// gemma2 (window 4; mlx-lm attends to every position): 4 tokens move, every SWA cell kept; 5 are
+// past the window, where the engines' caches differ: refused both ways.
+TEST_F(CrossEngine, Gemma2MovesOnlyWithinTheWindow) {
+  const ModelInfo m = model("gemma2");
+  for (int T : {4, 5}) {
+    std::string toks = "[1";
+    for (int t = 2; t <= T; ++t) toks += "," + std::to_string(t);
+    const MemoryFile in("in.safetensors", mlx_cache(2, T, 16, toks + "]"));
+    auto c = read_mlx_prompt_cache(in);
+    ASSERT_TRUE(c.ok());
+    MlxToLlamaSpec spec;
+    spec.target.ctk = spec.target.ctv = "f32";
+    VectorSink slot;
+    auto r = mlx_to_llama(*c, in, m, spec, slot);
+    if (T == 5) {
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().code(), Code::kNotSupported);
+      EXPECT_NE(r.status().message().find("past the sliding window of 4"), std::string::npos) << r.status().ToString();
+      EXPECT_TRUE(slot.bytes.empty());
+      continue;
+    }
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    const MemoryFile slot_file("out.slot", std::move(slot.bytes));
+    ParseOptions po;
+    po.shape = &m.shape;
+    auto st = parse_state(slot_file, po);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    ASSERT_EQ(st->memory.kv.size(), 2u);
+    EXPECT_EQ(st->memory.kv[1].streams[0].cell_count, 4u);  // the SWA section: every position
+    auto again = f32_back_to_mlx(*st, slot_file, m);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    for (const MlxLayer& L : again->cache.layers) {
+      EXPECT_EQ(L.cls, "KVCache");
+      EXPECT_EQ(*L.offset, 4);
+    }
+  }
 }
 
 TEST_F(CrossEngine, MlxToLlamaRefusals) {

@@ -42,7 +42,9 @@ and the mean KL over their 16 next-token distributions is taken, in float64.
    q8g64 mixed cache -> llama.cpp slot/session; controls: the rings' rows one slot off, the SWA cells
    one position off. llama-server: its slot to mlx-lm; mlx-lm's wrapped ring restored (n_restored
    92) and treated as the server's own slot (which it re-processes: see docs/mlx.md).
-   KVSNAP_CROSS_ENGINE_ONLY=gemma3 runs this bed alone.
+   KVSNAP_CROSS_ENGINE_ONLY=<bed name> (gemma3, hd64, gemma2, ...) runs that bed alone. gemma2 (window 128, longer than the prompt:
+   mlx-lm's gemma2 has no window, so the engines agree only within it) runs the shorter list (*) as
+   a NEOX family, every layer a KVCache; a gemma2 session past a window of 32 is refused.
 Prints a table of every KL and exits 1 on any failure.
 """
 import json
@@ -229,6 +231,11 @@ def llama_to_mlx(bed):
                    mean_kl(full, bed.mlx_continue(bad)), native, 1.5 * native + FLOOR, must_fail=True)
     # llama.cpp f16 -> mlx-lm QuantizedKVCache: against mlx-lm's own quantized cache.
     slot = bed.path("v0.5.0-f16-f16-faon.slot")
+    if bed.info["arch"] == "gemma2":  # mlx-lm's gemma2 attention takes no QuantizedKVCache: refused
+        r = bed.convert(slot, bed.path("q8.safetensors"), "--to", "mlx", "--kv-bits", "8", expect_ok=False)
+        if r.returncode != 4 or os.path.exists(bed.path("q8.safetensors")):
+            fail("gemma2 --kv-bits", "exit %d: %s" % (r.returncode, r.stderr.strip()))
+        return
     for bits in (8,) if bed.quick else (8, 4):
         native_cache = [c.to_quantized(group_size=64, bits=bits) for c in bed.mlx_cache()]
         native = mean_kl(full, bed.mlx_continue(cache=native_cache))
@@ -285,9 +292,10 @@ def mlx_to_llama(bed):
     with open(toks, "w") as f:
         json.dump(bed.tokens[:-TAIL], f)
     qsrc = bed.path("mlx-q8g64.safetensors")
-    C.save_prompt_cache(qsrc, [c.to_quantized(group_size=64, bits=8) for c in bed.mlx_cache()], {"model": bed.name})
     full = bed.mlx_full()
-    mlx_q8_native = mean_kl(full, bed.mlx_continue(qsrc))
+    if bed.info["arch"] != "gemma2":  # mlx-lm's gemma2 cannot run a QuantizedKVCache
+        C.save_prompt_cache(qsrc, [c.to_quantized(group_size=64, bits=8) for c in bed.mlx_cache()], {"model": bed.name})
+        mlx_q8_native = mean_kl(full, bed.mlx_continue(qsrc))
 
     # without --tokens the move is refused (mlx-lm stores none) and leaves nothing
     r = bed.convert(src, bed.path("no-tokens.slot"), "--to", "llama", expect_ok=False)
@@ -553,12 +561,13 @@ def check_refusals(bed, kvsnap, mkmodel, work):
              bed.path("prompt-tokens.json")], expect_ok=False)
     if r.returncode == 0 or "heads" not in r.stderr:
         fail("mismatched model", "exit %d: %s" % (r.returncode, r.stderr.strip()))
-    iswa = os.path.join(work, "iswa.gguf")  # gemma2: mlx-lm's gemma2 has no sliding window
-    run([mkmodel, "--out", iswa, "--arch", "gemma2", "--n-layer", "4", "--swa-pattern", "2"])
+    # gemma2 past its window (32 < 92 tokens): mlx-lm's gemma2 has none, the engines' caches differ
+    iswa = os.path.join(work, "gemma2-swa32.gguf")
+    run([mkmodel, "--out", iswa, "--arch", "gemma2", "--n-layer", "4", "--swa-pattern", "2", "--swa", "32"])
     r = run([kvsnap, "convert", src, os.path.join(work, "iswa.slot"), "--to", "llama", "--model", iswa, "--tokens",
              bed.path("prompt-tokens.json")], expect_ok=False)
-    if r.returncode == 0 or "iSWA" not in r.stderr:
-        fail("iSWA model", "exit %d: %s" % (r.returncode, r.stderr.strip()))
+    if r.returncode != 4 or "past the sliding window of 32" not in r.stderr or os.path.exists(os.path.join(work, "iswa.slot")):
+        fail("gemma2 past its window", "exit %d: %s" % (r.returncode, r.stderr.strip()))
 
 
 def continue_here(gguf, tokens_bin, cache_path, out):
@@ -591,17 +600,22 @@ def main():
                  "--seed", "7"] + trained, quick=True),
             Bed(kvsnap, mkmodel, drivers, prompt, work, "phi3",
                 ["--arch", "phi3", "--n-layer", "4", "--n-embd", "512", "--n-head", "4", "--n-head-kv", "2",
-                 "--head-dim", "128", "--n-rot", "96", "--seed", "9"] + trained, quick=True)]
+                 "--head-dim", "128", "--n-rot", "96", "--seed", "9"] + trained, quick=True),
+            # gemma2, window 128 > 108 tokens: mlx-lm's gemma2 (no window) computes the same function
+            Bed(kvsnap, mkmodel, drivers, prompt, work, "gemma2",
+                ["--arch", "gemma2", "--n-layer", "4", "--swa-pattern", "2", "--swa", "128", "--seed", "13"] + trained,
+                quick=True)]
+    only = os.environ.get("KVSNAP_CROSS_ENGINE_ONLY")  # a bed's name ("gemma3", "qwen2"): that bed alone
     t0, c0 = time.time(), cpu_seconds()
     g = Bed(kvsnap, mkmodel, drivers, prompt, work, "gemma3",
             ["--arch", "gemma3", "--n-layer", "6", "--swa-pattern", "3", "--swa", "16", "--rope-base", "1000000",
              "--rope-base-swa", "10000", "--seed", "11"] + trained)
-    gemma(g)
-    if server:
-        gemma_server(g, server)
-    print("gemma3: %.1f s (%.1f s of CPU)" % (time.time() - t0, cpu_seconds() - c0), flush=True)
-    only = os.environ.get("KVSNAP_CROSS_ENGINE_ONLY")  # e.g. "gemma3": that bed alone, for work on it
-    for bed in [] if only else beds:
+    if not only or only == "gemma3":
+        gemma(g)
+        if server:
+            gemma_server(g, server)
+        print("gemma3: %.1f s (%.1f s of CPU)" % (time.time() - t0, cpu_seconds() - c0), flush=True)
+    for bed in [b for b in beds if not only or b.name == only]:
         t0, c0 = time.time(), cpu_seconds()
         bed.server = server
         check_twin(bed)

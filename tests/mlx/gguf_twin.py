@@ -9,7 +9,9 @@ NEOX-rope families (qwen2, qwen3) were not permuted by the converter and are loa
 qwen3 adds per-head RMS norms on Q and K (before the rope) and a head dim free of the width. phi3
 has fused Q|K|V and gate|up projections (the GGUF's rows are mlx-lm's qkv_proj / gate_up_proj rows)
 and may rope only the first rope.dimension_count dims of a head (partial_rotary_factor).
-gemma3 (mlx-lm's gemma3_text): NEOX rope (not permuted), Q/K RMS norms, norms stored by the
+gemma2: the same norms and scaled, tied embedding, attention and final logit soft-capping, and no
+sliding window in mlx-lm (llama.cpp's SWA layers see the last sliding_window positions: the twin
+agrees while the prompt fits in the window). gemma3 (mlx-lm's gemma3_text): NEOX rope (not permuted), Q/K RMS norms, norms stored by the
 converter as 1 + w (mlx-lm's RMSNorm adds the 1 itself: the twin takes 1 from each), the embedding
 scaled by sqrt(n_embd) and tied to the output, sliding-window layers (sliding_window,
 sliding_window_pattern: every pattern-th layer global) with their own rope base (rope.freq_base_swa,
@@ -89,6 +91,14 @@ def load_twin(gguf_path, permute=None):
                                                sliding_window_pattern=pattern,
                                                max_position_embeddings=_meta_int(md, a + ".context_length"), **common)))
         permuted = False if permute is None else permute
+    elif arch == "gemma2":  # mlx-lm's gemma2: no sliding window, every layer attends to every position
+        from mlx_lm.models.gemma2 import Model, ModelArgs
+        common.pop("tie_word_embeddings")
+        model = Model(ModelArgs.from_dict(dict(
+            model_type="gemma2", head_dim=head_dim, query_pre_attn_scalar=head_dim,
+            attn_logit_softcapping=_meta_float(md, a + ".attn_logit_softcapping"),
+            final_logit_softcapping=_meta_float(md, a + ".final_logit_softcapping"), **common)))
+        permuted = False if permute is None else permute
     else:
         raise ValueError("no twin for arch %s" % arch)
 
@@ -104,13 +114,13 @@ def load_twin(gguf_path, permute=None):
                  "attn_qkv.weight": "self_attn.qkv_proj.weight",
                  "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
                  "ffn_down.weight": "mlp.down_proj.weight"}
-    if arch == "gemma3":
+    if arch in ("gemma2", "gemma3"):
         per_layer.update({"ffn_norm.weight": "pre_feedforward_layernorm.weight",
                           "post_attention_norm.weight": "post_attention_layernorm.weight",
                           "post_ffw_norm.weight": "post_feedforward_layernorm.weight"})
     weights = []
     for k, v in f32.items():
-        if arch == "gemma3" and k.endswith("norm.weight"):
+        if arch in ("gemma2", "gemma3") and k.endswith("norm.weight"):
             v = v - 1.0  # the converter stored 1 + w
         if k in names:
             weights.append((names[k], v))
@@ -134,8 +144,8 @@ def load_twin(gguf_path, permute=None):
     model.load_weights(weights, strict=True)
     mx.eval(model.parameters())
     info = dict(arch=arch, n_layer=n_layer, n_head_kv=n_head_kv, head_dim=head_dim, n_vocab=n_vocab)
-    if arch == "gemma3":
-        info.update(n_swa=_meta_int(md, a + ".attention.sliding_window"), swa_pattern=pattern)
+    if arch in ("gemma2", "gemma3"):
+        info.update(n_swa=_meta_int(md, a + ".attention.sliding_window"))
     return model, info
 
 
