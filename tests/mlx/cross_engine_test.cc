@@ -53,6 +53,13 @@ class CrossEngine : public ::testing::Test {
     return std::move(*m);
   }
 
+  // A llama.cpp state file written in memory, parsed with the model's shape.
+  static Result<StateFile> parse_for(const ReadableFile& f, const ModelInfo& m) {
+    ParseOptions po;
+    po.shape = &m.shape;
+    return parse_state(f, po);
+  }
+
   // llama.cpp f32 state -> mlx-lm f32 prompt cache (meta_state layout), read back.
   struct Back {
     std::unique_ptr<MemoryFile> file;
@@ -213,9 +220,7 @@ void CrossEngine::f32_round_trip(StateKind kind) {
   EXPECT_TRUE(r->k_order.permuted);
 
   const MemoryFile slot_file("out.slot", std::move(slot.bytes));
-  ParseOptions po;
-  po.shape = &m.shape;
-  auto st = parse_state(slot_file, po);
+  auto st = parse_for(slot_file, m);
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   EXPECT_EQ(st->kind, kind);
   if (kind == StateKind::kSessionFile) {  // what llama_state_save_file writes: ggsn v10, the arch
@@ -312,9 +317,7 @@ TEST_F(CrossEngine, SlidingWindowRingThroughASlotIsExact) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->n_tokens, 7u);
   const MemoryFile slot_file("out.slot", std::move(slot.bytes));
-  ParseOptions po;
-  po.shape = &m.shape;
-  auto st = parse_state(slot_file, po);
+  auto st = parse_for(slot_file, m);
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   ASSERT_EQ(st->memory.kv.size(), 2u);
   const KvStream& base = st->memory.kv[0].streams[0];
@@ -389,9 +392,7 @@ TEST_F(CrossEngine, Gemma2MovesOnlyWithinTheWindow) {
     }
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     const MemoryFile slot_file("out.slot", std::move(slot.bytes));
-    ParseOptions po;
-    po.shape = &m.shape;
-    auto st = parse_state(slot_file, po);
+    auto st = parse_for(slot_file, m);
     ASSERT_TRUE(st.ok()) << st.status().ToString();
     ASSERT_EQ(st->memory.kv.size(), 2u);
     EXPECT_EQ(st->memory.kv[1].streams[0].cell_count, 4u);  // the SWA section: every position
