@@ -510,15 +510,25 @@ Result<std::pair<uint32_t, std::vector<MlxRows>>> check_against_model(const MlxP
   }
   if (!offset || *offset <= 0) return Status::NotSupported(name + ": holds no tokens: nothing to move");
   const uint32_t T = uint32_t(*offset);
+  if (!n_swa) return std::make_pair(T, std::move(rows));
+  // The SWA cells: the window's min(T, n_swa) positions, and one older when every SWA layer still
+  // holds it: llama-server reuses a restored slot only with SWA cells down to T-n_swa-1 (its
+  // pos_min < pos_next - n_swa), one more than llama.cpp's own slot save keeps; llama.cpp masks
+  // that cell for every later position.
+  uint32_t n = swa_server_rows(T, n_swa);
   for (size_t il = 0; il < layers.size(); ++il) {
-    if (!n_swa || !layers[il]->is_swa) continue;
-    MlxRows& r = rows[il];
-    const uint32_t n = swa_rows(T, n_swa);
-    if (r.rows.size() < n) {
+    if (!layers[il]->is_swa) continue;
+    const MlxRows& r = rows[il];
+    if (r.rows.size() < swa_rows(T, n_swa)) {
       return Status::NotSupported(name + ": layer " + std::to_string(il) + " holds positions " + std::to_string(r.first) +
                                   ".." + std::to_string(T - 1) + ", but the window of " + std::to_string(n_swa) +
-                                  " needs " + std::to_string(T - n) + "..");
+                                  " needs " + std::to_string(T - swa_rows(T, n_swa)) + "..");
     }
+    n = std::min(n, uint32_t(r.rows.size()));
+  }
+  for (size_t il = 0; il < layers.size(); ++il) {
+    if (!layers[il]->is_swa) continue;
+    MlxRows& r = rows[il];
     r.rows.erase(r.rows.begin(), r.rows.end() - n);  // older rows: no position attends to them again
     r.first = T - n;
   }

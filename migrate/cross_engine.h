@@ -31,8 +31,9 @@
 //     positions p-n_swa+1..p of an SWA layer. Moving, each SWA layer holds the last min(T, n_swa)
 //     positions: written to mlx-lm in temporal order with offset T, _idx min(T, n_swa) (the state
 //     mlx-lm's own multi-token update leaves, from which it continues alike); read from mlx-lm
-//     through the ring's temporal order (mlx_ring_rows), whatever its _idx. Older positions of an
-//     SWA layer are not moved: neither engine attends to them again.
+//     through the ring's temporal order (mlx_ring_rows), whatever its _idx, one position more
+//     (T-n_swa-1) when every ring still holds it, for llama-server's reuse rule. Older positions
+//     of an SWA layer are not moved: neither engine attends to them again.
 //   - gemma2: llama.cpp windows its SWA layers, mlx-lm's gemma2 does not (every layer a KVCache
 //     attending to every position): the two compute the same cache only for T <= n_swa (real
 //     models: 4096), where llama.cpp's SWA section holds every position; such sessions move, every
@@ -88,8 +89,11 @@ void k_row_to_llama(const float* mlx, float* llama, uint32_t head_dim);
 Result<std::vector<uint32_t>> mlx_ring_rows(int64_t rows, int64_t keep, int64_t offset, int64_t idx,
                                             const std::string& where);
 
-// The positions an SWA layer holds once moved, after T tokens: the last swa_rows(T, n_swa).
+// The positions an SWA layer holds once moved, after T tokens: the last swa_rows(T, n_swa); to
+// llama.cpp up to swa_server_rows(T, n_swa) when the mlx-lm cache still has them (llama-server
+// reuses a restored slot only with SWA cells down to T-n_swa-1).
 inline uint32_t swa_rows(uint32_t T, uint32_t n_swa) { return T < n_swa ? T : n_swa; }
+inline uint32_t swa_server_rows(uint32_t T, uint32_t n_swa) { return T < n_swa + 1 ? T : n_swa + 1; }
 
 struct LlamaToMlxSpec {
   // Rotation claims about the input (--src-rotation, --source-build, a server's build), as for

@@ -352,6 +352,29 @@ TEST_F(CrossEngine, SlidingWindowRingThroughASlotIsExact) {
   }
 }
 
+// A cache that still holds older positions (here a KVCache on the sliding layer, 7 rows, window 4)
+// moves 5 SWA cells, positions 2..6: the window and the one llama-server's reuse rule wants.
+TEST_F(CrossEngine, SlidingWindowKeepsOneMorePositionForTheServer) {
+  const ModelInfo m = model("gemma3");
+  const MemoryFile in("in.safetensors", mlx_cache(2, 7, 16, "[1,2,3,4,5,6,7]"));
+  auto c = read_mlx_prompt_cache(in);
+  ASSERT_TRUE(c.ok());
+  MlxToLlamaSpec spec;
+  spec.target.ctk = spec.target.ctv = "f32";
+  VectorSink slot;
+  auto r = mlx_to_llama(*c, in, m, spec, slot);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const MemoryFile slot_file("out.slot", std::move(slot.bytes));
+  auto st = parse_for(slot_file, m);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  const KvStream& swa = st->memory.kv[1].streams[0];
+  ASSERT_EQ(swa.cell_count, 5u);
+  EXPECT_EQ(swa.cells[0].pos, 2);
+  EXPECT_EQ(f32_at(slot_file, swa.layers[0].k.offset + 3 * 4), value(0, 0, 0, 2, 3));
+  EXPECT_EQ(swa_server_rows(92, 16), 17u);
+  EXPECT_EQ(swa_server_rows(10, 16), 10u);
+}
+
 TEST_F(CrossEngine, SlidingWindowRefusals) {
   const ModelInfo m = model("gemma3");
   VectorSink out;

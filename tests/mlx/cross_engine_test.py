@@ -40,8 +40,9 @@ and the mean KL over their 16 next-token distributions is taken, in float64.
    and 0.28.0 continued by them, and --kv-bits 8 (global layers quantized, rings float); mlx-lm's
    cache after one batch (rings of 92 rows) and after single steps (wrapped rings, _idx 5), and its
    q8g64 mixed cache -> llama.cpp slot/session; controls: the rings' rows one slot off, the SWA cells
-   one position off. llama-server: its slot to mlx-lm; mlx-lm's wrapped ring restored (n_restored
-   92) and treated as the server's own slot (which it re-processes: see docs/mlx.md).
+   one position off. llama-server: its slot to mlx-lm; mlx-lm's caches restored (n_restored 92): the
+   batch one continued from the restored cache (prompt_n 16: kvsnap writes the SWA cell T-17 the
+   server's reuse rule wants), the wrapped ring treated as the server's own slot (re-processed).
    KVSNAP_CROSS_ENGINE_ONLY=<bed name> (gemma3, hd64, gemma2, ...) runs that bed alone. gemma2 (window 128, longer than the prompt:
    mlx-lm's gemma2 has no window, so the engines agree only within it) runs the shorter list (*) as
    a NEOX family, every layer a KVCache; a gemma2 session past a window of 32 is refused.
@@ -509,18 +510,21 @@ def gemma(bed):
 
 def gemma_server(bed, server_bin):
     """llama-server v0.5.0 and gemma3 (-np 1: an SWA cache of n_swa + ubatch cells): a slot it saved
-    moved to mlx-lm; mlx-lm's wrapped ring moved to a slot it restores and continues. The server
-    re-processes the whole prompt after restoring any iSWA slot, its own as well (its reuse rule
-    wants SWA cells down to position T-n_swa-1, one more than its slot save keeps): checked to treat
-    the moved slot exactly as its own, and the distribution after the prompt scored as in with_server."""
+    moved to mlx-lm; mlx-lm's caches moved to slots it restores and continues. The server reuses a
+    restored iSWA slot only with SWA cells down to T-n_swa-1 (pos_min < pos_next - n_swa), one more
+    than its own slot save keeps, so it re-processes the prompt after restoring its own slot; kvsnap
+    writes that cell when mlx-lm's cache still holds it (after one batch: the server then computes
+    the 16 tail tokens only), and a wrapped ring of n_swa rows is treated as the server's own slot.
+    The distribution after the prompt is scored as in with_server."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
     from server_test import Server  # noqa: E402
 
     n_vocab, T = bed.info["n_vocab"], len(bed.tokens) - TAIL
     slot_dir = bed.path("server-slots")
     os.makedirs(slot_dir, exist_ok=True)
-    bed.convert(bed.path("mlx-stepped.safetensors"), os.path.join(slot_dir, "from-mlx.slot"), "--to", "llama",
-                "--tokens", bed.path("prompt-tokens.json"))
+    for name in ("batch", "stepped"):
+        bed.convert(bed.path("mlx-%s.safetensors" % name), os.path.join(slot_dir, "from-mlx-%s.slot" % name), "--to",
+                    "llama", "--tokens", bed.path("prompt-tokens.json"))
     srv = Server(server_bin, bed.gguf, "f16", "f16", True, slot_dir, bed.path("server.log"))
     try:
         srv.post("/completion", {"prompt": bed.tokens[:-TAIL], "n_predict": 0, "cache_prompt": True, "id_slot": 0})
@@ -532,7 +536,7 @@ def gemma_server(bed, server_bin):
         record("%s llama-server f16/f16 slot -> mlx-lm" % bed.name, mean_kl(bed.mlx_full(), bed.mlx_continue(out)),
                0.0, FLOOR)
         timings = {}
-        for name in ("saved.slot", "from-mlx.slot"):
+        for name in ("saved.slot", "from-mlx-stepped.slot", "from-mlx-batch.slot"):
             code, j = srv.post("/slots/0?action=restore", {"filename": name})
             if code != 200 or j.get("n_restored") != T:
                 fail(name, "llama-server restore: %d %s" % (code, j))
@@ -540,14 +544,20 @@ def gemma_server(bed, server_bin):
             code, j = srv.post("/completion", {"prompt": bed.tokens, "n_predict": 1, "temperature": 0,
                                                "cache_prompt": True, "id_slot": 0, "n_probs": n_vocab})
             timings[name] = (j["timings"]["cache_n"], j["timings"]["prompt_n"])
-        if timings["from-mlx.slot"] != timings["saved.slot"]:
-            fail("from-mlx.slot", "llama-server's cache_n/prompt_n %s, with its own slot %s" %
-                 (timings["from-mlx.slot"], timings["saved.slot"]))
-        dist = np.full(n_vocab, -1e30)
-        for t in j["completion_probabilities"][0]["top_logprobs"]:
-            dist[t["id"]] = t["logprob"]
-        record("%s mlx-lm stepped -> llama-server f16/f16 (last position)" % bed.name,
-               mean_kl(bed.llama_ref("v0.5.0")[-1:], dist[None, :]), 0.0, FLOOR)
+            if name == "saved.slot":
+                continue
+            dist = np.full(n_vocab, -1e30)
+            for t in j["completion_probabilities"][0]["top_logprobs"]:
+                dist[t["id"]] = t["logprob"]
+            record("%s mlx-lm %s -> llama-server f16/f16 (last position; cache_n %d, prompt_n %d)" %
+                   ((bed.name, name[9:-5]) + timings[name]),
+                   mean_kl(bed.llama_ref("v0.5.0")[-1:], dist[None, :]), 0.0, FLOOR)
+        if timings["from-mlx-stepped.slot"] != timings["saved.slot"]:
+            fail("from-mlx-stepped.slot", "llama-server's cache_n/prompt_n %s, with its own slot %s" %
+                 (timings["from-mlx-stepped.slot"], timings["saved.slot"]))
+        if timings["from-mlx-batch.slot"] != (T, TAIL):
+            fail("from-mlx-batch.slot", "llama-server's cache_n/prompt_n %s: the restored cache not reused" %
+                 (timings["from-mlx-batch.slot"],))
     finally:
         srv.stop()
 
