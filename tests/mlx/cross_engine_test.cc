@@ -60,6 +60,14 @@ class CrossEngine : public ::testing::Test {
     return parse_state(f, po);
   }
 
+  // A prompt cache -> an f32 llama.cpp slot (mlx_to_llama) in `slot`.
+  static Result<CrossEngineResult> f32_slot_of(const MemoryFile& in, const ModelInfo& m, VectorSink& slot) {
+    KV_ASSIGN_OR_RETURN(const MlxPromptCache c, read_mlx_prompt_cache(in));
+    MlxToLlamaSpec spec;
+    spec.target.ctk = spec.target.ctv = "f32";
+    return mlx_to_llama(c, in, m, spec, slot);
+  }
+
   // llama.cpp f32 state -> mlx-lm f32 prompt cache (meta_state layout), read back.
   struct Back {
     std::unique_ptr<MemoryFile> file;
@@ -357,12 +365,8 @@ TEST_F(CrossEngine, SlidingWindowRingThroughASlotIsExact) {
 TEST_F(CrossEngine, SlidingWindowKeepsOneMorePositionForTheServer) {
   const ModelInfo m = model("gemma3");
   const MemoryFile in("in.safetensors", mlx_cache(2, 7, 16, "[1,2,3,4,5,6,7]"));
-  auto c = read_mlx_prompt_cache(in);
-  ASSERT_TRUE(c.ok());
-  MlxToLlamaSpec spec;
-  spec.target.ctk = spec.target.ctv = "f32";
   VectorSink slot;
-  auto r = mlx_to_llama(*c, in, m, spec, slot);
+  auto r = f32_slot_of(in, m, slot);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   const MemoryFile slot_file("out.slot", std::move(slot.bytes));
   auto st = parse_for(slot_file, m);
@@ -400,12 +404,8 @@ TEST_F(CrossEngine, Gemma2MovesOnlyWithinTheWindow) {
     std::string toks = "[1";
     for (int t = 2; t <= T; ++t) toks += "," + std::to_string(t);
     const MemoryFile in("in.safetensors", mlx_cache(2, T, 16, toks + "]"));
-    auto c = read_mlx_prompt_cache(in);
-    ASSERT_TRUE(c.ok());
-    MlxToLlamaSpec spec;
-    spec.target.ctk = spec.target.ctv = "f32";
     VectorSink slot;
-    auto r = mlx_to_llama(*c, in, m, spec, slot);
+    auto r = f32_slot_of(in, m, slot);
     if (T == 5) {
       ASSERT_FALSE(r.ok());
       EXPECT_EQ(r.status().code(), Code::kNotSupported);
