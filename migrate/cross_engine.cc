@@ -509,6 +509,9 @@ Result<std::pair<uint32_t, std::vector<MlxRows>>> check_against_model(const MlxP
     rows.push_back(std::move(got.second));
   }
   if (!offset || *offset <= 0) return Status::NotSupported(name + ": holds no tokens: nothing to move");
+  if (*offset > INT32_MAX) {  // llama.cpp positions are i32
+    return Status::Corruption(name + ": offset " + std::to_string(*offset) + ": more tokens than llama.cpp positions");
+  }
   const uint32_t T = uint32_t(*offset);
   if (!n_swa) return std::make_pair(T, std::move(rows));
   // The SWA cells: the window's min(T, n_swa) positions, and one older when every SWA layer still
