@@ -52,25 +52,41 @@ std::string mlx_dtype_of(int32_t ggml_type) {
   }
 }
 
-// The one stream holding cells, and its cells ordered by position (order[t] = cell index);
-// kNotSupported for anything but one sequence at positions 0..T-1.
-Result<std::pair<size_t, std::vector<uint32_t>>> cell_order(const StateFile& f, const std::string& name) {
-  if (f.memory.recurrent) {
-    return Status::NotSupported(name + ": holds recurrent state (a hybrid or recurrent model): mlx-lm's KV caches cannot hold it");
+// Where a model KV layer's rows are in a llama.cpp state: section 0 (base, or the only one) or 1
+// (SWA), and the layer's index there (llama.cpp's iSWA sections keep the model's layer order).
+struct Place {
+  size_t section = 0, index = 0;
+};
+std::vector<Place> places_of(const std::vector<const LayerProfile*>& layers, bool iswa) {
+  std::vector<Place> out;
+  size_t n[2] = {0, 0};
+  for (const LayerProfile* l : layers) {
+    const size_t s = iswa && l->is_swa ? 1 : 0;
+    out.push_back({s, n[s]++});
   }
-  if (f.memory.kv.size() != 1) {
-    return Status::NotSupported(name + ": " + std::to_string(f.memory.kv.size()) +
-                                " KV sections (an iSWA model's base + sliding window): not supported across engines");
-  }
-  const KvSection& sec = f.memory.kv[0];
+  return out;
+}
+
+// One KV section's cells: the stream holding them, its cells by position (order[i] is the cell at
+// position first + i).
+struct SectionCells {
+  size_t stream = 0;
+  int32_t first = 0;
+  std::vector<uint32_t> order;
+};
+
+// kNotSupported for anything but one sequence at consecutive positions.
+Result<SectionCells> section_cells(const KvSection& sec, const std::string& name, const std::string& what) {
   std::optional<size_t> stream;
   for (size_t s = 0; s < sec.streams.size(); ++s) {
     if (sec.streams[s].cell_count == 0) continue;
     if (stream) return Status::NotSupported(name + ": cells in more than one stream: save one sequence (a slot file)");
     stream = s;
   }
-  if (!stream) return Status::NotSupported(name + ": holds no cells: nothing to move");
+  if (!stream) return Status::NotSupported(name + ": the " + what + " section holds no cells: nothing to move");
   const KvStream& st = sec.streams[*stream];
+  int32_t first = INT32_MAX;
+  for (const CellMeta& m : st.cells) first = std::min(first, m.pos);
   std::vector<uint32_t> order(st.cell_count, UINT32_MAX);
   std::optional<int32_t> seq;
   for (uint32_t c = 0; c < st.cell_count; ++c) {
@@ -79,14 +95,50 @@ Result<std::pair<size_t, std::vector<uint32_t>>> cell_order(const StateFile& f, 
       return Status::NotSupported(name + ": cells of more than one sequence: save one sequence (a slot file)");
     }
     if (!m.seq_ids.empty()) seq = m.seq_ids[0];
-    if (m.pos < 0 || uint32_t(m.pos) >= st.cell_count || order[uint32_t(m.pos)] != UINT32_MAX) {
-      return Status::NotSupported(name + ": cell positions are not 0.." + std::to_string(st.cell_count - 1) +
-                                  " (cell " + std::to_string(c) + " at " + std::to_string(m.pos) +
-                                  "): mlx-lm's KVCache holds positions 0..offset-1 only");
+    const int64_t i = int64_t(m.pos) - first;
+    if (first < 0 || i >= int64_t(st.cell_count) || order[size_t(i)] != UINT32_MAX) {
+      return Status::NotSupported(name + ": " + what + " cell positions are not " + std::to_string(first) + ".." +
+                                  std::to_string(int64_t(first) + st.cell_count - 1) + " (cell " + std::to_string(c) +
+                                  " at " + std::to_string(m.pos) + "): mlx-lm's caches hold consecutive positions");
     }
-    order[uint32_t(m.pos)] = c;
+    order[size_t(i)] = c;
   }
-  return std::make_pair(*stream, std::move(order));
+  return SectionCells{*stream, first, std::move(order)};
+}
+
+// The cells of every KV section (base first, then SWA for an iSWA model of window n_swa): base
+// positions 0..T-1, SWA cut to the last swa_rows(T, n_swa) positions.
+Result<std::vector<SectionCells>> cells_of(const StateFile& f, const std::string& name, uint32_t n_swa) {
+  if (f.memory.recurrent) {
+    return Status::NotSupported(name + ": holds recurrent state (a hybrid or recurrent model): mlx-lm's KV caches cannot hold it");
+  }
+  const size_t want = n_swa ? 2 : 1;
+  if (f.memory.kv.size() != want) {
+    return Status::NotSupported(name + ": " + std::to_string(f.memory.kv.size()) + " KV sections, the model's state has " +
+                                std::to_string(want) + (n_swa ? " (base + sliding window)" : ""));
+  }
+  std::vector<SectionCells> out;
+  KV_ASSIGN_OR_RETURN(SectionCells base, section_cells(f.memory.kv[0], name, n_swa ? "base" : "KV"));
+  if (base.first != 0) {
+    return Status::NotSupported(name + ": cell positions start at " + std::to_string(base.first) +
+                                ": mlx-lm's KVCache holds positions 0..offset-1 only");
+  }
+  const uint32_t T = uint32_t(base.order.size());
+  out.push_back(std::move(base));
+  if (!n_swa) return out;
+  KV_ASSIGN_OR_RETURN(SectionCells swa, section_cells(f.memory.kv[1], name, "SWA"));
+  const uint32_t n = swa_rows(T, n_swa);
+  const int64_t last = int64_t(swa.first) + int64_t(swa.order.size()) - 1;
+  if (last != int64_t(T) - 1 || swa.order.size() < n) {
+    return Status::NotSupported(name + ": the SWA section holds positions " + std::to_string(swa.first) + ".." +
+                                std::to_string(last) + ", but the window of " + std::to_string(n_swa) + " after " +
+                                std::to_string(T) + " tokens needs " + std::to_string(T - n) + ".." +
+                                std::to_string(T - 1));
+  }
+  swa.order.erase(swa.order.begin(), swa.order.end() - n);  // older cells: no position attends to them again
+  swa.first = int32_t(T - n);
+  out.push_back(std::move(swa));
+  return out;
 }
 
 // Reads one float32 tensor row range of the f32 intermediate state.
@@ -99,17 +151,27 @@ Status read_f32_rows(const ReadableFile& f, ByteRange r, uint64_t first, uint64_
   return Status::OK();
 }
 
-// The KVCache file (meta_state layout) of the f32 state `f` (parsed from `mem`).
-Result<MlxOutFile> mlx_file_of(const StateFile& f, const ReadableFile& mem, size_t stream,
-                               const std::vector<uint32_t>& order, const std::vector<const LayerProfile*>& layers,
+// gemma2: mlx-lm attends to every position, llama.cpp's SWA layers to the last n_swa; their caches
+// are the same only up to the window.
+Status check_window(const KOrder& k, uint32_t T, const std::string& name) {
+  if (!k.n_swa || k.mlx_window || T <= k.n_swa) return Status::OK();
+  return Status::NotSupported(name + ": " + std::to_string(T) + " tokens, past the sliding window of " +
+                              std::to_string(k.n_swa) + ": llama.cpp's SWA layers attend to the last " +
+                              std::to_string(k.n_swa) + " positions, mlx-lm's gemma2 to every one, so the two "
+                              "engines' caches differ from there on");
+}
+
+// The prompt-cache tensors (meta_state layout) of the f32 state `f` (parsed from `mem`).
+Result<MlxOutFile> mlx_file_of(const StateFile& f, const ReadableFile& mem, const std::vector<SectionCells>& cells,
+                               const std::vector<const LayerProfile*>& layers, const std::vector<Place>& places,
                                bool permute, const std::string& dtype) {
-  const KvStream& st = f.memory.kv[0].streams[stream];
-  const uint64_t T = order.size();
   const uint64_t item = safetensors_itemsize(dtype);
   MlxOutFile out;
-  for (size_t il = 0; il < st.layers.size(); ++il) {
-    const KvLayer& L = st.layers[il];
+  for (size_t il = 0; il < layers.size(); ++il) {
+    const SectionCells& sc = cells[places[il].section];
+    const KvLayer& L = f.memory.kv[places[il].section].streams[sc.stream].layers[places[il].index];
     const LayerProfile& lp = *layers[il];
+    const uint64_t T = sc.order.size();
     const std::string p = std::to_string(il);
     for (bool is_v : {false, true}) {
       const uint64_t H = lp.n_head_kv, D = is_v ? lp.head_dim_v : lp.head_dim_k;
@@ -121,7 +183,7 @@ Result<MlxOutFile> mlx_file_of(const StateFile& f, const ReadableFile& mem, size
       t.bytes.resize(H * T * D * item);
       std::vector<float> row, head(D);
       for (uint64_t tt = 0; tt < T; ++tt) {
-        KV_RETURN_IF_ERROR(read_f32_rows(mem, is_v ? L.v : L.k, uint64_t(order[tt]) * width, width, row));
+        KV_RETURN_IF_ERROR(read_f32_rows(mem, is_v ? L.v : L.k, uint64_t(sc.order[tt]) * width, width, row));
         for (uint64_t h = 0; h < H; ++h) {
           const float* src = row.data() + h * D;
           if (!is_v && permute) {
@@ -177,7 +239,15 @@ void k_row_to_llama(const float* mlx, float* llama, uint32_t head_dim) {
 Result<KOrder> cross_engine_k_order(const ModelInfo& model) {
   const ModelProfile& p = model.profile;
   const std::string who = model.path + " (" + p.arch + ")";
-  if (p.is_iswa()) return Status::NotSupported(who + ": sliding-window attention (iSWA): not supported across engines yet");
+  uint32_t n_swa = 0;
+  if (p.is_iswa()) {
+    // gemma3: llama.cpp's LLAMA_SWA_TYPE_STANDARD window and mlx-lm's gemma3_text RotatingKVCache
+    // mask alike (position p attends to p-n_swa+1..p); mlx-lm's gemma2 has no window (check_window).
+    if ((p.arch != "gemma3" && p.arch != "gemma2") || p.swa != SwaKind::kStandard || p.is_hybrid() || p.n_swa == 0) {
+      return Status::NotSupported(who + ": sliding-window attention (iSWA): across engines only for gemma3 and gemma2");
+    }
+    n_swa = p.n_swa;
+  }
   if (p.is_hybrid() || p.is_recurrent_only()) {
     return Status::NotSupported(who + ": recurrent state (hybrid or recurrent model): mlx-lm's KV caches cannot hold it");
   }
@@ -186,11 +256,16 @@ Result<KOrder> cross_engine_k_order(const ModelInfo& model) {
   KV_ASSIGN_OR_RETURN(const CrossEngineArch* a, cross_engine_arch_for(p, who));
   const std::string rope = std::string(rope_kind_name(a->rope)) + " rope";
   if (a->map == KMap::kPermute) {
+    if (n_swa) return Status::NotSupported(who + ": sliding window with a permuted K: not supported across engines");
     return KOrder{true, p.arch + ": " + rope + ", converter permuted Q/K, mlx-lm " + a->mlx_module +
                             " rotate-half: K pairs (2j, 2j+1) <-> (j, j+D/2)"};
   }
-  return KOrder{false, p.arch + ": " + rope + ", converter kept Q/K, mlx-lm " + a->mlx_module +
-                           (a->mlx_traditional ? " traditional" : " rotate-half") + " rope: K in the same order"};
+  const bool mlx_window = p.arch != "gemma2";  // mlx-lm's gemma2 has no window
+  std::string why = p.arch + ": " + rope + ", converter kept Q/K, mlx-lm " + a->mlx_module +
+                    (a->mlx_traditional ? " traditional" : " rotate-half") + " rope: K in the same order";
+  if (n_swa && mlx_window) why += "; sliding window " + std::to_string(n_swa) + " (RotatingKVCache)";
+  if (n_swa && !mlx_window) why += "; sliding window " + std::to_string(n_swa) + " in llama.cpp only: sessions up to it";
+  return KOrder{false, why, n_swa, mlx_window};
 }
 
 Result<CrossEngineResult> llama_to_mlx(const StateFile& src, const ReadableFile& file, const ModelInfo& model,
@@ -199,13 +274,24 @@ Result<CrossEngineResult> llama_to_mlx(const StateFile& src, const ReadableFile&
   CrossEngineResult res;
   KV_ASSIGN_OR_RETURN(res.k_order, cross_engine_k_order(model));
   KV_RETURN_IF_ERROR(model.check_state(src, name));
-  KV_ASSIGN_OR_RETURN(auto where, cell_order(src, name));
+  const uint32_t n_swa = res.k_order.n_swa;
+  KV_ASSIGN_OR_RETURN(const std::vector<SectionCells> cells, cells_of(src, name, n_swa));
+  KV_RETURN_IF_ERROR(check_window(res.k_order, uint32_t(cells[0].order.size()), name));
   const std::vector<const LayerProfile*> layers = kv_layers(model);
-  if (layers.size() != src.memory.kv[0].streams[where.first].layers.size()) {
-    return Status::Mismatch(name + ": " + std::to_string(src.memory.kv[0].streams[where.first].layers.size()) +
-                            " KV layers, the model " + std::to_string(layers.size()));
+  const std::vector<Place> places = places_of(layers, n_swa > 0);
+  for (size_t s = 0; s < cells.size(); ++s) {
+    const size_t have = src.memory.kv[s].streams[cells[s].stream].layers.size();
+    const size_t want = size_t(std::count_if(places.begin(), places.end(), [&](const Place& p) { return p.section == s; }));
+    if (have != want) {
+      return Status::Mismatch(name + ": " + std::to_string(have) + " KV layers in section " + std::to_string(s) +
+                              ", the model " + std::to_string(want));
+    }
   }
   if (spec.quant.bits) KV_RETURN_IF_ERROR(mlx_affine_check(spec.quant.bits, spec.quant.group_size).Prefixed(name));
+  if (spec.quant.bits && model.profile.arch == "gemma2") {  // mlx_lm/models/gemma2.py: mx.expand_dims(keys, 2)
+    return Status::NotSupported(name + ": gemma2: mlx-lm's gemma2 attention cannot run a QuantizedKVCache "
+                                "(it takes float keys only): move without --kv-bits");
+  }
 
   // Everything the two engines agree on (types, rotation, V layout) is kvsnap convert's job: the
   // state at f32, flash-attention rows, unrotated.
@@ -226,25 +312,38 @@ Result<CrossEngineResult> llama_to_mlx(const StateFile& src, const ReadableFile&
   po.shape = &model.shape;
   KV_ASSIGN_OR_RETURN(const StateFile f32, parse_state(f32_file, po));
 
-  const KvLayer& l0 = src.memory.kv[0].streams[where.first].layers[0];
+  const KvLayer& l0 = src.memory.kv[0].streams[cells[0].stream].layers[0];
   const std::string dtype = spec.dtype.empty() ? mlx_dtype_of(l0.k_type) : spec.dtype;
   if (dtype != "F16" && dtype != "BF16" && dtype != "F32") {
     return Status::InvalidArgument(name + ": mlx dtype '" + dtype + "': give F16, BF16 or F32");
   }
-  KV_ASSIGN_OR_RETURN(MlxOutFile mf, mlx_file_of(f32, f32_file, where.first, where.second, layers,
-                                                 res.k_order.permuted, dtype));
+  KV_ASSIGN_OR_RETURN(MlxOutFile mf,
+                      mlx_file_of(f32, f32_file, cells, layers, places, res.k_order.permuted, dtype));
+  const uint32_t T = uint32_t(cells[0].order.size());
   for (size_t il = 0; il < layers.size(); ++il) {
-    mf.metadata.emplace_back("0." + std::to_string(il), "");
-    mf.metadata.emplace_back("2." + std::to_string(il), "KVCache");
+    const std::string p = std::to_string(il);
+    if (places[il].section == 0 || !res.k_order.mlx_window) {
+      mf.metadata.emplace_back("0." + p, "");
+      mf.metadata.emplace_back("2." + p, "KVCache");
+      continue;
+    }
+    // meta_state (keep, max_size, offset, _idx): the rows in temporal order, the next write after them
+    const std::string ring[4] = {"0", std::to_string(n_swa), std::to_string(T), std::to_string(cells[1].order.size())};
+    for (int i = 0; i < 4; ++i) mf.metadata.emplace_back("0." + p + "." + std::to_string(i), ring[i]);
+    mf.metadata.emplace_back("2." + p, "RotatingKVCache");
   }
   mf.metadata.emplace_back("1.model", spec.model_name.empty() ? model.profile.name : spec.model_name);
   mf.metadata.emplace_back("1.tokens", tokens_json(src.tokens.tokens));
   std::sort(mf.metadata.begin(), mf.metadata.end());
-  res.n_tokens = uint32_t(where.second.size());
+  res.n_tokens = T;
   res.n_layers = uint32_t(layers.size());
-  if (src.tokens.tokens.size() != where.second.size()) {
+  if (src.tokens.tokens.size() != T) {
     res.notes.push_back("the file holds " + std::to_string(src.tokens.tokens.size()) + " tokens for " +
-                        std::to_string(where.second.size()) + " cells; its token list is carried as it is");
+                        std::to_string(T) + " cells; its token list is carried as it is");
+  }
+  if (n_swa && res.k_order.mlx_window) {
+    res.notes.push_back("sliding-window layers: the last " + std::to_string(cells[1].order.size()) + " of " +
+                        std::to_string(T) + " positions, as RotatingKVCache(max_size " + std::to_string(n_swa) + ")");
   }
 
   // meta_state layout first, then mlx-lm's other layouts and quantization as the mlx tools do them.
@@ -271,25 +370,34 @@ Result<CrossEngineResult> llama_to_mlx(const StateFile& src, const ReadableFile&
   res.from = state_format_name(src) + ", K " + state_types(src, false) + ", V " + state_types(src, true) + " (" +
              state_v_layout(src) + ")";
   res.to = std::string("mlx-lm ") + (spec.quant.is_float() ? "KVCache " + dtype : "QuantizedKVCache " + spec.quant.name()) +
-           " (" + mlx_layout_name(spec.layout) + ")";
+           (n_swa && res.k_order.mlx_window ? " + RotatingKVCache" : "") + " (" + mlx_layout_name(spec.layout) + ")";
   return res;
 }
 
 namespace {
 
-// The f32 K/V rows of a float mlx-lm cache, in llama.cpp's order, for write_state.
+// The buffer rows of one mlx-lm layer that move, oldest first; the first is at position `first`.
+struct MlxRows {
+  uint32_t first = 0;
+  std::vector<uint32_t> rows;
+};
+
+// The f32 K/V rows of a float mlx-lm cache, in llama.cpp's order, for write_state; `layer_of`
+// maps (section, layer there) to the cache's layer.
 class MlxRowSource final : public TensorSource {
  public:
-  MlxRowSource(const MlxPromptCache& c, const ReadableFile& f, uint32_t T, bool permute)
-      : c_(c), f_(f), T_(T), permute_(permute) {}
+  MlxRowSource(const MlxPromptCache& c, const ReadableFile& f, const std::vector<MlxRows>& rows,
+               std::vector<std::vector<size_t>> layer_of, bool permute)
+      : c_(c), f_(f), rows_(rows), layer_of_(std::move(layer_of)), permute_(permute) {}
   Status emit(const StateFile&, const TensorRef& ref, ByteSink& out) override {
-    const MlxKvSide& s = ref.is_v ? *c_.layers[ref.layer].v : *c_.layers[ref.layer].k;
+    const size_t il = layer_of_[ref.section][ref.layer];
+    const MlxKvSide& s = ref.is_v ? *c_.layers[il].v : *c_.layers[il].k;
     KV_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, read_tensor(c_.st, f_, *s.data));
     const uint64_t H = uint64_t(s.heads), D = uint64_t(s.head_dim), R = uint64_t(s.rows);
     const uint64_t item = safetensors_itemsize(s.dtype);
     std::vector<float> head(D), row(H * D);
     std::vector<std::byte> rb(H * D * 4);
-    for (uint64_t t = 0; t < T_; ++t) {
+    for (const uint32_t t : rows_[il].rows) {
       for (uint64_t h = 0; h < H; ++h) {
         const std::byte* p = bytes.data() + ((h * R + t) * D) * item;
         for (uint64_t d = 0; d < D; ++d) head[d] = load_float(p + d * item, s.dtype);
@@ -309,36 +417,76 @@ class MlxRowSource final : public TensorSource {
  private:
   const MlxPromptCache& c_;
   const ReadableFile& f_;
-  uint32_t T_;
+  const std::vector<MlxRows>& rows_;
+  std::vector<std::vector<size_t>> layer_of_;
   bool permute_;
 };
 
-// Checks the float cache's layers against the model; returns the shared offset.
-Result<uint32_t> check_against_model(const MlxPromptCache& c, const std::string& name,
-                                     const std::vector<const LayerProfile*>& layers, const std::string& model) {
-  if (c.layers.size() != layers.size()) {
-    return Status::Mismatch(name + ": " + std::to_string(c.layers.size()) + " layers, but " + model + " has " +
-                            std::to_string(layers.size()) + " KV layers");
-  }
-  std::optional<int64_t> offset;
-  for (size_t il = 0; il < layers.size(); ++il) {
-    const MlxLayer& L = c.layers[il];
-    const std::string where = name + ": layer " + std::to_string(il) + " (" + L.cls + ")";
-    const bool ring = L.cls == "RotatingKVCache";
-    if ((L.cls != "KVCache" && !ring) || !L.k || !L.v || !L.offset) {
-      return Status::NotSupported(where + ": only KVCache, QuantizedKVCache and (before its ring wraps) "
-                                          "RotatingKVCache layers move to llama.cpp");
-    }
-    // A ring (mlx-lm --max-kv-size) that never wrapped holds positions 0..offset-1 in rows 0..offset-1,
-    // each computed with every earlier position in its window: an ordinary prefix. Once offset passes
-    // max_size the first positions are overwritten and later ones saw only a window, which llama.cpp's
-    // full-attention cache cannot represent.
-    if (ring && (!L.max_size || !L.idx || *L.offset > *L.max_size || *L.idx != *L.offset)) {
+// The rows of one layer that hold tokens, oldest first, and its offset: KVCache rows 0..offset-1;
+// a RotatingKVCache (an SWA layer's window, n_swa > 0) through its ring's temporal order.
+Result<std::pair<int64_t, MlxRows>> layer_rows(const MlxLayer& L, const LayerProfile& lp, uint32_t n_swa,
+                                               const std::string& where) {
+  if (L.cls == "RotatingKVCache" && (!n_swa || !lp.is_swa)) {
+    // A ring on a full-attention layer (mlx-lm --max-kv-size) that never wrapped holds positions
+    // 0..offset-1 in rows 0..offset-1, each computed with every earlier position: an ordinary
+    // prefix. Once offset passes max_size the first positions are overwritten and later ones saw
+    // only a window, which llama.cpp's full-attention cache cannot represent.
+    if (!L.max_size || !L.idx || *L.offset > *L.max_size || *L.idx != *L.offset) {
       return Status::NotSupported(
           where + ": its ring of " + (L.max_size ? std::to_string(*L.max_size) : "?") + " positions has wrapped (offset " +
           std::to_string(*L.offset) + ", _idx " + (L.idx ? std::to_string(*L.idx) : "?") +
           "): its first positions were overwritten and later ones attended to a window only; llama.cpp's "
           "full-attention cache cannot hold that (save the session before it passes --max-kv-size)");
+    }
+    if (*L.offset > L.k->rows || *L.offset > L.v->rows) return Status::Corruption(where + ": offset past its rows");
+    MlxRows r;
+    for (int64_t t = 0; t < *L.offset; ++t) r.rows.push_back(uint32_t(t));
+    return std::make_pair(*L.offset, std::move(r));
+  }
+  if (L.cls == "RotatingKVCache") {
+    if (!L.keep || !L.max_size || !L.idx) return Status::Corruption(where + ": meta_state incomplete");
+    if (*L.keep != 0) {
+      return Status::NotSupported(where + ": keep " + std::to_string(*L.keep) +
+                                  ": attention-sink rows have no place in llama.cpp's sliding window");
+    }
+    if (*L.max_size != int64_t(n_swa)) {
+      return Status::NotSupported(where + ": a ring of " + std::to_string(*L.max_size) + " positions, but the model's " +
+                                  "sliding window is " + std::to_string(n_swa));
+    }
+    if (L.k->rows != L.v->rows) return Status::Corruption(where + ": K and V buffers of different lengths");
+    KV_ASSIGN_OR_RETURN(std::vector<uint32_t> rows, mlx_ring_rows(L.k->rows, *L.keep, *L.offset, *L.idx, where));
+    const uint32_t first = uint32_t(*L.offset - int64_t(rows.size()));
+    return std::make_pair(*L.offset, MlxRows{first, std::move(rows)});
+  }
+  if (L.cls != "KVCache") {
+    return Status::NotSupported(where + ": only KVCache, QuantizedKVCache and RotatingKVCache layers (on "
+                                "sliding-window layers, or before the ring wraps) move to llama.cpp");
+  }
+  if (*L.offset > L.k->rows || *L.offset > L.v->rows) return Status::Corruption(where + ": offset past its rows");
+  MlxRows r;
+  for (int64_t t = 0; t < *L.offset; ++t) r.rows.push_back(uint32_t(t));
+  return std::make_pair(*L.offset, std::move(r));
+}
+
+// Checks the float cache's layers against the model; returns the shared offset and each layer's
+// rows to move (an SWA layer's: the last swa_rows(offset, n_swa)).
+// `ring_window`: the window of the model's RotatingKVCache layers (0: mlx-lm has none).
+Result<std::pair<uint32_t, std::vector<MlxRows>>> check_against_model(const MlxPromptCache& c, const std::string& name,
+                                                                      const std::vector<const LayerProfile*>& layers,
+                                                                      const std::string& model, uint32_t ring_window,
+                                                                      uint32_t n_swa) {
+  if (c.layers.size() != layers.size()) {
+    return Status::Mismatch(name + ": " + std::to_string(c.layers.size()) + " layers, but " + model + " has " +
+                            std::to_string(layers.size()) + " KV layers");
+  }
+  std::optional<int64_t> offset;
+  std::vector<MlxRows> rows;
+  for (size_t il = 0; il < layers.size(); ++il) {
+    const MlxLayer& L = c.layers[il];
+    const std::string where = name + ": layer " + std::to_string(il) + " (" + L.cls + ")";
+    if (!L.k || !L.v || !L.offset) {
+      return Status::NotSupported(where + ": only KVCache, QuantizedKVCache and RotatingKVCache layers (on "
+                                  "sliding-window layers, or before the ring wraps) move to llama.cpp");
     }
     const LayerProfile& lp = *layers[il];
     if (L.k->batch != 1) return Status::NotSupported(where + ": batch " + std::to_string(L.k->batch) + ": one sequence only");
@@ -349,15 +497,42 @@ Result<uint32_t> check_against_model(const MlxPromptCache& c, const std::string&
                               model + " has " + std::to_string(lp.n_head_kv) + " KV heads of " +
                               std::to_string(lp.head_dim_k) + "/" + std::to_string(lp.head_dim_v));
     }
-    if (offset && *offset != *L.offset) {
-      return Status::NotSupported(where + ": offset " + std::to_string(*L.offset) + ", layer 0's " +
+    KV_ASSIGN_OR_RETURN(auto got, layer_rows(L, lp, ring_window, where));
+    if (offset && *offset != got.first) {
+      return Status::NotSupported(where + ": offset " + std::to_string(got.first) + ", layer 0's " +
                                   std::to_string(*offset) + ": the layers must hold the same tokens");
     }
-    if (*L.offset > L.k->rows || *L.offset > L.v->rows) return Status::Corruption(where + ": offset past its rows");
-    offset = *L.offset;
+    offset = got.first;
+    rows.push_back(std::move(got.second));
   }
   if (!offset || *offset <= 0) return Status::NotSupported(name + ": holds no tokens: nothing to move");
-  return uint32_t(*offset);
+  if (*offset > INT32_MAX) {  // llama.cpp positions are i32
+    return Status::Corruption(name + ": offset " + std::to_string(*offset) + ": more tokens than llama.cpp positions");
+  }
+  const uint32_t T = uint32_t(*offset);
+  if (!n_swa) return std::make_pair(T, std::move(rows));
+  // The SWA cells: the window's min(T, n_swa) positions, and one older when every SWA layer still
+  // holds it: llama-server reuses a restored slot only with SWA cells down to T-n_swa-1 (its
+  // pos_min < pos_next - n_swa), one more than llama.cpp's own slot save keeps; llama.cpp masks
+  // that cell for every later position.
+  uint32_t n = swa_server_rows(T, n_swa);
+  for (size_t il = 0; il < layers.size(); ++il) {
+    if (!layers[il]->is_swa) continue;
+    const MlxRows& r = rows[il];
+    if (r.rows.size() < swa_rows(T, n_swa)) {
+      return Status::NotSupported(name + ": layer " + std::to_string(il) + " holds positions " + std::to_string(r.first) +
+                                  ".." + std::to_string(T - 1) + ", but the window of " + std::to_string(n_swa) +
+                                  " needs " + std::to_string(T - swa_rows(T, n_swa)) + "..");
+    }
+    n = std::min(n, uint32_t(r.rows.size()));
+  }
+  for (size_t il = 0; il < layers.size(); ++il) {
+    if (!layers[il]->is_swa) continue;
+    MlxRows& r = rows[il];
+    r.rows.erase(r.rows.begin(), r.rows.end() - n);  // older rows: no position attends to them again
+    r.first = T - n;
+  }
+  return std::make_pair(T, std::move(rows));
 }
 
 // The header of the llama.cpp file to write, in v0.5.0's version of its kind; a session names the
@@ -411,7 +586,12 @@ Result<CrossEngineResult> mlx_to_llama(const MlxPromptCache& src, const Readable
     cache = &deq.cache;
     data = deq.file.get();
   }
-  KV_ASSIGN_OR_RETURN(const uint32_t T, check_against_model(*cache, name, layers, model.path));
+  const uint32_t n_swa = res.k_order.n_swa;
+  KV_ASSIGN_OR_RETURN(const auto checked, check_against_model(*cache, name, layers, model.path,
+                                                            res.k_order.mlx_window ? n_swa : 0, n_swa));
+  const uint32_t T = checked.first;
+  KV_RETURN_IF_ERROR(check_window(res.k_order, T, name));
+  const std::vector<MlxRows>& rows = checked.second;
   std::vector<int32_t> tokens;
   if (spec.tokens) {
     tokens = *spec.tokens;
@@ -429,24 +609,32 @@ Result<CrossEngineResult> mlx_to_llama(const MlxPromptCache& src, const Readable
   KV_RETURN_IF_ERROR(set_llama_kind(spec.file_kind, model, name, f));
   f.tokens.words = tokens;
   f.tokens.tokens = tokens;
-  KvSection sec;
-  KvStream st;
-  st.cell_count = T;
-  for (uint32_t t = 0; t < T; ++t) st.cells.push_back(CellMeta{int32_t(t), {0}, {}});
-  st.n_layer = uint32_t(layers.size());
-  for (const LayerProfile* lp : layers) {
-    KvLayer L;
-    L.k_type = L.v_type = int32_t(GgmlType::kF32);
-    L.k_row_bytes = uint64_t(lp->n_embd_k_gqa) * 4;
-    L.v_row_bytes = uint64_t(lp->n_embd_v_gqa) * 4;
-    st.layers.push_back(L);
+  // One section (base), or base + SWA: each the cells of its layers' rows, positions first.. .
+  const std::vector<Place> places = places_of(layers, n_swa > 0);
+  std::vector<std::vector<size_t>> layer_of(n_swa ? 2 : 1);
+  for (size_t il = 0; il < layers.size(); ++il) layer_of[places[il].section].push_back(il);
+  for (const std::vector<size_t>& in_section : layer_of) {
+    if (in_section.empty()) return Status::NotSupported(model.path + ": an iSWA model without layers of both kinds");
+    const MlxRows& r0 = rows[in_section[0]];
+    KvSection sec;
+    KvStream st;
+    st.cell_count = uint32_t(r0.rows.size());
+    for (uint32_t t = 0; t < st.cell_count; ++t) st.cells.push_back(CellMeta{int32_t(r0.first + t), {0}, {}});
+    st.n_layer = uint32_t(in_section.size());
+    for (const size_t il : in_section) {
+      KvLayer L;
+      L.k_type = L.v_type = int32_t(GgmlType::kF32);
+      L.k_row_bytes = uint64_t(layers[il]->n_embd_k_gqa) * 4;
+      L.v_row_bytes = uint64_t(layers[il]->n_embd_v_gqa) * 4;
+      st.layers.push_back(L);
+    }
+    sec.streams.push_back(std::move(st));
+    f.memory.kv.push_back(std::move(sec));
   }
-  sec.streams.push_back(std::move(st));
-  f.memory.kv.push_back(std::move(sec));
   VectorSink f32_bytes;
-  MlxRowSource rows(*cache, *data, T, res.k_order.permuted);
+  MlxRowSource source(*cache, *data, rows, layer_of, res.k_order.permuted);
   const MemoryFile none("(none)", std::vector<std::byte>{});
-  KV_RETURN_IF_ERROR(write_state(f, rows, none, f32_bytes));
+  KV_RETURN_IF_ERROR(write_state(f, source, none, f32_bytes));
   const MemoryFile f32_file(name + " (as llama.cpp f32)", std::move(f32_bytes.bytes));
   ParseOptions po;
   po.shape = &model.shape;
@@ -478,6 +666,34 @@ Result<CrossEngineResult> mlx_to_llama(const MlxPromptCache& src, const Readable
   res.to = state_format_name(conv.target) + ", K " + state_types(conv.target, false) + ", V " +
            state_types(conv.target, true) + " (" + state_v_layout(conv.target) + ")";
   return res;
+}
+
+Result<std::vector<uint32_t>> mlx_ring_rows(int64_t rows, int64_t keep, int64_t offset, int64_t idx,
+                                            const std::string& where) {
+  if (rows < 0 || keep < 0 || offset < 0 || idx < 0 || idx > rows || keep > rows) {
+    return Status::Corruption(where + ": ring meta_state keep " + std::to_string(keep) + ", offset " +
+                              std::to_string(offset) + ", _idx " + std::to_string(idx) + " for " + std::to_string(rows) +
+                              " rows");
+  }
+  std::vector<uint32_t> out;
+  auto take = [&](int64_t from, int64_t to) {
+    for (int64_t r = from; r < to; ++r) out.push_back(uint32_t(r));
+  };
+  if (idx == rows) {  // the buffer in order (after a multi-token update, or exactly full)
+    take(0, rows);
+  } else if (idx < offset) {  // wrapped: the sink rows, then the oldest (from _idx), then the newest
+    if (idx < keep) return Status::Corruption(where + ": ring _idx " + std::to_string(idx) + " inside keep " + std::to_string(keep));
+    take(0, keep);
+    take(idx, rows);
+    take(keep, idx);
+  } else {  // not full yet: rows past _idx were never written
+    take(0, idx);
+  }
+  if (int64_t(out.size()) > offset) {
+    return Status::Corruption(where + ": a ring of " + std::to_string(out.size()) + " rows after " +
+                              std::to_string(offset) + " tokens");
+  }
+  return out;
 }
 
 Result<std::vector<int32_t>> parse_token_list(const std::string& text, const std::string& what) {

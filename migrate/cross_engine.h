@@ -23,11 +23,30 @@
 //   - Tokens: mlx-lm stores none. The llama.cpp side's tokens go into the prompt cache's user
 //     metadata as "tokens" (a JSON list; mlx-lm ignores it), and the way back takes them from there
 //     or from the caller (`--tokens`); their count must be the cache's offset.
-// Refused (kNotSupported, naming the file and the reason): iSWA, hybrid and recurrent memories,
-// MLA, M-RoPE cell extras, more than one sequence or stream, positions that are not 0..T-1, mlx-lm
-// classes other than KVCache/QuantizedKVCache/RotatingKVCache, a RotatingKVCache whose ring wrapped
-// (offset > max_size or _idx != offset; before that it is an ordinary prefix); kMismatch when the cache does not fit the model
-// (layer count, KV heads, head dims checked against the GGUF).
+//   - Sliding-window attention (iSWA; gemma3, whose K is NEOX-roped and unpermuted in both):
+//     llama.cpp keeps the global layers in the state's base KV section and the SWA layers in a
+//     second section (a slot file: the last n_swa cells, positions T-n_swa..T-1; a session or
+//     --swa-full context: every cell still held); mlx-lm keeps them as KVCache and
+//     RotatingKVCache(max_size = sliding_window, keep 0). Both attend, from position p, to the
+//     positions p-n_swa+1..p of an SWA layer. Moving, each SWA layer holds the last min(T, n_swa)
+//     positions: written to mlx-lm in temporal order with offset T, _idx min(T, n_swa) (the state
+//     mlx-lm's own multi-token update leaves, from which it continues alike); read from mlx-lm
+//     through the ring's temporal order (mlx_ring_rows), whatever its _idx, one position more
+//     (T-n_swa-1) when every ring still holds it, for llama-server's reuse rule. Older positions
+//     of an SWA layer are not moved: neither engine attends to them again.
+//   - gemma2: llama.cpp windows its SWA layers, mlx-lm's gemma2 does not (every layer a KVCache
+//     attending to every position): the two compute the same cache only for T <= n_swa (real
+//     models: 4096), where llama.cpp's SWA section holds every position; such sessions move, every
+//     mlx-lm layer a KVCache; longer ones are refused, and so is --kv-bits (mlx-lm's gemma2
+//     attention takes no QuantizedKVCache).
+// Refused (kNotSupported, naming the file and the reason): other iSWA models (named by arch),
+// gemma2 sessions past the window, hybrid and recurrent memories, MLA, M-RoPE
+// cell extras, more than one sequence or stream, base positions that are not 0..T-1, SWA cells
+// that are not the last min(T, n_swa) positions or more, a ring with attention-sink rows (keep)
+// or another max_size than the model's window, mlx-lm classes other than KVCache/QuantizedKVCache
+// and RotatingKVCache (on SWA layers; elsewhere only before its ring wraps: offset <= max_size and
+// _idx == offset, an ordinary prefix); kMismatch when the cache does not fit the model (layer
+// count, KV heads, head dims checked against the GGUF).
 //
 // Both directions go through float32 in memory (the cache at f32: 4 bytes per value, plus the
 // output), so memory grows with the session; nothing is written to `out` before every check passed.
@@ -53,6 +72,11 @@ namespace kvsnap {
 struct KOrder {
   bool permuted = false;  // llama.cpp interleaved pairs vs mlx-lm split halves
   std::string why;        // "llama: NORM rope, converter permuted Q/K" for reports
+  uint32_t n_swa = 0;     // > 0: iSWA, the SWA layers' window (see above)
+  // mlx-lm's model windows its SWA layers too (gemma3: RotatingKVCache). false (gemma2): mlx-lm
+  // attends to every position, so the engines' caches are the same function only while T <= n_swa,
+  // and sessions move only then, as KVCache in every layer.
+  bool mlx_window = true;
 };
 // kNotSupported for models the move cannot handle (the reasons listed above).
 Result<KOrder> cross_engine_k_order(const ModelInfo& model);
@@ -60,6 +84,18 @@ Result<KOrder> cross_engine_k_order(const ModelInfo& model);
 // One head row of D values: llama.cpp order -> mlx-lm order (permuted), or the inverse.
 void k_row_to_mlx(const float* llama, float* mlx, uint32_t head_dim);
 void k_row_to_llama(const float* mlx, float* llama, uint32_t head_dim);
+
+// mlx-lm's RotatingKVCache._temporal_order as buffer row indices, oldest first: the rows of a
+// saved buffer of `rows` rows (meta_state keep, offset, _idx) that hold tokens. kCorruption naming
+// `where` for a meta_state mlx-lm does not write (_idx past the buffer, more rows than tokens).
+Result<std::vector<uint32_t>> mlx_ring_rows(int64_t rows, int64_t keep, int64_t offset, int64_t idx,
+                                            const std::string& where);
+
+// The positions an SWA layer holds once moved, after T tokens: the last swa_rows(T, n_swa); to
+// llama.cpp up to swa_server_rows(T, n_swa) when the mlx-lm cache still has them (llama-server
+// reuses a restored slot only with SWA cells down to T-n_swa-1).
+inline uint32_t swa_rows(uint32_t T, uint32_t n_swa) { return T < n_swa ? T : n_swa; }
+inline uint32_t swa_server_rows(uint32_t T, uint32_t n_swa) { return T < n_swa + 1 ? T : n_swa + 1; }
 
 struct LlamaToMlxSpec {
   // Rotation claims about the input (--src-rotation, --source-build, a server's build), as for

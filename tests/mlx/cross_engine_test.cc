@@ -39,7 +39,8 @@ class CrossEngine : public ::testing::Test {
     s.n_embd = 4 * head_dim;
     s.n_ff = 32;
     s.vocab_words = 4;
-    if (arch == "gemma3") s.swa_pattern = 2;
+    if (arch == "gemma3") s.swa_pattern = 2;  // layer 0 sliding, layer 1 global
+    s.n_swa = 4;
     GgufWriter w;
     EXPECT_TRUE(testing::build_model(s, w).ok());
     VectorSink sink;
@@ -52,6 +53,38 @@ class CrossEngine : public ::testing::Test {
     auto m = load_model_info(posix_io(), path);
     EXPECT_TRUE(m.ok()) << m.status().ToString();
     return std::move(*m);
+  }
+
+  // A llama.cpp state file written in memory, parsed with the model's shape.
+  static Result<StateFile> parse_for(const ReadableFile& f, const ModelInfo& m) {
+    ParseOptions po;
+    po.shape = &m.shape;
+    return parse_state(f, po);
+  }
+
+  // A prompt cache -> an f32 llama.cpp slot (mlx_to_llama) in `slot`.
+  static Result<CrossEngineResult> f32_slot_of(const MemoryFile& in, const ModelInfo& m, VectorSink& slot) {
+    KV_ASSIGN_OR_RETURN(const MlxPromptCache c, read_mlx_prompt_cache(in));
+    MlxToLlamaSpec spec;
+    spec.target.ctk = spec.target.ctv = "f32";
+    return mlx_to_llama(c, in, m, spec, slot);
+  }
+
+  // llama.cpp f32 state -> mlx-lm f32 prompt cache (meta_state layout), read back.
+  struct Back {
+    std::unique_ptr<MemoryFile> file;
+    MlxPromptCache cache;
+  };
+  static Result<Back> f32_back_to_mlx(const StateFile& st, const ReadableFile& f, const ModelInfo& m) {
+    LlamaToMlxSpec to_mlx;
+    to_mlx.dtype = "F32";
+    to_mlx.layout = MlxLayout::kMeta;
+    VectorSink out;
+    KV_RETURN_IF_ERROR(llama_to_mlx(st, f, m, to_mlx, out).status());
+    Back b;
+    b.file = std::make_unique<MemoryFile>("back.safetensors", std::move(out.bytes));
+    KV_ASSIGN_OR_RETURN(b.cache, read_mlx_prompt_cache(*b.file));
+    return b;
   }
 
   // mlx-lm f32 -> llama.cpp f32 file of `kind` -> mlx-lm f32 (below).
@@ -113,6 +146,36 @@ TEST(CrossEngineKRow, PairsToHalvesAndBack) {
   for (int i = 0; i < 8; ++i) EXPECT_EQ(back[i], llama[i]) << i;
 }
 
+// mlx-lm's RotatingKVCache._temporal_order, as buffer rows: in order after a multi-token update
+// (_idx = rows), not yet full (_idx = offset < rows), wrapped (_idx < offset), with sink rows.
+TEST(CrossEngineRing, TemporalOrder) {
+  using V = std::vector<uint32_t>;
+  auto full = mlx_ring_rows(6, 0, 92, 6, "x");
+  ASSERT_TRUE(full.ok());
+  EXPECT_EQ(*full, (V{0, 1, 2, 3, 4, 5}));
+  auto growing = mlx_ring_rows(256, 0, 3, 3, "x");  // a buffer grown in steps, 3 rows written
+  ASSERT_TRUE(growing.ok());
+  EXPECT_EQ(*growing, (V{0, 1, 2}));
+  auto wrapped = mlx_ring_rows(4, 0, 7, 3, "x");  // 7 single steps into 4 slots: row 3 holds position 3
+  ASSERT_TRUE(wrapped.ok());
+  EXPECT_EQ(*wrapped, (V{3, 0, 1, 2}));
+  auto at_start = mlx_ring_rows(4, 0, 8, 0, "x");  // _idx 0 after a wrap: rows 0..3 are oldest first
+  ASSERT_TRUE(at_start.ok());
+  EXPECT_EQ(*at_start, (V{0, 1, 2, 3}));
+  auto sinks = mlx_ring_rows(5, 2, 9, 3, "x");  // keep 2: the sinks, then 3..4, then 2
+  ASSERT_TRUE(sinks.ok());
+  EXPECT_EQ(*sinks, (V{0, 1, 3, 4, 2}));
+  for (const auto& [rows, keep, offset, idx] :
+       std::vector<std::array<int64_t, 4>>{{4, 0, 7, 5}, {4, 0, 3, 4}, {4, 2, 9, 1}, {4, -1, 7, 3}}) {
+    auto r = mlx_ring_rows(rows, keep, offset, idx, "cache.safetensors: layer 0");
+    ASSERT_FALSE(r.ok()) << rows << " " << keep << " " << offset << " " << idx;
+    EXPECT_EQ(r.status().code(), Code::kCorruption);
+    EXPECT_NE(r.status().message().find("cache.safetensors: layer 0"), std::string::npos) << r.status().ToString();
+  }
+  EXPECT_EQ(swa_rows(92, 16), 16u);
+  EXPECT_EQ(swa_rows(3, 16), 3u);
+}
+
 TEST(CrossEngineTokens, ListsAndRefusals) {
   auto a = parse_token_list("[1, 2,3]\n", "t");
   ASSERT_TRUE(a.ok());
@@ -135,14 +198,22 @@ TEST_F(CrossEngine, WhichModelsMove) {
   auto llama = cross_engine_k_order(model("llama"));
   ASSERT_TRUE(llama.ok()) << llama.status().ToString();
   EXPECT_TRUE(llama->permuted);
+  auto gemma3 = cross_engine_k_order(model("gemma3"));
+  ASSERT_TRUE(gemma3.ok()) << gemma3.status().ToString();
+  EXPECT_FALSE(gemma3->permuted);
+  EXPECT_EQ(gemma3->n_swa, 4u);
+  EXPECT_TRUE(gemma3->mlx_window);
+  auto gemma2 = cross_engine_k_order(model("gemma2"));  // mlx-lm's gemma2 has no window
+  ASSERT_TRUE(gemma2.ok()) << gemma2.status().ToString();
+  EXPECT_EQ(gemma2->n_swa, 4u);
+  EXPECT_FALSE(gemma2->mlx_window);
   for (const char* kept : {"qwen2", "qwen3", "phi3", "command-r", "olmo2"}) {
     auto r = cross_engine_k_order(model(kept));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_FALSE(r->permuted) << kept;
     EXPECT_NE(r->why.find("K in the same order"), std::string::npos) << r->why;
   }
-  const std::pair<const char*, const char*> refused[] = {{"gemma3", "iSWA"},
-                                                         {"lfm2", "recurrent"},
+  const std::pair<const char*, const char*> refused[] = {{"lfm2", "recurrent"},
                                                          {"qwen2vl", "M-RoPE"},
                                                          {"deci", "arch 'deci' (rope norm) is not in kvsnap's cross-engine table"}};
   for (const auto& [arch, why] : refused) {
@@ -249,9 +320,7 @@ void CrossEngine::f32_round_trip(StateKind kind) {
   EXPECT_TRUE(r->k_order.permuted);
 
   const MemoryFile slot_file("out.slot", std::move(slot.bytes));
-  ParseOptions po;
-  po.shape = &m.shape;
-  auto st = parse_state(slot_file, po);
+  auto st = parse_for(slot_file, m);
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   EXPECT_EQ(st->kind, kind);
   if (kind == StateKind::kSessionFile) {  // what llama_state_save_file writes: ggsn v10, the arch
@@ -273,32 +342,183 @@ void CrossEngine::f32_round_trip(StateKind kind) {
   const float got = std::bit_cast<float>(load_le<uint32_t>(row.data() + (D + 2 * j + 1) * 4));
   EXPECT_EQ(got, value(1, 0, 1, 3, D / 2 + j));
 
-  LlamaToMlxSpec to_mlx;
-  to_mlx.dtype = "F32";
-  to_mlx.layout = MlxLayout::kMeta;
-  VectorSink back;
-  auto r2 = llama_to_mlx(*st, slot_file, m, to_mlx, back);
-  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
-  const MemoryFile back_file("back.safetensors", std::move(back.bytes));
-  auto again = read_mlx_prompt_cache(back_file);
+  auto again = f32_back_to_mlx(*st, slot_file, m);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
+  const MemoryFile& back_file = *again->file;
   for (size_t il = 0; il < 2; ++il) {
     for (int side = 0; side < 2; ++side) {
       const MlxKvSide& a = side ? *cache->layers[il].v : *cache->layers[il].k;
-      const MlxKvSide& b = side ? *again->layers[il].v : *again->layers[il].k;
+      const MlxKvSide& b = side ? *again->cache.layers[il].v : *again->cache.layers[il].k;
       auto x = read_tensor(cache->st, in, *a.data);
-      auto y = read_tensor(again->st, back_file, *b.data);
+      auto y = read_tensor(again->cache.st, back_file, *b.data);
       ASSERT_TRUE(x.ok() && y.ok());
       EXPECT_TRUE(*x == *y) << "layer " << il << " side " << side;
     }
   }
   bool has_tokens = false;
-  for (const auto& [k, v] : again->user_metadata) has_tokens = has_tokens || (k == "tokens" && v == "[1,2,3,4,5]");
+  for (const auto& [k, v] : again->cache.user_metadata) has_tokens = has_tokens || (k == "tokens" && v == "[1,2,3,4,5]");
   EXPECT_TRUE(has_tokens);
 }
 
 TEST_F(CrossEngine, F32RoundTripThroughASlotIsExact) { f32_round_trip(StateKind::kSeqFile); }
 TEST_F(CrossEngine, F32RoundTripThroughASessionIsExact) { f32_round_trip(StateKind::kSessionFile); }
+
+// gemma3 (layer 0 sliding, window 4; layer 1 global) after 7 tokens: mlx-lm's wrapped ring (4 slots,
+// _idx 3: slot 3 holds position 3, slots 0..2 positions 4..6) -> llama.cpp's base section (7 cells)
+// and SWA section (positions 3..6) -> back to a ring in temporal order (_idx 4). Values bit for bit.
+std::vector<std::byte> gemma_cache(int H, int D, const char* keep = "0", const char* max_size = "4") {
+  MlxOutFile f;
+  const int ring_pos[4] = {4, 5, 6, 3};
+  for (int il = 0; il < 2; ++il) {
+    const int rows = il == 0 ? 4 : 7;
+    for (int side = 0; side < 2; ++side) {
+      MlxOutTensor t;
+      t.t.name = std::to_string(il) + "." + std::to_string(side);
+      t.t.dtype = "F32";
+      t.t.shape = {1, H, rows, D};
+      for (int h = 0; h < H; ++h) {
+        for (int r = 0; r < rows; ++r) {
+          const int pos = il == 0 ? ring_pos[r] : r;
+          for (int d = 0; d < D; ++d) append_le<uint32_t>(t.bytes, std::bit_cast<uint32_t>(value(il, side, h, pos, d)));
+        }
+      }
+      f.tensors.push_back(std::move(t));
+    }
+  }
+  const char* ring[4] = {keep, max_size, "7", "3"};  // keep, max_size, offset, _idx
+  for (int i = 0; i < 4; ++i) f.metadata.emplace_back("0.0." + std::to_string(i), ring[i]);
+  f.metadata.emplace_back("2.0", "RotatingKVCache");
+  f.metadata.emplace_back("0.1", "");
+  f.metadata.emplace_back("2.1", "KVCache");
+  f.metadata.emplace_back("1.tokens", "[1,2,3,4,5,6,7]");
+  std::sort(f.metadata.begin(), f.metadata.end());
+  VectorSink out;
+  const MemoryFile none("none", std::vector<std::byte>{});
+  EXPECT_TRUE(write_mlx_file(f, MlxPromptCache{}, none, out).ok());
+  return out.bytes;
+}
+
+float f32_at(const ReadableFile& f, uint64_t offset) {
+  std::vector<std::byte> b(4);
+  EXPECT_TRUE(f.read_at(offset, b).ok());
+  return std::bit_cast<float>(load_le<uint32_t>(b.data()));
+}
+
+TEST_F(CrossEngine, SlidingWindowRingThroughASlotIsExact) {
+  const ModelInfo m = model("gemma3");
+  const int H = 2, D = 16;
+  const MemoryFile in("in.safetensors", gemma_cache(H, D));
+  auto cache = read_mlx_prompt_cache(in);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  MlxToLlamaSpec to_llama;
+  to_llama.target.ctk = to_llama.target.ctv = "f32";
+  VectorSink slot;
+  auto r = mlx_to_llama(*cache, in, m, to_llama, slot);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->n_tokens, 7u);
+  const MemoryFile slot_file("out.slot", std::move(slot.bytes));
+  auto st = parse_for(slot_file, m);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  ASSERT_EQ(st->memory.kv.size(), 2u);
+  const KvStream& base = st->memory.kv[0].streams[0];
+  const KvStream& swa = st->memory.kv[1].streams[0];
+  ASSERT_EQ(base.cell_count, 7u);
+  ASSERT_EQ(swa.cell_count, 4u);
+  for (uint32_t c = 0; c < 4; ++c) EXPECT_EQ(swa.cells[c].pos, int32_t(3 + c));
+  // SWA cell 2 (position 5), head 1, dim 7: mlx-lm's slot 1
+  EXPECT_EQ(f32_at(slot_file, swa.layers[0].k.offset + (2 * H * D + D + 7) * 4), value(0, 0, 1, 5, 7));
+  EXPECT_EQ(f32_at(slot_file, base.layers[0].v.offset + (6 * H * D + 3) * 4), value(1, 1, 0, 6, 3));
+
+  auto again = f32_back_to_mlx(*st, slot_file, m);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  const MemoryFile& back_file = *again->file;
+  const MlxLayer& ring = again->cache.layers[0];
+  EXPECT_EQ(ring.cls, "RotatingKVCache");
+  EXPECT_EQ(*ring.keep, 0);
+  EXPECT_EQ(*ring.max_size, 4);
+  EXPECT_EQ(*ring.offset, 7);
+  EXPECT_EQ(*ring.idx, 4);
+  EXPECT_EQ(again->cache.layers[1].cls, "KVCache");
+  EXPECT_EQ(*again->cache.layers[1].offset, 7);
+  for (int side = 0; side < 2; ++side) {
+    const MlxKvSide& k = side ? *ring.v : *ring.k;
+    ASSERT_EQ(k.rows, 4);
+    auto bytes = read_tensor(again->cache.st, back_file, *k.data);
+    ASSERT_TRUE(bytes.ok());
+    for (int t = 0; t < 4; ++t) {  // temporal order: row t holds position 3 + t (head 1, dim 5)
+      EXPECT_EQ(std::bit_cast<float>(load_le<uint32_t>(bytes->data() + ((1 * 4 + t) * D + 5) * 4)),
+                value(0, side, 1, 3 + t, 5));
+    }
+  }
+}
+
+// A cache that still holds older positions (here a KVCache on the sliding layer, 7 rows, window 4)
+// moves 5 SWA cells, positions 2..6: the window and the one llama-server's reuse rule wants.
+TEST_F(CrossEngine, SlidingWindowKeepsOneMorePositionForTheServer) {
+  const ModelInfo m = model("gemma3");
+  const MemoryFile in("in.safetensors", mlx_cache(2, 7, 16, "[1,2,3,4,5,6,7]"));
+  VectorSink slot;
+  auto r = f32_slot_of(in, m, slot);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const MemoryFile slot_file("out.slot", std::move(slot.bytes));
+  auto st = parse_for(slot_file, m);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  const KvStream& swa = st->memory.kv[1].streams[0];
+  ASSERT_EQ(swa.cell_count, 5u);
+  EXPECT_EQ(swa.cells[0].pos, 2);
+  EXPECT_EQ(f32_at(slot_file, swa.layers[0].k.offset + 3 * 4), value(0, 0, 0, 2, 3));
+  EXPECT_EQ(swa_server_rows(92, 16), 17u);
+  EXPECT_EQ(swa_server_rows(10, 16), 10u);
+}
+
+TEST_F(CrossEngine, SlidingWindowRefusals) {
+  const ModelInfo m = model("gemma3");
+  VectorSink out;
+  auto refused = [&](std::vector<std::byte> bytes, Code code, const std::string& why) {
+    const MemoryFile in("in.safetensors", std::move(bytes));
+    auto c = read_mlx_prompt_cache(in);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    auto r = mlx_to_llama(*c, in, m, MlxToLlamaSpec{}, out);
+    ASSERT_FALSE(r.ok()) << why;
+    EXPECT_EQ(r.status().code(), code) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().ToString();
+  };
+  refused(gemma_cache(2, 16, "1"), Code::kNotSupported, "attention-sink");
+  refused(gemma_cache(2, 16, "0", "8"), Code::kNotSupported, "sliding window is 4");
+  EXPECT_TRUE(out.bytes.empty());
+}
+
+// gemma2 (window 4; mlx-lm attends to every position): 4 tokens move, every SWA cell kept; 5 are
+// past the window, where the engines' caches differ: refused both ways.
+TEST_F(CrossEngine, Gemma2MovesOnlyWithinTheWindow) {
+  const ModelInfo m = model("gemma2");
+  for (int T : {4, 5}) {
+    std::string toks = "[1";
+    for (int t = 2; t <= T; ++t) toks += "," + std::to_string(t);
+    const MemoryFile in("in.safetensors", mlx_cache(2, T, 16, toks + "]"));
+    VectorSink slot;
+    auto r = f32_slot_of(in, m, slot);
+    if (T == 5) {
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().code(), Code::kNotSupported);
+      EXPECT_NE(r.status().message().find("past the sliding window of 4"), std::string::npos) << r.status().ToString();
+      EXPECT_TRUE(slot.bytes.empty());
+      continue;
+    }
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    const MemoryFile slot_file("out.slot", std::move(slot.bytes));
+    auto st = parse_for(slot_file, m);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    ASSERT_EQ(st->memory.kv.size(), 2u);
+    EXPECT_EQ(st->memory.kv[1].streams[0].cell_count, 4u);  // the SWA section: every position
+    auto again = f32_back_to_mlx(*st, slot_file, m);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    for (const MlxLayer& L : again->cache.layers) {
+      EXPECT_EQ(L.cls, "KVCache");
+      EXPECT_EQ(*L.offset, 4);
+    }
+  }
+}
 
 TEST_F(CrossEngine, MlxToLlamaRefusals) {
   const ModelInfo m = model("llama");

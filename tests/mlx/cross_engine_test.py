@@ -38,6 +38,18 @@ and the mean KL over their 16 next-token distributions is taken, in float64.
 6. With llama-server v0.5.0 (when built): a slot it saved (packed token payload) moved to mlx-lm;
    mlx-lm's cache moved to f16 and q8_0 slots it restores (n_restored, only the 16 tail tokens
    computed) and continues: KL of the one distribution after the prompt (n_probs = vocabulary).
+7. gemma3 (iSWA; gemma() and gemma_server()): 6 layers, every third global, window 16, so the
+   92-token state wraps the SWA layers' rings. The twin (and a twin with window 17, which must fail);
+   llama.cpp slot and session f16, q8_0, fa off, --swa-full -> mlx-lm (RotatingKVCache checked
+   against mlx-lm's own: classes, offsets, the window's rows), also in the layouts of mlx-lm 0.31.3
+   and 0.28.0 continued by them, and --kv-bits 8 (global layers quantized, rings float); mlx-lm's
+   cache after one batch (rings of 92 rows) and after single steps (wrapped rings, _idx 5), and its
+   q8g64 mixed cache -> llama.cpp slot/session; controls: the rings' rows one slot off, the SWA cells
+   one position off. llama-server: its slot to mlx-lm; mlx-lm's caches restored (n_restored 92): the
+   batch one continued from the restored cache (prompt_n 16: kvsnap writes the SWA cell T-17 the
+   server's reuse rule wants), the wrapped ring treated as the server's own slot (re-processed).
+   gemma2 (window 128, longer than the prompt: mlx-lm's gemma2 has no window, so the engines agree only within it) runs the shorter list (*) as
+   a NEOX family, every layer a KVCache; a gemma2 session past a window of 32 is refused.
 Prints a table of every KL and exits 1 on any failure.
 """
 import json
@@ -107,11 +119,12 @@ class Bed:
     def path(self, s):
         return os.path.join(self.work, self.name + "-" + s)
 
-    def save(self, drv, ctk, ctv, fa, tag, env=None):
+    def save(self, drv, ctk, ctv, fa, tag, env=None, args=()):
         """llama.cpp computing t[0..n-17]: its slot file, its session file (<slot>.session) and the tail's logits."""
         slot, lg = self.path(tag + ".slot"), self.path(tag + ".logits")
         cmd = [self.drivers[drv], "save", "--model", self.gguf, "--prompt-file", self.prompt, "--ctk", ctk, "--ctv", ctv,
                "--fa", fa, "--eval-tail", str(TAIL), "--slot", slot, "--session", slot + ".session", "--logits", lg]
+        cmd += list(args)
         if self.tokens is None:
             cmd += ["--tokens-out", self.path("tokens.bin")]
         run(cmd, env)
@@ -223,6 +236,11 @@ def llama_to_mlx(bed):
                    mean_kl(full, bed.mlx_continue(bad)), native, 1.5 * native + FLOOR, must_fail=True)
     # llama.cpp f16 -> mlx-lm QuantizedKVCache: against mlx-lm's own quantized cache.
     slot = bed.path("v0.5.0-f16-f16-faon.slot")
+    if bed.info["arch"] == "gemma2":  # mlx-lm's gemma2 attention takes no QuantizedKVCache: refused
+        r = bed.convert(slot, bed.path("q8.safetensors"), "--to", "mlx", "--kv-bits", "8", expect_ok=False)
+        if r.returncode != 4 or os.path.exists(bed.path("q8.safetensors")):
+            fail("gemma2 --kv-bits", "exit %d: %s" % (r.returncode, r.stderr.strip()))
+        return
     for bits in (8,) if bed.quick else (8, 4):
         native_cache = [c.to_quantized(group_size=64, bits=bits) for c in bed.mlx_cache()]
         native = mean_kl(full, bed.mlx_continue(cache=native_cache))
@@ -234,29 +252,41 @@ def llama_to_mlx(bed):
     if bed.name != "hd64":
         return
     native_q8 = mean_kl(full, bed.mlx_continue(cache=[c.to_quantized(group_size=64, bits=8) for c in bed.mlx_cache()]))
-    for version, layout in (("0.31.3", "meta_state"), ("0.28.0", "meta_state-with-step")):
-        old = os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "old", "mlx-lm-" + version)
-        if not os.path.isdir(old):
-            fail(old, "mlx-lm %s is not in the bed (tests/mlx/make-bed.sh)" % version)
-            continue
+    for version, layout in OLD_MLX_LM:
         for bits in (None, 8):
             out = bed.path("v0.5.0-f16-mlx-lm-%s%s.safetensors" % (version, "-q8" if bits else ""))
             bed.convert(slot, out, "--to", "mlx", "--mlx-lm", version, *(["--kv-bits", "8"] if bits else []))
-            info = json.loads(run([bed.kvsnap, "info", out, "--json"]).stdout)
             # a KVCache-only file is the same in both meta layouts (only QuantizedKVCache has `step`)
-            if info.get("layout") != (layout if bits else "meta_state"):
-                fail(out, "layout %s, want %s" % (info.get("layout"), layout))
-            got = out + ".logits"
-            env = dict(os.environ, PYTHONPATH=old)
-            r = subprocess.run([sys.executable, os.path.abspath(__file__), "--continue", bed.gguf, bed.path("tokens.bin"),
-                                out, got], capture_output=True, text=True, env=env)
-            if r.returncode != 0:
-                fail(out, "mlx-lm %s: %s" % (version, (r.stdout + r.stderr).strip()[-800:]))
+            got = continue_in_old(bed, out, version, layout if bits else "meta_state")
+            if got is None:
                 continue
             native = native_q8 if bits else 0.0
             record("%s llama.cpp f16 -> mlx-lm %s%s (its layout, continued by it)" % (bed.name, version,
                                                                                       " q8g64" if bits else ""),
-                   mean_kl(full, logits(got)), native, 1.5 * native + FLOOR)
+                   mean_kl(full, got), native, 1.5 * native + FLOOR)
+
+
+OLD_MLX_LM = (("0.31.3", "meta_state"), ("0.28.0", "meta_state-with-step"))
+
+
+def continue_in_old(bed, out, version, layout):
+    """The tail's logits from an older mlx-lm release (the bed's <venv>/old/mlx-lm-<v>) loading the
+    prompt cache `out` (checked to be in `layout`), or None after recording why not."""
+    old = os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "old", "mlx-lm-" + version)
+    if not os.path.isdir(old):
+        fail(old, "mlx-lm %s is not in the bed (tests/mlx/make-bed.sh)" % version)
+        return None
+    info = json.loads(run([bed.kvsnap, "info", out, "--json"]).stdout)
+    if info.get("layout") != layout:
+        fail(out, "layout %s, want %s" % (info.get("layout"), layout))
+    got = out + ".logits"
+    env = dict(os.environ, PYTHONPATH=old)
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--continue", bed.gguf, bed.path("tokens.bin"),
+                        out, got], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        fail(out, "mlx-lm %s: %s" % (version, (r.stdout + r.stderr).strip()[-800:]))
+        return None
+    return logits(got)
 
 
 def mlx_to_llama(bed):
@@ -267,9 +297,10 @@ def mlx_to_llama(bed):
     with open(toks, "w") as f:
         json.dump(bed.tokens[:-TAIL], f)
     qsrc = bed.path("mlx-q8g64.safetensors")
-    C.save_prompt_cache(qsrc, [c.to_quantized(group_size=64, bits=8) for c in bed.mlx_cache()], {"model": bed.name})
     full = bed.mlx_full()
-    mlx_q8_native = mean_kl(full, bed.mlx_continue(qsrc))
+    if bed.info["arch"] != "gemma2":  # mlx-lm's gemma2 cannot run a QuantizedKVCache
+        C.save_prompt_cache(qsrc, [c.to_quantized(group_size=64, bits=8) for c in bed.mlx_cache()], {"model": bed.name})
+        mlx_q8_native = mean_kl(full, bed.mlx_continue(qsrc))
 
     # without --tokens the move is refused (mlx-lm stores none) and leaves nothing
     r = bed.convert(src, bed.path("no-tokens.slot"), "--to", "llama", expect_ok=False)
@@ -406,6 +437,160 @@ def with_server(bed, server_bin):
             srv.stop()
 
 
+def ring_rows(c):
+    """A RotatingKVCache's K rows in temporal order (mlx-lm's own _temporal_order), as float32."""
+    return np.array(c._temporal_order(c.keys).astype(mx.float32))
+
+
+def gemma(bed):
+    """gemma3 (iSWA, window W): both ways, the prompt long enough to wrap the SWA layers' ring."""
+    W = bed.info["n_swa"]
+    ref, full = bed.llama_ref("v0.5.0"), bed.mlx_full()
+    record("%s twin: llama.cpp f16 vs mlx-lm f32, same ids (window %d)" % (bed.name, W), mean_kl(ref, full), 0.0, 1e-4)
+    wrong, _ = load_twin(bed.gguf)
+    wrong.model.window_size = W + 1  # the engines disagreeing on the window rule by one position
+    out = np.array(wrong(mx.array([bed.tokens]))[0].astype(mx.float32)[-TAIL:])
+    record("%s twin control: mlx-lm window %d" % (bed.name, W + 1), mean_kl(ref, out), 0.0, 1e-4, must_fail=True)
+
+    # llama.cpp -> mlx-lm: the slot's SWA section (the last W cells; every cell in a session) -> rings
+    own = bed.mlx_cache()
+    for ctk, ctv, fa, args in (("f16", "f16", "on", []), ("q8_0", "q8_0", "on", []), ("f16", "f16", "off", []),
+                               ("f16", "f16", "on", ["--swa-full", "on"])):
+        tag = "v0.5.0-%s-%s-fa%s%s" % (ctk, ctv, fa, "-swafull" if args else "")
+        slot, native_lg = bed.save("v0.5.0", ctk, ctv, fa, tag, args=args)
+        native = mean_kl(ref, native_lg)
+        what = "%s llama.cpp %s/%s fa %s%s" % (bed.name, ctk, ctv, fa, " --swa-full" if args else "")
+        for kind, src in (("slot", slot), ("session", slot + ".session")):
+            if kind == "session" and (fa == "off" or args):
+                continue
+            out = bed.path(tag + "-" + kind + ".safetensors")
+            bed.convert(src, out, "--to", "mlx")
+            moved = C.load_prompt_cache(out)
+            for i, (a, b) in enumerate(zip(own, moved)):  # the same caches as mlx-lm's own, window rows alike
+                if type(a) is not type(b) or a.offset != b.offset:
+                    fail(out, "layer %d: %s offset %d, mlx-lm's own %s offset %d" % (i, type(b).__name__, b.offset,
+                                                                                     type(a).__name__, a.offset))
+                elif isinstance(a, C.RotatingKVCache):
+                    mine, theirs = ring_rows(b), ring_rows(a)[..., -W:, :]
+                    err = np.abs(mine - theirs).max() / np.abs(theirs).max()
+                    if b.max_size != W or b.keep != 0 or mine.shape != theirs.shape or err > 0.02:
+                        fail(out, "layer %d: ring max %d keep %d rows %s, off by %.3g from mlx-lm's own" %
+                             (i, b.max_size, b.keep, mine.shape, err))
+            record("%s %s -> mlx-lm" % (what, kind), mean_kl(full, bed.mlx_continue(out)), native, 1.5 * native + FLOOR)
+        if ctk == "f16" and fa == "on" and not args:  # control: the rings' rows one slot off
+            bad = C.load_prompt_cache(bed.path(tag + "-slot.safetensors"))
+            for c in bad:
+                if isinstance(c, C.RotatingKVCache):
+                    c.keys, c.values = mx.roll(c.keys, 1, axis=2), mx.roll(c.values, 1, axis=2)
+            record("%s control: f16 -> mlx-lm, ring rows one slot off" % bed.name,
+                   mean_kl(full, bed.mlx_continue(cache=bad)), native, 1.5 * native + FLOOR, must_fail=True)
+            for version, layout in OLD_MLX_LM:  # the rings' meta_state of older releases (0.28.0: with step)
+                out = bed.path(tag + "-mlx-lm-%s.safetensors" % version)
+                bed.convert(slot, out, "--to", "mlx", "--mlx-lm", version)
+                got = continue_in_old(bed, out, version, layout)
+                if got is not None:
+                    record("%s llama.cpp f16 -> mlx-lm %s (its layout, continued by it)" % (bed.name, version),
+                           mean_kl(full, got), native, 1.5 * native + FLOOR)
+
+    # --kv-bits 8: the global layers' KVCache quantized, the rings kept float (mlx-lm cannot quantize
+    # them); native: mlx-lm's own cache quantized the same way
+    mixed = [c.to_quantized(group_size=64, bits=8) if isinstance(c, C.KVCache) else c for c in bed.mlx_cache()]
+    C.save_prompt_cache(bed.path("mlx-q8g64.safetensors"), mixed, {"model": bed.name})
+    native_q8 = mean_kl(full, bed.mlx_continue(cache=mixed))
+    out = bed.path("v0.5.0-f16-to-q8g64.safetensors")
+    bed.convert(bed.path("v0.5.0-f16-f16-faon.slot"), out, "--to", "mlx", "--kv-bits", "8")
+    record("%s llama.cpp f16 -> mlx-lm q8g64 (global layers; rings float)" % bed.name,
+           mean_kl(full, bed.mlx_continue(out)), native_q8, 1.5 * native_q8 + FLOOR)
+
+    # mlx-lm -> llama.cpp: its cache after one batch (rings of all 92 rows, _idx 92) and after single
+    # steps (rings of W rows, wrapped: _idx 5)
+    toks = bed.path("prompt-tokens.json")
+    with open(toks, "w") as f:
+        json.dump(bed.tokens[:-TAIL], f)
+    C.save_prompt_cache(bed.path("mlx-batch.safetensors"), own, {"model": bed.name})
+    stepped = C.make_prompt_cache(bed.model)
+    bed.model(mx.array([bed.tokens[:-TAIL - 5]]), cache=stepped)
+    for t in bed.tokens[-TAIL - 5:-TAIL]:
+        bed.model(mx.array([[t]]), cache=stepped)
+    C.save_prompt_cache(bed.path("mlx-stepped.safetensors"), stepped, {"model": bed.name})
+    if stepped[0]._idx != 5 or stepped[0].keys.shape[2] != W:
+        fail("mlx-stepped", "ring _idx %d rows %d, want 5 and %d" % (stepped[0]._idx, stepped[0].keys.shape[2], W))
+    for name in ("batch", "stepped", "q8g64"):
+        src = bed.path("mlx-%s.safetensors" % name)
+        for ctk, kind in (("f16", "slot"),) if name == "q8g64" else (("f16", "slot"), ("q8_0", "slot"), ("f16", "session")):
+            native = mean_kl(ref, logits(bed.path("v0.5.0-%s-%s-faon.logits" % (ctk, ctk))))
+            out = bed.path("mlx-%s-to-%s.%s" % (name, ctk, kind))
+            bed.convert(src, out, "--to", "llama", "--tokens", toks, "--ctk", ctk, "--ctv", ctk, "--llama-file", kind)
+            if name == "q8g64":  # the loss is mlx-lm's quantization
+                native = native_q8
+            record("%s mlx-lm %s -> llama.cpp %s/%s %s" % (bed.name, name, ctk, ctk, kind),
+                   mean_kl(ref, bed.restore("v0.5.0", out, ctk, ctk, "on", kind=kind)), native, 1.5 * native + FLOOR)
+    # control: the wrapped ring read one slot off (_idx + 1): every SWA cell one position off
+    bad = C.load_prompt_cache(bed.path("mlx-stepped.safetensors"))
+    for c in bad:
+        if isinstance(c, C.RotatingKVCache):
+            c._idx += 1
+    C.save_prompt_cache(bed.path("mlx-stepped-off.safetensors"), bad, {"model": bed.name})
+    out = bed.path("mlx-stepped-off.slot")
+    bed.convert(bed.path("mlx-stepped-off.safetensors"), out, "--to", "llama", "--tokens", toks)
+    record("%s control: mlx-lm -> llama.cpp f16, SWA cells one position off" % bed.name,
+           mean_kl(ref, bed.restore("v0.5.0", out, "f16", "f16", "on")), 0.0, FLOOR, must_fail=True)
+
+
+def gemma_server(bed, server_bin):
+    """llama-server v0.5.0 and gemma3 (-np 1: an SWA cache of n_swa + ubatch cells): a slot it saved
+    moved to mlx-lm; mlx-lm's caches moved to slots it restores and continues. The server reuses a
+    restored iSWA slot only with SWA cells down to T-n_swa-1 (pos_min < pos_next - n_swa), one more
+    than its own slot save keeps, so it re-processes the prompt after restoring its own slot; kvsnap
+    writes that cell when mlx-lm's cache still holds it (after one batch: the server then computes
+    the 16 tail tokens only), and a wrapped ring of n_swa rows is treated as the server's own slot.
+    The distribution after the prompt is scored as in with_server."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
+    from server_test import Server  # noqa: E402
+
+    n_vocab, T = bed.info["n_vocab"], len(bed.tokens) - TAIL
+    slot_dir = bed.path("server-slots")
+    os.makedirs(slot_dir, exist_ok=True)
+    for name in ("batch", "stepped"):
+        bed.convert(bed.path("mlx-%s.safetensors" % name), os.path.join(slot_dir, "from-mlx-%s.slot" % name), "--to",
+                    "llama", "--tokens", bed.path("prompt-tokens.json"))
+    srv = Server(server_bin, bed.gguf, "f16", "f16", True, slot_dir, bed.path("server.log"))
+    try:
+        srv.post("/completion", {"prompt": bed.tokens[:-TAIL], "n_predict": 0, "cache_prompt": True, "id_slot": 0})
+        code, j = srv.post("/slots/0?action=save", {"filename": "saved.slot"})
+        if code != 200:
+            raise RuntimeError("slot save: %d %s" % (code, j))
+        out = bed.path("server-f16.safetensors")
+        bed.convert(os.path.join(slot_dir, "saved.slot"), out, "--to", "mlx")
+        record("%s llama-server f16/f16 slot -> mlx-lm" % bed.name, mean_kl(bed.mlx_full(), bed.mlx_continue(out)),
+               0.0, FLOOR)
+        timings = {}
+        for name in ("saved.slot", "from-mlx-stepped.slot", "from-mlx-batch.slot"):
+            code, j = srv.post("/slots/0?action=restore", {"filename": name})
+            if code != 200 or j.get("n_restored") != T:
+                fail(name, "llama-server restore: %d %s" % (code, j))
+                return
+            code, j = srv.post("/completion", {"prompt": bed.tokens, "n_predict": 1, "temperature": 0,
+                                               "cache_prompt": True, "id_slot": 0, "n_probs": n_vocab})
+            timings[name] = (j["timings"]["cache_n"], j["timings"]["prompt_n"])
+            if name == "saved.slot":
+                continue
+            dist = np.full(n_vocab, -1e30)
+            for t in j["completion_probabilities"][0]["top_logprobs"]:
+                dist[t["id"]] = t["logprob"]
+            record("%s mlx-lm %s -> llama-server f16/f16 (last position; cache_n %d, prompt_n %d)" %
+                   ((bed.name, name[9:-5]) + timings[name]),
+                   mean_kl(bed.llama_ref("v0.5.0")[-1:], dist[None, :]), 0.0, FLOOR)
+        if timings["from-mlx-stepped.slot"] != timings["saved.slot"]:
+            fail("from-mlx-stepped.slot", "llama-server's cache_n/prompt_n %s, with its own slot %s" %
+                 (timings["from-mlx-stepped.slot"], timings["saved.slot"]))
+        if timings["from-mlx-batch.slot"] != (T, TAIL):
+            fail("from-mlx-batch.slot", "llama-server's cache_n/prompt_n %s: the restored cache not reused" %
+                 (timings["from-mlx-batch.slot"],))
+    finally:
+        srv.stop()
+
+
 def check_refusals(bed, kvsnap, mkmodel, work):
     # a cache that does not fit the model: another head count
     other = os.path.join(work, "other-hd128.gguf")
@@ -415,12 +600,13 @@ def check_refusals(bed, kvsnap, mkmodel, work):
              bed.path("prompt-tokens.json")], expect_ok=False)
     if r.returncode == 0 or "heads" not in r.stderr:
         fail("mismatched model", "exit %d: %s" % (r.returncode, r.stderr.strip()))
-    iswa = os.path.join(work, "iswa.gguf")
-    run([mkmodel, "--out", iswa, "--arch", "gemma3", "--n-layer", "4", "--swa-pattern", "2"])
+    # gemma2 past its window (32 < 92 tokens): mlx-lm's gemma2 has none, the engines' caches differ
+    iswa = os.path.join(work, "gemma2-swa32.gguf")
+    run([mkmodel, "--out", iswa, "--arch", "gemma2", "--n-layer", "4", "--swa-pattern", "2", "--swa", "32"])
     r = run([kvsnap, "convert", src, os.path.join(work, "iswa.slot"), "--to", "llama", "--model", iswa, "--tokens",
              bed.path("prompt-tokens.json")], expect_ok=False)
-    if r.returncode == 0 or "iSWA" not in r.stderr:
-        fail("iSWA model", "exit %d: %s" % (r.returncode, r.stderr.strip()))
+    if r.returncode != 4 or "past the sliding window of 32" not in r.stderr or os.path.exists(os.path.join(work, "iswa.slot")):
+        fail("gemma2 past its window", "exit %d: %s" % (r.returncode, r.stderr.strip()))
 
 
 def continue_here(gguf, tokens_bin, cache_path, out):
@@ -457,11 +643,23 @@ def main():
             Bed(kvsnap, mkmodel, drivers, prompt, work, "command-r",
                 ["--arch", "command-r", "--n-layer", "4", "--seed", "11"] + trained, quick=True),
             Bed(kvsnap, mkmodel, drivers, prompt, work, "olmo2",
-                ["--arch", "olmo2", "--n-layer", "4", "--seed", "13"] + trained, quick=True)]
-    only = os.environ.get("KVSNAP_MLX_CROSS_BEDS")  # a comma-separated subset, for a quicker local run
-    if only:
-        beds = [b for b in beds if b.name in only.split(",")]
-    for bed in beds:
+                ["--arch", "olmo2", "--n-layer", "4", "--seed", "13"] + trained, quick=True),
+            # gemma2, window 128 > 108 tokens: mlx-lm's gemma2 (no window) computes the same function
+            Bed(kvsnap, mkmodel, drivers, prompt, work, "gemma2",
+                ["--arch", "gemma2", "--n-layer", "4", "--swa-pattern", "2", "--swa", "128", "--seed", "13"] + trained,
+                quick=True)]
+    # A comma-separated subset of the beds ("gemma3,qwen2"), for a quicker local run.
+    only = [b for b in os.environ.get("KVSNAP_MLX_CROSS_BEDS", "").split(",") if b]
+    t0, c0 = time.time(), cpu_seconds()
+    g = Bed(kvsnap, mkmodel, drivers, prompt, work, "gemma3",
+            ["--arch", "gemma3", "--n-layer", "6", "--swa-pattern", "3", "--swa", "16", "--rope-base", "1000000",
+             "--rope-base-swa", "10000", "--seed", "11"] + trained)
+    if not only or "gemma3" in only:
+        gemma(g)
+        if server:
+            gemma_server(g, server)
+        print("gemma3: %.1f s (%.1f s of CPU)" % (time.time() - t0, cpu_seconds() - c0), flush=True)
+    for bed in [b for b in beds if not only or b.name in only]:
         t0, c0 = time.time(), cpu_seconds()
         bed.server = server
         check_twin(bed)
@@ -471,7 +669,8 @@ def main():
         if server and not bed.quick:
             with_server(bed, server)
         print("%s: %.1f s (%.1f s of CPU)" % (bed.name, time.time() - t0, cpu_seconds() - c0), flush=True)
-    check_refusals(beds[0], kvsnap, mkmodel, work)
+    if not only:
+        check_refusals(beds[0], kvsnap, mkmodel, work)
     print("\n%-72s %11s %11s %11s" % ("move", "KL", "native", "bound"))
     for what, kl, native, bound, note, verdict in rows:
         print("%-72s %11.3e %11.3e %11.3e %s %s" % (what, kl, native, bound, verdict, note))

@@ -14,6 +14,13 @@ its converter did not permute: loaded as it is; one LayerNorm without bias feeds
 parallel, the output is tied to the embeddings and scaled by logit_scale. olmo2 (NEOX, no
 permutation) has no pre-norms: RMS norms over the whole Q and K projections (before the rope), after
 attention and after the FFN.
+gemma2: the same norms and scaled, tied embedding, attention and final logit soft-capping, and no
+sliding window in mlx-lm (llama.cpp's SWA layers see the last sliding_window positions: the twin
+agrees while the prompt fits in the window). gemma3 (mlx-lm's gemma3_text): NEOX rope (not permuted), Q/K RMS norms, norms stored by the
+converter as 1 + w (mlx-lm's RMSNorm adds the 1 itself: the twin takes 1 from each), the embedding
+scaled by sqrt(n_embd) and tied to the output, sliding-window layers (sliding_window,
+sliding_window_pattern: every pattern-th layer global) with their own rope base (rope.freq_base_swa,
+llama.cpp's default 10000), and 1/sqrt(head_dim) as attention scale (query_pre_attn_scalar).
 Weights are kept in float32 (exact from f16), so mlx-lm computes in float32 like llama.cpp's CPU
 backend does with f16 weights.
 """
@@ -89,6 +96,28 @@ def load_twin(gguf_path, permute=None):
         model = Model(ModelArgs(model_type="cohere", layer_norm_eps=eps,
                                 logit_scale=_meta_float(md, a + ".logit_scale"), **common))
         permuted = False if permute is None else permute
+    elif arch == "gemma3":
+        from mlx_lm.models.gemma3_text import Model, ModelArgs
+        pattern = _meta_int(md, a + ".attention.sliding_window_pattern")
+        base_swa = _meta_float(md, a + ".rope.freq_base_swa") if a + ".rope.freq_base_swa" in md else 10000.0
+        if n_embd ** 0.5 != mx.array(n_embd ** 0.5, mx.bfloat16).item():
+            raise ValueError("gemma3 twin: mlx-lm rounds sqrt(n_embd) to bf16; pick n_embd with an exact root")
+        common.pop("tie_word_embeddings")
+        # from_dict drops what an older mlx-lm's ModelArgs lacks (0.28.0: max_position_embeddings)
+        model = Model(ModelArgs.from_dict(dict(model_type="gemma3_text", head_dim=head_dim,
+                                               query_pre_attn_scalar=head_dim, rope_local_base_freq=base_swa,
+                                               sliding_window=_meta_int(md, a + ".attention.sliding_window"),
+                                               sliding_window_pattern=pattern,
+                                               max_position_embeddings=_meta_int(md, a + ".context_length"), **common)))
+        permuted = False if permute is None else permute
+    elif arch == "gemma2":  # mlx-lm's gemma2: no sliding window, every layer attends to every position
+        from mlx_lm.models.gemma2 import Model, ModelArgs
+        common.pop("tie_word_embeddings")
+        model = Model(ModelArgs.from_dict(dict(
+            model_type="gemma2", head_dim=head_dim, query_pre_attn_scalar=head_dim,
+            attn_logit_softcapping=_meta_float(md, a + ".attn_logit_softcapping"),
+            final_logit_softcapping=_meta_float(md, a + ".final_logit_softcapping"), **common)))
+        permuted = False if permute is None else permute
     else:
         raise ValueError("no twin for arch %s" % arch)
 
@@ -106,8 +135,14 @@ def load_twin(gguf_path, permute=None):
                  "attn_qkv.weight": "self_attn.qkv_proj.weight",
                  "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
                  "ffn_down.weight": "mlp.down_proj.weight"}
+    if arch in ("gemma2", "gemma3"):
+        per_layer.update({"ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                          "post_attention_norm.weight": "post_attention_layernorm.weight",
+                          "post_ffw_norm.weight": "post_feedforward_layernorm.weight"})
     weights = []
     for k, v in f32.items():
+        if arch in ("gemma2", "gemma3") and k.endswith("norm.weight"):
+            v = v - 1.0  # the converter stored 1 + w
         if k in names:
             weights.append((names[k], v))
             continue
@@ -125,9 +160,13 @@ def load_twin(gguf_path, permute=None):
             weights.append(("model.layers.%s.mlp.gate_up_proj.weight" % parts[1], v))
             continue
         weights.append(("model.layers.%s.%s" % (parts[1], per_layer[parts[2]]), v))
+    if arch == "gemma3" and "lm_head.weight" not in dict(weights):
+        model.sanitize({})  # ties the output to the embedding, as for a checkpoint without lm_head
     model.load_weights(weights, strict=True)
     mx.eval(model.parameters())
     info = dict(arch=arch, n_layer=n_layer, n_head_kv=n_head_kv, head_dim=head_dim, n_vocab=n_vocab)
+    if arch in ("gemma2", "gemma3"):
+        info.update(n_swa=_meta_int(md, a + ".attention.sliding_window"))
     return model, info
 
 

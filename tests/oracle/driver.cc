@@ -2,10 +2,10 @@
 // node-llama-cpp npm release) to write and read KV-cache state files.
 //
 //   save    --model M --prompt-file P --ctk T --ctv T --fa on|off [--n-ctx 4096] [--n-seq 1]
-//           [--kv-unified on|off] [--eval-tail K] [--slot OUT] [--session OUT] [--raw-seq OUT]
+//           [--kv-unified on|off] [--swa-full on|off] [--eval-tail K] [--slot OUT] [--session OUT] [--raw-seq OUT]
 //           [--logits OUT] [--tokens-out OUT]
 //   restore --model M --prompt-file P --ctk T --ctv T --fa on|off [--n-ctx 4096] [--n-seq 1]
-//           [--kv-unified on|off] [--eval-tail K] (--slot F | --session F | --raw-seq F) --logits OUT
+//           [--kv-unified on|off] [--swa-full on|off] [--eval-tail K] (--slot F | --session F | --raw-seq F) --logits OUT
 //   compare REF.logits GOT.logits [--rows K] [--json] [--max-kl X] [--require-top1]
 //   info    (llama.cpp build of this driver: tag, state versions, system info)
 //
@@ -140,10 +140,10 @@ const char* kUsage =
     "usage: kvsnap-oracle-" KVSNAP_ORACLE_NPM_VERSION " COMMAND [options]   (llama.cpp " KVSNAP_ORACLE_TAG
     ")\n"
     "  save    --model M --prompt-file P --ctk T --ctv T --fa on|off [--n-ctx 4096] [--n-seq 1]\n"
-    "          [--kv-unified on|off] [--n-batch 512] [--threads 2] [--eval-tail K]\n"
+    "          [--kv-unified on|off] [--swa-full on|off] [--n-batch 512] [--threads 2] [--eval-tail K]\n"
     "          [--slot OUT] [--session OUT] [--raw-seq OUT] [--logits OUT] [--tokens-out OUT]\n"
     "  restore --model M --prompt-file P --ctk T --ctv T --fa on|off [--n-ctx 4096] [--n-seq 1]\n"
-    "          [--kv-unified on|off] [--eval-tail K] (--slot F | --session F | --raw-seq F) --logits OUT\n"
+    "          [--kv-unified on|off] [--swa-full on|off] [--eval-tail K] (--slot F | --session F | --raw-seq F) --logits OUT\n"
     "  compare REF.logits GOT.logits [--rows K] [--json] [--max-kl X] [--require-top1]\n"
     "  info\n"
     "  global: -v (show llama.cpp info logs)\n"
@@ -287,6 +287,7 @@ struct Setup {
   int n_ctx = 4096, n_seq = 1, n_batch = 512, threads = 2;
   int eval_tail = 1;  // K: the state holds t[0..n-K-1]; t[n-K..n-1] are decoded after it, logits for all K
   int kv_unified = -1;  // -1: library default
+  int swa_full = -1;    // -1: library default (off): an iSWA model's SWA cache holds n_swa + ubatch cells
 };
 
 Setup parse_setup(const Args& a) {
@@ -306,7 +307,9 @@ Setup parse_setup(const Args& a) {
             " (the tail is decoded in one batch)",
         2);
   if (a.has("kv-unified")) s.kv_unified = parse_onoff("kv-unified", a.get("kv-unified")) ? 1 : 0;
+  if (a.has("swa-full")) s.swa_full = parse_onoff("swa-full", a.get("swa-full")) ? 1 : 0;
 #ifndef KVSNAP_ORACLE_HAS_KV_UNIFIED
+  if (s.swa_full >= 0) die("--swa-full: not offered for this llama.cpp (" KVSNAP_ORACLE_TAG ")", 2);
   if (s.kv_unified == 0) die("--kv-unified off: this llama.cpp (" KVSNAP_ORACLE_TAG ") has no per-sequence streams", 2);
 #endif
   return s;
@@ -341,6 +344,7 @@ llama_context* make_context(llama_model* model, const Setup& s) {
 #endif
 #ifdef KVSNAP_ORACLE_HAS_KV_UNIFIED
   if (s.kv_unified >= 0) cp.kv_unified = s.kv_unified != 0;
+  if (s.swa_full >= 0) cp.swa_full = s.swa_full != 0;
 #endif
   reset_errors();
   llama_context* ctx = llama_init_from_model(model, cp);

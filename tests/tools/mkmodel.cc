@@ -5,6 +5,7 @@
 //       [--n-layer 4] [--n-embd 256] [--n-head 4] [--n-head-kv 2 | 2,2,1,1]
 //       [--head-dim 64] [--n-rot N] [--n-ff 512] [--vocab-words 14] [--seed 1] [--dtype f16|f32]
 //       [--n-ctx-train 4096] [--swa 128] [--swa-pattern N | --swa-layers 1,1,0,...]
+//       [--rope-base 10000] [--rope-base-swa F]
 //       [--alignment 32] [--name S] [--metadata-only] [--describe]
 //       [--outlier-channels N [--outlier-scale 10] [--channel-spread 0.5]]
 //
@@ -35,6 +36,7 @@ void usage() {
                "         [--n-rot N (rope dims, default head-dim)]\n"
                "         [--n-ff 512] [--vocab-words 14] [--seed 1] [--dtype f16|f32] [--n-ctx-train 4096]\n"
                "         [--swa 128] [--swa-pattern N | --swa-layers 1,1,0,...] [--alignment 32]\n"
+               "         [--rope-base 10000] [--rope-base-swa F (gemma3: rope.freq_base_swa)]\n"
                "         [--name S] [--metadata-only] [--describe]\n"
                "         [--outlier-channels N [--outlier-scale 10] [--channel-spread 0.5]]\n");
 }
@@ -171,6 +173,12 @@ int main(int argc, char** argv) {
       spec.swa_layers.assign(list.begin(), list.end());
     } else if (a == "--outlier-channels") {
       num(spec.outlier_channels);
+    } else if (a == "--rope-base" || a == "--rope-base-swa") {
+      const char* v = val();
+      if (!parse_float(v, a == "--rope-base" ? spec.rope_base : spec.rope_base_swa)) {
+        std::fprintf(stderr, "kvsnap-mkmodel: %s: '%s' is not a number >= 0\n", a.c_str(), v);
+        return 2;
+      }
     } else if (a == "--outlier-scale" || a == "--channel-spread") {
       const char* v = val();
       if (!parse_float(v, a == "--outlier-scale" ? spec.outlier_scale : spec.channel_spread)) {

@@ -39,6 +39,9 @@ struct ModelSpec {
   uint64_t seed = 1;
   bool f16 = true;                         // 2-D weights f16 (norms and biases stay f32)
   uint32_t n_swa = 128;                    // gemma2/gemma3 sliding window
+  float rope_base = 10000.0f;              // rope.freq_base (gemma3: of the global layers)
+  float rope_base_swa = 0.0f;              // gemma3: rope.freq_base_swa of the SWA layers (0: not
+                                           // written; llama.cpp then takes 10000)
   // gemma3/gemma2: also write attention.sliding_window_pattern (only v0.5.0
   // reads it; b8121 and b5640 hard-code 6 and 2).
   uint32_t swa_pattern = 0;                // 0: do not write
@@ -219,7 +222,8 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
   } else {
     w.set_f32(a + ".attention.layer_norm_rms_epsilon", gemma ? 1e-6f : 1e-5f);
   }
-  w.set_f32(a + ".rope.freq_base", 10000.0f);
+  w.set_f32(a + ".rope.freq_base", s.rope_base);
+  if (s.rope_base_swa > 0) w.set_f32(a + ".rope.freq_base_swa", s.rope_base_swa);
   if (a == "qwen2vl") {
     const int32_t half = int32_t(s.head_dim / 2);
     const int32_t s0 = half / 4, s1 = (half - s0) / 2, s2 = half - s0 - s1;
