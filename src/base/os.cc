@@ -10,22 +10,30 @@
 #include <cstring>
 #include <fstream>
 
-#if defined(__linux__)
+// The branch compiled: Linux, macOS, or any other POSIX system. KVSNAP_OS_GENERIC_POSIX (the CMake
+// option of that name) makes a Linux build take the last, so that it is compiled and tested here.
+#if defined(__APPLE__)
+#define KVSNAP_OS_MACOS 1
+#elif defined(__linux__) && !defined(KVSNAP_OS_GENERIC_POSIX)
+#define KVSNAP_OS_LINUX 1
+#endif
+
+#if defined(KVSNAP_OS_LINUX)
 #include <sys/prctl.h>
 #include <sys/syscall.h>
-#elif defined(__APPLE__)
+#elif defined(KVSNAP_OS_MACOS)
 #include <crt_externs.h>
 #include <sys/sysctl.h>
 #endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
-#elif defined(__aarch64__) && defined(__linux__)
+#elif defined(__aarch64__) && defined(KVSNAP_OS_LINUX)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
 #endif
 
-#if !defined(__APPLE__)
+#if !defined(KVSNAP_OS_MACOS)
 extern char** environ;
 #endif
 
@@ -41,42 +49,62 @@ int retry_eintr(int (*call)(int), int fd) {
   return rc == 0 ? 0 : errno;
 }
 
+#if defined(KVSNAP_OS_MACOS)
+int full_fsync(int fd) { return ::fcntl(fd, F_FULLFSYNC); }
+#endif
+
+// Errors by which a file system says it has no F_FULLFSYNC (ENOTSUP and EOPNOTSUPP differ on macOS).
+bool refuses_call(int e) { return e == ENOTSUP || e == EOPNOTSUPP || e == EINVAL; }
+
 }  // namespace
 
-#if defined(__linux__)
-
-int sync_fd(int fd, bool data_only) { return retry_eintr(data_only ? ::fdatasync : ::fsync, fd); }
-const char* sync_fd_call(bool data_only) { return data_only ? "fdatasync" : "fsync"; }
-
-#elif defined(__APPLE__)
-
-int sync_fd(int fd, bool) {
-  if (::fcntl(fd, F_FULLFSYNC) == 0) return 0;
-  // Refused (a file system without it, e.g. SMB or some FUSE): the drive's cache may keep the data
-  // a while longer, but fsync is the most this file system offers.
-  return retry_eintr(::fsync, fd);
-}
-const char* sync_fd_call(bool) { return "F_FULLFSYNC"; }
-
+const char* os_branch() {
+#if defined(KVSNAP_OS_LINUX)
+  return "linux";
+#elif defined(KVSNAP_OS_MACOS)
+  return "macos";
 #else
-
-int sync_fd(int fd, bool data_only) {
-#if defined(_POSIX_SYNCHRONIZED_IO) && _POSIX_SYNCHRONIZED_IO > 0
-  if (data_only) return retry_eintr(::fdatasync, fd);
+  return "posix";
 #endif
-  return retry_eintr(::fsync, fd);
-}
-const char* sync_fd_call(bool data_only) {
-#if defined(_POSIX_SYNCHRONIZED_IO) && _POSIX_SYNCHRONIZED_IO > 0
-  if (data_only) return "fdatasync";
-#endif
-  return "fsync";
 }
 
+const SyncCalls& system_sync_calls() {
+#if defined(KVSNAP_OS_LINUX)
+  static constexpr SyncCalls calls{nullptr, ::fdatasync, ::fsync};
+#elif defined(KVSNAP_OS_MACOS)
+  static constexpr SyncCalls calls{full_fsync, nullptr, ::fsync};
+#elif defined(_POSIX_SYNCHRONIZED_IO) && _POSIX_SYNCHRONIZED_IO > 0 && !defined(__linux__)
+  static constexpr SyncCalls calls{nullptr, ::fdatasync, ::fsync};
+#else
+  // No fdatasync promised. The generic build on Linux takes this too (glibc has fdatasync), so that
+  // the branch of such a system is compiled and run somewhere.
+  static constexpr SyncCalls calls{nullptr, nullptr, ::fsync};
 #endif
+  return calls;
+}
+
+int sync_fd_with(const SyncCalls& calls, int fd, bool data_only) {
+  if (calls.full_sync != nullptr) {
+    const int e = retry_eintr(calls.full_sync, fd);
+    // Refused by this file system: the drive's cache may keep the data a while longer, but fsync is
+    // the most it offers. Any other error is the answer.
+    if (!refuses_call(e)) return e;
+  } else if (data_only && calls.data_sync != nullptr) {
+    return retry_eintr(calls.data_sync, fd);
+  }
+  return retry_eintr(calls.sync, fd);
+}
+
+const char* sync_fd_call_with(const SyncCalls& calls, bool data_only) {
+  if (calls.full_sync != nullptr) return "F_FULLFSYNC";
+  return data_only && calls.data_sync != nullptr ? "fdatasync" : "fsync";
+}
+
+int sync_fd(int fd, bool data_only) { return sync_fd_with(system_sync_calls(), fd, data_only); }
+const char* sync_fd_call(bool data_only) { return sync_fd_call_with(system_sync_calls(), data_only); }
 
 void start_writeback(int fd, uint64_t offset, uint64_t len) {
-#if defined(__linux__)
+#if defined(KVSNAP_OS_LINUX)
   (void)::sync_file_range(fd, static_cast<off_t>(offset), static_cast<off_t>(len), SYNC_FILE_RANGE_WRITE);
 #else
   (void)fd;
@@ -86,7 +114,7 @@ void start_writeback(int fd, uint64_t offset, uint64_t len) {
 }
 
 int pipe_cloexec(int fds[2]) {
-#if defined(__linux__)
+#if defined(KVSNAP_OS_LINUX)
   return ::pipe2(fds, O_CLOEXEC) == 0 ? 0 : errno;
 #else
   if (::pipe(fds) != 0) return errno;
@@ -103,7 +131,7 @@ int pipe_cloexec(int fds[2]) {
 }
 
 char** process_environ() {
-#if defined(__APPLE__)
+#if defined(KVSNAP_OS_MACOS)
   return *_NSGetEnviron();
 #else
   return environ;
@@ -111,7 +139,7 @@ char** process_environ() {
 }
 
 int request_parent_death_signal(pid_t parent, int sig) {
-#if defined(__linux__)
+#if defined(KVSNAP_OS_LINUX)
   if (::prctl(PR_SET_PDEATHSIG, sig) != 0) return errno;
   // The parent may have died between fork and prctl: then nothing will ever send the signal.
   if (::getppid() != parent) return ESRCH;
@@ -126,7 +154,7 @@ int request_parent_death_signal(pid_t parent, int sig) {
 }
 
 bool has_parent_death_signal() {
-#if defined(__linux__)
+#if defined(KVSNAP_OS_LINUX)
   return true;
 #else
   return false;
@@ -134,7 +162,7 @@ bool has_parent_death_signal() {
 }
 
 void close_fds_from(int lowest, int limit) {
-#if defined(__linux__) && defined(SYS_close_range)
+#if defined(KVSNAP_OS_LINUX) && defined(SYS_close_range)
   if (::syscall(SYS_close_range, static_cast<unsigned>(lowest), ~0U, 0U) == 0) return;
 #endif
   for (int fd = lowest; fd < limit; ++fd) (void)::close(fd);
@@ -148,16 +176,17 @@ int open_fd_limit() {
   return static_cast<int>(r.rlim_cur);
 }
 
-void name_this_process(const char* name) {
-#if defined(__linux__)
-  (void)::prctl(PR_SET_NAME, name, 0, 0, 0);
+bool name_this_process(const char* name) {
+#if defined(KVSNAP_OS_LINUX)
+  return ::prctl(PR_SET_NAME, name, 0, 0, 0) == 0;
 #else
   (void)name;
+  return false;
 #endif
 }
 
 int become_subreaper() {
-#if defined(__linux__)
+#if defined(KVSNAP_OS_LINUX)
   return ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0 ? 0 : errno;
 #else
   return ENOSYS;
@@ -180,11 +209,11 @@ bool take_pending_signal(const sigset_t& among, int* sig) {
 }
 
 std::string cpu_model_name() {
-#if defined(__APPLE__)
+#if defined(KVSNAP_OS_MACOS)
   char buf[256];
   size_t n = sizeof buf;
   if (::sysctlbyname("machdep.cpu.brand_string", buf, &n, nullptr, 0) == 0 && n > 1) return std::string(buf, n - 1);
-#else
+#elif defined(KVSNAP_OS_LINUX)
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   while (std::getline(in, line)) {
@@ -216,7 +245,7 @@ std::string cpu_crypto_features() {
     add(c & (1u << 10), "vpclmulqdq");
     add(b & (1u << 29), "sha_ni");
   }
-#elif defined(__aarch64__) && defined(__linux__)
+#elif defined(__aarch64__) && defined(KVSNAP_OS_LINUX)
   const unsigned long hw = ::getauxval(AT_HWCAP);
   add(hw & HWCAP_AES, "aes");
   add(hw & HWCAP_PMULL, "pmull");

@@ -15,16 +15,36 @@
 
 namespace kvsnap {
 
+// Which of os.cc's implementations this build compiled: "linux", "macos", or "posix" (any other POSIX
+// system, and a Linux build configured with -DKVSNAP_OS_GENERIC_POSIX=ON, which takes that branch so
+// that it is compiled and tested on Linux: tests/run-all.sh, docs/portability.md).
+const char* os_branch();
+
 // Makes what was written to `fd` durable: it survives a power cut once this returns 0.
 //   Linux: fdatasync (data_only) or fsync.
 //   macOS: fcntl(F_FULLFSYNC): there fsync only hands the data to the drive, whose volatile cache
-//          may still lose it. A file system that refuses F_FULLFSYNC (some network and FUSE ones)
-//          gets fsync instead, as SQLite does (its unixSync).
-//   Other POSIX: fdatasync where it exists, else fsync.
+//          may still lose it. A file system that refuses F_FULLFSYNC (ENOTSUP, EINVAL: SMB, some
+//          FUSE ones) gets fsync instead, as SQLite and Go do. Any other error (EIO) is answered as
+//          it is: an fsync after a failed write-back can report success for pages the kernel has
+//          already dropped.
+//   Other POSIX: fdatasync where _POSIX_SYNCHRONIZED_IO promises it, else fsync.
 // `data_only` allows skipping metadata a read does not need (mtime); a directory gets false.
 int sync_fd(int fd, bool data_only);
 // The name of the call sync_fd makes, for error messages ("fdatasync", "F_FULLFSYNC", "fsync").
 const char* sync_fd_call(bool data_only);
+
+// The calls sync_fd chooses among, as this system has them. Each answers 0, or -1 with errno, like
+// the system call. The seam through which tests run one system's choice on another (F_FULLFSYNC
+// refused by the file system, a system without fdatasync).
+struct SyncCalls {
+  int (*full_sync)(int fd);  // macOS: fcntl(F_FULLFSYNC); nullptr elsewhere
+  int (*data_sync)(int fd);  // fdatasync; nullptr where the system has none
+  int (*sync)(int fd);       // fsync
+};
+const SyncCalls& system_sync_calls();
+// sync_fd and sync_fd_call over `calls` (sync_fd is sync_fd_with(system_sync_calls(), ...)).
+int sync_fd_with(const SyncCalls& calls, int fd, bool data_only);
+const char* sync_fd_call_with(const SyncCalls& calls, bool data_only);
 
 // Asks the kernel to start writing bytes [offset, offset + len) of `fd` to the disk without waiting
 // (write-behind: a later sync_fd then waits only for the tail). Linux: sync_file_range with
@@ -55,10 +75,10 @@ bool has_parent_death_signal();
 //     is missing (macOS, kernels before 5.9), close() on each below `limit`, which open_fd_limit()
 //     gave before the fork (getrlimit is not async-signal-safe).
 //   name_this_process: the name ps and top show (Linux: prctl(PR_SET_NAME), 15 bytes kept); nothing
-//     elsewhere (macOS has no call for it: the watchdog shows as kvsnap there).
+//     elsewhere (macOS has no call for it: the watchdog shows as kvsnap there). True when named.
 void close_fds_from(int lowest, int limit);
 int open_fd_limit();
-void name_this_process(const char* name);
+bool name_this_process(const char* name);
 
 // Makes this process the one that reaps its orphaned descendants, in place of init (tests: the
 // children of a supervisor the test SIGKILLed come back to the test, which can wait for them).
@@ -70,7 +90,7 @@ int become_subreaper();
 bool take_pending_signal(const sigset_t& among, int* sig);
 
 // The CPU's marketing name for benchmark headers ("unknown CPU" when the system does not say).
-// Linux: /proc/cpuinfo "model name"; macOS: sysctl machdep.cpu.brand_string.
+// Linux: /proc/cpuinfo "model name"; macOS: sysctl machdep.cpu.brand_string; elsewhere unknown.
 std::string cpu_model_name();
 // The crypto-relevant CPU features the running CPU reports, space-separated, for benchmark headers
 // (which of AES-NI, PCLMULQDQ, VAES, SHA-NI, AVX2, AVX-512F on x86-64; AES, PMULL, SHA2 on aarch64
