@@ -11,8 +11,14 @@ One run, one machine, one stock llama-server (issue 13 part 3, docs/performance.
      (b) reprocess: the slot erased, the same prompt evaluated from scratch (prompt_ms, wall);
   4. the restore's phases, each measured on its own: reading the snapshot out of the store
      (`kvsnap restore --out`, stored types), reading + converting (`--out` at q8_0), converting a
-     plain file (`kvsnap convert`), llama-server's own load of the converted file
-     (POST /slots/0?action=restore of that file, no kvsnap in between).
+     plain file (`kvsnap convert`), plain write(2)s into a new file and over an existing one,
+     llama-server's own load of the converted file (POST /slots/0?action=restore of that file,
+     no kvsnap in between).
+
+The restore's CPU (user, sys) and minor page faults are reported beside its wall clock: where the
+machine is loaded, or memory touched for the first time is slow, the wall clock alone misleads.
+By default save/restore --server keep their scratch file in the slot dir (the restore writes over
+the save's); --no-scratch measures restores that keep nothing.
 
 Prints a table and the ratio; --json FILE writes every figure. Nothing here asserts a time.
 
@@ -24,6 +30,7 @@ real-f16.slot.prompt.txt, ~3,200 tokens). WORK_DIR is emptied of the bench's own
 import argparse
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -89,10 +96,21 @@ class Server:
         self.log.close()
 
 
+LAST_CPU = {}
+
+
 def run(cmd, what):
+    """Runs a command: (its stdout, JSON when it is, wall ms). Its CPU (user, sys seconds) and minor
+    page faults go to LAST_CPU: on a machine where fresh memory is slow, wall clock alone cannot
+    tell waiting for a core from work."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True)
     ms = (time.perf_counter() - t0) * 1000
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    LAST_CPU.clear()
+    LAST_CPU.update({"user_s": after.ru_utime - before.ru_utime, "sys_s": after.ru_stime - before.ru_stime,
+                     "minflt": after.ru_minflt - before.ru_minflt})
     if p.returncode != 0:
         raise SystemExit(f"resume_bench: {what} failed ({p.returncode}):\n  {' '.join(cmd)}\n{p.stderr}{p.stdout}")
     try:
@@ -129,6 +147,8 @@ def main():
     ap.add_argument("--fa", default="on")
     ap.add_argument("--to", default="q8_0", help="the restarted server's -ctk/-ctv")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server -t")
+    ap.add_argument("--no-scratch", action="store_true",
+                    help="pass --no-scratch to save/restore --server (a new slot file each time, none kept)")
     ap.add_argument("--json", help="write every figure here")
     a = ap.parse_args()
 
@@ -140,6 +160,7 @@ def main():
         os.makedirs(d)
     kv = [a.kvsnap]
     st = ["--store", store]
+    scratch = ["--no-scratch"] if a.no_scratch else []
     res = {"model": a.model, "prompt_file": a.prompt_file, "to": a.to, "fa": a.fa, "ctx": a.ctx,
            "cores": os.cpu_count(), "loadavg_before": os.getloadavg()}
 
@@ -149,7 +170,7 @@ def main():
         t, ms = complete(srv.port, prompt)
         res["f16_prompt"] = {"prompt_n": t["prompt_n"], "prompt_ms": t["prompt_ms"], "wall_ms": ms}
         saved, ms = run(kv + ["save", "--server", srv.url, "--slot", "0", "--slot-dir", slot_dir, "--model", a.model,
-                              "--name", "e2e", "--json"] + st, "kvsnap save --server")
+                              "--name", "e2e", "--json"] + scratch + st, "kvsnap save --server")
         res["save"] = {"wall_ms": ms, "result": saved}
         # The f16 file llama-server itself writes, for the phase runs below.
         j, ms = http(srv.port, "POST", "/slots/0?action=save", {"filename": "server-f16.bin"})
@@ -166,14 +187,16 @@ def main():
         for _ in range(a.repeat):
             http(srv.port, "POST", "/slots/0?action=erase", {})
             r, restore_ms = run(kv + ["restore", "e2e", "--server", srv.url, "--slot", "0", "--slot-dir", slot_dir,
-                                      "--ctk", a.to, "--ctv", a.to, "--fa", a.fa, "--model", a.model, "--json"] + st,
+                                      "--ctk", a.to, "--ctv", a.to, "--fa", a.fa, "--model", a.model, "--json"] + scratch + st,
                                 "kvsnap restore --server")
+            restore_cpu = dict(LAST_CPU)
             t_after, first_ms = complete(srv.port, prompt)
             # Control: the same again, nothing restored: what one token costs on this server right now.
             t_again, again_ms = complete(srv.port, prompt)
             http(srv.port, "POST", "/slots/0?action=erase", {})
             t_fresh, fresh_ms = complete(srv.port, prompt)
-            rounds.append({"restore_wall_ms": restore_ms, "restore": r, "first_completion_ms": first_ms,
+            rounds.append({"restore_wall_ms": restore_ms, "restore": r, "restore_cpu": restore_cpu,
+                           "first_completion_ms": first_ms,
                            "prompt_n_after_restore": t_after["prompt_n"],
                            "prompt_ms_after_restore": t_after["prompt_ms"],
                            "control_completion_ms": again_ms, "control_prompt_n": t_again["prompt_n"], "reprocess_wall_ms": fresh_ms,
@@ -183,22 +206,24 @@ def main():
         phases = {}
         for name, extra in (("store_read", []), ("store_read_convert", ["--ctk", a.to, "--ctv", a.to, "--fa", a.fa])):
             out = os.path.join(work, name + ".bin")
-            xs = []
+            xs, cpu = [], []
             for _ in range(a.repeat):
                 if os.path.exists(out):
                     os.remove(out)
                 j, ms = run(kv + ["restore", "e2e", "--out", out, "--model", a.model, "--json"] + extra + st, name)
                 xs.append(ms)
-            phases[name] = {"wall_ms": median(xs), "bytes": os.path.getsize(out)}
+                cpu.append(LAST_CPU["user_s"] + LAST_CPU["sys_s"])
+            phases[name] = {"wall_ms": median(xs), "cpu_s": median(cpu), "bytes": os.path.getsize(out)}
         os.replace(os.path.join(work, "store_read_convert.bin"), os.path.join(slot_dir, "converted.bin"))
-        xs = []
+        xs, cpu = [], []
         for _ in range(a.repeat):
             if os.path.exists(conv):
                 os.remove(conv)
             _, ms = run(kv + ["convert", f16_file, conv, "--ctk", a.to, "--ctv", a.to, "--fa", a.fa, "--model", a.model],
                         "kvsnap convert")
             xs.append(ms)
-        phases["convert_plain_file"] = {"wall_ms": median(xs), "bytes_in": os.path.getsize(f16_file),
+            cpu.append(LAST_CPU["user_s"] + LAST_CPU["sys_s"])
+        phases["convert_plain_file"] = {"wall_ms": median(xs), "cpu_s": median(cpu), "bytes_in": os.path.getsize(f16_file),
                                         "bytes": os.path.getsize(conv)}
         xs, ys = [], []
         for _ in range(a.repeat):
@@ -207,21 +232,28 @@ def main():
             xs.append(ms)
             ys.append(j["timings"]["restore_ms"])
         phases["server_load"] = {"wall_ms": median(xs), "restore_ms": median(ys)}
-        # The machine's ceiling: the same number of bytes written into the slot dir by plain write(2)s
-        # of 4 MiB (a new file each time, as the restore makes, no fsync).
-        xs = []
+        # The machine's ceilings: the same number of bytes written into the slot dir by plain write(2)s
+        # of 4 MiB, no fsync: into a new file (new page-cache pages), and over an existing file of that
+        # size in place (its pages reused, as restore --server does over the slot dir's scratch file).
         block = b"\x01" * (4 << 20)
-        for _ in range(a.repeat):
-            path = os.path.join(slot_dir, "plain-write.bin")
+        path = os.path.join(slot_dir, "plain-write.bin")
+
+        def plain_write(flags):
             t0 = time.perf_counter()
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o644)
             left = phases["store_read_convert"]["bytes"]
             while left > 0:
                 left -= os.write(fd, block[:min(left, len(block))])
             os.close(fd)
-            xs.append((time.perf_counter() - t0) * 1000)
-            os.remove(path)
-        phases["plain_write"] = {"wall_ms": median(xs), "bytes": phases["store_read_convert"]["bytes"]}
+            return (time.perf_counter() - t0) * 1000
+        for name, flags in (("plain_write", os.O_TRUNC), ("plain_rewrite", 0)):
+            xs = []
+            for _ in range(a.repeat):
+                if name == "plain_write" and os.path.exists(path):
+                    os.remove(path)
+                xs.append(plain_write(flags))
+            phases[name] = {"wall_ms": median(xs), "bytes": phases["store_read_convert"]["bytes"]}
+        os.remove(path)
         xs = []
         for _ in range(a.repeat):
             _, ms = run([a.kvsnap, "--version"], "kvsnap --version")
@@ -254,6 +286,11 @@ def main():
         "restore_rate_gbps_whole": out_bytes / restore_ms / 1e6,
         "restore_rate_gbps_write_phase": out_bytes / inner / 1e6 if inner == inner else None,
         "plain_write_gbps": ph_bytes_rate(res["phases"]["plain_write"]),
+        "plain_rewrite_gbps": ph_bytes_rate(res["phases"]["plain_rewrite"]),
+        "restore_cpu_s": median([r["restore_cpu"]["user_s"] + r["restore_cpu"]["sys_s"] for r in rounds]),
+        "restore_user_s": median([r["restore_cpu"]["user_s"] for r in rounds]),
+        "restore_sys_s": median([r["restore_cpu"]["sys_s"] for r in rounds]),
+        "restore_minflt": median([r["restore_cpu"]["minflt"] for r in rounds]),
     }
     res["summary"] = summary
 
@@ -262,7 +299,9 @@ def main():
           f"{a.repeat} rounds (medians), {os.cpu_count()} cores, load {res['loadavg_before'][0]:.1f} -> "
           f"{res['loadavg_after'][0]:.1f}")
     print(f"{'':44} {'ms':>9}")
-    print(f"{'(a) kvsnap restore --server (wall)':44} {restore_ms:9.0f}")
+    print(f"{'(a) kvsnap restore --server (wall)':44} {restore_ms:9.0f}   CPU {summary['restore_cpu_s'] * 1000:.0f} ms "
+          f"(user {summary['restore_user_s'] * 1000:.0f}, sys {summary['restore_sys_s'] * 1000:.0f}), "
+          f"{summary['restore_minflt']:.0f} minor faults")
     print(f"{'    first completion after it (wall)':44} {first_ms:9.0f}   prompt_n "
           f"{summary['prompt_n_after_restore']}")
     print(f"{'    control: the same completion again':44} {m('control_completion_ms'):9.0f}   "
@@ -281,12 +320,15 @@ def main():
     print("phases, each on its own (ms):")
     print(f"  kvsnap process start (--version)            {ph['kvsnap_process_start']['wall_ms']:9.0f}")
     print(f"  store -> file, stored types (restore --out) {ph['store_read']['wall_ms']:9.0f}   "
-          f"{ph['store_read']['bytes'] / 1e6:.1f} MB")
+          f"{ph['store_read']['bytes'] / 1e6:.1f} MB, CPU {ph['store_read']['cpu_s'] * 1000:.0f} ms")
     print(f"  store -> file at {a.to:5} (restore --out)      {ph['store_read_convert']['wall_ms']:9.0f}   "
-          f"{ph['store_read_convert']['bytes'] / 1e6:.1f} MB")
-    print(f"  plain f16 file -> {a.to} (kvsnap convert)     {ph['convert_plain_file']['wall_ms']:9.0f}")
-    print(f"  plain write(2) of as many bytes (ceiling)   {ph['plain_write']['wall_ms']:9.0f}   "
+          f"{ph['store_read_convert']['bytes'] / 1e6:.1f} MB, CPU {ph['store_read_convert']['cpu_s'] * 1000:.0f} ms")
+    print(f"  plain f16 file -> {a.to} (kvsnap convert)     {ph['convert_plain_file']['wall_ms']:9.0f}   "
+          f"CPU {ph['convert_plain_file']['cpu_s'] * 1000:.0f} ms")
+    print(f"  plain write(2) into a new file              {ph['plain_write']['wall_ms']:9.0f}   "
           f"{ph['plain_write']['bytes'] / ph['plain_write']['wall_ms'] / 1e6:.2f} GB/s")
+    print(f"  plain write(2) over an existing file        {ph['plain_rewrite']['wall_ms']:9.0f}   "
+          f"{ph['plain_rewrite']['bytes'] / ph['plain_rewrite']['wall_ms'] / 1e6:.2f} GB/s")
     print(f"  llama-server loads the converted file       {ph['server_load']['wall_ms']:9.0f}   "
           f"(its restore_ms {ph['server_load']['restore_ms']:.0f})")
     if a.json:

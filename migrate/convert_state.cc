@@ -8,7 +8,7 @@
 #include <sstream>
 #include <thread>
 
-#include "base/parallel.h"
+#include "base/worker_pool.h"
 #include "format/ggml_types.h"
 #include "format/llama_era.h"
 #include "migrate/convert_row.h"
@@ -363,6 +363,35 @@ struct ErrStats {
   }
 };
 
+// A buffer that only grows and is never zero-filled: the rows it holds are
+// always written before they are read.
+class RowBuffer {
+ public:
+  std::span<std::byte> take(size_t n) {
+    if (n > cap_) {
+      buf_.reset(new std::byte[n]);  // default-initialized: no memset of pages about to be overwritten
+      cap_ = n;
+    }
+    size_ = n;
+    return {buf_.get(), n};
+  }
+  std::span<const std::byte> view() const { return {buf_.get(), size_}; }
+
+ private:
+  std::unique_ptr<std::byte[]> buf_;
+  size_t cap_ = 0, size_ = 0;
+};
+
+// What every tensor of one conversion shares: the worker threads and their
+// source and target blocks, made once. New threads and buffers per tensor
+// would touch fresh stack, heap and thread-local decoder pages each time
+// (docs/performance.md, "End to end").
+struct RowWorkspace {
+  explicit RowWorkspace(uint32_t threads) : pool(std::max(1u, threads)), in(pool.size()), out(pool.size()) {}
+  WorkerPool pool;
+  std::vector<RowBuffer> in, out;
+};
+
 // Converts rows with one RowConverter per worker and optional error stats.
 class RowPipeline {
  public:
@@ -398,33 +427,31 @@ class RowPipeline {
     return n;
   }
 
-  // Converts n_rows rows. `fetch(first_row, n, dst)` fills n source rows;
+  // Converts n_rows rows on `ws`'s workers. `fetch(first_row, n, dst)` fills n source rows;
   // `deliver(bytes)` receives converted rows in order.
   template <class Fetch, class Deliver>
-  Status run(uint64_t n_rows, Fetch fetch, Deliver deliver) {
-    const size_t T = workers_.size();
+  Status run(RowWorkspace& ws, uint64_t n_rows, Fetch fetch, Deliver deliver) {
+    const size_t T = std::min(workers_.size(), ws.pool.size());
     // At most kBlockBytes per worker and round, but never so many rows that a
     // tensor smaller than T blocks leaves workers idle.
     const uint64_t per_block = std::max<uint64_t>(
         1, std::min<uint64_t>(kBlockBytes / std::max(src_row(), dst_row()), (n_rows + T - 1) / T));
-    std::vector<std::vector<std::byte>> in(T), out(T);
     std::vector<Status> st(T);
     for (uint64_t r0 = 0; r0 < n_rows; r0 += per_block * T) {
       const size_t used = size_t(std::min<uint64_t>(T, (n_rows - r0 + per_block - 1) / per_block));
-      auto work = [&](size_t w) {
+      ws.pool.run(used, [&](size_t w) {
         const uint64_t first = r0 + w * per_block;
         const uint64_t n = std::min(per_block, n_rows - first);
-        in[w].resize(n * src_row());
-        out[w].resize(n * dst_row());
-        st[w] = fetch(first, n, std::span<std::byte>(in[w]));
+        std::span<std::byte> in = ws.in[w].take(n * src_row());
+        std::span<std::byte> out = ws.out[w].take(n * dst_row());
+        st[w] = fetch(first, n, in);
         if (!st[w].ok()) return;
-        st[w] = exact_.empty() ? workers_[w].convert(in[w], out[w]) : exact_[w].convert(in[w], out[w]);
-        if (st[w].ok() && report_) measure(w, in[w], out[w], n);
-      };
-      fork_join(used, work);
+        st[w] = exact_.empty() ? workers_[w].convert(in, out) : exact_[w].convert(in, out);
+        if (st[w].ok() && report_) measure(w, in, out, n);
+      });
       for (size_t w = 0; w < used; ++w) {
         KV_RETURN_IF_ERROR(st[w]);
-        KV_RETURN_IF_ERROR(deliver(std::span<const std::byte>(out[w])));
+        KV_RETURN_IF_ERROR(deliver(ws.out[w].view()));
       }
     }
     return Status::OK();
@@ -466,7 +493,7 @@ class RowPipeline {
 class ConvertingSource final : public TensorSource {
  public:
   ConvertingSource(const StateFile& src, const ReadableFile& in, const ConvertRequest& req)
-      : src_(src), in_(in), req_(req) {}
+      : src_(src), in_(in), req_(req), ws_(req.threads) {}
 
   Status emit(const StateFile& target, const TensorRef& ref, ByteSink& out) override {
     const KvStream& ss = src_.memory.kv[ref.section].streams[ref.stream];
@@ -519,7 +546,7 @@ class ConvertingSource final : public TensorSource {
     if (rp.is_copy()) return copy_range(in_, range, out);
     const uint64_t row = rp.src_row();
     return rp.run(
-        n_rows,
+        ws_, n_rows,
         [&](uint64_t first, uint64_t n, std::span<std::byte> dst) {
           return in_.read_at(range.offset + first * row, dst.first(n * row));
         },
@@ -531,7 +558,7 @@ class ConvertingSource final : public TensorSource {
   Status columns_to_rows(RowPipeline& rp, const KvLayer& sl, uint64_t n_cells, uint64_t n_embd, ByteSink& out) {
     const uint64_t e = sl.v_elem_bytes;
     return rp.run(
-        n_cells,
+        ws_, n_cells,
         [&, e](uint64_t c0, uint64_t n, std::span<std::byte> dst) -> Status {
           std::vector<std::byte> piece(n * e);
           for (uint64_t j = 0; j < n_embd; ++j) {
@@ -557,7 +584,7 @@ class ConvertingSource final : public TensorSource {
       uint64_t cell = 0;
       const uint64_t row = rp.src_row();
       KV_RETURN_IF_ERROR(rp.run(
-          n_cells,
+          ws_, n_cells,
           [&](uint64_t first, uint64_t n, std::span<std::byte> dst) {
             return in_.read_at(sl.v.offset + first * row, dst.first(n * row));
           },
@@ -607,6 +634,7 @@ class ConvertingSource final : public TensorSource {
   const StateFile& src_;
   const ReadableFile& in_;
   const ConvertRequest& req_;
+  RowWorkspace ws_;
 };
 
 // Every TargetFormat has one row of kTargetFormats (kGgsnV6 is the last enumerator).

@@ -74,7 +74,9 @@ constexpr uint64_t kWriteBehindBytes = uint64_t(8) << 20;
 
 class PosixWritableFile final : public WritableFile {
  public:
-  PosixWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  // scratch: Io::open_scratch's file (no write-behind; close() truncates to the bytes written).
+  PosixWritableFile(std::string path, int fd, bool scratch = false)
+      : path_(std::move(path)), fd_(fd), scratch_(scratch) {}
   ~PosixWritableFile() override { (void)close(); }
   using ByteSink::append;
   Status append(std::span<const std::byte> data) override {
@@ -88,7 +90,7 @@ class PosixWritableFile final : public WritableFile {
       done += static_cast<size_t>(n);
     }
     written_ += data.size();
-    if (written_ - flushing_from_ >= kWriteBehindBytes) start_writeback();
+    if (!scratch_ && written_ - flushing_from_ >= kWriteBehindBytes) start_writeback();
     return Status::OK();
   }
   Status sync() override {
@@ -97,6 +99,12 @@ class PosixWritableFile final : public WritableFile {
   }
   Status close() override {
     if (fd_ < 0) return Status::OK();
+    if (scratch_ && ::ftruncate(fd_, off_t(written_)) != 0) {
+      const int e = errno;
+      ::close(fd_);
+      fd_ = -1;
+      return errno_status("truncate", path_, e);
+    }
     int rc = ::close(fd_);
     fd_ = -1;
     if (rc != 0) return errno_status("close", path_, errno);
@@ -112,6 +120,7 @@ class PosixWritableFile final : public WritableFile {
 
   std::string path_;
   int fd_;
+  bool scratch_ = false;
   uint64_t written_ = 0;        // bytes appended so far
   uint64_t flushing_from_ = 0;  // bytes before this were handed to start_writeback()
 };
@@ -147,6 +156,11 @@ class PosixIo final : public Io {
     int fd = ::open(path.c_str(), flags, 0644);
     if (fd < 0) return errno_status("cannot create", path, errno);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
+  }
+  Result<std::unique_ptr<WritableFile>> open_scratch(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return errno_status("cannot create", path, errno);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd, /*scratch=*/true));
   }
   Status rename(const std::string& from, const std::string& to) override {
     if (::rename(from.c_str(), to.c_str()) != 0) return errno_status("rename to " + to, from, errno);
@@ -218,6 +232,10 @@ class PosixIo final : public Io {
 
 Result<std::unique_ptr<FileLock>> Io::lock_file(const std::string& path, LockMode, bool) {
   return Status::NotSupported(path + ": this Io has no file locks");
+}
+
+Result<std::unique_ptr<WritableFile>> Io::open_scratch(const std::string& path) {
+  return open_write(path, /*exclusive=*/false);
 }
 
 Io& posix_io() {

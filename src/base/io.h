@@ -156,6 +156,14 @@ class Io {
   // gives nullptr instead of blocking. Not every Io has locks: the default
   // says kNotSupported.
   virtual Result<std::unique_ptr<FileLock>> lock_file(const std::string& path, LockMode mode, bool wait);
+  // A file handed to another process and then removed or written again (a slot
+  // file for llama-server), never synced: written from its start over what
+  // `path` holds (created if missing), without truncating first, so the page
+  // cache pages of its previous contents are reused instead of new ones
+  // allocated; close() cuts it to the bytes written. No write-behind: a file
+  // that is soon removed or rewritten gains nothing from reaching the disk early.
+  // The default is open_write(path, false): the same bytes, none of the reuse.
+  virtual Result<std::unique_ptr<WritableFile>> open_scratch(const std::string& path);
 };
 
 // The process-wide real file system.

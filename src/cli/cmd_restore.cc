@@ -44,6 +44,8 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
             {"server_build", server_build_json(r.build)},
             {"target_build", r.target_build.empty() ? json(nullptr) : json(r.target_build)},
             {"target_build_from", r.target_build_from},
+            {"slot_file", !t.keep_scratch ? "new, removed after" : r.scratch_reused ? "written over the kept scratch"
+                                                                                   : "new, kept as scratch"},
             {"phases_ms", {{"prepare", r.phases.prepare}, {"write", r.phases.write}, {"commit", r.phases.commit},
                            {"server", r.phases.server}, {"check", r.phases.check}}}};
   if (r.check)

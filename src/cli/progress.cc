@@ -90,6 +90,11 @@ class CountingIo final : public Io {
     KV_ASSIGN_OR_RETURN(auto f, base().open_write(path, exclusive));
     return std::unique_ptr<WritableFile>(std::make_unique<CountingWritable>(std::move(f), path));
   }
+  Result<std::unique_ptr<WritableFile>> open_scratch(const std::string& path) override {
+    if (interrupted()) return stopped(path);
+    KV_ASSIGN_OR_RETURN(auto f, base().open_scratch(path));
+    return std::unique_ptr<WritableFile>(std::make_unique<CountingWritable>(std::move(f), path));
+  }
   Status rename(const std::string& from, const std::string& to) override { return base().rename(from, to); }
   Status remove(const std::string& path) override { return base().remove(path); }
   Status sync_dir(const std::string& dir) override { return base().sync_dir(dir); }

@@ -13,6 +13,9 @@ void add_server_options(CLI::App* sub, ServerOpts& o, bool with_slot) {
   if (with_slot) {
     sub->add_option("--slot", o.slot, "the server's slot id (default 0)");
     sub->add_option("--slot-dir", o.slot_dir, "the server's --slot-save-path as seen from here (default: the profile's)");
+    sub->add_flag("--no-scratch", o.no_scratch,
+                  "leave no file in --slot-dir (default: the last transfer's file stays as .kvsnap-scratch.kvsnap-tmp-kept and the next "
+                  "restore writes over it, faster where new memory is slow)");
   }
   sub->add_option("--api-key", o.api_key, "the server's API key (sent as Authorization: Bearer)");
   sub->add_option("--api-key-file", o.api_key_file, "a chmod-600 file holding the API key");
@@ -38,6 +41,7 @@ Result<ServerTarget> server_target(const ServerOpts& o, const std::string& store
     t.endpoint.url = o.server;
   }
   t.slot = o.slot;
+  t.keep_scratch = !o.no_scratch;
   if (!o.slot_dir.empty()) t.slot_dir = o.slot_dir;
   if (!ctk.empty()) t.ctk = ctk;
   if (!ctv.empty()) t.ctv = ctv;

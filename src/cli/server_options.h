@@ -1,5 +1,5 @@
 // The options that name a llama-server (--server URL|PROFILE, --slot,
-// --slot-dir, --api-key, --api-key-file), shared by save, restore and migrate,
+// --slot-dir, --no-scratch, --api-key, --api-key-file), shared by save, restore and migrate,
 // and their resolution against the server profiles (kvsnap server add).
 #pragma once
 
@@ -17,6 +17,7 @@ namespace kvsnap::cli {
 struct ServerOpts {
   std::string server, slot_dir, api_key, api_key_file;
   int slot = 0;
+  bool no_scratch = false;  // ServerTarget::keep_scratch
   bool given() const { return !server.empty(); }
 };
 

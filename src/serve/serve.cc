@@ -106,6 +106,9 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   ServerTarget target;
   target.endpoint = {"http://127.0.0.1:" + std::to_string(po.upstream_port), args.api_key, 3600};
   target.slot_dir = slot_dir;
+  // No scratch file (server_flows.h): it would hold disk space the next save needs when the slot
+  // directory's disk is nearly full, where a save must fail only for its own file (serve_test.py).
+  target.keep_scratch = false;
   target.model = args.model;
   target.ctk = args.ctk;
   target.ctv = args.ctv;

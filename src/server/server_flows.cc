@@ -14,12 +14,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Removes a file kvsnap put in the slot directory, whatever happens.
+// Removes a file kvsnap put in the slot directory, whatever happens, or, given
+// `keep_as` (the slot directory's scratch name), renames it to that, so the next
+// transfer writes over its pages instead of new ones.
 struct SlotFile {
   Io& io;
   std::string path;
+  std::string keep_as;
   ~SlotFile() {
-    if (!path.empty()) (void)io.remove(path);
+    if (path.empty()) return;
+    if (keep_as.empty() || !io.rename(path, keep_as).ok()) (void)io.remove(path);
   }
 };
 
@@ -35,6 +39,8 @@ double ms_since(Clock::time_point& t) {
 std::string join(const std::string& dir, const std::string& name) {
   return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
 }
+
+std::string scratch_path(const ServerTarget& t) { return t.keep_scratch ? join(t.slot_dir, kSlotScratchName) : ""; }
 
 // Refuses a slot that is processing a request (saving or restoring it then
 // races the request). Servers started with --no-slots cannot tell: proceed.
@@ -209,7 +215,7 @@ Result<ServerSaveResult> save_from_server(Io& io, const StorePick& pick, const S
     req.writer.llama_build_from = "llama-server";
   }
   const std::string name = fresh_name("save");
-  SlotFile file{io, join(t.slot_dir, name)};
+  SlotFile file{io, join(t.slot_dir, name), scratch_path(t)};
   KV_ASSIGN_OR_RETURN(SlotFileResult saved, srv.save_slot(t.slot, name));
   r.n_saved = saved.n_tokens;
   r.server_ms = saved.ms;
@@ -269,12 +275,13 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   req.spec.threads = t.threads;
   req.model = model.info ? &*model.info : nullptr;
   const std::string name = fresh_name("restore");
-  SlotFile file{io, join(t.slot_dir, name)};
+  SlotFile file{io, join(t.slot_dir, name), scratch_path(t)};
   auto lap = Clock::now();
   r.phases.prepare = std::chrono::duration<double, std::milli>(lap - t0).count();
   {
-    auto w = SlotFileWriter::create(io, file.path);
+    auto w = SlotFileWriter::create(io, file.path, scratch_path(t));
     if (!w.ok()) return w.status().Prefixed("cannot write into --slot-dir " + t.slot_dir);
+    r.scratch_reused = (*w)->reused_scratch();
     KV_ASSIGN_OR_RETURN(r.restore, store.restore(ref, req, **w));
     r.phases.write = ms_since(lap);
     KV_RETURN_IF_ERROR((*w)->commit());

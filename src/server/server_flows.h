@@ -17,8 +17,18 @@
 // wrong-model check) comes from the caller, else from the server's /props
 // model_path when that file is readable here.
 //
-// Whatever happens, no file kvsnap put in the slot directory is left behind,
-// and every error says what kvsnap was doing and what the server answered.
+// Whatever happens, no file kvsnap put in the slot directory is left behind
+// under the name the server was given, and every error says what kvsnap was
+// doing and what the server answered. One file stays, unless the caller says
+// not (ServerTarget::keep_scratch, restore/save --no-scratch): the last
+// transfer's file, renamed to `.kvsnap-scratch.kvsnap-tmp-kept`, which the next restore claims
+// (a rename: two at once never share it) and writes over in place. On a machine
+// where memory touched for the first time is slow, writing over pages already in
+// the page cache is many times faster than filling new ones (docs/performance.md,
+// "End to end"); the price is that file's disk space and, unlike a file removed
+// at once, its pages reaching the disk in the background. The server never sees
+// it under its own name, only after the complete file is renamed to the name it
+// is given.
 #pragma once
 
 #include <functional>
@@ -46,7 +56,16 @@ struct ServerTarget {
   // the server's /props build_info when it is usable, else the stored format.
   std::string target_build;
   int threads = 0;                      // conversion threads; 0: all cores
+  // Keep the file of the last transfer in slot_dir as kSlotScratchName and write
+  // the next restore over it in place (see above); false: leave nothing behind.
+  bool keep_scratch = true;
 };
+
+// The one file kvsnap keeps in a slot directory (ServerTarget::keep_scratch). It
+// carries kTempInfix (base/io.h) without a pid, so what cleans kvsnap's stale
+// temporaries (kvsnap migrate of that directory) removes it instead of taking it
+// for a slot file: it is only ever a cache.
+inline constexpr const char* kSlotScratchName = ".kvsnap-scratch.kvsnap-tmp-kept";
 
 struct ServerSaveResult {
   SaveResult save;
@@ -82,6 +101,7 @@ struct ServerRestoreResult {
   ServerBuild build;                // what /props said
   std::string target_build, target_build_from;  // what kvsnap wrote for ("" = the stored format)
   std::optional<ReuseCheck> check;
+  bool scratch_reused = false;      // the slot file was written over the kept scratch file
 };
 
 // The server's build (GET /health, then /props); kIOError when it is not running.

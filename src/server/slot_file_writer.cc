@@ -11,8 +11,10 @@ namespace kvsnap {
 
 namespace {
 // Blocks handed to the writing thread: large enough that a write(2) costs
-// nothing per call, few enough in flight to bound memory (kInFlight x kBlock).
-constexpr size_t kBlock = 4u << 20;
+// nothing per call, few and small enough that the memory they take, touched
+// for the first time in every process (slow on some VMs: docs/performance.md,
+// "End to end"), stays small (kInFlight + 2 blocks).
+constexpr size_t kBlock = 1u << 20;
 constexpr size_t kInFlight = 4;
 }  // namespace
 
@@ -72,14 +74,18 @@ struct SlotFileWriter::Pipe {
   }
 };
 
-Result<std::unique_ptr<SlotFileWriter>> SlotFileWriter::create(Io& io, const std::string& path) {
+Result<std::unique_ptr<SlotFileWriter>> SlotFileWriter::create(Io& io, const std::string& path,
+                                                               const std::string& scratch) {
   std::string tmp = path + std::string(kTempInfix) + unique_suffix();
-  KV_ASSIGN_OR_RETURN(auto f, io.open_write(tmp, /*exclusive=*/true));
-  return std::unique_ptr<SlotFileWriter>(new SlotFileWriter(io, path, std::move(tmp), std::move(f)));
+  // Claimed by a rename: of two writers, one gets it and the other makes a new file.
+  const bool claimed = !scratch.empty() && io.rename(scratch, tmp).ok();
+  KV_ASSIGN_OR_RETURN(auto f, claimed ? io.open_scratch(tmp) : io.open_write(tmp, /*exclusive=*/true));
+  return std::unique_ptr<SlotFileWriter>(new SlotFileWriter(io, path, std::move(tmp), std::move(f), claimed));
 }
 
-SlotFileWriter::SlotFileWriter(Io& io, std::string path, std::string tmp, std::unique_ptr<WritableFile> f)
-    : io_(io), path_(std::move(path)), tmp_(std::move(tmp)), file_(std::move(f)), pipe_(std::make_unique<Pipe>()) {
+SlotFileWriter::SlotFileWriter(Io& io, std::string path, std::string tmp, std::unique_ptr<WritableFile> f, bool reused)
+    : io_(io), path_(std::move(path)), tmp_(std::move(tmp)), file_(std::move(f)), pipe_(std::make_unique<Pipe>()),
+      reused_(reused) {
   pipe_->filling.reserve(kBlock);
   pipe_->thread = std::thread([this] { pipe_->run(*file_); });
 }

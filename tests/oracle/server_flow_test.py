@@ -34,8 +34,11 @@ def kvsnap(args, env, expect=0):
     return p
 
 
+SCRATCH = ".kvsnap-scratch.kvsnap-tmp-kept"  # the one file save/restore --server keep (server_flows.h)
+
+
 def leftovers(slot_dir):
-    return [f for f in os.listdir(slot_dir) if f.startswith("kvsnap-") or ".kvsnap-tmp-" in f]
+    return [f for f in os.listdir(slot_dir) if f != SCRATCH and (f.startswith("kvsnap-") or ".kvsnap-tmp-" in f)]
 
 
 def main():
@@ -63,7 +66,12 @@ def main():
         p = kvsnap([k, "save", "--server", src.url, "--slot", "0", "--slot-dir", slots, "--name", "chat", "--json"], env)
         saved = json.loads(p.stdout)
         check(saved["n_tokens"] > 100, f"save --server stored {saved['n_tokens']} tokens")
-        check(not leftovers(slots), "save --server leaves nothing in the slot directory")
+        check(not leftovers(slots) and os.path.exists(os.path.join(slots, SCRATCH)),
+              "save --server leaves only its file, as the scratch file, in the slot directory")
+        os.remove(os.path.join(slots, SCRATCH))
+        kvsnap([k, "save", "--server", src.url, "--slot", "0", "--slot-dir", slots, "--name", "chat-again",
+                "--no-scratch"], env)
+        check(os.listdir(slots) == [], f"save --server --no-scratch leaves nothing: {os.listdir(slots)}")
         # /props build_info is recorded. This bed's server is built from node-llama-cpp's squashed
         # source bundle, so it says b1-<commit>: kept as reported, never used as evidence.
         build = saved["server_build"]
@@ -139,7 +147,9 @@ def main():
     finally:
         src.stop()
 
-    # 2. restore into servers with other types
+    # 2. restore into servers with other types (the first into a slot dir without a scratch file)
+    if os.path.exists(os.path.join(slots, SCRATCH)):
+        os.remove(os.path.join(slots, SCRATCH))
     kvsnap([k, "server", "add", "q8", "http://127.0.0.1:1", "--slot-dir", slots, "--ctk", "q8_0", "--ctv", "q8_0",
             "--fa", "on", "--model", model], env)
     targets = [("q8_0", "q8_0", True, "flags"), ("q4_0", "q8_0", True, "detected"),
@@ -178,7 +188,15 @@ def main():
             check(n_prompt <= n_suffix + 2, f"{ctk}/{ctv} fa {fa_word}: the next completion evaluated {n_prompt} "
                                             f"tokens (suffix {n_suffix})")
             check(kl_r <= bound, f"{ctk}/{ctv} fa {fa_word}: KL {kl_r:.3g} <= {bound:.3g} (native {kl_n:.3g})")
-            check(not leftovers(slots), f"{ctk}/{ctv}: nothing left in the slot directory")
+            check(not leftovers(slots), f"{ctk}/{ctv}: nothing left in the slot directory but the scratch file")
+            if how == "flags":  # the first restore: a new file, kept; the next one writes over it
+                check(r["slot_file"] == "new, kept as scratch", f"{ctk}/{ctv}: slot file {r['slot_file']}")
+                p = kvsnap(args, env)
+                check(json.loads(p.stdout)["slot_file"] == "written over the kept scratch",
+                      f"{ctk}/{ctv}: the second restore wrote over the scratch file")
+                p = kvsnap(args + ["--no-scratch"], env)
+                check(json.loads(p.stdout)["check"]["reused"] and os.listdir(slots) == [SCRATCH],
+                      f"{ctk}/{ctv}: restore --no-scratch leaves the slot dir as it was: {os.listdir(slots)}")
             if ctk == "q8_0":
                 # the profile knows the types; the URL comes from the flag
                 kvsnap([k, "server", "add", "q8", srv.url, "--slot-dir", slots, "--ctk", "q8_0", "--ctv", "q8_0",

@@ -1,0 +1,109 @@
+// The slot file kvsnap hands to llama-server (src/server/slot_file_writer.h):
+// the final name appears only complete, and a kept scratch file is written over
+// in place (its inode reused) and cut to the new length.
+#include "server/slot_file_writer.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+namespace kvsnap {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "kvsnap-slotfile-XXXXXX").string();
+    path = mkdtemp(tmpl.data());
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+
+ino_t inode(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 ? st.st_ino : 0;
+}
+
+Status write_all(SlotFileWriter& w, const std::string& s) {
+  return w.append(std::as_bytes(std::span<const char>(s.data(), s.size())));
+}
+
+std::vector<std::string> names(const std::string& dir) {
+  std::vector<std::string> n;
+  for (const auto& e : fs::directory_iterator(dir)) n.push_back(e.path().filename().string());
+  std::sort(n.begin(), n.end());
+  return n;
+}
+
+TEST(SlotFileWriter, TheFinalNameAppearsOnlyAtCommit) {
+  TempDir d;
+  const std::string path = d.path + "/slot.bin";
+  auto w = SlotFileWriter::create(posix_io(), path, d.path + "/.kvsnap-scratch.kvsnap-tmp-kept");
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_FALSE((*w)->reused_scratch()) << "no scratch file yet";
+  const std::string big(9u << 20, 'x');  // more than two of the writer's blocks
+  ASSERT_TRUE(write_all(**w, big).ok());
+  EXPECT_FALSE(fs::exists(path));
+  ASSERT_TRUE((*w)->commit().ok());
+  EXPECT_EQ(slurp(path), big);
+  EXPECT_EQ(names(d.path), std::vector<std::string>{"slot.bin"});
+}
+
+TEST(SlotFileWriter, AKeptScratchFileIsWrittenOverInPlaceAndCutToTheNewLength) {
+  TempDir d;
+  const std::string scratch = d.path + "/.kvsnap-scratch.kvsnap-tmp-kept", path = d.path + "/slot.bin";
+  { std::ofstream(scratch, std::ios::binary) << std::string(6u << 20, 'o'); }
+  const ino_t before = inode(scratch);
+  auto w = SlotFileWriter::create(posix_io(), path, scratch);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_TRUE((*w)->reused_scratch());
+  EXPECT_FALSE(fs::exists(scratch)) << "claimed: no other writer can take it";
+  const std::string shorter = std::string(1u << 20, 'a') + "tail";
+  ASSERT_TRUE(write_all(**w, shorter).ok());
+  EXPECT_FALSE(fs::exists(path));
+  ASSERT_TRUE((*w)->commit().ok());
+  EXPECT_EQ(slurp(path), shorter) << "no byte of the old contents after the new end";
+  EXPECT_EQ(inode(path), before) << "the same file, its pages reused";
+  EXPECT_EQ(names(d.path), std::vector<std::string>{"slot.bin"});
+}
+
+TEST(SlotFileWriter, OfTwoWritersOneGetsTheScratchFile) {
+  TempDir d;
+  const std::string scratch = d.path + "/.kvsnap-scratch.kvsnap-tmp-kept";
+  { std::ofstream(scratch, std::ios::binary) << "old"; }
+  auto a = SlotFileWriter::create(posix_io(), d.path + "/a.bin", scratch);
+  auto b = SlotFileWriter::create(posix_io(), d.path + "/b.bin", scratch);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE((*a)->reused_scratch());
+  EXPECT_FALSE((*b)->reused_scratch());
+  ASSERT_TRUE(write_all(**a, "A").ok() && write_all(**b, "B").ok());
+  ASSERT_TRUE((*a)->commit().ok() && (*b)->commit().ok());
+  EXPECT_EQ(slurp(d.path + "/a.bin"), "A");
+  EXPECT_EQ(slurp(d.path + "/b.bin"), "B");
+}
+
+TEST(SlotFileWriter, DroppedWithoutCommitLeavesNothing) {
+  TempDir d;
+  const std::string scratch = d.path + "/.kvsnap-scratch.kvsnap-tmp-kept";
+  { std::ofstream(scratch, std::ios::binary) << "old"; }
+  {
+    auto w = SlotFileWriter::create(posix_io(), d.path + "/slot.bin", scratch);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(write_all(**w, "partial").ok());
+  }
+  EXPECT_TRUE(names(d.path).empty()) << "the claimed scratch went with the unfinished file";
+}
+
+}  // namespace
+}  // namespace kvsnap
