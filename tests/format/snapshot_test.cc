@@ -663,9 +663,9 @@ TEST(SnapshotHostile, TooNewVersionIsRefusedClearly) {
   EXPECT_EQ(r.status().code(), Code::kNotSupported);
   EXPECT_NE(r.status().message().find("format version 7"), std::string::npos) << r.status().ToString();
   EXPECT_NE(r.status().message().find("upgrade kvsnap"), std::string::npos);
-  // A newer format a v1 reader may read (min_reader_version 1) opens.
+  // A newer format this reader may read (min_reader_version 3) opens.
   Surgery y{s->m.bytes};
-  y.set_u32(4, 2);
+  y.set_u32(4, 4);
   y.reseal();
   EXPECT_TRUE(open_snapshot(y.b, s->store).ok());
   // The file form says so from its preamble.
