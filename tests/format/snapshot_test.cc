@@ -667,7 +667,10 @@ TEST(SnapshotHostile, TooNewVersionIsRefusedClearly) {
   Surgery y{s->m.bytes};
   y.set_u32(4, 4);
   y.reseal();
-  EXPECT_TRUE(open_snapshot(y.b, s->store).ok());
+  {
+    auto ry = open_snapshot(y.b, s->store);
+    EXPECT_TRUE(ry.ok()) << ry.status().ToString();
+  }
   // The file form says so from its preamble.
   auto file = small_snapshot();
   Surgery f{file};
