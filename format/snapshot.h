@@ -51,11 +51,14 @@
 
 namespace kvsnap {
 
-// The format this code writes; the store records it with every manifest.
-inline constexpr uint32_t kSnapshotFormatVersion = 1;
+// The format this code writes (format_version = min_reader_version = 3); the store records it
+// with every manifest. Version 3 changed what DIGS's content digest is (ContentDigestRule);
+// 2 is not a manifest version: it is the file form of an encrypted snapshot (docs/format.md).
+inline constexpr uint32_t kSnapshotFormatVersion = 3;
+inline constexpr uint32_t kSnapshotMinReaderVersion = 3;
 inline constexpr uint32_t kStoreFormatVersion = kSnapshotFormatVersion;
 // A file or manifest whose min_reader_version exceeds this is refused.
-inline constexpr uint32_t kSnapshotReaderVersion = 1;
+inline constexpr uint32_t kSnapshotReaderVersion = 3;
 // Written into INFO.kvsnap_version unless SnapshotOptions says otherwise;
 // kept in step with project(VERSION) in CMakeLists.txt.
 inline constexpr const char* kKvsnapLibraryVersion = "0.1.0";
@@ -77,6 +80,12 @@ enum class SegmentKind : uint8_t {
   kTransposed = 2,  // n_rows rows of cell_count elements of elem_bytes (V with v_trans = 1)
 };
 const char* segment_kind_name(SegmentKind k);
+
+// How DIGS's content digest is computed from the original (docs/format.md, "The content digest").
+enum class ContentDigestRule : uint8_t {
+  kWholeSha256 = 1,  // format version 1: SHA-256 of the whole file
+  kChunkTree = 3,    // format version 3: over the segment table and every chunk's id (content_digest.h)
+};
 
 struct Segment {
   SegmentKind kind = SegmentKind::kFrame;
@@ -156,7 +165,7 @@ struct SnapshotProvenance {
   uint32_t magic = 0;
   uint32_t version = 0;
   uint64_t file_size = 0;
-  Sha256Digest sha256{};
+  Sha256Digest content_digest{};     // INFO "sha256" (version 1) or "content_digest" (3): = DIGS
   // INFO kind "mlx-prompt-cache": the original is an mlx-lm prompt cache (a safetensors file), not
   // a llama.cpp state; `kind`, `magic` and `version` then mean nothing. Such a manifest has the
   // MLXC section (SnapshotMlx) and no CELL data (format/snapshot_mlx.h).
@@ -214,7 +223,7 @@ struct SnapshotMlx {
 
 struct SnapshotManifest {
   uint32_t format_version = kSnapshotFormatVersion;
-  uint32_t min_reader_version = 1;
+  uint32_t min_reader_version = kSnapshotMinReaderVersion;
   nlohmann::ordered_json info;       // the INFO section (docs/format.md)
   SnapshotProvenance provenance;     // INFO.provenance, checked
   std::optional<std::string> arch;
@@ -225,7 +234,9 @@ struct SnapshotManifest {
   SnapshotTokens tokens;
   SegmentTable segments;
   std::vector<ChunkRef> chunks;
-  Sha256Digest original_sha256{};          // DIGS: SHA-256 of the original file
+  // DIGS: the original's digest by rule() (format/content_digest.h): version 1 the SHA-256 of the
+  // whole file, version 3 the digest of the chunk ids over the segment table.
+  Sha256Digest content_digest{};
   Sha256Digest sections_sha256{};          // DIGS: SHA-256 of the manifest bytes before DIGS
   std::optional<SnapshotEncryption> encryption;  // CRYP: absent = plain chunks, SHA-256 ids
   std::optional<SnapshotMlx> mlx;                // MLXC: an mlx-lm prompt cache, not a llama.cpp state
@@ -233,6 +244,9 @@ struct SnapshotManifest {
   std::vector<std::byte> bytes;      // the encoded manifest
   Sha256Digest manifest_sha256{};          // of `bytes` (a store may key the manifest by it)
 
+  ContentDigestRule rule() const {
+    return format_version >= 3 ? ContentDigestRule::kChunkTree : ContentDigestRule::kWholeSha256;
+  }
   uint64_t raw_bytes() const;        // sum of chunk raw sizes
   uint64_t stored_bytes() const;     // sum of blob sizes
 };
@@ -380,7 +394,10 @@ class SnapshotReader {
   // Fetches, decodes and hashes every chunk; the first bad one is reported by
   // index and what it covers.
   Status verify_chunks() const;
-  // Re-hashes original() and compares with the recorded SHA-256.
+  // Recomputes the content digest of original() by the manifest's rule (version 1: its SHA-256;
+  // version 3: every chunk's id read back from original() at the place the segment table gives
+  // it, so bytes put in the wrong place fail even when every chunk decodes right) and compares
+  // it with DIGS. An encrypted version-3 snapshot needs its cipher (keyed chunk ids).
   Status verify_original() const;
   // An encrypted snapshot without its key: fetches every blob and checks what needs no key (the
   // sealed header, that the recorded key ids sealed it, its size against the chunk table). Not

@@ -147,7 +147,7 @@ ordered_json provenance_json(const StateFile& f, const SnapshotOptions& o, const
   prov["magic"] = hex32(f.magic);
   prov["version"] = f.version;
   prov["file_size"] = f.file_size;
-  prov["sha256"] = to_hex(original_sha);
+  prov[kContentDigestKey] = to_hex(original_sha);
   const SourceClaims& w = o.writer;
   if (!w.llama_build.empty()) {
     prov["llama_build"] = w.llama_build;
@@ -296,13 +296,14 @@ Result<SnapshotModelInfo> model_info(const OrderedJsonRef& mo) {
   return mi;
 }
 
-Status decode_provenance(const OrderedJsonRef& prov, SnapshotProvenance& pv) {
+// `digest_key`: "sha256" in a version-1 manifest, "content_digest" from version 3 on.
+Status decode_provenance(const OrderedJsonRef& prov, const char* digest_key, SnapshotProvenance& pv) {
   KV_ASSIGN_OR_RETURN(pv.source, prov.string_at("source"));
   KV_ASSIGN_OR_RETURN(const std::string kind, prov.string_at("kind"));
   KV_ASSIGN_OR_RETURN(const std::string magic, prov.string_at("magic"));
   KV_ASSIGN_OR_RETURN(const uint64_t version, prov.unsigned_at("version", UINT32_MAX));
   KV_ASSIGN_OR_RETURN(pv.file_size, prov.unsigned_at("file_size"));
-  KV_ASSIGN_OR_RETURN(const std::string sha, prov.string_at("sha256"));
+  KV_ASSIGN_OR_RETURN(const std::string sha, prov.string_at(digest_key));
   auto k = kind_from_tag(kind);
   pv.mlx_prompt_cache = kind == kMlxPromptCacheKind;
   if (!k && !pv.mlx_prompt_cache) return prov.error("kind '" + kind + "' is unknown");
@@ -312,7 +313,7 @@ Status decode_provenance(const OrderedJsonRef& prov, SnapshotProvenance& pv) {
   }
   pv.magic = uint32_t(std::stoul(magic, nullptr, 16));
   pv.version = uint32_t(version);
-  if (!from_hex(sha, pv.sha256)) return prov.error("sha256 is not 64 hex digits");
+  if (!from_hex(sha, pv.content_digest)) return prov.error(std::string(digest_key) + " is not 64 hex digits");
   KV_ASSIGN_OR_RETURN(pv.writer.llama_build, prov.string_or("llama_build", ""));
   KV_ASSIGN_OR_RETURN(pv.writer.llama_build_from, prov.string_or("llama_build_from", ""));
   KV_ASSIGN_OR_RETURN(pv.writer.reported_build, prov.string_or("reported_build", ""));
@@ -335,7 +336,8 @@ Status decode_info(std::span<const std::byte> payload, const std::string& name, 
   ordered_json j = std::move(parsed).value();
   const OrderedJsonRef info(j, doc);
   KV_ASSIGN_OR_RETURN(OrderedJsonRef prov, info.at("provenance"));
-  KV_RETURN_IF_ERROR(decode_provenance(prov, m.provenance));
+  KV_RETURN_IF_ERROR(
+      decode_provenance(prov, m.rule() == ContentDigestRule::kWholeSha256 ? "sha256" : kContentDigestKey, m.provenance));
   KV_ASSIGN_OR_RETURN(std::optional<OrderedJsonRef> arch, info.find("arch"));
   if (arch) {
     KV_ASSIGN_OR_RETURN(m.arch, arch->string());

@@ -47,6 +47,8 @@ inline constexpr uint32_t kChkxXxh3_128 = 1;           // CHKX's algorithm: XXH3
 // SnapshotMlx. Written first, so a kvsnap that does not know it stops at it ("required section
 // 'MLXC' is unknown") before it could take the mlx provenance in INFO for a damaged one.
 inline constexpr uint32_t kTagMlxc = fourcc("MLXC");
+// INFO.provenance's copy of DIGS's content digest, from format version 3 on ("sha256" before).
+inline constexpr const char* kContentDigestKey = "content_digest";
 // INFO.provenance.kind of an mlx-lm prompt cache.
 inline constexpr const char* kMlxPromptCacheKind = "mlx-prompt-cache";
 inline constexpr uint32_t kSectionRequired = 1;
@@ -126,7 +128,7 @@ void encode_manifest(SnapshotManifest& m);
 
 // Chunks the segments of m.segments (set by the caller) from `original`: every chunk encoded on
 // opts.threads workers and handed to `chunks` in order, the original hashed on the side. Sets
-// m.chunks and m.original_sha256. Checks opts first.
+// m.chunks and m.content_digest. Checks opts first.
 Status encode_snapshot_chunks(const ReadableFile& original, const SnapshotOptions& opts, ChunkSink& chunks,
                               SnapshotManifest& m);
 
@@ -161,6 +163,33 @@ struct Location {
 };
 // `seg` contains `file_offset`. Frame chunk sizes come from `table`.
 Location locate(const SegmentTable& table, const Segment& seg, uint64_t file_offset);
+
+// The raw bytes of chunk `index`, read from the original file at the places the segment table
+// gives them: the writer's input, and what verify reads back to recompute the content digest.
+class ChunkReader {
+ public:
+  ChunkReader(const SegmentTable& t, const ReadableFile& file);
+  uint64_t n_chunks() const;
+  // The segment a tensor chunk belongs to (nullptr for frame chunks).
+  const Segment* tensor_segment(uint64_t index) const;
+  // `out` is resized to the chunk's raw size (its capacity reused).
+  Status read(uint64_t index, std::vector<std::byte>& out) const;
+
+ private:
+  Status read_frame(uint64_t k, std::vector<std::byte>& out) const;
+
+  const SegmentTable& t_;
+  const ReadableFile& file_;
+  std::vector<const Segment*> frames_;
+  std::vector<const Segment*> tensors_;
+};
+
+// The segment table a save of `parsed` (read from `original`) makes: checks the sizes agree.
+Result<SegmentTable> plan_state_segments(const StateFile& parsed, const ReadableFile& original,
+                                         uint32_t cells_per_chunk);
+
+// SEGS's payload (docs/format.md): what the content digest binds the chunks' places with.
+std::vector<std::byte> encode_segments(const SegmentTable& t);
 
 // Text for messages: "layer 3 V of KV section 0 stream 0".
 std::string describe_segment(const Segment& s);

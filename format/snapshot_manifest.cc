@@ -127,6 +127,39 @@ Location locate(const SegmentTable& table, const Segment& seg, uint64_t file_off
 
 // --- Encoding -----------------------------------------------------------------------
 
+// SEGS's payload: also what the content digest hashes (format/content_digest.h).
+std::vector<std::byte> encode_segments(const SegmentTable& t) {
+  std::vector<std::byte> b;
+  put_u32(b, t.frame_chunk_bytes);
+  put_u32(b, 0);
+  put_u64(b, t.frame_bytes);
+  put_u64(b, t.n_frame_chunks);
+  put_u64(b, t.segments.size());
+  for (const Segment& s : t.segments) {
+    b.push_back(std::byte(uint8_t(s.kind)));
+    b.push_back(std::byte(s.is_v ? 1 : 0));
+    b.push_back(std::byte{0});
+    b.push_back(std::byte{0});
+    put_u32(b, s.section);
+    put_u32(b, s.stream);
+    put_u32(b, s.layer);
+    put_u64(b, s.file_offset);
+    put_u64(b, s.size);
+    put_u64(b, s.kind == SegmentKind::kFrame ? s.frame_offset : s.first_chunk);
+    if (s.kind == SegmentKind::kTransposed) {
+      put_u32(b, s.elem_bytes);
+      put_u32(b, s.n_rows);
+    } else {
+      put_u64(b, s.row_bytes);
+    }
+    put_u32(b, s.cell_count);
+    put_u32(b, s.cells_per_chunk);
+    put_u32(b, s.rows_per_chunk);
+    put_i32(b, s.ggml_type);
+  }
+  return b;
+}
+
 namespace {
 
 void put_section(std::vector<std::byte>& out, uint32_t tag, const std::vector<std::byte>& payload,
@@ -166,37 +199,6 @@ std::vector<std::byte> encode_tokens(const SnapshotTokens& t) {
   return b;
 }
 
-std::vector<std::byte> encode_segments(const SegmentTable& t) {
-  std::vector<std::byte> b;
-  put_u32(b, t.frame_chunk_bytes);
-  put_u32(b, 0);
-  put_u64(b, t.frame_bytes);
-  put_u64(b, t.n_frame_chunks);
-  put_u64(b, t.segments.size());
-  for (const Segment& s : t.segments) {
-    b.push_back(std::byte(uint8_t(s.kind)));
-    b.push_back(std::byte(s.is_v ? 1 : 0));
-    b.push_back(std::byte{0});
-    b.push_back(std::byte{0});
-    put_u32(b, s.section);
-    put_u32(b, s.stream);
-    put_u32(b, s.layer);
-    put_u64(b, s.file_offset);
-    put_u64(b, s.size);
-    put_u64(b, s.kind == SegmentKind::kFrame ? s.frame_offset : s.first_chunk);
-    if (s.kind == SegmentKind::kTransposed) {
-      put_u32(b, s.elem_bytes);
-      put_u32(b, s.n_rows);
-    } else {
-      put_u64(b, s.row_bytes);
-    }
-    put_u32(b, s.cell_count);
-    put_u32(b, s.cells_per_chunk);
-    put_u32(b, s.rows_per_chunk);
-    put_i32(b, s.ggml_type);
-  }
-  return b;
-}
 
 std::vector<std::byte> encode_chunks(const std::vector<ChunkRef>& chunks) {
   std::vector<std::byte> b;
@@ -270,7 +272,7 @@ void encode_manifest(SnapshotManifest& m) {
   if (chkx) put_section(b, kTagChkx, encode_chunk_xxh(m.chunks), /*required=*/false);
   m.sections_sha256 = sha256_of(b);
   std::vector<std::byte> digs;
-  put_bytes(digs, m.original_sha256.data(), 32);
+  put_bytes(digs, m.content_digest.data(), 32);
   put_u64(digs, m.provenance.file_size);
   put_bytes(digs, m.sections_sha256.data(), 32);
   put_section(b, kTagDigs, digs);
@@ -494,7 +496,7 @@ Status decode_mlx(std::span<const std::byte> payload, const std::string& name, S
 Status decode_digests(std::span<const std::byte> payload, const std::string& name, SnapshotManifest& m,
                       uint64_t& original_size) {
   SpanReader r(payload, name + ": DIGS section");
-  KV_RETURN_IF_ERROR(r.bytes(m.original_sha256.data(), 32, "original SHA-256"));
+  KV_RETURN_IF_ERROR(r.bytes(m.content_digest.data(), 32, "original SHA-256"));
   KV_RETURN_IF_ERROR(r.u64(original_size, "original size"));
   KV_RETURN_IF_ERROR(r.bytes(m.sections_sha256.data(), 32, "sections SHA-256"));
   if (!r.at_end()) return r.corrupt(std::to_string(r.remaining()) + " bytes after the digests");
@@ -526,7 +528,7 @@ class TableCheck {
       return bad("INFO says the original has " + std::to_string(m_.provenance.file_size) + " bytes, DIGS says " +
                  std::to_string(original_size_));
     }
-    if (m_.provenance.sha256 != m_.original_sha256) return bad("INFO and DIGS disagree on the original's SHA-256");
+    if (m_.provenance.content_digest != m_.content_digest) return bad("INFO and DIGS disagree on the content digest");
     if (t_.frame_bytes > original_size_ || t_.n_frame_chunks > m_.chunks.size()) {
       return bad(std::to_string(t_.frame_bytes) + " frame bytes in " + std::to_string(t_.n_frame_chunks) +
                  " chunks do not fit a " + std::to_string(original_size_) + "-byte original and " +

@@ -128,7 +128,7 @@ ordered_json mlx_info(const MlxPromptCache& cache, const MlxCacheSummary& sum, c
                      {"magic", "00000000"},
                      {"version", 0},
                      {"file_size", file_size},
-                     {"sha256", to_hex(sha)}};
+                     {kContentDigestKey, to_hex(sha)}};
   j["arch"] = nullptr;
   j["mlx"] = summary_json(sum, cache);
   j["tokens"] = {{"n_tokens", n_tokens}, {"n_words", 0}, {"packed", false}};
@@ -178,11 +178,11 @@ Result<SnapshotManifest> build_mlx_snapshot(const MlxPromptCache& cache, const R
   KV_RETURN_IF_ERROR(encode_snapshot_chunks(original, opts, chunks, m));
   const std::string source = opts.source_name.empty() ? name : opts.source_name;
   const MlxCacheSummary sum = mlx_cache_summary(cache, meta.model);
-  m.info = mlx_info(cache, sum, opts, source, original.size(), m.original_sha256, meta.tokens.size());
+  m.info = mlx_info(cache, sum, opts, source, original.size(), m.content_digest, meta.tokens.size());
   m.provenance.source = m.info["provenance"]["source"].get<std::string>();
   m.provenance.mlx_prompt_cache = true;
   m.provenance.file_size = original.size();
-  m.provenance.sha256 = m.original_sha256;
+  m.provenance.content_digest = m.content_digest;
   m.cells_per_chunk = opts.cells_per_chunk;
   m.tokens.tokens = meta.tokens;
   if (opts.cipher) {

@@ -11,6 +11,7 @@
 #include "base/text.h"
 #include "format/ggml_types.h"
 #include "format/snapshot.h"
+#include "format/content_digest.h"
 #include "format/snapshot_internal.h"
 
 namespace kvsnap {
@@ -364,19 +365,20 @@ Status SnapshotReader::verify_sealed_chunks() const {
 
 Status SnapshotReader::verify_original() const {
   const ReadableFile& f = original();
-  Sha256 h;
-  std::vector<std::byte> buf(std::min<uint64_t>(f.size(), 1 << 20));
-  for (uint64_t at = 0; at < f.size();) {
-    const uint64_t n = std::min<uint64_t>(buf.size(), f.size() - at);
-    std::span<std::byte> piece(buf.data(), n);
-    KV_RETURN_IF_ERROR(f.read_at(at, piece));
-    h.update(piece);
-    at += n;
+  const SnapshotManifest& m = impl_->m;
+  Sha256Digest got{};
+  if (m.rule() == ContentDigestRule::kChunkTree) {
+    if (m.encryption && !impl_->cipher) {
+      return Status::InvalidArgument(impl_->name + ": the content digest of an encrypted snapshot needs its key");
+    }
+    KV_ASSIGN_OR_RETURN(got, content_digest_of_original(m.segments, f, impl_->cipher));
+  } else {
+    KV_ASSIGN_OR_RETURN(got, whole_file_sha256(f));
   }
-  const Sha256Digest got = h.finish();
-  if (got != impl_->m.original_sha256) {
-    return Status::Corruption(impl_->name + ": the original rebuilt from the chunks hashes to " + to_hex(got) +
-                              ", the manifest records " + to_hex(impl_->m.original_sha256));
+  if (got != m.content_digest) {
+    return Status::Corruption(impl_->name + ": the original rebuilt from the chunks has the content digest " +
+                              to_hex(got) + " (" + content_digest_rule_name(m.rule(), m.encryption && m.rule() == ContentDigestRule::kChunkTree) +
+                              "), the manifest records " + to_hex(m.content_digest));
   }
   return Status::OK();
 }

@@ -1,6 +1,7 @@
 // reseal_snapshot (format/snapshot_reseal.h): an encrypted snapshot's chunks and manifest under another
 // key, for the store's key rotation.
 #include "format/snapshot_reseal.h"
+#include "format/content_digest.h"
 #include "format/snapshot_internal.h"
 
 namespace kvsnap {
@@ -43,6 +44,13 @@ Result<SnapshotManifest> reseal_snapshot(const SnapshotManifest& m, ChunkSource&
     KV_RETURN_IF_ERROR(sink.put(ref, std::span<const std::byte>(sealed.data(), n)));
   }
   out.encryption = SnapshotEncryption{to.tenant(), to.master_key_id(), to.tenant_key_id()};
+  if (out.rule() == ContentDigestRule::kChunkTree) {
+    // Version 3's digest is over the keyed ids, which the new key changed (each from bytes checked
+    // against the old id above). Version 1's is the plain SHA-256 of the original: it stays.
+    out.content_digest = content_digest_of_table(out.segments, out.provenance.file_size, out.chunks, true);
+    out.provenance.content_digest = out.content_digest;
+    out.info["provenance"][kContentDigestKey] = to_hex(out.content_digest);
+  }
   encode_manifest(out);
   return out;
 }

@@ -1,14 +1,14 @@
 // Writing snapshots: plan the segments of a parsed state, cut them into
 // chunks, encode the chunks on `threads` workers (at most 3 x threads chunks in
-// flight, so memory stays at a few chunks), hash the original in file order as
-// the chunks are handed on, and emit blobs in chunk order; then the manifest
-// (and, for a file, the trailer).
+// flight, so memory stays at a few chunks), and emit blobs in chunk order; then
+// the content digest from the chunk ids, the manifest (and, for a file, the trailer).
 #include <zstd.h>
 
 #include <algorithm>
 #include <ctime>
 
 #include "base/text.h"
+#include "format/content_digest.h"
 #include "format/cursor.h"
 #include "format/snapshot.h"
 #include "format/snapshot_internal.h"
@@ -57,6 +57,59 @@ void number_chunks(SegmentTable& t) {
     s.first_chunk = next;
     next += s.n_chunks();
   }
+}
+
+// --- ChunkReader (snapshot_internal.h) ---
+
+ChunkReader::ChunkReader(const SegmentTable& t, const ReadableFile& file) : t_(t), file_(file) {
+  for (const Segment& s : t.segments) (s.kind == SegmentKind::kFrame ? frames_ : tensors_).push_back(&s);
+}
+
+uint64_t ChunkReader::n_chunks() const {
+  return tensors_.empty() ? t_.n_frame_chunks : tensors_.back()->first_chunk + tensors_.back()->n_chunks();
+}
+
+const Segment* ChunkReader::tensor_segment(uint64_t index) const {
+  if (index < t_.n_frame_chunks) return nullptr;
+  auto it = std::upper_bound(tensors_.begin(), tensors_.end(), index,
+                             [](uint64_t i, const Segment* s) { return i < s->first_chunk; });
+  return *std::prev(it);
+}
+
+Status ChunkReader::read(uint64_t index, std::vector<std::byte>& out) const {
+  if (index < t_.n_frame_chunks) return read_frame(index, out);
+  const Segment& s = *tensor_segment(index);
+  const uint64_t k = index - s.first_chunk;
+  out.resize(s.chunk_raw_size(k));
+  const uint64_t J = s.cell_chunks(), j = k % J, b = k / J;
+  if (s.kind == SegmentKind::kRows) {
+    return file_.read_at(s.file_offset + j * s.cells_per_chunk * s.row_bytes, out);
+  }
+  // A tile: for each row of band b, the elements of cells [j*N, j*N + n_j).
+  const uint64_t eb = s.elem_bytes, row_len = uint64_t(s.cell_count) * eb;
+  const uint64_t n_j = std::min<uint64_t>(s.cells_per_chunk, s.cell_count - j * s.cells_per_chunk);
+  const uint64_t r0 = b * s.rows_per_chunk, rows = out.size() / (n_j * eb);
+  for (uint64_t r = 0; r < rows; ++r) {
+    std::span<std::byte> dst(out.data() + r * n_j * eb, n_j * eb);
+    KV_RETURN_IF_ERROR(file_.read_at(s.file_offset + (r0 + r) * row_len + j * s.cells_per_chunk * eb, dst));
+  }
+  return Status::OK();
+}
+
+Status ChunkReader::read_frame(uint64_t k, std::vector<std::byte>& out) const {
+  const uint64_t begin = k * t_.frame_chunk_bytes;
+  const uint64_t end = std::min<uint64_t>(begin + t_.frame_chunk_bytes, t_.frame_bytes);
+  out.resize(end - begin);
+  auto it = std::upper_bound(frames_.begin(), frames_.end(), begin,
+                             [](uint64_t o, const Segment* s) { return o < s->frame_offset; });
+  for (--it; it != frames_.end(); ++it) {
+    const Segment& s = **it;
+    const uint64_t lo = std::max(begin, s.frame_offset), hi = std::min(end, s.frame_offset + s.size);
+    if (lo >= hi) break;
+    std::span<std::byte> dst(out.data() + (lo - begin), hi - lo);
+    KV_RETURN_IF_ERROR(file_.read_at(s.file_offset + (lo - s.frame_offset), dst));
+  }
+  return Status::OK();
 }
 
 }  // namespace snapshot_detail
@@ -133,66 +186,6 @@ Result<SegmentTable> plan_segments(const StateFile& f, uint32_t cells_per_chunk,
   return t;
 }
 
-// Produces the raw bytes of chunk `index` from the original file.
-class ChunkReader {
- public:
-  ChunkReader(const SegmentTable& t, const ReadableFile& file) : t_(t), file_(file) {
-    for (const Segment& s : t.segments) (s.kind == SegmentKind::kFrame ? frames_ : tensors_).push_back(&s);
-  }
-  uint64_t n_chunks() const {
-    return tensors_.empty() ? t_.n_frame_chunks : tensors_.back()->first_chunk + tensors_.back()->n_chunks();
-  }
-  // The segment a tensor chunk belongs to (nullptr for frame chunks).
-  const Segment* tensor_segment(uint64_t index) const {
-    if (index < t_.n_frame_chunks) return nullptr;
-    auto it = std::upper_bound(tensors_.begin(), tensors_.end(), index,
-                               [](uint64_t i, const Segment* s) { return i < s->first_chunk; });
-    return *std::prev(it);
-  }
-
-  Status read(uint64_t index, std::vector<std::byte>& out) const {
-    if (index < t_.n_frame_chunks) return read_frame(index, out);
-    const Segment& s = *tensor_segment(index);
-    const uint64_t k = index - s.first_chunk;
-    out.resize(s.chunk_raw_size(k));
-    const uint64_t J = s.cell_chunks(), j = k % J, b = k / J;
-    if (s.kind == SegmentKind::kRows) {
-      return file_.read_at(s.file_offset + j * s.cells_per_chunk * s.row_bytes, out);
-    }
-    // A tile: for each row of band b, the elements of cells [j*N, j*N + n_j).
-    const uint64_t eb = s.elem_bytes, row_len = uint64_t(s.cell_count) * eb;
-    const uint64_t n_j = std::min<uint64_t>(s.cells_per_chunk, s.cell_count - j * s.cells_per_chunk);
-    const uint64_t r0 = b * s.rows_per_chunk, rows = out.size() / (n_j * eb);
-    for (uint64_t r = 0; r < rows; ++r) {
-      std::span<std::byte> dst(out.data() + r * n_j * eb, n_j * eb);
-      KV_RETURN_IF_ERROR(file_.read_at(s.file_offset + (r0 + r) * row_len + j * s.cells_per_chunk * eb, dst));
-    }
-    return Status::OK();
-  }
-
- private:
-  Status read_frame(uint64_t k, std::vector<std::byte>& out) const {
-    const uint64_t begin = k * t_.frame_chunk_bytes;
-    const uint64_t end = std::min<uint64_t>(begin + t_.frame_chunk_bytes, t_.frame_bytes);
-    out.resize(end - begin);
-    auto it = std::upper_bound(frames_.begin(), frames_.end(), begin,
-                               [](uint64_t o, const Segment* s) { return o < s->frame_offset; });
-    for (--it; it != frames_.end(); ++it) {
-      const Segment& s = **it;
-      const uint64_t lo = std::max(begin, s.frame_offset), hi = std::min(end, s.frame_offset + s.size);
-      if (lo >= hi) break;
-      std::span<std::byte> dst(out.data() + (lo - begin), hi - lo);
-      KV_RETURN_IF_ERROR(file_.read_at(s.file_offset + (lo - s.frame_offset), dst));
-    }
-    return Status::OK();
-  }
-
-  const SegmentTable& t_;
-  const ReadableFile& file_;
-  std::vector<const Segment*> frames_;
-  std::vector<const Segment*> tensors_;
-};
-
 Status check_options(const SnapshotOptions& o) {
   if (o.cells_per_chunk == 0 || o.cells_per_chunk > (1u << 24)) {
     return Status::InvalidArgument("{--cells-per-chunk} " + std::to_string(o.cells_per_chunk) + " is out of range (1..16777216)");
@@ -206,53 +199,6 @@ Status check_options(const SnapshotOptions& o) {
   }
   return Status::OK();
 }
-
-// Hashes the whole original in file order while the chunks go to the sink: a
-// row-major tensor chunk (most of a slot's bytes) is hashed from the bytes
-// already read for it, as it is handed on, in chunk order, which is file order
-// for those chunks; only the bytes between them (frame pieces, transposed V)
-// are read from the file again. Before, a thread of its own read the whole
-// slot a second time (a tenth of a save's CPU in perf).
-class FileOrderHasher {
- public:
-  FileOrderHasher(const ChunkReader& reader, const ReadableFile& file)
-      : reader_(reader), file_(file), buf_(std::min<uint64_t>(file.size(), 1 << 20)) {}
-  // Chunk `index`, whose raw bytes are `raw`; called in chunk order.
-  Status add(uint64_t index, std::span<const std::byte> raw) {
-    const Segment* seg = reader_.tensor_segment(index);
-    if (!seg || seg->kind != SegmentKind::kRows) return Status::OK();  // read with the bytes between
-    const uint64_t off = seg->file_offset + (index - seg->first_chunk) * seg->cells_per_chunk * seg->row_bytes;
-    if (off < at_) {
-      return Status::InvalidArgument(file_.name() + ": internal: chunk " + std::to_string(index) +
-                                     " is behind the whole-file hash");
-    }
-    KV_RETURN_IF_ERROR(hash_file_to(off));
-    sha_.update(raw);
-    at_ = off + raw.size();
-    return Status::OK();
-  }
-  Result<Sha256Digest> finish() {
-    KV_RETURN_IF_ERROR(hash_file_to(file_.size()));
-    return sha_.finish();
-  }
-
- private:
-  Status hash_file_to(uint64_t end) {
-    while (at_ < end) {
-      std::span<std::byte> piece(buf_.data(), std::min<uint64_t>(buf_.size(), end - at_));
-      KV_RETURN_IF_ERROR(file_.read_at(at_, piece));
-      sha_.update(piece);
-      at_ += piece.size();
-    }
-    return Status::OK();
-  }
-
-  const ChunkReader& reader_;
-  const ReadableFile& file_;
-  std::vector<std::byte> buf_;
-  Sha256 sha_;
-  uint64_t at_ = 0;  // the file's bytes before this are hashed
-};
 
 struct Slot {
   std::vector<std::byte> raw;
@@ -327,9 +273,8 @@ Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, 
 
 // Encodes every chunk on `o.threads` persistent workers and hands the blobs to
 // `sink` in order on this thread while the workers go on (format/snapshot_pipeline.h):
-// 3 x threads chunks in flight at most. This thread also feeds `hasher`.
-Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink& sink, FileOrderHasher& hasher,
-                  std::vector<ChunkRef>& refs) {
+// 3 x threads chunks in flight at most.
+Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink& sink, std::vector<ChunkRef>& refs) {
   const uint64_t n = reader.n_chunks();
   std::vector<std::unique_ptr<ChunkEncoder>> encoders;
   for (uint32_t t = 0; t < o.threads; ++t) encoders.push_back(std::make_unique<ChunkEncoder>(o.zstd_level));
@@ -343,7 +288,6 @@ Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink
       },
       [&](uint64_t i, size_t slot) {
         const Slot& s = slots[slot];
-        KV_RETURN_IF_ERROR(hasher.add(i, s.raw));
         KV_RETURN_IF_ERROR(sink.put(s.ref, std::span<const std::byte>(s.blob.data(), s.blob_size)));
         refs.push_back(s.ref);
         return Status::OK();
@@ -356,10 +300,26 @@ Status snapshot_detail::encode_snapshot_chunks(const ReadableFile& original, con
                                                ChunkSink& chunks, SnapshotManifest& m) {
   KV_RETURN_IF_ERROR(check_options(opts));
   ChunkReader reader(m.segments, original);
-  FileOrderHasher hasher(reader, original);
-  KV_RETURN_IF_ERROR(encode_all(reader, opts, chunks, hasher, m.chunks).Prefixed(original.name()));
-  KV_ASSIGN_OR_RETURN(m.original_sha256, hasher.finish());
+  KV_RETURN_IF_ERROR(encode_all(reader, opts, chunks, m.chunks).Prefixed(original.name()));
+  // The content digest needs no pass over the file: every chunk's id is known by now (a parent's
+  // chunk found by its equality digest brings its id along), so an extension costs its new chunks.
+  m.format_version = kSnapshotFormatVersion;
+  m.min_reader_version = kSnapshotMinReaderVersion;
+  m.content_digest = content_digest_of_table(m.segments, original.size(), m.chunks, opts.cipher != nullptr);
   return Status::OK();
+}
+
+Result<SegmentTable> snapshot_detail::plan_state_segments(const StateFile& parsed, const ReadableFile& original,
+                                                         uint32_t cells_per_chunk) {
+  if (parsed.file_size != original.size()) {
+    return Status::InvalidArgument(original.name() + ": the parsed state describes " +
+                                   std::to_string(parsed.file_size) + " bytes, the file has " +
+                                   std::to_string(original.size()));
+  }
+  SnapshotOptions o;
+  o.cells_per_chunk = cells_per_chunk;
+  KV_RETURN_IF_ERROR(check_options(o));
+  return plan_segments(parsed, cells_per_chunk, original.name());
 }
 
 Result<SnapshotManifest> build_snapshot(const StateFile& parsed, const ReadableFile& original,
@@ -374,9 +334,9 @@ Result<SnapshotManifest> build_snapshot(const StateFile& parsed, const ReadableF
   KV_ASSIGN_OR_RETURN(m.segments, plan_segments(parsed, opts.cells_per_chunk, name));
   KV_RETURN_IF_ERROR(encode_snapshot_chunks(original, opts, chunks, m));
   m.provenance = {std::string(), opts.writer, parsed.kind, parsed.magic, parsed.version, parsed.file_size,
-                  m.original_sha256};
+                  m.content_digest};
   if (m.provenance.writer.src_rotation == "auto") m.provenance.writer.src_rotation.clear();
-  m.info = build_info(parsed, opts, m.original_sha256, opts.created.empty() ? utc_now("%Y-%m-%dT%H:%M:%SZ") : opts.created);
+  m.info = build_info(parsed, opts, m.content_digest, opts.created.empty() ? utc_now("%Y-%m-%dT%H:%M:%SZ") : opts.created);
   m.provenance.source = m.info["provenance"]["source"].get<std::string>();
   if (!parsed.arch.empty()) m.arch = parsed.arch;
   else if (opts.model && !opts.model->arch.empty()) m.arch = opts.model->arch;
@@ -444,7 +404,7 @@ std::vector<std::byte> trailer_bytes(std::span<const std::byte> manifest_area, u
 // The file form's versions: a plain snapshot's own, or 2 for a sealed manifest.
 std::pair<uint32_t, uint32_t> file_versions(bool sealed, const SnapshotManifest* m) {
   if (sealed) return {kSealedFileVersion, kSealedFileVersion};
-  return m ? std::make_pair(m->format_version, m->min_reader_version) : std::make_pair(kSnapshotFormatVersion, 1u);
+  return m ? std::make_pair(m->format_version, m->min_reader_version) : std::make_pair(kSnapshotFormatVersion, kSnapshotMinReaderVersion);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "cli/era_options.h"
 #include "cli/exit_codes.h"
 #include "cli/open_state.h"
+#include "format/content_digest.h"
 #include "format/llama_era.h"
 #include "migrate/conversion_spec.h"
 #include "migrate/source_rotation.h"
@@ -699,6 +700,44 @@ void setup_info(CLI::App& app, int& exit_status) {
     std::string out;
     Status s = run_info(*opts, out);
     exit_status = report("info", s, out);
+  });
+}
+
+Status run_digest(const DigestOptions& opts, std::string& out) {
+  KV_ASSIGN_OR_RETURN(OpenedState in, open_state(cli_io(), opts.file, opts.model, opts.input_format, opts.src_types));
+  KV_ASSIGN_OR_RETURN(const StateDigests d, state_digests(in.state, *in.file, opts.cells_per_chunk));
+  const char* rule = content_digest_rule_name(ContentDigestRule::kChunkTree, false);
+  if (opts.json) {
+    out = json_text(nlohmann::json{{"file", opts.file}, {"content_digest", to_hex(d.content_digest)}, {"content_digest_rule", rule},
+                     {"cells_per_chunk", opts.cells_per_chunk}, {"sha256", to_hex(d.sha256)}}, 2) + "\n";
+  } else {
+    out = "content_digest  " + to_hex(d.content_digest) + " (" + rule + ", " + std::to_string(opts.cells_per_chunk) +
+          " cells per chunk)\nsha256          " + to_hex(d.sha256) + "\n";
+  }
+  return Status::OK();
+}
+
+void setup_digest(CLI::App& app, int& exit_status) {
+  auto opts = std::make_shared<DigestOptions>();
+  auto* sub = app.add_subcommand("digest", "The content digest a save of a llama.cpp KV state file records (what "
+                                           "`kvsnap show` prints for snapshots of format version 3), and the file's "
+                                           "plain SHA-256");
+  sub->add_option("file", opts->file, "slot file (ggsq), session file (ggsn) or raw state buffer")->required();
+  sub->add_option("--model,-m", opts->model, "the model's GGUF, as given to save (it can change the layout)");
+  sub->add_option("--input-format", opts->input_format, "raw-seq or raw-context, as given to save")
+      ->check(CLI::IsMember({"", "raw-seq", "raw-context"}));
+  sub->add_option("--src-types", opts->src_types, "K/V of a ggsn v6 (b3166) session, as given to save");
+  sub->add_option("--cells-per-chunk", opts->cells_per_chunk, "as given to save (default 256)");
+  sub->add_flag("--json", opts->json, "machine-readable output");
+  sub->footer(
+      "\nThe digest of an encrypted store's snapshot is keyed (its chunk ids are the tenant's); this command\n"
+      "computes the plain one. Examples:\n"
+      "  kvsnap digest slot0.bin\n"
+      "  kvsnap restore chat-42 -o /tmp/s.bin && kvsnap digest /tmp/s.bin\n");
+  sub->callback([opts, &exit_status]() {
+    std::string out;
+    Status s = run_digest(*opts, out);
+    exit_status = report("digest", s, out);
   });
 }
 

@@ -5,6 +5,7 @@
 #include "cli/commands.h"
 #include "cli/open_state.h"
 #include "format/snapshot_mlx.h"
+#include "store/store_seal.h"
 
 namespace kvsnap::cli {
 namespace {
@@ -76,6 +77,14 @@ struct ShowOpts {
   bool json = false, tokens = false;
 };
 
+// "sha256     HEX" where the catalog holds the original's SHA-256 (version-1 snapshots), else the
+// content digest and its rule (`kvsnap digest FILE` computes both for any file).
+std::string digest_line(const SnapshotInfo& s) {
+  const ContentDigestText d = split_content_digest(s.content_sha256, s.tenant.has_value());
+  if (d.whole_file_sha256()) return "sha256     " + d.hex + "\n";
+  return "digest     " + d.hex + " (" + d.rule + ")\n";
+}
+
 // `show` of an mlx-lm prompt cache: what the file and the user said (format/snapshot_mlx.h).
 std::string show_mlx(const SnapshotInfo& s, const MlxCacheSummary& m, const SnapshotReader& r, bool tokens) {
   std::string out = "snapshot   " + label(s) + "\nuuid       " + s.uuid + "\ncreated    " + s.created +
@@ -87,7 +96,7 @@ std::string show_mlx(const SnapshotInfo& s, const MlxCacheSummary& m, const Snap
                     (r.tokens().tokens.empty() ? std::string("- (none given at save)")
                                                : std::to_string(r.tokens().tokens.size())) +
                     "\nsize       " + mib(s.raw_bytes) + " as mlx-lm wrote it, " + mib(s.stored_bytes) + " stored in " +
-                    std::to_string(r.chunks().size()) + " chunks\nsha256     " + s.content_sha256 + "\n";
+                    std::to_string(r.chunks().size()) + " chunks\n" + digest_line(s);
   if (s.parent_id) out += "parent     id " + std::to_string(*s.parent_id) + "\n";
   for (const auto& [k, v] : s.tags) out += "tag        " + k + "=" + v + "\n";
   if (tokens) out += "tokens     " + json_text(json(r.tokens().tokens)) + "\n";
@@ -118,8 +127,7 @@ Status run_show(const ShowOpts& o, std::string& out) {
         std::to_string(s.n_tokens) + "\ntypes      K " + s.k_types + ", V " + s.v_types + " (" +
         (s.v_trans ? "transposed" : "rows") + ")" + (s.lossy.empty() ? "" : ", lossy: " + s.lossy) +
         "\nformat     " + s.source_format + "\nsize       " + mib(s.raw_bytes) + " as llama.cpp wrote it, " +
-        mib(s.stored_bytes) + " stored in " + std::to_string(r.chunks().size()) + " chunks\nsha256     " +
-        s.content_sha256 + "\n";
+        mib(s.stored_bytes) + " stored in " + std::to_string(r.chunks().size()) + " chunks\n" + digest_line(s);
   const SourceClaims& w = r.manifest().provenance.writer;
   if (!w.llama_build.empty()) out += "written by llama.cpp " + w.llama_build + " (" + w.llama_build_from + ")\n";
   if (!w.reported_build.empty() && w.llama_build_from != "llama-server")

@@ -4,6 +4,7 @@ namespace kvsnap::cli {
 
 void setup_all_commands(CLI::App& app, int& exit_status) {
   setup_info(app, exit_status);
+  setup_digest(app, exit_status);
   setup_convert(app, exit_status);
   setup_server_commands(app, exit_status);
   setup_save(app, exit_status);

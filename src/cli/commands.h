@@ -30,6 +30,15 @@ struct InfoOptions {
 void setup_info(CLI::App& app, int& exit_status);
 Status run_info(const InfoOptions& opts, std::string& out);
 
+// `kvsnap digest FILE`: the content digest a save would record, and the plain SHA-256.
+struct DigestOptions {
+  std::string file, model, input_format, src_types;
+  uint32_t cells_per_chunk = 256;  // the store's default (kDefaultCellsPerChunk)
+  bool json = false;
+};
+void setup_digest(CLI::App& app, int& exit_status);
+Status run_digest(const DigestOptions& opts, std::string& out);
+
 struct ConvertOptions {
   std::string in, out;
   std::string ctk, ctv;          // "" keeps the file's

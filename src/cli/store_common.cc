@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "base/json_access.h"
+#include "store/store_seal.h"
 
 namespace kvsnap::cli {
 
@@ -75,10 +76,16 @@ json info_json(const SnapshotInfo& s) {
             {"v_layout", s.v_trans ? "transposed" : "rows"}, {"source_format", s.source_format},
             {"raw_bytes", s.raw_bytes}, {"stored_bytes", s.stored_bytes},
             {"lossy", s.lossy.empty() ? json(nullptr) : json(s.lossy)},
-            {"parent_id", s.parent_id ? json(*s.parent_id) : json(nullptr)}, {"content_sha256", s.content_sha256},
+            {"parent_id", s.parent_id ? json(*s.parent_id) : json(nullptr)},
             {"n_chunks", s.n_chunks}, {"pinned", s.pinned},
             {"expires_at", s.expires_at ? json(*s.expires_at) : json(nullptr)},
             {"last_restored", s.last_restored ? json(*s.last_restored) : json(nullptr)}};
+  // `content_sha256` (= sha256sum of the restored file) only where the catalog has that;
+  // `content_digest` with its rule always (docs/store.md, "Content digest").
+  const ContentDigestText d = split_content_digest(s.content_sha256, s.tenant.has_value());
+  if (d.rule == "sha256" || d.rule == "hmac-sha256") j["content_sha256"] = d.hex;
+  j["content_digest"] = d.hex;
+  j["content_digest_rule"] = d.rule;
   j["tags"] = json::object();
   for (const auto& [k, v] : s.tags) j["tags"][k] = v;
   j["encryption"] = s.tenant ? json{{"tenant", *s.tenant}, {"master_key_id", s.master_key_id},

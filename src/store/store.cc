@@ -173,7 +173,7 @@ SnapshotRecord make_record(const SnapshotManifest& m, const StateFile& state, ui
   info.raw_bytes = raw_bytes;
   info.stored_bytes = m.stored_bytes();
   if (m.lossy) info.lossy = lossy_summary(m);
-  info.content_sha256 = to_hex(m.original_sha256);
+  info.content_sha256 = recorded_content_digest(m, nullptr);
   rec.manifest = m.bytes;
   rec.tokens = state.tokens.tokens;
   return rec;
@@ -348,7 +348,7 @@ Result<SaveResult> Store::commit_save(SnapshotRecord rec, const SnapshotManifest
   }
   if (cipher_) {
     if (info.uuid.empty()) info.uuid = new_snapshot_uuid();  // the sealed rows are bound to it
-    info.content_sha256 = recorded_content_hash(m.original_sha256, cipher());
+    info.content_sha256 = recorded_content_digest(m, cipher());
     KV_RETURN_IF_ERROR(seal_record(*cipher_, m.bytes, rec));
   }
   KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->commit_save(std::move(rec), sink.uses, batch->hold()));
@@ -571,7 +571,7 @@ Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
       rep.problems.push_back(label + ": " + tokens.status().ToString());
     else if (*tokens != reader.tokens().tokens)
       rep.problems.push_back(label + ": the catalog's token list differs from the snapshot's");
-    if (info.content_sha256 != recorded_content_hash(reader.manifest().original_sha256, info.tenant ? cipher() : nullptr))
+    if (info.content_sha256 != recorded_content_digest(reader.manifest(), info.tenant ? cipher() : nullptr))
       rep.problems.push_back(label + ": the catalog's content hash differs from the snapshot's");
     Status s = reader.verify_chunks();
     if (s.ok()) s = reader.verify_original();
@@ -804,9 +804,10 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
       KV_ASSIGN_OR_RETURN(uint64_t size, write_plain_file(*opened, nullptr));
       SnapshotInfo plain = rec.info;
       plain.tenant.reset();
-      const Sha256Digest& original = opened->reader().manifest().original_sha256;
-      plain.content_sha256 = to_hex(original);
-      KV_ASSIGN_OR_RETURN(nlohmann::json entry, index_entry(plain, original, nullptr));
+      // The plain file is built again (SHA-256 chunk ids): its digest is not the keyed one; a plain
+      // index entry records none.
+      plain.content_sha256.clear();
+      KV_ASSIGN_OR_RETURN(nlohmann::json entry, index_entry(plain, Sha256Digest{}, nullptr));
       index["snapshots"].push_back(std::move(entry));
       items.push_back({std::move(plain), nullptr, std::move(opened), size});
       continue;
@@ -818,7 +819,7 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
     // An encrypted snapshot stays sealed: blobs copied as stored, the manifest sealed again.
     KV_ASSIGN_OR_RETURN(SnapshotFileAssembler a,
                         SnapshotFileAssembler::plan(m, source, m.encryption ? cipher() : nullptr));
-    KV_ASSIGN_OR_RETURN(nlohmann::json entry, index_entry(rec.info, m.original_sha256, cipher()));
+    KV_ASSIGN_OR_RETURN(nlohmann::json entry, index_entry(rec.info, m.content_digest, cipher()));
     index["snapshots"].push_back(std::move(entry));
     items.push_back({std::move(rec.info), std::make_unique<SnapshotFileAssembler>(std::move(a)), nullptr, 0});
   }
@@ -870,7 +871,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     KV_RETURN_IF_ERROR((*reader)->verify_original().Prefixed(path + ": " + entry));
     ExportIndexEntry labelled = *listed;
     if (!labelled.sealed_metadata.empty())
-      KV_RETURN_IF_ERROR(open_labels(labelled, source_cipher, (*reader)->manifest().original_sha256, path + ": " + entry));
+      KV_RETURN_IF_ERROR(open_labels(labelled, source_cipher, (*reader)->manifest().content_digest, path + ": " + entry));
     const ExportIndexEntry* meta = &labelled;
     const std::string& uuid = meta->uuid;
     if (!uuid.empty() && catalog_->resolve(uuid).ok()) {
@@ -940,7 +941,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     rec.info.tags = meta->tags;
     if (m.encryption) {  // the same key and tenant (open_snapshot_file checked): blobs copied as they are
       if (rec.info.uuid.empty()) rec.info.uuid = new_snapshot_uuid();
-      rec.info.content_sha256 = recorded_content_hash(m.original_sha256, cipher());
+      rec.info.content_sha256 = recorded_content_digest(m, cipher());
       KV_RETURN_IF_ERROR(seal_record(*cipher_, m.bytes, rec));
       KV_RETURN_IF_ERROR(init_encryption_meta());
     }

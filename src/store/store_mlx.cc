@@ -11,6 +11,7 @@
 #include "migrate/mlx_requant.h"
 #include "store/store.h"
 #include "store/store_internal.h"
+#include "store/store_seal.h"
 
 namespace kvsnap {
 
@@ -88,7 +89,7 @@ Result<SnapshotRecord> store_detail::mlx_record(const SnapshotManifest& m, const
                        std::to_string(s.n_layers) + " layers: " + s.classes;
   info.raw_bytes = m.provenance.file_size;
   info.stored_bytes = m.stored_bytes();
-  info.content_sha256 = to_hex(m.original_sha256);
+  info.content_sha256 = recorded_content_digest(m, nullptr);
   rec.manifest = m.bytes;
   rec.tokens = m.tokens.tokens;
   return rec;

@@ -108,7 +108,7 @@ Result<bool> Store::rekey_snapshot(const SnapshotInfo& info, const ChunkCipher& 
   SnapshotRecord next;
   next.info = rec->info;
   next.tokens = std::move(tokens);
-  next.info.content_sha256 = recorded_content_hash(m.original_sha256, &to);
+  next.info.content_sha256 = recorded_content_digest(*sealed, &to);
   KV_RETURN_IF_ERROR(seal_record(to, sealed->bytes, next));
   const std::shared_ptr<const PrefixKeying> keying = prefix_keying(to);
   const std::string from_id = key_id_hex(from.master_key_id());

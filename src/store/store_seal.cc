@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "format/content_digest.h"
 #include "store/catalog_rules.h"
 
 namespace kvsnap {
@@ -105,10 +106,18 @@ Result<std::vector<std::byte>> open_export_metadata(const ChunkCipher& cipher, c
   return plain;
 }
 
-std::string recorded_content_hash(const Sha256Digest& original, const ChunkCipher* cipher) {
-  if (!cipher) return to_hex(original);
-  const ChunkId id = labelled_id(*cipher, "kvsnap content v1", std::as_bytes(std::span<const uint8_t>(original)));
-  return to_hex(id);
+std::string recorded_content_digest(const SnapshotManifest& m, const ChunkCipher* cipher) {
+  const Sha256Digest& d = m.content_digest;
+  const std::string hex =
+      cipher ? to_hex(labelled_id(*cipher, "kvsnap content v1", std::as_bytes(std::span<const uint8_t>(d)))) : to_hex(d);
+  if (m.rule() == ContentDigestRule::kWholeSha256) return hex;
+  return std::string(content_digest_rule_name(m.rule(), cipher != nullptr)) + ":" + hex;
+}
+
+ContentDigestText split_content_digest(const std::string& recorded, bool encrypted) {
+  const size_t colon = recorded.find(':');
+  if (colon == std::string::npos) return {encrypted ? "hmac-sha256" : "sha256", recorded};
+  return {recorded.substr(0, colon), recorded.substr(colon + 1)};
 }
 
 std::shared_ptr<const PrefixKeying> prefix_keying(const ChunkCipher& cipher) {

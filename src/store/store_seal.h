@@ -4,7 +4,8 @@
 //   manifest row   the snapshot's manifest sealed by the tenant's cipher under the id
 //                  HMAC(id key, "kvsnap manifest v1\0" uuid)
 //   tokens row     its prompt tokens (i32 LE) sealed under HMAC(id key, "kvsnap tokens v1\0" uuid)
-//   content hash   hex HMAC(id key, "kvsnap content v1\0" SHA-256 of the original file)
+//   content digest "keyed-chunk-tree:" hex HMAC(id key, "kvsnap content v1\0" the manifest's content
+//                  digest) (format version 3); version 1: hex HMAC(.., SHA-256 of the original)
 //   prefix index   keyed by the secret HMAC(id key, "kvsnap prefix index v1") (catalog.h PrefixKeying)
 //   export labels  a sealed export's name, tags, fingerprint and creation time per snapshot,
 //                  sealed under HMAC(id key, "kvsnap export metadata v1\0" uuid)
@@ -22,6 +23,7 @@
 
 #include "base/chunk_cipher.h"
 #include "base/status.h"
+#include "format/snapshot.h"
 #include "store/catalog.h"
 
 namespace kvsnap {
@@ -50,8 +52,18 @@ Result<std::vector<std::byte>> seal_export_metadata(const ChunkCipher& cipher, c
 Result<std::vector<std::byte>> open_export_metadata(const ChunkCipher& cipher, const std::string& uuid,
                                                     std::span<const std::byte> sealed, const std::string& what);
 
-// The content hash the catalog records for an original file of this SHA-256.
-std::string recorded_content_hash(const Sha256Digest& original, const ChunkCipher* cipher);
+// The catalog's content digest of a snapshot (its `content_sha256` column, named before version 3):
+// "RULE:hex" for a version-3 manifest (RULE "chunk-tree", or "keyed-chunk-tree" with a cipher:
+// the HMAC of the digest), bare hex for version 1 (the original's SHA-256, or its HMAC).
+std::string recorded_content_digest(const SnapshotManifest& m, const ChunkCipher* cipher);
+
+// A catalog content digest split into its rule (format/content_digest.h content_digest_rule_name)
+// and hex; bare hex is version 1's: "sha256", or "hmac-sha256" for an encrypted snapshot.
+struct ContentDigestText {
+  std::string rule, hex;
+  bool whole_file_sha256() const { return rule == "sha256"; }  // = sha256sum of the restored file
+};
+ContentDigestText split_content_digest(const std::string& recorded, bool encrypted);
 
 // The keyed prefix index of the cipher's tenant, for Catalog::set_keying. `cipher` must outlive it.
 std::shared_ptr<const PrefixKeying> prefix_keying(const ChunkCipher& cipher);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "archive_edit.h"
+#include "base/sha256.h"
 #include "store/archive.h"
 #include "test_files.h"
 
@@ -464,6 +465,61 @@ TEST_F(StoreCli, ImportOfAMistypedIndexIsAnErrorNotAnAbort) {
   EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
 }
 
+
+// Content digests old and new (docs/store.md, "Content digest"): a snapshot of format version 1
+// (a released fixture, imported) keeps its whole-file SHA-256 as `content_sha256` and verifies by
+// it; a new save records the chunk-tree digest, which `kvsnap digest` of the same file prints,
+// and an export of it imports into another store and verifies.
+TEST_F(StoreCli, OldSnapshotsKeepTheirSha256AndNewOnesShowTheirDigest) {
+  const fs::path v1 = fs::path(KVSNAP_SOURCE_DIR) / "fixtures/kvsnap/v1/v0.5.0-iswa-q8_0-q8_0-faon.kvsnap";
+  const std::string sha = slurp(v1.string() + ".sha256").substr(0, 64);
+  const std::string index = R"({"kvsnap_export": 1, "snapshots": [{"file": "snapshots/a.kvsnap", )"
+                            R"("uuid": "00000000-0000-4000-8000-000000000001", "name": "old", "tags": {}, )"
+                            R"("created": "2026-01-01T00:00:00.000Z", "model_fingerprint": ""}]})";
+  const std::string snap = slurp(v1);
+  auto bytes = [](const std::string& s) {
+    return std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()), s.size());
+  };
+  kvsnap::MemoryFile index_file("index", bytes(index)), snap_file("snap", bytes(snap));
+  const std::vector<kvsnap::ExportEntry> entries = {kvsnap::ExportEntry::FromFile("kvsnap-export.json", index_file),
+                                                    kvsnap::ExportEntry::FromFile("snapshots/a.kvsnap", snap_file)};
+  const fs::path old_archive = dir_ / "v1.tar.zst";
+  ASSERT_TRUE(kvsnap::export_archive(kvsnap::posix_io(), old_archive.string(), entries).ok());
+  KvRun r = kv("import " + old_archive.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = kv("show old --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"content_sha256\": \"" + sha + "\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"content_digest_rule\": \"sha256\""), std::string::npos) << r.out;
+  EXPECT_NE(kv("show old").out.find("sha256     " + sha), std::string::npos);
+  ASSERT_EQ(kv("verify old").code, 0);
+  const fs::path restored = dir_ / "old.slot";
+  ASSERT_EQ(kv("restore old -o " + restored.string()).code, 0);
+  EXPECT_EQ(kvsnap::to_hex(kvsnap::sha256_of(bytes(slurp(restored)))), sha);
+
+  ASSERT_EQ(kv("save " + restored.string() + " --name new").code, 0);
+  r = kv("show new --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("\"content_sha256\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"content_digest_rule\": \"chunk-tree\""), std::string::npos) << r.out;
+  const fs::path digest_out = dir_ / "digest.txt";
+  ASSERT_EQ(std::system((std::string(KVSNAP_BINARY) + " digest " + restored.string() + " > " + digest_out.string()).c_str()), 0);
+  const std::string printed = slurp(digest_out);
+  ASSERT_GE(printed.size(), 16u + 64u);
+  const std::string digest = printed.substr(16, 64);
+  EXPECT_NE(r.out.find("\"content_digest\": \"" + digest + "\""), std::string::npos) << printed << r.out;
+  EXPECT_NE(printed.find("sha256          " + sha), std::string::npos) << printed;
+  EXPECT_NE(kv("show new").out.find("digest     " + digest + " (chunk-tree)"), std::string::npos);
+  ASSERT_EQ(kv("verify new").code, 0);
+
+  const fs::path new_archive = dir_ / "new.tar.zst";
+  ASSERT_EQ(kv("export new -o " + new_archive.string()).code, 0);
+  store_ = (dir_ / "store2").string();
+  ASSERT_EQ(kv("import " + new_archive.string()).code, 0);
+  r = kv("verify new");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(kv("show new --json").out.find("\"content_digest\": \"" + digest + "\""), std::string::npos);
+}
 
 // An mlx-lm prompt cache (a real one mlx-lm wrote, from the fuzz corpus) through the binary: told by
 // content, saved with a model name and tokens, restored byte for byte and at other bits (the bytes of

@@ -6,6 +6,7 @@
 // Regenerate the compatibility fixtures of the current format version (never
 // those of a released one):
 //   KVSNAP_WRITE_FIXTURES=1 build-fmt/tests/format_tests --gtest_filter=SnapshotFixtures.Regenerate
+#include "format/content_digest.h"
 #include "format/snapshot.h"
 
 #include <gtest/gtest.h>
@@ -157,7 +158,9 @@ TEST(Snapshot, EveryFixtureRoundTripsInBothForms) {
     expect_same_bytes((*r)->original(), bytes);
     EXPECT_TRUE((*r)->verify_chunks().ok());
     EXPECT_TRUE((*r)->verify_original().ok());
-    EXPECT_EQ(to_hex((*r)->provenance().sha256), to_hex(sha256_of(bytes)));
+    const StateDigests digests = state_digests(*st, f, kDefaultCellsPerChunk).value();
+    EXPECT_EQ(to_hex((*r)->provenance().content_digest), to_hex(digests.content_digest));
+    EXPECT_EQ(to_hex(digests.sha256), to_hex(sha256_of(bytes)));
     EXPECT_EQ((*r)->provenance().source, p.filename().string());
     auto again = parse_state((*r)->original(), options_for(p));
     ASSERT_TRUE(again.ok()) << again.status().ToString();
@@ -660,11 +663,14 @@ TEST(SnapshotHostile, TooNewVersionIsRefusedClearly) {
   EXPECT_EQ(r.status().code(), Code::kNotSupported);
   EXPECT_NE(r.status().message().find("format version 7"), std::string::npos) << r.status().ToString();
   EXPECT_NE(r.status().message().find("upgrade kvsnap"), std::string::npos);
-  // A newer format a v1 reader may read (min_reader_version 1) opens.
+  // A newer format this reader may read (min_reader_version 3) opens.
   Surgery y{s->m.bytes};
-  y.set_u32(4, 2);
+  y.set_u32(4, 4);
   y.reseal();
-  EXPECT_TRUE(open_snapshot(y.b, s->store).ok());
+  {
+    auto ry = open_snapshot(y.b, s->store);
+    EXPECT_TRUE(ry.ok()) << ry.status().ToString();
+  }
   // The file form says so from its preamble.
   auto file = small_snapshot();
   Surgery f{file};
@@ -773,11 +779,11 @@ TEST(SnapshotHostile, LayerIndexIsBoundedByTheSegmentTable) {
 // `frame_bytes` in `n_frame_chunks` chunks, and no chunk table.
 SnapshotManifest frame_only_manifest(uint64_t frame_bytes, uint64_t n_frame_chunks) {
   SnapshotManifest m;
-  m.original_sha256.fill(0x11);
+  m.content_digest.fill(0x11);
   m.provenance.file_size = frame_bytes;
   m.info = {{"provenance",
              {{"source", "x.slot"}, {"kind", "seq"}, {"magic", "67677371"}, {"version", 3},
-              {"file_size", frame_bytes}, {"sha256", to_hex(m.original_sha256)}}}};
+              {"file_size", frame_bytes}, {"content_digest", to_hex(m.content_digest)}}}};
   m.segments.frame_bytes = frame_bytes;
   m.segments.n_frame_chunks = n_frame_chunks;
   Segment fr;
@@ -909,7 +915,7 @@ TEST(SnapshotMemory, LargeStateBuildsAndReadsInBoundedMemory) {
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     std::printf("write: %.2f s (2 threads)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     ASSERT_TRUE((*out)->commit().ok());
-    want = m->original_sha256;
+    want = m->content_digest;
     const Segment& v0 = *std::find_if(m->segments.segments.begin(), m->segments.segments.end(),
                                       [](const Segment& s) { return s.kind == SegmentKind::kTransposed; });
     if (measure) {
@@ -927,7 +933,7 @@ TEST(SnapshotMemory, LargeStateBuildsAndReadsInBoundedMemory) {
   ASSERT_TRUE((*r)->verify_original().ok());
   const double read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   std::printf("read original() front to back and hash it: %.2f s, %.2f GB/s\n", read_s, double(st->file_size) / read_s / 1e9);
-  EXPECT_EQ((*r)->manifest().original_sha256, want);
+  EXPECT_EQ((*r)->manifest().content_digest, want);
   // Front to back, every chunk is decoded exactly once: the transposed bands fit the cache.
   const auto stats = (*r)->cache_stats();
   EXPECT_EQ(stats.misses, (*r)->chunks().size());
@@ -963,7 +969,10 @@ TEST(SnapshotFixtures, EveryReleasedVersionStillOpens) {
     sha_in >> recorded;
     ASSERT_EQ(recorded.size(), 64u) << "missing " << e.path().string() << ".sha256";
     EXPECT_EQ(to_hex(sha256_of(read_all_of((*r)->original()))), recorded);
-    EXPECT_EQ(to_hex((*r)->provenance().sha256), recorded);
+    EXPECT_TRUE((*r)->verify_original().ok());
+    // Version 1 recorded the whole file's SHA-256; version 3 the digest over its chunk ids.
+    if ((*r)->manifest().format_version == 1) EXPECT_EQ(to_hex((*r)->provenance().content_digest), recorded);
+    else EXPECT_EQ((*r)->manifest().rule(), ContentDigestRule::kChunkTree);
     auto st = (*r)->parse_original();
     EXPECT_TRUE(st.ok()) << st.status().ToString();
     ++n;

@@ -1,0 +1,94 @@
+// The version-3 content digest (format/content_digest.h); byte layout: docs/format.md.
+#include "format/content_digest.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <string_view>
+
+#include "base/byte_order.h"
+#include "format/cursor.h"
+#include "format/snapshot_internal.h"
+
+namespace kvsnap {
+
+using namespace snapshot_detail;
+
+namespace {
+
+constexpr std::string_view kDomain{"kvsnap content digest v3\0", 25};
+
+void add_u64(Sha256& sha, uint64_t v) {
+  std::vector<std::byte> b;
+  put_u64(b, v);
+  sha.update(b);
+}
+
+}  // namespace
+
+const char* content_digest_rule_name(ContentDigestRule rule, bool keyed) {
+  if (rule == ContentDigestRule::kWholeSha256) return keyed ? "hmac-sha256" : "sha256";
+  return keyed ? "keyed-chunk-tree" : "chunk-tree";
+}
+
+ContentDigester::ContentDigester(const SegmentTable& t, uint64_t file_size, uint64_t n_chunks, bool keyed) {
+  sha_.update(std::as_bytes(std::span<const char>(kDomain.data(), kDomain.size())));
+  const std::byte scheme{uint8_t(keyed ? 1 : 0)};
+  sha_.update(std::span<const std::byte>(&scheme, 1));
+  add_u64(sha_, file_size);
+  const std::vector<std::byte> segs = encode_segments(t);
+  add_u64(sha_, segs.size());
+  sha_.update(segs);
+  add_u64(sha_, n_chunks);
+}
+
+void ContentDigester::add(uint64_t raw_size, const Sha256Digest& id) {
+  std::array<std::byte, 40> rec{};
+  store_le(rec.data(), raw_size, 8);
+  std::memcpy(rec.data() + 8, id.data(), 32);
+  sha_.update(rec);
+}
+
+Sha256Digest ContentDigester::finish() { return sha_.finish(); }
+
+Sha256Digest content_digest_of_table(const SegmentTable& t, uint64_t file_size, const std::vector<ChunkRef>& chunks,
+                                     bool keyed) {
+  ContentDigester d(t, file_size, chunks.size(), keyed);
+  for (const ChunkRef& c : chunks) d.add(c.raw_size, c.sha256);
+  return d.finish();
+}
+
+Result<Sha256Digest> content_digest_of_original(const SegmentTable& t, const ReadableFile& original,
+                                                const ChunkCipher* cipher) {
+  ChunkReader reader(t, original);
+  const uint64_t n = reader.n_chunks();
+  ContentDigester d(t, original.size(), n, cipher != nullptr);
+  std::vector<std::byte> raw;  // one buffer for every chunk: fresh pages are slow to touch
+  for (uint64_t i = 0; i < n; ++i) {
+    KV_RETURN_IF_ERROR(reader.read(i, raw));
+    d.add(raw.size(), cipher ? cipher->chunk_id(raw) : sha256_of(raw));
+  }
+  return d.finish();
+}
+
+Result<Sha256Digest> whole_file_sha256(const ReadableFile& f) {
+  Sha256 h;
+  std::vector<std::byte> buf(std::min<uint64_t>(f.size(), 1 << 20));
+  for (uint64_t at = 0; at < f.size();) {
+    std::span<std::byte> piece(buf.data(), std::min<uint64_t>(buf.size(), f.size() - at));
+    KV_RETURN_IF_ERROR(f.read_at(at, piece));
+    h.update(piece);
+    at += piece.size();
+  }
+  return h.finish();
+}
+
+Result<StateDigests> state_digests(const StateFile& parsed, const ReadableFile& original, uint32_t cells_per_chunk) {
+  KV_ASSIGN_OR_RETURN(const SegmentTable t, plan_state_segments(parsed, original, cells_per_chunk));
+  StateDigests d;
+  KV_ASSIGN_OR_RETURN(d.content_digest, content_digest_of_original(t, original, nullptr));
+  KV_ASSIGN_OR_RETURN(d.sha256, whole_file_sha256(original));
+  return d;
+}
+
+}  // namespace kvsnap
