@@ -2,7 +2,7 @@
 // measured in the same run (docs/performance.md, "Store"). Not a test.
 //
 //   kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D] [--extends BASE] [--level L]
-//                      [--server-save-ms MS] [--stages] [--encrypt]
+//                      [--server-save-ms MS] [--stages] [--encrypt] [--decode-only]
 //
 // For each llama.cpp state FILE (default: the f16 and q8_0 fixtures):
 //   copy      read + write + fsync of the same bytes (what `cp` + sync costs): the baseline
@@ -16,6 +16,8 @@
 //   dedup     a second session sharing the first 90% of the tokens: bytes it added
 //   extend    (--extends BASE, for one FILE that continues the session BASE) save of FILE into a
 //             store that holds BASE: time and bytes against a save of FILE into an empty store
+//   decode    (--decode-only) save once, then only restores into memory, R rounds: wall and CPU
+//             seconds per GB, best and median (old and new builds run alternately compare best)
 //   encrypt   (--encrypt) save, restore+fsync and decode into a plain store and into an encrypted
 //             one (AES-256-GCM, docs/store.md "Encryption at rest"), the two alternating in each
 //             round: wall and CPU seconds, and encrypted/plain ratios
@@ -23,6 +25,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -47,6 +50,7 @@ int g_level = SaveRequest{}.zstd_level;  // --level
 double g_server_save_ms = 0;             // --server-save-ms: llama-server's own save of the same slot
 bool g_stages = false;                   // --stages
 bool g_encrypt = false;                  // --encrypt
+bool g_decode_only = false;              // --decode-only
 
 double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -305,6 +309,38 @@ void bench_stages(const std::string& path, const std::string& dir) {
   std::printf("    (stored %.1f MB at zstd level %d)\n", double(stored) / 1e6, g_level);
 }
 
+// Restore into memory only, `rounds` times after one save: the decode path (fetch, zstd,
+// unshuffle, SHA-256 and XXH3-128 check of every chunk) with nothing written.
+void bench_decode(const std::string& path, const std::string& dir, uint32_t threads, int rounds) {
+  auto file = std::move(posix_io().open_read(path).value());
+  auto parsed = parse_state(*file).value();
+  const double gb = double(file->size()) / 1e9;
+  Store_ st(dir + "/store");
+  SaveRequest save;
+  save.threads = threads;
+  save.zstd_level = g_level;
+  save.name = "a";
+  if (!st.s->save(*file, parsed, save).ok()) std::abort();
+  RestoreRequest req;
+  req.spec.threads = int(threads);
+  std::vector<double> wall, cpu;
+  for (int r = 0; r < rounds; ++r) {
+    const auto t0 = Clock::now();
+    const double c0 = cpu_now();
+    CountingSink count;
+    if (!st.s->restore("a", req, count).ok()) std::abort();
+    wall.push_back(secs(t0));
+    cpu.push_back(cpu_now() - c0);
+  }
+  std::sort(wall.begin(), wall.end());
+  std::sort(cpu.begin(), cpu.end());
+  const size_t mid = wall.size() / 2;
+  std::printf("%s (%.1f MB), %u threads, %d rounds of decode only (restore into memory)\n",
+              fs::path(path).filename().c_str(), gb * 1e3, threads, rounds);
+  std::printf("  wall: best %.3f GB/s, median %.3f GB/s\n", gb / wall[0], gb / wall[mid]);
+  std::printf("  CPU:  best %.3f CPU s/GB, median %.3f CPU s/GB\n", cpu[0] / gb, cpu[mid] / gb);
+}
+
 void bench_file(const std::string& path, const std::string& dir, uint32_t threads, int rounds) {
   auto file = std::move(posix_io().open_read(path).value());
   auto parsed = parse_state(*file);
@@ -419,9 +455,10 @@ int main(int argc, char** argv) {
     else if (a == "--server-save-ms" && i + 1 < argc) g_server_save_ms = std::atof(argv[++i]);
     else if (a == "--stages") g_stages = true;
     else if (a == "--encrypt") g_encrypt = true;
+    else if (a == "--decode-only") g_decode_only = true;
     else if (a == "-h" || a == "--help") {
       std::printf("usage: kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D] [--extends BASE] [--level L]\n"
-                  "                          [--server-save-ms MS] [--stages] [--encrypt]\n");
+                  "                          [--server-save-ms MS] [--stages] [--encrypt] [--decode-only]\n");
       return 0;
     } else files.push_back(a);
   }
@@ -430,7 +467,9 @@ int main(int argc, char** argv) {
     files = {fx + "hd128-f16-f16-faon.slot", fx + "hd128-q8_0-q8_0-faon.slot"};
   }
   fs::create_directories(dir);
-  if (g_encrypt) {
+  if (g_decode_only) {
+    for (const auto& f : files) bench_decode(f, dir, threads, rounds);
+  } else if (g_encrypt) {
     for (const auto& f : files) bench_encryption(f, dir, threads, rounds);
   } else if (!extends.empty()) {
     for (const auto& f : files) bench_extension(extends, f, dir, threads, rounds);

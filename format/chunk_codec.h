@@ -24,6 +24,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -76,6 +77,9 @@ FilterChoice filter_for_type(int32_t ggml_type);
 // Byte shuffle and its inverse; in and out have the same size, do not overlap.
 void shuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::byte> out);
 void unshuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::byte> out);
+// Interleaves `m` elements of `elem` bytes from `elem` planes (byte b of element k is
+// planes[b][k]) into out[0, m * elem): unshuffle_bytes of a piece of each plane.
+void unshuffle_planes(const std::byte* const* planes, size_t elem, size_t m, std::byte* out);
 
 // --- Equality digest ----------------------------------------------------------------
 // XXH3-128 of a chunk's raw bytes: not a chunk's identity (that is its SHA-256)
@@ -86,6 +90,19 @@ void unshuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::
 // decode checks both, and it never decides which blob a new chunk is stored as.
 using ChunkXxh = std::array<uint8_t, 16>;
 ChunkXxh chunk_xxh(std::span<const std::byte> raw);
+// The same digest over bytes given piece by piece (finish() starts over).
+class ChunkXxhHasher {
+ public:
+  ChunkXxhHasher();
+  ~ChunkXxhHasher();
+  ChunkXxhHasher(const ChunkXxhHasher&) = delete;
+  ChunkXxhHasher& operator=(const ChunkXxhHasher&) = delete;
+  void update(std::span<const std::byte> bytes);
+  ChunkXxh finish();
+
+ private:
+  void* state_;  // XXH3_state_t
+};
 
 // --- Encoder / decoder (one per thread) -------------------------------------------
 class ChunkEncoder {
@@ -124,10 +141,33 @@ class ChunkDecoder {
   // The same into `out`, whose size is the expected raw size (no allocation
   // when the blob needs no filter: a restore decodes straight into its output).
   Status decode_into(std::span<const std::byte> blob, std::span<std::byte> out);
+  // The same, handing `on_piece` the pieces of `out` in order (together all of it) as they
+  // are written, each of at most kDecodePieceBytes when the blob is shuffled: the caller
+  // hashes a piece while it is still in cache instead of reading the whole chunk back from
+  // memory. The raw (stored) frames of a shuffled payload are unshuffled straight from the
+  // blob, not copied out first. On error `out` holds garbage and the pieces seen were too.
+  using PieceFn = std::function<void(std::span<const std::byte>)>;
+  Status decode_into(std::span<const std::byte> blob, std::span<std::byte> out, const PieceFn& on_piece);
 
  private:
+  // A run of the filtered bytes: in the blob (a raw zstd frame's block) or decoded.
+  struct Run {
+    uint64_t at;  // offset in the filtered bytes
+    const std::byte* data;
+    size_t size;
+  };
+  Status collect_runs(std::span<const std::byte> payload, const BlobHeader& h, std::span<std::byte> decoded);
+  // The filtered bytes at `at`: a pointer and how many follow contiguously.
+  std::pair<const std::byte*, size_t> filtered_at(uint64_t at) const;
+
   ZSTD_DCtx_s* dctx_;
   std::vector<std::byte> filtered_;
+  std::vector<Run> runs_;
+  std::vector<const std::byte*> planes_;
 };
+
+// Output pieces of a shuffled chunk's decode (ChunkDecoder::decode_into): small enough to be
+// in L1/L2 cache when the caller hashes them.
+inline constexpr size_t kDecodePieceBytes = 64 << 10;
 
 }  // namespace kvsnap

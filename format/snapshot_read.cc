@@ -47,6 +47,7 @@ class FileChunkSource final : public ChunkSource {
 };
 
 class OriginalFile;
+struct DecodeScratch;
 
 // INFO.memory.recurrent is present (not null): the state carries recurrent memory.
 bool info_has_recurrent(const nlohmann::ordered_json& info) {
@@ -83,6 +84,8 @@ struct SnapshotReader::Impl {
   // The same into `out` (exactly the chunk's raw size): no cache, no copy.
   // On error `out` holds garbage.
   Status load_into(uint64_t i, std::span<std::byte> out) const;
+  // load_into's work with the scratch it took; errors without the chunk's name.
+  Status decode_checked(const ChunkRef& ref, DecodeScratch& sc, std::span<std::byte> out) const;
   // Through the cache.
   Result<Chunk> chunk(uint64_t i) const;
   // True (and counted as a miss) when chunk i is not in the cache.
@@ -154,42 +157,94 @@ Result<std::vector<std::byte>> SnapshotReader::Impl::load(uint64_t i) const {
   return raw;
 }
 
+namespace {
+
+// What one chunk's decode needs besides its output: the blob, the zstd context and scratch,
+// the hashers. Taken from a process-wide pool and given back, so neither a chunk nor (after
+// the first) a restore allocates: the restore's decode threads are new each time, and fresh
+// pages are slow to first touch.
+struct DecodeScratch {
+  std::vector<std::byte> blob, opened;
+  ChunkDecoder decoder;
+  Sha256 sha;
+  ChunkXxhHasher xxh;
+};
+
+class ScratchPool {
+ public:
+  std::unique_ptr<DecodeScratch> take() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (!free_.empty()) {
+        auto s = std::move(free_.back());
+        free_.pop_back();
+        return s;
+      }
+    }
+    return std::make_unique<DecodeScratch>();
+  }
+  void give(std::unique_ptr<DecodeScratch> s) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (free_.size() < kKeep) free_.push_back(std::move(s));
+  }
+
+ private:
+  static constexpr size_t kKeep = 8;  // about a chunk and a half each: a few MiB kept at most
+  std::mutex mu_;
+  std::vector<std::unique_ptr<DecodeScratch>> free_;
+};
+
+ScratchPool& scratch_pool() {
+  static ScratchPool* pool = new ScratchPool;  // never destroyed: decodes may run during exit
+  return *pool;
+}
+
+}  // namespace
+
 Status SnapshotReader::Impl::load_into(uint64_t i, std::span<std::byte> out) const {
   const ChunkRef& ref = m.chunks[i];
   auto fail = [&](const Status& s) { return s.Prefixed(name + ": " + describe(i)); };
-  // One blob buffer and one decoder (zstd context and scratch) per thread, reused.
-  static thread_local std::vector<std::byte> blob;
-  static thread_local ChunkDecoder decoder;
-  static thread_local std::vector<std::byte> opened;
-  Status s = source->get_into(ref, blob);
-  if (!s.ok()) return fail(s);
-  if (blob.size() > ref.raw_size + kMaxBlobOverhead) {
-    return fail(Status::Corruption("blob of " + std::to_string(blob.size()) + " bytes for " +
-                                   std::to_string(ref.raw_size) + " raw bytes"));
-  }
   if (out.size() != ref.raw_size) return fail(Status::InvalidArgument("decode buffer of the wrong size"));
-  std::span<const std::byte> inner = blob;
+  std::unique_ptr<DecodeScratch> sc = scratch_pool().take();
+  Status s = decode_checked(ref, *sc, out);
+  scratch_pool().give(std::move(sc));
+  return s.ok() ? s : fail(s);
+}
+
+Status SnapshotReader::Impl::decode_checked(const ChunkRef& ref, DecodeScratch& sc, std::span<std::byte> out) const {
+  KV_RETURN_IF_ERROR(source->get_into(ref, sc.blob));
+  if (sc.blob.size() > ref.raw_size + kMaxBlobOverhead) {
+    return Status::Corruption("blob of " + std::to_string(sc.blob.size()) + " bytes for " +
+                              std::to_string(ref.raw_size) + " raw bytes");
+  }
+  std::span<const std::byte> inner = sc.blob;
   if (m.encryption) {
-    if (!cipher) return fail(missing_key());
-    s = cipher->open_into(ref.sha256, blob, opened, "its blob");
-    if (!s.ok()) return fail(s);
-    inner = opened;
-  } else if (looks_sealed(blob)) {
+    if (!cipher) return missing_key();
+    KV_RETURN_IF_ERROR(cipher->open_into(ref.sha256, sc.blob, sc.opened, "its blob"));
+    inner = sc.opened;
+  } else if (looks_sealed(sc.blob)) {
     // A plain snapshot's id is the SHA-256 anyone can compute: an encrypted blob under it is
     // not the store's doing.
-    return fail(Status::Corruption("an encrypted blob in a snapshot whose manifest records no encryption"));
+    return Status::Corruption("an encrypted blob in a snapshot whose manifest records no encryption");
   }
-  s = decoder.decode_into(inner, out);
-  if (!s.ok()) return fail(s);
-  if (cipher ? cipher->chunk_id(out) != ref.sha256 : sha256_of(out) != ref.sha256) {
-    return fail(Status::Corruption(std::string("damaged: its decoded bytes do not match their ") +
-                                   (cipher ? "keyed id " : "SHA-256 ") + to_hex(ref.sha256)));
+  // Both digests are fed each piece as it is decoded, while it is in cache (the keyed id of an
+  // encrypted snapshot, an HMAC, is taken over the whole chunk after).
+  const Status s = sc.decoder.decode_into(inner, out, [&sc, keyed = cipher != nullptr](std::span<const std::byte> p) {
+    if (!keyed) sc.sha.update(p);
+    sc.xxh.update(p);
+  });
+  const Sha256Digest sha = sc.sha.finish();  // both start over, whatever happened
+  const ChunkXxh xxh = sc.xxh.finish();
+  KV_RETURN_IF_ERROR(s);
+  if (cipher ? cipher->chunk_id(out) != ref.sha256 : sha != ref.sha256) {
+    return Status::Corruption(std::string("damaged: its decoded bytes do not match their ") +
+                              (cipher ? "keyed id " : "SHA-256 ") + to_hex(ref.sha256));
   }
   // The manifest's equality digest must hold too (a forged one, from an imported manifest,
   // would otherwise let a later extension's save take this chunk for other bytes).
-  if (ref.xxh && chunk_xxh(out) != *ref.xxh) {
-    return fail(Status::Corruption("damaged: its decoded bytes match their SHA-256 but not the manifest's "
-                                   "XXH3-128 " + to_hex(*ref.xxh)));
+  if (ref.xxh && xxh != *ref.xxh) {
+    return Status::Corruption("damaged: its decoded bytes match their SHA-256 but not the manifest's "
+                              "XXH3-128 " + to_hex(*ref.xxh));
   }
   return Status::OK();
 }

@@ -117,28 +117,31 @@ bool wants_conversion(const ConversionSpec& s) {
 }
 
 // Copies the snapshot's original to `out` in order (format/snapshot_pipeline.h):
-// `threads` decoders each take the next block of about 4 MiB as soon as a
+// `threads` decoders each take the next block of about 1 MiB as soon as a
 // buffer of the ring is free and decode and hash-check its chunks straight
 // into it (OriginalFile reads whole chunks into the caller's buffer; the
 // blocks are cut at chunk boundaries, so no chunk goes through the shared
 // cache or is decoded twice); this thread appends the blocks in order as they
-// become ready, so writing overlaps decoding. Every byte comes from a chunk
-// whose SHA-256 was checked when decoded, and the manifest itself is checked
-// by its digest, so no whole-file hash is needed here (verify does one).
+// become ready, so writing overlaps decoding. Small blocks keep the ring in
+// cache and both threads busy to the end (the last block is short work);
+// the ring is not zero-filled (its pages are first touched by the decode).
+// Every byte comes from a chunk whose SHA-256 was checked when decoded, and
+// the manifest itself is checked by its digest, so no whole-file hash is
+// needed here (verify does one).
 }  // namespace
 
 Status store_detail::copy_parallel(const SnapshotReader& reader, uint32_t threads, ByteSink& out) {
   const ReadableFile& file = reader.original();
-  const std::vector<uint64_t> cuts = reader.block_bounds(4u << 20);
+  const std::vector<uint64_t> cuts = reader.block_bounds(1u << 20);
   uint64_t largest = 0;
   for (size_t i = 1; i < cuts.size(); ++i) largest = std::max(largest, cuts[i] - cuts[i - 1]);
   const uint32_t T = std::max(1u, threads);
-  std::vector<std::vector<std::byte>> ring(2 * T);
-  auto block = [&](uint64_t i, size_t slot) { return std::span<std::byte>(ring[slot].data(), cuts[i + 1] - cuts[i]); };
+  std::vector<std::unique_ptr<std::byte[]>> ring(2 * T);
+  auto block = [&](uint64_t i, size_t slot) { return std::span<std::byte>(ring[slot].get(), cuts[i + 1] - cuts[i]); };
   return ordered_pipeline(
       cuts.size() - 1, T, ring.size(),
       [&](uint64_t i, size_t slot, uint32_t) {
-        if (ring[slot].empty()) ring[slot].resize(largest);
+        if (!ring[slot]) ring[slot].reset(new std::byte[largest]);  // default-initialized: not zero-filled
         return file.read_at(cuts[i], block(i, slot));
       },
       [&](uint64_t i, size_t slot) { return out.append(std::span<const std::byte>(block(i, slot))); });
@@ -464,17 +467,23 @@ Result<RestoreResult> Store::restore_unlabeled(const std::string& ref, const Res
                                    " are for mlx-lm prompt caches; for llama.cpp give {--ctk}/{--ctv}");
   }
   const ReadableFile& original = reader.original();
-  KV_ASSIGN_OR_RETURN(StateFile parsed, reader.parse_original());
   RestoreResult r;
   r.info = snap->info();
-  r.n_tokens = parsed.tokens.tokens.size();
   CountingSink count;
   TeeSink tee(out, count);
   const bool convert = wants_conversion(req.spec);
   if (!convert && !req.tokens) {
+    // Byte for byte, every chunk checked as it is copied: the original is not parsed first. The
+    // parser reads ahead into the first chunk of every tensor, which decoded ~8% of a slot on
+    // this thread alone before the copy's threads started (and into fresh cache buffers).
+    r.n_tokens = uint64_t(r.info.n_tokens);  // the catalog's, recorded from the same tokens at save
     const uint32_t threads = req.spec.threads > 0 ? uint32_t(req.spec.threads) : default_threads();
     KV_RETURN_IF_ERROR(copy_parallel(reader, threads, tee));
-  } else if (!convert) {
+    return finish_restore(std::move(r), count.count, t0);
+  }
+  KV_ASSIGN_OR_RETURN(StateFile parsed, reader.parse_original());
+  r.n_tokens = parsed.tokens.tokens.size();
+  if (!convert) {
     KV_RETURN_IF_ERROR(prefix_error(write_prefix(parsed, original, *req.tokens, tee), ref));
     r.n_tokens = *req.tokens;
   } else {

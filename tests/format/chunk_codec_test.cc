@@ -149,6 +149,134 @@ TEST(ChunkCodec, AnIncompressiblePlaneIsStoredAsARawZstdFrame) {
   EXPECT_EQ(out, raw);
 }
 
+// The pieces handed to the callback are `out` itself, in order, each at most
+// kDecodePieceBytes for a shuffled chunk, and together the whole chunk.
+TEST(ChunkCodec, DecodeHandsOverEveryPieceInOrder) {
+  ChunkEncoder enc(1);
+  ChunkDecoder dec;
+  struct Case {
+    std::vector<std::byte> raw;
+    FilterChoice filter;
+  };
+  const std::vector<Case> cases = {
+      {f16ish(300000, 21), {ChunkFilter::kShuffle, 2}},               // a raw plane of three blocks
+      {f16ish(300001, 22), {ChunkFilter::kShuffle, 2}},               // odd: the tail
+      {random_bytes(4 * 70000 + 3, 23), {ChunkFilter::kShuffle, 4}},  // every plane raw, a tail
+      {random_bytes(34 * 3000 + 5, 24), {ChunkFilter::kShuffle, 34}},
+      {std::vector<std::byte>(300000, std::byte{7}), {ChunkFilter::kNone, 0}},
+      {random_bytes(200000, 25), {ChunkFilter::kNone, 0}},  // stored
+      {{}, {ChunkFilter::kShuffle, 2}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(i);
+    const Case& c = cases[i];
+    auto b = enc.encode(c.raw, c.filter);
+    ASSERT_TRUE(b.ok());
+    const std::vector<std::byte> blob(b->begin(), b->end());
+    std::vector<std::byte> out(c.raw.size()), seen;
+    size_t at = 0;
+    ASSERT_TRUE(dec.decode_into(blob, out, [&](std::span<const std::byte> p) {
+                     EXPECT_EQ(p.data(), out.data() + at) << "a piece of out, in order";
+                     if (c.filter.filter == ChunkFilter::kShuffle) {
+                       EXPECT_LE(p.size(), kDecodePieceBytes);
+                     }
+                     at += p.size();
+                     seen.insert(seen.end(), p.begin(), p.end());
+                   }).ok());
+    EXPECT_EQ(at, c.raw.size());
+    EXPECT_EQ(out, c.raw);
+    EXPECT_EQ(seen, c.raw);
+  }
+}
+
+namespace {
+
+// A zstd frame of raw blocks of the given sizes, its content size in `fcs_bytes` bytes
+// (1, 2, 4 or 8; 0: no content size and not single segment). `data` supplies the bytes.
+std::vector<std::byte> raw_frame(const std::byte* data, const std::vector<size_t>& blocks, size_t fcs_bytes,
+                                 int64_t fcs_delta = 0) {
+  size_t total = 0;
+  for (size_t n : blocks) total += n;
+  std::vector<std::byte> f(4);
+  const uint32_t magic = 0xFD2FB528u;
+  std::memcpy(f.data(), &magic, 4);
+  const uint8_t flag = fcs_bytes == 8 ? 3 : fcs_bytes == 4 ? 2 : fcs_bytes == 2 ? 1 : 0;
+  f.push_back(std::byte(uint8_t(flag << 6) | (fcs_bytes ? 0x20 : 0)));
+  if (!fcs_bytes) f.push_back(std::byte{0x58});  // window descriptor: 2^21 bytes
+  const uint64_t fcs = total + uint64_t(fcs_delta) - (fcs_bytes == 2 ? 256 : 0);
+  for (size_t k = 0; k < fcs_bytes; ++k) f.push_back(std::byte(uint8_t(fcs >> (8 * k))));
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const uint32_t bh = uint32_t(b + 1 == blocks.size()) | uint32_t(blocks[b] << 3);
+    for (size_t k = 0; k < 3; ++k) f.push_back(std::byte(uint8_t(bh >> (8 * k))));
+    f.insert(f.end(), data, data + blocks[b]);
+    data += blocks[b];
+  }
+  return f;
+}
+
+// A shuffled (elem 2) blob of `raw` whose payload is the given frames of its filtered bytes.
+std::vector<std::byte> blob_of(size_t raw_size, const std::vector<std::vector<std::byte>>& frames) {
+  std::vector<std::byte> blob(kBlobHeaderBytes);
+  const char magic[4] = {'K', 'V', 'C', 'B'};
+  std::memcpy(blob.data(), magic, 4);
+  blob[4] = std::byte{1};  // zstd
+  blob[5] = std::byte{1};  // shuffle
+  blob[6] = std::byte{2};
+  for (size_t k = 0; k < 8; ++k) blob[8 + k] = std::byte(uint8_t(uint64_t(raw_size) >> (8 * k)));
+  for (const auto& f : frames) blob.insert(blob.end(), f.begin(), f.end());
+  return blob;
+}
+
+}  // namespace
+
+// Raw frames are unshuffled from the blob without zstd: whatever their content-size field,
+// blocks and place among other frames, the decode is stock zstd's, and a frame zstd refuses is
+// refused.
+TEST(ChunkCodec, RawFramesDecodeAsStockZstdDoes) {
+  const size_t n = 150000;  // elements: planes of 150000 bytes
+  const auto raw = f16ish(n, 31);
+  std::vector<std::byte> filtered(raw.size());
+  shuffle_bytes(raw, 2, filtered);
+  const std::byte* f = filtered.data();
+  std::vector<std::byte> high(f + n, f + 2 * n), compressed(ZSTD_compressBound(n));
+  compressed.resize(ZSTD_compress(compressed.data(), compressed.size(), high.data(), n, 1));
+  ChunkDecoder dec;
+  std::vector<std::byte> out(raw.size()), want(raw.size()), plain(raw.size());
+  // True when the blob decodes to `raw`; and whether or not, stock zstd says the same of it.
+  auto decodes = [&](const std::vector<std::vector<std::byte>>& frames) {
+    const auto blob = blob_of(raw.size(), frames);
+    const auto payload = std::span<const std::byte>(blob).subspan(kBlobHeaderBytes);
+    const size_t z = ZSTD_decompress(plain.data(), plain.size(), payload.data(), payload.size());
+    const bool zstd_ok = !ZSTD_isError(z) && z == raw.size();
+    if (zstd_ok) unshuffle_bytes(plain, 2, want);
+    std::fill(out.begin(), out.end(), std::byte{0});
+    const bool ok = dec.decode_into(blob, out).ok();
+    EXPECT_EQ(ok, zstd_ok);
+    if (ok && zstd_ok) {
+      EXPECT_EQ(out, want);
+    }
+    return ok && out == raw;
+  };
+  // As put_raw_frame writes it, and with every content-size width.
+  EXPECT_TRUE(decodes({raw_frame(f, {131072, n - 131072}, 4), compressed}));
+  EXPECT_TRUE(decodes({raw_frame(f, {131072, n - 131072}, 8), compressed}));
+  EXPECT_TRUE(decodes({raw_frame(f, {1000, 131072, n - 132072}, 4), compressed}));
+  EXPECT_TRUE(decodes({raw_frame(f, {1000}, 2), raw_frame(f + 1000, {200}, 1),
+                       raw_frame(f + 1200, {131072, n - 132272}, 4), compressed}));
+  // Not single segment (zstd decodes it), and one frame across both planes.
+  EXPECT_TRUE(decodes({raw_frame(f, {131072, n - 131072}, 0), compressed}));
+  EXPECT_TRUE(decodes({raw_frame(f, {131072, 131072, 2 * n - 262144}, 4)}));
+  // A raw block over 128 KiB: left to zstd (which takes it), the same either way.
+  (void)decodes({raw_frame(f, {131073, n - 131073}, 4), compressed});
+  // Frames that stock zstd refuses: a content size that disagrees with the blocks, more bytes
+  // than the chunk holds, fewer.
+  EXPECT_FALSE(decodes({raw_frame(f, {131072, n - 131072}, 4, +1), compressed}));
+  EXPECT_FALSE(decodes({raw_frame(f, {131072, n - 131072}, 4, -1), compressed}));
+  EXPECT_FALSE(decodes({raw_frame(f, {131072, n - 131072}, 4), raw_frame(f, {10}, 4), compressed}));
+  EXPECT_FALSE(decodes({raw_frame(f, {131072, n - 131072}, 4)}));
+  EXPECT_FALSE(decodes({compressed, raw_frame(f, {131072, n - 131072}, 4)})) << "the planes swapped";
+}
+
 TEST(ChunkCodec, RefusesOversizedChunks) {
   ChunkEncoder enc;
   std::vector<std::byte> big(kMaxChunkRawBytes + 1);

@@ -363,6 +363,46 @@ TEST(SnapshotHostile, EveryTruncationIsAnError) {
   }
 }
 
+// A chunk whose low-byte plane is stored as a raw zstd frame (unshuffled straight from the
+// blob, not through zstd): a byte flipped there fails the read of that chunk, in both the
+// whole-chunk path (verify, restore) and through the cache, never giving other bytes.
+TEST(SnapshotHostile, AFlipInARawPlaneFailsTheRead) {
+  SynthSpec s;
+  s.cells = 64;
+  s.layers = {{1, 4096, 1, 4096}};
+  s.f16_like = true;
+  const auto state = build_state(s);
+  SnapshotManifest m;
+  auto file = make_file(state, {}, opts_with(64), &m);
+  ASSERT_FALSE(file.empty());
+  const std::array<std::byte, 5> raw_frame = {std::byte{0x28}, std::byte{0xB5}, std::byte{0x2F}, std::byte{0xFD},
+                                              std::byte{0xA0}};  // put_raw_frame's magic and descriptor
+  uint64_t at = snapshot_detail::kPreambleBytes, flipped = 0;
+  for (const ChunkRef& c : m.chunks) {
+    const std::byte* p = file.data() + at + kBlobHeaderBytes;
+    if (c.stored_size > kBlobHeaderBytes + 2000 && file[at + 5] == std::byte{1} &&
+        std::memcmp(p, raw_frame.data(), raw_frame.size()) == 0) {
+      file[at + kBlobHeaderBytes + 9 + 3 + 1000] ^= std::byte{0x10};  // in the first raw block
+      ++flipped;
+      break;
+    }
+    at += c.stored_size;
+  }
+  ASSERT_EQ(flipped, 1u) << "no chunk with a raw plane";
+  MemoryFile f("raw.kvsnap", std::span<const std::byte>(file));
+  auto r = open_snapshot_file(f);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const Status v = (*r)->verify_chunks();
+  EXPECT_EQ(v.code(), Code::kCorruption);
+  EXPECT_NE(v.message().find("SHA-256"), std::string::npos) << v.ToString();
+  std::vector<std::byte> b(state.size());
+  EXPECT_FALSE((*r)->original().read_at(0, b).ok());
+  std::vector<std::byte> small(100);  // through the cache: part of every chunk
+  bool failed = false;
+  for (uint64_t o = 0; o + small.size() <= state.size(); o += 4096) failed |= !(*r)->original().read_at(o, small).ok();
+  EXPECT_TRUE(failed);
+}
+
 TEST(SnapshotHostile, EveryByteFlipIsCaughtOrHarmless) {
   SynthSpec s;
   s.v_trans = 1;

@@ -38,6 +38,9 @@ struct SynthSpec {
   uint64_t logits = 11;        // v9 floats
   uint64_t embd = 0;
   uint32_t seed = 1;
+  // f16 K/V as real caches hold them: a random low byte, the high byte (sign, exponent) from
+  // a narrow range, so a chunk's high-byte plane compresses and its low one is stored raw.
+  bool f16_like = false;
 };
 
 inline uint32_t synth_block_elems(int32_t t) { return (t == 0 || t == 1 || t == 30) ? 1 : 32; }
@@ -61,6 +64,11 @@ class ByteBuilder {
   void u64(uint64_t v) { u32(uint32_t(v)); u32(uint32_t(v >> 32)); }
   void str(const std::string& s) { u32(uint32_t(s.size())); for (char c : s) b.push_back(std::byte(c)); }
   void fill(uint64_t n, std::mt19937& rng) { for (uint64_t i = 0; i < n; ++i) b.push_back(std::byte(rng() & 0xff)); }
+  // Tensor data of ggml type t: f16-like values (SynthSpec::f16_like) or random bytes.
+  void fill_kv(uint64_t n, int32_t t, bool f16_like, std::mt19937& rng) {
+    if (!f16_like || t != 1) return fill(n, rng);
+    for (uint64_t i = 0; i < n; ++i) b.push_back(std::byte(i % 2 ? 0x30 + rng() % 12 : rng() & 0xff));
+  }
   std::vector<std::byte> b;
 };
 
@@ -81,7 +89,7 @@ inline void synth_kv_section(const SynthSpec& s, ByteBuilder& w, std::mt19937& r
       const uint64_t row = uint64_t(L.n_embd_k) / synth_block_elems(L.k_type) * synth_block_bytes(L.k_type);
       w.i32(L.k_type);
       w.u64(row);
-      w.fill(row * s.cells, rng);
+      w.fill_kv(row * s.cells, L.k_type, s.f16_like, rng);
     }
     for (const auto& L : s.layers) {
       if (!L.has_v) continue;
@@ -89,11 +97,11 @@ inline void synth_kv_section(const SynthSpec& s, ByteBuilder& w, std::mt19937& r
       if (!s.v_trans) {
         const uint64_t row = uint64_t(L.n_embd_v) / synth_block_elems(L.v_type) * synth_block_bytes(L.v_type);
         w.u64(row);
-        w.fill(row * s.cells, rng);
+        w.fill_kv(row * s.cells, L.v_type, s.f16_like, rng);
       } else {
         w.u32(synth_block_bytes(L.v_type));
         w.u32(L.n_embd_v);
-        w.fill(uint64_t(L.n_embd_v) * s.cells * synth_block_bytes(L.v_type), rng);
+        w.fill_kv(uint64_t(L.n_embd_v) * s.cells * synth_block_bytes(L.v_type), L.v_type, s.f16_like, rng);
       }
     }
   }
