@@ -525,7 +525,9 @@ def run_tenant_per_namespace(kvsnap, llama, model, work):
     with open(key, "w") as f:
         f.write("7" * 64 + "\n")
     os.chmod(key, 0o600)
-    base = ["-m", model, "-c", "4096", "-np", "1", "-t", "1", "--no-warmup", "-fa", "on"]
+    # two slots: each conversation keeps its own until shutdown saves both (with one slot, bob's turn
+    # would have to save ana's first, and a save queued behind her answer may not have run by then)
+    base = ["-m", model, "-c", "4096", "-np", "2", "-t", "1", "--no-warmup", "-fa", "on"]
     tpn = ["--key-file", key, "--tenant-per-namespace"]
     other = "A second conversation, about the price of apples at the market in the autumn of that year."
     ana, bob = {"X-Kvsnap-Session": "ana"}, {"X-Kvsnap-Session": "bob"}
@@ -540,7 +542,7 @@ def run_tenant_per_namespace(kvsnap, llama, model, work):
 
     proc, port, log = start_serve(kvsnap, llama, store, work, "tenants-1", base, serve_args=tpn)
     n_prompt, n_full = n_tokens(port, PROMPT), n_tokens(port, PROMPT + SUFFIX)
-    for prompt, who in ((PROMPT, ana), (other, bob)):  # -np 1: bob's turn saves ana's slot first
+    for prompt, who in ((PROMPT, ana), (other, bob)):
         s, _ = ask(port, prompt, who)
         check(s == 200, f"tenants: {who['X-Kvsnap-Session']}'s first turn")
     stop_serve(proc, log, "tenants-1", work)
@@ -562,7 +564,7 @@ def run_tenant_per_namespace(kvsnap, llama, model, work):
     check(s == 200 and n >= n_prompt and "prefix: restored" not in text,
           f"tenants: bob asking ana's prompt gets no restore (evaluates {n} of {n_full} tokens)")
 
-    # each asks its own again, through one slot: each restored from its own tenant's snapshot
+    # each asks its own again: each restored from its own tenant's snapshot
     proc, port, log = start_serve(kvsnap, llama, store, work, "tenants-3", base, serve_args=tpn)
     s_bob, n_bob = ask(port, other + SUFFIX, bob)
     s_ana, n_ana = ask(port, PROMPT + SUFFIX, ana)
