@@ -103,7 +103,7 @@ Status run_gc(const GcOpts& o, std::string& out) {
     return Status::OK();
   }
   if (r.skipped_busy) {
-    out += "gc: a save is running; nothing deleted (kvsnap gc --wait waits for it)\n";
+    out += "gc: a save or a restore is running; nothing deleted (kvsnap gc --wait waits for it)\n";
     return Status::OK();
   }
   char buf[512];
@@ -191,6 +191,7 @@ struct RekeyOpts {
   std::string store;
   StoreKeyConfig next;  // --new-key-file, --new-key-command
   bool json = false;
+  int threads = 0;
   ProgressFlags progress;
 };
 
@@ -202,6 +203,7 @@ Status run_rekey(const RekeyOpts& o, std::string& out) {
   Result<RekeyReport> rekeyed = [&] {
     ProgressDisplay shown("rekey", Counted::kRead, 0, o.progress.mode(o.json));
     RekeyOptions ro;
+    ro.threads = uint32_t(std::max(0, o.threads));
     ro.progress = [&](const RekeyProgress& p) -> Status {
       shown.set_total(p.bytes_total);
       shown.set_files(p.snapshots_done, p.snapshots_total);
@@ -249,7 +251,7 @@ void setup_maintain_commands(CLI::App& app, int& exit_status) {
   {
     auto o = std::make_shared<GcOpts>();
     auto* sub = app.add_subcommand("gc", "Delete chunks nobody uses, orphans of crashed saves and temporaries");
-    sub->add_flag("--wait", o->wait, "wait for running saves instead of skipping");
+    sub->add_flag("--wait", o->wait, "wait for running saves and restores instead of skipping");
     sub->add_option("--max-bytes", o->max_bytes,
                     "first evict snapshots until the store holds at most N bytes after dedup (N, or 500M, 20G, 1T)");
     sub->add_option("--tenant", o->tenant, "with --max-bytes: cap only this tenant's snapshots (tag serve.ns)");
@@ -295,6 +297,7 @@ void setup_maintain_commands(CLI::App& app, int& exit_status) {
                                "current one");
     nf->excludes(sub->add_option("--new-key-command", o->next.key_command, "the same, printed by a command"));
     sub->add_flag("--json", o->json, "machine-readable result (and progress as JSON lines on stderr)");
+    sub->add_option("--threads,-t", o->threads, "chunks opened and sealed again at once (default: all cores)");
     add_progress_flags(sub, o->progress);
     sub->footer("\nEvery snapshot is read with the current key (--key-file or --key-command) and sealed again\n"
                 "with the new one, chunk by chunk (ids change: they are keyed), then its catalog rows are swapped\n"

@@ -154,7 +154,7 @@ Status check_export_entry(const ExportEntry& e) {
   std::string problem = name_problem(e.name);
   if (!problem.empty()) return Status::InvalidArgument("archive entry " + quote(e.name) + ": " + problem);
   const std::string where = "archive entry " + quote(e.name);
-  if (!e.file && !e.produce) return Status::InvalidArgument(where + ": neither a file nor a producer");
+  if (!e.file && !e.produce && !e.make) return Status::InvalidArgument(where + ": neither a file nor a producer");
   if (e.file && e.file->size() != e.size) {
     return Status::InvalidArgument(where + ": declared " + std::to_string(e.size) + " bytes but " + e.file->name() +
                                    " has " + std::to_string(e.file->size()));
@@ -220,6 +220,12 @@ Entry make_header(const ExportEntry& e, const ArchiveWriteOptions& o) {
 
 Status write_entry(archive* a, const SinkContext& sink, const ExportEntry& e, const ArchiveWriteOptions& o) {
   const std::string where = "archive entry " + quote(e.name);
+  if (!e.file && !e.produce) {  // made now, copied, dropped
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> made, e.make());
+    const ExportEntry now = ExportEntry::FromFile(e.name, *made);
+    KV_RETURN_IF_ERROR(check_export_entry(now));
+    return write_entry(a, sink, now, o);
+  }
   Entry h = make_header(e, o);
   if (!h) return Status::IOError(where + ": out of memory");
   if (archive_write_header(a, h.get()) != ARCHIVE_OK) return write_failure(a, sink, where);

@@ -50,6 +50,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -64,21 +65,27 @@ Status validate_archive_entry_name(std::string_view name);
 
 // ---- Writing ----------------------------------------------------------------
 
-// One regular file of an archive: its bytes come from `file` (read in pieces)
-// or from `produce`, which must append exactly `size` bytes to the sink it is
+// One regular file of an archive: its bytes come from `file` (read in pieces),
+// from `produce`, which must append exactly `size` bytes to the sink it is
 // given, in pieces of the size it likes (each piece goes straight to the
-// compressor; nothing is buffered per entry).
+// compressor; nothing is buffered per entry), or from the file `make` returns
+// when the writer reaches the entry (its size is that file's; it is dropped
+// once copied): bytes whose size is known only once they are made, made once.
 struct ExportEntry {
   std::string name;
   uint64_t size = 0;
   const ReadableFile* file = nullptr;            // not owned; outlives the write
   std::function<Status(ByteSink& out)> produce;  // used when file is null
+  std::function<Result<std::unique_ptr<ReadableFile>>()> make;  // used when both are null
 
   static ExportEntry FromFile(std::string name, const ReadableFile& file) {
-    return ExportEntry{std::move(name), file.size(), &file, nullptr};
+    return ExportEntry{std::move(name), file.size(), &file, nullptr, nullptr};
   }
   static ExportEntry FromProducer(std::string name, uint64_t size, std::function<Status(ByteSink& out)> produce) {
-    return ExportEntry{std::move(name), size, nullptr, std::move(produce)};
+    return ExportEntry{std::move(name), size, nullptr, std::move(produce), nullptr};
+  }
+  static ExportEntry FromMadeFile(std::string name, std::function<Result<std::unique_ptr<ReadableFile>>()> make) {
+    return ExportEntry{std::move(name), 0, nullptr, nullptr, std::move(make)};
   }
 };
 

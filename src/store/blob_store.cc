@@ -56,6 +56,8 @@ Result<std::unique_ptr<BlobWriteBatch>> BlobStore::begin_write(bool wait) {
   return new_batch(std::move(hold));
 }
 
+Result<std::unique_ptr<GcLockHold>> BlobStore::hold_for_read() { return locks_->lock_shared(/*wait=*/true); }
+
 Result<std::unique_ptr<GcLock>> BlobStore::lock_for_gc(bool wait) { return GcLock::take(*locks_, wait); }
 
 Result<std::vector<std::byte>> BlobStore::get(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes) {

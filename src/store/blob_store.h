@@ -36,10 +36,18 @@
 //     gc lock (a GcLock, gc_lock.h), which the type system enforces here.
 // While gc holds the lock, no save is between "blob written" and "catalog
 // committed", so an orphan blob is truly garbage and a refcount-0 chunk cannot
-// be revived. Both locks come from the GcLocks the store was opened with
+// be revived.
+//
+// Readers hold it too. A restore (or export, verify) reads a snapshot's rows
+// first and its blobs after; meanwhile the rows may change (rekey swaps them
+// for chunks sealed under the new key, rm drops them) and leave the chunks it
+// is about to read at refcount 0. So every reader holds the SHARED gc lock
+// (hold_for_read) from before it reads the rows until its last blob read: a gc
+// then either ran before the rows were read (and deleted nothing they name) or
+// waits (a gc that does not wait skips) until the reader is done. Both locks come from the GcLocks the store was opened with
 // (begin_write and lock_for_gc below take them, so no implementation can skip
 // them); a crashed process holds nothing. A gc that does not wait simply skips
-// when a save is running.
+// when a save or a read is running.
 //
 // Thread safety: a BlobStore and a BlobWriteBatch may be shared between
 // threads (a save appends from its encoder pipeline, a restore reads in
@@ -137,8 +145,13 @@ class BlobStore {
   // Starts a save: takes the shared gc lock. With wait=false returns nullptr
   // when a gc holds the lock.
   Result<std::unique_ptr<BlobWriteBatch>> begin_write(bool wait = true);
-  // Takes the exclusive gc lock. With wait=false returns nullptr when a save
-  // (or another gc) holds it.
+  // A reader's hold on the blobs its rows name (the shared gc lock, "readers"
+  // above); waits while a gc runs. A thread takes one hold at a time: on a
+  // catalog server a gc waiting between two holds of one thread would wait for
+  // the first while the second waits for it.
+  Result<std::unique_ptr<GcLockHold>> hold_for_read();
+  // Takes the exclusive gc lock. With wait=false returns nullptr when a save,
+  // a reader (or another gc) holds it.
   Result<std::unique_ptr<GcLock>> lock_for_gc(bool wait);
 
   // Whether the loose blob of `h` is there.

@@ -103,9 +103,11 @@ namespace {
 
 class OpenedSnapshot final : public StoredSnapshot {
  public:
-  OpenedSnapshot(SnapshotInfo info, BlobStore& blobs) : info_(std::move(info)), source_(blobs) {}
+  OpenedSnapshot(std::unique_ptr<GcLockHold> hold, SnapshotInfo info, BlobStore& blobs)
+      : hold_(std::move(hold)), info_(std::move(info)), source_(blobs) {}
   const SnapshotInfo& info() const override { return info_; }
   const SnapshotReader& reader() const override { return *reader_; }
+  std::unique_ptr<GcLockHold> hold_;  // first: released after the reader is gone
   SnapshotInfo info_;
   BlobSource source_;
   std::unique_ptr<SnapshotReader> reader_;
@@ -431,10 +433,17 @@ Result<EvictResult> Store::evict(EvictionRequest req, bool dry_run, bool wait_gc
 }
 
 Result<std::unique_ptr<StoredSnapshot>> Store::open_snapshot(const std::string& ref) {
+  // Taken before the rows are read, kept while the snapshot is open (blob_store.h, "readers").
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLockHold> hold, blobs_->hold_for_read());
+  return open_snapshot_held(ref, std::move(hold));
+}
+
+Result<std::unique_ptr<StoredSnapshot>> Store::open_snapshot_held(const std::string& ref,
+                                                                  std::unique_ptr<GcLockHold> hold) {
   KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
   KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
   KV_ASSIGN_OR_RETURN(std::vector<std::byte> manifest, manifest_of(rec));
-  auto s = std::make_unique<OpenedSnapshot>(std::move(rec.info), *blobs_);
+  auto s = std::make_unique<OpenedSnapshot>(std::move(hold), std::move(rec.info), *blobs_);
   KV_ASSIGN_OR_RETURN(std::vector<ChunkUse> uses, catalog_->chunks_of(id));
   s->source_.add(uses);
   SnapshotReadOptions ro;
@@ -558,6 +567,8 @@ Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
   }
   for (int64_t id : ids) {
     const std::string who = "snapshot " + std::to_string(id);
+    // Before its rows are read (blob_store.h, "readers"); the opened snapshot keeps it.
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLockHold> hold, blobs_->hold_for_read());
     KV_ASSIGN_OR_RETURN(SnapshotInfo row, catalog_->get_info(id));
     ++rep.snapshots;
     if (row.tenant && (!cipher_ || *row.tenant != cipher_->tenant() ||
@@ -565,7 +576,7 @@ Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
       verify_sealed(row, rep);  // not this key's to open: what needs no key
       continue;
     }
-    auto snap = open_snapshot(std::to_string(id));
+    auto snap = open_snapshot_held(std::to_string(id), std::move(hold));
     if (!snap.ok()) {
       if (snap.status().code() == Code::kInterrupted) return snap.status();  // stopped, not damaged
       rep.problems.push_back(who + ": " + snap.status().ToString());
@@ -627,9 +638,8 @@ constexpr const char* kExportIndex = "kvsnap-export.json";
 constexpr const char* kSealedMetadata = "sealed_metadata";  // an index entry's sealed labels (hex)
 
 // export --decrypt: the snapshot's original saved again as a plain standalone file (every chunk
-// opened, decoded and encoded again under its SHA-256 id) into `out`, or only counted when `out`
-// is null (the archive needs each entry's size first). Returns the file's size.
-Result<uint64_t> write_plain_file(const StoredSnapshot& snap, ByteSink* out) {
+// opened, decoded and encoded again under its SHA-256 id) into `out`.
+Status write_plain_file(const StoredSnapshot& snap, ByteSink& out) {
   const SnapshotReader& r = snap.reader();
   SnapshotOptions so;
   so.cells_per_chunk = r.manifest().cells_per_chunk;
@@ -639,17 +649,23 @@ Result<uint64_t> write_plain_file(const StoredSnapshot& snap, ByteSink* out) {
   so.writer = r.provenance().writer;
   so.model = r.manifest().model;
   so.created = snap.info().created;
-  CountingSink count;
-  TeeSink tee(out ? *out : static_cast<ByteSink&>(count), count);
-  ByteSink& sink = out ? static_cast<ByteSink&>(tee) : static_cast<ByteSink&>(count);
-  if (r.manifest().mlx) {
-    KV_RETURN_IF_ERROR(write_mlx_again(r, so, sink));
-  } else {
-    KV_ASSIGN_OR_RETURN(StateFile state, r.parse_original());
-    KV_RETURN_IF_ERROR(write_snapshot_file(state, r.original(), so, sink).status());
-  }
-  return count.count;
+  if (r.manifest().mlx) return write_mlx_again(r, so, out);
+  KV_ASSIGN_OR_RETURN(StateFile state, r.parse_original());
+  return write_snapshot_file(state, r.original(), so, out).status();
 }
+
+// A file in the store's tmp/, removed when this is destroyed (after the file is closed).
+class TempReadable final : public ReadableFile {
+ public:
+  TempReadable(Io& io, std::string path, std::unique_ptr<ReadableFile> f) : temp_{io, std::move(path)}, f_(std::move(f)) {}
+  uint64_t size() const override { return f_->size(); }
+  Status read_at(uint64_t offset, std::span<std::byte> dst) const override { return f_->read_at(offset, dst); }
+  const std::string& name() const override { return f_->name(); }
+
+ private:
+  TempFile temp_;                   // destroyed last
+  std::unique_ptr<ReadableFile> f_;
+};
 
 std::string export_entry_name(const SnapshotInfo& s) { return "snapshots/" + s.uuid + ".kvsnap"; }
 
@@ -800,17 +816,17 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
     SnapshotInfo info;
     std::unique_ptr<SnapshotFileAssembler> file;
     std::unique_ptr<StoredSnapshot> opened;  // --decrypt: written again as a plain file
-    uint64_t plain_size = 0;
   };
   std::vector<Item> items;
+  // One hold for every snapshot exported (blob_store.h, "readers"): the items open theirs without one.
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLockHold> hold, blobs_->hold_for_read());
   BlobSource source(*blobs_);
   nlohmann::json index = {{"kvsnap_export", 1}, {"snapshots", nlohmann::json::array()}};
   for (const auto& ref : refs) {
     KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
     KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
     if (decrypt && rec.info.tenant) {
-      KV_ASSIGN_OR_RETURN(auto opened, open_snapshot(std::to_string(id)));
-      KV_ASSIGN_OR_RETURN(uint64_t size, write_plain_file(*opened, nullptr));
+      KV_ASSIGN_OR_RETURN(auto opened, open_snapshot_held(std::to_string(id), nullptr));
       SnapshotInfo plain = rec.info;
       plain.tenant.reset();
       // The plain file is built again (SHA-256 chunk ids): its digest is not the keyed one; a plain
@@ -818,7 +834,7 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
       plain.content_sha256.clear();
       KV_ASSIGN_OR_RETURN(nlohmann::json entry, index_entry(plain, Sha256Digest{}, nullptr));
       index["snapshots"].push_back(std::move(entry));
-      items.push_back({std::move(plain), nullptr, std::move(opened), size});
+      items.push_back({std::move(plain), nullptr, std::move(opened)});
       continue;
     }
     KV_ASSIGN_OR_RETURN(std::vector<std::byte> manifest, manifest_of(rec));
@@ -830,7 +846,7 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
                         SnapshotFileAssembler::plan(m, source, m.encryption ? cipher() : nullptr));
     KV_ASSIGN_OR_RETURN(nlohmann::json entry, index_entry(rec.info, m.content_digest, cipher()));
     index["snapshots"].push_back(std::move(entry));
-    items.push_back({std::move(rec.info), std::make_unique<SnapshotFileAssembler>(std::move(a)), nullptr, 0});
+    items.push_back({std::move(rec.info), std::make_unique<SnapshotFileAssembler>(std::move(a)), nullptr});
   }
   const std::string index_text = json_text(index, 2) + "\n";
   std::vector<ExportEntry> entries;
@@ -839,9 +855,16 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
   }));
   for (const auto& it : items) {
     if (it.opened) {
+      // Its size is known only once it is encoded: encoded once, into tmp/, when the archive
+      // reaches it (so one plain file at a time takes disk), then copied in.
       const StoredSnapshot* snap = it.opened.get();
-      entries.push_back(ExportEntry::FromProducer(export_entry_name(it.info), it.plain_size, [snap](ByteSink& out) {
-        return write_plain_file(*snap, &out).status();
+      entries.push_back(ExportEntry::FromMadeFile(export_entry_name(it.info), [this, snap]() -> Result<std::unique_ptr<ReadableFile>> {
+        const std::string path = temp_name(paths_, "export-plain");
+        TempFile written{io_, path};  // removed on failure
+        KV_RETURN_IF_ERROR(write_temp(io_, path, [&](ByteSink& o) { return write_plain_file(*snap, o); }));
+        KV_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> f, io_.open_read(path));
+        written.path.clear();  // the TempReadable removes it
+        return std::unique_ptr<ReadableFile>(std::make_unique<TempReadable>(io_, path, std::move(f)));
       }));
       continue;
     }

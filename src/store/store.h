@@ -25,6 +25,9 @@
 //     (its data is committed and the cap cannot be met by evicting) and
 //     SaveResult::cap_warnings says so. A restore records its time
 //     (last_restored), the order eviction follows (eviction.h).
+//   - a restore (and export, verify) holds the shared gc lock from before it
+//     reads the snapshot's rows until its last blob read, so a concurrent
+//     rekey or rm cannot have gc delete what it is reading.
 //   - verify re-hashes everything it is asked about and lists every problem.
 #pragma once
 
@@ -42,6 +45,7 @@
 #include "format/llama_state.h"
 #include "format/mlx_prompt_cache.h"
 #include "format/snapshot.h"
+#include "format/snapshot_reseal.h"
 #include "migrate/conversion_spec.h"
 #include "migrate/model_info.h"
 #include "store/blob_store.h"
@@ -155,6 +159,7 @@ struct RekeyProgress {
   uint64_t bytes_done = 0, bytes_total = 0;  // stored bytes of the snapshots' chunks
 };
 struct RekeyOptions {
+  uint32_t threads = 0;  // chunks opened and sealed again at once; 0: every core
   // Called before the first snapshot and after each one is swapped. An error stops the rotation
   // there and is returned: the store stays whole and mid-rotation; kvsnap rekey again finishes it.
   std::function<Status(const RekeyProgress&)> progress;
@@ -199,6 +204,9 @@ class Store {
   // In an encrypted store it is sealed exactly as save() seals a llama.cpp state.
   Result<SaveResult> save_mlx(const ReadableFile& file, const MlxPromptCache& cache, const SaveRequest& req);
   Result<RestoreResult> restore(const std::string& ref, const RestoreRequest& req, ByteSink& out);
+  // While the snapshot is open it holds the shared gc lock (blob_store.h, "readers"), so the
+  // blobs its rows named stay even if rekey or rm changes the rows meanwhile; a gc that does not
+  // wait skips until it is closed. Close it before a gc that waits, in the same thread.
   Result<std::unique_ptr<StoredSnapshot>> open_snapshot(const std::string& ref);
 
   Result<SnapshotInfo> remove(const std::string& ref);  // also deletes blobs nobody uses any more
@@ -249,12 +257,19 @@ class Store {
   Result<SaveResult> save_manifest(const SnapshotManifest& m, const std::vector<ChunkUse>& uses,
                                    const StateFile& parsed, const SaveRequest& req, double t0);
   Result<RestoreResult> restore_unlabeled(const std::string& ref, const RestoreRequest& req, ByteSink& out);
+  // open_snapshot() under a hold the caller took (nullptr: one it keeps itself, as export does);
+  // the snapshot keeps `hold` while it is open.
+  Result<std::unique_ptr<StoredSnapshot>> open_snapshot_held(const std::string& ref, std::unique_ptr<GcLockHold> hold);
   // The key checks of open(): see docs/store.md, "Encryption at rest".
   Status open_encryption(StoreParts& parts);
   // rekey() of one snapshot: its chunks and rows sealed again from `from` to `to` (one tenant's
   // ciphers), then its rows swapped. False when it was removed or rotated meanwhile.
+  // `resealed`: the tenant's chunks sealed under `to` by the snapshots swapped before (a chunk
+  // shared by several snapshots is decoded once); this snapshot's are added once it is swapped.
   Result<bool> rekey_snapshot(const SnapshotInfo& info, const ChunkCipher& from, const ChunkCipher& to,
-                              const RekeyOptions& opts, RekeyReport& rep);
+                              const RekeyOptions& opts, ResealedChunks& resealed, RekeyReport& rep);
+  // rekey_snapshot(): which of `resealed` the catalog still has rows for, of `m`'s chunks.
+  Result<ResealedChunks> still_stored(const SnapshotManifest& m, const ResealedChunks& resealed);
   // Marks the store encrypted with the given key on its first encrypted snapshot.
   Status init_encryption_meta();
   // Before every save: an encrypted store takes no plain snapshot (no key given); the first

@@ -1,7 +1,9 @@
 // Store::rekey (store.h): replacing an encrypted store's master key, snapshot by snapshot, on a
 // live store. Design: docs/store.md, "Key rotation".
+#include <algorithm>
 #include <map>
 
+#include "base/parallel.h"
 #include "format/snapshot_reseal.h"
 #include "store/store.h"
 #include "store/store_internal.h"
@@ -21,6 +23,34 @@ Status step(const RekeyOptions& o, std::string_view what) { return o.test_hook ?
 
 }  // namespace
 
+// The chunks of `m` that an earlier snapshot's rotation sealed under the new key and whose rows
+// the catalog still has. Asked under the caller's shared gc lock, so those rows and blobs stay
+// until its swap (a row can have gone since: its snapshot removed, then a gc).
+Result<ResealedChunks> Store::still_stored(const SnapshotManifest& m, const ResealedChunks& resealed) {
+  ResealedChunks known;
+  std::vector<ChunkHash> ids;
+  std::vector<const ResealedChunks::value_type*> of;
+  for (const ChunkRef& ref : m.chunks) {
+    auto it = resealed.find(ref.sha256);
+    if (it == resealed.end()) continue;
+    ChunkHash h;
+    h.bytes = it->second.id;
+    ids.push_back(h);
+    of.push_back(&*it);
+  }
+  for (size_t first = 0; first < ids.size(); first += Catalog::kChunkLookupBatch) {
+    const size_t n = std::min(Catalog::kChunkLookupBatch, ids.size() - first);
+    KV_ASSIGN_OR_RETURN(auto rows, catalog_->find_chunks(std::span<const ChunkHash>(ids).subspan(first, n)));
+    for (size_t i = 0; i < n; ++i)
+      if (rows[i]) known.insert(*of[first + i]);
+  }
+  return known;
+}
+
+namespace {
+
+}  // namespace
+
 Result<RekeyReport> Store::rekey(const MasterKey& to, const RekeyOptions& opts) {
   RekeyReport rep;
   rep.to_key_id = key_id_hex(to.id());
@@ -37,6 +67,7 @@ Result<RekeyReport> Store::rekey(const MasterKey& to, const RekeyOptions& opts) 
   KV_RETURN_IF_ERROR(step(opts, "begun"));
 
   std::map<std::string, std::pair<ChunkCipher, ChunkCipher>> ciphers;  // by tenant: (old, new)
+  std::map<std::string, ResealedChunks> resealed;                      // by tenant
   auto ciphers_of = [&](const std::string& tenant) -> Result<const std::pair<ChunkCipher, ChunkCipher>*> {
     auto it = ciphers.find(tenant);
     if (it == ciphers.end()) {
@@ -61,7 +92,7 @@ Result<RekeyReport> Store::rekey(const MasterKey& to, const RekeyOptions& opts) 
     if (opts.progress) KV_RETURN_IF_ERROR(opts.progress(p));
     for (const SnapshotInfo& s : todo) {
       KV_ASSIGN_OR_RETURN(auto c, ciphers_of(*s.tenant));
-      KV_RETURN_IF_ERROR(rekey_snapshot(s, c->first, c->second, opts, rep).status());
+      KV_RETURN_IF_ERROR(rekey_snapshot(s, c->first, c->second, opts, resealed[*s.tenant], rep).status());
       ++p.snapshots_done;
       p.bytes_done += s.stored_bytes;
       if (opts.progress) KV_RETURN_IF_ERROR(opts.progress(p));
@@ -84,7 +115,7 @@ Result<RekeyReport> Store::rekey(const MasterKey& to, const RekeyOptions& opts) 
 }
 
 Result<bool> Store::rekey_snapshot(const SnapshotInfo& info, const ChunkCipher& from, const ChunkCipher& to,
-                                   const RekeyOptions& opts, RekeyReport& rep) {
+                                   const RekeyOptions& opts, ResealedChunks& resealed, RekeyReport& rep) {
   const std::string who = snapshot_label(info);
   // The shared gc lock from before the first new blob until the swap, as a save holds it.
   KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
@@ -99,7 +130,11 @@ Result<bool> Store::rekey_snapshot(const SnapshotInfo& info, const ChunkCipher& 
   BlobSource source(*blobs_);
   source.add(uses);
   BlobSink sink(*batch, *catalog_);
-  auto sealed = reseal_snapshot(m, source, from, to, sink);
+  ResealOptions ro;
+  ro.threads = opts.threads ? opts.threads : default_threads();
+  KV_ASSIGN_OR_RETURN(ResealedChunks known, still_stored(m, resealed));
+  ro.known = &known;
+  auto sealed = reseal_snapshot(m, source, from, to, sink, ro);
   if (!sealed.ok()) return sealed.status().Prefixed(who);
   KV_RETURN_IF_ERROR(sink.finish());
   KV_RETURN_IF_ERROR(batch->commit());
@@ -121,6 +156,8 @@ Result<bool> Store::rekey_snapshot(const SnapshotInfo& info, const ChunkCipher& 
   }
   KV_RETURN_IF_ERROR(s.Prefixed(who));
   batch.reset();
+  for (size_t i = 0; i < m.chunks.size(); ++i)
+    resealed[m.chunks[i].sha256] = {sealed->chunks[i].sha256, sealed->chunks[i].stored_size};
   ++rep.rekeyed;
   rep.chunks += sink.uses.size();
   for (const ChunkUse& u : sink.uses) rep.bytes += u.stored_size;

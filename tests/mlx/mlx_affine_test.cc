@@ -53,8 +53,10 @@ TEST(MlxAffine, ANaNBecomesCodeZeroAndLeavesTheOtherCodesAlone) {
   x[10] = std::numeric_limits<float>::quiet_NaN();
   const Quantized q = quantize(x, 4, 64);
   EXPECT_EQ(mlx_affine_code(q.codes.data(), 10, 4), 0u);
-  for (int i = 0; i < 64; ++i)
-    if (i != 10) EXPECT_EQ(mlx_affine_code(q.codes.data(), i, 4), mlx_affine_code(plain.codes.data(), i, 4)) << i;
+  for (int i = 0; i < 64; ++i) {
+    if (i == 10) continue;
+    EXPECT_EQ(mlx_affine_code(q.codes.data(), i, 4), mlx_affine_code(plain.codes.data(), i, 4)) << i;
+  }
   EXPECT_EQ(q.scales[0], plain.scales[0]);
   EXPECT_EQ(q.biases[0], plain.biases[0]);
 }

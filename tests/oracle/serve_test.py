@@ -208,6 +208,7 @@ def main():
         serve_log.close()
         print(open(os.path.join(work, "serve.log")).read())
         run_prefix_restore(kvsnap, llama, model, work)
+        run_tenant_per_namespace(kvsnap, llama, model, work)
         run_requantize(kvsnap, llama, model, work)
         run_requantize_chat(kvsnap, llama, model, work)
         run_ladder(kvsnap, llama, model, work)
@@ -418,11 +419,11 @@ def stop_quietly(proc):
             os.kill(k, signal.SIGKILL)
 
 
-def start_serve(kvsnap, llama, store, work, name, args, env=None):
+def start_serve(kvsnap, llama, store, work, name, args, env=None, serve_args=()):
     port = free_port()
     log = open(os.path.join(work, name + ".log"), "w")
     proc = subprocess.Popen([kvsnap, "serve", "--listen", f"127.0.0.1:{port}", "--store", store, "--log",
-                             os.path.join(work, name + "-child.log"), "--", llama, *args], stdout=log,
+                             os.path.join(work, name + "-child.log"), *serve_args, "--", llama, *args], stdout=log,
                             stderr=subprocess.STDOUT, env=env)
     SERVES.append(proc)
     wait_health(port, proc, name)
@@ -513,6 +514,64 @@ def run_prefix_restore(kvsnap, llama, model, work):
     check(s == 200 and "prefix: restored" in text and n2 <= total - n1 + 1,
           f"prefix (chat, /apply-template, -fa auto): after a restart at q8_0 the next turn evaluates {n2} of {total} tokens "
           f"(the first turn was {n1})")
+    print("\n".join(l for l in text.splitlines() if "prefix:" in l))
+
+
+def run_tenant_per_namespace(kvsnap, llama, model, work):
+    """--tenant-per-namespace: two namespaces' conversations sealed under their own tenants; after a
+    restart each is restored only for its own namespace."""
+    store = os.path.join(work, "tenant-store")
+    key = os.path.join(work, "tenant.key")
+    with open(key, "w") as f:
+        f.write("7" * 64 + "\n")
+    os.chmod(key, 0o600)
+    # two slots: each conversation keeps its own until shutdown saves both (with one slot, bob's turn
+    # would have to save ana's first, and a save queued behind her answer may not have run by then)
+    base = ["-m", model, "-c", "4096", "-np", "2", "-t", "1", "--no-warmup", "-fa", "on"]
+    tpn = ["--key-file", key, "--tenant-per-namespace"]
+    other = "A second conversation, about the price of apples at the market in the autumn of that year."
+    ana, bob = {"X-Kvsnap-Session": "ana"}, {"X-Kvsnap-Session": "bob"}
+
+    def ask(port, prompt, who):
+        s, _, raw = request(port, "POST", "/completion", {"prompt": prompt, "n_predict": 1, "temperature": 0},
+                            headers=who)
+        return s, (json.loads(raw)["timings"]["prompt_n"] if s == 200 else raw)
+
+    def n_tokens(port, prompt):
+        return len(json.loads(request(port, "POST", "/tokenize", {"content": prompt, "add_special": True})[2])["tokens"])
+
+    proc, port, log = start_serve(kvsnap, llama, store, work, "tenants-1", base, serve_args=tpn)
+    n_prompt, n_full = n_tokens(port, PROMPT), n_tokens(port, PROMPT + SUFFIX)
+    for prompt, who in ((PROMPT, ana), (other, bob)):
+        s, _ = ask(port, prompt, who)
+        check(s == 200, f"tenants: {who['X-Kvsnap-Session']}'s first turn")
+    stop_serve(proc, log, "tenants-1", work)
+    for tenant in ("session-ana", "session-bob"):
+        rows = ls(kvsnap, store, "--key-file", key, "--tenant", tenant)
+        mine = [r for r in rows if (r.get("encryption") or {}).get("tenant") == tenant]
+        check(len(mine) >= 1 and len(mine) == len(rows),
+              f"tenants: {tenant} sees only its own snapshots, sealed for it ({len(mine)} of {len(rows)})")
+    ana_rows = ls(kvsnap, store, "--key-file", key, "--tenant", "session-ana")
+    if ana_rows:
+        p = subprocess.run([kvsnap, "restore", str(ana_rows[0]["id"]), "-o", os.path.join(work, "tenant-x.slot"),
+                            "--store", store, "--key-file", key, "--tenant", "session-bob"], capture_output=True, text=True)
+        check(p.returncode != 0, f"tenants: bob's tenant cannot restore ana's snapshot (exit {p.returncode})")
+
+    # bob asks ana's prompt: nothing of ana's may be restored for him
+    proc, port, log = start_serve(kvsnap, llama, store, work, "tenants-2", base, serve_args=tpn)
+    s, n = ask(port, PROMPT + SUFFIX, bob)
+    text = stop_serve(proc, log, "tenants-2", work)
+    check(s == 200 and n >= n_prompt and "prefix: restored" not in text,
+          f"tenants: bob asking ana's prompt gets no restore (evaluates {n} of {n_full} tokens)")
+
+    # each asks its own again: each restored from its own tenant's snapshot
+    proc, port, log = start_serve(kvsnap, llama, store, work, "tenants-3", base, serve_args=tpn)
+    s_bob, n_bob = ask(port, other + SUFFIX, bob)
+    s_ana, n_ana = ask(port, PROMPT + SUFFIX, ana)
+    text = stop_serve(proc, log, "tenants-3", work)
+    check(s_bob == 200 and n_bob <= 8, f"tenants: bob's own conversation is restored (evaluates {n_bob} tokens)")
+    check(s_ana == 200 and n_ana <= n_full - n_prompt + 1,
+          f"tenants: ana's own conversation is restored after bob's (evaluates {n_ana} of {n_full} tokens)")
     print("\n".join(l for l in text.splitlines() if "prefix:" in l))
 
 

@@ -11,6 +11,7 @@
 #include "beds/postgres_bed.h"
 #include "store/local_blob_store.h"
 #include "store/crypt_bed.h"
+#include "store/read_race_scenario.h"
 #include "store/pg_catalog.h"
 #include "store/pg_gc_locks.h"
 #include "store/store.h"
@@ -49,10 +50,11 @@ class PgStoreTest : public ::testing::Test {
   }
   // The same with a master key and tenant (encryption at rest).
   Result<std::unique_ptr<Store>> open_keyed(std::unique_ptr<GcLocks> locks = nullptr,
-                                            std::optional<MasterKey> key = std::nullopt, const std::string& tenant = "") {
+                                            std::optional<MasterKey> key = std::nullopt, const std::string& tenant = "",
+                                            Io& io = posix_io()) {
     if (!locks) locks = std::make_unique<PgGcLocks>(url_);
     StoreParts parts;
-    auto blobs = LocalBlobStore::open(posix_io(), dir_, std::move(locks));
+    auto blobs = LocalBlobStore::open(io, dir_, std::move(locks));
     auto catalog = PgCatalog::open(url_);
     EXPECT_TRUE(blobs.ok() && catalog.ok()) << blobs.status().ToString() << catalog.status().ToString();
     if (!blobs.ok()) return blobs.status();
@@ -62,7 +64,14 @@ class PgStoreTest : public ::testing::Test {
     parts.local_dir = dir_;
     parts.key = std::move(key);
     parts.tenant = tenant;
-    return Store::open(posix_io(), std::move(parts));
+    return Store::open(io, std::move(parts));
+  }
+  // read_race_scenario.h's opener: tenant alice with the master key in `key_file`, through `io`.
+  read_race::OpenWith alice() {
+    return [this](Io& io, const std::filesystem::path& key_file) -> Result<std::unique_ptr<Store>> {
+      KV_ASSIGN_OR_RETURN(MasterKey key, load_key_file(key_file.string()));
+      return open_keyed(nullptr, std::move(key), "alice", io);
+    };
   }
   std::string url_, db_, dir_;
 };
@@ -247,6 +256,18 @@ TEST_F(PgStoreTest, RekeyRotatesEveryTenantAndAStoppedRunResumes) {
   auto old_key = open_keyed(nullptr, key(keys.key_a), "alice");
   ASSERT_FALSE(old_key.ok());
   EXPECT_EQ(old_key.status().code(), Code::kMismatch);
+}
+
+// A restore's hold on PostgreSQL (the shared advisory lock): a restore that read its rows before
+// rekey swapped them, or before an rm, still reads their packs; the gc beside it is skipped.
+TEST_F(PgStoreTest, ARestoreBesideRekeyAndGcKeepsThePacksItReads) {
+  crypt_bed::Bed keys;
+  read_race::restore_beside_rekey_and_gc(keys, alice());
+}
+
+TEST_F(PgStoreTest, ARestoreBesideRmOfItsSnapshotFinishes) {
+  crypt_bed::Bed keys;
+  read_race::restore_beside_rm(keys, alice());
 }
 
 // A sealed export's name, tags and fingerprint on the PostgreSQL catalog: exported, removed and

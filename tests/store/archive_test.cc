@@ -372,8 +372,8 @@ TEST(ArchiveExport, RefusesBadEntriesWithoutCreatingAFile) {
       {{ExportEntry::FromProducer("../x", 0, ok)}, "'..' component"},
       {{ExportEntry::FromProducer("/abs", 0, ok)}, "absolute path"},
       {{ExportEntry::FromProducer("a", 0, ok), ExportEntry::FromProducer("a", 0, ok)}, "appears twice"},
-      {{ExportEntry{"a", 10, nullptr, nullptr}}, "neither a file nor a producer"},
-      {{ExportEntry{"a", 11, &f, nullptr}}, "declared 11 bytes"},
+      {{ExportEntry{"a", 10, nullptr, nullptr, nullptr}}, "neither a file nor a producer"},
+      {{ExportEntry{"a", 11, &f, nullptr, nullptr}}, "declared 11 bytes"},
       {{ExportEntry::FromProducer("a", 2, three)}, "more bytes than the declared 2"},
       {{ExportEntry::FromProducer("a", 4, three)}, "gave 3 of the declared 4"},
   };

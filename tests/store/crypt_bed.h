@@ -53,12 +53,13 @@ struct Bed {
     fs::remove_all(root);
     fs::remove_all(keys);
   }
-  Result<std::unique_ptr<Store>> open(const fs::path& key, const std::string& tenant = "", bool keyless_ok = false) {
+  Result<std::unique_ptr<Store>> open(const fs::path& key, const std::string& tenant = "", bool keyless_ok = false,
+                                       Io& io = posix_io()) {
     StoreLocation where = directory_store(root.string());
     where.keys.key_file = key.string();
     where.keys.tenant = tenant;
     where.keys.keyless_ok = keyless_ok;
-    return Store::open(posix_io(), where);
+    return Store::open(io, where);
   }
   std::unique_ptr<Store> must_open(const fs::path& key, const std::string& tenant = "") {
     auto s = open(key, tenant);

@@ -6,6 +6,7 @@
 //   io.fail_nth(FaultOp::kSync, 2, ENOSPC);        // the 2nd file fsync from now fails
 //   io.short_write_nth(1, 100);                    // the next append writes 100 bytes, then fails
 //   io.fail_matching(FaultOp::kRename, "/chunks/"); // every rename whose path contains "/chunks/"
+//   io.pause_reading("/packs/");                   // the next look at a pack waits for resume()
 //
 // Operations are counted per kind from construction; fail_nth counts from the
 // moment it is called. Thread-safe. Injected errors say "(injected)".
@@ -13,6 +14,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -72,6 +74,32 @@ class FaultInjectingIo final : public Io {
   }
   int injected() const { return injected_.load(); }
 
+  // The next exists() or open_read() whose path contains `needle` waits, before looking, until
+  // resume(): a reader stopped between reading the catalog and reading its blobs (tests of what
+  // runs meanwhile).
+  void pause_reading(std::string needle) {
+    std::lock_guard<std::mutex> g(mu_);
+    pause_needle_ = std::move(needle);
+    paused_ = resumed_ = false;
+  }
+  // Blocks until a reader waits in the paused open_read.
+  void wait_paused() {
+    std::unique_lock<std::mutex> g(mu_);
+    pause_cv_.wait(g, [&] { return paused_; });
+  }
+  void resume() {
+    std::lock_guard<std::mutex> g(mu_);
+    resumed_ = true;
+    pause_cv_.notify_all();
+  }
+  // From now on, counts the bytes read from files opened later whose path contains `needle`.
+  void count_reads(std::string needle) {
+    std::lock_guard<std::mutex> g(mu_);
+    count_needle_ = std::move(needle);
+    bytes_read_ = 0;
+  }
+  uint64_t bytes_read() const { return bytes_read_.load(); }
+
   // Counts the operation; returns the fault to apply, if any.
   std::optional<std::pair<int, std::optional<size_t>>> hit(FaultOp op, const std::string& path) {
     std::lock_guard<std::mutex> g(mu_);
@@ -91,7 +119,7 @@ class FaultInjectingIo final : public Io {
     return Status::IOError(path + ": " + fault_op_name(op) + ": " + std::strerror(err) + " (injected)");
   }
 
-  Result<std::unique_ptr<ReadableFile>> open_read(const std::string& path) override { return base_.open_read(path); }
+  Result<std::unique_ptr<ReadableFile>> open_read(const std::string& path) override;
   Result<std::unique_ptr<WritableFile>> open_write(const std::string& path, bool exclusive) override;
   Status rename(const std::string& from, const std::string& to) override {
     if (auto f = hit(FaultOp::kRename, from + " -> " + to)) return injected_status(FaultOp::kRename, from, f->first);
@@ -105,7 +133,10 @@ class FaultInjectingIo final : public Io {
     if (auto f = hit(FaultOp::kSyncDir, dir)) return injected_status(FaultOp::kSyncDir, dir, f->first);
     return base_.sync_dir(dir);
   }
-  Result<bool> exists(const std::string& path) override { return base_.exists(path); }
+  Result<bool> exists(const std::string& path) override {
+    maybe_pause(path);
+    return base_.exists(path);
+  }
   Result<std::vector<DirEntry>> list_dir(const std::string& dir) override { return base_.list_dir(dir); }
   Status create_dirs(const std::string& dir) override {
     if (auto f = hit(FaultOp::kCreateDirs, dir)) return injected_status(FaultOp::kCreateDirs, dir, f->first);
@@ -125,13 +156,52 @@ class FaultInjectingIo final : public Io {
     std::string needle;
   };
   class File;
+  class CountedFile;
+  void maybe_pause(const std::string& path) {
+    std::unique_lock<std::mutex> g(mu_);
+    if (pause_needle_.empty() || path.find(pause_needle_) == std::string::npos) return;
+    pause_needle_.clear();
+    paused_ = true;
+    pause_cv_.notify_all();
+    pause_cv_.wait(g, [&] { return resumed_; });
+  }
 
   Io& base_;
   mutable std::mutex mu_;
   std::map<FaultOp, int> count_;
   std::vector<Fault> faults_;
   std::atomic<int> injected_{0};
+  std::condition_variable pause_cv_;
+  std::string pause_needle_;
+  bool paused_ = false, resumed_ = false;
+  std::string count_needle_;
+  std::atomic<uint64_t> bytes_read_{0};
 };
+
+class FaultInjectingIo::CountedFile final : public ReadableFile {
+ public:
+  CountedFile(FaultInjectingIo& io, std::unique_ptr<ReadableFile> f) : io_(io), f_(std::move(f)) {}
+  uint64_t size() const override { return f_->size(); }
+  Status read_at(uint64_t offset, std::span<std::byte> dst) const override {
+    io_.bytes_read_ += dst.size();
+    return f_->read_at(offset, dst);
+  }
+  const std::string& name() const override { return f_->name(); }
+
+ private:
+  FaultInjectingIo& io_;
+  std::unique_ptr<ReadableFile> f_;
+};
+
+inline Result<std::unique_ptr<ReadableFile>> FaultInjectingIo::open_read(const std::string& path) {
+  maybe_pause(path);
+  KV_ASSIGN_OR_RETURN(auto file, base_.open_read(path));
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (count_needle_.empty() || path.find(count_needle_) == std::string::npos) return file;
+  }
+  return std::unique_ptr<ReadableFile>(new CountedFile(*this, std::move(file)));
+}
 
 class FaultInjectingIo::File final : public WritableFile {
  public:

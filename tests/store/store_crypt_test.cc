@@ -19,6 +19,7 @@
 #include "base/key_source.h"
 #include "format/state_prefix.h"
 #include "store/crypt_bed.h"
+#include "store/fault_io.h"
 #include "store/store.h"
 #include "archive_edit.h"
 #include "test_files.h"
@@ -432,6 +433,41 @@ struct LabelledExport {
     fs::remove(plain);
   }
 };
+
+// export --decrypt encodes each plain file once (into the store's tmp/, the archive then copies it):
+// it reads the snapshot's blobs from the packs as often as one restore does, not twice, and leaves
+// no temporary behind.
+TEST(StoreCrypt, ExportDecryptReadsEachBlobOnceAndLeavesNoTemporary) {
+  Bed b;
+  Loaded l = load(fixtures() / kSlot);
+  FaultInjectingIo io(posix_io());
+  auto alice = b.open(b.key_a, "alice", false, io);
+  ASSERT_TRUE(alice.ok()) << alice.status().ToString();
+  auto saved = (*alice)->save(*l.file, l.state, small_chunks());
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  const std::string id = std::to_string(saved->info.id);
+  auto reads = [&](const std::function<void(Store&)>& what) {
+    auto s = b.open(b.key_a, "alice", false, io);  // no pack open yet
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    io.count_reads("/packs/");
+    if (s.ok()) what(**s);
+    return io.bytes_read();
+  };
+  const uint64_t restore = reads([&](Store& s) { expect_restores(s, saved->info.uuid, l); });
+  const std::string archive = temp_path("once").string() + ".tar.zst";
+  const uint64_t exported = reads([&](Store& s) { ASSERT_TRUE(s.export_to({id}, archive, /*decrypt=*/true).ok()); });
+  EXPECT_GT(restore, 0u);
+  EXPECT_EQ(exported, restore) << "export --decrypt read the blobs " << double(exported) / double(restore) << " times";
+  EXPECT_TRUE(fs::is_empty(b.root / "tmp")) << "a temporary was left in tmp/";
+  Bed plain_bed;
+  auto plain = Store::open(posix_io(), StorePaths{plain_bed.root.string()});
+  ASSERT_TRUE(plain.ok());
+  auto in = (*plain)->import_from(archive);
+  fs::remove(archive);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  ASSERT_EQ(in->imported.size(), 1u);
+  EXPECT_EQ(in->imported[0].content_sha256, to_hex(sha256_of(l.bytes)));
+}
 
 TEST(StoreCrypt, ASealedExportKeepsNameTagsAndFingerprintForTheKeyHolder) {
   LabelledExport x;

@@ -10,6 +10,7 @@
 #include "base/key_source.h"
 #include "format/state_prefix.h"
 #include "store/crypt_bed.h"
+#include "store/read_race_scenario.h"
 #include "store/store.h"
 
 namespace kvsnap {
@@ -298,6 +299,58 @@ TEST(StoreRekey, SavesRestoresAndGcBetweenTheStepsOfARotationAreSafe) {
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   EXPECT_TRUE(v->problems.empty()) << v->problems[0];
   EXPECT_EQ(b.open(b.key_a, "alice").status().code(), Code::kMismatch);
+}
+
+// A chunk shared by several snapshots of a tenant is fetched and decoded once per rotation (the
+// later snapshots take its new id from the first), and the chunks go through several workers:
+// the packs are read for the store's distinct chunks only, and every snapshot restores byte for byte.
+TEST(StoreRekey, ASharedChunkIsReadOnceAndSeveralThreadsSealTheSameStore) {
+  Bed b;
+  Loaded l = load(fixtures() / kSlot);
+  const std::string want(reinterpret_cast<const char*>(l.bytes.data()), l.bytes.size());
+  std::vector<std::string> ids;
+  {
+    auto alice = b.must_open(b.key_a, "alice");
+    for (int i = 0; i < 3; ++i) {  // the same slot three times: every chunk shared
+      auto r = alice->save(*l.file, l.state, small_chunks());
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      ids.push_back(std::to_string(r->info.id));
+    }
+  }
+  auto before = b.must_open(b.key_a, "alice")->catalog().stats();
+  ASSERT_TRUE(before.ok());
+  FaultInjectingIo io(posix_io());
+  auto rotating = b.open(b.key_a, "alice", false, io);
+  ASSERT_TRUE(rotating.ok()) << rotating.status().ToString();
+  io.count_reads("/packs/");
+  RekeyOptions ro;
+  ro.threads = 3;
+  auto rep = (*rotating)->rekey(key_of(b.key_b), ro);
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  EXPECT_EQ(rep->rekeyed, 3u);
+  EXPECT_EQ(io.bytes_read(), before->stored_bytes) << "each distinct chunk read once, not once per snapshot";
+  auto after = b.must_open(b.key_b, "alice");
+  for (const std::string& id : ids) EXPECT_TRUE(restore_all(*after, id) == want) << "snapshot " << id;
+  auto v = after->verify({});
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_TRUE(v->problems.empty()) << v->problems[0];
+  auto st = after->catalog().stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->chunks, before->chunks);
+  EXPECT_EQ(st->stored_bytes, before->stored_bytes);
+}
+
+// A restore that read its rows before rekey swapped them still reads their packs: rekey's final
+// gc (here a gc after a rekey stopped before its own) waits for it (read_race_scenario.h).
+TEST(StoreRekey, ARestoreBesideTheFinalGcKeepsThePacksItReads) {
+  Bed b;
+  read_race::restore_beside_rekey_and_gc(b, [&](Io& io, const fs::path& key) { return b.open(key, "alice", false, io); });
+}
+
+// The same for rm's gc: a restore that began before the rm finishes byte for byte.
+TEST(StoreRekey, ARestoreBesideRmOfItsSnapshotFinishes) {
+  Bed b;
+  read_race::restore_beside_rm(b, [&](Io& io, const fs::path& key) { return b.open(key, "alice", false, io); });
 }
 
 }  // namespace
