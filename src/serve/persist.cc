@@ -1,6 +1,7 @@
 #include "serve/persist.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "base/sha256.h"
 #include "serve/requests.h"
@@ -71,6 +72,7 @@ void Persister::note_completion(const Exchange& x) {
       if (recent_.size() > kRecent) recent_.pop_front();
     }
     jobs_.push_back({slot_of_answer(x), x.prompt_tokens.empty()});
+    ++queued_;
   }
   cv_.notify_all();
 }
@@ -87,6 +89,7 @@ void Persister::worker() {
     save_changed(j.slot, j.unverifiable ? kUnattributed : "");
     l.lock();
     busy_ = false;
+    ++finished_;
     cv_.notify_all();
   }
 }
@@ -162,6 +165,12 @@ void Persister::save_changed(int only_slot, const std::string& fallback) {
          std::to_string(r->save.chunks_new) + "/" + std::to_string(r->save.chunks) + " chunks new");
   }
   if (on_saved_ && !changed.empty()) on_saved_();
+}
+
+bool Persister::wait_saved(double max_wait_s) {
+  std::unique_lock<std::mutex> l(mu_);
+  const uint64_t mark = queued_;  // later saves are not this caller's to wait for
+  return cv_.wait_for(l, std::chrono::duration<double>(max_wait_s), [&] { return finished_ >= mark || stop_; });
 }
 
 void Persister::save_all() {

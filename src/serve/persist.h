@@ -4,6 +4,9 @@
 // Promises:
 //   - note_completion() only queues work: the response it follows is never
 //     held up by the store (one worker thread does every save, in order);
+//   - wait_saved() holds the next completion until the saves queued before it
+//     have run, so a request that takes a slot (with -np 1, every request)
+//     never replaces a conversation before it is saved;
 //   - a slot is saved when its last task (/slots id_task) differs from the one
 //     last saved, so a slot is written once per completion it served; the
 //     store's content addressing makes a conversation's next turn write only
@@ -74,6 +77,10 @@ class Persister {
   ~Persister();  // finishes the queued saves
 
   void note_completion(const Exchange& x);
+  // Waits until the saves queued before this call have run (or failed), at most `max_wait_s`; false
+  // when it gave up (the save then races the caller's request for the slot). Called before a
+  // completion is forwarded: llama-server may give it the slot whose conversation is still queued.
+  bool wait_saved(double max_wait_s);
   void save_all();
   void forget_slots();  // after a restart of the child: its slots are empty
   PersistStats stats();
@@ -100,6 +107,7 @@ class Persister {
   std::condition_variable cv_;
   std::deque<Job> jobs_;
   bool stop_ = false, busy_ = false;
+  uint64_t queued_ = 0, finished_ = 0;  // jobs ever queued, ever run (wait_saved's marks)
   std::map<int, int64_t> saved_task_;   // slot -> id_task of its last save
   std::deque<PromptOwner> recent_;      // the last kRecent completions with prompt tokens, newest last
   PersistStats stats_;

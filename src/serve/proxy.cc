@@ -233,12 +233,12 @@ struct Proxy::Impl {
           if (!chunk.empty()) {
             x->response_body += chunk;
             if (x->response_body.size() > 2 * kStreamTail) x->response_body.erase(0, x->response_body.size() - kStreamTail);
-            if (!sink.write(chunk.data(), chunk.size())) return false;
           }
-          if (done) {
-            sink.done();
-            if (on_done) on_done(*x);
-          }
+          // on_done before the client sees the end: a client that sends its next request at once must
+          // find this exchange's bookkeeping (its queued save) done.
+          if (done && on_done) on_done(*x);
+          if (!chunk.empty() && !sink.write(chunk.data(), chunk.size())) return false;
+          if (done) sink.done();
           return true;
         },
         [st, ticket](bool) {

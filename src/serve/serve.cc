@@ -29,6 +29,9 @@ namespace kvsnap {
 
 namespace {
 
+// How long a completion waits for the saves queued before it (a slot of a long context takes seconds).
+constexpr double kSaveWaitS = 120;
+
 // A port the kernel says is free on loopback now (the child binds it a moment later).
 Result<int> free_loopback_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -125,7 +128,16 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   prefix.set_book(&book);
   Drain drain;
   Proxy proxy(
-      po, [&prefix](Forward& f) { prefix.before(f); },
+      po,
+      [&persist, &prefix, &log](Forward& f) {
+        // llama-server may give this completion the slot whose last conversation is still queued for
+        // saving (with -np 1, always): the save goes first, or the conversation is lost. Before the
+        // prefix lookup too, which may restore into that slot.
+        if (f.method == "POST" && is_completion_route(f.path) && !persist.wait_saved(kSaveWaitS))
+          log("persist: the saves queued before a " + f.path + " request took over " +
+              std::to_string(int(kSaveWaitS)) + " s; the request goes on, a slot they were for may be lost");
+        prefix.before(f);
+      },
       [&persist, &prefix](const Exchange& x) {
         prefix.after(x);
         persist.note_completion(x);

@@ -21,6 +21,7 @@ requests in the same order; then:
   8. prefix restore: a conversation saved at f16 continues after restarts at q8_0/q8_0 and
      q4_0/q8_0 evaluating only its suffix (timings.prompt_n <= 8); another namespace gets nothing
      restored; a chat's next turn evaluates only its new tokens; 3 conversations through -np 1;
+     6 sessions back to back through -np 1 are each saved before the next takes the slot;
   9. part 4 and 5, with API keys from --api-key-file and LLAMA_API_KEY: GET /kvsnap/usage matches
      `kvsnap ls` and `kvsnap info`'s size table of the slot file; a requantize dry run changes
      nothing; a bad type is a 400 and serving continues; POST /kvsnap/requantize to q4_0 answers
@@ -209,6 +210,7 @@ def main():
         print(open(os.path.join(work, "serve.log")).read())
         run_prefix_restore(kvsnap, llama, model, work)
         run_tenant_per_namespace(kvsnap, llama, model, work)
+        run_back_to_back(kvsnap, llama, model, work)
         run_requantize(kvsnap, llama, model, work)
         run_requantize_chat(kvsnap, llama, model, work)
         run_ladder(kvsnap, llama, model, work)
@@ -525,8 +527,7 @@ def run_tenant_per_namespace(kvsnap, llama, model, work):
     with open(key, "w") as f:
         f.write("7" * 64 + "\n")
     os.chmod(key, 0o600)
-    # two slots: each conversation keeps its own until shutdown saves both (with one slot, bob's turn
-    # would have to save ana's first, and a save queued behind her answer may not have run by then)
+    # two slots: each conversation keeps its own until shutdown saves both
     base = ["-m", model, "-c", "4096", "-np", "2", "-t", "1", "--no-warmup", "-fa", "on"]
     tpn = ["--key-file", key, "--tenant-per-namespace"]
     other = "A second conversation, about the price of apples at the market in the autumn of that year."
@@ -573,6 +574,29 @@ def run_tenant_per_namespace(kvsnap, llama, model, work):
     check(s_ana == 200 and n_ana <= n_full - n_prompt + 1,
           f"tenants: ana's own conversation is restored after bob's (evaluates {n_ana} of {n_full} tokens)")
     print("\n".join(l for l in text.splitlines() if "prefix:" in l))
+
+
+def run_back_to_back(kvsnap, llama, model, work):
+    """One slot (-np 1), six sessions, each request sent the moment the answer before it ends (streamed
+    and not, in turn): each conversation is saved, under its own namespace, before the next request
+    takes the slot, while serve runs (not left for shutdown)."""
+    store = os.path.join(work, "b2b-store")
+    base = ["-m", model, "-c", "4096", "-np", "1", "-t", "1", "--no-warmup", "-fa", "on"]
+    proc, port, log = start_serve(kvsnap, llama, store, work, "b2b", base)
+    sessions = ["s%d" % i for i in range(6)]
+    for i, who in enumerate(sessions):
+        s, _, _ = request(port, "POST", "/completion",
+                          {"prompt": f"Conversation number {i}: " + PROMPT, "n_predict": 2, "temperature": 0,
+                           "stream": i % 2 == 0}, headers={"X-Kvsnap-Session": who})
+        check(s == 200, f"back to back (-np 1): {who}'s turn answers")
+    # the last conversation is still in the slot; each other one was taken from it by the next request
+    def saved():
+        return [w for w in sessions if ls(kvsnap, store, "--tag", f"serve.ns=session-{w}")]
+    got = wait_for(lambda: len(saved()) == len(sessions), 30)
+    text = stop_serve(proc, log, "b2b", work)
+    check(got, f"back to back (-np 1): all {len(sessions)} conversations are saved while serve runs "
+               f"(saved: {', '.join(saved())})")
+    check("no recent request's prompt" not in text, "back to back (-np 1): no slot was left unsaved")
 
 
 def post_json(port, path, body, key, extra=None):

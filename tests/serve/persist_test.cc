@@ -1,10 +1,22 @@
-// serve/persist.h: a saved slot is tagged with the namespace of the request whose prompt it holds.
+// serve/persist.h: a saved slot is tagged with the namespace of the request whose prompt it holds, and a
+// completion can wait for the saves queued before it.
 #include "serve/persist.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <random>
+
+#include "store/store_location.h"
 
 namespace kvsnap {
 namespace {
+
+namespace fs = std::filesystem;
 
 TEST(ServePersist, OwnerIsTheRequestWhosePromptTheSlotHolds) {
   // B asked first and queued its save; A then used the same slot. What the slot holds is A's: the save
@@ -23,6 +35,58 @@ TEST(ServePersist, OwnerIsTheRequestWhosePromptTheSlotHolds) {
   EXPECT_EQ(owner_of_tokens(recent, {7, 7, 7}), "");
   EXPECT_EQ(owner_of_tokens({{"key-e", {}}}, {1, 2}), "");
   EXPECT_EQ(owner_of_tokens({}, {1, 2}), "");
+}
+
+// A loopback listener that accepts connections (the kernel's backlog) and never answers: a child
+// busy for the whole request timeout.
+struct SilentChild {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  int port = 0;
+  SilentChild() {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t n = sizeof a;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd, 8) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) == 0)
+      port = ntohs(a.sin_port);
+  }
+  ~SilentChild() { ::close(fd); }
+};
+
+TEST(ServePersist, WaitSavedReturnsAfterTheSavesQueuedBeforeIt) {
+  // -np 1: the next completion takes the slot whose conversation the last one queued for saving; it
+  // must wait for that save, or the conversation is replaced before it is saved.
+  SilentChild child;
+  ASSERT_GT(child.port, 0);
+  const fs::path root = fs::temp_directory_path() / ("kvsnap-persist-" + std::to_string(::getpid()) + "-" +
+                                                    std::to_string(std::random_device{}()));
+  {
+    auto stores = TenantStores::open(posix_io(), directory_store((root / "store").string()), false);
+    ASSERT_TRUE(stores.ok()) << stores.status().ToString();
+    std::mutex store_mu;
+    ServerTarget t;
+    t.endpoint = {"http://127.0.0.1:" + std::to_string(child.port), "", /*timeout_s=*/2};
+    t.slot_dir = (root / "slots").string();
+    Persister persist(posix_io(), **stores, store_mu, t, [](const std::string&) {});
+    EXPECT_TRUE(persist.wait_saved(0));  // nothing queued: nothing to wait for
+
+    Exchange x;
+    x.method = "POST";
+    x.path = "/completion";
+    x.status = 200;
+    x.request_headers = {{"X-Kvsnap-Session", "ana"}};
+    x.prompt_tokens = {1, 2, 3};
+    x.response_body = R"({"content": "x", "id_slot": 0})";
+    persist.note_completion(x);
+    // The save hangs on the silent child until its 2 s timeout: a short wait gives up.
+    EXPECT_FALSE(persist.wait_saved(0.05));
+    EXPECT_EQ(persist.stats().failed, 0u);
+    // A long one returns when the save has run (here: failed, the child never answered).
+    EXPECT_TRUE(persist.wait_saved(60));
+    EXPECT_EQ(persist.stats().failed, 1u);
+  }
+  fs::remove_all(root);
 }
 
 }  // namespace
