@@ -290,7 +290,7 @@ Result<CrossEngineResult> llama_to_mlx(const StateFile& src, const ReadableFile&
   if (spec.quant.bits) KV_RETURN_IF_ERROR(mlx_affine_check(spec.quant.bits, spec.quant.group_size).Prefixed(name));
   if (spec.quant.bits && model.profile.arch == "gemma2") {  // mlx_lm/models/gemma2.py: mx.expand_dims(keys, 2)
     return Status::NotSupported(name + ": gemma2: mlx-lm's gemma2 attention cannot run a QuantizedKVCache "
-                                "(it takes float keys only): move without --kv-bits");
+                                "(it takes float keys only): move without {--kv-bits}");
   }
 
   // Everything the two engines agree on (types, rotation, V layout) is kvsnap convert's job: the
@@ -436,7 +436,7 @@ Result<std::pair<int64_t, MlxRows>> layer_rows(const MlxLayer& L, const LayerPro
           where + ": its ring of " + (L.max_size ? std::to_string(*L.max_size) : "?") + " positions has wrapped (offset " +
           std::to_string(*L.offset) + ", _idx " + (L.idx ? std::to_string(*L.idx) : "?") +
           "): its first positions were overwritten and later ones attended to a window only; llama.cpp's "
-          "full-attention cache cannot hold that (save the session before it passes --max-kv-size)");
+          "full-attention cache cannot hold that (save the session before it passes mlx-lm's max_kv_size)");
     }
     if (*L.offset > L.k->rows || *L.offset > L.v->rows) return Status::Corruption(where + ": offset past its rows");
     MlxRows r;
