@@ -122,7 +122,7 @@ std::string first_type(const StateFile& f, bool v) {
 // Reads the cache types and V layout from a file the server saves of the slot; false: it holds no cells.
 Result<bool> types_from_saved_slot(Io& io, LlamaServer& srv, const ServerTarget& t, const ModelInfo* model,
                                    std::string& ctk, std::string& ctv, std::string& fa) {
-  SlotFile probe{io, ""};
+  SlotFile probe{io, "", ""};  // no keep_as: the probe is removed
   const std::string name = fresh_name("probe");
   probe.path = join(t.slot_dir, name);
   KV_RETURN_IF_ERROR(srv.save_slot(t.slot, name).status());
