@@ -36,12 +36,12 @@
 
 #include "base/io.h"
 #include "base/os.h"
+#include "base/simd_level.h"
 #include "format/llama_state.h"
 #include "migrate/convert_row.h"
 #include "migrate/convert_state.h"
 #include "migrate/hadamard.h"
 #include "migrate/mlx_affine.h"
-#include "migrate/simd_level.h"
 #include "migrate/type_traits.h"
 
 #ifdef KVSNAP_BENCH_GGML_LIBDIR

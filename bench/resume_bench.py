@@ -20,9 +20,14 @@ machine is loaded, or memory touched for the first time is slow, the wall clock 
 By default save/restore --server keep their scratch file in the slot dir (the restore writes over
 the save's); --no-scratch measures restores that keep nothing.
 
+--simd LEVEL runs kvsnap's restores and phases with KVSNAP_SIMD=LEVEL (llama-server unchanged);
+--simd all runs the resume (3a) at every SIMD level this CPU has, the levels taking turns in each
+round beside the same reprocess (3b), and prints each level's resume ratio (the phases run at the
+best level). `kvsnap doctor` says which levels this CPU has and confirms each one is in use.
+
 Prints a table and the ratio; --json FILE writes every figure. Nothing here asserts a time.
 
-  bench/resume_bench.py KVSNAP LLAMA_SERVER MODEL PROMPT_FILE WORK_DIR [--repeat N] [--json FILE]
+  bench/resume_bench.py KVSNAP LLAMA_SERVER MODEL PROMPT_FILE WORK_DIR [--repeat N] [--simd LEVEL|all] [--json FILE]
 
 With bench/make_real_slot.sh's model and prompt (~/.cache/kvsnap-bench/model.gguf and
 real-f16.slot.prompt.txt, ~3,200 tokens). WORK_DIR is emptied of the bench's own files.
@@ -30,6 +35,7 @@ real-f16.slot.prompt.txt, ~3,200 tokens). WORK_DIR is emptied of the bench's own
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import socket
@@ -99,13 +105,14 @@ class Server:
 LAST_CPU = {}
 
 
-def run(cmd, what):
-    """Runs a command: (its stdout, JSON when it is, wall ms). Its CPU (user, sys seconds) and minor
-    page faults go to LAST_CPU: on a machine where fresh memory is slow, wall clock alone cannot
-    tell waiting for a core from work."""
+def run(cmd, what, simd=None):
+    """Runs a command (with KVSNAP_SIMD=simd when given): (its stdout, JSON when it is, wall ms). Its
+    CPU (user, sys seconds) and minor page faults go to LAST_CPU: on a machine where fresh memory is
+    slow, wall clock alone cannot tell waiting for a core from work."""
+    env = dict(os.environ, KVSNAP_SIMD=simd) if simd else None
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     ms = (time.perf_counter() - t0) * 1000
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     LAST_CPU.clear()
@@ -118,6 +125,23 @@ def run(cmd, what):
     except json.JSONDecodeError:
         out = p.stdout
     return out, ms
+
+
+def simd_levels(kvsnap, store, want):
+    """The SIMD levels to run kvsnap at: [None] (its own choice) when want is None, [want], or every
+    level this CPU runs for "all", lowest first; `kvsnap doctor` names them and shows each in use."""
+    def doctor_simd(level):
+        out, _ = run([kvsnap, "doctor", "--json", "--store", store], "kvsnap doctor", simd=level)
+        return next(c for c in out["checks"] if c["check"] == "simd")
+    if want is None:
+        return [None]
+    have = re.search(r"this CPU runs: ([a-z0-9 ]+)", doctor_simd(None)["detail"]).group(1).split()
+    levels = have if want == "all" else [want]
+    for level in levels:
+        check = doctor_simd(level)
+        if check["verdict"] != "ok" or not check["detail"].startswith(level + ","):
+            raise SystemExit(f"resume_bench: kvsnap does not run at SIMD level {level} here: {check['detail']}")
+    return levels
 
 
 def complete(port, prompt):
@@ -149,6 +173,8 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server -t")
     ap.add_argument("--no-scratch", action="store_true",
                     help="pass --no-scratch to save/restore --server (a new slot file each time, none kept)")
+    ap.add_argument("--simd", help="KVSNAP_SIMD for kvsnap's restores: a level (scalar, avx2, avx512, neon), or all: "
+                                   "the resume at every level this CPU has, in one run")
     ap.add_argument("--json", help="write every figure here")
     a = ap.parse_args()
 
@@ -161,8 +187,11 @@ def main():
     kv = [a.kvsnap]
     st = ["--store", store]
     scratch = ["--no-scratch"] if a.no_scratch else []
+    levels = simd_levels(a.kvsnap, store, a.simd)
+    # The phases and the summary's own figures: the one level asked for, or the best (the last).
+    main_level = levels[-1]
     res = {"model": a.model, "prompt_file": a.prompt_file, "to": a.to, "fa": a.fa, "ctx": a.ctx,
-           "cores": os.cpu_count(), "loadavg_before": os.getloadavg()}
+           "cores": os.cpu_count(), "simd": levels, "loadavg_before": os.getloadavg()}
 
     # 1. f16: evaluate, save.
     srv = Server(a.llama_server, a.model, slot_dir, work, "server-f16", "f16", "f16", a.fa, a.ctx, a.threads)
@@ -185,22 +214,27 @@ def main():
     rounds = []
     try:
         for _ in range(a.repeat):
-            http(srv.port, "POST", "/slots/0?action=erase", {})
-            r, restore_ms = run(kv + ["restore", "e2e", "--server", srv.url, "--slot", "0", "--slot-dir", slot_dir,
-                                      "--ctk", a.to, "--ctv", a.to, "--fa", a.fa, "--model", a.model, "--json"] + scratch + st,
-                                "kvsnap restore --server")
-            restore_cpu = dict(LAST_CPU)
-            t_after, first_ms = complete(srv.port, prompt)
-            # Control: the same again, nothing restored: what one token costs on this server right now.
-            t_again, again_ms = complete(srv.port, prompt)
+            this_round = []
+            for level in levels:  # in turn, so that every level sees the same machine load
+                http(srv.port, "POST", "/slots/0?action=erase", {})
+                r, restore_ms = run(kv + ["restore", "e2e", "--server", srv.url, "--slot", "0", "--slot-dir", slot_dir,
+                                          "--ctk", a.to, "--ctv", a.to, "--fa", a.fa, "--model", a.model, "--json"]
+                                    + scratch + st, "kvsnap restore --server", simd=level)
+                restore_cpu = dict(LAST_CPU)
+                t_after, first_ms = complete(srv.port, prompt)
+                # Control: the same again, nothing restored: what one token costs on this server right now.
+                t_again, again_ms = complete(srv.port, prompt)
+                this_round.append({"simd": level, "restore_wall_ms": restore_ms, "restore": r,
+                                   "restore_cpu": restore_cpu, "first_completion_ms": first_ms,
+                                   "prompt_n_after_restore": t_after["prompt_n"],
+                                   "prompt_ms_after_restore": t_after["prompt_ms"],
+                                   "control_completion_ms": again_ms, "control_prompt_n": t_again["prompt_n"]})
             http(srv.port, "POST", "/slots/0?action=erase", {})
             t_fresh, fresh_ms = complete(srv.port, prompt)
-            rounds.append({"restore_wall_ms": restore_ms, "restore": r, "restore_cpu": restore_cpu,
-                           "first_completion_ms": first_ms,
-                           "prompt_n_after_restore": t_after["prompt_n"],
-                           "prompt_ms_after_restore": t_after["prompt_ms"],
-                           "control_completion_ms": again_ms, "control_prompt_n": t_again["prompt_n"], "reprocess_wall_ms": fresh_ms,
-                           "reprocess_prompt_ms": t_fresh["prompt_ms"], "reprocess_prompt_n": t_fresh["prompt_n"]})
+            for x in this_round:  # the round's one reprocess, beside each level's resume
+                x.update({"reprocess_wall_ms": fresh_ms, "reprocess_prompt_ms": t_fresh["prompt_ms"],
+                          "reprocess_prompt_n": t_fresh["prompt_n"]})
+            rounds += this_round
         # 4. the phases, each on its own.
         conv = os.path.join(work, "converted.bin")
         phases = {}
@@ -210,7 +244,8 @@ def main():
             for _ in range(a.repeat):
                 if os.path.exists(out):
                     os.remove(out)
-                j, ms = run(kv + ["restore", "e2e", "--out", out, "--model", a.model, "--json"] + extra + st, name)
+                j, ms = run(kv + ["restore", "e2e", "--out", out, "--model", a.model, "--json"] + extra + st, name,
+                            simd=main_level)
                 xs.append(ms)
                 cpu.append(LAST_CPU["user_s"] + LAST_CPU["sys_s"])
             phases[name] = {"wall_ms": median(xs), "cpu_s": median(cpu), "bytes": os.path.getsize(out)}
@@ -220,7 +255,7 @@ def main():
             if os.path.exists(conv):
                 os.remove(conv)
             _, ms = run(kv + ["convert", f16_file, conv, "--ctk", a.to, "--ctv", a.to, "--fa", a.fa, "--model", a.model],
-                        "kvsnap convert")
+                        "kvsnap convert", simd=main_level)
             xs.append(ms)
             cpu.append(LAST_CPU["user_s"] + LAST_CPU["sys_s"])
         phases["convert_plain_file"] = {"wall_ms": median(xs), "cpu_s": median(cpu), "bytes_in": os.path.getsize(f16_file),
@@ -265,6 +300,16 @@ def main():
     res["rounds"] = rounds
     res["loadavg_after"] = os.getloadavg()
 
+    at_level = {lv: [r for r in rounds if r["simd"] == lv] for lv in levels}
+    res["levels"] = {str(lv): {"restore_wall_ms": median([r["restore_wall_ms"] for r in rs]),
+                               "restore_cpu_s": median([r["restore_cpu"]["user_s"] + r["restore_cpu"]["sys_s"] for r in rs]),
+                               "first_completion_ms": median([r["first_completion_ms"] for r in rs]),
+                               "reprocess_wall_ms": median([r["reprocess_wall_ms"] for r in rs])}
+                     for lv, rs in at_level.items()}
+    for x in res["levels"].values():
+        x["resume_ms"] = x["restore_wall_ms"] + x["first_completion_ms"]
+        x["ratio_reprocess_over_resume"] = x["reprocess_wall_ms"] / x["resume_ms"]
+    rounds = at_level[main_level]  # the summary below: the main level's rounds
     m = lambda k: median([r[k] for r in rounds])
     restore_ms, first_ms = m("restore_wall_ms"), m("first_completion_ms")
     reproc_ms, reproc_prompt_ms = m("reprocess_wall_ms"), m("reprocess_prompt_ms")
@@ -297,7 +342,7 @@ def main():
     ph = res["phases"]
     print(f"end to end, {n_tokens} tokens, f16 saved -> server restarted at {a.to}/{a.to} fa {a.fa}, "
           f"{a.repeat} rounds (medians), {os.cpu_count()} cores, load {res['loadavg_before'][0]:.1f} -> "
-          f"{res['loadavg_after'][0]:.1f}")
+          f"{res['loadavg_after'][0]:.1f}, kvsnap SIMD {main_level or 'its own choice'}")
     print(f"{'':44} {'ms':>9}")
     print(f"{'(a) kvsnap restore --server (wall)':44} {restore_ms:9.0f}   CPU {summary['restore_cpu_s'] * 1000:.0f} ms "
           f"(user {summary['restore_user_s'] * 1000:.0f}, sys {summary['restore_sys_s'] * 1000:.0f}), "
@@ -314,6 +359,15 @@ def main():
           f"{summary['restore_rate_gbps_whole']:.2f} GB/s over the whole command"
           + (f", {summary['restore_rate_gbps_write_phase']:.2f} GB/s over its read+convert+write phase"
              if summary["restore_rate_gbps_write_phase"] else ""))
+    if len(levels) > 1:
+        print("resume at each SIMD level (KVSNAP_SIMD for kvsnap restore --server; the levels take turns in each "
+              "round, beside the same reprocess):")
+        print(f"  {'level':8} {'restore ms':>10} {'CPU ms':>8} {'first completion ms':>20} {'resume ms':>10} "
+              f"{'reprocess/resume':>17}")
+        for lv in levels:
+            x = res["levels"][lv]
+            print(f"  {lv:8} {x['restore_wall_ms']:10.0f} {x['restore_cpu_s'] * 1000:8.0f} {x['first_completion_ms']:20.0f} "
+                  f"{x['resume_ms']:10.0f} {x['ratio_reprocess_over_resume']:16.1f}x")
     inner_phases = rounds[-1]["restore"].get("phases_ms")
     if inner_phases:
         print("  inside the restore (last round, ms): " + ", ".join(f"{k} {v:.0f}" for k, v in inner_phases.items()))
@@ -334,7 +388,7 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)
-    bad = [r for r in rounds if r["prompt_n_after_restore"] > 8]
+    bad = [r for r in res["rounds"] if r["prompt_n_after_restore"] > 8]  # at every level
     if bad:
         print(f"WARNING: the server did not reuse the restored cache (prompt_n {bad[0]['prompt_n_after_restore']})")
         return 1

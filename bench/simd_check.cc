@@ -3,7 +3,8 @@
 // The scalar codecs are pinned to ggml by tests/migrate (golden files and the live-ggml oracle);
 // this tool pins the SIMD kernels and the fused row kernels to the scalar codecs, on the same
 // hard cases and random distributions as the tests plus NaN/inf/tie/zero-heavy rows, for every
-// codec, every rotation block size and every (source, destination, rotation) RowConverter.
+// codec, every rotation block size and every (source, destination, rotation) RowConverter; and
+// the chunk byte shuffle of format/byte_shuffle.h, which follows the same level.
 //
 //   kvsnap-simd-check                 the sweeps above (seconds; about a minute under qemu-aarch64)
 //   kvsnap-simd-check --exhaustive    also every f32 bit pattern through f16/bf16 conversion and
@@ -16,16 +17,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <random>
 #include <utility>
 #include <string>
 #include <vector>
 
+#include "format/byte_shuffle.h"
 #include "migrate/convert_row.h"
 #include "migrate/hadamard.h"
 #include "migrate/mlx_affine.h"
 #include "migrate/quants.h"
 #include "migrate/simd_kernels.h"
-#include "migrate/simd_level.h"
 #include "migrate/type_traits.h"
 #include "test_inputs.h"
 
@@ -700,6 +702,40 @@ void check_mlx_affine(Level l) {
   }
 }
 
+// The chunk byte shuffle (format/byte_shuffle.h), which follows the same level: shuffle_bytes,
+// unshuffle_bytes and unshuffle_planes of random bytes, element sizes 2 and 4 (the ones with
+// kernels) and 3, element counts around the kernels' 16 and 32 steps, with tails, from unaligned
+// addresses. tests/format/byte_shuffle_test.cc does the same under the sanitizers.
+void check_byte_shuffle(Level l) {
+  for (size_t elem : {2u, 3u, 4u}) {
+    for (size_t count : {15u, 32u, 33u, 100u, 65536u / 2 + 17}) {
+      const size_t n = count * elem + elem - 1;
+      std::mt19937 rng(uint32_t(elem * 131 + count));
+      std::vector<uint8_t> in(n + 1);
+      for (auto& b : in) b = uint8_t(rng());
+      const auto* src = reinterpret_cast<const std::byte*>(in.data() + 1);  // unaligned
+      const std::string key = "byte shuffle elem " + std::to_string(elem) + " x " + std::to_string(count);
+      compare(l, key + " shuffle", [&] {
+        std::vector<uint8_t> out(n + 1);
+        shuffle_bytes({src, n}, elem, {reinterpret_cast<std::byte*>(out.data() + 1), n});
+        return out;
+      });
+      compare(l, key + " unshuffle", [&] {
+        std::vector<uint8_t> out(n + 1);
+        unshuffle_bytes({src, n}, elem, {reinterpret_cast<std::byte*>(out.data() + 1), n});
+        return out;
+      });
+      compare(l, key + " unshuffle planes", [&] {
+        std::vector<const std::byte*> planes;
+        for (size_t b = 0; b < elem; ++b) planes.push_back(src + b * (count + 5) % (n - count));  // apart, overlapping
+        std::vector<uint8_t> out(count * elem + 1);
+        unshuffle_planes(planes.data(), elem, count, reinterpret_cast<std::byte*>(out.data() + 1));
+        return out;
+      });
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvsnap
 
@@ -726,7 +762,9 @@ int main(int argc, char** argv) {
     check_row_lengths(l);
     check_iq4_nl_runs(l);
     check_mlx_affine(l);
-    std::printf("  %s: codecs, rotation, row pipelines and MLX affine rows compared\n", simd::level_name(l));
+    check_byte_shuffle(l);
+    std::printf("  %s: codecs, rotation, row pipelines, MLX affine rows and the chunk byte shuffle compared\n",
+                simd::level_name(l));
     if (exhaustive) check_half_exhaustive(l);
   }
 #ifdef KVSNAP_SIMD_X86

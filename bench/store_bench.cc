@@ -2,7 +2,7 @@
 // measured in the same run (docs/performance.md, "Store"). Not a test.
 //
 //   kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D] [--extends BASE] [--level L]
-//                      [--server-save-ms MS] [--stages] [--encrypt] [--decode-only]
+//                      [--server-save-ms MS] [--stages] [--encrypt] [--decode-only] [--simd LEVEL|all]
 //
 // For each llama.cpp state FILE (default: the f16 and q8_0 fixtures):
 //   copy      read + write + fsync of the same bytes (what `cp` + sync costs): the baseline
@@ -21,6 +21,10 @@
 //   encrypt   (--encrypt) save, restore+fsync and decode into a plain store and into an encrypted
 //             one (AES-256-GCM, docs/store.md "Encryption at rest"), the two alternating in each
 //             round: wall and CPU seconds, and encrypted/plain ratios
+//   --simd    the SIMD level (base/simd_level.h; KVSNAP_SIMD does the same): scalar, avx2, avx512,
+//             neon, or `all`: copy, save, restore and decode (or --decode-only's restores) at every
+//             level this CPU has, the levels taking turns in each round, then one table of
+//             ratios with a row per level (the other figures at the best level)
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -35,6 +39,7 @@
 
 #include "base/os.h"
 #include "base/sha256.h"
+#include "base/simd_level.h"
 #include "format/chunk_codec.h"
 #include "format/snapshot_internal.h"
 #include "format/state_prefix.h"
@@ -51,6 +56,19 @@ double g_server_save_ms = 0;             // --server-save-ms: llama-server's own
 bool g_stages = false;                   // --stages
 bool g_encrypt = false;                  // --encrypt
 bool g_decode_only = false;              // --decode-only
+// The SIMD levels the timed rounds run at, in turn: the current one, or with --simd all every
+// level this CPU has, lowest first.
+std::vector<simd::Level> g_levels;
+
+// The value of r, or exit naming what failed: a bench has no caller to hand the error to.
+template <class T>
+T must(Result<T> r, const std::string& what) {
+  if (!r.ok()) {
+    std::fprintf(stderr, "kvsnap-store-bench: %s: %s\n", what.c_str(), r.status().ToString().c_str());
+    std::exit(1);
+  }
+  return std::move(r).value();
+}
 
 double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -96,7 +114,7 @@ struct Store_ {
   std::unique_ptr<Store> s;
   explicit Store_(const std::string& r) : root(r) {
     fs::remove_all(r);
-    s = std::move(Store::open(posix_io(), StorePaths{r}).value());
+    s = must(Store::open(posix_io(), StorePaths{r}), "open the store " + r);
   }
   ~Store_() {
     s.reset();
@@ -121,8 +139,23 @@ double save_seconds(Store& s, const ReadableFile& f, const StateFile& st, uint32
 
 // Best-of-rounds wall and CPU seconds of one store configuration.
 struct Timings {
+  double t_copy = 1e9, c_copy = 1e9;  // bench_file's baseline, measured beside the others
   double t_save = 1e9, c_save = 1e9, t_restore = 1e9, c_restore = 1e9, t_decode = 1e9, c_decode = 1e9;
 };
+
+// Runs `round(i)` for every level of g_levels in turn (the level set for it), `rounds` times, so
+// that every level sees the same machine load; the level in use before is set again after.
+template <class Round>
+void rounds_at_levels(int rounds, Round&& round) {
+  const simd::Level was = simd::level();
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t i = 0; i < g_levels.size(); ++i) {
+      simd::set_level(g_levels[i]);
+      round(i);
+    }
+  }
+  simd::set_level(was);
+}
 
 // One round of save, restore into a file + fsync, restore into memory (decode), into a fresh
 // store at `root`, encrypted when `key_file` is set.
@@ -170,8 +203,8 @@ void measure_round(const std::string& root, const std::string& key_file, const R
 // --encrypt: the plain and the encrypted store alternating in each round, so that both see the
 // same machine load.
 void bench_encryption(const std::string& path, const std::string& dir, uint32_t threads, int rounds) {
-  auto file = std::move(posix_io().open_read(path).value());
-  auto parsed = parse_state(*file).value();
+  auto file = must(posix_io().open_read(path), path);
+  auto parsed = must(parse_state(*file), path);
   const std::string key = dir + "/bench.key";
   {
     int fd = ::open(key.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -202,10 +235,10 @@ void bench_encryption(const std::string& path, const std::string& dir, uint32_t 
 // FILE extends BASE (same prompt, more tokens): what saving it costs when BASE is stored.
 void bench_extension(const std::string& base, const std::string& path, const std::string& dir, uint32_t threads,
                      int rounds) {
-  auto bf = std::move(posix_io().open_read(base).value());
-  auto bs = parse_state(*bf).value();
-  auto ef = std::move(posix_io().open_read(path).value());
-  auto es = parse_state(*ef).value();
+  auto bf = must(posix_io().open_read(base), base);
+  auto bs = must(parse_state(*bf), base);
+  auto ef = must(posix_io().open_read(path), path);
+  auto es = must(parse_state(*ef), path);
   double t_full = 1e9, t_inc = 1e9, c_full = 1e9, c_inc = 1e9;
   SaveResult full, inc;
   for (int r = 0; r < rounds; ++r) {
@@ -249,7 +282,7 @@ void bench_stages(const std::string& path, const std::string& dir) {
   // one reused buffer (a transposed-V tile is one pread per row of its band).
   double t_chunks = 0;
   {
-    auto file = std::move(posix_io().open_read(path).value());
+    auto file = must(posix_io().open_read(path), path);
     auto parsed = parse_state(*file);
     auto table = parsed.ok() ? snapshot_detail::plan_state_segments(*parsed, *file, kDefaultCellsPerChunk)
                              : Result<SegmentTable>(parsed.status());
@@ -312,8 +345,8 @@ void bench_stages(const std::string& path, const std::string& dir) {
 // Restore into memory only, `rounds` times after one save: the decode path (fetch, zstd,
 // unshuffle, SHA-256 and XXH3-128 check of every chunk) with nothing written.
 void bench_decode(const std::string& path, const std::string& dir, uint32_t threads, int rounds) {
-  auto file = std::move(posix_io().open_read(path).value());
-  auto parsed = parse_state(*file).value();
+  auto file = must(posix_io().open_read(path), path);
+  auto parsed = must(parse_state(*file), path);
   const double gb = double(file->size()) / 1e9;
   Store_ st(dir + "/store");
   SaveRequest save;
@@ -323,77 +356,102 @@ void bench_decode(const std::string& path, const std::string& dir, uint32_t thre
   if (!st.s->save(*file, parsed, save).ok()) std::abort();
   RestoreRequest req;
   req.spec.threads = int(threads);
-  std::vector<double> wall, cpu;
-  for (int r = 0; r < rounds; ++r) {
+  std::vector<std::vector<double>> wall(g_levels.size()), cpu(g_levels.size());  // per level
+  rounds_at_levels(rounds, [&](size_t li) {
     const auto t0 = Clock::now();
     const double c0 = cpu_now();
     CountingSink count;
     if (!st.s->restore("a", req, count).ok()) std::abort();
-    wall.push_back(secs(t0));
-    cpu.push_back(cpu_now() - c0);
-  }
-  std::sort(wall.begin(), wall.end());
-  std::sort(cpu.begin(), cpu.end());
-  const size_t mid = wall.size() / 2;
+    wall[li].push_back(secs(t0));
+    cpu[li].push_back(cpu_now() - c0);
+  });
   std::printf("%s (%.1f MB), %u threads, %d rounds of decode only (restore into memory)\n",
               fs::path(path).filename().c_str(), gb * 1e3, threads, rounds);
-  std::printf("  wall: best %.3f GB/s, median %.3f GB/s\n", gb / wall[0], gb / wall[mid]);
-  std::printf("  CPU:  best %.3f CPU s/GB, median %.3f CPU s/GB\n", cpu[0] / gb, cpu[mid] / gb);
+  for (size_t li = 0; li < g_levels.size(); ++li) {
+    std::sort(wall[li].begin(), wall[li].end());
+    std::sort(cpu[li].begin(), cpu[li].end());
+    const size_t mid = wall[li].size() / 2;
+    std::printf("  %-7s wall: best %.3f GB/s, median %.3f GB/s   CPU: best %.3f CPU s/GB, median %.3f CPU s/GB\n",
+                simd::level_name(g_levels[li]), gb / wall[li][0], gb / wall[li][mid], cpu[li][0] / gb,
+                cpu[li][mid] / gb);
+  }
+}
+
+// One round of bench_file at the current level: copy+fsync (the baseline), save into a fresh
+// store, restore as `kvsnap restore -o` does, restore into memory (decode). False when the save failed.
+bool file_round(const std::string& path, const std::string& dir, const ReadableFile& file, const StateFile& parsed,
+                uint32_t threads, Timings& t, uint64_t* stored) {
+  double c0 = cpu_now();
+  t.t_copy = std::min(t.t_copy, copy_file(path, dir + "/copy.bin"));
+  t.c_copy = std::min(t.c_copy, cpu_now() - c0);
+  Store_ st(dir + "/store");
+  SaveRequest req;
+  req.threads = threads;
+  req.zstd_level = g_level;
+  req.name = "a";
+  auto t0 = Clock::now();
+  c0 = cpu_now();
+  auto saved = st.s->save(file, parsed, req);
+  t.t_save = std::min(t.t_save, secs(t0));
+  t.c_save = std::min(t.c_save, cpu_now() - c0);
+  if (!saved.ok()) {
+    std::printf("save failed: %s\n", saved.status().ToString().c_str());
+    return false;
+  }
+  *stored = saved->info.stored_bytes;
+  t0 = Clock::now();
+  c0 = cpu_now();
+  {
+    // As `kvsnap restore -o`: a temporary, fsynced, renamed into place.
+    auto out = must(AtomicFileWriter::create(posix_io(), dir + "/restored.bin"), dir + "/restored.bin");
+    if (!st.s->restore("a", {}, *out).ok() || !out->commit().ok()) std::abort();
+  }
+  t.t_restore = std::min(t.t_restore, secs(t0));
+  t.c_restore = std::min(t.c_restore, cpu_now() - c0);
+  t0 = Clock::now();
+  c0 = cpu_now();
+  CountingSink count;
+  if (!st.s->restore("a", {}, count).ok()) std::abort();
+  t.t_decode = std::min(t.t_decode, secs(t0));
+  t.c_decode = std::min(t.c_decode, cpu_now() - c0);
+  return true;
+}
+
+// --simd all: a row per level, each against the copy+fsync measured beside it.
+void print_level_table(const std::vector<Timings>& best, double gb, uint32_t threads) {
+  std::printf("  best of each level's rounds, %u threads, zstd level %d; x = of that level's copy+fsync\n", threads,
+              g_level);
+  std::printf("  %-7s %10s %10s %13s %12s %16s %14s\n", "level", "copy GB/s", "save/copy", "restore/copy",
+              "decode GB/s", "decode CPU s/GB", "save CPU s/GB");
+  for (size_t i = 0; i < best.size(); ++i) {
+    const Timings& t = best[i];
+    std::printf("  %-7s %10.3f %9.2fx %12.2fx %12.3f %16.3f %14.3f\n", simd::level_name(g_levels[i]), gb / t.t_copy,
+                t.t_copy / t.t_save, t.t_copy / t.t_restore, gb / t.t_decode, t.c_decode / gb, t.c_save / gb);
+  }
 }
 
 void bench_file(const std::string& path, const std::string& dir, uint32_t threads, int rounds) {
-  auto file = std::move(posix_io().open_read(path).value());
+  auto file = must(posix_io().open_read(path), path);
   auto parsed = parse_state(*file);
   if (!parsed.ok()) {
     std::printf("%s: %s\n", path.c_str(), parsed.status().ToString().c_str());
     return;
   }
   const double gb = double(file->size()) / 1e9;
-  double t_copy = 1e9, t_save = 1e9, t_restore = 1e9, t_decode = 1e9;
-  double c_copy = 1e9, c_save = 1e9, c_restore = 1e9, c_decode = 1e9;  // CPU seconds
+  std::vector<Timings> best(g_levels.size());  // per level
   uint64_t stored = 0, stored_plain = 0;
-  for (int r = 0; r < rounds; ++r) {
-    double c0 = cpu_now();
-    t_copy = std::min(t_copy, copy_file(path, dir + "/copy.bin"));
-    c_copy = std::min(c_copy, cpu_now() - c0);
-    Store_ st(dir + "/store");
-    SaveRequest req;
-    req.threads = threads;
-    req.zstd_level = g_level;
-    req.name = "a";
-    auto t0 = Clock::now();
-    c0 = cpu_now();
-    auto saved = st.s->save(*file, *parsed, req);
-    t_save = std::min(t_save, secs(t0));
-    c_save = std::min(c_save, cpu_now() - c0);
-    if (!saved.ok()) {
-      std::printf("save failed: %s\n", saved.status().ToString().c_str());
-      return;
-    }
-    stored = saved->info.stored_bytes;
-    t0 = Clock::now();
-    c0 = cpu_now();
-    {
-      // As `kvsnap restore -o`: a temporary, fsynced, renamed into place.
-      auto out = std::move(AtomicFileWriter::create(posix_io(), dir + "/restored.bin").value());
-      if (!st.s->restore("a", {}, *out).ok() || !out->commit().ok()) std::abort();
-    }
-    t_restore = std::min(t_restore, secs(t0));
-    c_restore = std::min(c_restore, cpu_now() - c0);
-    t0 = Clock::now();
-    c0 = cpu_now();
-    CountingSink count;
-    if (!st.s->restore("a", {}, count).ok()) std::abort();
-    t_decode = std::min(t_decode, secs(t0));
-    c_decode = std::min(c_decode, cpu_now() - c0);
-  }
+  bool failed = false;
+  rounds_at_levels(rounds, [&](size_t li) {
+    if (!failed) failed = !file_round(path, dir, *file, *parsed, threads, best[li], &stored);
+  });
+  if (failed) return;
   {
     Store_ st(dir + "/store");
     SaveRequest req;
     req.threads = threads;
     req.zstd_level = g_level;
     req.byte_shuffle = false;
-    stored_plain = st.s->save(*file, *parsed, req).value().info.stored_bytes;
+    stored_plain = must(st.s->save(*file, *parsed, req), "save without the filter").info.stored_bytes;
   }
   // dedup: the same session cut at 90% of its tokens, saved after the full one
   double dedup = 0;
@@ -404,30 +462,38 @@ void bench_file(const std::string& path, const std::string& dir, uint32_t thread
       FileSink cut(dir + "/cut.bin");
       if (!write_prefix(*parsed, *file, n, cut).ok()) std::abort();
     }
-    auto cut_file = std::move(posix_io().open_read(dir + "/cut.bin").value());
-    auto cut_state = parse_state(*cut_file).value();
+    auto cut_file = must(posix_io().open_read(dir + "/cut.bin"), dir + "/cut.bin");
+    auto cut_state = must(parse_state(*cut_file), dir + "/cut.bin");
     Store_ st(dir + "/store");
     SaveRequest req;
     req.threads = threads;
     req.zstd_level = g_level;
-    (void)st.s->save(*file, *parsed, req).value();
-    auto second = st.s->save(*cut_file, cut_state, req).value();
+    (void)must(st.s->save(*file, *parsed, req), "save " + path);
+    auto second = must(st.s->save(*cut_file, cut_state, req), "save the 90% prefix");
     added = second.bytes_new;
     second_alone = second.info.stored_bytes;
     dedup = double(stored + second_alone) / double(stored + added);
   }
   std::printf("%s (%.1f MB, %zu tokens)\n", fs::path(path).filename().c_str(), double(file->size()) / 1e6,
               parsed->tokens.tokens.size());
-  std::printf("  copy+fsync      %7.3f GB/s  (baseline)\n", gb / t_copy);
-  std::printf("  save            %7.3f GB/s  %5.2fx of copy   (%u threads, zstd level %d)\n", gb / t_save,
-              t_copy / t_save, threads, g_level);
-  std::printf("  restore+fsync   %7.3f GB/s  %5.2fx of copy\n", gb / t_restore, t_copy / t_restore);
-  if (g_server_save_ms > 0)
-    std::printf("  llama-server's own save of this slot %.3f s: kvsnap save %.2fx of it (>= 1 is not slower)\n",
-                g_server_save_ms / 1e3, g_server_save_ms / 1e3 / t_save);
-  std::printf("  decode only     %7.3f GB/s  %5.2fx of copy\n", gb / t_decode, t_copy / t_decode);
-  std::printf("  CPU seconds (user + system, all threads): copy %.3f, save %.3f, restore %.3f, decode %.3f\n", c_copy,
-              c_save, c_restore, c_decode);
+  if (g_levels.size() > 1) {
+    print_level_table(best, gb, threads);
+    if (g_server_save_ms > 0)
+      std::printf("  llama-server's own save of this slot %.3f s: kvsnap save at %s %.2fx of it (>= 1 is not slower)\n",
+                  g_server_save_ms / 1e3, simd::level_name(g_levels.back()), g_server_save_ms / 1e3 / best.back().t_save);
+  } else {
+    const Timings& t = best[0];
+    std::printf("  copy+fsync      %7.3f GB/s  (baseline)\n", gb / t.t_copy);
+    std::printf("  save            %7.3f GB/s  %5.2fx of copy   (%u threads, zstd level %d, SIMD %s)\n",
+                gb / t.t_save, t.t_copy / t.t_save, threads, g_level, simd::level_name(g_levels[0]));
+    std::printf("  restore+fsync   %7.3f GB/s  %5.2fx of copy\n", gb / t.t_restore, t.t_copy / t.t_restore);
+    if (g_server_save_ms > 0)
+      std::printf("  llama-server's own save of this slot %.3f s: kvsnap save %.2fx of it (>= 1 is not slower)\n",
+                  g_server_save_ms / 1e3, g_server_save_ms / 1e3 / t.t_save);
+    std::printf("  decode only     %7.3f GB/s  %5.2fx of copy\n", gb / t.t_decode, t.t_copy / t.t_decode);
+    std::printf("  CPU seconds (user + system, all threads): copy %.3f, save %.3f, restore %.3f, decode %.3f\n",
+                t.c_copy, t.c_save, t.c_restore, t.c_decode);
+  }
   std::printf("  stored          %7.3fx smaller with the filter, %5.3fx without\n", double(file->size()) / double(stored),
               double(file->size()) / double(stored_plain));
   if (dedup > 0)
@@ -443,7 +509,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> files;
   uint32_t threads = 1;
   int rounds = 3;
-  std::string extends;
+  std::string extends, simd_arg;
   std::string dir = fs::temp_directory_path() / ("kvsnap-store-bench-" + std::to_string(::getpid()));
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -456,12 +522,31 @@ int main(int argc, char** argv) {
     else if (a == "--stages") g_stages = true;
     else if (a == "--encrypt") g_encrypt = true;
     else if (a == "--decode-only") g_decode_only = true;
+    else if (a == "--simd" && i + 1 < argc) simd_arg = argv[++i];
     else if (a == "-h" || a == "--help") {
       std::printf("usage: kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D] [--extends BASE] [--level L]\n"
-                  "                          [--server-save-ms MS] [--stages] [--encrypt] [--decode-only]\n");
+                  "                          [--server-save-ms MS] [--stages] [--encrypt] [--decode-only]\n"
+                  "                          [--simd scalar|avx2|avx512|neon|all]\n");
       return 0;
     } else files.push_back(a);
   }
+  if (simd_arg == "all") {
+    if (g_encrypt || !extends.empty()) {
+      std::fprintf(stderr, "--simd all: with the default run or --decode-only (name one level for --encrypt, --extends)\n");
+      return 2;
+    }
+    for (size_t i = 0; i < simd::kLevelCount; ++i)
+      if (simd::supported(simd::Level(i))) g_levels.push_back(simd::Level(i));
+  } else {
+    if (!simd_arg.empty() && !simd::set_level(simd_arg)) {
+      std::fprintf(stderr, "--simd %s: unknown or not supported by this CPU (it has: %s)\n", simd_arg.c_str(),
+                   simd::describe().c_str());
+      return 2;
+    }
+    g_levels = {simd::level()};
+  }
+  std::printf("kvsnap-store-bench: SIMD %s (best %s; %s)\n", simd_arg == "all" ? "all levels" : simd::level_name(simd::level()),
+              simd::level_name(simd::best_level()), simd::describe().c_str());
   if (files.empty()) {
     const std::string fx = std::string(KVSNAP_SOURCE_DIR) + "/fixtures/v0.5.0/";
     files = {fx + "hd128-f16-f16-faon.slot", fx + "hd128-q8_0-q8_0-faon.slot"};

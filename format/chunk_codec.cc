@@ -13,15 +13,8 @@
 #include <new>
 #include <utility>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define KVSNAP_UNSHUFFLE_AVX2 1
-#endif
-
 #include "base/byte_order.h"
+#include "format/byte_shuffle.h"
 #include "format/ggml_types.h"
 
 namespace kvsnap {
@@ -128,129 +121,6 @@ ChunkXxh ChunkXxhHasher::finish() {
   const ChunkXxh d = canonical(XXH3_128bits_digest(st));
   XXH3_128bits_reset(st);
   return d;
-}
-
-// --- Shuffle ------------------------------------------------------------------------
-// Elements are whole `elem`-byte groups; the tail (size % elem bytes) is copied
-// as is after the planes.
-
-void shuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::byte> out) {
-  const size_t n = in.size() / elem;
-  const std::byte* src = in.data();
-  std::byte* dst = out.data();
-  size_t i = 0;
-  if (elem == 2) {
-#if defined(__SSE2__)
-    // The hot path of encoding f16/bf16 chunks: split 16 elements into their
-    // low and high bytes (measured: the scalar loop was ~15% of an encode).
-    const __m128i low = _mm_set1_epi16(0x00FF);
-    for (; i + 16 <= n; i += 16) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i + 16));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
-                       _mm_packus_epi16(_mm_and_si128(a, low), _mm_and_si128(b, low)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + n + i),
-                       _mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8)));
-    }
-#endif
-    for (; i < n; ++i) {
-      dst[i] = src[2 * i];
-      dst[n + i] = src[2 * i + 1];
-    }
-  } else {
-    for (size_t b = 0; b < elem; ++b) {
-      std::byte* plane = dst + b * n;
-      for (size_t i = 0; i < n; ++i) plane[i] = src[i * elem + b];
-    }
-  }
-  if (in.size() > n * elem) std::memcpy(dst + n * elem, src + n * elem, in.size() - n * elem);
-}
-
-void unshuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::byte> out) {
-  const size_t n = in.size() / elem;
-  std::vector<const std::byte*> planes(elem);
-  for (size_t b = 0; b < elem; ++b) planes[b] = in.data() + b * n;
-  unshuffle_planes(planes.data(), elem, n, out.data());
-  if (in.size() > n * elem) std::memcpy(out.data() + n * elem, in.data() + n * elem, in.size() - n * elem);
-}
-
-namespace {
-
-#if defined(KVSNAP_UNSHUFFLE_AVX2)
-// Two planes interleaved 32 elements at a time; returns how many elements it did. Measured
-// 1.7-2x the SSE2 loop on pieces in cache (the unshuffle was ~6% of a decode's CPU). format/
-// sits below migrate/'s SIMD level table, so it asks the CPU itself.
-__attribute__((target("avx2"))) size_t unshuffle2_avx2(const std::byte* p0, const std::byte* p1, size_t m,
-                                                        std::byte* dst) {
-  size_t i = 0;
-  for (; i + 32 <= m; i += 32) {
-    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0 + i));
-    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p1 + i));
-    // unpack works within 128-bit lanes: a = elements 0-7 | 16-23, b = 8-15 | 24-31.
-    const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), _mm256_permute2x128_si256(a, b, 0x20));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i + 32), _mm256_permute2x128_si256(a, b, 0x31));
-  }
-  return i;
-}
-
-bool cpu_has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2");
-  return yes;
-}
-#endif
-
-}  // namespace
-
-void unshuffle_planes(const std::byte* const* planes, size_t elem, size_t m, std::byte* dst) {
-  size_t i = 0;
-  if (elem == 2) {
-    const std::byte *p0 = planes[0], *p1 = planes[1];
-#if defined(KVSNAP_UNSHUFFLE_AVX2)
-    if (cpu_has_avx2()) i = unshuffle2_avx2(p0, p1, m, dst);
-#endif
-#if defined(__SSE2__)
-    // The hot path of decoding f16/bf16 chunks: interleave two planes.
-    for (; i + 16 <= m; i += 16) {
-      const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + i));
-      const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1 + i));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i), _mm_unpacklo_epi8(lo, hi));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i + 16), _mm_unpackhi_epi8(lo, hi));
-    }
-#endif
-    for (; i < m; ++i) {
-      dst[2 * i] = p0[i];
-      dst[2 * i + 1] = p1[i];
-    }
-  } else if (elem == 4) {
-    const std::byte *q0 = planes[0], *q1 = planes[1], *q2 = planes[2], *q3 = planes[3];
-#if defined(__SSE2__)
-    for (; i + 16 <= m; i += 16) {
-      const __m128i p0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q0 + i));
-      const __m128i p1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q1 + i));
-      const __m128i p2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q2 + i));
-      const __m128i p3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q3 + i));
-      const __m128i a = _mm_unpacklo_epi8(p0, p1), b = _mm_unpackhi_epi8(p0, p1);
-      const __m128i c = _mm_unpacklo_epi8(p2, p3), d = _mm_unpackhi_epi8(p2, p3);
-      __m128i* o = reinterpret_cast<__m128i*>(dst + 4 * i);
-      _mm_storeu_si128(o + 0, _mm_unpacklo_epi16(a, c));
-      _mm_storeu_si128(o + 1, _mm_unpackhi_epi16(a, c));
-      _mm_storeu_si128(o + 2, _mm_unpacklo_epi16(b, d));
-      _mm_storeu_si128(o + 3, _mm_unpackhi_epi16(b, d));
-    }
-#endif
-    for (; i < m; ++i) {
-      dst[4 * i] = q0[i];
-      dst[4 * i + 1] = q1[i];
-      dst[4 * i + 2] = q2[i];
-      dst[4 * i + 3] = q3[i];
-    }
-  } else {
-    for (size_t b = 0; b < elem; ++b) {
-      const std::byte* plane = planes[b];
-      for (size_t k = 0; k < m; ++k) dst[k * elem + b] = plane[k];
-    }
-  }
 }
 
 // --- Encoder ----------------------------------------------------------------------

@@ -31,6 +31,7 @@
 
 #include "base/sha256.h"
 #include "base/status.h"
+#include "format/byte_shuffle.h"
 
 struct ZSTD_CCtx_s;
 struct ZSTD_DCtx_s;
@@ -74,12 +75,7 @@ struct FilterChoice {
 };
 FilterChoice filter_for_type(int32_t ggml_type);
 
-// Byte shuffle and its inverse; in and out have the same size, do not overlap.
-void shuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::byte> out);
-void unshuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::byte> out);
-// Interleaves `m` elements of `elem` bytes from `elem` planes (byte b of element k is
-// planes[b][k]) into out[0, m * elem): unshuffle_bytes of a piece of each plane.
-void unshuffle_planes(const std::byte* const* planes, size_t elem, size_t m, std::byte* out);
+// The filter itself: shuffle_bytes, unshuffle_bytes, unshuffle_planes (format/byte_shuffle.h).
 
 // --- Equality digest ----------------------------------------------------------------
 // XXH3-128 of a chunk's raw bytes: not a chunk's identity (that is its SHA-256)

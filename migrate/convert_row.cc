@@ -16,7 +16,7 @@ simd::FusedRowFn fused_for(const TypeTraits& src, const TypeTraits& dst, const R
 }
 
 // The one generic path: to_f32, rotation step, from_f32 (each a SIMD kernel where the CPU
-// has one; migrate/simd_level.h).
+// has one; base/simd_level.h).
 void convert_one(const TypeTraits& src, const TypeTraits& dst, const RotationPlan& rot, const std::byte* in,
                  std::byte* out, float* scratch, size_t n) {
   src.to_f32(in, scratch, n);

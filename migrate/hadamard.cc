@@ -98,7 +98,7 @@ void hadamard_ref::rotate(float* x, size_t n, uint32_t n_rot) {
 
 void hadamard_rotate(float* x, size_t n, uint32_t n_rot) {
   assert(is_pow2(n_rot) && n_rot >= 2 && n % n_rot == 0);
-  simd::find_hadamard(n_rot)(x, n, n_rot);  // the level table (simd_level.cc)
+  simd::find_hadamard(n_rot)(x, n, n_rot);  // the level table (simd_kernels.cc)
 }
 
 void apply_rotation(const RotationPlan& plan, float* x, size_t n) {

@@ -62,7 +62,7 @@ float mlx_round_to(MlxFloat t, float v);
 void mlx_affine_quantize_row(const float* x, int64_t dim, int bits, int group_size, MlxDevice device,
                              std::byte* codes, float* scales, float* biases);
 
-// Its scalar code, which the SIMD kernels (the level table in migrate/simd_level.cc) must equal
+// Its scalar code, which the SIMD kernels (the level table in migrate/simd_kernels.cc) must equal
 // byte for byte and kvsnap-simd-check compares them with.
 void mlx_affine_quantize_row_ref(const float* x, int64_t dim, int bits, int group_size, MlxDevice device,
                                  std::byte* codes, float* scales, float* biases);

@@ -9,9 +9,9 @@
 //   simd::arm::*_neon   aarch64 Advanced SIMD kernels (kernels/arm_neon*.cc), aarch64 builds only
 // A new ISA's kernels go in migrate/kernels/<isa>_*.cc, declared here in a section of their own.
 //
-// Only call a kernel when simd::level() (migrate/simd_level.h) says the CPU has it; the
+// Only call a kernel when simd::level() (base/simd_level.h) says the CPU has it; the
 // dispatch tables do that: the codec table (migrate/type_traits.cc, a column per level) and
-// the level table (simd_level.cc: Hadamard, fused and MLX affine row kernels per level).
+// the level table (simd_kernels.cc: Hadamard, fused and MLX affine row kernels per level).
 //
 // A kernel computes the reference's float operations in the reference's order for every value
 // (lanes are values, blocks or trial scales, never partial sums of one reduction), uses
@@ -25,10 +25,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/simd_level.h"  // Level, level(); KVSNAP_SIMD_X86, KVSNAP_SIMD_NEON
 #include "format/ggml_types.h"
 #include "migrate/mlx_affine.h"
 #include "migrate/quants.h"  // quants::ref: the scalar kernels every other one falls back to
-#include "migrate/simd_level.h"
 
 namespace kvsnap::hadamard_ref {
 // The scalar fast Walsh-Hadamard transform (== the CPU backend's fwht), block by block.
@@ -55,10 +55,9 @@ using MlxDequantizeFn = void (*)(const std::byte* codes, const float* scales, co
                                  int bits, int group_size, MlxFloat t, float* out);
 
 // What one SIMD level brings besides its row codecs (those are its column of the codec table
-// in migrate/type_traits.cc). One row per Level in simd_level.cc's kLevels.
+// in migrate/type_traits.cc). One row per Level in simd_kernels.cc's kLevels.
 struct LevelKernels {
   Level level;
-  const char* name;               // KVSNAP_SIMD=<name>, kvsnap-bench --simd <name>
   HadamardFn hadamard;            // nullptr: the level below's
   uint32_t hadamard_min_n_rot;    // the smallest rotation block `hadamard` takes (a smaller one: the level below's)
   FindFusedFn find_fused;         // nullptr: no fused row kernels at this level
@@ -77,8 +76,7 @@ MlxDequantizeFn find_mlx_dequantize();
 
 }  // namespace kvsnap::simd
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define KVSNAP_SIMD_X86 1
+#ifdef KVSNAP_SIMD_X86
 namespace kvsnap::simd::x86 {
 
 // AVX2 + FMA + F16C
@@ -159,8 +157,7 @@ FusedRowFn find_fused_avx512(GgmlType src, GgmlType dst, bool rotate, uint32_t n
 }  // namespace kvsnap::simd::x86
 #endif
 
-#if defined(__aarch64__) && defined(__ARM_NEON)
-#define KVSNAP_SIMD_NEON 1
+#ifdef KVSNAP_SIMD_NEON
 namespace kvsnap::simd::arm {
 
 // aarch64 Advanced SIMD (kernels/arm_common.h says why each gives the reference's bytes)

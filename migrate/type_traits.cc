@@ -9,7 +9,6 @@
 #include "migrate/half.h"
 #include "migrate/quants.h"
 #include "migrate/simd_kernels.h"
-#include "migrate/simd_level.h"
 
 namespace kvsnap {
 namespace {

@@ -32,9 +32,9 @@
 #include <span>
 #include <string_view>
 
+#include "base/simd_level.h"
 #include "base/status.h"
 #include "format/ggml_types.h"
-#include "migrate/simd_level.h"
 
 namespace kvsnap {
 

@@ -1,7 +1,7 @@
 // Internal to migrate/kernels/: what the x86-64 kernel files share. Each kernel function carries
 // its own target attribute (KV_AVX2 / KV_AVX512 below): the files are compiled with the
 // project's normal flags (no -march), so nothing here runs unless simd::level() found the
-// instructions (migrate/simd_level.cc), and no helper compiled for a wider ISA can leak into
+// instructions (base/simd_level.h), and no helper compiled for a wider ISA can leak into
 // code that runs on any CPU. -ffp-contract=off (CMakeLists.txt) plus migrate/fp_strict.h keep
 // GCC from fusing the vector multiplies and adds into FMAs (its intrinsics are plain vector
 // operators).

@@ -1,9 +1,12 @@
-// kvsnap doctor: checks a setup (the store, its catalog, every server profile:
+// kvsnap doctor: checks a setup (the SIMD level, the store, its catalog, every server profile:
 // reachable, its build, its slot directory, its cache types and model) and
 // says what to fix. Changes nothing.
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include "base/json_access.h"
+#include "base/simd_level.h"
 #include "cli/progress.h"
 #include "cli/commands.h"
 #include "cli/store_common.h"
@@ -37,6 +40,28 @@ bool is_dir(const std::string& p) {
 }
 
 bool writable(const std::string& p) { return ::access(p.c_str(), W_OK) == 0; }
+
+// The SIMD level every kernel uses (base/simd_level.h), and whether KVSNAP_SIMD asked for one this
+// CPU cannot run (it is then ignored).
+void check_simd(std::vector<Check>& out) {
+  std::string runs;
+  for (size_t i = 0; i < simd::kLevelCount; ++i)
+    if (simd::supported(simd::Level(i))) runs += std::string(runs.empty() ? "" : " ") + simd::level_name(simd::Level(i));
+  const std::string in_use = simd::level_name(simd::level());
+  const std::string cpu = "this CPU runs: " + runs + "; " + simd::describe();
+  const char* env = std::getenv("KVSNAP_SIMD");
+  if (env && in_use != env) {
+    out.push_back({Verdict::kWarn, "simd", std::string("KVSNAP_SIMD=") + env + " is not a level this CPU runs, so " +
+                                               in_use + " is used (" + cpu + ")",
+                   "unset KVSNAP_SIMD, or set it to one of: " + runs});
+    return;
+  }
+  out.push_back({Verdict::kOk, "simd",
+                 in_use + (env ? std::string(", set by KVSNAP_SIMD (best here: ") + simd::level_name(simd::best_level()) + "; "
+                               : std::string(" (the best here; ")) +
+                     cpu + ")",
+                 ""});
+}
 
 // The catalog: opened read-only in effect (a missing SQLite file is not created).
 void check_catalog(const StoreLocation& where, std::vector<Check>& out) {
@@ -159,6 +184,7 @@ struct DoctorOpts {
 Status run_doctor(const DoctorOpts& o, std::string& out) {
   std::vector<Check> checks;
   KV_ASSIGN_OR_RETURN(StoreLocation where, resolve_store_location(cli_io(), o.store));
+  check_simd(checks);
   check_store(where, checks);
   auto profiles = ServerProfiles::load(cli_io(), where.local_dir);
   if (!profiles.ok()) {
@@ -197,8 +223,9 @@ Status run_doctor(const DoctorOpts& o, std::string& out) {
 
 void setup_doctor(CLI::App& app, int& exit_status) {
   auto o = std::make_shared<DoctorOpts>();
-  auto* sub = app.add_subcommand("doctor", "Check the setup: the store and its catalog, every server profile (reachable, "
-                                           "its llama.cpp build, slot directory, cache types, model); says what to fix");
+  auto* sub = app.add_subcommand("doctor", "Check the setup: the SIMD level, the store and its catalog, every server "
+                                           "profile (reachable, its llama.cpp build, slot directory, cache types, "
+                                           "model); says what to fix");
   sub->add_option("--server", o->server, "only this profile");
   sub->add_flag("--json", o->json, "machine-readable: {checks: [{check, verdict: ok|warn|FAIL, detail, fix}], failed}");
   sub->footer("\nChanges nothing. Exit status 5 when a check failed (warnings do not fail).\n");

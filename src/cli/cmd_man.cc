@@ -109,8 +109,8 @@ std::string main_page(const CLI::App& root) {
   s += ".SH EXIT STATUS\n";
   for (const ExitMeaning& e : kExitMeanings) s += ".TP\n.B " + std::to_string(e.code) + "\n" + roff(e.meaning) + "\n";
   s += ".SH ENVIRONMENT\n.TP\n.B KVSNAP_HOME\nthe store (a directory, or a store config file) when \\-\\-store is not given "
-       "(default: ~/.local/share/kvsnap)\n.TP\n.B KVSNAP_SIMD\nscalar, avx2 or avx512: lowers the SIMD level of the "
-       "conversion kernels (the output bytes are the same)\n.TP\n.B KVSNAP_PROGRESS_DELAY_MS\nhow long a command runs "
+       "(default: ~/.local/share/kvsnap)\n.TP\n.B KVSNAP_SIMD\nscalar, avx2, avx512 or neon: lowers the SIMD level "
+       "of the conversion kernels and the store's byte shuffle (the output bytes are the same)\n.TP\n.B KVSNAP_PROGRESS_DELAY_MS\nhow long a command runs "
        "before it shows progress on a terminal (default 1000)\n";
   s += ".SH SEE ALSO\n";
   std::string refs;

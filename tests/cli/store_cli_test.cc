@@ -40,9 +40,10 @@ class StoreCli : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  KvRun kv(const std::string& args) {
+  // `env`: VAR=VALUE words the command runs with.
+  KvRun kv(const std::string& args, const std::string& env = "") {
     const fs::path o = dir_ / "out.txt", e = dir_ / "err.txt";
-    const std::string cmd = std::string(KVSNAP_BINARY) + " " + args + " --store " + store_ + " >" + o.string() +
+    const std::string cmd = env + " " + std::string(KVSNAP_BINARY) + " " + args + " --store " + store_ + " >" + o.string() +
                             " 2>" + e.string();
     int rc = std::system(cmd.c_str());
     return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(o), slurp(e)};
@@ -400,6 +401,22 @@ TEST_F(StoreCli, DoctorChecksTheStoreAndEveryProfile) {
   r = kv("doctor --json");
   EXPECT_EQ(r.code, 5);
   EXPECT_NE(r.out.find("\"failed\": 1"), std::string::npos) << r.out;
+}
+
+// kvsnap doctor names the SIMD level every kernel uses: the best here, the one KVSNAP_SIMD sets, or
+// a warning when KVSNAP_SIMD names a level this CPU cannot run (then ignored).
+TEST_F(StoreCli, DoctorNamesTheSimdLevel) {
+  KvRun r = kv("doctor");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("ok    simd: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(the best here; this CPU runs: scalar"), std::string::npos) << r.out;
+  r = kv("doctor", "KVSNAP_SIMD=scalar");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("ok    simd: scalar, set by KVSNAP_SIMD"), std::string::npos) << r.out;
+  r = kv("doctor", "KVSNAP_SIMD=sse9");
+  EXPECT_EQ(r.code, 0) << "a warning: " << r.out << r.err;
+  EXPECT_NE(r.out.find("warn  simd: KVSNAP_SIMD=sse9 is not a level this CPU runs"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("-> unset KVSNAP_SIMD, or set it to one of: scalar"), std::string::npos) << r.out;
 }
 
 // `save --source-build` checks the build against the file, records it in the snapshot, and restores

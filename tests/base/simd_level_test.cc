@@ -1,9 +1,7 @@
-// migrate/simd_level.h: which level names a build accepts, per architecture.
-#include "migrate/simd_level.h"
+// base/simd_level.h: which level names a build accepts, per architecture.
+#include "base/simd_level.h"
 
 #include <gtest/gtest.h>
-
-#include "migrate/simd_kernels.h"
 
 namespace kvsnap::simd {
 namespace {
