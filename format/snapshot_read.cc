@@ -85,13 +85,19 @@ struct SnapshotReader::Impl {
   // The same into `out` (exactly the chunk's raw size): no cache, no copy.
   // On error `out` holds garbage.
   Status load_into(uint64_t i, std::span<std::byte> out) const;
-  // load_into for chunks a and b, their SHA-256s computed together (base/sha256_lanes.h).
-  Status load_two_into(uint64_t a, std::span<std::byte> out_a, uint64_t b, std::span<std::byte> out_b) const;
+  // load_into for consecutive whole chunks `ids` into `outs` (one each, at most
+  // Sha256Lanes::kMaxLanes), their SHA-256s computed together (base/sha256_lanes.h).
+  Status load_group_into(std::span<const uint64_t> ids, std::span<const std::span<std::byte>> outs) const;
+  // How many whole chunks read_at hands load_group_into at once: the SHA-256 kernel's lanes (2
+  // with SHA-NI, 8 with AVX2); 1 with OpenSSL's one stream or for keyed ids.
+  size_t group_size() const {
+    return cipher || m.encryption ? 1 : sha256_kernel_width(sha256_kernel());
+  }
   // load_into's work with the scratch it took; errors without the chunk's name.
   Status decode_checked(const ChunkRef& ref, DecodeScratch& sc, std::span<std::byte> out) const;
-  // load_two_into's; `second` says which chunk an error is about.
-  Status decode_two_checked(const ChunkRef& ra, DecodeScratch& sa, std::span<std::byte> out_a, const ChunkRef& rb,
-                            DecodeScratch& sb, std::span<std::byte> out_b, bool& second) const;
+  // load_group_into's; `failed` says which chunk an error is about.
+  Status decode_group_checked(std::span<const uint64_t> ids, std::span<const std::span<std::byte>> outs,
+                              DecodeScratch* const* sc, size_t& failed) const;
   // The blob of `ref` fetched into sc.blob, opened where encrypted: what its decoder reads.
   Result<std::span<const std::byte>> fetch_blob(const ChunkRef& ref, DecodeScratch& sc) const;
   // A decoded chunk's digests against the manifest's.
@@ -139,20 +145,23 @@ class OriginalFile final : public ReadableFile {
         // A whole chunk whose bytes are contiguous here (a run of cells of a
         // row-major tensor, a piece of the frame): decoded and checked straight
         // into the reader's buffer. Sequential readers (restore) read each
-        // chunk once, so caching it would only cost a copy. When the next chunk
-        // follows whole too, both are decoded together: their SHA-256s run
-        // interleaved, faster than one after the other.
-        if (done + n < dst.size()) {
-          const Location next = locate_at(at + n);
-          const uint64_t n2 = std::min<uint64_t>(next.run, dst.size() - done - n);
-          if (whole_chunk(next, n2) && impl_.miss(next.chunk)) {
-            KV_RETURN_IF_ERROR(impl_.load_two_into(loc.chunk, dst.subspan(done, n), next.chunk, dst.subspan(done + n, n2)));
-            done += n + n2;
-            continue;
-          }
+        // chunk once, so caching it would only cost a copy. The whole chunks that
+        // follow are decoded with it, as many as the SHA-256 kernel has lanes: their
+        // SHA-256s run together, faster than one after the other.
+        std::array<uint64_t, Sha256Lanes::kMaxLanes> ids{loc.chunk};
+        std::array<std::span<std::byte>, Sha256Lanes::kMaxLanes> outs{dst.subspan(done, n)};
+        size_t k = 1;
+        uint64_t end = done + n;
+        for (const size_t group = impl_.group_size(); k < group && end < dst.size(); ++k) {
+          const Location next = locate_at(offset + end);
+          const uint64_t n2 = std::min<uint64_t>(next.run, dst.size() - end);
+          if (!whole_chunk(next, n2) || !impl_.miss(next.chunk)) break;
+          ids[k] = next.chunk;
+          outs[k] = dst.subspan(end, n2);
+          end += n2;
         }
-        KV_RETURN_IF_ERROR(impl_.load_into(loc.chunk, dst.subspan(done, n)));
-        done += n;
+        KV_RETURN_IF_ERROR(impl_.load_group_into(std::span(ids).first(k), std::span(outs).first(k)));
+        done = end;
         continue;
       }
       KV_ASSIGN_OR_RETURN(auto chunk, impl_.chunk(loc.chunk));
@@ -240,23 +249,19 @@ Status SnapshotReader::Impl::load_into(uint64_t i, std::span<std::byte> out) con
   return s.ok() ? s : fail(s);
 }
 
-Status SnapshotReader::Impl::load_two_into(uint64_t a, std::span<std::byte> out_a, uint64_t b,
-                                          std::span<std::byte> out_b) const {
-  // Paired only where it pays: a plain snapshot (an encrypted one's keyed id, an HMAC, is taken
-  // over the whole chunk after) and a SHA-256 kernel with lanes.
-  if (cipher || m.encryption || sha256_kernel_width(sha256_kernel()) < 2) {
-    KV_RETURN_IF_ERROR(load_into(a, out_a));
-    return load_into(b, out_b);
-  }
-  if (out_a.size() != m.chunks[a].raw_size || out_b.size() != m.chunks[b].raw_size) {
-    return Status::InvalidArgument("decode buffer of the wrong size").Prefixed(name + ": " + describe(a));
-  }
-  std::unique_ptr<DecodeScratch> sa = scratch_pool().take(), sb = scratch_pool().take();
-  bool second = false;
-  Status s = decode_two_checked(m.chunks[a], *sa, out_a, m.chunks[b], *sb, out_b, second);
-  scratch_pool().give(std::move(sa));
-  scratch_pool().give(std::move(sb));
-  return s.ok() ? s : s.Prefixed(name + ": " + describe(second ? b : a));
+Status SnapshotReader::Impl::load_group_into(std::span<const uint64_t> ids,
+                                            std::span<const std::span<std::byte>> outs) const {
+  if (ids.size() == 1) return load_into(ids[0], outs[0]);
+  for (size_t j = 0; j < ids.size(); ++j)
+    if (outs[j].size() != m.chunks[ids[j]].raw_size)
+      return Status::InvalidArgument("decode buffer of the wrong size").Prefixed(name + ": " + describe(ids[j]));
+  std::array<std::unique_ptr<DecodeScratch>, Sha256Lanes::kMaxLanes> taken;
+  std::array<DecodeScratch*, Sha256Lanes::kMaxLanes> sc{};
+  for (size_t j = 0; j < ids.size(); ++j) taken[j] = scratch_pool().take(), sc[j] = taken[j].get();
+  size_t failed = 0;
+  Status s = decode_group_checked(ids, outs, sc.data(), failed);
+  for (size_t j = 0; j < ids.size(); ++j) scratch_pool().give(std::move(taken[j]));
+  return s.ok() ? s : s.Prefixed(name + ": " + describe(ids[failed]));
 }
 
 Result<std::span<const std::byte>> SnapshotReader::Impl::fetch_blob(const ChunkRef& ref, DecodeScratch& sc) const {
@@ -307,45 +312,66 @@ Status SnapshotReader::Impl::decode_checked(const ChunkRef& ref, DecodeScratch& 
   return check_digests(ref, sha, xxh, out);
 }
 
-// Chunk a is decoded first (its XXH3-128 fed as it goes), then chunk b; each piece of b goes
-// into lane 1 while in cache, beside as many bytes of a (just written: in L2 or L3) in lane 0,
-// so the two SHA-256s run interleaved. Errors come in the order one chunk after the other
-// would give them: a's first.
-Status SnapshotReader::Impl::decode_two_checked(const ChunkRef& ra, DecodeScratch& sa, std::span<std::byte> out_a,
-                                                const ChunkRef& rb, DecodeScratch& sb, std::span<std::byte> out_b,
-                                                bool& second) const {
-  second = false;
-  KV_ASSIGN_OR_RETURN(const std::span<const std::byte> inner_a, fetch_blob(ra, sa));
-  const Status da = sa.decoder.decode_into(inner_a, out_a, [&sa](std::span<const std::byte> p) { sa.xxh.update(p); });
-  if (!da.ok()) {
-    (void)sa.xxh.finish();
-    return da;
+// All chunks but the last are decoded whole first (their XXH3-128s fed as they go); then the
+// last, and each of its pieces goes into its lane of one Sha256Lanes while in cache, beside as
+// many bytes of every other chunk (just written: in L2 or L3), so the SHA-256s run together;
+// what the others have left goes in together after. Errors come in the order one chunk after
+// the other would give them.
+Status SnapshotReader::Impl::decode_group_checked(std::span<const uint64_t> ids,
+                                                  std::span<const std::span<std::byte>> outs,
+                                                  DecodeScratch* const* sc, size_t& failed) const {
+  const size_t k = ids.size(), last = k - 1;
+  Status err;
+  size_t err_at = k;  // the first chunk whose fetch or decode failed
+  for (size_t j = 0; j < last && err_at == k; ++j) {
+    auto inner = fetch_blob(m.chunks[ids[j]], *sc[j]);
+    DecodeScratch& x = *sc[j];
+    err = inner.ok() ? x.decoder.decode_into(*inner, outs[j], [&x](std::span<const std::byte> p) { x.xxh.update(p); })
+                     : inner.status();
+    if (!err.ok()) err_at = j;
   }
-  Sha256Lanes& lanes = sa.lanes;
-  size_t fed_a = 0;
-  Status db;
-  auto inner_b = fetch_blob(rb, sb);
-  if (inner_b.ok()) {
-    db = sb.decoder.decode_into(*inner_b, out_b, [&](std::span<const std::byte> p) {
-      sb.xxh.update(p);
-      const size_t n = std::min(p.size(), out_a.size() - fed_a);
-      Sha256Lanes::Pieces pieces{};
-      pieces[0] = std::span<const std::byte>(out_a).subspan(fed_a, n);
-      pieces[1] = p;
-      lanes.update(pieces);
-      fed_a += n;
-    });
-  } else {
-    db = inner_b.status();
+  Sha256Lanes& lanes = sc[0]->lanes;
+  std::array<size_t, Sha256Lanes::kMaxLanes> fed{};
+  // Feeds up to `n` more bytes of each of the first `upto` chunks.
+  auto feed_others = [&](size_t upto, size_t n, Sha256Lanes::Pieces& p) {
+    for (size_t j = 0; j < upto; ++j) {
+      const size_t take = std::min(n, outs[j].size() - fed[j]);
+      p[j] = std::span<const std::byte>(outs[j]).subspan(fed[j], take);
+      fed[j] += take;
+    }
+  };
+  if (err_at == k) {
+    DecodeScratch& x = *sc[last];
+    auto inner = fetch_blob(m.chunks[ids[last]], x);
+    err = inner.ok() ? x.decoder.decode_into(*inner, outs[last],
+                                             [&](std::span<const std::byte> p) {
+                                               x.xxh.update(p);
+                                               Sha256Lanes::Pieces pieces{};
+                                               feed_others(last, p.size(), pieces);
+                                               pieces[last] = p;
+                                               lanes.update(pieces);
+                                             })
+                     : inner.status();
+    if (!err.ok()) err_at = last;
   }
-  for (; fed_a < out_a.size(); fed_a += std::min(kDecodePieceBytes, out_a.size() - fed_a))
-    lanes.update(0, std::span<const std::byte>(out_a).subspan(fed_a, std::min(kDecodePieceBytes, out_a.size() - fed_a)));
-  const Sha256Digest sha_a = lanes.finish(0), sha_b = lanes.finish(1);  // both start over, whatever happened
-  const ChunkXxh xxh_a = sa.xxh.finish(), xxh_b = sb.xxh.finish();
-  KV_RETURN_IF_ERROR(check_digests(ra, sha_a, xxh_a, out_a));
-  second = true;
-  KV_RETURN_IF_ERROR(db);
-  return check_digests(rb, sha_b, xxh_b, out_b);
+  const size_t whole = std::min(err_at, last);  // chunks decoded whole before any error
+  for (bool more = true; more;) {
+    Sha256Lanes::Pieces pieces{};
+    feed_others(whole, kDecodePieceBytes, pieces);
+    more = false;
+    for (size_t j = 0; j < whole; ++j) more = more || !pieces[j].empty();
+    if (more) lanes.update(pieces);
+  }
+  std::array<Sha256Digest, Sha256Lanes::kMaxLanes> sha{};
+  std::array<ChunkXxh, Sha256Lanes::kMaxLanes> xxh{};
+  for (size_t j = 0; j < k; ++j) sha[j] = lanes.finish(j), xxh[j] = sc[j]->xxh.finish();  // all start over
+  for (size_t j = 0; j < whole; ++j) {
+    failed = j;
+    KV_RETURN_IF_ERROR(check_digests(m.chunks[ids[j]], sha[j], xxh[j], outs[j]));
+  }
+  failed = err_at == k ? last : err_at;
+  KV_RETURN_IF_ERROR(err);
+  return check_digests(m.chunks[ids[last]], sha[last], xxh[last], outs[last]);
 }
 
 Result<SnapshotReader::Impl::Chunk> SnapshotReader::Impl::chunk(uint64_t i) const {

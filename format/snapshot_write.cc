@@ -1,6 +1,6 @@
 // Writing snapshots: plan the segments of a parsed state, cut them into
-// chunks, encode the chunks on `threads` workers (two a job, at most 6 x threads chunks in
-// flight, so memory stays at a few chunks), and emit blobs in chunk order; then
+// chunks, encode the chunks on `threads` workers (2 or 8 a job, at most 3 x threads jobs in
+// flight: 6 x threads chunks, 24 x threads with AVX2 lanes), and emit blobs in chunk order; then
 // the content digest from the chunk ids, the manifest (and, for a file, the trailer).
 #include <zstd.h>
 
@@ -281,19 +281,19 @@ Status encode_one(const ChunkReader& reader, uint64_t index, const Sha256Digest&
   return Status::OK();
 }
 
-// Chunks first..first+count-1 (count 1 or 2) into slots[0..count-1]: the ids of those that need
-// one are computed together (base/sha256_lanes.h: two SHA-256s interleaved run faster than one
-// after the other), keyed ids one by one.
+// Chunks first..first+count-1 (count <= Sha256Lanes::kMaxLanes) into slots[0..count-1]: the ids
+// of those that need one are computed together (base/sha256_lanes.h: two SHA-256s interleaved, or
+// eight in AVX2 lanes, run faster than one after the other), keyed ids one by one.
 Status encode_group(const ChunkReader& reader, uint64_t first, size_t count, ChunkEncoder& enc, const SnapshotOptions& o,
                     const KnownByXxh& known_xxh, Slot* slots) {
-  std::array<std::span<const std::byte>, 2> need{};
-  std::array<size_t, 2> which{};
+  std::array<std::span<const std::byte>, Sha256Lanes::kMaxLanes> need{};
+  std::array<size_t, Sha256Lanes::kMaxLanes> which{};
   size_t n_need = 0;
   for (size_t k = 0; k < count; ++k) {
     KV_ASSIGN_OR_RETURN(const bool known, read_one(reader, first + k, o, known_xxh, slots[k]));
     if (!known) which[n_need] = k, need[n_need++] = slots[k].raw;
   }
-  std::array<Sha256Digest, 2> ids{};
+  std::array<Sha256Digest, Sha256Lanes::kMaxLanes> ids{};
   if (o.cipher) {
     for (size_t j = 0; j < n_need; ++j) ids[j] = o.cipher->chunk_id(need[j]);
   } else {
@@ -303,11 +303,12 @@ Status encode_group(const ChunkReader& reader, uint64_t first, size_t count, Chu
   return Status::OK();
 }
 
-// Encodes every chunk on `o.threads` persistent workers, two chunks a job, and hands the blobs to
+// Encodes every chunk on `o.threads` persistent workers, as many chunks a job as the SHA-256
+// kernel hashes at once (at least two: 2 with SHA-NI, 8 with AVX2 lanes), and hands the blobs to
 // `sink` in order on this thread while the workers go on (format/snapshot_pipeline.h):
 // 3 x threads jobs in flight at most.
 Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink& sink, std::vector<ChunkRef>& refs) {
-  constexpr size_t kGroup = 2;
+  const size_t kGroup = std::max<size_t>(2, sha256_kernel_width(sha256_kernel()));
   const uint64_t n = reader.n_chunks();
   const uint64_t jobs = (n + kGroup - 1) / kGroup;
   auto group_size = [&](uint64_t job) { return size_t(std::min<uint64_t>(kGroup, n - job * kGroup)); };
