@@ -57,8 +57,8 @@ int main(int argc, char** argv) {
     for (auto& b : m) b = std::byte(rng());
   Sha256Digest sink{};
   const double one = rate(seconds, len, [&] { sink[0] ^= sha256_of(msgs[0])[0]; });
-  std::printf("openssl, one stream: %.3f GB/s (%s messages of %zu KiB)\n", one,
-              std::getenv("OPENSSL_ia32cap") ? "OPENSSL_ia32cap set," : "", kib);
+  std::printf("openssl, one stream%s: %.3f GB/s (messages of %zu KiB)\n",
+              std::getenv("OPENSSL_ia32cap") ? " (OPENSSL_ia32cap set)" : "", one, kib);
   for (Sha256Kernel k : {Sha256Kernel::kShaniX2, Sha256Kernel::kAvx2X8}) {
     if (!sha256_kernel_supported(k)) {
       std::printf("%s: not on this CPU\n", sha256_kernel_name(k));

@@ -227,7 +227,9 @@ class ScratchPool {
   }
 
  private:
-  static constexpr size_t kKeep = 8;  // about a chunk and a half each: a few MiB kept at most
+  // About a chunk and a half each. Two decode threads of eight AVX2 lanes hold 16 at once (of
+  // SHA-NI pairs, 4): only as many as were in use are ever made and kept.
+  static constexpr size_t kKeep = 2 * Sha256Lanes::kMaxLanes;
   std::mutex mu_;
   std::vector<std::unique_ptr<DecodeScratch>> free_;
 };
