@@ -521,9 +521,20 @@ Result<StateFile> SnapshotReader::parse_original() const {
 }
 
 Status SnapshotReader::verify_chunks() const {
-  for (uint64_t i = 0; i < impl_->m.chunks.size(); ++i) {
-    auto raw = impl_->load(i);
-    if (!raw.ok()) return raw.status();
+  // As many chunks at a time as the SHA-256 kernel hashes together, into buffers kept across groups.
+  const uint64_t n = impl_->m.chunks.size();
+  const size_t group = impl_->group_size();
+  std::array<std::vector<std::byte>, Sha256Lanes::kMaxLanes> bufs;
+  std::array<uint64_t, Sha256Lanes::kMaxLanes> ids{};
+  std::array<std::span<std::byte>, Sha256Lanes::kMaxLanes> outs{};
+  for (uint64_t i = 0; i < n; i += group) {
+    const size_t k = size_t(std::min<uint64_t>(group, n - i));
+    for (size_t j = 0; j < k; ++j) {
+      ids[j] = i + j;
+      bufs[j].resize(impl_->m.chunks[i + j].raw_size);
+      outs[j] = bufs[j];
+    }
+    KV_RETURN_IF_ERROR(impl_->load_group_into(std::span(ids).first(k), std::span(outs).first(k)));
   }
   return Status::OK();
 }

@@ -405,7 +405,8 @@ TEST(SnapshotHostile, AFlipInARawPlaneFailsTheRead) {
 
 // Whole chunks that follow each other in a read are decoded two at a time, their SHA-256s
 // computed together (base/sha256_lanes.h): a damaged blob fails the read wherever it sits,
-// first or second of a pair or alone at the end, and the error names that chunk. Run by ctest
+// first or second of a pair or alone at the end, and the error names that chunk; the same for
+// verify_chunks, which checks chunks in the same groups. Run by ctest
 // under every SHA-256 kernel too (format.sha256_kernel.*).
 TEST(SnapshotHostile, ADamagedChunkFailsTheReadFirstOrSecondOfAPair) {
   SynthSpec s;
@@ -444,6 +445,9 @@ TEST(SnapshotHostile, ADamagedChunkFailsTheReadFirstOrSecondOfAPair) {
     EXPECT_EQ(rd.code(), Code::kCorruption) << "chunk " << k;
     EXPECT_NE(rd.message().find("chunk " + std::to_string(k) + " "), std::string::npos) << rd.ToString();
     EXPECT_NE(rd.message().find("SHA-256"), std::string::npos) << rd.ToString();
+    const Status v = (*r)->verify_chunks();  // the same groups, from chunk 0
+    EXPECT_EQ(v.code(), Code::kCorruption) << "chunk " << k;
+    EXPECT_NE(v.message().find("chunk " + std::to_string(k) + " "), std::string::npos) << v.ToString();
     ++damaged;
   }
   EXPECT_GE(damaged, 4u) << "too few chunks with a raw plane to damage both places of a pair";
