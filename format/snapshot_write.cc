@@ -1,6 +1,6 @@
 // Writing snapshots: plan the segments of a parsed state, cut them into
-// chunks, encode the chunks on `threads` workers (2 or 8 a job, at most 3 x threads jobs in
-// flight: 6 x threads chunks, 24 x threads with AVX2 lanes), and emit blobs in chunk order; then
+// chunks, encode the chunks on `threads` workers (2 or 8 a job, at most 2 x threads jobs in
+// flight: 4 x threads chunks, 16 x threads with AVX2 lanes), and emit blobs in chunk order; then
 // the content digest from the chunk ids, the manifest (and, for a file, the trailer).
 #include <zstd.h>
 
@@ -306,25 +306,25 @@ Status encode_group(const ChunkReader& reader, uint64_t first, size_t count, Chu
 // Encodes every chunk on `o.threads` persistent workers, as many chunks a job as the SHA-256
 // kernel hashes at once (at least two: 2 with SHA-NI, 8 with AVX2 lanes), and hands the blobs to
 // `sink` in order on this thread while the workers go on (format/snapshot_pipeline.h):
-// 3 x threads jobs in flight at most.
+// 2 x threads jobs in flight at most (one being encoded, one waiting for the sink, per worker).
 Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink& sink, std::vector<ChunkRef>& refs) {
-  const size_t kGroup = std::max<size_t>(2, sha256_kernel_width(sha256_kernel()));
+  const size_t group = std::max<size_t>(2, sha256_kernel_width(sha256_kernel()));
   const uint64_t n = reader.n_chunks();
-  const uint64_t jobs = (n + kGroup - 1) / kGroup;
-  auto group_size = [&](uint64_t job) { return size_t(std::min<uint64_t>(kGroup, n - job * kGroup)); };
+  const uint64_t jobs = (n + group - 1) / group;
+  auto group_size = [&](uint64_t job) { return size_t(std::min<uint64_t>(group, n - job * group)); };
   std::vector<std::unique_ptr<ChunkEncoder>> encoders;
   for (uint32_t t = 0; t < o.threads; ++t) encoders.push_back(std::make_unique<ChunkEncoder>(o.zstd_level));
-  std::vector<Slot> slots(kGroup * 3 * o.threads);
+  std::vector<Slot> slots(group * 2 * o.threads);
   const KnownByXxh known_xxh = known_by_xxh(o);
   refs.reserve(n);
   return ordered_pipeline(
-      jobs, o.threads, slots.size() / kGroup,
+      jobs, o.threads, slots.size() / group,
       [&](uint64_t job, size_t slot, uint32_t worker) {
-        return encode_group(reader, job * kGroup, group_size(job), *encoders[worker], o, known_xxh, &slots[kGroup * slot]);
+        return encode_group(reader, job * group, group_size(job), *encoders[worker], o, known_xxh, &slots[group * slot]);
       },
       [&](uint64_t job, size_t slot) {
         for (size_t k = 0; k < group_size(job); ++k) {
-          const Slot& s = slots[kGroup * slot + k];
+          const Slot& s = slots[group * slot + k];
           KV_RETURN_IF_ERROR(sink.put(s.ref, std::span<const std::byte>(s.blob.data(), s.blob_size)));
           refs.push_back(s.ref);
         }
