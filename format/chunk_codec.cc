@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <new>
 #include <utility>
@@ -256,11 +257,33 @@ void unshuffle_planes(const std::byte* const* planes, size_t elem, size_t m, std
 
 namespace {
 
-// A plane whose sample compresses to more than this share of its size is
-// written uncompressed (the low mantissa byte of f16 K/V: measured ~0.99):
-// compressing it would cost most of a save's time for nothing.
+// A plane is compressed only when it saves at least 10% (measured on the real slots of
+// docs/store.md "Speed and space": the f16 exponent plane saves ~33%, the low-mantissa plane
+// ~3%, a q8_0 chunk ~6% at ~1 s/GB of encode and a decode at ~1.5 GB/s instead of memcpy's
+// speed: not worth a save's time). A sample's order-0 entropy decides a plane that clearly
+// compresses (no zstd probe, whose output would be thrown away); any other plane is probed
+// with zstd on the sample, which also sees repeats the entropy misses.
 constexpr size_t kProbeBytes = 16 << 10;
-constexpr double kWorthCompressing = 0.97;
+constexpr double kWorthCompressing = 0.90;
+
+// Order-0 entropy of `p` in bits per byte: what a Huffman coder of its bytes can reach.
+double entropy_bits(std::span<const std::byte> p) {
+  uint32_t h[4][256] = {};  // four tables: no store-to-load stall on runs of one byte
+  size_t i = 0;
+  for (; i + 4 <= p.size(); i += 4) {
+    ++h[0][uint8_t(p[i])];
+    ++h[1][uint8_t(p[i + 1])];
+    ++h[2][uint8_t(p[i + 2])];
+    ++h[3][uint8_t(p[i + 3])];
+  }
+  for (; i < p.size(); ++i) ++h[0][uint8_t(p[i])];
+  double bits = 0;
+  for (int c = 0; c < 256; ++c) {
+    const double n = double(h[0][c] + h[1][c] + h[2][c] + h[3][c]);
+    if (n > 0) bits -= n * std::log2(n / double(p.size()));
+  }
+  return bits / double(p.size());
+}
 
 // `src` as one zstd frame of raw blocks (RFC 8878: single segment, 4-byte
 // content size, no checksum): any zstd decoder reads it, at memcpy speed.
@@ -327,15 +350,19 @@ Result<size_t> ChunkEncoder::encode_into(std::span<const std::byte> raw, FilterC
 
   size_t ret = ZSTD_CCtx_reset(cctx_, ZSTD_reset_session_and_parameters);
   if (!ZSTD_isError(ret)) ret = ZSTD_CCtx_setParameter(cctx_, ZSTD_c_compressionLevel, level_);
-  // zstd's negative (fast) levels also store literals raw, which loses most of
-  // what the f16 exponent plane gains (1.82x -> 1.26x on the bench slot's);
-  // keep Huffman literals there: the fast match finder is what saves time.
-  if (!ZSTD_isError(ret) && level_ < 0)
+  if (!ZSTD_isError(ret) && level_ < 0) {
+    // zstd's negative (fast) levels also store literals raw, which loses most of what the
+    // f16 exponent plane gains (1.57x -> 1.04x on the bench slot's at -10); keep Huffman
+    // literals: they are the gain, the match finder is the time. Matches of 7 bytes at
+    // least: this data has few repeats, and shorter ones cost more time than they save
+    // (measured, kvsnap-codec-bench --slot: docs/store.md "Speed and space").
     ret = ZSTD_CCtx_setParameter(cctx_, ZSTD_c_literalCompressionMode, ZSTD_ps_enable);
+    if (!ZSTD_isError(ret)) ret = ZSTD_CCtx_setParameter(cctx_, ZSTD_c_minMatch, 7);
+  }
   if (ZSTD_isError(ret)) return Status::InvalidArgument(std::string("zstd: ") + ZSTD_getErrorName(ret));
   size_t pos = kBlobHeaderBytes;
   for (const auto& p : parts) {
-    if (p.size() > 2 * kProbeBytes) {
+    if (p.size() > 2 * kProbeBytes && entropy_bits(p.first(kProbeBytes)) > 8 * kWorthCompressing) {
       // Probe a sample first (into the space the plane's frame will take).
       ret = ZSTD_compress2(cctx_, out.data() + pos, out.size() - pos, p.data(), kProbeBytes);
       if (ZSTD_isError(ret)) return Status::InvalidArgument(std::string("zstd: ") + ZSTD_getErrorName(ret));

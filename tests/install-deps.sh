@@ -5,6 +5,7 @@ pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates python3 p
       libsqlite3-dev libzstd-dev libxxhash-dev libarchive-dev libcli11-dev libssl-dev nlohmann-json3-dev
       libgtest-dev libgmock-dev libbenchmark-dev libcurl4-openssl-dev
       libcpp-httplib-dev        # kvsnap serve's proxy (0.11.4, what llama-server vendors)
+      libisal-dev               # bench only: kvsnap-codec-bench --slot measures ISA-L igzip beside zstd
       libpq-dev postgresql-15   # the PostgreSQL catalog: libpq, and the server tests/beds/postgres.sh runs
       clang libclang-rt-14-dev  # the fuzz stage: clang 14, and libFuzzer + sanitizer runtimes (not pulled in by clang)
       clang-16 libc++-16-dev libc++abi-16-dev

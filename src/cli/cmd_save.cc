@@ -205,7 +205,7 @@ void setup_save(CLI::App& app, int& exit_status) {
                        "the file (recorded with the snapshot; with --server, default: the server's /props build_info)");
     sub->add_option("--ttl", o->ttl, "expire after DURATION (90m, 12h, 7d, 2w): gc and later saves evict it");
     sub->add_flag("--pin", o->pin, "never evict it (kvsnap unpin undoes)");
-    sub->add_option("--level", o->level, "zstd level (default 1)");
+    sub->add_option("--level", o->level, "zstd level (default -10: fast, literals still Huffman-coded; 1 and up trade time for space)");
     sub->add_option("--cells-per-chunk", o->cells_per_chunk, "cells per chunk (default 256)");
     sub->add_option("--threads,-t", o->threads, "compression threads (default: all cores)");
     sub->add_flag("--json", o->json, "machine-readable result");

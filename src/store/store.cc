@@ -64,9 +64,15 @@ using namespace store_detail;
 // that it is durable); the others go into the batch's pack. The catalog is
 // asked in batches (Catalog::find_chunks: a round trip per batch on a catalog
 // server), so chunks wait here, copied, until a batch is full or finish();
-// kHeldBytes bounds the memory that takes.
+// kHeldBytes bounds the memory that takes and how long the pack waits.
 Status store_detail::BlobSink::put(const ChunkRef& ref, std::span<const std::byte> blob) {
-  pending_.push_back({ref, std::vector<std::byte>(blob.begin(), blob.end())});
+  std::vector<std::byte> copy;
+  if (!spare_.empty()) {
+    copy = std::move(spare_.back());
+    spare_.pop_back();
+  }
+  copy.assign(blob.begin(), blob.end());  // within its capacity: no allocation, no fresh pages
+  pending_.push_back({ref, std::move(copy)});
   held_ += blob.size();
   if (pending_.size() >= Catalog::kChunkLookupBatch || held_ >= kHeldBytes) return flush();
   return Status::OK();
@@ -78,6 +84,7 @@ Status store_detail::BlobSink::flush() {
   for (const Pending& p : pending_) hashes.push_back(hash_of(p.ref));
   KV_ASSIGN_OR_RETURN(std::vector<std::optional<ChunkUse>> known, catalog_.find_chunks(hashes));
   for (size_t i = 0; i < pending_.size(); ++i) KV_RETURN_IF_ERROR(store(hashes[i], pending_[i], known[i]));
+  for (Pending& p : pending_) spare_.push_back(std::move(p.blob));
   pending_.clear();
   held_ = 0;
   return Status::OK();

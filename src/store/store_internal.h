@@ -94,11 +94,17 @@ class BlobSink final : public ChunkSink {
   uint64_t written = 0, bytes_written = 0;
 
  private:
-  static constexpr uint64_t kHeldBytes = 64u << 20;
+  // Held chunks are looked up and written every 8 MiB (or kChunkLookupBatch chunks): the
+  // pack is written while the encoders work, not in bursts that stall them, and only the last
+  // few MiB wait for the end of the encode (measured: docs/store.md "Speed and space").
+  static constexpr uint64_t kHeldBytes = 8u << 20;
   struct Pending {
     ChunkRef ref;
     std::vector<std::byte> blob;
   };
+  // Buffers of written chunks, reused by the next ones: a fresh buffer per chunk cost a page
+  // fault per 4 KiB (~10% of a save's CPU).
+  std::vector<std::vector<std::byte>> spare_;
   Status flush();
   Status store(const ChunkHash& h, const Pending& p, std::optional<ChunkUse>& known);
   BlobWriteBatch& batch_;

@@ -7,6 +7,7 @@
 #include <zstd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -119,6 +120,44 @@ TEST(ChunkCodec, EncodeDecodeRoundTrips) {
   auto zst = enc.encode(std::vector<std::byte>(50000, std::byte{7}), {});
   EXPECT_EQ(read_blob_header(std::vector<std::byte>(zst->begin(), zst->end()))->codec, ChunkCodec::kZstd);
   EXPECT_LT(zst->size(), 1000u);
+}
+
+// What a plane must save to be compressed (10%), at the fast default level (-10) and at 1:
+// bytes that save less are stored raw (a q8_0 chunk: ~6%), repeats are still found by the zstd
+// probe though each byte looks random, and a negative level keeps Huffman literals (the f16
+// exponent plane's whole gain).
+TEST(ChunkCodec, CompressesOnlyWhatSavesTenPercent) {
+  std::mt19937 rng(11);
+  std::vector<std::byte> q8ish(300000);  // int8-like: no repeats
+  std::normal_distribution<double> quant(0, 40);
+  for (auto& b : q8ish) b = std::byte(uint8_t(int(std::lround(quant(rng)))));  // ~7.4 bits: saves ~6%
+  const auto pattern = random_bytes(4096, 12);
+  std::vector<std::byte> repeats;
+  while (repeats.size() < 300000) repeats.insert(repeats.end(), pattern.begin(), pattern.end());
+  const auto f16 = f16ish(150000, 13);
+  for (int level : {-10, 1}) {
+    SCOPED_TRACE(level);
+    ChunkEncoder enc(level);
+    ChunkDecoder dec;
+    auto codec_of = [&](const std::vector<std::byte>& raw, FilterChoice f) {
+      auto blob = enc.encode(raw, f);
+      EXPECT_TRUE(blob.ok());
+      const std::vector<std::byte> copy(blob->begin(), blob->end());
+      std::vector<std::byte> out;
+      EXPECT_TRUE(dec.decode(copy, raw.size(), out).ok());
+      EXPECT_EQ(out, raw);
+      return std::pair{read_blob_header(copy)->codec, double(copy.size()) / double(raw.size())};
+    };
+    EXPECT_EQ(codec_of(q8ish, {}).first, ChunkCodec::kStored);
+    const auto [rc, rr] = codec_of(repeats, {});
+    EXPECT_EQ(rc, ChunkCodec::kZstd);
+    EXPECT_LT(rr, 0.1);
+    // The high-byte plane holds ~4.6 bits per byte: the blob is ~79% of the raw bytes with
+    // Huffman literals, ~100% without.
+    const auto [fc, fr] = codec_of(f16, {ChunkFilter::kShuffle, 2});
+    EXPECT_EQ(fc, ChunkCodec::kZstd);
+    EXPECT_LT(fr, 0.85);
+  }
 }
 
 // f16 with a random low byte: that plane is written as a zstd frame of raw
