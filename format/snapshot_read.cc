@@ -8,6 +8,7 @@
 
 #include "base/byte_order.h"
 #include "base/json_access.h"
+#include "base/sha256_lanes.h"
 #include "base/text.h"
 #include "format/ggml_types.h"
 #include "format/snapshot.h"
@@ -84,8 +85,24 @@ struct SnapshotReader::Impl {
   // The same into `out` (exactly the chunk's raw size): no cache, no copy.
   // On error `out` holds garbage.
   Status load_into(uint64_t i, std::span<std::byte> out) const;
+  // load_into for consecutive whole chunks `ids` into `outs` (one each, at most
+  // Sha256Lanes::kMaxLanes), their SHA-256s computed together (base/sha256_lanes.h).
+  Status load_group_into(std::span<const uint64_t> ids, std::span<const std::span<std::byte>> outs) const;
+  // How many whole chunks read_at hands load_group_into at once: the SHA-256 kernel's lanes (2
+  // with SHA-NI, 8 with AVX2); 1 with OpenSSL's one stream or for keyed ids.
+  size_t group_size() const {
+    return cipher || m.encryption ? 1 : sha256_kernel_width(sha256_kernel());
+  }
   // load_into's work with the scratch it took; errors without the chunk's name.
   Status decode_checked(const ChunkRef& ref, DecodeScratch& sc, std::span<std::byte> out) const;
+  // load_group_into's; `failed` says which chunk an error is about.
+  Status decode_group_checked(std::span<const uint64_t> ids, std::span<const std::span<std::byte>> outs,
+                              DecodeScratch* const* sc, size_t& failed) const;
+  // The blob of `ref` fetched into sc.blob, opened where encrypted: what its decoder reads.
+  Result<std::span<const std::byte>> fetch_blob(const ChunkRef& ref, DecodeScratch& sc) const;
+  // A decoded chunk's digests against the manifest's.
+  Status check_digests(const ChunkRef& ref, const Sha256Digest& sha, const ChunkXxh& xxh,
+                       std::span<const std::byte> out) const;
   // Through the cache.
   Result<Chunk> chunk(uint64_t i) const;
   // True (and counted as a miss) when chunk i is not in the cache.
@@ -119,22 +136,32 @@ class OriginalFile final : public ReadableFile {
       return Status::Corruption(name_ + ": read of " + std::to_string(dst.size()) + " bytes at offset " +
                                 std::to_string(offset) + " runs past the end (" + std::to_string(size()) + " bytes)");
     }
-    const auto& segs = impl_.m.segments.segments;
     size_t done = 0;
     while (done < dst.size()) {
       const uint64_t at = offset + done;
-      auto it = std::upper_bound(segs.begin(), segs.end(), at,
-                                 [](uint64_t o, const Segment& s) { return o < s.file_offset; });
-      const Segment& seg = *std::prev(it);
-      const Location loc = locate(impl_.m.segments, seg, at);
+      const Location loc = locate_at(at);
       const uint64_t n = std::min<uint64_t>(loc.run, dst.size() - done);
-      if (loc.offset_in_chunk == 0 && n == impl_.m.chunks[loc.chunk].raw_size && impl_.miss(loc.chunk)) {
+      if (whole_chunk(loc, n) && impl_.miss(loc.chunk)) {
         // A whole chunk whose bytes are contiguous here (a run of cells of a
         // row-major tensor, a piece of the frame): decoded and checked straight
         // into the reader's buffer. Sequential readers (restore) read each
-        // chunk once, so caching it would only cost a copy.
-        KV_RETURN_IF_ERROR(impl_.load_into(loc.chunk, dst.subspan(done, n)));
-        done += n;
+        // chunk once, so caching it would only cost a copy. The whole chunks that
+        // follow are decoded with it, as many as the SHA-256 kernel has lanes: their
+        // SHA-256s run together, faster than one after the other.
+        std::array<uint64_t, Sha256Lanes::kMaxLanes> ids{loc.chunk};
+        std::array<std::span<std::byte>, Sha256Lanes::kMaxLanes> outs{dst.subspan(done, n)};
+        size_t k = 1;
+        uint64_t end = done + n;
+        for (const size_t group = impl_.group_size(); k < group && end < dst.size(); ++k) {
+          const Location next = locate_at(offset + end);
+          const uint64_t n2 = std::min<uint64_t>(next.run, dst.size() - end);
+          if (!whole_chunk(next, n2) || !impl_.miss(next.chunk)) break;
+          ids[k] = next.chunk;
+          outs[k] = dst.subspan(end, n2);
+          end += n2;
+        }
+        KV_RETURN_IF_ERROR(impl_.load_group_into(std::span(ids).first(k), std::span(outs).first(k)));
+        done = end;
         continue;
       }
       KV_ASSIGN_OR_RETURN(auto chunk, impl_.chunk(loc.chunk));
@@ -145,6 +172,16 @@ class OriginalFile final : public ReadableFile {
   }
 
  private:
+  Location locate_at(uint64_t at) const {
+    const auto& segs = impl_.m.segments.segments;
+    auto it = std::upper_bound(segs.begin(), segs.end(), at, [](uint64_t o, const Segment& s) { return o < s.file_offset; });
+    return locate(impl_.m.segments, *std::prev(it), at);
+  }
+  // `n` bytes at `loc` are the whole of its chunk.
+  bool whole_chunk(const Location& loc, uint64_t n) const {
+    return loc.offset_in_chunk == 0 && n == impl_.m.chunks[loc.chunk].raw_size;
+  }
+
   const SnapshotReader::Impl& impl_;
   std::string name_;
 };
@@ -167,6 +204,7 @@ struct DecodeScratch {
   std::vector<std::byte> blob, opened;
   ChunkDecoder decoder;
   Sha256 sha;
+  Sha256Lanes lanes;  // two chunks decoded together: lane 0 the first, lane 1 the second
   ChunkXxhHasher xxh;
 };
 
@@ -189,7 +227,9 @@ class ScratchPool {
   }
 
  private:
-  static constexpr size_t kKeep = 8;  // about a chunk and a half each: a few MiB kept at most
+  // About a chunk and a half each. Two decode threads of eight AVX2 lanes hold 16 at once (of
+  // SHA-NI pairs, 4): only as many as were in use are ever made and kept.
+  static constexpr size_t kKeep = 2 * Sha256Lanes::kMaxLanes;
   std::mutex mu_;
   std::vector<std::unique_ptr<DecodeScratch>> free_;
 };
@@ -211,31 +251,42 @@ Status SnapshotReader::Impl::load_into(uint64_t i, std::span<std::byte> out) con
   return s.ok() ? s : fail(s);
 }
 
-Status SnapshotReader::Impl::decode_checked(const ChunkRef& ref, DecodeScratch& sc, std::span<std::byte> out) const {
+Status SnapshotReader::Impl::load_group_into(std::span<const uint64_t> ids,
+                                            std::span<const std::span<std::byte>> outs) const {
+  if (ids.size() == 1) return load_into(ids[0], outs[0]);
+  for (size_t j = 0; j < ids.size(); ++j)
+    if (outs[j].size() != m.chunks[ids[j]].raw_size)
+      return Status::InvalidArgument("decode buffer of the wrong size").Prefixed(name + ": " + describe(ids[j]));
+  std::array<std::unique_ptr<DecodeScratch>, Sha256Lanes::kMaxLanes> taken;
+  std::array<DecodeScratch*, Sha256Lanes::kMaxLanes> sc{};
+  for (size_t j = 0; j < ids.size(); ++j) taken[j] = scratch_pool().take(), sc[j] = taken[j].get();
+  size_t failed = 0;
+  Status s = decode_group_checked(ids, outs, sc.data(), failed);
+  for (size_t j = 0; j < ids.size(); ++j) scratch_pool().give(std::move(taken[j]));
+  return s.ok() ? s : s.Prefixed(name + ": " + describe(ids[failed]));
+}
+
+Result<std::span<const std::byte>> SnapshotReader::Impl::fetch_blob(const ChunkRef& ref, DecodeScratch& sc) const {
   KV_RETURN_IF_ERROR(source->get_into(ref, sc.blob));
   if (sc.blob.size() > ref.raw_size + kMaxBlobOverhead) {
     return Status::Corruption("blob of " + std::to_string(sc.blob.size()) + " bytes for " +
                               std::to_string(ref.raw_size) + " raw bytes");
   }
-  std::span<const std::byte> inner = sc.blob;
   if (m.encryption) {
     if (!cipher) return missing_key();
     KV_RETURN_IF_ERROR(cipher->open_into(ref.sha256, sc.blob, sc.opened, "its blob"));
-    inner = sc.opened;
-  } else if (looks_sealed(sc.blob)) {
+    return std::span<const std::byte>(sc.opened);
+  }
+  if (looks_sealed(sc.blob)) {
     // A plain snapshot's id is the SHA-256 anyone can compute: an encrypted blob under it is
     // not the store's doing.
     return Status::Corruption("an encrypted blob in a snapshot whose manifest records no encryption");
   }
-  // Both digests are fed each piece as it is decoded, while it is in cache (the keyed id of an
-  // encrypted snapshot, an HMAC, is taken over the whole chunk after).
-  const Status s = sc.decoder.decode_into(inner, out, [&sc, keyed = cipher != nullptr](std::span<const std::byte> p) {
-    if (!keyed) sc.sha.update(p);
-    sc.xxh.update(p);
-  });
-  const Sha256Digest sha = sc.sha.finish();  // both start over, whatever happened
-  const ChunkXxh xxh = sc.xxh.finish();
-  KV_RETURN_IF_ERROR(s);
+  return std::span<const std::byte>(sc.blob);
+}
+
+Status SnapshotReader::Impl::check_digests(const ChunkRef& ref, const Sha256Digest& sha, const ChunkXxh& xxh,
+                                           std::span<const std::byte> out) const {
   if (cipher ? cipher->chunk_id(out) != ref.sha256 : sha != ref.sha256) {
     return Status::Corruption(std::string("damaged: its decoded bytes do not match their ") +
                               (cipher ? "keyed id " : "SHA-256 ") + to_hex(ref.sha256));
@@ -247,6 +298,82 @@ Status SnapshotReader::Impl::decode_checked(const ChunkRef& ref, DecodeScratch& 
                               "XXH3-128 " + to_hex(*ref.xxh));
   }
   return Status::OK();
+}
+
+Status SnapshotReader::Impl::decode_checked(const ChunkRef& ref, DecodeScratch& sc, std::span<std::byte> out) const {
+  KV_ASSIGN_OR_RETURN(const std::span<const std::byte> inner, fetch_blob(ref, sc));
+  // Both digests are fed each piece as it is decoded, while it is in cache (the keyed id of an
+  // encrypted snapshot, an HMAC, is taken over the whole chunk after).
+  const Status s = sc.decoder.decode_into(inner, out, [&sc, keyed = cipher != nullptr](std::span<const std::byte> p) {
+    if (!keyed) sc.sha.update(p);
+    sc.xxh.update(p);
+  });
+  const Sha256Digest sha = sc.sha.finish();  // both start over, whatever happened
+  const ChunkXxh xxh = sc.xxh.finish();
+  KV_RETURN_IF_ERROR(s);
+  return check_digests(ref, sha, xxh, out);
+}
+
+// All chunks but the last are decoded whole first (their XXH3-128s fed as they go); then the
+// last, and each of its pieces goes into its lane of one Sha256Lanes while in cache, beside as
+// many bytes of every other chunk (just written: in L2 or L3), so the SHA-256s run together;
+// what the others have left goes in together after. Errors come in the order one chunk after
+// the other would give them.
+Status SnapshotReader::Impl::decode_group_checked(std::span<const uint64_t> ids,
+                                                  std::span<const std::span<std::byte>> outs,
+                                                  DecodeScratch* const* sc, size_t& failed) const {
+  const size_t k = ids.size(), last = k - 1;
+  Status err;
+  size_t err_at = k;  // the first chunk whose fetch or decode failed
+  for (size_t j = 0; j < last && err_at == k; ++j) {
+    auto inner = fetch_blob(m.chunks[ids[j]], *sc[j]);
+    DecodeScratch& x = *sc[j];
+    err = inner.ok() ? x.decoder.decode_into(*inner, outs[j], [&x](std::span<const std::byte> p) { x.xxh.update(p); })
+                     : inner.status();
+    if (!err.ok()) err_at = j;
+  }
+  Sha256Lanes& lanes = sc[0]->lanes;
+  std::array<size_t, Sha256Lanes::kMaxLanes> fed{};
+  // Feeds up to `n` more bytes of each of the first `upto` chunks.
+  auto feed_others = [&](size_t upto, size_t n, Sha256Lanes::Pieces& p) {
+    for (size_t j = 0; j < upto; ++j) {
+      const size_t take = std::min(n, outs[j].size() - fed[j]);
+      p[j] = std::span<const std::byte>(outs[j]).subspan(fed[j], take);
+      fed[j] += take;
+    }
+  };
+  if (err_at == k) {
+    DecodeScratch& x = *sc[last];
+    auto inner = fetch_blob(m.chunks[ids[last]], x);
+    err = inner.ok() ? x.decoder.decode_into(*inner, outs[last],
+                                             [&](std::span<const std::byte> p) {
+                                               x.xxh.update(p);
+                                               Sha256Lanes::Pieces pieces{};
+                                               feed_others(last, p.size(), pieces);
+                                               pieces[last] = p;
+                                               lanes.update(pieces);
+                                             })
+                     : inner.status();
+    if (!err.ok()) err_at = last;
+  }
+  const size_t whole = std::min(err_at, last);  // chunks decoded whole before any error
+  for (bool more = true; more;) {
+    Sha256Lanes::Pieces pieces{};
+    feed_others(whole, kDecodePieceBytes, pieces);
+    more = false;
+    for (size_t j = 0; j < whole; ++j) more = more || !pieces[j].empty();
+    if (more) lanes.update(pieces);
+  }
+  std::array<Sha256Digest, Sha256Lanes::kMaxLanes> sha{};
+  std::array<ChunkXxh, Sha256Lanes::kMaxLanes> xxh{};
+  for (size_t j = 0; j < k; ++j) sha[j] = lanes.finish(j), xxh[j] = sc[j]->xxh.finish();  // all start over
+  for (size_t j = 0; j < whole; ++j) {
+    failed = j;
+    KV_RETURN_IF_ERROR(check_digests(m.chunks[ids[j]], sha[j], xxh[j], outs[j]));
+  }
+  failed = err_at == k ? last : err_at;
+  KV_RETURN_IF_ERROR(err);
+  return check_digests(m.chunks[ids[last]], sha[last], xxh[last], outs[last]);
 }
 
 Result<SnapshotReader::Impl::Chunk> SnapshotReader::Impl::chunk(uint64_t i) const {
@@ -394,9 +521,20 @@ Result<StateFile> SnapshotReader::parse_original() const {
 }
 
 Status SnapshotReader::verify_chunks() const {
-  for (uint64_t i = 0; i < impl_->m.chunks.size(); ++i) {
-    auto raw = impl_->load(i);
-    if (!raw.ok()) return raw.status();
+  // As many chunks at a time as the SHA-256 kernel hashes together, into buffers kept across groups.
+  const uint64_t n = impl_->m.chunks.size();
+  const size_t group = impl_->group_size();
+  std::array<std::vector<std::byte>, Sha256Lanes::kMaxLanes> bufs;
+  std::array<uint64_t, Sha256Lanes::kMaxLanes> ids{};
+  std::array<std::span<std::byte>, Sha256Lanes::kMaxLanes> outs{};
+  for (uint64_t i = 0; i < n; i += group) {
+    const size_t k = size_t(std::min<uint64_t>(group, n - i));
+    for (size_t j = 0; j < k; ++j) {
+      ids[j] = i + j;
+      bufs[j].resize(impl_->m.chunks[i + j].raw_size);
+      outs[j] = bufs[j];
+    }
+    KV_RETURN_IF_ERROR(impl_->load_group_into(std::span(ids).first(k), std::span(outs).first(k)));
   }
   return Status::OK();
 }

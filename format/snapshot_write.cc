@@ -1,12 +1,14 @@
 // Writing snapshots: plan the segments of a parsed state, cut them into
-// chunks, encode the chunks on `threads` workers (at most 3 x threads chunks in
-// flight, so memory stays at a few chunks), and emit blobs in chunk order; then
+// chunks, encode the chunks on `threads` workers (2 or 8 a job, at most 2 x threads jobs in
+// flight: 4 x threads chunks, 16 x threads with AVX2 lanes), and emit blobs in chunk order; then
 // the content digest from the chunk ids, the manifest (and, for a file, the trailer).
 #include <zstd.h>
 
 #include <algorithm>
+#include <array>
 #include <ctime>
 
+#include "base/sha256_lanes.h"
 #include "base/text.h"
 #include "format/content_digest.h"
 #include "format/cursor.h"
@@ -226,11 +228,11 @@ void take_known(const ChunkRef& known, uint64_t index, const std::optional<Chunk
   slot.blob_size = 0;
 }
 
-Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, const SnapshotOptions& o,
-                  const KnownByXxh& known_xxh, Slot& slot) {
+// Reads chunk `index` into the slot and takes a known chunk for it where its equality digest
+// finds one; false when it still needs its id (then slot.ref.xxh is set).
+Result<bool> read_one(const ChunkReader& reader, uint64_t index, const SnapshotOptions& o, const KnownByXxh& known_xxh,
+                      Slot& slot) {
   KV_RETURN_IF_ERROR(reader.read(index, slot.raw));
-  const Segment* seg = reader.tensor_segment(index);
-  const FilterChoice filter = seg && o.byte_shuffle ? filter_for_type(seg->ggml_type) : FilterChoice{};
   // The equality digest first (memory speed): a parent's chunk found by it needs no SHA-256.
   // Encrypted snapshots record none (a plain digest of the plaintext; their ids are keyed).
   std::optional<ChunkXxh> xxh;
@@ -239,10 +241,17 @@ Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, 
     auto it = known_xxh.find(*xxh);
     if (it != known_xxh.end() && it->second->raw_size == slot.raw.size()) {
       take_known(*it->second, index, xxh, slot);
-      return Status::OK();
+      return true;
     }
   }
-  const Sha256Digest sha = o.cipher ? o.cipher->chunk_id(slot.raw) : sha256_of(slot.raw);
+  slot.ref.xxh = xxh;
+  return false;
+}
+
+// The rest of a chunk read by read_one, given its id: a known chunk by id, else encoded (and sealed).
+Status encode_one(const ChunkReader& reader, uint64_t index, const Sha256Digest& sha, ChunkEncoder& enc,
+                  const SnapshotOptions& o, Slot& slot) {
+  const std::optional<ChunkXxh> xxh = slot.ref.xxh;
   if (o.known_chunks) {
     auto it = o.known_chunks->find(sha);
     if (it != o.known_chunks->end() && it->second.raw_size == slot.raw.size()) {
@@ -250,7 +259,8 @@ Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, 
       return Status::OK();
     }
   }
-  slot.ref.xxh = xxh;
+  const Segment* seg = reader.tensor_segment(index);
+  const FilterChoice filter = seg && o.byte_shuffle ? filter_for_type(seg->ggml_type) : FilterChoice{};
   slot.ref.sha256 = sha;
   slot.ref.raw_size = slot.raw.size();
   slot.ref.index = index;
@@ -271,25 +281,53 @@ Status encode_one(const ChunkReader& reader, uint64_t index, ChunkEncoder& enc, 
   return Status::OK();
 }
 
-// Encodes every chunk on `o.threads` persistent workers and hands the blobs to
+// Chunks first..first+count-1 (count <= Sha256Lanes::kMaxLanes) into slots[0..count-1]: the ids
+// of those that need one are computed together (base/sha256_lanes.h: two SHA-256s interleaved, or
+// eight in AVX2 lanes, run faster than one after the other), keyed ids one by one.
+Status encode_group(const ChunkReader& reader, uint64_t first, size_t count, ChunkEncoder& enc, const SnapshotOptions& o,
+                    const KnownByXxh& known_xxh, Slot* slots) {
+  std::array<std::span<const std::byte>, Sha256Lanes::kMaxLanes> need{};
+  std::array<size_t, Sha256Lanes::kMaxLanes> which{};
+  size_t n_need = 0;
+  for (size_t k = 0; k < count; ++k) {
+    KV_ASSIGN_OR_RETURN(const bool known, read_one(reader, first + k, o, known_xxh, slots[k]));
+    if (!known) which[n_need] = k, need[n_need++] = slots[k].raw;
+  }
+  std::array<Sha256Digest, Sha256Lanes::kMaxLanes> ids{};
+  if (o.cipher) {
+    for (size_t j = 0; j < n_need; ++j) ids[j] = o.cipher->chunk_id(need[j]);
+  } else {
+    sha256_many(std::span(need).first(n_need), ids);
+  }
+  for (size_t j = 0; j < n_need; ++j) KV_RETURN_IF_ERROR(encode_one(reader, first + which[j], ids[j], enc, o, slots[which[j]]));
+  return Status::OK();
+}
+
+// Encodes every chunk on `o.threads` persistent workers, as many chunks a job as the SHA-256
+// kernel hashes at once (at least two: 2 with SHA-NI, 8 with AVX2 lanes), and hands the blobs to
 // `sink` in order on this thread while the workers go on (format/snapshot_pipeline.h):
-// 3 x threads chunks in flight at most.
+// 2 x threads jobs in flight at most (one being encoded, one waiting for the sink, per worker).
 Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink& sink, std::vector<ChunkRef>& refs) {
+  const size_t group = std::max<size_t>(2, sha256_kernel_width(sha256_kernel()));
   const uint64_t n = reader.n_chunks();
+  const uint64_t jobs = (n + group - 1) / group;
+  auto group_size = [&](uint64_t job) { return size_t(std::min<uint64_t>(group, n - job * group)); };
   std::vector<std::unique_ptr<ChunkEncoder>> encoders;
   for (uint32_t t = 0; t < o.threads; ++t) encoders.push_back(std::make_unique<ChunkEncoder>(o.zstd_level));
-  std::vector<Slot> slots(size_t(3) * o.threads);
+  std::vector<Slot> slots(group * 2 * o.threads);
   const KnownByXxh known_xxh = known_by_xxh(o);
   refs.reserve(n);
   return ordered_pipeline(
-      n, o.threads, slots.size(),
-      [&](uint64_t i, size_t slot, uint32_t worker) {
-        return encode_one(reader, i, *encoders[worker], o, known_xxh, slots[slot]);
+      jobs, o.threads, slots.size() / group,
+      [&](uint64_t job, size_t slot, uint32_t worker) {
+        return encode_group(reader, job * group, group_size(job), *encoders[worker], o, known_xxh, &slots[group * slot]);
       },
-      [&](uint64_t i, size_t slot) {
-        const Slot& s = slots[slot];
-        KV_RETURN_IF_ERROR(sink.put(s.ref, std::span<const std::byte>(s.blob.data(), s.blob_size)));
-        refs.push_back(s.ref);
+      [&](uint64_t job, size_t slot) {
+        for (size_t k = 0; k < group_size(job); ++k) {
+          const Slot& s = slots[group * slot + k];
+          KV_RETURN_IF_ERROR(sink.put(s.ref, std::span<const std::byte>(s.blob.data(), s.blob_size)));
+          refs.push_back(s.ref);
+        }
         return Status::OK();
       });
 }

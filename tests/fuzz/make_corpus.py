@@ -8,8 +8,8 @@ Seeds are small real files: 3-token prefixes of fixtures/ state files (cut by
 `kvsnap restore --tokens`), their token payloads, snapshots and export archives
 of those, metadata-only GGUF models, llama-server / servers.json replies
 as the code expects them, kvsnap serve's client bodies and child answers, S3 XML replies,
-and encrypted chunk blobs (sealed here with Python's `cryptography`, an implementation
-independent of kvsnap's). The regressions are built here byte by byte so that
+encrypted chunk blobs (sealed here with Python's `cryptography`, an implementation
+independent of kvsnap's) and SHA-256 lane messages. The regressions are built here byte by byte so that
 they can be read and regenerated.
 """
 import hashlib
@@ -122,6 +122,16 @@ def run(*args):
 
 def name_of(rel):
     return rel.replace("/", "-")
+
+
+# --- SHA-256 lanes (src/base/sha256_lanes.h) ------------------------------------------------
+
+def sha256_lanes(corpus):
+    """fuzz_sha256_lanes: byte 0 the lane count - 1, byte 1 the piece-size seed, then the
+    messages' bytes; sizes around the 55/56/64-byte padding edges and a few blocks long."""
+    d = os.path.join(corpus, "sha256_lanes")
+    for lanes, seed, n in ((0, 1, 0), (1, 7, 111), (1, 9, 128), (2, 3, 170), (7, 5, 8 * 64 + 56), (7, 200, 9000)):
+        write(os.path.join(d, "lanes%d-%d.seed" % (lanes + 1, n)), bytes([lanes, seed]) + bytes((i * 37) & 255 for i in range(n)))
 
 
 # --- Encrypted chunk blobs (src/base/chunk_cipher.h), sealed here independently ------------
@@ -370,6 +380,7 @@ def main():
         serve_requests(corpus, regressions)
         s3_xml(corpus)
         chunk_cipher(corpus)
+        sha256_lanes(corpus)
         profiles = {"version": 1, "servers": [
             {"name": "local", "url": "http://127.0.0.1:8080", "slot_dir": "/srv/slots", "ctk": "q8_0",
              "ctv": "q8_0", "flash_attn": "on", "model": "/m/tiny.gguf", "api_key_file": ""},

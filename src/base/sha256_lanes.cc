@@ -1,0 +1,409 @@
+#include "base/sha256_lanes.h"
+
+#include "base/simd_level.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+// SHA256_Transform (deprecated in OpenSSL 3, still built by Debian's and every default build):
+// OpenSSL's one-stream block function, for AVX2 lanes too few to pay for eight-lane rounds.
+#define OPENSSL_SUPPRESS_DEPRECATED
+#include <openssl/sha.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVSNAP_SHA_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
+namespace kvsnap {
+namespace {
+
+using State = std::array<uint32_t, 8>;
+
+constexpr State kInit = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+
+[[maybe_unused]] alignas(64) constexpr uint32_t kK[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+
+#ifdef KVSNAP_SHA_X86
+
+// SHA-NI, several messages interleaved in one thread: each sha256rnds2 waits for the one before
+// it in its own message only, so two chains keep the unit busy where one leaves it idle half the
+// time. The round and message-schedule steps and the state (un)shuffle are those of Bitcoin
+// Core's src/crypto/sha256_x86_shani.cpp (MIT licence; after Intel's and Jeffrey Walton's
+// public-domain code), generalised from its fixed 64-byte Transform_2way to any number of blocks.
+// No arrays and no loops over lanes or rounds: GCC keeps a lane's registers in registers only
+// when every access is by name (indexed arrays were spilled and ran no faster than one lane).
+#define KV_SHA __attribute__((target("sha,sse4.1,ssse3"), always_inline)) inline
+
+struct ShaniLane {
+  __m128i s0, s1;  // ABEF, CDGH
+  __m128i o0, o1;  // at the start of the block
+  __m128i w0, w1, w2, w3;  // the message schedule, four words each
+  const uint8_t* d;
+};
+
+template <int I>
+KV_SHA __m128i& word(ShaniLane& x) {
+  if constexpr (I == 0) return x.w0;
+  else if constexpr (I == 1) return x.w1;
+  else if constexpr (I == 2) return x.w2;
+  else return x.w3;
+}
+
+// Rounds 4Q..4Q+3 of one lane.
+template <int Q>
+KV_SHA void quad(ShaniLane& x) {
+  __m128i& w = word<Q & 3>(x);
+  if constexpr (Q < 4) {
+    const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
+    w = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.d + 16 * Q)), bswap);
+  } else {
+    // W[q] = msg2(msg1(W[q-4], W[q-3]) + W[q-7 words], W[q-1]), four words at a time.
+    const __m128i prev = word<(Q + 3) & 3>(x);
+    w = _mm_sha256msg2_epu32(
+        _mm_add_epi32(_mm_sha256msg1_epu32(w, word<(Q + 1) & 3>(x)), _mm_alignr_epi8(prev, word<(Q + 2) & 3>(x), 4)),
+        prev);
+  }
+  const __m128i msg = _mm_add_epi32(w, _mm_load_si128(reinterpret_cast<const __m128i*>(kK + 4 * Q)));
+  x.s1 = _mm_sha256rnds2_epu32(x.s1, x.s0, msg);
+  x.s0 = _mm_sha256rnds2_epu32(x.s0, x.s1, _mm_shuffle_epi32(msg, 0x0e));
+}
+
+template <int Q, typename... X>
+KV_SHA void quads(X&... x) {
+  (quad<Q>(x), ...);
+}
+
+KV_SHA void shani_load(ShaniLane& x, const State& h, const uint8_t* d) {
+  const __m128i t1 = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h.data())), 0xB1);
+  const __m128i t2 = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h.data() + 4)), 0x1B);
+  x.s0 = _mm_alignr_epi8(t1, t2, 8);
+  x.s1 = _mm_blend_epi16(t2, t1, 0xF0);
+  x.d = d;
+}
+
+KV_SHA void shani_store(const ShaniLane& x, State& h) {
+  const __m128i t1 = _mm_shuffle_epi32(x.s0, 0x1B);
+  const __m128i t2 = _mm_shuffle_epi32(x.s1, 0xB1);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(h.data()), _mm_blend_epi16(t1, t2, 0xF0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(h.data() + 4), _mm_alignr_epi8(t2, t1, 8));
+}
+
+// `n` blocks of every lane, the lanes' rounds interleaved.
+template <typename... X>
+KV_SHA void shani_run(size_t n, X&... x) {
+  for (; n > 0; --n) {
+    ((x.o0 = x.s0, x.o1 = x.s1), ...);
+    quads<0>(x...), quads<1>(x...), quads<2>(x...), quads<3>(x...);
+    quads<4>(x...), quads<5>(x...), quads<6>(x...), quads<7>(x...);
+    quads<8>(x...), quads<9>(x...), quads<10>(x...), quads<11>(x...);
+    quads<12>(x...), quads<13>(x...), quads<14>(x...), quads<15>(x...);
+    ((x.s0 = _mm_add_epi32(x.s0, x.o0), x.s1 = _mm_add_epi32(x.s1, x.o1), x.d += 64), ...);
+  }
+}
+#undef KV_SHA
+
+__attribute__((target("sha,sse4.1,ssse3"))) void shani_x1(State& h, const uint8_t* p, size_t n) {
+  ShaniLane a;
+  shani_load(a, h, p);
+  shani_run(n, a);
+  shani_store(a, h);
+}
+
+__attribute__((target("sha,sse4.1,ssse3"))) void shani_x2(State& ha, const uint8_t* pa, State& hb, const uint8_t* pb,
+                                                          size_t n) {
+  ShaniLane a, b;
+  shani_load(a, ha, pa);
+  shani_load(b, hb, pb);
+  shani_run(n, a, b);
+  shani_store(a, ha);
+  shani_store(b, hb);
+}
+
+// AVX2, eight messages in the eight 32-bit lanes: the plain FIPS 180-4 rounds on vectors (as
+// Bitcoin Core's sha256_avx2.cpp Transform_8way and Intel's isa-l_crypto mb_sha256 do). A lane
+// with stride 0 reads the same block again and again; its state is not written back.
+#define KV_AVX2 __attribute__((target("avx2"), always_inline)) inline
+template <int N>
+KV_AVX2 __m256i rotr(__m256i x) {
+  return _mm256_or_si256(_mm256_srli_epi32(x, N), _mm256_slli_epi32(x, 32 - N));
+}
+KV_AVX2 __m256i add(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
+KV_AVX2 __m256i xor3(__m256i a, __m256i b, __m256i c) { return _mm256_xor_si256(_mm256_xor_si256(a, b), c); }
+#undef KV_AVX2
+
+__attribute__((target("avx2"))) void avx2_blocks8(State* const* h, const uint8_t* const* p, const size_t* stride, size_t n) {
+  alignas(32) uint32_t lane[8][8];  // [word][lane]
+  for (int w = 0; w < 8; ++w)
+    for (int l = 0; l < 8; ++l) lane[w][l] = (*h[l])[w];
+  __m256i s[8];
+  for (int w = 0; w < 8; ++w) s[w] = _mm256_load_si256(reinterpret_cast<const __m256i*>(lane[w]));
+  const __m256i bswap = _mm256_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL, 0x0c0d0e0f08090a0bLL,
+                                          0x0405060700010203LL);
+  const uint8_t* d[8];
+  for (int l = 0; l < 8; ++l) d[l] = p[l];
+  for (; n > 0; --n) {
+    __m256i w[16];
+    for (int t = 0; t < 16; ++t) {
+      uint32_t v[8];
+      for (int l = 0; l < 8; ++l) std::memcpy(&v[l], d[l] + 4 * t, 4);
+      w[t] = _mm256_shuffle_epi8(_mm256_set_epi32(int(v[7]), int(v[6]), int(v[5]), int(v[4]), int(v[3]), int(v[2]),
+                                                  int(v[1]), int(v[0])),
+                                 bswap);
+    }
+    __m256i a = s[0], b = s[1], c = s[2], dd = s[3], e = s[4], f = s[5], g = s[6], hh = s[7];
+#pragma GCC unroll 8
+    for (int t = 0; t < 64; ++t) {
+      if (t >= 16) {
+        const __m256i w15 = w[(t - 15) & 15], w2 = w[(t - 2) & 15];
+        const __m256i s0 = xor3(rotr<7>(w15), rotr<18>(w15), _mm256_srli_epi32(w15, 3));
+        const __m256i s1 = xor3(rotr<17>(w2), rotr<19>(w2), _mm256_srli_epi32(w2, 10));
+        w[t & 15] = add(add(w[t & 15], s0), add(w[(t - 7) & 15], s1));
+      }
+      const __m256i ch = _mm256_xor_si256(_mm256_and_si256(e, f), _mm256_andnot_si256(e, g));
+      const __m256i t1 = add(add(hh, xor3(rotr<6>(e), rotr<11>(e), rotr<25>(e))),
+                             add(ch, add(_mm256_set1_epi32(int(kK[t])), w[t & 15])));
+      const __m256i maj = _mm256_or_si256(_mm256_and_si256(a, _mm256_or_si256(b, c)), _mm256_and_si256(b, c));
+      const __m256i t2 = add(xor3(rotr<2>(a), rotr<13>(a), rotr<22>(a)), maj);
+      hh = g, g = f, f = e, e = add(dd, t1), dd = c, c = b, b = a, a = add(t1, t2);
+    }
+    s[0] = add(s[0], a), s[1] = add(s[1], b), s[2] = add(s[2], c), s[3] = add(s[3], dd);
+    s[4] = add(s[4], e), s[5] = add(s[5], f), s[6] = add(s[6], g), s[7] = add(s[7], hh);
+    for (int l = 0; l < 8; ++l) d[l] += stride[l];
+  }
+  for (int w = 0; w < 8; ++w) _mm256_store_si256(reinterpret_cast<__m256i*>(lane[w]), s[w]);
+  for (int l = 0; l < 8; ++l)
+    if (stride[l] != 0)
+      for (int w = 0; w < 8; ++w) (*h[l])[w] = lane[w][l];
+}
+
+bool cpu_has_shani() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return (b & (1u << 29)) != 0 && __builtin_cpu_supports("sse4.1") && __builtin_cpu_supports("ssse3");
+}
+
+#endif  // KVSNAP_SHA_X86
+
+[[maybe_unused]] void openssl_blocks(State& h, const uint8_t* p, size_t n) {
+  SHA256_CTX c{};
+  std::copy(h.begin(), h.end(), c.h);
+  for (; n > 0; --n, p += 64) SHA256_Transform(&c, p);
+  std::copy(c.h, c.h + 8, h.begin());
+}
+
+Sha256Kernel choose_kernel() {
+  if (const char* want = std::getenv("KVSNAP_SHA")) {
+    for (Sha256Kernel k : {Sha256Kernel::kOpenssl, Sha256Kernel::kShaniX2, Sha256Kernel::kAvx2X8}) {
+      if (std::string_view(want) == sha256_kernel_name(k) && sha256_kernel_supported(k)) return k;
+    }
+  }
+  if (sha256_kernel_supported(Sha256Kernel::kShaniX2)) return Sha256Kernel::kShaniX2;
+  if (sha256_kernel_supported(Sha256Kernel::kAvx2X8)) return Sha256Kernel::kAvx2X8;
+  return Sha256Kernel::kOpenssl;
+}
+
+}  // namespace
+
+Sha256Kernel sha256_kernel() {
+  static const Sha256Kernel k = choose_kernel();
+  // The scalar level (KVSNAP_SIMD=scalar, a bench's --simd scalar) means no SIMD anywhere,
+  // SHA-NI included; read on every call because set_level() may change it within a process.
+  if (simd::level() == simd::Level::kScalar) return Sha256Kernel::kOpenssl;
+  return k;
+}
+
+const char* sha256_kernel_name(Sha256Kernel k) {
+  switch (k) {
+    case Sha256Kernel::kShaniX2: return "shani-x2";
+    case Sha256Kernel::kAvx2X8: return "avx2-x8";
+    case Sha256Kernel::kOpenssl: break;
+  }
+  return "openssl";
+}
+
+bool sha256_kernel_supported(Sha256Kernel k) {
+#ifdef KVSNAP_SHA_X86
+  static const bool shani = cpu_has_shani();
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (k == Sha256Kernel::kShaniX2) return shani;
+  if (k == Sha256Kernel::kAvx2X8) return avx2;
+#else
+  if (k != Sha256Kernel::kOpenssl) return false;
+#endif
+  return true;
+}
+
+size_t sha256_kernel_width(Sha256Kernel k) {
+  switch (k) {
+    case Sha256Kernel::kShaniX2: return 2;
+    case Sha256Kernel::kAvx2X8: return 8;
+    case Sha256Kernel::kOpenssl: break;
+  }
+  return 1;
+}
+
+Sha256Lanes::Sha256Lanes(Sha256Kernel k) : kernel_(sha256_kernel_supported(k) ? k : Sha256Kernel::kOpenssl) {
+  for (Lane& l : lanes_) reset(l);
+  if (kernel_ == Sha256Kernel::kOpenssl) openssl_ = std::make_unique<Sha256[]>(kMaxLanes);
+}
+
+Sha256Lanes::~Sha256Lanes() = default;
+
+void Sha256Lanes::reset(Lane& l) {
+  l.h = kInit;
+  l.buffered = 0;
+  l.total = 0;
+}
+
+void Sha256Lanes::update(size_t lane, std::span<const std::byte> piece) {
+  Pieces p{};
+  p[lane] = piece;
+  update(p);
+}
+
+void Sha256Lanes::update(const Pieces& pieces) {
+  if (kernel_ == Sha256Kernel::kOpenssl) {
+    for (size_t i = 0; i < kMaxLanes; ++i) openssl_[i].update(pieces[i]);
+    return;
+  }
+  Pieces rest = pieces;
+  std::array<const uint8_t*, kMaxLanes> data{};
+  std::array<size_t, kMaxLanes> blocks{};
+  // First the partial blocks left by earlier pieces, completed where this piece allows.
+  bool any = false;
+  for (size_t i = 0; i < kMaxLanes; ++i) {
+    Lane& l = lanes_[i];
+    l.total += rest[i].size();
+    if (l.buffered == 0 || rest[i].empty()) continue;
+    const size_t take = std::min(rest[i].size(), 64 - l.buffered);
+    std::memcpy(l.buf.data() + l.buffered, rest[i].data(), take);
+    l.buffered += take;
+    rest[i] = rest[i].subspan(take);
+    if (l.buffered == 64) {
+      data[i] = l.buf.data();
+      blocks[i] = 1;
+      l.buffered = 0;
+      any = true;
+    }
+  }
+  if (any) compress(data, blocks);
+  // Then the whole blocks of every lane, together; the tails wait for the next piece.
+  for (size_t i = 0; i < kMaxLanes; ++i) {
+    data[i] = reinterpret_cast<const uint8_t*>(rest[i].data());
+    blocks[i] = rest[i].size() / 64;
+  }
+  compress(data, blocks);
+  for (size_t i = 0; i < kMaxLanes; ++i) {
+    const size_t tail = rest[i].size() % 64;
+    if (tail == 0) continue;
+    std::memcpy(lanes_[i].buf.data() + lanes_[i].buffered, rest[i].data() + rest[i].size() - tail, tail);
+    lanes_[i].buffered += tail;
+  }
+}
+
+Sha256Digest Sha256Lanes::finish(size_t lane) {
+  if (kernel_ == Sha256Kernel::kOpenssl) return openssl_[lane].finish();
+  Lane& l = lanes_[lane];
+  std::array<const uint8_t*, kMaxLanes> data{};
+  std::array<size_t, kMaxLanes> blocks{};
+  data[lane] = l.buf.data();
+  blocks[lane] = 1;
+  l.buf[l.buffered++] = 0x80;
+  if (l.buffered > 56) {
+    std::fill(l.buf.begin() + l.buffered, l.buf.end(), 0);
+    compress(data, blocks);
+    l.buffered = 0;
+  }
+  std::fill(l.buf.begin() + l.buffered, l.buf.begin() + 56, 0);
+  const uint64_t bits = l.total * 8;
+  for (int i = 0; i < 8; ++i) l.buf[56 + i] = uint8_t(bits >> (56 - 8 * i));
+  compress(data, blocks);
+  Sha256Digest out;
+  for (int w = 0; w < 8; ++w)
+    for (int i = 0; i < 4; ++i) out[4 * w + i] = uint8_t(l.h[w] >> (24 - 8 * i));
+  reset(l);
+  return out;
+}
+
+void Sha256Lanes::compress(const std::array<const uint8_t*, kMaxLanes>& data,
+                           const std::array<size_t, kMaxLanes>& blocks) {
+#ifdef KVSNAP_SHA_X86
+  std::array<const uint8_t*, kMaxLanes> at = data;
+  std::array<size_t, kMaxLanes> left = blocks;
+  if (kernel_ == Sha256Kernel::kShaniX2) {
+    // Two lanes with blocks left run together for as many blocks as both have; a last one alone.
+    for (;;) {
+      size_t pair[2], found = 0;
+      for (size_t i = 0; i < kMaxLanes && found < 2; ++i)
+        if (left[i] != 0) pair[found++] = i;
+      if (found == 0) return;
+      if (found == 1) {
+        shani_x1(lanes_[pair[0]].h, at[pair[0]], left[pair[0]]);
+        return;
+      }
+      const size_t n = std::min(left[pair[0]], left[pair[1]]);
+      shani_x2(lanes_[pair[0]].h, at[pair[0]], lanes_[pair[1]].h, at[pair[1]], n);
+      for (size_t j : pair) at[j] += 64 * n, left[j] -= n;
+    }
+  }
+  if (kernel_ == Sha256Kernel::kAvx2X8) {
+    // Lanes without blocks left ride along on a fixed block (stride 0), their state untouched.
+    // Eight-lane rounds cost the same however many lanes are busy: with fewer than kMinBusy,
+    // OpenSSL's one-stream code (the same bytes, one lane after the other) is faster.
+    constexpr size_t kMinBusy = 4;
+    static const uint8_t kIdle[64] = {};
+    State scratch[kMaxLanes];
+    for (State& s : scratch) s = kInit;
+    for (;;) {
+      size_t n = 0, busy = 0;
+      for (size_t i = 0; i < kMaxLanes; ++i)
+        if (left[i] != 0) n = n == 0 ? left[i] : std::min(n, left[i]), ++busy;
+      if (n == 0) return;
+      if (busy < kMinBusy) {
+        for (size_t i = 0; i < kMaxLanes; ++i)
+          if (left[i] != 0) openssl_blocks(lanes_[i].h, at[i], left[i]);
+        return;
+      }
+      State* h[kMaxLanes];
+      const uint8_t* p[kMaxLanes];
+      size_t stride[kMaxLanes];
+      for (size_t i = 0; i < kMaxLanes; ++i) {
+        const bool on = left[i] != 0;
+        h[i] = on ? &lanes_[i].h : &scratch[i];
+        p[i] = on ? at[i] : kIdle;
+        stride[i] = on ? 64 : 0;
+      }
+      avx2_blocks8(h, p, stride, n);
+      for (size_t i = 0; i < kMaxLanes; ++i)
+        if (left[i] != 0) at[i] += 64 * n, left[i] -= n;
+    }
+  }
+#else
+  (void)data;
+  (void)blocks;
+#endif
+}
+
+void sha256_many(std::span<const std::span<const std::byte>> messages, std::span<Sha256Digest> out, Sha256Kernel k) {
+  thread_local std::unique_ptr<Sha256Lanes> lanes[3];
+  std::unique_ptr<Sha256Lanes>& h = lanes[static_cast<int>(k)];
+  if (!h) h = std::make_unique<Sha256Lanes>(k);
+  Sha256Lanes::Pieces p{};
+  for (size_t i = 0; i < messages.size(); ++i) p[i] = messages[i];
+  h->update(p);
+  for (size_t i = 0; i < messages.size(); ++i) out[i] = h->finish(i);
+}
+
+}  // namespace kvsnap
