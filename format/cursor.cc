@@ -33,6 +33,7 @@ Status Cursor::fill(uint64_t n) {
   // Ensure [pos_, pos_ + n) is inside the window; n <= kWindowBytes.
   if (pos_ >= win_off_ && pos_ + n <= win_off_ + window_.size()) return Status::OK();
   uint64_t len = std::min<uint64_t>(std::max<uint64_t>(n, kWindowBytes), end_ - pos_);
+  if (pos_ < fence_) len = std::min<uint64_t>(len, std::max<uint64_t>(n, fence_ - pos_));
   window_.resize(len);
   win_off_ = pos_;
   return file_.read_at(pos_, window_);

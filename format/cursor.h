@@ -37,6 +37,11 @@ class Cursor {
   Status skip(uint64_t count, uint64_t size, const char* what);
   // Moves to an absolute offset within [begin, end].
   Status seek(uint64_t offset);
+  // The next `n` bytes are a header followed by bulk data (tensor rows) that
+  // will be skipped: reads stop at the header's end instead of filling a whole
+  // window with the data. Read from a store's snapshot, a window reaching into a
+  // tensor decodes and hash-checks its first chunk only for it to be skipped.
+  void header_before_bulk(uint64_t n) { fence_ = pos_ + n; }
 
   // "<file>: offset <off>: <message>" as a kCorruption status.
   Status corrupt(uint64_t at, const std::string& message) const;
@@ -53,6 +58,7 @@ class Cursor {
   // window_ holds file bytes [win_off_, win_off_ + window_.size()).
   std::vector<std::byte> window_;
   uint64_t win_off_ = 0;
+  uint64_t fence_ = 0;  // header_before_bulk: no fill reads past it while pos_ < fence_
 };
 
 // Little-endian encoding helpers for writers.

@@ -66,6 +66,7 @@ Status read_v_layers(Cursor& c, const KvSectionShape* shape, size_t si, size_t n
       continue;
     }
     const std::string ctx = where(si, n_sections, stream_index, il);
+    c.header_before_bulk(kLayerHeaderBytes);
     KV_ASSIGN_OR_RETURN(L.v_type, read_type(c, ctx, "value"));
     const TypeLayout& vt = *find_type(L.v_type);
     if (!st.v_trans) {
@@ -175,6 +176,7 @@ Status read_k_layers(Cursor& c, const KvSectionShape* shape, size_t si, size_t n
   for (uint32_t il = 0; il < st.n_layer; ++il) {
     KvLayer& L = st.layers[il];
     const std::string ctx = where(si, n_sections, stream_index, il);
+    c.header_before_bulk(kLayerHeaderBytes);
     KV_ASSIGN_OR_RETURN(L.k_type, read_type(c, ctx, "key"));
     KV_RETURN_IF_ERROR(read_rows(c, L.k_type, ctx, "key", shape ? &shape->n_embd_k_gqa : nullptr, il, n_cells,
                                  L.k_row_bytes, L.k));

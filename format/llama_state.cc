@@ -349,6 +349,7 @@ Status read_seq_v1(Cursor& c, const MemoryShape* shape, StateFile& f) {
   for (uint32_t il = 0; il < st.n_layer; ++il) {
     KvLayer& L = st.layers[il];
     const std::string ctx = where(0, 1, 0, il);
+    c.header_before_bulk(kLayerHeaderBytes);
     KV_ASSIGN_OR_RETURN(L.v_type, read_type(c, ctx, "value"));
     const TypeLayout& vt = *find_type(L.v_type);
     at = c.offset();

@@ -45,6 +45,9 @@ std::string where(size_t section, size_t n_sections, size_t stream, size_t layer
 Status parse_cells(Cursor& c, uint32_t cell_count, uint32_t ext_bytes, std::vector<CellMeta>& cells);
 
 // A type id at the cursor, checked (`side`: "key" | "value").
+// Every layer's header before its rows, in every era: i32 type, then u64 row size, or for a
+// transposed V u32 element size + u32 n_embd_v_gqa (Cursor::header_before_bulk).
+constexpr uint64_t kLayerHeaderBytes = 12;
 Result<int32_t> read_type(Cursor& c, const std::string& ctx, const char* side);
 
 // st.n_layer x {i32 k_type, u64 k_row_bytes, st.cell_count rows}: the same in every layout.

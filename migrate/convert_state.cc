@@ -18,8 +18,9 @@
 namespace kvsnap {
 namespace {
 
-// Bytes of source or target rows one worker converts at a time.
-constexpr uint64_t kBlockBytes = 4u << 20;
+// Bytes of source or target rows one worker converts at a time: small enough
+// that the last blocks of a tensor keep every worker busy and stay in cache.
+constexpr uint64_t kBlockBytes = 1u << 20;
 // Bytes of one column block when V changes between rows and columns.
 constexpr uint64_t kTransposeBudget = 32u << 20;
 
@@ -351,6 +352,18 @@ Result<SidePlan> plan_side(const StateFile& src, const StateFile& dst, const Con
   return p;
 }
 
+// Rows one worker converts at a time: at most kBlockBytes of source or target,
+// no more than a T-th of the tensor (small tensors still use every worker), and
+// a power of two, so blocks start where the store's chunks do (they hold 256
+// cells of a tensor: format/snapshot.h) and a restore decodes each chunk once,
+// straight into a block, never twice through its shared cache.
+uint64_t block_rows(uint64_t n_rows, size_t T, uint64_t row_bytes) {
+  const uint64_t share = (n_rows + T - 1) / T;
+  uint64_t n = 1;
+  while (n * 2 * row_bytes <= kBlockBytes && n * 2 <= share) n *= 2;
+  return n;
+}
+
 // Accumulates the error of converted values against the source values.
 struct ErrStats {
   uint64_t n = 0;
@@ -428,33 +441,34 @@ class RowPipeline {
   }
 
   // Converts n_rows rows on `ws`'s workers. `fetch(first_row, n, dst)` fills n source rows;
-  // `deliver(bytes)` receives converted rows in order.
+  // `deliver(bytes)` receives converted rows in order. Worker w converts blocks w, w + T, ...
+  // and delivers each itself as soon as the block before it is delivered (OrderedHandOff): while
+  // one worker delivers (a copy into the sink), the others convert, with no round for all to wait on.
   template <class Fetch, class Deliver>
   Status run(RowWorkspace& ws, uint64_t n_rows, Fetch fetch, Deliver deliver) {
+    if (n_rows == 0) return Status::OK();
     const size_t T = std::min(workers_.size(), ws.pool.size());
-    // At most kBlockBytes per worker and round, but never so many rows that a
-    // tensor smaller than T blocks leaves workers idle.
-    const uint64_t per_block = std::max<uint64_t>(
-        1, std::min<uint64_t>(kBlockBytes / std::max(src_row(), dst_row()), (n_rows + T - 1) / T));
-    std::vector<Status> st(T);
-    for (uint64_t r0 = 0; r0 < n_rows; r0 += per_block * T) {
-      const size_t used = size_t(std::min<uint64_t>(T, (n_rows - r0 + per_block - 1) / per_block));
-      ws.pool.run(used, [&](size_t w) {
-        const uint64_t first = r0 + w * per_block;
-        const uint64_t n = std::min(per_block, n_rows - first);
-        std::span<std::byte> in = ws.in[w].take(n * src_row());
-        std::span<std::byte> out = ws.out[w].take(n * dst_row());
-        st[w] = fetch(first, n, in);
-        if (!st[w].ok()) return;
-        st[w] = exact_.empty() ? workers_[w].convert(in, out) : exact_[w].convert(in, out);
-        if (st[w].ok() && report_) measure(w, in, out, n);
-      });
-      for (size_t w = 0; w < used; ++w) {
-        KV_RETURN_IF_ERROR(st[w]);
-        KV_RETURN_IF_ERROR(deliver(ws.out[w].view()));
+    const uint64_t per_block = block_rows(n_rows, T, std::max(src_row(), dst_row()));
+    const uint64_t n_blocks = (n_rows + per_block - 1) / per_block;
+    OrderedHandOff order;
+    ws.pool.run(size_t(std::min<uint64_t>(T, n_blocks)), [&](size_t w) {
+      try {
+        for (uint64_t b = w; b < n_blocks; b += T) {
+          const uint64_t first = b * per_block;
+          const uint64_t n = std::min(per_block, n_rows - first);
+          std::span<std::byte> in = ws.in[w].take(n * src_row());
+          std::span<std::byte> out = ws.out[w].take(n * dst_row());
+          Status s = fetch(first, n, in);
+          if (s.ok()) s = exact_.empty() ? workers_[w].convert(in, out) : exact_[w].convert(in, out);
+          if (s.ok() && report_) measure(w, in, out, n);
+          if (!order.hand_on(b, s, [&] { return deliver(std::span<const std::byte>(out)); })) return;
+        }
+      } catch (...) {
+        order.abandon();
+        throw;
       }
-    }
-    return Status::OK();
+    });
+    return order.status();
   }
 
   ErrStats stats() const {

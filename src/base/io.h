@@ -97,18 +97,21 @@ class TeeSink final : public ByteSink {
   ByteSink& b_;
 };
 
-// Collects small appends into large ones for a slower sink. flush() (or
-// destruction, errors dropped) passes the rest on.
+// Collects small appends into large ones for a slower sink. An append of a
+// quarter of the capacity or more is already large: it is passed on as it is
+// (after what is held), not copied. flush() (or destruction, errors dropped)
+// passes the rest on.
 class BufferedSink final : public ByteSink {
  public:
   explicit BufferedSink(ByteSink& out, size_t capacity = 1 << 20) : out_(out), cap_(capacity) { buf_.reserve(cap_); }
   ~BufferedSink() override { (void)flush(); }
   using ByteSink::append;
   Status append(std::span<const std::byte> data) override {
-    if (buf_.size() + data.size() > cap_) {
+    if (data.size() >= cap_ / 4) {
       KV_RETURN_IF_ERROR(flush());
-      if (data.size() >= cap_) return out_.append(data);
+      return out_.append(data);
     }
+    if (buf_.size() + data.size() > cap_) KV_RETURN_IF_ERROR(flush());
     buf_.insert(buf_.end(), data.begin(), data.end());
     return Status::OK();
   }

@@ -8,16 +8,22 @@
 // returns when all are done. Exceptions behave as in fork_join: kept per worker,
 // every worker still finishes, the first (by worker number) rethrown on the
 // caller. When the system refuses a thread, its workers run on the caller.
+//
+// OrderedHandOff lets the workers of one run() hand their blocks on in order
+// themselves, each as soon as the block before it is handed on.
 #pragma once
 
 #include <algorithm>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "base/status.h"
 
 namespace kvsnap {
 
@@ -103,6 +109,55 @@ class WorkerPool {
   const std::function<void(size_t)>* work_ = nullptr;
   size_t n_ = 0, pending_ = 0, round_ = 0;
   bool stopping_ = false;
+};
+
+// Hands on, in order, blocks that several workers produce out of order: the
+// worker holding block b waits only until block b - 1 has been handed on, then
+// hands on its own while the others go on producing theirs. So a pool of
+// workers converting blocks i, i + n, i + 2n... keeps every core busy, instead
+// of all of them waiting while one thread hands on a round's blocks.
+//
+// The first failure (a block that failed to be produced, or a failed hand-on)
+// stops every later block; a worker that throws must call abandon() so none
+// waits for its block forever.
+class OrderedHandOff {
+ public:
+  // Waits for block b's turn; then, if `produced` is OK and nothing failed
+  // before, runs hand_on(). False: stop producing (this or an earlier block failed).
+  template <class HandOn>
+  bool hand_on(uint64_t b, const Status& produced, HandOn&& hand_on) {
+    std::unique_lock<std::mutex> l(mu_);
+    turn_.wait(l, [&] { return next_ == b || stopped(); });
+    if (stopped()) return false;
+    Status s = produced;
+    if (s.ok()) {
+      l.unlock();  // the next block's worker only waits for next_: this runs alone
+      s = hand_on();
+      l.lock();
+    }
+    if (s.ok()) ++next_;
+    else error_ = std::move(s);
+    turn_.notify_all();
+    return error_.ok();
+  }
+  void abandon() {
+    std::lock_guard<std::mutex> l(mu_);
+    abandoned_ = true;
+    turn_.notify_all();
+  }
+  // The first failure, or OK.
+  Status status() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return error_;
+  }
+
+ private:
+  bool stopped() const { return !error_.ok() || abandoned_; }
+  mutable std::mutex mu_;
+  std::condition_variable turn_;
+  uint64_t next_ = 0;
+  Status error_;
+  bool abandoned_ = false;
 };
 
 }  // namespace kvsnap

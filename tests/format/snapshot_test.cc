@@ -342,6 +342,37 @@ TEST(Snapshot, PrefixChunksAreAllAPrefixReadNeeds) {
   EXPECT_EQ((*r)->chunks_for_cell_prefix(1u << 30).size(), m->chunks.size());
 }
 
+// Parsing a snapshot's original reads its headers, not its tensors: a layer header is read alone
+// (Cursor::header_before_bulk), not with a window reaching into the tensor's first chunk, which a
+// restore would decode on one thread before its conversion starts. Only the first tensor's chunks
+// may be read: the window over the last cells reaches past the stream's header into it.
+TEST(Snapshot, ParsingTheOriginalDecodesNoTensorChunk) {
+  for (const char* name : {"hd64-f16-f16-faoff.slot", "hd64-f16-f16-faon.slot"}) {
+    const auto bytes = slurp(kRoot / "fixtures/v0.5.0" / name);
+    MemoryFile f("in", std::span<const std::byte>(bytes));
+    auto st = parse_state(f);
+    ASSERT_TRUE(st.ok()) << name;
+    MapStore store;
+    auto m = build_snapshot(*st, f, opts_with(7), store);
+    ASSERT_TRUE(m.ok()) << name;
+    auto r = open_snapshot(m->bytes, store);
+    ASSERT_TRUE(r.ok()) << name;
+    std::vector<const Segment*> tensors;
+    for (const Segment& s : m->segments.segments)
+      if (s.kind != SegmentKind::kFrame) tensors.push_back(&s);
+    std::sort(tensors.begin(), tensors.end(), [](auto* a, auto* b) { return a->file_offset < b->file_offset; });
+    ASSERT_GE(tensors.size(), 2u) << name;
+    store.fetched.clear();
+    auto parsed = (*r)->parse_original();
+    ASSERT_TRUE(parsed.ok()) << name << ": " << parsed.status().ToString();
+    EXPECT_EQ(parsed->memory.kv[0].streams[0].layers.size(), st->memory.kv[0].streams[0].layers.size());
+    for (uint64_t i : store.fetched) {
+      const bool in_first_tensor = i < m->segments.n_frame_chunks || i < tensors[1]->first_chunk;
+      EXPECT_TRUE(in_first_tensor) << name << ": the parse read " << (*r)->describe_chunk(i);
+    }
+  }
+}
+
 // --- Hostile input --------------------------------------------------------------------
 
 // A small snapshot with several chunks per segment and transposed V.
