@@ -25,6 +25,8 @@
 //             neon, or `all`: copy, save, restore and decode (or --decode-only's restores) at every
 //             level this CPU has, the levels taking turns in each round, then one table of
 //             ratios with a row per level (the other figures at the best level)
+//   --dir     the bench's own directory while it runs (default a new one under $TMPDIR): a second
+//             bench given the same one exits 1 at once. Every failure exits 1 naming what failed.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -62,14 +64,31 @@ bool g_decode_only = false;              // --decode-only
 // level this CPU has, lowest first.
 std::vector<simd::Level> g_levels;
 
-// The value of r, or exit naming what failed: a bench has no caller to hand the error to.
+// Exits naming what failed: a bench has no caller to hand an error to, and a crash (an abort, an
+// exception) would not say what went wrong.
+[[noreturn]] void fail(const std::string& what, const std::string& why) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "kvsnap-store-bench: %s: %s\n", what.c_str(), why.c_str());
+  std::exit(1);
+}
+void must(const Status& s, const std::string& what) {
+  if (!s.ok()) fail(what, s.ToString());
+}
+// The value of r, or exit naming what failed.
 template <class T>
 T must(Result<T> r, const std::string& what) {
-  if (!r.ok()) {
-    std::fprintf(stderr, "kvsnap-store-bench: %s: %s\n", what.c_str(), r.status().ToString().c_str());
-    std::exit(1);
-  }
+  must(r.status(), what);
   return std::move(r).value();
+}
+// An errno of a system call made here, as a Status naming the path.
+Status os_error(const std::string& path, const char* call) {
+  return Status::IOError(path + ": " + call + ": " + std::strerror(errno));
+}
+// std::filesystem calls that fail name their path instead of throwing.
+void remove_all_or_fail(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  if (ec) fail("remove " + path, ec.message());
 }
 
 double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -85,11 +104,16 @@ double cpu_now() {
 
 double copy_file(const std::string& from, const std::string& to) {
   const auto t0 = Clock::now();
-  int in = ::open(from.c_str(), O_RDONLY), out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  int in = ::open(from.c_str(), O_RDONLY);
+  if (in < 0) must(os_error(from, "open"), "copy");
+  int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (out < 0) must(os_error(to, "open"), "copy");
   std::vector<char> buf(1 << 20);
-  for (ssize_t n; (n = ::read(in, buf.data(), buf.size())) > 0;)
-    if (::write(out, buf.data(), size_t(n)) != n) std::abort();
-  (void)kvsnap::sync_fd(out, /*data_only=*/true);  // as the store syncs (F_FULLFSYNC on macOS)
+  ssize_t n;
+  while ((n = ::read(in, buf.data(), buf.size())) > 0)
+    if (::write(out, buf.data(), size_t(n)) != n) must(os_error(to, "write"), "copy");
+  if (n < 0) must(os_error(from, "read"), "copy");
+  if (kvsnap::sync_fd(out, /*data_only=*/true) != 0) must(os_error(to, "fsync"), "copy");  // as the store syncs
   ::close(in);
   ::close(out);
   return secs(t0);
@@ -97,14 +121,16 @@ double copy_file(const std::string& from, const std::string& to) {
 
 class FileSink final : public ByteSink {
  public:
-  explicit FileSink(const std::string& p) : fd_(::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644)) {}
+  explicit FileSink(const std::string& p) : fd_(::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644)) {
+    if (fd_ < 0) must(os_error(p, "open"), "write");
+  }
   ~FileSink() override {
     (void)kvsnap::sync_fd(fd_, /*data_only=*/true);
     ::close(fd_);
   }
   using ByteSink::append;
   Status append(std::span<const std::byte> d) override {
-    return ::write(fd_, d.data(), d.size()) == ssize_t(d.size()) ? Status::OK() : Status::IOError("write");
+    return ::write(fd_, d.data(), d.size()) == ssize_t(d.size()) ? Status::OK() : os_error("bench output", "write");
   }
 
  private:
@@ -115,12 +141,13 @@ struct Store_ {
   std::string root;
   std::unique_ptr<Store> s;
   explicit Store_(const std::string& r) : root(r) {
-    fs::remove_all(r);
+    remove_all_or_fail(r);
     s = must(Store::open(posix_io(), StorePaths{r}), "open the store " + r);
   }
   ~Store_() {
     s.reset();
-    fs::remove_all(root);
+    std::error_code ec;
+    fs::remove_all(root, ec);  // a destructor does not exit; the next Store_ of this root says it
   }
 };
 
@@ -131,11 +158,8 @@ double save_seconds(Store& s, const ReadableFile& f, const StateFile& st, uint32
   const auto t0 = Clock::now();
   auto r = s.save(f, st, req);
   const double t = secs(t0);
-  if (!r.ok()) {
-    std::printf("save failed: %s\n", r.status().ToString().c_str());
-    std::exit(1);
-  }
-  if (out) *out = *r;
+  SaveResult saved = must(std::move(r), "save " + f.name());
+  if (out) *out = saved;
   return t;
 }
 
@@ -163,15 +187,11 @@ void rounds_at_levels(int rounds, Round&& round) {
 // store at `root`, encrypted when `key_file` is set.
 void measure_round(const std::string& root, const std::string& key_file, const ReadableFile& file,
                    const StateFile& parsed, uint32_t threads, Timings& t) {
-  fs::remove_all(root);
+  remove_all_or_fail(root);
   StoreLocation where = directory_store(root);
   where.keys.key_file = key_file;
-  auto opened = Store::open(posix_io(), where);
-  if (!opened.ok()) {
-    std::printf("open failed: %s\n", opened.status().ToString().c_str());
-    std::exit(1);
-  }
-  Store& s = **opened;
+  std::unique_ptr<Store> opened = must(Store::open(posix_io(), where), "open the store " + root);
+  Store& s = *opened;
   SaveRequest req;
   req.threads = threads;
   req.zstd_level = g_level;
@@ -181,25 +201,22 @@ void measure_round(const std::string& root, const std::string& key_file, const R
   auto saved = s.save(file, parsed, req);
   t.t_save = std::min(t.t_save, secs(t0));
   t.c_save = std::min(t.c_save, cpu_now() - c0);
-  if (!saved.ok()) {
-    std::printf("save failed: %s\n", saved.status().ToString().c_str());
-    std::exit(1);
-  }
+  must(saved.status(), "save " + file.name() + " into " + root);
   t0 = Clock::now();
   c0 = cpu_now();
   {
     FileSink out(root + "-restored.bin");
-    if (!s.restore("a", {}, out).ok()) std::abort();
+    must(s.restore("a", {}, out).status(), "restore from " + root);
   }
   t.t_restore = std::min(t.t_restore, secs(t0));
   t.c_restore = std::min(t.c_restore, cpu_now() - c0);
   t0 = Clock::now();
   c0 = cpu_now();
   CountingSink count;
-  if (!s.restore("a", {}, count).ok()) std::abort();
+  must(s.restore("a", {}, count).status(), "restore (decode only) from " + root);
   t.t_decode = std::min(t.t_decode, secs(t0));
   t.c_decode = std::min(t.c_decode, cpu_now() - c0);
-  fs::remove(root + "-restored.bin");
+  remove_all_or_fail(root + "-restored.bin");
 }
 
 // --encrypt: the plain and the encrypted store alternating in each round, so that both see the
@@ -210,8 +227,9 @@ void bench_encryption(const std::string& path, const std::string& dir, uint32_t 
   const std::string key = dir + "/bench.key";
   {
     int fd = ::open(key.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0) must(os_error(key, "open"), "write the key");
     const std::string hex(64, '7');
-    if (::write(fd, hex.data(), hex.size()) != ssize_t(hex.size())) std::abort();
+    if (::write(fd, hex.data(), hex.size()) != ssize_t(hex.size())) must(os_error(key, "write"), "write the key");
     ::close(fd);
   }
   Timings plain, enc;
@@ -219,8 +237,8 @@ void bench_encryption(const std::string& path, const std::string& dir, uint32_t 
     measure_round(dir + "/plain", "", *file, parsed, threads, plain);
     measure_round(dir + "/enc", key, *file, parsed, threads, enc);
   }
-  fs::remove_all(dir + "/plain");
-  fs::remove_all(dir + "/enc");
+  remove_all_or_fail(dir + "/plain");
+  remove_all_or_fail(dir + "/enc");
   const double gb = double(file->size()) / 1e9;
   std::printf("%s (%.1f MB), %u threads, zstd level %d, best of %d alternating rounds\n", fs::path(path).filename().c_str(),
               gb * 1e3, threads, g_level, rounds);
@@ -271,10 +289,12 @@ void bench_extension(const std::string& base, const std::string& path, const std
 void bench_stages(const std::string& path, const std::string& dir) {
   // The buffer is touched before the clock starts: on this VM a fresh page costs more than the
   // copy into it (a first write runs at ~0.5 GB/s), and the save reads into reused buffers.
-  std::vector<std::byte> all(fs::file_size(path), std::byte{1});
+  auto file_for_size = must(posix_io().open_read(path), path);
+  std::vector<std::byte> all(file_for_size->size(), std::byte{1});
   auto t0 = Clock::now();
   {
     int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) must(os_error(path, "open"), "stages");
     size_t at = 0;
     for (ssize_t n; at < all.size() && (n = ::pread(fd, all.data() + at, all.size() - at, off_t(at))) > 0;) at += size_t(n);
     ::close(fd);
@@ -292,8 +312,7 @@ void bench_stages(const std::string& path, const std::string& dir) {
       snapshot_detail::ChunkReader reader(*table, *file);
       std::vector<std::byte> raw;
       t0 = Clock::now();
-      for (uint64_t i = 0; i < reader.n_chunks(); ++i)
-        if (!reader.read(i, raw).ok()) std::abort();
+      for (uint64_t i = 0; i < reader.n_chunks(); ++i) must(reader.read(i, raw), "read a chunk of " + path);
       t_chunks = secs(t0);
     }
   }
@@ -327,20 +346,20 @@ void bench_stages(const std::string& path, const std::string& dir) {
   uint64_t stored = 0;
   t0 = Clock::now();
   for (size_t at = 0; at < all.size(); at += kPiece) {
-    auto b = enc.encode(piece(at), {ChunkFilter::kShuffle, 2});
-    blobs.emplace_back(b->begin(), b->end());
-    stored += b->size();
+    auto b = must(enc.encode(piece(at), {ChunkFilter::kShuffle, 2}), "encode a piece of " + path);
+    blobs.emplace_back(b.begin(), b.end());
+    stored += b.size();
   }
   const double t_encode = secs(t0);
   ChunkDecoder dec;
   t0 = Clock::now();
   for (size_t i = 0, at = 0; at < all.size(); ++i, at += kPiece)
-    if (!dec.decode_into(blobs[i], piece(at)).ok()) std::abort();
+    must(dec.decode_into(blobs[i], piece(at)), "decode a piece of " + path);
   const double t_decode = secs(t0);
   t0 = Clock::now();
   {
     FileSink out(dir + "/stage.bin");
-    for (const auto& b : blobs) (void)out.append(b);
+    for (const auto& b : blobs) must(out.append(b), "write " + dir + "/stage.bin");
   }
   const double t_write = secs(t0);
   std::printf("  stages alone, 1 thread, seconds per GB of the original (GB/s):\n");
@@ -369,7 +388,7 @@ void bench_decode(const std::string& path, const std::string& dir, uint32_t thre
   save.threads = threads;
   save.zstd_level = g_level;
   save.name = "a";
-  if (!st.s->save(*file, parsed, save).ok()) std::abort();
+  must(st.s->save(*file, parsed, save).status(), "save " + path);
   RestoreRequest req;
   req.spec.threads = int(threads);
   std::vector<std::vector<double>> wall(g_levels.size()), cpu(g_levels.size());  // per level
@@ -377,7 +396,7 @@ void bench_decode(const std::string& path, const std::string& dir, uint32_t thre
     const auto t0 = Clock::now();
     const double c0 = cpu_now();
     CountingSink count;
-    if (!st.s->restore("a", req, count).ok()) std::abort();
+    must(st.s->restore("a", req, count).status(), "restore (decode only) " + path);
     wall[li].push_back(secs(t0));
     cpu[li].push_back(cpu_now() - c0);
   });
@@ -420,14 +439,15 @@ bool file_round(const std::string& path, const std::string& dir, const ReadableF
   {
     // As `kvsnap restore -o`: a temporary, fsynced, renamed into place.
     auto out = must(AtomicFileWriter::create(posix_io(), dir + "/restored.bin"), dir + "/restored.bin");
-    if (!st.s->restore("a", {}, *out).ok() || !out->commit().ok()) std::abort();
+    must(st.s->restore("a", {}, *out).status(), "restore " + path + " into " + dir + "/restored.bin");
+    must(out->commit(), "commit " + dir + "/restored.bin");
   }
   t.t_restore = std::min(t.t_restore, secs(t0));
   t.c_restore = std::min(t.c_restore, cpu_now() - c0);
   t0 = Clock::now();
   c0 = cpu_now();
   CountingSink count;
-  if (!st.s->restore("a", {}, count).ok()) std::abort();
+  must(st.s->restore("a", {}, count).status(), "restore (decode only) " + path);
   t.t_decode = std::min(t.t_decode, secs(t0));
   t.c_decode = std::min(t.c_decode, cpu_now() - c0);
   return true;
@@ -476,7 +496,7 @@ void bench_file(const std::string& path, const std::string& dir, uint32_t thread
     const uint64_t n = parsed->tokens.tokens.size() * 9 / 10;
     {
       FileSink cut(dir + "/cut.bin");
-      if (!write_prefix(*parsed, *file, n, cut).ok()) std::abort();
+      must(write_prefix(*parsed, *file, n, cut), "cut " + path + " to 90% of its tokens");
     }
     auto cut_file = must(posix_io().open_read(dir + "/cut.bin"), dir + "/cut.bin");
     auto cut_state = must(parse_state(*cut_file), dir + "/cut.bin");
@@ -567,7 +587,15 @@ int main(int argc, char** argv) {
     const std::string fx = std::string(KVSNAP_SOURCE_DIR) + "/fixtures/v0.5.0/";
     files = {fx + "hd128-f16-f16-faon.slot", fx + "hd128-q8_0-q8_0-faon.slot"};
   }
-  fs::create_directories(dir);
+  {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) fail("create " + dir, ec.message());
+  }
+  // One bench per directory: two would remove and reuse each other's stores and files midway.
+  std::unique_ptr<FileLock> lock = must(
+      posix_io().lock_file(dir + "/kvsnap-store-bench.lock", LockMode::kExclusive, /*wait=*/false), "lock " + dir);
+  if (!lock) fail(dir, "another kvsnap-store-bench is using this directory: give each run its own --dir");
   if (g_decode_only) {
     for (const auto& f : files) bench_decode(f, dir, threads, rounds);
   } else if (g_encrypt) {
@@ -577,6 +605,6 @@ int main(int argc, char** argv) {
   } else {
     for (const auto& f : files) bench_file(f, dir, threads, rounds);
   }
-  fs::remove_all(dir);
+  remove_all_or_fail(dir);  // the lock file too, still held: a bench that opened it before fails to lock it
   return 0;
 }

@@ -59,14 +59,29 @@ Sha256Digest content_digest_of_table(const SegmentTable& t, uint64_t file_size, 
 }
 
 Result<Sha256Digest> content_digest_of_original(const SegmentTable& t, const ReadableFile& original,
-                                                const ChunkCipher* cipher) {
+                                                const ChunkCipher* cipher, Sha256Kernel kernel) {
   ChunkReader reader(t, original);
   const uint64_t n = reader.n_chunks();
   ContentDigester d(t, original.size(), n, cipher != nullptr);
-  std::vector<std::byte> raw;  // one buffer for every chunk: fresh pages are slow to touch
-  for (uint64_t i = 0; i < n; ++i) {
-    KV_RETURN_IF_ERROR(reader.read(i, raw));
-    d.add(raw.size(), cipher ? cipher->chunk_id(raw) : sha256_of(raw));
+  // As many chunks at a time as the kernel hashes together (as a save computes their ids), each
+  // read in chunk order (the first that fails is the one named), into buffers kept across groups:
+  // fresh pages are slow to touch. Keyed ids are HMACs, one by one.
+  const size_t group = std::max<size_t>(2, sha256_kernel_width(kernel));
+  std::array<std::vector<std::byte>, Sha256Lanes::kMaxLanes> raw;
+  std::array<std::span<const std::byte>, Sha256Lanes::kMaxLanes> msgs{};
+  std::array<Sha256Digest, Sha256Lanes::kMaxLanes> ids{};
+  for (uint64_t i = 0; i < n; i += group) {
+    const size_t k = size_t(std::min<uint64_t>(group, n - i));
+    for (size_t j = 0; j < k; ++j) {
+      KV_RETURN_IF_ERROR(reader.read(i + j, raw[j]));
+      msgs[j] = raw[j];
+    }
+    if (cipher) {
+      for (size_t j = 0; j < k; ++j) ids[j] = cipher->chunk_id(msgs[j]);
+    } else {
+      sha256_many(std::span(msgs).first(k), ids, kernel);
+    }
+    for (size_t j = 0; j < k; ++j) d.add(msgs[j].size(), ids[j]);
   }
   return d.finish();
 }

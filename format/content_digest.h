@@ -22,6 +22,7 @@
 #include "base/chunk_cipher.h"
 #include "base/io.h"
 #include "base/sha256.h"
+#include "base/sha256_lanes.h"
 #include "base/status.h"
 #include "format/llama_state.h"
 #include "format/snapshot.h"
@@ -50,9 +51,11 @@ Sha256Digest content_digest_of_table(const SegmentTable& t, uint64_t file_size, 
                                      bool keyed);
 
 // Recomputed from `original`'s bytes: every chunk read back at its place in the file and hashed
-// (cipher: its keyed id). `original` must have the table's size.
+// (cipher: its keyed id), as many at a time as `kernel` hashes together (base/sha256_lanes.h: 2
+// with SHA-NI, 8 in AVX2 lanes; the digest is the same whatever the kernel). `original` must have
+// the table's size.
 Result<Sha256Digest> content_digest_of_original(const SegmentTable& t, const ReadableFile& original,
-                                                const ChunkCipher* cipher);
+                                                const ChunkCipher* cipher, Sha256Kernel kernel = sha256_kernel());
 
 // The SHA-256 of a whole file, read front to back in 1 MiB pieces: version 1's content digest.
 Result<Sha256Digest> whole_file_sha256(const ReadableFile& f);

@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <strings.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <set>
@@ -13,6 +14,9 @@ namespace kvsnap {
 namespace {
 
 constexpr size_t kStreamTail = 64 << 10;
+// How long a stream's last event waits for the end of the stream (which llama-server sends right
+// after it) before it goes to the client anyway.
+constexpr auto kLastEventWait = std::chrono::seconds(5);
 
 std::string lower(std::string s) {
   for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
@@ -72,6 +76,17 @@ struct Upstream {
 };
 
 }  // namespace
+
+bool ends_a_stream(std::string_view chunk) {
+  // Each marker holds a quote outside a JSON string or starts a line, so no generated text (whose
+  // quotes are escaped inside its string) can make one.
+  for (std::string_view m : {std::string_view(R"("stop":true)"), std::string_view(R"("finish_reason":")"),
+                             std::string_view(R"("type":"message_stop")"), std::string_view(R"("type":"response.completed")")})
+    if (chunk.find(m) != std::string_view::npos) return true;
+  for (size_t p = chunk.find("data: [DONE]"); p != std::string_view::npos; p = chunk.find("data: [DONE]", p + 1))
+    if (p == 0 || chunk[p - 1] == '\n') return true;
+  return false;
+}
 
 std::string header_value(const std::vector<std::pair<std::string, std::string>>& h, const std::string& name) {
   for (const auto& [k, v] : h)
@@ -228,6 +243,14 @@ struct Proxy::Impl {
           st->cv.wait(l, [&] { return !st->pending.empty() || st->done; });
           std::string chunk = std::move(st->pending);
           st->pending.clear();
+          // A client may send its next request on seeing a stream's last event, before the stream's
+          // end: that event waits here for the end (llama-server sends it at once), so that
+          // on_done (the save this exchange queues) runs before the client can see the event.
+          if (!st->done && ends_a_stream(chunk)) {
+            st->cv.wait_for(l, kLastEventWait, [&] { return st->done; });
+            chunk += st->pending;
+            st->pending.clear();
+          }
           const bool done = st->done;
           l.unlock();
           if (!chunk.empty()) {

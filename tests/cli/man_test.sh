@@ -17,6 +17,20 @@ w=$(render "$work/kvsnap.1"); [ -z "$w" ] || bad "kvsnap.1: groff warns: $w"
 for code in $(sed -n 's/^| \([0-9][0-9]*\) |.*/\1/p' "$(dirname "$0")/../../docs/cli.md"); do
   grep -qE "^ +$code( |$)" <<<"$main" || bad "kvsnap.1 lacks exit status $code"
 done
+# The environment: kvsnap.1's ENVIRONMENT and docs/cli.md's "Environment" table name the same
+# variables, and every KVSNAP_* variable the sources read is among them (testing knobs aside:
+# KVSNAP_TEST_*, and KVSNAP_SERVE_NO_PDEATHSIG of docs/serve.md; the C API's examples are not kvsnap).
+root="$(dirname "$0")/../.."
+man_env=$(sed -n '/^ENVIRONMENT/,/^SEE ALSO/p' <<<"$main" | grep -oE '^ +KVSNAP_[A-Z_]+' | tr -d ' ' | sort -u)
+doc_env=$(sed -n '/^## Environment/,/^## /p' "$root/docs/cli.md" | grep -oE '^\| `KVSNAP_[A-Z_]+`' | tr -d '|` ' | sort -u)
+read_env=$(grep -rhoE --exclude-dir=examples 'getenv\("KVSNAP_[A-Z_]+"\)' "$root/src" "$root/format" "$root/migrate" |
+           grep -oE 'KVSNAP_[A-Z_]+' |
+           grep -vE '^KVSNAP_TEST_|^KVSNAP_SERVE_NO_PDEATHSIG$' | sort -u)
+[ -n "$doc_env" ] || bad "docs/cli.md has no Environment table"
+[ "$man_env" = "$doc_env" ] || bad "kvsnap.1's ENVIRONMENT ($(echo $man_env)) differs from docs/cli.md's ($(echo $doc_env))"
+for v in $read_env KVSNAP_HOME; do
+  grep -qx "$v" <<<"$doc_env" || bad "$v is read by kvsnap but not in docs/cli.md's Environment table"
+done
 for c in $commands; do
   grep -qE "^ +$c( |$)" <<<"$main" || bad "kvsnap.1 does not list $c"
   paths="$c"

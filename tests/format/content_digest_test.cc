@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "base/sha256_lanes.h"
 #include "format/content_digest.h"
 #include "format/snapshot.h"
 #include "format/snapshot_internal.h"
@@ -158,6 +159,67 @@ TEST(ContentDigest, ASwappedOrShiftedPieceOfTheFileChangesIt) {
   EXPECT_NE(recomputed(s.m, frame_changed), s.m.content_digest);
 
   EXPECT_EQ(recomputed(s.m, s.original), s.m.content_digest);
+}
+
+// The recomputation hashes a group of chunks at a time (as many as the kernel has lanes): every
+// kernel this CPU runs gives the digest the save recorded, whole groups and the last, shorter one
+// alike, plain and keyed.
+TEST(ContentDigest, EveryKernelRecomputesTheRecordedDigest) {
+  Saved s;
+  save(s);
+  const ChunkCipher c = ChunkCipher::for_tenant(key_of(1), "alice").value();
+  Saved sealed;
+  save(sealed, &c);
+  ASSERT_NE(s.m.chunks.size() % 8, 0u) << "the fixture should end in a part group of 8";
+  MemoryFile f("x", std::span<const std::byte>(s.original));
+  int kernels = 0;
+  for (Sha256Kernel k : {Sha256Kernel::kOpenssl, Sha256Kernel::kShaniX2, Sha256Kernel::kAvx2X8}) {
+    if (!sha256_kernel_supported(k)) continue;
+    ++kernels;
+    auto plain = content_digest_of_original(s.m.segments, f, nullptr, k);
+    ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+    EXPECT_EQ(*plain, s.m.content_digest) << sha256_kernel_name(k);
+    auto keyed = content_digest_of_original(sealed.m.segments, f, &c, k);
+    ASSERT_TRUE(keyed.ok()) << keyed.status().ToString();
+    EXPECT_EQ(*keyed, sealed.m.content_digest) << sha256_kernel_name(k);
+    // A chunk's bytes changed inside a group (not its first) changes the digest.
+    std::vector<std::byte> changed = s.original;
+    const auto [a, b] = two_full_row_chunks(s.m);
+    (void)a;
+    const Segment* seg = nullptr;
+    for (const Segment& x : s.m.segments.segments)
+      if (x.kind == SegmentKind::kRows && x.first_chunk + 1 == b) seg = &x;
+    ASSERT_NE(seg, nullptr);
+    changed[seg->file_offset + uint64_t(seg->cells_per_chunk) * seg->row_bytes] ^= std::byte{1};
+    MemoryFile g("y", std::span<const std::byte>(changed));
+    auto other = content_digest_of_original(s.m.segments, g, nullptr, k);
+    ASSERT_TRUE(other.ok());
+    EXPECT_NE(*other, s.m.content_digest) << sha256_kernel_name(k);
+  }
+  EXPECT_GE(kernels, 1);
+}
+
+// A chunk that cannot be read while the digest is recomputed is named (its index and what it
+// holds), whichever place in its group it has: verify_original reads the rebuilt original a group
+// of chunks at a time.
+TEST(ContentDigest, VerifyOriginalNamesADamagedChunkInItsGroup) {
+  Saved s;
+  save(s);
+  ASSERT_GT(s.m.chunks.size(), 8u);
+  for (const uint64_t victim : {uint64_t(1), uint64_t(5), uint64_t(s.m.chunks.size() - 1)}) {
+    MemoryChunkStore damaged = s.blobs;
+    auto it = damaged.blobs.find(s.m.chunks[victim].sha256);
+    ASSERT_NE(it, damaged.blobs.end());
+    it->second.back() ^= std::byte{0x40};
+    auto r = open_snapshot(s.m.bytes, damaged);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    // The first chunk with those bytes (equal chunks share a blob) is the one found damaged.
+    uint64_t first = 0;
+    while (s.m.chunks[first].sha256 != s.m.chunks[victim].sha256) ++first;
+    const Status v = (*r)->verify_original();
+    ASSERT_FALSE(v.ok()) << "chunk " << victim;
+    EXPECT_NE(v.message().find("chunk " + std::to_string(first) + " ("), std::string::npos) << v.ToString();
+  }
 }
 
 // An encrypted snapshot's digest is over its keyed ids: not the plain one, recomputed only with the

@@ -1,0 +1,148 @@
+// serve/proxy.h: a streamed exchange's on_done (the save kvsnap serve queues) runs before the client
+// can see the stream's last event, so a client that sends its next request on seeing it finds the
+// save queued; ends_a_stream tells that event from the others.
+#include "serve/proxy.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+namespace kvsnap {
+namespace {
+
+TEST(ServeProxy, EndsAStreamSeesEachRoutesLastEvent) {
+  // /completion (and /infill): the final event has "stop":true, the others "stop":false.
+  EXPECT_FALSE(ends_a_stream("data: {\"content\":\"Hi\",\"stop\":false,\"id_slot\":0}\n\n"));
+  EXPECT_TRUE(ends_a_stream("data: {\"content\":\"\",\"stop\":true,\"id_slot\":0,\"timings\":{}}\n\n"));
+  // OpenAI routes: a choice with a finish_reason, then data: [DONE].
+  EXPECT_FALSE(ends_a_stream("data: {\"choices\":[{\"finish_reason\":null,\"delta\":{\"content\":\"x\"}}]}\n\n"));
+  EXPECT_TRUE(ends_a_stream("data: {\"choices\":[{\"finish_reason\":\"stop\",\"delta\":{}}]}\n\n"));
+  EXPECT_TRUE(ends_a_stream("data: [DONE]\n\n"));
+  EXPECT_TRUE(ends_a_stream("data: {\"choices\":[]}\n\ndata: [DONE]\n\n"));
+  // Anthropic's /v1/messages.
+  EXPECT_FALSE(ends_a_stream("event: content_block_delta\ndata: {\"type\":\"content_block_delta\"}\n\n"));
+  EXPECT_TRUE(ends_a_stream("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"));
+  // Generated text that spells a marker is inside a JSON string, its quotes escaped: not an end.
+  EXPECT_FALSE(ends_a_stream(R"(data: {"content":"\"stop\":true data: [DONE]","stop":false})"
+                             "\n\n"));
+  EXPECT_FALSE(ends_a_stream(R"(data: {"choices":[{"finish_reason":null,"delta":{"content":"\"finish_reason\":\"x"}}]})"
+                             "\n\n"));
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t n = sizeof a;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+// What the client has seen so far (the child paces itself by it).
+struct Seen {
+  std::atomic<bool> first{false}, last{false};
+};
+
+// Waits until `flag` is set, at most `max`.
+void wait_for(const std::atomic<bool>& flag, std::chrono::milliseconds max) {
+  const auto until = std::chrono::steady_clock::now() + max;
+  while (!flag && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+// A child that streams as llama-server's /completion does: three events, the last one (once the
+// client has the first), then the stream's end once the client has the last event, or after 2 s
+// (llama-server ends it microseconds after the last event: the window a client's next request races,
+// held open here).
+struct StreamingChild {
+  httplib::Server svr;
+  int port = 0;
+  std::thread thread;
+  explicit StreamingChild(Seen& seen) {
+    svr.Get("/completion", [&seen](const httplib::Request&, httplib::Response& res) {
+      auto step = std::make_shared<int>(0);
+      res.set_chunked_content_provider("text/event-stream", [step, &seen](size_t, httplib::DataSink& sink) {
+        const int i = (*step)++;
+        if (i < 3) {
+          const std::string e = "data: {\"content\":\"t" + std::to_string(i) + "\",\"stop\":false,\"id_slot\":0}\n\n";
+          sink.write(e.data(), e.size());
+        } else if (i == 3) {
+          wait_for(seen.first, std::chrono::seconds(10));
+          const std::string e = "data: {\"content\":\"\",\"stop\":true,\"id_slot\":0,\"timings\":{\"prompt_n\":4}}\n\n";
+          sink.write(e.data(), e.size());
+        } else {
+          wait_for(seen.last, std::chrono::seconds(2));
+          sink.done();
+        }
+        return true;
+      });
+    });
+    port = svr.bind_to_any_port("127.0.0.1");
+    thread = std::thread([this] { svr.listen_after_bind(); });
+    while (!svr.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~StreamingChild() {
+    svr.stop();
+    thread.join();
+  }
+};
+
+TEST(ServeProxy, AStreamsOnDoneRunsBeforeTheClientSeesItsLastEvent) {
+  Seen seen;
+  StreamingChild child(seen);
+  ASSERT_GT(child.port, 0);
+  ProxyOptions o;
+  o.listen_port = free_port();
+  o.upstream_port = child.port;
+  o.threads = 4;
+  std::atomic<int> done{0};
+  std::string body_seen;
+  Proxy proxy(o, nullptr, [&](const Exchange& x) {
+    body_seen = x.response_body;
+    ++done;
+  });
+  ASSERT_TRUE(proxy.bind().ok());
+  std::thread serving([&] { proxy.run(); });
+  int done_at_last_event = -1, done_at_first_event = -1;
+  std::string got;
+  {
+    httplib::Client cli("127.0.0.1", o.listen_port);
+    cli.set_read_timeout(30);
+    auto r = cli.Get("/completion", [&](const char* d, size_t n) {
+      got.append(d, n);
+      if (done_at_first_event < 0 && got.find("\"t0\"") != std::string::npos) {
+        done_at_first_event = done.load();
+        seen.first = true;
+      }
+      // What a client that sends its next request on seeing the last event finds at that moment.
+      if (done_at_last_event < 0 && got.find("\"stop\":true") != std::string::npos) {
+        done_at_last_event = done.load();
+        seen.last = true;
+      }
+      return true;
+    });
+    ASSERT_TRUE(r) << httplib::to_string(r.error());
+    EXPECT_EQ(r->status, 200);
+  }
+  proxy.stop();
+  serving.join();
+  EXPECT_EQ(done_at_first_event, 0) << "the stream's events before the last are not held back";
+  EXPECT_EQ(done_at_last_event, 1) << "on_done must have run when the client sees the stream's last event";
+  EXPECT_EQ(done.load(), 1);
+  EXPECT_NE(body_seen.find("\"stop\":true"), std::string::npos) << "on_done sees the last event (its slot, timings)";
+  EXPECT_NE(got.find("\"t2\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvsnap
