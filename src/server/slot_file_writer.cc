@@ -16,6 +16,10 @@ namespace {
 // "End to end"), stays small (kInFlight + 2 blocks).
 constexpr size_t kBlock = 1u << 20;
 constexpr size_t kInFlight = 4;
+// An append at least this large, with nothing buffered before it, is written by the calling
+// thread itself once the thread's queue is empty: a copy into a block would cost as much as the
+// write(2) it saves the caller (docs/performance.md, "End to end").
+constexpr size_t kDirect = 256u << 10;
 }  // namespace
 
 // A bounded queue of filled blocks and the thread that writes them in order.
@@ -27,6 +31,7 @@ struct SlotFileWriter::Pipe {
   std::vector<std::byte> filling;
   Status error;  // the first failed write; later blocks are dropped
   bool closing = false;
+  bool writing = false;  // the thread is writing a block it took off `full`
   std::thread thread;
 
   void run(WritableFile& f) {
@@ -36,10 +41,12 @@ struct SlotFileWriter::Pipe {
       if (full.empty()) return;
       std::vector<std::byte> b = std::move(full.front());
       full.pop_front();
+      writing = true;
       l.unlock();
       Status s = error.ok() ? f.append(b) : Status::OK();
       b.clear();
       l.lock();
+      writing = false;
       if (!s.ok() && error.ok()) error = s;
       spare.push_back(std::move(b));
       cv.notify_all();
@@ -60,6 +67,22 @@ struct SlotFileWriter::Pipe {
     filling.reserve(kBlock);
     cv.notify_all();
     return Status::OK();
+  }
+
+  // Writes `data` on the calling thread after every queued block (`filling` must be empty).
+  Status write_now(WritableFile& f, std::span<const std::byte> data) {
+    {
+      std::unique_lock<std::mutex> l(mu);
+      cv.wait(l, [&] { return full.empty() && !writing; });
+      if (!error.ok()) return error;
+    }
+    // The thread waits for `full`, which only this (the appending) thread fills: `f` is ours.
+    Status s = f.append(data);
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> l(mu);
+      if (error.ok()) error = s;
+    }
+    return s;
   }
 
   Status finish() {
@@ -103,6 +126,12 @@ Status SlotFileWriter::fail(const Status& s) const {
 
 Status SlotFileWriter::append(std::span<const std::byte> data) {
   if (committed_) return Status::InvalidArgument(path_ + ": append after commit");
+  if (data.size() >= kDirect) {
+    // What is buffered goes first (queued as it is), then these bytes straight from the caller.
+    Status s = pipe_->filling.empty() ? Status::OK() : pipe_->hand_over();
+    if (s.ok()) s = pipe_->write_now(*file_, data);
+    return s.ok() ? s : fail(s);
+  }
   while (!data.empty()) {
     auto& b = pipe_->filling;
     const size_t n = std::min(data.size(), kBlock - b.size());

@@ -1,8 +1,11 @@
 // The file kvsnap hands to llama-server in its slot directory: written
 // beside its final name under a temporary one and renamed into place, so the
-// server never sees a partial file, with the writing done by a thread of its
-// own so the kernel's copy into the page cache overlaps the conversion that
-// produces the bytes.
+// server never sees a partial file. Small appends are gathered into blocks that
+// a thread of its own writes, so the kernel's copy into the page cache overlaps
+// the conversion that produces the bytes; an append of 256 KiB or more (a
+// converted block, handed on in order by a conversion worker while the others
+// convert) is written by the caller itself once the queued blocks are out,
+// with no copy into a block first.
 //
 // Not fsynced: the server reads the file at once and kvsnap removes it, or keeps
 // it as the slot directory's scratch file, right after (server_flows.h), so

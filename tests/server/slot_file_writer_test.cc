@@ -60,6 +60,31 @@ TEST(SlotFileWriter, TheFinalNameAppearsOnlyAtCommit) {
   EXPECT_EQ(names(d.path), std::vector<std::string>{"slot.bin"});
 }
 
+// Large appends are written by the caller, small ones go through the thread's blocks: the bytes
+// still come out in the order they were appended, whatever mix of the two.
+TEST(SlotFileWriter, SmallAndLargeAppendsComeOutInOrder) {
+  TempDir d;
+  const std::string path = d.path + "/slot.bin";
+  auto w = SlotFileWriter::create(posix_io(), path);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  std::string want;
+  auto add = [&](size_t n, char c) {
+    std::string s(n, c);
+    for (size_t i = 0; i < n; i += 4093) s[i] = char('A' + (want.size() + i) % 26);  // not one repeated byte
+    want += s;
+    return write_all(**w, s);
+  };
+  // Header-sized pieces, blocks the size of a converted tensor block, pieces that fill the
+  // thread's 1 MiB blocks past their end, and a large append right after one that filled a block.
+  const std::pair<size_t, char> steps[] = {{12, 'h'},          {557056, 'a'},       {4, 't'},
+                                           {300u << 10, 'b'},  {(1u << 20) - 4, 'c'}, {557056, 'd'},
+                                           {3u << 20, 'e'},    {100, 'f'},          {(3u << 20) + 7, 'g'},
+                                           {256u << 10, 'i'},  {(256u << 10) - 1, 'j'}};
+  for (const auto& [n, c] : steps) ASSERT_TRUE(add(n, c).ok());
+  ASSERT_TRUE((*w)->commit().ok());
+  EXPECT_TRUE(slurp(path) == want) << "bytes out of order or lost";
+}
+
 TEST(SlotFileWriter, AKeptScratchFileIsWrittenOverInPlaceAndCutToTheNewLength) {
   TempDir d;
   const std::string scratch = d.path + "/.kvsnap-scratch.kvsnap-tmp-kept", path = d.path + "/slot.bin";
