@@ -151,22 +151,31 @@ Fn find(Fn ShuffleKernels::*field) {
 
 void shuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::byte> out) {
   const size_t n = in.size() / elem;
-  const std::byte* src = in.data();
-  std::byte* dst = out.data();
-  if (elem == 2) {
-    size_t i = 0;
-    if (auto kernel = find(&ShuffleKernels::shuffle2)) i = kernel(src, n, dst, dst + n);
-    for (; i < n; ++i) {
-      dst[i] = src[2 * i];
-      dst[n + i] = src[2 * i + 1];
-    }
-  } else {
-    for (size_t b = 0; b < elem; ++b) {
-      std::byte* plane = dst + b * n;
-      for (size_t i = 0; i < n; ++i) plane[i] = src[i * elem + b];
-    }
+  std::vector<std::byte*> planes(elem);
+  for (size_t b = 0; b < elem; ++b) planes[b] = out.data() + b * n;
+  shuffle_planes(in.data(), elem, n, planes.data());
+  if (in.size() > n * elem) std::memcpy(out.data() + n * elem, in.data() + n * elem, in.size() - n * elem);
+}
+
+void shuffle_planes(const std::byte* src, size_t elem, size_t m, std::byte* const* planes) {
+  if (elem == 1) {
+    if (m) std::memcpy(planes[0], src, m);
+    return;
   }
-  if (in.size() > n * elem) std::memcpy(dst + n * elem, src + n * elem, in.size() - n * elem);
+  if (elem == 2) {
+    std::byte *p0 = planes[0], *p1 = planes[1];
+    size_t i = 0;
+    if (auto kernel = find(&ShuffleKernels::shuffle2)) i = kernel(src, m, p0, p1);
+    for (; i < m; ++i) {
+      p0[i] = src[2 * i];
+      p1[i] = src[2 * i + 1];
+    }
+    return;
+  }
+  for (size_t b = 0; b < elem; ++b) {
+    std::byte* plane = planes[b];
+    for (size_t i = 0; i < m; ++i) plane[i] = src[i * elem + b];
+  }
 }
 
 void unshuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::byte> out) {

@@ -17,6 +17,9 @@ namespace kvsnap {
 // (in.size() % elem bytes) is copied as it is after the planes.
 void shuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::byte> out);
 void unshuffle_bytes(std::span<const std::byte> in, size_t elem, std::span<std::byte> out);
+// De-interleaves `m` elements of `elem` bytes from in[0, m * elem) into `elem` planes (byte b of
+// element k goes to planes[b][k]): shuffle_bytes of a piece, each plane written where it goes.
+void shuffle_planes(const std::byte* in, size_t elem, size_t m, std::byte* const* planes);
 // Interleaves `m` elements of `elem` bytes from `elem` planes (byte b of element k is
 // planes[b][k]) into out[0, m * elem): unshuffle_bytes of a piece of each plane.
 void unshuffle_planes(const std::byte* const* planes, size_t elem, size_t m, std::byte* out);

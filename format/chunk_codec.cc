@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -155,28 +156,48 @@ double entropy_bits(std::span<const std::byte> p) {
   return bits / double(p.size());
 }
 
-// `src` as one zstd frame of raw blocks (RFC 8878: single segment, 4-byte
-// content size, no checksum): any zstd decoder reads it, at memcpy speed.
-size_t put_raw_frame(std::span<const std::byte> src, std::byte* dst) {
-  constexpr size_t kMaxBlock = 128 << 10;
-  size_t pos = 0;
+// A zstd frame of raw blocks (RFC 8878: single segment, 4-byte content size, no checksum)
+// holding n bytes: any zstd decoder reads it, at memcpy speed. Its blocks hold kRawBlockBytes
+// each (the last one the rest; one empty block for n = 0), each after a 3-byte block header.
+constexpr size_t kRawBlockBytes = 128 << 10;
+constexpr size_t kRawFrameHeaderBytes = 9;
+
+// Where the bytes from `at` (a multiple of kRawBlockBytes) go, from the frame's start.
+size_t raw_block_offset(size_t at) { return kRawFrameHeaderBytes + (at / kRawBlockBytes) * (kRawBlockBytes + 3) + 3; }
+
+// Writes the frame's header and every block header for n bytes at dst; returns the frame's
+// size (the blocks' bytes are the caller's to write, at raw_block_offset).
+size_t put_raw_frame_header(size_t n, std::byte* dst) {
   store_le(dst, 0xFD2FB528u, 4);
   dst[4] = std::byte{0xA0};  // Single_Segment_flag, Frame_Content_Size_flag 2 (4 bytes)
-  store_le(dst + 5, src.size(), 4);
-  pos = 9;
+  store_le(dst + 5, n, 4);
   size_t at = 0;
   do {
-    const size_t n = std::min(kMaxBlock, src.size() - at);
-    const bool last = at + n == src.size();
-    store_le(dst + pos, uint64_t(last) | (uint64_t(n) << 3), 3);  // Block_Type 0: raw
-    if (n) std::memcpy(dst + pos + 3, src.data() + at, n);
-    pos += 3 + n;
-    at += n;
-  } while (at < src.size());
-  return pos;
+    const size_t m = std::min(kRawBlockBytes, n - at);
+    const bool last = at + m == n;
+    store_le(dst + raw_block_offset(at) - 3, uint64_t(last) | (uint64_t(m) << 3), 3);  // Block_Type 0: raw
+    at += m;
+  } while (at < n);
+  const size_t blocks = std::max<size_t>(1, (n + kRawBlockBytes - 1) / kRawBlockBytes);
+  return kRawFrameHeaderBytes + 3 * blocks + n;
 }
 
-size_t raw_frame_bound(size_t n) { return 9 + 3 * (n / (128 << 10) + 1) + n; }
+// `src` as one such frame at dst; returns its size.
+size_t put_raw_frame(std::span<const std::byte> src, std::byte* dst) {
+  const size_t size = put_raw_frame_header(src.size(), dst);
+  for (size_t at = 0; at < src.size(); at += kRawBlockBytes)
+    std::memcpy(dst + raw_block_offset(at), src.data() + at, std::min(kRawBlockBytes, src.size() - at));
+  return size;
+}
+
+// `raw` as a stored blob into `out` (of kBlobHeaderBytes + raw.size() bytes at least).
+size_t put_stored(std::span<const std::byte> raw, std::vector<std::byte>& out) {
+  store_header(out.data(), BlobHeader{ChunkCodec::kStored, ChunkFilter::kNone, 0, raw.size()});
+  if (!raw.empty()) std::memcpy(out.data() + kBlobHeaderBytes, raw.data(), raw.size());
+  return kBlobHeaderBytes + raw.size();
+}
+
+size_t raw_frame_bound(size_t n) { return kRawFrameHeaderBytes + 3 * (n / kRawBlockBytes + 1) + n; }
 
 }  // namespace
 
@@ -199,24 +220,19 @@ Result<size_t> ChunkEncoder::encode_into(std::span<const std::byte> raw, FilterC
     return Status::InvalidArgument("shuffle element size " + std::to_string(filter.elem_size) + " is out of range");
   }
   if (filter.filter == ChunkFilter::kNone) filter.elem_size = 0;
-  // The planes compressed separately (one zstd frame each), then the tail.
-  std::vector<std::span<const std::byte>> parts;
-  std::span<const std::byte> filtered = raw;
-  if (filter.filter == ChunkFilter::kShuffle && raw.size() >= filter.elem_size) {
-    filtered_.resize(raw.size());
-    shuffle_bytes(raw, filter.elem_size, filtered_);
-    filtered = filtered_;
-    const size_t n = raw.size() / filter.elem_size;
-    for (size_t b = 0; b < filter.elem_size; ++b) parts.push_back(filtered.subspan(b * n, n));
-    if (raw.size() % filter.elem_size) parts.push_back(filtered.subspan(n * filter.elem_size));
-  } else {
-    filter = {ChunkFilter::kNone, 0};
-    parts.push_back(raw);
-  }
-  size_t bound = kBlobHeaderBytes;
-  for (const auto& p : parts) bound += std::max(ZSTD_compressBound(p.size()), raw_frame_bound(p.size()));
+  if (filter.filter == ChunkFilter::kShuffle && raw.size() < filter.elem_size) filter = {ChunkFilter::kNone, 0};
+  const size_t elem = filter.filter == ChunkFilter::kShuffle ? filter.elem_size : 1;
+  const size_t n = raw.size() / elem;  // each plane's bytes (all of them: one plane, unfiltered)
+  const size_t tail = raw.size() - n * elem;
+  size_t bound = kBlobHeaderBytes + ZSTD_compressBound(tail);
+  for (size_t b = 0; b < elem; ++b) bound += std::max(ZSTD_compressBound(n), raw_frame_bound(n));
   // Grown only, never shrunk: a reused buffer is not zero-filled again.
   out.resize(std::max({out.size(), bound, kBlobHeaderBytes + raw.size()}));
+  // filtered_: the planes (where they are not written straight into `out`), then each plane's
+  // sample and the probe's output.
+  const size_t sample_n = std::min(n, kProbeBytes);
+  const size_t scratch = raw.size() + elem * sample_n, probe_cap = ZSTD_compressBound(kProbeBytes);
+  if (filtered_.size() < scratch + probe_cap) filtered_.resize(scratch + probe_cap);
 
   size_t ret = ZSTD_CCtx_reset(cctx_, ZSTD_reset_session_and_parameters);
   if (!ZSTD_isError(ret)) ret = ZSTD_CCtx_setParameter(cctx_, ZSTD_c_compressionLevel, level_);
@@ -230,29 +246,58 @@ Result<size_t> ChunkEncoder::encode_into(std::span<const std::byte> raw, FilterC
     if (!ZSTD_isError(ret)) ret = ZSTD_CCtx_setParameter(cctx_, ZSTD_c_minMatch, 7);
   }
   if (ZSTD_isError(ret)) return Status::InvalidArgument(std::string("zstd: ") + ZSTD_getErrorName(ret));
-  size_t pos = kBlobHeaderBytes;
-  for (const auto& p : parts) {
-    if (p.size() > 2 * kProbeBytes && entropy_bits(p.first(kProbeBytes)) > 8 * kWorthCompressing) {
-      // Probe a sample first (into the space the plane's frame will take).
-      ret = ZSTD_compress2(cctx_, out.data() + pos, out.size() - pos, p.data(), kProbeBytes);
+
+  // Which planes are stored raw, decided on a sample of each (its first kProbeBytes).
+  std::array<bool, kMaxShuffleElem> stored_raw{};
+  if (n > 2 * kProbeBytes) {
+    std::array<std::byte*, kMaxShuffleElem> samples{};
+    for (size_t b = 0; b < elem; ++b) samples[b] = filtered_.data() + raw.size() + b * sample_n;
+    shuffle_planes(raw.data(), elem, sample_n, samples.data());
+    for (size_t b = 0; b < elem; ++b) {
+      const std::span<const std::byte> sample(samples[b], sample_n);
+      if (entropy_bits(sample) <= 8 * kWorthCompressing) continue;
+      ret = ZSTD_compress2(cctx_, filtered_.data() + scratch, probe_cap, sample.data(), sample.size());
       if (ZSTD_isError(ret)) return Status::InvalidArgument(std::string("zstd: ") + ZSTD_getErrorName(ret));
-      if (double(ret) > kWorthCompressing * kProbeBytes) {
-        pos += put_raw_frame(p, out.data() + pos);
-        continue;
-      }
+      stored_raw[b] = double(ret) > kWorthCompressing * double(sample.size());
+    }
+  }
+  // The planes before the first compressed one are written straight into their raw frames in
+  // `out` (no copy of them afterwards); the others into filtered_. Piece by piece, a raw
+  // block's bytes at a time.
+  size_t lead = 0;
+  while (lead < elem && stored_raw[lead]) ++lead;
+  if (lead == elem && tail == 0) return put_stored(raw, out);  // raw frames would only add their headers
+  size_t pos = kBlobHeaderBytes;
+  std::array<size_t, kMaxShuffleElem> frame_at{};
+  for (size_t b = 0; b < lead; ++b) {
+    frame_at[b] = pos;
+    pos += put_raw_frame_header(n, out.data() + pos);
+  }
+  if (elem > 1 || lead > 0) {
+    std::array<std::byte*, kMaxShuffleElem> dst{};
+    for (size_t at = 0; at < n || at == 0; at += kRawBlockBytes) {
+      const size_t m = std::min(kRawBlockBytes, n - at);
+      for (size_t b = 0; b < elem; ++b)
+        dst[b] = b < lead ? out.data() + frame_at[b] + raw_block_offset(at) : filtered_.data() + b * n + at;
+      shuffle_planes(raw.data() + at * elem, elem, m, dst.data());
+      if (m == 0) break;
+    }
+    if (tail) std::memcpy(filtered_.data() + n * elem, raw.data() + n * elem, tail);
+  }
+  const std::byte* planes = elem > 1 || lead > 0 ? filtered_.data() : raw.data();
+  for (size_t b = lead; b < elem || (b == elem && tail); ++b) {
+    const std::span<const std::byte> p(planes + b * n, b < elem ? n : tail);
+    if (b < elem && stored_raw[b]) {
+      pos += put_raw_frame(p, out.data() + pos);
+      continue;
     }
     ret = ZSTD_compress2(cctx_, out.data() + pos, out.size() - pos, p.data(), p.size());
     if (ZSTD_isError(ret)) return Status::InvalidArgument(std::string("zstd: ") + ZSTD_getErrorName(ret));
     pos += ret;
   }
-  BlobHeader h{ChunkCodec::kZstd, filter.filter, filter.elem_size, raw.size()};
-  if (pos - kBlobHeaderBytes >= raw.size()) {
-    // Incompressible: store the raw bytes, which also decode at memcpy speed.
-    h = BlobHeader{ChunkCodec::kStored, ChunkFilter::kNone, 0, raw.size()};
-    if (!raw.empty()) std::memcpy(out.data() + kBlobHeaderBytes, raw.data(), raw.size());
-    pos = kBlobHeaderBytes + raw.size();
-  }
-  store_header(out.data(), h);
+  // Incompressible: store the raw bytes, which also decode at memcpy speed.
+  if (pos - kBlobHeaderBytes >= raw.size()) return put_stored(raw, out);
+  store_header(out.data(), BlobHeader{ChunkCodec::kZstd, filter.filter, filter.elem_size, raw.size()});
   return pos;
 }
 

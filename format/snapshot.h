@@ -265,6 +265,12 @@ class ChunkSink {
  public:
   virtual ~ChunkSink() = default;
   virtual Status put(const ChunkRef& ref, std::span<const std::byte> blob) = 0;
+  // The same for a blob in the first `size` bytes of `buffer`, a buffer the caller reuses: a
+  // sink that holds blobs may take it and leave another buffer of its own (of any size and
+  // contents) in its place instead of copying the blob.
+  virtual Status put_buffer(const ChunkRef& ref, std::vector<std::byte>& buffer, size_t size) {
+    return put(ref, std::span<const std::byte>(buffer.data(), size));
+  }
 };
 
 struct SnapshotOptions {

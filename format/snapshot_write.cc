@@ -324,8 +324,8 @@ Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink
       },
       [&](uint64_t job, size_t slot) {
         for (size_t k = 0; k < group_size(job); ++k) {
-          const Slot& s = slots[group * slot + k];
-          KV_RETURN_IF_ERROR(sink.put(s.ref, std::span<const std::byte>(s.blob.data(), s.blob_size)));
+          Slot& s = slots[group * slot + k];
+          KV_RETURN_IF_ERROR(sink.put_buffer(s.ref, s.blob, s.blob_size));  // may swap s.blob
           refs.push_back(s.ref);
         }
         return Status::OK();

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <set>
 #include <thread>
 
@@ -63,17 +64,37 @@ using namespace store_detail;
 // A chunk the catalog already has is not written (its row says where it is and
 // that it is durable); the others go into the batch's pack. The catalog is
 // asked in batches (Catalog::find_chunks: a round trip per batch on a catalog
-// server), so chunks wait here, copied, until a batch is full or finish();
-// kHeldBytes bounds the memory that takes and how long the pack waits.
-Status store_detail::BlobSink::put(const ChunkRef& ref, std::span<const std::byte> blob) {
-  std::vector<std::byte> copy;
+// server), so chunks wait here until a batch is full or finish(); kHeldBytes
+// bounds the memory that takes and how long the pack waits. They wait in the
+// encoders' own buffers (put_buffer), or copied (put).
+std::vector<std::byte> store_detail::BlobSink::take_spare() {
+  std::vector<std::byte> b;
   if (!spare_.empty()) {
-    copy = std::move(spare_.back());
+    b = std::move(spare_.back());
     spare_.pop_back();
   }
-  copy.assign(blob.begin(), blob.end());  // within its capacity: no allocation, no fresh pages
-  pending_.push_back({ref, std::move(copy)});
-  held_ += blob.size();
+  return b;
+}
+
+Status store_detail::BlobSink::put(const ChunkRef& ref, std::span<const std::byte> blob) {
+  std::vector<std::byte> copy = take_spare();
+  if (copy.size() < blob.size()) copy.resize(blob.size());  // grown only: no zero-fill of a reused buffer
+  if (!blob.empty()) std::memcpy(copy.data(), blob.data(), blob.size());
+  return hold({ref, std::move(copy), blob.size()});
+}
+
+Status store_detail::BlobSink::put_buffer(const ChunkRef& ref, std::vector<std::byte>& buffer, size_t size) {
+  if (size == 0) return put(ref, {});
+  // The encoder's buffer is held as it is (no copy of the blob on this thread, which also
+  // writes the pack while the encoders work); it gets a written chunk's buffer back.
+  std::vector<std::byte> mine = take_spare();
+  mine.swap(buffer);
+  return hold({ref, std::move(mine), size});
+}
+
+Status store_detail::BlobSink::hold(Pending p) {
+  held_ += p.size;
+  pending_.push_back(std::move(p));
   if (pending_.size() >= Catalog::kChunkLookupBatch || held_ >= kHeldBytes) return flush();
   return Status::OK();
 }
@@ -84,7 +105,7 @@ Status store_detail::BlobSink::flush() {
   for (const Pending& p : pending_) hashes.push_back(hash_of(p.ref));
   KV_ASSIGN_OR_RETURN(std::vector<std::optional<ChunkUse>> known, catalog_.find_chunks(hashes));
   for (size_t i = 0; i < pending_.size(); ++i) KV_RETURN_IF_ERROR(store(hashes[i], pending_[i], known[i]));
-  for (Pending& p : pending_) spare_.push_back(std::move(p.blob));
+  for (Pending& p : pending_) spare_.push_back(std::move(p.buffer));
   pending_.clear();
   held_ = 0;
   return Status::OK();
@@ -95,13 +116,13 @@ Status store_detail::BlobSink::store(const ChunkHash& h, const Pending& p, std::
     uses.push_back(std::move(*known));
     return Status::OK();
   }
-  if (p.blob.empty() && p.ref.raw_size > 0)  // a parent's chunk (SnapshotOptions::known_chunks) must have a row
+  if (p.size == 0 && p.ref.raw_size > 0)  // a parent's chunk (SnapshotOptions::known_chunks) must have a row
     return Status::Corruption("chunk " + h.hex() + " of the parent snapshot has no catalog row; run kvsnap verify --all");
   const uint64_t before = batch_.written();
-  KV_ASSIGN_OR_RETURN(BlobLocation where, batch_.append(h, p.blob));
+  KV_ASSIGN_OR_RETURN(BlobLocation where, batch_.append(h, p.blob()));
   if (batch_.written() != before) {
     ++written;
-    bytes_written += p.blob.size();
+    bytes_written += p.size;
   }
   uses.push_back({h, p.ref.raw_size, where.size, where.pack, where.offset});
   return Status::OK();

@@ -188,6 +188,59 @@ TEST(ChunkCodec, AnIncompressiblePlaneIsStoredAsARawZstdFrame) {
   EXPECT_EQ(out, raw);
 }
 
+// Raw planes before, between and after compressed ones (the leading ones are written straight
+// into their frames), in planes of one, several and a part raw block, with and without a tail:
+// the blob is one stock zstd frame per plane, holding exactly that plane, then the tail's.
+TEST(ChunkCodec, EveryPlaneIsAFrameOfExactlyItsBytes) {
+  const std::string kinds[] = {"rrcc", "crrc", "rcrc", "rrrc", "rr", "cr"};
+  for (const std::string& kind : kinds) {
+    for (size_t n : {40000u, 131072u, 300001u}) {
+      for (size_t tail : {0u, 3u}) {
+        const size_t elem = kind.size();
+        if (tail >= elem) continue;
+        SCOPED_TRACE(kind + " " + std::to_string(n) + " +" + std::to_string(tail));
+        const auto noise = random_bytes(n * elem + tail, uint32_t(n + tail));
+        std::vector<std::byte> raw(n * elem + tail);
+        for (size_t i = 0; i < n; ++i)
+          for (size_t b = 0; b < elem; ++b) raw[i * elem + b] = kind[b] == 'r' ? noise[i * elem + b] : std::byte(i % 7);
+        for (size_t t = 0; t < tail; ++t) raw[n * elem + t] = noise[n * elem + t];
+        ChunkEncoder enc(-10);
+        auto blob = enc.encode(raw, {ChunkFilter::kShuffle, uint16_t(elem)});
+        ASSERT_TRUE(blob.ok()) << blob.status().ToString();
+        auto h = read_blob_header(*blob);
+        ASSERT_TRUE(h.ok());
+        if (kind.find('c') == std::string::npos) {
+          EXPECT_EQ(h->codec, ChunkCodec::kStored);
+        } else {
+          ASSERT_EQ(h->codec, ChunkCodec::kZstd);
+          std::span<const std::byte> payload = blob->subspan(kBlobHeaderBytes);
+          for (size_t b = 0; b <= elem; ++b) {
+            if (b == elem && tail == 0) break;
+            const size_t size = b < elem ? n : tail;
+            std::vector<std::byte> want(size);
+            for (size_t i = 0; i < size; ++i) want[i] = b < elem ? raw[i * elem + b] : raw[n * elem + i];
+            const size_t frame = ZSTD_findFrameCompressedSize(payload.data(), payload.size());
+            ASSERT_FALSE(ZSTD_isError(frame)) << "plane " << b;
+            if (b < elem && kind[b] == 'r') {
+              EXPECT_EQ(frame, 9 + 3 * ((n + 131071) / 131072) + n) << "plane " << b;
+            }
+            std::vector<std::byte> got(size + 1);
+            ASSERT_EQ(ZSTD_decompress(got.data(), got.size(), payload.data(), frame), size) << "plane " << b;
+            got.resize(size);
+            EXPECT_TRUE(got == want) << "plane " << b;
+            payload = payload.subspan(frame);
+          }
+          EXPECT_TRUE(payload.empty());
+        }
+        ChunkDecoder dec;
+        std::vector<std::byte> out;
+        ASSERT_TRUE(dec.decode(*blob, raw.size(), out).ok());
+        EXPECT_TRUE(out == raw);
+      }
+    }
+  }
+}
+
 // The pieces handed to the callback are `out` itself, in order, each at most
 // kDecodePieceBytes for a shuffled chunk, and together the whole chunk.
 TEST(ChunkCodec, DecodeHandsOverEveryPieceInOrder) {

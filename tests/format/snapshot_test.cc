@@ -261,6 +261,56 @@ TEST(Snapshot, ThreadsAndLevelsGiveTheSameOriginal) {
   EXPECT_TRUE(read_all_of((*r)->original()) == bytes);
 }
 
+// A sink that takes the encoders' buffers (ChunkSink::put_buffer) and leaves buffers of its own
+// in their place, small, large or empty and full of other bytes: every blob it holds is the one
+// a copying sink gets, and the encoders write the next blobs into what it left them.
+class TakingSink final : public ChunkSink {
+ public:
+  Status put(const ChunkRef& ref, std::span<const std::byte> blob) override {
+    blobs[ref.index].assign(blob.begin(), blob.end());
+    return Status::OK();
+  }
+  Status put_buffer(const ChunkRef& ref, std::vector<std::byte>& buffer, size_t size) override {
+    ++taken;
+    std::vector<std::byte> mine(size_t(rng() % 3) * 200000, std::byte{0xA5});
+    mine.swap(buffer);
+    mine.resize(size);
+    blobs[ref.index] = std::move(mine);
+    return Status::OK();
+  }
+  std::map<uint64_t, std::vector<std::byte>> blobs;
+  size_t taken = 0;
+  std::mt19937 rng{5};
+};
+
+TEST(Snapshot, ASinkThatTakesTheBuffersGetsTheSameBlobs) {
+  const auto bytes = slurp(kRoot / "fixtures/v0.5.0/hd64-f16-f16-faoff.slot");
+  MemoryFile f("state", std::span<const std::byte>(bytes));
+  auto st = parse_state(f);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  for (uint32_t threads : {1u, 3u}) {
+    SCOPED_TRACE(threads);
+    SnapshotOptions o = opts_with(5);
+    o.threads = threads;
+    class Copying final : public ChunkSink {
+     public:
+      Status put(const ChunkRef& ref, std::span<const std::byte> blob) override {
+        blobs[ref.index].assign(blob.begin(), blob.end());
+        return Status::OK();
+      }
+      std::map<uint64_t, std::vector<std::byte>> blobs;
+    } copying;
+    TakingSink taking;
+    auto a = build_snapshot(*st, f, o, copying);
+    auto b = build_snapshot(*st, f, o, taking);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->bytes, b->bytes);
+    EXPECT_GT(taking.taken, 10u);
+    ASSERT_EQ(copying.blobs.size(), a->chunks.size());
+    EXPECT_TRUE(copying.blobs == taking.blobs);
+  }
+}
+
 TEST(Snapshot, InfoDescribesTheStateAndTheModel) {
   const auto p = kRoot / "fixtures/v0.5.0/hd64-q4_0-q8_0-faon.slot";
   const auto bytes = slurp(p);
