@@ -12,7 +12,9 @@
 //    consume(i - ring) returned, so memory is bounded by `ring` slots;
 //  - the first failed status (produce's, in order of i, or consume's) stops
 //    the pipeline and is returned once every worker has stopped; an exception
-//    thrown by produce is rethrown on the calling thread.
+//    thrown by produce is rethrown on the calling thread;
+//  - when the system refuses threads, the workers that did start do all the
+//    work; with none, the calling thread produces and consumes each item.
 #pragma once
 
 #include <algorithm>
@@ -64,7 +66,25 @@ Status ordered_pipeline(uint64_t n, uint32_t threads, size_t ring, Produce&& pro
     }
   };
   std::vector<std::thread> workers;
-  for (uint32_t t = 0; t < std::min<uint64_t>(std::max(threads, 1u), n); ++t) workers.emplace_back(work, t);
+  try {
+    const uint32_t wanted = uint32_t(std::min<uint64_t>(std::max(threads, 1u), n));
+    workers.reserve(wanted);
+    for (uint32_t t = 0; t < wanted; ++t) workers.emplace_back(work, t);
+  } catch (...) {
+    // The system refused a thread (std::system_error, EAGAIN on a loaded or limited machine): the
+    // workers already started take every item between them; an exception out of here would
+    // destroy running threads (std::terminate) or cross the caller's module edge.
+  }
+  if (workers.empty()) {
+    // Not one thread: the calling thread produces each item itself, in order.
+    Status failed;
+    for (uint64_t i = 0; i < n && failed.ok(); ++i) {
+      const size_t slot = size_t(i % ring);
+      failed = produce(i, slot, 0u);
+      if (failed.ok()) failed = consume(i, slot);
+    }
+    return failed;
+  }
   Status failed;
   for (uint64_t i = 0; i < n && failed.ok(); ++i) {
     const size_t slot = size_t(i % ring);

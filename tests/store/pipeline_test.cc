@@ -2,10 +2,13 @@
 #include "format/snapshot_pipeline.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -48,6 +51,43 @@ TEST(OrderedPipeline, ConsumesEveryItemOnceInOrderWithBoundedSlots) {
       EXPECT_EQ(bad_worker.load(), 0);
     }
   }
+}
+
+// In a child process that may not create threads (RLIMIT_NPROC below what its user runs; root
+// ignores the limit, so the child becomes `nobody` first): the pipeline still produces and
+// consumes every item in order and returns, instead of std::terminate from a std::system_error.
+// Exit codes: 0 right, 2 could not set up the limit, 3 threads were still allowed, 1 wrong.
+int pipeline_under_nproc(rlim_t nproc) {
+  if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) return 2;
+  const rlimit limit{nproc, nproc};
+  if (setrlimit(RLIMIT_NPROC, &limit) != 0) return 2;
+  if (nproc == 0) {
+    try {
+      std::thread probe([] {});
+      probe.join();
+      return 3;
+    } catch (const std::system_error&) {
+    }
+  }
+  std::vector<uint64_t> seen;
+  Status s = ordered_pipeline(
+      50, 4, 3,
+      [&](uint64_t, size_t, uint32_t worker) { return worker == 0 ? Status::OK() : Status::Corruption("worker"); },
+      [&](uint64_t i, size_t slot) {
+        if (slot != i % 3) return Status::Corruption("slot");
+        seen.push_back(i);
+        return Status::OK();
+      });
+  bool right = s.ok() && seen.size() == 50;
+  for (uint64_t i = 0; right && i < seen.size(); ++i) right = seen[i] == i;
+  return right ? 0 : 1;
+}
+
+TEST(OrderedPipeline, EveryItemInOrderWhenTheSystemRefusesThreads) {
+  // No thread at all; then one (the child is its user's one process, so a limit of 2 lets one
+  // thread start and refuses the next three while the first runs).
+  EXPECT_EXIT(_exit(pipeline_under_nproc(0)), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(_exit(pipeline_under_nproc(2)), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(OrderedPipeline, NothingToDo) {
