@@ -117,7 +117,8 @@ Status store_detail::BlobSink::store(const ChunkHash& h, const Pending& p, std::
     return Status::OK();
   }
   if (p.size == 0 && p.ref.raw_size > 0)  // a parent's chunk (SnapshotOptions::known_chunks) must have a row
-    return Status::Corruption("chunk " + h.hex() + " of the parent snapshot has no catalog row; run kvsnap verify --all");
+    return Status::Corruption("chunk " + h.hex() + " of the parent snapshot has no catalog row: the parent was "
+                              "removed while this save ran (save again), or the catalog is damaged (kvsnap verify --all)");
   const uint64_t before = batch_.written();
   KV_ASSIGN_OR_RETURN(BlobLocation where, batch_.append(h, p.blob()));
   if (batch_.written() != before) {
