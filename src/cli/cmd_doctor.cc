@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "base/json_access.h"
+#include "base/sha256_lanes.h"
 #include "base/simd_level.h"
 #include "cli/progress.h"
 #include "cli/commands.h"
@@ -61,6 +62,28 @@ void check_simd(std::vector<Check>& out) {
                                : std::string(" (the best here; ")) +
                      cpu + ")",
                  ""});
+}
+
+// The SHA-256 kernel the store's chunk ids and checks use (base/sha256_lanes.h), and whether
+// KVSNAP_SHA asked for one this CPU cannot run (the best it has is then used).
+void check_sha256(std::vector<Check>& out) {
+  std::string runs;
+  for (Sha256Kernel k : {Sha256Kernel::kOpenssl, Sha256Kernel::kShaniX2, Sha256Kernel::kAvx2X8})
+    if (sha256_kernel_supported(k)) runs += std::string(runs.empty() ? "" : " ") + sha256_kernel_name(k);
+  const std::string in_use = sha256_kernel_name(sha256_kernel());
+  const char* env = std::getenv("KVSNAP_SHA");
+  if (env && in_use != env) {
+    out.push_back({Verdict::kWarn, "sha256",
+                   std::string("KVSNAP_SHA=") + env + " is not a kernel this CPU runs, so " + in_use +
+                       " is used (this CPU runs: " + runs + ")",
+                   "unset KVSNAP_SHA, or set it to one of: " + runs});
+    return;
+  }
+  const char* simd_env = std::getenv("KVSNAP_SIMD");
+  const std::string why = env ? " (set by KVSNAP_SHA"
+                          : simd_env && std::string(simd_env) == "scalar" ? " (KVSNAP_SIMD=scalar"
+                                                                          : " (the best here";
+  out.push_back({Verdict::kOk, "sha256", in_use + why + "; this CPU runs: " + runs + ")", ""});
 }
 
 // The catalog: opened read-only in effect (a missing SQLite file is not created).
@@ -185,6 +208,7 @@ Status run_doctor(const DoctorOpts& o, std::string& out) {
   std::vector<Check> checks;
   KV_ASSIGN_OR_RETURN(StoreLocation where, resolve_store_location(cli_io(), o.store));
   check_simd(checks);
+  check_sha256(checks);
   check_store(where, checks);
   auto profiles = ServerProfiles::load(cli_io(), where.local_dir);
   if (!profiles.ok()) {
@@ -223,7 +247,7 @@ Status run_doctor(const DoctorOpts& o, std::string& out) {
 
 void setup_doctor(CLI::App& app, int& exit_status) {
   auto o = std::make_shared<DoctorOpts>();
-  auto* sub = app.add_subcommand("doctor", "Check the setup: the SIMD level, the store and its catalog, every server "
+  auto* sub = app.add_subcommand("doctor", "Check the setup: the SIMD level, the SHA-256 kernel, the store and its catalog, every server "
                                            "profile (reachable, its llama.cpp build, slot directory, cache types, "
                                            "model); says what to fix");
   sub->add_option("--server", o->server, "only this profile");

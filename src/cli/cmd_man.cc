@@ -112,7 +112,7 @@ std::string main_page(const CLI::App& root) {
        "(default: ~/.local/share/kvsnap)\n.TP\n.B KVSNAP_SIMD\nscalar, avx2, avx512 or neon: lowers the SIMD level "
        "of the conversion kernels and the store's byte shuffle (the output bytes are the same)\n.TP\n"
        ".B KVSNAP_SHA\nopenssl, shani\\-x2 or avx2\\-x8: the SHA\\-256 kernel that hashes chunks, for tests and benches "
-       "(one this CPU lacks gives the best it has; KVSNAP_SIMD=scalar gives openssl; the ids are the same)\n.TP\n.B KVSNAP_PROGRESS_DELAY_MS\nhow long a command runs "
+       "(one this CPU lacks gives the best it has, and kvsnap doctor warns; KVSNAP_SIMD=scalar gives openssl; the ids are the same)\n.TP\n.B KVSNAP_PROGRESS_DELAY_MS\nhow long a command runs "
        "before it shows progress on a terminal (default 1000)\n";
   s += ".SH SEE ALSO\n";
   std::string refs;

@@ -419,6 +419,25 @@ TEST_F(StoreCli, DoctorNamesTheSimdLevel) {
   EXPECT_NE(r.out.find("-> unset KVSNAP_SIMD, or set it to one of: scalar"), std::string::npos) << r.out;
 }
 
+// ... and the SHA-256 kernel the store's chunk ids use: the best here, the one KVSNAP_SHA sets,
+// openssl under KVSNAP_SIMD=scalar, or a warning when KVSNAP_SHA names one this CPU cannot run.
+TEST_F(StoreCli, DoctorNamesTheSha256Kernel) {
+  KvRun r = kv("doctor");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("ok    sha256: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(the best here; this CPU runs: openssl"), std::string::npos) << r.out;
+  r = kv("doctor", "KVSNAP_SHA=openssl");
+  EXPECT_NE(r.out.find("ok    sha256: openssl (set by KVSNAP_SHA; this CPU runs: openssl"), std::string::npos)
+      << r.out;
+  r = kv("doctor", "KVSNAP_SIMD=scalar");
+  EXPECT_NE(r.out.find("ok    sha256: openssl (KVSNAP_SIMD=scalar; this CPU runs: openssl"), std::string::npos)
+      << r.out;
+  r = kv("doctor --json", "KVSNAP_SHA=md5");
+  EXPECT_EQ(r.code, 0) << "a warning: " << r.out << r.err;
+  EXPECT_NE(r.out.find("KVSNAP_SHA=md5 is not a kernel this CPU runs"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("unset KVSNAP_SHA, or set it to one of: openssl"), std::string::npos) << r.out;
+}
+
 // `save --source-build` checks the build against the file, records it in the snapshot, and restores
 // that convert use it: no flag at restore, the same bytes as `convert --source-build`; a recorded
 // declared rotation works the same way; `restore --target-build` writes for another build.
