@@ -9,6 +9,8 @@
 #include <set>
 #include <thread>
 
+#include "serve/requests.h"
+
 namespace kvsnap {
 
 namespace {
@@ -76,17 +78,6 @@ struct Upstream {
 };
 
 }  // namespace
-
-bool ends_a_stream(std::string_view chunk) {
-  // Each marker holds a quote outside a JSON string or starts a line, so no generated text (whose
-  // quotes are escaped inside its string) can make one.
-  for (std::string_view m : {std::string_view(R"("stop":true)"), std::string_view(R"("finish_reason":")"),
-                             std::string_view(R"("type":"message_stop")"), std::string_view(R"("type":"response.completed")")})
-    if (chunk.find(m) != std::string_view::npos) return true;
-  for (size_t p = chunk.find("data: [DONE]"); p != std::string_view::npos; p = chunk.find("data: [DONE]", p + 1))
-    if (p == 0 || chunk[p - 1] == '\n') return true;
-  return false;
-}
 
 std::string header_value(const std::vector<std::pair<std::string, std::string>>& h, const std::string& name) {
   for (const auto& [k, v] : h)

@@ -16,7 +16,7 @@
 //   - when an exchange has finished, `on_done` sees it (from the serving
 //     thread: it must return quickly, e.g. hand the work to another thread),
 //     before the client gets the answer's end: a sized answer's body, a
-//     stream's end, and a stream's last event (ends_a_stream), which waits
+//     stream's end, and a stream's last event (ends_a_stream, serve/requests.h), which waits
 //     for the stream's end (at most 5 s) when the child sends it first;
 //   - requests `local` claims (kvsnap's own routes) are answered here and
 //     never forwarded, and never wait for the drain gate;
@@ -101,12 +101,6 @@ class Proxy {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// Whether a piece of a streamed answer holds the event that ends a llama-server stream (which a
-// client may act on before the stream's end): /completion's and /infill's `"stop":true`, an OpenAI
-// choice's `"finish_reason":"..."`, `data: [DONE]`, Anthropic's `message_stop`, the Responses API's
-// `response.completed`.
-bool ends_a_stream(std::string_view chunk);
 
 // The value of header `name` (case-insensitive), "" when absent.
 std::string header_value(const std::vector<std::pair<std::string, std::string>>& h, const std::string& name);

@@ -200,4 +200,15 @@ Result<RequantizeAsk> parse_requantize_body(std::string_view body, const std::st
   return a;
 }
 
+bool ends_a_stream(std::string_view chunk) {
+  // Each marker holds a quote outside a JSON string or starts a line, so no generated text (whose
+  // quotes are escaped inside its string) can make one.
+  for (std::string_view m : {std::string_view(R"("stop":true)"), std::string_view(R"("finish_reason":")"),
+                             std::string_view(R"("type":"message_stop")"), std::string_view(R"("type":"response.completed")")})
+    if (chunk.find(m) != std::string_view::npos) return true;
+  for (size_t p = chunk.find("data: [DONE]"); p != std::string_view::npos; p = chunk.find("data: [DONE]", p + 1))
+    if (p == 0 || chunk[p - 1] == '\n') return true;
+  return false;
+}
+
 }  // namespace kvsnap

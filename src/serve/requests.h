@@ -76,4 +76,10 @@ struct RequantizeAsk {
 // kInvalidArgument, their message meant for the client.
 Result<RequantizeAsk> parse_requantize_body(std::string_view body, const std::string& ctk, const std::string& ctv);
 
+// Whether a piece of a streamed answer holds the event that ends a llama-server stream (which a
+// client may act on before the stream's end): /completion's and /infill's `"stop":true`, an OpenAI
+// choice's `"finish_reason":"..."`, `data: [DONE]`, Anthropic's `message_stop`, the Responses API's
+// `response.completed`.
+bool ends_a_stream(std::string_view chunk);
+
 }  // namespace kvsnap

@@ -1,6 +1,7 @@
 // What kvsnap serve reads from clients and from its child (src/serve/requests.h): every parser on
 // the same input, as a completion request on each kind of route, a requantize body, the child's
-// /apply-template answer and a completion answer both whole and as a "data: " event stream.
+// /apply-template answer and a completion answer both whole and as a "data: " event stream, and
+// the proxy's test for a stream's last event (ends_a_stream) on what the child streams.
 #include "fuzz/fuzz_input.h"
 #include "serve/requests.h"
 
@@ -16,5 +17,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)kvsnap::slot_of_answer_body(streamed, body);
     (void)kvsnap::prompt_n_of_answer(streamed, body);
   }
+  (void)kvsnap::ends_a_stream(body);
   return 0;
 }

@@ -2,6 +2,7 @@
 // can see the stream's last event, so a client that sends its next request on seeing it finds the
 // save queued; ends_a_stream tells that event from the others.
 #include "serve/proxy.h"
+#include "serve/requests.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
