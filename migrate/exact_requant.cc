@@ -1,3 +1,5 @@
+#include "migrate/fp_strict.h"  // first: no FMA contraction (a candidate's q * d + m is to_f32's)
+
 #include "migrate/exact_requant.h"
 
 #include <cmath>
@@ -6,6 +8,7 @@
 
 #include "migrate/half.h"
 #include "migrate/quants.h"
+#include "migrate/simd_kernels.h"
 
 namespace kvsnap {
 namespace {
@@ -169,6 +172,17 @@ void sym_range(GgmlType t, int& lo, int& hi) {
   hi = grid_of(t)->hi;
 }
 
+// std::nearbyint(r) in the default rounding mode, for a finite or infinite r or a NaN, without a
+// libm call (the search below runs it for every value of every candidate scale): |r| + 2^23 is
+// rounded to an integer, ties to even, when |r| < 2^23; a larger float, an infinity and a NaN
+// are returned as they are, as nearbyint does. The sign of a zero result is r's, as nearbyint's.
+float nearbyint_inline(float r) {
+  const float a = std::fabs(r);
+  if (!(a < 8388608.0f)) return r;
+  const float t = (a + 8388608.0f) - 8388608.0f;  // IEEE arithmetic: compilers do not fold this
+  return std::copysign(t, r);
+}
+
 int nearest_iq4nl(float r) {
   int best = 0;
   float be = std::fabs(r - kIq4nlLevels[0]);
@@ -266,38 +280,108 @@ void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
     std::memcpy(db, best, dst_->block_bytes());
     return;
   }
-  // Nearest levels for scale d16 (and offset m16), kept if the block decodes closer.
+  // Nearest levels for scale d16 (and offset m16), kept if the block decodes closer. The block's
+  // decoded values are what to_f32 computes from its levels (level * d, + m for an offset type:
+  // two roundings, as ggml's dequantizers), so each value's error is added as its level is
+  // found, in sse()'s order, and the candidate is dropped as soon as the partial sum reaches
+  // best_err (the terms are >= 0, so a rounded sum never falls: it could not win). Only a winner
+  // is packed. The same choices and bytes as packing, decoding and sse() for every candidate.
   auto consider = [&](uint16_t d16, uint16_t m16) {
     const float d = half::fp16_to_f32(d16), m = offset ? half::fp16_to_f32(m16) : 0.0f;
     if (!(std::fabs(d) > 0) || !std::isfinite(d) || !std::isfinite(m)) return;
     int q[kBlock];
     int lo = 0, hi = offset ? offset_top(dt) : 0;
     if (!offset) sym_range(dt, lo, hi);
+    const float flo = float(lo), fhi = float(hi);
+    double e = 0;
     for (int i = 0; i < kBlock; ++i) {
       const float r = (x[i] - m) / d;
       if (dt == GgmlType::kIQ4_NL) {
-        q[i] = std::isfinite(r) ? nearest_iq4nl(r) : 1;
+        if (!std::isfinite(r)) return;  // no level stands for it: build() refuses such a block
+        q[i] = nearest_iq4nl(r);
       } else {
-        const float n = std::nearbyint(r);
-        q[i] = std::isfinite(n) ? int(std::fmin(std::fmax(n, float(lo)), float(hi))) : 0;
+        // fmin(fmax(n, lo), hi) for a finite n, without the libm calls
+        const float n = nearbyint_inline(r);
+        q[i] = std::isfinite(n) ? int(n < flo ? flo : n > fhi ? fhi : n) : 0;
       }
+      const float decoded = offset ? float(q[i]) * d + m : float(q[i]) * d;
+      const double diff = double(x[i]) - double(decoded);
+      e += diff * diff;
+      if (!(e < best_err)) return;
     }
     if (offset) {
       encode_offset(dt, d16, m16, q, cand);
     } else if (!build(dt, d16, q, cand, x)) {
       return;
     }
-    dst_->to_f32(cand, y, kBlock);
-    const double e = sse(x, y);
-    if (e < best_err) {
-      best_err = e;
+    best_err = e;
+    std::memcpy(best, cand, dst_->block_bytes());
+  };
+  // Four candidates sharing the offset m16 at once, as consider() one after the other: each
+  // one's error summed in its own accumulator (four independent chains instead of one: the sum's
+  // latency, not the arithmetic, bounds a lone candidate), then kept in order where it beats
+  // best_err as it stands by then. Dropped together once no partial sum is below best_err.
+  auto consider4 = [&](const uint16_t* d16, uint16_t m16) {
+    const float m = offset ? half::fp16_to_f32(m16) : 0.0f;
+    if (!std::isfinite(m)) return;
+    float d[4];
+    bool ok[4];
+    for (int k = 0; k < 4; ++k) {
+      d[k] = half::fp16_to_f32(d16[k]);
+      ok[k] = std::fabs(d[k]) > 0 && std::isfinite(d[k]);
+    }
+    int lo = 0, hi = offset ? offset_top(dt) : 0;
+    if (!offset) sym_range(dt, lo, hi);
+    const float flo = float(lo), fhi = float(hi);
+    int q[4][kBlock];
+    // Candidate k's level for value i, and its squared error as to_f32 decodes it.
+    auto term = [&](int k, int i) -> double {
+      const float r = (x[i] - m) / d[k];
+      int level;
+      if (dt == GgmlType::kIQ4_NL) {
+        if (!std::isfinite(r)) ok[k] = false;  // as consider(): build() refuses such a block
+        level = std::isfinite(r) ? nearest_iq4nl(r) : 0;
+      } else {
+        const float n = nearbyint_inline(r);
+        level = std::isfinite(n) ? int(n < flo ? flo : n > fhi ? fhi : n) : 0;
+      }
+      q[k][i] = level;
+      const float decoded = offset ? float(level) * d[k] + m : float(level) * d[k];
+      const double diff = double(x[i]) - double(decoded);
+      return diff * diff;
+    };
+    double e[4] = {0, 0, 0, 0};
+    {
+      double e0 = 0, e1 = 0, e2 = 0, e3 = 0;  // four registers, four independent chains
+      for (int i = 0; i < kBlock; ++i) {
+        e0 += term(0, i);
+        e1 += term(1, i);
+        e2 += term(2, i);
+        e3 += term(3, i);
+        if ((i & 7) == 7 && !(e0 < best_err) && !(e1 < best_err) && !(e2 < best_err) && !(e3 < best_err)) return;
+      }
+      e[0] = e0, e[1] = e1, e[2] = e2, e[3] = e3;
+    }
+    for (int k = 0; k < 4; ++k) {
+      if (!ok[k] || !(e[k] < best_err)) continue;
+      if (offset) {
+        encode_offset(dt, d16[k], m16, q[k], cand);
+      } else if (!build(dt, d16[k], q[k], cand, x)) {
+        continue;
+      }
+      best_err = e[k];
       std::memcpy(best, cand, dst_->block_bytes());
     }
   };
   static constexpr float kFactors[] = {0.88f, 0.91f, 0.94f, 0.96f, 0.97f, 0.98f, 0.99f, 0.995f,
                                        1.005f, 1.01f, 1.02f, 1.03f, 1.04f, 1.06f, 1.09f, 1.12f};
+  static_assert(std::size(kFactors) % 4 == 0);
   const uint16_t m_ref = offset ? load_u16(best + 2) : 0;
-  for (float f : kFactors) consider(half::f32_to_fp16(d_ref * f), m_ref);
+  for (size_t f = 0; f < std::size(kFactors); f += 4) {
+    uint16_t d16[4];
+    for (int k = 0; k < 4; ++k) d16[k] = half::f32_to_fp16(d_ref * kFactors[f + k]);
+    consider4(d16, m_ref);
+  }
   // Then least-squares refinements of the best: with its levels fixed, the
   // scale (and offset) that fit the values best; consider() re-picks levels.
   for (int iter = 0; iter < 3; ++iter) {
@@ -308,7 +392,7 @@ void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
     if (!(std::fabs(d0) > 0) || !std::isfinite(d0)) break;
     double sq = 0, sqq = 0, sx = 0, sxq = 0;
     for (int i = 0; i < kBlock; ++i) {
-      const double lv = std::nearbyint((y[i] - m0) / d0);
+      const double lv = nearbyint_inline((y[i] - m0) / d0);
       sq += lv;
       sqq += lv * lv;
       sx += x[i];
@@ -371,22 +455,38 @@ void direct_levels(GgmlType src, const uint8_t* b, int8_t* q) {
 
 // Blocks whose f16 scale is +-0, inf or NaN do not embed (levels_for_scale): they take the
 // general path on their own decoded values; every other block embeds as direct_levels says.
+// Runs of embedding blocks go through the level's kernel where it has one (simd_kernels.h).
 void ExactRequantizer::convert_row_direct(const std::byte* s, std::byte* o) {
   const uint64_t nb = n_elems_ / kBlock;
   const size_t sbytes = src_->block_bytes(), dbytes = dst_->block_bytes();
-  for (uint64_t b = 0; b < nb; ++b) {
+  const simd::EmbedQ8_0Fn embed = simd::find_embed_q8_0(src_->id());
+  auto embeds = [](const std::byte* sb) {
+    const uint16_t d16 = load_u16(sb);
+    return (d16 & 0x7fff) != 0 && (d16 & 0x7c00) != 0x7c00;
+  };
+  for (uint64_t b = 0; b < nb;) {
     const std::byte* sb = s + b * sbytes;
     std::byte* db = o + b * dbytes;
-    const uint16_t d16 = load_u16(sb);
-    if ((d16 & 0x7fff) == 0 || (d16 & 0x7c00) == 0x7c00) {
+    if (!embeds(sb)) {
       float x[kBlock];
       src_->to_f32(sb, x, kBlock);
       convert_block(sb, x, db);
+      ++b;
       continue;
     }
-    std::memcpy(db, sb, 2);
-    direct_levels(src_->id(), reinterpret_cast<const uint8_t*>(sb), reinterpret_cast<int8_t*>(db + 2));
-    ++exact_;
+    uint64_t end = b + 1;
+    while (end < nb && embeds(s + end * sbytes)) ++end;
+    if (embed) {
+      embed(sb, db, end - b);
+    } else {
+      for (uint64_t k = b; k < end; ++k) {
+        std::memcpy(o + k * dbytes, s + k * sbytes, 2);
+        direct_levels(src_->id(), reinterpret_cast<const uint8_t*>(s + k * sbytes),
+                      reinterpret_cast<int8_t*>(o + k * dbytes + 2));
+      }
+    }
+    exact_ += end - b;
+    b = end;
   }
 }
 

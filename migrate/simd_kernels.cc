@@ -23,15 +23,16 @@ namespace {
 #endif
 constexpr LevelKernels kLevels[] = {
     //  level          Hadamard kernel               min n_rot  fused row kernels
-    //                 MLX affine quantize, dequantize
+    //                 MLX affine quantize, dequantize, requantizer's direct path
     {Level::kScalar, hadamard_ref::rotate, 2, nullptr,  //
-     mlx_affine_quantize_row_ref, mlx_affine_dequantize_row_ref},
+     mlx_affine_quantize_row_ref, mlx_affine_dequantize_row_ref, nullptr},
     {Level::kAvx2, KVSNAP_X86(hadamard_avx2), 8, KVSNAP_X86(find_fused_avx2),  //
-     KVSNAP_X86(mlx_affine_quantize_row_avx2), KVSNAP_X86(mlx_affine_dequantize_row_avx2)},
+     KVSNAP_X86(mlx_affine_quantize_row_avx2), KVSNAP_X86(mlx_affine_dequantize_row_avx2),
+     KVSNAP_X86(find_embed_q8_0_avx2)},
     {Level::kAvx512, KVSNAP_X86(hadamard_avx512), 16, KVSNAP_X86(find_fused_avx512),  //
-     nullptr, nullptr},  // no AVX-512 MLX kernels: AVX2's serve
+     nullptr, nullptr, nullptr},  // no AVX-512 MLX or direct-path kernels: AVX2's serve
     {Level::kNeon, KVSNAP_ARM(hadamard_neon), 4, nullptr,  //
-     KVSNAP_ARM(mlx_affine_quantize_row_neon), KVSNAP_ARM(mlx_affine_dequantize_row_neon)},
+     KVSNAP_ARM(mlx_affine_quantize_row_neon), KVSNAP_ARM(mlx_affine_dequantize_row_neon), nullptr},
 };
 #undef KVSNAP_X86
 #undef KVSNAP_ARM
@@ -66,6 +67,14 @@ Fn find_in_chain(Fn LevelKernels::*field) {
 
 MlxQuantizeFn find_mlx_quantize() { return find_in_chain(&LevelKernels::mlx_quantize); }
 MlxDequantizeFn find_mlx_dequantize() { return find_in_chain(&LevelKernels::mlx_dequantize); }
+
+EmbedQ8_0Fn find_embed_q8_0(GgmlType src) {
+  for (Level l = level(); l != Level::kScalar; l = fallback(l)) {
+    const FindEmbedQ8_0Fn find = level_kernels(l).find_embed_q8_0;
+    if (EmbedQ8_0Fn fn = find ? find(src) : nullptr) return fn;
+  }
+  return nullptr;
+}
 
 // The current level's fused kernel, else the one of a level below (AVX-512 has no fused
 // f16 -> q4_1/q5_x of its own; AVX2's beats the three-step path at any level above it).

@@ -54,6 +54,16 @@ using MlxQuantizeFn = void (*)(const float* x, int64_t dim, int bits, int group_
 using MlxDequantizeFn = void (*)(const std::byte* codes, const float* scales, const float* biases, int64_t dim,
                                  int bits, int group_size, MlxFloat t, float* out);
 
+// ExactRequantizer's direct path (migrate/exact_requant.h): n_blocks blocks of q4_0, q5_0 or
+// iq4_nl -> q8_0 blocks with the same f16 scale and the source's levels as int8 (value = level *
+// d either way), the bytes of its scalar loop. Every block's scale must be finite and nonzero
+// (the caller takes the others through the general path).
+using EmbedQ8_0Fn = void (*)(const std::byte* in, std::byte* out, size_t n_blocks);
+using FindEmbedQ8_0Fn = EmbedQ8_0Fn (*)(GgmlType src);
+// The kernel for src at the current level or the nearest level below it, or nullptr: then the
+// scalar loop.
+EmbedQ8_0Fn find_embed_q8_0(GgmlType src);
+
 // What one SIMD level brings besides its row codecs (those are its column of the codec table
 // in migrate/type_traits.cc). One row per Level in simd_kernels.cc's kLevels.
 struct LevelKernels {
@@ -63,6 +73,7 @@ struct LevelKernels {
   FindFusedFn find_fused;         // nullptr: no fused row kernels at this level
   MlxQuantizeFn mlx_quantize;     // MLX affine rows; nullptr: the level below's
   MlxDequantizeFn mlx_dequantize;
+  FindEmbedQ8_0Fn find_embed_q8_0;  // nullptr: no direct-path kernels at this level
 };
 const LevelKernels& level_kernels(Level l);
 
@@ -103,6 +114,9 @@ void iq4_nl_index_avx2(const float* x, uint8_t* idx, size_t n);
 // iq4_nl_trial_schedule_avx512 (below) with 8 lanes: trials[8 k + b] (exposed for kvsnap-simd-check)
 int iq4_nl_trial_schedule_avx2(const float* x, size_t cnt, uint8_t* trials);
 void hadamard_avx2(float* x, size_t n, uint32_t n_rot);  // n_rot >= 8
+
+// q4_0 / q5_0 / iq4_nl -> q8_0 blocks for ExactRequantizer's direct path (EmbedQ8_0Fn above)
+EmbedQ8_0Fn find_embed_q8_0_avx2(GgmlType src);
 
 // roundf(x[i]) converted to int32 the way the AVX2 quantizers compute it (exposed for
 // kvsnap-simd-check's exhaustive comparison with roundf), n a multiple of 8.

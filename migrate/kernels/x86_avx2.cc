@@ -184,6 +184,46 @@ KV_AVX2 void iq4_nl_to_f32_avx2(const std::byte* in, float* y, size_t n) {
 }
 
 // =============================================================================================
+// ExactRequantizer's direct path: q4_0 / q5_0 / iq4_nl blocks -> q8_0 blocks, the same scale and
+// the source's levels as int8 (exact_requant.cc's direct_levels, byte for byte)
+// =============================================================================================
+
+namespace {
+
+// The 34-byte q8_0 block: the source's 2-byte scale, then the 32 levels.
+KV_AVX2_INLINE void put_q8_0(const std::byte* scale, __m256i levels, std::byte* out) {
+  std::memcpy(out, scale, 2);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2), levels);
+}
+
+KV_AVX2 void q4_0_embed_q8_0(const std::byte* in, std::byte* out, size_t nb) {
+  for (size_t b = 0; b < nb; b++, in += kQ4_0Bytes, out += kQ8_0Bytes)
+    put_q8_0(in, _mm256_sub_epi8(nibbles32(in + 2), _mm256_set1_epi8(8)), out);
+}
+
+KV_AVX2 void q5_0_embed_q8_0(const std::byte* in, std::byte* out, size_t nb) {
+  for (size_t b = 0; b < nb; b++, in += kQ5_0Bytes, out += kQ8_0Bytes)
+    put_q8_0(in, _mm256_sub_epi8(_mm256_or_si256(nibbles32(in + 6), high_bits32(in + 2)), _mm256_set1_epi8(16)), out);
+}
+
+KV_AVX2 void iq4_nl_embed_q8_0(const std::byte* in, std::byte* out, size_t nb) {
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues)));
+  for (size_t b = 0; b < nb; b++, in += kIQ4_NLBytes, out += kQ8_0Bytes)
+    put_q8_0(in, _mm256_shuffle_epi8(table, nibbles32(in + 2)), out);
+}
+
+}  // namespace
+
+EmbedQ8_0Fn find_embed_q8_0_avx2(GgmlType src) {
+  switch (src) {
+    case GgmlType::kQ4_0: return q4_0_embed_q8_0;
+    case GgmlType::kQ5_0: return q5_0_embed_q8_0;
+    case GgmlType::kIQ4_NL: return iq4_nl_embed_q8_0;
+    default: return nullptr;
+  }
+}
+
+// =============================================================================================
 // Walsh-Hadamard rotation (see x86_common.h): 8 lanes
 // =============================================================================================
 

@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "base/simd_level.h"
+
 namespace kvsnap {
 namespace {
 
@@ -92,32 +94,41 @@ TEST(ExactRequant, LossyPairsAreNeverWorseThanTheReference) {
 
 // q4_0 / q5_0 / iq4_nl -> q8_0 rewrite the bits of blocks with a finite nonzero scale directly;
 // that must give the general path's bytes for any source block: random bits, with every kind of
-// f16 scale (+-0, subnormal, normal, the largest, +-inf, NaN).
+// f16 scale (+-0, subnormal, normal, the largest, +-inf, NaN), at every SIMD level this CPU has
+// (the direct path's kernels, migrate/simd_kernels.h), in runs of embedding blocks of every
+// length between the others.
 TEST(ExactRequant, DirectPathEqualsTheGeneralOne) {
   const uint16_t scales[] = {0x0000, 0x8000, 0x0001, 0x83ff, 0x3c00, 0xb800, 0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7e00, 0xfd01};
-  std::mt19937 rng(13);
-  for (const char* from : {"q4_0", "q5_0", "iq4_nl"}) {
-    SCOPED_TRACE(from);
-    const TypeTraits& src = *find_traits(from);
-    std::vector<std::byte> in(kN / 32 * src.block_bytes());
-    for (auto& b : in) b = std::byte(rng() & 0xff);
-    for (size_t b = 0; b < kN / 32; ++b) {
-      if (b % 2 == 0) continue;  // odd blocks: one of the named scales; even: random bits
-      const uint16_t d = scales[(b / 2) % std::size(scales)];
-      in[b * src.block_bytes()] = std::byte(d & 0xff);
-      in[b * src.block_bytes() + 1] = std::byte(d >> 8);
+  const simd::Level was = simd::level();
+  for (size_t l = 0; l < simd::kLevelCount; ++l) {
+    if (!simd::supported(simd::Level(l))) continue;
+    ASSERT_TRUE(simd::set_level(simd::Level(l)));
+    SCOPED_TRACE(simd::level_name(simd::Level(l)));
+    std::mt19937 rng(13);
+    for (const char* from : {"q4_0", "q5_0", "iq4_nl"}) {
+      SCOPED_TRACE(from);
+      const TypeTraits& src = *find_traits(from);
+      std::vector<std::byte> in(kN / 32 * src.block_bytes());
+      for (auto& b : in) b = std::byte(rng() & 0xff);
+      // a named scale every 1 + (k % 7) blocks: runs of 0..6 random-bit blocks between them
+      for (size_t b = 0, k = 0; b < kN / 32; b += 1 + k++ % 7) {
+        const uint16_t d = scales[k % std::size(scales)];
+        in[b * src.block_bytes()] = std::byte(d & 0xff);
+        in[b * src.block_bytes() + 1] = std::byte(d >> 8);
+      }
+      auto fast = ExactRequantizer::make(src, *find_traits("q8_0"), kN);
+      auto general = ExactRequantizer::make(src, *find_traits("q8_0"), kN, true, /*direct=*/false);
+      ASSERT_TRUE(fast.ok() && general.ok());
+      std::vector<std::byte> a(fast->dst_row_bytes()), b(general->dst_row_bytes());
+      ASSERT_TRUE(fast->convert(in, a).ok());
+      ASSERT_TRUE(general->convert(in, b).ok());
+      EXPECT_EQ(a, b);
+      EXPECT_EQ(fast->blocks_exact(), general->blocks_exact());
+      EXPECT_EQ(fast->blocks_requantized(), general->blocks_requantized());
+      EXPECT_GT(general->blocks_requantized(), 0u) << "the zero / inf / NaN scales take the general path";
     }
-    auto fast = ExactRequantizer::make(src, *find_traits("q8_0"), kN);
-    auto general = ExactRequantizer::make(src, *find_traits("q8_0"), kN, true, /*direct=*/false);
-    ASSERT_TRUE(fast.ok() && general.ok());
-    std::vector<std::byte> a(fast->dst_row_bytes()), b(general->dst_row_bytes());
-    ASSERT_TRUE(fast->convert(in, a).ok());
-    ASSERT_TRUE(general->convert(in, b).ok());
-    EXPECT_EQ(a, b);
-    EXPECT_EQ(fast->blocks_exact(), general->blocks_exact());
-    EXPECT_EQ(fast->blocks_requantized(), general->blocks_requantized());
-    EXPECT_GT(general->blocks_requantized(), 0u) << "the zero / inf / NaN scales take the general path";
   }
+  simd::set_level(was);
 }
 
 TEST(ExactRequant, RefusesPairsItIsNotFor) {
