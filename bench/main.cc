@@ -3,8 +3,11 @@
 //
 // For each conversion (f16->q8_0, f16->q4_0, f16->iq4_nl, q8_0->f16, q4_0->q8_0) on K rows of
 // n_head_kv x head_dim values (default 8 x 128, llama.cpp's rotation rule with n_rot 128):
-//   kvsnap 1T    RowConverter (to_f32, rotation step, from_f32), one thread
-//   kvsnap NT    the same rows split over N threads, one RowConverter each
+//   kvsnap 1T    what `kvsnap convert` runs, one thread: RowConverter (to_f32, rotation step,
+//                from_f32), or for quantized -> quantized in one rotation domain ExactRequantizer
+//                (exact blocks kept, the others the smaller error of ggml's reference block and a
+//                scale search), then RowConverter (the reference requantization) beside it
+//   kvsnap NT    the same rows split over N threads, one converter each
 //   ggml ref     ggml's reference path, one thread: type_traits(src)->to_float, the same rotation
 //                as llama.cpp's CPU backend computes it (mul_mat with GGML_HINT_SRC0_IS_HADAMARD,
 //                i.e. its fast Walsh-Hadamard transform), ggml_quantize_chunk
@@ -40,6 +43,7 @@
 #include "format/llama_state.h"
 #include "migrate/convert_row.h"
 #include "migrate/convert_state.h"
+#include "migrate/exact_requant.h"
 #include "migrate/hadamard.h"
 #include "migrate/mlx_affine.h"
 #include "migrate/type_traits.h"
@@ -378,7 +382,9 @@ constexpr Conversion kConversions[] = {
 
 struct Row {
   std::string name, rotation;
+  bool exact = false;  // kvsnap's cells are ExactRequantizer's (what convert runs for this pair)
   Rate ours1, oursN, ggml_ref, ggml_cpu, memcpy_;
+  Rate rows1;  // exact rows: RowConverter, the reference requantization (ggml_quantize_chunk's bytes)
   Rate state1, stateN;
 };
 
@@ -392,7 +398,7 @@ std::string fmt_ratio(const Rate& a, const Rate& b, bool wall = false) {
   if (!a.valid || !b.valid || b.gbps <= 0) return "-";
   char s[32];
   const double q = wall ? a.wall_gbps / b.wall_gbps : a.gbps / b.gbps;
-  std::snprintf(s, sizeof s, q >= 100 ? "%.0fx" : q >= 10 ? "%.1fx" : "%.2fx", q);
+  std::snprintf(s, sizeof s, q >= 100 ? "%.0fx" : q >= 10 ? "%.1fx" : q >= 0.1 ? "%.2fx" : "%.4fx", q);
   return s;
 }
 
@@ -471,7 +477,9 @@ Target target_of(simd::Level l, const Row& r) {
   if (r.name == "f16-q4_0" || r.name == "f16-q4_1" || r.name == "f16-q5_0" || r.name == "f16-q5_1") {
     return {&Row::ggml_cpu, 3.0, "with rotation >= 3x ggml cpu (no rotation)"};
   }
-  if (r.name == "q4_0-q8_0" || r.name == "q8_0-q4_0") return {&Row::ggml_cpu, 2.0, ">= 2x ggml cpu"};
+  if (r.name == "q4_0-q8_0" || r.name == "q8_0-q4_0") {
+    return {&Row::ggml_cpu, 2.0, r.exact ? ">= 2x ggml cpu (kvsnap: its exact requantizer)" : ">= 2x ggml cpu"};
+  }
   if (r.name == "f16-iq4_nl") {  // 50x at AVX2 (issue 13); the AVX-512 kernel's own target is 100x
     if (l == simd::Level::kAvx512) return {&Row::ggml_ref, 100.0, ">= 100x ggml's reference path"};
     return {&Row::ggml_ref, 50.0, ">= 50x ggml's reference path"};
@@ -716,26 +724,51 @@ int run(const Options& opt, std::vector<Row>* table_out) {
     row.rotation = plan->step == RotationStep::kNone ? "none"
                                                      : std::string(to_string(plan->step)) + " " + std::to_string(plan->n_rot);
     std::vector<std::byte> out(rows * out_row);
+    // What `kvsnap convert` runs for this pair (migrate/convert_state.cc): quantized -> quantized in
+    // one rotation domain goes through ExactRequantizer (blocks the target holds exactly are kept,
+    // the others get the smaller error of ggml's reference block and a scale search), everything
+    // else through RowConverter. The kvsnap cells time that path; an exact row also times
+    // RowConverter (the reference requantization) beside it.
+    row.exact = plan->step == RotationStep::kNone && exact_requant_applies(st, dt);
+    if (row.exact) row.rotation += " (exact requant.)";
+    using ConvertFn = std::function<void(std::span<const std::byte>, std::span<std::byte>)>;
+    auto make_converter = [&]() -> ConvertFn {
+      if (row.exact) {
+        auto e = std::make_shared<ExactRequantizer>(*ExactRequantizer::make(st, dt, n));
+        return [e](std::span<const std::byte> in, std::span<std::byte> o) { (void)e->convert(in, o); };
+      }
+      auto r = std::make_shared<RowConverter>(*RowConverter::make(st, dt, n, *plan));
+      return [r](std::span<const std::byte> in, std::span<std::byte> o) { (void)r->convert(in, o); };
+    };
 
     // The one-thread cells (kvsnap, memcpy, ggml's paths) are timed together at the end of the
     // row, their rounds interleaved (time_loops).
     std::vector<Loop> one_thread;
     // kvsnap, one thread
-    RowConverter conv1 = *RowConverter::make(st, dt, n, *plan);
+    const ConvertFn ours1 = make_converter();
     one_thread.push_back(Loop{n_chunks, [&](size_t i) -> uint64_t {
-                                (void)conv1.convert(std::span<const std::byte>(src.data() + i * in_chunk, in_chunk),
-                                                    std::span<std::byte>(out.data() + i * out_chunk, out_chunk));
+                                ours1(std::span<const std::byte>(src.data() + i * in_chunk, in_chunk),
+                                      std::span<std::byte>(out.data() + i * out_chunk, out_chunk));
                                 return in_chunk;
                               },
                               &row.ours1});
+    RowConverter conv1 = *RowConverter::make(st, dt, n, *plan);  // also checked against ggml below
+    if (row.exact) {
+      one_thread.push_back(Loop{n_chunks, [&](size_t i) -> uint64_t {
+                                  (void)conv1.convert(std::span<const std::byte>(src.data() + i * in_chunk, in_chunk),
+                                                      std::span<std::byte>(out.data() + i * out_chunk, out_chunk));
+                                  return in_chunk;
+                                },
+                                &row.rows1});
+    }
     // kvsnap, all threads
     {
-      std::vector<RowConverter> convs;
-      for (unsigned w = 0; w < n_threads; w++) convs.push_back(*RowConverter::make(st, dt, n, *plan));
+      std::vector<ConvertFn> convs;
+      for (unsigned w = 0; w < n_threads; w++) convs.push_back(make_converter());
       row.oursN = time_threads(n_threads, n_chunks, tm, [&](unsigned w) {
         return [&, w](size_t i) -> uint64_t {
-          (void)convs[w].convert(std::span<const std::byte>(src.data() + i * in_chunk, in_chunk),
-                                 std::span<std::byte>(out.data() + i * out_chunk, out_chunk));
+          convs[w](std::span<const std::byte>(src.data() + i * in_chunk, in_chunk),
+                   std::span<std::byte>(out.data() + i * out_chunk, out_chunk));
           return in_chunk;
         };
       });
@@ -874,6 +907,19 @@ int run(const Options& opt, std::vector<Row>* table_out) {
                 fmt_rate(r.ggml_cpu).c_str(), fmt_rate(r.memcpy_).c_str(), fmt_ratio(r.ours1, r.ggml_ref).c_str(),
                 fmt_ratio(r.ours1, r.ggml_cpu).c_str(), fmt_ratio(r.ours1, r.memcpy_).c_str(),
                 fmt_ratio(r.oursN, r.ours1, true).c_str());
+  }
+  bool any_exact = false;
+  for (const Row& r : table) any_exact = any_exact || r.exact;
+  if (any_exact) {
+    std::printf("\nQuantized -> quantized rows above are ExactRequantizer's (what kvsnap convert runs: exact blocks kept, "
+                "the others the smaller error of ggml's reference block and a scale search); RowConverter, the "
+                "reference requantization (ggml_quantize_chunk's bytes, checked against ggml), one thread:\n\n");
+    std::printf("| conversion | RowConverter 1T | / ggml cpu | exact / RowConverter |\n| --- | ---: | ---: | ---: |\n");
+    for (const Row& r : table) {
+      if (!r.exact) continue;
+      std::printf("| %s | %s | %s | %s |\n", r.name.c_str(), fmt_rate(r.rows1).c_str(),
+                  fmt_ratio(r.rows1, r.ggml_cpu).c_str(), fmt_ratio(r.ours1, r.rows1).c_str());
+    }
   }
   if (opt.state) {
     std::printf("\nconvert_state() end to end (in-memory ggsq v3 slot, 4 layers, K and V, head_dim %u: K n_rot %u, V "
