@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
 #include "base/simd_level.h"
+#include "test_inputs.h"
 
 namespace kvsnap {
 namespace {
@@ -127,6 +130,58 @@ TEST(ExactRequant, DirectPathEqualsTheGeneralOne) {
       EXPECT_EQ(fast->blocks_requantized(), general->blocks_requantized());
       EXPECT_GT(general->blocks_requantized(), 0u) << "the zero / inf / NaN scales take the general path";
     }
+  }
+  simd::set_level(was);
+}
+
+// The requantizer's bytes for every pair, pinned: the scale search is a chain of float and
+// double operations whose order decides near ties, so a change that alters any choice shows up
+// here. The hashes come from the search as it was before it scored candidates as it found them,
+// four at a time, without libm calls (those changes kept every byte). KVSNAP_PRINT_PINNED=1
+// prints the table this code gives.
+TEST(ExactRequant, BytesArePinned) {
+  struct Want {
+    const char *src, *dst, *hash;
+  };
+  static const Want kWant[] = {
+#include "exact_requant_pinned.inc"
+  };
+  const bool print = std::getenv("KVSNAP_PRINT_PINNED") != nullptr;
+  const simd::Level was = simd::level();
+  for (size_t l = 0; l < simd::kLevelCount; ++l) {
+    if (!simd::supported(simd::Level(l))) continue;
+    ASSERT_TRUE(simd::set_level(simd::Level(l)));
+    size_t checked = 0;
+    for (const TypeTraits& s : type_traits()) {
+      for (const TypeTraits& d : type_traits()) {
+        if (!exact_requant_applies(s, d)) continue;
+        uint64_t h = 0xcbf29ce484222325ull;
+        // No infinite or NaN values or scales: which NaN an operation makes is the hardware's
+        // (x86-64 and aarch64 differ; tests/cross/run.sh), and these bytes hold on both.
+        for (testing::Dist dist : {testing::Dist::kKvLike, testing::Dist::kGauss, testing::Dist::kSparse,
+                                   testing::Dist::kOutliers, testing::Dist::kTinyScale}) {
+          const std::vector<float> x = testing::random_rows(dist, 3, 4, 256);
+          std::vector<std::byte> src(x.size() / 32 * s.block_bytes());
+          s.from_f32(x.data(), src.data(), x.size());
+          auto r = ExactRequantizer::make(s, d, 256);
+          ASSERT_TRUE(r.ok());
+          std::vector<std::byte> out(4 * r->dst_row_bytes());
+          ASSERT_TRUE(r->convert(src, out).ok());
+          h = testing::fnv1a_of(out, h);
+        }
+        char hex[17];
+        std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+        if (print && l == 0) std::printf("    {\"%s\", \"%s\", \"%s\"},\n", std::string(s.name()).c_str(),
+                                         std::string(d.name()).c_str(), hex);
+        for (const Want& w : kWant) {
+          if (s.name() == w.src && d.name() == w.dst) {
+            EXPECT_EQ(std::string(hex), w.hash) << s.name() << " -> " << d.name() << " at " << simd::level_name(simd::Level(l));
+            ++checked;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(checked, std::size(kWant)) << "every pinned pair is still a pair the requantizer takes";
   }
   simd::set_level(was);
 }
