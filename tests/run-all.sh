@@ -4,7 +4,9 @@
 #   cached outside the checkout), 3. build and every test, 3b. the base, store and serve unit
 #   tests against src/base/os.cc's generic POSIX branch (KVSNAP_OS_GENERIC_POSIX), 4. the unit tests
 #   again under AddressSanitizer + UndefinedBehaviorSanitizer, 4b. the kernel layers cross-built
-#   for aarch64 and tested under qemu-user (tests/cross/run.sh), 4c. the whole tree with clang 16 +
+#   for aarch64 and tested under qemu-user (tests/cross/run.sh), 4b'. the main build's unit tests,
+#   kvsnap-simd-check and a CLI round trip under qemu-x86_64 as CPUs without AVX-512 / without AVX
+#   (tests/cross/x86-cpus.sh), 4c. the whole tree with clang 16 +
 #   libc++ and its unit tests (the macOS proxy, docs/portability.md), 5. every
 #   libFuzzer target (tests/fuzz) on its regression inputs and for a fixed
 #   time (KVSNAP_FUZZ_SECONDS per target, 30 by default).
@@ -75,6 +77,11 @@ echo "== aarch64: cross build, unit + golden tests and kvsnap-simd-check (NEON) 
 bash tests/cross/run.sh build-aarch64
 # The same with clang 16 (tests/cross/aarch64-clang.cmake, the Apple clang proxy) passes too, but takes
 # several times as long under qemu: run by hand, not here (docs/portability.md, "What was proven").
+
+echo "== x86-64 CPUs below this one: AVX2 without AVX-512 and SHA-NI (Haswell), SSE4.2 only (Nehalem), under qemu-x86_64 =="
+# tests/cross/x86-cpus.sh: the level and SHA-256 kernel chosen from CPUID alone, no instruction the
+# CPU lacks on any path (SIGILL), the same bytes. Uses build/ from above; ~7 min on 2 cores.
+bash tests/cross/x86-cpus.sh build
 
 echo "== clang 16 + libc++: every target, warnings as errors, and the unit tests (the macOS proxy) =="
 # macOS has only libc++ and Apple clang (docs/portability.md). Debug without debug info: the quickest
