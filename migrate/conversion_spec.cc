@@ -160,6 +160,9 @@ Result<ConvertRequest> make_request(const ConversionSpec& spec, const StateFile&
   KV_ASSIGN_OR_RETURN(req.format, parse_target_format(spec.format));
   req.threads = spec.threads > 0 ? uint32_t(spec.threads) : default_threads();
   req.report = spec.report;
+  if (!spec.requant.empty()) {
+    KV_ASSIGN_OR_RETURN(req.requant, parse_requant_mode(spec.requant));
+  }
   KV_RETURN_IF_ERROR(set_geometry(spec, src, model, req));
   KV_RETURN_IF_ERROR(set_target_build(spec, src, req));
   KV_RETURN_IF_ERROR(check_upgrade(src, model, req, src_name, warnings));

@@ -408,18 +408,21 @@ struct RowWorkspace {
 // Converts rows with one RowConverter per worker and optional error stats.
 class RowPipeline {
  public:
-  static Result<RowPipeline> make(const SidePlan& p, uint32_t threads, bool report) {
+  static Result<RowPipeline> make(const SidePlan& p, uint32_t threads, bool report, RequantMode requant) {
     RowPipeline rp;
     rp.plan_ = p;
     rp.report_ = report;
     // Between two quantized types in the same rotation domain, keep every
-    // block that the target can hold exactly (migrate/exact_requant.h).
-    const bool exact = p.rot.step == RotationStep::kNone && exact_requant_applies(*p.src, *p.dst);
+    // block that the target can hold exactly (migrate/exact_requant.h), unless
+    // the request asks for the reference requantization.
+    const bool exact = requant != RequantMode::kReference && p.rot.step == RotationStep::kNone &&
+                       exact_requant_applies(*p.src, *p.dst);
     for (uint32_t i = 0; i < std::max(1u, threads); ++i) {
       KV_ASSIGN_OR_RETURN(RowConverter c, RowConverter::make(*p.src, *p.dst, p.n_elems, p.rot));
       rp.workers_.push_back(std::move(c));
       if (exact) {
-        KV_ASSIGN_OR_RETURN(ExactRequantizer e, ExactRequantizer::make(*p.src, *p.dst, p.n_elems));
+        KV_ASSIGN_OR_RETURN(ExactRequantizer e, ExactRequantizer::make(*p.src, *p.dst, p.n_elems,
+                                                                       /*search=*/requant == RequantMode::kSearch));
         rp.exact_.push_back(std::move(e));
       }
     }
@@ -520,7 +523,7 @@ class ConvertingSource final : public TensorSource {
     if (!ref.is_v) {
       KV_ASSIGN_OR_RETURN(plan, plan_side(src_, target, req_, ref.section, ref.layer, false, sl.k_type, tl.k_type,
                                           *layer_n_embd_k(sl)));
-      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(plan, req_.threads, req_.report));
+      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(plan, req_.threads, req_.report, req_.requant));
       KV_RETURN_IF_ERROR(rows_to_rows(rp, sl.k, n_cells, out));
       record(ref, false, plan, rp);
       return Status::OK();
@@ -528,7 +531,7 @@ class ConvertingSource final : public TensorSource {
     const uint64_t n_embd = *layer_n_embd_v(sl, ss.v_trans);
     KV_ASSIGN_OR_RETURN(plan, plan_side(src_, target, req_, ref.section, ref.layer, true, sl.v_type, tl.v_type, n_embd));
     if (!ss.v_trans && !ts.v_trans) {
-      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(plan, req_.threads, req_.report));
+      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(plan, req_.threads, req_.report, req_.requant));
       KV_RETURN_IF_ERROR(rows_to_rows(rp, sl.v, n_cells, out));
       record(ref, true, plan, rp);
     } else if (ss.v_trans && ts.v_trans) {
@@ -539,15 +542,15 @@ class ConvertingSource final : public TensorSource {
       }
       SidePlan cols = plan;
       cols.n_elems = n_cells;
-      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(cols, req_.threads, req_.report));
+      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(cols, req_.threads, req_.report, req_.requant));
       KV_RETURN_IF_ERROR(rows_to_rows(rp, sl.v, n_embd, out));
       record(ref, true, plan, rp);
     } else if (ss.v_trans && !ts.v_trans) {
-      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(plan, req_.threads, req_.report));
+      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(plan, req_.threads, req_.report, req_.requant));
       KV_RETURN_IF_ERROR(columns_to_rows(rp, sl, n_cells, n_embd, out));
       record(ref, true, plan, rp);
     } else {
-      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(plan, req_.threads, req_.report));
+      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(plan, req_.threads, req_.report, req_.requant));
       KV_RETURN_IF_ERROR(rows_to_columns(rp, sl, tl, n_cells, n_embd, out));
       record(ref, true, plan, rp);
     }
@@ -780,6 +783,21 @@ Result<ConvertResult> convert_state(const StateFile& src, const ReadableFile& in
   res.bytes_out = count.count;
   res.layers = std::move(tensors.reports);
   return res;
+}
+
+const char* requant_mode_name(RequantMode m) {
+  switch (m) {
+    case RequantMode::kSearch: return "search";
+    case RequantMode::kExact: return "exact";
+    case RequantMode::kReference: return "reference";
+  }
+  return "?";
+}
+
+Result<RequantMode> parse_requant_mode(const std::string& word) {
+  for (RequantMode m : {RequantMode::kSearch, RequantMode::kExact, RequantMode::kReference})
+    if (word == requant_mode_name(m)) return m;
+  return Status::InvalidArgument("{--requant} must be search, exact or reference, not '" + word + "'");
 }
 
 }  // namespace kvsnap

@@ -85,6 +85,20 @@ struct RotationGeometry {
   bool known() const { return !k_head_dim.empty(); }
 };
 
+// How quantized -> quantized blocks are made when both ends are in one rotation domain
+// (migrate/exact_requant.h). Every mode keeps float -> quantized ggml_quantize_chunk's.
+enum class RequantMode {
+  kSearch,     // a block the target holds exactly is kept; the others: the smaller error of ggml's
+               // reference block and a scale search (the default; ~10 MB/s a thread where blocks
+               // do not embed, docs/performance.md)
+  kExact,      // kept where exact, else ggml's reference block (no search)
+  kReference,  // ggml's reference requantization of every decoded block (RowConverter: fastest;
+               // blocks that could be kept exactly are requantized too)
+};
+// "search" | "exact" | "reference", and back (kInvalidArgument names the words).
+const char* requant_mode_name(RequantMode m);
+Result<RequantMode> parse_requant_mode(const std::string& word);
+
 struct ConvertRequest {
   std::optional<int32_t> k_type;     // nullopt: keep each layer's
   std::optional<int32_t> v_type;
@@ -103,6 +117,7 @@ struct ConvertRequest {
   RotationGeometry geometry;         // from --model or --head-dim-k/v
   uint32_t threads = 1;
   bool report = false;               // collect per-layer error statistics
+  RequantMode requant = RequantMode::kSearch;
 };
 
 // Per layer and side: how the conversion went.

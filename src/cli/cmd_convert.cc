@@ -46,6 +46,7 @@ ConversionSpec spec_of(const ConvertOptions& o) {
   c.ctv = o.ctv;
   c.flash_attn = o.flash_attn;
   c.rotation = o.rotation;
+  c.requant = o.requant;
   c.src_rotation = o.src_rotation;
   c.dst_rotation = o.dst_rotation;
   c.format = o.format;
@@ -102,6 +103,7 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
   j["bytes_out"] = res.bytes_out;
   j["seconds"] = secs;
   j["threads"] = req.threads;
+  j["requant"] = requant_mode_name(req.requant);
   j["source"] = {{"format", state_format_name(src)}, {"ctk", state_types(src, false)}, {"ctv", state_types(src, true)},
                  {"v_layout", state_v_layout(src)}};
   j["target"] = {{"format", state_format_name(res.target)}, {"ctk", state_types(res.target, false)},
@@ -171,6 +173,12 @@ void setup_convert(CLI::App& app, int& exit_status) {
   sub->add_option("--rotation", o->rotation,
                   "auto|on|off: whether the llama.cpp at both ends rotates quantized caches (see below)");
   add_source_options(sub, o->src_rotation, o->source_build, "the input");
+  sub->add_option("--requant", o->requant,
+                  "quantized -> quantized blocks: search (default: a block the target holds exactly is kept, the "
+                  "others get the smaller error of ggml's reference block and a scale search; slow where blocks do "
+                  "not fit, e.g. q8_0 -> q4_0 ~10 MB/s a thread), exact (kept where exact, else the reference "
+                  "block), reference (ggml's reference requantization of every block: fastest, GB/s)")
+      ->check(CLI::IsMember({"search", "exact", "reference"}));
   sub->add_option("--dst-rotation", o->dst_rotation,
                   "auto|on|off for the output only (off: the target server runs with LLAMA_ATTN_ROT_DISABLE=1)");
   add_target_build_option(sub, o->target_build, "the output");

@@ -36,6 +36,7 @@ std::string llama_only_options(const ConvertOptions& o) {
   note(!o.flash_attn.empty(), "--flash-attn");
   note(!o.rotation.empty() || !o.src_rotation.empty() || !o.dst_rotation.empty(), "--rotation/--src-rotation/--dst-rotation");
   note(!o.format.empty(), "--format");
+  note(!o.requant.empty(), "--requant");
   note(!o.source_build.empty() || !o.target_build.empty(), "--source-build/--target-build");
   note(o.head_dim_k || o.head_dim_v, "--head-dim-k/--head-dim-v");
   note(!o.input_format.empty(), "--input-format");

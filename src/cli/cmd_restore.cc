@@ -11,7 +11,7 @@ namespace kvsnap::cli {
 namespace {
 
 struct RestoreOpts {
-  std::string ref, out, ctk, ctv, flash_attn, format, rotation, model, store;
+  std::string ref, out, ctk, ctv, flash_attn, format, rotation, requant, model, store;
   std::string src_rotation, source_build;  // of the stored file (convert --help)
   std::string target_build;                // of the llama.cpp that loads it
   std::string kv_bits, mlx_device, mlx_lm;  // mlx-lm snapshots (kvsnap convert --help)
@@ -97,6 +97,7 @@ Status run_restore(const RestoreOpts& o, std::string& out) {
   req.spec.flash_attn = o.flash_attn;
   req.spec.format = o.format;
   req.spec.rotation = o.rotation;
+  req.spec.requant = o.requant;
   req.spec.src_rotation = o.src_rotation;
   req.spec.source_build = o.source_build;
   req.spec.target_build = o.target_build;
@@ -142,6 +143,8 @@ void setup_restore(CLI::App& app, int& exit_status) {
     sub->add_option("--flash-attn,--fa", o->flash_attn, "on|off of that server (default: as stored; with --server: detected)");
     sub->add_option("--format", o->format, "output format: " + target_format_names());
     sub->add_option("--rotation", o->rotation, "auto|on|off (see kvsnap convert --help)");
+    sub->add_option("--requant", o->requant, "search|exact|reference (see kvsnap convert --help)")
+        ->check(CLI::IsMember({"search", "exact", "reference"}));
     add_source_options(sub, o->src_rotation, o->source_build, "the stored file (default: as recorded at save)");
     add_target_build_option(sub, o->target_build, "the file (with --server, default: the server's /props build_info)");
     sub->add_option("--tokens", o->tokens,

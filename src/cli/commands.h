@@ -45,6 +45,7 @@ struct ConvertOptions {
   std::string model;
   std::string flash_attn;        // "", "on", "off"
   std::string rotation, src_rotation, dst_rotation;  // "", auto, on, off
+  std::string requant;           // "", search, exact, reference (migrate/convert_state.h)
   std::string format;            // "" = current
   std::string source_build, target_build;  // "" = unknown / not named
   std::string input_format;
@@ -74,7 +75,7 @@ Status run_convert_cross(const ConvertOptions& opts, std::string& out);
 
 struct MigrateOptions {
   std::string dir;
-  std::string ctk, ctv, flash_attn, format, rotation;
+  std::string ctk, ctv, flash_attn, format, rotation, requant;
   std::string src_rotation, source_build, target_build;  // as for convert
   std::string model;
   ServerOpts srv;                // --server: the target's build, and a profile's dir, types and model

@@ -48,6 +48,7 @@ std::string llama_restore_fields(const RestoreRequest& req) {
   note(given, !s.ctk.empty() || !s.ctv.empty(), "{--ctk}/{--ctv}");
   note(given, !s.flash_attn.empty(), "{--flash-attn}");
   note(given, !s.format.empty(), "{--format}");
+  note(given, !s.requant.empty(), "{--requant}");
   note(given, !s.rotation.empty() || !s.src_rotation.empty() || !s.dst_rotation.empty(), "{--rotation}");
   note(given, !s.source_build.empty() || !s.target_build.empty(), "{--source-build}/{--target-build}");
   note(given, s.head_dim_k || s.head_dim_v, "head dims");

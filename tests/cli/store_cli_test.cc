@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "archive_edit.h"
 #include "base/sha256.h"
 #include "store/archive.h"
@@ -436,6 +438,63 @@ TEST_F(StoreCli, DoctorNamesTheSha256Kernel) {
   EXPECT_EQ(r.code, 0) << "a warning: " << r.out << r.err;
   EXPECT_NE(r.out.find("KVSNAP_SHA=md5 is not a kernel this CPU runs"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("unset KVSNAP_SHA, or set it to one of: openssl"), std::string::npos) << r.out;
+}
+
+// --requant (convert, restore): how quantized -> quantized blocks are made. A K of q4_0 goes to
+// q8_0 (every block embeds exactly) and a V of q8_0 to q4_0 (none does): `search` (the default)
+// and `exact` keep K's blocks, `reference` requantizes them all; restore passes the word on.
+TEST_F(StoreCli, RequantChoosesHowQuantizedBlocksAreMade) {
+  const fs::path fx = fs::path(KVSNAP_SOURCE_DIR) / "fixtures";
+  const std::string model = (fx / "models/tiny-hd128.gguf").string();
+  const std::string slot = (fx / "v0.5.0/hd128-q4_0-q8_0-faon.slot").string();
+  auto convert = [&](const std::string& mode, nlohmann::json& j) {
+    const fs::path out = dir_ / ("requant-" + mode + ".slot"), js = dir_ / ("requant-" + mode + ".json");
+    const std::string cmd = std::string(KVSNAP_BINARY) + " convert " + slot + " " + out.string() +
+                            " --ctk q8_0 --ctv q4_0 --model " + model + (mode.empty() ? "" : " --requant " + mode) +
+                            " --json >" + js.string() + " 2>&1";
+    const int rc = std::system(cmd.c_str());
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 0) j = nlohmann::json::parse(slurp(js));
+    return std::make_pair(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(out));
+  };
+  // blocks kept exactly, and requantized, over one side's layers
+  auto blocks = [](const nlohmann::json& j, const char* side) {
+    uint64_t exact = 0, requantized = 0;
+    for (const auto& l : j["layers"]) {
+      if (l["side"] != side) continue;
+      exact += l["blocks_exact"].get<uint64_t>();
+      requantized += l["blocks_requantized"].get<uint64_t>();
+    }
+    return std::make_pair(exact, requantized);
+  };
+  nlohmann::json def, search, exact, reference;
+  auto [rc_def, bytes_def] = convert("", def);
+  auto [rc_search, bytes_search] = convert("search", search);
+  auto [rc_exact, bytes_exact] = convert("exact", exact);
+  auto [rc_ref, bytes_ref] = convert("reference", reference);
+  ASSERT_EQ(rc_def, 0);
+  ASSERT_EQ(rc_search, 0);
+  ASSERT_EQ(rc_exact, 0);
+  ASSERT_EQ(rc_ref, 0);
+  EXPECT_EQ(def["requant"], "search");
+  EXPECT_EQ(reference["requant"], "reference");
+  EXPECT_TRUE(bytes_def == bytes_search) << "search is the default";
+  EXPECT_GT(blocks(search, "K").first, 0u);
+  EXPECT_EQ(blocks(search, "K").second, 0u) << "every q4_0 block is a q8_0 block";
+  EXPECT_EQ(blocks(exact, "K"), blocks(search, "K"));
+  EXPECT_GT(blocks(search, "V").second, 0u);
+  EXPECT_EQ(blocks(reference, "K").first, 0u) << "reference keeps nothing exactly";
+  EXPECT_EQ(blocks(reference, "V").first, 0u);
+  EXPECT_FALSE(bytes_ref == bytes_search) << "K's blocks are requantized under reference";
+  EXPECT_FALSE(bytes_ref == bytes_exact);
+
+  nlohmann::json unused;
+  EXPECT_EQ(convert("fastest", unused).first, 2) << "an unknown word is a usage error";
+
+  ASSERT_EQ(kv("save " + slot + " --name rq --model " + model).code, 0);
+  const fs::path out = dir_ / "restored-reference.slot";
+  KvRun r = kv("restore rq -o " + out.string() + " --ctk q8_0 --ctv q4_0 --model " + model + " --requant reference");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(slurp(out) == bytes_ref) << "restore --requant reference writes what convert does";
 }
 
 // `save --source-build` checks the build against the file, records it in the snapshot, and restores
