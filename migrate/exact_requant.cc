@@ -375,12 +375,47 @@ void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
   };
   static constexpr float kFactors[] = {0.88f, 0.91f, 0.94f, 0.96f, 0.97f, 0.98f, 0.99f, 0.995f,
                                        1.005f, 1.01f, 1.02f, 1.03f, 1.04f, 1.06f, 1.09f, 1.12f};
-  static_assert(std::size(kFactors) % 4 == 0);
+  static_assert(std::size(kFactors) % 8 == 0);
   const uint16_t m_ref = offset ? load_u16(best + 2) : 0;
-  for (size_t f = 0; f < std::size(kFactors); f += 4) {
-    uint16_t d16[4];
-    for (int k = 0; k < 4; ++k) d16[k] = half::f32_to_fp16(d_ref * kFactors[f + k]);
-    consider4(d16, m_ref);
+  if (const simd::RequantScore8Fn score8 = simd::find_requant_score8()) {
+    // Eight at a time in SIMD lanes (simd_kernels.h), kept in order as consider4 keeps them.
+    const float m = offset ? half::fp16_to_f32(m_ref) : 0.0f;
+    int lo = 0, hi = offset ? offset_top(dt) : 0;
+    if (!offset) sym_range(dt, lo, hi);
+    const simd::RequantGrid grid = dt == GgmlType::kIQ4_NL ? simd::RequantGrid::kIq4nl
+                                   : offset                ? simd::RequantGrid::kOffset
+                                                           : simd::RequantGrid::kSymmetric;
+    for (size_t f = 0; std::isfinite(m) && f < std::size(kFactors); f += 8) {
+      uint16_t d16[8];
+      float d[8];
+      bool ok[8];
+      for (int k = 0; k < 8; ++k) {
+        d16[k] = half::f32_to_fp16(d_ref * kFactors[f + k]);
+        d[k] = half::fp16_to_f32(d16[k]);
+        ok[k] = std::fabs(d[k]) > 0 && std::isfinite(d[k]);
+      }
+      double e[8];
+      int32_t levels[kBlock * 8];
+      if (!score8(x, m, d, lo, hi, grid, best_err, e, levels, ok)) continue;
+      for (int k = 0; k < 8; ++k) {
+        if (!ok[k] || !(e[k] < best_err)) continue;
+        int q[kBlock];
+        for (int i = 0; i < kBlock; ++i) q[i] = levels[8 * i + k];
+        if (offset) {
+          encode_offset(dt, d16[k], m_ref, q, cand);
+        } else if (!build(dt, d16[k], q, cand, x)) {
+          continue;
+        }
+        best_err = e[k];
+        std::memcpy(best, cand, dst_->block_bytes());
+      }
+    }
+  } else {
+    for (size_t f = 0; f < std::size(kFactors); f += 4) {
+      uint16_t d16[4];
+      for (int k = 0; k < 4; ++k) d16[k] = half::f32_to_fp16(d_ref * kFactors[f + k]);
+      consider4(d16, m_ref);
+    }
   }
   // Then least-squares refinements of the best: with its levels fixed, the
   // scale (and offset) that fit the values best; consider() re-picks levels.

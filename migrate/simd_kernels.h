@@ -64,6 +64,20 @@ using FindEmbedQ8_0Fn = EmbedQ8_0Fn (*)(GgmlType src);
 // scalar loop.
 EmbedQ8_0Fn find_embed_q8_0(GgmlType src);
 
+// ExactRequantizer's scale search (migrate/exact_requant.cc): scores 8 candidate scales d[0..7]
+// (one offset m for all) of one block of 32 values x, each lane exactly as the scalar search
+// scores one: the level of x[i] is the nearest on the target's grid of (x[i] - m) / d[k] (round
+// half to even, clamped to [lo, hi], 0 where not finite; kIq4nl: the first nearest of the 16
+// iq4_nl levels, and a non-finite quotient marks the candidate unusable: ok[k] = false), its
+// decoded value level * d[k] (+ m for kOffset, two roundings), and e[k] the sum over i, in
+// order, of (double(x[i]) - double(decoded))^2. Writes levels[i * 8 + k] and e[k]; returns false
+// (levels and e incomplete) when it stopped because no e[k] could get below best_err.
+enum class RequantGrid { kSymmetric, kOffset, kIq4nl };
+using RequantScore8Fn = bool (*)(const float* x, float m, const float* d, int lo, int hi, RequantGrid grid,
+                                 double best_err, double* e, int32_t* levels, bool* ok);
+// The kernel at the current level or the nearest level below it, or nullptr: the scalar search.
+RequantScore8Fn find_requant_score8();
+
 // What one SIMD level brings besides its row codecs (those are its column of the codec table
 // in migrate/type_traits.cc). One row per Level in simd_kernels.cc's kLevels.
 struct LevelKernels {
@@ -74,6 +88,7 @@ struct LevelKernels {
   MlxQuantizeFn mlx_quantize;     // MLX affine rows; nullptr: the level below's
   MlxDequantizeFn mlx_dequantize;
   FindEmbedQ8_0Fn find_embed_q8_0;  // nullptr: no direct-path kernels at this level
+  RequantScore8Fn requant_score8;   // nullptr: the level below's (the scalar level: none)
 };
 const LevelKernels& level_kernels(Level l);
 
@@ -117,6 +132,9 @@ void hadamard_avx2(float* x, size_t n, uint32_t n_rot);  // n_rot >= 8
 
 // q4_0 / q5_0 / iq4_nl -> q8_0 blocks for ExactRequantizer's direct path (EmbedQ8_0Fn above)
 EmbedQ8_0Fn find_embed_q8_0_avx2(GgmlType src);
+// ExactRequantizer's scale search, 8 candidates in the lanes (RequantScore8Fn above)
+bool requant_score8_avx2(const float* x, float m, const float* d, int lo, int hi, RequantGrid grid, double best_err,
+                         double* e, int32_t* levels, bool* ok);
 
 // roundf(x[i]) converted to int32 the way the AVX2 quantizers compute it (exposed for
 // kvsnap-simd-check's exhaustive comparison with roundf), n a multiple of 8.

@@ -2,6 +2,8 @@
 
 // AVX2 + FMA + F16C kernels (x86-64-v3), simd::Level::kAvx2. See x86_common.h for the rules.
 
+#include <limits>
+
 #include "migrate/kernels/x86_common.h"
 
 #ifdef KVSNAP_SIMD_X86
@@ -221,6 +223,62 @@ EmbedQ8_0Fn find_embed_q8_0_avx2(GgmlType src) {
     case GgmlType::kIQ4_NL: return iq4_nl_embed_q8_0;
     default: return nullptr;
   }
+}
+
+// ExactRequantizer's scale search: 8 candidate scales in the lanes, each lane the scalar
+// search's arithmetic in its order (simd_kernels.h, RequantScore8Fn)
+KV_AVX2 bool requant_score8_avx2(const float* x, float m, const float* d, int lo, int hi, RequantGrid grid,
+                                 double best_err, double* e, int32_t* levels, bool* ok) {
+  const __m256 vd = _mm256_loadu_ps(d), vm = _mm256_set1_ps(m);
+  const __m256 vlo = _mm256_set1_ps(float(lo)), vhi = _mm256_set1_ps(float(hi));
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  const __m256d best = _mm256_set1_pd(best_err);
+  __m256d e_lo = _mm256_setzero_pd(), e_hi = _mm256_setzero_pd();
+  __m256 unusable = _mm256_setzero_ps();  // kIq4nl: lanes that met a non-finite quotient
+  for (int i = 0; i < 32; ++i) {
+    const __m256 r = _mm256_div_ps(_mm256_sub_ps(_mm256_set1_ps(x[i]), vm), vd);
+    __m256 level;
+    if (grid == RequantGrid::kIq4nl) {
+      const __m256 finite = _mm256_cmp_ps(_mm256_and_ps(r, abs_mask), inf, _CMP_LT_OQ);
+      unusable = _mm256_or_ps(unusable, _mm256_cmp_ps(finite, _mm256_setzero_ps(), _CMP_EQ_OQ));
+      // nearest_iq4nl: the first of the 16 levels with the smallest |r - level|
+      __m256 nearest = _mm256_set1_ps(float(kIQ4NLValues[0]));
+      __m256 best_dist = _mm256_and_ps(_mm256_sub_ps(r, nearest), abs_mask);
+      for (int k = 1; k < 16; ++k) {
+        const __m256 lk = _mm256_set1_ps(float(kIQ4NLValues[k]));
+        const __m256 dist = _mm256_and_ps(_mm256_sub_ps(r, lk), abs_mask);
+        const __m256 closer = _mm256_cmp_ps(dist, best_dist, _CMP_LT_OQ);
+        best_dist = _mm256_blendv_ps(best_dist, dist, closer);
+        nearest = _mm256_blendv_ps(nearest, lk, closer);
+      }
+      level = _mm256_and_ps(nearest, finite);
+    } else {
+      // nearbyint (round half to even), clamped; 0 where not finite
+      const __m256 n = _mm256_round_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m256 finite = _mm256_cmp_ps(_mm256_and_ps(n, abs_mask), inf, _CMP_LT_OQ);
+      level = _mm256_and_ps(_mm256_min_ps(_mm256_max_ps(n, vlo), vhi), finite);
+    }
+    const __m256i li = _mm256_cvttps_epi32(level);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(levels + 8 * i), li);
+    __m256 decoded = _mm256_mul_ps(_mm256_cvtepi32_ps(li), vd);
+    if (grid == RequantGrid::kOffset) decoded = _mm256_add_ps(decoded, vm);
+    const __m256d xd = _mm256_set1_pd(double(x[i]));
+    const __m256d d0 = _mm256_sub_pd(xd, _mm256_cvtps_pd(_mm256_castps256_ps128(decoded)));
+    const __m256d d1 = _mm256_sub_pd(xd, _mm256_cvtps_pd(_mm256_extractf128_ps(decoded, 1)));
+    e_lo = _mm256_add_pd(e_lo, _mm256_mul_pd(d0, d0));
+    e_hi = _mm256_add_pd(e_hi, _mm256_mul_pd(d1, d1));
+    if ((i & 7) == 7 && _mm256_movemask_pd(_mm256_cmp_pd(e_lo, best, _CMP_LT_OQ)) == 0 &&
+        _mm256_movemask_pd(_mm256_cmp_pd(e_hi, best, _CMP_LT_OQ)) == 0) {
+      return false;  // no lane can get below best_err: the terms are >= 0
+    }
+  }
+  _mm256_storeu_pd(e, e_lo);
+  _mm256_storeu_pd(e + 4, e_hi);
+  const int bad = _mm256_movemask_ps(unusable);
+  for (int k = 0; k < 8; ++k)
+    if (bad & (1 << k)) ok[k] = false;
+  return true;
 }
 
 // =============================================================================================
