@@ -176,7 +176,7 @@ void setup_convert(CLI::App& app, int& exit_status) {
   sub->add_option("--requant", o->requant,
                   "quantized -> quantized blocks: search (default: a block the target holds exactly is kept, the "
                   "others get the smaller error of ggml's reference block and a scale search; slow where blocks do "
-                  "not fit, e.g. q8_0 -> q4_0 ~10 MB/s a thread), exact (kept where exact, else the reference "
+                  "not fit, e.g. q8_0 -> q4_0 ~30 MB/s a thread), exact (kept where exact, else the reference "
                   "block), reference (ggml's reference requantization of every block: fastest, GB/s)")
       ->check(CLI::IsMember({"search", "exact", "reference"}));
   sub->add_option("--dst-rotation", o->dst_rotation,
