@@ -196,6 +196,33 @@ int nearest_iq4nl(float r) {
   return kIq4nlLevels[best];
 }
 
+// One value's level on the target's grid, from its quotient r = (x - m) / d, as the scale
+// search picks it (simd_kernels.h, RequantScore8Fn): false where no level stands for it (iq4_nl
+// and a non-finite r: build() would refuse such a block).
+bool level_for(float r, simd::RequantGrid grid, float lo, float hi, int& level) {
+  if (grid == simd::RequantGrid::kIq4nl) {
+    level = std::isfinite(r) ? nearest_iq4nl(r) : 0;
+    return std::isfinite(r);
+  }
+  // fmin(fmax(n, lo), hi) for a finite n, without the libm calls
+  const float n = nearbyint_inline(r);
+  level = std::isfinite(n) ? int(n < lo ? lo : n > hi ? hi : n) : 0;
+  return true;
+}
+
+// The squared error of x against level * d (+ m for an offset grid), decoded as to_f32 decodes
+// it (two roundings, as ggml's dequantizers), in double.
+double level_error(float x, int level, float d, float m, simd::RequantGrid grid) {
+  const float decoded = grid == simd::RequantGrid::kOffset ? float(level) * d + m : float(level) * d;
+  const double diff = double(x) - double(decoded);
+  return diff * diff;
+}
+
+simd::RequantGrid grid_of_target(GgmlType t) {
+  if (t == GgmlType::kIQ4_NL) return simd::RequantGrid::kIq4nl;
+  return has_offset(t) ? simd::RequantGrid::kOffset : simd::RequantGrid::kSymmetric;
+}
+
 }  // namespace
 
 bool exact_requant_applies(const TypeTraits& src, const TypeTraits& dst) {
@@ -280,35 +307,14 @@ void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
     std::memcpy(db, best, dst_->block_bytes());
     return;
   }
-  // Nearest levels for scale d16 (and offset m16), kept if the block decodes closer. The block's
-  // decoded values are what to_f32 computes from its levels (level * d, + m for an offset type:
-  // two roundings, as ggml's dequantizers), so each value's error is added as its level is
-  // found, in sse()'s order, and the candidate is dropped as soon as the partial sum reaches
-  // best_err (the terms are >= 0, so a rounded sum never falls: it could not win). Only a winner
-  // is packed. The same choices and bytes as packing, decoding and sse() for every candidate.
-  auto consider = [&](uint16_t d16, uint16_t m16) {
-    const float d = half::fp16_to_f32(d16), m = offset ? half::fp16_to_f32(m16) : 0.0f;
-    if (!(std::fabs(d) > 0) || !std::isfinite(d) || !std::isfinite(m)) return;
-    int q[kBlock];
-    int lo = 0, hi = offset ? offset_top(dt) : 0;
-    if (!offset) sym_range(dt, lo, hi);
-    const float flo = float(lo), fhi = float(hi);
-    double e = 0;
-    for (int i = 0; i < kBlock; ++i) {
-      const float r = (x[i] - m) / d;
-      if (dt == GgmlType::kIQ4_NL) {
-        if (!std::isfinite(r)) return;  // no level stands for it: build() refuses such a block
-        q[i] = nearest_iq4nl(r);
-      } else {
-        // fmin(fmax(n, lo), hi) for a finite n, without the libm calls
-        const float n = nearbyint_inline(r);
-        q[i] = std::isfinite(n) ? int(n < flo ? flo : n > fhi ? fhi : n) : 0;
-      }
-      const float decoded = offset ? float(q[i]) * d + m : float(q[i]) * d;
-      const double diff = double(x[i]) - double(decoded);
-      e += diff * diff;
-      if (!(e < best_err)) return;
-    }
+  // Candidate scales d16 (and offset m16) are scored by the levels they give and the error of
+  // the block decoded from them (level_for, level_error: what packing, to_f32 and sse() would
+  // give, in sse()'s order), and kept, in the order they are tried, where the error is below
+  // best_err as it stands by then. Only a winner is packed.
+  const simd::RequantGrid grid = grid_of_target(dt);
+  int lo = 0, hi = offset ? offset_top(dt) : 0;
+  if (!offset) sym_range(dt, lo, hi);
+  auto keep = [&](uint16_t d16, uint16_t m16, const int* q, double e) {
     if (offset) {
       encode_offset(dt, d16, m16, q, cand);
     } else if (!build(dt, d16, q, cand, x)) {
@@ -317,104 +323,45 @@ void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
     best_err = e;
     std::memcpy(best, cand, dst_->block_bytes());
   };
-  // Four candidates sharing the offset m16 at once, as consider() one after the other: each
-  // one's error summed in its own accumulator (four independent chains instead of one: the sum's
-  // latency, not the arithmetic, bounds a lone candidate), then kept in order where it beats
-  // best_err as it stands by then. Dropped together once no partial sum is below best_err.
-  auto consider4 = [&](const uint16_t* d16, uint16_t m16) {
-    const float m = offset ? half::fp16_to_f32(m16) : 0.0f;
-    if (!std::isfinite(m)) return;
-    float d[4];
-    bool ok[4];
-    for (int k = 0; k < 4; ++k) {
-      d[k] = half::fp16_to_f32(d16[k]);
-      ok[k] = std::fabs(d[k]) > 0 && std::isfinite(d[k]);
+  // One candidate, dropped as soon as its partial sum reaches best_err (the terms are >= 0, so
+  // a rounded sum never falls: it could not win).
+  auto consider = [&](uint16_t d16, uint16_t m16) {
+    const float d = half::fp16_to_f32(d16), m = offset ? half::fp16_to_f32(m16) : 0.0f;
+    if (!(std::fabs(d) > 0) || !std::isfinite(d) || !std::isfinite(m)) return;
+    int q[kBlock];
+    double e = 0;
+    for (int i = 0; i < kBlock; ++i) {
+      if (!level_for((x[i] - m) / d, grid, float(lo), float(hi), q[i])) return;
+      e += level_error(x[i], q[i], d, m, grid);
+      if (!(e < best_err)) return;
     }
-    int lo = 0, hi = offset ? offset_top(dt) : 0;
-    if (!offset) sym_range(dt, lo, hi);
-    const float flo = float(lo), fhi = float(hi);
-    int q[4][kBlock];
-    // Candidate k's level for value i, and its squared error as to_f32 decodes it.
-    auto term = [&](int k, int i) -> double {
-      const float r = (x[i] - m) / d[k];
-      int level;
-      if (dt == GgmlType::kIQ4_NL) {
-        if (!std::isfinite(r)) ok[k] = false;  // as consider(): build() refuses such a block
-        level = std::isfinite(r) ? nearest_iq4nl(r) : 0;
-      } else {
-        const float n = nearbyint_inline(r);
-        level = std::isfinite(n) ? int(n < flo ? flo : n > fhi ? fhi : n) : 0;
-      }
-      q[k][i] = level;
-      const float decoded = offset ? float(level) * d[k] + m : float(level) * d[k];
-      const double diff = double(x[i]) - double(decoded);
-      return diff * diff;
-    };
-    double e[4] = {0, 0, 0, 0};
-    {
-      double e0 = 0, e1 = 0, e2 = 0, e3 = 0;  // four registers, four independent chains
-      for (int i = 0; i < kBlock; ++i) {
-        e0 += term(0, i);
-        e1 += term(1, i);
-        e2 += term(2, i);
-        e3 += term(3, i);
-        if ((i & 7) == 7 && !(e0 < best_err) && !(e1 < best_err) && !(e2 < best_err) && !(e3 < best_err)) return;
-      }
-      e[0] = e0, e[1] = e1, e[2] = e2, e[3] = e3;
-    }
-    for (int k = 0; k < 4; ++k) {
-      if (!ok[k] || !(e[k] < best_err)) continue;
-      if (offset) {
-        encode_offset(dt, d16[k], m16, q[k], cand);
-      } else if (!build(dt, d16[k], q[k], cand, x)) {
-        continue;
-      }
-      best_err = e[k];
-      std::memcpy(best, cand, dst_->block_bytes());
-    }
+    keep(d16, m16, q, e);
   };
+  // The 16 factor candidates, eight at a time (the level's RequantScore8Fn: SIMD lanes, or
+  // requant_score8_ref), sharing the reference block's offset.
   static constexpr float kFactors[] = {0.88f, 0.91f, 0.94f, 0.96f, 0.97f, 0.98f, 0.99f, 0.995f,
                                        1.005f, 1.01f, 1.02f, 1.03f, 1.04f, 1.06f, 1.09f, 1.12f};
   static_assert(std::size(kFactors) % 8 == 0);
   const uint16_t m_ref = offset ? load_u16(best + 2) : 0;
-  if (const simd::RequantScore8Fn score8 = simd::find_requant_score8()) {
-    // Eight at a time in SIMD lanes (simd_kernels.h), kept in order as consider4 keeps them.
-    const float m = offset ? half::fp16_to_f32(m_ref) : 0.0f;
-    int lo = 0, hi = offset ? offset_top(dt) : 0;
-    if (!offset) sym_range(dt, lo, hi);
-    const simd::RequantGrid grid = dt == GgmlType::kIQ4_NL ? simd::RequantGrid::kIq4nl
-                                   : offset                ? simd::RequantGrid::kOffset
-                                                           : simd::RequantGrid::kSymmetric;
-    for (size_t f = 0; std::isfinite(m) && f < std::size(kFactors); f += 8) {
-      uint16_t d16[8];
-      float d[8];
-      bool ok[8];
-      for (int k = 0; k < 8; ++k) {
-        d16[k] = half::f32_to_fp16(d_ref * kFactors[f + k]);
-        d[k] = half::fp16_to_f32(d16[k]);
-        ok[k] = std::fabs(d[k]) > 0 && std::isfinite(d[k]);
-      }
-      double e[8];
-      int32_t levels[kBlock * 8];
-      if (!score8(x, m, d, lo, hi, grid, best_err, e, levels, ok)) continue;
-      for (int k = 0; k < 8; ++k) {
-        if (!ok[k] || !(e[k] < best_err)) continue;
-        int q[kBlock];
-        for (int i = 0; i < kBlock; ++i) q[i] = levels[8 * i + k];
-        if (offset) {
-          encode_offset(dt, d16[k], m_ref, q, cand);
-        } else if (!build(dt, d16[k], q, cand, x)) {
-          continue;
-        }
-        best_err = e[k];
-        std::memcpy(best, cand, dst_->block_bytes());
-      }
+  const float m = offset ? half::fp16_to_f32(m_ref) : 0.0f;
+  const simd::RequantScore8Fn score8 = simd::find_requant_score8();
+  for (size_t f = 0; std::isfinite(m) && f < std::size(kFactors); f += 8) {
+    uint16_t d16[8];
+    float d[8];
+    bool ok[8];
+    for (int k = 0; k < 8; ++k) {
+      d16[k] = half::f32_to_fp16(d_ref * kFactors[f + k]);
+      d[k] = half::fp16_to_f32(d16[k]);
+      ok[k] = std::fabs(d[k]) > 0 && std::isfinite(d[k]);
     }
-  } else {
-    for (size_t f = 0; f < std::size(kFactors); f += 4) {
-      uint16_t d16[4];
-      for (int k = 0; k < 4; ++k) d16[k] = half::f32_to_fp16(d_ref * kFactors[f + k]);
-      consider4(d16, m_ref);
+    double e[8];
+    int32_t levels[kBlock * 8];
+    if (!score8(x, m, d, lo, hi, grid, best_err, e, levels, ok)) continue;
+    for (int k = 0; k < 8; ++k) {
+      if (!ok[k] || !(e[k] < best_err)) continue;
+      int q[kBlock];
+      for (int i = 0; i < kBlock; ++i) q[i] = levels[8 * i + k];
+      keep(d16[k], m_ref, q, e[k]);
     }
   }
   // Then least-squares refinements of the best: with its levels fixed, the
@@ -545,5 +492,29 @@ Status ExactRequantizer::convert(std::span<const std::byte> in, std::span<std::b
   }
   return Status::OK();
 }
+
+namespace simd {
+
+// The scalar RequantScore8Fn (the scalar level's row in simd_kernels.cc): lane by lane, eight
+// accumulators, as the SIMD kernels compute it.
+bool requant_score8_ref(const float* x, float m, const float* d, int lo, int hi, RequantGrid grid, double best_err,
+                        double* e, int32_t* levels, bool* ok) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int i = 0; i < kBlock; ++i) {
+    bool any_below = false;
+    for (int k = 0; k < 8; ++k) {
+      int level;
+      if (!level_for((x[i] - m) / d[k], grid, float(lo), float(hi), level)) ok[k] = false;
+      levels[8 * i + k] = level;
+      acc[k] += level_error(x[i], level, d[k], m, grid);
+      any_below = any_below || acc[k] < best_err;
+    }
+    if ((i & 7) == 7 && !any_below) return false;  // no lane can get below best_err
+  }
+  for (int k = 0; k < 8; ++k) e[k] = acc[k];
+  return true;
+}
+
+}  // namespace simd
 
 }  // namespace kvsnap

@@ -25,7 +25,7 @@ constexpr LevelKernels kLevels[] = {
     //  level          Hadamard kernel               min n_rot  fused row kernels
     //                 MLX affine quantize, dequantize, requantizer's direct path and search
     {Level::kScalar, hadamard_ref::rotate, 2, nullptr,  //
-     mlx_affine_quantize_row_ref, mlx_affine_dequantize_row_ref, nullptr, nullptr},
+     mlx_affine_quantize_row_ref, mlx_affine_dequantize_row_ref, nullptr, requant_score8_ref},
     {Level::kAvx2, KVSNAP_X86(hadamard_avx2), 8, KVSNAP_X86(find_fused_avx2),  //
      KVSNAP_X86(mlx_affine_quantize_row_avx2), KVSNAP_X86(mlx_affine_dequantize_row_avx2),
      KVSNAP_X86(find_embed_q8_0_avx2), KVSNAP_X86(requant_score8_avx2)},
@@ -68,11 +68,7 @@ Fn find_in_chain(Fn LevelKernels::*field) {
 MlxQuantizeFn find_mlx_quantize() { return find_in_chain(&LevelKernels::mlx_quantize); }
 MlxDequantizeFn find_mlx_dequantize() { return find_in_chain(&LevelKernels::mlx_dequantize); }
 
-RequantScore8Fn find_requant_score8() {
-  for (Level l = level(); l != Level::kScalar; l = fallback(l))
-    if (RequantScore8Fn fn = level_kernels(l).requant_score8) return fn;
-  return nullptr;
-}
+RequantScore8Fn find_requant_score8() { return find_in_chain(&LevelKernels::requant_score8); }
 
 EmbedQ8_0Fn find_embed_q8_0(GgmlType src) {
   for (Level l = level(); l != Level::kScalar; l = fallback(l)) {

@@ -75,8 +75,11 @@ EmbedQ8_0Fn find_embed_q8_0(GgmlType src);
 enum class RequantGrid { kSymmetric, kOffset, kIq4nl };
 using RequantScore8Fn = bool (*)(const float* x, float m, const float* d, int lo, int hi, RequantGrid grid,
                                  double best_err, double* e, int32_t* levels, bool* ok);
-// The kernel at the current level or the nearest level below it, or nullptr: the scalar search.
+// The kernel at the current level or the nearest level below it (the scalar level's is
+// requant_score8_ref, migrate/exact_requant.cc).
 RequantScore8Fn find_requant_score8();
+bool requant_score8_ref(const float* x, float m, const float* d, int lo, int hi, RequantGrid grid, double best_err,
+                        double* e, int32_t* levels, bool* ok);
 
 // What one SIMD level brings besides its row codecs (those are its column of the codec table
 // in migrate/type_traits.cc). One row per Level in simd_kernels.cc's kLevels.
@@ -88,7 +91,7 @@ struct LevelKernels {
   MlxQuantizeFn mlx_quantize;     // MLX affine rows; nullptr: the level below's
   MlxDequantizeFn mlx_dequantize;
   FindEmbedQ8_0Fn find_embed_q8_0;  // nullptr: no direct-path kernels at this level
-  RequantScore8Fn requant_score8;   // nullptr: the level below's (the scalar level: none)
+  RequantScore8Fn requant_score8;   // nullptr: the level below's
 };
 const LevelKernels& level_kernels(Level l);
 
