@@ -40,6 +40,7 @@
 #include "base/io.h"
 #include "base/os.h"
 #include "base/simd_level.h"
+#include "bench/kv_rows.h"
 #include "format/llama_state.h"
 #include "migrate/convert_row.h"
 #include "migrate/convert_state.h"
@@ -106,42 +107,6 @@ void usage() {
 // /proc/cpuinfo and /proc/loadavg on Linux, sysctl and getloadavg on macOS (base/os.h).
 std::string cpu_model() { return kvsnap::cpu_model_name(); }
 std::string loadavg() { return kvsnap::load_average_text(); }
-
-// ---- data ------------------------------------------------------------------------------------
-
-// splitmix64
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1p-53; }
-};
-
-// K-like rows: N(0,1) per value times a per-channel scale in [0.25, 4], a few outlier channels
-// (x20), and a per-row drift; realistic for post-RoPE keys and for values.
-std::vector<float> make_rows(uint64_t rows, uint32_t n, uint64_t seed) {
-  Rng rng{seed};
-  std::vector<float> scale(n);
-  for (uint32_t c = 0; c < n; c++) {
-    scale[c] = static_cast<float>(std::exp2(rng.uniform() * 4.0 - 2.0));
-    if (rng.next() % 64 == 0) scale[c] *= 20.0f;
-  }
-  std::vector<float> x(rows * n);
-  for (uint64_t r = 0; r < rows; r++) {
-    const double drift = 0.75 + 0.5 * rng.uniform();
-    for (uint32_t c = 0; c < n; c += 2) {
-      const double u1 = rng.uniform() + 0x1p-60, u2 = rng.uniform();
-      const double m = std::sqrt(-2.0 * std::log(u1));
-      x[r * n + c] = static_cast<float>(m * std::cos(2 * M_PI * u2) * scale[c] * drift);
-      if (c + 1 < n) x[r * n + c + 1] = static_cast<float>(m * std::sin(2 * M_PI * u2) * scale[c + 1] * drift);
-    }
-  }
-  return x;
-}
 
 // ---- timing ----------------------------------------------------------------------------------
 
@@ -377,7 +342,7 @@ constexpr Conversion kConversions[] = {
     {"f16-iq4_nl", GgmlType::kF16, GgmlType::kIQ4_NL}, {"q8_0-f16", GgmlType::kQ8_0, GgmlType::kF16},
     {"q4_0-q8_0", GgmlType::kQ4_0, GgmlType::kQ8_0},   {"q8_0-q4_0", GgmlType::kQ8_0, GgmlType::kQ4_0},
     {"f16-q4_1", GgmlType::kF16, GgmlType::kQ4_1},     {"f16-q5_0", GgmlType::kF16, GgmlType::kQ5_0},
-    {"f16-q5_1", GgmlType::kF16, GgmlType::kQ5_1},
+    {"f16-q5_1", GgmlType::kF16, GgmlType::kQ5_1},     {"q5_0-q4_0", GgmlType::kQ5_0, GgmlType::kQ4_0},
 };
 
 struct Row {
@@ -477,8 +442,8 @@ Target target_of(simd::Level l, const Row& r) {
   if (r.name == "f16-q4_0" || r.name == "f16-q4_1" || r.name == "f16-q5_0" || r.name == "f16-q5_1") {
     return {&Row::ggml_cpu, 3.0, "with rotation >= 3x ggml cpu (no rotation)"};
   }
-  if (r.name == "q4_0-q8_0" || r.name == "q8_0-q4_0") {
-    return {&Row::ggml_cpu, 2.0, r.exact ? ">= 2x ggml cpu (kvsnap: its exact requantizer)" : ">= 2x ggml cpu"};
+  if (r.name == "q4_0-q8_0" || r.name == "q8_0-q4_0" || r.name == "q5_0-q4_0") {
+    return {&Row::ggml_cpu, 2.0, r.exact ? ">= 2x ggml cpu (kvsnap: ExactRequantizer, --requant auto)" : ">= 2x ggml cpu"};
   }
   if (r.name == "f16-iq4_nl") {  // 50x at AVX2 (issue 13); the AVX-512 kernel's own target is 100x
     if (l == simd::Level::kAvx512) return {&Row::ggml_ref, 100.0, ">= 100x ggml's reference path"};
@@ -704,8 +669,9 @@ int run(const Options& opt, std::vector<Row>* table_out) {
   };
   std::vector<std::byte> src_q8 = quantized_source(GgmlType::kQ8_0);
   std::vector<std::byte> src_q4 = quantized_source(GgmlType::kQ4_0);
+  std::vector<std::byte> src_q5 = quantized_source(GgmlType::kQ5_0);
   auto source_of = [&](GgmlType t) -> const std::vector<std::byte>& {
-    return t == GgmlType::kF16 ? src_f16 : t == GgmlType::kQ8_0 ? src_q8 : src_q4;
+    return t == GgmlType::kF16 ? src_f16 : t == GgmlType::kQ8_0 ? src_q8 : t == GgmlType::kQ5_0 ? src_q5 : src_q4;
   };
   std::printf("(data made in %.1f s)\n\n", seconds_since(t_gen));
 
@@ -730,11 +696,12 @@ int run(const Options& opt, std::vector<Row>* table_out) {
     // else through RowConverter. The kvsnap cells time that path; an exact row also times
     // RowConverter (the reference requantization) beside it.
     row.exact = plan->step == RotationStep::kNone && exact_requant_applies(st, dt);
-    if (row.exact) row.rotation += " (exact requant.)";
+    if (row.exact) row.rotation += search_by_default(st, dt) ? " (requant. search)" : " (requant. exact)";
     using ConvertFn = std::function<void(std::span<const std::byte>, std::span<std::byte>)>;
     auto make_converter = [&]() -> ConvertFn {
       if (row.exact) {
-        auto e = std::make_shared<ExactRequantizer>(*ExactRequantizer::make(st, dt, n));
+        // --requant auto, convert's default: the search only where search_by_default says
+        auto e = std::make_shared<ExactRequantizer>(*ExactRequantizer::make(st, dt, n, search_by_default(st, dt)));
         return [e](std::span<const std::byte> in, std::span<std::byte> o) { (void)e->convert(in, o); };
       }
       auto r = std::make_shared<RowConverter>(*RowConverter::make(st, dt, n, *plan));
@@ -911,9 +878,10 @@ int run(const Options& opt, std::vector<Row>* table_out) {
   bool any_exact = false;
   for (const Row& r : table) any_exact = any_exact || r.exact;
   if (any_exact) {
-    std::printf("\nQuantized -> quantized rows above are ExactRequantizer's (what kvsnap convert runs: exact blocks kept, "
-                "the others the smaller error of ggml's reference block and a scale search); RowConverter, the "
-                "reference requantization (ggml_quantize_chunk's bytes, checked against ggml), one thread:\n\n");
+    std::printf("\nQuantized -> quantized rows above are ExactRequantizer's as kvsnap convert runs it by default "
+                "(--requant auto: exact blocks kept, the others ggml's reference block, from a 4/5-bit source the "
+                "smaller error of that and a scale search); RowConverter, the reference requantization "
+                "(ggml_quantize_chunk's bytes, checked against ggml), one thread:\n\n");
     std::printf("| conversion | RowConverter 1T | / ggml cpu | exact / RowConverter |\n| --- | ---: | ---: | ---: |\n");
     for (const Row& r : table) {
       if (!r.exact) continue;

@@ -414,15 +414,20 @@ class RowPipeline {
     rp.report_ = report;
     // Between two quantized types in the same rotation domain, keep every
     // block that the target can hold exactly (migrate/exact_requant.h), unless
-    // the request asks for the reference requantization.
-    const bool exact = requant != RequantMode::kReference && p.rot.step == RotationStep::kNone &&
-                       exact_requant_applies(*p.src, *p.dst);
+    // the request asks for the reference requantization; auto searches where
+    // search_by_default says the search pays.
+    if (p.rot.step == RotationStep::kNone && exact_requant_applies(*p.src, *p.dst)) {
+      rp.requant_ = requant != RequantMode::kAuto      ? requant
+                    : search_by_default(*p.src, *p.dst) ? RequantMode::kSearch
+                                                        : RequantMode::kExact;
+    }
+    const bool exact = rp.requant_ && *rp.requant_ != RequantMode::kReference;
+    const bool search = rp.requant_ == RequantMode::kSearch;
     for (uint32_t i = 0; i < std::max(1u, threads); ++i) {
       KV_ASSIGN_OR_RETURN(RowConverter c, RowConverter::make(*p.src, *p.dst, p.n_elems, p.rot));
       rp.workers_.push_back(std::move(c));
       if (exact) {
-        KV_ASSIGN_OR_RETURN(ExactRequantizer e, ExactRequantizer::make(*p.src, *p.dst, p.n_elems,
-                                                                       /*search=*/requant == RequantMode::kSearch));
+        KV_ASSIGN_OR_RETURN(ExactRequantizer e, ExactRequantizer::make(*p.src, *p.dst, p.n_elems, search));
         rp.exact_.push_back(std::move(e));
       }
     }
@@ -432,6 +437,8 @@ class RowPipeline {
   uint64_t src_row() const { return workers_[0].src_row_bytes(); }
   uint64_t dst_row() const { return workers_[0].dst_row_bytes(); }
   bool is_copy() const { return workers_[0].is_copy(); }
+  // How quantized -> quantized blocks were made (auto resolved); nullopt: not such a pair.
+  std::optional<RequantMode> requant() const { return requant_; }
   uint64_t blocks_exact() const {
     uint64_t n = 0;
     for (const auto& e : exact_) n += e.blocks_exact();
@@ -505,6 +512,7 @@ class RowPipeline {
   bool report_ = false;
   std::vector<RowConverter> workers_;
   std::vector<ExactRequantizer> exact_;  // used instead of workers_ when not empty
+  std::optional<RequantMode> requant_;
   std::vector<ErrStats> stats_;
 };
 
@@ -635,6 +643,7 @@ class ConvertingSource final : public TensorSource {
     r.copied = rp.is_copy();
     r.blocks_exact = rp.blocks_exact();
     r.blocks_requantized = rp.blocks_requantized();
+    if (rp.requant()) r.requant = requant_mode_name(*rp.requant());
     const ErrStats s = rp.stats();
     r.values = s.n;
     if (r.copied) {
@@ -787,6 +796,7 @@ Result<ConvertResult> convert_state(const StateFile& src, const ReadableFile& in
 
 const char* requant_mode_name(RequantMode m) {
   switch (m) {
+    case RequantMode::kAuto: return "auto";
     case RequantMode::kSearch: return "search";
     case RequantMode::kExact: return "exact";
     case RequantMode::kReference: return "reference";
@@ -795,9 +805,9 @@ const char* requant_mode_name(RequantMode m) {
 }
 
 Result<RequantMode> parse_requant_mode(const std::string& word) {
-  for (RequantMode m : {RequantMode::kSearch, RequantMode::kExact, RequantMode::kReference})
+  for (RequantMode m : {RequantMode::kAuto, RequantMode::kSearch, RequantMode::kExact, RequantMode::kReference})
     if (word == requant_mode_name(m)) return m;
-  return Status::InvalidArgument("{--requant} must be search, exact or reference, not '" + word + "'");
+  return Status::InvalidArgument("{--requant} must be auto, search, exact or reference, not '" + word + "'");
 }
 
 }  // namespace kvsnap

@@ -88,14 +88,16 @@ struct RotationGeometry {
 // How quantized -> quantized blocks are made when both ends are in one rotation domain
 // (migrate/exact_requant.h). Every mode keeps float -> quantized ggml_quantize_chunk's.
 enum class RequantMode {
+  kAuto,       // the default: kSearch from a 4/5-bit type, kExact from q8_0 (search_by_default in
+               // migrate/exact_requant.h says why; docs/conversion.md has the figures)
   kSearch,     // a block the target holds exactly is kept; the others: the smaller error of ggml's
-               // reference block and a scale search (the default; ~10 MB/s a thread where blocks
-               // do not embed, docs/performance.md)
+               // reference block and a scale search (~30 MB/s a thread at avx2 where blocks do not
+               // embed, docs/performance.md)
   kExact,      // kept where exact, else ggml's reference block (no search)
   kReference,  // ggml's reference requantization of every decoded block (RowConverter: fastest;
                // blocks that could be kept exactly are requantized too)
 };
-// "search" | "exact" | "reference", and back (kInvalidArgument names the words).
+// "auto" | "search" | "exact" | "reference", and back (kInvalidArgument names the words).
 const char* requant_mode_name(RequantMode m);
 Result<RequantMode> parse_requant_mode(const std::string& word);
 
@@ -117,7 +119,7 @@ struct ConvertRequest {
   RotationGeometry geometry;         // from --model or --head-dim-k/v
   uint32_t threads = 1;
   bool report = false;               // collect per-layer error statistics
-  RequantMode requant = RequantMode::kSearch;
+  RequantMode requant = RequantMode::kAuto;
 };
 
 // Per layer and side: how the conversion went.
@@ -129,6 +131,8 @@ struct LayerReport {
   bool copied = false;               // bytes passed through unchanged
   uint64_t blocks_exact = 0;         // quantized -> quantized: blocks the target holds exactly
   uint64_t blocks_requantized = 0;   // ... and blocks that went through the reference quantizer
+  std::string requant;               // how those were made: "search", "exact", "reference" ("auto"
+                                     // resolved); "" when the layer is not quantized -> quantized
   uint64_t values = 0;
   double rmse = 0, max_abs = 0, snr_db = 0;  // against the source values (snr: inf when exact)
   double signal_rms = 0;

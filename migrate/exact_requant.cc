@@ -231,6 +231,10 @@ bool exact_requant_applies(const TypeTraits& src, const TypeTraits& dst) {
   return s && d && s->grid != Grid::kNone && d->grid != Grid::kNone && src.id() != dst.id();
 }
 
+bool search_by_default(const TypeTraits& src, const TypeTraits& dst) {
+  return exact_requant_applies(src, dst) && src.id() != GgmlType::kQ8_0;
+}
+
 Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const TypeTraits& dst, uint64_t n_elems,
                                                bool search, bool direct) {
   if (!exact_requant_applies(src, dst)) {
@@ -247,6 +251,11 @@ Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const Typ
   r.dst_row_ = n_elems / kBlock * dst.block_bytes();
   r.row_.resize(n_elems);
   r.mode_search_ = search;
+  const GridRow& g = *grid_of(dst.id());
+  r.q8_0_source_ = src.id() == GgmlType::kQ8_0;
+  r.embed_span_ = g.grid == Grid::kOffset;
+  r.embed_lo_ = g.lo;
+  r.embed_hi_ = g.hi;
   r.direct_ = direct && dst.id() == GgmlType::kQ8_0 &&
               (src.id() == GgmlType::kQ4_0 || src.id() == GgmlType::kQ5_0 || src.id() == GgmlType::kIQ4_NL);
   return r;
@@ -472,6 +481,45 @@ void ExactRequantizer::convert_row_direct(const std::byte* s, std::byte* o) {
   }
 }
 
+// A necessary condition for embed_block: false only where it would fail. A q8_0 block with a
+// finite scale d holds values q * d, each product exact (8-bit times 11-bit significands), so
+// embed_block's quotients are the levels q themselves (symmetric targets: the same d; offset
+// targets: x - m is (q - q_min) * d or (q + centre) * d, exact too): it embeds only if every
+// level is on the target's grid (symmetric), or the levels span at most the target's top level
+// (offset). Any other source: true (embed_block decides).
+bool ExactRequantizer::may_embed(const std::byte* sb) const {
+  if (!q8_0_source_) return true;
+  // The levels biased to unsigned (q + 128), so the minimum and maximum are unsigned byte
+  // operations every x86-64 and aarch64 vectorizes.
+  const uint8_t* raw = reinterpret_cast<const uint8_t*>(sb + 2);
+  uint8_t mn = 255, mx = 0;
+  for (int i = 0; i < kBlock; ++i) {
+    const uint8_t u = uint8_t(raw[i] ^ 0x80);
+    mn = u < mn ? u : mn;
+    mx = u > mx ? u : mx;
+  }
+  if (embed_span_) return mx - mn <= embed_hi_;
+  return int(mn) - 128 >= embed_lo_ && int(mx) - 128 <= embed_hi_;
+}
+
+// No search (--requant exact, and auto where it does not search): every block's reference block
+// from one from_f32 over the row (ggml's quantizers work block by block, so these are the bytes
+// requantize_block would give each), then the blocks the target holds exactly written over
+// theirs by embed_block, as convert_block would.
+void ExactRequantizer::convert_row_no_search(const std::byte* s, const float* x, std::byte* o) {
+  dst_->from_f32(x, o, n_elems_);
+  const uint64_t nb = n_elems_ / kBlock;
+  const size_t sbytes = src_->block_bytes(), dbytes = dst_->block_bytes();
+  for (uint64_t b = 0; b < nb; ++b) {
+    const std::byte* sb = s + b * sbytes;
+    if (may_embed(sb) && embed_block(sb, x + b * kBlock, o + b * dbytes)) {
+      ++exact_;
+    } else {
+      ++requant_;
+    }
+  }
+}
+
 Status ExactRequantizer::convert(std::span<const std::byte> in, std::span<std::byte> out) {
   if (in.size() % src_row_ != 0 || out.size() != in.size() / src_row_ * dst_row_) {
     return Status::InvalidArgument("exact requantizer: buffers are not whole rows");
@@ -486,6 +534,10 @@ Status ExactRequantizer::convert(std::span<const std::byte> in, std::span<std::b
       continue;
     }
     src_->to_f32(s, row_.data(), n_elems_);
+    if (!mode_search_) {
+      convert_row_no_search(s, row_.data(), o);
+      continue;
+    }
     for (uint64_t b = 0; b < nb; ++b) {
       convert_block(s + b * src_->block_bytes(), row_.data() + b * kBlock, o + b * dst_->block_bytes());
     }

@@ -55,6 +55,8 @@ class ExactRequantizer {
   void requantize_block(const float* values, std::byte* dst_block);
   void convert_block(const std::byte* src_block, const float* values, std::byte* dst_block);
   void convert_row_direct(const std::byte* src_row, std::byte* dst_row);
+  void convert_row_no_search(const std::byte* src_row, const float* values, std::byte* dst_row);
+  bool may_embed(const std::byte* src_block) const;
 
   const TypeTraits* src_ = nullptr;
   const TypeTraits* dst_ = nullptr;
@@ -63,9 +65,21 @@ class ExactRequantizer {
   uint64_t exact_ = 0, requant_ = 0;
   bool mode_search_ = true;
   bool direct_ = false;
+  // may_embed's test for a q8_0 source: levels in [embed_lo_, embed_hi_], or (embed_span_, an
+  // offset target) spanning at most embed_hi_
+  bool q8_0_source_ = false, embed_span_ = false;
+  int embed_lo_ = 0, embed_hi_ = 0;
 };
 
 // Whether ExactRequantizer applies to this pair.
 bool exact_requant_applies(const TypeTraits& src, const TypeTraits& dst);
+
+// Whether `--requant auto` (the default) runs the scale search for this pair. From q8_0, ggml's
+// reference block lands within ~5% of the error of a cache made natively in the target type
+// (kvsnap-requant-error: 1.003-1.05x), so the search (~30 MB/s a thread) buys little over native
+// and auto skips it (GB/s). From a 4/5-bit type the reference block is 1.2-2.4x native (grids
+// that do not nest; q5_0 -> q4_0 lands half the values on ties) and the search takes back much of
+// that (q5_0 -> q4_0 1.69x -> 1.12x), so auto searches. Figures: docs/conversion.md.
+bool search_by_default(const TypeTraits& src, const TypeTraits& dst);
 
 }  // namespace kvsnap

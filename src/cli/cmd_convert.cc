@@ -113,7 +113,7 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
     layers.push_back({{"section", r.section}, {"layer", r.layer}, {"side", r.is_v ? "V" : "K"},
                       {"from", r.src_type}, {"to", r.dst_type}, {"rotation", r.rotation}, {"copied", r.copied},
                       {"values", r.values}, {"blocks_exact", r.blocks_exact},
-                      {"blocks_requantized", r.blocks_requantized}, {"rmse", r.rmse}, {"max_abs", r.max_abs},
+                      {"blocks_requantized", r.blocks_requantized}, {"requant", r.requant}, {"rmse", r.rmse}, {"max_abs", r.max_abs},
                       {"snr_db", finite_or(r.snr_db, 999.0)}, {"signal_rms", r.signal_rms}});
   }
   j["layers"] = layers;
@@ -174,11 +174,12 @@ void setup_convert(CLI::App& app, int& exit_status) {
                   "auto|on|off: whether the llama.cpp at both ends rotates quantized caches (see below)");
   add_source_options(sub, o->src_rotation, o->source_build, "the input");
   sub->add_option("--requant", o->requant,
-                  "quantized -> quantized blocks: search (default: a block the target holds exactly is kept, the "
-                  "others get the smaller error of ggml's reference block and a scale search; slow where blocks do "
-                  "not fit, e.g. q8_0 -> q4_0 ~30 MB/s a thread), exact (kept where exact, else the reference "
-                  "block), reference (ggml's reference requantization of every block: fastest, GB/s)")
-      ->check(CLI::IsMember({"search", "exact", "reference"}));
+                  "quantized -> quantized blocks: auto (default: exact from q8_0, search from a 4/5-bit type), "
+                  "search (a block the target holds exactly is kept, the others get the smaller error of ggml's "
+                  "reference block and a scale search: closest to the original values, but ~30 MB/s a thread "
+                  "where blocks do not fit, e.g. q8_0 -> q4_0), exact (kept where exact, else the reference block: "
+                  "GB/s), reference (ggml's reference requantization of every block, exact ones too)")
+      ->check(CLI::IsMember({"auto", "search", "exact", "reference"}));
   sub->add_option("--dst-rotation", o->dst_rotation,
                   "auto|on|off for the output only (off: the target server runs with LLAMA_ATTN_ROT_DISABLE=1)");
   add_target_build_option(sub, o->target_build, "the output");

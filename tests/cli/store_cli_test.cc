@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -475,9 +476,20 @@ TEST_F(StoreCli, RequantChoosesHowQuantizedBlocksAreMade) {
   ASSERT_EQ(rc_search, 0);
   ASSERT_EQ(rc_exact, 0);
   ASSERT_EQ(rc_ref, 0);
-  EXPECT_EQ(def["requant"], "search");
+  EXPECT_EQ(def["requant"], "auto");
   EXPECT_EQ(reference["requant"], "reference");
-  EXPECT_TRUE(bytes_def == bytes_search) << "search is the default";
+  // what auto chose, per side: a 4/5-bit source searches (q4_0 -> q8_0, K), q8_0 does not (V)
+  auto chosen = [](const nlohmann::json& j, const char* side) {
+    std::set<std::string> modes;
+    for (const auto& l : j["layers"])
+      if (l["side"] == side) modes.insert(l["requant"].get<std::string>());
+    return modes;
+  };
+  EXPECT_EQ(chosen(def, "K"), std::set<std::string>{"search"});
+  EXPECT_EQ(chosen(def, "V"), std::set<std::string>{"exact"});
+  EXPECT_EQ(chosen(search, "V"), std::set<std::string>{"search"});
+  EXPECT_TRUE(bytes_def == bytes_exact) << "auto from q8_0 is exact (and q4_0 -> q8_0 keeps every block either way)";
+  EXPECT_FALSE(bytes_search == bytes_exact) << "the search changes q8_0 -> q4_0's blocks";
   EXPECT_GT(blocks(search, "K").first, 0u);
   EXPECT_EQ(blocks(search, "K").second, 0u) << "every q4_0 block is a q8_0 block";
   EXPECT_EQ(blocks(exact, "K"), blocks(search, "K"));
@@ -489,6 +501,19 @@ TEST_F(StoreCli, RequantChoosesHowQuantizedBlocksAreMade) {
 
   nlohmann::json unused;
   EXPECT_EQ(convert("fastest", unused).first, 2) << "an unknown word is a usage error";
+
+  // From a 4/5-bit type auto is the search: q4_0 -> iq4_nl (K; V stays q8_0)
+  auto convert_iq4 = [&](const std::string& mode) {
+    const fs::path out = dir_ / ("requant-iq4-" + mode + ".slot");
+    const std::string cmd = std::string(KVSNAP_BINARY) + " convert " + slot + " " + out.string() +
+                            " --ctk iq4_nl --ctv q8_0 --model " + model + (mode.empty() ? "" : " --requant " + mode) +
+                            " >/dev/null 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    return slurp(out);
+  };
+  const std::string iq4_def = convert_iq4(""), iq4_search = convert_iq4("search"), iq4_exact = convert_iq4("exact");
+  EXPECT_TRUE(iq4_def == iq4_search) << "auto searches from q4_0";
+  EXPECT_FALSE(iq4_def == iq4_exact);
 
   ASSERT_EQ(kv("save " + slot + " --name rq --model " + model).code, 0);
   const fs::path out = dir_ / "restored-reference.slot";

@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "base/simd_level.h"
+#include "migrate/quants.h"
 #include "test_inputs.h"
 
 namespace kvsnap {
@@ -129,6 +131,79 @@ TEST(ExactRequant, DirectPathEqualsTheGeneralOne) {
       EXPECT_EQ(fast->blocks_exact(), general->blocks_exact());
       EXPECT_EQ(fast->blocks_requantized(), general->blocks_requantized());
       EXPECT_GT(general->blocks_requantized(), 0u) << "the zero / inf / NaN scales take the general path";
+    }
+  }
+  simd::set_level(was);
+}
+
+// Without the search, a row's bytes come from one from_f32 over the row with the embedding
+// blocks written over theirs, and a q8_0 source skips embed_block where its levels cannot fit
+// (may_embed). That must be what the block-by-block definition gives: a block the target holds
+// exactly (the search requantizer on that block alone keeps it) has those bytes, any other ggml's
+// reference block of its values. Every pair, every SIMD level, sources with random bits, every
+// kind of f16 scale, and (q8_0) levels that fit the narrow grids, just fit, and just do not.
+TEST(ExactRequant, NoSearchRowEqualsBlockByBlock) {
+  const uint16_t scales[] = {0x0000, 0x8000, 0x0001, 0x83ff, 0x3c00, 0xb800, 0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7e00, 0x2e66};
+  const simd::Level was = simd::level();
+  for (size_t l = 0; l < simd::kLevelCount; ++l) {
+    if (!simd::supported(simd::Level(l))) continue;
+    ASSERT_TRUE(simd::set_level(simd::Level(l)));
+    SCOPED_TRACE(simd::level_name(simd::Level(l)));
+    for (const TypeTraits& s : type_traits()) {
+      for (const TypeTraits& d : type_traits()) {
+        if (!exact_requant_applies(s, d)) continue;
+        SCOPED_TRACE(std::string(s.name()) + " -> " + std::string(d.name()));
+        std::mt19937 rng(29);
+        const size_t sb = s.block_bytes(), db = d.block_bytes(), nb = kN / 32;
+        std::vector<std::byte> in(nb * sb);
+        for (auto& b : in) b = std::byte(rng() & 0xff);
+        for (size_t b = 0; b < nb; ++b) {
+          std::byte* blk = in.data() + b * sb;
+          if (b % 3 == 0) {  // a named scale
+            const uint16_t h = scales[(b / 3) % std::size(scales)];
+            blk[0] = std::byte(h & 0xff);
+            blk[1] = std::byte(h >> 8);
+          }
+          if (s.id() != GgmlType::kQ8_0) continue;
+          // q8_0 levels: [-8, 7], [-16, 15], a span of 15 or 16 or 31 or 32 anywhere, the iq4_nl table
+          const int kind = int(b % 7);
+          const int span = kind == 2 ? 15 : kind == 3 ? 16 : kind == 4 ? 31 : 32;
+          const int base = kind == 0 ? -8 : kind == 1 ? -16 : int(rng() % (255 - span)) - 127;
+          for (int i = 0; i < 32; ++i) {
+            int q = kind == 6 ? quants::kIQ4NLValues[rng() % 16] : base + int(rng() % (span + 1));
+            if (kind == 0) q = -8 + int(rng() % 16);
+            if (kind == 1) q = -16 + int(rng() % 32);
+            blk[2 + i] = std::byte(uint8_t(int8_t(q)));
+          }
+          if (b % 14 == 5) blk[2 + b % 32] = std::byte(0x80);  // -128, outside q8_0's own range
+        }
+        auto fast = ExactRequantizer::make(s, d, kN, /*search=*/false);
+        ASSERT_TRUE(fast.ok());
+        std::vector<std::byte> got(fast->dst_row_bytes());
+        ASSERT_TRUE(fast->convert(in, got).ok());
+        std::vector<std::byte> want(got.size());
+        uint64_t exact = 0;
+        for (size_t b = 0; b < nb; ++b) {
+          auto one = ExactRequantizer::make(s, d, 32, /*search=*/true);
+          ASSERT_TRUE(one.ok());
+          std::span<const std::byte> src(in.data() + b * sb, sb);
+          std::span<std::byte> dst(want.data() + b * db, db);
+          ASSERT_TRUE(one->convert(src, dst).ok());
+          if (one->blocks_exact() == 1) {
+            ++exact;
+            continue;
+          }
+          float x[32];
+          s.to_f32(src.data(), x, 32);
+          d.from_f32(x, dst.data(), 32);
+        }
+        EXPECT_EQ(got, want);
+        EXPECT_EQ(fast->blocks_exact(), exact);
+        EXPECT_EQ(fast->blocks_requantized(), nb - exact);
+        if (s.id() == GgmlType::kQ8_0) {
+          EXPECT_GT(exact, 0u) << "the crafted levels embed somewhere";
+        }
+      }
     }
   }
   simd::set_level(was);
