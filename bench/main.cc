@@ -696,7 +696,8 @@ int run(const Options& opt, std::vector<Row>* table_out) {
     // else through RowConverter. The kvsnap cells time that path; an exact row also times
     // RowConverter (the reference requantization) beside it.
     row.exact = plan->step == RotationStep::kNone && exact_requant_applies(st, dt);
-    if (row.exact) row.rotation += search_by_default(st, dt) ? " (requant. search)" : " (requant. exact)";
+    static constexpr const char* kSearchName[] = {" (requant. exact)", " (requant. quick)", " (requant. search)"};
+    if (row.exact) row.rotation += kSearchName[static_cast<int>(search_by_default(st, dt))];
     using ConvertFn = std::function<void(std::span<const std::byte>, std::span<std::byte>)>;
     auto make_converter = [&]() -> ConvertFn {
       if (row.exact) {
@@ -880,7 +881,7 @@ int run(const Options& opt, std::vector<Row>* table_out) {
   if (any_exact) {
     std::printf("\nQuantized -> quantized rows above are ExactRequantizer's as kvsnap convert runs it by default "
                 "(--requant auto: exact blocks kept, the others ggml's reference block, from a 4/5-bit source the "
-                "smaller error of that and a scale search); RowConverter, the reference requantization "
+                "smaller error of that and a quick scale search); RowConverter, the reference requantization "
                 "(ggml_quantize_chunk's bytes, checked against ggml), one thread:\n\n");
     std::printf("| conversion | RowConverter 1T | / ggml cpu | exact / RowConverter |\n| --- | ---: | ---: | ---: |\n");
     for (const Row& r : table) {

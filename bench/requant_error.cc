@@ -5,11 +5,12 @@
 //   x          the original float values
 //   S          x quantized to S by ggml's reference quantizer (what a native S cache holds)
 //   T native   x quantized to T directly (what a native T cache holds)
-//   search, exact, reference   S -> T by ExactRequantizer with the scale search, without it, and by
-//              RowConverter (ggml's reference requantization of the decoded values)
+//   search, quick, exact, reference   S -> T by ExactRequantizer with the full scale search, the
+//              quick one, none, and by RowConverter (ggml's reference requantization of the decoded
+//              values); and which of them --requant auto takes
 // and prints each mode's mean squared error against x, divided by T native's. That ratio is the
 // question a user's cache asks: how far from a cache made natively in T does a converted one land.
-// The search's column over exact's is what the search buys (docs/conversion.md, "--requant").
+// The search columns against exact's are what a search buys (docs/conversion.md, "--requant").
 // Nothing here asserts anything; docs/fidelity.md has the figures and the end-to-end KL test.
 #include <cstdio>
 #include <cstdlib>
@@ -51,7 +52,7 @@ std::vector<float> decode(const TypeTraits& t, const std::vector<std::byte>& q, 
 }
 
 struct Modes {
-  double search = 0, exact = 0, reference = 0;
+  double search = 0, quick = 0, exact = 0, reference = 0;
   double exact_share = 0;  // blocks kept exactly, of all blocks
 };
 
@@ -59,15 +60,16 @@ Modes run_pair(const TypeTraits& s, const TypeTraits& t, const std::vector<float
   const std::vector<std::byte> in = quantize(s, x);
   std::vector<std::byte> out(x.size() / t.block_elems() * t.block_bytes());
   Modes m;
-  for (int mode = 0; mode < 2; ++mode) {
-    auto r = ExactRequantizer::make(s, t, n, /*search=*/mode == 0);
+  using Search = ExactRequantizer::Search;
+  for (Search mode : {Search::kFull, Search::kQuick, Search::kNone}) {
+    auto r = ExactRequantizer::make(s, t, n, mode);
     if (!r.ok() || !r->convert(in, out).ok()) {
       std::fprintf(stderr, "kvsnap-requant-error: %s -> %s failed\n", std::string(s.name()).c_str(),
                    std::string(t.name()).c_str());
       std::exit(1);
     }
-    (mode == 0 ? m.search : m.exact) = mse(x, decode(t, out, x.size()));
-    if (mode == 1) m.exact_share = double(r->blocks_exact()) / double(r->blocks_exact() + r->blocks_requantized());
+    (mode == Search::kFull ? m.search : mode == Search::kQuick ? m.quick : m.exact) = mse(x, decode(t, out, x.size()));
+    if (mode == Search::kNone) m.exact_share = double(r->blocks_exact()) / double(r->blocks_exact() + r->blocks_requantized());
   }
   auto rc = RowConverter::make(s, t, n, RotationPlan{});
   if (!rc.ok() || !rc->convert(in, out).ok()) std::exit(1);
@@ -106,7 +108,7 @@ int run(int argc, char** argv) {
   std::printf("kvsnap-requant-error: %llu rows of %u values, seed %llu, %s\n", (unsigned long long)rows, n,
               (unsigned long long)seed, n_rot ? ("rotated in blocks of " + std::to_string(n_rot)).c_str() : "not rotated");
   std::printf("MSE against the original values / MSE of T made natively from them (lower is better)\n\n");
-  std::printf("%-16s %8s %8s %8s %8s %10s %7s\n", "S -> T", "S", "search", "exact", "refer.", "search/ex.", "kept");
+  std::printf("%-16s %8s %8s %8s %8s %8s %7s  %s\n", "S -> T", "S", "search", "quick", "exact", "refer.", "kept", "auto");
   for (GgmlType si : kQuantized) {
     for (GgmlType ti : kQuantized) {
       if (si == ti) continue;
@@ -116,9 +118,10 @@ int run(int argc, char** argv) {
       const double native_s = mse(x, decode(s, quantize(s, x), x.size()));
       const Modes m = run_pair(s, t, x, n);
       const std::string name = std::string(s.name()) + " -> " + std::string(t.name());
-      std::printf("%-16s %8.3f %8.3f %8.3f %8.3f %10.3f %6.1f%%\n", name.c_str(), native_s / native_t,
-                  m.search / native_t, m.exact / native_t, m.reference / native_t, m.search / m.exact,
-                  100 * m.exact_share);
+      static constexpr const char* kAuto[] = {"exact", "quick", "search"};
+      std::printf("%-16s %8.3f %8.3f %8.3f %8.3f %8.3f %6.1f%%  %s\n", name.c_str(), native_s / native_t,
+                  m.search / native_t, m.quick / native_t, m.exact / native_t, m.reference / native_t,
+                  100 * m.exact_share, kAuto[static_cast<int>(search_by_default(s, t))]);
     }
   }
   return 0;

@@ -33,7 +33,7 @@ struct ConversionSpec {
   std::optional<RotationGeometry> geometry;
   int threads = 0;               // 0: every core
   bool report = false;
-  std::string requant;           // "auto" | "search" | "exact" | "reference" | "": auto (convert_state.h)
+  std::string requant;           // "auto" | "quick" | "search" | "exact" | "reference" | "": auto (convert_state.h)
 };
 
 // kInvalidArgument for unknown words, kNotSupported for conversions kvsnap

@@ -416,18 +416,25 @@ class RowPipeline {
     // block that the target can hold exactly (migrate/exact_requant.h), unless
     // the request asks for the reference requantization; auto searches where
     // search_by_default says the search pays.
-    if (p.rot.step == RotationStep::kNone && exact_requant_applies(*p.src, *p.dst)) {
-      rp.requant_ = requant != RequantMode::kAuto      ? requant
-                    : search_by_default(*p.src, *p.dst) ? RequantMode::kSearch
-                                                        : RequantMode::kExact;
+    const bool exact = requant != RequantMode::kReference && p.rot.step == RotationStep::kNone &&
+                       exact_requant_applies(*p.src, *p.dst);
+    if (!exact && p.rot.step == RotationStep::kNone && exact_requant_applies(*p.src, *p.dst)) {
+      rp.requant_ = RequantMode::kReference;
     }
-    const bool exact = rp.requant_ && *rp.requant_ != RequantMode::kReference;
-    const bool search = rp.requant_ == RequantMode::kSearch;
+    using Search = ExactRequantizer::Search;
+    const Search search = requant == RequantMode::kAuto     ? search_by_default(*p.src, *p.dst)
+                          : requant == RequantMode::kQuick  ? Search::kQuick
+                          : requant == RequantMode::kSearch ? Search::kFull
+                                                            : Search::kNone;
     for (uint32_t i = 0; i < std::max(1u, threads); ++i) {
       KV_ASSIGN_OR_RETURN(RowConverter c, RowConverter::make(*p.src, *p.dst, p.n_elems, p.rot));
       rp.workers_.push_back(std::move(c));
       if (exact) {
         KV_ASSIGN_OR_RETURN(ExactRequantizer e, ExactRequantizer::make(*p.src, *p.dst, p.n_elems, search));
+        // what it runs (auto resolved; quick into iq4_nl is the full search)
+        rp.requant_ = e.search() == Search::kQuick  ? RequantMode::kQuick
+                      : e.search() == Search::kFull ? RequantMode::kSearch
+                                                    : RequantMode::kExact;
         rp.exact_.push_back(std::move(e));
       }
     }
@@ -797,6 +804,7 @@ Result<ConvertResult> convert_state(const StateFile& src, const ReadableFile& in
 const char* requant_mode_name(RequantMode m) {
   switch (m) {
     case RequantMode::kAuto: return "auto";
+    case RequantMode::kQuick: return "quick";
     case RequantMode::kSearch: return "search";
     case RequantMode::kExact: return "exact";
     case RequantMode::kReference: return "reference";
@@ -805,9 +813,10 @@ const char* requant_mode_name(RequantMode m) {
 }
 
 Result<RequantMode> parse_requant_mode(const std::string& word) {
-  for (RequantMode m : {RequantMode::kAuto, RequantMode::kSearch, RequantMode::kExact, RequantMode::kReference})
+  for (RequantMode m : {RequantMode::kAuto, RequantMode::kQuick, RequantMode::kSearch, RequantMode::kExact,
+                        RequantMode::kReference})
     if (word == requant_mode_name(m)) return m;
-  return Status::InvalidArgument("{--requant} must be auto, search, exact or reference, not '" + word + "'");
+  return Status::InvalidArgument("{--requant} must be auto, quick, search, exact or reference, not '" + word + "'");
 }
 
 }  // namespace kvsnap

@@ -88,16 +88,20 @@ struct RotationGeometry {
 // How quantized -> quantized blocks are made when both ends are in one rotation domain
 // (migrate/exact_requant.h). Every mode keeps float -> quantized ggml_quantize_chunk's.
 enum class RequantMode {
-  kAuto,       // the default: kSearch from a 4/5-bit type, kExact from q8_0 (search_by_default in
-               // migrate/exact_requant.h says why; docs/conversion.md has the figures)
+  kAuto,       // the default: kExact from q8_0, kQuick from a 4/5-bit type, kSearch from a 4/5-bit
+               // type into iq4_nl (search_by_default in migrate/exact_requant.h says why;
+               // docs/conversion.md has the figures)
+  kQuick,      // a block the target holds exactly is kept; the others: the smaller error of ggml's
+               // reference block, 4 nearby scales and one least-squares refinement (into iq4_nl:
+               // kSearch)
   kSearch,     // a block the target holds exactly is kept; the others: the smaller error of ggml's
-               // reference block and a scale search (~30 MB/s a thread at avx2 where blocks do not
-               // embed, docs/performance.md)
+               // reference block and a scale search over 16 nearby scales and up to 3 refinements
+               // (~20-30 MB/s a thread at avx2 where blocks do not embed, docs/performance.md)
   kExact,      // kept where exact, else ggml's reference block (no search)
   kReference,  // ggml's reference requantization of every decoded block (RowConverter: fastest;
                // blocks that could be kept exactly are requantized too)
 };
-// "auto" | "search" | "exact" | "reference", and back (kInvalidArgument names the words).
+// "auto" | "quick" | "search" | "exact" | "reference", and back (kInvalidArgument names the words).
 const char* requant_mode_name(RequantMode m);
 Result<RequantMode> parse_requant_mode(const std::string& word);
 
@@ -131,8 +135,8 @@ struct LayerReport {
   bool copied = false;               // bytes passed through unchanged
   uint64_t blocks_exact = 0;         // quantized -> quantized: blocks the target holds exactly
   uint64_t blocks_requantized = 0;   // ... and blocks that went through the reference quantizer
-  std::string requant;               // how those were made: "search", "exact", "reference" ("auto"
-                                     // resolved); "" when the layer is not quantized -> quantized
+  std::string requant;               // how those were made: "quick", "search", "exact", "reference"
+                                     // ("auto" resolved); "" when the layer is not quantized -> quantized
   uint64_t values = 0;
   double rmse = 0, max_abs = 0, snr_db = 0;  // against the source values (snr: inf when exact)
   double signal_rms = 0;

@@ -26,7 +26,7 @@ using half::store_u16;
 // kv_cache_types() must be here (static_assert below), so a new type is never taken on trust.
 // What the code below assumes of a quantized row: a block of 32 values starting with its f16
 // scale d (an offset type then its f16 min m), levels q in [lo, hi] (value d*q, or d*q + m),
-// packed as build() / encode_offset() / direct_levels() know. A new quantized type gets its
+// packed as build() / encode_offset() / block_levels() know. A new quantized type gets its
 // packing there and its row here, or kNone: exact requantization then leaves it to convert_row.
 enum class Grid : uint8_t { kNone, kSymmetric, kOffset };
 struct GridRow {
@@ -223,6 +223,65 @@ simd::RequantGrid grid_of_target(GgmlType t) {
   return has_offset(t) ? simd::RequantGrid::kOffset : simd::RequantGrid::kSymmetric;
 }
 
+// A block's 32 levels as int8, read straight from the bits as ggml's dequantize_row_* reads
+// them: value = level * d (q4_0, q5_0, q8_0; iq4_nl: its table value), or level * d + m with
+// level 0..top (q4_1, q5_1). The direct path's source levels, and the quick search's reference
+// levels.
+void block_levels(GgmlType t, const uint8_t* b, int8_t* q) {
+  const bool offset = t == GgmlType::kQ4_1 || t == GgmlType::kQ5_1;
+  const int bias = t == GgmlType::kQ4_0 ? 8 : t == GgmlType::kQ5_0 ? 16 : 0;
+  switch (t) {
+    case GgmlType::kQ8_0:
+      std::memcpy(q, b + 2, kBlock);
+      break;
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1: {
+      const uint8_t* qs = b + (offset ? 4 : 2);
+      for (int j = 0; j < 16; ++j) {
+        q[j] = int8_t((qs[j] & 0x0f) - bias);
+        q[j + 16] = int8_t((qs[j] >> 4) - bias);
+      }
+      break;
+    }
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1: {
+      uint32_t qh;
+      std::memcpy(&qh, b + (offset ? 4 : 2), 4);
+      const uint8_t* qs = b + (offset ? 8 : 6);
+      for (int j = 0; j < 16; ++j) {
+        q[j] = int8_t(((qs[j] & 0x0f) | (((qh >> j) << 4) & 0x10)) - bias);
+        q[j + 16] = int8_t(((qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - bias);
+      }
+      break;
+    }
+    default:  // iq4_nl
+      for (int j = 0; j < 16; ++j) {
+        q[j] = kIq4nlLevels[b[2 + j] & 0x0f];
+        q[j + 16] = kIq4nlLevels[b[2 + j] >> 4];
+      }
+      break;
+  }
+}
+
+// The quick search's candidates: these factors of the reference scale (the full search's 16
+// cut to the four that carry nearly all of its gain on K/V-like data: bench/requant_error.cc),
+// then one least-squares refinement of the best.
+constexpr float kQuickFactors[] = {0.94f, 0.97f, 1.03f, 1.06f};
+
+// Eight lane sums added pairwise: (l, l + 4), (l, l + 2), (0, 1).
+float lane_tree_sum8(const float* acc) {
+  float t[4];
+  for (int l = 0; l < 4; ++l) t[l] = acc[l] + acc[l + 4];
+  return (t[0] + t[2]) + (t[1] + t[3]);
+}
+
+// The sum of 32 squared differences as every RequantScoreFn adds them (simd_kernels.h).
+float lane_tree_sum(const float* sq) {
+  float acc[8];
+  for (int l = 0; l < 8; ++l) acc[l] = ((sq[l] + sq[8 + l]) + sq[16 + l]) + sq[24 + l];
+  return lane_tree_sum8(acc);
+}
+
 }  // namespace
 
 bool exact_requant_applies(const TypeTraits& src, const TypeTraits& dst) {
@@ -231,12 +290,14 @@ bool exact_requant_applies(const TypeTraits& src, const TypeTraits& dst) {
   return s && d && s->grid != Grid::kNone && d->grid != Grid::kNone && src.id() != dst.id();
 }
 
-bool search_by_default(const TypeTraits& src, const TypeTraits& dst) {
-  return exact_requant_applies(src, dst) && src.id() != GgmlType::kQ8_0;
+ExactRequantizer::Search search_by_default(const TypeTraits& src, const TypeTraits& dst) {
+  using Search = ExactRequantizer::Search;
+  if (!exact_requant_applies(src, dst) || src.id() == GgmlType::kQ8_0) return Search::kNone;
+  return dst.id() == GgmlType::kIQ4_NL ? Search::kFull : Search::kQuick;
 }
 
 Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const TypeTraits& dst, uint64_t n_elems,
-                                               bool search, bool direct) {
+                                               Search search, bool direct) {
   if (!exact_requant_applies(src, dst)) {
     return Status::InvalidArgument("exact requantization is for two different quantized types");
   }
@@ -250,7 +311,8 @@ Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const Typ
   r.src_row_ = n_elems / kBlock * src.block_bytes();
   r.dst_row_ = n_elems / kBlock * dst.block_bytes();
   r.row_.resize(n_elems);
-  r.mode_search_ = search;
+  // the quick search needs a linear grid; iq4_nl's levels are a table
+  r.search_ = search == Search::kQuick && dst.id() == GgmlType::kIQ4_NL ? Search::kFull : search;
   const GridRow& g = *grid_of(dst.id());
   r.q8_0_source_ = src.id() == GgmlType::kQ8_0;
   r.embed_span_ = g.grid == Grid::kOffset;
@@ -303,6 +365,11 @@ bool ExactRequantizer::embed_block(const std::byte* sb, const float* x, std::byt
 // a tie), where the reference scale is the worst choice; a scale a few
 // percent off breaks the ties. Never worse than the reference, by construction.
 void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
+  if (search_ != Search::kFull) {
+    dst_->from_f32(x, db, kBlock);
+    if (search_ == Search::kQuick) quick_search(x, db);
+    return;
+  }
   const GgmlType dt = dst_->id();
   const bool offset = has_offset(dt);
   std::byte best[64], cand[64];
@@ -311,7 +378,7 @@ void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
   dst_->to_f32(best, y, kBlock);
   double best_err = sse(x, y);
   const float d_ref = half::fp16_to_f32(load_u16(best));
-  if (!mode_search_ || best_err == 0 || !std::isfinite(best_err) || !(std::fabs(d_ref) > 0) ||
+  if (best_err == 0 || !std::isfinite(best_err) || !(std::fabs(d_ref) > 0) ||
       !std::isfinite(d_ref)) {
     std::memcpy(db, best, dst_->block_bytes());
     return;
@@ -403,6 +470,77 @@ void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
   std::memcpy(db, best, dst_->block_bytes());
 }
 
+// --requant quick, for a block that is not exact: db holds ggml's reference block; it is
+// replaced by a candidate with a smaller error against the source values x, if any. Candidates
+// share the reference block's offset (offset types) and are scored by the level's
+// RequantScoreFn, so every level picks the same block. Needs finite values and a finite,
+// nonzero reference scale: anything else keeps the reference block.
+void ExactRequantizer::quick_search(const float* x, std::byte* db) {
+  const GgmlType dt = dst_->id();
+  const bool offset = has_offset(dt);
+  const GridRow& g = *grid_of(dt);
+  float y[kBlock], sq[kBlock];
+  dst_->to_f32(db, y, kBlock);
+  for (int i = 0; i < kBlock; ++i) sq[i] = (x[i] - y[i]) * (x[i] - y[i]);
+  float best_err = lane_tree_sum(sq);
+  const float d_ref = half::fp16_to_f32(load_u16(db));
+  const uint16_t m16 = offset ? load_u16(db + 2) : 0;
+  const float m = offset ? half::fp16_to_f32(m16) : 0.0f;
+  if (!(best_err > 0) || !std::isfinite(best_err) || !(std::fabs(d_ref) > 0) || !std::isfinite(d_ref) ||
+      !std::isfinite(m)) {
+    return;
+  }
+  const simd::RequantScoreFn score = simd::find_requant_score();
+  const float lo = float(g.lo), hi = float(g.hi);
+  int8_t q[kBlock], best_q[kBlock];
+  uint16_t best_d16 = 0, best_m16 = m16;
+  bool improved = false;
+  auto consider = [&](uint16_t d16, uint16_t cand_m16) {
+    const float d = half::fp16_to_f32(d16), cm = offset ? half::fp16_to_f32(cand_m16) : 0.0f;
+    if (!(std::fabs(d) > 0) || !std::isfinite(d) || !std::isfinite(cm)) return;
+    const float e = score(x, d, 1.0f / d, cm, lo, hi, q);
+    if (!(e < best_err)) return;
+    best_err = e;
+    std::memcpy(best_q, q, sizeof q);
+    best_d16 = d16;
+    best_m16 = cand_m16;
+    improved = true;
+  };
+  for (float f : kQuickFactors) consider(half::f32_to_fp16(d_ref * f), m16);
+  // One least-squares refinement of the best: its levels fixed, the scale (and offset) that fit x.
+  if (!improved) block_levels(dt, reinterpret_cast<const uint8_t*>(db), best_q);  // the reference's
+  int32_t il = 0, ill = 0;
+  float ax[8] = {}, axl[8] = {};
+  for (int v = 0; v < kBlock / 8; ++v) {
+    for (int l = 0; l < 8; ++l) {
+      const int32_t q_i = best_q[8 * v + l];
+      il += q_i;
+      ill += q_i * q_i;
+      ax[l] += x[8 * v + l];
+      axl[l] += x[8 * v + l] * float(q_i);
+    }
+  }
+  const double sl = il, sll = ill;
+  const double sx = lane_tree_sum8(ax), sxl = lane_tree_sum8(axl);
+  if (offset) {
+    const double det = kBlock * sll - sl * sl;
+    if (det != 0) {
+      const double d = (kBlock * sxl - sl * sx) / det;
+      consider(half::f32_to_fp16(float(d)), half::f32_to_fp16(float((sx - d * sl) / kBlock)));
+    }
+  } else if (sll != 0) {
+    consider(half::f32_to_fp16(float(sxl / sll)), 0);
+  }
+  if (!improved) return;
+  int levels[kBlock];
+  for (int i = 0; i < kBlock; ++i) levels[i] = best_q[i];
+  if (offset) {
+    encode_offset(dt, best_d16, best_m16, levels, db);
+  } else {
+    build(dt, best_d16, levels, db, x);  // the levels are clamped to the grid: it fits
+  }
+}
+
 void ExactRequantizer::convert_block(const std::byte* sb, const float* x, std::byte* db) {
   if (embed_block(sb, x, db)) {
     ++exact_;
@@ -411,38 +549,6 @@ void ExactRequantizer::convert_block(const std::byte* sb, const float* x, std::b
     ++requant_;
   }
 }
-
-namespace {
-
-// The source block's 32 levels as int8 (value = level * d): what embed_block finds for a finite
-// nonzero scale, read straight from the bits (ggml's dequantize_row_q4_0 / q5_0 / iq4_nl).
-void direct_levels(GgmlType src, const uint8_t* b, int8_t* q) {
-  switch (src) {
-    case GgmlType::kQ4_0:
-      for (int j = 0; j < 16; ++j) {
-        q[j] = int8_t((b[2 + j] & 0x0f) - 8);
-        q[j + 16] = int8_t((b[2 + j] >> 4) - 8);
-      }
-      break;
-    case GgmlType::kQ5_0: {
-      uint32_t qh;
-      std::memcpy(&qh, b + 2, 4);
-      for (int j = 0; j < 16; ++j) {
-        q[j] = int8_t(((b[6 + j] & 0x0f) | (((qh >> j) << 4) & 0x10)) - 16);
-        q[j + 16] = int8_t(((b[6 + j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16);
-      }
-      break;
-    }
-    default:  // iq4_nl
-      for (int j = 0; j < 16; ++j) {
-        q[j] = kIq4nlLevels[b[2 + j] & 0x0f];
-        q[j + 16] = kIq4nlLevels[b[2 + j] >> 4];
-      }
-      break;
-  }
-}
-
-}  // namespace
 
 // Blocks whose f16 scale is +-0, inf or NaN do not embed (levels_for_scale): they take the
 // general path on their own decoded values; every other block embeds as direct_levels says.
@@ -472,7 +578,7 @@ void ExactRequantizer::convert_row_direct(const std::byte* s, std::byte* o) {
     } else {
       for (uint64_t k = b; k < end; ++k) {
         std::memcpy(o + k * dbytes, s + k * sbytes, 2);
-        direct_levels(src_->id(), reinterpret_cast<const uint8_t*>(s + k * sbytes),
+        block_levels(src_->id(), reinterpret_cast<const uint8_t*>(s + k * sbytes),
                       reinterpret_cast<int8_t*>(o + k * dbytes + 2));
       }
     }
@@ -502,11 +608,11 @@ bool ExactRequantizer::may_embed(const std::byte* sb) const {
   return int(mn) - 128 >= embed_lo_ && int(mx) - 128 <= embed_hi_;
 }
 
-// No search (--requant exact, and auto where it does not search): every block's reference block
-// from one from_f32 over the row (ggml's quantizers work block by block, so these are the bytes
-// requantize_block would give each), then the blocks the target holds exactly written over
-// theirs by embed_block, as convert_block would.
-void ExactRequantizer::convert_row_no_search(const std::byte* s, const float* x, std::byte* o) {
+// kNone and kQuick: every block's reference block from one from_f32 over the row (ggml's
+// quantizers work block by block, so these are the bytes requantize_block would start from),
+// then the blocks the target holds exactly written over theirs by embed_block, as convert_block
+// would, and the others given to the quick search.
+void ExactRequantizer::convert_row_from_reference(const std::byte* s, const float* x, std::byte* o) {
   dst_->from_f32(x, o, n_elems_);
   const uint64_t nb = n_elems_ / kBlock;
   const size_t sbytes = src_->block_bytes(), dbytes = dst_->block_bytes();
@@ -514,9 +620,10 @@ void ExactRequantizer::convert_row_no_search(const std::byte* s, const float* x,
     const std::byte* sb = s + b * sbytes;
     if (may_embed(sb) && embed_block(sb, x + b * kBlock, o + b * dbytes)) {
       ++exact_;
-    } else {
-      ++requant_;
+      continue;
     }
+    ++requant_;
+    if (search_ == Search::kQuick) quick_search(x + b * kBlock, o + b * dbytes);
   }
 }
 
@@ -534,8 +641,8 @@ Status ExactRequantizer::convert(std::span<const std::byte> in, std::span<std::b
       continue;
     }
     src_->to_f32(s, row_.data(), n_elems_);
-    if (!mode_search_) {
-      convert_row_no_search(s, row_.data(), o);
+    if (search_ != Search::kFull) {
+      convert_row_from_reference(s, row_.data(), o);
       continue;
     }
     for (uint64_t b = 0; b < nb; ++b) {
@@ -565,6 +672,21 @@ bool requant_score8_ref(const float* x, float m, const float* d, int lo, int hi,
   }
   for (int k = 0; k < 8; ++k) e[k] = acc[k];
   return true;
+}
+
+// The scalar RequantScoreFn (the scalar level's row in simd_kernels.cc): value by value as the
+// SIMD kernels compute it lane by lane; max and min in the operand order of x86's maxps / minps.
+float requant_score_ref(const float* x, float d, float id, float m, float lo, float hi, int8_t* q) {
+  float sq[kBlock];
+  for (int i = 0; i < kBlock; ++i) {
+    float n = nearbyint_inline((x[i] - m) * id);
+    n = n > lo ? n : lo;
+    n = n < hi ? n : hi;
+    q[i] = int8_t(int(n));
+    const float diff = x[i] - (n * d + m);
+    sq[i] = diff * diff;
+  }
+  return lane_tree_sum(sq);
 }
 
 }  // namespace simd

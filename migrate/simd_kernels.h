@@ -81,6 +81,18 @@ RequantScore8Fn find_requant_score8();
 bool requant_score8_ref(const float* x, float m, const float* d, int lo, int hi, RequantGrid grid, double best_err,
                         double* e, int32_t* levels, bool* ok);
 
+// ExactRequantizer's quick search (migrate/exact_requant.cc, --requant quick): one candidate
+// scale d (id = 1 / d) and offset m (0 for a symmetric grid) for one block of 32 values x on the
+// linear grid [lo, hi]: level n[i] = min(max(nearbyint((x[i] - m) * id), lo), hi) (round half to
+// even; max and min as x86's maxps / minps with the level first), written to q[i]; returns the
+// sum of (x[i] - (n[i] * d + m))^2 in float, lane l = i % 8 adding i = l, l + 8, l + 16, l + 24
+// in turn, then the lanes pairwise: (l, l + 4), (l, l + 2), (0, 1). For finite x, d, m.
+using RequantScoreFn = float (*)(const float* x, float d, float id, float m, float lo, float hi, int8_t* q);
+// The kernel at the current level or the nearest level below it (the scalar level's is
+// requant_score_ref, migrate/exact_requant.cc).
+RequantScoreFn find_requant_score();
+float requant_score_ref(const float* x, float d, float id, float m, float lo, float hi, int8_t* q);
+
 // What one SIMD level brings besides its row codecs (those are its column of the codec table
 // in migrate/type_traits.cc). One row per Level in simd_kernels.cc's kLevels.
 struct LevelKernels {
@@ -92,6 +104,7 @@ struct LevelKernels {
   MlxDequantizeFn mlx_dequantize;
   FindEmbedQ8_0Fn find_embed_q8_0;  // nullptr: no direct-path kernels at this level
   RequantScore8Fn requant_score8;   // nullptr: the level below's
+  RequantScoreFn requant_score;     // nullptr: the level below's
 };
 const LevelKernels& level_kernels(Level l);
 
@@ -138,6 +151,8 @@ EmbedQ8_0Fn find_embed_q8_0_avx2(GgmlType src);
 // ExactRequantizer's scale search, 8 candidates in the lanes (RequantScore8Fn above)
 bool requant_score8_avx2(const float* x, float m, const float* d, int lo, int hi, RequantGrid grid, double best_err,
                          double* e, int32_t* levels, bool* ok);
+// ExactRequantizer's quick search, one candidate over 4 vectors of 8 values (RequantScoreFn above)
+float requant_score_avx2(const float* x, float d, float id, float m, float lo, float hi, int8_t* q);
 
 // roundf(x[i]) converted to int32 the way the AVX2 quantizers compute it (exposed for
 // kvsnap-simd-check's exhaustive comparison with roundf), n a multiple of 8.

@@ -174,12 +174,13 @@ void setup_convert(CLI::App& app, int& exit_status) {
                   "auto|on|off: whether the llama.cpp at both ends rotates quantized caches (see below)");
   add_source_options(sub, o->src_rotation, o->source_build, "the input");
   sub->add_option("--requant", o->requant,
-                  "quantized -> quantized blocks: auto (default: exact from q8_0, search from a 4/5-bit type), "
-                  "search (a block the target holds exactly is kept, the others get the smaller error of ggml's "
-                  "reference block and a scale search: closest to the original values, but ~30 MB/s a thread "
-                  "where blocks do not fit, e.g. q8_0 -> q4_0), exact (kept where exact, else the reference block: "
-                  "GB/s), reference (ggml's reference requantization of every block, exact ones too)")
-      ->check(CLI::IsMember({"auto", "search", "exact", "reference"}));
+                  "quantized -> quantized blocks: auto (default: exact from q8_0, quick from a 4/5-bit type, "
+                  "search from one into iq4_nl), exact (a block the target holds exactly is kept, the others get "
+                  "ggml's reference block: GB/s), quick (the others get the smaller error of the reference block, "
+                  "4 nearby scales and a least-squares fit), search (16 nearby scales and up to 3 fits: closest "
+                  "to the original values, but ~20-30 MB/s a thread where blocks do not fit), reference (ggml's "
+                  "reference requantization of every block, exact ones too)")
+      ->check(CLI::IsMember({"auto", "quick", "search", "exact", "reference"}));
   sub->add_option("--dst-rotation", o->dst_rotation,
                   "auto|on|off for the output only (off: the target server runs with LLAMA_ATTN_ROT_DISABLE=1)");
   add_target_build_option(sub, o->target_build, "the output");

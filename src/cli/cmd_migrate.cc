@@ -194,8 +194,8 @@ void setup_migrate(CLI::App& app, int& exit_status) {
   sub->add_option("--flash-attn,--fa", o->flash_attn, "on|off: the target server's flash attention (default: keep)");
   sub->add_option("--format", o->format, "current (default) or " + target_format_names());
   sub->add_option("--rotation", o->rotation, "auto|on|off (see kvsnap convert --help)");
-  sub->add_option("--requant", o->requant, "auto|search|exact|reference (see kvsnap convert --help)")
-      ->check(CLI::IsMember({"auto", "search", "exact", "reference"}));
+  sub->add_option("--requant", o->requant, "auto|quick|search|exact|reference (see kvsnap convert --help)")
+      ->check(CLI::IsMember({"auto", "quick", "search", "exact", "reference"}));
   add_source_options(sub, o->src_rotation, o->source_build, "the files");
   add_target_build_option(sub, o->target_build, "them");
   sub->add_option("--model,-m", o->model, "the model's GGUF: exact layout and head dims (recommended)");

@@ -143,8 +143,8 @@ void setup_restore(CLI::App& app, int& exit_status) {
     sub->add_option("--flash-attn,--fa", o->flash_attn, "on|off of that server (default: as stored; with --server: detected)");
     sub->add_option("--format", o->format, "output format: " + target_format_names());
     sub->add_option("--rotation", o->rotation, "auto|on|off (see kvsnap convert --help)");
-    sub->add_option("--requant", o->requant, "auto|search|exact|reference (see kvsnap convert --help)")
-        ->check(CLI::IsMember({"auto", "search", "exact", "reference"}));
+    sub->add_option("--requant", o->requant, "auto|quick|search|exact|reference (see kvsnap convert --help)")
+        ->check(CLI::IsMember({"auto", "quick", "search", "exact", "reference"}));
     add_source_options(sub, o->src_rotation, o->source_build, "the stored file (default: as recorded at save)");
     add_target_build_option(sub, o->target_build, "the file (with --server, default: the server's /props build_info)");
     sub->add_option("--tokens", o->tokens,

@@ -478,14 +478,14 @@ TEST_F(StoreCli, RequantChoosesHowQuantizedBlocksAreMade) {
   ASSERT_EQ(rc_ref, 0);
   EXPECT_EQ(def["requant"], "auto");
   EXPECT_EQ(reference["requant"], "reference");
-  // what auto chose, per side: a 4/5-bit source searches (q4_0 -> q8_0, K), q8_0 does not (V)
+  // what auto chose, per side: the quick search from a 4/5-bit source (q4_0 -> q8_0, K), none from q8_0 (V)
   auto chosen = [](const nlohmann::json& j, const char* side) {
     std::set<std::string> modes;
     for (const auto& l : j["layers"])
       if (l["side"] == side) modes.insert(l["requant"].get<std::string>());
     return modes;
   };
-  EXPECT_EQ(chosen(def, "K"), std::set<std::string>{"search"});
+  EXPECT_EQ(chosen(def, "K"), std::set<std::string>{"quick"});
   EXPECT_EQ(chosen(def, "V"), std::set<std::string>{"exact"});
   EXPECT_EQ(chosen(search, "V"), std::set<std::string>{"search"});
   EXPECT_TRUE(bytes_def == bytes_exact) << "auto from q8_0 is exact (and q4_0 -> q8_0 keeps every block either way)";
@@ -514,6 +514,24 @@ TEST_F(StoreCli, RequantChoosesHowQuantizedBlocksAreMade) {
   const std::string iq4_def = convert_iq4(""), iq4_search = convert_iq4("search"), iq4_exact = convert_iq4("exact");
   EXPECT_TRUE(iq4_def == iq4_search) << "auto searches from q4_0";
   EXPECT_FALSE(iq4_def == iq4_exact);
+
+  // Between two linear 4/5-bit grids auto is the quick search: V q8_0 -> q5_1, then q5_1 -> q4_0
+  const fs::path v5 = dir_ / "requant-v5.slot";
+  ASSERT_EQ(std::system((std::string(KVSNAP_BINARY) + " convert " + slot + " " + v5.string() + " --ctv q5_1 --model " +
+                         model + " >/dev/null 2>&1").c_str()),
+            0);
+  auto convert_v4 = [&](const std::string& mode) {
+    const fs::path out = dir_ / ("requant-v4-" + mode + ".slot");
+    const std::string cmd = std::string(KVSNAP_BINARY) + " convert " + v5.string() + " " + out.string() +
+                            " --ctv q4_0 --model " + model + (mode.empty() ? "" : " --requant " + mode) + " >/dev/null 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    return slurp(out);
+  };
+  const std::string v4_def = convert_v4(""), v4_quick = convert_v4("quick"), v4_search = convert_v4("search"),
+                    v4_exact = convert_v4("exact");
+  EXPECT_TRUE(v4_def == v4_quick) << "auto is quick from q5_1 to q4_0";
+  EXPECT_FALSE(v4_quick == v4_search);
+  EXPECT_FALSE(v4_quick == v4_exact);
 
   ASSERT_EQ(kv("save " + slot + " --name rq --model " + model).code, 0);
   const fs::path out = dir_ / "restored-reference.slot";

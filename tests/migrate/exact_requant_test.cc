@@ -7,12 +7,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <span>
 #include <vector>
 
 #include "base/simd_level.h"
 #include "migrate/quants.h"
+#include "migrate/simd_kernels.h"
 #include "test_inputs.h"
 
 namespace kvsnap {
@@ -35,8 +37,10 @@ std::vector<float> values(uint32_t seed) {
   return x;
 }
 
+using Search = ExactRequantizer::Search;
+
 std::vector<std::byte> requant(const char* from, const char* to, const std::vector<std::byte>& in,
-                               uint64_t* exact = nullptr, bool search = true) {
+                               uint64_t* exact = nullptr, Search search = Search::kFull) {
   auto r = ExactRequantizer::make(*find_traits(from), *find_traits(to), kN, search);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   std::vector<std::byte> out(r->dst_row_bytes());
@@ -86,15 +90,19 @@ TEST(ExactRequant, LossyPairsAreNeverWorseThanTheReference) {
       const auto src = quantize(from, values(5));
       const auto x = decode(from, src);
       const double ours = sse(x, decode(to, requant(from, to, src)));
-      const double ref = sse(x, decode(to, requant(from, to, src, nullptr, /*search=*/false)));
+      const double quick = sse(x, decode(to, requant(from, to, src, nullptr, Search::kQuick)));
+      const double ref = sse(x, decode(to, requant(from, to, src, nullptr, Search::kNone)));
       EXPECT_LE(ours, ref);
+      EXPECT_LE(quick, ref);
     }
   }
   const auto src = quantize("q5_0", values(9));
   const auto x = decode("q5_0", src);
   const double ours = sse(x, decode("q4_0", requant("q5_0", "q4_0", src)));
-  const double ref = sse(x, decode("q4_0", requant("q5_0", "q4_0", src, nullptr, false)));
+  const double quick = sse(x, decode("q4_0", requant("q5_0", "q4_0", src, nullptr, Search::kQuick)));
+  const double ref = sse(x, decode("q4_0", requant("q5_0", "q4_0", src, nullptr, Search::kNone)));
   EXPECT_LT(ours, 0.8 * ref) << "the reference scale lands half the q5_0 levels on ties";
+  EXPECT_LT(quick, 0.8 * ref) << "the quick search breaks the ties too";
 }
 
 // q4_0 / q5_0 / iq4_nl -> q8_0 rewrite the bits of blocks with a finite nonzero scale directly;
@@ -122,7 +130,7 @@ TEST(ExactRequant, DirectPathEqualsTheGeneralOne) {
         in[b * src.block_bytes() + 1] = std::byte(d >> 8);
       }
       auto fast = ExactRequantizer::make(src, *find_traits("q8_0"), kN);
-      auto general = ExactRequantizer::make(src, *find_traits("q8_0"), kN, true, /*direct=*/false);
+      auto general = ExactRequantizer::make(src, *find_traits("q8_0"), kN, Search::kFull, /*direct=*/false);
       ASSERT_TRUE(fast.ok() && general.ok());
       std::vector<std::byte> a(fast->dst_row_bytes()), b(general->dst_row_bytes());
       ASSERT_TRUE(fast->convert(in, a).ok());
@@ -177,14 +185,14 @@ TEST(ExactRequant, NoSearchRowEqualsBlockByBlock) {
           }
           if (b % 14 == 5) blk[2 + b % 32] = std::byte(0x80);  // -128, outside q8_0's own range
         }
-        auto fast = ExactRequantizer::make(s, d, kN, /*search=*/false);
+        auto fast = ExactRequantizer::make(s, d, kN, Search::kNone);
         ASSERT_TRUE(fast.ok());
         std::vector<std::byte> got(fast->dst_row_bytes());
         ASSERT_TRUE(fast->convert(in, got).ok());
         std::vector<std::byte> want(got.size());
         uint64_t exact = 0;
         for (size_t b = 0; b < nb; ++b) {
-          auto one = ExactRequantizer::make(s, d, 32, /*search=*/true);
+          auto one = ExactRequantizer::make(s, d, 32, Search::kFull);
           ASSERT_TRUE(one.ok());
           std::span<const std::byte> src(in.data() + b * sb, sb);
           std::span<std::byte> dst(want.data() + b * db, db);
@@ -209,18 +217,15 @@ TEST(ExactRequant, NoSearchRowEqualsBlockByBlock) {
   simd::set_level(was);
 }
 
-// The requantizer's bytes for every pair, pinned: the scale search is a chain of float and
-// double operations whose order decides near ties, so a change that alters any choice shows up
-// here. The hashes come from the search as it was before it scored candidates as it found them,
-// four at a time, without libm calls (those changes kept every byte). KVSNAP_PRINT_PINNED=1
-// prints the table this code gives.
-TEST(ExactRequant, BytesArePinned) {
-  struct Want {
-    const char *src, *dst, *hash;
-  };
-  static const Want kWant[] = {
-#include "exact_requant_pinned.inc"
-  };
+struct PinnedBytes {
+  const char *src, *dst, *hash;
+};
+
+// FNV-1a 64 of the requantized bytes of five value distributions, for every pair, against `want`
+// at every SIMD level. No infinite or NaN values or scales: which NaN an operation makes is the
+// hardware's (x86-64 and aarch64 differ; tests/cross/run.sh), and these bytes hold on both.
+// KVSNAP_PRINT_PINNED=1 prints the table this code gives.
+void expect_pinned(Search search, std::span<const PinnedBytes> want) {
   const bool print = std::getenv("KVSNAP_PRINT_PINNED") != nullptr;
   const simd::Level was = simd::level();
   for (size_t l = 0; l < simd::kLevelCount; ++l) {
@@ -231,14 +236,12 @@ TEST(ExactRequant, BytesArePinned) {
       for (const TypeTraits& d : type_traits()) {
         if (!exact_requant_applies(s, d)) continue;
         uint64_t h = 0xcbf29ce484222325ull;
-        // No infinite or NaN values or scales: which NaN an operation makes is the hardware's
-        // (x86-64 and aarch64 differ; tests/cross/run.sh), and these bytes hold on both.
         for (testing::Dist dist : {testing::Dist::kKvLike, testing::Dist::kGauss, testing::Dist::kSparse,
                                    testing::Dist::kOutliers, testing::Dist::kTinyScale}) {
           const std::vector<float> x = testing::random_rows(dist, 3, 4, 256);
           std::vector<std::byte> src(x.size() / 32 * s.block_bytes());
           s.from_f32(x.data(), src.data(), x.size());
-          auto r = ExactRequantizer::make(s, d, 256);
+          auto r = ExactRequantizer::make(s, d, 256, search);
           ASSERT_TRUE(r.ok());
           std::vector<std::byte> out(4 * r->dst_row_bytes());
           ASSERT_TRUE(r->convert(src, out).ok());
@@ -248,7 +251,7 @@ TEST(ExactRequant, BytesArePinned) {
         std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
         if (print && l == 0) std::printf("    {\"%s\", \"%s\", \"%s\"},\n", std::string(s.name()).c_str(),
                                          std::string(d.name()).c_str(), hex);
-        for (const Want& w : kWant) {
+        for (const PinnedBytes& w : want) {
           if (s.name() == w.src && d.name() == w.dst) {
             EXPECT_EQ(std::string(hex), w.hash) << s.name() << " -> " << d.name() << " at " << simd::level_name(simd::Level(l));
             ++checked;
@@ -256,7 +259,61 @@ TEST(ExactRequant, BytesArePinned) {
         }
       }
     }
-    EXPECT_EQ(checked, std::size(kWant)) << "every pinned pair is still a pair the requantizer takes";
+    EXPECT_EQ(checked, want.size()) << "every pinned pair is still a pair the requantizer takes";
+  }
+  simd::set_level(was);
+}
+
+// The full search's bytes for every pair, pinned: the search is a chain of float and double
+// operations whose order decides near ties, so a change that alters any choice shows up here. The
+// hashes come from the search as it was before it scored candidates as it found them, four at a
+// time, without libm calls (those changes kept every byte).
+TEST(ExactRequant, BytesArePinned) {
+  static const PinnedBytes kWant[] = {
+#include "exact_requant_pinned.inc"
+  };
+  expect_pinned(Search::kFull, kWant);
+}
+
+// The quick search's bytes, pinned the same way (made by its scalar code when it was written).
+// Its candidates are scored by the level's RequantScoreFn, so this also holds the SIMD kernels to
+// the scalar one on real blocks.
+TEST(ExactRequant, QuickBytesArePinned) {
+  static const PinnedBytes kWant[] = {
+#include "exact_requant_quick_pinned.inc"
+  };
+  expect_pinned(Search::kQuick, kWant);
+}
+
+// Every RequantScoreFn against the scalar one, bit for bit: the error and the levels, for values
+// on and off the grid, at scales from tiny to huge, with and without an offset, and levels that
+// clamp at both ends and land on rounding ties.
+TEST(ExactRequant, QuickScoreKernelsMatchTheScalarOne) {
+  std::mt19937 rng(71);
+  std::normal_distribution<float> g(0.f, 1.f);
+  const simd::Level was = simd::level();
+  for (size_t l = 0; l < simd::kLevelCount; ++l) {
+    if (!simd::supported(simd::Level(l))) continue;
+    ASSERT_TRUE(simd::set_level(simd::Level(l)));
+    SCOPED_TRACE(simd::level_name(simd::Level(l)));
+    const simd::RequantScoreFn score = simd::find_requant_score();
+    for (int t = 0; t < 4000; ++t) {
+      const float scale = std::ldexp(1.0f, int(rng() % 40) - 24);
+      const float d = scale * (0.5f + float(rng() % 1000) / 1000.0f) * (rng() % 5 == 0 ? -1.0f : 1.0f);
+      const bool offset = t % 2 == 1;
+      const float m = offset ? -8.0f * d + scale * g(rng) * 0.1f : 0.0f;
+      const float lo = offset ? 0.0f : (t % 4 == 0 ? -8.0f : -16.0f), hi = offset ? (t % 4 == 1 ? 15.0f : 31.0f) : -lo - 1;
+      float x[32];
+      for (int i = 0; i < 32; ++i) {
+        // half the blocks on a half-level grid: ties for nearbyint
+        x[i] = t % 3 == 0 ? (float(int(rng() % 80) - 40) * 0.5f) * d + m : g(rng) * 12.0f * std::fabs(d) + m;
+      }
+      int8_t q_ref[32], q[32];
+      const float e_ref = simd::requant_score_ref(x, d, 1.0f / d, m, lo, hi, q_ref);
+      const float e = score(x, d, 1.0f / d, m, lo, hi, q);
+      ASSERT_EQ(std::memcmp(&e, &e_ref, sizeof e), 0) << "trial " << t << ": " << e << " vs " << e_ref;
+      ASSERT_EQ(std::memcmp(q, q_ref, sizeof q), 0) << "trial " << t;
+    }
   }
   simd::set_level(was);
 }
