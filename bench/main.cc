@@ -696,8 +696,7 @@ int run(const Options& opt, std::vector<Row>* table_out) {
     // else through RowConverter. The kvsnap cells time that path; an exact row also times
     // RowConverter (the reference requantization) beside it.
     row.exact = plan->step == RotationStep::kNone && exact_requant_applies(st, dt);
-    static constexpr const char* kSearchName[] = {" (requant. exact)", " (requant. quick)", " (requant. search)"};
-    if (row.exact) row.rotation += kSearchName[static_cast<int>(search_by_default(st, dt))];
+    if (row.exact) row.rotation += std::string(" (requant. ") + search_name(search_by_default(st, dt)) + ")";
     using ConvertFn = std::function<void(std::span<const std::byte>, std::span<std::byte>)>;
     auto make_converter = [&]() -> ConvertFn {
       if (row.exact) {

@@ -118,10 +118,9 @@ int run(int argc, char** argv) {
       const double native_s = mse(x, decode(s, quantize(s, x), x.size()));
       const Modes m = run_pair(s, t, x, n);
       const std::string name = std::string(s.name()) + " -> " + std::string(t.name());
-      static constexpr const char* kAuto[] = {"exact", "quick", "search"};
       std::printf("%-16s %8.3f %8.3f %8.3f %8.3f %8.3f %6.1f%%  %s\n", name.c_str(), native_s / native_t,
                   m.search / native_t, m.quick / native_t, m.exact / native_t, m.reference / native_t,
-                  100 * m.exact_share, kAuto[static_cast<int>(search_by_default(s, t))]);
+                  100 * m.exact_share, search_name(search_by_default(s, t)));
     }
   }
   return 0;

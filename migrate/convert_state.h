@@ -136,7 +136,10 @@ struct LayerReport {
   uint64_t blocks_exact = 0;         // quantized -> quantized: blocks the target holds exactly
   uint64_t blocks_requantized = 0;   // ... and blocks that went through the reference quantizer
   std::string requant;               // how those were made: "quick", "search", "exact", "reference"
-                                     // ("auto" resolved); "" when the layer is not quantized -> quantized
+                                     // ("auto" resolved; the mode the layer ran, even where every block
+                                     // embedded); "" unless quantized -> quantized with no rotation step
+                                     // (a layer that rotates or un-rotates always takes ggml's reference
+                                     // quantizer after the rotation)
   uint64_t values = 0;
   double rmse = 0, max_abs = 0, snr_db = 0;  // against the source values (snr: inf when exact)
   double signal_rms = 0;

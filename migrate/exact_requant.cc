@@ -290,6 +290,15 @@ bool exact_requant_applies(const TypeTraits& src, const TypeTraits& dst) {
   return s && d && s->grid != Grid::kNone && d->grid != Grid::kNone && src.id() != dst.id();
 }
 
+const char* search_name(ExactRequantizer::Search s) {
+  switch (s) {
+    case ExactRequantizer::Search::kNone: return "exact";
+    case ExactRequantizer::Search::kQuick: return "quick";
+    case ExactRequantizer::Search::kFull: return "search";
+  }
+  return "?";
+}
+
 ExactRequantizer::Search search_by_default(const TypeTraits& src, const TypeTraits& dst) {
   using Search = ExactRequantizer::Search;
   if (!exact_requant_applies(src, dst) || src.id() == GgmlType::kQ8_0) return Search::kNone;
@@ -551,7 +560,7 @@ void ExactRequantizer::convert_block(const std::byte* sb, const float* x, std::b
 }
 
 // Blocks whose f16 scale is +-0, inf or NaN do not embed (levels_for_scale): they take the
-// general path on their own decoded values; every other block embeds as direct_levels says.
+// general path on their own decoded values; every other block embeds as block_levels says.
 // Runs of embedding blocks go through the level's kernel where it has one (simd_kernels.h).
 void ExactRequantizer::convert_row_direct(const std::byte* s, std::byte* o) {
   const uint64_t nb = n_elems_ / kBlock;

@@ -30,8 +30,10 @@ namespace kvsnap {
 
 class ExactRequantizer {
  public:
-  // What a block that cannot be exact gets (every choice is never worse than ggml's reference
-  // block by the squared error against the source values, by construction):
+  // What a block that cannot be exact gets. A search keeps a candidate only when its squared error
+  // against the source values is below the best so far, starting from ggml's reference block, so
+  // it is never worse than that block by its own score (kFull sums in double; kQuick in float,
+  // where a near tie could go either way by a few ulp in double):
   enum class Search {
     kNone,   // ggml's reference block
     kQuick,  // the smaller error of the reference block, 4 nearby scales and one least-squares
@@ -46,8 +48,9 @@ class ExactRequantizer {
   // (same scale; levels -8..7, -16..15 or the iq4_nl table fit int8, and q * d is the same
   // product either way), rewrite those blocks' bytes without decoding and checking them; false
   // (for tests) takes the general path for every block. The bytes are the same.
+  // search: what `kvsnap convert` runs by default is search_by_default(src, dst) (below).
   static Result<ExactRequantizer> make(const TypeTraits& src, const TypeTraits& dst, uint64_t n_elems,
-                                       Search search = Search::kFull, bool direct = true);
+                                       Search search, bool direct = true);
 
   uint64_t src_row_bytes() const { return src_row_; }
   uint64_t dst_row_bytes() const { return dst_row_; }
@@ -83,6 +86,9 @@ class ExactRequantizer {
 
 // Whether ExactRequantizer applies to this pair.
 bool exact_requant_applies(const TypeTraits& src, const TypeTraits& dst);
+
+// "exact" (kNone), "quick", "search" (kFull): the --requant word that runs each.
+const char* search_name(ExactRequantizer::Search s);
 
 // What `--requant auto` (the default) runs for this pair. From q8_0, kNone: ggml's reference
 // block lands within ~2% of the error of a cache made natively in the target type

@@ -187,7 +187,7 @@ KV_AVX2 void iq4_nl_to_f32_avx2(const std::byte* in, float* y, size_t n) {
 
 // =============================================================================================
 // ExactRequantizer's direct path: q4_0 / q5_0 / iq4_nl blocks -> q8_0 blocks, the same scale and
-// the source's levels as int8 (exact_requant.cc's direct_levels, byte for byte)
+// the source's levels as int8 (exact_requant.cc's block_levels, byte for byte)
 // =============================================================================================
 
 namespace {

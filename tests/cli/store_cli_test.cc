@@ -442,8 +442,10 @@ TEST_F(StoreCli, DoctorNamesTheSha256Kernel) {
 }
 
 // --requant (convert, restore): how quantized -> quantized blocks are made. A K of q4_0 goes to
-// q8_0 (every block embeds exactly) and a V of q8_0 to q4_0 (none does): `search` (the default)
-// and `exact` keep K's blocks, `reference` requantizes them all; restore passes the word on.
+// q8_0 (every block embeds exactly) and a V of q8_0 to q4_0 (none does): `auto` (the default:
+// quick for K, exact for V), `search` and `exact` keep K's blocks, `reference` requantizes them
+// all; restore passes the word on. Then auto from q4_0 into iq4_nl (search) and from q5_1 into
+// q4_0 (quick).
 TEST_F(StoreCli, RequantChoosesHowQuantizedBlocksAreMade) {
   const fs::path fx = fs::path(KVSNAP_SOURCE_DIR) / "fixtures";
   const std::string model = (fx / "models/tiny-hd128.gguf").string();

@@ -129,16 +129,19 @@ TEST(ExactRequant, DirectPathEqualsTheGeneralOne) {
         in[b * src.block_bytes()] = std::byte(d & 0xff);
         in[b * src.block_bytes() + 1] = std::byte(d >> 8);
       }
-      auto fast = ExactRequantizer::make(src, *find_traits("q8_0"), kN);
-      auto general = ExactRequantizer::make(src, *find_traits("q8_0"), kN, Search::kFull, /*direct=*/false);
-      ASSERT_TRUE(fast.ok() && general.ok());
-      std::vector<std::byte> a(fast->dst_row_bytes()), b(general->dst_row_bytes());
-      ASSERT_TRUE(fast->convert(in, a).ok());
-      ASSERT_TRUE(general->convert(in, b).ok());
-      EXPECT_EQ(a, b);
-      EXPECT_EQ(fast->blocks_exact(), general->blocks_exact());
-      EXPECT_EQ(fast->blocks_requantized(), general->blocks_requantized());
-      EXPECT_GT(general->blocks_requantized(), 0u) << "the zero / inf / NaN scales take the general path";
+      for (Search search : {Search::kNone, Search::kQuick, Search::kFull}) {
+        SCOPED_TRACE(search_name(search));
+        auto fast = ExactRequantizer::make(src, *find_traits("q8_0"), kN, search);
+        auto general = ExactRequantizer::make(src, *find_traits("q8_0"), kN, search, /*direct=*/false);
+        ASSERT_TRUE(fast.ok() && general.ok());
+        std::vector<std::byte> a(fast->dst_row_bytes()), b(general->dst_row_bytes());
+        ASSERT_TRUE(fast->convert(in, a).ok());
+        ASSERT_TRUE(general->convert(in, b).ok());
+        EXPECT_EQ(a, b);
+        EXPECT_EQ(fast->blocks_exact(), general->blocks_exact());
+        EXPECT_EQ(fast->blocks_requantized(), general->blocks_requantized());
+        EXPECT_GT(general->blocks_requantized(), 0u) << "the zero / inf / NaN scales take the general path";
+      }
     }
   }
   simd::set_level(was);
@@ -148,7 +151,8 @@ TEST(ExactRequant, DirectPathEqualsTheGeneralOne) {
 // blocks written over theirs, and a q8_0 source skips embed_block where its levels cannot fit
 // (may_embed). That must be what the block-by-block definition gives: a block the target holds
 // exactly (the search requantizer on that block alone keeps it) has those bytes, any other ggml's
-// reference block of its values. Every pair, every SIMD level, sources with random bits, every
+// reference block of its values. The quick search, which starts from the same row, must give each
+// block what it gives that block alone. Every pair, every SIMD level, sources with random bits, every
 // kind of f16 scale, and (q8_0) levels that fit the narrow grids, just fit, and just do not.
 TEST(ExactRequant, NoSearchRowEqualsBlockByBlock) {
   const uint16_t scales[] = {0x0000, 0x8000, 0x0001, 0x83ff, 0x3c00, 0xb800, 0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7e00, 0x2e66};
@@ -208,6 +212,21 @@ TEST(ExactRequant, NoSearchRowEqualsBlockByBlock) {
         EXPECT_EQ(got, want);
         EXPECT_EQ(fast->blocks_exact(), exact);
         EXPECT_EQ(fast->blocks_requantized(), nb - exact);
+        // The quick search over the row: each block as the quick search makes it alone (nothing
+        // carries over from one block to the next).
+        auto quick = ExactRequantizer::make(s, d, kN, Search::kQuick);
+        ASSERT_TRUE(quick.ok());
+        std::vector<std::byte> quick_row(got.size()), quick_blocks(got.size());
+        ASSERT_TRUE(quick->convert(in, quick_row).ok());
+        for (size_t b = 0; b < nb; ++b) {
+          auto one = ExactRequantizer::make(s, d, 32, Search::kQuick);
+          ASSERT_TRUE(one.ok());
+          ASSERT_TRUE(one->convert(std::span<const std::byte>(in.data() + b * sb, sb),
+                                   std::span<std::byte>(quick_blocks.data() + b * db, db))
+                          .ok());
+        }
+        EXPECT_EQ(quick_row, quick_blocks);
+        EXPECT_EQ(quick->blocks_exact(), exact);
         if (s.id() == GgmlType::kQ8_0) {
           EXPECT_GT(exact, 0u) << "the crafted levels embed somewhere";
         }
@@ -286,8 +305,9 @@ TEST(ExactRequant, QuickBytesArePinned) {
 }
 
 // Every RequantScoreFn against the scalar one, bit for bit: the error and the levels, for values
-// on and off the grid, at scales from tiny to huge, with and without an offset, and levels that
-// clamp at both ends and land on rounding ties.
+// on and off the grid, at scales from tiny to huge and negative, on every linear grid (q8_0's
+// included), with and without an offset, and levels that clamp at both ends and land on
+// rounding ties.
 TEST(ExactRequant, QuickScoreKernelsMatchTheScalarOne) {
   std::mt19937 rng(71);
   std::normal_distribution<float> g(0.f, 1.f);
@@ -297,16 +317,23 @@ TEST(ExactRequant, QuickScoreKernelsMatchTheScalarOne) {
     ASSERT_TRUE(simd::set_level(simd::Level(l)));
     SCOPED_TRACE(simd::level_name(simd::Level(l)));
     const simd::RequantScoreFn score = simd::find_requant_score();
-    for (int t = 0; t < 4000; ++t) {
+    for (int t = 0; t < 5000; ++t) {
       const float scale = std::ldexp(1.0f, int(rng() % 40) - 24);
-      const float d = scale * (0.5f + float(rng() % 1000) / 1000.0f) * (rng() % 5 == 0 ? -1.0f : 1.0f);
-      const bool offset = t % 2 == 1;
+      const float sign = rng() % 5 == 0 ? -1.0f : 1.0f;
+      // every sixth trial a power-of-two scale, so that the half levels below are exact ties
+      const float d = t % 6 == 0 ? scale * sign : scale * (0.5f + float(rng() % 1000) / 1000.0f) * sign;
+      // the grids: q4_0, q5_0, q8_0 (symmetric), q4_1, q5_1 (offset)
+      static constexpr float kLo[] = {-8, -16, -127, 0, 0}, kHi[] = {7, 15, 127, 15, 31};
+      const int grid = t % 5;
+      const bool offset = grid >= 3;
       const float m = offset ? -8.0f * d + scale * g(rng) * 0.1f : 0.0f;
-      const float lo = offset ? 0.0f : (t % 4 == 0 ? -8.0f : -16.0f), hi = offset ? (t % 4 == 1 ? 15.0f : 31.0f) : -lo - 1;
+      const float lo = kLo[grid], hi = kHi[grid], spread = grid == 2 ? 60.0f : 12.0f;
       float x[32];
       for (int i = 0; i < 32; ++i) {
-        // half the blocks on a half-level grid: ties for nearbyint
-        x[i] = t % 3 == 0 ? (float(int(rng() % 80) - 40) * 0.5f) * d + m : g(rng) * 12.0f * std::fabs(d) + m;
+        // a third of the blocks on the half-level grid (ties where d is a power of two and m = 0),
+        // beyond both ends too
+        x[i] = t % 3 == 0 ? (float(int(rng() % uint32_t(4 * hi + 8)) - int(2 * hi + 4)) * 0.5f) * d + m
+                          : g(rng) * spread * std::fabs(d) + m;
       }
       int8_t q_ref[32], q[32];
       const float e_ref = simd::requant_score_ref(x, d, 1.0f / d, m, lo, hi, q_ref);
@@ -319,9 +346,9 @@ TEST(ExactRequant, QuickScoreKernelsMatchTheScalarOne) {
 }
 
 TEST(ExactRequant, RefusesPairsItIsNotFor) {
-  EXPECT_FALSE(ExactRequantizer::make(*find_traits("f16"), *find_traits("q8_0"), kN).ok());
-  EXPECT_FALSE(ExactRequantizer::make(*find_traits("q8_0"), *find_traits("q8_0"), kN).ok());
-  EXPECT_FALSE(ExactRequantizer::make(*find_traits("q8_0"), *find_traits("q4_0"), 31).ok());
+  EXPECT_FALSE(ExactRequantizer::make(*find_traits("f16"), *find_traits("q8_0"), kN, Search::kFull).ok());
+  EXPECT_FALSE(ExactRequantizer::make(*find_traits("q8_0"), *find_traits("q8_0"), kN, Search::kFull).ok());
+  EXPECT_FALSE(ExactRequantizer::make(*find_traits("q8_0"), *find_traits("q4_0"), 31, Search::kFull).ok());
 }
 
 // Every pair of two different quantized KV types, and only those: the grids of exact_requant.cc
