@@ -322,8 +322,9 @@ Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const Typ
   r.row_.resize(n_elems);
   // the quick search needs a linear grid; iq4_nl's levels are a table
   r.search_ = search == Search::kQuick && dst.id() == GgmlType::kIQ4_NL ? Search::kFull : search;
+  if (r.search_ == Search::kQuick) r.ref_row_.resize(n_elems);
   const GridRow& g = *grid_of(dst.id());
-  r.q8_0_source_ = src.id() == GgmlType::kQ8_0;
+  r.symmetric_source_ = grid_of(src.id())->grid == Grid::kSymmetric;
   r.embed_span_ = g.grid == Grid::kOffset;
   r.embed_lo_ = g.lo;
   r.embed_hi_ = g.hi;
@@ -376,7 +377,11 @@ bool ExactRequantizer::embed_block(const std::byte* sb, const float* x, std::byt
 void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
   if (search_ != Search::kFull) {
     dst_->from_f32(x, db, kBlock);
-    if (search_ == Search::kQuick) quick_search(x, db);
+    if (search_ == Search::kQuick) {
+      float y[kBlock];
+      dst_->to_f32(db, y, kBlock);
+      quick_search(x, y, db);
+    }
     return;
   }
   const GgmlType dt = dst_->id();
@@ -479,17 +484,17 @@ void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
   std::memcpy(db, best, dst_->block_bytes());
 }
 
-// --requant quick, for a block that is not exact: db holds ggml's reference block; it is
+// --requant quick, for a block that is not exact: db holds ggml's reference block (y: its values,
+// decoded); it is
 // replaced by a candidate with a smaller error against the source values x, if any. Candidates
 // share the reference block's offset (offset types) and are scored by the level's
 // RequantScoreFn, so every level picks the same block. Needs finite values and a finite,
 // nonzero reference scale: anything else keeps the reference block.
-void ExactRequantizer::quick_search(const float* x, std::byte* db) {
+void ExactRequantizer::quick_search(const float* x, const float* y, std::byte* db) {
   const GgmlType dt = dst_->id();
   const bool offset = has_offset(dt);
   const GridRow& g = *grid_of(dt);
-  float y[kBlock], sq[kBlock];
-  dst_->to_f32(db, y, kBlock);
+  float sq[kBlock];
   for (int i = 0; i < kBlock; ++i) sq[i] = (x[i] - y[i]) * (x[i] - y[i]);
   float best_err = lane_tree_sum(sq);
   const float d_ref = half::fp16_to_f32(load_u16(db));
@@ -596,25 +601,39 @@ void ExactRequantizer::convert_row_direct(const std::byte* s, std::byte* o) {
   }
 }
 
-// A necessary condition for embed_block: false only where it would fail. A q8_0 block with a
-// finite scale d holds values q * d, each product exact (8-bit times 11-bit significands), so
-// embed_block's quotients are the levels q themselves (symmetric targets: the same d; offset
-// targets: x - m is (q - q_min) * d or (q + centre) * d, exact too): it embeds only if every
-// level is on the target's grid (symmetric), or the levels span at most the target's top level
-// (offset). Any other source: true (embed_block decides).
+// A necessary condition for embed_block: false only where it would fail. A block of a symmetric
+// source (q8_0, q4_0, q5_0, iq4_nl) with a finite scale d holds values q * d, each product exact
+// (at most 8-bit levels times 11-bit significands), so embed_block's quotients are the levels q
+// themselves (symmetric targets: the same d; offset targets: x - m is (q - q_min) * d or
+// (q + centre) * d, exact too): it embeds only if every level is in the target's range
+// (symmetric), or the levels span at most the target's top level (offset); with any other d it
+// does not embed at all. An offset source: true (embed_block decides).
 bool ExactRequantizer::may_embed(const std::byte* sb) const {
-  if (!q8_0_source_) return true;
-  // The levels biased to unsigned (q + 128), so the minimum and maximum are unsigned byte
-  // operations every x86-64 and aarch64 vectorizes.
-  const uint8_t* raw = reinterpret_cast<const uint8_t*>(sb + 2);
-  uint8_t mn = 255, mx = 0;
-  for (int i = 0; i < kBlock; ++i) {
-    const uint8_t u = uint8_t(raw[i] ^ 0x80);
-    mn = u < mn ? u : mn;
-    mx = u > mx ? u : mx;
+  if (!symmetric_source_) return true;
+  int mn, mx;
+  if (src_->id() == GgmlType::kQ8_0) {
+    // The levels biased to unsigned (q + 128), so the minimum and maximum are unsigned byte
+    // operations every x86-64 and aarch64 vectorizes.
+    const uint8_t* raw = reinterpret_cast<const uint8_t*>(sb + 2);
+    uint8_t umn = 255, umx = 0;
+    for (int i = 0; i < kBlock; ++i) {
+      const uint8_t u = uint8_t(raw[i] ^ 0x80);
+      umn = u < umn ? u : umn;
+      umx = u > umx ? u : umx;
+    }
+    mn = int(umn) - 128;
+    mx = int(umx) - 128;
+  } else {
+    int8_t q[kBlock];
+    block_levels(src_->id(), reinterpret_cast<const uint8_t*>(sb), q);
+    mn = mx = q[0];
+    for (int i = 1; i < kBlock; ++i) {
+      mn = q[i] < mn ? q[i] : mn;
+      mx = q[i] > mx ? q[i] : mx;
+    }
   }
   if (embed_span_) return mx - mn <= embed_hi_;
-  return int(mn) - 128 >= embed_lo_ && int(mx) - 128 <= embed_hi_;
+  return mn >= embed_lo_ && mx <= embed_hi_;
 }
 
 // kNone and kQuick: every block's reference block from one from_f32 over the row (ggml's
@@ -623,6 +642,7 @@ bool ExactRequantizer::may_embed(const std::byte* sb) const {
 // would, and the others given to the quick search.
 void ExactRequantizer::convert_row_from_reference(const std::byte* s, const float* x, std::byte* o) {
   dst_->from_f32(x, o, n_elems_);
+  if (search_ == Search::kQuick) dst_->to_f32(o, ref_row_.data(), n_elems_);  // the reference values
   const uint64_t nb = n_elems_ / kBlock;
   const size_t sbytes = src_->block_bytes(), dbytes = dst_->block_bytes();
   for (uint64_t b = 0; b < nb; ++b) {
@@ -632,7 +652,7 @@ void ExactRequantizer::convert_row_from_reference(const std::byte* s, const floa
       continue;
     }
     ++requant_;
-    if (search_ == Search::kQuick) quick_search(x + b * kBlock, o + b * dbytes);
+    if (search_ == Search::kQuick) quick_search(x + b * kBlock, ref_row_.data() + b * kBlock, o + b * dbytes);
   }
 }
 

@@ -68,19 +68,20 @@ class ExactRequantizer {
   void convert_block(const std::byte* src_block, const float* values, std::byte* dst_block);
   void convert_row_direct(const std::byte* src_row, std::byte* dst_row);
   void convert_row_from_reference(const std::byte* src_row, const float* values, std::byte* dst_row);
-  void quick_search(const float* values, std::byte* dst_block);
+  void quick_search(const float* values, const float* ref_values, std::byte* dst_block);
   bool may_embed(const std::byte* src_block) const;
 
   const TypeTraits* src_ = nullptr;
   const TypeTraits* dst_ = nullptr;
   uint64_t n_elems_ = 0, src_row_ = 0, dst_row_ = 0;
   std::vector<float> row_;
+  std::vector<float> ref_row_;  // kQuick: the row's reference blocks, decoded
   uint64_t exact_ = 0, requant_ = 0;
   Search search_ = Search::kFull;
   bool direct_ = false;
-  // may_embed's test for a q8_0 source: levels in [embed_lo_, embed_hi_], or (embed_span_, an
+  // may_embed's test for a symmetric source: levels in [embed_lo_, embed_hi_], or (embed_span_, an
   // offset target) spanning at most embed_hi_
-  bool q8_0_source_ = false, embed_span_ = false;
+  bool symmetric_source_ = false, embed_span_ = false;
   int embed_lo_ = 0, embed_hi_ = 0;
 };
 

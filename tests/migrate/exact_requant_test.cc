@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -153,7 +154,42 @@ TEST(ExactRequant, DirectPathEqualsTheGeneralOne) {
 // exactly (the search requantizer on that block alone keeps it) has those bytes, any other ggml's
 // reference block of its values. The quick search, which starts from the same row, must give each
 // block what it gives that block alone. Every pair, every SIMD level, sources with random bits, every
-// kind of f16 scale, and (q8_0) levels that fit the narrow grids, just fit, and just do not.
+// kind of f16 scale, and (symmetric sources) levels that fit the narrow grids, just fit, and just
+// do not.
+// Levels for block number b of a q4_0, q5_0 or iq4_nl source, packed over blk's bits (its scale
+// kept): levels that fit [-8, 7], a span of 15, 16 or 31 anywhere in the source's range (iq4_nl:
+// its value 1 alone, or with its neighbours -10 and 13), or the random bits left as they are.
+void craft_levels(GgmlType t, size_t b, std::mt19937& rng, std::byte* blk) {
+  uint8_t* u = reinterpret_cast<uint8_t*>(blk);
+  const int kind = int(b % 5);
+  if (kind == 4) return;
+  if (t == GgmlType::kIQ4_NL) {  // indexes into the table: 7 -> -10, 8 -> 1, 9 -> 13
+    static constexpr int kFirst[] = {8, 7, 8, 7}, kCount[] = {1, 2, 2, 3};
+    for (int j = 0; j < 16; ++j) {
+      const int a = kFirst[kind] + int(rng() % kCount[kind]), c = kFirst[kind] + int(rng() % kCount[kind]);
+      u[2 + j] = uint8_t(a | (c << 4));
+    }
+    return;
+  }
+  const int bias = t == GgmlType::kQ4_0 ? 8 : 16;  // levels -bias .. bias - 1
+  const int span = kind == 0 ? 15 : kind == 1 ? 15 : kind == 2 ? 16 : 31;
+  const int width = std::min(span, 2 * bias - 1);
+  const int base = kind == 0 ? -8 : -bias + int(rng() % uint32_t(2 * bias - width));
+  int q[32];
+  for (int i = 0; i < 32; ++i) q[i] = base + int(rng() % uint32_t(width + 1)) + bias;  // 0 .. 2 * bias - 1
+  if (t == GgmlType::kQ4_0) {
+    for (int j = 0; j < 16; ++j) u[2 + j] = uint8_t(q[j] | (q[j + 16] << 4));
+    return;
+  }
+  uint32_t qh = 0;
+  for (int j = 0; j < 16; ++j) {
+    u[6 + j] = uint8_t((q[j] & 0x0f) | ((q[j + 16] & 0x0f) << 4));
+    qh |= uint32_t(q[j] >> 4) << j;
+    qh |= uint32_t(q[j + 16] >> 4) << (j + 16);
+  }
+  std::memcpy(u + 2, &qh, 4);
+}
+
 TEST(ExactRequant, NoSearchRowEqualsBlockByBlock) {
   const uint16_t scales[] = {0x0000, 0x8000, 0x0001, 0x83ff, 0x3c00, 0xb800, 0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7e00, 0x2e66};
   const simd::Level was = simd::level();
@@ -175,6 +211,10 @@ TEST(ExactRequant, NoSearchRowEqualsBlockByBlock) {
             const uint16_t h = scales[(b / 3) % std::size(scales)];
             blk[0] = std::byte(h & 0xff);
             blk[1] = std::byte(h >> 8);
+          }
+          if (s.id() == GgmlType::kQ4_0 || s.id() == GgmlType::kQ5_0 || s.id() == GgmlType::kIQ4_NL) {
+            craft_levels(s.id(), b, rng, blk);
+            continue;
           }
           if (s.id() != GgmlType::kQ8_0) continue;
           // q8_0 levels: [-8, 7], [-16, 15], a span of 15 or 16 or 31 or 32 anywhere, the iq4_nl table
@@ -227,7 +267,9 @@ TEST(ExactRequant, NoSearchRowEqualsBlockByBlock) {
         }
         EXPECT_EQ(quick_row, quick_blocks);
         EXPECT_EQ(quick->blocks_exact(), exact);
-        if (s.id() == GgmlType::kQ8_0) {
+        const bool crafted = s.id() == GgmlType::kQ8_0 || s.id() == GgmlType::kQ4_0 || s.id() == GgmlType::kQ5_0 ||
+                             s.id() == GgmlType::kIQ4_NL;
+        if (crafted && (d.id() != GgmlType::kIQ4_NL || s.id() == GgmlType::kQ8_0)) {
           EXPECT_GT(exact, 0u) << "the crafted levels embed somewhere";
         }
       }
