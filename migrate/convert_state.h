@@ -88,9 +88,9 @@ struct RotationGeometry {
 // How quantized -> quantized blocks are made when both ends are in one rotation domain
 // (migrate/exact_requant.h). Every mode keeps float -> quantized ggml_quantize_chunk's.
 enum class RequantMode {
-  kAuto,       // the default: kExact from q8_0, kQuick from a 4/5-bit type, kSearch from a 4/5-bit
-               // type into iq4_nl (search_by_default in migrate/exact_requant.h says why;
-               // docs/conversion.md has the figures)
+  kAuto,       // the default: kSearch into iq4_nl, else kExact from q8_0 and kQuick from a 4/5-bit
+               // type (search_by_default in migrate/exact_requant.h says why; docs/conversion.md has
+               // the figures)
   kQuick,      // a block the target holds exactly is kept; the others: the smaller error of ggml's
                // reference block, 4 nearby scales and one least-squares refinement (into iq4_nl:
                // kSearch)

@@ -301,8 +301,9 @@ const char* search_name(ExactRequantizer::Search s) {
 
 ExactRequantizer::Search search_by_default(const TypeTraits& src, const TypeTraits& dst) {
   using Search = ExactRequantizer::Search;
-  if (!exact_requant_applies(src, dst) || src.id() == GgmlType::kQ8_0) return Search::kNone;
-  return dst.id() == GgmlType::kIQ4_NL ? Search::kFull : Search::kQuick;
+  if (!exact_requant_applies(src, dst)) return Search::kNone;
+  if (dst.id() == GgmlType::kIQ4_NL) return Search::kFull;  // see the header: oracle.server_convert
+  return src.id() == GgmlType::kQ8_0 ? Search::kNone : Search::kQuick;
 }
 
 Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const TypeTraits& dst, uint64_t n_elems,

@@ -444,8 +444,7 @@ TEST_F(StoreCli, DoctorNamesTheSha256Kernel) {
 // --requant (convert, restore): how quantized -> quantized blocks are made. A K of q4_0 goes to
 // q8_0 (every block embeds exactly) and a V of q8_0 to q4_0 (none does): `auto` (the default:
 // quick for K, exact for V), `search` and `exact` keep K's blocks, `reference` requantizes them
-// all; restore passes the word on. Then auto from q4_0 into iq4_nl (search) and from q5_1 into
-// q4_0 (quick).
+// all; restore passes the word on. Then auto into iq4_nl (search) and from q5_1 into q4_0 (quick).
 TEST_F(StoreCli, RequantChoosesHowQuantizedBlocksAreMade) {
   const fs::path fx = fs::path(KVSNAP_SOURCE_DIR) / "fixtures";
   const std::string model = (fx / "models/tiny-hd128.gguf").string();
@@ -504,17 +503,17 @@ TEST_F(StoreCli, RequantChoosesHowQuantizedBlocksAreMade) {
   nlohmann::json unused;
   EXPECT_EQ(convert("fastest", unused).first, 2) << "an unknown word is a usage error";
 
-  // From a 4/5-bit type auto is the search: q4_0 -> iq4_nl (K; V stays q8_0)
+  // Into iq4_nl auto is the full search, from a 4/5-bit type and from q8_0 alike (K q4_0, V q8_0)
   auto convert_iq4 = [&](const std::string& mode) {
     const fs::path out = dir_ / ("requant-iq4-" + mode + ".slot");
     const std::string cmd = std::string(KVSNAP_BINARY) + " convert " + slot + " " + out.string() +
-                            " --ctk iq4_nl --ctv q8_0 --model " + model + (mode.empty() ? "" : " --requant " + mode) +
+                            " --ctk iq4_nl --ctv iq4_nl --model " + model + (mode.empty() ? "" : " --requant " + mode) +
                             " >/dev/null 2>&1";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     return slurp(out);
   };
   const std::string iq4_def = convert_iq4(""), iq4_search = convert_iq4("search"), iq4_exact = convert_iq4("exact");
-  EXPECT_TRUE(iq4_def == iq4_search) << "auto searches from q4_0";
+  EXPECT_TRUE(iq4_def == iq4_search) << "auto searches into iq4_nl";
   EXPECT_FALSE(iq4_def == iq4_exact);
 
   // Between two linear 4/5-bit grids auto is the quick search: V q8_0 -> q5_1, then q5_1 -> q4_0
