@@ -2,6 +2,9 @@
 
 #include "migrate/exact_requant.h"
 
+#include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <iterator>
@@ -223,50 +226,132 @@ simd::RequantGrid grid_of_target(GgmlType t) {
   return has_offset(t) ? simd::RequantGrid::kOffset : simd::RequantGrid::kSymmetric;
 }
 
+// Byte j of kBitsToBytes[b] is bit j of b (byte j: the j-th in memory; little-endian words).
+static_assert(std::endian::native == std::endian::little, "block_levels and pack_linear read bytes as words");
+constexpr std::array<uint64_t, 256> kBitsToBytes = [] {
+  std::array<uint64_t, 256> t{};
+  for (int b = 0; b < 256; ++b) {
+    for (int j = 0; j < 8; ++j) t[b] |= uint64_t((b >> j) & 1) << (8 * j);
+  }
+  return t;
+}();
+
+// A q4_0, q4_1, q5_0 or q5_1 block's 32 levels as stored (unsigned: level + the returned bias),
+// eight a word in memory order: the low nibbles of the 16 bytes of qs for levels 0..15, their
+// high nibbles for 16..31, and bit j of qh (5-bit types) as bit 4 of level j.
+int stored_levels(GgmlType t, const uint8_t* b, uint64_t* u) {
+  const bool offset = t == GgmlType::kQ4_1 || t == GgmlType::kQ5_1, five = t == GgmlType::kQ5_0 || t == GgmlType::kQ5_1;
+  const uint8_t* qs = b + (offset ? 4 : 2) + (five ? 4 : 0);
+  constexpr uint64_t kLow4 = 0x0f0f0f0f0f0f0f0full;
+  uint64_t w[2];
+  std::memcpy(w, qs, 16);
+  u[0] = w[0] & kLow4;
+  u[1] = w[1] & kLow4;
+  u[2] = (w[0] >> 4) & kLow4;
+  u[3] = (w[1] >> 4) & kLow4;
+  if (five) {
+    uint32_t qh;
+    std::memcpy(&qh, b + (offset ? 4 : 2), 4);
+    for (int g = 0; g < 4; ++g) u[g] |= kBitsToBytes[(qh >> (8 * g)) & 0xff] << 4;
+  }
+  return t == GgmlType::kQ4_0 ? 8 : t == GgmlType::kQ5_0 ? 16 : 0;
+}
+
 // A block's 32 levels as int8, read straight from the bits as ggml's dequantize_row_* reads
 // them: value = level * d (q4_0, q5_0, q8_0; iq4_nl: its table value), or level * d + m with
 // level 0..top (q4_1, q5_1). The direct path's source levels, and the quick search's reference
 // levels.
 void block_levels(GgmlType t, const uint8_t* b, int8_t* q) {
-  const bool offset = t == GgmlType::kQ4_1 || t == GgmlType::kQ5_1;
-  const int bias = t == GgmlType::kQ4_0 ? 8 : t == GgmlType::kQ5_0 ? 16 : 0;
   switch (t) {
     case GgmlType::kQ8_0:
       std::memcpy(q, b + 2, kBlock);
-      break;
-    case GgmlType::kQ4_0:
-    case GgmlType::kQ4_1: {
-      const uint8_t* qs = b + (offset ? 4 : 2);
-      for (int j = 0; j < 16; ++j) {
-        q[j] = int8_t((qs[j] & 0x0f) - bias);
-        q[j + 16] = int8_t((qs[j] >> 4) - bias);
-      }
-      break;
-    }
-    case GgmlType::kQ5_0:
-    case GgmlType::kQ5_1: {
-      uint32_t qh;
-      std::memcpy(&qh, b + (offset ? 4 : 2), 4);
-      const uint8_t* qs = b + (offset ? 8 : 6);
-      for (int j = 0; j < 16; ++j) {
-        q[j] = int8_t(((qs[j] & 0x0f) | (((qh >> j) << 4) & 0x10)) - bias);
-        q[j + 16] = int8_t(((qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - bias);
-      }
-      break;
-    }
-    default:  // iq4_nl
+      return;
+    case GgmlType::kIQ4_NL:
       for (int j = 0; j < 16; ++j) {
         q[j] = kIq4nlLevels[b[2 + j] & 0x0f];
         q[j + 16] = kIq4nlLevels[b[2 + j] >> 4];
       }
+      return;
+    default:
       break;
   }
+  uint64_t u[4];
+  const int bias = stored_levels(t, b, u);
+  uint8_t biased[kBlock];
+  std::memcpy(biased, u, kBlock);
+  for (int i = 0; i < kBlock; ++i) q[i] = int8_t(biased[i] - bias);
 }
 
-// The quick search's candidates: these factors of the reference scale (the full search's 16
-// cut to the four that carry nearly all of its gain on K/V-like data: bench/requant_error.cc),
-// then one least-squares refinement of the best.
-constexpr float kQuickFactors[] = {0.94f, 0.97f, 1.03f, 1.06f};
+// A linear grid's block with f16 scale d16 (and offset m16) and levels q, which fit: as build()
+// and encode_offset() pack it.
+void pack_linear(GgmlType t, uint16_t d16, uint16_t m16, const int8_t* q, std::byte* out) {
+  store_u16(out, d16);
+  if (t == GgmlType::kQ8_0) {
+    std::memcpy(out + 2, q, kBlock);
+    return;
+  }
+  const bool offset = has_offset(t), five = t == GgmlType::kQ5_0 || t == GgmlType::kQ5_1;
+  const int bias = t == GgmlType::kQ4_0 ? 8 : t == GgmlType::kQ5_0 ? 16 : 0;
+  if (offset) store_u16(out + 2, m16);
+  uint8_t u[kBlock];  // the levels as stored: 0..15 (0..31 for 5-bit types)
+  for (int i = 0; i < kBlock; ++i) u[i] = uint8_t(q[i] + bias);
+  uint8_t* qs = reinterpret_cast<uint8_t*>(out) + (offset ? 4 : 2) + (five ? 4 : 0);
+  for (int j = 0; j < kBlock / 2; ++j) qs[j] = uint8_t((u[j] & 0x0f) | (u[j + 16] << 4));
+  if (!five) return;
+  // bit 4 of level j is bit j of qh: bit 4 of each of 8 bytes gathered into one byte (the
+  // multiply puts bit 8i of the word at bit 56 + i, every product term at a different bit)
+  uint64_t w[4];
+  std::memcpy(w, u, kBlock);
+  uint32_t qh = 0;
+  for (int g = 0; g < 4; ++g) qh |= uint32_t((((w[g] >> 4) & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56) << (8 * g);
+  std::memcpy(out + (offset ? 4 : 2), &qh, 4);
+}
+
+// Gathers blocks for the level's quick search (simd_kernels.h, QuickSearchBlocks), 8 at a time,
+// and writes the blocks it improves over their reference blocks.
+class QuickBatch {
+ public:
+  explicit QuickBatch(GgmlType dst) : dst_(dst), search_(simd::find_quick_search()) {
+    qb_.offset = has_offset(dst);
+    qb_.lo = float(grid_of(dst)->lo);
+    qb_.hi = float(grid_of(dst)->hi);
+    qb_.ctx = this;
+    qb_.ref_levels = [](const void* ctx, int k, int8_t* q) {
+      const QuickBatch& b = *static_cast<const QuickBatch*>(ctx);
+      block_levels(b.dst_, reinterpret_cast<const uint8_t*>(b.out_[k]), q);
+    };
+  }
+  QuickBatch(const QuickBatch&) = delete;
+  QuickBatch& operator=(const QuickBatch&) = delete;
+  ~QuickBatch() { flush(); }
+
+  // x: the block's source values; db: its reference block (ggml's), y: that block decoded. db is
+  // rewritten by flush() if a candidate does better; x and y must stay until then.
+  void add(const float* x, const float* y, std::byte* db) {
+    const int k = qb_.n++;
+    qb_.x[k] = x;
+    qb_.y[k] = y;
+    qb_.d16[k] = load_u16(db);
+    qb_.m16[k] = qb_.offset ? load_u16(db + 2) : 0;
+    out_[k] = db;
+    if (qb_.n == 8) flush();
+  }
+
+  void flush() {
+    if (qb_.n == 0) return;
+    search_(qb_);
+    for (int k = 0; k < qb_.n; ++k) {
+      if (qb_.improved >> k & 1) pack_linear(dst_, qb_.out_d16[k], qb_.out_m16[k], qb_.levels[k], out_[k]);
+    }
+    qb_.n = 0;
+  }
+
+ private:
+  GgmlType dst_;
+  simd::QuickSearchFn search_;
+  simd::QuickSearchBlocks qb_;
+  std::byte* out_[8] = {};
+};
 
 // Eight lane sums added pairwise: (l, l + 4), (l, l + 2), (0, 1).
 float lane_tree_sum8(const float* acc) {
@@ -275,7 +360,7 @@ float lane_tree_sum8(const float* acc) {
   return (t[0] + t[2]) + (t[1] + t[3]);
 }
 
-// The sum of 32 squared differences as every RequantScoreFn adds them (simd_kernels.h).
+// The sum of 32 squared differences as every QuickSearchFn adds them (simd_kernels.h).
 float lane_tree_sum(const float* sq) {
   float acc[8];
   for (int l = 0; l < 8; ++l) acc[l] = ((sq[l] + sq[8 + l]) + sq[16 + l]) + sq[24 + l];
@@ -329,6 +414,13 @@ Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const Typ
   r.embed_span_ = g.grid == Grid::kOffset;
   r.embed_lo_ = g.lo;
   r.embed_hi_ = g.hi;
+  if (!r.embed_span_ && (src.id() == GgmlType::kQ4_0 || src.id() == GgmlType::kQ5_0)) {
+    const int bias = src.id() == GgmlType::kQ4_0 ? 8 : 16, top = src.id() == GgmlType::kQ4_0 ? 15 : 31;
+    const int lo = std::max(g.lo + bias, 0), hi = std::min(g.hi + bias, top);
+    r.stored_range_ = true;
+    r.stored_lo_add_ = uint64_t(0x80 - lo) * 0x0101010101010101ull;
+    r.stored_hi_add_ = uint64_t(0x7f - hi) * 0x0101010101010101ull;
+  }
   r.direct_ = direct && dst.id() == GgmlType::kQ8_0 &&
               (src.id() == GgmlType::kQ4_0 || src.id() == GgmlType::kQ5_0 || src.id() == GgmlType::kIQ4_NL);
   return r;
@@ -381,7 +473,7 @@ void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
     if (search_ == Search::kQuick) {
       float y[kBlock];
       dst_->to_f32(db, y, kBlock);
-      quick_search(x, y, db);
+      QuickBatch(dst_->id()).add(x, y, db);  // searched and written as the batch goes out of scope
     }
     return;
   }
@@ -485,77 +577,6 @@ void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
   std::memcpy(db, best, dst_->block_bytes());
 }
 
-// --requant quick, for a block that is not exact: db holds ggml's reference block (y: its values,
-// decoded); it is
-// replaced by a candidate with a smaller error against the source values x, if any. Candidates
-// share the reference block's offset (offset types) and are scored by the level's
-// RequantScoreFn, so every level picks the same block. Needs finite values and a finite,
-// nonzero reference scale: anything else keeps the reference block.
-void ExactRequantizer::quick_search(const float* x, const float* y, std::byte* db) {
-  const GgmlType dt = dst_->id();
-  const bool offset = has_offset(dt);
-  const GridRow& g = *grid_of(dt);
-  float sq[kBlock];
-  for (int i = 0; i < kBlock; ++i) sq[i] = (x[i] - y[i]) * (x[i] - y[i]);
-  float best_err = lane_tree_sum(sq);
-  const float d_ref = half::fp16_to_f32(load_u16(db));
-  const uint16_t m16 = offset ? load_u16(db + 2) : 0;
-  const float m = offset ? half::fp16_to_f32(m16) : 0.0f;
-  if (!(best_err > 0) || !std::isfinite(best_err) || !(std::fabs(d_ref) > 0) || !std::isfinite(d_ref) ||
-      !std::isfinite(m)) {
-    return;
-  }
-  const simd::RequantScoreFn score = simd::find_requant_score();
-  const float lo = float(g.lo), hi = float(g.hi);
-  int8_t q[kBlock], best_q[kBlock];
-  uint16_t best_d16 = 0, best_m16 = m16;
-  bool improved = false;
-  auto consider = [&](uint16_t d16, uint16_t cand_m16) {
-    const float d = half::fp16_to_f32(d16), cm = offset ? half::fp16_to_f32(cand_m16) : 0.0f;
-    if (!(std::fabs(d) > 0) || !std::isfinite(d) || !std::isfinite(cm)) return;
-    const float e = score(x, d, 1.0f / d, cm, lo, hi, q);
-    if (!(e < best_err)) return;
-    best_err = e;
-    std::memcpy(best_q, q, sizeof q);
-    best_d16 = d16;
-    best_m16 = cand_m16;
-    improved = true;
-  };
-  for (float f : kQuickFactors) consider(half::f32_to_fp16(d_ref * f), m16);
-  // One least-squares refinement of the best: its levels fixed, the scale (and offset) that fit x.
-  if (!improved) block_levels(dt, reinterpret_cast<const uint8_t*>(db), best_q);  // the reference's
-  int32_t il = 0, ill = 0;
-  float ax[8] = {}, axl[8] = {};
-  for (int v = 0; v < kBlock / 8; ++v) {
-    for (int l = 0; l < 8; ++l) {
-      const int32_t q_i = best_q[8 * v + l];
-      il += q_i;
-      ill += q_i * q_i;
-      ax[l] += x[8 * v + l];
-      axl[l] += x[8 * v + l] * float(q_i);
-    }
-  }
-  const double sl = il, sll = ill;
-  const double sx = lane_tree_sum8(ax), sxl = lane_tree_sum8(axl);
-  if (offset) {
-    const double det = kBlock * sll - sl * sl;
-    if (det != 0) {
-      const double d = (kBlock * sxl - sl * sx) / det;
-      consider(half::f32_to_fp16(float(d)), half::f32_to_fp16(float((sx - d * sl) / kBlock)));
-    }
-  } else if (sll != 0) {
-    consider(half::f32_to_fp16(float(sxl / sll)), 0);
-  }
-  if (!improved) return;
-  int levels[kBlock];
-  for (int i = 0; i < kBlock; ++i) levels[i] = best_q[i];
-  if (offset) {
-    encode_offset(dt, best_d16, best_m16, levels, db);
-  } else {
-    build(dt, best_d16, levels, db, x);  // the levels are clamped to the grid: it fits
-  }
-}
-
 void ExactRequantizer::convert_block(const std::byte* sb, const float* x, std::byte* db) {
   if (embed_block(sb, x, db)) {
     ++exact_;
@@ -611,28 +632,35 @@ void ExactRequantizer::convert_row_direct(const std::byte* s, std::byte* o) {
 // does not embed at all. An offset source: true (embed_block decides).
 bool ExactRequantizer::may_embed(const std::byte* sb) const {
   if (!symmetric_source_) return true;
-  int mn, mx;
-  if (src_->id() == GgmlType::kQ8_0) {
-    // The levels biased to unsigned (q + 128), so the minimum and maximum are unsigned byte
-    // operations every x86-64 and aarch64 vectorizes.
-    const uint8_t* raw = reinterpret_cast<const uint8_t*>(sb + 2);
-    uint8_t umn = 255, umx = 0;
-    for (int i = 0; i < kBlock; ++i) {
-      const uint8_t u = uint8_t(raw[i] ^ 0x80);
-      umn = u < umn ? u : umn;
-      umx = u > umx ? u : umx;
+  if (stored_range_) {
+    // every stored level u in [lo, hi]: per byte, u + (0x80 - lo) has bit 7 set and u + (0x7f -
+    // hi) has not (u <= 31, so no byte carries into the next)
+    uint64_t u[4];
+    stored_levels(src_->id(), reinterpret_cast<const uint8_t*>(sb), u);
+    constexpr uint64_t kHigh = 0x8080808080808080ull;
+    uint64_t at_least = kHigh, above = 0;
+    for (int g = 0; g < 4; ++g) {
+      at_least &= u[g] + stored_lo_add_;
+      above |= u[g] + stored_hi_add_;
     }
-    mn = int(umn) - 128;
-    mx = int(umx) - 128;
-  } else {
-    int8_t q[kBlock];
-    block_levels(src_->id(), reinterpret_cast<const uint8_t*>(sb), q);
-    mn = mx = q[0];
-    for (int i = 1; i < kBlock; ++i) {
-      mn = q[i] < mn ? q[i] : mn;
-      mx = q[i] > mx ? q[i] : mx;
-    }
+    return (at_least & kHigh) == kHigh && (above & kHigh) == 0;
   }
+  // The levels biased to unsigned (q + 128), so the minimum and maximum are unsigned byte
+  // operations every x86-64 and aarch64 vectorizes.
+  int8_t q[kBlock];
+  const int8_t* levels = q;
+  if (src_->id() == GgmlType::kQ8_0) {
+    levels = reinterpret_cast<const int8_t*>(sb + 2);
+  } else {
+    block_levels(src_->id(), reinterpret_cast<const uint8_t*>(sb), q);
+  }
+  uint8_t umn = 255, umx = 0;
+  for (int i = 0; i < kBlock; ++i) {
+    const uint8_t u = uint8_t(uint8_t(levels[i]) ^ 0x80);
+    umn = u < umn ? u : umn;
+    umx = u > umx ? u : umx;
+  }
+  const int mn = int(umn) - 128, mx = int(umx) - 128;
   if (embed_span_) return mx - mn <= embed_hi_;
   return mn >= embed_lo_ && mx <= embed_hi_;
 }
@@ -640,21 +668,25 @@ bool ExactRequantizer::may_embed(const std::byte* sb) const {
 // kNone and kQuick: every block's reference block from one from_f32 over the row (ggml's
 // quantizers work block by block, so these are the bytes requantize_block would start from),
 // then the blocks the target holds exactly written over theirs by embed_block, as convert_block
-// would, and the others given to the quick search.
+// would, and the others given to the quick search, 8 at a time.
 void ExactRequantizer::convert_row_from_reference(const std::byte* s, const float* x, std::byte* o) {
   dst_->from_f32(x, o, n_elems_);
-  if (search_ == Search::kQuick) dst_->to_f32(o, ref_row_.data(), n_elems_);  // the reference values
+  const bool quick = search_ == Search::kQuick;
+  if (quick) dst_->to_f32(o, ref_row_.data(), n_elems_);  // the reference values
   const uint64_t nb = n_elems_ / kBlock;
   const size_t sbytes = src_->block_bytes(), dbytes = dst_->block_bytes();
+  QuickBatch batch(dst_->id());
   for (uint64_t b = 0; b < nb; ++b) {
     const std::byte* sb = s + b * sbytes;
-    if (may_embed(sb) && embed_block(sb, x + b * kBlock, o + b * dbytes)) {
+    std::byte* db = o + b * dbytes;
+    if (may_embed(sb) && embed_block(sb, x + b * kBlock, db)) {
       ++exact_;
       continue;
     }
     ++requant_;
-    if (search_ == Search::kQuick) quick_search(x + b * kBlock, ref_row_.data() + b * kBlock, o + b * dbytes);
+    if (quick) batch.add(x + b * kBlock, ref_row_.data() + b * kBlock, db);
   }
+  batch.flush();
 }
 
 Status ExactRequantizer::convert(std::span<const std::byte> in, std::span<std::byte> out) {
@@ -704,9 +736,10 @@ bool requant_score8_ref(const float* x, float m, const float* d, int lo, int hi,
   return true;
 }
 
-// The scalar RequantScoreFn (the scalar level's row in simd_kernels.cc): value by value as the
-// SIMD kernels compute it lane by lane; max and min in the operand order of x86's maxps / minps.
-float requant_score_ref(const float* x, float d, float id, float m, float lo, float hi, int8_t* q) {
+namespace {
+
+// One candidate of the quick search (simd_kernels.h, QuickSearchBlocks): its levels q and error.
+float quick_score(const float* x, float d, float id, float m, float lo, float hi, int8_t* q) {
   float sq[kBlock];
   for (int i = 0; i < kBlock; ++i) {
     float n = nearbyint_inline((x[i] - m) * id);
@@ -717,6 +750,74 @@ float requant_score_ref(const float* x, float d, float id, float m, float lo, fl
     sq[i] = diff * diff;
   }
   return lane_tree_sum(sq);
+}
+
+// The quick search of block k (simd_kernels.h, QuickSearchBlocks).
+void quick_search_block(QuickSearchBlocks& b, int k) {
+  const float* x = b.x[k];
+  const float* y = b.y[k];
+  float sq[kBlock];
+  for (int i = 0; i < kBlock; ++i) sq[i] = (x[i] - y[i]) * (x[i] - y[i]);
+  float best_err = lane_tree_sum(sq);
+  const float d_ref = half::fp16_to_f32(b.d16[k]);
+  const uint16_t m16 = b.offset ? b.m16[k] : 0;
+  const float m = b.offset ? half::fp16_to_f32(m16) : 0.0f;
+  if (!(best_err > 0) || !std::isfinite(best_err) || !(std::fabs(d_ref) > 0) || !std::isfinite(d_ref) ||
+      !std::isfinite(m)) {
+    return;
+  }
+  int8_t q[kBlock], best_q[kBlock];
+  uint16_t best_d16 = 0, best_m16 = m16;
+  bool improved = false;
+  auto consider = [&](uint16_t d16, uint16_t cand_m16) {
+    const float d = half::fp16_to_f32(d16), cm = b.offset ? half::fp16_to_f32(cand_m16) : 0.0f;
+    if (!(std::fabs(d) > 0) || !std::isfinite(d) || !std::isfinite(cm)) return;
+    const float e = quick_score(x, d, 1.0f / d, cm, b.lo, b.hi, q);
+    if (!(e < best_err)) return;
+    best_err = e;
+    std::memcpy(best_q, q, sizeof q);
+    best_d16 = d16;
+    best_m16 = cand_m16;
+    improved = true;
+  };
+  for (float f : kQuickFactors) consider(half::f32_to_fp16(d_ref * f), m16);
+  // One least-squares refinement of the best: its levels fixed, the scale (and offset) that fit x.
+  if (!improved) b.ref_levels(b.ctx, k, best_q);
+  int32_t il = 0, ill = 0;
+  float ax[8] = {}, axl[8] = {};
+  for (int v = 0; v < kBlock / 8; ++v) {
+    for (int l = 0; l < 8; ++l) {
+      const int32_t q_i = best_q[8 * v + l];
+      il += q_i;
+      ill += q_i * q_i;
+      ax[l] += x[8 * v + l];
+      axl[l] += x[8 * v + l] * float(q_i);
+    }
+  }
+  const double sl = il, sll = ill;
+  const double sx = lane_tree_sum8(ax), sxl = lane_tree_sum8(axl);
+  if (b.offset) {
+    const double det = kBlock * sll - sl * sl;
+    if (det != 0) {
+      const double d = (kBlock * sxl - sl * sx) / det;
+      consider(half::f32_to_fp16(float(d)), half::f32_to_fp16(float((sx - d * sl) / kBlock)));
+    }
+  } else if (sll != 0) {
+    consider(half::f32_to_fp16(float(sxl / sll)), 0);
+  }
+  if (!improved) return;
+  b.improved |= 1u << k;
+  b.out_d16[k] = best_d16;
+  b.out_m16[k] = best_m16;
+  std::memcpy(b.levels[k], best_q, kBlock);
+}
+
+}  // namespace
+
+// The scalar QuickSearchFn (the scalar level's row in simd_kernels.cc): block by block.
+void quick_search_ref(QuickSearchBlocks& b) {
+  b.improved = 0;
+  for (int k = 0; k < b.n; ++k) quick_search_block(b, k);
 }
 
 }  // namespace simd

@@ -68,7 +68,6 @@ class ExactRequantizer {
   void convert_block(const std::byte* src_block, const float* values, std::byte* dst_block);
   void convert_row_direct(const std::byte* src_row, std::byte* dst_row);
   void convert_row_from_reference(const std::byte* src_row, const float* values, std::byte* dst_row);
-  void quick_search(const float* values, const float* ref_values, std::byte* dst_block);
   bool may_embed(const std::byte* src_block) const;
 
   const TypeTraits* src_ = nullptr;
@@ -83,6 +82,9 @@ class ExactRequantizer {
   // offset target) spanning at most embed_hi_
   bool symmetric_source_ = false, embed_span_ = false;
   int embed_lo_ = 0, embed_hi_ = 0;
+  // may_embed's test for a q4_0 or q5_0 source into a symmetric target, on the stored levels
+  bool stored_range_ = false;
+  uint64_t stored_lo_add_ = 0, stored_hi_add_ = 0;
 };
 
 // Whether ExactRequantizer applies to this pair.

@@ -25,10 +25,10 @@ constexpr LevelKernels kLevels[] = {
     //  level          Hadamard kernel               min n_rot  fused row kernels
     //                 MLX affine quantize, dequantize, requantizer's direct path and search
     {Level::kScalar, hadamard_ref::rotate, 2, nullptr,  //
-     mlx_affine_quantize_row_ref, mlx_affine_dequantize_row_ref, nullptr, requant_score8_ref, requant_score_ref},
+     mlx_affine_quantize_row_ref, mlx_affine_dequantize_row_ref, nullptr, requant_score8_ref, quick_search_ref},
     {Level::kAvx2, KVSNAP_X86(hadamard_avx2), 8, KVSNAP_X86(find_fused_avx2),  //
      KVSNAP_X86(mlx_affine_quantize_row_avx2), KVSNAP_X86(mlx_affine_dequantize_row_avx2),
-     KVSNAP_X86(find_embed_q8_0_avx2), KVSNAP_X86(requant_score8_avx2), KVSNAP_X86(requant_score_avx2)},
+     KVSNAP_X86(find_embed_q8_0_avx2), KVSNAP_X86(requant_score8_avx2), KVSNAP_X86(quick_search_avx2)},
     {Level::kAvx512, KVSNAP_X86(hadamard_avx512), 16, KVSNAP_X86(find_fused_avx512),  //
      nullptr, nullptr, nullptr, nullptr, nullptr},  // no AVX-512 MLX, direct-path or search kernels: AVX2's serve
     {Level::kNeon, KVSNAP_ARM(hadamard_neon), 4, nullptr,  //
@@ -69,7 +69,7 @@ MlxQuantizeFn find_mlx_quantize() { return find_in_chain(&LevelKernels::mlx_quan
 MlxDequantizeFn find_mlx_dequantize() { return find_in_chain(&LevelKernels::mlx_dequantize); }
 
 RequantScore8Fn find_requant_score8() { return find_in_chain(&LevelKernels::requant_score8); }
-RequantScoreFn find_requant_score() { return find_in_chain(&LevelKernels::requant_score); }
+QuickSearchFn find_quick_search() { return find_in_chain(&LevelKernels::quick_search); }
 
 EmbedQ8_0Fn find_embed_q8_0(GgmlType src) {
   for (Level l = level(); l != Level::kScalar; l = fallback(l)) {

@@ -81,17 +81,48 @@ RequantScore8Fn find_requant_score8();
 bool requant_score8_ref(const float* x, float m, const float* d, int lo, int hi, RequantGrid grid, double best_err,
                         double* e, int32_t* levels, bool* ok);
 
-// ExactRequantizer's quick search (migrate/exact_requant.cc, --requant quick): one candidate
-// scale d (id = 1 / d) and offset m (0 for a symmetric grid) for one block of 32 values x on the
-// linear grid [lo, hi]: level n[i] = min(max(nearbyint((x[i] - m) * id), lo), hi) (round half to
-// even; max and min as x86's maxps / minps with the level first), written to q[i]; returns the
-// sum of (x[i] - (n[i] * d + m))^2 in float, lane l = i % 8 adding i = l, l + 8, l + 16, l + 24
-// in turn, then the lanes pairwise: (l, l + 4), (l, l + 2), (0, 1). For finite x, d, m.
-using RequantScoreFn = float (*)(const float* x, float d, float id, float m, float lo, float hi, int8_t* q);
+// ExactRequantizer's quick search (migrate/exact_requant.cc, --requant quick) for up to 8 blocks
+// of 32 values at once, block k in lane k, on a linear grid: levels lo..hi, value level * d, or
+// level * d + m with an offset. For each block k < n, with x its source values and y the values
+// of its reference block (ggml's, decoded), whose f16 scale and offset are d16[k], m16[k]:
+//   - the reference's error is the sum of (x[i] - y[i])^2, and a candidate's the sum of
+//     (x[i] - (n[i] * d + m))^2 with n[i] = min(max(nearbyint((x[i] - m) * id), lo), hi), id =
+//     1 / d (round half to even; max and min as x86's maxps / minps with the level first; m = 0
+//     without an offset): each in float, lane l = i % 8 adding i = l, l + 8, l + 16, l + 24 in
+//     turn, then the lanes pairwise: (l, l + 4), (l, l + 2), (0, 1);
+//   - nothing is done unless that error is finite and > 0 and the reference's scale (and offset)
+//     are finite, the scale nonzero;
+//   - the candidates, in order, each kept when its error is below the best so far: the f16 of
+//     d_ref * f for each f of kQuickFactors with the reference's offset; then one least-squares
+//     fit to x of the best's levels n (the reference's, ref_levels, if no factor did better):
+//     with il = sum n, ill = sum n^2, sx and sxl the sums of x[i] and of x[i] * n[i] (float, the
+//     lanes as above, starting from 0), in double: d = sxl / ill (if ill != 0) or, with an
+//     offset, d = (32 sxl - il sx) / det and m = (sx - d il) / 32, det = 32 ill - il^2 (if det !=
+//     0), each rounded to float then f16. A candidate whose f16 scale is 0 or not finite, or whose
+//     offset is not finite, is skipped.
+// Bit k of `improved` says whether block k is replaced: by out_d16[k], out_m16[k] (m16[k] for a
+// factor's candidate, 0 without an offset) and levels[k]. Every level gives the same result.
+inline constexpr float kQuickFactors[] = {0.94f, 0.97f, 1.03f, 1.06f};
+struct QuickSearchBlocks {
+  int n = 0;  // blocks, 1..8
+  bool offset = false;
+  float lo = 0, hi = 0;
+  const float* x[8] = {};
+  const float* y[8] = {};
+  uint16_t d16[8] = {}, m16[8] = {};
+  // Writes the reference block k's 32 levels; called for the blocks no factor improved.
+  void (*ref_levels)(const void* ctx, int k, int8_t* q) = nullptr;
+  const void* ctx = nullptr;
+
+  uint32_t improved = 0;
+  uint16_t out_d16[8] = {}, out_m16[8] = {};
+  alignas(32) int8_t levels[8][32] = {};
+};
+using QuickSearchFn = void (*)(QuickSearchBlocks& b);
 // The kernel at the current level or the nearest level below it (the scalar level's is
-// requant_score_ref, migrate/exact_requant.cc).
-RequantScoreFn find_requant_score();
-float requant_score_ref(const float* x, float d, float id, float m, float lo, float hi, int8_t* q);
+// quick_search_ref, migrate/exact_requant.cc).
+QuickSearchFn find_quick_search();
+void quick_search_ref(QuickSearchBlocks& b);
 
 // What one SIMD level brings besides its row codecs (those are its column of the codec table
 // in migrate/type_traits.cc). One row per Level in simd_kernels.cc's kLevels.
@@ -104,7 +135,7 @@ struct LevelKernels {
   MlxDequantizeFn mlx_dequantize;
   FindEmbedQ8_0Fn find_embed_q8_0;  // nullptr: no direct-path kernels at this level
   RequantScore8Fn requant_score8;   // nullptr: the level below's
-  RequantScoreFn requant_score;     // nullptr: the level below's
+  QuickSearchFn quick_search;       // nullptr: the level below's
 };
 const LevelKernels& level_kernels(Level l);
 
@@ -151,8 +182,8 @@ EmbedQ8_0Fn find_embed_q8_0_avx2(GgmlType src);
 // ExactRequantizer's scale search, 8 candidates in the lanes (RequantScore8Fn above)
 bool requant_score8_avx2(const float* x, float m, const float* d, int lo, int hi, RequantGrid grid, double best_err,
                          double* e, int32_t* levels, bool* ok);
-// ExactRequantizer's quick search, one candidate over 4 vectors of 8 values (RequantScoreFn above)
-float requant_score_avx2(const float* x, float d, float id, float m, float lo, float hi, int8_t* q);
+// ExactRequantizer's quick search, 8 blocks in the lanes (QuickSearchFn above; x86_avx2_requant.cc)
+void quick_search_avx2(QuickSearchBlocks& b);
 
 // roundf(x[i]) converted to int32 the way the AVX2 quantizers compute it (exposed for
 // kvsnap-simd-check's exhaustive comparison with roundf), n a multiple of 8.

@@ -281,31 +281,6 @@ KV_AVX2 bool requant_score8_avx2(const float* x, float m, const float* d, int lo
   return true;
 }
 
-// ExactRequantizer's quick search: one candidate, the 32 values as 4 vectors, lane l summing
-// the squares of values l, l + 8, l + 16, l + 24 (simd_kernels.h, RequantScoreFn)
-KV_AVX2 float requant_score_avx2(const float* x, float d, float id, float m, float lo, float hi, int8_t* q) {
-  const __m256 vd = _mm256_set1_ps(d), vid = _mm256_set1_ps(id), vm = _mm256_set1_ps(m);
-  const __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
-  __m256 acc = _mm256_setzero_ps();
-  __m256i li[4];
-  for (int v = 0; v < 4; ++v) {
-    const __m256 xv = _mm256_loadu_ps(x + 8 * v);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(xv, vm), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    n = _mm256_min_ps(_mm256_max_ps(n, vlo), vhi);
-    li[v] = _mm256_cvttps_epi32(n);
-    const __m256 diff = _mm256_sub_ps(xv, _mm256_add_ps(_mm256_mul_ps(n, vd), vm));
-    const __m256 sq = _mm256_mul_ps(diff, diff);
-    acc = v == 0 ? sq : _mm256_add_ps(acc, sq);
-  }
-  // int32 levels -> int8, in order: packs interleave the 128-bit lanes, the permute undoes it
-  const __m256i w01 = _mm256_packs_epi32(li[0], li[1]), w23 = _mm256_packs_epi32(li[2], li[3]);
-  const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), b);
-  const __m128 t = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));
-  return _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
-}
-
 // =============================================================================================
 // Walsh-Hadamard rotation (see x86_common.h): 8 lanes
 // =============================================================================================

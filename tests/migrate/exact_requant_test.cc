@@ -9,11 +9,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <random>
 #include <span>
 #include <vector>
 
 #include "base/simd_level.h"
+#include "migrate/half.h"
 #include "migrate/quants.h"
 #include "migrate/simd_kernels.h"
 #include "test_inputs.h"
@@ -337,8 +340,8 @@ TEST(ExactRequant, BytesArePinned) {
 }
 
 // The quick search's bytes, pinned the same way (made by its scalar code when it was written).
-// Its candidates are scored by the level's RequantScoreFn, so this also holds the SIMD kernels to
-// the scalar one on real blocks.
+// Every level runs its own QuickSearchFn, so this also holds the SIMD kernels to the scalar one on
+// real blocks.
 TEST(ExactRequant, QuickBytesArePinned) {
   static const PinnedBytes kWant[] = {
 #include "exact_requant_quick_pinned.inc"
@@ -346,43 +349,112 @@ TEST(ExactRequant, QuickBytesArePinned) {
   expect_pinned(Search::kQuick, kWant);
 }
 
-// Every RequantScoreFn against the scalar one, bit for bit: the error and the levels, for values
-// on and off the grid, at scales from tiny to huge and negative, on every linear grid (q8_0's
-// included), with and without an offset, and levels that clamp at both ends and land on
-// rounding ties.
-TEST(ExactRequant, QuickScoreKernelsMatchTheScalarOne) {
+// Every QuickSearchFn against the scalar one, bit for bit: which blocks it replaces, and with
+// what scale, offset and levels. Batches of 1 to 8 blocks on every linear grid (q8_0's
+// included), with and without an offset; values on and off the grid at scales from tiny to huge
+// and negative; levels that clamp at both ends and land on rounding ties (power-of-two scales);
+// reference blocks near and far from the values; and blocks the search must leave alone or whose
+// candidates it must skip: non-finite values, zero, subnormal, huge, infinite and NaN scales, an
+// infinite offset, an offset that swamps the scale, a zero error.
+TEST(ExactRequant, QuickSearchKernelsMatchTheScalarOne) {
   std::mt19937 rng(71);
   std::normal_distribution<float> g(0.f, 1.f);
+  static constexpr float kLo[] = {-8, -16, -127, 0, 0}, kHi[] = {7, 15, 127, 15, 31};
+  static constexpr uint16_t kOddScales[] = {0x0000, 0x8000, 0x7c00, 0xfc00, 0x7e00, 0x0001, 0x8003, 0x7bff, 0xfbff};
+  struct Trial {
+    float x[8][32], y[8][32];
+    int8_t ref[8][32];
+    mutable int ref_calls = 0;
+  };
   const simd::Level was = simd::level();
   for (size_t l = 0; l < simd::kLevelCount; ++l) {
     if (!simd::supported(simd::Level(l))) continue;
     ASSERT_TRUE(simd::set_level(simd::Level(l)));
     SCOPED_TRACE(simd::level_name(simd::Level(l)));
-    const simd::RequantScoreFn score = simd::find_requant_score();
-    for (int t = 0; t < 5000; ++t) {
-      const float scale = std::ldexp(1.0f, int(rng() % 40) - 24);
-      const float sign = rng() % 5 == 0 ? -1.0f : 1.0f;
-      // every sixth trial a power-of-two scale, so that the half levels below are exact ties
-      const float d = t % 6 == 0 ? scale * sign : scale * (0.5f + float(rng() % 1000) / 1000.0f) * sign;
-      // the grids: q4_0, q5_0, q8_0 (symmetric), q4_1, q5_1 (offset)
-      static constexpr float kLo[] = {-8, -16, -127, 0, 0}, kHi[] = {7, 15, 127, 15, 31};
+    const simd::QuickSearchFn search = simd::find_quick_search();
+    rng.seed(71);
+    size_t improved = 0, fitted = 0, ref_calls = 0;
+    for (int t = 0; t < 4000; ++t) {
       const int grid = t % 5;
       const bool offset = grid >= 3;
-      const float m = offset ? -8.0f * d + scale * g(rng) * 0.1f : 0.0f;
-      const float lo = kLo[grid], hi = kHi[grid], spread = grid == 2 ? 60.0f : 12.0f;
-      float x[32];
-      for (int i = 0; i < 32; ++i) {
-        // a third of the blocks on the half-level grid (ties where d is a power of two and m = 0),
-        // beyond both ends too
-        x[i] = t % 3 == 0 ? (float(int(rng() % uint32_t(4 * hi + 8)) - int(2 * hi + 4)) * 0.5f) * d + m
-                          : g(rng) * spread * std::fabs(d) + m;
+      Trial tr;
+      simd::QuickSearchBlocks want;
+      want.n = 1 + int(rng() % 8);
+      want.offset = offset;
+      want.lo = kLo[grid];
+      want.hi = kHi[grid];
+      want.ctx = &tr;
+      want.ref_levels = [](const void* ctx, int k, int8_t* q) {
+        const Trial& tr = *static_cast<const Trial*>(ctx);
+        ++tr.ref_calls;
+        std::memcpy(q, tr.ref[k], 32);
+      };
+      for (int k = 0; k < want.n; ++k) {
+        const float scale = std::ldexp(1.0f, int(rng() % 30) - 20);
+        const float sign = rng() % 5 == 0 ? -1.0f : 1.0f;
+        // every sixth block a power-of-two scale, so that the half levels below are exact ties
+        const float d = rng() % 6 == 0 ? scale * sign : scale * (0.5f + float(rng() % 1000) / 1000.0f) * sign;
+        const float m = offset ? -8.0f * d + scale * g(rng) * 0.1f : 0.0f;
+        const float spread = grid == 2 ? 60.0f : 12.0f;
+        const bool on_grid = rng() % 3 == 0;
+        for (int i = 0; i < 32; ++i) {
+          tr.x[k][i] = on_grid ? (float(int(rng() % uint32_t(4 * kHi[grid] + 8)) - int(2 * kHi[grid] + 4)) * 0.5f) * d + m
+                               : g(rng) * spread * std::fabs(d) + m;
+        }
+        // The reference block: the values on a scale near d (as ggml's would be), its levels and
+        // their decoded values; every fourth block levels and values that disagree with them.
+        const uint16_t d16 = half::f32_to_fp16(d * (0.9f + 0.2f * float(rng() % 100) / 100.0f));
+        const uint16_t m16 = offset ? half::f32_to_fp16(m) : 0;
+        const float dd = half::fp16_to_f32(d16), mm = half::fp16_to_f32(m16);
+        const bool noisy = rng() % 4 == 0;
+        for (int i = 0; i < 32; ++i) {
+          float n = std::nearbyint((tr.x[k][i] - mm) / dd);
+          n = std::min(std::max(n, want.lo), want.hi);
+          tr.ref[k][i] = noisy ? int8_t(int(want.lo) + int(rng() % uint32_t(want.hi - want.lo + 1))) : int8_t(n);
+          tr.y[k][i] = noisy ? tr.x[k][i] + g(rng) * dd : n * dd + mm;
+        }
+        want.d16[k] = d16;
+        want.m16[k] = m16;
+        switch (rng() % 24) {  // the odd blocks
+          case 0: want.d16[k] = kOddScales[rng() % std::size(kOddScales)]; break;
+          case 1: tr.x[k][rng() % 32] = (rng() % 2 ? 1 : -1) * std::numeric_limits<float>::infinity(); break;
+          case 2: tr.y[k][rng() % 32] = std::numeric_limits<float>::quiet_NaN(); break;
+          case 3: want.m16[k] = offset ? 0x7c00 : 0; break;
+          case 4:  // an offset that swamps the scale: levels collapse in the decoded values
+            if (offset) {
+              want.m16[k] = half::f32_to_fp16(4096.0f);
+              want.d16[k] = half::f32_to_fp16(0.01f);
+              for (int i = 0; i < 32; ++i) tr.x[k][i] = 4096.0f + g(rng) * 0.05f;
+            }
+            break;
+          case 5: std::memcpy(tr.y[k], tr.x[k], sizeof tr.y[k]); break;  // no error to reduce
+          case 6: std::fill(std::begin(tr.x[k]), std::end(tr.x[k]), 0.0f); break;
+          default: break;
+        }
+        want.x[k] = tr.x[k];
+        want.y[k] = tr.y[k];
       }
-      int8_t q_ref[32], q[32];
-      const float e_ref = simd::requant_score_ref(x, d, 1.0f / d, m, lo, hi, q_ref);
-      const float e = score(x, d, 1.0f / d, m, lo, hi, q);
-      ASSERT_EQ(std::memcmp(&e, &e_ref, sizeof e), 0) << "trial " << t << ": " << e << " vs " << e_ref;
-      ASSERT_EQ(std::memcmp(q, q_ref, sizeof q), 0) << "trial " << t;
+      simd::QuickSearchBlocks got = want;
+      simd::quick_search_ref(want);
+      ref_calls += size_t(tr.ref_calls);
+      search(got);
+      ASSERT_EQ(got.improved, want.improved) << "trial " << t;
+      for (int k = 0; k < want.n; ++k) {
+        if (!(want.improved >> k & 1)) continue;
+        ++improved;
+        const bool fit = want.out_d16[k] != half::f32_to_fp16(half::fp16_to_f32(want.d16[k]) * 0.94f) &&
+                           want.out_d16[k] != half::f32_to_fp16(half::fp16_to_f32(want.d16[k]) * 0.97f) &&
+                           want.out_d16[k] != half::f32_to_fp16(half::fp16_to_f32(want.d16[k]) * 1.03f) &&
+                           want.out_d16[k] != half::f32_to_fp16(half::fp16_to_f32(want.d16[k]) * 1.06f);
+        fitted += fit;
+        ASSERT_EQ(got.out_d16[k], want.out_d16[k]) << "trial " << t << " block " << k;
+        ASSERT_EQ(got.out_m16[k], want.out_m16[k]) << "trial " << t << " block " << k;
+        ASSERT_EQ(std::memcmp(got.levels[k], want.levels[k], 32), 0) << "trial " << t << " block " << k;
+      }
     }
+    EXPECT_GT(improved, 5000u) << "the candidates win somewhere";
+    EXPECT_GT(fitted, 500u) << "the least-squares candidate wins somewhere";
+    EXPECT_GT(ref_calls, 500u) << "the least-squares fit starts from the reference's levels somewhere";
   }
   simd::set_level(was);
 }

@@ -1,0 +1,252 @@
+#include "migrate/fp_strict.h"  // first: no FMA contraction in this file
+
+// ExactRequantizer's quick search at AVX2 (simd_kernels.h, QuickSearchBlocks): 8 blocks at a
+// time, block k in lane k. The 32 values of the 8 blocks are transposed once, so value i of every
+// block is one vector; a candidate's error then needs no horizontal step: the scalar search's 8
+// partial sums (lane l adding values l, l + 8, l + 16, l + 24) are 8 vectors, and its pairwise
+// tree of them is 7 vector adds. Every choice is a per-lane blend, so each block gets what the
+// scalar search gives it alone, bit for bit (tests/migrate/exact_requant_test.cc).
+
+#include <limits>
+
+#include "migrate/kernels/x86_common.h"
+#include "migrate/simd_kernels.h"
+
+#ifdef KVSNAP_SIMD_X86
+
+namespace kvsnap::simd::x86 {
+namespace {
+
+// The scalar search's tree over its 8 partial sums: (l, l + 4), (l, l + 2), (0, 1).
+KV_AVX2_INLINE __m256 tree8(const __m256* a) {
+  const __m256 t0 = _mm256_add_ps(a[0], a[4]), t1 = _mm256_add_ps(a[1], a[5]);
+  const __m256 t2 = _mm256_add_ps(a[2], a[6]), t3 = _mm256_add_ps(a[3], a[7]);
+  return _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3));
+}
+
+struct Grid {
+  __m256 lo, hi;
+};
+
+// The level of value x for scale d (id = 1 / d) and offset m. Without an offset, x * id and
+// n * d are what (x - 0) * id and n * d + 0 give, up to the sign of a zero, which neither the
+// level nor the squared error keeps.
+template <bool kOffset>
+KV_AVX2_INLINE __m256 level(__m256 x, __m256 id, __m256 m, const Grid& g) {
+  const __m256 r = kOffset ? _mm256_mul_ps(_mm256_sub_ps(x, m), id) : _mm256_mul_ps(x, id);
+  const __m256 n = _mm256_round_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm256_min_ps(_mm256_max_ps(n, g.lo), g.hi);
+}
+
+// A candidate's error in every lane: xt[i] is value i of the 8 blocks.
+template <bool kOffset>
+KV_AVX2_INLINE __m256 score(const __m256* xt, __m256 d, __m256 id, __m256 m, const Grid& g) {
+  auto sq = [&](int i) KV_AVX2_LAMBDA {
+    const __m256 n = level<kOffset>(xt[i], id, m, g);
+    const __m256 dec = kOffset ? _mm256_add_ps(_mm256_mul_ps(n, d), m) : _mm256_mul_ps(n, d);
+    const __m256 diff = _mm256_sub_ps(xt[i], dec);
+    return _mm256_mul_ps(diff, diff);
+  };
+  __m256 acc[8];
+#pragma GCC unroll 8
+  for (int l = 0; l < 8; ++l) acc[l] = sq(l);
+#pragma GCC unroll 3
+  for (int v = 1; v < 4; ++v) {
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) acc[l] = _mm256_add_ps(acc[l], sq(8 * v + l));
+  }
+  return tree8(acc);
+}
+
+KV_AVX2_INLINE __m256 finite(__m256 v) {
+  return _mm256_cmp_ps(abs8(v), _mm256_set1_ps(std::numeric_limits<float>::infinity()), _CMP_LT_OQ);
+}
+
+// The best candidate so far in every lane.
+struct Best {
+  __m256 err, d, id, m;
+  __m256i d16, m16;   // f16 bits in the low half of each 32-bit lane
+  __m256 improved;    // all ones where a candidate beat the reference block
+};
+
+// Scores the candidate (d16, m16) in the lanes of `valid` and keeps it where it does better.
+template <bool kOffset>
+KV_AVX2_INLINE void consider(const __m256* xt, __m128i d16, __m128i m16, __m256 valid, const Grid& g, Best& b) {
+  const __m256 d = _mm256_cvtph_ps(d16);
+  const __m256 m = kOffset ? _mm256_cvtph_ps(m16) : _mm256_setzero_ps();
+  __m256 ok = _mm256_and_ps(valid, _mm256_cmp_ps(abs8(d), _mm256_setzero_ps(), _CMP_GT_OQ));
+  ok = _mm256_and_ps(ok, finite(d));
+  if (kOffset) ok = _mm256_and_ps(ok, finite(m));
+  if (_mm256_movemask_ps(ok) == 0) return;
+  const __m256 id = _mm256_div_ps(_mm256_set1_ps(1.0f), d);
+  const __m256 e = score<kOffset>(xt, d, id, m, g);
+  const __m256 better = _mm256_and_ps(ok, _mm256_cmp_ps(e, b.err, _CMP_LT_OQ));
+  const __m256i bi = _mm256_castps_si256(better);
+  b.err = _mm256_blendv_ps(b.err, e, better);
+  b.d = _mm256_blendv_ps(b.d, d, better);
+  b.id = _mm256_blendv_ps(b.id, id, better);
+  b.m = _mm256_blendv_ps(b.m, m, better);
+  b.d16 = _mm256_blendv_epi8(b.d16, _mm256_cvtepu16_epi32(d16), bi);
+  b.m16 = _mm256_blendv_epi8(b.m16, _mm256_cvtepu16_epi32(m16), bi);
+  b.improved = _mm256_or_ps(b.improved, better);
+}
+
+// The least-squares candidate of 4 lanes, in double as the scalar search: il, ill the sums of
+// the levels and their squares, sx, sxl of the values and values times levels.
+template <bool kOffset>
+KV_AVX2_INLINE void fit4(__m128 il, __m128 ill, __m128 sx_f, __m128 sxl_f, __m128& d_out, __m128& m_out,
+                         __m128& ok_out) {
+  const __m256d sl = _mm256_cvtps_pd(il), sll = _mm256_cvtps_pd(ill);
+  const __m256d sx = _mm256_cvtps_pd(sx_f), sxl = _mm256_cvtps_pd(sxl_f);
+  const __m256d n = _mm256_set1_pd(32.0), zero = _mm256_setzero_pd();
+  __m256d d, m = zero, ok;
+  if (kOffset) {
+    const __m256d det = _mm256_sub_pd(_mm256_mul_pd(n, sll), _mm256_mul_pd(sl, sl));
+    ok = _mm256_cmp_pd(det, zero, _CMP_NEQ_UQ);
+    d = _mm256_div_pd(_mm256_sub_pd(_mm256_mul_pd(n, sxl), _mm256_mul_pd(sl, sx)), det);
+    m = _mm256_div_pd(_mm256_sub_pd(sx, _mm256_mul_pd(d, sl)), n);
+  } else {
+    ok = _mm256_cmp_pd(sll, zero, _CMP_NEQ_UQ);
+    d = _mm256_div_pd(sxl, sll);
+  }
+  d_out = _mm256_cvtpd_ps(d);
+  m_out = _mm256_cvtpd_ps(m);
+  // the 4 64-bit masks to 4 32-bit ones
+  const __m256 okf = _mm256_castpd_ps(ok);
+  ok_out = _mm_shuffle_ps(_mm256_castps256_ps128(okf), _mm256_extractf128_ps(okf, 1), 0x88);
+}
+
+template <bool kOffset>
+KV_AVX2 void quick_search_lanes(QuickSearchBlocks& q) {
+  const Grid g{_mm256_set1_ps(q.lo), _mm256_set1_ps(q.hi)};
+  // Lanes past q.n repeat block 0 and are never chosen.
+  const float* xp[8];
+  const float* yp[8];
+  alignas(16) uint16_t d16[8], m16[8];
+  for (int k = 0; k < 8; ++k) {
+    const int s = k < q.n ? k : 0;
+    xp[k] = q.x[s];
+    yp[k] = q.y[s];
+    d16[k] = q.d16[s];
+    m16[k] = kOffset ? q.m16[s] : 0;
+  }
+  // The reference block's error, block by block (lane l: the partial sum of values l, l + 8,
+  // l + 16, l + 24), then transposed so that the tree runs across the blocks; the values
+  // transposed on the way.
+  __m256 xt[32];
+  __m256 part[8];
+  for (int k = 0; k < 8; ++k) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int v = 0; v < 4; ++v) {
+      const __m256 diff = _mm256_sub_ps(_mm256_loadu_ps(xp[k] + 8 * v), _mm256_loadu_ps(yp[k] + 8 * v));
+      const __m256 sq = _mm256_mul_ps(diff, diff);
+      acc = v == 0 ? sq : _mm256_add_ps(acc, sq);
+    }
+    part[k] = acc;
+  }
+  transpose8(part);
+  for (int v = 0; v < 4; ++v) {
+    __m256 r[8];
+    for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(xp[k] + 8 * v);
+    transpose8(r);
+    for (int l = 0; l < 8; ++l) xt[8 * v + l] = r[l];
+  }
+  const __m128i d16_ref = _mm_load_si128(reinterpret_cast<const __m128i*>(d16));
+  const __m128i m16_ref = _mm_load_si128(reinterpret_cast<const __m128i*>(m16));
+  Best b;
+  b.err = tree8(part);
+  b.d = _mm256_cvtph_ps(d16_ref);
+  b.m = kOffset ? _mm256_cvtph_ps(m16_ref) : _mm256_setzero_ps();
+  b.id = _mm256_div_ps(_mm256_set1_ps(1.0f), b.d);
+  b.d16 = _mm256_cvtepu16_epi32(d16_ref);
+  b.m16 = _mm256_cvtepu16_epi32(m16_ref);
+  b.improved = _mm256_setzero_ps();
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(q.n), lane));
+  valid = _mm256_and_ps(valid, _mm256_cmp_ps(b.err, _mm256_setzero_ps(), _CMP_GT_OQ));
+  valid = _mm256_and_ps(valid, finite(b.err));
+  valid = _mm256_and_ps(valid, _mm256_cmp_ps(abs8(b.d), _mm256_setzero_ps(), _CMP_GT_OQ));
+  valid = _mm256_and_ps(valid, finite(b.d));
+  if (kOffset) valid = _mm256_and_ps(valid, finite(b.m));
+  q.improved = 0;
+  const int valid_mask = _mm256_movemask_ps(valid);
+  if (valid_mask == 0) return;
+
+  for (float f : kQuickFactors) {
+    const __m128i cand = _mm256_cvtps_ph(_mm256_mul_ps(_mm256_cvtph_ps(d16_ref), _mm256_set1_ps(f)),
+                                         _MM_FROUND_TO_NEAREST_INT);
+    consider<kOffset>(xt, cand, m16_ref, valid, g, b);
+  }
+
+  // The least-squares fit of the best's levels: the reference block's where no factor did better.
+  alignas(32) float ref_q[32][8];
+  const int reference = valid_mask & ~_mm256_movemask_ps(b.improved);
+  if (reference != 0) {
+    for (int k = 0; k < 8; ++k) {
+      int8_t lv[32] = {};
+      if (reference >> k & 1) q.ref_levels(q.ctx, k, lv);
+      for (int i = 0; i < 32; ++i) ref_q[i][k] = float(lv[i]);
+    }
+  }
+  __m256 il = _mm256_setzero_ps(), ill = _mm256_setzero_ps();
+  __m256 ax[8], axl[8];
+  for (int l = 0; l < 8; ++l) {
+    ax[l] = _mm256_setzero_ps();
+    axl[l] = _mm256_setzero_ps();
+    for (int v = 0; v < 4; ++v) {
+      const int i = 8 * v + l;
+      __m256 n = level<kOffset>(xt[i], b.id, b.m, g);
+      if (reference != 0) n = _mm256_blendv_ps(_mm256_load_ps(ref_q[i]), n, b.improved);
+      il = _mm256_add_ps(il, n);  // integers below 2^24: exact in any order
+      ill = _mm256_add_ps(ill, _mm256_mul_ps(n, n));
+      ax[l] = _mm256_add_ps(ax[l], xt[i]);
+      axl[l] = _mm256_add_ps(axl[l], _mm256_mul_ps(xt[i], n));
+    }
+  }
+  const __m256 sx = tree8(ax), sxl = tree8(axl);
+  __m128 d_lo, d_hi, m_lo, m_hi, ok_lo, ok_hi;
+  fit4<kOffset>(_mm256_castps256_ps128(il), _mm256_castps256_ps128(ill), _mm256_castps256_ps128(sx),
+                _mm256_castps256_ps128(sxl), d_lo, m_lo, ok_lo);
+  fit4<kOffset>(_mm256_extractf128_ps(il, 1), _mm256_extractf128_ps(ill, 1), _mm256_extractf128_ps(sx, 1),
+                _mm256_extractf128_ps(sxl, 1), d_hi, m_hi, ok_hi);
+  const __m128i fit_d16 = _mm256_cvtps_ph(_mm256_set_m128(d_hi, d_lo), _MM_FROUND_TO_NEAREST_INT);
+  const __m128i fit_m16 = kOffset ? _mm256_cvtps_ph(_mm256_set_m128(m_hi, m_lo), _MM_FROUND_TO_NEAREST_INT)
+                                  : _mm_setzero_si128();
+  consider<kOffset>(xt, fit_d16, fit_m16, _mm256_and_ps(valid, _mm256_set_m128(ok_hi, ok_lo)), g, b);
+
+  const int improved = _mm256_movemask_ps(b.improved);
+  q.improved = uint32_t(improved);
+  if (improved == 0) return;
+  alignas(32) uint32_t out_d[8], out_m[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out_d), b.d16);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out_m), b.m16);
+  // The best's levels, transposed back to one block per row and packed to int8.
+  __m256 n[32];
+  for (int i = 0; i < 32; ++i) n[i] = _mm256_castsi256_ps(_mm256_cvttps_epi32(level<kOffset>(xt[i], b.id, b.m, g)));
+  for (int v = 0; v < 4; ++v) transpose8(n + 8 * v);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int k = 0; k < 8; ++k) {
+    if (!(improved >> k & 1)) continue;
+    q.out_d16[k] = uint16_t(out_d[k]);
+    q.out_m16[k] = uint16_t(out_m[k]);
+    // int32 -> int8 in order: the packs interleave the 128-bit lanes, the permute undoes it
+    const __m256i w01 = _mm256_packs_epi32(_mm256_castps_si256(n[k]), _mm256_castps_si256(n[8 + k]));
+    const __m256i w23 = _mm256_packs_epi32(_mm256_castps_si256(n[16 + k]), _mm256_castps_si256(n[24 + k]));
+    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(q.levels[k]), bytes);
+  }
+}
+
+}  // namespace
+
+KV_AVX2 void quick_search_avx2(QuickSearchBlocks& q) {
+  if (q.offset) {
+    quick_search_lanes<true>(q);
+  } else {
+    quick_search_lanes<false>(q);
+  }
+}
+
+}  // namespace kvsnap::simd::x86
+
+#endif  // KVSNAP_SIMD_X86
