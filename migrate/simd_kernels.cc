@@ -32,7 +32,8 @@ constexpr LevelKernels kLevels[] = {
     {Level::kAvx512, KVSNAP_X86(hadamard_avx512), 16, KVSNAP_X86(find_fused_avx512),  //
      nullptr, nullptr, nullptr, nullptr, nullptr},  // no AVX-512 MLX, direct-path or search kernels: AVX2's serve
     {Level::kNeon, KVSNAP_ARM(hadamard_neon), 4, nullptr,  //
-     KVSNAP_ARM(mlx_affine_quantize_row_neon), KVSNAP_ARM(mlx_affine_dequantize_row_neon), nullptr, nullptr, nullptr},
+     KVSNAP_ARM(mlx_affine_quantize_row_neon), KVSNAP_ARM(mlx_affine_dequantize_row_neon), nullptr, nullptr,
+     KVSNAP_ARM(quick_search_neon)},
 };
 #undef KVSNAP_X86
 #undef KVSNAP_ARM

@@ -259,6 +259,8 @@ void q8_0_from_f32_neon(const float* src, std::byte* dst, size_t n);
 void iq4_nl_to_f32_neon(const std::byte* src, float* dst, size_t n);
 void iq4_nl_from_f32_neon(const float* src, std::byte* dst, size_t n);  // kernels/arm_neon_iq4_nl.cc
 void hadamard_neon(float* x, size_t n, uint32_t n_rot);  // n_rot >= 4
+// ExactRequantizer's quick search, 4 blocks in the lanes (QuickSearchFn above; arm_neon_requant.cc)
+void quick_search_neon(QuickSearchBlocks& b);
 
 // MLX affine quantization (migrate/mlx_affine.h): mlx_affine_quantize_row and
 // mlx_affine_dequantize_row, the same bytes and floats (kernels/arm_neon_mlx.cc)

@@ -10,6 +10,7 @@
 //   arm_neon_quant.cc  the quantizers q8_0, q4_0, q4_1, q5_0, q5_1
 //   arm_neon_iq4_nl.cc the iq4_nl quantizer (lane = block; see its header)
 //   arm_neon_mlx.cc    MLX's affine quantize / dequantize rows (see its header)
+//   arm_neon_requant.cc ExactRequantizer's quick search (lane = block; see its header)
 //
 // Why each kernel gives the reference's bytes (it does the reference's float operations, lane by
 // lane, in its order; nothing is fused or reassociated):
