@@ -1,7 +1,8 @@
 // kvsnap-bench: throughput of kvsnap's row conversions in GB/s of input, beside ggml's own
 // routines and memcpy on the same data in the same run. See docs/performance.md.
 //
-// For each conversion (f16->q8_0, f16->q4_0, f16->iq4_nl, q8_0->f16, q4_0->q8_0) on K rows of
+// For each conversion (f16 -> q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; q8_0 -> f16; and quantized ->
+// quantized: q4_0 -> q8_0, q8_0 -> q4_0, q5_0 -> q4_0, q8_0 -> iq4_nl) on K rows of
 // n_head_kv x head_dim values (default 8 x 128, llama.cpp's rotation rule with n_rot 128):
 //   kvsnap 1T    what `kvsnap convert` runs, one thread: RowConverter (to_f32, rotation step,
 //                from_f32), or for quantized -> quantized in one rotation domain ExactRequantizer
@@ -343,6 +344,7 @@ constexpr Conversion kConversions[] = {
     {"q4_0-q8_0", GgmlType::kQ4_0, GgmlType::kQ8_0},   {"q8_0-q4_0", GgmlType::kQ8_0, GgmlType::kQ4_0},
     {"f16-q4_1", GgmlType::kF16, GgmlType::kQ4_1},     {"f16-q5_0", GgmlType::kF16, GgmlType::kQ5_0},
     {"f16-q5_1", GgmlType::kF16, GgmlType::kQ5_1},     {"q5_0-q4_0", GgmlType::kQ5_0, GgmlType::kQ4_0},
+    {"q8_0-iq4_nl", GgmlType::kQ8_0, GgmlType::kIQ4_NL},
 };
 
 struct Row {
@@ -442,7 +444,7 @@ Target target_of(simd::Level l, const Row& r) {
   if (r.name == "f16-q4_0" || r.name == "f16-q4_1" || r.name == "f16-q5_0" || r.name == "f16-q5_1") {
     return {&Row::ggml_cpu, 3.0, "with rotation >= 3x ggml cpu (no rotation)"};
   }
-  if (r.name == "q4_0-q8_0" || r.name == "q8_0-q4_0" || r.name == "q5_0-q4_0") {
+  if (r.name == "q4_0-q8_0" || r.name == "q8_0-q4_0" || r.name == "q5_0-q4_0" || r.name == "q8_0-iq4_nl") {
     return {&Row::ggml_cpu, 2.0, r.exact ? ">= 2x ggml cpu (kvsnap: ExactRequantizer, --requant auto)" : ">= 2x ggml cpu"};
   }
   if (r.name == "f16-iq4_nl") {  // 50x at AVX2 (issue 13); the AVX-512 kernel's own target is 100x

@@ -88,12 +88,10 @@ struct RotationGeometry {
 // How quantized -> quantized blocks are made when both ends are in one rotation domain
 // (migrate/exact_requant.h). Every mode keeps float -> quantized ggml_quantize_chunk's.
 enum class RequantMode {
-  kAuto,       // the default: kSearch into iq4_nl, else kExact from q8_0 and kQuick from a 4/5-bit
-               // type (search_by_default in migrate/exact_requant.h says why; docs/conversion.md has
-               // the figures)
+  kAuto,       // the default: kExact from q8_0 into a linear grid, else kQuick (search_by_default in
+               // migrate/exact_requant.h says why; docs/conversion.md has the figures)
   kQuick,      // a block the target holds exactly is kept; the others: the smaller error of ggml's
-               // reference block, 4 nearby scales and one least-squares refinement (into iq4_nl:
-               // kSearch)
+               // reference block, 4 nearby scales and one least-squares refinement
   kSearch,     // a block the target holds exactly is kept; the others: the smaller error of ggml's
                // reference block and a scale search over 16 nearby scales and up to 3 refinements
                // (~20-30 MB/s a thread at avx2 where blocks do not embed, docs/performance.md)

@@ -227,7 +227,7 @@ simd::RequantGrid grid_of_target(GgmlType t) {
 }
 
 // Byte j of kBitsToBytes[b] is bit j of b (byte j: the j-th in memory; little-endian words).
-static_assert(std::endian::native == std::endian::little, "block_levels and pack_linear read bytes as words");
+static_assert(std::endian::native == std::endian::little, "block_levels and pack_levels read bytes as words");
 constexpr std::array<uint64_t, 256> kBitsToBytes = [] {
   std::array<uint64_t, 256> t{};
   for (int b = 0; b < 256; ++b) {
@@ -282,12 +282,26 @@ void block_levels(GgmlType t, const uint8_t* b, int8_t* q) {
   for (int i = 0; i < kBlock; ++i) q[i] = int8_t(biased[i] - bias);
 }
 
-// A linear grid's block with f16 scale d16 (and offset m16) and levels q, which fit: as build()
-// and encode_offset() pack it.
-void pack_linear(GgmlType t, uint16_t d16, uint16_t m16, const int8_t* q, std::byte* out) {
+// The index of each iq4_nl table value, by the value's byte (other bytes: 0, never looked up).
+constexpr std::array<uint8_t, 256> kIq4nlIndex = [] {
+  std::array<uint8_t, 256> t{};
+  for (int k = 0; k < 16; ++k) t[uint8_t(quants::kIQ4NLValues[k])] = uint8_t(k);
+  return t;
+}();
+
+// A block with f16 scale d16 (and offset m16) and levels q, which fit (iq4_nl: table values): as
+// build() and encode_offset() pack it.
+void pack_levels(GgmlType t, uint16_t d16, uint16_t m16, const int8_t* q, std::byte* out) {
   store_u16(out, d16);
   if (t == GgmlType::kQ8_0) {
     std::memcpy(out + 2, q, kBlock);
+    return;
+  }
+  if (t == GgmlType::kIQ4_NL) {  // q: table values
+    uint8_t* qs = reinterpret_cast<uint8_t*>(out) + 2;
+    for (int j = 0; j < kBlock / 2; ++j) {
+      qs[j] = uint8_t(kIq4nlIndex[uint8_t(q[j])] | (kIq4nlIndex[uint8_t(q[j + 16])] << 4));
+    }
     return;
   }
   const bool offset = has_offset(t), five = t == GgmlType::kQ5_0 || t == GgmlType::kQ5_1;
@@ -312,7 +326,7 @@ void pack_linear(GgmlType t, uint16_t d16, uint16_t m16, const int8_t* q, std::b
 class QuickBatch {
  public:
   explicit QuickBatch(GgmlType dst) : dst_(dst), search_(simd::find_quick_search()) {
-    qb_.offset = has_offset(dst);
+    qb_.grid = grid_of_target(dst);
     qb_.lo = float(grid_of(dst)->lo);
     qb_.hi = float(grid_of(dst)->hi);
     qb_.ctx = this;
@@ -332,7 +346,7 @@ class QuickBatch {
     qb_.x[k] = x;
     qb_.y[k] = y;
     qb_.d16[k] = load_u16(db);
-    qb_.m16[k] = qb_.offset ? load_u16(db + 2) : 0;
+    qb_.m16[k] = qb_.grid == simd::RequantGrid::kOffset ? load_u16(db + 2) : 0;
     out_[k] = db;
     if (qb_.n == 8) flush();
   }
@@ -341,7 +355,7 @@ class QuickBatch {
     if (qb_.n == 0) return;
     search_(qb_);
     for (int k = 0; k < qb_.n; ++k) {
-      if (qb_.improved >> k & 1) pack_linear(dst_, qb_.out_d16[k], qb_.out_m16[k], qb_.levels[k], out_[k]);
+      if (qb_.improved >> k & 1) pack_levels(dst_, qb_.out_d16[k], qb_.out_m16[k], qb_.levels[k], out_[k]);
     }
     qb_.n = 0;
   }
@@ -387,7 +401,7 @@ const char* search_name(ExactRequantizer::Search s) {
 ExactRequantizer::Search search_by_default(const TypeTraits& src, const TypeTraits& dst) {
   using Search = ExactRequantizer::Search;
   if (!exact_requant_applies(src, dst)) return Search::kNone;
-  if (dst.id() == GgmlType::kIQ4_NL) return Search::kFull;  // see the header: oracle.server_convert
+  if (dst.id() == GgmlType::kIQ4_NL) return Search::kQuick;  // see the header: oracle.server_convert
   return src.id() == GgmlType::kQ8_0 ? Search::kNone : Search::kQuick;
 }
 
@@ -406,15 +420,15 @@ Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const Typ
   r.src_row_ = n_elems / kBlock * src.block_bytes();
   r.dst_row_ = n_elems / kBlock * dst.block_bytes();
   r.row_.resize(n_elems);
-  // the quick search needs a linear grid; iq4_nl's levels are a table
-  r.search_ = search == Search::kQuick && dst.id() == GgmlType::kIQ4_NL ? Search::kFull : search;
+  r.search_ = search;
   if (r.search_ == Search::kQuick) r.ref_row_.resize(n_elems);
   const GridRow& g = *grid_of(dst.id());
   r.symmetric_source_ = grid_of(src.id())->grid == Grid::kSymmetric;
   r.embed_span_ = g.grid == Grid::kOffset;
   r.embed_lo_ = g.lo;
   r.embed_hi_ = g.hi;
-  if (!r.embed_span_ && (src.id() == GgmlType::kQ4_0 || src.id() == GgmlType::kQ5_0)) {
+  r.table_target_ = dst.id() == GgmlType::kIQ4_NL;
+  if (!r.embed_span_ && !r.table_target_ && (src.id() == GgmlType::kQ4_0 || src.id() == GgmlType::kQ5_0)) {
     const int bias = src.id() == GgmlType::kQ4_0 ? 8 : 16, top = src.id() == GgmlType::kQ4_0 ? 15 : 31;
     const int lo = std::max(g.lo + bias, 0), hi = std::min(g.hi + bias, top);
     r.stored_range_ = true;
@@ -628,10 +642,27 @@ void ExactRequantizer::convert_row_direct(const std::byte* s, std::byte* o) {
 // (at most 8-bit levels times 11-bit significands), so embed_block's quotients are the levels q
 // themselves (symmetric targets: the same d; offset targets: x - m is (q - q_min) * d or
 // (q + centre) * d, exact too): it embeds only if every level is in the target's range
-// (symmetric), or the levels span at most the target's top level (offset); with any other d it
+// (symmetric; iq4_nl: one of its table's values), or the levels span at most the target's top
+// level (offset); with any other d it
 // does not embed at all. An offset source: true (embed_block decides).
 bool ExactRequantizer::may_embed(const std::byte* sb) const {
   if (!symmetric_source_) return true;
+  int8_t q[kBlock];
+  const int8_t* levels = q;
+  auto read_levels = [&] {
+    if (src_->id() == GgmlType::kQ8_0) {
+      levels = reinterpret_cast<const int8_t*>(sb + 2);
+    } else {
+      block_levels(src_->id(), reinterpret_cast<const uint8_t*>(sb), q);
+    }
+  };
+  if (table_target_) {  // into iq4_nl: every level one of its table's (the same scale, so q is its level)
+    read_levels();
+    for (int i = 0; i < kBlock; ++i) {
+      if (kIq4nlIndex[uint8_t(levels[i])] == 0 && levels[i] != kIq4nlLevels[0]) return false;
+    }
+    return true;
+  }
   if (stored_range_) {
     // every stored level u in [lo, hi]: per byte, u + (0x80 - lo) has bit 7 set and u + (0x7f -
     // hi) has not (u <= 31, so no byte carries into the next)
@@ -647,13 +678,7 @@ bool ExactRequantizer::may_embed(const std::byte* sb) const {
   }
   // The levels biased to unsigned (q + 128), so the minimum and maximum are unsigned byte
   // operations every x86-64 and aarch64 vectorizes.
-  int8_t q[kBlock];
-  const int8_t* levels = q;
-  if (src_->id() == GgmlType::kQ8_0) {
-    levels = reinterpret_cast<const int8_t*>(sb + 2);
-  } else {
-    block_levels(src_->id(), reinterpret_cast<const uint8_t*>(sb), q);
-  }
+  read_levels();
   uint8_t umn = 255, umx = 0;
   for (int i = 0; i < kBlock; ++i) {
     const uint8_t u = uint8_t(uint8_t(levels[i]) ^ 0x80);
@@ -739,12 +764,17 @@ bool requant_score8_ref(const float* x, float m, const float* d, int lo, int hi,
 namespace {
 
 // One candidate of the quick search (simd_kernels.h, QuickSearchBlocks): its levels q and error.
-float quick_score(const float* x, float d, float id, float m, float lo, float hi, int8_t* q) {
+float quick_score(const QuickSearchBlocks& b, const float* x, float d, float id, float m, int8_t* q) {
   float sq[kBlock];
   for (int i = 0; i < kBlock; ++i) {
-    float n = nearbyint_inline((x[i] - m) * id);
-    n = n > lo ? n : lo;
-    n = n < hi ? n : hi;
+    float n;
+    if (b.grid == RequantGrid::kIq4nl) {
+      n = float(kIq4nlLevels[quants::ref::iq4_nl_best_index((x[i] - m) * id)]);
+    } else {
+      n = nearbyint_inline((x[i] - m) * id);
+      n = n > b.lo ? n : b.lo;
+      n = n < b.hi ? n : b.hi;
+    }
     q[i] = int8_t(int(n));
     const float diff = x[i] - (n * d + m);
     sq[i] = diff * diff;
@@ -760,8 +790,9 @@ void quick_search_block(QuickSearchBlocks& b, int k) {
   for (int i = 0; i < kBlock; ++i) sq[i] = (x[i] - y[i]) * (x[i] - y[i]);
   float best_err = lane_tree_sum(sq);
   const float d_ref = half::fp16_to_f32(b.d16[k]);
-  const uint16_t m16 = b.offset ? b.m16[k] : 0;
-  const float m = b.offset ? half::fp16_to_f32(m16) : 0.0f;
+  const bool offset = b.grid == RequantGrid::kOffset;
+  const uint16_t m16 = offset ? b.m16[k] : 0;
+  const float m = offset ? half::fp16_to_f32(m16) : 0.0f;
   if (!(best_err > 0) || !std::isfinite(best_err) || !(std::fabs(d_ref) > 0) || !std::isfinite(d_ref) ||
       !std::isfinite(m)) {
     return;
@@ -770,9 +801,9 @@ void quick_search_block(QuickSearchBlocks& b, int k) {
   uint16_t best_d16 = 0, best_m16 = m16;
   bool improved = false;
   auto consider = [&](uint16_t d16, uint16_t cand_m16) {
-    const float d = half::fp16_to_f32(d16), cm = b.offset ? half::fp16_to_f32(cand_m16) : 0.0f;
+    const float d = half::fp16_to_f32(d16), cm = offset ? half::fp16_to_f32(cand_m16) : 0.0f;
     if (!(std::fabs(d) > 0) || !std::isfinite(d) || !std::isfinite(cm)) return;
-    const float e = quick_score(x, d, 1.0f / d, cm, b.lo, b.hi, q);
+    const float e = quick_score(b, x, d, 1.0f / d, cm, q);
     if (!(e < best_err)) return;
     best_err = e;
     std::memcpy(best_q, q, sizeof q);
@@ -796,7 +827,7 @@ void quick_search_block(QuickSearchBlocks& b, int k) {
   }
   const double sl = il, sll = ill;
   const double sx = lane_tree_sum8(ax), sxl = lane_tree_sum8(axl);
-  if (b.offset) {
+  if (offset) {
     const double det = kBlock * sll - sl * sl;
     if (det != 0) {
       const double d = (kBlock * sxl - sl * sx) / det;

@@ -37,8 +37,9 @@ class ExactRequantizer {
   enum class Search {
     kNone,   // ggml's reference block
     kQuick,  // the smaller error of the reference block, 4 nearby scales and one least-squares
-             // refinement (kQuickFactors; levels by a multiply with the scale's reciprocal, errors
-             // in float): on a linear grid (q4_0, q5_0, q8_0, q4_1, q5_1); into iq4_nl, kFull
+             // refinement (kQuickFactors; levels by a multiply with the scale's reciprocal, the
+             // nearest of a linear grid or ggml's best_index_int8 into iq4_nl's table, errors in
+             // float)
     kFull,   // the smaller error of the reference block, 16 nearby scales and up to 3
              // least-squares refinements (levels by division, errors in double)
   };
@@ -57,7 +58,7 @@ class ExactRequantizer {
   // k whole rows in, k rows out.
   Status convert(std::span<const std::byte> in, std::span<std::byte> out);
 
-  Search search() const { return search_; }  // as made (kQuick into iq4_nl is kFull)
+  Search search() const { return search_; }
   uint64_t blocks_exact() const { return exact_; }
   uint64_t blocks_requantized() const { return requant_; }
 
@@ -82,7 +83,9 @@ class ExactRequantizer {
   // offset target) spanning at most embed_hi_
   bool symmetric_source_ = false, embed_span_ = false;
   int embed_lo_ = 0, embed_hi_ = 0;
-  // may_embed's test for a q4_0 or q5_0 source into a symmetric target, on the stored levels
+  // may_embed's test into iq4_nl: every level one of its table's
+  bool table_target_ = false;
+  // may_embed's test for a q4_0 or q5_0 source into a linear symmetric target, on the stored levels
   bool stored_range_ = false;
   uint64_t stored_lo_add_ = 0, stored_hi_add_ = 0;
 };
@@ -93,12 +96,14 @@ bool exact_requant_applies(const TypeTraits& src, const TypeTraits& dst);
 // "exact" (kNone), "quick", "search" (kFull): the --requant word that runs each.
 const char* search_name(ExactRequantizer::Search s);
 
-// What `--requant auto` (the default) runs for this pair. Into iq4_nl, kFull, from any type (the
-// quick search needs a linear grid; and from q8_0 the reference block, although its squared
-// error is 1.004x native, flipped the continuation of tests/oracle/server_test.py's hd128 case
-// at a generated position where that model is hypersensitive, KL 0.197 against the bound
-// 0.0077, where the search and llama.cpp's own iq4_nl cache did not: one case of a random model,
-// but no evidence the other way, so the search stays). From q8_0 into a linear grid, kNone:
+// What `--requant auto` (the default) runs for this pair. Into iq4_nl, kQuick, from any type:
+// within 1% of kFull's error (kvsnap-requant-error) and end to end the same KL (75 pairs of
+// oracle.fidelity: geometric mean 1.004x kFull's), at ~20x its speed. Not kNone, even from q8_0:
+// that reference block, although its squared error is 1.004x native, flipped the continuation of
+// tests/oracle/server_test.py's hd128 case at a generated position where that model is
+// hypersensitive (KL 0.197 against the bound 0.0077), where a search and llama.cpp's own iq4_nl
+// cache did not: one case of a random model, but no evidence the other way. From q8_0 into a
+// linear grid, kNone:
 // ggml's reference block lands within ~2% of the error of a cache made natively in the target
 // type (kvsnap-requant-error: 1.003-1.02x; 1.05x unrotated), so a search buys little over native.
 // From a 4/5-bit type into a linear grid, where the grids do not nest (q5_0 -> q4_0 lands half the

@@ -82,14 +82,17 @@ bool requant_score8_ref(const float* x, float m, const float* d, int lo, int hi,
                         double* e, int32_t* levels, bool* ok);
 
 // ExactRequantizer's quick search (migrate/exact_requant.cc, --requant quick) for up to 8 blocks
-// of 32 values at once, block k in lane k, on a linear grid: levels lo..hi, value level * d, or
-// level * d + m with an offset. For each block k < n, with x its source values and y the values
-// of its reference block (ggml's, decoded), whose f16 scale and offset are d16[k], m16[k]:
+// of 32 values at once, block k in lane k, on a linear grid (levels lo..hi, value level * d, or
+// level * d + m with an offset) or iq4_nl's (value level * d, levels its table). For each block
+// k < n, with x its source values and y the values of its reference block (ggml's, decoded),
+// whose f16 scale and offset are d16[k], m16[k]:
 //   - the reference's error is the sum of (x[i] - y[i])^2, and a candidate's the sum of
-//     (x[i] - (n[i] * d + m))^2 with n[i] = min(max(nearbyint((x[i] - m) * id), lo), hi), id =
-//     1 / d (round half to even; max and min as x86's maxps / minps with the level first; m = 0
-//     without an offset): each in float, lane l = i % 8 adding i = l, l + 8, l + 16, l + 24 in
-//     turn, then the lanes pairwise: (l, l + 4), (l, l + 2), (0, 1);
+//     (x[i] - (n[i] * d + m))^2 (m = 0 without an offset) with, for r = (x[i] - m) * id, id =
+//     1 / d: on a linear grid n[i] = min(max(nearbyint(r), lo), hi) (round half to even; max and
+//     min as x86's maxps / minps with the level first), on iq4_nl's the table value at ggml's
+//     best_index_int8(r) (the nearest; between two, the upper); each sum in float, lane l = i % 8
+//     adding i = l, l + 8, l + 16, l + 24 in turn, then the lanes pairwise: (l, l + 4), (l, l +
+//     2), (0, 1);
 //   - nothing is done unless that error is finite and > 0 and the reference's scale (and offset)
 //     are finite, the scale nonzero;
 //   - the candidates, in order, each kept when its error is below the best so far: the f16 of
@@ -101,12 +104,13 @@ bool requant_score8_ref(const float* x, float m, const float* d, int lo, int hi,
 //     0), each rounded to float then f16. A candidate whose f16 scale is 0 or not finite, or whose
 //     offset is not finite, is skipped.
 // Bit k of `improved` says whether block k is replaced: by out_d16[k], out_m16[k] (m16[k] for a
-// factor's candidate, 0 without an offset) and levels[k]. Every level gives the same result.
+// factor's candidate, 0 without an offset) and levels[k] (iq4_nl: table values). Every level
+// gives the same result.
 inline constexpr float kQuickFactors[] = {0.94f, 0.97f, 1.03f, 1.06f};
 struct QuickSearchBlocks {
   int n = 0;  // blocks, 1..8
-  bool offset = false;
-  float lo = 0, hi = 0;
+  RequantGrid grid = RequantGrid::kSymmetric;
+  float lo = 0, hi = 0;  // a linear grid's levels
   const float* x[8] = {};
   const float* y[8] = {};
   uint16_t d16[8] = {}, m16[8] = {};

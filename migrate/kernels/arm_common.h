@@ -125,6 +125,28 @@ inline void store_scaled_offset16(int8x16_t q, float32x4_t d, float32x4_t m, flo
   vst1q_f32(y + 12, vaddq_f32(vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi))), d), m));
 }
 
+// best_index_int8(16, kvalues_iq4nl, x) per lane, and kvalues_iq4nl[index] as a float (the iq4_nl
+// quantizer, arm_neon_iq4_nl.cc, and the requantizer's quick search, arm_neon_requant.cc).
+inline void iq4_index4(float32x4_t x, uint32x4_t* idx, float32x4_t* q) {
+  float32x4_t lo = vdupq_n_f32(quants::kIQ4NLValues[0]), hi = vdupq_n_f32(quants::kIQ4NLValues[15]);
+  uint32x4_t below = vdupq_n_u32(0);  // mu - 1: how many of val[1..14] are <= x
+  for (int k = 1; k < 15; k++) {
+    const float32x4_t vk = vdupq_n_f32(quants::kIQ4NLValues[k]);
+    const uint32x4_t ge = vcgeq_f32(x, vk);
+    lo = vbslq_f32(ge, vk, lo);
+    below = vsubq_u32(below, ge);  // ge is all ones (-1) or 0
+  }
+  for (int k = 14; k >= 1; k--) {
+    const float32x4_t vk = vdupq_n_f32(quants::kIQ4NLValues[k]);
+    hi = vbslq_f32(vcltq_f32(x, vk), vk, hi);  // the smallest val[k] above x
+  }
+  const uint32x4_t take_lo = vcltq_f32(vsubq_f32(x, lo), vsubq_f32(hi, x));
+  // NaN: the binary search ends at mu = 15 and the comparison is false: index 15
+  const uint32x4_t nan = vmvnq_u32(vceqq_f32(x, x));
+  *idx = vbslq_u32(nan, vdupq_n_u32(15), vaddq_u32(below, vandq_u32(vmvnq_u32(take_lo), vdupq_n_u32(1))));
+  *q = vbslq_f32(nan, vdupq_n_f32(quants::kIQ4NLValues[15]), vbslq_f32(take_lo, lo, hi));
+}
+
 }  // namespace kvsnap::simd::arm
 
 #endif  // KVSNAP_SIMD_NEON

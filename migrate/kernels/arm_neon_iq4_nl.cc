@@ -22,27 +22,6 @@ using quants::kIQ4NLValues;
 
 namespace {
 
-// best_index_int8(16, kvalues_iq4nl, x) per lane, and kvalues_iq4nl[index] as a float.
-inline void iq4_index4(float32x4_t x, uint32x4_t* idx, float32x4_t* q) {
-  float32x4_t lo = vdupq_n_f32(kIQ4NLValues[0]), hi = vdupq_n_f32(kIQ4NLValues[15]);
-  uint32x4_t below = vdupq_n_u32(0);  // mu - 1: how many of val[1..14] are <= x
-  for (int k = 1; k < 15; k++) {
-    const float32x4_t vk = vdupq_n_f32(kIQ4NLValues[k]);
-    const uint32x4_t ge = vcgeq_f32(x, vk);
-    lo = vbslq_f32(ge, vk, lo);
-    below = vsubq_u32(below, ge);  // ge is all ones (-1) or 0
-  }
-  for (int k = 14; k >= 1; k--) {
-    const float32x4_t vk = vdupq_n_f32(kIQ4NLValues[k]);
-    hi = vbslq_f32(vcltq_f32(x, vk), vk, hi);  // the smallest val[k] above x
-  }
-  const uint32x4_t take_lo = vcltq_f32(vsubq_f32(x, lo), vsubq_f32(hi, x));
-  // NaN: the binary search ends at mu = 15 and the comparison is false: index 15
-  const uint32x4_t nan = vmvnq_u32(vceqq_f32(x, x));
-  *idx = vbslq_u32(nan, vdupq_n_u32(15), vaddq_u32(below, vandq_u32(vmvnq_u32(take_lo), vdupq_n_u32(1))));
-  *q = vbslq_f32(nan, vdupq_n_f32(kIQ4NLValues[15]), vbslq_f32(take_lo, lo, hi));
-}
-
 // One pass of the reference's sums: sumqx += w * q * x, sumq2 += w * q * q over j = 0..31,
 // q = values[best_index(id * x)]; xt / wt hold x[j] / weight[j] of the 4 blocks at [4 j].
 inline void iq4_sums4(const float* xt, const float* wt, float32x4_t id, float32x4_t* sumqx, float32x4_t* sumq2) {

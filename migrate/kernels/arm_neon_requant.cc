@@ -3,7 +3,8 @@
 // ExactRequantizer's quick search at NEON (simd_kernels.h, QuickSearchBlocks): 4 blocks at a
 // time, block k in lane k, as x86_avx2_requant.cc does with 8: the values transposed once, the
 // scalar search's 8 partial sums and their pairwise tree as vectors, every choice a per-lane
-// select. Why each operation is the scalar one: FRINTN rounds half to even like nearbyint; FMAX
+// select; iq4_nl's level is iq4_index4 (arm_common.h), ggml's best_index_int8 by its definition.
+// Why each operation is the scalar one: FRINTN rounds half to even like nearbyint; FMAX
 // and FMIN equal the scalar's (n > lo ? n : lo) and (n < hi ? n : hi) for the finite levels
 // they see (-0 against +0 included: both give +0 from max(-0, +0) and keep -0 against a nonzero
 // bound); FCVT to and from f16 round to nearest even and keep subnormals (arm_common.h); the
@@ -40,21 +41,29 @@ inline uint32x4_t finite(float32x4_t v) {
 }
 
 struct Grid {
-  float32x4_t lo, hi;
+  float32x4_t lo, hi;  // a linear grid's levels
 };
 
 // As x86_avx2_requant.cc's level(): without an offset, x * id and n * d give what the scalar's
-// (x - 0) * id and n * d + 0 do, up to the sign of a zero that neither result keeps.
-template <bool kOffset>
+// (x - 0) * id and n * d + 0 do, up to the sign of a zero that neither result keeps (and
+// best_index_int8 gives +0 and -0 one index).
+template <RequantGrid G>
 inline float32x4_t level(float32x4_t x, float32x4_t id, float32x4_t m, const Grid& g) {
-  const float32x4_t r = kOffset ? vmulq_f32(vsubq_f32(x, m), id) : vmulq_f32(x, id);
+  if (G == RequantGrid::kIq4nl) {
+    uint32x4_t idx;
+    float32x4_t v;
+    iq4_index4(vmulq_f32(x, id), &idx, &v);
+    return v;
+  }
+  const float32x4_t r = G == RequantGrid::kOffset ? vmulq_f32(vsubq_f32(x, m), id) : vmulq_f32(x, id);
   return vminq_f32(vmaxq_f32(vrndnq_f32(r), g.lo), g.hi);
 }
 
-template <bool kOffset>
+template <RequantGrid G>
 inline float32x4_t score(const float32x4_t* xt, float32x4_t d, float32x4_t id, float32x4_t m, const Grid& g) {
+  constexpr bool kOffset = G == RequantGrid::kOffset;
   auto sq = [&](int i) {
-    const float32x4_t n = level<kOffset>(xt[i], id, m, g);
+    const float32x4_t n = level<G>(xt[i], id, m, g);
     const float32x4_t dec = kOffset ? vaddq_f32(vmulq_f32(n, d), m) : vmulq_f32(n, d);
     const float32x4_t diff = vsubq_f32(xt[i], dec);
     return vmulq_f32(diff, diff);
@@ -73,9 +82,10 @@ struct Best {
   uint32x4_t improved;
 };
 
-template <bool kOffset>
+template <RequantGrid G>
 inline void consider(const float32x4_t* xt, uint16x4_t d16, uint16x4_t m16, uint32x4_t valid, const Grid& g,
                      Best& b) {
+  constexpr bool kOffset = G == RequantGrid::kOffset;
   const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(d16));
   const float32x4_t m = kOffset ? vcvt_f32_f16(vreinterpret_f16_u16(m16)) : vdupq_n_f32(0.0f);
   uint32x4_t ok = vandq_u32(valid, vcagtq_f32(d, vdupq_n_f32(0.0f)));
@@ -83,7 +93,7 @@ inline void consider(const float32x4_t* xt, uint16x4_t d16, uint16x4_t m16, uint
   if (kOffset) ok = vandq_u32(ok, finite(m));
   if (vmaxvq_u32(ok) == 0) return;
   const float32x4_t id = vdivq_f32(vdupq_n_f32(1.0f), d);
-  const float32x4_t e = score<kOffset>(xt, d, id, m, g);
+  const float32x4_t e = score<G>(xt, d, id, m, g);
   const uint32x4_t better = vandq_u32(ok, vcltq_f32(e, b.err));
   b.err = vbslq_f32(better, e, b.err);
   b.d = vbslq_f32(better, d, b.d);
@@ -95,9 +105,10 @@ inline void consider(const float32x4_t* xt, uint16x4_t d16, uint16x4_t m16, uint
 }
 
 // The least-squares candidate of 2 lanes, in double as the scalar search.
-template <bool kOffset>
+template <RequantGrid G>
 inline void fit2(float64x2_t sl, float64x2_t sll, float64x2_t sx, float64x2_t sxl, float64x2_t& d,
                  float64x2_t& m, uint64x2_t& ok) {
+  constexpr bool kOffset = G == RequantGrid::kOffset;
   const float64x2_t n = vdupq_n_f64(32.0), zero = vdupq_n_f64(0.0);
   if (kOffset) {
     const float64x2_t det = vsubq_f64(vmulq_f64(n, sll), vmulq_f64(sl, sl));
@@ -111,8 +122,9 @@ inline void fit2(float64x2_t sl, float64x2_t sll, float64x2_t sx, float64x2_t sx
   }
 }
 
-template <bool kOffset>
+template <RequantGrid G>
 void quick_search_lanes4(QuickSearchBlocks& q, int k0) {
+  constexpr bool kOffset = G == RequantGrid::kOffset;
   const Grid g{vdupq_n_f32(q.lo), vdupq_n_f32(q.hi)};
   // Lanes past q.n repeat block 0 and are never chosen.
   const float* xp[4];
@@ -169,7 +181,7 @@ void quick_search_lanes4(QuickSearchBlocks& q, int k0) {
   for (float f : kQuickFactors) {
     const uint16x4_t cand =
         vreinterpret_u16_f16(vcvt_f16_f32(vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(d16_ref)), vdupq_n_f32(f))));
-    consider<kOffset>(xt, cand, m16_ref, valid, g, b);
+    consider<G>(xt, cand, m16_ref, valid, g, b);
   }
 
   // The least-squares fit of the best's levels: the reference block's where no factor did better.
@@ -192,7 +204,7 @@ void quick_search_lanes4(QuickSearchBlocks& q, int k0) {
     axl[l] = vdupq_n_f32(0.0f);
     for (int v = 0; v < 4; ++v) {
       const int i = 8 * v + l;
-      float32x4_t n = level<kOffset>(xt[i], b.id, b.m, g);
+      float32x4_t n = level<G>(xt[i], b.id, b.m, g);
       if (reference) n = vbslq_f32(b.improved, n, vld1q_f32(ref_q[i]));
       il = vaddq_f32(il, n);  // integers below 2^24: exact in any order
       ill = vaddq_f32(ill, vmulq_f32(n, n));
@@ -203,16 +215,16 @@ void quick_search_lanes4(QuickSearchBlocks& q, int k0) {
   const float32x4_t sx = tree8(ax), sxl = tree8(axl);
   float64x2_t d_lo, d_hi, m_lo, m_hi;
   uint64x2_t ok_lo, ok_hi;
-  fit2<kOffset>(vcvt_f64_f32(vget_low_f32(il)), vcvt_f64_f32(vget_low_f32(ill)), vcvt_f64_f32(vget_low_f32(sx)),
+  fit2<G>(vcvt_f64_f32(vget_low_f32(il)), vcvt_f64_f32(vget_low_f32(ill)), vcvt_f64_f32(vget_low_f32(sx)),
                 vcvt_f64_f32(vget_low_f32(sxl)), d_lo, m_lo, ok_lo);
-  fit2<kOffset>(vcvt_high_f64_f32(il), vcvt_high_f64_f32(ill), vcvt_high_f64_f32(sx), vcvt_high_f64_f32(sxl), d_hi,
+  fit2<G>(vcvt_high_f64_f32(il), vcvt_high_f64_f32(ill), vcvt_high_f64_f32(sx), vcvt_high_f64_f32(sxl), d_hi,
                 m_hi, ok_hi);
   const float32x4_t fit_d = vcvt_high_f32_f64(vcvt_f32_f64(d_lo), d_hi);
   const float32x4_t fit_m = vcvt_high_f32_f64(vcvt_f32_f64(m_lo), m_hi);
   const uint16x4_t fit_d16 = vreinterpret_u16_f16(vcvt_f16_f32(fit_d));
   const uint16x4_t fit_m16 = kOffset ? vreinterpret_u16_f16(vcvt_f16_f32(fit_m)) : vdup_n_u16(0);
   const uint32x4_t fit_ok = vcombine_u32(vmovn_u64(ok_lo), vmovn_u64(ok_hi));
-  consider<kOffset>(xt, fit_d16, fit_m16, vandq_u32(valid, fit_ok), g, b);
+  consider<G>(xt, fit_d16, fit_m16, vandq_u32(valid, fit_ok), g, b);
 
   vst1q_u32(improved_l, b.improved);
   uint32_t out_d[4], out_m[4];
@@ -223,7 +235,7 @@ void quick_search_lanes4(QuickSearchBlocks& q, int k0) {
   if (!any) return;
   // The best's levels, transposed back to one block per row, then to int8.
   float32x4_t n[32];
-  for (int i = 0; i < 32; ++i) n[i] = level<kOffset>(xt[i], b.id, b.m, g);
+  for (int i = 0; i < 32; ++i) n[i] = level<G>(xt[i], b.id, b.m, g);
   for (int c = 0; c < 8; ++c) transpose4(n + 4 * c);
   for (int k = 0; k < 4; ++k) {
     if (!improved_l[k]) continue;
@@ -246,10 +258,10 @@ void quick_search_lanes4(QuickSearchBlocks& q, int k0) {
 void quick_search_neon(QuickSearchBlocks& q) {
   q.improved = 0;
   for (int k0 = 0; k0 < q.n; k0 += 4) {
-    if (q.offset) {
-      quick_search_lanes4<true>(q, k0);
-    } else {
-      quick_search_lanes4<false>(q, k0);
+    switch (q.grid) {
+      case RequantGrid::kOffset: quick_search_lanes4<RequantGrid::kOffset>(q, k0); break;
+      case RequantGrid::kSymmetric: quick_search_lanes4<RequantGrid::kSymmetric>(q, k0); break;
+      case RequantGrid::kIq4nl: quick_search_lanes4<RequantGrid::kIq4nl>(q, k0); break;
     }
   }
 }

@@ -9,6 +9,7 @@
 
 #include <limits>
 
+#include "migrate/kernels/x86_avx2_iq4_nl.h"
 #include "migrate/kernels/x86_common.h"
 #include "migrate/simd_kernels.h"
 
@@ -25,24 +26,27 @@ KV_AVX2_INLINE __m256 tree8(const __m256* a) {
 }
 
 struct Grid {
-  __m256 lo, hi;
+  __m256 lo, hi;  // a linear grid's levels
+  Search table;   // iq4_nl's
 };
 
 // The level of value x for scale d (id = 1 / d) and offset m. Without an offset, x * id and
 // n * d are what (x - 0) * id and n * d + 0 give, up to the sign of a zero, which neither the
-// level nor the squared error keeps.
-template <bool kOffset>
+// level nor the squared error keeps (and best_index_int8 gives +0 and -0 one index).
+template <RequantGrid G>
 KV_AVX2_INLINE __m256 level(__m256 x, __m256 id, __m256 m, const Grid& g) {
-  const __m256 r = kOffset ? _mm256_mul_ps(_mm256_sub_ps(x, m), id) : _mm256_mul_ps(x, id);
+  if (G == RequantGrid::kIq4nl) return value8(_mm256_mul_ps(x, id), g.table);
+  const __m256 r = G == RequantGrid::kOffset ? _mm256_mul_ps(_mm256_sub_ps(x, m), id) : _mm256_mul_ps(x, id);
   const __m256 n = _mm256_round_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   return _mm256_min_ps(_mm256_max_ps(n, g.lo), g.hi);
 }
 
 // A candidate's error in every lane: xt[i] is value i of the 8 blocks.
-template <bool kOffset>
+template <RequantGrid G>
 KV_AVX2_INLINE __m256 score(const __m256* xt, __m256 d, __m256 id, __m256 m, const Grid& g) {
+  constexpr bool kOffset = G == RequantGrid::kOffset;
   auto sq = [&](int i) KV_AVX2_LAMBDA {
-    const __m256 n = level<kOffset>(xt[i], id, m, g);
+    const __m256 n = level<G>(xt[i], id, m, g);
     const __m256 dec = kOffset ? _mm256_add_ps(_mm256_mul_ps(n, d), m) : _mm256_mul_ps(n, d);
     const __m256 diff = _mm256_sub_ps(xt[i], dec);
     return _mm256_mul_ps(diff, diff);
@@ -70,8 +74,9 @@ struct Best {
 };
 
 // Scores the candidate (d16, m16) in the lanes of `valid` and keeps it where it does better.
-template <bool kOffset>
+template <RequantGrid G>
 KV_AVX2_INLINE void consider(const __m256* xt, __m128i d16, __m128i m16, __m256 valid, const Grid& g, Best& b) {
+  constexpr bool kOffset = G == RequantGrid::kOffset;
   const __m256 d = _mm256_cvtph_ps(d16);
   const __m256 m = kOffset ? _mm256_cvtph_ps(m16) : _mm256_setzero_ps();
   __m256 ok = _mm256_and_ps(valid, _mm256_cmp_ps(abs8(d), _mm256_setzero_ps(), _CMP_GT_OQ));
@@ -79,7 +84,7 @@ KV_AVX2_INLINE void consider(const __m256* xt, __m128i d16, __m128i m16, __m256 
   if (kOffset) ok = _mm256_and_ps(ok, finite(m));
   if (_mm256_movemask_ps(ok) == 0) return;
   const __m256 id = _mm256_div_ps(_mm256_set1_ps(1.0f), d);
-  const __m256 e = score<kOffset>(xt, d, id, m, g);
+  const __m256 e = score<G>(xt, d, id, m, g);
   const __m256 better = _mm256_and_ps(ok, _mm256_cmp_ps(e, b.err, _CMP_LT_OQ));
   const __m256i bi = _mm256_castps_si256(better);
   b.err = _mm256_blendv_ps(b.err, e, better);
@@ -93,9 +98,10 @@ KV_AVX2_INLINE void consider(const __m256* xt, __m128i d16, __m128i m16, __m256 
 
 // The least-squares candidate of 4 lanes, in double as the scalar search: il, ill the sums of
 // the levels and their squares, sx, sxl of the values and values times levels.
-template <bool kOffset>
+template <RequantGrid G>
 KV_AVX2_INLINE void fit4(__m128 il, __m128 ill, __m128 sx_f, __m128 sxl_f, __m128& d_out, __m128& m_out,
                          __m128& ok_out) {
+  constexpr bool kOffset = G == RequantGrid::kOffset;
   const __m256d sl = _mm256_cvtps_pd(il), sll = _mm256_cvtps_pd(ill);
   const __m256d sx = _mm256_cvtps_pd(sx_f), sxl = _mm256_cvtps_pd(sxl_f);
   const __m256d n = _mm256_set1_pd(32.0), zero = _mm256_setzero_pd();
@@ -116,9 +122,10 @@ KV_AVX2_INLINE void fit4(__m128 il, __m128 ill, __m128 sx_f, __m128 sxl_f, __m12
   ok_out = _mm_shuffle_ps(_mm256_castps256_ps128(okf), _mm256_extractf128_ps(okf, 1), 0x88);
 }
 
-template <bool kOffset>
+template <RequantGrid G>
 KV_AVX2 void quick_search_lanes(QuickSearchBlocks& q) {
-  const Grid g{_mm256_set1_ps(q.lo), _mm256_set1_ps(q.hi)};
+  constexpr bool kOffset = G == RequantGrid::kOffset;
+  const Grid g{_mm256_set1_ps(q.lo), _mm256_set1_ps(q.hi), search8()};
   // Lanes past q.n repeat block 0 and are never chosen.
   const float* xp[8];
   const float* yp[8];
@@ -175,7 +182,7 @@ KV_AVX2 void quick_search_lanes(QuickSearchBlocks& q) {
   for (float f : kQuickFactors) {
     const __m128i cand = _mm256_cvtps_ph(_mm256_mul_ps(_mm256_cvtph_ps(d16_ref), _mm256_set1_ps(f)),
                                          _MM_FROUND_TO_NEAREST_INT);
-    consider<kOffset>(xt, cand, m16_ref, valid, g, b);
+    consider<G>(xt, cand, m16_ref, valid, g, b);
   }
 
   // The least-squares fit of the best's levels: the reference block's where no factor did better.
@@ -195,7 +202,7 @@ KV_AVX2 void quick_search_lanes(QuickSearchBlocks& q) {
     axl[l] = _mm256_setzero_ps();
     for (int v = 0; v < 4; ++v) {
       const int i = 8 * v + l;
-      __m256 n = level<kOffset>(xt[i], b.id, b.m, g);
+      __m256 n = level<G>(xt[i], b.id, b.m, g);
       if (reference != 0) n = _mm256_blendv_ps(_mm256_load_ps(ref_q[i]), n, b.improved);
       il = _mm256_add_ps(il, n);  // integers below 2^24: exact in any order
       ill = _mm256_add_ps(ill, _mm256_mul_ps(n, n));
@@ -205,14 +212,14 @@ KV_AVX2 void quick_search_lanes(QuickSearchBlocks& q) {
   }
   const __m256 sx = tree8(ax), sxl = tree8(axl);
   __m128 d_lo, d_hi, m_lo, m_hi, ok_lo, ok_hi;
-  fit4<kOffset>(_mm256_castps256_ps128(il), _mm256_castps256_ps128(ill), _mm256_castps256_ps128(sx),
+  fit4<G>(_mm256_castps256_ps128(il), _mm256_castps256_ps128(ill), _mm256_castps256_ps128(sx),
                 _mm256_castps256_ps128(sxl), d_lo, m_lo, ok_lo);
-  fit4<kOffset>(_mm256_extractf128_ps(il, 1), _mm256_extractf128_ps(ill, 1), _mm256_extractf128_ps(sx, 1),
+  fit4<G>(_mm256_extractf128_ps(il, 1), _mm256_extractf128_ps(ill, 1), _mm256_extractf128_ps(sx, 1),
                 _mm256_extractf128_ps(sxl, 1), d_hi, m_hi, ok_hi);
   const __m128i fit_d16 = _mm256_cvtps_ph(_mm256_set_m128(d_hi, d_lo), _MM_FROUND_TO_NEAREST_INT);
   const __m128i fit_m16 = kOffset ? _mm256_cvtps_ph(_mm256_set_m128(m_hi, m_lo), _MM_FROUND_TO_NEAREST_INT)
                                   : _mm_setzero_si128();
-  consider<kOffset>(xt, fit_d16, fit_m16, _mm256_and_ps(valid, _mm256_set_m128(ok_hi, ok_lo)), g, b);
+  consider<G>(xt, fit_d16, fit_m16, _mm256_and_ps(valid, _mm256_set_m128(ok_hi, ok_lo)), g, b);
 
   const int improved = _mm256_movemask_ps(b.improved);
   q.improved = uint32_t(improved);
@@ -222,7 +229,7 @@ KV_AVX2 void quick_search_lanes(QuickSearchBlocks& q) {
   _mm256_store_si256(reinterpret_cast<__m256i*>(out_m), b.m16);
   // The best's levels, transposed back to one block per row and packed to int8.
   __m256 n[32];
-  for (int i = 0; i < 32; ++i) n[i] = _mm256_castsi256_ps(_mm256_cvttps_epi32(level<kOffset>(xt[i], b.id, b.m, g)));
+  for (int i = 0; i < 32; ++i) n[i] = _mm256_castsi256_ps(_mm256_cvttps_epi32(level<G>(xt[i], b.id, b.m, g)));
   for (int v = 0; v < 4; ++v) transpose8(n + 8 * v);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int k = 0; k < 8; ++k) {
@@ -240,10 +247,10 @@ KV_AVX2 void quick_search_lanes(QuickSearchBlocks& q) {
 }  // namespace
 
 KV_AVX2 void quick_search_avx2(QuickSearchBlocks& q) {
-  if (q.offset) {
-    quick_search_lanes<true>(q);
-  } else {
-    quick_search_lanes<false>(q);
+  switch (q.grid) {
+    case RequantGrid::kOffset: quick_search_lanes<RequantGrid::kOffset>(q); break;
+    case RequantGrid::kSymmetric: quick_search_lanes<RequantGrid::kSymmetric>(q); break;
+    case RequantGrid::kIq4nl: quick_search_lanes<RequantGrid::kIq4nl>(q); break;
   }
 }
 

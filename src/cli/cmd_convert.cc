@@ -174,8 +174,8 @@ void setup_convert(CLI::App& app, int& exit_status) {
                   "auto|on|off: whether the llama.cpp at both ends rotates quantized caches (see below)");
   add_source_options(sub, o->src_rotation, o->source_build, "the input");
   sub->add_option("--requant", o->requant,
-                  "quantized -> quantized blocks: auto (default: search into iq4_nl, else exact from q8_0 "
-                  "and quick from a 4/5-bit type), exact (a block the target holds exactly is kept, the others get "
+                  "quantized -> quantized blocks: auto (default: exact from q8_0 into q4_0, q4_1, q5_0 or "
+                  "q5_1, else quick), exact (a block the target holds exactly is kept, the others get "
                   "ggml's reference block: GB/s), quick (the others get the smaller error of the reference block, "
                   "4 nearby scales and a least-squares fit), search (16 nearby scales and up to 3 fits: closest "
                   "to the original values, but ~20-30 MB/s a thread where blocks do not fit), reference (ggml's "

@@ -503,7 +503,7 @@ TEST_F(StoreCli, RequantChoosesHowQuantizedBlocksAreMade) {
   nlohmann::json unused;
   EXPECT_EQ(convert("fastest", unused).first, 2) << "an unknown word is a usage error";
 
-  // Into iq4_nl auto is the full search, from a 4/5-bit type and from q8_0 alike (K q4_0, V q8_0)
+  // Into iq4_nl auto is the quick search, from a 4/5-bit type and from q8_0 alike (K q4_0, V q8_0)
   auto convert_iq4 = [&](const std::string& mode) {
     const fs::path out = dir_ / ("requant-iq4-" + mode + ".slot");
     const std::string cmd = std::string(KVSNAP_BINARY) + " convert " + slot + " " + out.string() +
@@ -512,8 +512,10 @@ TEST_F(StoreCli, RequantChoosesHowQuantizedBlocksAreMade) {
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     return slurp(out);
   };
-  const std::string iq4_def = convert_iq4(""), iq4_search = convert_iq4("search"), iq4_exact = convert_iq4("exact");
-  EXPECT_TRUE(iq4_def == iq4_search) << "auto searches into iq4_nl";
+  const std::string iq4_def = convert_iq4(""), iq4_quick = convert_iq4("quick"), iq4_search = convert_iq4("search"),
+                    iq4_exact = convert_iq4("exact");
+  EXPECT_TRUE(iq4_def == iq4_quick) << "auto runs the quick search into iq4_nl";
+  EXPECT_FALSE(iq4_def == iq4_search);
   EXPECT_FALSE(iq4_def == iq4_exact);
 
   // Between two linear 4/5-bit grids auto is the quick search: V q8_0 -> q5_1, then q5_1 -> q4_0

@@ -359,7 +359,7 @@ TEST(ExactRequant, QuickBytesArePinned) {
 TEST(ExactRequant, QuickSearchKernelsMatchTheScalarOne) {
   std::mt19937 rng(71);
   std::normal_distribution<float> g(0.f, 1.f);
-  static constexpr float kLo[] = {-8, -16, -127, 0, 0}, kHi[] = {7, 15, 127, 15, 31};
+  static constexpr float kLo[] = {-8, -16, -127, 0, 0, -127}, kHi[] = {7, 15, 127, 15, 31, 113};
   static constexpr uint16_t kOddScales[] = {0x0000, 0x8000, 0x7c00, 0xfc00, 0x7e00, 0x0001, 0x8003, 0x7bff, 0xfbff};
   struct Trial {
     float x[8][32], y[8][32];
@@ -374,13 +374,13 @@ TEST(ExactRequant, QuickSearchKernelsMatchTheScalarOne) {
     const simd::QuickSearchFn search = simd::find_quick_search();
     rng.seed(71);
     size_t improved = 0, fitted = 0, ref_calls = 0;
-    for (int t = 0; t < 4000; ++t) {
-      const int grid = t % 5;
-      const bool offset = grid >= 3;
+    for (int t = 0; t < 4800; ++t) {
+      const int grid = t % 6;  // 5: iq4_nl's table
+      const bool offset = grid == 3 || grid == 4, table = grid == 5;
       Trial tr;
       simd::QuickSearchBlocks want;
       want.n = 1 + int(rng() % 8);
-      want.offset = offset;
+      want.grid = table ? simd::RequantGrid::kIq4nl : offset ? simd::RequantGrid::kOffset : simd::RequantGrid::kSymmetric;
       want.lo = kLo[grid];
       want.hi = kHi[grid];
       want.ctx = &tr;
@@ -398,8 +398,13 @@ TEST(ExactRequant, QuickSearchKernelsMatchTheScalarOne) {
         const float spread = grid == 2 ? 60.0f : 12.0f;
         const bool on_grid = rng() % 3 == 0;
         for (int i = 0; i < 32; ++i) {
-          tr.x[k][i] = on_grid ? (float(int(rng() % uint32_t(4 * kHi[grid] + 8)) - int(2 * kHi[grid] + 4)) * 0.5f) * d + m
-                               : g(rng) * spread * std::fabs(d) + m;
+          // on iq4_nl's grid: its values and the midpoints between them, beyond both ends too
+          const int j = int(rng() % 15);
+          const float mid = 0.5f * float(quants::kIQ4NLValues[j] + quants::kIQ4NLValues[j + 1]);
+          const float on_table = rng() % 2 ? float(quants::kIQ4NLValues[rng() % 16]) : rng() % 8 ? mid : 1.3f * mid;
+          tr.x[k][i] = on_grid && table ? on_table * d
+                       : on_grid ? (float(int(rng() % uint32_t(4 * kHi[grid] + 8)) - int(2 * kHi[grid] + 4)) * 0.5f) * d + m
+                                 : g(rng) * spread * std::fabs(d) + m;
         }
         // The reference block: the values on a scale near d (as ggml's would be), its levels and
         // their decoded values; every fourth block levels and values that disagree with them.
@@ -410,7 +415,10 @@ TEST(ExactRequant, QuickSearchKernelsMatchTheScalarOne) {
         for (int i = 0; i < 32; ++i) {
           float n = std::nearbyint((tr.x[k][i] - mm) / dd);
           n = std::min(std::max(n, want.lo), want.hi);
-          tr.ref[k][i] = noisy ? int8_t(int(want.lo) + int(rng() % uint32_t(want.hi - want.lo + 1))) : int8_t(n);
+          if (table) n = float(quants::kIQ4NLValues[quants::ref::iq4_nl_best_index(tr.x[k][i] / dd)]);
+          const int8_t any = table ? quants::kIQ4NLValues[rng() % 16]
+                                   : int8_t(int(want.lo) + int(rng() % uint32_t(want.hi - want.lo + 1)));
+          tr.ref[k][i] = noisy ? any : int8_t(n);
           tr.y[k][i] = noisy ? tr.x[k][i] + g(rng) * dd : n * dd + mm;
         }
         want.d16[k] = d16;
