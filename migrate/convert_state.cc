@@ -405,6 +405,28 @@ struct RowWorkspace {
   std::vector<RowBuffer> in, out;
 };
 
+// What ExactRequantizer runs under a --requant mode (auto resolved for the pair; kReference runs
+// none), and the mode that names a search: the two directions of one mapping.
+ExactRequantizer::Search search_for(RequantMode m, const TypeTraits& src, const TypeTraits& dst) {
+  switch (m) {
+    case RequantMode::kAuto: return search_by_default(src, dst);
+    case RequantMode::kQuick: return ExactRequantizer::Search::kQuick;
+    case RequantMode::kSearch: return ExactRequantizer::Search::kFull;
+    case RequantMode::kExact:
+    case RequantMode::kReference: break;
+  }
+  return ExactRequantizer::Search::kNone;
+}
+
+RequantMode mode_of(ExactRequantizer::Search s) {
+  switch (s) {
+    case ExactRequantizer::Search::kQuick: return RequantMode::kQuick;
+    case ExactRequantizer::Search::kFull: return RequantMode::kSearch;
+    case ExactRequantizer::Search::kNone: break;
+  }
+  return RequantMode::kExact;
+}
+
 // Converts rows with one RowConverter per worker and optional error stats.
 class RowPipeline {
  public:
@@ -416,25 +438,15 @@ class RowPipeline {
     // block that the target can hold exactly (migrate/exact_requant.h), unless
     // the request asks for the reference requantization; auto searches where
     // search_by_default says the search pays.
-    const bool exact = requant != RequantMode::kReference && p.rot.step == RotationStep::kNone &&
-                       exact_requant_applies(*p.src, *p.dst);
-    if (!exact && p.rot.step == RotationStep::kNone && exact_requant_applies(*p.src, *p.dst)) {
-      rp.requant_ = RequantMode::kReference;
-    }
-    using Search = ExactRequantizer::Search;
-    const Search search = requant == RequantMode::kAuto     ? search_by_default(*p.src, *p.dst)
-                          : requant == RequantMode::kQuick  ? Search::kQuick
-                          : requant == RequantMode::kSearch ? Search::kFull
-                                                            : Search::kNone;
+    const bool same_domain = p.rot.step == RotationStep::kNone && exact_requant_applies(*p.src, *p.dst);
+    const bool exact = same_domain && requant != RequantMode::kReference;
+    const ExactRequantizer::Search search = search_for(requant, *p.src, *p.dst);
+    if (same_domain) rp.requant_ = exact ? mode_of(search) : RequantMode::kReference;  // what runs, auto resolved
     for (uint32_t i = 0; i < std::max(1u, threads); ++i) {
       KV_ASSIGN_OR_RETURN(RowConverter c, RowConverter::make(*p.src, *p.dst, p.n_elems, p.rot));
       rp.workers_.push_back(std::move(c));
       if (exact) {
         KV_ASSIGN_OR_RETURN(ExactRequantizer e, ExactRequantizer::make(*p.src, *p.dst, p.n_elems, search));
-        // what it runs (auto resolved; quick into iq4_nl is the full search)
-        rp.requant_ = e.search() == Search::kQuick  ? RequantMode::kQuick
-                      : e.search() == Search::kFull ? RequantMode::kSearch
-                                                    : RequantMode::kExact;
         rp.exact_.push_back(std::move(e));
       }
     }
