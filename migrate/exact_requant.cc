@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <iterator>
+#include <optional>
 
 #include "migrate/half.h"
 #include "migrate/quants.h"
@@ -29,8 +30,9 @@ using half::store_u16;
 // kv_cache_types() must be here (static_assert below), so a new type is never taken on trust.
 // What the code below assumes of a quantized row: a block of 32 values starting with its f16
 // scale d (an offset type then its f16 min m), levels q in [lo, hi] (value d*q, or d*q + m),
-// packed as build() / encode_offset() / block_levels() know. A new quantized type gets its
-// packing there and its row here, or kNone: exact requantization then leaves it to convert_row.
+// packed as build() / encode_offset() / block_levels() / stored_levels() / pack_levels() know. A
+// new quantized type gets its packing there and its row here, or kNone: exact requantization then
+// leaves it to convert_row.
 enum class Grid : uint8_t { kNone, kSymmetric, kOffset };
 struct GridRow {
   GgmlType id;
@@ -290,20 +292,30 @@ constexpr std::array<uint8_t, 256> kIq4nlIndex = [] {
 }();
 
 // A block with f16 scale d16 (and offset m16) and levels q, which fit (iq4_nl: table values): as
-// build() and encode_offset() pack it.
-void pack_levels(GgmlType t, uint16_t d16, uint16_t m16, const int8_t* q, std::byte* out) {
-  store_u16(out, d16);
-  if (t == GgmlType::kQ8_0) {
-    std::memcpy(out + 2, q, kBlock);
-    return;
-  }
-  if (t == GgmlType::kIQ4_NL) {  // q: table values
-    uint8_t* qs = reinterpret_cast<uint8_t*>(out) + 2;
-    for (int j = 0; j < kBlock / 2; ++j) {
-      qs[j] = uint8_t(kIq4nlIndex[uint8_t(q[j])] | (kIq4nlIndex[uint8_t(q[j + 16])] << 4));
+// build() and encode_offset() pack it; false (nothing written) for a type it does not know.
+bool pack_levels(GgmlType t, uint16_t d16, uint16_t m16, const int8_t* q, std::byte* out) {
+  switch (t) {
+    case GgmlType::kQ8_0:
+      store_u16(out, d16);
+      std::memcpy(out + 2, q, kBlock);
+      return true;
+    case GgmlType::kIQ4_NL: {  // q: table values
+      store_u16(out, d16);
+      uint8_t* qs = reinterpret_cast<uint8_t*>(out) + 2;
+      for (int j = 0; j < kBlock / 2; ++j) {
+        qs[j] = uint8_t(kIq4nlIndex[uint8_t(q[j])] | (kIq4nlIndex[uint8_t(q[j + 16])] << 4));
+      }
+      return true;
     }
-    return;
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+      break;
+    default:
+      return false;  // no packing here: nothing written
   }
+  store_u16(out, d16);
   const bool offset = has_offset(t), five = t == GgmlType::kQ5_0 || t == GgmlType::kQ5_1;
   const int bias = t == GgmlType::kQ4_0 ? 8 : t == GgmlType::kQ5_0 ? 16 : 0;
   if (offset) store_u16(out + 2, m16);
@@ -311,7 +323,7 @@ void pack_levels(GgmlType t, uint16_t d16, uint16_t m16, const int8_t* q, std::b
   for (int i = 0; i < kBlock; ++i) u[i] = uint8_t(q[i] + bias);
   uint8_t* qs = reinterpret_cast<uint8_t*>(out) + (offset ? 4 : 2) + (five ? 4 : 0);
   for (int j = 0; j < kBlock / 2; ++j) qs[j] = uint8_t((u[j] & 0x0f) | (u[j + 16] << 4));
-  if (!five) return;
+  if (!five) return true;
   // bit 4 of level j is bit j of qh: bit 4 of each of 8 bytes gathered into one byte (the
   // multiply puts bit 8i of the word at bit 56 + i, every product term at a different bit)
   uint64_t w[4];
@@ -319,6 +331,7 @@ void pack_levels(GgmlType t, uint16_t d16, uint16_t m16, const int8_t* q, std::b
   uint32_t qh = 0;
   for (int g = 0; g < 4; ++g) qh |= uint32_t((((w[g] >> 4) & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56) << (8 * g);
   std::memcpy(out + (offset ? 4 : 2), &qh, 4);
+  return true;
 }
 
 // Gathers blocks for the level's quick search (simd_kernels.h, QuickSearchBlocks), 8 at a time,
@@ -355,7 +368,9 @@ class QuickBatch {
     if (qb_.n == 0) return;
     search_(qb_);
     for (int k = 0; k < qb_.n; ++k) {
-      if (qb_.improved >> k & 1) pack_levels(dst_, qb_.out_d16[k], qb_.out_m16[k], qb_.levels[k], out_[k]);
+      // a type pack_levels does not know keeps its reference block (a new type's row in kGrids
+      // without its packing here)
+      if (qb_.improved >> k & 1) (void)pack_levels(dst_, qb_.out_d16[k], qb_.out_m16[k], qb_.levels[k], out_[k]);
     }
     qb_.n = 0;
   }
@@ -700,7 +715,8 @@ void ExactRequantizer::convert_row_from_reference(const std::byte* s, const floa
   if (quick) dst_->to_f32(o, ref_row_.data(), n_elems_);  // the reference values
   const uint64_t nb = n_elems_ / kBlock;
   const size_t sbytes = src_->block_bytes(), dbytes = dst_->block_bytes();
-  QuickBatch batch(dst_->id());
+  std::optional<QuickBatch> batch;
+  if (quick) batch.emplace(dst_->id());
   for (uint64_t b = 0; b < nb; ++b) {
     const std::byte* sb = s + b * sbytes;
     std::byte* db = o + b * dbytes;
@@ -709,9 +725,9 @@ void ExactRequantizer::convert_row_from_reference(const std::byte* s, const floa
       continue;
     }
     ++requant_;
-    if (quick) batch.add(x + b * kBlock, ref_row_.data() + b * kBlock, db);
+    if (quick) batch->add(x + b * kBlock, ref_row_.data() + b * kBlock, db);
   }
-  batch.flush();
+  if (quick) batch->flush();
 }
 
 Status ExactRequantizer::convert(std::span<const std::byte> in, std::span<std::byte> out) {

@@ -11,7 +11,8 @@
 // to_f32 and keeps it only when every value is bit-for-bit the source's;
 // otherwise the block is requantized: ggml's reference quantizer, or a nearby
 // scale when that lands the source's levels closer (Search: the quick search,
-// quick_search, or the full one, requantize_block).
+// simd::QuickSearchFn 8 blocks at a time through QuickBatch, or the full one,
+// requantize_block).
 //
 // Only for quantized -> quantized with no rotation step (both ends in the
 // same domain); float -> quantized always uses the reference quantizer, so

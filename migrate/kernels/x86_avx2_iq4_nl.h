@@ -17,8 +17,9 @@ inline constexpr float kMid[15] = {-115.5f, -93.5f, -74.0f, -57.0f, -42.0f, -28.
 
 // The count of midpoints <= x by a branchless binary search over the 15 sorted midpoints, four
 // comparisons: bit 3 (x >= mid[7]), bit 2 (mid[3] or mid[11]), bit 1 (mid[1], [5], [9] or [13],
-// by permute), bit 0 (mid[0], [2], ..., [14], by permute). NaN lanes give some index (their
-// blocks take the scalar path).
+// by permute), bit 0 (mid[0], [2], ..., [14], by permute). NaN lanes give some index (the
+// quantizer's blocks holding NaN take the scalar path; the quick search's NaN lanes are never
+// valid).
 struct Search {
   __m256 m7, m3, m11, t1, t0;  // mid[7], mid[3], mid[11], {mid[1], [5], [9], [13]}, {mid[0], [2], ..., [14]}
   __m256 veven, vodd;          // kvalues_iq4nl[2k], [2k + 1] as floats

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -164,8 +165,8 @@ TEST(ExactRequant, DirectPathEqualsTheGeneralOne) {
 // its value 1 alone, or with its neighbours -10 and 13), or the random bits left as they are.
 void craft_levels(GgmlType t, size_t b, std::mt19937& rng, std::byte* blk) {
   uint8_t* u = reinterpret_cast<uint8_t*>(blk);
-  const int kind = int(b % 5);
-  if (kind == 4) return;
+  const int kind = int(b % 6);
+  if (kind == 4 || (kind == 5 && t == GgmlType::kIQ4_NL)) return;
   if (t == GgmlType::kIQ4_NL) {  // indexes into the table: 7 -> -10, 8 -> 1, 9 -> 13
     static constexpr int kFirst[] = {8, 7, 8, 7}, kCount[] = {1, 2, 2, 3};
     for (int j = 0; j < 16; ++j) {
@@ -180,6 +181,10 @@ void craft_levels(GgmlType t, size_t b, std::mt19937& rng, std::byte* blk) {
   const int base = kind == 0 ? -8 : -bias + int(rng() % uint32_t(2 * bias - width));
   int q[32];
   for (int i = 0; i < 32; ++i) q[i] = base + int(rng() % uint32_t(width + 1)) + bias;  // 0 .. 2 * bias - 1
+  if (kind == 5) {  // iq4_nl table values only (-10, 1, 13 for q5_0; 1 for q4_0): such blocks embed in iq4_nl
+    static constexpr int kTable[] = {-10, 1, 13};
+    for (int i = 0; i < 32; ++i) q[i] = (t == GgmlType::kQ4_0 ? 1 : kTable[rng() % 3]) + bias;
+  }
   if (t == GgmlType::kQ4_0) {
     for (int j = 0; j < 16; ++j) u[2 + j] = uint8_t(q[j] | (q[j + 16] << 4));
     return;
@@ -272,7 +277,7 @@ TEST(ExactRequant, NoSearchRowEqualsBlockByBlock) {
         EXPECT_EQ(quick->blocks_exact(), exact);
         const bool crafted = s.id() == GgmlType::kQ8_0 || s.id() == GgmlType::kQ4_0 || s.id() == GgmlType::kQ5_0 ||
                              s.id() == GgmlType::kIQ4_NL;
-        if (crafted && (d.id() != GgmlType::kIQ4_NL || s.id() == GgmlType::kQ8_0)) {
+        if (crafted) {
           EXPECT_GT(exact, 0u) << "the crafted levels embed somewhere";
         }
       }
@@ -364,7 +369,9 @@ TEST(ExactRequant, QuickSearchKernelsMatchTheScalarOne) {
   struct Trial {
     float x[8][32], y[8][32];
     int8_t ref[8][32];
-    mutable int ref_calls = 0;
+    int n = 0;
+    mutable uint32_t asked = 0;  // the blocks whose reference levels were asked for
+    mutable bool asked_past_n = false;
   };
   const simd::Level was = simd::level();
   for (size_t l = 0; l < simd::kLevelCount; ++l) {
@@ -373,7 +380,7 @@ TEST(ExactRequant, QuickSearchKernelsMatchTheScalarOne) {
     SCOPED_TRACE(simd::level_name(simd::Level(l)));
     const simd::QuickSearchFn search = simd::find_quick_search();
     rng.seed(71);
-    size_t improved = 0, fitted = 0, ref_calls = 0;
+    size_t improved = 0, fitted = 0, from_reference = 0;
     for (int t = 0; t < 4800; ++t) {
       const int grid = t % 6;  // 5: iq4_nl's table
       const bool offset = grid == 3 || grid == 4, table = grid == 5;
@@ -386,7 +393,12 @@ TEST(ExactRequant, QuickSearchKernelsMatchTheScalarOne) {
       want.ctx = &tr;
       want.ref_levels = [](const void* ctx, int k, int8_t* q) {
         const Trial& tr = *static_cast<const Trial*>(ctx);
-        ++tr.ref_calls;
+        if (k < 0 || k >= tr.n) {
+          tr.asked_past_n = true;
+          std::memset(q, 0, 32);
+          return;
+        }
+        tr.asked |= 1u << k;
         std::memcpy(q, tr.ref[k], 32);
       };
       for (int k = 0; k < want.n; ++k) {
@@ -442,11 +454,17 @@ TEST(ExactRequant, QuickSearchKernelsMatchTheScalarOne) {
         want.x[k] = tr.x[k];
         want.y[k] = tr.y[k];
       }
+      tr.n = want.n;
       simd::QuickSearchBlocks got = want;
       simd::quick_search_ref(want);
-      ref_calls += size_t(tr.ref_calls);
+      const uint32_t asked_by_ref = tr.asked;
+      tr.asked = 0;
       search(got);
+      ASSERT_FALSE(tr.asked_past_n) << "trial " << t << ": reference levels asked for a block past n";
+      ASSERT_EQ(tr.asked, asked_by_ref) << "trial " << t << ": the blocks whose reference levels are asked for";
       ASSERT_EQ(got.improved, want.improved) << "trial " << t;
+      // a block whose reference levels were asked for had no factor do better: the fit from them won
+      from_reference += size_t(std::popcount(want.improved & asked_by_ref));
       for (int k = 0; k < want.n; ++k) {
         if (!(want.improved >> k & 1)) continue;
         ++improved;
@@ -462,7 +480,7 @@ TEST(ExactRequant, QuickSearchKernelsMatchTheScalarOne) {
     }
     EXPECT_GT(improved, 5000u) << "the candidates win somewhere";
     EXPECT_GT(fitted, 500u) << "the least-squares candidate wins somewhere";
-    EXPECT_GT(ref_calls, 500u) << "the least-squares fit starts from the reference's levels somewhere";
+    EXPECT_GT(from_reference, 50u) << "the least-squares fit from the reference's levels wins somewhere";
   }
   simd::set_level(was);
 }
