@@ -78,70 +78,84 @@ bool levels_for_scale(const float* x, float d, int* q) {
   return true;
 }
 
-// The candidate block of `dst` that holds values d*q (+ m for offset types).
-// false when the levels do not fit the type.
-bool build(GgmlType dst, uint16_t d16, const int* q_sym, std::byte* out, const float* x) {
-  switch (dst) {
-    case GgmlType::kQ8_0: {
+// The index of each iq4_nl table value, by the value's byte (other bytes: 0, never looked up).
+constexpr std::array<uint8_t, 256> kIq4nlIndex = [] {
+  std::array<uint8_t, 256> t{};
+  for (int k = 0; k < 16; ++k) t[uint8_t(quants::kIQ4NLValues[k])] = uint8_t(k);
+  return t;
+}();
+
+// Packs a block with f16 scale d16 (and offset m16) and levels q, which fit (iq4_nl: table
+// values); false (nothing written) for a type it does not know.
+bool pack_levels(GgmlType t, uint16_t d16, uint16_t m16, const int8_t* q, std::byte* out) {
+  switch (t) {
+    case GgmlType::kQ8_0:
       store_u16(out, d16);
-      for (int i = 0; i < kBlock; ++i) {
-        if (q_sym[i] < -127 || q_sym[i] > 127) return false;
-        out[2 + i] = std::byte(int8_t(q_sym[i]));
+      std::memcpy(out + 2, q, kBlock);
+      return true;
+    case GgmlType::kIQ4_NL: {  // q: table values
+      store_u16(out, d16);
+      uint8_t* qs = reinterpret_cast<uint8_t*>(out) + 2;
+      for (int j = 0; j < kBlock / 2; ++j) {
+        qs[j] = uint8_t(kIq4nlIndex[uint8_t(q[j])] | (kIq4nlIndex[uint8_t(q[j + 16])] << 4));
       }
       return true;
     }
     case GgmlType::kQ4_0:
-    case GgmlType::kQ5_0: {
-      const int bias = dst == GgmlType::kQ4_0 ? 8 : 16;
-      const int top = dst == GgmlType::kQ4_0 ? 15 : 31;
-      store_u16(out, d16);
-      uint8_t* qs = reinterpret_cast<uint8_t*>(out) + (dst == GgmlType::kQ4_0 ? 2 : 6);
-      uint32_t qh = 0;
-      for (int j = 0; j < kBlock / 2; ++j) {
-        const int a = q_sym[j] + bias, b = q_sym[j + 16] + bias;
-        if (a < 0 || a > top || b < 0 || b > top) return false;
-        qs[j] = uint8_t((a & 0x0f) | ((b & 0x0f) << 4));
-        qh |= uint32_t((a >> 4) & 1) << j;
-        qh |= uint32_t((b >> 4) & 1) << (j + 16);
-      }
-      if (dst == GgmlType::kQ5_0) std::memcpy(out + 2, &qh, 4);
-      return true;
-    }
-    case GgmlType::kIQ4_NL: {
-      store_u16(out, d16);
-      uint8_t* qs = reinterpret_cast<uint8_t*>(out) + 2;
-      auto index = [](int v) {
-        for (int k = 0; k < 16; ++k)
-          if (kIq4nlLevels[k] == v) return k;
-        return -1;
-      };
-      for (int j = 0; j < kBlock / 2; ++j) {
-        const int a = index(q_sym[j]), b = index(q_sym[j + 16]);
-        if (a < 0 || b < 0) return false;
-        qs[j] = uint8_t(a | (b << 4));
-      }
-      return true;
-    }
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+      break;
     default:
-      (void)x;
-      return false;
+      return false;  // no packing here: nothing written
   }
+  store_u16(out, d16);
+  const bool offset = t == GgmlType::kQ4_1 || t == GgmlType::kQ5_1, five = t == GgmlType::kQ5_0 || t == GgmlType::kQ5_1;
+  const int bias = t == GgmlType::kQ4_0 ? 8 : t == GgmlType::kQ5_0 ? 16 : 0;
+  if (offset) store_u16(out + 2, m16);
+  uint8_t u[kBlock];  // the levels as stored: 0..15 (0..31 for 5-bit types)
+  for (int i = 0; i < kBlock; ++i) u[i] = uint8_t(q[i] + bias);
+  uint8_t* qs = reinterpret_cast<uint8_t*>(out) + (offset ? 4 : 2) + (five ? 4 : 0);
+  for (int j = 0; j < kBlock / 2; ++j) qs[j] = uint8_t((u[j] & 0x0f) | (u[j + 16] << 4));
+  if (!five) return true;
+  // bit 4 of level j is bit j of qh: bit 4 of each of 8 bytes gathered into one byte (the
+  // multiply puts bit 8i of the word at bit 56 + i, every product term at a different bit)
+  uint64_t w[4];
+  std::memcpy(w, u, kBlock);
+  uint32_t qh = 0;
+  for (int g = 0; g < 4; ++g) qh |= uint32_t((((w[g] >> 4) & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56) << (8 * g);
+  std::memcpy(out + (offset ? 4 : 2), &qh, 4);
+  return true;
+}
+
+// The candidate block of `dst` that holds values d*q (+ m for offset types).
+// false when the levels do not fit the type.
+bool build(GgmlType dst, uint16_t d16, const int* q_sym, std::byte* out, const float* x) {
+  (void)x;
+  int lo = 0, hi = 0;
+  switch (dst) {
+    case GgmlType::kQ8_0: lo = -127, hi = 127; break;
+    case GgmlType::kQ4_0: lo = -8, hi = 7; break;
+    case GgmlType::kQ5_0: lo = -16, hi = 15; break;
+    case GgmlType::kIQ4_NL: lo = -128, hi = 127; break;  // and one of the table's, below
+    default: return false;
+  }
+  int8_t q[kBlock];
+  for (int i = 0; i < kBlock; ++i) {
+    if (q_sym[i] < lo || q_sym[i] > hi) return false;
+    q[i] = int8_t(q_sym[i]);
+    if (dst == GgmlType::kIQ4_NL && kIq4nlIndex[uint8_t(q[i])] == 0 && q[i] != kIq4nlLevels[0]) return false;
+  }
+  return pack_levels(dst, d16, 0, q, out);
 }
 
 int offset_top(GgmlType t) { return grid_of(t)->hi; }  // an offset type's levels are 0..hi
 
-// Packs an offset-type block (q4_1, q5_1): d, m, [32 high bits], nibbles.
+// Packs an offset-type block (q4_1, q5_1): d, m, [32 high bits], nibbles; q in 0..top.
 void encode_offset(GgmlType dst, uint16_t d16, uint16_t m16, const int* q, std::byte* out) {
-  store_u16(out, d16);
-  store_u16(out + 2, m16);
-  uint8_t* qs = reinterpret_cast<uint8_t*>(out) + (dst == GgmlType::kQ4_1 ? 4 : 8);
-  uint32_t qh = 0;
-  for (int j = 0; j < kBlock / 2; ++j) {
-    qs[j] = uint8_t((q[j] & 0x0f) | ((q[j + 16] & 0x0f) << 4));
-    qh |= uint32_t((q[j] >> 4) & 1) << j;
-    qh |= uint32_t((q[j + 16] >> 4) & 1) << (j + 16);
-  }
-  if (dst == GgmlType::kQ5_1) std::memcpy(out + 4, &qh, 4);
+  int8_t q8[kBlock];
+  for (int i = 0; i < kBlock; ++i) q8[i] = int8_t(q[i]);
+  (void)pack_levels(dst, d16, m16, q8, out);
 }
 
 // Offset types: value = d*q + m with q in 0..top, exactly, or false.
@@ -282,56 +296,6 @@ void block_levels(GgmlType t, const uint8_t* b, int8_t* q) {
   uint8_t biased[kBlock];
   std::memcpy(biased, u, kBlock);
   for (int i = 0; i < kBlock; ++i) q[i] = int8_t(biased[i] - bias);
-}
-
-// The index of each iq4_nl table value, by the value's byte (other bytes: 0, never looked up).
-constexpr std::array<uint8_t, 256> kIq4nlIndex = [] {
-  std::array<uint8_t, 256> t{};
-  for (int k = 0; k < 16; ++k) t[uint8_t(quants::kIQ4NLValues[k])] = uint8_t(k);
-  return t;
-}();
-
-// A block with f16 scale d16 (and offset m16) and levels q, which fit (iq4_nl: table values): as
-// build() and encode_offset() pack it; false (nothing written) for a type it does not know.
-bool pack_levels(GgmlType t, uint16_t d16, uint16_t m16, const int8_t* q, std::byte* out) {
-  switch (t) {
-    case GgmlType::kQ8_0:
-      store_u16(out, d16);
-      std::memcpy(out + 2, q, kBlock);
-      return true;
-    case GgmlType::kIQ4_NL: {  // q: table values
-      store_u16(out, d16);
-      uint8_t* qs = reinterpret_cast<uint8_t*>(out) + 2;
-      for (int j = 0; j < kBlock / 2; ++j) {
-        qs[j] = uint8_t(kIq4nlIndex[uint8_t(q[j])] | (kIq4nlIndex[uint8_t(q[j + 16])] << 4));
-      }
-      return true;
-    }
-    case GgmlType::kQ4_0:
-    case GgmlType::kQ4_1:
-    case GgmlType::kQ5_0:
-    case GgmlType::kQ5_1:
-      break;
-    default:
-      return false;  // no packing here: nothing written
-  }
-  store_u16(out, d16);
-  const bool offset = has_offset(t), five = t == GgmlType::kQ5_0 || t == GgmlType::kQ5_1;
-  const int bias = t == GgmlType::kQ4_0 ? 8 : t == GgmlType::kQ5_0 ? 16 : 0;
-  if (offset) store_u16(out + 2, m16);
-  uint8_t u[kBlock];  // the levels as stored: 0..15 (0..31 for 5-bit types)
-  for (int i = 0; i < kBlock; ++i) u[i] = uint8_t(q[i] + bias);
-  uint8_t* qs = reinterpret_cast<uint8_t*>(out) + (offset ? 4 : 2) + (five ? 4 : 0);
-  for (int j = 0; j < kBlock / 2; ++j) qs[j] = uint8_t((u[j] & 0x0f) | (u[j + 16] << 4));
-  if (!five) return true;
-  // bit 4 of level j is bit j of qh: bit 4 of each of 8 bytes gathered into one byte (the
-  // multiply puts bit 8i of the word at bit 56 + i, every product term at a different bit)
-  uint64_t w[4];
-  std::memcpy(w, u, kBlock);
-  uint32_t qh = 0;
-  for (int g = 0; g < 4; ++g) qh |= uint32_t((((w[g] >> 4) & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56) << (8 * g);
-  std::memcpy(out + (offset ? 4 : 2), &qh, 4);
-  return true;
 }
 
 // Gathers blocks for the level's quick search (simd_kernels.h, QuickSearchBlocks), 8 at a time,
