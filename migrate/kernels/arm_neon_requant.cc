@@ -64,8 +64,9 @@ inline float32x4_t score(const float32x4_t* xt, float32x4_t d, float32x4_t id, f
   constexpr bool kOffset = G == RequantGrid::kOffset;
   auto sq = [&](int i) {
     const float32x4_t n = level<G>(xt[i], id, m, g);
-    const float32x4_t dec = kOffset ? vaddq_f32(vmulq_f32(n, d), m) : vmulq_f32(n, d);
-    const float32x4_t diff = vsubq_f32(xt[i], dec);
+    // Without an offset, x - n * d in one multiply-subtract: n * d is exact (n at most 8 bits, d
+    // an f16's 11), so the one rounding is the subtraction's, the scalar search's bits.
+    const float32x4_t diff = kOffset ? vsubq_f32(xt[i], vaddq_f32(vmulq_f32(n, d), m)) : vfmsq_f32(xt[i], n, d);
     return vmulq_f32(diff, diff);
   };
   float32x4_t acc[8];

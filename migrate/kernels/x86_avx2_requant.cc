@@ -47,8 +47,9 @@ KV_AVX2_INLINE __m256 score(const __m256* xt, __m256 d, __m256 id, __m256 m, con
   constexpr bool kOffset = G == RequantGrid::kOffset;
   auto sq = [&](int i) KV_AVX2_LAMBDA {
     const __m256 n = level<G>(xt[i], id, m, g);
-    const __m256 dec = kOffset ? _mm256_add_ps(_mm256_mul_ps(n, d), m) : _mm256_mul_ps(n, d);
-    const __m256 diff = _mm256_sub_ps(xt[i], dec);
+    // Without an offset, x - n * d in one multiply-add: n * d is exact (n at most 8 bits, d an
+    // f16's 11), so the one rounding is the subtraction's, the scalar search's bits.
+    const __m256 diff = kOffset ? _mm256_sub_ps(xt[i], _mm256_add_ps(_mm256_mul_ps(n, d), m)) : _mm256_fnmadd_ps(n, d, xt[i]);
     return _mm256_mul_ps(diff, diff);
   };
   __m256 acc[8];
@@ -142,8 +143,10 @@ KV_AVX2 void quick_search_lanes(QuickSearchBlocks& q) {
   // transposed on the way.
   __m256 xt[32];
   __m256 part[8];
+#pragma GCC unroll 8
   for (int k = 0; k < 8; ++k) {
     __m256 acc = _mm256_setzero_ps();
+#pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
       const __m256 diff = _mm256_sub_ps(_mm256_loadu_ps(xp[k] + 8 * v), _mm256_loadu_ps(yp[k] + 8 * v));
       const __m256 sq = _mm256_mul_ps(diff, diff);
@@ -152,10 +155,13 @@ KV_AVX2 void quick_search_lanes(QuickSearchBlocks& q) {
     part[k] = acc;
   }
   transpose8(part);
+#pragma GCC unroll 4
   for (int v = 0; v < 4; ++v) {
     __m256 r[8];
+#pragma GCC unroll 8
     for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(xp[k] + 8 * v);
     transpose8(r);
+#pragma GCC unroll 8
     for (int l = 0; l < 8; ++l) xt[8 * v + l] = r[l];
   }
   const __m128i d16_ref = _mm_load_si128(reinterpret_cast<const __m128i*>(d16));
@@ -197,9 +203,11 @@ KV_AVX2 void quick_search_lanes(QuickSearchBlocks& q) {
   }
   __m256 il = _mm256_setzero_ps(), ill = _mm256_setzero_ps();
   __m256 ax[8], axl[8];
+#pragma GCC unroll 8
   for (int l = 0; l < 8; ++l) {
     ax[l] = _mm256_setzero_ps();
     axl[l] = _mm256_setzero_ps();
+#pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
       const int i = 8 * v + l;
       __m256 n = level<G>(xt[i], b.id, b.m, g);
@@ -229,7 +237,9 @@ KV_AVX2 void quick_search_lanes(QuickSearchBlocks& q) {
   _mm256_store_si256(reinterpret_cast<__m256i*>(out_m), b.m16);
   // The best's levels, transposed back to one block per row and packed to int8.
   __m256 n[32];
+#pragma GCC unroll 32
   for (int i = 0; i < 32; ++i) n[i] = _mm256_castsi256_ps(_mm256_cvttps_epi32(level<G>(xt[i], b.id, b.m, g)));
+#pragma GCC unroll 4
   for (int v = 0; v < 4; ++v) transpose8(n + 8 * v);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int k = 0; k < 8; ++k) {

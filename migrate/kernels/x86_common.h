@@ -100,16 +100,20 @@ KV_AVX2 inline __m256 abs8(__m256 v) {
 // 8 x 8 transpose: r[i] lane k <- r[k] lane i.
 KV_AVX2_INLINE void transpose8(__m256* r) {
   __m256 t[8], u[8];
+  // unrolled, so t and u stay in registers (rolled, GCC keeps them on the stack)
+#pragma GCC unroll 4
   for (int i = 0; i < 8; i += 2) {
     t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
   }
+#pragma GCC unroll 2
   for (int i = 0; i < 8; i += 4) {
     u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
     u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
     u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
     u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
   }
+#pragma GCC unroll 4
   for (int i = 0; i < 4; i++) {
     r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
     r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
