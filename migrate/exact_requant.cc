@@ -273,6 +273,28 @@ int stored_levels(GgmlType t, const uint8_t* b, uint64_t* u) {
   return t == GgmlType::kQ4_0 ? 8 : t == GgmlType::kQ5_0 ? 16 : 0;
 }
 
+// Bit j of the result: byte j's bit `bit` (bytes in memory order; little-endian words). The
+// multiply adds the eight masked bits into the top byte, byte j's at bit 56 + j, with no carries.
+inline uint32_t gather_bits8(uint64_t w, int bit) {
+  return uint32_t((((w >> bit) & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56);
+}
+
+// Whether every stored level u = nibble + 16 * (qh bit) of a q5_0 block is in [8, 23], i.e. its
+// level u - 16 is one of q4_0's (-8 .. 7): u in [8, 15] has qh bit 0 and nibble bit 3 set, u in
+// [16, 23] qh bit 1 and nibble bit 3 clear, and no other u has those two bits different. So:
+// bit 3 of every nibble differs from its qh bit. On the bits as stored, which is ~5x cheaper
+// than unpacking the levels (stored_levels) and testing their range.
+bool q5_0_levels_in_8_23(const uint8_t* b) {
+  uint32_t qh;
+  uint64_t w[2];
+  std::memcpy(&qh, b + 2, 4);
+  std::memcpy(w, b + 6, 16);
+  // levels 0..15: the low nibbles of qs (bit 3 of each byte); 16..31: the high ones (bit 7)
+  const uint32_t bit3 = gather_bits8(w[0], 3) | gather_bits8(w[1], 3) << 8 | gather_bits8(w[0], 7) << 16 |
+                        gather_bits8(w[1], 7) << 24;
+  return (bit3 ^ qh) == 0xffffffffu;
+}
+
 // A block's 32 levels as int8, read straight from the bits as ggml's dequantize_row_* reads
 // them: value = level * d (q4_0, q5_0, q8_0; iq4_nl: its table value), or level * d + m with
 // level 0..top (q4_1, q5_1). The direct path's source levels, and the quick search's reference
@@ -413,6 +435,7 @@ Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const Typ
     r.stored_range_ = true;
     r.stored_lo_add_ = uint64_t(0x80 - lo) * 0x0101010101010101ull;
     r.stored_hi_add_ = uint64_t(0x7f - hi) * 0x0101010101010101ull;
+    r.q5_0_in_q4_0_ = src.id() == GgmlType::kQ5_0 && lo == 8 && hi == 23;
   }
   r.direct_ = direct && dst.id() == GgmlType::kQ8_0 &&
               (src.id() == GgmlType::kQ4_0 || src.id() == GgmlType::kQ5_0 || src.id() == GgmlType::kIQ4_NL);
@@ -642,6 +665,7 @@ bool ExactRequantizer::may_embed(const std::byte* sb) const {
     }
     return true;
   }
+  if (q5_0_in_q4_0_) return q5_0_levels_in_8_23(reinterpret_cast<const uint8_t*>(sb));
   if (stored_range_) {
     // every stored level u in [lo, hi]: per byte, u + (0x80 - lo) has bit 7 set and u + (0x7f -
     // hi) has not (u <= 31, so no byte carries into the next)

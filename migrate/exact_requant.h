@@ -89,6 +89,8 @@ class ExactRequantizer {
   // may_embed's test for a q4_0 or q5_0 source into a linear symmetric target, on the stored levels
   bool stored_range_ = false;
   uint64_t stored_lo_add_ = 0, stored_hi_add_ = 0;
+  // q5_0 into q4_0 (stored levels in [8, 23]): the same test on bits, not on unpacked levels
+  bool q5_0_in_q4_0_ = false;
 };
 
 // Whether ExactRequantizer applies to this pair.
