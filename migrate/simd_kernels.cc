@@ -30,7 +30,8 @@ constexpr LevelKernels kLevels[] = {
      KVSNAP_X86(mlx_affine_quantize_row_avx2), KVSNAP_X86(mlx_affine_dequantize_row_avx2),
      KVSNAP_X86(find_embed_q8_0_avx2), KVSNAP_X86(requant_score8_avx2), KVSNAP_X86(quick_search_avx2)},
     {Level::kAvx512, KVSNAP_X86(hadamard_avx512), 16, KVSNAP_X86(find_fused_avx512),  //
-     nullptr, nullptr, nullptr, nullptr, nullptr},  // no AVX-512 MLX, direct-path or search kernels: AVX2's serve
+     nullptr, nullptr, nullptr, nullptr,  // no AVX-512 MLX, direct-path or full-search kernels: AVX2's serve
+     KVSNAP_X86(quick_search_avx2_vl)},
     {Level::kNeon, KVSNAP_ARM(hadamard_neon), 4, nullptr,  //
      KVSNAP_ARM(mlx_affine_quantize_row_neon), KVSNAP_ARM(mlx_affine_dequantize_row_neon), nullptr, nullptr,
      KVSNAP_ARM(quick_search_neon)},

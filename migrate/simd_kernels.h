@@ -188,6 +188,8 @@ bool requant_score8_avx2(const float* x, float m, const float* d, int lo, int hi
                          double* e, int32_t* levels, bool* ok);
 // ExactRequantizer's quick search, 8 blocks in the lanes (QuickSearchFn above; x86_avx2_requant.cc)
 void quick_search_avx2(QuickSearchBlocks& b);
+// The same kernel compiled with AVX-512VL's 32 registers, the avx512 level's
+void quick_search_avx2_vl(QuickSearchBlocks& b);
 
 // roundf(x[i]) converted to int32 the way the AVX2 quantizers compute it (exposed for
 // kvsnap-simd-check's exhaustive comparison with roundf), n a multiple of 8.

@@ -1,4 +1,4 @@
-#include "migrate/fp_strict.h"  // first: no FMLA contraction in this file
+#include "migrate/fp_strict.h"  // first: no implicit FMLA contraction in this file
 
 // ExactRequantizer's quick search at NEON (simd_kernels.h, QuickSearchBlocks): 4 blocks at a
 // time, block k in lane k, as x86_avx2_requant.cc does with 8: the values transposed once, the
@@ -44,9 +44,9 @@ struct Grid {
   float32x4_t lo, hi;  // a linear grid's levels
 };
 
-// As x86_avx2_requant.cc's level(): without an offset, x * id and n * d give what the scalar's
-// (x - 0) * id and n * d + 0 do, up to the sign of a zero that neither result keeps (and
-// best_index_int8 gives +0 and -0 one index).
+// As x86_avx2_requant.cc's level(): without an offset, x * id gives what the scalar's
+// (x - 0) * id does, up to the sign of a zero the level does not keep (and best_index_int8
+// gives +0 and -0 one index).
 template <RequantGrid G>
 inline float32x4_t level(float32x4_t x, float32x4_t id, float32x4_t m, const Grid& g) {
   if (G == RequantGrid::kIq4nl) {
@@ -64,8 +64,8 @@ inline float32x4_t score(const float32x4_t* xt, float32x4_t d, float32x4_t id, f
   constexpr bool kOffset = G == RequantGrid::kOffset;
   auto sq = [&](int i) {
     const float32x4_t n = level<G>(xt[i], id, m, g);
-    // Without an offset, x - n * d in one multiply-subtract: n * d is exact (n at most 8 bits, d
-    // an f16's 11), so the one rounding is the subtraction's, the scalar search's bits.
+    // Without an offset, x - n * d in one multiply-subtract (vfmsq_f32(a, b, c) = a - b c, one
+    // rounding): n * d is exact, as x86_avx2_requant.cc's score() says.
     const float32x4_t diff = kOffset ? vsubq_f32(xt[i], vaddq_f32(vmulq_f32(n, d), m)) : vfmsq_f32(xt[i], n, d);
     return vmulq_f32(diff, diff);
   };

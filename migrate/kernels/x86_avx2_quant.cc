@@ -9,8 +9,8 @@
 #include "migrate/kernels/x86_common.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cfloat>
+#include <cmath>
 
 #ifdef KVSNAP_SIMD_X86
 
@@ -161,7 +161,8 @@ KV_AVX2_INLINE void scales8(const float* xs, int cnt, Scales8* s) {
       neg |= static_cast<uint32_t>(std::signbit(xs[b * kQK + __builtin_ctz(k)])) << b;
     }
     const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    const __m256 neg_lanes = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(neg)), bit), bit));
+    const __m256i neg_bits = _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(neg)), bit);
+    const __m256 neg_lanes = _mm256_castsi256_ps(_mm256_cmpeq_epi32(neg_bits, bit));
     const __m256 max = _mm256_xor_ps(amax_v, _mm256_and_ps(neg_lanes, _mm256_set1_ps(-0.0f)));
     d = _mm256_div_ps(max, _mm256_set1_ps(-static_cast<float>(1 << (B - 1))));
   }

@@ -1,4 +1,4 @@
-#include "migrate/fp_strict.h"  // first: no FMA contraction in this file
+#include "migrate/fp_strict.h"  // first: no implicit FMA contraction in this file
 
 // ExactRequantizer's quick search at AVX2 (simd_kernels.h, QuickSearchBlocks): 8 blocks at a
 // time, block k in lane k. The 32 values of the 8 blocks are transposed once, so value i of every
@@ -30,9 +30,9 @@ struct Grid {
   Search table;   // iq4_nl's
 };
 
-// The level of value x for scale d (id = 1 / d) and offset m. Without an offset, x * id and
-// n * d are what (x - 0) * id and n * d + 0 give, up to the sign of a zero, which neither the
-// level nor the squared error keeps (and best_index_int8 gives +0 and -0 one index).
+// The level of value x for scale d (id = 1 / d) and offset m. Without an offset, x * id is what
+// (x - 0) * id gives, up to the sign of a zero, which the level does not keep (and
+// best_index_int8 gives +0 and -0 one index).
 template <RequantGrid G>
 KV_AVX2_INLINE __m256 level(__m256 x, __m256 id, __m256 m, const Grid& g) {
   if (G == RequantGrid::kIq4nl) return value8(_mm256_mul_ps(x, id), g.table);
@@ -47,9 +47,12 @@ KV_AVX2_INLINE __m256 score(const __m256* xt, __m256 d, __m256 id, __m256 m, con
   constexpr bool kOffset = G == RequantGrid::kOffset;
   auto sq = [&](int i) KV_AVX2_LAMBDA {
     const __m256 n = level<G>(xt[i], id, m, g);
-    // Without an offset, x - n * d in one multiply-add: n * d is exact (n at most 8 bits, d an
-    // f16's 11), so the one rounding is the subtraction's, the scalar search's bits.
-    const __m256 diff = kOffset ? _mm256_sub_ps(xt[i], _mm256_add_ps(_mm256_mul_ps(n, d), m)) : _mm256_fnmadd_ps(n, d, xt[i]);
+    // Without an offset, x - n * d in one multiply-add, the scalar search's x - (n * d + 0) up to
+    // the sign of a zero the square drops: n * d is exact (an integer level |n| <= 127 times an
+    // f16's 11-bit significand, |n d| < 2^23 and, when not 0, >= 2^-24: a normal float), so the
+    // one rounding is the subtraction's.
+    const __m256 diff = kOffset ? _mm256_sub_ps(xt[i], _mm256_add_ps(_mm256_mul_ps(n, d), m))
+                                : _mm256_fnmadd_ps(n, d, xt[i]);
     return _mm256_mul_ps(diff, diff);
   };
   __m256 acc[8];
@@ -124,7 +127,7 @@ KV_AVX2_INLINE void fit4(__m128 il, __m128 ill, __m128 sx_f, __m128 sxl_f, __m12
 }
 
 template <RequantGrid G>
-KV_AVX2 void quick_search_lanes(QuickSearchBlocks& q) {
+KV_AVX2_INLINE void quick_search_lanes(QuickSearchBlocks& q) {
   constexpr bool kOffset = G == RequantGrid::kOffset;
   const Grid g{_mm256_set1_ps(q.lo), _mm256_set1_ps(q.hi), search8()};
   // Lanes past q.n repeat block 0 and are never chosen.
@@ -257,6 +260,17 @@ KV_AVX2 void quick_search_lanes(QuickSearchBlocks& q) {
 }  // namespace
 
 KV_AVX2 void quick_search_avx2(QuickSearchBlocks& q) {
+  switch (q.grid) {
+    case RequantGrid::kOffset: quick_search_lanes<RequantGrid::kOffset>(q); break;
+    case RequantGrid::kSymmetric: quick_search_lanes<RequantGrid::kSymmetric>(q); break;
+    case RequantGrid::kIq4nl: quick_search_lanes<RequantGrid::kIq4nl>(q); break;
+  }
+}
+
+// The same kernel compiled for the avx512 level: the same 256-bit operations in the same order
+// (the same bytes), with AVX-512VL's 32 vector registers, so the 32 value vectors the candidates
+// share need not be reloaded from the stack for each candidate.
+KV_AVX512 void quick_search_avx2_vl(QuickSearchBlocks& q) {
   switch (q.grid) {
     case RequantGrid::kOffset: quick_search_lanes<RequantGrid::kOffset>(q); break;
     case RequantGrid::kSymmetric: quick_search_lanes<RequantGrid::kSymmetric>(q); break;

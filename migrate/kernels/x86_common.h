@@ -13,6 +13,8 @@
 //                             (the q8_0 rows also compiled for the avx512 level, find_fused_avx2_vl)
 //   x86_avx2_iq4_nl.cc        AVX2: the iq4_nl quantizer
 //   x86_avx2_mlx.cc           AVX2: MLX's affine quantize / dequantize rows (mlx_pack.h: the packers' tables)
+//   x86_avx2_requant.cc       AVX2: ExactRequantizer's searches (8 blocks in the lanes; the quick
+//                             search also compiled for the avx512 level, quick_search_avx2_vl)
 //   x86_avx512.cc             AVX-512: f16, Hadamard, q8_0/q4_0, the fused rows
 //   x86_avx512_iq4_nl*.cc     AVX-512: the iq4_nl quantizer (x86_avx512_iq4_nl.h)
 // Another x86 level gets a file x86_<level>.cc of its own (and a KV_<LEVEL> macro here);
@@ -44,6 +46,10 @@
 //                 Blocks with NaN/inf: scalar. AVX2: 8 blocks per vector, best_index as a
 //                 four-comparison search of the midpoints, the same trial skipping
 //                 (x86_avx2_iq4_nl.cc).
+//   searches      lane = one block; each candidate's levels and error are the scalar search's
+//                 operations on the same values, its 8 partial sums and their tree in the same
+//                 order, every choice a per-lane blend; x - n d is one FMA only where n d is
+//                 exact (no offset: see x86_avx2_requant.cc).
 // Each of these is compared with the scalar reference byte for byte by kvsnap-simd-check
 // (bench/simd_check.cc) and, through the public codecs, by tests/migrate at every level
 // (KVSNAP_SIMD=avx2|avx512).

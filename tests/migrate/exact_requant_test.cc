@@ -286,6 +286,49 @@ TEST(ExactRequant, NoSearchRowEqualsBlockByBlock) {
   simd::set_level(was);
 }
 
+// may_embed's bit test for q5_0 into q4_0 (a level fits exactly when bit 3 of its nibble differs
+// from its qh bit), level by level and position by position: a block of scale 1 whose levels
+// are all 0 but one, stored as u at position j, embeds exactly when u - 16 is one of q4_0's.
+TEST(ExactRequant, EveryQ5_0LevelAtEveryPositionEmbedsInQ4_0ExactlyWhenQ4_0HasIt) {
+  const TypeTraits& q5 = *find_traits("q5_0");
+  const TypeTraits& q4 = *find_traits("q4_0");
+  constexpr size_t kBlocks = 32 * 32;  // position j, stored level u: block 32 j + u
+  std::vector<std::byte> in(kBlocks * q5.block_bytes());
+  for (size_t j = 0; j < 32; ++j) {
+    for (uint32_t u = 0; u < 32; ++u) {
+      uint8_t* b = reinterpret_cast<uint8_t*>(in.data() + (32 * j + u) * q5.block_bytes());
+      b[0] = 0x00, b[1] = 0x3c;             // d = 1
+      uint32_t qh = 0xffffffffu;            // every other level 0: stored 16 (nibble 0, qh bit 1)
+      std::memset(b + 6, 0, 16);
+      qh = (qh & ~(1u << j)) | ((u >> 4) << j);
+      b[6 + j % 16] |= uint8_t((u & 15) << (j < 16 ? 0 : 4));
+      std::memcpy(b + 2, &qh, 4);
+    }
+  }
+  auto r = ExactRequantizer::make(q5, q4, kBlocks * 32, Search::kNone);
+  ASSERT_TRUE(r.ok());
+  std::vector<std::byte> out(r->dst_row_bytes());
+  ASSERT_TRUE(r->convert(in, out).ok());
+  for (size_t j = 0; j < 32; ++j) {
+    for (uint32_t u = 0; u < 32; ++u) {
+      const size_t blk = 32 * j + u;
+      // the level back from the source block, so that the crafting above is checked too
+      float x[32];
+      q5.to_f32(in.data() + blk * q5.block_bytes(), x, 32);
+      ASSERT_EQ(x[j], float(int(u) - 16)) << "position " << j << ", stored level " << u;
+      const bool fits = u >= 8 && u <= 23;
+      const auto* o = reinterpret_cast<const uint8_t*>(out.data() + blk * q4.block_bytes());
+      EXPECT_EQ(o[0] == 0x00 && o[1] == 0x3c, fits) << "position " << j << ", stored level " << u;
+      if (fits) {
+        float y[32];
+        q4.to_f32(out.data() + blk * q4.block_bytes(), y, 32);
+        EXPECT_EQ(std::memcmp(x, y, sizeof(x)), 0) << "position " << j << ", stored level " << u;
+      }
+    }
+  }
+  EXPECT_EQ(r->blocks_exact(), 32u * 16u);
+}
+
 struct PinnedBytes {
   const char *src, *dst, *hash;
 };
