@@ -257,26 +257,24 @@ KV_AVX2_INLINE void quick_search_lanes(QuickSearchBlocks& q) {
   }
 }
 
-}  // namespace
-
-KV_AVX2 void quick_search_avx2(QuickSearchBlocks& q) {
+// The grid's instance of the kernel, inlined into each entry point below (so each is compiled
+// for its entry point's target).
+KV_AVX2_INLINE void quick_search_grid(QuickSearchBlocks& q) {
   switch (q.grid) {
     case RequantGrid::kOffset: quick_search_lanes<RequantGrid::kOffset>(q); break;
     case RequantGrid::kSymmetric: quick_search_lanes<RequantGrid::kSymmetric>(q); break;
     case RequantGrid::kIq4nl: quick_search_lanes<RequantGrid::kIq4nl>(q); break;
   }
 }
+
+}  // namespace
+
+KV_AVX2 void quick_search_avx2(QuickSearchBlocks& q) { quick_search_grid(q); }
 
 // The same kernel compiled for the avx512 level: the same 256-bit operations in the same order
 // (the same bytes), with AVX-512VL's 32 vector registers, so the 32 value vectors the candidates
 // share need not be reloaded from the stack for each candidate.
-KV_AVX512 void quick_search_avx2_vl(QuickSearchBlocks& q) {
-  switch (q.grid) {
-    case RequantGrid::kOffset: quick_search_lanes<RequantGrid::kOffset>(q); break;
-    case RequantGrid::kSymmetric: quick_search_lanes<RequantGrid::kSymmetric>(q); break;
-    case RequantGrid::kIq4nl: quick_search_lanes<RequantGrid::kIq4nl>(q); break;
-  }
-}
+KV_AVX512 void quick_search_avx2_vl(QuickSearchBlocks& q) { quick_search_grid(q); }
 
 }  // namespace kvsnap::simd::x86
 
