@@ -432,10 +432,11 @@ Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const Typ
   if (!r.embed_span_ && !r.table_target_ && (src.id() == GgmlType::kQ4_0 || src.id() == GgmlType::kQ5_0)) {
     const int bias = src.id() == GgmlType::kQ4_0 ? 8 : 16, top = src.id() == GgmlType::kQ4_0 ? 15 : 31;
     const int lo = std::max(g.lo + bias, 0), hi = std::min(g.hi + bias, top);
-    r.stored_range_ = true;
-    r.stored_lo_add_ = uint64_t(0x80 - lo) * 0x0101010101010101ull;
-    r.stored_hi_add_ = uint64_t(0x7f - hi) * 0x0101010101010101ull;
-    r.q5_0_in_q4_0_ = src.id() == GgmlType::kQ5_0 && lo == 8 && hi == 23;
+    if (lo == 0 && hi == top) {
+      r.stored_fit_ = StoredFit::kAll;
+    } else if (src.id() == GgmlType::kQ5_0 && lo == 8 && hi == 23) {
+      r.stored_fit_ = StoredFit::kQ5_0InQ4_0;
+    }
   }
   r.direct_ = direct && dst.id() == GgmlType::kQ8_0 &&
               (src.id() == GgmlType::kQ4_0 || src.id() == GgmlType::kQ5_0 || src.id() == GgmlType::kIQ4_NL);
@@ -665,20 +666,8 @@ bool ExactRequantizer::may_embed(const std::byte* sb) const {
     }
     return true;
   }
-  if (q5_0_in_q4_0_) return q5_0_levels_in_8_23(reinterpret_cast<const uint8_t*>(sb));
-  if (stored_range_) {
-    // every stored level u in [lo, hi]: per byte, u + (0x80 - lo) has bit 7 set and u + (0x7f -
-    // hi) has not (u <= 31, so no byte carries into the next)
-    uint64_t u[4];
-    stored_levels(src_->id(), reinterpret_cast<const uint8_t*>(sb), u);
-    constexpr uint64_t kHigh = 0x8080808080808080ull;
-    uint64_t at_least = kHigh, above = 0;
-    for (int g = 0; g < 4; ++g) {
-      at_least &= u[g] + stored_lo_add_;
-      above |= u[g] + stored_hi_add_;
-    }
-    return (at_least & kHigh) == kHigh && (above & kHigh) == 0;
-  }
+  if (stored_fit_ == StoredFit::kAll) return true;
+  if (stored_fit_ == StoredFit::kQ5_0InQ4_0) return q5_0_levels_in_8_23(reinterpret_cast<const uint8_t*>(sb));
   // The levels biased to unsigned (q + 128), so the minimum and maximum are unsigned byte
   // operations every x86-64 and aarch64 vectorizes.
   read_levels();

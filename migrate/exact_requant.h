@@ -86,11 +86,11 @@ class ExactRequantizer {
   int embed_lo_ = 0, embed_hi_ = 0;
   // may_embed's test into iq4_nl: every level one of its table's
   bool table_target_ = false;
-  // may_embed's test for a q4_0 or q5_0 source into a linear symmetric target, on the stored levels
-  bool stored_range_ = false;
-  uint64_t stored_lo_add_ = 0, stored_hi_add_ = 0;
-  // q5_0 into q4_0 (stored levels in [8, 23]): the same test on bits, not on unpacked levels
-  bool q5_0_in_q4_0_ = false;
+  // may_embed's test for a q4_0 or q5_0 source into a linear symmetric target, from the stored
+  // levels the target holds: all of them (kAll: nothing to test), q5_0's 8..23 into q4_0
+  // (kQ5_0InQ4_0: on the stored bits), else (kGeneral) the test on the levels below.
+  enum class StoredFit : uint8_t { kGeneral, kAll, kQ5_0InQ4_0 };
+  StoredFit stored_fit_ = StoredFit::kGeneral;
 };
 
 // Whether ExactRequantizer applies to this pair.
