@@ -3,9 +3,12 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
+#include "cli/llama_spellings.h"
 #include "cli/progress.h"
 
 namespace {
@@ -18,8 +21,12 @@ int run(int argc, char** argv) {
   kvsnap::cli::install_interrupt_handler();
   int exit_status = kvsnap::cli::kExitOk;
   kvsnap::cli::setup_all_commands(app, exit_status);
+  // llama-server's -ctk/-ctv/-fa, as users paste them (cli/llama_spellings.h)
+  std::vector<std::string> args = kvsnap::cli::with_kvsnap_spellings(std::vector<std::string>(argv, argv + argc));
+  std::vector<char*> args_c;
+  for (std::string& a : args) args_c.push_back(a.data());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(args_c.size()), args_c.data());
   } catch (const CLI::ParseError& e) {
     // --help and --version end here too (exit 0); every usage error is exit 2 (docs/cli.md)
     const int code = app.exit(e);

@@ -250,6 +250,24 @@ TEST_F(CliTest, ConvertUnknownTypeIsAUsageError) {
   EXPECT_NE(r.err.find("not a KV cache type"), std::string::npos) << r.err;
 }
 
+// Options pasted from a llama-server command line (-ctk q8_0 -ctv q8_0 -fa on) mean kvsnap's own.
+TEST_F(CliTest, LlamaServerSpellingsOfTheCacheOptionsWork) {
+  const auto in = write("a.slot", f16_state_without_nans({}));
+  const auto ours = (dir_ / "ours.slot").string();
+  ASSERT_EQ(run("convert " + in + " " + ours + " --ctk f32 --ctv f32 --fa off").code, 0);
+  int n = 0;
+  for (const char* llama : {"-ctk f32 -ctv f32 -fa off", "--cache-type-k f32 --cache-type-v=f32 -fa=off",
+                            "-ctk=f32 -fa off -ctv f32"}) {
+    const auto theirs = (dir_ / ("theirs" + std::to_string(n++) + ".slot")).string();
+    CmdResult r = run("convert " + in + " " + theirs + " " + llama);
+    ASSERT_EQ(r.code, 0) << llama << ": " << r.err;
+    EXPECT_EQ(read(ours), read(theirs)) << llama;
+  }
+  CmdResult r = run("convert " + in + " " + (dir_ / "o.slot").string() + " -ctk q3_k");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("not a KV cache type"), std::string::npos) << "the value is checked as --ctk's: " << r.err;
+}
+
 TEST_F(CliTest, ConvertUpgradesAnOldFileAndCanGoBack) {
   SynthSpec s;
   s.version = 2;
