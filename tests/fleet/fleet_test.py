@@ -49,6 +49,11 @@ PSQL = os.environ.get("KVSNAP_PG_BIN", "/usr/lib/postgresql/15/bin") + "/psql"
 PREFIX = "fleet"
 SEALED = "sealed"  # the encrypted store's prefix
 MULTIPART_MAX_AGE = 2  # seconds: gc aborts older incomplete uploads (the store configs say so)
+# How long after an upload starts gc sees it as stale: Swift (2.30+, s3api's S3Timestamp) lists its
+# start rounded UP to the second, and gc aborts an upload whose start, to the second, is strictly
+# before now - MULTIPART_MAX_AGE cut DOWN to the second (S3BlobStore::abort_stale_uploads), so it
+# takes up to MULTIPART_MAX_AGE + 2 s after the upload started (the sleeps start later still).
+STALE_UPLOAD_WAIT = MULTIPART_MAX_AGE + 2.5
 failures = []
 figures = {}
 
@@ -604,9 +609,9 @@ def phase_stages(a, b, reg, files, swift, bucket):
     check("staged-killed" not in {s["name"] for s in a.ls()}, "s: a killed save is listed")
     check(not staged(a), f"s: the killed save left a pack on host A: {staged(a)}")
     check(ids <= set(in_progress_uploads(swift, bucket)), "s: the killed save's upload went before any gc")
-    time.sleep(MULTIPART_MAX_AGE + 1.5)  # Swift's upload times have whole seconds
-    # Once in about ten CI runs the first gc aborted nothing although the upload was listed (cause not
-    # found yet; the 2026-11-28 note): up to three gcs, 2 s apart, each logged; one of them must abort it.
+    time.sleep(STALE_UPLOAD_WAIT)
+    # Up to three gcs, 2 s apart, each logged; one of them must abort it. (With MULTIPART_MAX_AGE + 1.5
+    # s, about one CI run in ten needed a second gc: see STALE_UPLOAD_WAIT.)
     aborted, runs = 0, 0
     while runs < 3 and not aborted:
         if runs:
@@ -626,7 +631,7 @@ def phase_stages(a, b, reg, files, swift, bucket):
     proc, ids = staged_save("staged-live")
     if not proc:
         return
-    time.sleep(MULTIPART_MAX_AGE + 1.5)
+    time.sleep(STALE_UPLOAD_WAIT)
     p = b.run("gc", "--json", "-q")
     check(p.returncode == 0 and json.loads(p.stdout)["skipped_busy"],
           f"s: B's gc while a save lives: exit {p.returncode}: {p.stdout} {p.stderr.strip()}")
