@@ -257,6 +257,12 @@ class Catalog {
   // find_chunk() for each.
   virtual Result<std::vector<std::optional<ChunkUse>>> find_chunks(std::span<const ChunkHash> hashes);
   static constexpr size_t kChunkLookupBatch = 256;
+  // How many bytes of new (encoded) chunks a save holds before it asks find_chunks() about them
+  // and writes them. A catalog server's round trip is worth batching (kLookupHoldBytes); a local
+  // catalog's lookup is not, and every held chunk is a buffer the save touches for the first time
+  // (a page fault per 4 KiB), so it says 0: each new chunk is looked up and written as it comes.
+  virtual uint64_t lookup_hold_bytes() const { return kLookupHoldBytes; }
+  static constexpr uint64_t kLookupHoldBytes = 8u << 20;
 
   // What the user typed, tried in this order: exact name, decimal id, full
   // uuid, unique uuid prefix of >= 6 characters. kAmbiguous names the

@@ -73,6 +73,7 @@ class SqliteCatalog final : public Catalog {
   Result<std::optional<ChunkUse>> find_chunk(const ChunkHash& h) override;
   // kSqliteLookupBatch hashes per statement (sha256 IN (?1, ...)).
   Result<std::vector<std::optional<ChunkUse>>> find_chunks(std::span<const ChunkHash> hashes) override;
+  uint64_t lookup_hold_bytes() const override { return 0; }  // a local file: no round trip to save
   Result<int64_t> resolve(const std::string& ref) override;
   Result<std::vector<SnapshotInfo>> list(const ListFilter& filter = {}) override;
   Result<std::vector<SnapshotInfo>> find_prefix(std::span<const int32_t> query, const std::string& model_fingerprint = "",

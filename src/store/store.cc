@@ -64,7 +64,7 @@ using namespace store_detail;
 // A chunk the catalog already has is not written (its row says where it is and
 // that it is durable); the others go into the batch's pack. The catalog is
 // asked in batches (Catalog::find_chunks: a round trip per batch on a catalog
-// server), so chunks wait here until a batch is full or finish(); kHeldBytes
+// server), so chunks wait here until a batch is full or finish(); lookup_hold_bytes()
 // bounds the memory that takes and how long the pack waits. They wait in the
 // encoders' own buffers (put_buffer), or copied (put).
 std::vector<std::byte> store_detail::BlobSink::take_spare() {
@@ -93,9 +93,12 @@ Status store_detail::BlobSink::put_buffer(const ChunkRef& ref, std::vector<std::
 }
 
 Status store_detail::BlobSink::hold(Pending p) {
-  held_ += p.size;
+  const size_t p_size = p.size;
+  held_ += p_size;
   pending_.push_back(std::move(p));
-  if (pending_.size() >= Catalog::kChunkLookupBatch || held_ >= kHeldBytes) return flush();
+  // a blob that brings the held bytes to the catalog's limit (0: every blob) flushes; a parent's
+  // known chunk (no blob) waits for a full batch
+  if (pending_.size() >= Catalog::kChunkLookupBatch || (p_size > 0 && held_ >= hold_bytes_)) return flush();
   return Status::OK();
 }
 

@@ -86,7 +86,8 @@ Status write_temp(Io& io, const std::string& path, const std::function<Status(By
 // finish() before committing the batch.
 class BlobSink final : public ChunkSink {
  public:
-  BlobSink(BlobWriteBatch& batch, Catalog& catalog) : batch_(batch), catalog_(catalog) {}
+  BlobSink(BlobWriteBatch& batch, Catalog& catalog)
+      : batch_(batch), catalog_(catalog), hold_bytes_(catalog.lookup_hold_bytes()) {}
   Status put(const ChunkRef& ref, std::span<const std::byte> blob) override;
   // Takes the buffer (its blob is not copied) and leaves a spare one in its place.
   Status put_buffer(const ChunkRef& ref, std::vector<std::byte>& buffer, size_t size) override;
@@ -96,10 +97,11 @@ class BlobSink final : public ChunkSink {
   uint64_t written = 0, bytes_written = 0;
 
  private:
-  // Held chunks are looked up and written every 8 MiB (or kChunkLookupBatch chunks): the
-  // pack is written while the encoders work, not in bursts that stall them, and only the last
-  // few MiB wait for the end of the encode (measured: docs/store.md "Speed and space").
-  static constexpr uint64_t kHeldBytes = 8u << 20;
+  // Held chunks are looked up and written once they hold the catalog's lookup_hold_bytes() of
+  // new blobs (8 MiB on a catalog server, each new chunk at once on SQLite), or kChunkLookupBatch
+  // chunks (a parent's known chunks take no bytes): the pack is written while the encoders
+  // work, not in bursts that stall them, and only the last few MiB wait for the end of the encode
+  // (measured: docs/store.md "Speed and space").
   struct Pending {
     ChunkRef ref;
     std::vector<std::byte> buffer;  // the blob is its first `size` bytes
@@ -117,6 +119,7 @@ class BlobSink final : public ChunkSink {
   Catalog& catalog_;
   std::vector<Pending> pending_;
   uint64_t held_ = 0;
+  const uint64_t hold_bytes_;  // catalog_.lookup_hold_bytes()
 };
 
 // Copies the snapshot's original to `out` in order, `threads` decoders ahead of the writer
