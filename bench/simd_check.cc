@@ -4,7 +4,8 @@
 // this tool pins the SIMD kernels and the fused row kernels to the scalar codecs, on the same
 // hard cases and random distributions as the tests plus NaN/inf/tie/zero-heavy rows, for every
 // codec, every rotation block size and every (source, destination, rotation) RowConverter; and
-// the chunk byte shuffle of format/byte_shuffle.h, which follows the same level.
+// the chunk byte shuffle of format/byte_shuffle.h and the chunks' XXH3-128 (format/chunk_codec.h),
+// which follow the same level.
 //
 //   kvsnap-simd-check                 the sweeps above (seconds; about a minute under qemu-aarch64)
 //   kvsnap-simd-check --exhaustive    also every f32 bit pattern through f16/bf16 conversion and
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "format/byte_shuffle.h"
+#include "format/chunk_codec.h"
 #include "migrate/convert_row.h"
 #include "migrate/hadamard.h"
 #include "migrate/mlx_affine.h"
@@ -736,6 +738,30 @@ void check_byte_shuffle(Level l) {
   }
 }
 
+// The chunks' XXH3-128 (format/chunk_codec.h: xxhash's AVX2 loop at avx2 and avx512), whole and
+// fed in pieces, around XXH3's size classes and its 256-byte streaming buffer, from unaligned
+// addresses. tests/format/chunk_codec_test.cc compares with libxxhash itself.
+void check_chunk_xxh(Level l) {
+  for (size_t n : {0u, 3u, 16u, 17u, 129u, 241u, 257u, 1025u, 100003u}) {
+    std::mt19937 rng(uint32_t(n * 31 + 7));
+    std::vector<uint8_t> in(n + 1);
+    for (auto& b : in) b = uint8_t(rng());
+    const std::span<const std::byte> src(reinterpret_cast<const std::byte*>(in.data() + 1), n);  // unaligned
+    compare(l, "chunk xxh3-128 of " + std::to_string(n) + " bytes", [&] {
+      std::vector<uint8_t> out;
+      const ChunkXxh whole = chunk_xxh(src);
+      out.insert(out.end(), whole.begin(), whole.end());
+      ChunkXxhHasher h;
+      for (size_t piece : {size_t(5), size_t(300)}) {
+        for (size_t at = 0; at < n; at += piece) h.update(src.subspan(at, std::min(piece, n - at)));
+        const ChunkXxh d = h.finish();
+        out.insert(out.end(), d.begin(), d.end());
+      }
+      return out;
+    });
+  }
+}
+
 }  // namespace
 }  // namespace kvsnap
 
@@ -763,6 +789,7 @@ int main(int argc, char** argv) {
     check_iq4_nl_runs(l);
     check_mlx_affine(l);
     check_byte_shuffle(l);
+    check_chunk_xxh(l);
     std::printf("  %s: codecs, rotation, row pipelines, MLX affine rows and the chunk byte shuffle compared\n",
                 simd::level_name(l));
     if (exhaustive) check_half_exhaustive(l);

@@ -15,7 +15,9 @@
 #include <utility>
 
 #include "base/byte_order.h"
+#include "base/simd_level.h"
 #include "format/byte_shuffle.h"
+#include "format/chunk_xxh_avx2.h"
 #include "format/ggml_types.h"
 
 namespace kvsnap {
@@ -105,22 +107,61 @@ ChunkXxh canonical(XXH128_hash_t h) {
 
 }  // namespace
 
-ChunkXxh chunk_xxh(std::span<const std::byte> raw) { return canonical(XXH3_128bits(raw.data(), raw.size())); }
+struct Xxh3Impl {
+  XXH128_hash_t (*hash)(const void* data, size_t n);
+  void* (*new_state)();
+  void (*free_state)(void* state);
+  void (*reset)(void* state);
+  void (*update)(void* state, const void* data, size_t n);
+  XXH128_hash_t (*digest)(const void* state);
+};
 
-ChunkXxhHasher::ChunkXxhHasher() : state_(XXH3_createState()) {
+namespace {
+
+// libxxhash's XXH3-128 and, in x86-64 builds, xxhash's AVX2 loop (chunk_xxh_avx2.h).
+const Xxh3Impl kLibXxh3 = {
+    [](const void* p, size_t n) { return XXH3_128bits(p, n); },
+    [] { return static_cast<void*>(XXH3_createState()); },
+    [](void* st) { XXH3_freeState(static_cast<XXH3_state_t*>(st)); },
+    [](void* st) { XXH3_128bits_reset(static_cast<XXH3_state_t*>(st)); },
+    [](void* st, const void* p, size_t n) { XXH3_128bits_update(static_cast<XXH3_state_t*>(st), p, n); },
+    [](const void* st) { return XXH3_128bits_digest(static_cast<const XXH3_state_t*>(st)); },
+};
+#ifdef KVSNAP_SIMD_X86
+XXH128_hash_t from_avx2(xxh3_avx2::Digest128 d) { return {d.low64, d.high64}; }
+const Xxh3Impl kAvx2Xxh3 = {
+    [](const void* p, size_t n) { return from_avx2(xxh3_avx2::hash128(p, n)); },
+    xxh3_avx2::new_state,
+    xxh3_avx2::free_state,
+    xxh3_avx2::reset,
+    xxh3_avx2::update,
+    [](const void* st) { return from_avx2(xxh3_avx2::digest(st)); },
+};
+#endif
+
+// AVX2's at the avx2 and avx512 levels, else the library's.
+const Xxh3Impl& xxh3() {
+#ifdef KVSNAP_SIMD_X86
+  if (simd::level() != simd::Level::kScalar) return kAvx2Xxh3;
+#endif
+  return kLibXxh3;
+}
+
+}  // namespace
+
+ChunkXxh chunk_xxh(std::span<const std::byte> raw) { return canonical(xxh3().hash(raw.data(), raw.size())); }
+
+ChunkXxhHasher::ChunkXxhHasher() : impl_(&xxh3()), state_(impl_->new_state()) {
   if (!state_) throw std::bad_alloc();
-  XXH3_128bits_reset(static_cast<XXH3_state_t*>(state_));
+  impl_->reset(state_);
 }
-ChunkXxhHasher::~ChunkXxhHasher() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+ChunkXxhHasher::~ChunkXxhHasher() { impl_->free_state(state_); }
 
-void ChunkXxhHasher::update(std::span<const std::byte> bytes) {
-  XXH3_128bits_update(static_cast<XXH3_state_t*>(state_), bytes.data(), bytes.size());
-}
+void ChunkXxhHasher::update(std::span<const std::byte> bytes) { impl_->update(state_, bytes.data(), bytes.size()); }
 
 ChunkXxh ChunkXxhHasher::finish() {
-  auto* st = static_cast<XXH3_state_t*>(state_);
-  const ChunkXxh d = canonical(XXH3_128bits_digest(st));
-  XXH3_128bits_reset(st);
+  const ChunkXxh d = canonical(impl_->digest(state_));
+  impl_->reset(state_);
   return d;
 }
 

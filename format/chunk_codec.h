@@ -86,7 +86,10 @@ FilterChoice filter_for_type(int32_t ggml_type);
 // decode checks both, and it never decides which blob a new chunk is stored as.
 using ChunkXxh = std::array<uint8_t, 16>;
 ChunkXxh chunk_xxh(std::span<const std::byte> raw);
-// The same digest over bytes given piece by piece (finish() starts over).
+// The same digest over bytes given piece by piece (finish() starts over). Both hash with
+// xxhash's AVX2 loop at the avx2 and avx512 levels (chunk_xxh_avx2.h), else with libxxhash;
+// a hasher keeps the one of the level at its construction.
+struct Xxh3Impl;  // chunk_codec.cc
 class ChunkXxhHasher {
  public:
   ChunkXxhHasher();
@@ -97,7 +100,8 @@ class ChunkXxhHasher {
   ChunkXxh finish();
 
  private:
-  void* state_;  // XXH3_state_t
+  const Xxh3Impl* impl_;  // libxxhash's XXH3 or chunk_xxh_avx2's
+  void* state_;           // its XXH3_state_t
 };
 
 // --- Encoder / decoder (one per thread) -------------------------------------------

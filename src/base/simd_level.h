@@ -7,7 +7,8 @@
 // picks a kernel, so forcing a level forces it everywhere:
 //   migrate/  the row codecs (type_traits.cc's codec table, a column per level) and the
 //             Hadamard, fused and MLX affine kernels (migrate/simd_kernels.h's level table)
-//   format/   the chunk byte shuffle and unshuffle (format/byte_shuffle.h)
+//   format/   the chunk byte shuffle and unshuffle (format/byte_shuffle.h), and the chunks'
+//             XXH3-128 (format/chunk_xxh_avx2.h at avx2 and avx512, libxxhash below)
 // Every level produces the same bytes: a level changes speed only. Each table holds its own
 // kernels; this header only says which column of them is in use.
 #pragma once

@@ -4,6 +4,7 @@
 #include "format/chunk_codec.h"
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
 #include <zstd.h>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <map>
 #include <random>
 
+#include "base/simd_level.h"
 #include "format/ggml_types.h"
 #include "format/llama_state.h"
 
@@ -50,6 +52,39 @@ TEST(ChunkCodec, Sha256KnownAnswer) {
   inc.update(std::as_bytes(std::span(abc.data(), 1)));
   inc.update(std::as_bytes(std::span(abc.data() + 1, 2)));
   EXPECT_EQ(inc.finish(), h);
+}
+
+// chunk_xxh and ChunkXxhHasher at every SIMD level this CPU has (xxhash's AVX2 loop at avx2 and
+// avx512, chunk_xxh_avx2.h) give libxxhash's own XXH3-128: around XXH3's size classes (0, 1-3,
+// 4-8, 9-16, 17-128, 129-240, longer: stripes of 64, blocks of 1 KiB) and the streaming
+// buffer (256 bytes), whole and fed in pieces of every size that splits the input differently.
+TEST(ChunkXxh, EveryLevelGivesLibxxhashsDigests) {
+  const simd::Level was = simd::level();
+  int levels = 0;
+  for (size_t li = 0; li < simd::kLevelCount; ++li) {
+    const auto l = static_cast<simd::Level>(li);
+    if (!simd::set_level(l)) continue;
+    ++levels;
+    for (size_t n : {0u, 1u, 3u, 4u, 8u, 9u, 16u, 17u, 128u, 129u, 240u, 241u, 255u, 256u, 257u, 1023u, 1024u,
+                     1025u, 4096u, 65537u, 524288u, 1048581u}) {
+      const auto b = random_bytes(n, uint32_t(n * 7919 + 1));
+      const XXH128_hash_t ref = XXH3_128bits(b.data(), b.size());
+      XXH128_canonical_t c;
+      XXH128_canonicalFromHash(&c, ref);
+      ChunkXxh want{};
+      std::memcpy(want.data(), c.digest, want.size());
+      SCOPED_TRACE(std::string(simd::level_name(l)) + ": " + std::to_string(n) + " bytes");
+      ASSERT_EQ(chunk_xxh(b), want);
+      ChunkXxhHasher h;
+      for (size_t piece : {size_t(1), size_t(7), size_t(64), size_t(255), size_t(4096), size_t(65536), n + 1}) {
+        if (piece < 64 && n > 65537) continue;  // byte by byte over megabytes says nothing more
+        for (size_t at = 0; at < n; at += piece) h.update(std::span(b).subspan(at, std::min(piece, n - at)));
+        ASSERT_EQ(h.finish(), want) << "in pieces of " << piece;  // finish() starts over
+      }
+    }
+  }
+  simd::set_level(was);
+  EXPECT_GE(levels, 1);
 }
 
 TEST(ChunkCodec, ShuffleRoundTripsEveryElementSizeAndTail) {

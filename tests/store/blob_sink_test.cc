@@ -47,7 +47,9 @@ TEST(BlobSink, ALocalCatalogWritesEachNewBlobAsItComes) {
     } else {
       EXPECT_GE(encoder.capacity(), kBlob) << "the encoder gets a written chunk's buffer back";
     }
-    if (i == 1) EXPECT_EQ(encoder.data(), first) << "the first blob's buffer, written, came back at once";
+    if (i == 1) {
+      EXPECT_EQ(encoder.data(), first) << "the first blob's buffer, written, came back at once";
+    }
   }
   ASSERT_TRUE(sink.finish().ok());
   EXPECT_EQ(sink.uses.size(), 4u);
