@@ -13,8 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2")
+#endif
 #define XXH_INLINE_ALL
 #define XXH_VECTOR XXH_AVX2
 #include <xxhash.h>
@@ -45,6 +49,10 @@ Digest128 digest(const void* state) { return of(XXH3_128bits_digest(static_cast<
 
 }  // namespace kvsnap::xxh3_avx2
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 #endif  // KVSNAP_SIMD_X86
