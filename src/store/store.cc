@@ -77,9 +77,10 @@ std::vector<std::byte> store_detail::BlobSink::take_spare() {
 }
 
 Status store_detail::BlobSink::put(const ChunkRef& ref, std::span<const std::byte> blob) {
+  if (blob.empty()) return hold({ref, {}, 0});  // a parent's known chunk: no buffer to hold
   std::vector<std::byte> copy = take_spare();
   if (copy.size() < blob.size()) copy.resize(blob.size());  // grown only: no zero-fill of a reused buffer
-  if (!blob.empty()) std::memcpy(copy.data(), blob.data(), blob.size());
+  std::memcpy(copy.data(), blob.data(), blob.size());
   return hold({ref, std::move(copy), blob.size()});
 }
 
@@ -108,7 +109,9 @@ Status store_detail::BlobSink::flush() {
   for (const Pending& p : pending_) hashes.push_back(hash_of(p.ref));
   KV_ASSIGN_OR_RETURN(std::vector<std::optional<ChunkUse>> known, catalog_.find_chunks(hashes));
   for (size_t i = 0; i < pending_.size(); ++i) KV_RETURN_IF_ERROR(store(hashes[i], pending_[i], known[i]));
-  for (Pending& p : pending_) spare_.push_back(std::move(p.buffer));
+  // only buffers worth reusing: an empty one handed to an encoder would make it allocate afresh
+  for (Pending& p : pending_)
+    if (p.buffer.capacity() > 0) spare_.push_back(std::move(p.buffer));
   pending_.clear();
   held_ = 0;
   return Status::OK();

@@ -9,6 +9,22 @@
 namespace kvsnap {
 namespace {
 
+// A local store's blobs and catalog in a scratch directory.
+class BlobSinkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto blobs = LocalBlobStore::open(posix_io(), dir_.path());
+    ASSERT_TRUE(blobs.ok()) << blobs.status().ToString();
+    blobs_ = std::move(blobs).value();
+    auto catalog = SqliteCatalog::open(dir_.path() + "/catalog.sqlite");
+    ASSERT_TRUE(catalog.ok()) << catalog.status().ToString();
+    catalog_ = std::move(catalog).value();
+  }
+  const test::TempDir dir_{"kvsnap-sink"};
+  std::unique_ptr<LocalBlobStore> blobs_;
+  std::unique_ptr<SqliteCatalog> catalog_;
+};
+
 // A chunk whose blob is `n` bytes of `fill` (the sink does not decode blobs).
 ChunkRef ref_of(uint8_t fill, size_t n, uint64_t index) {
   std::vector<std::byte> raw(n, std::byte{fill});
@@ -23,16 +39,11 @@ ChunkRef ref_of(uint8_t fill, size_t n, uint64_t index) {
 // On a local (SQLite) catalog nothing is held for a batched lookup: each new blob is looked up
 // and appended to the pack as it comes, and the encoder gets that chunk's buffer back, so a
 // save touches no fresh buffer after its first chunk.
-TEST(BlobSink, ALocalCatalogWritesEachNewBlobAsItComes) {
-  const test::TempDir dir("kvsnap-sink");
-  auto blobs = LocalBlobStore::open(posix_io(), dir.path());
-  ASSERT_TRUE(blobs.ok()) << blobs.status().ToString();
-  auto catalog = SqliteCatalog::open(dir.path() + "/catalog.sqlite");
-  ASSERT_TRUE(catalog.ok()) << catalog.status().ToString();
-  EXPECT_EQ((*catalog)->lookup_hold_bytes(), 0u);
-  auto batch = (*blobs)->begin_write();
+TEST_F(BlobSinkTest, ALocalCatalogWritesEachNewBlobAsItComes) {
+  EXPECT_EQ(catalog_->lookup_hold_bytes(), 0u);
+  auto batch = blobs_->begin_write();
   ASSERT_TRUE(batch.ok()) << batch.status().ToString();
-  store_detail::BlobSink sink(**batch, **catalog);
+  store_detail::BlobSink sink(**batch, *catalog_);
   constexpr size_t kBlob = 64 << 10;
   std::vector<std::byte> encoder;  // the encoder's buffer, as put_buffer swaps it
   const std::byte* first = nullptr;
@@ -54,6 +65,33 @@ TEST(BlobSink, ALocalCatalogWritesEachNewBlobAsItComes) {
   ASSERT_TRUE(sink.finish().ok());
   EXPECT_EQ(sink.uses.size(), 4u);
   EXPECT_EQ(sink.bytes_written, 4 * kBlob);
+}
+
+// A parent's known chunk (put with no blob) holds no buffer: the spare that a written blob left
+// goes to the next new chunk's encoder, not into the known chunk's empty slot, in an extension's
+// save, where the new last chunk of each layer comes right after the layer's known chunks.
+TEST_F(BlobSinkTest, AParentsKnownChunkTakesNoSpareBuffer) {
+  constexpr size_t kBlob = 64 << 10;
+  const ChunkRef known = ref_of(0xee, kBlob, 0);
+  SnapshotRecord parent;
+  parent.info.name = "parent";
+  parent.info.model_arch = "llama";
+  parent.info.k_types = parent.info.v_types = "f16";
+  parent.info.source_format = "ggsq3";
+  ASSERT_TRUE(catalog_->add_snapshot(parent, {ChunkUse{store_detail::hash_of(known), kBlob, kBlob}}).ok());
+  auto batch = blobs_->begin_write();
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  store_detail::BlobSink sink(**batch, *catalog_);
+  std::vector<std::byte> encoder(kBlob, std::byte{1});
+  ASSERT_TRUE(sink.put_buffer(ref_of(1, kBlob, 1), encoder, kBlob).ok());  // written; its buffer is spare
+  ASSERT_TRUE(sink.put(known, {}).ok());
+  encoder.assign(kBlob, std::byte{2});
+  ASSERT_TRUE(sink.put_buffer(ref_of(2, kBlob, 2), encoder, kBlob).ok());
+  EXPECT_GE(encoder.capacity(), kBlob) << "the first blob's buffer, not an empty one, came back";
+  ASSERT_TRUE(sink.finish().ok());
+  ASSERT_EQ(sink.uses.size(), 3u);
+  EXPECT_EQ(sink.uses[1].sha256, store_detail::hash_of(known)) << "the known chunk keeps its place";
+  EXPECT_EQ(sink.written, 2u);
 }
 
 }  // namespace
