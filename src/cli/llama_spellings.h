@@ -4,15 +4,22 @@
 // --cache-type-v. Each becomes kvsnap's own spelling before CLI11 parses the command line.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace kvsnap::cli {
 
+// Whether a word of the command line is an option that takes the next word as its value
+// (called for each word with_kvsnap_spellings does not rename, in order, so it may follow
+// the subcommands; main.cc asks CLI11).
+using TakesValue = std::function<bool(const std::string& word)>;
+
 // args with every llama.cpp spelling of an option (alone, or as NAME=VALUE) replaced by
-// kvsnap's (--ctk, --ctv, --fa). Nothing after a "--" (the end of options) is touched, nor the
-// word after a renamed option (its value). CLI11 never takes a word that looks like an option
-// as another option's value, so a renamed word was an error before, never a value.
-std::vector<std::string> with_kvsnap_spellings(std::vector<std::string> args);
+// kvsnap's (--ctk, --ctv, --fa). A bare -fa, llama-server's older flag, means --fa on (the
+// word after it is not on, off or auto). Nothing after a "--" (the end of options) is touched,
+// nor an option's value: the word after a renamed option, or after one takes_value names.
+std::vector<std::string> with_kvsnap_spellings(const std::vector<std::string>& args,
+                                               const TakesValue& takes_value = {});
 
 }  // namespace kvsnap::cli

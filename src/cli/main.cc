@@ -21,8 +21,22 @@ int run(int argc, char** argv) {
   kvsnap::cli::install_interrupt_handler();
   int exit_status = kvsnap::cli::kExitOk;
   kvsnap::cli::setup_all_commands(app, exit_status);
-  // llama-server's -ctk/-ctv/-fa, as users paste them (cli/llama_spellings.h)
-  std::vector<std::string> args = kvsnap::cli::with_kvsnap_spellings(std::vector<std::string>(argv, argv + argc));
+  // llama-server's -ctk/-ctv/-fa, as users paste them (cli/llama_spellings.h); CLI11 says which
+  // words are options that take a value, in the subcommand the words so far selected
+  const CLI::App* cmd = &app;
+  const auto takes_value = [&cmd](const std::string& word) {
+    if (word.empty() || word[0] != '-') {
+      const auto subs = cmd->get_subcommands([&](const CLI::App* s) { return s->check_name(word); });
+      if (!subs.empty()) cmd = subs.front();
+      return false;
+    }
+    for (const CLI::App* c = cmd; c != nullptr; c = c->get_parent()) {
+      if (const CLI::Option* o = c->get_option_no_throw(word)) return o->get_items_expected_min() > 0;
+    }
+    return false;
+  };
+  std::vector<std::string> args =
+      kvsnap::cli::with_kvsnap_spellings(std::vector<std::string>(argv, argv + argc), takes_value);
   std::vector<char*> args_c;
   for (std::string& a : args) args_c.push_back(a.data());
   try {

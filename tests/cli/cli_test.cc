@@ -266,6 +266,10 @@ TEST_F(CliTest, LlamaServerSpellingsOfTheCacheOptionsWork) {
   CmdResult r = run("convert " + in + " " + (dir_ / "o.slot").string() + " -ctk q3_k");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("not a KV cache type"), std::string::npos) << "the value is checked as --ctk's: " << r.err;
+  // an option's value that looks like llama-server's spelling stays what it is (CLI11 says -m takes one)
+  r = run("convert " + in + " " + (dir_ / "o.slot").string() + " -m -ctk");
+  EXPECT_EQ(r.code, 8);
+  EXPECT_NE(r.err.find("not found: -ctk:"), std::string::npos) << r.err;
 }
 
 TEST_F(CliTest, ConvertUpgradesAnOldFileAndCanGoBack) {

@@ -24,5 +24,21 @@ TEST(LlamaSpellings, LeavesEverythingElseAlone) {
   EXPECT_EQ(with_kvsnap_spellings({}), Args{});
 }
 
+TEST(LlamaSpellings, ABareFaIsOn) {  // llama-server's older flag; -fa on|off|auto keeps its word
+  EXPECT_EQ(with_kvsnap_spellings({"kvsnap", "convert", "a", "b", "-fa", "-ctk", "q8_0"}),
+            (Args{"kvsnap", "convert", "a", "b", "--fa", "on", "--ctk", "q8_0"}));
+  EXPECT_EQ(with_kvsnap_spellings({"kvsnap", "convert", "a", "b", "-fa"}), (Args{"kvsnap", "convert", "a", "b", "--fa", "on"}));
+  EXPECT_EQ(with_kvsnap_spellings({"kvsnap", "convert", "-fa", "off"}), (Args{"kvsnap", "convert", "--fa", "off"}));
+  EXPECT_EQ(with_kvsnap_spellings({"kvsnap", "convert", "-fa", "auto"}), (Args{"kvsnap", "convert", "--fa", "auto"}));
+}
+
+TEST(LlamaSpellings, AnOptionsValueIsNeverRenamed) {
+  const TakesValue takes_value = [](const std::string& w) { return w == "-o" || w == "--name"; };
+  const Args same{"kvsnap", "restore", "s", "-o", "-fa", "--name", "-ctk"};
+  EXPECT_EQ(with_kvsnap_spellings(same, takes_value), same);
+  EXPECT_EQ(with_kvsnap_spellings({"kvsnap", "restore", "s", "-o", "x", "-fa", "on"}, takes_value),
+            (Args{"kvsnap", "restore", "s", "-o", "x", "--fa", "on"}));
+}
+
 }  // namespace
 }  // namespace kvsnap::cli
