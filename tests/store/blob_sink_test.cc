@@ -78,7 +78,10 @@ TEST_F(BlobSinkTest, AParentsKnownChunkTakesNoSpareBuffer) {
   parent.info.model_arch = "llama";
   parent.info.k_types = parent.info.v_types = "f16";
   parent.info.source_format = "ggsq3";
-  ASSERT_TRUE(catalog_->add_snapshot(parent, {ChunkUse{store_detail::hash_of(known), kBlob, kBlob}}).ok());
+  ChunkUse row;  // a loose blob's row: what a committed parent leaves for its chunk
+  row.sha256 = store_detail::hash_of(known);
+  row.raw_size = row.stored_size = kBlob;
+  ASSERT_TRUE(catalog_->add_snapshot(parent, {row}).ok());
   auto batch = blobs_->begin_write();
   ASSERT_TRUE(batch.ok()) << batch.status().ToString();
   store_detail::BlobSink sink(**batch, *catalog_);
