@@ -55,4 +55,11 @@ std::vector<std::string> with_kvsnap_spellings(const std::vector<std::string>& a
   return out;
 }
 
+std::vector<std::string> llama_spellings_of(const std::string& name) {
+  std::vector<std::string> out;
+  for (const auto& [llama, ours] : kSpellings)
+    if (ours == name) out.emplace_back(llama);
+  return out;
+}
+
 }  // namespace kvsnap::cli

@@ -22,4 +22,8 @@ using TakesValue = std::function<bool(const std::string& word)>;
 std::vector<std::string> with_kvsnap_spellings(const std::vector<std::string>& args,
                                                const TakesValue& takes_value = {});
 
+// llama-server's spellings of kvsnap's option `name` ("--ctk" -> {"-ctk", "--cache-type-k"}),
+// for --help; empty for an option llama-server does not share.
+std::vector<std::string> llama_spellings_of(const std::string& name);
+
 }  // namespace kvsnap::cli

@@ -272,6 +272,18 @@ TEST_F(CliTest, LlamaServerSpellingsOfTheCacheOptionsWork) {
   EXPECT_NE(r.err.find("not found: -ctk:"), std::string::npos) << r.err;
 }
 
+TEST_F(CliTest, HelpNamesLlamaServersSpellings) {
+  for (const char* cmd : {"convert", "migrate", "restore", "server add"}) {
+    const CmdResult r = run(std::string(cmd) + " --help");
+    ASSERT_EQ(r.code, 0) << cmd;
+    for (const char* s : {"as llama-server spells it: -ctk, --cache-type-k\n",
+                          "as llama-server spells it: -ctv, --cache-type-v\n", "as llama-server spells it: -fa\n"})
+      EXPECT_NE(r.out.find(s), std::string::npos) << cmd << " --help lacks '" << s << "':\n" << r.out;
+  }
+  // an option llama-server does not share says nothing of it
+  EXPECT_EQ(run("save --help").out.find("llama-server spells"), std::string::npos);
+}
+
 TEST_F(CliTest, ConvertUpgradesAnOldFileAndCanGoBack) {
   SynthSpec s;
   s.version = 2;

@@ -40,5 +40,13 @@ TEST(LlamaSpellings, AnOptionsValueIsNeverRenamed) {
             (Args{"kvsnap", "restore", "s", "-o", "x", "--fa", "on"}));
 }
 
+TEST(LlamaSpellings, EachOfKvsnapsOptionsKnowsItsLlamaSpellings) {  // for --help
+  EXPECT_EQ(llama_spellings_of("--ctk"), (Args{"-ctk", "--cache-type-k"}));
+  EXPECT_EQ(llama_spellings_of("--ctv"), (Args{"-ctv", "--cache-type-v"}));
+  EXPECT_EQ(llama_spellings_of("--fa"), (Args{"-fa"}));
+  EXPECT_TRUE(llama_spellings_of("--flash-attn").empty());
+  EXPECT_TRUE(llama_spellings_of("--model").empty());
+}
+
 }  // namespace
 }  // namespace kvsnap::cli
