@@ -4,26 +4,18 @@
 #include "server/slot_file_writer.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 
+#include "temp_dir.h"
+
 namespace kvsnap {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kvsnap-slotfile-XXXXXX").string();
-    path = mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 std::string slurp(const std::string& p) {
   std::ifstream f(p, std::ios::binary);
@@ -47,9 +39,9 @@ std::vector<std::string> names(const std::string& dir) {
 }
 
 TEST(SlotFileWriter, TheFinalNameAppearsOnlyAtCommit) {
-  TempDir d;
-  const std::string path = d.path + "/slot.bin";
-  auto w = SlotFileWriter::create(posix_io(), path, d.path + "/.kvsnap-scratch.kvsnap-tmp-kept");
+  const test::TempDir d{"kvsnap-slotfile"};
+  const std::string path = d.path() + "/slot.bin";
+  auto w = SlotFileWriter::create(posix_io(), path, d.path() + "/.kvsnap-scratch.kvsnap-tmp-kept");
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_FALSE((*w)->reused_scratch()) << "no scratch file yet";
   const std::string big(9u << 20, 'x');  // more than two of the writer's blocks
@@ -57,14 +49,14 @@ TEST(SlotFileWriter, TheFinalNameAppearsOnlyAtCommit) {
   EXPECT_FALSE(fs::exists(path));
   ASSERT_TRUE((*w)->commit().ok());
   EXPECT_EQ(slurp(path), big);
-  EXPECT_EQ(names(d.path), std::vector<std::string>{"slot.bin"});
+  EXPECT_EQ(names(d.path()), std::vector<std::string>{"slot.bin"});
 }
 
 // Large appends are written by the caller, small ones go through the thread's blocks: the bytes
 // still come out in the order they were appended, whatever mix of the two.
 TEST(SlotFileWriter, SmallAndLargeAppendsComeOutInOrder) {
-  TempDir d;
-  const std::string path = d.path + "/slot.bin";
+  const test::TempDir d{"kvsnap-slotfile"};
+  const std::string path = d.path() + "/slot.bin";
   auto w = SlotFileWriter::create(posix_io(), path);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   std::string want;
@@ -86,8 +78,8 @@ TEST(SlotFileWriter, SmallAndLargeAppendsComeOutInOrder) {
 }
 
 TEST(SlotFileWriter, AKeptScratchFileIsWrittenOverInPlaceAndCutToTheNewLength) {
-  TempDir d;
-  const std::string scratch = d.path + "/.kvsnap-scratch.kvsnap-tmp-kept", path = d.path + "/slot.bin";
+  const test::TempDir d{"kvsnap-slotfile"};
+  const std::string scratch = d.path() + "/.kvsnap-scratch.kvsnap-tmp-kept", path = d.path() + "/slot.bin";
   { std::ofstream(scratch, std::ios::binary) << std::string(6u << 20, 'o'); }
   const ino_t before = inode(scratch);
   auto w = SlotFileWriter::create(posix_io(), path, scratch);
@@ -100,34 +92,34 @@ TEST(SlotFileWriter, AKeptScratchFileIsWrittenOverInPlaceAndCutToTheNewLength) {
   ASSERT_TRUE((*w)->commit().ok());
   EXPECT_EQ(slurp(path), shorter) << "no byte of the old contents after the new end";
   EXPECT_EQ(inode(path), before) << "the same file, its pages reused";
-  EXPECT_EQ(names(d.path), std::vector<std::string>{"slot.bin"});
+  EXPECT_EQ(names(d.path()), std::vector<std::string>{"slot.bin"});
 }
 
 TEST(SlotFileWriter, OfTwoWritersOneGetsTheScratchFile) {
-  TempDir d;
-  const std::string scratch = d.path + "/.kvsnap-scratch.kvsnap-tmp-kept";
+  const test::TempDir d{"kvsnap-slotfile"};
+  const std::string scratch = d.path() + "/.kvsnap-scratch.kvsnap-tmp-kept";
   { std::ofstream(scratch, std::ios::binary) << "old"; }
-  auto a = SlotFileWriter::create(posix_io(), d.path + "/a.bin", scratch);
-  auto b = SlotFileWriter::create(posix_io(), d.path + "/b.bin", scratch);
+  auto a = SlotFileWriter::create(posix_io(), d.path() + "/a.bin", scratch);
+  auto b = SlotFileWriter::create(posix_io(), d.path() + "/b.bin", scratch);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_TRUE((*a)->reused_scratch());
   EXPECT_FALSE((*b)->reused_scratch());
   ASSERT_TRUE(write_all(**a, "A").ok() && write_all(**b, "B").ok());
   ASSERT_TRUE((*a)->commit().ok() && (*b)->commit().ok());
-  EXPECT_EQ(slurp(d.path + "/a.bin"), "A");
-  EXPECT_EQ(slurp(d.path + "/b.bin"), "B");
+  EXPECT_EQ(slurp(d.path() + "/a.bin"), "A");
+  EXPECT_EQ(slurp(d.path() + "/b.bin"), "B");
 }
 
 TEST(SlotFileWriter, DroppedWithoutCommitLeavesNothing) {
-  TempDir d;
-  const std::string scratch = d.path + "/.kvsnap-scratch.kvsnap-tmp-kept";
+  const test::TempDir d{"kvsnap-slotfile"};
+  const std::string scratch = d.path() + "/.kvsnap-scratch.kvsnap-tmp-kept";
   { std::ofstream(scratch, std::ios::binary) << "old"; }
   {
-    auto w = SlotFileWriter::create(posix_io(), d.path + "/slot.bin", scratch);
+    auto w = SlotFileWriter::create(posix_io(), d.path() + "/slot.bin", scratch);
     ASSERT_TRUE(w.ok());
     ASSERT_TRUE(write_all(**w, "partial").ok());
   }
-  EXPECT_TRUE(names(d.path).empty()) << "the claimed scratch went with the unfinished file";
+  EXPECT_TRUE(names(d.path()).empty()) << "the claimed scratch went with the unfinished file";
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "store/fault_io.h"
+#include "temp_dir.h"
 
 namespace kvsnap {
 namespace {
@@ -29,13 +30,6 @@ std::string file_text(const std::string& path) {
 
 class BlobStoreTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "kvsnap-blob-XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    root_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(root_); }
-
   std::unique_ptr<LocalBlobStore> open(Io& io) {
     auto s = LocalBlobStore::open(io, root_);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
@@ -56,7 +50,8 @@ class BlobStoreTest : public ::testing::Test {
     return static_cast<size_t>(std::distance(fs::directory_iterator(root_ + "/tmp"), fs::directory_iterator()));
   }
 
-  std::string root_;
+  const test::TempDir dir_{"kvsnap-blob"};
+  const std::string root_ = dir_.path();
 };
 
 TEST(ChunkHashTest, HexRoundTripAndKnownDigest) {

@@ -12,11 +12,13 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "store/catalog_contract.h"
 #include "store/fault_io.h"
+#include "temp_dir.h"
 
 namespace kvsnap {
 namespace {
@@ -70,14 +72,11 @@ struct SqliteBackend {
   using Cat = Catalog;
   static constexpr int kSchemaVersion = SqliteCatalog::kSchemaVersion;
   std::string set_up() {
-    std::string tmpl = (fs::temp_directory_path() / "kvsnap-catalog-XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) return "mkdtemp failed";
-    root = tmpl;
+    dir.emplace("kvsnap-catalog");
+    root = dir->path();
     return "";
   }
-  void tear_down() {
-    if (!root.empty()) fs::remove_all(root);
-  }
+  void tear_down() { dir.reset(); }
   std::string path() const { return root + "/catalog.sqlite"; }
   Result<std::unique_ptr<Catalog>> open(const CatalogOptions& o = {}) { return Catalog::open(path(), o); }
   void sql(const std::string& s) { raw_sql(path(), s); }
@@ -87,6 +86,7 @@ struct SqliteBackend {
   std::string blob_root() const { return root; }
   std::unique_ptr<GcLocks> gc_locks() { return nullptr; }  // LocalBlobStore's own: <root>/gc.lock
   std::string explain_expired() { return sqlite_plan(path(), SqliteCatalog::kExpiredSql); }
+  std::optional<test::TempDir> dir;
   std::string root;
 };
 
@@ -95,13 +95,6 @@ INSTANTIATE_TYPED_TEST_SUITE_P(Sqlite, CatalogGc, SqliteBackend);
 
 class CatalogTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "kvsnap-catalog-XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    root_ = tmpl;
-    db_path_ = root_ + "/catalog.sqlite";
-  }
-  void TearDown() override { fs::remove_all(root_); }
 
   std::unique_ptr<Catalog> open(const CatalogOptions& o = {}) {
     auto c = Catalog::open(db_path_, o);
@@ -120,8 +113,9 @@ class CatalogTest : public ::testing::Test {
     EXPECT_TRUE(problems->empty()) << problems->front();
   }
 
-  std::string root_;
-  std::string db_path_;
+  const test::TempDir dir_{"kvsnap-catalog"};
+  const std::string root_ = dir_.path();
+  const std::string db_path_ = root_ + "/catalog.sqlite";
 };
 
 // ---------------------------------------------------------------- schema (SQLite only; the rest is in catalog_contract.h)
