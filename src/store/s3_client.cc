@@ -169,12 +169,14 @@ const char* env_or_null(const char* name) {
 }  // namespace
 
 Result<S3Location> parse_s3_location(std::string_view loc) {
-  // Shown without the credentials: what follows the last '@' of the authority.
+  // Shown without the credentials: what follows the last '@' before the query, even past a '/'
+  // (a secret pasted with a raw '/', which is refused below, must not reach a message either).
   std::string shown(loc);
   const size_t scheme_end = loc.find("://");
   if (scheme_end != std::string_view::npos) {
-    const size_t at = loc.substr(0, loc.find('/', scheme_end + 3)).rfind('@');
-    if (at != std::string_view::npos) shown = std::string(loc.substr(0, scheme_end + 3)) + std::string(loc.substr(at + 1));
+    const size_t at = loc.substr(0, loc.find('?')).rfind('@');
+    if (at != std::string_view::npos && at > scheme_end)
+      shown = std::string(loc.substr(0, scheme_end + 3)) + std::string(loc.substr(at + 1));
   }
   shown = quote_text(shown, 200);
   auto bad = [&](const std::string& why) {
@@ -214,7 +216,14 @@ Result<S3Location> parse_s3_location(std::string_view loc) {
   const size_t bslash = rest.find('/');
   c.bucket = std::string(rest.substr(0, bslash));
   if (c.bucket.empty()) return bad("no bucket");
-  if (bslash != std::string_view::npos) out.prefix = std::string(rest.substr(bslash + 1));
+  // No bucket name has an '@': here the credentials held a raw '/', which ended the host early.
+  if (c.bucket.find('@') != std::string::npos)
+    return bad("'@' in the bucket name: write a '/' of the access key or secret as %2F");
+  if (bslash != std::string_view::npos) {
+    std::string_view prefix = rest.substr(bslash + 1);
+    while (!prefix.empty() && prefix.front() == '/') prefix.remove_prefix(1);  // "BUCKET//PREFIX" is BUCKET/PREFIX
+    out.prefix = std::string(prefix);
+  }
   bool region_given = false;
   while (!query.empty()) {
     const size_t amp = query.find('&');

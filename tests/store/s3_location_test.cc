@@ -21,6 +21,17 @@ TEST(S3Location, Parse) {
   EXPECT_EQ(bad.status().message().find("supersecret"), std::string::npos) << bad.status().message();
   EXPECT_NE(bad.status().message().find("'s3+http://h/'"), std::string::npos) << bad.status().message();
   EXPECT_FALSE(parse_s3_location("s3+ftp://a:b@h/b").ok());
+  // an AWS secret pasted with its raw '/' (it must be %2F): refused, and no message shows it
+  for (const char* pasted : {"s3+http://AKID:wJalr/K7MDENG@h/b", "s3+http://AKID:wJalr/K7MDENG@h/b?foo=1"}) {
+    const Result<S3Location> raw = parse_s3_location(pasted);
+    ASSERT_FALSE(raw.ok()) << pasted;
+    EXPECT_EQ(raw.status().message().find("wJalr"), std::string::npos) << raw.status().message();
+    EXPECT_EQ(raw.status().message().find("K7MDENG"), std::string::npos) << raw.status().message();
+  }
+  l = parse_s3_location("s3+http://AKID:wJalr%2FK7MDENG@h/b");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->config.secret_key, "wJalr/K7MDENG");
+  EXPECT_EQ(l->redacted, "s3+http://h/b");
   EXPECT_FALSE(parse_s3_location("s3+http://a:b@h/b?foo=1").ok());
 }
 
@@ -43,6 +54,10 @@ TEST(S3Location, BareBucketWithEndpoint) {
   EXPECT_EQ(l->config.endpoint, "https://s3.eu-west-3.amazonaws.com");
   EXPECT_FALSE(parse_s3_location("s3://kv-cache?endpoint=ftp://x").ok());
   EXPECT_FALSE(parse_s3_location("s3:///prefix").ok());
+  // the prefix never starts or ends with '/' (s3_client.h), however many the address has
+  l = parse_s3_location("s3://kv-cache//team-a//?endpoint=http%3A%2F%2F127.0.0.1%3A9000");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->prefix, "team-a");
   unsetenv("AWS_ACCESS_KEY_ID");
   unsetenv("AWS_SECRET_ACCESS_KEY");
 }
