@@ -9,7 +9,8 @@ Seeds are small real files: 3-token prefixes of fixtures/ state files (cut by
 of those, metadata-only GGUF models, llama-server / servers.json replies
 as the code expects them, kvsnap serve's client bodies and child answers, S3 XML replies,
 encrypted chunk blobs (sealed here with Python's `cryptography`, an implementation
-independent of kvsnap's) and SHA-256 lane messages. The regressions are built here byte by byte so that
+independent of kvsnap's), SHA-256 lane messages and store config files, S3 addresses, sizes and
+durations. The regressions are built here byte by byte so that
 they can be read and regenerated.
 """
 import hashlib
@@ -114,6 +115,34 @@ def s3_xml(corpus):
     }
     for n, body in docs.items():
         write(os.path.join(d, n), body)
+
+
+def store_config(corpus):
+    """fuzz_store_config's seeds: a mode byte (0 store config, 1 S3 address, 2 byte size, 3 duration),
+    then the text, as docs/store.md writes them."""
+    d = os.path.join(corpus, "store_config")
+    configs = {
+        "fleet.json": {"catalog": "postgresql://kvsnap@db.internal/kvsnap", "blobs": "s3://kv-cache/team-a",
+                       "local_dir": "/var/cache/kvsnap"},
+        "caps.json": {"max_bytes": "100G", "tenant_max_bytes": {"ana": "2G", "bob": 1073741824},
+                      "cache_max_bytes": 1073741824, "multipart_max_age": "6h"},
+        "keyed.json": {"blobs": "s3://kv-cache/team-a?endpoint=http%3A%2F%2F127.0.0.1%3A8080",
+                       "key_file": "keys/master.key", "tenant": "ana"},
+        "local.json": {"catalog": "cat.sqlite", "blobs": "blobs", "key_command": "pass show kvsnap"},
+    }
+    for n, c in configs.items():
+        write(os.path.join(d, n), b"\x00" + json.dumps(c).encode())
+    locations = {
+        "s3-endpoint.txt": "s3://kv-cache/team-a?endpoint=http%3A%2F%2F127.0.0.1%3A8080&region=us-east-1",
+        "s3-http-creds.txt": "s3+http://ACCESS:SECRET@127.0.0.1:8080/bucket/prefix?region=RegionOne",
+        "s3-https.txt": "s3+https://s3.example.com/bucket",
+    }
+    for n, t in locations.items():
+        write(os.path.join(d, n), b"\x01" + t.encode())
+    for n, t in {"size-k.txt": "512K", "size-gib.txt": "20GiB", "size-bytes.txt": "1048576"}.items():
+        write(os.path.join(d, n), b"\x02" + t.encode())
+    for n, t in {"ttl-s.txt": "90s", "ttl-h.txt": "12h", "ttl-w.txt": "2w"}.items():
+        write(os.path.join(d, n), b"\x03" + t.encode())
 
 
 def run(*args):
@@ -381,6 +410,7 @@ def main():
         s3_xml(corpus)
         chunk_cipher(corpus)
         sha256_lanes(corpus)
+        store_config(corpus)
         profiles = {"version": 1, "servers": [
             {"name": "local", "url": "http://127.0.0.1:8080", "slot_dir": "/srv/slots", "ctk": "q8_0",
              "ctv": "q8_0", "flash_attn": "on", "model": "/m/tiny.gguf", "api_key_file": ""},
@@ -412,6 +442,8 @@ def main():
                         "timings-not-object.json": '{"timings": 5, "n_saved": -1, "content": 3}',
                         "error-nested.json": '{"error": {"type": 1, "message": [2]}}'}.items():
             write(os.path.join(regressions, "server_replies", n), body)
+        # parse_s3_location kept the '/' of "BUCKET//PREFIX" in front of the prefix
+        write(os.path.join(regressions, "store_config", "prefix-leading-slash.txt"), b"\x01s3+http://a:b@h/bucket//team-a")
         write(os.path.join(regressions, "server_profiles", "name-number.json"),
               b'{"servers": [{"name": 5, "url": null}, 3]}')
     finally:

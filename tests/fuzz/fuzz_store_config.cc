@@ -1,0 +1,47 @@
+// What a user writes to say where a store is and how big it may grow, as kvsnap parses it: the
+// store config file (parse_store_config, src/store/store_location.h), the S3 address in its
+// "blobs" (parse_s3_location, src/store/s3_client.h) and the sizes and durations of the config and
+// of --max-bytes, --ttl and expire (parse_byte_size, parse_duration, src/store/eviction.h). The
+// first byte picks the parser, the rest is the text.
+#include "fuzz/fuzz_input.h"
+#include "store/eviction.h"
+#include "store/s3_client.h"
+#include "store/store_location.h"
+
+#include <cstdlib>
+#include <string>
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const std::string_view text = kvsnap::fuzz::text(data + 1, size - 1);
+  switch (data[0] % 4) {
+    case 0: {
+      auto where = kvsnap::parse_store_config(text, "/fuzz/dir/store.json");
+      // a parsed config names a catalog and blobs, and a local directory for this host
+      if (where.ok() && (where->catalog.empty() || where->blobs.empty() || where->local_dir.empty())) std::abort();
+      break;
+    }
+    case 1: {
+      auto s3 = kvsnap::parse_s3_location(text);
+      // a parsed address names its bucket and an http(s) endpoint, and its prefix has no '/' at either end
+      if (s3.ok()) {
+        const kvsnap::S3Location& l = *s3;
+        if (l.config.bucket.empty()) std::abort();
+        if (!l.config.endpoint.starts_with("http://") && !l.config.endpoint.starts_with("https://")) std::abort();
+        if (!l.prefix.empty() && (l.prefix.front() == '/' || l.prefix.back() == '/')) std::abort();
+      }
+      break;
+    }
+    case 2: {
+      auto n = kvsnap::parse_byte_size(std::string(text));
+      (void)n;
+      break;
+    }
+    case 3: {
+      auto s = kvsnap::parse_duration(std::string(text));
+      if (s.ok() && *s <= 0) std::abort();  // "-> seconds > 0"
+      break;
+    }
+  }
+  return 0;
+}
