@@ -3,9 +3,8 @@
 
 #include <sys/stat.h>
 
-#include <sstream>
-
 #include "base/json_access.h"
+#include "migrate/cross_engine.h"
 #include "store/store_seal.h"
 
 namespace kvsnap::cli {
@@ -123,7 +122,9 @@ Status refuse_existing(const std::string& path, bool force) {
 
 Result<std::vector<int32_t>> read_token_list(const std::string& path) {
   KV_ASSIGN_OR_RETURN(auto bytes, read_all(cli_io(), path, uint64_t(256) << 20));
-  std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  const std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  // A JSON array is read as JSON (its messages name the element); any other text by the one
+  // parser of plain token lists, which refuses an id past int32 instead of cutting it to another.
   auto parsed = parse_json(text, path, Code::kInvalidArgument);
   if (parsed.ok() && parsed->is_array()) {
     return JsonRef(*parsed, path, Code::kInvalidArgument).elements_as<int32_t>([](const JsonRef& t) -> Result<int32_t> {
@@ -131,18 +132,7 @@ Result<std::vector<int32_t>> read_token_list(const std::string& path) {
       return int32_t(id);
     });
   }
-  std::vector<int32_t> out;
-  for (char& c : text)
-    if (c == ',' || c == '[' || c == ']') c = ' ';
-  std::istringstream in(text);
-  std::string w;
-  while (in >> w) {
-    char* end = nullptr;
-    long v = std::strtol(w.c_str(), &end, 10);
-    if (*end != 0) return Status::InvalidArgument(path + ": '" + w + "' is not a token id");
-    out.push_back(int32_t(v));
-  }
-  return out;
+  return parse_token_list(text, path);
 }
 
 json server_build_json(const ServerBuild& b) {

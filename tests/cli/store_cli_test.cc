@@ -662,6 +662,24 @@ TEST_F(StoreCli, OldSnapshotsKeepTheirSha256AndNewOnesShowTheirDigest) {
   EXPECT_NE(kv("show new --json").out.find("\"content_digest\": \"" + digest + "\""), std::string::npos);
 }
 
+// A token file (save --tokens, find --tokens) is read exactly or refused: an id past int32 in a
+// plain-text list was cut to 32 bits (4294967297 -> 1), a silently different prompt.
+TEST_F(StoreCli, ATokenFileWithAnIdPastInt32IsRefused) {
+  const fs::path src = fs::path(KVSNAP_SOURCE_DIR) / "tests/fuzz/corpus/mlx_prompt_cache/meta_step_q3g128.safetensors";
+  for (const char* list : {"4 5 4294967297", "4, 5, 99999999999999999999", "[4, 5, 4294967297]", "4 5 6x"}) {
+    std::ofstream(dir_ / "ids.txt", std::ios::trunc) << list;
+    KvRun saved = kv("save " + src.string() + " --model mlx-community/tiny --tokens " + (dir_ / "ids.txt").string());
+    EXPECT_EQ(saved.code, 2) << list << ": " << saved.out << saved.err;
+    EXPECT_NE(saved.err.find("ids.txt"), std::string::npos) << list << ": " << saved.err;
+    KvRun found = kv("find --tokens " + (dir_ / "ids.txt").string());
+    EXPECT_EQ(found.code, 2) << list << ": " << found.out << found.err;
+  }
+  EXPECT_EQ(kv("ls --json").out.find("\"id\""), std::string::npos) << "nothing was saved";
+  std::ofstream(dir_ / "ids.txt", std::ios::trunc) << "4\n5\n6\n";  // one per line, as a tokenizer prints them
+  KvRun ok = kv("save " + src.string() + " --model mlx-community/tiny --tokens " + (dir_ / "ids.txt").string());
+  EXPECT_EQ(ok.code, 0) << ok.err;
+}
+
 // An mlx-lm prompt cache (a real one mlx-lm wrote, from the fuzz corpus) through the binary: told by
 // content, saved with a model name and tokens, restored byte for byte and at other bits (the bytes of
 // convert of the restored file); each engine's options refused on the other's files.

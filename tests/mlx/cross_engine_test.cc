@@ -192,6 +192,8 @@ TEST(CrossEngineTokens, ListsAndRefusals) {
     EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
     EXPECT_NE(r.status().message().find("toks.json"), std::string::npos) << r.status().ToString();
   }
+  // the bad word is quoted without the list's closing bracket
+  EXPECT_NE(parse_token_list("[1, x]", "t").status().message().find("'x' is not"), std::string::npos);
 }
 
 TEST_F(CrossEngine, WhichModelsMove) {
