@@ -9,8 +9,8 @@ Seeds are small real files: 3-token prefixes of fixtures/ state files (cut by
 of those, metadata-only GGUF models, llama-server / servers.json replies
 as the code expects them, kvsnap serve's client bodies and child answers, S3 XML replies,
 encrypted chunk blobs (sealed here with Python's `cryptography`, an implementation
-independent of kvsnap's), SHA-256 lane messages and store config files, S3 addresses, sizes and
-durations. The regressions are built here byte by byte so that
+independent of kvsnap's), SHA-256 lane messages and what users write (store config files, S3 addresses,
+sizes, durations, token lists). The regressions are built here byte by byte so that
 they can be read and regenerated.
 """
 import hashlib
@@ -117,10 +117,10 @@ def s3_xml(corpus):
         write(os.path.join(d, n), body)
 
 
-def store_config(corpus):
-    """fuzz_store_config's seeds: a mode byte (0 store config, 1 S3 address, 2 byte size, 3 duration),
-    then the text, as docs/store.md writes them."""
-    d = os.path.join(corpus, "store_config")
+def user_text(corpus):
+    """fuzz_user_text's seeds: a mode byte (0 store config, 1 S3 address, 2 byte size, 3 duration,
+    4 token list), then the text, as docs/store.md and docs/cli.md write them."""
+    d = os.path.join(corpus, "user_text")
     configs = {
         "fleet.json": {"catalog": "postgresql://kvsnap@db.internal/kvsnap", "blobs": "s3://kv-cache/team-a",
                        "local_dir": "/var/cache/kvsnap"},
@@ -143,6 +143,9 @@ def store_config(corpus):
         write(os.path.join(d, n), b"\x02" + t.encode())
     for n, t in {"ttl-s.txt": "90s", "ttl-h.txt": "12h", "ttl-w.txt": "2w"}.items():
         write(os.path.join(d, n), b"\x03" + t.encode())
+    for n, t in {"tokens-json.txt": "[1, 15043, 3186]\n", "tokens-lines.txt": "1\n15043\n3186\n",
+                 "tokens-commas.txt": "1,15043, -2"}.items():
+        write(os.path.join(d, n), b"\x04" + t.encode())
 
 
 def run(*args):
@@ -410,7 +413,7 @@ def main():
         s3_xml(corpus)
         chunk_cipher(corpus)
         sha256_lanes(corpus)
-        store_config(corpus)
+        user_text(corpus)
         profiles = {"version": 1, "servers": [
             {"name": "local", "url": "http://127.0.0.1:8080", "slot_dir": "/srv/slots", "ctk": "q8_0",
              "ctv": "q8_0", "flash_attn": "on", "model": "/m/tiny.gguf", "api_key_file": ""},
@@ -443,7 +446,7 @@ def main():
                         "error-nested.json": '{"error": {"type": 1, "message": [2]}}'}.items():
             write(os.path.join(regressions, "server_replies", n), body)
         # parse_s3_location kept the '/' of "BUCKET//PREFIX" in front of the prefix
-        write(os.path.join(regressions, "store_config", "prefix-leading-slash.txt"), b"\x01s3+http://a:b@h/bucket//team-a")
+        write(os.path.join(regressions, "user_text", "prefix-leading-slash.txt"), b"\x01s3+http://a:b@h/bucket//team-a")
         write(os.path.join(regressions, "server_profiles", "name-number.json"),
               b'{"servers": [{"name": 5, "url": null}, 3]}')
     finally:

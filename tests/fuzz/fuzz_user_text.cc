@@ -1,9 +1,11 @@
-// What a user writes to say where a store is and how big it may grow, as kvsnap parses it: the
-// store config file (parse_store_config, src/store/store_location.h), the S3 address in its
-// "blobs" (parse_s3_location, src/store/s3_client.h) and the sizes and durations of the config and
-// of --max-bytes, --ttl and expire (parse_byte_size, parse_duration, src/store/eviction.h). The
-// first byte picks the parser, the rest is the text.
+// The text a user writes for kvsnap, as it parses it: the store config file (parse_store_config,
+// src/store/store_location.h), the S3 address in its "blobs" (parse_s3_location,
+// src/store/s3_client.h), the sizes and durations of the config and of --max-bytes, --ttl and
+// expire (parse_byte_size, parse_duration, src/store/eviction.h), and token lists (--tokens FILE,
+// an mlx-lm cache's 'tokens' metadata: parse_token_list, migrate/cross_engine.h). The first byte
+// picks the parser, the rest is the text.
 #include "fuzz/fuzz_input.h"
+#include "migrate/cross_engine.h"
 #include "store/eviction.h"
 #include "store/s3_client.h"
 #include "store/store_location.h"
@@ -14,7 +16,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string_view text = kvsnap::fuzz::text(data + 1, size - 1);
-  switch (data[0] % 4) {
+  switch (data[0] % 5) {
     case 0: {
       auto where = kvsnap::parse_store_config(text, "/fuzz/dir/store.json");
       // a parsed config names a catalog and blobs, and a local directory for this host
@@ -40,6 +42,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 3: {
       auto s = kvsnap::parse_duration(std::string(text));
       if (s.ok() && *s <= 0) std::abort();  // "-> seconds > 0"
+      break;
+    }
+    case 4: {
+      auto ids = kvsnap::parse_token_list(std::string(text), "fuzz.txt");
+      if (ids.ok()) {  // what it read, written back as a list, reads the same
+        std::string back;
+        for (int32_t id : *ids) back += std::to_string(id) + " ";
+        auto again = kvsnap::parse_token_list(back, "fuzz.txt");
+        if (!again.ok() || *again != *ids) std::abort();
+      }
       break;
     }
   }
