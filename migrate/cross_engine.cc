@@ -721,7 +721,7 @@ Result<std::vector<int32_t>> parse_token_list(const std::string& text, const std
     const std::string word = text.substr(i, j - i);
     if (j == i || word == "-" || (j < n && !sep(text[j]) && text[j] != ']') || word.size() > 11) {
       size_t e = i;
-      while (e < n && !sep(text[e]) && text[e] != ']' && e - i < 20) ++e;
+      while (e < n && !sep(text[e]) && !(text[e] == ']' && e > i) && e - i < 20) ++e;
       return Status::InvalidArgument(what + ": '" + text.substr(i, e - i) + "' is not a token id");
     }
     const long long v = std::stoll(word);

@@ -97,7 +97,7 @@ ctest --test-dir build-clang -L unit --output-on-failure -j"$jobs"
 echo "== fuzz targets (clang, libFuzzer + ASan + UBSan) =="
 # Only the fuzz targets and the libraries they link. Measured on 2 cores shared
 # with three other builds (load ~10): the clean build took 9.6 min; the runs
-# take one KVSNAP_FUZZ_SECONDS per target (15) plus a few seconds of regression inputs.
+# take one KVSNAP_FUZZ_SECONDS per target (14) plus a few seconds of regression inputs.
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DKVSNAP_FUZZ=ON -DKVSNAP_BUILD_TESTS=OFF \
   -DKVSNAP_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build-fuzz -j"$jobs" --target fuzz_all

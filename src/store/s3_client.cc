@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -166,24 +167,39 @@ const char* env_or_null(const char* name) {
   return v && *v ? v : nullptr;
 }
 
+// What a message may show of an S3 address: never its credentials, whatever they hold. A bare
+// s3:// address has none, unless its query names an endpoint with some (then the query is hidden);
+// any other (s3+http(s)://ACCESS:SECRET@HOST/..., or no known scheme) is shown from its last '@' on,
+// since a secret pasted with a raw '/', '?' or '@' does not end where a URL's user part would.
+std::string shown_s3_location(std::string_view loc) {
+  const size_t scheme_end = loc.find("://");
+  if (scheme_end != std::string_view::npos && loc.substr(0, scheme_end) == "s3") {
+    const size_t q = loc.find('?');
+    if (q != std::string_view::npos) {
+      std::string query(loc.substr(q));
+      for (char& ch : query) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+      if (query.find('@') != std::string::npos || query.find("%40") != std::string::npos)
+        return quote_text(std::string(loc.substr(0, q)) + "?...", 200);
+    }
+    return quote_text(loc, 200);
+  }
+  const size_t at = loc.rfind('@');
+  if (at == std::string_view::npos) return quote_text(loc, 200);
+  const std::string scheme = scheme_end != std::string_view::npos && scheme_end < at
+                                 ? std::string(loc.substr(0, scheme_end + 3)) : std::string();
+  return quote_text(scheme + std::string(loc.substr(at + 1)), 200);
+}
+
 }  // namespace
 
 Result<S3Location> parse_s3_location(std::string_view loc) {
-  // Shown without the credentials: what follows the last '@' before the query, even past a '/'
-  // (a secret pasted with a raw '/', which is refused below, must not reach a message either).
-  std::string shown(loc);
-  const size_t scheme_end = loc.find("://");
-  if (scheme_end != std::string_view::npos) {
-    const size_t at = loc.substr(0, loc.find('?')).rfind('@');
-    if (at != std::string_view::npos && at > scheme_end)
-      shown = std::string(loc.substr(0, scheme_end + 3)) + std::string(loc.substr(at + 1));
-  }
-  shown = quote_text(shown, 200);
+  const std::string shown = shown_s3_location(loc);
   auto bad = [&](const std::string& why) {
     return Status::InvalidArgument("S3 location " + shown + ": " + why +
                                    " (expected s3://BUCKET[/PREFIX][?endpoint=URL&region=R] or "
                                    "s3+http[s]://[ACCESS:SECRET@]HOST[:PORT]/BUCKET[/PREFIX][?region=R])");
   };
+  const size_t scheme_end = loc.find("://");
   if (scheme_end == std::string_view::npos) return bad("no scheme");
   const std::string_view scheme = loc.substr(0, scheme_end);
   const bool bare = scheme == "s3";  // s3://BUCKET/PREFIX: the endpoint from ?endpoint= or the environment
@@ -212,17 +228,20 @@ Result<S3Location> parse_s3_location(std::string_view loc) {
     if (authority.empty()) return bad("no host");
     c.endpoint = std::string(scheme.substr(3)) + "://" + std::string(authority);
   }
+  // An '@' past the host: the credentials held a raw '/' or '?', which ended the host early (their
+  // pieces are now in the path or the query, so nothing of either is parsed or shown).
+  if (!bare && (rest.find('@') != std::string_view::npos || query.find('@') != std::string_view::npos))
+    return bad("an '@' after the host: write a '/', '?' or '@' of the access key or secret as %2F, %3F or %40");
   while (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
   const size_t bslash = rest.find('/');
   c.bucket = std::string(rest.substr(0, bslash));
   if (c.bucket.empty()) return bad("no bucket");
-  // No bucket name has an '@': here the credentials held a raw '/', which ended the host early.
-  if (c.bucket.find('@') != std::string::npos)
-    return bad("'@' in the bucket name: write a '/' of the access key or secret as %2F");
   if (bslash != std::string_view::npos) {
-    std::string_view prefix = rest.substr(bslash + 1);
-    while (!prefix.empty() && prefix.front() == '/') prefix.remove_prefix(1);  // "BUCKET//PREFIX" is BUCKET/PREFIX
-    out.prefix = std::string(prefix);
+    out.prefix = std::string(rest.substr(bslash + 1));
+    // "BUCKET//PREFIX" or "A//B": a key prefix with an empty segment, a typo more likely than meant
+    // (and not the same keys as without it): refused rather than read either way.
+    if (out.prefix.empty() || out.prefix.front() == '/' || out.prefix.find("//") != std::string::npos)
+      return bad("an empty segment ('//') in the key prefix");
   }
   bool region_given = false;
   while (!query.empty()) {
@@ -247,6 +266,9 @@ Result<S3Location> parse_s3_location(std::string_view loc) {
     else if (const char* e2 = env_or_null("AWS_ENDPOINT_URL")) c.endpoint = e2;
     else c.endpoint = "https://s3." + c.region + ".amazonaws.com";
   }
+  if (c.endpoint.find('@') != std::string::npos)  // not shown: what precedes it may be a password
+    return bad("the endpoint has a user part: give the credentials as ACCESS:SECRET@ of s3+http[s]://, or in "
+               "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY");
   if (!c.endpoint.starts_with("http://") && !c.endpoint.starts_with("https://"))
     return bad("endpoint " + quote_text(c.endpoint, 80) + " is not an http:// or https:// URL");
   if (c.access_key.empty()) {

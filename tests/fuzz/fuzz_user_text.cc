@@ -13,6 +13,15 @@
 #include <cstdlib>
 #include <string>
 
+// The same S3 environment on every machine: credentials set (so that a bare s3:// address parses
+// and reaches the checks below), no endpoint or region from outside.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  setenv("AWS_ACCESS_KEY_ID", "FUZZACCESS", 1);
+  setenv("AWS_SECRET_ACCESS_KEY", "fuzz-env-secret", 1);
+  for (const char* v : {"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION"}) unsetenv(v);
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string_view text = kvsnap::fuzz::text(data + 1, size - 1);
@@ -31,6 +40,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (l.config.bucket.empty()) std::abort();
         if (!l.config.endpoint.starts_with("http://") && !l.config.endpoint.starts_with("https://")) std::abort();
         if (!l.prefix.empty() && (l.prefix.front() == '/' || l.prefix.back() == '/')) std::abort();
+        // credentials never ride in the endpoint, nor (an s3+http(s) address's) in what messages show
+        if (l.config.endpoint.find('@') != std::string::npos) std::abort();
+        if (!text.starts_with("s3://") && l.redacted.find('@') != std::string::npos) std::abort();
       }
       break;
     }

@@ -194,6 +194,7 @@ TEST(CrossEngineTokens, ListsAndRefusals) {
   }
   // the bad word is quoted without the list's closing bracket
   EXPECT_NE(parse_token_list("[1, x]", "t").status().message().find("'x' is not"), std::string::npos);
+  EXPECT_NE(parse_token_list("1 2]", "t").status().message().find("']' is not"), std::string::npos);
 }
 
 TEST_F(CrossEngine, WhichModelsMove) {

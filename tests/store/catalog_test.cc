@@ -95,7 +95,6 @@ INSTANTIATE_TYPED_TEST_SUITE_P(Sqlite, CatalogGc, SqliteBackend);
 
 class CatalogTest : public ::testing::Test {
  protected:
-
   std::unique_ptr<Catalog> open(const CatalogOptions& o = {}) {
     auto c = Catalog::open(db_path_, o);
     EXPECT_TRUE(c.ok()) << c.status().ToString();

@@ -21,16 +21,22 @@ TEST(S3Location, Parse) {
   EXPECT_EQ(bad.status().message().find("supersecret"), std::string::npos) << bad.status().message();
   EXPECT_NE(bad.status().message().find("'s3+http://h/'"), std::string::npos) << bad.status().message();
   EXPECT_FALSE(parse_s3_location("s3+ftp://a:b@h/b").ok());
-  // an AWS secret pasted with its raw '/' (it must be %2F): refused, and no message shows it
-  for (const char* pasted : {"s3+http://AKID:wJalr/K7MDENG@h/b", "s3+http://AKID:wJalr/K7MDENG@h/b?foo=1"}) {
+  // an AWS secret pasted with a raw '/', '?' or '@' (they must be %2F, %3F, %40): refused, and no
+  // message shows any piece of it
+  for (const char* pasted : {"s3+http://AKID:Zq1/Xy2@h/b", "s3+http://AKID:Zq1/Xy2/Wv3@h/b", "s3+http://AKID:Zq1?Xy2@h/b",
+                             "s3+http://AKID:Zq1/b?Xy2@h/b", "s3+http://AKID:Zq1/Xy2@h/b?foo=1"}) {
     const Result<S3Location> raw = parse_s3_location(pasted);
     ASSERT_FALSE(raw.ok()) << pasted;
-    EXPECT_EQ(raw.status().message().find("wJalr"), std::string::npos) << raw.status().message();
-    EXPECT_EQ(raw.status().message().find("K7MDENG"), std::string::npos) << raw.status().message();
+    for (const char* piece : {"Zq1", "Xy2", "Wv3"})
+      EXPECT_EQ(raw.status().message().find(piece), std::string::npos) << pasted << ": " << raw.status().message();
   }
-  l = parse_s3_location("s3+http://AKID:wJalr%2FK7MDENG@h/b");
+  l = parse_s3_location("s3+http://AKID:Zq1@Xy2@h/b");  // a raw '@' in the user part: the last one ends it
   ASSERT_TRUE(l.ok()) << l.status().ToString();
-  EXPECT_EQ(l->config.secret_key, "wJalr/K7MDENG");
+  EXPECT_EQ(l->config.secret_key, "Zq1@Xy2");
+  EXPECT_EQ(l->redacted, "s3+http://h/b");
+  l = parse_s3_location("s3+http://AKID:Zq1%2FXy2%3F%40@h/b");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->config.secret_key, "Zq1/Xy2?@");
   EXPECT_EQ(l->redacted, "s3+http://h/b");
   EXPECT_FALSE(parse_s3_location("s3+http://a:b@h/b?foo=1").ok());
 }
@@ -54,10 +60,21 @@ TEST(S3Location, BareBucketWithEndpoint) {
   EXPECT_EQ(l->config.endpoint, "https://s3.eu-west-3.amazonaws.com");
   EXPECT_FALSE(parse_s3_location("s3://kv-cache?endpoint=ftp://x").ok());
   EXPECT_FALSE(parse_s3_location("s3:///prefix").ok());
-  // the prefix never starts or ends with '/' (s3_client.h), however many the address has
-  l = parse_s3_location("s3://kv-cache//team-a//?endpoint=http%3A%2F%2F127.0.0.1%3A9000");
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
-  EXPECT_EQ(l->prefix, "team-a");
+  // trailing '/' go; an empty segment of the key prefix is refused (s3://b//team-a once kept its
+  // blobs under "/team-a/", other keys than s3://b/team-a's): neither read one way nor the other
+  l = parse_s3_location("s3://kv-cache/team-a//?endpoint=http%3A%2F%2F127.0.0.1%3A9000");
+  EXPECT_TRUE(l.ok() && l->prefix == "team-a") << (l.ok() ? l->prefix : l.status().ToString());
+  for (const char* empty_segment : {"s3://kv-cache//team-a", "s3://kv-cache/a//b", "s3+http://a:b@h/kv-cache//x"}) {
+    const Result<S3Location> r = parse_s3_location(empty_segment);
+    EXPECT_FALSE(r.ok()) << empty_segment;
+    EXPECT_NE(r.status().message().find("empty segment"), std::string::npos) << r.status().ToString();
+  }
+  // a bare address's prefix may hold an '@' (no credentials there); an endpoint may not have a user part
+  l = parse_s3_location("s3://kv-cache/users/ana@x.com?endpoint=http%3A%2F%2Fh");
+  EXPECT_TRUE(l.ok() && l->prefix == "users/ana@x.com") << (l.ok() ? l->prefix : l.status().ToString());
+  const Result<S3Location> user = parse_s3_location("s3://kv-cache?endpoint=http%3A%2F%2Fme%3Apw42%40h");
+  ASSERT_FALSE(user.ok());
+  EXPECT_EQ(user.status().message().find("pw42"), std::string::npos) << user.status().message();
   unsetenv("AWS_ACCESS_KEY_ID");
   unsetenv("AWS_SECRET_ACCESS_KEY");
 }
