@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "base/byte_order.h"
+#include "base/json_access.h"
 #include "format/ggml_types.h"
 #include "format/mlx_layout.h"
 #include "format/state_summary.h"
@@ -733,6 +734,17 @@ Result<std::vector<int32_t>> parse_token_list(const std::string& text, const std
   while (i < n && sep(text[i])) ++i;
   if (i < n) return Status::InvalidArgument(what + ": text after the list");
   return out;
+}
+
+Result<std::vector<int32_t>> parse_token_file_text(const std::string& text, const std::string& what) {
+  auto parsed = parse_json(text, what, Code::kInvalidArgument);
+  if (parsed.ok() && parsed->is_array()) {
+    return JsonRef(*parsed, what, Code::kInvalidArgument).elements_as<int32_t>([](const JsonRef& t) -> Result<int32_t> {
+      KV_ASSIGN_OR_RETURN(int64_t id, t.integer(INT32_MIN, INT32_MAX));
+      return int32_t(id);
+    });
+  }
+  return parse_token_list(text, what);
 }
 
 }  // namespace kvsnap

@@ -138,5 +138,9 @@ Result<CrossEngineResult> mlx_to_llama(const MlxPromptCache& src, const Readable
 // Token ids from text: a JSON list ("[1, 2, 3]") or integers separated by spaces, commas or
 // newlines. kInvalidArgument naming `what` and the first bad word.
 Result<std::vector<int32_t>> parse_token_list(const std::string& text, const std::string& what);
+// A token file's text (--tokens FILE): a JSON array is read as JSON (its messages name the element:
+// "[2]: 99999999999 is out of range"), any other text by parse_token_list. An id outside int32 is
+// refused, never cut to another token.
+Result<std::vector<int32_t>> parse_token_file_text(const std::string& text, const std::string& what);
 
 }  // namespace kvsnap

@@ -3,7 +3,6 @@
 
 #include <sys/stat.h>
 
-#include "base/json_access.h"
 #include "migrate/cross_engine.h"
 #include "store/store_seal.h"
 
@@ -122,17 +121,7 @@ Status refuse_existing(const std::string& path, bool force) {
 
 Result<std::vector<int32_t>> read_token_list(const std::string& path) {
   KV_ASSIGN_OR_RETURN(auto bytes, read_all(cli_io(), path, uint64_t(256) << 20));
-  const std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  // A JSON array is read as JSON (its messages name the element); any other text by the one
-  // parser of plain token lists, which refuses an id past int32 instead of cutting it to another.
-  auto parsed = parse_json(text, path, Code::kInvalidArgument);
-  if (parsed.ok() && parsed->is_array()) {
-    return JsonRef(*parsed, path, Code::kInvalidArgument).elements_as<int32_t>([](const JsonRef& t) -> Result<int32_t> {
-      KV_ASSIGN_OR_RETURN(int64_t id, t.integer(INT32_MIN, INT32_MAX));
-      return int32_t(id);
-    });
-  }
-  return parse_token_list(text, path);
+  return parse_token_file_text(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path);
 }
 
 json server_build_json(const ServerBuild& b) {

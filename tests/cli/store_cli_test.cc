@@ -662,6 +662,17 @@ TEST_F(StoreCli, OldSnapshotsKeepTheirSha256AndNewOnesShowTheirDigest) {
   EXPECT_NE(kv("show new --json").out.find("\"content_digest\": \"" + digest + "\""), std::string::npos);
 }
 
+// A store.json whose S3 address has an empty key-prefix segment is refused by name (exit 2), not
+// read as another prefix: s3://b//team-a once kept its blobs under "/team-a/", s3://b/team-a does not.
+TEST_F(StoreCli, AnS3AddressWithAnEmptyPrefixSegmentIsRefused) {
+  fs::create_directories(store_);
+  std::ofstream(fs::path(store_) / "store.json") << R"({"blobs": "s3://kv-cache//team-a?endpoint=http%3A%2F%2F127.0.0.1%3A1"})";
+  KvRun r = kv("ls", "AWS_ACCESS_KEY_ID=AKID AWS_SECRET_ACCESS_KEY=SECRET");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("an empty segment ('//') in the key prefix"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("s3://kv-cache//team-a"), std::string::npos) << "names the address: " << r.err;
+}
+
 // A token file (save --tokens, find --tokens) is read exactly or refused: an id past int32 in a
 // plain-text list was cut to 32 bits (4294967297 -> 1), a silently different prompt.
 TEST_F(StoreCli, ATokenFileWithAnIdPastInt32IsRefused) {

@@ -2,8 +2,8 @@
 // src/store/store_location.h), the S3 address in its "blobs" (parse_s3_location,
 // src/store/s3_client.h), the sizes and durations of the config and of --max-bytes, --ttl and
 // expire (parse_byte_size, parse_duration, src/store/eviction.h), and token lists (--tokens FILE,
-// an mlx-lm cache's 'tokens' metadata: parse_token_list, migrate/cross_engine.h). The first byte
-// picks the parser, the rest is the text.
+// an mlx-lm cache's 'tokens' metadata: parse_token_file_text and the parse_token_list it falls
+// back to, migrate/cross_engine.h). The first byte picks the parser, the rest is the text.
 #include "fuzz/fuzz_input.h"
 #include "migrate/cross_engine.h"
 #include "store/eviction.h"
@@ -57,7 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     case 4: {
-      auto ids = kvsnap::parse_token_list(std::string(text), "fuzz.txt");
+      auto ids = kvsnap::parse_token_file_text(std::string(text), "fuzz.txt");
       if (ids.ok()) {  // what it read, written back as a list, reads the same
         std::string back;
         for (int32_t id : *ids) back += std::to_string(id) + " ";

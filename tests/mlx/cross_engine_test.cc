@@ -197,6 +197,23 @@ TEST(CrossEngineTokens, ListsAndRefusals) {
   EXPECT_NE(parse_token_list("1 2]", "t").status().message().find("']' is not"), std::string::npos);
 }
 
+// A token file: JSON arrays as JSON (messages name the element), other text as a plain list; an id
+// outside int32 refused either way.
+TEST_F(CrossEngine, TokenFileText) {
+  auto j = parse_token_file_text("[1, 2, -3]", "ids.json");
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_EQ(*j, (std::vector<int32_t>{1, 2, -3}));
+  auto p = parse_token_file_text("1\r\n2\r\n3\r\n", "ids.txt");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(*p, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_NE(parse_token_file_text("[1, 2, 99999999999]", "ids.json").status().message().find("ids.json: [2]: "),
+            std::string::npos);
+  EXPECT_NE(parse_token_file_text("[1, \"x\"]", "ids.json").status().message().find("[1]: expected an integer"),
+            std::string::npos);
+  for (const char* past : {"4 5 4294967297", "2147483648", "-2147483649"})
+    EXPECT_EQ(parse_token_file_text(past, "ids.txt").status().code(), Code::kInvalidArgument) << past;
+}
+
 TEST_F(CrossEngine, WhichModelsMove) {
   auto llama = cross_engine_k_order(model("llama"));
   ASSERT_TRUE(llama.ok()) << llama.status().ToString();
