@@ -158,6 +158,7 @@ Result<ConvertRequest> make_request(const ConversionSpec& spec, const StateFile&
   req.k_rotation = req.v_rotation = RotationOverride{src_mode == RotationMode::kOff ? src_mode : RotationMode::kAuto,
                                                      dst_mode == RotationMode::kOff ? dst_mode : RotationMode::kAuto};
   KV_ASSIGN_OR_RETURN(req.format, parse_target_format(spec.format));
+  req.keep_raw_layout = spec.format.empty() && (src.kind == StateKind::kRawSeq || src.kind == StateKind::kRawContext);
   req.threads = spec.threads > 0 ? uint32_t(spec.threads) : default_threads();
   req.report = spec.report;
   if (!spec.requant.empty()) {

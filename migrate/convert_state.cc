@@ -72,7 +72,7 @@ Status recode_cell_ext(const std::vector<int32_t>& tokens, uint32_t to, KvSectio
 
 // Sets t.version for the format asked for, which must fit the input's kind;
 // returns whether the format has the n_stream prefix (b5640 and older do not).
-Result<bool> set_target_version(const StateFile& src, TargetFormat fmt, StateFile& t) {
+Result<bool> set_target_version(const StateFile& src, TargetFormat fmt, bool keep_raw_layout, StateFile& t) {
   auto want_kind = [&](StateKind k, const char* name) -> Status {
     if (src.kind != k) {
       return Status::InvalidArgument(std::string("{--format} ") + name + " needs a " + kind_name(k) + ", the input is a " +
@@ -81,6 +81,12 @@ Result<bool> set_target_version(const StateFile& src, TargetFormat fmt, StateFil
     return Status::OK();
   };
   bool prefix = true;
+  const bool raw = src.kind == StateKind::kRawSeq || src.kind == StateKind::kRawContext;
+  if (raw && keep_raw_layout && fmt == TargetFormat::kSameKindCurrent) {
+    t.version = src.version;
+    t.raw_seq_tagged = src.raw_seq_tagged;
+    return src.memory.kv.empty() || src.memory.kv.front().stream_prefix;
+  }
   switch (fmt) {
     case TargetFormat::kSameKindCurrent:
       if (src.kind == StateKind::kSeqFile) t.version = kGgsqVersionCurrent;
@@ -236,8 +242,10 @@ Status recode_cell_exts(const StateFile& src, std::optional<uint32_t> old_ext, S
   return Status::OK();
 }
 
-Status apply_format(const StateFile& src, TargetFormat fmt, const std::optional<BuildLayout>& target, StateFile& t) {
-  KV_ASSIGN_OR_RETURN(const bool prefix, set_target_version(src, fmt, t));
+Status apply_format(const StateFile& src, const ConvertRequest& req, StateFile& t) {
+  const TargetFormat fmt = req.format;
+  const std::optional<BuildLayout>& target = req.target_build;
+  KV_ASSIGN_OR_RETURN(const bool prefix, set_target_version(src, fmt, req.keep_raw_layout, t));
   KV_RETURN_IF_ERROR(drop_legacy(src, t));
   if (t.kind == StateKind::kSessionFile) set_session_extras(src, target, t);
   if (t.kind == StateKind::kSeqFile) set_cell_seq_ids(fmt, t);
@@ -720,7 +728,7 @@ const TargetFormatRow& target_format_row(TargetFormat f) {
 
 Result<StateFile> plan_target(const StateFile& src, const ConvertRequest& req) {
   StateFile t = src;
-  KV_RETURN_IF_ERROR(apply_format(src, req.format, req.target_build, t));
+  KV_RETURN_IF_ERROR(apply_format(src, req, t));
   const TypeLayout* kt = req.k_type ? find_type(*req.k_type) : nullptr;
   const TypeLayout* vt = req.v_type ? find_type(*req.v_type) : nullptr;
   if (req.k_type && !kt) return Status::InvalidArgument("unknown K type " + type_name(*req.k_type));

@@ -118,6 +118,11 @@ struct ConvertRequest {
   // named: whether its v9 sessions hold outputs and its M-RoPE cell extra.
   std::optional<BuildLayout> target_build;
   TargetFormat format = TargetFormat::kSameKindCurrent;
+  // A raw llama_state_*_get_data buffer goes back into the llama.cpp that made it, which reads its
+  // own layout (v0.5.0's starts with a tag where b8121's starts with its n_stream): true keeps
+  // the input's version, tag and n_stream prefix where kSameKindCurrent would upgrade them.
+  // make_request sets it for raw inputs unless a format is named.
+  bool keep_raw_layout = false;
   RotationGeometry geometry;         // from --model or --head-dim-k/v
   uint32_t threads = 1;
   bool report = false;               // collect per-layer error statistics

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -593,6 +594,49 @@ TEST_F(CliTest, EveryLayoutConvertsAndComesBackWithoutLoss) {
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(read(in), read(back));
   }
+}
+
+
+// A raw llama_state_seq_get_data buffer goes back into the llama.cpp that made it: converted, it
+// keeps its layout. An untagged buffer of b8121 (its slot file without the header) becomes an
+// untagged buffer, byte for byte the memory section of the slot converted for b8121 (the C API's
+// live requantization in an app linked with that llama.cpp); it was the v0.5.0 tagged layout,
+// whose first word b8121 would read as its n_stream. --format current still upgrades it. Whether b8121 rotates is not in the
+// buffer: without --source-build the conversion to q8_0 is refused.
+TEST_F(CliTest, RawBufferKeepsItsLayout) {
+  const std::vector<char> slot = read(fixture("b8121/hd64-f16-f16-faon.slot"));
+  ASSERT_GT(slot.size(), 12u);
+  uint32_t n_tokens = 0;
+  std::memcpy(&n_tokens, slot.data() + 8, 4);
+  const size_t header = 12 + 4 * size_t(n_tokens);
+  ASSERT_LT(header, slot.size());
+  std::vector<std::byte> raw_bytes(slot.size() - header);
+  std::memcpy(raw_bytes.data(), slot.data() + header, raw_bytes.size());
+  const std::string raw = write("b8121.raw", raw_bytes);
+  const std::string args = " --ctk q8_0 --ctv q8_0 --model " + model("hd64");
+  const std::string out = (dir_ / "out.raw").string(), conv_slot = (dir_ / "conv.slot").string();
+
+  CmdResult r = run("convert " + raw + " " + out + " --input-format raw-seq" + args);
+  EXPECT_EQ(r.code, 6) << r.err;
+  EXPECT_NE(r.err.find("--source-build"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+
+  r = run("convert " + raw + " " + out + " --input-format raw-seq --source-build b8121" + args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("raw-seq v2, K q8_0"), std::string::npos) << r.out;
+  r = run("convert " + fixture("b8121/hd64-f16-f16-faon.slot") + " " + conv_slot +
+          " --format ggsq-v2 --source-build b8121" + args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::vector<char> converted = read(out), converted_slot = read(conv_slot);
+  ASSERT_GT(converted_slot.size(), header);
+  EXPECT_EQ(converted, std::vector<char>(converted_slot.begin() + std::ptrdiff_t(header), converted_slot.end()));
+
+  r = run("convert " + raw + " " + out + " --input-format raw-seq --format current --source-build b8121" + args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("raw-seq v3"), std::string::npos) << r.out;
+  const std::vector<char> upgraded = read(out);
+  ASSERT_GE(upgraded.size(), 4u);
+  EXPECT_EQ(std::memcmp(upgraded.data(), "\xd8\x3c\x14\xaf", 4), 0) << "not tagged";
 }
 
 
