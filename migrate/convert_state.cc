@@ -360,6 +360,31 @@ Result<SidePlan> plan_side(const StateFile& src, const StateFile& dst, const Con
   return p;
 }
 
+// The plan of every layer side that holds cells (K, then V, per stream and layer), or the first
+// that cannot be made.
+Result<std::vector<SidePlan>> side_plans(const StateFile& src, const StateFile& t, const ConvertRequest& req) {
+  std::vector<SidePlan> plans;
+  for (size_t si = 0; si < t.memory.kv.size(); ++si) {
+    const auto& ss = src.memory.kv[si].streams;
+    const auto& ts = t.memory.kv[si].streams;
+    for (size_t s = 0; s < ss.size(); ++s) {
+      if (ss[s].cell_count == 0) continue;
+      for (size_t il = 0; il < ss[s].layers.size(); ++il) {
+        const KvLayer& a = ss[s].layers[il];
+        const KvLayer& b = ts[s].layers[il];
+        KV_ASSIGN_OR_RETURN(SidePlan k, plan_side(src, t, req, si, il, false, a.k_type, b.k_type, *layer_n_embd_k(a)));
+        plans.push_back(k);
+        if (a.has_v) {
+          KV_ASSIGN_OR_RETURN(SidePlan v,
+                              plan_side(src, t, req, si, il, true, a.v_type, b.v_type, *layer_n_embd_v(a, ss[s].v_trans)));
+          plans.push_back(v);
+        }
+      }
+    }
+  }
+  return plans;
+}
+
 // Rows one worker converts at a time: at most kBlockBytes of source or target,
 // no more than a T-th of the tensor (small tensors still use every worker), and
 // a power of two, so blocks start where the store's chunks do (they hold 256
@@ -775,25 +800,15 @@ Result<StateFile> plan_target(const StateFile& src, const ConvertRequest& req) {
     }
   }
   // Check every rotation plan now, so nothing is written when one is impossible.
-  for (size_t si = 0; si < t.memory.kv.size(); ++si) {
-    const auto& ss = src.memory.kv[si].streams;
-    const auto& ts = t.memory.kv[si].streams;
-    for (size_t s = 0; s < ss.size(); ++s) {
-      if (ss[s].cell_count == 0) continue;
-      for (size_t il = 0; il < ss[s].layers.size(); ++il) {
-        const KvLayer& a = ss[s].layers[il];
-        const KvLayer& b = ts[s].layers[il];
-        KV_RETURN_IF_ERROR(plan_side(src, t, req, si, il, false, a.k_type, b.k_type, *layer_n_embd_k(a)).status());
-        if (a.has_v) {
-          KV_RETURN_IF_ERROR(
-              plan_side(src, t, req, si, il, true, a.v_type, b.v_type, *layer_n_embd_v(a, ss[s].v_trans)).status());
-        }
-      }
-    }
-  }
+  KV_RETURN_IF_ERROR(side_plans(src, t, req).status());
   // And what the target layout cannot hold (ggsq v1 of an iSWA model, ...).
   KV_RETURN_IF_ERROR(check_writable(t));
   return t;
+}
+
+Result<bool> rotates_values(const StateFile& src, const StateFile& target, const ConvertRequest& req) {
+  KV_ASSIGN_OR_RETURN(std::vector<SidePlan> plans, side_plans(src, target, req));
+  return std::any_of(plans.begin(), plans.end(), [](const SidePlan& p) { return p.rot.step != RotationStep::kNone; });
 }
 
 Result<ConvertResult> convert_state(const StateFile& src, const ReadableFile& in, const ConvertRequest& req,

@@ -159,6 +159,11 @@ struct ConvertResult {
 // checks that the conversion is possible, without touching tensor data.
 Result<StateFile> plan_target(const StateFile& src, const ConvertRequest& req);
 
+// Whether converting `src` into `target` (plan_target's) rotates or un-rotates the values of a
+// layer: then the output differs from the input even where their headers are the same (q8_0 of
+// a build before b8643 for one after it), which a header alone cannot show.
+Result<bool> rotates_values(const StateFile& src, const StateFile& target, const ConvertRequest& req);
+
 // Converts `src` (parsed from `in`) into `out`.
 Result<ConvertResult> convert_state(const StateFile& src, const ReadableFile& in, const ConvertRequest& req,
                                     ByteSink& out);

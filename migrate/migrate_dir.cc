@@ -144,6 +144,16 @@ class Migrator {
     KV_ASSIGN_OR_RETURN(e.target, plan_target(e.src, e.req));
     r.to = describe_state(e.target);
     if (same_layout(e.src, e.target)) {
+      // The values change, the header does not: a converted file would look like an original to
+      // the next run, which would rotate it again (a silently wrong cache). Not done in place.
+      KV_ASSIGN_OR_RETURN(const bool rotates, rotates_values(e.src, e.target, e.req));
+      if (rotates) {
+        return Status::NotSupported(
+            path + ": its quantized K/V must be Hadamard-rotated (or un-rotated) for the target, but the converted "
+                   "file would have the same header (format, types, layout) as this one, so a later or interrupted "
+                   "migrate could not tell them apart and would rotate it again. migrate converts in place only what "
+                   "the header shows; convert this file with `kvsnap convert` into another directory, then move it in");
+      }
       r.action = FileAction::kAtTarget;
       r.bytes_after = r.bytes_before;
       return Status::OK();

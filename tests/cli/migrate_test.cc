@@ -94,6 +94,31 @@ TEST(Migrate, OldQuantizedFilesNeedTheBuildThatWroteThem) {
   EXPECT_EQ(slurp(dir / "g.slot"), want);
 }
 
+// q8_0 files of b8121 (not rotated) for b8700 (rotated): the values must be rotated, the header
+// stays ggsq v2 q8_0. Converted in place, a rerun could not tell them from originals and would
+// rotate them twice, so migrate refuses them (exit 4, the file untouched) and still takes the
+// files whose header shows the change; `kvsnap convert` into another file does the rotation.
+TEST(Migrate, RefusesWhatOnlyRotatesValuesUnderTheSameHeader) {
+  TempDir t;
+  fs::path dir = t.path / "slots";
+  fs::create_directories(dir);
+  fs::copy_file(fixture("b8121/hd64-q8_0-q8_0-faon.slot"), dir / "q.slot");
+  fs::copy_file(fixture("b8121/hd64-f16-f16-faon.slot"), dir / "f.slot");
+  const std::string before = slurp(dir / "q.slot");
+  const std::string args = "--source-build b8121 --target-build b8700 --model " + kModel;
+  const std::string rotated = expected_conversion(fixture("b8121/hd64-q8_0-q8_0-faon.slot"), t.path, args);
+  ASSERT_FALSE(rotated.empty());
+  ASSERT_NE(rotated, before) << "the fixture's conversion does not rotate: this test proves nothing";
+  const std::string err = (t.path / "err.txt").string();
+  for (const std::string extra : {" --dry-run", ""}) {
+    EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " " + args + extra + " >/dev/null 2>" + err),
+              4)
+        << extra;
+    EXPECT_NE(slurp(err).find("q.slot: its quantized K/V must be Hadamard-rotated"), std::string::npos) << slurp(err);
+    EXPECT_EQ(slurp(dir / "q.slot"), before) << "rotated in place" << extra;
+  }
+}
+
 TEST(Migrate, BackupStoreKeepsEveryOriginal) {
   TempDir t;
   fs::path dir = t.path / "slots", store = t.path / "store";
