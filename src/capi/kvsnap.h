@@ -42,7 +42,7 @@ extern "C" {
 #define KVSNAP_API
 #endif
 
-#define KVSNAP_API_VERSION 1
+#define KVSNAP_API_VERSION 2
 
 /* The same numbers as the kvsnap command's exit codes (docs/cli.md). */
 typedef enum kvsnap_status {
@@ -74,6 +74,30 @@ typedef struct kvsnap_convert_params {
   kvsnap_input_kind input; /* default KVSNAP_INPUT_AUTO */
 } kvsnap_convert_params;
 
+/* Version 2 of the parameters: those of kvsnap_convert_params and what the kvsnap command line
+ * can also say. Its first member is its size as the program was compiled, so later versions can
+ * add members at the end without breaking programs built against this one: initialise it with
+ * kvsnap_convert_params_v2_init(&p, sizeof p). A library older than the program's kvsnap.h refuses
+ * (KVSNAP_ERR_NOT_SUPPORTED) members it does not know only when they are set. */
+typedef struct kvsnap_convert_params_v2 {
+  size_t struct_size;      /* sizeof(kvsnap_convert_params_v2) as the program was compiled */
+  const char *ctk;         /* as in kvsnap_convert_params */
+  const char *ctv;
+  int flash_attn;
+  const char *rotation;    /* both ends; src_rotation / dst_rotation override it per end */
+  int n_threads;
+  kvsnap_input_kind input;
+  const char *requant;      /* quantized -> quantized: "auto" (NULL), "quick", "search", "exact", "reference"
+                               (docs/conversion.md) */
+  const char *source_build; /* the llama.cpp build that produced src ("b8121", "v0.5.0"): decides whether
+                               its quantized values are rotated; for a live buffer, the linked llama.cpp's */
+  const char *target_build; /* the build that will load a slot/session file (FILE_BYTES): its format and
+                               rotation; a raw buffer keeps its own layout, for the build that made it */
+  const char *format;       /* a file's output format ("ggsq-v2", ...; NULL: current, a raw buffer's own) */
+  const char *src_rotation; /* "auto", "on", "off": how src is stored, overriding rotation */
+  const char *dst_rotation; /* how the output is to be stored, overriding rotation */
+} kvsnap_convert_params_v2;
+
 /* The model a state belongs to: layout, head dims (the Hadamard rotation
  * depends on them) and the vocabulary, read from its GGUF header only. */
 typedef struct kvsnap_model kvsnap_model;
@@ -83,6 +107,9 @@ KVSNAP_API const char *kvsnap_status_name(kvsnap_status s);
 KVSNAP_API void kvsnap_free(void *p);
 
 KVSNAP_API void kvsnap_convert_params_init(kvsnap_convert_params *p);
+/* Every member to its default (NULL, flash_attn -1, KVSNAP_INPUT_AUTO) and struct_size = size;
+ * pass sizeof the struct as compiled (sizeof p). */
+KVSNAP_API void kvsnap_convert_params_v2_init(kvsnap_convert_params_v2 *p, size_t size);
 
 KVSNAP_API kvsnap_status kvsnap_model_open(const char *gguf_path, kvsnap_model **out, char **error);
 KVSNAP_API void kvsnap_model_free(kvsnap_model *m);
@@ -94,6 +121,10 @@ KVSNAP_API void kvsnap_model_free(kvsnap_model *m);
 KVSNAP_API kvsnap_status kvsnap_convert_state(const kvsnap_model *model, const void *src, size_t src_size,
                                               const kvsnap_convert_params *params, void **out, size_t *out_size,
                                               char **error);
+/* kvsnap_convert_state with version 2 of the parameters (NULL: every default). */
+KVSNAP_API kvsnap_status kvsnap_convert_state_v2(const kvsnap_model *model, const void *src, size_t src_size,
+                                                 const kvsnap_convert_params_v2 *params, void **out,
+                                                 size_t *out_size, char **error);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,7 @@
 // into an error return.
 #include "capi/kvsnap.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -64,10 +65,13 @@ std::string c_api_remedy(std::string_view remedy) {
     return "kvsnap_convert_params." + flag.substr(2) + (value.empty() ? "" : " = \"" + value + "\"");
   if (flag == "--flash-attn")
     return "kvsnap_convert_params.flash_attn" + std::string(value == "on" ? " = 1" : value == "off" ? " = 0" : "");
-  // The API has one rotation setting for both ends (conversion_spec.cc): name it, and say so.
-  if (flag == "--src-rotation" || flag == "--dst-rotation")
-    return "kvsnap_convert_params.rotation" + (value.empty() ? std::string() : " = \"" + value + "\"") +
-           " (it sets both ends)";
+  // Settings of version 2 of the parameters only.
+  for (const auto& [cli, member] : {std::pair{"--src-rotation", "src_rotation"}, {"--dst-rotation", "dst_rotation"},
+                                    {"--source-build", "source_build"}, {"--target-build", "target_build"},
+                                    {"--format", "format"}, {"--requant", "requant"}}) {
+    if (flag == cli)
+      return std::string("kvsnap_convert_params_v2.") + member + (value.empty() ? "" : " = \"" + value + "\"");
+  }
   if (flag == "--input-format") {
     if (value == "raw-seq") return "kvsnap_convert_params.input = KVSNAP_INPUT_SEQ_BUFFER";
     if (value == "raw-context") return "kvsnap_convert_params.input = KVSNAP_INPUT_CONTEXT_BUFFER";
@@ -155,7 +159,44 @@ bool has_file_magic(const void* src, size_t n) {
   return m == kvsnap::kMagicGgsq || m == kvsnap::kMagicGgsn;
 }
 
-kvsnap::ParseOptions parse_options(const kvsnap_convert_params& p, const void* src, size_t n) {
+// Version 1 of the parameters as version 2 with the later members at their defaults.
+kvsnap_convert_params_v2 as_v2(const kvsnap_convert_params& p) {
+  kvsnap_convert_params_v2 v;
+  kvsnap_convert_params_v2_init(&v, sizeof v);
+  v.ctk = p.ctk;
+  v.ctv = p.ctv;
+  v.flash_attn = p.flash_attn;
+  v.rotation = p.rotation;
+  v.n_threads = p.n_threads;
+  v.input = p.input;
+  return v;
+}
+
+// The caller's version 2 parameters as this library knows them: every member of its
+// kvsnap_convert_params_v2 (the first release of it: no smaller size is valid); members a newer
+// kvsnap.h added after them must be unset (zero), since this library cannot honour them.
+kvsnap::Result<kvsnap_convert_params_v2> read_v2(const kvsnap_convert_params_v2* p) {
+  kvsnap_convert_params_v2 v;
+  kvsnap_convert_params_v2_init(&v, sizeof v);
+  if (!p) return v;
+  if (p->struct_size < sizeof v) {
+    return Status::InvalidArgument("kvsnap_convert_params_v2.struct_size is " + std::to_string(p->struct_size) +
+                                   ", smaller than any kvsnap_convert_params_v2 (" + std::to_string(sizeof v) +
+                                   "): initialise it with kvsnap_convert_params_v2_init(&p, sizeof p)");
+  }
+  const auto* bytes = reinterpret_cast<const unsigned char*>(p);
+  for (size_t i = sizeof v; i < p->struct_size; ++i) {
+    if (bytes[i] != 0) {
+      return Status::NotSupported("kvsnap_convert_params_v2 sets a member at byte " + std::to_string(i) +
+                                  ", past the " + std::to_string(sizeof v) + " bytes this libkvsnap " KVSNAP_VERSION
+                                  " knows: the program was built against a newer kvsnap.h; use its libkvsnap");
+    }
+  }
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+kvsnap::ParseOptions parse_options(const kvsnap_convert_params_v2& p, const void* src, size_t n) {
   kvsnap::ParseOptions o;
   switch (p.input) {
     case KVSNAP_INPUT_SEQ_BUFFER: o.kind = kvsnap::StateKind::kRawSeq; break;
@@ -168,17 +209,23 @@ kvsnap::ParseOptions parse_options(const kvsnap_convert_params& p, const void* s
   return o;
 }
 
-kvsnap::ConversionSpec spec_of(const kvsnap_convert_params& p) {
+kvsnap::ConversionSpec spec_of(const kvsnap_convert_params_v2& p) {
   kvsnap::ConversionSpec s;
   if (p.ctk) s.ctk = p.ctk;
   if (p.ctv) s.ctv = p.ctv;
   if (p.flash_attn >= 0) s.flash_attn = p.flash_attn ? "on" : "off";
   if (p.rotation) s.rotation = p.rotation;
+  if (p.src_rotation) s.src_rotation = p.src_rotation;
+  if (p.dst_rotation) s.dst_rotation = p.dst_rotation;
+  if (p.requant) s.requant = p.requant;
+  if (p.source_build) s.source_build = p.source_build;
+  if (p.target_build) s.target_build = p.target_build;
+  if (p.format) s.format = p.format;
   s.threads = p.n_threads;
   return s;
 }
 
-kvsnap_status convert(const kvsnap_model* model, const void* src, size_t src_size, const kvsnap_convert_params& p,
+kvsnap_status convert(const kvsnap_model* model, const void* src, size_t src_size, const kvsnap_convert_params_v2& p,
                       void** out, size_t* out_size, char** error) {
   kvsnap::MemoryFile in("state buffer", std::span<const std::byte>(static_cast<const std::byte*>(src), src_size));
   const kvsnap::ModelInfo* info = model ? &model->info : nullptr;
@@ -224,6 +271,16 @@ void kvsnap_convert_params_init(kvsnap_convert_params* p) {
   p->input = KVSNAP_INPUT_AUTO;
 }
 
+void kvsnap_convert_params_v2_init(kvsnap_convert_params_v2* p, size_t size) {
+  if (!p || size < sizeof(size_t)) return;
+  kvsnap_convert_params_v2 d{};
+  d.flash_attn = -1;
+  d.input = KVSNAP_INPUT_AUTO;
+  std::memset(static_cast<void*>(p), 0, size);  // members of a newer kvsnap.h: unset
+  std::memcpy(static_cast<void*>(p), &d, std::min(size, sizeof d));
+  p->struct_size = size;
+}
+
 kvsnap_status kvsnap_model_open(const char* gguf_path, kvsnap_model** out, char** error) {
   return guarded("kvsnap_model_open", error, [&] {
     if (!gguf_path || !out) return fail(Status::InvalidArgument("kvsnap_model_open: NULL argument"), error);
@@ -246,7 +303,21 @@ kvsnap_status kvsnap_convert_state(const kvsnap_model* model, const void* src, s
     *out_size = 0;
     kvsnap_convert_params defaults;
     kvsnap_convert_params_init(&defaults);
-    return convert(model, src, src_size, params ? *params : defaults, out, out_size, error);
+    return convert(model, src, src_size, as_v2(params ? *params : defaults), out, out_size, error);
+  });
+}
+
+kvsnap_status kvsnap_convert_state_v2(const kvsnap_model* model, const void* src, size_t src_size,
+                                      const kvsnap_convert_params_v2* params, void** out, size_t* out_size,
+                                      char** error) {
+  return guarded("kvsnap_convert_state_v2", error, [&] {
+    if (!out || !out_size || (!src && src_size))
+      return fail(Status::InvalidArgument("kvsnap_convert_state_v2: NULL argument"), error);
+    *out = nullptr;
+    *out_size = 0;
+    auto p = read_v2(params);
+    if (!p.ok()) return fail(p.status(), error);
+    return convert(model, src, src_size, *p, out, out_size, error);
   });
 }
 

@@ -48,6 +48,19 @@ Converted convert(const kvsnap_model* m, const std::vector<unsigned char>& in, c
   return c;
 }
 
+Converted convert_v2(const kvsnap_model* m, const std::vector<unsigned char>& in, const kvsnap_convert_params_v2* p) {
+  void* out = nullptr;
+  size_t n = 0;
+  char* err = nullptr;
+  Converted c;
+  c.status = kvsnap_convert_state_v2(m, in.data(), in.size(), p, &out, &n, &err);
+  if (out) c.bytes.assign(static_cast<unsigned char*>(out), static_cast<unsigned char*>(out) + n);
+  if (err) c.error = err;
+  kvsnap_free(out);
+  kvsnap_free(err);
+  return c;
+}
+
 // What `kvsnap convert` writes for the same request.
 std::vector<unsigned char> cli_convert(const std::string& in, const std::string& args) {
   const auto out = std::filesystem::temp_directory_path() / ("capi-" + std::to_string(::getpid()) + ".bin");
@@ -85,6 +98,95 @@ TEST(CApi, FileBytesAutoDetectedAndIdentityIsExact) {
   Converted c = convert(nullptr, slot, p);
   ASSERT_EQ(c.status, KVSNAP_OK) << c.error;
   EXPECT_EQ(c.bytes, slot);
+}
+
+// Version 2 of the parameters reaches what only the command line could set: --requant, and the
+// build of a raw buffer's llama.cpp (b8121's untagged buffers: kept untagged, its rule for the
+// rotation), each equal to the command's bytes.
+TEST(CApi, V2ParamsRequantAndSourceBuildEqualTheCommand) {
+  Model m(fixture("models/tiny-hd64.gguf"));
+  const std::string model_arg = " --model " + fixture("models/tiny-hd64.gguf");
+  const auto dir = std::filesystem::temp_directory_path();
+  const std::string pid = std::to_string(::getpid());
+
+  // q5_0 -> q4_0: the default (auto: the quick search) and reference differ; each is the command's.
+  kvsnap_convert_params_v2 p;
+  kvsnap_convert_params_v2_init(&p, sizeof p);
+  EXPECT_EQ(p.struct_size, sizeof p);
+  EXPECT_EQ(p.flash_attn, -1);
+  p.ctk = p.ctv = "q5_0";
+  Converted q5 = convert_v2(m.m, slurp(fixture("v0.5.0/hd64-f16-f16-faon.slot")), &p);
+  ASSERT_EQ(q5.status, KVSNAP_OK) << q5.error;
+  const std::string q5_path = (dir / ("capi-q5-" + pid + ".slot")).string();
+  std::ofstream(q5_path, std::ios::binary).write(reinterpret_cast<const char*>(q5.bytes.data()), std::streamsize(q5.bytes.size()));
+  p.ctk = p.ctv = "q4_0";
+  Converted automatic = convert_v2(m.m, q5.bytes, &p);
+  p.requant = "reference";
+  Converted reference = convert_v2(m.m, q5.bytes, &p);
+  ASSERT_EQ(automatic.status, KVSNAP_OK) << automatic.error;
+  ASSERT_EQ(reference.status, KVSNAP_OK) << reference.error;
+  EXPECT_NE(automatic.bytes, reference.bytes) << "requant was not read";
+  EXPECT_EQ(automatic.bytes, cli_convert(q5_path, "--ctk q4_0 --ctv q4_0" + model_arg));
+  EXPECT_EQ(reference.bytes, cli_convert(q5_path, "--ctk q4_0 --ctv q4_0 --requant reference" + model_arg));
+  std::filesystem::remove(q5_path);
+  p.requant = "nearest";
+  Converted bad = convert_v2(m.m, q5.bytes, &p);
+  EXPECT_EQ(bad.status, KVSNAP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(bad.error.find("nearest"), std::string::npos) << bad.error;
+  EXPECT_NE(bad.error.find("kvsnap_convert_params_v2.requant"), std::string::npos) << bad.error;
+
+  // b8121's raw buffer (its slot file's memory section) -> q8_0: ambiguous rotation without the
+  // build; with it, an untagged buffer equal to the command's.
+  const auto slot = slurp(fixture("b8121/hd64-f16-f16-faon.slot"));
+  uint32_t n_tokens = 0;
+  std::memcpy(&n_tokens, slot.data() + 8, 4);
+  const std::vector<unsigned char> raw(slot.begin() + 12 + 4 * std::ptrdiff_t(n_tokens), slot.end());
+  const std::string raw_path = (dir / ("capi-b8121-" + pid + ".raw")).string();
+  std::ofstream(raw_path, std::ios::binary).write(reinterpret_cast<const char*>(raw.data()), std::streamsize(raw.size()));
+  kvsnap_convert_params_v2_init(&p, sizeof p);
+  p.ctk = p.ctv = "q8_0";
+  p.input = KVSNAP_INPUT_SEQ_BUFFER;
+  Converted unknown = convert_v2(m.m, raw, &p);
+  EXPECT_EQ(unknown.status, KVSNAP_ERR_AMBIGUOUS);
+  EXPECT_NE(unknown.error.find("kvsnap_convert_params_v2.source_build"), std::string::npos) << unknown.error;
+  EXPECT_EQ(unknown.error.find("--source-build"), std::string::npos) << unknown.error;
+  p.source_build = "b8121";
+  Converted known = convert_v2(m.m, raw, &p);
+  ASSERT_EQ(known.status, KVSNAP_OK) << known.error;
+  EXPECT_EQ(known.bytes, cli_convert(raw_path, "--input-format raw-seq --ctk q8_0 --ctv q8_0 --source-build b8121" + model_arg));
+  ASSERT_GE(known.bytes.size(), 4u);
+  EXPECT_NE(std::memcmp(known.bytes.data(), "\xd8\x3c\x14\xaf", 4), 0) << "tagged: b8121 would refuse it";
+  std::filesystem::remove(raw_path);
+}
+
+// struct_size: a program built against an older kvsnap.h (smaller) is refused only below the first
+// version 2; one built against a newer kvsnap.h works while its extra members are unset.
+TEST(CApi, V2StructSizeIsChecked) {
+  const auto slot = slurp(fixture("v0.5.0/hd64-q8_0-q8_0-faon.slot"));
+  struct Newer {
+    kvsnap_convert_params_v2 known;
+    const char* later;
+  } newer;
+  kvsnap_convert_params_v2_init(&newer.known, sizeof newer);
+  EXPECT_EQ(newer.known.struct_size, sizeof newer);
+  EXPECT_EQ(newer.later, nullptr);
+  Converted same = convert_v2(nullptr, slot, &newer.known);
+  ASSERT_EQ(same.status, KVSNAP_OK) << same.error;
+  EXPECT_EQ(same.bytes, slot);
+  newer.later = "set";
+  Converted refused = convert_v2(nullptr, slot, &newer.known);
+  EXPECT_EQ(refused.status, KVSNAP_ERR_NOT_SUPPORTED);
+  EXPECT_NE(refused.error.find("newer kvsnap.h"), std::string::npos) << refused.error;
+
+  kvsnap_convert_params_v2 p;
+  kvsnap_convert_params_v2_init(&p, sizeof p);
+  p.struct_size = sizeof(size_t);
+  Converted small = convert_v2(nullptr, slot, &p);
+  EXPECT_EQ(small.status, KVSNAP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(small.error.find("kvsnap_convert_params_v2_init"), std::string::npos) << small.error;
+  Converted defaults = convert_v2(nullptr, slot, nullptr);
+  ASSERT_EQ(defaults.status, KVSNAP_OK) << defaults.error;
+  EXPECT_EQ(defaults.bytes, slot);
 }
 
 TEST(CApi, ErrorsAreStatusesWithMessages) {
