@@ -35,6 +35,15 @@ struct ArgItem {
   size_t first = 0, last = 0;
 };
 
+// -fa's value as llama-server reads it (common_arg_utils::is_truthy / is_falsey / is_autoy):
+// "on", "off" or "auto", or nullptr when it is none of its spellings.
+const char* flash_attn_word(const std::string& v) {
+  if (is_one_of(v, {"on", "enabled", "true", "1"})) return "on";
+  if (is_one_of(v, {"off", "disabled", "false", "0"})) return "off";
+  if (is_one_of(v, {"auto", "-1"})) return "auto";
+  return nullptr;
+}
+
 // ARGS as flags with their values. Long flags are spelled as llama-server reads them ('_' -> '-').
 Result<std::vector<ArgItem>> split_args(const std::vector<std::string>& argv) {
   std::vector<ArgItem> out;
@@ -52,9 +61,10 @@ Result<std::vector<ArgItem>> split_args(const std::vector<std::string>& argv) {
       for (auto& c : it.flag) c = c == '_' ? '-' : c;
     }
     if (is_one_of(it.flag, {"-fa", "--flash-attn"})) {
-      // -fa takes an optional value (on|off|auto); a bare -fa (older servers) means on.
+      // -fa takes a value in any of llama-server's spellings (flash_attn_word); a bare -fa (older
+      // servers) means on.
       if (!inline_value) {
-        if (i + 1 < argv.size() && is_one_of(argv[i + 1], {"on", "off", "auto"})) it.value = argv[it.last = ++i];
+        if (i + 1 < argv.size() && flash_attn_word(argv[i + 1])) it.value = argv[it.last = ++i];
         else it.value = "on";
       }
     } else if (takes_value(it.flag) && !inline_value) {
@@ -151,9 +161,11 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
       return Status::InvalidArgument("llama-server argument --no-slots: kvsnap serve saves and restores slots "
                                      "through the /slots endpoint it disables");
     if (is_one_of(flag, {"-fa", "--flash-attn"})) {
-      if (!is_one_of(value, {"on", "off", "auto"}))
-        return Status::InvalidArgument("llama-server argument " + flag + " '" + value + "' must be on, off or auto");
-      a.flash_attn = value;
+      const char* word = flash_attn_word(value);
+      if (!word)
+        return Status::InvalidArgument("llama-server argument " + flag + " '" + value +
+                                       "' must be on, off or auto (or enabled, true, 1; disabled, false, 0; -1)");
+      a.flash_attn = word;
     } else if (is_one_of(flag, {"-m", "--model"})) {
       a.model = value;
     } else if (is_one_of(flag, {"-c", "--ctx-size"})) {

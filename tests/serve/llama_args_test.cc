@@ -46,6 +46,32 @@ TEST(LlamaArgs, DefaultsAndBareFlashAttn) {
   EXPECT_EQ(a->model, "m.gguf");
 }
 
+// -fa in every spelling llama-server reads (common_arg_utils::is_truthy, is_falsey, is_autoy):
+// "-fa 0" is off, not a bare -fa followed by a stray word; a requantize replaces the value too.
+TEST(LlamaArgs, FlashAttentionInEverySpellingOfLlamaServer) {
+  for (const auto& [word, want] : std::vector<std::pair<std::string, std::string>>{
+           {"on", "on"}, {"enabled", "on"}, {"true", "on"}, {"1", "on"}, {"off", "off"}, {"disabled", "off"},
+           {"false", "off"}, {"0", "off"}, {"auto", "auto"}, {"-1", "auto"}}) {
+    for (bool inline_value : {false, true}) {
+      std::vector<std::string> argv = {"srv", "-m", "m.gguf"};
+      if (inline_value) argv.push_back("--flash-attn=" + word);
+      else argv.insert(argv.end(), {"-fa", word});
+      argv.insert(argv.end(), {"-t", "2"});
+      auto a = parse_llama_args(argv);
+      ASSERT_TRUE(a.ok()) << word << ": " << a.status().ToString();
+      EXPECT_EQ(a->flash_attn, want) << word;
+      auto b = with_cache(*a, "q8_0", "q8_0", "on", 0);
+      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      EXPECT_EQ(b->argv, (std::vector<std::string>{"srv", "-m", "m.gguf", "-t", "2", "-ctk", "q8_0", "-ctv", "q8_0",
+                                                   "-fa", "on"}))
+          << word;
+    }
+  }
+  auto bad = parse_llama_args({"srv", "--flash-attn=yes"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'yes'"), std::string::npos) << bad.status().message();
+}
+
 TEST(LlamaArgs, RefusesWhatKvsnapOwns) {
   for (std::vector<std::string> v : {std::vector<std::string>{"s", "--port", "9"}, {"s", "--port=9"},
                                      {"s", "--host", "0.0.0.0"}, {"s", "--slot-save-path", "/x"},
