@@ -78,13 +78,14 @@ Result<CompletionRequest> parse_completion_request(std::string_view path, std::s
   if (!j.is_object()) return out;  // the child answers malformed JSON itself
   if (auto it = j.find("id_slot"); it != j.end()) out.id_slot = int(integer_in(*it, INT_MIN, INT_MAX).value_or(-1));
   if (is_chat_route(path)) {
-    auto it = j.find("messages");
-    if (it == j.end()) return out;
-    ojson req = {{"messages", *it}};
-    for (const char* k : {"tools", "chat_template_kwargs"})
-      if (auto m = j.find(k); m != j.end()) req[k] = *m;
+    if (j.find("messages") == j.end()) return out;
+    // The whole request: llama-server renders /apply-template from the body as it does the chat
+    // completion (oaicompat_chat_params_parse), and more than messages, tools and the template's
+    // kwargs change the prompt (reasoning_effort, add_generation_prompt, continue_final_message,
+    // tool_choice, ...). A prompt rendered from part of it is not the slot's, and the save of that
+    // conversation found no owner.
     out.prompt = CompletionRequest::Prompt::kChat;
-    out.template_body = json_text(req);
+    out.template_body = std::string(body);
     return out;
   }
   auto it = j.find("prompt");

@@ -34,7 +34,7 @@ struct CompletionRequest {
   Prompt prompt = Prompt::kNone;
   std::vector<int32_t> tokens;
   std::string text;
-  std::string template_body;  // {"messages": .., "tools": .., "chat_template_kwargs": ..} (those present)
+  std::string template_body;  // the chat request's body as it came: what the child renders its prompt from
   int id_slot = -1;           // the slot the client asked for (an integer in int range), else -1
 };
 

@@ -66,20 +66,22 @@ TEST(ServeRequests, IdSlotOutOfIntRangeOrNotAnIntegerIsNotAsked) {
   EXPECT_EQ(r->id_slot, -3);  // as llama-server reads it: any negative is "any slot"
 }
 
-TEST(ServeRequests, ChatTakesMessagesToolsAndTemplateKwargsInThatOrder) {
-  auto r = parse_completion_request(
-      "/v1/chat/completions",
+// The child renders /apply-template from the whole body, as the chat completion itself
+// (llama-server 3.22.1's oaicompat_chat_params_parse): reasoning_effort, add_generation_prompt and
+// the others change the prompt, so the body goes to it as it came.
+TEST(ServeRequests, ChatSendsTheWholeBodyToTheTemplate) {
+  const std::string body =
       R"({"chat_template_kwargs": {"x": 1}, "model": "m", "messages": [{"role": "user", "content": "hi"}],
-          "tools": [], "prompt": "ignored"})");
+          "tools": [], "reasoning_effort": "high", "add_generation_prompt": false, "stream": true})";
+  auto r = parse_completion_request("/v1/chat/completions", body);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->prompt, Prompt::kChat);
-  EXPECT_EQ(r->template_body,
-            R"({"messages":[{"role":"user","content":"hi"}],"tools":[],"chat_template_kwargs":{"x":1}})");
+  EXPECT_EQ(r->template_body, body);
   // Messages of any type go to the child's template (it answers for them), as they came.
   r = parse_completion_request("/chat/completions", R"({"messages": 7})");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->prompt, Prompt::kChat);
-  EXPECT_EQ(r->template_body, R"({"messages":7})");
+  EXPECT_EQ(r->template_body, R"({"messages": 7})");
   r = parse_completion_request("/chat/completions", R"({"prompt": "a"})");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->prompt, Prompt::kNone);  // a chat without messages is not looked up
