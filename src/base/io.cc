@@ -210,6 +210,14 @@ class PosixIo final : public Io {
     if (ec) return Status::IOError(dir + ": cannot create directory: " + ec.message());
     return Status::OK();
   }
+  Status keep_access(const std::string& from, const std::string& to) override {
+    struct stat st {};
+    if (::stat(from.c_str(), &st) != 0) return errno == ENOENT ? Status::OK() : errno_status("stat", from, errno);
+    if (::chmod(to.c_str(), st.st_mode & 07777) != 0) return errno_status("chmod", to, errno);
+    // Only root can give a file away; anyone else's new file is theirs, as any file they create.
+    if (::geteuid() == 0 && ::chown(to.c_str(), st.st_uid, st.st_gid) != 0) return errno_status("chown", to, errno);
+    return Status::OK();
+  }
   Result<std::unique_ptr<FileLock>> lock_file(const std::string& path, LockMode mode, bool wait) override {
     int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return errno_status("cannot open lock file", path, errno);
@@ -233,6 +241,8 @@ class PosixIo final : public Io {
 Result<std::unique_ptr<FileLock>> Io::lock_file(const std::string& path, LockMode, bool) {
   return Status::NotSupported(path + ": this Io has no file locks");
 }
+
+Status Io::keep_access(const std::string&, const std::string&) { return Status::OK(); }
 
 Result<std::unique_ptr<WritableFile>> Io::open_scratch(const std::string& path) {
   return open_write(path, /*exclusive=*/false);
@@ -300,6 +310,7 @@ Status AtomicFileWriter::commit() {
   if (committed_) return Status::OK();
   KV_RETURN_IF_ERROR(file_->sync());
   KV_RETURN_IF_ERROR(file_->close());
+  KV_RETURN_IF_ERROR(io_.keep_access(path_, tmp_path_));
   KV_RETURN_IF_ERROR(io_.rename(tmp_path_, path_));
   committed_ = true;
   if (!sync_dir_) return Status::OK();

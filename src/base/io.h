@@ -167,6 +167,10 @@ class Io {
   // that is soon removed or rewritten gains nothing from reaching the disk early.
   // The default is open_write(path, false): the same bytes, none of the reuse.
   virtual Result<std::unique_ptr<WritableFile>> open_scratch(const std::string& path);
+  // Gives `to` the permission bits of the file `from` (and, run as root, its owner and group),
+  // when `from` exists: what a file replaced by rename keeps (a 0600 slot file stays 0600). The
+  // default does nothing (an Io without permissions).
+  virtual Status keep_access(const std::string& from, const std::string& to);
 };
 
 // The process-wide real file system.
@@ -195,7 +199,8 @@ std::string unique_suffix();
 
 // Writes `path` so that a reader sees either the old file or the complete new
 // one, never a mix: a temporary file in the same directory, fsync, rename,
-// fsync of the directory. Dropping the writer without commit() removes the
+// fsync of the directory. A file it replaces keeps its mode (and owner, as
+// root): Io::keep_access. Dropping the writer without commit() removes the
 // temporary file.
 class AtomicFileWriter final : public ByteSink {
  public:

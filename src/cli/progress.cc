@@ -96,6 +96,7 @@ class CountingIo final : public Io {
     return std::unique_ptr<WritableFile>(std::make_unique<CountingWritable>(std::move(f), path));
   }
   Status rename(const std::string& from, const std::string& to) override { return base().rename(from, to); }
+  Status keep_access(const std::string& from, const std::string& to) override { return base().keep_access(from, to); }
   Status remove(const std::string& path) override { return base().remove(path); }
   Status sync_dir(const std::string& dir) override { return base().sync_dir(dir); }
   Result<bool> exists(const std::string& path) override { return base().exists(path); }

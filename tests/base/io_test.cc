@@ -3,8 +3,11 @@
 #include "base/io.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +16,11 @@ namespace kvsnap {
 namespace {
 
 namespace fs = std::filesystem;
+
+std::string test_read(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
 
 TEST(PosixIo, AFileWrittenPastTheWriteBehindStepReadsBackExactly) {
   const fs::path dir = fs::temp_directory_path() / ("kvsnap-io-" + std::to_string(::getpid()));
@@ -32,6 +40,54 @@ TEST(PosixIo, AFileWrittenPastTheWriteBehindStepReadsBackExactly) {
   auto got = read_all(posix_io(), path, want.size());
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_TRUE(*got == want);
+  fs::remove_all(dir);
+}
+
+mode_t mode_of(const std::string& p) {
+  struct stat st {};
+  EXPECT_EQ(::stat(p.c_str(), &st), 0) << p;
+  return st.st_mode & 07777;
+}
+
+Status write_atomically(const std::string& path, const std::string& text) {
+  KV_ASSIGN_OR_RETURN(auto w, AtomicFileWriter::create(posix_io(), path));
+  KV_RETURN_IF_ERROR(w->append(std::as_bytes(std::span<const char>(text.data(), text.size()))));
+  return w->commit();
+}
+
+// A file replaced by rename keeps its mode: a 0600 slot file converted in place (migrate, convert
+// over it) does not become readable by everyone. A new file is created as before.
+TEST(PosixIo, AReplacedFileKeepsItsMode) {
+  const fs::path dir = fs::temp_directory_path() / ("kvsnap-io-mode-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "slot.bin").string();
+  ASSERT_TRUE(write_atomically(path, "old").ok());
+  const mode_t created = mode_of(path);
+  EXPECT_EQ(created & 0600, 0600u);
+  for (mode_t m : {mode_t(0600), mode_t(0640), mode_t(0444)}) {
+    ASSERT_EQ(::chmod(path.c_str(), m), 0);
+    Status s = write_atomically(path, "new");
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(mode_of(path), m) << std::oct << m;
+    EXPECT_EQ(test_read(path), "new");
+  }
+  fs::remove_all(dir);
+}
+
+// Run as root (as `sudo kvsnap migrate`), a replaced file keeps its owner and group: llama-server,
+// running as that owner, opens it for writing again when it saves the slot.
+TEST(PosixIo, AReplacedFileKeepsItsOwnerWhenRoot) {
+  if (::geteuid() != 0) GTEST_SKIP() << "only root can give a file to another owner";
+  const fs::path dir = fs::temp_directory_path() / ("kvsnap-io-owner-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "slot.bin").string();
+  ASSERT_TRUE(write_atomically(path, "old").ok());
+  ASSERT_EQ(::chown(path.c_str(), 12345, 23456), 0);
+  ASSERT_TRUE(write_atomically(path, "new").ok());
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 12345u);
+  EXPECT_EQ(st.st_gid, 23456u);
   fs::remove_all(dir);
 }
 

@@ -63,10 +63,13 @@ TEST(Migrate, ConvertsInPlaceExactlyLikeConvertAndSkipsWhatIsDone) {
     want.push_back(expected_conversion(fixture(names[i]), t.path, args));
   }
   const std::string before = slurp(dir / "s0.bin");
+  fs::permissions(dir / "s0.bin", fs::perms::owner_read | fs::perms::owner_write);  // a private conversation
   ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " --dry-run " + args + " >/dev/null"), 0);
   EXPECT_EQ(slurp(dir / "s0.bin"), before) << "--dry-run changed a file";
   ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " " + args + " >/dev/null"), 0);
   for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(slurp(dir / ("s" + std::to_string(i) + ".bin")), want[i]) << i;
+  EXPECT_EQ(fs::status(dir / "s0.bin").permissions(), fs::perms::owner_read | fs::perms::owner_write)
+      << "the converted file is readable by others";
   // a second run finds everything at the target
   const std::string again = t.path / "again.json";
   ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " --json " + args + " >" + again), 0);
