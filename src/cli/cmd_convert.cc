@@ -29,11 +29,25 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-// Refuses OUT when it is IN (same inode), so the original is never lost.
-Status check_not_same_file(const std::string& in, const std::string& out) {
-  struct stat a {}, b {};
-  if (::stat(in.c_str(), &a) == 0 && ::stat(out.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
-    return Status::InvalidArgument(out + ": is the input file; kvsnap never writes over its input");
+// Refuses an OUT that the output's rename would destroy rather than write: one of the command's
+// inputs (IN, --model, --tokens: same inode), or a file that is not a regular one (a directory,
+// a named pipe, a device), which the rename would replace by a regular file.
+Status check_output(const ConvertOptions& o) {
+  const std::string& out = o.out;
+  struct stat b {};
+  if (::lstat(out.c_str(), &b) != 0) return Status::OK();  // a new file
+  if (!S_ISREG(b.st_mode) && !S_ISLNK(b.st_mode)) {
+    const char* what = S_ISDIR(b.st_mode) ? "a directory" : S_ISFIFO(b.st_mode) ? "a named pipe"
+                       : S_ISCHR(b.st_mode) || S_ISBLK(b.st_mode) ? "a device" : "not a regular file";
+    return Status::InvalidArgument(out + ": is " + std::string(what) +
+                                   "; kvsnap convert writes a regular file in its place (by rename), so it refuses to");
+  }
+  if (::stat(out.c_str(), &b) != 0) return Status::OK();  // a dangling symlink: replaced, nothing lost
+  for (const auto& [path, what] : {std::pair{&o.in, "the input file"}, {&o.model, "the model (--model)"},
+                                   {&o.tokens, "the token file (--tokens)"}}) {
+    struct stat a {};
+    if (!path->empty() && ::stat(path->c_str(), &a) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+      return Status::InvalidArgument(out + ": is " + what + "; kvsnap never writes over its input");
   }
   return Status::OK();
 }
@@ -63,7 +77,7 @@ ConversionSpec spec_of(const ConvertOptions& o) {
 
 Status run_convert(const ConvertOptions& o, std::string& out, std::string& warnings) {
   Io& io = cli_io();
-  KV_RETURN_IF_ERROR(check_not_same_file(o.in, o.out));
+  KV_RETURN_IF_ERROR(check_output(o));
   if (!o.to.empty()) return run_convert_cross(o, out);
   if (!o.tokens.empty() || !o.mlx_dtype.empty() || !o.llama_file.empty()) {
     return Status::InvalidArgument(o.in + ": --tokens/--mlx-dtype/--llama-file move a session between engines: give "

@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -202,6 +204,33 @@ TEST_F(CliTest, ConvertNeverWritesOverItsInput) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("never writes over its input"), std::string::npos) << r.err;
   EXPECT_EQ(read(in), before);
+}
+
+// OUT is replaced by rename, so an OUT that is another input (the model, forgotten -m) or not a
+// regular file (a named pipe, a directory) would be destroyed, not written: refused, kept.
+TEST_F(CliTest, ConvertNeverReplacesTheModelOrASpecialFile) {
+  const auto in = write("a.slot", build_state({}));
+  const auto gguf = write("m.gguf", std::vector<std::byte>(64, std::byte{7}));
+  const auto before = read(gguf);
+  CmdResult r = run("convert " + in + " " + gguf + " --ctk f32 --model " + gguf);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("is the model (--model)"), std::string::npos) << r.err;
+  EXPECT_EQ(read(gguf), before);
+
+  const fs::path fifo = dir_ / "pipe";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  r = run("convert " + in + " " + fifo.string() + " --ctk f32");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("is a named pipe"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::is_fifo(fifo)) << "replaced by a regular file";
+
+  const fs::path sub = dir_ / "sub";
+  fs::create_directories(sub);
+  r = run("convert " + in + " " + sub.string() + " --ctk f32");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("is a directory"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::is_directory(sub));
+  EXPECT_EQ(files_in_dir(), 4u) << "a temporary was left";
 }
 
 TEST_F(CliTest, ConvertOfACorruptInputLeavesNoOutput) {
