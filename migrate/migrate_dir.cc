@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "base/byte_order.h"
@@ -98,6 +99,7 @@ class Migrator {
  private:
   struct Examined {
     std::unique_ptr<ReadableFile> file;
+    std::optional<FileStamp> stamp;  // the file as it was opened (nullopt: this Io has no stamps)
     StateFile src, target;
     ConvertRequest req;
   };
@@ -119,6 +121,7 @@ class Migrator {
   }
 
   Status examine(const std::string& path, FileOutcome& r, Examined& e) {
+    if (auto st = io_.stamp(path); st.ok()) e.stamp = *st;  // before the open: a later change shows
     KV_ASSIGN_OR_RETURN(e.file, io_.open_read(path));
     r.bytes_before = e.file->size();
     auto parsed = parse_for_model(*e.file, {}, o_.model);
@@ -162,6 +165,16 @@ class Migrator {
     return Status::OK();
   }
 
+  // A server that saves its slot while the file is converted writes a newer conversation (or, in
+  // place, mixes it into the bytes read): the conversion of the older one must not replace it.
+  Status check_unchanged(const std::string& path, const std::optional<FileStamp>& before) {
+    if (!before) return Status::OK();
+    auto now = io_.stamp(path);
+    if (now.ok() && *now == *before) return Status::OK();
+    return Status::IOError(path + ": changed while kvsnap converted it (did a llama-server save this slot?): left "
+                           "as it is now; migrate the directory while no server writes to it");
+  }
+
   Status convert_one(const std::string& path, FileOutcome& r) {
     Examined e;
     KV_RETURN_IF_ERROR(examine(path, r, e));
@@ -177,6 +190,7 @@ class Migrator {
     if (o_.backup) KV_RETURN_IF_ERROR(o_.backup(path, *e.file, e.src).Prefixed("backing up " + path));
     KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(io_, path));
     KV_ASSIGN_OR_RETURN(ConvertResult res, convert_state(e.src, *e.file, e.req, *writer));
+    KV_RETURN_IF_ERROR(check_unchanged(path, e.stamp));
     KV_RETURN_IF_ERROR(writer->commit());
     r.bytes_after = res.bytes_out;
     r.action = FileAction::kConverted;

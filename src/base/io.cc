@@ -210,6 +210,22 @@ class PosixIo final : public Io {
     if (ec) return Status::IOError(dir + ": cannot create directory: " + ec.message());
     return Status::OK();
   }
+  Result<FileStamp> stamp(const std::string& path) override {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return errno_status("stat", path, errno);
+    FileStamp f;
+    f.device = uint64_t(st.st_dev);
+    f.inode = uint64_t(st.st_ino);
+    f.size = uint64_t(st.st_size);
+#if defined(__APPLE__)
+    f.mtime_ns = int64_t(st.st_mtimespec.tv_sec) * 1000000000 + st.st_mtimespec.tv_nsec;
+    f.ctime_ns = int64_t(st.st_ctimespec.tv_sec) * 1000000000 + st.st_ctimespec.tv_nsec;
+#else
+    f.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    f.ctime_ns = int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+#endif
+    return f;
+  }
   Status keep_access(const std::string& from, const std::string& to) override {
     struct stat st {};
     if (::stat(from.c_str(), &st) != 0) return errno == ENOENT ? Status::OK() : errno_status("stat", from, errno);
@@ -243,6 +259,8 @@ Result<std::unique_ptr<FileLock>> Io::lock_file(const std::string& path, LockMod
 }
 
 Status Io::keep_access(const std::string&, const std::string&) { return Status::OK(); }
+
+Result<FileStamp> Io::stamp(const std::string& path) { return Status::NotSupported(path + ": this Io has no file stamps"); }
 
 Result<std::unique_ptr<WritableFile>> Io::open_scratch(const std::string& path) {
   return open_write(path, /*exclusive=*/false);

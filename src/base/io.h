@@ -135,6 +135,14 @@ struct DirEntry {
   bool is_symlink = false;
 };
 
+// What tells one version of a file from another without reading it: a file rewritten in place
+// or replaced changes at least one of these (stat(2)'s ctime moves on every change).
+struct FileStamp {
+  uint64_t device = 0, inode = 0, size = 0;
+  int64_t mtime_ns = 0, ctime_ns = 0;
+  bool operator==(const FileStamp&) const = default;
+};
+
 // An advisory whole-file lock (flock(2)), held until the object is destroyed.
 // The kernel drops it when the process dies, so a crash never leaves it stale.
 class FileLock {
@@ -171,6 +179,8 @@ class Io {
   // when `from` exists: what a file replaced by rename keeps (a 0600 slot file stays 0600). The
   // default does nothing (an Io without permissions).
   virtual Status keep_access(const std::string& from, const std::string& to);
+  // `path`'s stamp (following symlinks). The default says kNotSupported (an Io without them).
+  virtual Result<FileStamp> stamp(const std::string& path);
 };
 
 // The process-wide real file system.
