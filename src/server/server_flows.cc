@@ -27,7 +27,12 @@ struct SlotFile {
   }
 };
 
-std::string fresh_name(const char* what) { return std::string("kvsnap-") + what + "-" + unique_suffix() + ".bin"; }
+// "kvsnap-save.kvsnap-tmp-<pid>-<random>.bin": a temporary's name (base/io.h's kTempInfix), so
+// that a file a killed kvsnap leaves in the slot directory is known for one: migrate removes it
+// once its process is gone, and never converts it as a slot.
+std::string fresh_name(const char* what) {
+  return std::string("kvsnap-") + what + std::string(kTempInfix) + unique_suffix() + ".bin";
+}
 
 double ms_since(Clock::time_point& t) {
   const auto now = Clock::now();

@@ -122,6 +122,29 @@ TEST(Migrate, RefusesWhatOnlyRotatesValuesUnderTheSameHeader) {
   }
 }
 
+// A slot file a killed `kvsnap save --server` left behind (its name: server_flows.cc's
+// fresh_name, a temporary of a process that is gone) is removed, never converted as a slot; a
+// temporary of a live process is left alone.
+TEST(Migrate, RemovesWhatAKilledServerSaveLeftAndNothingOfALiveOne) {
+  TempDir t;
+  fs::path dir = t.path / "slots";
+  fs::create_directories(dir);
+  pid_t dead = ::fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string left = "kvsnap-save.kvsnap-tmp-" + std::to_string(dead) + "-77.bin";
+  const std::string live = "kvsnap-restore.kvsnap-tmp-" + std::to_string(::getpid()) + "-78.bin";
+  fs::copy_file(fixture("v0.5.0/hd64-f16-f16-faon.slot"), dir / left);
+  fs::copy_file(fixture("v0.5.0/hd64-f16-f16-faon.slot"), dir / live);
+  fs::copy_file(fixture("v0.5.0/hd64-f16-f16-faon.slot"), dir / "slot.bin");
+  const std::string json = (t.path / "out.json").string();
+  ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " --ctk f32 --ctv f32 --json >" + json), 0);
+  EXPECT_FALSE(fs::exists(dir / left));
+  EXPECT_EQ(slurp(dir / live), slurp(fixture("v0.5.0/hd64-f16-f16-faon.slot")));
+  EXPECT_NE(slurp(json).find("\"converted\": 1"), std::string::npos) << slurp(json);
+}
+
 TEST(Migrate, BackupStoreKeepsEveryOriginal) {
   TempDir t;
   fs::path dir = t.path / "slots", store = t.path / "store";
