@@ -77,6 +77,10 @@ Status parse_listen(const std::string& s, std::string& host, int& port) {
 }
 
 Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const std::string&)>& log) {
+  // The proxy's pool: 0 threads would take connections and never answer them.
+  if (o.threads < 1 || o.threads > 4096)
+    return Status::InvalidArgument("{--threads} " + std::to_string(o.threads) +
+                                   ": the connections served at once must be 1 to 4096");
   KV_ASSIGN_OR_RETURN(LlamaArgs args, parse_llama_args(o.llama));
   std::optional<Ladder> ladder;
   if (!o.dynamic_cache.empty() || !o.cache_budget.empty()) {

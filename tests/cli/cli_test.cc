@@ -233,6 +233,17 @@ TEST_F(CliTest, ConvertNeverReplacesTheModelOrASpecialFile) {
   EXPECT_EQ(files_in_dir(), 4u) << "a temporary was left";
 }
 
+// serve --threads sizes the proxy's pool: 0 took connections and never answered them, a negative
+// count tried to start ~2^64 threads. Refused before anything starts.
+TEST_F(CliTest, ServeRefusesAThreadCountItCannotServeWith) {
+  for (const char* n : {"0", "-1", "100000"}) {
+    CmdResult r = run(std::string("serve --threads ") + n + " --store " + (dir_ / "store").string() +
+                      " -- /bin/false -m m.gguf");
+    EXPECT_EQ(r.code, 2) << n << ": " << r.err;
+    EXPECT_NE(r.err.find("--threads"), std::string::npos) << r.err;
+  }
+}
+
 TEST_F(CliTest, ConvertOfACorruptInputLeavesNoOutput) {
   auto b = build_state({});
   b.resize(b.size() / 2);
