@@ -30,7 +30,7 @@ std::string namespace_of(const Exchange& x) {
 
 bool is_completion_route(const std::string& path) {
   for (const char* p : {"/completion", "/completions", "/v1/completions", "/chat/completions",
-                        "/v1/chat/completions", "/infill", "/v1/messages"})
+                        "/v1/chat/completions", "/infill", "/v1/messages", "/responses", "/v1/responses"})
     if (path == p) return true;
   return false;
 }

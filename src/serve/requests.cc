@@ -88,6 +88,9 @@ Result<CompletionRequest> parse_completion_request(std::string_view path, std::s
     out.template_body = std::string(body);
     return out;
   }
+  // "prompt" is the whole prompt on these routes only: /infill's is the middle of a fill-in between
+  // input_prefix and input_suffix, and /v1/messages and /responses have none.
+  if (path != "/completion" && path != "/completions" && path != "/v1/completions") return out;
   auto it = j.find("prompt");
   if (it == j.end()) return out;
   if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) {

@@ -1,5 +1,6 @@
 // serve/requests.h: the JSON kvsnap serve reads from clients and from the child, parsed without
 // exceptions; hostile inputs end in an error or an empty answer.
+#include "serve/persist.h"
 #include "serve/requests.h"
 
 #include <gtest/gtest.h>
@@ -85,6 +86,26 @@ TEST(ServeRequests, ChatSendsTheWholeBodyToTheTemplate) {
   r = parse_completion_request("/chat/completions", R"({"prompt": "a"})");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->prompt, Prompt::kNone);  // a chat without messages is not looked up
+}
+
+// Only the completion routes' "prompt" is a whole prompt: /infill's is the middle of a fill-in
+// (llama-server 3.22.1 builds the prompt from input_prefix, input_suffix and it), so it is not
+// looked up; the Responses routes are completions too (saved), without a lookup.
+TEST(ServeRequests, OnlyTheCompletionRoutesPromptIsLookedUp) {
+  const std::string body = R"({"input_prefix": "def f", "input_suffix": "return 1", "prompt": "x"})";
+  for (const char* path : {"/infill", "/v1/messages", "/responses", "/v1/responses"}) {
+    auto r = parse_completion_request(path, body);
+    ASSERT_TRUE(r.ok()) << path;
+    EXPECT_EQ(r->prompt, Prompt::kNone) << path;
+  }
+  for (const char* path : {"/completion", "/completions", "/v1/completions"}) {
+    auto r = parse_completion_request(path, body);
+    ASSERT_TRUE(r.ok()) << path;
+    EXPECT_EQ(r->prompt, Prompt::kText) << path;
+  }
+  for (const char* path : {"/responses", "/v1/responses", "/infill", "/v1/messages", "/completion"})
+    EXPECT_TRUE(is_completion_route(path)) << path;
+  EXPECT_FALSE(is_completion_route("/v1/responses/input_tokens"));
 }
 
 TEST(ServeRequests, DeepNestingIsAnErrorNotACrash) {
