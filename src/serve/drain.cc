@@ -49,4 +49,34 @@ bool Drain::wait_idle(double max_wait_s) {
   return cv_.wait_for(l, std::chrono::duration<double>(max_wait_s), [this] { return out_ == 0; });
 }
 
+void SlotGate::set_capacity(int slots) {
+  std::lock_guard<std::mutex> l(mu_);
+  capacity_ = slots > 0 ? slots : 0;
+  cv_.notify_all();
+}
+
+SlotGate::Permit SlotGate::enter(double max_wait_s, bool* waited_out) {
+  if (waited_out) *waited_out = false;
+  std::unique_lock<std::mutex> l(mu_);
+  if (capacity_ == 0) return nullptr;
+  if (!cv_.wait_for(l, std::chrono::duration<double>(max_wait_s), [this] { return capacity_ == 0 || out_ < capacity_; })) {
+    if (waited_out) *waited_out = true;
+    return nullptr;
+  }
+  if (capacity_ == 0) return nullptr;
+  ++out_;
+  return Permit(static_cast<void*>(this), [](void* self) { static_cast<SlotGate*>(self)->leave(); });
+}
+
+int SlotGate::out() {
+  std::lock_guard<std::mutex> l(mu_);
+  return out_;
+}
+
+void SlotGate::leave() {
+  std::lock_guard<std::mutex> l(mu_);
+  --out_;
+  cv_.notify_all();
+}
+
 }  // namespace kvsnap

@@ -43,4 +43,31 @@ class Drain {
   bool shut_ = false;
 };
 
+// At most one completion per slot of the child at once. A completion beyond that waits here, not in
+// llama-server's own queue, where it would start in the slot of the request before it the moment
+// that one ends, before its conversation is saved (the save skips a busy slot): with -np 1 and two
+// clients, every other conversation was lost. The permit is taken before the completion waits for
+// the saves queued before it (Persister::wait_saved) and comes back when its exchange is over, after
+// the exchange has queued its own save (Proxy: a stream's when it ends or the client hangs up).
+//
+// Promises:
+//   - with capacity 0 (the slot count is not known) enter() admits at once and returns no permit;
+//   - at most `capacity` permits are out; enter() waits for one up to `max_wait_s`, then admits
+//     without one (reported through `waited_out`), so a lost permit cannot stop the server.
+class SlotGate {
+ public:
+  using Permit = std::shared_ptr<void>;  // returned when the last copy goes
+
+  void set_capacity(int slots);
+  Permit enter(double max_wait_s, bool* waited_out = nullptr);
+  int out();
+
+ private:
+  void leave();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int capacity_ = 0;
+  int out_ = 0;
+};
+
 }  // namespace kvsnap

@@ -255,7 +255,7 @@ struct Proxy::Impl {
           if (done) sink.done();
           return true;
         },
-        [st, ticket](bool) {
+        [st, ticket, hold = f.hold](bool) {
           {
             std::lock_guard<std::mutex> l(st->mu);
             st->cancel = true;  // a no-op once the child has finished

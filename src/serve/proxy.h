@@ -56,6 +56,8 @@ struct Forward {
   std::vector<int32_t> prompt_tokens;
   int pinned_slot = -1;
   uint64_t restored_tokens = 0;
+  // Held until the exchange is over, after on_done (a stream: until it ends or the client hangs up).
+  std::shared_ptr<void> hold;
 };
 
 // A finished exchange, as far as kvsnap's persistence needs it.

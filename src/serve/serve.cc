@@ -22,6 +22,7 @@
 #include "serve/prefix.h"
 #include "serve/proxy.h"
 #include "serve/supervisor.h"
+#include "server/llama_server.h"
 #include "store/store.h"
 #include "store/store_location.h"
 
@@ -31,6 +32,10 @@ namespace {
 
 // How long a completion waits for the saves queued before it (a slot of a long context takes seconds).
 constexpr double kSaveWaitS = 120;
+// How long a completion waits for a slot when every one is taken by a completion kvsnap forwarded:
+// a long generation holds its slot that long; past it the request goes on (a lost permit never
+// stops the server).
+constexpr double kSlotWaitS = 3600;
 
 // A port the kernel says is free on loopback now (the child binds it a moment later).
 Result<int> free_loopback_port() {
@@ -131,15 +136,25 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   persist.set_book(&book);
   prefix.set_book(&book);
   Drain drain;
+  SlotGate slot_gate;
   Proxy proxy(
       po,
-      [&persist, &prefix, &log](Forward& f) {
-        // llama-server may give this completion the slot whose last conversation is still queued for
-        // saving (with -np 1, always): the save goes first, or the conversation is lost. Before the
-        // prefix lookup too, which may restore into that slot.
-        if (f.method == "POST" && is_completion_route(f.path) && !persist.wait_saved(kSaveWaitS))
-          log("persist: the saves queued before a " + f.path + " request took over " +
-              std::to_string(int(kSaveWaitS)) + " s; the request goes on, a slot they were for may be lost");
+      [&persist, &prefix, &slot_gate, &log](Forward& f) {
+        if (f.method == "POST" && is_completion_route(f.path)) {
+          // One completion per slot in the child (SlotGate, serve/drain.h): one more would wait in
+          // llama-server's queue and start in a slot before its conversation is saved.
+          bool waited_out = false;
+          f.hold = slot_gate.enter(kSlotWaitS, &waited_out);
+          if (waited_out)
+            log("persist: every slot stayed busy for " + std::to_string(int(kSlotWaitS)) + " s; a " + f.path +
+                " request goes on without waiting, a conversation it displaces may be lost");
+          // llama-server may give this completion the slot whose last conversation is still queued
+          // for saving (with -np 1, always): the save goes first, or the conversation is lost. Before
+          // the prefix lookup too, which may restore into that slot.
+          if (!persist.wait_saved(kSaveWaitS))
+            log("persist: the saves queued before a " + f.path + " request took over " +
+                std::to_string(int(kSaveWaitS)) + " s; the request goes on, a slot they were for may be lost");
+        }
         prefix.before(f);
       },
       [&persist, &prefix](const Exchange& x) {
@@ -168,6 +183,14 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   proxy.set_drain(&drain, 600);
   KV_RETURN_IF_ERROR(proxy.bind());
   KV_RETURN_IF_ERROR(sup.start());
+  // The slot count (-np, or llama-server's default) from the child itself; unknown: no gate.
+  if (auto slots = LlamaServer(target.endpoint).slots(); slots.ok() && !slots->empty()) {
+    slot_gate.set_capacity(int(slots->size()));
+  } else {
+    log("persist: the child's slots could not be listed (" +
+        (slots.ok() ? std::string("none") : slots.status().ToString()) +
+        "): completions are not held to one per slot, and with more clients than slots a conversation may be lost");
+  }
 
   std::thread server([&proxy] { proxy.run(); });
   log("listening on http://" + o.listen + " (llama-server pid " + std::to_string(sup.pid()) + " on " +

@@ -593,9 +593,32 @@ def run_back_to_back(kvsnap, llama, model, work):
     def saved():
         return [w for w in sessions if ls(kvsnap, store, "--tag", f"serve.ns=session-{w}")]
     got = wait_for(lambda: len(saved()) == len(sessions), 30)
-    text = stop_serve(proc, log, "b2b", work)
     check(got, f"back to back (-np 1): all {len(sessions)} conversations are saved while serve runs "
                f"(saved: {', '.join(saved())})")
+    # Six clients at once on the one slot: llama-server would queue five and start each in the slot
+    # the moment the one before ends, before its save; serve holds them to one per slot (SlotGate).
+    together = ["c%d" % i for i in range(6)]
+    answers = {}
+
+    def one(i, who):
+        s, _, _ = request(port, "POST", "/completion",
+                          {"prompt": f"Client {i} at once: " + PROMPT, "n_predict": 2, "temperature": 0,
+                           "stream": i % 2 == 1}, headers={"X-Kvsnap-Session": who})
+        answers[who] = s
+
+    threads = [threading.Thread(target=one, args=(i, w)) for i, w in enumerate(together)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(all(answers.get(w) == 200 for w in together), f"at once (-np 1): every client answered ({answers})")
+
+    def saved_together():
+        return [w for w in together if ls(kvsnap, store, "--tag", f"serve.ns=session-{w}")]
+    got = wait_for(lambda: len(saved_together()) == len(together), 30)
+    text = stop_serve(proc, log, "b2b", work)
+    check(got, f"at once (-np 1): all {len(together)} conversations are saved while serve runs "
+               f"(saved: {', '.join(saved_together())})")
     check("no recent request's prompt" not in text, "back to back (-np 1): no slot was left unsaved")
 
 

@@ -47,5 +47,31 @@ TEST(ServeDrain, ShutWakesARequestWaitingAtAClosedGate) {
   EXPECT_TRUE(d.wait_idle(0));
 }
 
+// SlotGate (serve/drain.h): one completion per slot; a permit comes back when its last copy goes;
+// a gate whose slot count is unknown admits everyone; a wait that runs out admits without a permit.
+TEST(ServeSlotGate, OnePermitPerSlotAndTheNextWaitsForOneToComeBack) {
+  SlotGate g;
+  bool waited_out = true;
+  EXPECT_EQ(g.enter(0.01, &waited_out), nullptr) << "capacity unknown: admitted without a permit";
+  EXPECT_FALSE(waited_out);
+  g.set_capacity(1);
+  SlotGate::Permit first = g.enter(0.01, &waited_out);
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(g.out(), 1);
+  EXPECT_EQ(g.enter(0.05, &waited_out), nullptr);
+  EXPECT_TRUE(waited_out) << "a second completion got the one slot";
+  std::thread back([p = std::move(first)]() mutable {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    p.reset();  // the exchange is over
+  });
+  SlotGate::Permit second = g.enter(10, &waited_out);
+  back.join();
+  EXPECT_NE(second, nullptr);
+  EXPECT_FALSE(waited_out);
+  EXPECT_EQ(g.out(), 1);
+  second.reset();
+  EXPECT_EQ(g.out(), 0);
+}
+
 }  // namespace
 }  // namespace kvsnap
