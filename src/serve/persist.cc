@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "base/chunk_cipher.h"
 #include "base/sha256.h"
 #include "serve/requests.h"
 
@@ -123,7 +124,7 @@ void Persister::save_changed(int only_slot, const std::string& fallback) {
     SaveRequest req;
     req.tags = {{"serve.slot", std::to_string(slot)}, {"serve.task", std::to_string(task)}};
     std::string slot_ns;
-    bool unowned = false;
+    bool unowned = false, no_tenant = false;
     // Tagged by what the slot holds: the request whose prompt its tokens start with.
     auto attribute = [&](const std::vector<int32_t>& tokens, SaveRequest& r) -> Status {
       {
@@ -134,6 +135,16 @@ void Persister::save_changed(int only_slot, const std::string& fallback) {
       if ((unowned = slot_ns.empty()))
         return Status::NotFound("slot " + std::to_string(slot) + " holds a conversation that begins with no recent "
                                 "request's prompt: not saved now, its own request's save will tag it");
+      // A client's X-Kvsnap-Session that is no tenant name: its conversations are not kept (docs/serve.md),
+      // and that is no failure of persistence (a failed save stops a requantize).
+      if (stores_.per_namespace()) {
+        if (Status s = check_tenant_name(slot_ns); !s.ok()) {
+          no_tenant = true;
+          return Status::InvalidArgument("slot " + std::to_string(slot) + " holds namespace '" +
+                                         slot_ns.substr(0, 140) + "', which cannot be a tenant (" + s.message() +
+                                         "): not saved");
+        }
+      }
       r.tags["serve.ns"] = slot_ns;
       return Status::OK();
     };
@@ -146,6 +157,11 @@ void Persister::save_changed(int only_slot, const std::string& fallback) {
     std::lock_guard<std::mutex> l(mu_);
     if (!r.ok() && unowned) {
       log_("persist: " + r.status().message());
+      continue;
+    }
+    if (!r.ok() && no_tenant) {
+      log_("persist: " + r.status().message());
+      saved_task_[slot] = task;  // done with: not retried by every later pass
       continue;
     }
     if (!r.ok()) {

@@ -543,10 +543,19 @@ def run_tenant_per_namespace(kvsnap, llama, model, work):
 
     proc, port, log = start_serve(kvsnap, llama, store, work, "tenants-1", base, serve_args=tpn)
     n_prompt, n_full = n_tokens(port, PROMPT), n_tokens(port, PROMPT + SUFFIX)
+    # a session name that is no tenant name (a space): answered, not kept, and no failed save (a
+    # failed save stops every requantize)
+    s, _ = ask(port, "A conversation nobody may keep. " + other, {"X-Kvsnap-Session": "no tenant"})
+    check(s == 200, "tenants: a session that is no tenant name is answered")
     for prompt, who in ((PROMPT, ana), (other, bob)):
         s, _ = ask(port, prompt, who)
         check(s == 200, f"tenants: {who['X-Kvsnap-Session']}'s first turn")
-    stop_serve(proc, log, "tenants-1", work)
+    wait_for(lambda: "cannot be a tenant" in open(os.path.join(work, "tenants-1.log")).read(), 30)
+    s, _, raw = request(port, "GET", "/kvsnap/usage")
+    failed = json.loads(raw)["counters"]["saves"]["failed"] if s == 200 else raw
+    check(failed == 0, f"tenants: the session that is no tenant name counts no failed save ({failed})")
+    text = stop_serve(proc, log, "tenants-1", work)
+    check("cannot be a tenant" in text, "tenants: the session that is no tenant name is logged")
     for tenant in ("session-ana", "session-bob"):
         rows = ls(kvsnap, store, "--key-file", key, "--tenant", tenant)
         mine = [r for r in rows if (r.get("encryption") or {}).get("tenant") == tenant]
