@@ -188,7 +188,12 @@ void Supervisor::monitor() {
       if (!replacing)
         log_(o_.argv[0] + " (pid " + std::to_string(pid) + ") " + describe_exit(st) + " unexpectedly: restarting it");
       restart_loop();
-      if (stopping_) return;
+      if (stopping_) {
+        // Healthy just as stop() signalled it: still this thread's to reap (stop() waits for that).
+        const pid_t now = pid_;
+        if (now > 0) end_child_on_stop(now, false);
+        return;
+      }
       if (!replacing) ++restarts_;
       log_("restarted " + o_.argv[0] + " (pid " + std::to_string(pid_) + ")" +
            (replacing ? " with the previous arguments" : ", restart " + std::to_string(restarts_)));
@@ -220,8 +225,12 @@ bool Supervisor::try_replacement(const std::vector<std::string>& argv, Status& r
       std::lock_guard<std::mutex> l(mu_);
       pid_ = *np;
     }
-    h = wait_healthy(*np);
-    if (!h.ok() && stopping_) waitpid(*np, nullptr, 0);  // stop() signalled it; this thread is the only reaper
+    h = stopping_ ? Status::Interrupted("stopping") : wait_healthy(*np);
+    if (stopping_) {
+      end_child_on_stop(*np, !h.ok() && h.code() != Code::kInterrupted);
+      result = Status::Interrupted("kvsnap serve is stopping");
+      return false;
+    }
   }
   if (h.ok()) return true;
   {
@@ -233,6 +242,30 @@ bool Supervisor::try_replacement(const std::vector<std::string>& argv, Status& r
   result = h;
   log_("the new arguments failed (" + h.ToString() + "): starting the previous ones again");
   return false;
+}
+
+// A child this thread started while stop() runs: stop() signals only the pid it finds, so one set
+// after it looked was never signalled, and one it signalled is still this thread's to reap (the only
+// reaper; stop() waits for pid_ to go back to 0). `reaped`: wait_healthy already did.
+void Supervisor::end_child_on_stop(pid_t pid, bool reaped) {
+  if (!reaped) {
+    kill(-pid, SIGTERM);
+    const auto deadline = Clock::now() + std::chrono::duration<double>(o_.stop_timeout_s);
+    pid_t r;
+    while ((r = waitpid(pid, nullptr, WNOHANG)) == 0 && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (r == 0) {
+      log_(o_.argv[0] + " did not stop within " + std::to_string(int(o_.stop_timeout_s)) + " s: SIGKILL");
+      kill(-pid, SIGKILL);
+      while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    pid_ = 0;
+  }
+  cv_.notify_all();
 }
 
 // Starts o_.argv again after a pause, until it is healthy or stop() is called.
@@ -252,10 +285,9 @@ void Supervisor::restart_loop() {
       std::lock_guard<std::mutex> l(mu_);
       pid_ = *np;
     }
-    Status h = wait_healthy(*np);
+    Status h = stopping_ ? Status::Interrupted("stopping") : wait_healthy(*np);
+    if (stopping_) return end_child_on_stop(*np, !h.ok() && h.code() != Code::kInterrupted);
     if (h.ok()) return;
-    // Stopping during the restart: stop() signals this child; reap it here, the only reaper.
-    if (stopping_) waitpid(*np, nullptr, 0);
     {
       std::lock_guard<std::mutex> l(mu_);
       pid_ = 0;

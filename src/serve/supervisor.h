@@ -88,6 +88,7 @@ class Supervisor {
   Status wait_healthy(pid_t pid);
   void monitor();
   void restart_loop();
+  void end_child_on_stop(pid_t pid, bool reaped);
   bool try_replacement(const std::vector<std::string>& argv, Status& result);
 
   SupervisorOptions o_;
