@@ -246,7 +246,7 @@ struct Proxy::Impl {
           l.unlock();
           if (!chunk.empty()) {
             x->response_body += chunk;
-            if (x->response_body.size() > 2 * kStreamTail) x->response_body.erase(0, x->response_body.size() - kStreamTail);
+            trim_stream_tail(x->response_body, kStreamTail);
           }
           // on_done before the client sees the end: a client that sends its next request at once must
           // find this exchange's bookkeeping (its queued save) done.

@@ -143,6 +143,15 @@ void for_each_answer_json(bool streamed, std::string_view body, const std::funct
   }
 }
 
+void trim_stream_tail(std::string& body, size_t keep) {
+  if (body.size() <= 2 * keep) return;
+  const size_t cut = body.size() - keep;
+  // The start of the event that holds byte `cut`: its "data: " at the start of a line (a JSON event
+  // escapes its newlines, so no event holds "\ndata: " inside it).
+  const size_t line = body.rfind("\ndata: ", cut - 1);
+  if (line != std::string::npos) body.erase(0, line + 1);
+}
+
 int slot_of_answer_body(bool streamed, std::string_view body) {
   int slot = -1;  // in a stream, the last event that names one
   for_each_answer_json(streamed, body, [&slot](const nlohmann::json& j) {

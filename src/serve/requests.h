@@ -61,6 +61,12 @@ void for_each_answer_json(bool streamed, std::string_view body, const std::funct
 // last event that names one), or -1.
 int slot_of_answer_body(bool streamed, std::string_view body);
 
+// What a proxy keeps of a stream it forwards, for the two readers above: once `body` holds more
+// than 2 x `keep` bytes, the events before the last `keep` bytes are dropped, cutting at the start of
+// an event (a line beginning "data: "), never inside one: the stream's last event, which names the
+// slot and the timings, is kept whole however long (3.22.1's holds the whole prompt's text).
+void trim_stream_tail(std::string& body, size_t keep);
+
 // timings.prompt_n of a completion answer (in a stream, its last event that has one): how many
 // prompt tokens the child evaluated. nullopt when no event has one; an error (kMismatch) when one
 // is not a non-negative integer.

@@ -1,7 +1,11 @@
 // What kvsnap serve reads from clients and from its child (src/serve/requests.h): every parser on
 // the same input, as a completion request on each kind of route, a requantize body, the child's
 // /apply-template answer and a completion answer both whole and as a "data: " event stream, and
-// the proxy's test for a stream's last event (ends_a_stream) on what the child streams.
+// the proxy's test for a stream's last event (ends_a_stream) on what the child streams, and the
+// tail of a stream it keeps (trim_stream_tail).
+#include <algorithm>
+#include <string>
+
 #include "fuzz/fuzz_input.h"
 #include "serve/requests.h"
 
@@ -18,5 +22,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)kvsnap::prompt_n_of_answer(streamed, body);
   }
   (void)kvsnap::ends_a_stream(body);
+  // The proxy's tail of a stream: a suffix of what came, at least `keep` bytes of it, starting at
+  // an event (or the whole body when nothing was cut).
+  for (size_t keep : {size_t(0), size_t(1), size_t(16), size_t(64)}) {
+    std::string tail(body);
+    kvsnap::trim_stream_tail(tail, keep);
+    if (tail.size() > body.size() || body.compare(body.size() - tail.size(), tail.size(), tail) != 0) __builtin_trap();
+    if (tail.size() < std::min(body.size(), keep)) __builtin_trap();
+    if (tail.size() != body.size() && tail.rfind("data: ", 0) != 0) __builtin_trap();
+  }
   return 0;
 }

@@ -108,6 +108,34 @@ TEST(ServeRequests, OnlyTheCompletionRoutesPromptIsLookedUp) {
   EXPECT_FALSE(is_completion_route("/v1/responses/input_tokens"));
 }
 
+// A long stream keeps its events whole: the last event of a /completion stream holds the whole
+// prompt's text (llama-server 3.22.1), so for a prompt over the kept tail a cut at a byte lost its
+// start, where id_slot and timings are, and the save and the reuse proof went without them.
+TEST(ServeRequests, AStreamTailKeepsItsLastEventWhole) {
+  std::string body;
+  for (int i = 0; i < 2000; ++i) body += "data: {\"content\":\"tok" + std::to_string(i) + "\",\"stop\":false}\n\n";
+  const std::string prompt(300000, 'p');
+  body += "data: {\"id_slot\":1,\"stop\":true,\"timings\":{\"prompt_n\":7},\"prompt\":\"" + prompt + "\"}\n\n";
+  std::string kept = body;
+  trim_stream_tail(kept, 64 << 10);
+  EXPECT_LT(kept.size(), body.size());
+  EXPECT_EQ(kept.rfind("data: ", 0), 0u) << "cut inside an event";
+  EXPECT_EQ(slot_of_answer_body(true, kept), 1);
+  auto n = prompt_n_of_answer(true, kept);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n->value_or(0), 7u);
+  // a body of small events: cut at an event, at least `keep` bytes kept, at most 2 x keep
+  std::string small;
+  for (int i = 0; i < 10000; ++i) small += "data: {\"n\":" + std::to_string(i) + "}\n\n";
+  trim_stream_tail(small, 4096);
+  EXPECT_EQ(small.rfind("data: ", 0), 0u);
+  EXPECT_GE(small.size(), 4096u);
+  EXPECT_LE(small.size(), 4096u + 64);
+  std::string short_body = "data: {\"id_slot\":0}\n\n";
+  trim_stream_tail(short_body, 4096);
+  EXPECT_EQ(short_body, "data: {\"id_slot\":0}\n\n");
+}
+
 TEST(ServeRequests, DeepNestingIsAnErrorNotACrash) {
   const std::string deep = "{\"prompt\": \"a\", \"x\": " + nested(100000) + "}";
   auto r = parse_completion_request("/completion", deep);
