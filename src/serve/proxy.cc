@@ -216,8 +216,20 @@ struct Proxy::Impl {
     if (sized || (st->done && st->pending.empty())) {  // a whole body: wait for it
       st->cv.wait(l, [&] { return st->done; });
       std::string body = std::move(st->pending);
+      const bool whole = st->ok;
+      const std::string why = httplib::to_string(st->error);
       l.unlock();
       st->join();
+      if (!whole) {
+        // The child's answer was cut off (it died, or the connection broke): passed on, it would
+        // look complete (a Content-Length of what came) and be saved. An error instead, no save.
+        res.status = 502;
+        res.headers.clear();
+        res.set_content(R"({"error":{"code":502,"message":"kvsnap serve: llama-server's answer was cut off ()" + why +
+                            R"(); it may be restarting","type":"unavailable_error"}})",
+                        "application/json");
+        return;
+      }
       if (!body.empty() || !ctype.empty()) res.set_content(body, ctype);
       Exchange x = exchange_of(req, f, res.status);
       x.response_body = std::move(body);
@@ -242,8 +254,14 @@ struct Proxy::Impl {
             chunk += st->pending;
             st->pending.clear();
           }
-          const bool done = st->done;
+          const bool done = st->done, whole = st->ok;
           l.unlock();
+          if (done && !whole) {
+            // Cut off by the child (it died, or the connection broke): the client must not see a
+            // complete stream, and nothing is saved. Closing without the last chunk tells it.
+            if (!chunk.empty()) (void)sink.write(chunk.data(), chunk.size());
+            return false;
+          }
           if (!chunk.empty()) {
             x->response_body += chunk;
             trim_stream_tail(x->response_body, kStreamTail);

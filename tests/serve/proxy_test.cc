@@ -13,7 +13,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace kvsnap {
 namespace {
@@ -143,6 +145,87 @@ TEST(ServeProxy, AStreamsOnDoneRunsBeforeTheClientSeesItsLastEvent) {
   EXPECT_EQ(done.load(), 1);
   EXPECT_NE(body_seen.find("\"stop\":true"), std::string::npos) << "on_done sees the last event (its slot, timings)";
   EXPECT_NE(got.find("\"t2\""), std::string::npos);
+}
+
+// A child that answers one request with `head` and `body`, then closes the connection: an answer
+// cut off where its Content-Length or its chunks say there is more (llama-server killed mid-answer).
+struct DyingChild {
+  int fd = -1, port = 0;
+  std::thread thread;
+  DyingChild(std::string head, std::string body) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t n = sizeof a;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 4) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0)
+      return;
+    port = ntohs(a.sin_port);
+    thread = std::thread([this, head = std::move(head), body = std::move(body)] {
+      const int c = ::accept(fd, nullptr, nullptr);
+      if (c < 0) return;
+      std::string req;
+      char buf[4096];
+      while (req.find("\r\n\r\n") == std::string::npos) {
+        const ssize_t k = ::read(c, buf, sizeof buf);
+        if (k <= 0) break;
+        req.append(buf, size_t(k));
+      }
+      const std::string out = head + body;
+      (void)!::write(c, out.data(), out.size());
+      ::close(c);
+    });
+  }
+  ~DyingChild() {
+    ::shutdown(fd, SHUT_RDWR);
+    ::close(fd);
+    if (thread.joinable()) thread.join();
+  }
+};
+
+// Cut off answers are errors for the client and are never saved (on_done): a sized one becomes a
+// 502 (passed on, its body would have had a Content-Length of what came, and looked whole); a
+// stream ends without its last chunk, which the client sees as a broken stream.
+TEST(ServeProxy, AnAnswerCutOffByTheChildIsNeitherWholeNorSaved) {
+  struct Case {
+    const char* what;
+    std::string head, body;
+    bool streamed;
+  };
+  const std::vector<Case> cases = {
+      {"sized", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n",
+       R"({"content":"half an answ)", false},
+      {"stream", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+       "1c\r\ndata: {\"content\":\"t0\"}\n\n\r\n", true}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    DyingChild child(c.head, c.body);
+    ASSERT_GT(child.port, 0);
+    ProxyOptions o;
+    o.listen_port = free_port();
+    o.upstream_port = child.port;
+    o.threads = 2;
+    std::atomic<int> done{0};
+    Proxy proxy(o, nullptr, [&](const Exchange&) { ++done; });
+    ASSERT_TRUE(proxy.bind().ok());
+    std::thread serving([&] { proxy.run(); });
+    {
+      httplib::Client cli("127.0.0.1", o.listen_port);
+      cli.set_read_timeout(30);
+      auto r = cli.Post("/completion", R"({"prompt":"a","stream":true})", "application/json");
+      if (c.streamed) {
+        EXPECT_FALSE(r) << "a cut-off stream reached the client as a whole one";
+      } else {
+        ASSERT_TRUE(r) << httplib::to_string(r.error());
+        EXPECT_EQ(r->status, 502) << r->body;
+        EXPECT_NE(r->body.find("cut off"), std::string::npos) << r->body;
+      }
+    }
+    proxy.stop();
+    serving.join();
+    EXPECT_EQ(done.load(), 0) << "a cut-off answer was handed on to be saved";
+  }
 }
 
 }  // namespace
