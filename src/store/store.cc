@@ -929,97 +929,128 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
   ImportVisitor v(io_, paths_, path);
   KV_RETURN_IF_ERROR(import_archive(io_, path, v));  // any error: everything received is discarded
   KV_ASSIGN_OR_RETURN(std::vector<ExportIndexEntry> index, parse_export_index(v.index_text, path));
-  ImportReport rep;
-  for (const auto& [entry, tmp] : v.files) {
+  if (!cipher_ && !store_key_id_.empty())
+    return Status::InvalidArgument("store " + name_ + " is encrypted (key " + store_key_id_ +
+                                   "): pass --key-file FILE or --key-command CMD");
+  // An entry of the archive, opened and checked: its index row (labels opened), its reader.
+  struct Checked {
+    ExportIndexEntry meta;
+    std::unique_ptr<ReadableFile> file;
+    std::unique_ptr<SnapshotReader> reader;
+  };
+  auto check_entry = [&](const std::string& entry, const std::string& tmp) -> Result<Checked> {
     const ExportIndexEntry* listed = nullptr;
     for (const ExportIndexEntry& e : index)
       if (e.file == entry) listed = &e;
     if (!listed) return Status::Corruption(path + ": " + entry + " is not in the export's index");
-    KV_ASSIGN_OR_RETURN(auto file, io_.open_read(tmp));
+    Checked c;
+    KV_ASSIGN_OR_RETURN(c.file, io_.open_read(tmp));
     SnapshotReadOptions ro;
     ro.cipher = source_cipher;
-    auto reader = open_snapshot_file(*file, ro);
+    auto reader = open_snapshot_file(*c.file, ro);
     if (!reader.ok()) return reader.status().Prefixed(path + ": " + entry);
-    KV_RETURN_IF_ERROR((*reader)->verify_chunks().Prefixed(path + ": " + entry));
-    KV_RETURN_IF_ERROR((*reader)->verify_original().Prefixed(path + ": " + entry));
-    ExportIndexEntry labelled = *listed;
-    if (!labelled.sealed_metadata.empty())
-      KV_RETURN_IF_ERROR(open_labels(labelled, source_cipher, (*reader)->manifest().content_digest, path + ": " + entry));
-    const ExportIndexEntry* meta = &labelled;
-    const std::string& uuid = meta->uuid;
-    if (!uuid.empty() && catalog_->resolve(uuid).ok()) {
-      rep.skipped.push_back(uuid + " (already in the store)");
-      continue;
-    }
-    const SnapshotManifest& m = (*reader)->manifest();
-    StateFile state;
-    if (!m.mlx) {
-      KV_ASSIGN_OR_RETURN(state, (*reader)->parse_original());
-    }
-    if (!cipher_ && !store_key_id_.empty())
-      return Status::InvalidArgument("store " + name_ + " is encrypted (key " + store_key_id_ +
-                                     "): pass --key-file FILE or --key-command CMD");
-    const bool same_keys = m.encryption ? cipher_ && source_cipher == cipher() : !cipher_;
-    if (!same_keys) {
-      // Plain into an encrypted store, or another key or tenant: the original saved again.
-      SaveRequest req;
-      req.uuid = uuid;
-      req.created = meta->created;
-      req.model_fingerprint = meta->model_fingerprint;
-      req.tags = meta->tags;
-      req.source_name = m.provenance.source;
-      req.cells_per_chunk = m.cells_per_chunk;
-      if (meta->name && !catalog_->resolve(*meta->name).ok()) req.name = *meta->name;
-      else if (meta->name) rep.skipped.push_back("name '" + *meta->name + "' is taken: imported " + uuid + " without it");
-      const ReadableFile& original = (*reader)->original();
-      auto saved = [&]() -> Result<SaveResult> {
-        if (!m.mlx) {
-          req.writer = m.provenance.writer;
-          return save(original, state, req);
-        }
-        KV_ASSIGN_OR_RETURN(const MlxPromptCache cache, read_mlx_prompt_cache(original));
-        const MlxSnapshotMeta recorded = mlx_meta_of(m);  // its fingerprint comes from the model's name
-        req.mlx_model = recorded.model;
-        req.tokens = recorded.tokens;
-        return save_mlx(original, cache, req);
-      }();
-      KV_RETURN_IF_ERROR(saved.status());
-      rep.imported.push_back(std::move(saved->info));
-      continue;
-    }
-    KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
-    BlobSink sink(*batch, *catalog_);
-    for (const ChunkRef& ref : m.chunks) {
-      KV_ASSIGN_OR_RETURN(std::vector<std::byte> blob, (*reader)->blob(ref.index));
-      KV_RETURN_IF_ERROR(sink.put(ref, blob));
-    }
-    KV_RETURN_IF_ERROR(sink.finish());
-    KV_RETURN_IF_ERROR(batch->commit());
-    const std::vector<ChunkUse>& uses = sink.uses;
-    SnapshotRecord rec;
-    if (m.mlx) {
-      KV_ASSIGN_OR_RETURN(rec, mlx_record(m, (*reader)->original()));
-      // A sealed export's index names no fingerprint: the one the (opened) manifest gives stays.
-      if (!meta->model_fingerprint.empty()) rec.info.model_fingerprint = meta->model_fingerprint;
-    } else {
-      rec = make_record(m, state, m.provenance.file_size, m.arch.value_or(""), meta->model_fingerprint);
-    }
-    rec.info.uuid = uuid;
-    rec.info.created = meta->created;
-    if (meta->name) {
-      const std::string& name = *meta->name;
-      if (catalog_->resolve(name).ok()) rep.skipped.push_back("name '" + name + "' is taken: imported " + uuid + " without it");
-      else rec.info.name = name;
-    }
-    rec.info.tags = meta->tags;
-    if (m.encryption) {  // the same key and tenant (open_snapshot_file checked): blobs copied as they are
-      if (rec.info.uuid.empty()) rec.info.uuid = new_snapshot_uuid();
-      rec.info.content_sha256 = recorded_content_digest(m, cipher());
-      KV_RETURN_IF_ERROR(seal_record(*cipher_, m.bytes, rec));
-      KV_RETURN_IF_ERROR(init_encryption_meta());
-    }
-    KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->commit_save(std::move(rec), uses, batch->hold()));
-    rep.imported.push_back(std::move(stored));
+    c.reader = std::move(*reader);
+    c.meta = *listed;
+    if (!c.meta.sealed_metadata.empty())
+      KV_RETURN_IF_ERROR(open_labels(c.meta, source_cipher, c.reader->manifest().content_digest, path + ": " + entry));
+    return c;
+  };
+  // Every entry is checked before any is stored: a damaged one fails the import with nothing of
+  // the archive in the store (its readers are opened again below, not kept: each holds a cache).
+  for (const auto& [entry, tmp] : v.files) {
+    KV_ASSIGN_OR_RETURN(Checked c, check_entry(entry, tmp));
+    KV_RETURN_IF_ERROR(c.reader->verify_chunks().Prefixed(path + ": " + entry));
+    KV_RETURN_IF_ERROR(c.reader->verify_original().Prefixed(path + ": " + entry));
+    if (!c.reader->manifest().mlx) KV_RETURN_IF_ERROR(c.reader->parse_original().status().Prefixed(path + ": " + entry));
+  }
+  ImportReport rep;
+  // An error from here on (the disk, the catalog) comes after some entries were stored: it says which.
+  auto stored_so_far = [&rep](Status s) {
+    if (rep.imported.empty()) return s;
+    std::string ids;
+    for (const SnapshotInfo& i : rep.imported) ids += (ids.empty() ? "" : ", ") + std::to_string(i.id);
+    return s.Appended(" (imported before it: snapshot " + ids + ")");
+  };
+  for (const auto& received : v.files) {
+    const std::string &entry = received.first, &tmp = received.second;  // named: captured below
+    Status s = [&]() -> Status {
+      KV_ASSIGN_OR_RETURN(Checked checked, check_entry(entry, tmp));
+      auto reader = &checked.reader;
+      const ExportIndexEntry* meta = &checked.meta;
+      const std::string& uuid = meta->uuid;
+      if (!uuid.empty() && catalog_->resolve(uuid).ok()) {
+        rep.skipped.push_back(uuid + " (already in the store)");
+        return Status::OK();
+      }
+      const SnapshotManifest& m = (*reader)->manifest();
+      StateFile state;
+      if (!m.mlx) {
+        KV_ASSIGN_OR_RETURN(state, (*reader)->parse_original());
+      }
+      const bool same_keys = m.encryption ? cipher_ && source_cipher == cipher() : !cipher_;
+      if (!same_keys) {
+        // Plain into an encrypted store, or another key or tenant: the original saved again.
+        SaveRequest req;
+        req.uuid = uuid;
+        req.created = meta->created;
+        req.model_fingerprint = meta->model_fingerprint;
+        req.tags = meta->tags;
+        req.source_name = m.provenance.source;
+        req.cells_per_chunk = m.cells_per_chunk;
+        if (meta->name && !catalog_->resolve(*meta->name).ok()) req.name = *meta->name;
+        else if (meta->name) rep.skipped.push_back("name '" + *meta->name + "' is taken: imported " + uuid + " without it");
+        const ReadableFile& original = (*reader)->original();
+        auto saved = [&]() -> Result<SaveResult> {
+          if (!m.mlx) {
+            req.writer = m.provenance.writer;
+            return save(original, state, req);
+          }
+          KV_ASSIGN_OR_RETURN(const MlxPromptCache cache, read_mlx_prompt_cache(original));
+          const MlxSnapshotMeta recorded = mlx_meta_of(m);  // its fingerprint comes from the model's name
+          req.mlx_model = recorded.model;
+          req.tokens = recorded.tokens;
+          return save_mlx(original, cache, req);
+        }();
+        KV_RETURN_IF_ERROR(saved.status());
+        rep.imported.push_back(std::move(saved->info));
+        return Status::OK();
+      }
+      KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
+      BlobSink sink(*batch, *catalog_);
+      for (const ChunkRef& ref : m.chunks) {
+        KV_ASSIGN_OR_RETURN(std::vector<std::byte> blob, (*reader)->blob(ref.index));
+        KV_RETURN_IF_ERROR(sink.put(ref, blob));
+      }
+      KV_RETURN_IF_ERROR(sink.finish());
+      KV_RETURN_IF_ERROR(batch->commit());
+      const std::vector<ChunkUse>& uses = sink.uses;
+      SnapshotRecord rec;
+      if (m.mlx) {
+        KV_ASSIGN_OR_RETURN(rec, mlx_record(m, (*reader)->original()));
+        // A sealed export's index names no fingerprint: the one the (opened) manifest gives stays.
+        if (!meta->model_fingerprint.empty()) rec.info.model_fingerprint = meta->model_fingerprint;
+      } else {
+        rec = make_record(m, state, m.provenance.file_size, m.arch.value_or(""), meta->model_fingerprint);
+      }
+      rec.info.uuid = uuid;
+      rec.info.created = meta->created;
+      if (meta->name) {
+        const std::string& name = *meta->name;
+        if (catalog_->resolve(name).ok()) rep.skipped.push_back("name '" + name + "' is taken: imported " + uuid + " without it");
+        else rec.info.name = name;
+      }
+      rec.info.tags = meta->tags;
+      if (m.encryption) {  // the same key and tenant (open_snapshot_file checked): blobs copied as they are
+        if (rec.info.uuid.empty()) rec.info.uuid = new_snapshot_uuid();
+        rec.info.content_sha256 = recorded_content_digest(m, cipher());
+        KV_RETURN_IF_ERROR(seal_record(*cipher_, m.bytes, rec));
+        KV_RETURN_IF_ERROR(init_encryption_meta());
+      }
+      KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->commit_save(std::move(rec), uses, batch->hold()));
+      rep.imported.push_back(std::move(stored));
+      return Status::OK();
+    }();
+    if (!s.ok()) return stored_so_far(s);
   }
   return rep;
 }

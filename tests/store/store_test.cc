@@ -17,6 +17,7 @@
 #include "store/archive.h"
 #include "store/fault_io.h"
 #include "store/store_caps_scenario.h"
+#include "archive_edit.h"
 #include "test_files.h"
 
 namespace kvsnap {
@@ -661,6 +662,43 @@ TEST(Store, ExportImportRoundTripAndHostileExports) {
     EXPECT_EQ(files_under(c.root / "tmp"), 0u) << "case " << i;
   }
   fs::remove(ex);
+}
+
+// An archive whose second snapshot is damaged (a well-formed archive: the damage is inside the
+// entry's bytes, past the archive's own checks) imports nothing: every entry is checked before the
+// first is stored. The first was stored, and the import failed without saying so.
+TEST(Store, ImportOfAnArchiveWithOneDamagedEntryStoresNone) {
+  TempStore a, b;
+  Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faoff.slot");
+  Loaded l2 = load(fixtures() / "v0.5.0/hd64-f16-f16-faon.slot");
+  SaveRequest req;
+  req.name = "first";
+  ASSERT_TRUE(a.store->save(*l.file, l.state, req).ok());
+  req.name = "second";
+  ASSERT_TRUE(a.store->save(*l2.file, l2.state, req).ok());
+  const fs::path ex = a.root.parent_path() / ("export2-" + std::to_string(::getpid()) + ".tar.zst");
+  ASSERT_TRUE(a.store->export_to({"first", "second"}, ex.string()).ok());
+  auto entries = test::archive_entries(ex.string());
+  ASSERT_TRUE(entries.ok()) << entries.status().ToString();
+  ASSERT_EQ(entries->size(), 3u);  // the index, then the two snapshots in the order asked
+  std::string& second = (*entries)[2].second;
+  second[second.size() / 2] ^= 0x40;  // inside a chunk's blob
+  std::vector<MemoryFile> files;
+  files.reserve(entries->size());
+  std::vector<ExportEntry> out;
+  for (const auto& [name, bytes] : *entries) {
+    files.emplace_back(name, std::as_bytes(std::span<const char>(bytes)));
+    out.push_back(ExportEntry::FromFile(name, files.back()));
+  }
+  ASSERT_TRUE(export_archive(posix_io(), ex.string(), out).ok());
+  auto r = b.store->import_from(ex.string());
+  fs::remove(ex);
+  ASSERT_FALSE(r.ok()) << "a damaged entry imported";
+  EXPECT_NE(r.status().message().find((*entries)[2].first), std::string::npos) << r.status().ToString();
+  auto all = b.store->catalog().list();
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE(all->empty()) << all->size() << " snapshot(s) of a failed import stored";
+  EXPECT_EQ(files_under(b.root / "tmp"), 0u);
 }
 
 }  // namespace
