@@ -78,6 +78,14 @@ class PosixWritableFile final : public WritableFile {
   PosixWritableFile(std::string path, int fd, bool scratch = false)
       : path_(std::move(path)), fd_(fd), scratch_(scratch) {}
   ~PosixWritableFile() override { (void)close(); }
+  void take_access_of(const std::string& original) override {
+    struct stat want {}, have {};
+    if (fd_ < 0 || ::lstat(original.c_str(), &want) != 0 || !S_ISREG(want.st_mode) || ::fstat(fd_, &have) != 0) return;
+    if ((have.st_mode & 0777) != (want.st_mode & 0777)) (void)::fchmod(fd_, want.st_mode & 0777);
+    // Only root can give a file away; anyone else's new file is theirs, as any file they create.
+    if (::geteuid() == 0 && (have.st_uid != want.st_uid || have.st_gid != want.st_gid))
+      (void)::fchown(fd_, want.st_uid, want.st_gid);
+  }
   using ByteSink::append;
   Status append(std::span<const std::byte> data) override {
     size_t done = 0;
@@ -226,14 +234,6 @@ class PosixIo final : public Io {
 #endif
     return f;
   }
-  Status keep_access(const std::string& from, const std::string& to) override {
-    struct stat st {};
-    if (::stat(from.c_str(), &st) != 0) return errno == ENOENT ? Status::OK() : errno_status("stat", from, errno);
-    if (::chmod(to.c_str(), st.st_mode & 07777) != 0) return errno_status("chmod", to, errno);
-    // Only root can give a file away; anyone else's new file is theirs, as any file they create.
-    if (::geteuid() == 0 && ::chown(to.c_str(), st.st_uid, st.st_gid) != 0) return errno_status("chown", to, errno);
-    return Status::OK();
-  }
   Result<std::unique_ptr<FileLock>> lock_file(const std::string& path, LockMode mode, bool wait) override {
     int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return errno_status("cannot open lock file", path, errno);
@@ -257,8 +257,6 @@ class PosixIo final : public Io {
 Result<std::unique_ptr<FileLock>> Io::lock_file(const std::string& path, LockMode, bool) {
   return Status::NotSupported(path + ": this Io has no file locks");
 }
-
-Status Io::keep_access(const std::string&, const std::string&) { return Status::OK(); }
 
 Result<FileStamp> Io::stamp(const std::string& path) { return Status::NotSupported(path + ": this Io has no file stamps"); }
 
@@ -309,6 +307,7 @@ Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::create(Io& io, const
     }
     return f.status().Prefixed(path + ": cannot write it (a temporary in " + dir + " first)");
   }
+  (*f)->take_access_of(path);  // the file it replaces: its mode (and owner) from the first byte
   return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(io, path, tmp, std::move(*f), options.sync_dir));
 }
 
@@ -328,7 +327,6 @@ Status AtomicFileWriter::commit() {
   if (committed_) return Status::OK();
   KV_RETURN_IF_ERROR(file_->sync());
   KV_RETURN_IF_ERROR(file_->close());
-  KV_RETURN_IF_ERROR(io_.keep_access(path_, tmp_path_));
   KV_RETURN_IF_ERROR(io_.rename(tmp_path_, path_));
   committed_ = true;
   if (!sync_dir_) return Status::OK();

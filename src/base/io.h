@@ -41,6 +41,13 @@ class WritableFile : public ByteSink {
  public:
   virtual Status sync() = 0;   // data durable on return (sync_fd in base/os.h: fdatasync, F_FULLFSYNC on macOS)
   virtual Status close() = 0;  // idempotent
+  // Gives this file the permission bits (0777 of them) of the regular file at `original`, and run as
+  // root its owner and group, when there is one (a symlink there is not followed: a rename replaces
+  // the link itself). Through the open descriptor, before anything is written, so the bytes are
+  // never more readable than the file they replace, and no path swapped in meanwhile is touched.
+  // Best effort: a file system without modes or owners (vfat, NFS's root_squash) keeps its own.
+  // The default does nothing (a file without permissions).
+  virtual void take_access_of(const std::string& original) { (void)original; }
 };
 
 // Bytes in memory; the reading side keeps its own copy or a view.
@@ -175,10 +182,6 @@ class Io {
   // that is soon removed or rewritten gains nothing from reaching the disk early.
   // The default is open_write(path, false): the same bytes, none of the reuse.
   virtual Result<std::unique_ptr<WritableFile>> open_scratch(const std::string& path);
-  // Gives `to` the permission bits of the file `from` (and, run as root, its owner and group),
-  // when `from` exists: what a file replaced by rename keeps (a 0600 slot file stays 0600). The
-  // default does nothing (an Io without permissions).
-  virtual Status keep_access(const std::string& from, const std::string& to);
   // `path`'s stamp (following symlinks). The default says kNotSupported (an Io without them).
   virtual Result<FileStamp> stamp(const std::string& path);
 };
@@ -210,7 +213,7 @@ std::string unique_suffix();
 // Writes `path` so that a reader sees either the old file or the complete new
 // one, never a mix: a temporary file in the same directory, fsync, rename,
 // fsync of the directory. A file it replaces keeps its mode (and owner, as
-// root): Io::keep_access. Dropping the writer without commit() removes the
+// root): WritableFile::take_access_of, on the temporary before it is written. Dropping the writer without commit() removes the
 // temporary file.
 class AtomicFileWriter final : public ByteSink {
  public:

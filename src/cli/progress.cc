@@ -71,6 +71,7 @@ class CountingWritable final : public WritableFile {
   // A file is made durable only when the operation means to keep it: not after Ctrl-C.
   Status sync() override { return interrupted() ? stopped(name_) : f_->sync(); }
   Status close() override { return f_->close(); }  // always: cleanup must work after Ctrl-C
+  void take_access_of(const std::string& original) override { f_->take_access_of(original); }
 
  private:
   std::unique_ptr<WritableFile> f_;
@@ -96,7 +97,6 @@ class CountingIo final : public Io {
     return std::unique_ptr<WritableFile>(std::make_unique<CountingWritable>(std::move(f), path));
   }
   Status rename(const std::string& from, const std::string& to) override { return base().rename(from, to); }
-  Status keep_access(const std::string& from, const std::string& to) override { return base().keep_access(from, to); }
   Result<FileStamp> stamp(const std::string& path) override { return base().stamp(path); }
   Status remove(const std::string& path) override { return base().remove(path); }
   Status sync_dir(const std::string& dir) override { return base().sync_dir(dir); }

@@ -74,6 +74,43 @@ TEST(PosixIo, AReplacedFileKeepsItsMode) {
   fs::remove_all(dir);
 }
 
+// The temporary has the original's mode before its first byte (a 0600 conversation is never
+// readable by others while it is written, nor in what a killed kvsnap leaves); a symlink at the
+// target is replaced, not followed (whatever it points to keeps its mode and bytes); setuid and
+// setgid bits are not copied.
+TEST(PosixIo, TheTemporaryIsAsPrivateAsTheFileItReplacesAndLinksAreNotFollowed) {
+  const fs::path dir = fs::temp_directory_path() / ("kvsnap-io-tmpmode-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "slot.bin").string();
+  ASSERT_TRUE(write_atomically(path, "old").ok());
+  ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+  {
+    auto w = AtomicFileWriter::create(posix_io(), path);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    size_t temps = 0;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      if (e.path().string().find(kTempInfix) == std::string::npos) continue;
+      ++temps;
+      EXPECT_EQ(mode_of(e.path().string()), 0600u) << "the temporary is readable by others";
+    }
+    EXPECT_EQ(temps, 1u);
+  }  // dropped without commit: the temporary goes
+
+  const std::string victim = (dir / "victim").string(), link = (dir / "link.bin").string();
+  ASSERT_TRUE(write_atomically(victim, "secret").ok());
+  ASSERT_EQ(::chmod(victim.c_str(), 0600), 0);
+  ASSERT_EQ(::symlink(victim.c_str(), link.c_str()), 0);
+  ASSERT_TRUE(write_atomically(link, "new").ok());
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(link))) << "the link was written through";
+  EXPECT_EQ(mode_of(victim), 0600u);
+  EXPECT_EQ(test_read(victim), "secret");
+
+  ASSERT_EQ(::chmod(path.c_str(), 06755), 0);
+  ASSERT_TRUE(write_atomically(path, "newer").ok());
+  EXPECT_EQ(mode_of(path), 0755u) << "setuid/setgid copied";
+  fs::remove_all(dir);
+}
+
 // Run as root (as `sudo kvsnap migrate`), a replaced file keeps its owner and group: llama-server,
 // running as that owner, opens it for writing again when it saves the slot.
 TEST(PosixIo, AReplacedFileKeepsItsOwnerWhenRoot) {

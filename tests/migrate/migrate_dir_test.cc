@@ -44,7 +44,6 @@ class SavedMeanwhileIo final : public Io {
   Result<bool> exists(const std::string& path) override { return base().exists(path); }
   Result<std::vector<DirEntry>> list_dir(const std::string& dir) override { return base().list_dir(dir); }
   Status create_dirs(const std::string& dir) override { return base().create_dirs(dir); }
-  Status keep_access(const std::string& from, const std::string& to) override { return base().keep_access(from, to); }
   Result<FileStamp> stamp(const std::string& path) override { return base().stamp(path); }
 
  private:
