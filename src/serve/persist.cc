@@ -157,11 +157,13 @@ void Persister::save_changed(int only_slot, const std::string& fallback) {
     std::lock_guard<std::mutex> l(mu_);
     if (!r.ok() && unowned) {
       log_("persist: " + r.status().message());
+      if (book_) book_->forget(slot);  // it holds another conversation than its last snapshot now
       continue;
     }
     if (!r.ok() && no_tenant) {
       log_("persist: " + r.status().message());
       saved_task_[slot] = task;  // done with: not retried by every later pass
+      if (book_) book_->forget(slot);  // its last snapshot is no longer what it holds
       continue;
     }
     if (!r.ok()) {

@@ -57,6 +57,11 @@ void SlotBook::put(int slot, SlotRecord r) {
   slots_[slot] = std::move(r);
 }
 
+void SlotBook::forget(int slot) {
+  std::lock_guard<std::mutex> l(mu_);
+  slots_.erase(slot);
+}
+
 std::map<int, SlotRecord> SlotBook::all() {
   std::lock_guard<std::mutex> l(mu_);
   return slots_;

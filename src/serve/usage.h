@@ -39,6 +39,9 @@ struct SlotRecord {
 class SlotBook {
  public:
   void put(int slot, SlotRecord r);
+  // The slot holds something no snapshot has (a conversation not kept): a requantize must not put
+  // the slot's previous snapshot back into it, nor report its size.
+  void forget(int slot);
   std::map<int, SlotRecord> all();
   void clear();
 
