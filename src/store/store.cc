@@ -962,6 +962,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     KV_RETURN_IF_ERROR(c.reader->verify_chunks().Prefixed(path + ": " + entry));
     KV_RETURN_IF_ERROR(c.reader->verify_original().Prefixed(path + ": " + entry));
     if (!c.reader->manifest().mlx) KV_RETURN_IF_ERROR(c.reader->parse_original().status().Prefixed(path + ": " + entry));
+    else KV_RETURN_IF_ERROR(read_mlx_prompt_cache(c.reader->original()).status().Prefixed(path + ": " + entry));
   }
   ImportReport rep;
   // An error from here on (the disk, the catalog) comes after some entries were stored: it says which.
