@@ -80,7 +80,9 @@ typedef struct kvsnap_convert_params {
  * kvsnap_convert_params_v2_init(&p, sizeof p). A library older than the program's kvsnap.h refuses
  * (KVSNAP_ERR_NOT_SUPPORTED) members it does not know only when they are set. */
 typedef struct kvsnap_convert_params_v2 {
-  size_t struct_size;      /* sizeof(kvsnap_convert_params_v2) as the program was compiled */
+  size_t struct_size;      /* sizeof(kvsnap_convert_params_v2) as the program was compiled: always
+                              initialise the struct with kvsnap_convert_params_v2_init (a garbage
+                              size over 4096 is refused, one below it cannot be told from a size) */
   const char *ctk;         /* as in kvsnap_convert_params */
   const char *ctv;
   int flash_attn;

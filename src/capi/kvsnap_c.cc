@@ -179,6 +179,11 @@ kvsnap::Result<kvsnap_convert_params_v2> read_v2(const kvsnap_convert_params_v2*
   kvsnap_convert_params_v2 v;
   kvsnap_convert_params_v2_init(&v, sizeof v);
   if (!p) return v;
+  // A size no kvsnap.h will reach: the struct was not initialised (kvsnap_convert_params_v2_init).
+  if (p->struct_size > 4096) {
+    return Status::InvalidArgument("kvsnap_convert_params_v2.struct_size is " + std::to_string(p->struct_size) +
+                                   ": not initialised? call kvsnap_convert_params_v2_init(&p, sizeof p) first");
+  }
   if (p->struct_size < sizeof v) {
     return Status::InvalidArgument("kvsnap_convert_params_v2.struct_size is " + std::to_string(p->struct_size) +
                                    ", smaller than any kvsnap_convert_params_v2 (" + std::to_string(sizeof v) +

@@ -180,6 +180,10 @@ TEST(CApi, V2StructSizeIsChecked) {
 
   kvsnap_convert_params_v2 p;
   kvsnap_convert_params_v2_init(&p, sizeof p);
+  p.struct_size = size_t(1) << 40;  // never initialised: refused, not read
+  Converted garbage = convert_v2(nullptr, slot, &p);
+  EXPECT_EQ(garbage.status, KVSNAP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(garbage.error.find("not initialised"), std::string::npos) << garbage.error;
   p.struct_size = sizeof(size_t);
   Converted small = convert_v2(nullptr, slot, &p);
   EXPECT_EQ(small.status, KVSNAP_ERR_INVALID_ARGUMENT);
