@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "test_files.h"
@@ -38,6 +39,14 @@ struct TempDir {
   }
   ~TempDir() { fs::remove_all(path); }
 };
+
+// DIR/slots holding copies of fixtures, named as given.
+fs::path slots_with(const TempDir& t, const std::vector<std::pair<std::string, std::string>>& files) {
+  const fs::path dir = t.path / "slots";
+  fs::create_directories(dir);
+  for (const auto& [from, name] : files) fs::copy_file(fixture(from), dir / name);
+  return dir;
+}
 
 // What kvsnap convert makes of `src` with the same request: the one valid converted file.
 std::string expected_conversion(const fs::path& src, const fs::path& work, const std::string& args) {
@@ -81,10 +90,7 @@ TEST(Migrate, ConvertsInPlaceExactlyLikeConvertAndSkipsWhatIsDone) {
 // convert exactly as `kvsnap convert --source-build` does.
 TEST(Migrate, OldQuantizedFilesNeedTheBuildThatWroteThem) {
   TempDir t;
-  fs::path dir = t.path / "slots";
-  fs::create_directories(dir);
-  fs::copy_file(fixture("b10361/hd64-q8_0-q8_0-faon.slot"), dir / "g.slot");
-  fs::copy_file(fixture("b10361/hd64-f16-f16-faon.slot"), dir / "f.slot");
+  const fs::path dir = slots_with(t, {{"b10361/hd64-q8_0-q8_0-faon.slot", "g.slot"}, {"b10361/hd64-f16-f16-faon.slot", "f.slot"}});
   const std::string before = slurp(dir / "g.slot");
   const std::string args = "--ctk f16 --ctv f16 --model " + kModel;
   EXPECT_NE(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " " + args + " >/dev/null 2>&1"), 0);
@@ -103,10 +109,7 @@ TEST(Migrate, OldQuantizedFilesNeedTheBuildThatWroteThem) {
 // files whose header shows the change; `kvsnap convert` into another file does the rotation.
 TEST(Migrate, RefusesWhatOnlyRotatesValuesUnderTheSameHeader) {
   TempDir t;
-  fs::path dir = t.path / "slots";
-  fs::create_directories(dir);
-  fs::copy_file(fixture("b8121/hd64-q8_0-q8_0-faon.slot"), dir / "q.slot");
-  fs::copy_file(fixture("b8121/hd64-f16-f16-faon.slot"), dir / "f.slot");
+  const fs::path dir = slots_with(t, {{"b8121/hd64-q8_0-q8_0-faon.slot", "q.slot"}, {"b8121/hd64-f16-f16-faon.slot", "f.slot"}});
   const std::string before = slurp(dir / "q.slot");
   const std::string args = "--source-build b8121 --target-build b8700 --model " + kModel;
   const std::string rotated = expected_conversion(fixture("b8121/hd64-q8_0-q8_0-faon.slot"), t.path, args);

@@ -53,6 +53,15 @@ int free_port() {
   return port;
 }
 
+// A proxy on a free loopback port in front of the child listening on `child_port`.
+ProxyOptions in_front_of(int child_port, int threads) {
+  ProxyOptions o;
+  o.listen_port = free_port();
+  o.upstream_port = child_port;
+  o.threads = threads;
+  return o;
+}
+
 // What the client has seen so far (the child paces itself by it).
 struct Seen {
   std::atomic<bool> first{false}, last{false};
@@ -105,10 +114,7 @@ TEST(ServeProxy, AStreamsOnDoneRunsBeforeTheClientSeesItsLastEvent) {
   Seen seen;
   StreamingChild child(seen);
   ASSERT_GT(child.port, 0);
-  ProxyOptions o;
-  o.listen_port = free_port();
-  o.upstream_port = child.port;
-  o.threads = 4;
+  const ProxyOptions o = in_front_of(child.port, 4);
   std::atomic<int> done{0};
   std::string body_seen;
   Proxy proxy(o, nullptr, [&](const Exchange& x) {
@@ -202,10 +208,7 @@ TEST(ServeProxy, AnAnswerCutOffByTheChildIsNeitherWholeNorSaved) {
     SCOPED_TRACE(c.what);
     DyingChild child(c.head, c.body);
     ASSERT_GT(child.port, 0);
-    ProxyOptions o;
-    o.listen_port = free_port();
-    o.upstream_port = child.port;
-    o.threads = 2;
+    const ProxyOptions o = in_front_of(child.port, 2);
     std::atomic<int> done{0};
     Proxy proxy(o, nullptr, [&](const Exchange&) { ++done; });
     ASSERT_TRUE(proxy.bind().ok());
