@@ -8,8 +8,9 @@ pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates python3 p
       libisal-dev               # bench only: kvsnap-codec-bench --slot measures ISA-L igzip beside zstd
       libpq-dev postgresql-15   # the PostgreSQL catalog: libpq, and the server tests/beds/postgres.sh runs
       clang libclang-rt-14-dev  # the fuzz stage: clang 14, and libFuzzer + sanitizer runtimes (not pulled in by clang)
-      clang-16 libc++-16-dev libc++abi-16-dev
-                                # the libc++ stage (macOS proxy): clang 16 + LLVM's C++ library (docs/portability.md)
+      clang-16 libc++-16-dev libc++abi-16-dev libclang-rt-16-dev
+                                # the clang stage (macOS proxy + sanitizers): clang 16, LLVM's C++ library and its
+                                # sanitizer runtimes (docs/portability.md)
       zsh fish                  # the shell-completion tests run in the real shells
       swift swift-proxy swift-object swift-container swift-account python3-swift memcached curl
                                 # the s3 tests' server: Swift 2.30 + s3api on loopback (tests/beds/swift-s3.sh)

@@ -2,14 +2,13 @@
 # The whole test suite, as README.md and .ci/run invoke it:
 #   1. dependencies (Debian packages), 2. the real-llama.cpp bed (npm pack,
 #   cached outside the checkout), 3. build and every test, 3b. the base, store and serve unit
-#   tests against src/base/os.cc's generic POSIX branch (KVSNAP_OS_GENERIC_POSIX), 4. the unit tests
-#   again under AddressSanitizer + UndefinedBehaviorSanitizer, 4b. the kernel layers cross-built
-#   for aarch64 and tested under qemu-user (tests/cross/run.sh), 4b'. the main build's unit tests,
-#   kvsnap-simd-check and a CLI round trip under qemu-x86_64 as CPUs without AVX-512 / without AVX
-#   (tests/cross/x86-cpus.sh), 4c. the whole tree with clang 16 +
-#   libc++ and its unit tests (the macOS proxy, docs/portability.md), 5. every
-#   libFuzzer target (tests/fuzz) on its regression inputs and for a fixed
-#   time (KVSNAP_FUZZ_SECONDS per target, 30 by default).
+#   tests against src/base/os.cc's generic POSIX branch (KVSNAP_OS_GENERIC_POSIX), 4. the kernel
+#   layers cross-built for aarch64 and tested under qemu-user (tests/cross/run.sh), 4b. the main
+#   build's unit tests, kvsnap-simd-check and a CLI round trip under qemu-x86_64 as CPUs without
+#   AVX-512 / without AVX (tests/cross/x86-cpus.sh), 4c. the whole tree with clang 16 + libc++
+#   (the macOS proxy, docs/portability.md), warnings as errors, under AddressSanitizer +
+#   UndefinedBehaviorSanitizer, and its unit and S3 tests, 5. every libFuzzer target (tests/fuzz)
+#   on its regression inputs and for a fixed time (KVSNAP_FUZZ_SECONDS per target, 30 by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
@@ -44,7 +43,12 @@ fi
 # ~2 min the first time, cached afterwards; the test is Skipped when it cannot be made)
 bash tests/mlx/make-bed.sh || echo "mlx-lm bed not made: oracle.mlx_bed will be Skipped"
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+# The builds here carry no debug information (-g is a third of gcc's compile time on this tree, and
+# nothing here reads it); a developer's RelWithDebInfo build keeps it. The fuzz and clang builds keep
+# line tables (cheap in clang) so that a report names its line.
+release=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG"
+         -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG")
+cmake -S . -B build -G Ninja "${release[@]}" >/dev/null
 cmake --build build -j"$jobs"
 # Left out: "slow" (bigger matrices, e.g. oracle.zoo_full).
 ctest --test-dir build --output-on-failure -j"$jobs" -LE 'slow'
@@ -57,19 +61,9 @@ echo "== generic POSIX: src/base/os.cc's branch for other systems, with the base
 # pipe2 or fdatasync; the lifeline without the parent-death signal. Only os.cc and its test differ from
 # build/'s objects, which ccache serves. The test programs run directly (their ctest entries would
 # need every other test program built).
-cmake -S . -B build-posix -G Ninja -DKVSNAP_OS_GENERIC_POSIX=ON -DKVSNAP_BUILD_BENCH=OFF \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B build-posix -G Ninja -DKVSNAP_OS_GENERIC_POSIX=ON -DKVSNAP_BUILD_BENCH=OFF "${release[@]}" >/dev/null
 cmake --build build-posix -j"$jobs" --target base_tests store_tests serve_tests
 for t in base_tests store_tests serve_tests; do build-posix/tests/$t --gtest_brief=1; done
-
-echo "== unit tests under ASan+UBSan =="
-cmake -S . -B build-asan -G Ninja -DKVSNAP_SANITIZE=ON -DKVSNAP_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug >/dev/null
-cmake --build build-asan -j"$jobs"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan -L unit --output-on-failure -j"$jobs"
-# The S3 client reads untrusted replies: its tests against the Swift bed under the sanitizers too (~1 min).
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan -L s3 -LE slow --output-on-failure
 
 echo "== aarch64: cross build, unit + golden tests and kvsnap-simd-check (NEON) under qemu-user =="
 # tests/cross/run.sh: installs g++-aarch64-linux-gnu, qemu-user and arm64 -dev packages if missing.
@@ -83,22 +77,32 @@ echo "== x86-64 CPUs below this one: AVX2 without AVX-512 and SHA-NI (Haswell), 
 # CPU lacks on any path (SIGILL), the same bytes. Uses build/ from above; ~7 min on 2 cores.
 bash tests/cross/x86-cpus.sh build
 
-echo "== clang 16 + libc++: every target, warnings as errors, and the unit tests (the macOS proxy) =="
-# macOS has only libc++ and Apple clang (docs/portability.md). Debug without debug info: the quickest
-# build, with asserts on. GoogleTest is compiled from /usr/src/googletest (Debian's libgtest.a is
-# libstdc++), cpp-httplib from the header-only copy llama.cpp b5640 vendors (0.20.1, fetched above:
-# Debian's is a libstdc++ .so). See docs/portability.md for the measured time of this stage.
+echo "== clang 16 + libc++ + ASan + UBSan: every target, warnings as errors, the unit tests and the S3 client =="
+# One build for three proofs: macOS has only libc++ and Apple clang (docs/portability.md), the unit
+# tests run under AddressSanitizer + UndefinedBehaviorSanitizer, and -Werror holds for clang. Debug
+# (-O0, asserts on): clang compiles this tree with ASan 2-3x faster than at -O1 (cmd_info.cc 13.6 s
+# against 29.8, store_test.cc 8.0 against 25.7), more than the slower tests cost; line tables name
+# the line of a report. GoogleTest is compiled from /usr/src/googletest (Debian's libgtest.a is libstdc++),
+# cpp-httplib from the header-only copy llama.cpp b5640 vendors (0.20.1, fetched above: Debian's is
+# a libstdc++ .so). The sanitizer runtimes are libclang-rt-16-dev's.
 CC=clang-16 CXX=clang++-16 cmake -S . -B build-clang -G Ninja -DKVSNAP_LIBCXX=ON -DKVSNAP_WERROR=ON \
+  -DKVSNAP_SANITIZE=ON \
   -DKVSNAP_HTTPLIB_INCLUDE_DIR="${KVSNAP_ORACLE_DIR:-$HOME/.cache/kvsnap-oracle}/3.10.0/src/vendor/cpp-httplib" \
-  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG=-g0 -DCMAKE_CXX_FLAGS_DEBUG=-g0 >/dev/null
+  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-gline-tables-only" \
+  -DCMAKE_CXX_FLAGS_DEBUG="-gline-tables-only" >/dev/null
 cmake --build build-clang -j"$jobs"
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ctest --test-dir build-clang -L unit --output-on-failure -j"$jobs"
+# The S3 client reads untrusted replies: its tests against the Swift bed under the sanitizers too (~1 min).
+ctest --test-dir build-clang -L s3 -LE slow --output-on-failure
+unset ASAN_OPTIONS UBSAN_OPTIONS
 
 echo "== fuzz targets (clang, libFuzzer + ASan + UBSan) =="
-# Only the fuzz targets and the libraries they link. Measured on 2 cores shared
-# with three other builds (load ~10): the clean build took 9.6 min; the runs
-# take one KVSNAP_FUZZ_SECONDS per target (14) plus a few seconds of regression inputs.
+# Only the fuzz targets and the libraries they link. The runs take KVSNAP_FUZZ_SECONDS per target
+# (14 targets), two at a time on 2 cores (tests/fuzz/run.sh), plus a few seconds of regression inputs.
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DKVSNAP_FUZZ=ON -DKVSNAP_BUILD_TESTS=OFF \
-  -DKVSNAP_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  -DKVSNAP_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only -DNDEBUG" \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only -DNDEBUG" >/dev/null
 cmake --build build-fuzz -j"$jobs" --target fuzz_all
 bash tests/fuzz/run.sh build-fuzz "${KVSNAP_FUZZ_SECONDS:-30}"

@@ -18,7 +18,7 @@
 #
 #   bash tests/cross/x86-cpus.sh [BUILD_DIR]     (default build; the build must exist: run-all.sh's)
 #
-# Installs qemu-user when missing (root, or sudo). About 6 min on 2 cores.
+# Installs qemu-user when missing (root, or sudo). The two CPUs run at once, one core each.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
@@ -55,21 +55,24 @@ round_trip() {
   local out=$1
   shift
   local slot=fixtures/v0.5.0/hd128-f16-f16-faon.slot model=fixtures/models/tiny-hd128.gguf
-  mkdir -p "$out"
-  "$@" "$build/kvsnap" convert "$slot" "$out/convert.slot" --ctk q8_0 --ctv q4_1 --model "$model" >/dev/null
-  KVSNAP_HOME="$out/store" "$@" "$build/kvsnap" save "$slot" --model "$model" --name s1 >/dev/null
+  # Each step returns on failure itself: a caller's `if !` turns set -e off inside the function.
+  mkdir -p "$out" || return 1
+  "$@" "$build/kvsnap" convert "$slot" "$out/convert.slot" --ctk q8_0 --ctv q4_1 --model "$model" >/dev/null || return 1
+  KVSNAP_HOME="$out/store" "$@" "$build/kvsnap" save "$slot" --model "$model" --name s1 >/dev/null || return 1
   KVSNAP_HOME="$out/store" "$@" "$build/kvsnap" restore s1 -o "$out/restore.slot" --ctk q5_1 --ctv iq4_nl \
-    --model "$model" >/dev/null
-  KVSNAP_HOME="$out/store" "$@" "$build/kvsnap" verify --all >/dev/null
-  KVSNAP_HOME="$out/store" "$@" "$build/kvsnap" show s1 --json | grep '"content_digest"' | head -n 1 >"$out/digest"
+    --model "$model" >/dev/null || return 1
+  KVSNAP_HOME="$out/store" "$@" "$build/kvsnap" verify --all >/dev/null || return 1
+  KVSNAP_HOME="$out/store" "$@" "$build/kvsnap" show s1 --json | grep '"content_digest"' | head -n 1 >"$out/digest" ||
+    return 1
 }
 round_trip "$work/native"
 
-failed=0
-for spec in Haswell-v4:avx2:avx2-x8 Nehalem:scalar:openssl; do
-  IFS=: read -r cpu level sha <<<"$spec"
+# One emulated CPU, "MODEL:LEVEL:SHA256": its report on stdout, status 1 when any check failed.
+check_cpu() {
+  local cpu level sha doctor t bin filter f failed=0
+  IFS=: read -r cpu level sha <<<"$1"
   echo "== x86-cpus: $cpu (expect simd $level, sha256 $sha) =="
-  export QEMU_CPU=$cpu
+  export QEMU_CPU=$cpu  # a subshell's: each CPU runs in its own
   doctor=$(qemu-x86_64 "$build/kvsnap" doctor 2>/dev/null || true)
   if ! grep -q "^ok    simd: $level (the best here" <<<"$doctor" ||
      ! grep -q "^ok    sha256: $sha (the best here" <<<"$doctor"; then
@@ -115,7 +118,14 @@ for spec in Haswell-v4:avx2:avx2-x8 Nehalem:scalar:openssl; do
     done
     echo "  CLI round trip: convert, save, restore, verify: the native run's bytes and digest"
   fi
-  unset QEMU_CPU
-done
+  return "$failed"
+}
+# Both CPUs at once: each runs its programs one after the other under one emulator (one core).
+check_cpu Haswell-v4:avx2:avx2-x8 >"$work/haswell.report" 2>&1 & haswell=$!
+check_cpu Nehalem:scalar:openssl >"$work/nehalem.report" 2>&1 & nehalem=$!
+failed=0
+wait "$haswell" || failed=1
+wait "$nehalem" || failed=1
+cat "$work/haswell.report" "$work/nehalem.report"
 [ "$failed" -eq 0 ] || { echo "x86-cpus: FAILED" >&2; exit 1; }
 echo "x86-cpus: every CPU passed"
