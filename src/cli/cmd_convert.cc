@@ -34,15 +34,9 @@ using json = nlohmann::ordered_json;
 // a named pipe, a device), which the rename would replace by a regular file.
 Status check_output(const ConvertOptions& o) {
   const std::string& out = o.out;
+  KV_RETURN_IF_ERROR(refuse_irregular_output(out, "kvsnap convert"));
   struct stat b {};
-  if (::lstat(out.c_str(), &b) != 0) return Status::OK();  // a new file
-  if (!S_ISREG(b.st_mode) && !S_ISLNK(b.st_mode)) {
-    const char* what = S_ISDIR(b.st_mode) ? "a directory" : S_ISFIFO(b.st_mode) ? "a named pipe"
-                       : S_ISCHR(b.st_mode) || S_ISBLK(b.st_mode) ? "a device" : "not a regular file";
-    return Status::InvalidArgument(out + ": is " + std::string(what) +
-                                   "; kvsnap convert writes a regular file in its place (by rename), so it refuses to");
-  }
-  if (::stat(out.c_str(), &b) != 0) return Status::OK();  // a dangling symlink: replaced, nothing lost
+  if (::stat(out.c_str(), &b) != 0) return Status::OK();  // a new file, or a dangling symlink: nothing lost
   for (const auto& [path, what] : {std::pair{&o.in, "the input file"}, {&o.model, "the model (--model)"},
                                    {&o.tokens, "the token file (--tokens)"}}) {
     struct stat a {};

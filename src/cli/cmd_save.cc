@@ -82,7 +82,7 @@ Status run_save(const SaveOpts& o, std::string& out) {
   KV_ASSIGN_OR_RETURN(OpenedState st, open_state(cli_io(), o.file, o.model, o.input_format));
   req.model = st.model_ptr();
   req.source_name = o.file;
-  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  KV_ASSIGN_OR_RETURN(auto store, open_or_create_store(o.store));
   Result<SaveResult> saved = [&] {
     ProgressDisplay shown("save " + o.file, Counted::kRead, st.file->size(), o.progress.mode(o.json));
     return store->save(*st.file, st.state, req);
@@ -121,7 +121,7 @@ Status run_save_mlx(const SaveOpts& o, SaveRequest req, const ReadableFile& file
   }
   req.source_name = o.file;
   KV_ASSIGN_OR_RETURN(const MlxPromptCache cache, read_mlx_prompt_cache(file));
-  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  KV_ASSIGN_OR_RETURN(auto store, open_or_create_store(o.store));
   Result<SaveResult> saved = [&] {
     ProgressDisplay shown("save " + o.file, Counted::kRead, file.size(), o.progress.mode(o.json));
     return store->save_mlx(file, cache, req);
@@ -137,7 +137,7 @@ Status run_save_server(const SaveOpts& o, SaveRequest req, std::string& out) {
     KV_ASSIGN_OR_RETURN(model, load_model_info(cli_io(), t.model));
     req.model = &*model;
   }
-  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  KV_ASSIGN_OR_RETURN(auto store, open_or_create_store(o.store));
   Result<ServerSaveResult> saved = [&] {
     ProgressDisplay shown("save slot " + std::to_string(t.slot), Counted::kRead, 0, o.progress.mode(o.json));
     req.on_start = [&shown](uint64_t file_bytes) { shown.set_total(file_bytes); };  // once the server wrote it

@@ -44,7 +44,9 @@ Status run_import(const ImportOpts& o, std::string& out) {
   ImportOptions io;
   KV_ASSIGN_OR_RETURN(io.from_key, load_store_key(o.from));
   io.from_tenant = o.from.tenant;
-  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  // An archive that cannot be read is said before a store is created for it.
+  KV_RETURN_IF_ERROR(cli_io().open_read(o.file).status());
+  KV_ASSIGN_OR_RETURN(auto store, open_or_create_store(o.store));
   Result<ImportReport> imported = [&] {
     struct stat st {};
     const uint64_t total = ::stat(o.file.c_str(), &st) == 0 ? uint64_t(st.st_size) : 0;

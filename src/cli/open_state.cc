@@ -1,5 +1,7 @@
 #include "cli/open_state.h"
 
+#include <sys/stat.h>
+
 #include "format/ggml_types.h"
 
 namespace kvsnap::cli {
@@ -29,6 +31,17 @@ Result<OpenedState> open_state(Io& io, const std::string& path, const std::strin
                                    "its types");
   }
   return o;
+}
+
+Status refuse_irregular_output(const std::string& out, const std::string& command) {
+  struct stat b {};
+  if (::lstat(out.c_str(), &b) != 0 || S_ISREG(b.st_mode) || S_ISLNK(b.st_mode)) return Status::OK();
+  const char* what = S_ISDIR(b.st_mode)                        ? "a directory"
+                     : S_ISFIFO(b.st_mode)                     ? "a named pipe"
+                     : S_ISCHR(b.st_mode) || S_ISBLK(b.st_mode) ? "a device"
+                                                                : "not a regular file";
+  return Status::InvalidArgument(out + ": is " + std::string(what) + "; " + command +
+                                 " writes a regular file in its place (by rename), so it refuses to");
 }
 
 }  // namespace kvsnap::cli

@@ -25,5 +25,9 @@ struct OpenedState {
 Result<OpenedState> open_state(Io& io, const std::string& path, const std::string& model_path,
                                const std::string& input_format, const std::string& src_types = "");
 
+// kInvalidArgument when `out`, a file `command` is to write, exists and is not a regular file (or a
+// symlink): a directory, a named pipe or a device, which writing by rename would replace with a
+// regular file (or fail on, after the work). --force does not change that.
+Status refuse_irregular_output(const std::string& out, const std::string& command);
 
 }  // namespace kvsnap::cli

@@ -1,9 +1,11 @@
 #include "cli/progress.h"
 #include "cli/store_common.h"
+#include "cli/open_state.h"
 
 #include <sys/stat.h>
 
 #include "migrate/cross_engine.h"
+#include "store/s3_client.h"
 #include "store/store_seal.h"
 
 namespace kvsnap::cli {
@@ -43,9 +45,29 @@ Result<StoreLocation> store_location(const std::string& dir) {
   return where;
 }
 
+// Opening a store creates its catalog and layout; a command that reads or changes what is stored
+// refuses a store that is not there instead. A PostgreSQL catalog's existence is its server's answer.
+static Status require_existing_store(const StoreLocation& where) {
+  // A bad address is the first thing to say, before whether anything is stored behind it.
+  if (where.blob_kind == BlobKind::kS3) KV_RETURN_IF_ERROR(parse_s3_location(where.blobs).status());
+  if (where.catalog_kind != CatalogKind::kSqlite) return Status::OK();
+  KV_ASSIGN_OR_RETURN(bool there, cli_io().exists(where.catalog));
+  if (there) return Status::OK();
+  const std::string& named = where.config.empty() ? where.local_dir : where.config;
+  return Status::NotFound("no store at " + named + " (no " + where.catalog +
+                          "): nothing has been saved there; `kvsnap save` or `kvsnap import` creates a store, "
+                          "--store DIR or $KVSNAP_HOME names another");
+}
+
 Result<std::unique_ptr<Store>> open_store(const std::string& dir, bool keyless_ok) {
   KV_ASSIGN_OR_RETURN(StoreLocation where, store_location(dir));
   where.keys.keyless_ok = keyless_ok;
+  KV_RETURN_IF_ERROR(require_existing_store(where));
+  return Store::open(cli_io(), where);
+}
+
+Result<std::unique_ptr<Store>> open_or_create_store(const std::string& dir) {
+  KV_ASSIGN_OR_RETURN(StoreLocation where, store_location(dir));
   return Store::open(cli_io(), where);
 }
 
@@ -113,6 +135,7 @@ Result<std::pair<std::string, std::string>> parse_tag(const std::string& t) {
 }
 
 Status refuse_existing(const std::string& path, bool force) {
+  KV_RETURN_IF_ERROR(refuse_irregular_output(path, "kvsnap"));
   struct stat st {};
   if (!force && ::stat(path.c_str(), &st) == 0)
     return Status::InvalidArgument(path + " exists; pass --force to replace it");

@@ -23,8 +23,12 @@ using json = nlohmann::ordered_json;
 
 std::string mib(uint64_t b);  // "1.25 MiB"
 // --store, $KVSNAP_HOME, XDG (store_location.h), with the command's key options applied.
-// keyless_ok: an encrypted store opens without its key (verify, gc).
+// keyless_ok: an encrypted store opens without its key (verify, gc). The store must exist:
+// a store whose SQLite catalog is missing is kNotFound, naming where it was looked for, so that
+// `restore --store TYPO` does not make an empty store and report the snapshot missing from it.
 Result<std::unique_ptr<Store>> open_store(const std::string& dir, bool keyless_ok = false);
+// The same, creating the store when it does not exist yet (save, import).
+Result<std::unique_ptr<Store>> open_or_create_store(const std::string& dir);
 Result<StoreLocation> store_location(const std::string& dir);
 
 // The store's key options of the running command (docs/store.md, "Encryption at rest"): every
@@ -42,7 +46,9 @@ std::string label(const SnapshotInfo& s);
 json victim_json(const EvictionVictim& v);
 std::string victim_line(const EvictionVictim& v);  // "chat-42 (id 3)" or "id 3"
 Result<std::pair<std::string, std::string>> parse_tag(const std::string& t);  // KEY=VALUE
-Status refuse_existing(const std::string& path, bool force);  // kInvalidArgument unless --force
+// kInvalidArgument when `path` exists, unless --force; and, --force or not, when it is a directory,
+// a named pipe or a device (refuse_irregular_output).
+Status refuse_existing(const std::string& path, bool force);
 // --tokens FILE: a JSON array, or integers separated by spaces, commas or newlines.
 Result<std::vector<int32_t>> read_token_list(const std::string& path);
 json server_build_json(const ServerBuild& b);

@@ -100,8 +100,11 @@ class StoreCli : public ::testing::Test {
 // snapshot, verify passes, gc reclaims the orphans, every listed snapshot restores.
 TEST_F(StoreCli, SaveKilledAtRandomMomentsLeavesAConsistentStore) {
   const fs::path slot = make_slot("big.slot", 8, 512, 2048, 1);  // 32 MiB
+  // The store exists before the first kill (ls and verify below need one; a kill before a save
+  // made its catalog leaves none).
+  ASSERT_EQ(kv("save " + make_slot("seed.slot", 2, 64, 16, 2).string() + " --name seed").code, 0);
   std::mt19937 rng(11);
-  size_t completed = 0, listed = 0;
+  size_t completed = 0, listed = 1;
   for (int round = 0; round < 8; ++round) {
     pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
@@ -202,6 +205,31 @@ TEST_F(StoreCli, ExitCodesAndMessages) {
   EXPECT_EQ(kv("rm one").code, 0);
   EXPECT_EQ(count_snapshots(), 0u);
   EXPECT_EQ(kv("verify").code, 2) << "verify needs names or --all";
+}
+
+// Only save and import create a store: a command that reads or changes what is stored, given a
+// store that is not there (a mistyped --store), says so by name (exit 8) and creates nothing.
+// restore -o DIR is refused before any work, --force or not.
+TEST_F(StoreCli, OnlySaveAndImportCreateAStore) {
+  const fs::path a = make_slot("a.slot", 2, 64, 40, 4);
+  const std::string out = (dir_ / "x.slot").string(), archive = (dir_ / "e.tar.zst").string();
+  for (const std::string& args : std::vector<std::string>{"ls", "show one", "restore one -o " + out, "rm one",
+                                                          "verify --all", "gc", "export one -o " + archive, "pin one"}) {
+    KvRun r = kv(args);  // the fixture's store does not exist yet
+    EXPECT_EQ(r.code, 8) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("no store at " + store_), std::string::npos) << args << ": " << r.err;
+    EXPECT_FALSE(fs::exists(store_)) << args << " created the store";
+    EXPECT_FALSE(fs::exists(out) || fs::exists(archive)) << args;
+  }
+  ASSERT_EQ(kv("save " + a.string() + " --name one").code, 0);
+  EXPECT_EQ(kv("ls").code, 0);
+  fs::create_directories(dir_ / "adir");
+  for (const char* force : {"", " --force"}) {
+    KvRun r = kv("restore one -o " + (dir_ / "adir").string() + std::string(force));
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("adir: is a directory"), std::string::npos) << r.err;
+    EXPECT_TRUE(fs::is_directory(dir_ / "adir"));
+  }
 }
 
 // Encryption at rest through the binary (docs/store.md, "Encryption at rest"): --key-file,
@@ -685,7 +713,7 @@ TEST_F(StoreCli, ATokenFileWithAnIdPastInt32IsRefused) {
     KvRun found = kv("find --tokens " + (dir_ / "ids.txt").string());
     EXPECT_EQ(found.code, 2) << list << ": " << found.out << found.err;
   }
-  EXPECT_EQ(kv("ls --json").out.find("\"id\""), std::string::npos) << "nothing was saved";
+  EXPECT_FALSE(fs::exists(fs::path(store_) / "catalog.sqlite")) << "nothing was saved, so there is no store";
   std::ofstream(dir_ / "ids.txt", std::ios::trunc) << "4\n5\n6\n";  // one per line, as a tokenizer prints them
   KvRun ok = kv("save " + src.string() + " --model mlx-community/tiny --tokens " + (dir_ / "ids.txt").string());
   EXPECT_EQ(ok.code, 0) << ok.err;
