@@ -86,6 +86,10 @@ class PosixWritableFile final : public WritableFile {
     if (::geteuid() == 0 && (have.st_uid != want.st_uid || have.st_gid != want.st_gid))
       (void)::fchown(fd_, want.st_uid, want.st_gid);
   }
+  void restrict_to_owner() override {
+    struct stat have {};
+    if (fd_ >= 0 && ::fstat(fd_, &have) == 0 && (have.st_mode & 077) != 0) (void)::fchmod(fd_, have.st_mode & 0700);
+  }
   using ByteSink::append;
   Status append(std::span<const std::byte> data) override {
     size_t done = 0;
@@ -308,6 +312,7 @@ Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::create(Io& io, const
     return f.status().Prefixed(path + ": cannot write it (a temporary in " + dir + " first)");
   }
   (*f)->take_access_of(path);  // the file it replaces: its mode (and owner) from the first byte
+  if (options.owner_only) (*f)->restrict_to_owner();
   return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(io, path, tmp, std::move(*f), options.sync_dir));
 }
 

@@ -48,6 +48,10 @@ class WritableFile : public ByteSink {
   // Best effort: a file system without modes or owners (vfat, NFS's root_squash) keeps its own.
   // The default does nothing (a file without permissions).
   virtual void take_access_of(const std::string& original) { (void)original; }
+  // Takes every permission away from group and others (mode & 0700), through the open descriptor
+  // and before anything is written: for a plaintext copy of what an encrypted store seals. Best
+  // effort, as take_access_of. The default does nothing.
+  virtual void restrict_to_owner() {}
 };
 
 // Bytes in memory; the reading side keeps its own copy or a view.
@@ -200,6 +204,9 @@ struct AtomicWriteOptions {
   // directory of `path` itself (batching many files into one directory sync).
   // Until it does, the new name may not survive a crash.
   bool sync_dir = true;
+  // The new file readable by its owner only (WritableFile::restrict_to_owner), whatever the mode of
+  // a file it replaces: it holds what an encrypted store keeps sealed.
+  bool owner_only = false;
 };
 
 // What marks AtomicFileWriter's temporary files: `<target>.kvsnap-tmp-<pid>-<random>`.

@@ -106,7 +106,10 @@ Status run_restore(const RestoreOpts& o, std::string& out) {
   req.model = model ? &*model : nullptr;
   if (o.tokens) req.tokens = o.tokens;
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
-  KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(cli_io(), o.out));
+  AtomicWriteOptions written;
+  // The plaintext of what an encrypted store seals: readable by its owner only.
+  written.owner_only = !store->encryption_key_id().empty();
+  KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(cli_io(), o.out, written));
   Result<RestoreResult> restored = [&] {
     ProgressDisplay shown("restore " + o.ref, Counted::kRead, stored_bytes_of(*store, {o.ref}), o.progress.mode(o.json));
     return store->restore(o.ref, req, *writer);

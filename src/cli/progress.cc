@@ -72,6 +72,7 @@ class CountingWritable final : public WritableFile {
   Status sync() override { return interrupted() ? stopped(name_) : f_->sync(); }
   Status close() override { return f_->close(); }  // always: cleanup must work after Ctrl-C
   void take_access_of(const std::string& original) override { f_->take_access_of(original); }
+  void restrict_to_owner() override { f_->restrict_to_owner(); }
 
  private:
   std::unique_ptr<WritableFile> f_;

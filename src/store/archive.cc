@@ -510,7 +510,9 @@ Status write_archive(ByteSink& out, std::span<const ExportEntry> entries, const 
 Status export_archive(Io& io, const std::string& path, std::span<const ExportEntry> entries,
                       const ArchiveWriteOptions& options) {
   KV_RETURN_IF_ERROR(check_export_entries(entries));  // before a temporary file exists
-  KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(io, path));
+  AtomicWriteOptions file;
+  file.owner_only = options.owner_only;
+  KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(io, path, file));
   {
     BufferedSink buffered(*writer);
     KV_RETURN_IF_ERROR(write_archive(buffered, entries, options));

@@ -93,6 +93,7 @@ struct ArchiveWriteOptions {
   int64_t mtime = 0;              // of every entry, seconds since the epoch
   int zstd_level = 3;             // 1..19
   size_t piece_bytes = 1 << 20;   // read size for ExportEntry::file
+  bool owner_only = false;        // export_archive: the file mode 0600 (it holds decrypted snapshots)
 };
 
 // Writes the archive to `out`. Errors: kInvalidArgument for a bad or

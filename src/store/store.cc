@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <set>
@@ -49,6 +50,7 @@ TempFile::~TempFile() {
 
 Status write_temp(Io& io, const std::string& path, const std::function<Status(ByteSink&)>& fill) {
   KV_ASSIGN_OR_RETURN(auto w, io.open_write(path, /*exclusive=*/true));
+  w->restrict_to_owner();  // this process's own: in an encrypted store, plaintext
   {
     BufferedSink b(*w);
     KV_RETURN_IF_ERROR(fill(b));
@@ -913,7 +915,10 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
     entries.push_back(ExportEntry::FromProducer(export_entry_name(it.info), a->file_size(),
                                                 [a, &source](ByteSink& out) { return a->write(source, out); }));
   }
-  return export_archive(io_, path, entries);
+  ArchiveWriteOptions written;
+  // A snapshot decrypted into the archive is no more readable there than its owner's own files.
+  written.owner_only = std::any_of(items.begin(), items.end(), [](const Item& it) { return it.opened != nullptr; });
+  return export_archive(io_, path, entries, written);
 }
 
 Result<ImportReport> Store::import_from(const std::string& path, const ImportOptions& opts) {

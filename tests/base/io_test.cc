@@ -74,6 +74,31 @@ TEST(PosixIo, AReplacedFileKeepsItsMode) {
   fs::remove_all(dir);
 }
 
+// owner_only (a plaintext copy of what an encrypted store seals): group and others lose every
+// permission, whether the file is new or replaces a more open one, from the temporary's first byte.
+TEST(PosixIo, AnOwnerOnlyFileIsReadableByItsOwnerOnly) {
+  const fs::path dir = fs::temp_directory_path() / ("kvsnap-io-owner-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "plain.slot").string();
+  AtomicWriteOptions private_file;
+  private_file.owner_only = true;
+  for (mode_t before : {mode_t(0), mode_t(0644), mode_t(0660)}) {  // 0: no file there yet
+    fs::remove(path);
+    if (before != 0) {
+      ASSERT_TRUE(write_atomically(path, "old").ok());
+      ASSERT_EQ(::chmod(path.c_str(), before), 0);
+    }
+    auto w = AtomicFileWriter::create(posix_io(), path, private_file);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_EQ(mode_of((*w)->temp_path()) & 077, 0u) << "the temporary, replacing " << std::oct << before;
+    ASSERT_TRUE((*w)->append(std::as_bytes(std::span<const char>("new", 3))).ok());
+    ASSERT_TRUE((*w)->commit().ok());
+    EXPECT_EQ(mode_of(path) & 077, 0u) << "replacing " << std::oct << before;
+    EXPECT_EQ(mode_of(path) & 0600, 0600u);
+  }
+  fs::remove_all(dir);
+}
+
 // The temporary has the original's mode before its first byte (a 0600 conversation is never
 // readable by others while it is written, nor in what a killed kvsnap leaves); a symlink at the
 // target is replaced, not followed (whatever it points to keeps its mode and bytes); setuid and

@@ -244,6 +244,9 @@ TEST_F(StoreCli, EncryptedStoreNeedsItsKeyAndTenant) {
   EXPECT_NE(saved.out.find("\"tenant\": \"alice\""), std::string::npos) << saved.out;
   ASSERT_EQ(kv("restore one -o " + (dir_ / "back.slot").string() + " --tenant alice" + k).code, 0);
   EXPECT_EQ(slurp(dir_ / "back.slot"), slurp(a));
+  // the plaintext of what the store seals is its owner's only
+  const fs::perms others = fs::perms::group_all | fs::perms::others_all;
+  EXPECT_EQ(fs::status(dir_ / "back.slot").permissions() & others, fs::perms::none);
 
   KvRun none = kv("restore one -o " + (dir_ / "x.slot").string());
   EXPECT_EQ(none.code, 2) << none.err;
@@ -283,6 +286,7 @@ TEST_F(StoreCli, EncryptedStoreNeedsItsKeyAndTenant) {
   ASSERT_EQ(kv("export one -o " + sealed + " --tenant alice" + k).code, 0);
   KvRun dec = kv("export one --decrypt -o " + plain + " --tenant alice" + k);
   ASSERT_EQ(dec.code, 0) << dec.err;
+  EXPECT_EQ(fs::status(plain).permissions() & others, fs::perms::none) << "a decrypted archive";
   auto kv_at = [&](const std::string& at, const std::string& args) {
     const std::string keep = store_;
     store_ = at;

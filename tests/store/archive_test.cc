@@ -166,6 +166,8 @@ class FaultyFile final : public WritableFile {
   }
   Status sync() override { return faults_.fail_sync ? Status::IOError("injected: fdatasync failed") : f_->sync(); }
   Status close() override { return f_->close(); }
+  void take_access_of(const std::string& original) override { f_->take_access_of(original); }
+  void restrict_to_owner() override { f_->restrict_to_owner(); }
 
  private:
   std::unique_ptr<WritableFile> f_;

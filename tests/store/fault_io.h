@@ -231,6 +231,8 @@ class FaultInjectingIo::File final : public WritableFile {
     }
     return f_->close();
   }
+  void take_access_of(const std::string& original) override { f_->take_access_of(original); }
+  void restrict_to_owner() override { f_->restrict_to_owner(); }
 
  private:
   FaultInjectingIo& io_;
