@@ -50,7 +50,9 @@ TempFile::~TempFile() {
 
 Status write_temp(Io& io, const std::string& path, const std::function<Status(ByteSink&)>& fill) {
   KV_ASSIGN_OR_RETURN(auto w, io.open_write(path, /*exclusive=*/true));
-  w->restrict_to_owner();  // this process's own: in an encrypted store, plaintext
+  // This process's own; in an encrypted store, plaintext. Narrowed just after the create
+  // (docs/store.md, "Encryption at rest": the instant before it is not closed).
+  w->restrict_to_owner();
   {
     BufferedSink b(*w);
     KV_RETURN_IF_ERROR(fill(b));
@@ -760,6 +762,7 @@ class ImportVisitor final : public ArchiveVisitor {
                                   "' is not a .kvsnap snapshot; is this a kvsnap export?");
     const std::string tmp = temp_name(paths_, "import");
     KV_ASSIGN_OR_RETURN(out_, io_.open_write(tmp, /*exclusive=*/true));
+    out_->restrict_to_owner();  // as write_temp's: an entry of a decrypted export is plaintext
     files.push_back({e.name, tmp});
     return Status::OK();
   }

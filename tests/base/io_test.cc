@@ -77,6 +77,7 @@ TEST(PosixIo, AReplacedFileKeepsItsMode) {
 // owner_only (a plaintext copy of what an encrypted store seals): group and others lose every
 // permission, whether the file is new or replaces a more open one, from the temporary's first byte.
 TEST(PosixIo, AnOwnerOnlyFileIsReadableByItsOwnerOnly) {
+  const mode_t umask_before = ::umask(022);  // a umask of 077 would pass this without the feature
   const fs::path dir = fs::temp_directory_path() / ("kvsnap-io-owner-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string path = (dir / "plain.slot").string();
@@ -97,6 +98,7 @@ TEST(PosixIo, AnOwnerOnlyFileIsReadableByItsOwnerOnly) {
     EXPECT_EQ(mode_of(path) & 0600, 0600u);
   }
   fs::remove_all(dir);
+  ::umask(umask_before);
 }
 
 // The temporary has the original's mode before its first byte (a 0600 conversation is never

@@ -2,6 +2,7 @@
 // processes saving and restoring at once, and the commands' exit codes.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -236,6 +237,10 @@ TEST_F(StoreCli, OnlySaveAndImportCreateAStore) {
 // --key-command and --tenant on every store command, the store config's "key_file" and
 // "tenant", exit 2 without a key, 5 with another key or tenant, verify without the key.
 TEST_F(StoreCli, EncryptedStoreNeedsItsKeyAndTenant) {
+  struct Umask022 {  // for the mode checks: a umask of 077 would pass them without the feature
+    mode_t before = ::umask(022);
+    ~Umask022() { ::umask(before); }
+  } umask022;
   const fs::path a = make_slot("a.slot", 2, 64, 300, 7);
   const fs::path key = key_file("k.key", 'c'), other = key_file("other.key", 'd');
   const std::string k = " --key-file " + key.string();
