@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -59,7 +60,15 @@ std::string server_build_note(const ServerBuild& b);
 // stdout, an error on stderr, the exit code in exit_status.
 template <class Opts, class Run>
 void bind(CLI::App* sub, std::shared_ptr<Opts> o, Run run, const char* name, int& exit_status) {
-  sub->add_option("--store", o->store, "the store: a directory, or a store config file FILE.json (docs/store.md) (default: $KVSNAP_HOME, else ~/.local/share/kvsnap)");
+  const std::string_view cmd = name;
+  const bool creates = cmd == "save" || cmd == "import" || cmd == "serve";
+  const bool reads_stored = !creates && cmd != "doctor" && !cmd.starts_with("server ");
+  sub->add_option("--store", o->store,
+                  std::string("the store: a directory, or a store config file FILE.json (docs/store.md) (default: "
+                              "$KVSNAP_HOME, else ~/.local/share/kvsnap)") +
+                      (creates        ? "; created where none is yet"
+                       : reads_stored ? "; it must exist (save, import and serve create one)"
+                                      : ""));
   add_store_key_options(sub);
   sub->callback([o, run, name, &exit_status]() {
     std::string out;

@@ -222,6 +222,8 @@ TEST_F(StoreCli, OnlySaveAndImportCreateAStore) {
     EXPECT_FALSE(fs::exists(store_)) << args << " created the store";
     EXPECT_FALSE(fs::exists(out) || fs::exists(archive)) << args;
   }
+  EXPECT_NE(kv("restore --help").out.find("it must exist (save, import and serve create one)"), std::string::npos);
+  EXPECT_NE(kv("save --help").out.find("created where none is yet"), std::string::npos);
   ASSERT_EQ(kv("save " + a.string() + " --name one").code, 0);
   EXPECT_EQ(kv("ls").code, 0);
   fs::create_directories(dir_ / "adir");
