@@ -78,17 +78,14 @@ class PosixWritableFile final : public WritableFile {
   PosixWritableFile(std::string path, int fd, bool scratch = false)
       : path_(std::move(path)), fd_(fd), scratch_(scratch) {}
   ~PosixWritableFile() override { (void)close(); }
-  void take_access_of(const std::string& original) override {
+  void take_access_of(const std::string& original, uint32_t mode_mask) override {
     struct stat want {}, have {};
     if (fd_ < 0 || ::lstat(original.c_str(), &want) != 0 || !S_ISREG(want.st_mode) || ::fstat(fd_, &have) != 0) return;
-    if ((have.st_mode & 0777) != (want.st_mode & 0777)) (void)::fchmod(fd_, want.st_mode & 0777);
+    const mode_t mode = want.st_mode & 0777 & static_cast<mode_t>(mode_mask);
+    if ((have.st_mode & 0777) != mode) (void)::fchmod(fd_, mode);
     // Only root can give a file away; anyone else's new file is theirs, as any file they create.
     if (::geteuid() == 0 && (have.st_uid != want.st_uid || have.st_gid != want.st_gid))
       (void)::fchown(fd_, want.st_uid, want.st_gid);
-  }
-  void restrict_to_owner() override {
-    struct stat have {};
-    if (fd_ >= 0 && ::fstat(fd_, &have) == 0 && (have.st_mode & 077) != 0) (void)::fchmod(fd_, have.st_mode & 0700);
   }
   using ByteSink::append;
   Status append(std::span<const std::byte> data) override {
@@ -166,6 +163,11 @@ class PosixIo final : public Io {
   Result<std::unique_ptr<WritableFile>> open_write(const std::string& path, bool exclusive) override {
     int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (exclusive ? O_EXCL : O_TRUNC);
     int fd = ::open(path.c_str(), flags, 0644);
+    if (fd < 0) return errno_status("cannot create", path, errno);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
+  }
+  Result<std::unique_ptr<WritableFile>> create_owner_only(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) return errno_status("cannot create", path, errno);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
   }
@@ -300,7 +302,7 @@ Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::create(Io& io, const
   std::string base = options.temp_dir.empty() ? path : options.temp_dir + "/" +
                                                            std::filesystem::path(path).filename().string();
   std::string tmp = base + std::string(kTempInfix) + unique_suffix();
-  auto f = io.open_write(tmp, /*exclusive=*/true);
+  auto f = options.owner_only ? io.create_owner_only(tmp) : io.open_write(tmp, /*exclusive=*/true);
   if (!f.ok()) {
     // Named as the caller's path: the temporary beside it is kvsnap's own business.
     std::string dir = std::filesystem::path(tmp).parent_path().string();
@@ -311,8 +313,8 @@ Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::create(Io& io, const
     }
     return f.status().Prefixed(path + ": cannot write it (a temporary in " + dir + " first)");
   }
-  (*f)->take_access_of(path);  // the file it replaces: its mode (and owner) from the first byte
-  if (options.owner_only) (*f)->restrict_to_owner();
+  // The file it replaces: its mode (and owner) from the first byte; an owner-only file stays so.
+  (*f)->take_access_of(path, options.owner_only ? 0700 : 0777);
   return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(io, path, tmp, std::move(*f), options.sync_dir));
 }
 

@@ -41,17 +41,17 @@ class WritableFile : public ByteSink {
  public:
   virtual Status sync() = 0;   // data durable on return (sync_fd in base/os.h: fdatasync, F_FULLFSYNC on macOS)
   virtual Status close() = 0;  // idempotent
-  // Gives this file the permission bits (0777 of them) of the regular file at `original`, and run as
-  // root its owner and group, when there is one (a symlink there is not followed: a rename replaces
-  // the link itself). Through the open descriptor, before anything is written, so the bytes are
-  // never more readable than the file they replace, and no path swapped in meanwhile is touched.
-  // Best effort: a file system without modes or owners (vfat, NFS's root_squash) keeps its own.
-  // The default does nothing (a file without permissions).
-  virtual void take_access_of(const std::string& original) { (void)original; }
-  // Takes every permission away from group and others (mode & 0700), through the open descriptor
-  // and before anything is written: for a plaintext copy of what an encrypted store seals. Best
-  // effort, as take_access_of. The default does nothing.
-  virtual void restrict_to_owner() {}
+  // Gives this file the permission bits of the regular file at `original` that `mode_mask` keeps
+  // (0777: all of them; 0700 for a file created owner-only, which must stay so), and run as root
+  // its owner and group, when there is one (a symlink there is not followed: a rename replaces the
+  // link itself). Through the open descriptor, before anything is written, so the bytes are never
+  // more readable than the file they replace, and no path swapped in meanwhile is touched. Best
+  // effort: a file system without modes or owners (vfat, NFS's root_squash) keeps its own. The
+  // default does nothing (a file without permissions).
+  virtual void take_access_of(const std::string& original, uint32_t mode_mask) {
+    (void)original;
+    (void)mode_mask;
+  }
 };
 
 // Bytes in memory; the reading side keeps its own copy or a view.
@@ -168,6 +168,11 @@ class Io {
   virtual Result<std::unique_ptr<ReadableFile>> open_read(const std::string& path) = 0;
   // Creates or truncates `path`. `exclusive` fails if it exists.
   virtual Result<std::unique_ptr<WritableFile>> open_write(const std::string& path, bool exclusive) = 0;
+  // Creates `path`, which must not exist, readable and writable by its owner only from the create
+  // itself (POSIX: mode 0600), so that no other user can open it at any instant and read what is
+  // written later, as they could between a create and a chmod: for plaintext copies of what an
+  // encrypted store keeps sealed. Where files have no modes, an ordinary new file.
+  virtual Result<std::unique_ptr<WritableFile>> create_owner_only(const std::string& path) = 0;
   virtual Status rename(const std::string& from, const std::string& to) = 0;
   virtual Status remove(const std::string& path) = 0;
   virtual Status sync_dir(const std::string& dir) = 0;
@@ -204,8 +209,8 @@ struct AtomicWriteOptions {
   // directory of `path` itself (batching many files into one directory sync).
   // Until it does, the new name may not survive a crash.
   bool sync_dir = true;
-  // The new file readable by its owner only (WritableFile::restrict_to_owner), whatever the mode of
-  // a file it replaces: it holds what an encrypted store keeps sealed.
+  // The new file readable by its owner only (Io::create_owner_only), whatever the mode of a file it
+  // replaces: it holds what an encrypted store keeps sealed.
   bool owner_only = false;
 };
 

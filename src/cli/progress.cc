@@ -71,8 +71,9 @@ class CountingWritable final : public WritableFile {
   // A file is made durable only when the operation means to keep it: not after Ctrl-C.
   Status sync() override { return interrupted() ? stopped(name_) : f_->sync(); }
   Status close() override { return f_->close(); }  // always: cleanup must work after Ctrl-C
-  void take_access_of(const std::string& original) override { f_->take_access_of(original); }
-  void restrict_to_owner() override { f_->restrict_to_owner(); }
+  void take_access_of(const std::string& original, uint32_t mode_mask) override {
+    f_->take_access_of(original, mode_mask);
+  }
 
  private:
   std::unique_ptr<WritableFile> f_;
@@ -90,6 +91,11 @@ class CountingIo final : public Io {
   Result<std::unique_ptr<WritableFile>> open_write(const std::string& path, bool exclusive) override {
     if (interrupted()) return stopped(path);
     KV_ASSIGN_OR_RETURN(auto f, base().open_write(path, exclusive));
+    return std::unique_ptr<WritableFile>(std::make_unique<CountingWritable>(std::move(f), path));
+  }
+  Result<std::unique_ptr<WritableFile>> create_owner_only(const std::string& path) override {
+    if (interrupted()) return stopped(path);
+    KV_ASSIGN_OR_RETURN(auto f, base().create_owner_only(path));
     return std::unique_ptr<WritableFile>(std::make_unique<CountingWritable>(std::move(f), path));
   }
   Result<std::unique_ptr<WritableFile>> open_scratch(const std::string& path) override {

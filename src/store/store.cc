@@ -49,10 +49,8 @@ TempFile::~TempFile() {
 }
 
 Status write_temp(Io& io, const std::string& path, const std::function<Status(ByteSink&)>& fill) {
-  KV_ASSIGN_OR_RETURN(auto w, io.open_write(path, /*exclusive=*/true));
-  // This process's own; in an encrypted store, plaintext. Narrowed just after the create
-  // (docs/store.md, "Encryption at rest": the instant before it is not closed).
-  w->restrict_to_owner();
+  // This process's own; in an encrypted store, plaintext: owner-only from the create on.
+  KV_ASSIGN_OR_RETURN(auto w, io.create_owner_only(path));
   {
     BufferedSink b(*w);
     KV_RETURN_IF_ERROR(fill(b));
@@ -761,8 +759,8 @@ class ImportVisitor final : public ArchiveVisitor {
       return Status::NotSupported(archive_ + ": entry " + std::to_string(e.index) + " '" + e.name +
                                   "' is not a .kvsnap snapshot; is this a kvsnap export?");
     const std::string tmp = temp_name(paths_, "import");
-    KV_ASSIGN_OR_RETURN(out_, io_.open_write(tmp, /*exclusive=*/true));
-    out_->restrict_to_owner();  // as write_temp's: an entry of a decrypted export is plaintext
+    // As write_temp's: an entry of a decrypted export is plaintext.
+    KV_ASSIGN_OR_RETURN(out_, io_.create_owner_only(tmp));
     files.push_back({e.name, tmp});
     return Status::OK();
   }

@@ -101,6 +101,29 @@ TEST(PosixIo, AnOwnerOnlyFileIsReadableByItsOwnerOnly) {
   ::umask(umask_before);
 }
 
+// create_owner_only: the file is 0600 from its create, under a umask that would give others
+// read access (no chmod follows the create that this could be passing by), and it never replaces
+// or opens a file that is already there.
+TEST(PosixIo, AnOwnerOnlyFileIsCreatedSo) {
+  const mode_t umask_before = ::umask(022);
+  const fs::path dir = fs::temp_directory_path() / ("kvsnap-io-create-private-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "plain.tmp").string();
+  {
+    auto f = posix_io().create_owner_only(path);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    EXPECT_EQ(mode_of(path), 0600u) << std::oct << mode_of(path);
+    ASSERT_TRUE((*f)->append(std::as_bytes(std::span<const char>("new", 3))).ok());
+    ASSERT_TRUE((*f)->close().ok());
+  }
+  auto again = posix_io().create_owner_only(path);
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.status().ToString().find(path), std::string::npos) << again.status().ToString();
+  EXPECT_EQ(test_read(path), "new");
+  fs::remove_all(dir);
+  ::umask(umask_before);
+}
+
 // The temporary has the original's mode before its first byte (a 0600 conversation is never
 // readable by others while it is written, nor in what a killed kvsnap leaves); a symlink at the
 // target is replaced, not followed (whatever it points to keeps its mode and bytes); setuid and

@@ -38,6 +38,9 @@ class SavedMeanwhileIo final : public Io {
   Result<std::unique_ptr<WritableFile>> open_write(const std::string& path, bool exclusive) override {
     return base().open_write(path, exclusive);
   }
+  Result<std::unique_ptr<WritableFile>> create_owner_only(const std::string& path) override {
+    return base().create_owner_only(path);
+  }
   Status rename(const std::string& from, const std::string& to) override { return base().rename(from, to); }
   Status remove(const std::string& path) override { return base().remove(path); }
   Status sync_dir(const std::string& dir) override { return base().sync_dir(dir); }

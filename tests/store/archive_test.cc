@@ -166,8 +166,9 @@ class FaultyFile final : public WritableFile {
   }
   Status sync() override { return faults_.fail_sync ? Status::IOError("injected: fdatasync failed") : f_->sync(); }
   Status close() override { return f_->close(); }
-  void take_access_of(const std::string& original) override { f_->take_access_of(original); }
-  void restrict_to_owner() override { f_->restrict_to_owner(); }
+  void take_access_of(const std::string& original, uint32_t mode_mask) override {
+    f_->take_access_of(original, mode_mask);
+  }
 
  private:
   std::unique_ptr<WritableFile> f_;
@@ -181,6 +182,10 @@ class FaultyIo final : public Io {
   Result<std::unique_ptr<ReadableFile>> open_read(const std::string& p) override { return real().open_read(p); }
   Result<std::unique_ptr<WritableFile>> open_write(const std::string& p, bool exclusive) override {
     KV_ASSIGN_OR_RETURN(auto f, real().open_write(p, exclusive));
+    return std::unique_ptr<WritableFile>(new FaultyFile(std::move(f), faults_));
+  }
+  Result<std::unique_ptr<WritableFile>> create_owner_only(const std::string& p) override {
+    KV_ASSIGN_OR_RETURN(auto f, real().create_owner_only(p));
     return std::unique_ptr<WritableFile>(new FaultyFile(std::move(f), faults_));
   }
   Status rename(const std::string& from, const std::string& to) override {

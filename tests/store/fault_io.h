@@ -121,6 +121,7 @@ class FaultInjectingIo final : public Io {
 
   Result<std::unique_ptr<ReadableFile>> open_read(const std::string& path) override;
   Result<std::unique_ptr<WritableFile>> open_write(const std::string& path, bool exclusive) override;
+  Result<std::unique_ptr<WritableFile>> create_owner_only(const std::string& path) override;
   Status rename(const std::string& from, const std::string& to) override {
     if (auto f = hit(FaultOp::kRename, from + " -> " + to)) return injected_status(FaultOp::kRename, from, f->first);
     return base_.rename(from, to);
@@ -231,8 +232,9 @@ class FaultInjectingIo::File final : public WritableFile {
     }
     return f_->close();
   }
-  void take_access_of(const std::string& original) override { f_->take_access_of(original); }
-  void restrict_to_owner() override { f_->restrict_to_owner(); }
+  void take_access_of(const std::string& original, uint32_t mode_mask) override {
+    f_->take_access_of(original, mode_mask);
+  }
 
  private:
   FaultInjectingIo& io_;
@@ -244,6 +246,13 @@ class FaultInjectingIo::File final : public WritableFile {
 inline Result<std::unique_ptr<WritableFile>> FaultInjectingIo::open_write(const std::string& path, bool exclusive) {
   if (auto f = hit(FaultOp::kOpenWrite, path)) return injected_status(FaultOp::kOpenWrite, path, f->first);
   KV_ASSIGN_OR_RETURN(auto file, base_.open_write(path, exclusive));
+  return std::unique_ptr<WritableFile>(new File(*this, path, std::move(file)));
+}
+
+// A create like open_write's, for the same faults.
+inline Result<std::unique_ptr<WritableFile>> FaultInjectingIo::create_owner_only(const std::string& path) {
+  if (auto f = hit(FaultOp::kOpenWrite, path)) return injected_status(FaultOp::kOpenWrite, path, f->first);
+  KV_ASSIGN_OR_RETURN(auto file, base_.create_owner_only(path));
   return std::unique_ptr<WritableFile>(new File(*this, path, std::move(file)));
 }
 
