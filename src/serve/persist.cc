@@ -17,16 +17,20 @@ constexpr const char* kUnattributed = "unattributed";
 }  // namespace
 
 std::string namespace_of(const Exchange& x) {
-  if (std::string s = header_value(x.request_headers, "X-Kvsnap-Session"); !s.empty()) return "session-" + s;
   // The key as llama-server reads it: Authorization (its "Bearer " cut), else X-Api-Key.
   std::string key = header_value(x.request_headers, "Authorization");
   if (key.empty()) key = header_value(x.request_headers, "X-Api-Key");
   if (key.rfind("Bearer ", 0) == 0) key = key.substr(7);
+  std::string key_ns;
   if (!key.empty()) {
     const auto d = sha256_of(std::span<const std::byte>(reinterpret_cast<const std::byte*>(key.data()), key.size()));
-    return "key-" + to_hex(d).substr(0, 16);
+    key_ns = "key-" + to_hex(d).substr(0, 16);
   }
-  return "default";
+  // A session name is the client's choice: under a key it is that key's session, so that a holder
+  // of another key who names it gets a namespace of their own, not the conversations kept for it.
+  if (std::string s = header_value(x.request_headers, "X-Kvsnap-Session"); !s.empty())
+    return key_ns.empty() ? "session-" + s : key_ns + "-session-" + s;
+  return key_ns.empty() ? "default" : key_ns;
 }
 
 bool is_completion_route(const std::string& path) {

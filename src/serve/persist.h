@@ -11,8 +11,8 @@
 //     last saved, so a slot is written once per completion it served; the
 //     store's content addressing makes a conversation's next turn write only
 //     its new chunks;
-//   - each snapshot is tagged serve.ns (the namespace: X-Kvsnap-Session, else
-//     a hash of the API key, else "default"), serve.slot and serve.task. The
+//   - each snapshot is tagged serve.ns (the namespace: X-Kvsnap-Session within
+//     a hash of the API key, either alone, else "default"), serve.slot and serve.task. The
 //     namespace is the one of the request whose prompt the saved file's tokens
 //     start with (owner_of_tokens), never merely the one whose completion asked
 //     for the save: by the time a queued save runs, another tenant's request may
@@ -43,8 +43,10 @@
 
 namespace kvsnap {
 
-// The namespace of a request: X-Kvsnap-Session, else "key-" + the first 16
-// hex digits of SHA-256(API key), else "default". The key is read as
+// The namespace of a request: "key-" + the first 16 hex digits of SHA-256(API
+// key), and with X-Kvsnap-Session NAME "key-HEX-session-NAME"; without a key
+// "session-NAME", else "default". So a session name never reaches the
+// conversations another key holder kept under it. The key is read as
 // llama-server reads it: Authorization (without "Bearer "), else X-Api-Key.
 std::string namespace_of(const Exchange& x);
 // True for the routes that run a completion in a slot.

@@ -37,6 +37,33 @@ TEST(ServePersist, OwnerIsTheRequestWhosePromptTheSlotHolds) {
   EXPECT_EQ(owner_of_tokens({}, {1, 2}), "");
 }
 
+// A session name is the client's choice: two key holders who send the same one get two namespaces,
+// so neither is restored (nor sees tagged) what the other kept under it. The key is read as
+// llama-server reads it, whichever header carries it.
+TEST(ServePersist, ASessionNameBelongsToTheKeyThatSentIt) {
+  auto ns = [](std::vector<std::pair<std::string, std::string>> headers) {
+    Exchange x;
+    x.request_headers = std::move(headers);
+    return namespace_of(x);
+  };
+  EXPECT_EQ(ns({}), "default");
+  EXPECT_EQ(ns({{"X-Kvsnap-Session", "ana"}}), "session-ana");
+  const std::string a = ns({{"Authorization", "Bearer key-a"}});
+  ASSERT_EQ(a.size(), 4u + 16u) << a;
+  EXPECT_EQ(a.rfind("key-", 0), 0u) << a;
+  EXPECT_EQ(ns({{"X-Api-Key", "key-a"}}), a);
+  const std::string b = ns({{"X-Api-Key", "key-b"}});
+  EXPECT_NE(a, b);
+  const std::string a_ana = ns({{"Authorization", "Bearer key-a"}, {"X-Kvsnap-Session", "ana"}});
+  const std::string b_ana = ns({{"X-Api-Key", "key-b"}, {"X-Kvsnap-Session", "ana"}});
+  EXPECT_EQ(a_ana, a + "-session-ana");
+  EXPECT_EQ(b_ana, b + "-session-ana");
+  EXPECT_NE(a_ana, b_ana);
+  EXPECT_NE(a_ana, "session-ana");
+  // A session name cannot reach a key's namespace: without a key every session is "session-...".
+  EXPECT_EQ(ns({{"X-Kvsnap-Session", a.substr(8)}}).rfind("session-", 0), 0u);
+}
+
 // A loopback listener that accepts connections (the kernel's backlog) and never answers: a child
 // busy for the whole request timeout.
 struct SilentChild {
