@@ -182,7 +182,13 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   // Requests wait while a requantize restarts the child (a large model can take minutes to load).
   proxy.set_drain(&drain, 600);
   KV_RETURN_IF_ERROR(proxy.bind());
-  KV_RETURN_IF_ERROR(sup.start());
+  // A SIGINT or SIGTERM while the model loads (minutes for a large one) stops the load, not after it.
+  int load_sig = 0;
+  if (Status s = sup.start([&] { return take_pending_signal(sigs, &load_sig); }); !s.ok()) {
+    if (load_sig == 0) return s;
+    log(std::string("got ") + (load_sig == SIGINT ? "SIGINT" : "SIGTERM") + " while llama-server was loading: stopped it");
+    return Status::Interrupted("kvsnap serve: stopped while llama-server was loading its model (nothing was saved)");
+  }
   // The slot count (-np, or llama-server's default) from the child itself; unknown: no gate.
   if (auto slots = LlamaServer(target.endpoint).slots(); slots.ok() && !slots->empty()) {
     slot_gate.set_capacity(int(slots->size()));

@@ -109,7 +109,7 @@ Result<pid_t> Supervisor::spawn() {
   return pid;
 }
 
-Status Supervisor::wait_healthy(pid_t pid) {
+Status Supervisor::wait_healthy(pid_t pid, const std::function<bool()>& give_up) {
   if (o_.health_url.empty()) return Status::OK();  // nothing to ask: running is healthy
   LlamaServer srv({o_.health_url, o_.api_key, 2.0});
   const auto deadline = Clock::now() + std::chrono::duration<double>(o_.start_timeout_s);
@@ -122,6 +122,7 @@ Status Supervisor::wait_healthy(pid_t pid) {
     // no longer lost (llama-server 3.22.1 drops one that comes before the loop has started).
     if (srv.health().ok() && srv.slots().ok()) return Status::OK();
     if (stopping_) return Status::Interrupted("stopping");
+    if (give_up && give_up()) return Status::Interrupted("stopped while " + o_.argv[0] + " was loading");
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   kill(-pid, SIGKILL);
@@ -130,7 +131,7 @@ Status Supervisor::wait_healthy(pid_t pid) {
                          " s; see " + where);
 }
 
-Status Supervisor::start() {
+Status Supervisor::start(const std::function<bool()>& give_up) {
   auto spawned = spawn();
   if (!spawned.ok()) {
     lifeline_.stop();
@@ -140,9 +141,9 @@ Status Supervisor::start() {
   pid_ = pid;
   log_("started " + o_.argv[0] + " (pid " + std::to_string(pid) + ") on " + o_.health_url +
        (lifeline_.pid() > 0 ? "; lifeline watchdog pid " + std::to_string(lifeline_.pid()) : ""));
-  if (Status h = wait_healthy(pid); !h.ok()) {
-    // wait_healthy reaped a child that exited or stayed unhealthy; one interrupted by stop() is ours
-    // to end. No monitor runs yet: stop() must find nothing to wait for.
+  if (Status h = wait_healthy(pid, give_up); !h.ok()) {
+    // wait_healthy reaped a child that exited or stayed unhealthy; one interrupted by stop() or
+    // `give_up` is ours to end. No monitor runs yet: stop() must find nothing to wait for.
     if (h.code() == Code::kInterrupted) {
       kill(-pid, SIGKILL);
       waitpid(pid, nullptr, 0);

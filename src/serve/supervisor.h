@@ -68,7 +68,10 @@ class Supervisor {
   Supervisor(SupervisorOptions o, std::function<void(const std::string&)> log);
   ~Supervisor();  // stop()
 
-  Status start();
+  // `give_up`, when set, is asked every 200 ms while the first child loads (a large model takes
+  // minutes): true ends that child (SIGKILL: it holds nothing yet) and start() returns kInterrupted.
+  // kvsnap serve passes a SIGINT/SIGTERM that came meanwhile, so Ctrl-C stops it during the load.
+  Status start(const std::function<bool()>& give_up = nullptr);
   void stop();
   // Called after each restart once the new child is healthy (its slots are empty).
   void on_restart(std::function<void()> f) { on_restart_ = std::move(f); }
@@ -85,7 +88,7 @@ class Supervisor {
 
  private:
   Result<pid_t> spawn();
-  Status wait_healthy(pid_t pid);
+  Status wait_healthy(pid_t pid, const std::function<bool()>& give_up = nullptr);
   void monitor();
   void restart_loop();
   void end_child_on_stop(pid_t pid, bool reaped);

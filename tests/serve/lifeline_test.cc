@@ -313,6 +313,28 @@ TEST_F(ServeLifeline, AChildThatExitsBeforeHealthFailsStartAndStopReturns) {
   sup.stop();
 }
 
+TEST_F(ServeLifeline, GivingUpWhileTheChildLoadsEndsItAndStartSaysInterrupted) {
+  // kvsnap serve's Ctrl-C during a model load: the child never answers /health (nothing listens on
+  // port 1); start() asks give_up between polls and, once it says so, ends and reaps the child.
+  SupervisorOptions o = options(kSleeper, {});
+  o.health_url = "http://127.0.0.1:1";
+  o.start_timeout_s = 600;
+  Supervisor sup(o, [](const std::string&) {});
+  int asked = 0;
+  const auto t0 = Clock::now();
+  const Status s = sup.start([&asked] { return ++asked == 3; });
+  EXPECT_EQ(s.code(), Code::kInterrupted) << s.ToString();
+  EXPECT_NE(s.ToString().find("stopped while sleep was loading"), std::string::npos) << s.ToString();
+  EXPECT_EQ(asked, 3);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), kBoundS);
+  EXPECT_EQ(sup.pid(), 0);
+  EXPECT_EQ(sup.lifeline_pid(), 0);
+  errno = 0;
+  const pid_t r = waitpid(-1, nullptr, WNOHANG);
+  EXPECT_TRUE(r == -1 && errno == ECHILD) << "a child is left " << (r == 0 ? "running" : "unreaped");
+  sup.stop();
+}
+
 TEST_F(ServeLifeline, AProgramThatCannotStartIsAnErrorNamingIt) {
   Supervisor sup(options({"kvsnap-no-such-program"}, {}), [](const std::string&) {});
   const Status s = sup.start();
