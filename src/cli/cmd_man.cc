@@ -4,11 +4,11 @@
 // description, options and the examples of its --help footer.
 #include <CLI/CLI.hpp>
 
-#include <fstream>
-
+#include "base/io.h"
 #include "cli/command_tree.h"
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
+#include "cli/progress.h"
 
 namespace kvsnap::cli {
 namespace {
@@ -128,15 +128,18 @@ struct ManOpts {
 Status run_man(const CLI::App& root, const ManOpts& o, std::string& out) {
   const auto all = commands_of(root);
   if (!o.dir.empty()) {
+    // Each page replaced whole (a reader, or a failed run, never leaves a cut page); the
+    // directory synced once after the last.
+    AtomicWriteOptions batch;
+    batch.sync_dir = false;
     auto write = [&](const std::string& name, const std::string& text) -> Status {
-      std::ofstream f(o.dir + "/" + name + ".1", std::ios::binary);
-      f << text;
-      f.close();
-      if (!f) return Status::IOError(o.dir + "/" + name + ".1: cannot write the page");
-      return Status::OK();
+      KV_ASSIGN_OR_RETURN(auto w, AtomicFileWriter::create(cli_io(), o.dir + "/" + name + ".1", batch));
+      KV_RETURN_IF_ERROR(w->append(text.data(), text.size()));
+      return w->commit();
     };
     KV_RETURN_IF_ERROR(write("kvsnap", main_page(root)));
     for (const Command& c : all) KV_RETURN_IF_ERROR(write(page_name(c.path), command_page(c)));
+    KV_RETURN_IF_ERROR(cli_io().sync_dir(o.dir));
     out = "wrote " + std::to_string(all.size() + 1) + " manual pages to " + o.dir + "\n";
     return Status::OK();
   }

@@ -86,7 +86,7 @@ Status run_restore(const RestoreOpts& o, std::string& out) {
     return run_restore_server(o, out);
   }
   if (o.out.empty()) return Status::InvalidArgument("--out FILE is needed (or --server to restore into a server)");
-  KV_RETURN_IF_ERROR(refuse_existing(o.out, o.force));
+  KV_RETURN_IF_ERROR(refuse_existing(o.out, o.force, "kvsnap restore"));
   std::optional<ModelInfo> model;
   if (!o.model.empty()) {
     KV_ASSIGN_OR_RETURN(model, load_model_info(cli_io(), o.model));

@@ -134,8 +134,8 @@ Result<std::pair<std::string, std::string>> parse_tag(const std::string& t) {
   return std::make_pair(t.substr(0, eq), t.substr(eq + 1));
 }
 
-Status refuse_existing(const std::string& path, bool force) {
-  KV_RETURN_IF_ERROR(refuse_irregular_output(path, "kvsnap"));
+Status refuse_existing(const std::string& path, bool force, const std::string& command) {
+  KV_RETURN_IF_ERROR(refuse_irregular_output(path, command));
   struct stat st {};
   if (!force && ::stat(path.c_str(), &st) == 0)
     return Status::InvalidArgument(path + " exists; pass --force to replace it");

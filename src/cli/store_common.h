@@ -48,8 +48,8 @@ json victim_json(const EvictionVictim& v);
 std::string victim_line(const EvictionVictim& v);  // "chat-42 (id 3)" or "id 3"
 Result<std::pair<std::string, std::string>> parse_tag(const std::string& t);  // KEY=VALUE
 // kInvalidArgument when `path` exists, unless --force; and, --force or not, when it is a directory,
-// a named pipe or a device (refuse_irregular_output).
-Status refuse_existing(const std::string& path, bool force);
+// a named pipe or a device (refuse_irregular_output; `command`, e.g. "kvsnap restore", names who refuses).
+Status refuse_existing(const std::string& path, bool force, const std::string& command);
 // --tokens FILE: a JSON array, or integers separated by spaces, commas or newlines.
 Result<std::vector<int32_t>> read_token_list(const std::string& path);
 json server_build_json(const ServerBuild& b);

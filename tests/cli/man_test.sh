@@ -8,6 +8,13 @@ work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 fails=0
 bad() { echo "FAIL $1"; fails=$((fails + 1)); }
 "$kvsnap" man --dir "$work" >/dev/null || { echo "FAIL kvsnap man --dir"; exit 1; }
+# Again over the same pages: each replaced whole, no temporary left beside them; a directory that
+# is not there is an error naming it, and no page.
+"$kvsnap" man --dir "$work" >/dev/null || bad "kvsnap man --dir over its own pages"
+ls -A "$work" | grep -q 'kvsnap-tmp' && bad "kvsnap man --dir left a temporary: $(ls -A "$work" | grep kvsnap-tmp)"
+err=$("$kvsnap" man --dir "$work/missing" 2>&1 >/dev/null); rc=$?
+[ "$rc" -ne 0 ] && grep -q "$work/missing" <<<"$err" || bad "man --dir into a missing directory: rc $rc, '$err'"
+[ -e "$work/missing" ] && bad "man --dir created the missing directory"
 commands=$("$kvsnap" --help | sed -n '/^Subcommands:/,/^$/p' | awk 'NR > 1 && /^  [a-z]/ { print $1 }')
 [ -n "$commands" ] || { echo "FAIL no commands in kvsnap --help"; exit 1; }
 render() { groff -man -Tutf8 -ww -z "$1" 2>&1; }

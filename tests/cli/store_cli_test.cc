@@ -230,9 +230,12 @@ TEST_F(StoreCli, OnlySaveAndImportCreateAStore) {
   for (const char* force : {"", " --force"}) {
     KvRun r = kv("restore one -o " + (dir_ / "adir").string() + std::string(force));
     EXPECT_EQ(r.code, 2) << r.err;
-    EXPECT_NE(r.err.find("adir: is a directory"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("adir: is a directory; kvsnap restore writes"), std::string::npos) << r.err;
     EXPECT_TRUE(fs::is_directory(dir_ / "adir"));
   }
+  KvRun e = kv("export one -o " + (dir_ / "adir").string());
+  EXPECT_EQ(e.code, 2) << e.err;
+  EXPECT_NE(e.err.find("adir: is a directory; kvsnap export writes"), std::string::npos) << e.err;
 }
 
 // Encryption at rest through the binary (docs/store.md, "Encryption at rest"): --key-file,
