@@ -800,10 +800,36 @@ def run_requantize(kvsnap, llama, model, work):
     nb = j["timings"]["prompt_n"] if s == 200 else None
     s, j = post_json(port, "/completion", {"prompt": more2 + " again", "n_predict": 1, "temperature": 0}, A)
     na = j["timings"]["prompt_n"] if s == 200 else None
-    text = stop_serve(proc, log, "requant", work)
     check(nb is not None and nb >= n_prompt and na is not None and na <= 8,
           f"two API keys isolated: B's request for A's prompt evaluates {nb} tokens (nothing of A's restored), "
           f"A's next turn evaluates {na}")
+
+    # two keys, one session name: X-Kvsnap-Session is a session of the key that sends it, so B naming A's
+    # session gets nothing of A's restored, and A's own next turn in it is restored. Between turns B asks
+    # something else, so that the slot never holds the asked prompt itself (llama-server would reuse it).
+    shared = {"X-Kvsnap-Session": "shared"}
+    secret = "A secret kept in a named session. " + PROMPT
+
+    def ask(key, prompt, extra=None):
+        n0 = saves()
+        s, j = post_json(port, "/completion", {"prompt": prompt, "n_predict": 1, "temperature": 0}, key, extra)
+        wait_for(lambda: saves() > n0, 30)
+        return j["timings"]["prompt_n"] if s == 200 else None
+    n_secret = len(post_json(port, "/tokenize", {"content": secret, "add_special": True}, A)[1]["tokens"])
+    ask(A, secret, shared)
+    ask(B, "Bob talks about the weather instead.")
+    nb_shared = ask(B, secret, shared)
+    ask(B, "Bob talks about the sea instead.")
+    na_shared = ask(A, secret + " again", shared)
+    ns_a_shared = ls(kvsnap, store, "--tag", f"serve.ns={ns_a}-session-shared")
+    ns_b_shared = ls(kvsnap, store, "--tag",
+                     "serve.ns=key-" + hashlib.sha256(B.encode()).hexdigest()[:16] + "-session-shared")
+    text = stop_serve(proc, log, "requant", work)
+    check(nb_shared is not None and nb_shared >= n_secret // 2 and na_shared is not None and na_shared <= 8 and
+          ns_a_shared and ns_b_shared and not ls(kvsnap, store, "--tag", "serve.ns=session-shared"),
+          f"one X-Kvsnap-Session name under two keys: B's request for A's session prompt evaluates {nb_shared} of "
+          f"{n_secret} tokens, A's next turn in it {na_shared}; each key's session saved in its own namespace "
+          f"({len(ns_a_shared)} and {len(ns_b_shared)} snapshots, none as plain session-shared)")
     check("requantize: drained" in text and "requantize: done" in text and "with the previous arguments" in text,
           "requantize: progress lines and the rollback in the log")
     prog = results.get("progress") or {}
