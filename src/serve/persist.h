@@ -11,8 +11,8 @@
 //     last saved, so a slot is written once per completion it served; the
 //     store's content addressing makes a conversation's next turn write only
 //     its new chunks;
-//   - each snapshot is tagged serve.ns (the namespace: X-Kvsnap-Session within
-//     a hash of the API key, either alone, else "default"), serve.slot and serve.task. The
+//   - each snapshot is tagged serve.ns (the namespace, namespace_of below),
+//     serve.slot and serve.task. The
 //     namespace is the one of the request whose prompt the saved file's tokens
 //     start with (owner_of_tokens), never merely the one whose completion asked
 //     for the save: by the time a queued save runs, another tenant's request may
