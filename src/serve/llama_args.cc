@@ -1,9 +1,11 @@
 #include "serve/llama_args.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 namespace kvsnap {
 
@@ -104,6 +106,45 @@ std::vector<std::string> csv_fields(const std::string& s) {
   return fields;
 }
 
+// The LLAMA_ARG_* variables of the flags kvsnap reads, as llama-server 3.22.1 reads them
+// (common_arg::get_value_from_env): a set variable is the flag's value; a boolean option's
+// LLAMA_ARG_NO_* variable, set to anything, is its negative. Host and port need nothing: kvsnap's
+// --host and --port on the child's command line override them.
+Status apply_environment(const ArgsEnvironment& env, LlamaArgs& a) {
+  auto number = [&](const char* var, int& out) -> Status {
+    auto v = env.getenv(var);
+    if (!v) return Status::OK();
+    auto n = to_int(var, *v);
+    if (!n.ok()) return Status::InvalidArgument(std::string("environment variable ") + var + " '" + *v + "' is not a number");
+    out = *n;
+    return Status::OK();
+  };
+  if (auto v = env.getenv("LLAMA_ARG_MODEL")) a.model = *v;
+  KV_RETURN_IF_ERROR(number("LLAMA_ARG_CTX_SIZE", a.ctx_size));
+  KV_RETURN_IF_ERROR(number("LLAMA_ARG_N_PARALLEL", a.parallel));
+  if (auto v = env.getenv("LLAMA_ARG_CACHE_TYPE_K")) a.ctk = *v;
+  if (auto v = env.getenv("LLAMA_ARG_CACHE_TYPE_V")) a.ctv = *v;
+  if (auto v = env.getenv("LLAMA_ARG_FLASH_ATTN")) {
+    const char* word = flash_attn_word(*v);
+    if (!word)
+      return Status::InvalidArgument("environment variable LLAMA_ARG_FLASH_ATTN '" + *v +
+                                     "' must be on, off or auto (or enabled, true, 1; disabled, false, 0; -1)");
+    a.flash_attn = word;
+  }
+  return Status::OK();
+}
+
+// The variable that turns llama-server's /slots endpoint off (a --slots in ARGS turns it on again),
+// or "" when none does.
+std::string slots_off_by(const ArgsEnvironment& env) {
+  if (env.getenv("LLAMA_ARG_NO_ENDPOINT_SLOTS")) return "LLAMA_ARG_NO_ENDPOINT_SLOTS";
+  if (auto v = env.getenv("LLAMA_ARG_ENDPOINT_SLOTS")) {
+    const char* word = flash_attn_word(*v);  // the same true/false spellings (common_arg's is_falsey)
+    if (word && std::string_view(word) == "off") return "LLAMA_ARG_ENDPOINT_SLOTS";
+  }
+  return "";
+}
+
 void add_key_list(const std::string& value, std::vector<std::string>& keys) {
   for (auto& k : csv_fields(value))
     if (!k.empty()) keys.push_back(std::move(k));
@@ -145,7 +186,14 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
   LlamaArgs a;
   a.argv = argv;
   KV_ASSIGN_OR_RETURN(auto items, split_args(argv));
-  // llama-server applies the environment before the command line, --api-key's variable before --api-key-file's.
+  // llama-server applies the environment before the command line (common/arg.cpp: every option's
+  // LLAMA_ARG_* variable, then ARGS, which win), --api-key's variable before --api-key-file's.
+  KV_RETURN_IF_ERROR(apply_environment(env, a));
+  std::vector<std::string> configs = {"/etc/llama.cpp/config.ini"};
+  if (auto x = env.getenv("XDG_CONFIG_HOME"); x && !x->empty()) configs.push_back(*x + "/llama.cpp/config.ini");
+  else if (auto h = env.getenv("HOME"); h && !h->empty()) configs.push_back(*h + "/.config/llama.cpp/config.ini");
+  for (const auto& c : configs)
+    if (env.read_file(c)) a.unread_config_files.push_back(c);
   if (auto v = env.getenv("LLAMA_API_KEY")) add_key_list(*v, a.api_keys);
   if (auto v = env.getenv("LLAMA_ARG_API_KEY_FILE"))
     KV_RETURN_IF_ERROR(add_key_file(*v, "LLAMA_ARG_API_KEY_FILE", env, a.api_keys));
@@ -183,6 +231,10 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
     }
     // any other flag goes to the child untouched
   }
+  const bool slots_flag = std::any_of(items.begin(), items.end(), [](const ArgItem& it) { return it.flag == "--slots"; });
+  if (std::string var = slots_off_by(env); !var.empty() && !slots_flag)
+    return Status::InvalidArgument("environment variable " + var + " turns llama-server's /slots endpoint off, "
+                                   "through which kvsnap serve saves and restores slots: unset it (or add --slots)");
   if (!a.api_keys.empty()) a.api_key = a.api_keys.front();
   return a;
 }

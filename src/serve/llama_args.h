@@ -1,6 +1,7 @@
 // The llama-server command line kvsnap serve is given after `--`: what kvsnap
 // needs to know from it (model, context, slots, cache types, flash attention,
-// API key: read from the arguments, never probed), and the command line of
+// API key: read from the arguments and the LLAMA_ARG_* environment, never
+// probed), and the command line of
 // the child it actually starts.
 //
 // Promises:
@@ -12,6 +13,11 @@
 //     so is --no-slots (kvsnap saves and restores through /slots);
 //   - child_argv() is ARGS unchanged, followed by kvsnap's own --host, --port
 //     and --slot-save-path;
+//   - the environment is read as llama-server 3.22.1 reads it, before ARGS, which
+//     win (common/arg.cpp): LLAMA_ARG_MODEL, _CTX_SIZE, _N_PARALLEL,
+//     _CACHE_TYPE_K, _CACHE_TYPE_V, _FLASH_ATTN; LLAMA_ARG_ENDPOINT_SLOTS false
+//     or LLAMA_ARG_NO_ENDPOINT_SLOTS set is refused as --no-slots is (unless
+//     ARGS has --slots). The child inherits the same environment;
 //   - the API keys are read as llama-server 3.22.1 reads them (common/arg.cpp):
 //     the environment first (LLAMA_API_KEY, a comma-separated list;
 //     LLAMA_ARG_API_KEY_FILE), then --api-key and --api-key-file in command-line
@@ -40,6 +46,10 @@ struct LlamaArgs {
   std::string flash_attn = "auto";       // -fa [on|off|auto]; a bare -fa is "on"
   std::vector<std::string> api_keys;  // every key the child accepts, in llama-server's order
   std::string api_key;            // the first of them: what kvsnap's own calls send
+  // The config.ini files llama-server 3.22.1 applies before the environment (/etc/llama.cpp/,
+  // then $XDG_CONFIG_HOME or ~/.config /llama.cpp/) that exist: kvsnap does not read them, so a
+  // setting made there is not seen (serve logs them).
+  std::vector<std::string> unread_config_files;
 };
 
 // Where parse_llama_args() reads the environment and key files (tests give their own).

@@ -842,14 +842,21 @@ def run_requantize(kvsnap, llama, model, work):
 
 
 def run_requantize_chat(kvsnap, llama, model, work):
-    """As an operator would: stock ARGS (-fa auto, -np 2) at q8_0, a chat, a requantize to q4_0, the next turn
-    streamed: it goes to the restored slot and evaluates only its new tokens, counted as reused."""
+    """As an operator would: stock ARGS (-fa auto, -np 2) at q8_0, set as a container image sets it (the
+    LLAMA_ARG_CACHE_TYPE_K/V environment variables), a chat, a requantize to q4_0, the next turn streamed: it
+    goes to the restored slot and evaluates only its new tokens, counted as reused."""
+    env = dict(os.environ, LLAMA_ARG_CACHE_TYPE_K="q8_0", LLAMA_ARG_CACHE_TYPE_V="q8_0")
     proc, port, log = start_serve(kvsnap, llama, os.path.join(work, "rq-chat-store"), work, "rq-chat",
-                                  ["-m", model, "-np", "2", "-t", "1", "--no-warmup", "-ctk", "q8_0", "-ctv", "q8_0"])
+                                  ["-m", model, "-np", "2", "-t", "1", "--no-warmup"], env=env)
     msgs = [{"role": "user", "content": PROMPT}]
     s, _, raw = request(port, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0})
     answer = json.loads(raw)["choices"][0]["message"]["content"]
     wait_for(lambda: json.loads(request(port, "GET", "/kvsnap/usage")[2])["counters"]["saves"]["ok"] >= 1, 30)
+    before = json.loads(request(port, "GET", "/kvsnap/usage")[2])
+    child, slot = before["child"], next((x for x in before["slots"] if x.get("snapshot")), {})
+    check(child["ctk"] == "q8_0" and child["ctv"] == "q8_0" and slot.get("ctk") == "q8_0",
+          f"LLAMA_ARG_CACHE_TYPE_K/V=q8_0 in the environment: kvsnap knows the child's cache as "
+          f"{child['ctk']}/{child['ctv']}, and the saved slot is {slot.get('ctk')}")
     s, _, raw = request(port, "POST", "/kvsnap/requantize", {"ctk": "q4_0", "ctv": "q4_0"})
     rq = json.loads(raw)
     msgs += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And then?"}]

@@ -129,6 +129,98 @@ TEST(LlamaArgs, ApiKeysFromEnvironmentFilesAndFlags) {
   EXPECT_TRUE(a->api_keys.empty());
 }
 
+// llama-server reads LLAMA_ARG_* before ARGS (common/arg.cpp): the child of `kvsnap serve` run with
+// LLAMA_ARG_CACHE_TYPE_K=q8_0 in its environment (as container images set it) has a q8_0 cache, and
+// kvsnap must convert its restores to q8_0, not to the f16 default; a flag in ARGS still wins.
+TEST(LlamaArgs, TheEnvironmentIsReadFirstAsLlamaServerReadsIt) {
+  std::map<std::string, std::string> vars = {{"LLAMA_ARG_MODEL", "/models/env.gguf"}, {"LLAMA_ARG_CTX_SIZE", "8192"},
+                                             {"LLAMA_ARG_N_PARALLEL", "2"}, {"LLAMA_ARG_CACHE_TYPE_K", "q8_0"},
+                                             {"LLAMA_ARG_CACHE_TYPE_V", "q4_0"}, {"LLAMA_ARG_FLASH_ATTN", "enabled"}};
+  ArgsEnvironment env;
+  env.getenv = [&](const std::string& n) -> std::optional<std::string> {
+    auto it = vars.find(n);
+    return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+  env.read_file = [](const std::string&) -> std::optional<std::string> { return std::nullopt; };
+  auto a = parse_llama_args({"llama-server", "-t", "2"}, env);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->model, "/models/env.gguf");
+  EXPECT_EQ(a->ctx_size, 8192);
+  EXPECT_EQ(a->parallel, 2);
+  EXPECT_EQ(a->ctk, "q8_0");
+  EXPECT_EQ(a->ctv, "q4_0");
+  EXPECT_EQ(a->flash_attn, "on");
+  a = parse_llama_args({"llama-server", "-ctv", "f16", "-c", "512", "-fa", "off", "-m", "cli.gguf"}, env);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->model, "cli.gguf");
+  EXPECT_EQ(a->ctx_size, 512);
+  EXPECT_EQ(a->ctk, "q8_0");  // not on the command line: the environment's
+  EXPECT_EQ(a->ctv, "f16");
+  EXPECT_EQ(a->flash_attn, "off");
+  // A requantize's new types go on the command line, over the environment's.
+  auto b = with_cache(*a, "q4_0", "q4_0", "", 0, env);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->ctk, "q4_0");
+  EXPECT_EQ(b->ctv, "q4_0");
+  EXPECT_EQ(b->flash_attn, "off");
+  // Values llama-server would refuse, named.
+  vars["LLAMA_ARG_CTX_SIZE"] = "8k";
+  a = parse_llama_args({"llama-server"}, env);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("LLAMA_ARG_CTX_SIZE '8k' is not a number"), std::string::npos)
+      << a.status().message();
+  vars["LLAMA_ARG_CTX_SIZE"] = "4096";
+  vars["LLAMA_ARG_FLASH_ATTN"] = "maybe";
+  a = parse_llama_args({"llama-server"}, env);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("LLAMA_ARG_FLASH_ATTN 'maybe'"), std::string::npos) << a.status().message();
+  vars.erase("LLAMA_ARG_FLASH_ATTN");
+  // The /slots endpoint turned off by the environment: refused as --no-slots is, unless ARGS has --slots.
+  for (auto [var, value] : {std::pair<const char*, const char*>{"LLAMA_ARG_ENDPOINT_SLOTS", "false"},
+                            {"LLAMA_ARG_NO_ENDPOINT_SLOTS", "1"}}) {
+    vars[var] = value;
+    a = parse_llama_args({"llama-server"}, env);
+    ASSERT_FALSE(a.ok()) << var;
+    EXPECT_NE(a.status().message().find(var), std::string::npos) << a.status().message();
+    EXPECT_TRUE(parse_llama_args({"llama-server", "--slots"}, env).ok()) << var;
+    vars.erase(var);
+  }
+  vars["LLAMA_ARG_ENDPOINT_SLOTS"] = "on";
+  a = parse_llama_args({"llama-server"}, env);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_TRUE(a->unread_config_files.empty());
+}
+
+// llama-server 3.22.1 applies /etc/llama.cpp/config.ini and the user's ($XDG_CONFIG_HOME, else
+// ~/.config) llama.cpp/config.ini first; kvsnap does not read them but names those that exist.
+TEST(LlamaArgs, ConfigFilesTheChildWillReadAreNamed) {
+  std::map<std::string, std::string> vars = {{"HOME", "/home/u"}};
+  std::map<std::string, std::string> files = {{"/etc/llama.cpp/config.ini", "[*]\nctx-size = 8192\n"},
+                                              {"/home/u/.config/llama.cpp/config.ini", "cache-type-k = q8_0\n"},
+                                              {"/xdg/llama.cpp/config.ini", ""}};
+  ArgsEnvironment env;
+  env.getenv = [&](const std::string& n) -> std::optional<std::string> {
+    auto it = vars.find(n);
+    return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+  env.read_file = [&](const std::string& p) -> std::optional<std::string> {
+    auto it = files.find(p);
+    return it == files.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+  auto a = parse_llama_args({"llama-server", "-m", "m.gguf"}, env);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->unread_config_files,
+            (std::vector<std::string>{"/etc/llama.cpp/config.ini", "/home/u/.config/llama.cpp/config.ini"}));
+  vars["XDG_CONFIG_HOME"] = "/xdg";
+  a = parse_llama_args({"llama-server", "-m", "m.gguf"}, env);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->unread_config_files, (std::vector<std::string>{"/etc/llama.cpp/config.ini", "/xdg/llama.cpp/config.ini"}));
+  files.clear();
+  a = parse_llama_args({"llama-server", "-m", "m.gguf"}, env);
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(a->unread_config_files.empty());
+}
+
 TEST(LlamaArgs, WithCacheReplacesTheFlagsWhereverTheyAre) {
   auto a = parse_llama_args({"srv", "-ctk", "f16", "-m", "m.gguf", "--cache-type-v=q8_0", "-fa", "-c", "512", "-t", "2"});
   ASSERT_TRUE(a.ok());
