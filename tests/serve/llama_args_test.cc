@@ -11,6 +11,19 @@
 namespace kvsnap {
 namespace {
 
+// An environment and files of the test's own, read through maps it can change between parses.
+ArgsEnvironment fake_environment(const std::map<std::string, std::string>& vars,
+                                 const std::map<std::string, std::string>& files) {
+  auto find = [](const std::map<std::string, std::string>& m, const std::string& k) -> std::optional<std::string> {
+    auto it = m.find(k);
+    return it == m.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+  ArgsEnvironment env;
+  env.getenv = [&vars, find](const std::string& n) { return find(vars, n); };
+  env.read_file = [&files, find](const std::string& p) { return find(files, p); };
+  return env;
+}
+
 TEST(LlamaArgs, ReadsBothSpellingsShortAndLong) {
   auto a = parse_llama_args({"llama-server", "-m", "m.gguf", "--ctx-size=8192", "-np", "3", "-ctk", "q8_0",
                              "--cache-type-v=q4_0", "-fa", "off", "--api-key", "k1,k2", "-t", "2"});
@@ -107,15 +120,7 @@ TEST(LlamaArgs, ChildArgvIsArgsPlusKvsnapsOwn) {
 TEST(LlamaArgs, ApiKeysFromEnvironmentFilesAndFlags) {
   std::map<std::string, std::string> vars = {{"LLAMA_API_KEY", "e1,\"e,2\""}, {"LLAMA_ARG_API_KEY_FILE", "/env.keys"}};
   std::map<std::string, std::string> files = {{"/env.keys", "f1\n# comment\n\nf2\n"}, {"/cli.keys", "c1\n"}};
-  ArgsEnvironment env;
-  env.getenv = [&](const std::string& n) -> std::optional<std::string> {
-    auto it = vars.find(n);
-    return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
-  };
-  env.read_file = [&](const std::string& p) -> std::optional<std::string> {
-    auto it = files.find(p);
-    return it == files.end() ? std::nullopt : std::optional<std::string>(it->second);
-  };
+  const ArgsEnvironment env = fake_environment(vars, files);
   auto a = parse_llama_args({"s", "--api-key-file", "/cli.keys", "--api_key", "k1,,k2"}, env);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   EXPECT_EQ(a->api_keys, (std::vector<std::string>{"e1", "e,2", "f1", "f2", "c1", "k1", "k2"}));
@@ -136,12 +141,8 @@ TEST(LlamaArgs, TheEnvironmentIsReadFirstAsLlamaServerReadsIt) {
   std::map<std::string, std::string> vars = {{"LLAMA_ARG_MODEL", "/models/env.gguf"}, {"LLAMA_ARG_CTX_SIZE", "8192"},
                                              {"LLAMA_ARG_N_PARALLEL", "2"}, {"LLAMA_ARG_CACHE_TYPE_K", "q8_0"},
                                              {"LLAMA_ARG_CACHE_TYPE_V", "q4_0"}, {"LLAMA_ARG_FLASH_ATTN", "enabled"}};
-  ArgsEnvironment env;
-  env.getenv = [&](const std::string& n) -> std::optional<std::string> {
-    auto it = vars.find(n);
-    return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
-  };
-  env.read_file = [](const std::string&) -> std::optional<std::string> { return std::nullopt; };
+  const std::map<std::string, std::string> no_files;
+  const ArgsEnvironment env = fake_environment(vars, no_files);
   auto a = parse_llama_args({"llama-server", "-t", "2"}, env);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   EXPECT_EQ(a->model, "/models/env.gguf");
@@ -198,15 +199,7 @@ TEST(LlamaArgs, ConfigFilesTheChildWillReadAreNamed) {
   std::map<std::string, std::string> files = {{"/etc/llama.cpp/config.ini", "[*]\nctx-size = 8192\n"},
                                               {"/home/u/.config/llama.cpp/config.ini", "cache-type-k = q8_0\n"},
                                               {"/xdg/llama.cpp/config.ini", ""}};
-  ArgsEnvironment env;
-  env.getenv = [&](const std::string& n) -> std::optional<std::string> {
-    auto it = vars.find(n);
-    return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
-  };
-  env.read_file = [&](const std::string& p) -> std::optional<std::string> {
-    auto it = files.find(p);
-    return it == files.end() ? std::nullopt : std::optional<std::string>(it->second);
-  };
+  const ArgsEnvironment env = fake_environment(vars, files);
   auto a = parse_llama_args({"llama-server", "-m", "m.gguf"}, env);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   EXPECT_EQ(a->unread_config_files,
