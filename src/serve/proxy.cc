@@ -249,7 +249,7 @@ struct Proxy::Impl {
           // A client may send its next request on seeing a stream's last event, before the stream's
           // end: that event waits here for the end (llama-server sends it at once), so that
           // on_done (the save this exchange queues) runs before the client can see the event.
-          if (!st->done && ends_a_stream(chunk)) {
+          if (!st->done && ends_a_stream(x->response_body, chunk)) {
             st->cv.wait_for(l, kLastEventWait, [&] { return st->done; });
             chunk += st->pending;
             st->pending.clear();

@@ -16,7 +16,8 @@
 //   - when an exchange has finished, `on_done` sees it (from the serving
 //     thread: it must return quickly, e.g. hand the work to another thread),
 //     before the client gets the answer's end: a sized answer's body, a
-//     stream's end, and a stream's last event (ends_a_stream, serve/requests.h), which waits
+//     stream's end, and a stream's last event (ends_a_stream, serve/requests.h, even when
+//     two chunks of the child's answer cut its marker), which waits
 //     for the stream's end (at most 5 s) when the child sends it first;
 //   - requests `local` claims (kvsnap's own routes) are answered here and
 //     never forwarded, and never wait for the drain gate;

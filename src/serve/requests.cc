@@ -1,6 +1,8 @@
 #include "serve/requests.h"
 
+#include <algorithm>
 #include <climits>
+#include <string>
 
 #include "base/json_access.h"
 #include "format/ggml_types.h"
@@ -213,14 +215,30 @@ Result<RequantizeAsk> parse_requantize_body(std::string_view body, const std::st
   return a;
 }
 
-bool ends_a_stream(std::string_view chunk) {
+bool ends_a_stream(std::string_view before, std::string_view chunk) {
   // Each marker holds a quote outside a JSON string or starts a line, so no generated text (whose
-  // quotes are escaped inside its string) can make one.
+  // quotes are escaped inside its string) can make one. A marker may be cut between two chunks:
+  // each is also looked for across the seam, in its length less one on each side (so a match there
+  // always has bytes on both sides: one wholly in `before` was seen with its own chunk).
+  auto seam = [&](size_t keep_before, size_t keep_after) {
+    return std::string(before.substr(before.size() - std::min(before.size(), keep_before))) +
+           std::string(chunk.substr(0, std::min(chunk.size(), keep_after)));
+  };
   for (std::string_view m : {std::string_view(R"("stop":true)"), std::string_view(R"("finish_reason":")"),
                              std::string_view(R"("type":"message_stop")"), std::string_view(R"("type":"response.completed")")})
-    if (chunk.find(m) != std::string_view::npos) return true;
-  for (size_t p = chunk.find("data: [DONE]"); p != std::string_view::npos; p = chunk.find("data: [DONE]", p + 1))
-    if (p == 0 || chunk[p - 1] == '\n') return true;
+    if (chunk.find(m) != std::string_view::npos || seam(m.size() - 1, m.size() - 1).find(m) != std::string::npos)
+      return true;
+  // data: [DONE] at a line's start: in the chunk, or across the seam with the byte before it.
+  constexpr std::string_view kDone = "data: [DONE]";
+  auto line_start = [](std::string_view text, size_t p, bool text_starts_stream) {
+    return p == 0 ? text_starts_stream : text[p - 1] == '\n';
+  };
+  for (size_t p = chunk.find(kDone); p != std::string_view::npos; p = chunk.find(kDone, p + 1))
+    if (p == 0 ? before.empty() || before.back() == '\n' : chunk[p - 1] == '\n') return true;
+  const std::string w = seam(kDone.size(), kDone.size() - 1);
+  const size_t t = std::min(before.size(), kDone.size());  // the bytes of `before` in w
+  for (size_t p = w.find(kDone); p != std::string::npos; p = w.find(kDone, p + 1))
+    if (p < t && p + kDone.size() > t && line_start(w, p, t == before.size())) return true;
   return false;
 }
 

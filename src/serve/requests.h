@@ -86,6 +86,7 @@ Result<RequantizeAsk> parse_requantize_body(std::string_view body, const std::st
 // client may act on before the stream's end): /completion's and /infill's `"stop":true`, an OpenAI
 // choice's `"finish_reason":"..."`, `data: [DONE]`, Anthropic's `message_stop`, the Responses API's
 // `response.completed`.
-bool ends_a_stream(std::string_view chunk);
+// `before`: what the stream sent before `chunk` (its tail is enough), for a marker cut between them.
+bool ends_a_stream(std::string_view before, std::string_view chunk);
 
 }  // namespace kvsnap

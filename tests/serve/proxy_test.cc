@@ -22,21 +22,48 @@ namespace {
 
 TEST(ServeProxy, EndsAStreamSeesEachRoutesLastEvent) {
   // /completion (and /infill): the final event has "stop":true, the others "stop":false.
-  EXPECT_FALSE(ends_a_stream("data: {\"content\":\"Hi\",\"stop\":false,\"id_slot\":0}\n\n"));
-  EXPECT_TRUE(ends_a_stream("data: {\"content\":\"\",\"stop\":true,\"id_slot\":0,\"timings\":{}}\n\n"));
+  EXPECT_FALSE(ends_a_stream("", "data: {\"content\":\"Hi\",\"stop\":false,\"id_slot\":0}\n\n"));
+  EXPECT_TRUE(ends_a_stream("", "data: {\"content\":\"\",\"stop\":true,\"id_slot\":0,\"timings\":{}}\n\n"));
   // OpenAI routes: a choice with a finish_reason, then data: [DONE].
-  EXPECT_FALSE(ends_a_stream("data: {\"choices\":[{\"finish_reason\":null,\"delta\":{\"content\":\"x\"}}]}\n\n"));
-  EXPECT_TRUE(ends_a_stream("data: {\"choices\":[{\"finish_reason\":\"stop\",\"delta\":{}}]}\n\n"));
-  EXPECT_TRUE(ends_a_stream("data: [DONE]\n\n"));
-  EXPECT_TRUE(ends_a_stream("data: {\"choices\":[]}\n\ndata: [DONE]\n\n"));
+  EXPECT_FALSE(ends_a_stream("", "data: {\"choices\":[{\"finish_reason\":null,\"delta\":{\"content\":\"x\"}}]}\n\n"));
+  EXPECT_TRUE(ends_a_stream("", "data: {\"choices\":[{\"finish_reason\":\"stop\",\"delta\":{}}]}\n\n"));
+  EXPECT_TRUE(ends_a_stream("", "data: [DONE]\n\n"));
+  EXPECT_TRUE(ends_a_stream("", "data: {\"choices\":[]}\n\ndata: [DONE]\n\n"));
   // Anthropic's /v1/messages.
-  EXPECT_FALSE(ends_a_stream("event: content_block_delta\ndata: {\"type\":\"content_block_delta\"}\n\n"));
-  EXPECT_TRUE(ends_a_stream("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"));
+  EXPECT_FALSE(ends_a_stream("", "event: content_block_delta\ndata: {\"type\":\"content_block_delta\"}\n\n"));
+  EXPECT_TRUE(ends_a_stream("", "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"));
   // Generated text that spells a marker is inside a JSON string, its quotes escaped: not an end.
-  EXPECT_FALSE(ends_a_stream(R"(data: {"content":"\"stop\":true data: [DONE]","stop":false})"
+  EXPECT_FALSE(ends_a_stream("", R"(data: {"content":"\"stop\":true data: [DONE]","stop":false})"
                              "\n\n"));
-  EXPECT_FALSE(ends_a_stream(R"(data: {"choices":[{"finish_reason":null,"delta":{"content":"\"finish_reason\":\"x"}}]})"
+  EXPECT_FALSE(ends_a_stream("", R"(data: {"choices":[{"finish_reason":null,"delta":{"content":"\"finish_reason\":\"x"}}]})"
                              "\n\n"));
+}
+
+// A marker cut between two chunks (a TCP read can end anywhere) is found across the seam, at every
+// cut; one wholly in what came before is not found again with the next chunk; data: [DONE] counts
+// only at a line's start, wherever that line began.
+TEST(ServeProxy, EndsAStreamSeesALastEventCutBetweenChunks) {
+  const std::string events[] = {"data: {\"content\":\"\",\"stop\":true,\"id_slot\":0}\n\n",
+                                "data: {\"choices\":[{\"finish_reason\":\"stop\",\"delta\":{}}]}\n\n",
+                                "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+                                "data: {\"type\":\"response.completed\"}\n\n",
+                                "data: {\"choices\":[]}\n\ndata: [DONE]\n\n"};
+  const std::string earlier = "data: {\"content\":\"Hi\",\"stop\":false}\n\n";
+  for (const std::string& e : events) {
+    for (size_t cut = 0; cut <= e.size(); ++cut) {
+      const std::string before = earlier + e.substr(0, cut), chunk = e.substr(cut);
+      // Found with the chunk that completes it; never twice.
+      const bool seen_before = ends_a_stream(earlier, e.substr(0, cut));
+      EXPECT_TRUE(seen_before || ends_a_stream(before, chunk)) << e << " cut at " << cut;
+      EXPECT_FALSE(seen_before && ends_a_stream(before, chunk)) << e << " found twice, cut at " << cut;
+    }
+  }
+  EXPECT_FALSE(ends_a_stream("data: {\"stop\":true}\n\n", "data: {\"content\":\"x\",\"stop\":false}\n\n"));
+  // [DONE] not at a line's start, across the seam or not.
+  EXPECT_FALSE(ends_a_stream("x", "data: [DONE]\n\n"));
+  EXPECT_FALSE(ends_a_stream("xdata: [DO", "NE]\n\n"));
+  EXPECT_TRUE(ends_a_stream("\ndata: [DO", "NE]\n\n"));
+  EXPECT_TRUE(ends_a_stream("data: [D", "ONE]\n\n"));  // the stream's first bytes: a line's start
 }
 
 int free_port() {
