@@ -1,8 +1,8 @@
 // What kvsnap serve reads from clients and from its child (src/serve/requests.h): every parser on
 // the same input, as a completion request on each kind of route, a requantize body, the child's
 // /apply-template answer and a completion answer both whole and as a "data: " event stream, and
-// the proxy's test for a stream's last event (ends_a_stream) on what the child streams, and the
-// tail of a stream it keeps (trim_stream_tail).
+// the proxy's test for a stream's last event (ends_a_stream) on what the child streams, whole and
+// cut in two, and the tail of a stream it keeps (trim_stream_tail).
 #include <algorithm>
 #include <string>
 
@@ -21,7 +21,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)kvsnap::slot_of_answer_body(streamed, body);
     (void)kvsnap::prompt_n_of_answer(streamed, body);
   }
-  (void)kvsnap::ends_a_stream(body);
+  // Whole, and cut in two where a read of the child's answer could end (the seam search).
+  (void)kvsnap::ends_a_stream("", body);
+  for (size_t cut : {size_t(1), size_t(7), body.size() / 2, body.size() > 0 ? body.size() - 1 : 0})
+    if (cut <= body.size()) (void)kvsnap::ends_a_stream(body.substr(0, cut), body.substr(cut));
   // The proxy's tail of a stream: a suffix of what came, at least `keep` bytes of it, starting at
   // an event (or the whole body when nothing was cut).
   for (size_t keep : {size_t(0), size_t(1), size_t(16), size_t(64)}) {
