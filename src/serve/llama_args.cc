@@ -1,7 +1,9 @@
 #include "serve/llama_args.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
+#include <climits>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -25,10 +27,37 @@ Result<int> to_int(const std::string& flag, const std::string& v) {
   return n;
 }
 
+// A number as llama-server reads an environment variable's (std::stoi): leading white space, a
+// sign, digits, and whatever follows ignored ("8k" is 8); nullopt where stoi throws (no digits,
+// out of range).
+std::optional<int> stoi_like(const std::string& v) {
+  size_t i = 0;
+  while (i < v.size() && std::isspace(static_cast<unsigned char>(v[i]))) ++i;
+  const bool negative = i < v.size() && v[i] == '-';
+  if (i < v.size() && (v[i] == '+' || v[i] == '-')) ++i;
+  long long n = 0;
+  size_t digits = 0;
+  for (; i < v.size() && v[i] >= '0' && v[i] <= '9'; ++i, ++digits) {
+    n = n * 10 + (v[i] - '0');
+    if (n > (long long)INT_MAX + 1) return std::nullopt;
+  }
+  if (digits == 0) return std::nullopt;
+  if (negative) n = -n;
+  if (n > INT_MAX || n < INT_MIN) return std::nullopt;
+  return int(n);
+}
+
 // The flags kvsnap reads that take a value (-fa's is optional: handled apart).
 bool takes_value(const std::string& flag) {
   return is_one_of(flag, {"-m", "--model", "-c", "--ctx-size", "-np", "--parallel", "-ctk", "--cache-type-k", "-ctv",
-                          "--cache-type-v", "--api-key", "--api-key-file"});
+                          "--cache-type-v", "--api-key", "--api-key-file", "-hf", "-hfr", "--hf-repo", "-dr",
+                          "--docker-repo", "-mu", "--model-url", "--api-prefix"});
+}
+
+// Flags (and their variables) with which llama-server downloads the model it loads and points its
+// model path at the download: the path kvsnap was given is then not the model the child runs.
+bool downloads_the_model(const std::string& flag) {
+  return is_one_of(flag, {"-hf", "-hfr", "--hf-repo", "-dr", "--docker-repo", "-mu", "--model-url"});
 }
 
 // One flag of ARGS with its value: argv[first..last].
@@ -114,14 +143,16 @@ Status apply_environment(const ArgsEnvironment& env, LlamaArgs& a) {
   auto number = [&](const char* var, int& out) -> Status {
     auto v = env.getenv(var);
     if (!v) return Status::OK();
-    auto n = to_int(var, *v);
-    if (!n.ok()) return Status::InvalidArgument(std::string("environment variable ") + var + " '" + *v + "' is not a number");
+    auto n = stoi_like(*v);
+    if (!n) return Status::InvalidArgument(std::string("environment variable ") + var + " '" + *v + "' is not a number");
     out = *n;
     return Status::OK();
   };
   if (auto v = env.getenv("LLAMA_ARG_MODEL")) a.model = *v;
   KV_RETURN_IF_ERROR(number("LLAMA_ARG_CTX_SIZE", a.ctx_size));
   KV_RETURN_IF_ERROR(number("LLAMA_ARG_N_PARALLEL", a.parallel));
+  if (env.getenv("LLAMA_ARG_N_PARALLEL") && a.parallel == 0)
+    return Status::InvalidArgument("environment variable LLAMA_ARG_N_PARALLEL is 0, which llama-server refuses");
   if (auto v = env.getenv("LLAMA_ARG_CACHE_TYPE_K")) a.ctk = *v;
   if (auto v = env.getenv("LLAMA_ARG_CACHE_TYPE_V")) a.ctv = *v;
   if (auto v = env.getenv("LLAMA_ARG_FLASH_ATTN")) {
@@ -131,6 +162,16 @@ Status apply_environment(const ArgsEnvironment& env, LlamaArgs& a) {
                                      "' must be on, off or auto (or enabled, true, 1; disabled, false, 0; -1)");
     a.flash_attn = word;
   }
+  // Routes under a prefix, or (AIP_MODE=PREDICTION, as Vertex AI sets it) a port of its own: kvsnap
+  // could no longer reach the child's /health and /slots on the port it gave it.
+  if (auto v = env.getenv("LLAMA_ARG_API_PREFIX"); v && !v->empty())
+    return Status::InvalidArgument("environment variable LLAMA_ARG_API_PREFIX moves llama-server's routes under '" + *v +
+                                   "', where kvsnap serve does not look for /health and /slots: unset it");
+  if (auto v = env.getenv("AIP_MODE"); v && *v == "PREDICTION")
+    return Status::InvalidArgument("environment variable AIP_MODE=PREDICTION makes llama-server listen on AIP_HTTP_PORT "
+                                   "instead of the private port kvsnap serve gives it: unset it");
+  for (const char* var : {"LLAMA_ARG_HF_REPO", "LLAMA_ARG_DOCKER_REPO", "LLAMA_ARG_MODEL_URL"})
+    if (env.getenv(var)) a.model.clear();  // downloads_the_model
   return Status::OK();
 }
 
@@ -143,6 +184,17 @@ std::string slots_off_by(const ArgsEnvironment& env) {
     if (word && std::string_view(word) == "off") return "LLAMA_ARG_ENDPOINT_SLOTS";
   }
   return "";
+}
+
+// LLAMA_ARG_ENDPOINT_SLOTS set to a word that is neither true nor false: llama-server refuses to start.
+Status check_slots_word(const ArgsEnvironment& env) {
+  auto v = env.getenv("LLAMA_ARG_ENDPOINT_SLOTS");
+  if (!v || env.getenv("LLAMA_ARG_NO_ENDPOINT_SLOTS")) return Status::OK();
+  const char* word = flash_attn_word(*v);
+  if (word && std::string_view(word) != "auto") return Status::OK();
+  return Status::InvalidArgument("environment variable LLAMA_ARG_ENDPOINT_SLOTS '" + *v +
+                                 "' is not a boolean (on, enabled, true, 1; off, disabled, false, 0): llama-server "
+                                 "refuses to start with it");
 }
 
 void add_key_list(const std::string& value, std::vector<std::string>& keys) {
@@ -189,6 +241,7 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
   // llama-server applies the environment before the command line (common/arg.cpp: every option's
   // LLAMA_ARG_* variable, then ARGS, which win), --api-key's variable before --api-key-file's.
   KV_RETURN_IF_ERROR(apply_environment(env, a));
+  KV_RETURN_IF_ERROR(check_slots_word(env));
   std::vector<std::string> configs = {"/etc/llama.cpp/config.ini"};
   if (auto x = env.getenv("XDG_CONFIG_HOME"); x && !x->empty()) configs.push_back(*x + "/llama.cpp/config.ini");
   else if (auto h = env.getenv("HOME"); h && !h->empty()) configs.push_back(*h + "/.config/llama.cpp/config.ini");
@@ -205,6 +258,9 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
                                      " is kvsnap serve's own: the child listens on a private loopback port with a "
                                      "kvsnap-owned slot directory; set the address clients use with serve's "
                                      "{--listen HOST:PORT}");
+    if (flag == "--api-prefix")
+      return Status::InvalidArgument("llama-server argument --api-prefix moves its routes where kvsnap serve does not "
+                                     "look for /health and /slots; serve the prefix in front of kvsnap instead");
     if (flag == "--no-slots")
       return Status::InvalidArgument("llama-server argument --no-slots: kvsnap serve saves and restores slots "
                                      "through the /slots endpoint it disables");
@@ -220,6 +276,7 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
       KV_ASSIGN_OR_RETURN(a.ctx_size, to_int(flag, value));
     } else if (is_one_of(flag, {"-np", "--parallel"})) {
       KV_ASSIGN_OR_RETURN(a.parallel, to_int(flag, value));
+      if (a.parallel == 0) return Status::InvalidArgument("llama-server argument " + flag + " 0: llama-server refuses it");
     } else if (is_one_of(flag, {"-ctk", "--cache-type-k"})) {
       a.ctk = value;
     } else if (is_one_of(flag, {"-ctv", "--cache-type-v"})) {
@@ -231,6 +288,8 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
     }
     // any other flag goes to the child untouched
   }
+  if (std::any_of(items.begin(), items.end(), [](const ArgItem& it) { return downloads_the_model(it.flag); }))
+    a.model.clear();
   const bool slots_flag = std::any_of(items.begin(), items.end(), [](const ArgItem& it) { return it.flag == "--slots"; });
   if (std::string var = slots_off_by(env); !var.empty() && !slots_flag)
     return Status::InvalidArgument("environment variable " + var + " turns llama-server's /slots endpoint off, "

@@ -39,7 +39,9 @@ namespace kvsnap {
 
 struct LlamaArgs {
   std::vector<std::string> argv;  // as given: argv[0] is the llama-server program
-  std::string model;              // -m / --model; empty when not given
+  // -m / --model (or LLAMA_ARG_MODEL); empty when not given, or when llama-server downloads the
+  // model it loads (-hf, -dr, -mu or their variables) and the path is not that model's.
+  std::string model;
   int ctx_size = 0;               // -c / --ctx-size; 0: the server's default
   int parallel = 0;               // -np / --parallel; 0: the server's default
   std::string ctk = "f16", ctv = "f16";  // -ctk / -ctv (llama-server's defaults)
@@ -60,9 +62,13 @@ struct ArgsEnvironment {
 // This process's environment and files.
 ArgsEnvironment process_environment();
 
-// Parses ARGS (argv[0] the program). kInvalidArgument for an empty command
-// line, a flag kvsnap owns, a value flag without its value, a number that is
-// not one, or an API key file that cannot be read.
+// Parses ARGS (argv[0] the program) and the environment. kInvalidArgument for
+// an empty command line, a flag kvsnap owns (or --api-prefix), a value flag
+// without its value, a number that is not one (ARGS: the whole value; a
+// variable: as llama-server's std::stoi reads it), -np 0, a flash-attention or
+// /slots word llama-server refuses, /slots turned off, LLAMA_ARG_API_PREFIX or
+// AIP_MODE=PREDICTION (the child would not answer on kvsnap's port), or an API
+// key file that cannot be read.
 Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv,
                                    const ArgsEnvironment& env = process_environment());
 

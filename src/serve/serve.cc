@@ -59,7 +59,8 @@ Result<Ladder> ladder_of(Io& io, const ServeOptions& o, const LlamaArgs& args) {
     return Status::InvalidArgument("--dynamic-cache and --cache-budget go together (e.g. --dynamic-cache "
                                    "f16,q8_0,q4_0 --cache-budget 2G)");
   if (args.model.empty())
-    return Status::InvalidArgument("--dynamic-cache sizes the cache from the model: llama-server's ARGS need -m MODEL");
+    return Status::InvalidArgument("--dynamic-cache sizes the cache from the model: llama-server's ARGS need -m MODEL (or "
+                                   "LLAMA_ARG_MODEL; a model llama-server downloads is not read)");
   KV_ASSIGN_OR_RETURN(uint64_t budget, parse_budget(o.cache_budget));
   auto model = load_model_info(io, args.model);
   if (!model.ok()) return model.status().Prefixed("--dynamic-cache: reading the model " + args.model);
@@ -185,7 +186,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   for (const auto& c : args.unread_config_files)
     log("llama-server applies " + c + " before its environment and ARGS; kvsnap does not read it: cache types, "
         "flash attention, context, slots or model set there are not seen, and restores are converted for "
-        "ARGS's (llama-server refuses such a restore, logged)");
+        "ARGS's and the environment's (llama-server refuses such a restore, logged)");
   // A SIGINT or SIGTERM while the model loads (minutes for a large one) stops the load, not after it.
   int load_sig = 0;
   if (Status s = sup.start([&] { return take_pending_signal(sigs, &load_sig); }); !s.ok()) {

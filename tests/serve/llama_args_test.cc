@@ -164,13 +164,28 @@ TEST(LlamaArgs, TheEnvironmentIsReadFirstAsLlamaServerReadsIt) {
   EXPECT_EQ(b->ctk, "q4_0");
   EXPECT_EQ(b->ctv, "q4_0");
   EXPECT_EQ(b->flash_attn, "off");
-  // Values llama-server would refuse, named.
+  // A number as llama-server's std::stoi reads it: "8k" is 8, " +512" is 512; no digits is refused, as
+  // llama-server refuses it, and so is -np 0.
   vars["LLAMA_ARG_CTX_SIZE"] = "8k";
   a = parse_llama_args({"llama-server"}, env);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->ctx_size, 8);
+  vars["LLAMA_ARG_CTX_SIZE"] = " +512";
+  a = parse_llama_args({"llama-server"}, env);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->ctx_size, 512);
+  vars["LLAMA_ARG_CTX_SIZE"] = "k8";
+  a = parse_llama_args({"llama-server"}, env);
   ASSERT_FALSE(a.ok());
-  EXPECT_NE(a.status().message().find("LLAMA_ARG_CTX_SIZE '8k' is not a number"), std::string::npos)
+  EXPECT_NE(a.status().message().find("LLAMA_ARG_CTX_SIZE 'k8' is not a number"), std::string::npos)
       << a.status().message();
+  vars["LLAMA_ARG_CTX_SIZE"] = "99999999999";
+  EXPECT_FALSE(parse_llama_args({"llama-server"}, env).ok());
   vars["LLAMA_ARG_CTX_SIZE"] = "4096";
+  vars["LLAMA_ARG_N_PARALLEL"] = "0";
+  EXPECT_FALSE(parse_llama_args({"llama-server"}, env).ok());
+  vars["LLAMA_ARG_N_PARALLEL"] = "2";
+  EXPECT_FALSE(parse_llama_args({"llama-server", "-np", "0"}, env).ok());
   vars["LLAMA_ARG_FLASH_ATTN"] = "maybe";
   a = parse_llama_args({"llama-server"}, env);
   ASSERT_FALSE(a.ok());
@@ -186,10 +201,43 @@ TEST(LlamaArgs, TheEnvironmentIsReadFirstAsLlamaServerReadsIt) {
     EXPECT_TRUE(parse_llama_args({"llama-server", "--slots"}, env).ok()) << var;
     vars.erase(var);
   }
+  vars["LLAMA_ARG_ENDPOINT_SLOTS"] = "auto";  // not a boolean: llama-server would not start
+  a = parse_llama_args({"llama-server"}, env);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("LLAMA_ARG_ENDPOINT_SLOTS 'auto' is not a boolean"), std::string::npos)
+      << a.status().message();
   vars["LLAMA_ARG_ENDPOINT_SLOTS"] = "on";
   a = parse_llama_args({"llama-server"}, env);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   EXPECT_TRUE(a->unread_config_files.empty());
+  // Where the child would not answer on kvsnap's port and paths: refused, named.
+  for (auto [var, value] : {std::pair<const char*, const char*>{"LLAMA_ARG_API_PREFIX", "/llm"},
+                            {"AIP_MODE", "PREDICTION"}}) {
+    vars[var] = value;
+    a = parse_llama_args({"llama-server"}, env);
+    ASSERT_FALSE(a.ok()) << var;
+    EXPECT_NE(a.status().message().find(var), std::string::npos) << a.status().message();
+    vars.erase(var);
+  }
+  a = parse_llama_args({"llama-server", "--api-prefix", "/llm"}, env);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("--api-prefix"), std::string::npos) << a.status().message();
+  // A model llama-server downloads (its path then points at the download): not the given path.
+  for (const char* var : {"LLAMA_ARG_HF_REPO", "LLAMA_ARG_DOCKER_REPO", "LLAMA_ARG_MODEL_URL"}) {
+    vars[var] = "someone/model";
+    a = parse_llama_args({"llama-server"}, env);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_EQ(a->model, "") << var;
+    vars.erase(var);
+  }
+  for (const char* flag : {"-hf", "--hf-repo", "-dr", "-mu"}) {
+    a = parse_llama_args({"llama-server", "-m", "local.gguf", flag, "someone/model"}, env);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_EQ(a->model, "") << flag;
+  }
+  a = parse_llama_args({"llama-server"}, env);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->model, "/models/env.gguf");
 }
 
 // llama-server 3.22.1 applies /etc/llama.cpp/config.ini and the user's ($XDG_CONFIG_HOME, else
