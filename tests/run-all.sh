@@ -46,11 +46,21 @@ bash tests/mlx/make-bed.sh || echo "mlx-lm bed not made: oracle.mlx_bed will be 
 # The builds here carry no debug information (-g is a third of gcc's compile time on this tree, and
 # nothing here reads it); a developer's RelWithDebInfo build keeps it. The fuzz and clang builds keep
 # line tables (cheap in clang) so that a report names its line.
+# ctest starts the tests it knows to be long first (Testing/Temporary/CTestCostData.txt, which a fresh
+# build directory lacks): seeded with the seconds each took in a measured run (tests/ctest-costs/,
+# "NAME 1 SECONDS"; a name no longer there is ignored), so that no long test is left to run alone on
+# one core at the end (the sanitized stage's kvsnap-simd-check was: its last 2 of 8 minutes).
+seed_test_costs() {
+  mkdir -p "$1/Testing/Temporary"
+  { cat "$2"; echo ---; } > "$1/Testing/Temporary/CTestCostData.txt"
+}
+
 release=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG"
          -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG")
 cmake -S . -B build -G Ninja "${release[@]}" >/dev/null
 cmake --build build -j"$jobs"
 # Left out: "slow" (bigger matrices, e.g. oracle.zoo_full).
+seed_test_costs build tests/ctest-costs/main.txt
 ctest --test-dir build --output-on-failure -j"$jobs" -LE 'slow'
 # The multi-host proof (issue 16): two hosts against one PostgreSQL and one Swift+s3api bed. Labelled
 # slow (4-5.5 min on 2 cores) so that it can move to a job of its own, but it runs here until it does.
@@ -94,6 +104,7 @@ CC=clang-16 CXX=clang++-16 cmake -S . -B build-clang -G Ninja -DKVSNAP_LIBCXX=ON
   -DCMAKE_CXX_FLAGS_DEBUG="-gline-tables-only" >/dev/null
 cmake --build build-clang -j"$jobs"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+seed_test_costs build-clang tests/ctest-costs/sanitized.txt
 ctest --test-dir build-clang -L unit --output-on-failure -j"$jobs"
 # The S3 client reads untrusted replies: its tests against the Swift bed under the sanitizers too (~1 min).
 ctest --test-dir build-clang -L s3 -LE slow --output-on-failure
