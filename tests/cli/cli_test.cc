@@ -32,9 +32,11 @@ struct CmdResult {
   std::string err;  // stderr
 };
 
-CmdResult run(const std::string& args) {
+// `env_assignments` ("NAME=VALUE ...", shell-quoted by the caller) are set for this run only.
+CmdResult run(const std::string& args, const std::string& env_assignments = "") {
   const fs::path errf = fs::temp_directory_path() / ("kvsnap-cli-err-" + std::to_string(::getpid()));
-  const std::string cmd = std::string(KVSNAP_BINARY) + " " + args + " 2>" + errf.string();
+  const std::string cmd = (env_assignments.empty() ? "" : "env " + env_assignments + " ") +
+                          std::string(KVSNAP_BINARY) + " " + args + " 2>" + errf.string();
   CmdResult r;
   FILE* p = ::popen(cmd.c_str(), "r");
   std::array<char, 4096> buf{};
@@ -242,6 +244,43 @@ TEST_F(CliTest, ServeRefusesAThreadCountItCannotServeWith) {
     EXPECT_EQ(r.code, 2) << n << ": " << r.err;
     EXPECT_NE(r.err.find("--threads"), std::string::npos) << r.err;
   }
+}
+
+// llama-server reads LLAMA_ARG_* (and AIP_MODE) from the environment kvsnap serve passes on to it:
+// a variable that would take /slots away or move the routes is refused by the command itself, before
+// the store is opened or the child started (llama_args_test holds the rules; this is the command's
+// edge: exit 2, the variable named).
+TEST_F(CliTest, ServeRefusesAnEnvironmentTheChildCouldNotBeServedIn) {
+  const fs::path marker = dir_ / "child-started";
+  const fs::path child = dir_ / "fake-llama-server";
+  // started, it leaves a mark and stops kvsnap serve (its parent) as SIGTERM would
+  std::ofstream(child) << "#!/bin/sh\ntouch '" << marker.string() << "'\nkill -TERM $PPID\nexec sleep 30\n";
+  fs::permissions(child, fs::perms::owner_all);
+  const std::pair<const char*, const char*> cases[] = {
+      {"LLAMA_ARG_ENDPOINT_SLOTS=false", "LLAMA_ARG_ENDPOINT_SLOTS"},
+      {"LLAMA_ARG_ENDPOINT_SLOTS=maybe", "not a boolean"},
+      {"LLAMA_ARG_NO_ENDPOINT_SLOTS=1", "LLAMA_ARG_NO_ENDPOINT_SLOTS"},
+      {"LLAMA_ARG_API_PREFIX=/v9", "LLAMA_ARG_API_PREFIX"},
+      {"AIP_MODE=PREDICTION", "AIP_MODE"},
+      {"LLAMA_ARG_N_PARALLEL=0", "LLAMA_ARG_N_PARALLEL"},
+      {"LLAMA_ARG_FLASH_ATTN=sometimes", "LLAMA_ARG_FLASH_ATTN"},
+  };
+  for (const auto& [assignment, named] : cases) {
+    const fs::path store = dir_ / "store";
+    CmdResult r =
+        run(std::string("serve --store ") + store.string() + " -- " + child.string() + " -m m.gguf", assignment);
+    EXPECT_EQ(r.code, 2) << assignment << ": " << r.err;
+    EXPECT_NE(r.err.find(named), std::string::npos) << assignment << ": " << r.err;
+    EXPECT_FALSE(fs::exists(marker)) << assignment << ": the child was started";
+    EXPECT_FALSE(fs::exists(store)) << assignment << ": the store was made";
+  }
+  // the same child and store without the variable: the command gets as far as starting the child
+  // (which stops it), so the refusals above were the variables'
+  const fs::path store = dir_ / "store";
+  const std::string cmd = "timeout -s KILL 60 " + std::string(KVSNAP_BINARY) + " serve --store " + store.string() +
+                          " -- " + child.string() + " -m m.gguf >/dev/null 2>&1";
+  ASSERT_NE(std::system(cmd.c_str()), -1);
+  EXPECT_TRUE(fs::exists(marker)) << "without the variables the child was not started either";
 }
 
 TEST_F(CliTest, ConvertOfACorruptInputLeavesNoOutput) {
