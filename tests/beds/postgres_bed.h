@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "free_port.h"
 
 namespace kvsnap {
 
@@ -86,20 +87,6 @@ class PostgresBed {
  private:
   static std::string script() { return std::string(KVSNAP_SOURCE_DIR) + "/tests/beds/postgres.sh"; }
 
-  static int free_port() {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    int port = 0;
-    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-      port = ntohs(a.sin_port);
-    }
-    close(fd);
-    return port;
-  }
 
   PostgresBed() {
     if (const char* url = std::getenv("KVSNAP_PG_URL"); url && *url) {
@@ -109,7 +96,7 @@ class PostgresBed {
     for (int attempt = 0; attempt < 3; ++attempt) {
       std::string tmpl = (std::filesystem::temp_directory_path() / "kvsnap-pg-XXXXXX").string();
       if (!mkdtemp(tmpl.data())) break;
-      std::string cmd = "bash " + script() + " start " + tmpl + " " + std::to_string(free_port()) + " " +
+      std::string cmd = "bash " + script() + " start " + tmpl + " " + std::to_string(test::free_port()) + " " +
                         std::to_string(getpid());
       FILE* p = popen(cmd.c_str(), "r");
       std::string out;

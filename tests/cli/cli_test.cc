@@ -17,6 +17,7 @@
 
 #include "format/llama_state.h"
 #include "format/state_builder.h"
+#include "free_port.h"
 #include "under_asan.h"
 
 namespace kvsnap {
@@ -32,10 +33,11 @@ struct CmdResult {
   std::string err;  // stderr
 };
 
-// `env_assignments` ("NAME=VALUE ...", shell-quoted by the caller) are set for this run only.
-CmdResult run(const std::string& args, const std::string& env_assignments = "") {
+// `prefix`, when given, is run through env(1) before kvsnap: NAME=VALUE assignments for this run only,
+// then a wrapper such as "timeout -s KILL 60" (shell-quoted by the caller).
+CmdResult run(const std::string& args, const std::string& prefix = "") {
   const fs::path errf = fs::temp_directory_path() / ("kvsnap-cli-err-" + std::to_string(::getpid()));
-  const std::string cmd = (env_assignments.empty() ? "" : "env " + env_assignments + " ") +
+  const std::string cmd = (prefix.empty() ? "" : "env " + prefix + " ") +
                           std::string(KVSNAP_BINARY) + " " + args + " 2>" + errf.string();
   CmdResult r;
   FILE* p = ::popen(cmd.c_str(), "r");
@@ -265,10 +267,14 @@ TEST_F(CliTest, ServeRefusesAnEnvironmentTheChildCouldNotBeServedIn) {
       {"LLAMA_ARG_N_PARALLEL=0", "LLAMA_ARG_N_PARALLEL"},
       {"LLAMA_ARG_FLASH_ATTN=sometimes", "LLAMA_ARG_FLASH_ATTN"},
   };
+  // a port of its own (serve listens on 127.0.0.1:8080 by default, llama-server's own default too)
+  const fs::path store = dir_ / "store";
+  const std::string serve = "serve --listen 127.0.0.1:" + std::to_string(test::free_port()) + " --store " +
+                            store.string() + " -- " + child.string() + " -m m.gguf";
   for (const auto& [assignment, named] : cases) {
-    const fs::path store = dir_ / "store";
-    CmdResult r =
-        run(std::string("serve --store ") + store.string() + " -- " + child.string() + " -m m.gguf", assignment);
+    fs::remove_all(marker);
+    fs::remove_all(store);
+    CmdResult r = run(serve, std::string(assignment) + " timeout -s KILL 60");
     EXPECT_EQ(r.code, 2) << assignment << ": " << r.err;
     EXPECT_NE(r.err.find(named), std::string::npos) << assignment << ": " << r.err;
     EXPECT_FALSE(fs::exists(marker)) << assignment << ": the child was started";
@@ -276,10 +282,9 @@ TEST_F(CliTest, ServeRefusesAnEnvironmentTheChildCouldNotBeServedIn) {
   }
   // the same child and store without the variable: the command gets as far as starting the child
   // (which stops it), so the refusals above were the variables'
-  const fs::path store = dir_ / "store";
-  const std::string cmd = "timeout -s KILL 60 " + std::string(KVSNAP_BINARY) + " serve --store " + store.string() +
-                          " -- " + child.string() + " -m m.gguf >/dev/null 2>&1";
-  ASSERT_NE(std::system(cmd.c_str()), -1);
+  fs::remove_all(marker);
+  fs::remove_all(store);
+  run(serve, "timeout -s KILL 60");
   EXPECT_TRUE(fs::exists(marker)) << "without the variables the child was not started either";
 }
 

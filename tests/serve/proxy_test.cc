@@ -3,6 +3,7 @@
 // save queued; ends_a_stream tells that event from the others.
 #include "serve/proxy.h"
 #include "serve/requests.h"
+#include "free_port.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -66,19 +67,37 @@ TEST(ServeProxy, EndsAStreamSeesALastEventCutBetweenChunks) {
   EXPECT_TRUE(ends_a_stream("data: [D", "ONE]\n\n"));  // the stream's first bytes: a line's start
 }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t n = sizeof a;
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
+// A marker cut into three reads (a short read in its middle, so the middle read holds part of it
+// and neither seam has the whole): found by the read that completes it, by no read before that one
+// and by none after, at every pair of cuts.
+TEST(ServeProxy, EndsAStreamSeesALastEventCutAcrossThreeReads) {
+  const std::pair<std::string, std::string> events[] = {
+      {"data: {\"content\":\"\",\"stop\":true,\"id_slot\":0}\n\n", R"("stop":true)"},
+      {"data: {\"choices\":[{\"finish_reason\":\"stop\",\"delta\":{}}]}\n\n", R"("finish_reason":")"},
+      {"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", R"("type":"message_stop")"},
+      {"data: {\"type\":\"response.completed\"}\n\n", R"("type":"response.completed")"},
+      {"data: {\"choices\":[]}\n\ndata: [DONE]\n\n", "data: [DONE]"}};
+  const std::string earlier = "data: {\"content\":\"Hi\",\"stop\":false}\n\n";
+  for (const auto& [e, marker] : events) {
+    const size_t end = e.find(marker) + marker.size();  // the read holding this byte completes it
+    ASSERT_NE(e.find(marker), std::string::npos) << marker;
+    for (size_t i = 0; i <= e.size(); ++i) {
+      for (size_t j = i; j <= e.size(); ++j) {
+        const std::string reads[] = {e.substr(0, i), e.substr(i, j - i), e.substr(j)};
+        std::string body = earlier;
+        std::vector<int> found;
+        for (int k = 0; k < 3; ++k) {
+          if (ends_a_stream(body, reads[k])) found.push_back(k);
+          body += reads[k];
+        }
+        const int completes = end <= i ? 0 : end <= j ? 1 : 2;
+        EXPECT_EQ(found, std::vector<int>{completes}) << marker << " cut at " << i << " and " << j;
+      }
+    }
+  }
 }
+
+using test::free_port;
 
 // A proxy on a free loopback port in front of the child listening on `child_port`.
 ProxyOptions in_front_of(int child_port, int threads) {
