@@ -23,14 +23,17 @@ if command -v ccache >/dev/null 2>&1; then
   export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 fi
 # A job run beside the stages that follow it: start_beside NAME COMMAND... starts it with its output
-# in a file; finish_beside NAME waits for it, prints that output and returns its status.
+# in a file, in a process group of its own (set -m while it starts); finish_beside NAME waits for it,
+# prints that output and returns its status.
 declare -A beside_pid beside_log
 start_beside() {
   local name=$1
   shift
   beside_log[$name]=$(mktemp)
+  set -m
   "$@" >"${beside_log[$name]}" 2>&1 &
   beside_pid[$name]=$!
+  set +m
 }
 finish_beside() {
   local rc=0
@@ -38,19 +41,31 @@ finish_beside() {
   echo "== $1 (run beside the stages above) =="
   cat "${beside_log[$1]}"
   rm -f "${beside_log[$1]}"
+  unset "beside_pid[$1]" "beside_log[$1]"
   return "$rc"
 }
+# A stage that fails ends the script (set -e): a job still beside it is stopped, its whole process
+# group (ctest, the bed scripts, Swift), and its output shown.
+stop_beside_jobs() {
+  local name
+  for name in "${!beside_pid[@]}"; do
+    kill -TERM -- "-${beside_pid[$name]}" 2>/dev/null || true
+    finish_beside "$name" || true
+  done
+}
+trap stop_beside_jobs EXIT
 
 # The Python beds (PyPI: downloads and unpacking, little CPU) are made while llama-server compiles
 # below; the main tests wait for them.
 # - the openai Python client for oracle.serve's real-client check (a venv cached outside the checkout);
 # - the mlx-lm bed for oracle.mlx_bed (mlx[cpu], mlx-lm[cpu] in a venv cached outside the checkout;
 #   ~2 min the first time, cached afterwards; the test is Skipped when it cannot be made).
+# The openai venv itself is made first, here: configuring build/ looks for its python3 (tests/oracle).
+openai_venv="$HOME/.cache/kvsnap-openai-venv"
+[ -x "$openai_venv/bin/python3" ] || python3 -m venv "$openai_venv"
 make_python_beds() {
-  if [ ! -x "$HOME/.cache/kvsnap-openai-venv/bin/python3" ] ||
-     ! "$HOME/.cache/kvsnap-openai-venv/bin/python3" -c 'import openai' 2>/dev/null; then
-    python3 -m venv "$HOME/.cache/kvsnap-openai-venv"
-    "$HOME/.cache/kvsnap-openai-venv/bin/pip" install -q openai
+  if ! "$openai_venv/bin/python3" -c 'import openai' 2>/dev/null; then
+    "$openai_venv/bin/pip" install -q openai
   fi
   bash tests/mlx/make-bed.sh || echo "mlx-lm bed not made: oracle.mlx_bed will be Skipped"
 }
