@@ -116,18 +116,35 @@ sizes_checked = 0
 refusals = 0
 
 
-def check_roundtrip(roundtrip, path, out_path, python, version, loadable=True):
+def check_roundtrip(roundtrip, path, out_path):
+    """True when the rewrite has the original's bytes (then it is loaded and compared: load_compare_in)."""
     r = subprocess.run([roundtrip, path, out_path], capture_output=True, text=True)
     if r.returncode != 0:
-        return fail(path, "mlx_roundtrip failed: " + r.stderr.strip())
+        fail(path, "mlx_roundtrip failed: " + r.stderr.strip())
+        return False
     if not filecmp.cmp(path, out_path, shallow=False):
-        return fail(path, "rewrite differs from the original")
-    if not loadable:
+        fail(path, "rewrite differs from the original")
+        return False
+    return True
+
+
+def load_compare_in(python, version, pairs, out):
+    """One process of mlx-lm `version` loads and compares every (original, rewrite) pair (an mlx
+    import per file was most of this test's time)."""
+    if not pairs:
         return
-    r = subprocess.run([python, __file__, "--load-compare", path, out_path], capture_output=True, text=True,
+    args = [x for pair in pairs for x in pair]
+    r = subprocess.run([python, __file__, "--load-compare", out] + args, capture_output=True, text=True,
                        env=python_env(python, version))
     if r.returncode != 0:
-        fail(path, "mlx-lm %s on the rewrite: %s" % (version, (r.stdout + r.stderr).strip()[-800:]))
+        return fail("mlx-lm " + version, "load_compare failed: " + (r.stdout + r.stderr).strip()[-1500:])
+    with open(out) as f:
+        errors = json.load(f)
+    if sorted(errors) != sorted(a for a, _ in pairs):
+        return fail("mlx-lm " + version, "load_compare answered for %d of %d files" % (len(errors), len(pairs)))
+    for path, error in sorted(errors.items()):
+        if error is not None:
+            fail(path, "mlx-lm %s on the rewrite: %s" % (version, error[-800:]))
 
 
 def describe(paths, out):
@@ -290,6 +307,20 @@ def check_layouts(kvsnap, bed, versions, python, work):
     return len(pairs)
 
 
+def load_compare_all(out, args):
+    """In the bed's venv: load_compare of each pair (args: a1 b1 a2 b2 ...); {a: None or the error} to out."""
+    import traceback
+    errors = {}
+    for a, b in zip(args[0::2], args[1::2]):
+        try:
+            load_compare(a, b)
+            errors[a] = None
+        except Exception:
+            errors[a] = traceback.format_exc()
+    with open(out, "w") as f:
+        json.dump(errors, f)
+
+
 def load_compare(a, b):
     """In the bed's venv: both files load in mlx-lm with identical arrays and scalars."""
     import mlx.core as mx
@@ -319,7 +350,7 @@ def main():
         describe(sys.argv[3:], sys.argv[2])
         return
     if sys.argv[1] == "--load-compare":
-        load_compare(sys.argv[2], sys.argv[3])
+        load_compare_all(sys.argv[2], sys.argv[3:])
         return
     kvsnap, roundtrip, bed, python, work = sys.argv[1:6]
     os.makedirs(work, exist_ok=True)
@@ -328,7 +359,7 @@ def main():
         vdir = os.path.join(bed, version)
         if not os.path.isdir(vdir):
             continue
-        infos = {}
+        infos, rewrites = {}, []
         for name in sorted(os.listdir(vdir)):
             if not name.endswith(".safetensors"):
                 continue
@@ -338,9 +369,11 @@ def main():
             info = check_info(kvsnap, path, oracle)
             if info:
                 infos[name[: -len(".safetensors")]] = info
-            check_roundtrip(roundtrip, path, os.path.join(work, version + "-" + name), python, version,
-                            "reference" not in oracle)
+            out = os.path.join(work, version + "-" + name)
+            if check_roundtrip(roundtrip, path, out) and "reference" not in oracle:
+                rewrites.append((path, out))
             n += 1
+        load_compare_in(python, version, rewrites, os.path.join(work, version + "-load-compare.json"))
         check_sizes(version, infos)
     versions = sorted(v for v in os.listdir(bed) if os.path.isdir(os.path.join(bed, v)))
     moved = check_layouts(kvsnap, bed, versions, python, os.path.join(work, "layouts"))
