@@ -134,6 +134,8 @@ def load_compare_in(python, version, pairs, out):
     if not pairs:
         return
     args = [x for pair in pairs for x in pair]
+    if os.path.exists(out):  # a run that writes nothing must not be read as the last run's answer
+        os.remove(out)
     r = subprocess.run([python, __file__, "--load-compare", out] + args, capture_output=True, text=True,
                        env=python_env(python, version))
     if r.returncode != 0:
@@ -312,6 +314,7 @@ def load_compare_all(out, args):
     import traceback
     errors = {}
     for a, b in zip(args[0::2], args[1::2]):
+        print("load_compare", a, file=sys.stderr, flush=True)  # names the file if mlx itself crashes
         try:
             load_compare(a, b)
             errors[a] = None
