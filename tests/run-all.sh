@@ -55,8 +55,9 @@ stop_beside_jobs() {
 }
 trap stop_beside_jobs EXIT
 
-# The Python beds (PyPI: downloads and unpacking, little CPU) are made while llama-server compiles
-# below; the main tests wait for them.
+# The Python beds (PyPI: downloads and unpacking) are made beside the npm downloads and the
+# llama-server build below (a cold run had them done in 44 s, during the downloads); the main tests
+# wait for them.
 # - the openai Python client for oracle.serve's real-client check (a venv cached outside the checkout);
 # - the mlx-lm bed for oracle.mlx_bed (mlx[cpu], mlx-lm[cpu] in a venv cached outside the checkout;
 #   ~2 min the first time, cached afterwards; the test is Skipped when it cannot be made).
@@ -93,8 +94,8 @@ seed_test_costs() {
   { cat "$2"; echo ---; } > "$1/Testing/Temporary/CTestCostData.txt"
 }
 
-# The gtest programs' own files at -O1 (KVSNAP_TEST_CODE_FLAGS, CMakeLists.txt): a quarter less
-# compile time for them; the libraries they test stay at -O2.
+# The gtest programs' own files at -O1 (KVSNAP_TEST_CODE_FLAGS, CMakeLists.txt): 404 s of compile
+# for them against 420 at -O2 (two cold runs); the libraries they test stay at -O2.
 release=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG"
          -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG" -DKVSNAP_TEST_CODE_FLAGS=-O1)
 cmake -S . -B build -G Ninja "${release[@]}" >/dev/null
