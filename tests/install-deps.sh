@@ -1,6 +1,18 @@
 #!/usr/bin/env bash
 # Installs what kvsnap needs to build and test on Debian 12 (apt-get; sudo when not root).
+#   bash tests/install-deps.sh [--cross]
+# --cross adds what the aarch64 stage needs (tests/cross/run.sh): the cross compiler, qemu-user
+# and the arm64 -dev packages of the libraries the cross-built layers link (dpkg
+# --add-architecture arm64). run-all.sh asks for them here, in its first apt transaction: an
+# arm64 library is Multi-Arch "same", so installing it later could move its amd64 twin (a newer
+# libssl3 after the second apt-get update) under the servers and tests running beside that stage.
 set -euo pipefail
+cross=0
+case "${1:-}" in
+  --cross) cross=1 ;;
+  "") ;;
+  *) echo "usage: install-deps.sh [--cross]" >&2; exit 2 ;;
+esac
 pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates python3 python3-venv
       libsqlite3-dev libzstd-dev libxxhash-dev libarchive-dev libcli11-dev libssl-dev nlohmann-json3-dev
       libgtest-dev libgmock-dev libbenchmark-dev libcurl4-openssl-dev
@@ -16,6 +28,8 @@ pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates python3 p
                                 # the s3 tests' server: Swift 2.30 + s3api on loopback (tests/beds/swift-s3.sh)
       ccache)                   # run-all.sh: a machine that built the tree before rebuilds from its cache
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
+[ $cross -eq 0 ] || pkgs+=(g++-aarch64-linux-gnu qemu-user
+                           libssl-dev:arm64 libzstd-dev:arm64 libxxhash-dev:arm64 libgtest-dev:arm64)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -27,6 +41,9 @@ fi
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 echo "install-deps: installing ${missing[*]}"
+if [ $cross -eq 1 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  $sudo dpkg --add-architecture arm64
+fi
 $sudo apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "install-deps: done"

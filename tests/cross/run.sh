@@ -12,27 +12,14 @@
 #
 # Installs its packages when root (CI: .ci/run runs as root with CI=true) or with sudo:
 # g++-aarch64-linux-gnu, qemu-user, and the arm64 -dev packages of the libraries those layers
-# link (dpkg --add-architecture arm64).
+# link (tests/install-deps.sh --cross, which run-all.sh has run before any stage).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-aarch64}
 toolchain=${2:-tests/cross/aarch64.cmake}
 jobs=$(nproc 2>/dev/null || echo 2)
 
-host_pkgs=(g++-aarch64-linux-gnu qemu-user)
-arm_pkgs=(libssl-dev:arm64 libzstd-dev:arm64 libxxhash-dev:arm64 libgtest-dev:arm64)
-missing=()
-for p in "${host_pkgs[@]}" "${arm_pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  echo "cross: installing ${missing[*]}"
-  dpkg --print-foreign-architectures | grep -qx arm64 || $sudo dpkg --add-architecture arm64
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+bash tests/install-deps.sh --cross
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_TOOLCHAIN_FILE="$toolchain" -DKVSNAP_CORE_ONLY=ON \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG" \
