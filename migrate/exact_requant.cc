@@ -321,13 +321,18 @@ void block_levels(GgmlType t, const uint8_t* b, int8_t* q) {
 }
 
 // Gathers blocks for the level's quick search (simd_kernels.h, QuickSearchBlocks), 8 at a time,
-// and writes the blocks it improves over their reference blocks.
+// and writes the blocks it improves over their reference blocks. With make_ref (the level's
+// kernel that also makes the reference blocks, simd_kernels.h: make_reference) it writes every
+// block: the kernel's result, or for a block the kernel leaves (a value not finite, all zero) its
+// reference block and the scalar search of it alone, which gives what any level's kernel gives.
 class QuickBatch {
  public:
-  explicit QuickBatch(GgmlType dst) : dst_(dst), search_(simd::find_quick_search()) {
-    qb_.grid = grid_of_target(dst);
-    qb_.lo = float(grid_of(dst)->lo);
-    qb_.hi = float(grid_of(dst)->hi);
+  QuickBatch(const TypeTraits& dst, simd::QuickSearchFn make_ref)
+      : dst_(dst.id()), traits_(&dst), search_(make_ref ? make_ref : simd::find_quick_search()) {
+    qb_.grid = grid_of_target(dst_);
+    qb_.lo = float(grid_of(dst_)->lo);
+    qb_.hi = float(grid_of(dst_)->hi);
+    qb_.make_reference = make_ref != nullptr;
     qb_.ctx = this;
     qb_.ref_levels = [](const void* ctx, int k, int8_t* q) {
       const QuickBatch& b = *static_cast<const QuickBatch*>(ctx);
@@ -339,14 +344,17 @@ class QuickBatch {
   ~QuickBatch() { flush(); }
 
   // x: the block's source values; db: its reference block (ggml's), y: that block decoded. db is
-  // rewritten by flush() if a candidate does better; x and y must stay until then.
+  // rewritten by flush() if a candidate does better; x and y must stay until then. With
+  // make_ref, y is not read and db need not hold anything yet: flush() writes it.
   void add(const float* x, const float* y, std::byte* db) {
     const int k = qb_.n++;
     qb_.x[k] = x;
-    qb_.y[k] = y;
-    qb_.d16[k] = load_u16(db);
-    qb_.m16[k] = qb_.grid == simd::RequantGrid::kOffset ? load_u16(db + 2) : 0;
     out_[k] = db;
+    if (!qb_.make_reference) {
+      qb_.y[k] = y;
+      qb_.d16[k] = load_u16(db);
+      qb_.m16[k] = qb_.grid == simd::RequantGrid::kOffset ? load_u16(db + 2) : 0;
+    }
     if (qb_.n == 8) flush();
   }
 
@@ -354,15 +362,50 @@ class QuickBatch {
     if (qb_.n == 0) return;
     search_(qb_);
     for (int k = 0; k < qb_.n; ++k) {
+      if (qb_.make_reference && !(qb_.referenced >> k & 1)) {
+        search_alone(k);
+        continue;
+      }
       // a type pack_levels does not know keeps its reference block (a new type's row in kGrids
-      // without its packing here)
-      if (qb_.improved >> k & 1) (void)pack_levels(dst_, qb_.out_d16[k], qb_.out_m16[k], qb_.levels[k], out_[k]);
+      // without its packing here; make_ref is only given for q4_0 and q5_0)
+      if (qb_.make_reference || (qb_.improved >> k & 1)) {
+        (void)pack_levels(dst_, qb_.out_d16[k], qb_.out_m16[k], qb_.levels[k], out_[k]);
+      }
     }
     qb_.n = 0;
   }
 
  private:
+  // Block k as the row path without make_ref does it: its reference block, then the search.
+  void search_alone(int k) {
+    std::byte* db = out_[k];
+    traits_->from_f32(qb_.x[k], db, kBlock);
+    float y[kBlock];
+    traits_->to_f32(db, y, kBlock);
+    simd::QuickSearchBlocks one;
+    one.n = 1;
+    one.grid = qb_.grid;
+    one.lo = qb_.lo;
+    one.hi = qb_.hi;
+    one.x[0] = qb_.x[k];
+    one.y[0] = y;
+    one.d16[0] = load_u16(db);
+    one.m16[0] = qb_.grid == simd::RequantGrid::kOffset ? load_u16(db + 2) : 0;
+    struct Ctx {
+      GgmlType t;
+      const std::byte* db;
+    } ctx{dst_, db};
+    one.ctx = &ctx;
+    one.ref_levels = [](const void* c, int, int8_t* q) {
+      const Ctx& b = *static_cast<const Ctx*>(c);
+      block_levels(b.t, reinterpret_cast<const uint8_t*>(b.db), q);
+    };
+    simd::quick_search_ref(one);
+    if (one.improved & 1) (void)pack_levels(dst_, one.out_d16[0], one.out_m16[0], one.levels[0], db);
+  }
+
   GgmlType dst_;
+  const TypeTraits* traits_;
   simd::QuickSearchFn search_;
   simd::QuickSearchBlocks qb_;
   std::byte* out_[8] = {};
@@ -490,7 +533,7 @@ void ExactRequantizer::requantize_block(const float* x, std::byte* db) {
     if (search_ == Search::kQuick) {
       float y[kBlock];
       dst_->to_f32(db, y, kBlock);
-      QuickBatch(dst_->id()).add(x, y, db);  // searched and written as the batch goes out of scope
+      QuickBatch(*dst_, nullptr).add(x, y, db);  // searched and written as the batch goes out of scope
     }
     return;
   }
@@ -685,15 +728,22 @@ bool ExactRequantizer::may_embed(const std::byte* sb) const {
 // kNone and kQuick: every block's reference block from one from_f32 over the row (ggml's
 // quantizers work block by block, so these are the bytes requantize_block would start from),
 // then the blocks the target holds exactly written over theirs by embed_block, as convert_block
-// would, and the others given to the quick search, 8 at a time.
+// would, and the others given to the quick search, 8 at a time. kQuick into q4_0 or q5_0 at a
+// level whose search kernel makes the reference blocks itself (simd_kernels.h, make_reference):
+// no pass over the row, every block written by embed_block or the search (the same bytes).
 void ExactRequantizer::convert_row_from_reference(const std::byte* s, const float* x, std::byte* o) {
-  dst_->from_f32(x, o, n_elems_);
   const bool quick = search_ == Search::kQuick;
-  if (quick) dst_->to_f32(o, ref_row_.data(), n_elems_);  // the reference values
+  const simd::QuickSearchFn make_ref = quick && (dst_->id() == GgmlType::kQ4_0 || dst_->id() == GgmlType::kQ5_0)
+                                           ? simd::find_quick_search_reference()
+                                           : nullptr;
+  if (!make_ref) {
+    dst_->from_f32(x, o, n_elems_);
+    if (quick) dst_->to_f32(o, ref_row_.data(), n_elems_);  // the reference values
+  }
   const uint64_t nb = n_elems_ / kBlock;
   const size_t sbytes = src_->block_bytes(), dbytes = dst_->block_bytes();
   std::optional<QuickBatch> batch;
-  if (quick) batch.emplace(dst_->id());
+  if (quick) batch.emplace(*dst_, make_ref);
   for (uint64_t b = 0; b < nb; ++b) {
     const std::byte* sb = s + b * sbytes;
     std::byte* db = o + b * dbytes;

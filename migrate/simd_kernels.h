@@ -106,6 +106,14 @@ bool requant_score8_ref(const float* x, float m, const float* d, int lo, int hi,
 // Bit k of `improved` says whether block k is replaced: by out_d16[k], out_m16[k] (m16[k] for a
 // factor's candidate, 0 without an offset) and levels[k] (iq4_nl: table values). Every level
 // gives the same result.
+//
+// make_reference (a symmetric linear grid, lo = -2^(B-1): q4_0, q5_0; only for the kernels of
+// find_quick_search_reference): the kernel makes each block's reference block itself, as ggml's
+// quantize_row_q4_0_ref / q5_0_ref would from x, and reads no y, d16, m16 or ref_levels. Bit k of
+// `referenced` says it did for block k: out_d16[k] and levels[k] then hold block k's result
+// whether improved or not (the reference block's where not), the same the search above gives
+// with that reference block. A block it did not (a value not finite, all values zero, a scale
+// whose reciprocal is not finite) is the caller's to do as above.
 inline constexpr float kQuickFactors[] = {0.94f, 0.97f, 1.03f, 1.06f};
 struct QuickSearchBlocks {
   int n = 0;  // blocks, 1..8
@@ -117,8 +125,10 @@ struct QuickSearchBlocks {
   // Writes the reference block k's 32 levels; called for the blocks no factor improved.
   void (*ref_levels)(const void* ctx, int k, int8_t* q) = nullptr;
   const void* ctx = nullptr;
+  bool make_reference = false;
 
   uint32_t improved = 0;
+  uint32_t referenced = 0;  // make_reference: the blocks whose results are out_d16 and levels
   uint16_t out_d16[8] = {}, out_m16[8] = {};
   alignas(32) int8_t levels[8][32] = {};
 };
@@ -127,6 +137,10 @@ using QuickSearchFn = void (*)(QuickSearchBlocks& b);
 // quick_search_ref, migrate/exact_requant.cc).
 QuickSearchFn find_quick_search();
 void quick_search_ref(QuickSearchBlocks& b);
+// The kernel that also makes the reference blocks (make_reference above) at the current level or
+// the nearest level below it that has one; nullptr at the scalar and NEON levels (there the caller
+// makes the reference blocks of a row at once and runs find_quick_search's kernel).
+QuickSearchFn find_quick_search_reference();
 
 // What one SIMD level brings besides its row codecs (those are its column of the codec table
 // in migrate/type_traits.cc). One row per Level in simd_kernels.cc's kLevels.
@@ -140,6 +154,7 @@ struct LevelKernels {
   FindEmbedQ8_0Fn find_embed_q8_0;  // nullptr: no direct-path kernels at this level
   RequantScore8Fn requant_score8;   // nullptr: the level below's
   QuickSearchFn quick_search;       // nullptr: the level below's
+  QuickSearchFn quick_search_reference;  // make_reference's kernel; nullptr: the level below's (none at scalar)
 };
 const LevelKernels& level_kernels(Level l);
 
@@ -190,6 +205,9 @@ bool requant_score8_avx2(const float* x, float m, const float* d, int lo, int hi
 void quick_search_avx2(QuickSearchBlocks& b);
 // The same kernel compiled with AVX-512VL's 32 registers, the avx512 level's
 void quick_search_avx2_vl(QuickSearchBlocks& b);
+// Both with make_reference (x86_avx2_requant.cc)
+void quick_search_reference_avx2(QuickSearchBlocks& b);
+void quick_search_reference_avx2_vl(QuickSearchBlocks& b);
 
 // roundf(x[i]) converted to int32 the way the AVX2 quantizers compute it (exposed for
 // kvsnap-simd-check's exhaustive comparison with roundf), n a multiple of 8.

@@ -41,6 +41,21 @@ KV_AVX2_INLINE __m256 level(__m256 x, __m256 id, __m256 m, const Grid& g) {
   return _mm256_min_ps(_mm256_max_ps(n, g.lo), g.hi);
 }
 
+// The sum of sq(i) over the 32 values i in every lane, in the scalar search's order: lane l
+// (of the 8 partial sums) adds i = l, l + 8, l + 16, l + 24 in turn, then tree8.
+template <class Sq>
+KV_AVX2_INLINE __m256 sum32(Sq sq) {
+  __m256 acc[8];
+#pragma GCC unroll 8
+  for (int l = 0; l < 8; ++l) acc[l] = sq(l);
+#pragma GCC unroll 3
+  for (int v = 1; v < 4; ++v) {
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) acc[l] = _mm256_add_ps(acc[l], sq(8 * v + l));
+  }
+  return tree8(acc);
+}
+
 // A candidate's error in every lane: xt[i] is value i of the 8 blocks.
 template <RequantGrid G>
 KV_AVX2_INLINE __m256 score(const __m256* xt, __m256 d, __m256 id, __m256 m, const Grid& g) {
@@ -55,15 +70,7 @@ KV_AVX2_INLINE __m256 score(const __m256* xt, __m256 d, __m256 id, __m256 m, con
                                 : _mm256_fnmadd_ps(n, d, xt[i]);
     return _mm256_mul_ps(diff, diff);
   };
-  __m256 acc[8];
-#pragma GCC unroll 8
-  for (int l = 0; l < 8; ++l) acc[l] = sq(l);
-#pragma GCC unroll 3
-  for (int v = 1; v < 4; ++v) {
-#pragma GCC unroll 8
-    for (int l = 0; l < 8; ++l) acc[l] = _mm256_add_ps(acc[l], sq(8 * v + l));
-  }
-  return tree8(acc);
+  return sum32(sq);
 }
 
 KV_AVX2_INLINE __m256 finite(__m256 v) {
@@ -126,8 +133,51 @@ KV_AVX2_INLINE void fit4(__m128 il, __m128 ill, __m128 sx_f, __m128 sxl_f, __m12
   ok_out = _mm_shuffle_ps(_mm256_castps256_ps128(okf), _mm256_extractf128_ps(okf, 1), 0x88);
 }
 
-template <RequantGrid G>
+// The reference blocks of a symmetric linear grid (levels lo..hi, lo = -2^(B-1)), as ggml's
+// quantize_row_q4_0_ref / q5_0_ref make them, in every lane (simd_kernels.h, make_reference): max,
+// the first value of largest |x| (index order: a later value of equal |x| does not replace it),
+// d = max / lo, id = 1 / d, level = min(trunc(x * id - lo + 0.5), hi - lo) + lo, the scale stored
+// as the f16 of d. `plain`: the lanes where that is what this code computes, bit for bit: every
+// value finite (their sum finite; a large finite sum only sends a block back to the caller) and
+// id finite (so max is not 0), so that x * id - lo + 0.5 is in [0, 2 hi + 2) (|x| <= |max|),
+// where truncation is the reference's (int8_t) cast. `err`: each one's error as the quick search scores
+// a candidate (score above: the levels times the f16 scale are exact products).
+struct Reference {
+  __m256 plain;
+  __m256 err;
+  __m128i d16;
+};
+KV_AVX2_INLINE Reference make_reference_lanes(const __m256* xt, float lo, float hi, float (*ref_q)[8]) {
+  __m256 amax = _mm256_setzero_ps(), max = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+#pragma GCC unroll 32
+  for (int i = 0; i < 32; ++i) {
+    const __m256 a = abs8(xt[i]);
+    const __m256 gt = _mm256_cmp_ps(amax, a, _CMP_LT_OQ);  // the reference's amax < fabsf(v): false for a NaN
+    amax = _mm256_blendv_ps(amax, a, gt);
+    max = _mm256_blendv_ps(max, xt[i], gt);
+    sum = _mm256_add_ps(sum, xt[i]);
+  }
+  const __m256 d = _mm256_div_ps(max, _mm256_set1_ps(lo));
+  const __m256 id = _mm256_div_ps(_mm256_set1_ps(1.0f), d);
+  Reference r;
+  r.plain = _mm256_and_ps(finite(sum), finite(id));  // all zero: d = -0, id = -inf
+  r.d16 = _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT);
+  const __m256 d_f16 = _mm256_cvtph_ps(r.d16);
+  const __m256 bias = _mm256_set1_ps(0.5f - lo), top = _mm256_set1_ps(hi - lo), vlo = _mm256_set1_ps(lo);
+  auto sq = [&](int i) KV_AVX2_LAMBDA {
+    const __m256 t = _mm256_round_ps(_mm256_add_ps(_mm256_mul_ps(xt[i], id), bias), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 n = _mm256_add_ps(_mm256_min_ps(t, top), vlo);
+    _mm256_store_ps(ref_q[i], n);
+    const __m256 diff = _mm256_fnmadd_ps(n, d_f16, xt[i]);
+    return _mm256_mul_ps(diff, diff);
+  };
+  r.err = sum32(sq);
+  return r;
+}
+
+template <RequantGrid G, bool kMakeRef>
 KV_AVX2_INLINE void quick_search_lanes(QuickSearchBlocks& q) {
+  static_assert(!kMakeRef || G == RequantGrid::kSymmetric, "reference blocks are made for symmetric linear grids");
   constexpr bool kOffset = G == RequantGrid::kOffset;
   const Grid g{_mm256_set1_ps(q.lo), _mm256_set1_ps(q.hi), search8()};
   // Lanes past q.n repeat block 0 and are never chosen.
@@ -137,27 +187,12 @@ KV_AVX2_INLINE void quick_search_lanes(QuickSearchBlocks& q) {
   for (int k = 0; k < 8; ++k) {
     const int s = k < q.n ? k : 0;
     xp[k] = q.x[s];
-    yp[k] = q.y[s];
-    d16[k] = q.d16[s];
+    yp[k] = kMakeRef ? nullptr : q.y[s];
+    d16[k] = kMakeRef ? 0 : q.d16[s];
     m16[k] = kOffset ? q.m16[s] : 0;
   }
-  // The reference block's error, block by block (lane l: the partial sum of values l, l + 8,
-  // l + 16, l + 24), then transposed so that the tree runs across the blocks; the values
-  // transposed on the way.
+  // The values transposed: xt[i] holds value i of the 8 blocks.
   __m256 xt[32];
-  __m256 part[8];
-#pragma GCC unroll 8
-  for (int k = 0; k < 8; ++k) {
-    __m256 acc = _mm256_setzero_ps();
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) {
-      const __m256 diff = _mm256_sub_ps(_mm256_loadu_ps(xp[k] + 8 * v), _mm256_loadu_ps(yp[k] + 8 * v));
-      const __m256 sq = _mm256_mul_ps(diff, diff);
-      acc = v == 0 ? sq : _mm256_add_ps(acc, sq);
-    }
-    part[k] = acc;
-  }
-  transpose8(part);
 #pragma GCC unroll 4
   for (int v = 0; v < 4; ++v) {
     __m256 r[8];
@@ -167,10 +202,40 @@ KV_AVX2_INLINE void quick_search_lanes(QuickSearchBlocks& q) {
 #pragma GCC unroll 8
     for (int l = 0; l < 8; ++l) xt[8 * v + l] = r[l];
   }
-  const __m128i d16_ref = _mm_load_si128(reinterpret_cast<const __m128i*>(d16));
-  const __m128i m16_ref = _mm_load_si128(reinterpret_cast<const __m128i*>(m16));
+  // The reference blocks' levels: kMakeRef, made here for every lane; otherwise read below for
+  // the lanes no factor improves.
+  alignas(32) float ref_q[32][8];
+  __m128i d16_ref, m16_ref;
+  __m256 ref_err, plain;
+  if constexpr (kMakeRef) {
+    const Reference r = make_reference_lanes(xt, q.lo, q.hi, ref_q);
+    ref_err = r.err;
+    plain = r.plain;
+    d16_ref = r.d16;
+    m16_ref = _mm_setzero_si128();
+  } else {
+    // The reference block's error, block by block (lane l: the partial sum of values l, l + 8,
+    // l + 16, l + 24), then transposed so that the tree runs across the blocks.
+    __m256 part[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      __m256 acc = _mm256_setzero_ps();
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        const __m256 diff = _mm256_sub_ps(_mm256_loadu_ps(xp[k] + 8 * v), _mm256_loadu_ps(yp[k] + 8 * v));
+        const __m256 sq = _mm256_mul_ps(diff, diff);
+        acc = v == 0 ? sq : _mm256_add_ps(acc, sq);
+      }
+      part[k] = acc;
+    }
+    transpose8(part);
+    ref_err = tree8(part);
+    plain = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    d16_ref = _mm_load_si128(reinterpret_cast<const __m128i*>(d16));
+    m16_ref = _mm_load_si128(reinterpret_cast<const __m128i*>(m16));
+  }
   Best b;
-  b.err = tree8(part);
+  b.err = ref_err;
   b.d = _mm256_cvtph_ps(d16_ref);
   b.m = kOffset ? _mm256_cvtph_ps(m16_ref) : _mm256_setzero_ps();
   b.id = _mm256_div_ps(_mm256_set1_ps(1.0f), b.d);
@@ -179,14 +244,16 @@ KV_AVX2_INLINE void quick_search_lanes(QuickSearchBlocks& q) {
   b.improved = _mm256_setzero_ps();
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(q.n), lane));
-  valid = _mm256_and_ps(valid, _mm256_cmp_ps(b.err, _mm256_setzero_ps(), _CMP_GT_OQ));
+  const __m256 made = _mm256_and_ps(valid, plain);  // kMakeRef: the blocks whose reference is made here
+  q.referenced = kMakeRef ? uint32_t(_mm256_movemask_ps(made)) : 0;
+  valid = _mm256_and_ps(made, _mm256_cmp_ps(b.err, _mm256_setzero_ps(), _CMP_GT_OQ));
   valid = _mm256_and_ps(valid, finite(b.err));
   valid = _mm256_and_ps(valid, _mm256_cmp_ps(abs8(b.d), _mm256_setzero_ps(), _CMP_GT_OQ));
   valid = _mm256_and_ps(valid, finite(b.d));
   if (kOffset) valid = _mm256_and_ps(valid, finite(b.m));
   q.improved = 0;
   const int valid_mask = _mm256_movemask_ps(valid);
-  if (valid_mask == 0) return;
+  if (valid_mask == 0 && q.referenced == 0) return;
 
   for (float f : kQuickFactors) {
     const __m128i cand = _mm256_cvtps_ph(_mm256_mul_ps(_mm256_cvtph_ps(d16_ref), _mm256_set1_ps(f)),
@@ -195,9 +262,8 @@ KV_AVX2_INLINE void quick_search_lanes(QuickSearchBlocks& q) {
   }
 
   // The least-squares fit of the best's levels: the reference block's where no factor did better.
-  alignas(32) float ref_q[32][8];
   const int reference = valid_mask & ~_mm256_movemask_ps(b.improved);
-  if (reference != 0) {
+  if (!kMakeRef && reference != 0) {
     for (int k = 0; k < 8; ++k) {
       int8_t lv[32] = {};
       if (reference >> k & 1) q.ref_levels(q.ctx, k, lv);
@@ -234,19 +300,25 @@ KV_AVX2_INLINE void quick_search_lanes(QuickSearchBlocks& q) {
 
   const int improved = _mm256_movemask_ps(b.improved);
   q.improved = uint32_t(improved);
-  if (improved == 0) return;
+  // The blocks written out: the improved ones, and (kMakeRef) the reference blocks made here.
+  const int written = kMakeRef ? int(q.referenced) : improved;
+  if (written == 0) return;
   alignas(32) uint32_t out_d[8], out_m[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(out_d), b.d16);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out_d), b.d16);  // the reference's where not improved
   _mm256_store_si256(reinterpret_cast<__m256i*>(out_m), b.m16);
   // The best's levels, transposed back to one block per row and packed to int8.
   __m256 n[32];
 #pragma GCC unroll 32
-  for (int i = 0; i < 32; ++i) n[i] = _mm256_castsi256_ps(_mm256_cvttps_epi32(level<G>(xt[i], b.id, b.m, g)));
+  for (int i = 0; i < 32; ++i) {
+    __m256 v = level<G>(xt[i], b.id, b.m, g);
+    if (kMakeRef) v = _mm256_blendv_ps(_mm256_load_ps(ref_q[i]), v, b.improved);
+    n[i] = _mm256_castsi256_ps(_mm256_cvttps_epi32(v));
+  }
 #pragma GCC unroll 4
   for (int v = 0; v < 4; ++v) transpose8(n + 8 * v);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int k = 0; k < 8; ++k) {
-    if (!(improved >> k & 1)) continue;
+    if (!(written >> k & 1)) continue;
     q.out_d16[k] = uint16_t(out_d[k]);
     q.out_m16[k] = uint16_t(out_m[k]);
     // int32 -> int8 in order: the packs interleave the 128-bit lanes, the permute undoes it
@@ -261,10 +333,19 @@ KV_AVX2_INLINE void quick_search_lanes(QuickSearchBlocks& q) {
 // for its entry point's target).
 KV_AVX2_INLINE void quick_search_grid(QuickSearchBlocks& q) {
   switch (q.grid) {
-    case RequantGrid::kOffset: quick_search_lanes<RequantGrid::kOffset>(q); break;
-    case RequantGrid::kSymmetric: quick_search_lanes<RequantGrid::kSymmetric>(q); break;
-    case RequantGrid::kIq4nl: quick_search_lanes<RequantGrid::kIq4nl>(q); break;
+    case RequantGrid::kOffset: quick_search_lanes<RequantGrid::kOffset, false>(q); break;
+    case RequantGrid::kSymmetric: quick_search_lanes<RequantGrid::kSymmetric, false>(q); break;
+    case RequantGrid::kIq4nl: quick_search_lanes<RequantGrid::kIq4nl, false>(q); break;
   }
+}
+
+// The kernel that also makes the reference blocks (simd_kernels.h, QuickSearchBlocks::make_reference).
+KV_AVX2_INLINE void quick_search_reference_grid(QuickSearchBlocks& q) {
+  if (q.grid != RequantGrid::kSymmetric) {  // not asked of it: every block back to the caller
+    q.improved = q.referenced = 0;
+    return;
+  }
+  quick_search_lanes<RequantGrid::kSymmetric, true>(q);
 }
 
 }  // namespace
@@ -275,6 +356,9 @@ KV_AVX2 void quick_search_avx2(QuickSearchBlocks& q) { quick_search_grid(q); }
 // (the same bytes), with AVX-512VL's 32 vector registers, so the 32 value vectors the candidates
 // share need not be reloaded from the stack for each candidate.
 KV_AVX512 void quick_search_avx2_vl(QuickSearchBlocks& q) { quick_search_grid(q); }
+
+KV_AVX2 void quick_search_reference_avx2(QuickSearchBlocks& q) { quick_search_reference_grid(q); }
+KV_AVX512 void quick_search_reference_avx2_vl(QuickSearchBlocks& q) { quick_search_reference_grid(q); }
 
 }  // namespace kvsnap::simd::x86
 

@@ -528,6 +528,132 @@ TEST(ExactRequant, QuickSearchKernelsMatchTheScalarOne) {
   simd::set_level(was);
 }
 
+// The quick search kernels that make the reference blocks themselves (make_reference: q4_0 and
+// q5_0, at the levels that have one) against the path without: ggml's reference quantizer
+// (quants::ref), its block decoded, and the scalar search. For every block the kernel says it made
+// (`referenced`), the same result, improved or not: scale and levels; and it makes exactly the
+// blocks whose values are all finite (their float sum too), not all zero, and whose reference
+// scale has a finite reciprocal. Values: on and off the grid (q5_0's levels on ties), scales from
+// subnormal to beyond f16's range, the largest |x| twice with both signs (ggml keeps the first),
+// -0, infinities, NaNs, a block of zeros, and a maximum too small for its reciprocal.
+TEST(ExactRequant, QuickSearchKernelsMakeGgmlsReferenceBlocks) {
+  std::mt19937 rng(97);
+  std::normal_distribution<float> g(0.f, 1.f);
+  const float inf = std::numeric_limits<float>::infinity();
+  const simd::Level was = simd::level();
+  size_t levels_with_kernel = 0;
+  for (size_t l = 0; l < simd::kLevelCount; ++l) {
+    if (!simd::supported(simd::Level(l))) continue;
+    ASSERT_TRUE(simd::set_level(simd::Level(l)));
+    SCOPED_TRACE(simd::level_name(simd::Level(l)));
+    const simd::QuickSearchFn search = simd::find_quick_search_reference();
+    if (search == nullptr) continue;
+    ++levels_with_kernel;
+    rng.seed(97);
+    size_t referenced = 0, improved = 0, left = 0;
+    for (int t = 0; t < 3000; ++t) {
+      const bool five = t % 2 == 1;  // q5_0, else q4_0
+      const float lo = five ? -16.f : -8.f, hi = five ? 15.f : 7.f;
+      float x[8][32];
+      simd::QuickSearchBlocks got;
+      got.n = 1 + int(rng() % 8);
+      got.grid = simd::RequantGrid::kSymmetric;
+      got.lo = lo;
+      got.hi = hi;
+      got.make_reference = true;
+      for (int k = 0; k < got.n; ++k) {
+        const float scale = std::ldexp(1.0f, int(rng() % 60) - 40);
+        const bool on_grid = rng() % 3 == 0;
+        for (int i = 0; i < 32; ++i) {
+          x[k][i] = on_grid ? float(int(rng() % 32) - 16) * scale : g(rng) * scale;
+        }
+        switch (rng() % 16) {
+          case 0: {  // the largest |x| twice, with both signs
+            const int a = int(rng() % 32), b = int(rng() % 32);
+            x[k][a] = 40.0f * scale;
+            x[k][b] = -40.0f * scale;
+            break;
+          }
+          case 1: x[k][rng() % 32] = rng() % 2 ? inf : -inf; break;
+          case 2: x[k][rng() % 32] = std::numeric_limits<float>::quiet_NaN(); break;
+          case 3: std::fill(std::begin(x[k]), std::end(x[k]), rng() % 2 ? 0.0f : -0.0f); break;
+          case 4: x[k][rng() % 32] = -0.0f; break;
+          case 5:  // a maximum whose scale has no finite reciprocal, or a subnormal one
+            for (float& v : x[k]) v = g(rng) * std::ldexp(1.0f, rng() % 2 ? -130 : -125);
+            break;
+          case 6:  // beyond f16: the reference scale is stored as an infinity
+            for (float& v : x[k]) v = g(rng) * 3e5f;
+            break;
+          case 7:  // a sum that overflows float: left to the caller
+            for (float& v : x[k]) v = 3e38f;
+            break;
+          default: break;
+        }
+        got.x[k] = x[k];
+      }
+      search(got);
+      for (int k = 0; k < got.n; ++k) {
+        std::byte ref[22];
+        float y[32];
+        five ? quants::ref::q5_0_from_f32(x[k], ref, 32) : quants::ref::q4_0_from_f32(x[k], ref, 32);
+        five ? quants::ref::q5_0_to_f32(ref, y, 32) : quants::ref::q4_0_to_f32(ref, y, 32);
+        const uint16_t d16 = half::load_u16(ref);
+        int8_t ref_levels[32];
+        uint32_t qh = 0;
+        if (five) std::memcpy(&qh, ref + 2, 4);
+        const uint8_t* qs = reinterpret_cast<const uint8_t*>(ref) + (five ? 6 : 2);
+        for (int j = 0; j < 16; ++j) {
+          ref_levels[j] = int8_t((qs[j] & 0x0f) + (five ? ((qh >> j) & 1) << 4 : 0) + int(lo));
+          ref_levels[j + 16] = int8_t((qs[j] >> 4) + (five ? ((qh >> (j + 16)) & 1) << 4 : 0) + int(lo));
+        }
+        // which blocks the kernel must make
+        float amax = 0, max = 0, sum = 0;
+        for (float v : x[k]) {
+          if (amax < std::fabs(v)) {
+            amax = std::fabs(v);
+            max = v;
+          }
+          sum += v;
+        }
+        const float id = 1.0f / (max / lo);
+        const bool plain = std::isfinite(sum) && std::isfinite(id) && amax > 0;
+        ASSERT_EQ(bool(got.referenced >> k & 1), plain) << "trial " << t << " block " << k;
+        if (!plain) {
+          ++left;
+          continue;
+        }
+        ++referenced;
+        simd::QuickSearchBlocks want;
+        want.n = 1;
+        want.grid = simd::RequantGrid::kSymmetric;
+        want.lo = lo;
+        want.hi = hi;
+        want.x[0] = x[k];
+        want.y[0] = y;
+        want.d16[0] = d16;
+        want.ctx = ref_levels;
+        want.ref_levels = [](const void* ctx, int, int8_t* q) { std::memcpy(q, ctx, 32); };
+        simd::quick_search_ref(want);
+        const bool better = want.improved & 1;
+        ASSERT_EQ(bool(got.improved >> k & 1), better) << "trial " << t << " block " << k;
+        improved += better;
+        ASSERT_EQ(got.out_d16[k], better ? want.out_d16[0] : d16) << "trial " << t << " block " << k;
+        ASSERT_EQ(std::memcmp(got.levels[k], better ? want.levels[0] : ref_levels, 32), 0)
+            << "trial " << t << " block " << k;
+      }
+    }
+    EXPECT_GT(referenced, 8000u) << "the kernel makes most reference blocks";
+    EXPECT_GT(improved, 4000u) << "and improves on many";
+    EXPECT_GT(left, 500u) << "and leaves the odd ones to the caller";
+  }
+  simd::set_level(was);
+#ifdef KVSNAP_SIMD_X86
+  if (simd::supported(simd::Level::kAvx2)) {
+    EXPECT_GT(levels_with_kernel, 0u) << "the AVX2 kernel was tested";
+  }
+#endif
+}
+
 TEST(ExactRequant, RefusesPairsItIsNotFor) {
   EXPECT_FALSE(ExactRequantizer::make(*find_traits("f16"), *find_traits("q8_0"), kN, Search::kFull).ok());
   EXPECT_FALSE(ExactRequantizer::make(*find_traits("q8_0"), *find_traits("q8_0"), kN, Search::kFull).ok());
