@@ -148,15 +148,22 @@ struct Reference {
   __m128i d16;
 };
 KV_AVX2_INLINE Reference make_reference_lanes(const __m256* xt, float lo, float hi, float (*ref_q)[8]) {
-  __m256 amax = _mm256_setzero_ps(), max = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+  // amax as a tree of maxima (order-free where every value is finite, the only lanes kept), then
+  // max, the value of the first i with |x[i]| = amax (the reference's amax < fabsf(v) keeps the
+  // first), by blends from the last i down: no chain of dependent compares. The sum (only its
+  // finiteness counts) as 8 partial sums, as the search adds.
+  __m256 a[32];
 #pragma GCC unroll 32
-  for (int i = 0; i < 32; ++i) {
-    const __m256 a = abs8(xt[i]);
-    const __m256 gt = _mm256_cmp_ps(amax, a, _CMP_LT_OQ);  // the reference's amax < fabsf(v): false for a NaN
-    amax = _mm256_blendv_ps(amax, a, gt);
-    max = _mm256_blendv_ps(max, xt[i], gt);
-    sum = _mm256_add_ps(sum, xt[i]);
-  }
+  for (int i = 0; i < 32; ++i) a[i] = abs8(xt[i]);
+  __m256 t[8];
+#pragma GCC unroll 8
+  for (int l = 0; l < 8; ++l) t[l] = _mm256_max_ps(_mm256_max_ps(a[l], a[l + 8]), _mm256_max_ps(a[l + 16], a[l + 24]));
+  const __m256 amax = _mm256_max_ps(_mm256_max_ps(_mm256_max_ps(t[0], t[4]), _mm256_max_ps(t[2], t[6])),
+                                    _mm256_max_ps(_mm256_max_ps(t[1], t[5]), _mm256_max_ps(t[3], t[7])));
+  __m256 max = _mm256_setzero_ps();
+#pragma GCC unroll 32
+  for (int i = 31; i >= 0; --i) max = _mm256_blendv_ps(max, xt[i], _mm256_cmp_ps(a[i], amax, _CMP_EQ_OQ));
+  const __m256 sum = sum32([&](int i) KV_AVX2_LAMBDA { return xt[i]; });
   const __m256 d = _mm256_div_ps(max, _mm256_set1_ps(lo));
   const __m256 id = _mm256_div_ps(_mm256_set1_ps(1.0f), d);
   Reference r;
@@ -270,23 +277,24 @@ KV_AVX2_INLINE void quick_search_lanes(QuickSearchBlocks& q) {
       for (int i = 0; i < 32; ++i) ref_q[i][k] = float(lv[i]);
     }
   }
-  __m256 il = _mm256_setzero_ps(), ill = _mm256_setzero_ps();
-  __m256 ax[8], axl[8];
+  // il and ill are sums of integers below 2^24, exact in any order: 8 partial sums like the
+  // others, so that no chain of 32 dependent additions holds the fit back.
+  __m256 al[8], all[8], ax[8], axl[8];
 #pragma GCC unroll 8
   for (int l = 0; l < 8; ++l) {
-    ax[l] = _mm256_setzero_ps();
-    axl[l] = _mm256_setzero_ps();
+    al[l] = all[l] = ax[l] = axl[l] = _mm256_setzero_ps();
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
       const int i = 8 * v + l;
       __m256 n = level<G>(xt[i], b.id, b.m, g);
       if (reference != 0) n = _mm256_blendv_ps(_mm256_load_ps(ref_q[i]), n, b.improved);
-      il = _mm256_add_ps(il, n);  // integers below 2^24: exact in any order
-      ill = _mm256_add_ps(ill, _mm256_mul_ps(n, n));
+      al[l] = _mm256_add_ps(al[l], n);
+      all[l] = _mm256_add_ps(all[l], _mm256_mul_ps(n, n));
       ax[l] = _mm256_add_ps(ax[l], xt[i]);
       axl[l] = _mm256_add_ps(axl[l], _mm256_mul_ps(xt[i], n));
     }
   }
+  const __m256 il = tree8(al), ill = tree8(all);
   const __m256 sx = tree8(ax), sxl = tree8(axl);
   __m128 d_lo, d_hi, m_lo, m_hi, ok_lo, ok_hi;
   fit4<G>(_mm256_castps256_ps128(il), _mm256_castps256_ps128(ill), _mm256_castps256_ps128(sx),

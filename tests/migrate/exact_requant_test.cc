@@ -587,6 +587,9 @@ TEST(ExactRequant, QuickSearchKernelsMakeGgmlsReferenceBlocks) {
           case 7:  // a sum that overflows float: left to the caller
             for (float& v : x[k]) v = 3e38f;
             break;
+          case 8:  // one that overflows in the kernel's order (i % 8 first) but not from left to right
+            for (int i = 0; i < 32; ++i) x[k][i] = i % 2 ? 2e38f : -2e38f;
+            break;
           default: break;
         }
         got.x[k] = x[k];
@@ -606,15 +609,18 @@ TEST(ExactRequant, QuickSearchKernelsMakeGgmlsReferenceBlocks) {
           ref_levels[j] = int8_t((qs[j] & 0x0f) + (five ? ((qh >> j) & 1) << 4 : 0) + int(lo));
           ref_levels[j + 16] = int8_t((qs[j] >> 4) + (five ? ((qh >> (j + 16)) & 1) << 4 : 0) + int(lo));
         }
-        // which blocks the kernel must make
-        float amax = 0, max = 0, sum = 0;
-        for (float v : x[k]) {
+        // which blocks the kernel must make (its sum: 8 partial sums of i = l, l + 8, ..., then
+        // pairwise, so that an overflow is predicted exactly)
+        float amax = 0, max = 0, part[8] = {};
+        for (int i = 0; i < 32; ++i) {
+          const float v = x[k][i];
           if (amax < std::fabs(v)) {
             amax = std::fabs(v);
             max = v;
           }
-          sum += v;
+          part[i % 8] += v;
         }
+        const float sum = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
         const float id = 1.0f / (max / lo);
         const bool plain = std::isfinite(sum) && std::isfinite(id) && amax > 0;
         ASSERT_EQ(bool(got.referenced >> k & 1), plain) << "trial " << t << " block " << k;
