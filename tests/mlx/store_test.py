@@ -15,7 +15,8 @@
    for a ring) and the first 3 positions of every K/V tensor equal to the original's; refused
    (non-zero exit, no output) exactly where a layer cannot be cut (recurrent state, a wrapped ring,
    a ChunkedKVCache past its first chunk, the 0.18.x '<i>_keys' layout); restore --tokens 600 of the
-   900-position KVCache equals mlx-lm 0.32's own save of those 600 positions byte for byte;
+   900-position KVCache equals mlx-lm 0.32's own save of those 600 positions byte for byte (the
+   bed's cuts are loaded in one mlx-lm process per release, check_prefixes_in_release);
 6. an encrypted store (--key-file, --tenant) on a few bed files: restore byte for byte, --tokens and
    --kv-bits equal to the plain store's, show, find, verify with and without the key (exit 0,
    sealed_only), no key exit 2, another key exit 5, a flipped pack byte exit 3, export (sealed and
@@ -71,6 +72,7 @@ def check_bed(kvsnap, store, bed, python, work):
         if not os.path.isdir(vdir):
             continue
         loads = []
+        prefixes = []  # (snapshot, original, cut): checked in one mlx-lm process per release, below
         for name in sorted(os.listdir(vdir)):
             if not name.endswith(".safetensors"):
                 continue
@@ -106,7 +108,7 @@ def check_bed(kvsnap, store, bed, python, work):
                 fail(snap, "restore is not the saved file byte for byte")
             else:
                 stats["restored_exact"] += 1
-            check_prefix(kvsnap, store, snap, oracle, src, python, version, work)
+            check_prefix(kvsnap, store, snap, oracle, src, work, prefixes)
             # Other bits: the bytes of `kvsnap convert` of the restored file, and mlx-lm loads them.
             for bits, gs in SETTINGS:
                 args = ["--kv-bits", bits] + (["--kv-group-size", gs] if gs else [])
@@ -139,6 +141,7 @@ def check_bed(kvsnap, store, bed, python, work):
             fail("mlx-lm " + version, "load_prompt_cache: " + out)
         else:
             stats["loads"] += len(loads)
+        check_prefixes_in_release(python, version, prefixes, work)
 
 
 def cuttable(layer):
@@ -155,8 +158,9 @@ def cuttable(layer):
     return False
 
 
-def check_prefix(kvsnap, store, snap, oracle, src, python, version, work):
-    """restore --tokens PREFIX: loads in `version` as the first PREFIX positions, or is refused."""
+def check_prefix(kvsnap, store, snap, oracle, src, work, prefixes):
+    """restore --tokens PREFIX: a cut (appended to `prefixes`, for check_prefixes_in_release to load in
+    mlx-lm as the first PREFIX positions), or refused."""
     want = "reference" not in oracle and all(cuttable(L) for L in oracle["layers"])
     out = os.path.join(work, snap + "-prefix.safetensors")
     if os.path.exists(out):
@@ -174,15 +178,57 @@ def check_prefix(kvsnap, store, snap, oracle, src, python, version, work):
         else:
             stats["prefixes_refused"] += 1
         return
-    ok, said = run_in_release(python, __file__, version, ["--prefix-check", str(PREFIX), src, out])
-    if not ok:
-        fail(snap + " --tokens", "mlx-lm %s: %s" % (version, said))
-    else:
-        stats["prefixes"] += 1
+    prefixes.append((snap, src, out))
+
+
+def check_prefixes_in_release(python, version, prefixes, work):
+    """Every (snapshot, original, cut) of `prefixes` in one process of mlx-lm `version` (its start and
+    imports cost ~1 s, the checks a few ms each): one answer line per cut; a cut without one (the
+    process died while loading it: it names each cut on stderr first) fails with the output."""
+    if not prefixes:
+        return
+    plan = os.path.join(work, "prefixes-%s.json" % version)
+    answers = plan + ".out"
+    with open(plan, "w") as f:
+        json.dump([[snap, src, out] for snap, src, out in prefixes], f)
+    if os.path.exists(answers):
+        os.remove(answers)
+    ok, said = run_in_release(python, __file__, version, ["--prefix-checks", str(PREFIX), plan, answers])
+    got = {}
+    if os.path.exists(answers):
+        for line in open(answers):
+            snap, _, problems = line.rstrip("\n").partition("\t")
+            got[snap] = problems
+    for snap, _, _ in prefixes:
+        if snap not in got:
+            fail(snap + " --tokens", "mlx-lm %s gave no answer (exit ok: %s): %s" % (version, ok, said))
+        elif got[snap]:
+            fail(snap + " --tokens", "mlx-lm %s: %s" % (version, got[snap]))
+        else:
+            stats["prefixes"] += 1
+
+
+def prefix_checks(n, plan, answers):
+    """In the venv: prefix_problems for every [snapshot, original, cut] of the JSON file `plan`, one
+    line per cut to `answers` ("SNAPSHOT<TAB>PROBLEMS", empty when none), flushed as it goes."""
+    with open(answers, "w") as out:
+        for snap, original, cut in json.load(open(plan)):
+            print("checking", snap, file=sys.stderr, flush=True)
+            out.write("%s\t%s\n" % (snap, "; ".join(prefix_problems(n, original, cut))))
+            out.flush()
 
 
 def prefix_check(n, original, cut):
-    """In the venv (the release on PYTHONPATH): `cut` loads as the first n positions of `original`."""
+    """In the venv: exit 1, printing the problems, unless `cut` loads as the first n positions of `original`."""
+    problems = prefix_problems(n, original, cut)
+    if problems:
+        print("\n".join(problems))
+        sys.exit(1)
+
+
+def prefix_problems(n, original, cut):
+    """In the venv (the release on PYTHONPATH): why `cut` does not load as the first n positions of
+    `original` (empty: it does)."""
     import mlx.core as mx
     from mlx_lm.models.cache import load_prompt_cache
 
@@ -215,9 +261,7 @@ def prefix_check(n, original, cut):
         problems.append("%d layers, cut %d" % (len(a), len(b)))
     for i, (x, y) in enumerate(zip(a, b)):
         compare(x, y, "layer %d" % i)
-    if problems:
-        print("\n".join(problems))
-        sys.exit(1)
+    return problems
 
 
 def make_conversation(python, work):
@@ -467,6 +511,9 @@ def main():
         return
     if sys.argv[1] == "--prefix-check":
         prefix_check(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+        return
+    if sys.argv[1] == "--prefix-checks":
+        prefix_checks(int(sys.argv[2]), sys.argv[3], sys.argv[4])
         return
     if sys.argv[1] == "--make":
         make_files(sys.argv[2])
