@@ -86,14 +86,8 @@ fi
 # The builds here carry no debug information (-g is a third of gcc's compile time on this tree, and
 # nothing here reads it); a developer's RelWithDebInfo build keeps it. The fuzz and clang builds keep
 # line tables (cheap in clang) so that a report names its line.
-# ctest starts the tests it knows to be long first (Testing/Temporary/CTestCostData.txt, which a fresh
-# build directory lacks): seeded with the seconds each took in a measured run (tests/ctest-costs/,
-# "NAME 1 SECONDS"; a name no longer there is ignored), so that no long test is left to run alone on
-# one core at the end (the sanitized stage's kvsnap-simd-check was: its last 2 of 8 minutes).
-seed_test_costs() {
-  mkdir -p "$1/Testing/Temporary"
-  { cat "$2"; echo ---; } > "$1/Testing/Temporary/CTestCostData.txt"
-}
+# ctest starts the tests it knows to be long first: tests/ctest-costs/seed.sh seeds each build
+# directory with the seconds each test took in a measured run (the script says why).
 
 # The gtest programs' own files at -O1 (KVSNAP_TEST_CODE_FLAGS, CMakeLists.txt): 404 s of compile
 # for them against 420 at -O2 (two cold runs); the libraries they test stay at -O2.
@@ -103,7 +97,7 @@ cmake -S . -B build -G Ninja "${release[@]}" >/dev/null
 cmake --build build -j"$jobs"
 finish_beside "Python beds"
 # Left out: "slow" (bigger matrices, e.g. oracle.zoo_full).
-seed_test_costs build tests/ctest-costs/main.txt
+bash tests/ctest-costs/seed.sh build tests/ctest-costs/main.txt
 ctest --test-dir build --output-on-failure -j"$jobs" -LE 'slow'
 # The multi-host proof (issue 16): two hosts against one PostgreSQL and one Swift+s3api bed. Labelled
 # slow (3.5-4.5 min on 2 cores) so that it can move to a job of its own. Until it does, it runs beside
@@ -152,7 +146,7 @@ CC=clang-16 CXX=clang++-16 cmake -S . -B build-clang -G Ninja -DKVSNAP_LIBCXX=ON
   -DCMAKE_CXX_FLAGS_DEBUG="-gline-tables-only" >/dev/null
 cmake --build build-clang -j"$jobs"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-seed_test_costs build-clang tests/ctest-costs/sanitized.txt
+bash tests/ctest-costs/seed.sh build-clang tests/ctest-costs/sanitized.txt
 # Without the snapshot tests' reruns under each SHA-256 kernel (label kernel-reruns, 125 s here): the
 # main stage runs them, and base_tests' Sha256Lanes runs each kernel under the sanitizers.
 ctest --test-dir build-clang -L unit -LE kernel-reruns --output-on-failure -j"$jobs"

@@ -39,9 +39,8 @@ golden_x86_nan='GoldenTypes\.MatchesGgml/(q4_0|q4_1|q5_0|q5_1|q8_0|iq4_nl) '
 # Also left out: the snapshot tests' reruns under each SHA-256 kernel (label kernel-reruns): the
 # kernels are x86's, so on aarch64 all three runs would take the same OpenSSL path (45 s under qemu).
 # ctest starts the tests known to be long first (tests/ctest-costs/aarch64.txt, seconds under qemu in
-# one cold CI run; run-all.sh explains): kvsnap-simd-check, started last, ran 79 s alone at the end.
-mkdir -p "$build/Testing/Temporary"
-{ cat tests/ctest-costs/aarch64.txt; echo ---; } >"$build/Testing/Temporary/CTestCostData.txt"
+# one cold CI run): kvsnap-simd-check, started last, ran 79 s alone at the end.
+bash tests/ctest-costs/seed.sh "$build" tests/ctest-costs/aarch64.txt
 ctest --test-dir "$build" -L unit -LE kernel-reruns -E "$golden_x86_nan" --output-on-failure -j"$jobs"
 echo "== cross: tests/migrate and tests/mlx at KVSNAP_SIMD=scalar (the scalar reference on aarch64), at once =="
 # (the emulator line of tests/cross/aarch64.cmake; each program runs in one emulator, one core)
