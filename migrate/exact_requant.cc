@@ -323,8 +323,11 @@ void block_levels(GgmlType t, const uint8_t* b, int8_t* q) {
 // Gathers blocks for the level's quick search (simd_kernels.h, QuickSearchBlocks), 8 at a time,
 // and writes the blocks it improves over their reference blocks. With make_ref (the level's
 // kernel that also makes the reference blocks, simd_kernels.h: make_reference) it writes every
-// block: the kernel's result, or for a block the kernel leaves (a value not finite, all zero) its
-// reference block and the scalar search of it alone, which gives what any level's kernel gives.
+// block: the kernel's result, or for a block the kernel leaves its reference block and the scalar
+// search of it alone, which gives what any level's kernel gives. (The kernel leaves blocks with a
+// value not finite, all zero, a scale whose reciprocal is not finite, or values whose sum
+// overflows; the search finds nothing to do in any of those today, an infinite or NaN or zero
+// error or an f16 scale of 0 or inf, but it runs so that the bytes do not rest on that.)
 class QuickBatch {
  public:
   QuickBatch(const TypeTraits& dst, simd::QuickSearchFn make_ref)

@@ -349,7 +349,10 @@ KV_AVX2_INLINE void quick_search_grid(QuickSearchBlocks& q) {
 
 // The kernel that also makes the reference blocks (simd_kernels.h, QuickSearchBlocks::make_reference).
 KV_AVX2_INLINE void quick_search_reference_grid(QuickSearchBlocks& q) {
-  if (q.grid != RequantGrid::kSymmetric) {  // not asked of it: every block back to the caller
+  // make_reference_lanes is ggml's q4_0 and q5_0 reference (lo = -8 or -16, hi = -lo - 1), not
+  // q8_0's (amax / 127, roundf), which is symmetric too: any other grid, every block back to the
+  // caller.
+  if (q.grid != RequantGrid::kSymmetric || !(q.lo == -8.0f || q.lo == -16.0f) || q.hi != -q.lo - 1.0f) {
     q.improved = q.referenced = 0;
     return;
   }

@@ -286,6 +286,62 @@ TEST(ExactRequant, NoSearchRowEqualsBlockByBlock) {
   simd::set_level(was);
 }
 
+// The quick search's rows at every level against the scalar level's, byte for byte, on source
+// blocks of random bytes with odd scales (0, -0, subnormal, largest, infinite, NaN) and offsets
+// (infinite, NaN, 0): the levels whose kernel makes the reference blocks into q4_0 and q5_0
+// (make_reference) take a different path through the row from the scalar level's, which makes them
+// with one from_f32 over the row, and must write the same bytes, the blocks it leaves to the
+// caller included.
+TEST(ExactRequant, QuickRowsAreTheSameAtEveryLevel) {
+  const uint16_t scales[] = {0x0000, 0x8000, 0x0001, 0x83ff, 0x3c00, 0xb800, 0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7e00, 0x2e66};
+  const uint16_t offsets[] = {0x7c00, 0xfc00, 0x7e00, 0x0000, 0xbc00};
+  const simd::Level was = simd::level();
+  size_t compared = 0;
+  for (const TypeTraits& s : type_traits()) {
+    for (const TypeTraits& d : type_traits()) {
+      if (!exact_requant_applies(s, d)) continue;
+      SCOPED_TRACE(std::string(s.name()) + " -> " + std::string(d.name()));
+      std::mt19937 rng(41);
+      const size_t sb = s.block_bytes(), nb = kN / 32;
+      const bool offset = s.id() == GgmlType::kQ4_1 || s.id() == GgmlType::kQ5_1;
+      std::vector<std::byte> in(nb * sb);
+      for (auto& b : in) b = std::byte(rng() & 0xff);
+      for (size_t b = 0; b < nb; ++b) {
+        std::byte* blk = in.data() + b * sb;
+        uint16_t h = 0x2e66;  // an ordinary scale, ~0.1
+        if (b % 3 == 0) h = scales[(b / 3) % std::size(scales)];
+        blk[0] = std::byte(h & 0xff);
+        blk[1] = std::byte(h >> 8);
+        if (offset && b % 5 == 1) {
+          const uint16_t m = offsets[(b / 5) % std::size(offsets)];
+          blk[2] = std::byte(m & 0xff);
+          blk[3] = std::byte(m >> 8);
+        }
+      }
+      ASSERT_TRUE(simd::set_level(simd::Level::kScalar));
+      auto ref = ExactRequantizer::make(s, d, kN, Search::kQuick);
+      ASSERT_TRUE(ref.ok());
+      std::vector<std::byte> want(ref->dst_row_bytes());
+      ASSERT_TRUE(ref->convert(in, want).ok());
+      for (size_t l = 1; l < simd::kLevelCount; ++l) {
+        if (!simd::supported(simd::Level(l))) continue;
+        ASSERT_TRUE(simd::set_level(simd::Level(l)));
+        auto r = ExactRequantizer::make(s, d, kN, Search::kQuick);
+        ASSERT_TRUE(r.ok());
+        std::vector<std::byte> got(r->dst_row_bytes(), std::byte{0xa5});
+        ASSERT_TRUE(r->convert(in, got).ok());
+        EXPECT_EQ(got, want) << "at " << simd::level_name(simd::Level(l));
+        EXPECT_EQ(r->blocks_exact(), ref->blocks_exact());
+        ++compared;
+      }
+    }
+  }
+  simd::set_level(was);
+  if (simd::supported(simd::Level::kAvx2) || simd::supported(simd::Level::kNeon)) {
+    EXPECT_GT(compared, 0u);
+  }
+}
+
 // may_embed's bit test for q5_0 into q4_0 (a level fits exactly when bit 3 of its nibble differs
 // from its qh bit), level by level and position by position: a block of scale 1 whose levels
 // are all 0 but one, stored as u at position j, embeds exactly when u - 16 is one of q4_0's.
@@ -567,7 +623,7 @@ TEST(ExactRequant, QuickSearchKernelsMakeGgmlsReferenceBlocks) {
         for (int i = 0; i < 32; ++i) {
           x[k][i] = on_grid ? float(int(rng() % 32) - 16) * scale : g(rng) * scale;
         }
-        switch (rng() % 16) {
+        switch (rng() % 20) {
           case 0: {  // the largest |x| twice, with both signs
             const int a = int(rng() % 32), b = int(rng() % 32);
             x[k][a] = 40.0f * scale;
@@ -590,11 +646,26 @@ TEST(ExactRequant, QuickSearchKernelsMakeGgmlsReferenceBlocks) {
           case 8:  // one that overflows in the kernel's order (i % 8 first) but not from left to right
             for (int i = 0; i < 32; ++i) x[k][i] = i % 2 ? 2e38f : -2e38f;
             break;
+          case 9:  // one huge value among ordinary ones: made, its scale stored as an f16 infinity
+            x[k][rng() % 32] = (rng() % 2 ? 1.0f : -1.0f) * 3e38f;
+            break;
+          case 10: {  // a scale at the edge of f16's range: max / 8 or / 16 in [65504, 65520)
+            const float edge = (65504.0f + float(rng() % 17)) * (five ? 16.0f : 8.0f);
+            x[k][rng() % 32] = rng() % 2 ? edge : -edge;
+            for (float& v : x[k]) v = std::fabs(v) == edge ? v : g(rng) * 1e5f;
+            break;
+          }
+          case 11:  // subnormal values beside a normal maximum
+            for (int i = 0; i < 32; ++i) x[k][i] = i % 3 ? g(rng) * 1e-40f : g(rng) * scale;
+            break;
           default: break;
         }
         got.x[k] = x[k];
       }
       search(got);
+      ASSERT_EQ(got.referenced >> got.n, 0u) << "trial " << t << ": a block past n made";
+      ASSERT_EQ(got.improved >> got.n, 0u) << "trial " << t << ": a block past n improved";
+      ASSERT_EQ(got.improved & ~got.referenced, 0u) << "trial " << t << ": an improved block not made";
       for (int k = 0; k < got.n; ++k) {
         std::byte ref[22];
         float y[32];
