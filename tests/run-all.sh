@@ -156,7 +156,7 @@ unset ASAN_OPTIONS UBSAN_OPTIONS
 
 echo "== fuzz targets (clang, libFuzzer + ASan + UBSan) =="
 # Only the fuzz targets and the libraries they link. The runs take KVSNAP_FUZZ_SECONDS per target
-# (14 targets), two at a time on 2 cores (tests/fuzz/run.sh), plus a few seconds of regression inputs.
+# (15 targets), two at a time on 2 cores (tests/fuzz/run.sh), plus a few seconds of regression inputs.
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DKVSNAP_FUZZ=ON -DKVSNAP_BUILD_TESTS=OFF \
   -DKVSNAP_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only -DNDEBUG" \

@@ -166,6 +166,37 @@ def sha256_lanes(corpus):
         write(os.path.join(d, "lanes%d-%d.seed" % (lanes + 1, n)), bytes([lanes, seed]) + bytes((i * 37) & 255 for i in range(n)))
 
 
+# --- Quantized -> quantized (migrate/exact_requant.h) ----------------------------------------
+
+# fuzz_requant's types, by byte 0 and 1 modulo their count: the quantized rows of
+# migrate/type_traits.cc in order, with their block sizes
+REQUANT_TYPES = [("q4_0", 18), ("q4_1", 20), ("q5_0", 22), ("q5_1", 24), ("q8_0", 34), ("iq4_nl", 18)]
+
+
+def requant(corpus):
+    """fuzz_requant: byte 0 the source type, byte 1 the target, byte 2 the search (0 none, 1 quick,
+    2 full), then 8 source blocks with an ordinary f16 scale (and offset) and varied levels; a few
+    with a zero, subnormal, infinite or NaN scale in one block."""
+    d = os.path.join(corpus, "requant")
+    pairs = [(2, 0), (0, 4), (4, 0), (4, 5), (1, 0), (3, 1), (5, 1), (2, 5), (3, 2), (0, 2)]
+    for k, (si, di) in enumerate(pairs):
+        name, size = REQUANT_TYPES[si]
+        offset = name in ("q4_1", "q5_1")
+        for mode in (0, 1, 2):
+            row = bytearray()
+            for b in range(8):
+                scale = 0x2E66
+                if k % 3 == 0 and b == 5:
+                    scale = (0x0000, 0x0001, 0x7C00, 0x7E00)[(k // 3) % 4]
+                blk = bytearray(struct.pack("<H", scale))
+                if offset:
+                    blk += struct.pack("<H", 0xAE66)
+                blk += bytes(((i * 29 + b * 7 + k) * 13) & 255 for i in range(size - len(blk)))
+                row += blk
+            write(os.path.join(d, "%s-%s-%s.seed" % (name, REQUANT_TYPES[di][0], ("none", "quick", "full")[mode])),
+                  bytes([si, di, mode]) + bytes(row))
+
+
 # --- Encrypted chunk blobs (src/base/chunk_cipher.h), sealed here independently ------------
 
 CIPHER_TENANTS = [b"alice", b"bob", b"acme-prod_1.eu@x"]  # fuzz_chunk_cipher's, by a seed's first byte
@@ -413,6 +444,7 @@ def main():
         s3_xml(corpus)
         chunk_cipher(corpus)
         sha256_lanes(corpus)
+        requant(corpus)
         user_text(corpus)
         profiles = {"version": 1, "servers": [
             {"name": "local", "url": "http://127.0.0.1:8080", "slot_dir": "/srv/slots", "ctk": "q8_0",
