@@ -113,7 +113,7 @@ bool requant_score8_ref(const float* x, float m, const float* d, int lo, int hi,
 // `referenced` says it did for block k: out_d16[k] and levels[k] then hold block k's result
 // whether improved or not (the reference block's where not), the same the search above gives
 // with that reference block. A block it did not (a value not finite, all values zero, a scale
-// whose reciprocal is not finite) is the caller's to do as above.
+// whose reciprocal is not finite, values whose float sum overflows) is the caller's to do as above.
 inline constexpr float kQuickFactors[] = {0.94f, 0.97f, 1.03f, 1.06f};
 struct QuickSearchBlocks {
   int n = 0;  // blocks, 1..8
