@@ -67,6 +67,8 @@ void setup_serve(CLI::App& app, int& exit_status) {
       "Before a completion is forwarded, the longest stored prefix of its prompt (same namespace) is\n"
       "restored into the slot, converted to the server's -ctk/-ctv/-fa, when the slot holds less: after\n"
       "a restart with other cache types, or beyond -np conversations, only the new tokens are evaluated.\n"
+      "The server's model, -c, -np, -ctk/-ctv, -fa and API keys are read as llama-server reads them: its\n"
+      "config.ini files (/etc/llama.cpp/, then ~/.config/llama.cpp/), then LLAMA_ARG_* variables, then ARGS.\n"
       "A llama-server that dies is restarted. Sessions are namespaced by the API key (a hash of it) and\n"
       "the X-Kvsnap-Session header within it (one key's session names are not another's), else 'default'.\n"
       "kvsnap's own routes: POST /kvsnap/requantize {\"ctk\":\"q8_0\",\"ctv\":\"q8_0\"} (optional \"flash_attn\",\n"

@@ -5,9 +5,16 @@
 #include <charconv>
 #include <climits>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string_view>
+
+#include <pwd.h>
+#include <unistd.h>
+
+#include "serve/llama_config.h"
 
 namespace kvsnap {
 
@@ -214,6 +221,148 @@ Status add_key_file(const std::string& path, const std::string& from, const Args
   return Status::OK();
 }
 
+// The options kvsnap reads, in the order llama-server 3.22.1 applies a config section's settings
+// (its std::map<common_arg, value>: by the option's first flag, strcmp: "--api-key" <
+// "--api-key-file" < ... < "-np"; only the API keys' order shows).
+enum class ConfigOpt { kApiKey, kApiKeyFile, kApiPrefix, kSlots, kCtx, kCtk, kCtv, kDockerRepo, kFlashAttn, kHfRepo,
+                       kModel, kModelUrl, kParallel, kCount };
+
+// Every key a config file names them by (common/preset.cpp get_map_key_opt: each flag without its
+// dashes, the variable, and a boolean option's LLAMA_ARG_NO_* variable, which in a config file
+// is not a negative: only the negative flag's key is, load_from_ini's parse_bool_arg).
+struct ConfigKey {
+  const char* key;
+  ConfigOpt opt;
+  bool negative = false;
+};
+constexpr ConfigKey kConfigKeys[] = {
+    {"api-key", ConfigOpt::kApiKey},          {"LLAMA_API_KEY", ConfigOpt::kApiKey},
+    {"api-key-file", ConfigOpt::kApiKeyFile}, {"LLAMA_ARG_API_KEY_FILE", ConfigOpt::kApiKeyFile},
+    {"api-prefix", ConfigOpt::kApiPrefix},    {"LLAMA_ARG_API_PREFIX", ConfigOpt::kApiPrefix},
+    {"slots", ConfigOpt::kSlots},             {"no-slots", ConfigOpt::kSlots, true},
+    {"LLAMA_ARG_ENDPOINT_SLOTS", ConfigOpt::kSlots}, {"LLAMA_ARG_NO_ENDPOINT_SLOTS", ConfigOpt::kSlots},
+    {"c", ConfigOpt::kCtx},                   {"ctx-size", ConfigOpt::kCtx},
+    {"LLAMA_ARG_CTX_SIZE", ConfigOpt::kCtx},  {"ctk", ConfigOpt::kCtk},
+    {"cache-type-k", ConfigOpt::kCtk},        {"LLAMA_ARG_CACHE_TYPE_K", ConfigOpt::kCtk},
+    {"ctv", ConfigOpt::kCtv},                 {"cache-type-v", ConfigOpt::kCtv},
+    {"LLAMA_ARG_CACHE_TYPE_V", ConfigOpt::kCtv}, {"dr", ConfigOpt::kDockerRepo},
+    {"docker-repo", ConfigOpt::kDockerRepo},  {"LLAMA_ARG_DOCKER_REPO", ConfigOpt::kDockerRepo},
+    {"fa", ConfigOpt::kFlashAttn},            {"flash-attn", ConfigOpt::kFlashAttn},
+    {"LLAMA_ARG_FLASH_ATTN", ConfigOpt::kFlashAttn}, {"hf", ConfigOpt::kHfRepo},
+    {"hfr", ConfigOpt::kHfRepo},              {"hf-repo", ConfigOpt::kHfRepo},
+    {"LLAMA_ARG_HF_REPO", ConfigOpt::kHfRepo}, {"m", ConfigOpt::kModel},
+    {"model", ConfigOpt::kModel},             {"LLAMA_ARG_MODEL", ConfigOpt::kModel},
+    {"mu", ConfigOpt::kModelUrl},             {"model-url", ConfigOpt::kModelUrl},
+    {"LLAMA_ARG_MODEL_URL", ConfigOpt::kModelUrl}, {"np", ConfigOpt::kParallel},
+    {"parallel", ConfigOpt::kParallel},       {"LLAMA_ARG_N_PARALLEL", ConfigOpt::kParallel},
+};
+
+// What the config files set that is decided after the environment and ARGS.
+struct ConfigOutcome {
+  std::optional<bool> slots;      // /slots on or off, and where
+  std::string slots_from;
+  std::string api_prefix, api_prefix_from;
+  bool downloads = false;         // -hf, -dr or -mu set: the model is a download (even with -m)
+};
+
+// llama-server's common_arg_utils::is_truthy.
+bool is_truthy(const std::string& v) { return is_one_of(v, {"on", "enabled", "true", "1"}); }
+
+// One section's settings ("[*]" or the default one) applied as llama-server applies them.
+Status apply_config_section(const std::map<std::string, std::string>& section, const std::string& file,
+                            const ArgsEnvironment& env, LlamaArgs& a, ConfigOutcome& out) {
+  // A later key naming the same option replaces an earlier one (the section's keys in key order).
+  struct Setting {
+    std::string key, value;
+  };
+  std::optional<Setting> set[size_t(ConfigOpt::kCount)];
+  for (const auto& [key, value] : section) {
+    for (const ConfigKey& k : kConfigKeys) {
+      if (key != k.key) continue;
+      set[size_t(k.opt)] = Setting{key, k.negative ? (is_truthy(value) ? "false" : "true") : value};
+      break;
+    }
+  }
+  for (size_t i = 0; i < size_t(ConfigOpt::kCount); ++i) {
+    if (!set[i]) continue;
+    const std::string& key = set[i]->key;
+    const std::string& v = set[i]->value;
+    const std::string where = "llama-server's config file " + file + ": " + key + " = '" + v + "'";
+    const ConfigOpt opt = ConfigOpt(i);
+    const bool secret = opt == ConfigOpt::kApiKey;
+    a.config_settings.push_back(file + ": " + key + " = " + (secret ? std::string("(hidden)") : v));
+    switch (opt) {
+      case ConfigOpt::kApiKey: add_key_list(v, a.api_keys); break;
+      case ConfigOpt::kApiKeyFile: KV_RETURN_IF_ERROR(add_key_file(v, key + " in " + file, env, a.api_keys)); break;
+      case ConfigOpt::kApiPrefix:
+        out.api_prefix = v;
+        out.api_prefix_from = where;
+        break;
+      case ConfigOpt::kSlots:
+        out.slots = is_truthy(v);  // apply_to_params: anything else is false
+        out.slots_from = where;
+        break;
+      case ConfigOpt::kCtx:
+      case ConfigOpt::kParallel: {
+        auto n = stoi_like(v);
+        if (!n) return Status::InvalidArgument(where + " is not a number; llama-server refuses to start with it");
+        if (opt == ConfigOpt::kParallel && *n == 0)
+          return Status::InvalidArgument(where + ": llama-server refuses 0 slots");
+        (opt == ConfigOpt::kCtx ? a.ctx_size : a.parallel) = *n;
+        break;
+      }
+      case ConfigOpt::kCtk: a.ctk = v; break;
+      case ConfigOpt::kCtv: a.ctv = v; break;
+      case ConfigOpt::kFlashAttn: {
+        const char* word = flash_attn_word(v);
+        if (!word)
+          return Status::InvalidArgument(where + " must be on, off or auto (or enabled, true, 1; disabled, false, 0; "
+                                                 "-1); llama-server refuses to start with it");
+        a.flash_attn = word;
+        break;
+      }
+      case ConfigOpt::kDockerRepo:
+      case ConfigOpt::kHfRepo:
+      case ConfigOpt::kModelUrl:
+        if (!v.empty()) out.downloads = true;
+        break;
+      case ConfigOpt::kModel: a.model = v; break;
+      case ConfigOpt::kCount: break;
+    }
+  }
+  return Status::OK();
+}
+
+// llama-server 3.22.1's config files (common_params_apply_system_config): the system's, then the
+// user's (fs_get_config_directory: $XDG_CONFIG_HOME, else $HOME/.config, else the passwd entry's).
+std::vector<std::string> config_paths(const ArgsEnvironment& env) {
+  std::vector<std::string> paths = {"/etc/llama.cpp/config.ini"};
+  std::string dir;
+  if (auto x = env.getenv("XDG_CONFIG_HOME"); x && !x->empty()) dir = *x;
+  else if (auto h = env.getenv("HOME"); h && !h->empty()) dir = *h + "/.config/";
+  else if (auto pw = env.passwd_home ? env.passwd_home() : std::nullopt; pw && !pw->empty()) dir = *pw + "/.config/";
+  if (!dir.empty()) paths.push_back(dir + (dir.back() == '/' ? "" : "/") + "llama.cpp/config.ini");
+  return paths;
+}
+
+// Each config file that exists, "[*]" then the default section, as llama-server applies them
+// before its environment.
+Status apply_config_files(const ArgsEnvironment& env, LlamaArgs& a, ConfigOutcome& out) {
+  for (const std::string& path : config_paths(env)) {
+    if (env.exists ? !env.exists(path) : !env.read_file(path)) continue;
+    auto text = env.read_file(path);
+    if (!text)
+      return Status::InvalidArgument("llama-server's config file " + path +
+                                     " exists but cannot be read; llama-server refuses to start with it");
+    auto ini = parse_llama_config_ini(*text);
+    if (!ini.ok()) return Status::InvalidArgument("llama-server's config file " + path + ", " + ini.status().message());
+    a.config_files.push_back(path);
+    KV_RETURN_IF_ERROR(apply_config_section(ini->global, path, env, a, out));
+    KV_RETURN_IF_ERROR(apply_config_section(ini->defaults, path, env, a, out));
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 ArgsEnvironment process_environment() {
@@ -229,6 +378,14 @@ ArgsEnvironment process_environment() {
     s << f.rdbuf();
     return s.str();
   };
+  e.exists = [](const std::string& path) {
+    std::error_code ec;
+    return std::filesystem::exists(path, ec);
+  };
+  e.passwd_home = []() -> std::optional<std::string> {
+    const passwd* pw = getpwuid(getuid());
+    return pw && pw->pw_dir ? std::optional<std::string>(pw->pw_dir) : std::nullopt;
+  };
   return e;
 }
 
@@ -238,15 +395,13 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
   LlamaArgs a;
   a.argv = argv;
   KV_ASSIGN_OR_RETURN(auto items, split_args(argv));
-  // llama-server applies the environment before the command line (common/arg.cpp: every option's
-  // LLAMA_ARG_* variable, then ARGS, which win), --api-key's variable before --api-key-file's.
+  // llama-server applies its config files first, then the environment, then the command line
+  // (common/arg.cpp: every option's LLAMA_ARG_* variable, then ARGS, which win), --api-key's
+  // variable before --api-key-file's.
+  ConfigOutcome config;
+  KV_RETURN_IF_ERROR(apply_config_files(env, a, config));
   KV_RETURN_IF_ERROR(apply_environment(env, a));
   KV_RETURN_IF_ERROR(check_slots_word(env));
-  std::vector<std::string> configs = {"/etc/llama.cpp/config.ini"};
-  if (auto x = env.getenv("XDG_CONFIG_HOME"); x && !x->empty()) configs.push_back(*x + "/llama.cpp/config.ini");
-  else if (auto h = env.getenv("HOME"); h && !h->empty()) configs.push_back(*h + "/.config/llama.cpp/config.ini");
-  for (const auto& c : configs)
-    if (env.read_file(c)) a.unread_config_files.push_back(c);
   if (auto v = env.getenv("LLAMA_API_KEY")) add_key_list(*v, a.api_keys);
   if (auto v = env.getenv("LLAMA_ARG_API_KEY_FILE"))
     KV_RETURN_IF_ERROR(add_key_file(*v, "LLAMA_ARG_API_KEY_FILE", env, a.api_keys));
@@ -288,12 +443,20 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
     }
     // any other flag goes to the child untouched
   }
-  if (std::any_of(items.begin(), items.end(), [](const ArgItem& it) { return downloads_the_model(it.flag); }))
+  if (config.downloads ||
+      std::any_of(items.begin(), items.end(), [](const ArgItem& it) { return downloads_the_model(it.flag); }))
     a.model.clear();
   const bool slots_flag = std::any_of(items.begin(), items.end(), [](const ArgItem& it) { return it.flag == "--slots"; });
+  const bool env_sets_slots = env.getenv("LLAMA_ARG_NO_ENDPOINT_SLOTS") || env.getenv("LLAMA_ARG_ENDPOINT_SLOTS");
   if (std::string var = slots_off_by(env); !var.empty() && !slots_flag)
     return Status::InvalidArgument("environment variable " + var + " turns llama-server's /slots endpoint off, "
                                    "through which kvsnap serve saves and restores slots: unset it (or add --slots)");
+  if (config.slots == false && !env_sets_slots && !slots_flag)
+    return Status::InvalidArgument(config.slots_from + " turns the /slots endpoint off, through which kvsnap serve "
+                                   "saves and restores slots: remove it (or add --slots)");
+  if (!config.api_prefix.empty() && !env.getenv("LLAMA_ARG_API_PREFIX"))
+    return Status::InvalidArgument(config.api_prefix_from + " moves llama-server's routes where kvsnap serve does not "
+                                   "look for /health and /slots: remove it");
   if (!a.api_keys.empty()) a.api_key = a.api_keys.front();
   return a;
 }

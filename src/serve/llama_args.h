@@ -1,7 +1,7 @@
 // The llama-server command line kvsnap serve is given after `--`: what kvsnap
 // needs to know from it (model, context, slots, cache types, flash attention,
-// API key: read from the arguments and the LLAMA_ARG_* environment, never
-// probed), and the command line of
+// API key: read from llama-server's config.ini files, the LLAMA_ARG_*
+// environment and the arguments, never probed), and the command line of
 // the child it actually starts.
 //
 // Promises:
@@ -13,8 +13,16 @@
 //     so is --no-slots (kvsnap saves and restores through /slots);
 //   - child_argv() is ARGS unchanged, followed by kvsnap's own --host, --port
 //     and --slot-save-path;
-//   - the environment is read as llama-server 3.22.1 reads it, before ARGS, which
-//     win (common/arg.cpp): LLAMA_ARG_MODEL, _CTX_SIZE, _N_PARALLEL,
+//   - llama-server 3.22.1's config files come first (common/arg.cpp
+//     common_params_apply_system_config): /etc/llama.cpp/config.ini, then
+//     ${XDG_CONFIG_HOME:-$HOME/.config}/llama.cpp/config.ini, each read as it reads
+//     them (serve/llama_config.h: "[*]", then the default section), a key being
+//     any spelling of the flag without its dashes or the flag's variable
+//     (LLAMA_ARG_*); a "no-slots" key is the negative of "slots". A file llama-server
+//     would refuse (not parsed, not readable, a value it rejects) is
+//     kInvalidArgument naming the file;
+//   - the environment is read as llama-server 3.22.1 reads it, after the config
+//     files and before ARGS, which win (common/arg.cpp): LLAMA_ARG_MODEL, _CTX_SIZE, _N_PARALLEL,
 //     _CACHE_TYPE_K, _CACHE_TYPE_V, _FLASH_ATTN; LLAMA_ARG_ENDPOINT_SLOTS false
 //     or LLAMA_ARG_NO_ENDPOINT_SLOTS set is refused as --no-slots is (unless
 //     ARGS has --slots). The child inherits the same environment;
@@ -49,21 +57,29 @@ struct LlamaArgs {
   std::vector<std::string> api_keys;  // every key the child accepts, in llama-server's order
   std::string api_key;            // the first of them: what kvsnap's own calls send
   // The config.ini files llama-server 3.22.1 applies before the environment (/etc/llama.cpp/,
-  // then $XDG_CONFIG_HOME or ~/.config /llama.cpp/) that exist: kvsnap does not read them, so a
-  // setting made there is not seen (serve logs them).
-  std::vector<std::string> unread_config_files;
+  // then $XDG_CONFIG_HOME or ~/.config /llama.cpp/) that exist, in that order, and the settings
+  // kvsnap took from them ("FILE: key = value", for serve's log; an API key's value not shown).
+  std::vector<std::string> config_files;
+  std::vector<std::string> config_settings;
 };
 
 // Where parse_llama_args() reads the environment and key files (tests give their own).
 struct ArgsEnvironment {
   std::function<std::optional<std::string>(const std::string& name)> getenv;
   std::function<std::optional<std::string>(const std::string& path)> read_file;  // nullopt: cannot be read
+  // Whether a path exists (std::filesystem::exists, as llama.cpp looks for its config files);
+  // when not set, whether read_file reads it.
+  std::function<bool(const std::string& path)> exists;
+  // The home directory of this process's user (getpwuid), which llama.cpp falls back on when
+  // neither XDG_CONFIG_HOME nor HOME is set; nullopt: none.
+  std::function<std::optional<std::string>()> passwd_home;
 };
 // This process's environment and files.
 ArgsEnvironment process_environment();
 
-// Parses ARGS (argv[0] the program) and the environment. kInvalidArgument for
-// an empty command line, a flag kvsnap owns (or --api-prefix), a value flag
+// Parses ARGS (argv[0] the program), the config files and the environment.
+// kInvalidArgument for a config file llama-server would refuse, an empty
+// command line, a flag kvsnap owns (or --api-prefix), a value flag
 // without its value, a number that is not one (ARGS: the whole value; a
 // variable: as llama-server's std::stoi reads it), -np 0, a flash-attention or
 // /slots word llama-server refuses, /slots turned off, LLAMA_ARG_API_PREFIX or

@@ -183,10 +183,9 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   // Requests wait while a requantize restarts the child (a large model can take minutes to load).
   proxy.set_drain(&drain, 600);
   KV_RETURN_IF_ERROR(proxy.bind());
-  for (const auto& c : args.unread_config_files)
-    log("llama-server applies " + c + " before its environment and ARGS; kvsnap does not read it: cache types, "
-        "flash attention, context, slots or model set there are not seen, and restores are converted for "
-        "ARGS's and the environment's (llama-server refuses such a restore, logged)");
+  for (const auto& c : args.config_files)
+    log("read llama-server's config file " + c + " as llama-server does (before its environment and ARGS, which win)");
+  for (const auto& c : args.config_settings) log("  from " + c);
   // A SIGINT or SIGTERM while the model loads (minutes for a large one) stops the load, not after it.
   int load_sig = 0;
   if (Status s = sup.start([&] { return take_pending_signal(sigs, &load_sig); }); !s.ok()) {

@@ -2,11 +2,13 @@
 // the same input, as a completion request on each kind of route, a requantize body, the child's
 // /apply-template answer and a completion answer both whole and as a "data: " event stream, and
 // the proxy's test for a stream's last event (ends_a_stream) on what the child streams, whole and
-// cut in two, and the tail of a stream it keeps (trim_stream_tail).
+// cut in two, and the tail of a stream it keeps (trim_stream_tail); and llama-server's config.ini
+// files (src/serve/llama_config.h), which serve reads at start.
 #include <algorithm>
 #include <string>
 
 #include "fuzz/fuzz_input.h"
+#include "serve/llama_config.h"
 #include "serve/requests.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -33,6 +35,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (tail.size() > body.size() || body.compare(body.size() - tail.size(), tail.size(), tail) != 0) __builtin_trap();
     if (tail.size() < std::min(body.size(), keep)) __builtin_trap();
     if (tail.size() != body.size() && tail.rfind("data: ", 0) != 0) __builtin_trap();
+  }
+  // A config file read is a "[*]" and a default section of keys llama.cpp's grammar allows.
+  if (auto ini = kvsnap::parse_llama_config_ini(body); ini.ok()) {
+    for (const auto* section : {&ini->global, &ini->defaults})
+      for (const auto& [key, value] : *section) {
+        if (key.empty() || key.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") !=
+                               std::string::npos)
+          __builtin_trap();
+        if (!value.empty() && (value.front() == ' ' || value.back() == ' ' || value.find('\n') != std::string::npos))
+          __builtin_trap();
+      }
   }
   return 0;
 }

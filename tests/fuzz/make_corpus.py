@@ -84,6 +84,11 @@ def serve_requests(corpus, regressions):
               json.dumps({"choices": [{"delta": {"content": "Hi"}, "index": 0}], "object": "chat.completion.chunk"}),
               json.dumps({"choices": [{"delta": {}, "finish_reason": "stop", "index": 0}],
                           "timings": {"prompt_n": 4, "cache_n": 0}})))
+    # llama-server's config.ini files (src/serve/llama_config.h), which kvsnap serve reads.
+    write(os.path.join(d, "config.ini"),
+          "; llama.cpp system-level config\nctv = q4_1\n[*]\nctx-size = 8192 # tokens\ncache-type-k = q8_0\r\n"
+          "no-slots = false\n[model-a]\nhf = someone/model:Q4_K_M\n[default]\nfa = on\napi-key = a,\"b,c\"\n")
+    write(os.path.join(d, "config-odd.ini"), b"[ * ]\n\t; c\r[\xc3\xa9]\nLLAMA_ARG_N_PARALLEL=3;x\rfa =\n")
     # Nesting that copying or writing the body would have recursed through (the parsers refuse it).
     r = os.path.join(regressions, "serve_requests")
     write(os.path.join(r, "chat-messages-deep.json"), '{"messages": ' + "[" * 20000 + "]" * 20000 + "}")

@@ -37,7 +37,12 @@ requests in the same order; then:
  13. SIGINT during a streamed completion: the stream completes, the slot is saved, no child left;
      kvsnap serve SIGKILLed: its llama-server and lifeline watchdog exit too, with the parent-death
      signal and without it (the lifeline alone, as on macOS), and a llama-server deaf to SIGTERM is
-     SIGKILLed.
+     SIGKILLed;
+ 14. llama-server's config.ini: every case of tests/serve/llama_config_cases.json (the grammar
+     table kvsnap's unit tests read) run through this llama-server, which must do what the table
+     says (refuse the file, or apply which flash-attn value); then a conversation saved at f16
+     continues through `kvsnap serve` whose child gets q8_0 caches from a config.ini only
+     ($XDG_CONFIG_HOME), evaluating only its suffix (the restore converted for the config's types).
 With OPENAI_PYTHON (a Python with the `openai` package), one chat goes through the openai client.
 Needs only the Python standard library otherwise.
 """
@@ -209,6 +214,7 @@ def main():
         serve_log.close()
         print(open(os.path.join(work, "serve.log")).read())
         run_prefix_restore(kvsnap, llama, model, work)
+        run_config_ini(kvsnap, llama, model, work)
         run_tenant_per_namespace(kvsnap, llama, model, work)
         run_back_to_back(kvsnap, llama, model, work)
         run_requantize(kvsnap, llama, model, work)
@@ -517,6 +523,72 @@ def run_prefix_restore(kvsnap, llama, model, work):
           f"prefix (chat, /apply-template, -fa auto): after a restart at q8_0 the next turn evaluates {n2} of {total} tokens "
           f"(the first turn was {n1})")
     print("\n".join(l for l in text.splitlines() if "prefix:" in l))
+
+
+def config_env(home):
+    """An environment whose llama-server reads HOME/llama.cpp/config.ini as its user's config file."""
+    os.makedirs(os.path.join(home, "llama.cpp"), exist_ok=True)
+    return dict(os.environ, XDG_CONFIG_HOME=home, HOME=home)
+
+
+def run_config_ini(kvsnap, llama, model, work):
+    """Part 14: llama-server's config.ini, read as llama-server reads it."""
+    check(not os.path.exists("/etc/llama.cpp/config.ini"),
+          "config.ini: this machine has no /etc/llama.cpp/config.ini (it would be read beside the test's)")
+    # The grammar table: what this llama-server does with each file.
+    table = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "serve", "llama_config_cases.json")
+    cases = json.load(open(table))["cases"]
+    home = os.path.join(work, "config-grammar")
+    env = config_env(home)
+    wrong = []
+    for c in cases:
+        with open(os.path.join(home, "llama.cpp", "config.ini"), "wb") as f:
+            f.write(c["text"].encode("latin-1"))
+        p = subprocess.run([llama, "-m", os.path.join(home, "absent.gguf"), "--port", "1"], env=env,
+                           capture_output=True, timeout=120)
+        out = (p.stdout + p.stderr).decode("latin-1")
+        m = re.search(r"unknown value for --flash-attn: '(.*)'", out)
+        if "failed to parse server config file" in out:
+            got = "refused"
+        elif m:
+            got = "fa=" + m.group(1)
+        elif "failed to open GGUF file" in out or "failed to load model" in out:
+            got = "none"
+        else:
+            got = "unexpected: " + out[-400:]
+        if got != c["expect"] or p.returncode == 0:
+            wrong.append(f"{c['text']!r}: the table says {c['expect']!r}, llama-server {got!r} (exit {p.returncode})")
+    check(not wrong and len(cases) >= 50,
+          f"config.ini: llama-server does what the grammar table says for all {len(cases)} files" +
+          "".join("\n    " + w for w in wrong))
+
+    # A conversation saved at f16, then served by a child whose q8_0 caches come from config.ini alone.
+    store = os.path.join(work, "config-store")
+    base = ["-m", model, "-c", "4096", "-np", "1", "-t", "1", "--no-warmup", "-fa", "on"]
+    clean = config_env(os.path.join(work, "config-none"))
+    proc, port, log = start_serve(kvsnap, llama, store, work, "config-f16", base, env=clean)
+    s, _, raw = request(port, "POST", "/completion", {"prompt": PROMPT, "n_predict": 1, "temperature": 0})
+    n_full = len(json.loads(request(port, "POST", "/tokenize",
+                                    {"content": PROMPT + SUFFIX, "add_special": True})[2])["tokens"])
+    text = stop_serve(proc, log, "config-f16", work)
+    check(s == 200 and "saved as snapshot" in text, "config.ini: the conversation is saved at f16")
+    home = os.path.join(work, "config-q8")
+    env = config_env(home)
+    with open(os.path.join(home, "llama.cpp", "config.ini"), "w") as f:
+        f.write("; the cache types come from here only\n[*]\ncache-type-k = q8_0\nLLAMA_ARG_CACHE_TYPE_V = q8_0\n")
+    proc, port, log = start_serve(kvsnap, llama, store, work, "config-q8", base, env=env)
+    s, _, raw = request(port, "POST", "/completion", {"prompt": PROMPT + SUFFIX, "n_predict": 1, "temperature": 0})
+    n = json.loads(raw)["timings"]["prompt_n"] if s == 200 else -1
+    text = stop_serve(proc, log, "config-q8", work)
+    child = open(os.path.join(work, "config-q8-child.log"), errors="replace").read()
+    check("using config file: " + os.path.join(home, "llama.cpp", "config.ini") in child,
+          "config.ini: the child llama-server read the file")
+    check("read llama-server's config file" in text and "cache-type-k = q8_0" in text,
+          "config.ini: kvsnap serve logs the file and the settings it took from it")
+    check(s == 200 and "-> q8_0/q8_0" in text and 0 <= n <= 8,
+          f"config.ini: the f16 conversation restored into the config's q8_0/q8_0 child evaluates {n} of {n_full} "
+          f"tokens")
+    print("\n".join(l for l in text.splitlines() if "config" in l or "prefix:" in l))
 
 
 def run_tenant_per_namespace(kvsnap, llama, model, work):

@@ -216,7 +216,7 @@ TEST(LlamaArgs, TheEnvironmentIsReadFirstAsLlamaServerReadsIt) {
   vars["LLAMA_ARG_ENDPOINT_SLOTS"] = "on";
   a = parse_llama_args({"llama-server"}, env);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
-  EXPECT_TRUE(a->unread_config_files.empty());
+  EXPECT_TRUE(a->config_files.empty());
   a = parse_llama_args({"llama-server", "--api-prefix", "/llm"}, env);
   ASSERT_FALSE(a.ok());
   EXPECT_NE(a.status().message().find("--api-prefix"), std::string::npos) << a.status().message();
@@ -239,25 +239,160 @@ TEST(LlamaArgs, TheEnvironmentIsReadFirstAsLlamaServerReadsIt) {
 }
 
 // llama-server 3.22.1 applies /etc/llama.cpp/config.ini and the user's ($XDG_CONFIG_HOME, else
-// ~/.config) llama.cpp/config.ini first; kvsnap does not read them but names those that exist.
-TEST(LlamaArgs, ConfigFilesTheChildWillReadAreNamed) {
+// ~/.config) llama.cpp/config.ini first, "[*]" then the default section of each; then the
+// environment, then ARGS. kvsnap reads them in that order.
+TEST(LlamaArgs, ConfigFilesAreReadBeforeTheEnvironmentAndArgs) {
   std::map<std::string, std::string> vars = {{"HOME", "/home/u"}};
-  std::map<std::string, std::string> files = {{"/etc/llama.cpp/config.ini", "[*]\nctx-size = 8192\n"},
-                                              {"/home/u/.config/llama.cpp/config.ini", "cache-type-k = q8_0\n"},
-                                              {"/xdg/llama.cpp/config.ini", ""}};
+  std::map<std::string, std::string> files = {
+      {"/etc/llama.cpp/config.ini", "ctv = q4_1\n[*]\nctx-size = 8192\ncache-type-k = q4_0\nnp = 3\n"},
+      {"/home/u/.config/llama.cpp/config.ini", "cache-type-k = q8_0 ; the user's file is applied later\nfa = on\n"},
+      {"/xdg/llama.cpp/config.ini", "[*]\nm = /models/xdg.gguf\n"}};
   const ArgsEnvironment env = fake_environment(vars, files);
-  auto a = parse_llama_args({"llama-server", "-m", "m.gguf"}, env);
+  auto a = parse_llama_args({"llama-server"}, env);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
-  EXPECT_EQ(a->unread_config_files,
+  EXPECT_EQ(a->config_files,
             (std::vector<std::string>{"/etc/llama.cpp/config.ini", "/home/u/.config/llama.cpp/config.ini"}));
-  vars["XDG_CONFIG_HOME"] = "/xdg";
-  a = parse_llama_args({"llama-server", "-m", "m.gguf"}, env);
+  EXPECT_EQ(a->ctx_size, 8192);
+  EXPECT_EQ(a->parallel, 3);
+  EXPECT_EQ(a->ctk, "q8_0");
+  EXPECT_EQ(a->ctv, "q4_1");
+  EXPECT_EQ(a->flash_attn, "on");
+  EXPECT_EQ(a->config_settings.size(), 6u);
+  EXPECT_EQ(a->config_settings.back(), "/home/u/.config/llama.cpp/config.ini: fa = on");
+  // the environment over the files, ARGS over both
+  vars["LLAMA_ARG_CTX_SIZE"] = "4096";
+  vars["LLAMA_ARG_CACHE_TYPE_K"] = "q5_0";
+  a = parse_llama_args({"llama-server", "-ctv", "f16", "-fa", "off"}, env);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->ctx_size, 4096);
+  EXPECT_EQ(a->ctk, "q5_0");
+  EXPECT_EQ(a->ctv, "f16");
+  EXPECT_EQ(a->flash_attn, "off");
+  // $XDG_CONFIG_HOME instead of ~/.config
+  vars["XDG_CONFIG_HOME"] = "/xdg/";
+  a = parse_llama_args({"llama-server"}, env);
   ASSERT_TRUE(a.ok());
-  EXPECT_EQ(a->unread_config_files, (std::vector<std::string>{"/etc/llama.cpp/config.ini", "/xdg/llama.cpp/config.ini"}));
+  EXPECT_EQ(a->config_files, (std::vector<std::string>{"/etc/llama.cpp/config.ini", "/xdg/llama.cpp/config.ini"}));
+  EXPECT_EQ(a->model, "/models/xdg.gguf");
+  EXPECT_EQ(a->ctk, "q5_0");  // the environment's; /etc's q4_0 under it
   files.clear();
   a = parse_llama_args({"llama-server", "-m", "m.gguf"}, env);
   ASSERT_TRUE(a.ok());
-  EXPECT_TRUE(a->unread_config_files.empty());
+  EXPECT_TRUE(a->config_files.empty());
+  // neither XDG_CONFIG_HOME nor HOME: the passwd entry's home
+  vars.clear();
+  files["/pw/.config/llama.cpp/config.ini"] = "ctk = q8_0\n";
+  ArgsEnvironment pw_env = env;
+  pw_env.passwd_home = [] { return std::optional<std::string>("/pw"); };
+  a = parse_llama_args({"llama-server"}, pw_env);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->ctk, "q8_0");
+}
+
+// Every key llama-server maps to an option: each spelling of the flag without its dashes and the
+// option's variable; in one section the last of them in key order wins (llama.cpp's std::map).
+TEST(LlamaArgs, ConfigKeysInEverySpelling) {
+  std::map<std::string, std::string> vars, files;
+  const ArgsEnvironment env = fake_environment(vars, files);
+  const std::string path = "/etc/llama.cpp/config.ini";
+  struct Case {
+    const char* text;
+    int ctx;
+    const char* ctk;
+  };
+  for (const Case& c : {Case{"c = 1\n", 1, "f16"}, Case{"ctx-size = 2\nc = 1\n", 2, "f16"},
+                        Case{"LLAMA_ARG_CTX_SIZE = 3\nc = 1\n", 1, "f16"}, Case{"LLAMA_ARG_CTX_SIZE = 8k\n", 8, "f16"},
+                        Case{"ctk = q4_0\ncache-type-k = q8_0\n", 0, "q4_0"},  // "cache-type-k" < "ctk"
+                        Case{"LLAMA_ARG_CACHE_TYPE_K = q5_1\n", 0, "q5_1"}, Case{"CTK = q4_0\n", 0, "f16"},
+                        Case{"[model-a]\nctk = q4_0\n", 0, "f16"}, Case{"ctk = q4_0\n[*]\nctk = q8_0\n", 0, "q4_0"}}) {
+    files[path] = c.text;
+    auto a = parse_llama_args({"llama-server"}, env);
+    ASSERT_TRUE(a.ok()) << c.text << a.status().ToString();
+    EXPECT_EQ(a->ctx_size, c.ctx) << c.text;
+    EXPECT_EQ(a->ctk, c.ctk) << c.text;
+  }
+  files[path] = "np = 2\nparallel = 4\nLLAMA_ARG_N_PARALLEL = 3\nm = /a.gguf\nmodel = /b.gguf\nctv = q4_0\n"
+                "LLAMA_ARG_CACHE_TYPE_V = q8_0\nflash-attn = off\nfa = on\nversion = 7\nthreads = 3\n";
+  auto a = parse_llama_args({"llama-server"}, env);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->parallel, 4);
+  EXPECT_EQ(a->model, "/b.gguf");
+  EXPECT_EQ(a->ctv, "q4_0");
+  EXPECT_EQ(a->flash_attn, "off");
+}
+
+// What llama-server refuses to start with, kvsnap refuses naming the file; /slots turned off or the
+// routes moved are refused as ARGS and the environment that do so are.
+TEST(LlamaArgs, ConfigFilesLlamaServerRefusesAreRefused) {
+  std::map<std::string, std::string> vars, files;
+  ArgsEnvironment env = fake_environment(vars, files);
+  const std::string path = "/etc/llama.cpp/config.ini";
+  struct Case {
+    const char* text;
+    const char* message;
+  };
+  for (const Case& c : {Case{"[*]\n  ctk = q8_0\n", "config.ini, line 2: white space before a key"},
+                        Case{"\xef\xbb\xbf" "ctk = q8_0\n", "line 1: a byte-order mark"},
+                        Case{"c = big\n", "c = 'big' is not a number"}, Case{"np = 0\n", "refuses 0 slots"},
+                        Case{"fa = maybe\n", "fa = 'maybe' must be on, off or auto"},
+                        Case{"no-slots = true\n", "no-slots = 'false' turns the /slots endpoint off"},
+                        Case{"slots = maybe\n", "slots = 'maybe' turns the /slots endpoint off"},
+                        Case{"LLAMA_ARG_ENDPOINT_SLOTS = 0\n", "LLAMA_ARG_ENDPOINT_SLOTS = '0' turns"},
+                        Case{"[*]\napi-prefix = /llm\n", "api-prefix = '/llm' moves llama-server's routes"},
+                        Case{"api-key-file = /keys\n", "API key file '/keys' (api-key-file in /etc/llama.cpp/config.ini)"}}) {
+    files[path] = c.text;
+    auto a = parse_llama_args({"llama-server"}, env);
+    ASSERT_FALSE(a.ok()) << c.text;
+    EXPECT_NE(a.status().message().find(c.message), std::string::npos) << a.status().message();
+    EXPECT_NE(a.status().message().find(path), std::string::npos) << a.status().message();
+  }
+  // /slots off in a file: on again by the environment or ARGS, as llama-server applies them later;
+  // LLAMA_ARG_NO_ENDPOINT_SLOTS as a key is no negative (only the no-slots flag's key is)
+  files[path] = "no-slots = 1\n";
+  EXPECT_TRUE(parse_llama_args({"llama-server", "--slots"}, env).ok());
+  vars["LLAMA_ARG_ENDPOINT_SLOTS"] = "true";
+  EXPECT_TRUE(parse_llama_args({"llama-server"}, env).ok());
+  vars.clear();
+  files[path] = "LLAMA_ARG_NO_ENDPOINT_SLOTS = 1\nslots = on\n";
+  EXPECT_TRUE(parse_llama_args({"llama-server"}, env).ok());
+  // an empty prefix from the environment replaces the file's
+  files[path] = "api-prefix = /llm\n";
+  vars["LLAMA_ARG_API_PREFIX"] = "";
+  EXPECT_TRUE(parse_llama_args({"llama-server"}, env).ok());
+  vars.clear();
+  // a file that exists but cannot be read
+  env.exists = [](const std::string& p) { return p == "/etc/llama.cpp/config.ini"; };
+  files.clear();
+  auto a = parse_llama_args({"llama-server"}, env);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("config file /etc/llama.cpp/config.ini exists but cannot be read"),
+            std::string::npos)
+      << a.status().message();
+}
+
+// API keys: the files' first (a section's api-key before its api-key-file), then the environment's,
+// then ARGS'; a model llama-server downloads (set in a file, even with -m) is not the given path.
+TEST(LlamaArgs, ConfigKeysAndDownloads) {
+  std::map<std::string, std::string> vars = {{"LLAMA_API_KEY", "e1"}},
+                                     files = {{"/keys", "f1\n#c\nf2\n"},
+                                              {"/etc/llama.cpp/config.ini", "api-key-file = /keys\napi-key = c1,c2\n"}};
+  const ArgsEnvironment env = fake_environment(vars, files);
+  auto a = parse_llama_args({"llama-server", "--api-key", "k1", "-m", "m.gguf"}, env);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->api_keys, (std::vector<std::string>{"c1", "c2", "f1", "f2", "e1", "k1"}));
+  EXPECT_EQ(a->api_key, "c1");
+  for (const auto& s : a->config_settings) EXPECT_EQ(s.find("c1"), std::string::npos) << s;  // no key in the log
+  EXPECT_EQ(a->model, "m.gguf");
+  for (const char* key : {"hf", "hfr", "hf-repo", "LLAMA_ARG_HF_REPO", "dr", "docker-repo", "mu", "model-url"}) {
+    files["/etc/llama.cpp/config.ini"] = std::string(key) + " = someone/model\n";
+    a = parse_llama_args({"llama-server", "-m", "m.gguf"}, env);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_EQ(a->model, "") << key;
+  }
+  files["/etc/llama.cpp/config.ini"] = "hf-repo =\n";  // set to nothing: no download
+  a = parse_llama_args({"llama-server", "-m", "m.gguf"}, env);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->model, "m.gguf");
 }
 
 TEST(LlamaArgs, WithCacheReplacesTheFlagsWhereverTheyAre) {
