@@ -71,6 +71,7 @@ struct Upstream {
   std::string pending;  // received, not yet passed on
   httplib::Error error = httplib::Error::Success;
   std::thread thread;
+  bool handed_on = false;  // on_done has run for this exchange (the client's thread only)
 
   void join() {
     if (thread.joinable()) thread.join();
@@ -160,6 +161,29 @@ struct Proxy::Impl {
     x.request_body = req.body;
     x.status = status;
     return x;
+  }
+
+  // A client that hung up on a stream it asked for with an X-Conversation-Id: llama-server 3.22.1
+  // goes on generating for a later GET /v1/stream?conv_id= (tools/server/server-stream.cpp:
+  // should_stop() asks the stream session, not the connection), so the slot stays busy and ends up
+  // holding the whole exchange. Its stream is read to the end here (only the tail kept, as for a
+  // client), then the exchange is handed on as one that ended, its save queued, before the slot
+  // permit and the drain ticket go back.
+  void finish_for_resume(Upstream& st, Exchange& x) {
+    std::unique_lock<std::mutex> l(st.mu);
+    for (;;) {
+      st.cv.wait(l, [&] { return !st.pending.empty() || st.done; });
+      if (!st.pending.empty()) {
+        x.response_body += st.pending;
+        st.pending.clear();
+        trim_stream_tail(x.response_body, kStreamTail);
+      }
+      if (st.done) break;
+    }
+    const bool whole = st.ok;
+    st.handed_on = true;
+    l.unlock();
+    if (whole && on_done) on_done(x);
   }
 
   void handle(const httplib::Request& req, httplib::Response& res) {
@@ -268,12 +292,14 @@ struct Proxy::Impl {
           }
           // on_done before the client sees the end: a client that sends its next request at once must
           // find this exchange's bookkeeping (its queued save) done.
+          if (done) st->handed_on = true;
           if (done && on_done) on_done(*x);
           if (!chunk.empty() && !sink.write(chunk.data(), chunk.size())) return false;
           if (done) sink.done();
           return true;
         },
-        [st, ticket, hold = f.hold](bool) {
+        [this, st, x, ticket, hold = f.hold, resumable = !req.get_header_value("X-Conversation-Id").empty()](bool) {
+          if (resumable && !st->handed_on) finish_for_resume(*st, *x);
           {
             std::lock_guard<std::mutex> l(st->mu);
             st->cancel = true;  // a no-op once the child has finished

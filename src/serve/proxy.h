@@ -9,7 +9,9 @@
 //     Trailer, Transfer-Encoding, Upgrade), which each hop sets for itself;
 //   - an answer without a Content-Length (llama-server's SSE streams) is
 //     forwarded chunk by chunk as the child sends it, never buffered whole;
-//     a client that goes away cancels the child's request;
+//     a client that goes away cancels the child's request, except one that
+//     sent an X-Conversation-Id (llama-server generates on for a resume): its
+//     stream is read to the end and handed to `on_done` as one that ended;
 //   - kvsnap never re-encodes a body (no compression of its own);
 //   - clients are served concurrently (a thread pool), with keep-alive;
 //   - a child that does not answer (restarting) is a 502 with a JSON error;
@@ -57,7 +59,8 @@ struct Forward {
   std::vector<int32_t> prompt_tokens;
   int pinned_slot = -1;
   uint64_t restored_tokens = 0;
-  // Held until the exchange is over, after on_done (a stream: until it ends or the client hangs up).
+  // Held until the exchange is over, after on_done (a stream: until it ends or the client hangs up;
+  // with an X-Conversation-Id, until it ends).
   std::shared_ptr<void> hold;
 };
 

@@ -42,7 +42,10 @@ requests in the same order; then:
      table kvsnap's unit tests read) run through this llama-server, which must do what the table
      says (refuse the file, or apply which flash-attn value); then a conversation saved at f16
      continues through `kvsnap serve` whose child gets q8_0 caches from a config.ini only
-     ($XDG_CONFIG_HOME), evaluating only its suffix (the restore converted for the config's types).
+     ($XDG_CONFIG_HOME), evaluating only its suffix (the restore converted for the config's types);
+ 15. a client that hangs up on a stream sent with an X-Conversation-Id (llama-server generates on
+     for a resume): the whole exchange is saved once the child ends it, and GET /v1/stream?conv_id=
+     through kvsnap answers with what llama-server kept of the stream, its last event included.
 With OPENAI_PYTHON (a Python with the `openai` package), one chat goes through the openai client.
 Needs only the Python standard library otherwise.
 """
@@ -215,6 +218,7 @@ def main():
         print(open(os.path.join(work, "serve.log")).read())
         run_prefix_restore(kvsnap, llama, model, work)
         run_config_ini(kvsnap, llama, model, work)
+        run_conversation_id_hangup(kvsnap, llama, model, work)
         run_tenant_per_namespace(kvsnap, llama, model, work)
         run_back_to_back(kvsnap, llama, model, work)
         run_requantize(kvsnap, llama, model, work)
@@ -589,6 +593,41 @@ def run_config_ini(kvsnap, llama, model, work):
           f"config.ini: the f16 conversation restored into the config's q8_0/q8_0 child evaluates {n} of {n_full} "
           f"tokens")
     print("\n".join(l for l in text.splitlines() if "config" in l or "prefix:" in l))
+
+
+def run_conversation_id_hangup(kvsnap, llama, model, work):
+    """Part 15: a hang-up on a resumable stream (X-Conversation-Id) is saved whole."""
+    store = os.path.join(work, "conv-store")
+    base = ["-m", model, "-c", "4096", "-np", "1", "-t", "1", "--no-warmup", "-fa", "on"]
+    proc, port, log = start_serve(kvsnap, llama, store, work, "conv-hangup", base)
+    n_prompt = len(json.loads(request(port, "POST", "/tokenize", {"content": PROMPT, "add_special": True})[2])["tokens"])
+    # Long enough to be still generating when kvsnap sees the hang-up; the grammar makes every token
+    # text, so that the stream has an event per token (the tiny model's own tokens make none).
+    n_predict = 1500
+    data = json.dumps({"prompt": PROMPT, "n_predict": n_predict, "temperature": 0, "stream": True,
+                       "ignore_eos": True, "grammar": "root ::= [a-z ]+"}).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(f"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  f"X-Conversation-Id: conv-hangup-1\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+        raw = b""
+        while b"data: " not in raw:
+            b = s.recv(4096)
+            if not b:
+                break
+            raw += b
+    # hung up after the first event; llama-server generates the rest into the slot
+    snaps = wait_for(lambda: ls(kvsnap, store), 60)
+    n = max((x.get("n_tokens", 0) for x in snaps), default=0)
+    check(len(snaps) == 1 and n >= n_prompt + n_predict - 1,
+          f"X-Conversation-Id hang-up: the exchange is saved whole once the child ends it "
+          f"({len(snaps)} snapshot(s), {n} tokens; the prompt is {n_prompt}, {n_predict} generated)")
+    st, _, body = request(port, "GET", "/v1/stream?conv_id=conv-hangup-1")
+    events = body.decode(errors="replace").count("data: ")
+    check(st == 200 and b'"stop":true' in body,
+          f"X-Conversation-Id hang-up: GET /v1/stream?conv_id= through kvsnap answers with what llama-server kept "
+          f"of the stream, its last event included ({st}, {events} events)")
+    text = stop_serve(proc, log, "conv-hangup", work)
+    print("\n".join(l for l in text.splitlines() if "persist" in l or "saved" in l)[-2000:])
 
 
 def run_tenant_per_namespace(kvsnap, llama, model, work):

@@ -277,5 +277,85 @@ TEST(ServeProxy, AnAnswerCutOffByTheChildIsNeitherWholeNorSaved) {
   }
 }
 
+// A child that streams 20 events 20 ms apart, as llama-server generates, and records whether its
+// stream was read to the end (llama-server 3.22.1 generates to the end anyway for a request with an
+// X-Conversation-Id, for a later GET /v1/stream; without one, a closed connection stops it).
+struct PacedChild {
+  httplib::Server svr;
+  int port = 0;
+  std::thread thread;
+  std::atomic<bool> finished{false}, cut{false};
+  PacedChild() {
+    svr.Get("/completion", [this](const httplib::Request&, httplib::Response& res) {
+      auto step = std::make_shared<int>(0);
+      res.set_chunked_content_provider("text/event-stream", [this, step](size_t, httplib::DataSink& sink) {
+        const int i = (*step)++;
+        if (i == 20) {
+          finished = true;
+          sink.done();
+          return true;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        const std::string e = i < 19 ? "data: {\"content\":\"t" + std::to_string(i) + "\",\"stop\":false,\"id_slot\":1}\n\n"
+                                     : "data: {\"content\":\"\",\"stop\":true,\"id_slot\":1}\n\n";
+        if (!sink.write(e.data(), e.size())) cut = true;
+        return !cut;
+      });
+    });
+    port = svr.bind_to_any_port("127.0.0.1");
+    thread = std::thread([this] { svr.listen_after_bind(); });
+    while (!svr.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~PacedChild() {
+    svr.stop();
+    thread.join();
+  }
+};
+
+// A client that hangs up on a stream sent with an X-Conversation-Id: the child goes on generating
+// into the slot for a resume, so kvsnap reads its stream to the end and hands the exchange on (its
+// save queued) as one that ended. Without the header the hang-up cancels the child's request and
+// nothing is handed on, as before.
+TEST(ServeProxy, AHangUpWithAConversationIdIsReadToTheEndAndSaved) {
+  for (const bool with_id : {true, false}) {
+    SCOPED_TRACE(with_id ? "X-Conversation-Id" : "no X-Conversation-Id");
+    PacedChild child;
+    ASSERT_GT(child.port, 0);
+    const ProxyOptions o = in_front_of(child.port, 4);
+    std::atomic<int> done{0};
+    std::string body_seen;
+    std::mutex mu;
+    Proxy proxy(o, nullptr, [&](const Exchange& x) {
+      std::lock_guard<std::mutex> l(mu);
+      body_seen = x.response_body;
+      ++done;
+    });
+    ASSERT_TRUE(proxy.bind().ok());
+    std::thread serving([&] { proxy.run(); });
+    {
+      httplib::Client cli("127.0.0.1", o.listen_port);
+      cli.set_read_timeout(30);
+      httplib::Headers h;
+      if (with_id) h.emplace("X-Conversation-Id", "conv-1");
+      std::string got;
+      auto r = cli.Get("/completion", h, [&](const char* d, size_t n) {
+        got.append(d, n);
+        return got.find("\"t0\"") == std::string::npos;  // hang up after the first event
+      });
+      EXPECT_FALSE(r) << "the client hung up";
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (with_id && done == 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!with_id) std::this_thread::sleep_for(std::chrono::milliseconds(800));  // the child's whole stream
+    proxy.stop();
+    serving.join();
+    EXPECT_EQ(done.load(), with_id ? 1 : 0);
+    EXPECT_EQ(child.finished.load(), with_id) << "the child's stream read to its end";
+    std::lock_guard<std::mutex> l(mu);
+    if (with_id) EXPECT_NE(body_seen.find("\"stop\":true,\"id_slot\":1"), std::string::npos) << body_seen;
+  }
+}
+
 }  // namespace
 }  // namespace kvsnap
