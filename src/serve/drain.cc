@@ -1,5 +1,6 @@
 #include "serve/drain.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace kvsnap {
@@ -55,17 +56,33 @@ void SlotGate::set_capacity(int slots) {
   cv_.notify_all();
 }
 
-SlotGate::Permit SlotGate::enter(double max_wait_s, bool* waited_out) {
+bool SlotGate::may_enter(int slot) {
+  if (out_ >= capacity_) return false;
+  if (slot < 0) return true;
+  auto it = pinned_out_.find(slot);
+  return unpinned_out_ == 0 && (it == pinned_out_.end() || it->second == 0);
+}
+
+SlotGate::Permit SlotGate::enter(double max_wait_s, bool* waited_out, int slot) {
   if (waited_out) *waited_out = false;
   std::unique_lock<std::mutex> l(mu_);
   if (capacity_ == 0) return nullptr;
-  if (!cv_.wait_for(l, std::chrono::duration<double>(max_wait_s), [this] { return capacity_ == 0 || out_ < capacity_; })) {
+  const uint64_t me = arrivals_++;
+  waiting_.push_back(me);
+  const bool admitted = cv_.wait_for(l, std::chrono::duration<double>(max_wait_s), [&] {
+    return capacity_ == 0 || (waiting_.front() == me && may_enter(slot));
+  });
+  waiting_.erase(std::find(waiting_.begin(), waiting_.end(), me));
+  cv_.notify_all();  // the next waiter may be at the front now
+  if (!admitted) {
     if (waited_out) *waited_out = true;
     return nullptr;
   }
   if (capacity_ == 0) return nullptr;
   ++out_;
-  return Permit(static_cast<void*>(this), [](void* self) { static_cast<SlotGate*>(self)->leave(); });
+  if (slot < 0) ++unpinned_out_;
+  else ++pinned_out_[slot];
+  return Permit(static_cast<void*>(this), [slot](void* self) { static_cast<SlotGate*>(self)->leave(slot); });
 }
 
 int SlotGate::out() {
@@ -73,9 +90,11 @@ int SlotGate::out() {
   return out_;
 }
 
-void SlotGate::leave() {
+void SlotGate::leave(int slot) {
   std::lock_guard<std::mutex> l(mu_);
   --out_;
+  if (slot < 0) --unpinned_out_;
+  else if (--pinned_out_[slot] == 0) pinned_out_.erase(slot);
   cv_.notify_all();
 }
 

@@ -14,6 +14,8 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -50,24 +52,39 @@ class Drain {
 // the saves queued before it (Persister::wait_saved) and comes back when its exchange is over, after
 // the exchange has queued its own save (Proxy: a stream's when it ends or the client hangs up).
 //
+// A completion the client pinned to a slot (its id_slot) would wait in llama-server behind that
+// slot's request even with other slots free, and start there before that request's save: it waits
+// here while that slot may be busy, i.e. while a completion pinned there, or one not pinned (whose
+// slot llama-server picks and kvsnap learns only from the answer), is out.
+//
 // Promises:
 //   - with capacity 0 (the slot count is not known) enter() admits at once and returns no permit;
-//   - at most `capacity` permits are out; enter() waits for one up to `max_wait_s`, then admits
-//     without one (reported through `waited_out`), so a lost permit cannot stop the server.
+//   - at most `capacity` permits are out; a pinned permit for slot s is given only while no other
+//     pinned to s and no unpinned permit is out;
+//   - waiters are admitted in arrival order (none overtakes one that waits: a pinned request is not
+//     starved by a stream of unpinned ones);
+//   - enter() waits for a permit up to `max_wait_s`, then admits without one (reported through
+//     `waited_out`), so a lost permit cannot stop the server.
 class SlotGate {
  public:
   using Permit = std::shared_ptr<void>;  // returned when the last copy goes
 
   void set_capacity(int slots);
-  Permit enter(double max_wait_s, bool* waited_out = nullptr);
+  // `slot`: the slot the client pinned the completion to, or -1.
+  Permit enter(double max_wait_s, bool* waited_out = nullptr, int slot = -1);
   int out();
 
  private:
-  void leave();
+  bool may_enter(int slot);
+  void leave(int slot);
   std::mutex mu_;
   std::condition_variable cv_;
   int capacity_ = 0;
   int out_ = 0;
+  int unpinned_out_ = 0;
+  std::map<int, int> pinned_out_;   // slot -> permits out pinned there
+  std::deque<uint64_t> waiting_;    // the waiters' arrival numbers, oldest first
+  uint64_t arrivals_ = 0;
 };
 
 }  // namespace kvsnap

@@ -21,6 +21,7 @@
 #include "serve/persist.h"
 #include "serve/prefix.h"
 #include "serve/proxy.h"
+#include "serve/requests.h"
 #include "serve/supervisor.h"
 #include "server/llama_server.h"
 #include "store/store.h"
@@ -144,8 +145,10 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
         if (f.method == "POST" && is_completion_route(f.path)) {
           // One completion per slot in the child (SlotGate, serve/drain.h): one more would wait in
           // llama-server's queue and start in a slot before its conversation is saved.
+          // A completion the client pinned to a slot waits while that slot may be busy (SlotGate).
           bool waited_out = false;
-          f.hold = slot_gate.enter(kSlotWaitS, &waited_out);
+          auto req = parse_completion_request(f.path, f.body);
+          f.hold = slot_gate.enter(kSlotWaitS, &waited_out, req.ok() ? req->id_slot : -1);
           if (waited_out)
             log("persist: every slot stayed busy for " + std::to_string(int(kSlotWaitS)) + " s; a " + f.path +
                 " request goes on without waiting, a conversation it displaces may be lost");

@@ -45,7 +45,9 @@ requests in the same order; then:
      ($XDG_CONFIG_HOME), evaluating only its suffix (the restore converted for the config's types);
  15. a client that hangs up on a stream sent with an X-Conversation-Id (llama-server generates on
      for a resume): the whole exchange is saved once the child ends it, and GET /v1/stream?conv_id=
-     through kvsnap answers with what llama-server kept of the stream, its last event included.
+     through kvsnap answers with what llama-server kept of the stream, its last event included;
+ 16. two clients that pin their completions to the same slot (id_slot 0, -np 2): the second waits in
+     kvsnap until the first has ended and is saved, so both conversations are in the store.
 With OPENAI_PYTHON (a Python with the `openai` package), one chat goes through the openai client.
 Needs only the Python standard library otherwise.
 """
@@ -219,6 +221,7 @@ def main():
         run_prefix_restore(kvsnap, llama, model, work)
         run_config_ini(kvsnap, llama, model, work)
         run_conversation_id_hangup(kvsnap, llama, model, work)
+        run_same_slot_pins(kvsnap, llama, model, work)
         run_tenant_per_namespace(kvsnap, llama, model, work)
         run_back_to_back(kvsnap, llama, model, work)
         run_requantize(kvsnap, llama, model, work)
@@ -628,6 +631,40 @@ def run_conversation_id_hangup(kvsnap, llama, model, work):
           f"of the stream, its last event included ({st}, {events} events)")
     text = stop_serve(proc, log, "conv-hangup", work)
     print("\n".join(l for l in text.splitlines() if "persist" in l or "saved" in l)[-2000:])
+
+
+def run_same_slot_pins(kvsnap, llama, model, work):
+    """Part 16: two completions pinned to one slot: both conversations saved."""
+    store = os.path.join(work, "pin-store")
+    base = ["-m", model, "-c", "4096", "-np", "2", "-t", "1", "--no-warmup", "-fa", "on"]
+    proc, port, log = start_serve(kvsnap, llama, store, work, "same-slot", base)
+    other = "A second conversation, about the price of apples at the market in the autumn of that year."
+    n_a = len(json.loads(request(port, "POST", "/tokenize", {"content": PROMPT, "add_special": True})[2])["tokens"])
+    n_b = len(json.loads(request(port, "POST", "/tokenize", {"content": other, "add_special": True})[2])["tokens"])
+    n_predict = 1500  # long enough that the second client arrives while the first is generating
+    first_event = threading.Event()
+    result = {}
+
+    def long_one():
+        result["a"] = raw_chunked(port, "/completion", {"prompt": PROMPT, "n_predict": n_predict, "temperature": 0,
+                                                        "stream": True, "ignore_eos": True,
+                                                        "grammar": "root ::= [a-z ]+", "id_slot": 0},
+                                  first_event)[2]
+        first_event.set()
+
+    t = threading.Thread(target=long_one)
+    t.start()
+    first_event.wait(60)
+    s_b, _, raw_b = request(port, "POST", "/completion", {"prompt": other, "n_predict": 1, "temperature": 0,
+                                                          "id_slot": 0})
+    t.join(120)
+    snaps = wait_for(lambda: (lambda v: v if len(v) >= 2 else None)(ls(kvsnap, store)), 30) or ls(kvsnap, store)
+    sizes = sorted(x.get("n_tokens", 0) for x in snaps)
+    text = stop_serve(proc, log, "same-slot", work)
+    check(s_b == 200 and b'"stop":true' in result.get("a", b""), "same slot: both completions answered")
+    check(any(n >= n_a + n_predict - 1 for n in sizes) and any(n_b <= n <= n_b + 1 for n in sizes),
+          f"same slot: both conversations pinned to slot 0 are saved (snapshots of {sizes} tokens; the first "
+          f"is {n_a} + {n_predict} generated, the second {n_b} + 1)")
 
 
 def run_tenant_per_namespace(kvsnap, llama, model, work):
@@ -1062,10 +1099,11 @@ def masked(raw):
     return MASK.sub(rb'"\1":_', raw)
 
 
-def raw_chunked(port, path, body):
-    """POST body on a raw socket: (status, headers, the de-chunked body, how many HTTP chunks carried it)."""
+def raw_chunked(port, path, body, first_event=None):
+    """POST body on a raw socket: (status, headers, the de-chunked body, how many HTTP chunks carried it).
+    `first_event` (a threading.Event) is set when the first SSE event arrives."""
     data = json.dumps(body).encode()
-    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
         s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
         raw = b""
@@ -1074,6 +1112,8 @@ def raw_chunked(port, path, body):
             if not b:
                 break
             raw += b
+            if first_event is not None and b"data: " in raw:
+                first_event.set()
     head, _, rest = raw.partition(b"\r\n\r\n")
     lines = head.decode().split("\r\n")
     hd = {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:])}

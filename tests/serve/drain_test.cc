@@ -73,5 +73,55 @@ TEST(ServeSlotGate, OnePermitPerSlotAndTheNextWaitsForOneToComeBack) {
   EXPECT_EQ(g.out(), 0);
 }
 
+// A completion pinned to a slot (the client's id_slot) waits while that slot may be busy: while a
+// completion pinned there, or one not pinned (llama-server picks its slot), is out; completions
+// pinned to other slots go on together; and nobody overtakes a waiter (arrival order), so a pinned
+// one is not starved by unpinned ones arriving after it.
+TEST(ServeSlotGate, APinnedCompletionWaitsWhileItsSlotMayBeBusy) {
+  SlotGate g;
+  g.set_capacity(3);
+  bool waited_out = false;
+  SlotGate::Permit a0 = g.enter(0.01, &waited_out, 0);
+  ASSERT_NE(a0, nullptr);
+  EXPECT_EQ(g.enter(0.05, &waited_out, 0), nullptr);
+  EXPECT_TRUE(waited_out) << "a second completion pinned to slot 0 went in beside the first";
+  SlotGate::Permit b1 = g.enter(0.01, &waited_out, 1);
+  EXPECT_NE(b1, nullptr) << "slot 1 is free";
+  b1.reset();
+  SlotGate::Permit u = g.enter(0.01, &waited_out);
+  ASSERT_NE(u, nullptr) << "an unpinned completion goes to a free slot";
+  EXPECT_EQ(g.enter(0.05, &waited_out, 1), nullptr);
+  EXPECT_TRUE(waited_out) << "pinned to slot 1 while an unpinned completion (slot unknown) is out";
+  // Slot 0 comes back first, the unpinned one later: the waiter pinned to 0 goes when both are back,
+  // and an unpinned completion that arrives after it waits behind it.
+  std::atomic<int> order{0};
+  int pinned_at = -1, unpinned_at = -1;
+  std::thread pinned([&] {
+    bool w = false;
+    SlotGate::Permit p = g.enter(10, &w, 0);
+    pinned_at = ++order;
+    EXPECT_NE(p, nullptr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // the pinned one waits first
+  std::thread unpinned([&] {
+    bool w = false;
+    SlotGate::Permit p = g.enter(10, &w);
+    unpinned_at = ++order;
+    EXPECT_NE(p, nullptr);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(order.load(), 0) << "the unpinned completion overtook the pinned one (a free slot was there)";
+  a0.reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(order.load(), 0) << "pinned to slot 0 while the unpinned completion was still out";
+  u.reset();
+  pinned.join();
+  unpinned.join();
+  EXPECT_EQ(pinned_at, 1);
+  EXPECT_EQ(unpinned_at, 2);
+  EXPECT_EQ(g.out(), 0);
+}
+
 }  // namespace
 }  // namespace kvsnap
