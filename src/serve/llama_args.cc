@@ -61,11 +61,47 @@ bool takes_value(const std::string& flag) {
                           "--docker-repo", "-mu", "--model-url", "--api-prefix"});
 }
 
-// Flags (and their variables) with which llama-server downloads the model it loads and points its
-// model path at the download: the path kvsnap was given is then not the model the child runs.
-bool downloads_the_model(const std::string& flag) {
-  return is_one_of(flag, {"-hf", "-hfr", "--hf-repo", "-dr", "--docker-repo", "-mu", "--model-url"});
+// llama-server 3.22.1's model presets (common/arg.cpp, "--gpt-oss-20b-default" ...): a flag, or a
+// config key with any value, that downloads a model and may set the context and the slot count.
+struct ModelPreset {
+  const char* name;  // the flag without its dashes
+  int ctx, parallel;  // -1: left as it was
+};
+constexpr ModelPreset kModelPresets[] = {
+    {"embd-gemma-default", 2048 * 32, 32},        {"fim-qwen-1.5b-default", 0, -1},
+    {"fim-qwen-3b-default", 0, -1},               {"fim-qwen-7b-default", 0, -1},
+    {"fim-qwen-7b-spec", 0, -1},                  {"fim-qwen-14b-spec", 0, -1},
+    {"fim-qwen-30b-default", 0, -1},              {"gpt-oss-20b-default", 131072 * 2, 2},
+    {"gpt-oss-120b-default", 131072 * 2, 2},      {"vision-gemma-4b-default", 0, -1},
+    {"vision-gemma-12b-default", 0, -1},
+};
+const ModelPreset* model_preset(std::string_view name) {
+  for (const ModelPreset& p : kModelPresets)
+    if (name == p.name) return &p;
+  return nullptr;
 }
+
+// The cache types llama-server 3.22.1 takes (common/arg.cpp kv_cache_types); any other stops it.
+Status check_cache_type(const std::string& type, const std::string& where) {
+  for (const char* t : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"})
+    if (type == t) return Status::OK();
+  return Status::InvalidArgument(where + " '" + type +
+                                 "' is not a cache type llama-server takes (f32, f16, bf16, q8_0, q4_0, q4_1, "
+                                 "iq4_nl, q5_0, q5_1); it would not start");
+}
+
+// Where the settings kvsnap reads came from, as far as what follows the parse needs it.
+struct Origins {
+  // Set by a config file and by neither the environment nor ARGS: pinned on the child's command
+  // line (LlamaArgs::config_pins), since the child reads the file again at each restart.
+  bool ctk = false, ctv = false, fa = false, ctx = false, np = false, model = false;
+  std::optional<bool> slots;  // a config file's /slots setting, and where
+  std::string slots_from;
+  std::string api_prefix, api_prefix_from;  // a config file's
+  // The model downloads' values as last set (config, environment, ARGS; a preset sets hf): any
+  // not empty, and the model the child loads is a download, not the given path.
+  std::string hf, dr, mu;
+};
 
 // One flag of ARGS with its value: argv[first..last].
 struct ArgItem {
@@ -146,7 +182,7 @@ std::vector<std::string> csv_fields(const std::string& s) {
 // (common_arg::get_value_from_env): a set variable is the flag's value; a boolean option's
 // LLAMA_ARG_NO_* variable, set to anything, is its negative. Host and port need nothing: kvsnap's
 // --host and --port on the child's command line override them.
-Status apply_environment(const ArgsEnvironment& env, LlamaArgs& a) {
+Status apply_environment(const ArgsEnvironment& env, LlamaArgs& a, Origins& o) {
   auto number = [&](const char* var, int& out) -> Status {
     auto v = env.getenv(var);
     if (!v) return Status::OK();
@@ -155,19 +191,27 @@ Status apply_environment(const ArgsEnvironment& env, LlamaArgs& a) {
     out = *n;
     return Status::OK();
   };
-  if (auto v = env.getenv("LLAMA_ARG_MODEL")) a.model = *v;
+  if (auto v = env.getenv("LLAMA_ARG_MODEL")) a.model = *v, o.model = false;
+  if (env.getenv("LLAMA_ARG_CTX_SIZE")) o.ctx = false;
+  if (env.getenv("LLAMA_ARG_N_PARALLEL")) o.np = false;
   KV_RETURN_IF_ERROR(number("LLAMA_ARG_CTX_SIZE", a.ctx_size));
   KV_RETURN_IF_ERROR(number("LLAMA_ARG_N_PARALLEL", a.parallel));
   if (env.getenv("LLAMA_ARG_N_PARALLEL") && a.parallel == 0)
     return Status::InvalidArgument("environment variable LLAMA_ARG_N_PARALLEL is 0, which llama-server refuses");
-  if (auto v = env.getenv("LLAMA_ARG_CACHE_TYPE_K")) a.ctk = *v;
-  if (auto v = env.getenv("LLAMA_ARG_CACHE_TYPE_V")) a.ctv = *v;
+  if (auto v = env.getenv("LLAMA_ARG_CACHE_TYPE_K")) {
+    KV_RETURN_IF_ERROR(check_cache_type(*v, "environment variable LLAMA_ARG_CACHE_TYPE_K"));
+    a.ctk = *v, o.ctk = false;
+  }
+  if (auto v = env.getenv("LLAMA_ARG_CACHE_TYPE_V")) {
+    KV_RETURN_IF_ERROR(check_cache_type(*v, "environment variable LLAMA_ARG_CACHE_TYPE_V"));
+    a.ctv = *v, o.ctv = false;
+  }
   if (auto v = env.getenv("LLAMA_ARG_FLASH_ATTN")) {
     const char* word = flash_attn_word(*v);
     if (!word)
       return Status::InvalidArgument("environment variable LLAMA_ARG_FLASH_ATTN '" + *v +
                                      "' must be on, off or auto (or enabled, true, 1; disabled, false, 0; -1)");
-    a.flash_attn = word;
+    a.flash_attn = word, o.fa = false;
   }
   // Routes under a prefix, or (AIP_MODE=PREDICTION, as Vertex AI sets it) a port of its own: kvsnap
   // could no longer reach the child's /health and /slots on the port it gave it.
@@ -177,8 +221,10 @@ Status apply_environment(const ArgsEnvironment& env, LlamaArgs& a) {
   if (auto v = env.getenv("AIP_MODE"); v && *v == "PREDICTION")
     return Status::InvalidArgument("environment variable AIP_MODE=PREDICTION makes llama-server listen on AIP_HTTP_PORT "
                                    "instead of the private port kvsnap serve gives it: unset it");
-  for (const char* var : {"LLAMA_ARG_HF_REPO", "LLAMA_ARG_DOCKER_REPO", "LLAMA_ARG_MODEL_URL"})
-    if (env.getenv(var)) a.model.clear();  // downloads_the_model
+  // The model downloads (Origins::hf, dr, mu): the child's model is then not the given path.
+  if (auto v = env.getenv("LLAMA_ARG_HF_REPO")) o.hf = *v;
+  if (auto v = env.getenv("LLAMA_ARG_DOCKER_REPO")) o.dr = *v;
+  if (auto v = env.getenv("LLAMA_ARG_MODEL_URL")) o.mu = *v;
   return Status::OK();
 }
 
@@ -224,8 +270,8 @@ Status add_key_file(const std::string& path, const std::string& from, const Args
 // The options kvsnap reads, in the order llama-server 3.22.1 applies a config section's settings
 // (its std::map<common_arg, value>: by the option's first flag, strcmp: "--api-key" <
 // "--api-key-file" < ... < "-np"; only the API keys' order shows).
-enum class ConfigOpt { kApiKey, kApiKeyFile, kApiPrefix, kSlots, kCtx, kCtk, kCtv, kDockerRepo, kFlashAttn, kHfRepo,
-                       kModel, kModelUrl, kParallel, kCount };
+enum class ConfigOpt { kApiKey, kApiKeyFile, kApiPrefix, kPreset, kSlots, kCtx, kCtk, kCtv, kDockerRepo, kFlashAttn,
+                       kHfRepo, kModel, kModelUrl, kParallel, kCount };
 
 // Every key a config file names them by (common/preset.cpp get_map_key_opt: each flag without its
 // dashes, the variable, and a boolean option's LLAMA_ARG_NO_* variable, which in a config file
@@ -257,32 +303,27 @@ constexpr ConfigKey kConfigKeys[] = {
     {"parallel", ConfigOpt::kParallel},       {"LLAMA_ARG_N_PARALLEL", ConfigOpt::kParallel},
 };
 
-// What the config files set that is decided after the environment and ARGS.
-struct ConfigOutcome {
-  std::optional<bool> slots;      // /slots on or off, and where
-  std::string slots_from;
-  std::string api_prefix, api_prefix_from;
-  bool downloads = false;         // -hf, -dr or -mu set: the model is a download (even with -m)
-};
-
 // llama-server's common_arg_utils::is_truthy.
 bool is_truthy(const std::string& v) { return is_one_of(v, {"on", "enabled", "true", "1"}); }
 
 // One section's settings ("[*]" or the default one) applied as llama-server applies them.
 Status apply_config_section(const std::map<std::string, std::string>& section, const std::string& file,
-                            const ArgsEnvironment& env, LlamaArgs& a, ConfigOutcome& out) {
+                            const ArgsEnvironment& env, LlamaArgs& a, Origins& out) {
   // A later key naming the same option replaces an earlier one (the section's keys in key order).
   struct Setting {
     std::string key, value;
   };
   std::optional<Setting> set[size_t(ConfigOpt::kCount)];
+  std::vector<const ModelPreset*> presets;  // each its own option: all applied, in key order
   for (const auto& [key, value] : section) {
+    if (const ModelPreset* p = model_preset(key)) presets.push_back(p);
     for (const ConfigKey& k : kConfigKeys) {
       if (key != k.key) continue;
       set[size_t(k.opt)] = Setting{key, k.negative ? (is_truthy(value) ? "false" : "true") : value};
       break;
     }
   }
+  if (!presets.empty()) set[size_t(ConfigOpt::kPreset)] = Setting{presets.front()->name, ""};
   for (size_t i = 0; i < size_t(ConfigOpt::kCount); ++i) {
     if (!set[i]) continue;
     const std::string& key = set[i]->key;
@@ -298,6 +339,14 @@ Status apply_config_section(const std::map<std::string, std::string>& section, c
         out.api_prefix = v;
         out.api_prefix_from = where;
         break;
+      case ConfigOpt::kPreset:
+        // a flag option: applied whatever its value (common/preset.cpp apply_to_params)
+        for (const ModelPreset* p : presets) {
+          out.hf = p->name;
+          if (p->ctx >= 0) a.ctx_size = p->ctx, out.ctx = true;
+          if (p->parallel >= 0) a.parallel = p->parallel, out.np = true;
+        }
+        break;
       case ConfigOpt::kSlots:
         out.slots = is_truthy(v);  // apply_to_params: anything else is false
         out.slots_from = where;
@@ -309,24 +358,31 @@ Status apply_config_section(const std::map<std::string, std::string>& section, c
         if (opt == ConfigOpt::kParallel && *n == 0)
           return Status::InvalidArgument(where + ": llama-server refuses 0 slots");
         (opt == ConfigOpt::kCtx ? a.ctx_size : a.parallel) = *n;
+        (opt == ConfigOpt::kCtx ? out.ctx : out.np) = true;
         break;
       }
-      case ConfigOpt::kCtk: a.ctk = v; break;
-      case ConfigOpt::kCtv: a.ctv = v; break;
+      case ConfigOpt::kCtk:
+      case ConfigOpt::kCtv:
+        KV_RETURN_IF_ERROR(check_cache_type(v, "llama-server's config file " + file + ": " + key));
+        (opt == ConfigOpt::kCtk ? a.ctk : a.ctv) = v;
+        (opt == ConfigOpt::kCtk ? out.ctk : out.ctv) = true;
+        break;
       case ConfigOpt::kFlashAttn: {
         const char* word = flash_attn_word(v);
         if (!word)
           return Status::InvalidArgument(where + " must be on, off or auto (or enabled, true, 1; disabled, false, 0; "
                                                  "-1); llama-server refuses to start with it");
         a.flash_attn = word;
+        out.fa = true;
         break;
       }
-      case ConfigOpt::kDockerRepo:
-      case ConfigOpt::kHfRepo:
-      case ConfigOpt::kModelUrl:
-        if (!v.empty()) out.downloads = true;
+      case ConfigOpt::kDockerRepo: out.dr = v; break;
+      case ConfigOpt::kHfRepo: out.hf = v; break;
+      case ConfigOpt::kModelUrl: out.mu = v; break;
+      case ConfigOpt::kModel:
+        a.model = v;
+        out.model = true;
         break;
-      case ConfigOpt::kModel: a.model = v; break;
       case ConfigOpt::kCount: break;
     }
   }
@@ -340,20 +396,21 @@ std::vector<std::string> config_paths(const ArgsEnvironment& env) {
   std::string dir;
   if (auto x = env.getenv("XDG_CONFIG_HOME"); x && !x->empty()) dir = *x;
   else if (auto h = env.getenv("HOME"); h && !h->empty()) dir = *h + "/.config/";
-  else if (auto pw = env.passwd_home ? env.passwd_home() : std::nullopt; pw && !pw->empty()) dir = *pw + "/.config/";
+  else if (auto pw = env.passwd_home ? env.passwd_home() : std::nullopt) dir = *pw + "/.config/";  // "" too
   if (!dir.empty()) paths.push_back(dir + (dir.back() == '/' ? "" : "/") + "llama.cpp/config.ini");
   return paths;
 }
 
 // Each config file that exists, "[*]" then the default section, as llama-server applies them
 // before its environment.
-Status apply_config_files(const ArgsEnvironment& env, LlamaArgs& a, ConfigOutcome& out) {
+Status apply_config_files(const ArgsEnvironment& env, LlamaArgs& a, Origins& out) {
   for (const std::string& path : config_paths(env)) {
     if (env.exists ? !env.exists(path) : !env.read_file(path)) continue;
     auto text = env.read_file(path);
     if (!text)
       return Status::InvalidArgument("llama-server's config file " + path +
-                                     " exists but cannot be read; llama-server refuses to start with it");
+                                     " exists but cannot be read (or is a directory); llama-server refuses to start "
+                                     "with it");
     auto ini = parse_llama_config_ini(*text);
     if (!ini.ok()) return Status::InvalidArgument("llama-server's config file " + path + ", " + ini.status().message());
     a.config_files.push_back(path);
@@ -372,10 +429,13 @@ ArgsEnvironment process_environment() {
     return v ? std::optional<std::string>(v) : std::nullopt;
   };
   e.read_file = [](const std::string& path) -> std::optional<std::string> {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) return std::nullopt;  // opens, but cannot be read
     std::ifstream f(path, std::ios::binary);
     if (!f) return std::nullopt;
     std::ostringstream s;
     s << f.rdbuf();
+    if (f.bad()) return std::nullopt;
     return s.str();
   };
   e.exists = [](const std::string& path) {
@@ -398,9 +458,9 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
   // llama-server applies its config files first, then the environment, then the command line
   // (common/arg.cpp: every option's LLAMA_ARG_* variable, then ARGS, which win), --api-key's
   // variable before --api-key-file's.
-  ConfigOutcome config;
+  Origins config;
   KV_RETURN_IF_ERROR(apply_config_files(env, a, config));
-  KV_RETURN_IF_ERROR(apply_environment(env, a));
+  KV_RETURN_IF_ERROR(apply_environment(env, a, config));
   KV_RETURN_IF_ERROR(check_slots_word(env));
   if (auto v = env.getenv("LLAMA_API_KEY")) add_key_list(*v, a.api_keys);
   if (auto v = env.getenv("LLAMA_ARG_API_KEY_FILE"))
@@ -425,17 +485,32 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
         return Status::InvalidArgument("llama-server argument " + flag + " '" + value +
                                        "' must be on, off or auto (or enabled, true, 1; disabled, false, 0; -1)");
       a.flash_attn = word;
+      config.fa = false;
     } else if (is_one_of(flag, {"-m", "--model"})) {
       a.model = value;
+      config.model = false;
     } else if (is_one_of(flag, {"-c", "--ctx-size"})) {
       KV_ASSIGN_OR_RETURN(a.ctx_size, to_int(flag, value));
+      config.ctx = false;
     } else if (is_one_of(flag, {"-np", "--parallel"})) {
       KV_ASSIGN_OR_RETURN(a.parallel, to_int(flag, value));
       if (a.parallel == 0) return Status::InvalidArgument("llama-server argument " + flag + " 0: llama-server refuses it");
-    } else if (is_one_of(flag, {"-ctk", "--cache-type-k"})) {
-      a.ctk = value;
-    } else if (is_one_of(flag, {"-ctv", "--cache-type-v"})) {
-      a.ctv = value;
+      config.np = false;
+    } else if (is_one_of(flag, {"-ctk", "--cache-type-k", "-ctv", "--cache-type-v"})) {
+      KV_RETURN_IF_ERROR(check_cache_type(value, "llama-server argument " + flag));
+      const bool k = is_one_of(flag, {"-ctk", "--cache-type-k"});
+      (k ? a.ctk : a.ctv) = value;
+      (k ? config.ctk : config.ctv) = false;
+    } else if (is_one_of(flag, {"-hf", "-hfr", "--hf-repo"})) {
+      config.hf = value;
+    } else if (is_one_of(flag, {"-dr", "--docker-repo"})) {
+      config.dr = value;
+    } else if (is_one_of(flag, {"-mu", "--model-url"})) {
+      config.mu = value;
+    } else if (const ModelPreset* p = flag.rfind("--", 0) == 0 ? model_preset(flag.substr(2)) : nullptr) {
+      config.hf = p->name;
+      if (p->ctx >= 0) a.ctx_size = p->ctx, config.ctx = false;
+      if (p->parallel >= 0) a.parallel = p->parallel, config.np = false;
     } else if (flag == "--api-key") {
       add_key_list(value, a.api_keys);
     } else if (flag == "--api-key-file") {
@@ -443,9 +518,18 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
     }
     // any other flag goes to the child untouched
   }
-  if (config.downloads ||
-      std::any_of(items.begin(), items.end(), [](const ArgItem& it) { return downloads_the_model(it.flag); }))
-    a.model.clear();
+  if (!config.hf.empty() || !config.dr.empty() || !config.mu.empty()) a.model.clear(), config.model = false;
+  // What a config file alone set goes on the child's command line too: the child reads the file
+  // again at each restart, and an edit would change its caches under kvsnap's conversions.
+  auto pin = [&](bool from_config, const char* flag, const std::string& value) {
+    if (from_config) a.config_pins.insert(a.config_pins.end(), {flag, value});
+  };
+  pin(config.model, "-m", a.model);
+  pin(config.ctx, "-c", std::to_string(a.ctx_size));
+  pin(config.np, "-np", std::to_string(a.parallel));
+  pin(config.ctk, "-ctk", a.ctk);
+  pin(config.ctv, "-ctv", a.ctv);
+  pin(config.fa, "-fa", a.flash_attn);
   const bool slots_flag = std::any_of(items.begin(), items.end(), [](const ArgItem& it) { return it.flag == "--slots"; });
   const bool env_sets_slots = env.getenv("LLAMA_ARG_NO_ENDPOINT_SLOTS") || env.getenv("LLAMA_ARG_ENDPOINT_SLOTS");
   if (std::string var = slots_off_by(env); !var.empty() && !slots_flag)
@@ -479,6 +563,7 @@ Result<LlamaArgs> with_cache(const LlamaArgs& a, const std::string& ctk, const s
 
 std::vector<std::string> child_argv(const LlamaArgs& a, int port, const std::string& slot_dir) {
   std::vector<std::string> v = a.argv;
+  v.insert(v.end(), a.config_pins.begin(), a.config_pins.end());
   const std::string dir = slot_dir.empty() || slot_dir.back() == '/' ? slot_dir : slot_dir + "/";
   v.insert(v.end(), {"--host", "127.0.0.1", "--port", std::to_string(port), "--slot-save-path", dir});
   return v;

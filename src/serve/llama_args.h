@@ -11,8 +11,10 @@
 //     kInvalidArgument naming the flag: kvsnap owns them (the child listens on
 //     a private loopback port, its slot files go to a kvsnap-owned directory);
 //     so is --no-slots (kvsnap saves and restores through /slots);
-//   - child_argv() is ARGS unchanged, followed by kvsnap's own --host, --port
-//     and --slot-save-path;
+//   - child_argv() is ARGS unchanged, followed by config_pins (the settings a
+//     config file alone made) and kvsnap's own --host, --port and --slot-save-path;
+//   - a cache type llama-server does not take (from a config file, the
+//     environment or ARGS) is kInvalidArgument naming where it was set;
 //   - llama-server 3.22.1's config files come first (common/arg.cpp
 //     common_params_apply_system_config): /etc/llama.cpp/config.ini, then
 //     ${XDG_CONFIG_HOME:-$HOME/.config}/llama.cpp/config.ini, each read as it reads
@@ -61,6 +63,10 @@ struct LlamaArgs {
   // kvsnap took from them ("FILE: key = value", for serve's log; an API key's value not shown).
   std::vector<std::string> config_files;
   std::vector<std::string> config_settings;
+  // The model, -c, -np, -ctk, -ctv and -fa a config file alone set (neither the environment nor
+  // ARGS), as flags that child_argv() puts after ARGS: the child reads its config files again at
+  // each restart, and a file edited while serve runs must not change what kvsnap converts for.
+  std::vector<std::string> config_pins;
 };
 
 // Where parse_llama_args() reads the environment and key files (tests give their own).
@@ -94,7 +100,7 @@ Result<LlamaArgs> with_cache(const LlamaArgs& a, const std::string& ctk, const s
                              const std::string& flash_attn, int ctx_size,
                              const ArgsEnvironment& env = process_environment());
 
-// ARGS followed by --host 127.0.0.1 --port PORT --slot-save-path SLOT_DIR/.
+// ARGS followed by config_pins and --host 127.0.0.1 --port PORT --slot-save-path SLOT_DIR/.
 std::vector<std::string> child_argv(const LlamaArgs& a, int port, const std::string& slot_dir);
 
 }  // namespace kvsnap

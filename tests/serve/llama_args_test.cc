@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 
 #include "serve/ladder.h"
@@ -339,7 +340,9 @@ TEST(LlamaArgs, ConfigFilesLlamaServerRefusesAreRefused) {
                         Case{"slots = maybe\n", "slots = 'maybe' turns the /slots endpoint off"},
                         Case{"LLAMA_ARG_ENDPOINT_SLOTS = 0\n", "LLAMA_ARG_ENDPOINT_SLOTS = '0' turns"},
                         Case{"[*]\napi-prefix = /llm\n", "api-prefix = '/llm' moves llama-server's routes"},
-                        Case{"api-key-file = /keys\n", "API key file '/keys' (api-key-file in /etc/llama.cpp/config.ini)"}}) {
+                        Case{"api-key-file = /keys\n", "API key file '/keys' (api-key-file in /etc/llama.cpp/config.ini)"},
+                        Case{"ctk = bogus\n", "ctk 'bogus' is not a cache type llama-server takes"},
+                        Case{"[*]\ncache-type-v =\n", "cache-type-v '' is not a cache type"}}) {
     files[path] = c.text;
     auto a = parse_llama_args({"llama-server"}, env);
     ASSERT_FALSE(a.ok()) << c.text;
@@ -353,8 +356,10 @@ TEST(LlamaArgs, ConfigFilesLlamaServerRefusesAreRefused) {
   vars["LLAMA_ARG_ENDPOINT_SLOTS"] = "true";
   EXPECT_TRUE(parse_llama_args({"llama-server"}, env).ok());
   vars.clear();
-  files[path] = "LLAMA_ARG_NO_ENDPOINT_SLOTS = 1\nslots = on\n";
+  files[path] = "LLAMA_ARG_NO_ENDPOINT_SLOTS = 1\n";
   EXPECT_TRUE(parse_llama_args({"llama-server"}, env).ok());
+  files[path] = "LLAMA_ARG_NO_ENDPOINT_SLOTS = 0\n";
+  EXPECT_FALSE(parse_llama_args({"llama-server"}, env).ok());
   // an empty prefix from the environment replaces the file's
   files[path] = "api-prefix = /llm\n";
   vars["LLAMA_ARG_API_PREFIX"] = "";
@@ -368,6 +373,67 @@ TEST(LlamaArgs, ConfigFilesLlamaServerRefusesAreRefused) {
   EXPECT_NE(a.status().message().find("config file /etc/llama.cpp/config.ini exists but cannot be read"),
             std::string::npos)
       << a.status().message();
+}
+
+// A cache type llama-server does not take stops it wherever it was set; so does a config.ini that is
+// a directory (llama-server: "Is a directory").
+TEST(LlamaArgs, CacheTypesLlamaServerRefusesAndADirectoryAreRefused) {
+  std::map<std::string, std::string> vars, files;
+  const ArgsEnvironment env = fake_environment(vars, files);
+  auto a = parse_llama_args({"llama-server", "-ctk", "q6_0"}, env);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("llama-server argument -ctk 'q6_0' is not a cache type"), std::string::npos)
+      << a.status().message();
+  vars["LLAMA_ARG_CACHE_TYPE_V"] = "Q8_0";  // llama.cpp compares the type's name as it is
+  a = parse_llama_args({"llama-server"}, env);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("LLAMA_ARG_CACHE_TYPE_V 'Q8_0' is not a cache type"), std::string::npos);
+  vars.clear();
+  for (const char* t : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"})
+    EXPECT_TRUE(parse_llama_args({"llama-server", "-ctk", t, "--cache-type-v", t}, env).ok()) << t;
+
+  const std::string home = ::testing::TempDir() + "kvsnap-config-dir";
+  std::filesystem::create_directories(home + "/llama.cpp/config.ini");
+  ArgsEnvironment real = process_environment();
+  real.getenv = [&](const std::string& n) -> std::optional<std::string> {
+    if (n == "XDG_CONFIG_HOME") return home;
+    return std::nullopt;
+  };
+  a = parse_llama_args({"llama-server"}, real);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find(home + "/llama.cpp/config.ini exists but cannot be read (or is a directory)"),
+            std::string::npos)
+      << a.status().message();
+  std::filesystem::remove_all(home);
+}
+
+// What a config file alone set goes after ARGS on the child's command line (the child reads the
+// file again at each restart); what the environment or ARGS set does not.
+TEST(LlamaArgs, WhatAConfigFileAloneSetIsPinnedOnTheChildsCommandLine) {
+  std::map<std::string, std::string> vars,
+      files = {{"/etc/llama.cpp/config.ini", "m = /m.gguf\nc = 8192\nctk = q8_0\nctv = q4_0\nfa = on\nnp = 2\n"}};
+  const ArgsEnvironment env = fake_environment(vars, files);
+  auto a = parse_llama_args({"llama-server", "-t", "2"}, env);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->config_pins, (std::vector<std::string>{"-m", "/m.gguf", "-c", "8192", "-np", "2", "-ctk", "q8_0", "-ctv",
+                                                      "q4_0", "-fa", "on"}));
+  EXPECT_EQ(child_argv(*a, 9000, "/slots"),
+            (std::vector<std::string>{"llama-server", "-t", "2", "-m", "/m.gguf", "-c", "8192", "-np", "2", "-ctk",
+                                      "q8_0", "-ctv", "q4_0", "-fa", "on", "--host", "127.0.0.1", "--port", "9000",
+                                      "--slot-save-path", "/slots/"}));
+  vars["LLAMA_ARG_CACHE_TYPE_K"] = "f16";
+  vars["LLAMA_ARG_MODEL"] = "/env.gguf";
+  a = parse_llama_args({"llama-server", "-c", "4096", "-fa", "off", "-np", "1", "-ctv", "q8_0"}, env);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_TRUE(a->config_pins.empty());
+  // a requantize's new types (with_cache) are ARGS: nothing of the file's is pinned over them
+  vars.clear();
+  a = parse_llama_args({"llama-server"}, env);
+  ASSERT_TRUE(a.ok());
+  auto q = with_cache(*a, "q4_0", "q4_0", "", 0, env);
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ(q->ctk, "q4_0");
+  EXPECT_EQ(q->config_pins, (std::vector<std::string>{"-m", "/m.gguf", "-c", "8192", "-np", "2", "-fa", "on"}));
 }
 
 // API keys: the files' first (a section's api-key before its api-key-file), then the environment's,
@@ -393,6 +459,28 @@ TEST(LlamaArgs, ConfigKeysAndDownloads) {
   a = parse_llama_args({"llama-server", "-m", "m.gguf"}, env);
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->model, "m.gguf");
+  // a download the file sets, set to nothing by the environment or ARGS: none
+  files["/etc/llama.cpp/config.ini"] = "hf = someone/model\n";
+  a = parse_llama_args({"llama-server", "-m", "m.gguf", "-hf", ""}, env);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->model, "m.gguf");
+  vars["LLAMA_ARG_HF_REPO"] = "";
+  a = parse_llama_args({"llama-server", "-m", "m.gguf"}, env);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->model, "m.gguf");
+  vars.erase("LLAMA_ARG_HF_REPO");
+  // llama-server's model presets download too (a config key whatever its value), and may set -c and -np
+  files["/etc/llama.cpp/config.ini"] = "gpt-oss-20b-default = off\n";
+  a = parse_llama_args({"llama-server", "-m", "m.gguf"}, env);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->model, "");
+  EXPECT_EQ(a->ctx_size, 262144);
+  EXPECT_EQ(a->parallel, 2);
+  files.erase("/etc/llama.cpp/config.ini");
+  a = parse_llama_args({"llama-server", "-m", "m.gguf", "-c", "4096", "--fim-qwen-7b-default"}, env);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->model, "");
+  EXPECT_EQ(a->ctx_size, 0) << "the preset's -c 0, after ARGS' -c 4096";
 }
 
 TEST(LlamaArgs, WithCacheReplacesTheFlagsWhereverTheyAre) {
