@@ -66,11 +66,11 @@ bool SlotGate::may_enter(int slot) {
 SlotGate::Permit SlotGate::enter(double max_wait_s, bool* waited_out, int slot) {
   if (waited_out) *waited_out = false;
   std::unique_lock<std::mutex> l(mu_);
-  if (capacity_ == 0) return nullptr;
+  if (capacity_ == 0 || shut_) return nullptr;
   const uint64_t me = arrivals_++;
   waiting_.push_back(me);
   const bool admitted = cv_.wait_for(l, std::chrono::duration<double>(max_wait_s), [&] {
-    return capacity_ == 0 || (waiting_.front() == me && may_enter(slot));
+    return capacity_ == 0 || shut_ || (waiting_.front() == me && may_enter(slot));
   });
   waiting_.erase(std::find(waiting_.begin(), waiting_.end(), me));
   cv_.notify_all();  // the next waiter may be at the front now
@@ -78,7 +78,7 @@ SlotGate::Permit SlotGate::enter(double max_wait_s, bool* waited_out, int slot) 
     if (waited_out) *waited_out = true;
     return nullptr;
   }
-  if (capacity_ == 0) return nullptr;
+  if (capacity_ == 0 || shut_) return nullptr;
   ++out_;
   if (slot < 0) ++unpinned_out_;
   else ++pinned_out_[slot];
@@ -88,6 +88,17 @@ SlotGate::Permit SlotGate::enter(double max_wait_s, bool* waited_out, int slot) 
 int SlotGate::out() {
   std::lock_guard<std::mutex> l(mu_);
   return out_;
+}
+
+void SlotGate::shut() {
+  std::lock_guard<std::mutex> l(mu_);
+  shut_ = true;
+  cv_.notify_all();
+}
+
+bool SlotGate::shut_down() {
+  std::lock_guard<std::mutex> l(mu_);
+  return shut_;
 }
 
 void SlotGate::leave(int slot) {

@@ -64,7 +64,9 @@ class Drain {
 //   - waiters are admitted in arrival order (none overtakes one that waits: a pinned request is not
 //     starved by a stream of unpinned ones);
 //   - enter() waits for a permit up to `max_wait_s`, then admits without one (reported through
-//     `waited_out`), so a lost permit cannot stop the server.
+//     `waited_out`), so a lost permit cannot stop the server;
+//   - after shut() (kvsnap is stopping) enter() returns no permit at once, the waiting ones too,
+//     and shut_down() says so: the caller refuses the completion instead of forwarding it.
 class SlotGate {
  public:
   using Permit = std::shared_ptr<void>;  // returned when the last copy goes
@@ -73,6 +75,8 @@ class SlotGate {
   // `slot`: the slot the client pinned the completion to, or -1.
   Permit enter(double max_wait_s, bool* waited_out = nullptr, int slot = -1);
   int out();
+  void shut();
+  bool shut_down();
 
  private:
   bool may_enter(int slot);
@@ -85,6 +89,7 @@ class SlotGate {
   std::map<int, int> pinned_out_;   // slot -> permits out pinned there
   std::deque<uint64_t> waiting_;    // the waiters' arrival numbers, oldest first
   uint64_t arrivals_ = 0;
+  bool shut_ = false;
 };
 
 }  // namespace kvsnap

@@ -213,6 +213,12 @@ struct Proxy::Impl {
       for (const auto& [k, v] : req.headers) f.headers.emplace_back(k, v);
       f.body = req.body;
       before(f);
+      if (!f.refused.empty()) {
+        res.status = 503;
+        res.set_header("Retry-After", "10");
+        res.set_content(f.refused, "application/json");
+        return;
+      }
     }
     auto st = std::make_shared<Upstream>();
     start_upstream(st, req, f);

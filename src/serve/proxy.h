@@ -59,6 +59,8 @@ struct Forward {
   std::vector<int32_t> prompt_tokens;
   int pinned_slot = -1;
   uint64_t restored_tokens = 0;
+  // Set by the hook: the request is not forwarded; the client gets 503 with this JSON body.
+  std::string refused;
   // Held until the exchange is over, after on_done (a stream: until it ends or the client hangs up;
   // with an X-Conversation-Id, until it ends).
   std::shared_ptr<void> hold;

@@ -149,6 +149,13 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
           bool waited_out = false;
           auto req = parse_completion_request(f.path, f.body);
           f.hold = slot_gate.enter(kSlotWaitS, &waited_out, req.ok() ? req->id_slot : -1);
+          if (slot_gate.shut_down()) {
+            // kvsnap is stopping: a completion still waiting for a slot is refused, not forwarded
+            // in turn while the shutdown waits for it
+            f.refused = R"({"error":{"code":503,"message":"kvsnap serve is shutting down (SIGTERM or SIGINT); )"
+                        R"(try again when it is back","type":"unavailable_error"}})";
+            return;
+          }
           if (waited_out)
             log("persist: every slot stayed busy for " + std::to_string(int(kSlotWaitS)) + " s; a " + f.path +
                 " request goes on without waiting, a conversation it displaces may be lost");
@@ -211,6 +218,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   int sig = 0;
   sigwait(&sigs, &sig);
   const uint64_t in_flight = drain.shut();  // new requests: 503 from here on
+  slot_gate.shut();  // and the completions still waiting for a slot
   log(std::string("got ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + ": finishing the " + std::to_string(in_flight) +
       " requests in flight (streams to their end; SIGTERM or SIGINT again stops at once), saving the slots, "
       "stopping llama-server");

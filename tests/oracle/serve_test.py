@@ -366,8 +366,21 @@ def run_sigint_in_flight(kvsnap, llama, model, work):
     th = threading.Thread(target=stream)
     th.start()
     busy = wait_for(lambda: any(x.get("is_processing") for x in json.loads(request(port, "GET", "/slots")[2])), 10)
+    # two more completions wait at the slot gate (-np 1): the SIGINT refuses them (503), it does not
+    # forward each in turn while the shutdown waits
+    waiting = []
+
+    def waiter(i):
+        waiting.append(request(port, "POST", "/completion", {"prompt": f"{i} {PROMPT}", "n_predict": 1500,
+                                                             "ignore_eos": True, "temperature": 0})[0])
+    waiters = [threading.Thread(target=waiter, args=(i,)) for i in range(2)]
+    for w in waiters:
+        w.start()
+    time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     th.join()
+    for w in waiters:
+        w.join()
     try:
         rc = proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
@@ -384,6 +397,8 @@ def run_sigint_in_flight(kvsnap, llama, model, work):
           kids and not any(alive(k) for k in kids),
           f"SIGINT: kvsnap serve exits {rc}, the slot is in the store "
           f"({[x['n_tokens'] for x in snaps]} tokens), no llama-server left ({kids})")
+    check(sorted(waiting) == [503, 503],
+          f"SIGINT: the completions waiting for the slot are refused, not run in turn ({waiting})")
 
 
 def run_serve_sigkilled(kvsnap, llama, model, work):

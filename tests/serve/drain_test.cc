@@ -123,5 +123,30 @@ TEST(ServeSlotGate, APinnedCompletionWaitsWhileItsSlotMayBeBusy) {
   EXPECT_EQ(g.out(), 0);
 }
 
+// Shut (kvsnap stopping): the completions waiting for a slot come back at once without a permit, so
+// that serve refuses them instead of forwarding each in turn while the shutdown waits; so do later ones.
+TEST(ServeSlotGate, ShutSendsTheWaitersBackAtOnce) {
+  SlotGate g;
+  g.set_capacity(1);
+  SlotGate::Permit in = g.enter(0.01);
+  ASSERT_NE(in, nullptr);
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  std::thread waiter([&] {
+    bool waited_out = true;
+    EXPECT_EQ(g.enter(60, &waited_out, 0), nullptr);
+    EXPECT_FALSE(waited_out) << "sent back by the shut, not by its wait running out";
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_FALSE(g.shut_down());
+  g.shut();
+  waiter.join();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_TRUE(g.shut_down());
+  EXPECT_EQ(g.enter(60), nullptr);
+  in.reset();
+  EXPECT_EQ(g.out(), 0);
+}
+
 }  // namespace
 }  // namespace kvsnap
