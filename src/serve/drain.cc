@@ -58,7 +58,7 @@ void SlotGate::set_capacity(int slots) {
 
 bool SlotGate::may_enter(int slot) {
   if (out_ >= capacity_) return false;
-  if (slot < 0) return true;
+  if (slot < 0) return out_ == unpinned_out_;  // no pinned one out
   auto it = pinned_out_.find(slot);
   return unpinned_out_ == 0 && (it == pinned_out_.end() || it->second == 0);
 }
@@ -67,6 +67,7 @@ SlotGate::Permit SlotGate::enter(double max_wait_s, bool* waited_out, int slot) 
   if (waited_out) *waited_out = false;
   std::unique_lock<std::mutex> l(mu_);
   if (capacity_ == 0 || shut_) return nullptr;
+  if (slot >= 0) slot %= capacity_;  // llama-server's own reading of id_slot (server-context.cpp)
   const uint64_t me = arrivals_++;
   waiting_.push_back(me);
   const bool admitted = cv_.wait_for(l, std::chrono::duration<double>(max_wait_s), [&] {
@@ -88,6 +89,11 @@ SlotGate::Permit SlotGate::enter(double max_wait_s, bool* waited_out, int slot) 
 int SlotGate::out() {
   std::lock_guard<std::mutex> l(mu_);
   return out_;
+}
+
+int SlotGate::waiting() {
+  std::lock_guard<std::mutex> l(mu_);
+  return int(waiting_.size());
 }
 
 void SlotGate::shut() {

@@ -52,15 +52,18 @@ class Drain {
 // the saves queued before it (Persister::wait_saved) and comes back when its exchange is over, after
 // the exchange has queued its own save (Proxy: a stream's when it ends or the client hangs up).
 //
-// A completion the client pinned to a slot (its id_slot) would wait in llama-server behind that
-// slot's request even with other slots free, and start there before that request's save: it waits
-// here while that slot may be busy, i.e. while a completion pinned there, or one not pinned (whose
-// slot llama-server picks and kvsnap learns only from the answer), is out.
+// A completion the client pinned to a slot (its id_slot, taken modulo the slot count as
+// llama-server takes it) would wait in llama-server behind that slot's request even with other
+// slots free, and start there before that request's save: it waits here while that slot may be
+// busy, i.e. while a completion pinned there, or one not pinned (whose slot llama-server picks and
+// kvsnap learns only from the answer), is out. And a completion not pinned could be given a pinned
+// one's slot by llama-server before the pinned one starts there: it waits while any pinned one is
+// out. Pinned and unpinned completions therefore take turns; each kind runs side by side.
 //
 // Promises:
 //   - with capacity 0 (the slot count is not known) enter() admits at once and returns no permit;
 //   - at most `capacity` permits are out; a pinned permit for slot s is given only while no other
-//     pinned to s and no unpinned permit is out;
+//     pinned to s and no unpinned permit is out, an unpinned one only while no pinned one is out;
 //   - waiters are admitted in arrival order (none overtakes one that waits: a pinned request is not
 //     starved by a stream of unpinned ones);
 //   - enter() waits for a permit up to `max_wait_s`, then admits without one (reported through
@@ -75,6 +78,7 @@ class SlotGate {
   // `slot`: the slot the client pinned the completion to, or -1.
   Permit enter(double max_wait_s, bool* waited_out = nullptr, int slot = -1);
   int out();
+  int waiting();  // completions waiting for a permit
   void shut();
   bool shut_down();
 

@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <strings.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -88,6 +89,8 @@ std::string header_value(const std::vector<std::pair<std::string, std::string>>&
 
 struct Proxy::Impl {
   ProxyOptions o;
+  // Set by stop(): a stream read to its end for a resume (finish_for_resume) is given up.
+  std::atomic<bool> stopping{false};
   std::function<void(Forward&)> before;
   std::function<void(const Exchange&)> on_done;
   std::function<bool(const LocalRequest&, LocalAnswer&)> local;
@@ -169,10 +172,13 @@ struct Proxy::Impl {
   // holding the whole exchange. Its stream is read to the end here (only the tail kept, as for a
   // client), then the exchange is handed on as one that ended, its save queued, before the slot
   // permit and the drain ticket go back.
+  // kvsnap stopping (Proxy::stop, the second signal) gives it up: nothing handed on, the releaser
+  // then cancels the child's request.
   void finish_for_resume(Upstream& st, Exchange& x) {
     std::unique_lock<std::mutex> l(st.mu);
     for (;;) {
-      st.cv.wait(l, [&] { return !st.pending.empty() || st.done; });
+      st.cv.wait_for(l, std::chrono::milliseconds(200), [&] { return !st.pending.empty() || st.done; });
+      if (stopping) return;
       if (!st.pending.empty()) {
         x.response_body += st.pending;
         st.pending.clear();
@@ -186,14 +192,25 @@ struct Proxy::Impl {
     if (whole && on_done) on_done(x);
   }
 
+  // Whether the child keeps generating after a hang-up: an X-Conversation-Id it was sent (not one
+  // the client's Connection field made hop-by-hop).
+  static bool resumable_stream(const httplib::Request& req) {
+    const httplib::Headers sent = end_to_end(req.headers, false);
+    auto it = sent.find("X-Conversation-Id");
+    return it != sent.end() && !it->second.empty();
+  }
+
   void handle(const httplib::Request& req, httplib::Response& res) {
     // cpp-httplib would gzip or brotli a text answer for a client that accepts it: the child's bytes
     // must pass unchanged, so the client's Accept-Encoding goes to the child only. (The request is
     // the server's own non-const object, handed to the handler as const.)
     httplib::Request& mreq = const_cast<httplib::Request&>(req);
     if (answer_locally(req, res)) return;
+    // llama-server's resumable-stream routes use no slot: a resume or a stop (DELETE) of a stream
+    // kvsnap is reading to its end (finish_for_resume) must not wait behind a drain that waits for it.
+    const bool slotless = req.path == "/v1/stream" || req.path == "/v1/streams/lookup";
     Drain::Ticket ticket;
-    if (drain && !(ticket = drain->enter(drain_wait_s))) {
+    if (drain && !slotless && !(ticket = drain->enter(drain_wait_s))) {
       res.status = 503;
       res.set_header("Retry-After", "10");
       if (drain->shut_down())
@@ -304,7 +321,7 @@ struct Proxy::Impl {
           if (done) sink.done();
           return true;
         },
-        [this, st, x, ticket, hold = f.hold, resumable = !req.get_header_value("X-Conversation-Id").empty()](bool) {
+        [this, st, x, ticket, hold = f.hold, resumable = resumable_stream(req)](bool) {
           if (resumable && !st->handed_on) finish_for_resume(*st, *x);
           {
             std::lock_guard<std::mutex> l(st->mu);
@@ -356,7 +373,9 @@ Status Proxy::bind() {
 void Proxy::run() { impl_->svr.listen_after_bind(); }
 
 void Proxy::stop() {
-  if (impl_ && impl_->svr.is_running()) impl_->svr.stop();
+  if (!impl_) return;
+  impl_->stopping = true;
+  if (impl_->svr.is_running()) impl_->svr.stop();
 }
 
 }  // namespace kvsnap

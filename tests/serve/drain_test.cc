@@ -73,53 +73,61 @@ TEST(ServeSlotGate, OnePermitPerSlotAndTheNextWaitsForOneToComeBack) {
   EXPECT_EQ(g.out(), 0);
 }
 
-// A completion pinned to a slot (the client's id_slot) waits while that slot may be busy: while a
-// completion pinned there, or one not pinned (llama-server picks its slot), is out; completions
-// pinned to other slots go on together; and nobody overtakes a waiter (arrival order), so a pinned
-// one is not starved by unpinned ones arriving after it.
-TEST(ServeSlotGate, APinnedCompletionWaitsWhileItsSlotMayBeBusy) {
+// Waits until `n` completions wait at the gate (each waiter is queued before it blocks).
+void wait_for_waiters(SlotGate& g, int n) {
+  for (int i = 0; i < 10000 && g.waiting() < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(g.waiting(), n);
+}
+
+// A completion pinned to a slot (the client's id_slot, modulo the slot count as llama-server reads
+// it) waits while that slot may be busy: while a completion pinned there, or one not pinned
+// (llama-server picks its slot), is out; an unpinned one waits while a pinned one is out (it could
+// be given that slot first); pinned ones to other slots go on together; and nobody overtakes a
+// waiter (arrival order).
+TEST(ServeSlotGate, PinnedAndUnpinnedCompletionsTakeTurns) {
   SlotGate g;
   g.set_capacity(3);
   bool waited_out = false;
   SlotGate::Permit a0 = g.enter(0.01, &waited_out, 0);
   ASSERT_NE(a0, nullptr);
-  EXPECT_EQ(g.enter(0.05, &waited_out, 0), nullptr);
+  EXPECT_EQ(g.enter(0.05, &waited_out, 3), nullptr) << "id_slot 3 with 3 slots is slot 0";
   EXPECT_TRUE(waited_out) << "a second completion pinned to slot 0 went in beside the first";
   SlotGate::Permit b1 = g.enter(0.01, &waited_out, 1);
   EXPECT_NE(b1, nullptr) << "slot 1 is free";
+  EXPECT_EQ(g.enter(0.05, &waited_out), nullptr);
+  EXPECT_TRUE(waited_out) << "an unpinned completion went in while pinned ones were out";
   b1.reset();
+  a0.reset();
   SlotGate::Permit u = g.enter(0.01, &waited_out);
-  ASSERT_NE(u, nullptr) << "an unpinned completion goes to a free slot";
+  ASSERT_NE(u, nullptr) << "no pinned completion out: an unpinned one goes";
   EXPECT_EQ(g.enter(0.05, &waited_out, 1), nullptr);
   EXPECT_TRUE(waited_out) << "pinned to slot 1 while an unpinned completion (slot unknown) is out";
-  // Slot 0 comes back first, the unpinned one later: the waiter pinned to 0 goes when both are back,
-  // and an unpinned completion that arrives after it waits behind it.
+  // A pinned waiter first, an unpinned one behind it: the unpinned one does not overtake (a permit
+  // is free for it), and both go, in that order, once the unpinned completion out comes back.
   std::atomic<int> order{0};
   int pinned_at = -1, unpinned_at = -1;
+  SlotGate::Permit pinned_permit, unpinned_permit;
   std::thread pinned([&] {
-    bool w = false;
-    SlotGate::Permit p = g.enter(10, &w, 0);
+    pinned_permit = g.enter(10, nullptr, 0);
     pinned_at = ++order;
-    EXPECT_NE(p, nullptr);
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // the pinned one waits first
+  wait_for_waiters(g, 1);
   std::thread unpinned([&] {
-    bool w = false;
-    SlotGate::Permit p = g.enter(10, &w);
+    unpinned_permit = g.enter(10);
     unpinned_at = ++order;
-    EXPECT_NE(p, nullptr);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  EXPECT_EQ(order.load(), 0) << "the unpinned completion overtook the pinned one (a free slot was there)";
-  a0.reset();
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  EXPECT_EQ(order.load(), 0) << "pinned to slot 0 while the unpinned completion was still out";
+  wait_for_waiters(g, 2);
+  EXPECT_EQ(order.load(), 0);
   u.reset();
   pinned.join();
-  unpinned.join();
   EXPECT_EQ(pinned_at, 1);
+  EXPECT_NE(pinned_permit, nullptr);
+  EXPECT_EQ(g.waiting(), 1) << "the unpinned one waits while the pinned one is out";
+  pinned_permit.reset();
+  unpinned.join();
   EXPECT_EQ(unpinned_at, 2);
+  EXPECT_NE(unpinned_permit, nullptr);
+  unpinned_permit.reset();
   EXPECT_EQ(g.out(), 0);
 }
 
@@ -137,7 +145,7 @@ TEST(ServeSlotGate, ShutSendsTheWaitersBackAtOnce) {
     EXPECT_EQ(g.enter(60, &waited_out, 0), nullptr);
     EXPECT_FALSE(waited_out) << "sent back by the shut, not by its wait running out";
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  wait_for_waiters(g, 1);
   EXPECT_FALSE(g.shut_down());
   g.shut();
   waiter.join();

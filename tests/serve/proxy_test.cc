@@ -285,18 +285,18 @@ struct PacedChild {
   int port = 0;
   std::thread thread;
   std::atomic<bool> finished{false}, cut{false};
-  PacedChild() {
-    svr.Get("/completion", [this](const httplib::Request&, httplib::Response& res) {
+  explicit PacedChild(int events = 20) {
+    svr.Get("/completion", [this, events](const httplib::Request&, httplib::Response& res) {
       auto step = std::make_shared<int>(0);
-      res.set_chunked_content_provider("text/event-stream", [this, step](size_t, httplib::DataSink& sink) {
+      res.set_chunked_content_provider("text/event-stream", [this, step, events](size_t, httplib::DataSink& sink) {
         const int i = (*step)++;
-        if (i == 20) {
+        if (i == events) {
           finished = true;
           sink.done();
           return true;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        const std::string e = i < 19 ? "data: {\"content\":\"t" + std::to_string(i) + "\",\"stop\":false,\"id_slot\":1}\n\n"
+        const std::string e = i < events - 1 ? "data: {\"content\":\"t" + std::to_string(i) + "\",\"stop\":false,\"id_slot\":1}\n\n"
                                      : "data: {\"content\":\"\",\"stop\":true,\"id_slot\":1}\n\n";
         if (!sink.write(e.data(), e.size())) cut = true;
         return !cut;
@@ -355,6 +355,34 @@ TEST(ServeProxy, AHangUpWithAConversationIdIsReadToTheEndAndSaved) {
     std::lock_guard<std::mutex> l(mu);
     if (with_id) EXPECT_NE(body_seen.find("\"stop\":true,\"id_slot\":1"), std::string::npos) << body_seen;
   }
+}
+
+// kvsnap stopping (the second signal: Proxy::stop) while it reads a hung-up resumable stream to its
+// end: it gives the stream up at once (nothing handed on) instead of waiting for the child.
+TEST(ServeProxy, StopGivesUpAResumableStreamBeingReadToItsEnd) {
+  PacedChild child(500);  // 10 s of events
+  ASSERT_GT(child.port, 0);
+  const ProxyOptions o = in_front_of(child.port, 4);
+  std::atomic<int> done{0};
+  Proxy proxy(o, nullptr, [&](const Exchange&) { ++done; });
+  ASSERT_TRUE(proxy.bind().ok());
+  std::thread serving([&] { proxy.run(); });
+  {
+    httplib::Client cli("127.0.0.1", o.listen_port);
+    std::string got;
+    auto r = cli.Get("/completion", httplib::Headers{{"X-Conversation-Id", "conv-2"}}, [&](const char* d, size_t n) {
+      got.append(d, n);
+      return got.find("\"t1\"") == std::string::npos;
+    });
+    EXPECT_FALSE(r);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the proxy notices the hang-up
+  const auto t0 = std::chrono::steady_clock::now();
+  proxy.stop();
+  serving.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3)) << "stop waited for the child's stream";
+  EXPECT_EQ(done.load(), 0);
+  EXPECT_FALSE(child.finished.load());
 }
 
 }  // namespace
