@@ -79,6 +79,24 @@ void PrefixRestorer::pin(Forward& f, int slot) {
   f.body = std::move(*body);
   f.body_changed = true;
   f.pinned_slot = slot;
+  {
+    std::lock_guard<std::mutex> l(pinned_mu_);
+    ++pinned_[slot];
+  }
+  // Held with whatever the exchange already holds (the slot gate's permit): the slot is free again
+  // when the exchange is over, however it ends.
+  f.hold = std::shared_ptr<void>(new std::shared_ptr<void>(std::move(f.hold)), [this, slot](void* p) {
+    {
+      std::lock_guard<std::mutex> l(pinned_mu_);
+      if (--pinned_[slot] == 0) pinned_.erase(slot);
+    }
+    delete static_cast<std::shared_ptr<void>*>(p);  // then the permit: the next completion sees the slot free
+  });
+}
+
+bool PrefixRestorer::taken(int slot) {
+  std::lock_guard<std::mutex> l(pinned_mu_);
+  return pinned_.count(slot) > 0;
 }
 
 void PrefixRestorer::before_unguarded(Forward& f) {
@@ -133,7 +151,7 @@ void PrefixRestorer::before_unguarded(Forward& f) {
   for (const auto& s : *slots) {
     const size_t has = common_prefix(held_[s.id], *toks);
     best_has = std::max(best_has, has);
-    if (asked >= 0 ? s.id == asked : !s.is_processing && (slot < 0 || has < slot_has)) {
+    if (asked >= 0 ? s.id == asked : !s.is_processing && !taken(s.id) && (slot < 0 || has < slot_has)) {
       slot = s.id;
       slot_has = has;
     }
@@ -194,7 +212,7 @@ void PrefixRestorer::pin_fresh(Forward& f, const std::vector<int32_t>& toks, con
   for (const auto& [s, owner] : fresh_) {
     const auto& held = held_[s];
     const size_t c = common_prefix(held, toks);
-    if (owner != ns || (asked >= 0 && s != asked) || held.empty() || 2 * c < held.size()) continue;
+    if (owner != ns || (asked >= 0 && s != asked) || held.empty() || 2 * c < held.size() || taken(s)) continue;
     if (c > has) slot = s, has = c;
   }
   if (slot < 0) return;

@@ -72,8 +72,10 @@ class PrefixRestorer {
   void after_unguarded(const Exchange& x);
   // The request's prompt as tokens (the child's /apply-template and /tokenize when it is not tokens).
   Result<std::vector<int32_t>> prompt_tokens(const CompletionRequest& req);
-  // Pins the request to `slot`: id_slot set in its body.
+  // Pins the request to `slot`: id_slot set in its body; the slot counts as taken (pinned_) until
+  // the exchange is over (f.hold's last copy goes).
   void pin(Forward& f, int slot);
+  bool taken(int slot);
   // Restores `info` into `slot` (under mu_); records the slot's new contents.
   Result<ServerRestoreResult> restore_into(int slot, const SnapshotInfo& info, const std::vector<int32_t>& tokens,
                                            const std::string& ns);
@@ -97,6 +99,11 @@ class PrefixRestorer {
   std::map<int, std::string> fresh_;           // slot -> the namespace of a restore nobody used yet
   PrefixStats stats_;
   SlotBook* book_ = nullptr;
+  // slot -> requests kvsnap pinned there whose exchange is not over: /slots shows such a slot idle
+  // until the child starts the request, and another restore must not choose it meanwhile. Its own
+  // mutex: released from the proxy's threads, never held across a call.
+  std::mutex pinned_mu_;
+  std::map<int, int> pinned_;
 };
 
 }  // namespace kvsnap

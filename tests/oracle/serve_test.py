@@ -47,7 +47,9 @@ requests in the same order; then:
      for a resume): the whole exchange is saved once the child ends it, and GET /v1/stream?conv_id=
      through kvsnap answers with what llama-server kept of the stream, its last event included;
  16. two clients that pin their completions to the same slot (id_slot 0, -np 2): the second waits in
-     kvsnap until the first has ended and is saved, so both conversations are in the store.
+     kvsnap until the first has ended and is saved, so both conversations are in the store;
+ 17. two stored conversations continued at once after a restart (-np 2): each is restored into a
+     slot of its own, each evaluates only its suffix, and both continuations are saved.
 With OPENAI_PYTHON (a Python with the `openai` package), one chat goes through the openai client.
 Needs only the Python standard library otherwise.
 """
@@ -222,6 +224,7 @@ def main():
         run_config_ini(kvsnap, llama, model, work)
         run_conversation_id_hangup(kvsnap, llama, model, work)
         run_same_slot_pins(kvsnap, llama, model, work)
+        run_concurrent_restores(kvsnap, llama, model, work)
         run_tenant_per_namespace(kvsnap, llama, model, work)
         run_back_to_back(kvsnap, llama, model, work)
         run_requantize(kvsnap, llama, model, work)
@@ -680,6 +683,42 @@ def run_same_slot_pins(kvsnap, llama, model, work):
     check(any(n >= n_a + n_predict - 1 for n in sizes) and any(n_b <= n <= n_b + 1 for n in sizes),
           f"same slot: both conversations pinned to slot 0 are saved (snapshots of {sizes} tokens; the first "
           f"is {n_a} + {n_predict} generated, the second {n_b} + 1)")
+
+
+def run_concurrent_restores(kvsnap, llama, model, work):
+    """Part 17: two prefix restores at once choose two slots."""
+    store = os.path.join(work, "two-restores-store")
+    base = ["-m", model, "-c", "4096", "-np", "2", "-t", "1", "--no-warmup", "-fa", "on"]
+    convs = [PROMPT, "A second conversation, about the price of apples at the market in the autumn of that year."]
+    proc, port, log = start_serve(kvsnap, llama, store, work, "two-restores-1", base)
+    for c in convs:
+        request(port, "POST", "/completion", {"prompt": c, "n_predict": 1, "temperature": 0})
+    wait_for(lambda: len(ls(kvsnap, store)) >= 2, 30)
+    stop_serve(proc, log, "two-restores-1", work)
+    proc, port, log = start_serve(kvsnap, llama, store, work, "two-restores-2", base)
+    # both slots hold something first (one unrelated completion each, one at a time): each slot is
+    # then worth the same (the BOS token) to both conversations, so only knowing which slot the
+    # first restore took keeps the second out of it
+    for c in ("A third, unrelated, about the weather at sea.", "A fourth, about a train that was late again."):
+        request(port, "POST", "/completion", {"prompt": c, "n_predict": 1, "temperature": 0})
+    wait_for(lambda: len(ls(kvsnap, store)) >= 4, 30)
+    results = [None, None]
+
+    def go(i):
+        results[i] = request(port, "POST", "/completion", {"prompt": convs[i] + SUFFIX, "n_predict": 64,
+                                                           "temperature": 0, "ignore_eos": True})
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    evaluated = [json.loads(r[2])["timings"]["prompt_n"] if r and r[0] == 200 else -1 for r in results]
+    snaps = wait_for(lambda: (lambda v: v if len(v) >= 6 else None)(ls(kvsnap, store)), 30) or ls(kvsnap, store)
+    text = stop_serve(proc, log, "two-restores-2", work)
+    restored = re.findall(r"prefix: restored snapshot \d+ .* into slot (\d+)", text)
+    check(sorted(restored) == ["0", "1"] and all(0 <= n <= 8 for n in evaluated) and len(snaps) >= 6,
+          f"two restores at once: each into its own slot (slots {restored}), each evaluates only its suffix "
+          f"({evaluated} tokens), both continuations saved ({len(snaps)} snapshots)")
 
 
 def run_tenant_per_namespace(kvsnap, llama, model, work):
