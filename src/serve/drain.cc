@@ -13,6 +13,12 @@ Drain::Ticket Drain::enter(double max_wait_s) {
   return Ticket(static_cast<void*>(this), [](void* self) { static_cast<Drain*>(self)->leave(); });
 }
 
+Drain::Ticket Drain::enter_slotless() {
+  std::lock_guard<std::mutex> l(mu_);
+  ++out_;
+  return Ticket(static_cast<void*>(this), [](void* self) { static_cast<Drain*>(self)->leave(); });
+}
+
 void Drain::leave() {
   std::lock_guard<std::mutex> l(mu_);
   --out_;
@@ -67,7 +73,9 @@ SlotGate::Permit SlotGate::enter(double max_wait_s, bool* waited_out, int slot) 
   if (waited_out) *waited_out = false;
   std::unique_lock<std::mutex> l(mu_);
   if (capacity_ == 0 || shut_) return nullptr;
-  if (slot >= 0) slot %= capacity_;  // llama-server's own reading of id_slot (server-context.cpp)
+  // llama-server's own reading of id_slot (server-context.cpp get_slot_by_id: any value but -1, as
+  // a size_t, modulo the slot count)
+  if (slot != -1) slot = int(uint64_t(int64_t(slot)) % uint64_t(capacity_));
   const uint64_t me = arrivals_++;
   waiting_.push_back(me);
   const bool admitted = cv_.wait_for(l, std::chrono::duration<double>(max_wait_s), [&] {

@@ -27,6 +27,9 @@ class Drain {
 
   // A ticket, or nullptr when the gate stayed closed for `max_wait_s`.
   Ticket enter(double max_wait_s);
+  // A ticket at once, closed or shut: for requests that use no slot of the child (a resume of a
+  // stream being read to its end), which close() and wait_idle() still wait for.
+  Ticket enter_slotless();
   // Stops admitting, then waits for the tickets out; returns how many there were when it closed.
   uint64_t close();
   void open();
@@ -52,8 +55,8 @@ class Drain {
 // the saves queued before it (Persister::wait_saved) and comes back when its exchange is over, after
 // the exchange has queued its own save (Proxy: a stream's when it ends or the client hangs up).
 //
-// A completion the client pinned to a slot (its id_slot, taken modulo the slot count as
-// llama-server takes it) would wait in llama-server behind that slot's request even with other
+// A completion the client pinned to a slot (its id_slot other than -1, taken modulo the slot count
+// as llama-server takes it) would wait in llama-server behind that slot's request even with other
 // slots free, and start there before that request's save: it waits here while that slot may be
 // busy, i.e. while a completion pinned there, or one not pinned (whose slot llama-server picks and
 // kvsnap learns only from the answer), is out. And a completion not pinned could be given a pinned
@@ -75,7 +78,7 @@ class SlotGate {
   using Permit = std::shared_ptr<void>;  // returned when the last copy goes
 
   void set_capacity(int slots);
-  // `slot`: the slot the client pinned the completion to, or -1.
+  // `slot`: the client's id_slot, -1 for none.
   Permit enter(double max_wait_s, bool* waited_out = nullptr, int slot = -1);
   int out();
   int waiting();  // completions waiting for a permit

@@ -172,8 +172,9 @@ struct Proxy::Impl {
   // holding the whole exchange. Its stream is read to the end here (only the tail kept, as for a
   // client), then the exchange is handed on as one that ended, its save queued, before the slot
   // permit and the drain ticket go back.
-  // kvsnap stopping (Proxy::stop, the second signal) gives it up: nothing handed on, the releaser
-  // then cancels the child's request.
+  // kvsnap stopping (Proxy::stop, the second signal) gives it up: nothing handed on. (llama-server
+  // goes on generating until the child is stopped; serve's last saves skip its busy slot, so that
+  // exchange is not saved: what a second signal means.)
   void finish_for_resume(Upstream& st, Exchange& x) {
     std::unique_lock<std::mutex> l(st.mu);
     for (;;) {
@@ -207,9 +208,11 @@ struct Proxy::Impl {
     httplib::Request& mreq = const_cast<httplib::Request&>(req);
     if (answer_locally(req, res)) return;
     // llama-server's resumable-stream routes use no slot: a resume or a stop (DELETE) of a stream
-    // kvsnap is reading to its end (finish_for_resume) must not wait behind a drain that waits for it.
+    // kvsnap is reading to its end (finish_for_resume) must not wait behind a drain that waits for
+    // it; it still counts, so that a shutdown lets a resume finish.
     const bool slotless = req.path == "/v1/stream" || req.path == "/v1/streams/lookup";
     Drain::Ticket ticket;
+    if (drain && slotless) ticket = drain->enter_slotless();
     if (drain && !slotless && !(ticket = drain->enter(drain_wait_s))) {
       res.status = 503;
       res.set_header("Retry-After", "10");

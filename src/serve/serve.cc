@@ -149,7 +149,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
           bool waited_out = false;
           auto req = parse_completion_request(f.path, f.body);
           f.hold = slot_gate.enter(kSlotWaitS, &waited_out, req.ok() ? req->id_slot : -1);
-          if (slot_gate.shut_down()) {
+          if (!f.hold && slot_gate.shut_down()) {
             // kvsnap is stopping: a completion still waiting for a slot is refused, not forwarded
             // in turn while the shutdown waits for it
             f.refused = R"({"error":{"code":503,"message":"kvsnap serve is shutting down (SIGTERM or SIGINT); )"

@@ -363,23 +363,28 @@ def run_sigint_in_flight(kvsnap, llama, model, work):
     kids = children_of(proc.pid)
     got = {}
 
+    n_predict = 3700  # ~3 s here: long enough that the waiters below are still waiting when SIGINT comes
+
     def stream():
-        got["answer"] = request(port, "POST", "/completion", {"prompt": PROMPT, "n_predict": 1500, "ignore_eos": True,
-                                                              "temperature": 0, "stream": True})
+        got["answer"] = request(port, "POST", "/completion", {"prompt": PROMPT, "n_predict": n_predict,
+                                                              "ignore_eos": True, "temperature": 0, "stream": True})
+        got["ended"] = time.monotonic()
     th = threading.Thread(target=stream)
     th.start()
     busy = wait_for(lambda: any(x.get("is_processing") for x in json.loads(request(port, "GET", "/slots")[2])), 10)
     # two more completions wait at the slot gate (-np 1): the SIGINT refuses them (503), it does not
     # forward each in turn while the shutdown waits
-    waiting = []
+    waiting, answered = [], []
 
     def waiter(i):
-        waiting.append(request(port, "POST", "/completion", {"prompt": f"{i} {PROMPT}", "n_predict": 1500,
-                                                             "ignore_eos": True, "temperature": 0})[0])
+        waiting.append(request(port, "POST", "/completion", {"prompt": f"{i} {PROMPT}", "n_predict": 8,
+                                                             "temperature": 0})[0])
+        answered.append(time.monotonic())
     waiters = [threading.Thread(target=waiter, args=(i,)) for i in range(2)]
     for w in waiters:
         w.start()
     time.sleep(0.5)
+    still = any(x.get("is_processing") for x in json.loads(request(port, "GET", "/slots")[2]))
     proc.send_signal(signal.SIGINT)
     th.join()
     for w in waiters:
@@ -393,15 +398,16 @@ def run_sigint_in_flight(kvsnap, llama, model, work):
     s, _, raw = got.get("answer", (None, {}, b""))
     last = [json.loads(l[6:]) for l in raw.decode().split("\n") if l.startswith("data: {")][-1:] or [{}]
     snaps = ls(kvsnap, store)
-    check(busy and s == 200 and last[0].get("stop") is True and last[0].get("tokens_predicted") == 1500,
+    check(busy and s == 200 and last[0].get("stop") is True and last[0].get("tokens_predicted") == n_predict,
           f"SIGINT during a streamed completion: the client gets the whole stream ({s}, "
           f"{last[0].get('tokens_predicted')} tokens)")
-    check(rc == 0 and "got SIGINT" in text and len(snaps) == 1 and snaps[0]["n_tokens"] >= 1500 and
+    check(rc == 0 and "got SIGINT" in text and len(snaps) == 1 and snaps[0]["n_tokens"] >= n_predict and
           kids and not any(alive(k) for k in kids),
           f"SIGINT: kvsnap serve exits {rc}, the slot is in the store "
           f"({[x['n_tokens'] for x in snaps]} tokens), no llama-server left ({kids})")
-    check(sorted(waiting) == [503, 503],
-          f"SIGINT: the completions waiting for the slot are refused, not run in turn ({waiting})")
+    check(still and sorted(waiting) == [503, 503] and all(t < got.get("ended", 0) for t in answered),
+          f"SIGINT: the completions waiting for the slot are refused at once, before the stream in flight ends, "
+          f"not run in turn ({waiting}; the stream still generating at the signal: {still})")
 
 
 def run_serve_sigkilled(kvsnap, llama, model, work):
@@ -696,23 +702,30 @@ def run_concurrent_restores(kvsnap, llama, model, work):
     wait_for(lambda: len(ls(kvsnap, store)) >= 2, 30)
     stop_serve(proc, log, "two-restores-1", work)
     proc, port, log = start_serve(kvsnap, llama, store, work, "two-restores-2", base)
-    # both slots hold something first (one unrelated completion each, one at a time): each slot is
-    # then worth the same (the BOS token) to both conversations, so only knowing which slot the
-    # first restore took keeps the second out of it
+    # both slots hold something first (one unrelated completion each, one at a time), so that the
+    # second restore has no empty slot to prefer
     for c in ("A third, unrelated, about the weather at sea.", "A fourth, about a train that was late again."):
         request(port, "POST", "/completion", {"prompt": c, "n_predict": 1, "temperature": 0})
     wait_for(lambda: len(ls(kvsnap, store)) >= 4, 30)
-    results = [None, None]
+    # the first a 1,500-token stream, the second sent on its first event: the two exchanges overlap
+    first_event = threading.Event()
+    results = {}
 
-    def go(i):
-        results[i] = request(port, "POST", "/completion", {"prompt": convs[i] + SUFFIX, "n_predict": 64,
-                                                           "temperature": 0, "ignore_eos": True})
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    evaluated = [json.loads(r[2])["timings"]["prompt_n"] if r and r[0] == 200 else -1 for r in results]
+    def long_one():
+        results[0] = raw_chunked(port, "/completion", {"prompt": convs[0] + SUFFIX, "n_predict": 1500, "stream": True,
+                                                       "temperature": 0, "ignore_eos": True,
+                                                       "grammar": "root ::= [a-z ]+"}, first_event)
+        first_event.set()
+    t = threading.Thread(target=long_one)
+    t.start()
+    first_event.wait(60)
+    s_b, _, raw_b = request(port, "POST", "/completion", {"prompt": convs[1] + SUFFIX, "n_predict": 8,
+                                                           "temperature": 0})
+    t.join(120)
+    events = [json.loads(l[6:]) for l in results.get(0, (0, {}, b""))[2].decode().split("\n")
+              if l.startswith("data: {")]
+    timings = [e["timings"] for e in events if "timings" in e][-1:] or [{}]
+    evaluated = [timings[0].get("prompt_n", -1), json.loads(raw_b)["timings"]["prompt_n"] if s_b == 200 else -1]
     snaps = wait_for(lambda: (lambda v: v if len(v) >= 6 else None)(ls(kvsnap, store)), 30) or ls(kvsnap, store)
     text = stop_serve(proc, log, "two-restores-2", work)
     restored = re.findall(r"prefix: restored snapshot \d+ .* into slot (\d+)", text)

@@ -73,6 +73,21 @@ TEST(ServeSlotGate, OnePermitPerSlotAndTheNextWaitsForOneToComeBack) {
   EXPECT_EQ(g.out(), 0);
 }
 
+// A slotless ticket (a resume of a stream kvsnap reads to its end) is given closed or shut, and is
+// waited for like any other.
+TEST(ServeDrain, ASlotlessTicketPassesAClosedGateAndIsWaitedFor) {
+  Drain d;
+  EXPECT_EQ(d.close(), 0u);  // nothing out: closed at once
+  EXPECT_EQ(d.enter(0.01), nullptr) << "closed";
+  Drain::Ticket t = d.enter_slotless();
+  ASSERT_NE(t, nullptr);
+  d.shut();
+  EXPECT_NE(d.enter_slotless(), nullptr) << "shut";
+  EXPECT_FALSE(d.wait_idle(0.01)) << "the shutdown waits for it";
+  t.reset();
+  EXPECT_TRUE(d.wait_idle(0));
+}
+
 // Waits until `n` completions wait at the gate (each waiter is queued before it blocks).
 void wait_for_waiters(SlotGate& g, int n) {
   for (int i = 0; i < 10000 && g.waiting() < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -92,6 +107,9 @@ TEST(ServeSlotGate, PinnedAndUnpinnedCompletionsTakeTurns) {
   ASSERT_NE(a0, nullptr);
   EXPECT_EQ(g.enter(0.05, &waited_out, 3), nullptr) << "id_slot 3 with 3 slots is slot 0";
   EXPECT_TRUE(waited_out) << "a second completion pinned to slot 0 went in beside the first";
+  // llama-server reads any id_slot but -1 as a size_t modulo the slot count: -2 is 2^64 - 2, and
+  // 2^64 = 1 (mod 3), so slot 2; -4 is slot 0
+  EXPECT_EQ(g.enter(0.05, &waited_out, -4), nullptr) << "id_slot -4 with 3 slots is slot 0";
   SlotGate::Permit b1 = g.enter(0.01, &waited_out, 1);
   EXPECT_NE(b1, nullptr) << "slot 1 is free";
   EXPECT_EQ(g.enter(0.05, &waited_out), nullptr);
