@@ -5,18 +5,21 @@
 
 namespace kvsnap {
 
-Drain::Ticket Drain::enter(double max_wait_s) {
-  std::unique_lock<std::mutex> l(mu_);
-  if (!cv_.wait_for(l, std::chrono::duration<double>(max_wait_s), [this] { return !closed_ || shut_; }) || shut_)
-    return nullptr;
+Drain::Ticket Drain::issue() {
   ++out_;
   return Ticket(static_cast<void*>(this), [](void* self) { static_cast<Drain*>(self)->leave(); });
 }
 
+Drain::Ticket Drain::enter(double max_wait_s) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (!cv_.wait_for(l, std::chrono::duration<double>(max_wait_s), [this] { return !closed_ || shut_; }) || shut_)
+    return nullptr;
+  return issue();
+}
+
 Drain::Ticket Drain::enter_slotless() {
   std::lock_guard<std::mutex> l(mu_);
-  ++out_;
-  return Ticket(static_cast<void*>(this), [](void* self) { static_cast<Drain*>(self)->leave(); });
+  return issue();
 }
 
 void Drain::leave() {

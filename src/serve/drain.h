@@ -40,6 +40,7 @@ class Drain {
   bool wait_idle(double max_wait_s);
 
  private:
+  Ticket issue();  // under mu_: one more ticket out
   void leave();
   std::mutex mu_;
   std::condition_variable cv_;
