@@ -593,6 +593,19 @@ def run_config_ini(kvsnap, llama, model, work):
           f"config.ini: llama-server does what the grammar table says for all {len(cases)} files" +
           "".join("\n    " + w for w in wrong))
 
+    # A config.ini llama-server would not start with: kvsnap serve refuses it, naming the file and line.
+    home = os.path.join(work, "config-bad")
+    env = config_env(home)
+    bad = os.path.join(home, "llama.cpp", "config.ini")
+    with open(bad, "w") as f:
+        f.write("[*]\n  cache-type-k = q8_0\n")
+    p = subprocess.run([kvsnap, "serve", "--store", os.path.join(work, "config-bad-store"), "--listen",
+                        f"127.0.0.1:{free_port()}", "--", llama, "-m", model], env=env, capture_output=True,
+                       text=True, timeout=120)
+    check(p.returncode != 0 and bad in p.stderr and "line 2" in p.stderr,
+          f"config.ini: kvsnap serve refuses a file llama-server would not start with (exit {p.returncode}: "
+          f"{p.stderr.strip()[-200:]})")
+
     # A conversation saved at f16, then served by a child whose q8_0 caches come from config.ini alone.
     store = os.path.join(work, "config-store")
     base = ["-m", model, "-c", "4096", "-np", "1", "-t", "1", "--no-warmup", "-fa", "on"]
