@@ -425,11 +425,13 @@ std::vector<std::byte> make_slot_file(const TypeTraits& t, const std::vector<std
 //   avx2    libggml-cpu-haswell.so: AVX2 + FMA + F16C (+ BMI2), exactly what kvsnap's avx2 level
 //           requires (x86-64-v3).
 //   above   the best variant (on an AVX-512 CPU an AVX-512 one: zen4, skylakex, ...).
+#ifdef KVSNAP_BENCH_GGML_LIBDIR
 std::string ggml_variant_for(simd::Level l) {
   if (l == simd::Level::kScalar) return "libggml-cpu-x64.so";
   if (l == simd::Level::kAvx2) return "libggml-cpu-haswell.so";
   return "";
 }
+#endif
 
 // Issue 13's targets for one row at a SIMD level above scalar (one thread): the ratio of
 // kvsnap 1T to which ggml column, and how much (want 0: no target for this conversion).
