@@ -74,13 +74,15 @@ make_python_beds() {
 start_beside "Python beds" make_python_beds
 
 if [ -x tests/oracle/fetch.sh ] || [ -f tests/oracle/fetch.sh ]; then
-  # node-llama-cpp 3.22.1 3.21.1 3.20.0 3.19.0 3.18.1 3.17.1 3.16.2 3.10.0 and @fugood/llama.node:
-  # ~1.5 min the first time (npm pack + the source bundles), cached afterwards
-  bash tests/oracle/fetch.sh all
-  # eras A and B (node-llama-cpp 3.0.0-beta.32/44): ~1 min the first time, cached afterwards
-  bash tests/oracle/fetch.sh eras-ab
-  # llama-server from the bed's source: ~5 min the first time on 2 cores, cached afterwards
+  # llama-server is built from node-llama-cpp 3.22.1's source bundle: that version first, then the
+  # server build (~5 min the first time on 2 cores, cached afterwards) with the other downloads
+  # beside it (they wait on the network, the build on the CPU): node-llama-cpp 3.21.1 3.20.0 3.19.0
+  # 3.18.1 3.17.1 3.16.2 3.10.0, @fugood/llama.node and eras A and B (3.0.0-beta.32/44), ~1 min
+  # the first time (npm pack + the source bundles), cached afterwards.
+  bash tests/oracle/fetch.sh 3.22.1
+  start_beside "oracle beds" bash -c 'bash tests/oracle/fetch.sh all && bash tests/oracle/fetch.sh eras-ab'
   bash tests/oracle/build-server.sh 3.22.1
+  finish_beside "oracle beds"
 fi
 
 # The builds here carry no debug information (-g is a third of gcc's compile time on this tree, and
