@@ -89,8 +89,11 @@ std::string header_value(const std::vector<std::pair<std::string, std::string>>&
 
 struct Proxy::Impl {
   ProxyOptions o;
-  // Set by stop(): a stream read to its end for a resume (finish_for_resume) is given up.
+  // Set by stop(): a stream read to its end for a resume (finish_for_resume) is given up, and a
+  // run() that has not started listening returns instead.
   std::atomic<bool> stopping{false};
+  // run()'s progress, for stop() (see there): entered, and returned from httplib's listen.
+  std::atomic<bool> run_entered{false}, run_returned{false};
   std::function<void(Forward&)> before;
   std::function<void(const Exchange&)> on_done;
   std::function<bool(const LocalRequest&, LocalAnswer&)> local;
@@ -373,12 +376,28 @@ Status Proxy::bind() {
   return Status::OK();
 }
 
-void Proxy::run() { impl_->svr.listen_after_bind(); }
+void Proxy::run() {
+  impl_->run_entered = true;
+  if (!impl_->stopping) impl_->svr.listen_after_bind();
+  impl_->run_returned = true;
+}
 
+// httplib's stop() does nothing until listen has set is_running(), so a stop() that came between
+// run()'s look at `stopping` and that moment (a signal as kvsnap serve starts) would leave run()
+// serving for good. The atomics are sequentially consistent: a run() not yet entered will see
+// `stopping`; one entered either returns or gets to is_running(), which this waits for. A run()
+// that returns without listening leaves the bound socket open until the process exits (httplib
+// closes it only in a stop() while listening): clients connecting then wait instead of being refused.
 void Proxy::stop() {
   if (!impl_) return;
   impl_->stopping = true;
-  if (impl_->svr.is_running()) impl_->svr.stop();
+  while (impl_->run_entered && !impl_->run_returned) {
+    if (impl_->svr.is_running()) {
+      impl_->svr.stop();
+      return;
+    }
+    std::this_thread::yield();
+  }
 }
 
 }  // namespace kvsnap

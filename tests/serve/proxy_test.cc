@@ -385,5 +385,25 @@ TEST(ServeProxy, StopGivesUpAResumableStreamBeingReadToItsEnd) {
   EXPECT_FALSE(child.finished.load());
 }
 
+// A stop() before the serving thread has started listening (a signal as kvsnap serve starts):
+// run() returns at once. httplib's own stop() does nothing while it is not listening, so before
+// the fix run() then served for good and this test would hang; the second stop() below (by then
+// listening) turns that into a failure instead.
+TEST(ServeProxy, AStopBeforeRunMakesRunReturn) {
+  const ProxyOptions o = in_front_of(free_port(), 2);
+  Proxy proxy(o, nullptr, [](const Exchange&) {});
+  ASSERT_TRUE(proxy.bind().ok());
+  proxy.stop();
+  std::atomic<bool> returned{false};
+  std::thread serving([&] {
+    proxy.run();
+    returned = true;
+  });
+  for (int i = 0; i < 300 && !returned; i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(returned.load()) << "run() went on serving after stop()";
+  if (!returned) proxy.stop();
+  serving.join();
+}
+
 }  // namespace
 }  // namespace kvsnap
