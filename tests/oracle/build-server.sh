@@ -19,9 +19,11 @@ bld="$DIR/$v/server-build"
 jobs="${KVSNAP_SERVER_JOBS:-$(nproc)}"
 log "building llama-server $(cat "$DIR/$v/tag" 2>/dev/null) in $bld with $jobs jobs"
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
-# C++ at -O1 (ggml's C kernels keep Release's -O3): the server, common, llama and mtmd sources are
-# template-heavy C++ whose -O3 compile is ~40% longer (arg.cpp 17.7 -> 10.5 CPU s, clip.cpp 17.6 ->
-# 7.5), and the tests' models are tiny, so what llama-server computes is not what they wait on.
+# C++ at -O1, C at Release's -O3: the server, common, llama and mtmd sources are template-heavy C++
+# whose -O3 compile is ~40% longer (arg.cpp 17.7 -> 10.5 CPU s, clip.cpp 17.6 -> 7.5). ggml-cpu's
+# C++ (ops.cpp, vec.cpp, repack.cpp, sgemm.cpp) is at -O1 too; the tests' models are tiny, so what
+# llama-server computes is not what they wait on, and each test compares results of one binary.
+# A llama-server built before keeps the flags it was built with (a cached binary is not rebuilt).
 cmake -S "$src" -B "$bld" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" -DBUILD_SHARED_LIBS=OFF \
   -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
