@@ -20,6 +20,8 @@ import os
 import subprocess
 import sys
 
+from bed_load import run_in_release
+
 DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "uint32": "U32", "int32": "I32"}
 failures = []
 
@@ -136,10 +138,9 @@ def load_compare_in(python, version, pairs, out):
     args = [x for pair in pairs for x in pair]
     if os.path.exists(out):  # a run that writes nothing must not be read as the last run's answer
         os.remove(out)
-    r = subprocess.run([python, __file__, "--load-compare", out] + args, capture_output=True, text=True,
-                       env=python_env(python, version))
-    if r.returncode != 0:
-        return fail("mlx-lm " + version, "load_compare failed: " + (r.stdout + r.stderr).strip()[-1500:])
+    ok, said = run_in_release(python, __file__, version, ["--load-compare", out] + args)
+    if not ok:
+        return fail("mlx-lm " + version, "load_compare failed: " + said)
     with open(out) as f:
         errors = json.load(f)
     if sorted(errors) != sorted(a for a, _ in pairs):
@@ -197,19 +198,10 @@ def describe(paths, out):
         json.dump(result, f)
 
 
-def python_env(python, version):
-    env = dict(os.environ)
-    old = os.path.join(os.path.dirname(os.path.dirname(python)), "old", "mlx-lm-" + version)
-    if os.path.isdir(old):
-        env["PYTHONPATH"] = old
-    return env
-
-
 def describe_in(python, version, paths, out):
-    r = subprocess.run([python, __file__, "--describe", out] + paths, capture_output=True, text=True,
-                       env=python_env(python, version))
-    if r.returncode != 0:
-        fail("mlx-lm " + version, "load_prompt_cache failed: " + (r.stdout + r.stderr).strip()[-1500:])
+    ok, said = run_in_release(python, __file__, version, ["--describe", out] + paths)
+    if not ok:
+        fail("mlx-lm " + version, "load_prompt_cache failed: " + said)
         return {}
     with open(out) as f:
         return json.load(f)
