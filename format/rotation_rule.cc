@@ -11,11 +11,12 @@ uint32_t shared_head_dim(const std::vector<uint32_t>& d) {
 
 std::optional<uint32_t> k_rotation_block(uint32_t shared, uint32_t layer0) {
   if (shared == 0 || layer0 % 64 != 0) return std::nullopt;
-  uint32_t n = 64;
+  // 64-bit: a head dim of 2^31 (a hostile GGUF) would make a 32-bit n wrap to 0 and divide by it
+  uint64_t n = 64;
   do {
     n *= 2;
   } while (shared % n == 0);
-  return n / 2;
+  return static_cast<uint32_t>(n / 2);
 }
 
 std::optional<uint32_t> v_rotation_block(uint32_t shared, uint32_t layer0) {

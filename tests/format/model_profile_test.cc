@@ -1,6 +1,7 @@
 // ModelProfile: what llama.cpp v0.5.0's load_hparams and create_memory make of
 // a model's metadata, for the archs kvsnap models and the fallback.
 #include "format/model_profile.h"
+#include "format/rotation_rule.h"
 
 #include <gtest/gtest.h>
 
@@ -578,5 +579,21 @@ TEST(ModelProfile, LoadFromFileSetsFingerprint) {
   std::filesystem::remove_all(dir);
 }
 
+// llama.cpp's K rotation block is the largest power of two (>= 64) dividing the shared head dim;
+// a head dim of 2^31 (a hostile GGUF: `llama.attention.key_length = 0x80000000`) once made the
+// 32-bit search wrap to 0 and divide by it (SIGFPE in `kvsnap save --model`).
+TEST(RotationRule, KBlockIsTheLargestPowerOfTwoDividingTheHeadDim) {
+  EXPECT_EQ(k_rotation_block(64, 64), std::optional<uint32_t>(64));
+  EXPECT_EQ(k_rotation_block(96, 96), std::nullopt);
+  EXPECT_EQ(k_rotation_block(128, 128), std::optional<uint32_t>(128));
+  EXPECT_EQ(k_rotation_block(192, 192), std::optional<uint32_t>(64));
+  EXPECT_EQ(k_rotation_block(256, 256), std::optional<uint32_t>(256));
+  EXPECT_EQ(k_rotation_block(0, 64), std::nullopt);
+  EXPECT_EQ(k_rotation_block(0x80000000u, 0x80000000u), std::optional<uint32_t>(0x80000000u));
+  EXPECT_EQ(k_rotation_block(0xFFFFFFC0u, 0xFFFFFFC0u), std::optional<uint32_t>(64));
+  EXPECT_EQ(v_rotation_block(0x80000000u, 0x80000000u), std::optional<uint32_t>(64));
+}
+
 }  // namespace
 }  // namespace kvsnap
+
