@@ -346,6 +346,13 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
                                "quantized on store (kvsnap save --store-type)"};
     src = converted_file.get();
     state = &converted;
+    // What is stored is kvsnap's conversion (the current format, rotated where llama.cpp's rule
+    // says), not the original's bytes: the claims about who wrote the original (its build, its
+    // rotation) were used to read it above and must not be applied to the stored file on restore.
+    // The file's own format decides it; llama-server's word stays, as a note of the original's.
+    so.writer.llama_build.clear();
+    so.writer.llama_build_from.clear();
+    so.writer.src_rotation.clear();
   }
   // The parent first: its chunks (a conversation's shared prefix) are hashed
   // but not encoded again.

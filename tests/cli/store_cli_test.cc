@@ -625,6 +625,36 @@ TEST_F(StoreCli, SaveRecordsTheBuildThatWroteTheFile) {
   EXPECT_TRUE(slurp(out_h) == slurp(want_h)) << out_h << " differs from " << want_h;
 }
 
+// A review's finding: `save --store-type` stores kvsnap's conversion (ggsq v3, rotated as llama.cpp's
+// rule says), yet recorded the original's claims (--src-rotation off, --source-build b8121), which
+// every converting restore then applied to the stored file: un-rotation skipped (exit 0, wrong
+// values) or a build that could not have written it (exit 5). A converting restore must equal the
+// stored file converted by hand.
+TEST_F(StoreCli, StoreTypeRecordsNoClaimsOfTheOriginalsWriter) {
+  const fs::path fx = fs::path(KVSNAP_SOURCE_DIR) / "fixtures";
+  const std::string model = (fx / "models/tiny-hd64.gguf").string();
+  const std::string slot = (fx / "b8121/hd64-f16-f16-faon.slot").string();
+  for (const std::string claim : {"--src-rotation off", "--source-build b8121"}) {
+    SCOPED_TRACE(claim);
+    const std::string name = claim == "--src-rotation off" ? "off" : "build";
+    KvRun r = kv("save " + slot + " --store-type q8_0 --model " + model + " " + claim + " --name " + name);
+    ASSERT_EQ(r.code, 0) << r.err;
+    r = kv("show " + name + " --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out.find("\"llama_build\""), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("\"src_rotation\""), std::string::npos) << r.out;
+    const fs::path stored = dir_ / (name + "-stored.slot"), want = dir_ / (name + "-want.slot"),
+                   got = dir_ / (name + "-f16.slot");
+    ASSERT_EQ(kv("restore " + name + " -o " + stored.string()).code, 0);
+    ASSERT_EQ(std::system((std::string(KVSNAP_BINARY) + " convert " + stored.string() + " " + want.string() +
+                           " --ctk f16 --ctv f16 --model " + model + " >/dev/null").c_str()),
+              0);
+    r = kv("restore " + name + " -o " + got.string() + " --ctk f16 --ctv f16 --model " + model);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(slurp(got) == slurp(want)) << got << " differs from " << want;
+  }
+}
+
 // Fuzz finding: `kvsnap import` of an export whose index has "uuid": 12345
 // died of an uncaught nlohmann::json::type_error (exit 134). Now: a corrupt
 // input (exit 3) naming the archive, the key path and the type; and main
