@@ -207,6 +207,15 @@ std::string lossy_summary(const SnapshotManifest& m) {
   return type("from_k") + "/" + type("from_v") + " -> " + type("to_k") + "/" + type("to_v");
 }
 
+// The claims about who wrote a snapshot's stored file (restore and import apply them). A lossy
+// snapshot stores kvsnap's own conversion (`save --store-type`, ggsq v3), whose format decides
+// its rotation: any claim it carries is the original's, recorded by kvsnap before f90f11b.
+SourceClaims stored_file_claims(const SnapshotManifest& m) {
+  SourceClaims w = m.provenance.writer;
+  if (m.lossy) w.llama_build.clear(), w.llama_build_from.clear(), w.src_rotation.clear();
+  return w;
+}
+
 // The catalog's row for a snapshot: what ls shows and find searches.
 SnapshotRecord make_record(const SnapshotManifest& m, const StateFile& state, uint64_t raw_bytes,
                            const std::string& arch, const std::string& fingerprint) {
@@ -547,7 +556,7 @@ Result<RestoreResult> Store::restore_unlabeled(const std::string& ref, const Res
     r.n_tokens = *req.tokens;
   } else {
     ConversionSpec spec = req.spec;
-    apply_writer_claims(reader.manifest().provenance.writer, spec);
+    apply_writer_claims(stored_file_claims(reader.manifest()), spec);
     if (!req.model && !spec.geometry) spec.geometry = recorded_geometry(reader.manifest());
     const ReadableFile* src = &original;
     const StateFile* state = &parsed;
@@ -1016,7 +1025,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
         const ReadableFile& original = (*reader)->original();
         auto saved = [&]() -> Result<SaveResult> {
           if (!m.mlx) {
-            req.writer = m.provenance.writer;
+            req.writer = stored_file_claims(m);
             return save(original, state, req);
           }
           KV_ASSIGN_OR_RETURN(const MlxPromptCache cache, read_mlx_prompt_cache(original));

@@ -512,6 +512,71 @@ TEST(Store, LossyStoreTypeIsRecordedAndRestoresAsConvert) {
 }
 
 
+// Before f90f11b, `save --store-type` recorded the original's writer claims (here --src-rotation
+// off) beside its conversion (ggsq v3, rotated by llama.cpp's rule). Such a snapshot, imported,
+// must restore as its stored file converted: the claims are the original's, not the stored file's.
+TEST(Store, ALossySnapshotsRecordedClaimsAreNotAppliedToItsStoredFile) {
+  TempStore a;
+  auto model = load_model_info(posix_io(), (fixtures() / "models/tiny-hd64.gguf").string());
+  ASSERT_TRUE(model.ok());
+  Loaded l = load(fixtures() / "b8121/hd64-f16-f16-faon.slot", &*model);
+  SaveRequest req;
+  req.model = &*model;
+  req.writer.src_rotation = "off";
+  ConversionSpec q8;
+  q8.ctk = q8.ctv = "q8_0";
+  req.store_type = q8;
+  auto saved = a.store->save(*l.file, l.state, req);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  auto snap = a.store->open_snapshot(std::to_string(saved->info.id));
+  ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+  const SnapshotReader& reader = (*snap)->reader();
+  EXPECT_TRUE(reader.manifest().provenance.writer.src_rotation.empty());
+  // the row the old code wrote: the same snapshot with the original's claim in INFO.provenance
+  SnapshotManifest m = reader.manifest();
+  m.info["provenance"]["src_rotation"] = "off";
+  struct FromReader final : ChunkSource {
+    const SnapshotReader* r;
+    Result<std::vector<std::byte>> get(const ChunkRef& ref) override { return r->blob(ref.index); }
+  } source;
+  source.r = &reader;
+  auto plan = SnapshotFileAssembler::plan(m, source);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  VectorSink file;
+  ASSERT_TRUE(plan->write(source, file).ok());
+  const std::string index = R"({"snapshots": [{"file": "snapshots/a.kvsnap", "name": "old"}]})";
+  MemoryFile index_file("index", std::span<const std::byte>(reinterpret_cast<const std::byte*>(index.data()), index.size()));
+  MemoryFile snap_file("snap", std::span<const std::byte>(file.bytes));
+  const std::vector<ExportEntry> entries = {ExportEntry::FromFile("kvsnap-export.json", index_file),
+                                            ExportEntry::FromFile("snapshots/a.kvsnap", snap_file)};
+  TempStore b;
+  const fs::path p = b.root.parent_path() / ("old-claims-" + std::to_string(::getpid()) + ".tar.zst");
+  ASSERT_TRUE(export_archive(posix_io(), p.string(), entries).ok());
+  auto imported = b.store->import_from(p.string());
+  fs::remove(p);
+  ASSERT_TRUE(imported.ok()) << imported.status().ToString();
+  auto old = b.store->open_snapshot("old");
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  ASSERT_EQ((*old)->reader().manifest().provenance.writer.src_rotation, "off") << "the test needs the old row";
+
+  ConversionSpec f16;
+  f16.ctk = f16.ctv = "f16";
+  VectorSink stored, got, want;
+  ASSERT_TRUE(b.store->restore("old", {}, stored).ok());
+  MemoryFile stored_file("stored", std::span<const std::byte>(stored.bytes));
+  auto stored_state = parse_for_model(stored_file, {}, &*model);
+  ASSERT_TRUE(stored_state.ok()) << stored_state.status().ToString();
+  auto creq = make_request(f16, *stored_state, &*model, "stored");
+  ASSERT_TRUE(creq.ok()) << creq.status().ToString();
+  ASSERT_TRUE(convert_state(*stored_state, stored_file, *creq, want).ok());
+  RestoreRequest rr;
+  rr.spec = f16;
+  rr.model = &*model;
+  auto r = b.store->restore("old", rr, got);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(got.bytes == want.bytes) << "the recorded claim was applied to the stored file";
+}
+
 // An archive with `index` as kvsnap-export.json and one released .kvsnap fixture as snapshots/a.kvsnap.
 fs::path export_with_index(const fs::path& dir, const std::string& index) {
   const auto snap = slurp(fixtures() / "kvsnap/v1/b8121-hybrid-f16-f16-faon.kvsnap");
