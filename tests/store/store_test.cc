@@ -512,6 +512,26 @@ TEST(Store, LossyStoreTypeIsRecordedAndRestoresAsConvert) {
 }
 
 
+// An export archive at `p` holding `m` (the manifest of `reader`'s snapshot, edited by the caller)
+// as snapshots/a.kvsnap, its blobs `reader`'s, and `index` as kvsnap-export.json.
+void export_edited_manifest(const SnapshotManifest& m, const SnapshotReader& reader, const std::string& index,
+                            const fs::path& p) {
+  struct FromReader final : ChunkSource {
+    const SnapshotReader* r;
+    Result<std::vector<std::byte>> get(const ChunkRef& ref) override { return r->blob(ref.index); }
+  } source;
+  source.r = &reader;
+  auto plan = SnapshotFileAssembler::plan(m, source);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  VectorSink file;
+  ASSERT_TRUE(plan->write(source, file).ok());
+  MemoryFile index_file("index", std::span<const std::byte>(reinterpret_cast<const std::byte*>(index.data()), index.size()));
+  MemoryFile snap_file("snap", std::span<const std::byte>(file.bytes));
+  const std::vector<ExportEntry> entries = {ExportEntry::FromFile("kvsnap-export.json", index_file),
+                                            ExportEntry::FromFile("snapshots/a.kvsnap", snap_file)};
+  ASSERT_TRUE(export_archive(posix_io(), p.string(), entries).ok());
+}
+
 // Before f90f11b, `save --store-type` recorded the original's writer claims (here --src-rotation
 // off) beside its conversion (ggsq v3, rotated by llama.cpp's rule). Such a snapshot, imported,
 // must restore as its stored file converted: the claims are the original's, not the stored file's.
@@ -535,23 +555,10 @@ TEST(Store, ALossySnapshotsRecordedClaimsAreNotAppliedToItsStoredFile) {
   // the row the old code wrote: the same snapshot with the original's claim in INFO.provenance
   SnapshotManifest m = reader.manifest();
   m.info["provenance"]["src_rotation"] = "off";
-  struct FromReader final : ChunkSource {
-    const SnapshotReader* r;
-    Result<std::vector<std::byte>> get(const ChunkRef& ref) override { return r->blob(ref.index); }
-  } source;
-  source.r = &reader;
-  auto plan = SnapshotFileAssembler::plan(m, source);
-  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  VectorSink file;
-  ASSERT_TRUE(plan->write(source, file).ok());
-  const std::string index = R"({"snapshots": [{"file": "snapshots/a.kvsnap", "name": "old"}]})";
-  MemoryFile index_file("index", std::span<const std::byte>(reinterpret_cast<const std::byte*>(index.data()), index.size()));
-  MemoryFile snap_file("snap", std::span<const std::byte>(file.bytes));
-  const std::vector<ExportEntry> entries = {ExportEntry::FromFile("kvsnap-export.json", index_file),
-                                            ExportEntry::FromFile("snapshots/a.kvsnap", snap_file)};
   TempStore b;
   const fs::path p = b.root.parent_path() / ("old-claims-" + std::to_string(::getpid()) + ".tar.zst");
-  ASSERT_TRUE(export_archive(posix_io(), p.string(), entries).ok());
+  export_edited_manifest(m, reader, R"({"snapshots": [{"file": "snapshots/a.kvsnap", "name": "old"}]})", p);
+  ASSERT_FALSE(HasFatalFailure());
   auto imported = b.store->import_from(p.string());
   fs::remove(p);
   ASSERT_TRUE(imported.ok()) << imported.status().ToString();
@@ -622,25 +629,12 @@ TEST(Store, ImportOfAMistypedLossyNoteDoesNotThrow) {
   MemoryFile f("fixture.kvsnap", std::span<const std::byte>(bytes));
   auto reader = open_snapshot_file(f);
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
-  struct FromReader final : ChunkSource {
-    const SnapshotReader* r;
-    Result<std::vector<std::byte>> get(const ChunkRef& ref) override { return r->blob(ref.index); }
-  } source;
-  source.r = reader->get();
   SnapshotManifest m = (*reader)->manifest();
   m.info["lossy"] = {{"from_k", 3}, {"to_v", nullptr}};
-  auto plan = SnapshotFileAssembler::plan(m, source);
-  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  VectorSink file;
-  ASSERT_TRUE(plan->write(source, file).ok());
-  const std::string index = R"({"snapshots": [{"file": "snapshots/a.kvsnap"}]})";
-  MemoryFile index_file("index", std::span<const std::byte>(reinterpret_cast<const std::byte*>(index.data()), index.size()));
-  MemoryFile snap_file("snap", std::span<const std::byte>(file.bytes));
-  const std::vector<ExportEntry> entries = {ExportEntry::FromFile("kvsnap-export.json", index_file),
-                                            ExportEntry::FromFile("snapshots/a.kvsnap", snap_file)};
   TempStore s;
   const fs::path p = s.root.parent_path() / ("lossy-" + std::to_string(::getpid()) + ".tar.zst");
-  ASSERT_TRUE(export_archive(posix_io(), p.string(), entries).ok());
+  export_edited_manifest(m, **reader, R"({"snapshots": [{"file": "snapshots/a.kvsnap"}]})", p);
+  ASSERT_FALSE(HasFatalFailure());
   auto r = s.store->import_from(p.string());
   fs::remove(p);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
