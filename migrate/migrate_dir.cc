@@ -12,6 +12,7 @@
 
 #include "base/byte_order.h"
 #include "base/parallel.h"
+#include "format/ggml_types.h"
 #include "format/llama_era.h"
 #include "format/state_summary.h"
 #include "migrate/convert_state.h"
@@ -19,6 +20,19 @@
 namespace kvsnap {
 
 namespace {
+
+// Whether any K or V layer of `s` is of a quantized type (the ones llama.cpp rotates).
+bool holds_quantized_kv(const StateFile& s) {
+  for (const KvSection& sec : s.memory.kv)
+    for (const KvStream& st : sec.streams)
+      for (const KvLayer& l : st.layers) {
+        const TypeLayout* k = find_type(l.k_type);
+        const TypeLayout* v = find_type(l.v_type);
+        if ((k && k->quantized) || (l.has_v && v && v->quantized)) return true;
+      }
+  return false;
+}
+
 
 using Clock = std::chrono::steady_clock;
 
@@ -138,11 +152,24 @@ class Migrator {
     }
     e.src = std::move(*parsed);
     r.from = describe_state(e.src);
-    // --source-build names the build of the old files; a file already in the
-    // current format was converted by an earlier (interrupted) run or written
-    // by a current build, and is not checked against it.
+    // --source-build and --src-rotation name the build and the rotation of the old files; a file
+    // already in the current format was converted by an earlier (interrupted) run or written by a
+    // current build, and is read as its format says (rotated). The one exception is a declared
+    // `--src-rotation off` for such a file holding quantized K/V: a current server run with
+    // LLAMA_ATTN_ROT_DISABLE=1 writes those, and so does nothing kvsnap writes here, so the file is
+    // refused rather than read either way (convert it alone, where the declaration is the user's).
     ConversionSpec spec = o_.spec;
-    if (era_of_file(e.src, std::nullopt).rotates == Tri::kYes && e.src.version >= 3) spec.source_build.clear();
+    if (era_of_file(e.src, std::nullopt).rotates == Tri::kYes && e.src.version >= 3) {
+      if (spec.src_rotation == "off" && holds_quantized_kv(e.src)) {
+        return Status::Ambiguous(
+            path + ": {--src-rotation off} describes the old-format files, and this one is in the current format with "
+                   "quantized K/V: written rotated by a current llama.cpp or by an earlier migrate, unrotated only by a "
+                   "server run with LLAMA_ATTN_ROT_DISABLE=1. Migrate it without {--src-rotation}, or, if that server "
+                   "wrote it, `kvsnap convert` it with {--src-rotation off} into another directory");
+      }
+      spec.source_build.clear();
+      spec.src_rotation.clear();
+    }
     KV_ASSIGN_OR_RETURN(e.req, make_request(spec, e.src, o_.model, path, nullptr, e.file.get()));
     KV_ASSIGN_OR_RETURN(e.target, plan_target(e.src, e.req));
     r.to = describe_state(e.target);

@@ -103,6 +103,37 @@ TEST(Migrate, OldQuantizedFilesNeedTheBuildThatWroteThem) {
   EXPECT_EQ(slurp(dir / "g.slot"), want);
 }
 
+// --src-rotation names how the old-format files are stored (a review's finding: it was applied to
+// current-format files too). In a directory of b8121 (unrotated) and v0.5.0 (rotated) q8_0 files,
+// `--src-rotation off` converts the old file as `kvsnap convert` does and refuses the current-format
+// one (exit 6, untouched), where it read its rotated values as unrotated (exit 0); without the flag
+// that one then converts as convert does. And a rerun for another target with the same flag never
+// reads what the first run wrote (ggsq v3, rotated) as unrotated.
+TEST(Migrate, SrcRotationDescribesTheOldFilesOnly) {
+  TempDir t;
+  const fs::path dir = slots_with(t, {{"b8121/hd64-q8_0-q8_0-faon.slot", "old.slot"}, {"v0.5.0/hd64-q8_0-q8_0-faon.slot", "new.slot"}});
+  const std::string args = "--ctk f16 --ctv f16 --model " + kModel;
+  const std::string want_old = expected_conversion(fixture("b8121/hd64-q8_0-q8_0-faon.slot"), t.path, args + " --src-rotation off");
+  const std::string want_new = expected_conversion(fixture("v0.5.0/hd64-q8_0-q8_0-faon.slot"), t.path, args);
+  const std::string before = slurp(dir / "new.slot");
+  EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " " + args + " --src-rotation off >/dev/null 2>&1"), 6);
+  EXPECT_EQ(slurp(dir / "old.slot"), want_old);
+  EXPECT_EQ(slurp(dir / "new.slot"), before) << "a current-format file read as unrotated";
+  ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " " + args + " >/dev/null"), 0);
+  EXPECT_EQ(slurp(dir / "new.slot"), want_new);
+  EXPECT_EQ(slurp(dir / "old.slot"), want_old);
+
+  // the resumed run: to q8_0 (the old file rotated into ggsq v3), then to f16 with the same flag
+  TempDir t2;
+  const fs::path dir2 = slots_with(t2, {{"b8121/hd64-q8_0-q8_0-faon.slot", "old.slot"}});
+  ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir2.string() + " --model " + kModel +
+               " --src-rotation off >/dev/null"),
+            0);
+  const std::string upgraded = slurp(dir2 / "old.slot");
+  EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir2.string() + " " + args + " --src-rotation off >/dev/null 2>&1"), 6);
+  EXPECT_EQ(slurp(dir2 / "old.slot"), upgraded);
+}
+
 // q8_0 files of b8121 (not rotated) for b8700 (rotated): the values must be rotated, the header
 // stays ggsq v2 q8_0. Converted in place, a rerun could not tell them from originals and would
 // rotate them twice, so migrate refuses them (exit 4, the file untouched) and still takes the
