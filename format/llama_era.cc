@@ -222,6 +222,25 @@ FileEra era_of_file(const StateFile& f, std::optional<bool> model_has_cell_ext) 
     return FileEra{ext8 ? "G" : "G|H", b(kRawTag.first_with) + ".." + (ext8 ? b(kVersion3.last_without) : ""),
                    Tri::kYes, what + " is written only by llama.cpp " + b(kRawTag.first_with) + " and later, which rotate"};
   }
+  if (f.kind == StateKind::kRawContext && !is_old_format(f) && cell_ext(f) != 12u) {
+    // A raw context buffer carries no version or tag: its "v3" is the layout it parsed with, which
+    // llama.cpp writes from b8179 on (an M-RoPE model's cell extras aside), before and after rotation.
+    const std::optional<uint32_t> ext = cell_ext(f);
+    if (ext == 8u) {
+      return FileEra{"F|G", b(kCellExt8.first_with) + ".." + b(kVersion3.last_without), Tri::kUnknown,
+                     "a raw context buffer with 8-byte cell extras: llama.cpp " + b(kCellExt8.first_with) + ".." +
+                         b(kVersion3.last_without) + "; builds from " + b(kRotation.first_with) + " on rotate, older ones do not"};
+    }
+    if (ext == 0u && model_has_cell_ext == true) {
+      return FileEra{"E", b(kNoOutputs.first_with) + ".." + b(kCellExt8.last_without), Tri::kNo,
+                     "a raw context buffer of an M-RoPE model without cell extras: written by llama.cpp " +
+                         b(kCellExt8.last_without) + " or older, before any build rotated"};
+    }
+    return FileEra{"E..H", b(kNoOutputs.first_with) + "..", Tri::kUnknown,
+                   "a raw context buffer carries no version or tag: llama.cpp " + b(kNoOutputs.first_with) +
+                       " and later write this layout; builds from " + b(kRotation.first_with) +
+                       " on rotate quantized caches, older ones do not"};
+  }
   if (!is_old_format(f)) {
     return FileEra{"H", b(kVersion3.first_with) + ".. (v0.4.0, v0.5.0)", Tri::kYes,
                    what + " is written only by llama.cpp " + b(kVersion3.first_with) + " and later, which rotate"};

@@ -5,8 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "format/rewrite.h"
 #include "format/state_builder.h"
+#include "test_files.h"
 
 namespace kvsnap {
 namespace {
@@ -119,6 +122,27 @@ TEST(LlamaEra, PlainV2FilesDoNotTellTheirRotation) {
   EXPECT_NE(e.why.find("b8643"), std::string::npos) << e.why;
   // An M-RoPE model's cells without the extra: before b8352, so before rotation.
   EXPECT_EQ(era_of_file(*f, true).rotates, Tri::kNo);
+  EXPECT_EQ(era_of_file(*f, false).rotates, Tri::kUnknown);
+}
+
+// A raw context buffer (llama_state_get_data) carries no version or tag: the one in b8390's session
+// (unrotated q8_0) parses with v0.5.0's layout, as does one v0.5.0 writes (a review's finding: it
+// was taken as era H, rotated, and un-rotated on conversion with exit 0).
+TEST(LlamaEra, RawContextBuffersDoNotTellTheirRotation) {
+  const auto session = kvsnap::test::slurp(std::string(KVSNAP_SOURCE_DIR) + "/fixtures/b8390/hd64-q8_0-q8_0-faon.session");
+  ASSERT_GT(session.size(), 12u);
+  uint32_t n_tokens = 0;
+  std::memcpy(&n_tokens, session.data() + 8, 4);
+  const std::vector<std::byte> raw(session.begin() + 12 + 4 * n_tokens, session.end());
+  ParseOptions o;
+  o.kind = StateKind::kRawContext;
+  auto f = parse_bytes(raw, o);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const FileEra e = era_of_file(*f, std::nullopt);
+  EXPECT_EQ(e.rotates, Tri::kUnknown) << e.why;
+  EXPECT_EQ(e.eras, "E..H");
+  EXPECT_TRUE(check_build_wrote(*f, *parse_llama_build("b8390"), std::nullopt).ok());
+  EXPECT_TRUE(check_build_wrote(*f, *parse_llama_build("v0.5.0"), std::nullopt).ok());
   EXPECT_EQ(era_of_file(*f, false).rotates, Tri::kUnknown);
 }
 
