@@ -337,10 +337,19 @@ Status check_build_wrote(const StateFile& f, const LlamaBuild& build, std::optio
     return mismatch(std::string("its sequence files store cells ") + (L.seq_cell_ids == Tri::kYes ? "with" : "without") +
                     " their seq id, the file's are " + (*ids ? "with" : "without"));
   }
+  // Cell extras: with the model, its M-RoPE decides; without it, extras in the file prove an M-RoPE
+  // model (only those have them), so their size must be the build's.
   const std::optional<uint32_t> ext = cell_ext(f);
-  if (model_has_cell_ext == true && L.mrope_ext_bytes && ext && *ext != *L.mrope_ext_bytes) {
-    return mismatch("for this M-RoPE model it writes " + std::to_string(*L.mrope_ext_bytes) +
-                    "-byte cell extras, the file has " + std::to_string(*ext));
+  const bool mrope = model_has_cell_ext == true || (ext && *ext > 0);
+  if (mrope && L.mrope_ext_bytes && ext && *ext != *L.mrope_ext_bytes) {
+    const auto size = [](uint32_t n) { return n == 0 ? std::string("no cell extras") : std::to_string(n) + "-byte cell extras"; };
+    return mismatch("for an M-RoPE model it writes " + size(*L.mrope_ext_bytes) + ", the file has " + size(*ext));
+  }
+  // llama-server's packed token payload: no build before it writes one.
+  const Tri packs = build.is_tag() ? Tri::kYes : side_of(build.number, kServerPackedTokens);
+  if (f.tokens.packed && packs == Tri::kNo) {
+    return mismatch("the file's tokens are llama-server's packed payload, which builds before about " +
+                    b(kServerPackedTokens.first_with) + " do not write");
   }
   return Status::OK();
 }

@@ -231,6 +231,32 @@ TEST(LlamaEra, ADeclaredBuildMustBeAbleToHaveWrittenTheFile) {
   EXPECT_EQ(check_build_wrote(*fc, *parse_llama_build("b8121"), std::nullopt).code(), Code::kMismatch);
   // A build inside a gap contradicts nothing it might have written.
   EXPECT_TRUE(check_build_wrote(*fc, *parse_llama_build("b6000"), std::nullopt).ok());
+
+  // Facts the file proves without the model (a review's finding: both were checked only with it,
+  // or not at all): 8-byte cell extras are an M-RoPE model's from b8352 on, and llama-server's
+  // packed tokens come after b10361.
+  SynthSpec ext8;
+  ext8.version = 2;
+  ext8.ext_bytes = 8;
+  auto f8 = parse_bytes(build_state(ext8));
+  ASSERT_TRUE(f8.ok());
+  s = check_build_wrote(*f8, *parse_llama_build("b8121"), std::nullopt);
+  EXPECT_EQ(s.code(), Code::kMismatch) << s.message();
+  EXPECT_NE(s.message().find("cell extras"), std::string::npos) << s.message();
+  EXPECT_TRUE(check_build_wrote(*f8, *parse_llama_build("b10361"), std::nullopt).ok());
+  EXPECT_TRUE(check_build_wrote(*fe, *parse_llama_build("b10257"), false).ok()) << "no extras, no M-RoPE: any size";
+
+  SynthSpec packed;
+  packed.version = 2;
+  packed.token_words = pack_server_tokens({1, 2, 3, 4}, {}, {});
+  auto fp = parse_bytes(build_state(packed));
+  ASSERT_TRUE(fp.ok());
+  ASSERT_TRUE(fp->tokens.packed);
+  s = check_build_wrote(*fp, *parse_llama_build("b8121"), std::nullopt);
+  EXPECT_EQ(s.code(), Code::kMismatch) << s.message();
+  EXPECT_NE(s.message().find("packed"), std::string::npos) << s.message();
+  EXPECT_EQ(check_build_wrote(*fp, *parse_llama_build("b10361"), std::nullopt).code(), Code::kMismatch);
+  EXPECT_TRUE(check_build_wrote(*fp, *parse_llama_build("b10375"), std::nullopt).ok()) << "inside the gap";
 }
 
 }  // namespace
