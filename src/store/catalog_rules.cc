@@ -161,10 +161,6 @@ Status uuid_taken(const std::string& uuid, int64_t id) {
   return Status::InvalidArgument("a snapshot with uuid " + uuid + " already exists (id " + std::to_string(id) + ")");
 }
 
-Status parent_missing(int64_t parent_id) {
-  return Status::InvalidArgument("parent snapshot " + std::to_string(parent_id) + " does not exist");
-}
-
 Status no_snapshot(int64_t id) { return Status::NotFound("no snapshot with id " + std::to_string(id)); }
 
 Status chunk_size_mismatch(const std::string& where, const ChunkHash& h, uint64_t raw_size) {

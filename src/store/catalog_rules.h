@@ -114,7 +114,6 @@ Result<std::vector<SnapshotInfo>> sealed_prefix_matches(Catalog& catalog, const 
 
 Status name_taken(const std::string& name, int64_t id);
 Status uuid_taken(const std::string& uuid, int64_t id);
-Status parent_missing(int64_t parent_id);
 Status no_snapshot(int64_t id);
 // `where` names the catalog.
 Status chunk_size_mismatch(const std::string& where, const ChunkHash& h, uint64_t raw_size);

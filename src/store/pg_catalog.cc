@@ -319,7 +319,9 @@ Result<SnapshotInfo> PgCatalog::add(SnapshotRecord rec, const std::vector<ChunkU
       // FOR KEY SHARE: the parent cannot go before this commits.
       KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT 1 FROM snapshots WHERE id = $1 FOR KEY SHARE",
                                                   PgParams().i64(*info.parent_id)));
-      if (q.rows() == 0) return parent_missing(*info.parent_id);
+      // Removed since the save found it (rm, expiry, another save's caps): recorded as none, as
+      // ON DELETE SET NULL does for one removed after; its chunks are this snapshot's own uses.
+      if (q.rows() == 0) info.parent_id.reset();
     }
     PgParams p;
     p.text(info.uuid).opt_text(info.name).text(info.created).text(info.model_arch).text(info.model_fingerprint);

@@ -364,7 +364,9 @@ Result<SnapshotInfo> SqliteCatalog::add_snapshot(SnapshotRecord rec, const std::
       KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT 1 FROM snapshots WHERE id = ?1"));
       q.i64(1, *info.parent_id);
       KV_ASSIGN_OR_RETURN(bool found, q.step());
-      if (!found) return parent_missing(*info.parent_id);
+      // Removed since the save found it (rm, expiry, another save's caps): recorded as none, as
+      // ON DELETE SET NULL does for one removed after; its chunks are this snapshot's own uses.
+      if (!found) info.parent_id.reset();
     }
     {
       KV_ASSIGN_OR_RETURN(
