@@ -624,11 +624,21 @@ Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
       ids.push_back(id);
     }
   }
+  // A snapshot removed while verify runs (rm, expiry, caps: the read hold keeps blobs, not rows) is
+  // not damage: noted, not a problem. A failure is blamed on its removal only if its row is gone.
+  auto removed_meanwhile = [&](int64_t id) {
+    auto now = catalog_->get_info(id);
+    if (now.ok() || now.status().code() != Code::kNotFound) return false;
+    rep.not_checked.push_back("snapshot " + std::to_string(id) + ": removed while verify ran");
+    return true;
+  };
   for (int64_t id : ids) {
     const std::string who = "snapshot " + std::to_string(id);
     // Before its rows are read (blob_store.h, "readers"); the opened snapshot keeps it.
     KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLockHold> hold, blobs_->hold_for_read());
-    KV_ASSIGN_OR_RETURN(SnapshotInfo row, catalog_->get_info(id));
+    auto found = catalog_->get_info(id);
+    if (!found.ok() && removed_meanwhile(id)) continue;
+    KV_ASSIGN_OR_RETURN(SnapshotInfo row, std::move(found));
     ++rep.snapshots;
     if (row.tenant && (!cipher_ || *row.tenant != cipher_->tenant() ||
                        row.master_key_id != key_id_hex(cipher_->master_key_id()))) {
@@ -638,6 +648,10 @@ Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
     auto snap = open_snapshot_held(std::to_string(id), std::move(hold));
     if (!snap.ok()) {
       if (snap.status().code() == Code::kInterrupted) return snap.status();  // stopped, not damaged
+      if (removed_meanwhile(id)) {
+        --rep.snapshots;
+        continue;
+      }
       rep.problems.push_back(who + ": " + snap.status().ToString());
       continue;
     }
@@ -645,6 +659,10 @@ Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
     const SnapshotInfo& info = (*snap)->info();
     const std::string label = info.name ? who + " (" + *info.name + ")" : who;
     auto rec = catalog_->get(id);
+    if (!rec.ok() && removed_meanwhile(id)) {
+      --rep.snapshots;
+      continue;
+    }
     auto tokens = rec.ok() ? open_tokens_row(*rec, cipher()) : rec.status();
     if (!tokens.ok())
       rep.problems.push_back(label + ": " + tokens.status().ToString());
