@@ -56,6 +56,10 @@ Result<std::unique_ptr<BlobWriteBatch>> BlobStore::begin_write(bool wait) {
   return new_batch(std::move(hold));
 }
 
+Result<std::unique_ptr<BlobWriteBatch>> BlobStore::begin_write_under(GcLockHold& hold) {
+  return new_batch(borrowed_hold(hold));
+}
+
 Result<std::unique_ptr<GcLockHold>> BlobStore::hold_for_read() { return locks_->lock_shared(/*wait=*/true); }
 
 Result<std::unique_ptr<GcLock>> BlobStore::lock_for_gc(bool wait) { return GcLock::take(*locks_, wait); }

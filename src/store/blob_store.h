@@ -145,6 +145,10 @@ class BlobStore {
   // Starts a save: takes the shared gc lock. With wait=false returns nullptr
   // when a gc holds the lock.
   Result<std::unique_ptr<BlobWriteBatch>> begin_write(bool wait = true);
+  // Starts a save under a hold this thread already has (an import keeps one from unpacking its
+  // archive to its last entry): the batch borrows it, since a second hold of the thread could wait
+  // for a gc that waits for the first (hold_for_read below).
+  Result<std::unique_ptr<BlobWriteBatch>> begin_write_under(GcLockHold& hold);
   // A reader's hold on the blobs its rows name (the shared gc lock, "readers"
   // above); waits while a gc runs. A thread takes one hold at a time: on a
   // catalog server a gc waiting between two holds of one thread would wait for

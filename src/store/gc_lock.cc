@@ -28,7 +28,19 @@ class FileGcLocks final : public GcLocks {
   std::string path_;
 };
 
+class BorrowedGcLockHold final : public GcLockHold {
+ public:
+  explicit BorrowedGcLockHold(GcLockHold& owner) : owner_(owner) {}
+  Status still_held() override { return owner_.still_held(); }
+  std::optional<GcHoldSession> session() const override { return owner_.session(); }
+
+ private:
+  GcLockHold& owner_;
+};
+
 }  // namespace
+
+std::unique_ptr<GcLockHold> borrowed_hold(GcLockHold& owner) { return std::make_unique<BorrowedGcLockHold>(owner); }
 
 std::unique_ptr<GcLocks> file_gc_locks(Io& io, std::string lock_path) {
   return std::make_unique<FileGcLocks>(io, std::move(lock_path));

@@ -53,6 +53,11 @@ class GcLocks {
 // The embedded default: flock(2) on `lock_path` (<blob root>/gc.lock) through Io.
 std::unique_ptr<GcLocks> file_gc_locks(Io& io, std::string lock_path);
 
+// A hold that is `owner` for as long as `owner` lives: what it says (still_held, session) is the
+// owner's, and destroying it releases nothing. For a write batch started under a hold its thread
+// already has (BlobStore::begin_write_under).
+std::unique_ptr<GcLockHold> borrowed_hold(GcLockHold& owner);
+
 // Proof of holding the exclusive gc lock: what every deletion of blobs, packs
 // or temporaries takes (BlobStore::remove*), so the type system enforces the
 // rule. The only way to get one is take().

@@ -326,7 +326,8 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   const auto t0 = Clock::now();
   KV_RETURN_IF_ERROR(check_save_keys());
   if (req.on_start) req.on_start(file.size());
-  KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
+  KV_ASSIGN_OR_RETURN(auto batch, req.under_hold ? blobs_->begin_write_under(*req.under_hold)
+                                                  : blobs_->begin_write(/*wait=*/true));
   SnapshotOptions so = save_options(req, file);
   so.cipher = cipher();
   KV_RETURN_IF_ERROR(check_writer_claims(req.writer, parsed, req.model, so.source_name));
@@ -966,6 +967,10 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     from.emplace(std::move(c));
   }
   const ChunkCipher* source_cipher = from ? &*from : cipher();
+  // Held from before the archive's entries land in tmp/ until the last is stored: a gc deletes
+  // every temporary it finds, so one that ran meanwhile took the import's files from under it. The
+  // entries' write batches borrow this hold (SaveRequest::under_hold): one hold per thread.
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLockHold> hold, blobs_->hold_for_read());
   ImportVisitor v(io_, paths_, path);
   KV_RETURN_IF_ERROR(import_archive(io_, path, v));  // any error: everything received is discarded
   KV_ASSIGN_OR_RETURN(std::vector<ExportIndexEntry> index, parse_export_index(v.index_text, path));
@@ -1038,6 +1043,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
         req.tags = meta->tags;
         req.source_name = m.provenance.source;
         req.cells_per_chunk = m.cells_per_chunk;
+        req.under_hold = hold.get();
         if (meta->name && !catalog_->resolve(*meta->name).ok()) req.name = *meta->name;
         else if (meta->name) rep.skipped.push_back("name '" + *meta->name + "' is taken: imported " + uuid + " without it");
         const ReadableFile& original = (*reader)->original();
@@ -1056,7 +1062,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
         rep.imported.push_back(std::move(saved->info));
         return Status::OK();
       }
-      KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
+      KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write_under(*hold));
       BlobSink sink(*batch, *catalog_);
       for (const ChunkRef& ref : m.chunks) {
         KV_ASSIGN_OR_RETURN(std::vector<std::byte> blob, (*reader)->blob(ref.index));

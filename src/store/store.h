@@ -83,6 +83,9 @@ struct SaveRequest {
   // What an import keeps of the archive's snapshot when it saves its original again (re-sealed
   // for this store's key or tenant): empty = new uuid, now, the model's fingerprint.
   std::string uuid, created, model_fingerprint;
+  // An import's own hold on the gc lock (BlobStore::begin_write_under), kept from unpacking its
+  // archive into tmp/ to its last entry so that no gc takes those files: the save borrows it.
+  GcLockHold* under_hold = nullptr;
   // save_mlx only (mlx-lm files name neither their model reliably nor their tokens):
   std::string mlx_model;                     // the model's name ("": the file's "model" metadata)
   std::vector<int32_t> tokens;               // the prompt's tokens: find --tokens, parents

@@ -519,6 +519,38 @@ TEST(Store, VerifyAllNotesSnapshotsRemovedWhileItRuns) {
   EXPECT_NE(rep->not_checked[0].find("removed while verify ran"), std::string::npos) << rep->not_checked[0];
 }
 
+// A review's finding: an import unpacks its archive into tmp/ and checks every entry before storing
+// any, without a gc hold, and a gc deletes every temporary it finds: `gc` beside `import` failed it
+// ("tmp/import-...: cannot open", exit 8). The import now holds the gc lock from unpacking to its
+// last entry; a gc meanwhile is skipped as busy and the import completes.
+TEST(Store, AGcBesideAnImportLeavesItsFiles) {
+  TempStore a;
+  Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faon.slot");
+  auto saved = a.store->save(*l.file, l.state, SaveRequest{});
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  const fs::path ex = a.root.parent_path() / ("gc-import-" + std::to_string(::getpid()) + ".tar.zst");
+  ASSERT_TRUE(a.store->export_to({std::to_string(saved->info.id)}, ex.string()).ok());
+  FaultInjectingIo io{posix_io()};
+  TempStore b(io);
+  io.pause_reading("/tmp/import-");  // the check of the first unpacked entry
+  Result<ImportReport> imported = Status::IOError("not run");
+  std::thread th([&] { imported = b.store->import_from(ex.string()); });
+  io.wait_paused();
+  auto other = Store::open(posix_io(), StorePaths{b.root.string()});
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  auto gc = (*other)->gc(/*wait=*/false);
+  io.resume();
+  th.join();
+  fs::remove(ex);
+  ASSERT_TRUE(gc.ok()) << gc.status().ToString();
+  EXPECT_TRUE(gc->skipped_busy) << "a gc ran beside the import";
+  ASSERT_TRUE(imported.ok()) << imported.status().ToString();
+  ASSERT_EQ(imported->imported.size(), 1u);
+  VectorSink out;
+  ASSERT_TRUE(b.store->restore(std::to_string(imported->imported[0].id), {}, out).ok());
+  EXPECT_EQ(out.bytes, l.bytes);
+}
+
 TEST(Store, LossyStoreTypeIsRecordedAndRestoresAsConvert) {
   TempStore t;
   auto model = load_model_info(posix_io(), (fixtures() / "models/tiny-hd64.gguf").string());
