@@ -61,7 +61,8 @@ typedef enum kvsnap_status {
 typedef enum kvsnap_input_kind {
   KVSNAP_INPUT_AUTO = 0,        /* a state file (ggsq/ggsn) when its magic says so, else a sequence buffer */
   KVSNAP_INPUT_SEQ_BUFFER = 1,  /* llama_state_seq_get_data */
-  KVSNAP_INPUT_CONTEXT_BUFFER = 2, /* llama_state_get_data */
+  KVSNAP_INPUT_CONTEXT_BUFFER = 2, /* llama_state_get_data: untagged, so a quantized conversion needs
+                                      source_build (or src_rotation) of kvsnap_convert_params_v2 */
   KVSNAP_INPUT_FILE_BYTES = 3,  /* the bytes of a slot or session file */
 } kvsnap_input_kind;
 
