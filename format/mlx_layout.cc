@@ -205,9 +205,11 @@ Status move_kv(Move& m, const MlxLayer& L, const std::string& dst, const std::st
   if (L.cls == "ChunkedKVCache" && !m.to.at_least(23, 0)) {
     return refuse(m, L, "cannot load a ChunkedKVCache (it lived in llama4.py: KeyError, mlx-lm #80; fixed in 0.23.0)");
   }
-  // The meta loaders of KVCache and ChunkedKVCache take offset from the rows saved.
+  // The meta loaders of KVCache and ChunkedKVCache take offset from the rows saved. QuantizedKVCache's
+  // keep it in meta_state, but mlx-lm <= 0.31 saves only its first offset rows (QuantizedKVCache.state)
+  // and a float conversion of the file would take the rows for the offset: cut to it too.
   int64_t rows = -1;
-  if (!m.sc && L.cls == "KVCache" && L.k->rows > *L.offset) rows = *L.offset;
+  if (!m.sc && (L.cls == "KVCache" || L.cls == "QuantizedKVCache") && L.k->rows > *L.offset) rows = *L.offset;
   if (!m.sc && L.cls == "ChunkedKVCache" && L.k->rows != *L.offset) {
     const int64_t valid = *L.offset - *L.start_position;
     uint64_t bytes = 0;

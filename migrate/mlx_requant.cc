@@ -316,6 +316,16 @@ Result<MlxRequantResult> mlx_requantize(const MlxPromptCache& in, const Readable
       if (L.k->head_dim % to.group_size) return dim_error(in, L, "K", L.k->head_dim, to.group_size);
       if (L.v->head_dim % to.group_size) return dim_error(in, L, "V", L.v->head_dim, to.group_size);
     }
+    // A float layer of the meta layouts gives mlx-lm its offset by its row count: rows saved past the
+    // offset (a QuantizedKVCache moved there by a kvsnap before the cut in format/mlx_layout.cc kept them)
+    // would make it continue at the wrong position.
+    if (to.is_float() && in.layout != MlxLayout::kScalars && L.offset && L.k->rows != *L.offset) {
+      return Status::NotSupported(in.st.file + ": layer " + L.prefix + " (" + L.cls + ") holds " +
+                                  std::to_string(L.k->rows) + " rows for its offset " + std::to_string(*L.offset) +
+                                  ", and a float KVCache of the " + mlx_layout_name(in.layout) +
+                                  " layout takes its offset from its rows: move it to that layout first (kvsnap "
+                                  "convert {--mlx-lm VERSION}), which keeps the offset's rows");
+    }
     convs.push_back({&L, from});
   }
   // The layout of the output: the input's, with `step` decided when the file does not say.

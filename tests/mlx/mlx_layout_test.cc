@@ -77,6 +77,53 @@ TEST(MlxLayout, ScalarsKvCacheToMetaCutsRowsAndBack) {
   EXPECT_EQ(back->user_metadata, meta->user_metadata);
 }
 
+// mlx-lm 0.32 saves a QuantizedKVCache's whole buffer (rows past offset); mlx-lm <= 0.31 saves its
+// first offset rows, and a later float conversion of a meta file takes the rows for the offset, so
+// the move to the meta layout cuts them as it does a KVCache's (a review's finding: it kept them).
+TEST(MlxLayout, ScalarsQuantizedKvCacheToMetaCutsRowsToTheOffset) {
+  // 4-bit group 32, head dim 64: codes [1,1,4,8] U32 (row r of side s: bytes 16*s + r), scales and
+  // biases [1,1,4,2] F16; offset 3 of the 4 rows.
+  std::string h = "{";
+  std::vector<std::byte> data;
+  auto add = [&](const std::string& n, const std::string& d, const std::string& shape, const std::vector<std::byte>& b) {
+    h += tensor(n, d, shape, data.size(), data.size() + b.size()) + ",";
+    data.insert(data.end(), b.begin(), b.end());
+  };
+  for (int side = 0; side < 2; ++side) {
+    std::vector<std::byte> codes;
+    for (int r = 0; r < 4; ++r) codes.insert(codes.end(), 32, std::byte(16 * side + r));
+    const std::string p = "0." + std::to_string(side);
+    add(p + ".0", "U32", "[1,1,4,8]", codes);
+    add(p + ".1", "F16", "[1,1,4,2]", std::vector<std::byte>(16, std::byte(0x3c)));
+    add(p + ".2", "F16", "[1,1,4,2]", std::vector<std::byte>(16));
+  }
+  for (uint32_t v : {3u, 32u, 4u}) {
+    std::vector<std::byte> b;
+    append_le<uint32_t>(b, v);
+    add("0." + std::to_string(v == 3u ? 2 : v == 32u ? 3 : 4), "I32", "[]", b);
+  }
+  h += "\"__metadata__\":{\"1.0\":\"QuantizedKVCache\",\"2.0\":\"\",\"2.1.0\":\"0.2\",\"2.1.1\":\"scalar\",\"2.2.0\":"
+       "\"0.3\",\"2.2.1\":\"scalar\",\"2.3.0\":\"0.4\",\"2.3.1\":\"scalar\"}}";
+  MemoryFile f = file_of(h, data);
+  auto in = read_mlx_prompt_cache(f);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  ASSERT_EQ(in->layers[0].k->rows, 4);
+  VectorSink sink;
+  auto meta = moved(*in, f, MlxLayout::kMeta, sink);
+  ASSERT_TRUE(meta.ok()) << meta.status().ToString();
+  EXPECT_EQ(meta->layers[0].cls, "QuantizedKVCache");
+  EXPECT_EQ(meta->layers[0].offset, 3);
+  EXPECT_EQ(meta->layers[0].k->rows, 3);
+  EXPECT_EQ(meta->layers[0].v->rows, 3);
+  MemoryFile mf("m", std::span<const std::byte>(sink.bytes));
+  const SafetensorsTensor* vc = meta->st.find("0.1.0");
+  ASSERT_NE(vc, nullptr);
+  auto vb = read_tensor(meta->st, mf, *vc);
+  ASSERT_TRUE(vb.ok());
+  ASSERT_EQ(vb->size(), 96u);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ((*vb)[32 * r], std::byte(16 + r)) << r;
+}
+
 TEST(MlxLayout, StepInsertedAndDropped) {
   // RotatingKVCache of the meta layout (0.28.1 .. 0.31): (keep, max_size, offset, _idx).
   const std::string h = "{" + tensor("0.0", "BF16", "[1,1,2,2]", 0, 8) + "," + tensor("0.1", "BF16", "[1,1,2,2]", 8, 16) +

@@ -125,6 +125,24 @@ TEST(MlxRequant, KvCacheToQuantizedRowsAreTheCodecsAndTheFileReadsBack) {
   }
 }
 
+// A float KVCache of the meta layouts tells mlx-lm its offset by its rows: a QuantizedKVCache holding
+// rows past its offset (what a kvsnap before the cut in format/mlx_layout.cc made of mlx-lm 0.32's
+// 256-row buffer) dequantized as it stood loaded at offset 256 instead of 37, exit 0 (a review's
+// finding). Such a layer is refused, naming the rows and the offset.
+TEST(MlxRequant, AFloatMetaLayerMustHoldExactlyItsOffsetsRows) {
+  const std::vector<std::byte> codes(1 * 2 * 5 * 8 * 4), scales(1 * 2 * 5 * 1 * 2);
+  MemoryFile f = make_file({In{"0.0.0", "U32", {1, 2, 5, 8}, codes}, In{"0.0.1", "BF16", {1, 2, 5, 1}, scales},
+                            In{"0.0.2", "BF16", {1, 2, 5, 1}, scales}, In{"0.1.0", "U32", {1, 2, 5, 8}, codes},
+                            In{"0.1.1", "BF16", {1, 2, 5, 1}, scales}, In{"0.1.2", "BF16", {1, 2, 5, 1}, scales}},
+                           {{"0.0.0", "3"}, {"0.0.1", "64"}, {"0.0.2", "4"}, {"2.0", "QuantizedKVCache"}});
+  auto r = convert(f, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kNotSupported);
+  EXPECT_NE(r.status().message().find("holds 5 rows for its offset 3"), std::string::npos) << r.status().message();
+  // To another quantized setting the offset stays in meta_state: converted.
+  EXPECT_TRUE(convert(f, {8, 64}).ok());
+}
+
 TEST(MlxRequant, SameSettingCopiesByteForByteAndFloatDequantizes) {
   MemoryFile in = kv_meta_file();
   auto q = convert(in, {4, 64});
