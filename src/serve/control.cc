@@ -110,6 +110,12 @@ void Control::watch() {
 }
 
 bool Control::handle(const LocalRequest& req, LocalAnswer& out) {
+  if (is_slot_action(req.method, req.path)) {
+    error(out, 403, "permission_error",
+          "kvsnap serve saves and restores llama-server's slots itself (its store, its slot gate): a client's " +
+              req.method + " " + req.path + " is not forwarded; GET /slots is");
+    return true;
+  }
   if (req.path.rfind("/kvsnap/", 0) != 0) return false;
   {
     std::lock_guard<std::mutex> l(args_mu_);

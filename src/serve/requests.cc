@@ -71,6 +71,10 @@ int slot_in(const nlohmann::json& j) {
 
 bool is_chat_route(std::string_view path) { return path == "/v1/chat/completions" || path == "/chat/completions"; }
 
+bool is_slot_action(std::string_view method, std::string_view path) {
+  return method != "GET" && method != "HEAD" && (path == "/slots" || path.rfind("/slots/", 0) == 0);
+}
+
 Result<CompletionRequest> parse_completion_request(std::string_view path, std::string_view body) {
   CompletionRequest out;
   if (nested_deeper_than(body, kMaxServeJsonDepth))

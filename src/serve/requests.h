@@ -41,6 +41,13 @@ struct CompletionRequest {
 // True for the chat routes (their prompt is "messages", rendered by the child's chat template).
 bool is_chat_route(std::string_view path);
 
+// True for llama-server's slot actions (POST /slots/N?action=save|restore|erase): serve saves and
+// restores the slots itself, behind its slot gate and its queued saves, so a client's is answered
+// 403 and never reaches the child (one would erase or overwrite another conversation's slot before
+// its save, restore into a slot another completion is about to use, or write files of its naming
+// into serve's slot directory).
+bool is_slot_action(std::string_view method, std::string_view path);
+
 // A completion request's body (`path`: its route). An error (kInvalidArgument) when the body is a
 // JSON object whose prompt kvsnap cannot take: token ids that are not all integers in int32 range,
 // or nesting deeper than kMaxServeJsonDepth; the request is then forwarded as it came.

@@ -24,6 +24,20 @@ TEST(ServeRequests, CompletionPromptText) {
   EXPECT_EQ(r->id_slot, 1);
 }
 
+// A review's finding: POST /slots/N?action=save|restore|erase reached the child from any client.
+TEST(ServeRequests, SlotActionsAreKvsnapsOwn) {
+  EXPECT_TRUE(is_slot_action("POST", "/slots/0"));
+  EXPECT_TRUE(is_slot_action("POST", "/slots/12"));
+  EXPECT_TRUE(is_slot_action("POST", "/slots"));
+  EXPECT_TRUE(is_slot_action("PUT", "/slots/0"));
+  EXPECT_TRUE(is_slot_action("DELETE", "/slots/0"));
+  EXPECT_FALSE(is_slot_action("GET", "/slots"));
+  EXPECT_FALSE(is_slot_action("GET", "/slots/0"));
+  EXPECT_FALSE(is_slot_action("POST", "/slotsx"));
+  EXPECT_FALSE(is_slot_action("POST", "/completion"));
+  EXPECT_FALSE(is_slot_action("POST", "/v1/slots/0"));
+}
+
 TEST(ServeRequests, CompletionPromptTokens) {
   auto r = parse_completion_request("/v1/completions", R"({"prompt": [1, 15043, 2147483647, -2147483648]})");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
