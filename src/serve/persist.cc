@@ -53,6 +53,12 @@ std::string owner_of_tokens(const std::deque<PromptOwner>& recent, const std::ve
   return best ? best->ns : "";
 }
 
+std::string slot_owner(const std::deque<PromptOwner>& recent, const std::vector<int32_t>& slot_tokens,
+                       bool untokenized_job, const std::string& fallback) {
+  std::string owner = untokenized_job ? "" : owner_of_tokens(recent, slot_tokens);
+  return owner.empty() ? fallback : owner;
+}
+
 Persister::Persister(Io& io, TenantStores& stores, std::mutex& store_mu, ServerTarget target,
                      std::function<void(const std::string&)> log)
     : io_(io), stores_(stores), store_mu_(store_mu), target_(std::move(target)), log_(std::move(log)) {
@@ -91,7 +97,7 @@ void Persister::worker() {
     jobs_.pop_front();
     busy_ = true;
     l.unlock();
-    save_changed(j.slot, j.unverifiable ? kUnattributed : "");
+    save_changed(j.slot, j.unverifiable ? kUnattributed : "", j.unverifiable);
     l.lock();
     busy_ = false;
     ++finished_;
@@ -99,7 +105,7 @@ void Persister::worker() {
   }
 }
 
-void Persister::save_changed(int only_slot, const std::string& fallback) {
+void Persister::save_changed(int only_slot, const std::string& fallback, bool untokenized_job) {
   LlamaServer srv(target_.endpoint);
   auto slots = srv.slots();
   if (!slots.ok()) {
@@ -133,9 +139,8 @@ void Persister::save_changed(int only_slot, const std::string& fallback) {
     auto attribute = [&](const std::vector<int32_t>& tokens, SaveRequest& r) -> Status {
       {
         std::lock_guard<std::mutex> l(mu_);
-        slot_ns = owner_of_tokens(recent_, tokens);
+        slot_ns = slot_owner(recent_, tokens, untokenized_job, fallback);
       }
-      if (slot_ns.empty()) slot_ns = fallback;
       if ((unowned = slot_ns.empty()))
         return Status::NotFound("slot " + std::to_string(slot) + " holds a conversation that begins with no recent "
                                 "request's prompt: not saved now, its own request's save will tag it");

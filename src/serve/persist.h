@@ -64,6 +64,14 @@ struct PromptOwner {
 // tie; an empty prompt matches nothing), or "" when none is.
 std::string owner_of_tokens(const std::deque<PromptOwner>& recent, const std::vector<int32_t>& slot_tokens);
 
+// The namespace a save files a slot's contents under: owner_of_tokens, else `fallback`. A save that an
+// exchange kvsnap did not tokenize asked for (an array prompt, /v1/messages, /responses, /infill)
+// files what it finds under `fallback` without looking at the recent prompts: its conversation may
+// begin with another namespace's shorter prompt ("Hello", a chat template's opening), and would be
+// filed, and with --tenant-per-namespace sealed, as that namespace's.
+std::string slot_owner(const std::deque<PromptOwner>& recent, const std::vector<int32_t>& slot_tokens,
+                       bool untokenized_job, const std::string& fallback);
+
 struct PersistStats {
   uint64_t saved = 0, failed = 0;
   std::string last_error;
@@ -97,8 +105,9 @@ class Persister {
     bool unverifiable;  // kvsnap has no prompt tokens of the request (not tokenized)
   };
   void worker();
-  // `fallback`: the namespace for contents no recent prompt matches ("" = leave them for a later save).
-  void save_changed(int only_slot, const std::string& fallback);
+  // `fallback`: the namespace for contents no recent prompt matches ("" = leave them for a later save);
+  // `untokenized_job`: asked for by an exchange kvsnap did not tokenize (slot_owner).
+  void save_changed(int only_slot, const std::string& fallback, bool untokenized_job = false);
 
   Io& io_;
   TenantStores& stores_;

@@ -37,6 +37,19 @@ TEST(ServePersist, OwnerIsTheRequestWhosePromptTheSlotHolds) {
   EXPECT_EQ(owner_of_tokens({}, {1, 2}), "");
 }
 
+// A review's finding: bob sent "Hello" (tokenized), then ana a prompt kvsnap does not tokenize (an
+// array) that begins with it; the save ana's completion asked for found bob's prompt at the start of
+// ana's conversation and filed it as bob's. Such a save files what it finds as unattributed.
+TEST(ServePersist, AnUntokenizedExchangesSaveTakesNoOtherNamespacesPrompt) {
+  const std::deque<PromptOwner> recent = {{"session-bob", {1, 15043}}};
+  const std::vector<int32_t> anas = {1, 15043, 3186, 29892, 590, 7035};
+  EXPECT_EQ(slot_owner(recent, anas, /*untokenized_job=*/true, "unattributed"), "unattributed");
+  // A save of a tokenized exchange still files the slot by the prompt it begins with.
+  EXPECT_EQ(slot_owner(recent, anas, false, ""), "session-bob");
+  EXPECT_EQ(slot_owner(recent, {7, 7}, false, "unattributed"), "unattributed");
+  EXPECT_EQ(slot_owner(recent, {7, 7}, false, ""), "");
+}
+
 // A session name is the client's choice: two key holders who send the same one get two namespaces,
 // so neither is restored (nor sees tagged) what the other kept under it. The key is read as
 // llama-server reads it, whichever header carries it.
