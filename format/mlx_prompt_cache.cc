@@ -157,6 +157,21 @@ Result<MlxKvSide> quant_side(const Ctx& c, const MlxLayer& L, const Where& w, co
 Status check_pair(const Ctx& c, MlxLayer& L) {
   const MlxKvSide& k = *L.k;
   const MlxKvSide& v = *L.v;
+  // The file's size bounds batch x heads x rows x head_dim only when no factor is 0: a row of no
+  // values (head_dim 0), or no rows, under 2^40 heads is a tensor of 0 bytes whose blocks every
+  // writer would walk for ever (a review's finding: convert --mlx-lm of a 288-byte file never ended).
+  // No mlx-lm cache has a row without values, nor a million heads.
+  constexpr int64_t kMaxBatchHeads = int64_t(1) << 20;
+  for (const MlxKvSide* s : {&k, &v}) {
+    int64_t blocks = 0;
+    if (s->head_dim <= 0 || s->batch < 0 || s->heads < 0 || s->rows < 0 ||
+        __builtin_mul_overflow(s->batch, s->heads, &blocks) || blocks > kMaxBatchHeads) {
+      return layer_error(c, L, std::string(s == &k ? "keys" : "values") + " have batch " + std::to_string(s->batch) +
+                                   ", heads " + std::to_string(s->heads) + ", head_dim " + std::to_string(s->head_dim) +
+                                   ": not a KV cache (a row needs values, and batch x heads at most " +
+                                   std::to_string(kMaxBatchHeads) + ")");
+    }
+  }
   if (k.batch != v.batch || k.heads != v.heads || k.rows != v.rows || k.dtype != v.dtype) {
     return layer_error(c, L, "keys (" + k.dtype + " batch " + std::to_string(k.batch) + ", heads " +
                                  std::to_string(k.heads) + ", rows " + std::to_string(k.rows) + ") and values (" +

@@ -205,6 +205,13 @@ TEST(MlxPromptCache, LayerErrors) {
                "meta_state has 1 strings under '0.0', expected 4 (keep, max_size, offset, _idx)");
   expect_error(kv(k4, v4, "\"0.0.0\":\"x\",\"0.0.1\":\"8\",\"0.0.2\":\"2\",\"0.0.3\":\"2\",\"2.0\":\"RotatingKVCache\""),
                32, "'0.0.0' = \"x\" is not an integer");
+  // Rows without values or 2^40 heads of no bytes (a review's finding: convert --mlx-lm looped for ever).
+  expect_error(kv(tensor("0.0", "BF16", "[1,1099511627776,2,0]", 0, 0), tensor("0.1", "BF16", "[1,1099511627776,2,0]", 0, 0),
+                  "\"2.0\":\"KVCache\""),
+               0, "not a KV cache (a row needs values");
+  expect_error(kv(tensor("0.0", "BF16", "[1,1099511627776,0,4]", 0, 0), tensor("0.1", "BF16", "[1,1099511627776,0,4]", 0, 0),
+                  "\"2.0\":\"KVCache\""),
+               0, "batch x heads at most");
   // Quantized with bits MLX does not have.
   expect_error(kv(tensor("0.0.0", "U32", "[1,1,2,1]", 0, 8), v4,
                   "\"0.0.0\":\"2\",\"0.0.1\":\"32\",\"0.0.2\":\"7\",\"2.0\":\"QuantizedKVCache\""),
