@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "serve/requests.h"
+
 namespace kvsnap {
 
 Drain::Ticket Drain::issue() {
@@ -78,7 +80,7 @@ SlotGate::Permit SlotGate::enter(double max_wait_s, bool* waited_out, int slot) 
   if (capacity_ == 0 || shut_) return nullptr;
   // llama-server's own reading of id_slot (server-context.cpp get_slot_by_id: any value but -1, as
   // a size_t, modulo the slot count)
-  if (slot != -1) slot = int(uint64_t(int64_t(slot)) % uint64_t(capacity_));
+  slot = pinned_slot_of(slot, capacity_);
   const uint64_t me = arrivals_++;
   waiting_.push_back(me);
   const bool admitted = cv_.wait_for(l, std::chrono::duration<double>(max_wait_s), [&] {

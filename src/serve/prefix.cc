@@ -146,18 +146,20 @@ void PrefixRestorer::before_unguarded(Forward& f) {
   LlamaServer srv(target_.endpoint);
   auto slots = srv.slots();
   if (!slots.ok()) return;
+  // The slot the request is pinned to as llama-server picks it (and the gate reserved): -3 is one too.
+  const int pinned = pinned_slot_of(asked, slots->size());
   int slot = -1;
   size_t slot_has = 0, best_has = 0;
   for (const auto& s : *slots) {
     const size_t has = common_prefix(held_[s.id], *toks);
     best_has = std::max(best_has, has);
-    if (asked >= 0 ? s.id == asked : !s.is_processing && !taken(s.id) && (slot < 0 || has < slot_has)) {
+    if (pinned >= 0 ? s.id == pinned : !s.is_processing && !taken(s.id) && (slot < 0 || has < slot_has)) {
       slot = s.id;
       slot_has = has;
     }
   }
   if (slot < 0) return;
-  if (uint64_t(best->n_tokens) <= (asked >= 0 ? slot_has : best_has)) return pin_fresh(f, *toks, ns, asked);
+  if (uint64_t(best->n_tokens) <= (pinned >= 0 ? slot_has : best_has)) return pin_fresh(f, *toks, ns, asked);
   auto r = restore_into(slot, *best, *toks, ns);
   if (!r.ok()) {
     log_("prefix: " + r.status().ToString() + " (forwarded as is)");
@@ -212,7 +214,9 @@ void PrefixRestorer::pin_fresh(Forward& f, const std::vector<int32_t>& toks, con
   for (const auto& [s, owner] : fresh_) {
     const auto& held = held_[s];
     const size_t c = common_prefix(held, toks);
-    if (owner != ns || (asked >= 0 && s != asked) || held.empty() || 2 * c < held.size() || taken(s)) continue;
+    // Any id_slot but -1 pins the request (pinned_slot_of; a value that only wraps to a slot is never
+    // one of these ids, so such a request is left where the gate reserved it).
+    if (owner != ns || (asked != -1 && s != asked) || held.empty() || 2 * c < held.size() || taken(s)) continue;
     if (c > has) slot = s, has = c;
   }
   if (slot < 0) return;

@@ -71,6 +71,24 @@ int slot_in(const nlohmann::json& j) {
 
 bool is_chat_route(std::string_view path) { return path == "/v1/chat/completions" || path == "/chat/completions"; }
 
+int id_slot_as_read(const nlohmann::ordered_json& body) {
+  auto it = body.find("id_slot");
+  if (it == body.end()) return -1;
+  if (it->is_boolean()) return it->get<bool>() ? 1 : 0;
+  if (it->is_number_unsigned()) return int(uint32_t(it->get<uint64_t>()));  // modular, as static_cast<int>
+  if (it->is_number_integer()) return int(uint32_t(uint64_t(it->get<int64_t>())));
+  if (it->is_number_float()) {
+    const double d = it->get<double>();
+    return d > double(INT_MIN) - 1.0 && d < double(INT_MAX) + 1.0 ? int(d) : INT_MIN;  // cvttsd2si's INT_MIN
+  }
+  return -1;  // null, a string, an array, an object: json_value's default
+}
+
+int pinned_slot_of(int id_slot, size_t n_slots) {
+  if (id_slot == -1 || n_slots == 0) return -1;
+  return int(uint64_t(int64_t(id_slot)) % uint64_t(n_slots));
+}
+
 bool is_slot_action(std::string_view method, std::string_view path) {
   return method != "GET" && method != "HEAD" && (path == "/slots" || path.rfind("/slots/", 0) == 0);
 }
@@ -82,7 +100,7 @@ Result<CompletionRequest> parse_completion_request(std::string_view path, std::s
                                    " levels");
   const auto j = ojson::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return out;  // the child answers malformed JSON itself
-  if (auto it = j.find("id_slot"); it != j.end()) out.id_slot = int(integer_in(*it, INT_MIN, INT_MAX).value_or(-1));
+  out.id_slot = id_slot_as_read(j);
   if (is_chat_route(path)) {
     if (j.find("messages") == j.end()) return out;
     // The whole request: llama-server renders /apply-template from the body as it does the chat

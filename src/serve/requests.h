@@ -35,8 +35,18 @@ struct CompletionRequest {
   std::vector<int32_t> tokens;
   std::string text;
   std::string template_body;  // the chat request's body as it came: what the child renders its prompt from
-  int id_slot = -1;           // the slot the client asked for (an integer in int range), else -1
+  int id_slot = -1;           // "id_slot" as llama-server reads it (id_slot_as_read): -1 is any slot
 };
+
+// "id_slot" of a request as llama-server 3.22.1 reads it (json_value<int>: nlohmann's get<int>, -1 when
+// absent, null or not a number or boolean): an integer of any size wraps to int, a float truncates
+// (NaN or out of int range: INT_MIN, as x86's conversion gives), a boolean is 0 or 1. So 1.0, true and
+// 4294967297 all ask for slot 1, and serve's gate and prefix lookup must reserve that slot for them.
+int id_slot_as_read(const nlohmann::ordered_json& body);
+
+// The slot llama-server runs a request with `id_slot` in, out of `n_slots` (get_slot_by_id: any value
+// but -1 wraps, as an unsigned 64-bit number, modulo the slot count, so -3 is a slot too); -1: any.
+int pinned_slot_of(int id_slot, size_t n_slots);
 
 // True for the chat routes (their prompt is "messages", rendered by the child's chat template).
 bool is_chat_route(std::string_view path);

@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <climits>
+#include <cstdint>
+
 #include <string>
 
 namespace kvsnap {
@@ -67,18 +70,39 @@ TEST(ServeRequests, CompletionWithoutAPromptItLooksUp) {
   }
 }
 
-TEST(ServeRequests, IdSlotOutOfIntRangeOrNotAnIntegerIsNotAsked) {
-  for (const char* body : {R"({"prompt": "a", "id_slot": 4294967297})", R"({"prompt": "a", "id_slot": 1.0})",
-                           R"({"prompt": "a", "id_slot": "1"})", R"({"prompt": "a", "id_slot": null})",
-                           R"({"prompt": "a", "id_slot": -9223372036854775808})",
-                           R"({"prompt": "a", "id_slot": 18446744073709551615})"}) {
+// A review's finding: llama-server reads "id_slot" with nlohmann's get<int> (json_value), so 1.0, true
+// and 4294967297 all run in slot 1, where kvsnap read them as any slot: its gate let two such
+// completions into slot 1 at once, the second before the first's save. Read as llama-server reads it.
+TEST(ServeRequests, IdSlotIsReadAsLlamaServerReadsIt) {
+  const std::pair<const char*, int> cases[] = {
+      {R"({"prompt": "a", "id_slot": 1})", 1},
+      {R"({"prompt": "a", "id_slot": 1.0})", 1},
+      {R"({"prompt": "a", "id_slot": 1.7})", 1},
+      {R"({"prompt": "a", "id_slot": -1.5})", -1},
+      {R"({"prompt": "a", "id_slot": true})", 1},
+      {R"({"prompt": "a", "id_slot": false})", 0},
+      {R"({"prompt": "a", "id_slot": 4294967297})", 1},
+      {R"({"prompt": "a", "id_slot": 18446744073709551615})", -1},
+      {R"({"prompt": "a", "id_slot": -9223372036854775808})", 0},
+      {R"({"prompt": "a", "id_slot": 1e300})", INT_MIN},
+      {R"({"prompt": "a", "id_slot": -3})", -3},
+      {R"({"prompt": "a", "id_slot": "1"})", -1},
+      {R"({"prompt": "a", "id_slot": null})", -1},
+      {R"({"prompt": "a", "id_slot": [1]})", -1},
+      {R"({"prompt": "a"})", -1},
+  };
+  for (const auto& [body, want] : cases) {
     auto r = parse_completion_request("/completion", body);
     ASSERT_TRUE(r.ok()) << body;
-    EXPECT_EQ(r->id_slot, -1) << body;
+    EXPECT_EQ(r->id_slot, want) << body;
   }
-  auto r = parse_completion_request("/completion", R"({"prompt": "a", "id_slot": -3})");
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->id_slot, -3);  // as llama-server reads it: any negative is "any slot"
+  // The slot it runs in (get_slot_by_id): any value but -1 wraps modulo the slot count.
+  EXPECT_EQ(pinned_slot_of(-1, 2), -1);
+  EXPECT_EQ(pinned_slot_of(1, 2), 1);
+  EXPECT_EQ(pinned_slot_of(5, 2), 1);
+  EXPECT_EQ(pinned_slot_of(-3, 2), 1);  // (2^64 - 3) % 2
+  EXPECT_EQ(pinned_slot_of(-3, 3), int((UINT64_MAX - 2) % 3));
+  EXPECT_EQ(pinned_slot_of(INT_MIN, 4), 0);
 }
 
 // The child renders /apply-template from the whole body, as the chat completion itself
