@@ -434,6 +434,12 @@ MlxOutTensor mlx_scalar_tensor(const std::string& name, int64_t v) {
   return o;
 }
 
+Status check_release_loads_quantized_kv(const MlxTarget& t) {
+  if (t.at_least(19, 3)) return Status::OK();
+  return Status::NotSupported(t.name() + " has no QuantizedKVCache (0.19.3 added it): quantized K/V "
+                              "({--kv-bits}) cannot go to it; keep them float ({--kv-bits none}) or name 0.19.3 or later");
+}
+
 Result<MlxTarget> mlx_target_for(const std::string& name) {
   static const struct {
     const char* name;

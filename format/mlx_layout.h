@@ -75,6 +75,8 @@ struct MlxTarget {
 // (mlx_layout_name, or meta-step / meta): a layout stands for the newest release of it kvsnap was
 // checked with (meta_state-with-step 0.28.0, meta_state 0.31.3, scalars 0.32.2).
 Result<MlxTarget> mlx_target_for(const std::string& name);
+// kNotSupported when release `t` cannot load a QuantizedKVCache (0.19.3 added it), naming it.
+Status check_release_loads_quantized_kv(const MlxTarget& t);
 Result<MlxLayout> mlx_layout_for(const std::string& name);  // mlx_target_for(name).layout
 
 Result<MlxOutFile> mlx_change_layout(const MlxPromptCache& in, const MlxTarget& to);

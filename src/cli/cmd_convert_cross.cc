@@ -163,7 +163,9 @@ Status run_convert_cross(const ConvertOptions& o, std::string& out) {
     KV_ASSIGN_OR_RETURN(spec.quant, mlx_setting_of(o));
     KV_ASSIGN_OR_RETURN(spec.dtype, mlx_dtype_of(o.mlx_dtype));
     if (!o.mlx_lm.empty()) {
-      KV_ASSIGN_OR_RETURN(spec.layout, mlx_layout_for(o.mlx_lm));
+      KV_ASSIGN_OR_RETURN(const MlxTarget target, mlx_target_for(o.mlx_lm));
+      if (!spec.quant.is_float()) KV_RETURN_IF_ERROR(check_release_loads_quantized_kv(target).Prefixed(o.in));
+      spec.layout = target.layout;
     }
     KV_ASSIGN_OR_RETURN(res, llama_to_mlx(opened.state, *opened.file, *opened.model, spec, *writer));
   } else {

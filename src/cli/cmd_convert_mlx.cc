@@ -183,6 +183,12 @@ Status run_convert_mlx(const ConvertOptions& o, const ReadableFile& file, std::s
   }
   KV_ASSIGN_OR_RETURN(const MlxPromptCache read, read_mlx_prompt_cache(file));
   if (!requant) return run_move_mlx(o, file, read, *target, out);
+  // Before anything is written: a release without QuantizedKVCache cannot load quantized K/V (the
+  // move refuses a quantized layer of the input for it; the requantizer would make new ones).
+  if (target && !target->at_least(19, 3)) {
+    KV_ASSIGN_OR_RETURN(const MlxKvSetting wanted, mlx_kv_target(read, o.kv_bits, o.kv_group_size, o.in));
+    if (!wanted.is_float()) KV_RETURN_IF_ERROR(check_release_loads_quantized_kv(*target).Prefixed(o.in));
+  }
   // Requantize and move: every refusal of the move first, then (when requantizing in place is not
   // enough) the moved file goes to a temporary next to the output and is requantized from there.
   const MlxPromptCache* cache_ptr = &read;

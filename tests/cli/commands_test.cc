@@ -132,6 +132,26 @@ TEST(Commands, RunConvertMovesAnMlxPromptCacheToAnotherRelease) {
   EXPECT_NE(s.message().find("layer 0 (QuantizedKVCache): mlx-lm 0.19.1 has no QuantizedKVCache"), std::string::npos)
       << s.ToString();
   EXPECT_EQ(::access(o.out.c_str(), F_OK), -1);
+  // Float K/V quantized for 0.19.1 (a review's finding: the requantizer made QuantizedKVCache layers
+  // that release cannot load, exit 0): refused before anything is written.
+  o.mlx_lm = "0.32.2";
+  o.kv_bits = "none";
+  o.out = ::testing::TempDir() + "kvsnap-commands-mlx-float.safetensors";
+  ASSERT_TRUE(run_convert(o, out, warnings).ok());
+  o.in = o.out;
+  o.out = ::testing::TempDir() + "kvsnap-commands-mlx-never-q4.safetensors";
+  o.mlx_lm = "0.19.1";
+  o.kv_bits = "4";
+  o.kv_group_size = 64;
+  s = run_convert(o, out, warnings);
+  EXPECT_EQ(s.code(), Code::kNotSupported) << s.ToString();
+  EXPECT_NE(s.message().find("mlx-lm 0.19.1 has no QuantizedKVCache (0.19.3 added it): quantized K/V"), std::string::npos)
+      << s.ToString();
+  EXPECT_EQ(::access(o.out.c_str(), F_OK), -1);
+  o.mlx_lm = "0.19.3";
+  ASSERT_TRUE(run_convert(o, out, warnings).ok()) << "0.19.3 loads a QuantizedKVCache";
+  o.kv_bits.clear();
+  o.kv_group_size = 0;
   // An ArraysCache of mlx-lm 0.32 for 0.28.0, whose loader only builds MambaCache without arguments.
   o.in = std::string(KVSNAP_SOURCE_DIR) + "/tests/fuzz/corpus/mlx_prompt_cache/scalars_arrays.safetensors";
   o.out = ::testing::TempDir() + "kvsnap-commands-mlx-mamba.safetensors";
