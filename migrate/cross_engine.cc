@@ -610,6 +610,9 @@ Result<CrossEngineResult> mlx_to_llama(const MlxPromptCache& src, const Readable
   KV_RETURN_IF_ERROR(set_llama_kind(spec.file_kind, model, name, f));
   f.tokens.words = tokens;
   f.tokens.tokens = tokens;
+  // The ids (--tokens or the file's metadata) must be the model's, or the slot written is one every
+  // later kvsnap command refuses as another model's (a review's finding: written with exit 0).
+  KV_RETURN_IF_ERROR(model.check_state(f, name));
   // One section (base), or base + SWA: each the cells of its layers' rows, positions first.. .
   const std::vector<Place> places = places_of(layers, n_swa > 0);
   std::vector<std::vector<size_t>> layer_of(n_swa ? 2 : 1);

@@ -556,6 +556,13 @@ TEST_F(CrossEngine, MlxToLlamaRefusals) {
     r = mlx_to_llama(*c, in, m, spec, out);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), Code::kMismatch) << r.status().ToString();
+    // ids outside the model's vocabulary (a review's finding: written with exit 0, and every later
+    // command refused the slot as another model's)
+    spec.tokens = std::vector<int32_t>{1, 2, 3, 4, 99999999};
+    r = mlx_to_llama(*c, in, m, spec, out);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kMismatch) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("outside the vocabulary"), std::string::npos) << r.status().ToString();
   }
   {  // 3 KV heads for a model of 2
     const MemoryFile in("in.safetensors", mlx_cache(3, 5, 16, "[1,2,3,4,5]"));
