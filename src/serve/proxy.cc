@@ -3,12 +3,15 @@
 #include <httplib.h>
 #include <strings.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "serve/requests.h"
 
@@ -73,6 +76,9 @@ struct Upstream {
   httplib::Error error = httplib::Error::Success;
   std::thread thread;
   bool handed_on = false;  // on_done has run for this exchange (the client's thread only)
+  // The upstream thread's client while it sends (under mu): Proxy::stop() shuts its socket, so a
+  // request the child has not answered yet ends now instead of at the child's timeout.
+  httplib::Client* client = nullptr;
 
   void join() {
     if (thread.joinable()) thread.join();
@@ -98,6 +104,20 @@ struct Proxy::Impl {
   std::function<void(const Exchange&)> on_done;
   std::function<bool(const LocalRequest&, LocalAnswer&)> local;
   Drain* drain = nullptr;
+  // The requests being forwarded, for stop() to cut (a second signal): expired ones are pruned.
+  std::mutex live_mu;
+  std::vector<std::weak_ptr<Upstream>> live;
+
+  void cut_upstreams() {
+    std::lock_guard<std::mutex> g(live_mu);
+    for (const auto& w : live) {
+      if (auto st = w.lock()) {
+        std::lock_guard<std::mutex> l(st->mu);
+        st->cancel = true;
+        if (st->client) st->client->stop();
+      }
+    }
+  }
   double drain_wait_s = 0;
   httplib::Server svr;
 
@@ -114,6 +134,12 @@ struct Proxy::Impl {
   }
 
   void start_upstream(const std::shared_ptr<Upstream>& st, const httplib::Request& req, const Forward& f) {
+    {
+      std::lock_guard<std::mutex> g(live_mu);
+      live.erase(std::remove_if(live.begin(), live.end(), [](const std::weak_ptr<Upstream>& w) { return w.expired(); }),
+                 live.end());
+      live.push_back(st);
+    }
     httplib::Request up;
     up.method = req.method;
     up.path = req.target;  // path and query exactly as the client wrote them
@@ -141,9 +167,16 @@ struct Proxy::Impl {
         return !st->cancel;
       };
       httplib::Response r;
-      httplib::Error err = httplib::Error::Success;
-      const bool ok = cli.send(up, r, err);
+      httplib::Error err = httplib::Error::Canceled;
+      bool cut = false;
+      {
+        std::lock_guard<std::mutex> l(st->mu);
+        cut = st->cancel;  // stop() came first: not sent
+        if (!cut) st->client = &cli;
+      }
+      const bool ok = !cut && cli.send(up, r, err);
       std::lock_guard<std::mutex> l(st->mu);
+      st->client = nullptr;
       if (!st->have_head && ok) {  // 204 and HEAD answers skip the response handler
         st->status = r.status;
         st->headers = r.headers;
@@ -391,6 +424,7 @@ void Proxy::run() {
 void Proxy::stop() {
   if (!impl_) return;
   impl_->stopping = true;
+  impl_->cut_upstreams();  // after a drain nothing is in flight; after a second signal, what is is cut
   while (impl_->run_entered && !impl_->run_returned) {
     if (impl_->svr.is_running()) {
       impl_->svr.stop();

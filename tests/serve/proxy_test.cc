@@ -385,6 +385,77 @@ TEST(ServeProxy, StopGivesUpAResumableStreamBeingReadToItsEnd) {
   EXPECT_FALSE(child.finished.load());
 }
 
+// A child that reads the request and answers it only after `hold` (or when destroyed): a long
+// non-streamed completion.
+struct StallingChild {
+  int fd = -1, port = 0;
+  std::atomic<bool> got{false}, quit{false};
+  std::thread thread;
+  explicit StallingChild(std::chrono::milliseconds hold) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t n = sizeof a;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 4) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0)
+      return;
+    port = ntohs(a.sin_port);
+    thread = std::thread([this, hold] {
+      const int c = ::accept(fd, nullptr, nullptr);
+      if (c < 0) return;
+      std::string req;
+      char buf[4096];
+      while (req.find("\r\n\r\n") == std::string::npos) {
+        const ssize_t k = ::read(c, buf, sizeof buf);
+        if (k <= 0) break;
+        req.append(buf, size_t(k));
+      }
+      got = true;
+      const auto until = std::chrono::steady_clock::now() + hold;
+      while (!quit && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      const std::string out = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
+      (void)!::write(c, out.data(), out.size());
+      ::close(c);
+    });
+  }
+  ~StallingChild() {
+    quit = true;
+    ::shutdown(fd, SHUT_RDWR);
+    ::close(fd);
+    if (thread.joinable()) thread.join();
+  }
+};
+
+// A review's finding: a second SIGTERM (Proxy::stop while a request is in flight) did not cut a
+// non-streamed completion: run() returned only when the child answered (up to its 3600 s timeout),
+// and the client got the whole answer. Now the forwarded request is cut: a 502, nothing saved.
+TEST(ServeProxy, StopCutsARequestTheChildHasNotAnswered) {
+  StallingChild child(std::chrono::milliseconds(20000));
+  ASSERT_GT(child.port, 0);
+  const ProxyOptions o = in_front_of(child.port, 2);
+  std::atomic<int> done{0};
+  Proxy proxy(o, nullptr, [&](const Exchange&) { ++done; });
+  ASSERT_TRUE(proxy.bind().ok());
+  std::thread serving([&] { proxy.run(); });
+  int status = 0;
+  std::thread client([&] {
+    httplib::Client cli("127.0.0.1", o.listen_port);
+    cli.set_read_timeout(30);
+    auto r = cli.Post("/completion", R"({"prompt":"a","n_predict":100000})", "application/json");
+    status = r ? r->status : -1;
+  });
+  for (int i = 0; i < 500 && !child.got; i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(child.got.load()) << "the request did not reach the child";
+  const auto t0 = std::chrono::steady_clock::now();
+  proxy.stop();
+  serving.join();
+  client.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3)) << "stop waited for the child's answer";
+  EXPECT_NE(status, 200) << "the client got an answer the child never gave";
+  EXPECT_EQ(done.load(), 0);
+}
+
 // A stop() before the serving thread has started listening (a signal as kvsnap serve starts):
 // run() returns at once. httplib's own stop() does nothing while it is not listening, so before
 // the fix run() then served for good and this test would hang; the second stop() below (by then
