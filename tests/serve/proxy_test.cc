@@ -201,29 +201,43 @@ TEST(ServeProxy, AStreamsOnDoneRunsBeforeTheClientSeesItsLastEvent) {
 
 // A child that answers one request with `head` and `body`, then closes the connection: an answer
 // cut off where its Content-Length or its chunks say there is more (llama-server killed mid-answer).
+// A listening TCP socket on 127.0.0.1 at a free port (its fd, -1 on failure) for the raw children below.
+int listen_on_loopback(int* port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t n = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 4) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+// Reads a request's head (up to its blank line) from `c`.
+void read_request_head(int c) {
+  std::string req;
+  char buf[4096];
+  while (req.find("\r\n\r\n") == std::string::npos) {
+    const ssize_t k = ::read(c, buf, sizeof buf);
+    if (k <= 0) break;
+    req.append(buf, size_t(k));
+  }
+}
+
 struct DyingChild {
   int fd = -1, port = 0;
   std::thread thread;
   DyingChild(std::string head, std::string body) {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t n = sizeof a;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 4) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0)
-      return;
-    port = ntohs(a.sin_port);
+    fd = listen_on_loopback(&port);
+    if (fd < 0) return;
     thread = std::thread([this, head = std::move(head), body = std::move(body)] {
       const int c = ::accept(fd, nullptr, nullptr);
       if (c < 0) return;
-      std::string req;
-      char buf[4096];
-      while (req.find("\r\n\r\n") == std::string::npos) {
-        const ssize_t k = ::read(c, buf, sizeof buf);
-        if (k <= 0) break;
-        req.append(buf, size_t(k));
-      }
+      read_request_head(c);
       const std::string out = head + body;
       (void)!::write(c, out.data(), out.size());
       ::close(c);
@@ -392,25 +406,12 @@ struct StallingChild {
   std::atomic<bool> got{false}, quit{false};
   std::thread thread;
   explicit StallingChild(std::chrono::milliseconds hold) {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t n = sizeof a;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 4) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0)
-      return;
-    port = ntohs(a.sin_port);
+    fd = listen_on_loopback(&port);
+    if (fd < 0) return;
     thread = std::thread([this, hold] {
       const int c = ::accept(fd, nullptr, nullptr);
       if (c < 0) return;
-      std::string req;
-      char buf[4096];
-      while (req.find("\r\n\r\n") == std::string::npos) {
-        const ssize_t k = ::read(c, buf, sizeof buf);
-        if (k <= 0) break;
-        req.append(buf, size_t(k));
-      }
+      read_request_head(c);
       got = true;
       const auto until = std::chrono::steady_clock::now() + hold;
       while (!quit && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(10));
