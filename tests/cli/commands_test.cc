@@ -140,6 +140,7 @@ TEST(Commands, RunConvertMovesAnMlxPromptCacheToAnotherRelease) {
   ASSERT_TRUE(run_convert(o, out, warnings).ok());
   o.in = o.out;
   o.out = ::testing::TempDir() + "kvsnap-commands-mlx-never-q4.safetensors";
+  ::unlink(o.out.c_str());
   o.mlx_lm = "0.19.1";
   o.kv_bits = "4";
   o.kv_group_size = 64;
@@ -149,6 +150,7 @@ TEST(Commands, RunConvertMovesAnMlxPromptCacheToAnotherRelease) {
       << s.ToString();
   EXPECT_EQ(::access(o.out.c_str(), F_OK), -1);
   o.mlx_lm = "0.19.3";
+  o.out = ::testing::TempDir() + "kvsnap-commands-mlx-0.19.3-q4.safetensors";
   ASSERT_TRUE(run_convert(o, out, warnings).ok()) << "0.19.3 loads a QuantizedKVCache";
   o.kv_bits.clear();
   o.kv_group_size = 0;
