@@ -6,6 +6,9 @@
 
 #include <cstring>
 
+#include <optional>
+#include <utility>
+
 #include "format/cursor.h"
 #include "format/llama_state.h"
 #include "migrate/convert_state.h"
@@ -60,7 +63,8 @@ MemoryShape two_layers() {
   return s;
 }
 
-Result<std::vector<std::byte>> convert(const std::vector<std::byte>& b, TargetFormat fmt) {
+Result<std::vector<std::byte>> convert(const std::vector<std::byte>& b, TargetFormat fmt,
+                                       std::optional<std::pair<int32_t, int32_t>> types = std::nullopt) {
   MemoryFile f("holes.session", std::span<const std::byte>(b));
   const MemoryShape shape = two_layers();
   ParseOptions o;
@@ -68,9 +72,32 @@ Result<std::vector<std::byte>> convert(const std::vector<std::byte>& b, TargetFo
   KV_ASSIGN_OR_RETURN(StateFile st, parse_state(f, o));
   ConvertRequest req;
   req.format = fmt;
+  if (types) req.k_type = types->first, req.v_type = types->second;
   VectorSink out;
   KV_RETURN_IF_ERROR(convert_state(st, f, req, out).status());
   return out.bytes;
+}
+
+// A v6 dump records no K/V types (b3166 reads it with its context's; kvsnap by size): a review's
+// finding wrote bf16, which b3166 lacks, and it read back as f16 with exit 0. Only a pair b3166 has
+// and no other pair's size fits is written; the rest is refused before anything is.
+TEST(LegacySession, V6IsWrittenOnlyWithTypesItsReaderTellsBySize) {
+  const auto live = v6_session({{0, true}, {1, true}});
+  for (const auto& [k, v] : std::vector<std::pair<int32_t, int32_t>>{{30, 30}, {0, 1}, {1, 0}}) {  // bf16, f32/f16
+    auto r = convert(live, TargetFormat::kGgsnV6, std::make_pair(k, v));
+    ASSERT_FALSE(r.ok()) << k << "/" << v;
+    EXPECT_EQ(r.status().code(), Code::kNotSupported) << r.status().ToString();
+  }
+  auto q8 = convert(live, TargetFormat::kGgsnV6, std::make_pair(8, 8));
+  ASSERT_TRUE(q8.ok()) << q8.status().ToString();
+  MemoryFile f("q8.session", std::span<const std::byte>(*q8));
+  const MemoryShape shape = two_layers();
+  ParseOptions o;
+  o.shape = &shape;
+  auto back = parse_state(f, o);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->memory.kv[0].streams[0].layers[0].k_type, 8);
+  EXPECT_EQ(back->memory.kv[0].streams[0].layers[0].v_type, 8);
 }
 
 TEST(LegacySession, HolesConvertOnlyToV6) {
