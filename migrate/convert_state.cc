@@ -46,8 +46,20 @@ std::string layer_ctx(size_t section, size_t n_sections, size_t layer, bool is_v
 Status recode_cell_ext(const std::vector<int32_t>& tokens, uint32_t to, KvSection& sec) {
   const uint32_t from = sec.ext_bytes;
   if (from == to) return Status::OK();
+  // The token list is one sequence's: a cell of another sequence would get a token that is not its
+  // own (a review's finding: a session with cells of seq 0 and 1 upgraded with made-up tokens).
+  std::optional<int32_t> seq;
   for (KvStream& st : sec.streams) {
     for (CellMeta& c : st.cells) {
+      if (to == 12 && from < 12 && c.seq_ids.size() == 1) {
+        if (!seq) seq = c.seq_ids[0];
+        if (c.seq_ids[0] != *seq) {
+          return Status::NotSupported("v0.5.0 files keep each cell's token; kvsnap takes it from the token list, which "
+                                      "is one sequence's, and these cells belong to sequences " + std::to_string(*seq) +
+                                      " and " + std::to_string(c.seq_ids[0]) +
+                                      ": keep the old format ({--format ggsq-v2} or {--target-build})");
+        }
+      }
       const bool text = c.ext[0] == c.pos && c.ext[1] == c.pos;
       if (to == 0 && !text) {
         return Status::NotSupported("a cell at position " + std::to_string(c.pos) + " holds an image's 2-D position (" +
