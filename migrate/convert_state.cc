@@ -68,6 +68,11 @@ Status recode_cell_ext(const std::vector<int32_t>& tokens, uint32_t to, KvSectio
                                     "or keep the current format");
       }
       if (to == 12 && from < 12) {
+        if (tokens.empty()) {
+          return Status::NotSupported("v0.5.0's cells keep their token, which kvsnap takes from the input's token list, "
+                                      "and this input has none (a raw buffer): keep its own layout (no {--format}), "
+                                      "which the llama.cpp that made it reads");
+        }
         if (!text || c.pos < 0 || size_t(c.pos) >= tokens.size() || c.seq_ids.size() != 1) {
           return Status::NotSupported("v0.5.0 files keep each cell's token; kvsnap takes it from the token list for "
                                       "text cells of one sequence, and the cell at position " +
@@ -239,9 +244,14 @@ Status set_stream_prefix(bool prefix, StateFile& t) {
 // The cell ext of M-RoPE models: {x, y, token} in v0.5.0-era files, {x, y}
 // in v2/v9 files of b8352..b10375 (old_ext: what the target build wants), none before.
 Status recode_cell_exts(const StateFile& src, std::optional<uint32_t> old_ext, StateFile& t) {
-  const bool src3 = era3(src), dst3 = era3(t);
+  const bool raw = src.kind == StateKind::kRawSeq || src.kind == StateKind::kRawContext;
+  const bool dst3 = era3(t);
   for (size_t i = 0; i < t.memory.kv.size(); ++i) {
     const uint32_t ext = src.memory.kv[i].ext_bytes;
+    // A raw buffer's version is the layout it parsed with: a tagged one of b9842..b10375 reads as v3
+    // yet holds v2-era cells, whose 8-byte extras say so (a review's finding: --format current kept
+    // them, which v0.5.0 misreads).
+    const bool src3 = era3(src) && !(raw && ext == 8);
     if (src3 == dst3 || ext == 0) continue;
     const std::optional<uint32_t> want = dst3 ? std::optional<uint32_t>(12) : old_ext;
     if (!want) {
@@ -264,6 +274,8 @@ Status apply_format(const StateFile& src, const ConvertRequest& req, StateFile& 
   if (t.kind == StateKind::kRawContext && t.version >= 3) t.outputs.reset();
   KV_RETURN_IF_ERROR(unpack_tokens_for_old_builds(t));
   KV_RETURN_IF_ERROR(set_stream_prefix(prefix, t));
+  const bool raw = src.kind == StateKind::kRawSeq || src.kind == StateKind::kRawContext;
+  if (raw && req.keep_raw_layout && fmt == TargetFormat::kSameKindCurrent) return Status::OK();  // its own layout
   return recode_cell_exts(src, target ? target->mrope_ext_bytes : std::nullopt, t);
 }
 
