@@ -42,15 +42,25 @@ bool is_completion_route(const std::string& path) {
 
 int slot_of_answer(const Exchange& x) { return slot_of_answer_body(x.streamed, x.response_body); }
 
+namespace {
+
+size_t shared_start(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  return size_t(std::mismatch(a.begin(), a.begin() + std::min(a.size(), b.size()), b.begin()).first - a.begin());
+}
+
+}  // namespace
+
 std::string owner_of_tokens(const std::deque<PromptOwner>& recent, const std::vector<int32_t>& slot_tokens) {
   const PromptOwner* best = nullptr;
   for (const auto& o : recent) {
-    if (o.tokens.empty() || o.tokens.size() > slot_tokens.size() ||
-        !std::equal(o.tokens.begin(), o.tokens.end(), slot_tokens.begin()))
+    if (o.tokens.empty() || o.tokens.size() > slot_tokens.size() || shared_start(o.tokens, slot_tokens) < o.tokens.size())
       continue;
     if (!best || o.tokens.size() >= best->tokens.size()) best = &o;
   }
-  return best ? best->ns : "";
+  if (!best) return "";
+  for (const auto& o : recent)
+    if (o.may_be_partial && o.ns != best->ns && shared_start(o.tokens, slot_tokens) > best->tokens.size()) return "";
+  return best->ns;
 }
 
 std::string slot_owner(const std::deque<PromptOwner>& recent, const std::vector<int32_t>& slot_tokens,
@@ -78,14 +88,23 @@ void Persister::note_completion(const Exchange& x) {
   if (x.status != 200 || !is_completion_route(x.path)) return;
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (!x.prompt_tokens.empty()) {
-      recent_.push_back({namespace_of(x), x.prompt_tokens});
-      if (recent_.size() > kRecent) recent_.pop_front();
-    }
+    remember_prompt(x, false);
     jobs_.push_back({slot_of_answer(x), x.prompt_tokens.empty()});
     ++queued_;
   }
   cv_.notify_all();
+}
+
+void Persister::note_prompt(const Exchange& x) {
+  if (!is_completion_route(x.path)) return;
+  std::lock_guard<std::mutex> l(mu_);
+  remember_prompt(x, true);
+}
+
+void Persister::remember_prompt(const Exchange& x, bool may_be_partial) {
+  if (x.prompt_tokens.empty()) return;
+  recent_.push_back({namespace_of(x), x.prompt_tokens, may_be_partial});
+  if (recent_.size() > kRecent) recent_.pop_front();
 }
 
 void Persister::worker() {

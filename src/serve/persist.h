@@ -59,9 +59,13 @@ int slot_of_answer(const Exchange& x);
 struct PromptOwner {
   std::string ns;
   std::vector<int32_t> tokens;
+  bool may_be_partial = false;  // its stream was given up: the child may have evaluated a part of it
 };
 // The namespace of the request whose prompt is the longest prefix of `slot_tokens` (the latest on a
-// tie; an empty prompt matches nothing), or "" when none is.
+// tie; an empty prompt matches nothing), or "" when none is. Also "" when another namespace's
+// given-up prompt (may_be_partial) shares more of its start with the slot than that one: the slot
+// may hold a part of it (a request whose client hung up while the child evaluated its prompt), and
+// that part begins with the shorter prompt ("Hello", a chat template's opening).
 std::string owner_of_tokens(const std::deque<PromptOwner>& recent, const std::vector<int32_t>& slot_tokens);
 
 // The namespace a save files a slot's contents under: owner_of_tokens, else `fallback`. A save that an
@@ -87,6 +91,9 @@ class Persister {
   ~Persister();  // finishes the queued saves
 
   void note_completion(const Exchange& x);
+  // A completion that did not end (its client hung up, Proxy::set_on_given_up): its prompt is
+  // known as its namespace's for the later saves' attribution (owner_of_tokens); no save is queued.
+  void note_prompt(const Exchange& x);
   // Waits until the saves queued before this call have run (or failed), at most `max_wait_s`; false
   // when it gave up (the save then races the caller's request for the slot). Called before a
   // completion is forwarded: llama-server may give it the slot whose conversation is still queued.
@@ -105,6 +112,7 @@ class Persister {
     bool unverifiable;  // kvsnap has no prompt tokens of the request (not tokenized)
   };
   void worker();
+  void remember_prompt(const Exchange& x, bool may_be_partial);  // mu_ held
   // `fallback`: the namespace for contents no recent prompt matches ("" = leave them for a later save);
   // `untokenized_job`: asked for by an exchange kvsnap did not tokenize (slot_owner).
   void save_changed(int only_slot, const std::string& fallback, bool untokenized_job = false);

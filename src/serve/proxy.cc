@@ -102,6 +102,7 @@ struct Proxy::Impl {
   std::atomic<bool> run_entered{false}, run_returned{false};
   std::function<void(Forward&)> before;
   std::function<void(const Exchange&)> on_done;
+  std::function<void(const Exchange&)> on_given_up;
   std::function<bool(const LocalRequest&, LocalAnswer&)> local;
   Drain* drain = nullptr;
   // The requests being forwarded, for stop() to cut (a second signal): expired ones are pruned.
@@ -362,6 +363,9 @@ struct Proxy::Impl {
         },
         [this, st, x, ticket, hold = f.hold, resumable = resumable_stream(req)](bool) {
           if (resumable && !st->handed_on) finish_for_resume(*st, *x);
+          // Not handed on: the client hung up (the child's request is cancelled below, its slot keeps
+          // what it had evaluated), the child's stream was cut off, or kvsnap is stopping.
+          if (!st->handed_on && on_given_up) on_given_up(*x);
           {
             std::lock_guard<std::mutex> l(st->mu);
             st->cancel = true;  // a no-op once the child has finished
@@ -396,6 +400,8 @@ Proxy::~Proxy() { stop(); }
 void Proxy::set_local(std::function<bool(const LocalRequest&, LocalAnswer&)> local) {
   impl_->local = std::move(local);
 }
+
+void Proxy::set_on_given_up(std::function<void(const Exchange&)> f) { impl_->on_given_up = std::move(f); }
 
 void Proxy::set_drain(Drain* drain, double max_wait_s) {
   impl_->drain = drain;

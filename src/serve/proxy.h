@@ -21,6 +21,9 @@
 //     stream's end, and a stream's last event (ends_a_stream, serve/requests.h, even when
 //     two chunks of the child's answer cut its marker), which waits
 //     for the stream's end (at most 5 s) when the child sends it first;
+//   - a stream that ends without being handed to `on_done` (its client hung
+//     up, the child's stream was cut off, kvsnap is stopping) is handed to
+//     `on_given_up` (set_on_given_up), from the serving thread;
 //   - requests `local` claims (kvsnap's own routes) are answered here and
 //     never forwarded, and never wait for the drain gate;
 //   - every forwarded request holds a ticket of the drain gate (serve/drain.h)
@@ -99,6 +102,8 @@ class Proxy {
   // Both before run(). `local` returns false for the requests it does not answer.
   void set_local(std::function<bool(const LocalRequest&, LocalAnswer&)> local);
   void set_drain(Drain* drain, double max_wait_s);
+  // Sees a stream not handed to `on_done`, as it stood (must return quickly).
+  void set_on_given_up(std::function<void(const Exchange&)> f);
   // Binds --listen; kIOError naming the address when it is taken.
   Status bind();
   // Serves until stop() (blocks).

@@ -192,6 +192,9 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   proxy.set_local([&control](const LocalRequest& r, LocalAnswer& a) { return control.handle(r, a); });
   // Requests wait while a requantize restarts the child (a large model can take minutes to load).
   proxy.set_drain(&drain, 600);
+  // A hung-up stream's slot keeps what the child had evaluated, its prompt or a part of it: a later
+  // save must know whose it is (Persister::note_prompt).
+  proxy.set_on_given_up([&persist](const Exchange& x) { persist.note_prompt(x); });
   KV_RETURN_IF_ERROR(proxy.bind());
   for (const auto& c : args.config_files)
     log("read llama-server's config file " + c + " as llama-server does (before its environment and ARGS, which win)");

@@ -37,6 +37,24 @@ TEST(ServePersist, OwnerIsTheRequestWhosePromptTheSlotHolds) {
   EXPECT_EQ(owner_of_tokens({}, {1, 2}), "");
 }
 
+// A client that hangs up while the child evaluates its prompt leaves a part of it in the slot, and that
+// part may begin with another namespace's shorter prompt: bob's "Hello" must not own the rest of ana's
+// given-up prompt (with --tenant-per-namespace it would be sealed for bob and restored into bob's
+// conversations). Such a slot has no owner; a completed prompt is whole in its slot, so its longer
+// share with the slot (the shorter one's generation went that way) takes nothing from the shorter one.
+TEST(ServePersist, AGivenUpPromptHeldInPartIsNoShorterPromptsConversation) {
+  std::deque<PromptOwner> recent = {{"session-bob", {1, 15043}}, {"session-ana", {1, 15043, 3186, 29892, 590}, true}};
+  EXPECT_EQ(owner_of_tokens(recent, {1, 15043, 3186}), "");
+  EXPECT_EQ(owner_of_tokens(recent, {1, 15043, 3186, 29892, 590, 7}), "session-ana");
+  EXPECT_EQ(owner_of_tokens(recent, {1, 15043, 7}), "session-bob");  // no more of ana's than bob's
+  EXPECT_EQ(slot_owner(recent, {1, 15043, 3186}, false, "unattributed"), "unattributed");
+  recent.back().may_be_partial = false;  // ana's completion ended: her prompt was evaluated whole
+  EXPECT_EQ(owner_of_tokens(recent, {1, 15043, 3186}), "session-bob");
+  // bob's own given-up prompt is still bob's.
+  recent = {{"session-bob", {1, 15043}}, {"session-bob", {1, 15043, 3186, 29892}, true}};
+  EXPECT_EQ(owner_of_tokens(recent, {1, 15043, 3186}), "session-bob");
+}
+
 // A review's finding: bob sent "Hello" (tokenized), then ana a prompt kvsnap does not tokenize (an
 // array) that begins with it; the save ana's completion asked for found bob's prompt at the start of
 // ana's conversation and filed it as bob's. Such a save files what it finds as unattributed.

@@ -344,6 +344,11 @@ TEST(ServeProxy, AHangUpWithAConversationIdIsReadToTheEndAndSaved) {
       body_seen = x.response_body;
       ++done;
     });
+    std::atomic<int> given_up{0};
+    proxy.set_on_given_up([&](const Exchange& x) {
+      EXPECT_EQ(x.path, "/completion");
+      ++given_up;
+    });
     ASSERT_TRUE(proxy.bind().ok());
     std::thread serving([&] { proxy.run(); });
     {
@@ -365,9 +370,12 @@ TEST(ServeProxy, AHangUpWithAConversationIdIsReadToTheEndAndSaved) {
     proxy.stop();
     serving.join();
     EXPECT_EQ(done.load(), with_id ? 1 : 0);
+    EXPECT_EQ(given_up.load(), with_id ? 0 : 1) << "a hang-up not handed on is handed to on_given_up";
     EXPECT_EQ(child.finished.load(), with_id) << "the child's stream read to its end";
     std::lock_guard<std::mutex> l(mu);
-    if (with_id) EXPECT_NE(body_seen.find("\"stop\":true,\"id_slot\":1"), std::string::npos) << body_seen;
+    if (with_id) {
+      EXPECT_NE(body_seen.find("\"stop\":true,\"id_slot\":1"), std::string::npos) << body_seen;
+    }
   }
 }
 
