@@ -108,6 +108,26 @@ ProxyOptions in_front_of(int child_port, int threads) {
   return o;
 }
 
+// A proxy in front of a child, bound and serving on its own thread from construction until stop() or
+// the end of its scope (a failed ASSERT included).
+struct ServingProxy {
+  Proxy proxy;
+  bool bound = false;
+  std::thread serving;
+  ServingProxy(const ProxyOptions& o, std::function<void(const Exchange&)> on_done,
+               std::function<void(const Exchange&)> on_given_up = nullptr)
+      : proxy(o, nullptr, std::move(on_done)) {
+    if (on_given_up) proxy.set_on_given_up(std::move(on_given_up));
+    bound = proxy.bind().ok();
+    if (bound) serving = std::thread([this] { proxy.run(); });
+  }
+  void stop() {
+    proxy.stop();
+    if (serving.joinable()) serving.join();
+  }
+  ~ServingProxy() { stop(); }
+};
+
 // What the client has seen so far (the child paces itself by it).
 struct Seen {
   std::atomic<bool> first{false}, last{false};
@@ -163,12 +183,11 @@ TEST(ServeProxy, AStreamsOnDoneRunsBeforeTheClientSeesItsLastEvent) {
   const ProxyOptions o = in_front_of(child.port, 4);
   std::atomic<int> done{0};
   std::string body_seen;
-  Proxy proxy(o, nullptr, [&](const Exchange& x) {
+  ServingProxy proxy(o, [&](const Exchange& x) {
     body_seen = x.response_body;
     ++done;
   });
-  ASSERT_TRUE(proxy.bind().ok());
-  std::thread serving([&] { proxy.run(); });
+  ASSERT_TRUE(proxy.bound);
   int done_at_last_event = -1, done_at_first_event = -1;
   std::string got;
   {
@@ -191,7 +210,6 @@ TEST(ServeProxy, AStreamsOnDoneRunsBeforeTheClientSeesItsLastEvent) {
     EXPECT_EQ(r->status, 200);
   }
   proxy.stop();
-  serving.join();
   EXPECT_EQ(done_at_first_event, 0) << "the stream's events before the last are not held back";
   EXPECT_EQ(done_at_last_event, 1) << "on_done must have run when the client sees the stream's last event";
   EXPECT_EQ(done.load(), 1);
@@ -270,9 +288,8 @@ TEST(ServeProxy, AnAnswerCutOffByTheChildIsNeitherWholeNorSaved) {
     ASSERT_GT(child.port, 0);
     const ProxyOptions o = in_front_of(child.port, 2);
     std::atomic<int> done{0};
-    Proxy proxy(o, nullptr, [&](const Exchange&) { ++done; });
-    ASSERT_TRUE(proxy.bind().ok());
-    std::thread serving([&] { proxy.run(); });
+    ServingProxy proxy(o, [&](const Exchange&) { ++done; });
+    ASSERT_TRUE(proxy.bound);
     {
       httplib::Client cli("127.0.0.1", o.listen_port);
       cli.set_read_timeout(30);
@@ -286,7 +303,6 @@ TEST(ServeProxy, AnAnswerCutOffByTheChildIsNeitherWholeNorSaved) {
       }
     }
     proxy.stop();
-    serving.join();
     EXPECT_EQ(done.load(), 0) << "a cut-off answer was handed on to be saved";
   }
 }
@@ -339,18 +355,19 @@ TEST(ServeProxy, AHangUpWithAConversationIdIsReadToTheEndAndSaved) {
     std::atomic<int> done{0};
     std::string body_seen;
     std::mutex mu;
-    Proxy proxy(o, nullptr, [&](const Exchange& x) {
-      std::lock_guard<std::mutex> l(mu);
-      body_seen = x.response_body;
-      ++done;
-    });
     std::atomic<int> given_up{0};
-    proxy.set_on_given_up([&](const Exchange& x) {
-      EXPECT_EQ(x.path, "/completion");
-      ++given_up;
-    });
-    ASSERT_TRUE(proxy.bind().ok());
-    std::thread serving([&] { proxy.run(); });
+    ServingProxy proxy(
+        o,
+        [&](const Exchange& x) {
+          std::lock_guard<std::mutex> l(mu);
+          body_seen = x.response_body;
+          ++done;
+        },
+        [&](const Exchange& x) {
+          EXPECT_EQ(x.path, "/completion");
+          ++given_up;
+        });
+    ASSERT_TRUE(proxy.bound);
     {
       httplib::Client cli("127.0.0.1", o.listen_port);
       cli.set_read_timeout(30);
@@ -368,7 +385,6 @@ TEST(ServeProxy, AHangUpWithAConversationIdIsReadToTheEndAndSaved) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     if (!with_id) std::this_thread::sleep_for(std::chrono::milliseconds(800));  // the child's whole stream
     proxy.stop();
-    serving.join();
     EXPECT_EQ(done.load(), with_id ? 1 : 0);
     EXPECT_EQ(given_up.load(), with_id ? 0 : 1) << "a hang-up not handed on is handed to on_given_up";
     EXPECT_EQ(child.finished.load(), with_id) << "the child's stream read to its end";
@@ -386,9 +402,8 @@ TEST(ServeProxy, StopGivesUpAResumableStreamBeingReadToItsEnd) {
   ASSERT_GT(child.port, 0);
   const ProxyOptions o = in_front_of(child.port, 4);
   std::atomic<int> done{0};
-  Proxy proxy(o, nullptr, [&](const Exchange&) { ++done; });
-  ASSERT_TRUE(proxy.bind().ok());
-  std::thread serving([&] { proxy.run(); });
+  ServingProxy proxy(o, [&](const Exchange&) { ++done; });
+  ASSERT_TRUE(proxy.bound);
   {
     httplib::Client cli("127.0.0.1", o.listen_port);
     std::string got;
@@ -401,7 +416,6 @@ TEST(ServeProxy, StopGivesUpAResumableStreamBeingReadToItsEnd) {
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the proxy notices the hang-up
   const auto t0 = std::chrono::steady_clock::now();
   proxy.stop();
-  serving.join();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3)) << "stop waited for the child's stream";
   EXPECT_EQ(done.load(), 0);
   EXPECT_FALSE(child.finished.load());
@@ -444,9 +458,8 @@ TEST(ServeProxy, StopCutsARequestTheChildHasNotAnswered) {
   ASSERT_GT(child.port, 0);
   const ProxyOptions o = in_front_of(child.port, 2);
   std::atomic<int> done{0};
-  Proxy proxy(o, nullptr, [&](const Exchange&) { ++done; });
-  ASSERT_TRUE(proxy.bind().ok());
-  std::thread serving([&] { proxy.run(); });
+  ServingProxy proxy(o, [&](const Exchange&) { ++done; });
+  ASSERT_TRUE(proxy.bound);
   int status = 0;
   std::thread client([&] {
     httplib::Client cli("127.0.0.1", o.listen_port);
@@ -458,7 +471,6 @@ TEST(ServeProxy, StopCutsARequestTheChildHasNotAnswered) {
   ASSERT_TRUE(child.got.load()) << "the request did not reach the child";
   const auto t0 = std::chrono::steady_clock::now();
   proxy.stop();
-  serving.join();
   client.join();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3)) << "stop waited for the child's answer";
   EXPECT_NE(status, 200) << "the client got an answer the child never gave";
