@@ -159,6 +159,9 @@ Result<ConvertRequest> make_request(const ConversionSpec& spec, const StateFile&
                                                      dst_mode == RotationMode::kOff ? dst_mode : RotationMode::kAuto};
   KV_ASSIGN_OR_RETURN(req.format, parse_target_format(spec.format));
   req.keep_raw_layout = spec.format.empty() && (src.kind == StateKind::kRawSeq || src.kind == StateKind::kRawContext);
+  // Each thread gets a converter and buffers: a count no machine has is a mistake, not a request.
+  if (spec.threads < 0 || spec.threads > 256)
+    return Status::InvalidArgument("{--threads} " + std::to_string(spec.threads) + " is out of range (0 = every core, 1..256)");
   req.threads = spec.threads > 0 ? uint32_t(spec.threads) : default_threads();
   req.report = spec.report;
   if (!spec.requant.empty()) {

@@ -71,7 +71,7 @@ typedef struct kvsnap_convert_params {
   const char *ctv;         /* target V type; NULL: keep */
   int flash_attn;          /* target context's flash attention: 1 on, 0 off, -1 keep the V layout */
   const char *rotation;    /* "auto" (llama.cpp's rule; default when NULL), "on", "off" */
-  int n_threads;           /* 0: every core */
+  int n_threads;           /* 0: every core, else 1..256 */
   kvsnap_input_kind input; /* default KVSNAP_INPUT_AUTO */
 } kvsnap_convert_params;
 

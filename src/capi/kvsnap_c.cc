@@ -61,16 +61,24 @@ std::string c_api_remedy(std::string_view remedy) {
   const std::string flag = r.substr(0, r.find(' '));
   const std::string value = flag.size() < r.size() ? r.substr(flag.size() + 1) : "";
   if (flag == "--model") return "a kvsnap_model (kvsnap_model_open of the model's GGUF)";
-  if (flag == "--ctk" || flag == "--ctv" || flag == "--rotation")
-    return "kvsnap_convert_params." + flag.substr(2) + (value.empty() ? "" : " = \"" + value + "\"");
+  // A value the layers below give as a pattern ("on|off", "bNNNN|vX.Y.Z") is no C string to set.
+  const bool pattern = value.find('|') != std::string::npos || value.find("NNNN") != std::string::npos;
+  auto assigned = [&](const std::string& member) {
+    if (value.empty()) return member;
+    if (!pattern) return member + " = \"" + value + "\"";
+    std::string choices = value;
+    for (size_t at = 0; (at = choices.find('|', at)) != std::string::npos;) choices.replace(at, 1, "\" or \"");
+    return member + " (\"" + choices + "\")";
+  };
+  if (flag == "--threads") return "kvsnap_convert_params.n_threads";
+  if (flag == "--ctk" || flag == "--ctv" || flag == "--rotation") return assigned("kvsnap_convert_params." + flag.substr(2));
   if (flag == "--flash-attn")
     return "kvsnap_convert_params.flash_attn" + std::string(value == "on" ? " = 1" : value == "off" ? " = 0" : "");
   // Settings of version 2 of the parameters only.
   for (const auto& [cli, member] : {std::pair{"--src-rotation", "src_rotation"}, {"--dst-rotation", "dst_rotation"},
                                     {"--source-build", "source_build"}, {"--target-build", "target_build"},
                                     {"--format", "format"}, {"--requant", "requant"}}) {
-    if (flag == cli)
-      return std::string("kvsnap_convert_params_v2.") + member + (value.empty() ? "" : " = \"" + value + "\"");
+    if (flag == cli) return assigned(std::string("kvsnap_convert_params_v2.") + member);
   }
   if (flag == "--input-format") {
     if (value == "raw-seq") return "kvsnap_convert_params.input = KVSNAP_INPUT_SEQ_BUFFER";
@@ -201,17 +209,23 @@ kvsnap::Result<kvsnap_convert_params_v2> read_v2(const kvsnap_convert_params_v2*
   return v;
 }
 
-kvsnap::ParseOptions parse_options(const kvsnap_convert_params_v2& p, const void* src, size_t n) {
+// A value outside an enum's or a member's range is refused, not read as a neighbour: a program built
+// against a newer kvsnap.h may mean a kind this library does not know.
+kvsnap::Result<kvsnap::ParseOptions> parse_options(const kvsnap_convert_params_v2& p, const void* src, size_t n) {
+  if (p.flash_attn < -1 || p.flash_attn > 1)
+    return Status::InvalidArgument("kvsnap_convert_params.flash_attn is " + std::to_string(p.flash_attn) +
+                                   ": 1 (on), 0 (off) or -1 (keep the V layout)");
   kvsnap::ParseOptions o;
   switch (p.input) {
-    case KVSNAP_INPUT_SEQ_BUFFER: o.kind = kvsnap::StateKind::kRawSeq; break;
-    case KVSNAP_INPUT_CONTEXT_BUFFER: o.kind = kvsnap::StateKind::kRawContext; break;
-    case KVSNAP_INPUT_FILE_BYTES: break;
+    case KVSNAP_INPUT_SEQ_BUFFER: o.kind = kvsnap::StateKind::kRawSeq; return o;
+    case KVSNAP_INPUT_CONTEXT_BUFFER: o.kind = kvsnap::StateKind::kRawContext; return o;
+    case KVSNAP_INPUT_FILE_BYTES: return o;
     case KVSNAP_INPUT_AUTO:
       if (!has_file_magic(src, n)) o.kind = kvsnap::StateKind::kRawSeq;
-      break;
+      return o;
   }
-  return o;
+  return Status::NotSupported("kvsnap_convert_params.input is " + std::to_string(int(p.input)) +
+                              ", a kind this libkvsnap " KVSNAP_VERSION " does not know");
 }
 
 kvsnap::ConversionSpec spec_of(const kvsnap_convert_params_v2& p) {
@@ -234,7 +248,9 @@ kvsnap_status convert(const kvsnap_model* model, const void* src, size_t src_siz
                       void** out, size_t* out_size, char** error) {
   kvsnap::MemoryFile in("state buffer", std::span<const std::byte>(static_cast<const std::byte*>(src), src_size));
   const kvsnap::ModelInfo* info = model ? &model->info : nullptr;
-  auto state = kvsnap::parse_for_model(in, parse_options(p, src, src_size), info);
+  auto options = parse_options(p, src, src_size);
+  if (!options.ok()) return fail(options.status(), error);
+  auto state = kvsnap::parse_for_model(in, *options, info);
   if (!state.ok()) return fail(state.status(), error);
   auto req = kvsnap::make_request(spec_of(p), *state, info, in.name(), nullptr, &in);
   if (!req.ok()) return fail(req.status(), error);
@@ -288,8 +304,8 @@ void kvsnap_convert_params_v2_init(kvsnap_convert_params_v2* p, size_t size) {
 
 kvsnap_status kvsnap_model_open(const char* gguf_path, kvsnap_model** out, char** error) {
   return guarded("kvsnap_model_open", error, [&] {
+    if (out) *out = nullptr;  // on every failure, a NULL argument's too
     if (!gguf_path || !out) return fail(Status::InvalidArgument("kvsnap_model_open: NULL argument"), error);
-    *out = nullptr;
     auto info = kvsnap::load_model_info(kvsnap::posix_io(), gguf_path);
     if (!info.ok()) return fail(info.status(), error);
     *out = new kvsnap_model{std::move(info).value()};
@@ -302,10 +318,10 @@ void kvsnap_model_free(kvsnap_model* m) { delete m; }
 kvsnap_status kvsnap_convert_state(const kvsnap_model* model, const void* src, size_t src_size,
                                    const kvsnap_convert_params* params, void** out, size_t* out_size, char** error) {
   return guarded("kvsnap_convert_state", error, [&] {
+    if (out) *out = nullptr;  // on every failure, a NULL argument's too
+    if (out_size) *out_size = 0;
     if (!out || !out_size || (!src && src_size))
       return fail(Status::InvalidArgument("kvsnap_convert_state: NULL argument"), error);
-    *out = nullptr;
-    *out_size = 0;
     kvsnap_convert_params defaults;
     kvsnap_convert_params_init(&defaults);
     return convert(model, src, src_size, as_v2(params ? *params : defaults), out, out_size, error);
@@ -316,10 +332,10 @@ kvsnap_status kvsnap_convert_state_v2(const kvsnap_model* model, const void* src
                                       const kvsnap_convert_params_v2* params, void** out, size_t* out_size,
                                       char** error) {
   return guarded("kvsnap_convert_state_v2", error, [&] {
+    if (out) *out = nullptr;  // on every failure, a NULL argument's too
+    if (out_size) *out_size = 0;
     if (!out || !out_size || (!src && src_size))
       return fail(Status::InvalidArgument("kvsnap_convert_state_v2: NULL argument"), error);
-    *out = nullptr;
-    *out_size = 0;
     auto p = read_v2(params);
     if (!p.ok()) return fail(p.status(), error);
     return convert(model, src, src_size, *p, out, out_size, error);

@@ -250,4 +250,48 @@ TEST(CApi, ErrorsAreStatusesWithMessages) {
   EXPECT_NE(std::string(kvsnap_version()), "");
 }
 
+// Review findings: a thread count no machine has started that many threads (and failed as an I/O
+// error); an enum value this library does not know was read as a file; a NULL argument left the
+// caller's out-parameters as they were; a remedy's pattern was printed as a C string to set.
+TEST(CApi, ArgumentsOutOfRangeAreRefusedAndOutParametersCleared) {
+  Model m(fixture("models/tiny-hd64.gguf"));
+  auto raw = slurp(fixture("v0.5.0/hd64-f16-f16-faon.raw"));
+  kvsnap_convert_params p;
+  kvsnap_convert_params_init(&p);
+  p.n_threads = 1 << 30;
+  Converted many = convert(m.m, raw, p);
+  EXPECT_EQ(many.status, KVSNAP_ERR_INVALID_ARGUMENT) << many.error;
+  EXPECT_NE(many.error.find("kvsnap_convert_params.n_threads"), std::string::npos) << many.error;
+  p.n_threads = -1;
+  EXPECT_EQ(convert(m.m, raw, p).status, KVSNAP_ERR_INVALID_ARGUMENT);
+  p.n_threads = 256;
+  EXPECT_EQ(convert(m.m, raw, p).status, KVSNAP_OK);
+  p.n_threads = 0;
+
+  p.input = static_cast<kvsnap_input_kind>(7);
+  Converted kind = convert(m.m, raw, p);
+  EXPECT_EQ(kind.status, KVSNAP_ERR_NOT_SUPPORTED) << kind.error;
+  p.input = KVSNAP_INPUT_AUTO;
+  p.flash_attn = 2;
+  EXPECT_EQ(convert(m.m, raw, p).status, KVSNAP_ERR_INVALID_ARGUMENT);
+  p.flash_attn = -1;
+
+  kvsnap_model* model = reinterpret_cast<kvsnap_model*>(1);
+  EXPECT_EQ(kvsnap_model_open(nullptr, &model, nullptr), KVSNAP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(model, nullptr);
+  void* out = &model;
+  size_t n = 5;
+  EXPECT_EQ(kvsnap_convert_state(m.m, nullptr, 10, &p, &out, &n, nullptr), KVSNAP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(out, nullptr);
+  EXPECT_EQ(n, 0u);
+
+  p.ctk = "f16";
+  p.ctv = "f16";
+  Converted ambiguous = convert(m.m, slurp(fixture("b10361/hd64-q8_0-q8_0-faon.slot")), p);
+  EXPECT_EQ(ambiguous.status, KVSNAP_ERR_AMBIGUOUS);
+  EXPECT_NE(ambiguous.error.find("kvsnap_convert_params_v2.src_rotation (\"on\" or \"off\")"), std::string::npos)
+      << ambiguous.error;
+  EXPECT_EQ(ambiguous.error.find('|'), std::string::npos) << ambiguous.error;
+}
+
 }  // namespace
