@@ -111,6 +111,19 @@ constexpr int64_t kMigrateLockKey = 0x6b76736e61706d67;
 
 }  // namespace
 
+namespace {
+
+// Where the set that opens at glob[open] ('[') closes, or npos when it does not: the ']' that ends
+// it comes after its first member, which may be a ']' itself (also after a '^').
+size_t set_end(const std::string& glob, size_t open) {
+  size_t j = open + 1;
+  if (j < glob.size() && glob[j] == '^') ++j;
+  if (j < glob.size() && glob[j] == ']') ++j;
+  return j < glob.size() ? glob.find(']', j) : std::string::npos;
+}
+
+}  // namespace
+
 std::string glob_to_regex(const std::string& glob) {
   std::string re = "^";
   for (size_t i = 0; i < glob.size(); ++i) {
@@ -119,13 +132,14 @@ std::string glob_to_regex(const std::string& glob) {
       re += ".*";
     } else if (c == '?') {
       re += '.';
-    } else if (c == '[' && glob.find(']', i + 2) != std::string::npos) {
+    } else if (c == '[' && set_end(glob, i) != std::string::npos) {
       // A set: [^...] negates, a ']' right after '[' or '[^' is literal.
+      const size_t end = set_end(glob, i);
       size_t j = i + 1;
       re += '[';
       if (glob[j] == '^') re += glob[j++];
       if (glob[j] == ']') re += glob[j++];
-      for (; glob[j] != ']'; ++j) {
+      for (; j < end; ++j) {
         if (glob[j] == '\\') re += '\\';
         re += glob[j];
       }

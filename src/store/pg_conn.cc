@@ -2,6 +2,7 @@
 
 #include <libpq-fe.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -179,10 +180,12 @@ std::string redact_pg_url(const std::string& url) {
   std::string out = url;
   size_t scheme = out.find("://");
   if (scheme != std::string::npos) {
-    size_t start = scheme + 3;
-    size_t at = out.find('@', start);
-    size_t slash = out.find('/', start);
-    if (at != std::string::npos && (slash == std::string::npos || at < slash)) {
+    // The user part ends at the last '@' before the query: a password may hold a raw '@' or '/'
+    // (which PgConn::connect refuses), and the message must not show any of it.
+    const size_t start = scheme + 3;
+    const size_t query = std::min(out.find('?', start), out.size());
+    const size_t at = query > start ? out.rfind('@', query - 1) : std::string::npos;
+    if (at != std::string::npos && at >= start) {
       size_t colon = out.find(':', start);
       if (colon != std::string::npos && colon < at) out.erase(colon, at - colon);
     }
@@ -210,9 +213,30 @@ pg_conn* open_connection(const std::string& url) {
 
 }  // namespace
 
+namespace {
+
+// libpq ends a URL's user part at the first '@' or '/': a raw one in the password sends the rest of
+// it on as the host or the database name (and into libpq's messages).
+Status check_user_part(const std::string& url, const std::string& where) {
+  const size_t scheme = url.find("://");
+  if (scheme == std::string::npos) return Status::OK();  // key=value pairs
+  const size_t start = scheme + 3;
+  const size_t query = std::min(url.find('?', start), url.size());
+  const size_t first_at = url.find('@', start);
+  if (first_at >= query) return Status::OK();
+  const size_t slash = url.find('/', start);
+  if (url.find('@', first_at + 1) < query || slash < first_at)
+    return Status::InvalidArgument(where + ": the catalog URL's user part holds a raw '@' or '/': write them as %40 "
+                                   "and %2F (or give the password as PGPASSWORD or in ~/.pgpass)");
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<PgConn>> PgConn::connect(const std::string& url, const PgConnOptions& options) {
-  pg_conn* c = open_connection(url);
   std::string where = redact_pg_url(url);
+  KV_RETURN_IF_ERROR(check_user_part(url, where));
+  pg_conn* c = open_connection(url);
   if (!c) return Status::IOError(where + ": cannot connect to the catalog: out of memory");
   if (PQstatus(c) != CONNECTION_OK) {
     std::string msg = PQerrorMessage(c);

@@ -11,6 +11,7 @@
 #include "store/eviction.h"
 #include "store/local_blob_store.h"
 #include "store/pg_catalog.h"
+#include "store/pg_conn.h"
 #include "store/pg_gc_locks.h"
 #include "store/s3_blob_store.h"
 
@@ -44,16 +45,6 @@ std::string scheme_of(std::string_view s) {
   return std::string(s.substr(0, colon));
 }
 
-// The URL without the password of its user part, for messages.
-std::string without_password(const std::string& url) {
-  const size_t start = url.find("://");
-  const size_t at = url.find('@', start == std::string::npos ? 0 : start + 3);
-  if (start == std::string::npos || at == std::string::npos) return url;
-  const size_t colon = url.find(':', start + 3);
-  if (colon == std::string::npos || colon > at) return url;
-  return url.substr(0, colon) + ":***" + url.substr(at);
-}
-
 std::string dir_of(const std::string& file) {
   const size_t slash = file.rfind('/');
   if (slash == std::string::npos) return ".";
@@ -82,7 +73,7 @@ Result<Part> config_part(const JsonRef& root, const char* key, std::initializer_
     if (scheme == ok) return Part{true, s};
   std::string known;
   for (const char* ok : schemes) known += std::string(known.empty() ? "" : " or ") + ok + "://";
-  return v->error("'" + without_password(s) + "' is not a path and not a " + known + " URL");
+  return v->error("'" + redact_pg_url(s) + "' is not a path and not a " + known + " URL");
 }
 
 // A number, or a string that `parse` reads ("20G", "24h"); errors name the key.
@@ -228,7 +219,7 @@ Result<StoreLocation> resolve_store_location(Io& io, const std::string& given) {
     where = data + "/kvsnap";
   }
   if (!scheme_of(where).empty())
-    return Status::InvalidArgument("store '" + without_password(where) + "': a URL names only a store's catalog or "
+    return Status::InvalidArgument("store '" + redact_pg_url(where) + "': a URL names only a store's catalog or "
                                    "its blobs; write a store config file (JSON: catalog, blobs, local_dir) and give "
                                    "its path (docs/store.md, \"Storage interface\")");
   where = strip_trailing_slashes(std::move(where));

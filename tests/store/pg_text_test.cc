@@ -17,6 +17,12 @@ TEST(PgText, GlobBecomesAnAnchoredRegex) {
   EXPECT_EQ(glob_to_regex("[]]"), "^[]]$") << "a ']' first in a set is literal";
   EXPECT_EQ(glob_to_regex("a[b"), "^a\\[b$") << "an unclosed '[' is literal";
   EXPECT_EQ(glob_to_regex("[\\]"), "^[\\\\]$");
+  // A review's finding: the only ']' of "[^]" is the set's first member, so the set never closes; the
+  // loop looked for its end past the pattern's (ASan: a heap read overflow).
+  EXPECT_EQ(glob_to_regex("[^]"), "^\\[\\^\\]$") << "an unclosed set is literal";
+  EXPECT_EQ(glob_to_regex("[]"), "^\\[\\]$");
+  EXPECT_EQ(glob_to_regex("x["), "^x\\[$");
+  EXPECT_EQ(glob_to_regex("[^]]"), "^[^]]$");
 }
 
 TEST(PgText, UrlsLoseTheirPassword) {
@@ -26,6 +32,10 @@ TEST(PgText, UrlsLoseTheirPassword) {
   EXPECT_EQ(redact_pg_url("postgresql://kv@h/db?password=x&sslmode=require"), "postgresql://kv@h/db?sslmode=require");
   EXPECT_EQ(redact_pg_url("postgresql://kv@h/db?sslmode=require&password=x"), "postgresql://kv@h/db?sslmode=require");
   EXPECT_EQ(redact_pg_url("host=h user=kv password=x dbname=d"), "host=h user=kv dbname=d");
+  // A review's finding: a password with a raw '/' or '@' was printed whole, or in part.
+  EXPECT_EQ(redact_pg_url("postgresql://kv:top/secret@127.0.0.1:1/db"), "postgresql://kv@127.0.0.1:1/db");
+  EXPECT_EQ(redact_pg_url("postgresql://kv:p@ssword@127.0.0.1:1/db"), "postgresql://kv@127.0.0.1:1/db");
+  EXPECT_EQ(redact_pg_url("postgresql://kv:pw@h/db?application_name=a@b"), "postgresql://kv@h/db?application_name=a@b");
 }
 
 }  // namespace
