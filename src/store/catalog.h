@@ -325,6 +325,11 @@ class Catalog {
 // A fresh random (v4) uuid: what add_snapshot assigns when none is given (an encrypted save
 // needs it first, to bind its sealed manifest and tokens to the row).
 std::string new_snapshot_uuid();
+// `uuid` in lower case, "" for "" (none given); kInvalidArgument unless it is 8-4-4-4-12 hex digits.
+Result<std::string> canonical_snapshot_uuid(const std::string& uuid);
+// kInvalidArgument for labels no snapshot may have: an empty or all-digit name (it would read as
+// an id), an empty tag key.
+Status check_snapshot_labels(const std::optional<std::string>& name, const std::map<std::string, std::string>& tags);
 
 // Where a gc stands: its deletions (blobs, packs, temporaries, and their sizes in storage).
 struct GcProgress {

@@ -5,6 +5,7 @@
 #include <openssl/rand.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <ctime>
 #include <random>
@@ -99,21 +100,18 @@ std::vector<std::pair<int64_t, Hash16>> band_probes(const Sha256& at_c, int64_t 
 
 Result<PrefixKey> prepare_snapshot(SnapshotRecord& rec, size_t n_chunks, const PrefixKeying* keying) {
   SnapshotInfo& info = rec.info;
-  if (info.name) {
-    if (info.name->empty()) return Status::InvalidArgument("a snapshot name cannot be empty");
-    if (all_digits(*info.name)) {
-      return Status::InvalidArgument("'" + *info.name + "' cannot be a snapshot name: it would read as an id");
-    }
-  }
-  for (const auto& [k, v] : info.tags) {
-    if (k.empty()) return Status::InvalidArgument("a tag key cannot be empty");
-  }
-  info.uuid = info.uuid.empty() ? new_uuid_v4() : lower(info.uuid);
+  KV_RETURN_IF_ERROR(check_snapshot_labels(info.name, info.tags));
+  const bool sealed = info.tenant.has_value();
+  KV_ASSIGN_OR_RETURN(std::string uuid, canonical_snapshot_uuid(info.uuid));
+  // A sealed row's manifest and tokens are bound to the uuid as given: another spelling would
+  // store a row that never opens again.
+  if (sealed && uuid != info.uuid)
+    return Status::InvalidArgument("a sealed snapshot's uuid must be given in lower case (" + info.uuid + ")");
+  info.uuid = uuid.empty() ? new_uuid_v4() : uuid;
   if (info.created.empty()) info.created = utc_now_iso8601();
   info.n_tokens = static_cast<int64_t>(rec.tokens.size());
   info.n_chunks = static_cast<int64_t>(n_chunks);
 
-  const bool sealed = info.tenant.has_value();
   if (sealed && (!keying || rec.sealed_tokens.size() != rec.tokens.size() * 4 + kSealedTokensOverhead))
     return Status::InvalidArgument("an encrypted snapshot needs the tenant's keyed prefix index and its sealed tokens");
   if (!sealed) keying = nullptr;  // a plain row keeps plain hashes
@@ -193,5 +191,26 @@ Status ambiguous_uuid(const std::string& ref, const std::vector<std::string>& se
 }  // namespace catalog_detail
 
 std::string new_snapshot_uuid() { return catalog_detail::new_uuid_v4(); }
+
+Result<std::string> canonical_snapshot_uuid(const std::string& uuid) {
+  if (uuid.empty()) return uuid;
+  bool ok = uuid.size() == 36;
+  for (size_t i = 0; ok && i < uuid.size(); ++i)
+    ok = (i == 8 || i == 13 || i == 18 || i == 23) ? uuid[i] == '-' : std::isxdigit(static_cast<unsigned char>(uuid[i])) != 0;
+  if (!ok) return Status::InvalidArgument("'" + uuid.substr(0, 64) + "' is not a uuid (8-4-4-4-12 hex digits)");
+  return catalog_detail::lower(uuid);
+}
+
+Status check_snapshot_labels(const std::optional<std::string>& name, const std::map<std::string, std::string>& tags) {
+  if (name) {
+    if (name->empty()) return Status::InvalidArgument("a snapshot name cannot be empty");
+    if (catalog_detail::all_digits(*name))
+      return Status::InvalidArgument("'" + *name + "' cannot be a snapshot name: it would read as an id");
+  }
+  for (const auto& [k, v] : tags) {
+    if (k.empty()) return Status::InvalidArgument("a tag key cannot be empty");
+  }
+  return Status::OK();
+}
 
 }  // namespace kvsnap

@@ -407,7 +407,7 @@ Result<SaveResult> Store::commit_save(SnapshotRecord rec, const SnapshotManifest
   info.parent_id = parent_id;
   info.pinned = req.pin;
   info.created = req.created.empty() ? now_() : req.created;  // the clock eviction compares restores and expiries with
-  info.uuid = req.uuid;
+  KV_ASSIGN_OR_RETURN(info.uuid, canonical_snapshot_uuid(req.uuid));  // before anything is bound to it
   if (req.ttl_seconds) {
     KV_ASSIGN_OR_RETURN(info.expires_at, add_seconds(now_(), *req.ttl_seconds));
   }
@@ -848,7 +848,10 @@ Result<ExportIndexEntry> index_entry_of(const JsonRef& e) {
   ExportIndexEntry out;
   KV_ASSIGN_OR_RETURN(JsonRef file, e.at("file"));
   KV_ASSIGN_OR_RETURN(out.file, file.string());
-  KV_ASSIGN_OR_RETURN(out.uuid, e.string_or("uuid", ""));
+  KV_ASSIGN_OR_RETURN(std::string uuid, e.string_or("uuid", ""));
+  auto canonical = canonical_snapshot_uuid(uuid);
+  if (!canonical.ok()) return e.error("uuid " + canonical.status().message());
+  out.uuid = *canonical;
   KV_ASSIGN_OR_RETURN(out.sealed_metadata, e.string_or(kSealedMetadata, ""));
   KV_RETURN_IF_ERROR(read_labels(e, out));
   return out;
@@ -974,9 +977,14 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
   ImportVisitor v(io_, paths_, path);
   KV_RETURN_IF_ERROR(import_archive(io_, path, v));  // any error: everything received is discarded
   KV_ASSIGN_OR_RETURN(std::vector<ExportIndexEntry> index, parse_export_index(v.index_text, path));
-  if (!cipher_ && !store_key_id_.empty())
-    return Status::InvalidArgument("store " + name_ + " is encrypted (key " + store_key_id_ +
-                                   "): pass --key-file FILE or --key-command CMD");
+  KV_RETURN_IF_ERROR(check_save_keys());  // a plain import into an encrypted store, the old key mid-rotation
+  // Whether the store holds a snapshot of this uuid (not one a name or an id resolves to).
+  auto has_uuid = [this](const std::string& uuid) {
+    auto id = catalog_->resolve(uuid);
+    if (!id.ok()) return false;
+    auto info = catalog_->get_info(*id);
+    return info.ok() && info->uuid == uuid;
+  };
   // An entry of the archive, opened and checked: its index row (labels opened), its reader.
   struct Checked {
     ExportIndexEntry meta;
@@ -996,6 +1004,14 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     if (!reader.ok()) return reader.status().Prefixed(path + ": " + entry);
     c.reader = std::move(*reader);
     c.meta = *listed;
+    if (c.reader->manifest().encryption) {
+      // An encrypted snapshot's labels come from its sealed metadata only: the index's plain ones are
+      // anyone's to write (without sealed metadata, it is imported with none, created now).
+      c.meta = ExportIndexEntry{};
+      c.meta.file = listed->file;
+      c.meta.uuid = listed->uuid;
+      c.meta.sealed_metadata = listed->sealed_metadata;
+    }
     if (!c.meta.sealed_metadata.empty())
       KV_RETURN_IF_ERROR(open_labels(c.meta, source_cipher, c.reader->manifest().content_digest, path + ": " + entry));
     return c;
@@ -1004,6 +1020,8 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
   // the archive in the store (its readers are opened again below, not kept: each holds a cache).
   for (const auto& [entry, tmp] : v.files) {
     KV_ASSIGN_OR_RETURN(Checked c, check_entry(entry, tmp));
+    if (Status s = check_snapshot_labels(c.meta.name, c.meta.tags); !s.ok())
+      return Status::Corruption(path + ": " + entry + ": " + s.message());
     KV_RETURN_IF_ERROR(c.reader->verify_chunks().Prefixed(path + ": " + entry));
     KV_RETURN_IF_ERROR(c.reader->verify_original().Prefixed(path + ": " + entry));
     if (!c.reader->manifest().mlx) KV_RETURN_IF_ERROR(c.reader->parse_original().status().Prefixed(path + ": " + entry));
@@ -1024,7 +1042,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
       auto reader = &checked.reader;
       const ExportIndexEntry* meta = &checked.meta;
       const std::string& uuid = meta->uuid;
-      if (!uuid.empty() && catalog_->resolve(uuid).ok()) {
+      if (!uuid.empty() && has_uuid(uuid)) {
         rep.skipped.push_back(uuid + " (already in the store)");
         return Status::OK();
       }

@@ -576,8 +576,16 @@ TEST(StoreCrypt, TamperedSealedMetadataFailsAndOldArchivesStillImport) {
     EXPECT_TRUE((*plain)->catalog().list()->empty());
   }
 
-  // an archive from before the metadata was sealed: imported by uuid, without name or tags
-  edit_index(archive, [](nlohmann::json& j) { j["snapshots"][0].erase("sealed_metadata"); });
+  // an archive from before the metadata was sealed: imported by uuid, without name or tags; plain
+  // labels written into its index are anyone's, and are not taken (a review's finding: they were)
+  edit_index(archive, [](nlohmann::json& j) {
+    nlohmann::json& e = j["snapshots"][0];
+    e.erase("sealed_metadata");
+    e["name"] = "attacker-chosen";
+    e["tags"] = {{"pinned", "yes"}, {"team", "mallory"}};
+    e["created"] = "1999-01-01T00:00:00Z";
+    e["model_fingerprint"] = "gguf:deadbeef";
+  });
   Bed b;
   auto s = b.must_open(x.src.key_a, "alice");
   auto in = import_into(*s, archive);
@@ -585,7 +593,72 @@ TEST(StoreCrypt, TamperedSealedMetadataFailsAndOldArchivesStillImport) {
   ASSERT_EQ(in->imported.size(), 1u);
   EXPECT_EQ(in->imported[0].uuid, x.saved.uuid);
   EXPECT_FALSE(in->imported[0].name);
+  EXPECT_TRUE(in->imported[0].tags.empty());
+  EXPECT_NE(in->imported[0].created, "1999-01-01T00:00:00Z");
+  EXPECT_NE(in->imported[0].model_fingerprint, "gguf:deadbeef");
   expect_restores(*s, x.saved.uuid, l);
+}
+
+// A review's finding: with its sealed metadata intact, a sealed entry's plain name and extra tags in
+// the index were laid over the sealed ones.
+TEST(StoreCrypt, ASealedEntrysPlainLabelsAreNotImported) {
+  LabelledExport x;
+  auto unnamed = x.alice->save(*x.l.file, x.l.state, small_chunks());
+  ASSERT_TRUE(unnamed.ok()) << unnamed.status().ToString();
+  ASSERT_TRUE(x.alice->export_to({std::to_string(unnamed->info.id), kSecretName}, x.sealed.string()).ok());
+  edit_index(x.sealed, [](nlohmann::json& j) {
+    for (nlohmann::json& e : j["snapshots"]) {
+      e["name"] = "injected-name";
+      e["tags"] = {{"project", "mallory"}, {"extra", "1"}};
+    }
+  });
+  Bed b;
+  auto s = b.must_open(x.src.key_a, "alice");
+  auto in = import_into(*s, x.sealed);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  ASSERT_EQ(in->imported.size(), 2u);
+  for (const SnapshotInfo& i : in->imported) {
+    if (i.uuid == unnamed->info.uuid) {
+      EXPECT_FALSE(i.name) << "the sealed metadata names it not";
+      EXPECT_TRUE(i.tags.empty());
+    } else {
+      expect_same_metadata(i, x.saved, "the labelled one, as sealed");
+    }
+  }
+}
+
+// A review's finding: a uuid in upper case (macOS's uuidgen) was bound to the sealed rows as given and
+// stored in lower case: the import said it had imported the snapshot, which never opened again.
+TEST(StoreCrypt, AnImportedUuidInUpperCaseIsSealedAsStored) {
+  LabelledExport x;
+  std::string upper = x.saved.uuid;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (const fs::path* archive : {&x.plain, &x.sealed}) {
+    SCOPED_TRACE(archive->string());
+    edit_index(*archive, [&](nlohmann::json& j) {
+      j["snapshots"][0]["uuid"] = upper;
+      j["snapshots"][0].erase("sealed_metadata");  // bound to the uuid as exported
+    });
+    Bed b;
+    auto s = b.must_open(x.src.key_a, "alice");
+    auto in = import_into(*s, *archive);
+    ASSERT_TRUE(in.ok()) << in.status().ToString();
+    ASSERT_EQ(in->imported.size(), 1u);
+    EXPECT_EQ(in->imported[0].uuid, x.saved.uuid);
+    expect_restores(*s, x.saved.uuid, x.l);
+    EXPECT_TRUE(s->verify({})->problems.empty());
+  }
+  // A save given one: the same.
+  Bed b;
+  auto s = b.must_open(x.src.key_a, "alice");
+  SaveRequest req = small_chunks();
+  req.uuid = upper;
+  auto saved = s->save(*x.l.file, x.l.state, req);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_EQ(saved->info.uuid, x.saved.uuid);
+  expect_restores(*s, x.saved.uuid, x.l);
+  req.uuid = "not-a-uuid";
+  EXPECT_EQ(s->save(*x.l.file, x.l.state, req).status().code(), Code::kInvalidArgument);
 }
 
 }  // namespace

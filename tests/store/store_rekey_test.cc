@@ -208,6 +208,17 @@ TEST(StoreRekey, ACrashAtAnyStepLeavesEverySnapshotReadableAndRekeyAgainFinishes
     ASSERT_TRUE(b.must_open(b.key_a, "alice")->rekey(key_of(b.key_b), ro).ok());
   }
   ASSERT_EQ(steps, 1 + 2 * 3 + 1) << "begun, sealed and swapped per snapshot, finished";
+  // A plain archive, for an import with the old key during the rotation.
+  Bed plain_bed;
+  const std::string archive = (plain_bed.root / "plain.tar.zst").string();
+  {
+    Population p;
+    auto plain = Store::open(posix_io(), StorePaths{(plain_bed.root / "store").string()});
+    ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+    auto saved = (*plain)->save(*p.l.file, p.l.state, small_chunks());
+    ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+    ASSERT_TRUE((*plain)->export_to({std::to_string(saved->info.id)}, archive).ok());
+  }
   for (int k = 1; k <= steps; ++k) {
     SCOPED_TRACE("stopped at step " + std::to_string(k));
     Bed b;
@@ -235,6 +246,10 @@ TEST(StoreRekey, ACrashAtAnyStepLeavesEverySnapshotReadableAndRekeyAgainFinishes
       ASSERT_FALSE(refused.ok());
       EXPECT_EQ(refused.status().code(), Code::kMismatch);
       EXPECT_NE(refused.status().message().find("saves need the new key"), std::string::npos) << refused.status().ToString();
+      // An import is a save (a review's finding: it took the old key and stored a row sealed with it).
+      auto imported = (*old_key)->import_from(archive);
+      ASSERT_FALSE(imported.ok());
+      EXPECT_EQ(imported.status().code(), Code::kMismatch) << imported.status().ToString();
       auto resumed = (*old_key)->rekey(key_of(b.key_b));
       ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
       EXPECT_TRUE(resumed->resumed);

@@ -719,6 +719,10 @@ TEST(Store, ExportIndexErrorsNameTheKeyAndType) {
       {R"({"snapshots": [{"file": "a", "name": ["x"]}]})", "snapshots[0].name: expected a string, got array"},
       {R"({"snapshots": [{"file": "a", "tags": {"k": 1}}]})", "snapshots[0].tags.k: expected a string, got number"},
       {R"({"snapshots": [{"file": "a", "tags": []}]})", "snapshots[0].tags: expected an object, got array"},
+      // A review's finding: any string was taken as a uuid ("../x", or a name in the store, which the
+      // duplicate check then resolved).
+      {R"({"snapshots": [{"file": "a", "uuid": "../../etc/x Y"}]})", "snapshots[0]: uuid '../../etc/x Y' is not a uuid"},
+      {R"({"snapshots": [{"file": "a", "uuid": "victim"}]})", "is not a uuid"},
   };
   for (const Case& c : cases) {
     auto r = parse_export_index(c.text, "a.tar");
@@ -726,11 +730,13 @@ TEST(Store, ExportIndexErrorsNameTheKeyAndType) {
     EXPECT_EQ(r.status().code(), Code::kCorruption) << c.text;
     EXPECT_NE(r.status().message().find(c.message), std::string::npos) << c.text << " -> " << r.status().ToString();
   }
-  auto ok = parse_export_index(R"({"snapshots": [{"file": "f", "name": null, "tags": {"a": "b"}, "uuid": "u"}]})", "a.tar");
+  auto ok = parse_export_index(
+      R"({"snapshots": [{"file": "f", "name": null, "tags": {"a": "b"}, "uuid": "0F0A3C5E-1B2D-4E6F-8A9B-0C1D2E3F4A5B"}]})",
+      "a.tar");
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   ASSERT_EQ(ok->size(), 1u);
   EXPECT_EQ((*ok)[0].file, "f");
-  EXPECT_EQ((*ok)[0].uuid, "u");
+  EXPECT_EQ((*ok)[0].uuid, "0f0a3c5e-1b2d-4e6f-8a9b-0c1d2e3f4a5b") << "in lower case, as the catalog keeps it";
   EXPECT_FALSE((*ok)[0].name.has_value());
   EXPECT_EQ((*ok)[0].tags.at("a"), "b");
 }
@@ -785,11 +791,8 @@ TEST(Store, ExportImportRoundTripAndHostileExports) {
   fs::remove(ex);
 }
 
-// An archive whose second snapshot is damaged (a well-formed archive: the damage is inside the
-// entry's bytes, past the archive's own checks) imports nothing: every entry is checked before the
-// first is stored. The first was stored, and the import failed without saying so.
-TEST(Store, ImportOfAnArchiveWithOneDamagedEntryStoresNone) {
-  TempStore a, b;
+// Saves two slots into `a` as "first" and "second" and exports them to `ex`, in that order.
+void export_first_and_second(TempStore& a, const fs::path& ex) {
   Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faoff.slot");
   Loaded l2 = load(fixtures() / "v0.5.0/hd64-f16-f16-faon.slot");
   SaveRequest req;
@@ -797,8 +800,16 @@ TEST(Store, ImportOfAnArchiveWithOneDamagedEntryStoresNone) {
   ASSERT_TRUE(a.store->save(*l.file, l.state, req).ok());
   req.name = "second";
   ASSERT_TRUE(a.store->save(*l2.file, l2.state, req).ok());
-  const fs::path ex = a.root.parent_path() / ("export2-" + std::to_string(::getpid()) + ".tar.zst");
   ASSERT_TRUE(a.store->export_to({"first", "second"}, ex.string()).ok());
+}
+
+// An archive whose second snapshot is damaged (a well-formed archive: the damage is inside the
+// entry's bytes, past the archive's own checks) imports nothing: every entry is checked before the
+// first is stored. The first was stored, and the import failed without saying so.
+TEST(Store, ImportOfAnArchiveWithOneDamagedEntryStoresNone) {
+  TempStore a, b;
+  const fs::path ex = a.root.parent_path() / ("export2-" + std::to_string(::getpid()) + ".tar.zst");
+  ASSERT_NO_FATAL_FAILURE(export_first_and_second(a, ex));
   auto entries = test::archive_entries(ex.string());
   ASSERT_TRUE(entries.ok()) << entries.status().ToString();
   ASSERT_EQ(entries->size(), 3u);  // the index, then the two snapshots in the order asked
@@ -820,6 +831,22 @@ TEST(Store, ImportOfAnArchiveWithOneDamagedEntryStoresNone) {
   ASSERT_TRUE(all.ok());
   EXPECT_TRUE(all->empty()) << all->size() << " snapshot(s) of a failed import stored";
   EXPECT_EQ(files_under(b.root / "tmp"), 0u);
+}
+
+// A review's finding: an entry's label no snapshot may have (an all-digit name) was refused only when
+// its turn came to be stored, after the entries before it were.
+TEST(Store, ImportOfAnArchiveWithOneBadLabelStoresNone) {
+  TempStore a, b;
+  const fs::path ex = a.root.parent_path() / ("export3-" + std::to_string(::getpid()) + ".tar.zst");
+  ASSERT_NO_FATAL_FAILURE(export_first_and_second(a, ex));
+  Status edited = test::edit_export_index(ex.string(), [](nlohmann::json& j) { j["snapshots"][1]["name"] = "12345"; });
+  ASSERT_TRUE(edited.ok()) << edited.ToString();
+  auto r = b.store->import_from(ex.string());
+  fs::remove(ex);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kCorruption) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("'12345' cannot be a snapshot name"), std::string::npos) << r.status().ToString();
+  EXPECT_TRUE(b.store->catalog().list()->empty()) << "a failed import stored some of its entries";
 }
 
 }  // namespace
