@@ -50,22 +50,30 @@ size_t shared_start(const std::vector<int32_t>& a, const std::vector<int32_t>& b
 
 }  // namespace
 
-std::string owner_of_tokens(const std::deque<PromptOwner>& recent, const std::vector<int32_t>& slot_tokens) {
+std::string owner_of_tokens(const std::deque<PromptOwner>& recent, const std::vector<int32_t>& slot_tokens,
+                            const std::string& preferred) {
   const PromptOwner* best = nullptr;
+  bool tied = false;  // another namespace's prompt as long as the best
   for (const auto& o : recent) {
     if (o.tokens.empty() || o.tokens.size() > slot_tokens.size() || shared_start(o.tokens, slot_tokens) < o.tokens.size())
       continue;
-    if (!best || o.tokens.size() >= best->tokens.size()) best = &o;
+    if (best && o.tokens.size() == best->tokens.size()) {
+      if (o.ns != best->ns) tied = true;
+      if (o.ns == preferred) best = &o;
+    } else if (!best || o.tokens.size() > best->tokens.size()) {
+      best = &o;
+      tied = false;
+    }
   }
-  if (!best) return "";
+  if (!best || (tied && best->ns != preferred)) return "";
   for (const auto& o : recent)
     if (o.may_be_partial && o.ns != best->ns && shared_start(o.tokens, slot_tokens) > best->tokens.size()) return "";
   return best->ns;
 }
 
 std::string slot_owner(const std::deque<PromptOwner>& recent, const std::vector<int32_t>& slot_tokens,
-                       bool untokenized_job, const std::string& fallback) {
-  std::string owner = untokenized_job ? "" : owner_of_tokens(recent, slot_tokens);
+                       bool untokenized_job, const std::string& fallback, const std::string& preferred) {
+  std::string owner = untokenized_job ? "" : owner_of_tokens(recent, slot_tokens, preferred);
   return owner.empty() ? fallback : owner;
 }
 
@@ -89,7 +97,7 @@ void Persister::note_completion(const Exchange& x) {
   {
     std::lock_guard<std::mutex> l(mu_);
     remember_prompt(x, false);
-    jobs_.push_back({slot_of_answer(x), x.prompt_tokens.empty()});
+    jobs_.push_back({slot_of_answer(x), x.prompt_tokens.empty(), namespace_of(x)});
     ++queued_;
   }
   cv_.notify_all();
@@ -116,7 +124,7 @@ void Persister::worker() {
     jobs_.pop_front();
     busy_ = true;
     l.unlock();
-    save_changed(j.slot, j.unverifiable ? kUnattributed : "", j.unverifiable);
+    save_changed(j.slot, j.unverifiable ? kUnattributed : "", j.unverifiable, j.slot >= 0 ? j.ns : "");
     l.lock();
     busy_ = false;
     ++finished_;
@@ -124,7 +132,8 @@ void Persister::worker() {
   }
 }
 
-void Persister::save_changed(int only_slot, const std::string& fallback, bool untokenized_job) {
+void Persister::save_changed(int only_slot, const std::string& fallback, bool untokenized_job,
+                             const std::string& job_ns) {
   LlamaServer srv(target_.endpoint);
   auto slots = srv.slots();
   if (!slots.ok()) {
@@ -158,7 +167,7 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
     auto attribute = [&](const std::vector<int32_t>& tokens, SaveRequest& r) -> Status {
       {
         std::lock_guard<std::mutex> l(mu_);
-        slot_ns = slot_owner(recent_, tokens, untokenized_job, fallback);
+        slot_ns = slot_owner(recent_, tokens, untokenized_job, fallback, job_ns);
       }
       if ((unowned = slot_ns.empty()))
         return Status::NotFound("slot " + std::to_string(slot) + " holds a conversation that begins with no recent "
@@ -224,6 +233,21 @@ void Persister::save_all() {
   cv_.wait(l, [this] { return jobs_.empty() && !busy_; });
   l.unlock();
   save_changed(-1, kUnattributed);  // the last chance: whatever no prompt matches is kept, for no tenant
+}
+
+void Persister::note_restored(int slot) {
+  LlamaServer srv(target_.endpoint);
+  auto slots = srv.slots();
+  if (!slots.ok()) {
+    log_("persist: cannot list the slots after a restore into slot " + std::to_string(slot) + ": " +
+         slots.status().ToString());
+    return;
+  }
+  for (const auto& s : *slots) {
+    if (s.id != slot) continue;
+    std::lock_guard<std::mutex> l(mu_);
+    saved_task_[slot] = s.raw.value("id_task", int64_t(-1));
+  }
 }
 
 void Persister::forget_slots() {

@@ -61,12 +61,16 @@ struct PromptOwner {
   std::vector<int32_t> tokens;
   bool may_be_partial = false;  // its stream was given up: the child may have evaluated a part of it
 };
-// The namespace of the request whose prompt is the longest prefix of `slot_tokens` (the latest on a
-// tie; an empty prompt matches nothing), or "" when none is. Also "" when another namespace's
+// The namespace of the request whose prompt is the longest prefix of `slot_tokens` (an empty prompt
+// matches nothing), or "" when none is. Prompts of two namespaces that tie leave it to `preferred`
+// (the namespace of the exchange whose answer named this slot, "" for none) when it is one of them,
+// else to no one: the slot holds one of the two conversations, and a guess would give it to the
+// other tenant. Also "" when another namespace's
 // given-up prompt (may_be_partial) shares more of its start with the slot than that one: the slot
 // may hold a part of it (a request whose client hung up while the child evaluated its prompt), and
 // that part begins with the shorter prompt ("Hello", a chat template's opening).
-std::string owner_of_tokens(const std::deque<PromptOwner>& recent, const std::vector<int32_t>& slot_tokens);
+std::string owner_of_tokens(const std::deque<PromptOwner>& recent, const std::vector<int32_t>& slot_tokens,
+                            const std::string& preferred = "");
 
 // The namespace a save files a slot's contents under: owner_of_tokens, else `fallback`. A save that an
 // exchange kvsnap did not tokenize asked for (an array prompt, /v1/messages, /responses, /infill)
@@ -74,7 +78,7 @@ std::string owner_of_tokens(const std::deque<PromptOwner>& recent, const std::ve
 // begin with another namespace's shorter prompt ("Hello", a chat template's opening), and would be
 // filed, and with --tenant-per-namespace sealed, as that namespace's.
 std::string slot_owner(const std::deque<PromptOwner>& recent, const std::vector<int32_t>& slot_tokens,
-                       bool untokenized_job, const std::string& fallback);
+                       bool untokenized_job, const std::string& fallback, const std::string& preferred = "");
 
 struct PersistStats {
   uint64_t saved = 0, failed = 0;
@@ -94,6 +98,9 @@ class Persister {
   // A completion that did not end (its client hung up, Proxy::set_on_given_up): its prompt is
   // known as its namespace's for the later saves' attribution (owner_of_tokens); no save is queued.
   void note_prompt(const Exchange& x);
+  // `slot` now holds a stored snapshot (a prefix restore, a requantize's): the task it shows is not
+  // a conversation to save (after a restart, the restore's -fa probe gives it a new one).
+  void note_restored(int slot);
   // Waits until the saves queued before this call have run (or failed), at most `max_wait_s`; false
   // when it gave up (the save then races the caller's request for the slot). Called before a
   // completion is forwarded: llama-server may give it the slot whose conversation is still queued.
@@ -110,12 +117,15 @@ class Persister {
   struct Job {
     int slot;  // -1: the answer did not say; save the slots whose task changed
     bool unverifiable;  // kvsnap has no prompt tokens of the request (not tokenized)
+    std::string ns;     // the namespace of the exchange that asked for it
   };
   void worker();
   void remember_prompt(const Exchange& x, bool may_be_partial);  // mu_ held
   // `fallback`: the namespace for contents no recent prompt matches ("" = leave them for a later save);
   // `untokenized_job`: asked for by an exchange kvsnap did not tokenize (slot_owner).
-  void save_changed(int only_slot, const std::string& fallback, bool untokenized_job = false);
+  // `job_ns`: the namespace of the exchange whose answer named `only_slot` (slot_owner's `preferred`).
+  void save_changed(int only_slot, const std::string& fallback, bool untokenized_job = false,
+                    const std::string& job_ns = "");
 
   Io& io_;
   TenantStores& stores_;

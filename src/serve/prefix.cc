@@ -183,7 +183,10 @@ Result<ServerRestoreResult> PrefixRestorer::restore_into(int slot, const Snapsho
   auto restore = [&]() -> Result<ServerRestoreResult> {
     std::lock_guard<std::mutex> s(store_mu_);
     KV_ASSIGN_OR_RETURN(Store* store, stores_.for_namespace(ns));
-    return restore_to_server(io_, *store, t, std::to_string(info.id), false);
+    // By uuid: an id a removal frees may be another snapshot's by now (SQLite reuses the highest),
+    // and a missing all-digit id falls back to a uuid prefix; a uuid is never reused, and no name
+    // reads as one (check_snapshot_labels).
+    return restore_to_server(io_, *store, t, info.uuid.empty() ? std::to_string(info.id) : info.uuid, false);
   };
   Result<ServerRestoreResult> r = restore();
   if (!r.ok()) {
@@ -199,6 +202,7 @@ Result<ServerRestoreResult> PrefixRestorer::restore_into(int slot, const Snapsho
   held_[slot].assign(tokens.begin(), tokens.begin() + std::min<size_t>(tokens.size(), size_t(info.n_tokens)));
   ++stats_.restores;
   stats_.restored_tokens += info.n_tokens;
+  if (on_restored_) on_restored_(slot);
   if (book_)
     book_->put(slot, {info.id, ns, uint64_t(info.n_tokens), r->restore.bytes_out, r->ctk, r->ctv,
                       r->flash_attn == "on", "restored"});
@@ -235,6 +239,10 @@ Result<ServerRestoreResult> PrefixRestorer::restore_slot(int slot, int64_t id, c
     KV_ASSIGN_OR_RETURN(Store* store, stores_.for_namespace(ns));
     KV_ASSIGN_OR_RETURN(rec, store->catalog().get(id));
   }
+  // The book's id, checked against what it names now: removed and reused, it is another snapshot.
+  auto tag = rec.info.tags.find("serve.ns");
+  if (tag == rec.info.tags.end() || tag->second != ns)
+    return Status::NotFound("snapshot " + std::to_string(id) + " is no longer " + ns + "'s (removed meanwhile)");
   auto r = restore_into(slot, rec.info, rec.tokens, ns);
   if (r.ok()) fresh_[slot] = ns;
   return r;

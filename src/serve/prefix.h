@@ -61,6 +61,9 @@ class PrefixRestorer {
   PrefixStats stats();
   // Each restore is recorded there (before the first request).
   void set_book(SlotBook* book) { book_ = book; }
+  // Called after each restore into a slot (before the first request; must not call back here): what
+  // the slot holds now is a stored snapshot, not a conversation to save (Persister::note_restored).
+  void set_on_restored(std::function<void(int slot)> f) { on_restored_ = std::move(f); }
   // The child's cache types changed (a requantize); flash_attn "" = detect.
   void set_cache(const std::string& ctk, const std::string& ctv, const std::string& flash_attn);
   // Restores snapshot `id` of namespace `ns` into `slot` at the child's types (a requantize); the
@@ -99,6 +102,7 @@ class PrefixRestorer {
   std::map<int, std::string> fresh_;           // slot -> the namespace of a restore nobody used yet
   PrefixStats stats_;
   SlotBook* book_ = nullptr;
+  std::function<void(int)> on_restored_;
   // slot -> requests kvsnap pinned there whose exchange is not over: /slots shows such a slot idle
   // until the child starts the request, and another restore must not choose it meanwhile. Its own
   // mutex: released from the proxy's threads, never held across a call.

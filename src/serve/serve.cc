@@ -137,6 +137,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   SlotBook book;
   persist.set_book(&book);
   prefix.set_book(&book);
+  prefix.set_on_restored([&persist](int slot) { persist.note_restored(slot); });
   Drain drain;
   SlotGate slot_gate;
   Proxy proxy(

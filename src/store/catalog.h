@@ -328,7 +328,7 @@ std::string new_snapshot_uuid();
 // `uuid` in lower case, "" for "" (none given); kInvalidArgument unless it is 8-4-4-4-12 hex digits.
 Result<std::string> canonical_snapshot_uuid(const std::string& uuid);
 // kInvalidArgument for labels no snapshot may have: an empty or all-digit name (it would read as
-// an id), an empty tag key.
+// an id), a name that is a uuid (it would read as that snapshot's), an empty tag key.
 Status check_snapshot_labels(const std::optional<std::string>& name, const std::map<std::string, std::string>& tags);
 
 // Where a gc stands: its deletions (blobs, packs, temporaries, and their sizes in storage).

@@ -206,6 +206,9 @@ Status check_snapshot_labels(const std::optional<std::string>& name, const std::
     if (name->empty()) return Status::InvalidArgument("a snapshot name cannot be empty");
     if (catalog_detail::all_digits(*name))
       return Status::InvalidArgument("'" + *name + "' cannot be a snapshot name: it would read as an id");
+    // A reference that is a whole uuid names that snapshot only (kvsnap serve restores by uuid).
+    if (canonical_snapshot_uuid(*name).ok())
+      return Status::InvalidArgument("'" + *name + "' cannot be a snapshot name: it would read as a uuid");
   }
   for (const auto& [k, v] : tags) {
     if (k.empty()) return Status::InvalidArgument("a tag key cannot be empty");

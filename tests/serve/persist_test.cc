@@ -4,11 +4,13 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <thread>
 #include <random>
 
 #include "store/store_location.h"
@@ -27,14 +29,29 @@ TEST(ServePersist, OwnerIsTheRequestWhosePromptTheSlotHolds) {
   // The longest prompt that is a prefix wins, whoever came last.
   recent.push_back({"key-c", {1, 2}});
   EXPECT_EQ(owner_of_tokens(recent, {1, 2, 3, 4, 5}), "key-a");
-  // Equal prompts: the latest.
-  recent.push_back({"key-d", {1, 2, 3, 4}});
-  EXPECT_EQ(owner_of_tokens(recent, {1, 2, 3, 4, 5}), "key-d");
+  // Equal prompts of one namespace: its.
+  recent.push_back({"key-a", {1, 2, 3, 4}});
+  EXPECT_EQ(owner_of_tokens(recent, {1, 2, 3, 4, 5}), "key-a");
   // Nobody's prompt: no owner (a prompt longer than the slot, a different one, an empty one).
   EXPECT_EQ(owner_of_tokens(recent, {1, 2, 3}), "key-c");
   EXPECT_EQ(owner_of_tokens(recent, {7, 7, 7}), "");
   EXPECT_EQ(owner_of_tokens({{"key-e", {}}}, {1, 2}), "");
   EXPECT_EQ(owner_of_tokens({}, {1, 2}), "");
+}
+
+// A review's finding: ana and bob send the same prompt; ana's save runs after bob's completion was
+// noted, and the latest on a tie (bob) got ana's conversation, sealed for bob. Equal prompts of two
+// namespaces go to the one whose answer named the slot being saved, else to no one.
+TEST(ServePersist, EqualPromptsOfTwoNamespacesGoToTheSlotsOwnExchangeOrNoOne) {
+  const std::deque<PromptOwner> recent = {{"session-ana", {1, 2}}, {"session-bob", {1, 2}}};
+  EXPECT_EQ(owner_of_tokens(recent, {1, 2, 7}), "");
+  EXPECT_EQ(owner_of_tokens(recent, {1, 2, 7}, "session-ana"), "session-ana");
+  EXPECT_EQ(owner_of_tokens(recent, {1, 2, 7}, "session-bob"), "session-bob");
+  EXPECT_EQ(owner_of_tokens(recent, {1, 2, 7}, "session-eve"), "");
+  EXPECT_EQ(slot_owner(recent, {1, 2, 7}, false, "unattributed"), "unattributed");
+  // A longer prompt is no tie.
+  const std::deque<PromptOwner> longer = {{"session-ana", {1, 2, 7}}, {"session-bob", {1, 2}}};
+  EXPECT_EQ(owner_of_tokens(longer, {1, 2, 7, 9}, "session-bob"), "session-ana");
 }
 
 // A client that hangs up while the child evaluates its prompt leaves a part of it in the slot, and that
@@ -110,21 +127,39 @@ struct SilentChild {
   ~SilentChild() { ::close(fd); }
 };
 
+// A Persister in front of a child on `port`, with a directory store of its own (removed at the end).
+struct PersistBed {
+  fs::path root = fs::temp_directory_path() /
+                  ("kvsnap-persist-" + std::to_string(::getpid()) + "-" + std::to_string(std::random_device{}()));
+  std::unique_ptr<TenantStores> stores;
+  std::mutex store_mu;
+  std::unique_ptr<Persister> persist;
+  PersistBed(int port, double timeout_s) {
+    auto s = TenantStores::open(posix_io(), directory_store((root / "store").string()), false);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) return;
+    stores = std::move(s).value();
+    ServerTarget t;
+    t.endpoint = {"http://127.0.0.1:" + std::to_string(port), "", timeout_s};
+    t.slot_dir = (root / "slots").string();
+    persist = std::make_unique<Persister>(posix_io(), *stores, store_mu, t, [](const std::string&) {});
+  }
+  ~PersistBed() {
+    persist.reset();  // finishes the queued saves
+    stores.reset();
+    fs::remove_all(root);
+  }
+};
+
 TEST(ServePersist, WaitSavedReturnsAfterTheSavesQueuedBeforeIt) {
   // -np 1: the next completion takes the slot whose conversation the last one queued for saving; it
   // must wait for that save, or the conversation is replaced before it is saved.
   SilentChild child;
   ASSERT_GT(child.port, 0);
-  const fs::path root = fs::temp_directory_path() / ("kvsnap-persist-" + std::to_string(::getpid()) + "-" +
-                                                    std::to_string(std::random_device{}()));
   {
-    auto stores = TenantStores::open(posix_io(), directory_store((root / "store").string()), false);
-    ASSERT_TRUE(stores.ok()) << stores.status().ToString();
-    std::mutex store_mu;
-    ServerTarget t;
-    t.endpoint = {"http://127.0.0.1:" + std::to_string(child.port), "", /*timeout_s=*/2};
-    t.slot_dir = (root / "slots").string();
-    Persister persist(posix_io(), **stores, store_mu, t, [](const std::string&) {});
+    PersistBed bed(child.port, /*timeout_s=*/2);
+    ASSERT_TRUE(bed.persist);
+    Persister& persist = *bed.persist;
     EXPECT_TRUE(persist.wait_saved(0));  // nothing queued: nothing to wait for
 
     Exchange x;
@@ -142,7 +177,53 @@ TEST(ServePersist, WaitSavedReturnsAfterTheSavesQueuedBeforeIt) {
     EXPECT_TRUE(persist.wait_saved(60));
     EXPECT_EQ(persist.stats().failed, 1u);
   }
-  fs::remove_all(root);
+}
+
+// A child whose /slots shows slot 0 idle, filled, at task 7; it has no other route (a save of the slot
+// fails).
+struct SlotsChild {
+  httplib::Server svr;
+  int port = 0;
+  std::thread thread;
+  SlotsChild() {
+    svr.Get("/slots", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(R"([{"id": 0, "id_task": 7, "is_processing": false, "n_prompt_tokens": 5}])", "application/json");
+    });
+    port = svr.bind_to_any_port("127.0.0.1");
+    thread = std::thread([this] { svr.listen_after_bind(); });
+    while (!svr.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~SlotsChild() {
+    svr.stop();
+    thread.join();
+  }
+};
+
+// A review's finding: after a restart (a requantize), a restore into an empty slot runs a one-token
+// completion first (-fa auto's probe), which gives the slot a new task; the next save took kvsnap's own
+// restore for a conversation to save, and filed it by the recent prompts (another tenant's, or none,
+// dropping it from the book). A restored slot's task is noted as saved.
+TEST(ServePersist, ARestoredSlotsTaskIsNotSavedAgain) {
+  for (const bool restored : {false, true}) {
+    SCOPED_TRACE(restored ? "noted as restored" : "not noted");
+    SlotsChild child;
+    ASSERT_GT(child.port, 0);
+    {
+      PersistBed bed(child.port, /*timeout_s=*/5);
+      ASSERT_TRUE(bed.persist);
+      Persister& persist = *bed.persist;
+      if (restored) persist.note_restored(0);
+      Exchange x;
+      x.method = "POST";
+      x.path = "/v1/chat/completions";  // an answer that names no slot: every changed slot is saved
+      x.status = 200;
+      x.prompt_tokens = {1, 2};
+      x.response_body = R"({"choices": []})";
+      persist.note_completion(x);
+      ASSERT_TRUE(persist.wait_saved(60));
+      EXPECT_EQ(persist.stats().failed, restored ? 0u : 1u) << "a save of slot 0 was tried: " << persist.stats().last_error;
+    }
+  }
 }
 
 }  // namespace

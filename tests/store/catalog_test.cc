@@ -119,6 +119,25 @@ class CatalogTest : public ::testing::Test {
 
 // ---------------------------------------------------------------- schema (SQLite only; the rest is in catalog_contract.h)
 
+// What a reference reads as decides what a name may be: an id (all digits) or a whole uuid (kvsnap
+// serve restores by uuid: a name that is another snapshot's uuid would be restored in its place).
+TEST(CatalogRules, NamesThatReadAsAnIdOrAUuidAreRefused) {
+  const std::map<std::string, std::string> no_tags;
+  EXPECT_TRUE(check_snapshot_labels(std::string("chat-1"), no_tags).ok());
+  EXPECT_TRUE(check_snapshot_labels(std::nullopt, no_tags).ok());
+  EXPECT_FALSE(check_snapshot_labels(std::string(""), no_tags).ok());
+  EXPECT_FALSE(check_snapshot_labels(std::string("12345"), no_tags).ok());
+  EXPECT_FALSE(check_snapshot_labels(std::string("0f0a3c5e-1b2d-4e6f-8a9b-0c1d2e3f4a5b"), no_tags).ok());
+  EXPECT_FALSE(check_snapshot_labels(std::string("0F0A3C5E-1B2D-4E6F-8A9B-0C1D2E3F4A5B"), no_tags).ok());
+  EXPECT_TRUE(check_snapshot_labels(std::string("0f0a3c5e"), no_tags).ok()) << "a uuid prefix is a name";
+  EXPECT_FALSE(check_snapshot_labels(std::nullopt, {{"", "v"}}).ok());
+  EXPECT_EQ(canonical_snapshot_uuid("0F0A3C5E-1B2D-4E6F-8A9B-0C1D2E3F4A5B").value(), "0f0a3c5e-1b2d-4e6f-8a9b-0c1d2e3f4a5b");
+  EXPECT_EQ(canonical_snapshot_uuid("").value(), "");
+  for (const char* bad : {"u", "0f0a3c5e-1b2d-4e6f-8a9b-0c1d2e3f4a5", "0f0a3c5e_1b2d-4e6f-8a9b-0c1d2e3f4a5b",
+                          "0f0a3c5e-1b2d-4e6f-8a9b-0c1d2e3f4a5g", "../../etc/x y"})
+    EXPECT_EQ(canonical_snapshot_uuid(bad).status().code(), Code::kInvalidArgument) << bad;
+}
+
 TEST_F(CatalogTest, FreshFileIsMigratedToCurrentVersionWithWal) {
   auto c = open();
   ASSERT_TRUE(c);
