@@ -79,7 +79,7 @@ void Control::watch() {
       if (stopping_) return;
       saved_ = false;
     }
-    if (rung_ + 1 >= ladder_->rungs.size()) continue;
+    if (rung_ + 1 >= ladder_->rungs.size() || ladder_stopped_) continue;
     std::string key;
     {
       std::lock_guard<std::mutex> l(args_mu_);
@@ -102,8 +102,16 @@ void Control::watch() {
       ask.ctx_size = next.ctx_size;
       LocalAnswer out;
       run(ask, out);
-      if (out.status == 200) ++rung_;
-      else d_.log("dynamic cache: the step down failed (" + std::to_string(out.status) + "): " + out.body);
+      if (out.status == 200) {
+        ++rung_;
+      } else {
+        // Tried again after the next save, a step llama-server refuses would cost every completion a drain
+        // and two model loads: the ladder stays where it is until serve is started again.
+        ladder_stopped_ = true;
+        d_.log("dynamic cache: the step down failed (" + std::to_string(out.status) + "): " + out.body +
+               "; the ladder stays at " + ladder_->rungs[rung_].ctk + "/" + ladder_->rungs[rung_].ctv +
+               " until kvsnap serve is started again");
+      }
       break;
     }
   }

@@ -104,6 +104,7 @@ class Control {
   RequantizeProgress progress_;  // the running requantize, for usage and the log
   std::optional<Ladder> ladder_;
   std::atomic<size_t> rung_{0};
+  bool ladder_stopped_ = false;  // a step down failed: no more (the watcher thread only)
   std::mutex watch_mu_;
   std::condition_variable watch_cv_;
   bool stopping_ = false, saved_ = false;

@@ -46,7 +46,8 @@ Result<uint64_t> parse_budget(const std::string& s) {
   return n * mul;
 }
 
-Result<Ladder> make_ladder(const std::string& spec, uint64_t budget, const ModelInfo& model) {
+Result<Ladder> make_ladder(const std::string& spec, uint64_t budget, const ModelInfo& model,
+                           const std::string& flash_attn) {
   Ladder l;
   l.budget = budget;
   size_t p = 0;
@@ -60,9 +61,17 @@ Result<Ladder> make_ladder(const std::string& spec, uint64_t budget, const Model
     r.ctv = slash == std::string::npos ? r.ctk : item.substr(slash + 1);
     KV_ASSIGN_OR_RETURN(const TypeLayout* kt, rung_type(r.ctk, spec));
     KV_ASSIGN_OR_RETURN(const TypeLayout* vt, rung_type(r.ctv, spec));
+    if (vt->quantized && flash_attn == "off")
+      return Status::InvalidArgument("--dynamic-cache rung " + item + ": llama-server takes a quantized V cache only with "
+                                     "flash attention, and its ARGS say -fa off");
     auto bpt = bytes_per_token(model, *kt, *vt);
     if (!bpt.ok()) return bpt.status().Prefixed("--dynamic-cache rung " + item);
     r.bytes_per_token = *bpt;
+    if (!l.rungs.empty() && r.bytes_per_token >= l.rungs.back().bytes_per_token)
+      return Status::InvalidArgument("--dynamic-cache rung " + item + " holds " + std::to_string(r.bytes_per_token) +
+                                     " bytes a token, the rung before it " +
+                                     std::to_string(l.rungs.back().bytes_per_token) +
+                                     ": each rung must be smaller than the one before (e.g. f16,q8_0,q4_0)");
     const uint64_t ctx = budget / r.bytes_per_token / kCtxPad * kCtxPad;
     if (ctx == 0 || ctx > (1u << 30))
       return Status::InvalidArgument("--cache-budget " + std::to_string(budget) + " bytes holds " +

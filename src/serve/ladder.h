@@ -11,6 +11,10 @@
 //     K and V row widths) and the type table's row sizes (format/ggml_types.h
 //     row_bytes); its context is budget / bytes per token, rounded down to a
 //     multiple of 256 (llama.cpp pads the cache's size to 256 cells);
+//   - every rung holds fewer bytes a token than the one before (a step down
+//     that grows the cache would shrink -c under the slots it restores), and
+//     with `flash_attn` "off" no rung has a quantized V (llama-server refuses
+//     it): kInvalidArgument, so that no step is bound to fail;
 //   - a step down is due when a slot holds at least 90% of its context
 //     (kStepAt) and a lower rung is left.
 #pragma once
@@ -37,7 +41,9 @@ struct Ladder {
 
 inline constexpr double kStepAt = 0.9;
 
-Result<Ladder> make_ladder(const std::string& spec, uint64_t budget, const ModelInfo& model);
+// `flash_attn`: the child's -fa (on, off, auto).
+Result<Ladder> make_ladder(const std::string& spec, uint64_t budget, const ModelInfo& model,
+                           const std::string& flash_attn);
 // "1048576", "512K", "64M", "2G" (powers of 1024); kInvalidArgument naming --cache-budget otherwise.
 Result<uint64_t> parse_budget(const std::string& s);
 

@@ -65,7 +65,7 @@ Result<Ladder> ladder_of(Io& io, const ServeOptions& o, const LlamaArgs& args) {
   KV_ASSIGN_OR_RETURN(uint64_t budget, parse_budget(o.cache_budget));
   auto model = load_model_info(io, args.model);
   if (!model.ok()) return model.status().Prefixed("--dynamic-cache: reading the model " + args.model);
-  return make_ladder(o.dynamic_cache, budget, *model);
+  return make_ladder(o.dynamic_cache, budget, *model, args.flash_attn);
 }
 
 }  // namespace

@@ -512,6 +512,26 @@ TEST(Ladder, Budget) {
   }
 }
 
+// A review's finding: a rung llama-server refuses (a quantized V under -fa off), or one that grows the
+// cache, made a step that failed (or shrank -c under the slots it restores), tried again after every
+// save: a drain and two model loads per completion. Such ladders are refused up front.
+TEST(Ladder, RungsThatCannotStepDownAreRefused) {
+  auto model = load_model_info(posix_io(), std::string(KVSNAP_SOURCE_DIR) + "/fixtures/models/tiny-hd64.gguf");
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  auto good = make_ladder("f16,q8_0,q4_0", 64 << 20, *model, "auto");
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  EXPECT_EQ(good->rungs.size(), 3u);
+  EXPECT_TRUE(make_ladder("f16,q8_0/f16", 64 << 20, *model, "off").ok()) << "a quantized K needs no flash attention";
+  auto off = make_ladder("f16,q8_0", 64 << 20, *model, "off");
+  ASSERT_FALSE(off.ok());
+  EXPECT_EQ(off.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(off.status().message().find("-fa off"), std::string::npos) << off.status().ToString();
+  auto up = make_ladder("q4_0,f16", 64 << 20, *model, "on");
+  ASSERT_FALSE(up.ok());
+  EXPECT_NE(up.status().message().find("smaller than the one before"), std::string::npos) << up.status().ToString();
+  EXPECT_FALSE(make_ladder("q8_0,q8_0", 64 << 20, *model, "on").ok());
+}
+
 TEST(ServeListen, HostPort) {
   std::string h;
   int p = 0;
