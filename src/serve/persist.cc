@@ -250,6 +250,13 @@ void Persister::note_restored(int slot) {
   }
 }
 
+bool Persister::holds_unsaved(int slot, int64_t task) {
+  if (task < 0) return false;
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = saved_task_.find(slot);
+  return it == saved_task_.end() || it->second != task;
+}
+
 void Persister::forget_slots() {
   std::lock_guard<std::mutex> l(mu_);
   saved_task_.clear();

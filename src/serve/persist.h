@@ -101,6 +101,9 @@ class Persister {
   // `slot` now holds a stored snapshot (a prefix restore, a requantize's): the task it shows is not
   // a conversation to save (after a restart, the restore's -fa probe gives it a new one).
   void note_restored(int slot);
+  // Whether `slot` at `task` (its /slots id_task) holds a conversation whose save has not run: a
+  // task it has not saved (or noted as restored) since the child started.
+  bool holds_unsaved(int slot, int64_t task);
   // Waits until the saves queued before this call have run (or failed), at most `max_wait_s`; false
   // when it gave up (the save then races the caller's request for the slot). Called before a
   // completion is forwarded: llama-server may give it the slot whose conversation is still queued.

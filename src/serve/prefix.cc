@@ -2,6 +2,7 @@
 #include "serve/prefix.h"
 
 #include <algorithm>
+#include <set>
 
 #include "migrate/model_info.h"
 #include "serve/persist.h"
@@ -148,17 +149,26 @@ void PrefixRestorer::before_unguarded(Forward& f) {
   if (!slots.ok()) return;
   // The slot the request is pinned to as llama-server picks it (and the gate reserved): -3 is one too.
   const int pinned = pinned_slot_of(asked, slots->size());
-  int slot = -1;
-  size_t slot_has = 0, best_has = 0;
+  // An unpinned request goes to the idle slot worth least to it, and first to one whose conversation
+  // is saved: one just finished whose save is not queued yet would be lost to the restore.
+  std::vector<SlotChoice> choices;
+  size_t best_has = 0;
   for (const auto& s : *slots) {
-    const size_t has = common_prefix(held_[s.id], *toks);
-    best_has = std::max(best_has, has);
-    if (pinned >= 0 ? s.id == pinned : !s.is_processing && !taken(s.id) && (slot < 0 || has < slot_has)) {
-      slot = s.id;
-      slot_has = has;
-    }
+    const int64_t task = s.raw.value("id_task", int64_t(-1));
+    forget_if_replaced(s.id, task);
+    SlotChoice c;
+    c.id = s.id;
+    c.idle = !s.is_processing && !taken(s.id);
+    c.unsaved = holds_unsaved_ && holds_unsaved_(s.id, task);
+    c.has = common_prefix(held_[s.id], *toks);
+    best_has = std::max(best_has, c.has);
+    choices.push_back(c);
   }
+  const int slot = choose_restore_slot(choices, pinned);
   if (slot < 0) return;
+  size_t slot_has = 0;
+  for (const SlotChoice& c : choices)
+    if (c.id == slot) slot_has = c.has;
   if (uint64_t(best->n_tokens) <= (pinned >= 0 ? slot_has : best_has)) return pin_fresh(f, *toks, ns, asked);
   auto r = restore_into(slot, *best, *toks, ns);
   if (!r.ok()) {
@@ -200,6 +210,10 @@ Result<ServerRestoreResult> PrefixRestorer::restore_into(int slot, const Snapsho
     log_("prefix: the child's -fa auto is " + r->flash_attn + " (detected from a slot file it saved)");
   }
   held_[slot].assign(tokens.begin(), tokens.begin() + std::min<size_t>(tokens.size(), size_t(info.n_tokens)));
+  restored_task_.erase(slot);
+  if (auto now = LlamaServer(target_.endpoint).slots(); now.ok())
+    for (const auto& s : *now)
+      if (s.id == slot) restored_task_[slot] = s.raw.value("id_task", int64_t(-1));
   ++stats_.restores;
   stats_.restored_tokens += info.n_tokens;
   if (on_restored_) on_restored_(slot);
@@ -209,13 +223,47 @@ Result<ServerRestoreResult> PrefixRestorer::restore_into(int slot, const Snapsho
   return r;
 }
 
+int choose_restore_slot(const std::vector<SlotChoice>& slots, int pinned) {
+  const SlotChoice* best = nullptr;
+  for (const SlotChoice& c : slots) {
+    if (pinned >= 0) {
+      if (c.id == pinned) return c.id;
+      continue;
+    }
+    if (!c.idle) continue;
+    if (!best || (c.unsaved != best->unsaved ? !c.unsaved : c.has < best->has)) best = &c;
+  }
+  return best ? best->id : -1;
+}
+
+bool PrefixRestorer::forget_if_replaced(int slot, int64_t task) {
+  auto it = restored_task_.find(slot);
+  if (it == restored_task_.end() || it->second == task) return false;
+  restored_task_.erase(it);
+  held_.erase(slot);
+  fresh_.erase(slot);
+  return true;
+}
+
 void PrefixRestorer::pin_fresh(Forward& f, const std::vector<int32_t>& toks, const std::string& ns,
                                int asked) {
+  if (fresh_.empty()) return;
+  // A slot restored for `ns` that another request has used since (its task changed), or that one is
+  // running in now, holds no longer (or not yet again) what was restored.
+  LlamaServer srv(target_.endpoint);
+  auto slots = srv.slots();
+  if (!slots.ok()) return;
+  std::set<int> busy;
+  for (const auto& s : *slots) {
+    forget_if_replaced(s.id, s.raw.value("id_task", int64_t(-1)));
+    if (s.is_processing) busy.insert(s.id);
+  }
   // A chat's next turn renders the last answer anew (its tokens may differ from the ones generated):
   // the slot is worth it when most of what was restored is a prefix of the request.
   int slot = -1;
   size_t has = 0;
   for (const auto& [s, owner] : fresh_) {
+    if (busy.count(s)) continue;
     const auto& held = held_[s];
     const size_t c = common_prefix(held, toks);
     // Any id_slot but -1 pins the request (pinned_slot_of; a value that only wraps to a slot is never
@@ -263,6 +311,7 @@ void PrefixRestorer::after_unguarded(const Exchange& x) {
   if (slot >= 0) {
     held_[slot] = x.prompt_tokens;
     fresh_.erase(slot);
+    restored_task_.erase(slot);  // what it holds is this exchange's now, not a restore's
   }
   if (x.restored_tokens == 0) return;
   // Proof of reuse: what the child evaluated of the prompt after the restore.
@@ -310,6 +359,7 @@ void PrefixRestorer::forget_slots() {
   std::lock_guard<std::mutex> l(mu_);
   held_.clear();
   fresh_.clear();
+  restored_task_.clear();
 }
 
 PrefixStats PrefixRestorer::stats() {

@@ -47,6 +47,18 @@ struct PrefixStats {
   uint64_t last_prompt_n = 0;  // of the last answer after a restore
 };
 
+// A slot as a prefix restore weighs it.
+struct SlotChoice {
+  int id = -1;
+  bool idle = false;     // not processing, not pinned by kvsnap for a request in flight
+  bool unsaved = false;  // holds a conversation whose save has not run
+  size_t has = 0;        // tokens of the request it holds already, as far as kvsnap knows
+};
+// The slot a restore goes into: `pinned` (the request's own, llama-server's choice) when >= 0, else
+// the idle slot that holds a saved conversation (or none) and least of the request, else the idle
+// unsaved one that holds least; -1 when no slot is idle.
+int choose_restore_slot(const std::vector<SlotChoice>& slots, int pinned);
+
 class PrefixRestorer {
  public:
   // `target`: the child's endpoint, slot directory, model and cache types (flash_attn "" = detect).
@@ -64,6 +76,9 @@ class PrefixRestorer {
   // Called after each restore into a slot (before the first request; must not call back here): what
   // the slot holds now is a stored snapshot, not a conversation to save (Persister::note_restored).
   void set_on_restored(std::function<void(int slot)> f) { on_restored_ = std::move(f); }
+  // Whether `slot` at `task` (its /slots id_task) holds a conversation not saved yet: a restore goes
+  // into another idle slot when there is one (Persister::holds_unsaved).
+  void set_holds_unsaved(std::function<bool(int slot, int64_t task)> f) { holds_unsaved_ = std::move(f); }
   // The child's cache types changed (a requantize); flash_attn "" = detect.
   void set_cache(const std::string& ctk, const std::string& ctv, const std::string& flash_attn);
   // Restores snapshot `id` of namespace `ns` into `slot` at the child's types (a requantize); the
@@ -86,6 +101,9 @@ class PrefixRestorer {
   // what it holds is a prefix of the request (that much is the reuse to prove).
   void pin_fresh(Forward& f, const std::vector<int32_t>& toks, const std::string& ns,
                  int asked);
+  // Forgets what kvsnap restored into `slot` when its task is no longer the restore's (another request
+  // ran there); true when it did.
+  bool forget_if_replaced(int slot, int64_t task);
 
   Io& io_;
   TenantStores& stores_;
@@ -103,6 +121,8 @@ class PrefixRestorer {
   PrefixStats stats_;
   SlotBook* book_ = nullptr;
   std::function<void(int)> on_restored_;
+  std::function<bool(int, int64_t)> holds_unsaved_;
+  std::map<int, int64_t> restored_task_;  // slot -> its /slots id_task right after kvsnap's restore
   // slot -> requests kvsnap pinned there whose exchange is not over: /slots shows such a slot idle
   // until the child starts the request, and another restore must not choose it meanwhile. Its own
   // mutex: released from the proxy's threads, never held across a call.

@@ -1,6 +1,7 @@
 // serve/persist.h: a saved slot is tagged with the namespace of the request whose prompt it holds, and a
 // completion can wait for the saves queued before it.
 #include "serve/persist.h"
+#include "serve/prefix.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -224,6 +225,36 @@ TEST(ServePersist, ARestoredSlotsTaskIsNotSavedAgain) {
       EXPECT_EQ(persist.stats().failed, restored ? 0u : 1u) << "a save of slot 0 was tried: " << persist.stats().last_error;
     }
   }
+}
+
+// A review's finding: a prefix restore into an unpinned request's slot took the first idle slot that
+// held least of the request, which could be one whose conversation had just finished and whose save
+// was not queued yet (lost to the restore). A slot holding an unsaved conversation comes last.
+TEST(ServePrefix, ARestoreGoesFirstToASlotWhoseConversationIsSaved) {
+  const SlotChoice unsaved_empty{0, true, true, 0}, saved_empty{1, true, false, 0}, busy{2, false, false, 0},
+      saved_holding{3, true, false, 5};
+  EXPECT_EQ(choose_restore_slot({unsaved_empty, saved_empty}, -1), 1);
+  EXPECT_EQ(choose_restore_slot({saved_empty, unsaved_empty}, -1), 1);
+  EXPECT_EQ(choose_restore_slot({unsaved_empty, saved_holding}, -1), 3) << "a saved slot, even one worth more";
+  EXPECT_EQ(choose_restore_slot({saved_holding, saved_empty}, -1), 1) << "among saved ones, the one worth least";
+  EXPECT_EQ(choose_restore_slot({unsaved_empty, busy}, -1), 0) << "no saved idle slot: the unsaved one";
+  EXPECT_EQ(choose_restore_slot({busy}, -1), -1);
+  EXPECT_EQ(choose_restore_slot({saved_empty, busy}, 2), 2) << "a pinned request's slot, busy or not";
+  EXPECT_EQ(choose_restore_slot({saved_empty}, 7), -1);
+}
+
+TEST(ServePersist, ASlotHoldsAnUnsavedConversationUntilItsTaskIsSavedOrRestored) {
+  SlotsChild child;
+  ASSERT_GT(child.port, 0);
+  PersistBed bed(child.port, /*timeout_s=*/5);
+  ASSERT_TRUE(bed.persist);
+  EXPECT_FALSE(bed.persist->holds_unsaved(0, -1)) << "an empty slot";
+  EXPECT_TRUE(bed.persist->holds_unsaved(0, 7));
+  bed.persist->note_restored(0);  // the child says task 7
+  EXPECT_FALSE(bed.persist->holds_unsaved(0, 7));
+  EXPECT_TRUE(bed.persist->holds_unsaved(0, 8)) << "another request ran there since";
+  bed.persist->forget_slots();
+  EXPECT_TRUE(bed.persist->holds_unsaved(0, 7));
 }
 
 }  // namespace
