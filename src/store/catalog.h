@@ -242,7 +242,15 @@ class Catalog {
   // Deletes the snapshot (its children's parent_id becomes unset) and drops its
   // chunk references in one transaction. Returns the chunks whose refcount
   // reached 0. kNotFound when there is no such snapshot.
-  virtual Result<std::vector<ChunkHash>> remove_snapshot(int64_t id) = 0;
+  Result<std::vector<ChunkHash>> remove_snapshot(int64_t id) { return remove_snapshot_if(id, RemovalCheck{}); }
+  // What must still hold of an eviction's victim when it is removed, checked inside the removal's
+  // transaction: a pin or a later expiry committed after the plan was made (by another host) keeps it.
+  struct RemovalCheck {
+    bool unpinned = false;                     // kept when pinned
+    std::optional<std::string> expired_as_of;  // kept unless its expires_at <= this (ISO 8601 UTC)
+  };
+  // remove_snapshot() when `check` holds; kMismatch (nothing changed) when it does not.
+  virtual Result<std::vector<ChunkHash>> remove_snapshot_if(int64_t id, const RemovalCheck& check) = 0;
 
   virtual Result<SnapshotRecord> get(int64_t id) = 0;
   virtual Result<SnapshotInfo> get_info(int64_t id) = 0;

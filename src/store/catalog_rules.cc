@@ -45,6 +45,15 @@ bool all_digits(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+Status removal_allowed(int64_t id, bool pinned, const std::optional<std::string>& expires_at,
+                       const Catalog::RemovalCheck& check) {
+  if (check.unpinned && pinned) return Status::Mismatch("snapshot " + std::to_string(id) + " is pinned (kept)");
+  if (check.expired_as_of && !(expires_at && *expires_at <= *check.expired_as_of))
+    return Status::Mismatch("snapshot " + std::to_string(id) + " has not expired as of " + *check.expired_as_of +
+                            " (kept)");
+  return Status::OK();
+}
+
 bool uuid_like(const std::string& s) {
   return std::all_of(s.begin(), s.end(),
                      [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || c == '-'; });

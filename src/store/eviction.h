@@ -20,9 +20,11 @@
 //   - Only snapshots in scope are victims: a tenant's cap never evicts another
 //     tenant's (or an untagged) snapshot.
 //   - The plan is computed from one consistent read (Catalog::eviction_scope);
-//     Store::evict removes the victims with Catalog::remove_snapshot (which
-//     keeps every chunk another snapshot still uses) and skips one pinned
-//     meanwhile.
+//     Store::evict removes the victims with Catalog::remove_snapshot_if (which
+//     keeps every chunk another snapshot still uses), and keeps one pinned, or
+//     an expired one given a later expiry, since the plan was read: checked in
+//     the removal's own transaction, so a pin another host commits is never
+//     lost to a removal already planned.
 #pragma once
 
 #include <cstdint>

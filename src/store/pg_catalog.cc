@@ -443,13 +443,18 @@ Status PgCatalog::drop_chunk_uses(int64_t id, std::vector<ChunkHash>& freed) {
   return conn_->exec("DELETE FROM snapshot_chunks WHERE snapshot_id = $1", PgParams().i64(id)).status();
 }
 
-Result<std::vector<ChunkHash>> PgCatalog::remove_snapshot(int64_t id) {
+Result<std::vector<ChunkHash>> PgCatalog::remove_snapshot_if(int64_t id, const RemovalCheck& check) {
   std::vector<ChunkHash> freed;
   Status s = conn_->transaction(Iso::kReadCommitted, [&]() -> Status {
     freed.clear();
     {
-      KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT 1 FROM snapshots WHERE id = $1 FOR UPDATE", PgParams().i64(id)));
+      // The row lock orders this against a pin or an expiry change (UPDATEs of the row).
+      KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT pinned, expires_at FROM snapshots WHERE id = $1 FOR UPDATE",
+                                                  PgParams().i64(id)));
       if (q.rows() == 0) return no_snapshot(id);
+      const std::optional<std::string> expires =
+          q.is_null(0, 1) ? std::nullopt : std::optional<std::string>(q.text(0, 1));
+      KV_RETURN_IF_ERROR(removal_allowed(id, q.boolean(0, 0), expires, check));
     }
     KV_RETURN_IF_ERROR(drop_chunk_uses(id, freed));
     // Tags and blobs go by ON DELETE CASCADE.

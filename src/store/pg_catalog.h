@@ -85,7 +85,7 @@ class PgCatalog : public Catalog {
   Result<SnapshotInfo> add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks) override;
   // Checks the hold's session (PgGcHold) inside the commit transaction.
   Result<SnapshotInfo> commit_save(SnapshotRecord rec, const std::vector<ChunkUse>& chunks, GcLockHold& hold) override;
-  Result<std::vector<ChunkHash>> remove_snapshot(int64_t id) override;
+  Result<std::vector<ChunkHash>> remove_snapshot_if(int64_t id, const RemovalCheck& check) override;
   Result<SnapshotRecord> get(int64_t id) override;
   Result<SnapshotInfo> get_info(int64_t id) override;
   Result<std::vector<ChunkUse>> chunks_of(int64_t id) override;

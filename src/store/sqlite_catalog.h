@@ -66,7 +66,7 @@ class SqliteCatalog final : public Catalog {
   ~SqliteCatalog() override;
 
   Result<SnapshotInfo> add_snapshot(SnapshotRecord rec, const std::vector<ChunkUse>& chunks) override;
-  Result<std::vector<ChunkHash>> remove_snapshot(int64_t id) override;
+  Result<std::vector<ChunkHash>> remove_snapshot_if(int64_t id, const RemovalCheck& check) override;
   Result<SnapshotRecord> get(int64_t id) override;
   Result<SnapshotInfo> get_info(int64_t id) override;
   Result<std::vector<ChunkUse>> chunks_of(int64_t id) override;

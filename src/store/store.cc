@@ -475,12 +475,13 @@ Result<EvictResult> Store::evict(EvictionRequest req, bool dry_run, bool wait_gc
   if (dry_run || out.plan.victims.empty()) return out;
   std::vector<EvictionVictim> removed;
   for (EvictionVictim& v : out.plan.victims) {
-    auto now = catalog_->get_info(v.info.id);
-    if (!now.ok() && now.status().code() == Code::kNotFound) continue;  // removed meanwhile
-    KV_RETURN_IF_ERROR(now.status());
-    if (now->pinned) continue;  // pinned since the plan was read
-    auto gone = catalog_->remove_snapshot(v.info.id);
-    if (!gone.ok() && gone.status().code() == Code::kNotFound) continue;
+    // Checked in the removal's own transaction: pinned, or given a later expiry, since the plan was
+    // read (by another host of a shared store) is kept; removed meanwhile is done.
+    Catalog::RemovalCheck check;
+    check.unpinned = true;
+    if (v.expired) check.expired_as_of = req.now;
+    auto gone = catalog_->remove_snapshot_if(v.info.id, check);
+    if (!gone.ok() && (gone.status().code() == Code::kNotFound || gone.status().code() == Code::kMismatch)) continue;
     KV_RETURN_IF_ERROR(gone.status());
     removed.push_back(std::move(v));
   }

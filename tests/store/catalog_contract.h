@@ -822,6 +822,38 @@ TYPED_TEST_P(CatalogContract, EvictionKeepsPinsWhateverTheCap) {
   EXPECT_TRUE(plan(*c, 1200).victims.empty());
 }
 
+// A review's finding: Store::evict read the victim's pin, then removed it in another transaction,
+// so a pin (or a later expiry) another host committed in between was not seen: a pinned snapshot was
+// evicted. The removal checks them in its own transaction.
+TYPED_TEST_P(CatalogContract, AnEvictionsRemovalKeepsAVictimPinnedOrExtendedSinceThePlan) {
+  auto c = this->open();
+  const int64_t a = this->add(*c, aged("a", 1), {use("a")});
+  const int64_t b = this->add(*c, aged("b", 2), {use("b")});
+  Catalog::RemovalCheck unpinned;
+  unpinned.unpinned = true;
+  ASSERT_TRUE(c->set_pinned(a, true).ok());  // after the plan chose it
+  auto kept = c->remove_snapshot_if(a, unpinned);
+  EXPECT_EQ(kept.status().code(), Code::kMismatch) << kept.status().ToString();
+  EXPECT_TRUE(c->get_info(a).ok()) << "a pinned victim was removed";
+  this->expect_consistent(*c);
+  // Chosen as expired at `now`, its expiry since moved past it: kept; still expired: removed.
+  const std::string now = "2026-06-01T00:00:00Z";
+  Catalog::RemovalCheck expired = unpinned;
+  expired.expired_as_of = now;
+  ASSERT_TRUE(c->set_expiry(b, std::string("2026-07-01T00:00:00Z")).ok());
+  EXPECT_EQ(c->remove_snapshot_if(b, expired).status().code(), Code::kMismatch);
+  ASSERT_TRUE(c->set_expiry(b, std::nullopt).ok());
+  EXPECT_EQ(c->remove_snapshot_if(b, expired).status().code(), Code::kMismatch);
+  ASSERT_TRUE(c->set_expiry(b, std::string("2026-05-01T00:00:00Z")).ok());
+  auto gone = c->remove_snapshot_if(b, expired);
+  ASSERT_TRUE(gone.ok()) << gone.status().ToString();
+  EXPECT_EQ(*gone, std::vector<ChunkHash>{chunk("b")});
+  EXPECT_EQ(c->remove_snapshot_if(b, expired).status().code(), Code::kNotFound);
+  ASSERT_TRUE(c->set_pinned(a, false).ok());
+  EXPECT_TRUE(c->remove_snapshot_if(a, unpinned).ok());
+  this->expect_consistent(*c);
+}
+
 TYPED_TEST_P(CatalogContract, EvictionIsLeastRecentlyRestoredFirst) {
   auto c = this->open();
   int64_t a = this->add(*c, aged("a", 1), {use("a")});
@@ -933,7 +965,7 @@ TYPED_TEST_P(CatalogContract, TenantCapEvictsOnlyThatTenant) {
   EXPECT_TRUE(plan(*c, 0, "nobody").victims.empty());
 }
 
-REGISTER_TYPED_TEST_SUITE_P(CatalogContract, FindChunksAnswersAsFindChunkInOrder, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, ExpiredSnapshotsAreFoundFromTheSnapshotRows, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact, ACatalogBeforeEncryptionGainsItsColumns, EncryptedRowsKeepTheirKeyIdsAndAKeyedPrefixIndex, ExpiredSnapshotsAreFoundThroughTheExpiryIndex, ACatalogBeforeTheExpiryIndexGainsIt);
+REGISTER_TYPED_TEST_SUITE_P(CatalogContract, FindChunksAnswersAsFindChunkInOrder, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, AnEvictionsRemovalKeepsAVictimPinnedOrExtendedSinceThePlan, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, ExpiredSnapshotsAreFoundFromTheSnapshotRows, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact, ACatalogBeforeEncryptionGainsItsColumns, EncryptedRowsKeepTheirKeyIdsAndAKeyedPrefixIndex, ExpiredSnapshotsAreFoundThroughTheExpiryIndex, ACatalogBeforeTheExpiryIndexGainsIt);
 
 // What a save does (format/ will own the real one): blobs first, synced, then
 // the catalog row; the gc lock is held throughout.
