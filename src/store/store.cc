@@ -1017,6 +1017,11 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
       KV_RETURN_IF_ERROR(open_labels(c.meta, source_cipher, c.reader->manifest().content_digest, path + ": " + entry));
     return c;
   };
+  // An index entry without its file: the archive lost a snapshot it says it holds.
+  for (const ExportIndexEntry& e : index) {
+    const bool received = std::any_of(v.files.begin(), v.files.end(), [&](const auto& f) { return f.first == e.file; });
+    if (!received) return Status::Corruption(path + ": its index lists " + e.file + ", which the archive does not hold");
+  }
   // Every entry is checked before any is stored: a damaged one fails the import with nothing of
   // the archive in the store (its readers are opened again below, not kept: each holds a cache).
   for (const auto& [entry, tmp] : v.files) {

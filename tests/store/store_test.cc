@@ -849,5 +849,25 @@ TEST(Store, ImportOfAnArchiveWithOneBadLabelStoresNone) {
   EXPECT_TRUE(b.store->catalog().list()->empty()) << "a failed import stored some of its entries";
 }
 
+// A review's finding: an index entry whose file the archive did not hold was passed over in silence.
+TEST(Store, ImportOfAnArchiveMissingAListedFileStoresNone) {
+  TempStore a, b;
+  const fs::path ex = a.root.parent_path() / ("export4-" + std::to_string(::getpid()) + ".tar.zst");
+  ASSERT_NO_FATAL_FAILURE(export_first_and_second(a, ex));
+  Status edited = test::edit_export_index(ex.string(), [](nlohmann::json& j) {
+    nlohmann::json lost = j["snapshots"][1];
+    lost["file"] = "snapshots/lost.kvsnap";
+    j["snapshots"].push_back(lost);
+  });
+  ASSERT_TRUE(edited.ok()) << edited.ToString();
+  auto r = b.store->import_from(ex.string());
+  fs::remove(ex);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kCorruption) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("snapshots/lost.kvsnap, which the archive does not hold"), std::string::npos)
+      << r.status().ToString();
+  EXPECT_TRUE(b.store->catalog().list()->empty());
+}
+
 }  // namespace
 }  // namespace kvsnap
