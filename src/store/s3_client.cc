@@ -1,6 +1,7 @@
 #include "store/s3_client.h"
 
 #include <curl/curl.h>
+#include <openssl/evp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -507,6 +508,26 @@ Result<std::string> S3Client::upload_part(std::string_view key, const std::strin
   return etag;
 }
 
+namespace {
+
+// The ETag S3 (and Swift's s3api, Ceph RGW) gives an object made of parts with these ETags: the MD5
+// of their MD5s, "-", their count, in quotes; "" when a part's ETag is no MD5 (an encrypted bucket's).
+std::string multipart_etag(const std::vector<std::string>& etags) {
+  std::vector<uint8_t> md5s;
+  for (const std::string& e : etags) {
+    const std::string hex = e.size() == 34 && e.front() == '"' && e.back() == '"' ? e.substr(1, 32) : e;
+    uint8_t b[16];
+    if (hex.size() != 32 || !from_hex(hex, std::span<uint8_t>(b))) return "";
+    md5s.insert(md5s.end(), b, b + 16);
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  if (EVP_Digest(md5s.data(), md5s.size(), digest, &n, EVP_md5(), nullptr) != 1 || n != 16) return "";
+  return "\"" + to_hex(std::span<const uint8_t>(digest, 16)) + "-" + std::to_string(etags.size()) + "\"";
+}
+
+}  // namespace
+
 Status S3Client::complete_upload(std::string_view key, const std::string& upload_id,
                                  const std::vector<std::string>& etags) {
   std::string done = "<CompleteMultipartUpload>";
@@ -516,7 +537,16 @@ Status S3Client::complete_upload(std::string_view key, const std::string& upload
   Call complete("POST", key);
   complete.query = {{"uploadId", upload_id}};
   complete.body = std::as_bytes(std::span(done.data(), done.size()));
-  KV_ASSIGN_OR_RETURN(Reply r, perform(complete));
+  Result<Reply> completed = perform(complete);
+  if (!completed.ok() && completed.status().code() == Code::kNotFound) {
+    // NoSuchUpload: a retry of a complete whose first try went through (its reply lost), or a second
+    // complete. The object whose ETag is these parts' says the upload is whole.
+    Call h("HEAD", key);
+    const Result<Reply> object = perform(h);
+    const std::string want = multipart_etag(etags);
+    if (object.ok() && !want.empty() && object->etag == want) return Status::OK();
+  }
+  KV_ASSIGN_OR_RETURN(Reply r, std::move(completed));
   // S3 may answer 200 and put the error in the body (it failed after the headers went out).
   const S3ErrorBody e = parse_s3_error(r.body);
   if (!e.code.empty())

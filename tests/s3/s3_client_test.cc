@@ -125,6 +125,33 @@ TEST(S3Client, MultipartAboveTheThreshold) {
   EXPECT_EQ(c->list("packs/", 1000)->size(), 1u);
 }
 
+// A review's finding: a CompleteMultipartUpload is retried on a timeout or a 5xx; when the first try
+// went through and only its reply was lost, the retry gets NoSuchUpload, and a complete pack became a
+// failed save. The object whose ETag is these parts' (MD5 of their MD5s, "-N") says the upload is whole.
+TEST(S3Client, ACompleteSentAgainAfterItWentThroughSucceeds) {
+  KVSNAP_S3_BED_OR_SKIP(cfg);
+  auto c = client_with_bucket(*cfg);
+  const std::string key = "packs/twice.pack";
+  const auto first = pattern(5 << 20, 5), last = pattern(1000, 6);
+  auto id = c->start_upload(key);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  auto e1 = c->upload_part(key, *id, 1, first);
+  auto e2 = c->upload_part(key, *id, 2, last);
+  ASSERT_TRUE(e1.ok() && e2.ok());
+  ASSERT_TRUE(c->complete_upload(key, *id, {*e1, *e2}).ok());
+  // Swift (like S3, for a while) answers a second complete of the same upload 200 itself; a server that
+  // has forgotten the upload answers NoSuchUpload, as it does for an id it never gave.
+  const Status again = c->complete_upload(key, *id, {*e1, *e2});
+  EXPECT_TRUE(again.ok()) << again.ToString();
+  const Status forgotten = c->complete_upload(key, "upload-it-forgot", {*e1, *e2});
+  EXPECT_TRUE(forgotten.ok()) << forgotten.ToString();
+  // Other parts are no proof: the server's NoSuchUpload stands.
+  const Status other = c->complete_upload(key, "upload-it-forgot", {*e2, *e1});
+  EXPECT_EQ(other.code(), Code::kNotFound) << other.ToString();
+  EXPECT_EQ(c->complete_upload("packs/none.pack", "upload-it-forgot", {*e1, *e2}).code(), Code::kNotFound);
+  EXPECT_EQ(c->head(key)->value_or(0), first.size() + last.size());
+}
+
 TEST(S3Client, FromAFile) {
   KVSNAP_S3_BED_OR_SKIP(cfg);
   cfg->multipart_threshold = 5 << 20;
