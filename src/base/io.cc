@@ -172,8 +172,16 @@ class PosixIo final : public Io {
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
   }
   Result<std::unique_ptr<WritableFile>> open_scratch(const std::string& path) override {
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    // Written in place: only a regular file of this user with no other name, never through a link
+    // someone planted (it would write the slot's bytes into the file it points at).
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
     if (fd < 0) return errno_status("cannot create", path, errno);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1 || st.st_uid != ::geteuid()) {
+      ::close(fd);
+      return Status::InvalidArgument(path + ": not a scratch file kvsnap may write in place (a regular file of its "
+                                     "user with no other name)");
+    }
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd, /*scratch=*/true));
   }
   Status rename(const std::string& from, const std::string& to) override {

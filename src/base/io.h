@@ -189,7 +189,9 @@ class Io {
   // cache pages of its previous contents are reused instead of new ones
   // allocated; close() cuts it to the bytes written. No write-behind: a file
   // that is soon removed or rewritten gains nothing from reaching the disk early.
-  // The default is open_write(path, false): the same bytes, none of the reuse.
+  // kInvalidArgument for anything but a regular file of this user with one name
+  // (a symlink is not followed). The default is open_write(path, false): the same
+  // bytes, none of the reuse.
   virtual Result<std::unique_ptr<WritableFile>> open_scratch(const std::string& path);
   // `path`'s stamp (following symlinks). The default says kNotSupported (an Io without them).
   virtual Result<FileStamp> stamp(const std::string& path);

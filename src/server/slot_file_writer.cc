@@ -100,10 +100,17 @@ struct SlotFileWriter::Pipe {
 Result<std::unique_ptr<SlotFileWriter>> SlotFileWriter::create(Io& io, const std::string& path,
                                                                const std::string& scratch) {
   std::string tmp = path + std::string(kTempInfix) + unique_suffix();
-  // Claimed by a rename: of two writers, one gets it and the other makes a new file.
-  const bool claimed = !scratch.empty() && io.rename(scratch, tmp).ok();
-  KV_ASSIGN_OR_RETURN(auto f, claimed ? io.open_scratch(tmp) : io.open_write(tmp, /*exclusive=*/true));
-  return std::unique_ptr<SlotFileWriter>(new SlotFileWriter(io, path, std::move(tmp), std::move(f), claimed));
+  // Claimed by a rename: of two writers, one gets it and the other makes a new file. One kvsnap may
+  // not write in place (another user's: the server's file kept by a save; a link someone planted)
+  // is removed, and a new file made.
+  if (!scratch.empty() && io.rename(scratch, tmp).ok()) {
+    auto f = io.open_scratch(tmp);
+    if (f.ok()) return std::unique_ptr<SlotFileWriter>(new SlotFileWriter(io, path, tmp, std::move(*f), true));
+    (void)io.remove(tmp);
+    tmp = path + std::string(kTempInfix) + unique_suffix();
+  }
+  KV_ASSIGN_OR_RETURN(auto f, io.open_write(tmp, /*exclusive=*/true));
+  return std::unique_ptr<SlotFileWriter>(new SlotFileWriter(io, path, std::move(tmp), std::move(f), false));
 }
 
 SlotFileWriter::SlotFileWriter(Io& io, std::string path, std::string tmp, std::unique_ptr<WritableFile> f, bool reused)

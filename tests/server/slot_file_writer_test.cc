@@ -110,6 +110,31 @@ TEST(SlotFileWriter, OfTwoWritersOneGetsTheScratchFile) {
   EXPECT_EQ(slurp(d.path() + "/b.bin"), "B");
 }
 
+// A review's finding: the scratch file was opened through a symlink (or a second hard link) someone
+// planted in the slot directory, and the slot's bytes overwrote the file it pointed at, outside the
+// directory (with kvsnap as root: any file). One that is not a regular file of kvsnap's user with
+// one name is removed, and a new file made.
+TEST(SlotFileWriter, AScratchThatIsALinkIsNotWrittenThrough) {
+  const test::TempDir d{"kvsnap-slotfile"}, outside{"kvsnap-slotfile-outside"};
+  const std::string scratch = d.path() + "/.kvsnap-scratch.kvsnap-tmp-kept", victim = outside.path() + "/precious";
+  for (const bool hard : {false, true}) {
+    SCOPED_TRACE(hard ? "a hard link" : "a symlink");
+    { std::ofstream(victim, std::ios::binary) << "precious data"; }
+    if (hard) fs::create_hard_link(victim, scratch);
+    else fs::create_symlink(victim, scratch);
+    auto w = SlotFileWriter::create(posix_io(), d.path() + "/slot.bin", scratch);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_FALSE((*w)->reused_scratch());
+    ASSERT_TRUE(write_all(**w, "slot bytes").ok());
+    ASSERT_TRUE((*w)->commit().ok());
+    EXPECT_EQ(slurp(victim), "precious data");
+    EXPECT_EQ(slurp(d.path() + "/slot.bin"), "slot bytes");
+    EXPECT_FALSE(fs::is_symlink(d.path() + "/slot.bin"));
+    EXPECT_EQ(names(d.path()), std::vector<std::string>{"slot.bin"}) << "the link is gone";
+    fs::remove(d.path() + "/slot.bin");
+  }
+}
+
 TEST(SlotFileWriter, DroppedWithoutCommitLeavesNothing) {
   const test::TempDir d{"kvsnap-slotfile"};
   const std::string scratch = d.path() + "/.kvsnap-scratch.kvsnap-tmp-kept";
