@@ -217,8 +217,10 @@ class Migrator {
     if (o_.backup) KV_RETURN_IF_ERROR(o_.backup(path, *e.file, e.src).Prefixed("backing up " + path));
     KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(io_, path));
     KV_ASSIGN_OR_RETURN(ConvertResult res, convert_state(e.src, *e.file, e.req, *writer));
+    // The check after the fdatasync, which can take seconds: a save during it must show.
+    KV_RETURN_IF_ERROR(writer->sync());
     KV_RETURN_IF_ERROR(check_unchanged(path, e.stamp));
-    KV_RETURN_IF_ERROR(writer->commit());
+    KV_RETURN_IF_ERROR(writer->publish());
     r.bytes_after = res.bytes_out;
     r.action = FileAction::kConverted;
     return Status::OK();

@@ -15,7 +15,8 @@
 //     directory). A file that is not a llama.cpp state is skipped, not an error.
 //   - A file that changes while it is converted (a llama-server saving that slot again) is left
 //     as it is now and reported failed: the conversion of its older bytes never replaces it
-//     (its stamp, base/io.h's FileStamp, is compared before the rename).
+//     (its stamp, base/io.h's FileStamp, is compared after the converted temporary's fsync, just
+//     before the rename: a save during a long fsync shows too).
 //   - A conversion that would change the values but not the header (only a rotation) is refused:
 //     a rerun could not tell the converted file from its original.
 //   - One file failing does not stop the others; the summary lists it.

@@ -334,14 +334,26 @@ AtomicFileWriter::~AtomicFileWriter() {
 }
 
 Status AtomicFileWriter::append(std::span<const std::byte> data) {
-  if (committed_) return Status::InvalidArgument(path_ + ": append after commit");
+  if (committed_ || synced_) return Status::InvalidArgument(path_ + ": append after commit");
   return file_->append(data);
 }
 
 Status AtomicFileWriter::commit() {
-  if (committed_) return Status::OK();
+  KV_RETURN_IF_ERROR(sync());
+  return publish();
+}
+
+Status AtomicFileWriter::sync() {
+  if (synced_ || committed_) return Status::OK();
   KV_RETURN_IF_ERROR(file_->sync());
   KV_RETURN_IF_ERROR(file_->close());
+  synced_ = true;
+  return Status::OK();
+}
+
+Status AtomicFileWriter::publish() {
+  if (committed_) return Status::OK();
+  KV_RETURN_IF_ERROR(sync());
   KV_RETURN_IF_ERROR(io_.rename(tmp_path_, path_));
   committed_ = true;
   if (!sync_dir_) return Status::OK();

@@ -237,7 +237,16 @@ class AtomicFileWriter final : public ByteSink {
   ~AtomicFileWriter() override;
   using ByteSink::append;
   Status append(std::span<const std::byte> data) override;
+  // sync() then publish().
   Status commit();
+  // commit() in two steps, for a caller that must check something after the new bytes are durable
+  // and before they replace `path` (migrate_dir: that the original did not change meanwhile, which
+  // a check before a long fdatasync could not see). sync(): the temporary is durable and closed.
+  Status sync();
+  // Renames the temporary over `path` (syncing it first if sync() was not called), then fsyncs the
+  // directory. Once the rename is done, published() is true whatever the directory sync says.
+  Status publish();
+  bool published() const { return committed_; }
   const std::string& temp_path() const { return tmp_path_; }
 
  private:
@@ -248,6 +257,7 @@ class AtomicFileWriter final : public ByteSink {
   std::string tmp_path_;
   std::unique_ptr<WritableFile> file_;
   bool sync_dir_ = true;
+  bool synced_ = false;
   bool committed_ = false;
 };
 

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "temp_dir.h"
@@ -20,21 +21,10 @@ std::string slurp(const fs::path& p) {
   return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
-// The real file system, where a "server" replaces `victim` (a new file renamed over it, as a save
-// does) right after migrate has opened it to convert it (its second open: the first reads the
-// headers of every file before any conversion).
-class SavedMeanwhileIo final : public Io {
+// The real file system, every call forwarded: the base of the Ios below, which each hook one step.
+class ForwardingIo : public Io {
  public:
-  SavedMeanwhileIo(std::string victim, std::string newer) : victim_(std::move(victim)), newer_(std::move(newer)) {}
-  Result<std::unique_ptr<ReadableFile>> open_read(const std::string& path) override {
-    auto f = base().open_read(path);
-    if (f.ok() && path == victim_ && ++opens_ == 2) {
-      const std::string tmp = path + ".server-save";
-      std::ofstream(tmp, std::ios::binary) << newer_;
-      fs::rename(tmp, path);
-    }
-    return f;
-  }
+  Result<std::unique_ptr<ReadableFile>> open_read(const std::string& path) override { return base().open_read(path); }
   Result<std::unique_ptr<WritableFile>> open_write(const std::string& path, bool exclusive) override {
     return base().open_write(path, exclusive);
   }
@@ -49,34 +39,117 @@ class SavedMeanwhileIo final : public Io {
   Status create_dirs(const std::string& dir) override { return base().create_dirs(dir); }
   Result<FileStamp> stamp(const std::string& path) override { return base().stamp(path); }
 
- private:
+ protected:
   static Io& base() { return posix_io(); }
+};
+
+// What a llama-server's save does: a new file renamed over `path`.
+void save_over(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".server-save";
+  std::ofstream(tmp, std::ios::binary) << bytes;
+  fs::rename(tmp, path);
+}
+
+// A "server" replaces `victim` right after migrate has opened it to convert it (its second open:
+// the first reads the headers of every file before any conversion).
+class SavedMeanwhileIo final : public ForwardingIo {
+ public:
+  SavedMeanwhileIo(std::string victim, std::string newer) : victim_(std::move(victim)), newer_(std::move(newer)) {}
+  Result<std::unique_ptr<ReadableFile>> open_read(const std::string& path) override {
+    auto f = base().open_read(path);
+    if (f.ok() && path == victim_ && ++opens_ == 2) save_over(path, newer_);
+    return f;
+  }
+
+ private:
   std::string victim_, newer_;
   int opens_ = 0;
 };
 
-TEST(MigrateDir, AFileSavedAgainWhileConvertedKeepsTheNewSave) {
-  test::TempDir t("kvsnap-migrate-race");
-  const fs::path fixtures = fs::path(KVSNAP_SOURCE_DIR) / "fixtures";
-  const fs::path dir = t.path(), a = dir / "a.slot", b = dir / "b.slot";
-  fs::copy_file(fixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
-  fs::copy_file(fixtures / "v0.5.0/hd64-f16-f16-faon.slot", b);
-  const std::string newer = slurp(fixtures / "v0.5.0/hd64-f16-f16-faoff.slot");  // the server's later save
-  SavedMeanwhileIo io(a.string(), newer);
+// A written file whose sync() runs `on_sync` first.
+class HookedFile final : public WritableFile {
+ public:
+  HookedFile(std::unique_ptr<WritableFile> f, std::function<void()> on_sync)
+      : f_(std::move(f)), on_sync_(std::move(on_sync)) {}
+  using ByteSink::append;
+  Status append(std::span<const std::byte> d) override { return f_->append(d); }
+  Status sync() override {
+    if (on_sync_) on_sync_();
+    return f_->sync();
+  }
+  Status close() override { return f_->close(); }
+
+ private:
+  std::unique_ptr<WritableFile> f_;
+  std::function<void()> on_sync_;
+};
+
+// A "server" replaces `victim` while the fdatasync of its converted temporary runs.
+class SavedDuringSyncIo final : public ForwardingIo {
+ public:
+  SavedDuringSyncIo(std::string victim, std::string newer) : victim_(std::move(victim)), newer_(std::move(newer)) {}
+  Result<std::unique_ptr<WritableFile>> open_write(const std::string& path, bool exclusive) override {
+    KV_ASSIGN_OR_RETURN(auto f, base().open_write(path, exclusive));
+    if (path.rfind(victim_ + std::string(kTempInfix), 0) != 0) return f;
+    return std::unique_ptr<WritableFile>(new HookedFile(std::move(f), [this] { save_over(victim_, newer_); }));
+  }
+
+ private:
+  std::string victim_, newer_;
+};
+
+size_t temps_in(const fs::path& dir) {
+  size_t temps = 0;
+  for (const auto& e : fs::directory_iterator(dir)) temps += e.path().string().find(kTempInfix) != std::string::npos;
+  return temps;
+}
+
+const fs::path kFixtures = fs::path(KVSNAP_SOURCE_DIR) / "fixtures";
+
+// migrate_dir of `dir` to f32 K and V through `io`.
+Result<MigrateSummary> migrate_to_f32(Io& io, const fs::path& dir) {
   MigrateOptions o;
   o.dir = dir.string();
   o.spec.ctk = "f32";
   o.spec.ctv = "f32";
-  auto sum = migrate_dir(io, o);
+  return migrate_dir(io, o);
+}
+
+// `f` failed as a file the server saved again meanwhile, and holds that save.
+void expect_kept_the_new_save(const FileOutcome& f, const fs::path& path, const std::string& newer) {
+  EXPECT_EQ(f.action, FileAction::kFailed) << f.detail;
+  EXPECT_NE(f.detail.find("changed while kvsnap converted it"), std::string::npos) << f.detail;
+  EXPECT_TRUE(slurp(path) == newer) << "the conversion of the older file replaced the server's save";
+}
+
+TEST(MigrateDir, AFileSavedAgainWhileConvertedKeepsTheNewSave) {
+  test::TempDir t("kvsnap-migrate-race");
+  const fs::path dir = t.path(), a = dir / "a.slot", b = dir / "b.slot";
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", b);
+  const std::string newer = slurp(kFixtures / "v0.5.0/hd64-f16-f16-faoff.slot");  // the server's later save
+  SavedMeanwhileIo io(a.string(), newer);
+  auto sum = migrate_to_f32(io, dir);
   ASSERT_TRUE(sum.ok()) << sum.status().ToString();
   ASSERT_EQ(sum->files.size(), 2u);
-  EXPECT_EQ(sum->files[0].action, FileAction::kFailed) << sum->files[0].detail;
-  EXPECT_NE(sum->files[0].detail.find("changed while kvsnap converted it"), std::string::npos) << sum->files[0].detail;
-  EXPECT_EQ(slurp(a), newer) << "the conversion of the older file replaced the server's save";
+  expect_kept_the_new_save(sum->files[0], a, newer);
   EXPECT_EQ(sum->files[1].action, FileAction::kConverted) << sum->files[1].detail;
-  size_t temps = 0;
-  for (const auto& e : fs::directory_iterator(dir)) temps += e.path().string().find(kTempInfix) != std::string::npos;
-  EXPECT_EQ(temps, 0u);
+  EXPECT_EQ(temps_in(dir), 0u);
+}
+
+// The stamp is compared after the temporary's fdatasync (which can take seconds), not before it:
+// a save during that sync was replaced by the conversion of the older bytes, reported converted.
+TEST(MigrateDir, AFileSavedAgainDuringTheSyncOfItsConversionKeepsTheNewSave) {
+  test::TempDir t("kvsnap-migrate-sync-race");
+  const fs::path dir = t.path(), a = dir / "a.slot";
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
+  const std::string newer = slurp(kFixtures / "v0.5.0/hd64-f16-f16-faoff.slot");
+  SavedDuringSyncIo io(a.string(), newer);
+  auto sum = migrate_to_f32(io, dir);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  ASSERT_EQ(sum->files.size(), 1u);
+  expect_kept_the_new_save(sum->files[0], a, newer);
+  EXPECT_EQ(temps_in(dir), 0u);
 }
 
 }  // namespace
