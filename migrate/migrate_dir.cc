@@ -258,6 +258,21 @@ Result<std::vector<std::string>> scan(Io& io, const MigrateOptions& o, MigrateSu
   return todo;
 }
 
+// Two migrations of one directory at once convert the same files, each replacing the other's
+// output and reporting it as its own (or failing it as "changed"): the second is refused. Held for
+// the whole run, the stale temporaries' removal included. An Io without directory locks (memory)
+// runs unlocked.
+Result<std::unique_ptr<FileLock>> lock_for_migrate(Io& io, const std::string& dir) {
+  auto lock = io.lock_dir(dir);
+  if (!lock.ok() && lock.status().code() == Code::kNotSupported) return std::unique_ptr<FileLock>();
+  KV_RETURN_IF_ERROR(lock.status());
+  if (!*lock) {
+    return Status::IOError("another kvsnap migrate is running on " + dir +
+                           " (it holds the directory's lock): let it finish, then run again to check");
+  }
+  return std::move(*lock);
+}
+
 }  // namespace
 
 const char* file_action_name(FileAction a) {
@@ -293,6 +308,7 @@ uint64_t MigrateSummary::bytes_after() const {
 
 Result<MigrateSummary> migrate_dir(Io& io, const MigrateOptions& o) {
   const auto t0 = Clock::now();
+  KV_ASSIGN_OR_RETURN(const std::unique_ptr<FileLock> held, lock_for_migrate(io, o.dir));
   MigrateSummary sum;
   KV_ASSIGN_OR_RETURN(std::vector<std::string> listed, scan(io, o, sum));
   Migrator m(io, o);

@@ -9,6 +9,9 @@
 //   - Files already at the target are left alone, so a rerun after an
 //     interruption resumes where it stopped; stale temporary files of dead
 //     kvsnap processes are removed first.
+//   - One run at a time per directory: a run holds an exclusive flock on DIR itself (Io::lock_dir,
+//     no file created in it) for its whole length; a second is refused (kIOError, "another kvsnap
+//     migrate is running on DIR") before it touches anything.
 //   - Confined to DIR: only regular files directly in DIR are touched;
 //     symlinks (wherever they point), subdirectories and special files are
 //     skipped and reported (llama.cpp #26316 followed symlinks out of its slot
@@ -83,8 +86,8 @@ struct MigrateOptions {
   std::function<void(size_t done, size_t total, const FileOutcome* finished, const std::string& starting)> progress;
 };
 
-// kNotFound / kInvalidArgument when DIR is missing or not a directory;
-// per-file problems are outcomes, not errors.
+// kNotFound / kInvalidArgument when DIR is missing or not a directory; kIOError when another
+// migrate holds DIR; per-file problems are outcomes, not errors.
 Result<MigrateSummary> migrate_dir(Io& io, const MigrateOptions& opts);
 
 }  // namespace kvsnap

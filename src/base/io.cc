@@ -252,6 +252,17 @@ class PosixIo final : public Io {
     int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return errno_status("cannot open lock file", path, errno);
     int op = (mode == LockMode::kShared ? LOCK_SH : LOCK_EX) | (wait ? 0 : LOCK_NB);
+    return flock_fd(fd, op, path);
+  }
+  Result<std::unique_ptr<FileLock>> lock_dir(const std::string& dir) override {
+    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return errno_status("cannot open directory", dir, errno);
+    return flock_fd(fd, LOCK_EX | LOCK_NB, dir);
+  }
+
+ private:
+  // Takes the flock on `fd` (closed unless it is held): nullptr when LOCK_NB found another holder.
+  static Result<std::unique_ptr<FileLock>> flock_fd(int fd, int op, const std::string& path) {
     int rc;
     do {
       rc = ::flock(fd, op);
@@ -270,6 +281,10 @@ class PosixIo final : public Io {
 
 Result<std::unique_ptr<FileLock>> Io::lock_file(const std::string& path, LockMode, bool) {
   return Status::NotSupported(path + ": this Io has no file locks");
+}
+
+Result<std::unique_ptr<FileLock>> Io::lock_dir(const std::string& dir) {
+  return Status::NotSupported(dir + ": this Io has no directory locks");
 }
 
 Result<FileStamp> Io::stamp(const std::string& path) { return Status::NotSupported(path + ": this Io has no file stamps"); }

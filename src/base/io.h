@@ -183,6 +183,11 @@ class Io {
   // gives nullptr instead of blocking. Not every Io has locks: the default
   // says kNotSupported.
   virtual Result<std::unique_ptr<FileLock>> lock_file(const std::string& path, LockMode mode, bool wait);
+  // Locks the directory `dir` itself, exclusively, without waiting (flock on an O_DIRECTORY
+  // descriptor: no lock file appears among the directory's files, which may all be someone
+  // else's, e.g. a server's slots). nullptr when another holder has it. The default says
+  // kNotSupported.
+  virtual Result<std::unique_ptr<FileLock>> lock_dir(const std::string& dir);
   // A file handed to another process and then removed or written again (a slot
   // file for llama-server), never synced: written from its start over what
   // `path` holds (created if missing), without truncating first, so the page

@@ -113,6 +113,7 @@ class CountingIo final : public Io {
   Result<std::unique_ptr<FileLock>> lock_file(const std::string& path, LockMode mode, bool wait) override {
     return base().lock_file(path, mode, wait);
   }
+  Result<std::unique_ptr<FileLock>> lock_dir(const std::string& dir) override { return base().lock_dir(dir); }
 
  private:
   static Io& base() { return posix_io(); }

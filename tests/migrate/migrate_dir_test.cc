@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
+#include <thread>
 #include <string>
 
 #include "temp_dir.h"
@@ -38,6 +40,7 @@ class ForwardingIo : public Io {
   Result<std::vector<DirEntry>> list_dir(const std::string& dir) override { return base().list_dir(dir); }
   Status create_dirs(const std::string& dir) override { return base().create_dirs(dir); }
   Result<FileStamp> stamp(const std::string& path) override { return base().stamp(path); }
+  Result<std::unique_ptr<FileLock>> lock_dir(const std::string& dir) override { return base().lock_dir(dir); }
 
  protected:
   static Io& base() { return posix_io(); }
@@ -98,6 +101,22 @@ class SavedDuringSyncIo final : public ForwardingIo {
   std::string victim_, newer_;
 };
 
+// Stops in its first list_dir (a migration under way) until release().
+class StopsInListDirIo final : public ForwardingIo {
+ public:
+  Result<std::vector<DirEntry>> list_dir(const std::string& dir) override {
+    entered_.set_value();
+    release_.get_future().wait();
+    return base().list_dir(dir);
+  }
+  void wait_entered() { entered_future_.wait(); }
+  void release() { release_.set_value(); }
+
+ private:
+  std::promise<void> entered_, release_;
+  std::future<void> entered_future_ = entered_.get_future();
+};
+
 size_t temps_in(const fs::path& dir) {
   size_t temps = 0;
   for (const auto& e : fs::directory_iterator(dir)) temps += e.path().string().find(kTempInfix) != std::string::npos;
@@ -150,6 +169,33 @@ TEST(MigrateDir, AFileSavedAgainDuringTheSyncOfItsConversionKeepsTheNewSave) {
   ASSERT_EQ(sum->files.size(), 1u);
   expect_kept_the_new_save(sum->files[0], a, newer);
   EXPECT_EQ(temps_in(dir), 0u);
+}
+
+// A second migrate of a directory while one runs on it is refused, before it touches anything;
+// both ran, converting the same files and each reporting the other's work as its own.
+TEST(MigrateDir, ASecondMigrateOfTheDirectoryIsRefusedWhileOneRuns) {
+  test::TempDir t("kvsnap-migrate-twice");
+  const fs::path dir = t.path();
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", dir / "a.slot");
+  StopsInListDirIo first;
+  std::thread running([&] {
+    auto sum = migrate_to_f32(first, dir);
+    ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+    EXPECT_EQ(sum->count(FileAction::kConverted), 1u);
+  });
+  first.wait_entered();
+  ForwardingIo second;
+  auto refused = migrate_to_f32(second, dir);
+  first.release();
+  running.join();
+  ASSERT_FALSE(refused.ok()) << "a second migrate ran alongside the first";
+  EXPECT_EQ(refused.status().code(), Code::kIOError);
+  EXPECT_NE(refused.status().message().find("another kvsnap migrate is running on " + dir.string()), std::string::npos)
+      << refused.status().ToString();
+  // once the first is done, the directory is free again
+  auto again = migrate_to_f32(second, dir);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->count(FileAction::kAtTarget), 1u);
 }
 
 }  // namespace
