@@ -75,6 +75,38 @@ bool same_layout(const StateFile& a, const StateFile& b) {
   return true;
 }
 
+// Compares what is appended with `file`'s bytes from its start; the first difference stops the
+// writer (an error it returns), so a file that is not at the target is seldom read far.
+class MatchesFileSink final : public ByteSink {
+ public:
+  explicit MatchesFileSink(const ReadableFile& file) : file_(file) {}
+  using ByteSink::append;
+  Status append(std::span<const std::byte> data) override {
+    while (!data.empty()) {
+      const size_t n = std::min<size_t>(data.size(), size_t(1) << 20);
+      if (n > file_.size() - pos_) return differ();
+      buf_.resize(n);
+      KV_RETURN_IF_ERROR(file_.read_at(pos_, buf_));
+      if (std::memcmp(buf_.data(), data.data(), n) != 0) return differ();
+      pos_ += n;
+      data = data.subspan(n);
+    }
+    return Status::OK();
+  }
+  bool differs() const { return differs_; }
+  bool matched() const { return !differs_ && pos_ == file_.size(); }
+
+ private:
+  Status differ() {
+    differs_ = true;
+    return Status::Mismatch(file_.name() + ": differs from its conversion");
+  }
+  const ReadableFile& file_;
+  uint64_t pos_ = 0;
+  bool differs_ = false;
+  std::vector<std::byte> buf_;
+};
+
 bool has_state_magic(const ReadableFile& f) {
   std::byte head[4];
   if (f.size() < 4 || !f.read_at(0, head).ok()) return false;
@@ -184,12 +216,28 @@ class Migrator {
                    "migrate could not tell them apart and would rotate it again. migrate converts in place only what "
                    "the header shows; convert this file with `kvsnap convert` into another directory, then move it in");
       }
-      r.action = FileAction::kAtTarget;
-      r.bytes_after = r.bytes_before;
-      return Status::OK();
+      KV_ASSIGN_OR_RETURN(const bool at_target, converts_to_itself(e));
+      if (at_target) {
+        r.action = FileAction::kAtTarget;
+        r.bytes_after = r.bytes_before;
+        return Status::OK();
+      }
     }
     r.needs_conversion = true;
     return Status::OK();
+  }
+
+  // Whether the file is byte for byte what its conversion would write. The same header, types
+  // and layout (same_layout) do not make it so: a session's outputs, the seq ids of ggsq cells and
+  // M-RoPE cell extras differ between builds of one version, and a file a target build cannot
+  // load was reported at the target. Only asked when the layout is the same, and a difference
+  // stops at the first byte, so a file already at the target is the one read in full.
+  Result<bool> converts_to_itself(const Examined& e) {
+    MatchesFileSink same(*e.file);
+    auto converted = convert_state(e.src, *e.file, e.req, same);
+    if (same.differs()) return false;
+    KV_RETURN_IF_ERROR(converted.status());
+    return same.matched();
   }
 
   // A server that saves its slot while the file is converted writes a newer conversation (or, in

@@ -6,9 +6,10 @@
 //   - Each file is replaced atomically (temporary file beside it, fsync,
 //     rename): at any moment, even after kill -9, every file is either its
 //     original or a complete converted file.
-//   - Files already at the target are left alone, so a rerun after an
-//     interruption resumes where it stopped; stale temporary files of dead
-//     kvsnap processes are removed first.
+//   - Files already at the target (byte for byte what their conversion would write: compared
+//     when the header, types and layout match, as builds of one version differ in outputs, cell
+//     seq ids and cell extras) are left alone, so a rerun after an interruption resumes where it
+//     stopped; stale temporary files of dead kvsnap processes are removed first.
 //   - One run at a time per directory: a run holds an exclusive flock on DIR itself (Io::lock_dir,
 //     no file created in it) for its whole length; a second is refused (kIOError, "another kvsnap
 //     migrate is running on DIR") before it touches anything.
@@ -59,7 +60,7 @@ struct FileOutcome {
   std::string detail;         // why skipped or failed
   Status error;               // kFailed: the error itself (its code is what `kvsnap convert` of the file exits with)
   double seconds = 0;
-  bool needs_conversion = false;  // its header and layout differ from the target's
+  bool needs_conversion = false;  // it is not what its conversion would write
 };
 
 struct MigrateSummary {

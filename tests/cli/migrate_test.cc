@@ -85,6 +85,34 @@ TEST(Migrate, ConvertsInPlaceExactlyLikeConvertAndSkipsWhatIsDone) {
   EXPECT_NE(slurp(again).find("\"at_target\": 4"), std::string::npos) << slurp(again);
 }
 
+// A file whose header, types and layout are the target's is not yet at the target when a build
+// of that version writes other bytes around its tensors: b8121's v9 sessions hold outputs and
+// b8390's do not; b5640's ggsq v2 cells hold their seq id and b3543's do not. Each was reported
+// "at target", exit 0, left as it was for a build that cannot load it; now each becomes what
+// `kvsnap convert` writes, and a rerun finds it at the target.
+TEST(Migrate, AFileIsAtTheTargetOnlyWhenItIsWhatItsConversionWrites) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"b8121/hd64-f16-f16-faon.session", "--target-build b8390"},
+      {"b8390/hd64-f16-f16-faon.session", "--target-build b8121"},
+      {"b5640/hd64-f16-f16-faon.slot", "--format ggsq-v2-b3543"},
+      {"b5640/hd64-f16-f16-faon.slot", "--target-build b3543"},
+  };
+  for (const auto& [file, target] : cases) {
+    TempDir t;
+    const fs::path dir = slots_with(t, {{file, "s.bin"}});
+    const std::string args = target + " --model " + kModel;
+    const std::string want = expected_conversion(fixture(file), t.path, args);
+    ASSERT_FALSE(want.empty()) << file << " " << target;
+    ASSERT_NE(want, slurp(fixture(file))) << file << " " << target << ": converts to itself, this case proves nothing";
+    const std::string json = (t.path / "out.json").string();
+    ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " " + args + " --json >" + json), 0);
+    EXPECT_NE(slurp(json).find("\"converted\": 1"), std::string::npos) << file << " " << target << slurp(json);
+    EXPECT_TRUE(slurp(dir / "s.bin") == want) << file << " " << target << ": not what convert writes";
+    ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " " + args + " --json >" + json), 0);
+    EXPECT_NE(slurp(json).find("\"at_target\": 1"), std::string::npos) << file << " " << target << slurp(json);
+  }
+}
+
 // A slot directory of a llama.cpp that wrote ggsq v2: its quantized files do not say whether that
 // build rotated. Without --source-build they are left as they are and the run fails; with it they
 // convert exactly as `kvsnap convert --source-build` does.
