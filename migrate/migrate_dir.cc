@@ -167,8 +167,16 @@ class Migrator {
   }
 
   Status examine(const std::string& path, FileOutcome& r, Examined& e) {
-    if (auto st = io_.stamp(path); st.ok()) e.stamp = *st;  // before the open: a later change shows
-    KV_ASSIGN_OR_RETURN(e.file, io_.open_read(path));
+    // The listing said a regular file; by now it may be a symlink out of DIR or a FIFO (swapped
+    // meanwhile): neither is followed or waited on.
+    KV_ASSIGN_OR_RETURN(OpenedRegular opened, io_.open_regular(path));
+    if (!opened.file) {
+      r.action = opened.symlink ? FileAction::kSkippedLink : FileAction::kSkippedOther;
+      r.detail = opened.not_regular + " by now (a regular file when the directory was listed): not followed or read";
+      return Status::OK();
+    }
+    e.file = std::move(opened.file);
+    e.stamp = opened.stamp;
     r.bytes_before = e.file->size();
     auto parsed = parse_for_model(*e.file, {}, o_.model);
     if (!parsed.ok()) {

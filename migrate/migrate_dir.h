@@ -16,7 +16,8 @@
 //   - Confined to DIR: only regular files directly in DIR are touched;
 //     symlinks (wherever they point), subdirectories and special files are
 //     skipped and reported (llama.cpp #26316 followed symlinks out of its slot
-//     directory). A file that is not a llama.cpp state is skipped, not an error.
+//     directory), also when one takes a file's place after the listing (Io::open_regular: no
+//     symlink followed, no FIFO waited on; the stamp is the opened file's). A file that is not a llama.cpp state is skipped, not an error.
 //   - A file that changes while it is converted (a llama-server saving that slot again) is left
 //     as it is now and reported failed: the conversion of its older bytes never replaces it
 //     (its stamp, base/io.h's FileStamp, is compared after the converted temporary's fsync, just

@@ -143,17 +143,21 @@ class PosixFileLock final : public FileLock {
   int fd_;
 };
 
+// fstat(2) of a descriptor just opened; on failure the descriptor is closed.
+Status fstat_or_close(int fd, const std::string& path, struct stat& st) {
+  if (::fstat(fd, &st) == 0) return Status::OK();
+  const int e = errno;
+  ::close(fd);
+  return errno_status("stat", path, e);
+}
+
 class PosixIo final : public Io {
  public:
   Result<std::unique_ptr<ReadableFile>> open_read(const std::string& path) override {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return errno_status("cannot open", path, errno);
     struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      int e = errno;
-      ::close(fd);
-      return errno_status("stat", path, e);
-    }
+    KV_RETURN_IF_ERROR(fstat_or_close(fd, path, st));
     if (!S_ISREG(st.st_mode)) {
       ::close(fd);
       return Status::InvalidArgument(path + ": not a regular file");
@@ -235,6 +239,29 @@ class PosixIo final : public Io {
   Result<FileStamp> stamp(const std::string& path) override {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) return errno_status("stat", path, errno);
+    return stamp_of(st);
+  }
+  Result<OpenedRegular> open_regular(const std::string& path) override {
+    OpenedRegular r;
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0 && errno == ELOOP) {  // O_NOFOLLOW's answer for a symlink
+      r.symlink = true;
+      r.not_regular = "a symlink";
+      return r;
+    }
+    if (fd < 0) return errno_status("cannot open", path, errno);
+    struct stat st {};
+    KV_RETURN_IF_ERROR(fstat_or_close(fd, path, st));
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      r.not_regular = S_ISDIR(st.st_mode) ? "a directory" : "a FIFO, socket or device";
+      return r;
+    }
+    r.stamp = stamp_of(st);
+    r.file.reset(new PosixReadableFile(path, fd, static_cast<uint64_t>(st.st_size)));
+    return r;
+  }
+  static FileStamp stamp_of(const struct stat& st) {
     FileStamp f;
     f.device = uint64_t(st.st_dev);
     f.inode = uint64_t(st.st_ino);
@@ -288,6 +315,13 @@ Result<std::unique_ptr<FileLock>> Io::lock_dir(const std::string& dir) {
 }
 
 Result<FileStamp> Io::stamp(const std::string& path) { return Status::NotSupported(path + ": this Io has no file stamps"); }
+
+Result<OpenedRegular> Io::open_regular(const std::string& path) {
+  OpenedRegular r;
+  if (auto st = stamp(path); st.ok()) r.stamp = *st;  // before the open: a later change shows
+  KV_ASSIGN_OR_RETURN(r.file, open_read(path));
+  return r;
+}
 
 Result<std::unique_ptr<WritableFile>> Io::open_scratch(const std::string& path) {
   return open_write(path, /*exclusive=*/false);

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -162,6 +163,14 @@ class FileLock {
 };
 enum class LockMode { kShared, kExclusive };
 
+// What Io::open_regular found at a path.
+struct OpenedRegular {
+  std::unique_ptr<ReadableFile> file;  // null when something else is there
+  std::optional<FileStamp> stamp;      // of the opened file itself (nullopt: this Io has no stamps)
+  bool symlink = false;                // not followed
+  std::string not_regular;             // what is there instead ("a symlink", "a FIFO, socket or device", ...)
+};
+
 class Io {
  public:
   virtual ~Io() = default;
@@ -200,6 +209,12 @@ class Io {
   virtual Result<std::unique_ptr<WritableFile>> open_scratch(const std::string& path);
   // `path`'s stamp (following symlinks). The default says kNotSupported (an Io without them).
   virtual Result<FileStamp> stamp(const std::string& path);
+  // Opens `path` for reading only if it is itself a regular file, and stamps what was opened: a
+  // symlink is not followed and a FIFO is not waited on (POSIX: O_NOFOLLOW | O_NONBLOCK, then
+  // fstat), so a name swapped after a directory listing can neither lead out of the directory
+  // nor block. Something else there is an OpenedRegular without a file, not an error. The default
+  // (an Io without links or special files, e.g. memory): open_read and stamp.
+  virtual Result<OpenedRegular> open_regular(const std::string& path);
 };
 
 // The process-wide real file system.

@@ -88,6 +88,11 @@ class CountingIo final : public Io {
     KV_ASSIGN_OR_RETURN(auto f, base().open_read(path));
     return std::unique_ptr<ReadableFile>(std::make_unique<CountingReadable>(std::move(f)));
   }
+  Result<OpenedRegular> open_regular(const std::string& path) override {
+    KV_ASSIGN_OR_RETURN(OpenedRegular r, base().open_regular(path));
+    if (r.file) r.file = std::make_unique<CountingReadable>(std::move(r.file));
+    return r;
+  }
   Result<std::unique_ptr<WritableFile>> open_write(const std::string& path, bool exclusive) override {
     if (interrupted()) return stopped(path);
     KV_ASSIGN_OR_RETURN(auto f, base().open_write(path, exclusive));

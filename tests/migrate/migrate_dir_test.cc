@@ -9,6 +9,11 @@
 #include <functional>
 #include <future>
 #include <thread>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <string>
 
 #include "temp_dir.h"
@@ -41,6 +46,7 @@ class ForwardingIo : public Io {
   Status create_dirs(const std::string& dir) override { return base().create_dirs(dir); }
   Result<FileStamp> stamp(const std::string& path) override { return base().stamp(path); }
   Result<std::unique_ptr<FileLock>> lock_dir(const std::string& dir) override { return base().lock_dir(dir); }
+  Result<OpenedRegular> open_regular(const std::string& path) override { return base().open_regular(path); }
 
  protected:
   static Io& base() { return posix_io(); }
@@ -58,8 +64,8 @@ void save_over(const std::string& path, const std::string& bytes) {
 class SavedMeanwhileIo final : public ForwardingIo {
  public:
   SavedMeanwhileIo(std::string victim, std::string newer) : victim_(std::move(victim)), newer_(std::move(newer)) {}
-  Result<std::unique_ptr<ReadableFile>> open_read(const std::string& path) override {
-    auto f = base().open_read(path);
+  Result<OpenedRegular> open_regular(const std::string& path) override {
+    auto f = base().open_regular(path);
     if (f.ok() && path == victim_ && ++opens_ == 2) save_over(path, newer_);
     return f;
   }
@@ -115,6 +121,20 @@ class StopsInListDirIo final : public ForwardingIo {
  private:
   std::promise<void> entered_, release_;
   std::future<void> entered_future_ = entered_.get_future();
+};
+
+// Runs `swap` right after the directory is listed: a file replaced by something else after the scan.
+class SwappedAfterListingIo final : public ForwardingIo {
+ public:
+  explicit SwappedAfterListingIo(std::function<void()> swap) : swap_(std::move(swap)) {}
+  Result<std::vector<DirEntry>> list_dir(const std::string& dir) override {
+    auto listed = base().list_dir(dir);
+    if (swap_) std::exchange(swap_, nullptr)();
+    return listed;
+  }
+
+ private:
+  std::function<void()> swap_;
 };
 
 size_t temps_in(const fs::path& dir) {
@@ -196,6 +216,50 @@ TEST(MigrateDir, ASecondMigrateOfTheDirectoryIsRefusedWhileOneRuns) {
   auto again = migrate_to_f32(second, dir);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->count(FileAction::kAtTarget), 1u);
+}
+
+// The scan saw a regular file; a symlink to a file outside DIR was put in its place before the
+// file was opened. It was followed: the outside file's conversion was renamed over the link,
+// its bytes brought into DIR and reported converted.
+TEST(MigrateDir, ASymlinkSwappedInAfterTheScanIsNotFollowed) {
+  test::TempDir t("kvsnap-migrate-swap-link");
+  const fs::path root = t.path(), dir = root / "slots", a = dir / "a.slot", outside = root / "outside.slot";
+  fs::create_directories(dir);
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faoff.slot", outside);
+  const std::string outside_bytes = slurp(outside);
+  SwappedAfterListingIo io([&] {
+    fs::remove(a);
+    fs::create_symlink(outside, a);
+  });
+  auto sum = migrate_to_f32(io, dir);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  ASSERT_EQ(sum->files.size(), 1u);
+  EXPECT_EQ(sum->files[0].action, FileAction::kSkippedLink) << sum->files[0].detail;
+  EXPECT_TRUE(fs::is_symlink(a)) << "the link was replaced by a conversion of what it points at";
+  EXPECT_TRUE(slurp(outside) == outside_bytes);
+  EXPECT_EQ(temps_in(dir), 0u);
+}
+
+// As above with a FIFO: its open waited for a writer that never comes (the run hung).
+TEST(MigrateDir, AFifoSwappedInAfterTheScanIsNotWaitedOn) {
+  test::TempDir t("kvsnap-migrate-swap-fifo");
+  const fs::path dir = t.path(), a = dir / "a.slot";
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
+  SwappedAfterListingIo io([&] {
+    fs::remove(a);
+    ASSERT_EQ(::mkfifo(a.c_str(), 0600), 0);
+  });
+  auto run = std::async(std::launch::async, [&] { return migrate_to_f32(io, dir); });
+  if (run.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "migrate blocked in the open of a FIFO";
+    const int w = ::open(a.c_str(), O_WRONLY | O_NONBLOCK);  // lets the blocked open return
+    if (w >= 0) ::close(w);
+  }
+  auto sum = run.get();
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  ASSERT_EQ(sum->files.size(), 1u);
+  EXPECT_EQ(sum->files[0].action, FileAction::kSkippedOther) << sum->files[0].detail;
 }
 
 }  // namespace
