@@ -276,9 +276,18 @@ class Migrator {
     // The check after the fdatasync, which can take seconds: a save during it must show.
     KV_RETURN_IF_ERROR(writer->sync());
     KV_RETURN_IF_ERROR(check_unchanged(path, e.stamp));
-    KV_RETURN_IF_ERROR(writer->publish());
+    const Status published = writer->publish();
+    if (!published.ok() && !writer->published()) return published;  // the original is untouched
     r.bytes_after = res.bytes_out;
     r.action = FileAction::kConverted;
+    if (!published.ok()) {
+      // Renamed, then the directory's fsync failed: saying FAILED would claim the original is
+      // still there, and it is not.
+      r.action = FileAction::kConvertedNotDurable;
+      r.error = published;
+      r.detail = "replaced by its conversion, but the fsync of the directory failed, so the new entry may not "
+                 "survive a crash (the original is gone): " + published.ToString();
+    }
     return Status::OK();
   }
 
@@ -334,6 +343,7 @@ Result<std::unique_ptr<FileLock>> lock_for_migrate(Io& io, const std::string& di
 const char* file_action_name(FileAction a) {
   switch (a) {
     case FileAction::kConverted: return "converted";
+    case FileAction::kConvertedNotDurable: return "converted, NOT DURABLE";
     case FileAction::kWouldConvert: return "would convert";
     case FileAction::kAtTarget: return "at target";
     case FileAction::kNotState: return "not a state file";
@@ -348,17 +358,25 @@ size_t MigrateSummary::count(FileAction a) const {
   return size_t(std::count_if(files.begin(), files.end(), [a](const FileOutcome& f) { return f.action == a; }));
 }
 
+size_t MigrateSummary::problems() const { return count(FileAction::kFailed) + count(FileAction::kConvertedNotDurable); }
+
+namespace {
+bool was_converted(FileAction a) {
+  return a == FileAction::kConverted || a == FileAction::kConvertedNotDurable || a == FileAction::kWouldConvert;
+}
+}  // namespace
+
 uint64_t MigrateSummary::bytes_before() const {
   uint64_t n = 0;
   for (const auto& f : files)
-    if (f.action == FileAction::kConverted || f.action == FileAction::kWouldConvert) n += f.bytes_before;
+    if (was_converted(f.action)) n += f.bytes_before;
   return n;
 }
 
 uint64_t MigrateSummary::bytes_after() const {
   uint64_t n = 0;
   for (const auto& f : files)
-    if (f.action == FileAction::kConverted || f.action == FileAction::kWouldConvert) n += f.bytes_after;
+    if (was_converted(f.action)) n += f.bytes_after;
   return n;
 }
 
@@ -403,7 +421,7 @@ Result<MigrateSummary> migrate_dir(Io& io, const MigrateOptions& o) {
   fork_join(size_t(jobs), [&](size_t) { worker(); });
   if (m.interrupted()) {
     size_t converted = 0;
-    for (const auto& f : done) converted += f.action == FileAction::kConverted;
+    for (const auto& f : done) converted += f.action == FileAction::kConverted || f.action == FileAction::kConvertedNotDurable;
     return Status::Interrupted(o.dir + ": stopped by a signal after converting " + std::to_string(converted) + " of " +
                                std::to_string(todo.size()) +
                                " files; every file is either converted or untouched: run the same migrate again to finish");

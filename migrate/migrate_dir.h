@@ -24,7 +24,9 @@
 //     before the rename: a save during a long fsync shows too).
 //   - A conversion that would change the values but not the header (only a rotation) is refused:
 //     a rerun could not tell the converted file from its original.
-//   - One file failing does not stop the others; the summary lists it.
+//   - One file failing does not stop the others; the summary lists it. A file renamed into place
+//     whose directory fsync then fails is reported as that (kConvertedNotDurable), not as failed:
+//     its original is gone, the converted file is there but its entry may not survive a crash.
 //   - With a backup hook (--backup-store), a file is converted only after its
 //     original has been stored.
 #pragma once
@@ -43,6 +45,8 @@ namespace kvsnap {
 
 enum class FileAction {
   kConverted,
+  kConvertedNotDurable,  // replaced by its conversion, but the directory's fsync failed: the new
+                         // entry may not survive a crash (the original is gone either way); an error
   kWouldConvert,   // --dry-run
   kAtTarget,       // already what was asked: left alone
   kNotState,       // not a llama.cpp state file
@@ -59,7 +63,8 @@ struct FileOutcome {
   uint64_t bytes_after = 0;   // converted size (estimated exactly for --dry-run)
   std::string from, to;       // "ggsq v3 K f16 V f16 rows" -> "..."
   std::string detail;         // why skipped or failed
-  Status error;               // kFailed: the error itself (its code is what `kvsnap convert` of the file exits with)
+  Status error;               // kFailed: the error itself (its code is what `kvsnap convert` of the file exits
+                              // with); kConvertedNotDurable: the directory fsync's
   double seconds = 0;
   bool needs_conversion = false;  // it is not what its conversion would write
 };
@@ -69,6 +74,8 @@ struct MigrateSummary {
   uint64_t stale_temps_removed = 0;
   double seconds = 0;
   size_t count(FileAction a) const;
+  // kFailed and kConvertedNotDurable: the files that make the run an error.
+  size_t problems() const;
   uint64_t bytes_before() const;   // of converted (or would-convert) files
   uint64_t bytes_after() const;
 };

@@ -45,6 +45,7 @@ json to_json(const MigrateSummary& s, bool dry_run) {
           {"not_state", s.count(FileAction::kNotState)},
           {"skipped", s.count(FileAction::kSkippedLink) + s.count(FileAction::kSkippedOther)},
           {"failed", s.count(FileAction::kFailed)},
+          {"converted_not_durable", s.count(FileAction::kConvertedNotDurable)},
           {"bytes_before", s.bytes_before()},
           {"bytes_after", s.bytes_after()},
           {"stale_temps_removed", s.stale_temps_removed},
@@ -56,7 +57,8 @@ std::string to_text(const MigrateSummary& s, bool dry_run) {
   std::string out;
   for (const auto& f : s.files) {
     out += "  " + f.name + ": " + file_action_name(f.action);
-    if (f.action == FileAction::kConverted || f.action == FileAction::kWouldConvert)
+    if (f.action == FileAction::kConverted || f.action == FileAction::kConvertedNotDurable ||
+        f.action == FileAction::kWouldConvert)
       out += ", " + f.from + " -> " + f.to + ", " + mib(f.bytes_before) + " -> " + mib(f.bytes_after);
     if (!f.detail.empty()) out += " (" + f.detail + ")";
     out += "\n";
@@ -73,6 +75,10 @@ std::string to_text(const MigrateSummary& s, bool dry_run) {
                 before >= after ? mib(before - after).c_str() : mib(after - before).c_str(),
                 before >= after ? (dry_run ? "would be freed" : "freed") : (dry_run ? "more" : "more"), s.seconds);
   out += buf;
+  if (const size_t n = s.count(FileAction::kConvertedNotDurable)) {
+    out += std::to_string(n) + " of the converted files replaced their originals but their directory entries may not "
+                                "survive a crash (the directory's fsync failed; listed above)\n";
+  }
   if (s.stale_temps_removed) out += "removed " + std::to_string(s.stale_temps_removed) + " stale temporary files\n";
   return out;
 }
@@ -171,11 +177,13 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
     out = (server_note.empty() ? "" : server_note + "\n") + to_text(sum, o.dry_run);
   }
   // The exit status is the first failed file's (in name order), as `kvsnap convert` of it would exit.
-  const size_t failed = sum.count(FileAction::kFailed);
+  // A file converted whose directory fsync failed counts too (its original is gone: not "failed").
+  const size_t problems = sum.problems();
+  const char* what = sum.count(FileAction::kConvertedNotDurable) ? " failed or are not durable" : " failed";
   for (const FileOutcome& f : sum.files) {
-    if (f.action != FileAction::kFailed) continue;
-    return f.error.Prefixed(std::to_string(failed) + " of the files in " + o.dir +
-                            " failed (listed above); the first, " + f.name);
+    if (f.action != FileAction::kFailed && f.action != FileAction::kConvertedNotDurable) continue;
+    return f.error.Prefixed(std::to_string(problems) + " of the files in " + o.dir + what +
+                            " (listed above); the first, " + f.name);
   }
   return Status::OK();
 }

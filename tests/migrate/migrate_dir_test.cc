@@ -137,6 +137,12 @@ class SwappedAfterListingIo final : public ForwardingIo {
   std::function<void()> swap_;
 };
 
+// Every fsync of a directory fails (EIO), after the rename it follows.
+class FailingDirSyncIo final : public ForwardingIo {
+ public:
+  Status sync_dir(const std::string& dir) override { return Status::IOError(dir + ": fsync: EIO (injected)"); }
+};
+
 size_t temps_in(const fs::path& dir) {
   size_t temps = 0;
   for (const auto& e : fs::directory_iterator(dir)) temps += e.path().string().find(kTempInfix) != std::string::npos;
@@ -260,6 +266,28 @@ TEST(MigrateDir, AFifoSwappedInAfterTheScanIsNotWaitedOn) {
   ASSERT_TRUE(sum.ok()) << sum.status().ToString();
   ASSERT_EQ(sum->files.size(), 1u);
   EXPECT_EQ(sum->files[0].action, FileAction::kSkippedOther) << sum->files[0].detail;
+}
+
+// The rename is done when the directory's fsync fails: the file is its conversion, and the outcome
+// says so (and that its entry may not be durable) where it said FAILED, as if the original stood.
+TEST(MigrateDir, AFailedDirectorySyncAfterTheRenameIsReportedAsConvertedNotDurable) {
+  test::TempDir t("kvsnap-migrate-dirsync");
+  const fs::path dir = t.path(), a = dir / "a.slot", ref = dir / "ref";
+  fs::create_directories(ref);
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", ref / "a.slot");
+  ForwardingIo plain;
+  ASSERT_TRUE(migrate_to_f32(plain, ref).ok());
+  FailingDirSyncIo io;
+  auto sum = migrate_to_f32(io, dir);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  const FileOutcome& f = sum->files.at(0);
+  ASSERT_EQ(f.name, "a.slot");
+  EXPECT_EQ(f.action, FileAction::kConvertedNotDurable) << file_action_name(f.action) << " " << f.detail;
+  EXPECT_NE(f.detail.find("may not survive a crash (the original is gone)"), std::string::npos) << f.detail;
+  EXPECT_EQ(f.error.code(), Code::kIOError);
+  EXPECT_EQ(sum->problems(), 1u);
+  EXPECT_TRUE(slurp(a) == slurp(ref / "a.slot")) << "not the converted file";
 }
 
 }  // namespace
