@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -114,14 +115,25 @@ bool has_state_magic(const ReadableFile& f) {
   return magic == kMagicGgsq || magic == kMagicGgsn;
 }
 
-// `<file>.kvsnap-tmp-<pid>-<n>` of a process that no longer runs.
-bool is_stale_temp(const std::string& name) {
+// A name kvsnap gives its temporaries: `<file>.kvsnap-tmp-<pid>-<n>...` (base/io.h's
+// unique_suffix), or the kept slot scratch file. Only these are taken for kvsnap's own: any other
+// name holding the infix is a file like the others (`x.kvsnap-tmp-notapid` was removed as stale).
+// Returns the pid, 0 for the scratch file, nullopt for any other name.
+std::optional<long> temp_pid(const std::string& name) {
+  if (name == kKeptScratchName) return 0;
   const auto at = name.find(kTempInfix);
-  if (at == std::string::npos) return false;
-  const long pid = std::strtol(name.c_str() + at + kTempInfix.size(), nullptr, 10);
-  if (pid <= 0) return true;
-  return ::kill(pid_t(pid), 0) != 0 && errno == ESRCH;
+  if (at == std::string::npos) return std::nullopt;
+  const size_t digits = at + kTempInfix.size();
+  size_t end = digits;
+  while (end < name.size() && end - digits < 10 && name[end] >= '0' && name[end] <= '9') ++end;
+  if (end == digits || end >= name.size() || name[end] != '-') return std::nullopt;
+  const long pid = std::strtol(name.c_str() + digits, nullptr, 10);
+  if (pid <= 0) return std::nullopt;
+  return pid;
 }
+
+// A temporary of a process that no longer runs (the scratch file: always; it is a cache).
+bool is_stale_temp(long pid) { return pid == 0 || (::kill(pid_t(pid), 0) != 0 && errno == ESRCH); }
 
 class Migrator {
  public:
@@ -301,8 +313,8 @@ Result<std::vector<std::string>> scan(Io& io, const MigrateOptions& o, MigrateSu
   std::sort(entries.begin(), entries.end(), [](const DirEntry& a, const DirEntry& b) { return a.name < b.name; });
   std::vector<std::string> todo;
   for (const DirEntry& e : entries) {
-    if (e.name.find(kTempInfix) != std::string::npos) {
-      if (is_stale_temp(e.name) && e.is_regular && !o.dry_run && io.remove(o.dir + "/" + e.name).ok())
+    if (const std::optional<long> pid = temp_pid(e.name)) {
+      if (is_stale_temp(*pid) && e.is_regular && !o.dry_run && io.remove(o.dir + "/" + e.name).ok())
         ++sum.stale_temps_removed;
       continue;
     }

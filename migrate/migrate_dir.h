@@ -9,7 +9,8 @@
 //   - Files already at the target (byte for byte what their conversion would write: compared
 //     when the header, types and layout match, as builds of one version differ in outputs, cell
 //     seq ids and cell extras) are left alone, so a rerun after an interruption resumes where it
-//     stopped; stale temporary files of dead kvsnap processes are removed first.
+//     stopped; stale temporary files of dead kvsnap processes (by the names kvsnap gives
+//     them only) are removed first.
 //   - One run at a time per directory: a run holds an exclusive flock on DIR itself (Io::lock_dir,
 //     no file created in it) for its whole length; a second is refused (kIOError, "another kvsnap
 //     migrate is running on DIR") before it touches anything.

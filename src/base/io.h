@@ -239,6 +239,9 @@ struct AtomicWriteOptions {
 // What marks AtomicFileWriter's temporary files: `<target>.kvsnap-tmp-<pid>-<random>`.
 // Cleaners of stale temporaries (migrate_dir) match this and read the pid after it.
 inline constexpr std::string_view kTempInfix = ".kvsnap-tmp-";
+// The one such name without a pid: the scratch file kvsnap keeps in a llama-server slot directory
+// (server/server_flows.h, kSlotScratchName), only ever a cache, which migrate_dir removes too.
+inline constexpr std::string_view kKeptScratchName = ".kvsnap-scratch.kvsnap-tmp-kept";
 
 // "<pid>-<64 random bits>": what makes every kvsnap temporary name unique across processes and
 // threads (AtomicFileWriter, the store's tmp/ files, slot files handed to llama-server).

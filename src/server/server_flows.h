@@ -65,7 +65,7 @@ struct ServerTarget {
 // carries kTempInfix (base/io.h) without a pid, so what cleans kvsnap's stale
 // temporaries (kvsnap migrate of that directory) removes it instead of taking it
 // for a slot file: it is only ever a cache.
-inline constexpr const char* kSlotScratchName = ".kvsnap-scratch.kvsnap-tmp-kept";
+inline constexpr const char* kSlotScratchName = kKeptScratchName.data();  // base/io.h
 
 struct ServerSaveResult {
   SaveResult save;

@@ -290,5 +290,23 @@ TEST(MigrateDir, AFailedDirectorySyncAfterTheRenameIsReportedAsConvertedNotDurab
   EXPECT_TRUE(slurp(a) == slurp(ref / "a.slot")) << "not the converted file";
 }
 
+// Only the names kvsnap gives its temporaries are removed as stale: a slot whose name holds
+// ".kvsnap-tmp-" without a pid after it was removed (any such name was taken for a dead
+// process's); it is converted as any other, and the kept slot scratch file still goes.
+TEST(MigrateDir, OnlyKvsnapsOwnTemporaryNamesAreRemovedAsStale) {
+  test::TempDir t("kvsnap-migrate-temp-names");
+  const fs::path dir = t.path();
+  for (const char* name : {"x.kvsnap-tmp-notapid", ".kvsnap-scratch.kvsnap-tmp-kept", "y.kvsnap-tmp-12abc"})
+    fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", dir / name);
+  ForwardingIo io;
+  auto sum = migrate_to_f32(io, dir);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  EXPECT_EQ(sum->stale_temps_removed, 1u);
+  EXPECT_FALSE(fs::exists(dir / ".kvsnap-scratch.kvsnap-tmp-kept"));
+  ASSERT_TRUE(fs::exists(dir / "x.kvsnap-tmp-notapid")) << "a slot file removed as a stale temporary";
+  ASSERT_TRUE(fs::exists(dir / "y.kvsnap-tmp-12abc")) << "a slot file removed as a stale temporary";
+  EXPECT_EQ(sum->count(FileAction::kConverted), 2u);
+}
+
 }  // namespace
 }  // namespace kvsnap
