@@ -7,6 +7,8 @@
 // through unchanged.
 #pragma once
 
+#include <algorithm>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -36,6 +38,42 @@ std::string render_remedies(std::string_view text, Name&& name) {
 // The command line's rendering: the remedy as typed ("--model GGUF").
 inline std::string render_remedies_as_flags(std::string_view text) {
   return render_remedies(text, [](std::string_view r) { return std::string(r); });
+}
+
+// `text` without each aside " (or {--a}/{--b})" that offers only remedies whose flag is in
+// `lacking`: for a front end without those options (migrate takes no --head-dim-k, the model
+// gives it), which must not suggest them. Anything else, the remedies before such an aside
+// included, is left for the renderers above.
+inline std::string drop_remedy_asides(std::string_view text, std::initializer_list<std::string_view> lacking) {
+  constexpr std::string_view kAside = " (or {--";
+  auto lacks = [&](std::string_view remedy) {
+    const std::string_view flag = remedy.substr(0, remedy.find(' '));
+    return std::find(lacking.begin(), lacking.end(), flag) != lacking.end();
+  };
+  // Whether `aside` ("{--a}/{--b}") is only remedies `lacking` names, with '/' between them.
+  auto only_lacking = [&](std::string_view aside) {
+    for (size_t at = 0; at < aside.size();) {
+      if (aside[at] == '/') {
+        ++at;
+        continue;
+      }
+      const size_t end = aside.find('}', at);
+      if (aside[at] != '{' || end == std::string_view::npos || !lacks(aside.substr(at + 1, end - at - 1))) return false;
+      at = end + 1;
+    }
+    return true;
+  };
+  std::string out;
+  size_t i = 0;
+  for (size_t open; (open = text.find(kAside, i)) != std::string_view::npos;) {
+    const size_t close = text.find(')', open);
+    if (close == std::string_view::npos) break;
+    const bool drop = only_lacking(text.substr(open + 5, close - open - 5));  // after " (or "
+    out.append(text.substr(i, (drop ? open : close + 1) - i));
+    i = close + 1;
+  }
+  out.append(text.substr(i));
+  return out;
 }
 
 }  // namespace kvsnap

@@ -229,7 +229,8 @@ void setup_migrate(CLI::App& app, int& exit_status) {
   sub->callback([o, &exit_status]() {
     std::string out;
     Status s = run_migrate(*o, out);
-    exit_status = report_with_output("migrate", s, out);
+    // The head dims come from --model only here (a directory's files need not share them).
+    exit_status = report_with_output("migrate", s, out, {"--head-dim-k", "--head-dim-v"});
   });
 }
 

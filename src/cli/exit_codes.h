@@ -71,20 +71,25 @@ static_assert(exit_code_explained(Code::kOk) && exit_code_explained(Code::kCorru
 // stdout on success, "kvsnap CMD: <kind>: <message>" to stderr otherwise.
 // Returns the process exit code.
 // Remedies the layers below name ("{--model GGUF}", base/remedy.h) are shown as the flags they are.
-inline int report(const char* command, const Status& s, const std::string& out) {
+// `lacking`: flags this command does not take; an aside offering only those is dropped
+// (drop_remedy_asides).
+inline int report(const char* command, const Status& s, const std::string& out,
+                  std::initializer_list<std::string_view> lacking = {}) {
+  auto render = [&](std::string_view t) { return render_remedies_as_flags(drop_remedy_asides(t, lacking)); };
   if (!s.ok()) {
-    std::fprintf(stderr, "kvsnap %s: %s\n", command, render_remedies_as_flags(s.ToString()).c_str());
+    std::fprintf(stderr, "kvsnap %s: %s\n", command, render(s.ToString()).c_str());
     return exit_code(s);
   }
-  std::fputs(render_remedies_as_flags(out).c_str(), stdout);
+  std::fputs(render(out).c_str(), stdout);
   return kExitOk;
 }
 
 // As report(), for commands whose output lists what failed (migrate's per-file outcomes, verify's
 // problems): on failure that output goes to stdout too, before the error, remedies rendered alike.
-inline int report_with_output(const char* command, const Status& s, const std::string& out) {
-  if (!s.ok() && !out.empty()) std::fputs(render_remedies_as_flags(out).c_str(), stdout);
-  return report(command, s, out);
+inline int report_with_output(const char* command, const Status& s, const std::string& out,
+                              std::initializer_list<std::string_view> lacking = {}) {
+  if (!s.ok() && !out.empty()) std::fputs(render_remedies_as_flags(drop_remedy_asides(out, lacking)).c_str(), stdout);
+  return report(command, s, out, lacking);
 }
 
 }  // namespace kvsnap::cli

@@ -113,6 +113,20 @@ TEST(Migrate, AFileIsAtTheTargetOnlyWhenItIsWhatItsConversionWrites) {
   }
 }
 
+// The rotation's remedy names what migrate takes: --model, not convert's --head-dim-k/--head-dim-v
+// (which migrate refuses as unknown options), in the file's line and in the error line.
+TEST(Migrate, ARemedyNamesOnlyOptionsMigrateTakes) {
+  TempDir t;
+  const fs::path dir = slots_with(t, {{"v0.5.0/hd64-f16-f16-faon.slot", "a.slot"}});
+  const std::string said = (t.path / "said.txt").string();
+  EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " --ctk q8_0 --ctv q8_0 -q >" + said + " 2>&1"), 2);
+  const std::string text = slurp(said);
+  EXPECT_NE(text.find("pass the model with --model GGUF"), std::string::npos) << text;
+  EXPECT_EQ(text.find("head-dim"), std::string::npos) << text;
+  EXPECT_NE(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " --head-dim-k 64 >/dev/null 2>&1"), 0)
+      << "migrate takes --head-dim-k: then its remedy may name it";
+}
+
 // A slot directory of a llama.cpp that wrote ggsq v2: its quantized files do not say whether that
 // build rotated. Without --source-build they are left as they are and the run fails; with it they
 // convert exactly as `kvsnap convert --source-build` does.
