@@ -161,6 +161,45 @@ TEST(PosixIo, TheTemporaryIsAsPrivateAsTheFileItReplacesAndLinksAreNotFollowed) 
   fs::remove_all(dir);
 }
 
+// open_regular opens a regular file and stamps it as stat does; a symlink (even to a regular file)
+// and a FIFO are reported, not followed or waited on. lock_dir locks a directory without a file in
+// it: a second holder is told so (nullptr), and the lock is free once dropped.
+TEST(PosixIo, OpenRegularNeitherFollowsLinksNorWaitsOnFifosAndLockDirCreatesNothing) {
+  const fs::path dir = fs::temp_directory_path() / ("kvsnap-io-regular-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string file = (dir / "a").string(), link = (dir / "link").string(), fifo = (dir / "fifo").string();
+  ASSERT_TRUE(write_atomically(file, "bytes").ok());
+  ASSERT_EQ(::symlink(file.c_str(), link.c_str()), 0);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto a = posix_io().open_regular(file);
+  ASSERT_TRUE(a.ok() && a->file) << a.status().ToString();
+  EXPECT_EQ(a->file->size(), 5u);
+  auto st = posix_io().stamp(file);
+  ASSERT_TRUE(st.ok() && a->stamp);
+  EXPECT_TRUE(*st == *a->stamp);
+  auto l = posix_io().open_regular(link);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_FALSE(l->file);
+  EXPECT_TRUE(l->symlink);
+  auto f = posix_io().open_regular(fifo);  // would block for a writer without O_NONBLOCK
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_FALSE(f->file);
+  EXPECT_FALSE(f->symlink);
+  EXPECT_EQ(f->not_regular, "a FIFO, socket or device");
+
+  {
+    auto first = posix_io().lock_dir(dir.string());
+    ASSERT_TRUE(first.ok() && *first) << first.status().ToString();
+    auto second = posix_io().lock_dir(dir.string());
+    ASSERT_TRUE(second.ok()) << second.status().ToString();
+    EXPECT_FALSE(*second) << "a held directory lock was given twice";
+  }
+  auto again = posix_io().lock_dir(dir.string());
+  ASSERT_TRUE(again.ok() && *again);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 3) << "a lock file was created";
+  fs::remove_all(dir);
+}
+
 // Run as root (as `sudo kvsnap migrate`), a replaced file keeps its owner and group: llama-server,
 // running as that owner, opens it for writing again when it saves the slot.
 TEST(PosixIo, AReplacedFileKeepsItsOwnerWhenRoot) {

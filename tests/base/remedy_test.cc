@@ -21,5 +21,15 @@ TEST(Remedy, TextWithoutARemedyPassesUnchanged) {
   }
 }
 
+// A command without --head-dim-k (migrate) drops the aside that offers only such flags; an aside
+// naming one it takes, and text without one, stay as they are.
+TEST(Remedy, AnAsideOfFlagsTheCommandLacksIsDropped) {
+  const std::string t = "pass the model with {--model GGUF} (or {--head-dim-k}/{--head-dim-v}), then retry";
+  EXPECT_EQ(drop_remedy_asides(t, {"--head-dim-k", "--head-dim-v"}), "pass the model with {--model GGUF}, then retry");
+  EXPECT_EQ(drop_remedy_asides(t, {"--head-dim-k"}), t);
+  EXPECT_EQ(drop_remedy_asides(t, {}), t);
+  EXPECT_EQ(drop_remedy_asides("x (or {--a N}) y (or {--b}) z (or {--a", {"--a"}), "x y (or {--b}) z (or {--a");
+}
+
 }  // namespace
 }  // namespace kvsnap
