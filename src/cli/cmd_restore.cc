@@ -106,6 +106,7 @@ Status run_restore(const RestoreOpts& o, std::string& out) {
   req.model = model ? &*model : nullptr;
   if (o.tokens) req.tokens = o.tokens;
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  KV_RETURN_IF_ERROR(refuse_output_over_inputs(o.out, *store, {{o.model, "the model (--model)"}}));
   AtomicWriteOptions written;
   // The plaintext of what an encrypted store seals: readable by its owner only.
   written.owner_only = !store->encryption_key_id().empty();

@@ -19,6 +19,7 @@ struct ExportOpts {
 Status run_export(const ExportOpts& o, std::string& out) {
   KV_RETURN_IF_ERROR(refuse_existing(o.out, o.force, "kvsnap export"));
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+  KV_RETURN_IF_ERROR(refuse_output_over_inputs(o.out, *store, {}));
   {
     ProgressDisplay shown("export", Counted::kRead, stored_bytes_of(*store, o.refs), o.progress.mode(o.json));
     KV_RETURN_IF_ERROR(store->export_to(o.refs, o.out, o.decrypt));

@@ -4,6 +4,8 @@
 
 #include <sys/stat.h>
 
+#include <filesystem>
+
 #include "migrate/cross_engine.h"
 #include "store/s3_client.h"
 #include "store/store_seal.h"
@@ -139,6 +141,28 @@ Status refuse_existing(const std::string& path, bool force, const std::string& c
   struct stat st {};
   if (!force && ::stat(path.c_str(), &st) == 0)
     return Status::InvalidArgument(path + " exists; pass --force to replace it");
+  return Status::OK();
+}
+
+Status refuse_output_over_inputs(const std::string& out, const Store& store,
+                                 const std::vector<std::pair<std::string, std::string>>& inputs) {
+  struct stat b {};
+  const bool exists = ::stat(out.c_str(), &b) == 0;
+  for (const auto& [path, what] : inputs) {
+    struct stat a {};
+    if (exists && !path.empty() && ::stat(path.c_str(), &a) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+      return Status::InvalidArgument(out + ": is " + what + "; kvsnap never writes over its input");
+  }
+  // Where the rename would put OUT, against the store's directory (both with their links resolved).
+  std::error_code ec;
+  const std::filesystem::path root = std::filesystem::weakly_canonical(store.paths().root, ec);
+  if (ec || root.empty()) return Status::OK();
+  const std::filesystem::path dir = std::filesystem::weakly_canonical(std::filesystem::absolute(out).parent_path(), ec);
+  if (ec) return Status::OK();
+  auto [r, d] = std::mismatch(root.begin(), root.end(), dir.begin(), dir.end());
+  if (r == root.end())
+    return Status::InvalidArgument(out + ": is inside the store (" + root.string() +
+                                   "); kvsnap never writes into its store's directory");
   return Status::OK();
 }
 

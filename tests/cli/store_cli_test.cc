@@ -208,6 +208,31 @@ TEST_F(StoreCli, ExitCodesAndMessages) {
   EXPECT_EQ(kv("verify").code, 2) << "verify needs names or --all";
 }
 
+// A review's finding: restore -o and export -o with --force replaced the store's own catalog or a
+// pack (exit 0, the store unreadable after), or the model restore was given. Refused, --force or not.
+TEST_F(StoreCli, RestoreAndExportNeverWriteOverTheStoreOrTheModel) {
+  const fs::path a = make_slot("a.slot", 2, 64, 40, 4);
+  ASSERT_EQ(kv("save " + a.string() + " --name one").code, 0);
+  const fs::path catalog = fs::path(store_) / "catalog.sqlite";
+  const std::string before = slurp(catalog);
+  for (const std::string& cmd : {"restore one -o " + catalog.string() + " --force",
+                                 "restore one -o " + (fs::path(store_) / "new.slot").string(),
+                                 "export one -o " + catalog.string() + " --force",
+                                 "restore one -o " + (fs::path(store_) / "." / "catalog.sqlite").string() + " --force"}) {
+    KvRun r = kv(cmd);
+    EXPECT_EQ(r.code, 2) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("inside the store"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(slurp(catalog), before);
+  EXPECT_EQ(kv("ls").code, 0);
+  const fs::path model = dir_ / "m.gguf";
+  fs::copy_file(fs::path(KVSNAP_SOURCE_DIR) / "fixtures/models/tiny-hd64.gguf", model);
+  KvRun over_model = kv("restore one -o " + model.string() + " --model " + model.string() + " --force");
+  EXPECT_EQ(over_model.code, 2) << over_model.err;
+  EXPECT_NE(over_model.err.find("the model (--model)"), std::string::npos) << over_model.err;
+  EXPECT_EQ(slurp(model), slurp(fs::path(KVSNAP_SOURCE_DIR) / "fixtures/models/tiny-hd64.gguf"));
+}
+
 // Only save and import create a store: a command that reads or changes what is stored, given a
 // store that is not there (a mistyped --store), says so by name (exit 8) and creates nothing.
 // restore -o DIR is refused before any work, --force or not.
