@@ -80,7 +80,12 @@ inline int report(const char* command, const Status& s, const std::string& out,
     std::fprintf(stderr, "kvsnap %s: %s\n", command, render(s.ToString()).c_str());
     return exit_code(s);
   }
-  std::fputs(render(out).c_str(), stdout);
+  // A result that did not reach stdout (a full disk, a closed pipe) is no success: a script would
+  // take the empty or cut output for the whole.
+  if (std::fputs(render(out).c_str(), stdout) < 0 || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "kvsnap %s: I/O error: writing the result to stdout failed\n", command);
+    return exit_code(Status::IOError(""));
+  }
   return kExitOk;
 }
 

@@ -101,6 +101,20 @@ TEST_F(CliTest, InfoHumanOutputShowsTheTable) {
   EXPECT_NE(r.out.find("7 cells"), std::string::npos);
 }
 
+// A review's finding: a result that could not be written (stdout a full disk) exited 0 with nothing
+// printed, which a script takes for an empty result.
+TEST_F(CliTest, AResultThatCannotBeWrittenIsAnIoError) {
+  const auto f = write("a.slot", build_state({}));
+  const fs::path errf = dir_ / "err.txt";
+  const std::string cmd = std::string(KVSNAP_BINARY) + " info " + f + " --json >/dev/full 2>" + errf.string();
+  const int st = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 7);
+  std::ifstream e(errf);
+  const std::string err((std::istreambuf_iterator<char>(e)), {});
+  EXPECT_NE(err.find("writing the result to stdout failed"), std::string::npos) << err;
+}
+
 TEST_F(CliTest, TruncatedFileIsACleanErrorNamingFileAndOffset) {
   auto b = build_state({});
   b.resize(b.size() - 10);
