@@ -405,6 +405,10 @@ class SnapshotReader {
   // it, so bytes put in the wrong place fail even when every chunk decodes right) and compares
   // it with DIGS. An encrypted version-3 snapshot needs its cipher (keyed chunk ids).
   Status verify_original() const;
+  // kCorruption unless the manifest's cell metadata and token list (CELL, TOKN: outside the content
+  // digest) are those of `parsed`, this snapshot's parse_original(): what a catalog, a prefix
+  // lookup or a reuse check reads must be what a restore writes.
+  Status verify_metadata(const StateFile& parsed) const;
   // An encrypted snapshot without its key: fetches every blob and checks what needs no key (the
   // sealed header, that the recorded key ids sealed it, its size against the chunk table). Not
   // the contents: a flipped ciphertext byte passes here and fails verify_chunks() with the key.

@@ -576,6 +576,31 @@ Status SnapshotReader::verify_original() const {
   return Status::OK();
 }
 
+Status SnapshotReader::verify_metadata(const StateFile& parsed) const {
+  const SnapshotManifest& m = impl_->m;
+  const std::string what = impl_->name + ": the manifest's ";
+  const SnapshotTokens& t = m.tokens;
+  if (t.tokens != parsed.tokens.tokens || t.words != parsed.tokens.words || t.packed != parsed.tokens.packed)
+    return Status::Corruption(what + "token list (TOKN) is not the original's");
+  bool same = m.cells.size() == parsed.memory.kv.size();
+  for (size_t i = 0; same && i < m.cells.size(); ++i) {
+    const KvSection& sec = parsed.memory.kv[i];
+    const CellSection& cs = m.cells[i];
+    same = cs.ext_bytes == sec.ext_bytes && cs.streams.size() == sec.streams.size();
+    for (size_t s = 0; same && s < cs.streams.size(); ++s) {
+      const std::vector<CellMeta>& a = cs.streams[s];
+      const std::vector<CellMeta>& b = sec.streams[s].cells;
+      same = a.size() == b.size();
+      const size_t n_ext = std::min<size_t>(sec.ext_bytes / 4, 3);
+      for (size_t c = 0; same && c < a.size(); ++c)
+        same = a[c].pos == b[c].pos && a[c].seq_ids == b[c].seq_ids &&
+               std::equal(a[c].ext.begin(), a[c].ext.begin() + n_ext, b[c].ext.begin());
+    }
+  }
+  if (!same) return Status::Corruption(what + "cell metadata (CELL) is not the original's");
+  return Status::OK();
+}
+
 std::vector<uint64_t> SnapshotReader::chunks_for_cell_prefix(uint64_t n_cells) const {
   const SegmentTable& t = impl_->m.segments;
   std::vector<uint64_t> out;

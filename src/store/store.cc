@@ -1030,7 +1030,11 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
       return Status::Corruption(path + ": " + entry + ": " + s.message());
     KV_RETURN_IF_ERROR(c.reader->verify_chunks().Prefixed(path + ": " + entry));
     KV_RETURN_IF_ERROR(c.reader->verify_original().Prefixed(path + ": " + entry));
-    if (!c.reader->manifest().mlx) KV_RETURN_IF_ERROR(c.reader->parse_original().status().Prefixed(path + ": " + entry));
+    if (!c.reader->manifest().mlx) {
+      auto parsed = c.reader->parse_original();
+      if (!parsed.ok()) return parsed.status().Prefixed(path + ": " + entry);
+      KV_RETURN_IF_ERROR(c.reader->verify_metadata(*parsed).Prefixed(path + ": " + entry));
+    }
     else KV_RETURN_IF_ERROR(read_mlx_prompt_cache(c.reader->original()).status().Prefixed(path + ": " + entry));
   }
   ImportReport rep;

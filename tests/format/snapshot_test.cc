@@ -205,6 +205,40 @@ TEST(Snapshot, EveryFixtureRoundTripsInBothForms) {
 // compress: the worst, a 40 KB iSWA q8_0 slot, was 1.07x its size), and all
 // fixtures together shrink (1.21x measured when this was written; zstd level 3
 // with the byte-shuffle filter). Speed and the filter's gain: bench/store_bench.cc.
+// A review's finding: the manifest's token list and cell metadata lie outside the content digest, and
+// an archive whose TOKN was edited was imported (the store's verify then flagged it; show --tokens and
+// a server restore's reuse check read it). verify_metadata holds them to the original's.
+TEST(Snapshot, ManifestTokensAndCellsAreHeldToTheOriginal) {
+  const fs::path p = llama_fixtures().front();
+  const auto bytes = slurp(p);
+  MemoryFile f(p.filename().string(), std::span<const std::byte>(bytes));
+  auto st = parse_state(f, options_for(p));
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  ASSERT_FALSE(st->tokens.tokens.empty());
+  ASSERT_FALSE(st->memory.kv.empty());
+  const SnapshotOptions o = opts_with(kDefaultCellsPerChunk, p.string());
+  auto check = [&](const StateFile& written) {
+    VectorSink file;
+    EXPECT_TRUE(write_snapshot_file(written, f, o, file).ok());
+    MemoryFile snap("snap.kvsnap", std::span<const std::byte>(file.bytes));
+    auto r = open_snapshot_file(snap);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok()) return Status::Corruption("unreadable");
+    EXPECT_TRUE((*r)->verify_original().ok()) << "the digest does not cover TOKN and CELL";
+    auto parsed = (*r)->parse_original();
+    EXPECT_TRUE(parsed.ok());
+    return parsed.ok() ? (*r)->verify_metadata(*parsed) : parsed.status();
+  };
+  EXPECT_TRUE(check(*st).ok());
+  StateFile tokens = *st;
+  tokens.tokens.tokens[0] ^= 1;
+  EXPECT_EQ(check(tokens).code(), Code::kCorruption);
+  StateFile cells = *st;
+  for (KvStream& s : cells.memory.kv[0].streams)
+    if (!s.cells.empty()) s.cells[0].pos += 7;
+  EXPECT_EQ(check(cells).code(), Code::kCorruption);
+}
+
 TEST(Snapshot, FixtureSizesStayBounded) {
   uint64_t total_in = 0, total_out = 0;
   for (const auto& p : llama_fixtures()) {
