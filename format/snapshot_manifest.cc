@@ -387,6 +387,11 @@ Status decode_segments(std::span<const std::byte> payload, const std::string& na
       s.row_bytes = aux;
     }
   }
+  // The content digest hashes the table as encode_segments writes it (docs/format.md): a reserved or
+  // unused field that is not zero would give two manifests one digest.
+  const std::vector<std::byte> canonical = encode_segments(t);
+  if (!std::equal(canonical.begin(), canonical.end(), payload.begin(), payload.end()))
+    return r.corrupt("a reserved or unused field is not zero");
   return Status::OK();
 }
 

@@ -639,6 +639,7 @@ struct Surgery {
     reseal();
   }
   void set_u32(size_t at, uint32_t v) { std::memcpy(b.data() + at, &v, 4); }
+  void set_u16(size_t at, uint16_t v) { std::memcpy(b.data() + at, &v, 2); }
   void set_u64(size_t at, uint64_t v) { std::memcpy(b.data() + at, &v, 8); }
   // Offset of the payload of the section with `tag`.
   size_t payload_of(uint32_t tag) const {
@@ -937,6 +938,15 @@ TEST(SnapshotHostile, HugeDeclaredLengthsAreRefusedWithoutAllocating) {
     x.set_u64(x.payload_of(kTagSegs) + 24, uint64_t(1) << 58);
     x.reseal();
     expect_refused(x, "segment count");
+  }
+  // A review's finding: the reserved fields of SEGS were never read, so manifests differing there
+  // shared one content digest (the digest hashes the table as written, not as given).
+  for (const size_t at : {size_t(4), size_t(32 + 2)}) {
+    SCOPED_TRACE(at);
+    Surgery x{s->m.bytes};
+    x.set_u16(x.payload_of(kTagSegs) + at, 7);
+    x.reseal();
+    expect_refused(x, "reserved or unused field");
   }
   {
     // A chunk claiming a huge raw size contradicts the segment geometry.
