@@ -153,7 +153,10 @@ Status refuse_output_over_inputs(const std::string& out, const Store& store,
     if (exists && !path.empty() && ::stat(path.c_str(), &a) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
       return Status::InvalidArgument(out + ": is " + what + "; kvsnap never writes over its input");
   }
-  // Where the rename would put OUT, against the store's directory (both with their links resolved).
+  // An existing file inside the store's directory is one of its files (its catalog, a pack); the
+  // rename would destroy it. A new file there is not (a config store's directory is often where the
+  // user works).
+  if (!exists) return Status::OK();
   std::error_code ec;
   const std::filesystem::path root = std::filesystem::weakly_canonical(store.paths().root, ec);
   if (ec || root.empty()) return Status::OK();

@@ -51,7 +51,8 @@ Result<std::pair<std::string, std::string>> parse_tag(const std::string& t);  //
 // a named pipe or a device (refuse_irregular_output; `command`, e.g. "kvsnap restore", names who refuses).
 Status refuse_existing(const std::string& path, bool force, const std::string& command);
 // Refuses an OUT, --force or not, that is one of `inputs` (path, what it is: the same file by any
-// name) or lies inside the store's directory (its catalog, its packs): the rename would destroy it.
+// name) or an existing file inside the store's directory (its catalog, a pack): the rename would
+// destroy it.
 Status refuse_output_over_inputs(const std::string& out, const Store& store,
                                  const std::vector<std::pair<std::string, std::string>>& inputs);
 // --tokens FILE: a JSON array, or integers separated by spaces, commas or newlines.
