@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "base/json_access.h"
+#include "base/printf_text.h"
 #include "base/remedy.h"
 #include "cli/progress.h"
 #include "cli/commands.h"
@@ -130,8 +131,8 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
     out = json_text(j, 2) + "\n";
     return Status::OK();
   }
-  char buf[512];
-  std::snprintf(buf, sizeof buf, "%s: %s, K %s, V %s (%s), %llu bytes\n  -> %s: %s, K %s, V %s (%s), %llu bytes, %.3f s\n",
+  std::string buf;
+  buf = printf_text("%s: %s, K %s, V %s (%s), %llu bytes\n  -> %s: %s, K %s, V %s (%s), %llu bytes, %.3f s\n",
                 o.in.c_str(), state_format_name(src).c_str(), state_types(src, false).c_str(), state_types(src, true).c_str(),
                 state_v_layout(src).c_str(), (unsigned long long)res.bytes_in, o.out.c_str(),
                 state_format_name(res.target).c_str(), state_types(res.target, false).c_str(),
@@ -140,7 +141,7 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
   out = buf;
   if (o.report) {
     out += source_rotation_text(rotation);
-    std::snprintf(buf, sizeof buf, "  %-5s %-4s %-15s %-14s %12s %12s %9s\n", "layer", "side", "types", "rotation",
+    buf = printf_text("  %-5s %-4s %-15s %-14s %12s %12s %9s\n", "layer", "side", "types", "rotation",
                   "rmse", "max|err|", "snr dB");
     out += buf;
     for (const auto& r : res.layers) {
@@ -148,10 +149,10 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
       std::string layer = (res.target.memory.kv.size() > 1 ? std::to_string(r.section) + ":" : "") +
                           std::to_string(r.layer);
       if (r.copied) {
-        std::snprintf(buf, sizeof buf, "  %-5s %-4s %-15s %-14s %12s %12s %9s\n", layer.c_str(), r.is_v ? "V" : "K",
+        buf = printf_text("  %-5s %-4s %-15s %-14s %12s %12s %9s\n", layer.c_str(), r.is_v ? "V" : "K",
                       types.c_str(), r.rotation.c_str(), "exact", "0", "inf");
       } else {
-        std::snprintf(buf, sizeof buf, "  %-5s %-4s %-15s %-14s %12.3e %12.3e %9.2f\n", layer.c_str(),
+        buf = printf_text("  %-5s %-4s %-15s %-14s %12.3e %12.3e %9.2f\n", layer.c_str(),
                       r.is_v ? "V" : "K", types.c_str(), r.rotation.c_str(), r.rmse, r.max_abs,
                       finite_or(r.snr_db, 999.0));
       }

@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "base/json_access.h"
+#include "base/printf_text.h"
 #include "cli/commands.h"
 #include "format/mlx_layout.h"
 #include "format/mlx_prompt_cache.h"
@@ -48,17 +49,17 @@ double finite_or(double v, double alt) { return std::isfinite(v) ? v : alt; }
 
 std::string report_text(const MlxRequantResult& r) {
   std::string out;
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "  %-5s %-4s %-24s %12s %12s %9s\n", "layer", "side", "from->to", "rmse", "max|err|",
+  std::string buf;
+  buf = printf_text("  %-5s %-4s %-24s %12s %12s %9s\n", "layer", "side", "from->to", "rmse", "max|err|",
                 "snr dB");
   out += buf;
   for (const MlxRequantSide& s : r.sides) {
     const std::string types = s.from + "->" + s.to;
     if (s.copied) {
-      std::snprintf(buf, sizeof buf, "  %-5s %-4s %-24s %12s %12s %9s\n", s.layer.c_str(), s.is_v ? "V" : "K",
+      buf = printf_text("  %-5s %-4s %-24s %12s %12s %9s\n", s.layer.c_str(), s.is_v ? "V" : "K",
                     types.c_str(), "exact", "0", "inf");
     } else {
-      std::snprintf(buf, sizeof buf, "  %-5s %-4s %-24s %12.3e %12.3e %9.2f\n", s.layer.c_str(), s.is_v ? "V" : "K",
+      buf = printf_text("  %-5s %-4s %-24s %12.3e %12.3e %9.2f\n", s.layer.c_str(), s.is_v ? "V" : "K",
                     types.c_str(), s.rmse, s.max_abs, finite_or(s.snr_db, 999.0));
     }
     out += buf;
@@ -143,8 +144,8 @@ Status run_move_mlx(const ConvertOptions& o, const ReadableFile& file, const Mlx
     out = json_text(j, 2) + "\n";
     return Status::OK();
   }
-  char buf[512];
-  std::snprintf(buf, sizeof buf, "%s: mlx-lm prompt cache (%s layout, %s), %zu layers, %llu bytes\n  -> %s: %s layout "
+  std::string buf;
+  buf = printf_text("%s: mlx-lm prompt cache (%s layout, %s), %zu layers, %llu bytes\n  -> %s: %s layout "
                 "for %s, %llu bytes, tensors carried, %.3f s\n",
                 o.in.c_str(), mlx_layout_name(cache.layout), cache.version_guess.c_str(), cache.layers.size(),
                 (unsigned long long)cache.st.file_size, o.out.c_str(), mlx_layout_name(to.layout), to.name().c_str(),
@@ -250,10 +251,10 @@ Status run_convert_mlx(const ConvertOptions& o, const ReadableFile& file, std::s
     out = json_text(j, 2) + "\n";
     return Status::OK();
   }
-  char buf[512];
+  std::string buf;
   const std::string dest =
       target ? std::string(", ") + mlx_layout_name(cache.layout) + " layout for " + target->name() : std::string();
-  std::snprintf(buf, sizeof buf, "%s: mlx-lm prompt cache (%s), %zu layers, %llu bytes\n  -> %s: K/V %s (%s)%s, "
+  buf = printf_text("%s: mlx-lm prompt cache (%s), %zu layers, %llu bytes\n  -> %s: K/V %s (%s)%s, "
                 "%d layers converted, %llu bytes, %.3f s\n",
                 o.in.c_str(), mlx_layout_name(read.layout), read.layers.size(), (unsigned long long)read.st.file_size,
                 o.out.c_str(), to.name().c_str(),

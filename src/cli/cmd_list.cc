@@ -1,5 +1,6 @@
 // kvsnap ls, show, find: what the store holds.
 #include "base/json_access.h"
+#include "base/printf_text.h"
 #include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
@@ -12,8 +13,8 @@ namespace {
 
 std::string table(const std::vector<SnapshotInfo>& v) {
   std::string out;
-  char buf[512];
-  std::snprintf(buf, sizeof buf, "%-5s %-24s %8s %-12s %-10s %11s %11s  %-20s %-20s %-24s %s\n", "ID", "NAME", "TOKENS",
+  std::string buf;
+  buf = printf_text("%-5s %-24s %8s %-12s %-10s %11s %11s  %-20s %-20s %-24s %s\n", "ID", "NAME", "TOKENS",
                 "K/V", "ARCH", "RAW", "STORED", "CREATED", "RESTORED", "KEEP", "TAGS");
   out += buf;
   for (const auto& s : v) {
@@ -23,7 +24,7 @@ std::string table(const std::vector<SnapshotInfo>& v) {
     // Eviction: pinned, or when it expires ("-": evicted by last use only).
     std::string keep = s.pinned ? "pinned" : "-";
     if (s.expires_at) keep = (s.pinned ? "pinned,exp " : "exp ") + s.expires_at->substr(0, 16);
-    std::snprintf(buf, sizeof buf, "%-5lld %-24s %8lld %-12s %-10s %11s %11s  %-20s %-20s %-24s %s\n", (long long)s.id,
+    buf = printf_text("%-5lld %-24s %8lld %-12s %-10s %11s %11s  %-20s %-20s %-24s %s\n", (long long)s.id,
                   s.name ? s.name->c_str() : "-", (long long)s.n_tokens, types.c_str(), s.model_arch.c_str(),
                   mib(s.raw_bytes).c_str(), mib(s.stored_bytes).c_str(), s.created.substr(0, 19).c_str(),
                   s.last_restored ? s.last_restored->substr(0, 19).c_str() : "never", keep.c_str(), tags.c_str());

@@ -1,6 +1,7 @@
 // kvsnap rm, gc, verify, pin, unpin, expire, rekey: keeping the store tidy (and
 // within its caps, store/eviction.h), proving it intact, replacing its key.
 #include "base/json_access.h"
+#include "base/printf_text.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
 
@@ -106,8 +107,8 @@ Status run_gc(const GcOpts& o, std::string& out) {
     out += "gc: a save or a restore is running; nothing deleted (kvsnap gc --wait waits for it)\n";
     return Status::OK();
   }
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
+  std::string buf;
+  buf = printf_text(
                 "gc: deleted %zu unreferenced chunks, %zu orphan blobs, %zu unused packs, %zu temporaries\n"
                 "store: %lld snapshots, %lld chunks, %s stored for %s of states (dedup %.2fx)\n",
                 r.unreferenced_deleted, r.orphans_deleted, r.packs_deleted, r.temporaries_deleted,

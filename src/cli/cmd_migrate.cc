@@ -6,6 +6,7 @@
 
 #include "base/json_access.h"
 #include "base/parallel.h"
+#include "base/printf_text.h"
 #include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
@@ -64,8 +65,7 @@ std::string to_text(const MigrateSummary& s, bool dry_run) {
     out += "\n";
   }
   const uint64_t before = s.bytes_before(), after = s.bytes_after();
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
+  std::string buf = printf_text(
                 "%s %zu files, %zu already at the target, %zu not state files, %zu skipped, %zu failed; "
                 "%s -> %s (%s %s) in %.2f s\n",
                 dry_run ? "would convert" : "converted",

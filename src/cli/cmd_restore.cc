@@ -1,5 +1,6 @@
 // kvsnap restore: a snapshot as a llama.cpp file (--out) or into a llama-server slot (--server).
 #include "base/json_access.h"
+#include "base/printf_text.h"
 #include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
@@ -54,8 +55,8 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
   if (o.json) {
     out = json_text(j, 2) + "\n";
   } else {
-    char buf[768];
-    std::snprintf(buf, sizeof buf,
+    std::string buf;
+    buf = printf_text(
                   "restored %s into %s slot %d: %llu tokens, K %s V %s fa %s (%s), %s, %.2f s (server %.0f ms)\n",
                   label(r.restore.info).c_str(), t.endpoint.url.c_str(), t.slot, (unsigned long long)r.n_restored,
                   r.ctk.c_str(), r.ctv.c_str(), r.flash_attn.c_str(), r.types_from.c_str(),
@@ -65,7 +66,7 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
                                                      : "llama.cpp " + r.target_build + " (" + r.target_build_from + ")") +
            server_build_note(r.build) + "\n";
     if (r.check) {
-      std::snprintf(buf, sizeof buf, "check: the stored prompt (%llu tokens) needed %llu evaluated, %llu from the cache: %s\n",
+      buf = printf_text("check: the stored prompt (%llu tokens) needed %llu evaluated, %llu from the cache: %s\n",
                     (unsigned long long)r.check->n_tokens, (unsigned long long)r.check->prompt_n,
                     (unsigned long long)r.check->cache_n,
                     r.check->reused ? "the server reused the cache" : "the server did NOT reuse the cache");
@@ -123,8 +124,8 @@ Status run_restore(const RestoreOpts& o, std::string& out) {
     out = json_text(j, 2) + "\n";
     return Status::OK();
   }
-  char buf[512];
-  std::snprintf(buf, sizeof buf, "restored %s -> %s: %llu tokens, %s%s, %.2f s\n", label(r.info).c_str(),
+  std::string buf;
+  buf = printf_text("restored %s -> %s: %llu tokens, %s%s, %.2f s\n", label(r.info).c_str(),
                 o.out.c_str(), (unsigned long long)r.n_tokens, mib(r.bytes_out).c_str(),
                 r.converted ? " (converted)" : req.tokens ? " (prefix, stored types)" : " (original bytes)", r.seconds);
   out = buf;

@@ -2,6 +2,7 @@
 #include <charconv>
 
 #include "base/json_access.h"
+#include "base/printf_text.h"
 #include "base/text.h"
 #include "cli/progress.h"
 #include "cli/store_common.h"
@@ -166,8 +167,8 @@ Status render_save(const SaveResult& r, const std::string& root, bool as_json, s
     out = json_text(j, 2) + "\n";
     return Status::OK();
   }
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
+  std::string buf;
+  buf = printf_text(
                 "saved %s: %lld tokens, K %s V %s%s, %s -> %s stored (%llu of %llu chunks new, %s written), %.2f s\n"
                 "  uuid %s%s\n",
                 label(r.info).c_str(), (long long)r.info.n_tokens, r.info.k_types.c_str(), r.info.v_types.c_str(),
