@@ -12,6 +12,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <type_traits>
 
 #include "base/byte_order.h"
 #include "base/io.h"
@@ -176,7 +177,7 @@ kvsnap_convert_params_v2 as_v2(const kvsnap_convert_params& p) {
   v.flash_attn = p.flash_attn;
   v.rotation = p.rotation;
   v.n_threads = p.n_threads;
-  v.input = p.input;
+  std::memcpy(&v.input, &p.input, sizeof v.input);  // as bytes: a value out of the enum's range is no valid load
   return v;
 }
 
@@ -216,7 +217,11 @@ kvsnap::Result<kvsnap::ParseOptions> parse_options(const kvsnap_convert_params_v
     return Status::InvalidArgument("kvsnap_convert_params.flash_attn is " + std::to_string(p.flash_attn) +
                                    ": 1 (on), 0 (off) or -1 (keep the V layout)");
   kvsnap::ParseOptions o;
-  switch (p.input) {
+  // Read as its integer: a kind this library does not know is out of the enum's range, and loading it
+  // as the enum is undefined (UBSan: "not a valid value for type 'kvsnap_input_kind'").
+  std::underlying_type_t<kvsnap_input_kind> kind;
+  std::memcpy(&kind, &p.input, sizeof kind);
+  switch (kind) {
     case KVSNAP_INPUT_SEQ_BUFFER: o.kind = kvsnap::StateKind::kRawSeq; return o;
     case KVSNAP_INPUT_CONTEXT_BUFFER: o.kind = kvsnap::StateKind::kRawContext; return o;
     case KVSNAP_INPUT_FILE_BYTES: return o;
@@ -224,7 +229,7 @@ kvsnap::Result<kvsnap::ParseOptions> parse_options(const kvsnap_convert_params_v
       if (!has_file_magic(src, n)) o.kind = kvsnap::StateKind::kRawSeq;
       return o;
   }
-  return Status::NotSupported("kvsnap_convert_params.input is " + std::to_string(int(p.input)) +
+  return Status::NotSupported("kvsnap_convert_params.input is " + std::to_string(kind) +
                               ", a kind this libkvsnap " KVSNAP_VERSION " does not know");
 }
 
