@@ -235,19 +235,10 @@ void Persister::save_all() {
   save_changed(-1, kUnattributed);  // the last chance: whatever no prompt matches is kept, for no tenant
 }
 
-void Persister::note_restored(int slot) {
-  LlamaServer srv(target_.endpoint);
-  auto slots = srv.slots();
-  if (!slots.ok()) {
-    log_("persist: cannot list the slots after a restore into slot " + std::to_string(slot) + ": " +
-         slots.status().ToString());
-    return;
-  }
-  for (const auto& s : *slots) {
-    if (s.id != slot) continue;
-    std::lock_guard<std::mutex> l(mu_);
-    saved_task_[slot] = s.raw.value("id_task", int64_t(-1));
-  }
+void Persister::note_restored(int slot, int64_t task) {
+  if (task < 0) return;
+  std::lock_guard<std::mutex> l(mu_);
+  saved_task_[slot] = task;
 }
 
 bool Persister::holds_unsaved(int slot, int64_t task) {

@@ -100,7 +100,8 @@ class Persister {
   void note_prompt(const Exchange& x);
   // `slot` now holds a stored snapshot (a prefix restore, a requantize's): the task it shows is not
   // a conversation to save (after a restart, the restore's -fa probe gives it a new one).
-  void note_restored(int slot);
+  // `task`: its /slots id_task after the restore (the restorer read it; -1: unknown, nothing noted).
+  void note_restored(int slot, int64_t task);
   // Whether `slot` at `task` (its /slots id_task) holds a conversation whose save has not run: a
   // task it has not saved (or noted as restored) since the child started.
   bool holds_unsaved(int slot, int64_t task);

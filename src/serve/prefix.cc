@@ -216,7 +216,10 @@ Result<ServerRestoreResult> PrefixRestorer::restore_into(int slot, const Snapsho
       if (s.id == slot) restored_task_[slot] = s.raw.value("id_task", int64_t(-1));
   ++stats_.restores;
   stats_.restored_tokens += info.n_tokens;
-  if (on_restored_) on_restored_(slot);
+  if (on_restored_) {
+    auto task = restored_task_.find(slot);
+    on_restored_(slot, task == restored_task_.end() ? -1 : task->second);
+  }
   if (book_)
     book_->put(slot, {info.id, ns, uint64_t(info.n_tokens), r->restore.bytes_out, r->ctk, r->ctv,
                       r->flash_attn == "on", "restored"});

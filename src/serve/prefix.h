@@ -75,7 +75,8 @@ class PrefixRestorer {
   void set_book(SlotBook* book) { book_ = book; }
   // Called after each restore into a slot (before the first request; must not call back here): what
   // the slot holds now is a stored snapshot, not a conversation to save (Persister::note_restored).
-  void set_on_restored(std::function<void(int slot)> f) { on_restored_ = std::move(f); }
+  // `task`: the slot's /slots id_task right after the restore (-1 when the child did not say).
+  void set_on_restored(std::function<void(int slot, int64_t task)> f) { on_restored_ = std::move(f); }
   // Whether `slot` at `task` (its /slots id_task) holds a conversation not saved yet: a restore goes
   // into another idle slot when there is one (Persister::holds_unsaved).
   void set_holds_unsaved(std::function<bool(int slot, int64_t task)> f) { holds_unsaved_ = std::move(f); }
@@ -120,7 +121,7 @@ class PrefixRestorer {
   std::map<int, std::string> fresh_;           // slot -> the namespace of a restore nobody used yet
   PrefixStats stats_;
   SlotBook* book_ = nullptr;
-  std::function<void(int)> on_restored_;
+  std::function<void(int, int64_t)> on_restored_;
   std::function<bool(int, int64_t)> holds_unsaved_;
   std::map<int, int64_t> restored_task_;  // slot -> its /slots id_task right after kvsnap's restore
   // slot -> requests kvsnap pinned there whose exchange is not over: /slots shows such a slot idle

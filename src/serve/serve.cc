@@ -137,7 +137,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   SlotBook book;
   persist.set_book(&book);
   prefix.set_book(&book);
-  prefix.set_on_restored([&persist](int slot) { persist.note_restored(slot); });
+  prefix.set_on_restored([&persist](int slot, int64_t task) { persist.note_restored(slot, task); });
   prefix.set_holds_unsaved([&persist](int slot, int64_t task) { return persist.holds_unsaved(slot, task); });
   Drain drain;
   SlotGate slot_gate;

@@ -213,7 +213,7 @@ TEST(ServePersist, ARestoredSlotsTaskIsNotSavedAgain) {
       PersistBed bed(child.port, /*timeout_s=*/5);
       ASSERT_TRUE(bed.persist);
       Persister& persist = *bed.persist;
-      if (restored) persist.note_restored(0);
+      if (restored) persist.note_restored(0, 7);
       Exchange x;
       x.method = "POST";
       x.path = "/v1/chat/completions";  // an answer that names no slot: every changed slot is saved
@@ -250,7 +250,7 @@ TEST(ServePersist, ASlotHoldsAnUnsavedConversationUntilItsTaskIsSavedOrRestored)
   ASSERT_TRUE(bed.persist);
   EXPECT_FALSE(bed.persist->holds_unsaved(0, -1)) << "an empty slot";
   EXPECT_TRUE(bed.persist->holds_unsaved(0, 7));
-  bed.persist->note_restored(0);  // the child says task 7
+  bed.persist->note_restored(0, 7);  // the child said task 7
   EXPECT_FALSE(bed.persist->holds_unsaved(0, 7));
   EXPECT_TRUE(bed.persist->holds_unsaved(0, 8)) << "another request ran there since";
   bed.persist->forget_slots();
