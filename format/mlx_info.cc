@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <functional>
 
+#include "base/json_access.h"
+
 namespace kvsnap {
 namespace {
 
@@ -156,9 +158,7 @@ json mlx_info_json(const MlxInfoReport& r) {
   j["written_by"] = c.version_guess;
   j["evidence"] = c.evidence;
   j["byte_exact_rewrite"] = c.st.mlx_compact;
-  json meta = json::object();
-  for (const auto& [k, v] : c.user_metadata) meta[k] = v;
-  j["user_metadata"] = meta;
+  j["user_metadata"] = ordered_object_of(c.user_metadata);
   j["tokens"] = r.tokens ? json(*r.tokens) : json(nullptr);
   j["n_layers"] = c.layers.size();
   json layers = json::array();

@@ -330,6 +330,10 @@ Status decode_provenance(const OrderedJsonRef& prov, const char* digest_key, Sna
 Status decode_info(std::span<const std::byte> payload, const std::string& name, SnapshotManifest& m) {
   const std::string doc = name + ": INFO";
   const std::string_view text(reinterpret_cast<const char*>(payload.data()), payload.size());
+  if (payload.size() > kMaxInfoBytes) {
+    return Status::Corruption(name + ": the INFO section is " + std::to_string(payload.size()) +
+                              " bytes, more than the " + std::to_string(kMaxInfoBytes) + " kvsnap writes or reads");
+  }
   // INFO is kept in file order (ordered_json): `kvsnap show` prints it as written.
   auto parsed = parse_json<ordered_json>(text, doc);
   if (!parsed.ok() || !parsed->is_object()) return Status::Corruption(name + ": INFO section is not a JSON object");

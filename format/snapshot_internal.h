@@ -24,6 +24,10 @@ inline constexpr size_t kSectionHeaderBytes = 16;
 inline constexpr size_t kSegmentRecordBytes = 64;
 inline constexpr size_t kChunkRecordBytes = 56;
 inline constexpr uint64_t kMaxManifestBytes = uint64_t(1) << 30;
+// INFO is parsed into a tree of about 16 bytes per input byte; this bounds it
+// (a real INFO is some hundred bytes per layer and stream: 10 MiB for 256
+// streams of 128 layers). The writer refuses to write more than a reader reads.
+inline constexpr uint64_t kMaxInfoBytes = uint64_t(32) << 20;
 // A blob may exceed its raw size by at most this much (header + zstd framing);
 // this writer never exceeds raw + 16 (it stores incompressible chunks).
 inline constexpr uint64_t kMaxBlobOverhead = 64 << 10;
@@ -124,7 +128,7 @@ class SpanReader {
 
 // Encodes the sections of `m` (info, cells, tokens, segments, chunks, digests)
 // into m.bytes and sets m.sections_sha256 and m.manifest_sha256.
-void encode_manifest(SnapshotManifest& m);
+Status encode_manifest(SnapshotManifest& m);
 
 // Chunks the segments of m.segments (set by the caller) from `original`: every chunk encoded on
 // opts.threads workers and handed to `chunks` in order, the original hashed on the side. Sets

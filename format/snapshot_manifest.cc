@@ -252,7 +252,7 @@ std::vector<std::byte> encode_mlx(const SnapshotMlx& x) {
 
 }  // namespace
 
-void encode_manifest(SnapshotManifest& m) {
+Status encode_manifest(SnapshotManifest& m) {
   std::vector<std::byte> b;
   put_bytes(b, kManifestMagic.data(), 4);
   put_u32(b, m.format_version);
@@ -262,6 +262,10 @@ void encode_manifest(SnapshotManifest& m) {
   put_u32(b, 6 + (m.encryption ? 1 : 0) + (chkx ? 1 : 0) + (m.mlx ? 1 : 0));  // sections
   if (m.mlx) put_section(b, kTagMlxc, encode_mlx(*m.mlx));
   const std::string info = m.info.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+  if (info.size() > kMaxInfoBytes) {
+    return Status::NotSupported("the snapshot's INFO would be " + std::to_string(info.size()) + " bytes, more than the " +
+                                std::to_string(kMaxInfoBytes) + " a reader accepts");
+  }
   put_section(b, kTagInfo, std::vector<std::byte>(reinterpret_cast<const std::byte*>(info.data()),
                                                   reinterpret_cast<const std::byte*>(info.data()) + info.size()));
   put_section(b, kTagCell, encode_cells(m.cells));
@@ -278,6 +282,7 @@ void encode_manifest(SnapshotManifest& m) {
   put_section(b, kTagDigs, digs);
   m.bytes = std::move(b);
   m.manifest_sha256 = sha256_of(m.bytes);
+  return Status::OK();
 }
 
 }  // namespace snapshot_detail

@@ -109,9 +109,7 @@ ordered_json summary_json(const MlxCacheSummary& s, const MlxPromptCache& cache)
   j["k_types"] = s.k_types;
   j["v_types"] = s.v_types;
   j["offset"] = s.offset ? ordered_json(*s.offset) : ordered_json(nullptr);
-  ordered_json user = ordered_json::object();
-  for (const auto& [k, v] : cache.user_metadata) user[k] = v;
-  j["user_metadata"] = std::move(user);
+  j["user_metadata"] = ordered_object_of(cache.user_metadata);
   return j;
 }
 
@@ -188,7 +186,7 @@ Result<SnapshotManifest> build_mlx_snapshot(const MlxPromptCache& cache, const R
   if (opts.cipher) {
     m.encryption = SnapshotEncryption{opts.cipher->tenant(), opts.cipher->master_key_id(), opts.cipher->tenant_key_id()};
   }
-  encode_manifest(m);
+  KV_RETURN_IF_ERROR(encode_manifest(m));
   return m;
 }
 

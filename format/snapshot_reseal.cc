@@ -85,7 +85,7 @@ Result<SnapshotManifest> reseal_snapshot(const SnapshotManifest& m, ChunkSource&
     out.provenance.content_digest = out.content_digest;
     out.info["provenance"][kContentDigestKey] = to_hex(out.content_digest);
   }
-  encode_manifest(out);
+  KV_RETURN_IF_ERROR(encode_manifest(out));
   return out;
 }
 

@@ -391,7 +391,7 @@ Result<SnapshotManifest> build_snapshot(const StateFile& parsed, const ReadableF
   if (opts.cipher) {
     m.encryption = SnapshotEncryption{opts.cipher->tenant(), opts.cipher->master_key_id(), opts.cipher->tenant_key_id()};
   }
-  encode_manifest(m);
+  KV_RETURN_IF_ERROR(encode_manifest(m));
   return m;
 }
 
@@ -506,7 +506,7 @@ Result<SnapshotFileAssembler> SnapshotFileAssembler::plan(const SnapshotManifest
     ref.elem_size = h.elem_size;
     a.blob_bytes_ += blob.size();
   }
-  encode_manifest(a.m_);
+  KV_RETURN_IF_ERROR(encode_manifest(a.m_));
   if (m.encryption) {
     KV_ASSIGN_OR_RETURN(const size_t n, cipher->seal_into(sealed_manifest_id(*cipher), a.m_.bytes, a.sealed_manifest_));
     a.sealed_manifest_.resize(n);

@@ -1,5 +1,8 @@
 #include "base/json_access.h"
 
+#include <unordered_map>
+#include <unordered_set>
+
 namespace kvsnap {
 
 namespace {
@@ -21,11 +24,105 @@ Status status_of(Code code, std::string msg) {
 
 }  // namespace
 
+// Builds the document from nlohmann's SAX events, in time linear in its size.
+// nlohmann's own DOM parser inserts each key through the object's operator[],
+// which for ordered_json (a vector) searches every earlier key: an object of a
+// million keys took hours. Here a key is appended after one hash lookup, a
+// repeated key is refused (nlohmann would keep the last silently: two readers
+// of one document could disagree), and nesting is bounded, because dump() and
+// every reader that walks a document recurse.
+template <class Json>
+class DomBuilder : public nlohmann::json_sax<Json> {
+ public:
+  using typename nlohmann::json_sax<Json>::number_integer_t;
+  using typename nlohmann::json_sax<Json>::number_unsigned_t;
+  using typename nlohmann::json_sax<Json>::number_float_t;
+  using typename nlohmann::json_sax<Json>::string_t;
+  using typename nlohmann::json_sax<Json>::binary_t;
+
+  Json& root() { return root_; }
+  // Why the parse stopped; empty for plain invalid JSON.
+  const std::string& problem() const { return problem_; }
+
+  bool null() override { return put(Json(nullptr)); }
+  bool boolean(bool v) override { return put(Json(v)); }
+  bool number_integer(number_integer_t v) override { return put(Json(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return put(Json(v)); }
+  bool number_float(number_float_t v, const string_t&) override { return put(Json(v)); }
+  bool string(string_t& v) override { return put(Json(std::move(v))); }
+  bool binary(binary_t&) override { return false; }  // not in JSON text
+  bool start_object(std::size_t) override { return open(Json::object()); }
+  bool start_array(std::size_t) override { return open(Json::array()); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool key(string_t& k) override {
+    if (!open_.back().keys.insert(k).second) {
+      problem_ = "key '" + k + "' appears twice in one object";
+      return false;
+    }
+    auto& object = open_.back().value->template get_ref<typename Json::object_t&>();
+    if constexpr (requires { object.emplace_back(k, nullptr); }) {
+      object.emplace_back(std::move(k), nullptr);  // ordered_map: no search, the key is new
+      slot_ = &object.back().second;
+    } else {
+      slot_ = &object.emplace(std::move(k), nullptr).first->second;
+    }
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
+  struct Open {
+    Json* value;
+    std::unordered_set<std::string> keys;  // an object's keys so far
+  };
+
+  // Places `v` where the document expects the next value; its address (stable
+  // until the next value is placed in the same container).
+  Json* place(Json&& v) {
+    if (open_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    Json& parent = *open_.back().value;
+    if (parent.is_array()) {
+      auto& array = parent.template get_ref<typename Json::array_t&>();
+      array.push_back(std::move(v));
+      return &array.back();
+    }
+    *slot_ = std::move(v);
+    return slot_;
+  }
+  bool put(Json&& v) {
+    place(std::move(v));
+    return true;
+  }
+  bool open(Json&& container) {
+    if (open_.size() >= kMaxJsonDepth) {
+      problem_ = "nested deeper than " + std::to_string(kMaxJsonDepth) + " levels";
+      return false;
+    }
+    open_.push_back({place(std::move(container)), {}});
+    return true;
+  }
+  bool close() {
+    open_.pop_back();
+    return true;
+  }
+
+  Json root_;
+  std::vector<Open> open_;
+  Json* slot_ = nullptr;  // the value of the object key just read
+  std::string problem_;
+};
+
 template <class Json>
 Result<Json> parse_json(std::string_view text, const std::string& doc, Code code) {
-  Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return status_of(code, doc + ": not valid JSON");
-  return j;
+  DomBuilder<Json> builder;
+  if (!Json::sax_parse(text.begin(), text.end(), &builder, nlohmann::json::input_format_t::json, /*strict=*/true)) {
+    return status_of(code, doc + ": not valid JSON" + (builder.problem().empty() ? "" : ": " + builder.problem()));
+  }
+  return std::move(builder.root());
 }
 
 template <class Json>
@@ -174,6 +271,21 @@ template <class Json>
 Result<double> BasicJsonRef<Json>::number_or(std::string_view key, double fallback) const {
   KV_ASSIGN_OR_RETURN(std::optional<BasicJsonRef> m, find(key));
   return m ? m->number() : Result<double>(fallback);
+}
+
+nlohmann::ordered_json ordered_object_of(const std::vector<std::pair<std::string, std::string>>& pairs) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  auto& object = j.get_ref<nlohmann::ordered_json::object_t&>();
+  std::unordered_map<std::string, size_t> at;
+  for (const auto& [k, v] : pairs) {
+    const auto [it, fresh] = at.emplace(k, object.size());
+    if (fresh) {
+      object.emplace_back(k, v);
+    } else {
+      (object.begin() + std::ptrdiff_t(it->second))->second = v;  // ordered_map's [] takes a key
+    }
+  }
+  return j;
 }
 
 template Result<nlohmann::json> parse_json<nlohmann::json>(std::string_view, const std::string&, Code);

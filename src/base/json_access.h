@@ -22,10 +22,13 @@
 
 namespace kvsnap {
 
-// Parses `text` without exceptions. kCorruption ("<doc>: not valid JSON") when
-// it is not JSON (code `code` instead, for documents whose badness is not a
-// damaged file, e.g. a server's answer).
+// Parses `text` without exceptions, in time and memory linear in its size.
+// kCorruption ("<doc>: not valid JSON[: why]") when it is not JSON, repeats a
+// key within one object, or nests deeper than kMaxJsonDepth (code `code`
+// instead, for documents whose badness is not a damaged file, e.g. a server's
+// answer).
 // Json: nlohmann::json, or nlohmann::ordered_json to keep the document's key order.
+inline constexpr size_t kMaxJsonDepth = 256;
 template <class Json = nlohmann::json>
 Result<Json> parse_json(std::string_view text, const std::string& doc, Code code = Code::kCorruption);
 
@@ -102,6 +105,11 @@ template <class Json>
 std::string json_text(const Json& j, int indent = -1) {
   return j.dump(indent, ' ', false, nlohmann::detail::error_handler_t::replace);
 }
+
+// An object of `pairs` in their order (a repeated key keeps its first place and its last value,
+// as operator[] would), built in time linear in their number: operator[] on an ordered_json
+// searches every earlier key, n^2 / 2 for an object of n (an mlx-lm file's metadata).
+nlohmann::ordered_json ordered_object_of(const std::vector<std::pair<std::string, std::string>>& pairs);
 
 using JsonRef = BasicJsonRef<nlohmann::json>;
 using OrderedJsonRef = BasicJsonRef<nlohmann::ordered_json>;

@@ -87,5 +87,88 @@ TEST(JsonAccess, OrderedDocumentsToo) {
   expect_error((**lossy).string_or("from_k", "?").status(), "snapshot INFO: lossy.from_k: expected a string, got number");
 }
 
+// The builder is checked against nlohmann's own DOM parser (the reference) on documents of every
+// kind of value; key order is the document's for ordered_json.
+template <class Json>
+void expect_same_as_nlohmann(const std::string& text) {
+  SCOPED_TRACE(text);
+  auto ours = parse_json<Json>(text, "t");
+  ASSERT_TRUE(ours.ok()) << ours.status().ToString();
+  const Json reference = Json::parse(text);
+  EXPECT_EQ(*ours, reference);
+  EXPECT_EQ(json_text(*ours), json_text(reference));
+}
+
+TEST(JsonAccess, ParsedDocumentsEqualNlohmannsOwnParse) {
+  for (const std::string text : {
+           R"(null)", R"(true)", R"(-12)", R"(18446744073709551615)", R"(1.5e-7)", R"("s\u00e9")", R"([])", R"({})",
+           R"({"z": 1, "a": [1, {"y": null, "b": [[], {}]}, "x"], "m": {"k": false, "c": 2.25}})",
+           R"([[[{"a": [{"b": {"c": [1, 2, 3]}}]}]], {"d": -0.0}, 9223372036854775807, -9223372036854775808])",
+       }) {
+    expect_same_as_nlohmann<nlohmann::json>(text);
+    expect_same_as_nlohmann<nlohmann::ordered_json>(text);
+  }
+}
+
+// nlohmann's parser searched every earlier key of an ordered_json object for each new one: this
+// document took minutes. Its keys stay in order.
+TEST(JsonAccess, AnObjectOfManyKeysParsesInOrder) {
+  constexpr int kKeys = 200000;
+  std::string text = "{";
+  for (int i = 0; i < kKeys; ++i) text += (i ? ",\"k" : "\"k") + std::to_string(kKeys - i) + "\":" + std::to_string(i);
+  text += "}";
+  auto j = parse_json<nlohmann::ordered_json>(text, "t");
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  ASSERT_EQ(j->size(), size_t(kKeys));
+  int i = 0;
+  for (const auto& [k, v] : j->items()) {
+    ASSERT_EQ(k, "k" + std::to_string(kKeys - i));
+    ASSERT_EQ(v, i);
+    ++i;
+  }
+  EXPECT_EQ((*j)["k1"], kKeys - 1);
+}
+
+// nlohmann keeps the last of two equal keys; two readers of one document could then disagree.
+TEST(JsonAccess, ARepeatedKeyIsRefused) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"a": 1, "a": 2})", "a"},
+      {R"({"x": {"b": 1, "c": 2, "b": 3}})", "b"},
+      {R"([{"a": 1}, {"a": {"a": 1, "a": 1}}])", "a"},
+  };
+  for (const auto& [text, key] : cases) {
+    const std::string message = std::string("t: not valid JSON: key '") + key + "' appears twice in one object";
+    expect_error(parse_json<nlohmann::json>(text, "t").status(), message);
+    expect_error(parse_json<nlohmann::ordered_json>(text, "t").status(), message);
+  }
+  EXPECT_TRUE(parse_json(R"([{"a": 1}, {"a": 2}, {"b": {"a": 3}}])", "t").ok());  // one key in many objects
+}
+
+// As operator[] would build it (order of first appearance, last value), in linear time: an mlx-lm
+// file's metadata of many keys went through operator[], n^2 / 2 key comparisons.
+TEST(JsonAccess, OrderedObjectOfPairsIsOperatorBracketsInLinearTime) {
+  const std::vector<std::pair<std::string, std::string>> few = {{"z", "1"}, {"a", "2"}, {"z", "3"}, {"m", "4"}};
+  nlohmann::ordered_json by_brackets;
+  for (const auto& [k, v] : few) by_brackets[k] = v;
+  EXPECT_EQ(json_text(ordered_object_of(few)), json_text(by_brackets));
+  EXPECT_EQ(json_text(ordered_object_of({})), "{}");
+  std::vector<std::pair<std::string, std::string>> many;
+  for (int i = 0; i < 200000; ++i) many.emplace_back("key" + std::to_string(199999 - i), std::to_string(i));
+  const nlohmann::ordered_json j = ordered_object_of(many);
+  ASSERT_EQ(j.size(), many.size());
+  EXPECT_EQ(j.begin().key(), "key199999");
+  EXPECT_EQ((--j.end()).key(), "key0");
+}
+
+TEST(JsonAccess, NestingIsBounded) {
+  auto nested = [](size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); };
+  EXPECT_TRUE(parse_json(nested(kMaxJsonDepth), "t").ok());
+  EXPECT_TRUE(parse_json<nlohmann::ordered_json>("{\"a\":" + nested(kMaxJsonDepth - 1) + "}", "t").ok());
+  for (size_t depth : {kMaxJsonDepth + 1, size_t(1) << 20}) {
+    expect_error(parse_json(nested(depth), "reply").status(),
+                 "reply: not valid JSON: nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  }
+}
+
 }  // namespace
 }  // namespace kvsnap

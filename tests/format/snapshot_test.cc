@@ -18,6 +18,7 @@
 #include <random>
 #include <set>
 
+#include "base/json_access.h"
 #include "format/cursor.h"
 #include "format/memory_shape.h"
 #include "format/model_profile.h"
@@ -638,6 +639,17 @@ struct Surgery {
     std::memcpy(b.data() + 12, &n, 4);
     reseal();
   }
+  // Replaces the payload of the section with `tag` (its length follows; the digest is resealed).
+  void replace_payload(uint32_t tag, const std::string& payload) {
+    const size_t at = payload_of(tag);
+    uint64_t len = 0;
+    std::memcpy(&len, b.data() + at - 8, 8);
+    b.erase(b.begin() + std::ptrdiff_t(at), b.begin() + std::ptrdiff_t(at + len));
+    b.insert(b.begin() + std::ptrdiff_t(at), reinterpret_cast<const std::byte*>(payload.data()),
+             reinterpret_cast<const std::byte*>(payload.data()) + payload.size());
+    set_u64(at - 8, payload.size());
+    reseal();
+  }
   void set_u32(size_t at, uint32_t v) { std::memcpy(b.data() + at, &v, 4); }
   void set_u16(size_t at, uint16_t v) { std::memcpy(b.data() + at, &v, 2); }
   void set_u64(size_t at, uint64_t v) { std::memcpy(b.data() + at, &v, 8); }
@@ -674,6 +686,38 @@ std::unique_ptr<StoreSnapshot> store_snapshot() {
   EXPECT_TRUE(m.ok());
   s->m = *m;
   return s;
+}
+
+// INFO is parsed into a tree many times its size (a hostile 1 GiB manifest cost some 17 GiB): the
+// writer writes and the reader parses at most kMaxInfoBytes of it, the limit itself included.
+TEST(SnapshotHostile, InfoBeyondItsLimitIsRefusedByTheWriterAndTheReader) {
+  using snapshot_detail::kMaxInfoBytes;
+  auto s = store_snapshot();
+  SnapshotManifest at_limit = s->m;
+  at_limit.info["padding"] = "";
+  at_limit.info["padding"] = std::string(kMaxInfoBytes - json_text(at_limit.info).size(), 'x');
+  ASSERT_EQ(json_text(at_limit.info).size(), kMaxInfoBytes);
+  ASSERT_TRUE(snapshot_detail::encode_manifest(at_limit).ok());
+  auto r = open_snapshot(at_limit.bytes, s->store);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)->manifest().info.at("padding").get_ref<const std::string&>().size(),
+            at_limit.info["padding"].get_ref<const std::string&>().size());
+
+  SnapshotManifest over = at_limit;
+  over.info["padding"] = at_limit.info["padding"].get<std::string>() + "x";
+  const Status w = snapshot_detail::encode_manifest(over);
+  EXPECT_EQ(w.code(), Code::kNotSupported) << w.ToString();
+  EXPECT_NE(w.message().find("INFO would be " + std::to_string(kMaxInfoBytes + 1) + " bytes"), std::string::npos)
+      << w.ToString();
+
+  Surgery x{s->m.bytes};  // a writer without the check
+  x.replace_payload(snapshot_detail::kTagInfo, json_text(over.info));
+  auto refused = open_snapshot(x.b, s->store);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Code::kCorruption);
+  EXPECT_NE(refused.status().message().find("the INFO section is " + std::to_string(kMaxInfoBytes + 1) + " bytes"),
+            std::string::npos)
+      << refused.status().ToString();
 }
 
 TEST(SnapshotHostile, UnknownOptionalSectionIsSkipped) {
@@ -1004,7 +1048,7 @@ SnapshotManifest frame_only_manifest(uint64_t frame_bytes, uint64_t n_frame_chun
   Segment fr;
   fr.size = frame_bytes;
   m.segments.segments.push_back(fr);
-  snapshot_detail::encode_manifest(m);
+  EXPECT_TRUE(snapshot_detail::encode_manifest(m).ok());
   return m;
 }
 
