@@ -154,7 +154,9 @@ Status fstat_or_close(int fd, const std::string& path, struct stat& st) {
 class PosixIo final : public Io {
  public:
   Result<std::unique_ptr<ReadableFile>> open_read(const std::string& path) override {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO's open waits for a writer (`kvsnap info FIFO` hung); it is refused below.
+    // Reads of a regular file ignore the flag.
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return errno_status("cannot open", path, errno);
     struct stat st {};
     KV_RETURN_IF_ERROR(fstat_or_close(fd, path, st));

@@ -186,6 +186,16 @@ TEST(PosixIo, OpenRegularNeitherFollowsLinksNorWaitsOnFifosAndLockDirCreatesNoth
   EXPECT_FALSE(f->file);
   EXPECT_FALSE(f->symlink);
   EXPECT_EQ(f->not_regular, "a FIFO, socket or device");
+  // open_read too: refused at once (a review's finding: `kvsnap info FIFO` waited for a writer).
+  auto r = posix_io().open_read(fifo);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), fifo + ": not a regular file");
+  auto plain = posix_io().open_read(file);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  std::string got(5, '\0');
+  ASSERT_TRUE((*plain)->read_at(0, std::as_writable_bytes(std::span(got))).ok());
+  EXPECT_EQ(got, "bytes");
 
   {
     auto first = posix_io().lock_dir(dir.string());
