@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdint>
 #include <map>
 
 #include "base/byte_order.h"
@@ -61,6 +62,13 @@ std::vector<std::string> meta_list(const Ctx& c, const std::string& prefix) {
   }
 }
 
+// The integer state is written back as mlx-lm writes it, 32-bit (mx.array of a Python int):
+// a value outside that range would come out cut, another number, so the file is refused.
+Status check_int32(const Ctx& c, const MlxLayer& L, const std::string& what, int64_t v) {
+  if (v >= INT32_MIN && v <= INT32_MAX) return Status::OK();
+  return layer_error(c, L, what + " = " + std::to_string(v) + " is outside the 32-bit range of mlx-lm's cache state");
+}
+
 // A 0-d integer tensor of the scalars layout (offset, bits, ...).
 Result<int64_t> scalar_int(const Ctx& c, const MlxLayer& L, const Where& w, const std::string& rel, const char* what) {
   KV_ASSIGN_OR_RETURN(const SafetensorsTensor* t, need(c, L, w, rel, what));
@@ -73,6 +81,8 @@ Result<int64_t> scalar_int(const Ctx& c, const MlxLayer& L, const Where& w, cons
   KV_ASSIGN_OR_RETURN(std::vector<std::byte> b, read_tensor(c.st, c.f, *t));
   uint64_t u = load_le(b.data(), size);
   if (t->dtype[0] == 'I' && size < 8 && (u >> (8 * size - 1))) u |= ~uint64_t(0) << (8 * size);  // sign
+  if (t->dtype[0] == 'U' && size == 8 && u > uint64_t(INT64_MAX)) u = uint64_t(INT64_MAX);  // refused below
+  KV_RETURN_IF_ERROR(check_int32(c, L, "tensor '" + t->name + "' (" + what + ")", int64_t(u)));
   return int64_t(u);
 }
 
@@ -104,6 +114,7 @@ Result<std::vector<int64_t>> meta_ints(const Ctx& c, const MlxLayer& L, const Wh
   for (size_t i = 0; i < n; ++i) {
     auto v = to_int(m[i]);
     if (!v) return layer_error(c, L, "meta_state '" + w.meta + "." + std::to_string(i) + "' = \"" + m[i] + "\" is not an integer");
+    KV_RETURN_IF_ERROR(check_int32(c, L, "meta_state '" + w.meta + "." + std::to_string(i) + "'", *v));
     out.push_back(*v);
   }
   return out;
@@ -210,6 +221,17 @@ std::vector<Field> with_step(const Ctx& c, MlxLayer& L, std::vector<Field> f, si
   return f;
 }
 
+// KVCache and QuantizedKVCache save the rows up to their offset (mlx-lm's `state` cuts the
+// buffer there): an offset outside 0..rows is a damaged file, whose tokens count would be wrong.
+Status check_offset_in_rows(const Ctx& c, const MlxLayer& L) {
+  if (*L.offset < 0) return layer_error(c, L, "offset " + std::to_string(*L.offset) + " is negative");
+  if (*L.offset > L.k->rows) {
+    return layer_error(c, L, "offset " + std::to_string(*L.offset) + " is past the " + std::to_string(L.k->rows) +
+                                 " saved rows");
+  }
+  return Status::OK();
+}
+
 Status parse_quantized(const Ctx& c, const Where& w, MlxLayer& L) {
   const std::vector<Field> f{{"offset", &L.offset}, {"group_size", &L.group_size}, {"bits", &L.bits}};
   KV_RETURN_IF_ERROR(read_fields(c, L, w, f, with_step(c, L, f, 0)));
@@ -220,7 +242,8 @@ Status parse_quantized(const Ctx& c, const Where& w, MlxLayer& L) {
   }
   KV_ASSIGN_OR_RETURN(L.k, quant_side(c, L, w, "0", "keys", b, g));
   KV_ASSIGN_OR_RETURN(L.v, quant_side(c, L, w, "1", "values", b, g));
-  return check_pair(c, L);
+  KV_RETURN_IF_ERROR(check_pair(c, L));
+  return check_offset_in_rows(c, L);
 }
 
 // KVCache, ConcatenateKVCache, RotatingKVCache, ChunkedKVCache: float keys "0", values "1".
@@ -241,20 +264,19 @@ Status parse_float_kv(const Ctx& c, const Where& w, MlxLayer& L) {
     KV_RETURN_IF_ERROR(read_fields(c, L, w, {offset, chunk, start}, {chunk, start}));
   }
   if (*L.offset < 0) return layer_error(c, L, "offset " + std::to_string(*L.offset) + " is negative");
-  if (L.cls == "KVCache" && *L.offset > L.k->rows) {
-    return layer_error(c, L, "offset " + std::to_string(*L.offset) + " is past the " + std::to_string(L.k->rows) +
-                                 " saved rows");
-  }
-  return Status::OK();
+  return L.cls == "KVCache" ? check_offset_in_rows(c, L) : Status::OK();
 }
 
-// Every tensor under "<prefix>." (ArraysCache state, or a class not understood).
+// Every tensor under "<prefix>." (ArraysCache state, or a class not understood): a range of
+// the tensors, which are sorted by name. (A scan of them all per layer made a file of many
+// empty layers cost layers x tensors.)
 std::vector<const SafetensorsTensor*> tensors_under(const Ctx& c, const std::string& prefix) {
   std::vector<const SafetensorsTensor*> out;
   const std::string p = prefix + ".";
-  for (const auto& t : c.st.tensors) {
-    if (t.name.compare(0, p.size(), p) == 0) out.push_back(&t);
-  }
+  const auto& all = c.st.tensors;
+  auto it = std::lower_bound(all.begin(), all.end(), p,
+                             [](const SafetensorsTensor& t, const std::string& n) { return t.name < n; });
+  for (; it != all.end() && it->name.compare(0, p.size(), p) == 0; ++it) out.push_back(&*it);
   return out;
 }
 

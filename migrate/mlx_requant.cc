@@ -357,11 +357,13 @@ Result<MlxRequantResult> mlx_requantize(const MlxPromptCache& in, const Readable
   std::vector<SideJob> jobs;
   jobs.reserve(n_sides);
   std::map<const Conv*, std::pair<size_t, size_t>> job_of;  // a layer's K and V job
+  std::map<const MlxLayer*, const Conv*> conv_of;             // the layers converted
+  for (const Conv& c : convs) conv_of[c.L] = &c;
   for (const MlxLayer& L : in.layers) {
     if (!(L.cls == "KVCache" || L.cls == "QuantizedKVCache") || !L.k || !L.v) continue;
     const MlxKvSetting from = setting_of(L);
-    const Conv* conv = nullptr;
-    for (const Conv& c : convs) conv = c.L == &L ? &c : conv;
+    const auto converted = conv_of.find(&L);
+    const Conv* conv = converted == conv_of.end() ? nullptr : converted->second;
     for (const bool is_v : {false, true}) {
       const MlxKvSide& s = is_v ? *L.v : *L.k;
       MlxRequantSide r;

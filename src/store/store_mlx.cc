@@ -7,6 +7,7 @@
 #include "base/text.h"
 #include "format/mlx_layout.h"
 #include "format/snapshot_mlx.h"
+#include "migrate/mlx_convert.h"
 #include "migrate/mlx_kv_target.h"
 #include "migrate/mlx_requant.h"
 #include "store/store.h"
@@ -140,9 +141,10 @@ Result<RestoreResult> Store::restore_mlx(const StoredSnapshot& snap, const std::
                                    "saved file");
   }
   const MlxRestoreSpec& x = req.mlx;
-  if (x.given() && x.kv_bits.empty() && !x.kv_group_size) {
+  if (x.given() && x.kv_bits.empty() && !x.kv_group_size && x.mlx_lm.empty()) {
     return Status::InvalidArgument(what + ": " + x.flags() + " without {--kv-bits}: give --kv-bits 2|3|4|5|6|8 "
-                                   "[--kv-group-size 32|64|128], or --kv-bits none to dequantize");
+                                   "[--kv-group-size 32|64|128], --kv-bits none to dequantize, or --mlx-lm VERSION "
+                                   "to move it to that release's file layout");
   }
   const ReadableFile& original = snap.reader().original();
   const uint32_t threads = req.spec.threads > 0 ? uint32_t(req.spec.threads) : default_threads();
@@ -175,14 +177,20 @@ Result<RestoreResult> Store::restore_mlx(const StoredSnapshot& snap, const std::
   if (!x.given()) {
     KV_RETURN_IF_ERROR(copy_parallel(snap.reader(), threads, tee));
   } else {
+    // As `kvsnap convert` does it (migrate/mlx_convert.h): requantized and/or moved to the
+    // layout and class names of the release named, through a scratch file when needed.
     KV_ASSIGN_OR_RETURN(const MlxPromptCache cache, read_mlx_prompt_cache(*src));
-    KV_ASSIGN_OR_RETURN(const MlxKvSetting to, mlx_kv_target(cache, x.kv_bits, x.kv_group_size, what));
-    KV_ASSIGN_OR_RETURN(const MlxDevice device, mlx_device_of(x.device.empty() ? "cpu" : x.device));
-    MlxRequantSpec spec{to, to, device, std::nullopt, threads};
+    MlxConvertRequest conv;
+    conv.kv_bits = x.kv_bits;
+    conv.kv_group_size = x.kv_group_size;
     if (!x.mlx_lm.empty()) {
-      KV_ASSIGN_OR_RETURN(spec.layout, mlx_layout_for(x.mlx_lm));
+      KV_ASSIGN_OR_RETURN(conv.target, mlx_target_for(x.mlx_lm));
     }
-    KV_RETURN_IF_ERROR(mlx_requantize(cache, *src, spec, tee).status());
+    KV_ASSIGN_OR_RETURN(conv.device, mlx_device_of(x.device.empty() ? "cpu" : x.device));
+    conv.threads = threads;
+    conv.what = what;
+    conv.scratch_path = temp_name(paths_, "restore-move");
+    KV_RETURN_IF_ERROR(mlx_convert(io_, cache, *src, conv, tee).status());
     r.converted = true;
   }
   return finish_restore(std::move(r), count.count, t0);

@@ -239,6 +239,46 @@ TEST(MlxPromptCache, LayerErrors) {
   expect_error("{" + k4 + ",\"__metadata__\":{\"1.0\":\"CacheList\",\"2.0\":\"\"}}", 16, "CacheList holds no caches");
 }
 
+// A quantized layer's offset outside its saved rows, and integer state beyond 32 bits (a review's
+// findings: info reported 999 tokens; a max_size of 2^32 + 4 went to the scalars layout as 4).
+TEST(MlxPromptCache, StateOutsideWhatMlxLmSavesIsRefused) {
+  const std::string q = tensor("0.0.0", "U32", "[1,1,2,4]", 0, 32) + "," + tensor("0.0.1", "BF16", "[1,1,2,1]", 32, 36) +
+                        "," + tensor("0.0.2", "BF16", "[1,1,2,1]", 36, 40) + "," +
+                        tensor("0.1.0", "U32", "[1,1,2,4]", 40, 72) + "," + tensor("0.1.1", "BF16", "[1,1,2,1]", 72, 76) +
+                        "," + tensor("0.1.2", "BF16", "[1,1,2,1]", 76, 80);
+  const auto quantized = [&](const std::string& offset) {
+    return "{" + q + ",\"__metadata__\":{\"0.0.0\":\"" + offset +
+           "\",\"0.0.1\":\"32\",\"0.0.2\":\"4\",\"2.0\":\"QuantizedKVCache\"}}";
+  };
+  for (const char* offset : {"0", "2"}) {
+    MemoryFile f = file_of(quantized(offset), 80);
+    auto c = read_mlx_prompt_cache(f);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_EQ(c->layers[0].offset, std::stoll(offset));
+  }
+  expect_error(quantized("999"), 80, "layer 0 (QuantizedKVCache): offset 999 is past the 2 saved rows");
+  expect_error(quantized("-5"), 80, "layer 0 (QuantizedKVCache): offset -5 is negative");
+
+  const std::string k4 = tensor("0.0", "BF16", "[1,1,2,4]", 0, 16), v4 = tensor("0.1", "BF16", "[1,1,2,4]", 16, 32);
+  expect_error("{" + k4 + "," + v4 +
+                   ",\"__metadata__\":{\"0.0.0\":\"0\",\"0.0.1\":\"4294967300\",\"0.0.2\":\"2\",\"0.0.3\":\"2\","
+                   "\"2.0\":\"RotatingKVCache\"}}",
+               32, "meta_state '0.0.1' = 4294967300 is outside the 32-bit range");
+  // The scalars layout's I64 offset of 2^32 + 1 (its low 32 bits, 1, would pass the row check).
+  std::vector<std::byte> b;
+  const std::string h = "{" + k4 + "," + v4 + "," + tensor("0.2", "I64", "[]", 32, 40) +
+                        ",\"__metadata__\":{\"1.0\":\"KVCache\",\"2.0\":\"\"}}";
+  append_le<uint64_t>(b, h.size());
+  for (char ch : h) b.push_back(std::byte(ch));
+  b.resize(b.size() + 32);
+  append_le<uint64_t>(b, (uint64_t(1) << 32) + 1);
+  MemoryFile f("t.safetensors", b);
+  auto r = read_mlx_prompt_cache(f);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("tensor '0.2' (offset) = 4294967297 is outside the 32-bit range"), std::string::npos)
+      << r.status().ToString();
+}
+
 TEST(MlxPromptCache, UnknownClassIsCarried) {
   MemoryFile f = file_of("{" + tensor("0.0", "I32", "[3]", 0, 12) + ",\"__metadata__\":{\"0.0\":\"\",\"2.0\":\"FutureCache\"}}", 12);
   auto c = read_mlx_prompt_cache(f);
