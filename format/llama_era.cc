@@ -215,6 +215,15 @@ Result<BuildLayout> layout_of_build(const LlamaBuild& build) {
   return L;
 }
 
+std::optional<bool> v9_outputs_of_build(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  auto build = parse_llama_build(text);
+  if (!build.ok()) return std::nullopt;
+  auto layout = layout_of_build(*build);
+  if (!layout.ok() || layout->session_outputs == Tri::kUnknown) return std::nullopt;
+  return layout->session_outputs == Tri::kYes;
+}
+
 FileEra era_of_file(const StateFile& f, std::optional<bool> model_has_cell_ext) {
   const std::string what = file_words(f);
   if (f.kind == StateKind::kRawSeq && f.raw_seq_tagged) {

@@ -66,6 +66,10 @@ struct BuildLayout {
 // kNotSupported for builds before b3543 other than b3166 (era A: ggsq 1 / ggsn 6), whose layout
 // kvsnap does not know.
 Result<BuildLayout> layout_of_build(const LlamaBuild& b);
+// ParseOptions::v9_outputs for a build named by the user ("b8121"): its session_outputs; nullopt
+// when the text is no build or the build's layout is not known (the rotation's check of the same
+// flag says why).
+std::optional<bool> v9_outputs_of_build(const std::string& text);
 
 // What a parsed file proves about the build that wrote it.
 struct FileEra {

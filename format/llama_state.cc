@@ -395,7 +395,8 @@ Status read_outputs(Cursor& c, SessionOutputs& o) {
 // embeddings before the memory section up to b8121, and nothing from b8179 on
 // (llama.cpp #18862 kept the version). Both readings are tried; the structure
 // decides, and a file that fits both is refused rather than guessed.
-Status read_v9_context(const ReadableFile& file, Cursor& c, const MemoryShape* shape, StateFile& f) {
+Status read_v9_context(const ReadableFile& file, Cursor& c, const ParseOptions& opts, StateFile& f) {
+  const MemoryShape* shape = opts.shape;
   const uint64_t at = c.offset();
   StateFile with = f;
   SessionOutputs o;
@@ -407,6 +408,12 @@ Status read_v9_context(const ReadableFile& file, Cursor& c, const MemoryShape* s
   }
   StateFile without = f;
   Status without_status = read_memory(file, at, 2, shape, without);
+  if (with_status.ok() && without_status.ok() && opts.v9_outputs) {  // the writer's build says which
+    f = std::move(*opts.v9_outputs ? with : without);
+    f.reading += *opts.v9_outputs ? "; outputs before the memory (b8121 and older, as the build given says)"
+                                  : "; no outputs (b8179 and later, as the build given says)";
+    return Status::OK();
+  }
   if (with_status.ok() && without_status.ok()) {
     return Status::Ambiguous(file.name() + ": the version-9 body reads both with output logits (llama.cpp b8121 and "
                              "older) and without (b8179 and later); pass {--source-build bNNNN} to say which");
@@ -546,7 +553,7 @@ Result<bool> read_raw_header(const ReadableFile& file, Cursor& c, const ParseOpt
     KV_ASSIGN_OR_RETURN(f.arch, read_arch(c));
     if (era < 3) {
       f.version = era;
-      KV_RETURN_IF_ERROR(read_v9_context(file, c, opts.shape, f));
+      KV_RETURN_IF_ERROR(read_v9_context(file, c, opts, f));
       return true;
     }
   }
@@ -573,7 +580,7 @@ Status read_session_v8(const ReadableFile& file, Cursor& c, uint32_t era, const 
 }
 
 // ggsn v8, v9 and v10 session files, after magic and version.
-Result<bool> read_session_header(const ReadableFile& file, Cursor& c, const MemoryShape* shape, StateFile& f,
+Result<bool> read_session_header(const ReadableFile& file, Cursor& c, const ParseOptions& opts, StateFile& f,
                                  uint32_t& era) {
   f.kind = StateKind::kSessionFile;
   if (f.version != 10 && f.version != 9 && f.version != 8) {
@@ -584,11 +591,11 @@ Result<bool> read_session_header(const ReadableFile& file, Cursor& c, const Memo
   KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/false));
   KV_ASSIGN_OR_RETURN(f.arch, read_arch(c));
   if (f.version == 9) {
-    KV_RETURN_IF_ERROR(read_v9_context(file, c, shape, f));
+    KV_RETURN_IF_ERROR(read_v9_context(file, c, opts, f));
     return true;
   }
   if (f.version == 8) {
-    KV_RETURN_IF_ERROR(read_session_v8(file, c, era, shape, f));
+    KV_RETURN_IF_ERROR(read_session_v8(file, c, era, opts.shape, f));
     return true;
   }
   return false;
@@ -630,7 +637,7 @@ Result<bool> read_file_header(const ReadableFile& file, Cursor& c, const ParseOp
     KV_RETURN_IF_ERROR(read_tokens(c, f.tokens, /*allow_packed=*/true));
     return false;
   }
-  if (f.magic == kMagicGgsn) return read_session_header(file, c, opts.shape, f, era);
+  if (f.magic == kMagicGgsn) return read_session_header(file, c, opts, f, era);
   if (f.magic == kRawSeqMagic) {
     f.kind = StateKind::kRawSeq;
     f.raw_seq_tagged = true;

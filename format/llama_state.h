@@ -201,6 +201,10 @@ struct ParseOptions {
   // ggsn v6 records no K/V types: the pair the user declares when the sizes
   // fit several (ggml type ids).
   std::optional<std::pair<int32_t, int32_t>> legacy_kv_types;
+  // A version-9 body that reads both ways: true as llama.cpp b8121 and older wrote it (outputs
+  // before the memory), false as b8179 and later did (the session_outputs of the build the user
+  // names, format/llama_era.h). Unset: such a file is refused (kAmbiguous).
+  std::optional<bool> v9_outputs;
 };
 
 Result<StateFile> parse_state(const ReadableFile& file, const ParseOptions& opts = {});

@@ -64,22 +64,30 @@ Tri claimed_rotation(const SourceClaims& c) {
 ordered_json rotation_json(const StateFile& f, int32_t type, const SnapshotOptions& o, size_t si, bool is_v) {
   ordered_json j;
   const TypeLayout* t = find_type(type);
-  std::optional<uint32_t> block;
+  // As decide_source_rotation decides: a declaration wins, then the layout, then a named build;
+  // a head dim llama.cpp never rotates is "no" whatever the era.
+  const bool declared = o.writer.src_rotation == "on" || o.writer.src_rotation == "off";
+  Tri rotates = declared ? claimed_rotation(o.writer) : era_of_file(f, std::nullopt).rotates;
+  if (rotates == Tri::kUnknown) rotates = claimed_rotation(o.writer);
+  const bool dims_known = o.model && si < o.model->kv_sections.size();
+  const std::optional<uint32_t> model_block =
+      !dims_known ? std::nullopt
+      : is_v      ? o.model->kv_sections[si].v_rotation_block
+                  : o.model->kv_sections[si].k_rotation_block;
+  ordered_json block = nullptr;  // the block when rotated
   std::string rotated;
-  Tri era_rotates = era_of_file(f, std::nullopt).rotates;
-  if (era_rotates == Tri::kUnknown) era_rotates = claimed_rotation(o.writer);
-  if (!t || !t->quantized || era_rotates == Tri::kNo) {
+  if (!t || !t->quantized || rotates == Tri::kNo || (dims_known && !model_block)) {
     rotated = "no";
-  } else if (era_rotates == Tri::kUnknown) {
+  } else if (rotates == Tri::kUnknown) {
     rotated = "unknown-era";
-  } else if (!o.model || si >= o.model->kv_sections.size()) {
+  } else if (!dims_known) {
     rotated = "unknown";
   } else {
-    block = is_v ? o.model->kv_sections[si].v_rotation_block : o.model->kv_sections[si].k_rotation_block;
-    rotated = block ? "yes" : "no";
+    rotated = "yes";
+    block = model_block.value();
   }
   j["rotated"] = rotated;
-  j["block"] = block ? ordered_json(*block) : ordered_json(nullptr);
+  j["block"] = std::move(block);
   return j;
 }
 

@@ -506,6 +506,12 @@ ParseOptions SnapshotReader::parse_options() const {
     (s.is_v ? v : k) = (s.is_v ? v : k).value_or(s.ggml_type);
   }
   if (p.kind == StateKind::kSessionFile && p.version == 6 && k && v) o.legacy_kv_types = std::make_pair(*k, *v);
+  // How the save read a version-9 body that fits both readings (a build named at save decided):
+  // INFO's layout.outputs, null when it had none. Consulted only when both readings fit.
+  const auto& info = impl_->m.info;
+  if (auto layout = info.find("layout"); layout != info.end() && layout->is_object()) {
+    if (auto outputs = layout->find("outputs"); outputs != layout->end()) o.v9_outputs = !outputs->is_null();
+  }
   return o;
 }
 

@@ -190,7 +190,9 @@ class Migrator {
     e.file = std::move(opened.file);
     e.stamp = opened.stamp;
     r.bytes_before = e.file->size();
-    auto parsed = parse_for_model(*e.file, {}, o_.model);
+    ParseOptions po;
+    po.v9_outputs = v9_outputs_of_build(o_.spec.source_build);  // migrate --source-build
+    auto parsed = parse_for_model(*e.file, po, o_.model);
     if (!parsed.ok()) {
       // A file with a state magic that does not parse is a damaged state (an error);
       // anything else in the directory is simply not ours.

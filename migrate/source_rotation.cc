@@ -84,7 +84,8 @@ Result<SourceRotation> decide_source_rotation(const ReadableFile* file, const St
   const FileEra era = era_of_file(f, model_has_cell_ext);
   d.evidence.push_back("layout: era " + era.eras + " (llama.cpp " + era.builds + "): " + era.why);
 
-  if (claims.src_rotation == "on" || claims.src_rotation == "off") {
+  const bool declared = claims.src_rotation == "on" || claims.src_rotation == "off";
+  if (declared) {
     d.rotated = tri_of(claims.src_rotation == "on");
     d.decided_by = "declared";
     d.confidence = 1;
@@ -92,11 +93,12 @@ Result<SourceRotation> decide_source_rotation(const ReadableFile* file, const St
     if (era.rotates != Tri::kUnknown && era.rotates != d.rotated) {
       d.evidence.push_back(std::string("note: the layout says ") + stored(era.rotates) + "; the declaration wins");
     }
-    return d;
-  }
-  if (!claims.src_rotation.empty() && claims.src_rotation != "auto") {
+  } else if (!claims.src_rotation.empty() && claims.src_rotation != "auto") {
     return Status::InvalidArgument("{--src-rotation} must be auto, on or off, not '" + claims.src_rotation + "'");
   }
+  // A build named beside a declaration is still checked against the file and reported (it
+  // was ignored: a build that cannot have written the file passed unseen); the declaration
+  // keeps the rotation.
   const std::string file_name = file ? file->name() : std::string("the input");
   if (!claims.source_build.empty()) {
     KV_RETURN_IF_ERROR(consider_build(claims.source_build, "source-build", f, model_has_cell_ext, d).Prefixed(file_name));
@@ -104,6 +106,7 @@ Result<SourceRotation> decide_source_rotation(const ReadableFile* file, const St
   if (!claims.server_build.empty()) {
     KV_RETURN_IF_ERROR(consider_build(claims.server_build, "server-build", f, model_has_cell_ext, d).Prefixed(file_name));
   }
+  if (declared) return d;
   if (d.rotated == Tri::kUnknown && era.rotates != Tri::kUnknown) {
     d.rotated = era.rotates;
     d.decided_by = "file-format";

@@ -286,7 +286,9 @@ def expected_rotation(era, head_dim, type_name, side):
     if type_name in FLOAT_TYPES:
         return {"none"}
     if era not in ROTATING_ERAS:
-        return {"none-pre-rotation"}
+        # Unrotated twice over when the head dim is one llama.cpp never rotates: either word is true
+        # (kvsnap says none-head-dim when the model shows it and the file's era is not known).
+        return {"none-pre-rotation"} | ({"none-head-dim"} if head_dim % 64 else set())
     if head_dim % 64:
         return {"none-head-dim"}
     if side == "v":
