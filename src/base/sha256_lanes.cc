@@ -218,9 +218,10 @@ Sha256Kernel choose_kernel() {
 
 Sha256Kernel sha256_kernel() {
   static const Sha256Kernel k = choose_kernel();
-  // The scalar level (KVSNAP_SIMD=scalar, a bench's --simd scalar) means no SIMD anywhere,
-  // SHA-NI included; read on every call because set_level() may change it within a process.
-  if (simd::level() == simd::Level::kScalar) return Sha256Kernel::kOpenssl;
+  // The scalar level set by hand (KVSNAP_SIMD=scalar, a bench's --simd scalar) means no SIMD
+  // anywhere, SHA-NI included; read on every call because set_level() may change it within a
+  // process. A CPU whose best level is scalar (SHA-NI without AVX2: Goldmont) keeps its kernel.
+  if (simd::level() == simd::Level::kScalar && simd::best_level() != simd::Level::kScalar) return Sha256Kernel::kOpenssl;
   return k;
 }
 

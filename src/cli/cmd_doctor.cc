@@ -72,11 +72,21 @@ void check_sha256(std::vector<Check>& out) {
     if (sha256_kernel_supported(k)) runs += std::string(runs.empty() ? "" : " ") + sha256_kernel_name(k);
   const std::string in_use = sha256_kernel_name(sha256_kernel());
   const char* env = std::getenv("KVSNAP_SHA");
-  if (env && in_use != env) {
+  bool env_runs = false;
+  for (Sha256Kernel k : {Sha256Kernel::kOpenssl, Sha256Kernel::kShaniX2, Sha256Kernel::kAvx2X8})
+    env_runs = env_runs || (env && sha256_kernel_supported(k) && std::string_view(env) == sha256_kernel_name(k));
+  if (env && !env_runs) {
     out.push_back({Verdict::kWarn, "sha256",
                    std::string("KVSNAP_SHA=") + env + " is not a kernel this CPU runs, so " + in_use +
                        " is used (this CPU runs: " + runs + ")",
                    "unset KVSNAP_SHA, or set it to one of: " + runs});
+    return;
+  }
+  if (env && in_use != env) {  // a kernel this CPU runs, overridden by KVSNAP_SIMD=scalar
+    out.push_back({Verdict::kWarn, "sha256",
+                   std::string("KVSNAP_SHA=") + env + " is overridden by KVSNAP_SIMD=scalar (no SIMD anywhere), so " +
+                       in_use + " is used (this CPU runs: " + runs + ")",
+                   "unset KVSNAP_SIMD or KVSNAP_SHA"});
     return;
   }
   const char* simd_env = std::getenv("KVSNAP_SIMD");
@@ -86,7 +96,8 @@ void check_sha256(std::vector<Check>& out) {
   out.push_back({Verdict::kOk, "sha256", in_use + why + "; this CPU runs: " + runs + ")", ""});
 }
 
-// The catalog: opened read-only in effect (a missing SQLite file is not created).
+// The catalog: opened read-only in effect (a missing SQLite file is not created, an older
+// schema not upgraded, an empty PostgreSQL database given no tables).
 void check_catalog(const StoreLocation& where, std::vector<Check>& out) {
   if (where.catalog_kind == CatalogKind::kSqlite) {
     auto has_catalog = cli_io().exists(where.catalog);
@@ -95,7 +106,18 @@ void check_catalog(const StoreLocation& where, std::vector<Check>& out) {
       return;
     }
   }
-  auto catalog = open_catalog(where);
+  CatalogOptions as_found;
+  as_found.upgrade_schema = false;
+  auto catalog = open_catalog(where, as_found);
+  if (catalog.status().code() == Code::kNotFound) {
+    out.push_back({Verdict::kOk, "catalog", catalog.status().message(), ""});
+    return;
+  }
+  if (catalog.status().code() == Code::kMismatch) {  // an older schema, left as it is
+    out.push_back({Verdict::kWarn, "catalog", catalog.status().message(),
+                   "upgrade every kvsnap that uses this store first, if others share it"});
+    return;
+  }
   if (!catalog.ok()) {
     out.push_back({Verdict::kFail, "catalog", catalog.status().ToString(),
                    where.catalog_kind == CatalogKind::kSqlite
@@ -204,27 +226,38 @@ struct DoctorOpts {
   bool json = false;
 };
 
-Status run_doctor(const DoctorOpts& o, std::string& out) {
-  std::vector<Check> checks;
-  KV_ASSIGN_OR_RETURN(StoreLocation where, resolve_store_location(cli_io(), o.store));
-  check_simd(checks);
-  check_sha256(checks);
-  check_store(where, checks);
+// Every profile of the store (or --server's only).
+void check_profiles(const StoreLocation& where, const std::string& only, std::vector<Check>& checks) {
   auto profiles = ServerProfiles::load(cli_io(), where.local_dir);
   if (!profiles.ok()) {
     checks.push_back({Verdict::kFail, "server profiles", profiles.status().ToString(),
                       "fix or remove " + where.local_dir + "/servers.json, then kvsnap server add again"});
+    return;
+  }
+  size_t n = 0;
+  for (const auto& p : profiles->all()) {
+    if (!only.empty() && p.name != only) continue;
+    check_profile(p, checks);
+    ++n;
+  }
+  if (!only.empty() && n == 0) checks.push_back({Verdict::kFail, "server " + only, "no such profile", "kvsnap server ls"});
+  if (only.empty() && n == 0)
+    checks.push_back({Verdict::kOk, "server profiles", "none (kvsnap server add keeps a llama-server's details)", ""});
+}
+
+Status run_doctor(const DoctorOpts& o, std::string& out) {
+  std::vector<Check> checks;
+  check_simd(checks);
+  check_sha256(checks);
+  // A store that cannot even be located is a failed check like any other (with --json, in the
+  // JSON): doctor is run when the setup is broken.
+  Result<StoreLocation> where = resolve_store_location(cli_io(), o.store);
+  if (where.ok()) {
+    check_store(*where, checks);
+    check_profiles(*where, o.server, checks);
   } else {
-    size_t n = 0;
-    for (const auto& p : profiles->all()) {
-      if (!o.server.empty() && p.name != o.server) continue;
-      check_profile(p, checks);
-      ++n;
-    }
-    if (!o.server.empty() && n == 0)
-      checks.push_back({Verdict::kFail, "server " + o.server, "no such profile", "kvsnap server ls"});
-    if (o.server.empty() && n == 0)
-      checks.push_back({Verdict::kOk, "server profiles", "none (kvsnap server add keeps a llama-server's details)", ""});
+    checks.push_back({Verdict::kFail, "store", where.status().ToString(),
+                      "fix --store / KVSNAP_HOME, or the store config file it names (docs/store.md)"});
   }
   size_t failed = 0;
   json arr = json::array();

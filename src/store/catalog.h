@@ -165,6 +165,10 @@ struct CatalogOptions {
   // false: synchronous=NORMAL, commits survive a process crash but maybe not
   // power loss. Only for bulk loads that can be redone (the benchmark's fill).
   bool durable_commits = true;
+  // false: a catalog of an older schema, or none, is refused instead of upgraded or created
+  // (kvsnap doctor changes nothing): kNotFound when there is no catalog, kMismatch when its
+  // schema is older (schema_not_upgraded).
+  bool upgrade_schema = true;
 };
 
 // Store settings (Catalog::get_meta): the master key id saves seal under, and the one a key

@@ -182,6 +182,14 @@ Status schema_too_new(const std::string& where, int version, int known) {
                               ": it was written by a newer kvsnap; upgrade kvsnap to use this store");
 }
 
+Status schema_not_upgraded(const std::string& where, int version, int known) {
+  if (version == 0) return Status::NotFound(where + ": holds no kvsnap catalog yet (the first kvsnap save creates it)");
+  return Status::Mismatch(where + ": the catalog has schema version " + std::to_string(version) +
+                              ", older than this kvsnap's " + std::to_string(known) +
+                          ": its first save, restore or gc upgrades it, after which older kvsnap builds refuse "
+                          "this store");
+}
+
 Status unresolved(const std::string& ref, const std::string& where) {
   std::string p = lower(ref);
   std::string msg = "no snapshot has the name, id or uuid '" + ref + "'";

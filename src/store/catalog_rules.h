@@ -121,6 +121,9 @@ Status no_snapshot(int64_t id);
 // `where` names the catalog.
 Status chunk_size_mismatch(const std::string& where, const ChunkHash& h, uint64_t raw_size);
 Status schema_too_new(const std::string& where, int version, int known);
+// What a catalog opened with upgrade_schema false says of a schema it would have upgraded
+// (version 0: no catalog at all, kNotFound).
+Status schema_not_upgraded(const std::string& where, int version, int known);
 // resolve()'s answer when nothing matched; `where` says which store or catalog was searched.
 Status unresolved(const std::string& ref, const std::string& where);
 // Ambiguous uuid prefix: `seen` describes the candidates ("<uuid> (id N, 'name')").

@@ -164,6 +164,7 @@ Result<std::unique_ptr<PgCatalog>> PgCatalog::open(const std::string& url, const
   o.synchronous_commit = options.durable_commits;
   KV_ASSIGN_OR_RETURN(std::unique_ptr<PgConn> conn, PgConn::connect(url, o));
   std::unique_ptr<PgCatalog> c(new PgCatalog(std::move(conn)));
+  c->upgrade_schema_ = options.upgrade_schema;
   KV_RETURN_IF_ERROR(c->migrate());
   return c;
 }
@@ -198,6 +199,7 @@ Status PgCatalog::migrate() {
   KV_ASSIGN_OR_RETURN(int v, schema_version());
   if (v > kSchemaVersion) return schema_too_new(where_, v, kSchemaVersion);
   if (v == kSchemaVersion) return Status::OK();
+  if (!upgrade_schema_) return schema_not_upgraded(where_, v, kSchemaVersion);
   // A session lock taken before the transaction begins: a transaction started
   // after it was granted sees the other process's tables (an advisory lock
   // taken inside the transaction would leave its catalog lookups stale).

@@ -147,6 +147,7 @@ class PgCatalog : public Catalog {
 
   std::unique_ptr<PgConn> conn_;
   std::string where_;
+  bool upgrade_schema_ = true;  // CatalogOptions::upgrade_schema
 };
 
 // SQLite's GLOB pattern as an anchored PostgreSQL regular expression (for ~).

@@ -300,6 +300,7 @@ Status SqliteCatalog::migrate() {
   KV_ASSIGN_OR_RETURN(int v, schema_version());
   if (v > kSchemaVersion) return too_new(path_, v);
   if (v == kSchemaVersion) return Status::OK();
+  if (!options_.upgrade_schema) return schema_not_upgraded(path_, v, kSchemaVersion);
   return write_txn([&]() -> Status {
     // Read again under the write lock: another process may have migrated.
     KV_ASSIGN_OR_RETURN(int now, schema_version());

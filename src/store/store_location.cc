@@ -237,12 +237,12 @@ Result<StoreLocation> resolve_store_location(Io& io, const std::string& given) {
   return parse_store_config(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), config);
 }
 
-Result<std::unique_ptr<Catalog>> open_catalog(const StoreLocation& where) {
+Result<std::unique_ptr<Catalog>> open_catalog(const StoreLocation& where, const CatalogOptions& options) {
   if (where.catalog_kind == CatalogKind::kPostgres) {
-    KV_ASSIGN_OR_RETURN(std::unique_ptr<PgCatalog> pg, PgCatalog::open(where.catalog));
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<PgCatalog> pg, PgCatalog::open(where.catalog, options));
     return std::unique_ptr<Catalog>(std::move(pg));
   }
-  return Catalog::open(where.catalog);
+  return Catalog::open(where.catalog, options);
 }
 
 Result<std::unique_ptr<BlobStore>> open_blob_store(Io& io, const StoreLocation& where) {

@@ -139,7 +139,7 @@ Result<std::optional<MasterKey>> load_store_key(const StoreKeyConfig& keys);
 
 // Opens the catalog `where` names (a SQLite file's directory must exist).
 // Errors name the catalog (never its password).
-Result<std::unique_ptr<Catalog>> open_catalog(const StoreLocation& where);
+Result<std::unique_ptr<Catalog>> open_catalog(const StoreLocation& where, const CatalogOptions& options = {});
 // Opens the blobs (creating a local directory's layout) with their gc locks.
 Result<std::unique_ptr<BlobStore>> open_blob_store(Io& io, const StoreLocation& where);
 // Both, and local_dir created when missing.

@@ -2,6 +2,8 @@
 // every message, however it is cut into pieces and whatever the other lanes do.
 #include "base/sha256_lanes.h"
 
+#include "base/simd_level.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -163,7 +165,9 @@ TEST(Sha256Lanes, KernelNamesAndWidths) {
 TEST(Sha256Lanes, EnvironmentChoosesTheKernel) {
   const char* simd = std::getenv("KVSNAP_SIMD");
   const char* want = std::getenv("KVSNAP_SHA");
-  if (simd && std::string(simd) == "scalar") {
+  // KVSNAP_SIMD=scalar lowers a CPU that has more; one whose best is scalar (SHA-NI without AVX2)
+  // keeps its kernel and goes on below.
+  if (simd && std::string(simd) == "scalar" && simd::best_level() != simd::Level::kScalar) {
     EXPECT_EQ(sha256_kernel(), Sha256Kernel::kOpenssl);
   } else if (want) {
     const std::string got = sha256_kernel_name(sha256_kernel());
