@@ -84,7 +84,7 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
     return Status::InvalidArgument(o.in + ": not an mlx-lm prompt cache: --kv-bits/--kv-group-size/--mlx-lm are for "
                                    "mlx-lm files; for llama.cpp files give --ctk/--ctv");
   }
-  KV_ASSIGN_OR_RETURN(OpenedState opened, open_state(io, o.in, o.model, o.input_format, o.src_types));
+  KV_ASSIGN_OR_RETURN(OpenedState opened, open_state(io, o.in, o.model, o.input_format, o.src_types, o.source_build));
   const ReadableFile* file = opened.file.get();
   const StateFile& src = opened.state;
   std::string notes;
@@ -99,7 +99,7 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
   KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(io, o.out));
   Result<ConvertResult> converted = [&]() -> Result<ConvertResult> {
     ProgressDisplay shown("convert " + o.in, Counted::kRead, file->size(), o.progress.mode(o.json));
-    return convert_state(src, *file, req, *writer);
+    return shown.finish(convert_state(src, *file, req, *writer));
   }();
   KV_ASSIGN_OR_RETURN(ConvertResult res, std::move(converted));
   KV_RETURN_IF_ERROR(writer->commit());

@@ -154,7 +154,7 @@ Status run_convert_cross(const ConvertOptions& o, std::string& out) {
   KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(io, o.out));
   CrossEngineResult res;
   if (to_mlx) {
-    KV_ASSIGN_OR_RETURN(OpenedState opened, open_state(io, o.in, o.model, o.input_format, o.src_types));
+    KV_ASSIGN_OR_RETURN(OpenedState opened, open_state(io, o.in, o.model, o.input_format, o.src_types, o.source_build));
     LlamaToMlxSpec spec;
     spec.claims.rotation = o.rotation;
     spec.claims.src_rotation = o.src_rotation;

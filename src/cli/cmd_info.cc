@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/json_access.h"
+#include "base/printf_text.h"
 #include "cli/progress.h"
 #include "cli/commands.h"
 #include "cli/era_options.h"
@@ -88,10 +89,11 @@ std::string rotation_state(const SourceRotation& d, int32_t type, const ModelInf
     if (d.decided_by == "declared") return "none-declared";
     return d.decided_by == "data" ? "none-by-data" : "none-pre-rotation";
   }
+  // A head dim llama.cpp never rotates settles it, whatever the era.
+  const std::optional<uint32_t> n_rot = model ? model->rotation_block(is_v, section, layer) : std::nullopt;
+  if (model && !n_rot) return "none-head-dim";
   if (d.rotated == Tri::kUnknown) return "unknown-era";
   if (!model) return "unknown";
-  auto n_rot = model->rotation_block(is_v, section, layer);
-  if (!n_rot) return "none-head-dim";
   return "hadamard-" + std::to_string(*n_rot);
 }
 
@@ -472,15 +474,13 @@ class HumanText {
   void line(const char* k, const std::string& v) { add("%-10s %s\n", k, v.c_str()); }
   template <class... A>
   void add(const char* fmt, A... args) {
-    std::snprintf(buf_, sizeof buf_, fmt, args...);
-    out_ += buf_;
+    out_ += printf_text(fmt, args...);  // as long as it is: --tokens lists every token on one line
   }
   void add_text(const std::string& s) { out_ += s; }
   std::string take() { return std::move(out_); }
 
  private:
   std::string out_;
-  char buf_[512];
 };
 
 // file, format, layout, era and rotation lines.
@@ -659,7 +659,7 @@ std::optional<Status> run_mlx_info(const InfoOptions& opts, std::string& out) {
 
 Status run_info(const InfoOptions& opts, std::string& out) {
   if (auto mlx = run_mlx_info(opts, out)) return *mlx;
-  KV_ASSIGN_OR_RETURN(OpenedState in, open_state(cli_io(), opts.file, opts.model, opts.input_format, opts.src_types));
+  KV_ASSIGN_OR_RETURN(OpenedState in, open_state(cli_io(), opts.file, opts.model, opts.input_format, opts.src_types, opts.source_build));
   const ModelInfo* model = in.model_ptr();
   RotationClaims claims;
   claims.src_rotation = opts.src_rotation;

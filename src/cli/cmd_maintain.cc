@@ -14,16 +14,35 @@ struct RmOpts {
   bool json = false;
 };
 
-Status run_rm(const RmOpts& o, std::string& out) {
-  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
+using ChangeOne = std::function<Result<SnapshotInfo>(Store&, const std::string&)>;
+using DescribeOne = std::function<std::string(const SnapshotInfo&)>;
+
+// rm, pin, unpin and expire: one change to each snapshot named, in order, each
+// reported as it is afterwards (a line, or an element of the --json array). A
+// failure stops there; the snapshots changed before it are still reported, in
+// the JSON too, so a script knows what was done.
+Status change_each(const std::string& store_dir, const std::vector<std::string>& refs, bool as_json, std::string& out,
+                   const ChangeOne& change, const DescribeOne& describe) {
+  KV_ASSIGN_OR_RETURN(auto store, open_store(store_dir));
   json a = json::array();
-  for (const auto& ref : o.refs) {
-    KV_ASSIGN_OR_RETURN(SnapshotInfo s, store->remove(ref));
-    a.push_back(info_json(s));
-    if (!o.json) out += "removed " + label(s) + "\n";
+  Status failed;
+  for (const auto& ref : refs) {
+    Result<SnapshotInfo> s = change(*store, ref);
+    if (!s.ok()) {
+      failed = s.status();
+      break;
+    }
+    a.push_back(info_json(*s));
+    if (!as_json) out += describe(*s) + "\n";
   }
-  if (o.json) out = json_text(a, 2) + "\n";
-  return Status::OK();
+  if (as_json) out = json_text(a, 2) + "\n";
+  return failed;
+}
+
+Status run_rm(const RmOpts& o, std::string& out) {
+  return change_each(
+      o.store, o.refs, o.json, out, [](Store& s, const std::string& ref) { return s.remove(ref); },
+      [](const SnapshotInfo& s) { return "removed " + label(s); });
 }
 
 struct GcOpts {
@@ -70,7 +89,7 @@ void render_eviction(const EvictResult& e, const GcOpts& o, json& j, std::string
 Result<GcReport> collect_with_progress(Store& store, const GcOpts& o) {
   ProgressDisplay shown("gc", Counted::kFreed, 0, o.progress.mode(o.json));
   uint64_t freed = 0;
-  return store.gc(o.wait, [&](const GcProgress& p) -> Status {
+  return shown.finish(store.gc(o.wait, [&](const GcProgress& p) -> Status {
     shown.set_total(p.bytes_total);
     count_freed(p.bytes_done - freed);
     freed = p.bytes_done;
@@ -78,7 +97,7 @@ Result<GcReport> collect_with_progress(Store& store, const GcOpts& o) {
     return Status::Interrupted(store.paths().root + ": gc stopped by a signal (Ctrl-C) after deleting " +
                                std::to_string(p.files_done) + " of " + std::to_string(p.files_total) +
                                " files; the store is whole, and the next kvsnap gc deletes the rest");
-  });
+  }));
 }
 
 Status run_gc(const GcOpts& o, std::string& out) {
@@ -125,19 +144,12 @@ struct MarkOpts {
   bool json = false;
 };
 
-// pin, unpin and expire: one change to each snapshot named, then what it is now.
-Status mark_each(const MarkOpts& o, std::string& out, const std::function<Result<SnapshotInfo>(Store&, const std::string&)>& change) {
-  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
-  json a = json::array();
-  for (const auto& ref : o.refs) {
-    KV_ASSIGN_OR_RETURN(SnapshotInfo s, change(*store, ref));
-    a.push_back(info_json(s));
-    if (!o.json)
-      out += label(s) + ": " + (s.pinned ? "pinned" : "not pinned") + ", " +
-             (s.expires_at ? "expires " + *s.expires_at : "never expires") + "\n";
-  }
-  if (o.json) out = json_text(a, 2) + "\n";
-  return Status::OK();
+// pin, unpin and expire: each snapshot's marks afterwards.
+Status mark_each(const MarkOpts& o, std::string& out, const ChangeOne& change) {
+  return change_each(o.store, o.refs, o.json, out, change, [](const SnapshotInfo& s) {
+    return label(s) + ": " + (s.pinned ? "pinned" : "not pinned") + ", " +
+           (s.expires_at ? "expires " + *s.expires_at : "never expires");
+  });
 }
 
 Status run_pin(const MarkOpts& o, std::string& out) {
@@ -169,7 +181,7 @@ Status run_verify(const VerifyOpts& o, std::string& out) {
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store, /*keyless_ok=*/true));
   Result<VerifyReport> verified = [&] {
     ProgressDisplay shown("verify", Counted::kRead, stored_bytes_of(*store, o.refs), o.progress.mode(o.json));
-    return store->verify(o.refs);
+    return shown.finish(store->verify(o.refs));
   }();
   KV_ASSIGN_OR_RETURN(VerifyReport r, std::move(verified));
   if (o.json) {
@@ -214,7 +226,7 @@ Status run_rekey(const RekeyOpts& o, std::string& out) {
                                  " snapshots; every snapshot opens with the old or the new key, and kvsnap rekey "
                                  "with the same keys finishes the job");
     };
-    return store->rekey(*next, ro);
+    return shown.finish(store->rekey(*next, ro));
   }();
   KV_ASSIGN_OR_RETURN(RekeyReport r, std::move(rekeyed));
   if (o.json) {

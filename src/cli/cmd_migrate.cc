@@ -165,7 +165,7 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
     m.progress = [&shown](size_t done, size_t total, const FileOutcome*, const std::string&) {
       shown.set_files(done, total);
     };
-    return migrate_dir(io, m);
+    return shown.finish(migrate_dir(io, m));
   }();
   KV_ASSIGN_OR_RETURN(MigrateSummary sum, std::move(migrated));
   if (o.json) {

@@ -35,7 +35,7 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
   Result<ServerRestoreResult> restored = [&] {
     ProgressDisplay shown("restore " + o.ref, Counted::kRead, stored_bytes_of(*store, {o.ref}), o.progress.mode(o.json));
-    return restore_to_server(cli_io(), *store, t, o.ref, o.check);
+    return shown.finish(restore_to_server(cli_io(), *store, t, o.ref, o.check));
   }();
   KV_ASSIGN_OR_RETURN(ServerRestoreResult r, std::move(restored));
   json j = {{"snapshot", info_json(r.restore.info)}, {"server", t.endpoint.url}, {"slot", t.slot},
@@ -114,7 +114,7 @@ Status run_restore(const RestoreOpts& o, std::string& out) {
   KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(cli_io(), o.out, written));
   Result<RestoreResult> restored = [&] {
     ProgressDisplay shown("restore " + o.ref, Counted::kRead, stored_bytes_of(*store, {o.ref}), o.progress.mode(o.json));
-    return store->restore(o.ref, req, *writer);
+    return shown.finish(store->restore(o.ref, req, *writer));
   }();
   KV_ASSIGN_OR_RETURN(RestoreResult r, std::move(restored));
   KV_RETURN_IF_ERROR(writer->commit());

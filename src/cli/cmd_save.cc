@@ -71,7 +71,14 @@ Status run_save(const SaveOpts& o, std::string& out) {
     if (!ttl.ok()) return ttl.status().Prefixed("--ttl");
     req.ttl_seconds = *ttl;
   }
-  if (o.srv.given()) return run_save_server(o, req, out);
+  if (o.srv.given()) {
+    // The server writes a llama.cpp slot file, whose own header holds its tokens and format.
+    if (!o.tokens.empty() || !o.input_format.empty()) {
+      return Status::InvalidArgument(std::string(!o.tokens.empty() ? "{--tokens}" : "{--input-format}") +
+                                     " with {--server}: the server's slot file records its tokens and format itself");
+    }
+    return run_save_server(o, req, out);
+  }
   // An mlx-lm prompt cache (a safetensors header, told by content) goes its own way.
   if (auto f = cli_io().open_read(o.file); f.ok() && looks_like_mlx_prompt_cache(**f)) {
     return run_save_mlx(o, std::move(req), **f, out);
@@ -80,13 +87,13 @@ Status run_save(const SaveOpts& o, std::string& out) {
     return Status::InvalidArgument(o.file + ": {--tokens} is for mlx-lm prompt caches; a llama.cpp state holds its "
                                    "own tokens");
   }
-  KV_ASSIGN_OR_RETURN(OpenedState st, open_state(cli_io(), o.file, o.model, o.input_format));
+  KV_ASSIGN_OR_RETURN(OpenedState st, open_state(cli_io(), o.file, o.model, o.input_format, "", o.source_build));
   req.model = st.model_ptr();
   req.source_name = o.file;
   KV_ASSIGN_OR_RETURN(auto store, open_or_create_store(o.store));
   Result<SaveResult> saved = [&] {
     ProgressDisplay shown("save " + o.file, Counted::kRead, st.file->size(), o.progress.mode(o.json));
-    return store->save(*st.file, st.state, req);
+    return shown.finish(store->save(*st.file, st.state, req));
   }();
   KV_ASSIGN_OR_RETURN(SaveResult r, std::move(saved));
   return render_save(r, store->paths().root, o.json, out);
@@ -125,7 +132,7 @@ Status run_save_mlx(const SaveOpts& o, SaveRequest req, const ReadableFile& file
   KV_ASSIGN_OR_RETURN(auto store, open_or_create_store(o.store));
   Result<SaveResult> saved = [&] {
     ProgressDisplay shown("save " + o.file, Counted::kRead, file.size(), o.progress.mode(o.json));
-    return store->save_mlx(file, cache, req);
+    return shown.finish(store->save_mlx(file, cache, req));
   }();
   KV_ASSIGN_OR_RETURN(SaveResult r, std::move(saved));
   return render_save(r, store->paths().root, o.json, out);
@@ -142,10 +149,11 @@ Status run_save_server(const SaveOpts& o, SaveRequest req, std::string& out) {
   Result<ServerSaveResult> saved = [&] {
     ProgressDisplay shown("save slot " + std::to_string(t.slot), Counted::kRead, 0, o.progress.mode(o.json));
     req.on_start = [&shown](uint64_t file_bytes) { shown.set_total(file_bytes); };  // once the server wrote it
-    return save_from_server(cli_io(), *store, t, req);
+    return shown.finish(save_from_server(cli_io(), *store, t, req));
   }();
   KV_ASSIGN_OR_RETURN(ServerSaveResult r, std::move(saved));
-  const json extra = {{"server_build", server_build_json(r.build)}};
+  const json extra = {{"server_build", server_build_json(r.build)}, {"server", t.endpoint.url}, {"slot", t.slot},
+                      {"n_saved", r.n_saved}, {"server_ms", r.server_ms}};
   KV_RETURN_IF_ERROR(render_save(r.save, store->paths().root, o.json, out, &extra));
   if (o.json) return Status::OK();
   out += "  from " + t.endpoint.url + " slot " + std::to_string(t.slot) + ": " + std::to_string(r.n_saved) +

@@ -22,7 +22,7 @@ Status run_export(const ExportOpts& o, std::string& out) {
   KV_RETURN_IF_ERROR(refuse_output_over_inputs(o.out, *store, {}));
   {
     ProgressDisplay shown("export", Counted::kRead, stored_bytes_of(*store, o.refs), o.progress.mode(o.json));
-    KV_RETURN_IF_ERROR(store->export_to(o.refs, o.out, o.decrypt));
+    KV_RETURN_IF_ERROR(shown.finish(store->export_to(o.refs, o.out, o.decrypt)));
   }
   struct stat st {};
   ::stat(o.out.c_str(), &st);
@@ -52,7 +52,7 @@ Status run_import(const ImportOpts& o, std::string& out) {
     struct stat st {};
     const uint64_t total = ::stat(o.file.c_str(), &st) == 0 ? uint64_t(st.st_size) : 0;
     ProgressDisplay shown("import " + o.file, Counted::kRead, total, o.progress.mode(o.json));
-    return store->import_from(o.file, io);
+    return shown.finish(store->import_from(o.file, io));
   }();
   KV_ASSIGN_OR_RETURN(ImportReport r, std::move(imported));
   if (o.json) {

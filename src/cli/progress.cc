@@ -223,7 +223,7 @@ void ProgressDisplay::draw(bool final) {
       j["files_done"] = files_done_.load();
       j["files_total"] = files_total_.load();
     }
-    if (final) j["finished"] = !interrupted();
+    if (final) j["finished"] = succeeded_ && !interrupted();
     std::fprintf(stderr, "%s\n", json_text(json{{"progress", j}}).c_str());
     return;
   }

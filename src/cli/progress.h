@@ -66,6 +66,13 @@ class ProgressDisplay {
   ProgressDisplay(const ProgressDisplay&) = delete;
   ProgressDisplay& operator=(const ProgressDisplay&) = delete;
   void set_total(uint64_t total) { total_.store(total); }
+  // The operation's outcome, passed through: the last JSON line says "finished": true only
+  // after a call with a success (a display never told reports false).
+  template <class Outcome>
+  Outcome finish(Outcome outcome) {
+    succeeded_ = outcome.ok();
+    return outcome;
+  }
   // For commands over many files (migrate): files done of the total, drawn as "[3/10]" before the
   // bytes and in JSON as files_done/files_total.
   void set_files(size_t done, size_t total) {
@@ -82,6 +89,7 @@ class ProgressDisplay {
   std::string what_;
   Counted counted_;
   std::atomic<uint64_t> total_;
+  bool succeeded_ = false;
   std::atomic<size_t> files_done_{0}, files_total_{0};
   ProgressMode mode_;
   uint64_t base_ = 0;  // the counter when the operation started

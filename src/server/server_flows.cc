@@ -106,7 +106,14 @@ Result<Model> find_model(Io& io, LlamaServer& srv, const ServerTarget& t) {
     }
   }
   if (path.empty()) return m;
-  KV_ASSIGN_OR_RETURN(m.info, load_model_info(io, path));
+  auto info = load_model_info(io, path);
+  if (!info.ok()) {
+    // The server's own file, there but not readable by this user (or not a model kvsnap reads):
+    // go without, as for another machine's path; the conversion then refuses what needs it.
+    if (m.from != "--model") return Model{std::nullopt, ""};
+    return info.status();
+  }
+  m.info = std::move(info).value();
   return m;
 }
 
@@ -243,6 +250,13 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   KV_ASSIGN_OR_RETURN(Model model, find_model(io, srv, t));
   KV_ASSIGN_OR_RETURN(int64_t id, store.catalog().resolve(ref));
   KV_ASSIGN_OR_RETURN(SnapshotInfo info, store.catalog().get_info(id));
+  // Before anything is asked of the server (a type probe may evaluate a token in an empty slot):
+  // the store would refuse the llama.cpp types this flow fills in, naming flags never given.
+  if (info.model_arch == "mlx-lm") {
+    return Status::InvalidArgument("snapshot " + ref + " is an mlx-lm prompt cache: llama-server cannot load it; "
+                                   "restore it to a file with {-o} OUT.safetensors (or move it to llama.cpp with "
+                                   "kvsnap convert --to llama, docs/mlx.md)");
+  }
   KV_RETURN_IF_ERROR(check_model(info, model, ref));
 
   ServerRestoreResult r;

@@ -456,6 +456,23 @@ TEST_F(CliTest, JsonOutputOfANonUtf8FileNameIsValid) {
   }
 }
 
+// ... but a head dim llama.cpp never rotates (96) settles it whatever the era: the layers say
+// none-head-dim, not unknown-era with a note that conversions are refused (a review's finding).
+TEST_F(CliTest, AHeadDimThatNeverRotatesNeedsNoEra) {
+  for (const char* build : {"b8179", "b8390"}) {
+    CmdResult r = run("info " + fixture(std::string(build) + "/hd96-q8_0-q8_0-faon.slot") + " --model " +
+                      model("hd96") + " --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    const auto& L = j["kv_sections"][0]["streams"][0]["layers"][0];
+    EXPECT_EQ(L["k_rotation"], "none-head-dim") << build;
+    EXPECT_EQ(L["v_rotation"], "none-head-dim") << build;
+    EXPECT_EQ(j["source_rotation"]["needed"], false);
+    r = run("info " + fixture(std::string(build) + "/hd96-q8_0-q8_0-faon.slot") + " --model " + model("hd96"));
+    EXPECT_EQ(r.out.find("unknown-era"), std::string::npos) << r.out;
+  }
+}
+
 TEST_F(CliTest, ADeclaredBuildDecidesTheRotationAndIsCheckedAgainstTheFile) {
   const std::string f = fixture("b8121/hd64-q8_0-q8_0-faon.slot");
   CmdResult r = run("info " + f + " --model " + model("hd64") + " --source-build b8121 --json");
@@ -480,6 +497,20 @@ TEST_F(CliTest, ADeclaredBuildDecidesTheRotationAndIsCheckedAgainstTheFile) {
   r = run("info " + f + " --source-build latest");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("--source-build: 'latest' is not a llama.cpp build"), std::string::npos) << r.err;
+
+  // Beside --src-rotation the build is still checked and reported (a review's finding: it was
+  // ignored, a build that cannot have written the file with it); the declaration decides.
+  r = run("info " + f + " --src-rotation on --source-build latest");
+  EXPECT_EQ(r.code, 2) << r.err;
+  r = run("info " + f + " --src-rotation on --source-build b5640");
+  EXPECT_EQ(r.code, 5) << r.err;
+  EXPECT_NE(r.err.find("correct or drop --source-build"), std::string::npos) << r.err;
+  r = run("info " + f + " --src-rotation on --source-build b8121 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json declared = nlohmann::json::parse(r.out)["source_rotation"];
+  EXPECT_EQ(declared["decided_by"], "declared");
+  EXPECT_EQ(declared["rotated"], true);
+  EXPECT_NE(declared.dump().find("source-build: llama.cpp b8121"), std::string::npos) << declared.dump();
 }
 
 TEST_F(CliTest, TheB5640LayoutProvesNoRotation) {
@@ -714,7 +745,12 @@ TEST_F(CliTest, RawBufferKeepsItsLayout) {
   const std::string args = " --ctk q8_0 --ctv q8_0 --model " + model("hd64");
   const std::string out = (dir_ / "out.raw").string(), conv_slot = (dir_ / "conv.slot").string();
 
-  CmdResult r = run("convert " + raw + " " + out + " --input-format raw-seq" + args);
+  CmdResult r = run("convert " + raw + " " + out + " --input-format raw_seq" + args);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--input-format 'raw_seq': expected raw-seq"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+
+  r = run("convert " + raw + " " + out + " --input-format raw-seq" + args);
   EXPECT_EQ(r.code, 6) << r.err;
   EXPECT_NE(r.err.find("--source-build"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(out));

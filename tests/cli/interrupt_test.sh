@@ -211,5 +211,23 @@ assert json.load(open(sys.argv[2]))["packs_deleted"] == 4' "$work/err" "$work/gc
   ok "gc progress: --json gives JSON lines on stderr, the last one finished with every garbage byte"
 else bad "gc progress: --json events wrong: $(head -c 300 "$work/err") / $(head -c 300 "$work/gc.json")"; fi
 
+# A failed operation's last progress event says it did not finish: a restore meets damaged packs
+# (last: the store is damaged for good).
+for pack in "$KVSNAP_HOME"/packs/*.pack; do
+  python3 -c '
+import sys
+b = bytearray(open(sys.argv[1], "rb").read())
+for i in range(0, len(b), 512): b[i] ^= 0xFF
+open(sys.argv[1], "wb").write(b)' "$pack"
+done
+rm -f "$work/out/dmg.slot"
+"$kvsnap" restore big -o "$work/out/dmg.slot" --json >/dev/null 2>"$work/err"; rc=$?
+if [ "$rc" -eq 3 ] && [ ! -e "$work/out/dmg.slot" ] && python3 -c '
+import json, sys
+ev = [json.loads(l)["progress"] for l in open(sys.argv[1]) if l.startswith("{\"progress\"")]
+assert ev and ev[-1]["op"] == "restore big" and ev[-1]["finished"] is False, ev' "$work/err"; then
+  ok "progress: a failed restore's last JSON event says finished: false"
+else bad "progress: a failed restore (exit $rc): $(head -c 400 "$work/err")"; fi
+
 echo "$fails failed"
 exit $((fails > 0))

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -46,10 +47,11 @@ class StoreCli : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // `env`: VAR=VALUE words the command runs with.
-  KvRun kv(const std::string& args, const std::string& env = "") {
+  KvRun kv(const std::string& args, const std::string& env = "") { return bare(args + " --store " + store_, env); }
+  // A command without --store (info, convert).
+  KvRun bare(const std::string& args, const std::string& env = "") {
     const fs::path o = dir_ / "out.txt", e = dir_ / "err.txt";
-    const std::string cmd = env + " " + std::string(KVSNAP_BINARY) + " " + args + " --store " + store_ + " >" + o.string() +
-                            " 2>" + e.string();
+    const std::string cmd = env + " " + std::string(KVSNAP_BINARY) + " " + args + " >" + o.string() + " 2>" + e.string();
     int rc = std::system(cmd.c_str());
     return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(o), slurp(e)};
   }
@@ -178,6 +180,53 @@ TEST_F(StoreCli, ConcurrentSavesAndRestoresLoseNothing) {
     ASSERT_EQ(kv("restore s" + std::to_string(i) + " -o " + (dir_ / "x.slot").string() + " --force").code, 0);
     EXPECT_EQ(slurp(dir_ / "x.slot"), slurp(i % 2 ? b : a));
   }
+}
+
+// --input-format takes raw-seq or raw-context; anything else was read as "a file that says what it
+// is" and the typo went unnoticed.
+TEST_F(StoreCli, AnUnknownInputFormatIsRefusedByName) {
+  const std::string slot = make_slot("a.slot", 2, 64, 16, 1).string();
+  for (const std::string& cmd : {"save " + slot + " --name a", "find --like " + slot}) {
+    SCOPED_TRACE(cmd);
+    KvRun r = kv(cmd + " --input-format raw_seq");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("--input-format 'raw_seq': expected raw-seq"), std::string::npos) << r.err;
+  }
+  EXPECT_NE(kv("save " + slot + " --name a --input-format raw-seq").code, 0);  // a ggsq file is no raw buffer
+  EXPECT_EQ(kv("save " + slot + " --name a").code, 0);
+}
+
+// Every token on one line, however many (a review's finding: info's lines went through a 512-byte
+// buffer, which cut the list after some 100 tokens, and its newline with it).
+TEST_F(StoreCli, InfoListsEveryToken) {
+  const fs::path slot = make_slot("long.slot", 2, 64, 400, 1);  // tokens 1..400
+  std::string want;
+  for (uint32_t c = 0; c < 400; ++c) want += (c ? " " : "") + std::to_string(1 + c % 1000);
+  KvRun r = bare("info " + slot.string() + " --tokens");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find(std::string(11, ' ') + want + "\n"), std::string::npos) << r.out;
+}
+
+// rm and pin stop at the first snapshot they cannot change; the ones changed before it are
+// reported, in --json too (a script must learn that "a" is gone).
+TEST_F(StoreCli, APartialChangeIsReportedInJsonToo) {
+  ASSERT_EQ(kv("save " + make_slot("a.slot", 2, 64, 16, 1).string() + " --name a").code, 0);
+  ASSERT_EQ(kv("save " + make_slot("b.slot", 2, 64, 16, 2).string() + " --name b").code, 0);
+  KvRun pin = kv("pin a nope b --json");
+  EXPECT_EQ(pin.code, 8) << pin.err;
+  nlohmann::json pinned = nlohmann::json::parse(pin.out, nullptr, false);
+  ASSERT_TRUE(pinned.is_array() && pinned.size() == 1) << pin.out;
+  EXPECT_EQ(pinned[0]["name"], "a");
+  EXPECT_EQ(pinned[0]["pinned"], true);
+  KvRun rm = kv("rm a nope b --json");
+  EXPECT_EQ(rm.code, 8) << rm.err;
+  nlohmann::json removed = nlohmann::json::parse(rm.out, nullptr, false);
+  ASSERT_TRUE(removed.is_array() && removed.size() == 1) << rm.out;
+  EXPECT_EQ(removed[0]["name"], "a");
+  KvRun human = kv("rm b nope");
+  EXPECT_EQ(human.code, 8);
+  EXPECT_NE(human.out.find("removed b"), std::string::npos) << human.out;
+  EXPECT_NE(kv("show b").code, 0);
 }
 
 TEST_F(StoreCli, ExitCodesAndMessages) {
@@ -488,6 +537,53 @@ TEST_F(StoreCli, DoctorChecksTheStoreAndEveryProfile) {
   EXPECT_NE(r.out.find("\"failed\": 1"), std::string::npos) << r.out;
 }
 
+// ... and an older catalog stays as it is: doctor warns that the first save will upgrade it (a
+// review's finding: doctor's open upgraded it, after which older kvsnap builds refused the store).
+TEST_F(StoreCli, DoctorLeavesAnOlderCatalogAsItIs) {
+  ASSERT_EQ(kv("save " + make_slot("a.slot", 2, 64, 16, 1).string() + " --name a").code, 0);
+  const fs::path db = fs::path(store_) / "catalog.sqlite", answer = dir_ / "user_version.txt";
+  ASSERT_TRUE(fs::exists(db));
+  const auto user_version = [&](const std::string& set) {
+    const std::string py = "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); " +
+                           (set.empty() ? std::string() : "c.execute('PRAGMA user_version = " + set + "'); c.commit(); ") +
+                           "print(c.execute('PRAGMA user_version').fetchone()[0])";
+    EXPECT_EQ(std::system(("python3 -c \"" + py + "\" " + db.string() + " > " + answer.string()).c_str()), 0);
+    return slurp(answer);
+  };
+  const std::string current = user_version("");
+  ASSERT_FALSE(current.empty());
+  const int older = std::stoi(current) - 1;
+  ASSERT_EQ(user_version(std::to_string(older)), std::to_string(older) + "\n");
+  KvRun r = kv("doctor");
+  EXPECT_EQ(r.code, 0) << "a warning: " << r.out << r.err;
+  EXPECT_NE(r.out.find("warn  catalog: " + db.string() + ": the catalog has schema version " + std::to_string(older) +
+                       ", older than"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(user_version(""), std::to_string(older) + "\n") << "doctor changed the schema";
+}
+
+// A store config that cannot be read is doctor's failed check, in --json too, with the checks that
+// need no store still run (a review's finding: doctor stopped with no JSON and exit 3).
+TEST_F(StoreCli, DoctorReportsAStoreItCannotLocate) {
+  const fs::path bad = dir_ / "bad.json";
+  std::ofstream(bad) << "{\"catalog\": ";
+  KvRun r = bare("doctor --store " + bad.string() + " --json");
+  EXPECT_EQ(r.code, 5) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_EQ(j["failed"], 1);
+  std::map<std::string, std::string> verdicts;
+  for (const auto& c : j["checks"]) verdicts[c["check"]] = c["verdict"];
+  EXPECT_EQ(verdicts["store"], "FAIL") << r.out;
+  EXPECT_EQ(verdicts["simd"], "ok") << r.out;
+  EXPECT_EQ(verdicts["sha256"], "ok") << r.out;
+  r = bare("doctor --store " + bad.string());
+  EXPECT_EQ(r.code, 5);
+  EXPECT_NE(r.out.find("FAIL  store: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bad.json"), std::string::npos) << r.out;
+}
+
 // kvsnap doctor names the SIMD level every kernel uses: the best here, the one KVSNAP_SIMD sets, or
 // a warning when KVSNAP_SIMD names a level this CPU cannot run (then ignored).
 TEST_F(StoreCli, DoctorNamesTheSimdLevel) {
@@ -521,6 +617,19 @@ TEST_F(StoreCli, DoctorNamesTheSha256Kernel) {
   EXPECT_EQ(r.code, 0) << "a warning: " << r.out << r.err;
   EXPECT_NE(r.out.find("KVSNAP_SHA=md5 is not a kernel this CPU runs"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("unset KVSNAP_SHA, or set it to one of: openssl"), std::string::npos) << r.out;
+  // A kernel this CPU runs, overridden by KVSNAP_SIMD=scalar: said so, not "not a kernel this CPU
+  // runs" (a review's finding).
+  const std::string plain = kv("doctor").out;
+  const bool simd_above_scalar = plain.find("ok    simd: scalar") == std::string::npos;  // else scalar keeps SHA-NI
+  for (const char* k : {"shani-x2", "avx2-x8"}) {
+    const size_t runs = plain.find("this CPU runs: ");
+    if (!simd_above_scalar || runs == std::string::npos || plain.find(k, runs) == std::string::npos) continue;
+    r = kv("doctor", std::string("KVSNAP_SIMD=scalar KVSNAP_SHA=") + k);
+    EXPECT_EQ(r.code, 0) << "a warning: " << r.out << r.err;
+    EXPECT_NE(r.out.find(std::string("warn  sha256: KVSNAP_SHA=") + k + " is overridden by KVSNAP_SIMD=scalar"),
+              std::string::npos)
+        << r.out;
+  }
 }
 
 // --requant (convert, restore): how quantized -> quantized blocks are made. A K of q4_0 goes to
@@ -663,6 +772,35 @@ TEST_F(StoreCli, SaveRecordsTheBuildThatWroteTheFile) {
   r = kv("restore g -o " + out_h.string() + " --target-build v0.5.0 --model " + model);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(slurp(out_h) == slurp(want_h)) << out_h << " differs from " << want_h;
+}
+
+// The snapshot's INFO says per tensor what decide_source_rotation decides: a declaration wins over
+// the layout, and a head dim llama.cpp never rotates is unrotated whatever the era (a review's
+// findings: a v3 file saved with --src-rotation off said rotated "yes"; hd96 said "unknown-era").
+TEST_F(StoreCli, SnapshotInfoSaysTheRotationAsDecided) {
+  const fs::path fx = fs::path(KVSNAP_SOURCE_DIR) / "fixtures";
+  const auto rotations = [&](const std::string& name) {
+    KvRun r = kv("show " + name + " --json");
+    EXPECT_EQ(r.code, 0) << r.err;
+    std::set<std::string> seen;
+    const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+    for (const auto& sec : j["snapshot"]["memory"]["kv_sections"])
+      for (const auto& st : sec["streams"])
+        for (const auto& L : st["layers"]) {
+          seen.insert(L["k_rotation"]["rotated"].get<std::string>());
+          seen.insert(L["v_rotation"]["rotated"].get<std::string>());
+        }
+    return seen;
+  };
+  const std::string hd64 = (fx / "models/tiny-hd64.gguf").string();
+  const std::string v3 = (fx / "v0.5.0/hd64-q8_0-q8_0-faon.slot").string();  // ggsq v3: a rotating era
+  ASSERT_EQ(kv("save " + v3 + " --name on --model " + hd64).code, 0);
+  EXPECT_EQ(rotations("on"), std::set<std::string>{"yes"});
+  ASSERT_EQ(kv("save " + v3 + " --name off --model " + hd64 + " --src-rotation off").code, 0);
+  EXPECT_EQ(rotations("off"), std::set<std::string>{"no"});
+  ASSERT_EQ(kv("save " + (fx / "b8390/hd96-q8_0-q8_0-faon.slot").string() + " --name hd96 --model " +
+               (fx / "models/tiny-hd96.gguf").string()).code, 0);
+  EXPECT_EQ(rotations("hd96"), std::set<std::string>{"no"});
 }
 
 // A review's finding: `save --store-type` stores kvsnap's conversion (ggsq v3, rotated as llama.cpp's

@@ -66,6 +66,8 @@ def main():
         p = kvsnap([k, "save", "--server", src.url, "--slot", "0", "--slot-dir", slots, "--name", "chat", "--json"], env)
         saved = json.loads(p.stdout)
         check(saved["n_tokens"] > 100, f"save --server stored {saved['n_tokens']} tokens")
+        check(saved["server"] == src.url and saved["slot"] == 0 and saved["n_saved"] > 100
+              and saved["server_ms"] >= 0, f"save --server --json names the server, slot and tokens saved: {saved}")
         check(not leftovers(slots) and os.path.exists(os.path.join(slots, SCRATCH)),
               "save --server leaves only its file, as the scratch file, in the slot directory")
         os.remove(os.path.join(slots, SCRATCH))
@@ -113,6 +115,20 @@ def main():
               f"save --server --json: progress events with the slot file's size as the total ({size}): "
               f"{ev[-1] if ev else p.stderr.strip()[:200]}")
         kvsnap([k, "rm", "progress"], env)
+        # An mlx-lm snapshot is refused before the server is asked anything, naming what it is (not
+        # the --ctk/--ctv the flow fills in, which the user never gave).
+        mlx_file = os.path.join(work, "tiny.safetensors")
+        header = json.dumps({"0.0": {"dtype": "BF16", "shape": [1, 1, 2, 4], "data_offsets": [0, 16]},
+                             "0.1": {"dtype": "BF16", "shape": [1, 1, 2, 4], "data_offsets": [16, 32]},
+                             "__metadata__": {"0.0": "", "2.0": "KVCache"}}).encode()
+        with open(mlx_file, "wb") as f:
+            f.write(len(header).to_bytes(8, "little") + header + bytes(32))
+        kvsnap([k, "save", mlx_file, "--name", "mlx"], env)
+        p = kvsnap([k, "restore", "mlx", "--server", src.url, "--slot-dir", slots], env, expect=None)
+        check(p.returncode == 2 and "is an mlx-lm prompt cache: llama-server cannot load it" in p.stderr
+              and "--ctk" not in p.stderr and not leftovers(slots),
+              f"restore --server of an mlx-lm snapshot is refused by what it is: {p.stderr.strip()[:200]}")
+        kvsnap([k, "rm", "mlx"], env)
         stop_env = dict(env, KVSNAP_TEST_INTERRUPT_AFTER_BYTES="100000")
         listed = lambda: len(json.loads(kvsnap([k, "ls", "--json"], env).stdout))
         n_listed = listed()
