@@ -196,6 +196,9 @@ class FaultyIo final : public Io {
   Result<bool> exists(const std::string& p) override { return real().exists(p); }
   Result<std::vector<DirEntry>> list_dir(const std::string& d) override { return real().list_dir(d); }
   Status create_dirs(const std::string& d) override { return real().create_dirs(d); }
+  Result<std::unique_ptr<FileLock>> lock_dir(const std::string& d) override { return real().lock_dir(d); }
+  Result<FileStamp> stamp(const std::string& p) override { return real().stamp(p); }
+  Result<OpenedRegular> open_regular(const std::string& p) override { return real().open_regular(p); }
 
  private:
   static Io& real() { return posix_io(); }

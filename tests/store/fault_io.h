@@ -147,6 +147,14 @@ class FaultInjectingIo final : public Io {
     if (auto f = hit(FaultOp::kLock, path)) return injected_status(FaultOp::kLock, path, f->first);
     return base_.lock_file(path, mode, wait);
   }
+  // The base's directory locks, stamps and regular-file opens (Io's defaults would refuse or lose
+  // O_NOFOLLOW): the code under test runs as it does on the real Io.
+  Result<std::unique_ptr<FileLock>> lock_dir(const std::string& dir) override {
+    if (auto f = hit(FaultOp::kLock, dir)) return injected_status(FaultOp::kLock, dir, f->first);
+    return base_.lock_dir(dir);
+  }
+  Result<FileStamp> stamp(const std::string& path) override { return base_.stamp(path); }
+  Result<OpenedRegular> open_regular(const std::string& path) override;
 
  private:
   struct Fault {
@@ -202,6 +210,16 @@ inline Result<std::unique_ptr<ReadableFile>> FaultInjectingIo::open_read(const s
     if (count_needle_.empty() || path.find(count_needle_) == std::string::npos) return file;
   }
   return std::unique_ptr<ReadableFile>(new CountedFile(*this, std::move(file)));
+}
+
+inline Result<OpenedRegular> FaultInjectingIo::open_regular(const std::string& path) {
+  maybe_pause(path);
+  KV_ASSIGN_OR_RETURN(OpenedRegular r, base_.open_regular(path));
+  std::lock_guard<std::mutex> g(mu_);
+  if (r.file && !count_needle_.empty() && path.find(count_needle_) != std::string::npos) {
+    r.file = std::unique_ptr<ReadableFile>(new CountedFile(*this, std::move(r.file)));
+  }
+  return r;
 }
 
 class FaultInjectingIo::File final : public WritableFile {
