@@ -793,6 +793,26 @@ int run(const Options& opt, std::vector<Row>* table_out) {
     }
 #endif
     time_loops(one_thread, tm);
+    if (row.exact) {
+      // The timed ExactRequantizer, not only conv1 below: its bytes at this level must equal the
+      // scalar level's (a fast wrong search kernel must not look good), on the first chunks. The
+      // kernels are chosen per call, so the level is switched around each.
+      const simd::Level timed_level = simd::level();
+      const ConvertFn exact = make_converter();
+      std::vector<std::byte> a(out_chunk), b(out_chunk);
+      for (size_t i = 0; i < std::min<size_t>(n_chunks, 8); i++) {
+        const std::span<const std::byte> in(src.data() + i * in_chunk, in_chunk);
+        simd::set_level(simd::Level::kScalar);
+        exact(in, a);
+        simd::set_level(timed_level);
+        exact(in, b);
+        if (a != b) {
+          std::printf("!! %s: the exact requantizer at %s differs from scalar in chunk %zu\n", c.name,
+                      simd::level_name(timed_level), i);
+          return 1;
+        }
+      }
+    }
 #ifdef KVSNAP_BENCH_GGML_LIBDIR
     if (ref_path) {  // the same bytes as kvsnap (the contract), checked on the first chunks
       const auto to_float = ggml_get_type_traits(gs)->to_float;
