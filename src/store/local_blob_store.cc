@@ -60,15 +60,29 @@ Result<std::vector<std::byte>> LocalBlobStore::get(const ChunkHash& h, uint64_t 
   return read_all(io_, path, max_bytes);
 }
 
-Result<const ReadableFile*> LocalBlobStore::open_pack(const std::string& pack) {
+Result<std::shared_ptr<const ReadableFile>> LocalBlobStore::open_pack(const std::string& pack) {
+  // A name from the catalog is never a path (S3BlobStore checks the same): "../x" would open a file
+  // outside packs/.
+  if (!is_pack_name(pack + ".pack")) return Status::Corruption("'" + pack + "' is not a pack name");
   std::lock_guard<std::mutex> g(packs_mu_);
   auto it = open_packs_.find(pack);
-  if (it != open_packs_.end()) return it->second.get();
+  if (it != open_packs_.end()) {
+    it->second.last_use = ++pack_uses_;
+    return it->second.file;
+  }
   const std::string path = pack_path(pack);
   KV_ASSIGN_OR_RETURN(bool present, io_.exists(path));
   if (!present) return Status::NotFound("pack " + pack + " is missing from the store (" + path + ")");
-  KV_ASSIGN_OR_RETURN(auto f, io_.open_read(path));
-  return open_packs_.emplace(pack, std::move(f)).first->second.get();
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> opened, io_.open_read(path));
+  if (open_packs_.size() >= kMaxOpenPacks) {
+    auto oldest = std::min_element(open_packs_.begin(), open_packs_.end(), [](const auto& a, const auto& b) {
+      return a.second.last_use < b.second.last_use;
+    });
+    open_packs_.erase(oldest);  // closed once its last reader is done
+  }
+  std::shared_ptr<const ReadableFile> file(std::move(opened));
+  open_packs_[pack] = OpenPack{file, ++pack_uses_};
+  return file;
 }
 
 Status LocalBlobStore::get_into(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes, std::vector<std::byte>& out) {
@@ -79,7 +93,7 @@ Status LocalBlobStore::get_into(const ChunkHash& h, const BlobLocation& where, u
   if (where.size > max_bytes)
     return Status::InvalidArgument("chunk " + h.hex() + " in pack " + where.pack + " claims " +
                                    std::to_string(where.size) + " bytes, more than " + std::to_string(max_bytes));
-  KV_ASSIGN_OR_RETURN(const ReadableFile* f, open_pack(where.pack));
+  KV_ASSIGN_OR_RETURN(const std::shared_ptr<const ReadableFile> f, open_pack(where.pack));
   if (where.offset > f->size() || where.size > f->size() - where.offset)
     return Status::Corruption("chunk " + h.hex() + ": pack " + pack_path(where.pack) + " has " +
                               std::to_string(f->size()) + " bytes, the blob is said to end at " +

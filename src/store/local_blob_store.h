@@ -33,6 +33,10 @@ namespace kvsnap {
 
 class LocalBlobStore final : public BlobStore {
  public:
+  // Packs kept open for reading at most: kvsnap serve's one store read more packs than a process may
+  // hold descriptors, and a pack another process deleted stayed allocated on disk while open.
+  static constexpr size_t kMaxOpenPacks = 64;
+
   // Creates <root>/chunks, <root>/tmp and <root>/packs when missing. `locks`:
   // null means file_gc_locks(io, <root>/gc.lock).
   static Result<std::unique_ptr<LocalBlobStore>> open(Io& io, std::string root,
@@ -70,14 +74,22 @@ class LocalBlobStore final : public BlobStore {
   LocalBlobStore(Io& io, std::string root, std::unique_ptr<GcLocks> locks)
       : BlobStore(std::move(locks)), io_(io), root_(std::move(root)) {}
   std::string shard_dir(const ChunkHash& h) const;
-  Result<const ReadableFile*> open_pack(const std::string& pack);
+  // The pack's file, open (kCorruption for a name that is not a pack's: the catalog names it).
+  Result<std::shared_ptr<const ReadableFile>> open_pack(const std::string& pack);
   // 0 when the file is absent.
   Result<uint64_t> file_size(const std::string& path);
 
   Io& io_;
   std::string root_;
+  // At most kMaxOpenPacks packs stay open (above), the least recently read closed first. A reader
+  // holds its pack's file (shared) until it is done.
+  struct OpenPack {
+    std::shared_ptr<const ReadableFile> file;
+    uint64_t last_use = 0;
+  };
   std::mutex packs_mu_;
-  std::map<std::string, std::unique_ptr<ReadableFile>> open_packs_;  // guarded by packs_mu_
+  std::map<std::string, OpenPack> open_packs_;  // guarded by packs_mu_
+  uint64_t pack_uses_ = 0;                      // guarded by packs_mu_
 };
 
 }  // namespace kvsnap

@@ -88,6 +88,51 @@ TEST_F(BlobStoreTest, PutGetRoundTripInShardLayout) {
   EXPECT_EQ(tmp_files(), 0u);
 }
 
+size_t open_fds() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// Reads from many packs keep a bounded number of them open (kvsnap serve's one store read every
+// pack it ever restored from, and ran out of descriptors past ~1,000), and each blob still reads
+// back; a pack name from the catalog that is not a pack's is refused without opening anything (a
+// review's findings).
+TEST_F(BlobStoreTest, PackReadsKeepFewFilesOpenAndPackNamesAreChecked) {
+  auto store = open(posix_io());
+  struct Stored {
+    ChunkHash h;
+    BlobLocation at;
+    std::vector<std::byte> bytes;
+  };
+  std::vector<Stored> stored;
+  const size_t kPacks = LocalBlobStore::kMaxOpenPacks + 40;
+  for (size_t i = 0; i < kPacks; ++i) {
+    auto batch = std::move(store->begin_write()).value();
+    Stored s{ChunkHash::of(bytes_of("raw " + std::to_string(i))), {}, bytes_of("blob " + std::to_string(i))};
+    auto at = batch->append(s.h, s.bytes);
+    ASSERT_TRUE(at.ok()) << at.status().ToString();
+    ASSERT_TRUE(batch->commit().ok());
+    s.at = *at;
+    stored.push_back(std::move(s));
+  }
+  const size_t before = open_fds();
+  for (int round = 0; round < 2; ++round) {
+    for (const Stored& s : stored) {
+      std::vector<std::byte> out;
+      ASSERT_TRUE(store->get_into(s.h, s.at, 1 << 20, out).ok());
+      EXPECT_EQ(out, s.bytes);
+    }
+  }
+  EXPECT_LE(open_fds(), before + LocalBlobStore::kMaxOpenPacks) << "every pack read stayed open";
+  BlobLocation evil = stored[0].at;
+  evil.pack = "../../etc/passwd";
+  std::vector<std::byte> out;
+  Status s = store->get_into(stored[0].h, evil, 1 << 20, out);
+  EXPECT_EQ(s.code(), Code::kCorruption) << s.ToString();
+  EXPECT_EQ(s.message(), "'../../etc/passwd' is not a pack name");
+}
+
 TEST_F(BlobStoreTest, SecondPutOfSameHashWritesNothing) {
   auto store = open(posix_io());
   ChunkHash h = ChunkHash::of(bytes_of("raw"));
