@@ -62,7 +62,15 @@ Status read_bounded(int fd, size_t limit, std::vector<std::byte>& out, const std
   return Status::OK();
 }
 
-std::string command_name(const std::string& command) { return "key command " + quote_text(command); }
+// The command's first word only: the rest may carry a secret (`vault read -token=...`), and
+// messages go to logs and stay cached for the process's life.
+std::string command_name(const std::string& command) {
+  const size_t start = command.find_first_not_of(" \t");
+  if (start == std::string::npos) return "key command ''";
+  const size_t end = command.find_first_of(" \t", start);
+  const std::string program = command.substr(start, end == std::string::npos ? std::string::npos : end - start);
+  return "key command " + quote_text(program) + (end == std::string::npos ? "" : " (its arguments not shown)");
+}
 
 // Waits for `pid` until `deadline`; kills it (SIGKILL) when it is still running then.
 // Returns the wait status, or nullopt-like -1 when it had to be killed.
@@ -87,7 +95,8 @@ int wait_until(pid_t pid, std::chrono::steady_clock::time_point deadline, bool* 
 
 Result<MasterKey> load_key_file(const std::string& path) {
   const std::string what = "key file " + path;
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY)};
+  // O_NONBLOCK: a FIFO's open would wait for a writer; it is refused below as not a regular file.
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)};
   if (f.fd < 0) {
     const int e = errno;
     if (e == ENOENT) return Status::NotFound(what + " does not exist");
@@ -96,6 +105,11 @@ Result<MasterKey> load_key_file(const std::string& path) {
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) return Status::IOError(what + ": cannot stat: " + errno_text(errno));
   if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(what + " is not a regular file");
+  // As ssh does: a key file another user owns is theirs to change (root's files are trusted).
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    return Status::InvalidArgument(what + " is owned by uid " + std::to_string(st.st_uid) + ", not by this user (uid " +
+                                   std::to_string(::geteuid()) + ") or root: use a key file of your own");
+  }
   if ((st.st_mode & 077) != 0) {
     return Status::InvalidArgument(what + " is open to other users (mode " + octal_mode(st.st_mode) +
                                    "): chmod 600 it, or read a shared secret on purpose with "

@@ -182,6 +182,12 @@ Status schema_too_new(const std::string& where, int version, int known) {
                               ": it was written by a newer kvsnap; upgrade kvsnap to use this store");
 }
 
+Status plain_row_refused(const std::string& where, const std::string& key_id) {
+  return Status::Mismatch(where + ": the store is encrypted (key " + key_id +
+                          ") and takes no plain snapshots: this process opened it before its first encrypted save; "
+                          "run it again with the store's --key-file FILE or --key-command CMD");
+}
+
 Status schema_not_upgraded(const std::string& where, int version, int known) {
   if (version == 0) return Status::NotFound(where + ": holds no kvsnap catalog yet (the first kvsnap save creates it)");
   return Status::Mismatch(where + ": the catalog has schema version " + std::to_string(version) +

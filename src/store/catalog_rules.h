@@ -121,6 +121,10 @@ Status no_snapshot(int64_t id);
 // `where` names the catalog.
 Status chunk_size_mismatch(const std::string& where, const ChunkHash& h, uint64_t raw_size);
 Status schema_too_new(const std::string& where, int version, int known);
+// A plain snapshot added to a catalog whose store is encrypted (key `key_id`): refused inside the
+// add's transaction, so a writer that opened the store before its first encrypted save cannot go
+// on storing plaintext (kMismatch).
+Status plain_row_refused(const std::string& where, const std::string& key_id);
 // What a catalog opened with upgrade_schema false says of a schema it would have upgraded
 // (version 0: no catalog at all, kNotFound).
 Status schema_not_upgraded(const std::string& where, int version, int known);

@@ -23,9 +23,9 @@ Result<std::pair<std::optional<std::string>, std::optional<std::string>>> PgCata
 }
 
 Status PgCatalog::check_row_key(const SnapshotInfo& info) {
-  if (!info.tenant) return Status::OK();
   KV_ASSIGN_OR_RETURN(auto settings, lock_key_settings(/*exclusive=*/false));
   const auto& [current, previous] = settings;
+  if (!info.tenant) return current ? plain_row_refused(where_, *current) : Status::OK();
   if (!current || *current == info.master_key_id || previous == info.master_key_id) return Status::OK();
   return Status::Mismatch(where_ + ": the store is encrypted with key " + *current + ", but the snapshot was sealed with " +
                           info.master_key_id + " (wrong key: pass the store's --key-file FILE or --key-command CMD)");

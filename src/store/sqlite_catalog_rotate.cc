@@ -58,8 +58,8 @@ Status SqliteCatalog::drop_chunk_uses(int64_t id, std::vector<ChunkHash>& freed)
 }
 
 Status SqliteCatalog::check_row_key(const SnapshotInfo& info) {
-  if (!info.tenant) return Status::OK();
   KV_ASSIGN_OR_RETURN(std::optional<std::string> current, get_meta(kMetaEncryption));
+  if (!info.tenant) return current ? plain_row_refused(path_, *current) : Status::OK();
   if (!current || *current == info.master_key_id) return Status::OK();
   KV_ASSIGN_OR_RETURN(std::optional<std::string> previous, get_meta(kMetaEncryptionPrevious));
   if (previous && *previous == info.master_key_id) return Status::OK();

@@ -1,6 +1,10 @@
 #include "store/store_location.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
 #include <map>
@@ -129,12 +133,50 @@ Result<StoreKeyConfig> config_keys(const JsonRef& root, const std::string& base)
   return k;
 }
 
+// Whether another user could have written `path`: it is not owned by this user or root, or is
+// writable by group or others; "" when only its owner (or root) could.
+std::string written_by_others(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "cannot be checked (stat failed)";
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) return "is owned by uid " + std::to_string(st.st_uid);
+  const bool sticky_dir = S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX);  // /tmp: others cannot replace files
+  if ((st.st_mode & 022) && !sticky_dir) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", unsigned(st.st_mode & 07777));
+    return std::string("is writable by other users (mode ") + mode + ")";
+  }
+  return "";
+}
+
+// A config that names a key command (run through /bin/sh) or a key file is taken only when no other
+// user could have written it or put it there: anyone who can write the store's directory (its
+// SQLite catalog's WAL lives there) could otherwise have kvsnap run their command, or seal new
+// snapshots under a key they know (a review's finding).
+// "" when trusted; else why not (load_store_key refuses the config's key settings with it, unless
+// the command line names the key).
+std::string key_config_distrust(const std::string& config, const StoreKeyConfig& keys) {
+  if (keys.key_command.empty() && keys.key_file.empty()) return "";
+  const char* what = keys.key_command.empty() ? "key_file" : "key_command";
+  const size_t slash = config.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : config.substr(0, slash);
+  for (const std::string& path : {config, dir}) {
+    const std::string problem = written_by_others(path);
+    if (problem.empty()) continue;
+    return "store config " + config + " sets " + what + ", but " +
+           (path == config ? std::string("the file ") : "its directory " + dir + " ") + problem +
+           ": kvsnap takes keys only from a config no other user could have written (chmod go-w it, or pass "
+           "{--key-file} / {--key-command} on the command line)";
+  }
+  return "";
+}
+
 }  // namespace
 
 void apply_key_flags(StoreLocation& where, const StoreKeyConfig& flags) {
   if (!flags.key_file.empty() || !flags.key_command.empty()) {
     where.keys.key_file = flags.key_file;
     where.keys.key_command = flags.key_command;
+    where.keys.distrusted.clear();  // the command line's own
   }
   if (!flags.tenant.empty()) where.keys.tenant = flags.tenant;
   where.keys.keyless_ok = where.keys.keyless_ok || flags.keyless_ok;
@@ -144,6 +186,7 @@ Result<std::optional<MasterKey>> load_store_key(const StoreKeyConfig& keys) {
   if (!keys.key_file.empty() && !keys.key_command.empty())
     return Status::InvalidArgument("give the store's key once: {--key-file} or {--key-command}, not both");
   if (keys.key_file.empty() && keys.key_command.empty()) return std::optional<MasterKey>();
+  if (!keys.distrusted.empty()) return Status::InvalidArgument(keys.distrusted);
   // Once per process: a key command may prompt, and serve opens its store more than once.
   static std::mutex mu;
   static std::map<std::string, Result<MasterKey>>* loaded = new std::map<std::string, Result<MasterKey>>();
@@ -234,7 +277,10 @@ Result<StoreLocation> resolve_store_location(Io& io, const std::string& given) {
   KV_ASSIGN_OR_RETURN(bool present, io.exists(config));
   if (!present) return Status::NotFound("store config file " + config + " does not exist");
   KV_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, read_all(io, config, kMaxConfigBytes));
-  return parse_store_config(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), config);
+  KV_ASSIGN_OR_RETURN(StoreLocation loc,
+                      parse_store_config(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), config));
+  loc.keys.distrusted = key_config_distrust(config, loc.keys);
+  return loc;
 }
 
 Result<std::unique_ptr<Catalog>> open_catalog(const StoreLocation& where, const CatalogOptions& options) {

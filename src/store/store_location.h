@@ -84,6 +84,9 @@ struct StoreKeyConfig {
   // Open an encrypted store without its key (what verify and gc need, which can check or
   // collect what is sealed without reading it). Otherwise such a store refuses to open.
   bool keyless_ok = false;
+  // Set when key_file/key_command came from a store config another user could have written: why
+  // (load_store_key refuses it then, and runs no command). Cleared by the command line's own key.
+  std::string distrusted;
 };
 
 inline constexpr const char* kDefaultTenant = "default";

@@ -129,6 +129,30 @@ TEST(StoreCrypt, MissingWrongKeyAndWrongTenantAreClearErrors) {
   EXPECT_NE(plain.status().message().find("takes no plain snapshots"), std::string::npos) << plain.status().ToString();
 }
 
+// A process that opened the store while it was plain goes on without a key; another encrypts it
+// with its first save. The first process's next save is refused inside the catalog's transaction
+// and stores nothing (a review's finding: it kept storing plaintext for the rest of its life).
+TEST(StoreCrypt, AWriterThatOpenedThePlainStoreSavesNothingOnceItIsEncrypted) {
+  Bed b;
+  Loaded l = load(fixtures() / kSlot);
+  auto before = b.open("");
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  ASSERT_TRUE((*before)->save(*l.file, l.state, small_chunks()).ok());  // plain, while the store is
+  {
+    auto keyed = b.must_open(b.key_a, "alice");
+    ASSERT_TRUE(keyed->save(*l.file, l.state, small_chunks()).ok());
+  }
+  auto late = (*before)->save(*l.file, l.state, small_chunks());
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), Code::kMismatch) << late.status().ToString();
+  EXPECT_NE(late.status().message().find("is encrypted (key " + b.key_id(b.key_a) + ") and takes no plain snapshots"),
+            std::string::npos)
+      << late.status().ToString();
+  auto listed = b.must_open(b.key_a, "alice")->catalog().list();
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->size(), 2u) << "the plain snapshot saved before and the sealed one";
+}
+
 // A synthetic f16 slot (ggsq v3) of `cells` tokens whose K/V values are random: zstd cannot
 // shrink them, so a plain store keeps runs of them as they are (the search below can find them).
 fs::path random_slot(const fs::path& dir, uint32_t n_layer, uint32_t n_embd, uint32_t cells) {

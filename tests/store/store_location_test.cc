@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -164,6 +165,43 @@ TEST_F(StoreLocationTest, KeysAndTenantComeFromTheConfigAndTheFlagsWin) {
   auto both = load_store_key({.key_file = "a", .key_command = "b"});
   EXPECT_EQ(both.status().code(), Code::kInvalidArgument);
   EXPECT_FALSE(load_store_key({})->has_value());
+}
+
+// A config another user could have written runs no key command and reads no key file (a review's
+// finding: anyone who could write the store's directory could have kvsnap run their command on the
+// next ls); the command line's own key is still taken.
+TEST_F(StoreLocationTest, KeysFromAConfigOthersCanWriteAreRefused) {
+  const std::string marker = dir_ + "/ran";
+  write("keys.json", "{\"key_command\": \"touch " + marker + "; printf %064d 0\"}");
+  const std::string config = dir_ + "/keys.json";
+  ASSERT_EQ(::chmod(config.c_str(), 0666), 0);
+  auto l = resolve(config);
+  ASSERT_TRUE(l.ok()) << l.status().ToString() << ": a store without its key still opens for keyless use";
+  auto key = load_store_key(l->keys);
+  ASSERT_FALSE(key.ok());
+  EXPECT_EQ(key.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(key.status().message().find("store config " + config +
+                                        " sets key_command, but the file is writable by other users (mode 0666)"),
+            std::string::npos)
+      << key.status().ToString();
+  EXPECT_FALSE(fs::exists(marker)) << "the command ran";
+  StoreLocation flagged = *l;
+  apply_key_flags(flagged, {.key_command = "printf %064d 0"});
+  EXPECT_TRUE(load_store_key(flagged.keys).ok()) << "the command line's key is the user's own";
+
+  ASSERT_EQ(::chmod(config.c_str(), 0600), 0);
+  auto trusted = resolve(config);
+  ASSERT_TRUE(trusted.ok());
+  auto loaded = load_store_key(trusted->keys);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_TRUE(fs::exists(marker));
+  ASSERT_EQ(::chmod(dir_.c_str(), 0777), 0);  // a directory others can write: the file could be swapped
+  auto in_open_dir = resolve(config);
+  ASSERT_TRUE(in_open_dir.ok());
+  EXPECT_NE(load_store_key(in_open_dir->keys).status().message().find("its directory " + dir_ +
+                                                                      " is writable by other users (mode 0777)"),
+            std::string::npos);
+  ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
 }
 
 TEST_F(StoreLocationTest, CapsAreSizesInBytesOrWithAUnit) {
