@@ -312,6 +312,9 @@ Result<ModelProfile> profile_from_gguf(const GgufHeader& h) {
   fill_model_fields(p, hp);
   fill_layers(p, hp);
   KV_RETURN_IF_ERROR(read_vocab(h, k, p));
+  for (const GgufTensorInfo& t : h.tensors) {
+    if (t.name == "rope_factors_long.weight" || t.name == "rope_factors_short.weight") p.rope_long_short_factors = true;
+  }
   return p;
 }
 

@@ -74,6 +74,9 @@ struct ModelProfile {
 
   RopeKind rope = RopeKind::kUnknown;
   uint32_t n_rot = 0;
+  // Tensors rope_factors_long/rope_factors_short (LongRoPE, Phi-3 128k and later): llama.cpp ropes
+  // with the short factors while a sequence's context is within the original one, the long beyond.
+  bool rope_long_short_factors = false;
   std::array<int32_t, 4> rope_sections{};  // M-RoPE sections
   // llama_kv_cache::has_cell_ext(): n_pos_per_embd() > 1 || ple_n_heads > 0.
   bool has_cell_ext = false;

@@ -2,6 +2,7 @@
 #include "migrate/cross_engine.h"
 
 #include <algorithm>
+#include <set>
 
 #include "base/byte_order.h"
 #include "base/json_access.h"
@@ -51,6 +52,20 @@ std::string mlx_dtype_of(int32_t ggml_type) {
     case int32_t(GgmlType::kBF16): return "BF16";
     default: return "F16";  // f16, and what a dequantized cache is given by default
   }
+}
+
+// The dtype every layer's K and V fit in without loss of range or precision: the one they share,
+// else F32 (f16 beside f32 or bf16 holds neither's values). Layer 0's K alone rounded an f32 V to f16
+// (a review's finding).
+std::string widest_mlx_dtype(const StateFile& src) {
+  std::set<std::string> seen;
+  for (const KvSection& sec : src.memory.kv)
+    for (const KvStream& st : sec.streams)
+      for (const KvLayer& L : st.layers) {
+        seen.insert(mlx_dtype_of(L.k_type));
+        if (L.has_v) seen.insert(mlx_dtype_of(L.v_type));
+      }
+  return seen.size() == 1 ? *seen.begin() : "F32";
 }
 
 // Where a model KV layer's rows are in a llama.cpp state: section 0 (base, or the only one) or 1
@@ -313,8 +328,7 @@ Result<CrossEngineResult> llama_to_mlx(const StateFile& src, const ReadableFile&
   po.shape = &model.shape;
   KV_ASSIGN_OR_RETURN(const StateFile f32, parse_state(f32_file, po));
 
-  const KvLayer& l0 = src.memory.kv[0].streams[cells[0].stream].layers[0];
-  const std::string dtype = spec.dtype.empty() ? mlx_dtype_of(l0.k_type) : spec.dtype;
+  const std::string dtype = spec.dtype.empty() ? widest_mlx_dtype(src) : spec.dtype;
   if (dtype != "F16" && dtype != "BF16" && dtype != "F32") {
     return Status::InvalidArgument(name + ": mlx dtype '" + dtype + "': give F16, BF16 or F32");
   }
@@ -365,7 +379,9 @@ Result<CrossEngineResult> llama_to_mlx(const StateFile& src, const ReadableFile&
     MlxRequantSpec rq{spec.quant, spec.quant, MlxDevice::kCpu, spec.layout, 0};
     CountingSink counted;
     TeeSink tee(out, counted);
-    KV_RETURN_IF_ERROR(mlx_requantize(cur.cache, *cur.file, rq, tee).status());
+    KV_ASSIGN_OR_RETURN(MlxRequantResult requantized, mlx_requantize(cur.cache, *cur.file, rq, tee));
+    // Layers carried as they are (a ring mlx-lm cannot quantize stays float): said, as convert says it.
+    res.notes.insert(res.notes.end(), requantized.notes.begin(), requantized.notes.end());
     res.bytes_out = counted.count;
   }
   res.from = state_format_name(src) + ", K " + state_types(src, false) + ", V " + state_types(src, true) + " (" +

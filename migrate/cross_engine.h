@@ -101,8 +101,8 @@ struct LlamaToMlxSpec {
   // Rotation claims about the input (--src-rotation, --source-build, a server's build), as for
   // `kvsnap convert`; the rest of the ConversionSpec is ignored.
   ConversionSpec claims;
-  // The float type of the KVCache tensors: "F16", "BF16", "F32"; "" = the file's K type when it
-  // is a float type, else F16.
+  // The float type of the KVCache tensors: "F16", "BF16", "F32"; "" = the one the file's K and V
+  // types share (F16 for quantized ones), F32 when they differ.
   std::string dtype;
   MlxKvSetting quant;                      // bits 0: KVCache; else QuantizedKVCache
   MlxLayout layout = MlxLayout::kScalars;  // the mlx-lm release that will load it (mlx_layout_for)

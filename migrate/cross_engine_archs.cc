@@ -89,6 +89,15 @@ Result<const CrossEngineArch*> cross_engine_arch_for(const ModelProfile& p, cons
                                 "mlx-lm lay out K was not audited, and a wrong guess moves a session silently "
                                 "wrong (docs/mlx.md lists the archs that move)");
   }
+  // The K a session holds was roped with llama.cpp's short factors when each sequence's context was
+  // within the original one (llama_model::get_rope_factors), and mlx-lm's SuScaledRoPE always ropes
+  // with the long ones: a moved cache would sit at other rotations than the new queries (a review's
+  // finding; Phi-3.5-mini, Phi-3-mini-128k, Phi-4-mini).
+  if (p.rope_long_short_factors) {
+    return Status::NotSupported(who + ": the GGUF has long and short rope factors (LongRoPE): llama.cpp ropes K with "
+                                "the short ones up to the original context and mlx-lm always with the long ones, "
+                                "so a session's K means another thing in the other engine; not moved");
+  }
   if (p.rope != a->rope) {
     return Status::NotSupported(who + ": the GGUF's rope is " + rope_kind_name(p.rope) + ", but arch '" + p.arch +
                                 "' runs " + rope_kind_name(a->rope) + " rope in llama.cpp: not the model audited");

@@ -37,12 +37,16 @@ std::string unused_options(const ConvertOptions& o, bool to_mlx) {
     note(!o.format.empty(), "--format");
     note(!o.tokens.empty(), "--tokens");
     note(!o.llama_file.empty(), "--llama-file");
+    note(!o.requant.empty(), "--requant");
+    note(o.mlx_device != "cpu", "--mlx-device gpu (the move quantizes as mlx-lm's CPU does)");
   } else {
     note(!o.kv_bits.empty() || o.kv_group_size, "--kv-bits/--kv-group-size");
     note(!o.mlx_lm.empty(), "--mlx-lm");
     note(!o.mlx_dtype.empty(), "--mlx-dtype");
     note(!o.src_rotation.empty() || !o.source_build.empty(), "--src-rotation/--source-build");
     note(!o.input_format.empty() || !o.src_types.empty(), "--input-format/--src-types");
+    note(!o.requant.empty(), "--requant");
+    note(o.mlx_device != "cpu", "--mlx-device");
   }
   note(o.head_dim_k || o.head_dim_v, "--head-dim-k/--head-dim-v (the model gives them)");
   return given;

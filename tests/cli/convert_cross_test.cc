@@ -111,6 +111,16 @@ TEST(ConvertCross, OptionChecks) {
   s = convert(o, out);
   EXPECT_NE(s.message().find("does not take --ctk/--ctv"), std::string::npos) << s.ToString();
   o.ctk.clear();
+  // Flags the move cannot honour are refused, not ignored (a review's finding: --mlx-device gpu
+  // quantized as the CPU does, with exit 0).
+  o.mlx_device = "gpu";
+  s = convert(o, out);
+  EXPECT_NE(s.message().find("--mlx-device gpu"), std::string::npos) << s.ToString();
+  o.mlx_device = "cpu";
+  o.requant = "exact";
+  s = convert(o, out);
+  EXPECT_NE(s.message().find("does not take --requant"), std::string::npos) << s.ToString();
+  o.requant.clear();
   o.to = "llama";  // a llama.cpp file cannot go to llama.cpp
   s = convert(o, out);
   EXPECT_NE(s.message().find("already a llama.cpp state file"), std::string::npos) << s.ToString();

@@ -100,6 +100,20 @@ TEST(ModelProfile, LlamaGqa) {
   EXPECT_FALSE(secs[0].omitted_if_partial);
 }
 
+// LongRoPE's two factor tensors are noted (cross-engine moves refuse such models).
+TEST(ModelProfile, LongAndShortRopeFactorsAreNoted) {
+  GgufWriter w = meta("phi3", 2, 256, 4, 4);
+  auto plain = profile_of(w);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_FALSE(plain->rope_long_short_factors);
+  const std::vector<float> factors(32, 1.0f);
+  ASSERT_TRUE(w.add_tensor_f32("rope_factors_long.weight", {32}, factors).ok());
+  ASSERT_TRUE(w.add_tensor_f32("rope_factors_short.weight", {32}, factors).ok());
+  auto longrope = profile_of(w);
+  ASSERT_TRUE(longrope.ok()) << longrope.status().ToString();
+  EXPECT_TRUE(longrope->rope_long_short_factors);
+}
+
 TEST(ModelProfile, HeadDimIndependentOfEmbedding) {
   for (uint32_t hd : {80u, 72u, 128u}) {
     auto s = spec("llama");

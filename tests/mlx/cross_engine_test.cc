@@ -314,6 +314,15 @@ TEST(CrossEngineArchs, RefusedByName) {
       << r.status().ToString();
   // partial rope: moves where mlx-lm ropes partial_rotary_factor dims, refused where it ropes the head
   EXPECT_TRUE(cross_engine_arch_for(profile_of("phi3", 48), "m.gguf").ok());
+  // LongRoPE (a review's finding): llama.cpp ropes with the short factors up to the original context,
+  // mlx-lm's SuScaledRoPE always with the long ones.
+  ModelProfile longrope = profile_of("phi3", 48);
+  longrope.rope_long_short_factors = true;
+  auto lr = cross_engine_arch_for(longrope, "m.gguf");
+  ASSERT_FALSE(lr.ok());
+  EXPECT_EQ(lr.status().code(), Code::kNotSupported);
+  EXPECT_NE(lr.status().message().find("m.gguf: the GGUF has long and short rope factors"), std::string::npos)
+      << lr.status().ToString();
   EXPECT_TRUE(cross_engine_arch_for(profile_of("stablelm", 16), "m.gguf").ok());
   for (const char* arch : {"llama", "qwen3", "command-r"}) {
     auto q = cross_engine_arch_for(profile_of(arch, 32), "m.gguf");
@@ -381,6 +390,34 @@ void CrossEngine::f32_round_trip(StateKind kind) {
 }
 
 TEST_F(CrossEngine, F32RoundTripThroughASlotIsExact) { f32_round_trip(StateKind::kSeqFile); }
+
+// K f16 beside V f32: the prompt cache takes F32, the type both fit in (a review's finding: layer
+// 0's K type was taken for both, which rounded V to f16).
+TEST_F(CrossEngine, MixedKAndVTypesMoveAtTheWiderType) {
+  const ModelInfo m = model("llama");
+  const MemoryFile in("in.safetensors", mlx_cache(2, 5, 16, "[1,2,3,4,5]"));
+  auto cache = read_mlx_prompt_cache(in);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  MlxToLlamaSpec spec;
+  spec.target.ctk = "f16";
+  spec.target.ctv = "f32";
+  VectorSink slot;
+  auto made = mlx_to_llama(*cache, in, m, spec, slot);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  const MemoryFile slot_file("mixed.slot", std::move(slot.bytes));
+  auto st = parse_for(slot_file, m);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  LlamaToMlxSpec to_mlx;  // no dtype given
+  to_mlx.layout = MlxLayout::kMeta;
+  VectorSink out;
+  auto moved = llama_to_mlx(*st, slot_file, m, to_mlx, out);
+  ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  const MemoryFile back("back.safetensors", std::move(out.bytes));
+  auto c = read_mlx_prompt_cache(back);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->layers[0].k->dtype, "F32");
+  EXPECT_EQ(c->layers[0].v->dtype, "F32");
+}
 TEST_F(CrossEngine, F32RoundTripThroughASessionIsExact) { f32_round_trip(StateKind::kSessionFile); }
 
 // gemma3 (layer 0 sliding, window 4; layer 1 global) after 7 tokens: mlx-lm's wrapped ring (4 slots,

@@ -217,7 +217,9 @@ TEST(StoreMlx, RestoreForAnotherReleaseIsConvertOfTheRestoredFile) {
     EXPECT_EQ(read->layers[2].cls, c.release == "0.28.0" ? "MambaCache" : "ArraysCache");
     // (0.28.0's meta_state-with-step differs from 0.31's only in a quantized layer's `step`: a float
     // file of it reads as meta_state.)
-    if (c.bits != "none") EXPECT_EQ(read->layout, mlx_target_for(c.release)->layout);
+    if (c.bits != "none") {
+      EXPECT_EQ(read->layout, mlx_target_for(c.release)->layout);
+    }
   }
   RestoreRequest old;
   old.mlx.kv_bits = "4";
