@@ -193,7 +193,8 @@ void setup_convert(CLI::App& app, int& exit_status) {
   sub->add_option("--dst-rotation", o->dst_rotation,
                   "auto|on|off for the output only (off: the target server runs with LLAMA_ATTN_ROT_DISABLE=1)");
   add_target_build_option(sub, o->target_build, "the output");
-  sub->add_option("--format", o->format, "output format: " + target_format_names() + " (default: current)");
+  sub->add_option("--format", o->format,
+                  "output format: " + target_format_names() + " (default: current; a raw buffer keeps its own)");
   sub->add_option("--head-dim-k", o->head_dim_k, "K head dim, when no --model is given");
   sub->add_option("--head-dim-v", o->head_dim_v, "V head dim, when no --model is given");
   sub->add_option("--threads,-t", o->threads, "worker threads (default: all cores)");
@@ -225,8 +226,8 @@ void setup_convert(CLI::App& app, int& exit_status) {
                   "--to llama: slot (default: llama_state_seq_load_file, llama-server's slot restore) or session "
                   "(llama_state_load_file: the whole context, one sequence)");
   sub->add_option("--mlx-dtype", o->mlx_dtype,
-                  "--to mlx: f16|bf16|f32 float type of the KVCache (default: the file's float type; f16 for a "
-                  "quantized cache)");
+                  "--to mlx: f16|bf16|f32 float type of the KVCache (default: the float type the file's K and V "
+                  "share; f16 for a quantized cache, f32 when K and V differ)");
   sub->add_flag("--report", o->report, "per layer and side: RMSE, max |error| and SNR of the conversion");
   sub->add_flag("--json", o->json, "machine-readable summary including the per-layer report");
   add_progress_flags(sub, o->progress);
@@ -256,8 +257,9 @@ void setup_convert(CLI::App& app, int& exit_status) {
       "\nBetween engines (--to mlx|llama, docs/mlx.md): llama family (K pairs permuted back to mlx-lm's\n"
       "rotate-half order) and NEOX-rope families; the Hadamard rotation is undone or applied, ggml types\n"
       "dequantized, transposed V read as rows. mlx-lm stores no token ids: --to mlx keeps the llama.cpp\n"
-      "file's in the cache's 'tokens' metadata, --to llama reads them back (or --tokens). iSWA, hybrid,\n"
-      "recurrent, MLA and M-RoPE models, and caches that do not fit --model, are refused.\n");
+      "file's in the cache's 'tokens' metadata, --to llama reads them back (or --tokens). iSWA models\n"
+      "other than gemma3 and gemma2, hybrid, recurrent, MLA and M-RoPE models, LongRoPE (long and short\n"
+      "rope factors), and caches that do not fit --model, are refused.\n");
   sub->callback([o, &exit_status]() {
     std::string out, warnings;
     Status s = run_convert(*o, out, warnings);

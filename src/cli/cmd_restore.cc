@@ -165,10 +165,12 @@ void setup_restore(CLI::App& app, int& exit_status) {
     sub->add_flag("--force", o->force, "replace --out if it exists");
     sub->add_flag("--json", o->json, "machine-readable result");
     add_progress_flags(sub, o->progress);
-    sub->footer("\nWithout --ctk/--ctv/--fa/--format/--tokens the output is the saved file, byte for byte.\n"
+    sub->footer("\nWithout --ctk/--ctv/--fa/--format/--tokens/--rotation/--target-build the output is the saved file,\n"
+                "byte for byte.\n"
                 "With --server, --ctk/--ctv/--fa not given are the profile's, else detected from a file the server saves\n"
                 "of the slot (an empty slot, as after a restart, is given one token first: the restore overwrites it).\n"
-                "An mlx-lm snapshot is restored as its prompt cache (.safetensors), or requantized with --kv-bits.\n"
+                "An mlx-lm snapshot is restored as its prompt cache (.safetensors), requantized with --kv-bits, or\n"
+                "moved to another release's layout with --mlx-lm.\n"
                 "\nExamples:\n  kvsnap restore chat-42 -o slot.bin --ctk q8_0 --ctv q8_0\n"
                 "  kvsnap restore mlx-chat -o q4.safetensors --kv-bits 4 --kv-group-size 64   # mlx-lm\n"
                 "  kvsnap restore chat-42 --server http://127.0.0.1:8080 --slot-dir /srv/slots --ctk q8_0 --ctv q8_0 --check\n");

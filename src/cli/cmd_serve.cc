@@ -59,10 +59,10 @@ void setup_serve(CLI::App& app, int& exit_status) {
   sub->add_option("llama-server", o->llama, "after --: the llama-server program and its arguments");
   sub->footer(
       "\nkvsnap serve starts llama-server ARGS as a child on a private loopback port with a kvsnap-owned\n"
-      "--slot-save-path (so ARGS must not set --host, --port or --slot-save-path: use --listen), waits\n"
-      "until it is healthy and forwards every request to it unchanged (streaming included). After each\n"
-      "completion the slot it used is saved into the store in the background (kvsnap ls --tag\n"
-      "serve.ns=default); on SIGTERM or Ctrl-C the requests in flight finish (a second one cuts them),\n"
+      "--slot-save-path (so ARGS must not set --host, --port, --slot-save-path or --no-slots: use\n"
+      "--listen), waits until it is healthy and forwards every request to it unchanged (streaming\n"
+      "included). After each completion the slot it used is saved into the store in the background\n"
+      "(kvsnap ls --tag serve.ns=default); on SIGTERM or Ctrl-C the requests in flight finish (a second one cuts them),\n"
       "every filled slot is saved, then llama-server stops.\n"
       "Before a completion is forwarded, the longest stored prefix of its prompt (same namespace) is\n"
       "restored into the slot, converted to the server's -ctk/-ctv/-fa, when the slot holds less: after\n"

@@ -70,7 +70,7 @@ void bind(CLI::App* sub, std::shared_ptr<Opts> o, Run run, const char* name, int
   const bool reads_stored = !creates && cmd != "doctor" && !cmd.starts_with("server ");
   sub->add_option("--store", o->store,
                   std::string("the store: a directory, or a store config file FILE.json (docs/store.md) (default: "
-                              "$KVSNAP_HOME, else ~/.local/share/kvsnap)") +
+                              "$KVSNAP_HOME, else $XDG_DATA_HOME/kvsnap, else ~/.local/share/kvsnap)") +
                       (creates        ? "; created where none is yet"
                        : reads_stored ? "; it must exist (save, import and serve create one)"
                                       : ""));
