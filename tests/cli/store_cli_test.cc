@@ -196,6 +196,54 @@ TEST_F(StoreCli, AnUnknownInputFormatIsRefusedByName) {
   EXPECT_EQ(kv("save " + slot + " --name a").code, 0);
 }
 
+// A ggsn v9 body that reads both with outputs (b8121 and older) and without (b8179 and later): exit
+// 6 unless --source-build says which, then read as that build wrote it, and a snapshot saved so
+// re-reads it the same way on a converting restore (a review's finding: the refusal told users to
+// pass --source-build, which reached no parser). The bytes: with outputs, n_outputs 1, output id 1,
+// 10 logits, no embeddings, then a one-cell f32 memory section; without, the same words are n_stream
+// 1, cell_count 1, a cell at pos 10, and a layer whose V row runs to the end of the file.
+TEST_F(StoreCli, AV9BodyThatReadsBothWaysIsReadAsTheBuildSays) {
+  std::string b;
+  auto u32 = [&](uint32_t v) { b.append(reinterpret_cast<const char*>(&v), 4); };
+  auto u64 = [&](uint64_t v) { b.append(reinterpret_cast<const char*>(&v), 8); };
+  u32(0x6767736E); u32(9); u32(2); u32(1); u32(2); u32(5); b += "llama";  // ggsn v9, tokens 1 2, arch
+  std::string m1;  // the "with outputs" reading's memory section
+  {
+    std::string keep;
+    keep.swap(b);
+    u32(1); u32(1); u32(0); u32(1); u32(0); u32(0); u32(1);  // n_stream, cells, pos 0 seq {0}, v_trans, n_layer
+    u32(0); u64(4); u32(0); u32(0); u64(4); u32(0);          // K and V: f32, 4-byte rows, one row each
+    m1.swap(b);
+    b.swap(keep);
+  }
+  ASSERT_EQ(m1.size(), 60u);
+  u32(1); u32(1); u64(10);                    // n_outputs | n_stream; output id | cells; 10 logits | pos 10, n_seq 0
+  const size_t blob_at = b.size();
+  u32(0); u32(1); u32(0); u64(4); u32(0); u32(0);  // in the logits: v_trans, n_layer, K layer, V type f32
+  const uint64_t v_row_in_blob = 40 - (b.size() - blob_at) - 8;
+  u64(v_row_in_blob + 8 + m1.size());              // V row size: to the end of the file
+  b.append(v_row_in_blob, '\0');
+  ASSERT_EQ(b.size() - blob_at, 40u);
+  u64(0);                                          // no embeddings | V row
+  b += m1;                                         // the memory | V row
+  const fs::path f = dir_ / "both.session";
+  std::ofstream(f, std::ios::binary) << b;
+  KvRun r = bare("info " + f.string());
+  EXPECT_EQ(r.code, 6) << r.err;
+  EXPECT_NE(r.err.find("reads both with output logits"), std::string::npos) << r.err;
+  for (const auto& [build, reading] : {std::pair<std::string, std::string>{"b8121", "outputs before the memory (b8121 and older, as the build given says)"},
+                                       {"b8179", "no outputs (b8179 and later, as the build given says)"}}) {
+    r = bare("info " + f.string() + " --source-build " + build + " --json");
+    ASSERT_EQ(r.code, 0) << build << ": " << r.err;
+    EXPECT_NE(r.out.find(reading), std::string::npos) << r.out;
+  }
+  ASSERT_EQ(kv("save " + f.string() + " --name both --source-build b8121").code, 0);
+  const fs::path out = dir_ / "both-f16.session";
+  r = kv("restore both -o " + out.string() + " --ctk f16 --ctv f16");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(out));
+}
+
 // Every token on one line, however many (a review's finding: info's lines went through a 512-byte
 // buffer, which cut the list after some 100 tokens, and its newline with it).
 TEST_F(StoreCli, InfoListsEveryToken) {
