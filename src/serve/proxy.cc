@@ -53,6 +53,18 @@ std::set<std::string> dropped_fields(const httplib::Headers& h) {
   return drop;
 }
 
+// cpp-httplib (0.11) percent-decodes every header value it reads, so "%0d%0a" arrives as CR LF; a
+// value forwarded so would end the header early and smuggle a request of the client's making to the
+// child (a slot action past the 403 below and past the slot gate). Such a request is refused whole.
+bool holds_line_break(const httplib::Headers& h) {
+  for (const auto& [k, v] : h) {
+    for (const std::string* s : {&k, &v}) {
+      if (s->find_first_of(std::string_view("\r\n\0", 3)) != std::string::npos) return true;
+    }
+  }
+  return false;
+}
+
 httplib::Headers end_to_end(const httplib::Headers& h, bool drop_content_type) {
   const auto drop = dropped_fields(h);
   httplib::Headers out;
@@ -243,6 +255,13 @@ struct Proxy::Impl {
     // must pass unchanged, so the client's Accept-Encoding goes to the child only. (The request is
     // the server's own non-const object, handed to the handler as const.)
     httplib::Request& mreq = const_cast<httplib::Request&>(req);
+    if (holds_line_break(req.headers)) {
+      res.status = 400;
+      res.set_content(R"({"error":{"code":400,"message":"kvsnap serve: a header holds a line break or NUL (after )"
+                      R"(percent-decoding); the request is not forwarded","type":"invalid_request_error"}})",
+                      "application/json");
+      return;
+    }
     if (answer_locally(req, res)) return;
     // llama-server's resumable-stream routes use no slot: a resume or a stop (DELETE) of a stream
     // kvsnap is reading to its end (finish_for_resume) must not wait behind a drain that waits for

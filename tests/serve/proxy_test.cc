@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -475,6 +476,46 @@ TEST(ServeProxy, StopCutsARequestTheChildHasNotAnswered) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3)) << "stop waited for the child's answer";
   EXPECT_NE(status, 200) << "the client got an answer the child never gave";
   EXPECT_EQ(done.load(), 0);
+}
+
+// cpp-httplib percent-decodes header values: "%0d%0a" in one would end the header and smuggle a
+// second request to the child (here a slot erase, past the proxy's own 403 for slot actions). The
+// request is refused whole and the child sees nothing (a review's finding); a header without one
+// passes as before.
+TEST(ServeProxy, AHeaderThatDecodesToALineBreakIsRefusedAndNothingReachesTheChild) {
+  httplib::Server child;
+  std::mutex mu;
+  std::vector<std::string> seen;
+  child.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+    std::lock_guard<std::mutex> g(mu);
+    seen.push_back(req.method + " " + req.target);
+    res.set_content("{}", "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  const int port = child.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread serving([&] { child.listen_after_bind(); });
+  {
+    const ProxyOptions o = in_front_of(port, 2);
+    ServingProxy proxy(o, [](const Exchange&) {});
+    ASSERT_TRUE(proxy.bound);
+    httplib::Client cli("127.0.0.1", o.listen_port);
+    cli.set_read_timeout(10);
+    const httplib::Headers smuggling = {
+        {"X-Note", "a%0d%0aHost: h%0d%0a%0d%0aPOST /slots/0?action=erase HTTP/1.1%0d%0aX-B: b"}};
+    auto r = cli.Post("/x", smuggling, "{}", "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_NE(r->body.find("line break"), std::string::npos) << r->body;
+    auto plain = cli.Post("/x", httplib::Headers{{"X-Note", "a b"}}, "{}", "application/json");
+    ASSERT_TRUE(plain);
+    EXPECT_EQ(plain->status, 200);
+    proxy.stop();
+  }
+  child.stop();
+  serving.join();
+  std::lock_guard<std::mutex> g(mu);
+  EXPECT_EQ(seen, std::vector<std::string>{"POST /x"}) << "only the plain request reaches the child";
 }
 
 // A stop() before the serving thread has started listening (a signal as kvsnap serve starts):
