@@ -59,6 +59,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -106,6 +107,9 @@ std::string new_pack_name();
 
 // A save's view of the store: holds the shared gc lock until destroyed.
 // Destroy it only after the catalog commit that references its blobs.
+// The name of the store id beside chunks/ and packs/ (BlobStore::read_store_id).
+inline constexpr const char* kStoreIdName = "store-id";
+
 class BlobWriteBatch {
  public:
   virtual ~BlobWriteBatch();
@@ -192,6 +196,12 @@ class BlobStore {
   virtual Result<size_t> abort_stale_uploads(const GcLock&) { return size_t{0}; }
   // Deletes every temporary: leftovers of saves that crashed. Returns how many.
   Result<size_t> clear_tmp(const GcLock&);
+
+  // The id of the store whose catalog these blobs belong to (store/store_identity.h), nullopt
+  // when none was written yet: a file or object `store-id` beside chunks/ and packs/, which
+  // list() and list_packs() never name. write_store_id replaces it atomically.
+  virtual Result<std::optional<std::string>> read_store_id() = 0;
+  virtual Status write_store_id(const std::string& id) = 0;
 
   // Sizes in storage (what deleting frees; gc's progress); 0 when absent.
   virtual Result<uint64_t> blob_size(const ChunkHash& h) = 0;

@@ -175,6 +175,8 @@ struct CatalogOptions {
 // rotation is replacing (set only while it runs).
 inline constexpr const char* kMetaEncryption = "encryption";
 inline constexpr const char* kMetaEncryptionPrevious = "encryption_previous";
+// The store's id, which its blob store keeps too (store/store_identity.h).
+inline constexpr const char* kMetaStoreId = "store_id";
 
 // The tag that names a snapshot's tenant: kvsnap serve's namespace (serve/persist.h).
 inline constexpr const char* kTenantTag = "serve.ns";

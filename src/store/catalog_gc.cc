@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "store/catalog.h"
+#include "store/store_identity.h"
 
 namespace kvsnap {
 
@@ -50,6 +51,8 @@ Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOpt
   }
   // From here until `lock` goes, no save is between writing a blob and
   // committing the row that names it.
+  // Every blob this catalog does not name is deleted below: they must be its blobs.
+  KV_RETURN_IF_ERROR(bind_store_identity(catalog, blobs).Prefixed("gc: deleting nothing"));
   std::vector<ChunkHash> on_disk;
   if (options.scan_orphans) {
     KV_ASSIGN_OR_RETURN(on_disk, blobs.list());

@@ -145,6 +145,21 @@ Result<std::vector<std::string>> LocalBlobStore::list_tmp() {
   return out;
 }
 
+Result<std::optional<std::string>> LocalBlobStore::read_store_id() {
+  auto bytes = read_all(io_, root_ + "/" + kStoreIdName, 4096);
+  if (!bytes.ok() && bytes.status().code() == Code::kNotFound) return std::optional<std::string>();
+  KV_RETURN_IF_ERROR(bytes.status());
+  return std::optional<std::string>(std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
+}
+
+Status LocalBlobStore::write_store_id(const std::string& id) {
+  AtomicWriteOptions opt;
+  opt.temp_dir = tmp_dir();
+  KV_ASSIGN_OR_RETURN(auto w, AtomicFileWriter::create(io_, root_ + "/" + kStoreIdName, opt));
+  KV_RETURN_IF_ERROR(w->append(std::as_bytes(std::span(id))));
+  return w->commit();
+}
+
 Status LocalBlobStore::remove_tmp(const GcLock&, const std::string& name) { return io_.remove(tmp_dir() + "/" + name); }
 
 Result<uint64_t> LocalBlobStore::file_size(const std::string& path) {

@@ -360,6 +360,17 @@ Status S3BlobStore::remove_pack(const GcLock&, const std::string& pack) {
   return s3_.remove(pack_key(pack));
 }
 
+Result<std::optional<std::string>> S3BlobStore::read_store_id() {
+  auto bytes = s3_.get(key(kStoreIdName), 4096);
+  if (!bytes.ok() && bytes.status().code() == Code::kNotFound) return std::optional<std::string>();
+  KV_RETURN_IF_ERROR(bytes.status());
+  return std::optional<std::string>(std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
+}
+
+Status S3BlobStore::write_store_id(const std::string& id) {
+  return s3_.put(key(kStoreIdName), std::as_bytes(std::span(id)));
+}
+
 Result<std::vector<std::string>> S3BlobStore::list_tmp() {
   KV_ASSIGN_OR_RETURN(const std::vector<DirEntry> files, io_.list_dir(opt_.staging_dir));
   std::vector<std::string> out;

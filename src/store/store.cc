@@ -19,6 +19,7 @@
 #include "migrate/convert_state.h"
 #include "store/archive.h"
 #include "store/store_seal.h"
+#include "store/store_identity.h"
 #include "store/store_internal.h"
 
 namespace kvsnap {
@@ -318,6 +319,15 @@ Status Store::check_save_keys() {
   return init_encryption_meta();
 }
 
+Result<std::unique_ptr<BlobWriteBatch>> Store::begin_blob_write(GcLockHold* under) {
+  KV_ASSIGN_OR_RETURN(auto batch, under ? blobs_->begin_write_under(*under) : blobs_->begin_write(/*wait=*/true));
+  if (!blobs_bound_.load()) {
+    KV_RETURN_IF_ERROR(bind_store_identity(*catalog_, *blobs_).Prefixed("store " + name_));
+    blobs_bound_.store(true);
+  }
+  return batch;
+}
+
 Result<std::vector<std::byte>> Store::manifest_of(const SnapshotRecord& rec) const {
   return open_manifest_row(rec, cipher());
 }
@@ -326,8 +336,7 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   const auto t0 = Clock::now();
   KV_RETURN_IF_ERROR(check_save_keys());
   if (req.on_start) req.on_start(file.size());
-  KV_ASSIGN_OR_RETURN(auto batch, req.under_hold ? blobs_->begin_write_under(*req.under_hold)
-                                                  : blobs_->begin_write(/*wait=*/true));
+  KV_ASSIGN_OR_RETURN(auto batch, begin_blob_write(req.under_hold));
   SnapshotOptions so = save_options(req, file);
   so.cipher = cipher();
   KV_RETURN_IF_ERROR(check_writer_claims(req.writer, parsed, req.model, so.source_name));
@@ -1090,7 +1099,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
         rep.imported.push_back(std::move(saved->info));
         return Status::OK();
       }
-      KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write_under(*hold));
+      KV_ASSIGN_OR_RETURN(auto batch, begin_blob_write(hold.get()));
       BlobSink sink(*batch, *catalog_);
       for (const ChunkRef& ref : m.chunks) {
         KV_ASSIGN_OR_RETURN(std::vector<std::byte> blob, (*reader)->blob(ref.index));

@@ -31,6 +31,7 @@
 //   - verify re-hashes everything it is asked about and lists every problem.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -273,6 +274,9 @@ class Store {
                               const RekeyOptions& opts, ResealedChunks& resealed, RekeyReport& rep);
   // rekey_snapshot(): which of `resealed` the catalog still has rows for, of `m`'s chunks.
   Result<ResealedChunks> still_stored(const SnapshotManifest& m, const ResealedChunks& resealed);
+  // A batch of new blobs (under `under`, the caller's gc lock hold, when given), once the blobs are
+  // known to be this catalog's (store_identity.h; checked once per Store).
+  Result<std::unique_ptr<BlobWriteBatch>> begin_blob_write(GcLockHold* under);
   // Marks the store encrypted with the given key on its first encrypted snapshot.
   Status init_encryption_meta();
   // Before every save: an encrypted store takes no plain snapshot (no key given); the first
@@ -302,6 +306,7 @@ class Store {
   StorePaths paths_;
   std::unique_ptr<BlobStore> blobs_;
   std::unique_ptr<Catalog> catalog_;
+  std::atomic<bool> blobs_bound_{false};  // begin_blob_write's check passed
   StoreCaps caps_;
   std::string name_;                     // the store in messages
   std::string tenant_ = kDefaultTenant;

@@ -115,8 +115,7 @@ Result<SaveResult> Store::save_mlx(const ReadableFile& file, const MlxPromptCach
   }
   KV_RETURN_IF_ERROR(check_save_keys());
   if (req.on_start) req.on_start(file.size());
-  KV_ASSIGN_OR_RETURN(auto batch, req.under_hold ? blobs_->begin_write_under(*req.under_hold)
-                                                  : blobs_->begin_write(/*wait=*/true));
+  KV_ASSIGN_OR_RETURN(auto batch, begin_blob_write(req.under_hold));
   SnapshotOptions so = save_options(req, file);
   so.cipher = cipher();
   const MlxSnapshotMeta meta{req.mlx_model, req.tokens};

@@ -118,7 +118,7 @@ Result<bool> Store::rekey_snapshot(const SnapshotInfo& info, const ChunkCipher& 
                                    const RekeyOptions& opts, ResealedChunks& resealed, RekeyReport& rep) {
   const std::string who = snapshot_label(info);
   // The shared gc lock from before the first new blob until the swap, as a save holds it.
-  KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write(/*wait=*/true));
+  KV_ASSIGN_OR_RETURN(auto batch, begin_blob_write(nullptr));
   auto rec = catalog_->get(info.id);
   if (!rec.ok() && rec.status().code() == Code::kNotFound) return false;  // removed meanwhile
   KV_RETURN_IF_ERROR(rec.status());

@@ -332,8 +332,9 @@ def run_disk_full(kvsnap, llama, model, work):
             done = wait_for(lambda: outcomes()[2 * n:] if len(outcomes()) >= 2 * n + 2 else None, 30) or []
             failed = [l for l in done if "failed (serving continues)" in l]
             line = failed[0].split("(serving continues): ")[-1] if failed else "no failure logged"
-            # first the store's own write fails (llama-server wrote the slot file), then llama-server's
-            from_store = not line.startswith("llama-server ") and "No space left" in line
+            # first the store's own write fails (llama-server wrote the slot file), then llama-server's;
+            # the store's first write may be its catalog's (SQLite's words) or a blob's (the kernel's)
+            from_store = not line.startswith("llama-server ") and ("No space left" in line or "disk is full" in line)
             check(s == 200 and s2 == 200 and bool(failed) and (from_store if n == 0 else not from_store),
                   f"disk full ({what}): the completion answers {s}, serving continues, the failed save is logged: "
                   f"{line[:300]}")

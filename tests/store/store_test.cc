@@ -113,6 +113,82 @@ TEST(Store, EveryFixtureRestoresByteForByte) {
   EXPECT_TRUE(v->problems.empty()) << v->problems[0];
 }
 
+// gc deletes every blob and pack its catalog does not name: a catalog pointed at another store's
+// blobs (a new catalog.sqlite, a second host's SQLite catalog on the same bucket) must not save or
+// collect there, or its first save's gc deletes every pack of the real store.
+TEST(Store, ACatalogOverAnotherStoresBlobsSavesAndDeletesNothing) {
+  TempStore t;
+  Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faoff.slot");
+  auto saved = t.store->save(*l.file, l.state, {});
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  const fs::path id_file = t.root / kStoreIdName;
+  ASSERT_TRUE(fs::exists(id_file)) << "the first save gives the blobs their store id";
+  auto packs = [&] {
+    size_t n = 0;
+    for (const auto& e : fs::directory_iterator(t.root / "packs")) n += e.path().extension() == ".pack";
+    return n;
+  };
+  ASSERT_EQ(packs(), 1u);
+
+  const fs::path other = t.root.string() + "-other";
+  StoreLocation wrong = directory_store(other.string());
+  wrong.blobs = t.root.string();  // a new catalog over the first store's blobs
+  auto s = Store::open(posix_io(), wrong);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto refused = (*s)->save(*l.file, l.state, {});
+  ASSERT_EQ(refused.status().code(), Code::kMismatch) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("a new catalog"), std::string::npos) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find(kStoreIdName), std::string::npos) << "names what to remove";
+  auto gc = (*s)->gc(/*wait=*/true);
+  ASSERT_EQ(gc.status().code(), Code::kMismatch) << (gc.ok() ? "gc ran" : gc.status().ToString());
+  EXPECT_EQ(packs(), 1u) << "the other catalog's gc deleted the store's pack";
+
+  // A catalog with an id of its own over them: refused the same way, naming both ids.
+  s->reset();
+  fs::remove_all(other);
+  {
+    TempStore elsewhere;
+    ASSERT_TRUE(elsewhere.store->save(*l.file, l.state, {}).ok());
+    elsewhere.store.reset();
+    StoreLocation mixed = directory_store(elsewhere.root.string());
+    mixed.blobs = t.root.string();
+    auto m = Store::open(posix_io(), mixed);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    auto g = (*m)->gc(/*wait=*/true);
+    ASSERT_EQ(g.status().code(), Code::kMismatch);
+    EXPECT_NE(g.status().message().find("is store "), std::string::npos) << g.status().ToString();
+  }
+  EXPECT_EQ(packs(), 1u);
+  VectorSink out;
+  ASSERT_TRUE(t.store->restore(std::to_string(saved->info.id), {}, out).ok());
+  EXPECT_EQ(out.bytes, l.bytes);
+  fs::remove_all(other);
+}
+
+// A store from before store ids (or one whose id file a crash lost after the catalog took its id)
+// gets the catalog's id beside its blobs at its next save; a damaged id file is refused by name.
+TEST(Store, TheBlobsTakeTheCatalogsIdAndADamagedIdIsRefused) {
+  TempStore t;
+  Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faoff.slot");
+  ASSERT_TRUE(t.store->save(*l.file, l.state, {}).ok());
+  const fs::path id_file = t.root / kStoreIdName;
+  const std::vector<std::byte> id = slurp(id_file);
+  ASSERT_EQ(id.size(), 36u);
+  fs::remove(id_file);
+  t.store.reset();
+  t.store = std::move(Store::open(posix_io(), StorePaths{t.root.string()})).value();
+  auto gc = t.store->gc(/*wait=*/true);
+  ASSERT_TRUE(gc.ok()) << gc.status().ToString();
+  EXPECT_EQ(slurp(id_file), id) << "the catalog's id, written again";
+
+  std::ofstream(id_file, std::ios::trunc) << "not an id";
+  t.store.reset();
+  t.store = std::move(Store::open(posix_io(), StorePaths{t.root.string()})).value();
+  auto refused = t.store->save(*l.file, l.state, {});
+  ASSERT_EQ(refused.status().code(), Code::kCorruption) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find(id_file.string()), std::string::npos) << refused.status().ToString();
+}
+
 TEST(Store, RestoreAtOtherTypesEqualsConvert) {
   TempStore t;
   auto model = load_model_info(posix_io(), (fixtures() / "models/tiny-hd64.gguf").string());
