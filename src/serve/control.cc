@@ -28,13 +28,6 @@ void error(LocalAnswer& out, int status, const std::string& type, const std::str
   answer(out, status, {{"error", {{"code", status}, {"message", "kvsnap serve: " + message}, {"type", type}}}});
 }
 
-// The key of a request as llama-server reads it: Authorization (without "Bearer "), else X-Api-Key.
-std::string request_key(const LocalRequest& r) {
-  std::string k = header_value(r.headers, "Authorization");
-  if (k.empty()) k = header_value(r.headers, "X-Api-Key");
-  return k.rfind("Bearer ", 0) == 0 ? k.substr(7) : k;
-}
-
 ojson sizes_json(const std::vector<PairSize>& sizes) {
   ojson a = ojson::array();
   for (const PairSize& p : sizes)
@@ -128,7 +121,7 @@ bool Control::handle(const LocalRequest& req, LocalAnswer& out) {
   {
     std::lock_guard<std::mutex> l(args_mu_);
     const auto& keys = args_.api_keys;
-    if (!keys.empty() && std::find(keys.begin(), keys.end(), request_key(req)) == keys.end()) {
+    if (!keys.empty() && !api_key_among(keys, request_api_key(req.headers))) {
       error(out, 401, "authentication_error", "Invalid API Key (the child's --api-key/--api-key-file/LLAMA_API_KEY)");
       return true;
     }

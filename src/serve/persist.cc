@@ -17,10 +17,7 @@ constexpr const char* kUnattributed = "unattributed";
 }  // namespace
 
 std::string namespace_of(const Exchange& x) {
-  // The key as llama-server reads it: Authorization (its "Bearer " cut), else X-Api-Key.
-  std::string key = header_value(x.request_headers, "Authorization");
-  if (key.empty()) key = header_value(x.request_headers, "X-Api-Key");
-  if (key.rfind("Bearer ", 0) == 0) key = key.substr(7);
+  const std::string key = request_api_key(x.request_headers);
   std::string key_ns;
   if (!key.empty()) {
     const auto d = sha256_of(std::span<const std::byte>(reinterpret_cast<const std::byte*>(key.data()), key.size()));

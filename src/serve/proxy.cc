@@ -105,6 +105,23 @@ std::string header_value(const std::vector<std::pair<std::string, std::string>>&
   return "";
 }
 
+std::string request_api_key(const std::vector<std::pair<std::string, std::string>>& h) {
+  std::string key = header_value(h, "Authorization");
+  if (key.empty()) key = header_value(h, "X-Api-Key");
+  return key.rfind("Bearer ", 0) == 0 ? key.substr(7) : key;
+}
+
+bool api_key_among(const std::vector<std::string>& keys, const std::string& key) {
+  // How long a comparison takes must not tell a client how many leading bytes it guessed right.
+  bool found = false;
+  for (const std::string& k : keys) {
+    size_t diff = k.size() ^ key.size();
+    for (size_t i = 0; i < k.size(); ++i) diff |= size_t(uint8_t(k[i]) ^ uint8_t(i < key.size() ? key[i] : 0));
+    found |= diff == 0;
+  }
+  return found;
+}
+
 struct Proxy::Impl {
   ProxyOptions o;
   // Set by stop(): a stream read to its end for a resume (finish_for_resume) is given up, and a
@@ -250,6 +267,14 @@ struct Proxy::Impl {
     return it != sent.end() && !it->second.empty();
   }
 
+  bool authorized(const httplib::Request& req) const {
+    if (o.api_keys.empty()) return true;
+    std::vector<std::pair<std::string, std::string>> h;
+    for (const char* name : {"Authorization", "X-Api-Key"})
+      if (req.has_header(name)) h.emplace_back(name, req.get_header_value(name));
+    return api_key_among(o.api_keys, request_api_key(h));
+  }
+
   void handle(const httplib::Request& req, httplib::Response& res) {
     // cpp-httplib would gzip or brotli a text answer for a client that accepts it: the child's bytes
     // must pass unchanged, so the client's Accept-Encoding goes to the child only. (The request is
@@ -283,7 +308,7 @@ struct Proxy::Impl {
       return;
     }
     Forward f;
-    if (before) {
+    if (before && authorized(req)) {
       f.method = req.method;
       f.path = req.path;
       for (const auto& [k, v] : req.headers) f.headers.emplace_back(k, v);

@@ -50,6 +50,11 @@ struct ProxyOptions {
   int upstream_port = 0;        // the child, on 127.0.0.1
   int threads = 32;             // concurrent clients (a streaming client holds one)
   double upstream_timeout_s = 3600;
+  // The child's API keys (--api-key, --api-key-file, LLAMA_API_KEY). With keys, a request whose key
+  // is none of them goes to the child as it came, without the `before` hook (no slot gate, no
+  // waiting for saves, no prefix lookup or restore into a slot): the child answers it (401, or one
+  // of its public routes), so a client without a key makes kvsnap do no work on its behalf.
+  std::vector<std::string> api_keys;
 };
 
 // A request about to be forwarded: a hook may rewrite its body (then body_changed).
@@ -117,5 +122,10 @@ class Proxy {
 
 // The value of header `name` (case-insensitive), "" when absent.
 std::string header_value(const std::vector<std::pair<std::string, std::string>>& h, const std::string& name);
+
+// The API key of a request as llama-server reads it: Authorization (its "Bearer " cut), else X-Api-Key.
+std::string request_api_key(const std::vector<std::pair<std::string, std::string>>& h);
+// Whether `key` is one of `keys`, comparing every key in full (no early exit on a first differing byte).
+bool api_key_among(const std::vector<std::string>& keys, const std::string& key);
 
 }  // namespace kvsnap

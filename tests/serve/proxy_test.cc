@@ -518,6 +518,66 @@ TEST(ServeProxy, AHeaderThatDecodesToALineBreakIsRefusedAndNothingReachesTheChil
   EXPECT_EQ(seen, std::vector<std::string>{"POST /x"}) << "only the plain request reaches the child";
 }
 
+// With the child's API keys, a request without one of them goes to the child as it came and runs
+// none of kvsnap's work (the `before` hook: slot gate, waiting for saves, prefix lookup and restore);
+// with one (Authorization: Bearer, or X-Api-Key as llama-server also reads it) the hook runs.
+TEST(ServeProxy, ARequestWithoutTheChildsKeyRunsNoHookAndIsForwarded) {
+  httplib::Server child;
+  std::atomic<int> reached{0};
+  child.set_pre_routing_handler([&](const httplib::Request&, httplib::Response& res) {
+    ++reached;
+    res.status = 401;  // the child's own answer
+    res.set_content(R"({"error":{"code":401}})", "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  const int port = child.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread serving([&] { child.listen_after_bind(); });
+  std::atomic<int> hooked{0};
+  {
+    ProxyOptions o = in_front_of(port, 2);
+    o.api_keys = {"key-alice", "key-bob"};
+    Proxy proxy(o, [&](Forward&) { ++hooked; }, [](const Exchange&) {});
+    ASSERT_TRUE(proxy.bind().ok());
+    std::thread run([&] { proxy.run(); });
+    httplib::Client cli("127.0.0.1", o.listen_port);
+    cli.set_read_timeout(10);
+    const std::string body = R"({"prompt":"hello"})";
+    for (const httplib::Headers& h : {httplib::Headers{}, httplib::Headers{{"Authorization", "Bearer key-alic"}},
+                                      httplib::Headers{{"Authorization", "Bearer key-alice2"}},
+                                      httplib::Headers{{"X-Api-Key", "key-carol"}}}) {
+      auto r = cli.Post("/completion", h, body, "application/json");
+      ASSERT_TRUE(r);
+      EXPECT_EQ(r->status, 401) << "the child's answer, passed on";
+    }
+    EXPECT_EQ(hooked.load(), 0) << "a request without a valid key ran kvsnap's hook";
+    EXPECT_EQ(reached.load(), 4);
+    for (const httplib::Headers& h :
+         {httplib::Headers{{"Authorization", "Bearer key-alice"}}, httplib::Headers{{"X-Api-Key", "key-bob"}}}) {
+      ASSERT_TRUE(cli.Post("/completion", h, body, "application/json"));
+    }
+    EXPECT_EQ(hooked.load(), 2);
+    proxy.stop();
+    run.join();
+  }
+  child.stop();
+  serving.join();
+}
+
+TEST(ServeProxy, ApiKeysAreReadAsLlamaServerReadsThem) {
+  using H = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(request_api_key(H{{"authorization", "Bearer k1"}}), "k1");
+  EXPECT_EQ(request_api_key(H{{"Authorization", "k1"}}), "k1");
+  EXPECT_EQ(request_api_key(H{{"X-Api-Key", "Bearer k2"}}), "k2");
+  EXPECT_EQ(request_api_key(H{{"Authorization", ""}, {"X-Api-Key", "k3"}}), "k3");
+  EXPECT_EQ(request_api_key(H{}), "");
+  const std::vector<std::string> keys = {"abc", "abcd"};
+  EXPECT_TRUE(api_key_among(keys, "abc"));
+  EXPECT_TRUE(api_key_among(keys, "abcd"));
+  for (const char* no : {"", "ab", "abce", "abcde", "xbc"}) EXPECT_FALSE(api_key_among(keys, no)) << no;
+  EXPECT_FALSE(api_key_among({}, ""));
+}
+
 // A stop() before the serving thread has started listening (a signal as kvsnap serve starts):
 // run() returns at once. httplib's own stop() does nothing while it is not listening, so before
 // the fix run() then served for good and this test would hang; the second stop() below (by then
