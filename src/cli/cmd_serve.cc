@@ -15,6 +15,7 @@ struct ServeCmdOpts {
   std::vector<std::string> llama;
   int threads = 32;
   std::string dynamic_cache, cache_budget;
+  std::string max_request_bytes = "256M";
   bool tenant_per_namespace = false;
 };
 
@@ -37,6 +38,7 @@ Status run_serve_cmd(const ServeCmdOpts& o, std::string& out) {
   so.threads = o.threads;
   so.dynamic_cache = o.dynamic_cache;
   so.cache_budget = o.cache_budget;
+  so.max_request_bytes = o.max_request_bytes;
   return run_serve(cli_io(), so, log_line);
 }
 
@@ -53,6 +55,9 @@ void setup_serve(CLI::App& app, int& exit_status) {
                   "LADDER of cache types, e.g. f16,q8_0,q4_0 (a rung may be K/V: q8_0/q4_0): start at the first; "
                   "when a slot holds 90% of its context, step down one rung with the context that fits --cache-budget");
   sub->add_option("--cache-budget", o->cache_budget, "with --dynamic-cache: the K/V cache's bytes (K, M, G suffixes)");
+  sub->add_option("--max-request-bytes", o->max_request_bytes,
+                  "the largest request body taken (default 256M; K, M, G suffixes); a larger one is answered 413 "
+                  "and never forwarded");
   sub->add_flag("--tenant-per-namespace", o->tenant_per_namespace,
                 "seal each namespace's snapshots under its own tenant's keys (needs a key: --key-file, "
                 "--key-command or the store config's; not with --tenant)");

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/sha256.h"
 #include "serve/requests.h"
 
 namespace kvsnap {
@@ -105,6 +106,29 @@ std::string header_value(const std::vector<std::pair<std::string, std::string>>&
   return "";
 }
 
+namespace {
+
+constexpr const char* kHeldContentType = "X-Kvsnap-Held-Content-Type";
+
+void hold_multipart_type(httplib::Headers& h) {
+  h.erase(kHeldContentType);  // a client's own is not kvsnap's
+  auto it = h.find("Content-Type");
+  if (it == h.end() || it->second.rfind("multipart/form-data", 0) != 0) return;  // httplib's own test
+  std::string type = std::move(it->second);
+  h.erase(it);
+  h.emplace(kHeldContentType, std::move(type));
+}
+
+void put_back_multipart_type(httplib::Headers& h) {
+  auto it = h.find(kHeldContentType);
+  if (it == h.end()) return;
+  std::string type = std::move(it->second);
+  h.erase(it);
+  h.emplace("Content-Type", std::move(type));
+}
+
+}  // namespace
+
 std::string request_api_key(const std::vector<std::pair<std::string, std::string>>& h) {
   std::string key = header_value(h, "Authorization");
   if (key.empty()) key = header_value(h, "X-Api-Key");
@@ -112,11 +136,15 @@ std::string request_api_key(const std::vector<std::pair<std::string, std::string
 }
 
 bool api_key_among(const std::vector<std::string>& keys, const std::string& key) {
-  // How long a comparison takes must not tell a client how many leading bytes it guessed right.
+  // How long a comparison takes must tell a client nothing about its guess (how many leading bytes
+  // were right, how long a key is): digests of equal size, every byte of each compared.
+  auto digest = [](const std::string& s) { return sha256_of(std::as_bytes(std::span(s.data(), s.size()))); };
+  const Sha256Digest given = digest(key);
   bool found = false;
   for (const std::string& k : keys) {
-    size_t diff = k.size() ^ key.size();
-    for (size_t i = 0; i < k.size(); ++i) diff |= size_t(uint8_t(k[i]) ^ uint8_t(i < key.size() ? key[i] : 0));
+    const Sha256Digest d = digest(k);
+    uint8_t diff = 0;
+    for (size_t i = 0; i < d.size(); ++i) diff |= uint8_t(d[i]) ^ uint8_t(given[i]);
     found |= diff == 0;
   }
   return found;
@@ -226,7 +254,7 @@ struct Proxy::Impl {
     x.restored_tokens = f.restored_tokens;
     x.method = req.method;
     x.path = req.path;
-    for (const auto& [k, v] : req.headers) x.request_headers.emplace_back(k, v);
+    for (const auto& [k, v] : end_to_end(req.headers, false)) x.request_headers.emplace_back(k, v);  // as the child had them
     x.request_body = req.body;
     x.status = status;
     return x;
@@ -267,15 +295,47 @@ struct Proxy::Impl {
     return it != sent.end() && !it->second.empty();
   }
 
+  // The body into req.body, at most o.max_request_bytes of it; false (answered) when larger or cut off.
+  bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
+    std::string& body = const_cast<httplib::Request&>(req).body;  // the server's own object, as in handle()
+    // Past the bound the rest is read and dropped, up to as much again, so that the client (still
+    // sending) gets the 413 rather than a reset connection; httplib drops a declared body over the
+    // bound the same way (set_payload_max_length above).
+    uint64_t dropped = 0;
+    const bool whole = read([&](const char* d, size_t n) {
+      if (dropped == 0 && body.size() + n <= o.max_request_bytes) {
+        body.append(d, n);
+        return true;
+      }
+      dropped += n;
+      return dropped <= o.max_request_bytes;
+    });
+    const bool too_large = dropped > 0 || res.status == 413;  // 413: httplib's refusal of a declared length
+    if (whole && !too_large) return true;
+    body.clear();
+    res.status = too_large ? 413 : 400;
+    res.set_header("Connection", "close");  // the rest of the body is not read: the connection cannot go on
+    const std::string message =
+        too_large ? "the request body is larger than " + std::to_string(o.max_request_bytes) +
+                        " bytes (kvsnap serve --max-request-bytes)"
+                  : std::string("the request body could not be read whole");
+    res.set_content(R"({"error":{"code":)" + std::to_string(res.status) + R"(,"message":"kvsnap serve: )" + message +
+                        R"(","type":"invalid_request_error"}})",
+                    "application/json");
+    return false;
+  }
+
+  // Read from the headers the child receives (a field the Connection field names is not forwarded),
+  // so that kvsnap and llama-server take the same key.
   bool authorized(const httplib::Request& req) const {
     if (o.api_keys.empty()) return true;
     std::vector<std::pair<std::string, std::string>> h;
-    for (const char* name : {"Authorization", "X-Api-Key"})
-      if (req.has_header(name)) h.emplace_back(name, req.get_header_value(name));
+    for (const auto& [k, v] : end_to_end(req.headers, false)) h.emplace_back(k, v);
     return api_key_among(o.api_keys, request_api_key(h));
   }
 
   void handle(const httplib::Request& req, httplib::Response& res) {
+    put_back_multipart_type(const_cast<httplib::Request&>(req).headers);
     // cpp-httplib would gzip or brotli a text answer for a client that accepts it: the child's bytes
     // must pass unchanged, so the client's Accept-Encoding goes to the child only. (The request is
     // the server's own non-const object, handed to the handler as const.)
@@ -292,9 +352,12 @@ struct Proxy::Impl {
     // kvsnap is reading to its end (finish_for_resume) must not wait behind a drain that waits for
     // it; it still counts, so that a shutdown lets a resume finish.
     const bool slotless = req.path == "/v1/stream" || req.path == "/v1/streams/lookup";
+    // A request without one of the child's keys gets no kvsnap work (ProxyOptions::api_keys): no
+    // drain ticket either (it goes on to the child's 401 even while a requantize restarts it).
+    const bool keyed = authorized(req);
     Drain::Ticket ticket;
-    if (drain && slotless) ticket = drain->enter_slotless();
-    if (drain && !slotless && !(ticket = drain->enter(drain_wait_s))) {
+    if (drain && keyed && slotless) ticket = drain->enter_slotless();
+    if (drain && keyed && !slotless && !(ticket = drain->enter(drain_wait_s))) {
       res.status = 503;
       res.set_header("Retry-After", "10");
       if (drain->shut_down())
@@ -308,7 +371,7 @@ struct Proxy::Impl {
       return;
     }
     Forward f;
-    if (before && authorized(req)) {
+    if (before && keyed) {
       f.method = req.method;
       f.path = req.path;
       for (const auto& [k, v] : req.headers) f.headers.emplace_back(k, v);
@@ -430,12 +493,27 @@ Proxy::Proxy(ProxyOptions o, std::function<void(Forward&)> before, std::function
   impl_->svr.set_keep_alive_timeout(5);  // also bounds how long stop() waits for idle connections
   impl_->svr.set_read_timeout(600);
   impl_->svr.set_write_timeout(600);
+  // A declared Content-Length over the bound is refused by httplib before it reads the body (413); a
+  // chunked body (which 0.11.4 reads without that bound) is read here, through the same bound.
+  impl_->svr.set_payload_max_length(size_t(impl_->o.max_request_bytes));
+  // httplib parses a multipart/form-data body into parts and leaves the body empty (a handler with a
+  // content reader fails on it with 500): so such a request's Content-Type is held under another name
+  // until its body has been read as bytes, and put back before anything looks at the headers
+  // (llama-server's /v1/audio/transcriptions takes multipart bodies).
+  impl_->svr.set_pre_routing_handler([](const httplib::Request& req, httplib::Response&) {
+    hold_multipart_type(const_cast<httplib::Request&>(req).headers);  // the server's own object
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
   auto h = [impl = impl_.get()](const httplib::Request& req, httplib::Response& res) { impl->handle(req, res); };
+  auto with_body = [impl = impl_.get()](const httplib::Request& req, httplib::Response& res,
+                                        const httplib::ContentReader& read) {
+    if (impl->read_body(req, res, read)) impl->handle(req, res);
+  };
   impl_->svr.Get(".*", h);
-  impl_->svr.Post(".*", h);
-  impl_->svr.Put(".*", h);
-  impl_->svr.Patch(".*", h);
-  impl_->svr.Delete(".*", h);
+  impl_->svr.Post(".*", with_body);
+  impl_->svr.Put(".*", with_body);
+  impl_->svr.Patch(".*", with_body);
+  impl_->svr.Delete(".*", with_body);
   impl_->svr.Options(".*", h);
 }
 

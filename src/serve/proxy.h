@@ -15,6 +15,7 @@
 //   - kvsnap never re-encodes a body (no compression of its own);
 //   - clients are served concurrently (a thread pool), with keep-alive;
 //   - a child that does not answer (restarting) is a 502 with a JSON error;
+//   - a request body over ProxyOptions::max_request_bytes is a 413 with a JSON error, never forwarded;
 //   - when an exchange has finished, `on_done` sees it (from the serving
 //     thread: it must return quickly, e.g. hand the work to another thread),
 //     before the client gets the answer's end: a sized answer's body, a
@@ -50,6 +51,10 @@ struct ProxyOptions {
   int upstream_port = 0;        // the child, on 127.0.0.1
   int threads = 32;             // concurrent clients (a streaming client holds one)
   double upstream_timeout_s = 3600;
+  // The largest request body taken (after a Content-Encoding is undone, chunked or not): a larger one
+  // is answered 413 and its connection closed, before anything is forwarded (kvsnap holds a body in
+  // memory several times while it forwards it and parses a completion's).
+  uint64_t max_request_bytes = uint64_t{256} << 20;
   // The child's API keys (--api-key, --api-key-file, LLAMA_API_KEY). With keys, a request whose key
   // is none of them goes to the child as it came, without the `before` hook (no slot gate, no
   // waiting for saves, no prefix lookup or restore into a slot): the child answers it (401, or one

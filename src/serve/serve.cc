@@ -102,6 +102,13 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   KV_RETURN_IF_ERROR(parse_listen(o.listen, po.listen_host, po.listen_port));
   po.threads = o.threads;
   po.api_keys = args.api_keys;  // a client without one of them makes kvsnap do no work (ProxyOptions)
+  {
+    auto max = parse_byte_size(o.max_request_bytes);
+    if (!max.ok() || *max == 0)
+      return Status::InvalidArgument("--max-request-bytes '" + o.max_request_bytes +
+                                     "' must be a size above 0, like 256M or 1G (binary multiples)");
+    po.max_request_bytes = *max;
+  }
   KV_ASSIGN_OR_RETURN(StoreLocation where, resolve_store_location(io, o.store));
   apply_key_flags(where, o.keys);  // the key is loaded once (load_store_key), for every connection
   KV_ASSIGN_OR_RETURN(auto stores, TenantStores::open(io, where, o.tenant_per_namespace));

@@ -28,6 +28,7 @@ struct ServeOptions {
   int threads = 32;
   std::string dynamic_cache;  // --dynamic-cache LADDER (serve/ladder.h); empty: off
   std::string cache_budget;   // --cache-budget BYTES, with the ladder
+  std::string max_request_bytes = "256M";  // --max-request-bytes: the largest request body (ProxyOptions)
 };
 
 // "HOST:PORT" -> host, port; kInvalidArgument naming --listen otherwise.

@@ -1105,6 +1105,19 @@ TEST_F(StoreCli, ServeTenantPerNamespaceNeedsAKeyAndNoFixedTenant) {
   EXPECT_NE(why2.find("not 'bob' (drop --tenant"), std::string::npos) << why2;
 }
 
+// A --max-request-bytes that is no size above 0 is exit 2 naming it, before llama-server starts.
+TEST_F(StoreCli, ServeRefusesABadRequestBound) {
+  for (const char* bad : {"0", "lots", "-5"}) {
+    const fs::path e = dir_ / "serve-err.txt";
+    const std::string cmd = std::string(KVSNAP_BINARY) + " serve --store " + store_ + " --max-request-bytes " + bad +
+                            " -- /bin/true >/dev/null 2>" + e.string();
+    const int rc = std::system(cmd.c_str());
+    const std::string why = slurp(e);
+    EXPECT_EQ(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, 2) << bad << ": " << why;
+    EXPECT_NE(why.find("--max-request-bytes"), std::string::npos) << why;
+  }
+}
+
 TEST_F(StoreCli, RekeyReplacesTheKeyAndTheOldOneIsRefused) {
   const fs::path a = make_slot("a.slot", 2, 64, 300, 7);
   const fs::path old_key = dir_ / "old.key", new_key = dir_ / "new.key";

@@ -129,6 +129,23 @@ struct ServingProxy {
   ~ServingProxy() { stop(); }
 };
 
+// A child (llama-server's stand-in) on a free loopback port, its routes set by `routes`, serving on
+// its own thread until the end of its scope (a failed ASSERT included).
+struct Child {
+  httplib::Server svr;
+  int port = 0;
+  std::thread serving;
+  explicit Child(const std::function<void(httplib::Server&)>& routes) {
+    routes(svr);
+    port = svr.bind_to_any_port("127.0.0.1");
+    if (port > 0) serving = std::thread([this] { svr.listen_after_bind(); });
+  }
+  ~Child() {
+    svr.stop();
+    if (serving.joinable()) serving.join();
+  }
+};
+
 // What the client has seen so far (the child paces itself by it).
 struct Seen {
   std::atomic<bool> first{false}, last{false};
@@ -483,20 +500,19 @@ TEST(ServeProxy, StopCutsARequestTheChildHasNotAnswered) {
 // request is refused whole and the child sees nothing (a review's finding); a header without one
 // passes as before.
 TEST(ServeProxy, AHeaderThatDecodesToALineBreakIsRefusedAndNothingReachesTheChild) {
-  httplib::Server child;
   std::mutex mu;
   std::vector<std::string> seen;
-  child.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
-    std::lock_guard<std::mutex> g(mu);
-    seen.push_back(req.method + " " + req.target);
-    res.set_content("{}", "application/json");
-    return httplib::Server::HandlerResponse::Handled;
+  Child child([&](httplib::Server& svr) {
+    svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard<std::mutex> g(mu);
+      seen.push_back(req.method + " " + req.target);
+      res.set_content("{}", "application/json");
+      return httplib::Server::HandlerResponse::Handled;
+    });
   });
-  const int port = child.bind_to_any_port("127.0.0.1");
-  ASSERT_GT(port, 0);
-  std::thread serving([&] { child.listen_after_bind(); });
+  ASSERT_GT(child.port, 0);
   {
-    const ProxyOptions o = in_front_of(port, 2);
+    const ProxyOptions o = in_front_of(child.port, 2);
     ServingProxy proxy(o, [](const Exchange&) {});
     ASSERT_TRUE(proxy.bound);
     httplib::Client cli("127.0.0.1", o.listen_port);
@@ -512,8 +528,6 @@ TEST(ServeProxy, AHeaderThatDecodesToALineBreakIsRefusedAndNothingReachesTheChil
     EXPECT_EQ(plain->status, 200);
     proxy.stop();
   }
-  child.stop();
-  serving.join();
   std::lock_guard<std::mutex> g(mu);
   EXPECT_EQ(seen, std::vector<std::string>{"POST /x"}) << "only the plain request reaches the child";
 }
@@ -522,20 +536,19 @@ TEST(ServeProxy, AHeaderThatDecodesToALineBreakIsRefusedAndNothingReachesTheChil
 // none of kvsnap's work (the `before` hook: slot gate, waiting for saves, prefix lookup and restore);
 // with one (Authorization: Bearer, or X-Api-Key as llama-server also reads it) the hook runs.
 TEST(ServeProxy, ARequestWithoutTheChildsKeyRunsNoHookAndIsForwarded) {
-  httplib::Server child;
   std::atomic<int> reached{0};
-  child.set_pre_routing_handler([&](const httplib::Request&, httplib::Response& res) {
-    ++reached;
-    res.status = 401;  // the child's own answer
-    res.set_content(R"({"error":{"code":401}})", "application/json");
-    return httplib::Server::HandlerResponse::Handled;
+  Child child([&](httplib::Server& svr) {
+    svr.set_pre_routing_handler([&](const httplib::Request&, httplib::Response& res) {
+      ++reached;
+      res.status = 401;  // the child's own answer
+      res.set_content(R"({"error":{"code":401}})", "application/json");
+      return httplib::Server::HandlerResponse::Handled;
+    });
   });
-  const int port = child.bind_to_any_port("127.0.0.1");
-  ASSERT_GT(port, 0);
-  std::thread serving([&] { child.listen_after_bind(); });
+  ASSERT_GT(child.port, 0);
   std::atomic<int> hooked{0};
   {
-    ProxyOptions o = in_front_of(port, 2);
+    ProxyOptions o = in_front_of(child.port, 2);
     o.api_keys = {"key-alice", "key-bob"};
     Proxy proxy(o, [&](Forward&) { ++hooked; }, [](const Exchange&) {});
     ASSERT_TRUE(proxy.bind().ok());
@@ -545,23 +558,26 @@ TEST(ServeProxy, ARequestWithoutTheChildsKeyRunsNoHookAndIsForwarded) {
     const std::string body = R"({"prompt":"hello"})";
     for (const httplib::Headers& h : {httplib::Headers{}, httplib::Headers{{"Authorization", "Bearer key-alic"}},
                                       httplib::Headers{{"Authorization", "Bearer key-alice2"}},
-                                      httplib::Headers{{"X-Api-Key", "key-carol"}}}) {
+                                      httplib::Headers{{"X-Api-Key", "key-carol"}},
+                                      // the key in a field the Connection field names: not forwarded
+                                      httplib::Headers{{"Authorization", "Bearer key-alice"},
+                                                       {"Connection", "Authorization"}}}) {
       auto r = cli.Post("/completion", h, body, "application/json");
       ASSERT_TRUE(r);
       EXPECT_EQ(r->status, 401) << "the child's answer, passed on";
     }
     EXPECT_EQ(hooked.load(), 0) << "a request without a valid key ran kvsnap's hook";
-    EXPECT_EQ(reached.load(), 4);
+    EXPECT_EQ(reached.load(), 5);
     for (const httplib::Headers& h :
-         {httplib::Headers{{"Authorization", "Bearer key-alice"}}, httplib::Headers{{"X-Api-Key", "key-bob"}}}) {
+         {httplib::Headers{{"Authorization", "Bearer key-alice"}}, httplib::Headers{{"X-Api-Key", "key-bob"}},
+          // the child reads X-Api-Key when the Authorization it would have read is not forwarded
+          httplib::Headers{{"Authorization", "Bearer x"}, {"X-Api-Key", "key-bob"}, {"Connection", "Authorization"}}}) {
       ASSERT_TRUE(cli.Post("/completion", h, body, "application/json"));
     }
-    EXPECT_EQ(hooked.load(), 2);
+    EXPECT_EQ(hooked.load(), 3);
     proxy.stop();
     run.join();
   }
-  child.stop();
-  serving.join();
 }
 
 TEST(ServeProxy, ApiKeysAreReadAsLlamaServerReadsThem) {
@@ -576,6 +592,91 @@ TEST(ServeProxy, ApiKeysAreReadAsLlamaServerReadsThem) {
   EXPECT_TRUE(api_key_among(keys, "abcd"));
   for (const char* no : {"", "ab", "abce", "abcde", "xbc"}) EXPECT_FALSE(api_key_among(keys, no)) << no;
   EXPECT_FALSE(api_key_among({}, ""));
+}
+
+// A request body over ProxyOptions::max_request_bytes, declared (Content-Length) or chunked, is
+// answered 413 and never reaches the child; one at the bound is forwarded whole.
+TEST(ServeProxy, ABodyOverTheBoundIsRefusedAndNeverForwarded) {
+  std::mutex mu;
+  std::vector<size_t> bodies;
+  Child child([&](httplib::Server& svr) {
+    svr.Post(".*", [&](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard<std::mutex> g(mu);
+      bodies.push_back(req.body.size());
+      res.set_content("{}", "application/json");
+    });
+  });
+  ASSERT_GT(child.port, 0);
+  {
+    ProxyOptions o = in_front_of(child.port, 2);
+    o.max_request_bytes = 1000;
+    ServingProxy proxy(o, [](const Exchange&) {});
+    ASSERT_TRUE(proxy.bound);
+    auto post = [&](size_t n, bool chunked) {
+      httplib::Client cli("127.0.0.1", o.listen_port);  // a refused body closes its connection
+      cli.set_read_timeout(10);
+      if (!chunked) return cli.Post("/completion", std::string(n, 'x'), "application/json");
+      return cli.Post("/completion", [n](size_t, httplib::DataSink& sink) {
+        const std::string piece(100, 'y');
+        for (size_t sent = 0; sent < n; sent += piece.size()) sink.write(piece.data(), std::min(piece.size(), n - sent));
+        sink.done();
+        return true;
+      }, "application/json");
+    };
+    for (bool chunked : {false, true}) {
+      // Up to twice the bound the proxy reads the rest and drops it, so the client gets the 413.
+      auto big = post(1900, chunked);
+      EXPECT_TRUE(big && big->status == 413) << (chunked ? "chunked: " : "sized: ") << (big ? big->body : "no answer");
+      auto fits = post(1000, chunked);
+      EXPECT_TRUE(fits && fits->status == 200) << (fits ? fits->body : "no answer");
+    }
+    (void)post(50000, true);  // past that the connection is closed under the client: no answer promised
+    proxy.stop();
+  }
+  std::lock_guard<std::mutex> g(mu);
+  EXPECT_EQ(bodies, (std::vector<size_t>{1000, 1000})) << "only the bodies at the bound reach the child";
+}
+
+// httplib parses a multipart/form-data body into parts and leaves the body empty: the proxy must
+// still forward the bytes the client sent (llama-server's /v1/audio/transcriptions takes them).
+TEST(ServeProxy, AMultipartBodyReachesTheChildWhole) {
+  std::mutex mu;
+  std::multimap<std::string, std::pair<std::string, std::string>> got;  // name -> filename, content
+  std::string type;
+  Child child([&](httplib::Server& svr) {
+    svr.Post(".*", [&](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard<std::mutex> g(mu);
+      for (const auto& [name, f] : req.files) got.emplace(name, std::make_pair(f.filename, f.content));
+      type = req.get_header_value("Content-Type");
+      res.set_content("{}", "application/json");
+    });
+  });
+  ASSERT_GT(child.port, 0);
+  {
+    const ProxyOptions o = in_front_of(child.port, 2);
+    ServingProxy proxy(o, [](const Exchange&) {});
+    ASSERT_TRUE(proxy.bound);
+    httplib::Client cli("127.0.0.1", o.listen_port);
+    std::string audio(3000, '\0');
+    for (size_t i = 0; i < audio.size(); ++i) audio[i] = char(i * 7);
+    const httplib::MultipartFormDataItems items = {{"file", audio, "a.wav", "audio/wav"},
+                                                   {"model", "whisper", "", ""}};
+    auto r = cli.Post("/v1/audio/transcriptions", items);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    // A client's own header of the name the proxy holds the type under is not taken for it.
+    auto spoof = cli.Post("/x", httplib::Headers{{"X-Kvsnap-Held-Content-Type", "multipart/form-data; boundary=b"}},
+                          "{}", "application/json");
+    ASSERT_TRUE(spoof);
+    proxy.stop();
+  }
+  std::lock_guard<std::mutex> g(mu);
+  ASSERT_EQ(got.size(), 2u) << "the child got an empty body";
+  std::string audio(3000, '\0');
+  for (size_t i = 0; i < audio.size(); ++i) audio[i] = char(i * 7);
+  EXPECT_EQ(got.find("file")->second, std::make_pair(std::string("a.wav"), audio));
+  EXPECT_EQ(got.find("model")->second.second, "whisper");
+  EXPECT_EQ(type, "application/json") << "the last request's own type";
 }
 
 // A stop() before the serving thread has started listening (a signal as kvsnap serve starts):
