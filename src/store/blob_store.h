@@ -105,11 +105,13 @@ bool is_pack_name(std::string_view name);
 // 64 random bits as 16 hex digits: concurrent saves never pick the same pack.
 std::string new_pack_name();
 
-// A save's view of the store: holds the shared gc lock until destroyed.
-// Destroy it only after the catalog commit that references its blobs.
 // The name of the store id beside chunks/ and packs/ (BlobStore::read_store_id).
 inline constexpr const char* kStoreIdName = "store-id";
+// More than any store id: a larger one is refused as damaged.
+inline constexpr uint64_t kMaxStoreIdBytes = 4096;
 
+// A save's view of the store: holds the shared gc lock until destroyed.
+// Destroy it only after the catalog commit that references its blobs.
 class BlobWriteBatch {
  public:
   virtual ~BlobWriteBatch();
@@ -199,9 +201,10 @@ class BlobStore {
 
   // The id of the store whose catalog these blobs belong to (store/store_identity.h), nullopt
   // when none was written yet: a file or object `store-id` beside chunks/ and packs/, which
-  // list() and list_packs() never name. write_store_id replaces it atomically.
+  // list() and list_packs() never name. create_store_id writes it only if none is there (the
+  // caller reads back which one is); kCorruption from read_store_id when it is not a store id.
   virtual Result<std::optional<std::string>> read_store_id() = 0;
-  virtual Status write_store_id(const std::string& id) = 0;
+  virtual Status create_store_id(const std::string& id) = 0;
 
   // Sizes in storage (what deleting frees; gc's progress); 0 when absent.
   virtual Result<uint64_t> blob_size(const ChunkHash& h) = 0;

@@ -146,18 +146,33 @@ Result<std::vector<std::string>> LocalBlobStore::list_tmp() {
 }
 
 Result<std::optional<std::string>> LocalBlobStore::read_store_id() {
-  auto bytes = read_all(io_, root_ + "/" + kStoreIdName, 4096);
+  const std::string path = root_ + "/" + kStoreIdName;
+  auto bytes = read_all(io_, path, kMaxStoreIdBytes);
   if (!bytes.ok() && bytes.status().code() == Code::kNotFound) return std::optional<std::string>();
+  if (!bytes.ok() && bytes.status().code() == Code::kInvalidArgument)
+    return Status::Corruption(path + " is not a store id (" + bytes.status().message() + ")");
   KV_RETURN_IF_ERROR(bytes.status());
+  if (bytes->empty()) return std::optional<std::string>();  // a crash between its create and its write
   return std::optional<std::string>(std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
 }
 
-Status LocalBlobStore::write_store_id(const std::string& id) {
-  AtomicWriteOptions opt;
-  opt.temp_dir = tmp_dir();
-  KV_ASSIGN_OR_RETURN(auto w, AtomicFileWriter::create(io_, root_ + "/" + kStoreIdName, opt));
-  KV_RETURN_IF_ERROR(w->append(std::as_bytes(std::span(id))));
-  return w->commit();
+Status LocalBlobStore::create_store_id(const std::string& id) {
+  const std::string path = root_ + "/" + kStoreIdName;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto file = io_.open_write(path, /*exclusive=*/true);
+    if (file.ok()) {
+      KV_RETURN_IF_ERROR((*file)->append(std::as_bytes(std::span(id))));
+      KV_RETURN_IF_ERROR((*file)->sync());
+      KV_RETURN_IF_ERROR((*file)->close());
+      return io_.sync_dir(root_);
+    }
+    KV_ASSIGN_OR_RETURN(bool there, io_.exists(path));
+    if (!there) return file.status();
+    KV_ASSIGN_OR_RETURN(std::optional<std::string> now, read_store_id());
+    if (now) return Status::OK();  // another process's: the caller compares
+    KV_RETURN_IF_ERROR(io_.remove(path));  // empty: a crash's leftover
+  }
+  return Status::IOError("cannot create " + path + ": it keeps appearing empty");
 }
 
 Status LocalBlobStore::remove_tmp(const GcLock&, const std::string& name) { return io_.remove(tmp_dir() + "/" + name); }

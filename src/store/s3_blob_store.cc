@@ -361,14 +361,16 @@ Status S3BlobStore::remove_pack(const GcLock&, const std::string& pack) {
 }
 
 Result<std::optional<std::string>> S3BlobStore::read_store_id() {
-  auto bytes = s3_.get(key(kStoreIdName), 4096);
+  auto bytes = s3_.get(key(kStoreIdName), kMaxStoreIdBytes);
   if (!bytes.ok() && bytes.status().code() == Code::kNotFound) return std::optional<std::string>();
+  if (!bytes.ok() && bytes.status().code() == Code::kInvalidArgument)
+    return Status::Corruption(s3_.url(key(kStoreIdName)) + " is not a store id (" + bytes.status().message() + ")");
   KV_RETURN_IF_ERROR(bytes.status());
   return std::optional<std::string>(std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
 }
 
-Status S3BlobStore::write_store_id(const std::string& id) {
-  return s3_.put(key(kStoreIdName), std::as_bytes(std::span(id)));
+Status S3BlobStore::create_store_id(const std::string& id) {
+  return s3_.put_if_absent(key(kStoreIdName), std::as_bytes(std::span(id)));
 }
 
 Result<std::vector<std::string>> S3BlobStore::list_tmp() {

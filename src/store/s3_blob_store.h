@@ -109,7 +109,7 @@ class S3BlobStore final : public BlobStore {
   Status remove(const GcLock&, const ChunkHash& h) override;
   Status remove_pack(const GcLock&, const std::string& pack) override;
   Result<std::optional<std::string>> read_store_id() override;
-  Status write_store_id(const std::string& id) override;
+  Status create_store_id(const std::string& id) override;
   Result<std::vector<std::string>> list_tmp() override;
   Status remove_tmp(const GcLock&, const std::string& name) override;
   Result<size_t> abort_stale_uploads(const GcLock&) override;

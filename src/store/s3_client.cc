@@ -126,6 +126,7 @@ bool retriable(const S3Client::Reply& r) {
   if (r.over_cap) return false;
   if (r.curl != CURLE_OK)
     return r.curl != CURLE_URL_MALFORMAT && r.curl != CURLE_UNSUPPORTED_PROTOCOL && r.curl != CURLE_OUT_OF_MEMORY;
+  if (r.status == 501) return false;  // Not Implemented: the same request fails the same way again
   if (r.status >= 500 || r.status == 429) return true;
   const std::string code = parse_s3_error(r.body).code;
   return code == "SlowDown" || code == "RequestTimeout" || code == "InternalError";
@@ -441,6 +442,22 @@ Status S3Client::create_bucket() {
 
 Status S3Client::put(std::string_view key, std::span<const std::byte> data) {
   return put_file(key, MemoryFile(url(key), data));
+}
+
+Status S3Client::put_if_absent(std::string_view key, std::span<const std::byte> data) {
+  // Looked for first: not every S3 server takes the condition (Swift's s3api ignores it), and
+  // there the look is what keeps an id that is there.
+  KV_ASSIGN_OR_RETURN(const std::optional<uint64_t> there, head(key));
+  if (there) return Status::OK();
+  Call c("PUT", key);
+  c.headers.emplace_back("if-none-match", "*");
+  c.body = data;
+  auto r = perform(c);
+  if (r.ok()) return Status::OK();
+  const std::string& m = r.status().message();
+  if (m.find(": HTTP 412") != std::string::npos) return Status::OK();  // one is there
+  if (m.find(": HTTP 501") != std::string::npos || m.find("NotImplemented") != std::string::npos) return put(key, data);
+  return r.status();
 }
 
 Status S3Client::put_file(std::string_view key, const ReadableFile& src) {

@@ -88,6 +88,11 @@ class S3Client {
   // Creates the bucket; one the caller already owns is fine.
   Status create_bucket();
   Status put(std::string_view key, std::span<const std::byte> data);
+  // PUT only if no object is there: OK when it was written or one was there already (the caller
+  // reads which). A HEAD first, then the PUT with If-None-Match: * (412 when one appeared since);
+  // a server that ignores the condition (Swift's s3api) leaves the moment between the two open, and
+  // one that refuses it (501, or NotImplemented) gets a plain PUT.
+  Status put_if_absent(std::string_view key, std::span<const std::byte> data);
   // The same from a file (a pack staged on disk), read a part at a time.
   Status put_file(std::string_view key, const ReadableFile& src);
   // The whole object; kInvalidArgument when it is larger than `max_bytes`.

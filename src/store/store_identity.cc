@@ -1,6 +1,7 @@
 #include "store/store_identity.h"
 
 #include <algorithm>
+#include <cctype>
 #include <optional>
 #include <string>
 
@@ -8,42 +9,77 @@ namespace kvsnap {
 
 namespace {
 
-bool id_like(const std::string& s) {
-  return s.size() == 36 && std::all_of(s.begin(), s.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || c == '-';
-         });
+// A UUID as new_snapshot_uuid() writes it; a hand-written one may carry a newline or capitals.
+std::optional<std::string> as_store_id(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  const bool ok = s.size() == 36 && std::all_of(s.begin(), s.end(), [](char c) {
+                    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || c == '-';
+                  });
+  return ok ? std::optional<std::string>(s) : std::nullopt;
+}
+
+Result<std::optional<std::string>> blobs_id(BlobStore& blobs) {
+  KV_ASSIGN_OR_RETURN(std::optional<std::string> raw, blobs.read_store_id());
+  if (!raw) return raw;
+  std::optional<std::string> id = as_store_id(*raw);
+  if (!id)
+    return Status::Corruption(blobs.describe() + "/" + kStoreIdName + " is not a kvsnap store id (a UUID, " +
+                              std::to_string(raw->size()) + " bytes read)");
+  return id;
 }
 
 Status another_catalogs(const Catalog& catalog, const BlobStore& blobs, const std::string& theirs,
                         const std::optional<std::string>& mine) {
   return Status::Mismatch(
-      "the blobs at " + blobs.describe() + " belong to store " + theirs + ", and the catalog " + catalog.describe() +
-      (mine ? " is store " + *mine : " is a new catalog") +
+      "the blobs at " + blobs.describe() + " belong to the store with id " + theirs + ", and the catalog " +
+      catalog.describe() + (mine ? " has id " + *mine : " is a new catalog") +
       ": a save or gc here would delete that store's blobs as garbage. Point the store config's \"catalog\" at the "
       "catalog that holds them; if that catalog is lost for good, remove " + std::string(kStoreIdName) + " from " +
       blobs.describe() + " (gc then deletes every blob this catalog does not name)");
+}
+
+// A store from before store ids whose catalog names no chunk while its blobs hold some: a lost
+// catalog recreated empty, or another store's blobs. Giving them this catalog's id would let its
+// first gc delete them all.
+Status refuse_unnamed_blobs(Catalog& catalog, BlobStore& blobs) {
+  KV_ASSIGN_OR_RETURN(CatalogStats stats, catalog.stats());
+  if (stats.chunks > 0 || stats.unreferenced_chunks > 0) return Status::OK();
+  KV_ASSIGN_OR_RETURN(std::vector<std::string> packs, blobs.list_packs());
+  size_t held = packs.size();
+  if (held == 0) {
+    KV_ASSIGN_OR_RETURN(std::vector<ChunkHash> loose, blobs.list());
+    held = loose.size();
+  }
+  if (held == 0) return Status::OK();
+  return Status::Mismatch(
+      "the blobs at " + blobs.describe() + " hold " + std::to_string(held) + (packs.empty() ? " blob(s)" : " pack(s)") +
+      " and no store id, and the catalog " + catalog.describe() +
+      " names none of them: a save or gc here would delete them as garbage. Point the store config's \"catalog\" "
+      "at the catalog that holds them; if that catalog is lost for good, move packs/ and chunks/ out of " +
+      blobs.describe());
 }
 
 }  // namespace
 
 Status bind_store_identity(Catalog& catalog, BlobStore& blobs) {
   // The blobs' id first: the catalog's is set before it, so a first binding in another process
-  // between the two reads is seen whole (id beside the blobs implies id in their catalog).
-  KV_ASSIGN_OR_RETURN(std::optional<std::string> theirs, blobs.read_store_id());
+  // between the two reads is seen whole (an id beside the blobs implies one in their catalog).
+  KV_ASSIGN_OR_RETURN(std::optional<std::string> theirs, blobs_id(blobs));
   KV_ASSIGN_OR_RETURN(std::optional<std::string> mine, catalog.get_meta(kMetaStoreId));
-  if (theirs && !id_like(*theirs))
-    return Status::Corruption(blobs.describe() + "/" + kStoreIdName + " is not a kvsnap store id (36 characters, " +
-                              std::to_string(theirs->size()) + " read)");
   if (theirs) {
     if (mine && *mine == *theirs) return Status::OK();
     return another_catalogs(catalog, blobs, *theirs, mine);
   }
   if (!mine) {
+    KV_RETURN_IF_ERROR(refuse_unnamed_blobs(catalog, blobs));
     KV_ASSIGN_OR_RETURN(std::string now, catalog.init_meta(kMetaStoreId, new_snapshot_uuid()));
     mine = now;
   }
-  KV_RETURN_IF_ERROR(blobs.write_store_id(*mine).Prefixed("writing the store id beside " + blobs.describe()));
-  KV_ASSIGN_OR_RETURN(theirs, blobs.read_store_id());
+  // Written only where none is: of two catalogs binding the same new blobs at once, one reads the
+  // other's id back and is refused.
+  KV_RETURN_IF_ERROR(blobs.create_store_id(*mine).Prefixed("writing the store id beside " + blobs.describe()));
+  KV_ASSIGN_OR_RETURN(theirs, blobs_id(blobs));
   if (!theirs) return Status::IOError("the store id written beside " + blobs.describe() + " is not there");
   if (*theirs != *mine) return another_catalogs(catalog, blobs, *theirs, mine);
   return Status::OK();

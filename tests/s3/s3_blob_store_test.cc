@@ -132,6 +132,21 @@ TEST_F(S3BlobStoreTest, PutGetRoundTripInShardLayout) {
   EXPECT_EQ(store->list_tmp()->size(), 0u);
 }
 
+// The store id is written only where none is (If-None-Match: *, answered 412 when one is there).
+TEST_F(S3BlobStoreTest, TheStoreIdIsCreatedOnce) {
+  auto store = open();
+  ASSERT_TRUE(store);
+  auto none = store->read_store_id();
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_FALSE(none->has_value());
+  ASSERT_TRUE(store->create_store_id("first").ok());
+  auto second = store->create_store_id("second");
+  ASSERT_TRUE(second.ok()) << second.ToString();
+  auto id = store->read_store_id();
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  EXPECT_EQ(id->value_or(""), "first") << "the second create replaced the first's id";
+}
+
 TEST_F(S3BlobStoreTest, SecondPutOfSameHashWritesNothing) {
   auto store = open();
   ASSERT_TRUE(store);

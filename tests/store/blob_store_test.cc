@@ -133,6 +133,22 @@ TEST_F(BlobStoreTest, PackReadsKeepFewFilesOpenAndPackNamesAreChecked) {
   EXPECT_EQ(s.message(), "'../../etc/passwd' is not a pack name");
 }
 
+// The store id is written only where none is (of two catalogs binding new blobs at once, the second
+// reads the first's back); an empty one (a crash between its create and its write) is replaced.
+TEST_F(BlobStoreTest, TheStoreIdIsCreatedOnceAndAnEmptyOneIsReplaced) {
+  auto s = open(posix_io());
+  EXPECT_FALSE(s->read_store_id()->has_value());
+  ASSERT_TRUE(s->create_store_id("first").ok());
+  ASSERT_TRUE(s->create_store_id("second").ok());
+  EXPECT_EQ(s->read_store_id()->value_or(""), "first");
+  std::ofstream(root_ + "/" + kStoreIdName, std::ios::trunc).close();
+  EXPECT_FALSE(s->read_store_id()->has_value()) << "an empty id file is no id";
+  ASSERT_TRUE(s->create_store_id("third").ok());
+  EXPECT_EQ(s->read_store_id()->value_or(""), "third");
+  std::ofstream(root_ + "/" + kStoreIdName, std::ios::trunc) << std::string(5000, 'x');
+  EXPECT_EQ(s->read_store_id().status().code(), Code::kCorruption);
+}
+
 TEST_F(BlobStoreTest, SecondPutOfSameHashWritesNothing) {
   auto store = open(posix_io());
   ChunkHash h = ChunkHash::of(bytes_of("raw"));

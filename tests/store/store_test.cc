@@ -156,7 +156,7 @@ TEST(Store, ACatalogOverAnotherStoresBlobsSavesAndDeletesNothing) {
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     auto g = (*m)->gc(/*wait=*/true);
     ASSERT_EQ(g.status().code(), Code::kMismatch);
-    EXPECT_NE(g.status().message().find("is store "), std::string::npos) << g.status().ToString();
+    EXPECT_NE(g.status().message().find(" has id "), std::string::npos) << g.status().ToString();
   }
   EXPECT_EQ(packs(), 1u);
   VectorSink out;
@@ -180,6 +180,30 @@ TEST(Store, TheBlobsTakeTheCatalogsIdAndADamagedIdIsRefused) {
   auto gc = t.store->gc(/*wait=*/true);
   ASSERT_TRUE(gc.ok()) << gc.status().ToString();
   EXPECT_EQ(slurp(id_file), id) << "the catalog's id, written again";
+
+  // A hand-written copy (capitals, a newline) is the same id.
+  std::string upper(reinterpret_cast<const char*>(id.data()), id.size());
+  for (char& c : upper) c = char(std::toupper(static_cast<unsigned char>(c)));
+  std::ofstream(id_file, std::ios::trunc) << upper << "\n";
+  ASSERT_TRUE(t.store->gc(/*wait=*/true).ok());
+
+  // Blobs from before store ids under a new, empty catalog: refused, not given its id.
+  fs::remove(id_file);
+  {
+    const fs::path other = t.root.string() + "-empty";
+    StoreLocation fresh = directory_store(other.string());
+    fresh.blobs = t.root.string();
+    auto s = Store::open(posix_io(), fresh);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    auto gc2 = (*s)->gc(/*wait=*/true);
+    ASSERT_EQ(gc2.status().code(), Code::kMismatch) << (gc2.ok() ? "gc ran" : gc2.status().ToString());
+    EXPECT_NE(gc2.status().message().find("names none of them"), std::string::npos) << gc2.status().ToString();
+    EXPECT_FALSE(fs::exists(id_file)) << "the new catalog's id was given to the blobs";
+    s->reset();
+    fs::remove_all(other);
+  }
+  ASSERT_TRUE(t.store->gc(/*wait=*/true).ok()) << "the store's own catalog names them";
+  EXPECT_EQ(slurp(id_file), id);
 
   std::ofstream(id_file, std::ios::trunc) << "not an id";
   t.store.reset();
