@@ -23,6 +23,15 @@ namespace kvsnap {
 namespace {
 
 // Whether any K or V layer of `s` is of a quantized type (the ones llama.cpp rotates).
+// An old-format file (ggsq < 3, ggsn < 10) whose conversion is in the current format, which has
+// a place for the M-RoPE cell extra that the old one does not.
+bool adds_cell_extra_slot(const StateFile& src, const StateFile& target) {
+  auto old = [](const StateFile& s) {
+    return (s.kind == StateKind::kSeqFile && s.version < 3) || (s.kind == StateKind::kSessionFile && s.version < 10);
+  };
+  return old(src) && !old(target) && (target.kind == StateKind::kSeqFile || target.kind == StateKind::kSessionFile);
+}
+
 bool holds_quantized_kv(const StateFile& s) {
   for (const KvSection& sec : s.memory.kv)
     for (const KvStream& st : sec.streams)
@@ -227,17 +236,42 @@ class Migrator {
     KV_ASSIGN_OR_RETURN(e.req, make_request(spec, e.src, o_.model, path, nullptr, e.file.get()));
     KV_ASSIGN_OR_RETURN(e.target, plan_target(e.src, e.req));
     r.to = describe_state(e.target);
-    if (same_layout(e.src, e.target)) {
-      // The values change, the header does not: a converted file would look like an original to
-      // the next run, which would rotate it again (a silently wrong cache). Not done in place.
+    if (!o_.model && adds_cell_extra_slot(e.src, e.target)) {
+      // `kvsnap convert` notes the assumption and keeps the original; in place it would be gone.
+      return Status::Ambiguous(
+          path + ": upgrading it to the v0.5.0 format needs the model: v0.5.0 files of an M-RoPE model (Qwen2-VL, "
+                 "Qwen2.5-VL, ...) hold a cell extra this file lacks, and kvsnap cannot tell from the file whether the "
+                 "model is one; pass {--model GGUF} (an M-RoPE model's files are then refused: keep their format with "
+                 "{--format} ggsq-v2)");
+    }
+    const bool same = same_layout(e.src, e.target);
+    // A current-format output is read as rotated by any later run (above), whatever the flags.
+    const bool header_proves_rotation = era_of_file(e.target, std::nullopt).rotates == Tri::kYes && e.target.version >= 3;
+    if (same || (e.src.kind == e.target.kind && e.src.version == e.target.version && !header_proves_rotation &&
+                 holds_quantized_kv(e.target))) {
+      // The values change their rotation and the header does not show it (the same format
+      // version): a converted file would look like an original to the next run with the same
+      // flags, which would read its quantized K/V with the originals' rotation (a silently wrong
+      // cache). Not done in place.
       KV_ASSIGN_OR_RETURN(const bool rotates, rotates_values(e.src, e.target, e.req));
-      if (rotates) {
+      if (rotates && same) {
         return Status::NotSupported(
             path + ": its quantized K/V must be Hadamard-rotated (or un-rotated) for the target, but the converted "
                    "file would have the same header (format, types, layout) as this one, so a later or interrupted "
                    "migrate could not tell them apart and would rotate it again. migrate converts in place only what "
                    "the header shows; convert this file with `kvsnap convert` into another directory, then move it in");
       }
+      if (rotates) {
+        return Status::NotSupported(
+            path + ": the converted file would hold quantized K/V " +
+            (e.req.dst_rotates.value_or(false) ? "rotated" : "not rotated") + " in the same format version as this one (v" +
+            std::to_string(e.src.version) + "), whose header does not show the rotation, so a later or "
+            "interrupted migrate with the same {--source-build}/{--src-rotation} would read it as an original and "
+            "decode it wrongly. migrate converts in place only what the header shows; convert this file with `kvsnap "
+            "convert` into another directory, then move it in");
+      }
+    }
+    if (same) {
       KV_ASSIGN_OR_RETURN(const bool at_target, converts_to_itself(e));
       if (at_target) {
         r.action = FileAction::kAtTarget;

@@ -222,7 +222,7 @@ void setup_migrate(CLI::App& app, int& exit_status) {
       "target and files that are not llama.cpp states are left alone. When a file fails, the others are still\n"
       "converted and the exit status is the first failed file's (3 damaged, 5 wrong model, 6 rotation unknown, ...).\n"
       "\nExamples:\n"
-      "  kvsnap migrate /srv/slots --dry-run                       # what an upgrade to the current format does\n"
+      "  kvsnap migrate /srv/slots -m model.gguf --dry-run         # what an upgrade to the current format does\n"
       "  kvsnap migrate /srv/slots --ctk q8_0 --ctv q8_0 -m model.gguf   # before restarting with -ctk q8_0\n"
       "  kvsnap migrate --server local --dry-run   # for the upgraded server of profile 'local': its /props build,\n"
       "                                            # the profile's slot dir, types and model\n");

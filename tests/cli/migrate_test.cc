@@ -198,6 +198,47 @@ TEST(Migrate, RefusesWhatOnlyRotatesValuesUnderTheSameHeader) {
   }
 }
 
+// f16 files of b8121 for b8700 at q8_0: the output is ggsq v2 like the originals, its q8_0 rotated,
+// which b8121's q8_0 is not. A rerun with the same --source-build (a resumed run, or one to other
+// types) would read it as b8121 wrote it and decode it unrotated: a silently wrong cache. So
+// migrate refuses it in place (exit 4, the file untouched); `kvsnap convert` into another file does it.
+TEST(Migrate, RefusesARotatedOutputWhoseHeaderLooksLikeAnOriginal) {
+  TempDir t;
+  const fs::path dir = slots_with(t, {{"b8121/hd64-f16-f16-faon.slot", "f.slot"}});
+  const std::string before = slurp(dir / "f.slot");
+  const std::string args = "--source-build b8121 --target-build b8700 --ctk q8_0 --ctv q8_0 --model " + kModel;
+  const std::string converted = expected_conversion(fixture("b8121/hd64-f16-f16-faon.slot"), t.path, args);
+  ASSERT_FALSE(converted.empty()) << "kvsnap convert does it into another file";
+  const std::string err = (t.path / "err.txt").string();
+  EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " " + args + " >/dev/null 2>" + err), 4)
+      << slurp(err);
+  EXPECT_NE(slurp(err).find("whose header does not show the rotation"), std::string::npos) << slurp(err);
+  EXPECT_EQ(slurp(dir / "f.slot"), before) << "converted in place";
+  // To a build that does not rotate, the same conversion is what the header shows: done.
+  ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() +
+               " --source-build b8121 --target-build b8121 --ctk q8_0 --ctv q8_0 --model " + kModel + " >/dev/null"),
+            0);
+  EXPECT_NE(slurp(dir / "f.slot"), before);
+}
+
+// An old-format file upgraded in place without --model: v0.5.0 files of an M-RoPE model hold a
+// cell extra the old file lacks, and nothing in the file says whether the model is one, so the
+// upgrade is refused (exit 6, the file untouched; `kvsnap convert` notes the assumption instead).
+TEST(Migrate, AnUpgradeWithoutTheModelIsRefused) {
+  TempDir t;
+  const fs::path dir = slots_with(t, {{"b8121/hd64-f16-f16-faon.slot", "f.slot"}});
+  const std::string before = slurp(dir / "f.slot");
+  const std::string err = (t.path / "err.txt").string();
+  for (const std::string extra : {" --dry-run", ""}) {
+    EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + extra + " >/dev/null 2>" + err), 6) << extra;
+    EXPECT_NE(slurp(err).find("needs the model"), std::string::npos) << slurp(err);
+    EXPECT_NE(slurp(err).find("--model GGUF"), std::string::npos) << slurp(err);
+    EXPECT_EQ(slurp(dir / "f.slot"), before) << extra;
+  }
+  ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " --model " + kModel + " >/dev/null"), 0);
+  EXPECT_NE(slurp(dir / "f.slot"), before) << "with the model the upgrade is done";
+}
+
 // A slot file a killed `kvsnap save --server` left behind (its name: server_flows.cc's
 // fresh_name, a temporary of a process that is gone) is removed, never converted as a slot; a
 // temporary of a live process is left alone.

@@ -91,11 +91,13 @@ def main():
         mig = os.path.join(work, "migrate")
         os.makedirs(mig, exist_ok=True)
         shutil.copy(os.path.join(fixtures, "b8121", "hd64-f16-f16-faon.slot"), mig)
-        p = kvsnap([k, "migrate", mig, "--server", src.url, "--dry-run", "--json"], env)
+        # (an upgrade in place needs the model: an M-RoPE model's files would lack their cell extra)
+        p = kvsnap([k, "migrate", mig, "--server", src.url, "--model", model, "--dry-run", "--json"], env)
         m = json.loads(p.stdout)
         check(m["server"]["target_build"] is None and build["reported"] in m["server"]["note"]
               and m["converted"] == 1, f"migrate --server: {m['server']}, {m['converted']} to convert")
-        p = kvsnap([k, "migrate", mig, "--server", src.url, "--target-build", "b8121", "--dry-run", "--json"], env)
+        p = kvsnap([k, "migrate", mig, "--server", src.url, "--target-build", "b8121", "--model", model, "--dry-run",
+                    "--json"], env)
         m = json.loads(p.stdout)
         check(m["server"]["target_build"] == "b8121" and m["at_target"] == 1,
               f"migrate --server --target-build b8121 leaves a b8121 file alone: {m['server']}")
