@@ -449,6 +449,11 @@ class SnapshotReader {
   std::unique_ptr<Impl> impl_;
 };
 
+// Whether `head` (a file's first bytes, at least kSnapshotMagicBytes of them) starts as a
+// standalone .kvsnap file does: its magic only, nothing else checked.
+inline constexpr size_t kSnapshotMagicBytes = 8;
+bool starts_like_snapshot_file(std::span<const std::byte> head);
+
 // A standalone file; `file` must outlive the reader. Checks the preamble,
 // trailer (truncation), the manifest's hash and the manifest itself. An encrypted file (version
 // 2) needs opts.cipher to open its sealed manifest; without it, after the structure, digest and

@@ -648,6 +648,11 @@ std::vector<uint64_t> SnapshotReader::block_bounds(uint64_t target) const {
 
 std::string SnapshotReader::describe_chunk(uint64_t index) const { return impl_->describe(index); }
 
+bool starts_like_snapshot_file(std::span<const std::byte> head) {
+  static_assert(kFileMagic.size() == kSnapshotMagicBytes);
+  return head.size() >= kFileMagic.size() && std::memcmp(head.data(), kFileMagic.data(), kFileMagic.size()) == 0;
+}
+
 SnapshotReader::CacheStats SnapshotReader::cache_stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->stats;

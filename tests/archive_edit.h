@@ -35,6 +35,18 @@ inline Result<ArchiveEntries> archive_entries(const std::string& path) {
   return c.out;
 }
 
+// Writes `entries` as the archive at `path` (an export edited in memory).
+inline Status write_archive_entries(const std::string& path, const ArchiveEntries& entries) {
+  std::vector<MemoryFile> files;
+  files.reserve(entries.size());  // ExportEntry keeps pointers to them
+  std::vector<ExportEntry> out;
+  for (const auto& [name, bytes] : entries) {
+    files.emplace_back(name, std::as_bytes(std::span<const char>(bytes)));
+    out.push_back(ExportEntry::FromFile(name, files.back()));
+  }
+  return export_archive(posix_io(), path, out);
+}
+
 // Writes the archive at `path` again with its index (kvsnap-export.json, the first entry) changed
 // by `edit`; the other entries as they were.
 inline Status edit_export_index(const std::string& path, const std::function<void(nlohmann::json&)>& edit) {
@@ -43,14 +55,7 @@ inline Status edit_export_index(const std::string& path, const std::function<voi
   nlohmann::json index = nlohmann::json::parse(e.front().second);
   edit(index);
   e.front().second = index.dump(2);
-  std::vector<MemoryFile> files;
-  files.reserve(e.size());  // ExportEntry keeps pointers to them
-  std::vector<ExportEntry> out;
-  for (const auto& [name, bytes] : e) {
-    files.emplace_back(name, std::as_bytes(std::span<const char>(bytes)));
-    out.push_back(ExportEntry::FromFile(name, files.back()));
-  }
-  return export_archive(posix_io(), path, out);
+  return write_archive_entries(path, e);
 }
 
 }  // namespace kvsnap::test

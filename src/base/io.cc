@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -238,6 +239,11 @@ class PosixIo final : public Io {
     if (ec) return Status::IOError(dir + ": cannot create directory: " + ec.message());
     return Status::OK();
   }
+  Result<std::optional<uint64_t>> free_bytes(const std::string& dir) override {
+    struct statvfs v {};
+    if (::statvfs(dir.c_str(), &v) != 0) return errno_status("statvfs", dir, errno);
+    return std::optional<uint64_t>(uint64_t(v.f_bavail) * uint64_t(v.f_frsize));
+  }
   Result<FileStamp> stamp(const std::string& path) override {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) return errno_status("stat", path, errno);
@@ -315,6 +321,8 @@ Result<std::unique_ptr<FileLock>> Io::lock_file(const std::string& path, LockMod
 Result<std::unique_ptr<FileLock>> Io::lock_dir(const std::string& dir) {
   return Status::NotSupported(dir + ": this Io has no directory locks");
 }
+
+Result<std::optional<uint64_t>> Io::free_bytes(const std::string&) { return std::optional<uint64_t>(); }
 
 Result<FileStamp> Io::stamp(const std::string& path) { return Status::NotSupported(path + ": this Io has no file stamps"); }
 

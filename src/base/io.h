@@ -215,6 +215,9 @@ class Io {
   // nor block. Something else there is an OpenedRegular without a file, not an error. The default
   // (an Io without links or special files, e.g. memory): open_read and stamp.
   virtual Result<OpenedRegular> open_regular(const std::string& path);
+  // Bytes this user may still write on the file system that holds `dir` (POSIX: statvfs's
+  // f_bavail * f_frsize); nullopt when the Io cannot tell (the default).
+  virtual Result<std::optional<uint64_t>> free_bytes(const std::string& dir);
 };
 
 // The process-wide real file system.

@@ -110,6 +110,7 @@ class CountingIo final : public Io {
   }
   Status rename(const std::string& from, const std::string& to) override { return base().rename(from, to); }
   Result<FileStamp> stamp(const std::string& path) override { return base().stamp(path); }
+  Result<std::optional<uint64_t>> free_bytes(const std::string& dir) override { return base().free_bytes(dir); }
   Status remove(const std::string& path) override { return base().remove(path); }
   Status sync_dir(const std::string& dir) override { return base().sync_dir(dir); }
   Result<bool> exists(const std::string& path) override { return base().exists(path); }

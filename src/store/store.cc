@@ -787,6 +787,10 @@ Result<nlohmann::json> index_entry(const SnapshotInfo& s, const Sha256Digest& or
 }
 
 // Receives an archive: the index in memory (small), each .kvsnap into a temporary file.
+// What an import leaves free on the disk of <store>/tmp beside an entry it unpacks (the catalog's
+// commits and other saves share that disk).
+constexpr uint64_t kImportHeadroomBytes = uint64_t{64} << 20;
+
 class ImportVisitor final : public ArchiveVisitor {
  public:
   ImportVisitor(Io& io, const StorePaths& paths, const std::string& archive) : io_(io), paths_(paths), archive_(archive) {}
@@ -800,9 +804,19 @@ class ImportVisitor final : public ArchiveVisitor {
       in_index_ = true;
       return Status::OK();
     }
+    entry_ = archive_ + ": entry " + std::to_string(e.index) + " '" + e.name + "'";
     if (e.name.size() < 8 || e.name.substr(e.name.size() - 7) != ".kvsnap")
-      return Status::NotSupported(archive_ + ": entry " + std::to_string(e.index) + " '" + e.name +
-                                  "' is not a .kvsnap snapshot; is this a kvsnap export?");
+      return Status::NotSupported(entry_ + " is not a .kvsnap snapshot; is this a kvsnap export?");
+    // Every entry lands in tmp/ before any is checked: one that cannot fit is refused before a
+    // byte is written, not once it has filled the disk the store's catalog and saves share.
+    auto measured = io_.free_bytes(paths_.tmp_dir());  // an error (a FUSE mount): unknown, not checked
+    const std::optional<uint64_t> free = measured.ok() ? *measured : std::nullopt;
+    if (free && e.size + kImportHeadroomBytes > *free)
+      return Status::IOError(entry_ + " is " + std::to_string(e.size) + " bytes, and " + paths_.tmp_dir() + " has " +
+                             std::to_string(*free) + " bytes free (the import keeps " +
+                             std::to_string(kImportHeadroomBytes >> 20) + " MiB beside it): free space or import it "
+                             "into a store on another disk");
+    head_.clear();
     const std::string tmp = temp_name(paths_, "import");
     // As write_temp's: an entry of a decrypted export is plaintext.
     KV_ASSIGN_OR_RETURN(out_, io_.create_owner_only(tmp));
@@ -814,6 +828,12 @@ class ImportVisitor final : public ArchiveVisitor {
       index_text.append(reinterpret_cast<const char*>(piece.data()), piece.size());
       return Status::OK();
     }
+    if (head_.size() < kSnapshotMagicBytes) {  // a .kvsnap file's magic, before the rest is written
+      const size_t n = std::min(piece.size(), kSnapshotMagicBytes - head_.size());
+      head_.insert(head_.end(), piece.begin(), piece.begin() + n);
+      if (head_.size() == kSnapshotMagicBytes && !starts_like_snapshot_file(head_))
+        return Status::Corruption(entry_ + " does not start as a .kvsnap file does");
+    }
     return out_->append(piece);
   }
   Status end_entry() override {
@@ -821,6 +841,7 @@ class ImportVisitor final : public ArchiveVisitor {
       in_index_ = false;
       return Status::OK();
     }
+    if (head_.size() < kSnapshotMagicBytes) return Status::Corruption(entry_ + " is too short for a .kvsnap file");
     Status s = out_->close();
     out_.reset();
     return s;
@@ -833,6 +854,8 @@ class ImportVisitor final : public ArchiveVisitor {
   const StorePaths& paths_;
   std::string archive_;
   bool in_index_ = false;
+  std::string entry_;              // the entry being received, for messages
+  std::vector<std::byte> head_;    // its first bytes (the magic)
   std::unique_ptr<WritableFile> out_;
 };
 
@@ -898,8 +921,32 @@ Result<std::vector<ExportIndexEntry>> parse_export_index(std::string_view text, 
   if (text.empty()) return Status::Corruption(doc + ": missing or empty; not a kvsnap export");
   KV_ASSIGN_OR_RETURN(nlohmann::json index, parse_json(text, doc));
   const JsonRef root(index, doc);
+  KV_ASSIGN_OR_RETURN(int64_t v, root.integer_or("kvsnap_export", 1));  // every export names it; hand-made ones may not
+  if (v != 1)
+    return Status::NotSupported(doc + ": export format version " + std::to_string(v) +
+                                ", and this kvsnap reads version 1: import it with a newer kvsnap");
   KV_ASSIGN_OR_RETURN(JsonRef snapshots, root.at("snapshots"));
-  return snapshots.elements_as<ExportIndexEntry>(index_entry_of);
+  KV_ASSIGN_OR_RETURN(std::vector<ExportIndexEntry> entries, snapshots.elements_as<ExportIndexEntry>(index_entry_of));
+  // One row per file and per uuid: a second would silently replace the first's labels.
+  std::set<std::string> files, uuids;
+  for (ExportIndexEntry& e : entries) {
+    if (!files.insert(e.file).second) return Status::Corruption(doc + ": " + e.file + " is listed twice");
+    // (An entry without a uuid is imported under a new one.)
+    if (!e.uuid.empty() && !uuids.insert(e.uuid).second)
+      return Status::Corruption(doc + ": uuid " + e.uuid + " is listed twice");
+    if (!e.created.empty()) {
+      // ISO 8601 UTC as kvsnap writes it; whole seconds (an older kvsnap's, a hand-made index) get
+      // ".000", so that every creation time sorts as eviction compares them.
+      if (e.created.size() == 20 && e.created.back() == 'Z') e.created.insert(19, ".000");
+      auto checked = add_seconds(e.created, 0);
+      // A day of clock skew between the exporting host and this one is taken.
+      const auto latest = add_seconds(utc_now_iso8601(), 24 * 3600);
+      if (!checked.ok() || *checked != e.created || (latest.ok() && e.created > *latest))
+        return Status::Corruption(doc + ": " + e.file + ": created '" + e.created +
+                                  "' is not a past UTC time as kvsnap writes it (eviction orders by it)");
+    }
+  }
+  return entries;
 }
 
 Status Store::export_to(const std::vector<std::string>& refs, const std::string& path, bool decrypt) {
@@ -914,8 +961,10 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
   KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLockHold> hold, blobs_->hold_for_read());
   BlobSource source(*blobs_);
   nlohmann::json index = {{"kvsnap_export", 1}, {"snapshots", nlohmann::json::array()}};
+  std::set<int64_t> exported;
   for (const auto& ref : refs) {
     KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
+    if (!exported.insert(id).second) continue;  // named twice (an id and a name of one snapshot): once
     KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
     if (decrypt && rec.info.tenant) {
       KV_ASSIGN_OR_RETURN(auto opened, open_snapshot_held(std::to_string(id), nullptr));
@@ -983,11 +1032,11 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
   // Held from before the archive's entries land in tmp/ until the last is stored: a gc deletes
   // every temporary it finds, so one that ran meanwhile took the import's files from under it. The
   // entries' write batches borrow this hold (SaveRequest::under_hold): one hold per thread.
+  KV_RETURN_IF_ERROR(check_save_keys());  // a plain import into an encrypted store, the old key mid-rotation
   KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLockHold> hold, blobs_->hold_for_read());
   ImportVisitor v(io_, paths_, path);
   KV_RETURN_IF_ERROR(import_archive(io_, path, v));  // any error: everything received is discarded
   KV_ASSIGN_OR_RETURN(std::vector<ExportIndexEntry> index, parse_export_index(v.index_text, path));
-  KV_RETURN_IF_ERROR(check_save_keys());  // a plain import into an encrypted store, the old key mid-rotation
   // Whether the store holds a snapshot of this uuid (not one a name or an id resolves to).
   auto has_uuid = [this](const std::string& uuid) {
     auto id = catalog_->resolve(uuid);
@@ -1001,11 +1050,12 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     std::unique_ptr<ReadableFile> file;
     std::unique_ptr<SnapshotReader> reader;
   };
+  std::map<std::string, const ExportIndexEntry*> by_file;
+  for (const ExportIndexEntry& e : index) by_file[e.file] = &e;
   auto check_entry = [&](const std::string& entry, const std::string& tmp) -> Result<Checked> {
-    const ExportIndexEntry* listed = nullptr;
-    for (const ExportIndexEntry& e : index)
-      if (e.file == entry) listed = &e;
-    if (!listed) return Status::Corruption(path + ": " + entry + " is not in the export's index");
+    auto found = by_file.find(entry);
+    if (found == by_file.end()) return Status::Corruption(path + ": " + entry + " is not in the export's index");
+    const ExportIndexEntry* listed = found->second;
     Checked c;
     KV_ASSIGN_OR_RETURN(c.file, io_.open_read(tmp));
     SnapshotReadOptions ro;
@@ -1024,19 +1074,35 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     }
     if (!c.meta.sealed_metadata.empty())
       KV_RETURN_IF_ERROR(open_labels(c.meta, source_cipher, c.reader->manifest().content_digest, path + ": " + entry));
+    // The index's fingerprint picks which model's prefix lookups find it (kvsnap serve): it must be
+    // the one the snapshot recorded, when it recorded one.
+    const auto& model = c.reader->manifest().model;
+    if (!c.meta.model_fingerprint.empty() && model && !model->gguf_fingerprint.empty() &&
+        c.meta.model_fingerprint != model->gguf_fingerprint)
+      return Status::Corruption(path + ": " + entry + ": the index says model " + c.meta.model_fingerprint +
+                                ", and the snapshot records model " + model->gguf_fingerprint);
     return c;
   };
   // An index entry without its file: the archive lost a snapshot it says it holds.
-  for (const ExportIndexEntry& e : index) {
-    const bool received = std::any_of(v.files.begin(), v.files.end(), [&](const auto& f) { return f.first == e.file; });
-    if (!received) return Status::Corruption(path + ": its index lists " + e.file + ", which the archive does not hold");
-  }
+  std::set<std::string> received;
+  for (const auto& f : v.files) received.insert(f.first);
+  for (const ExportIndexEntry& e : index)
+    if (!received.count(e.file))
+      return Status::Corruption(path + ": its index lists " + e.file + ", which the archive does not hold");
   // Every entry is checked before any is stored: a damaged one fails the import with nothing of
   // the archive in the store (its readers are opened again below, not kept: each holds a cache).
   for (const auto& [entry, tmp] : v.files) {
     KV_ASSIGN_OR_RETURN(Checked c, check_entry(entry, tmp));
     if (Status s = check_snapshot_labels(c.meta.name, c.meta.tags); !s.ok())
       return Status::Corruption(path + ": " + entry + ": " + s.message());
+    // A control character (ESC, CR) in a label would rewrite the terminal of whoever lists the
+    // store; a tab (which an HTTP header, kvsnap serve's session name, may hold) is taken.
+    auto control = [](const std::string& t) {
+      return std::any_of(t.begin(), t.end(), [](char ch) { return ((unsigned char)ch < 0x20 && ch != '\t') || ch == 0x7f; });
+    };
+    bool labels_ok = !(c.meta.name && control(*c.meta.name));
+    for (const auto& [k, tv] : c.meta.tags) labels_ok = labels_ok && !control(k) && !control(tv);
+    if (!labels_ok) return Status::Corruption(path + ": " + entry + ": a name or tag holds control characters");
     KV_RETURN_IF_ERROR(c.reader->verify_chunks().Prefixed(path + ": " + entry));
     KV_RETURN_IF_ERROR(c.reader->verify_original().Prefixed(path + ": " + entry));
     if (!c.reader->manifest().mlx) {

@@ -154,6 +154,12 @@ class FaultInjectingIo final : public Io {
     return base_.lock_dir(dir);
   }
   Result<FileStamp> stamp(const std::string& path) override { return base_.stamp(path); }
+  Result<std::optional<uint64_t>> free_bytes(const std::string& dir) override {
+    if (free_bytes_) return free_bytes_;
+    return base_.free_bytes(dir);
+  }
+  // What free_bytes() says from now on (a nearly full disk).
+  void report_free_bytes(uint64_t n) { free_bytes_ = n; }
   Result<OpenedRegular> open_regular(const std::string& path) override;
 
  private:
@@ -176,6 +182,7 @@ class FaultInjectingIo final : public Io {
   }
 
   Io& base_;
+  std::optional<uint64_t> free_bytes_;
   mutable std::mutex mu_;
   std::map<FaultOp, int> count_;
   std::vector<Fault> faults_;

@@ -915,14 +915,7 @@ TEST(Store, ImportOfAnArchiveWithOneDamagedEntryStoresNone) {
   ASSERT_EQ(entries->size(), 3u);  // the index, then the two snapshots in the order asked
   std::string& second = (*entries)[2].second;
   second[second.size() / 2] ^= 0x40;  // inside a chunk's blob
-  std::vector<MemoryFile> files;
-  files.reserve(entries->size());
-  std::vector<ExportEntry> out;
-  for (const auto& [name, bytes] : *entries) {
-    files.emplace_back(name, std::as_bytes(std::span<const char>(bytes)));
-    out.push_back(ExportEntry::FromFile(name, files.back()));
-  }
-  ASSERT_TRUE(export_archive(posix_io(), ex.string(), out).ok());
+  ASSERT_TRUE(test::write_archive_entries(ex.string(), *entries).ok());
   auto r = b.store->import_from(ex.string());
   fs::remove(ex);
   ASSERT_FALSE(r.ok()) << "a damaged entry imported";
@@ -957,6 +950,7 @@ TEST(Store, ImportOfAnArchiveMissingAListedFileStoresNone) {
   Status edited = test::edit_export_index(ex.string(), [](nlohmann::json& j) {
     nlohmann::json lost = j["snapshots"][1];
     lost["file"] = "snapshots/lost.kvsnap";
+    lost["uuid"] = new_snapshot_uuid();
     j["snapshots"].push_back(lost);
   });
   ASSERT_TRUE(edited.ok()) << edited.ToString();
@@ -967,6 +961,82 @@ TEST(Store, ImportOfAnArchiveMissingAListedFileStoresNone) {
   EXPECT_NE(r.status().message().find("snapshots/lost.kvsnap, which the archive does not hold"), std::string::npos)
       << r.status().ToString();
   EXPECT_TRUE(b.store->catalog().list()->empty());
+}
+
+// A review's findings: an index that lists a file or uuid twice (the last row's labels won), gives
+// a creation time in the future (eviction orders by it: never evicted), a fingerprint other than
+// the one the snapshot recorded, a name with control characters, or a newer export version; each is
+// refused by name and nothing is stored.
+TEST(Store, ImportRefusesAnIndexThatContradictsItself) {
+  TempStore a;
+  auto model = load_model_info(posix_io(), (fixtures() / "models/tiny-hd64.gguf").string());
+  ASSERT_TRUE(model.ok());
+  Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faoff.slot", &*model);
+  SaveRequest req;
+  req.name = "first";
+  req.model = &*model;
+  ASSERT_TRUE(a.store->save(*l.file, l.state, req).ok());
+  const fs::path ex = a.root.parent_path() / ("export5-" + std::to_string(::getpid()) + ".tar.zst");
+  struct Case {
+    const char* what;
+    std::function<void(nlohmann::json&)> edit;
+    Code code;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"twice", [](nlohmann::json& j) { j["snapshots"].push_back(j["snapshots"][0]); }, Code::kCorruption,
+       "is listed twice"},
+      {"future", [](nlohmann::json& j) { j["snapshots"][0]["created"] = "9999-12-31T00:00:00.000Z"; },
+       Code::kCorruption, "is not a past UTC time"},
+      {"not a time", [](nlohmann::json& j) { j["snapshots"][0]["created"] = "~"; }, Code::kCorruption,
+       "is not a past UTC time"},
+      {"fingerprint", [](nlohmann::json& j) { j["snapshots"][0]["model_fingerprint"] = "sha256:0123"; },
+       Code::kCorruption, "the snapshot records model"},
+      {"control", [](nlohmann::json& j) { j["snapshots"][0]["name"] = "a\x1b[2Jb"; }, Code::kCorruption,
+       "control characters"},
+      {"version", [](nlohmann::json& j) { j["kvsnap_export"] = 2; }, Code::kNotSupported, "version 2"},
+  };
+  for (const Case& c : cases) {
+    ASSERT_TRUE(a.store->export_to({"first", "1"}, ex.string()).ok()) << "one snapshot named twice is exported once";
+    ASSERT_TRUE(test::edit_export_index(ex.string(), c.edit).ok()) << c.what;
+    TempStore b;
+    auto r = b.store->import_from(ex.string());
+    ASSERT_FALSE(r.ok()) << c.what;
+    EXPECT_EQ(r.status().code(), c.code) << c.what << ": " << r.status().ToString();
+    EXPECT_NE(r.status().message().find(c.says), std::string::npos) << c.what << ": " << r.status().ToString();
+    EXPECT_TRUE(b.store->catalog().list()->empty()) << c.what;
+  }
+  fs::remove(ex);
+}
+
+// An entry is refused before it fills the disk: one larger than the free space of <store>/tmp (less
+// 64 MiB), and one that does not start as a .kvsnap file, at its first bytes.
+TEST(Store, ImportRefusesAnEntryThatCannotFitOrIsNoSnapshot) {
+  TempStore a;
+  const fs::path ex = a.root.parent_path() / ("export6-" + std::to_string(::getpid()) + ".tar.zst");
+  ASSERT_NO_FATAL_FAILURE(export_first_and_second(a, ex));
+  FaultInjectingIo io(posix_io());
+  io.report_free_bytes(uint64_t{64} << 20);
+  {
+    TempStore b(io);
+    auto r = b.store->import_from(ex.string());
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kIOError) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("bytes free"), std::string::npos) << r.status().ToString();
+    EXPECT_TRUE(fs::is_empty(b.root / "tmp")) << "the import left a temporary";
+  }
+  auto entries = test::archive_entries(ex.string());
+  ASSERT_TRUE(entries.ok());
+  (*entries)[1].second.assign(1 << 20, '\0');  // a megabyte of zeros where a snapshot was
+  ASSERT_TRUE(test::write_archive_entries(ex.string(), *entries).ok());
+  TempStore c;
+  auto r = c.store->import_from(ex.string());
+  fs::remove(ex);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kCorruption) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("does not start as a .kvsnap file does"), std::string::npos)
+      << r.status().ToString();
+  EXPECT_TRUE(c.store->catalog().list()->empty());
 }
 
 }  // namespace
