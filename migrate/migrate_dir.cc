@@ -138,6 +138,13 @@ std::optional<long> temp_pid(const std::string& name) {
   if (end == digits || end >= name.size() || name[end] != '-') return std::nullopt;
   const long pid = std::strtol(name.c_str() + digits, nullptr, 10);
   if (pid <= 0) return std::nullopt;
+  // Then unique_suffix's random number to the end, or to ".bin" (server_flows.h's slot files):
+  // `chat.kvsnap-tmp-123-old.bin` is a user's file, not a temporary.
+  size_t random = end + 1, stop = random;
+  while (stop < name.size() && stop - random < 20 && name[stop] >= '0' && name[stop] <= '9') ++stop;
+  if (stop == random) return std::nullopt;
+  const std::string_view rest = std::string_view(name).substr(stop);
+  if (!rest.empty() && rest != ".bin") return std::nullopt;
   return pid;
 }
 

@@ -273,7 +273,12 @@ extern "C" {
 
 const char* kvsnap_version(void) { return KVSNAP_VERSION; }
 
-const char* kvsnap_status_name(kvsnap_status s) {
+const char* kvsnap_status_name(kvsnap_status status) {
+  // Read as the int a C caller passed (any value is one there): a value outside the enum's range
+  // is no valid load of the enum in C++ (as for the params' input above).
+  int s = 0;
+  static_assert(sizeof s == sizeof status);
+  std::memcpy(&s, &status, sizeof s);
   switch (s) {
     case KVSNAP_OK: return "ok";
     case KVSNAP_ERR_INVALID_ARGUMENT: return "invalid argument";

@@ -296,16 +296,20 @@ TEST(MigrateDir, AFailedDirectorySyncAfterTheRenameIsReportedAsConvertedNotDurab
 TEST(MigrateDir, OnlyKvsnapsOwnTemporaryNamesAreRemovedAsStale) {
   test::TempDir t("kvsnap-migrate-temp-names");
   const fs::path dir = t.path();
-  for (const char* name : {"x.kvsnap-tmp-notapid", ".kvsnap-scratch.kvsnap-tmp-kept", "y.kvsnap-tmp-12abc"})
-    fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", dir / name);
+  // (999999999: no such process; the user's names hold what follows a pid in kvsnap's, but not only)
+  const std::vector<std::string> users = {"x.kvsnap-tmp-notapid", "y.kvsnap-tmp-12abc", "chat.kvsnap-tmp-999999999-old.bin",
+                                          "z.kvsnap-tmp-999999999-12.slot"};
+  for (const std::string& name : users) fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", dir / name);
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", dir / ".kvsnap-scratch.kvsnap-tmp-kept");
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", dir / "kvsnap-save.kvsnap-tmp-999999999-77.bin");
   ForwardingIo io;
   auto sum = migrate_to_f32(io, dir);
   ASSERT_TRUE(sum.ok()) << sum.status().ToString();
-  EXPECT_EQ(sum->stale_temps_removed, 1u);
+  EXPECT_EQ(sum->stale_temps_removed, 2u);
   EXPECT_FALSE(fs::exists(dir / ".kvsnap-scratch.kvsnap-tmp-kept"));
-  ASSERT_TRUE(fs::exists(dir / "x.kvsnap-tmp-notapid")) << "a slot file removed as a stale temporary";
-  ASSERT_TRUE(fs::exists(dir / "y.kvsnap-tmp-12abc")) << "a slot file removed as a stale temporary";
-  EXPECT_EQ(sum->count(FileAction::kConverted), 2u);
+  EXPECT_FALSE(fs::exists(dir / "kvsnap-save.kvsnap-tmp-999999999-77.bin")) << "a dead process's temporary kept";
+  for (const std::string& name : users) ASSERT_TRUE(fs::exists(dir / name)) << name << ": a user's file removed as stale";
+  EXPECT_EQ(sum->count(FileAction::kConverted), users.size());
 }
 
 }  // namespace
