@@ -14,6 +14,7 @@
 #include "server/server_flows.h"
 #include "server/server_profiles.h"
 #include "store/catalog.h"
+#include "store/store_identity.h"
 #include "store/store_location.h"
 
 namespace kvsnap::cli {
@@ -96,6 +97,36 @@ void check_sha256(std::vector<Check>& out) {
   out.push_back({Verdict::kOk, "sha256", in_use + why + "; this CPU runs: " + runs + ")", ""});
 }
 
+// Whether the blobs are this catalog's (store/store_identity.h), read without writing either id.
+void check_store_id(const StoreLocation& where, Catalog& catalog, std::vector<Check>& out) {
+  auto mine = catalog.get_meta(kMetaStoreId);
+  Result<std::optional<std::string>> theirs = std::optional<std::string>();
+  std::string blobs_name = where.blobs;
+  if (where.blob_kind == BlobKind::kLocal) {
+    auto bytes = read_all(cli_io(), where.blobs + "/" + kStoreIdName, kMaxStoreIdBytes);
+    if (bytes.ok()) theirs = std::optional<std::string>(std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
+    else if (bytes.status().code() != Code::kNotFound) theirs = bytes.status();
+  } else if (auto blobs = open_blob_store(cli_io(), where); blobs.ok()) {
+    blobs_name = (*blobs)->describe();
+    theirs = (*blobs)->read_store_id();
+  } else {
+    return;  // reported by check_store
+  }
+  Status s = !mine.ok() ? mine.status() : !theirs.ok() ? theirs.status()
+                                                        : compare_store_ids(catalog.describe(), *mine, blobs_name, *theirs);
+  if (!s.ok()) {
+    out.push_back({Verdict::kFail, "store id", s.ToString(),
+                   "saves and gc refuse this store until the catalog and the blobs belong together"});
+  } else if (mine.ok() && *mine) {
+    out.push_back({Verdict::kOk, "store id",
+                   **mine + (theirs.ok() && *theirs ? " (the catalog's and the blobs')"
+                                                    : " (the catalog's; the next save writes it beside the blobs)"),
+                   ""});
+  } else {
+    out.push_back({Verdict::kOk, "store id", "none yet (the next save gives the store one)", ""});
+  }
+}
+
 // The catalog: opened read-only in effect (a missing SQLite file is not created, an older
 // schema not upgraded, an empty PostgreSQL database given no tables).
 void check_catalog(const StoreLocation& where, std::vector<Check>& out) {
@@ -138,6 +169,7 @@ void check_catalog(const StoreLocation& where, std::vector<Check>& out) {
                  std::to_string(listed.ok() ? listed->size() : 0) + " snapshots, consistent (`kvsnap verify --all` "
                                                                      "re-hashes the chunks too)",
                  ""});
+  check_store_id(where, **catalog, out);
 }
 
 void check_store(const StoreLocation& where, std::vector<Check>& out) {

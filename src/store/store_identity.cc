@@ -19,24 +19,32 @@ std::optional<std::string> as_store_id(std::string s) {
   return ok ? std::optional<std::string>(s) : std::nullopt;
 }
 
-Result<std::optional<std::string>> blobs_id(BlobStore& blobs) {
-  KV_ASSIGN_OR_RETURN(std::optional<std::string> raw, blobs.read_store_id());
+Result<std::optional<std::string>> parse_blobs_id(const std::string& blobs_name, const std::optional<std::string>& raw) {
   if (!raw) return raw;
   std::optional<std::string> id = as_store_id(*raw);
   if (!id)
-    return Status::Corruption(blobs.describe() + "/" + kStoreIdName + " is not a kvsnap store id (a UUID, " +
+    return Status::Corruption(blobs_name + "/" + kStoreIdName + " is not a kvsnap store id (a UUID, " +
                               std::to_string(raw->size()) + " bytes read)");
   return id;
 }
 
-Status another_catalogs(const Catalog& catalog, const BlobStore& blobs, const std::string& theirs,
+Result<std::optional<std::string>> blobs_id(BlobStore& blobs) {
+  KV_ASSIGN_OR_RETURN(std::optional<std::string> raw, blobs.read_store_id());
+  return parse_blobs_id(blobs.describe(), raw);
+}
+
+Status another_catalogs(const std::string& catalog_name, const std::string& blobs_name, const std::string& theirs,
                         const std::optional<std::string>& mine) {
   return Status::Mismatch(
-      "the blobs at " + blobs.describe() + " belong to the store with id " + theirs + ", and the catalog " +
-      catalog.describe() + (mine ? " has id " + *mine : " is a new catalog") +
+      "the blobs at " + blobs_name + " belong to the store with id " + theirs + ", and the catalog " + catalog_name +
+      (mine ? " has id " + *mine : " is a new catalog") +
       ": a save or gc here would delete that store's blobs as garbage. Point the store config's \"catalog\" at the "
       "catalog that holds them; if that catalog is lost for good, remove " + std::string(kStoreIdName) + " from " +
-      blobs.describe() + " (gc then deletes every blob this catalog does not name)");
+      blobs_name + " (gc then deletes every blob this catalog does not name)");
+}
+Status another_catalogs(const Catalog& catalog, const BlobStore& blobs, const std::string& theirs,
+                        const std::optional<std::string>& mine) {
+  return another_catalogs(catalog.describe(), blobs.describe(), theirs, mine);
 }
 
 // A store from before store ids whose catalog names no chunk while its blobs hold some: a lost
@@ -61,6 +69,13 @@ Status refuse_unnamed_blobs(Catalog& catalog, BlobStore& blobs) {
 }
 
 }  // namespace
+
+Status compare_store_ids(const std::string& catalog_name, const std::optional<std::string>& catalog_id,
+                         const std::string& blobs_name, const std::optional<std::string>& blobs_raw) {
+  KV_ASSIGN_OR_RETURN(std::optional<std::string> theirs, parse_blobs_id(blobs_name, blobs_raw));
+  if (!theirs || (catalog_id && *catalog_id == *theirs)) return Status::OK();
+  return another_catalogs(catalog_name, blobs_name, *theirs, catalog_id);
+}
 
 Status bind_store_identity(Catalog& catalog, BlobStore& blobs) {
   // The blobs' id first: the catalog's is set before it, so a first binding in another process

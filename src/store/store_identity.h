@@ -6,6 +6,9 @@
 // deletes blobs runs until the two agree.
 #pragma once
 
+#include <optional>
+#include <string>
+
 #include "base/status.h"
 #include "store/blob_store.h"
 #include "store/catalog.h"
@@ -21,5 +24,12 @@ namespace kvsnap {
 // the catalog has none (a new catalog over blobs that some catalog's rows name); kCorruption when
 // the blobs' id is not one kvsnap wrote.
 Status bind_store_identity(Catalog& catalog, BlobStore& blobs);
+
+// The comparison bind_store_identity makes, for a reader that writes nothing (kvsnap doctor):
+// `catalog_id` the catalog's store_id setting, `blobs_raw` the blobs' store-id as read (nullopt:
+// none). OK when they agree, or when the next save can give the blobs the catalog's id; otherwise
+// the refusal bind_store_identity would give. The parts are named by `catalog_name`, `blobs_name`.
+Status compare_store_ids(const std::string& catalog_name, const std::optional<std::string>& catalog_id,
+                         const std::string& blobs_name, const std::optional<std::string>& blobs_raw);
 
 }  // namespace kvsnap

@@ -585,6 +585,31 @@ TEST_F(StoreCli, DoctorChecksTheStoreAndEveryProfile) {
   EXPECT_NE(r.out.find("\"failed\": 1"), std::string::npos) << r.out;
 }
 
+// A store config whose catalog is not the one of its blobs: save refuses (exit 5, naming both and
+// the remedy) and writes nothing; doctor says so (FAIL, exit 5) without writing either id, and says
+// the id of a store whose parts agree.
+TEST_F(StoreCli, ACatalogOverAnotherStoresBlobsIsRefusedAndDoctorSaysWhy) {
+  const fs::path a = make_slot("a.slot", 2, 64, 16, 1);
+  ASSERT_EQ(kv("save " + a.string() + " --name a").code, 0);
+  KvRun ok = kv("doctor");
+  EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
+  EXPECT_NE(ok.out.find("ok    store id: "), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("(the catalog's and the blobs')"), std::string::npos) << ok.out;
+  const fs::path other = dir_ / "other";
+  fs::create_directories(other);
+  std::ofstream(other / "store.json") << R"({"blobs": ")" << store_ << R"(", "catalog": ")"
+                                      << (other / "catalog.sqlite").string() << R"("})";
+  const std::string there = " --store " + other.string();
+  KvRun refused = bare("save " + a.string() + there);
+  EXPECT_EQ(refused.code, 5) << refused.err;
+  EXPECT_NE(refused.err.find("belong to the store with id"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("remove store-id from " + store_), std::string::npos) << refused.err;
+  KvRun doctor = bare("doctor" + there);
+  EXPECT_EQ(doctor.code, 5) << doctor.out << doctor.err;
+  EXPECT_NE(doctor.out.find("FAIL  store id: mismatch: the blobs at " + store_), std::string::npos) << doctor.out;
+  EXPECT_EQ(kv("ls --json").out.find("\"id\": 2"), std::string::npos) << "the refused save stored something";
+}
+
 // ... and an older catalog stays as it is: doctor warns that the first save will upgrade it (a
 // review's finding: doctor's open upgraded it, after which older kvsnap builds refused the store).
 TEST_F(StoreCli, DoctorLeavesAnOlderCatalogAsItIs) {
