@@ -21,6 +21,9 @@ namespace kvsnap {
 namespace {
 
 constexpr size_t kStreamTail = 64 << 10;
+// How much of a streamed answer waits for a client that does not read it: past this the child's
+// connection is not read either (as with direct access, the child's own send then waits).
+constexpr size_t kMaxPending = 8 << 20;
 // How long a stream's last event waits for the end of the stream (which llama-server sends right
 // after it) before it goes to the client anyway.
 constexpr auto kLastEventWait = std::chrono::seconds(5);
@@ -83,6 +86,7 @@ struct Upstream {
   std::mutex mu;
   std::condition_variable cv;
   bool have_head = false, done = false, ok = false, cancel = false;
+  bool streamed = false;  // the child's answer has no Content-Length: pending is bounded (kMaxPending)
   int status = 0;
   httplib::Headers headers;
   std::string pending;  // received, not yet passed on
@@ -172,6 +176,7 @@ struct Proxy::Impl {
       if (auto st = w.lock()) {
         std::lock_guard<std::mutex> l(st->mu);
         st->cancel = true;
+        st->cv.notify_all();  // an upstream thread waiting for room in `pending`
         if (st->client) st->client->stop();
       }
     }
@@ -215,11 +220,15 @@ struct Proxy::Impl {
         st->status = r.status;
         st->headers = r.headers;
         st->have_head = true;
+        st->streamed = !r.has_header("Content-Length");
         st->cv.notify_all();
         return !st->cancel;
       };
       up.content_receiver = [st](const char* d, size_t n, uint64_t, uint64_t) {
-        std::lock_guard<std::mutex> l(st->mu);
+        std::unique_lock<std::mutex> l(st->mu);
+        // A sized answer is passed on once whole (bounded by its length); a stream is passed on as it
+        // comes, so a client that stops reading must not have it pile up here without end.
+        if (st->streamed) st->cv.wait(l, [&] { return st->pending.size() < kMaxPending || st->cancel; });
         st->pending.append(d, n);
         st->cv.notify_all();
         return !st->cancel;
@@ -277,6 +286,7 @@ struct Proxy::Impl {
       if (!st.pending.empty()) {
         x.response_body += st.pending;
         st.pending.clear();
+        st.cv.notify_all();  // room for the upstream thread
         trim_stream_tail(x.response_body, kStreamTail);
       }
       if (st.done) break;
@@ -440,6 +450,7 @@ struct Proxy::Impl {
           st->cv.wait(l, [&] { return !st->pending.empty() || st->done; });
           std::string chunk = std::move(st->pending);
           st->pending.clear();
+          st->cv.notify_all();  // room for the upstream thread
           // A client may send its next request on seeing a stream's last event, before the stream's
           // end: that event waits here for the end (llama-server sends it at once), so that
           // on_done (the save this exchange queues) runs before the client can see the event.
@@ -476,6 +487,7 @@ struct Proxy::Impl {
           {
             std::lock_guard<std::mutex> l(st->mu);
             st->cancel = true;  // a no-op once the child has finished
+            st->cv.notify_all();
           }
           st->join();
         });

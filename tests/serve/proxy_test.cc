@@ -679,6 +679,50 @@ TEST(ServeProxy, AMultipartBodyReachesTheChildWhole) {
   EXPECT_EQ(type, "application/json") << "the last request's own type";
 }
 
+// A streaming client that stops reading: the child's stream is held back once 8 MiB wait for the
+// client (kMaxPending), as direct access would hold the child's send back, instead of piling up
+// in kvsnap's memory. The child offers 128 MiB at once; while the client reads nothing, it gets far
+// fewer of them out (the rest is socket buffers); a client that hangs up ends it.
+TEST(ServeProxy, AStreamAClientDoesNotReadIsHeldBackNotPiledUp) {
+  std::atomic<uint64_t> written{0};
+  std::atomic<bool> stop{false};
+  Child child([&](httplib::Server& svr) {
+    svr.Get("/completion", [&](const httplib::Request&, httplib::Response& res) {
+      res.set_chunked_content_provider("text/event-stream", [&](size_t, httplib::DataSink& sink) {
+        const std::string piece(64 << 10, 'x');
+        if (stop || written >= (uint64_t{128} << 20)) {
+          sink.done();
+          return true;
+        }
+        if (!sink.write(piece.data(), piece.size())) return false;
+        written += piece.size();
+        return true;
+      });
+    });
+  });
+  ASSERT_GT(child.port, 0);
+  {
+    const ProxyOptions o = in_front_of(child.port, 2);
+    ServingProxy proxy(o, [](const Exchange&) {});
+    ASSERT_TRUE(proxy.bound);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(uint16_t(o.listen_port));
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    const std::string req = "GET /completion HTTP/1.1\r\nHost: x\r\n\r\n";
+    ASSERT_EQ(::write(fd, req.data(), req.size()), ssize_t(req.size()));
+    std::this_thread::sleep_for(std::chrono::seconds(2));  // reading nothing
+    const uint64_t held = written;
+    EXPECT_LT(held, uint64_t{64} << 20) << "the child's stream went on into kvsnap's memory";
+    EXPECT_GT(held, 0u);
+    ::close(fd);
+    stop = true;
+    proxy.stop();
+  }
+}
+
 // A stop() before the serving thread has started listening (a signal as kvsnap serve starts):
 // run() returns at once. httplib's own stop() does nothing while it is not listening, so before
 // the fix run() then served for good and this test would hang; the second stop() below (by then
