@@ -446,44 +446,60 @@ struct Proxy::Impl {
     res.set_chunked_content_provider(
         ctype,
         [this, st, x](size_t, httplib::DataSink& sink) {
-          std::unique_lock<std::mutex> l(st->mu);
-          st->cv.wait(l, [&] { return !st->pending.empty() || st->done; });
-          std::string chunk = std::move(st->pending);
-          st->pending.clear();
-          st->cv.notify_all();  // room for the upstream thread
-          // A client may send its next request on seeing a stream's last event, before the stream's
-          // end: that event waits here for the end (llama-server sends it at once), so that
-          // on_done (the save this exchange queues) runs before the client can see the event.
-          if (!st->done && ends_a_stream(x->response_body, chunk)) {
-            st->cv.wait_for(l, kLastEventWait, [&] { return st->done; });
-            chunk += st->pending;
+          // An exception (out of memory, a hook's) must not leave httplib's writer: it would end
+          // the process. The client's stream is cut instead.
+          try {
+            std::unique_lock<std::mutex> l(st->mu);
+            st->cv.wait(l, [&] { return !st->pending.empty() || st->done; });
+            std::string chunk = std::move(st->pending);
             st->pending.clear();
-          }
-          const bool done = st->done, whole = st->ok;
-          l.unlock();
-          if (done && !whole) {
-            // Cut off by the child (it died, or the connection broke): the client must not see a
-            // complete stream, and nothing is saved. Closing without the last chunk tells it.
-            if (!chunk.empty()) (void)sink.write(chunk.data(), chunk.size());
+            st->cv.notify_all();  // room for the upstream thread
+            // A client may send its next request on seeing a stream's last event, before the stream's
+            // end: that event waits here for the end (llama-server sends it at once), so that
+            // on_done (the save this exchange queues) runs before the client can see the event.
+            if (!st->done && ends_a_stream(x->response_body, chunk)) {
+              st->cv.wait_for(l, kLastEventWait, [&] { return st->done; });
+              chunk += st->pending;
+              st->pending.clear();
+            }
+            const bool done = st->done, whole = st->ok;
+            l.unlock();
+            if (done && !whole) {
+              // Cut off by the child (it died, or the connection broke): the client must not see a
+              // complete stream, and nothing is saved. Closing without the last chunk tells it.
+              if (!chunk.empty()) (void)sink.write(chunk.data(), chunk.size());
+              return false;
+            }
+            if (!chunk.empty()) {
+              x->response_body += chunk;
+              trim_stream_tail(x->response_body, kStreamTail);
+            }
+            // on_done before the client sees the end: a client that sends its next request at once must
+            // find this exchange's bookkeeping (its queued save) done.
+            if (done) st->handed_on = true;
+            if (done && on_done) on_done(*x);
+            if (!chunk.empty() && !sink.write(chunk.data(), chunk.size())) return false;
+            if (done) sink.done();
+            return true;
+          } catch (...) {
             return false;
           }
-          if (!chunk.empty()) {
-            x->response_body += chunk;
-            trim_stream_tail(x->response_body, kStreamTail);
-          }
-          // on_done before the client sees the end: a client that sends its next request at once must
-          // find this exchange's bookkeeping (its queued save) done.
-          if (done) st->handed_on = true;
-          if (done && on_done) on_done(*x);
-          if (!chunk.empty() && !sink.write(chunk.data(), chunk.size())) return false;
-          if (done) sink.done();
-          return true;
         },
         [this, st, x, ticket, hold = f.hold, resumable = resumable_stream(req)](bool) {
-          if (resumable && !st->handed_on) finish_for_resume(*st, *x);
+          if (resumable && !st->handed_on) {
+            try {
+              finish_for_resume(*st, *x);
+            } catch (...) {  // a releaser runs in a destructor: nothing may leave it
+            }
+          }
           // Not handed on: the client hung up (the child's request is cancelled below, its slot keeps
           // what it had evaluated), the child's stream was cut off, or kvsnap is stopping.
-          if (!st->handed_on && on_given_up) on_given_up(*x);
+          if (!st->handed_on && on_given_up) {
+            try {
+              on_given_up(*x);
+            } catch (...) {  // a releaser runs in a destructor: nothing may leave it
+            }
+          }
           {
             std::lock_guard<std::mutex> l(st->mu);
             st->cancel = true;  // a no-op once the child has finished

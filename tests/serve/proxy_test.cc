@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -721,6 +722,38 @@ TEST(ServeProxy, AStreamAClientDoesNotReadIsHeldBackNotPiledUp) {
     stop = true;
     proxy.stop();
   }
+}
+
+// A hook that throws while a stream is passed on (on_done, from httplib's writer) cuts that stream
+// and nothing else: before, the exception left httplib's writer and ended the process.
+TEST(ServeProxy, AHookThatThrowsDuringAStreamCutsItAndServingGoesOn) {
+  Child child([&](httplib::Server& svr) {
+    svr.Get("/completion", [](const httplib::Request&, httplib::Response& res) {
+      auto step = std::make_shared<int>(0);
+      res.set_chunked_content_provider("text/event-stream", [step](size_t, httplib::DataSink& sink) {
+        if ((*step)++ == 0) {
+          const std::string e = "data: {\"content\":\"\",\"stop\":true,\"id_slot\":0}\n\n";
+          sink.write(e.data(), e.size());
+        } else {
+          sink.done();
+        }
+        return true;
+      });
+    });
+    svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("{}", "application/json"); });
+  });
+  ASSERT_GT(child.port, 0);
+  const ProxyOptions o = in_front_of(child.port, 2);
+  ServingProxy proxy(o, [](const Exchange& x) {
+    if (x.streamed) throw std::runtime_error("a hook failed");
+  });
+  ASSERT_TRUE(proxy.bound);
+  httplib::Client cli("127.0.0.1", o.listen_port);
+  cli.set_read_timeout(10);
+  (void)cli.Get("/completion");  // cut: no promise about what the client saw
+  auto after = cli.Get("/health");
+  ASSERT_TRUE(after) << "kvsnap serve is gone";
+  EXPECT_EQ(after->status, 200);
 }
 
 // A stop() before the serving thread has started listening (a signal as kvsnap serve starts):
