@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <new>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -22,7 +23,6 @@ namespace kvsnap {
 
 namespace {
 
-// Whether any K or V layer of `s` is of a quantized type (the ones llama.cpp rotates).
 // An old-format file (ggsq < 3, ggsn < 10) whose conversion is in the current format, which has
 // a place for the M-RoPE cell extra that the old one does not.
 bool adds_cell_extra_slot(const StateFile& src, const StateFile& target) {
@@ -32,6 +32,7 @@ bool adds_cell_extra_slot(const StateFile& src, const StateFile& target) {
   return old(src) && !old(target) && (target.kind == StateKind::kSeqFile || target.kind == StateKind::kSessionFile);
 }
 
+// Whether any K or V layer of `s` is of a quantized type (the ones llama.cpp rotates).
 bool holds_quantized_kv(const StateFile& s) {
   for (const KvSection& sec : s.memory.kv)
     for (const KvStream& st : sec.streams)
@@ -183,7 +184,15 @@ class Migrator {
     FileOutcome r;
     r.name = name;
     const auto t0 = Clock::now();
-    Status s = step(r);
+    Status s = [&]() -> Status {
+      try {  // one file's failure is that file's: the others are still converted
+        return step(r);
+      } catch (const std::bad_alloc&) {
+        return Status::IOError(o_.dir + "/" + name + ": out of memory");
+      } catch (const std::exception& e) {
+        return Status::IOError(o_.dir + "/" + name + ": " + e.what());
+      }
+    }();
     if (s.code() == Code::kInterrupted) interrupted_.store(true);
     if (!s.ok()) {
       r.action = FileAction::kFailed;
@@ -477,11 +486,13 @@ Result<MigrateSummary> migrate_dir(Io& io, const MigrateOptions& o) {
   if (m.interrupted()) {
     size_t converted = 0;
     for (const auto& f : done) converted += f.action == FileAction::kConverted || f.action == FileAction::kConvertedNotDurable;
-    return Status::Interrupted(o.dir + ": stopped by a signal after converting " + std::to_string(converted) + " of " +
-                               std::to_string(todo.size()) +
-                               " files; every file is either converted or untouched: run the same migrate again to finish");
+    sum.interrupted = Status::Interrupted(o.dir + ": stopped by a signal after converting " + std::to_string(converted) +
+                                          " of " + std::to_string(todo.size()) +
+                                          " files; every file is either converted or untouched: run the same migrate "
+                                          "again to finish");
   }
-  for (auto& f : done) sum.files.push_back(std::move(f));
+  for (auto& f : done)
+    if (!f.name.empty()) sum.files.push_back(std::move(f));  // (not reached when interrupted)
   std::sort(sum.files.begin(), sum.files.end(), [](const FileOutcome& a, const FileOutcome& b) { return a.name < b.name; });
   sum.seconds = since(t0);
   return sum;

@@ -74,6 +74,9 @@ struct MigrateSummary {
   std::vector<FileOutcome> files;  // in name order
   uint64_t stale_temps_removed = 0;
   double seconds = 0;
+  // Stopped by a signal: `files` holds the outcomes of the files looked at so far (each is its
+  // original or its converted file), `interrupted` says what was left (kInterrupted).
+  Status interrupted;
   size_t count(FileAction a) const;
   // kFailed and kConvertedNotDurable: the files that make the run an error.
   size_t problems() const;
@@ -97,7 +100,8 @@ struct MigrateOptions {
 };
 
 // kNotFound / kInvalidArgument when DIR is missing or not a directory; kIOError when another
-// migrate holds DIR; per-file problems are outcomes, not errors.
+// migrate holds DIR; per-file problems are outcomes, not errors (an exception out of one file's
+// conversion too: that file FAILED); a signal ends the run with MigrateSummary::interrupted set.
 Result<MigrateSummary> migrate_dir(Io& io, const MigrateOptions& opts);
 
 }  // namespace kvsnap

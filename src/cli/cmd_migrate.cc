@@ -51,6 +51,7 @@ json to_json(const MigrateSummary& s, bool dry_run) {
           {"bytes_after", s.bytes_after()},
           {"stale_temps_removed", s.stale_temps_removed},
           {"seconds", s.seconds},
+          {"interrupted", !s.interrupted.ok()},
           {"files", files}};
 }
 
@@ -165,7 +166,9 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
     m.progress = [&shown](size_t done, size_t total, const FileOutcome*, const std::string&) {
       shown.set_files(done, total);
     };
-    return shown.finish(migrate_dir(io, m));
+    Result<MigrateSummary> r = migrate_dir(io, m);
+    shown.finish(r.ok() ? r->interrupted : r.status());
+    return r;
   }();
   KV_ASSIGN_OR_RETURN(MigrateSummary sum, std::move(migrated));
   if (o.json) {
@@ -176,6 +179,8 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
   } else {
     out = (server_note.empty() ? "" : server_note + "\n") + to_text(sum, o.dry_run);
   }
+  // Stopped by a signal: what was done is listed above (its JSON too), then the signal's status.
+  if (!sum.interrupted.ok()) return sum.interrupted;
   // The exit status is the first failed file's (in name order), as `kvsnap convert` of it would exit.
   // A file converted whose directory fsync failed counts too (its original is gone: not "failed").
   const size_t problems = sum.problems();

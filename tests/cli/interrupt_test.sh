@@ -117,7 +117,7 @@ orig=$(sha256_of_stdin <"$src")
 KVSNAP_PROGRESS_DELAY_MS=0 "$kvsnap" migrate "$work/slots" --ctk q8_0 --ctv q8_0 --model "$model" --dry-run --json >/dev/null 2>"$work/err"
 examined=$(python3 -c 'import json,sys; print([json.loads(l)["progress"] for l in open(sys.argv[1])][-1]["done_bytes"])' "$work/err")
 stop_after $((examined + size * 2)) "$kvsnap" migrate "$work/slots" --ctk q8_0 --ctv q8_0 --model "$model" \
-  >/dev/null 2>"$work/err"; stopped "migrate" $? "$work/err"
+  --json >"$work/migrate.json" 2>"$work/err"; stopped "migrate" $? "$work/err"
 n_conv=0 n_orig=0
 for f in "$work/slots"/s*.bin; do
   if [ "$(sha256_of_stdin <"$f")" = "$orig" ]; then n_orig=$((n_orig + 1))
@@ -126,6 +126,10 @@ for f in "$work/slots"/s*.bin; do
 done
 [ $((n_conv + n_orig)) -eq 4 ] && [ $n_orig -ge 1 ] && [ $n_conv -ge 1 ] && ok "migrate: $n_conv converted, $n_orig untouched" \
   || bad "migrate: $n_conv converted, $n_orig untouched (want all 4 accounted for, the stop between the first and the last)"
+# what the stopped run says it did (--json): the files it converted, and that it was interrupted
+said=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["interrupted"], j["converted"])' "$work/migrate.json" 2>&1)
+[ "$said" = "True $n_conv" ] && ok "migrate --json after the signal: interrupted, $n_conv converted" \
+  || bad "migrate --json after the signal says '$said', want 'True $n_conv'"
 no_temps migrate "$work/slots"
 "$kvsnap" migrate "$work/slots" --ctk q8_0 --ctv q8_0 --model "$model" >/dev/null 2>&1 \
   && ok "migrate: the same command finishes the directory" || bad "migrate: the rerun fails"
