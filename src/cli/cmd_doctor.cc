@@ -104,7 +104,8 @@ void check_store_id(const StoreLocation& where, Catalog& catalog, std::vector<Ch
   std::string blobs_name = where.blobs;
   if (where.blob_kind == BlobKind::kLocal) {
     auto bytes = read_all(cli_io(), where.blobs + "/" + kStoreIdName, kMaxStoreIdBytes);
-    if (bytes.ok()) theirs = std::optional<std::string>(std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
+    if (bytes.ok() && !bytes->empty())  // empty: a crash's leftover, replaced by the next save (none)
+      theirs = std::optional<std::string>(std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
     else if (bytes.status().code() != Code::kNotFound) theirs = bytes.status();
   } else if (auto blobs = open_blob_store(cli_io(), where); blobs.ok()) {
     blobs_name = (*blobs)->describe();

@@ -309,8 +309,8 @@ struct Proxy::Impl {
   bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
     std::string& body = const_cast<httplib::Request&>(req).body;  // the server's own object, as in handle()
     // Past the bound the rest is read and dropped, up to as much again, so that the client (still
-    // sending) gets the 413 rather than a reset connection; httplib drops a declared body over the
-    // bound the same way (set_payload_max_length above).
+    // sending) gets the 413 rather than a reset connection (httplib reads and drops all of a declared
+    // body over the bound, set_payload_max_length above).
     uint64_t dropped = 0;
     const bool whole = read([&](const char* d, size_t n) {
       if (dropped == 0 && body.size() + n <= o.max_request_bytes) {
@@ -384,7 +384,7 @@ struct Proxy::Impl {
     if (before && keyed) {
       f.method = req.method;
       f.path = req.path;
-      for (const auto& [k, v] : req.headers) f.headers.emplace_back(k, v);
+      for (const auto& [k, v] : end_to_end(req.headers, false)) f.headers.emplace_back(k, v);  // as the child gets them
       f.body = req.body;
       before(f);
       if (!f.refused.empty()) {
@@ -461,6 +461,7 @@ struct Proxy::Impl {
               st->cv.wait_for(l, kLastEventWait, [&] { return st->done; });
               chunk += st->pending;
               st->pending.clear();
+              st->cv.notify_all();  // room for the upstream thread (it may have filled pending meanwhile)
             }
             const bool done = st->done, whole = st->ok;
             l.unlock();

@@ -455,7 +455,10 @@ Status S3Client::put_if_absent(std::string_view key, std::span<const std::byte> 
   auto r = perform(c);
   if (r.ok()) return Status::OK();
   const std::string& m = r.status().message();
-  if (m.find(": HTTP 412") != std::string::npos) return Status::OK();  // one is there
+  // One is there (412), or another conditional PUT of it is under way (AWS: 409
+  // ConditionalRequestConflict): the caller reads back whose it is.
+  if (m.find(": HTTP 412") != std::string::npos || m.find("ConditionalRequestConflict") != std::string::npos)
+    return Status::OK();
   if (m.find(": HTTP 501") != std::string::npos || m.find("NotImplemented") != std::string::npos) return put(key, data);
   return r.status();
 }
