@@ -167,7 +167,7 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
       shown.set_files(done, total);
     };
     Result<MigrateSummary> r = migrate_dir(io, m);
-    shown.finish(r.ok() ? r->interrupted : r.status());
+    (void)shown.finish(r.ok() ? r->interrupted : r.status());
     return r;
   }();
   KV_ASSIGN_OR_RETURN(MigrateSummary sum, std::move(migrated));
