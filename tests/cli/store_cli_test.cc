@@ -929,6 +929,37 @@ TEST_F(StoreCli, ImportOfAMistypedIndexIsAnErrorNotAnAbort) {
   EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
 }
 
+// The index checks of `kvsnap import` through the binary: an index that lists a file twice is
+// corrupt input (exit 3), one of a newer export format is not supported (exit 4); each names the
+// archive and the problem, and the store stays empty.
+TEST_F(StoreCli, ImportRefusesAContradictoryOrNewerIndex) {
+  const std::string snap = slurp(fs::path(KVSNAP_SOURCE_DIR) / "fixtures/kvsnap/v1/b8121-hybrid-f16-f16-faon.kvsnap");
+  auto bytes = [](const std::string& s) {
+    return std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()), s.size());
+  };
+  const std::string entry = R"({"file": "snapshots/a.kvsnap", "uuid": "0b6a2d4e-6f7a-4e55-9d3c-1c2b3a4d5e6f"})";
+  struct Case {
+    std::string index;
+    int code;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {R"({"kvsnap_export": 1, "snapshots": [)" + entry + ", " + entry + "]}", 3, "snapshots/a.kvsnap is listed twice"},
+      {R"({"kvsnap_export": 2, "snapshots": [)" + entry + "]}", 4, "export format version 2"},
+  };
+  for (const Case& c : cases) {
+    kvsnap::MemoryFile index_file("index", bytes(c.index)), snap_file("snap", bytes(snap));
+    const std::vector<kvsnap::ExportEntry> entries = {kvsnap::ExportEntry::FromFile("kvsnap-export.json", index_file),
+                                                      kvsnap::ExportEntry::FromFile("snapshots/a.kvsnap", snap_file)};
+    const fs::path archive = dir_ / "odd-index.tar.zst";
+    ASSERT_TRUE(kvsnap::export_archive(kvsnap::posix_io(), archive.string(), entries).ok());
+    KvRun r = kv("import " + archive.string());
+    EXPECT_EQ(r.code, c.code) << r.err;
+    EXPECT_NE(r.err.find("odd-index.tar.zst: kvsnap-export.json"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
+    EXPECT_EQ(kv("ls --json").out.find("\"id\""), std::string::npos) << "a refused import stored something";
+  }
+}
 
 // Content digests old and new (docs/store.md, "Content digest"): a snapshot of format version 1
 // (a released fixture, imported) keeps its whole-file SHA-256 as `content_sha256` and verifies by

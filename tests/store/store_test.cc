@@ -892,6 +892,18 @@ TEST(Store, ExportImportRoundTripAndHostileExports) {
 }
 
 // Saves two slots into `a` as "first" and "second" and exports them to `ex`, in that order.
+// Imports `archive` into `t`, which must refuse it with `code` and a message holding `says`, and keep
+// nothing of it: no snapshot, no temporary. `what` names the case in failures.
+void expect_import_refused(TempStore& t, const fs::path& archive, Code code, const std::string& says,
+                           const std::string& what = "") {
+  auto r = t.store->import_from(archive.string());
+  ASSERT_FALSE(r.ok()) << what << ": imported";
+  EXPECT_EQ(r.status().code(), code) << what << ": " << r.status().ToString();
+  EXPECT_NE(r.status().message().find(says), std::string::npos) << what << ": " << r.status().ToString();
+  EXPECT_TRUE(t.store->catalog().list()->empty()) << what << ": a failed import stored some of its entries";
+  EXPECT_TRUE(!fs::exists(t.root / "tmp") || fs::is_empty(t.root / "tmp")) << what << ": a temporary was left";
+}
+
 void export_first_and_second(TempStore& a, const fs::path& ex) {
   Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faoff.slot");
   Loaded l2 = load(fixtures() / "v0.5.0/hd64-f16-f16-faon.slot");
@@ -934,12 +946,8 @@ TEST(Store, ImportOfAnArchiveWithOneBadLabelStoresNone) {
   ASSERT_NO_FATAL_FAILURE(export_first_and_second(a, ex));
   Status edited = test::edit_export_index(ex.string(), [](nlohmann::json& j) { j["snapshots"][1]["name"] = "12345"; });
   ASSERT_TRUE(edited.ok()) << edited.ToString();
-  auto r = b.store->import_from(ex.string());
+  expect_import_refused(b, ex, Code::kCorruption, "'12345' cannot be a snapshot name");
   fs::remove(ex);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), Code::kCorruption) << r.status().ToString();
-  EXPECT_NE(r.status().message().find("'12345' cannot be a snapshot name"), std::string::npos) << r.status().ToString();
-  EXPECT_TRUE(b.store->catalog().list()->empty()) << "a failed import stored some of its entries";
 }
 
 // A review's finding: an index entry whose file the archive did not hold was passed over in silence.
@@ -954,13 +962,8 @@ TEST(Store, ImportOfAnArchiveMissingAListedFileStoresNone) {
     j["snapshots"].push_back(lost);
   });
   ASSERT_TRUE(edited.ok()) << edited.ToString();
-  auto r = b.store->import_from(ex.string());
+  expect_import_refused(b, ex, Code::kCorruption, "snapshots/lost.kvsnap, which the archive does not hold");
   fs::remove(ex);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), Code::kCorruption) << r.status().ToString();
-  EXPECT_NE(r.status().message().find("snapshots/lost.kvsnap, which the archive does not hold"), std::string::npos)
-      << r.status().ToString();
-  EXPECT_TRUE(b.store->catalog().list()->empty());
 }
 
 // A review's findings: an index that lists a file or uuid twice (the last row's labels won), gives
@@ -1000,11 +1003,7 @@ TEST(Store, ImportRefusesAnIndexThatContradictsItself) {
     ASSERT_TRUE(a.store->export_to({"first", "1"}, ex.string()).ok()) << "one snapshot named twice is exported once";
     ASSERT_TRUE(test::edit_export_index(ex.string(), c.edit).ok()) << c.what;
     TempStore b;
-    auto r = b.store->import_from(ex.string());
-    ASSERT_FALSE(r.ok()) << c.what;
-    EXPECT_EQ(r.status().code(), c.code) << c.what << ": " << r.status().ToString();
-    EXPECT_NE(r.status().message().find(c.says), std::string::npos) << c.what << ": " << r.status().ToString();
-    EXPECT_TRUE(b.store->catalog().list()->empty()) << c.what;
+    expect_import_refused(b, ex, c.code, c.says, c.what);
   }
   fs::remove(ex);
 }
@@ -1019,24 +1018,15 @@ TEST(Store, ImportRefusesAnEntryThatCannotFitOrIsNoSnapshot) {
   io.report_free_bytes(uint64_t{64} << 20);
   {
     TempStore b(io);
-    auto r = b.store->import_from(ex.string());
-    ASSERT_FALSE(r.ok());
-    EXPECT_EQ(r.status().code(), Code::kIOError) << r.status().ToString();
-    EXPECT_NE(r.status().message().find("bytes free"), std::string::npos) << r.status().ToString();
-    EXPECT_TRUE(fs::is_empty(b.root / "tmp")) << "the import left a temporary";
+    expect_import_refused(b, ex, Code::kIOError, "bytes free", "too large for the disk");
   }
   auto entries = test::archive_entries(ex.string());
   ASSERT_TRUE(entries.ok());
   (*entries)[1].second.assign(1 << 20, '\0');  // a megabyte of zeros where a snapshot was
   ASSERT_TRUE(test::write_archive_entries(ex.string(), *entries).ok());
   TempStore c;
-  auto r = c.store->import_from(ex.string());
+  expect_import_refused(c, ex, Code::kCorruption, "does not start as a .kvsnap file does", "zeros for a snapshot");
   fs::remove(ex);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), Code::kCorruption) << r.status().ToString();
-  EXPECT_NE(r.status().message().find("does not start as a .kvsnap file does"), std::string::npos)
-      << r.status().ToString();
-  EXPECT_TRUE(c.store->catalog().list()->empty());
 }
 
 }  // namespace
