@@ -189,6 +189,10 @@ struct SnapshotModelInfo {
     std::optional<uint32_t> v_rotation_block;
   };
   std::vector<Section> kv_sections;
+  // The bytes after each cell's position in v0.5.0-format files (12 for an M-RoPE model, 0 for
+  // most): what an old-format original needs to be upgraded. nullopt: not recorded (kvsnap
+  // before it was; such a snapshot needs the model for that upgrade).
+  std::optional<uint32_t> cell_ext_bytes;
 };
 // From a loaded profile (load_model_profile): dims and llama.cpp's rotation rule.
 Result<SnapshotModelInfo> snapshot_model_info(const ModelProfile& p);

@@ -142,6 +142,7 @@ ordered_json model_json(const SnapshotModelInfo& m) {
     secs.push_back(std::move(sj));
   }
   j["kv_sections"] = std::move(secs);
+  if (m.cell_ext_bytes) j["cell_ext_bytes"] = *m.cell_ext_bytes;
   return j;
 }
 
@@ -301,6 +302,7 @@ Result<SnapshotModelInfo> model_info(const OrderedJsonRef& mo) {
   if (sections) {
     KV_ASSIGN_OR_RETURN(mi.kv_sections, sections->elements_as<SnapshotModelInfo::Section>(model_section));
   }
+  KV_ASSIGN_OR_RETURN(mi.cell_ext_bytes, opt_u32(mo, "cell_ext_bytes"));
   return mi;
 }
 
@@ -379,6 +381,7 @@ Result<SnapshotModelInfo> snapshot_model_info(const ModelProfile& p) {
   m.gguf_fingerprint = p.fingerprint;
   m.n_layer = p.n_layer;
   m.n_head_kv = p.n_head_kv;
+  m.cell_ext_bytes = p.cell_ext_bytes;
   for (const auto& L : p.layers) m.layers.push_back({L.head_dim_k, L.head_dim_v, L.n_head_kv});
   KV_ASSIGN_OR_RETURN(auto sections, memory_sections(p));
   const uint32_t l0k = p.layers.empty() ? 0 : p.layers[0].head_dim_k;

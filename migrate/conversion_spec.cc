@@ -34,10 +34,11 @@ Status set_geometry(const ConversionSpec& spec, const StateFile& src, const Mode
   return Status::OK();
 }
 
-// An old file upgraded to the v0.5.0 format: v3 adds a cell extra for M-RoPE
-// models that the old file does not have.
-Status check_upgrade(const StateFile& src, const ModelInfo* model, const ConvertRequest& req,
-                     const std::string& src_name, std::string* warnings) {
+// An old file upgraded to the v0.5.0 format: v3 adds a cell extra for M-RoPE models that the
+// old file does not have. Whether the model is one: from the model, else from what a snapshot
+// recorded of it (`recorded_ext`), else nobody knows.
+Status check_upgrade(const StateFile& src, const ModelInfo* model, std::optional<uint32_t> recorded_ext,
+                     const ConvertRequest& req, const std::string& src_name, std::string* warnings) {
   const bool src_old = (src.kind == StateKind::kSeqFile && src.version < 3) ||
                        (src.kind == StateKind::kSessionFile && src.version < 10);
   if (!src_old) return Status::OK();
@@ -45,16 +46,29 @@ Status check_upgrade(const StateFile& src, const ModelInfo* model, const Convert
                           req.format == TargetFormat::kGgsnV10;
   const bool src_has_ext = std::any_of(src.memory.kv.begin(), src.memory.kv.end(),
                                       [](const KvSection& k) { return k.ext_bytes != 0; });
-  if (to_current && !src_has_ext && model && model->shape.ext_bytes.value_or(0) != 0) {
-    return Status::NotSupported(src_name + ": " + model->arch +
+  if (!to_current || src_has_ext) return Status::OK();
+  const bool seq = src.kind == StateKind::kSeqFile;
+  const std::string keep = seq ? "{--format ggsq-v2}" : "{--format ggsn-v9}";
+  const std::optional<uint32_t> ext = model ? std::optional<uint32_t>(model->shape.ext_bytes.value_or(0)) : recorded_ext;
+  if (ext && *ext != 0) {
+    const std::string who = model ? model->arch : std::string("its model (as the snapshot recorded it)");
+    return Status::NotSupported(src_name + ": " + who +
                                 " stores an M-RoPE cell extra in v0.5.0 files that older files lack; kvsnap "
-                                "cannot rebuild it: keep the old format ({--format} ggsq-v2)");
+                                "cannot rebuild it: keep the old format (" + keep + ")");
   }
-  if (!model && req.format == TargetFormat::kSameKindCurrent && warnings) {
-    *warnings += "note: upgrading " + src_name +
-                 " to the v0.5.0 format assumes the model has no M-RoPE cell extra (true for text-only models); "
-                 "pass {--model GGUF} to check\n";
+  if (ext) return Status::OK();
+  // Nothing says whether the model is an M-RoPE one. A caller that shows notes (`kvsnap convert`,
+  // which keeps the original) gets the assumption as one; the others (the C API, a store's restore
+  // or --store-type, migrate) have nobody to tell, so the output is refused.
+  if (!warnings) {
+    return Status::Ambiguous(src_name + ": upgrading it to the v0.5.0 format needs the model: v0.5.0 files of an "
+                             "M-RoPE model (Qwen2-VL, Qwen2.5-VL, ...) hold a cell extra this file lacks, and kvsnap "
+                             "cannot tell from the file whether the model is one; pass {--model GGUF}, or keep its "
+                             "format with " + keep);
   }
+  *warnings += "note: upgrading " + src_name +
+               " to the v0.5.0 format assumes the model has no M-RoPE cell extra (true for text-only models); "
+               "pass {--model GGUF} to check\n";
   return Status::OK();
 }
 
@@ -169,7 +183,7 @@ Result<ConvertRequest> make_request(const ConversionSpec& spec, const StateFile&
   }
   KV_RETURN_IF_ERROR(set_geometry(spec, src, model, req));
   KV_RETURN_IF_ERROR(set_target_build(spec, src, req));
-  KV_RETURN_IF_ERROR(check_upgrade(src, model, req, src_name, warnings));
+  KV_RETURN_IF_ERROR(check_upgrade(src, model, spec.cell_ext_bytes, req, src_name, warnings));
 
   RotationClaims claims;
   claims.src_rotation = src_word;

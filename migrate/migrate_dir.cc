@@ -23,15 +23,6 @@ namespace kvsnap {
 
 namespace {
 
-// An old-format file (ggsq < 3, ggsn < 10) whose conversion is in the current format, which has
-// a place for the M-RoPE cell extra that the old one does not.
-bool adds_cell_extra_slot(const StateFile& src, const StateFile& target) {
-  auto old = [](const StateFile& s) {
-    return (s.kind == StateKind::kSeqFile && s.version < 3) || (s.kind == StateKind::kSessionFile && s.version < 10);
-  };
-  return old(src) && !old(target) && (target.kind == StateKind::kSeqFile || target.kind == StateKind::kSessionFile);
-}
-
 // Whether any K or V layer of `s` is of a quantized type (the ones llama.cpp rotates).
 bool holds_quantized_kv(const StateFile& s) {
   for (const KvSection& sec : s.memory.kv)
@@ -252,14 +243,7 @@ class Migrator {
     KV_ASSIGN_OR_RETURN(e.req, make_request(spec, e.src, o_.model, path, nullptr, e.file.get()));
     KV_ASSIGN_OR_RETURN(e.target, plan_target(e.src, e.req));
     r.to = describe_state(e.target);
-    if (!o_.model && adds_cell_extra_slot(e.src, e.target)) {
-      // `kvsnap convert` notes the assumption and keeps the original; in place it would be gone.
-      return Status::Ambiguous(
-          path + ": upgrading it to the v0.5.0 format needs the model: v0.5.0 files of an M-RoPE model (Qwen2-VL, "
-                 "Qwen2.5-VL, ...) hold a cell extra this file lacks, and kvsnap cannot tell from the file whether the "
-                 "model is one; pass {--model GGUF} (an M-RoPE model's files are then refused: keep their format with "
-                 "{--format} ggsq-v2)");
-    }
+    // Without the model, make_request refuses an upgrade to the v0.5.0 format (the M-RoPE cell extra).
     const bool same = same_layout(e.src, e.target);
     // A current-format output is read as rotated by any later run (above), whatever the flags.
     const bool header_proves_rotation = era_of_file(e.target, std::nullopt).rotates == Tri::kYes && e.target.version >= 3;

@@ -569,6 +569,8 @@ Result<RestoreResult> Store::restore_unlabeled(const std::string& ref, const Res
     ConversionSpec spec = req.spec;
     apply_writer_claims(stored_file_claims(reader.manifest()), spec);
     if (!req.model && !spec.geometry) spec.geometry = recorded_geometry(reader.manifest());
+    if (!req.model && !spec.cell_ext_bytes && reader.manifest().model)
+      spec.cell_ext_bytes = reader.manifest().model->cell_ext_bytes;
     const ReadableFile* src = &original;
     const StateFile* state = &parsed;
     TempFile temp{io_, ""};

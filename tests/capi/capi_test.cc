@@ -161,6 +161,32 @@ TEST(CApi, V2ParamsRequantAndSourceBuildEqualTheCommand) {
 
 // struct_size: a program built against an older kvsnap.h (smaller) is refused only below the first
 // version 2; one built against a newer kvsnap.h works while its extra members are unset.
+// Old-format file bytes (b8121's slot) upgraded to the v0.5.0 format: v0.5.0 files of an M-RoPE
+// model hold a cell extra the old file lacks, and only the model says whether it is one. Without
+// a model the C API has nobody to tell an assumption to: it refuses (the command notes it).
+TEST(CApi, AnUpgradeWithoutTheModelIsRefused) {
+  const auto slot = slurp(fixture("b8121/hd64-f16-f16-faon.slot"));
+  kvsnap_convert_params_v2 p;
+  kvsnap_convert_params_v2_init(&p, sizeof p);
+  Converted refused = convert_v2(nullptr, slot, &p);
+  EXPECT_EQ(refused.status, KVSNAP_ERR_AMBIGUOUS);
+  EXPECT_TRUE(refused.bytes.empty());
+  EXPECT_NE(refused.error.find("needs the model"), std::string::npos) << refused.error;
+  EXPECT_NE(refused.error.find("kvsnap_model_open"), std::string::npos) << refused.error;
+  EXPECT_NE(refused.error.find("format = \"ggsq-v2\""), std::string::npos) << refused.error;
+  // With the model: the command's bytes.
+  Model m(fixture("models/tiny-hd64.gguf"));
+  Converted upgraded = convert_v2(m.m, slot, &p);
+  ASSERT_EQ(upgraded.status, KVSNAP_OK) << upgraded.error;
+  EXPECT_EQ(upgraded.bytes,
+            cli_convert(fixture("b8121/hd64-f16-f16-faon.slot"), "--model " + fixture("models/tiny-hd64.gguf")));
+  // Keeping the old format needs no model.
+  p.format = "ggsq-v2";
+  Converted kept = convert_v2(nullptr, slot, &p);
+  ASSERT_EQ(kept.status, KVSNAP_OK) << kept.error;
+  EXPECT_EQ(kept.bytes, cli_convert(fixture("b8121/hd64-f16-f16-faon.slot"), "--format ggsq-v2"));
+}
+
 TEST(CApi, V2StructSizeIsChecked) {
   const auto slot = slurp(fixture("v0.5.0/hd64-q8_0-q8_0-faon.slot"));
   struct Newer {

@@ -256,6 +256,55 @@ TEST(Store, RestoreAtOtherTypesEqualsConvert) {
   }
 }
 
+// An old-format original restored at other types is upgraded to the v0.5.0 format, whose files of
+// an M-RoPE model hold a cell extra the old file lacks. Whether the model is one: from --model,
+// else from what the save recorded of the model (cell_ext_bytes), else the restore is refused.
+TEST(Store, AnOldFormatRestoreAtOtherTypesNeedsTheModelOrWhatTheSaveRecorded) {
+  TempStore t;
+  auto model = load_model_info(posix_io(), (fixtures() / "models/tiny-hd64.gguf").string());
+  ASSERT_TRUE(model.ok());
+  Loaded l = load(fixtures() / "b8121/hd64-f16-f16-faon.slot", &*model);
+  RestoreRequest rreq;
+  rreq.spec.ctk = rreq.spec.ctv = "q8_0";
+
+  auto bare = t.store->save(*l.file, l.state, {});
+  ASSERT_TRUE(bare.ok()) << bare.status().ToString();
+  auto snap = t.store->open_snapshot(bare->info.uuid);
+  ASSERT_TRUE(snap.ok());
+  EXPECT_FALSE((*snap)->reader().manifest().model.has_value());
+  VectorSink none;
+  auto refused = t.store->restore(bare->info.uuid, rreq, none);
+  ASSERT_EQ(refused.status().code(), Code::kAmbiguous) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("needs the model"), std::string::npos) << refused.status().ToString();
+  EXPECT_TRUE(none.bytes.empty());
+  RestoreRequest with_model = rreq;
+  with_model.model = &*model;
+  VectorSink given;
+  ASSERT_TRUE(t.store->restore(bare->info.uuid, with_model, given).ok());
+
+  SaveRequest sreq;
+  sreq.model = &*model;
+  auto recorded = t.store->save(*l.file, l.state, sreq);
+  ASSERT_TRUE(recorded.ok()) << recorded.status().ToString();
+  snap = t.store->open_snapshot(recorded->info.uuid);
+  ASSERT_TRUE(snap.ok());
+  ASSERT_TRUE((*snap)->reader().manifest().model.has_value());
+  EXPECT_EQ((*snap)->reader().manifest().model->cell_ext_bytes, std::optional<uint32_t>(0));
+  VectorSink got;
+  auto r = t.store->restore(recorded->info.uuid, rreq, got);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(got.bytes, given.bytes) << "the recorded model decides as the model does";
+
+  // A recorded M-RoPE extra: the upgrade cannot rebuild it (what --model of such a model says).
+  ConversionSpec spec = rreq.spec;
+  spec.cell_ext_bytes = 12;
+  auto mrope = make_request(spec, l.state, nullptr, "old.slot");
+  ASSERT_EQ(mrope.status().code(), Code::kNotSupported) << mrope.status().ToString();
+  EXPECT_NE(mrope.status().message().find("M-RoPE cell extra"), std::string::npos) << mrope.status().ToString();
+  spec.format = "ggsq-v2";
+  EXPECT_TRUE(make_request(spec, l.state, nullptr, "old.slot").ok()) << "its own format needs no extra";
+}
+
 // A build reported by llama-server at save is recorded as such and decides the rotation of a
 // restore that converts, as the same build named at convert time would.
 TEST(Store, AServerReportedBuildIsRecordedAndUsedByRestores) {
