@@ -58,6 +58,11 @@ std::string format_tag(const StateFile& f) {
   return "?";
 }
 
+// A rotation only the values show: what it rests on is the data test, not the file or a build.
+constexpr const char* kByData =
+    "Walsh-Hadamard rotated in blocks of that size as the data shows: neither the file's format nor a named "
+    "build says so (--source-build or --src-rotation settles it)";
+
 // What each rotation word means, printed under the layer table.
 const std::map<std::string, std::string>& rotation_notes() {
   static const std::map<std::string, std::string> m = {
@@ -75,6 +80,7 @@ const std::map<std::string, std::string>& rotation_notes() {
                        "saving server turns it off)"},
       {"hadamard-256", "Walsh-Hadamard rotated in blocks of 256 (llama.cpp default; LLAMA_ATTN_ROT_DISABLE=1 on the "
                        "saving server turns it off)"},
+      {"hadamard-64-by-data", kByData}, {"hadamard-128-by-data", kByData}, {"hadamard-256-by-data", kByData},
   };
   return m;
 }
@@ -94,7 +100,7 @@ std::string rotation_state(const SourceRotation& d, int32_t type, const ModelInf
   if (model && !n_rot) return "none-head-dim";
   if (d.rotated == Tri::kUnknown) return "unknown-era";
   if (!model) return "unknown";
-  return "hadamard-" + std::to_string(*n_rot);
+  return "hadamard-" + std::to_string(*n_rot) + (d.decided_by == "data" ? "-by-data" : "");
 }
 
 // ---------------------------------------------------------------- the report

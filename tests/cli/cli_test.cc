@@ -18,6 +18,7 @@
 #include "format/llama_state.h"
 #include "format/state_builder.h"
 #include "free_port.h"
+#include "synthetic_cache.h"
 #include "under_asan.h"
 
 namespace kvsnap {
@@ -511,6 +512,38 @@ TEST_F(CliTest, ADeclaredBuildDecidesTheRotationAndIsCheckedAgainstTheFile) {
   EXPECT_EQ(declared["decided_by"], "declared");
   EXPECT_EQ(declared["rotated"], true);
   EXPECT_NE(declared.dump().find("source-build: llama.cpp b8121"), std::string::npos) << declared.dump();
+}
+
+// A ggsq v2 file (written by builds that rotate and builds that do not) whose values decide:
+// each layer's word says the rotation rests on the data (a review's finding: a data-decided
+// rotation read like one the format proves), and so does the header line.
+TEST_F(CliTest, ARotationTheDataDecidesSaysSoInEveryLayer) {
+  for (const bool rotated : {true, false}) {
+    test::Spec s;
+    s.version = 2;
+    s.head_dim = 64;  // tiny-hd64: 2 KV heads of 64, 4 layers
+    s.rotated = rotated;
+    const std::string f = write(rotated ? "rotated.slot" : "plain.slot", test::build(s));
+    CmdResult r = run("info " + f + " --model " + model("hd64") + " --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["source_rotation"]["decided_by"], "data") << j["source_rotation"].dump();
+    EXPECT_EQ(j["source_rotation"]["rotated"], rotated);
+    const std::string word = rotated ? "hadamard-64-by-data" : "none-by-data";
+    for (const auto& L : j["kv_sections"][0]["streams"][0]["layers"]) {
+      EXPECT_EQ(L["k_rotation"], word);
+      EXPECT_EQ(L["v_rotation"], word);
+    }
+    r = run("info " + f + " --model " + model("hd64"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("(decided by data)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(word + ": "), std::string::npos) << "the word's note: " << r.out;
+    // A named build proves it instead, and the words say so.
+    r = run("info " + f + " --model " + model("hd64") + " --source-build " + (rotated ? "b10361" : "b8121") + " --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["kv_sections"][0]["streams"][0]["layers"][0]["k_rotation"],
+              rotated ? "hadamard-64" : "none-pre-rotation");
+  }
 }
 
 TEST_F(CliTest, TheB5640LayoutProvesNoRotation) {

@@ -291,12 +291,11 @@ def expected_rotation(era, head_dim, type_name, side):
         return {"none-pre-rotation"} | ({"none-head-dim"} if head_dim % 64 else set())
     if head_dim % 64:
         return {"none-head-dim"}
-    if side == "v":
-        return {"hadamard-64"}
     n = 64
-    while head_dim % (n * 2) == 0:
+    while side == "k" and head_dim % (n * 2) == 0:
         n *= 2
-    return {"hadamard-%d" % n}
+    # Rotated; kvsnap may know it from the values alone (a format several eras write, no build named).
+    return {"hadamard-%d" % n, "hadamard-%d-by-data" % n}
 
 
 def run_info(exe, f, model=None, extra=()):
