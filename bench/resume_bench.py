@@ -175,6 +175,7 @@ def main():
                     help="pass --no-scratch to save/restore --server (a new slot file each time, none kept)")
     ap.add_argument("--simd", help="KVSNAP_SIMD for kvsnap's restores: a level (scalar, avx2, avx512, neon), or all: "
                                    "the resume at every level this CPU has, in one run")
+    ap.add_argument("--level", help="kvsnap save's --level: a zstd level, or none (chunks stored raw)")
     ap.add_argument("--json", help="write every figure here")
     a = ap.parse_args()
 
@@ -199,7 +200,8 @@ def main():
         t, ms = complete(srv.port, prompt)
         res["f16_prompt"] = {"prompt_n": t["prompt_n"], "prompt_ms": t["prompt_ms"], "wall_ms": ms}
         saved, ms = run(kv + ["save", "--server", srv.url, "--slot", "0", "--slot-dir", slot_dir, "--model", a.model,
-                              "--name", "e2e", "--json"] + scratch + st, "kvsnap save --server")
+                              "--name", "e2e", "--json"] + scratch + st + (["--level", a.level] if a.level else []),
+                        "kvsnap save --server")
         res["save"] = {"wall_ms": ms, "result": saved}
         # The f16 file llama-server itself writes, for the phase runs below.
         j, ms = http(srv.port, "POST", "/slots/0?action=save", {"filename": "server-f16.bin"})

@@ -4,6 +4,8 @@
 //   kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D] [--extends BASE] [--level L]
 //                      [--server-save-ms MS] [--stages] [--encrypt] [--decode-only] [--simd LEVEL|all]
 //
+// --level L: zstd's level for the chunks (default the store's, -10), or none: stored raw.
+//
 // For each llama.cpp state FILE (default: the f16 and q8_0 fixtures):
 //   copy      read + write + fsync of the same bytes (what `cp` + sync costs): the baseline
 //   save      kvsnap save into a fresh store (chunking, zstd, SHA-256, fsync, catalog commit)
@@ -40,6 +42,8 @@
 #include <string>
 #include <vector>
 
+#include <zstd.h>
+
 #include "base/os.h"
 #include "base/sha256.h"
 #include "base/sha256_lanes.h"
@@ -56,6 +60,12 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 int g_level = SaveRequest{}.zstd_level;  // --level
+bool g_compress = true;                  // --level none: chunks stored raw
+
+// How the chunks are encoded, for the headers.
+std::string encoding_text() {
+  return g_compress ? "zstd level " + std::to_string(g_level) : std::string("chunks stored raw (--level none)");
+}
 double g_server_save_ms = 0;             // --server-save-ms: llama-server's own save of the same slot
 bool g_stages = false;                   // --stages
 bool g_encrypt = false;                  // --encrypt
@@ -155,6 +165,7 @@ double save_seconds(Store& s, const ReadableFile& f, const StateFile& st, uint32
   SaveRequest req;
   req.threads = threads;
   req.zstd_level = g_level;
+  req.compress = g_compress;
   const auto t0 = Clock::now();
   auto r = s.save(f, st, req);
   const double t = secs(t0);
@@ -195,6 +206,7 @@ void measure_round(const std::string& root, const std::string& key_file, const R
   SaveRequest req;
   req.threads = threads;
   req.zstd_level = g_level;
+  req.compress = g_compress;
   req.name = "a";
   auto t0 = Clock::now();
   double c0 = cpu_now();
@@ -240,8 +252,8 @@ void bench_encryption(const std::string& path, const std::string& dir, uint32_t 
   remove_all_or_fail(dir + "/plain");
   remove_all_or_fail(dir + "/enc");
   const double gb = double(file->size()) / 1e9;
-  std::printf("%s (%.1f MB), %u threads, zstd level %d, best of %d alternating rounds\n", fs::path(path).filename().c_str(),
-              gb * 1e3, threads, g_level, rounds);
+  std::printf("%s (%.1f MB), %u threads, %s, best of %d alternating rounds\n", fs::path(path).filename().c_str(),
+              gb * 1e3, threads, encoding_text().c_str(), rounds);
   std::printf("  %-16s %13s %13s %13s %13s   %s\n", "", "plain wall s", "plain CPU s", "enc wall s", "enc CPU s",
               "encrypted/plain: wall, CPU");
   auto row = [](const char* what, double tp, double cp, double te, double ce) {
@@ -341,7 +353,7 @@ void bench_stages(const std::string& path, const std::string& dir) {
   for (size_t at = 0; at < all.size(); at += kPiece)
     shuffle_bytes(piece(at), 2, std::span<std::byte>(shuffled.data(), piece(at).size()));
   const double t_shuffle = secs(t0);
-  ChunkEncoder enc(g_level);
+  ChunkEncoder enc(g_level, g_compress);
   // Into buffers touched before the clock starts, as the save's reused ones (a fresh buffer per
   // blob timed its page faults with the encode: 1.14 s/GB instead of ~0.7 on the bench slot).
   const size_t n_pieces = (all.size() + kPiece - 1) / kPiece;
@@ -379,7 +391,7 @@ void bench_stages(const std::string& path, const std::string& dir) {
   row("encode (shuffle + zstd per plane)", t_encode);
   row("decode (zstd + unshuffle)", t_decode);
   row("write + fsync the stored bytes", t_write);
-  std::printf("    (stored %.1f MB at zstd level %d)\n", double(stored) / 1e6, g_level);
+  std::printf("    (stored %.1f MB, %s)\n", double(stored) / 1e6, encoding_text().c_str());
 }
 
 // Restore into memory only, `rounds` times after one save: the decode path (fetch, zstd,
@@ -392,6 +404,7 @@ void bench_decode(const std::string& path, const std::string& dir, uint32_t thre
   SaveRequest save;
   save.threads = threads;
   save.zstd_level = g_level;
+  save.compress = g_compress;
   save.name = "a";
   must(st.s->save(*file, parsed, save).status(), "save " + path);
   RestoreRequest req;
@@ -435,6 +448,7 @@ bool file_round(const std::string& path, const std::string& dir, const ReadableF
   SaveRequest req;
   req.threads = threads;
   req.zstd_level = g_level;
+  req.compress = g_compress;
   req.name = "a";
   auto t0 = Clock::now();
   c0 = cpu_now();
@@ -467,8 +481,8 @@ bool file_round(const std::string& path, const std::string& dir, const ReadableF
 
 // --simd all: a row per level, each against the copy+fsync measured beside it.
 void print_level_table(const std::vector<Timings>& best, double gb, uint32_t threads) {
-  std::printf("  best of each level's rounds, %u threads, zstd level %d; x = of that level's copy+fsync\n", threads,
-              g_level);
+  std::printf("  best of each level's rounds, %u threads, %s; x = of that level's copy+fsync\n", threads,
+              encoding_text().c_str());
   std::printf("  %-7s %10s %10s %13s %12s %16s %14s  %s\n", "level", "copy GB/s", "save/copy", "restore/copy",
               "decode GB/s", "decode CPU s/GB", "save CPU s/GB", "sha256");
   const simd::Level was = simd::level();
@@ -502,6 +516,7 @@ void bench_file(const std::string& path, const std::string& dir, uint32_t thread
     SaveRequest req;
     req.threads = threads;
     req.zstd_level = g_level;
+  req.compress = g_compress;
     req.byte_shuffle = false;
     stored_plain = must(st.s->save(*file, *parsed, req), "save without the filter").info.stored_bytes;
   }
@@ -520,6 +535,7 @@ void bench_file(const std::string& path, const std::string& dir, uint32_t thread
     SaveRequest req;
     req.threads = threads;
     req.zstd_level = g_level;
+  req.compress = g_compress;
     (void)must(st.s->save(*file, *parsed, req), "save " + path);
     auto second = must(st.s->save(*cut_file, cut_state, req), "save the 90% prefix");
     added = second.bytes_new;
@@ -536,8 +552,8 @@ void bench_file(const std::string& path, const std::string& dir, uint32_t thread
   } else {
     const Timings& t = best[0];
     std::printf("  copy+fsync      %7.3f GB/s  (baseline)\n", gb / t.t_copy);
-    std::printf("  save            %7.3f GB/s  %5.2fx of copy   (%u threads, zstd level %d, SIMD %s)\n",
-                gb / t.t_save, t.t_copy / t.t_save, threads, g_level, simd::level_name(g_levels[0]));
+    std::printf("  save            %7.3f GB/s  %5.2fx of copy   (%u threads, %s, SIMD %s)\n",
+                gb / t.t_save, t.t_copy / t.t_save, threads, encoding_text().c_str(), simd::level_name(g_levels[0]));
     std::printf("  restore+fsync   %7.3f GB/s  %5.2fx of copy\n", gb / t.t_restore, t.t_copy / t.t_restore);
     if (g_server_save_ms > 0)
       std::printf("  llama-server's own save of this slot %.3f s: kvsnap save %.2fx of it (>= 1 is not slower)\n",
@@ -569,7 +585,20 @@ int main(int argc, char** argv) {
     else if (a == "--rounds" && i + 1 < argc) rounds = std::max(1, std::atoi(argv[++i]));
     else if (a == "--dir" && i + 1 < argc) dir = argv[++i];
     else if (a == "--extends" && i + 1 < argc) extends = argv[++i];
-    else if (a == "--level" && i + 1 < argc) g_level = std::atoi(argv[++i]);
+    else if (a == "--level" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (v == "none") {
+        g_compress = false;
+      } else if (v.empty() || *end != '\0' || n < ZSTD_minCLevel() || n > ZSTD_maxCLevel()) {
+        std::fprintf(stderr, "kvsnap-store-bench: --level %s is not a zstd level (%d..%d) or none\n", v.c_str(),
+                     ZSTD_minCLevel(), ZSTD_maxCLevel());
+        return 1;
+      } else {
+        g_level = int(n);
+      }
+    }
     else if (a == "--server-save-ms" && i + 1 < argc) g_server_save_ms = std::atof(argv[++i]);
     else if (a == "--stages") g_stages = true;
     else if (a == "--encrypt") g_encrypt = true;

@@ -242,7 +242,8 @@ size_t raw_frame_bound(size_t n) { return kRawFrameHeaderBytes + 3 * (n / kRawBl
 
 }  // namespace
 
-ChunkEncoder::ChunkEncoder(int zstd_level) : cctx_(ZSTD_createCCtx()), level_(zstd_level) {
+ChunkEncoder::ChunkEncoder(int zstd_level, bool compress)
+    : cctx_(ZSTD_createCCtx()), level_(zstd_level), compress_(compress) {
   if (!cctx_) throw std::bad_alloc();
 }
 ChunkEncoder::~ChunkEncoder() { ZSTD_freeCCtx(cctx_); }
@@ -259,6 +260,10 @@ Result<size_t> ChunkEncoder::encode_into(std::span<const std::byte> raw, FilterC
   }
   if (filter.filter == ChunkFilter::kShuffle && (filter.elem_size < 2 || filter.elem_size > kMaxShuffleElem)) {
     return Status::InvalidArgument("shuffle element size " + std::to_string(filter.elem_size) + " is out of range");
+  }
+  if (!compress_) {
+    out.resize(std::max(out.size(), kBlobHeaderBytes + raw.size()));
+    return put_stored(raw, out);
   }
   if (filter.filter == ChunkFilter::kNone) filter.elem_size = 0;
   if (filter.filter == ChunkFilter::kShuffle && raw.size() < filter.elem_size) filter = {ChunkFilter::kNone, 0};

@@ -107,7 +107,9 @@ class ChunkXxhHasher {
 // --- Encoder / decoder (one per thread) -------------------------------------------
 class ChunkEncoder {
  public:
-  explicit ChunkEncoder(int zstd_level = 3);
+  // compress false: every chunk is stored as it is (no filter, no zstd), a save's cheapest
+  // encoding (docs/store.md, "Speed and space": when the save's CPU, not the disk, is the limit).
+  explicit ChunkEncoder(int zstd_level = 3, bool compress = true);
   ~ChunkEncoder();
   ChunkEncoder(const ChunkEncoder&) = delete;
   ChunkEncoder& operator=(const ChunkEncoder&) = delete;
@@ -123,6 +125,7 @@ class ChunkEncoder {
  private:
   ZSTD_CCtx_s* cctx_;
   int level_;
+  bool compress_;
   std::vector<std::byte> filtered_;
   std::vector<std::byte> out_;
 };

@@ -281,6 +281,7 @@ class ChunkSink {
 struct SnapshotOptions {
   uint32_t cells_per_chunk = kDefaultCellsPerChunk;
   int zstd_level = 3;
+  bool compress = true;              // false: chunks stored raw (ChunkEncoder), zstd_level unused
   bool byte_shuffle = true;          // the per-type filter (false: benchmarks of the filter's gain)
   uint32_t threads = 1;
   std::optional<SnapshotModelInfo> model;

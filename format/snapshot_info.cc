@@ -240,8 +240,12 @@ ordered_json build_info(const StateFile& f, const SnapshotOptions& o, const Sha2
   } else {
     j["lossy"] = nullptr;
   }
-  j["chunking"] = {{"cells_per_chunk", o.cells_per_chunk}, {"frame_chunk_bytes", kFrameChunkBytes},
-                   {"zstd_level", o.zstd_level}};
+  j["chunking"] = {{"cells_per_chunk", o.cells_per_chunk}, {"frame_chunk_bytes", kFrameChunkBytes}};
+  if (o.compress) {
+    j["chunking"]["zstd_level"] = o.zstd_level;
+  } else {
+    j["chunking"]["compression"] = "none";
+  }
   return j;
 }
 

@@ -313,7 +313,7 @@ Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink
   const uint64_t jobs = (n + group - 1) / group;
   auto group_size = [&](uint64_t job) { return size_t(std::min<uint64_t>(group, n - job * group)); };
   std::vector<std::unique_ptr<ChunkEncoder>> encoders;
-  for (uint32_t t = 0; t < o.threads; ++t) encoders.push_back(std::make_unique<ChunkEncoder>(o.zstd_level));
+  for (uint32_t t = 0; t < o.threads; ++t) encoders.push_back(std::make_unique<ChunkEncoder>(o.zstd_level, o.compress));
   std::vector<Slot> slots(group * 2 * o.threads);
   const KnownByXxh known_xxh = known_by_xxh(o);
   refs.reserve(n);

@@ -24,7 +24,8 @@ struct SaveOpts {
   std::string tokens;  // mlx-lm prompt caches: the prompt's token ids (a file, or a comma list)
   bool pin = false;
   std::vector<std::string> tags;
-  int level = SaveRequest{}.zstd_level, threads = 0;
+  std::string level = std::to_string(SaveRequest{}.zstd_level);  // a zstd level, or "none"
+  int threads = 0;
   unsigned cells_per_chunk = kDefaultCellsPerChunk;
   bool json = false;
   ProgressFlags progress;
@@ -36,6 +37,20 @@ Status run_save_mlx(const SaveOpts& o, SaveRequest req, const ReadableFile& file
 // `extra` (JSON only): more keys for the result.
 Status render_save(const SaveResult& r, const std::string& root, bool as_json, std::string& out,
                    const json* extra = nullptr);
+
+// --level: "none" stores the chunks raw; a number is zstd's level (its range is checked by the save).
+Status parse_level(const std::string& level, SaveRequest& req) {
+  if (level == "none") {
+    req.compress = false;
+    return Status::OK();
+  }
+  int n = 0;
+  const auto [end, ec] = std::from_chars(level.data(), level.data() + level.size(), n);
+  if (ec != std::errc() || end != level.data() + level.size())
+    return Status::InvalidArgument("--level '" + level + "' is not a zstd level (a whole number; the default is -10) or none");
+  req.zstd_level = n;
+  return Status::OK();
+}
 
 Status run_save(const SaveOpts& o, std::string& out) {
   if (o.file.empty() == !o.srv.given())
@@ -62,7 +77,7 @@ Status run_save(const SaveOpts& o, std::string& out) {
     req.writer.llama_build_from = "declared";
   }
   req.writer.src_rotation = o.src_rotation;
-  req.zstd_level = o.level;
+  KV_RETURN_IF_ERROR(parse_level(o.level, req));
   req.threads = uint32_t(std::max(0, o.threads));
   req.cells_per_chunk = o.cells_per_chunk;
   req.pin = o.pin;
@@ -214,7 +229,10 @@ void setup_save(CLI::App& app, int& exit_status) {
                        "the file (recorded with the snapshot; with --server, default: the server's /props build_info)");
     sub->add_option("--ttl", o->ttl, "expire after DURATION (90m, 12h, 7d, 2w): gc and later saves evict it");
     sub->add_flag("--pin", o->pin, "never evict it (kvsnap unpin undoes)");
-    sub->add_option("--level", o->level, "zstd level (default -10: fast, literals still Huffman-coded; 1 and up trade time for space)");
+    sub->add_option("--level", o->level,
+                    "zstd level (default -10: fast, literals still Huffman-coded; 1 and up trade time for space), or "
+                    "none: chunks stored raw (f16 ~20% larger, the fastest save and restore when the CPU, not the "
+                    "disk, is the limit)");
     sub->add_option("--cells-per-chunk", o->cells_per_chunk, "cells per chunk (default 256)");
     sub->add_option("--threads,-t", o->threads, "compression threads (default: all cores)");
     sub->add_flag("--json", o->json, "machine-readable result");

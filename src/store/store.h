@@ -74,6 +74,7 @@ struct SaveRequest {
   SourceClaims writer;
   uint32_t threads = 0;                      // 0: every core
   int zstd_level = -10;  // fast, Huffman literals: measured 1.5x the encode speed of 1 for 2% of space (docs/store.md)
+  bool compress = true;  // false (save --level none): chunks stored raw, the fastest save and restore, more space
   bool byte_shuffle = true;                  // false: benchmarks of the filter's gain
   uint32_t cells_per_chunk = kDefaultCellsPerChunk;
   // Called with the file's size when the save starts reading it: a progress display's total for a

@@ -816,6 +816,36 @@ TEST_F(StoreCli, RequantChoosesHowQuantizedBlocksAreMade) {
 // `save --source-build` checks the build against the file, records it in the snapshot, and restores
 // that convert use it: no flag at restore, the same bytes as `convert --source-build`; a recorded
 // declared rotation works the same way; `restore --target-build` writes for another build.
+// save --level none stores every chunk raw (the fastest save and restore when the CPU is the
+// limit, docs/store.md "Speed and space"): the restore is the file byte for byte, the stored bytes
+// are the raw ones plus the blob headers; a level that is neither a number nor none is exit 2.
+TEST_F(StoreCli, SaveLevelNoneStoresTheChunksRaw) {
+  const fs::path slot = make_slot("raw.slot", 2, 256, 600, 3);
+  KvRun r = kv("save " + slot.string() + " --name raw --level none --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto saved = nlohmann::json::parse(r.out);
+  const uint64_t raw = saved["raw_bytes"], stored = saved["stored_bytes"], chunks = saved["n_chunks"];
+  EXPECT_EQ(stored, raw + 16 * chunks) << r.out;  // a 16-byte header per blob, nothing compressed
+  r = kv("save " + slot.string() + " --name zstd --json", "");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_LT(uint64_t(nlohmann::json::parse(r.out)["bytes_new"]), raw) << "the default compresses the f16 planes";
+  const fs::path out = dir_ / "back.slot";
+  ASSERT_EQ(kv("restore raw -o " + out.string()).code, 0);
+  EXPECT_EQ(slurp(out), slurp(slot));
+  EXPECT_EQ(kv("verify raw").code, 0);
+  r = kv("show raw --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"compression\": \"none\""), std::string::npos) << "INFO's chunking says so: " << r.out;
+  for (const char* bad : {"x", "3x", ""}) {
+    r = kv("save " + slot.string() + " --level '" + bad + "'");
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.err;
+  }
+  EXPECT_NE(r.err.find("--level"), std::string::npos) << r.err;
+  r = kv("save " + slot.string() + " --level 99");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("out of range"), std::string::npos) << r.err;
+}
+
 TEST_F(StoreCli, SaveRecordsTheBuildThatWroteTheFile) {
   const fs::path fx = fs::path(KVSNAP_SOURCE_DIR) / "fixtures";
   const std::string model = (fx / "models/tiny-hd64.gguf").string();

@@ -159,6 +159,29 @@ TEST(ChunkCodec, EncodeDecodeRoundTrips) {
   EXPECT_LT(zst->size(), 1000u);
 }
 
+// compress false (save --level none): every chunk is a stored blob of its raw bytes, however well
+// it would compress, and decodes to them.
+TEST(ChunkCodec, WithoutCompressionEveryChunkIsStoredRaw) {
+  ChunkEncoder enc(-10, /*compress=*/false);
+  ChunkDecoder dec;
+  for (const auto& [raw, filter] : {std::pair{f16ish(100000, 1), FilterChoice{ChunkFilter::kShuffle, 2}},
+                                    {std::vector<std::byte>(50000, std::byte{7}), FilterChoice{}},
+                                    {std::vector<std::byte>{}, FilterChoice{ChunkFilter::kShuffle, 2}}}) {
+    std::vector<std::byte> blob(3, std::byte{1});  // a reused buffer, too small
+    auto n = enc.encode_into(raw, filter, blob);
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    ASSERT_EQ(*n, kBlobHeaderBytes + raw.size());
+    blob.resize(*n);
+    auto h = read_blob_header(blob);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    EXPECT_EQ(h->codec, ChunkCodec::kStored);
+    EXPECT_EQ(h->filter, ChunkFilter::kNone);
+    std::vector<std::byte> out;
+    ASSERT_TRUE(dec.decode(blob, raw.size(), out).ok());
+    EXPECT_EQ(out, raw);
+  }
+}
+
 // What a plane must save to be compressed (10%), at the fast default level (-10) and at 1:
 // bytes that save less are stored raw (a q8_0 chunk: ~6%), repeats are still found by the zstd
 // probe though each byte looks random, and a negative level keeps Huffman literals (the f16
