@@ -34,6 +34,25 @@ Status set_geometry(const ConversionSpec& spec, const StateFile& src, const Mode
   return Status::OK();
 }
 
+// The kTargetFormats name of `src`'s own format: what keeps an old file's layout (ggsq-v2 of
+// b6122.., ggsq-v2-b5640, ggsq-v2-b3543, ggsn-v9, ...).
+std::string own_format_name(const StateFile& src) {
+  const bool prefix = src.memory.kv.empty() || src.memory.kv[0].stream_prefix;
+  std::optional<bool> ids;  // sequence files: whether the cells carry their seq id
+  for (const KvSection& sec : src.memory.kv)
+    for (const KvStream& st : sec.streams)
+      if (!ids && !st.cells.empty()) ids = !st.cells[0].seq_ids.empty();
+  auto fits = [](Tri row, std::optional<bool> file) {
+    return row == Tri::kUnknown || !file || (row == Tri::kYes) == *file;
+  };
+  for (const TargetFormatRow& r : kTargetFormats) {
+    if (r.kind == src.kind && r.version == src.version && fits(r.stream_prefix, prefix) &&
+        (src.kind != StateKind::kSeqFile || fits(r.seq_cell_ids, ids)))
+      return std::string(r.name);
+  }
+  return src.kind == StateKind::kSeqFile ? "ggsq-v2" : "ggsn-v9";
+}
+
 // An old file upgraded to the v0.5.0 format: v3 adds a cell extra for M-RoPE models that the
 // old file does not have. Whether the model is one: from the model, else from what a snapshot
 // recorded of it (`recorded_ext`), else nobody knows.
@@ -47,14 +66,13 @@ Status check_upgrade(const StateFile& src, const ModelInfo* model, std::optional
   const bool src_has_ext = std::any_of(src.memory.kv.begin(), src.memory.kv.end(),
                                       [](const KvSection& k) { return k.ext_bytes != 0; });
   if (!to_current || src_has_ext) return Status::OK();
-  const bool seq = src.kind == StateKind::kSeqFile;
-  const std::string keep = seq ? "{--format ggsq-v2}" : "{--format ggsn-v9}";
+  const std::string keep = "{--format " + own_format_name(src) + "}";
   const std::optional<uint32_t> ext = model ? std::optional<uint32_t>(model->shape.ext_bytes.value_or(0)) : recorded_ext;
   if (ext && *ext != 0) {
     const std::string who = model ? model->arch : std::string("its model (as the snapshot recorded it)");
     return Status::NotSupported(src_name + ": " + who +
                                 " stores an M-RoPE cell extra in v0.5.0 files that older files lack; kvsnap "
-                                "cannot rebuild it: keep the old format (" + keep + ")");
+                                "cannot rebuild it: the file can only keep its old format (or " + keep + ")");
   }
   if (ext) return Status::OK();
   // Nothing says whether the model is an M-RoPE one. A caller that shows notes (`kvsnap convert`,
@@ -63,8 +81,8 @@ Status check_upgrade(const StateFile& src, const ModelInfo* model, std::optional
   if (!warnings) {
     return Status::Ambiguous(src_name + ": upgrading it to the v0.5.0 format needs the model: v0.5.0 files of an "
                              "M-RoPE model (Qwen2-VL, Qwen2.5-VL, ...) hold a cell extra this file lacks, and kvsnap "
-                             "cannot tell from the file whether the model is one; pass {--model GGUF}, or keep its "
-                             "format with " + keep);
+                             "cannot tell from the file whether the model is one: pass {--model GGUF}, or keep "
+                             "its format (or " + keep + ")");
   }
   *warnings += "note: upgrading " + src_name +
                " to the v0.5.0 format assumes the model has no M-RoPE cell extra (true for text-only models); "

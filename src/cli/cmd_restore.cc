@@ -19,7 +19,7 @@ struct RestoreOpts {
   int kv_group_size = 0;
   uint64_t tokens = 0;
   int threads = 0;
-  bool force = false, json = false, check = false;
+  bool force = false, json = false, check = false, allow_plain = false;
   ProgressFlags progress;
   ServerOpts srv;
 };
@@ -32,6 +32,7 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
   t.stored_src_rotation = o.src_rotation;
   t.target_build = o.target_build;
   t.threads = o.threads;
+  t.allow_plain = o.allow_plain;
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
   Result<ServerRestoreResult> restored = [&] {
     ProgressDisplay shown("restore " + o.ref, Counted::kRead, stored_bytes_of(*store, {o.ref}), o.progress.mode(o.json));
@@ -105,6 +106,7 @@ Status run_restore(const RestoreOpts& o, std::string& out) {
   req.spec.threads = o.threads;
   req.mlx = {o.kv_bits, o.kv_group_size, o.mlx_device, o.mlx_lm};
   req.model = model ? &*model : nullptr;
+  req.allow_plain = o.allow_plain;
   if (o.tokens) req.tokens = o.tokens;
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
   KV_RETURN_IF_ERROR(refuse_output_over_inputs(o.out, *store, {{o.model, "the model (--model)"}}));
@@ -163,6 +165,9 @@ void setup_restore(CLI::App& app, int& exit_status) {
     sub->add_option("--mlx-lm", o->mlx_lm, "mlx-lm snapshots: the mlx-lm release that will load it (see kvsnap convert --help)");
     sub->add_option("--threads,-t", o->threads, "conversion threads (default: all cores)");
     sub->add_flag("--force", o->force, "replace --out if it exists");
+    sub->add_flag("--allow-plain", o->allow_plain,
+                  "with a key: restore a plain (unencrypted) snapshot too; without it that is refused (exit 5), since "
+                  "nothing protects a plain snapshot from whoever can write the catalog");
     sub->add_flag("--json", o->json, "machine-readable result");
     add_progress_flags(sub, o->progress);
     sub->footer("\nWithout --ctk/--ctv/--fa/--format/--tokens/--rotation/--target-build the output is the saved file,\n"

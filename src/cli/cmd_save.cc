@@ -47,7 +47,8 @@ Status parse_level(const std::string& level, SaveRequest& req) {
   int n = 0;
   const auto [end, ec] = std::from_chars(level.data(), level.data() + level.size(), n);
   if (ec != std::errc() || end != level.data() + level.size())
-    return Status::InvalidArgument("--level '" + level + "' is not a zstd level (a whole number; the default is -10) or none");
+    return Status::InvalidArgument("--level '" + level + "' is not a zstd level (a whole number; the default is " +
+                                   std::to_string(SaveRequest{}.zstd_level) + ") or none");
   req.zstd_level = n;
   return Status::OK();
 }
@@ -231,8 +232,8 @@ void setup_save(CLI::App& app, int& exit_status) {
     sub->add_flag("--pin", o->pin, "never evict it (kvsnap unpin undoes)");
     sub->add_option("--level", o->level,
                     "zstd level (default -10: fast, literals still Huffman-coded; 1 and up trade time for space), or "
-                    "none: chunks stored raw (f16 ~20% larger, the fastest save and restore when the CPU, not the "
-                    "disk, is the limit)");
+                    "none: new chunks stored raw (f16 ~20% larger, the fastest save and restore when the CPU, not "
+                    "the disk, is the limit)");
     sub->add_option("--cells-per-chunk", o->cells_per_chunk, "cells per chunk (default 256)");
     sub->add_option("--threads,-t", o->threads, "compression threads (default: all cores)");
     sub->add_flag("--json", o->json, "machine-readable result");

@@ -12,7 +12,7 @@ namespace {
 struct ExportOpts {
   std::vector<std::string> refs;
   std::string out, store;
-  bool force = false, json = false, decrypt = false;
+  bool force = false, json = false, decrypt = false, allow_plain = false;
   ProgressFlags progress;
 };
 
@@ -22,7 +22,7 @@ Status run_export(const ExportOpts& o, std::string& out) {
   KV_RETURN_IF_ERROR(refuse_output_over_inputs(o.out, *store, {}));
   {
     ProgressDisplay shown("export", Counted::kRead, stored_bytes_of(*store, o.refs), o.progress.mode(o.json));
-    KV_RETURN_IF_ERROR(shown.finish(store->export_to(o.refs, o.out, o.decrypt)));
+    KV_RETURN_IF_ERROR(shown.finish(store->export_to(o.refs, o.out, o.decrypt, o.allow_plain)));
   }
   struct stat st {};
   ::stat(o.out.c_str(), &st);
@@ -79,6 +79,9 @@ void setup_transfer_commands(CLI::App& app, int& exit_status) {
     sub->add_flag("--decrypt", o->decrypt,
                   "write encrypted snapshots as plain .kvsnap files with a plain index (needs the key; default: they "
                   "stay sealed, their names, tags and fingerprints too)");
+    sub->add_flag("--allow-plain", o->allow_plain,
+                  "with a key: export plain (unencrypted) snapshots too; without it that is refused (exit 5), since "
+                  "nothing protects a plain snapshot from whoever can write the catalog");
     sub->add_flag("--json", o->json, "machine-readable result (and progress as JSON lines on stderr)");
     add_progress_flags(sub, o->progress);
     bind(sub, o, run_export, "export", exit_status);

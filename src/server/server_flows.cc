@@ -292,6 +292,7 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   if (r.target_build.empty()) r.target_build_from.clear();
   req.spec.target_build = r.target_build;
   req.spec.threads = t.threads;
+  req.allow_plain = t.allow_plain;
   req.model = model.info ? &*model.info : nullptr;
   const std::string name = fresh_name("restore");
   SlotFile file{io, join(t.slot_dir, name), scratch_path(t)};

@@ -56,6 +56,7 @@ struct ServerTarget {
   // the server's /props build_info when it is usable, else the stored format.
   std::string target_build;
   int threads = 0;                      // conversion threads; 0: all cores
+  bool allow_plain = false;             // restores with a key: a plain snapshot too (RestoreRequest)
   // Keep the file of the last transfer in slot_dir as kSlotScratchName and write
   // the next restore over it in place (see above); false: leave nothing behind.
   bool keep_scratch = true;

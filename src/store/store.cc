@@ -345,6 +345,8 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   if (so.writer.src_rotation == "auto") so.writer.src_rotation.clear();
   if (req.model) {
     KV_ASSIGN_OR_RETURN(so.model, snapshot_model_info(req.model->profile));
+  } else {
+    so.model = req.recorded_model;
   }
   const ReadableFile* src = &file;
   const StateFile* state = &parsed;
@@ -540,6 +542,7 @@ Result<RestoreResult> Store::restore(const std::string& ref, const RestoreReques
 Result<RestoreResult> Store::restore_unlabeled(const std::string& ref, const RestoreRequest& req, ByteSink& out) {
   const auto t0 = Clock::now();
   KV_ASSIGN_OR_RETURN(auto snap, open_snapshot(ref));
+  KV_RETURN_IF_ERROR(check_plain_under_key(snap->info(), cipher(), req.allow_plain));
   const SnapshotReader& reader = snap->reader();
   if (reader.manifest().mlx) return restore_mlx(*snap, ref, req, out, t0);
   if (req.mlx.given()) {
@@ -952,7 +955,8 @@ Result<std::vector<ExportIndexEntry>> parse_export_index(std::string_view text, 
   return entries;
 }
 
-Status Store::export_to(const std::vector<std::string>& refs, const std::string& path, bool decrypt) {
+Status Store::export_to(const std::vector<std::string>& refs, const std::string& path, bool decrypt,
+                        bool allow_plain) {
   if (refs.empty()) return Status::InvalidArgument("export: name at least one snapshot");
   struct Item {
     SnapshotInfo info;
@@ -969,6 +973,7 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
     KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
     if (!exported.insert(id).second) continue;  // named twice (an id and a name of one snapshot): once
     KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
+    KV_RETURN_IF_ERROR(check_plain_under_key(rec.info, cipher(), allow_plain));
     if (decrypt && rec.info.tenant) {
       KV_ASSIGN_OR_RETURN(auto opened, open_snapshot_held(std::to_string(id), nullptr));
       SnapshotInfo plain = rec.info;
@@ -1156,6 +1161,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
         auto saved = [&]() -> Result<SaveResult> {
           if (!m.mlx) {
             req.writer = stored_file_claims(m);
+            req.recorded_model = m.model;
             return save(original, state, req);
           }
           KV_ASSIGN_OR_RETURN(const MlxPromptCache cache, read_mlx_prompt_cache(original));

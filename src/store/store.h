@@ -65,6 +65,9 @@ struct SaveRequest {
   std::string name;                          // optional, unique
   std::map<std::string, std::string> tags;
   const ModelInfo* model = nullptr;          // records the fingerprint and head dims
+  // Without `model`: the model facts another snapshot recorded, recorded again (an import that saves
+  // an original again keeps what its restores decide by: head dims, the M-RoPE cell extra).
+  std::optional<SnapshotModelInfo> recorded_model;
   std::optional<ConversionSpec> store_type;  // quantize on store (recorded as lossy)
   bool find_parent = true;                   // parent = the longest stored prefix of the same model
   std::string source_name;                   // the file's name, recorded in the snapshot
@@ -125,6 +128,7 @@ struct RestoreRequest {
   ConversionSpec spec;               // nothing set: the snapshot's own types, byte for byte
   const ModelInfo* model = nullptr;  // overrides the snapshot's recorded head dims
   std::optional<uint64_t> tokens;    // only the first N tokens
+  bool allow_plain = false;          // with a key: read a plain snapshot too (check_plain_under_key)
 };
 
 struct RestoreResult {
@@ -245,7 +249,9 @@ class Store {
   // decrypt: encrypted snapshots are written as plain .kvsnap files (the key is needed; each
   // chunk opened and encoded again with plain ids); otherwise they stay sealed, their name, tags,
   // fingerprint and created too (the index entry's sealed_metadata, bound to the uuid).
-  Status export_to(const std::vector<std::string>& refs, const std::string& path, bool decrypt = false);
+  // With a key, a plain snapshot is exported only with `allow_plain` (check_plain_under_key).
+  Status export_to(const std::vector<std::string>& refs, const std::string& path, bool decrypt = false,
+                   bool allow_plain = false);
   // A snapshot sealed for this store's key and tenant (or plain into a plain store) is copied as
   // it is; any other (plain into an encrypted store, another key or tenant: opts) has its original
   // saved again with this store's key, keeping uuid, created, name, tags and fingerprint (of a

@@ -73,6 +73,14 @@ Status check_snapshot_key(const SnapshotInfo& info, const ChunkCipher* cipher) {
   return Status::OK();
 }
 
+Status check_plain_under_key(const SnapshotInfo& info, const ChunkCipher* cipher, bool allow_plain) {
+  if (!cipher || info.tenant || allow_plain) return Status::OK();
+  return Status::Mismatch(snapshot_label(info) +
+                          " is not encrypted, and a key was given: a plain snapshot carries no protection against "
+                          "whoever can write the store's catalog (saved before the store's first encrypted save, or "
+                          "added since by someone else); pass {--allow-plain} to read it anyway");
+}
+
 Result<std::vector<std::byte>> open_manifest_row(const SnapshotRecord& rec, const ChunkCipher* cipher) {
   if (!rec.info.tenant) return rec.manifest;
   KV_RETURN_IF_ERROR(check_snapshot_key(rec.info, cipher));

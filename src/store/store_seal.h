@@ -39,6 +39,12 @@ Status seal_record(const ChunkCipher& cipher, std::span<const std::byte> manifes
 // master key or tenant (naming both key ids, or both tenants). OK for a plain snapshot.
 Status check_snapshot_key(const SnapshotInfo& info, const ChunkCipher* cipher);
 
+// A plain (unencrypted) snapshot read by a command that was given a key: kMismatch unless
+// `allow_plain`. Nothing protects a plain row from whoever can write the catalog (it may have been
+// added under a name the key holder restores), so a key holder takes its data only on purpose
+// (restore, export: docs/store.md, threat model).
+Status check_plain_under_key(const SnapshotInfo& info, const ChunkCipher* cipher, bool allow_plain);
+
 // The manifest bytes of a row: as stored when plain, opened (check_snapshot_key first) when sealed.
 Result<std::vector<std::byte>> open_manifest_row(const SnapshotRecord& rec, const ChunkCipher* cipher);
 // The tokens of a row: rec.tokens when plain, the sealed list opened when encrypted.

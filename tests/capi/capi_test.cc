@@ -159,8 +159,6 @@ TEST(CApi, V2ParamsRequantAndSourceBuildEqualTheCommand) {
   std::filesystem::remove(raw_path);
 }
 
-// struct_size: a program built against an older kvsnap.h (smaller) is refused only below the first
-// version 2; one built against a newer kvsnap.h works while its extra members are unset.
 // Old-format file bytes (b8121's slot) upgraded to the v0.5.0 format: v0.5.0 files of an M-RoPE
 // model hold a cell extra the old file lacks, and only the model says whether it is one. Without
 // a model the C API has nobody to tell an assumption to: it refuses (the command notes it).
@@ -187,6 +185,8 @@ TEST(CApi, AnUpgradeWithoutTheModelIsRefused) {
   EXPECT_EQ(kept.bytes, cli_convert(fixture("b8121/hd64-f16-f16-faon.slot"), "--format ggsq-v2"));
 }
 
+// struct_size: a program built against an older kvsnap.h (smaller) is refused only below the first
+// version 2; one built against a newer kvsnap.h works while its extra members are unset.
 TEST(CApi, V2StructSizeIsChecked) {
   const auto slot = slurp(fixture("v0.5.0/hd64-q8_0-q8_0-faon.slot"));
   struct Newer {

@@ -813,9 +813,42 @@ TEST_F(StoreCli, RequantChoosesHowQuantizedBlocksAreMade) {
   EXPECT_TRUE(slurp(out) == bytes_ref) << "restore --requant reference writes what convert does";
 }
 
-// `save --source-build` checks the build against the file, records it in the snapshot, and restores
-// that convert use it: no flag at restore, the same bytes as `convert --source-build`; a recorded
-// declared rotation works the same way; `restore --target-build` writes for another build.
+// save --store-type of an old-format file (ggsq v2) writes the current format, whose M-RoPE cell
+// extra only the model decides: without --model exit 6, nothing stored, and the remedy is --model
+// (save has no --format to offer); with it, saved.
+TEST_F(StoreCli, SaveStoreTypeOfAnOldFileNeedsTheModel) {
+  const fs::path fx = fs::path(KVSNAP_SOURCE_DIR) / "fixtures";
+  const std::string old = (fx / "b8121/hd64-f16-f16-faon.slot").string();
+  KvRun r = kv("save " + old + " --store-type q8_0 --name q");
+  EXPECT_EQ(r.code, 6) << r.err;
+  EXPECT_NE(r.err.find("needs the model"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--model GGUF"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("--format"), std::string::npos) << "save takes no --format: " << r.err;
+  EXPECT_EQ(count_snapshots(), 0u);
+  r = kv("save " + old + " --store-type q8_0 --name q --model " + (fx / "models/tiny-hd64.gguf").string());
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = kv("restore q -o " + (dir_ / "q.slot").string() + " --ctk f16 --ctv f16");
+  EXPECT_EQ(r.code, 0) << "stored in the current format: " << r.err;
+}
+
+// restore and export of a plain snapshot with a key: exit 5 naming --allow-plain, nothing written;
+// with the flag, the file as saved (docs/store.md, threat model).
+TEST_F(StoreCli, APlainSnapshotNeedsAllowPlainUnderAKey) {
+  const fs::path slot = make_slot("p.slot", 2, 64, 40, 5);
+  ASSERT_EQ(kv("save " + slot.string() + " --name p").code, 0);
+  const std::string key = " --key-file " + key_file("k.key", 'c').string();
+  const fs::path out = dir_ / "p-back.slot", archive = dir_ / "p.tar.zst";
+  for (const std::string cmd : {"restore p -o " + out.string(), "export p -o " + archive.string()}) {
+    KvRun r = kv(cmd + key);
+    EXPECT_EQ(r.code, 5) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("--allow-plain"), std::string::npos) << r.err;
+    EXPECT_EQ(kv(cmd + key + " --allow-plain").code, 0) << cmd;
+  }
+  EXPECT_EQ(slurp(out), slurp(slot));
+  EXPECT_TRUE(fs::exists(archive));
+  EXPECT_EQ(kv("restore p --force -o " + out.string()).code, 0) << "without a key, as before";
+}
+
 // save --level none stores every chunk raw (the fastest save and restore when the CPU is the
 // limit, docs/store.md "Speed and space"): the restore is the file byte for byte, the stored bytes
 // are the raw ones plus the blob headers; a level that is neither a number nor none is exit 2.
@@ -826,13 +859,21 @@ TEST_F(StoreCli, SaveLevelNoneStoresTheChunksRaw) {
   const auto saved = nlohmann::json::parse(r.out);
   const uint64_t raw = saved["raw_bytes"], stored = saved["stored_bytes"], chunks = saved["n_chunks"];
   EXPECT_EQ(stored, raw + 16 * chunks) << r.out;  // a 16-byte header per blob, nothing compressed
-  r = kv("save " + slot.string() + " --name zstd --json", "");
+  // The default level into a store of its own (in this one every chunk would be found stored).
+  r = bare("save " + slot.string() + " --json --store " + (dir_ / "zstd-store").string());
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_LT(uint64_t(nlohmann::json::parse(r.out)["bytes_new"]), raw) << "the default compresses the f16 planes";
+  EXPECT_LT(uint64_t(nlohmann::json::parse(r.out)["stored_bytes"]), raw * 9 / 10)
+      << "the default compresses the f16 exponent plane";
   const fs::path out = dir_ / "back.slot";
   ASSERT_EQ(kv("restore raw -o " + out.string()).code, 0);
   EXPECT_EQ(slurp(out), slurp(slot));
   EXPECT_EQ(kv("verify raw").code, 0);
+  // Saved without the model: a restore that crosses the rotation needs it; restore has no head-dim
+  // flags, so none is offered.
+  r = kv("restore raw -o " + (dir_ / "q8.slot").string() + " --ctk q8_0 --ctv q8_0");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--model GGUF"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("--head-dim-k"), std::string::npos) << r.err;
   r = kv("show raw --json");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("\"compression\": \"none\""), std::string::npos) << "INFO's chunking says so: " << r.out;
@@ -846,6 +887,9 @@ TEST_F(StoreCli, SaveLevelNoneStoresTheChunksRaw) {
   EXPECT_NE(r.err.find("out of range"), std::string::npos) << r.err;
 }
 
+// `save --source-build` checks the build against the file, records it in the snapshot, and restores
+// that convert use it: no flag at restore, the same bytes as `convert --source-build`; a recorded
+// declared rotation works the same way; `restore --target-build` writes for another build.
 TEST_F(StoreCli, SaveRecordsTheBuildThatWroteTheFile) {
   const fs::path fx = fs::path(KVSNAP_SOURCE_DIR) / "fixtures";
   const std::string model = (fx / "models/tiny-hd64.gguf").string();

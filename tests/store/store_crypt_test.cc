@@ -18,6 +18,7 @@
 #include "base/chunk_cipher.h"
 #include "base/key_source.h"
 #include "format/state_prefix.h"
+#include "migrate/model_info.h"
 #include "store/crypt_bed.h"
 #include "store/fault_io.h"
 #include "store/store.h"
@@ -151,6 +152,81 @@ TEST(StoreCrypt, AWriterThatOpenedThePlainStoreSavesNothingOnceItIsEncrypted) {
   auto listed = b.must_open(b.key_a, "alice")->catalog().list();
   ASSERT_TRUE(listed.ok());
   EXPECT_EQ(listed->size(), 2u) << "the plain snapshot saved before and the sealed one";
+}
+
+// With a key, a plain snapshot (saved before the store's first encrypted save, or added to the
+// catalog by anyone who can write it: nothing protects a plain row) is restored or exported only
+// on purpose (RestoreRequest::allow_plain, export_to's allow_plain): never taken as the key
+// holder's own data. Without a key, as before.
+TEST(StoreCrypt, APlainSnapshotIsReadUnderAKeyOnlyOnPurpose) {
+  Bed b;
+  Loaded l = load(fixtures() / kSlot);
+  SaveRequest named = small_chunks();
+  named.name = "chat";
+  {
+    auto plain = b.open("");
+    ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+    ASSERT_TRUE((*plain)->save(*l.file, l.state, named).ok());
+  }
+  const std::string original = test::slurp_text(fixtures() / kSlot);
+  auto keyed = b.must_open(b.key_a, "alice");
+  ASSERT_TRUE(keyed->save(*l.file, l.state, small_chunks()).ok());  // the store is encrypted now
+  for (const std::string ref : {"chat", "1"}) {
+    Status st;
+    EXPECT_EQ(restore_all(*keyed, ref, &st), "");
+    ASSERT_EQ(st.code(), Code::kMismatch) << st.ToString();
+    EXPECT_NE(st.message().find("is not encrypted, and a key was given"), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find("allow-plain"), std::string::npos) << st.ToString();
+  }
+  VectorSink out;
+  RestoreRequest on_purpose;
+  on_purpose.allow_plain = true;
+  ASSERT_TRUE(keyed->restore("chat", on_purpose, out).ok());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(out.bytes.data()), out.bytes.size()), original);
+  EXPECT_EQ(restore_all(*keyed, "2"), original) << "the sealed snapshot restores as always";
+
+  const fs::path archive = b.keys / "x.tar.zst";
+  Status exported = keyed->export_to({"chat"}, archive.string());
+  ASSERT_EQ(exported.code(), Code::kMismatch) << exported.ToString();
+  EXPECT_FALSE(fs::exists(archive));
+  ASSERT_TRUE(keyed->export_to({"chat"}, archive.string(), false, /*allow_plain=*/true).ok());
+  EXPECT_TRUE(fs::exists(archive));
+}
+
+// A plain archive imported into an encrypted store is saved again: the model facts its save
+// recorded go with it (a review's finding: they were dropped, so an old-format original saved with
+// --model could no longer be restored at other types without the model).
+TEST(StoreCrypt, AnImportSavedAgainKeepsTheRecordedModel) {
+  auto model = load_model_info(posix_io(), (fixtures() / "models/tiny-hd64.gguf").string());
+  ASSERT_TRUE(model.ok());
+  Loaded l = load(fixtures() / "b8121/hd64-f16-f16-faon.slot");
+  Bed src;
+  auto plain = src.open("");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  SaveRequest req = small_chunks();
+  req.model = &*model;
+  auto saved = (*plain)->save(*l.file, l.state, req);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  const std::string archive = temp_path("recorded").string() + ".tar.zst";
+  ASSERT_TRUE((*plain)->export_to({saved->info.uuid}, archive).ok());
+  Bed dst;
+  auto keyed = dst.must_open(dst.key_a, "alice");
+  auto imported = keyed->import_from(archive);
+  ASSERT_TRUE(imported.ok()) << imported.status().ToString();
+  fs::remove(archive);
+  auto snap = keyed->open_snapshot(saved->info.uuid);
+  ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+  const auto& m = (*snap)->reader().manifest();
+  ASSERT_TRUE(m.encryption.has_value()) << "sealed on the way in";
+  ASSERT_TRUE(m.model.has_value());
+  EXPECT_EQ(m.model->cell_ext_bytes, std::optional<uint32_t>(0));
+  EXPECT_EQ(m.model->gguf_fingerprint, model->profile.fingerprint);
+  RestoreRequest at_q8;
+  at_q8.spec.ctk = at_q8.spec.ctv = "q8_0";
+  VectorSink out;
+  auto r = keyed->restore(saved->info.uuid, at_q8, out);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->converted);
 }
 
 // A synthetic f16 slot (ggsq v3) of `cells` tokens whose K/V values are random: zstd cannot
