@@ -7,6 +7,7 @@
 #include "base/json_access.h"
 #include "format/ggml_types.h"
 #include "server/slot_file_writer.h"
+#include "store/store_seal.h"
 
 namespace kvsnap {
 
@@ -258,6 +259,7 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
                                    "kvsnap convert --to llama, docs/mlx.md)");
   }
   KV_RETURN_IF_ERROR(check_model(info, model, ref));
+  KV_RETURN_IF_ERROR(check_plain_under_key(info, store.cipher(), t.allow_plain));  // Store::restore's check, early
 
   ServerRestoreResult r;
   r.ctk = t.ctk;

@@ -574,6 +574,12 @@ Result<std::vector<std::optional<ChunkUse>>> PgCatalog::find_chunks(std::span<co
 
 Result<int64_t> PgCatalog::resolve(const std::string& ref) {
   if (ref.empty()) return Status::InvalidArgument("an empty snapshot reference");
+  // A whole uuid names the row of that uuid and nothing else (SqliteCatalog::resolve).
+  if (auto uuid = canonical_snapshot_uuid(ref); uuid.ok()) {
+    KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT id FROM snapshots WHERE uuid = $1", PgParams().text(*uuid)));
+    if (q.rows() > 0) return q.i64(0, 0);
+    return unresolved(ref, "the catalog at " + where_);
+  }
   {
     KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT id FROM snapshots WHERE name = $1", PgParams().text(ref)));
     if (q.rows() > 0) return q.i64(0, 0);

@@ -544,6 +544,16 @@ Result<std::vector<std::optional<ChunkUse>>> SqliteCatalog::find_chunks(std::spa
 
 Result<int64_t> SqliteCatalog::resolve(const std::string& ref) {
   if (ref.empty()) return Status::InvalidArgument("an empty snapshot reference");
+  // A whole uuid names the row of that uuid and nothing else: no name reads as one
+  // (check_snapshot_labels), so a row named like one was written by someone else (to have another
+  // snapshot restored in its place).
+  if (auto uuid = canonical_snapshot_uuid(ref); uuid.ok()) {
+    KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT id FROM snapshots WHERE uuid = ?1"));
+    q.text(1, *uuid);
+    KV_ASSIGN_OR_RETURN(bool found, q.step());
+    if (found) return q.col_i64(0);
+    return unresolved(ref, "the store at " + std::filesystem::path(path_).parent_path().string());
+  }
   {
     KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT id FROM snapshots WHERE name = ?1"));
     q.text(1, ref);

@@ -402,6 +402,14 @@ TYPED_TEST_P(CatalogContract, ResolveByNameIdUuidAndPrefix) {
   EXPECT_EQ(c->resolve("nobody").status().code(), Code::kNotFound);
   EXPECT_EQ(c->resolve("4242").status().code(), Code::kNotFound);
   EXPECT_EQ(c->resolve("").status().code(), Code::kInvalidArgument);
+
+  // A whole uuid names its own row only: a name that is a uuid (no save writes one; someone who
+  // wrote the catalog did, to have their row restored in its place) does not win over it, and a
+  // whole uuid that no row has is not found whatever the names say.
+  this->sql("UPDATE snapshots SET name = 'abcdef01-0000-4000-8000-000000000001' WHERE id = " + std::to_string(ib));
+  EXPECT_EQ(*c->resolve("abcdef01-0000-4000-8000-000000000001"), ia);
+  this->sql("UPDATE snapshots SET name = '12345678-0000-4000-8000-000000000009' WHERE id = " + std::to_string(ib));
+  EXPECT_EQ(c->resolve("12345678-0000-4000-8000-000000000009").status().code(), Code::kNotFound);
 }
 
 // ---------------------------------------------------------------- list

@@ -351,6 +351,31 @@ TEST(StoreCrypt, TamperingFailsTheTagNamingTheSnapshot) {
   EXPECT_EQ(found.status().code(), Code::kCorruption) << "find opens the candidate's tokens";
 }
 
+// A whole uuid resolves to that uuid's row only: a row someone named like another snapshot's uuid
+// (kvsnap never writes such a name) is not restored in its place (a review's finding: the name was
+// looked up first, and serve restores by uuid).
+TEST(StoreCrypt, AUuidNamesItsOwnRowEvenIfAnotherIsNamedLikeIt) {
+  Bed b;
+  Loaded l = load(fixtures() / kSlot);
+  Loaded other = load(fixtures() / "v0.5.0/hd64-q8_0-q8_0-faon.slot");
+  auto s = b.must_open(b.key_a);
+  auto mine = s->save(*l.file, l.state, small_chunks());
+  auto theirs = s->save(*other.file, other.state, small_chunks());
+  ASSERT_TRUE(mine.ok() && theirs.ok());
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((b.root / "catalog.sqlite").c_str(), &db), SQLITE_OK);
+  const std::string sql = "UPDATE snapshots SET name = '" + mine->info.uuid + "' WHERE id = " + std::to_string(theirs->info.id);
+  ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  EXPECT_EQ(*s->catalog().resolve(mine->info.uuid), mine->info.id);
+  std::string upper = mine->info.uuid;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  EXPECT_EQ(*s->catalog().resolve(upper), mine->info.id);
+  EXPECT_EQ(restore_all(*s, mine->info.uuid), test::slurp_text(fixtures() / kSlot));
+  const std::string gone = "00000000-0000-4000-8000-000000000000";
+  EXPECT_EQ(s->catalog().resolve(gone).status().code(), Code::kNotFound);
+}
+
 TEST(StoreCrypt, ARowCopiedOntoAnotherSnapshotFailsItsTag) {
   Bed b;
   Loaded l = load(fixtures() / kSlot);
