@@ -838,7 +838,7 @@ TEST_F(StoreCli, APlainSnapshotNeedsAllowPlainUnderAKey) {
   ASSERT_EQ(kv("save " + slot.string() + " --name p").code, 0);
   const std::string key = " --key-file " + key_file("k.key", 'c').string();
   const fs::path out = dir_ / "p-back.slot", archive = dir_ / "p.tar.zst";
-  for (const std::string cmd : {"restore p -o " + out.string(), "export p -o " + archive.string()}) {
+  for (const std::string& cmd : {"restore p -o " + out.string(), "export p -o " + archive.string()}) {
     KvRun r = kv(cmd + key);
     EXPECT_EQ(r.code, 5) << cmd << ": " << r.err;
     EXPECT_NE(r.err.find("--allow-plain"), std::string::npos) << r.err;

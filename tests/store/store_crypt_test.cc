@@ -171,7 +171,7 @@ TEST(StoreCrypt, APlainSnapshotIsReadUnderAKeyOnlyOnPurpose) {
   const std::string original = test::slurp_text(fixtures() / kSlot);
   auto keyed = b.must_open(b.key_a, "alice");
   ASSERT_TRUE(keyed->save(*l.file, l.state, small_chunks()).ok());  // the store is encrypted now
-  for (const std::string ref : {"chat", "1"}) {
+  for (const char* ref : {"chat", "1"}) {
     Status st;
     EXPECT_EQ(restore_all(*keyed, ref, &st), "");
     ASSERT_EQ(st.code(), Code::kMismatch) << st.ToString();
