@@ -201,6 +201,9 @@ class Catalog {
 
   // Store-wide settings (key -> value): "encryption" = the master key id of an encrypted store.
   virtual Result<std::optional<std::string>> get_meta(const std::string& key) = 0;
+  // The master key id of a sealed (encrypted) snapshot row, if the catalog holds one: a catalog
+  // without the "encryption" setting that holds one had the setting removed (Store::open).
+  virtual Result<std::optional<std::string>> any_sealed_key_id() = 0;
   // Sets `key` to `value` unless it is set; returns the value it holds after (the first
   // writer's, when two race).
   virtual Result<std::string> init_meta(const std::string& key, const std::string& value) = 0;

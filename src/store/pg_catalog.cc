@@ -175,6 +175,13 @@ Result<std::optional<std::string>> PgCatalog::get_meta(const std::string& key) {
   return std::optional<std::string>(r.text(0, 0));
 }
 
+Result<std::optional<std::string>> PgCatalog::any_sealed_key_id() {
+  KV_ASSIGN_OR_RETURN(PgResult r,
+                      conn_->exec("SELECT master_key_id FROM snapshots WHERE tenant IS NOT NULL LIMIT 1", PgParams()));
+  if (r.rows() == 0) return std::optional<std::string>();
+  return std::optional<std::string>(r.is_null(0, 0) ? std::string() : r.text(0, 0));
+}
+
 Result<std::string> PgCatalog::init_meta(const std::string& key, const std::string& value) {
   KV_RETURN_IF_ERROR(conn_->exec("INSERT INTO kvsnap_meta(key, value) VALUES($1, $2) ON CONFLICT(key) DO NOTHING",
                                  PgParams().text(key).text(value))

@@ -111,6 +111,7 @@ class PgCatalog : public Catalog {
   Result<std::vector<std::string>> integrity_check() override;
   Result<int> schema_version() override;
   Result<std::optional<std::string>> get_meta(const std::string& key) override;
+  Result<std::optional<std::string>> any_sealed_key_id() override;
   Result<std::string> init_meta(const std::string& key, const std::string& value) override;
   // Key rotation: the settings' rows are locked (FOR UPDATE here, FOR SHARE by add_snapshot's key
   // check), so under READ COMMITTED a finish and a commit of an old-key row are ordered.

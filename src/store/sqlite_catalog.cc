@@ -321,6 +321,13 @@ Result<std::optional<std::string>> SqliteCatalog::get_meta(const std::string& ke
   return std::optional<std::string>(q.col_text(0));
 }
 
+Result<std::optional<std::string>> SqliteCatalog::any_sealed_key_id() {
+  KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT master_key_id FROM snapshots WHERE tenant IS NOT NULL LIMIT 1"));
+  KV_ASSIGN_OR_RETURN(bool row, q.step());
+  if (!row) return std::optional<std::string>();
+  return std::optional<std::string>(q.is_null(0) ? std::string() : q.col_text(0));
+}
+
 Result<std::string> SqliteCatalog::init_meta(const std::string& key, const std::string& value) {
   std::string now;
   KV_RETURN_IF_ERROR(write_txn([&]() -> Status {

@@ -94,6 +94,7 @@ class SqliteCatalog final : public Catalog {
                         const std::string& expect_key_id, const PrefixKeying& keying, GcLockHold& hold) override;
   Result<int> schema_version() override;
   Result<std::optional<std::string>> get_meta(const std::string& key) override;
+  Result<std::optional<std::string>> any_sealed_key_id() override;
   Result<std::string> init_meta(const std::string& key, const std::string& value) override;
   std::string describe() const override { return path_; }
   const std::string& path() const { return path_; }

@@ -294,6 +294,14 @@ Status Store::open_encryption(StoreParts& parts) {
   } else if (meta && !parts.keyless_ok) {
     return Status::InvalidArgument("store " + name_ + " is encrypted (key " + *meta +
                                    "): pass --key-file FILE or --key-command CMD");
+  } else if (!meta && !parts.keyless_ok) {
+    // Sealed rows but no setting: someone removed it, so that a command without the key would take
+    // the store for a plain one (and its plain rows, whoever added them, as the store's own).
+    KV_ASSIGN_OR_RETURN(std::optional<std::string> sealed, catalog_->any_sealed_key_id());
+    if (sealed)
+      return Status::Corruption("store " + name_ + " holds encrypted snapshots (key " + *sealed +
+                                "), but its catalog's encryption setting is gone (removed by someone who can "
+                                "write the catalog?): pass the key with --key-file FILE or --key-command CMD");
   }
   return Status::OK();
 }

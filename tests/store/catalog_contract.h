@@ -748,8 +748,10 @@ TYPED_TEST_P(CatalogContract, EncryptedRowsKeepTheirKeyIdsAndAKeyedPrefixIndex) 
   ASSERT_TRUE(c);
   const std::vector<int32_t> toks = iota_tokens(150);
   const int64_t plain = this->add(*c, record("plain", toks));
+  EXPECT_EQ(*c->any_sealed_key_id(), std::nullopt) << "plain rows only";
   c->set_keying(fake_keying(1));
   const int64_t sealed = this->add(*c, sealed_record("sealed", "t1", toks), {use("s")});
+  EXPECT_EQ(*c->any_sealed_key_id(), std::optional<std::string>("00112233445566aa"));
   c->set_keying(nullptr);
   auto unkeyed = c->add_snapshot(sealed_record("no-keying", "t1", toks), {});
   EXPECT_EQ(unkeyed.status().code(), Code::kInvalidArgument) << "an encrypted row needs its keyed index";

@@ -376,6 +376,26 @@ TEST(StoreCrypt, AUuidNamesItsOwnRowEvenIfAnotherIsNamedLikeIt) {
   EXPECT_EQ(s->catalog().resolve(gone).status().code(), Code::kNotFound);
 }
 
+// A catalog whose encryption setting someone removed, its sealed rows still there: a command
+// without the key does not take it for a plain store (it would restore plain rows anyone added as
+// the store's own); with the key it opens; verify and gc, which run without the key, open it.
+TEST(StoreCrypt, ARemovedEncryptionSettingIsNoticedWithoutTheKey) {
+  Bed b;
+  Loaded l = load(fixtures() / kSlot);
+  ASSERT_TRUE(b.must_open(b.key_a)->save(*l.file, l.state, small_chunks()).ok());
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((b.root / "catalog.sqlite").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "DELETE FROM store_meta WHERE key = 'encryption'", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  auto keyless = b.open("");
+  ASSERT_EQ(keyless.status().code(), Code::kCorruption) << keyless.status().ToString();
+  EXPECT_NE(keyless.status().message().find("encryption setting is gone"), std::string::npos)
+      << keyless.status().ToString();
+  EXPECT_NE(keyless.status().message().find(b.key_id(b.key_a)), std::string::npos) << keyless.status().ToString();
+  EXPECT_TRUE(b.open("", "", /*keyless_ok=*/true).ok());
+  EXPECT_TRUE(b.open(b.key_a).ok());
+}
+
 TEST(StoreCrypt, ARowCopiedOntoAnotherSnapshotFailsItsTag) {
   Bed b;
   Loaded l = load(fixtures() / kSlot);
