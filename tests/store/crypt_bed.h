@@ -66,6 +66,13 @@ struct Bed {
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     return s.ok() ? std::move(s).value() : nullptr;
   }
+  // Raw SQL on the store's catalog, bypassing kvsnap: what someone who can write the file does.
+  void sql(const std::string& statement) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((root / "catalog.sqlite").c_str(), &db), SQLITE_OK);
+    EXPECT_EQ(sqlite3_exec(db, statement.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << statement;
+    sqlite3_close(db);
+  }
   std::string key_id(const fs::path& key) {
     auto k = load_key_file(key.string());
     return k.ok() ? key_id_hex(k->id()) : "";

@@ -362,11 +362,8 @@ TEST(StoreCrypt, AUuidNamesItsOwnRowEvenIfAnotherIsNamedLikeIt) {
   auto mine = s->save(*l.file, l.state, small_chunks());
   auto theirs = s->save(*other.file, other.state, small_chunks());
   ASSERT_TRUE(mine.ok() && theirs.ok());
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open((b.root / "catalog.sqlite").c_str(), &db), SQLITE_OK);
   const std::string sql = "UPDATE snapshots SET name = '" + mine->info.uuid + "' WHERE id = " + std::to_string(theirs->info.id);
-  ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
-  sqlite3_close(db);
+  b.sql(sql);
   EXPECT_EQ(*s->catalog().resolve(mine->info.uuid), mine->info.id);
   std::string upper = mine->info.uuid;
   for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -383,10 +380,7 @@ TEST(StoreCrypt, ARemovedEncryptionSettingIsNoticedWithoutTheKey) {
   Bed b;
   Loaded l = load(fixtures() / kSlot);
   ASSERT_TRUE(b.must_open(b.key_a)->save(*l.file, l.state, small_chunks()).ok());
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open((b.root / "catalog.sqlite").c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, "DELETE FROM store_meta WHERE key = 'encryption'", nullptr, nullptr, nullptr), SQLITE_OK);
-  sqlite3_close(db);
+  b.sql("DELETE FROM store_meta WHERE key = 'encryption'");
   auto keyless = b.open("");
   ASSERT_EQ(keyless.status().code(), Code::kCorruption) << keyless.status().ToString();
   EXPECT_NE(keyless.status().message().find("encryption setting is gone"), std::string::npos)
@@ -403,12 +397,9 @@ TEST(StoreCrypt, ARowCopiedOntoAnotherSnapshotFailsItsTag) {
   auto one = s->save(*l.file, l.state, small_chunks());
   auto two = s->save(*l.file, l.state, small_chunks());
   ASSERT_TRUE(one.ok() && two.ok());
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open((b.root / "catalog.sqlite").c_str(), &db), SQLITE_OK);
   const std::string sql = "UPDATE snapshot_blobs SET manifest = (SELECT manifest FROM snapshot_blobs WHERE snapshot_id = " +
                           std::to_string(one->info.id) + ") WHERE snapshot_id = " + std::to_string(two->info.id);
-  ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
-  sqlite3_close(db);
+  b.sql(sql);
   Status st;
   restore_all(*s, std::to_string(two->info.id), &st);
   EXPECT_EQ(st.code(), Code::kCorruption) << st.ToString();
