@@ -121,6 +121,20 @@ ordered_json layer_json(const StateFile& f, const KvStream& st, const KvLayer& L
   return j;
 }
 
+}  // namespace
+
+ordered_json chunking_json(const SnapshotOptions& o) {
+  ordered_json j = {{"cells_per_chunk", o.cells_per_chunk}, {"frame_chunk_bytes", kFrameChunkBytes}};
+  if (o.compress) {
+    j["zstd_level"] = o.zstd_level;
+  } else {
+    j["compression"] = "none";
+  }
+  return j;
+}
+
+namespace {
+
 ordered_json model_json(const SnapshotModelInfo& m) {
   ordered_json j;
   j["arch"] = m.arch;
@@ -240,12 +254,7 @@ ordered_json build_info(const StateFile& f, const SnapshotOptions& o, const Sha2
   } else {
     j["lossy"] = nullptr;
   }
-  j["chunking"] = {{"cells_per_chunk", o.cells_per_chunk}, {"frame_chunk_bytes", kFrameChunkBytes}};
-  if (o.compress) {
-    j["chunking"]["zstd_level"] = o.zstd_level;
-  } else {
-    j["chunking"]["compression"] = "none";
-  }
+  j["chunking"] = chunking_json(o);
   return j;
 }
 

@@ -144,6 +144,9 @@ void number_chunks(SegmentTable& t);
 // A kTransposed segment's band height (docs/format.md, "Writer's choices").
 uint32_t rows_per_chunk(uint64_t n_rows, uint64_t cell_count, uint64_t elem_bytes, uint64_t cells_per_chunk);
 
+// INFO's "chunking": the chunk size and how this save encoded its new chunks.
+nlohmann::ordered_json chunking_json(const SnapshotOptions& opts);
+
 // The INFO document for a state (everything but the digests of the bytes).
 nlohmann::ordered_json build_info(const StateFile& f, const SnapshotOptions& opts, const Sha256Digest& original_sha,
                                   const std::string& created);

@@ -131,12 +131,7 @@ ordered_json mlx_info(const MlxPromptCache& cache, const MlxCacheSummary& sum, c
   j["mlx"] = summary_json(sum, cache);
   j["tokens"] = {{"n_tokens", n_tokens}, {"n_words", 0}, {"packed", false}};
   j["lossy"] = nullptr;
-  j["chunking"] = {{"cells_per_chunk", o.cells_per_chunk}, {"frame_chunk_bytes", kFrameChunkBytes}};
-  if (o.compress) {
-    j["chunking"]["zstd_level"] = o.zstd_level;
-  } else {
-    j["chunking"]["compression"] = "none";
-  }
+  j["chunking"] = chunking_json(o);
   return j;
 }
 
