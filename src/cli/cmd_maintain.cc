@@ -48,12 +48,14 @@ Status run_rm(const RmOpts& o, std::string& out) {
 struct GcOpts {
   std::string store, max_bytes, tenant;
   bool wait = false, json = false, dry_run = false;
+  int compact_dead = GcOptions::kDefaultCompactDeadPercent;
   ProgressFlags progress;
 };
 
 // gc's eviction: expired snapshots always, then --max-bytes (for --tenant's snapshots only when given).
 Result<EvictResult> evict_for_gc(Store& store, const GcOpts& o) {
   EvictionRequest req;
+  req.compact_dead_percent = o.compact_dead;
   if (!o.max_bytes.empty()) {
     auto cap = parse_byte_size(o.max_bytes);
     if (!cap.ok()) return cap.status().Prefixed("--max-bytes");
@@ -89,15 +91,22 @@ void render_eviction(const EvictResult& e, const GcOpts& o, json& j, std::string
 Result<GcReport> collect_with_progress(Store& store, const GcOpts& o) {
   ProgressDisplay shown("gc", Counted::kFreed, 0, o.progress.mode(o.json));
   uint64_t freed = 0;
-  return shown.finish(store.gc(o.wait, [&](const GcProgress& p) -> Status {
-    shown.set_total(p.bytes_total);
-    count_freed(p.bytes_done - freed);
-    freed = p.bytes_done;
+  const auto progress = [&](const GcProgress& p) -> Status {
+    if (!p.compacting) {  // compaction's calls only ask whether to go on
+      shown.set_total(p.bytes_total);
+      count_freed(p.bytes_done - freed);
+      freed = p.bytes_done;
+    }
     if (!interrupted()) return Status::OK();
+    if (p.compacting)
+      return Status::Interrupted(store.paths().root + ": gc stopped by a signal (Ctrl-C) while compacting packs: "
+                                 "the garbage is deleted, the packs compacted so far are done and the one in "
+                                 "progress is as it was; the next kvsnap gc compacts the rest");
     return Status::Interrupted(store.paths().root + ": gc stopped by a signal (Ctrl-C) after deleting " +
                                std::to_string(p.files_done) + " of " + std::to_string(p.files_total) +
                                " files; the store is whole, and the next kvsnap gc deletes the rest");
-  }));
+  };
+  return shown.finish(store.gc(o.wait, progress, o.compact_dead));
 }
 
 Status run_gc(const GcOpts& o, std::string& out) {
@@ -114,7 +123,9 @@ Status run_gc(const GcOpts& o, std::string& out) {
   KV_ASSIGN_OR_RETURN(CatalogStats s, store->catalog().stats());
   json j = {{"skipped_busy", r.skipped_busy}, {"unreferenced_deleted", r.unreferenced_deleted},
             {"orphans_deleted", r.orphans_deleted}, {"packs_deleted", r.packs_deleted},
-            {"temporaries_deleted", r.temporaries_deleted}, {"uploads_aborted", r.uploads_aborted}, {"snapshots", s.snapshots}, {"chunks", s.chunks},
+            {"temporaries_deleted", r.temporaries_deleted}, {"uploads_aborted", r.uploads_aborted},
+            {"packs_compacted", r.packs_compacted}, {"compacted_bytes_moved", r.compacted_bytes_moved},
+            {"compacted_bytes_freed", r.compacted_bytes_freed}, {"warnings", r.warnings}, {"snapshots", s.snapshots}, {"chunks", s.chunks},
             {"stored_bytes", s.stored_bytes}, {"raw_bytes", s.raw_bytes}, {"dedup_ratio", s.dedup_ratio}};
   j.update(ej);
   out = etext;
@@ -127,6 +138,11 @@ Status run_gc(const GcOpts& o, std::string& out) {
     return Status::OK();
   }
   std::string buf;
+  for (const std::string& w : r.warnings) out += "warning: gc: " + w + "\n";
+  if (r.packs_compacted)
+    out += "gc: compacted " + std::to_string(r.packs_compacted) + (r.packs_compacted == 1 ? " pack" : " packs") +
+           " (moved " + mib(r.compacted_bytes_moved) + " of live chunks into a new pack, freed " +
+           mib(r.compacted_bytes_freed) + ")\n";
   buf = printf_text(
                 "gc: deleted %zu unreferenced chunks, %zu orphan blobs, %zu unused packs, %zu temporaries\n"
                 "store: %lld snapshots, %lld chunks, %s stored for %s of states (dedup %.2fx)\n",
@@ -269,11 +285,20 @@ void setup_maintain_commands(CLI::App& app, int& exit_status) {
                     "first evict snapshots until the store holds at most N bytes after dedup (N, or 500M, 20G, 1T)");
     sub->add_option("--tenant", o->tenant, "with --max-bytes: cap only this tenant's snapshots (tag serve.ns)");
     sub->add_flag("--dry-run", o->dry_run, "list what would be evicted; remove and delete nothing");
+    sub->add_option("--compact-dead", o->compact_dead,
+                    "copy the live chunks of every pack whose dead bytes are at least PERCENT of it into a new pack, "
+                    "and delete the old one (0: never)")
+        ->option_text("PERCENT (default " + std::to_string(GcOptions::kDefaultCompactDeadPercent) + ")")
+        ->check(CLI::Range(0, 100));
     sub->add_flag("--json", o->json, "machine-readable result (evicted snapshots and bytes freed included)");
     add_progress_flags(sub, o->progress);
     sub->footer("\nEviction (docs/store.md, \"Caps and eviction\"): expired snapshots (save --ttl, kvsnap expire) go\n"
                 "first, then the least recently restored, until the cap is met; pinned snapshots never go, and a\n"
                 "chunk another snapshot uses is never deleted.\n"
+                "\nCompaction: a save writes one pack; when a snapshot goes, the chunks only it used become dead\n"
+                "bytes in that pack (a longer session saved later keeps the shared ones alive). gc copies the live\n"
+                "chunks of a pack that is --compact-dead percent dead into a new pack and deletes the old one\n"
+                "(rm and eviction do the same for the packs they touched).\n"
                 "\nExamples:\n  kvsnap gc                               # expired snapshots and garbage\n"
                 "  kvsnap gc --max-bytes 20G --dry-run     # what a 20 GiB cap would evict\n"
                 "  kvsnap gc --max-bytes 2G --tenant ana   # hold tenant ana to 2 GiB\n");

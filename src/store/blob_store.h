@@ -155,6 +155,8 @@ class BlobStore {
   // archive to its last entry): the batch borrows it, since a second hold of the thread could wait
   // for a gc that waits for the first (hold_for_read below).
   Result<std::unique_ptr<BlobWriteBatch>> begin_write_under(GcLockHold& hold);
+  // A write batch of gc's own (compaction's new pack) under the exclusive lock it holds.
+  Result<std::unique_ptr<BlobWriteBatch>> begin_write_for_gc(const GcLock& lock) { return begin_write_under(lock.hold()); }
   // A reader's hold on the blobs its rows name (the shared gc lock, "readers"
   // above); waits while a gc runs. A thread takes one hold at a time: on a
   // catalog server a gc waiting between two holds of one thread would wait for
@@ -175,6 +177,12 @@ class BlobStore {
   // kInvalidArgument when where.size > max_bytes.
   virtual Status get_into(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes,
                           std::vector<std::byte>& out) = 0;
+  // The same from storage itself, past any cache of blobs: what gc's compaction copies (the bytes
+  // the pack holds, and a cache left to the readers). Default: get_into.
+  virtual Status read_stored_into(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes,
+                                  std::vector<std::byte>& out) {
+    return get_into(h, where, max_bytes, out);
+  }
   // The same, returned. (An implementation that overrides get() above says
   // `using BlobStore::get;` so that this one stays visible through it.)
   Result<std::vector<std::byte>> get(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes);

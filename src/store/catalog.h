@@ -131,6 +131,22 @@ struct GcCandidates {
   // loose blob of theirs to delete.
   std::vector<ChunkHash> unreferenced_packed;
   std::vector<ChunkHash> orphans;       // loose blobs in storage without a chunk row
+  // The packs that hold blobs of unreferenced rows (each once): the packs this gc leaves partly
+  // dead, which a gc that does not scan everything considers for compaction (pack_compaction.h).
+  std::vector<std::string> packs_losing_chunks;
+};
+
+// What the chunk rows say about a pack: how many name it, the stored bytes they use, and where the
+// last of them ends (a pack shorter than that is damaged).
+struct PackUsage {
+  uint64_t rows = 0, live_bytes = 0, end = 0;
+};
+
+// A packed chunk's blob copied into another pack by gc's compaction: the row of `sha256` names
+// `from` now and is to name `to`.
+struct ChunkMove {
+  ChunkHash sha256;
+  BlobLocation from, to;
 };
 
 // What eviction (eviction.h) needs to know about the snapshots in its scope,
@@ -307,6 +323,15 @@ class Catalog {
   // The packs among `packs` that no chunk row names (garbage under the
   // exclusive gc lock: a crashed save's, or one whose every chunk is gone).
   virtual Result<std::vector<std::string>> unused_packs(const std::vector<std::string>& packs) = 0;
+  // PackUsage of each of `packs`, in their order (zeros for a pack no row names).
+  virtual Result<std::vector<PackUsage>> pack_usage(const std::vector<std::string>& packs) = 0;
+  // The chunk rows whose blob is in `pack` (any refcount), by offset: what compaction copies.
+  virtual Result<std::vector<ChunkUse>> chunks_in_pack(const std::string& pack) = 0;
+  // Points each move's row at its new location, all in one transaction: a row that no longer names
+  // `from` exactly (pack, offset and size) changes nothing and fails the whole call (kMismatch).
+  // `hold` is gc's exclusive hold, checked inside the transaction where a database keeps it (as
+  // commit_save checks a save's): a lost lock may have let another gc delete the new pack.
+  virtual Status move_chunks(const std::vector<ChunkMove>& moves, GcLockHold& hold) = 0;
 
   // Eviction marks (SnapshotInfo). Each is one small transaction; kNotFound
   // when there is no such snapshot. `when`/`expires_at`: ISO 8601 UTC.
@@ -352,14 +377,23 @@ Status check_snapshot_labels(const std::optional<std::string>& name, const std::
 struct GcProgress {
   uint64_t files_done = 0, files_total = 0;
   uint64_t bytes_done = 0, bytes_total = 0;
+  // After the deletions: compacting packs (pack_compaction.h). A stop then leaves the packs
+  // compacted so far done and the one in progress as it was.
+  bool compacting = false;
 };
 
 struct GcOptions {
   bool wait = false;          // wait for running saves instead of skipping
   bool scan_orphans = true;   // also list the blobs on disk (slower) and empty tmp/
+  // Compaction (pack_compaction.h): a pack whose dead bytes are at least this percent of it has
+  // its live blobs copied into a new pack and goes. 0: never. Which packs are looked at: every
+  // pack with scan_orphans, else those this gc's unreferenced rows were in.
+  int compact_dead_percent = kDefaultCompactDeadPercent;  // 0..100
+  static constexpr int kDefaultCompactDeadPercent = 25;
   // Called once the deletions are planned (the catalog rows already gone) and after each file deleted,
-  // with the files' sizes (looked up only when this is set). An error stops gc before its next
-  // deletion and is returned: what is left is garbage the next gc deletes, the store stays whole.
+  // with the files' sizes (looked up only when this is set), then before each blob compaction copies
+  // (`compacting`). An error stops gc before its next deletion or copy and is returned: what is left
+  // is garbage the next gc deletes, the store stays whole.
   std::function<Status(const GcProgress&)> progress;
 };
 
@@ -370,13 +404,20 @@ struct GcReport {
   size_t packs_deleted = 0;
   size_t temporaries_deleted = 0;
   size_t uploads_aborted = 0;  // BlobStore::abort_stale_uploads (scan_orphans only)
+  size_t packs_compacted = 0;  // packs whose live blobs were copied into a new pack (then deleted)
+  uint64_t compacted_bytes_moved = 0;  // the live bytes copied
+  uint64_t compacted_bytes_freed = 0;  // the dead bytes of the compacted packs
+  // What compaction left alone and why: a pack missing, damaged or unreadable (`kvsnap verify`
+  // names the snapshots hurt), or compaction stopped by a storage error (a full disk). gc's
+  // deletions are done by then; these never fail it.
+  std::vector<std::string> warnings;
 };
 
 // Deletes what no snapshot uses, under the exclusive gc lock: chunk rows with
 // refcount 0 and their loose blobs, packs no chunk row names, and
 // (scan_orphans) loose blobs without a chunk row and leftover temporaries.
 // Generic: it uses only the Catalog and BlobStore interfaces (catalog_gc.cc). A
-// pack with some live chunks stays whole (no compaction). Rows go before blobs, so a crash in between leaves an
+// pack with enough dead bytes is compacted after the deletions (options.compact_dead_percent). Rows go before blobs, so a crash in between leaves an
 // orphan blob, which the next gc removes. Call with scan_orphans=false after
 // remove_snapshot() for a cheap cleanup.
 Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOptions& options = {});

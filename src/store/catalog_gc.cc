@@ -1,11 +1,13 @@
 // collect_garbage(): generic over the Catalog, BlobStore and GcLocks
 // interfaces. Plans every deletion under the exclusive gc lock once the
-// catalog has forgotten the rows, then deletes blobs, packs and temporaries.
+// catalog has forgotten the rows, then deletes blobs, packs and temporaries,
+// then compacts the packs left partly dead (pack_compaction.h).
 #include <set>
 #include <string>
 #include <vector>
 
 #include "store/catalog.h"
+#include "store/pack_compaction.h"
 #include "store/store_identity.h"
 
 namespace kvsnap {
@@ -118,6 +120,10 @@ Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOpt
   if (options.scan_orphans) {
     KV_ASSIGN_OR_RETURN(report.uploads_aborted, blobs.abort_stale_uploads(*lock));
   }
+  // Last, once the garbage is gone (a full disk gets that space first): the packs left partly
+  // dead, each copied into a new pack and deleted. Never fails gc but for a stop (progress).
+  KV_RETURN_IF_ERROR(compact_packs(catalog, blobs, *lock, options.scan_orphans ? packs : cand.packs_losing_chunks,
+                                   options, report));
   return report;
 }
 

@@ -42,6 +42,8 @@ struct EvictionRequest {
   std::optional<std::string> tenant;  // unset: the whole store
   std::string now;                    // ISO 8601 UTC (utc_iso8601); tests pass their own
   std::optional<int64_t> keep;        // never a victim (a save's new snapshot)
+  // The collection after the removals: GcOptions::compact_dead_percent (Store::evict).
+  int compact_dead_percent = GcOptions::kDefaultCompactDeadPercent;
 };
 
 struct EvictionVictim {

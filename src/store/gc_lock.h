@@ -67,6 +67,9 @@ class GcLock {
   static Result<std::unique_ptr<GcLock>> take(GcLocks& locks, bool wait);
   // GcLockHold::still_held(): gc asks once its plan is made, before deleting.
   Status still_held() const { return hold_->still_held(); }
+  // The hold itself: what a catalog checks inside a transaction that gc commits (compaction's
+  // Catalog::move_chunks), and what a write batch under this lock borrows.
+  GcLockHold& hold() const { return *hold_; }
 
  private:
   explicit GcLock(std::unique_ptr<GcLockHold> hold) : hold_(std::move(hold)) {}

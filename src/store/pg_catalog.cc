@@ -579,6 +579,71 @@ Result<std::vector<std::optional<ChunkUse>>> PgCatalog::find_chunks(std::span<co
   return out;
 }
 
+Result<std::vector<ChunkUse>> PgCatalog::chunks_in_pack(const std::string& pack) {
+  KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT sha256, raw_size, stored_size, pack, pack_offset FROM chunks "
+                                              "WHERE pack = $1 ORDER BY pack_offset",
+                                              PgParams().text(pack)));
+  std::vector<ChunkUse> out(static_cast<size_t>(q.rows()));
+  for (int r = 0; r < q.rows(); ++r) {
+    if (!read_chunk_row(q, r, out[r])) return Status::Corruption(where_ + ": malformed chunk hash in pack " + pack + "'s rows");
+  }
+  return out;
+}
+
+Status PgCatalog::move_chunks(const std::vector<ChunkMove>& moves, GcLockHold& hold) {
+  std::optional<GcHoldSession> session = hold.session();
+  if (!session) KV_RETURN_IF_ERROR(hold.still_held().Prefixed(describe() + ": not moving chunks to their new pack"));
+  // Rows are locked in hash order, as saves and removals lock them.
+  std::vector<const ChunkMove*> sorted;
+  for (const ChunkMove& m : moves) sorted.push_back(&m);
+  std::sort(sorted.begin(), sorted.end(), [](const ChunkMove* a, const ChunkMove* b) { return a->sha256 < b->sha256; });
+  std::vector<std::span<const std::byte>> hashes;
+  std::vector<int64_t> to_offsets, from_offsets, sizes;
+  std::vector<std::optional<std::string>> to_packs, from_packs;
+  for (const ChunkMove* mp : sorted) {
+    const ChunkMove& m = *mp;
+    if (m.to.size != m.from.size) return Status::InvalidArgument(where_ + ": a chunk move changes the blob's size");
+    hashes.push_back(span_of(m.sha256));
+    to_packs.emplace_back(m.to.pack);
+    to_offsets.push_back(static_cast<int64_t>(m.to.offset));
+    from_packs.emplace_back(m.from.pack);
+    from_offsets.push_back(static_cast<int64_t>(m.from.offset));
+    sizes.push_back(static_cast<int64_t>(m.from.size));
+  }
+  return conn_->transaction(Iso::kReadCommitted, [&]() -> Status {
+    if (session) {  // first: see check_hold (the same proof as a save's commit, for gc's new pack)
+      Status held = check_hold(*session);
+      if (!held.ok())
+        return Status::IOError(where_ + ": not moving chunks to their new pack: gc's lock (backend " +
+                               std::to_string(session->pid) + ") was lost, so another gc may have deleted that pack");
+    }
+    // gc deletes the old packs once this commits: durable even on a bulk-load connection.
+    KV_RETURN_IF_ERROR(conn_->exec("SET LOCAL synchronous_commit = on").status());
+    KV_RETURN_IF_ERROR(conn_
+                           ->exec("SELECT 1 FROM chunks WHERE sha256 = ANY($1) ORDER BY sha256 FOR UPDATE",
+                                  PgParams().bytes_array(hashes))
+                           .status());
+    KV_ASSIGN_OR_RETURN(PgResult q,
+                        conn_->exec("UPDATE chunks c SET pack = u.to_pack, pack_offset = u.to_offset "
+                                    "FROM unnest($1::bytea[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], "
+                                    "$6::bigint[]) AS u(sha, to_pack, to_offset, from_pack, from_offset, size) "
+                                    "WHERE c.sha256 = u.sha AND c.pack = u.from_pack AND c.pack_offset = u.from_offset "
+                                    "AND c.stored_size = u.size RETURNING 1",
+                                    PgParams()
+                                        .bytes_array(hashes)
+                                        .text_array(to_packs)
+                                        .i64_array(to_offsets)
+                                        .text_array(from_packs)
+                                        .i64_array(from_offsets)
+                                        .i64_array(sizes)));
+    if (static_cast<size_t>(q.rows()) != moves.size())
+      return Status::Mismatch(where_ + ": " + std::to_string(moves.size() - static_cast<size_t>(q.rows())) +
+                              " of the chunks to move are no longer where compaction read them (changed "
+                              "meanwhile); no chunk was moved");
+    return Status::OK();
+  });
+}
+
 Result<int64_t> PgCatalog::resolve(const std::string& ref) {
   if (ref.empty()) return Status::InvalidArgument("an empty snapshot reference");
   // A whole uuid names the row of that uuid and nothing else (SqliteCatalog::resolve).

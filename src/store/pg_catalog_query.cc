@@ -200,6 +200,10 @@ Result<GcCandidates> PgCatalog::gc_candidates(const std::vector<ChunkHash>& on_d
         if (q.boolean(r, 1)) out.unreferenced_packed.push_back(h);
       }
     }
+    {
+      KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT DISTINCT pack FROM chunks WHERE refcount = 0 AND pack IS NOT NULL"));
+      for (int r = 0; r < q.rows(); ++r) out.packs_losing_chunks.push_back(q.text(r, 0));
+    }
     for (size_t i = 0; i < on_disk.size(); i += kSlice) {
       std::vector<std::span<const std::byte>> slice;
       for (size_t k = i; k < std::min(on_disk.size(), i + kSlice); ++k) slice.push_back(span_of(on_disk[k]));
@@ -252,6 +256,24 @@ Result<std::vector<std::string>> PgCatalog::unused_packs(const std::vector<std::
                                                 "ORDER BY u.i",
                                                 PgParams().text_array(slice)));
     for (int r = 0; r < q.rows(); ++r) out.push_back(q.text(r, 0));
+  }
+  return out;
+}
+
+Result<std::vector<PackUsage>> PgCatalog::pack_usage(const std::vector<std::string>& packs) {
+  std::vector<PackUsage> out;
+  for (size_t i = 0; i < packs.size(); i += kSlice) {
+    std::vector<std::optional<std::string>> slice(packs.begin() + i, packs.begin() + std::min(packs.size(), i + kSlice));
+    KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT COUNT(c.pack), COALESCE(SUM(c.stored_size), 0)::bigint, "
+                                                "COALESCE(MAX(c.pack_offset + c.stored_size), 0)::bigint "
+                                                "FROM unnest($1) WITH ORDINALITY AS u(p, i) "
+                                                "LEFT JOIN chunks c ON c.pack = u.p GROUP BY u.i ORDER BY u.i",
+                                                PgParams().text_array(slice)));
+    if (static_cast<size_t>(q.rows()) != slice.size())
+      return Status::Corruption(where_ + ": the pack usage query answered " + std::to_string(q.rows()) + " rows for " +
+                                std::to_string(slice.size()) + " packs");
+    for (int r = 0; r < q.rows(); ++r)
+      out.push_back({static_cast<uint64_t>(q.i64(r, 0)), static_cast<uint64_t>(q.i64(r, 1)), static_cast<uint64_t>(q.i64(r, 2))});
   }
   return out;
 }

@@ -305,12 +305,21 @@ Result<std::vector<std::byte>> S3BlobStore::get(const ChunkHash& h, uint64_t max
 Status S3BlobStore::get_into(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes,
                              std::vector<std::byte>& out) {
   const bool packed = !where.pack.empty();
+  // A cached blob of the wrong size or over max_bytes is a miss; read_stored_into checks the claim.
+  if (cache_ && cache_->get(h, out) && out.size() <= max_bytes && (!packed || out.size() == where.size))
+    return Status::OK();
+  KV_RETURN_IF_ERROR(read_stored_into(h, where, max_bytes, out));
+  if (cache_) cache_->put(h, out);
+  return Status::OK();
+}
+
+Status S3BlobStore::read_stored_into(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes,
+                                     std::vector<std::byte>& out) {
+  const bool packed = !where.pack.empty();
   if (packed && where.size > max_bytes)
     return Status::InvalidArgument("chunk " + h.hex() + " in pack " + where.pack + " claims " +
                                    std::to_string(where.size) + " bytes, more than the " + std::to_string(max_bytes) +
                                    " allowed");
-  if (cache_ && cache_->get(h, out) && out.size() <= max_bytes && (!packed || out.size() == where.size))
-    return Status::OK();
   if (packed) {
     if (!is_pack_name(where.pack + ".pack"))
       return Status::Corruption("chunk " + h.hex() + ": '" + where.pack + "' is not a pack name");
@@ -319,7 +328,6 @@ Status S3BlobStore::get_into(const ChunkHash& h, const BlobLocation& where, uint
   } else {
     KV_RETURN_IF_ERROR(s3_.get_into(blob_key(h), max_bytes, out));
   }
-  if (cache_) cache_->put(h, out);
   return Status::OK();
 }
 
@@ -342,12 +350,25 @@ Result<std::vector<std::string>> S3BlobStore::list_packs() {
   const std::string base = key("packs/");
   KV_ASSIGN_OR_RETURN(const std::vector<S3Object> objects, s3_.list(base));
   std::vector<std::string> out;
+  std::lock_guard<std::mutex> g(listed_mu_);
+  listed_pack_sizes_.clear();  // this listing's, not those of packs another host deleted since
   for (const S3Object& o : objects) {
     const std::string_view name = std::string_view(o.key).substr(base.size());
-    if (is_pack_name(name)) out.emplace_back(name.substr(0, name.size() - 5));
+    if (!is_pack_name(name)) continue;
+    out.emplace_back(name.substr(0, name.size() - 5));
+    listed_pack_sizes_[out.back()] = o.size;
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+Result<uint64_t> S3BlobStore::pack_size(const std::string& pack) {
+  {
+    std::lock_guard<std::mutex> g(listed_mu_);
+    auto it = listed_pack_sizes_.find(pack);
+    if (it != listed_pack_sizes_.end()) return it->second;
+  }
+  return object_size(pack_key(pack));
 }
 
 Status S3BlobStore::remove(const GcLock&, const ChunkHash& h) {
@@ -357,6 +378,10 @@ Status S3BlobStore::remove(const GcLock&, const ChunkHash& h) {
 
 Status S3BlobStore::remove_pack(const GcLock&, const std::string& pack) {
   // Cached blobs of the pack stay: content addressed, they are still the right bytes if read again.
+  {
+    std::lock_guard<std::mutex> g(listed_mu_);
+    listed_pack_sizes_.erase(pack);
+  }
   return s3_.remove(pack_key(pack));
 }
 

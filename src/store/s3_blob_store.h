@@ -104,6 +104,8 @@ class S3BlobStore final : public BlobStore {
   using BlobStore::get;
   Status get_into(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes,
                   std::vector<std::byte>& out) override;
+  Status read_stored_into(const ChunkHash& h, const BlobLocation& where, uint64_t max_bytes,
+                          std::vector<std::byte>& out) override;
   Result<std::vector<ChunkHash>> list() override;
   Result<std::vector<std::string>> list_packs() override;
   Status remove(const GcLock&, const ChunkHash& h) override;
@@ -114,7 +116,9 @@ class S3BlobStore final : public BlobStore {
   Status remove_tmp(const GcLock&, const std::string& name) override;
   Result<size_t> abort_stale_uploads(const GcLock&) override;
   Result<uint64_t> blob_size(const ChunkHash& h) override { return object_size(blob_key(h)); }
-  Result<uint64_t> pack_size(const std::string& pack) override { return object_size(pack_key(pack)); }
+  // The size list_packs() saw, else a HEAD: a gc that looks at every pack for compaction asks
+  // once per pack, and a listing's sizes save a request each (packs never change once written).
+  Result<uint64_t> pack_size(const std::string& pack) override;
   Result<uint64_t> tmp_size(const std::string& name) override;
 
  protected:
@@ -131,6 +135,8 @@ class S3BlobStore final : public BlobStore {
   S3BlobStoreOptions opt_;
   S3Client s3_;
   std::unique_ptr<BlobCache> cache_;
+  std::mutex listed_mu_;
+  std::map<std::string, uint64_t> listed_pack_sizes_;  // list_packs()'s, minus removed packs
 };
 
 }  // namespace kvsnap

@@ -477,17 +477,6 @@ Result<SnapshotRecord> SqliteCatalog::get(int64_t id) {
 }
 
 // A chunks row as (sha256, raw_size, stored_size, pack, pack_offset); false when the hash is malformed.
-static constexpr auto read_chunk_row = [](const auto& q, ChunkUse& u) {
-  auto b = q.col_blob(0);
-  if (b.size() != 32) return false;
-  std::memcpy(u.sha256.bytes.data(), b.data(), 32);
-  u.raw_size = static_cast<uint64_t>(q.col_i64(1));
-  u.stored_size = static_cast<uint64_t>(q.col_i64(2));
-  u.pack = q.col_text(3);
-  u.pack_offset = static_cast<uint64_t>(q.col_i64(4));
-  return true;
-};
-
 Result<std::vector<ChunkUse>> SqliteCatalog::chunks_of(int64_t id) {
   KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT c.sha256, c.raw_size, c.stored_size, c.pack, c.pack_offset "
                                    "FROM snapshot_chunks sc JOIN chunks c ON c.sha256 = sc.sha256 "

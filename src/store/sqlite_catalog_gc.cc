@@ -34,6 +34,14 @@ Result<GcCandidates> SqliteCatalog::gc_candidates(const std::vector<ChunkHash>& 
         if (q.col_i64(1)) out.unreferenced_packed.push_back(h);
       }
     }
+    {
+      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT DISTINCT pack FROM chunks WHERE refcount = 0 AND pack IS NOT NULL"));
+      for (;;) {
+        KV_ASSIGN_OR_RETURN(bool row, q.step());
+        if (!row) break;
+        out.packs_losing_chunks.push_back(q.col_text(0));
+      }
+    }
     KV_ASSIGN_OR_RETURN(Stmt probe, stmt("SELECT 1 FROM chunks WHERE sha256 = ?1"));
     for (const ChunkHash& h : on_disk) {
       probe.blob(1, h.bytes);
@@ -75,6 +83,69 @@ Result<std::vector<std::string>> SqliteCatalog::unused_packs(const std::vector<s
     if (!used) out.push_back(p);
   }
   return out;
+}
+
+Result<std::vector<PackUsage>> SqliteCatalog::pack_usage(const std::vector<std::string>& packs) {
+  std::vector<PackUsage> out;
+  KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT COUNT(*), COALESCE(SUM(stored_size), 0), "
+                                   "COALESCE(MAX(pack_offset + stored_size), 0) FROM chunks WHERE pack = ?1"));
+  for (const std::string& p : packs) {
+    q.text(1, p);
+    KV_ASSIGN_OR_RETURN(bool row, q.step());
+    PackUsage u;
+    if (row) {
+      u.rows = static_cast<uint64_t>(q.col_i64(0));
+      u.live_bytes = static_cast<uint64_t>(q.col_i64(1));
+      u.end = static_cast<uint64_t>(q.col_i64(2));
+    }
+    q.reset();
+    out.push_back(u);
+  }
+  return out;
+}
+
+Result<std::vector<ChunkUse>> SqliteCatalog::chunks_in_pack(const std::string& pack) {
+  KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT sha256, raw_size, stored_size, pack, pack_offset FROM chunks "
+                                   "WHERE pack = ?1 ORDER BY pack_offset"));
+  q.text(1, pack);
+  std::vector<ChunkUse> out;
+  for (;;) {
+    KV_ASSIGN_OR_RETURN(bool row, q.step());
+    if (!row) break;
+    ChunkUse u;
+    if (!read_chunk_row(q, u)) return Status::Corruption(path_ + ": malformed chunk hash in pack " + pack + "'s rows");
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
+Status SqliteCatalog::move_chunks(const std::vector<ChunkMove>& moves, GcLockHold& hold) {
+  KV_RETURN_IF_ERROR(hold.still_held().Prefixed(describe() + ": not moving chunks to their new pack"));
+  // gc deletes the old packs once this commits: the commit must survive a power loss even in a
+  // catalog opened for a bulk load (durable_commits = false).
+  if (!options_.durable_commits) KV_RETURN_IF_ERROR(exec("PRAGMA synchronous=FULL"));
+  Status s = write_txn([&]() -> Status {
+    KV_ASSIGN_OR_RETURN(Stmt up, stmt("UPDATE chunks SET pack = ?2, pack_offset = ?3 "
+                                      "WHERE sha256 = ?1 AND pack = ?4 AND pack_offset = ?5 AND stored_size = ?6"));
+    for (const ChunkMove& m : moves) {
+      up.blob(1, m.sha256.bytes).text(2, m.to.pack).i64(3, static_cast<int64_t>(m.to.offset));
+      up.text(4, m.from.pack).i64(5, static_cast<int64_t>(m.from.offset)).i64(6, static_cast<int64_t>(m.from.size));
+      KV_RETURN_IF_ERROR(up.run());
+      up.reset();
+      if (m.to.size != m.from.size)
+        return Status::InvalidArgument(path_ + ": a move of chunk " + m.sha256.hex() + " changes its size");
+      if (sqlite3_changes(db_) != 1)
+        return Status::Mismatch(path_ + ": chunk " + m.sha256.hex() + " is no longer at offset " +
+                                std::to_string(m.from.offset) + " of pack " + m.from.pack +
+                                " (changed meanwhile); no chunk was moved");
+    }
+    return Status::OK();
+  });
+  if (!options_.durable_commits) {
+    Status back = exec("PRAGMA synchronous=NORMAL");
+    if (s.ok()) s = back;
+  }
+  return s;
 }
 
 Result<CatalogStats> SqliteCatalog::stats() {

@@ -110,6 +110,18 @@ class SqliteCatalog::Stmt {
   bool* in_use_;  // nullptr: a one-off statement, finalized when done
 };
 
+// A row of SELECT sha256, raw_size, stored_size, pack, pack_offset; false when the hash is malformed.
+inline constexpr auto read_chunk_row = [](const auto& q, ChunkUse& u) {
+  auto b = q.col_blob(0);
+  if (b.size() != 32) return false;
+  std::memcpy(u.sha256.bytes.data(), b.data(), 32);
+  u.raw_size = static_cast<uint64_t>(q.col_i64(1));
+  u.stored_size = static_cast<uint64_t>(q.col_i64(2));
+  u.pack = q.col_text(3);
+  u.pack_offset = static_cast<uint64_t>(q.col_i64(4));
+  return true;
+};
+
 template <class F>
 Status SqliteCatalog::write_txn(F&& body) {
   KV_RETURN_IF_ERROR(begin_immediate());

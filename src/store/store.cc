@@ -509,6 +509,7 @@ Result<EvictResult> Store::evict(EvictionRequest req, bool dry_run, bool wait_gc
   GcOptions o;
   o.wait = wait_gc;
   o.scan_orphans = false;
+  o.compact_dead_percent = req.compact_dead_percent;
   KV_ASSIGN_OR_RETURN(out.gc, collect_garbage(*catalog_, *blobs_, o));
   return out;
 }
@@ -627,9 +628,10 @@ Result<SnapshotInfo> Store::remove(const std::string& ref) {
   return info;
 }
 
-Result<GcReport> Store::gc(bool wait, std::function<Status(const GcProgress&)> progress) {
+Result<GcReport> Store::gc(bool wait, std::function<Status(const GcProgress&)> progress, int compact_dead_percent) {
   GcOptions o;
   o.wait = wait;
+  o.compact_dead_percent = compact_dead_percent;
   o.scan_orphans = true;
   o.progress = std::move(progress);
   return collect_garbage(*catalog_, *blobs_, o);

@@ -219,8 +219,10 @@ class Store {
   Result<std::unique_ptr<StoredSnapshot>> open_snapshot(const std::string& ref);
 
   Result<SnapshotInfo> remove(const std::string& ref);  // also deletes blobs nobody uses any more
-  // `progress`: GcOptions::progress (an error from it stops gc before its next deletion).
-  Result<GcReport> gc(bool wait, std::function<Status(const GcProgress&)> progress = {});
+  // `progress`: GcOptions::progress (an error from it stops gc before its next deletion);
+  // `compact_dead_percent`: GcOptions's (0: no compaction).
+  Result<GcReport> gc(bool wait, std::function<Status(const GcProgress&)> progress = {},
+                      int compact_dead_percent = GcOptions::kDefaultCompactDeadPercent);
   Result<VerifyReport> verify(const std::vector<std::string>& refs);  // empty: everything
 
   // Pin / unpin; the snapshot's info after the change.

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "base/key_source.h"
+#include "format/state_prefix.h"
 #include "migrate/model_info.h"
 #include "s3/s3_bed.h"
 #include "store/s3_blob_store.h"
@@ -80,6 +81,37 @@ TEST(S3Store, SaveRestoreVerifyRemoveGc) {
   auto v = (*store)->verify({});
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   EXPECT_TRUE(v->problems.empty()) << v->problems[0];
+  {
+    // Compaction in the bucket: the first session's first quarter saved on its own, then the
+    // session removed; the live blobs of its pack (three quarters dead) are read by range GETs
+    // past the read cache into a new pack (one upload: it is under a part's size), the old pack
+    // is deleted, and the quarter restores byte for byte.
+    MemoryFile whole("first", std::span<const std::byte>(saved[0].first));
+    auto parsed = parse_for_model(whole, {}, nullptr);
+    ASSERT_TRUE(parsed.ok());
+    VectorSink quarter;
+    ASSERT_TRUE(write_prefix(*parsed, whole, parsed->tokens.tokens.size() / 4, quarter).ok());
+    MemoryFile qfile("quarter", std::span<const std::byte>(quarter.bytes));
+    auto qparsed = parse_state(qfile);
+    ASSERT_TRUE(qparsed.ok());
+    SaveRequest req;
+    req.cells_per_chunk = 16;
+    auto q = (*store)->save(qfile, *qparsed, req);
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    const std::vector<std::string> packs_before = *blobs.list_packs();
+    ASSERT_TRUE((*store)->remove(std::to_string(saved[0].second)).ok());
+    saved.erase(saved.begin());
+    const std::vector<std::string> packs_after = *blobs.list_packs();
+    EXPECT_EQ(packs_after.size(), packs_before.size()) << "one pack compacted into a new one";
+    EXPECT_NE(packs_after, packs_before);
+    VectorSink out;
+    ASSERT_TRUE((*store)->restore(std::to_string(q->info.id), {}, out).ok());
+    EXPECT_EQ(out.bytes, quarter.bytes);
+    auto v2 = (*store)->verify({});
+    ASSERT_TRUE(v2.ok()) << v2.status().ToString();
+    EXPECT_TRUE(v2->problems.empty()) << v2->problems[0];
+    saved.emplace_back(std::vector<std::byte>(quarter.bytes), q->info.id);
+  }
 
   for (const auto& [bytes, id] : saved) ASSERT_TRUE((*store)->remove(std::to_string(id)).ok());
   auto gc = (*store)->gc(true);

@@ -1117,7 +1117,82 @@ TYPED_TEST_P(CatalogGc, PackedChunksGoWithTheirPackAlone) {
   this->expect_consistent(*this->cat_);
 }
 
-REGISTER_TYPED_TEST_SUITE_P(CatalogGc, OrphansOfACrashedSaveAreCollected, GcNeverDeletesBlobsOfASaveInProgress, RemovedSnapshotsChunksGoOnTheCheapPass, PackedChunksGoWithTheirPackAlone);
+// A pack that a removal left mostly dead: its live blobs are copied into a new pack, their rows
+// moved there, the old pack deleted; a move whose row is no longer where it says changes nothing.
+TYPED_TEST_P(CatalogGc, PartlyDeadPacksAreCompactedAndTheirRowsMoved) {
+  std::vector<ChunkUse> uses;
+  {
+    auto batch = std::move(this->blobs_->begin_write()).value();
+    for (const char* raw : {"p1", "p2", "p3", "p4"}) {
+      std::string stored = std::string("z:") + raw;
+      auto at = batch->append(chunk(raw), bytes_of(stored));
+      ASSERT_TRUE(at.ok()) << at.status().ToString();
+      uses.push_back(ChunkUse{chunk(raw), 2, stored.size(), at->pack, at->offset});
+    }
+    ASSERT_TRUE(batch->commit().ok());
+    ASSERT_TRUE(this->cat_->add_snapshot(record("long"), uses).ok());
+    ASSERT_TRUE(this->cat_->add_snapshot(record("short"), {uses[1]}).ok());  // shares p2 only
+  }
+  const std::string old_pack = uses[0].pack;
+  auto rows = this->cat_->chunks_in_pack(old_pack);
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  ASSERT_EQ(rows->size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ((*rows)[i].sha256, uses[i].sha256) << "by offset";
+  ASSERT_TRUE(this->cat_->remove_snapshot(*this->cat_->resolve("long")).ok());
+  auto cand = this->cat_->gc_candidates({});
+  ASSERT_TRUE(cand.ok());
+  EXPECT_EQ(cand->packs_losing_chunks, std::vector<std::string>{old_pack});
+
+  // 0: never compacts; the rows of p1, p3, p4 go, the pack stays for p2.
+  auto kept = collect_garbage(*this->cat_, *this->blobs_, GcOptions{.scan_orphans = false, .compact_dead_percent = 0});
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  EXPECT_EQ(kept->packs_compacted, 0u);
+  EXPECT_EQ(*this->blobs_->list_packs(), std::vector<std::string>{old_pack});
+  EXPECT_TRUE(this->cat_->gc_candidates({})->packs_losing_chunks.empty());
+
+  // A gc that looks at every pack finds it 75% dead.
+  auto gc = collect_garbage(*this->cat_, *this->blobs_);
+  ASSERT_TRUE(gc.ok()) << gc.status().ToString();
+  EXPECT_EQ(gc->packs_compacted, 1u);
+  EXPECT_EQ(gc->compacted_bytes_moved, 4u);
+  EXPECT_EQ(gc->compacted_bytes_freed, 12u);
+  EXPECT_EQ(gc->packs_deleted, 0u) << "compaction deletes the old pack itself";
+  EXPECT_TRUE(gc->warnings.empty());
+  auto packs = this->blobs_->list_packs();
+  ASSERT_TRUE(packs.ok());
+  ASSERT_EQ(packs->size(), 1u);
+  EXPECT_NE(packs->front(), old_pack);
+  auto moved = this->cat_->find_chunk(chunk("p2"));
+  ASSERT_TRUE(moved.ok() && moved->has_value());
+  EXPECT_EQ((*moved)->pack, packs->front());
+  EXPECT_EQ((*moved)->pack_offset, 0u);
+  EXPECT_EQ(*this->blobs_->get(chunk("p2"), (*moved)->location(), 100), bytes_of("z:p2"));
+  this->expect_consistent(*this->cat_);
+
+  auto use = this->cat_->pack_usage({packs->front(), old_pack});
+  ASSERT_TRUE(use.ok()) << use.status().ToString();
+  ASSERT_EQ(use->size(), 2u);
+  EXPECT_EQ((*use)[0].rows, 1u);
+  EXPECT_EQ((*use)[0].live_bytes, 4u);
+  EXPECT_EQ((*use)[0].end, 4u);
+  EXPECT_EQ((*use)[1].rows, 0u) << "no row names the old pack";
+
+  // Two moves of which the second is from where its row no longer is: refused whole, the first
+  // row stays where it was too.
+  ASSERT_TRUE(this->cat_->add_snapshot(record("other"), {uses[0]}).ok());  // p1's row again, in the old pack
+  auto lock = this->blobs_->lock_for_gc(true);
+  ASSERT_TRUE(lock.ok() && *lock);
+  std::vector<ChunkMove> half_stale = {
+      {chunk("p1"), uses[0].location(), BlobLocation{"00000000000000fe", 0, uses[0].stored_size}},
+      {chunk("p2"), uses[1].location(), BlobLocation{"00000000000000ff", 0, uses[1].stored_size}}};
+  Status s = this->cat_->move_chunks(half_stale, (*lock)->hold());
+  EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
+  EXPECT_EQ((*this->cat_->find_chunk(chunk("p1")))->pack, old_pack);
+  EXPECT_EQ((*this->cat_->find_chunk(chunk("p2")))->pack, packs->front());
+}
+
+REGISTER_TYPED_TEST_SUITE_P(CatalogGc, OrphansOfACrashedSaveAreCollected, GcNeverDeletesBlobsOfASaveInProgress, RemovedSnapshotsChunksGoOnTheCheapPass, PackedChunksGoWithTheirPackAlone,
+                           PartlyDeadPacksAreCompactedAndTheirRowsMoved);
 
 }  // namespace
 }  // namespace kvsnap

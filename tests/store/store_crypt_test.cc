@@ -78,6 +78,39 @@ TEST(StoreCrypt, RoundTripIsByteIdenticalAndDedupStaysWithinATenant) {
   EXPECT_EQ(v->sealed_only, 1u) << "bob's snapshot is checked without opening it";
 }
 
+// gc compacts an encrypted store's packs without the key: the sealed blobs are copied as they are
+// (their GCM additional data is their header and id, not where they lie) and still open.
+TEST(StoreCrypt, AKeylessGcCompactsSealedPacksThatStillOpen) {
+  Bed b;
+  Loaded l = load(fixtures() / kSlot);
+  VectorSink half;  // its first chunk of each layer's K and V is the whole one's, the rest not
+  ASSERT_TRUE(write_prefix(l.state, *l.file, l.state.tokens.tokens.size() / 2, half).ok());
+  MemoryFile qfile("half.slot", std::span<const std::byte>(half.bytes));
+  auto qstate = parse_state(qfile);
+  ASSERT_TRUE(qstate.ok());
+  auto s = b.must_open(b.key_a);
+  auto whole = s->save(*l.file, l.state, small_chunks());
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  auto part = s->save(qfile, *qstate, small_chunks());
+  ASSERT_TRUE(part.ok()) << part.status().ToString();
+  ASSERT_GT(part->chunks, part->chunks_new);
+  ASSERT_TRUE(s->catalog().remove_snapshot(whole->info.id).ok());  // the rows only: gc comes next
+  s.reset();
+  auto keyless = b.open({}, "", /*keyless_ok=*/true);
+  ASSERT_TRUE(keyless.ok()) << keyless.status().ToString();
+  auto gc = (*keyless)->gc(true);
+  ASSERT_TRUE(gc.ok()) << gc.status().ToString();
+  EXPECT_EQ(gc->packs_compacted, 1u);
+  EXPECT_TRUE(gc->warnings.empty()) << gc->warnings.front();
+  keyless->reset();
+  s = b.must_open(b.key_a);
+  const std::string back = restore_all(*s, std::to_string(part->info.id));
+  EXPECT_TRUE(back.size() == half.bytes.size() && std::memcmp(back.data(), half.bytes.data(), back.size()) == 0);
+  auto v = s->verify({});
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->problems.empty()) << v->problems[0];
+}
+
 TEST(StoreCrypt, TokenPrefixRestoreReadsTheSealedSnapshot) {
   Bed b;
   Loaded l = load(fixtures() / kSlot);

@@ -1,8 +1,9 @@
 // Every failure of the Io seam (tests/store/fault_io.h) at every point of what kvsnap-store-bench
 // does with a store (save, restore into memory and into a file, a second save, a save sharing a
-// prefix, verify, rm, gc) is an error the caller can read, never an exception or a crash: a Result
+// prefix, verify, rm, gc, a gc that compacts) is an error the caller can read, never an exception or a crash: a Result
 // that failed holds a failed Status (one built from an OK Status would pass as neither value nor
-// error and crash the caller that reads its value), and one that holds a value can be read.
+// error and crash the caller that reads its value), and one that holds a value can be read; and
+// whatever failed, every snapshot the store then lists verifies.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -57,12 +58,18 @@ std::string run_sequence(Io& io, const fs::path& root, const Session& s) {
     log += outcome("restore to a file", r);
     if (r.ok()) log += "commit: " + (*w)->commit().ToString() + "; ";
   }
-  req.name.clear();
+  req.name = "again";
   log += outcome("save again", store.save(*s.file, s.state, req));
+  req.name.clear();
   log += outcome("save a prefix", store.save(*s.cut, s.cut_state, req));
   log += outcome("verify", store.verify({}));
   log += outcome("rm", store.remove("a"));
   log += outcome("gc", store.gc(true));
+  // The prefix alone keeps a's pack: ~10% of it dead, which a gc compacting at 1% copies.
+  log += outcome("rm again", store.remove("again"));
+  auto compacting = store.gc(true, {}, 1);
+  log += outcome("gc compacting", compacting);
+  if (compacting.ok()) log += "compacted " + std::to_string(compacting->packs_compacted) + "; ";
   return log;
 }
 
@@ -87,6 +94,17 @@ TEST(StoreFaultSweep, EveryIoFailureIsAnErrorNeverAnException) {
         log = run_sequence(io, root, s);
       } catch (const std::exception& e) {
         ADD_FAILURE() << fault_op_name(op) << " #" << nth << " threw " << e.what() << " after " << log;
+      }
+      if (io.injected() == 0) {
+        EXPECT_NE(log.find("compacted 1;"), std::string::npos) << "the run without a fault compacts: " << log;
+      } else if (fs::exists(root / "catalog.sqlite")) {
+        // Whatever failed, what the store lists is whole: every snapshot verifies.
+        auto after = Store::open(posix_io(), StorePaths{root.string()});
+        ASSERT_TRUE(after.ok()) << fault_op_name(op) << " #" << nth << ": " << after.status().ToString();
+        auto v = (*after)->verify({});
+        ASSERT_TRUE(v.ok()) << fault_op_name(op) << " #" << nth << ": " << v.status().ToString();
+        EXPECT_TRUE(v->problems.empty()) << fault_op_name(op) << " #" << nth << " after " << log << ": "
+                                         << v->problems.front();
       }
       fs::remove_all(root);
       fs::remove(root.string() + "-restored.bin");

@@ -549,6 +549,111 @@ TEST(Store, APackLivesAsLongAsAChunkInItIsUsed) {
   EXPECT_TRUE(v->problems.empty()) << v->problems.front();
 }
 
+uint64_t pack_bytes(const fs::path& root) {
+  uint64_t n = 0;
+  for (const auto& e : fs::directory_iterator(root / "packs")) n += fs::file_size(e.path());
+  return n;
+}
+
+// A long session and a short one sharing its first tokens (two sessions after one system prompt):
+// removing the long one leaves its pack mostly dead, and the removal's gc compacts it, so that the
+// packs hold exactly the stored bytes the catalog counts (what a cap is measured in).
+TEST(Store, RemovingASnapshotCompactsThePackItLeftMostlyDead) {
+  TempStore t;
+  Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faon.slot");
+  auto shorter = cut_to(l, l.state.tokens.tokens.size() / 4);
+  SaveRequest req;
+  req.cells_per_chunk = 16;
+  auto a = t.store->save(*l.file, l.state, req);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto b = t.store->save(*shorter->file, shorter->state, req);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_GT(b->chunks, b->chunks_new) << "b shares a's first chunks";
+  const uint64_t before = pack_bytes(t.root);
+  ASSERT_TRUE(t.store->remove(std::to_string(a->info.id)).ok());
+  auto stats = t.store->catalog().stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(pack_bytes(t.root), stats->stored_bytes) << "no dead bytes left";
+  EXPECT_LT(pack_bytes(t.root) * 2, before);
+  EXPECT_EQ(files_under(t.root / "packs"), 2u) << "b's own pack and the compacted one";
+  EXPECT_EQ(files_under(t.root / "tmp"), 0u);
+  VectorSink out;
+  ASSERT_TRUE(t.store->restore(std::to_string(b->info.id), {}, out).ok());
+  EXPECT_EQ(out.bytes, shorter->bytes.bytes);
+  auto v = t.store->verify({});
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->problems.empty()) << v->problems.front();
+  ASSERT_TRUE(t.store->remove(std::to_string(b->info.id)).ok());
+  EXPECT_EQ(files_under(t.root / "packs"), 0u);
+}
+
+// Compaction takes packs at least --compact-dead percent dead (0: none); stopped before its move
+// (Ctrl-C) it leaves the store as it was; a pack it cannot read is left and named, and gc goes on.
+TEST(Store, GcCompactsPacksDeadEnoughStopsCleanlyAndLeavesAnUnreadablePack) {
+  TempStore t;
+  Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faon.slot");
+  auto most = cut_to(l, l.state.tokens.tokens.size() * 9 / 10);
+  SaveRequest req;
+  req.cells_per_chunk = 16;
+  auto a = t.store->save(*l.file, l.state, req);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto b = t.store->save(*most->file, most->state, req);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  const fs::path a_pack = t.root / "packs" / (t.store->catalog().chunks_of(a->info.id)->front().pack + ".pack");
+  ASSERT_TRUE(t.store->remove(std::to_string(a->info.id)).ok());  // ~10% dead: under the default 25
+  ASSERT_TRUE(fs::exists(a_pack));
+  const uint64_t dead = pack_bytes(t.root) - t.store->catalog().stats()->stored_bytes;
+  ASSERT_GT(dead, 0u);
+  ASSERT_LT(dead * 4, fs::file_size(a_pack));
+
+  auto none = t.store->gc(true, {}, 0);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_EQ(none->packs_compacted, 0u);
+  EXPECT_TRUE(fs::exists(a_pack));
+
+  int copies = 0;
+  auto stopped = t.store->gc(
+      true,
+      [&](const GcProgress& p) {
+        if (!p.compacting) return Status::OK();
+        return ++copies == 3 ? Status::Interrupted("told to stop") : Status::OK();
+      },
+      1);
+  EXPECT_EQ(stopped.status().code(), Code::kInterrupted);
+  EXPECT_EQ(copies, 3) << "stopped in the middle of the pack's copy";
+  EXPECT_TRUE(fs::exists(a_pack));
+  EXPECT_EQ(files_under(t.root / "packs"), 2u) << "no compacted pack appeared";
+  EXPECT_EQ(files_under(t.root / "tmp"), 0u) << "its temporary went with it";
+
+  const fs::path whole = t.root.string() + "-whole.pack";
+  fs::copy_file(a_pack, whole);
+  // Shorter by half its dead bytes: still more than the live bytes, so it is dead enough, but b's
+  // last chunk (dead bytes are a's tails, one per layer's K and V) is cut off.
+  fs::resize_file(a_pack, fs::file_size(a_pack) - dead / 2);
+  auto hurt = t.store->gc(true, {}, 1);
+  ASSERT_TRUE(hurt.ok()) << hurt.status().ToString();
+  EXPECT_EQ(hurt->packs_compacted, 0u);
+  ASSERT_EQ(hurt->warnings.size(), 1u);
+  EXPECT_NE(hurt->warnings[0].find(a_pack.stem().string()), std::string::npos) << hurt->warnings[0];
+  EXPECT_TRUE(fs::exists(a_pack));
+  fs::rename(whole, a_pack);
+  t.store.reset();  // a store keeps its packs open: the repaired one is another file
+  t.store = std::move(Store::open(posix_io(), StorePaths{t.root.string()})).value();
+
+  auto gc = t.store->gc(true, {}, 1);
+  ASSERT_TRUE(gc.ok()) << gc.status().ToString();
+  EXPECT_EQ(gc->packs_compacted, 1u);
+  EXPECT_EQ(gc->compacted_bytes_freed, dead);
+  EXPECT_FALSE(fs::exists(a_pack));
+  EXPECT_EQ(pack_bytes(t.root), t.store->catalog().stats()->stored_bytes);
+  VectorSink out;
+  ASSERT_TRUE(t.store->restore(std::to_string(b->info.id), {}, out).ok());
+  EXPECT_EQ(out.bytes, most->bytes.bytes);
+  auto v = t.store->verify({});
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->problems.empty()) << v->problems.front();
+}
+
 // gc reports its plan (files and bytes) and each deletion; an error from the callback stops it before
 // its next deletion, the store stays whole, and the next gc deletes the rest.
 TEST(Store, GcReportsProgressAndStopsWhenToldTo) {

@@ -1,0 +1,128 @@
+// compact_packs(): which packs are dead enough, and for each the copy of its live blobs into a new
+// pack, the move of its rows, the deletion of the old pack. Generic over the Catalog and BlobStore
+// interfaces, like collect_garbage.
+#include "store/pack_compaction.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "store/store_internal.h"
+
+namespace kvsnap {
+
+namespace {
+
+// How one pack's compaction ended when it did not: its own blob unreadable (the next pack may
+// do), or storage failing (a full disk, a refused request: the next would fail the same way).
+// kStopped: options.progress said stop (Ctrl-C), returned as it is.
+enum class Failure { kNone, kThisPack, kStorage, kStopped };
+
+struct Attempt {
+  Status status;
+  Failure failure = Failure::kNone;
+};
+
+Attempt this_pack(Status s) { return {std::move(s), Failure::kThisPack}; }
+Attempt storage(Status s) { return {std::move(s), Failure::kStorage}; }
+
+// Whether a failed read is the pack's own damage (a blob gone or short, a row claiming an
+// impossible size) rather than storage that cannot be reached.
+bool damaged(const Status& s) {
+  return s.code() == Code::kNotFound || s.code() == Code::kCorruption || s.code() == Code::kInvalidArgument;
+}
+
+// The pack's live blobs into a new pack, then the rows, then the old pack deleted.
+Attempt compact_one(Catalog& catalog, BlobStore& blobs, const GcLock& lock, const std::string& pack,
+                    const GcOptions& options) {
+  auto rows = catalog.chunks_in_pack(pack);
+  if (!rows.ok()) return storage(rows.status());
+  auto batch = blobs.begin_write_for_gc(lock);
+  if (!batch.ok()) return storage(batch.status());
+  std::vector<ChunkMove> moves;
+  std::vector<std::byte> blob;  // one at a time
+  GcProgress progress;
+  progress.compacting = true;
+  for (const ChunkUse& u : *rows) {
+    if (options.progress) {
+      Status go_on = options.progress(progress);
+      if (!go_on.ok()) return {go_on, Failure::kStopped};
+    }
+    Status read = blobs.read_stored_into(u.sha256, u.location(), store_detail::kMaxBlobBytes, blob);
+    if (!read.ok()) return damaged(read) ? this_pack(read) : storage(read);
+    auto to = (*batch)->append(u.sha256, blob);
+    if (!to.ok()) return storage(to.status());
+    moves.push_back({u.sha256, u.location(), *to});
+  }
+  if (Status s = (*batch)->commit(); !s.ok()) return storage(s);
+  // From here the new pack is durable; until the move commits, no row names it.
+  if (Status s = catalog.move_chunks(moves, lock.hold()); !s.ok())
+    return s.code() == Code::kMismatch ? this_pack(s) : storage(s);
+  // Every row that named the old pack names the new one now (a refcount-0 row of an `rm` beside
+  // this gc moved too); asked again rather than assumed.
+  auto unused = catalog.unused_packs({pack});
+  if (!unused.ok()) return storage(unused.status());
+  if (!unused->empty()) {
+    if (Status s = blobs.remove_pack(lock, pack); !s.ok()) return storage(s);
+  }
+  return {};
+}
+
+// Whether `pack` is dead enough to compact; a warning when its rows name more than it holds.
+bool dead_enough(const std::string& pack, const PackUsage& use, uint64_t size, int percent, GcReport& report) {
+  if (use.rows == 0) return false;  // unused: collect_garbage's to delete
+  if (size == 0) {
+    report.warnings.push_back("pack " + pack + " is missing, and " + std::to_string(use.rows) +
+                              " chunks name it (kvsnap verify names the snapshots that need it)");
+    return false;
+  }
+  if (use.end > size) {
+    report.warnings.push_back("pack " + pack + " holds " + std::to_string(size) + " bytes, its chunks end at " +
+                              std::to_string(use.end) + ": not compacted (kvsnap verify names the snapshots hurt)");
+    return false;
+  }
+  if (use.live_bytes >= size) return false;
+  // dead / size >= percent / 100, in integers (sizes are far below 2^57).
+  return (size - use.live_bytes) * 100 >= size * static_cast<uint64_t>(percent);
+}
+
+}  // namespace
+
+Status compact_packs(Catalog& catalog, BlobStore& blobs, const GcLock& lock, const std::vector<std::string>& packs,
+                     const GcOptions& options, GcReport& report) {
+  if (options.compact_dead_percent <= 0 || packs.empty()) return Status::OK();
+  auto uses = catalog.pack_usage(packs);
+  if (!uses.ok()) {
+    report.warnings.push_back("compaction skipped: " + uses.status().message());
+    return Status::OK();
+  }
+  for (size_t i = 0; i < packs.size(); ++i) {
+    const std::string& pack = packs[i];
+    const PackUsage& use = (*uses)[i];
+    if (use.rows == 0) continue;
+    auto size = blobs.pack_size(pack);
+    if (!size.ok()) {
+      report.warnings.push_back("compaction stopped at pack " + pack + ": " + size.status().message());
+      return Status::OK();
+    }
+    if (!dead_enough(pack, use, *size, options.compact_dead_percent, report)) continue;
+    Attempt a = compact_one(catalog, blobs, lock, pack, options);
+    if (a.failure == Failure::kStopped) return a.status;
+    if (a.failure == Failure::kThisPack) {
+      report.warnings.push_back("pack " + pack + " not compacted: " + a.status.message() +
+                                " (kvsnap verify names the snapshots that need it)");
+      continue;
+    }
+    if (!a.status.ok()) {
+      report.warnings.push_back("compaction stopped at pack " + pack + ": " + a.status.message());
+      return Status::OK();
+    }
+    ++report.packs_compacted;
+    report.compacted_bytes_moved += use.live_bytes;
+    report.compacted_bytes_freed += *size - use.live_bytes;
+  }
+  return Status::OK();
+}
+
+}  // namespace kvsnap
