@@ -17,7 +17,9 @@
 //   ratio     raw bytes / stored bytes, with the byte-shuffle filter and without
 //   dedup     a second session sharing the first 90% of the tokens: bytes it added
 //   extend    (--extends BASE, for one FILE that continues the session BASE) save of FILE into a
-//             store that holds BASE: time and bytes against a save of FILE into an empty store
+//             store that holds BASE: time and bytes against a save of FILE into an empty store;
+//             then gc's compaction of FILE's pack once FILE is removed (BASE keeps most of it),
+//             in GB/s of live bytes moved against a copy + fsync of the pack
 //   decode    (--decode-only) save once, then only restores into memory, R rounds: wall and CPU
 //             seconds per GB, best and median (old and new builds run alternately compare best)
 //   encrypt   (--encrypt) save, restore+fsync and decode into a plain store and into an encrypted
@@ -293,6 +295,46 @@ void bench_extension(const std::string& base, const std::string& path, const std
   std::printf("  save after base %7.3f s = %.3fx of alone, %.3f CPU s = %.3fx, %.1f MB written (%llu of %llu chunks new)\n",
               t_inc, t_inc / t_full, c_inc, c_inc / c_full, double(inc.bytes_new) / 1e6,
               (unsigned long long)inc.chunks_new, (unsigned long long)inc.chunks);
+}
+
+// gc's compaction (docs/store.md, "Compaction"): FILE saved, then BASE (sharing FILE's first
+// chunks), then FILE removed: FILE's pack is left partly dead, and a gc compacting at 1% copies its
+// live blobs into a new pack. Against a copy + fsync of that pack, in GB/s of bytes moved.
+void bench_compaction(const std::string& base, const std::string& path, const std::string& dir, uint32_t threads,
+                      int rounds) {
+  auto bf = must(posix_io().open_read(base), base);
+  auto bs = must(parse_state(*bf), base);
+  auto ef = must(posix_io().open_read(path), path);
+  auto es = must(parse_state(*ef), path);
+  double t_compact = 1e9, t_copy = 1e9;
+  GcReport best;
+  uint64_t pack_bytes = 0;
+  for (int r = 0; r < rounds; ++r) {
+    Store_ st(dir + "/store");
+    SaveResult long_one;
+    (void)save_seconds(*st.s, *ef, es, threads, &long_one);
+    (void)save_seconds(*st.s, *bf, bs, threads);
+    const std::string pack = must(st.s->catalog().chunks_of(long_one.info.id), "chunks").front().pack;
+    const std::string pack_path = dir + "/store/packs/" + pack + ".pack";
+    pack_bytes = fs::file_size(pack_path);
+    t_copy = std::min(t_copy, copy_file(pack_path, dir + "/copy"));
+    fs::remove(dir + "/copy");
+    must(st.s->remove(std::to_string(long_one.info.id)).status(), "rm");
+    const auto t0 = Clock::now();
+    GcReport rep = must(st.s->gc(true, {}, 1), "gc");
+    const double t = secs(t0);
+    if (rep.packs_compacted != 1) must(Status::Corruption("gc compacted " + std::to_string(rep.packs_compacted) + " packs, not 1"), "compaction");
+    if (t < t_compact) {
+      t_compact = t;
+      best = rep;
+    }
+  }
+  const double moved_gbs = double(best.compacted_bytes_moved) / 1e9 / t_compact, copy_gbs = double(pack_bytes) / 1e9 / t_copy;
+  std::printf("compaction of %s's pack once %s is removed (%.1f MB, %.1f MB live, %.1f MB dead), best of %d\n",
+              fs::path(path).filename().c_str(), fs::path(path).filename().c_str(), double(pack_bytes) / 1e6,
+              double(best.compacted_bytes_moved) / 1e6, double(best.compacted_bytes_freed) / 1e6, rounds);
+  std::printf("  gc (compacting) %7.3f s, %.2f GB/s moved; copy+fsync of the pack %.3f s, %.2f GB/s: %.2fx\n", t_compact,
+              moved_gbs, t_copy, copy_gbs, moved_gbs / copy_gbs);
 }
 
 // Where the time goes: each stage of a save or restore alone, one thread, on
@@ -646,7 +688,10 @@ int main(int argc, char** argv) {
   } else if (g_encrypt) {
     for (const auto& f : files) bench_encryption(f, dir, threads, rounds);
   } else if (!extends.empty()) {
-    for (const auto& f : files) bench_extension(extends, f, dir, threads, rounds);
+    for (const auto& f : files) {
+      bench_extension(extends, f, dir, threads, rounds);
+      bench_compaction(extends, f, dir, threads, rounds);
+    }
   } else {
     for (const auto& f : files) bench_file(f, dir, threads, rounds);
   }
