@@ -56,6 +56,11 @@ struct GcOpts {
 Result<EvictResult> evict_for_gc(Store& store, const GcOpts& o) {
   EvictionRequest req;
   req.compact_dead_percent = o.compact_dead;
+  req.gc_progress = [&store](const GcProgress&) -> Status {
+    if (!interrupted()) return Status::OK();
+    return Status::Interrupted(store.paths().root + ": gc stopped by a signal (Ctrl-C) while collecting what "
+                               "eviction freed; the store is whole, and the next kvsnap gc finishes it");
+  };
   if (!o.max_bytes.empty()) {
     auto cap = parse_byte_size(o.max_bytes);
     if (!cap.ok()) return cap.status().Prefixed("--max-bytes");
@@ -120,6 +125,11 @@ Status run_gc(const GcOpts& o, std::string& out) {
     return Status::OK();
   }
   KV_ASSIGN_OR_RETURN(GcReport r, collect_with_progress(*store, o));
+  // What the eviction's own collection compacted counts as this gc's too.
+  r.packs_compacted += evicted.gc.packs_compacted;
+  r.compacted_bytes_moved += evicted.gc.compacted_bytes_moved;
+  r.compacted_bytes_freed += evicted.gc.compacted_bytes_freed;
+  r.warnings.insert(r.warnings.begin(), evicted.gc.warnings.begin(), evicted.gc.warnings.end());
   KV_ASSIGN_OR_RETURN(CatalogStats s, store->catalog().stats());
   json j = {{"skipped_busy", r.skipped_busy}, {"unreferenced_deleted", r.unreferenced_deleted},
             {"orphans_deleted", r.orphans_deleted}, {"packs_deleted", r.packs_deleted},

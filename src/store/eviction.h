@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,8 +43,10 @@ struct EvictionRequest {
   std::optional<std::string> tenant;  // unset: the whole store
   std::string now;                    // ISO 8601 UTC (utc_iso8601); tests pass their own
   std::optional<int64_t> keep;        // never a victim (a save's new snapshot)
-  // The collection after the removals: GcOptions::compact_dead_percent (Store::evict).
+  // The collection after the removals (Store::evict): GcOptions::compact_dead_percent and
+  // GcOptions::progress (an error stops it, Ctrl-C).
   int compact_dead_percent = GcOptions::kDefaultCompactDeadPercent;
+  std::function<Status(const GcProgress&)> gc_progress = nullptr;
 };
 
 struct EvictionVictim {

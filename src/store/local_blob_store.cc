@@ -74,6 +74,13 @@ Result<std::shared_ptr<const ReadableFile>> LocalBlobStore::open_pack(const std:
   KV_ASSIGN_OR_RETURN(bool present, io_.exists(path));
   if (!present) return Status::NotFound("pack " + pack + " is missing from the store (" + path + ")");
   KV_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> opened, io_.open_read(path));
+  // Packs another process's gc deleted (compacted, or all dead) since they were opened here: an
+  // open descriptor keeps a deleted file's space until closed, and a long-lived store (kvsnap
+  // serve) would hold up to kMaxOpenPacks of them. Checked at each miss: one stat per open pack.
+  for (auto e = open_packs_.begin(); e != open_packs_.end();) {
+    auto still = io_.exists(pack_path(e->first));
+    e = still.ok() && !*still ? open_packs_.erase(e) : std::next(e);
+  }
   if (open_packs_.size() >= kMaxOpenPacks) {
     auto oldest = std::min_element(open_packs_.begin(), open_packs_.end(), [](const auto& a, const auto& b) {
       return a.second.last_use < b.second.last_use;

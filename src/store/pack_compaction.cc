@@ -14,9 +14,9 @@ namespace kvsnap {
 
 namespace {
 
-// How one pack's compaction ended when it did not: its own blob unreadable (the next pack may
-// do), or storage failing (a full disk, a refused request: the next would fail the same way).
-// kStopped: options.progress said stop (Ctrl-C), returned as it is.
+// How one pack's compaction ended when it did not: the pack itself could not be read or moved (the
+// next one may do), storage failing while writing (a full disk: the next would fail the same way),
+// or options.progress saying stop (returned as it is).
 enum class Failure { kNone, kThisPack, kStorage, kStopped };
 
 struct Attempt {
@@ -27,10 +27,12 @@ struct Attempt {
 Attempt this_pack(Status s) { return {std::move(s), Failure::kThisPack}; }
 Attempt storage(Status s) { return {std::move(s), Failure::kStorage}; }
 
-// Whether a failed read is the pack's own damage (a blob gone or short, a row claiming an
-// impossible size) rather than storage that cannot be reached.
-bool damaged(const Status& s) {
-  return s.code() == Code::kNotFound || s.code() == Code::kCorruption || s.code() == Code::kInvalidArgument;
+// After the new pack is durable and before its rows move, a failure leaves it unused: deleted at
+// once (no row names it, gc holds the lock), so a gc that goes on keeps no more than one pack's
+// copy beyond what the store holds. (If that fails too, the next gc deletes it.)
+Attempt drop_new_pack(BlobStore& blobs, const GcLock& lock, const std::string& new_pack, Attempt why) {
+  if (!new_pack.empty()) (void)blobs.remove_pack(lock, new_pack);
+  return why;
 }
 
 // The pack's live blobs into a new pack, then the rows, then the old pack deleted.
@@ -49,23 +51,26 @@ Attempt compact_one(Catalog& catalog, BlobStore& blobs, const GcLock& lock, cons
       Status go_on = options.progress(progress);
       if (!go_on.ok()) return {go_on, Failure::kStopped};
     }
+    // Any failed read is this pack's (gone, short, a bad sector: EIO); compact_packs stops when
+    // several packs in a row cannot be read, which is storage rather than one pack.
     Status read = blobs.read_stored_into(u.sha256, u.location(), store_detail::kMaxBlobBytes, blob);
-    if (!read.ok()) return damaged(read) ? this_pack(read) : storage(read);
+    if (!read.ok()) return this_pack(read);
     auto to = (*batch)->append(u.sha256, blob);
     if (!to.ok()) return storage(to.status());
     moves.push_back({u.sha256, u.location(), *to});
   }
   if (Status s = (*batch)->commit(); !s.ok()) return storage(s);
   // From here the new pack is durable; until the move commits, no row names it.
+  const std::string new_pack = moves.empty() ? std::string() : moves.front().to.pack;
   if (Status s = catalog.move_chunks(moves, lock.hold()); !s.ok())
-    return s.code() == Code::kMismatch ? this_pack(s) : storage(s);
+    return drop_new_pack(blobs, lock, new_pack, s.code() == Code::kMismatch ? this_pack(s) : storage(s));
   // Every row that named the old pack names the new one now (a refcount-0 row of an `rm` beside
   // this gc moved too); asked again rather than assumed.
   auto unused = catalog.unused_packs({pack});
   if (!unused.ok()) return storage(unused.status());
-  if (!unused->empty()) {
-    if (Status s = blobs.remove_pack(lock, pack); !s.ok()) return storage(s);
-  }
+  if (unused->empty())
+    return this_pack(Status::Mismatch("its rows moved, but a row still names it; it stays (the next gc looks again)"));
+  if (Status s = blobs.remove_pack(lock, pack); !s.ok()) return storage(s);
   return {};
 }
 
@@ -87,6 +92,9 @@ bool dead_enough(const std::string& pack, const PackUsage& use, uint64_t size, i
   return (size - use.live_bytes) * 100 >= size * static_cast<uint64_t>(percent);
 }
 
+// Packs in a row whose own compaction failed before compaction takes it for storage trouble.
+constexpr int kFailedPacksInARow = 3;
+
 }  // namespace
 
 Status compact_packs(Catalog& catalog, BlobStore& blobs, const GcLock& lock, const std::vector<std::string>& packs,
@@ -97,6 +105,7 @@ Status compact_packs(Catalog& catalog, BlobStore& blobs, const GcLock& lock, con
     report.warnings.push_back("compaction skipped: " + uses.status().message());
     return Status::OK();
   }
+  int failed_in_a_row = 0;
   for (size_t i = 0; i < packs.size(); ++i) {
     const std::string& pack = packs[i];
     const PackUsage& use = (*uses)[i];
@@ -112,12 +121,16 @@ Status compact_packs(Catalog& catalog, BlobStore& blobs, const GcLock& lock, con
     if (a.failure == Failure::kThisPack) {
       report.warnings.push_back("pack " + pack + " not compacted: " + a.status.message() +
                                 " (kvsnap verify names the snapshots that need it)");
-      continue;
+      if (++failed_in_a_row < kFailedPacksInARow) continue;
+      report.warnings.push_back("compaction stopped: " + std::to_string(failed_in_a_row) +
+                                " packs in a row could not be compacted");
+      return Status::OK();
     }
     if (!a.status.ok()) {
       report.warnings.push_back("compaction stopped at pack " + pack + ": " + a.status.message());
       return Status::OK();
     }
+    failed_in_a_row = 0;
     ++report.packs_compacted;
     report.compacted_bytes_moved += use.live_bytes;
     report.compacted_bytes_freed += *size - use.live_bytes;

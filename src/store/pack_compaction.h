@@ -17,12 +17,13 @@
 //     the packs done are done and the one in progress is as it was.
 //   - Blobs are copied as storage holds them (BlobStore::read_stored_into, past a cache), sealed
 //     ones included (no key needed): a chunk keeps its id and every check of its bytes.
-//   - Never fails gc for a pack: one that is missing, shorter than its rows say, or unreadable is
-//     left as it is and named in report.warnings (`kvsnap verify` names the snapshots hurt), and
-//     the next one is tried; a storage error while writing (a full disk) stops compaction with a
+//   - Never fails gc for a pack: one that is missing, shorter than its rows say, or unreadable (any
+//     read error, EIO included) is left as it is and named in report.warnings (`kvsnap verify`
+//     names the snapshots hurt), and the next one is tried, until three in a row fail (storage
+//     rather than a pack); a storage error while writing (a full disk) stops compaction with a
 //     warning. Only a stop (an error from options.progress, Ctrl-C) is returned.
-//   - Space: at most one pack's live bytes beyond what the store holds, at any moment. Memory: one
-//     blob, and the rows of one pack.
+//   - Space: at most one pack's live bytes beyond what the store holds (a new pack whose rows could
+//     not move is deleted at once). Memory: one blob, and the rows of one pack.
 #pragma once
 
 #include <string>

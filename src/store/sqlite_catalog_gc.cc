@@ -123,7 +123,10 @@ Status SqliteCatalog::move_chunks(const std::vector<ChunkMove>& moves, GcLockHol
   KV_RETURN_IF_ERROR(hold.still_held().Prefixed(describe() + ": not moving chunks to their new pack"));
   // gc deletes the old packs once this commits: the commit must survive a power loss even in a
   // catalog opened for a bulk load (durable_commits = false).
-  if (!options_.durable_commits) KV_RETURN_IF_ERROR(exec("PRAGMA synchronous=FULL"));
+  if (!options_.durable_commits) {
+    KV_RETURN_IF_ERROR(exec("PRAGMA synchronous=FULL"));
+    KV_RETURN_IF_ERROR(exec("PRAGMA fullfsync=ON"));
+  }
   Status s = write_txn([&]() -> Status {
     KV_ASSIGN_OR_RETURN(Stmt up, stmt("UPDATE chunks SET pack = ?2, pack_offset = ?3 "
                                       "WHERE sha256 = ?1 AND pack = ?4 AND pack_offset = ?5 AND stored_size = ?6"));
@@ -141,9 +144,9 @@ Status SqliteCatalog::move_chunks(const std::vector<ChunkMove>& moves, GcLockHol
     }
     return Status::OK();
   });
-  if (!options_.durable_commits) {
-    Status back = exec("PRAGMA synchronous=NORMAL");
-    if (s.ok()) s = back;
+  if (!options_.durable_commits) {  // back to the bulk load's settings; the move stands either way
+    (void)exec("PRAGMA synchronous=NORMAL");
+    (void)exec("PRAGMA fullfsync=OFF");
   }
   return s;
 }

@@ -510,6 +510,7 @@ Result<EvictResult> Store::evict(EvictionRequest req, bool dry_run, bool wait_gc
   o.wait = wait_gc;
   o.scan_orphans = false;
   o.compact_dead_percent = req.compact_dead_percent;
+  o.progress = req.gc_progress;
   KV_ASSIGN_OR_RETURN(out.gc, collect_garbage(*catalog_, *blobs_, o));
   return out;
 }

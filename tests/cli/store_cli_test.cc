@@ -474,22 +474,22 @@ TEST_F(StoreCli, EncryptedStoreNeedsItsKeyAndTenant) {
   EXPECT_EQ(slurp(dir_ / "cfg.slot"), slurp(a));
 }
 
-// Compaction through the binary: a snapshot removed while a shorter one keeps some of its chunks
-// leaves its pack partly dead; gc --compact-dead takes it when dead enough (0: never), says so in
-// text and JSON, and the shorter one still restores byte for byte.
+// Compaction through the binary: a snapshot evicted while a shorter one keeps its first quarter
+// leaves its pack three quarters dead; gc --compact-dead 0 leaves it (its eviction step too), a
+// plain gc compacts it and says so in text and JSON, and the shorter one restores byte for byte.
 TEST_F(StoreCli, GcCompactsAPackThatARemovalLeftPartlyDead) {
   const fs::path a = make_slot("a.slot", 2, 64, 400, 7), p = dir_ / "p.slot";
   ASSERT_EQ(kv("save " + a.string() + " --name long --cells-per-chunk 16").code, 0);
-  ASSERT_EQ(kv("restore long --tokens 360 -o " + p.string()).code, 0);
-  ASSERT_EQ(kv("save " + p.string() + " --name short --cells-per-chunk 16").code, 0);
-  ASSERT_EQ(kv("rm long").code, 0);  // ~10% of its pack dead: under rm's 25
-  KvRun kept = kv("gc --compact-dead 0 --json");
+  ASSERT_EQ(kv("restore long --tokens 100 -o " + p.string()).code, 0);
+  ASSERT_EQ(kv("save " + p.string() + " --name short --cells-per-chunk 16 --pin").code, 0);
+  KvRun kept = kv("gc --max-bytes 1 --compact-dead 0 --json");  // evicts long, compacts nothing
   ASSERT_EQ(kept.code, 0) << kept.err;
+  EXPECT_NE(kept.out.find("\"long\""), std::string::npos) << kept.out;
   EXPECT_NE(kept.out.find("\"packs_compacted\": 0"), std::string::npos) << kept.out;
-  KvRun gc = kv("gc --compact-dead 5");
+  KvRun gc = kv("gc");
   ASSERT_EQ(gc.code, 0) << gc.err;
   EXPECT_NE(gc.out.find("gc: compacted 1 pack (moved "), std::string::npos) << gc.out;
-  KvRun again = kv("gc --compact-dead 5 --json");
+  KvRun again = kv("gc --compact-dead 1 --json");
   EXPECT_NE(again.out.find("\"packs_compacted\": 0"), std::string::npos) << "nothing dead is left: " << again.out;
   EXPECT_NE(again.out.find("\"warnings\": []"), std::string::npos) << again.out;
   EXPECT_EQ(kv("verify --all").code, 0);

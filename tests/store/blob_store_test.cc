@@ -133,6 +133,37 @@ TEST_F(BlobStoreTest, PackReadsKeepFewFilesOpenAndPackNamesAreChecked) {
   EXPECT_EQ(s.message(), "'../../etc/passwd' is not a pack name");
 }
 
+// A pack another process deleted (a gc's compaction) is not kept open by a store that read it:
+// its descriptor would keep the file's space for as long as the store lives (kvsnap serve).
+TEST_F(BlobStoreTest, APackDeletedElsewhereIsClosedAtTheNextOpen) {
+  auto store = open(posix_io());
+  std::vector<std::pair<ChunkHash, BlobLocation>> at;
+  for (const char* raw : {"first", "second"}) {
+    auto batch = std::move(store->begin_write()).value();
+    const ChunkHash h = ChunkHash::of(bytes_of(raw));
+    auto where = batch->append(h, bytes_of(std::string("blob of ") + raw));
+    ASSERT_TRUE(where.ok()) << where.status().ToString();
+    ASSERT_TRUE(batch->commit().ok());
+    at.emplace_back(h, *where);
+  }
+  auto deleted_fds = [] {
+    size_t n = 0;
+    for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+      std::error_code ec;
+      const std::string target = fs::read_symlink(e.path(), ec).string();
+      if (!ec && target.find(".pack (deleted)") != std::string::npos) ++n;
+    }
+    return n;
+  };
+  std::vector<std::byte> out;
+  ASSERT_TRUE(store->get_into(at[0].first, at[0].second, 1 << 20, out).ok());
+  fs::remove(fs::path(root_) / "packs" / (at[0].second.pack + ".pack"));  // another process's gc
+  EXPECT_EQ(deleted_fds(), 1u) << "the store holds the deleted pack open";
+  ASSERT_TRUE(store->get_into(at[1].first, at[1].second, 1 << 20, out).ok());
+  EXPECT_EQ(out, bytes_of("blob of second"));
+  EXPECT_EQ(deleted_fds(), 0u) << "opening the next pack closed the deleted one";
+}
+
 // The store id is written only where none is (of two catalogs binding new blobs at once, the second
 // reads the first's back); an empty one (a crash between its create and its write) is replaced.
 TEST_F(BlobStoreTest, TheStoreIdIsCreatedOnceAndAnEmptyOneIsReplaced) {

@@ -27,7 +27,7 @@
 
 namespace kvsnap {
 
-enum class FaultOp { kOpenWrite, kAppend, kSync, kClose, kRename, kRemove, kSyncDir, kCreateDirs, kLock };
+enum class FaultOp { kOpenWrite, kAppend, kSync, kClose, kRename, kRemove, kSyncDir, kCreateDirs, kLock, kRead };
 
 inline const char* fault_op_name(FaultOp op) {
   switch (op) {
@@ -40,6 +40,7 @@ inline const char* fault_op_name(FaultOp op) {
     case FaultOp::kSyncDir: return "fsync directory";
     case FaultOp::kCreateDirs: return "mkdir";
     case FaultOp::kLock: return "lock";
+    case FaultOp::kRead: return "read";
   }
   return "?";
 }
@@ -194,12 +195,16 @@ class FaultInjectingIo final : public Io {
   std::atomic<uint64_t> bytes_read_{0};
 };
 
+// A file opened for reading: its reads can fail (FaultOp::kRead, by the file's name) and are
+// counted when its path matched count_reads().
 class FaultInjectingIo::CountedFile final : public ReadableFile {
  public:
-  CountedFile(FaultInjectingIo& io, std::unique_ptr<ReadableFile> f) : io_(io), f_(std::move(f)) {}
+  CountedFile(FaultInjectingIo& io, std::unique_ptr<ReadableFile> f, bool counted)
+      : io_(io), f_(std::move(f)), counted_(counted) {}
   uint64_t size() const override { return f_->size(); }
   Status read_at(uint64_t offset, std::span<std::byte> dst) const override {
-    io_.bytes_read_ += dst.size();
+    if (auto fault = io_.hit(FaultOp::kRead, f_->name())) return injected_status(FaultOp::kRead, f_->name(), fault->first);
+    if (counted_) io_.bytes_read_ += dst.size();
     return f_->read_at(offset, dst);
   }
   const std::string& name() const override { return f_->name(); }
@@ -207,24 +212,27 @@ class FaultInjectingIo::CountedFile final : public ReadableFile {
  private:
   FaultInjectingIo& io_;
   std::unique_ptr<ReadableFile> f_;
+  bool counted_;
 };
 
 inline Result<std::unique_ptr<ReadableFile>> FaultInjectingIo::open_read(const std::string& path) {
   maybe_pause(path);
   KV_ASSIGN_OR_RETURN(auto file, base_.open_read(path));
+  bool counted = false;
   {
     std::lock_guard<std::mutex> g(mu_);
-    if (count_needle_.empty() || path.find(count_needle_) == std::string::npos) return file;
+    counted = !count_needle_.empty() && path.find(count_needle_) != std::string::npos;
   }
-  return std::unique_ptr<ReadableFile>(new CountedFile(*this, std::move(file)));
+  return std::unique_ptr<ReadableFile>(new CountedFile(*this, std::move(file), counted));
 }
 
 inline Result<OpenedRegular> FaultInjectingIo::open_regular(const std::string& path) {
   maybe_pause(path);
   KV_ASSIGN_OR_RETURN(OpenedRegular r, base_.open_regular(path));
   std::lock_guard<std::mutex> g(mu_);
-  if (r.file && !count_needle_.empty() && path.find(count_needle_) != std::string::npos) {
-    r.file = std::unique_ptr<ReadableFile>(new CountedFile(*this, std::move(r.file)));
+  if (r.file) {
+    const bool counted = !count_needle_.empty() && path.find(count_needle_) != std::string::npos;
+    r.file = std::unique_ptr<ReadableFile>(new CountedFile(*this, std::move(r.file), counted));
   }
   return r;
 }

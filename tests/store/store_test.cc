@@ -636,6 +636,7 @@ TEST(Store, GcCompactsPacksDeadEnoughStopsCleanlyAndLeavesAnUnreadablePack) {
   ASSERT_EQ(hurt->warnings.size(), 1u);
   EXPECT_NE(hurt->warnings[0].find(a_pack.stem().string()), std::string::npos) << hurt->warnings[0];
   EXPECT_TRUE(fs::exists(a_pack));
+  EXPECT_EQ(files_under(t.root / "packs"), 2u) << "no compacted copy of it appeared";
   fs::rename(whole, a_pack);
   t.store.reset();  // a store keeps its packs open: the repaired one is another file
   t.store = std::move(Store::open(posix_io(), StorePaths{t.root.string()})).value();
@@ -652,6 +653,59 @@ TEST(Store, GcCompactsPacksDeadEnoughStopsCleanlyAndLeavesAnUnreadablePack) {
   auto v = t.store->verify({});
   ASSERT_TRUE(v.ok());
   EXPECT_TRUE(v->problems.empty()) << v->problems.front();
+}
+
+// Two packs three quarters dead (two sessions, each removed while its first quarter stays): 0 never
+// compacts them; a pack whose reads fail (EIO) is left and named while the other is compacted, and
+// the next gc takes it once it reads.
+TEST(Store, AReadErrorLeavesThatPackAndTheNextIsCompacted) {
+  FaultInjectingIo io(posix_io());
+  TempStore t(io);
+  SaveRequest req;
+  req.cells_per_chunk = 16;
+  std::vector<std::string> packs;
+  std::vector<std::pair<int64_t, std::vector<std::byte>>> kept;
+  std::vector<Loaded> sessions;
+  for (const char* f : {"v0.5.0/hd64-f16-f16-faon.slot", "v0.5.0/hd64-q8_0-q8_0-faon.slot"}) {
+    sessions.push_back(load(fixtures() / f));
+    const Loaded& l = sessions.back();
+    auto quarter = cut_to(l, l.state.tokens.tokens.size() / 4);
+    auto whole = t.store->save(*l.file, l.state, req);
+    ASSERT_TRUE(whole.ok()) << f << ": " << whole.status().ToString();
+    auto part = t.store->save(*quarter->file, quarter->state, req);
+    ASSERT_TRUE(part.ok()) << f << ": " << part.status().ToString();
+    ASSERT_GT(part->chunks, part->chunks_new) << f;
+    packs.push_back(t.store->catalog().chunks_of(whole->info.id)->front().pack);
+    ASSERT_TRUE(t.store->catalog().remove_snapshot(whole->info.id).ok());  // rows only: no gc yet
+    kept.emplace_back(part->info.id, quarter->bytes.bytes);
+  }
+  auto none = t.store->gc(true, {}, 0);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_EQ(none->packs_compacted, 0u) << "0: never, however dead";
+  ASSERT_GT(pack_bytes(t.root), t.store->catalog().stats()->stored_bytes * 2);
+
+  io.fail_matching(FaultOp::kRead, packs[0] + ".pack", EIO);
+  auto hurt = t.store->gc(true);
+  ASSERT_TRUE(hurt.ok()) << hurt.status().ToString();
+  EXPECT_EQ(hurt->packs_compacted, 1u) << "the other pack";
+  ASSERT_EQ(hurt->warnings.size(), 1u);
+  EXPECT_NE(hurt->warnings[0].find("pack " + packs[0] + " not compacted"), std::string::npos) << hurt->warnings[0];
+  EXPECT_TRUE(fs::exists(t.root / "packs" / (packs[0] + ".pack")));
+  EXPECT_FALSE(fs::exists(t.root / "packs" / (packs[1] + ".pack")));
+  EXPECT_EQ(files_under(t.root / "packs"), 4u) << "two of the quarters', the other's compacted copy, the hurt one";
+  EXPECT_EQ(files_under(t.root / "tmp"), 0u);
+
+  io.clear();
+  auto gc = t.store->gc(true);
+  ASSERT_TRUE(gc.ok()) << gc.status().ToString();
+  EXPECT_EQ(gc->packs_compacted, 1u);
+  EXPECT_TRUE(gc->warnings.empty());
+  EXPECT_EQ(pack_bytes(t.root), t.store->catalog().stats()->stored_bytes);
+  for (const auto& [id, bytes] : kept) {
+    VectorSink out;
+    ASSERT_TRUE(t.store->restore(std::to_string(id), {}, out).ok());
+    EXPECT_EQ(out.bytes, bytes);
+  }
 }
 
 // gc reports its plan (files and bytes) and each deletion; an error from the callback stops it before
