@@ -246,20 +246,22 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   const auto t0 = Clock::now();
   LlamaServer srv(t.endpoint);
   KV_RETURN_IF_ERROR(check_slot_dir(io, t));
-  KV_RETURN_IF_ERROR(srv.health());
-  KV_RETURN_IF_ERROR(check_idle(srv, t.slot));
-  KV_ASSIGN_OR_RETURN(Model model, find_model(io, srv, t));
+  // What the snapshot alone decides comes before anything is asked of the server: a snapshot that
+  // is not there, an mlx-lm one (the store would refuse the llama.cpp types this flow fills in,
+  // naming flags never given), a plain one under a key (Store::restore's check, early).
   KV_ASSIGN_OR_RETURN(int64_t id, store.catalog().resolve(ref));
   KV_ASSIGN_OR_RETURN(SnapshotInfo info, store.catalog().get_info(id));
-  // Before anything is asked of the server (a type probe may evaluate a token in an empty slot):
-  // the store would refuse the llama.cpp types this flow fills in, naming flags never given.
   if (info.model_arch == "mlx-lm") {
     return Status::InvalidArgument("snapshot " + ref + " is an mlx-lm prompt cache: llama-server cannot load it; "
                                    "restore it to a file with {-o} OUT.safetensors (or move it to llama.cpp with "
                                    "kvsnap convert --to llama, docs/mlx.md)");
   }
+  KV_RETURN_IF_ERROR(check_plain_under_key(info, store.cipher(), t.allow_plain));
+  KV_RETURN_IF_ERROR(srv.health());
+  KV_RETURN_IF_ERROR(check_idle(srv, t.slot));
+  KV_ASSIGN_OR_RETURN(Model model, find_model(io, srv, t));
+  // Before a type probe (which may evaluate a token in an empty slot).
   KV_RETURN_IF_ERROR(check_model(info, model, ref));
-  KV_RETURN_IF_ERROR(check_plain_under_key(info, store.cipher(), t.allow_plain));  // Store::restore's check, early
 
   ServerRestoreResult r;
   r.ctk = t.ctk;

@@ -873,6 +873,17 @@ TEST_F(StoreCli, APlainSnapshotNeedsAllowPlainUnderAKey) {
   EXPECT_EQ(slurp(out), slurp(slot));
   EXPECT_TRUE(fs::exists(archive));
   EXPECT_EQ(kv("restore p --force -o " + out.string()).code, 0) << "without a key, as before";
+  // restore --server refuses before it asks the server anything: nothing listens on port 1, so a
+  // refusal that came after a request would name the server instead.
+  const std::string to_server = "restore p --server http://127.0.0.1:1 --slot-dir " + dir_.string() + key;
+  KvRun early = kv(to_server);
+  EXPECT_EQ(early.code, 5) << early.err;
+  EXPECT_NE(early.err.find("--allow-plain"), std::string::npos) << early.err;
+  EXPECT_EQ(early.err.find("127.0.0.1:1"), std::string::npos) << "asked the server first: " << early.err;
+  KvRun asked = kv(to_server + " --allow-plain");
+  EXPECT_NE(asked.code, 0);
+  EXPECT_NE(asked.code, 5) << asked.err;
+  EXPECT_NE(asked.err.find("127.0.0.1:1"), std::string::npos) << "with --allow-plain it goes on to the server: " << asked.err;
 }
 
 // save --level none stores every chunk raw (the fastest save and restore when the CPU is the
