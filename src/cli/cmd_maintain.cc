@@ -121,7 +121,21 @@ Status run_gc(const GcOpts& o, std::string& out) {
   std::string etext;
   render_eviction(evicted, o, ej, etext);
   if (o.dry_run) {
-    out = o.json ? json_text(ej, 2) + "\n" : (etext.empty() ? "nothing to evict\n" : etext);
+    // Compaction as the store is now: the evictions above would leave more dead bytes.
+    KV_ASSIGN_OR_RETURN(CompactionPlan plan, store->plan_compaction(o.compact_dead));
+    ej["compaction"] = {{"packs", plan.packs.size()}, {"bytes_to_move", plan.live_bytes},
+                        {"bytes_to_free", plan.dead_bytes}, {"warnings", plan.warnings}};
+    if (o.json) {
+      out = json_text(ej, 2) + "\n";
+      return Status::OK();
+    }
+    out = etext.empty() ? "nothing to evict\n" : etext;
+    for (const std::string& w : plan.warnings) out += "warning: gc: " + w + "\n";
+    out += plan.packs.empty() ? std::string("no pack to compact\n")
+                              : "would compact " + std::to_string(plan.packs.size()) +
+                                    (plan.packs.size() == 1 ? " pack (" : " packs (") + mib(plan.live_bytes) +
+                                    " of live chunks to move, " + mib(plan.dead_bytes) +
+                                    " to free), as the store is now, before the evictions above\n";
     return Status::OK();
   }
   KV_ASSIGN_OR_RETURN(GcReport r, collect_with_progress(*store, o));
@@ -294,7 +308,7 @@ void setup_maintain_commands(CLI::App& app, int& exit_status) {
     sub->add_option("--max-bytes", o->max_bytes,
                     "first evict snapshots until the store holds at most N bytes after dedup (N, or 500M, 20G, 1T)");
     sub->add_option("--tenant", o->tenant, "with --max-bytes: cap only this tenant's snapshots (tag serve.ns)");
-    sub->add_flag("--dry-run", o->dry_run, "list what would be evicted; remove and delete nothing");
+    sub->add_flag("--dry-run", o->dry_run, "list what would be evicted and compacted; change nothing");
     sub->add_option("--compact-dead", o->compact_dead,
                     "copy the live chunks of every pack whose dead bytes are at least PERCENT of it into a new pack, "
                     "and delete the old one (0: never)")

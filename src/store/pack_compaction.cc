@@ -75,16 +75,17 @@ Attempt compact_one(Catalog& catalog, BlobStore& blobs, const GcLock& lock, cons
 }
 
 // Whether `pack` is dead enough to compact; a warning when its rows name more than it holds.
-bool dead_enough(const std::string& pack, const PackUsage& use, uint64_t size, int percent, GcReport& report) {
+bool dead_enough(const std::string& pack, const PackUsage& use, uint64_t size, int percent,
+                 std::vector<std::string>& warnings) {
   if (use.rows == 0) return false;  // unused: collect_garbage's to delete
   if (size == 0) {
-    report.warnings.push_back("pack " + pack + " is missing, and " + std::to_string(use.rows) +
-                              " chunks name it (kvsnap verify names the snapshots that need it)");
+    warnings.push_back("pack " + pack + " is missing, and " + std::to_string(use.rows) +
+                       " chunks name it (kvsnap verify names the snapshots that need it)");
     return false;
   }
   if (use.end > size) {
-    report.warnings.push_back("pack " + pack + " holds " + std::to_string(size) + " bytes, its chunks end at " +
-                              std::to_string(use.end) + ": not compacted (kvsnap verify names the snapshots hurt)");
+    warnings.push_back("pack " + pack + " holds " + std::to_string(size) + " bytes, its chunks end at " +
+                       std::to_string(use.end) + ": not compacted (kvsnap verify names the snapshots hurt)");
     return false;
   }
   if (use.live_bytes >= size) return false;
@@ -97,29 +98,40 @@ constexpr int kFailedPacksInARow = 3;
 
 }  // namespace
 
-Status compact_packs(Catalog& catalog, BlobStore& blobs, const GcLock& lock, const std::vector<std::string>& packs,
-                     const GcOptions& options, GcReport& report) {
-  if (options.compact_dead_percent <= 0 || packs.empty()) return Status::OK();
+CompactionPlan plan_compaction(Catalog& catalog, BlobStore& blobs, const std::vector<std::string>& packs, int percent) {
+  CompactionPlan plan;
+  if (percent <= 0 || packs.empty()) return plan;
   auto uses = catalog.pack_usage(packs);
   if (!uses.ok()) {
-    report.warnings.push_back("compaction skipped: " + uses.status().message());
-    return Status::OK();
+    plan.warnings.push_back("compaction skipped: " + uses.status().message());
+    return plan;
   }
-  int failed_in_a_row = 0;
   for (size_t i = 0; i < packs.size(); ++i) {
-    const std::string& pack = packs[i];
     const PackUsage& use = (*uses)[i];
     if (use.rows == 0) continue;
-    auto size = blobs.pack_size(pack);
+    auto size = blobs.pack_size(packs[i]);
     if (!size.ok()) {
-      report.warnings.push_back("compaction stopped at pack " + pack + ": " + size.status().message());
-      return Status::OK();
+      plan.warnings.push_back("compaction stopped at pack " + packs[i] + ": " + size.status().message());
+      return plan;
     }
-    if (!dead_enough(pack, use, *size, options.compact_dead_percent, report)) continue;
-    Attempt a = compact_one(catalog, blobs, lock, pack, options);
+    if (!dead_enough(packs[i], use, *size, percent, plan.warnings)) continue;
+    plan.packs.push_back({packs[i], *size, use.live_bytes});
+    plan.live_bytes += use.live_bytes;
+    plan.dead_bytes += *size - use.live_bytes;
+  }
+  return plan;
+}
+
+Status compact_packs(Catalog& catalog, BlobStore& blobs, const GcLock& lock, const std::vector<std::string>& packs,
+                     const GcOptions& options, GcReport& report) {
+  CompactionPlan plan = plan_compaction(catalog, blobs, packs, options.compact_dead_percent);
+  report.warnings.insert(report.warnings.end(), plan.warnings.begin(), plan.warnings.end());
+  int failed_in_a_row = 0;
+  for (const CompactionCandidate& c : plan.packs) {
+    Attempt a = compact_one(catalog, blobs, lock, c.pack, options);
     if (a.failure == Failure::kStopped) return a.status;
     if (a.failure == Failure::kThisPack) {
-      report.warnings.push_back("pack " + pack + " not compacted: " + a.status.message() +
+      report.warnings.push_back("pack " + c.pack + " not compacted: " + a.status.message() +
                                 " (kvsnap verify names the snapshots that need it)");
       if (++failed_in_a_row < kFailedPacksInARow) continue;
       report.warnings.push_back("compaction stopped: " + std::to_string(failed_in_a_row) +
@@ -127,13 +139,13 @@ Status compact_packs(Catalog& catalog, BlobStore& blobs, const GcLock& lock, con
       return Status::OK();
     }
     if (!a.status.ok()) {
-      report.warnings.push_back("compaction stopped at pack " + pack + ": " + a.status.message());
+      report.warnings.push_back("compaction stopped at pack " + c.pack + ": " + a.status.message());
       return Status::OK();
     }
     failed_in_a_row = 0;
     ++report.packs_compacted;
-    report.compacted_bytes_moved += use.live_bytes;
-    report.compacted_bytes_freed += *size - use.live_bytes;
+    report.compacted_bytes_moved += c.live_bytes;
+    report.compacted_bytes_freed += c.size - c.live_bytes;
   }
   return Status::OK();
 }

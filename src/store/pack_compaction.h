@@ -35,6 +35,21 @@
 
 namespace kvsnap {
 
+// Which of `packs` are dead enough at `percent` (0: none), with their sizes: what compact_packs
+// takes, and what `gc --dry-run` shows. Reads only (no lock needed for a preview, which a save
+// or removal beside it may change). A pack missing or shorter than its rows say is a warning, not
+// a candidate; an error of the catalog or storage ends the plan there with a warning.
+struct CompactionCandidate {
+  std::string pack;
+  uint64_t size = 0, live_bytes = 0;
+};
+struct CompactionPlan {
+  std::vector<CompactionCandidate> packs;
+  uint64_t live_bytes = 0, dead_bytes = 0;  // summed over `packs`
+  std::vector<std::string> warnings;
+};
+CompactionPlan plan_compaction(Catalog& catalog, BlobStore& blobs, const std::vector<std::string>& packs, int percent);
+
 // Compacts those of `packs` that are dead enough; counts into report (packs_compacted,
 // compacted_bytes_moved, compacted_bytes_freed, warnings). OK with nothing done when
 // options.compact_dead_percent is 0 or no pack qualifies; not OK only when options.progress stopped it.

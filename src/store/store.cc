@@ -638,6 +638,11 @@ Result<GcReport> Store::gc(bool wait, std::function<Status(const GcProgress&)> p
   return collect_garbage(*catalog_, *blobs_, o);
 }
 
+Result<CompactionPlan> Store::plan_compaction(int compact_dead_percent) {
+  KV_ASSIGN_OR_RETURN(std::vector<std::string> packs, blobs_->list_packs());
+  return kvsnap::plan_compaction(*catalog_, *blobs_, packs, compact_dead_percent);
+}
+
 Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
   VerifyReport rep;
   std::vector<int64_t> ids;

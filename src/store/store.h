@@ -52,6 +52,7 @@
 #include "store/blob_store.h"
 #include "store/catalog.h"
 #include "store/eviction.h"
+#include "store/pack_compaction.h"
 #include "store/store_location.h"
 #include "store/store_paths.h"
 
@@ -223,6 +224,9 @@ class Store {
   // `compact_dead_percent`: GcOptions's (0: no compaction).
   Result<GcReport> gc(bool wait, std::function<Status(const GcProgress&)> progress = {},
                       int compact_dead_percent = GcOptions::kDefaultCompactDeadPercent);
+  // What a gc at `compact_dead_percent` would compact as the store is now (every pack): a
+  // preview for `gc --dry-run`, reading only, no lock taken.
+  Result<CompactionPlan> plan_compaction(int compact_dead_percent);
   Result<VerifyReport> verify(const std::vector<std::string>& refs);  // empty: everything
 
   // Pin / unpin; the snapshot's info after the change.

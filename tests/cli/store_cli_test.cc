@@ -475,8 +475,9 @@ TEST_F(StoreCli, EncryptedStoreNeedsItsKeyAndTenant) {
 }
 
 // Compaction through the binary: a snapshot evicted while a shorter one keeps its first quarter
-// leaves its pack three quarters dead; gc --compact-dead 0 leaves it (its eviction step too), a
-// plain gc compacts it and says so in text and JSON, and the shorter one restores byte for byte.
+// leaves its pack three quarters dead; gc --compact-dead 0 leaves it (its eviction step too),
+// gc --dry-run shows what a gc would compact, a plain gc compacts it and says so in text and JSON,
+// and the shorter one restores byte for byte.
 TEST_F(StoreCli, GcCompactsAPackThatARemovalLeftPartlyDead) {
   const fs::path a = make_slot("a.slot", 2, 64, 400, 7), p = dir_ / "p.slot";
   ASSERT_EQ(kv("save " + a.string() + " --name long --cells-per-chunk 16").code, 0);
@@ -486,6 +487,14 @@ TEST_F(StoreCli, GcCompactsAPackThatARemovalLeftPartlyDead) {
   ASSERT_EQ(kept.code, 0) << kept.err;
   EXPECT_NE(kept.out.find("\"long\""), std::string::npos) << kept.out;
   EXPECT_NE(kept.out.find("\"packs_compacted\": 0"), std::string::npos) << kept.out;
+  KvRun preview = kv("gc --dry-run --json");
+  ASSERT_EQ(preview.code, 0) << preview.err;
+  const auto plan = nlohmann::json::parse(preview.out)["compaction"];
+  EXPECT_EQ(plan["packs"], 1) << preview.out;
+  EXPECT_GT(uint64_t(plan["bytes_to_free"]), uint64_t(plan["bytes_to_move"])) << "three quarters dead: " << preview.out;
+  preview = kv("gc --dry-run");
+  EXPECT_NE(preview.out.find("would compact 1 pack ("), std::string::npos) << preview.out;
+  EXPECT_NE(kv("gc --dry-run --compact-dead 0").out.find("no pack to compact"), std::string::npos);
   KvRun gc = kv("gc");
   ASSERT_EQ(gc.code, 0) << gc.err;
   EXPECT_NE(gc.out.find("gc: compacted 1 pack (moved "), std::string::npos) << gc.out;
