@@ -122,7 +122,7 @@ Status run_gc(const GcOpts& o, std::string& out) {
   render_eviction(evicted, o, ej, etext);
   if (o.dry_run) {
     // Compaction as the store is now: the evictions above would leave more dead bytes.
-    KV_ASSIGN_OR_RETURN(CompactionPlan plan, store->plan_compaction(o.compact_dead));
+    const CompactionPlan plan = store->plan_compaction(o.compact_dead);
     ej["compaction"] = {{"packs", plan.packs.size()}, {"bytes_to_move", plan.live_bytes},
                         {"bytes_to_free", plan.dead_bytes}, {"warnings", plan.warnings}};
     if (o.json) {
@@ -130,12 +130,13 @@ Status run_gc(const GcOpts& o, std::string& out) {
       return Status::OK();
     }
     out = etext.empty() ? "nothing to evict\n" : etext;
-    for (const std::string& w : plan.warnings) out += "warning: gc: " + w + "\n";
-    out += plan.packs.empty() ? std::string("no pack to compact\n")
+    for (const std::string& w : plan.warnings) out += "warning: gc --dry-run: " + w + "\n";
+    const std::string when = evicted.plan.victims.empty() ? "" : ", before the evictions above";
+    out += plan.packs.empty() ? "no pack to compact" + when + "\n"
                               : "would compact " + std::to_string(plan.packs.size()) +
                                     (plan.packs.size() == 1 ? " pack (" : " packs (") + mib(plan.live_bytes) +
-                                    " of live chunks to move, " + mib(plan.dead_bytes) +
-                                    " to free), as the store is now, before the evictions above\n";
+                                    " of live chunks to move, " + mib(plan.dead_bytes) + " to free), as the store is now" +
+                                    when + "\n";
     return Status::OK();
   }
   KV_ASSIGN_OR_RETURN(GcReport r, collect_with_progress(*store, o));

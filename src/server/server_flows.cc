@@ -248,7 +248,9 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   KV_RETURN_IF_ERROR(check_slot_dir(io, t));
   // What the snapshot alone decides comes before anything is asked of the server: a snapshot that
   // is not there, an mlx-lm one (the store would refuse the llama.cpp types this flow fills in,
-  // naming flags never given), a plain one under a key (Store::restore's check, early).
+  // naming flags never given), a sealed one the key cannot open, a plain one under a key
+  // (Store::restore's checks, early). The restore below reads this very row (by uuid), not
+  // whatever the name means by then.
   KV_ASSIGN_OR_RETURN(int64_t id, store.catalog().resolve(ref));
   KV_ASSIGN_OR_RETURN(SnapshotInfo info, store.catalog().get_info(id));
   if (info.model_arch == "mlx-lm") {
@@ -256,6 +258,7 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
                                    "restore it to a file with {-o} OUT.safetensors (or move it to llama.cpp with "
                                    "kvsnap convert --to llama, docs/mlx.md)");
   }
+  KV_RETURN_IF_ERROR(check_snapshot_key(info, store.cipher()));
   KV_RETURN_IF_ERROR(check_plain_under_key(info, store.cipher(), t.allow_plain));
   KV_RETURN_IF_ERROR(srv.health());
   KV_RETURN_IF_ERROR(check_idle(srv, t.slot));
@@ -306,7 +309,7 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
     auto w = SlotFileWriter::create(io, file.path, scratch_path(t));
     if (!w.ok()) return w.status().Prefixed("cannot write into --slot-dir " + t.slot_dir);
     r.scratch_reused = (*w)->reused_scratch();
-    KV_ASSIGN_OR_RETURN(r.restore, store.restore(ref, req, **w));
+    KV_ASSIGN_OR_RETURN(r.restore, store.restore(info.uuid, req, **w));
     r.phases.write = ms_since(lap);
     KV_RETURN_IF_ERROR((*w)->commit());
     r.phases.commit = ms_since(lap);

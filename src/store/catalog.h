@@ -136,8 +136,9 @@ struct GcCandidates {
   std::vector<std::string> packs_losing_chunks;
 };
 
-// What the chunk rows say about a pack: how many name it, the stored bytes they use, and where the
-// last of them ends (a pack shorter than that is damaged).
+// What the live chunk rows (refcount > 0) say about a pack: how many name it, the stored bytes they
+// use, and where the last of them ends (a pack shorter than that is damaged). Rows a removal left
+// at 0 are garbage a gc forgets first; a preview (gc --dry-run) counts them as gone too.
 struct PackUsage {
   uint64_t rows = 0, live_bytes = 0, end = 0;
 };

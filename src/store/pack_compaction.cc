@@ -111,7 +111,8 @@ CompactionPlan plan_compaction(Catalog& catalog, BlobStore& blobs, const std::ve
     if (use.rows == 0) continue;
     auto size = blobs.pack_size(packs[i]);
     if (!size.ok()) {
-      plan.warnings.push_back("compaction stopped at pack " + packs[i] + ": " + size.status().message());
+      plan.warnings.push_back("the sizes of pack " + packs[i] + " and those after it could not be read (" +
+                              size.status().message() + "): they are not compacted");
       return plan;
     }
     if (!dead_enough(packs[i], use, *size, percent, plan.warnings)) continue;

@@ -267,7 +267,7 @@ Result<std::vector<PackUsage>> PgCatalog::pack_usage(const std::vector<std::stri
     KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT COUNT(c.pack), COALESCE(SUM(c.stored_size), 0)::bigint, "
                                                 "COALESCE(MAX(c.pack_offset + c.stored_size), 0)::bigint "
                                                 "FROM unnest($1) WITH ORDINALITY AS u(p, i) "
-                                                "LEFT JOIN chunks c ON c.pack = u.p GROUP BY u.i ORDER BY u.i",
+                                                "LEFT JOIN chunks c ON c.pack = u.p AND c.refcount > 0 GROUP BY u.i ORDER BY u.i",
                                                 PgParams().text_array(slice)));
     if (static_cast<size_t>(q.rows()) != slice.size())
       return Status::Corruption(where_ + ": the pack usage query answered " + std::to_string(q.rows()) + " rows for " +

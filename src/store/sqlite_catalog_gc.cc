@@ -88,7 +88,8 @@ Result<std::vector<std::string>> SqliteCatalog::unused_packs(const std::vector<s
 Result<std::vector<PackUsage>> SqliteCatalog::pack_usage(const std::vector<std::string>& packs) {
   std::vector<PackUsage> out;
   KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT COUNT(*), COALESCE(SUM(stored_size), 0), "
-                                   "COALESCE(MAX(pack_offset + stored_size), 0) FROM chunks WHERE pack = ?1"));
+                                   "COALESCE(MAX(pack_offset + stored_size), 0) FROM chunks "
+                                   "WHERE pack = ?1 AND refcount > 0"));
   for (const std::string& p : packs) {
     q.text(1, p);
     KV_ASSIGN_OR_RETURN(bool row, q.step());

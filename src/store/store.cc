@@ -638,9 +638,15 @@ Result<GcReport> Store::gc(bool wait, std::function<Status(const GcProgress&)> p
   return collect_garbage(*catalog_, *blobs_, o);
 }
 
-Result<CompactionPlan> Store::plan_compaction(int compact_dead_percent) {
-  KV_ASSIGN_OR_RETURN(std::vector<std::string> packs, blobs_->list_packs());
-  return kvsnap::plan_compaction(*catalog_, *blobs_, packs, compact_dead_percent);
+CompactionPlan Store::plan_compaction(int compact_dead_percent) {
+  if (compact_dead_percent <= 0) return {};
+  auto packs = blobs_->list_packs();
+  if (!packs.ok()) {
+    CompactionPlan none;
+    none.warnings.push_back("the packs could not be listed (" + packs.status().message() + ")");
+    return none;
+  }
+  return kvsnap::plan_compaction(*catalog_, *blobs_, *packs, compact_dead_percent);
 }
 
 Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {

@@ -225,8 +225,9 @@ class Store {
   Result<GcReport> gc(bool wait, std::function<Status(const GcProgress&)> progress = {},
                       int compact_dead_percent = GcOptions::kDefaultCompactDeadPercent);
   // What a gc at `compact_dead_percent` would compact as the store is now (every pack): a
-  // preview for `gc --dry-run`, reading only, no lock taken.
-  Result<CompactionPlan> plan_compaction(int compact_dead_percent);
+  // preview for `gc --dry-run`, reading only, no lock taken (a gc or save beside it may change
+  // what it sees). Storage or catalog errors are the plan's warnings.
+  CompactionPlan plan_compaction(int compact_dead_percent);
   Result<VerifyReport> verify(const std::vector<std::string>& refs);  // empty: everything
 
   // Pin / unpin; the snapshot's info after the change.

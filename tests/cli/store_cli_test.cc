@@ -893,6 +893,12 @@ TEST_F(StoreCli, APlainSnapshotNeedsAllowPlainUnderAKey) {
   EXPECT_NE(asked.code, 0);
   EXPECT_NE(asked.code, 5) << asked.err;
   EXPECT_NE(asked.err.find("127.0.0.1:1"), std::string::npos) << "with --allow-plain it goes on to the server: " << asked.err;
+  // So is a snapshot sealed for another tenant.
+  ASSERT_EQ(kv("save " + slot.string() + " --name sealed --tenant alice" + key).code, 0);
+  KvRun other = kv("restore sealed --server http://127.0.0.1:1 --slot-dir " + dir_.string() + key + " --tenant bob");
+  EXPECT_EQ(other.code, 5) << other.err;
+  EXPECT_NE(other.err.find("tenant 'alice'"), std::string::npos) << other.err;
+  EXPECT_EQ(other.err.find("127.0.0.1:1"), std::string::npos) << "asked the server first: " << other.err;
 }
 
 // save --level none stores every chunk raw (the fastest save and restore when the CPU is the
