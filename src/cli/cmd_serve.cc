@@ -50,7 +50,7 @@ void setup_serve(CLI::App& app, int& exit_status) {
       "serve", "Run llama-server behind kvsnap: every request forwarded unchanged, slots saved into the store");
   sub->add_option("--listen", o->listen, "HOST:PORT clients connect to (default 127.0.0.1:8080)");
   sub->add_option("--log", o->log, "llama-server's output, appended (default: STORE/serve/llama-server.log)");
-  sub->add_option("--threads", o->threads, "concurrent client connections (default 32; a stream holds one)");
+  sub->add_option("--threads", o->threads, "concurrent client connections (default 32; a stream holds one); 4 x N more wait for one, accepted, the rest in the kernel's listen backlog");
   sub->add_option("--dynamic-cache", o->dynamic_cache,
                   "LADDER of cache types, e.g. f16,q8_0,q4_0 (a rung may be K/V: q8_0/q4_0): start at the first; "
                   "when a slot holds 90% of its context, step down one rung with the context that fits --cache-budget");

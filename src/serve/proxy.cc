@@ -7,6 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -27,6 +29,76 @@ constexpr size_t kMaxPending = 8 << 20;
 // How long a stream's last event waits for the end of the stream (which llama-server sends right
 // after it) before it goes to the client anyway.
 constexpr auto kLastEventWait = std::chrono::seconds(5);
+
+// The proxy's workers, with a bound on the connections accepted and waiting for one. cpp-httplib
+// 0.11.4's ThreadPool queues every accepted connection (an open socket each) without limit, so a
+// flood of idle or slow clients could take the process's file descriptors, which the store needs
+// for its packs and catalog. Here the accept loop (httplib calls enqueue from it) waits while
+// `max_waiting` connections wait, and new clients wait in the kernel's listen backlog instead. A
+// job is never dropped: it owns its socket (0.11.4 has no way to refuse one).
+class BoundedPool : public httplib::TaskQueue {
+ public:
+  // `on_deleted` runs last in the destructor (httplib deletes the pool when its listen returns).
+  BoundedPool(size_t threads, size_t max_waiting, std::function<void()> on_deleted)
+      : max_waiting_(std::max<size_t>(max_waiting, 1)), on_deleted_(std::move(on_deleted)) {
+    for (size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+  }
+  ~BoundedPool() override {
+    shutdown();
+    if (on_deleted_) on_deleted_();
+  }
+
+  void enqueue(std::function<void()> fn) override {
+    std::unique_lock<std::mutex> l(mu_);
+    room_.wait(l, [&] { return jobs_.size() < max_waiting_ || unbounded_; });
+    jobs_.push_back(std::move(fn));
+    work_.notify_one();
+  }
+
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stopped_) return;
+      stopped_ = unbounded_ = true;
+    }
+    room_.notify_all();
+    work_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
+  // Stopping: an accept loop waiting for room goes on at once (it then sees the closed socket).
+  void stop_waiting() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      unbounded_ = true;
+    }
+    room_.notify_all();
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        work_.wait(l, [&] { return !jobs_.empty() || stopped_; });
+        if (jobs_.empty()) return;  // stopped, and every accepted connection served
+        fn = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      room_.notify_one();
+      fn();
+    }
+  }
+
+  const size_t max_waiting_;
+  const std::function<void()> on_deleted_;
+  std::mutex mu_;
+  std::condition_variable work_, room_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopped_ = false, unbounded_ = false;
+  std::vector<std::thread> workers_;
+};
 
 std::string lower(std::string s) {
   for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
@@ -161,6 +233,9 @@ struct Proxy::Impl {
   std::atomic<bool> stopping{false};
   // run()'s progress, for stop() (see there): entered, and returned from httplib's listen.
   std::atomic<bool> run_entered{false}, run_returned{false};
+  // The workers of the listen in progress (httplib owns them; their destructor clears this).
+  std::mutex pool_mu;
+  BoundedPool* pool = nullptr;
   std::function<void(Forward&)> before;
   std::function<void(const Exchange&)> on_done;
   std::function<void(const Exchange&)> on_given_up;
@@ -516,8 +591,17 @@ Proxy::Proxy(ProxyOptions o, std::function<void(Forward&)> before, std::function
   impl_->o = std::move(o);
   impl_->before = std::move(before);
   impl_->on_done = std::move(on_done);
-  const int n = impl_->o.threads;
-  impl_->svr.new_task_queue = [n] { return new httplib::ThreadPool(size_t(n)); };
+  impl_->svr.new_task_queue = [impl = impl_.get()] {
+    const int waiting = impl->o.max_waiting_connections > 0 ? impl->o.max_waiting_connections : 4 * impl->o.threads;
+    auto* pool = new BoundedPool(size_t(impl->o.threads), size_t(waiting), [impl] {
+      std::lock_guard<std::mutex> l(impl->pool_mu);
+      impl->pool = nullptr;
+    });
+    std::lock_guard<std::mutex> l(impl->pool_mu);
+    impl->pool = pool;
+    if (impl->stopping) pool->stop_waiting();
+    return pool;
+  };
   impl_->svr.set_keep_alive_max_count(1000);
   impl_->svr.set_keep_alive_timeout(5);  // also bounds how long stop() waits for idle connections
   impl_->svr.set_read_timeout(600);
@@ -581,6 +665,10 @@ void Proxy::run() {
 void Proxy::stop() {
   if (!impl_) return;
   impl_->stopping = true;
+  {
+    std::lock_guard<std::mutex> l(impl_->pool_mu);
+    if (impl_->pool) impl_->pool->stop_waiting();
+  }
   impl_->cut_upstreams();  // after a drain nothing is in flight; after a second signal, what is is cut
   while (impl_->run_entered && !impl_->run_returned) {
     if (impl_->svr.is_running()) {

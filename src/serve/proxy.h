@@ -50,6 +50,10 @@ struct ProxyOptions {
   int listen_port = 8080;
   int upstream_port = 0;        // the child, on 127.0.0.1
   int threads = 32;             // concurrent clients (a streaming client holds one)
+  // Connections accepted and waiting for one of `threads` (0: 4 x threads). Past them the proxy
+  // stops accepting and new clients wait in the kernel's listen backlog: the open sockets stay
+  // bounded whatever the number of clients.
+  int max_waiting_connections = 0;
   double upstream_timeout_s = 3600;
   // The largest request body taken (after a Content-Encoding is undone, chunked or not): a larger one
   // is answered 413 and its connection closed, before anything is forwarded (kvsnap holds a body in

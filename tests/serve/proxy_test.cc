@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -579,6 +580,84 @@ TEST(ServeProxy, ARequestWithoutTheChildsKeyRunsNoHookAndIsForwarded) {
     proxy.stop();
     run.join();
   }
+}
+
+// The process's open sockets, counted from /proc/self/fd (client and server ends alike).
+int open_sockets() {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    std::error_code lec;
+    if (std::filesystem::read_symlink(e.path(), lec).string().rfind("socket:", 0) == 0) n++;
+  }
+  return n;
+}
+
+// A crowd of clients that connect and say nothing: the proxy accepts `threads` + its waiting bound of
+// them (each an open socket) and leaves the others in the kernel's backlog, so its file descriptors,
+// which the store shares, stay bounded. Before the bound httplib's pool took every one (here 60 more
+// sockets). Once they hang up, the proxy answers again.
+TEST(ServeProxy, ACrowdOfSilentClientsTakesABoundedNumberOfSockets) {
+  Child child([](httplib::Server& svr) {
+    svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("{}", "application/json"); });
+  });
+  ASSERT_GT(child.port, 0);
+  ProxyOptions o = in_front_of(child.port, 2);
+  o.max_waiting_connections = 3;
+  ServingProxy serving(o, [](const Exchange&) {});
+  ASSERT_TRUE(serving.bound);
+  const int before = open_sockets();
+  constexpr int kClients = 60;
+  std::vector<int> clients;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(o.listen_port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (int i = 0; i < kClients; i++) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0);
+    clients.push_back(fd);
+    (void)::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);  // EINPROGRESS past the backlog
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the accept loop takes what it will
+  const int accepted = open_sockets() - before - kClients;
+  // 2 workers' connections, 3 waiting, and the one the accept loop holds while it waits for room.
+  EXPECT_LE(accepted, 2 + 3 + 1) << "the proxy accepted silent clients without a bound";
+  EXPECT_GE(accepted, 2) << "the proxy took none of them";
+  for (int fd : clients) ::close(fd);
+  httplib::Client cli("127.0.0.1", o.listen_port);
+  cli.set_connection_timeout(20);
+  cli.set_read_timeout(20);
+  auto r = cli.Get("/health");
+  ASSERT_TRUE(r) << "no answer once the crowd had gone";
+  EXPECT_EQ(r->status, 200);
+  serving.stop();
+}
+
+// stop() ends run() while the accept loop waits for room (the worker and the waiting place taken by
+// silent clients): the loop goes on, sees the closed socket, and the worker lets its client go after
+// httplib's 5 s keep-alive wait. A loop left waiting for room would hang here (ctest's timeout).
+TEST(ServeProxy, StopEndsRunWhileTheAcceptLoopWaitsForRoom) {
+  ProxyOptions o = in_front_of(free_port(), 1);
+  o.max_waiting_connections = 1;
+  ServingProxy serving(o, [](const Exchange&) {});
+  ASSERT_TRUE(serving.bound);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(o.listen_port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> clients;
+  for (int i = 0; i < 6; i++) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0);
+    clients.push_back(fd);
+    (void)::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto t0 = std::chrono::steady_clock::now();
+  serving.stop();  // joins run(); the silent clients' workers give up after the 5 s keep-alive wait
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60)) << "stop() waited for room";
+  for (int fd : clients) ::close(fd);
 }
 
 TEST(ServeProxy, ApiKeysAreReadAsLlamaServerReadsThem) {
