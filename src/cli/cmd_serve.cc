@@ -1,5 +1,6 @@
 // kvsnap serve: llama-server behind kvsnap, its slots persisted into the store (src/serve/serve.h).
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 
 #include "cli/commands.h"
@@ -17,6 +18,7 @@ struct ServeCmdOpts {
   std::string dynamic_cache, cache_budget;
   std::string max_request_bytes = "256M";
   bool tenant_per_namespace = false;
+  std::string admin_key_file;
 };
 
 void log_line(const std::string& s) {
@@ -39,6 +41,11 @@ Status run_serve_cmd(const ServeCmdOpts& o, std::string& out) {
   so.dynamic_cache = o.dynamic_cache;
   so.cache_budget = o.cache_budget;
   so.max_request_bytes = o.max_request_bytes;
+  so.admin_key_file = o.admin_key_file;
+  if (const char* k = std::getenv("KVSNAP_ADMIN_KEY")) {
+    so.admin_key = k;
+    ::unsetenv("KVSNAP_ADMIN_KEY");  // not handed on to llama-server's environment
+  }
   return run_serve(cli_io(), so, log_line);
 }
 
@@ -61,6 +68,9 @@ void setup_serve(CLI::App& app, int& exit_status) {
   sub->add_flag("--tenant-per-namespace", o->tenant_per_namespace,
                 "seal each namespace's snapshots under its own tenant's keys (needs a key: --key-file, "
                 "--key-command or the store config's; not with --tenant)");
+  sub->add_option("--admin-key-file", o->admin_key_file,
+                  "FILE of keys (one a line, # comments) that alone open kvsnap's routes (/kvsnap/requantize, "
+                  "/kvsnap/usage); KVSNAP_ADMIN_KEY adds one. Without: the child's API keys open them");
   sub->add_option("llama-server", o->llama, "after --: the llama-server program and its arguments");
   sub->footer(
       "\nkvsnap serve starts llama-server ARGS as a child on a private loopback port with a kvsnap-owned\n"
@@ -79,7 +89,8 @@ void setup_serve(CLI::App& app, int& exit_status) {
       "kvsnap's own routes: POST /kvsnap/requantize {\"ctk\":\"q8_0\",\"ctv\":\"q8_0\"} (optional \"flash_attn\",\n"
       "\"ctx_size\", \"dry_run\") drains, saves the slots, restarts llama-server with the new types and restores\n"
       "them converted; GET /kvsnap/usage: per-slot tokens, bytes, types, the size at every ctk/ctv, and the\n"
-      "save/restore/reuse counters. See docs/serve.md.\n"
+      "save/restore/reuse counters. With API keys both take any of the child's keys; with --admin-key-file\n"
+      "(or KVSNAP_ADMIN_KEY) they take those admin keys only. See docs/serve.md.\n"
       "\nExamples:\n"
       "  kvsnap serve --listen 0.0.0.0:8080 -- llama-server -m model.gguf -c 8192 -np 2 -ctk q8_0 -ctv q8_0 -fa on\n"
       "  kvsnap serve --store /srv/kvsnap --log /var/log/llama.log -- /opt/llama/llama-server -m m.gguf\n"

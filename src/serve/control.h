@@ -20,8 +20,10 @@
 //     changed); a child that does not start with the new arguments is started
 //     again with the previous ones, its slots restored, and the answer is a
 //     500 naming the failure: serving continues either way;
-//   - with API keys (--api-key, --api-key-file, LLAMA_API_KEY), these routes
-//     want one of them, as llama-server's own routes do (401 otherwise);
+//   - with admin keys (--admin-key-file, KVSNAP_ADMIN_KEY), these routes want
+//     one of them and nothing else (401 otherwise); without, and with API keys
+//     (--api-key, --api-key-file, LLAMA_API_KEY), they want one of those, as
+//     llama-server's own routes do (401 otherwise);
 //   - with a ladder (--dynamic-cache, serve/ladder.h), after each save a slot
 //     at 90% of its context steps the cache down one rung, with the rung's
 //     context size, through the same requantize path (its own thread).
@@ -68,6 +70,9 @@ struct ControlDeps {
   int child_port = 0;
   std::string slot_dir;
   std::function<void(const std::string&)> log;
+  // Keys for kvsnap's own routes (ServeOptions::admin_key_file): when set, the child's keys do not
+  // open them.
+  std::vector<std::string> admin_keys{};
 };
 
 class Control {

@@ -11,8 +11,10 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
 
+#include "base/io.h"
 #include "base/os.h"
 #include "serve/control.h"
 #include "serve/drain.h"
@@ -68,6 +70,26 @@ Result<Ladder> ladder_of(Io& io, const ServeOptions& o, const LlamaArgs& args) {
   return make_ladder(o.dynamic_cache, budget, *model, args.flash_attn);
 }
 
+// The keys of kvsnap's own routes: --admin-key-file's lines (no trimming, '#' comments, as an API
+// key file of llama-server's) and KVSNAP_ADMIN_KEY.
+Result<std::vector<std::string>> admin_keys_of(Io& io, const ServeOptions& o) {
+  std::vector<std::string> keys;
+  if (!o.admin_key.empty()) keys.push_back(o.admin_key);
+  if (o.admin_key_file.empty()) return keys;
+  auto bytes = read_all(io, o.admin_key_file, 1 << 20);
+  if (!bytes.ok())  // a bad argument, whatever the reason (exit 2, as a bad --api-key-file)
+    return Status::InvalidArgument("--admin-key-file " + o.admin_key_file + " cannot be read: " +
+                                   bytes.status().message());
+  const size_t before = keys.size();
+  std::istringstream in(std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line[0] != '#') keys.push_back(line);
+  if (keys.size() == before)
+    return Status::InvalidArgument("--admin-key-file " + o.admin_key_file +
+                                   " names no key (one key a line; empty lines and lines starting with # are skipped)");
+  return keys;
+}
+
 }  // namespace
 
 Status parse_listen(const std::string& s, std::string& host, int& port) {
@@ -89,6 +111,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
     return Status::InvalidArgument("{--threads} " + std::to_string(o.threads) +
                                    ": the connections served at once must be 1 to 4096");
   KV_ASSIGN_OR_RETURN(LlamaArgs args, parse_llama_args(o.llama));
+  KV_ASSIGN_OR_RETURN(std::vector<std::string> admin_keys, admin_keys_of(io, o));
   std::optional<Ladder> ladder;
   if (!o.dynamic_cache.empty() || !o.cache_budget.empty()) {
     KV_ASSIGN_OR_RETURN(ladder, ladder_of(io, o, args));
@@ -197,6 +220,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   });
   ControlDeps cd{&io, stores.get(), &store_mu, &drain, &persist, &prefix, &sup, &book,
                  target.endpoint.url, po.upstream_port, slot_dir, log};
+  cd.admin_keys = admin_keys;
   Control control(cd, args, ladder);
   persist.set_on_saved([&control] { control.note_saved(); });
   proxy.set_local([&control](const LocalRequest& r, LocalAnswer& a) { return control.handle(r, a); });
@@ -228,6 +252,11 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   std::thread server([&proxy] { proxy.run(); });
   log("listening on http://" + o.listen + " (llama-server pid " + std::to_string(sup.pid()) + " on " +
       target.endpoint.url + ", store " + where.local_dir + ", its log " + so.log_path + ")");
+  if (!admin_keys.empty())
+    log("kvsnap's routes (/kvsnap/...) take the " + std::to_string(admin_keys.size()) + " admin key(s) only");
+  else if (args.api_keys.size() > 1)
+    log("kvsnap's routes (/kvsnap/requantize, /kvsnap/usage) take any of the child's " +
+        std::to_string(args.api_keys.size()) + " API keys: --admin-key-file gives them a key of their own");
   int sig = 0;
   sigwait(&sigs, &sig);
   const uint64_t in_flight = drain.shut();  // new requests: 503 from here on

@@ -29,6 +29,10 @@ struct ServeOptions {
   std::string dynamic_cache;  // --dynamic-cache LADDER (serve/ladder.h); empty: off
   std::string cache_budget;   // --cache-budget BYTES, with the ladder
   std::string max_request_bytes = "256M";  // --max-request-bytes: the largest request body (ProxyOptions)
+  // --admin-key-file (one key a line, '#' comments) and KVSNAP_ADMIN_KEY: with either, kvsnap's own
+  // routes (/kvsnap/...) want one of these keys and no longer take the child's API keys.
+  std::string admin_key_file;
+  std::string admin_key;  // from the environment
 };
 
 // "HOST:PORT" -> host, port; kInvalidArgument naming --listen otherwise.

@@ -56,6 +56,9 @@ class StoreCli : public ::testing::Test {
     return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(o), slurp(e)};
   }
 
+  // `kvsnap serve FLAGS -- /bin/true` on this store: for refusals that come before the child starts.
+  KvRun serve_true(const std::string& flags) { return bare("serve --store " + store_ + " " + flags + " -- /bin/true"); }
+
   // A key file of 64 hex digits `digit`, mode 0600.
   fs::path key_file(const char* name, char digit) {
     const fs::path p = dir_ / name;
@@ -1278,31 +1281,34 @@ TEST_F(StoreCli, TokenListFileIsTypeChecked) {
 // --tenant beside it, it is exit 2 naming what to change, before any llama-server is started.
 TEST_F(StoreCli, ServeTenantPerNamespaceNeedsAKeyAndNoFixedTenant) {
   const fs::path key = key_file("serve.key", 'c');
-  auto serve = [&](const std::string& flags) {
-    const fs::path e = dir_ / "serve-err.txt";
-    const std::string cmd = std::string(KVSNAP_BINARY) + " serve --store " + store_ + " " + flags +
-                            " --tenant-per-namespace -- /bin/true >/dev/null 2>" + e.string();
-    const int rc = std::system(cmd.c_str());
-    return std::make_pair(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(e));
-  };
-  auto [no_key, why] = serve("");
-  EXPECT_EQ(no_key, 2) << why;
-  EXPECT_NE(why.find("needs the master key (--key-file or --key-command"), std::string::npos) << why;
-  auto [fixed, why2] = serve("--key-file " + key.string() + " --tenant bob");
-  EXPECT_EQ(fixed, 2) << why2;
-  EXPECT_NE(why2.find("not 'bob' (drop --tenant"), std::string::npos) << why2;
+  KvRun no_key = serve_true("--tenant-per-namespace");
+  EXPECT_EQ(no_key.code, 2) << no_key.err;
+  EXPECT_NE(no_key.err.find("needs the master key (--key-file or --key-command"), std::string::npos) << no_key.err;
+  KvRun fixed = serve_true("--key-file " + key.string() + " --tenant bob --tenant-per-namespace");
+  EXPECT_EQ(fixed.code, 2) << fixed.err;
+  EXPECT_NE(fixed.err.find("not 'bob' (drop --tenant"), std::string::npos) << fixed.err;
 }
 
 // A --max-request-bytes that is no size above 0 is exit 2 naming it, before llama-server starts.
 TEST_F(StoreCli, ServeRefusesABadRequestBound) {
   for (const char* bad : {"0", "lots", "-5"}) {
-    const fs::path e = dir_ / "serve-err.txt";
-    const std::string cmd = std::string(KVSNAP_BINARY) + " serve --store " + store_ + " --max-request-bytes " + bad +
-                            " -- /bin/true >/dev/null 2>" + e.string();
-    const int rc = std::system(cmd.c_str());
-    const std::string why = slurp(e);
-    EXPECT_EQ(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, 2) << bad << ": " << why;
-    EXPECT_NE(why.find("--max-request-bytes"), std::string::npos) << why;
+    KvRun r = serve_true(std::string("--max-request-bytes ") + bad);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.err;
+    EXPECT_NE(r.err.find("--max-request-bytes"), std::string::npos) << r.err;
+  }
+}
+
+// An --admin-key-file that cannot be read or names no key is exit 2 naming it, before llama-server
+// starts (a typo must not leave kvsnap's routes open to every client's key).
+TEST_F(StoreCli, ServeRefusesAnAdminKeyFileWithoutAKey) {
+  const fs::path empty = dir_ / "admin-empty.txt";
+  std::ofstream(empty) << "# nobody\n\n";
+  for (const auto& [file, words] : {std::pair<std::string, std::string>{(dir_ / "no-such").string(), "cannot be read"},
+                                    {empty.string(), "names no key"}}) {
+    KvRun r = serve_true("--admin-key-file " + file);
+    EXPECT_EQ(r.code, 2) << file << ": " << r.err;
+    EXPECT_NE(r.err.find("--admin-key-file " + file), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(words), std::string::npos) << r.err;
   }
 }
 

@@ -27,7 +27,8 @@ requests in the same order; then:
      nothing; a bad type is a 400 and serving continues; POST /kvsnap/requantize to q4_0 answers
      200 with the dry run's bytes and the next turn evaluates <= 8 tokens (counted as reused); a
      completion in flight finishes first; a restart the child refuses rolls back; two API keys are
-     isolated; the same as an operator would run it (-fa auto, -np 2, a streamed chat);
+     isolated; the same as an operator would run it (-fa auto, -np 2, a streamed chat); with
+     --admin-key-file and KVSNAP_ADMIN_KEY kvsnap's routes take those keys only, not the child's;
  10. --dynamic-cache f16,q8_0,q4_0 --cache-budget: a slot filled to 90% of its context steps the cache
      down once, to q8_0 with the context the budget holds there, and the conversation goes on;
  11. SWA and hybrid models: what llama-server evaluates after a restore is what the log and
@@ -229,6 +230,7 @@ def main():
         run_back_to_back(kvsnap, llama, model, work)
         run_requantize(kvsnap, llama, model, work)
         run_requantize_chat(kvsnap, llama, model, work)
+        run_admin_key(kvsnap, llama, model, work)
         run_ladder(kvsnap, llama, model, work)
         run_swa_hybrid(kvsnap, llama, model, work)
         run_disk_full(kvsnap, llama, model, work)
@@ -868,6 +870,40 @@ def post_json(port, path, body, key, extra=None):
         return s, json.loads(raw)
     except ValueError:
         return s, raw
+
+
+def run_admin_key(kvsnap, llama, model, work):
+    """--admin-key-file and KVSNAP_ADMIN_KEY: kvsnap's routes take those keys only, the child's API key
+    no longer; the child takes its own key and not the admin's (kvsnap does not forward it as one)."""
+    keyfile, admin = os.path.join(work, "child-keys.txt"), os.path.join(work, "admin-keys.txt")
+    with open(keyfile, "w") as f:
+        f.write("key-tenant\n")
+    with open(admin, "w") as f:
+        f.write("# operators\nkey-admin\n")
+    args = ["-m", model, "-c", "2048", "-np", "1", "-t", "1", "--no-warmup", "--api-key-file", keyfile]
+    env = dict(os.environ, KVSNAP_ADMIN_KEY="key-admin-env")
+    proc, port, log = start_serve(kvsnap, llama, os.path.join(work, "admin-store"), work, "admin", args, env=env,
+                                  serve_args=["--admin-key-file", admin])
+    usage = {who: request(port, "GET", "/kvsnap/usage", headers=h)[0] for who, h in (
+        ("none", {}), ("tenant", {"Authorization": "Bearer key-tenant"}),
+        ("admin", {"Authorization": "Bearer key-admin"}), ("admin-env", {"X-Api-Key": "key-admin-env"}))}
+    dry = {who: post_json(port, "/kvsnap/requantize", {"ctk": "q8_0", "ctv": "q8_0", "dry_run": True}, k)[0]
+           for who, k in (("tenant", "key-tenant"), ("admin", "key-admin"))}
+    said = request(port, "GET", "/kvsnap/usage", headers={"Authorization": "Bearer key-tenant"})[2]
+    pid = json.loads(request(port, "GET", "/kvsnap/usage", headers={"X-Api-Key": "key-admin"})[2])["child"]["pid"]
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        child_env = f.read()
+    done = {who: post_json(port, "/completion", {"prompt": "Hello", "n_predict": 1}, k)[0]
+            for who, k in (("tenant", "key-tenant"), ("admin", "key-admin"))}
+    text = stop_serve(proc, log, "admin", work)
+    check(usage == {"none": 401, "tenant": 401, "admin": 200, "admin-env": 200} and
+          dry == {"tenant": 401, "admin": 200} and b"admin key" in said and b"KVSNAP_ADMIN_KEY" not in child_env,
+          f"admin key: /kvsnap/usage {usage}, requantize dry run {dry} (the file's key and KVSNAP_ADMIN_KEY's "
+          f"only; the tenant's 401 says: {said[:70]!r}); llama-server's environment has no KVSNAP_ADMIN_KEY "
+          f"({b'KVSNAP_ADMIN_KEY' not in child_env})")
+    check(done == {"tenant": 200, "admin": 401} and "take the 2 admin key(s) only" in text,
+          f"admin key: a completion with the child's key {done['tenant']}, with the admin key {done['admin']} "
+          f"(the child's answer); the log names the admin keys")
 
 
 def get_usage(port, key):
