@@ -14,7 +14,8 @@ struct RmOpts {
   bool json = false;
 };
 
-using ChangeOne = std::function<Result<SnapshotInfo>(Store&, const std::string&)>;
+// A change may add warnings (rm: what its collection could not compact), shown with its line.
+using ChangeOne = std::function<Result<SnapshotInfo>(Store&, const std::string&, std::vector<std::string>& warnings)>;
 using DescribeOne = std::function<std::string(const SnapshotInfo&)>;
 
 // rm, pin, unpin and expire: one change to each snapshot named, in order, each
@@ -27,13 +28,17 @@ Status change_each(const std::string& store_dir, const std::vector<std::string>&
   json a = json::array();
   Status failed;
   for (const auto& ref : refs) {
-    Result<SnapshotInfo> s = change(*store, ref);
+    std::vector<std::string> warnings;
+    Result<SnapshotInfo> s = change(*store, ref, warnings);
     if (!s.ok()) {
       failed = s.status();
       break;
     }
     a.push_back(info_json(*s));
+    if (!warnings.empty()) a.back()["warnings"] = warnings;
     if (!as_json) out += describe(*s) + "\n";
+    for (const std::string& w : warnings)
+      if (!as_json) out += "warning: " + w + "\n";
   }
   if (as_json) out = json_text(a, 2) + "\n";
   return failed;
@@ -41,14 +46,20 @@ Status change_each(const std::string& store_dir, const std::vector<std::string>&
 
 Status run_rm(const RmOpts& o, std::string& out) {
   return change_each(
-      o.store, o.refs, o.json, out, [](Store& s, const std::string& ref) { return s.remove(ref); },
+      o.store, o.refs, o.json, out,
+      [](Store& s, const std::string& ref, std::vector<std::string>& warnings) {
+        GcReport gc;
+        Result<SnapshotInfo> gone = s.remove(ref, &gc);
+        for (const std::string& w : gc.warnings) warnings.push_back("gc after rm: " + w);
+        return gone;
+      },
       [](const SnapshotInfo& s) { return "removed " + label(s); });
 }
 
 struct GcOpts {
   std::string store, max_bytes, tenant;
   bool wait = false, json = false, dry_run = false;
-  int compact_dead = GcOptions::kDefaultCompactDeadPercent;
+  int compact_dead = -1;  // -1: the store config's "compact_dead_percent" (Store::compact_dead_percent)
   ProgressFlags progress;
 };
 
@@ -114,8 +125,10 @@ Result<GcReport> collect_with_progress(Store& store, const GcOpts& o) {
   return shown.finish(store.gc(o.wait, progress, o.compact_dead));
 }
 
-Status run_gc(const GcOpts& o, std::string& out) {
-  KV_ASSIGN_OR_RETURN(auto store, open_store(o.store, /*keyless_ok=*/true));
+Status run_gc(const GcOpts& given, std::string& out) {
+  KV_ASSIGN_OR_RETURN(auto store, open_store(given.store, /*keyless_ok=*/true));
+  GcOpts o = given;
+  if (o.compact_dead < 0) o.compact_dead = store->compact_dead_percent();
   KV_ASSIGN_OR_RETURN(EvictResult evicted, evict_for_gc(*store, o));
   json ej;
   std::string etext;
@@ -194,10 +207,10 @@ Status mark_each(const MarkOpts& o, std::string& out, const ChangeOne& change) {
 }
 
 Status run_pin(const MarkOpts& o, std::string& out) {
-  return mark_each(o, out, [](Store& s, const std::string& ref) { return s.set_pinned(ref, true); });
+  return mark_each(o, out, [](Store& s, const std::string& ref, auto&) { return s.set_pinned(ref, true); });
 }
 Status run_unpin(const MarkOpts& o, std::string& out) {
-  return mark_each(o, out, [](Store& s, const std::string& ref) { return s.set_pinned(ref, false); });
+  return mark_each(o, out, [](Store& s, const std::string& ref, auto&) { return s.set_pinned(ref, false); });
 }
 Status run_expire(const MarkOpts& o, std::string& out) {
   std::optional<int64_t> seconds;
@@ -206,7 +219,7 @@ Status run_expire(const MarkOpts& o, std::string& out) {
     if (!d.ok()) return d.status().Prefixed("expire: DURATION (or never)");
     seconds = *d;
   }
-  return mark_each(o, out, [&](Store& s, const std::string& ref) { return s.set_expiry(ref, seconds); });
+  return mark_each(o, out, [&](Store& s, const std::string& ref, auto&) { return s.set_expiry(ref, seconds); });
 }
 
 struct VerifyOpts {
@@ -313,7 +326,8 @@ void setup_maintain_commands(CLI::App& app, int& exit_status) {
     sub->add_option("--compact-dead", o->compact_dead,
                     "copy the live chunks of every pack whose dead bytes are at least PERCENT of it into a new pack, "
                     "and delete the old one (0: never)")
-        ->option_text("PERCENT (default " + std::to_string(GcOptions::kDefaultCompactDeadPercent) + ")")
+        ->option_text("PERCENT (default: the store config's \"compact_dead_percent\", else " +
+                      std::to_string(GcOptions::kDefaultCompactDeadPercent) + ")")
         ->check(CLI::Range(0, 100));
     sub->add_flag("--json", o->json, "machine-readable result (evicted snapshots and bytes freed included)");
     add_progress_flags(sub, o->progress);
@@ -323,7 +337,8 @@ void setup_maintain_commands(CLI::App& app, int& exit_status) {
                 "\nCompaction: a save writes one pack; when a snapshot goes, the chunks only it used become dead\n"
                 "bytes in that pack (a longer session saved later keeps the shared ones alive). gc copies the live\n"
                 "chunks of a pack that is --compact-dead percent dead into a new pack and deletes the old one\n"
-                "(rm and eviction do the same for the packs they touched).\n"
+                "(rm and eviction do the same for the packs they touched, at the store config's\n"
+                "\"compact_dead_percent\", 25 when it has none; 0 turns compaction off there too).\n"
                 "\nExamples:\n  kvsnap gc                               # expired snapshots and garbage\n"
                 "  kvsnap gc --max-bytes 20G --dry-run     # what a 20 GiB cap would evict\n"
                 "  kvsnap gc --max-bytes 2G --tenant ana   # hold tenant ana to 2 GiB\n");

@@ -188,6 +188,7 @@ Status render_save(const SaveResult& r, const std::string& root, bool as_json, s
     j["evicted"] = json::array();
     for (const auto& v : r.evicted) j["evicted"].push_back(victim_json(v));
     j["cap_warnings"] = r.cap_warnings;
+    j["gc_warnings"] = r.gc_warnings;
     out = json_text(j, 2) + "\n";
     return Status::OK();
   }
@@ -203,6 +204,7 @@ Status render_save(const SaveResult& r, const std::string& root, bool as_json, s
   out = buf;
   for (const auto& v : r.evicted) out += "  evicted " + victim_line(v) + "\n";
   for (const auto& w : r.cap_warnings) out += "  warning: cap not met: " + w + "\n";
+  for (const auto& w : r.gc_warnings) out += "  warning: gc after eviction: " + w + "\n";
   return Status::OK();
 }
 

@@ -457,11 +457,13 @@ Status Store::enforce_caps(const SnapshotInfo& info, SaveResult& r) {
     auto cap = caps_.tenant_max_bytes.find(tenant->second);
     if (cap != caps_.tenant_max_bytes.end()) reqs.push_back({cap->second, tenant->second, "", info.id});
   }
+  for (EvictionRequest& q : reqs) q.compact_dead_percent = compact_dead_percent();
   // The tenant's cap first: what it evicts also counts toward the store's.
   std::reverse(reqs.begin(), reqs.end());
   for (EvictionRequest& q : reqs) {
     KV_ASSIGN_OR_RETURN(EvictResult e, evict(q, /*dry_run=*/false));
     for (EvictionVictim& v : e.plan.victims) r.evicted.push_back(std::move(v));
+    for (std::string& w : e.gc.warnings) r.gc_warnings.push_back(std::move(w));
     if (!e.plan.cap_met) {
       std::string scope = q.tenant ? "tenant '" + *q.tenant + "'" : "the store";
       r.cap_warnings.push_back(scope + " holds " + std::to_string(e.plan.bytes_after) + " bytes, over its cap of " +
@@ -618,14 +620,21 @@ RestoreResult Store::finish_restore(RestoreResult r, uint64_t bytes_out, Clock::
   return r;
 }
 
-Result<SnapshotInfo> Store::remove(const std::string& ref) {
+Result<SnapshotInfo> Store::remove(const std::string& ref, GcReport* gc) {
   KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
   KV_ASSIGN_OR_RETURN(SnapshotInfo info, catalog_->get_info(id));
   KV_RETURN_IF_ERROR(catalog_->remove_snapshot(id).status());
   GcOptions o;
   o.wait = false;
   o.scan_orphans = false;
-  (void)collect_garbage(*catalog_, *blobs_, o);  // best effort: `kvsnap gc` finishes what a busy store skipped
+  o.compact_dead_percent = compact_dead_percent();
+  // Best effort: the snapshot is gone either way, and `kvsnap gc` finishes what a busy store skipped.
+  Result<GcReport> collected = collect_garbage(*catalog_, *blobs_, o);
+  if (gc) {
+    if (collected.ok()) *gc = std::move(*collected);
+    else gc->warnings.push_back("the collection after the removal failed (" + collected.status().ToString() +
+                                "): kvsnap gc deletes what it left");
+  }
   return info;
 }
 

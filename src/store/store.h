@@ -105,6 +105,7 @@ struct SaveResult {
   double seconds = 0;
   std::vector<EvictionVictim> evicted;    // removed to keep the store's caps
   std::vector<std::string> cap_warnings;  // caps that pinned snapshots and this one alone exceed
+  std::vector<std::string> gc_warnings{};  // of the collection after an eviction (a pack left uncompacted)
 };
 
 struct EvictResult {
@@ -219,7 +220,9 @@ class Store {
   // wait skips until it is closed. Close it before a gc that waits, in the same thread.
   Result<std::unique_ptr<StoredSnapshot>> open_snapshot(const std::string& ref);
 
-  Result<SnapshotInfo> remove(const std::string& ref);  // also deletes blobs nobody uses any more
+  // Also deletes blobs nobody uses any more, and compacts packs at compact_dead_percent(), best
+  // effort (skipped while another gc runs; `gc` gets that collection's report when given).
+  Result<SnapshotInfo> remove(const std::string& ref, GcReport* gc = nullptr);
   // `progress`: GcOptions::progress (an error from it stops gc before its next deletion);
   // `compact_dead_percent`: GcOptions's (0: no compaction).
   Result<GcReport> gc(bool wait, std::function<Status(const GcProgress&)> progress = {},
@@ -243,6 +246,11 @@ class Store {
   // saves and restores. When it returns OK the store's settings name only `to`.
   Result<RekeyReport> rekey(const MasterKey& to, const RekeyOptions& opts = {});
   const StoreCaps& caps() const { return caps_; }
+  // The compaction threshold of the collections a removal or a save's eviction runs (the store
+  // config's "compact_dead_percent", else GcOptions's default; 0: never).
+  int compact_dead_percent() const {
+    return caps_.compact_dead_percent.value_or(GcOptions::kDefaultCompactDeadPercent);
+  }
   // The tenant's cipher when a key was given (nullptr: none).
   const ChunkCipher* cipher() const { return cipher_ ? &*cipher_ : nullptr; }
   // The master key id of an encrypted store (store_meta "encryption"); empty: plain so far.

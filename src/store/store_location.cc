@@ -113,6 +113,11 @@ Result<StoreCaps> config_caps(const JsonRef& root) {
       KV_ASSIGN_OR_RETURN(caps.tenant_max_bytes[tenant], config_size(v));
     }
   }
+  KV_ASSIGN_OR_RETURN(std::optional<JsonRef> compact, root.find("compact_dead_percent"));
+  if (compact) {
+    KV_ASSIGN_OR_RETURN(int64_t percent, compact->integer(0, 100));  // 0: never compact
+    caps.compact_dead_percent = int(percent);
+  }
   return caps;
 }
 
@@ -216,9 +221,9 @@ Result<StoreLocation> parse_store_config(std::string_view text, const std::strin
   for (const auto& [key, value] : members)
     if (key != "catalog" && key != "blobs" && key != "local_dir" && key != "max_bytes" && key != "tenant_max_bytes" &&
         key != "cache_max_bytes" && key != "multipart_max_age" && key != "key_file" && key != "key_command" &&
-        key != "tenant")
+        key != "tenant" && key != "compact_dead_percent")
       return value.error("is not a store config key (catalog, blobs, local_dir, max_bytes, tenant_max_bytes, "
-                         "cache_max_bytes, multipart_max_age, key_file, key_command, tenant)");
+                         "compact_dead_percent, cache_max_bytes, multipart_max_age, key_file, key_command, tenant)");
   const std::string base = dir_of(file);
   KV_ASSIGN_OR_RETURN(Part local, config_part(root, "local_dir", {}, base));
   StoreLocation l = directory_store(local.value.empty() ? base : local.value);

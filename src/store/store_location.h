@@ -74,6 +74,9 @@ enum class BlobKind { kLocal, kS3 };
 struct StoreCaps {
   std::optional<uint64_t> max_bytes;
   std::map<std::string, uint64_t> tenant_max_bytes;
+  // "compact_dead_percent": the compaction threshold of the collections a removal or a save's
+  // eviction runs, and of `kvsnap gc` without --compact-dead (0: never; unset: GcOptions's 25).
+  std::optional<int> compact_dead_percent{};
 };
 
 // Where an encrypted store's master key comes from, and the tenant whose keys are used.

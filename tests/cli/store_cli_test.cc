@@ -512,6 +512,65 @@ TEST_F(StoreCli, GcCompactsAPackThatARemovalLeftPartlyDead) {
   EXPECT_NE(bad.err.find("--compact-dead"), std::string::npos) << bad.err;
 }
 
+// rm and a save's eviction compact at the store config's "compact_dead_percent" (0: never), which is
+// also gc's default; rm says what its collection could not compact (here a pack cut short under it)
+// instead of dropping it, and a bad percentage in the config is refused.
+TEST_F(StoreCli, RmAndEvictionCompactAtTheStoresThresholdAndSayWhatTheyLeft) {
+  const fs::path a = make_slot("a.slot", 2, 64, 400, 7), p = dir_ / "p.slot";
+  auto save_long_and_short = [&] {
+    ASSERT_EQ(kv("save " + a.string() + " --name long --cells-per-chunk 16").code, 0);
+    fs::remove(p);
+    ASSERT_EQ(kv("restore long --tokens 100 -o " + p.string()).code, 0);
+    ASSERT_EQ(kv("save " + p.string() + " --name short --cells-per-chunk 16 --pin").code, 0);
+  };
+  auto config = [&](const std::string& text) { std::ofstream(fs::path(store_) / "store.json") << text; };
+  auto packs_to_compact = [&](const std::string& flags) {
+    KvRun r = kv("gc --dry-run --json" + flags);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return int(nlohmann::json::parse(r.out)["compaction"]["packs"]);
+  };
+  save_long_and_short();
+  config(R"({"compact_dead_percent": 0})");
+  KvRun rm = kv("rm long --json");
+  ASSERT_EQ(rm.code, 0) << rm.err;
+  EXPECT_EQ(nlohmann::json::parse(rm.out)[0].count("warnings"), 0u) << rm.out;
+  EXPECT_EQ(packs_to_compact(""), 0) << "gc's default is the config's 0";
+  EXPECT_EQ(packs_to_compact(" --compact-dead 25"), 1) << "rm left the pack three quarters dead";
+  // A save's eviction, under a cap, follows the same setting.
+  ASSERT_EQ(kv("save " + a.string() + " --name long --cells-per-chunk 16").code, 0);
+  config(R"({"compact_dead_percent": 0, "max_bytes": 1})");
+  KvRun capped = kv("save " + p.string() + " --name again --cells-per-chunk 16 --json");
+  ASSERT_EQ(capped.code, 0) << capped.err;
+  EXPECT_NE(capped.out.find("\"long\""), std::string::npos) << "evicted: " << capped.out;
+  EXPECT_NE(capped.out.find("\"gc_warnings\": []"), std::string::npos) << capped.out;
+  EXPECT_EQ(packs_to_compact(" --compact-dead 25"), 1) << "the eviction compacted at 0";
+  ASSERT_EQ(kv("gc --compact-dead 25").code, 0);
+  EXPECT_EQ(packs_to_compact(" --compact-dead 1"), 0);
+
+  // The default threshold, from an empty store, and the largest pack (long's, which short's chunks
+  // share) cut short before rm: rm still succeeds, and its collection's warning is shown.
+  config("{}");
+  ASSERT_EQ(kv("unpin short").code, 0);
+  ASSERT_EQ(kv("rm short again").code, 0);
+  ASSERT_EQ(count_snapshots(), 0u);
+  save_long_and_short();
+  fs::path largest;
+  for (const auto& e : fs::directory_iterator(fs::path(store_) / "packs"))
+    if (largest.empty() || fs::file_size(e.path()) > fs::file_size(largest)) largest = e.path();
+  ASSERT_FALSE(largest.empty());
+  fs::resize_file(largest, fs::file_size(largest) / 2);
+  KvRun cut = kv("rm long");
+  ASSERT_EQ(cut.code, 0) << cut.err;
+  EXPECT_NE(cut.out.find("removed long"), std::string::npos) << cut.out;
+  EXPECT_NE(cut.out.find("warning: gc after rm: "), std::string::npos) << cut.out;
+  EXPECT_NE(cut.out.find("pack " + largest.stem().string()), std::string::npos) << "the pack named: " << cut.out;
+
+  config(R"({"compact_dead_percent": 101})");
+  KvRun bad = kv("ls");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("compact_dead_percent"), std::string::npos) << bad.err;
+}
+
 // Caps and eviction through the binary: gc --max-bytes keeps pinned snapshots (and their chunks),
 // --dry-run changes nothing, a store config's cap is kept after each save, errors are usage errors.
 TEST_F(StoreCli, CapEnforcedWithPinsKept) {
