@@ -214,7 +214,10 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
                         !info.v_trans, "saved"});
     log_("persist: slot " + std::to_string(slot) + " (" + slot_ns + ") saved as snapshot " +
          std::to_string(r->save.info.id) + ": " + std::to_string(r->n_saved) + " tokens, " +
-         std::to_string(r->save.chunks_new) + "/" + std::to_string(r->save.chunks) + " chunks new");
+         std::to_string(r->save.chunks_new) + "/" + std::to_string(r->save.chunks) + " chunks new" +
+         (r->save.evicted.empty() ? "" : ", " + std::to_string(r->save.evicted.size()) + " evicted for the caps"));
+    for (const std::string& w : r->save.cap_warnings) log_("persist: cap not met: " + w);
+    for (const std::string& w : r->save.gc_warnings) log_("persist: gc after eviction: " + w);
   }
   if (on_saved_ && !changed.empty()) on_saved_();
 }

@@ -231,6 +231,7 @@ def main():
         run_requantize(kvsnap, llama, model, work)
         run_requantize_chat(kvsnap, llama, model, work)
         run_admin_key(kvsnap, llama, model, work)
+        run_caps_logged(kvsnap, llama, model, work)
         run_ladder(kvsnap, llama, model, work)
         run_swa_hybrid(kvsnap, llama, model, work)
         run_disk_full(kvsnap, llama, model, work)
@@ -904,6 +905,28 @@ def run_admin_key(kvsnap, llama, model, work):
     check(done == {"tenant": 200, "admin": 401} and "take the 2 admin key(s) only" in text,
           f"admin key: a completion with the child's key {done['tenant']}, with the admin key {done['admin']} "
           f"(the child's answer); the log names the admin keys")
+
+
+def run_caps_logged(kvsnap, llama, model, work):
+    """A store config's cap under kvsnap serve: each save evicts the conversation saved before it, and
+    the log says so (how many evicted, and the cap not met by the snapshot just saved)."""
+    store = os.path.join(work, "caps-store")
+    os.makedirs(store, exist_ok=True)
+    with open(os.path.join(store, "store.json"), "w") as f:
+        f.write('{"max_bytes": 1, "compact_dead_percent": 0}\n')
+    args = ["-m", model, "-c", "2048", "-np", "1", "-t", "1", "--no-warmup"]
+    proc, port, log = start_serve(kvsnap, llama, store, work, "caps", args)
+    for i, who in enumerate(("first", "second")):
+        s, _, _ = request(port, "POST", "/completion", {"prompt": f"Conversation {i}: " + PROMPT, "n_predict": 1},
+                          headers={"X-Kvsnap-Session": who})
+        check(s == 200, f"caps: the {who} conversation answers")
+        wait_for(lambda: len(ls(kvsnap, store, "--tag", f"serve.ns=session-{who}")) == 1, 30)
+    text = stop_serve(proc, log, "caps", work)
+    left = [r["tags"].get("serve.ns") for r in ls(kvsnap, store)]
+    check("1 evicted for the caps" in text and "persist: cap not met: the store holds" in text and
+          "session-first" not in left,
+          f"caps: a save evicts the conversation before it and the log says so ({text.count('evicted for the caps')} "
+          f"such lines, {text.count('cap not met')} 'cap not met'); left in the store: {left}")
 
 
 def get_usage(port, key):
