@@ -113,7 +113,9 @@ std::string main_page(const CLI::App& root) {
        "of the conversion kernels and the store's byte shuffle (the output bytes are the same)\n.TP\n"
        ".B KVSNAP_SHA\nopenssl, shani\\-x2 or avx2\\-x8: the SHA\\-256 kernel that hashes chunks, for tests and benches "
        "(one this CPU lacks gives the best it has, and kvsnap doctor warns; KVSNAP_SIMD=scalar gives openssl; the ids are the same)\n.TP\n.B KVSNAP_PROGRESS_DELAY_MS\nhow long a command runs "
-       "before it shows progress on a terminal (default 1000)\n";
+       "before it shows progress on a terminal (default 1000)\n.TP\n.B KVSNAP_ADMIN_KEY\nkvsnap serve: a key that opens its own "
+       "routes (/kvsnap/requantize, /kvsnap/usage); with it, or \\-\\-admin\\-key\\-file, the child's API keys do not "
+       "(not handed on to llama\\-server)\n";
   s += ".SH SEE ALSO\n";
   std::string refs;
   for (const Command& c : commands_of(root)) refs += (refs.empty() ? "" : ",\n") + ("\\fB" + roff(page_name(c.path)) + "\\fR(1)");

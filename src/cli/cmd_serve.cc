@@ -43,6 +43,10 @@ Status run_serve_cmd(const ServeCmdOpts& o, std::string& out) {
   so.max_request_bytes = o.max_request_bytes;
   so.admin_key_file = o.admin_key_file;
   if (const char* k = std::getenv("KVSNAP_ADMIN_KEY")) {
+    // Set but empty (a unit file's unset variable): refused rather than leaving the routes open.
+    if (!*k)
+      return Status::InvalidArgument("KVSNAP_ADMIN_KEY is set but empty: give it a key, or unset it (then the "
+                                     "child's API keys open kvsnap's routes)");
     so.admin_key = k;
     ::unsetenv("KVSNAP_ADMIN_KEY");  // not handed on to llama-server's environment
   }

@@ -118,18 +118,14 @@ bool Control::handle(const LocalRequest& req, LocalAnswer& out) {
     return true;
   }
   if (req.path.rfind("/kvsnap/", 0) != 0) return false;
-  if (!d_.admin_keys.empty()) {
-    if (!api_key_among(d_.admin_keys, request_api_key(req.headers))) {
-      error(out, 401, "authentication_error",
-            "kvsnap's routes want its admin key (--admin-key-file or KVSNAP_ADMIN_KEY), as Authorization: Bearer "
-            "KEY or X-Api-Key: KEY; the child's API keys do not open them");
-      return true;
-    }
-  } else {
+  {
     std::lock_guard<std::mutex> l(args_mu_);
-    const auto& keys = args_.api_keys;
-    if (!keys.empty() && !api_key_among(keys, request_api_key(req.headers))) {
-      error(out, 401, "authentication_error", "Invalid API Key (the child's --api-key/--api-key-file/LLAMA_API_KEY)");
+    if (!may_use_kvsnap_routes(d_.admin_keys, args_.api_keys, req.headers)) {
+      error(out, 401, "authentication_error",
+            route_keys(d_.admin_keys, args_.api_keys) == RouteKeys::kAdmin
+                ? "kvsnap's routes want its admin key (--admin-key-file or KVSNAP_ADMIN_KEY), as Authorization: "
+                  "Bearer KEY or X-Api-Key: KEY; the child's API keys do not open them"
+                : "Invalid API Key (the child's --api-key/--api-key-file/LLAMA_API_KEY)");
       return true;
     }
   }

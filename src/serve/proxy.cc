@@ -7,7 +7,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "base/sha256.h"
+#include "serve/bounded_pool.h"
 #include "serve/requests.h"
 
 namespace kvsnap {
@@ -29,76 +29,6 @@ constexpr size_t kMaxPending = 8 << 20;
 // How long a stream's last event waits for the end of the stream (which llama-server sends right
 // after it) before it goes to the client anyway.
 constexpr auto kLastEventWait = std::chrono::seconds(5);
-
-// The proxy's workers, with a bound on the connections accepted and waiting for one. cpp-httplib
-// 0.11.4's ThreadPool queues every accepted connection (an open socket each) without limit, so a
-// flood of idle or slow clients could take the process's file descriptors, which the store needs
-// for its packs and catalog. Here the accept loop (httplib calls enqueue from it) waits while
-// `max_waiting` connections wait, and new clients wait in the kernel's listen backlog instead. A
-// job is never dropped: it owns its socket (0.11.4 has no way to refuse one).
-class BoundedPool : public httplib::TaskQueue {
- public:
-  // `on_deleted` runs last in the destructor (httplib deletes the pool when its listen returns).
-  BoundedPool(size_t threads, size_t max_waiting, std::function<void()> on_deleted)
-      : max_waiting_(std::max<size_t>(max_waiting, 1)), on_deleted_(std::move(on_deleted)) {
-    for (size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
-  }
-  ~BoundedPool() override {
-    shutdown();
-    if (on_deleted_) on_deleted_();
-  }
-
-  void enqueue(std::function<void()> fn) override {
-    std::unique_lock<std::mutex> l(mu_);
-    room_.wait(l, [&] { return jobs_.size() < max_waiting_ || unbounded_; });
-    jobs_.push_back(std::move(fn));
-    work_.notify_one();
-  }
-
-  void shutdown() override {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (stopped_) return;
-      stopped_ = unbounded_ = true;
-    }
-    room_.notify_all();
-    work_.notify_all();
-    for (auto& t : workers_) t.join();
-  }
-
-  // Stopping: an accept loop waiting for room goes on at once (it then sees the closed socket).
-  void stop_waiting() {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      unbounded_ = true;
-    }
-    room_.notify_all();
-  }
-
- private:
-  void work() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> l(mu_);
-        work_.wait(l, [&] { return !jobs_.empty() || stopped_; });
-        if (jobs_.empty()) return;  // stopped, and every accepted connection served
-        fn = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      room_.notify_one();
-      fn();
-    }
-  }
-
-  const size_t max_waiting_;
-  const std::function<void()> on_deleted_;
-  std::mutex mu_;
-  std::condition_variable work_, room_;
-  std::deque<std::function<void()>> jobs_;
-  bool stopped_ = false, unbounded_ = false;
-  std::vector<std::thread> workers_;
-};
 
 std::string lower(std::string s) {
   for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
@@ -209,6 +139,21 @@ std::string request_api_key(const std::vector<std::pair<std::string, std::string
   std::string key = header_value(h, "Authorization");
   if (key.empty()) key = header_value(h, "X-Api-Key");
   return key.rfind("Bearer ", 0) == 0 ? key.substr(7) : key;
+}
+
+RouteKeys route_keys(const std::vector<std::string>& admin_keys, const std::vector<std::string>& child_keys) {
+  if (!admin_keys.empty()) return RouteKeys::kAdmin;
+  return child_keys.empty() ? RouteKeys::kOpen : RouteKeys::kChild;
+}
+
+bool may_use_kvsnap_routes(const std::vector<std::string>& admin_keys, const std::vector<std::string>& child_keys,
+                           const std::vector<std::pair<std::string, std::string>>& headers) {
+  switch (route_keys(admin_keys, child_keys)) {
+    case RouteKeys::kAdmin: return api_key_among(admin_keys, request_api_key(headers));
+    case RouteKeys::kChild: return api_key_among(child_keys, request_api_key(headers));
+    case RouteKeys::kOpen: return true;
+  }
+  return false;
 }
 
 bool api_key_among(const std::vector<std::string>& keys, const std::string& key) {
@@ -665,18 +610,17 @@ void Proxy::run() {
 void Proxy::stop() {
   if (!impl_) return;
   impl_->stopping = true;
-  {
-    std::lock_guard<std::mutex> l(impl_->pool_mu);
-    if (impl_->pool) impl_->pool->stop_waiting();
-  }
   impl_->cut_upstreams();  // after a drain nothing is in flight; after a second signal, what is is cut
   while (impl_->run_entered && !impl_->run_returned) {
     if (impl_->svr.is_running()) {
       impl_->svr.stop();
-      return;
+      break;
     }
     std::this_thread::yield();
   }
+  // After the listening socket is closed: an accept loop waiting for room goes on and sees it.
+  std::lock_guard<std::mutex> l(impl_->pool_mu);
+  if (impl_->pool) impl_->pool->stop_waiting();
 }
 
 }  // namespace kvsnap

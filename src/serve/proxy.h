@@ -137,4 +137,12 @@ std::string request_api_key(const std::vector<std::pair<std::string, std::string
 // Whether `key` is one of `keys`, comparing every key in full (no early exit on a first differing byte).
 bool api_key_among(const std::vector<std::string>& keys, const std::string& key);
 
+// Who may use kvsnap's own routes (/kvsnap/...): with admin keys, a request carrying one of them and
+// nobody else; without, with the child's API keys, one of those (as llama-server's own routes); with
+// neither, anyone.
+enum class RouteKeys { kAdmin, kChild, kOpen };
+RouteKeys route_keys(const std::vector<std::string>& admin_keys, const std::vector<std::string>& child_keys);
+bool may_use_kvsnap_routes(const std::vector<std::string>& admin_keys, const std::vector<std::string>& child_keys,
+                           const std::vector<std::pair<std::string, std::string>>& headers);
+
 }  // namespace kvsnap

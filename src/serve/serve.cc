@@ -70,6 +70,10 @@ Result<Ladder> ladder_of(Io& io, const ServeOptions& o, const LlamaArgs& args) {
   return make_ladder(o.dynamic_cache, budget, *model, args.flash_attn);
 }
 
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
 // The keys of kvsnap's own routes: --admin-key-file's lines (no trimming, '#' comments, as an API
 // key file of llama-server's) and KVSNAP_ADMIN_KEY.
 Result<std::vector<std::string>> admin_keys_of(Io& io, const ServeOptions& o) {
@@ -84,6 +88,11 @@ Result<std::vector<std::string>> admin_keys_of(Io& io, const ServeOptions& o) {
   std::istringstream in(std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
   for (std::string line; std::getline(in, line);)
     if (!line.empty() && line[0] != '#') keys.push_back(line);
+  for (const std::string& k : keys)
+    if (k.find_first_of("\r\n") != std::string::npos)  // no client could send it (a header value)
+      return Status::InvalidArgument("--admin-key-file " + o.admin_key_file +
+                                     ": a key holds a carriage return (saved with CRLF line ends?); no client can "
+                                     "send it in a header");
   if (keys.size() == before)
     return Status::InvalidArgument("--admin-key-file " + o.admin_key_file +
                                    " names no key (one key a line; empty lines and lines starting with # are skipped)");
@@ -257,6 +266,9 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   else if (args.api_keys.size() > 1)
     log("kvsnap's routes (/kvsnap/requantize, /kvsnap/usage) take any of the child's " +
         std::to_string(args.api_keys.size()) + " API keys: --admin-key-file gives them a key of their own");
+  else if (args.api_keys.empty() && !is_loopback_host(po.listen_host))
+    log("no API key and no admin key: llama-server's routes and kvsnap's (/kvsnap/requantize drains and restarts "
+        "it) are open to anyone who reaches " + o.listen + " (--api-key-file, --admin-key-file)");
   int sig = 0;
   sigwait(&sigs, &sig);
   const uint64_t in_flight = drain.shut();  // new requests: 503 from here on

@@ -57,7 +57,9 @@ class StoreCli : public ::testing::Test {
   }
 
   // `kvsnap serve FLAGS -- /bin/true` on this store: for refusals that come before the child starts.
-  KvRun serve_true(const std::string& flags) { return bare("serve --store " + store_ + " " + flags + " -- /bin/true"); }
+  KvRun serve_true(const std::string& flags, const std::string& env = "") {
+    return bare("serve --store " + store_ + " " + flags + " -- /bin/true", env);
+  }
 
   // A key file of 64 hex digits `digit`, mode 0600.
   fs::path key_file(const char* name, char digit) {
@@ -1357,18 +1359,24 @@ TEST_F(StoreCli, ServeRefusesABadRequestBound) {
   }
 }
 
-// An --admin-key-file that cannot be read or names no key is exit 2 naming it, before llama-server
-// starts (a typo must not leave kvsnap's routes open to every client's key).
+// An --admin-key-file that cannot be read, names no key or holds a CR (and an empty KVSNAP_ADMIN_KEY)
+// is exit 2 naming it, before llama-server starts (a typo must not leave kvsnap's routes open to
+// every client's key).
 TEST_F(StoreCli, ServeRefusesAnAdminKeyFileWithoutAKey) {
-  const fs::path empty = dir_ / "admin-empty.txt";
+  const fs::path empty = dir_ / "admin-empty.txt", crlf = dir_ / "admin-crlf.txt";
   std::ofstream(empty) << "# nobody\n\n";
+  std::ofstream(crlf) << "root-key\r\n";
   for (const auto& [file, words] : {std::pair<std::string, std::string>{(dir_ / "no-such").string(), "cannot be read"},
-                                    {empty.string(), "names no key"}}) {
+                                    {empty.string(), "names no key"},
+                                    {crlf.string(), "carriage return"}}) {
     KvRun r = serve_true("--admin-key-file " + file);
     EXPECT_EQ(r.code, 2) << file << ": " << r.err;
     EXPECT_NE(r.err.find("--admin-key-file " + file), std::string::npos) << r.err;
     EXPECT_NE(r.err.find(words), std::string::npos) << r.err;
   }
+  KvRun unset = serve_true("", "KVSNAP_ADMIN_KEY=");
+  EXPECT_EQ(unset.code, 2) << unset.err;
+  EXPECT_NE(unset.err.find("KVSNAP_ADMIN_KEY is set but empty"), std::string::npos) << unset.err;
 }
 
 TEST_F(StoreCli, RekeyReplacesTheKeyAndTheOldOneIsRefused) {
