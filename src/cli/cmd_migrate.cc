@@ -138,7 +138,9 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
     m.model = &*model;
   }
   std::unique_ptr<Store> store;
-  std::mutex store_mu;  // one catalog connection, shared by the jobs
+  std::mutex store_mu;  // one catalog connection, shared by the jobs; guards the two below
+  std::vector<EvictionVictim> backup_evicted;  // what the backups' saves evicted for the store's caps
+  std::vector<std::string> backup_warnings;
   if (o.backup_store && !o.dry_run) {
     KV_ASSIGN_OR_RETURN(StoreLocation where, resolve_store_location(io, o.store));
     apply_key_flags(where, store_key_flags());
@@ -149,8 +151,15 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
       req.tags = {{"migrated-from", path}};
       req.source_name = path;
       req.threads = 1;
+      // Pinned: a store cap must never evict the only copy of an original converted in place (a later
+      // backup's save would otherwise take an earlier one; `kvsnap unpin` when it is no longer wanted).
+      req.pin = true;
       std::lock_guard<std::mutex> lock(store_mu);
-      return store->save(file, state, req).status();
+      KV_ASSIGN_OR_RETURN(SaveResult saved, store->save(file, state, req));
+      for (EvictionVictim& v : saved.evicted) backup_evicted.push_back(std::move(v));
+      for (const std::string& w : saved.cap_warnings) backup_warnings.push_back("cap not met: " + w);
+      for (const std::string& w : saved.gc_warnings) backup_warnings.push_back("gc after eviction: " + w);
+      return Status::OK();
     };
   }
   Result<MigrateSummary> migrated = [&] {
@@ -173,11 +182,18 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
   KV_ASSIGN_OR_RETURN(MigrateSummary sum, std::move(migrated));
   if (o.json) {
     json j = to_json(sum, o.dry_run);
+    if (o.backup_store && !o.dry_run) {
+      j["backup_evicted"] = json::array();
+      for (const EvictionVictim& v : backup_evicted) j["backup_evicted"].push_back(victim_json(v));
+      j["backup_warnings"] = backup_warnings;
+    }
     if (o.srv.given()) j["server"] = {{"target_build", o.target_build.empty() ? json(nullptr) : json(o.target_build)},
                                       {"note", server_note}};
     out = json_text(j, 2) + "\n";
   } else {
     out = (server_note.empty() ? "" : server_note + "\n") + to_text(sum, o.dry_run);
+    for (const EvictionVictim& v : backup_evicted) out += "backup store: evicted " + victim_line(v) + " for its caps\n";
+    for (const std::string& w : backup_warnings) out += "warning: backup store: " + w + "\n";
   }
   // Stopped by a signal: what was done is listed above (its JSON too), then the signal's status.
   if (!sum.interrupted.ok()) return sum.interrupted;
@@ -212,7 +228,9 @@ void setup_migrate(CLI::App& app, int& exit_status) {
   add_source_options(sub, o->src_rotation, o->source_build, "the files");
   add_target_build_option(sub, o->target_build, "them");
   sub->add_option("--model,-m", o->model, "the model's GGUF: exact layout and head dims (recommended)");
-  sub->add_flag("--backup-store", o->backup_store, "save each original in the snapshot store (tag migrated-from=PATH) before converting it");
+  sub->add_flag("--backup-store", o->backup_store,
+                "save each original in the snapshot store (tag migrated-from=PATH, pinned: a cap never evicts it; "
+                "kvsnap unpin when done) before converting it");
   sub->add_option("--store", o->store, "the store for --backup-store and --server profiles (default: $KVSNAP_HOME)");
   add_store_key_options(sub);
   sub->add_option("--jobs,-j", o->jobs, "files converted at once (default 1)");

@@ -1,6 +1,7 @@
 // kvsnap migrate DIR as a user runs it: in place, atomic per file, resumable
 // after kill -9, confined to DIR.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -276,6 +277,45 @@ TEST(Migrate, BackupStoreKeepsEveryOriginal) {
     const fs::path back = t.path / (std::string("back-") + id);
     ASSERT_EQ(sh(k + "restore " + id + " -o " + back.string() + " --store " + store.string() + " >/dev/null"), 0);
     EXPECT_EQ(slurp(back), slurp(fixture(orig))) << id;
+  }
+}
+
+// A store held to a cap it cannot meet: the backups are pinned, so the second file's backup does not
+// evict the first's (whose original was converted in place: its only copy); what they evicted (an
+// older, unpinned snapshot) and the cap's warning are listed.
+TEST(Migrate, BackupsInACappedStoreAreNeverEvicted) {
+  TempDir t;
+  fs::path dir = t.path / "slots", store = t.path / "store";
+  fs::create_directories(dir);
+  fs::create_directories(store);
+  const std::string k = std::string(KVSNAP_BINARY) + " ";
+  ASSERT_EQ(sh(k + "save " + fixture("v0.5.0/hd64-q8_0-q8_0-faon.slot").string() + " --name older --store " +
+               store.string() + " >/dev/null"),
+            0);
+  std::ofstream(store / "store.json") << R"({"max_bytes": 1})";
+  fs::copy_file(fixture("b8121/hd64-f16-f16-faon.slot"), dir / "a.slot");
+  fs::copy_file(fixture("v0.5.0/hd64-f16-f16-faoff.slot"), dir / "b.slot");
+  const std::string json = (t.path / "out.json").string();
+  ASSERT_EQ(sh(k + "migrate " + dir.string() + " --backup-store --store " + store.string() +
+               " --ctk q8_0 --ctv q8_0 --fa on -m " + kModel + " --json >" + json),
+            0);
+  const auto j = nlohmann::json::parse(slurp(json));
+  ASSERT_EQ(j["backup_evicted"].size(), 1u) << j.dump();
+  EXPECT_EQ(j["backup_evicted"][0]["snapshot"]["name"], "older") << j.dump();
+  ASSERT_FALSE(j["backup_warnings"].empty()) << j.dump();
+  EXPECT_NE(std::string(j["backup_warnings"][0]).find("cap not met"), std::string::npos) << j.dump();
+  for (const auto& [name, orig] : {std::pair{"a.slot", "b8121/hd64-f16-f16-faon.slot"},
+                                   {"b.slot", "v0.5.0/hd64-f16-f16-faoff.slot"}}) {
+    const fs::path back = t.path / (std::string("back-") + name), found = t.path / "ls.json";
+    ASSERT_EQ(sh(k + "ls --json --tag migrated-from=" + (dir / name).string() + " --store " + store.string() + " >" +
+                 found.string()),
+              0);
+    const auto rows = nlohmann::json::parse(slurp(found));
+    ASSERT_EQ(rows.size(), 1u) << name << "'s backup was evicted: " << rows.dump();
+    ASSERT_EQ(sh(k + "restore " + std::to_string(int64_t(rows[0]["id"])) + " -o " + back.string() + " --store " +
+                 store.string() + " >/dev/null"),
+              0);
+    EXPECT_EQ(slurp(back), slurp(fixture(orig))) << name;
   }
 }
 
