@@ -36,9 +36,9 @@ Status change_each(const std::string& store_dir, const std::vector<std::string>&
     }
     a.push_back(info_json(*s));
     if (!warnings.empty()) a.back()["warnings"] = warnings;
-    if (!as_json) out += describe(*s) + "\n";
-    for (const std::string& w : warnings)
-      if (!as_json) out += "warning: " + w + "\n";
+    if (as_json) continue;
+    out += describe(*s) + "\n";
+    for (const std::string& w : warnings) out += "warning: " + w + "\n";
   }
   if (as_json) out = json_text(a, 2) + "\n";
   return failed;

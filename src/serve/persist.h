@@ -144,6 +144,7 @@ class Persister {
   std::map<int, int64_t> saved_task_;   // slot -> id_task of its last save
   std::deque<PromptOwner> recent_;      // the last kRecent completions with prompt tokens, newest last
   PersistStats stats_;
+  bool cap_unmet_ = false;  // the last save's caps were not met (logged when that changes, not each save)
   SlotBook* book_ = nullptr;
   std::function<void()> on_saved_;
   std::thread thread_;

@@ -513,7 +513,14 @@ Result<EvictResult> Store::evict(EvictionRequest req, bool dry_run, bool wait_gc
   o.scan_orphans = false;
   o.compact_dead_percent = req.compact_dead_percent;
   o.progress = req.gc_progress;
-  KV_ASSIGN_OR_RETURN(out.gc, collect_garbage(*catalog_, *blobs_, o));
+  Result<GcReport> collected = collect_garbage(*catalog_, *blobs_, o);
+  // The removals are done and durable: a collection that failed leaves garbage for the next gc,
+  // which is a warning (a save over its cap succeeded), not a failure. A stop asked for (Ctrl-C in
+  // gc's eviction step) still stops.
+  if (!collected.ok() && collected.status().code() == Code::kInterrupted) return collected.status();
+  if (collected.ok()) out.gc = std::move(*collected);
+  else out.gc.warnings.push_back("the collection after the evictions failed (" + collected.status().ToString() +
+                                 "): kvsnap gc deletes what they left");
   return out;
 }
 

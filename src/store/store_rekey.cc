@@ -110,6 +110,7 @@ Result<RekeyReport> Store::rekey(const MasterKey& to, const RekeyOptions& opts) 
   GcOptions o;
   o.wait = true;
   o.scan_orphans = false;
+  o.compact_dead_percent = compact_dead_percent();
   KV_ASSIGN_OR_RETURN(rep.gc, collect_garbage(*catalog_, *blobs_, o));
   return rep;
 }

@@ -516,14 +516,16 @@ TEST_F(StoreCli, GcCompactsAPackThatARemovalLeftPartlyDead) {
 
 // rm and a save's eviction compact at the store config's "compact_dead_percent" (0: never), which is
 // also gc's default; rm says what its collection could not compact (here a pack cut short under it)
-// instead of dropping it, and a bad percentage in the config is refused.
+// instead of dropping it, and a bad percentage in the config is refused. Each long session's pack is
+// left three quarters dead by its removal (its pinned short cut keeps the first quarter).
 TEST_F(StoreCli, RmAndEvictionCompactAtTheStoresThresholdAndSayWhatTheyLeft) {
-  const fs::path a = make_slot("a.slot", 2, 64, 400, 7), p = dir_ / "p.slot";
-  auto save_long_and_short = [&] {
-    ASSERT_EQ(kv("save " + a.string() + " --name long --cells-per-chunk 16").code, 0);
+  const fs::path a = make_slot("a.slot", 2, 64, 400, 7), b = make_slot("b.slot", 2, 64, 400, 8),
+                 c = make_slot("c.slot", 2, 64, 40, 9), p = dir_ / "p.slot";
+  auto save_long_and_short = [&](const fs::path& slot, const std::string& suffix) {
+    ASSERT_EQ(kv("save " + slot.string() + " --name long" + suffix + " --cells-per-chunk 16").code, 0);
     fs::remove(p);
-    ASSERT_EQ(kv("restore long --tokens 100 -o " + p.string()).code, 0);
-    ASSERT_EQ(kv("save " + p.string() + " --name short --cells-per-chunk 16 --pin").code, 0);
+    ASSERT_EQ(kv("restore long" + suffix + " --tokens 100 -o " + p.string()).code, 0);
+    ASSERT_EQ(kv("save " + p.string() + " --name short" + suffix + " --cells-per-chunk 16 --pin").code, 0);
   };
   auto config = [&](const std::string& text) { std::ofstream(fs::path(store_) / "store.json") << text; };
   auto packs_to_compact = [&](const std::string& flags) {
@@ -531,31 +533,41 @@ TEST_F(StoreCli, RmAndEvictionCompactAtTheStoresThresholdAndSayWhatTheyLeft) {
     EXPECT_EQ(r.code, 0) << r.err;
     return int(nlohmann::json::parse(r.out)["compaction"]["packs"]);
   };
-  save_long_and_short();
+  auto compacted_by_gc = [&](const std::string& flags) {
+    KvRun r = kv("gc --json" + flags);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return int(nlohmann::json::parse(r.out)["packs_compacted"]);
+  };
+  save_long_and_short(a, "");
   config(R"({"compact_dead_percent": 0})");
   KvRun rm = kv("rm long --json");
   ASSERT_EQ(rm.code, 0) << rm.err;
   EXPECT_EQ(nlohmann::json::parse(rm.out)[0].count("warnings"), 0u) << rm.out;
   EXPECT_EQ(packs_to_compact(""), 0) << "gc's default is the config's 0";
+  EXPECT_EQ(compacted_by_gc(""), 0) << "a gc at the config's 0";
   EXPECT_EQ(packs_to_compact(" --compact-dead 25"), 1) << "rm left the pack three quarters dead";
-  // A save's eviction, under a cap, follows the same setting.
-  ASSERT_EQ(kv("save " + a.string() + " --name long --cells-per-chunk 16").code, 0);
-  config(R"({"compact_dead_percent": 0, "max_bytes": 1})");
-  KvRun capped = kv("save " + p.string() + " --name again --cells-per-chunk 16 --json");
+  EXPECT_EQ(compacted_by_gc(" --compact-dead 25"), 1);
+
+  // A save's eviction, under a cap, follows the setting: at 80 a pack 75% dead stays (the default
+  // 25 would have compacted it), and a gc at the config's 50 takes it.
+  save_long_and_short(b, "2");
+  config(R"({"compact_dead_percent": 80, "max_bytes": 1})");
+  KvRun capped = kv("save " + c.string() + " --name third --json");
   ASSERT_EQ(capped.code, 0) << capped.err;
-  EXPECT_NE(capped.out.find("\"long\""), std::string::npos) << "evicted: " << capped.out;
+  EXPECT_NE(capped.out.find("\"long2\""), std::string::npos) << "evicted: " << capped.out;
   EXPECT_NE(capped.out.find("\"gc_warnings\": []"), std::string::npos) << capped.out;
-  EXPECT_EQ(packs_to_compact(" --compact-dead 25"), 1) << "the eviction compacted at 0";
-  ASSERT_EQ(kv("gc --compact-dead 25").code, 0);
+  EXPECT_EQ(packs_to_compact(" --compact-dead 25"), 1) << "the eviction compacted at 80";
+  config(R"({"compact_dead_percent": 50})");
+  EXPECT_EQ(compacted_by_gc(""), 1) << "a gc at the config's 50";
   EXPECT_EQ(packs_to_compact(" --compact-dead 1"), 0);
 
   // The default threshold, from an empty store, and the largest pack (long's, which short's chunks
   // share) cut short before rm: rm still succeeds, and its collection's warning is shown.
   config("{}");
-  ASSERT_EQ(kv("unpin short").code, 0);
-  ASSERT_EQ(kv("rm short again").code, 0);
+  ASSERT_EQ(kv("unpin short short2").code, 0);
+  ASSERT_EQ(kv("rm short short2 third").code, 0);
   ASSERT_EQ(count_snapshots(), 0u);
-  save_long_and_short();
+  save_long_and_short(a, "");
   fs::path largest;
   for (const auto& e : fs::directory_iterator(fs::path(store_) / "packs"))
     if (largest.empty() || fs::file_size(e.path()) > fs::file_size(largest)) largest = e.path();

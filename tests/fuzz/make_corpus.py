@@ -130,7 +130,7 @@ def user_text(corpus):
         "fleet.json": {"catalog": "postgresql://kvsnap@db.internal/kvsnap", "blobs": "s3://kv-cache/team-a",
                        "local_dir": "/var/cache/kvsnap"},
         "caps.json": {"max_bytes": "100G", "tenant_max_bytes": {"ana": "2G", "bob": 1073741824},
-                      "cache_max_bytes": 1073741824, "multipart_max_age": "6h"},
+                      "cache_max_bytes": 1073741824, "multipart_max_age": "6h", "compact_dead_percent": 25},
         "keyed.json": {"blobs": "s3://kv-cache/team-a?endpoint=http%3A%2F%2F127.0.0.1%3A8080",
                        "key_file": "keys/master.key", "tenant": "ana"},
         "local.json": {"catalog": "cat.sqlite", "blobs": "blobs", "key_command": "pass show kvsnap"},

@@ -187,6 +187,40 @@ TEST_F(PgStoreTest, AHoldKnowsWhenItsBackendIsGone) {
   EXPECT_NE(s.message().find("was lost"), std::string::npos) << s.ToString();
 }
 
+// Compaction's move (Catalog::move_chunks) checks gc's hold inside its transaction, as a save's
+// commit does: with the hold's backend gone (another gc may have deleted the new pack since), no
+// row moves and the error says why.
+TEST_F(PgStoreTest, AMoveOfChunksWhoseGcHoldWasLostMovesNothing) {
+  Fixture a("hd128-f16-f16-faoff.slot");
+  auto store = open();
+  ASSERT_TRUE(store);
+  SaveRequest req;
+  req.cells_per_chunk = 16;
+  auto saved = store->save(*a.file, a.state, req);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  auto rows = store->catalog().chunks_of(saved->info.id);
+  ASSERT_TRUE(rows.ok() && rows->size() >= 2) << rows.status().ToString();
+  std::vector<ChunkMove> moves;
+  for (size_t i = 0; i < 2; ++i)
+    moves.push_back({(*rows)[i].sha256, (*rows)[i].location(),
+                     BlobLocation{"00000000000000fe", i * (*rows)[0].stored_size, (*rows)[i].stored_size}});
+  PgGcLocks locks(url_);
+  auto ex = locks.lock_exclusive(true);
+  ASSERT_TRUE(ex.ok() && *ex) << ex.status().ToString();
+  ASSERT_TRUE(pg_query(url_, "SELECT pg_terminate_backend(" + std::to_string((*ex)->session()->pid) + ")").ok());
+  Status s = store->catalog().move_chunks(moves, **ex);
+  EXPECT_EQ(s.code(), Code::kIOError) << s.ToString();
+  EXPECT_NE(s.message().find("was lost"), std::string::npos) << s.ToString();
+  auto after = store->catalog().chunks_of(saved->info.id);
+  ASSERT_TRUE(after.ok());
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ((*after)[i].pack, (*rows)[i].pack) << "a row moved under a lost hold";
+  ex->reset();
+  auto fresh = locks.lock_exclusive(true);  // the same move under a live hold goes through
+  ASSERT_TRUE(fresh.ok() && *fresh) << fresh.status().ToString();
+  EXPECT_TRUE(store->catalog().move_chunks(moves, **fresh).ok());
+  EXPECT_EQ((*store->catalog().chunks_of(saved->info.id))[0].pack, "00000000000000fe");
+}
+
 // The commit fence: a new exclusive hold waits for a save's commit
 // transaction in flight (one that holds the fence) before it returns.
 TEST_F(PgStoreTest, AnExclusiveHoldWaitsForCommitsInFlight) {

@@ -86,6 +86,17 @@ TEST_F(StoreLocationTest, ADirectoryWithStoreJsonIsConfiguredByIt) {
   EXPECT_EQ(l->local_dir, dir_);
 }
 
+TEST_F(StoreLocationTest, TheCompactionThresholdIsAPercentageOrUnset) {
+  write("store.json", R"({"compact_dead_percent": 0})");
+  auto zero = resolve(dir_);
+  ASSERT_TRUE(zero.ok()) << zero.status().ToString();
+  EXPECT_EQ(zero->caps.compact_dead_percent, 0);
+  write("store.json", R"({"compact_dead_percent": 100})");
+  EXPECT_EQ(resolve(dir_)->caps.compact_dead_percent, 100);
+  write("store.json", "{}");
+  EXPECT_FALSE(resolve(dir_)->caps.compact_dead_percent.has_value()) << "unset: GcOptions's default";
+}
+
 TEST_F(StoreLocationTest, BadConfigsAreRefusedByFileAndKey) {
   struct Case {
     const char* text;
@@ -110,6 +121,10 @@ TEST_F(StoreLocationTest, BadConfigsAreRefusedByFileAndKey) {
       {R"({"key_file": ""})", "key_file"},
       {R"({"key_command": 7})", "key_command"},
       {R"({"tenant": "two words"})", "tenant"},
+      {R"({"compact_dead_percent": 101})", "compact_dead_percent"},
+      {R"({"compact_dead_percent": -1})", "compact_dead_percent"},
+      {R"({"compact_dead_percent": 25.5})", "compact_dead_percent"},
+      {R"({"compact_dead_percent": "25"})", "compact_dead_percent"},
   };
   for (const Case& c : cases) {
     write("bad.json", c.text);
