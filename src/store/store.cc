@@ -46,6 +46,14 @@ Status prefix_error(const Status& s, const std::string& ref) {
 
 std::string temp_name(const StorePaths& p, const char* what) { return p.tmp_dir() + "/" + what + "-" + unique_suffix(); }
 
+bool is_store_temp(const std::string& name) {
+  for (const char* kind : kStoreTempKinds) {
+    const std::string prefix = std::string(kind) + "-";
+    if (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0) return true;
+  }
+  return false;
+}
+
 TempFile::~TempFile() {
   if (!path.empty()) (void)io.remove(path);
 }
@@ -651,7 +659,38 @@ Result<GcReport> Store::gc(bool wait, std::function<Status(const GcProgress&)> p
   o.compact_dead_percent = compact_dead_percent;
   o.scan_orphans = true;
   o.progress = std::move(progress);
-  return collect_garbage(*catalog_, *blobs_, o);
+  KV_ASSIGN_OR_RETURN(GcReport r, collect_garbage(*catalog_, *blobs_, o));
+  if (r.skipped_busy) return r;
+  KV_RETURN_IF_ERROR(delete_abandoned_temps(wait, r));
+  return r;
+}
+
+// This host's temporaries in <local_dir>/tmp (import entries, export's plain files, restore
+// prefixes: decrypted bytes among them) that a killed process left. A directory store's blobs
+// list them as their own tmp/ (collect_garbage took them already); blobs elsewhere (S3, another
+// directory) do not, so they are taken here, under the exclusive lock as blob temporaries are.
+Status Store::delete_abandoned_temps(bool wait, GcReport& r) {
+  auto store_temps = [this]() -> Result<std::vector<std::string>> {
+    std::vector<std::string> temps;
+    auto listed = io_.list_dir(paths_.tmp_dir());
+    if (!listed.ok() && listed.status().code() == Code::kNotFound) return temps;
+    KV_RETURN_IF_ERROR(listed.status());
+    for (const DirEntry& e : *listed)
+      if (e.is_regular && is_store_temp(e.name)) temps.push_back(e.name);
+    return temps;
+  };
+  KV_ASSIGN_OR_RETURN(std::vector<std::string> seen, store_temps());
+  if (seen.empty()) return Status::OK();  // the usual case: no lock taken again
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLock> lock, blobs_->lock_for_gc(wait));
+  if (!lock) return Status::OK();  // a save or a read began meanwhile: the next gc
+  KV_ASSIGN_OR_RETURN(std::vector<std::string> temps, store_temps());  // under the lock: all abandoned
+  for (const std::string& name : temps) {
+    Status gone = io_.remove(paths_.tmp_dir() + "/" + name);
+    if (gone.code() == Code::kNotFound) continue;
+    KV_RETURN_IF_ERROR(gone.Prefixed("gc: deleting the abandoned temporary " + name));
+    ++r.temporaries_deleted;
+  }
+  return Status::OK();
 }
 
 CompactionPlan Store::plan_compaction(int compact_dead_percent) {

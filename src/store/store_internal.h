@@ -68,9 +68,14 @@ class BlobSource final : public ChunkSource {
 // why) names the snapshot `ref` and the way out; other errors pass unchanged.
 Status prefix_error(const Status& s, const std::string& ref);
 
-// A fresh path under the store's tmp/ ("<what>-<unique>"), and the file there removed when the
-// TempFile goes out of scope (path "" : none yet).
+// A fresh path under the store's tmp/ ("<what>-<unique>", `what` one of kStoreTempKinds), and the
+// file there removed when the TempFile goes out of scope (path "" : none yet). Each is made and
+// used under a gc hold (a save's batch, a reader's hold, an import's), so one that a gc under the
+// exclusive lock finds was left by a process that died: Store::gc deletes it.
+inline constexpr const char* kStoreTempKinds[] = {"store-type", "restore-prefix", "restore-move", "import",
+                                                  "export-plain"};
 std::string temp_name(const StorePaths& p, const char* what);
+bool is_store_temp(const std::string& file_name);  // "<one of kStoreTempKinds>-..."
 struct TempFile {
   Io& io;
   std::string path;

@@ -514,6 +514,31 @@ TEST_F(StoreCli, GcCompactsAPackThatARemovalLeftPartlyDead) {
   EXPECT_NE(bad.err.find("--compact-dead"), std::string::npos) << bad.err;
 }
 
+// Blobs in another directory than the store's own (as on S3): an import or export killed mid-way left
+// its temporary (decrypted bytes, for a sealed store) in <local_dir>/tmp, which the blobs' gc never
+// listed. gc deletes it now, and only kvsnap's own temporaries there.
+TEST_F(StoreCli, GcDeletesAbandonedTemporariesWhenTheBlobsLiveElsewhere) {
+  const fs::path blobs = dir_ / "blobs-elsewhere";
+  fs::create_directories(blobs);
+  fs::create_directories(store_);
+  std::ofstream(fs::path(store_) / "store.json") << R"({"blobs": ")" << blobs.string() << R"("})";
+  const fs::path a = make_slot("a.slot", 2, 64, 40, 4);
+  ASSERT_EQ(kv("save " + a.string() + " --name one").code, 0);
+  const fs::path tmp = fs::path(store_) / "tmp";
+  ASSERT_TRUE(fs::is_directory(tmp));
+  std::ofstream(tmp / "import-4242-77") << "what a killed import unpacked";
+  std::ofstream(tmp / "export-plain-4242-78") << "a plain file of a killed export";
+  std::ofstream(tmp / "notes.txt") << "not kvsnap's";
+  KvRun gc = kv("gc --json");
+  ASSERT_EQ(gc.code, 0) << gc.err;
+  EXPECT_EQ(int(nlohmann::json::parse(gc.out)["temporaries_deleted"]), 2) << gc.out;
+  EXPECT_FALSE(fs::exists(tmp / "import-4242-77"));
+  EXPECT_FALSE(fs::exists(tmp / "export-plain-4242-78"));
+  EXPECT_TRUE(fs::exists(tmp / "notes.txt")) << "only kvsnap's own temporaries go";
+  ASSERT_EQ(kv("restore one -o " + (dir_ / "back.slot").string()).code, 0);
+  EXPECT_EQ(slurp(dir_ / "back.slot"), slurp(a));
+}
+
 // rm and a save's eviction compact at the store config's "compact_dead_percent" (0: never), which is
 // also gc's default; rm says what its collection could not compact (here a pack cut short under it)
 // instead of dropping it, and a bad percentage in the config is refused. Each long session's pack is
