@@ -14,11 +14,25 @@ BoundedPool::~BoundedPool() {
   if (on_deleted_) on_deleted_();
 }
 
-void BoundedPool::enqueue(std::function<void()> fn) {
-  std::unique_lock<std::mutex> l(mu_);
-  room_.wait(l, [&] { return jobs_.size() < max_waiting_ || unbounded_; });
-  jobs_.push_back(std::move(fn));
+namespace {
+
+// "Taken" in either release's terms.
+template <typename R>
+R taken() {
+  if constexpr (std::is_void_v<R>) return;
+  else return true;
+}
+
+}  // namespace
+
+TaskQueueEnqueueResult BoundedPool::enqueue(std::function<void()> fn) {
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    room_.wait(l, [&] { return jobs_.size() < max_waiting_ || unbounded_; });
+    jobs_.push_back(std::move(fn));
+  }
   work_.notify_one();
+  return taken<TaskQueueEnqueueResult>();
 }
 
 void BoundedPool::shutdown() {

@@ -22,16 +22,21 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace kvsnap {
+
+// What TaskQueue::enqueue returns: void in cpp-httplib 0.11.4 (Debian 12), bool in later releases
+// (false: refused, and httplib closes the socket). This pool never refuses: it waits for room.
+using TaskQueueEnqueueResult = decltype(std::declval<httplib::TaskQueue&>().enqueue(std::function<void()>()));
 
 class BoundedPool : public httplib::TaskQueue {
  public:
   BoundedPool(size_t threads, size_t max_waiting, std::function<void()> on_deleted = nullptr);
   ~BoundedPool() override;
 
-  void enqueue(std::function<void()> fn) override;
+  TaskQueueEnqueueResult enqueue(std::function<void()> fn) override;
   void shutdown() override;
   void stop_waiting();
 
