@@ -15,6 +15,7 @@
 #include "migrate/migrate_dir.h"
 #include "store/store.h"
 
+#include <map>
 #include <mutex>
 
 namespace kvsnap::cli {
@@ -141,6 +142,7 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
   std::mutex store_mu;  // one catalog connection, shared by the jobs; guards the two below
   std::vector<EvictionVictim> backup_evicted;  // what the backups' saves evicted for the store's caps
   std::vector<std::string> backup_warnings;
+  std::map<std::string, int64_t> backed_up;  // path -> its backup's snapshot id
   if (o.backup_store && !o.dry_run) {
     KV_ASSIGN_OR_RETURN(StoreLocation where, resolve_store_location(io, o.store));
     apply_key_flags(where, store_key_flags());
@@ -156,6 +158,7 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
       req.pin = true;
       std::lock_guard<std::mutex> lock(store_mu);
       KV_ASSIGN_OR_RETURN(SaveResult saved, store->save(file, state, req));
+      backed_up[path] = saved.info.id;
       for (EvictionVictim& v : saved.evicted) backup_evicted.push_back(std::move(v));
       for (const std::string& w : saved.cap_warnings) backup_warnings.push_back("cap not met: " + w);
       for (const std::string& w : saved.gc_warnings) backup_warnings.push_back("gc after eviction: " + w);
@@ -179,21 +182,45 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
     (void)shown.finish(r.ok() ? r->interrupted : r.status());
     return r;
   }();
-  KV_ASSIGN_OR_RETURN(MigrateSummary sum, std::move(migrated));
+  // A file backed up but not converted (its conversion failed, or it changed meanwhile) still has its
+  // original in place: its backup is unpinned, as any other snapshot (a rerun backs it up again).
+  std::vector<std::string> unpinned;
+  if (migrated.ok()) {
+    for (const FileOutcome& f : migrated->files) {
+      auto it = backed_up.find(m.dir + "/" + f.name);
+      if (it == backed_up.end() || f.action == FileAction::kConverted || f.action == FileAction::kConvertedNotDurable)
+        continue;
+      Result<SnapshotInfo> u = store->set_pinned(std::to_string(it->second), false);
+      if (u.ok()) unpinned.push_back(f.name);
+      else backup_warnings.push_back("the backup of " + f.name + " (not converted) stays pinned: " + u.status().ToString());
+    }
+  }
+  auto backup_text = [&] {
+    std::string t;
+    for (const EvictionVictim& v : backup_evicted) t += "backup store: evicted " + victim_line(v) + " for its caps\n";
+    for (const std::string& n : unpinned) t += "backup store: unpinned the backup of " + n + " (not converted: its original stays)\n";
+    for (const std::string& w : backup_warnings) t += "warning: backup store: " + w + "\n";
+    return t;
+  };
+  if (!migrated.ok()) {
+    out = o.json ? "" : backup_text();  // what the backups did before the failure
+    return migrated.status();
+  }
+  MigrateSummary sum = std::move(migrated).value();
   if (o.json) {
     json j = to_json(sum, o.dry_run);
     if (o.backup_store && !o.dry_run) {
       j["backup_evicted"] = json::array();
       for (const EvictionVictim& v : backup_evicted) j["backup_evicted"].push_back(victim_json(v));
       j["backup_warnings"] = backup_warnings;
+      j["backup_unpinned"] = unpinned;
     }
     if (o.srv.given()) j["server"] = {{"target_build", o.target_build.empty() ? json(nullptr) : json(o.target_build)},
                                       {"note", server_note}};
     out = json_text(j, 2) + "\n";
   } else {
     out = (server_note.empty() ? "" : server_note + "\n") + to_text(sum, o.dry_run);
-    for (const EvictionVictim& v : backup_evicted) out += "backup store: evicted " + victim_line(v) + " for its caps\n";
-    for (const std::string& w : backup_warnings) out += "warning: backup store: " + w + "\n";
+    out += backup_text();
   }
   // Stopped by a signal: what was done is listed above (its JSON too), then the signal's status.
   if (!sum.interrupted.ok()) return sum.interrupted;

@@ -216,11 +216,14 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
          std::to_string(r->save.info.id) + ": " + std::to_string(r->n_saved) + " tokens, " +
          std::to_string(r->save.chunks_new) + "/" + std::to_string(r->save.chunks) + " chunks new" +
          (r->save.evicted.empty() ? "" : ", " + std::to_string(r->save.evicted.size()) + " evicted for the caps"));
-    // Pinned snapshots over a cap leave it unmet at every save: said when that starts and ends.
-    if (!r->save.cap_warnings.empty() && !cap_unmet_)
-      for (const std::string& w : r->save.cap_warnings) log_("persist: cap not met: " + w + " (said once until it is)");
-    if (r->save.cap_warnings.empty() && cap_unmet_) log_("persist: the store's caps are met again");
-    cap_unmet_ = !r->save.cap_warnings.empty();
+    for (const std::string& w : r->save.cap_warnings) {
+      const std::string scope = w.substr(0, w.find(" holds "));
+      const auto now = std::chrono::steady_clock::now();
+      auto it = cap_logged_.find(scope);
+      if (it != cap_logged_.end() && now - it->second < std::chrono::minutes(10)) continue;
+      cap_logged_[scope] = now;
+      log_("persist: cap not met: " + w + " (said at most every 10 minutes)");
+    }
     for (const std::string& w : r->save.gc_warnings) log_("persist: gc after eviction: " + w);
   }
   if (on_saved_ && !changed.empty()) on_saved_();

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <string>
@@ -144,7 +145,9 @@ class Persister {
   std::map<int, int64_t> saved_task_;   // slot -> id_task of its last save
   std::deque<PromptOwner> recent_;      // the last kRecent completions with prompt tokens, newest last
   PersistStats stats_;
-  bool cap_unmet_ = false;  // the last save's caps were not met (logged when that changes, not each save)
+  // When each cap ("the store", "tenant 'x'") was last logged as not met: at most every 10 minutes
+  // each, not at every save (pinned snapshots over a cap leave it unmet at each).
+  std::map<std::string, std::chrono::steady_clock::time_point> cap_logged_;
   SlotBook* book_ = nullptr;
   std::function<void()> on_saved_;
   std::thread thread_;

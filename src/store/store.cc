@@ -7,6 +7,7 @@
 #include <cstring>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "base/json_access.h"
 #include "base/parallel.h"
@@ -403,6 +404,9 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   KV_RETURN_IF_ERROR(sink.finish());
   KV_RETURN_IF_ERROR(batch->commit());
   SnapshotRecord rec = make_record(m, *state, src->size(), req.model ? req.model->arch : state->arch, fingerprint);
+  // Read in full: the converted temporary goes while the batch's hold stands (a gc may delete tmp/'s
+  // files once the hold is gone, and the save goes on past it: caps, eviction, compaction).
+  if (!temp.path.empty()) (void)io_.remove(std::exchange(temp.path, std::string()));
   return commit_save(std::move(rec), m, sink, batch, req, parent_id, since(t0));
 }
 
@@ -504,6 +508,7 @@ Result<EvictResult> Store::evict(EvictionRequest req, bool dry_run, bool wait_gc
   KV_ASSIGN_OR_RETURN(out.plan, plan_eviction(*catalog_, req));
   if (dry_run || out.plan.victims.empty()) return out;
   std::vector<EvictionVictim> removed;
+  std::vector<std::string> warnings;
   for (EvictionVictim& v : out.plan.victims) {
     // Checked in the removal's own transaction: pinned, or given a later expiry, since the plan was
     // read (by another host of a shared store) is kept; removed meanwhile is done.
@@ -512,7 +517,14 @@ Result<EvictResult> Store::evict(EvictionRequest req, bool dry_run, bool wait_gc
     if (v.expired) check.expired_as_of = req.now;
     auto gone = catalog_->remove_snapshot_if(v.info.id, check);
     if (!gone.ok() && (gone.status().code() == Code::kNotFound || gone.status().code() == Code::kMismatch)) continue;
-    KV_RETURN_IF_ERROR(gone.status());
+    if (!gone.ok()) {
+      // The removals before it stand (each its own transaction), and so does the save that asked:
+      // a warning, the rest kept, the cap perhaps not met.
+      warnings.push_back("evicting stopped at " + snapshot_label(v.info) + " (" + gone.status().ToString() +
+                         "): the cap may not be met until the next gc");
+      out.plan.cap_met = false;
+      break;
+    }
     removed.push_back(std::move(v));
   }
   out.plan.victims = std::move(removed);
@@ -527,8 +539,9 @@ Result<EvictResult> Store::evict(EvictionRequest req, bool dry_run, bool wait_gc
   // gc's eviction step) still stops.
   if (!collected.ok() && collected.status().code() == Code::kInterrupted) return collected.status();
   if (collected.ok()) out.gc = std::move(*collected);
-  else out.gc.warnings.push_back("the collection after the evictions failed (" + collected.status().ToString() +
-                                 "): kvsnap gc deletes what they left");
+  else warnings.push_back("the collection after the evictions failed (" + collected.status().ToString() +
+                          "): kvsnap gc deletes what they left");
+  out.gc.warnings.insert(out.gc.warnings.begin(), warnings.begin(), warnings.end());
   return out;
 }
 
@@ -661,7 +674,7 @@ Result<GcReport> Store::gc(bool wait, std::function<Status(const GcProgress&)> p
   o.progress = std::move(progress);
   KV_ASSIGN_OR_RETURN(GcReport r, collect_garbage(*catalog_, *blobs_, o));
   if (r.skipped_busy) return r;
-  KV_RETURN_IF_ERROR(delete_abandoned_temps(wait, r));
+  KV_RETURN_IF_ERROR(delete_abandoned_temps(r));
   return r;
 }
 
@@ -669,7 +682,7 @@ Result<GcReport> Store::gc(bool wait, std::function<Status(const GcProgress&)> p
 // prefixes: decrypted bytes among them) that a killed process left. A directory store's blobs
 // list them as their own tmp/ (collect_garbage took them already); blobs elsewhere (S3, another
 // directory) do not, so they are taken here, under the exclusive lock as blob temporaries are.
-Status Store::delete_abandoned_temps(bool wait, GcReport& r) {
+Status Store::delete_abandoned_temps(GcReport& r) {
   auto store_temps = [this]() -> Result<std::vector<std::string>> {
     std::vector<std::string> temps;
     auto listed = io_.list_dir(paths_.tmp_dir());
@@ -681,8 +694,9 @@ Status Store::delete_abandoned_temps(bool wait, GcReport& r) {
   };
   KV_ASSIGN_OR_RETURN(std::vector<std::string> seen, store_temps());
   if (seen.empty()) return Status::OK();  // the usual case: no lock taken again
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLock> lock, blobs_->lock_for_gc(wait));
-  if (!lock) return Status::OK();  // a save or a read began meanwhile: the next gc
+  // Not waited for even by `gc --wait`: a temporary seen above may be a live save's or restore's.
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLock> lock, blobs_->lock_for_gc(/*wait=*/false));
+  if (!lock) return Status::OK();  // a save or a read holds the store: the next gc
   KV_ASSIGN_OR_RETURN(std::vector<std::string> temps, store_temps());  // under the lock: all abandoned
   for (const std::string& name : temps) {
     Status gone = io_.remove(paths_.tmp_dir() + "/" + name);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <thread>
 
 #include "beds/postgres_bed.h"
 #include "store/local_blob_store.h"
@@ -207,7 +208,16 @@ TEST_F(PgStoreTest, AMoveOfChunksWhoseGcHoldWasLostMovesNothing) {
   PgGcLocks locks(url_);
   auto ex = locks.lock_exclusive(true);
   ASSERT_TRUE(ex.ok() && *ex) << ex.status().ToString();
-  ASSERT_TRUE(pg_query(url_, "SELECT pg_terminate_backend(" + std::to_string((*ex)->session()->pid) + ")").ok());
+  const std::string pid = std::to_string((*ex)->session()->pid);
+  ASSERT_TRUE(pg_query(url_, "SELECT pg_terminate_backend(" + pid + ")").ok());
+  // pg_terminate_backend only signals: the backend (and its advisory lock) goes a moment later.
+  bool gone = false;
+  for (int i = 0; i < 1000 && !gone; ++i) {
+    auto r = pg_query(url_, "SELECT count(*) FROM pg_stat_activity WHERE pid = " + pid);
+    gone = r.ok() && !r->empty() && (*r)[0][0] == "0";
+    if (!gone) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_TRUE(gone) << "backend " << pid << " still there after 10 s";
   Status s = store->catalog().move_chunks(moves, **ex);
   EXPECT_EQ(s.code(), Code::kIOError) << s.ToString();
   EXPECT_NE(s.message().find("was lost"), std::string::npos) << s.ToString();
