@@ -143,6 +143,7 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
   std::vector<EvictionVictim> backup_evicted;  // what the backups' saves evicted for the store's caps
   std::vector<std::string> backup_warnings;
   std::map<std::string, int64_t> backed_up;  // path -> its backup's snapshot id
+  std::vector<std::string> backup_replaced;   // paths whose earlier backup of the same bytes went
   if (o.backup_store && !o.dry_run) {
     KV_ASSIGN_OR_RETURN(StoreLocation where, resolve_store_location(io, o.store));
     apply_key_flags(where, store_key_flags());
@@ -159,6 +160,15 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
       std::lock_guard<std::mutex> lock(store_mu);
       KV_ASSIGN_OR_RETURN(SaveResult saved, store->save(file, state, req));
       backed_up[path] = saved.info.id;
+      // A rerun after a killed run backs a file up again: an earlier backup of the same bytes (same
+      // tag and content digest) goes, so pinned copies do not pile up (its chunks are the new one's).
+      ListFilter same_file;
+      same_file.tags = {{"migrated-from", path}};
+      if (auto earlier = store->catalog().list(same_file); earlier.ok())
+        for (const SnapshotInfo& s : *earlier)
+          if (s.id != saved.info.id && !s.content_sha256.empty() && s.content_sha256 == saved.info.content_sha256 &&
+              store->remove(std::to_string(s.id)).ok())
+            backup_replaced.push_back(path);
       for (EvictionVictim& v : saved.evicted) backup_evicted.push_back(std::move(v));
       for (const std::string& w : saved.cap_warnings) backup_warnings.push_back("cap not met: " + w);
       for (const std::string& w : saved.gc_warnings) backup_warnings.push_back("gc after eviction: " + w);
@@ -199,6 +209,7 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
     std::string t;
     for (const EvictionVictim& v : backup_evicted) t += "backup store: evicted " + victim_line(v) + " for its caps\n";
     for (const std::string& n : unpinned) t += "backup store: unpinned the backup of " + n + " (not converted: its original stays)\n";
+    for (const std::string& p : backup_replaced) t += "backup store: an earlier backup of " + p + " (the same bytes) replaced\n";
     for (const std::string& w : backup_warnings) t += "warning: backup store: " + w + "\n";
     return t;
   };
@@ -214,6 +225,7 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
       for (const EvictionVictim& v : backup_evicted) j["backup_evicted"].push_back(victim_json(v));
       j["backup_warnings"] = backup_warnings;
       j["backup_unpinned"] = unpinned;
+      j["backup_replaced"] = backup_replaced;
     }
     if (o.srv.given()) j["server"] = {{"target_build", o.target_build.empty() ? json(nullptr) : json(o.target_build)},
                                       {"note", server_note}};

@@ -319,6 +319,35 @@ TEST(Migrate, BackupsInACappedStoreAreNeverEvicted) {
   }
 }
 
+// A killed run left a pinned backup of a file it had not converted yet: the rerun's backup of the
+// same bytes replaces it (one pinned backup per original, not one per run).
+TEST(Migrate, ARerunReplacesAnEarlierBackupOfTheSameBytes) {
+  TempDir t;
+  fs::path dir = t.path / "slots", store = t.path / "store";
+  fs::create_directories(dir);
+  fs::copy_file(fixture("v0.5.0/hd64-f16-f16-faoff.slot"), dir / "b.slot");
+  const std::string k = std::string(KVSNAP_BINARY) + " ", tag = "migrated-from=" + (dir / "b.slot").string();
+  ASSERT_EQ(sh(k + "save " + (dir / "b.slot").string() + " --pin --tag " + tag + " --store " + store.string() +
+               " >/dev/null"),
+            0);
+  const std::string json = (t.path / "out.json").string();
+  ASSERT_EQ(sh(k + "migrate " + dir.string() + " --backup-store --store " + store.string() +
+               " --ctk q8_0 --ctv q8_0 --fa on -m " + kModel + " --json >" + json),
+            0);
+  const auto j = nlohmann::json::parse(slurp(json));
+  EXPECT_EQ(j["backup_replaced"].size(), 1u) << j.dump();
+  const fs::path found = t.path / "ls.json";
+  ASSERT_EQ(sh(k + "ls --json --tag " + tag + " --store " + store.string() + " >" + found.string()), 0);
+  const auto rows = nlohmann::json::parse(slurp(found));
+  ASSERT_EQ(rows.size(), 1u) << "one backup of b.slot: " << rows.dump();
+  EXPECT_TRUE(bool(rows[0]["pinned"]));
+  const fs::path back = t.path / "back.slot";
+  ASSERT_EQ(sh(k + "restore " + std::to_string(int64_t(rows[0]["id"])) + " -o " + back.string() + " --store " +
+               store.string() + " >/dev/null"),
+            0);
+  EXPECT_EQ(slurp(back), slurp(fixture("v0.5.0/hd64-f16-f16-faoff.slot")));
+}
+
 TEST(Migrate, NeverFollowsSymlinksOutOfTheDirectory) {
   TempDir t;
   fs::path dir = t.path / "slots", outside = t.path / "outside.slot";
