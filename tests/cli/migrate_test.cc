@@ -280,6 +280,41 @@ TEST(Migrate, BackupStoreKeepsEveryOriginal) {
   }
 }
 
+// `kvsnap migrate DIR --backup-store --store STORE ARGS --json`'s exit status and its JSON (null
+// when it printed none).
+struct MigrateRun {
+  int code = -1;
+  nlohmann::json out;
+};
+MigrateRun migrate_backing_up(const fs::path& dir, const fs::path& store, const std::string& args,
+                              const fs::path& scratch) {
+  const fs::path json = scratch / "migrate.json";
+  MigrateRun r;
+  r.code = sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " --backup-store --store " + store.string() +
+              " " + args + " --json >" + json.string());
+  r.out = nlohmann::json::parse(slurp(json), nullptr, /*allow_exceptions=*/false);
+  return r;
+}
+
+// The snapshots backing up `file` (tag migrated-from=FILE) in `store`, as `kvsnap ls --json` lists them.
+nlohmann::json backups_of(const fs::path& file, const fs::path& store, const fs::path& scratch) {
+  const fs::path found = scratch / "ls.json";
+  EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " ls --json --tag migrated-from=" + file.string() + " --store " +
+               store.string() + " >" + found.string()),
+            0);
+  return nlohmann::json::parse(slurp(found), nullptr, /*allow_exceptions=*/false);
+}
+
+// The bytes `kvsnap restore ID -o ...` writes from `store` ("" when it fails).
+std::string restored_backup(int64_t id, const fs::path& store, const fs::path& scratch) {
+  const fs::path back = scratch / "back.slot";
+  fs::remove(back);
+  if (sh(std::string(KVSNAP_BINARY) + " restore " + std::to_string(id) + " -o " + back.string() + " --store " +
+         store.string() + " >/dev/null") != 0)
+    return "";
+  return slurp(back);
+}
+
 // A store held to a cap it cannot meet: the backups are pinned, so the second file's backup does not
 // evict the first's (whose original was converted in place: its only copy); what they evicted (an
 // older, unpinned snapshot) and the cap's warning are listed.
@@ -288,34 +323,24 @@ TEST(Migrate, BackupsInACappedStoreAreNeverEvicted) {
   fs::path dir = t.path / "slots", store = t.path / "store";
   fs::create_directories(dir);
   fs::create_directories(store);
-  const std::string k = std::string(KVSNAP_BINARY) + " ";
-  ASSERT_EQ(sh(k + "save " + fixture("v0.5.0/hd64-q8_0-q8_0-faon.slot").string() + " --name older --store " +
-               store.string() + " >/dev/null"),
+  ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " save " + fixture("v0.5.0/hd64-q8_0-q8_0-faon.slot").string() +
+               " --name older --store " + store.string() + " >/dev/null"),
             0);
   std::ofstream(store / "store.json") << R"({"max_bytes": 1})";
   fs::copy_file(fixture("b8121/hd64-f16-f16-faon.slot"), dir / "a.slot");
   fs::copy_file(fixture("v0.5.0/hd64-f16-f16-faoff.slot"), dir / "b.slot");
-  const std::string json = (t.path / "out.json").string();
-  ASSERT_EQ(sh(k + "migrate " + dir.string() + " --backup-store --store " + store.string() +
-               " --ctk q8_0 --ctv q8_0 --fa on -m " + kModel + " --json >" + json),
-            0);
-  const auto j = nlohmann::json::parse(slurp(json));
+  const MigrateRun run = migrate_backing_up(dir, store, "--ctk q8_0 --ctv q8_0 --fa on -m " + kModel, t.path);
+  ASSERT_EQ(run.code, 0);
+  const nlohmann::json& j = run.out;
   ASSERT_EQ(j["backup_evicted"].size(), 1u) << j.dump();
   EXPECT_EQ(j["backup_evicted"][0]["snapshot"]["name"], "older") << j.dump();
   ASSERT_FALSE(j["backup_warnings"].empty()) << j.dump();
   EXPECT_NE(std::string(j["backup_warnings"][0]).find("cap not met"), std::string::npos) << j.dump();
   for (const auto& [name, orig] : {std::pair{"a.slot", "b8121/hd64-f16-f16-faon.slot"},
                                    {"b.slot", "v0.5.0/hd64-f16-f16-faoff.slot"}}) {
-    const fs::path back = t.path / (std::string("back-") + name), found = t.path / "ls.json";
-    ASSERT_EQ(sh(k + "ls --json --tag migrated-from=" + (dir / name).string() + " --store " + store.string() + " >" +
-                 found.string()),
-              0);
-    const auto rows = nlohmann::json::parse(slurp(found));
+    const nlohmann::json rows = backups_of(dir / name, store, t.path);
     ASSERT_EQ(rows.size(), 1u) << name << "'s backup was evicted: " << rows.dump();
-    ASSERT_EQ(sh(k + "restore " + std::to_string(int64_t(rows[0]["id"])) + " -o " + back.string() + " --store " +
-                 store.string() + " >/dev/null"),
-              0);
-    EXPECT_EQ(slurp(back), slurp(fixture(orig))) << name;
+    EXPECT_EQ(restored_backup(int64_t(rows[0]["id"]), store, t.path), slurp(fixture(orig))) << name;
   }
 }
 
@@ -326,26 +351,16 @@ TEST(Migrate, ARerunReplacesAnEarlierBackupOfTheSameBytes) {
   fs::path dir = t.path / "slots", store = t.path / "store";
   fs::create_directories(dir);
   fs::copy_file(fixture("v0.5.0/hd64-f16-f16-faoff.slot"), dir / "b.slot");
-  const std::string k = std::string(KVSNAP_BINARY) + " ", tag = "migrated-from=" + (dir / "b.slot").string();
-  ASSERT_EQ(sh(k + "save " + (dir / "b.slot").string() + " --pin --tag " + tag + " --store " + store.string() +
-               " >/dev/null"),
+  ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " save " + (dir / "b.slot").string() + " --pin --tag migrated-from=" +
+               (dir / "b.slot").string() + " --store " + store.string() + " >/dev/null"),
             0);
-  const std::string json = (t.path / "out.json").string();
-  ASSERT_EQ(sh(k + "migrate " + dir.string() + " --backup-store --store " + store.string() +
-               " --ctk q8_0 --ctv q8_0 --fa on -m " + kModel + " --json >" + json),
-            0);
-  const auto j = nlohmann::json::parse(slurp(json));
-  EXPECT_EQ(j["backup_replaced"].size(), 1u) << j.dump();
-  const fs::path found = t.path / "ls.json";
-  ASSERT_EQ(sh(k + "ls --json --tag " + tag + " --store " + store.string() + " >" + found.string()), 0);
-  const auto rows = nlohmann::json::parse(slurp(found));
+  const MigrateRun run = migrate_backing_up(dir, store, "--ctk q8_0 --ctv q8_0 --fa on -m " + kModel, t.path);
+  ASSERT_EQ(run.code, 0);
+  EXPECT_EQ(run.out["backup_replaced"].size(), 1u) << run.out.dump();
+  const nlohmann::json rows = backups_of(dir / "b.slot", store, t.path);
   ASSERT_EQ(rows.size(), 1u) << "one backup of b.slot: " << rows.dump();
   EXPECT_TRUE(bool(rows[0]["pinned"]));
-  const fs::path back = t.path / "back.slot";
-  ASSERT_EQ(sh(k + "restore " + std::to_string(int64_t(rows[0]["id"])) + " -o " + back.string() + " --store " +
-               store.string() + " >/dev/null"),
-            0);
-  EXPECT_EQ(slurp(back), slurp(fixture("v0.5.0/hd64-f16-f16-faoff.slot")));
+  EXPECT_EQ(restored_backup(int64_t(rows[0]["id"]), store, t.path), slurp(fixture("v0.5.0/hd64-f16-f16-faoff.slot")));
 }
 
 TEST(Migrate, NeverFollowsSymlinksOutOfTheDirectory) {
