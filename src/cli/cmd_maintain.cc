@@ -313,11 +313,12 @@ void setup_maintain_commands(CLI::App& app, int& exit_status) {
     auto o = std::make_shared<RmOpts>();
     auto* sub = app.add_subcommand("rm", "Remove snapshots (their chunks go when nothing else uses them)");
     add_snapshots_and_json(sub, o->refs, o->json);
-    sub->footer("\nEach removal is its own transaction; then rm deletes the chunks nobody uses any more and compacts\n"
-                "the packs it left at least the store config's \"compact_dead_percent\" dead (25 when unset; 0:\n"
-                "never). What that collection could not do is a 'warning: gc after rm: ...' line (JSON: the element's\n"
-                "\"warnings\"); the snapshot is removed either way. While a save or a restore runs the collection is\n"
-                "skipped: kvsnap gc finishes it. A name that is no snapshot is exit 8, the ones before it removed.\n"
+    sub->footer("\nEach removal is its own transaction, followed by a collection: the chunks nobody uses any more go,\n"
+                "and the packs it left at least the store config's \"compact_dead_percent\" dead are compacted (25\n"
+                "when unset; 0: never). What a collection could not do is a 'warning: gc after rm: ...' line (JSON:\n"
+                "the element's \"warnings\"); the snapshot is removed either way. While a save or a restore runs the\n"
+                "collection is skipped: kvsnap gc finishes it. A failure stops rm (a name that is no snapshot: exit 8):\n"
+                "the ones before it are removed and listed, the ones after it are not tried.\n"
                 "\nExamples:\n  kvsnap rm chat-42\n  kvsnap rm 3 4 --json\n");
     bind(sub, o, run_rm, "rm", exit_status);
   }

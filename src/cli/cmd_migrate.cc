@@ -109,6 +109,81 @@ Status apply_server(MigrateOptions& o, std::string& note) {
   return Status::OK();
 }
 
+// What --backup-store did beyond saving: what the saves evicted for the store's caps, backups
+// unpinned or replaced after the run (settle_backups), and warnings. File names are DIR's.
+struct BackupReport {
+  std::vector<EvictionVictim> evicted;
+  std::vector<std::string> warnings, unpinned, replaced, kept_earlier;
+
+  std::string text() const {
+    std::string t;
+    for (const EvictionVictim& v : evicted) t += "backup store: evicted " + victim_line(v) + " for its caps\n";
+    for (const std::string& n : unpinned) t += "backup store: unpinned the backup of " + n + " (not converted: its original stays)\n";
+    for (const std::string& n : replaced) t += "backup store: an earlier backup of " + n + " (the same bytes) replaced\n";
+    for (const std::string& n : kept_earlier)
+      t += "backup store: " + n + " not converted: its earlier backup (the same bytes) kept, this run's dropped\n";
+    for (const std::string& w : warnings) t += "warning: backup store: " + w + "\n";
+    return t;
+  }
+  void add_to(json& j) const {
+    j["backup_evicted"] = json::array();
+    for (const EvictionVictim& v : evicted) j["backup_evicted"].push_back(victim_json(v));
+    j["backup_warnings"] = warnings;
+    j["backup_unpinned"] = unpinned;
+    j["backup_replaced"] = replaced;
+    j["backup_kept_earlier"] = kept_earlier;
+  }
+};
+
+// Earlier backups of the same bytes as `mine` that migrate itself made: the same migrated-from tag
+// and no other, no name, pinned, the same content digest (a SHA-256 tree over the chunks: equal
+// digests, equal bytes; encrypted stores' digests are keyed per tenant and never equal a plain one).
+std::vector<SnapshotInfo> earlier_backups(Store& store, const std::string& path, const SnapshotInfo& mine) {
+  ListFilter same_file;
+  same_file.tags = {{"migrated-from", path}};
+  if (store.cipher()) same_file.tenant = store.tenant();
+  std::vector<SnapshotInfo> out;
+  auto listed = store.catalog().list(same_file);
+  if (!listed.ok() || mine.content_sha256.empty()) return out;
+  for (const SnapshotInfo& s : *listed)
+    if (s.id != mine.id && s.content_sha256 == mine.content_sha256 && !s.name && s.tags.size() == 1 && s.pinned)
+      out.push_back(s);
+  return out;
+}
+
+// After the run, each backup this run saved: a file converted keeps it, and earlier backups of the
+// same bytes (a killed run's) go, so one pinned backup per original stays; a file not converted (its
+// original in place) keeps an earlier backup of the same bytes and drops this run's, or, without
+// one, has this run's unpinned. Removals by uuid (a name never shadows it).
+void settle_backups(Store& store, const std::string& dir, const std::vector<FileOutcome>& files,
+                    const std::map<std::string, SnapshotInfo>& backed_up, BackupReport& report) {
+  auto remove = [&](const SnapshotInfo& s, const std::string& file) {
+    if (Result<SnapshotInfo> gone = store.remove(s.uuid); !gone.ok()) {
+      report.warnings.push_back("a backup of " + file + " (id " + std::to_string(s.id) + ") stays: " +
+                                gone.status().ToString());
+      return false;
+    }
+    return true;
+  };
+  for (const FileOutcome& f : files) {
+    auto it = backed_up.find(dir + "/" + f.name);
+    if (it == backed_up.end()) continue;
+    const SnapshotInfo& mine = it->second;
+    const std::vector<SnapshotInfo> earlier = earlier_backups(store, it->first, mine);
+    if (f.action == FileAction::kConverted || f.action == FileAction::kConvertedNotDurable) {
+      bool any = false;
+      for (const SnapshotInfo& s : earlier) any |= remove(s, f.name);
+      if (any) report.replaced.push_back(f.name);
+    } else if (!earlier.empty()) {
+      if (remove(mine, f.name)) report.kept_earlier.push_back(f.name);
+    } else if (Result<SnapshotInfo> u = store.set_pinned(mine.uuid, false); u.ok()) {
+      report.unpinned.push_back(f.name);
+    } else {
+      report.warnings.push_back("the backup of " + f.name + " (not converted) stays pinned: " + u.status().ToString());
+    }
+  }
+}
+
 }  // namespace
 
 Status run_migrate(const MigrateOptions& given, std::string& out) {
@@ -140,10 +215,8 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
   }
   std::unique_ptr<Store> store;
   std::mutex store_mu;  // one catalog connection, shared by the jobs; guards the two below
-  std::vector<EvictionVictim> backup_evicted;  // what the backups' saves evicted for the store's caps
-  std::vector<std::string> backup_warnings;
-  std::map<std::string, int64_t> backed_up;  // path -> its backup's snapshot id
-  std::vector<std::string> backup_replaced;   // paths whose earlier backup of the same bytes went
+  BackupReport backups;
+  std::map<std::string, SnapshotInfo> backed_up;  // path -> its backup
   if (o.backup_store && !o.dry_run) {
     KV_ASSIGN_OR_RETURN(StoreLocation where, resolve_store_location(io, o.store));
     apply_key_flags(where, store_key_flags());
@@ -159,19 +232,10 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
       req.pin = true;
       std::lock_guard<std::mutex> lock(store_mu);
       KV_ASSIGN_OR_RETURN(SaveResult saved, store->save(file, state, req));
-      backed_up[path] = saved.info.id;
-      // A rerun after a killed run backs a file up again: an earlier backup of the same bytes (same
-      // tag and content digest) goes, so pinned copies do not pile up (its chunks are the new one's).
-      ListFilter same_file;
-      same_file.tags = {{"migrated-from", path}};
-      if (auto earlier = store->catalog().list(same_file); earlier.ok())
-        for (const SnapshotInfo& s : *earlier)
-          if (s.id != saved.info.id && !s.content_sha256.empty() && s.content_sha256 == saved.info.content_sha256 &&
-              store->remove(std::to_string(s.id)).ok())
-            backup_replaced.push_back(path);
-      for (EvictionVictim& v : saved.evicted) backup_evicted.push_back(std::move(v));
-      for (const std::string& w : saved.cap_warnings) backup_warnings.push_back("cap not met: " + w);
-      for (const std::string& w : saved.gc_warnings) backup_warnings.push_back("gc after eviction: " + w);
+      backed_up[path] = saved.info;
+      for (EvictionVictim& v : saved.evicted) backups.evicted.push_back(std::move(v));
+      for (const std::string& w : saved.cap_warnings) backups.warnings.push_back("cap not met: " + w);
+      for (const std::string& w : saved.gc_warnings) backups.warnings.push_back("gc after eviction: " + w);
       return Status::OK();
     };
   }
@@ -192,47 +256,21 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
     (void)shown.finish(r.ok() ? r->interrupted : r.status());
     return r;
   }();
-  // A file backed up but not converted (its conversion failed, or it changed meanwhile) still has its
-  // original in place: its backup is unpinned, as any other snapshot (a rerun backs it up again).
-  std::vector<std::string> unpinned;
-  if (migrated.ok()) {
-    for (const FileOutcome& f : migrated->files) {
-      auto it = backed_up.find(m.dir + "/" + f.name);
-      if (it == backed_up.end() || f.action == FileAction::kConverted || f.action == FileAction::kConvertedNotDurable)
-        continue;
-      Result<SnapshotInfo> u = store->set_pinned(std::to_string(it->second), false);
-      if (u.ok()) unpinned.push_back(f.name);
-      else backup_warnings.push_back("the backup of " + f.name + " (not converted) stays pinned: " + u.status().ToString());
-    }
-  }
-  auto backup_text = [&] {
-    std::string t;
-    for (const EvictionVictim& v : backup_evicted) t += "backup store: evicted " + victim_line(v) + " for its caps\n";
-    for (const std::string& n : unpinned) t += "backup store: unpinned the backup of " + n + " (not converted: its original stays)\n";
-    for (const std::string& p : backup_replaced) t += "backup store: an earlier backup of " + p + " (the same bytes) replaced\n";
-    for (const std::string& w : backup_warnings) t += "warning: backup store: " + w + "\n";
-    return t;
-  };
+  if (migrated.ok() && store) settle_backups(*store, m.dir, migrated->files, backed_up, backups);
   if (!migrated.ok()) {
-    out = o.json ? "" : backup_text();  // what the backups did before the failure
+    out = o.json ? "" : backups.text();  // what the backups did before the failure
     return migrated.status();
   }
   MigrateSummary sum = std::move(migrated).value();
   if (o.json) {
     json j = to_json(sum, o.dry_run);
-    if (o.backup_store && !o.dry_run) {
-      j["backup_evicted"] = json::array();
-      for (const EvictionVictim& v : backup_evicted) j["backup_evicted"].push_back(victim_json(v));
-      j["backup_warnings"] = backup_warnings;
-      j["backup_unpinned"] = unpinned;
-      j["backup_replaced"] = backup_replaced;
-    }
+    if (o.backup_store && !o.dry_run) backups.add_to(j);
     if (o.srv.given()) j["server"] = {{"target_build", o.target_build.empty() ? json(nullptr) : json(o.target_build)},
                                       {"note", server_note}};
     out = json_text(j, 2) + "\n";
   } else {
     out = (server_note.empty() ? "" : server_note + "\n") + to_text(sum, o.dry_run);
-    out += backup_text();
+    out += backups.text();
   }
   // Stopped by a signal: what was done is listed above (its JSON too), then the signal's status.
   if (!sum.interrupted.ok()) return sum.interrupted;

@@ -79,6 +79,9 @@ bool is_loopback_host(const std::string& host) {
 Result<std::vector<std::string>> admin_keys_of(Io& io, const ServeOptions& o) {
   std::vector<std::string> keys;
   if (!o.admin_key.empty()) keys.push_back(o.admin_key);
+  if (o.admin_key.find_first_of("\r\n") != std::string::npos)
+    return Status::InvalidArgument("KVSNAP_ADMIN_KEY holds a carriage return or line feed: no client can send it "
+                                   "in a header");
   if (o.admin_key_file.empty()) return keys;
   auto bytes = read_all(io, o.admin_key_file, 1 << 20);
   if (!bytes.ok())  // a bad argument, whatever the reason (exit 2, as a bad --api-key-file)

@@ -299,20 +299,23 @@ MigrateRun migrate_backing_up(const fs::path& dir, const fs::path& store, const 
 // The snapshots backing up `file` (tag migrated-from=FILE) in `store`, as `kvsnap ls --json` lists them.
 nlohmann::json backups_of(const fs::path& file, const fs::path& store, const fs::path& scratch) {
   const fs::path found = scratch / "ls.json";
-  EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " ls --json --tag migrated-from=" + file.string() + " --store " +
-               store.string() + " >" + found.string()),
-            0);
-  return nlohmann::json::parse(slurp(found), nullptr, /*allow_exceptions=*/false);
+  const int rc = sh(std::string(KVSNAP_BINARY) + " ls --json --tag migrated-from=" + file.string() + " --store " +
+                    store.string() + " >" + found.string());
+  nlohmann::json rows = nlohmann::json::parse(slurp(found), nullptr, /*allow_exceptions=*/false);
+  if (rc == 0 && rows.is_array()) return rows;
+  ADD_FAILURE() << "kvsnap ls exited " << rc << ": " << slurp(found);
+  return nlohmann::json::array();
 }
 
 // The bytes `kvsnap restore ID -o ...` writes from `store` ("" when it fails).
 std::string restored_backup(int64_t id, const fs::path& store, const fs::path& scratch) {
   const fs::path back = scratch / "back.slot";
   fs::remove(back);
-  if (sh(std::string(KVSNAP_BINARY) + " restore " + std::to_string(id) + " -o " + back.string() + " --store " +
-         store.string() + " >/dev/null") != 0)
-    return "";
-  return slurp(back);
+  const int rc = sh(std::string(KVSNAP_BINARY) + " restore " + std::to_string(id) + " -o " + back.string() +
+                    " --store " + store.string() + " >/dev/null");
+  if (rc == 0) return slurp(back);
+  ADD_FAILURE() << "kvsnap restore " << id << " exited " << rc;
+  return "";
 }
 
 // A store held to a cap it cannot meet: the backups are pinned, so the second file's backup does not
