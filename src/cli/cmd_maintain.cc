@@ -171,12 +171,12 @@ Status run_gc(const GcOpts& given, std::string& out) {
     out = json_text(j, 2) + "\n";
     return Status::OK();
   }
+  for (const std::string& w : r.warnings) out += "warning: gc: " + w + "\n";  // the eviction's too
   if (r.skipped_busy) {
     out += "gc: a save or a restore is running; nothing deleted (kvsnap gc --wait waits for it)\n";
     return Status::OK();
   }
   std::string buf;
-  for (const std::string& w : r.warnings) out += "warning: gc: " + w + "\n";
   if (r.packs_compacted)
     out += "gc: compacted " + std::to_string(r.packs_compacted) + (r.packs_compacted == 1 ? " pack" : " packs") +
            " (moved " + mib(r.compacted_bytes_moved) + " of live chunks into a new pack, freed " +

@@ -522,6 +522,11 @@ Result<EvictResult> Store::evict(EvictionRequest req, bool dry_run, bool wait_gc
       // a warning, the rest kept, the cap perhaps not met.
       warnings.push_back("evicting stopped at " + snapshot_label(v.info) + " (" + gone.status().ToString() +
                          "): the cap may not be met until the next gc");
+      // The plan's figures describe every victim: these are of the removals made (a prefix of it).
+      uint64_t freed = 0;
+      for (const EvictionVictim& r : removed) freed += r.freed_bytes;
+      out.plan.freed_bytes = freed;
+      out.plan.bytes_after = out.plan.bytes_before - std::min(freed, out.plan.bytes_before);
       out.plan.cap_met = false;
       break;
     }
@@ -674,7 +679,7 @@ Result<GcReport> Store::gc(bool wait, std::function<Status(const GcProgress&)> p
   o.progress = std::move(progress);
   KV_ASSIGN_OR_RETURN(GcReport r, collect_garbage(*catalog_, *blobs_, o));
   if (r.skipped_busy) return r;
-  KV_RETURN_IF_ERROR(delete_abandoned_temps(r));
+  delete_abandoned_temps(r);  // its trouble is a warning: the collection is done
   return r;
 }
 
@@ -682,7 +687,7 @@ Result<GcReport> Store::gc(bool wait, std::function<Status(const GcProgress&)> p
 // prefixes: decrypted bytes among them) that a killed process left. A directory store's blobs
 // list them as their own tmp/ (collect_garbage took them already); blobs elsewhere (S3, another
 // directory) do not, so they are taken here, under the exclusive lock as blob temporaries are.
-Status Store::delete_abandoned_temps(GcReport& r) {
+void Store::delete_abandoned_temps(GcReport& r) {
   auto store_temps = [this]() -> Result<std::vector<std::string>> {
     std::vector<std::string> temps;
     auto listed = io_.list_dir(paths_.tmp_dir());
@@ -692,19 +697,21 @@ Status Store::delete_abandoned_temps(GcReport& r) {
       if (e.is_regular && is_store_temp(e.name)) temps.push_back(e.name);
     return temps;
   };
-  KV_ASSIGN_OR_RETURN(std::vector<std::string> seen, store_temps());
-  if (seen.empty()) return Status::OK();  // the usual case: no lock taken again
+  auto warn = [&](const Status& s) { r.warnings.push_back("abandoned temporaries in " + paths_.tmp_dir() + ": " + s.ToString()); };
+  Result<std::vector<std::string>> seen = store_temps();
+  if (!seen.ok()) return warn(seen.status());
+  if (seen->empty()) return;  // the usual case: no lock taken again
   // Not waited for even by `gc --wait`: a temporary seen above may be a live save's or restore's.
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLock> lock, blobs_->lock_for_gc(/*wait=*/false));
-  if (!lock) return Status::OK();  // a save or a read holds the store: the next gc
-  KV_ASSIGN_OR_RETURN(std::vector<std::string> temps, store_temps());  // under the lock: all abandoned
-  for (const std::string& name : temps) {
+  Result<std::unique_ptr<GcLock>> lock = blobs_->lock_for_gc(/*wait=*/false);
+  if (!lock.ok()) return warn(lock.status());
+  if (!*lock) return;  // a save or a read holds the store: the next gc
+  Result<std::vector<std::string>> temps = store_temps();  // under the lock: all abandoned
+  if (!temps.ok()) return warn(temps.status());
+  for (const std::string& name : *temps) {
     Status gone = io_.remove(paths_.tmp_dir() + "/" + name);
-    if (gone.code() == Code::kNotFound) continue;
-    KV_RETURN_IF_ERROR(gone.Prefixed("gc: deleting the abandoned temporary " + name));
-    ++r.temporaries_deleted;
+    if (gone.ok()) ++r.temporaries_deleted;
+    else if (gone.code() != Code::kNotFound) warn(gone.Prefixed(name));
   }
-  return Status::OK();
 }
 
 CompactionPlan Store::plan_compaction(int compact_dead_percent) {

@@ -326,7 +326,7 @@ class Store {
   Status enforce_caps(const SnapshotInfo& info, SaveResult& r);
   Io& io_;
   StorePaths paths_;
-  Status delete_abandoned_temps(GcReport& r);
+  void delete_abandoned_temps(GcReport& r);  // trouble goes to r.warnings
   std::unique_ptr<BlobStore> blobs_;
   std::unique_ptr<Catalog> catalog_;
   std::atomic<bool> blobs_bound_{false};  // begin_blob_write's check passed
