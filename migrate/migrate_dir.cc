@@ -298,9 +298,13 @@ class Migrator {
 
   // A server that saves its slot while the file is converted writes a newer conversation (or, in
   // place, mixes it into the bytes read): the conversion of the older one must not replace it.
-  Status check_unchanged(const std::string& path, const std::optional<FileStamp>& before) {
+  // `moved`: the original was renamed meanwhile (AtomicFileWriter::publish_if_unchanged), which
+  // changes its ctime but not what a writer changes (its size and mtime; a new file, its inode).
+  Status check_unchanged(const std::string& path, const std::string& now_at, const std::optional<FileStamp>& before,
+                         bool moved) {
     if (!before) return Status::OK();
-    auto now = io_.stamp(path);
+    auto now = io_.stamp(now_at);
+    if (now.ok() && moved) now->ctime_ns = before->ctime_ns;
     if (now.ok() && *now == *before) return Status::OK();
     return Status::IOError(path + ": changed while kvsnap converted it (did a llama-server save this slot?): left "
                            "as it is now; migrate the directory while no server writes to it");
@@ -321,10 +325,11 @@ class Migrator {
     if (o_.backup) KV_RETURN_IF_ERROR(o_.backup(path, *e.file, e.src).Prefixed("backing up " + path));
     KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(io_, path));
     KV_ASSIGN_OR_RETURN(ConvertResult res, convert_state(e.src, *e.file, e.req, *writer));
-    // The check after the fdatasync, which can take seconds: a save during it must show.
+    // The checks after the fdatasync, which can take seconds: a save during it must show. The last
+    // runs on the original after it left its name, so a save that began before is seen too.
     KV_RETURN_IF_ERROR(writer->sync());
-    KV_RETURN_IF_ERROR(check_unchanged(path, e.stamp));
-    const Status published = writer->publish();
+    const Status published = writer->publish_if_unchanged(
+        [&](const std::string& now_at, bool moved) { return check_unchanged(path, now_at, e.stamp, moved); });
     if (!published.ok() && !writer->published()) return published;  // the original is untouched
     r.bytes_after = res.bytes_out;
     r.action = FileAction::kConverted;

@@ -195,6 +195,14 @@ class PosixIo final : public Io {
     if (::rename(from.c_str(), to.c_str()) != 0) return errno_status("rename to " + to, from, errno);
     return Status::OK();
   }
+  Status exchange(const std::string& a, const std::string& b) override {
+    const int e = exchange_paths(a.c_str(), b.c_str());
+    if (e == 0) return Status::OK();
+    if (e == ENOSYS || e == EINVAL || e == ENOTSUP || e == EOPNOTSUPP) {
+      return Status::NotSupported(a + ": this system or file system cannot exchange two names (" + std::strerror(e) + ")");
+    }
+    return errno_status("exchange with " + b, a, e);
+  }
   Status remove(const std::string& path) override {
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) return errno_status("remove", path, errno);
     return Status::OK();
@@ -324,6 +332,10 @@ Result<std::unique_ptr<FileLock>> Io::lock_dir(const std::string& dir) {
 
 Result<std::optional<uint64_t>> Io::free_bytes(const std::string&) { return std::optional<uint64_t>(); }
 
+Status Io::exchange(const std::string& a, const std::string&) {
+  return Status::NotSupported(a + ": this Io cannot exchange two names");
+}
+
 Result<FileStamp> Io::stamp(const std::string& path) { return Status::NotSupported(path + ": this Io has no file stamps"); }
 
 Result<OpenedRegular> Io::open_regular(const std::string& path) {
@@ -386,7 +398,7 @@ Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::create(Io& io, const
 }
 
 AtomicFileWriter::~AtomicFileWriter() {
-  if (!committed_) {
+  if (!committed_ && !keep_temp_) {
     if (file_) (void)file_->close();
     (void)io_.remove(tmp_path_);
   }
@@ -418,6 +430,37 @@ Status AtomicFileWriter::publish() {
   if (!sync_dir_) return Status::OK();
   std::string dir = std::filesystem::path(path_).parent_path().string();
   return io_.sync_dir(dir.empty() ? "." : dir);
+}
+
+Status AtomicFileWriter::publish_if_unchanged(const std::function<Status(const std::string&, bool)>& unchanged) {
+  if (committed_) return Status::OK();
+  KV_RETURN_IF_ERROR(sync());
+  KV_RETURN_IF_ERROR(unchanged(path_, /*moved=*/false));
+  const Status swapped = io_.exchange(tmp_path_, path_);
+  if (swapped.code() == Code::kNotSupported) return publish();
+  KV_RETURN_IF_ERROR(swapped);
+  committed_ = true;  // the new bytes are at path_, the original under tmp_path_
+  std::string dir = std::filesystem::path(path_).parent_path().string();
+  if (dir.empty()) dir = ".";
+  if (Status still = unchanged(tmp_path_, /*moved=*/true); !still.ok()) {
+    // Written meanwhile: the writer's file goes back to its name; ours is removed with the writer.
+    const Status back = io_.exchange(tmp_path_, path_);
+    if (!back.ok()) {
+      committed_ = false;
+      keep_temp_ = true;
+      return Status::IOError(still.message() + "; putting it back failed (" + back.ToString() + "), so it is at " +
+                             tmp_path_ + " and the conversion of the older bytes at " + path_ +
+                             ": move it back by hand before anything removes kvsnap's temporaries");
+    }
+    committed_ = false;
+    if (sync_dir_) (void)io_.sync_dir(dir);  // the names as they were: either order is whole
+    return still;
+  }
+  // The original's removal may fail (a read-only mount would have failed the exchange): its name is
+  // a temporary of this process, which migrate's next scan removes once the process is gone.
+  (void)io_.remove(tmp_path_);
+  if (!sync_dir_) return Status::OK();
+  return io_.sync_dir(dir);
 }
 
 }  // namespace kvsnap

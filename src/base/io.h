@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -183,6 +184,9 @@ class Io {
   // encrypted store keeps sealed. Where files have no modes, an ordinary new file.
   virtual Result<std::unique_ptr<WritableFile>> create_owner_only(const std::string& path) = 0;
   virtual Status rename(const std::string& from, const std::string& to) = 0;
+  // Swaps the names of the two existing files `a` and `b` atomically (base/os.h exchange_paths).
+  // kNotSupported where the system or the file system has no such call (the default).
+  virtual Status exchange(const std::string& a, const std::string& b);
   virtual Status remove(const std::string& path) = 0;
   virtual Status sync_dir(const std::string& dir) = 0;
   virtual Result<bool> exists(const std::string& path) = 0;
@@ -272,6 +276,17 @@ class AtomicFileWriter final : public ByteSink {
   // Renames the temporary over `path` (syncing it first if sync() was not called), then fsyncs the
   // directory. Once the rename is done, published() is true whatever the directory sync says.
   Status publish();
+  // publish() for a caller that must not replace a file someone else wrote after it was read
+  // (migrate_dir: a llama-server saving the slot). `unchanged(p, moved)` says whether the file at
+  // `p` is still the one that caller read (`moved`: it was renamed meanwhile, which changes its
+  // ctime). It is asked about `path` first; then, where the Io can exchange two names, the new
+  // bytes and the original swap names and it is asked again about the original under the
+  // temporary's name: a writer that opened `path` before the swap wrote into the original, so
+  // that answer sees it, and the two are swapped back (the writer's file at `path`, the error
+  // returned, published() false). With no exchange (kNotSupported) the first answer is followed by
+  // a plain rename, so a write between the two is not seen. After a successful swap the original
+  // is removed (a failure leaves it under the temporary's name, which migrate's next scan removes).
+  Status publish_if_unchanged(const std::function<Status(const std::string& p, bool moved)>& unchanged);
   bool published() const { return committed_; }
   const std::string& temp_path() const { return tmp_path_; }
 
@@ -285,6 +300,7 @@ class AtomicFileWriter final : public ByteSink {
   bool sync_dir_ = true;
   bool synced_ = false;
   bool committed_ = false;
+  bool keep_temp_ = false;  // the temporary's name holds someone else's file: never removed
 };
 
 }  // namespace kvsnap

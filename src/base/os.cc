@@ -185,6 +185,18 @@ bool name_this_process(const char* name) {
 #endif
 }
 
+int exchange_paths(const char* a, const char* b) {
+#if defined(KVSNAP_OS_LINUX) && defined(RENAME_EXCHANGE)
+  return ::renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) == 0 ? 0 : errno;
+#elif defined(KVSNAP_OS_MACOS)
+  return ::renamex_np(a, b, RENAME_SWAP) == 0 ? 0 : errno;
+#else
+  (void)a;
+  (void)b;
+  return ENOSYS;
+#endif
+}
+
 int become_subreaper() {
 #if defined(KVSNAP_OS_LINUX)
   return ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0 ? 0 : errno;

@@ -80,6 +80,13 @@ void close_fds_from(int lowest, int limit);
 int open_fd_limit();
 bool name_this_process(const char* name);
 
+// Swaps the names `a` and `b` of two existing files in one step: each then names what the other
+// did. Linux: renameat2(RENAME_EXCHANGE) (3.15+; ext4, xfs, btrfs, tmpfs, overlayfs; EINVAL where
+// the file system has none, e.g. NFS); macOS: renamex_np(RENAME_SWAP) (APFS); elsewhere ENOSYS.
+// migrate_dir's publication through AtomicFileWriter::publish_if_unchanged rests on it: a writer
+// that opened `b` before the swap is seen on the old file afterwards.
+int exchange_paths(const char* a, const char* b);
+
 // Makes this process the one that reaps its orphaned descendants, in place of init (tests: the
 // children of a supervisor the test SIGKILLed come back to the test, which can wait for them).
 // Linux: prctl(PR_SET_CHILD_SUBREAPER). Elsewhere ENOSYS (FreeBSD's procctl(PROC_REAP_ACQUIRE) would do).

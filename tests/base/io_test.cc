@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "base/os.h"
+
 namespace kvsnap {
 namespace {
 
@@ -40,6 +42,28 @@ TEST(PosixIo, AFileWrittenPastTheWriteBehindStepReadsBackExactly) {
   auto got = read_all(posix_io(), path, want.size());
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_TRUE(*got == want);
+  fs::remove_all(dir);
+}
+
+// exchange swaps two names in one step, or says kNotSupported where the system has no such call
+// (the generic POSIX build); a missing name is an error that leaves the other file alone.
+TEST(PosixIo, ExchangeSwapsTwoNamesOrSaysItCannot) {
+  const fs::path dir = fs::temp_directory_path() / ("kvsnap-io-exchange-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string a = (dir / "a").string(), b = (dir / "b").string();
+  std::ofstream(a) << "A";
+  std::ofstream(b) << "B";
+  const Status s = posix_io().exchange(a, b);
+  if (std::string(os_branch()) == "posix") {
+    EXPECT_EQ(s.code(), Code::kNotSupported) << s.ToString();
+  } else {
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(test_read(a), "B");
+    EXPECT_EQ(test_read(b), "A");
+    const Status missing = posix_io().exchange((dir / "nothing").string(), a);
+    EXPECT_EQ(missing.code(), Code::kNotFound) << missing.ToString();
+    EXPECT_EQ(test_read(a), "B");
+  }
   fs::remove_all(dir);
 }
 

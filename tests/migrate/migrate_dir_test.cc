@@ -16,6 +16,7 @@
 #include <unistd.h>
 #include <string>
 
+#include "base/os.h"
 #include "temp_dir.h"
 
 namespace kvsnap {
@@ -39,6 +40,7 @@ class ForwardingIo : public Io {
     return base().create_owner_only(path);
   }
   Status rename(const std::string& from, const std::string& to) override { return base().rename(from, to); }
+  Status exchange(const std::string& a, const std::string& b) override { return base().exchange(a, b); }
   Status remove(const std::string& path) override { return base().remove(path); }
   Status sync_dir(const std::string& dir) override { return base().sync_dir(dir); }
   Result<bool> exists(const std::string& path) override { return base().exists(path); }
@@ -58,6 +60,45 @@ void save_over(const std::string& path, const std::string& bytes) {
   std::ofstream(tmp, std::ios::binary) << bytes;
   fs::rename(tmp, path);
 }
+
+// What llama-server's save does (llama_file's fopen "wb"): `path` truncated and written in place.
+void save_in_place(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// A "server" saves `victim` with `save` just before migrate's conversion takes its name: in the
+// first rename or exchange that names it (a swap back is the second).
+class SavedAtPublicationIo final : public ForwardingIo {
+ public:
+  SavedAtPublicationIo(std::string victim, std::function<void()> save)
+      : victim_(std::move(victim)), save_(std::move(save)) {}
+  Status rename(const std::string& from, const std::string& to) override {
+    if (to == victim_ && save_) std::exchange(save_, nullptr)();
+    return base().rename(from, to);
+  }
+  Status exchange(const std::string& a, const std::string& b) override {
+    if (b == victim_ && save_) std::exchange(save_, nullptr)();
+    if (b == victim_) ++exchanges_;
+    if (exchanges_ > exchanges_allowed_) return Status::IOError(a + ": exchange: EIO (injected)");
+    return base().exchange(a, b);
+  }
+  int exchanges_allowed_ = 1 << 30;
+  int exchanges_ = 0;
+
+ private:
+  std::string victim_;
+  std::function<void()> save_;
+};
+
+// An Io that cannot exchange two names (NFS, a system without the call).
+class NoExchangeIo final : public ForwardingIo {
+ public:
+  Status exchange(const std::string& a, const std::string&) override {
+    return Status::NotSupported(a + ": no exchange (injected)");
+  }
+};
+
+bool system_exchanges_names() { return std::string(os_branch()) != "posix"; }
 
 // A "server" replaces `victim` right after migrate has opened it to convert it (its second open:
 // the first reads the headers of every file before any conversion).
@@ -160,6 +201,15 @@ Result<MigrateSummary> migrate_to_f32(Io& io, const fs::path& dir) {
   return migrate_dir(io, o);
 }
 
+// `a` a copy of the f16 fixture, `ref`/a.slot the same converted to f32 by a plain migrate.
+void put_a_slot_and_its_conversion(const fs::path& a, const fs::path& ref) {
+  fs::create_directories(ref);
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", ref / "a.slot");
+  ForwardingIo plain;
+  ASSERT_TRUE(migrate_to_f32(plain, ref).ok());
+}
+
 // `f` failed as a file the server saved again meanwhile, and holds that save.
 void expect_kept_the_new_save(const FileOutcome& f, const fs::path& path, const std::string& newer) {
   EXPECT_EQ(f.action, FileAction::kFailed) << f.detail;
@@ -194,6 +244,77 @@ TEST(MigrateDir, AFileSavedAgainDuringTheSyncOfItsConversionKeepsTheNewSave) {
   ASSERT_TRUE(sum.ok()) << sum.status().ToString();
   ASSERT_EQ(sum->files.size(), 1u);
   expect_kept_the_new_save(sum->files[0], a, newer);
+  EXPECT_EQ(temps_in(dir), 0u);
+}
+
+// A slot of `dir_tag` saved by `save(path, bytes)` just before migrate's conversion takes its name
+// keeps that save, reported FAILED, after the exchange, its check and the swap back.
+void expect_a_save_at_publication_kept(const char* dir_tag, void (*save)(const std::string&, const std::string&)) {
+  test::TempDir t(dir_tag);
+  const fs::path dir = t.path(), a = dir / "a.slot";
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
+  const std::string newer = slurp(kFixtures / "v0.5.0/hd64-f16-f16-faoff.slot");
+  SavedAtPublicationIo io(a.string(), [&] { save(a.string(), newer); });
+  auto sum = migrate_to_f32(io, dir);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  ASSERT_EQ(sum->files.size(), 1u);
+  expect_kept_the_new_save(sum->files[0], a, newer);
+  EXPECT_EQ(io.exchanges_, 2) << "not the exchange, the check and the swap back";
+  EXPECT_EQ(temps_in(dir), 0u);
+}
+
+// The last check and the rename were two steps: a save that began between them (llama-server
+// truncates the slot and writes it in place) went into the original just before the rename
+// unlinked it, so the conversion of the older bytes replaced the newer save, reported converted.
+// Now the original is checked after the new bytes took its name, and put back.
+TEST(MigrateDir, ASaveInPlaceJustBeforeTheRenameKeepsTheNewSave) {
+  if (!system_exchanges_names()) GTEST_SKIP() << "no exchange of two names on this system: the check before the rename is the guard";
+  expect_a_save_at_publication_kept("kvsnap-migrate-publish-race", save_in_place);
+}
+
+// As above with a save that renames a new file over the slot (another writer's way).
+TEST(MigrateDir, ASaveByRenameJustBeforeTheRenameKeepsTheNewSave) {
+  if (!system_exchanges_names()) GTEST_SKIP() << "no exchange of two names on this system: the check before the rename is the guard";
+  expect_a_save_at_publication_kept("kvsnap-migrate-publish-race-rename", save_over);
+}
+
+// Where the swap back fails the newer save stays under the temporary's name, which the error
+// gives; the temporary is not removed (it is the only copy of the server's save).
+TEST(MigrateDir, ASaveThatCannotBePutBackIsKeptAndNamed) {
+  if (!system_exchanges_names()) GTEST_SKIP() << "no exchange of two names on this system: the check before the rename is the guard";
+  test::TempDir t("kvsnap-migrate-publish-no-way-back");
+  const fs::path dir = t.path(), a = dir / "a.slot";
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
+  const std::string newer = slurp(kFixtures / "v0.5.0/hd64-f16-f16-faoff.slot");
+  SavedAtPublicationIo io(a.string(), [&] { save_in_place(a.string(), newer); });
+  io.exchanges_allowed_ = 1;
+  MigrateOptions o;
+  o.dir = dir.string();
+  o.spec.ctk = "f32";
+  o.spec.ctv = "f32";
+  auto sum = migrate_dir(io, o);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  const FileOutcome& f = sum->files.at(0);
+  EXPECT_EQ(f.action, FileAction::kFailed) << f.detail;
+  ASSERT_EQ(temps_in(dir), 1u) << "the server's save was removed with kvsnap's temporaries";
+  fs::path kept;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().string().find(kTempInfix) != std::string::npos) kept = e.path();
+  EXPECT_TRUE(slurp(kept) == newer);
+  EXPECT_NE(f.detail.find("putting it back failed"), std::string::npos) << f.detail;
+  EXPECT_NE(f.detail.find(kept.string()), std::string::npos) << f.detail;
+}
+
+// Without an exchange (NFS) the check before a plain rename is what remains: the file is converted.
+TEST(MigrateDir, WithoutAnExchangeTheFileIsConvertedByARename) {
+  test::TempDir t("kvsnap-migrate-no-exchange");
+  const fs::path dir = t.path(), a = dir / "a.slot", ref = dir / "ref";
+  put_a_slot_and_its_conversion(a, ref);
+  NoExchangeIo io;
+  auto sum = migrate_to_f32(io, dir);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  EXPECT_EQ(sum->files.at(0).action, FileAction::kConverted) << sum->files.at(0).detail;
+  EXPECT_TRUE(slurp(a) == slurp(ref / "a.slot")) << "not the converted file";
   EXPECT_EQ(temps_in(dir), 0u);
 }
 
@@ -273,11 +394,7 @@ TEST(MigrateDir, AFifoSwappedInAfterTheScanIsNotWaitedOn) {
 TEST(MigrateDir, AFailedDirectorySyncAfterTheRenameIsReportedAsConvertedNotDurable) {
   test::TempDir t("kvsnap-migrate-dirsync");
   const fs::path dir = t.path(), a = dir / "a.slot", ref = dir / "ref";
-  fs::create_directories(ref);
-  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
-  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", ref / "a.slot");
-  ForwardingIo plain;
-  ASSERT_TRUE(migrate_to_f32(plain, ref).ok());
+  put_a_slot_and_its_conversion(a, ref);
   FailingDirSyncIo io;
   auto sum = migrate_to_f32(io, dir);
   ASSERT_TRUE(sum.ok()) << sum.status().ToString();
