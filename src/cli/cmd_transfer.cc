@@ -57,7 +57,7 @@ Status run_export(const ExportOpts& o, std::string& out) {
 struct ImportOpts {
   std::string file, store;
   StoreKeyConfig from;  // --from-key-file, --from-key-command, --from-tenant
-  bool json = false;
+  bool json = false, allow_plain = false;
   ProgressFlags progress;
 };
 
@@ -65,6 +65,7 @@ Status run_import(const ImportOpts& o, std::string& out) {
   ImportOptions io;
   KV_ASSIGN_OR_RETURN(io.from_key, load_store_key(o.from));
   io.from_tenant = o.from.tenant;
+  io.allow_plain = o.allow_plain;
   // An archive that cannot be read is said before a store is created for it.
   KV_RETURN_IF_ERROR(cli_io().open_read(o.file).status());
   KV_ASSIGN_OR_RETURN(auto store, open_or_create_store(o.store));
@@ -118,6 +119,10 @@ void setup_transfer_commands(CLI::App& app, int& exit_status) {
                                "store's");
     ff->excludes(sub->add_option("--from-key-command", o->from.key_command, "the same, printed by a command"));
     sub->add_option("--from-tenant", o->from.tenant, "the tenant the archive's snapshots were sealed for (default: --tenant)");
+    sub->add_flag("--allow-plain", o->allow_plain,
+                  "into an encrypted store: import the archive's plain (unencrypted) snapshots too, sealed with the "
+                  "store's key; without it such an archive is refused (exit 5) before anything is stored, since "
+                  "nothing shows who made a plain snapshot");
     sub->add_flag("--json", o->json, "machine-readable result");
     add_progress_flags(sub, o->progress);
     bind(sub, o, run_import, "import", exit_status);

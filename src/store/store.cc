@@ -1169,6 +1169,12 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     auto reader = open_snapshot_file(*c.file, ro);
     if (!reader.ok()) return reader.status().Prefixed(path + ": " + entry);
     c.reader = std::move(*reader);
+    if (cipher_ && !c.reader->manifest().encryption && !opts.allow_plain) {
+      return Status::Mismatch(path + ": " + entry + " is a plain (unencrypted) snapshot, and this store is "
+                              "encrypted: nothing shows who made it, and sealed on the way in it would restore like "
+                              "the store's own; pass {--allow-plain} to import it (e.g. an archive you made with "
+                              "`export --decrypt`)");
+    }
     c.meta = *listed;
     if (c.reader->manifest().encryption) {
       // An encrypted snapshot's labels come from its sealed metadata only: the index's plain ones are

@@ -157,6 +157,10 @@ struct VerifyReport {
 struct ImportOptions {
   std::optional<MasterKey> from_key;  // unset: the store's own key
   std::string from_tenant;            // empty: the store's tenant
+  // An encrypted store takes an archive's plain snapshots (sealing them on the way in) only with
+  // this: nothing shows who made a plain snapshot, and once sealed it would restore like the
+  // store's own (check_plain_under_key for restore and export). Refused before anything is stored.
+  bool allow_plain = false;
 };
 
 struct ImportReport {

@@ -454,6 +454,17 @@ TEST_F(StoreCli, EncryptedStoreNeedsItsKeyAndTenant) {
   };
   KvRun in_plain = kv_at((dir_ / "other").string(), "import " + plain);
   EXPECT_EQ(in_plain.code, 0) << in_plain.err;
+  // into an encrypted store the plain archive needs --allow-plain: exit 5 and nothing stored without
+  const std::string sealed_store = (dir_ / "sealed-store").string();
+  KvRun plain_refused = kv_at(sealed_store, "import " + plain + " --tenant carol" + k);
+  EXPECT_EQ(plain_refused.code, 5) << plain_refused.err;
+  EXPECT_NE(plain_refused.err.find("is a plain (unencrypted) snapshot, and this store is encrypted"), std::string::npos)
+      << plain_refused.err;
+  EXPECT_NE(plain_refused.err.find("--allow-plain"), std::string::npos) << plain_refused.err;
+  EXPECT_EQ(kv_at(sealed_store, "ls --json --tenant carol" + k).out.find("\"one\""), std::string::npos);
+  KvRun plain_allowed = kv_at(sealed_store, "import " + plain + " --allow-plain --tenant carol" + k);
+  EXPECT_EQ(plain_allowed.code, 0) << plain_allowed.err;
+  EXPECT_NE(kv_at(sealed_store, "ls --json --tenant carol" + k).out.find("\"one\""), std::string::npos);
   const std::string third = (dir_ / "third").string();
   KvRun resealed = kv_at(third, "import " + sealed + " --from-key-file " + key.string() +
                                    " --from-tenant alice --tenant bob --key-file " + other.string());

@@ -244,7 +244,9 @@ TEST(StoreCrypt, AnImportSavedAgainKeepsTheRecordedModel) {
   ASSERT_TRUE((*plain)->export_to({saved->info.uuid}, archive).ok());
   Bed dst;
   auto keyed = dst.must_open(dst.key_a, "alice");
-  auto imported = keyed->import_from(archive);
+  ImportOptions plain_allowed;
+  plain_allowed.allow_plain = true;
+  auto imported = keyed->import_from(archive, plain_allowed);
   ASSERT_TRUE(imported.ok()) << imported.status().ToString();
   fs::remove(archive);
   auto snap = keyed->open_snapshot(saved->info.uuid);
@@ -519,10 +521,19 @@ TEST(StoreCrypt, ImportSealsAgainForAnotherKeyOrTenantAndPlainArchives) {
     EXPECT_TRUE((*plain)->verify({}).value().problems.empty());
     expect_restores(**plain, saved->info.uuid, l);
   }
-  // a plain archive into an encrypted store: encrypted on the way in
+  // a plain archive into an encrypted store: refused, nothing stored (anyone may have made it, and
+  // sealed it would restore like the store's own); with allow_plain encrypted on the way in
   Bed enc_bed;
   auto enc = enc_bed.must_open(enc_bed.key_a, "carol");
-  auto in = enc->import_from(plain_archive);
+  auto refused = enc->import_from(plain_archive);
+  EXPECT_EQ(refused.status().code(), Code::kMismatch) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("is a plain (unencrypted) snapshot, and this store is encrypted"),
+            std::string::npos) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("{--allow-plain}"), std::string::npos) << refused.status().ToString();
+  EXPECT_TRUE(enc->catalog().list()->empty()) << "a refused import stored a snapshot";
+  ImportOptions plain_allowed;
+  plain_allowed.allow_plain = true;
+  auto in = enc->import_from(plain_archive, plain_allowed);
   ASSERT_TRUE(in.ok()) << in.status().ToString();
   ASSERT_EQ(in->imported.size(), 1u);
   EXPECT_EQ(in->imported[0].tenant, "carol");
@@ -583,6 +594,13 @@ void expect_same_metadata(const SnapshotInfo& got, const SnapshotInfo& want, con
 
 Result<ImportReport> import_into(Store& s, const fs::path& archive, const ImportOptions& o = {}) {
   return s.import_from(archive.string(), o);
+}
+
+// An encrypted store's import of plain snapshots (export --decrypt's archives).
+ImportOptions plain_allowed() {
+  ImportOptions o;
+  o.allow_plain = true;
+  return o;
 }
 
 // Tenant alice's store holding the labelled slot, and its sealed and --decrypt exports.
@@ -684,7 +702,7 @@ TEST(StoreCrypt, ASealedExportKeepsNameTagsAndFingerprintForTheKeyHolder) {
   {  // a plain archive into an encrypted store
     Bed b;
     auto s = b.must_open(b.key_b, "carol");
-    auto in = import_into(*s, plain);
+    auto in = import_into(*s, plain, plain_allowed());
     ASSERT_TRUE(in.ok()) << in.status().ToString();
     ASSERT_EQ(in->imported.size(), 1u);
     expect_same_metadata(in->imported[0], saved, "plain into encrypted");
@@ -810,7 +828,7 @@ TEST(StoreCrypt, AnImportedUuidInUpperCaseIsSealedAsStored) {
     });
     Bed b;
     auto s = b.must_open(x.src.key_a, "alice");
-    auto in = import_into(*s, *archive);
+    auto in = import_into(*s, *archive, plain_allowed());
     ASSERT_TRUE(in.ok()) << in.status().ToString();
     ASSERT_EQ(in->imported.size(), 1u);
     EXPECT_EQ(in->imported[0].uuid, x.saved.uuid);

@@ -325,7 +325,9 @@ TEST(StoreMlxCrypt, ExportAndImportSealedDecryptedAndSealedAgain) {
   {  // a plain archive into an encrypted store: sealed on the way in, name and tags kept
     Bed into;
     auto s = into.must_open(into.key_a, "carol");
-    auto in = s->import_from(plain);
+    ImportOptions plain_allowed;
+    plain_allowed.allow_plain = true;
+    auto in = s->import_from(plain, plain_allowed);
     ASSERT_TRUE(in.ok()) << in.status().ToString();
     ASSERT_EQ(in->imported.size(), 1u);
     EXPECT_EQ(in->imported[0].name, "x");
