@@ -97,31 +97,72 @@ void check_sha256(std::vector<Check>& out) {
   out.push_back({Verdict::kOk, "sha256", in_use + why + "; this CPU runs: " + runs + ")", ""});
 }
 
+// The packs and, without packs, the loose blobs a local blob directory holds, listed without
+// creating anything (a LocalBlobStore makes its directories when opened). A missing directory holds none.
+Result<std::pair<size_t, size_t>> count_local_blobs(const std::string& root) {
+  size_t packs = 0, loose = 0;
+  auto listed = cli_io().list_dir(root + "/packs");
+  if (!listed.ok() && listed.status().code() != Code::kNotFound) return listed.status();
+  if (listed.ok())
+    for (const DirEntry& f : *listed) packs += f.is_regular && is_pack_name(f.name);
+  if (packs > 0) return std::make_pair(packs, loose);
+  auto shards = cli_io().list_dir(root + "/chunks");
+  if (!shards.ok() && shards.status().code() != Code::kNotFound) return shards.status();
+  if (!shards.ok()) return std::make_pair(packs, loose);
+  for (const DirEntry& shard : *shards) {
+    if (!shard.is_dir || shard.name.size() != 2) continue;
+    KV_ASSIGN_OR_RETURN(auto files, cli_io().list_dir(root + "/chunks/" + shard.name));
+    for (const DirEntry& f : files) loose += f.is_regular && is_blob_name(f.name);
+  }
+  return std::make_pair(packs, loose);
+}
+
+// Where neither part has an id yet: whether the next save gives them one, or refuses blobs its
+// catalog does not name (bind_store_identity's rule for stores from before ids).
+Status check_unnamed_blobs(const StoreLocation& where, Catalog& catalog, BlobStore* remote, const std::string& blobs_name) {
+  KV_ASSIGN_OR_RETURN(CatalogStats stats, catalog.stats());
+  std::pair<size_t, size_t> held;
+  if (remote) {
+    KV_ASSIGN_OR_RETURN(std::vector<std::string> packs, remote->list_packs());
+    held.first = packs.size();
+    if (packs.empty()) {
+      KV_ASSIGN_OR_RETURN(std::vector<ChunkHash> loose, remote->list());
+      held.second = loose.size();
+    }
+  } else {
+    KV_ASSIGN_OR_RETURN(held, count_local_blobs(where.blobs));
+  }
+  return compare_unnamed_blobs(catalog.describe(), stats, blobs_name, held.first, held.second);
+}
+
 // Whether the blobs are this catalog's (store/store_identity.h), read without writing either id.
 void check_store_id(const StoreLocation& where, Catalog& catalog, std::vector<Check>& out) {
   auto mine = catalog.get_meta(kMetaStoreId);
   Result<std::optional<std::string>> theirs = std::optional<std::string>();
   std::string blobs_name = where.blobs;
+  std::unique_ptr<BlobStore> remote;
   if (where.blob_kind == BlobKind::kLocal) {
     auto bytes = read_all(cli_io(), where.blobs + "/" + kStoreIdName, kMaxStoreIdBytes);
     if (bytes.ok() && !bytes->empty())  // empty: a crash's leftover, replaced by the next save (none)
       theirs = std::optional<std::string>(std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
     else if (bytes.status().code() != Code::kNotFound) theirs = bytes.status();
   } else if (auto blobs = open_blob_store(cli_io(), where); blobs.ok()) {
-    blobs_name = (*blobs)->describe();
-    theirs = (*blobs)->read_store_id();
+    remote = std::move(*blobs);
+    blobs_name = remote->describe();
+    theirs = remote->read_store_id();
   } else {
     return;  // reported by check_store
   }
   Status s = !mine.ok() ? mine.status() : !theirs.ok() ? theirs.status()
                                                         : compare_store_ids(catalog.describe(), *mine, blobs_name, *theirs);
+  if (s.ok() && !*mine && !*theirs) s = check_unnamed_blobs(where, catalog, remote.get(), blobs_name);
   if (!s.ok()) {
     out.push_back({Verdict::kFail, "store id", s.ToString(),
                    "saves and gc refuse this store until the catalog and the blobs belong together"});
-  } else if (mine.ok() && *mine) {
+  } else if (*mine) {
     out.push_back({Verdict::kOk, "store id",
-                   **mine + (theirs.ok() && *theirs ? " (the catalog's and the blobs')"
-                                                    : " (the catalog's; the next save writes it beside the blobs)"),
+                   **mine + (*theirs ? " (the catalog's and the blobs')"
+                                     : " (the catalog's; the next save writes it beside the blobs)"),
                    ""});
   } else {
     out.push_back({Verdict::kOk, "store id", "none yet (the next save gives the store one)", ""});

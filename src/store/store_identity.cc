@@ -54,18 +54,12 @@ Status refuse_unnamed_blobs(Catalog& catalog, BlobStore& blobs) {
   KV_ASSIGN_OR_RETURN(CatalogStats stats, catalog.stats());
   if (stats.chunks > 0 || stats.unreferenced_chunks > 0) return Status::OK();
   KV_ASSIGN_OR_RETURN(std::vector<std::string> packs, blobs.list_packs());
-  size_t held = packs.size();
-  if (held == 0) {
-    KV_ASSIGN_OR_RETURN(std::vector<ChunkHash> loose, blobs.list());
-    held = loose.size();
+  size_t loose = 0;
+  if (packs.empty()) {
+    KV_ASSIGN_OR_RETURN(std::vector<ChunkHash> listed, blobs.list());
+    loose = listed.size();
   }
-  if (held == 0) return Status::OK();
-  return Status::Mismatch(
-      "the blobs at " + blobs.describe() + " hold " + std::to_string(held) + (packs.empty() ? " blob(s)" : " pack(s)") +
-      " and no store id, and the catalog " + catalog.describe() +
-      " names none of them: a save or gc here would delete them as garbage. Point the store config's \"catalog\" "
-      "at the catalog that holds them; if that catalog is lost for good, move packs/ and chunks/ out of " +
-      blobs.describe());
+  return compare_unnamed_blobs(catalog.describe(), stats, blobs.describe(), packs.size(), loose);
 }
 
 }  // namespace
@@ -75,6 +69,19 @@ Status compare_store_ids(const std::string& catalog_name, const std::optional<st
   KV_ASSIGN_OR_RETURN(std::optional<std::string> theirs, parse_blobs_id(blobs_name, blobs_raw));
   if (!theirs || (catalog_id && *catalog_id == *theirs)) return Status::OK();
   return another_catalogs(catalog_name, blobs_name, *theirs, catalog_id);
+}
+
+Status compare_unnamed_blobs(const std::string& catalog_name, const CatalogStats& stats,
+                             const std::string& blobs_name, size_t packs, size_t loose) {
+  if (stats.chunks > 0 || stats.unreferenced_chunks > 0) return Status::OK();
+  const size_t held = packs > 0 ? packs : loose;
+  if (held == 0) return Status::OK();
+  return Status::Mismatch(
+      "the blobs at " + blobs_name + " hold " + std::to_string(held) + (packs > 0 ? " pack(s)" : " blob(s)") +
+      " and no store id, and the catalog " + catalog_name +
+      " names none of them: a save or gc here would delete them as garbage. Point the store config's \"catalog\" "
+      "at the catalog that holds them; if that catalog is lost for good, move packs/ and chunks/ out of " +
+      blobs_name);
 }
 
 Status bind_store_identity(Catalog& catalog, BlobStore& blobs) {

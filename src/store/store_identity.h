@@ -32,4 +32,10 @@ Status bind_store_identity(Catalog& catalog, BlobStore& blobs);
 Status compare_store_ids(const std::string& catalog_name, const std::optional<std::string>& catalog_id,
                          const std::string& blobs_name, const std::optional<std::string>& blobs_raw);
 
+// The refusal bind_store_identity gives where neither part has an id yet (a store from before store
+// ids): kMismatch when the catalog names no chunk (`stats`) and the blobs hold `packs` packs or,
+// without packs, `loose` blobs. For a reader that writes nothing (kvsnap doctor), which counts them.
+Status compare_unnamed_blobs(const std::string& catalog_name, const CatalogStats& stats,
+                             const std::string& blobs_name, size_t packs, size_t loose);
+
 }  // namespace kvsnap

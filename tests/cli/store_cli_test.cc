@@ -761,6 +761,20 @@ TEST_F(StoreCli, ACatalogOverAnotherStoresBlobsIsRefusedAndDoctorSaysWhy) {
   EXPECT_EQ(doctor.code, 5) << doctor.out << doctor.err;
   EXPECT_NE(doctor.out.find("FAIL  store id: mismatch: the blobs at " + store_), std::string::npos) << doctor.out;
   EXPECT_EQ(kv("ls --json").out.find("\"id\": 2"), std::string::npos) << "the refused save stored something";
+  // Blobs without an id (a store from before ids) that the new catalog does not name: doctor said
+  // "ok, none yet" of a store whose next save is refused; it names the refusal now.
+  fs::remove(fs::path(store_) / "store-id");
+  KvRun unnamed = bare("doctor" + there);
+  EXPECT_EQ(unnamed.code, 5) << unnamed.out << unnamed.err;
+  EXPECT_NE(unnamed.out.find("FAIL  store id: mismatch: the blobs at " + store_ + " hold 1 pack(s) and no store id"),
+            std::string::npos) << unnamed.out;
+  KvRun unnamed_save = bare("save " + a.string() + there);
+  EXPECT_EQ(unnamed_save.code, 5) << unnamed_save.err;
+  EXPECT_NE(unnamed_save.err.find("names none of them"), std::string::npos) << unnamed_save.err;
+  // their own catalog names them: none yet, and its next save gives both the id
+  KvRun own = kv("doctor");
+  EXPECT_EQ(own.code, 0) << own.out << own.err;
+  EXPECT_NE(own.out.find("(the catalog's; the next save writes it beside the blobs)"), std::string::npos) << own.out;
 }
 
 // ... and an older catalog stays as it is: doctor warns that the first save will upgrade it (a
