@@ -161,6 +161,7 @@ class Migrator {
   }
   // The Io said stop (Ctrl-C): no further file is started.
   bool interrupted() const { return interrupted_.load(); }
+  bool plain_renames() const { return plain_renames_.load(); }
 
  private:
   struct Examined {
@@ -330,7 +331,10 @@ class Migrator {
     KV_RETURN_IF_ERROR(writer->sync());
     const Status published = writer->publish_if_unchanged(
         [&](const std::string& now_at, bool moved) { return check_unchanged(path, now_at, e.stamp, moved); });
-    if (!published.ok() && !writer->published()) return published;  // the original is untouched
+    if (writer->renamed_plainly()) plain_renames_.store(true);
+    // Not published: the file at `path` is the original, or a server's save of it (the error says
+    // where a save that could not be put back is).
+    if (!published.ok() && !writer->published()) return published;
     r.bytes_after = res.bytes_out;
     r.action = FileAction::kConverted;
     if (!published.ok()) {
@@ -347,6 +351,7 @@ class Migrator {
   Io& io_;
   const MigrateOptions& o_;
   std::atomic<bool> interrupted_{false};
+  std::atomic<bool> plain_renames_{false};
 };
 
 Result<std::vector<std::string>> scan(Io& io, const MigrateOptions& o, MigrateSummary& sum) {
@@ -484,6 +489,7 @@ Result<MigrateSummary> migrate_dir(Io& io, const MigrateOptions& o) {
     if (!f.name.empty()) sum.files.push_back(std::move(f));  // (not reached when interrupted)
   std::sort(sum.files.begin(), sum.files.end(), [](const FileOutcome& a, const FileOutcome& b) { return a.name < b.name; });
   sum.seconds = since(t0);
+  sum.plain_renames = m.plain_renames();
   return sum;
 }
 

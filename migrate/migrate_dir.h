@@ -74,6 +74,10 @@ struct MigrateSummary {
   std::vector<FileOutcome> files;  // in name order
   uint64_t stale_temps_removed = 0;
   double seconds = 0;
+  // A converted file took its original's name by a plain rename: the file system cannot exchange
+  // two names (NFS), so a save that began in the moment between the last check and the rename
+  // was not seen (AtomicFileWriter::publish_if_unchanged).
+  bool plain_renames = false;
   // Stopped by a signal: `files` holds the outcomes of the files looked at so far (each is its
   // original or its converted file), `interrupted` says what was left (kInterrupted).
   Status interrupted;

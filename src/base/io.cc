@@ -332,10 +332,6 @@ Result<std::unique_ptr<FileLock>> Io::lock_dir(const std::string& dir) {
 
 Result<std::optional<uint64_t>> Io::free_bytes(const std::string&) { return std::optional<uint64_t>(); }
 
-Status Io::exchange(const std::string& a, const std::string&) {
-  return Status::NotSupported(a + ": this Io cannot exchange two names");
-}
-
 Result<FileStamp> Io::stamp(const std::string& path) { return Status::NotSupported(path + ": this Io has no file stamps"); }
 
 Result<OpenedRegular> Io::open_regular(const std::string& path) {
@@ -436,31 +432,55 @@ Status AtomicFileWriter::publish_if_unchanged(const std::function<Status(const s
   if (committed_) return Status::OK();
   KV_RETURN_IF_ERROR(sync());
   KV_RETURN_IF_ERROR(unchanged(path_, /*moved=*/false));
+  // The new file as written, to know it again after a swap back (nullopt: an Io without stamps).
+  std::optional<FileStamp> written;
+  if (auto st = io_.stamp(tmp_path_); st.ok()) written = *st;
   const Status swapped = io_.exchange(tmp_path_, path_);
-  if (swapped.code() == Code::kNotSupported) return publish();
+  if (swapped.code() == Code::kNotSupported) {
+    renamed_plainly_ = true;
+    return publish();
+  }
   KV_RETURN_IF_ERROR(swapped);
   committed_ = true;  // the new bytes are at path_, the original under tmp_path_
   std::string dir = std::filesystem::path(path_).parent_path().string();
   if (dir.empty()) dir = ".";
-  if (Status still = unchanged(tmp_path_, /*moved=*/true); !still.ok()) {
-    // Written meanwhile: the writer's file goes back to its name; ours is removed with the writer.
-    const Status back = io_.exchange(tmp_path_, path_);
-    if (!back.ok()) {
-      committed_ = false;
-      keep_temp_ = true;
-      return Status::IOError(still.message() + "; putting it back failed (" + back.ToString() + "), so it is at " +
-                             tmp_path_ + " and the conversion of the older bytes at " + path_ +
-                             ": move it back by hand before anything removes kvsnap's temporaries");
-    }
-    committed_ = false;
-    if (sync_dir_) (void)io_.sync_dir(dir);  // the names as they were: either order is whole
-    return still;
+  Status still = unchanged(tmp_path_, /*moved=*/true);
+  if (still.ok()) {
+    // The original's removal may fail (a read-only mount would have failed the exchange): its name
+    // is a temporary of this process, which migrate's next scan removes once the process is gone.
+    (void)io_.remove(tmp_path_);
+    if (!sync_dir_) return Status::OK();
+    return io_.sync_dir(dir);
   }
-  // The original's removal may fail (a read-only mount would have failed the exchange): its name is
-  // a temporary of this process, which migrate's next scan removes once the process is gone.
-  (void)io_.remove(tmp_path_);
-  if (!sync_dir_) return Status::OK();
-  return io_.sync_dir(dir);
+  // Written meanwhile: the writer's file goes back to its name.
+  committed_ = false;
+  if (const Status back = io_.exchange(tmp_path_, path_); !back.ok()) {
+    // A plain rename does it too (the conversion at path_ is dropped); failing that, the writer's
+    // file stays under the temporary's name, which a later migrate would remove: say so.
+    if (const Status renamed = io_.rename(tmp_path_, path_); !renamed.ok()) {
+      keep_temp_ = true;
+      return Status::IOError(still.message() + "; putting it back failed (" + back.ToString() + "; " +
+                             renamed.ToString() + "), so it is at " + tmp_path_ + " and the conversion of the older "
+                             "bytes at " + path_ + ": move it back by hand before running kvsnap migrate again (which "
+                             "removes kvsnap's temporaries)");
+    }
+  } else if (written) {
+    // The swap back put under tmp_path_ whatever held path_: the conversion as written, unless a
+    // second save reached it there meanwhile (in place, or a new file renamed over it). That one
+    // is the newest and takes the name, replacing the first.
+    auto now = io_.stamp(tmp_path_);
+    if (now.ok()) now->ctime_ns = written->ctime_ns;
+    if (now.ok() && *now != *written) {
+      if (const Status renamed = io_.rename(tmp_path_, path_); !renamed.ok()) {
+        keep_temp_ = true;
+        return Status::IOError(still.message() + "; a second save is at " + tmp_path_ + ", the first at " + path_ +
+                               " (putting the second in its place failed: " + renamed.ToString() +
+                               "): move it back by hand before running kvsnap migrate again");
+      }
+    }
+  }
+  if (sync_dir_) (void)io_.sync_dir(dir);  // the names as a writer left them: either order is whole
+  return still;
 }
 
 }  // namespace kvsnap

@@ -185,8 +185,9 @@ class Io {
   virtual Result<std::unique_ptr<WritableFile>> create_owner_only(const std::string& path) = 0;
   virtual Status rename(const std::string& from, const std::string& to) = 0;
   // Swaps the names of the two existing files `a` and `b` atomically (base/os.h exchange_paths).
-  // kNotSupported where the system or the file system has no such call (the default).
-  virtual Status exchange(const std::string& a, const std::string& b);
+  // kNotSupported where the system or the file system has no such call. Not defaulted: an Io that
+  // wraps another must forward it, or its callers silently lose what it guards (migrate's check).
+  virtual Status exchange(const std::string& a, const std::string& b) = 0;
   virtual Status remove(const std::string& path) = 0;
   virtual Status sync_dir(const std::string& dir) = 0;
   virtual Result<bool> exists(const std::string& path) = 0;
@@ -281,13 +282,19 @@ class AtomicFileWriter final : public ByteSink {
   // `p` is still the one that caller read (`moved`: it was renamed meanwhile, which changes its
   // ctime). It is asked about `path` first; then, where the Io can exchange two names, the new
   // bytes and the original swap names and it is asked again about the original under the
-  // temporary's name: a writer that opened `path` before the swap wrote into the original, so
-  // that answer sees it, and the two are swapped back (the writer's file at `path`, the error
-  // returned, published() false). With no exchange (kNotSupported) the first answer is followed by
-  // a plain rename, so a write between the two is not seen. After a successful swap the original
-  // is removed (a failure leaves it under the temporary's name, which migrate's next scan removes).
+  // temporary's name: a writer that truncated or replaced `path` before the swap wrote into the
+  // original, so that answer sees it, and the writer's file goes back to its name (swapped back,
+  // else renamed back; a second save that reached the new file meanwhile is the newest and takes
+  // the name), the error returned, published() false. A writer's file that cannot be put back
+  // stays under the temporary's name, never removed, and the error says where. With no exchange
+  // (kNotSupported) the first answer is followed by a plain rename (renamed_plainly()), so a write
+  // between the two is not seen. After a successful swap the original is removed (a failure, or a
+  // crash just before, leaves it under the temporary's name, which migrate's next scan removes).
   Status publish_if_unchanged(const std::function<Status(const std::string& p, bool moved)>& unchanged);
   bool published() const { return committed_; }
+  // Whether publish_if_unchanged fell back to a plain rename (no exchange here): its last check
+  // could not see a writer between it and the rename.
+  bool renamed_plainly() const { return renamed_plainly_; }
   const std::string& temp_path() const { return tmp_path_; }
 
  private:
@@ -301,6 +308,7 @@ class AtomicFileWriter final : public ByteSink {
   bool synced_ = false;
   bool committed_ = false;
   bool keep_temp_ = false;  // the temporary's name holds someone else's file: never removed
+  bool renamed_plainly_ = false;
 };
 
 }  // namespace kvsnap

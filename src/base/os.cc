@@ -188,6 +188,10 @@ bool name_this_process(const char* name) {
 int exchange_paths(const char* a, const char* b) {
 #if defined(KVSNAP_OS_LINUX) && defined(RENAME_EXCHANGE)
   return ::renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) == 0 ? 0 : errno;
+#elif defined(KVSNAP_OS_LINUX) && defined(SYS_renameat2)
+  // A C library without the wrapper (glibc before 2.28, musl): the system call itself.
+  constexpr unsigned kRenameExchange = 1u << 1;  // <linux/fs.h> RENAME_EXCHANGE
+  return ::syscall(SYS_renameat2, AT_FDCWD, a, AT_FDCWD, b, kRenameExchange) == 0 ? 0 : errno;
 #elif defined(KVSNAP_OS_MACOS)
   return ::renamex_np(a, b, RENAME_SWAP) == 0 ? 0 : errno;
 #else

@@ -51,6 +51,7 @@ json to_json(const MigrateSummary& s, bool dry_run) {
           {"bytes_before", s.bytes_before()},
           {"bytes_after", s.bytes_after()},
           {"stale_temps_removed", s.stale_temps_removed},
+          {"plain_renames", s.plain_renames},
           {"seconds", s.seconds},
           {"interrupted", !s.interrupted.ok()},
           {"files", files}};
@@ -82,6 +83,11 @@ std::string to_text(const MigrateSummary& s, bool dry_run) {
                                 "survive a crash (the directory's fsync failed; listed above)\n";
   }
   if (s.stale_temps_removed) out += "removed " + std::to_string(s.stale_temps_removed) + " stale temporary files\n";
+  if (s.plain_renames) {
+    out += "note: this file system cannot swap two names (NFS?), so the converted files replaced their originals "
+           "by a plain rename: a server's save of a slot in the moment between kvsnap's last check and the rename "
+           "would have been lost; migrate while no server writes to the directory\n";
+  }
   return out;
 }
 

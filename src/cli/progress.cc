@@ -109,6 +109,7 @@ class CountingIo final : public Io {
     return std::unique_ptr<WritableFile>(std::make_unique<CountingWritable>(std::move(f), path));
   }
   Status rename(const std::string& from, const std::string& to) override { return base().rename(from, to); }
+  Status exchange(const std::string& a, const std::string& b) override { return base().exchange(a, b); }
   Result<FileStamp> stamp(const std::string& path) override { return base().stamp(path); }
   Result<std::optional<uint64_t>> free_bytes(const std::string& dir) override { return base().free_bytes(dir); }
   Status remove(const std::string& path) override { return base().remove(path); }

@@ -74,20 +74,43 @@ class SavedAtPublicationIo final : public ForwardingIo {
       : victim_(std::move(victim)), save_(std::move(save)) {}
   Status rename(const std::string& from, const std::string& to) override {
     if (to == victim_ && save_) std::exchange(save_, nullptr)();
+    if (exchanges_ > 0 && fail_renames_) return Status::IOError(from + ": rename: EIO (injected)");
     return base().rename(from, to);
   }
   Status exchange(const std::string& a, const std::string& b) override {
     if (b == victim_ && save_) std::exchange(save_, nullptr)();
     if (b == victim_) ++exchanges_;
+    if (b == victim_ && exchanges_ == 2 && second_save_) second_save_();
     if (exchanges_ > exchanges_allowed_) return Status::IOError(a + ": exchange: EIO (injected)");
     return base().exchange(a, b);
   }
   int exchanges_allowed_ = 1 << 30;
   int exchanges_ = 0;
+  std::function<void()> second_save_;  // before the second exchange (the swap back)
+  bool fail_renames_ = false;  // every rename after the first exchange
 
  private:
   std::string victim_;
   std::function<void()> save_;
+};
+
+// A "server" that truncates `victim` (opens it for writing) just before migrate's exchange and
+// writes its save after migrate is done (write()).
+class OpenedBeforeTheExchangeIo final : public ForwardingIo {
+ public:
+  explicit OpenedBeforeTheExchangeIo(std::string victim) : victim_(std::move(victim)) {}
+  Status exchange(const std::string& a, const std::string& b) override {
+    if (b == victim_ && !out_) out_ = std::make_unique<std::ofstream>(victim_, std::ios::binary | std::ios::trunc);
+    return base().exchange(a, b);
+  }
+  void write(const std::string& bytes) {
+    *out_ << bytes;
+    out_->close();
+  }
+
+ private:
+  std::string victim_;
+  std::unique_ptr<std::ofstream> out_;
 };
 
 // An Io that cannot exchange two names (NFS, a system without the call).
@@ -278,8 +301,60 @@ TEST(MigrateDir, ASaveByRenameJustBeforeTheRenameKeepsTheNewSave) {
   expect_a_save_at_publication_kept("kvsnap-migrate-publish-race-rename", save_over);
 }
 
-// Where the swap back fails the newer save stays under the temporary's name, which the error
-// gives; the temporary is not removed (it is the only copy of the server's save).
+// A save that opened (truncated) the slot before the exchange and writes after migrate finished
+// writes into the original, which is back at its name.
+TEST(MigrateDir, ASaveOpenedBeforeTheExchangeAndWrittenAfterItKeepsItsBytes) {
+  if (!system_exchanges_names()) GTEST_SKIP() << "no exchange of two names on this system: the check before the rename is the guard";
+  test::TempDir t("kvsnap-migrate-open-before");
+  const fs::path dir = t.path(), a = dir / "a.slot";
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
+  const std::string newer = slurp(kFixtures / "v0.5.0/hd64-f16-f16-faoff.slot");
+  OpenedBeforeTheExchangeIo io(a.string());
+  auto sum = migrate_to_f32(io, dir);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  io.write(newer);
+  expect_kept_the_new_save(sum->files.at(0), a, newer);
+  EXPECT_EQ(temps_in(dir), 0u);
+}
+
+// A second save between the check of the swapped-out original and the swap back reached the
+// converted file at the slot's name: the swap back took it to the temporary's name, which was
+// removed as the conversion. It is the newest save and takes the name.
+TEST(MigrateDir, ASecondSaveBeforeTheSwapBackTakesTheName) {
+  if (!system_exchanges_names()) GTEST_SKIP() << "no exchange of two names on this system: the check before the rename is the guard";
+  for (auto second : {save_in_place, save_over}) {
+    test::TempDir t("kvsnap-migrate-two-saves");
+    const fs::path dir = t.path(), a = dir / "a.slot";
+    fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
+    const std::string newer = slurp(kFixtures / "v0.5.0/hd64-f16-f16-faoff.slot");
+    const std::string newest = newer + "the second save";
+    SavedAtPublicationIo io(a.string(), [&] { save_in_place(a.string(), newer); });
+    io.second_save_ = [&] { second(a.string(), newest); };
+    auto sum = migrate_to_f32(io, dir);
+    ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+    EXPECT_EQ(sum->files.at(0).action, FileAction::kFailed) << sum->files.at(0).detail;
+    EXPECT_TRUE(slurp(a) == newest) << "the newest save is not at the slot's name";
+    EXPECT_EQ(temps_in(dir), 0u);
+  }
+}
+
+// Where the swap back fails a plain rename puts the save back (the conversion is dropped).
+TEST(MigrateDir, ASaveThatCannotBeSwappedBackIsRenamedBack) {
+  if (!system_exchanges_names()) GTEST_SKIP() << "no exchange of two names on this system: the check before the rename is the guard";
+  test::TempDir t("kvsnap-migrate-publish-rename-back");
+  const fs::path dir = t.path(), a = dir / "a.slot";
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
+  const std::string newer = slurp(kFixtures / "v0.5.0/hd64-f16-f16-faoff.slot");
+  SavedAtPublicationIo io(a.string(), [&] { save_in_place(a.string(), newer); });
+  io.exchanges_allowed_ = 1;
+  auto sum = migrate_to_f32(io, dir);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  expect_kept_the_new_save(sum->files.at(0), a, newer);
+  EXPECT_EQ(temps_in(dir), 0u);
+}
+
+// Where nothing can put it back, the save stays under the temporary's name, never removed, and
+// the error says where (a later migrate would remove kvsnap's temporaries).
 TEST(MigrateDir, ASaveThatCannotBePutBackIsKeptAndNamed) {
   if (!system_exchanges_names()) GTEST_SKIP() << "no exchange of two names on this system: the check before the rename is the guard";
   test::TempDir t("kvsnap-migrate-publish-no-way-back");
@@ -288,11 +363,8 @@ TEST(MigrateDir, ASaveThatCannotBePutBackIsKeptAndNamed) {
   const std::string newer = slurp(kFixtures / "v0.5.0/hd64-f16-f16-faoff.slot");
   SavedAtPublicationIo io(a.string(), [&] { save_in_place(a.string(), newer); });
   io.exchanges_allowed_ = 1;
-  MigrateOptions o;
-  o.dir = dir.string();
-  o.spec.ctk = "f32";
-  o.spec.ctv = "f32";
-  auto sum = migrate_dir(io, o);
+  io.fail_renames_ = true;
+  auto sum = migrate_to_f32(io, dir);
   ASSERT_TRUE(sum.ok()) << sum.status().ToString();
   const FileOutcome& f = sum->files.at(0);
   EXPECT_EQ(f.action, FileAction::kFailed) << f.detail;
@@ -303,6 +375,7 @@ TEST(MigrateDir, ASaveThatCannotBePutBackIsKeptAndNamed) {
   EXPECT_TRUE(slurp(kept) == newer);
   EXPECT_NE(f.detail.find("putting it back failed"), std::string::npos) << f.detail;
   EXPECT_NE(f.detail.find(kept.string()), std::string::npos) << f.detail;
+  EXPECT_NE(f.detail.find("before running kvsnap migrate again"), std::string::npos) << f.detail;
 }
 
 // Without an exchange (NFS) the check before a plain rename is what remains: the file is converted.
@@ -316,6 +389,14 @@ TEST(MigrateDir, WithoutAnExchangeTheFileIsConvertedByARename) {
   EXPECT_EQ(sum->files.at(0).action, FileAction::kConverted) << sum->files.at(0).detail;
   EXPECT_TRUE(slurp(a) == slurp(ref / "a.slot")) << "not the converted file";
   EXPECT_EQ(temps_in(dir), 0u);
+  EXPECT_TRUE(sum->plain_renames) << "the summary does not say the last check could not cover the rename";
+  if (system_exchanges_names()) {
+    ForwardingIo exchanging;
+    fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", dir / "b.slot");
+    auto again = migrate_to_f32(exchanging, dir);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_FALSE(again->plain_renames);
+  }
 }
 
 // A second migrate of a directory while one runs on it is refused, before it touches anything;

@@ -191,6 +191,9 @@ class FaultyIo final : public Io {
   Status rename(const std::string& from, const std::string& to) override {
     return faults_.fail_rename ? Status::IOError("injected: rename failed") : real().rename(from, to);
   }
+  Status exchange(const std::string& a, const std::string& b) override {
+    return faults_.fail_rename ? Status::IOError("injected: exchange failed") : real().exchange(a, b);
+  }
   Status remove(const std::string& p) override { return real().remove(p); }
   Status sync_dir(const std::string& d) override { return real().sync_dir(d); }
   Result<bool> exists(const std::string& p) override { return real().exists(p); }

@@ -127,6 +127,10 @@ class FaultInjectingIo final : public Io {
     if (auto f = hit(FaultOp::kRename, from + " -> " + to)) return injected_status(FaultOp::kRename, from, f->first);
     return base_.rename(from, to);
   }
+  Status exchange(const std::string& a, const std::string& b) override {
+    if (auto f = hit(FaultOp::kRename, a + " <-> " + b)) return injected_status(FaultOp::kRename, a, f->first);
+    return base_.exchange(a, b);
+  }
   Status remove(const std::string& path) override {
     if (auto f = hit(FaultOp::kRemove, path)) return injected_status(FaultOp::kRemove, path, f->first);
     return base_.remove(path);
