@@ -454,28 +454,40 @@ Status AtomicFileWriter::publish_if_unchanged(const std::function<Status(const s
   }
   // Written meanwhile: the writer's file goes back to its name.
   committed_ = false;
+  // Whether path_ (or, after a swap back, tmp_path_) still holds the new file as written: a second
+  // save may have reached it at path_ (in place, or a new file renamed over it).
+  auto still_ours = [&](const std::string& p) {
+    if (!written) return true;
+    auto now = io_.stamp(p);
+    if (now.ok()) now->ctime_ns = written->ctime_ns;
+    return now.ok() && *now == *written;
+  };
   if (const Status back = io_.exchange(tmp_path_, path_); !back.ok()) {
-    // A plain rename does it too (the conversion at path_ is dropped); failing that, the writer's
-    // file stays under the temporary's name, which a later migrate would remove: say so.
+    // A plain rename does it too (the conversion at path_ is dropped), unless a second save is at
+    // path_ now: that one is the newest and keeps the name. Failing the rename, the writer's file
+    // stays under the temporary's name, which a later migrate would remove: say so.
+    if (!still_ours(path_)) {
+      if (sync_dir_) (void)io_.sync_dir(dir);
+      return still;
+    }
     if (const Status renamed = io_.rename(tmp_path_, path_); !renamed.ok()) {
       keep_temp_ = true;
-      return Status::IOError(still.message() + "; putting it back failed (" + back.ToString() + "; " +
-                             renamed.ToString() + "), so it is at " + tmp_path_ + " and the conversion of the older "
-                             "bytes at " + path_ + ": move it back by hand before running kvsnap migrate again (which "
-                             "removes kvsnap's temporaries)");
+      return Status::IOError(path_ + ": written by another process as kvsnap replaced it, and putting it back failed (" +
+                             back.ToString() + "; " + renamed.ToString() + "): that file is at " + tmp_path_ +
+                             ", the conversion of the older bytes at " + path_ + "; rename " + tmp_path_ + " to " +
+                             path_ + " before running kvsnap migrate again (which removes kvsnap's temporaries)");
     }
-  } else if (written) {
+  } else {
     // The swap back put under tmp_path_ whatever held path_: the conversion as written, unless a
     // second save reached it there meanwhile (in place, or a new file renamed over it). That one
     // is the newest and takes the name, replacing the first.
-    auto now = io_.stamp(tmp_path_);
-    if (now.ok()) now->ctime_ns = written->ctime_ns;
-    if (now.ok() && *now != *written) {
+    if (!still_ours(tmp_path_)) {
       if (const Status renamed = io_.rename(tmp_path_, path_); !renamed.ok()) {
         keep_temp_ = true;
-        return Status::IOError(still.message() + "; a second save is at " + tmp_path_ + ", the first at " + path_ +
-                               " (putting the second in its place failed: " + renamed.ToString() +
-                               "): move it back by hand before running kvsnap migrate again");
+        return Status::IOError(path_ + ": written twice by another process as kvsnap replaced it: the second file is at " +
+                               tmp_path_ + ", the first at " + path_ + " (putting the second in its place failed: " +
+                               renamed.ToString() + "); rename " + tmp_path_ + " to " + path_ +
+                               ", replacing the first, before running kvsnap migrate again");
       }
     }
   }

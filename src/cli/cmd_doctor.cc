@@ -14,6 +14,7 @@
 #include "server/server_flows.h"
 #include "server/server_profiles.h"
 #include "store/catalog.h"
+#include "store/pg_conn.h"
 #include "store/store_identity.h"
 #include "store/store_location.h"
 
@@ -98,7 +99,8 @@ void check_sha256(std::vector<Check>& out) {
 }
 
 // The packs and, without packs, the loose blobs a local blob directory holds, listed without
-// creating anything (a LocalBlobStore makes its directories when opened). A missing directory holds none.
+// creating anything (a LocalBlobStore makes its directories when opened) and by its rules (a pack
+// name; a blob name in the shard of its first two digits). A missing directory holds none.
 Result<std::pair<size_t, size_t>> count_local_blobs(const std::string& root) {
   size_t packs = 0, loose = 0;
   auto listed = cli_io().list_dir(root + "/packs");
@@ -112,57 +114,85 @@ Result<std::pair<size_t, size_t>> count_local_blobs(const std::string& root) {
   for (const DirEntry& shard : *shards) {
     if (!shard.is_dir || shard.name.size() != 2) continue;
     KV_ASSIGN_OR_RETURN(auto files, cli_io().list_dir(root + "/chunks/" + shard.name));
-    for (const DirEntry& f : files) loose += f.is_regular && is_blob_name(f.name);
+    for (const DirEntry& f : files)
+      loose += f.is_regular && is_blob_name(f.name) && f.name.compare(0, 2, shard.name) == 0;
   }
   return std::make_pair(packs, loose);
 }
 
-// Where neither part has an id yet: whether the next save gives them one, or refuses blobs its
-// catalog does not name (bind_store_identity's rule for stores from before ids).
-Status check_unnamed_blobs(const StoreLocation& where, Catalog& catalog, BlobStore* remote, const std::string& blobs_name) {
-  KV_ASSIGN_OR_RETURN(CatalogStats stats, catalog.stats());
-  std::pair<size_t, size_t> held;
-  if (remote) {
-    KV_ASSIGN_OR_RETURN(std::vector<std::string> packs, remote->list_packs());
-    held.first = packs.size();
-    if (packs.empty()) {
-      KV_ASSIGN_OR_RETURN(std::vector<ChunkHash> loose, remote->list());
-      held.second = loose.size();
-    }
-  } else {
-    KV_ASSIGN_OR_RETURN(held, count_local_blobs(where.blobs));
-  }
-  return compare_unnamed_blobs(catalog.describe(), stats, blobs_name, held.first, held.second);
-}
-
-// Whether the blobs are this catalog's (store/store_identity.h), read without writing either id.
-void check_store_id(const StoreLocation& where, Catalog& catalog, std::vector<Check>& out) {
-  auto mine = catalog.get_meta(kMetaStoreId);
-  Result<std::optional<std::string>> theirs = std::optional<std::string>();
-  std::string blobs_name = where.blobs;
+// The blobs' store id as written beside them (nullopt: none yet), and the blob store itself when
+// it is remote (a local one is read without opening it: opening creates its directories).
+struct BlobsSide {
+  std::optional<std::string> id;
+  std::string name;
   std::unique_ptr<BlobStore> remote;
+};
+
+Result<BlobsSide> read_blobs_side(const StoreLocation& where) {
+  BlobsSide b;
+  b.name = where.blobs;
   if (where.blob_kind == BlobKind::kLocal) {
     auto bytes = read_all(cli_io(), where.blobs + "/" + kStoreIdName, kMaxStoreIdBytes);
     if (bytes.ok() && !bytes->empty())  // empty: a crash's leftover, replaced by the next save (none)
-      theirs = std::optional<std::string>(std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
-    else if (bytes.status().code() != Code::kNotFound) theirs = bytes.status();
-  } else if (auto blobs = open_blob_store(cli_io(), where); blobs.ok()) {
-    remote = std::move(*blobs);
-    blobs_name = remote->describe();
-    theirs = remote->read_store_id();
-  } else {
-    return;  // reported by check_store
+      b.id = std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size());
+    else if (bytes.status().code() != Code::kNotFound) return bytes.status();
+    return b;
   }
-  Status s = !mine.ok() ? mine.status() : !theirs.ok() ? theirs.status()
-                                                        : compare_store_ids(catalog.describe(), *mine, blobs_name, *theirs);
-  if (s.ok() && !*mine && !*theirs) s = check_unnamed_blobs(where, catalog, remote.get(), blobs_name);
+  KV_ASSIGN_OR_RETURN(b.remote, open_blob_store(cli_io(), where));
+  b.name = b.remote->describe();
+  KV_ASSIGN_OR_RETURN(b.id, b.remote->read_store_id());
+  return b;
+}
+
+// Whether the blobs are this catalog's (store/store_identity.h), read without writing either id.
+// `catalog` nullptr: none yet (the next save creates an empty one, with no id and no chunk).
+void check_store_id(const StoreLocation& where, Catalog* catalog, const std::string& catalog_name,
+                    std::vector<Check>& out) {
+  auto blobs = read_blobs_side(where);
+  if (!blobs.ok() && where.blob_kind != BlobKind::kLocal) return;  // reported by check_store
+  std::optional<std::string> mine;
+  CatalogStats stats;
+  Status s = blobs.status();
+  if (s.ok() && catalog) {
+    auto id = catalog->get_meta(kMetaStoreId);
+    auto counted = catalog->stats();
+    s = !id.ok() ? id.status() : counted.status();
+    if (s.ok()) {
+      mine = *id;
+      stats = *counted;
+    }
+  }
+  if (!s.ok()) {
+    out.push_back({Verdict::kFail, "store id", s.ToString(), "fix what the message names, then run kvsnap doctor again"});
+    return;
+  }
+  s = compare_store_ids(catalog_name, mine, blobs->name, blobs->id);
+  if (s.ok() && !mine && !blobs->id) {
+    // A store from before ids, or a catalog still to be made: the rule for blobs no catalog names.
+    std::pair<size_t, size_t> held;
+    if (blobs->remote) {
+      auto packs = blobs->remote->list_packs();
+      auto loose = packs.ok() && packs->empty() ? blobs->remote->list() : Result<std::vector<ChunkHash>>(std::vector<ChunkHash>());
+      s = !packs.ok() ? packs.status() : loose.status();
+      if (s.ok()) held = {packs->size(), loose->size()};
+    } else if (auto counted = count_local_blobs(where.blobs); counted.ok()) {
+      held = *counted;
+    } else {
+      s = counted.status();
+    }
+    if (!s.ok()) {
+      out.push_back({Verdict::kFail, "store id", s.ToString(), "fix what the message names, then run kvsnap doctor again"});
+      return;
+    }
+    s = compare_unnamed_blobs(catalog_name, stats, blobs->name, held.first, held.second);
+  }
   if (!s.ok()) {
     out.push_back({Verdict::kFail, "store id", s.ToString(),
                    "saves and gc refuse this store until the catalog and the blobs belong together"});
-  } else if (*mine) {
+  } else if (mine) {
     out.push_back({Verdict::kOk, "store id",
-                   **mine + (*theirs ? " (the catalog's and the blobs')"
-                                     : " (the catalog's; the next save writes it beside the blobs)"),
+                   *mine + (blobs->id ? " (the catalog's and the blobs')"
+                                      : " (the catalog's; the next save writes it beside the blobs)"),
                    ""});
   } else {
     out.push_back({Verdict::kOk, "store id", "none yet (the next save gives the store one)", ""});
@@ -176,6 +206,7 @@ void check_catalog(const StoreLocation& where, std::vector<Check>& out) {
     auto has_catalog = cli_io().exists(where.catalog);
     if (!has_catalog.ok() || !*has_catalog) {
       out.push_back({Verdict::kOk, "catalog", "none yet (the first `kvsnap save` creates it)", ""});
+      check_store_id(where, nullptr, where.catalog, out);  // blobs there already: would the save take them?
       return;
     }
   }
@@ -184,6 +215,7 @@ void check_catalog(const StoreLocation& where, std::vector<Check>& out) {
   auto catalog = open_catalog(where, as_found);
   if (catalog.status().code() == Code::kNotFound) {
     out.push_back({Verdict::kOk, "catalog", catalog.status().message(), ""});
+    check_store_id(where, nullptr, redact_pg_url(where.catalog), out);
     return;
   }
   if (catalog.status().code() == Code::kMismatch) {  // an older schema, left as it is
@@ -211,7 +243,7 @@ void check_catalog(const StoreLocation& where, std::vector<Check>& out) {
                  std::to_string(listed.ok() ? listed->size() : 0) + " snapshots, consistent (`kvsnap verify --all` "
                                                                      "re-hashes the chunks too)",
                  ""});
-  check_store_id(where, **catalog, out);
+  check_store_id(where, catalog->get(), (*catalog)->describe(), out);
 }
 
 void check_store(const StoreLocation& where, std::vector<Check>& out) {

@@ -327,14 +327,14 @@ Status Store::init_encryption_meta() {
   return Status::OK();
 }
 
-Status Store::check_save_keys() {
+Status Store::check_save_keys(bool mark) {
   if (!store_key_id_.empty() && !cipher_)
     return Status::InvalidArgument("store " + name_ + " is encrypted (key " + store_key_id_ +
                                    "): it takes no plain snapshots; pass --key-file FILE or --key-command CMD");
   if (cipher_ && !rotating_from_.empty() && key_id_hex(cipher_->master_key_id()) == rotating_from_)
     return Status::Mismatch("store " + name_ + " is being rotated from key " + rotating_from_ + " to " + store_key_id_ +
                             " (kvsnap rekey): saves need the new key");
-  return init_encryption_meta();
+  return mark ? init_encryption_meta() : Status::OK();
 }
 
 Result<std::unique_ptr<BlobWriteBatch>> Store::begin_blob_write(GcLockHold* under) {
@@ -1138,7 +1138,9 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
   // Held from before the archive's entries land in tmp/ until the last is stored: a gc deletes
   // every temporary it finds, so one that ran meanwhile took the import's files from under it. The
   // entries' write batches borrow this hold (SaveRequest::under_hold): one hold per thread.
-  KV_RETURN_IF_ERROR(check_save_keys());  // a plain import into an encrypted store, the old key mid-rotation
+  // A plain import into an encrypted store, the old key mid-rotation; a keyed import into a plain
+  // store marks it encrypted only once the archive passed its checks (a refused one leaves it plain).
+  KV_RETURN_IF_ERROR(check_save_keys(/*mark=*/false));
   KV_ASSIGN_OR_RETURN(std::unique_ptr<GcLockHold> hold, blobs_->hold_for_read());
   ImportVisitor v(io_, paths_, path);
   KV_RETURN_IF_ERROR(import_archive(io_, path, v));  // any error: everything received is discarded
@@ -1224,6 +1226,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     }
     else KV_RETURN_IF_ERROR(read_mlx_prompt_cache(c.reader->original()).status().Prefixed(path + ": " + entry));
   }
+  KV_RETURN_IF_ERROR(init_encryption_meta());
   ImportReport rep;
   // An error from here on (the disk, the catalog) comes after some entries were stored: it says which.
   auto stored_so_far = [&rep](Status s) {

@@ -307,7 +307,9 @@ class Store {
   Status init_encryption_meta();
   // Before every save: an encrypted store takes no plain snapshot (no key given); the first
   // encrypted save marks the store (init_encryption_meta).
-  Status check_save_keys();
+  // With `mark`, a keyed save into a store without an encryption setting records it (the store is
+  // encrypted from then on); import marks only once its archive passed every check.
+  Status check_save_keys(bool mark = true);
   // A snapshot's manifest bytes (opened when sealed: the key checks first).
   Result<std::vector<std::byte>> manifest_of(const SnapshotRecord& rec) const;
   // What verify checks of an encrypted snapshot without the key.

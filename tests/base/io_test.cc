@@ -56,6 +56,9 @@ TEST(PosixIo, ExchangeSwapsTwoNamesOrSaysItCannot) {
   const Status s = posix_io().exchange(a, b);
   if (std::string(os_branch()) == "posix") {
     EXPECT_EQ(s.code(), Code::kNotSupported) << s.ToString();
+  } else if (s.code() == Code::kNotSupported) {
+    fs::remove_all(dir);
+    GTEST_SKIP() << "the file system of " << dir << " cannot exchange two names: " << s.ToString();
   } else {
     ASSERT_TRUE(s.ok()) << s.ToString();
     EXPECT_EQ(test_read(a), "B");

@@ -173,6 +173,8 @@ TEST(Commands, TheCommandsIoExchangesTwoNames) {
   const std::string dir = ::testing::TempDir() + "kvsnap-cli-exchange-" + std::to_string(::getpid());
   ASSERT_EQ(std::system(("mkdir -p " + dir + " && printf A > " + dir + "/a && printf B > " + dir + "/b").c_str()), 0);
   const Status s = cli_io().exchange(dir + "/a", dir + "/b");
+  if (s.code() == Code::kNotSupported && !posix_io().exchange(dir + "/a", dir + "/b").ok())
+    GTEST_SKIP() << "the file system of " << dir << " cannot exchange two names";
   ASSERT_TRUE(s.ok()) << s.ToString();
   auto a = read_all(posix_io(), dir + "/a", 16);
   ASSERT_TRUE(a.ok()) << a.status().ToString();

@@ -461,7 +461,12 @@ TEST_F(StoreCli, EncryptedStoreNeedsItsKeyAndTenant) {
   EXPECT_NE(plain_refused.err.find("is a plain (unencrypted) snapshot, and this store is encrypted"), std::string::npos)
       << plain_refused.err;
   EXPECT_NE(plain_refused.err.find("--allow-plain"), std::string::npos) << plain_refused.err;
-  EXPECT_EQ(kv_at(sealed_store, "ls --json --tenant carol" + k).out.find("\"one\""), std::string::npos);
+  KvRun after_refusal = kv_at(sealed_store, "ls --json --tenant carol" + k);
+  EXPECT_EQ(after_refusal.code, 0) << after_refusal.err;
+  EXPECT_EQ(after_refusal.out.find("\"one\""), std::string::npos) << after_refusal.out;
+  // ... and the refused import did not mark the store encrypted: commands without the key still run
+  KvRun keyless_after = kv_at(sealed_store, "ls --json");
+  EXPECT_EQ(keyless_after.code, 0) << keyless_after.err;
   KvRun plain_allowed = kv_at(sealed_store, "import " + plain + " --allow-plain --tenant carol" + k);
   EXPECT_EQ(plain_allowed.code, 0) << plain_allowed.err;
   EXPECT_NE(kv_at(sealed_store, "ls --json --tenant carol" + k).out.find("\"one\""), std::string::npos);
@@ -753,6 +758,11 @@ TEST_F(StoreCli, ACatalogOverAnotherStoresBlobsIsRefusedAndDoctorSaysWhy) {
   std::ofstream(other / "store.json") << R"({"blobs": ")" << store_ << R"(", "catalog": ")"
                                       << (other / "catalog.sqlite").string() << R"("})";
   const std::string there = " --store " + other.string();
+  // before its catalog exists (a lost catalog, a new config over old blobs): what the save will do
+  KvRun before = bare("doctor" + there);
+  EXPECT_EQ(before.code, 5) << before.out << before.err;
+  EXPECT_NE(before.out.find("FAIL  store id: mismatch: the blobs at " + store_), std::string::npos) << before.out;
+  EXPECT_FALSE(fs::exists(other / "catalog.sqlite")) << "doctor created the catalog";
   KvRun refused = bare("save " + a.string() + there);
   EXPECT_EQ(refused.code, 5) << refused.err;
   EXPECT_NE(refused.err.find("belong to the store with id"), std::string::npos) << refused.err;
@@ -771,7 +781,7 @@ TEST_F(StoreCli, ACatalogOverAnotherStoresBlobsIsRefusedAndDoctorSaysWhy) {
   KvRun unnamed_save = bare("save " + a.string() + there);
   EXPECT_EQ(unnamed_save.code, 5) << unnamed_save.err;
   EXPECT_NE(unnamed_save.err.find("names none of them"), std::string::npos) << unnamed_save.err;
-  // their own catalog names them: none yet, and its next save gives both the id
+  // their own catalog names them and has the id: the next save writes it beside the blobs
   KvRun own = kv("doctor");
   EXPECT_EQ(own.code, 0) << own.out << own.err;
   EXPECT_NE(own.out.find("(the catalog's; the next save writes it beside the blobs)"), std::string::npos) << own.out;

@@ -86,7 +86,12 @@ check_cpu() {
     [ -x "$bin" ] || bin=$build/tests/$t
     filter='*'
     [ "$(basename "$t")" = migrate_tests ] && filter=$migrate_filter
-    if ! qemu-x86_64 "$bin" --gtest_brief=1 --gtest_filter="$filter" >"$work/$cpu-$(basename "$t").log" 2>&1; then
+    # A temporary directory per CPU: the two run at once, and tests that write fixed names under
+    # ::testing::TempDir() (TEST_TMPDIR) or the system's (TMPDIR) would write each other's files
+    # (Gguf.WriteFileThroughIo failed so once).
+    mkdir -p "$work/$cpu-tmp"
+    if ! TEST_TMPDIR="$work/$cpu-tmp/" TMPDIR="$work/$cpu-tmp" qemu-x86_64 "$bin" --gtest_brief=1 \
+         --gtest_filter="$filter" >"$work/$cpu-$(basename "$t").log" 2>&1; then
       echo "x86-cpus: FAIL $cpu: $(basename "$t")"
       grep -E "FAILED|Illegal|signal|Failure" "$work/$cpu-$(basename "$t").log" | head -n 20
       failed=1

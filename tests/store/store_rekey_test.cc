@@ -250,6 +250,8 @@ TEST(StoreRekey, ACrashAtAnyStepLeavesEverySnapshotReadableAndRekeyAgainFinishes
       auto imported = (*old_key)->import_from(archive);
       ASSERT_FALSE(imported.ok());
       EXPECT_EQ(imported.status().code(), Code::kMismatch) << imported.status().ToString();
+      EXPECT_NE(imported.status().message().find("saves need the new key"), std::string::npos)
+          << imported.status().ToString();
       auto resumed = (*old_key)->rekey(key_of(b.key_b));
       ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
       EXPECT_TRUE(resumed->resumed);
