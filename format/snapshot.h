@@ -159,6 +159,15 @@ struct SourceClaims {
   bool empty() const { return llama_build.empty() && reported_build.empty() && src_rotation.empty(); }
 };
 
+// The store's name and tags of a snapshot, recorded in INFO.labels of an encrypted snapshot's
+// manifest, which is sealed: the catalog's plain name and tags can then be checked against them
+// (a catalog writer without the key cannot swap the names of two sealed snapshots unseen).
+struct SnapshotLabels {
+  std::optional<std::string> name;
+  std::map<std::string, std::string> tags;
+  bool operator==(const SnapshotLabels&) const = default;
+};
+
 struct SnapshotProvenance {
   std::string source;                // basename of the original file
   SourceClaims writer;               // who wrote it (optional keys of INFO)
@@ -245,6 +254,7 @@ struct SnapshotManifest {
   Sha256Digest sections_sha256{};          // DIGS: SHA-256 of the manifest bytes before DIGS
   std::optional<SnapshotEncryption> encryption;  // CRYP: absent = plain chunks, SHA-256 ids
   std::optional<SnapshotMlx> mlx;                // MLXC: an mlx-lm prompt cache, not a llama.cpp state
+  std::optional<SnapshotLabels> labels;          // INFO.labels (encrypted snapshots saved by a store)
   std::vector<uint32_t> skipped_sections;  // unknown optional tags a reader skipped
   std::vector<std::byte> bytes;      // the encoded manifest
   Sha256Digest manifest_sha256{};          // of `bytes` (a store may key the manifest by it)
@@ -290,6 +300,7 @@ struct SnapshotOptions {
   std::optional<LossyConversion> lossy;
   std::string created;               // ISO-8601 UTC; empty: now (set it for reproducible output)
   std::string kvsnap_version = kKvsnapLibraryVersion;
+  std::optional<SnapshotLabels> labels;  // written as INFO.labels (SnapshotLabels)
   // Chunks the sink already holds (a store: the parent snapshot's, by hash,
   // with the encoding recorded for them). A chunk whose raw bytes hash to one
   // of these is not encoded: the sink gets the known ref (index and raw size

@@ -123,6 +123,12 @@ ordered_json layer_json(const StateFile& f, const KvStream& st, const KvLayer& L
 
 }  // namespace
 
+ordered_json labels_json(const SnapshotLabels& labels) {
+  ordered_json tags = ordered_json::object();
+  for (const auto& [k, v] : labels.tags) tags[k] = v;
+  return {{"name", labels.name ? ordered_json(*labels.name) : ordered_json(nullptr)}, {"tags", std::move(tags)}};
+}
+
 ordered_json chunking_json(const SnapshotOptions& o) {
   ordered_json j = {{"cells_per_chunk", o.cells_per_chunk}, {"frame_chunk_bytes", kFrameChunkBytes}};
   if (o.compress) {
@@ -255,6 +261,7 @@ ordered_json build_info(const StateFile& f, const SnapshotOptions& o, const Sha2
     j["lossy"] = nullptr;
   }
   j["chunking"] = chunking_json(o);
+  if (o.labels) j["labels"] = labels_json(*o.labels);
   return j;
 }
 
@@ -379,6 +386,21 @@ Status decode_info(std::span<const std::byte> payload, const std::string& name, 
   }
   KV_ASSIGN_OR_RETURN(std::optional<OrderedJsonRef> lossy, info.find("lossy"));
   m.lossy = lossy.has_value();
+  KV_ASSIGN_OR_RETURN(std::optional<OrderedJsonRef> labels, info.find("labels"));
+  if (labels) {
+    SnapshotLabels l;
+    KV_ASSIGN_OR_RETURN(std::optional<OrderedJsonRef> name, labels->find("name"));
+    if (name) {
+      KV_ASSIGN_OR_RETURN(l.name, name->string());
+    }
+    KV_ASSIGN_OR_RETURN(OrderedJsonRef tags, labels->at("tags"));
+    KV_ASSIGN_OR_RETURN(auto members, tags.members());
+    for (const auto& [k, v] : members) {
+      KV_ASSIGN_OR_RETURN(std::string value, v.string());
+      l.tags[k] = std::move(value);
+    }
+    m.labels = std::move(l);
+  }
   m.info = std::move(j);
   return Status::OK();
 }

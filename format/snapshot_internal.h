@@ -146,6 +146,8 @@ uint32_t rows_per_chunk(uint64_t n_rows, uint64_t cell_count, uint64_t elem_byte
 
 // INFO's "chunking": the chunk size and how this save encoded its new chunks.
 nlohmann::ordered_json chunking_json(const SnapshotOptions& opts);
+// INFO.labels: {"name": string or null, "tags": {key: value}} (SnapshotLabels).
+nlohmann::ordered_json labels_json(const SnapshotLabels& labels);
 
 // The INFO document for a state (everything but the digests of the bytes).
 nlohmann::ordered_json build_info(const StateFile& f, const SnapshotOptions& opts, const Sha256Digest& original_sha,

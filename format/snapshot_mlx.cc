@@ -132,6 +132,7 @@ ordered_json mlx_info(const MlxPromptCache& cache, const MlxCacheSummary& sum, c
   j["tokens"] = {{"n_tokens", n_tokens}, {"n_words", 0}, {"packed", false}};
   j["lossy"] = nullptr;
   j["chunking"] = chunking_json(o);
+  if (o.labels) j["labels"] = labels_json(*o.labels);
   return j;
 }
 

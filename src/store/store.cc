@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <set>
@@ -28,6 +29,13 @@ namespace kvsnap {
 namespace store_detail {
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+SnapshotLabels request_labels(const SaveRequest& req) {
+  SnapshotLabels l;
+  if (!req.name.empty()) l.name = req.name;
+  l.tags = req.tags;
+  return l;
+}
 
 SnapshotOptions save_options(const SaveRequest& req, const ReadableFile& file) {
   SnapshotOptions so;
@@ -357,6 +365,7 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   KV_ASSIGN_OR_RETURN(auto batch, begin_blob_write(req.under_hold));
   SnapshotOptions so = save_options(req, file);
   so.cipher = cipher();
+  if (so.cipher) so.labels = request_labels(req);  // sealed with the manifest: the catalog's are checked against them
   KV_RETURN_IF_ERROR(check_writer_claims(req.writer, parsed, req.model, so.source_name));
   so.writer = req.writer;
   if (so.writer.src_rotation == "auto") so.writer.src_rotation.clear();
@@ -556,6 +565,15 @@ Result<std::unique_ptr<StoredSnapshot>> Store::open_snapshot(const std::string& 
   return open_snapshot_held(ref, std::move(hold));
 }
 
+namespace {
+// Whether `ref` is the snapshot's whole uuid (which a sealed row is bound to), in any case.
+bool names_its_uuid(const std::string& ref, const std::string& uuid) {
+  return ref.size() == uuid.size() && std::equal(ref.begin(), ref.end(), uuid.begin(), [](char a, char b) {
+           return std::tolower(static_cast<unsigned char>(a)) == b;
+         });
+}
+}  // namespace
+
 Result<std::unique_ptr<StoredSnapshot>> Store::open_snapshot_held(const std::string& ref,
                                                                   std::unique_ptr<GcLockHold> hold) {
   KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
@@ -569,6 +587,7 @@ Result<std::unique_ptr<StoredSnapshot>> Store::open_snapshot_held(const std::str
   auto reader = kvsnap::open_snapshot(manifest, s->source_, ro);
   if (!reader.ok())
     return reader.status().Prefixed("snapshot " + ref + " (id " + std::to_string(id) + "): its manifest");
+  if (!names_its_uuid(ref, s->info_.uuid)) KV_RETURN_IF_ERROR(check_sealed_labels(s->info_, (*reader)->manifest(), ref));
   s->reader_ = std::move(reader).value();
   return std::unique_ptr<StoredSnapshot>(std::move(s));
 }
@@ -1086,6 +1105,7 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
     }
     KV_ASSIGN_OR_RETURN(std::vector<std::byte> manifest, manifest_of(rec));
     KV_ASSIGN_OR_RETURN(SnapshotManifest m, parse_manifest(manifest, "snapshot " + ref));
+    if (!names_its_uuid(ref, rec.info.uuid)) KV_RETURN_IF_ERROR(check_sealed_labels(rec.info, m, ref));
     KV_ASSIGN_OR_RETURN(std::vector<ChunkUse> uses, catalog_->chunks_of(id));
     source.add(uses);
     // An encrypted snapshot stays sealed: blobs copied as stored, the manifest sealed again.

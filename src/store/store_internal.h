@@ -26,6 +26,8 @@ double since(Clock::time_point t0);
 
 // The chunking, compression and threads a save asks for, and the name it records.
 SnapshotOptions save_options(const SaveRequest& req, const ReadableFile& file);
+// The name and tags a save gives its row, as an encrypted snapshot's manifest records them.
+SnapshotLabels request_labels(const SaveRequest& req);
 
 // Blobs are small (a chunk of 256 cells of one layer); anything larger than this is not ours.
 inline constexpr uint64_t kMaxBlobBytes = uint64_t(1) << 31;

@@ -118,6 +118,7 @@ Result<SaveResult> Store::save_mlx(const ReadableFile& file, const MlxPromptCach
   KV_ASSIGN_OR_RETURN(auto batch, begin_blob_write(req.under_hold));
   SnapshotOptions so = save_options(req, file);
   so.cipher = cipher();
+  if (so.cipher) so.labels = request_labels(req);
   const MlxSnapshotMeta meta{req.mlx_model, req.tokens};
   std::map<Sha256Digest, ChunkRef> parent_chunks;
   const std::string fingerprint = mlx_fingerprint(mlx_cache_summary(cache, req.mlx_model).model);

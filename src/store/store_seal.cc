@@ -73,6 +73,25 @@ Status check_snapshot_key(const SnapshotInfo& info, const ChunkCipher* cipher) {
   return Status::OK();
 }
 
+Status check_sealed_labels(const SnapshotInfo& row, const SnapshotManifest& m, const std::string& ref) {
+  if (!row.tenant || !m.labels) return Status::OK();
+  const SnapshotLabels& sealed = *m.labels;
+  std::string wrong;
+  if (row.name && row.name != sealed.name)
+    wrong = "the catalog names it '" + *row.name + "', and it was saved " +
+            (sealed.name ? "as '" + *sealed.name + "'" : std::string("without a name"));
+  for (const auto& [k, v] : row.tags) {
+    if (!wrong.empty()) break;
+    auto it = sealed.tags.find(k);
+    if (it == sealed.tags.end()) wrong = "the catalog gives it the tag " + k + "=" + v + ", which it was not saved with";
+    else if (it->second != v) wrong = "the catalog gives it the tag " + k + "=" + v + ", and it was saved with " + k + "=" + it->second;
+  }
+  if (wrong.empty()) return Status::OK();
+  return Status::Corruption("snapshot " + ref + " (uuid " + row.uuid + "): " + wrong +
+                            ": its name and tags in the catalog were changed by someone without the key (they are "
+                            "sealed in its manifest); its uuid, which the sealed manifest is bound to, still names it");
+}
+
 Status check_plain_under_key(const SnapshotInfo& info, const ChunkCipher* cipher, bool allow_plain) {
   if (!cipher || info.tenant || allow_plain) return Status::OK();
   return Status::Mismatch(snapshot_label(info) +

@@ -50,6 +50,14 @@ Result<std::vector<std::byte>> open_manifest_row(const SnapshotRecord& rec, cons
 // The tokens of a row: rec.tokens when plain, the sealed list opened when encrypted.
 Result<std::vector<int32_t>> open_tokens_row(const SnapshotRecord& rec, const ChunkCipher* cipher);
 
+// An encrypted snapshot's catalog name and tags against the labels sealed in its manifest
+// (INFO.labels, recorded by saves since labels exist): a name other than the sealed one, or a tag
+// the labels do not hold with that value, is kCorruption naming both (someone who can write the
+// catalog but has no key renamed it or swapped the names of two snapshots). A name or tag the row
+// lacks is not (an import that found the name taken saves it without). `ref` is how the caller
+// named it; a manifest without labels (an older save) is not checked.
+Status check_sealed_labels(const SnapshotInfo& row, const SnapshotManifest& m, const std::string& ref);
+
 // A sealed export's metadata of the snapshot `uuid` (what its index would show in plaintext),
 // sealed by the tenant's cipher and bound to the uuid; opened back with the same binding, so a
 // changed byte or metadata moved onto another uuid is kCorruption "<what>: tampered or corrupt".

@@ -690,6 +690,37 @@ std::unique_ptr<StoreSnapshot> store_snapshot() {
 
 // INFO is parsed into a tree many times its size (a hostile 1 GiB manifest cost some 17 GiB): the
 // writer writes and the reader parses at most kMaxInfoBytes of it, the limit itself included.
+// INFO.labels (a store's name and tags, sealed with an encrypted snapshot's manifest) read back as
+// written; absent when not given; of another shape, corrupt.
+TEST(Snapshot, LabelsAreReadBackAndAMalformedOneIsRefused) {
+  const auto bytes = slurp(kRoot / "fixtures/v0.5.0/hd64-q4_0-q8_0-faon.slot");
+  SnapshotOptions o = opts_with(32);
+  o.labels = SnapshotLabels{std::string("chat"), {{"user", "ana"}, {"k", ""}}};
+  const auto file = make_file(bytes, {}, o);
+  MemoryFile snap("snap", std::span<const std::byte>(file));
+  auto r = open_snapshot_file(snap);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE((*r)->manifest().labels.has_value());
+  EXPECT_EQ(*(*r)->manifest().labels, *o.labels);
+  EXPECT_EQ((*r)->info()["labels"]["name"], "chat");
+  o.labels = SnapshotLabels{std::nullopt, {}};
+  const auto unnamed = make_file(bytes, {}, o);
+  MemoryFile snap2("snap2", std::span<const std::byte>(unnamed));
+  auto r2 = open_snapshot_file(snap2);
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  EXPECT_EQ(*(*r2)->manifest().labels, SnapshotLabels{});
+  auto s = store_snapshot();
+  EXPECT_FALSE(s->m.labels.has_value());
+  for (const char* bad : {R"({"name": 5, "tags": {}})", R"({"name": "x"})", R"({"name": "x", "tags": {"k": 1}})",
+                          R"({"name": "x", "tags": []})", R"("chat")"}) {
+    SnapshotManifest m = s->m;
+    m.info["labels"] = nlohmann::ordered_json::parse(bad);
+    ASSERT_TRUE(snapshot_detail::encode_manifest(m).ok());
+    auto refused = open_snapshot(m.bytes, s->store);
+    EXPECT_EQ(refused.status().code(), Code::kCorruption) << bad << ": " << refused.status().ToString();
+  }
+}
+
 TEST(SnapshotHostile, InfoBeyondItsLimitIsRefusedByTheWriterAndTheReader) {
   using snapshot_detail::kMaxInfoBytes;
   auto s = store_snapshot();

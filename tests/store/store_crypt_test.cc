@@ -408,6 +408,53 @@ TEST(StoreCrypt, AUuidNamesItsOwnRowEvenIfAnotherIsNamedLikeIt) {
   EXPECT_EQ(s->catalog().resolve(gone).status().code(), Code::kNotFound);
 }
 
+// Names and tags are catalog columns that whoever can write the catalog changes without the key:
+// swapping the names of two sealed snapshots sent a restore of "a" to b's data, exit 0. A save
+// now records them in the sealed manifest (INFO.labels), and a snapshot whose catalog name or tags
+// differ is refused when named by anything but its uuid (restore, export; verify reports it).
+TEST(StoreCrypt, SwappedNamesOrTagsOfSealedSnapshotsAreRefused) {
+  Bed b;
+  Loaded l = load(fixtures() / kSlot);
+  Loaded other = load(fixtures() / "v0.5.0/hd64-q8_0-q8_0-faon.slot");
+  auto s = b.must_open(b.key_a);
+  SaveRequest ra = small_chunks(), rb = small_chunks();
+  ra.name = "a";
+  ra.tags = {{"k", "1"}};
+  rb.name = "b";
+  rb.tags = {{"k", "2"}};
+  auto a = s->save(*l.file, l.state, ra);
+  auto bb = s->save(*other.file, other.state, rb);
+  ASSERT_TRUE(a.ok() && bb.ok());
+  const std::string ida = std::to_string(a->info.id), idb = std::to_string(bb->info.id);
+  EXPECT_EQ(restore_all(*s, "a"), test::slurp_text(fixtures() / kSlot));
+  b.sql("UPDATE snapshots SET name = 'x' WHERE id = " + ida + "; UPDATE snapshots SET name = 'a' WHERE id = " + idb +
+        "; UPDATE snapshots SET name = 'b' WHERE id = " + ida);
+  Status st;
+  const std::string got = restore_all(*s, "a", &st);
+  EXPECT_EQ(st.code(), Code::kCorruption) << st.ToString();
+  EXPECT_NE(st.message().find("the catalog names it 'a', and it was saved as 'b'"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find(bb->info.uuid), std::string::npos) << st.ToString();
+  EXPECT_TRUE(got.empty()) << "bytes were written for a swapped name";
+  // by its uuid, which the sealed manifest is bound to, it is what it always was
+  EXPECT_EQ(restore_all(*s, bb->info.uuid), test::slurp_text(fixtures() / "v0.5.0/hd64-q8_0-q8_0-faon.slot"));
+  const std::string archive = temp_path("swapped").string() + ".tar.zst";
+  EXPECT_EQ(s->export_to({"a"}, archive).code(), Code::kCorruption);
+  auto v = s->verify({});
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->problems.size(), 2u) << (v->problems.empty() ? "" : v->problems[0]);
+  // names back; a tag changed is refused too, a tag removed is not (an import keeps fewer labels
+  // when a name is taken)
+  b.sql("UPDATE snapshots SET name = 'x' WHERE id = " + ida + "; UPDATE snapshots SET name = 'b' WHERE id = " + idb +
+        "; UPDATE snapshots SET name = 'a' WHERE id = " + ida + "; UPDATE tags SET value = '9' WHERE snapshot_id = " + ida);
+  restore_all(*s, "a", &st);
+  EXPECT_EQ(st.code(), Code::kCorruption) << st.ToString();
+  EXPECT_NE(st.message().find("the tag k=9, and it was saved with k=1"), std::string::npos) << st.ToString();
+  b.sql("DELETE FROM tags WHERE snapshot_id = " + ida);
+  EXPECT_EQ(restore_all(*s, "a"), test::slurp_text(fixtures() / kSlot));
+  EXPECT_TRUE(s->verify({}).value().problems.empty());
+  fs::remove(archive);
+}
+
 // A catalog whose encryption setting someone removed, its sealed rows still there: a command
 // without the key does not take it for a plain store (it would restore plain rows anyone added as
 // the store's own); with the key it opens; verify and gc, which run without the key, open it.
