@@ -45,4 +45,33 @@ inline std::string quote_text(std::string_view s, size_t max_bytes = 80) {
   return out + "'";
 }
 
+// Whether `s` is well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing past
+// U+10FFFF), as JSON text and PostgreSQL require of what kvsnap writes there.
+inline bool is_valid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n;
+    unsigned char lo = 0x80, hi = 0xbf;  // the range of the second byte
+    if (c < 0x80) { ++i; continue; }
+    if (c >= 0xc2 && c <= 0xdf) n = 1;
+    else if (c == 0xe0) { n = 2; lo = 0xa0; }
+    else if (c == 0xed) { n = 2; hi = 0x9f; }
+    else if (c >= 0xe1 && c <= 0xef) n = 2;
+    else if (c == 0xf0) { n = 3; lo = 0x90; }
+    else if (c >= 0xf1 && c <= 0xf3) n = 3;
+    else if (c == 0xf4) { n = 3; hi = 0x8f; }
+    else return false;
+    if (i + n >= s.size()) return false;  // cut short
+    const unsigned char c1 = static_cast<unsigned char>(s[i + 1]);
+    if (c1 < lo || c1 > hi) return false;
+    for (size_t k = 2; k <= n; ++k) {
+      const unsigned char ck = static_cast<unsigned char>(s[i + k]);
+      if (ck < 0x80 || ck > 0xbf) return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
 }  // namespace kvsnap

@@ -1,5 +1,6 @@
 #include "store/catalog_rules.h"
 
+#include "base/text.h"
 #include "store/eviction.h"
 
 #include <openssl/rand.h>
@@ -225,6 +226,13 @@ Result<std::string> canonical_snapshot_uuid(const std::string& uuid) {
 }
 
 Status check_snapshot_labels(const std::optional<std::string>& name, const std::map<std::string, std::string>& tags) {
+  // JSON (ls --json, an encrypted snapshot's sealed labels) and PostgreSQL take UTF-8 only: bytes of
+  // another encoding would come back as U+FFFD and no longer match what the catalog holds.
+  if (name && !is_valid_utf8(*name))
+    return Status::InvalidArgument(quote_text(*name) + " cannot be a snapshot name: it is not UTF-8 text");
+  for (const auto& [k, v] : tags)
+    if (!is_valid_utf8(k) || !is_valid_utf8(v))
+      return Status::InvalidArgument("the tag " + quote_text(k) + "=" + quote_text(v) + " is not UTF-8 text");
   if (name) {
     if (name->empty()) return Status::InvalidArgument("a snapshot name cannot be empty");
     if (catalog_detail::all_digits(*name))

@@ -572,10 +572,27 @@ bool names_its_uuid(const std::string& ref, const std::string& uuid) {
            return std::tolower(static_cast<unsigned char>(a)) == b;
          });
 }
+// `info` with the name and tags sealed in its manifest, where it records them (INFO.labels).
+SnapshotInfo with_sealed_labels(SnapshotInfo info, const SnapshotManifest& m) {
+  if (info.tenant && m.labels) {
+    info.name = m.labels->name;
+    info.tags = m.labels->tags;
+  }
+  return info;
+}
 }  // namespace
 
+Status Store::check_labels_of(const std::string& ref) {
+  KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
+  KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
+  if (!rec.info.tenant || names_its_uuid(ref, rec.info.uuid)) return Status::OK();
+  KV_ASSIGN_OR_RETURN(std::vector<std::byte> manifest, manifest_of(rec));
+  KV_ASSIGN_OR_RETURN(SnapshotManifest m, parse_manifest(manifest, "snapshot " + ref));
+  return check_sealed_labels(rec.info, m, ref);
+}
+
 Result<std::unique_ptr<StoredSnapshot>> Store::open_snapshot_held(const std::string& ref,
-                                                                  std::unique_ptr<GcLockHold> hold) {
+                                                                  std::unique_ptr<GcLockHold> hold, bool check_labels) {
   KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
   KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
   KV_ASSIGN_OR_RETURN(std::vector<std::byte> manifest, manifest_of(rec));
@@ -587,7 +604,8 @@ Result<std::unique_ptr<StoredSnapshot>> Store::open_snapshot_held(const std::str
   auto reader = kvsnap::open_snapshot(manifest, s->source_, ro);
   if (!reader.ok())
     return reader.status().Prefixed("snapshot " + ref + " (id " + std::to_string(id) + "): its manifest");
-  if (!names_its_uuid(ref, s->info_.uuid)) KV_RETURN_IF_ERROR(check_sealed_labels(s->info_, (*reader)->manifest(), ref));
+  if (check_labels && !names_its_uuid(ref, s->info_.uuid))
+    KV_RETURN_IF_ERROR(check_sealed_labels(s->info_, (*reader)->manifest(), ref));
   s->reader_ = std::move(reader).value();
   return std::unique_ptr<StoredSnapshot>(std::move(s));
 }
@@ -779,7 +797,8 @@ Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
       verify_sealed(row, rep);  // not this key's to open: what needs no key
       continue;
     }
-    auto snap = open_snapshot_held(std::to_string(id), std::move(hold));
+    // By its uuid: a label mismatch is reported below and the rest of the snapshot still checked.
+    auto snap = open_snapshot_held(row.uuid, std::move(hold), /*check_labels=*/false);
     if (!snap.ok()) {
       if (snap.status().code() == Code::kInterrupted) return snap.status();  // stopped, not damaged
       if (removed_meanwhile(id)) {
@@ -792,6 +811,8 @@ Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
     const SnapshotReader& reader = (*snap)->reader();
     const SnapshotInfo& info = (*snap)->info();
     const std::string label = info.name ? who + " (" + *info.name + ")" : who;
+    if (Status l = check_sealed_labels(info, reader.manifest(), std::to_string(id)); !l.ok())
+      rep.problems.push_back(label + ": " + l.message());
     auto rec = catalog_->get(id);
     if (!rec.ok() && removed_meanwhile(id)) {
       --rep.snapshots;
@@ -1092,8 +1113,8 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
     KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
     KV_RETURN_IF_ERROR(check_plain_under_key(rec.info, cipher(), allow_plain));
     if (decrypt && rec.info.tenant) {
-      KV_ASSIGN_OR_RETURN(auto opened, open_snapshot_held(std::to_string(id), nullptr));
-      SnapshotInfo plain = rec.info;
+      KV_ASSIGN_OR_RETURN(auto opened, open_snapshot_held(ref, nullptr));
+      SnapshotInfo plain = with_sealed_labels(rec.info, opened->reader().manifest());
       plain.tenant.reset();
       // The plain file is built again (SHA-256 chunk ids): its digest is not the keyed one; a plain
       // index entry records none.
@@ -1111,6 +1132,8 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
     // An encrypted snapshot stays sealed: blobs copied as stored, the manifest sealed again.
     KV_ASSIGN_OR_RETURN(SnapshotFileAssembler a,
                         SnapshotFileAssembler::plan(m, source, m.encryption ? cipher() : nullptr));
+    // By its uuid a snapshot whose catalog labels were changed is exported with the sealed ones.
+    rec.info = with_sealed_labels(rec.info, m);
     KV_ASSIGN_OR_RETURN(nlohmann::json entry, index_entry(rec.info, m.content_digest, cipher()));
     index["snapshots"].push_back(std::move(entry));
     items.push_back({std::move(rec.info), std::make_unique<SnapshotFileAssembler>(std::move(a)), nullptr});

@@ -223,6 +223,10 @@ class Store {
   // blobs its rows named stay even if rekey or rm changes the rows meanwhile; a gc that does not
   // wait skips until it is closed. Close it before a gc that waits, in the same thread.
   Result<std::unique_ptr<StoredSnapshot>> open_snapshot(const std::string& ref);
+  // For a caller that resolves `ref` itself and then reads the snapshot by its uuid (restore
+  // --server): kMismatch when `ref` names an encrypted snapshot whose catalog name or tags are not
+  // the ones sealed in its manifest (store_seal.h check_sealed_labels); OK for a uuid or a plain row.
+  Status check_labels_of(const std::string& ref);
 
   // Also deletes blobs nobody uses any more, and compacts packs at compact_dead_percent(), best
   // effort (skipped while another gc runs; `gc` gets that collection's report when given).
@@ -288,8 +292,10 @@ class Store {
                                    const StateFile& parsed, const SaveRequest& req, double t0);
   Result<RestoreResult> restore_unlabeled(const std::string& ref, const RestoreRequest& req, ByteSink& out);
   // open_snapshot() under a hold the caller took (nullptr: one it keeps itself, as export does);
-  // the snapshot keeps `hold` while it is open.
-  Result<std::unique_ptr<StoredSnapshot>> open_snapshot_held(const std::string& ref, std::unique_ptr<GcLockHold> hold);
+  // the snapshot keeps `hold` while it is open. `check_labels`: an encrypted snapshot named by
+  // anything but its uuid must carry its sealed name and tags (check_sealed_labels).
+  Result<std::unique_ptr<StoredSnapshot>> open_snapshot_held(const std::string& ref, std::unique_ptr<GcLockHold> hold,
+                                                             bool check_labels = true);
   // The key checks of open(): see docs/store.md, "Encryption at rest".
   Status open_encryption(StoreParts& parts);
   // rekey() of one snapshot: its chunks and rows sealed again from `from` to `to` (one tenant's

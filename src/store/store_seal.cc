@@ -87,9 +87,12 @@ Status check_sealed_labels(const SnapshotInfo& row, const SnapshotManifest& m, c
     else if (it->second != v) wrong = "the catalog gives it the tag " + k + "=" + v + ", and it was saved with " + k + "=" + it->second;
   }
   if (wrong.empty()) return Status::OK();
-  return Status::Corruption("snapshot " + ref + " (uuid " + row.uuid + "): " + wrong +
-                            ": its name and tags in the catalog were changed by someone without the key (they are "
-                            "sealed in its manifest); its uuid, which the sealed manifest is bound to, still names it");
+  // kMismatch, not kCorruption: the snapshot is whole (restore's "damaged ... kvsnap rm removes it"
+  // would have the user delete a good snapshot); the catalog's label does not belong to it.
+  return Status::Mismatch("snapshot " + ref + " (uuid " + row.uuid + "): " + wrong +
+                          ": its name and tags in the catalog were changed by someone without the key (they are "
+                          "sealed in its manifest); its uuid, which the sealed manifest is bound to, still names "
+                          "it: kvsnap restore " + row.uuid + " ...");
 }
 
 Status check_plain_under_key(const SnapshotInfo& info, const ChunkCipher* cipher, bool allow_plain) {

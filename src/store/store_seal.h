@@ -52,7 +52,7 @@ Result<std::vector<int32_t>> open_tokens_row(const SnapshotRecord& rec, const Ch
 
 // An encrypted snapshot's catalog name and tags against the labels sealed in its manifest
 // (INFO.labels, recorded by saves since labels exist): a name other than the sealed one, or a tag
-// the labels do not hold with that value, is kCorruption naming both (someone who can write the
+// the labels do not hold with that value, is kMismatch naming both (someone who can write the
 // catalog but has no key renamed it or swapped the names of two snapshots). A name or tag the row
 // lacks is not (an import that found the name taken saves it without). `ref` is how the caller
 // named it; a manifest without labels (an older save) is not checked.

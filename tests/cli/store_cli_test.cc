@@ -1037,6 +1037,35 @@ TEST_F(StoreCli, APlainSnapshotNeedsAllowPlainUnderAKey) {
   EXPECT_EQ(other.err.find("127.0.0.1:1"), std::string::npos) << "asked the server first: " << other.err;
 }
 
+// A swapped name of a sealed snapshot is refused through the binary too (exit 5, the uuid as the
+// way out), restore --server included before it asks the server (it restores by uuid, which
+// skipped the check); a name that is not UTF-8 is refused at save (sealed labels are JSON text).
+TEST_F(StoreCli, ASwappedNameOfASealedSnapshotIsRefused) {
+  const std::string key = " --key-file " + key_file("k.key", 'd').string() + " --tenant alice";
+  ASSERT_EQ(kv("save " + make_slot("a.slot", 2, 64, 40, 5).string() + " --name a" + key).code, 0);
+  ASSERT_EQ(kv("save " + make_slot("b.slot", 2, 64, 40, 6).string() + " --name b" + key).code, 0);
+  const fs::path db = fs::path(store_) / "catalog.sqlite";
+  const std::string py = "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+                         "c.execute(\\\"UPDATE snapshots SET name = 'x' WHERE name = 'a'\\\"); "
+                         "c.execute(\\\"UPDATE snapshots SET name = 'a' WHERE name = 'b'\\\"); "
+                         "c.execute(\\\"UPDATE snapshots SET name = 'b' WHERE name = 'x'\\\"); c.commit()";
+  ASSERT_EQ(std::system(("python3 -c \"" + py + "\" " + db.string()).c_str()), 0);
+  KvRun r = kv("restore a -o " + (dir_ / "a-back.slot").string() + key);
+  EXPECT_EQ(r.code, 5) << r.err;
+  EXPECT_NE(r.err.find("the catalog names it 'a', and it was saved as 'b'"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("damaged"), std::string::npos) << "a good snapshot called damaged: " << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "a-back.slot"));
+  KvRun early = kv("restore a --server http://127.0.0.1:1 --slot-dir " + dir_.string() + key);
+  EXPECT_EQ(early.code, 5) << early.err;
+  EXPECT_NE(early.err.find("it was saved as 'b'"), std::string::npos) << early.err;
+  EXPECT_EQ(early.err.find("127.0.0.1:1"), std::string::npos) << "asked the server first: " << early.err;
+  KvRun v = kv("verify --all" + key);
+  EXPECT_EQ(v.code, 3) << v.out << v.err;
+  KvRun latin1 = kv("save " + make_slot("c.slot", 2, 64, 40, 7).string() + " --name \"$(printf 'caf\\351')\"" + key);
+  EXPECT_EQ(latin1.code, 2) << latin1.err;
+  EXPECT_NE(latin1.err.find("is not UTF-8 text"), std::string::npos) << latin1.err;
+}
+
 // save --level none stores every chunk raw (the fastest save and restore when the CPU is the
 // limit, docs/store.md "Speed and space"): the restore is the file byte for byte, the stored bytes
 // are the raw ones plus the blob headers; a level that is neither a number nor none is exit 2.

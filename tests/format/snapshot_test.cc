@@ -688,8 +688,6 @@ std::unique_ptr<StoreSnapshot> store_snapshot() {
   return s;
 }
 
-// INFO is parsed into a tree many times its size (a hostile 1 GiB manifest cost some 17 GiB): the
-// writer writes and the reader parses at most kMaxInfoBytes of it, the limit itself included.
 // INFO.labels (a store's name and tags, sealed with an encrypted snapshot's manifest) read back as
 // written; absent when not given; of another shape, corrupt.
 TEST(Snapshot, LabelsAreReadBackAndAMalformedOneIsRefused) {
@@ -721,6 +719,8 @@ TEST(Snapshot, LabelsAreReadBackAndAMalformedOneIsRefused) {
   }
 }
 
+// INFO is parsed into a tree many times its size (a hostile 1 GiB manifest cost some 17 GiB): the
+// writer writes and the reader parses at most kMaxInfoBytes of it, the limit itself included.
 TEST(SnapshotHostile, InfoBeyondItsLimitIsRefusedByTheWriterAndTheReader) {
   using snapshot_detail::kMaxInfoBytes;
   auto s = store_snapshot();

@@ -431,28 +431,44 @@ TEST(StoreCrypt, SwappedNamesOrTagsOfSealedSnapshotsAreRefused) {
         "; UPDATE snapshots SET name = 'b' WHERE id = " + ida);
   Status st;
   const std::string got = restore_all(*s, "a", &st);
-  EXPECT_EQ(st.code(), Code::kCorruption) << st.ToString();
+  EXPECT_EQ(st.code(), Code::kMismatch) << st.ToString();
   EXPECT_NE(st.message().find("the catalog names it 'a', and it was saved as 'b'"), std::string::npos) << st.ToString();
   EXPECT_NE(st.message().find(bb->info.uuid), std::string::npos) << st.ToString();
   EXPECT_TRUE(got.empty()) << "bytes were written for a swapped name";
   // by its uuid, which the sealed manifest is bound to, it is what it always was
   EXPECT_EQ(restore_all(*s, bb->info.uuid), test::slurp_text(fixtures() / "v0.5.0/hd64-q8_0-q8_0-faon.slot"));
   const std::string archive = temp_path("swapped").string() + ".tar.zst";
-  EXPECT_EQ(s->export_to({"a"}, archive).code(), Code::kCorruption);
+  EXPECT_EQ(s->export_to({"a"}, archive).code(), Code::kMismatch);
+  EXPECT_EQ(s->export_to({"a"}, archive, /*decrypt=*/true).code(), Code::kMismatch);
+  // verify names both and still checks the rest of each
   auto v = s->verify({});
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   EXPECT_EQ(v->problems.size(), 2u) << (v->problems.empty() ? "" : v->problems[0]);
+  EXPECT_EQ(v->chunks, a->chunks + bb->chunks) << "a label problem stopped the check of the chunks";
+  // exported by its uuid, it travels under its sealed name
+  ASSERT_TRUE(s->export_to({bb->info.uuid}, archive).ok());
+  Bed into;
+  auto there = into.must_open(b.key_a);
+  ASSERT_TRUE(there->import_from(archive).ok());
+  EXPECT_EQ(restore_all(*there, "b"), test::slurp_text(fixtures() / "v0.5.0/hd64-q8_0-q8_0-faon.slot"));
   // names back; a tag changed is refused too, a tag removed is not (an import keeps fewer labels
   // when a name is taken)
   b.sql("UPDATE snapshots SET name = 'x' WHERE id = " + ida + "; UPDATE snapshots SET name = 'b' WHERE id = " + idb +
         "; UPDATE snapshots SET name = 'a' WHERE id = " + ida + "; UPDATE tags SET value = '9' WHERE snapshot_id = " + ida);
   restore_all(*s, "a", &st);
-  EXPECT_EQ(st.code(), Code::kCorruption) << st.ToString();
+  EXPECT_EQ(st.code(), Code::kMismatch) << st.ToString();
   EXPECT_NE(st.message().find("the tag k=9, and it was saved with k=1"), std::string::npos) << st.ToString();
   b.sql("DELETE FROM tags WHERE snapshot_id = " + ida);
   EXPECT_EQ(restore_all(*s, "a"), test::slurp_text(fixtures() / kSlot));
   EXPECT_TRUE(s->verify({}).value().problems.empty());
   fs::remove(archive);
+  // names and tags are UTF-8 text (the sealed copy is JSON): other bytes are refused at save
+  SaveRequest latin1 = small_chunks();
+  latin1.name = "caf\xe9";
+  EXPECT_EQ(s->save(*l.file, l.state, latin1).status().code(), Code::kInvalidArgument);
+  latin1.name.clear();
+  latin1.tags = {{"k", "\xff"}};
+  EXPECT_EQ(s->save(*l.file, l.state, latin1).status().code(), Code::kInvalidArgument);
 }
 
 // A catalog whose encryption setting someone removed, its sealed rows still there: a command
