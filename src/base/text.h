@@ -74,4 +74,24 @@ inline bool is_valid_utf8(std::string_view s) {
   return true;
 }
 
+// `s` with every byte that is not part of a well-formed UTF-8 sequence written as \xNN (a file
+// path of another encoding, made fit for a tag: the same path gives the same text).
+inline std::string utf8_escaped(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t len = c < 0x80 ? 1 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+    if (i + len <= s.size() && is_valid_utf8(s.substr(i, len))) {
+      out.append(s.substr(i, len));
+      i += len;
+    } else {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      out += b;
+      ++i;
+    }
+  }
+  return out;
+}
+
 }  // namespace kvsnap

@@ -9,6 +9,7 @@
 #include "base/printf_text.h"
 #include "cli/progress.h"
 #include "cli/store_common.h"
+#include "base/text.h"
 #include "cli/commands.h"
 #include "cli/era_options.h"
 #include "cli/exit_codes.h"
@@ -146,7 +147,7 @@ struct BackupReport {
 // digests, equal bytes; encrypted stores' digests are keyed per tenant and never equal a plain one).
 std::vector<SnapshotInfo> earlier_backups(Store& store, const std::string& path, const SnapshotInfo& mine) {
   ListFilter same_file;
-  same_file.tags = {{"migrated-from", path}};
+  same_file.tags = {{"migrated-from", utf8_escaped(path)}};
   if (store.cipher()) same_file.tenant = store.tenant();
   std::vector<SnapshotInfo> out;
   auto listed = store.catalog().list(same_file);
@@ -230,7 +231,7 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
     m.backup = [&](const std::string& path, const ReadableFile& file, const StateFile& state) -> Status {
       SaveRequest req;
       req.model = m.model;
-      req.tags = {{"migrated-from", path}};
+      req.tags = {{"migrated-from", utf8_escaped(path)}};
       req.source_name = path;
       req.threads = 1;
       // Pinned: a store cap must never evict the only copy of an original converted in place (a later

@@ -5,6 +5,7 @@
 
 #include "base/chunk_cipher.h"
 #include "base/sha256.h"
+#include "base/text.h"
 #include "serve/requests.h"
 
 namespace kvsnap {
@@ -169,6 +170,13 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
       if ((unowned = slot_ns.empty()))
         return Status::NotFound("slot " + std::to_string(slot) + " holds a conversation that begins with no recent "
                                 "request's prompt: not saved now, its own request's save will tag it");
+      // A session name that is not UTF-8 text cannot be a tag (nor a tenant): not kept, and no
+      // failure of persistence either (it would be retried, and fail, on every pass).
+      if (!is_valid_utf8(slot_ns)) {
+        no_tenant = true;
+        return Status::InvalidArgument("slot " + std::to_string(slot) + " holds a conversation whose session name " +
+                                       "is not UTF-8 text: not saved");
+      }
       // A client's X-Kvsnap-Session that is no tenant name: its conversations are not kept (docs/serve.md),
       // and that is no failure of persistence (a failed save stops a requantize).
       if (stores_.per_namespace()) {

@@ -260,7 +260,7 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   }
   KV_RETURN_IF_ERROR(check_snapshot_key(info, store.cipher()));
   KV_RETURN_IF_ERROR(check_plain_under_key(info, store.cipher(), t.allow_plain));
-  KV_RETURN_IF_ERROR(store.check_labels_of(ref));  // the restore below goes by uuid
+  KV_RETURN_IF_ERROR(store.check_labels_of(ref, id));  // the restore below goes by this row's uuid
   KV_RETURN_IF_ERROR(srv.health());
   KV_RETURN_IF_ERROR(check_idle(srv, t.slot));
   KV_ASSIGN_OR_RETURN(Model model, find_model(io, srv, t));

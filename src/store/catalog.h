@@ -373,6 +373,11 @@ Result<std::string> canonical_snapshot_uuid(const std::string& uuid);
 // kInvalidArgument for labels no snapshot may have: an empty or all-digit name (it would read as
 // an id), a name that is a uuid (it would read as that snapshot's), an empty tag key.
 Status check_snapshot_labels(const std::optional<std::string>& name, const std::map<std::string, std::string>& tags);
+// New labels (a save, an import) must be UTF-8 text: JSON (ls --json, an encrypted snapshot's sealed
+// copy in INFO.labels) and PostgreSQL take nothing else, and bytes of another encoding would come
+// back as U+FFFD, no longer matching the catalog. Rows already stored keep theirs (rekey rewrites
+// them as they are).
+Status check_new_labels_text(const std::optional<std::string>& name, const std::map<std::string, std::string>& tags);
 
 // Where a gc stands: its deletions (blobs, packs, temporaries, and their sizes in storage).
 struct GcProgress {

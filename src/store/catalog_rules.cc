@@ -225,14 +225,16 @@ Result<std::string> canonical_snapshot_uuid(const std::string& uuid) {
   return catalog_detail::lower(uuid);
 }
 
-Status check_snapshot_labels(const std::optional<std::string>& name, const std::map<std::string, std::string>& tags) {
-  // JSON (ls --json, an encrypted snapshot's sealed labels) and PostgreSQL take UTF-8 only: bytes of
-  // another encoding would come back as U+FFFD and no longer match what the catalog holds.
+Status check_new_labels_text(const std::optional<std::string>& name, const std::map<std::string, std::string>& tags) {
   if (name && !is_valid_utf8(*name))
     return Status::InvalidArgument(quote_text(*name) + " cannot be a snapshot name: it is not UTF-8 text");
   for (const auto& [k, v] : tags)
     if (!is_valid_utf8(k) || !is_valid_utf8(v))
       return Status::InvalidArgument("the tag " + quote_text(k) + "=" + quote_text(v) + " is not UTF-8 text");
+  return Status::OK();
+}
+
+Status check_snapshot_labels(const std::optional<std::string>& name, const std::map<std::string, std::string>& tags) {
   if (name) {
     if (name->empty()) return Status::InvalidArgument("a snapshot name cannot be empty");
     if (catalog_detail::all_digits(*name))

@@ -360,6 +360,7 @@ Result<std::vector<std::byte>> Store::manifest_of(const SnapshotRecord& rec) con
 
 Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed, const SaveRequest& req) {
   const auto t0 = Clock::now();
+  KV_RETURN_IF_ERROR(check_new_labels_text(req.name.empty() ? std::nullopt : std::optional<std::string>(req.name), req.tags));
   KV_RETURN_IF_ERROR(check_save_keys());
   if (req.on_start) req.on_start(file.size());
   KV_ASSIGN_OR_RETURN(auto batch, begin_blob_write(req.under_hold));
@@ -582,8 +583,7 @@ SnapshotInfo with_sealed_labels(SnapshotInfo info, const SnapshotManifest& m) {
 }
 }  // namespace
 
-Status Store::check_labels_of(const std::string& ref) {
-  KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
+Status Store::check_labels_of(const std::string& ref, int64_t id) {
   KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
   if (!rec.info.tenant || names_its_uuid(ref, rec.info.uuid)) return Status::OK();
   KV_ASSIGN_OR_RETURN(std::vector<std::byte> manifest, manifest_of(rec));
@@ -797,8 +797,8 @@ Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
       verify_sealed(row, rep);  // not this key's to open: what needs no key
       continue;
     }
-    // By its uuid: a label mismatch is reported below and the rest of the snapshot still checked.
-    auto snap = open_snapshot_held(row.uuid, std::move(hold), /*check_labels=*/false);
+    // A label mismatch is reported below and the rest of the snapshot still checked.
+    auto snap = open_snapshot_held(std::to_string(id), std::move(hold), /*check_labels=*/false);
     if (!snap.ok()) {
       if (snap.status().code() == Code::kInterrupted) return snap.status();  // stopped, not damaged
       if (removed_meanwhile(id)) {
@@ -922,7 +922,7 @@ Result<nlohmann::json> index_entry(const SnapshotInfo& s, const Sha256Digest& or
   if (!cipher) return check_snapshot_key(s, cipher);  // the "no key was given" error
   nlohmann::json labels = export_labels(s);
   labels["original_sha256"] = to_hex(original);
-  const std::string plain = labels.dump();
+  const std::string plain = json_text(labels);
   KV_ASSIGN_OR_RETURN(std::vector<std::byte> sealed,
                       seal_export_metadata(*cipher, s.uuid, std::as_bytes(std::span<const char>(plain))));
   j.update({{"tenant", *s.tenant}, {"master_key_id", s.master_key_id}, {"tenant_key_id", s.tenant_key_id},
@@ -1250,7 +1250,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
   // the archive in the store (its readers are opened again below, not kept: each holds a cache).
   for (const auto& [entry, tmp] : v.files) {
     KV_ASSIGN_OR_RETURN(Checked c, check_entry(entry, tmp));
-    if (Status s = check_snapshot_labels(c.meta.name, c.meta.tags); !s.ok())
+    if (Status s = check_snapshot_labels(c.meta.name, c.meta.tags); !s.ok() || !(s = check_new_labels_text(c.meta.name, c.meta.tags)).ok())
       return Status::Corruption(path + ": " + entry + ": " + s.message());
     // A control character (ESC, CR) in a label would rewrite the terminal of whoever lists the
     // store; a tab (which an HTTP header, kvsnap serve's session name, may hold) is taken.

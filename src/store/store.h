@@ -223,10 +223,11 @@ class Store {
   // blobs its rows named stay even if rekey or rm changes the rows meanwhile; a gc that does not
   // wait skips until it is closed. Close it before a gc that waits, in the same thread.
   Result<std::unique_ptr<StoredSnapshot>> open_snapshot(const std::string& ref);
-  // For a caller that resolves `ref` itself and then reads the snapshot by its uuid (restore
+  // For a caller that resolved `ref` itself and then reads the snapshot by its uuid (restore
   // --server): kMismatch when `ref` names an encrypted snapshot whose catalog name or tags are not
   // the ones sealed in its manifest (store_seal.h check_sealed_labels); OK for a uuid or a plain row.
-  Status check_labels_of(const std::string& ref);
+  // `id`: the row `ref` resolved to, the one the caller then reads.
+  Status check_labels_of(const std::string& ref, int64_t id);
 
   // Also deletes blobs nobody uses any more, and compacts packs at compact_dead_percent(), best
   // effort (skipped while another gc runs; `gc` gets that collection's report when given).

@@ -113,6 +113,7 @@ Result<SaveResult> Store::save_mlx(const ReadableFile& file, const MlxPromptCach
     return Status::InvalidArgument(file.name() + ": an mlx-lm prompt cache, but llama.cpp options were given (" +
                                    given + "); for mlx-lm give {--model NAME}, {--tokens FILE} and tags");
   }
+  KV_RETURN_IF_ERROR(check_new_labels_text(req.name.empty() ? std::nullopt : std::optional<std::string>(req.name), req.tags));
   KV_RETURN_IF_ERROR(check_save_keys());
   if (req.on_start) req.on_start(file.size());
   KV_ASSIGN_OR_RETURN(auto batch, begin_blob_write(req.under_hold));

@@ -2,6 +2,8 @@
 // the document, the key path and the type that was found.
 #include "base/json_access.h"
 
+#include "base/text.h"
+
 #include <gtest/gtest.h>
 
 namespace kvsnap {
@@ -168,6 +170,19 @@ TEST(JsonAccess, NestingIsBounded) {
     expect_error(parse_json(nested(depth), "reply").status(),
                  "reply: not valid JSON: nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   }
+}
+
+// The text rules of labels (base/text.h): well-formed UTF-8 only, and a path of another encoding
+// escaped byte by byte into one (migrate --backup-store's migrated-from tag).
+TEST(Text, Utf8IsCheckedAndOtherBytesEscaped) {
+  for (const char* good : {"", "chat-42", "caf\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80", "\xf4\x8f\xbf\xbf"})
+    EXPECT_TRUE(is_valid_utf8(good)) << good;
+  for (const char* bad : {"caf\xe9", "\xc0\xaf", "\xe0\x80\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xc3",
+                          "\xe2\x82", "\xff", "\x80"})
+    EXPECT_FALSE(is_valid_utf8(bad)) << bad;
+  EXPECT_EQ(utf8_escaped("/slots/caf\xe9/a.bin"), "/slots/caf\\xe9/a.bin");
+  EXPECT_EQ(utf8_escaped("caf\xc3\xa9 \xe2\x82"), "caf\xc3\xa9 \\xe2\\x82");
+  EXPECT_TRUE(is_valid_utf8(utf8_escaped("\xff\xfe\xc3")));
 }
 
 }  // namespace

@@ -370,5 +370,24 @@ TEST(StoreRekey, ARestoreBesideRmOfItsSnapshotFinishes) {
   read_race::restore_beside_rm(b, [&](Io& io, const fs::path& key) { return b.open(key, "alice", false, io); });
 }
 
+// A row an older kvsnap stored with a name that is not UTF-8 (new saves refuse such names): rekey
+// rewrites it as it is. The catalog's insert rule refused it, so rekey stopped at that row for good,
+// the store left half rotated.
+TEST(StoreRekey, ARowWithANameThatIsNotUtf8IsRotatedAsItIs) {
+  Bed b;
+  Loaded l = load(fixtures() / kSlot);
+  SaveRequest req = small_chunks();
+  req.name = "cafe";
+  ASSERT_TRUE(b.must_open(b.key_a, "alice")->save(*l.file, l.state, req).ok());
+  b.sql("UPDATE snapshots SET name = CAST(X'636166E9' AS TEXT) WHERE name = 'cafe'");
+  auto rep = b.must_open(b.key_a, "alice")->rekey(key_of(b.key_b));
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  EXPECT_EQ(rep->rekeyed, 1u);
+  auto after = b.must_open(b.key_b, "alice");
+  auto listed = after->catalog().list();
+  ASSERT_TRUE(listed.ok() && listed->size() == 1u);
+  EXPECT_EQ(listed->front().name, std::optional<std::string>("caf\xe9"));
+}
+
 }  // namespace
 }  // namespace kvsnap
