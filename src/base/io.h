@@ -54,7 +54,19 @@ class WritableFile : public ByteSink {
     (void)original;
     (void)mode_mask;
   }
+  // From now on, appends go at the disk's pace: with more than kWriteBehindWindows windows of
+  // kWriteBehindBytes handed to the disk and not yet written, an append waits for the oldest
+  // (PosixWritableFile; base/os.h wait_writeback). Without it the page cache takes hundreds of MB
+  // and only the final sync waits. For a writer that watches whether it blocks (a save's adaptive
+  // level, format/snapshot.h); a file read back soon (a restore) is better left to the page cache.
+  // The default does nothing.
+  virtual void pace_to_disk() {}
 };
+
+// Write-behind (PosixWritableFile): every kWriteBehindBytes appended are handed to the disk at once;
+// with pace_to_disk, at most kWriteBehindWindows such windows are in flight.
+inline constexpr uint64_t kWriteBehindBytes = uint64_t(8) << 20;
+inline constexpr uint64_t kWriteBehindWindows = 4;
 
 // Bytes in memory; the reading side keeps its own copy or a view.
 class MemoryFile final : public ReadableFile {
@@ -242,6 +254,8 @@ struct AtomicWriteOptions {
   // The new file readable by its owner only (Io::create_owner_only), whatever the mode of a file it
   // replaces: it holds what an encrypted store keeps sealed.
   bool owner_only = false;
+  // The file's appends go at the disk's pace (WritableFile::pace_to_disk): a save's pack.
+  bool disk_pace = false;
 };
 
 // What marks AtomicFileWriter's temporary files: `<target>.kvsnap-tmp-<pid>-<random>`.

@@ -113,6 +113,35 @@ void start_writeback(int fd, uint64_t offset, uint64_t len) {
 #endif
 }
 
+std::optional<uint64_t> thread_blocked_count() {
+#if defined(KVSNAP_OS_LINUX)
+  struct rusage u {};
+  if (::getrusage(RUSAGE_THREAD, &u) != 0) return std::nullopt;
+  return static_cast<uint64_t>(u.ru_nvcsw);
+#else
+  return std::nullopt;
+#endif
+}
+
+int wait_writeback(int fd, uint64_t offset, uint64_t len) {
+#if defined(KVSNAP_OS_LINUX)
+  const unsigned flags = SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER;
+  int rc;
+  do {
+    rc = ::sync_file_range(fd, static_cast<off_t>(offset), static_cast<off_t>(len), flags);
+  } while (rc != 0 && errno == EINTR);
+  if (rc == 0) return 0;
+  const int e = errno;
+  // Not a write error: the call is not there for this file (a pipe, a file system without it).
+  return e == EINVAL || e == ENOSYS || e == ESPIPE || e == EOPNOTSUPP ? 0 : e;
+#else
+  (void)fd;
+  (void)offset;
+  (void)len;
+  return 0;
+#endif
+}
+
 int pipe_cloexec(int fds[2]) {
 #if defined(KVSNAP_OS_LINUX)
   return ::pipe2(fds, O_CLOEXEC) == 0 ? 0 : errno;

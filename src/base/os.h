@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace kvsnap {
@@ -51,6 +52,18 @@ const char* sync_fd_call_with(const SyncCalls& calls, bool data_only);
 // SYNC_FILE_RANGE_WRITE. Elsewhere nothing (macOS has no such call): sync_fd alone still makes every
 // byte durable, only later. Best effort, so no error.
 void start_writeback(int fd, uint64_t offset, uint64_t len);
+// Waits until bytes [offset, offset + len) of `fd` are written to the disk (Linux: sync_file_range
+// WAIT_BEFORE | WRITE | WAIT_AFTER; no durability promise: the file's metadata is not written), so
+// a writer that waits for its older windows goes at the disk's pace instead of filling the page
+// cache and waiting for all of it in its final sync. Returns 0, or the errno of a write error the
+// kernel reported for the file (EIO, ENOSPC): the caller must report it, a later fsync may not.
+// A file system or OS without the call is 0 (nothing waited).
+int wait_writeback(int fd, uint64_t offset, uint64_t len);
+
+// How many times the calling thread has blocked so far (voluntary context switches: a wait for
+// the disk, the network or a lock; not a time slice taken by another thread). Linux:
+// getrusage(RUSAGE_THREAD); elsewhere nullopt (not known).
+std::optional<uint64_t> thread_blocked_count();
 
 // A pipe whose two ends are close-on-exec. Linux: pipe2(O_CLOEXEC), atomic. Elsewhere pipe + fcntl:
 // a fork + exec by another thread between the two can leak the ends into that child (they are closed

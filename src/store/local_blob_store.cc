@@ -224,6 +224,7 @@ Result<BlobLocation> LocalBlobWriteBatch::append(const ChunkHash& h, std::span<c
     AtomicWriteOptions opt;
     opt.temp_dir = store_.tmp_dir();
     opt.sync_dir = false;  // commit() does packs/
+    opt.disk_pace = true;  // a save's adaptive level watches whether the pack's writes block
     KV_ASSIGN_OR_RETURN(pack_file_, AtomicFileWriter::create(store_.io_, store_.pack_path(pack_.name()), opt));
   }
   Status s = pack_file_->append(stored);

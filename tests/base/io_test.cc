@@ -28,10 +28,13 @@ TEST(PosixIo, AFileWrittenPastTheWriteBehindStepReadsBackExactly) {
   const fs::path dir = fs::temp_directory_path() / ("kvsnap-io-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string path = (dir / "out.bin").string();
-  std::vector<std::byte> want(size_t(21) << 20);  // 2.6 write-behind steps
+  // 5.6 write-behind steps: paced, the appends past kWriteBehindWindows wait for the oldest.
+  std::vector<std::byte> want(size_t(45) << 20);
   std::mt19937 rng(7);
   for (auto& b : want) b = std::byte(rng() & 0xff);
-  auto w = AtomicFileWriter::create(posix_io(), path);
+  AtomicWriteOptions paced;
+  paced.disk_pace = true;
+  auto w = AtomicFileWriter::create(posix_io(), path, paced);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   // Odd piece sizes, so a step boundary falls inside a piece.
   for (size_t at = 0, piece = 1; at < want.size(); at += piece, piece = piece * 7 % 3000011 + 1) {

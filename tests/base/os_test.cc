@@ -18,6 +18,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <chrono>
+#include <thread>
 
 namespace kvsnap {
 namespace {
@@ -191,10 +193,25 @@ TEST(Os, WritebackThenSyncKeepsTheBytes) {
   ASSERT_EQ(::write(fd, data.data(), data.size()), ssize_t(data.size()));
   start_writeback(fd, 0, data.size());
   start_writeback(-1, 0, 1);  // best effort: a bad descriptor is ignored, not a crash
+  EXPECT_EQ(wait_writeback(fd, 0, data.size()), 0);
   EXPECT_EQ(sync_fd(fd, /*data_only=*/true), 0);
   EXPECT_EQ(fs::file_size(file), data.size());
   ::close(fd);
   fs::remove(file);
+}
+
+// A save's adaptive level reads whether its sink thread blocked (format/snapshot_write.cc): a
+// sleep counts, the thread's own computing does not; another thread's sleep is not this one's.
+TEST(Os, ABlockedThreadIsCounted) {
+  const std::optional<uint64_t> before = thread_blocked_count();
+  if (!before) GTEST_SKIP() << "no count of a thread's waits on this system (every chunk is compressed)";
+  volatile uint64_t x = 1;
+  for (int i = 0; i < 1000000; ++i) x = x * 3 + 1;
+  std::thread([] { std::this_thread::sleep_for(std::chrono::milliseconds(2)); }).join();  // this thread waits too
+  const uint64_t after_join = *thread_blocked_count();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_GT(*thread_blocked_count(), after_join) << "a sleep is a voluntary context switch";
+  EXPECT_GE(after_join, *before);
 }
 
 TEST(Os, PipeEndsAreCloseOnExec) {
