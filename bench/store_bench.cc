@@ -4,7 +4,8 @@
 //   kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D] [--extends BASE] [--level L]
 //                      [--server-save-ms MS] [--stages] [--encrypt] [--decode-only] [--simd LEVEL|all]
 //
-// --level L: zstd's level for the chunks (default the store's, -10), or none: stored raw.
+// --level L: auto (the store's default: zstd -10 while the disk is behind, else raw), a zstd
+// level for every new chunk (-10 is the figure of the older tables), or none: stored raw.
 //
 // For each llama.cpp state FILE (default: the f16 and q8_0 fixtures):
 //   copy      read + write + fsync of the same bytes (what `cp` + sync costs): the baseline
@@ -63,10 +64,13 @@ namespace {
 
 int g_level = SaveRequest{}.zstd_level;  // --level
 bool g_compress = true;                  // --level none: chunks stored raw
+bool g_adaptive = SaveRequest{}.adaptive;  // --level auto (the default); a number: that level for every chunk
 
 // How the chunks are encoded, for the headers.
 std::string encoding_text() {
-  return g_compress ? "zstd level " + std::to_string(g_level) : std::string("chunks stored raw (--level none)");
+  if (!g_compress) return "chunks stored raw (--level none)";
+  return (g_adaptive ? "--level auto: zstd level " + std::to_string(g_level) + " while the disk is behind"
+                     : "zstd level " + std::to_string(g_level));
 }
 double g_server_save_ms = 0;             // --server-save-ms: llama-server's own save of the same slot
 bool g_stages = false;                   // --stages
@@ -168,6 +172,7 @@ double save_seconds(Store& s, const ReadableFile& f, const StateFile& st, uint32
   req.threads = threads;
   req.zstd_level = g_level;
   req.compress = g_compress;
+  req.adaptive = g_adaptive;
   const auto t0 = Clock::now();
   auto r = s.save(f, st, req);
   const double t = secs(t0);
@@ -209,6 +214,7 @@ void measure_round(const std::string& root, const std::string& key_file, const R
   req.threads = threads;
   req.zstd_level = g_level;
   req.compress = g_compress;
+  req.adaptive = g_adaptive;
   req.name = "a";
   auto t0 = Clock::now();
   double c0 = cpu_now();
@@ -447,6 +453,7 @@ void bench_decode(const std::string& path, const std::string& dir, uint32_t thre
   save.threads = threads;
   save.zstd_level = g_level;
   save.compress = g_compress;
+  save.adaptive = g_adaptive;
   save.name = "a";
   must(st.s->save(*file, parsed, save).status(), "save " + path);
   RestoreRequest req;
@@ -491,6 +498,7 @@ bool file_round(const std::string& path, const std::string& dir, const ReadableF
   req.threads = threads;
   req.zstd_level = g_level;
   req.compress = g_compress;
+  req.adaptive = g_adaptive;
   req.name = "a";
   auto t0 = Clock::now();
   c0 = cpu_now();
@@ -559,6 +567,7 @@ void bench_file(const std::string& path, const std::string& dir, uint32_t thread
     req.threads = threads;
     req.zstd_level = g_level;
     req.compress = g_compress;
+    req.adaptive = g_adaptive;
     req.byte_shuffle = false;
     stored_plain = must(st.s->save(*file, *parsed, req), "save without the filter").info.stored_bytes;
   }
@@ -578,6 +587,7 @@ void bench_file(const std::string& path, const std::string& dir, uint32_t thread
     req.threads = threads;
     req.zstd_level = g_level;
     req.compress = g_compress;
+    req.adaptive = g_adaptive;
     (void)must(st.s->save(*file, *parsed, req), "save " + path);
     auto second = must(st.s->save(*cut_file, cut_state, req), "save the 90% prefix");
     added = second.bytes_new;
@@ -633,12 +643,17 @@ int main(int argc, char** argv) {
       const long n = std::strtol(v.c_str(), &end, 10);
       if (v == "none") {
         g_compress = false;
+      } else if (v == "auto") {
+        g_compress = true;
+        g_adaptive = true;
       } else if (v.empty() || *end != '\0' || n < ZSTD_minCLevel() || n > ZSTD_maxCLevel()) {
-        std::fprintf(stderr, "kvsnap-store-bench: --level %s is not a zstd level (%d..%d) or none\n", v.c_str(),
+        std::fprintf(stderr, "kvsnap-store-bench: --level %s is not a zstd level (%d..%d), auto or none\n", v.c_str(),
                      ZSTD_minCLevel(), ZSTD_maxCLevel());
         return 1;
       } else {
         g_level = int(n);
+        g_compress = true;
+        g_adaptive = false;
       }
     }
     else if (a == "--server-save-ms" && i + 1 < argc) g_server_save_ms = std::atof(argv[++i]);

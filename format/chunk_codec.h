@@ -121,6 +121,8 @@ class ChunkEncoder {
   // never shrunk, so a reused buffer costs no allocation or zero-fill); returns
   // N. For a blob kept a while: no copy out of this encoder's buffer.
   Result<size_t> encode_into(std::span<const std::byte> raw, FilterChoice filter, std::vector<std::byte>& blob);
+  // Whether the next chunks are compressed (a save's adaptive level switches it per job).
+  void set_compress(bool compress) { compress_ = compress; }
 
  private:
   ZSTD_CCtx_s* cctx_;

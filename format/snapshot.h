@@ -36,6 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <map>
 #include <optional>
@@ -292,6 +293,14 @@ struct SnapshotOptions {
   uint32_t cells_per_chunk = kDefaultCellsPerChunk;
   int zstd_level = 3;
   bool compress = true;              // false: chunks stored raw (ChunkEncoder), zstd_level unused
+  // With compress: a chunk is compressed only while the sink is behind the encoders (the disk,
+  // not the CPU, is the limit: compressing costs no time), else stored raw. So a save runs at
+  // the pace of the slower of raw encoding and the disk, and compresses what that pace leaves
+  // time for (docs/store.md, "The adaptive level"). Which chunks are compressed depends on timing.
+  bool adaptive = false;
+  // How many times the calling thread has blocked (adaptive's signal; empty: base/os.h
+  // thread_blocked_count). A seam for tests, which block a sink by counting, not by the scheduler.
+  std::function<std::optional<uint64_t>()> blocked_count;
   bool byte_shuffle = true;          // the per-type filter (false: benchmarks of the filter's gain)
   uint32_t threads = 1;
   std::optional<SnapshotModelInfo> model;

@@ -133,6 +133,8 @@ ordered_json chunking_json(const SnapshotOptions& o) {
   ordered_json j = {{"cells_per_chunk", o.cells_per_chunk}, {"frame_chunk_bytes", kFrameChunkBytes}};
   if (o.compress) {
     j["zstd_level"] = o.zstd_level;
+    // Each chunk says its codec; this says the save compressed only while the disk was behind.
+    if (o.adaptive) j["compression"] = "adaptive";
   } else {
     j["compression"] = "none";
   }

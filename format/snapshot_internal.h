@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/byte_order.h"
+#include "base/io.h"
 #include "format/snapshot.h"
 
 namespace kvsnap::snapshot_detail {
@@ -133,6 +134,13 @@ Status encode_manifest(SnapshotManifest& m);
 // Chunks the segments of m.segments (set by the caller) from `original`: every chunk encoded on
 // opts.threads workers and handed to `chunks` in order, the original hashed on the side. Sets
 // m.chunks and m.content_digest. Checks opts first.
+// A save's adaptive level (SnapshotOptions::adaptive): the new chunks of its first
+// kAdaptiveFirstBytes (raw) are compressed, as the write-behind cannot make the sink wait before
+// its pack holds kWriteBehindWindows + 1 windows (base/io.h); a sink that blocked while it took a
+// job makes the kAdaptiveMemoryBytes after the jobs the workers have begun compressed (two windows).
+inline constexpr uint64_t kAdaptiveFirstBytes = (kWriteBehindWindows + 1) * kWriteBehindBytes;
+inline constexpr uint64_t kAdaptiveMemoryBytes = 2 * kWriteBehindBytes;
+
 Status encode_snapshot_chunks(const ReadableFile& original, const SnapshotOptions& opts, ChunkSink& chunks,
                               SnapshotManifest& m);
 

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <ctime>
 
+#include "base/os.h"
 #include "base/sha256_lanes.h"
 #include "base/text.h"
 #include "format/content_digest.h"
@@ -303,6 +305,59 @@ Status encode_group(const ChunkReader& reader, uint64_t first, size_t count, Chu
   return Status::OK();
 }
 
+// SnapshotOptions::adaptive. The sink (the calling thread) appends to a pack whose write-behind
+// makes it wait while the disk is behind (base/io.h pace_to_disk), or to a network store; a thread
+// that blocks makes a voluntary context switch, and one that only lost time slices to the
+// encoders does not. So: the sink blocked while it took a job -> the disk (or the network) is the
+// limit and the CPU has time: the kAdaptiveMemoryBytes after the jobs the workers have begun
+// are compressed; else the CPU is, and raw chunks cost the least: stored raw. The first kAdaptiveFirstBytes of new chunks
+// are compressed (the disk's pace shows only once the write-behind can wait). Bytes count the
+// chunks encoded (a parent's or the store's known chunk writes nothing). Where the count is not
+// known (not Linux) every chunk is compressed.
+class AdaptiveLevel {
+ public:
+  using BlockedCount = std::function<std::optional<uint64_t>()>;
+  AdaptiveLevel(bool on, BlockedCount count) : on_(on), count_(count ? std::move(count) : BlockedCount(thread_blocked_count)) {}
+  bool on() const { return on_; }
+  // For a worker about to encode `job`.
+  bool compress(uint64_t job) {
+    uint64_t seen = started_.load(std::memory_order_relaxed);
+    while (seen < job + 1 && !started_.compare_exchange_weak(seen, job + 1, std::memory_order_relaxed)) {
+    }
+    return !known_.load(std::memory_order_relaxed) ||
+           encoded_.load(std::memory_order_relaxed) < snapshot_detail::kAdaptiveFirstBytes ||
+           job < compress_to_.load(std::memory_order_relaxed);
+  }
+  // The sink, before it takes a job.
+  std::optional<uint64_t> before_sink() const { return on_ ? count_() : std::nullopt; }
+  // The sink, after it took job `job`: `raw_bytes` in all, `encoded_bytes` of them new chunks.
+  void after_sink(uint64_t job, uint64_t raw_bytes, uint64_t encoded_bytes, const std::optional<uint64_t>& before) {
+    if (!on_) return;
+    taken_bytes_ += raw_bytes;
+    encoded_.store(encoded_.load(std::memory_order_relaxed) + encoded_bytes, std::memory_order_relaxed);
+    const std::optional<uint64_t> after = count_();
+    if (!before || !after) {
+      known_.store(false, std::memory_order_relaxed);
+    } else if (*after != *before) {
+      // The jobs the workers have begun were decided already: the next kAdaptiveMemoryBytes after them.
+      const uint64_t job_bytes = std::max<uint64_t>(1, taken_bytes_ / (job + 1));
+      const uint64_t memory_jobs = (snapshot_detail::kAdaptiveMemoryBytes + job_bytes - 1) / job_bytes;
+      const uint64_t to = started_.load(std::memory_order_relaxed) + memory_jobs;
+      if (to > compress_to_.load(std::memory_order_relaxed)) compress_to_.store(to, std::memory_order_relaxed);
+    }
+  }
+
+ private:
+  const bool on_;
+  const BlockedCount count_;
+  uint64_t taken_bytes_ = 0;  // raw bytes of the jobs the sink has taken (the sink's own)
+  // Written by the sink (started_: by the workers); a stale value decides one job.
+  std::atomic<bool> known_{true};
+  std::atomic<uint64_t> encoded_{0};      // raw bytes of the new chunks the sink has taken
+  std::atomic<uint64_t> started_{0};      // jobs before this one have been begun by a worker
+  std::atomic<uint64_t> compress_to_{0};  // jobs before this one are compressed
+};
+
 // Encodes every chunk on `o.threads` persistent workers, as many chunks a job as the SHA-256
 // kernel hashes at once (at least two: 2 with SHA-NI, 8 with AVX2 lanes), and hands the blobs to
 // `sink` in order on this thread while the workers go on (format/snapshot_pipeline.h):
@@ -316,18 +371,25 @@ Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink
   for (uint32_t t = 0; t < o.threads; ++t) encoders.push_back(std::make_unique<ChunkEncoder>(o.zstd_level, o.compress));
   std::vector<Slot> slots(group * 2 * o.threads);
   const KnownByXxh known_xxh = known_by_xxh(o);
+  AdaptiveLevel adaptive(o.adaptive && o.compress, o.blocked_count);
   refs.reserve(n);
   return ordered_pipeline(
       jobs, o.threads, slots.size() / group,
       [&](uint64_t job, size_t slot, uint32_t worker) {
+        if (adaptive.on()) encoders[worker]->set_compress(adaptive.compress(job));
         return encode_group(reader, job * group, group_size(job), *encoders[worker], o, known_xxh, &slots[group * slot]);
       },
       [&](uint64_t job, size_t slot) {
+        const std::optional<uint64_t> blocked = adaptive.before_sink();
+        uint64_t raw = 0, encoded = 0;
         for (size_t k = 0; k < group_size(job); ++k) {
           Slot& s = slots[group * slot + k];
+          raw += s.ref.raw_size;
+          if (s.blob_size > 0) encoded += s.ref.raw_size;
           KV_RETURN_IF_ERROR(sink.put_buffer(s.ref, s.blob, s.blob_size));  // may swap s.blob
           refs.push_back(s.ref);
         }
+        adaptive.after_sink(job, raw, encoded, blocked);
         return Status::OK();
       });
 }

@@ -237,6 +237,9 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
       // Pinned: a store cap must never evict the only copy of an original converted in place (a later
       // backup's save would otherwise take an earlier one; `kvsnap unpin` when it is no longer wanted).
       req.pin = true;
+      // Every chunk compressed: on one thread a CPU-bound save would store most of an adaptive
+      // one's raw, and these are kept (pinned) where migrate's own time is the conversion's.
+      req.adaptive = false;
       std::lock_guard<std::mutex> lock(store_mu);
       KV_ASSIGN_OR_RETURN(SaveResult saved, store->save(file, state, req));
       backed_up[path] = saved.info;

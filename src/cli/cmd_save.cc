@@ -24,7 +24,7 @@ struct SaveOpts {
   std::string tokens;  // mlx-lm prompt caches: the prompt's token ids (a file, or a comma list)
   bool pin = false;
   std::vector<std::string> tags;
-  std::string level = std::to_string(SaveRequest{}.zstd_level);  // a zstd level, or "none"
+  std::string level = "auto";  // auto, a zstd level, or "none"
   int threads = 0;
   unsigned cells_per_chunk = kDefaultCellsPerChunk;
   bool json = false;
@@ -38,8 +38,14 @@ Status run_save_mlx(const SaveOpts& o, SaveRequest req, const ReadableFile& file
 Status render_save(const SaveResult& r, const std::string& root, bool as_json, std::string& out,
                    const json* extra = nullptr);
 
-// --level: "none" stores the chunks raw; a number is zstd's level (its range is checked by the save).
+// --level: "auto" compresses at the default zstd level while the disk is behind (SaveRequest::
+// adaptive); "none" stores the chunks raw; a number is zstd's level for every new chunk (its range
+// is checked by the save).
 Status parse_level(const std::string& level, SaveRequest& req) {
+  if (level == "auto") {
+    req.adaptive = true;
+    return Status::OK();
+  }
   if (level == "none") {
     req.compress = false;
     return Status::OK();
@@ -47,9 +53,10 @@ Status parse_level(const std::string& level, SaveRequest& req) {
   int n = 0;
   const auto [end, ec] = std::from_chars(level.data(), level.data() + level.size(), n);
   if (ec != std::errc() || end != level.data() + level.size())
-    return Status::InvalidArgument("--level '" + level + "' is not a zstd level (a whole number; the default is " +
-                                   std::to_string(SaveRequest{}.zstd_level) + ") or none");
+    return Status::InvalidArgument("--level '" + level + "' is not a zstd level (a whole number, e.g. " +
+                                   std::to_string(SaveRequest{}.zstd_level) + "), auto or none");
   req.zstd_level = n;
+  req.adaptive = false;
   return Status::OK();
 }
 
@@ -233,9 +240,10 @@ void setup_save(CLI::App& app, int& exit_status) {
     sub->add_option("--ttl", o->ttl, "expire after DURATION (90m, 12h, 7d, 2w): gc and later saves evict it");
     sub->add_flag("--pin", o->pin, "never evict it (kvsnap unpin undoes)");
     sub->add_option("--level", o->level,
-                    "zstd level (default -10: fast, literals still Huffman-coded; 1 and up trade time for space), or "
-                    "none: new chunks stored raw (f16 ~20% larger, the fastest save and restore when the CPU, not "
-                    "the disk, is the limit)");
+                    "auto (the default): zstd -10 for the first 16 MiB and whenever the disk is behind, raw "
+                    "otherwise, so the save goes at the disk's pace; a zstd level for every new chunk (-10: fast, "
+                    "f16 ~18% smaller; 1 and up trade time for space); or none: every new chunk stored raw (the "
+                    "fastest save and restore when the CPU, not the disk, is the limit)");
     sub->add_option("--cells-per-chunk", o->cells_per_chunk, "cells per chunk (default 256)");
     sub->add_option("--threads,-t", o->threads, "compression threads (default: all cores)");
     sub->add_flag("--json", o->json, "machine-readable result");

@@ -42,6 +42,7 @@ SnapshotOptions save_options(const SaveRequest& req, const ReadableFile& file) {
   so.cells_per_chunk = req.cells_per_chunk;
   so.zstd_level = req.zstd_level;
   so.compress = req.compress;
+  so.adaptive = req.adaptive;
   so.byte_shuffle = req.byte_shuffle;
   so.threads = req.threads ? req.threads : default_threads();
   so.source_name = req.source_name.empty() ? file.name() : req.source_name;

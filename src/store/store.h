@@ -79,6 +79,9 @@ struct SaveRequest {
   uint32_t threads = 0;                      // 0: every core
   int zstd_level = -10;  // fast, Huffman literals: measured 1.5x the encode speed of 1 for 2% of space (docs/store.md)
   bool compress = true;  // false (save --level none): chunks stored raw, the fastest save and restore, more space
+  // With compress: zstd_level only while the disk is behind the encoders, else raw (save --level
+  // auto, the default: format/snapshot.h SnapshotOptions::adaptive); false: every new chunk at zstd_level.
+  bool adaptive = true;
   bool byte_shuffle = true;                  // false: benchmarks of the filter's gain
   uint32_t cells_per_chunk = kDefaultCellsPerChunk;
   // Called with the file's size when the save starts reading it: a progress display's total for a

@@ -17,8 +17,11 @@
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "base/json_access.h"
+#include "base/os.h"
+#include "base/sha256_lanes.h"
 #include "format/cursor.h"
 #include "format/memory_shape.h"
 #include "format/model_profile.h"
@@ -294,6 +297,142 @@ TEST(Snapshot, ThreadsAndLevelsGiveTheSameOriginal) {
   auto r = open_snapshot_file(snap);
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(read_all_of((*r)->original()) == bytes);
+}
+
+// The adaptive level (SnapshotOptions::adaptive): a save compresses the new chunks of its first
+// kAdaptiveFirstBytes, then only while its sink blocks (a disk behind: base/io.h pace_to_disk),
+// and stores the others raw; every mix gives the original back. The sink "blocks" by counting
+// (SnapshotOptions::blocked_count), so what is tested is the rule, not the scheduler.
+class BlockingSink final : public ByteSink {
+ public:
+  // Appends that start in [block_from, block_to) count as blocked, the first `limit` of them.
+  BlockingSink(uint64_t block_from, uint64_t block_to, uint64_t limit = UINT64_MAX)
+      : from_(block_from), to_(block_to), limit_(limit) {}
+  using ByteSink::append;
+  Status append(std::span<const std::byte> data) override {
+    if (bytes >= from_ && bytes < to_ && blocked < limit_) ++blocked;
+    bytes += data.size();
+    if (keep) kept.insert(kept.end(), data.begin(), data.end());
+    return Status::OK();
+  }
+  uint64_t bytes = 0, blocked = 0;
+  bool keep = false;
+  std::vector<std::byte> kept;
+
+ private:
+  uint64_t from_, to_, limit_;
+};
+
+constexpr uint64_t kMiB = uint64_t(1) << 20;
+
+std::vector<std::byte> big_f16_state() {
+  SynthSpec s;
+  s.cells = 3600;  // 2 layers of K and V, 4096 f16 values a cell each: 112 MiB
+  s.layers = {{1, 4096, 1, 4096}, {1, 4096, 1, 4096}};
+  s.f16_like = true;
+  return build_state(s);
+}
+
+// Each f16 chunk (the frame's few small ones left out): its offset in the file, its blob's in the
+// snapshot file, compressed?
+struct SavedChunk {
+  uint64_t raw_at, stored_at;
+  bool zstd;
+};
+
+std::vector<SavedChunk> adaptive_save(const std::vector<std::byte>& state, bool adaptive, BlockingSink& sink) {
+  MemoryFile f("big.slot", std::span<const std::byte>(state));
+  auto st = parse_state(f, {});
+  EXPECT_TRUE(st.ok()) << st.status().ToString();
+  SnapshotOptions o = opts_with(32);  // 256 KiB chunks
+  o.threads = 2;
+  o.zstd_level = -10;
+  o.adaptive = adaptive;
+  o.blocked_count = [&sink] { return std::optional<uint64_t>(sink.blocked); };
+  std::vector<SavedChunk> out;
+  if (!st.ok()) return out;
+  auto m = write_snapshot_file(*st, f, o, sink);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  if (!m.ok()) return out;
+  EXPECT_EQ(m->info["chunking"].value("compression", ""), adaptive ? "adaptive" : "");
+  uint64_t at = 0, stored_at = snapshot_detail::kPreambleBytes;
+  for (const ChunkRef& ref : m->chunks) {
+    if (ref.raw_size >= (64 << 10)) out.push_back({at, stored_at, ref.codec == ChunkCodec::kZstd});
+    at += ref.raw_size;
+    stored_at += ref.stored_size;
+  }
+  return out;
+}
+
+// How far ahead of the sink the workers decide: 2 jobs a worker, a job as many chunks as the
+// SHA-256 kernel hashes at once (format/snapshot_write.cc encode_all).
+constexpr uint64_t kChunkBytes = 256 << 10;
+uint64_t workers_lead() { return 2 * 2 * std::max<uint64_t>(2, sha256_kernel_width(sha256_kernel())) * kChunkBytes; }
+
+TEST(SnapshotAdaptive, ASinkThatNeverBlocksGetsRawChunksAfterTheFirstBytes) {
+  const auto state = big_f16_state();
+  BlockingSink never(0, 0);
+  const auto chunks = adaptive_save(state, true, never);
+  const uint64_t raw_from = snapshot_detail::kAdaptiveFirstBytes + workers_lead() + kMiB;
+  ASSERT_LT(raw_from + 8 * kMiB, state.size());
+  size_t raw = 0;
+  for (const SavedChunk& c : chunks) {
+    if (c.raw_at + kChunkBytes <= snapshot_detail::kAdaptiveFirstBytes) {
+      EXPECT_TRUE(c.zstd) << "the first bytes are compressed: " << c.raw_at;
+    }
+    if (c.raw_at >= raw_from) {
+      EXPECT_FALSE(c.zstd) << "nothing blocked the sink: the CPU is the limit: " << c.raw_at;
+    }
+    raw += !c.zstd;
+  }
+  EXPECT_GT(raw, 10u);
+  BlockingSink fixed_sink(0, 0);
+  for (const SavedChunk& c : adaptive_save(state, false, fixed_sink))
+    EXPECT_TRUE(c.zstd) << "a fixed level compresses every f16 chunk: " << c.raw_at;
+}
+
+TEST(SnapshotAdaptive, ASinkThatBlocksGetsTheNextChunksCompressed) {
+  const auto state = big_f16_state();
+  BlockingSink always(0, UINT64_MAX);
+  for (const SavedChunk& c : adaptive_save(state, true, always))
+    EXPECT_TRUE(c.zstd) << "the sink blocked on every chunk: the CPU has time to compress: " << c.raw_at;
+  // Blocked once, past the first bytes: chunks the workers begin after it are compressed, those
+  // they began before it and those past the next kAdaptiveMemoryBytes are not.
+  const uint64_t lead = workers_lead(), memory = snapshot_detail::kAdaptiveMemoryBytes;
+  const uint64_t block_stored = snapshot_detail::kAdaptiveFirstBytes + lead + 4 * kMiB;
+  BlockingSink once(block_stored, UINT64_MAX, 1);
+  const auto chunks = adaptive_save(state, true, once);
+  ASSERT_EQ(once.blocked, 1u);
+  uint64_t block_raw = 0;
+  for (const SavedChunk& c : chunks)
+    if (block_raw == 0 && c.stored_at >= block_stored) block_raw = c.raw_at;  // the chunk whose append blocked
+  ASSERT_LT(block_raw + 2 * lead + memory + 8 * kMiB, state.size());
+  size_t zstd_next = 0, raw_later = 0;
+  for (const SavedChunk& c : chunks) {
+    if (c.raw_at > snapshot_detail::kAdaptiveFirstBytes + lead + kMiB && c.raw_at + kMiB < block_raw) {
+      EXPECT_FALSE(c.zstd) << "before the block: raw " << c.raw_at;
+    }
+    if (c.raw_at >= block_raw + lead + kMiB && c.raw_at < block_raw + memory) zstd_next += c.zstd;
+    if (c.raw_at >= block_raw + 2 * lead + memory + kMiB) raw_later += !c.zstd;
+  }
+  EXPECT_GT(zstd_next, 0u) << "a blocked sink makes the next chunks compressed";
+  EXPECT_GT(raw_later, 0u) << "and only the next ones";
+}
+
+TEST(SnapshotAdaptive, MixedChunksGiveTheOriginalBack) {
+  const auto state = big_f16_state();
+  BlockingSink sink(snapshot_detail::kAdaptiveFirstBytes + workers_lead() + 4 * kMiB, UINT64_MAX, 1);
+  sink.keep = true;
+  const auto chunks = adaptive_save(state, true, sink);
+  size_t zstd = 0, raw = 0;
+  for (const SavedChunk& c : chunks) ++(c.zstd ? zstd : raw);
+  EXPECT_GT(zstd, 10u);
+  EXPECT_GT(raw, 10u);
+  MemoryFile snap("big.kvsnap", std::span<const std::byte>(sink.kept));
+  auto r = open_snapshot_file(snap);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE((*r)->verify_chunks().ok());
+  EXPECT_TRUE(read_all_of((*r)->original()) == state);
 }
 
 // A sink that takes the encoders' buffers (ChunkSink::put_buffer) and leaves buffers of its own
