@@ -131,16 +131,17 @@ class SpanReader {
 // into m.bytes and sets m.sections_sha256 and m.manifest_sha256.
 Status encode_manifest(SnapshotManifest& m);
 
-// Chunks the segments of m.segments (set by the caller) from `original`: every chunk encoded on
-// opts.threads workers and handed to `chunks` in order, the original hashed on the side. Sets
-// m.chunks and m.content_digest. Checks opts first.
-// A save's adaptive level (SnapshotOptions::adaptive): the new chunks of its first
-// kAdaptiveFirstBytes (raw) are compressed, as the write-behind cannot make the sink wait before
-// its pack holds kWriteBehindWindows + 1 windows (base/io.h); a sink that blocked while it took a
-// job makes the kAdaptiveMemoryBytes after the jobs the workers have begun compressed (two windows).
+// A save's adaptive level (SnapshotOptions::adaptive): its chunks are compressed until the sink
+// has taken kAdaptiveFirstBytes of encoded blobs, as the write-behind cannot make the sink wait
+// before its pack holds more than kWriteBehindWindows windows (base/io.h); a sink that blocked
+// while it took a job makes the kAdaptiveMemoryBytes after the jobs the workers have begun
+// compressed (two windows).
 inline constexpr uint64_t kAdaptiveFirstBytes = (kWriteBehindWindows + 1) * kWriteBehindBytes;
 inline constexpr uint64_t kAdaptiveMemoryBytes = 2 * kWriteBehindBytes;
 
+// Chunks the segments of m.segments (set by the caller) from `original`: every chunk encoded on
+// opts.threads workers and handed to `chunks` in order, the original hashed on the side. Sets
+// m.chunks and m.content_digest. Checks opts first.
 Status encode_snapshot_chunks(const ReadableFile& original, const SnapshotOptions& opts, ChunkSink& chunks,
                               SnapshotManifest& m);
 

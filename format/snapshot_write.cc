@@ -310,10 +310,10 @@ Status encode_group(const ChunkReader& reader, uint64_t first, size_t count, Chu
 // that blocks makes a voluntary context switch, and one that only lost time slices to the
 // encoders does not. So: the sink blocked while it took a job -> the disk (or the network) is the
 // limit and the CPU has time: the kAdaptiveMemoryBytes after the jobs the workers have begun
-// are compressed; else the CPU is, and raw chunks cost the least: stored raw. The first kAdaptiveFirstBytes of new chunks
-// are compressed (the disk's pace shows only once the write-behind can wait). Bytes count the
-// chunks encoded (a parent's or the store's known chunk writes nothing). Where the count is not
-// known (not Linux) every chunk is compressed.
+// are compressed; else the CPU is, and raw chunks cost the least: stored raw. Until the sink has
+// taken kAdaptiveFirstBytes of encoded blobs every chunk is compressed (the disk's pace shows only
+// once the write-behind can wait; a parent's chunk, found by its digest, brings no blob). Where the
+// count is not known (not Linux) every chunk is compressed.
 class AdaptiveLevel {
  public:
   using BlockedCount = std::function<std::optional<uint64_t>()>;
@@ -330,11 +330,11 @@ class AdaptiveLevel {
   }
   // The sink, before it takes a job.
   std::optional<uint64_t> before_sink() const { return on_ ? count_() : std::nullopt; }
-  // The sink, after it took job `job`: `raw_bytes` in all, `encoded_bytes` of them new chunks.
-  void after_sink(uint64_t job, uint64_t raw_bytes, uint64_t encoded_bytes, const std::optional<uint64_t>& before) {
+  // The sink, after it took job `job`: `raw_bytes` of chunks in all, `blob_bytes` of encoded blobs.
+  void after_sink(uint64_t job, uint64_t raw_bytes, uint64_t blob_bytes, const std::optional<uint64_t>& before) {
     if (!on_) return;
     taken_bytes_ += raw_bytes;
-    encoded_.store(encoded_.load(std::memory_order_relaxed) + encoded_bytes, std::memory_order_relaxed);
+    encoded_.store(encoded_.load(std::memory_order_relaxed) + blob_bytes, std::memory_order_relaxed);
     const std::optional<uint64_t> after = count_();
     if (!before || !after) {
       known_.store(false, std::memory_order_relaxed);
@@ -353,7 +353,7 @@ class AdaptiveLevel {
   uint64_t taken_bytes_ = 0;  // raw bytes of the jobs the sink has taken (the sink's own)
   // Written by the sink (started_: by the workers); a stale value decides one job.
   std::atomic<bool> known_{true};
-  std::atomic<uint64_t> encoded_{0};      // raw bytes of the new chunks the sink has taken
+  std::atomic<uint64_t> encoded_{0};      // bytes of the encoded blobs the sink has taken
   std::atomic<uint64_t> started_{0};      // jobs before this one have been begun by a worker
   std::atomic<uint64_t> compress_to_{0};  // jobs before this one are compressed
 };
@@ -381,15 +381,15 @@ Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink
       },
       [&](uint64_t job, size_t slot) {
         const std::optional<uint64_t> blocked = adaptive.before_sink();
-        uint64_t raw = 0, encoded = 0;
+        uint64_t raw = 0, blobs = 0;
         for (size_t k = 0; k < group_size(job); ++k) {
           Slot& s = slots[group * slot + k];
           raw += s.ref.raw_size;
-          if (s.blob_size > 0) encoded += s.ref.raw_size;
+          blobs += s.blob_size;  // 0 for a parent's chunk
           KV_RETURN_IF_ERROR(sink.put_buffer(s.ref, s.blob, s.blob_size));  // may swap s.blob
           refs.push_back(s.ref);
         }
-        adaptive.after_sink(job, raw, encoded, blocked);
+        adaptive.after_sink(job, raw, blobs, blocked);
         return Status::OK();
       });
 }

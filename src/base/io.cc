@@ -107,7 +107,10 @@ class PosixWritableFile final : public WritableFile {
     if (writeback_error_ != 0) return errno_status("write", path_, writeback_error_);
     return Status::OK();
   }
-  void pace_to_disk() override { pace_ = true; }
+  bool pace_to_disk() override {
+    pace_ = !scratch_;  // a scratch file has no write-behind
+    return pace_;
+  }
   Status sync() override {
     if (writeback_error_ != 0) return errno_status("write", path_, writeback_error_);
     if (const int e = sync_fd(fd_, /*data_only=*/true); e != 0) return errno_status(sync_fd_call(true), path_, e);
@@ -409,7 +412,7 @@ Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::create(Io& io, const
   }
   // The file it replaces: its mode (and owner) from the first byte; an owner-only file stays so.
   (*f)->take_access_of(path, options.owner_only ? 0700 : 0777);
-  if (options.disk_pace) (*f)->pace_to_disk();
+  if (options.disk_pace) (void)(*f)->pace_to_disk();  // a file without write-behind goes as it can
   return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(io, path, tmp, std::move(*f), options.sync_dir));
 }
 

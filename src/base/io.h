@@ -59,8 +59,8 @@ class WritableFile : public ByteSink {
   // (PosixWritableFile; base/os.h wait_writeback). Without it the page cache takes hundreds of MB
   // and only the final sync waits. For a writer that watches whether it blocks (a save's adaptive
   // level, format/snapshot.h); a file read back soon (a restore) is better left to the page cache.
-  // The default does nothing.
-  virtual void pace_to_disk() {}
+  // True when the file will (a wrapper passes the call on, or the pace is lost); the default: false.
+  virtual bool pace_to_disk() { return false; }
 };
 
 // Write-behind (PosixWritableFile): every kWriteBehindBytes appended are handed to the disk at once;

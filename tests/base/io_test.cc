@@ -36,6 +36,14 @@ TEST(PosixIo, AFileWrittenPastTheWriteBehindStepReadsBackExactly) {
   paced.disk_pace = true;
   auto w = AtomicFileWriter::create(posix_io(), path, paced);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
+  {
+    auto plain = posix_io().open_write((dir / "plain.bin").string(), true);
+    ASSERT_TRUE(plain.ok());
+    EXPECT_TRUE((*plain)->pace_to_disk()) << "a POSIX file has the write-behind that paces";
+    auto scratch = posix_io().open_scratch((dir / "scratch.bin").string());
+    ASSERT_TRUE(scratch.ok());
+    EXPECT_FALSE((*scratch)->pace_to_disk()) << "a scratch file has no write-behind";
+  }
   // Odd piece sizes, so a step boundary falls inside a piece.
   for (size_t at = 0, piece = 1; at < want.size(); at += piece, piece = piece * 7 % 3000011 + 1) {
     piece = std::min(piece, want.size() - at);

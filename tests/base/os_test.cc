@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -212,6 +213,17 @@ TEST(Os, ABlockedThreadIsCounted) {
   std::this_thread::sleep_for(std::chrono::milliseconds(2));
   EXPECT_GT(*thread_blocked_count(), after_join) << "a sleep is a voluntary context switch";
   EXPECT_GE(after_join, *before);
+  // Another thread's sleep, while this one computes (spins), is not this thread's.
+  std::atomic<bool> done{false};
+  const uint64_t spinning_from = *thread_blocked_count();
+  std::thread sleeper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    done = true;
+  });
+  while (!done.load()) x = x * 3 + 1;
+  const uint64_t spun_to = *thread_blocked_count();
+  sleeper.join();
+  EXPECT_EQ(spun_to, spinning_from) << "RUSAGE_THREAD, not the process's count";
 }
 
 TEST(Os, PipeEndsAreCloseOnExec) {

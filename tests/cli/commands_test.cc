@@ -182,6 +182,22 @@ TEST(Commands, TheCommandsIoExchangesTwoNames) {
   (void)std::system(("rm -rf " + dir).c_str());
 }
 
+// The same for a save's pack going at the disk's pace (base/io.h pace_to_disk): a wrapper that
+// dropped it left every default save of the shipped binary storing raw chunks on a slow disk.
+TEST(Commands, TheCommandsIoPacesAFileToTheDisk) {
+  const std::string dir = ::testing::TempDir() + "kvsnap-cli-pace-" + std::to_string(::getpid());
+  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  auto posix = posix_io().open_write(dir + "/posix.bin", true);
+  auto cli = cli_io().open_write(dir + "/cli.bin", true);
+  ASSERT_TRUE(posix.ok() && cli.ok());
+  const bool posix_paces = (*posix)->pace_to_disk();
+  EXPECT_TRUE(posix_paces);
+  EXPECT_EQ((*cli)->pace_to_disk(), posix_paces);
+  (void)(*posix)->close();
+  (void)(*cli)->close();
+  (void)std::system(("rm -rf " + dir).c_str());
+}
+
 TEST(Commands, RunMigrateWithoutADirectoryIsAUsageError) {
   MigrateOptions o;
   std::string out;

@@ -1068,7 +1068,8 @@ TEST_F(StoreCli, ASwappedNameOfASealedSnapshotIsRefused) {
 
 // save --level none stores every chunk raw (the fastest save and restore when the CPU is the
 // limit, docs/store.md "Speed and space"): the restore is the file byte for byte, the stored bytes
-// are the raw ones plus the blob headers; a level that is neither a number nor none is exit 2.
+// are the raw ones plus the blob headers; the default, auto, and a number say what they did in
+// INFO; a level that is neither a number, auto nor none is exit 2.
 TEST_F(StoreCli, SaveLevelNoneStoresTheChunksRaw) {
   const fs::path slot = make_slot("raw.slot", 2, 256, 600, 3);
   KvRun r = kv("save " + slot.string() + " --name raw --level none --json");
@@ -1077,10 +1078,17 @@ TEST_F(StoreCli, SaveLevelNoneStoresTheChunksRaw) {
   const uint64_t raw = saved["raw_bytes"], stored = saved["stored_bytes"], chunks = saved["n_chunks"];
   EXPECT_EQ(stored, raw + 16 * chunks) << r.out;  // a 16-byte header per blob, nothing compressed
   // The default level into a store of its own (in this one every chunk would be found stored).
-  r = bare("save " + slot.string() + " --json --store " + (dir_ / "zstd-store").string());
+  r = bare("save " + slot.string() + " --json --name auto --store " + (dir_ / "zstd-store").string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_LT(uint64_t(nlohmann::json::parse(r.out)["stored_bytes"]), raw * 9 / 10)
-      << "the default compresses the f16 exponent plane";
+      << "the default (auto) compresses the f16 exponent plane of a save under 40 MiB";
+  r = bare("show auto --json --store " + (dir_ / "zstd-store").string());
+  EXPECT_NE(r.out.find("\"compression\": \"adaptive\""), std::string::npos) << "INFO's chunking says so: " << r.out;
+  r = bare("save " + slot.string() + " --json --level -10 --name fixed --store " + (dir_ / "fixed-store").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = bare("show fixed --json --store " + (dir_ / "fixed-store").string());
+  EXPECT_EQ(r.out.find("\"compression\""), std::string::npos) << "a number: every chunk at that level: " << r.out;
+  EXPECT_NE(r.out.find("\"zstd_level\": -10"), std::string::npos) << r.out;
   const fs::path out = dir_ / "back.slot";
   ASSERT_EQ(kv("restore raw -o " + out.string()).code, 0);
   EXPECT_EQ(slurp(out), slurp(slot));
@@ -1099,6 +1107,7 @@ TEST_F(StoreCli, SaveLevelNoneStoresTheChunksRaw) {
     EXPECT_EQ(r.code, 2) << bad << ": " << r.err;
   }
   EXPECT_NE(r.err.find("--level"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("auto or none"), std::string::npos) << r.err;
   r = kv("save " + slot.string() + " --level 99");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("out of range"), std::string::npos) << r.err;

@@ -373,14 +373,16 @@ TEST(SnapshotAdaptive, ASinkThatNeverBlocksGetsRawChunksAfterTheFirstBytes) {
   const auto state = big_f16_state();
   BlockingSink never(0, 0);
   const auto chunks = adaptive_save(state, true, never);
+  // The first bytes are of the snapshot's blobs: a stored offset (a chunk's blob is at most its
+  // raw bytes and a header, so the workers' lead in stored bytes is at most workers_lead()).
   const uint64_t raw_from = snapshot_detail::kAdaptiveFirstBytes + workers_lead() + kMiB;
   ASSERT_LT(raw_from + 8 * kMiB, state.size());
   size_t raw = 0;
   for (const SavedChunk& c : chunks) {
-    if (c.raw_at + kChunkBytes <= snapshot_detail::kAdaptiveFirstBytes) {
+    if (c.stored_at + kChunkBytes <= snapshot_detail::kAdaptiveFirstBytes) {
       EXPECT_TRUE(c.zstd) << "the first bytes are compressed: " << c.raw_at;
     }
-    if (c.raw_at >= raw_from) {
+    if (c.stored_at >= raw_from) {
       EXPECT_FALSE(c.zstd) << "nothing blocked the sink: the CPU is the limit: " << c.raw_at;
     }
     raw += !c.zstd;
@@ -409,7 +411,7 @@ TEST(SnapshotAdaptive, ASinkThatBlocksGetsTheNextChunksCompressed) {
   ASSERT_LT(block_raw + 2 * lead + memory + 8 * kMiB, state.size());
   size_t zstd_next = 0, raw_later = 0;
   for (const SavedChunk& c : chunks) {
-    if (c.raw_at > snapshot_detail::kAdaptiveFirstBytes + lead + kMiB && c.raw_at + kMiB < block_raw) {
+    if (c.stored_at > snapshot_detail::kAdaptiveFirstBytes + lead + kMiB && c.raw_at + kMiB < block_raw) {
       EXPECT_FALSE(c.zstd) << "before the block: raw " << c.raw_at;
     }
     if (c.raw_at >= block_raw + lead + kMiB && c.raw_at < block_raw + memory) zstd_next += c.zstd;
@@ -417,6 +419,25 @@ TEST(SnapshotAdaptive, ASinkThatBlocksGetsTheNextChunksCompressed) {
   }
   EXPECT_GT(zstd_next, 0u) << "a blocked sink makes the next chunks compressed";
   EXPECT_GT(raw_later, 0u) << "and only the next ones";
+}
+
+TEST(SnapshotAdaptive, WithoutACountEveryChunkIsCompressed) {
+  const auto state = big_f16_state();
+  MemoryFile f("big.slot", std::span<const std::byte>(state));
+  auto st = parse_state(f, {});
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  SnapshotOptions o = opts_with(32);
+  o.threads = 2;
+  o.adaptive = true;
+  o.blocked_count = [] { return std::optional<uint64_t>(); };  // a system that does not say
+  BlockingSink sink(0, 0);
+  auto m = write_snapshot_file(*st, f, o, sink);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  for (const ChunkRef& ref : m->chunks) {
+    if (ref.raw_size >= (64 << 10)) {
+      EXPECT_EQ(ref.codec, ChunkCodec::kZstd) << "chunk " << ref.index;
+    }
+  }
 }
 
 TEST(SnapshotAdaptive, MixedChunksGiveTheOriginalBack) {

@@ -162,6 +162,7 @@ class HookedFile final : public WritableFile {
     return f_->sync();
   }
   Status close() override { return f_->close(); }
+  bool pace_to_disk() override { return f_->pace_to_disk(); }
 
  private:
   std::unique_ptr<WritableFile> f_;

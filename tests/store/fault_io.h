@@ -272,6 +272,7 @@ class FaultInjectingIo::File final : public WritableFile {
   void take_access_of(const std::string& original, uint32_t mode_mask) override {
     f_->take_access_of(original, mode_mask);
   }
+  bool pace_to_disk() override { return f_->pace_to_disk(); }
 
  private:
   FaultInjectingIo& io_;
