@@ -59,8 +59,9 @@ class WritableFile : public ByteSink {
   // (PosixWritableFile; base/os.h wait_writeback). Without it the page cache takes hundreds of MB
   // and only the final sync waits. For a writer that watches whether it blocks (a save's adaptive
   // level, format/snapshot.h); a file read back soon (a restore) is better left to the page cache.
-  // True when the file will (a wrapper passes the call on, or the pace is lost); the default: false.
-  virtual bool pace_to_disk() { return false; }
+  // True when the file will. Pure virtual, as Io::exchange: a wrapper that did not pass it on
+  // (the CLI's counting file) silently left the shipped binary's saves unpaced.
+  virtual bool pace_to_disk() = 0;
 };
 
 // Write-behind (PosixWritableFile): every kWriteBehindBytes appended are handed to the disk at once;
