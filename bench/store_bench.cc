@@ -3,6 +3,7 @@
 //
 //   kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D] [--extends BASE] [--level L]
 //                      [--server-save-ms MS] [--stages] [--encrypt] [--decode-only] [--simd LEVEL|all]
+//                      [--disk-mbps N]
 //
 // --level L: auto (the store's default: zstd -10 while the disk is behind, else raw), a zstd
 // level for every new chunk (-10 is the figure of the older tables), or none: stored raw.
@@ -30,6 +31,12 @@
 //             neon, or `all`: copy, save, restore and decode (or --decode-only's restores) at every
 //             level this CPU has, the levels taking turns in each round, then one table of
 //             ratios with a row per level (the other figures at the best level)
+//   --disk-mbps N  emulates a disk that writes N MB/s (1 MB = 1e6 B) under every file the bench
+//             writes (the copy's, the store's packs, the restore's): an append that brings a file
+//             more than 32 MiB ahead of N MB/s since its first byte sleeps until it is not, and its
+//             sync sleeps until all of it is (a disk with a 32 MiB queue, as the pack's write-behind
+//             keeps). An emulation on top of the real disk, for the adaptive level's other side: a
+//             save whose disk is slower than its CPU (docs/store.md "The adaptive level").
 //   --dir     the bench's own directory while it runs (default a new one under $TMPDIR): a second
 //             bench given the same one exits 1 at once. Every failure exits 1 naming what failed.
 #include <fcntl.h>
@@ -43,6 +50,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <zstd.h>
@@ -73,6 +81,7 @@ std::string encoding_text() {
                      : "zstd level " + std::to_string(g_level));
 }
 double g_server_save_ms = 0;             // --server-save-ms: llama-server's own save of the same slot
+double g_disk_bytes_per_s = 0;           // --disk-mbps: the emulated disk's speed (0: the real disk alone)
 bool g_stages = false;                   // --stages
 bool g_encrypt = false;                  // --encrypt
 bool g_decode_only = false;              // --decode-only
@@ -118,6 +127,90 @@ double cpu_now() {
   return s(u.ru_utime) + s(u.ru_stime);
 }
 
+// --disk-mbps: a file's bytes leave at g_disk_bytes_per_s from its first byte, with a queue of
+// kEmulatedQueueBytes; whoever is ahead of that sleeps (a blocked writer, as on a slow disk).
+constexpr double kEmulatedQueueBytes = 32.0 * (1 << 20);
+class DiskEmulation {
+ public:
+  void wrote(uint64_t n) {
+    if (g_disk_bytes_per_s <= 0) return;
+    if (written_ == 0) start_ = Clock::now();
+    written_ += n;
+    wait_until(double(written_) - kEmulatedQueueBytes);
+  }
+  void synced() { wait_until(double(written_)); }
+
+ private:
+  void wait_until(double bytes_out) {
+    if (g_disk_bytes_per_s <= 0 || bytes_out <= 0) return;
+    const auto due = start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(bytes_out / g_disk_bytes_per_s));
+    if (Clock::now() < due) std::this_thread::sleep_until(due);
+  }
+  Clock::time_point start_;
+  uint64_t written_ = 0;
+};
+
+class EmulatedDiskFile final : public WritableFile {
+ public:
+  explicit EmulatedDiskFile(std::unique_ptr<WritableFile> f) : f_(std::move(f)) {}
+  using ByteSink::append;
+  Status append(std::span<const std::byte> data) override {
+    KV_RETURN_IF_ERROR(f_->append(data));
+    disk_.wrote(data.size());
+    return Status::OK();
+  }
+  Status sync() override {
+    KV_RETURN_IF_ERROR(f_->sync());
+    disk_.synced();
+    return Status::OK();
+  }
+  Status close() override { return f_->close(); }
+  void take_access_of(const std::string& original, uint32_t mode_mask) override { f_->take_access_of(original, mode_mask); }
+  bool pace_to_disk() override { return f_->pace_to_disk(); }
+
+ private:
+  std::unique_ptr<WritableFile> f_;
+  DiskEmulation disk_;
+};
+
+// posix_io() with the written files on the emulated disk (--disk-mbps); otherwise posix_io() itself.
+class EmulatedDiskIo final : public Io {
+ public:
+  Result<std::unique_ptr<ReadableFile>> open_read(const std::string& p) override { return base().open_read(p); }
+  Result<std::unique_ptr<WritableFile>> open_write(const std::string& p, bool exclusive) override {
+    KV_ASSIGN_OR_RETURN(auto f, base().open_write(p, exclusive));
+    return std::unique_ptr<WritableFile>(std::make_unique<EmulatedDiskFile>(std::move(f)));
+  }
+  Result<std::unique_ptr<WritableFile>> create_owner_only(const std::string& p) override {
+    KV_ASSIGN_OR_RETURN(auto f, base().create_owner_only(p));
+    return std::unique_ptr<WritableFile>(std::make_unique<EmulatedDiskFile>(std::move(f)));
+  }
+  Status rename(const std::string& from, const std::string& to) override { return base().rename(from, to); }
+  Status exchange(const std::string& a, const std::string& b) override { return base().exchange(a, b); }
+  Status remove(const std::string& p) override { return base().remove(p); }
+  Status sync_dir(const std::string& d) override { return base().sync_dir(d); }
+  Result<bool> exists(const std::string& p) override { return base().exists(p); }
+  Result<std::vector<DirEntry>> list_dir(const std::string& d) override { return base().list_dir(d); }
+  Status create_dirs(const std::string& d) override { return base().create_dirs(d); }
+  Result<FileStamp> stamp(const std::string& p) override { return base().stamp(p); }
+  Result<std::unique_ptr<FileLock>> lock_dir(const std::string& d) override { return base().lock_dir(d); }
+  Result<std::unique_ptr<FileLock>> lock_file(const std::string& p, LockMode mode, bool wait) override {
+    return base().lock_file(p, mode, wait);
+  }
+  Result<std::unique_ptr<WritableFile>> open_scratch(const std::string& p) override { return base().open_scratch(p); }
+  Result<OpenedRegular> open_regular(const std::string& p) override { return base().open_regular(p); }
+  Result<std::optional<uint64_t>> free_bytes(const std::string& d) override { return base().free_bytes(d); }
+
+ private:
+  static Io& base() { return posix_io(); }
+};
+
+// The Io of every file the bench writes.
+Io& bench_io() {
+  static EmulatedDiskIo emulated;
+  return g_disk_bytes_per_s > 0 ? static_cast<Io&>(emulated) : posix_io();
+}
+
 double copy_file(const std::string& from, const std::string& to) {
   const auto t0 = Clock::now();
   int in = ::open(from.c_str(), O_RDONLY);
@@ -126,10 +219,14 @@ double copy_file(const std::string& from, const std::string& to) {
   if (out < 0) must(os_error(to, "open"), "copy");
   std::vector<char> buf(1 << 20);
   ssize_t n;
-  while ((n = ::read(in, buf.data(), buf.size())) > 0)
+  DiskEmulation disk;
+  while ((n = ::read(in, buf.data(), buf.size())) > 0) {
     if (::write(out, buf.data(), size_t(n)) != n) must(os_error(to, "write"), "copy");
+    disk.wrote(uint64_t(n));
+  }
   if (n < 0) must(os_error(from, "read"), "copy");
   if (kvsnap::sync_fd(out, /*data_only=*/true) != 0) must(os_error(to, "fsync"), "copy");  // as the store syncs
+  disk.synced();
   ::close(in);
   ::close(out);
   return secs(t0);
@@ -158,7 +255,7 @@ struct Store_ {
   std::unique_ptr<Store> s;
   explicit Store_(const std::string& r) : root(r) {
     remove_all_or_fail(r);
-    s = must(Store::open(posix_io(), StorePaths{r}), "open the store " + r);
+    s = must(Store::open(bench_io(), StorePaths{r}), "open the store " + r);
   }
   ~Store_() {
     s.reset();
@@ -208,7 +305,7 @@ void measure_round(const std::string& root, const std::string& key_file, const R
   remove_all_or_fail(root);
   StoreLocation where = directory_store(root);
   where.keys.key_file = key_file;
-  std::unique_ptr<Store> opened = must(Store::open(posix_io(), where), "open the store " + root);
+  std::unique_ptr<Store> opened = must(Store::open(bench_io(), where), "open the store " + root);
   Store& s = *opened;
   SaveRequest req;
   req.threads = threads;
@@ -514,7 +611,7 @@ bool file_round(const std::string& path, const std::string& dir, const ReadableF
   c0 = cpu_now();
   {
     // As `kvsnap restore -o`: a temporary, fsynced, renamed into place.
-    auto out = must(AtomicFileWriter::create(posix_io(), dir + "/restored.bin"), dir + "/restored.bin");
+    auto out = must(AtomicFileWriter::create(bench_io(), dir + "/restored.bin"), dir + "/restored.bin");
     must(st.s->restore("a", {}, *out).status(), "restore " + path + " into " + dir + "/restored.bin");
     must(out->commit(), "commit " + dir + "/restored.bin");
   }
@@ -596,6 +693,9 @@ void bench_file(const std::string& path, const std::string& dir, uint32_t thread
   }
   std::printf("%s (%.1f MB, %zu tokens)\n", fs::path(path).filename().c_str(), double(file->size()) / 1e6,
               parsed->tokens.tokens.size());
+  if (g_disk_bytes_per_s > 0)
+    std::printf("  on an emulated disk of %.0f MB/s (--disk-mbps): every written file, the copy's too\n",
+                g_disk_bytes_per_s / 1e6);
   if (g_levels.size() > 1) {
     print_level_table(best, gb, threads);
     if (g_server_save_ms > 0)
@@ -657,6 +757,7 @@ int main(int argc, char** argv) {
       }
     }
     else if (a == "--server-save-ms" && i + 1 < argc) g_server_save_ms = std::atof(argv[++i]);
+    else if (a == "--disk-mbps" && i + 1 < argc) g_disk_bytes_per_s = std::atof(argv[++i]) * 1e6;
     else if (a == "--stages") g_stages = true;
     else if (a == "--encrypt") g_encrypt = true;
     else if (a == "--decode-only") g_decode_only = true;
@@ -664,7 +765,7 @@ int main(int argc, char** argv) {
     else if (a == "-h" || a == "--help") {
       std::printf("usage: kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D] [--extends BASE] [--level L]\n"
                   "                          [--server-save-ms MS] [--stages] [--encrypt] [--decode-only]\n"
-                  "                          [--simd scalar|avx2|avx512|neon|all]\n");
+                  "                          [--simd scalar|avx2|avx512|neon|all] [--disk-mbps N]\n");
       return 0;
     } else files.push_back(a);
   }

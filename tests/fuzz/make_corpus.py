@@ -272,8 +272,9 @@ def split_file(snap):
 
 
 def join_file(head, man, trailer):
-    """A standalone file with `man` in place of its manifest (same length) and the trailer's hash updated."""
+    """A standalone file with `man` in place of its manifest and the trailer's length and hash of it updated."""
     trailer = bytearray(trailer)
+    struct.pack_into("<Q", trailer, 24, len(man))
     trailer[32:64] = hashlib.sha256(man).digest()
     return head + man + bytes(trailer)
 
@@ -318,6 +319,15 @@ def frame_bytes_wrap(man):
     segs += struct.pack("<BBHIIIQQQQIIIi", 0, 0, 0, 0, 0, 0, 0, huge, 0, 0, 0, 0, 0, 0)
     return rebuild(man, {b"INFO": json.dumps(info, separators=(",", ":")).encode(), b"SEGS": segs,
                          b"CHNK": struct.pack("<Q", 0), b"DIGS": bytes(digs)})
+
+
+def with_labels(man):
+    """An encrypted save's INFO carries the sealed name and tags (INFO.labels, docs/format.md); a plain
+    manifest with them reaches the same parse (format/snapshot_info.cc), including a non-ASCII name."""
+    p, n = payload(man, b"INFO")
+    info = json.loads(man[p:p + n])
+    info["labels"] = {"name": "caf\u00e9-42", "tags": {"user": "ana", "serve.ns": "t1"}}
+    return rebuild(man, {b"INFO": json.dumps(info, separators=(",", ":")).encode()})
 
 
 # --- Archives -----------------------------------------------------------------------
@@ -386,6 +396,10 @@ def main():
             write(os.path.join(corpus, "snapshot", name + ".kvsnap"), snap)
             write(os.path.join(corpus, "snapshot", name + ".manifest"), split_file(snap)[1])
             small.append((name, index, snap))
+        head, man, trailer = split_file(small[0][2])
+        labelled = with_labels(man)
+        write(os.path.join(corpus, "snapshot", "labels.manifest"), labelled)
+        write(os.path.join(corpus, "snapshot", "labels.kvsnap"), join_file(head, labelled, trailer))
         # mlx-lm prompt caches (manifests with MLXC, format/snapshot_mlx.h): the mlx-lm files of the
         # mlx_prompt_cache corpus (made by the real mlx-lm), saved and exported.
         mlx_dir = os.path.join(corpus, "mlx_prompt_cache")
