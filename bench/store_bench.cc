@@ -32,10 +32,10 @@
 //             level this CPU has, the levels taking turns in each round, then one table of
 //             ratios with a row per level (the other figures at the best level)
 //   --disk-mbps N  emulates a disk that writes N MB/s (1 MB = 1e6 B) under every file the bench
-//             writes (the copy's, the store's packs, the restore's): an append that brings a file
-//             more than 32 MiB ahead of N MB/s since its first byte sleeps until it is not, and its
-//             sync sleeps until all of it is (a disk with a 32 MiB queue, as the pack's write-behind
-//             keeps). An emulation on top of the real disk, for the adaptive level's other side: a
+//             writes (the copy's, then written as the store writes its files, the store's packs,
+//             the restore's): an append that brings a file more than 32 MiB ahead of its bytes
+//             going out at N MB/s sleeps until it is not, and its sync sleeps until all of it is
+//             (a disk with a 32 MiB queue, as the pack's write-behind keeps). An emulation on top of the real disk, for the adaptive level's other side: a
 //             save whose disk is slower than its CPU (docs/store.md "The adaptive level").
 //   --dir     the bench's own directory while it runs (default a new one under $TMPDIR): a second
 //             bench given the same one exits 1 at once. Every failure exits 1 naming what failed.
@@ -127,27 +127,30 @@ double cpu_now() {
   return s(u.ru_utime) + s(u.ru_stime);
 }
 
-// --disk-mbps: a file's bytes leave at g_disk_bytes_per_s from its first byte, with a queue of
-// kEmulatedQueueBytes; whoever is ahead of that sleeps (a blocked writer, as on a slow disk).
+// --disk-mbps: a file's bytes leave at g_disk_bytes_per_s, one after the other, the disk busy until
+// the last written byte is out (an idle disk builds no credit); a writer more than
+// kEmulatedQueueBytes ahead of it sleeps (a blocked writer, as on a slow disk), and a sync sleeps
+// until it is out.
 constexpr double kEmulatedQueueBytes = 32.0 * (1 << 20);
 class DiskEmulation {
  public:
   void wrote(uint64_t n) {
     if (g_disk_bytes_per_s <= 0) return;
-    if (written_ == 0) start_ = Clock::now();
-    written_ += n;
-    wait_until(double(written_) - kEmulatedQueueBytes);
+    busy_until_ = std::max(busy_until_, Clock::now()) + seconds(double(n));
+    sleep_until(busy_until_ - seconds(kEmulatedQueueBytes));
   }
-  void synced() { wait_until(double(written_)); }
+  void synced() {
+    if (g_disk_bytes_per_s > 0) sleep_until(busy_until_);
+  }
 
  private:
-  void wait_until(double bytes_out) {
-    if (g_disk_bytes_per_s <= 0 || bytes_out <= 0) return;
-    const auto due = start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(bytes_out / g_disk_bytes_per_s));
-    if (Clock::now() < due) std::this_thread::sleep_until(due);
+  static Clock::duration seconds(double bytes) {
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(bytes / g_disk_bytes_per_s));
   }
-  Clock::time_point start_;
-  uint64_t written_ = 0;
+  static void sleep_until(Clock::time_point t) {
+    if (Clock::now() < t) std::this_thread::sleep_until(t);
+  }
+  Clock::time_point busy_until_{};
 };
 
 class EmulatedDiskFile final : public WritableFile {
@@ -211,7 +214,25 @@ Io& bench_io() {
   return g_disk_bytes_per_s > 0 ? static_cast<Io&>(emulated) : posix_io();
 }
 
+// --disk-mbps: the copy's file through the same emulated disk and write-behind as the store's
+// files (a plain write + fsync would pay the real disk's whole sync on top of the emulation).
+double copy_file_emulated(const std::string& from, const std::string& to) {
+  const auto t0 = Clock::now();
+  auto in = must(posix_io().open_read(from), from);
+  auto out = must(bench_io().open_write(to, /*exclusive=*/false), to);
+  std::vector<std::byte> buf(1 << 20);
+  for (uint64_t at = 0; at < in->size(); at += buf.size()) {
+    const size_t n = size_t(std::min<uint64_t>(buf.size(), in->size() - at));
+    must(in->read_at(at, std::span<std::byte>(buf.data(), n)), from);
+    must(out->append(std::span<const std::byte>(buf.data(), n)), to);
+  }
+  must(out->sync(), to);
+  must(out->close(), to);
+  return secs(t0);
+}
+
 double copy_file(const std::string& from, const std::string& to) {
+  if (g_disk_bytes_per_s > 0) return copy_file_emulated(from, to);
   const auto t0 = Clock::now();
   int in = ::open(from.c_str(), O_RDONLY);
   if (in < 0) must(os_error(from, "open"), "copy");
@@ -219,14 +240,10 @@ double copy_file(const std::string& from, const std::string& to) {
   if (out < 0) must(os_error(to, "open"), "copy");
   std::vector<char> buf(1 << 20);
   ssize_t n;
-  DiskEmulation disk;
-  while ((n = ::read(in, buf.data(), buf.size())) > 0) {
+  while ((n = ::read(in, buf.data(), buf.size())) > 0)
     if (::write(out, buf.data(), size_t(n)) != n) must(os_error(to, "write"), "copy");
-    disk.wrote(uint64_t(n));
-  }
   if (n < 0) must(os_error(from, "read"), "copy");
   if (kvsnap::sync_fd(out, /*data_only=*/true) != 0) must(os_error(to, "fsync"), "copy");  // as the store syncs
-  disk.synced();
   ::close(in);
   ::close(out);
   return secs(t0);

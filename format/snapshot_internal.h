@@ -133,11 +133,8 @@ Status encode_manifest(SnapshotManifest& m);
 
 // A save's adaptive level (SnapshotOptions::adaptive): its chunks are compressed until the sink
 // has taken kAdaptiveFirstBytes of encoded blobs, as the write-behind cannot make the sink wait
-// before its pack holds more than kWriteBehindWindows windows (base/io.h); a sink that blocked
-// while it took a job makes the kAdaptiveMemoryBytes after the jobs the workers have begun
-// compressed (two windows).
+// before its pack holds more than kWriteBehindWindows windows (base/io.h).
 inline constexpr uint64_t kAdaptiveFirstBytes = (kWriteBehindWindows + 1) * kWriteBehindBytes;
-inline constexpr uint64_t kAdaptiveMemoryBytes = 2 * kWriteBehindBytes;
 
 // Chunks the segments of m.segments (set by the caller) from `original`: every chunk encoded on
 // opts.threads workers and handed to `chunks` in order, the original hashed on the side. Sets

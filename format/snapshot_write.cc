@@ -306,56 +306,55 @@ Status encode_group(const ChunkReader& reader, uint64_t first, size_t count, Chu
 }
 
 // SnapshotOptions::adaptive. The sink (the calling thread) appends to a pack whose write-behind
-// makes it wait while the disk is behind (base/io.h pace_to_disk), or to a network store; a thread
-// that blocks makes a voluntary context switch, and one that only lost time slices to the
-// encoders does not. So: the sink blocked while it took a job -> the disk (or the network) is the
-// limit and the CPU has time: the kAdaptiveMemoryBytes after the jobs the workers have begun
-// are compressed; else the CPU is, and raw chunks cost the least: stored raw. Until the sink has
-// taken kAdaptiveFirstBytes of encoded blobs every chunk is compressed (the disk's pace shows only
-// once the write-behind can wait; a parent's chunk, found by its digest, brings no blob). Where the
-// count is not known (not Linux) every chunk is compressed.
+// makes it wait while the disk is behind (base/io.h pace_to_disk), or to a network store, and
+// between two jobs waits for the encoders when they are behind. A thread that blocks makes a
+// voluntary context switch; one that only lost time slices to the encoders does not. So the sink
+// tells which side is the limit:
+//  - it blocked while it appended a job: the disk (or the network) is, and the CPU has time:
+//    compress;
+//  - it blocked between two jobs (waiting for the next): the CPU is, and raw chunks cost the
+//    least: store raw;
+//  - neither: as before (so a save that compresses at the disk's pace stays compressed, and one
+//    that stores raw at the CPU's stays raw).
+// Until the sink has taken kAdaptiveFirstBytes of encoded blobs every chunk is compressed (the
+// disk's pace shows only once the write-behind can wait; a parent's chunk, found by its digest,
+// brings no blob). Where the count is not known (not Linux) every chunk is compressed. A worker
+// decides as it begins a job, so a change reaches the jobs begun after it.
 class AdaptiveLevel {
  public:
   using BlockedCount = std::function<std::optional<uint64_t>()>;
   AdaptiveLevel(bool on, BlockedCount count) : on_(on), count_(count ? std::move(count) : BlockedCount(thread_blocked_count)) {}
   bool on() const { return on_; }
-  // For a worker about to encode `job`.
-  bool compress(uint64_t job) {
-    uint64_t seen = started_.load(std::memory_order_relaxed);
-    while (seen < job + 1 && !started_.compare_exchange_weak(seen, job + 1, std::memory_order_relaxed)) {
-    }
+  // For a worker about to encode a job.
+  bool compress() const {
     return !known_.load(std::memory_order_relaxed) ||
            encoded_.load(std::memory_order_relaxed) < snapshot_detail::kAdaptiveFirstBytes ||
-           job < compress_to_.load(std::memory_order_relaxed);
+           compressing_.load(std::memory_order_relaxed);
   }
   // The sink, before it takes a job.
-  std::optional<uint64_t> before_sink() const { return on_ ? count_() : std::nullopt; }
-  // The sink, after it took job `job`: `raw_bytes` of chunks in all, `blob_bytes` of encoded blobs.
-  void after_sink(uint64_t job, uint64_t raw_bytes, uint64_t blob_bytes, const std::optional<uint64_t>& before) {
+  std::optional<uint64_t> before_sink() {
+    if (!on_) return std::nullopt;
+    const std::optional<uint64_t> now = count_();
+    if (now && after_last_ && *now != *after_last_) compressing_.store(false, std::memory_order_relaxed);
+    return now;
+  }
+  // The sink, after it took a job with `blob_bytes` of encoded blobs.
+  void after_sink(uint64_t blob_bytes, const std::optional<uint64_t>& before) {
     if (!on_) return;
-    taken_bytes_ += raw_bytes;
     encoded_.store(encoded_.load(std::memory_order_relaxed) + blob_bytes, std::memory_order_relaxed);
-    const std::optional<uint64_t> after = count_();
-    if (!before || !after) {
-      known_.store(false, std::memory_order_relaxed);
-    } else if (*after != *before) {
-      // The jobs the workers have begun were decided already: the next kAdaptiveMemoryBytes after them.
-      const uint64_t job_bytes = std::max<uint64_t>(1, taken_bytes_ / (job + 1));
-      const uint64_t memory_jobs = (snapshot_detail::kAdaptiveMemoryBytes + job_bytes - 1) / job_bytes;
-      const uint64_t to = started_.load(std::memory_order_relaxed) + memory_jobs;
-      if (to > compress_to_.load(std::memory_order_relaxed)) compress_to_.store(to, std::memory_order_relaxed);
-    }
+    after_last_ = count_();
+    if (!before || !after_last_) known_.store(false, std::memory_order_relaxed);
+    else if (*after_last_ != *before) compressing_.store(true, std::memory_order_relaxed);
   }
 
  private:
   const bool on_;
   const BlockedCount count_;
-  uint64_t taken_bytes_ = 0;  // raw bytes of the jobs the sink has taken (the sink's own)
-  // Written by the sink (started_: by the workers); a stale value decides one job.
+  std::optional<uint64_t> after_last_;  // the count when the sink took its last job (the sink's own)
+  // Written by the sink, read by the workers (a stale value decides one job).
   std::atomic<bool> known_{true};
   std::atomic<uint64_t> encoded_{0};      // bytes of the encoded blobs the sink has taken
-  std::atomic<uint64_t> started_{0};      // jobs before this one have been begun by a worker
-  std::atomic<uint64_t> compress_to_{0};  // jobs before this one are compressed
+  std::atomic<bool> compressing_{true};   // the last side seen to be the limit was the disk's
 };
 
 // Encodes every chunk on `o.threads` persistent workers, as many chunks a job as the SHA-256
@@ -376,20 +375,19 @@ Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink
   return ordered_pipeline(
       jobs, o.threads, slots.size() / group,
       [&](uint64_t job, size_t slot, uint32_t worker) {
-        if (adaptive.on()) encoders[worker]->set_compress(adaptive.compress(job));
+        if (adaptive.on()) encoders[worker]->set_compress(adaptive.compress());
         return encode_group(reader, job * group, group_size(job), *encoders[worker], o, known_xxh, &slots[group * slot]);
       },
       [&](uint64_t job, size_t slot) {
         const std::optional<uint64_t> blocked = adaptive.before_sink();
-        uint64_t raw = 0, blobs = 0;
+        uint64_t blobs = 0;
         for (size_t k = 0; k < group_size(job); ++k) {
           Slot& s = slots[group * slot + k];
-          raw += s.ref.raw_size;
           blobs += s.blob_size;  // 0 for a parent's chunk
           KV_RETURN_IF_ERROR(sink.put_buffer(s.ref, s.blob, s.blob_size));  // may swap s.blob
           refs.push_back(s.ref);
         }
-        adaptive.after_sink(job, raw, blobs, blocked);
+        adaptive.after_sink(blobs, blocked);
         return Status::OK();
       });
 }

@@ -240,8 +240,8 @@ void setup_save(CLI::App& app, int& exit_status) {
     sub->add_option("--ttl", o->ttl, "expire after DURATION (90m, 12h, 7d, 2w): gc and later saves evict it");
     sub->add_flag("--pin", o->pin, "never evict it (kvsnap unpin undoes)");
     sub->add_option("--level", o->level,
-                    "auto (the default): zstd -10 for the first ~40 MiB and whenever the disk is behind, raw "
-                    "otherwise, so the save goes at the disk's pace; a zstd level for every new chunk (-10: fast, "
+                    "auto (the default): zstd -10 for the first ~40 MiB and while the disk is the limit, raw while "
+                    "the CPU is, so the save goes at the pace of the slower; a zstd level for every new chunk (-10: fast, "
                     "f16 ~18% smaller; 1 and up trade time for space); or none: every new chunk stored raw (the "
                     "fastest save and restore when the CPU, not the disk, is the limit)");
     sub->add_option("--cells-per-chunk", o->cells_per_chunk, "cells per chunk (default 256)");

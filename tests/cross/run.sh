@@ -42,7 +42,7 @@ golden_x86_nan='GoldenTypes\.MatchesGgml/(q4_0|q4_1|q5_0|q5_1|q8_0|iq4_nl) '
 # one cold CI run): kvsnap-simd-check, started last, ran 79 s alone at the end.
 bash tests/ctest-costs/seed.sh "$build" tests/ctest-costs/aarch64.txt
 # Under qemu-user a thread that only computes still blocks on the emulator's own locks (code
-# translation): the tests that count a thread's waits skip that part (Os.ABlockedThreadIsCounted).
+# translation): the tests that count a thread's waits skip that part (Os.AnotherThreadsWaitIsNotThisThreads).
 KVSNAP_TEST_EMULATED=1 ctest --test-dir "$build" -L unit -LE kernel-reruns -E "$golden_x86_nan" --output-on-failure -j"$jobs"
 echo "== cross: tests/migrate and tests/mlx at KVSNAP_SIMD=scalar (the scalar reference on aarch64), at once =="
 # (the emulator line of tests/cross/aarch64.cmake; each program runs in one emulator, one core)

@@ -299,35 +299,44 @@ TEST(Snapshot, ThreadsAndLevelsGiveTheSameOriginal) {
   EXPECT_TRUE(read_all_of((*r)->original()) == bytes);
 }
 
-// The adaptive level (SnapshotOptions::adaptive): a save compresses the new chunks of its first
-// kAdaptiveFirstBytes, then only while its sink blocks (a disk behind: base/io.h pace_to_disk),
-// and stores the others raw; every mix gives the original back. The sink "blocks" by counting
-// (SnapshotOptions::blocked_count), so what is tested is the rule, not the scheduler.
-class BlockingSink final : public ByteSink {
+// The adaptive level (SnapshotOptions::adaptive): a save compresses its first kAdaptiveFirstBytes;
+// then a sink that blocks in its appends (a disk behind: base/io.h pace_to_disk) makes the chunks
+// begun after it compressed, and a sink that blocks between jobs (waiting for the encoders: the
+// CPU is the limit) makes them raw; every mix gives the original back. The sink "blocks" by
+// counting (SnapshotOptions::blocked_count, read before and after each job), so what is tested is
+// the rule, not the scheduler.
+class PhasedSink final : public ByteSink {
  public:
-  // Appends that start in [block_from, block_to) count as blocked, the first `limit` of them.
-  BlockingSink(uint64_t block_from, uint64_t block_to, uint64_t limit = UINT64_MAX)
-      : from_(block_from), to_(block_to), limit_(limit) {}
+  // Where the sink's output stands in [disk_from, disk_to), its appends block (the disk is the
+  // limit); elsewhere it blocks between jobs (the encoders are).
+  PhasedSink(uint64_t disk_from, uint64_t disk_to) : from_(disk_from), to_(disk_to) {}
   using ByteSink::append;
   Status append(std::span<const std::byte> data) override {
-    if (bytes >= from_ && bytes < to_ && blocked < limit_) ++blocked;
+    if (disk_limited()) ++blocked;
     bytes += data.size();
     if (keep) kept.insert(kept.end(), data.begin(), data.end());
     return Status::OK();
   }
-  uint64_t bytes = 0, blocked = 0;
+  // The count, read before and after each job (in turn, from the before): a wait between jobs is
+  // counted at the before.
+  std::optional<uint64_t> count() {
+    if (calls++ % 2 == 0 && !disk_limited()) ++blocked;
+    return blocked;
+  }
+  bool disk_limited() const { return bytes >= from_ && bytes < to_; }
+  uint64_t bytes = 0, blocked = 0, calls = 0;
   bool keep = false;
   std::vector<std::byte> kept;
 
  private:
-  uint64_t from_, to_, limit_;
+  uint64_t from_, to_;
 };
 
 constexpr uint64_t kMiB = uint64_t(1) << 20;
 
 std::vector<std::byte> big_f16_state() {
   SynthSpec s;
-  s.cells = 3600;  // 2 layers of K and V, 4096 f16 values a cell each: 112 MiB
+  s.cells = 4000;  // 2 layers of K and V, 4096 f16 values a cell each: 125 MiB
   s.layers = {{1, 4096, 1, 4096}, {1, 4096, 1, 4096}};
   s.f16_like = true;
   return build_state(s);
@@ -340,7 +349,8 @@ struct SavedChunk {
   bool zstd;
 };
 
-std::vector<SavedChunk> adaptive_save(const std::vector<std::byte>& state, bool adaptive, BlockingSink& sink) {
+std::vector<SavedChunk> adaptive_save(const std::vector<std::byte>& state, bool adaptive, PhasedSink& sink,
+                                      bool counted = true) {
   MemoryFile f("big.slot", std::span<const std::byte>(state));
   auto st = parse_state(f, {});
   EXPECT_TRUE(st.ok()) << st.status().ToString();
@@ -348,7 +358,8 @@ std::vector<SavedChunk> adaptive_save(const std::vector<std::byte>& state, bool 
   o.threads = 2;
   o.zstd_level = -10;
   o.adaptive = adaptive;
-  o.blocked_count = [&sink] { return std::optional<uint64_t>(sink.blocked); };
+  if (counted) o.blocked_count = [&sink] { return sink.count(); };
+  else o.blocked_count = [] { return std::optional<uint64_t>(); };  // a system that does not say
   std::vector<SavedChunk> out;
   if (!st.ok()) return out;
   auto m = write_snapshot_file(*st, f, o, sink);
@@ -365,16 +376,14 @@ std::vector<SavedChunk> adaptive_save(const std::vector<std::byte>& state, bool 
 }
 
 // How far ahead of the sink the workers decide: 2 jobs a worker, a job as many chunks as the
-// SHA-256 kernel hashes at once (format/snapshot_write.cc encode_all).
+// SHA-256 kernel hashes at once (format/snapshot_write.cc encode_all); in stored bytes at most so.
 constexpr uint64_t kChunkBytes = 256 << 10;
 uint64_t workers_lead() { return 2 * 2 * std::max<uint64_t>(2, sha256_kernel_width(sha256_kernel())) * kChunkBytes; }
 
-TEST(SnapshotAdaptive, ASinkThatNeverBlocksGetsRawChunksAfterTheFirstBytes) {
+TEST(SnapshotAdaptive, ACpuBoundSaveStoresRawAfterTheFirstBytes) {
   const auto state = big_f16_state();
-  BlockingSink never(0, 0);
-  const auto chunks = adaptive_save(state, true, never);
-  // The first bytes are of the snapshot's blobs: a stored offset (a chunk's blob is at most its
-  // raw bytes and a header, so the workers' lead in stored bytes is at most workers_lead()).
+  PhasedSink cpu_bound(0, 0);  // waits for the encoders before every job
+  const auto chunks = adaptive_save(state, true, cpu_bound);
   const uint64_t raw_from = snapshot_detail::kAdaptiveFirstBytes + workers_lead() + kMiB;
   ASSERT_LT(raw_from + 8 * kMiB, state.size());
   size_t raw = 0;
@@ -383,66 +392,63 @@ TEST(SnapshotAdaptive, ASinkThatNeverBlocksGetsRawChunksAfterTheFirstBytes) {
       EXPECT_TRUE(c.zstd) << "the first bytes are compressed: " << c.raw_at;
     }
     if (c.stored_at >= raw_from) {
-      EXPECT_FALSE(c.zstd) << "nothing blocked the sink: the CPU is the limit: " << c.raw_at;
+      EXPECT_FALSE(c.zstd) << "the sink waited for the encoders: the CPU is the limit: " << c.raw_at;
     }
     raw += !c.zstd;
   }
   EXPECT_GT(raw, 10u);
-  BlockingSink fixed_sink(0, 0);
+  PhasedSink fixed_sink(0, 0);
   for (const SavedChunk& c : adaptive_save(state, false, fixed_sink))
     EXPECT_TRUE(c.zstd) << "a fixed level compresses every f16 chunk: " << c.raw_at;
 }
 
-TEST(SnapshotAdaptive, ASinkThatBlocksGetsTheNextChunksCompressed) {
+TEST(SnapshotAdaptive, ADiskBoundSaveStaysCompressed) {
   const auto state = big_f16_state();
-  BlockingSink always(0, UINT64_MAX);
-  for (const SavedChunk& c : adaptive_save(state, true, always))
-    EXPECT_TRUE(c.zstd) << "the sink blocked on every chunk: the CPU has time to compress: " << c.raw_at;
-  // Blocked once, past the first bytes: chunks the workers begin after it are compressed, those
-  // they began before it and those past the next kAdaptiveMemoryBytes are not.
-  const uint64_t lead = workers_lead(), memory = snapshot_detail::kAdaptiveMemoryBytes;
-  const uint64_t block_stored = snapshot_detail::kAdaptiveFirstBytes + lead + 4 * kMiB;
-  BlockingSink once(block_stored, UINT64_MAX, 1);
-  const auto chunks = adaptive_save(state, true, once);
-  ASSERT_EQ(once.blocked, 1u);
-  uint64_t block_raw = 0;
-  for (const SavedChunk& c : chunks)
-    if (block_raw == 0 && c.stored_at >= block_stored) block_raw = c.raw_at;  // the chunk whose append blocked
-  ASSERT_LT(block_raw + 2 * lead + memory + 8 * kMiB, state.size());
-  size_t zstd_next = 0, raw_later = 0;
+  PhasedSink disk_bound(0, UINT64_MAX);  // blocks in every append, never waits for the encoders
+  for (const SavedChunk& c : adaptive_save(state, true, disk_bound))
+    EXPECT_TRUE(c.zstd) << "the disk is the limit: the CPU has time to compress: " << c.raw_at;
+}
+
+// CPU-bound after the first bytes, then disk-bound for 16 MiB of output, then CPU-bound again:
+// raw, compressed, raw, each from the workers' next jobs on.
+TEST(SnapshotAdaptive, TheLevelFollowsTheSideThatIsTheLimit) {
+  const auto state = big_f16_state();
+  const uint64_t lead = workers_lead();
+  const uint64_t disk_from = snapshot_detail::kAdaptiveFirstBytes + lead + 8 * kMiB, disk_to = disk_from + 16 * kMiB;
+  PhasedSink sink(disk_from, disk_to);
+  const auto chunks = adaptive_save(state, true, sink);
+  ASSERT_GT(sink.bytes, disk_to + lead + 8 * kMiB) << "too small a state for the three phases";
+  size_t raw_before = 0, zstd_during = 0, raw_after = 0;
   for (const SavedChunk& c : chunks) {
-    if (c.stored_at > snapshot_detail::kAdaptiveFirstBytes + lead + kMiB && c.raw_at + kMiB < block_raw) {
-      EXPECT_FALSE(c.zstd) << "before the block: raw " << c.raw_at;
+    if (c.stored_at >= snapshot_detail::kAdaptiveFirstBytes + lead + kMiB && c.stored_at + kChunkBytes < disk_from) {
+      EXPECT_FALSE(c.zstd) << "CPU-bound: raw " << c.raw_at;
+      ++raw_before;
     }
-    if (c.raw_at >= block_raw + lead + kMiB && c.raw_at < block_raw + memory) zstd_next += c.zstd;
-    if (c.raw_at >= block_raw + 2 * lead + memory + kMiB) raw_later += !c.zstd;
+    if (c.stored_at >= disk_from + lead + kMiB && c.stored_at + kChunkBytes < disk_to) {
+      EXPECT_TRUE(c.zstd) << "disk-bound: compressed " << c.raw_at;
+      ++zstd_during;
+    }
+    if (c.stored_at >= disk_to + lead + kMiB) {
+      EXPECT_FALSE(c.zstd) << "CPU-bound again: raw " << c.raw_at;
+      ++raw_after;
+    }
   }
-  EXPECT_GT(zstd_next, 0u) << "a blocked sink makes the next chunks compressed";
-  EXPECT_GT(raw_later, 0u) << "and only the next ones";
+  EXPECT_GT(raw_before, 0u);
+  EXPECT_GT(zstd_during, 0u);
+  EXPECT_GT(raw_after, 0u);
 }
 
 TEST(SnapshotAdaptive, WithoutACountEveryChunkIsCompressed) {
   const auto state = big_f16_state();
-  MemoryFile f("big.slot", std::span<const std::byte>(state));
-  auto st = parse_state(f, {});
-  ASSERT_TRUE(st.ok()) << st.status().ToString();
-  SnapshotOptions o = opts_with(32);
-  o.threads = 2;
-  o.adaptive = true;
-  o.blocked_count = [] { return std::optional<uint64_t>(); };  // a system that does not say
-  BlockingSink sink(0, 0);
-  auto m = write_snapshot_file(*st, f, o, sink);
-  ASSERT_TRUE(m.ok()) << m.status().ToString();
-  for (const ChunkRef& ref : m->chunks) {
-    if (ref.raw_size >= (64 << 10)) {
-      EXPECT_EQ(ref.codec, ChunkCodec::kZstd) << "chunk " << ref.index;
-    }
-  }
+  PhasedSink sink(0, 0);
+  for (const SavedChunk& c : adaptive_save(state, true, sink, /*counted=*/false))
+    EXPECT_TRUE(c.zstd) << "a system that does not say: every chunk compressed: " << c.raw_at;
 }
 
 TEST(SnapshotAdaptive, MixedChunksGiveTheOriginalBack) {
   const auto state = big_f16_state();
-  BlockingSink sink(snapshot_detail::kAdaptiveFirstBytes + workers_lead() + 4 * kMiB, UINT64_MAX, 1);
+  const uint64_t disk_from = snapshot_detail::kAdaptiveFirstBytes + workers_lead() + 8 * kMiB;
+  PhasedSink sink(disk_from, disk_from + 16 * kMiB);
   sink.keep = true;
   const auto chunks = adaptive_save(state, true, sink);
   size_t zstd = 0, raw = 0;
