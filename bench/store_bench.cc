@@ -33,9 +33,10 @@
 //             ratios with a row per level (the other figures at the best level)
 //   --disk-mbps N  emulates a disk that writes N MB/s (1 MB = 1e6 B) under every file the bench
 //             writes (the copy's, then written as the store writes its files, the store's packs,
-//             the restore's): an append that brings a file more than 32 MiB ahead of its bytes
-//             going out at N MB/s sleeps until it is not, and its sync sleeps until all of it is
-//             (a disk with a 32 MiB queue, as the pack's write-behind keeps). An emulation on top of the real disk, for the adaptive level's other side: a
+//             the restore's): an append that crosses an 8 MiB boundary with the file more than
+//             32 MiB ahead of its bytes going out at N MB/s sleeps until it is not, and its sync
+//             sleeps until all of it is (a disk with a 32 MiB queue, waited for as the pack's
+//             write-behind waits). An emulation on top of the real disk, for the adaptive level's other side: a
 //             save whose disk is slower than its CPU (docs/store.md "The adaptive level").
 //   --dir     the bench's own directory while it runs (default a new one under $TMPDIR): a second
 //             bench given the same one exits 1 at once. Every failure exits 1 naming what failed.
@@ -128,16 +129,19 @@ double cpu_now() {
 }
 
 // --disk-mbps: a file's bytes leave at g_disk_bytes_per_s, one after the other, the disk busy until
-// the last written byte is out (an idle disk builds no credit); a writer more than
-// kEmulatedQueueBytes ahead of it sleeps (a blocked writer, as on a slow disk), and a sync sleeps
-// until it is out.
+// the last written byte is out (an idle disk builds no credit); as the pack's write-behind does
+// (base/io.cc), a writer checks at each kWriteBehindBytes boundary it crosses and, more than
+// kEmulatedQueueBytes ahead of the disk, sleeps (a blocked writer, as on a slow disk); a sync
+// sleeps until all of it is out.
 constexpr double kEmulatedQueueBytes = 32.0 * (1 << 20);
 class DiskEmulation {
  public:
   void wrote(uint64_t n) {
     if (g_disk_bytes_per_s <= 0) return;
     busy_until_ = std::max(busy_until_, Clock::now()) + seconds(double(n));
-    sleep_until(busy_until_ - seconds(kEmulatedQueueBytes));
+    const bool crosses = (written_ + n) / kWriteBehindBytes != written_ / kWriteBehindBytes;
+    written_ += n;
+    if (crosses) sleep_until(busy_until_ - seconds(kEmulatedQueueBytes));
   }
   void synced() {
     if (g_disk_bytes_per_s > 0) sleep_until(busy_until_);
@@ -151,6 +155,7 @@ class DiskEmulation {
     if (Clock::now() < t) std::this_thread::sleep_until(t);
   }
   Clock::time_point busy_until_{};
+  uint64_t written_ = 0;
 };
 
 class EmulatedDiskFile final : public WritableFile {

@@ -311,11 +311,13 @@ Status encode_group(const ChunkReader& reader, uint64_t first, size_t count, Chu
 // voluntary context switch; one that only lost time slices to the encoders does not. So the sink
 // tells which side is the limit:
 //  - it blocked while it appended a job: the disk (or the network) is, and the CPU has time:
-//    compress;
-//  - it blocked between two jobs (waiting for the next): the CPU is, and raw chunks cost the
-//    least: store raw;
-//  - neither: as before (so a save that compresses at the disk's pace stays compressed, and one
-//    that stores raw at the CPU's stays raw).
+//    compress the jobs begun from now on;
+//  - it blocked between two jobs (waiting for the next) and has not blocked in its appends for a
+//    write-behind window and a ring of jobs: the CPU is, and raw chunks cost the least: store
+//    them raw. (The pack blocks at most once a window; in between, the ring it was blocked on is
+//    taken at once and the sink waits for the encoders, so that wait alone says nothing.)
+//  - otherwise: as before (a save that compresses at the disk's pace stays compressed, one that
+//    stores raw at the CPU's stays raw).
 // Until the sink has taken kAdaptiveFirstBytes of encoded blobs every chunk is compressed (the
 // disk's pace shows only once the write-behind can wait; a parent's chunk, found by its digest,
 // brings no blob). Where the count is not known (not Linux) every chunk is compressed. A worker
@@ -323,7 +325,9 @@ Status encode_group(const ChunkReader& reader, uint64_t first, size_t count, Chu
 class AdaptiveLevel {
  public:
   using BlockedCount = std::function<std::optional<uint64_t>()>;
-  AdaptiveLevel(bool on, BlockedCount count) : on_(on), count_(count ? std::move(count) : BlockedCount(thread_blocked_count)) {}
+  // ring_jobs: how many jobs the pipeline holds (the sink takes that many at once after a block).
+  AdaptiveLevel(bool on, BlockedCount count, size_t ring_jobs)
+      : on_(on), count_(count ? std::move(count) : BlockedCount(thread_blocked_count)), ring_jobs_(ring_jobs) {}
   bool on() const { return on_; }
   // For a worker about to encode a job.
   bool compress() const {
@@ -335,25 +339,37 @@ class AdaptiveLevel {
   std::optional<uint64_t> before_sink() {
     if (!on_) return std::nullopt;
     const std::optional<uint64_t> now = count_();
-    if (now && after_last_ && *now != *after_last_) compressing_.store(false, std::memory_order_relaxed);
+    const uint64_t hold = kWriteBehindBytes + ring_jobs_ * (blob_bytes_ / std::max<uint64_t>(1, jobs_));
+    if (now && after_last_ && *now != *after_last_ && blob_bytes_ - blocked_at_ > hold)
+      compressing_.store(false, std::memory_order_relaxed);
     return now;
   }
   // The sink, after it took a job with `blob_bytes` of encoded blobs.
   void after_sink(uint64_t blob_bytes, const std::optional<uint64_t>& before) {
     if (!on_) return;
-    encoded_.store(encoded_.load(std::memory_order_relaxed) + blob_bytes, std::memory_order_relaxed);
+    ++jobs_;
+    blob_bytes_ += blob_bytes;
+    encoded_.store(blob_bytes_, std::memory_order_relaxed);
     after_last_ = count_();
-    if (!before || !after_last_) known_.store(false, std::memory_order_relaxed);
-    else if (*after_last_ != *before) compressing_.store(true, std::memory_order_relaxed);
+    if (!before || !after_last_) {
+      known_.store(false, std::memory_order_relaxed);
+    } else if (*after_last_ != *before) {
+      compressing_.store(true, std::memory_order_relaxed);
+      blocked_at_ = blob_bytes_;
+    }
   }
 
  private:
   const bool on_;
   const BlockedCount count_;
-  std::optional<uint64_t> after_last_;  // the count when the sink took its last job (the sink's own)
+  const uint64_t ring_jobs_;
+  // The sink's own: the count when it took its last job, jobs and blob bytes taken, where it last
+  // blocked in its appends.
+  std::optional<uint64_t> after_last_;
+  uint64_t jobs_ = 0, blob_bytes_ = 0, blocked_at_ = 0;
   // Written by the sink, read by the workers (a stale value decides one job).
   std::atomic<bool> known_{true};
-  std::atomic<uint64_t> encoded_{0};      // bytes of the encoded blobs the sink has taken
+  std::atomic<uint64_t> encoded_{0};      // blob_bytes_, for the workers
   std::atomic<bool> compressing_{true};   // the last side seen to be the limit was the disk's
 };
 
@@ -370,7 +386,7 @@ Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink
   for (uint32_t t = 0; t < o.threads; ++t) encoders.push_back(std::make_unique<ChunkEncoder>(o.zstd_level, o.compress));
   std::vector<Slot> slots(group * 2 * o.threads);
   const KnownByXxh known_xxh = known_by_xxh(o);
-  AdaptiveLevel adaptive(o.adaptive && o.compress, o.blocked_count);
+  AdaptiveLevel adaptive(o.adaptive && o.compress, o.blocked_count, slots.size() / group);
   refs.reserve(n);
   return ordered_pipeline(
       jobs, o.threads, slots.size() / group,

@@ -308,11 +308,15 @@ TEST(Snapshot, ThreadsAndLevelsGiveTheSameOriginal) {
 class PhasedSink final : public ByteSink {
  public:
   // Where the sink's output stands in [disk_from, disk_to), its appends block (the disk is the
-  // limit); elsewhere it blocks between jobs (the encoders are).
-  PhasedSink(uint64_t disk_from, uint64_t disk_to) : from_(disk_from), to_(disk_to) {}
+  // limit); elsewhere it blocks between jobs (the encoders are). As a real pack, `per_window`:
+  // only the append that crosses a write-behind window blocks, and the sink waits for the
+  // encoders before every job, the disk-bound ones too (the ring it was blocked on is soon taken).
+  PhasedSink(uint64_t disk_from, uint64_t disk_to, bool per_window = false)
+      : from_(disk_from), to_(disk_to), per_window_(per_window) {}
   using ByteSink::append;
   Status append(std::span<const std::byte> data) override {
-    if (disk_limited()) ++blocked;
+    const bool crosses = (bytes + data.size()) / kWriteBehindBytes != bytes / kWriteBehindBytes;
+    if (disk_limited() && (!per_window_ || crosses)) ++blocked;
     bytes += data.size();
     if (keep) kept.insert(kept.end(), data.begin(), data.end());
     return Status::OK();
@@ -320,7 +324,7 @@ class PhasedSink final : public ByteSink {
   // The count, read before and after each job (in turn, from the before): a wait between jobs is
   // counted at the before.
   std::optional<uint64_t> count() {
-    if (calls++ % 2 == 0 && !disk_limited()) ++blocked;
+    if (calls++ % 2 == 0 && (per_window_ || !disk_limited())) ++blocked;
     return blocked;
   }
   bool disk_limited() const { return bytes >= from_ && bytes < to_; }
@@ -330,13 +334,14 @@ class PhasedSink final : public ByteSink {
 
  private:
   uint64_t from_, to_;
+  bool per_window_;
 };
 
 constexpr uint64_t kMiB = uint64_t(1) << 20;
 
 std::vector<std::byte> big_f16_state() {
   SynthSpec s;
-  s.cells = 4000;  // 2 layers of K and V, 4096 f16 values a cell each: 125 MiB
+  s.cells = 4800;  // 2 layers of K and V, 4096 f16 values a cell each: 150 MiB
   s.layers = {{1, 4096, 1, 4096}, {1, 4096, 1, 4096}};
   s.f16_like = true;
   return build_state(s);
@@ -417,7 +422,7 @@ TEST(SnapshotAdaptive, TheLevelFollowsTheSideThatIsTheLimit) {
   const uint64_t disk_from = snapshot_detail::kAdaptiveFirstBytes + lead + 8 * kMiB, disk_to = disk_from + 16 * kMiB;
   PhasedSink sink(disk_from, disk_to);
   const auto chunks = adaptive_save(state, true, sink);
-  ASSERT_GT(sink.bytes, disk_to + lead + 8 * kMiB) << "too small a state for the three phases";
+  ASSERT_GT(sink.bytes, disk_to + kWriteBehindBytes + 2 * lead + 8 * kMiB) << "too small a state for the three phases";
   size_t raw_before = 0, zstd_during = 0, raw_after = 0;
   for (const SavedChunk& c : chunks) {
     if (c.stored_at >= snapshot_detail::kAdaptiveFirstBytes + lead + kMiB && c.stored_at + kChunkBytes < disk_from) {
@@ -428,13 +433,38 @@ TEST(SnapshotAdaptive, TheLevelFollowsTheSideThatIsTheLimit) {
       EXPECT_TRUE(c.zstd) << "disk-bound: compressed " << c.raw_at;
       ++zstd_during;
     }
-    if (c.stored_at >= disk_to + lead + kMiB) {
+    // The hold after the last block: a write-behind window and a ring of jobs.
+    if (c.stored_at >= disk_to + kWriteBehindBytes + 2 * lead + kMiB) {
       EXPECT_FALSE(c.zstd) << "CPU-bound again: raw " << c.raw_at;
       ++raw_after;
     }
   }
   EXPECT_GT(raw_before, 0u);
   EXPECT_GT(zstd_during, 0u);
+  EXPECT_GT(raw_after, 0u);
+}
+
+// The same with a sink that blocks as a real pack does: once a write-behind window while the disk
+// is the limit, and between every two jobs. The disk-bound phase stays compressed (a rule without
+// memory, or one that took every wait between jobs for the CPU's, stored most of it raw).
+TEST(SnapshotAdaptive, APackThatBlocksOnceAWindowStaysCompressed) {
+  const auto state = big_f16_state();
+  const uint64_t lead = workers_lead();
+  const uint64_t disk_from = snapshot_detail::kAdaptiveFirstBytes + lead + 8 * kMiB, disk_to = disk_from + 24 * kMiB;
+  PhasedSink sink(disk_from, disk_to, /*per_window=*/true);
+  const auto chunks = adaptive_save(state, true, sink);
+  ASSERT_GT(sink.bytes, disk_to + 2 * lead + kWriteBehindBytes + 8 * kMiB) << "too small a state for the phases";
+  size_t zstd_during = 0, raw_after = 0;
+  for (const SavedChunk& c : chunks) {
+    // From the first block (the first window boundary in the phase) to the phase's end.
+    if (c.stored_at >= disk_from + kWriteBehindBytes + lead + kMiB && c.stored_at + kChunkBytes < disk_to) {
+      EXPECT_TRUE(c.zstd) << "disk-bound, blocked once a window: compressed " << c.raw_at;
+      ++zstd_during;
+    }
+    // A window and a ring after the last block, the waits between jobs say the CPU.
+    if (c.stored_at >= disk_to + kWriteBehindBytes + 2 * lead + kMiB) raw_after += !c.zstd;
+  }
+  EXPECT_GT(zstd_during, 20u);
   EXPECT_GT(raw_after, 0u);
 }
 
