@@ -314,8 +314,9 @@ Status encode_group(const ChunkReader& reader, uint64_t first, size_t count, Chu
 //    compress the jobs begun from now on;
 //  - it blocked between two jobs (waiting for the next) and has not blocked in its appends for a
 //    write-behind window and a ring of jobs: the CPU is, and raw chunks cost the least: store
-//    them raw. (The pack blocks at most once a window; in between, the ring it was blocked on is
-//    taken at once and the sink waits for the encoders, so that wait alone says nothing.)
+//    them raw. (The pack blocks at most once a window; in between, the sink waits for the
+//    encoders, so that wait alone says nothing. The ring's worth is slack for a window that ends
+//    without a block.)
 //  - otherwise: as before (a save that compresses at the disk's pace stays compressed, one that
 //    stores raw at the CPU's stays raw).
 // Until the sink has taken kAdaptiveFirstBytes of encoded blobs every chunk is compressed (the
