@@ -318,7 +318,9 @@ void setup_maintain_commands(CLI::App& app, int& exit_status) {
                 "when unset; 0: never). What a collection could not do is a 'warning: gc after rm: ...' line (JSON:\n"
                 "the element's \"warnings\"); the snapshot is removed either way. While a save or a restore runs the\n"
                 "collection is skipped: kvsnap gc finishes it. A failure stops rm (a name that is no snapshot: exit 8):\n"
-                "the ones before it are removed and listed, the ones after it are not tried.\n"
+                "the ones before it are removed and listed, the ones after it are not tried. In an encrypted store a\n"
+                "snapshot named by anything but its uuid is removed only if its name and tags are the ones sealed in\n"
+                "it (exit 5 otherwise: someone without the key renamed it; the message gives its uuid).\n"
                 "\nExamples:\n  kvsnap rm chat-42\n  kvsnap rm 3 4 --json\n");
     bind(sub, o, run_rm, "rm", exit_status);
   }

@@ -498,12 +498,14 @@ Status Store::enforce_caps(const SnapshotInfo& info, SaveResult& r) {
 
 Result<SnapshotInfo> Store::set_pinned(const std::string& ref, bool pinned) {
   KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
+  KV_RETURN_IF_ERROR(check_labels_of(ref, id, pinned ? "pin UUID" : "unpin UUID"));
   KV_RETURN_IF_ERROR(catalog_->set_pinned(id, pinned));
   return catalog_->get_info(id);
 }
 
 Result<SnapshotInfo> Store::set_expiry(const std::string& ref, std::optional<int64_t> seconds) {
   KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
+  KV_RETURN_IF_ERROR(check_labels_of(ref, id, "expire DURATION UUID"));
   std::optional<std::string> at;
   if (seconds) {
     KV_ASSIGN_OR_RETURN(at, add_seconds(now_(), *seconds));
@@ -584,12 +586,12 @@ SnapshotInfo with_sealed_labels(SnapshotInfo info, const SnapshotManifest& m) {
 }
 }  // namespace
 
-Status Store::check_labels_of(const std::string& ref, int64_t id) {
+Status Store::check_labels_of(const std::string& ref, int64_t id, const std::string& usage) {
   KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
   if (!rec.info.tenant || names_its_uuid(ref, rec.info.uuid)) return Status::OK();
   KV_ASSIGN_OR_RETURN(std::vector<std::byte> manifest, manifest_of(rec));
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, parse_manifest(manifest, "snapshot " + ref));
-  return check_sealed_labels(rec.info, m, ref);
+  return check_sealed_labels(rec.info, m, ref, usage);
 }
 
 Result<std::unique_ptr<StoredSnapshot>> Store::open_snapshot_held(const std::string& ref,
@@ -693,6 +695,7 @@ RestoreResult Store::finish_restore(RestoreResult r, uint64_t bytes_out, Clock::
 
 Result<SnapshotInfo> Store::remove(const std::string& ref, GcReport* gc) {
   KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
+  KV_RETURN_IF_ERROR(check_labels_of(ref, id, "rm UUID"));
   KV_ASSIGN_OR_RETURN(SnapshotInfo info, catalog_->get_info(id));
   KV_RETURN_IF_ERROR(catalog_->remove_snapshot(id).status());
   GcOptions o;

@@ -229,11 +229,15 @@ class Store {
   // For a caller that resolved `ref` itself and then reads the snapshot by its uuid (restore
   // --server): kMismatch when `ref` names an encrypted snapshot whose catalog name or tags are not
   // the ones sealed in its manifest (store_seal.h check_sealed_labels); OK for a uuid or a plain row.
-  // `id`: the row `ref` resolved to, the one the caller then reads.
-  Status check_labels_of(const std::string& ref, int64_t id);
+  // `id`: the row `ref` resolved to, the one the caller then reads; `usage`: the kvsnap command
+  // the error suggests, its "UUID" replaced by the uuid.
+  Status check_labels_of(const std::string& ref, int64_t id, const std::string& usage = "restore UUID ...");
 
   // Also deletes blobs nobody uses any more, and compacts packs at compact_dead_percent(), best
   // effort (skipped while another gc runs; `gc` gets that collection's report when given).
+  // remove, set_pinned and set_expiry act on an encrypted snapshot named by anything but its uuid
+  // only when its catalog name and tags are the sealed ones (check_labels_of; kMismatch, nothing
+  // changed): a name swapped by someone without the key would have them change another snapshot.
   Result<SnapshotInfo> remove(const std::string& ref, GcReport* gc = nullptr);
   // `progress`: GcOptions::progress (an error from it stops gc before its next deletion);
   // `compact_dead_percent`: GcOptions's (0: no compaction).

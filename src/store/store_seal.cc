@@ -73,7 +73,17 @@ Status check_snapshot_key(const SnapshotInfo& info, const ChunkCipher* cipher) {
   return Status::OK();
 }
 
-Status check_sealed_labels(const SnapshotInfo& row, const SnapshotManifest& m, const std::string& ref) {
+namespace {
+// `usage` with its "UUID" replaced by `uuid` ("restore UUID ..." -> "restore 1f0c... ...").
+std::string with_uuid(std::string usage, const std::string& uuid) {
+  const size_t at = usage.find("UUID");
+  if (at != std::string::npos) usage.replace(at, 4, uuid);
+  return usage;
+}
+}  // namespace
+
+Status check_sealed_labels(const SnapshotInfo& row, const SnapshotManifest& m, const std::string& ref,
+                           const std::string& usage) {
   if (!row.tenant || !m.labels) return Status::OK();
   const SnapshotLabels& sealed = *m.labels;
   std::string wrong;
@@ -92,7 +102,7 @@ Status check_sealed_labels(const SnapshotInfo& row, const SnapshotManifest& m, c
   return Status::Mismatch("snapshot " + ref + " (uuid " + row.uuid + "): " + wrong +
                           ": its name and tags in the catalog were changed by someone without the key (they are "
                           "sealed in its manifest); its uuid, which the sealed manifest is bound to, still names "
-                          "it: kvsnap restore " + row.uuid + " ...");
+                          "it: kvsnap " + with_uuid(usage, row.uuid));
 }
 
 Status check_plain_under_key(const SnapshotInfo& info, const ChunkCipher* cipher, bool allow_plain) {

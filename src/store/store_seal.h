@@ -55,8 +55,10 @@ Result<std::vector<int32_t>> open_tokens_row(const SnapshotRecord& rec, const Ch
 // the labels do not hold with that value, is kMismatch naming both (someone who can write the
 // catalog but has no key renamed it or swapped the names of two snapshots). A name or tag the row
 // lacks is not (an import that found the name taken saves it without). `ref` is how the caller
-// named it; a manifest without labels (an older save) is not checked.
-Status check_sealed_labels(const SnapshotInfo& row, const SnapshotManifest& m, const std::string& ref);
+// named it, `usage` the kvsnap command the message suggests, its "UUID" replaced by the uuid; a
+// manifest without labels (an older save) is not checked.
+Status check_sealed_labels(const SnapshotInfo& row, const SnapshotManifest& m, const std::string& ref,
+                           const std::string& usage = "restore UUID ...");
 
 // A sealed export's metadata of the snapshot `uuid` (what its index would show in plaintext),
 // sealed by the tenant's cipher and bound to the uuid; opened back with the same binding, so a

@@ -1061,6 +1061,13 @@ TEST_F(StoreCli, ASwappedNameOfASealedSnapshotIsRefused) {
   EXPECT_EQ(early.err.find("127.0.0.1:1"), std::string::npos) << "asked the server first: " << early.err;
   KvRun v = kv("verify --all" + key);
   EXPECT_EQ(v.code, 3) << v.out << v.err;
+  // rm, pin and expire by the swapped name change nothing (they acted on the other snapshot)
+  for (const std::string cmd : {"rm a", "rm b", "pin a", "unpin b", "expire 1h a"}) {
+    KvRun c = kv(cmd + key);
+    EXPECT_EQ(c.code, 5) << cmd << ": " << c.err;
+    EXPECT_NE(c.err.find("was saved as"), std::string::npos) << cmd << ": " << c.err;
+  }
+  EXPECT_EQ(kv("verify --all" + key).code, 3) << "both snapshots are still there, their names still swapped";
   KvRun latin1 = kv("save " + make_slot("c.slot", 2, 64, 40, 7).string() + " --name \"$(printf 'caf\\351')\"" + key);
   EXPECT_EQ(latin1.code, 2) << latin1.err;
   EXPECT_NE(latin1.err.find("is not UTF-8 text"), std::string::npos) << latin1.err;

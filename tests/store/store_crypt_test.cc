@@ -408,6 +408,15 @@ TEST(StoreCrypt, AUuidNamesItsOwnRowEvenIfAnotherIsNamedLikeIt) {
   EXPECT_EQ(s->catalog().resolve(gone).status().code(), Code::kNotFound);
 }
 
+// `l` saved as `name` with `tags` (small chunks).
+Result<SaveResult> save_named(Store& s, const Loaded& l, const std::string& name,
+                              std::map<std::string, std::string> tags = {}) {
+  SaveRequest r = small_chunks();
+  r.name = name;
+  r.tags = std::move(tags);
+  return s.save(*l.file, l.state, r);
+}
+
 // Names and tags are catalog columns that whoever can write the catalog changes without the key:
 // swapping the names of two sealed snapshots sent a restore of "a" to b's data, exit 0. A save
 // now records them in the sealed manifest (INFO.labels), and a snapshot whose catalog name or tags
@@ -417,13 +426,8 @@ TEST(StoreCrypt, SwappedNamesOrTagsOfSealedSnapshotsAreRefused) {
   Loaded l = load(fixtures() / kSlot);
   Loaded other = load(fixtures() / "v0.5.0/hd64-q8_0-q8_0-faon.slot");
   auto s = b.must_open(b.key_a);
-  SaveRequest ra = small_chunks(), rb = small_chunks();
-  ra.name = "a";
-  ra.tags = {{"k", "1"}};
-  rb.name = "b";
-  rb.tags = {{"k", "2"}};
-  auto a = s->save(*l.file, l.state, ra);
-  auto bb = s->save(*other.file, other.state, rb);
+  auto a = save_named(*s, l, "a", {{"k", "1"}});
+  auto bb = save_named(*s, other, "b", {{"k", "2"}});
   ASSERT_TRUE(a.ok() && bb.ok());
   const std::string ida = std::to_string(a->info.id), idb = std::to_string(bb->info.id);
   EXPECT_EQ(restore_all(*s, "a"), test::slurp_text(fixtures() / kSlot));
@@ -469,6 +473,56 @@ TEST(StoreCrypt, SwappedNamesOrTagsOfSealedSnapshotsAreRefused) {
   latin1.name.clear();
   latin1.tags = {{"k", "\xff"}};
   EXPECT_EQ(s->save(*l.file, l.state, latin1).status().code(), Code::kInvalidArgument);
+}
+
+// rm, pin, unpin and expire by name read no data, and acted on whatever row the catalog named so:
+// with two sealed snapshots' names swapped, `rm a` deleted b's snapshot. Named by anything but its
+// uuid, an encrypted snapshot whose catalog labels are not its sealed ones is now refused
+// (kMismatch, nothing changed); by its uuid each still acts; another tenant's is refused by name.
+TEST(StoreCrypt, RmPinAndExpireByASwappedNameChangeNothing) {
+  Bed b;
+  Loaded l = load(fixtures() / kSlot);
+  Loaded other = load(fixtures() / "v0.5.0/hd64-q8_0-q8_0-faon.slot");
+  auto s = b.must_open(b.key_a);
+  auto a = save_named(*s, l, "a");
+  auto bb = save_named(*s, other, "b");
+  ASSERT_TRUE(a.ok() && bb.ok());
+  ASSERT_TRUE(s->set_pinned("a", true).ok()) << "labels that match: acted on as before";
+  ASSERT_TRUE(s->set_pinned("a", false).ok());
+  const std::string ida = std::to_string(a->info.id), idb = std::to_string(bb->info.id);
+  b.sql("UPDATE snapshots SET name = 'x' WHERE id = " + ida + "; UPDATE snapshots SET name = 'a' WHERE id = " + idb +
+        "; UPDATE snapshots SET name = 'b' WHERE id = " + ida);
+  auto pinned = s->set_pinned("a", true);
+  EXPECT_EQ(pinned.status().code(), Code::kMismatch) << pinned.status().ToString();
+  EXPECT_NE(pinned.status().message().find("it was saved as 'b'"), std::string::npos) << pinned.status().ToString();
+  EXPECT_NE(pinned.status().message().find("kvsnap pin " + bb->info.uuid), std::string::npos) << pinned.status().ToString();
+  EXPECT_EQ(s->set_pinned("b", false).status().code(), Code::kMismatch);
+  EXPECT_EQ(s->set_expiry("a", 60).status().code(), Code::kMismatch);
+  EXPECT_EQ(s->set_expiry("b", std::nullopt).status().code(), Code::kMismatch);
+  auto gone = s->remove("a");
+  EXPECT_EQ(gone.status().code(), Code::kMismatch) << gone.status().ToString();
+  EXPECT_NE(gone.status().message().find("kvsnap rm " + bb->info.uuid), std::string::npos) << gone.status().ToString();
+  EXPECT_EQ(s->remove("b").status().code(), Code::kMismatch);
+  EXPECT_EQ(s->remove(idb).status().code(), Code::kMismatch) << "a numeric id is checked against the labels too";
+  auto info_a = s->catalog().get_info(a->info.id), info_b = s->catalog().get_info(bb->info.id);
+  ASSERT_TRUE(info_a.ok() && info_b.ok()) << "a refused rm removed a snapshot";
+  EXPECT_FALSE(info_a->pinned || info_b->pinned);
+  EXPECT_FALSE(info_a->expires_at || info_b->expires_at);
+  EXPECT_EQ(restore_all(*s, a->info.uuid), test::slurp_text(fixtures() / kSlot));
+  // by its uuid, each acts on the snapshot the uuid names
+  ASSERT_TRUE(s->set_pinned(bb->info.uuid, true).ok());
+  EXPECT_TRUE(s->catalog().get_info(bb->info.id)->pinned);
+  ASSERT_TRUE(s->set_expiry(bb->info.uuid, 60).ok());
+  ASSERT_TRUE(s->remove(bb->info.uuid).ok());
+  EXPECT_EQ(s->catalog().get_info(bb->info.id).status().code(), Code::kNotFound);
+  EXPECT_EQ(restore_all(*s, a->info.uuid), test::slurp_text(fixtures() / kSlot));
+  // another tenant's snapshot by name: its labels cannot be read, so it is refused
+  b.sql("UPDATE snapshots SET name = 'a' WHERE id = " + ida);
+  auto bob = b.must_open(b.key_a, "bob");
+  auto theirs = bob->remove("a");
+  EXPECT_EQ(theirs.status().code(), Code::kMismatch) << theirs.status().ToString();
+  EXPECT_NE(theirs.status().message().find("pass --tenant default"), std::string::npos) << theirs.status().ToString();
+  EXPECT_TRUE(s->catalog().get_info(a->info.id).ok());
 }
 
 // A catalog whose encryption setting someone removed, its sealed rows still there: a command
