@@ -136,23 +136,26 @@ double cpu_now() {
 constexpr double kEmulatedQueueBytes = 32.0 * (1 << 20);
 class DiskEmulation {
  public:
-  void wrote(uint64_t n) {
-    if (g_disk_bytes_per_s <= 0) return;
+  // True when the writer slept (the emulated disk was behind).
+  bool wrote(uint64_t n) {
+    if (g_disk_bytes_per_s <= 0) return false;
     busy_until_ = std::max(busy_until_, Clock::now()) + seconds(double(n));
     const bool crosses = (written_ + n) / kWriteBehindBytes != written_ / kWriteBehindBytes;
     written_ += n;
-    if (crosses) sleep_until(busy_until_ - seconds(kEmulatedQueueBytes));
+    return crosses && sleep_until(busy_until_ - seconds(kEmulatedQueueBytes));
   }
   void synced() {
-    if (g_disk_bytes_per_s > 0) sleep_until(busy_until_);
+    if (g_disk_bytes_per_s > 0) (void)sleep_until(busy_until_);
   }
 
  private:
   static Clock::duration seconds(double bytes) {
     return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(bytes / g_disk_bytes_per_s));
   }
-  static void sleep_until(Clock::time_point t) {
-    if (Clock::now() < t) std::this_thread::sleep_until(t);
+  static bool sleep_until(Clock::time_point t) {
+    if (Clock::now() >= t) return false;
+    std::this_thread::sleep_until(t);
+    return true;
   }
   Clock::time_point busy_until_{};
   uint64_t written_ = 0;
@@ -164,7 +167,7 @@ class EmulatedDiskFile final : public WritableFile {
   using ByteSink::append;
   Status append(std::span<const std::byte> data) override {
     KV_RETURN_IF_ERROR(f_->append(data));
-    disk_.wrote(data.size());
+    waits_ += disk_.wrote(data.size());
     return Status::OK();
   }
   Status sync() override {
@@ -175,10 +178,13 @@ class EmulatedDiskFile final : public WritableFile {
   Status close() override { return f_->close(); }
   void take_access_of(const std::string& original, uint32_t mode_mask) override { f_->take_access_of(original, mode_mask); }
   bool pace_to_disk() override { return f_->pace_to_disk(); }
+  // The emulated disk's waits and the real file's (the real disk under the emulation).
+  uint64_t disk_waits() const override { return waits_ + f_->disk_waits(); }
 
  private:
   std::unique_ptr<WritableFile> f_;
   DiskEmulation disk_;
+  uint64_t waits_ = 0;
 };
 
 // posix_io() with the written files on the emulated disk (--disk-mbps); otherwise posix_io() itself.

@@ -301,6 +301,11 @@ struct SnapshotOptions {
   // How many times the calling thread has blocked (adaptive's signal; empty: base/os.h
   // thread_blocked_count). A seam for tests, which block a sink by counting, not by the scheduler.
   std::function<std::optional<uint64_t>()> blocked_count;
+  // How many times the sink's storage has made its writes wait (a store's pack: the disk's paced
+  // write-behind, BlobWriteBatch::storage_waits): where it says, the disk is the limit only when
+  // it grew while the sink took a job. Empty, or nullopt: the calling thread's own blocks during
+  // the job stand in, which also count page-cache reclaim and catalog round trips.
+  std::function<std::optional<uint64_t>()> storage_waits;
   bool byte_shuffle = true;          // the per-type filter (false: benchmarks of the filter's gain)
   uint32_t threads = 1;
   std::optional<SnapshotModelInfo> model;

@@ -310,8 +310,11 @@ Status encode_group(const ChunkReader& reader, uint64_t first, size_t count, Chu
 // between two jobs waits for the encoders when they are behind. A thread that blocks makes a
 // voluntary context switch; one that only lost time slices to the encoders does not. So the sink
 // tells which side is the limit:
-//  - it blocked while it appended a job: the disk (or the network) is, and the CPU has time:
-//    compress the jobs begun from now on;
+//  - its storage made it wait while it appended a job (SnapshotOptions::storage_waits; where the
+//    storage cannot say, the thread blocked during the job): the disk (or the network) is, and
+//    the CPU has time: compress the jobs begun from now on. (The thread's own count alone also
+//    counts blocks that are not the disk's: page-cache reclaim, a catalog's round trips. On a VM
+//    whose disk never held a save back, they turned compression on for a third of the chunks.)
 //  - it blocked between two jobs (waiting for the next) and has not blocked in its appends for a
 //    write-behind window and a ring of jobs: the CPU is, and raw chunks cost the least: store
 //    them raw. (The pack blocks at most once a window; in between, the sink waits for the
@@ -326,9 +329,16 @@ Status encode_group(const ChunkReader& reader, uint64_t first, size_t count, Chu
 class AdaptiveLevel {
  public:
   using BlockedCount = std::function<std::optional<uint64_t>()>;
+  // Both counts before the sink takes a job (before_sink), for after_sink.
+  struct Before {
+    std::optional<uint64_t> thread, storage;
+  };
   // ring_jobs: how many jobs the pipeline holds (the sink takes that many at once after a block).
-  AdaptiveLevel(bool on, BlockedCount count, size_t ring_jobs)
-      : on_(on), count_(count ? std::move(count) : BlockedCount(thread_blocked_count)), ring_jobs_(ring_jobs) {}
+  // storage: SnapshotOptions::storage_waits (empty: not known).
+  AdaptiveLevel(bool on, BlockedCount count, BlockedCount storage, size_t ring_jobs)
+      : on_(on), count_(count ? std::move(count) : BlockedCount(thread_blocked_count)),
+        storage_(storage ? std::move(storage) : BlockedCount([] { return std::optional<uint64_t>(); })),
+        ring_jobs_(ring_jobs) {}
   bool on() const { return on_; }
   // For a worker about to encode a job.
   bool compress() const {
@@ -337,24 +347,25 @@ class AdaptiveLevel {
            compressing_.load(std::memory_order_relaxed);
   }
   // The sink, before it takes a job.
-  std::optional<uint64_t> before_sink() {
-    if (!on_) return std::nullopt;
+  Before before_sink() {
+    if (!on_) return {};
     const std::optional<uint64_t> now = count_();
     const uint64_t hold = kWriteBehindBytes + ring_jobs_ * (blob_bytes_ / std::max<uint64_t>(1, jobs_));
     if (now && after_last_ && *now != *after_last_ && blob_bytes_ - blocked_at_ > hold)
       compressing_.store(false, std::memory_order_relaxed);
-    return now;
+    return {now, storage_()};
   }
   // The sink, after it took a job with `blob_bytes` of encoded blobs.
-  void after_sink(uint64_t blob_bytes, const std::optional<uint64_t>& before) {
+  void after_sink(uint64_t blob_bytes, const Before& before) {
     if (!on_) return;
     ++jobs_;
     blob_bytes_ += blob_bytes;
     encoded_.store(blob_bytes_, std::memory_order_relaxed);
     after_last_ = count_();
-    if (!before || !after_last_) {
+    const std::optional<uint64_t> storage = storage_();
+    if (!before.thread || !after_last_) {
       known_.store(false, std::memory_order_relaxed);
-    } else if (*after_last_ != *before) {
+    } else if (before.storage && storage ? *storage != *before.storage : *after_last_ != *before.thread) {
       compressing_.store(true, std::memory_order_relaxed);
       blocked_at_ = blob_bytes_;
     }
@@ -362,7 +373,7 @@ class AdaptiveLevel {
 
  private:
   const bool on_;
-  const BlockedCount count_;
+  const BlockedCount count_, storage_;
   const uint64_t ring_jobs_;
   // The sink's own: the count when it took its last job, jobs and blob bytes taken, where it last
   // blocked in its appends.
@@ -387,7 +398,7 @@ Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink
   for (uint32_t t = 0; t < o.threads; ++t) encoders.push_back(std::make_unique<ChunkEncoder>(o.zstd_level, o.compress));
   std::vector<Slot> slots(group * 2 * o.threads);
   const KnownByXxh known_xxh = known_by_xxh(o);
-  AdaptiveLevel adaptive(o.adaptive && o.compress, o.blocked_count, slots.size() / group);
+  AdaptiveLevel adaptive(o.adaptive && o.compress, o.blocked_count, o.storage_waits, slots.size() / group);
   refs.reserve(n);
   return ordered_pipeline(
       jobs, o.threads, slots.size() / group,
@@ -396,7 +407,7 @@ Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink
         return encode_group(reader, job * group, group_size(job), *encoders[worker], o, known_xxh, &slots[group * slot]);
       },
       [&](uint64_t job, size_t slot) {
-        const std::optional<uint64_t> blocked = adaptive.before_sink();
+        const AdaptiveLevel::Before blocked = adaptive.before_sink();
         uint64_t blobs = 0;
         for (size_t k = 0; k < group_size(job); ++k) {
           Slot& s = slots[group * slot + k];

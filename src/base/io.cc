@@ -111,6 +111,7 @@ class PosixWritableFile final : public WritableFile {
     pace_ = !scratch_;  // a scratch file has no write-behind
     return pace_;
   }
+  uint64_t disk_waits() const override { return disk_waits_; }
   Status sync() override {
     if (writeback_error_ != 0) return errno_status("write", path_, writeback_error_);
     if (const int e = sync_fd(fd_, /*data_only=*/true); e != 0) return errno_status(sync_fd_call(true), path_, e);
@@ -140,8 +141,11 @@ class PosixWritableFile final : public WritableFile {
       const uint64_t to = written_ - in_flight;
       // A write error the wait reports is not reported again by the final sync (the kernel marks
       // it seen): kept for sync() and the next append.
+      const std::optional<uint64_t> blocked_before = thread_blocked_count();
       if (const int e = kvsnap::wait_writeback(fd_, waited_to_, to - waited_to_); e != 0 && writeback_error_ == 0)
         writeback_error_ = e;
+      const std::optional<uint64_t> blocked_after = thread_blocked_count();
+      if (blocked_before && blocked_after && *blocked_after != *blocked_before) ++disk_waits_;
       waited_to_ = to;
     }
     flushing_from_ = written_;
@@ -155,6 +159,7 @@ class PosixWritableFile final : public WritableFile {
   uint64_t written_ = 0;        // bytes appended so far
   uint64_t flushing_from_ = 0;  // bytes before this were handed to start_writeback()
   uint64_t waited_to_ = 0;      // bytes before this were on the disk (wait_writeback)
+  uint64_t disk_waits_ = 0;     // paced waits that blocked
 };
 
 class PosixFileLock final : public FileLock {

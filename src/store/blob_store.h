@@ -129,6 +129,11 @@ class BlobWriteBatch {
   // appends after it start a new pack.
   virtual Status commit() = 0;
   virtual uint64_t written() const = 0;  // blobs written (not deduplicated) so far
+  // How many times this batch's writes have waited for the storage so far (a local pack: the
+  // disk's paced write-behind, WritableFile::disk_waits); nullopt where the batch cannot tell (S3:
+  // the caller's own count of blocks stands in). A save's adaptive level reads it
+  // (format/snapshot.h SnapshotOptions::storage_waits).
+  virtual std::optional<uint64_t> storage_waits() const = 0;
   // The shared gc lock this batch holds: what the catalog commit checks (Catalog::commit_save).
   GcLockHold& hold() const { return *hold_; }
 

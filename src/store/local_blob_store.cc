@@ -20,6 +20,10 @@ class LocalBlobWriteBatch final : public BlobWriteBatch {
   // created).
   Status commit() override;
   uint64_t written() const override;
+  std::optional<uint64_t> storage_waits() const override {
+    std::lock_guard<std::mutex> g(mu_);
+    return done_packs_waits_ + (pack_file_ ? pack_file_->disk_waits() : 0);
+  }
 
  private:
   LocalBlobStore& store_;
@@ -29,6 +33,7 @@ class LocalBlobWriteBatch final : public BlobWriteBatch {
   // The pack being written (guarded by mu_): its file, and its name, size so far and blobs.
   std::unique_ptr<AtomicFileWriter> pack_file_;
   PackTally pack_;
+  uint64_t done_packs_waits_ = 0;  // the disk waits of this batch's packs before pack_file_
 };
 
 Result<std::unique_ptr<LocalBlobStore>> LocalBlobStore::open(Io& io, std::string root, std::unique_ptr<GcLocks> locks) {
@@ -229,6 +234,7 @@ Result<BlobLocation> LocalBlobWriteBatch::append(const ChunkHash& h, std::span<c
   }
   Status s = pack_file_->append(stored);
   if (!s.ok()) {
+    done_packs_waits_ += pack_file_->disk_waits();
     pack_file_.reset();  // removes the temporary: a pack is never left half-written
     pack_.clear();       // those locations will never exist
     return s;
@@ -243,6 +249,7 @@ Status LocalBlobWriteBatch::commit() {
     std::lock_guard<std::mutex> g(mu_);
     if (pack_file_) {
       Status s = pack_file_->commit();  // fsync, rename into packs/
+      done_packs_waits_ += pack_file_->disk_waits();
       if (!s.ok()) {
         pack_file_.reset();
         pack_.clear();  // those locations will never exist

@@ -138,6 +138,8 @@ class S3BlobWriteBatch final : public BlobWriteBatch {
     std::lock_guard g(mu_);
     return written_;
   }
+  // Parts go out from the caller's thread: its own count of blocks tells (SnapshotOptions).
+  std::optional<uint64_t> storage_waits() const override { return std::nullopt; }
 
  private:
   // Sends part_ as the next part (starting the upload first); `g` is released meanwhile.

@@ -410,6 +410,7 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   std::map<Sha256Digest, ChunkRef> parent_chunks;
   KV_ASSIGN_OR_RETURN(std::optional<int64_t> parent_id, find_parent(state->tokens.tokens, fingerprint, req, parent_chunks));
   if (parent_id) so.known_chunks = &parent_chunks;
+  so.storage_waits = [&b = *batch] { return b.storage_waits(); };
   BlobSink sink(*batch, *catalog_);
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_snapshot(*state, *src, so, sink));
   KV_RETURN_IF_ERROR(sink.finish());

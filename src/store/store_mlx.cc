@@ -125,6 +125,7 @@ Result<SaveResult> Store::save_mlx(const ReadableFile& file, const MlxPromptCach
   const std::string fingerprint = mlx_fingerprint(mlx_cache_summary(cache, req.mlx_model).model);
   KV_ASSIGN_OR_RETURN(std::optional<int64_t> parent_id, find_parent(req.tokens, fingerprint, req, parent_chunks));
   if (parent_id) so.known_chunks = &parent_chunks;
+  so.storage_waits = [&b = *batch] { return b.storage_waits(); };
   BlobSink sink(*batch, *catalog_);
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_mlx_snapshot(cache, file, so, meta, sink));
   KV_RETURN_IF_ERROR(sink.finish());

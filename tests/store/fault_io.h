@@ -74,6 +74,9 @@ class FaultInjectingIo final : public Io {
     return it == count_.end() ? 0 : it->second;
   }
   int injected() const { return injected_.load(); }
+  // Every written file says the disk made each of its appends wait (WritableFile::disk_waits), as
+  // a disk slower than the CPU would: what a save's adaptive level hears from its pack.
+  void disk_waits_every_append(bool on) { slow_disk_ = on; }
 
   // The next exists() or open_read() whose path contains `needle` waits, before looking, until
   // resume(): a reader stopped between reading the catalog and reading its blobs (tests of what
@@ -192,6 +195,7 @@ class FaultInjectingIo final : public Io {
   std::map<FaultOp, int> count_;
   std::vector<Fault> faults_;
   std::atomic<int> injected_{0};
+  std::atomic<bool> slow_disk_{false};
   std::condition_variable pause_cv_;
   std::string pause_needle_;
   bool paused_ = false, resumed_ = false;
@@ -254,6 +258,7 @@ class FaultInjectingIo::File final : public WritableFile {
       }
       return injected_status(FaultOp::kAppend, path_, f->first);
     }
+    if (io_.slow_disk_) ++waits_;
     return f_->append(data);
   }
   Status sync() override {
@@ -273,12 +278,14 @@ class FaultInjectingIo::File final : public WritableFile {
     f_->take_access_of(original, mode_mask);
   }
   bool pace_to_disk() override { return f_->pace_to_disk(); }
+  uint64_t disk_waits() const override { return waits_ + f_->disk_waits(); }
 
  private:
   FaultInjectingIo& io_;
   std::string path_;
   std::unique_ptr<WritableFile> f_;
   bool closed_ = false;
+  uint64_t waits_ = 0;  // disk_waits_every_append's
 };
 
 inline Result<std::unique_ptr<WritableFile>> FaultInjectingIo::open_write(const std::string& path, bool exclusive) {

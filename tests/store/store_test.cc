@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "format/state_builder.h"
 #include "format/state_prefix.h"
 #include "migrate/convert_state.h"
 #include "store/archive.h"
@@ -124,6 +125,39 @@ std::vector<std::byte> restored(Store& s, int64_t id) {
 // gc deletes every blob and pack its catalog does not name: a catalog pointed at another store's
 // blobs (a new catalog.sqlite, a second host's SQLite catalog on the same bucket) must not save or
 // collect there, or its first save's gc deletes every pack of the real store.
+// A save's adaptive level hears its pack's disk (BlobWriteBatch::storage_waits, from the file the
+// store's Io wrote: WritableFile::disk_waits): a disk that makes every append wait keeps every
+// chunk compressed past the first bytes. A store, batch or file wrapper that dropped the count
+// would leave the save to its thread's own count, by which this CPU-bound save, whose sink waits
+// for the encoders, stores most chunks raw.
+TEST(Store, TheAdaptiveLevelHearsThePacksDisk) {
+  testing::SynthSpec spec;
+  spec.cells = 3072;  // 2 layers of K and V, 4096 f16 values a cell each: 96 MiB, 2 MiB chunks
+  spec.layers = {{1, 4096, 1, 4096}, {1, 4096, 1, 4096}};
+  spec.f16_like = true;
+  const std::vector<std::byte> bytes = testing::build_state(spec);
+  MemoryFile file("big.slot", std::span<const std::byte>(bytes));
+  auto state = parse_state(file);
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  FaultInjectingIo io(posix_io());
+  io.disk_waits_every_append(true);
+  TempStore t(io);
+  SaveRequest req;  // the default level, auto
+  req.threads = 2;
+  auto saved = t.store->save(file, *state, req);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  auto snap = t.store->open_snapshot(saved->info.uuid);
+  ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+  size_t big = 0, raw = 0;
+  for (const ChunkRef& c : (*snap)->reader().chunks()) {
+    if (c.raw_size < (uint64_t(1) << 20)) continue;
+    ++big;
+    raw += c.codec != ChunkCodec::kZstd;
+  }
+  EXPECT_GT(big, 40u);
+  EXPECT_EQ(raw, 0u) << "the pack's disk waited at every append: every chunk should be compressed";
+}
+
 TEST(Store, ACatalogOverAnotherStoresBlobsSavesAndDeletesNothing) {
   TempStore t;
   Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faoff.slot");
