@@ -179,7 +179,7 @@ class EmulatedDiskFile final : public WritableFile {
   void take_access_of(const std::string& original, uint32_t mode_mask) override { f_->take_access_of(original, mode_mask); }
   bool pace_to_disk() override { return f_->pace_to_disk(); }
   // The emulated disk's waits and the real file's (the real disk under the emulation).
-  uint64_t disk_waits() const override { return waits_ + f_->disk_waits(); }
+  std::optional<uint64_t> disk_waits() const override { return waits_ + f_->disk_waits().value_or(0); }
 
  private:
   std::unique_ptr<WritableFile> f_;

@@ -109,9 +109,13 @@ class PosixWritableFile final : public WritableFile {
   }
   bool pace_to_disk() override {
     pace_ = !scratch_;  // a scratch file has no write-behind
+    waits_known_ = thread_blocked_count().has_value();
     return pace_;
   }
-  uint64_t disk_waits() const override { return disk_waits_; }
+  std::optional<uint64_t> disk_waits() const override {
+    if (!pace_ || !waits_known_) return std::nullopt;
+    return disk_waits_;
+  }
   Status sync() override {
     if (writeback_error_ != 0) return errno_status("write", path_, writeback_error_);
     if (const int e = sync_fd(fd_, /*data_only=*/true); e != 0) return errno_status(sync_fd_call(true), path_, e);
@@ -134,6 +138,9 @@ class PosixWritableFile final : public WritableFile {
  private:
   // A hint: its failure (a file system without it) changes nothing that sync() promises.
   void start_writeback() {
+    // Paced: a block while the window is handed over (the device's queue full) or while an old
+    // one is waited for is the disk's (disk_waits).
+    const std::optional<uint64_t> blocked_before = pace_ ? thread_blocked_count() : std::nullopt;
     kvsnap::start_writeback(fd_, flushing_from_, written_ - flushing_from_);
     // Paced: the windows before the last kWriteBehindWindows are waited for.
     const uint64_t in_flight = kWriteBehindWindows * kWriteBehindBytes;
@@ -141,12 +148,15 @@ class PosixWritableFile final : public WritableFile {
       const uint64_t to = written_ - in_flight;
       // A write error the wait reports is not reported again by the final sync (the kernel marks
       // it seen): kept for sync() and the next append.
-      const std::optional<uint64_t> blocked_before = thread_blocked_count();
-      if (const int e = kvsnap::wait_writeback(fd_, waited_to_, to - waited_to_); e != 0 && writeback_error_ == 0)
-        writeback_error_ = e;
-      const std::optional<uint64_t> blocked_after = thread_blocked_count();
-      if (blocked_before && blocked_after && *blocked_after != *blocked_before) ++disk_waits_;
+      const WritebackWait w = kvsnap::wait_writeback(fd_, waited_to_, to - waited_to_);
+      if (w.error != 0 && writeback_error_ == 0) writeback_error_ = w.error;
+      if (!w.supported) waits_known_ = false;
       waited_to_ = to;
+    }
+    if (pace_) {
+      const std::optional<uint64_t> blocked_after = thread_blocked_count();
+      if (!blocked_before || !blocked_after) waits_known_ = false;
+      else if (*blocked_after != *blocked_before) ++disk_waits_;
     }
     flushing_from_ = written_;
   }
@@ -159,7 +169,8 @@ class PosixWritableFile final : public WritableFile {
   uint64_t written_ = 0;        // bytes appended so far
   uint64_t flushing_from_ = 0;  // bytes before this were handed to start_writeback()
   uint64_t waited_to_ = 0;      // bytes before this were on the disk (wait_writeback)
-  uint64_t disk_waits_ = 0;     // paced waits that blocked
+  uint64_t disk_waits_ = 0;     // write-backs of a paced file that blocked
+  bool waits_known_ = true;     // no wait found unsupported, the thread's blocks counted
 };
 
 class PosixFileLock final : public FileLock {

@@ -62,13 +62,14 @@ class WritableFile : public ByteSink {
   // True when the file will. Pure virtual, as Io::exchange: a wrapper that did not pass it on
   // (the CLI's counting file) silently left the shipped binary's saves unpaced.
   virtual bool pace_to_disk() = 0;
-  // How many of the paced waits so far blocked: the disk was behind (PosixWritableFile: a
-  // voluntary context switch inside the wait). 0 for a file that does not pace or cannot tell.
-  // The adaptive level's signal that the disk, not the CPU, is the limit: a thread's own count
-  // of blocks in its appends also counts page-cache reclaim and catalog round trips, which made a
-  // save whose disk never held it back compress a third of its chunks. Pure virtual, as
-  // pace_to_disk.
-  virtual uint64_t disk_waits() const = 0;
+  // How many times the disk has made this paced file's appends wait so far (PosixWritableFile: a
+  // voluntary context switch while it handed a window to the disk or waited for an old one);
+  // nullopt where the file cannot tell: it does not pace, the system has no such wait for it (a
+  // file system without sync_file_range, not Linux), or no count of a thread's blocks. The
+  // adaptive level's signal that the disk, not the CPU, is the limit: a thread's own count of
+  // blocks in its appends also counts page-cache reclaim and catalog round trips, which made a save
+  // whose disk never held it back compress a third of its chunks. Pure virtual, as pace_to_disk.
+  virtual std::optional<uint64_t> disk_waits() const = 0;
 };
 
 // Write-behind (PosixWritableFile): every kWriteBehindBytes appended are handed to the disk at once;
@@ -315,7 +316,7 @@ class AtomicFileWriter final : public ByteSink {
   Status publish_if_unchanged(const std::function<Status(const std::string& p, bool moved)>& unchanged);
   bool published() const { return committed_; }
   // The file's WritableFile::disk_waits.
-  uint64_t disk_waits() const { return file_ ? file_->disk_waits() : 0; }
+  std::optional<uint64_t> disk_waits() const { return file_ ? file_->disk_waits() : std::nullopt; }
   // Whether publish_if_unchanged fell back to a plain rename (no exchange here): its last check
   // could not see a writer between it and the rename.
   bool renamed_plainly() const { return renamed_plainly_; }

@@ -123,23 +123,24 @@ std::optional<uint64_t> thread_blocked_count() {
 #endif
 }
 
-int wait_writeback(int fd, uint64_t offset, uint64_t len) {
+WritebackWait wait_writeback(int fd, uint64_t offset, uint64_t len) {
 #if defined(KVSNAP_OS_LINUX)
   const unsigned flags = SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER;
   int rc;
   do {
     rc = ::sync_file_range(fd, static_cast<off_t>(offset), static_cast<off_t>(len), flags);
   } while (rc != 0 && errno == EINTR);
-  if (rc == 0) return 0;
+  if (rc == 0) return {};
   const int e = errno;
   // Not a write error: the call is not there for this file (a pipe, a file system without it).
+  if (e == EINVAL || e == ENOSYS || e == ESPIPE || e == EOPNOTSUPP) return {0, false};
   // ENOMEM: the kernel could not queue the wait now; the final sync still writes and checks.
-  return e == EINVAL || e == ENOSYS || e == ESPIPE || e == EOPNOTSUPP || e == ENOMEM ? 0 : e;
+  return {e == ENOMEM ? 0 : e, true};
 #else
   (void)fd;
   (void)offset;
   (void)len;
-  return 0;
+  return {0, false};
 #endif
 }
 

@@ -55,10 +55,15 @@ void start_writeback(int fd, uint64_t offset, uint64_t len);
 // Waits until bytes [offset, offset + len) of `fd` are written to the disk (Linux: sync_file_range
 // WAIT_BEFORE | WRITE | WAIT_AFTER; no durability promise: the file's metadata is not written), so
 // a writer that waits for its older windows goes at the disk's pace instead of filling the page
-// cache and waiting for all of it in its final sync. Returns 0, or the errno of a write error the
+// cache and waiting for all of it in its final sync. `error`: 0, or the errno of a write error the
 // kernel reported for the file (EIO, ENOSPC): the caller must report it, a later fsync may not.
-// A file system or OS without the call is 0 (nothing waited).
-int wait_writeback(int fd, uint64_t offset, uint64_t len);
+// A file system or OS without the call (a pipe, FUSE or NFS without it, not Linux) is error 0 and
+// `supported` false: nothing was waited for.
+struct WritebackWait {
+  int error = 0;
+  bool supported = true;
+};
+WritebackWait wait_writeback(int fd, uint64_t offset, uint64_t len);
 
 // How many times the calling thread has blocked so far (voluntary context switches: a wait for
 // the disk, the network or a lock; not a time slice taken by another thread). Linux:

@@ -320,7 +320,8 @@ void setup_maintain_commands(CLI::App& app, int& exit_status) {
                 "collection is skipped: kvsnap gc finishes it. A failure stops rm (a name that is no snapshot: exit 8):\n"
                 "the ones before it are removed and listed, the ones after it are not tried. In an encrypted store a\n"
                 "snapshot named by anything but its uuid is removed only if its name and tags are the ones sealed in\n"
-                "it (exit 5 otherwise: someone without the key renamed it; the message gives its uuid).\n"
+                "it (exit 5 otherwise, nothing removed: someone without the key renamed it; find the snapshot you\n"
+                "mean with kvsnap ls and kvsnap show UUID, and name it by its uuid).\n"
                 "\nExamples:\n  kvsnap rm chat-42\n  kvsnap rm 3 4 --json\n");
     bind(sub, o, run_rm, "rm", exit_status);
   }
@@ -357,7 +358,9 @@ void setup_maintain_commands(CLI::App& app, int& exit_status) {
     auto o = std::make_shared<MarkOpts>();
     auto* sub = app.add_subcommand("pin", "Keep snapshots whatever the store's caps: eviction never removes them");
     add_snapshots_and_json(sub, o->refs, o->json);
-    sub->footer("\nkvsnap rm still removes a pinned snapshot. Example:\n  kvsnap pin chat-42\n");
+    sub->footer("\nkvsnap rm still removes a pinned snapshot. In an encrypted store, pin, unpin and expire check the\n"
+                "name and tags of a snapshot named by anything but its uuid against the ones sealed in it (exit 5,\n"
+                "nothing changed, when they differ). Example:\n  kvsnap pin chat-42\n");
     bind(sub, o, run_pin, "pin", exit_status);
   }
   {

@@ -75,7 +75,7 @@ class CountingWritable final : public WritableFile {
     f_->take_access_of(original, mode_mask);
   }
   bool pace_to_disk() override { return f_->pace_to_disk(); }
-  uint64_t disk_waits() const override { return f_->disk_waits(); }
+  std::optional<uint64_t> disk_waits() const override { return f_->disk_waits(); }
 
  private:
   std::unique_ptr<WritableFile> f_;

@@ -20,9 +20,13 @@ class LocalBlobWriteBatch final : public BlobWriteBatch {
   // created).
   Status commit() override;
   uint64_t written() const override;
+  // nullopt once a pack's file could not tell (WritableFile::disk_waits).
   std::optional<uint64_t> storage_waits() const override {
     std::lock_guard<std::mutex> g(mu_);
-    return done_packs_waits_ + (pack_file_ ? pack_file_->disk_waits() : 0);
+    if (!done_packs_waits_ || !pack_file_) return done_packs_waits_;
+    const std::optional<uint64_t> now = pack_file_->disk_waits();
+    if (!now) return std::nullopt;
+    return *done_packs_waits_ + *now;
   }
 
  private:
@@ -33,7 +37,12 @@ class LocalBlobWriteBatch final : public BlobWriteBatch {
   // The pack being written (guarded by mu_): its file, and its name, size so far and blobs.
   std::unique_ptr<AtomicFileWriter> pack_file_;
   PackTally pack_;
-  uint64_t done_packs_waits_ = 0;  // the disk waits of this batch's packs before pack_file_
+  // The disk waits of this batch's packs before pack_file_ (nullopt: one could not tell).
+  std::optional<uint64_t> done_packs_waits_ = 0;
+  void add_waits_of_pack() {  // mu_ held, pack_file_ set
+    const std::optional<uint64_t> w = pack_file_->disk_waits();
+    done_packs_waits_ = done_packs_waits_ && w ? std::optional<uint64_t>(*done_packs_waits_ + *w) : std::nullopt;
+  }
 };
 
 Result<std::unique_ptr<LocalBlobStore>> LocalBlobStore::open(Io& io, std::string root, std::unique_ptr<GcLocks> locks) {
@@ -234,7 +243,7 @@ Result<BlobLocation> LocalBlobWriteBatch::append(const ChunkHash& h, std::span<c
   }
   Status s = pack_file_->append(stored);
   if (!s.ok()) {
-    done_packs_waits_ += pack_file_->disk_waits();
+    add_waits_of_pack();
     pack_file_.reset();  // removes the temporary: a pack is never left half-written
     pack_.clear();       // those locations will never exist
     return s;
@@ -249,7 +258,7 @@ Status LocalBlobWriteBatch::commit() {
     std::lock_guard<std::mutex> g(mu_);
     if (pack_file_) {
       Status s = pack_file_->commit();  // fsync, rename into packs/
-      done_packs_waits_ += pack_file_->disk_waits();
+      add_waits_of_pack();
       if (!s.ok()) {
         pack_file_.reset();
         pack_.clear();  // those locations will never exist

@@ -499,14 +499,14 @@ Status Store::enforce_caps(const SnapshotInfo& info, SaveResult& r) {
 
 Result<SnapshotInfo> Store::set_pinned(const std::string& ref, bool pinned) {
   KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
-  KV_RETURN_IF_ERROR(check_labels_of(ref, id, pinned ? "pin UUID" : "unpin UUID"));
+  KV_RETURN_IF_ERROR(check_labels_of(ref, id, pinned ? "pin" : "unpin"));
   KV_RETURN_IF_ERROR(catalog_->set_pinned(id, pinned));
   return catalog_->get_info(id);
 }
 
 Result<SnapshotInfo> Store::set_expiry(const std::string& ref, std::optional<int64_t> seconds) {
   KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
-  KV_RETURN_IF_ERROR(check_labels_of(ref, id, "expire DURATION UUID"));
+  KV_RETURN_IF_ERROR(check_labels_of(ref, id, "expire"));
   std::optional<std::string> at;
   if (seconds) {
     KV_ASSIGN_OR_RETURN(at, add_seconds(now_(), *seconds));
@@ -587,12 +587,12 @@ SnapshotInfo with_sealed_labels(SnapshotInfo info, const SnapshotManifest& m) {
 }
 }  // namespace
 
-Status Store::check_labels_of(const std::string& ref, int64_t id, const std::string& usage) {
+Status Store::check_labels_of(const std::string& ref, int64_t id, const std::string& change) {
   KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
   if (!rec.info.tenant || names_its_uuid(ref, rec.info.uuid)) return Status::OK();
   KV_ASSIGN_OR_RETURN(std::vector<std::byte> manifest, manifest_of(rec));
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, parse_manifest(manifest, "snapshot " + ref));
-  return check_sealed_labels(rec.info, m, ref, usage);
+  return check_sealed_labels(rec.info, m, ref, change);
 }
 
 Result<std::unique_ptr<StoredSnapshot>> Store::open_snapshot_held(const std::string& ref,
@@ -696,7 +696,9 @@ RestoreResult Store::finish_restore(RestoreResult r, uint64_t bytes_out, Clock::
 
 Result<SnapshotInfo> Store::remove(const std::string& ref, GcReport* gc) {
   KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
-  KV_RETURN_IF_ERROR(check_labels_of(ref, id, "rm UUID"));
+  // A sealed manifest row that no longer opens (kCorruption) shows no labels, and its snapshot
+  // cannot be restored either: removed by the name that names it, as restore's "damaged" says.
+  if (Status labels = check_labels_of(ref, id, "rm"); !labels.ok() && labels.code() != Code::kCorruption) return labels;
   KV_ASSIGN_OR_RETURN(SnapshotInfo info, catalog_->get_info(id));
   KV_RETURN_IF_ERROR(catalog_->remove_snapshot(id).status());
   GcOptions o;

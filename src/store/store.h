@@ -229,9 +229,8 @@ class Store {
   // For a caller that resolved `ref` itself and then reads the snapshot by its uuid (restore
   // --server): kMismatch when `ref` names an encrypted snapshot whose catalog name or tags are not
   // the ones sealed in its manifest (store_seal.h check_sealed_labels); OK for a uuid or a plain row.
-  // `id`: the row `ref` resolved to, the one the caller then reads; `usage`: the kvsnap command
-  // the error suggests, its "UUID" replaced by the uuid.
-  Status check_labels_of(const std::string& ref, int64_t id, const std::string& usage = "restore UUID ...");
+  // `id`: the row `ref` resolved to, the one the caller then reads; `change`: check_sealed_labels's.
+  Status check_labels_of(const std::string& ref, int64_t id, const std::string& change = "");
 
   // Also deletes blobs nobody uses any more, and compacts packs at compact_dead_percent(), best
   // effort (skipped while another gc runs; `gc` gets that collection's report when given).

@@ -73,17 +73,8 @@ Status check_snapshot_key(const SnapshotInfo& info, const ChunkCipher* cipher) {
   return Status::OK();
 }
 
-namespace {
-// `usage` with its "UUID" replaced by `uuid` ("restore UUID ..." -> "restore 1f0c... ...").
-std::string with_uuid(std::string usage, const std::string& uuid) {
-  const size_t at = usage.find("UUID");
-  if (at != std::string::npos) usage.replace(at, 4, uuid);
-  return usage;
-}
-}  // namespace
-
 Status check_sealed_labels(const SnapshotInfo& row, const SnapshotManifest& m, const std::string& ref,
-                           const std::string& usage) {
+                           const std::string& change) {
   if (!row.tenant || !m.labels) return Status::OK();
   const SnapshotLabels& sealed = *m.labels;
   std::string wrong;
@@ -99,10 +90,15 @@ Status check_sealed_labels(const SnapshotInfo& row, const SnapshotManifest& m, c
   if (wrong.empty()) return Status::OK();
   // kMismatch, not kCorruption: the snapshot is whole (restore's "damaged ... kvsnap rm removes it"
   // would have the user delete a good snapshot); the catalog's label does not belong to it.
-  return Status::Mismatch("snapshot " + ref + " (uuid " + row.uuid + "): " + wrong +
-                          ": its name and tags in the catalog were changed by someone without the key (they are "
-                          "sealed in its manifest); its uuid, which the sealed manifest is bound to, still names "
-                          "it: kvsnap " + with_uuid(usage, row.uuid));
+  const std::string what = "snapshot " + ref + " (uuid " + row.uuid + "): " + wrong +
+                           ": its name and tags in the catalog were changed by someone without the key (they are "
+                           "sealed in its manifest)";
+  if (change.empty())
+    return Status::Mismatch(what + "; its uuid, which the sealed manifest is bound to, still names it: kvsnap restore " +
+                            row.uuid + " ...");
+  // Not "kvsnap rm UUID": this row is not the snapshot the user meant to change.
+  return Status::Mismatch(what + "; nothing was changed. kvsnap ls lists the uuids and kvsnap show UUID the name and "
+                          "tags each was saved with: name the snapshot to " + change + " by its uuid");
 }
 
 Status check_plain_under_key(const SnapshotInfo& info, const ChunkCipher* cipher, bool allow_plain) {

@@ -55,10 +55,12 @@ Result<std::vector<int32_t>> open_tokens_row(const SnapshotRecord& rec, const Ch
 // the labels do not hold with that value, is kMismatch naming both (someone who can write the
 // catalog but has no key renamed it or swapped the names of two snapshots). A name or tag the row
 // lacks is not (an import that found the name taken saves it without). `ref` is how the caller
-// named it, `usage` the kvsnap command the message suggests, its "UUID" replaced by the uuid; a
-// manifest without labels (an older save) is not checked.
+// named it; a manifest without labels (an older save) is not checked. `change`: empty for a read
+// (the message says how to restore the row by its uuid), else the command that would have changed
+// it ("rm", "pin"), which the message tells to name its snapshot by uuid (the row named is not the
+// snapshot the user meant).
 Status check_sealed_labels(const SnapshotInfo& row, const SnapshotManifest& m, const std::string& ref,
-                           const std::string& usage = "restore UUID ...");
+                           const std::string& change = "");
 
 // A sealed export's metadata of the snapshot `uuid` (what its index would show in plaintext),
 // sealed by the tenant's cipher and bound to the uuid; opened back with the same binding, so a

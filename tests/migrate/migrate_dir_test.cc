@@ -163,7 +163,7 @@ class HookedFile final : public WritableFile {
   }
   Status close() override { return f_->close(); }
   bool pace_to_disk() override { return f_->pace_to_disk(); }
-  uint64_t disk_waits() const override { return f_->disk_waits(); }
+  std::optional<uint64_t> disk_waits() const override { return f_->disk_waits(); }
 
  private:
   std::unique_ptr<WritableFile> f_;

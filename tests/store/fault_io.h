@@ -278,7 +278,10 @@ class FaultInjectingIo::File final : public WritableFile {
     f_->take_access_of(original, mode_mask);
   }
   bool pace_to_disk() override { return f_->pace_to_disk(); }
-  uint64_t disk_waits() const override { return waits_ + f_->disk_waits(); }
+  std::optional<uint64_t> disk_waits() const override {
+    if (io_.slow_disk_) return waits_;
+    return f_->disk_waits();
+  }
 
  private:
   FaultInjectingIo& io_;

@@ -122,9 +122,6 @@ std::vector<std::byte> restored(Store& s, int64_t id) {
   return out.bytes;
 }
 
-// gc deletes every blob and pack its catalog does not name: a catalog pointed at another store's
-// blobs (a new catalog.sqlite, a second host's SQLite catalog on the same bucket) must not save or
-// collect there, or its first save's gc deletes every pack of the real store.
 // A save's adaptive level hears its pack's disk (BlobWriteBatch::storage_waits, from the file the
 // store's Io wrote: WritableFile::disk_waits): a disk that makes every append wait keeps every
 // chunk compressed past the first bytes. A store, batch or file wrapper that dropped the count
@@ -158,6 +155,9 @@ TEST(Store, TheAdaptiveLevelHearsThePacksDisk) {
   EXPECT_EQ(raw, 0u) << "the pack's disk waited at every append: every chunk should be compressed";
 }
 
+// gc deletes every blob and pack its catalog does not name: a catalog pointed at another store's
+// blobs (a new catalog.sqlite, a second host's SQLite catalog on the same bucket) must not save or
+// collect there, or its first save's gc deletes every pack of the real store.
 TEST(Store, ACatalogOverAnotherStoresBlobsSavesAndDeletesNothing) {
   TempStore t;
   Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faoff.slot");
