@@ -109,7 +109,7 @@ class PosixWritableFile final : public WritableFile {
   }
   bool pace_to_disk() override {
     pace_ = !scratch_;  // a scratch file has no write-behind
-    waits_known_ = thread_blocked_count().has_value();
+    if (!thread_blocked_count()) waits_known_ = false;
     return pace_;
   }
   std::optional<uint64_t> disk_waits() const override {
@@ -141,7 +141,7 @@ class PosixWritableFile final : public WritableFile {
     // Paced: a block while the window is handed over (the device's queue full) or while an old
     // one is waited for is the disk's (disk_waits).
     const std::optional<uint64_t> blocked_before = pace_ ? thread_blocked_count() : std::nullopt;
-    kvsnap::start_writeback(fd_, flushing_from_, written_ - flushing_from_);
+    if (!kvsnap::start_writeback(fd_, flushing_from_, written_ - flushing_from_)) waits_known_ = false;
     // Paced: the windows before the last kWriteBehindWindows are waited for.
     const uint64_t in_flight = kWriteBehindWindows * kWriteBehindBytes;
     if (pace_ && written_ > waited_to_ + in_flight) {

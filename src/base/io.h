@@ -64,8 +64,9 @@ class WritableFile : public ByteSink {
   virtual bool pace_to_disk() = 0;
   // How many times the disk has made this paced file's appends wait so far (PosixWritableFile: a
   // voluntary context switch while it handed a window to the disk or waited for an old one);
-  // nullopt where the file cannot tell: it does not pace, the system has no such wait for it (a
-  // file system without sync_file_range, not Linux), or no count of a thread's blocks. The
+  // nullopt where the file cannot tell: it does not pace, the system has no such wait for it (not a
+  // regular file, a kernel or sandbox without sync_file_range, not Linux), or no count of a
+  // thread's blocks. The
   // adaptive level's signal that the disk, not the CPU, is the limit: a thread's own count of
   // blocks in its appends also counts page-cache reclaim and catalog round trips, which made a save
   // whose disk never held it back compress a third of its chunks. Pure virtual, as pace_to_disk.

@@ -103,13 +103,20 @@ const char* sync_fd_call_with(const SyncCalls& calls, bool data_only) {
 int sync_fd(int fd, bool data_only) { return sync_fd_with(system_sync_calls(), fd, data_only); }
 const char* sync_fd_call(bool data_only) { return sync_fd_call_with(system_sync_calls(), data_only); }
 
-void start_writeback(int fd, uint64_t offset, uint64_t len) {
+namespace {
+// sync_file_range's errno for a file it does not work on (as opposed to a write error, EBADF, ...).
+bool writeback_unsupported(int e) { return e == EINVAL || e == ENOSYS || e == ESPIPE || e == EOPNOTSUPP; }
+}  // namespace
+
+bool start_writeback(int fd, uint64_t offset, uint64_t len) {
 #if defined(KVSNAP_OS_LINUX)
-  (void)::sync_file_range(fd, static_cast<off_t>(offset), static_cast<off_t>(len), SYNC_FILE_RANGE_WRITE);
+  if (::sync_file_range(fd, static_cast<off_t>(offset), static_cast<off_t>(len), SYNC_FILE_RANGE_WRITE) == 0) return true;
+  return !writeback_unsupported(errno);
 #else
   (void)fd;
   (void)offset;
   (void)len;
+  return false;
 #endif
 }
 
@@ -132,8 +139,8 @@ WritebackWait wait_writeback(int fd, uint64_t offset, uint64_t len) {
   } while (rc != 0 && errno == EINTR);
   if (rc == 0) return {};
   const int e = errno;
-  // Not a write error: the call is not there for this file (a pipe, a file system without it).
-  if (e == EINVAL || e == ENOSYS || e == ESPIPE || e == EOPNOTSUPP) return {0, false};
+  // Not a write error: the call is not there for this file (not a regular file, no such call).
+  if (writeback_unsupported(e)) return {0, false};
   // ENOMEM: the kernel could not queue the wait now; the final sync still writes and checks.
   return {e == ENOMEM ? 0 : e, true};
 #else

@@ -50,15 +50,18 @@ const char* sync_fd_call_with(const SyncCalls& calls, bool data_only);
 // Asks the kernel to start writing bytes [offset, offset + len) of `fd` to the disk without waiting
 // (write-behind: a later sync_fd then waits only for the tail). Linux: sync_file_range with
 // SYNC_FILE_RANGE_WRITE. Elsewhere nothing (macOS has no such call): sync_fd alone still makes every
-// byte durable, only later. Best effort, so no error.
-void start_writeback(int fd, uint64_t offset, uint64_t len);
+// byte durable, only later. Best effort, so no error; false where the call is not there for `fd`
+// (not a regular file or block device, a kernel or sandbox without it, not Linux).
+bool start_writeback(int fd, uint64_t offset, uint64_t len);
 // Waits until bytes [offset, offset + len) of `fd` are written to the disk (Linux: sync_file_range
 // WAIT_BEFORE | WRITE | WAIT_AFTER; no durability promise: the file's metadata is not written), so
 // a writer that waits for its older windows goes at the disk's pace instead of filling the page
 // cache and waiting for all of it in its final sync. `error`: 0, or the errno of a write error the
 // kernel reported for the file (EIO, ENOSPC): the caller must report it, a later fsync may not.
-// A file system or OS without the call (a pipe, FUSE or NFS without it, not Linux) is error 0 and
-// `supported` false: nothing was waited for.
+// Where the call is not there for `fd` (not a regular file or block device: ESPIPE; a kernel or
+// sandbox without it: ENOSYS; not Linux) `error` is 0 and `supported` false: nothing was waited for.
+// (Linux implements it for every file system alike; one that writes back on its own terms, as FUSE
+// without a write-back cache, may return without having waited.)
 struct WritebackWait {
   int error = 0;
   bool supported = true;

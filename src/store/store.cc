@@ -696,9 +696,14 @@ RestoreResult Store::finish_restore(RestoreResult r, uint64_t bytes_out, Clock::
 
 Result<SnapshotInfo> Store::remove(const std::string& ref, GcReport* gc) {
   KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
-  // A sealed manifest row that no longer opens (kCorruption) shows no labels, and its snapshot
-  // cannot be restored either: removed by the name that names it, as restore's "damaged" says.
-  if (Status labels = check_labels_of(ref, id, "rm"); !labels.ok() && labels.code() != Code::kCorruption) return labels;
+  // A sealed manifest row that does not open shows no labels to check the name against: refused
+  // too (someone who can write the catalog may have swapped names and then manifest rows, which
+  // swapped back would open again); its uuid removes it.
+  if (Status labels = check_labels_of(ref, id, "rm"); !labels.ok()) {
+    if (labels.code() != Code::kCorruption) return labels;
+    return labels.Appended("; nothing was removed: the name " + quote_text(ref) +
+                           " cannot be checked against the one sealed in it; kvsnap rm by its uuid removes that row");
+  }
   KV_ASSIGN_OR_RETURN(SnapshotInfo info, catalog_->get_info(id));
   KV_RETURN_IF_ERROR(catalog_->remove_snapshot(id).status());
   GcOptions o;

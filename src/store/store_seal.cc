@@ -96,9 +96,12 @@ Status check_sealed_labels(const SnapshotInfo& row, const SnapshotManifest& m, c
   if (change.empty())
     return Status::Mismatch(what + "; its uuid, which the sealed manifest is bound to, still names it: kvsnap restore " +
                             row.uuid + " ...");
-  // Not "kvsnap rm UUID": this row is not the snapshot the user meant to change.
-  return Status::Mismatch(what + "; nothing was changed. kvsnap ls lists the uuids and kvsnap show UUID the name and "
-                          "tags each was saved with: name the snapshot to " + change + " by its uuid");
+  // Not "kvsnap rm UUID": this row is not the snapshot the user meant to change, and ls and show
+  // print the catalog's (swapped) names; verify names each row's sealed name beside its uuid.
+  return Status::Mismatch(what + "; nothing was changed: the row this reaches is not the snapshot saved so. "
+                          "kvsnap verify --all lists every snapshot whose catalog name or tags differ from the sealed "
+                          "ones, with its uuid and what it was saved as (kvsnap ls and show print the catalog's "
+                          "names): name the snapshot to " + change + " by its uuid");
 }
 
 Status check_plain_under_key(const SnapshotInfo& info, const ChunkCipher* cipher, bool allow_plain) {

@@ -1066,6 +1066,7 @@ TEST_F(StoreCli, ASwappedNameOfASealedSnapshotIsRefused) {
     KvRun c = kv(cmd + key);
     EXPECT_EQ(c.code, 5) << cmd << ": " << c.err;
     EXPECT_NE(c.err.find("was saved as"), std::string::npos) << cmd << ": " << c.err;
+    EXPECT_NE(c.err.find("kvsnap verify --all"), std::string::npos) << cmd << ": " << c.err;
   }
   EXPECT_EQ(kv("verify --all" + key).code, 3) << "both snapshots are still there, their names still swapped";
   KvRun latin1 = kv("save " + make_slot("c.slot", 2, 64, 40, 7).string() + " --name \"$(printf 'caf\\351')\"" + key);

@@ -336,6 +336,7 @@ class PhasedSink final : public ByteSink {
   bool disk_limited() const { return bytes >= from_ && bytes < to_; }
   uint64_t bytes = 0, blocked = 0, calls = 0;
   uint64_t storage = 0;  // the appends the disk made wait
+  uint64_t storage_unknown_from = UINT64_MAX;  // from this output on the storage cannot tell
   // reports_storage: the save is told `storage` (SnapshotOptions::storage_waits). blocks_for_others:
   // the thread also blocks in every other append, not for the disk (page-cache reclaim, a
   // catalog's round trip).
@@ -376,7 +377,10 @@ std::vector<SavedChunk> adaptive_save(const std::vector<std::byte>& state, bool 
   o.adaptive = adaptive;
   if (counted) o.blocked_count = [&sink] { return sink.count(); };
   else o.blocked_count = [] { return std::optional<uint64_t>(); };  // a system that does not say
-  if (sink.reports_storage) o.storage_waits = [&sink] { return std::optional<uint64_t>(sink.storage); };
+  if (sink.reports_storage)
+    o.storage_waits = [&sink] {
+      return sink.bytes >= sink.storage_unknown_from ? std::nullopt : std::optional<uint64_t>(sink.storage);
+    };
   std::vector<SavedChunk> out;
   if (!st.ok()) return out;
   auto m = write_snapshot_file(*st, f, o, sink);
@@ -454,21 +458,27 @@ TEST(SnapshotAdaptive, BlocksThatAreNotTheDisksLeaveACpuBoundSaveRaw) {
 
 // CPU-bound after the first bytes, then disk-bound for 16 MiB of output, then CPU-bound again:
 // raw, compressed, raw, each from the workers' next jobs on.
-void the_level_follows_the_side_that_is_the_limit(bool told);
+// How the storage's count is told: not at all (the thread's count alone), all along, or until the
+// disk-bound phase begins (then it cannot tell, and the thread's count stands in).
+enum class Told { kNot, kAlways, kUntilTheDisk };
+void the_level_follows_the_side_that_is_the_limit(Told told);
 
 TEST(SnapshotAdaptive, TheLevelFollowsTheSideThatIsTheLimit) {
-  for (const bool told : {false, true}) {
-    SCOPED_TRACE(told ? "the storage says when it waited" : "the thread's count alone");
+  for (const Told told : {Told::kNot, Told::kAlways, Told::kUntilTheDisk}) {
+    SCOPED_TRACE(told == Told::kNot ? "the thread's count alone"
+                 : told == Told::kAlways ? "the storage says when it waited"
+                                         : "the storage cannot tell from the disk-bound phase on");
     the_level_follows_the_side_that_is_the_limit(told);
   }
 }
 
-void the_level_follows_the_side_that_is_the_limit(bool told) {
+void the_level_follows_the_side_that_is_the_limit(Told told) {
   const auto state = big_f16_state();
   const uint64_t lead = workers_lead();
   const uint64_t disk_from = snapshot_detail::kAdaptiveFirstBytes + lead + 8 * kMiB, disk_to = disk_from + 16 * kMiB;
   PhasedSink sink(disk_from, disk_to);
-  sink.reports_storage = told;
+  sink.reports_storage = told != Told::kNot;
+  if (told == Told::kUntilTheDisk) sink.storage_unknown_from = disk_from;
   const auto chunks = adaptive_save(state, true, sink);
   ASSERT_GT(sink.bytes, disk_to + kWriteBehindBytes + 2 * lead + 8 * kMiB) << "too small a state for the three phases";
   size_t raw_before = 0, zstd_during = 0, raw_after = 0;

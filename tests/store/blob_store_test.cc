@@ -244,6 +244,26 @@ TEST_F(BlobStoreTest, PutsDoNotSyncDirectoriesUntilCommit) {
   EXPECT_EQ(io.count(FaultOp::kSyncDir), static_cast<int>(shards.size()) + 1);
 }
 
+// A save's batch passes on what its packs' files say of the disk's waits (a save's adaptive level
+// reads it, format/snapshot.h SnapshotOptions::storage_waits): the count across packs, or nullopt
+// once a pack's file cannot tell (the level then falls back to the thread's own count).
+TEST_F(BlobStoreTest, ABatchPassesOnItsPacksDiskWaits) {
+  for (const auto mode : {FaultInjectingIo::DiskWaits::kEveryAppend, FaultInjectingIo::DiskWaits::kUnknown}) {
+    const bool counted = mode == FaultInjectingIo::DiskWaits::kEveryAppend;
+    FaultInjectingIo io(posix_io());
+    io.set_disk_waits(mode);
+    auto store = open(io);
+    auto batch = std::move(store->begin_write()).value();
+    EXPECT_EQ(batch->storage_waits(), std::optional<uint64_t>(0)) << "no pack yet: nothing waited";
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(batch->append(ChunkHash::of(bytes_of("a" + std::to_string(i))), bytes_of("x")).ok());
+    EXPECT_EQ(batch->storage_waits(), counted ? std::optional<uint64_t>(3) : std::nullopt);
+    ASSERT_TRUE(batch->commit().ok());
+    ASSERT_TRUE(batch->append(ChunkHash::of(bytes_of("b")), bytes_of("y")).ok());  // a second pack
+    EXPECT_EQ(batch->storage_waits(), counted ? std::optional<uint64_t>(4) : std::nullopt) << "across packs";
+    ASSERT_TRUE(batch->commit().ok());
+  }
+}
+
 // A blob found present may have been renamed in by another save that has not
 // synced its directory yet: commit() must cover it too.
 TEST_F(BlobStoreTest, CommitCoversBlobsFoundPresent) {

@@ -74,9 +74,11 @@ class FaultInjectingIo final : public Io {
     return it == count_.end() ? 0 : it->second;
   }
   int injected() const { return injected_.load(); }
-  // Every written file says the disk made each of its appends wait (WritableFile::disk_waits), as
-  // a disk slower than the CPU would: what a save's adaptive level hears from its pack.
-  void disk_waits_every_append(bool on) { slow_disk_ = on; }
+  // What every written file says of its disk's waits (WritableFile::disk_waits): the real file's;
+  // that the disk made each append wait, as a disk slower than the CPU would (what a save's
+  // adaptive level hears from its pack); or that it cannot tell.
+  enum class DiskWaits { kReal, kEveryAppend, kUnknown };
+  void set_disk_waits(DiskWaits d) { disk_waits_ = d; }
 
   // The next exists() or open_read() whose path contains `needle` waits, before looking, until
   // resume(): a reader stopped between reading the catalog and reading its blobs (tests of what
@@ -195,7 +197,7 @@ class FaultInjectingIo final : public Io {
   std::map<FaultOp, int> count_;
   std::vector<Fault> faults_;
   std::atomic<int> injected_{0};
-  std::atomic<bool> slow_disk_{false};
+  std::atomic<DiskWaits> disk_waits_{DiskWaits::kReal};
   std::condition_variable pause_cv_;
   std::string pause_needle_;
   bool paused_ = false, resumed_ = false;
@@ -258,7 +260,7 @@ class FaultInjectingIo::File final : public WritableFile {
       }
       return injected_status(FaultOp::kAppend, path_, f->first);
     }
-    if (io_.slow_disk_) ++waits_;
+    ++appends_;
     return f_->append(data);
   }
   Status sync() override {
@@ -279,7 +281,11 @@ class FaultInjectingIo::File final : public WritableFile {
   }
   bool pace_to_disk() override { return f_->pace_to_disk(); }
   std::optional<uint64_t> disk_waits() const override {
-    if (io_.slow_disk_) return waits_;
+    switch (io_.disk_waits_.load()) {
+      case DiskWaits::kEveryAppend: return appends_;
+      case DiskWaits::kUnknown: return std::nullopt;
+      case DiskWaits::kReal: break;
+    }
     return f_->disk_waits();
   }
 
@@ -288,7 +294,7 @@ class FaultInjectingIo::File final : public WritableFile {
   std::string path_;
   std::unique_ptr<WritableFile> f_;
   bool closed_ = false;
-  uint64_t waits_ = 0;  // disk_waits_every_append's
+  uint64_t appends_ = 0;
 };
 
 inline Result<std::unique_ptr<WritableFile>> FaultInjectingIo::open_write(const std::string& path, bool exclusive) {

@@ -437,7 +437,8 @@ TEST(StoreCrypt, SwappedNamesOrTagsOfSealedSnapshotsAreRefused) {
   const std::string got = restore_all(*s, "a", &st);
   EXPECT_EQ(st.code(), Code::kMismatch) << st.ToString();
   EXPECT_NE(st.message().find("the catalog names it 'a', and it was saved as 'b'"), std::string::npos) << st.ToString();
-  EXPECT_NE(st.message().find(bb->info.uuid), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("kvsnap restore " + bb->info.uuid), std::string::npos)
+      << "a read names the row's snapshot by its uuid: " << st.ToString();
   EXPECT_TRUE(got.empty()) << "bytes were written for a swapped name";
   // by its uuid, which the sealed manifest is bound to, it is what it always was
   EXPECT_EQ(restore_all(*s, bb->info.uuid), test::slurp_text(fixtures() / "v0.5.0/hd64-q8_0-q8_0-faon.slot"));
@@ -498,6 +499,7 @@ TEST(StoreCrypt, RmPinAndExpireByASwappedNameChangeNothing) {
   EXPECT_NE(pinned.status().message().find("nothing was changed"), std::string::npos) << pinned.status().ToString();
   EXPECT_NE(pinned.status().message().find("name the snapshot to pin by its uuid"), std::string::npos)
       << pinned.status().ToString();
+  EXPECT_NE(pinned.status().message().find("kvsnap verify --all lists"), std::string::npos) << pinned.status().ToString();
   EXPECT_EQ(pinned.status().message().find("kvsnap pin " + bb->info.uuid), std::string::npos)
       << "the row named is not the snapshot meant: no command with its uuid: " << pinned.status().ToString();
   EXPECT_EQ(s->set_pinned("b", false).status().code(), Code::kMismatch);
@@ -527,11 +529,15 @@ TEST(StoreCrypt, RmPinAndExpireByASwappedNameChangeNothing) {
   EXPECT_EQ(theirs.status().code(), Code::kMismatch) << theirs.status().ToString();
   EXPECT_NE(theirs.status().message().find("pass --tenant default"), std::string::npos) << theirs.status().ToString();
   EXPECT_TRUE(s->catalog().get_info(a->info.id).ok());
-  // a snapshot whose sealed manifest row is damaged shows no labels and cannot be restored: rm by
-  // name still removes it (restore's "damaged" message says so); pin refuses
+  // a sealed manifest row that does not open shows no labels to check the name against (names
+  // and then manifest rows swapped look so): refused by name, removed by its uuid
   edit_row(b.root / "catalog.sqlite", "manifest", flip);
   EXPECT_EQ(s->set_pinned("a", true).status().code(), Code::kCorruption);
-  ASSERT_TRUE(s->remove("a").ok());
+  auto damaged = s->remove("a");
+  EXPECT_EQ(damaged.status().code(), Code::kCorruption) << damaged.status().ToString();
+  EXPECT_NE(damaged.status().message().find("nothing was removed"), std::string::npos) << damaged.status().ToString();
+  ASSERT_TRUE(s->catalog().get_info(a->info.id).ok());
+  ASSERT_TRUE(s->remove(a->info.uuid).ok());
   EXPECT_EQ(s->catalog().get_info(a->info.id).status().code(), Code::kNotFound);
 }
 

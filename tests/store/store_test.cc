@@ -137,7 +137,7 @@ TEST(Store, TheAdaptiveLevelHearsThePacksDisk) {
   auto state = parse_state(file);
   ASSERT_TRUE(state.ok()) << state.status().ToString();
   FaultInjectingIo io(posix_io());
-  io.disk_waits_every_append(true);
+  io.set_disk_waits(FaultInjectingIo::DiskWaits::kEveryAppend);
   TempStore t(io);
   SaveRequest req;  // the default level, auto
   req.threads = 2;
