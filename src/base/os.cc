@@ -103,10 +103,12 @@ const char* sync_fd_call_with(const SyncCalls& calls, bool data_only) {
 int sync_fd(int fd, bool data_only) { return sync_fd_with(system_sync_calls(), fd, data_only); }
 const char* sync_fd_call(bool data_only) { return sync_fd_call_with(system_sync_calls(), data_only); }
 
+#if defined(KVSNAP_OS_LINUX)
 namespace {
 // sync_file_range's errno for a file it does not work on (as opposed to a write error, EBADF, ...).
 bool writeback_unsupported(int e) { return e == EINVAL || e == ENOSYS || e == ESPIPE || e == EOPNOTSUPP; }
 }  // namespace
+#endif
 
 bool start_writeback(int fd, uint64_t offset, uint64_t len) {
 #if defined(KVSNAP_OS_LINUX)

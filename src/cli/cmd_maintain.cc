@@ -320,8 +320,9 @@ void setup_maintain_commands(CLI::App& app, int& exit_status) {
                 "collection is skipped: kvsnap gc finishes it. A failure stops rm (a name that is no snapshot: exit 8):\n"
                 "the ones before it are removed and listed, the ones after it are not tried. In an encrypted store a\n"
                 "snapshot named by anything but its uuid is removed only if its name and tags are the ones sealed in\n"
-                "it (exit 5 otherwise, nothing removed: someone without the key renamed it; kvsnap verify --all lists\n"
-                "each such snapshot with its uuid and the name it was saved as: name the one you mean by its uuid).\n"
+                "it (exit 5 otherwise, nothing removed: someone without the key renamed it; kvsnap verify --all with\n"
+                "the key lists each such snapshot with its uuid and the name it was saved as: name the one you mean\n"
+                "by its uuid), and one whose sealed manifest does not open only by its uuid (exit 3 by name).\n"
                 "\nExamples:\n  kvsnap rm chat-42\n  kvsnap rm 3 4 --json\n");
     bind(sub, o, run_rm, "rm", exit_status);
   }

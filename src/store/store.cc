@@ -588,8 +588,11 @@ SnapshotInfo with_sealed_labels(SnapshotInfo info, const SnapshotManifest& m) {
 }  // namespace
 
 Status Store::check_labels_of(const std::string& ref, int64_t id, const std::string& change) {
+  // The row's blobs are read only for a sealed row named by something else than its uuid: a plain
+  // or uuid-named row whose blobs are damaged must still go by rm.
+  KV_ASSIGN_OR_RETURN(SnapshotInfo info, catalog_->get_info(id));
+  if (!info.tenant || names_its_uuid(ref, info.uuid)) return Status::OK();
   KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
-  if (!rec.info.tenant || names_its_uuid(ref, rec.info.uuid)) return Status::OK();
   KV_ASSIGN_OR_RETURN(std::vector<std::byte> manifest, manifest_of(rec));
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, parse_manifest(manifest, "snapshot " + ref));
   return check_sealed_labels(rec.info, m, ref, change);
@@ -701,8 +704,11 @@ Result<SnapshotInfo> Store::remove(const std::string& ref, GcReport* gc) {
   // swapped back would open again); its uuid removes it.
   if (Status labels = check_labels_of(ref, id, "rm"); !labels.ok()) {
     if (labels.code() != Code::kCorruption) return labels;
-    return labels.Appended("; nothing was removed: the name " + quote_text(ref) +
-                           " cannot be checked against the one sealed in it; kvsnap rm by its uuid removes that row");
+    KV_ASSIGN_OR_RETURN(SnapshotInfo row, catalog_->get_info(id));
+    return labels.Appended("; nothing was removed: " + quote_text(ref) +
+                           " cannot be checked against the name sealed in this row (damaged, or swapped with "
+                           "another row's by someone who can write the catalog, and then it would open again "
+                           "swapped back); if it is the snapshot you mean, kvsnap rm " + row.uuid + " removes it");
   }
   KV_ASSIGN_OR_RETURN(SnapshotInfo info, catalog_->get_info(id));
   KV_RETURN_IF_ERROR(catalog_->remove_snapshot(id).status());

@@ -90,18 +90,20 @@ Status check_sealed_labels(const SnapshotInfo& row, const SnapshotManifest& m, c
   if (wrong.empty()) return Status::OK();
   // kMismatch, not kCorruption: the snapshot is whole (restore's "damaged ... kvsnap rm removes it"
   // would have the user delete a good snapshot); the catalog's label does not belong to it.
-  const std::string what = "snapshot " + ref + " (uuid " + row.uuid + "): " + wrong +
+  const std::string what = ": " + wrong +
                            ": its name and tags in the catalog were changed by someone without the key (they are "
                            "sealed in its manifest)";
   if (change.empty())
-    return Status::Mismatch(what + "; its uuid, which the sealed manifest is bound to, still names it: kvsnap restore " +
+    return Status::Mismatch("snapshot " + ref + " (uuid " + row.uuid + ")" + what +
+                            "; its uuid, which the sealed manifest is bound to, still names it: kvsnap restore " +
                             row.uuid + " ...");
-  // Not "kvsnap rm UUID": this row is not the snapshot the user meant to change, and ls and show
-  // print the catalog's (swapped) names; verify names each row's sealed name beside its uuid.
-  return Status::Mismatch(what + "; nothing was changed: the row this reaches is not the snapshot saved so. "
-                          "kvsnap verify --all lists every snapshot whose catalog name or tags differ from the sealed "
-                          "ones, with its uuid and what it was saved as (kvsnap ls and show print the catalog's "
-                          "names): name the snapshot to " + change + " by its uuid");
+  // No uuid here: this row is not the snapshot the user meant to change, and ls and show print the
+  // catalog's (swapped) names; verify, with the key, names each row's sealed name beside its uuid.
+  return Status::Mismatch("snapshot " + ref + what +
+                          "; nothing was changed: the row this reaches is not the snapshot saved so. kvsnap verify "
+                          "--all, with this key and tenant, lists every snapshot whose catalog name or tags differ "
+                          "from the sealed ones, with its uuid and what it was saved as (it checks every chunk: "
+                          "slow on a large store); name the snapshot to " + change + " by its uuid");
 }
 
 Status check_plain_under_key(const SnapshotInfo& info, const ChunkCipher* cipher, bool allow_plain) {

@@ -1061,12 +1061,16 @@ TEST_F(StoreCli, ASwappedNameOfASealedSnapshotIsRefused) {
   EXPECT_EQ(early.err.find("127.0.0.1:1"), std::string::npos) << "asked the server first: " << early.err;
   KvRun v = kv("verify --all" + key);
   EXPECT_EQ(v.code, 3) << v.out << v.err;
+  // what a refused rm sends the user to: each mislabelled snapshot with its uuid and sealed name
+  for (const char* saved : {"it was saved as 'a'", "it was saved as 'b'"})
+    EXPECT_NE((v.out + v.err).find(saved), std::string::npos) << saved << ": " << v.out << v.err;
+  EXPECT_NE((v.out + v.err).find("(uuid "), std::string::npos) << v.out << v.err;
   // rm, pin and expire by the swapped name change nothing (they acted on the other snapshot)
   for (const std::string cmd : {"rm a", "rm b", "pin a", "unpin b", "expire 1h a"}) {
     KvRun c = kv(cmd + key);
     EXPECT_EQ(c.code, 5) << cmd << ": " << c.err;
     EXPECT_NE(c.err.find("was saved as"), std::string::npos) << cmd << ": " << c.err;
-    EXPECT_NE(c.err.find("kvsnap verify --all"), std::string::npos) << cmd << ": " << c.err;
+    EXPECT_NE(c.err.find("kvsnap verify --all, with this key and tenant"), std::string::npos) << cmd << ": " << c.err;
   }
   EXPECT_EQ(kv("verify --all" + key).code, 3) << "both snapshots are still there, their names still swapped";
   KvRun latin1 = kv("save " + make_slot("c.slot", 2, 64, 40, 7).string() + " --name \"$(printf 'caf\\351')\"" + key);

@@ -499,7 +499,10 @@ TEST(StoreCrypt, RmPinAndExpireByASwappedNameChangeNothing) {
   EXPECT_NE(pinned.status().message().find("nothing was changed"), std::string::npos) << pinned.status().ToString();
   EXPECT_NE(pinned.status().message().find("name the snapshot to pin by its uuid"), std::string::npos)
       << pinned.status().ToString();
-  EXPECT_NE(pinned.status().message().find("kvsnap verify --all lists"), std::string::npos) << pinned.status().ToString();
+  EXPECT_NE(pinned.status().message().find("kvsnap verify --all, with this key and tenant,"), std::string::npos)
+      << pinned.status().ToString();
+  EXPECT_EQ(pinned.status().message().find(bb->info.uuid), std::string::npos)
+      << "the row's uuid is not the snapshot meant: not in the message: " << pinned.status().ToString();
   EXPECT_EQ(pinned.status().message().find("kvsnap pin " + bb->info.uuid), std::string::npos)
       << "the row named is not the snapshot meant: no command with its uuid: " << pinned.status().ToString();
   EXPECT_EQ(s->set_pinned("b", false).status().code(), Code::kMismatch);
@@ -508,6 +511,7 @@ TEST(StoreCrypt, RmPinAndExpireByASwappedNameChangeNothing) {
   auto gone = s->remove("a");
   EXPECT_EQ(gone.status().code(), Code::kMismatch) << gone.status().ToString();
   EXPECT_NE(gone.status().message().find("name the snapshot to rm by its uuid"), std::string::npos) << gone.status().ToString();
+  EXPECT_EQ(gone.status().message().find(bb->info.uuid), std::string::npos) << gone.status().ToString();
   EXPECT_EQ(s->remove("b").status().code(), Code::kMismatch);
   EXPECT_EQ(s->remove(idb).status().code(), Code::kMismatch) << "a numeric id is checked against the labels too";
   auto info_a = s->catalog().get_info(a->info.id), info_b = s->catalog().get_info(bb->info.id);
@@ -536,9 +540,17 @@ TEST(StoreCrypt, RmPinAndExpireByASwappedNameChangeNothing) {
   auto damaged = s->remove("a");
   EXPECT_EQ(damaged.status().code(), Code::kCorruption) << damaged.status().ToString();
   EXPECT_NE(damaged.status().message().find("nothing was removed"), std::string::npos) << damaged.status().ToString();
+  EXPECT_NE(damaged.status().message().find("kvsnap rm " + a->info.uuid), std::string::npos) << damaged.status().ToString();
   ASSERT_TRUE(s->catalog().get_info(a->info.id).ok());
   ASSERT_TRUE(s->remove(a->info.uuid).ok());
   EXPECT_EQ(s->catalog().get_info(a->info.id).status().code(), Code::kNotFound);
+  // a row whose sealed rows are gone altogether: its uuid still removes it (nothing of it is read)
+  auto c = save_named(*s, l, "c");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  b.sql("DELETE FROM snapshot_blobs WHERE snapshot_id = " + std::to_string(c->info.id));
+  EXPECT_EQ(s->remove("c").status().code(), Code::kCorruption);
+  ASSERT_TRUE(s->remove(c->info.uuid).ok()) << "a uuid reads none of the row's blobs";
+  EXPECT_EQ(s->catalog().get_info(c->info.id).status().code(), Code::kNotFound);
 }
 
 // A catalog whose encryption setting someone removed, its sealed rows still there: a command
