@@ -66,10 +66,10 @@ class WritableFile : public ByteSink {
   // voluntary context switch while it handed a window to the disk or waited for an old one);
   // nullopt where the file cannot tell: it does not pace, the system has no such wait for it (not a
   // regular file, a kernel or sandbox without sync_file_range, not Linux), or no count of a
-  // thread's blocks. The
-  // adaptive level's signal that the disk, not the CPU, is the limit: a thread's own count of
-  // blocks in its appends also counts page-cache reclaim and catalog round trips, which made a save
-  // whose disk never held it back compress a third of its chunks. Pure virtual, as pace_to_disk.
+  // thread's blocks. The adaptive level's signal that the disk, not the CPU, is the limit: a
+  // thread's own count of blocks in its appends also counts page-cache reclaim and catalog round
+  // trips, which made a save whose disk never held it back compress a third of its chunks. Pure
+  // virtual, as pace_to_disk.
   virtual std::optional<uint64_t> disk_waits() const = 0;
 };
 

@@ -322,7 +322,8 @@ void setup_maintain_commands(CLI::App& app, int& exit_status) {
                 "snapshot named by anything but its uuid is removed only if its name and tags are the ones sealed in\n"
                 "it (exit 5 otherwise, nothing removed: someone without the key renamed it; kvsnap verify --all with\n"
                 "the key lists each such snapshot with its uuid and the name it was saved as: name the one you mean\n"
-                "by its uuid), and one whose sealed manifest does not open only by its uuid (exit 3 by name).\n"
+                "by its uuid; another tenant's: exit 5, pass --tenant), and one whose sealed manifest row is damaged\n"
+                "only by its uuid (exit 3 by name).\n"
                 "\nExamples:\n  kvsnap rm chat-42\n  kvsnap rm 3 4 --json\n");
     bind(sub, o, run_rm, "rm", exit_status);
   }
