@@ -17,6 +17,8 @@ using namespace snapshot_detail;
 namespace {
 
 constexpr std::string_view kDomain{"kvsnap content digest v3\0", 25};
+// A table with cell restarts (format version 4): GRID's payload follows SEGS's.
+constexpr std::string_view kGridDomain{"kvsnap content digest v4\0", 25};
 
 void add_u64(Sha256& sha, uint64_t v) {
   std::vector<std::byte> b;
@@ -32,13 +34,20 @@ const char* content_digest_rule_name(ContentDigestRule rule, bool keyed) {
 }
 
 ContentDigester::ContentDigester(const SegmentTable& t, uint64_t file_size, uint64_t n_chunks, bool keyed) {
-  sha_.update(std::as_bytes(std::span<const char>(kDomain.data(), kDomain.size())));
+  const bool grid = t.has_cell_restarts();
+  const std::string_view domain = grid ? kGridDomain : kDomain;
+  sha_.update(std::as_bytes(std::span<const char>(domain.data(), domain.size())));
   const std::byte scheme{uint8_t(keyed ? 1 : 0)};
   sha_.update(std::span<const std::byte>(&scheme, 1));
   add_u64(sha_, file_size);
   const std::vector<std::byte> segs = encode_segments(t);
   add_u64(sha_, segs.size());
   sha_.update(segs);
+  if (grid) {
+    const std::vector<std::byte> restarts = encode_grid(t);
+    add_u64(sha_, restarts.size());
+    sha_.update(restarts);
+  }
   add_u64(sha_, n_chunks);
 }
 

@@ -53,14 +53,18 @@
 
 namespace kvsnap {
 
-// The format this code writes (format_version = min_reader_version = 3); the store records it
-// with every manifest. Version 3 changed what DIGS's content digest is (ContentDigestRule);
-// 2 is not a manifest version: it is the file form of an encrypted snapshot (docs/format.md).
+// The format this code writes (format_version = min_reader_version = 3) for a snapshot whose
+// cell grids are uniform; the store records it with every manifest. Version 3 changed what DIGS's
+// content digest is (ContentDigestRule); 2 is not a manifest version: it is the file form of an
+// encrypted snapshot (docs/format.md). A snapshot saved on its parent's grid (a segment with
+// Segment::cell_restarts) is version 4 (kSnapshotGridVersion), so a kvsnap that reads 3 refuses
+// it by its version instead of misplacing its chunks; the others stay readable by it.
 inline constexpr uint32_t kSnapshotFormatVersion = 3;
 inline constexpr uint32_t kSnapshotMinReaderVersion = 3;
+inline constexpr uint32_t kSnapshotGridVersion = 4;
 inline constexpr uint32_t kStoreFormatVersion = kSnapshotFormatVersion;
 // A file or manifest whose min_reader_version exceeds this is refused.
-inline constexpr uint32_t kSnapshotReaderVersion = 3;
+inline constexpr uint32_t kSnapshotReaderVersion = 4;
 // Written into INFO.kvsnap_version unless SnapshotOptions says otherwise;
 // kept in step with project(VERSION) in CMakeLists.txt.
 inline constexpr const char* kKvsnapLibraryVersion = "0.1.0";
@@ -106,11 +110,30 @@ struct Segment {
   uint32_t rows_per_chunk = 0;   // kTransposed: R (a band); kRows: 0
   uint64_t first_chunk = 0;
 
-  uint64_t cell_chunks() const;  // J = ceil(cell_count / N)
+  uint64_t cell_chunks() const;  // J: ceil(cell_count / N) without restarts
   uint64_t bands() const;        // B = ceil(n_rows / R) for kTransposed, else 1
   uint64_t n_chunks() const;     // J * B (band-major: chunk = first_chunk + b * J + j)
   // Raw bytes of the segment's chunk `k` (0-based within the segment).
   uint64_t chunk_raw_size(uint64_t k) const;
+
+  // The cell grid. Without restarts cell chunk j holds cells [j*N, min((j+1)*N, cell_count)).
+  // With restarts r_1 < ... < r_m (each in (0, cell_count); the GRID section, format version 4)
+  // the cells are cut into pieces [0, r_1), [r_1, r_2), ..., [r_m, cell_count) and each piece every
+  // N cells from its own start: an extension saved on its parent's grid restarts at the parent's
+  // cell count, so every chunk of the parent's is one of its chunks (docs/format.md, "GRID").
+  struct CellRun {
+    uint64_t first = 0, count = 0;
+  };
+  CellRun cell_chunk(uint64_t j) const;          // the cells of cell chunk j < cell_chunks()
+  uint64_t cell_chunk_of(uint64_t cell) const;   // the cell chunk that holds cell < cell_count
+  const std::vector<uint32_t>& cell_restarts() const { return restarts_; }
+  // Callers check the restarts first (strictly increasing, in (0, cell_count)) and set
+  // cells_per_chunk (> 0) and cell_count before.
+  void set_cell_restarts(std::vector<uint32_t> restarts);
+
+ private:
+  std::vector<uint32_t> restarts_;
+  std::vector<uint64_t> restart_chunk_;  // the first cell chunk of the piece at restarts_[i]
 };
 
 struct SegmentTable {
@@ -118,6 +141,8 @@ struct SegmentTable {
   uint64_t frame_bytes = 0;          // the frame stream's size; its chunks are 0..n_frame_chunks-1
   uint64_t n_frame_chunks = 0;
   std::vector<Segment> segments;     // sorted by file_offset, contiguous from 0 to the file size
+
+  bool has_cell_restarts() const;    // any segment's (then the manifest is version 4, with GRID)
 };
 
 struct ChunkRef {
@@ -323,6 +348,13 @@ struct SnapshotOptions {
   // size and chunk_xxh takes the known SHA-256 without hashing it (what makes
   // saving an extension cost in proportion to its new chunks).
   const std::map<Sha256Digest, ChunkRef>* known_chunks = nullptr;
+  // The segment table of the snapshot this one extends (a store: the parent's). Each tensor
+  // segment with the parent's place and geometry continues the parent's cell grid: its cells
+  // restart where the parent's ended (Segment::cell_restarts), so every chunk of the parent's is
+  // one of this snapshot's, and only the new cells make new chunks (an extension stores in
+  // proportion to its new tokens, not to the partial last chunk of every layer). Such a manifest
+  // is format version 4. Not for write_snapshot_file, which writes its version first.
+  const SegmentTable* parent_grid = nullptr;
   // Encrypts: chunk ids are cipher->chunk_id (known_chunks must hold ids of the same tenant),
   // every blob is sealed after it is encoded, and the manifest records CRYP. Must outlive the build.
   const ChunkCipher* cipher = nullptr;

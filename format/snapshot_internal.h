@@ -49,6 +49,7 @@ inline constexpr uint32_t kTagDigs = fourcc("DIGS");
 inline constexpr uint32_t kTagCryp = fourcc("CRYP");  // SnapshotEncryption
 inline constexpr uint32_t kTagChkx = fourcc("CHKX");  // ChunkRef::xxh of every chunk (optional)
 inline constexpr uint32_t kChkxXxh3_128 = 1;           // CHKX's algorithm: XXH3-128, canonical bytes
+inline constexpr uint32_t kTagGrid = fourcc("GRID");  // Segment::cell_restarts (format version 4)
 // SnapshotMlx. Written first, so a kvsnap that does not know it stops at it ("required section
 // 'MLXC' is unknown") before it could take the mlx provenance in INFO for a damaged one.
 inline constexpr uint32_t kTagMlxc = fourcc("MLXC");
@@ -205,6 +206,8 @@ Result<SegmentTable> plan_state_segments(const StateFile& parsed, const Readable
 
 // SEGS's payload (docs/format.md): what the content digest binds the chunks' places with.
 std::vector<std::byte> encode_segments(const SegmentTable& t);
+// GRID's payload: what the content digest also hashes when the table has cell restarts.
+std::vector<std::byte> encode_grid(const SegmentTable& t);
 
 // Text for messages: "layer 3 V of KV section 0 stream 0".
 std::string describe_segment(const Segment& s);

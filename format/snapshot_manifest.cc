@@ -35,7 +35,9 @@ const char* segment_kind_name(SegmentKind k) {
 
 uint64_t Segment::cell_chunks() const {
   if (kind == SegmentKind::kFrame || cells_per_chunk == 0) return 0;
-  return (uint64_t(cell_count) + cells_per_chunk - 1) / cells_per_chunk;
+  const uint64_t N = cells_per_chunk;
+  if (restarts_.empty()) return (uint64_t(cell_count) + N - 1) / N;
+  return restart_chunk_.back() + (uint64_t(cell_count) - restarts_.back() + N - 1) / N;
 }
 uint64_t Segment::bands() const {
   if (kind != SegmentKind::kTransposed) return 1;
@@ -44,11 +46,48 @@ uint64_t Segment::bands() const {
 }
 uint64_t Segment::n_chunks() const { return cell_chunks() * bands(); }
 
+Segment::CellRun Segment::cell_chunk(uint64_t j) const {
+  const uint64_t N = cells_per_chunk;
+  uint64_t piece_start = 0, piece_end = cell_count, first_j = 0;
+  if (!restarts_.empty()) {
+    // The last piece whose first chunk is at or before j.
+    const size_t p = size_t(std::upper_bound(restart_chunk_.begin(), restart_chunk_.end(), j) - restart_chunk_.begin());
+    if (p > 0) piece_start = restarts_[p - 1], first_j = restart_chunk_[p - 1];
+    if (p < restarts_.size()) piece_end = restarts_[p];
+  }
+  const uint64_t first = piece_start + (j - first_j) * N;
+  return {first, std::min<uint64_t>(N, piece_end - first)};
+}
+
+uint64_t Segment::cell_chunk_of(uint64_t cell) const {
+  const uint64_t N = cells_per_chunk;
+  if (restarts_.empty()) return cell / N;
+  const size_t p = size_t(std::upper_bound(restarts_.begin(), restarts_.end(), cell) - restarts_.begin());
+  if (p == 0) return cell / N;
+  return restart_chunk_[p - 1] + (cell - restarts_[p - 1]) / N;
+}
+
+void Segment::set_cell_restarts(std::vector<uint32_t> restarts) {
+  restarts_ = std::move(restarts);
+  restart_chunk_.clear();
+  const uint64_t N = cells_per_chunk;
+  uint64_t start = 0, chunks = 0;
+  for (uint32_t r : restarts_) {
+    chunks += (r - start + N - 1) / N;
+    restart_chunk_.push_back(chunks);
+    start = r;
+  }
+}
+
+bool SegmentTable::has_cell_restarts() const {
+  return std::any_of(segments.begin(), segments.end(), [](const Segment& s) { return !s.cell_restarts().empty(); });
+}
+
 uint64_t Segment::chunk_raw_size(uint64_t k) const {
   const uint64_t J = cell_chunks();
   if (J == 0) return 0;
   const uint64_t j = k % J, b = k / J;
-  const uint64_t cells = std::min<uint64_t>(cells_per_chunk, cell_count - j * cells_per_chunk);
+  const uint64_t cells = cell_chunk(j).count;
   if (kind == SegmentKind::kRows) return cells * row_bytes;
   const uint64_t rows = std::min<uint64_t>(rows_per_chunk, n_rows - b * rows_per_chunk);
   return rows * cells * elem_bytes;
@@ -100,25 +139,24 @@ Location locate(const SegmentTable& table, const Segment& seg, uint64_t file_off
       break;
     }
     case SegmentKind::kRows: {
-      const uint64_t chunk_bytes = uint64_t(seg.cells_per_chunk) * seg.row_bytes;
-      const uint64_t j = rel / chunk_bytes;
+      const uint64_t j = seg.cell_chunk_of(rel / seg.row_bytes);
+      const Segment::CellRun cells = seg.cell_chunk(j);
       loc.chunk = seg.first_chunk + j;
-      loc.offset_in_chunk = rel - j * chunk_bytes;
-      loc.run = std::min(left_in_seg, chunk_bytes - loc.offset_in_chunk);
+      loc.offset_in_chunk = rel - cells.first * seg.row_bytes;
+      loc.run = std::min(left_in_seg, cells.count * seg.row_bytes - loc.offset_in_chunk);
       break;
     }
     case SegmentKind::kTransposed: {
       // File: n_rows rows of cell_count elements. Chunk (b, j): for each row
-      // of band b, the elements of cells [j*N, j*N + n_j), row after row.
-      const uint64_t eb = seg.elem_bytes, N = seg.cells_per_chunk, R = seg.rows_per_chunk;
+      // of band b, the elements of cell chunk j's cells [c0, c0 + n_j), row after row.
+      const uint64_t eb = seg.elem_bytes, R = seg.rows_per_chunk;
       const uint64_t row_len = uint64_t(seg.cell_count) * eb;
       const uint64_t r = rel / row_len, in_row = rel % row_len;
-      const uint64_t cell = in_row / eb;
-      const uint64_t j = cell / N, b = r / R;
-      const uint64_t n_j = std::min<uint64_t>(N, seg.cell_count - j * N);
+      const uint64_t j = seg.cell_chunk_of(in_row / eb), b = r / R;
+      const Segment::CellRun cells = seg.cell_chunk(j);
       loc.chunk = seg.first_chunk + b * seg.cell_chunks() + j;
-      loc.offset_in_chunk = (r - b * R) * n_j * eb + (in_row - j * N * eb);
-      loc.run = (j * N + n_j) * eb - in_row;  // to the end of this row's piece
+      loc.offset_in_chunk = (r - b * R) * cells.count * eb + (in_row - cells.first * eb);
+      loc.run = (cells.first + cells.count) * eb - in_row;  // to the end of this row's piece
       break;
     }
   }
@@ -156,6 +194,22 @@ std::vector<std::byte> encode_segments(const SegmentTable& t) {
     put_u32(b, s.cells_per_chunk);
     put_u32(b, s.rows_per_chunk);
     put_i32(b, s.ggml_type);
+  }
+  return b;
+}
+
+// GRID's payload (format version 4): the tensor segments with cell restarts, in table order.
+std::vector<std::byte> encode_grid(const SegmentTable& t) {
+  std::vector<std::byte> b;
+  const uint64_t n = uint64_t(std::count_if(t.segments.begin(), t.segments.end(),
+                                            [](const Segment& s) { return !s.cell_restarts().empty(); }));
+  put_u64(b, n);
+  for (size_t i = 0; i < t.segments.size(); ++i) {
+    const std::vector<uint32_t>& r = t.segments[i].cell_restarts();
+    if (r.empty()) continue;
+    put_u32(b, uint32_t(i));
+    put_u32(b, uint32_t(r.size()));
+    for (uint32_t c : r) put_u32(b, c);
   }
   return b;
 }
@@ -255,11 +309,17 @@ std::vector<std::byte> encode_mlx(const SnapshotMlx& x) {
 Status encode_manifest(SnapshotManifest& m) {
   std::vector<std::byte> b;
   put_bytes(b, kManifestMagic.data(), 4);
+  // A grid with restarts needs a reader that knows GRID: version 4, else the writer's own version.
+  const bool grid = m.segments.has_cell_restarts();
+  if (grid) {
+    m.format_version = m.min_reader_version = kSnapshotGridVersion;
+    if (m.info.is_object() && m.info.contains("format_version")) m.info["format_version"] = m.format_version;
+  }
   put_u32(b, m.format_version);
   put_u32(b, m.min_reader_version);
   const bool chkx = !m.chunks.empty() && std::all_of(m.chunks.begin(), m.chunks.end(),
                                                        [](const ChunkRef& c) { return c.xxh.has_value(); });
-  put_u32(b, 6 + (m.encryption ? 1 : 0) + (chkx ? 1 : 0) + (m.mlx ? 1 : 0));  // sections
+  put_u32(b, 6 + (grid ? 1 : 0) + (m.encryption ? 1 : 0) + (chkx ? 1 : 0) + (m.mlx ? 1 : 0));  // sections
   if (m.mlx) put_section(b, kTagMlxc, encode_mlx(*m.mlx));
   const std::string info = m.info.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
   if (info.size() > kMaxInfoBytes) {
@@ -271,6 +331,7 @@ Status encode_manifest(SnapshotManifest& m) {
   put_section(b, kTagCell, encode_cells(m.cells));
   put_section(b, kTagTokn, encode_tokens(m.tokens));
   put_section(b, kTagSegs, encode_segments(m.segments));
+  if (grid) put_section(b, kTagGrid, encode_grid(m.segments));
   put_section(b, kTagChnk, encode_chunks(m.chunks));
   if (m.encryption) put_section(b, kTagCryp, encode_encryption(*m.encryption));
   if (chkx) put_section(b, kTagChkx, encode_chunk_xxh(m.chunks), /*required=*/false);
@@ -397,6 +458,48 @@ Status decode_segments(std::span<const std::byte> payload, const std::string& na
   const std::vector<std::byte> canonical = encode_segments(t);
   if (!std::equal(canonical.begin(), canonical.end(), payload.begin(), payload.end()))
     return r.corrupt("a reserved or unused field is not zero");
+  return Status::OK();
+}
+
+// After SEGS (the restarts are checked against its segments' cells). Canonical: entries in table
+// order, each a tensor segment with at least one restart, strictly increasing, inside its cells.
+Status decode_grid(std::span<const std::byte> payload, const std::string& name, SnapshotManifest& m) {
+  SpanReader r(payload, name + ": GRID section");
+  std::vector<Segment>& segs = m.segments.segments;
+  uint64_t n = 0;
+  KV_RETURN_IF_ERROR(r.u64(n, "entry count"));
+  KV_RETURN_IF_ERROR(r.check_count(n, 8, "grid entries"));
+  if (n == 0) return r.corrupt("no segment has cell restarts");
+  int64_t last = -1;
+  for (uint64_t e = 0; e < n; ++e) {
+    uint32_t index = 0, count = 0;
+    KV_RETURN_IF_ERROR(r.u32(index, "segment index"));
+    KV_RETURN_IF_ERROR(r.u32(count, "restart count"));
+    if (int64_t(index) <= last || index >= segs.size()) {
+      return r.corrupt("entry " + std::to_string(e) + ": segment " + std::to_string(index) +
+                       " is out of order or past the " + std::to_string(segs.size()) + " segments");
+    }
+    last = index;
+    Segment& s = segs[index];
+    if (s.kind == SegmentKind::kFrame || s.cells_per_chunk == 0) {
+      return r.corrupt("segment " + std::to_string(index) + " has no cell grid to restart");
+    }
+    KV_RETURN_IF_ERROR(r.check_count(count, 4, "cell restarts"));
+    if (count == 0) return r.corrupt("segment " + std::to_string(index) + ": an entry without restarts");
+    std::vector<uint32_t> restarts(count);
+    uint32_t prev = 0;
+    for (uint32_t& c : restarts) {
+      KV_RETURN_IF_ERROR(r.u32(c, "restart cell"));
+      if (c <= prev || c >= s.cell_count) {
+        return r.corrupt("segment " + std::to_string(index) + ": restart at cell " + std::to_string(c) +
+                         " is not after " + std::to_string(prev) + " and inside its " + std::to_string(s.cell_count) +
+                         " cells");
+      }
+      prev = c;
+    }
+    s.set_cell_restarts(std::move(restarts));
+  }
+  if (!r.at_end()) return r.corrupt(std::to_string(r.remaining()) + " bytes after the entries");
   return Status::OK();
 }
 
@@ -755,6 +858,7 @@ Result<std::vector<SectionEntry>> read_section_directory(SpanReader& r, const st
 Status decode_sections(const std::vector<SectionEntry>& secs, const std::string& name, SnapshotManifest& m) {
   std::vector<uint32_t> seen;
   const SectionEntry* chkx = nullptr;  // decoded once CHNK is
+  const SectionEntry* grid = nullptr;  // decoded once SEGS is
   for (size_t i = 0; i + 1 < secs.size(); ++i) {
     const SectionEntry& s = secs[i];
     if (std::find(seen.begin(), seen.end(), s.tag) != seen.end() || s.tag == kTagDigs) {
@@ -769,6 +873,7 @@ Status decode_sections(const std::vector<SectionEntry>& secs, const std::string&
     else if (s.tag == kTagChnk) st = decode_chunks(s.payload, name, m);
     else if (s.tag == kTagCryp) st = decode_encryption(s.payload, name, m);
     else if (s.tag == kTagChkx) chkx = &s;
+    else if (s.tag == kTagGrid) grid = &s;
     else if (s.tag == kTagMlxc) st = decode_mlx(s.payload, name, m);
     else if (s.flags & kSectionRequired) {
       return Status::NotSupported(name + ": required section '" + tag_name(s.tag) +
@@ -784,6 +889,15 @@ Status decode_sections(const std::vector<SectionEntry>& secs, const std::string&
       return Status::Corruption(name + ": the manifest has no " + tag_name(tag) + " section");
     }
   }
+  // Cell restarts need a reader that knows them (a reader of version 3 would misplace chunks).
+  if (grid && m.min_reader_version < kSnapshotGridVersion) {
+    return Status::Corruption(name + ": a GRID section in a manifest for readers of version " +
+                              std::to_string(m.min_reader_version));
+  }
+  if (grid && !(grid->flags & kSectionRequired)) {
+    return Status::Corruption(name + ": a GRID section not flagged required (a reader without it would misplace chunks)");
+  }
+  if (grid) KV_RETURN_IF_ERROR(decode_grid(grid->payload, name, m));
   return chkx ? decode_chunk_xxh(chkx->payload, name, m) : Status::OK();
 }
 

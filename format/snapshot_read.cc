@@ -419,7 +419,8 @@ std::string SnapshotReader::Impl::describe(uint64_t i) const {
   for (const Segment& seg : t.segments) {
     if (seg.kind == SegmentKind::kFrame || i < seg.first_chunk || i >= seg.first_chunk + seg.n_chunks()) continue;
     const uint64_t k = i - seg.first_chunk, J = seg.cell_chunks(), j = k % J, b = k / J;
-    const uint64_t c0 = j * seg.cells_per_chunk, c1 = std::min<uint64_t>(c0 + seg.cells_per_chunk, seg.cell_count);
+    const Segment::CellRun cells = seg.cell_chunk(j);
+    const uint64_t c0 = cells.first, c1 = cells.first + cells.count;
     if (m.mlx && seg.layer < m.mlx->tensors.size()) {  // an mlx-lm tensor: head planes x positions
       const SnapshotMlxTensor& x = m.mlx->tensors[seg.layer];
       const uint64_t r0 = b * seg.rows_per_chunk, r1 = std::min<uint64_t>(r0 + seg.rows_per_chunk, seg.n_rows);
@@ -614,7 +615,7 @@ std::vector<uint64_t> SnapshotReader::chunks_for_cell_prefix(uint64_t n_cells) c
   for (const Segment& s : t.segments) {
     if (s.kind == SegmentKind::kFrame) continue;
     const uint64_t cells = std::min<uint64_t>(n_cells, s.cell_count);
-    const uint64_t jn = (cells + s.cells_per_chunk - 1) / s.cells_per_chunk, J = s.cell_chunks();
+    const uint64_t jn = cells == 0 ? 0 : s.cell_chunk_of(cells - 1) + 1, J = s.cell_chunks();
     for (uint64_t b = 0; b < s.bands(); ++b) {
       for (uint64_t j = 0; j < jn; ++j) out.push_back(s.first_chunk + b * J + j);
     }
@@ -636,8 +637,14 @@ std::vector<uint64_t> SnapshotReader::block_bounds(uint64_t target) const {
   };
   for (const Segment& s : impl_->m.segments.segments) {
     // A piece that may not be cut: a row-major chunk, a band of tiles; frame bytes cut anywhere.
+    if (s.kind == SegmentKind::kRows) {
+      for (uint64_t j = 0; j < s.cell_chunks(); ++j) {
+        const Segment::CellRun cells = s.cell_chunk(j);
+        add(s.file_offset + cells.first * s.row_bytes, cells.count * s.row_bytes);
+      }
+      continue;
+    }
     uint64_t piece = target;
-    if (s.kind == SegmentKind::kRows) piece = uint64_t(s.cells_per_chunk) * s.row_bytes;
     if (s.kind == SegmentKind::kTransposed) piece = uint64_t(s.rows_per_chunk) * s.cell_count * s.elem_bytes;
     for (uint64_t at = 0; at < s.size; at += piece) add(s.file_offset + at, std::min(piece, s.size - at));
   }

@@ -8,6 +8,8 @@
 #include <array>
 #include <atomic>
 #include <ctime>
+#include <map>
+#include <tuple>
 
 #include "base/os.h"
 #include "base/sha256_lanes.h"
@@ -86,16 +88,15 @@ Status ChunkReader::read(uint64_t index, std::vector<std::byte>& out) const {
   const uint64_t k = index - s.first_chunk;
   out.resize(s.chunk_raw_size(k));
   const uint64_t J = s.cell_chunks(), j = k % J, b = k / J;
-  if (s.kind == SegmentKind::kRows) {
-    return file_.read_at(s.file_offset + j * s.cells_per_chunk * s.row_bytes, out);
-  }
-  // A tile: for each row of band b, the elements of cells [j*N, j*N + n_j).
+  const Segment::CellRun cells = s.cell_chunk(j);
+  if (s.kind == SegmentKind::kRows) return file_.read_at(s.file_offset + cells.first * s.row_bytes, out);
+  // A tile: for each row of band b, the elements of cells [c0, c0 + n_j).
   const uint64_t eb = s.elem_bytes, row_len = uint64_t(s.cell_count) * eb;
-  const uint64_t n_j = std::min<uint64_t>(s.cells_per_chunk, s.cell_count - j * s.cells_per_chunk);
+  const uint64_t n_j = cells.count;
   const uint64_t r0 = b * s.rows_per_chunk, rows = out.size() / (n_j * eb);
   for (uint64_t r = 0; r < rows; ++r) {
     std::span<std::byte> dst(out.data() + r * n_j * eb, n_j * eb);
-    KV_RETURN_IF_ERROR(file_.read_at(s.file_offset + (r0 + r) * row_len + j * s.cells_per_chunk * eb, dst));
+    KV_RETURN_IF_ERROR(file_.read_at(s.file_offset + (r0 + r) * row_len + cells.first * eb, dst));
   }
   return Status::OK();
 }
@@ -188,6 +189,59 @@ Result<SegmentTable> plan_segments(const StateFile& f, uint32_t cells_per_chunk,
   add_frame(f.file_size);
   number_chunks(t);
   return t;
+}
+
+// At most this many restarts in a segment's cell grid: each piece ends in a partial chunk (more
+// chunks, smaller ones), so past it the two adjacent pieces with the fewest cells together
+// become one, and only their cells make new chunks.
+constexpr size_t kMaxCellRestarts = 32;
+
+bool same_grid_place(const Segment& a, const Segment& b) {
+  return a.kind == b.kind && a.section == b.section && a.stream == b.stream && a.layer == b.layer &&
+         a.is_v == b.is_v && a.ggml_type == b.ggml_type && a.row_bytes == b.row_bytes &&
+         a.elem_bytes == b.elem_bytes && a.n_rows == b.n_rows && a.cells_per_chunk == b.cells_per_chunk &&
+         a.rows_per_chunk == b.rows_per_chunk;
+}
+
+// The restarts that keep `parent`'s chunks among `s`'s: the parent's own below s's cell count,
+// and the parent's end when it falls inside s off the grid of the parent's last piece.
+std::vector<uint32_t> continued_restarts(const Segment& s, const Segment& parent) {
+  std::vector<uint32_t> out;
+  for (uint32_t r : parent.cell_restarts())
+    if (r < s.cell_count) out.push_back(r);
+  const uint32_t end = parent.cell_count, last = out.empty() ? 0 : out.back();
+  if (end > last && end < s.cell_count && (end - last) % s.cells_per_chunk != 0) out.push_back(end);
+  while (out.size() > kMaxCellRestarts) {
+    // Drop the restart between the two adjacent pieces with the fewest cells together.
+    size_t best = 0;
+    uint64_t best_cells = UINT64_MAX;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const uint64_t lo = i == 0 ? 0 : out[i - 1], hi = i + 1 < out.size() ? out[i + 1] : s.cell_count;
+      if (hi - lo < best_cells) best = i, best_cells = hi - lo;
+    }
+    out.erase(out.begin() + ptrdiff_t(best));
+  }
+  return out;
+}
+
+// SnapshotOptions::parent_grid: each tensor segment of `t` continues the parent segment of the
+// same place and geometry, if there is one; then the chunks are numbered again.
+void continue_cell_grids(SegmentTable& t, const SegmentTable& parent) {
+  // The parent's tensor segments by place (a session file may have thousands: streams x layers x 2).
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t, bool>, const Segment*> by_place;
+  for (const Segment& p : parent.segments)
+    if (p.kind != SegmentKind::kFrame) by_place.emplace(std::make_tuple(p.section, p.stream, p.layer, p.is_v), &p);
+  bool changed = false;
+  for (Segment& s : t.segments) {
+    if (s.kind == SegmentKind::kFrame) continue;
+    auto it = by_place.find(std::make_tuple(s.section, s.stream, s.layer, s.is_v));
+    if (it == by_place.end() || !same_grid_place(s, *it->second)) continue;
+    std::vector<uint32_t> restarts = continued_restarts(s, *it->second);
+    if (restarts.empty()) continue;
+    s.set_cell_restarts(std::move(restarts));
+    changed = true;
+  }
+  if (changed) number_chunks(t);
 }
 
 Status check_options(const SnapshotOptions& o) {
@@ -429,8 +483,9 @@ Status snapshot_detail::encode_snapshot_chunks(const ReadableFile& original, con
   KV_RETURN_IF_ERROR(encode_all(reader, opts, chunks, m.chunks).Prefixed(original.name()));
   // The content digest needs no pass over the file: every chunk's id is known by now (a parent's
   // chunk found by its equality digest brings its id along), so an extension costs its new chunks.
-  m.format_version = kSnapshotFormatVersion;
-  m.min_reader_version = kSnapshotMinReaderVersion;
+  const bool grid = m.segments.has_cell_restarts();
+  m.format_version = grid ? kSnapshotGridVersion : kSnapshotFormatVersion;
+  m.min_reader_version = grid ? kSnapshotGridVersion : kSnapshotMinReaderVersion;
   m.content_digest = content_digest_of_table(m.segments, original.size(), m.chunks, opts.cipher != nullptr);
   return Status::OK();
 }
@@ -458,6 +513,7 @@ Result<SnapshotManifest> build_snapshot(const StateFile& parsed, const ReadableF
   }
   SnapshotManifest m;
   KV_ASSIGN_OR_RETURN(m.segments, plan_segments(parsed, opts.cells_per_chunk, name));
+  if (opts.parent_grid) continue_cell_grids(m.segments, *opts.parent_grid);
   KV_RETURN_IF_ERROR(encode_snapshot_chunks(original, opts, chunks, m));
   m.provenance = {std::string(), opts.writer, parsed.kind, parsed.magic, parsed.version, parsed.file_size,
                   m.content_digest};
@@ -537,6 +593,10 @@ std::pair<uint32_t, uint32_t> file_versions(bool sealed, const SnapshotManifest*
 
 Result<SnapshotManifest> write_snapshot_file(const StateFile& parsed, const ReadableFile& original,
                                              const SnapshotOptions& opts, ByteSink& sink) {
+  if (opts.parent_grid) {
+    return Status::InvalidArgument(original.name() + ": a standalone snapshot file does not continue a parent's "
+                                   "cell grid (its preamble's version is written before the grid is planned)");
+  }
   BufferedSink out(sink);
   const auto [version, min_reader] = file_versions(opts.cipher != nullptr, nullptr);
   KV_RETURN_IF_ERROR(out.append(preamble_bytes(version, min_reader)));

@@ -408,8 +408,11 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   // but not encoded again.
   const std::string fingerprint = req.model ? req.model->profile.fingerprint : req.model_fingerprint;
   std::map<Sha256Digest, ChunkRef> parent_chunks;
-  KV_ASSIGN_OR_RETURN(std::optional<int64_t> parent_id, find_parent(state->tokens.tokens, fingerprint, req, parent_chunks));
+  std::optional<SegmentTable> parent_grid;
+  KV_ASSIGN_OR_RETURN(std::optional<int64_t> parent_id,
+                      find_parent(state->tokens.tokens, fingerprint, req, parent_chunks, &parent_grid));
   if (parent_id) so.known_chunks = &parent_chunks;
+  if (parent_grid) so.parent_grid = &*parent_grid;
   so.storage_waits = [&b = *batch] { return b.storage_waits(); };
   BlobSink sink(*batch, *catalog_);
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_snapshot(*state, *src, so, sink));
@@ -423,7 +426,8 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
 }
 
 Result<std::optional<int64_t>> Store::find_parent(const std::vector<int32_t>& tokens, const std::string& fingerprint,
-                                                  const SaveRequest& req, std::map<Sha256Digest, ChunkRef>& chunks) {
+                                                  const SaveRequest& req, std::map<Sha256Digest, ChunkRef>& chunks,
+                                                  std::optional<SegmentTable>* grid) {
   if (!req.find_parent || tokens.empty()) return std::optional<int64_t>();
   // An empty fingerprint matches any model: the parent must at least be of the same engine (mlx-lm
   // snapshots' fingerprints start with "mlx-lm", store_mlx.cc).
@@ -436,8 +440,10 @@ Result<std::optional<int64_t>> Store::find_parent(const std::vector<int32_t>& to
   KV_ASSIGN_OR_RETURN(SnapshotRecord parent, catalog_->get(id));
   auto bytes = manifest_of(parent);
   auto pm = bytes.ok() ? parse_manifest(*bytes, "snapshot " + std::to_string(id)) : bytes.status();
-  if (pm.ok())  // a damaged parent only costs the shortcut
+  if (pm.ok()) {  // a damaged parent only costs the shortcut
     for (const ChunkRef& c : pm->chunks) chunks.emplace(c.sha256, c);
+    if (grid) *grid = std::move(pm->segments);
+  }
   return std::optional<int64_t>(id);
 }
 

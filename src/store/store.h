@@ -332,10 +332,12 @@ class Store {
                                     ByteSink& out, std::chrono::steady_clock::time_point t0);
   // The end of every restore: bytes and time, and the restore's time in the catalog (eviction's order).
   RestoreResult finish_restore(RestoreResult r, uint64_t bytes_out, std::chrono::steady_clock::time_point t0);
-  // The parent of a save with these tokens (the longest stored prefix of the same model) and its
-  // chunks, which the save hashes but does not encode again.
+  // The parent of a save with these tokens (the longest stored prefix of the same model), its
+  // chunks, which the save hashes but does not encode again, and (`grid`, when asked for) its
+  // segment table, whose cell grid the save continues (SnapshotOptions::parent_grid).
   Result<std::optional<int64_t>> find_parent(const std::vector<int32_t>& tokens, const std::string& fingerprint,
-                                             const SaveRequest& req, std::map<Sha256Digest, ChunkRef>& chunks);
+                                             const SaveRequest& req, std::map<Sha256Digest, ChunkRef>& chunks,
+                                             std::optional<SegmentTable>* grid = nullptr);
   // The end of every save: name, tags, parent, pin, TTL from `req`; the catalog row (then the
   // batch is released); the caps.
   Result<SaveResult> commit_save(SnapshotRecord rec, const SnapshotManifest& m, const store_detail::BlobSink& sink,

@@ -28,6 +28,7 @@
 #include "format/snapshot_internal.h"
 #include "format/state_builder.h"
 #include "format/state_prefix.h"
+#include "format/manifest_surgery.h"
 #include "under_asan.h"
 #include "test_files.h"
 
@@ -37,6 +38,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::build_state;
 using testing::SynthSpec;
+using testing::Surgery;
 
 const fs::path kRoot = fs::path(KVSNAP_SOURCE_DIR);
 const std::string kCreated = "2025-01-01T00:00:00Z";
@@ -872,67 +874,6 @@ TEST(SnapshotHostile, EveryByteFlipIsCaughtOrHarmless) {
   EXPECT_LT(harmless, file.size() / 50);
 }
 
-// Manifest surgery: insert a section before DIGS, change header fields, and
-// reseal the DIGS digest so the change is seen by the section logic itself.
-struct Surgery {
-  std::vector<std::byte> b;
-  size_t digs_at() const {
-    size_t at = snapshot_detail::kManifestHeaderBytes, last = 0;
-    while (at < b.size()) {
-      last = at;
-      uint64_t len = 0;
-      std::memcpy(&len, b.data() + at + 8, 8);
-      at += snapshot_detail::kSectionHeaderBytes + len;
-    }
-    return last;
-  }
-  void reseal() {
-    const size_t d = digs_at();
-    const Sha256Digest h = sha256_of(std::span<const std::byte>(b.data(), d));
-    std::memcpy(b.data() + d + snapshot_detail::kSectionHeaderBytes + 40, h.data(), 32);
-  }
-  void insert_section(uint32_t tag, uint32_t flags, const std::string& payload) {
-    std::vector<std::byte> s;
-    put_u32(s, tag);
-    put_u32(s, flags);
-    put_u64(s, payload.size());
-    for (char c : payload) s.push_back(std::byte(c));
-    b.insert(b.begin() + std::ptrdiff_t(digs_at()), s.begin(), s.end());
-    uint32_t n = 0;
-    std::memcpy(&n, b.data() + 12, 4);
-    ++n;
-    std::memcpy(b.data() + 12, &n, 4);
-    reseal();
-  }
-  // Replaces the payload of the section with `tag` (its length follows; the digest is resealed).
-  void replace_payload(uint32_t tag, const std::string& payload) {
-    const size_t at = payload_of(tag);
-    uint64_t len = 0;
-    std::memcpy(&len, b.data() + at - 8, 8);
-    b.erase(b.begin() + std::ptrdiff_t(at), b.begin() + std::ptrdiff_t(at + len));
-    b.insert(b.begin() + std::ptrdiff_t(at), reinterpret_cast<const std::byte*>(payload.data()),
-             reinterpret_cast<const std::byte*>(payload.data()) + payload.size());
-    set_u64(at - 8, payload.size());
-    reseal();
-  }
-  void set_u32(size_t at, uint32_t v) { std::memcpy(b.data() + at, &v, 4); }
-  void set_u16(size_t at, uint16_t v) { std::memcpy(b.data() + at, &v, 2); }
-  void set_u64(size_t at, uint64_t v) { std::memcpy(b.data() + at, &v, 8); }
-  // Offset of the payload of the section with `tag`.
-  size_t payload_of(uint32_t tag) const {
-    size_t at = snapshot_detail::kManifestHeaderBytes;
-    while (at < b.size()) {
-      uint32_t t = 0;
-      uint64_t len = 0;
-      std::memcpy(&t, b.data() + at, 4);
-      std::memcpy(&len, b.data() + at + 8, 8);
-      if (t == tag) return at + snapshot_detail::kSectionHeaderBytes;
-      at += snapshot_detail::kSectionHeaderBytes + len;
-    }
-    return 0;
-  }
-};
-
 struct StoreSnapshot {
   std::vector<std::byte> state;
   MapStore store;
@@ -1511,6 +1452,8 @@ TEST(SnapshotFixtures, EveryReleasedVersionStillOpens) {
   const fs::path base = kRoot / "fixtures" / "kvsnap";
   ASSERT_TRUE(fs::exists(kRoot / snapshot_fixture_dir(kSnapshotFormatVersion)))
       << "the current format version has no compatibility fixtures: run SnapshotFixtures.Regenerate";
+  ASSERT_TRUE(fs::exists(kRoot / snapshot_fixture_dir(kSnapshotGridVersion)))
+      << "format version 4 (cell restarts) has no compatibility fixtures: run SnapshotFixtures.RegenerateGrid";
   for (const auto& e : fs::recursive_directory_iterator(base)) {
     if (!e.is_regular_file() || e.path().extension() != ".kvsnap") continue;
     SCOPED_TRACE(e.path().string());
@@ -1525,7 +1468,7 @@ TEST(SnapshotFixtures, EveryReleasedVersionStillOpens) {
     ASSERT_EQ(recorded.size(), 64u) << "missing " << e.path().string() << ".sha256";
     EXPECT_EQ(to_hex(sha256_of(read_all_of((*r)->original()))), recorded);
     EXPECT_TRUE((*r)->verify_original().ok());
-    // Version 1 recorded the whole file's SHA-256; version 3 the digest over its chunk ids.
+    // Version 1 recorded the whole file's SHA-256; versions 3 and 4 the digest over its chunk ids.
     if ((*r)->manifest().format_version == 1) EXPECT_EQ(to_hex((*r)->provenance().content_digest), recorded);
     else EXPECT_EQ((*r)->manifest().rule(), ContentDigestRule::kChunkTree);
     auto st = (*r)->parse_original();

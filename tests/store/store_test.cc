@@ -446,6 +446,47 @@ TEST(Store, AnExtensionOfAStoredSessionWritesOnlyItsNewChunks) {
   EXPECT_TRUE(v->problems.empty()) << v->problems.front();
 }
 
+// The extension goes on from a cell count that is not a multiple of the chunk's (70 of 16 cells:
+// every layer's last chunk of the parent is partial). It continues the parent's cell grid (format
+// version 4), so its new chunks hold its new cells only, one frame chunk aside; a second save of
+// the same file on that grid writes nothing new, and both restore and verify.
+TEST(Store, AnExtensionStoresOnlyItsNewCells) {
+  for (const char* fixture : {"v0.5.0/hd64-f16-f16-faoff.slot", "v0.5.0/hd64-f16-f16-faon.slot"}) {
+    SCOPED_TRACE(fixture);
+    TempStore t;
+    Loaded l = load(fixtures() / fixture);
+    const uint64_t cells = l.state.memory.kv.at(0).streams.at(0).cell_count;
+    ASSERT_GT(cells, 70u + 16u);
+    auto cut = cut_to(l, 70);
+    SaveRequest req;
+    req.cells_per_chunk = 16;
+    auto base = t.store->save(*cut->file, cut->state, req);
+    ASSERT_TRUE(base.ok()) << base.status().ToString();
+    auto ext = t.store->save(*l.file, l.state, req);
+    ASSERT_TRUE(ext.ok()) << ext.status().ToString();
+    EXPECT_EQ(ext->info.parent_id.value_or(-1), base->info.id);
+    auto sr = t.store->open_snapshot(std::to_string(ext->info.id));
+    ASSERT_TRUE(sr.ok()) << sr.status().ToString();
+    const SnapshotManifest& m = (*sr)->reader().manifest();
+    EXPECT_EQ(m.format_version, 4u);
+    uint64_t tensor_segments = 0;
+    for (const Segment& s : m.segments.segments) tensor_segments += s.kind != SegmentKind::kFrame;
+    EXPECT_EQ(ext->chunks_new, m.segments.n_frame_chunks + tensor_segments * ((cells - 70 + 15) / 16))
+        << "the new cells' chunks and the frame";
+    auto again = t.store->save(*l.file, l.state, req);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_EQ(again->chunks_new, 0u);
+    for (int64_t id : {ext->info.id, again->info.id}) {
+      VectorSink got;
+      ASSERT_TRUE(t.store->restore(std::to_string(id), {}, got).ok());
+      EXPECT_TRUE(got.bytes == l.bytes);
+    }
+    auto v = t.store->verify({});
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    EXPECT_TRUE(v->problems.empty()) << v->problems.front();
+  }
+}
+
 // Caps (eviction.h): a store cap enforced after a save evicts the least recently restored and expired
 // snapshots, never a pinned one nor the one just saved, never a chunk a remaining snapshot uses.
 // The store-level cap (run for PostgreSQL too: tests/postgres/pg_store_test.cc).
