@@ -49,6 +49,12 @@ struct Population {
     whole.tags = {{"user", "ana"}};
     whole.pin = true;
     const int64_t full_id = save(*alice, *l.file, l.state, "full", whole);
+    {
+      auto opened = alice->open_snapshot(std::to_string(full_id));
+      ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+      ASSERT_EQ((*opened)->reader().manifest().format_version, 4u)
+          << "full continues half's cell grid (40 cells, 32 a chunk): rekey re-seals a version-4 manifest";
+    }
     restore_all(*alice, std::to_string(full_id));  // last_restored
     auto bob = b.must_open(b.key_a, "bob");
     save(*bob, *l.file, l.state, "bobs", {});

@@ -449,7 +449,8 @@ TEST(Store, AnExtensionOfAStoredSessionWritesOnlyItsNewChunks) {
 // The extension goes on from a cell count that is not a multiple of the chunk's (70 of 16 cells:
 // every layer's last chunk of the parent is partial). It continues the parent's cell grid (format
 // version 4), so its new chunks hold its new cells only, one frame chunk aside; a second save of
-// the same file on that grid writes nothing new, and both restore and verify.
+// the same file on that grid writes nothing new, both restore and verify, and an export of it
+// imports into another store.
 TEST(Store, AnExtensionStoresOnlyItsNewCells) {
   for (const char* fixture : {"v0.5.0/hd64-f16-f16-faoff.slot", "v0.5.0/hd64-f16-f16-faon.slot"}) {
     SCOPED_TRACE(fixture);
@@ -484,6 +485,20 @@ TEST(Store, AnExtensionStoresOnlyItsNewCells) {
     auto v = t.store->verify({});
     ASSERT_TRUE(v.ok()) << v.status().ToString();
     EXPECT_TRUE(v->problems.empty()) << v->problems.front();
+    // An export carries the version-4 manifest (a version-4 .kvsnap file), and another store
+    // imports and restores it.
+    const std::string archive = (t.root / "out.tar.zst").string();
+    ASSERT_TRUE(t.store->export_to({std::to_string(ext->info.id)}, archive).ok());
+    TempStore other;
+    auto imported = other.store->import_from(archive);
+    ASSERT_TRUE(imported.ok()) << imported.status().ToString();
+    ASSERT_EQ(imported->imported.size(), 1u);
+    VectorSink got;
+    ASSERT_TRUE(other.store->restore(imported->imported[0].uuid, {}, got).ok());
+    EXPECT_TRUE(got.bytes == l.bytes);
+    auto reopened = other.store->open_snapshot(imported->imported[0].uuid);
+    ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+    EXPECT_EQ((*reopened)->reader().manifest().format_version, 4u);
   }
 }
 
