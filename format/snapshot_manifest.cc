@@ -312,7 +312,8 @@ Status encode_manifest(SnapshotManifest& m) {
   // A grid with restarts needs a reader that knows GRID: version 4, else the writer's own version.
   const bool grid = m.segments.has_cell_restarts();
   if (grid) {
-    m.format_version = m.min_reader_version = kSnapshotGridVersion;
+    m.format_version = std::max(m.format_version, kSnapshotGridVersion);
+    m.min_reader_version = std::max(m.min_reader_version, kSnapshotGridVersion);
     if (m.info.is_object() && m.info.contains("format_version")) m.info["format_version"] = m.format_version;
   }
   put_u32(b, m.format_version);

@@ -192,8 +192,10 @@ Result<SegmentTable> plan_segments(const StateFile& f, uint32_t cells_per_chunk,
 }
 
 // At most this many restarts in a segment's cell grid: each piece ends in a partial chunk (more
-// chunks, smaller ones), so past it the two adjacent pieces with the fewest cells together
-// become one, and only their cells make new chunks.
+// chunks, smaller ones). Past it a save adds no restart: its last piece carries on from the
+// parent's last restart, as a uniform grid would, re-storing at most the cells of the parent's
+// partial last chunk. (Merging older pieces instead re-stores whole pieces, ~1/32 of the context
+// per turn once they have grown: more than the uniform grid.)
 constexpr size_t kMaxCellRestarts = 32;
 
 bool same_grid_place(const Segment& a, const Segment& b) {
@@ -204,23 +206,18 @@ bool same_grid_place(const Segment& a, const Segment& b) {
 }
 
 // The restarts that keep `parent`'s chunks among `s`'s: the parent's own below s's cell count,
-// and the parent's end when it falls inside s off the grid of the parent's last piece.
+// and the parent's end when it falls inside s off the grid of the parent's last piece, while
+// the segment has fewer than kMaxCellRestarts (a parent with more, which this writer never
+// makes, keeps its first ones: the pieces after them are stored again).
 std::vector<uint32_t> continued_restarts(const Segment& s, const Segment& parent) {
   std::vector<uint32_t> out;
-  for (uint32_t r : parent.cell_restarts())
-    if (r < s.cell_count) out.push_back(r);
-  const uint32_t end = parent.cell_count, last = out.empty() ? 0 : out.back();
-  if (end > last && end < s.cell_count && (end - last) % s.cells_per_chunk != 0) out.push_back(end);
-  while (out.size() > kMaxCellRestarts) {
-    // Drop the restart between the two adjacent pieces with the fewest cells together.
-    size_t best = 0;
-    uint64_t best_cells = UINT64_MAX;
-    for (size_t i = 0; i < out.size(); ++i) {
-      const uint64_t lo = i == 0 ? 0 : out[i - 1], hi = i + 1 < out.size() ? out[i + 1] : s.cell_count;
-      if (hi - lo < best_cells) best = i, best_cells = hi - lo;
-    }
-    out.erase(out.begin() + ptrdiff_t(best));
+  for (uint32_t r : parent.cell_restarts()) {
+    if (r >= s.cell_count || out.size() == kMaxCellRestarts) break;
+    out.push_back(r);
   }
+  const uint32_t end = parent.cell_count, last = out.empty() ? 0 : out.back();
+  if (out.size() < kMaxCellRestarts && end > last && end < s.cell_count && (end - last) % s.cells_per_chunk != 0)
+    out.push_back(end);
   return out;
 }
 

@@ -726,7 +726,8 @@ Status run_digest(const DigestOptions& opts, std::string& out) {
 void setup_digest(CLI::App& app, int& exit_status) {
   auto opts = std::make_shared<DigestOptions>();
   auto* sub = app.add_subcommand("digest", "The content digest a save of a llama.cpp KV state file records (what "
-                                           "`kvsnap show` prints for snapshots of format version 3), and the file's "
+                                           "`kvsnap show` prints for snapshots of format version 3; one saved on its "
+                                           "parent's cell grid, version 4, records another), and the file's "
                                            "plain SHA-256");
   sub->add_option("file", opts->file, "slot file (ggsq), session file (ggsn) or raw state buffer")->required();
   sub->add_option("--model,-m", opts->model, "the model's GGUF, as given to save (it can change the layout)");

@@ -1471,6 +1471,9 @@ TEST(SnapshotFixtures, EveryReleasedVersionStillOpens) {
     // Version 1 recorded the whole file's SHA-256; versions 3 and 4 the digest over its chunk ids.
     if ((*r)->manifest().format_version == 1) EXPECT_EQ(to_hex((*r)->provenance().content_digest), recorded);
     else EXPECT_EQ((*r)->manifest().rule(), ContentDigestRule::kChunkTree);
+    EXPECT_EQ("v" + std::to_string((*r)->manifest().format_version), e.path().parent_path().filename().string())
+        << "a fixture of version N lies in vN/";
+    EXPECT_EQ((*r)->segments().has_cell_restarts(), (*r)->manifest().format_version == kSnapshotGridVersion);
     auto st = (*r)->parse_original();
     EXPECT_TRUE(st.ok()) << st.status().ToString();
     ++n;
