@@ -4,21 +4,16 @@
 #include <sys/stat.h>
 
 #include <fstream>
-#include <mutex>
 
 #include "base/json_access.h"
 #include "format/llama_era.h"
+#include "store/lazy_libs.h"
 
 namespace kvsnap {
 
 using json = nlohmann::json;
 
 namespace {
-
-void global_init_once() {
-  static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-}
 
 size_t collect(char* p, size_t size, size_t n, void* user) {
   static_cast<std::string*>(user)->append(p, size * n);
@@ -66,8 +61,8 @@ LlamaServer::LlamaServer(ServerEndpoint ep) : ep_(std::move(ep)) { ep_.url = str
 
 Result<LlamaServer::Response> LlamaServer::request(const std::string& method, const std::string& path,
                                                    const std::string& body, const std::string& doing) {
-  global_init_once();
   const std::string prefix = "llama-server " + ep_.url + ": " + doing;
+  if (Status ready = load_libcurl(); !ready.ok()) return Status::IOError(prefix + ": " + ready.message());
   std::unique_ptr<CURL, void (*)(CURL*)> h(curl_easy_init(), curl_easy_cleanup);
   if (!h) return Status::IOError(prefix + ": cannot initialize libcurl");
   curl_slist* headers = nullptr;

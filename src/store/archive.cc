@@ -12,6 +12,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "store/lazy_libs.h"
+
 namespace kvsnap {
 
 namespace {
@@ -499,6 +501,7 @@ Status validate_archive_entry_name(std::string_view name) {
 
 Status write_archive(ByteSink& out, std::span<const ExportEntry> entries, const ArchiveWriteOptions& options) {
   KV_RETURN_IF_ERROR(check_export_entries(entries));
+  KV_RETURN_IF_ERROR(load_libarchive());
   WriteArchive a(archive_write_new());
   if (!a) return Status::IOError("archive: out of memory");
   SinkContext sink{&out, Status::OK()};
@@ -522,6 +525,7 @@ Status export_archive(Io& io, const std::string& path, std::span<const ExportEnt
 }
 
 Status read_archive(const ReadableFile& file, ArchiveVisitor& visitor, const ArchiveReadOptions& options) {
+  KV_RETURN_IF_ERROR(load_libarchive());  // before ArchiveWalk's archive_read_new
   ArchiveWalk walk(file, visitor, options);
   return walk.run();
 }

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "base/byte_order.h"
+#include "store/lazy_libs.h"
 
 namespace kvsnap {
 
@@ -236,6 +237,7 @@ Status check_user_part(const std::string& url, const std::string& where) {
 Result<std::unique_ptr<PgConn>> PgConn::connect(const std::string& url, const PgConnOptions& options) {
   std::string where = redact_pg_url(url);
   KV_RETURN_IF_ERROR(check_user_part(url, where));
+  if (Status ready = load_libpq(); !ready.ok()) return Status::IOError(where + ": " + ready.message());
   pg_conn* c = open_connection(url);
   if (!c) return Status::IOError(where + ": cannot connect to the catalog: out of memory");
   if (PQstatus(c) != CONNECTION_OK) {

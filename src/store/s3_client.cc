@@ -15,6 +15,7 @@
 #include "base/parallel.h"
 #include "base/sha256.h"
 #include "base/text.h"
+#include "store/lazy_libs.h"
 #include "store/s3_sigv4.h"
 
 namespace kvsnap {
@@ -54,11 +55,6 @@ namespace {
 
 constexpr uint64_t kMaxXmlBytes = 16ull << 20;
 constexpr uint64_t kMaxErrorBytes = 64ull << 10;
-
-void global_init_once() {
-  static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-}
 
 struct Transfer {
   CURL* h;
@@ -286,7 +282,6 @@ Result<S3Location> parse_s3_location(std::string_view loc) {
 }
 
 S3Client::S3Client(S3Config config) : cfg_(std::move(config)) {
-  global_init_once();
   while (!cfg_.endpoint.empty() && cfg_.endpoint.back() == '/') cfg_.endpoint.pop_back();
   const size_t scheme_end = cfg_.endpoint.find("://");
   host_ = scheme_end == std::string::npos ? cfg_.endpoint : cfg_.endpoint.substr(scheme_end + 3);
@@ -391,6 +386,7 @@ S3Client::Reply S3Client::perform_once(Call& call) {
 }
 
 Result<S3Client::Reply> S3Client::perform(Call& call) {
+  KV_RETURN_IF_ERROR(load_libcurl());  // before the first handle (take_handle)
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed_ms = [&] {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
