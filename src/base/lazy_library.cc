@@ -7,9 +7,9 @@
 
 namespace kvsnap {
 
-LazyLibrary::LazyLibrary(const char* soname, const char* needed_for, const char* package,
+LazyLibrary::LazyLibrary(const char* soname, const char* fallback, const char* needed_for, const char* package,
                          std::span<const char* const> symbols)
-    : soname_(soname), needed_for_(needed_for), package_(package), names_(symbols) {
+    : soname_(soname), fallback_(fallback), needed_for_(needed_for), package_(package), names_(symbols) {
   if (names_.size() > kMaxSymbols) {
     std::fprintf(stderr, "kvsnap: internal error: %zu symbols for %s (at most %zu)\n", names_.size(), soname_,
                  kMaxSymbols);
@@ -24,7 +24,9 @@ Status LazyLibrary::open_once() {
   void* handle = dlopen(soname_, RTLD_NOW | RTLD_LOCAL);
   if (!handle) {
     const char* why = dlerror();
-    return Status::IOError(what + (why ? why : "dlopen failed"));
+    const std::string reason = why ? why : "dlopen failed";
+    if (fallback_ && *fallback_) handle = dlopen(fallback_, RTLD_NOW | RTLD_LOCAL);
+    if (!handle) return Status::IOError(what + reason);
   }
   void* found[kMaxSymbols] = {};
   for (size_t i = 0; i < names_.size(); ++i) {

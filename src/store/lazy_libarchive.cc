@@ -69,18 +69,26 @@ enum : size_t { KVSNAP_LIBARCHIVE_FUNCTIONS(KVSNAP_LAZY_INDEX) k_archive_set_err
 constexpr const char* kNames[] = {KVSNAP_LIBARCHIVE_FUNCTIONS(KVSNAP_LAZY_NAME) "archive_set_error"};
 }  // namespace
 
-KVSNAP_LAZY_LIBRARY(libarchive, KVSNAP_LIBARCHIVE_SONAME, "kvsnap export and import",
-                    "Debian and Ubuntu: libarchive13")
+#ifndef KVSNAP_LIBARCHIVE_PATH
+#define KVSNAP_LIBARCHIVE_PATH nullptr
+#endif
+#define KVSNAP_LIBARCHIVE_FOR "kvsnap export and import"
+#ifndef KVSNAP_LIBARCHIVE_PACKAGE
+#define KVSNAP_LIBARCHIVE_PACKAGE "install the package that provides " KVSNAP_LIBARCHIVE_SONAME
+#endif
+KVSNAP_LAZY_LIBRARY(libarchive, KVSNAP_LIBARCHIVE)
 
 KVSNAP_LIBARCHIVE_FUNCTIONS(KVSNAP_LAZY_STUB)
 
-// Formats here and hands libarchive the finished text, which it copies.
+// Formats here and hands libarchive the finished text, which it copies; a null format clears
+// the message (libarchive's own use), so it is passed on as null.
 extern "C" void archive_set_error(archive* a, int err, const char* fmt, ...) {
+  using Fn = void (*)(archive*, int, const char*, ...);
+  if (fmt == nullptr) return lazy_symbol<Fn>(k_archive_set_error)(a, err, nullptr);
   va_list args;
   va_start(args, fmt);
   const std::string text = kvsnap::vprintf_text(fmt, args);
   va_end(args);
-  using Fn = void (*)(archive*, int, const char*, ...);
   lazy_symbol<Fn>(k_archive_set_error)(a, err, "%s", text.c_str());
 }
 

@@ -32,8 +32,14 @@ constexpr const char* kNames[] = {KVSNAP_LIBCURL_FUNCTIONS(KVSNAP_LAZY_NAME) "cu
                                   "curl_easy_getinfo"};
 }  // namespace
 
-KVSNAP_LAZY_LIBRARY(libcurl, KVSNAP_LIBCURL_SONAME, "the S3 client and llama-server's API",
-                    "Debian and Ubuntu: libcurl4")
+#ifndef KVSNAP_LIBCURL_PATH
+#define KVSNAP_LIBCURL_PATH nullptr
+#endif
+#define KVSNAP_LIBCURL_FOR "the S3 client and llama-server's API"
+#ifndef KVSNAP_LIBCURL_PACKAGE
+#define KVSNAP_LIBCURL_PACKAGE "install the package that provides " KVSNAP_LIBCURL_SONAME
+#endif
+KVSNAP_LAZY_LIBRARY(libcurl, KVSNAP_LIBCURL)
 
 KVSNAP_LIBCURL_FUNCTIONS(KVSNAP_LAZY_STUB)
 

@@ -56,8 +56,14 @@ enum : size_t { KVSNAP_LIBPQ_FUNCTIONS(KVSNAP_LAZY_INDEX) };
 constexpr const char* kNames[] = {KVSNAP_LIBPQ_FUNCTIONS(KVSNAP_LAZY_NAME)};
 }  // namespace
 
-KVSNAP_LAZY_LIBRARY(libpq, KVSNAP_LIBPQ_SONAME, "the PostgreSQL catalog",
-                    "Debian and Ubuntu: libpq5")
+#ifndef KVSNAP_LIBPQ_PATH
+#define KVSNAP_LIBPQ_PATH nullptr
+#endif
+#define KVSNAP_LIBPQ_FOR "the PostgreSQL catalog"
+#ifndef KVSNAP_LIBPQ_PACKAGE
+#define KVSNAP_LIBPQ_PACKAGE "install the package that provides " KVSNAP_LIBPQ_SONAME
+#endif
+KVSNAP_LAZY_LIBRARY(libpq, KVSNAP_LIBPQ)
 
 KVSNAP_LIBPQ_FUNCTIONS(KVSNAP_LAZY_STUB)
 

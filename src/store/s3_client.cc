@@ -386,7 +386,8 @@ S3Client::Reply S3Client::perform_once(Call& call) {
 }
 
 Result<S3Client::Reply> S3Client::perform(Call& call) {
-  KV_RETURN_IF_ERROR(load_libcurl());  // before the first handle (take_handle)
+  if (Status ready = load_libcurl(); !ready.ok())  // before the first handle (take_handle)
+    return Status::IOError("s3: " + call.method + " " + url(call.key) + ": " + ready.message());
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed_ms = [&] {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();

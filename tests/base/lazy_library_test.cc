@@ -14,7 +14,7 @@ constexpr const char* kRealLibrary = "libc.so.6";
 
 TEST(LazyLibrary, ResolvesEverySymbolOnceAndCallsThrough) {
   static constexpr const char* kNames[] = {"getpid", "strlen"};
-  LazyLibrary lib(kRealLibrary, "the test", "test package", kNames);
+  LazyLibrary lib(kRealLibrary, nullptr, "the test", "test package", kNames);
   EXPECT_EQ(lib.symbol(0), nullptr);  // nothing before load()
   std::vector<std::thread> threads;
   std::vector<Status> outcomes(4);
@@ -29,35 +29,43 @@ TEST(LazyLibrary, ResolvesEverySymbolOnceAndCallsThrough) {
 
 TEST(LazyLibrary, AMissingSymbolNamesItAndSetsNone) {
   static constexpr const char* kNames[] = {"getpid", "kvsnap_no_such_function"};
-  LazyLibrary lib(kRealLibrary, "the test", "Debian and Ubuntu: libc6", kNames);
+  LazyLibrary lib(kRealLibrary, nullptr, "the test", "install package libc6", kNames);
   Status s = lib.load();
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.code(), Code::kIOError);
-  EXPECT_NE(s.message().find("cannot load libc.so.6 (for the test; Debian and Ubuntu: libc6)"), std::string::npos)
+  EXPECT_NE(s.message().find("cannot load libc.so.6 (for the test; install package libc6)"), std::string::npos)
       << s.message();
   EXPECT_NE(s.message().find("it has no kvsnap_no_such_function"), std::string::npos) << s.message();
   EXPECT_EQ(lib.symbol(0), nullptr);  // all or nothing
   EXPECT_EQ(lib.load().message(), s.message());  // the first outcome stays
 }
+
+TEST(LazyLibrary, TheBuildsPathIsTriedWhenTheSonameIsNotFound) {
+  static constexpr const char* kNames[] = {"strlen"};
+  LazyLibrary lib("libkvsnap-no-such-library.so.9", kRealLibrary, "the test", "no package", kNames);
+  ASSERT_TRUE(lib.load().ok());
+  EXPECT_EQ(reinterpret_cast<size_t (*)(const char*)>(lib.symbol(0))("abc"), 3u);
+}
 #endif
 
 TEST(LazyLibrary, AMissingLibraryNamesItWhatNeedsItAndThePackage) {
   static constexpr const char* kNames[] = {"anything"};
-  LazyLibrary lib("libkvsnap-no-such-library.so.9", "the fleet store", "Debian and Ubuntu: libnothing9", kNames);
+  LazyLibrary lib("libkvsnap-no-such-library.so.9", "/nonexistent/libkvsnap-no-such-library.so.9", "the fleet store",
+                  "install package libnothing9", kNames);
   Status s = lib.load();
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.code(), Code::kIOError);
-  EXPECT_NE(s.message().find("cannot load libkvsnap-no-such-library.so.9 (for the fleet store; Debian and Ubuntu: "
+  EXPECT_NE(s.message().find("cannot load libkvsnap-no-such-library.so.9 (for the fleet store; install package "
                              "libnothing9): "),
             std::string::npos)
       << s.message();
   EXPECT_NE(s.message().find("libkvsnap-no-such-library.so.9: cannot open shared object file"), std::string::npos)
-      << s.message();  // dlerror's reason follows
+      << s.message();  // dlerror's reason for the SONAME, not for the fallback, follows
 }
 
 TEST(LazyLibraryDeathTest, AStubReachedWithoutItsLibraryAbortsWithTheMessage) {
   static constexpr const char* kNames[] = {"anything"};
-  LazyLibrary lib("libkvsnap-no-such-library.so.9", "the test", "no package", kNames);
+  LazyLibrary lib("libkvsnap-no-such-library.so.9", nullptr, "the test", "no package", kNames);
   EXPECT_DEATH(lib.load_or_die(), "kvsnap: cannot load libkvsnap-no-such-library.so.9 \\(for the test; no package\\)");
 }
 

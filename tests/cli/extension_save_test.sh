@@ -1,0 +1,55 @@
+#!/bin/sh
+# A conversation that grows, through the built binary: a slot saved, then the same slot grown by
+# more tokens saved again. The second save names the first as its parent, continues its cell grid
+# (a format-version-4 snapshot, docs/format.md "GRID"), stores only chunks the first lacks, and
+# restores byte for byte; export and import carry it to another store; verify finds nothing.
+# Usage: extension_save_test.sh KVSNAP_BINARY FIXTURES_DIR
+set -u
+kvsnap=$1
+slot=$2/v0.5.0/hd64-f16-f16-faoff.slot   # 107 tokens, 4 layers, f16, transposed V
+dir=$(mktemp -d "${TMPDIR:-/tmp}/kvsnap-extension.XXXXXX")
+trap 'rm -rf "$dir"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+field() {  # field JSON_FILE PATH.TO.FIELD
+  python3 -c 'import json, sys
+v = json.load(open(sys.argv[1]))
+for k in sys.argv[2].split("."): v = v[k]
+print(v)' "$1" "$2"
+}
+run() {  # run NAME -- command...: fails the test on a non-zero exit
+  name=$1; shift 2
+  "$@" > "$dir/$name.json" 2> "$dir/$name.err" || fail "$name: exit $?: $(cat "$dir/$name.err")"
+}
+
+# The first 70 tokens of the slot, as llama-server would have saved them earlier in the chat.
+run full -- "$kvsnap" save "$slot" --name full --store "$dir/scratch" --json -q
+run cut -- "$kvsnap" restore full --store "$dir/scratch" --tokens 70 -o "$dir/first70.slot" --json -q
+
+store=$dir/store
+run early -- "$kvsnap" save "$dir/first70.slot" --name early --store "$store" --cells-per-chunk 16 --json -q
+run later -- "$kvsnap" save "$slot" --name later --store "$store" --cells-per-chunk 16 --json -q
+[ "$(field "$dir/later.json" parent_id)" = "$(field "$dir/early.json" id)" ] ||
+  fail "the grown slot's parent is not the first save: $(cat "$dir/later.json")"
+run show -- "$kvsnap" show later --store "$store" --json
+[ "$(field "$dir/show.json" snapshot.format_version)" = 4 ] || fail "not saved on its parent's grid (format version 4)"
+# Every chunk of the first save is one of the second's: the second adds n_chunks(later) -
+# n_chunks(early) chunks beside its frame (header and cell metadata, which changed).
+new=$(field "$dir/later.json" chunks_new)
+added=$(( $(field "$dir/later.json" n_chunks) - $(field "$dir/early.json" n_chunks) ))
+[ "$new" -ge "$added" ] && [ "$new" -le $((added + 2)) ] ||
+  fail "the grown slot stored $new new chunks, expected $added plus its frame's"
+run again -- "$kvsnap" save "$slot" --name again --store "$store" --cells-per-chunk 16 --json -q
+[ "$(field "$dir/again.json" chunks_new)" = 0 ] || fail "the same slot again stored new chunks"
+
+run restore -- "$kvsnap" restore later --store "$store" -o "$dir/later.slot" --json -q
+cmp -s "$slot" "$dir/later.slot" || fail "restore is not byte-identical to the saved slot"
+run verify -- "$kvsnap" verify --all --store "$store" --json -q
+
+run export -- "$kvsnap" export later --store "$store" -o "$dir/later.tar.zst" --json -q
+run import -- "$kvsnap" import "$dir/later.tar.zst" --store "$dir/other" --json -q
+run restore2 -- "$kvsnap" restore later --store "$dir/other" -o "$dir/later2.slot" --json -q
+cmp -s "$slot" "$dir/later2.slot" || fail "restore after export and import is not byte-identical"
+
+[ "$failures" = 0 ] && echo "extension save: all checks passed"
+exit $([ "$failures" = 0 ] && echo 0 || echo 1)
