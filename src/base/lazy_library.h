@@ -2,7 +2,7 @@
 //
 // Why: libpq, libcurl and libarchive bring 33 of the 49 shared objects the dynamic loader maps and
 // relocates before main() (about half of a `kvsnap --version`'s 16 ms on the developers' VM), yet
-// only the PostgreSQL catalog, the S3 client, llama-server's API and export/import call them.
+// only the PostgreSQL catalog, the S3 client and export/import call them.
 // src/store/lazy_lib*.cc define those libraries' functions as stubs that call through the
 // pointers a LazyLibrary fills; the program does not link the libraries themselves.
 //

@@ -1,24 +1,22 @@
 #include "server/llama_server.h"
 
-#include <curl/curl.h>
+#include <httplib.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
 #include <fstream>
 
 #include "base/json_access.h"
 #include "format/llama_era.h"
-#include "store/lazy_libs.h"
 
 namespace kvsnap {
 
 using json = nlohmann::json;
 
 namespace {
-
-size_t collect(char* p, size_t size, size_t n, void* user) {
-  static_cast<std::string*>(user)->append(p, size * n);
-  return size * n;
-}
 
 std::string strip_slash(std::string s) {
   while (!s.empty() && s.back() == '/') s.pop_back();
@@ -55,42 +53,76 @@ Status http_error(const std::string& prefix, long status, const std::string& bod
   }
 }
 
+// What went wrong below HTTP, in words (cpp-httplib's own names are one word: "Read").
+std::string transport_error(httplib::Error e, const std::string& url, double timeout_s) {
+  switch (e) {
+    case httplib::Error::Connection: return "cannot connect (is llama-server running at " + url + "?)";
+    case httplib::Error::ConnectionTimeout: return "connecting timed out after 10 s";
+    case httplib::Error::Read:
+      return "no complete answer (the connection closed, or nothing came within the " +
+             std::to_string(int(std::ceil(timeout_s))) + " s timeout)";
+    case httplib::Error::Write: return "the request could not be sent (the connection closed)";
+    case httplib::Error::SSLConnection: return "the TLS handshake failed";
+    case httplib::Error::SSLLoadingCerts: return "the system's CA certificates could not be loaded";
+    case httplib::Error::SSLServerVerification: return "the server's TLS certificate did not verify";
+    default: return "HTTP client error: " + httplib::to_string(e);
+  }
+}
+
 }  // namespace
+
+Result<ServerUrl> split_server_url(const std::string& url) {
+  auto refuse = [&](const std::string& why) {
+    return Status::InvalidArgument("llama-server URL '" + url + "': " + why +
+                                   " (expected http[s]://HOST[:PORT][/PATH], e.g. http://127.0.0.1:8080)");
+  };
+  std::string rest = url;
+  std::string scheme = "http";  // as curl took a bare host:port
+  if (const size_t sep = rest.find("://"); sep != std::string::npos) {
+    scheme = rest.substr(0, sep);
+    for (char& c : scheme) c = char(std::tolower(static_cast<unsigned char>(c)));
+    rest.erase(0, sep + 3);
+  }
+  if (scheme != "http" && scheme != "https") return refuse("the scheme is not http or https");
+  const size_t path_at = rest.find('/');
+  const std::string authority = rest.substr(0, path_at);
+  std::string base = path_at == std::string::npos ? std::string() : strip_slash(rest.substr(path_at));
+  if (authority.empty()) return refuse("no host");
+  if (authority.find('@') != std::string::npos) return refuse("a user in the URL is not supported (use --api-key)");
+  if (url.find_first_of("?# \t\r\n") != std::string::npos) return refuse("a query, fragment or space is not supported");
+  return ServerUrl{scheme + "://" + authority, std::move(base)};
+}
 
 LlamaServer::LlamaServer(ServerEndpoint ep) : ep_(std::move(ep)) { ep_.url = strip_slash(ep_.url); }
 
 Result<LlamaServer::Response> LlamaServer::request(const std::string& method, const std::string& path,
                                                    const std::string& body, const std::string& doing) {
   const std::string prefix = "llama-server " + ep_.url + ": " + doing;
-  if (Status ready = load_libcurl(); !ready.ok()) return Status::IOError(prefix + ": " + ready.message());
-  std::unique_ptr<CURL, void (*)(CURL*)> h(curl_easy_init(), curl_easy_cleanup);
-  if (!h) return Status::IOError(prefix + ": cannot initialize libcurl");
-  curl_slist* headers = nullptr;
-  headers = curl_slist_append(headers, "Content-Type: application/json");
-  if (!ep_.api_key.empty()) headers = curl_slist_append(headers, ("Authorization: Bearer " + ep_.api_key).c_str());
-  std::unique_ptr<curl_slist, void (*)(curl_slist*)> hold(headers, curl_slist_free_all);
+  KV_ASSIGN_OR_RETURN(ServerUrl where, split_server_url(ep_.url));
+  // One connection per request, as kvsnap asks a few questions a command. No proxy from the
+  // environment (a local server; a proxy would only get in the way), no redirects, the path sent
+  // as kvsnap wrote it.
+  httplib::Client client(where.origin);
+  if (!client.is_valid()) {
+    return Status::InvalidArgument(prefix + ": cannot make a client for " + where.origin +
+                                   " (an https:// URL needs a kvsnap built with TLS in cpp-httplib)");
+  }
+  const double timeout = std::max(ep_.timeout_s, 0.001);
+  const auto whole = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(timeout));
+  client.set_connection_timeout(10, 0);
+  client.set_read_timeout(whole);   // per read: llama-server answers a save or restore when done
+  client.set_write_timeout(whole);
+  client.set_decompress(false);
+  client.set_url_encode(false);
+  httplib::Headers headers;
+  if (!ep_.api_key.empty()) headers.emplace("Authorization", "Bearer " + ep_.api_key);
+  const std::string target = where.base + path;
+  httplib::Result res = method == "POST" ? client.Post(target, headers, body, "application/json")
+                                         : client.Get(target, headers);
+  if (!res) return Status::IOError(prefix + ": " + transport_error(res.error(), ep_.url, timeout));
   Response r;
-  const std::string url = ep_.url + path;
-  curl_easy_setopt(h.get(), CURLOPT_URL, url.c_str());
-  curl_easy_setopt(h.get(), CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, collect);
-  curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &r.body);
-  curl_easy_setopt(h.get(), CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(h.get(), CURLOPT_CONNECTTIMEOUT_MS, 10000L);
-  curl_easy_setopt(h.get(), CURLOPT_TIMEOUT_MS, long(ep_.timeout_s * 1000));
-  curl_easy_setopt(h.get(), CURLOPT_NOPROXY, "*");  // a local server; a proxy would only get in the way
-  if (method == "POST") {
-    curl_easy_setopt(h.get(), CURLOPT_POST, 1L);
-    curl_easy_setopt(h.get(), CURLOPT_POSTFIELDS, body.c_str());
-    curl_easy_setopt(h.get(), CURLOPT_POSTFIELDSIZE, long(body.size()));
-  }
-  CURLcode rc = curl_easy_perform(h.get());
-  if (rc != CURLE_OK) {
-    std::string why = curl_easy_strerror(rc);
-    if (rc == CURLE_COULDNT_CONNECT) why += " (is llama-server running at " + ep_.url + "?)";
-    return Status::IOError(prefix + ": " + why);
-  }
-  curl_easy_getinfo(h.get(), CURLINFO_RESPONSE_CODE, &r.status);
+  r.status = res->status;
+  r.body = std::move(res->body);
   return r;
 }
 

@@ -1,6 +1,7 @@
 // A client for the parts of llama-server's HTTP API that kvsnap drives:
 // /health, /props, /slots, POST /slots/{id}?action=save|restore|erase,
-// /tokenize and /completion. Blocking, one request at a time, libcurl inside.
+// /tokenize and /completion. Blocking, one request at a time, cpp-httplib inside (the client
+// kvsnap serve's proxy uses too; http:// always, https:// where cpp-httplib has TLS, as Debian's).
 //
 // Every error names the server, what kvsnap was doing and what the server
 // said ("llama-server http://127.0.0.1:8080: restoring slot 0 from
@@ -46,6 +47,15 @@ struct CompletionResult {
   uint64_t cache_n = 0;   // prompt tokens it reused
   nlohmann::json raw;
 };
+
+// A server URL split for the HTTP client: "http[s]://HOST[:PORT]" and the path under it ("" or
+// "/prefix", no trailing slash). No scheme means http (as curl read it); a user, query, fragment
+// or space is refused (kInvalidArgument, naming the URL).
+struct ServerUrl {
+  std::string origin;
+  std::string base;
+};
+Result<ServerUrl> split_server_url(const std::string& url);
 
 class LlamaServer {
  public:

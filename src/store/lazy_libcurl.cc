@@ -1,5 +1,5 @@
 // libcurl's functions as stubs over a LazyLibrary (store/lazy_libs.h, store/lazy_stubs.h), and
-// curl_global_init() once per process for the S3 client and llama-server's API alike.
+// curl_global_init() once per process, for the S3 client.
 #include "store/lazy_libs.h"
 
 #define CURL_DISABLE_TYPECHECK  // the stubs below define curl_easy_setopt and curl_easy_getinfo
@@ -14,8 +14,7 @@
 
 #include "store/lazy_stubs.h"
 
-// Every libcurl function kvsnap calls (src/store/s3_client.cc, src/server/llama_server.cc), the
-// two variadic ones aside.
+// Every libcurl function kvsnap calls (src/store/s3_client.cc), the two variadic ones aside.
 #define KVSNAP_LIBCURL_FUNCTIONS(X)                                                            \
   X(void, curl_easy_cleanup, (CURL * h), (h))                                                   \
   X(CURL*, curl_easy_init, (void), ())                                                          \
@@ -35,7 +34,7 @@ constexpr const char* kNames[] = {KVSNAP_LIBCURL_FUNCTIONS(KVSNAP_LAZY_NAME) "cu
 #ifndef KVSNAP_LIBCURL_PATH
 #define KVSNAP_LIBCURL_PATH nullptr
 #endif
-#define KVSNAP_LIBCURL_FOR "the S3 client and llama-server's API"
+#define KVSNAP_LIBCURL_FOR "the S3 blob store"
 #ifndef KVSNAP_LIBCURL_PACKAGE
 #define KVSNAP_LIBCURL_PACKAGE "install the package that provides " KVSNAP_LIBCURL_SONAME
 #endif

@@ -1,6 +1,5 @@
-// The C libraries the store and the server open on their first use (base/lazy_library.h says
-// why): PostgreSQL's libpq (the fleet catalog), libcurl (S3 and llama-server's API), libarchive
-// (export and import).
+// The C libraries the store opens on their first use (base/lazy_library.h says why): PostgreSQL's
+// libpq (the fleet catalog), libcurl (the S3 blob store), libarchive (export and import).
 //
 // Each load_*() returns OK once its library is usable: opened and every function kvsnap calls
 // resolved (when the build loads it lazily: CMake's KVSNAP_LAZY_LIBRARIES, the default on ELF
