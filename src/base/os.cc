@@ -1,6 +1,7 @@
 #include "base/os.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -262,6 +263,25 @@ bool take_pending_signal(const sigset_t& among, int* sig) {
     }
   }
   return false;
+}
+
+ScopedSigpipeBlock::ScopedSigpipeBlock() {
+  sigset_t pipe_only;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_only, &old_);
+}
+
+ScopedSigpipeBlock::~ScopedSigpipeBlock() {
+  if (!sigismember(&old_, SIGPIPE)) {  // blocked by us: a pending one is ours to take
+    sigset_t pipe_only;
+    sigemptyset(&pipe_only);
+    sigaddset(&pipe_only, SIGPIPE);
+    int sig;
+    while (take_pending_signal(pipe_only, &sig)) {
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &old_, nullptr);
 }
 
 std::string cpu_model_name() {

@@ -117,6 +117,22 @@ int become_subreaper();
 // true and `*sig` when there was one. POSIX (sigpending + sigwait): sigtimedwait is missing on macOS.
 bool take_pending_signal(const sigset_t& among, int* sig);
 
+// While alive, a SIGPIPE from this thread's write to a closed socket or pipe does not end the
+// process: SIGPIPE is blocked on this thread, and one left pending is taken before the old mask
+// comes back (EPIPE is what the writer sees). For writers that cannot pass MSG_NOSIGNAL (cpp-httplib's
+// client, a plain write() to a pipe) in a process that may not ignore SIGPIPE (the kvsnap command
+// does not: `kvsnap ls | head` ends quietly). POSIX: pthread_sigmask, take_pending_signal.
+class ScopedSigpipeBlock {
+ public:
+  ScopedSigpipeBlock();
+  ~ScopedSigpipeBlock();
+  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
+  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
+
+ private:
+  sigset_t old_;
+};
+
 // The CPU's marketing name for benchmark headers ("unknown CPU" when the system does not say).
 // Linux: /proc/cpuinfo "model name"; macOS: sysctl machdep.cpu.brand_string; elsewhere unknown.
 std::string cpu_model_name();

@@ -66,16 +66,9 @@ void sleep_ms(long ms) {
 // write() of one message where the reader may be gone: EPIPE rather than a SIGPIPE that ends the caller
 // (kvsnap serve ignores SIGPIPE; a program using the Supervisor may not).
 void send(int fd, int32_t msg) {
-  sigset_t pipe_only, old;
-  sigemptyset(&pipe_only);
-  sigaddset(&pipe_only, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
-  ssize_t n;
-  while ((n = write(fd, &msg, sizeof msg)) < 0 && errno == EINTR) {
+  const ScopedSigpipeBlock no_sigpipe;
+  while (write(fd, &msg, sizeof msg) < 0 && errno == EINTR) {
   }
-  int sig;
-  if (n < 0 && errno == EPIPE && !sigismember(&old, SIGPIPE)) (void)take_pending_signal(pipe_only, &sig);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
 }  // namespace

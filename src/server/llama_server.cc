@@ -7,9 +7,11 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <fstream>
 
 #include "base/json_access.h"
+#include "base/os.h"
 #include "format/llama_era.h"
 
 namespace kvsnap {
@@ -76,21 +78,47 @@ Result<ServerUrl> split_server_url(const std::string& url) {
     return Status::InvalidArgument("llama-server URL '" + url + "': " + why +
                                    " (expected http[s]://HOST[:PORT][/PATH], e.g. http://127.0.0.1:8080)");
   };
+  if (url.find_first_of("?# \t\r\n") != std::string::npos) return refuse("a query, fragment or space is not supported");
+  ServerUrl u;
   std::string rest = url;
-  std::string scheme = "http";  // as curl took a bare host:port
+  u.scheme = "http";  // as curl took a bare host:port
   if (const size_t sep = rest.find("://"); sep != std::string::npos) {
-    scheme = rest.substr(0, sep);
-    for (char& c : scheme) c = char(std::tolower(static_cast<unsigned char>(c)));
+    u.scheme = rest.substr(0, sep);
+    for (char& c : u.scheme) c = char(std::tolower(static_cast<unsigned char>(c)));
     rest.erase(0, sep + 3);
   }
-  if (scheme != "http" && scheme != "https") return refuse("the scheme is not http or https");
+  if (u.scheme != "http" && u.scheme != "https") return refuse("the scheme is not http or https");
   const size_t path_at = rest.find('/');
   const std::string authority = rest.substr(0, path_at);
-  std::string base = path_at == std::string::npos ? std::string() : strip_slash(rest.substr(path_at));
-  if (authority.empty()) return refuse("no host");
+  if (path_at != std::string::npos) u.base = strip_slash(rest.substr(path_at));
   if (authority.find('@') != std::string::npos) return refuse("a user in the URL is not supported (use --api-key)");
-  if (url.find_first_of("?# \t\r\n") != std::string::npos) return refuse("a query, fragment or space is not supported");
-  return ServerUrl{scheme + "://" + authority, std::move(base)};
+  std::string port;
+  bool has_port = false;
+  if (authority.starts_with('[')) {  // an IPv6 literal
+    const size_t close = authority.find(']');
+    if (close == std::string::npos) return refuse("an IPv6 address without its ']'");
+    u.host = authority.substr(1, close - 1);
+    const std::string after = authority.substr(close + 1);
+    if (!after.empty() && after[0] != ':') return refuse("something after the IPv6 address that is not :PORT");
+    has_port = !after.empty();
+    if (has_port) port = after.substr(1);
+  } else {
+    const size_t colon = authority.find(':');
+    u.host = authority.substr(0, colon);
+    has_port = colon != std::string::npos;
+    if (has_port) port = authority.substr(colon + 1);
+    if (port.find(':') != std::string::npos) return refuse("an IPv6 address must be in brackets ([::1]:8080)");
+  }
+  if (u.host.empty()) return refuse("no host");
+  u.port = u.scheme == "https" ? 443 : 80;
+  if (has_port) {
+    // At most 5 digits, so stoi cannot throw.
+    if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoi(port) < 1 || std::stoi(port) > 65535)
+      return refuse("the port is not a number from 1 to 65535");
+    u.port = std::stoi(port);
+  }
+  return u;
 }
 
 LlamaServer::LlamaServer(ServerEndpoint ep) : ep_(std::move(ep)) { ep_.url = strip_slash(ep_.url); }
@@ -99,31 +127,46 @@ Result<LlamaServer::Response> LlamaServer::request(const std::string& method, co
                                                    const std::string& body, const std::string& doing) {
   const std::string prefix = "llama-server " + ep_.url + ": " + doing;
   KV_ASSIGN_OR_RETURN(ServerUrl where, split_server_url(ep_.url));
-  // One connection per request, as kvsnap asks a few questions a command. No proxy from the
-  // environment (a local server; a proxy would only get in the way), no redirects, the path sent
-  // as kvsnap wrote it.
-  httplib::Client client(where.origin);
-  if (!client.is_valid()) {
-    return Status::InvalidArgument(prefix + ": cannot make a client for " + where.origin +
-                                   " (an https:// URL needs a kvsnap built with TLS in cpp-httplib)");
-  }
   const double timeout = std::max(ep_.timeout_s, 0.001);
-  const auto whole = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(timeout));
-  client.set_connection_timeout(10, 0);
-  client.set_read_timeout(whole);   // per read: llama-server answers a save or restore when done
-  client.set_write_timeout(whole);
-  client.set_decompress(false);
-  client.set_url_encode(false);
-  httplib::Headers headers;
-  if (!ep_.api_key.empty()) headers.emplace("Authorization", "Bearer " + ep_.api_key);
-  const std::string target = where.base + path;
-  httplib::Result res = method == "POST" ? client.Post(target, headers, body, "application/json")
-                                         : client.Get(target, headers);
-  if (!res) return Status::IOError(prefix + ": " + transport_error(res.error(), ep_.url, timeout));
-  Response r;
-  r.status = res->status;
-  r.body = std::move(res->body);
-  return r;
+  // cpp-httplib's client writes without MSG_NOSIGNAL: a server that closes the connection while
+  // the request is sent would otherwise end the process with SIGPIPE.
+  const ScopedSigpipeBlock no_sigpipe;
+  try {
+    // One connection per request, as kvsnap asks a few questions a command. Host and port are
+    // given apart (the library's own URL parsing takes IPv6 literals of digits only). No proxy
+    // from the environment, no redirects, no compression, the path sent as kvsnap wrote it.
+    std::unique_ptr<httplib::ClientImpl> client;
+    if (where.scheme == "https") {
+#ifdef CPPHTTPLIB_OPENSSL_SUPPORT
+      client = std::make_unique<httplib::SSLClient>(where.host, where.port);  // verifies the certificate
+#else
+      return Status::NotSupported(prefix + ": this kvsnap's HTTP client (cpp-httplib) was built without TLS: "
+                                  "use http://");
+#endif
+    } else {
+      client = std::make_unique<httplib::ClientImpl>(where.host, where.port);
+    }
+    const auto each = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(timeout));
+    client->set_connection_timeout(10, 0);
+    client->set_read_timeout(each);  // per read: llama-server answers a save or restore when done
+    client->set_write_timeout(each);
+    client->set_decompress(false);
+    client->set_url_encode(false);
+    httplib::Headers headers{{"Accept-Encoding", "identity"}};
+    if (!ep_.api_key.empty()) headers.emplace("Authorization", "Bearer " + ep_.api_key);
+    const std::string target = where.base + path;
+    httplib::Result res = method == "POST" ? client->Post(target, headers, body, "application/json")
+                                           : client->Get(target, headers);
+    if (!res) return Status::IOError(prefix + ": " + transport_error(res.error(), ep_.url, timeout));
+    Response r;
+    r.status = res->status;
+    r.body = std::move(res->body);
+    return r;
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const std::exception& e) {  // no exception leaves the module
+    return Status::IOError(prefix + ": HTTP client error: " + e.what());
+  }
 }
 
 Result<std::string> LlamaServer::call(const std::string& method, const std::string& path, const json* body,

@@ -25,7 +25,8 @@ namespace kvsnap {
 struct ServerEndpoint {
   std::string url;      // "http://127.0.0.1:8080" (a trailing slash is fine)
   std::string api_key;  // sent as "Authorization: Bearer KEY", as llama-server expects
-  double timeout_s = 3600;  // per request: saving or restoring a large slot takes a while
+  double timeout_s = 3600;  // per read or write of a request (llama-server answers a large slot's
+                            // save or restore when done); 10 s to connect
 };
 
 struct SlotState {
@@ -48,11 +49,14 @@ struct CompletionResult {
   nlohmann::json raw;
 };
 
-// A server URL split for the HTTP client: "http[s]://HOST[:PORT]" and the path under it ("" or
-// "/prefix", no trailing slash). No scheme means http (as curl read it); a user, query, fragment
-// or space is refused (kInvalidArgument, naming the URL).
+// A server URL split for the HTTP client: scheme ("http" or "https"), host (an IPv6 literal without
+// its brackets), port (80/443 when not given) and the path under it ("" or "/prefix", no trailing
+// slash). No scheme means http (as curl read it); a user, query, fragment, space, unbracketed IPv6
+// address or a port outside 1..65535 is refused (kInvalidArgument, naming the URL).
 struct ServerUrl {
-  std::string origin;
+  std::string scheme;
+  std::string host;
+  int port = 0;
   std::string base;
 };
 Result<ServerUrl> split_server_url(const std::string& url);

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -400,6 +401,36 @@ TEST(Os, CryptoFeaturesAgreeWithTheCompilersOwnQuery) {
 #else
   EXPECT_NE(f, "  ");
 #endif
+}
+
+// A write to a pipe nobody reads, with SIGPIPE's default action (end the process), in a child:
+// with the guard, inside it the write is EPIPE, and after it nothing is pending and the old mask
+// is back (exit 0); without, SIGPIPE ends the child.
+[[noreturn]] void write_to_a_closed_pipe(bool guarded) {
+  signal(SIGPIPE, SIG_DFL);
+  int fds[2];
+  if (pipe(fds) != 0) _exit(2);
+  close(fds[0]);
+  const char byte = 'x';
+  if (guarded) {
+    const ScopedSigpipeBlock guard;
+    if (write(fds[1], &byte, 1) != -1 || errno != EPIPE) _exit(3);
+  } else {
+    (void)!write(fds[1], &byte, 1);
+  }
+  sigset_t pending;
+  sigset_t mask;
+  sigpending(&pending);
+  pthread_sigmask(SIG_SETMASK, nullptr, &mask);
+  _exit(sigismember(&pending, SIGPIPE) || sigismember(&mask, SIGPIPE) ? 4 : 0);
+}
+
+TEST(OsDeathTest, ASigpipeInsideTheGuardIsEpipeNotDeath) {
+  EXPECT_EXIT(write_to_a_closed_pipe(true), ::testing::ExitedWithCode(0), "");
+}
+
+TEST(OsDeathTest, WithoutTheGuardTheSameWriteEndsTheProcess) {  // so the test above can fail
+  EXPECT_EXIT(write_to_a_closed_pipe(false), ::testing::KilledBySignal(SIGPIPE), "");
 }
 
 }  // namespace
