@@ -1,4 +1,4 @@
-// The version-3 content digest (format/content_digest.h); byte layout: docs/format.md.
+// The content digest, versions 3 and 4 (format/content_digest.h); byte layout: docs/format.md.
 #include "format/content_digest.h"
 
 #include <algorithm>
@@ -107,10 +107,12 @@ Result<Sha256Digest> whole_file_sha256(const ReadableFile& f) {
   return h.finish();
 }
 
-Result<StateDigests> state_digests(const StateFile& parsed, const ReadableFile& original, uint32_t cells_per_chunk) {
-  KV_ASSIGN_OR_RETURN(const SegmentTable t, plan_state_segments(parsed, original, cells_per_chunk));
+Result<StateDigests> state_digests(const StateFile& parsed, const ReadableFile& original, uint32_t cells_per_chunk,
+                                   const SegmentTable* grid_of, const ChunkCipher* cipher) {
+  KV_ASSIGN_OR_RETURN(SegmentTable t, plan_state_segments(parsed, original, cells_per_chunk));
+  if (grid_of) continue_cell_grids(t, *grid_of);
   StateDigests d;
-  KV_ASSIGN_OR_RETURN(d.content_digest, content_digest_of_original(t, original, nullptr));
+  KV_ASSIGN_OR_RETURN(d.content_digest, content_digest_of_original(t, original, cipher));
   KV_ASSIGN_OR_RETURN(d.sha256, whole_file_sha256(original));
   return d;
 }

@@ -60,12 +60,16 @@ Result<Sha256Digest> content_digest_of_original(const SegmentTable& t, const Rea
 // The SHA-256 of a whole file, read front to back in 1 MiB pieces: version 1's content digest.
 Result<Sha256Digest> whole_file_sha256(const ReadableFile& f);
 
-// `kvsnap digest FILE`: the version-3 content digest a save of this parsed state would record with
-// `cells_per_chunk` (plain chunk ids), and the file's SHA-256.
+// `kvsnap digest FILE`: the content digest a save of this parsed state would record with
+// `cells_per_chunk` (plain chunk ids), and the file's SHA-256. With `grid_of` (a snapshot's
+// segment table), on that snapshot's cell grid (format version 4: continue_cell_grids), so a file
+// restored from it gets its recorded digest back; with `cipher`, the keyed digest (its chunk ids
+// are the tenant's HMACs, as an encrypted store records).
 struct StateDigests {
   Sha256Digest content_digest{};
   Sha256Digest sha256{};
 };
-Result<StateDigests> state_digests(const StateFile& parsed, const ReadableFile& original, uint32_t cells_per_chunk);
+Result<StateDigests> state_digests(const StateFile& parsed, const ReadableFile& original, uint32_t cells_per_chunk,
+                                   const SegmentTable* grid_of = nullptr, const ChunkCipher* cipher = nullptr);
 
 }  // namespace kvsnap

@@ -200,6 +200,12 @@ class ChunkReader {
   std::vector<const Segment*> tensors_;
 };
 
+// SnapshotOptions::parent_grid: each tensor segment of `t` continues the parent segment of the
+// same place and geometry, if there is one (the parent's restarts, and its end where that is off
+// its grid); then the chunks are numbered again. Given a snapshot's own table for the file it
+// was saved from, it gives that snapshot's grid back (kvsnap digest --as).
+void continue_cell_grids(SegmentTable& t, const SegmentTable& parent);
+
 // The segment table a save of `parsed` (read from `original`) makes: checks the sizes agree.
 Result<SegmentTable> plan_state_segments(const StateFile& parsed, const ReadableFile& original,
                                          uint32_t cells_per_chunk);

@@ -117,6 +117,54 @@ Status ChunkReader::read_frame(uint64_t k, std::vector<std::byte>& out) const {
   return Status::OK();
 }
 
+// At most this many restarts in a segment's cell grid: each piece ends in a partial chunk (more
+// chunks, smaller ones). Past it a save adds no restart: its last piece carries on from the
+// parent's last restart, as a uniform grid would, re-storing at most the cells of the parent's
+// partial last chunk. (Merging older pieces instead re-stores whole pieces, ~1/32 of the context
+// per turn once they have grown: more than the uniform grid.)
+constexpr size_t kMaxCellRestarts = 32;
+
+static bool same_grid_place(const Segment& a, const Segment& b) {
+  return a.kind == b.kind && a.section == b.section && a.stream == b.stream && a.layer == b.layer &&
+         a.is_v == b.is_v && a.ggml_type == b.ggml_type && a.row_bytes == b.row_bytes &&
+         a.elem_bytes == b.elem_bytes && a.n_rows == b.n_rows && a.cells_per_chunk == b.cells_per_chunk &&
+         a.rows_per_chunk == b.rows_per_chunk;
+}
+
+// The restarts that keep `parent`'s chunks among `s`'s: the parent's own below s's cell count,
+// and the parent's end when it falls inside s off the grid of the parent's last piece, while
+// the segment has fewer than kMaxCellRestarts (a parent with more, which this writer never
+// makes, keeps its first ones: the pieces after them are stored again).
+static std::vector<uint32_t> continued_restarts(const Segment& s, const Segment& parent) {
+  std::vector<uint32_t> out;
+  for (uint32_t r : parent.cell_restarts()) {
+    if (r >= s.cell_count || out.size() == kMaxCellRestarts) break;
+    out.push_back(r);
+  }
+  const uint32_t end = parent.cell_count, last = out.empty() ? 0 : out.back();
+  if (out.size() < kMaxCellRestarts && end > last && end < s.cell_count && (end - last) % s.cells_per_chunk != 0)
+    out.push_back(end);
+  return out;
+}
+
+void continue_cell_grids(SegmentTable& t, const SegmentTable& parent) {
+  // The parent's tensor segments by place (a session file may have thousands: streams x layers x 2).
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t, bool>, const Segment*> by_place;
+  for (const Segment& p : parent.segments)
+    if (p.kind != SegmentKind::kFrame) by_place.emplace(std::make_tuple(p.section, p.stream, p.layer, p.is_v), &p);
+  bool changed = false;
+  for (Segment& s : t.segments) {
+    if (s.kind == SegmentKind::kFrame) continue;
+    auto it = by_place.find(std::make_tuple(s.section, s.stream, s.layer, s.is_v));
+    if (it == by_place.end() || !same_grid_place(s, *it->second)) continue;
+    std::vector<uint32_t> restarts = continued_restarts(s, *it->second);
+    if (restarts.empty()) continue;
+    s.set_cell_restarts(std::move(restarts));
+    changed = true;
+  }
+  if (changed) number_chunks(t);
+}
+
 }  // namespace snapshot_detail
 
 namespace {
@@ -189,56 +237,6 @@ Result<SegmentTable> plan_segments(const StateFile& f, uint32_t cells_per_chunk,
   add_frame(f.file_size);
   number_chunks(t);
   return t;
-}
-
-// At most this many restarts in a segment's cell grid: each piece ends in a partial chunk (more
-// chunks, smaller ones). Past it a save adds no restart: its last piece carries on from the
-// parent's last restart, as a uniform grid would, re-storing at most the cells of the parent's
-// partial last chunk. (Merging older pieces instead re-stores whole pieces, ~1/32 of the context
-// per turn once they have grown: more than the uniform grid.)
-constexpr size_t kMaxCellRestarts = 32;
-
-bool same_grid_place(const Segment& a, const Segment& b) {
-  return a.kind == b.kind && a.section == b.section && a.stream == b.stream && a.layer == b.layer &&
-         a.is_v == b.is_v && a.ggml_type == b.ggml_type && a.row_bytes == b.row_bytes &&
-         a.elem_bytes == b.elem_bytes && a.n_rows == b.n_rows && a.cells_per_chunk == b.cells_per_chunk &&
-         a.rows_per_chunk == b.rows_per_chunk;
-}
-
-// The restarts that keep `parent`'s chunks among `s`'s: the parent's own below s's cell count,
-// and the parent's end when it falls inside s off the grid of the parent's last piece, while
-// the segment has fewer than kMaxCellRestarts (a parent with more, which this writer never
-// makes, keeps its first ones: the pieces after them are stored again).
-std::vector<uint32_t> continued_restarts(const Segment& s, const Segment& parent) {
-  std::vector<uint32_t> out;
-  for (uint32_t r : parent.cell_restarts()) {
-    if (r >= s.cell_count || out.size() == kMaxCellRestarts) break;
-    out.push_back(r);
-  }
-  const uint32_t end = parent.cell_count, last = out.empty() ? 0 : out.back();
-  if (out.size() < kMaxCellRestarts && end > last && end < s.cell_count && (end - last) % s.cells_per_chunk != 0)
-    out.push_back(end);
-  return out;
-}
-
-// SnapshotOptions::parent_grid: each tensor segment of `t` continues the parent segment of the
-// same place and geometry, if there is one; then the chunks are numbered again.
-void continue_cell_grids(SegmentTable& t, const SegmentTable& parent) {
-  // The parent's tensor segments by place (a session file may have thousands: streams x layers x 2).
-  std::map<std::tuple<uint32_t, uint32_t, uint32_t, bool>, const Segment*> by_place;
-  for (const Segment& p : parent.segments)
-    if (p.kind != SegmentKind::kFrame) by_place.emplace(std::make_tuple(p.section, p.stream, p.layer, p.is_v), &p);
-  bool changed = false;
-  for (Segment& s : t.segments) {
-    if (s.kind == SegmentKind::kFrame) continue;
-    auto it = by_place.find(std::make_tuple(s.section, s.stream, s.layer, s.is_v));
-    if (it == by_place.end() || !same_grid_place(s, *it->second)) continue;
-    std::vector<uint32_t> restarts = continued_restarts(s, *it->second);
-    if (restarts.empty()) continue;
-    s.set_cell_restarts(std::move(restarts));
-    changed = true;
-  }
-  if (changed) number_chunks(t);
 }
 
 Status check_options(const SnapshotOptions& o) {

@@ -21,6 +21,8 @@
 #include "cli/era_options.h"
 #include "cli/exit_codes.h"
 #include "cli/open_state.h"
+#include "cli/store_common.h"
+#include "store/store_seal.h"
 #include "format/content_digest.h"
 #include "format/llama_era.h"
 #include "migrate/conversion_spec.h"
@@ -709,43 +711,88 @@ void setup_info(CLI::App& app, int& exit_status) {
   });
 }
 
-Status run_digest(const DigestOptions& opts, std::string& out) {
-  KV_ASSIGN_OR_RETURN(OpenedState in, open_state(cli_io(), opts.file, opts.model, opts.input_format, opts.src_types));
-  KV_ASSIGN_OR_RETURN(const StateDigests d, state_digests(in.state, *in.file, opts.cells_per_chunk));
-  const char* rule = content_digest_rule_name(ContentDigestRule::kChunkTree, false);
-  if (opts.json) {
-    out = json_text(nlohmann::json{{"file", opts.file}, {"content_digest", to_hex(d.content_digest)}, {"content_digest_rule", rule},
-                     {"cells_per_chunk", opts.cells_per_chunk}, {"sha256", to_hex(d.sha256)}}, 2) + "\n";
-  } else {
-    out = "content_digest  " + to_hex(d.content_digest) + " (" + rule + ", " + std::to_string(opts.cells_per_chunk) +
-          " cells per chunk)\nsha256          " + to_hex(d.sha256) + "\n";
+namespace {
+
+// --as SNAPSHOT: the stored snapshot's manifest and what its digest is compared with.
+struct DigestTarget {
+  std::unique_ptr<Store> store;
+  std::unique_ptr<StoredSnapshot> snap;
+};
+
+Result<DigestTarget> open_digest_target(const DigestOptions& opts) {
+  DigestTarget t;
+  KV_ASSIGN_OR_RETURN(t.store, open_store(opts.store));
+  KV_ASSIGN_OR_RETURN(t.snap, t.store->open_snapshot(opts.as));
+  if (t.snap->reader().manifest().mlx) {
+    return Status::InvalidArgument("snapshot " + opts.as + " is an mlx-lm prompt cache: kvsnap digest reads "
+                                   "llama.cpp state files (kvsnap verify checks a stored snapshot)");
   }
-  return Status::OK();
+  return t;
+}
+
+}  // namespace
+
+Status run_digest(const DigestOptions& opts, std::string& out) {
+  std::optional<DigestTarget> target;
+  if (!opts.as.empty()) {
+    KV_ASSIGN_OR_RETURN(DigestTarget t, open_digest_target(opts));
+    target = std::move(t);
+  }
+  const SnapshotManifest* m = target ? &target->snap->reader().manifest() : nullptr;
+  const ChunkCipher* cipher = target && m->encryption ? target->store->cipher() : nullptr;
+  const uint32_t cells_per_chunk = m ? m->cells_per_chunk : opts.cells_per_chunk;
+  KV_ASSIGN_OR_RETURN(OpenedState in, open_state(cli_io(), opts.file, opts.model, opts.input_format, opts.src_types));
+  KV_ASSIGN_OR_RETURN(const StateDigests d,
+                      state_digests(in.state, *in.file, cells_per_chunk, m ? &m->segments : nullptr, cipher));
+  // As `show` prints it: an encrypted snapshot's catalog keeps the keyed digest's HMAC.
+  const ContentDigestRule rule = m ? m->rule() : ContentDigestRule::kChunkTree;
+  const bool whole = rule == ContentDigestRule::kWholeSha256;  // version 1: the file's SHA-256
+  const ContentDigestText mine =
+      split_content_digest(recorded_content_digest(whole ? d.sha256 : d.content_digest, rule, cipher), cipher);
+  nlohmann::json j{{"file", opts.file}, {"content_digest", mine.hex}, {"content_digest_rule", mine.rule},
+                   {"cells_per_chunk", cells_per_chunk}, {"sha256", to_hex(d.sha256)}};
+  out = "content_digest  " + mine.hex + " (" + mine.rule + ", " + std::to_string(cells_per_chunk) + " cells per chunk" +
+        (m && m->segments.has_cell_restarts() ? ", on the snapshot's cell grid" : "") + ")\nsha256          " +
+        to_hex(d.sha256) + "\n";
+  Status verdict = Status::OK();
+  if (m) {
+    const ContentDigestText recorded = split_content_digest(recorded_content_digest(*m, cipher), cipher);
+    const bool same = mine.hex == recorded.hex;
+    const std::string name = label(target->snap->info());
+    j["as"] = {{"snapshot", name}, {"content_digest", recorded.hex}, {"content_digest_rule", recorded.rule},
+               {"matches", same}};
+    out += std::string("snapshot        ") + name + ": " + (same ? "the same content" : "DIFFERENT content") + "\n";
+    if (!same) {
+      verdict = Status::Mismatch(opts.file + " is not the content of snapshot " + name + " (digest " + mine.hex +
+                                 ", the snapshot's " + recorded.hex + ")");
+    }
+  }
+  if (opts.json) out = json_text(j, 2) + "\n";
+  return verdict;
 }
 
 void setup_digest(CLI::App& app, int& exit_status) {
   auto opts = std::make_shared<DigestOptions>();
   auto* sub = app.add_subcommand("digest", "The content digest a save of a llama.cpp KV state file records (what "
-                                           "`kvsnap show` prints for snapshots of format version 3; one saved on its "
-                                           "parent's cell grid, version 4, records another), and the file's "
-                                           "plain SHA-256");
+                                           "`kvsnap show` prints), and the file's plain SHA-256; with --as SNAPSHOT, "
+                                           "whether the file is that snapshot's content");
   sub->add_option("file", opts->file, "slot file (ggsq), session file (ggsn) or raw state buffer")->required();
   sub->add_option("--model,-m", opts->model, "the model's GGUF, as given to save (it can change the layout)");
   sub->add_option("--input-format", opts->input_format, "raw-seq or raw-context, as given to save")
       ->check(CLI::IsMember({"", "raw-seq", "raw-context"}));
   sub->add_option("--src-types", opts->src_types, "K/V of a ggsn v6 (b3166) session, as given to save");
-  sub->add_option("--cells-per-chunk", opts->cells_per_chunk, "as given to save (default 256)");
+  sub->add_option("--cells-per-chunk", opts->cells_per_chunk, "as given to save (default 256; with --as, the snapshot's)");
+  sub->add_option("--as", opts->as,
+                  "a stored snapshot (name, id or uuid): compute the digest on its cell grid (and with its key, "
+                  "if encrypted) and compare: exit 0 when FILE is its content, 5 when not");
   sub->add_flag("--json", opts->json, "machine-readable output");
   sub->footer(
-      "\nThe digest of an encrypted store's snapshot is keyed (its chunk ids are the tenant's); this command\n"
-      "computes the plain one. Examples:\n"
+      "\nA save records the digest on the snapshot's own chunk grid: a snapshot saved on its parent's grid\n"
+      "(format version 4) or in an encrypted store (keyed: its chunk ids are the tenant's) records one that\n"
+      "only --as SNAPSHOT reproduces; without --as this command computes the plain version-3 one. Examples:\n"
       "  kvsnap digest slot0.bin\n"
-      "  kvsnap restore chat-42 -o /tmp/s.bin && kvsnap digest /tmp/s.bin\n");
-  sub->callback([opts, &exit_status]() {
-    std::string out;
-    Status s = run_digest(*opts, out);
-    exit_status = report("digest", s, out);
-  });
+      "  kvsnap restore chat-42 -o /tmp/s.bin && kvsnap digest /tmp/s.bin --as chat-42\n");
+  bind(sub, opts, run_digest, "digest", exit_status);
 }
 
 }  // namespace kvsnap::cli

@@ -34,6 +34,8 @@ Status run_info(const InfoOptions& opts, std::string& out);
 struct DigestOptions {
   std::string file, model, input_format, src_types;
   uint32_t cells_per_chunk = 256;  // the store's default (kDefaultCellsPerChunk)
+  std::string as;                  // a stored snapshot: its grid and key; compared with its digest
+  std::string store;
   bool json = false;
 };
 void setup_digest(CLI::App& app, int& exit_status);

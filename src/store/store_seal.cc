@@ -148,11 +148,14 @@ Result<std::vector<std::byte>> open_export_metadata(const ChunkCipher& cipher, c
 }
 
 std::string recorded_content_digest(const SnapshotManifest& m, const ChunkCipher* cipher) {
-  const Sha256Digest& d = m.content_digest;
+  return recorded_content_digest(m.content_digest, m.rule(), cipher);
+}
+
+std::string recorded_content_digest(const Sha256Digest& d, ContentDigestRule rule, const ChunkCipher* cipher) {
   const std::string hex =
       cipher ? to_hex(labelled_id(*cipher, "kvsnap content v1", std::as_bytes(std::span<const uint8_t>(d)))) : to_hex(d);
-  if (m.rule() == ContentDigestRule::kWholeSha256) return hex;
-  return std::string(content_digest_rule_name(m.rule(), cipher != nullptr)) + ":" + hex;
+  if (rule == ContentDigestRule::kWholeSha256) return hex;
+  return std::string(content_digest_rule_name(rule, cipher != nullptr)) + ":" + hex;
 }
 
 ContentDigestText split_content_digest(const std::string& recorded, bool encrypted) {

@@ -74,6 +74,8 @@ Result<std::vector<std::byte>> open_export_metadata(const ChunkCipher& cipher, c
 // "RULE:hex" for a version-3 manifest (RULE "chunk-tree", or "keyed-chunk-tree" with a cipher:
 // the HMAC of the digest), bare hex for version 1 (the original's SHA-256, or its HMAC).
 std::string recorded_content_digest(const SnapshotManifest& m, const ChunkCipher* cipher);
+// The same for a digest `d` computed by `rule` (kvsnap digest --as: what show prints for it).
+std::string recorded_content_digest(const Sha256Digest& d, ContentDigestRule rule, const ChunkCipher* cipher);
 
 // A catalog content digest split into its rule (format/content_digest.h content_digest_rule_name)
 // and hex; bare hex is version 1's: "sha256", or "hmac-sha256" for an encrypted snapshot.
