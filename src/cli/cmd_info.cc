@@ -741,7 +741,15 @@ Status run_digest(const DigestOptions& opts, std::string& out) {
   const SnapshotManifest* m = target ? &target->snap->reader().manifest() : nullptr;
   const ChunkCipher* cipher = target && m->encryption ? target->store->cipher() : nullptr;
   const uint32_t cells_per_chunk = m ? m->cells_per_chunk : opts.cells_per_chunk;
-  KV_ASSIGN_OR_RETURN(OpenedState in, open_state(cli_io(), opts.file, opts.model, opts.input_format, opts.src_types));
+  OpenedState in;
+  if (m && opts.model.empty() && opts.input_format.empty() && opts.src_types.empty()) {
+    // As the save parsed it (its layout, raw kind, a b3166 session's types, a v9 body's outputs),
+    // so a file the snapshot was restored to needs none of the flags the save had.
+    KV_ASSIGN_OR_RETURN(in.file, cli_io().open_read(opts.file));
+    KV_ASSIGN_OR_RETURN(in.state, parse_state(*in.file, target->snap->reader().parse_options()));
+  } else {
+    KV_ASSIGN_OR_RETURN(in, open_state(cli_io(), opts.file, opts.model, opts.input_format, opts.src_types));
+  }
   KV_ASSIGN_OR_RETURN(const StateDigests d,
                       state_digests(in.state, *in.file, cells_per_chunk, m ? &m->segments : nullptr, cipher));
   // As `show` prints it: an encrypted snapshot's catalog keeps the keyed digest's HMAC.
@@ -751,9 +759,10 @@ Status run_digest(const DigestOptions& opts, std::string& out) {
       split_content_digest(recorded_content_digest(whole ? d.sha256 : d.content_digest, rule, cipher), cipher);
   nlohmann::json j{{"file", opts.file}, {"content_digest", mine.hex}, {"content_digest_rule", mine.rule},
                    {"cells_per_chunk", cells_per_chunk}, {"sha256", to_hex(d.sha256)}};
-  out = "content_digest  " + mine.hex + " (" + mine.rule + ", " + std::to_string(cells_per_chunk) + " cells per chunk" +
-        (m && m->segments.has_cell_restarts() ? ", on the snapshot's cell grid" : "") + ")\nsha256          " +
-        to_hex(d.sha256) + "\n";
+  const std::string how = whole ? "the whole file's, as version 1 recorded it"
+                                 : std::to_string(cells_per_chunk) + " cells per chunk" +
+                                       (m ? std::string(", on the snapshot's grid") : std::string());
+  out = "content_digest  " + mine.hex + " (" + mine.rule + ", " + how + ")\nsha256          " + to_hex(d.sha256) + "\n";
   Status verdict = Status::OK();
   if (m) {
     const ContentDigestText recorded = split_content_digest(recorded_content_digest(*m, cipher), cipher);

@@ -152,7 +152,12 @@ Result<LlamaServer::Response> LlamaServer::request(const std::string& method, co
     client->set_write_timeout(each);
     client->set_decompress(false);
     client->set_url_encode(false);
-    httplib::Headers headers{{"Accept-Encoding", "identity"}};
+    // Host as RFC 9110 writes it (0.11.4 sends a bare IPv6 address, which proxies refuse).
+    const bool v6 = where.host.find(':') != std::string::npos;
+    const bool default_port = where.port == (where.scheme == "https" ? 443 : 80);
+    httplib::Headers headers{{"Accept-Encoding", "identity"},
+                             {"Host", (v6 ? "[" + where.host + "]" : where.host) +
+                                          (default_port ? "" : ":" + std::to_string(where.port))}};
     if (!ep_.api_key.empty()) headers.emplace("Authorization", "Bearer " + ep_.api_key);
     const std::string target = where.base + path;
     httplib::Result res = method == "POST" ? client->Post(target, headers, body, "application/json")

@@ -62,6 +62,13 @@ case "$recorded" in *"$("$kvsnap" digest "$dir/later.slot" --json | python3 -c '
 "$kvsnap" digest "$dir/first70.slot" --as later --store "$store" > /dev/null 2>&1
 [ $? = 5 ] || fail "digest of another file --as later: not exit 5"
 
+# A b3166 session needs its model to be read (-m at save); its restored file is compared as the
+# save parsed it, without -m.
+old=$2/b3166/hd64n-f16-f16-faoff.session
+run b3save -- "$kvsnap" save "$old" -m "$2/models/tiny-hd64n.gguf" --name era-a --store "$store" --json -q
+run b3restore -- "$kvsnap" restore era-a --store "$store" -o "$dir/era-a.session" --json -q
+out=$("$kvsnap" digest "$dir/era-a.session" --as era-a --store "$store" 2>&1) || fail "digest --as era-a: $out"
+
 # The same in an encrypted store: the keyed digest, printed as show prints it.
 python3 -c 'import os; open(os.sys.argv[1], "w").write(os.urandom(32).hex())' "$dir/key"
 chmod 600 "$dir/key"
@@ -69,6 +76,7 @@ secret=$dir/secret
 run s1 -- "$kvsnap" save "$dir/first70.slot" --name early --store "$secret" --key-file "$dir/key" --cells-per-chunk 16 --json -q
 run s2 -- "$kvsnap" save "$slot" --name later --store "$secret" --key-file "$dir/key" --cells-per-chunk 16 --json -q
 run sshow -- "$kvsnap" show later --store "$secret" --key-file "$dir/key" --json
+[ "$(field "$dir/sshow.json" snapshot.format_version)" = 4 ] || fail "encrypted: not saved on its parent's grid"
 run sdigest -- "$kvsnap" digest "$slot" --as later --store "$secret" --key-file "$dir/key" --json
 [ "$(field "$dir/sdigest.json" as.matches)" = True ] || fail "encrypted digest --as: $(cat "$dir/sdigest.json")"
 [ "$(field "$dir/sshow.json" content_digest)" = "$(field "$dir/sdigest.json" content_digest)" ] &&

@@ -89,6 +89,7 @@ class ServerExchange : public ::testing::Test {
         std::lock_guard lock(mu_);
         auth_ = auth;
         encoding_ = req.get_header_value("Accept-Encoding");
+        host_header_ = req.get_header_value("Host");
       }
       if (auth == "Bearer wrong") {
         res.status = 401;
@@ -122,7 +123,7 @@ class ServerExchange : public ::testing::Test {
   std::thread thread_;
   int port_ = 0;
   std::mutex mu_;
-  std::string auth_, encoding_;
+  std::string auth_, encoding_, host_header_;
 };
 
 TEST_F(ServerExchange, AsksUnderTheBasePathWithTheKey) {
@@ -134,6 +135,19 @@ TEST_F(ServerExchange, AsksUnderTheBasePathWithTheKey) {
   EXPECT_EQ(auth(), "");
   std::lock_guard lock(mu_);
   EXPECT_EQ(encoding_, "identity") << "an uncompressed answer asked for";
+  EXPECT_EQ(host_header_, "127.0.0.1:" + std::to_string(port_));
+}
+
+// An IPv6 literal with hex digits (cpp-httplib 0.11.4's own URL parsing took digits-only ones and
+// looked the whole URL up as a host name): the IPv4 server through its v4-mapped address.
+TEST_F(ServerExchange, AnIpv6LiteralWithLettersIsAsked) {
+  const std::string url = "http://[::ffff:127.0.0.1]:" + std::to_string(port_) + "/llama";
+  LlamaServer srv({url, "mapped", 10});
+  Status s = srv.health();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(auth(), "Bearer mapped");
+  std::lock_guard lock(mu_);
+  EXPECT_EQ(host_header_, "[::ffff:127.0.0.1]:" + std::to_string(port_)) << "bracketed, with its port";
 }
 
 TEST_F(ServerExchange, HttpsIsAStatusNeverAThrow) {
@@ -203,6 +217,8 @@ TEST_F(ServerExchangeV6, ABracketedAddressIsAsked) {
   Status s = srv.health();
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(auth(), "Bearer k6");
+  std::lock_guard lock(mu_);
+  EXPECT_EQ(host_header_, "[::1]:" + std::to_string(port_));
 }
 
 }  // namespace
