@@ -110,7 +110,7 @@ Result<Sha256Digest> whole_file_sha256(const ReadableFile& f) {
 Result<StateDigests> state_digests(const StateFile& parsed, const ReadableFile& original, uint32_t cells_per_chunk,
                                    const SegmentTable* grid_of, const ChunkCipher* cipher) {
   KV_ASSIGN_OR_RETURN(SegmentTable t, plan_state_segments(parsed, original, cells_per_chunk));
-  if (grid_of) continue_cell_grids(t, *grid_of);
+  if (grid_of) adopt_cell_grids(t, *grid_of);
   StateDigests d;
   KV_ASSIGN_OR_RETURN(d.content_digest, content_digest_of_original(t, original, cipher));
   KV_ASSIGN_OR_RETURN(d.sha256, whole_file_sha256(original));

@@ -62,7 +62,7 @@ Result<Sha256Digest> whole_file_sha256(const ReadableFile& f);
 
 // `kvsnap digest FILE`: the content digest a save of this parsed state would record with
 // `cells_per_chunk` (plain chunk ids), and the file's SHA-256. With `grid_of` (a snapshot's
-// segment table), on that snapshot's cell grid (format version 4: continue_cell_grids), so a file
+// segment table), on that snapshot's cell grid (format version 4: adopt_cell_grids), so a file
 // restored from it gets its recorded digest back; with `cipher`, the keyed digest (its chunk ids
 // are the tenant's HMACs, as an encrypted store records).
 struct StateDigests {

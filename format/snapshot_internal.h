@@ -202,9 +202,13 @@ class ChunkReader {
 
 // SnapshotOptions::parent_grid: each tensor segment of `t` continues the parent segment of the
 // same place and geometry, if there is one (the parent's restarts, and its end where that is off
-// its grid); then the chunks are numbered again. Given a snapshot's own table for the file it
-// was saved from, it gives that snapshot's grid back (kvsnap digest --as).
+// its grid, while a segment has fewer than 32); then the chunks are numbered again.
 void continue_cell_grids(SegmentTable& t, const SegmentTable& parent);
+// kvsnap digest --as: each tensor segment of `t` (a file's table) takes the restarts of the
+// `snapshot`'s segment of the same place and geometry that fall inside it, all of them (a
+// manifest another writer made may hold more than 32), so a file the snapshot was saved from
+// gets that snapshot's grid back.
+void adopt_cell_grids(SegmentTable& t, const SegmentTable& snapshot);
 
 // The segment table a save of `parsed` (read from `original`) makes: checks the sizes agree.
 Result<SegmentTable> plan_state_segments(const StateFile& parsed, const ReadableFile& original,

@@ -147,22 +147,41 @@ static std::vector<uint32_t> continued_restarts(const Segment& s, const Segment&
   return out;
 }
 
-void continue_cell_grids(SegmentTable& t, const SegmentTable& parent) {
-  // The parent's tensor segments by place (a session file may have thousands: streams x layers x 2).
+// Gives each tensor segment of `t` the restarts `restarts_of(s, p)` computes from the segment `p`
+// of `from` with the same place and geometry, then numbers the chunks again.
+template <class RestartsOf>
+static void take_cell_grids(SegmentTable& t, const SegmentTable& from, RestartsOf restarts_of) {
+  // `from`'s tensor segments by place (a session file may have thousands: streams x layers x 2).
   std::map<std::tuple<uint32_t, uint32_t, uint32_t, bool>, const Segment*> by_place;
-  for (const Segment& p : parent.segments)
+  for (const Segment& p : from.segments)
     if (p.kind != SegmentKind::kFrame) by_place.emplace(std::make_tuple(p.section, p.stream, p.layer, p.is_v), &p);
   bool changed = false;
   for (Segment& s : t.segments) {
     if (s.kind == SegmentKind::kFrame) continue;
     auto it = by_place.find(std::make_tuple(s.section, s.stream, s.layer, s.is_v));
     if (it == by_place.end() || !same_grid_place(s, *it->second)) continue;
-    std::vector<uint32_t> restarts = continued_restarts(s, *it->second);
+    std::vector<uint32_t> restarts = restarts_of(s, *it->second);
     if (restarts.empty()) continue;
     s.set_cell_restarts(std::move(restarts));
     changed = true;
   }
   if (changed) number_chunks(t);
+}
+
+void continue_cell_grids(SegmentTable& t, const SegmentTable& parent) {
+  take_cell_grids(t, parent, continued_restarts);
+}
+
+void adopt_cell_grids(SegmentTable& t, const SegmentTable& snapshot) {
+  // All of the snapshot's restarts inside the segment, however many another writer made: where
+  // the file is the snapshot's content its segments have the snapshot's cell counts, so this is
+  // the snapshot's grid; where it is not, the digests differ anyway.
+  take_cell_grids(t, snapshot, [](const Segment& s, const Segment& snap) {
+    std::vector<uint32_t> out;
+    for (uint32_t r : snap.cell_restarts())
+      if (r < s.cell_count) out.push_back(r);
+    return out;
+  });
 }
 
 }  // namespace snapshot_detail

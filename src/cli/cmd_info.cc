@@ -730,17 +730,37 @@ Result<DigestTarget> open_digest_target(const DigestOptions& opts) {
   return t;
 }
 
+// The flags that only --as reads, refused without it rather than ignored.
+Status check_digest_flags(const DigestOptions& opts) {
+  if (!opts.as.empty()) return Status::OK();
+  const StoreKeyConfig& keys = store_key_flags();
+  if (!opts.store.empty() || !keys.key_file.empty() || !keys.key_command.empty() || !keys.tenant.empty()) {
+    return Status::InvalidArgument(
+        "--store, --key-file, --key-command and --tenant choose the store of --as SNAPSHOT; without --as, kvsnap "
+        "digest reads FILE alone");
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Status run_digest(const DigestOptions& opts, std::string& out) {
+  KV_RETURN_IF_ERROR(check_digest_flags(opts));
   std::optional<DigestTarget> target;
   if (!opts.as.empty()) {
     KV_ASSIGN_OR_RETURN(DigestTarget t, open_digest_target(opts));
     target = std::move(t);
   }
   const SnapshotManifest* m = target ? &target->snap->reader().manifest() : nullptr;
+  if (m && opts.cells_per_chunk && *opts.cells_per_chunk != m->cells_per_chunk) {
+    return Status::InvalidArgument("--cells-per-chunk " + std::to_string(*opts.cells_per_chunk) + ": snapshot " +
+                                   label(target->snap->info()) + " was saved with " +
+                                   std::to_string(m->cells_per_chunk) +
+                                   ", and with --as the digest is computed on the snapshot's grid (drop "
+                                   "--cells-per-chunk)");
+  }
   const ChunkCipher* cipher = target && m->encryption ? target->store->cipher() : nullptr;
-  const uint32_t cells_per_chunk = m ? m->cells_per_chunk : opts.cells_per_chunk;
+  const uint32_t cells_per_chunk = m ? m->cells_per_chunk : opts.cells_per_chunk.value_or(kDefaultCellsPerChunk);
   OpenedState in;
   if (m && opts.model.empty() && opts.input_format.empty() && opts.src_types.empty()) {
     // As the save parsed it (its layout, raw kind, a b3166 session's types, a v9 body's outputs),
@@ -790,7 +810,8 @@ void setup_digest(CLI::App& app, int& exit_status) {
   sub->add_option("--input-format", opts->input_format, "raw-seq or raw-context, as given to save")
       ->check(CLI::IsMember({"", "raw-seq", "raw-context"}));
   sub->add_option("--src-types", opts->src_types, "K/V of a ggsn v6 (b3166) session, as given to save");
-  sub->add_option("--cells-per-chunk", opts->cells_per_chunk, "as given to save (default 256; with --as, the snapshot's)");
+  sub->add_option("--cells-per-chunk", opts->cells_per_chunk,
+                  "as given to save (default 256); with --as the snapshot's is used, and another value is refused");
   sub->add_option("--as", opts->as,
                   "a stored snapshot (name, id or uuid): compute the digest on its cell grid (and with its key, "
                   "if encrypted) and compare: exit 0 when FILE is its content, 5 when not");

@@ -33,8 +33,8 @@ Status run_info(const InfoOptions& opts, std::string& out);
 // `kvsnap digest FILE`: the content digest a save would record, and the plain SHA-256.
 struct DigestOptions {
   std::string file, model, input_format, src_types;
-  uint32_t cells_per_chunk = 256;  // the store's default (kDefaultCellsPerChunk)
-  std::string as;                  // a stored snapshot: its grid and key; compared with its digest
+  std::optional<uint32_t> cells_per_chunk;  // unset: the store's default, or with --as the snapshot's
+  std::string as;                           // a stored snapshot: its grid and key; compared with its digest
   std::string store;
   bool json = false;
 };

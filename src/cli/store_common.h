@@ -71,9 +71,10 @@ void bind(CLI::App* sub, std::shared_ptr<Opts> o, Run run, const char* name, int
   sub->add_option("--store", o->store,
                   std::string("the store: a directory, or a store config file FILE.json (docs/store.md) (default: "
                               "$KVSNAP_HOME, else $XDG_DATA_HOME/kvsnap, else ~/.local/share/kvsnap)") +
-                      (creates        ? "; created where none is yet"
-                       : reads_stored ? "; it must exist (save, import and serve create one)"
-                                      : ""));
+                      (creates          ? "; created where none is yet"
+                       : cmd == "digest" ? "; the store of --as SNAPSHOT (it must exist), read only with --as"
+                       : reads_stored    ? "; it must exist (save, import and serve create one)"
+                                         : ""));
   add_store_key_options(sub);
   sub->callback([o, run, name, &exit_status]() {
     std::string out;

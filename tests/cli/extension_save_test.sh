@@ -61,6 +61,15 @@ case "$recorded" in *"$("$kvsnap" digest "$dir/later.slot" --json | python3 -c '
   fail "the plain digest equals the version-4 snapshot's" ;; esac
 "$kvsnap" digest "$dir/first70.slot" --as later --store "$store" > /dev/null 2>&1
 [ $? = 5 ] || fail "digest of another file --as later: not exit 5"
+# What only --as reads is refused without it, and another grid than the snapshot's with it
+# (exit 2, naming the flags), instead of being ignored.
+out=$("$kvsnap" digest "$dir/later.slot" --store "$store" 2>&1)
+[ $? = 2 ] && case "$out" in *"without --as"*) true ;; *) false ;; esac || fail "digest --store without --as: $out"
+out=$("$kvsnap" digest "$dir/later.slot" --tenant bob 2>&1)
+[ $? = 2 ] || fail "digest --tenant without --as: $out"
+out=$("$kvsnap" digest "$dir/later.slot" --as later --store "$store" --cells-per-chunk 256 2>&1)
+[ $? = 2 ] && case "$out" in *"saved with 16"*) true ;; *) false ;; esac || fail "digest --as with another --cells-per-chunk: $out"
+run samecpc -- "$kvsnap" digest "$dir/later.slot" --as later --store "$store" --cells-per-chunk 16 --json
 
 # A b3166 session needs its model to be read (-m at save); its restored file is compared as the
 # save parsed it, without -m.

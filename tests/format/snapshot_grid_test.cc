@@ -208,6 +208,42 @@ TEST_P(SnapshotGrid, AChainOfExtensionsKeepsItsRestartsBounded) {
   EXPECT_EQ(most, 32u) << "the bound was reached and held";
 }
 
+// kvsnap digest --as takes a snapshot's whole grid: a manifest another writer made with more
+// restarts than this one's 32 still gives the file it was saved from its recorded digest (a
+// save's continuation keeps 32: the digest on that grid differs, a false "different content").
+TEST_P(SnapshotGrid, DigestAsTakesEveryRestartOfTheSnapshot) {
+  const Conversation c = conversation(GetParam(), 90, {});
+  MemoryFile f("full.slot", std::span<const std::byte>(c.full));
+  auto st = parse_state(f);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  auto snap = snapshot_detail::plan_state_segments(*st, f, kN);
+  ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+  std::vector<uint32_t> restarts;
+  for (uint32_t r = 2; r < 90 && restarts.size() < 40; r += 2) restarts.push_back(r);
+  ASSERT_EQ(restarts.size(), 40u);
+  for (Segment& seg : snap->segments)
+    if (seg.kind != SegmentKind::kFrame) seg.set_cell_restarts(restarts);
+  snapshot_detail::number_chunks(*snap);
+  auto recorded = content_digest_of_original(*snap, f, nullptr);
+  ASSERT_TRUE(recorded.ok()) << recorded.status().ToString();
+
+  auto as = state_digests(*st, f, kN, &*snap);
+  ASSERT_TRUE(as.ok()) << as.status().ToString();
+  EXPECT_EQ(as->content_digest, *recorded) << "digest --as on the snapshot's 40 restarts";
+
+  // A save continuing that grid keeps 32 of them: another grid, another digest.
+  auto continued = snapshot_detail::plan_state_segments(*st, f, kN);
+  ASSERT_TRUE(continued.ok());
+  snapshot_detail::continue_cell_grids(*continued, *snap);
+  for (const Segment& seg : continued->segments) {
+    if (seg.kind == SegmentKind::kFrame) continue;
+    EXPECT_EQ(seg.cell_restarts().size(), 32u);
+  }
+  auto cont_digest = content_digest_of_original(*continued, f, nullptr);
+  ASSERT_TRUE(cont_digest.ok());
+  EXPECT_NE(*cont_digest, *recorded);
+}
+
 // The reader's offset -> chunk mapping (locate) and the writer's gather (ChunkReader) agree on
 // every byte of a restarted segment: rows, and transposed V cut into bands of 3 of its 7 rows
 // (real slots need a 16 MiB segment for bands; the mapping does not).
