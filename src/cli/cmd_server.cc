@@ -3,6 +3,7 @@
 #include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
+#include "server/llama_server.h"
 #include "server/server_profiles.h"
 #include "store/store_paths.h"
 
@@ -15,7 +16,9 @@ struct ServerCmdOpts {
 };
 
 Status run_server_add(const ServerCmdOpts& o, std::string& out) {
+  // With its scheme: --server without "://" names a profile.
   if (o.url.find("://") == std::string::npos) return Status::InvalidArgument("'" + o.url + "': the URL must look like http://HOST:PORT");
+  KV_RETURN_IF_ERROR(split_server_url(o.url).status());
   for (const auto* t : {&o.ctk, &o.ctv})
     if (!t->empty()) KV_RETURN_IF_ERROR(parse_kv_type(*t, "--ctk/--ctv").status());
   if (!o.flash_attn.empty() && o.flash_attn != "on" && o.flash_attn != "off")

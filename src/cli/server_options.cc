@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "server/llama_server.h"
 #include "server/server_profiles.h"
 #include "store/store_paths.h"
 
@@ -39,6 +40,12 @@ Result<ServerTarget> server_target(const ServerOpts& o, const std::string& store
     if (key_file.empty()) key_file = p->api_key_file;
   } else {
     t.endpoint.url = o.server;
+  }
+  // A URL that cannot be asked anything is refused here, before the command opens a store or
+  // reads a file (a profile's too: servers.json may have been edited by hand).
+  if (Result<ServerUrl> u = split_server_url(t.endpoint.url); !u.ok()) {
+    return Status::InvalidArgument((o.server == t.endpoint.url ? "--server: " : "--server " + o.server + ": ") +
+                                   u.status().message());
   }
   t.slot = o.slot;
   t.keep_scratch = !o.no_scratch;

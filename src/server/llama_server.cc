@@ -79,6 +79,8 @@ Result<ServerUrl> split_server_url(const std::string& url) {
                                    " (expected http[s]://HOST[:PORT][/PATH], e.g. http://127.0.0.1:8080)");
   };
   if (url.find_first_of("?# \t\r\n") != std::string::npos) return refuse("a query, fragment or space is not supported");
+  if (std::any_of(url.begin(), url.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+    return refuse("a control character is not allowed");
   ServerUrl u;
   std::string rest = url;
   u.scheme = "http";  // as curl took a bare host:port
@@ -98,6 +100,7 @@ Result<ServerUrl> split_server_url(const std::string& url) {
     const size_t close = authority.find(']');
     if (close == std::string::npos) return refuse("an IPv6 address without its ']'");
     u.host = authority.substr(1, close - 1);
+    if (u.host.find('%') != std::string::npos) return refuse("an IPv6 zone id (%25...) is not supported");
     const std::string after = authority.substr(close + 1);
     if (!after.empty() && after[0] != ':') return refuse("something after the IPv6 address that is not :PORT");
     has_port = !after.empty();
@@ -111,9 +114,9 @@ Result<ServerUrl> split_server_url(const std::string& url) {
   }
   if (u.host.empty()) return refuse("no host");
   u.port = u.scheme == "https" ? 443 : 80;
-  if (has_port) {
+  if (has_port && !port.empty()) {  // an empty port is the scheme's (RFC 3986 3.2.3), as curl took it
     // At most 5 digits, so stoi cannot throw.
-    if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+    if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
         std::stoi(port) < 1 || std::stoi(port) > 65535)
       return refuse("the port is not a number from 1 to 65535");
     u.port = std::stoi(port);

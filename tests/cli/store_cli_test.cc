@@ -386,6 +386,44 @@ TEST_F(StoreCli, OnlySaveAndImportCreateAStore) {
   EXPECT_NE(e.err.find("adir: is a directory; kvsnap export writes"), std::string::npos) << e.err;
 }
 
+// A llama-server URL the client cannot ask is refused by name before anything else happens
+// (exit 2: no store created, no connection tried), from --server, from `server add` and from a
+// profile in a hand-edited servers.json.
+TEST_F(StoreCli, ABadServerUrlIsRefusedBeforeAnythingElse) {
+  struct Case {
+    std::string args, url, why;
+  };
+  const std::string slot_dir = " --slot-dir " + dir_.string();
+  for (const Case& c : {Case{"save --server 'http://h:1/x?y=1' --name s", "http://h:1/x?y=1", "a query"},
+                        Case{"save --server 'ftp://h:1'", "ftp://h:1", "the scheme is not http or https"},
+                        Case{"restore one --server 'http://[::1'" + slot_dir, "http://[::1", "without its ']'"},
+                        Case{"restore one --server 'http://h:99999'" + slot_dir, "http://h:99999", "port"},
+                        Case{"migrate " + dir_.string() + " --server 'https://user:pw@h'", "https://user:pw@h", "a user"}}) {
+    SCOPED_TRACE(c.args);
+    KvRun r = kv(c.args);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("--server: llama-server URL '" + c.url + "': "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(c.why), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("connect"), std::string::npos) << "tried the server: " << r.err;
+    EXPECT_FALSE(fs::exists(store_)) << "created the store";
+  }
+  KvRun add = kv("server add bad 'http://[fd00::5' --slot-dir /srv/slots");
+  EXPECT_EQ(add.code, 2) << add.err;
+  EXPECT_NE(add.err.find("llama-server URL 'http://[fd00::5'"), std::string::npos) << add.err;
+  ASSERT_EQ(kv("server add good 'http://127.0.0.1:1' --slot-dir /srv/slots").code, 0);
+  EXPECT_EQ(kv("server ls").out.find("bad"), std::string::npos);
+  // A profile's URL edited by hand into one with a space: named with the profile.
+  const fs::path profiles = fs::path(store_) / "servers.json";
+  std::string text = slurp(profiles);
+  const size_t at = text.find("http://127.0.0.1:1");
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, 18, "http://127.0.0.1 :1");
+  std::ofstream(profiles) << text;
+  KvRun hand = kv("restore one --server good");
+  EXPECT_EQ(hand.code, 2) << hand.err;
+  EXPECT_NE(hand.err.find("--server good: llama-server URL 'http://127.0.0.1 :1'"), std::string::npos) << hand.err;
+}
+
 // Encryption at rest through the binary (docs/store.md, "Encryption at rest"): --key-file,
 // --key-command and --tenant on every store command, the store config's "key_file" and
 // "tenant", exit 2 without a key, 5 with another key or tenant, verify without the key.

@@ -3,9 +3,11 @@
 // src/store/s3_client.h), the sizes and durations of the config and of --max-bytes, --ttl and
 // expire (parse_byte_size, parse_duration, src/store/eviction.h), and token lists (--tokens FILE,
 // an mlx-lm cache's 'tokens' metadata: parse_token_file_text and the parse_token_list it falls
-// back to, migrate/cross_engine.h). The first byte picks the parser, the rest is the text.
+// back to, migrate/cross_engine.h), and a llama-server URL (--server, a profile's url:
+// split_server_url, src/server/llama_server.h). The first byte picks the parser, the rest is the text.
 #include "fuzz/fuzz_input.h"
 #include "migrate/cross_engine.h"
+#include "server/llama_server.h"
 #include "store/eviction.h"
 #include "store/s3_client.h"
 #include "store/store_location.h"
@@ -25,7 +27,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string_view text = kvsnap::fuzz::text(data + 1, size - 1);
-  switch (data[0] % 5) {
+  switch (data[0] % 6) {
     case 0: {
       auto where = kvsnap::parse_store_config(text, "/fuzz/dir/store.json");
       // a parsed config names a catalog and blobs, and a local directory for this host
@@ -63,6 +65,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (int32_t id : *ids) back += std::to_string(id) + " ";
         auto again = kvsnap::parse_token_list(back, "fuzz.txt");
         if (!again.ok() || *again != *ids) std::abort();
+      }
+      break;
+    }
+    case 5: {
+      auto u = kvsnap::split_server_url(std::string(text));
+      if (u.ok()) {  // a URL the client can ask: a host, a port, a base path without a trailing '/'
+        const kvsnap::ServerUrl& p = *u;
+        if (p.scheme != "http" && p.scheme != "https") std::abort();
+        if (p.host.empty() || p.host.find_first_of("@/?# ") != std::string::npos) std::abort();
+        for (char c : p.scheme + p.host + p.base)  // nothing that could end a header line
+          if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) std::abort();
+        if (p.port < 1 || p.port > 65535) std::abort();
+        if (!p.base.empty() && (p.base.front() != '/' || p.base.back() == '/')) std::abort();
+        // written back from its parts, it reads the same
+        const std::string host = p.host.find(':') != std::string::npos ? "[" + p.host + "]" : p.host;
+        auto again = kvsnap::split_server_url(p.scheme + "://" + host + ":" + std::to_string(p.port) + p.base);
+        if (!again.ok() || again->scheme != p.scheme || again->host != p.host || again->port != p.port ||
+            again->base != p.base)
+          std::abort();
       }
       break;
     }

@@ -124,7 +124,7 @@ def s3_xml(corpus):
 
 def user_text(corpus):
     """fuzz_user_text's seeds: a mode byte (0 store config, 1 S3 address, 2 byte size, 3 duration,
-    4 token list), then the text, as docs/store.md and docs/cli.md write them."""
+    4 token list, 5 llama-server URL), then the text, as docs/store.md and docs/cli.md write them."""
     d = os.path.join(corpus, "user_text")
     configs = {
         "fleet.json": {"catalog": "postgresql://kvsnap@db.internal/kvsnap", "blobs": "s3://kv-cache/team-a",
@@ -151,6 +151,9 @@ def user_text(corpus):
     for n, t in {"tokens-json.txt": "[1, 15043, 3186]\n", "tokens-lines.txt": "1\n15043\n3186\n",
                  "tokens-commas.txt": "1,15043, -2"}.items():
         write(os.path.join(d, n), b"\x04" + t.encode())
+    for n, t in {"url-ip.txt": "http://127.0.0.1:8080", "url-v6.txt": "https://[fd00::5]:8443/team/llama/",
+                 "url-bare.txt": "localhost:8080"}.items():
+        write(os.path.join(d, n), b"\x05" + t.encode())
 
 
 def run(*args):

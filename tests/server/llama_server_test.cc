@@ -58,7 +58,9 @@ TEST(ServerUrl, SplitsSchemeHostPortAndBasePath) {
                         Case{"http://localhost", "http", "localhost", 80, ""},
                         Case{"http://[::1]:8080/x", "http", "::1", 8080, "/x"},
                         Case{"http://[fd00::5]:65535", "http", "fd00::5", 65535, ""},
-                        Case{"https://[2001:db8::1]", "https", "2001:db8::1", 443, ""}}) {
+                        Case{"https://[2001:db8::1]", "https", "2001:db8::1", 443, ""},
+                        Case{"http://h:/v1", "http", "h", 80, "/v1"},  // an empty port: the scheme's
+                        Case{"https://[::1]:", "https", "::1", 443, ""}}) {
     SCOPED_TRACE(c.url);
     auto u = split_server_url(c.url);
     ASSERT_TRUE(u.ok()) << u.status().ToString();
@@ -68,7 +70,7 @@ TEST(ServerUrl, SplitsSchemeHostPortAndBasePath) {
     EXPECT_EQ(u->base, c.base);
   }
   for (const char* bad : {"ftp://h:1", "http://", "http://:8080", "http://user:pw@h:1", "http://h:1/x?y=1",
-                          "http://h:1/#top", "http://h :1", "http://h:", "http://h:0", "http://h:65536",
+                          "http://h:1/#top", "http://h :1", "http://h:0", "http://[fe80::1%25eth0]:80", "http://h\x01:80", "http://h:80/a\x7f", "http://h:65536",
                           "http://h:99999999999", "http://h:80x", "http://fd00::5:80", "http://[::1", "http://[::1]x",
                           "http://[]:80"}) {
     SCOPED_TRACE(bad);
