@@ -168,6 +168,26 @@ Result<int32_t> parse_kv_type(const std::string& name, const std::string& flag) 
   return int32_t(t->id);
 }
 
+Status check_spec_words(const ConversionSpec& spec) {
+  KV_RETURN_IF_ERROR(optional_type(spec.ctk, "{--ctk}").status());
+  KV_RETURN_IF_ERROR(optional_type(spec.ctv, "{--ctv}").status());
+  if (!spec.flash_attn.empty() && spec.flash_attn != "on" && spec.flash_attn != "off")
+    return Status::InvalidArgument("{--flash-attn} must be on or off, not '" + spec.flash_attn + "'");
+  KV_RETURN_IF_ERROR(parse_mode(spec.rotation, "{--rotation}").status());
+  KV_RETURN_IF_ERROR(parse_mode(spec.src_rotation, "{--src-rotation}").status());
+  KV_RETURN_IF_ERROR(parse_mode(spec.dst_rotation, "{--dst-rotation}").status());
+  if (Result<TargetFormat> f = parse_target_format(spec.format); !f.ok()) return f.status();
+  if (spec.threads < 0 || spec.threads > 256)
+    return Status::InvalidArgument("{--threads} " + std::to_string(spec.threads) + " is out of range (0 = every core, 1..256)");
+  if (!spec.requant.empty()) KV_RETURN_IF_ERROR(parse_requant_mode(spec.requant).status());
+  for (const auto& [build, flag] : {std::pair{&spec.source_build, "{--source-build}"},
+                                    std::pair{&spec.target_build, "{--target-build}"}}) {
+    if (build->empty()) continue;
+    if (Result<LlamaBuild> b = parse_llama_build(*build); !b.ok()) return b.status().Prefixed(flag);
+  }
+  return Status::OK();
+}
+
 Result<ConvertRequest> make_request(const ConversionSpec& spec, const StateFile& src, const ModelInfo* model,
                                     const std::string& src_name, std::string* warnings, const ReadableFile* file,
                                     SourceRotation* decision) {

@@ -39,6 +39,12 @@ struct ConversionSpec {
   std::string requant;           // "auto" | "quick" | "search" | "exact" | "reference" | "": auto (convert_state.h)
 };
 
+// The words of `spec` checked alone, before any file is read (kInvalidArgument naming the flag):
+// the types, on/off and auto/on/off words, the format name, the requant mode, the thread count
+// and that the builds named parse. make_request checks them too; a command that converts many
+// files (migrate) calls this first, so a typo fails once and before anything is touched.
+Status check_spec_words(const ConversionSpec& spec);
+
 // kInvalidArgument for unknown words, kNotSupported for conversions kvsnap
 // refuses (an old M-RoPE file upgraded), kMismatch when a named build cannot
 // have written the input. Whether the input is stored rotated is decided as

@@ -235,13 +235,17 @@ class Migrator {
         return Status::Ambiguous(
             path + ": {--src-rotation off} describes the old-format files, and this one is in the current format with "
                    "quantized K/V: written rotated by a current llama.cpp or by an earlier migrate, unrotated only by a "
-                   "server run with LLAMA_ATTN_ROT_DISABLE=1. Migrate it without {--src-rotation}, or, if that server "
-                   "wrote it, `kvsnap convert` it with {--src-rotation off} into another directory");
+                   "server run with LLAMA_ATTN_ROT_DISABLE=1. Migrate it without {--src-rotation} (to finish an "
+                   "interrupted migrate, name the old files' build with {--source-build} instead, e.g. b8121: it "
+                   "describes only old-format files), or, if that server wrote it, `kvsnap convert` it with "
+                   "{--src-rotation off} into another directory");
       }
       spec.source_build.clear();
       spec.src_rotation.clear();
     }
-    KV_ASSIGN_OR_RETURN(e.req, make_request(spec, e.src, o_.model, path, nullptr, e.file.get()));
+    auto req = make_request(spec, e.src, o_.model, path, nullptr, e.file.get());
+    if (!req.ok()) return with_rerun_hint(req.status(), spec);
+    e.req = std::move(*req);
     KV_ASSIGN_OR_RETURN(e.target, plan_target(e.src, e.req));
     r.to = describe_state(e.target);
     // Without the model, make_request refuses an upgrade to the v0.5.0 format (the M-RoPE cell extra).
@@ -284,6 +288,16 @@ class Migrator {
     return Status::OK();
   }
 
+  // An old-format file whose rotation is unknown, in a run that writes old-format files for
+  // {--target-build}: it may be an earlier, interrupted run's output, which that build's name
+  // reads (the flag describes only old-format files; current-format ones go by their header).
+  Status with_rerun_hint(const Status& s, const ConversionSpec& spec) const {
+    if (s.code() != Code::kAmbiguous || spec.target_build.empty() || !spec.source_build.empty()) return s;
+    return Status::Ambiguous(s.message() + ". If an earlier, interrupted run of this migrate wrote it ({--target-build} " +
+                             spec.target_build + " writes this format), it is that build's: add {--source-build} " +
+                             spec.target_build);
+  }
+
   // Whether the file is byte for byte what its conversion would write. The same header, types
   // and layout (same_layout) do not make it so: a session's outputs, the seq ids of ggsq cells and
   // M-RoPE cell extras differ between builds of one version, and a file a target build cannot
@@ -305,7 +319,12 @@ class Migrator {
                          bool moved) {
     if (!before) return Status::OK();
     auto now = io_.stamp(now_at);
-    if (now.ok() && moved) now->ctime_ns = before->ctime_ns;
+    // A hard link of the file renamed or removed meanwhile (another name this migrate converted)
+    // changes its link count and ctime, not its bytes, size or mtime.
+    if (now.ok() && (moved || now->links != before->links)) {
+      now->ctime_ns = before->ctime_ns;
+      now->links = before->links;
+    }
     if (now.ok() && *now == *before) return Status::OK();
     return Status::IOError(path + ": changed while kvsnap converted it (did a llama-server save this slot?): left "
                            "as it is now; migrate the directory while no server writes to it");
@@ -440,6 +459,13 @@ uint64_t MigrateSummary::bytes_after() const {
 
 Result<MigrateSummary> migrate_dir(Io& io, const MigrateOptions& o) {
   const auto t0 = Clock::now();
+  // A typo in a flag fails here, once, before the lock is taken or a temporary removed.
+  KV_RETURN_IF_ERROR(check_spec_words(o.spec));
+  if (o.jobs < 1) return Status::InvalidArgument("{--jobs} " + std::to_string(o.jobs) + ": at least 1");
+  if (auto opened = io.open_regular(o.dir); opened.ok() && opened->file) {
+    return Status::InvalidArgument(o.dir + ": a file, not a directory (kvsnap migrate converts the files of a "
+                                   "directory; kvsnap convert converts one file)");
+  }
   KV_ASSIGN_OR_RETURN(const std::unique_ptr<FileLock> held, lock_for_migrate(io, o.dir));
   MigrateSummary sum;
   KV_ASSIGN_OR_RETURN(std::vector<std::string> listed, scan(io, o, sum));

@@ -320,6 +320,7 @@ class PosixIo final : public Io {
     f.device = uint64_t(st.st_dev);
     f.inode = uint64_t(st.st_ino);
     f.size = uint64_t(st.st_size);
+    f.links = uint64_t(st.st_nlink);
 #if defined(__APPLE__)
     f.mtime_ns = int64_t(st.st_mtimespec.tv_sec) * 1000000000 + st.st_mtimespec.tv_nsec;
     f.ctime_ns = int64_t(st.st_ctimespec.tv_sec) * 1000000000 + st.st_ctimespec.tv_nsec;
@@ -483,24 +484,31 @@ Status AtomicFileWriter::publish_if_unchanged(const std::function<Status(const s
   committed_ = true;  // the new bytes are at path_, the original under tmp_path_
   std::string dir = std::filesystem::path(path_).parent_path().string();
   if (dir.empty()) dir = ".";
-  Status still = unchanged(tmp_path_, /*moved=*/true);
-  if (still.ok()) {
-    // The original's removal may fail (a read-only mount would have failed the exchange): its name
-    // is a temporary of this process, which migrate's next scan removes once the process is gone.
-    (void)io_.remove(tmp_path_);
-    if (!sync_dir_) return Status::OK();
-    return io_.sync_dir(dir);
-  }
-  // Written meanwhile: the writer's file goes back to its name.
-  committed_ = false;
-  // Whether path_ (or, after a swap back, tmp_path_) still holds the new file as written: a second
-  // save may have reached it at path_ (in place, or a new file renamed over it).
+  // Whether path_ (or, after a swap back, tmp_path_) still holds the new file as written: a save
+  // may have reached it at path_ (in place, or a new file renamed over it).
   auto still_ours = [&](const std::string& p) {
     if (!written) return true;
     auto now = io_.stamp(p);
     if (now.ok()) now->ctime_ns = written->ctime_ns;
     return now.ok() && *now == *written;
   };
+  Status still = unchanged(tmp_path_, /*moved=*/true);
+  if (still.ok()) {
+    // The original's removal may fail (a read-only mount would have failed the exchange): its name
+    // is a temporary of this process, which migrate's next scan removes once the process is gone.
+    (void)io_.remove(tmp_path_);
+    const Status synced = sync_dir_ ? io_.sync_dir(dir) : Status::OK();
+    // A save that reached path_ right after the swap holds it now: the writer's bytes stay, and
+    // the outcome is not "converted".
+    if (!still_ours(path_)) {
+      committed_ = false;  // not the conversion at the name (its temporary, the original, is gone)
+      return Status::IOError(path_ + ": written by another process right after kvsnap replaced it: that file stays "
+                             "as it was written (not converted); migrate again while no server writes to it");
+    }
+    return synced;
+  }
+  // Written meanwhile: the writer's file goes back to its name.
+  committed_ = false;
   if (const Status back = io_.exchange(tmp_path_, path_); !back.ok()) {
     // A plain rename does it too (the conversion at path_ is dropped), unless a second save is at
     // path_ now: that one is the newest and keeps the name. Failing the rename, the writer's file

@@ -175,6 +175,7 @@ struct DirEntry {
 struct FileStamp {
   uint64_t device = 0, inode = 0, size = 0;
   int64_t mtime_ns = 0, ctime_ns = 0;
+  uint64_t links = 0;  // hard links (st_nlink)
   bool operator==(const FileStamp&) const = default;
 };
 

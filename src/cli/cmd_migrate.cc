@@ -16,6 +16,7 @@
 #include "migrate/migrate_dir.h"
 #include "store/store.h"
 
+#include <filesystem>
 #include <map>
 #include <mutex>
 
@@ -142,12 +143,18 @@ struct BackupReport {
   }
 };
 
+// A backup's migrated-from tag: the original's absolute path, so that runs started from other
+// working directories tag (and find again) one file alike.
+std::string backup_tag(const std::string& path) {
+  return utf8_escaped(std::filesystem::absolute(path).lexically_normal().string());
+}
+
 // Earlier backups of the same bytes as `mine` that migrate itself made: the same migrated-from tag
 // and no other, no name, pinned, the same content digest (a SHA-256 tree over the chunks: equal
 // digests, equal bytes; encrypted stores' digests are keyed per tenant and never equal a plain one).
 std::vector<SnapshotInfo> earlier_backups(Store& store, const std::string& path, const SnapshotInfo& mine) {
   ListFilter same_file;
-  same_file.tags = {{"migrated-from", utf8_escaped(path)}};
+  same_file.tags = {{"migrated-from", backup_tag(path)}};
   if (store.cipher()) same_file.tenant = store.tenant();
   std::vector<SnapshotInfo> out;
   auto listed = store.catalog().list(same_file);
@@ -211,7 +218,8 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
   m.spec.src_rotation = o.src_rotation;
   m.spec.source_build = o.source_build;
   m.spec.target_build = o.target_build;
-  m.jobs = std::max(1, o.jobs);
+  if (o.jobs < 1) return Status::InvalidArgument("{--jobs} " + std::to_string(o.jobs) + ": at least 1");
+  m.jobs = o.jobs;
   const int cores = int(default_threads());
   m.spec.threads = o.threads > 0 ? o.threads : std::max(1, cores / m.jobs);
   m.dry_run = o.dry_run;
@@ -231,7 +239,7 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
     m.backup = [&](const std::string& path, const ReadableFile& file, const StateFile& state) -> Status {
       SaveRequest req;
       req.model = m.model;
-      req.tags = {{"migrated-from", utf8_escaped(path)}};
+      req.tags = {{"migrated-from", backup_tag(path)}};
       req.source_name = path;
       req.threads = 1;
       // Pinned: a store cap must never evict the only copy of an original converted in place (a later

@@ -414,6 +414,106 @@ TEST(MigrateDir, WithoutAnExchangeTheFileIsConvertedByARename) {
 
 // A second migrate of a directory while one runs on it is refused, before it touches anything;
 // both ran, converting the same files and each reporting the other's work as its own.
+// A save that reaches the slot's name right after the exchange (in place, into the conversion,
+// or by a rename over it) holds the name: reported FAILED, not "converted" (the writer's bytes
+// were kept before too, under a false outcome).
+class SavedRightAfterTheExchangeIo final : public ForwardingIo {
+ public:
+  SavedRightAfterTheExchangeIo(std::string victim, std::function<void()> save)
+      : victim_(std::move(victim)), save_(std::move(save)) {}
+  Status exchange(const std::string& a, const std::string& b) override {
+    Status s = base().exchange(a, b);
+    if (b == victim_ && save_) std::exchange(save_, nullptr)();
+    return s;
+  }
+
+ private:
+  std::string victim_;
+  std::function<void()> save_;
+};
+
+TEST(MigrateDir, ASaveRightAfterTheExchangeIsNotReportedConverted) {
+  if (!system_exchanges_names()) GTEST_SKIP() << "no exchange of two names on this system";
+  for (auto save : {save_in_place, save_over}) {
+    test::TempDir t("kvsnap-migrate-after-exchange");
+    const fs::path dir = t.path(), a = dir / "a.slot";
+    fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
+    const std::string newer = slurp(kFixtures / "v0.5.0/hd64-f16-f16-faoff.slot");
+    SavedRightAfterTheExchangeIo io(a.string(), [&] { save(a.string(), newer); });
+    auto sum = migrate_to_f32(io, dir);
+    ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+    const FileOutcome& f = sum->files.at(0);
+    EXPECT_EQ(f.action, FileAction::kFailed) << f.detail;
+    EXPECT_NE(f.detail.find("right after kvsnap replaced it"), std::string::npos) << f.detail;
+    EXPECT_TRUE(slurp(a) == newer) << "the save is not at the slot's name";
+    EXPECT_EQ(temps_in(dir), 0u);
+  }
+}
+
+// Another name of the file (a hard link) renamed or removed while it is converted changes the
+// inode's link count and ctime, not its bytes: converted, not "changed while kvsnap converted
+// it" (with -j 8 most of 40 links of one file failed so).
+class LinkedMeanwhileIo final : public ForwardingIo {
+ public:
+  LinkedMeanwhileIo(std::string victim, std::function<void()> link)
+      : victim_(std::move(victim)), link_(std::move(link)) {}
+  Result<FileStamp> stamp(const std::string& path) override {
+    if (path == victim_ && link_) std::exchange(link_, nullptr)();
+    return base().stamp(path);
+  }
+
+ private:
+  std::string victim_;
+  std::function<void()> link_;
+};
+
+TEST(MigrateDir, AHardLinkChangedMeanwhileIsNotAChange) {
+  test::TempDir t("kvsnap-migrate-hard-links");
+  const fs::path dir = t.path(), a = dir / "a.slot", b = dir / "b.slot";
+  fs::create_directories(dir / "elsewhere");  // not a file of DIR: migrate leaves it
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
+  fs::create_hard_link(a, b);
+  LinkedMeanwhileIo io(b.string(), [&] { fs::create_hard_link(b, dir / "elsewhere" / "c.slot"); });
+  auto sum = migrate_to_f32(io, dir);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  for (const FileOutcome& f : sum->files) {
+    if (f.name == "elsewhere") continue;
+    EXPECT_EQ(f.action, FileAction::kConverted) << f.name << ": " << f.detail;
+  }
+  ForwardingIo plain;
+  EXPECT_TRUE(slurp(a) == slurp(b)) << "both names converted alike";
+  EXPECT_TRUE(slurp(dir / "elsewhere" / "c.slot") == slurp(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot"))
+      << "the third name keeps the original";
+}
+
+// Words that cannot be right fail once, before the lock or any file (an empty directory
+// exited 0 with --ctk q9_9); so do no jobs and a file given as the directory.
+TEST(MigrateDir, BadFlagsFailBeforeAnyFile) {
+  test::TempDir t("kvsnap-migrate-bad-flags");
+  const fs::path dir = t.path();
+  ForwardingIo io;
+  auto run = [&](auto edit) {
+    MigrateOptions o;
+    o.dir = dir.string();
+    edit(o);
+    return migrate_dir(io, o);
+  };
+  for (auto edit : std::vector<std::function<void(MigrateOptions&)>>{
+           [](MigrateOptions& o) { o.spec.ctk = "q9_9"; }, [](MigrateOptions& o) { o.spec.flash_attn = "maybe"; },
+           [](MigrateOptions& o) { o.spec.format = "bogus"; }, [](MigrateOptions& o) { o.spec.rotation = "sideways"; },
+           [](MigrateOptions& o) { o.spec.src_rotation = "sideways"; },
+           [](MigrateOptions& o) { o.spec.source_build = "yesterday"; }, [](MigrateOptions& o) { o.jobs = 0; }}) {
+    auto r = run(edit);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status().ToString();
+  }
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", dir / "a.slot");
+  auto file = run([&](MigrateOptions& o) { o.dir = (dir / "a.slot").string(); });
+  ASSERT_FALSE(file.ok());
+  EXPECT_EQ(file.status().code(), Code::kInvalidArgument) << file.status().ToString();
+  EXPECT_NE(file.status().message().find("a file, not a directory"), std::string::npos);
+}
+
 TEST(MigrateDir, ASecondMigrateOfTheDirectoryIsRefusedWhileOneRuns) {
   test::TempDir t("kvsnap-migrate-twice");
   const fs::path dir = t.path();
