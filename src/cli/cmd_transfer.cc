@@ -46,11 +46,16 @@ Status run_export(const ExportOpts& o, std::string& out) {
   }
   struct stat st {};
   ::stat(o.out.c_str(), &st);
+  // A snapshot named twice (its id and its name) is exported once: counted once.
+  std::set<int64_t> ids;
+  for (const std::string& r : o.refs)
+    if (auto id = store->catalog().resolve(r); id.ok()) ids.insert(*id);
   if (o.json) {
-    out = json_text(json{{"exported", o.refs.size()}, {"archive", o.out}, {"bytes", uint64_t(st.st_size)}}, 2) + "\n";
+    out = json_text(json{{"exported", ids.size()}, {"archive", o.out}, {"bytes", uint64_t(st.st_size)}}, 2) + "\n";
     return Status::OK();
   }
-  out = "exported " + std::to_string(o.refs.size()) + " snapshots to " + o.out + " (" + mib(uint64_t(st.st_size)) + ")\n";
+  out = "exported " + std::to_string(ids.size()) + (ids.size() == 1 ? " snapshot to " : " snapshots to ") + o.out + " (" +
+        mib(uint64_t(st.st_size)) + ")\n";
   return Status::OK();
 }
 

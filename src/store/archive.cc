@@ -320,7 +320,10 @@ class ArchiveWalk {
     while (true) {
       archive_entry* e = nullptr;
       int r = archive_read_next_header(a_.get(), &e);
-      if (r == ARCHIVE_EOF) return check_end();
+      if (r == ARCHIVE_EOF) {
+        KV_RETURN_IF_ERROR(check_ratio());  // what the last skip decompressed too
+        return check_end();
+      }
       KV_RETURN_IF_ERROR(entry(r, e));
     }
   }
@@ -369,7 +372,14 @@ class ArchiveWalk {
     if (r == ARCHIVE_WARN) return failure(where() + ": damaged header");
     KV_RETURN_IF_ERROR(check_type(e));
     KV_RETURN_IF_ERROR(note_entry_end(e));
-    if (archive_entry_filetype(e) == AE_IFDIR) return Status::OK();  // allowed, ignored
+    if (archive_entry_filetype(e) == AE_IFDIR) {  // allowed, ignored; but not data under its name,
+      // which libarchive would decompress to skip it, uncounted (a bomb of any size)
+      if (archive_entry_size_is_set(e) && archive_entry_size(e) != 0) {
+        return Status::NotSupported(where() + ": a directory with " + std::to_string(archive_entry_size(e)) +
+                                    " bytes of data; a tar directory entry has none");
+      }
+      return Status::OK();
+    }
     KV_RETURN_IF_ERROR(check_regular(e));
     return deliver();
   }
@@ -453,8 +463,9 @@ class ArchiveWalk {
       la_ssize_t n = archive_read_data(a_.get(), piece_.data(), piece_.size());
       if (n == 0) break;
       if (n < 0) {
-        return failure(where() + ": truncated or damaged after " + std::to_string(got) + " of " +
-                       std::to_string(size_) + " bytes");
+        // libarchive drops the count of a piece it could not complete: `got` is whole pieces.
+        return failure(where() + ": truncated or damaged in its " + std::to_string(size_) + " bytes (the piece after byte " +
+                       std::to_string(got) + ")");
       }
       got += static_cast<uint64_t>(n);
       if (got > size_) break;

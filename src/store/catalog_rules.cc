@@ -226,11 +226,22 @@ Result<std::string> canonical_snapshot_uuid(const std::string& uuid) {
 }
 
 Status check_new_labels_text(const std::optional<std::string>& name, const std::map<std::string, std::string>& tags) {
+  const std::string bound = " (at most " + std::to_string(kMaxLabelBytes) + " bytes)";
   if (name && !is_valid_utf8(*name))
     return Status::InvalidArgument(quote_text(*name) + " cannot be a snapshot name: it is not UTF-8 text");
-  for (const auto& [k, v] : tags)
-    if (!is_valid_utf8(k) || !is_valid_utf8(v))
-      return Status::InvalidArgument("the tag " + quote_text(k) + "=" + quote_text(v) + " is not UTF-8 text");
+  if (name && has_terminal_controls(*name))
+    return Status::InvalidArgument(quote_text(*name) + " cannot be a snapshot name: it holds control characters");
+  if (name && name->size() > kMaxLabelBytes)
+    return Status::InvalidArgument(quote_text(*name) + " cannot be a snapshot name: too long" + bound);
+  if (tags.size() > kMaxTags)
+    return Status::InvalidArgument(std::to_string(tags.size()) + " tags: at most " + std::to_string(kMaxTags));
+  for (const auto& [k, v] : tags) {
+    const std::string tag = "the tag " + quote_text(k) + "=" + quote_text(v);
+    if (!is_valid_utf8(k) || !is_valid_utf8(v)) return Status::InvalidArgument(tag + " is not UTF-8 text");
+    if (has_terminal_controls(k) || has_terminal_controls(v))
+      return Status::InvalidArgument(tag + " holds control characters");
+    if (k.size() > kMaxLabelBytes || v.size() > kMaxLabelBytes) return Status::InvalidArgument(tag + " is too long" + bound);
+  }
   return Status::OK();
 }
 

@@ -923,6 +923,20 @@ class TempReadable final : public ReadableFile {
   std::unique_ptr<ReadableFile> f_;
 };
 
+// A file read under another name: an archive's entry, received into a temporary, named in
+// messages by the archive and the entry (the temporary is gone by the time a user reads them).
+class RenamedReadable final : public ReadableFile {
+ public:
+  RenamedReadable(std::unique_ptr<ReadableFile> f, std::string name) : f_(std::move(f)), name_(std::move(name)) {}
+  uint64_t size() const override { return f_->size(); }
+  Status read_at(uint64_t offset, std::span<std::byte> dst) const override { return f_->read_at(offset, dst); }
+  const std::string& name() const override { return name_; }
+
+ private:
+  std::unique_ptr<ReadableFile> f_;
+  std::string name_;
+};
+
 std::string export_entry_name(const SnapshotInfo& s) { return "snapshots/" + s.uuid + ".kvsnap"; }
 
 // What a plain index entry shows and a sealed one hides: name, tags, fingerprint, created.
@@ -1227,16 +1241,23 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
   };
   std::map<std::string, const ExportIndexEntry*> by_file;
   for (const ExportIndexEntry& e : index) by_file[e.file] = &e;
+  // What the entry's reader says names the entry already (RenamedReadable); anything else is
+  // prefixed with it.
+  auto in_entry = [&path](const Status& st, const std::string& entry) {
+    const std::string label = path + ": " + entry;
+    return st.ok() || st.message().rfind(label, 0) == 0 ? st : st.Prefixed(label);
+  };
   auto check_entry = [&](const std::string& entry, const std::string& tmp) -> Result<Checked> {
     auto found = by_file.find(entry);
     if (found == by_file.end()) return Status::Corruption(path + ": " + entry + " is not in the export's index");
     const ExportIndexEntry* listed = found->second;
     Checked c;
-    KV_ASSIGN_OR_RETURN(c.file, io_.open_read(tmp));
+    KV_ASSIGN_OR_RETURN(auto received_file, io_.open_read(tmp));
+    c.file = std::make_unique<RenamedReadable>(std::move(received_file), path + ": " + entry);
     SnapshotReadOptions ro;
     ro.cipher = source_cipher;
     auto reader = open_snapshot_file(*c.file, ro);
-    if (!reader.ok()) return reader.status().Prefixed(path + ": " + entry);
+    if (!reader.ok()) return in_entry(reader.status(), entry);
     c.reader = std::move(*reader);
     if (cipher_ && !c.reader->manifest().encryption && !opts.allow_plain) {
       return Status::Mismatch(path + ": " + entry + " is a plain (unencrypted) snapshot, and this store is "
@@ -1276,22 +1297,20 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     KV_ASSIGN_OR_RETURN(Checked c, check_entry(entry, tmp));
     if (Status s = check_snapshot_labels(c.meta.name, c.meta.tags); !s.ok() || !(s = check_new_labels_text(c.meta.name, c.meta.tags)).ok())
       return Status::Corruption(path + ": " + entry + ": " + s.message());
-    // A control character (ESC, CR) in a label would rewrite the terminal of whoever lists the
-    // store; a tab (which an HTTP header, kvsnap serve's session name, may hold) is taken.
-    auto control = [](const std::string& t) {
-      return std::any_of(t.begin(), t.end(), [](char ch) { return ((unsigned char)ch < 0x20 && ch != '\t') || ch == 0x7f; });
-    };
-    bool labels_ok = !(c.meta.name && control(*c.meta.name));
-    for (const auto& [k, tv] : c.meta.tags) labels_ok = labels_ok && !control(k) && !control(tv);
-    if (!labels_ok) return Status::Corruption(path + ": " + entry + ": a name or tag holds control characters");
-    KV_RETURN_IF_ERROR(c.reader->verify_chunks().Prefixed(path + ": " + entry));
-    KV_RETURN_IF_ERROR(c.reader->verify_original().Prefixed(path + ": " + entry));
+    // The fingerprint is printed as the name and tags are (check_new_labels_text checked those).
+    if (c.meta.model_fingerprint.size() > kMaxLabelBytes || has_terminal_controls(c.meta.model_fingerprint) ||
+        !is_valid_utf8(c.meta.model_fingerprint))
+      return Status::Corruption(path + ": " + entry + ": the model fingerprint " + quote_text(c.meta.model_fingerprint) +
+                                " is not a fingerprint (control characters, not UTF-8, or over " +
+                                std::to_string(kMaxLabelBytes) + " bytes)");
+    KV_RETURN_IF_ERROR(in_entry(c.reader->verify_chunks(), entry));
+    KV_RETURN_IF_ERROR(in_entry(c.reader->verify_original(), entry));
     if (!c.reader->manifest().mlx) {
       auto parsed = c.reader->parse_original();
-      if (!parsed.ok()) return parsed.status().Prefixed(path + ": " + entry);
-      KV_RETURN_IF_ERROR(c.reader->verify_metadata(*parsed).Prefixed(path + ": " + entry));
+      if (!parsed.ok()) return in_entry(parsed.status(), entry);
+      KV_RETURN_IF_ERROR(in_entry(c.reader->verify_metadata(*parsed), entry));
     }
-    else KV_RETURN_IF_ERROR(read_mlx_prompt_cache(c.reader->original()).status().Prefixed(path + ": " + entry));
+    else KV_RETURN_IF_ERROR(in_entry(read_mlx_prompt_cache(c.reader->original()).status(), entry));
   }
   KV_RETURN_IF_ERROR(init_encryption_meta());
   ImportReport rep;
@@ -1301,6 +1320,13 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     std::string ids;
     for (const SnapshotInfo& i : rep.imported) ids += (ids.empty() ? "" : ", ") + std::to_string(i.id);
     return s.Appended(" (imported before it: snapshot " + ids + ")");
+  };
+  // Another import of the same archive (another process) stored the uuid since it was looked up:
+  // skipped as a uuid already in the store is, not an error.
+  auto taken_meanwhile = [&](const std::string& uuid) {
+    if (uuid.empty() || !has_uuid(uuid)) return false;
+    rep.skipped.push_back(uuid + " (already in the store: imported meanwhile)");
+    return true;
   };
   for (const auto& received : v.files) {
     const std::string &entry = received.first, &tmp = received.second;  // named: captured below
@@ -1344,6 +1370,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
           req.tokens = recorded.tokens;
           return save_mlx(original, cache, req);
         }();
+        if (!saved.ok() && taken_meanwhile(uuid)) return Status::OK();
         KV_RETURN_IF_ERROR(saved.status());
         rep.imported.push_back(std::move(saved->info));
         return Status::OK();
@@ -1379,8 +1406,10 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
         KV_RETURN_IF_ERROR(seal_record(*cipher_, m.bytes, rec));
         KV_RETURN_IF_ERROR(init_encryption_meta());
       }
-      KV_ASSIGN_OR_RETURN(SnapshotInfo stored, catalog_->commit_save(std::move(rec), uses, batch->hold()));
-      rep.imported.push_back(std::move(stored));
+      auto stored = catalog_->commit_save(std::move(rec), uses, batch->hold());
+      if (!stored.ok() && taken_meanwhile(uuid)) return Status::OK();  // its blobs: gc's
+      KV_RETURN_IF_ERROR(stored.status());
+      rep.imported.push_back(std::move(*stored));
       return Status::OK();
     }();
     if (!s.ok()) return stored_so_far(s);

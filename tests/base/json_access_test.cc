@@ -185,5 +185,17 @@ TEST(Text, Utf8IsCheckedAndOtherBytesEscaped) {
   EXPECT_TRUE(is_valid_utf8(utf8_escaped("\xff\xfe\xc3")));
 }
 
+// What may not be in a label a listing prints: C0 controls but tab, DEL, C1 (CSI U+009B), the
+// bidirectional controls; letters near them in the encoding (U+00A0, U+00E9, U+2010, U+2030,
+// U+2065, U+206A, U+0620) are text.
+TEST(Text, TerminalControlsAreFound) {
+  for (const char* good : {"", "chat 42", "tab\tok", "caf\xc3\xa9", "\xc2\xa0", "\xe2\x80\x90", "\xe2\x80\xb0",
+                           "\xe2\x81\xa5", "\xe2\x81\xaa", "\xd8\xa0", "\xf0\x9f\x98\x80"})
+    EXPECT_FALSE(has_terminal_controls(good)) << good;
+  for (const char* bad : {"a\x1b[2J", "cr\r", "nl\n", "del\x7f", "c1\xc2\x9b", "c1\xc2\x80", "alm\xd8\x9c", "lrm\xe2\x80\x8e",
+                          "rlo\xe2\x80\xae", "lre\xe2\x80\xaa", "lri\xe2\x81\xa6", "pdi\xe2\x81\xa9"})
+    EXPECT_TRUE(has_terminal_controls(bad)) << bad;
+}
+
 }  // namespace
 }  // namespace kvsnap

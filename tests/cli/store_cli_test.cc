@@ -386,6 +386,19 @@ TEST_F(StoreCli, OnlySaveAndImportCreateAStore) {
   EXPECT_NE(e.err.find("adir: is a directory; kvsnap export writes"), std::string::npos) << e.err;
 }
 
+// One snapshot named twice (by name and by id) is exported once, and said so (it was "exported 2
+// snapshots" for an archive of one).
+TEST_F(StoreCli, ExportCountsEachSnapshotOnce) {
+  ASSERT_EQ(kv("save " + make_slot("a.slot", 2, 64, 40, 7).string() + " --name one").code, 0);
+  const std::string archive = (dir_ / "one.tar.zst").string();
+  KvRun r = kv("export one 1 one -o " + archive);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("exported 1 snapshot to "), std::string::npos) << r.out;
+  KvRun j = kv("export one 1 -o " + archive + " --force --json");
+  ASSERT_EQ(j.code, 0) << j.err;
+  EXPECT_NE(j.out.find("\"exported\": 1"), std::string::npos) << j.out;
+}
+
 // A llama-server URL the client cannot ask is refused by name before anything else happens
 // (exit 2: no store created, no connection tried), from --server, from `server add` and from a
 // profile in a hand-edited servers.json.

@@ -1362,6 +1362,18 @@ TEST(Store, ImportRefusesAnIndexThatContradictsItself) {
       {"control", [](nlohmann::json& j) { j["snapshots"][0]["name"] = "a\x1b[2Jb"; }, Code::kCorruption,
        "control characters"},
       {"version", [](nlohmann::json& j) { j["kvsnap_export"] = 2; }, Code::kNotSupported, "version 2"},
+      // A second review's: C1 (CSI) and bidirectional controls, and labels no listing should carry.
+      {"c1", [](nlohmann::json& j) { j["snapshots"][0]["name"] = "a\xc2\x9b" "2Jb"; }, Code::kCorruption,
+       "control characters"},
+      {"bidi", [](nlohmann::json& j) { j["snapshots"][0]["name"] = "evil\xe2\x80\xaetxt.exe"; }, Code::kCorruption,
+       "control characters"},
+      {"long name", [](nlohmann::json& j) { j["snapshots"][0]["name"] = std::string(5000, 'n'); }, Code::kCorruption,
+       "too long (at most 4096 bytes)"},
+      {"many tags",
+       [](nlohmann::json& j) {
+         for (int i = 0; i < 300; ++i) j["snapshots"][0]["tags"]["k" + std::to_string(i)] = "v";
+       },
+       Code::kCorruption, "300 tags: at most 256"},
   };
   for (const Case& c : cases) {
     ASSERT_TRUE(a.store->export_to({"first", "1"}, ex.string()).ok()) << "one snapshot named twice is exported once";
@@ -1369,6 +1381,33 @@ TEST(Store, ImportRefusesAnIndexThatContradictsItself) {
     TempStore b;
     expect_import_refused(b, ex, c.code, c.says, c.what);
   }
+  fs::remove(ex);
+}
+
+// The index's fingerprint, where the snapshot recorded none, is printed by show and ls: no
+// terminal controls in it (it came in as given: "zz\x1b[31m" coloured the listing).
+TEST(Store, ImportRefusesAFingerprintWithControlCharacters) {
+  TempStore a;
+  Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faoff.slot");
+  SaveRequest req;
+  req.name = "plain";
+  ASSERT_TRUE(a.store->save(*l.file, l.state, req).ok());
+  const fs::path ex = a.root.parent_path() / ("export7-" + std::to_string(::getpid()) + ".tar.zst");
+  ASSERT_TRUE(a.store->export_to({"plain"}, ex.string()).ok());
+  {
+    TempStore ok;  // a printable fingerprint is taken
+    ASSERT_TRUE(test::edit_export_index(ex.string(), [](nlohmann::json& j) {
+                  j["snapshots"][0]["model_fingerprint"] = "sha256:0123";
+                }).ok());
+    auto r = ok.store->import_from(ex.string());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  }
+  ASSERT_TRUE(test::edit_export_index(ex.string(), [](nlohmann::json& j) {
+                j["snapshots"][0]["model_fingerprint"] = "zz\x1b[31m";
+              }).ok());
+  TempStore b;
+  expect_import_refused(b, ex, Code::kCorruption, "the model fingerprint 'zz\\x1b[31m' is not a fingerprint",
+                        "fingerprint with ESC");
   fs::remove(ex);
 }
 
