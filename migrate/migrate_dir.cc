@@ -353,7 +353,10 @@ class Migrator {
     if (writer->renamed_plainly()) plain_renames_.store(true);
     // Not published: the file at `path` is the original, or a server's save of it (the error says
     // where a save that could not be put back is).
-    if (!published.ok() && !writer->published()) return published;
+    if (!published.ok() && !writer->published()) {
+      r.original_gone = writer->original_removed();
+      return published;
+    }
     r.bytes_after = res.bytes_out;
     r.action = FileAction::kConverted;
     if (!published.ok()) {

@@ -68,6 +68,10 @@ struct FileOutcome {
                               // with); kConvertedNotDurable: the directory fsync's
   double seconds = 0;
   bool needs_conversion = false;  // it is not what its conversion would write
+  // kFailed after the original was replaced and removed: a save reached the name right after the
+  // conversion took it (the save holds it). The original is nowhere in DIR (its backup, if any, is
+  // the only copy).
+  bool original_gone = false;
 };
 
 struct MigrateSummary {

@@ -496,7 +496,7 @@ Status AtomicFileWriter::publish_if_unchanged(const std::function<Status(const s
   if (still.ok()) {
     // The original's removal may fail (a read-only mount would have failed the exchange): its name
     // is a temporary of this process, which migrate's next scan removes once the process is gone.
-    (void)io_.remove(tmp_path_);
+    original_removed_ = io_.remove(tmp_path_).ok();
     const Status synced = sync_dir_ ? io_.sync_dir(dir) : Status::OK();
     // A save that reached path_ right after the swap holds it now: the writer's bytes stay, and
     // the outcome is not "converted".

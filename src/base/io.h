@@ -317,6 +317,9 @@ class AtomicFileWriter final : public ByteSink {
   // crash just before, leaves it under the temporary's name, which migrate's next scan removes).
   Status publish_if_unchanged(const std::function<Status(const std::string& p, bool moved)>& unchanged);
   bool published() const { return committed_; }
+  // Whether publish_if_unchanged removed the original it swapped out: also when a save then took
+  // the name from the new file (published() false), so that no copy of the original is left here.
+  bool original_removed() const { return original_removed_; }
   // The file's WritableFile::disk_waits.
   std::optional<uint64_t> disk_waits() const { return file_ ? file_->disk_waits() : std::nullopt; }
   // Whether publish_if_unchanged fell back to a plain rename (no exchange here): its last check
@@ -334,6 +337,7 @@ class AtomicFileWriter final : public ByteSink {
   bool sync_dir_ = true;
   bool synced_ = false;
   bool committed_ = false;
+  bool original_removed_ = false;
   bool keep_temp_ = false;  // the temporary's name holds someone else's file: never removed
   bool renamed_plainly_ = false;
 };

@@ -76,8 +76,9 @@ inline bool is_valid_utf8(std::string_view s) {
 
 // Whether UTF-8 text `s` holds a character that moves a terminal's cursor, starts an escape
 // sequence or reorders what is shown after it: a C0 control but tab, DEL, a C1 control (U+0080..
-// U+009F, CSI among them) or a bidirectional control (U+061C, U+200E, U+200F, U+202A..U+202E,
-// U+2066..U+2069). Text from outside (an archive's index, an HTTP header) that kvsnap will print.
+// U+009F, CSI among them) or a bidirectional embedding, override or isolate (U+202A..U+202E,
+// U+2066..U+2069). The marks (U+200E, U+200F, U+061C) are ordinary in right-to-left text and
+// reorder nothing after them: not counted. Text from outside (an archive's index) kvsnap prints.
 inline bool has_terminal_controls(std::string_view s) {
   for (size_t i = 0; i < s.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
@@ -85,8 +86,7 @@ inline bool has_terminal_controls(std::string_view s) {
     const unsigned char c2 = i + 2 < s.size() ? static_cast<unsigned char>(s[i + 2]) : 0;
     if ((c < 0x20 && c != '\t') || c == 0x7f) return true;
     if (c == 0xc2 && c1 >= 0x80 && c1 <= 0x9f) return true;  // C1
-    if (c == 0xd8 && c1 == 0x9c) return true;                 // U+061C
-    if (c == 0xe2 && c1 == 0x80 && (c2 == 0x8e || c2 == 0x8f || (c2 >= 0xaa && c2 <= 0xae))) return true;
+    if (c == 0xe2 && c1 == 0x80 && c2 >= 0xaa && c2 <= 0xae) return true;
     if (c == 0xe2 && c1 == 0x81 && c2 >= 0xa6 && c2 <= 0xa9) return true;
   }
   return false;

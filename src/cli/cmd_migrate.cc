@@ -121,7 +121,7 @@ Status apply_server(MigrateOptions& o, std::string& note) {
 // unpinned or replaced after the run (settle_backups), and warnings. File names are DIR's.
 struct BackupReport {
   std::vector<EvictionVictim> evicted;
-  std::vector<std::string> warnings, unpinned, replaced, kept_earlier;
+  std::vector<std::string> warnings, unpinned, replaced, kept_earlier, kept_pinned;
 
   std::string text() const {
     std::string t;
@@ -130,6 +130,9 @@ struct BackupReport {
     for (const std::string& n : replaced) t += "backup store: an earlier backup of " + n + " (the same bytes) replaced\n";
     for (const std::string& n : kept_earlier)
       t += "backup store: " + n + " not converted: its earlier backup (the same bytes) kept, this run's dropped\n";
+    for (const std::string& n : kept_pinned)
+      t += "backup store: the backup of " + n + " stays pinned: a save replaced the file right after its conversion, "
+           "so the backup is the only copy of the original\n";
     for (const std::string& w : warnings) t += "warning: backup store: " + w + "\n";
     return t;
   }
@@ -140,6 +143,7 @@ struct BackupReport {
     j["backup_unpinned"] = unpinned;
     j["backup_replaced"] = replaced;
     j["backup_kept_earlier"] = kept_earlier;
+    j["backup_kept_pinned"] = kept_pinned;
   }
 };
 
@@ -184,7 +188,9 @@ void settle_backups(Store& store, const std::string& dir, const std::vector<File
     if (it == backed_up.end()) continue;
     const SnapshotInfo& mine = it->second;
     const std::vector<SnapshotInfo> earlier = earlier_backups(store, it->first, mine);
-    if (f.action == FileAction::kConverted || f.action == FileAction::kConvertedNotDurable) {
+    if (f.original_gone) {  // converted, then replaced by a save: the backup is the original's only copy
+      report.kept_pinned.push_back(f.name);
+    } else if (f.action == FileAction::kConverted || f.action == FileAction::kConvertedNotDurable) {
       bool any = false;
       for (const SnapshotInfo& s : earlier) any |= remove(s, f.name);
       if (any) report.replaced.push_back(f.name);
@@ -198,27 +204,36 @@ void settle_backups(Store& store, const std::string& dir, const std::vector<File
   }
 }
 
+// The conversion the flags (and a server profile, once applied) ask for.
+ConversionSpec spec_of(const MigrateOptions& o) {
+  ConversionSpec spec;
+  spec.ctk = o.ctk;
+  spec.ctv = o.ctv;
+  spec.flash_attn = o.flash_attn;
+  spec.format = o.format == "current" ? "" : o.format;
+  spec.rotation = o.rotation;
+  spec.requant = o.requant;
+  spec.src_rotation = o.src_rotation;
+  spec.source_build = o.source_build;
+  spec.target_build = o.target_build;
+  return spec;
+}
+
 }  // namespace
 
 Status run_migrate(const MigrateOptions& given, std::string& out) {
   Io& io = cli_io();
   MigrateOptions o = given;
   std::string server_note;
+  // The flags' words first: a typo fails before a server is asked, a model read or a store created.
+  KV_RETURN_IF_ERROR(check_spec_words(spec_of(o)));
+  if (o.jobs < 1) return Status::InvalidArgument("{--jobs} " + std::to_string(o.jobs) + ": at least 1");
   if (o.srv.given()) KV_RETURN_IF_ERROR(apply_server(o, server_note));
   if (o.dir.empty()) return Status::InvalidArgument("give DIR (or --server PROFILE whose profile keeps a slot directory)");
   kvsnap::MigrateOptions m;
   m.dir = o.dir;
   while (m.dir.size() > 1 && m.dir.back() == '/') m.dir.pop_back();
-  m.spec.ctk = o.ctk;
-  m.spec.ctv = o.ctv;
-  m.spec.flash_attn = o.flash_attn;
-  m.spec.format = o.format == "current" ? "" : o.format;
-  m.spec.rotation = o.rotation;
-  m.spec.requant = o.requant;
-  m.spec.src_rotation = o.src_rotation;
-  m.spec.source_build = o.source_build;
-  m.spec.target_build = o.target_build;
-  if (o.jobs < 1) return Status::InvalidArgument("{--jobs} " + std::to_string(o.jobs) + ": at least 1");
+  m.spec = spec_of(o);
   m.jobs = o.jobs;
   const int cores = int(default_threads());
   m.spec.threads = o.threads > 0 ? o.threads : std::max(1, cores / m.jobs);

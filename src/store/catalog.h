@@ -373,18 +373,24 @@ Result<std::string> canonical_snapshot_uuid(const std::string& uuid);
 // kInvalidArgument for labels no snapshot may have: an empty or all-digit name (it would read as
 // an id), a name that is a uuid (it would read as that snapshot's), an empty tag key.
 Status check_snapshot_labels(const std::optional<std::string>& name, const std::map<std::string, std::string>& tags);
-// Bounds on new labels: a name, each tag's key and value (a path, as migrate's migrated-from tag)
-// and an imported model fingerprint at most kMaxLabelBytes, at most kMaxTags tags. Every `ls` and
-// `show` prints them, and an archive's index could otherwise plant millions.
-inline constexpr size_t kMaxLabelBytes = 4096;
-inline constexpr size_t kMaxTags = 256;
-// New labels (a save, an import) must be UTF-8 text: JSON (ls --json, an encrypted snapshot's sealed
-// copy in INFO.labels) and PostgreSQL take nothing else, and bytes of another encoding would come
-// back as U+FFFD, no longer matching the catalog. Nor may they hold what rewrites a terminal that
-// lists them (has_terminal_controls: ESC, CR, C1, bidirectional controls; a tab is taken: an HTTP
-// header, kvsnap serve's session name, may hold one), nor exceed the bounds above.
-// kInvalidArgument naming the label. Rows already stored keep theirs (rekey rewrites them as they are).
+// Bounds on new labels (a save, an import): a name, each tag's key and value and an imported model
+// fingerprint at most kMaxLabelBytes, at most kMaxTags tags. Far above what kvsnap makes itself (a
+// kvsnap serve session name from an HTTP header of at most 8 KB, migrate's migrated-from path);
+// every `ls` and `show` prints them, and an archive's index could otherwise plant millions.
+inline constexpr size_t kMaxLabelBytes = 64 << 10;
+inline constexpr size_t kMaxTags = 4096;
+// New labels must be UTF-8 text: JSON (ls --json, an encrypted snapshot's sealed copy in
+// INFO.labels) and PostgreSQL take nothing else, and bytes of another encoding would come back as
+// U+FFFD, no longer matching the catalog; and within the bounds above. kInvalidArgument naming the
+// label. Rows already stored keep theirs (rekey rewrites them as they are).
 Status check_new_labels_text(const std::optional<std::string>& name, const std::map<std::string, std::string>& tags);
+// What an archive's index may not put in the store on top: labels (and a fingerprint) holding what
+// rewrites or reorders the terminal of whoever lists the store (has_terminal_controls: C0 controls
+// but tab, DEL, C1, bidirectional embeddings, overrides and isolates). A save is the user's own
+// (or kvsnap serve's, whose session names come from its clients and are set aside when they hold
+// these): not refused there. kInvalidArgument naming the label.
+Status check_imported_labels_safe(const std::optional<std::string>& name, const std::map<std::string, std::string>& tags,
+                                  const std::string& model_fingerprint);
 
 // Where a gc stands: its deletions (blobs, packs, temporaries, and their sizes in storage).
 struct GcProgress {

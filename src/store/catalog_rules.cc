@@ -229,8 +229,6 @@ Status check_new_labels_text(const std::optional<std::string>& name, const std::
   const std::string bound = " (at most " + std::to_string(kMaxLabelBytes) + " bytes)";
   if (name && !is_valid_utf8(*name))
     return Status::InvalidArgument(quote_text(*name) + " cannot be a snapshot name: it is not UTF-8 text");
-  if (name && has_terminal_controls(*name))
-    return Status::InvalidArgument(quote_text(*name) + " cannot be a snapshot name: it holds control characters");
   if (name && name->size() > kMaxLabelBytes)
     return Status::InvalidArgument(quote_text(*name) + " cannot be a snapshot name: too long" + bound);
   if (tags.size() > kMaxTags)
@@ -238,10 +236,23 @@ Status check_new_labels_text(const std::optional<std::string>& name, const std::
   for (const auto& [k, v] : tags) {
     const std::string tag = "the tag " + quote_text(k) + "=" + quote_text(v);
     if (!is_valid_utf8(k) || !is_valid_utf8(v)) return Status::InvalidArgument(tag + " is not UTF-8 text");
-    if (has_terminal_controls(k) || has_terminal_controls(v))
-      return Status::InvalidArgument(tag + " holds control characters");
     if (k.size() > kMaxLabelBytes || v.size() > kMaxLabelBytes) return Status::InvalidArgument(tag + " is too long" + bound);
   }
+  return Status::OK();
+}
+
+Status check_imported_labels_safe(const std::optional<std::string>& name, const std::map<std::string, std::string>& tags,
+                                  const std::string& model_fingerprint) {
+  const char* why = "holds control characters (it would rewrite or reorder the terminal of whoever lists the store)";
+  if (name && has_terminal_controls(*name)) return Status::InvalidArgument("the name " + quote_text(*name) + " " + why);
+  for (const auto& [k, v] : tags)
+    if (has_terminal_controls(k) || has_terminal_controls(v))
+      return Status::InvalidArgument("the tag " + quote_text(k) + "=" + quote_text(v) + " " + why);
+  if (model_fingerprint.size() > kMaxLabelBytes || !is_valid_utf8(model_fingerprint) ||
+      has_terminal_controls(model_fingerprint))
+    return Status::InvalidArgument("the model fingerprint " + quote_text(model_fingerprint) +
+                                   " is not a fingerprint (control characters, not UTF-8, or over " +
+                                   std::to_string(kMaxLabelBytes) + " bytes)");
   return Status::OK();
 }
 

@@ -1297,12 +1297,8 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     KV_ASSIGN_OR_RETURN(Checked c, check_entry(entry, tmp));
     if (Status s = check_snapshot_labels(c.meta.name, c.meta.tags); !s.ok() || !(s = check_new_labels_text(c.meta.name, c.meta.tags)).ok())
       return Status::Corruption(path + ": " + entry + ": " + s.message());
-    // The fingerprint is printed as the name and tags are (check_new_labels_text checked those).
-    if (c.meta.model_fingerprint.size() > kMaxLabelBytes || has_terminal_controls(c.meta.model_fingerprint) ||
-        !is_valid_utf8(c.meta.model_fingerprint))
-      return Status::Corruption(path + ": " + entry + ": the model fingerprint " + quote_text(c.meta.model_fingerprint) +
-                                " is not a fingerprint (control characters, not UTF-8, or over " +
-                                std::to_string(kMaxLabelBytes) + " bytes)");
+    if (Status s = check_imported_labels_safe(c.meta.name, c.meta.tags, c.meta.model_fingerprint); !s.ok())
+      return Status::Corruption(path + ": " + entry + ": " + s.message());
     KV_RETURN_IF_ERROR(in_entry(c.reader->verify_chunks(), entry));
     KV_RETURN_IF_ERROR(in_entry(c.reader->verify_original(), entry));
     if (!c.reader->manifest().mlx) {
@@ -1321,8 +1317,10 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     for (const SnapshotInfo& i : rep.imported) ids += (ids.empty() ? "" : ", ") + std::to_string(i.id);
     return s.Appended(" (imported before it: snapshot " + ids + ")");
   };
-  // Another import of the same archive (another process) stored the uuid since it was looked up:
-  // skipped as a uuid already in the store is, not an error.
+  // Another import of the same archive (another process) stored the uuid since it was looked up,
+  // and the catalog refused this one's row: skipped as a uuid already in the store is, not an
+  // error. (Only after commit_save, which stores nothing when it fails; a re-save (other keys) can
+  // fail after its row is in, keeping the store's caps, and reports that.)
   auto taken_meanwhile = [&](const std::string& uuid) {
     if (uuid.empty() || !has_uuid(uuid)) return false;
     rep.skipped.push_back(uuid + " (already in the store: imported meanwhile)");
@@ -1370,7 +1368,6 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
           req.tokens = recorded.tokens;
           return save_mlx(original, cache, req);
         }();
-        if (!saved.ok() && taken_meanwhile(uuid)) return Status::OK();
         KV_RETURN_IF_ERROR(saved.status());
         rep.imported.push_back(std::move(saved->info));
         return Status::OK();

@@ -185,15 +185,16 @@ TEST(Text, Utf8IsCheckedAndOtherBytesEscaped) {
   EXPECT_TRUE(is_valid_utf8(utf8_escaped("\xff\xfe\xc3")));
 }
 
-// What may not be in a label a listing prints: C0 controls but tab, DEL, C1 (CSI U+009B), the
-// bidirectional controls; letters near them in the encoding (U+00A0, U+00E9, U+2010, U+2030,
-// U+2065, U+206A, U+0620) are text.
+// What may not be in a label an import brings: C0 controls but tab, DEL, C1 (CSI U+009B), the
+// bidirectional embeddings, overrides and isolates; letters near them in the encoding (U+00A0,
+// U+00E9, U+2010, U+2030, U+2065, U+206A, U+0620) and the marks of right-to-left text (U+200E,
+// U+200F, U+061C) are text.
 TEST(Text, TerminalControlsAreFound) {
   for (const char* good : {"", "chat 42", "tab\tok", "caf\xc3\xa9", "\xc2\xa0", "\xe2\x80\x90", "\xe2\x80\xb0",
-                           "\xe2\x81\xa5", "\xe2\x81\xaa", "\xd8\xa0", "\xf0\x9f\x98\x80"})
+                           "\xe2\x81\xa5", "\xe2\x81\xaa", "\xd8\xa0", "\xf0\x9f\x98\x80",
+                           "\xd7\xa9\xd7\x9c\xd7\x95\xd7\x9d\xe2\x80\x8f" "1", "lrm\xe2\x80\x8e", "alm\xd8\x9c"})
     EXPECT_FALSE(has_terminal_controls(good)) << good;
-  for (const char* bad : {"a\x1b[2J", "cr\r", "nl\n", "del\x7f", "c1\xc2\x9b", "c1\xc2\x80", "alm\xd8\x9c", "lrm\xe2\x80\x8e",
-                          "rlo\xe2\x80\xae", "lre\xe2\x80\xaa", "lri\xe2\x81\xa6", "pdi\xe2\x81\xa9"})
+  for (const char* bad : {"a\x1b[2J", "cr\r", "nl\n", "del\x7f", "c1\xc2\x9b", "c1\xc2\x80", "rlo\xe2\x80\xae", "lre\xe2\x80\xaa", "lri\xe2\x81\xa6", "pdi\xe2\x81\xa9"})
     EXPECT_TRUE(has_terminal_controls(bad)) << bad;
 }
 

@@ -60,6 +60,25 @@ std::string expected_conversion(const fs::path& src, const fs::path& work, const
   return b;
 }
 
+// A typo in a flag fails once, before anything: no store created for --backup-store, no file
+// touched (the run exited 0 on a directory without state files, and failed file by file on others).
+TEST(Migrate, ABadFlagFailsBeforeTheStoreOrAnyFile) {
+  TempDir t;
+  const fs::path dir = slots_with(t, {{"v0.5.0/hd64-f16-f16-faon.slot", "a.slot"}});
+  const std::string before = slurp(dir / "a.slot");
+  const fs::path store = t.path / "new-store", err = t.path / "err.txt";
+  for (const std::string flags : {"--ctk q9_9", "--fa maybe", "--format bogus", "--rotation sideways", "-j 0",
+                                  "--target-build tomorrow"}) {
+    SCOPED_TRACE(flags);
+    EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " " + flags + " --backup-store --store " +
+                 store.string() + " 2>" + err.string()),
+              2)
+        << slurp(err);
+    EXPECT_FALSE(fs::exists(store)) << "created the store";
+    EXPECT_EQ(slurp(dir / "a.slot"), before);
+  }
+}
+
 TEST(Migrate, ConvertsInPlaceExactlyLikeConvertAndSkipsWhatIsDone) {
   TempDir t;
   fs::path dir = t.path / "slots";

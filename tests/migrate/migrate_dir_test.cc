@@ -445,6 +445,7 @@ TEST(MigrateDir, ASaveRightAfterTheExchangeIsNotReportedConverted) {
     const FileOutcome& f = sum->files.at(0);
     EXPECT_EQ(f.action, FileAction::kFailed) << f.detail;
     EXPECT_NE(f.detail.find("right after kvsnap replaced it"), std::string::npos) << f.detail;
+    EXPECT_TRUE(f.original_gone) << "a backup of it is its only copy";
     EXPECT_TRUE(slurp(a) == newer) << "the save is not at the slot's name";
     EXPECT_EQ(temps_in(dir), 0u);
   }

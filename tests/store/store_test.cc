@@ -1367,13 +1367,13 @@ TEST(Store, ImportRefusesAnIndexThatContradictsItself) {
        "control characters"},
       {"bidi", [](nlohmann::json& j) { j["snapshots"][0]["name"] = "evil\xe2\x80\xaetxt.exe"; }, Code::kCorruption,
        "control characters"},
-      {"long name", [](nlohmann::json& j) { j["snapshots"][0]["name"] = std::string(5000, 'n'); }, Code::kCorruption,
-       "too long (at most 4096 bytes)"},
+      {"long name", [](nlohmann::json& j) { j["snapshots"][0]["name"] = std::string(70000, 'n'); }, Code::kCorruption,
+       "too long (at most 65536 bytes)"},
       {"many tags",
        [](nlohmann::json& j) {
-         for (int i = 0; i < 300; ++i) j["snapshots"][0]["tags"]["k" + std::to_string(i)] = "v";
+         for (int i = 0; i < 5000; ++i) j["snapshots"][0]["tags"]["k" + std::to_string(i)] = "v";
        },
-       Code::kCorruption, "300 tags: at most 256"},
+       Code::kCorruption, "5000 tags: at most 4096"},
   };
   for (const Case& c : cases) {
     ASSERT_TRUE(a.store->export_to({"first", "1"}, ex.string()).ok()) << "one snapshot named twice is exported once";
