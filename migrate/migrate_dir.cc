@@ -196,6 +196,10 @@ class Migrator {
   }
 
   Status examine(const std::string& path, FileOutcome& r, Examined& e) {
+    return with_rerun_hint(examine_file(path, r, e), o_.spec);
+  }
+
+  Status examine_file(const std::string& path, FileOutcome& r, Examined& e) {
     // The listing said a regular file; by now it may be a symlink out of DIR or a FIFO (swapped
     // meanwhile): neither is followed or waited on.
     KV_ASSIGN_OR_RETURN(OpenedRegular opened, io_.open_regular(path));
@@ -243,9 +247,7 @@ class Migrator {
       spec.source_build.clear();
       spec.src_rotation.clear();
     }
-    auto req = make_request(spec, e.src, o_.model, path, nullptr, e.file.get());
-    if (!req.ok()) return with_rerun_hint(req.status(), spec);
-    e.req = std::move(*req);
+    KV_ASSIGN_OR_RETURN(e.req, make_request(spec, e.src, o_.model, path, nullptr, e.file.get()));
     KV_ASSIGN_OR_RETURN(e.target, plan_target(e.src, e.req));
     r.to = describe_state(e.target);
     // Without the model, make_request refuses an upgrade to the v0.5.0 format (the M-RoPE cell extra).

@@ -79,6 +79,25 @@ TEST(Migrate, ABadFlagFailsBeforeTheStoreOrAnyFile) {
   }
 }
 
+// A downgrade for --target-build b8121 writes ggsq v2, whose rotation the header does not show:
+// rerun after an interruption, the converted files are ambiguous, and the refusal names the way
+// out (the target build as their source build), which then finishes the run.
+TEST(Migrate, ARerunOfADowngradeNamesTheBuildThatFinishesIt) {
+  TempDir t;
+  const fs::path dir = slots_with(t, {{"v0.5.0/hd64-q8_0-q8_0-faon.slot", "a.slot"}});
+  const std::string run = std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " -q --model " + kModel +
+                          " --target-build b8121";
+  ASSERT_EQ(sh(run + " >/dev/null"), 0);
+  fs::copy_file(fixture("v0.5.0/hd64-q8_0-q8_0-faon.slot"), dir / "b.slot");  // not reached before a kill
+  const fs::path err = t.path / "err.txt";
+  EXPECT_EQ(sh(run + " >/dev/null 2>" + err.string()), 6);
+  EXPECT_NE(slurp(err).find("If an earlier, interrupted run of this migrate wrote it (--target-build b8121 writes "
+                            "this format), it is that build's: add --source-build b8121"),
+            std::string::npos)
+      << slurp(err);
+  EXPECT_EQ(sh(run + " --source-build b8121 >/dev/null 2>" + err.string()), 0) << slurp(err);
+}
+
 TEST(Migrate, ConvertsInPlaceExactlyLikeConvertAndSkipsWhatIsDone) {
   TempDir t;
   fs::path dir = t.path / "slots";
