@@ -101,6 +101,10 @@ Result<ServerUrl> split_server_url(const std::string& url) {
     if (close == std::string::npos) return refuse("an IPv6 address without its ']'");
     u.host = authority.substr(1, close - 1);
     if (u.host.find('%') != std::string::npos) return refuse("an IPv6 zone id (%25...) is not supported");
+    // Only an IPv6 address goes in brackets (hex digits and ':', '.' for an IPv4 tail): "[[fd00]"
+    // or "[localhost]" would have gone to the resolver as a name with brackets.
+    if (u.host.find(':') == std::string::npos || u.host.find_first_not_of("0123456789abcdefABCDEF:.") != std::string::npos)
+      return refuse("'[" + u.host + "]' is not an IPv6 address");
     const std::string after = authority.substr(close + 1);
     if (!after.empty() && after[0] != ':') return refuse("something after the IPv6 address that is not :PORT");
     has_port = !after.empty();
@@ -111,6 +115,7 @@ Result<ServerUrl> split_server_url(const std::string& url) {
     has_port = colon != std::string::npos;
     if (has_port) port = authority.substr(colon + 1);
     if (port.find(':') != std::string::npos) return refuse("an IPv6 address must be in brackets ([::1]:8080)");
+    if (u.host.find_first_of("[]") != std::string::npos) return refuse("a '[' or ']' outside an IPv6 address's brackets");
   }
   if (u.host.empty()) return refuse("no host");
   u.port = u.scheme == "https" ? 443 : 80;

@@ -70,7 +70,7 @@ TEST(ServerUrl, SplitsSchemeHostPortAndBasePath) {
     EXPECT_EQ(u->base, c.base);
   }
   for (const char* bad : {"ftp://h:1", "http://", "http://:8080", "http://user:pw@h:1", "http://h:1/x?y=1",
-                          "http://h:1/#top", "http://h :1", "http://h:0", "http://[fe80::1%25eth0]:80", "http://h\x01:80", "http://h:80/a\x7f", "http://h:65536",
+                          "http://h:1/#top", "http://h :1", "http://h:0", "http://[fe80::1%25eth0]:80", "https://[[fd00]:5", "http://[fd00]:5", "http://[localhost]:80", "http://a]b:1", "http://h\x01:80", "http://h:80/a\x7f", "http://h:65536",
                           "http://h:99999999999", "http://h:80x", "http://fd00::5:80", "http://[::1", "http://[::1]x",
                           "http://[]:80"}) {
     SCOPED_TRACE(bad);
