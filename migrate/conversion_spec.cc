@@ -4,6 +4,7 @@
 
 #include "base/parallel.h"
 #include "format/ggml_types.h"
+#include "migrate/rope_head_dim.h"
 
 namespace kvsnap {
 
@@ -32,6 +33,17 @@ Status set_geometry(const ConversionSpec& spec, const StateFile& src, const Mode
     req.geometry = *spec.geometry;
   }
   return Status::OK();
+}
+
+// --head-dim-k stands for a model: the data is asked whether it fits, as parse_for_model asks it
+// of a model's (migrate/rope_head_dim.h). Its layer 0 is the file's first K layer only when the
+// file has one KV section and no recurrent state (no iSWA, no hybrid).
+Status check_claimed_head_dim(const ConversionSpec& spec, const StateFile& src, const ModelInfo* model,
+                              const ReadableFile* file) {
+  if (model || !file || spec.head_dim_k <= 0 || src.memory.kv.size() != 1 || src.memory.recurrent) return Status::OK();
+  const HeadDimClaim claim{uint32_t(spec.head_dim_k), 0, 0, "{--head-dim-k}"};
+  KV_ASSIGN_OR_RETURN(HeadDimEvidence e, check_head_dim(*file, src, claim));
+  return head_dim_status(e, claim, file->name());
 }
 
 // The kTargetFormats name of `src`'s own format: what keeps an old file's layout (ggsq-v2 of
@@ -220,6 +232,7 @@ Result<ConvertRequest> make_request(const ConversionSpec& spec, const StateFile&
     KV_ASSIGN_OR_RETURN(req.requant, parse_requant_mode(spec.requant));
   }
   KV_RETURN_IF_ERROR(set_geometry(spec, src, model, req));
+  KV_RETURN_IF_ERROR(check_claimed_head_dim(spec, src, model, file));
   KV_RETURN_IF_ERROR(set_target_build(spec, src, req));
   KV_RETURN_IF_ERROR(check_upgrade(src, model, spec.cell_ext_bytes, req, src_name, warnings));
 

@@ -3,6 +3,7 @@
 #include "format/memory_shape.h"
 #include "format/model_profile.h"
 #include "format/rotation_rule.h"
+#include "migrate/rope_head_dim.h"
 
 namespace kvsnap {
 
@@ -94,6 +95,12 @@ Result<StateFile> parse_for_model(const ReadableFile& file, ParseOptions opts, c
   auto with = parse_state(file, opts);
   if (with.ok()) {
     KV_RETURN_IF_ERROR(model->check_state(*with, file.name()));
+    // Same layout, same vocabulary, yet another model: its head dim is what the rotation
+    // follows, so the data is asked (migrate/rope_head_dim.h).
+    if (auto claim = model_head_dim_claim(model->profile, model->path)) {
+      KV_ASSIGN_OR_RETURN(HeadDimEvidence e, check_head_dim(file, *with, *claim));
+      KV_RETURN_IF_ERROR(head_dim_status(e, *claim, file.name()));
+    }
     return with;
   }
   if (with.status().code() == Code::kMismatch) return with;

@@ -427,6 +427,35 @@ TEST_F(CliTest, InfoWithTheRightModelIsExactAndNamesTheRotation) {
   EXPECT_EQ(L["v_rotation"], "hadamard-64");
 }
 
+// Two models with one KV row width (2 heads of 64, 1 of 128) read each other's files, and
+// llama.cpp's K rotation follows the head dim: with the other model the f16 -> q8_0 conversion
+// gave a cache that loads and answers wrongly, exit 0. The RoPE of layer 0 says the head dim
+// (migrate/rope_head_dim.h): the file is refused before any output, with the model or with
+// --head-dim-k, by convert and info alike.
+TEST_F(CliTest, AFileOfAnotherHeadDimIsRefused) {
+  const std::string in = fixture("v0.5.0/hd64-f16-f16-faon.slot");
+  const std::string out = (dir_ / "o.slot").string();
+  for (const std::string& claim : {" --model " + model("hd128"), std::string(" --head-dim-k 128 --head-dim-v 128")}) {
+    CmdResult r = run("convert " + in + " " + out + " --ctk q8_0 --ctv q8_0" + claim);
+    EXPECT_EQ(r.code, 5) << claim << "\n" << r.err;
+    EXPECT_NE(r.err.find("K head dim 128"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("has head dim 64"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--model GGUF"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(out)) << claim;
+    EXPECT_EQ(files_in_dir(), 0u) << "no output, no temporary file left";
+  }
+  CmdResult r = run("convert " + in + " " + out + " --ctk q8_0 --ctv q8_0 --head-dim-k 128 --head-dim-v 128");
+  EXPECT_NE(r.err.find("correct --head-dim-k"), std::string::npos) << r.err;
+  r = run("info " + in + " --model " + model("hd128"));
+  EXPECT_EQ(r.code, 5) << r.err;
+  EXPECT_NE(r.err.find("has head dim 64"), std::string::npos) << r.err;
+  for (const std::string& claim : {" --model " + model("hd64"), std::string(" --head-dim-k 64 --head-dim-v 64")}) {
+    r = run("convert " + in + " " + out + " --ctk q8_0 --ctv q8_0" + claim);
+    EXPECT_EQ(r.code, 0) << claim << "\n" << r.err;
+    fs::remove(out);
+  }
+}
+
 // ggsq v2 files come from builds that rotate quantized caches (b8643..b10375)
 // and from builds that do not (up to b8390): the file does not say which.
 TEST_F(CliTest, OldQuantizedFilesOfUnknownEraSaySo) {

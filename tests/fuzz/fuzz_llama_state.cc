@@ -1,21 +1,28 @@
 // parse_state (format/llama_state.h) on any bytes. The first byte chooses how:
 //   mode % 8 = 0: no options (the reader infers the kind and layout),
 //   1..4: a raw llama_state_seq_get_data / llama_state_get_data buffer, era 3 or 2,
-//   5..7: with the MemoryShape of one of fixtures/models/*.gguf (mode / 8 picks it).
+//   5..7: with the MemoryShape of one of fixtures/models/*.gguf (mode / 8 picks it); a file that
+//         parses is then asked for that model's head dim (migrate/rope_head_dim.h).
 // The rest of the input is the file.
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 
 #include "format/llama_state.h"
 #include "format/memory_shape.h"
 #include "format/model_profile.h"
 #include "fuzz/fuzz_input.h"
+#include "migrate/rope_head_dim.h"
 
 namespace {
 
-std::vector<kvsnap::MemoryShape>& shapes() {
-  static std::vector<kvsnap::MemoryShape> s;
-  return s;
+struct Model {
+  kvsnap::MemoryShape shape;
+  std::optional<kvsnap::HeadDimClaim> claim;
+};
+std::vector<Model>& known_models() {
+  static std::vector<Model> m;
+  return m;
 }
 
 }  // namespace
@@ -29,7 +36,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     auto profile = kvsnap::load_model_profile(kvsnap::posix_io(), p.string());
     if (!profile.ok()) continue;
     auto shape = kvsnap::memory_shape(*profile, p.filename().string());
-    if (shape.ok()) shapes().push_back(std::move(shape).value());
+    if (shape.ok()) known_models().push_back({std::move(shape).value(), kvsnap::model_head_dim_claim(*profile, p.string())});
   }
   return 0;
 }
@@ -39,6 +46,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t mode = data[0];
   kvsnap::MemoryFile file("fuzz.state", kvsnap::fuzz::bytes(data + 1, size - 1));
   kvsnap::ParseOptions o;
+  const Model* model = nullptr;
   switch (mode % 8) {
     case 0: break;
     case 1: case 2:
@@ -50,8 +58,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       o.raw_version = mode % 8 == 3 ? 3 : 2;
       break;
     default:
-      if (!shapes().empty()) o.shape = &shapes()[(mode / 8) % shapes().size()];
+      if (!known_models().empty()) {
+        model = &known_models()[(mode / 8) % known_models().size()];
+        o.shape = &model->shape;
+      }
   }
-  (void)kvsnap::parse_state(file, o);
+  auto state = kvsnap::parse_state(file, o);
+  if (state.ok() && model && model->claim) (void)kvsnap::check_head_dim(file, *state, *model->claim);
   return 0;
 }

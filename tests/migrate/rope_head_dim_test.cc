@@ -1,0 +1,208 @@
+// The head dim read from RoPE (migrate/rope_head_dim.h) on files real llama.cpp wrote
+// (fixtures/): every fixture with its own model is never contradicted, and is confirmed where
+// llama.cpp's K rows carry enough same-token cells; a file read with the model of the other head
+// dim but the same KV row width (tiny-hd64: 2 heads of 64, tiny-hd128: 1 of 128) is refused by
+// parse_for_model, which convert, migrate, info and restore all read through.
+#include "migrate/rope_head_dim.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "base/io.h"
+#include "migrate/model_info.h"
+
+namespace kvsnap {
+namespace {
+
+using V = HeadDimEvidence::Verdict;
+
+std::string fixture(const std::string& name) { return std::string(KVSNAP_SOURCE_DIR) + "/fixtures/" + name; }
+
+struct Checked {
+  Status parsed;             // parse_for_model's status
+  HeadDimEvidence evidence;  // check_head_dim with the model's claim
+  bool claimed = false;      // the model has a claim (its layer 0 holds K with RoPE)
+};
+
+// `file` read with `model`: parse_for_model's verdict, and the evidence itself (the state parsed
+// without the check, so a refused file still shows its numbers).
+Checked check(const std::string& file, const std::string& model) {
+  Checked out;
+  auto m = load_model_info(posix_io(), fixture(model));
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  auto f = posix_io().open_read(fixture(file));
+  EXPECT_TRUE(f.ok()) << f.status().ToString();
+  if (!m.ok() || !f.ok()) return out;
+  out.parsed = parse_for_model(**f, {}, &*m).status();
+  ParseOptions po;
+  po.shape = &m->shape;
+  auto st = parse_state(**f, po);
+  EXPECT_TRUE(st.ok()) << st.status().ToString();
+  auto claim = model_head_dim_claim(m->profile, m->path);
+  out.claimed = claim.has_value();
+  if (!st.ok() || !claim) return out;
+  auto e = check_head_dim(**f, *st, *claim);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  if (e.ok()) out.evidence = *e;
+  return out;
+}
+
+TEST(RopeHeadDim, VerdictNames) {
+  EXPECT_STREQ(verdict_name(V::kConfirmed), "confirmed");
+  EXPECT_STREQ(verdict_name(V::kContradicted), "contradicted");
+  EXPECT_STREQ(verdict_name(V::kUnsure), "unsure");
+}
+
+// The case that converted silently wrong: the same KV width, the other head dim.
+TEST(RopeHeadDim, TheOtherModelOfTheSameWidthIsRefused) {
+  for (const std::string tag : {"b10361", "v0.5.0", "b8390"}) {
+    for (const auto& [file, wrong, truth] :
+         {std::tuple{"hd64-f16-f16-faon.slot", "tiny-hd128.gguf", 64u},
+          std::tuple{"hd64-q8_0-q8_0-faon.slot", "tiny-hd128.gguf", 64u},
+          std::tuple{"hd128-f16-f16-faon.slot", "tiny-hd64.gguf", 128u},
+          std::tuple{"hd128-q8_0-q8_0-faon.slot", "tiny-hd64.gguf", 128u}}) {
+      SCOPED_TRACE(tag + "/" + file + " with " + wrong);
+      Checked c = check(tag + "/" + file, std::string("models/") + wrong);
+      EXPECT_EQ(c.evidence.verdict, V::kContradicted) << c.evidence.summary;
+      EXPECT_EQ(c.evidence.observed, truth) << c.evidence.summary;
+      EXPECT_EQ(c.parsed.code(), Code::kMismatch) << c.parsed.ToString();
+      EXPECT_NE(c.parsed.message().find("head dim " + std::to_string(truth)), std::string::npos) << c.parsed.ToString();
+      EXPECT_NE(c.parsed.message().find("--model"), std::string::npos) << c.parsed.ToString();
+    }
+  }
+}
+
+TEST(RopeHeadDim, TheRightModelIsConfirmed) {
+  for (const std::string tag : {"b10361", "v0.5.0", "b8390"}) {
+    for (const auto& [file, model] : {std::pair{"hd64-f16-f16-faon.slot", "tiny-hd64.gguf"},
+                                      std::pair{"hd64-q8_0-q8_0-faon.slot", "tiny-hd64.gguf"},
+                                      std::pair{"hd128-f16-f16-faon.slot", "tiny-hd128.gguf"},
+                                      std::pair{"hd128-q8_0-q8_0-faon.slot", "tiny-hd128.gguf"}}) {
+      SCOPED_TRACE(tag + "/" + file);
+      Checked c = check(tag + "/" + file, std::string("models/") + model);
+      EXPECT_TRUE(c.parsed.ok()) << c.parsed.ToString();
+      EXPECT_EQ(c.evidence.verdict, V::kConfirmed) << c.evidence.summary;
+    }
+  }
+}
+
+// What cannot be a witness says so and decides nothing.
+TEST(RopeHeadDim, WithoutEvidenceNothingIsDecided) {
+  auto m = load_model_info(posix_io(), fixture("models/tiny-hd128.gguf"));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto f = posix_io().open_read(fixture("v0.5.0/hd64-f16-f16-faon.slot"));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ParseOptions po;
+  po.shape = &m->shape;
+  auto parsed = parse_state(**f, po);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  const HeadDimClaim claim = *model_head_dim_claim(m->profile, m->path);
+  ASSERT_EQ(claim.head_dim, 128u);
+  auto verdict_of = [&](const StateFile& st, const HeadDimClaim& c) {
+    auto e = check_head_dim(**f, st, c);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    return e.ok() ? *e : HeadDimEvidence{};
+  };
+  ASSERT_EQ(verdict_of(*parsed, claim).verdict, V::kContradicted);  // the control: it is a witness as it is
+
+  StateFile st = *parsed;
+  st.tokens.media_positions = {3};  // media take positions without a token
+  HeadDimEvidence e = verdict_of(st, claim);
+  EXPECT_EQ(e.verdict, V::kUnsure);
+  EXPECT_NE(e.summary.find("media"), std::string::npos) << e.summary;
+
+  st = *parsed;
+  st.tokens.tokens.resize(12);  // few tokens: few cells of one token
+  e = verdict_of(st, claim);
+  EXPECT_EQ(e.verdict, V::kUnsure);
+  EXPECT_NE(e.summary.find("pairs of cells"), std::string::npos) << e.summary;
+
+  st = *parsed;
+  for (auto& cell : st.memory.kv[0].streams[0].cells) cell.pos = 0;  // one position for every cell
+  EXPECT_EQ(verdict_of(st, claim).verdict, V::kUnsure);
+
+  st = *parsed;
+  st.memory.kv[0].streams.push_back(st.memory.kv[0].streams[0]);  // whose tokens?
+  e = verdict_of(st, claim);
+  EXPECT_EQ(e.verdict, V::kUnsure);
+  EXPECT_NE(e.summary.find("streams"), std::string::npos) << e.summary;
+
+  HeadDimClaim odd = claim;
+  odd.head_dim = 48;  // 128 values are not heads of 48
+  EXPECT_EQ(verdict_of(*parsed, odd).verdict, V::kUnsure);
+  odd.section = 1;  // no such section
+  EXPECT_EQ(verdict_of(*parsed, claim).verdict, V::kContradicted);
+  EXPECT_EQ(verdict_of(*parsed, odd).verdict, V::kUnsure);
+
+  st = *parsed;
+  st.memory.kv[0].streams[0].layers[0].k.size -= 1;  // rows past the range: the file contradicts itself
+  auto bad = check_head_dim(**f, st, claim);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), Code::kCorruption) << bad.status().ToString();
+}
+
+// A model whose layer 0 has no K or no RoPE claims nothing: lfm2's first layer is a convolution.
+TEST(RopeHeadDim, AModelWithoutAWitnessLayerClaimsNothing) {
+  auto hybrid = load_model_info(posix_io(), fixture("models/tiny-hybrid.gguf"));
+  ASSERT_TRUE(hybrid.ok()) << hybrid.status().ToString();
+  EXPECT_FALSE(model_head_dim_claim(hybrid->profile, hybrid->path).has_value());
+  auto iswa = load_model_info(posix_io(), fixture("models/tiny-iswa.gguf"));
+  ASSERT_TRUE(iswa.ok()) << iswa.status().ToString();
+  auto claim = model_head_dim_claim(iswa->profile, iswa->path);
+  ASSERT_TRUE(claim.has_value());
+  EXPECT_EQ(claim->head_dim, 64u);
+  ModelProfile no_rope = iswa->profile;
+  no_rope.rope = RopeKind::kNone;
+  EXPECT_FALSE(model_head_dim_claim(no_rope, "x").has_value());
+}
+
+// No fixture llama.cpp wrote is refused with its own model, whatever its era, type, model kind
+// (iSWA, M-RoPE, hybrid) or file kind; the verdicts are printed for the record.
+TEST(RopeHeadDim, NoFixtureIsContradictedByItsOwnModel) {
+  int confirmed = 0, seen = 0, rotation_told = 0, rotation_checked = 0;
+  for (const std::string tag : {"b3166", "b3543", "b5640", "b8121", "b8179", "b8390", "b9842", "b10361", "v0.4.0",
+                                "v0.5.0"}) {
+    std::ifstream in(fixture(tag + "/MANIFEST.json"));
+    ASSERT_TRUE(in) << tag;
+    const auto manifest = nlohmann::json::parse(in);
+    for (const auto& entry : manifest.at("files")) {
+      const std::string file = entry.at("file");
+      const bool state = file.ends_with(".slot") || file.ends_with(".session");
+      if (!state) continue;  // logits, raw buffers (no tokens), files kept as refused inputs
+      const std::string model = entry.at("model");
+      if (!std::ifstream(fixture(model))) continue;  // a large model regen.sh recreates
+      SCOPED_TRACE(tag + "/" + file);
+      Checked c = check(tag + "/" + file, model);
+      EXPECT_TRUE(c.parsed.ok()) << c.parsed.ToString();
+      // lfm2's layer 0 is a convolution: no witness, nothing claimed; every other model claims.
+      EXPECT_EQ(c.claimed, model != "models/tiny-hybrid.gguf") << model;
+      EXPECT_NE(c.evidence.verdict, V::kContradicted) << c.evidence.summary;
+      ++seen;
+      confirmed += c.evidence.verdict == V::kConfirmed;
+      // How K was stored, where MANIFEST.json says (the zoo tags) and the RoPE says anything: the same.
+      const Tri rotated = c.evidence.stored_rotated;
+      if (rotated != Tri::kUnknown) {
+        ++rotation_told;
+        if (entry.contains("rotated_k")) {
+          ++rotation_checked;
+          EXPECT_EQ(rotated == Tri::kYes, entry.at("rotated_k").get<bool>()) << c.evidence.summary;
+        }
+      }
+      std::printf("%-8s %-32s %-13s %-8s %s\n", tag.c_str(), file.c_str(), verdict_name(c.evidence.verdict),
+                  rotated == Tri::kYes ? "rotated" : rotated == Tri::kNo ? "plain" : "-", c.evidence.summary.c_str());
+    }
+  }
+  EXPECT_GT(seen, 100);
+  EXPECT_GT(confirmed, seen / 2);
+  EXPECT_GT(rotation_checked, 25);
+  std::printf("%d files, %d confirmed, %d told how K is stored (%d against MANIFEST.json)\n", seen, confirmed,
+              rotation_told, rotation_checked);
+}
+
+}  // namespace
+}  // namespace kvsnap
