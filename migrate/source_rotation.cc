@@ -1,9 +1,11 @@
 #include "migrate/source_rotation.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "format/ggml_types.h"
 #include "migrate/hadamard.h"
+#include "migrate/rope_head_dim.h"
 
 namespace kvsnap {
 namespace {
@@ -68,6 +70,60 @@ Status consider_build(const std::string& text, const char* label, const StateFil
   return Status::OK();
 }
 
+// The RoPE witness (migrate/rope_head_dim.h) of each KV section's first layer at the
+// geometry's K head dim: how quantized K was stored, for any model's weights. A section whose
+// first layer is not the model's layer 0 (the base cache of an iSWA pair, the attention cache of
+// a hybrid) has no witness and says nothing.
+struct RopeWitness {
+  Tri says = Tri::kUnknown;
+  double agreement = 0;
+  std::string line;
+};
+
+Result<RopeWitness> rope_witness(const ReadableFile& file, const StateFile& f, const RotationGeometry& g) {
+  RopeWitness w;
+  bool yes = false, no = false;
+  for (size_t s = 0; s < f.memory.kv.size() && s < g.k_head_dim.size(); ++s) {
+    if (g.k_head_dim[s] == 0) continue;
+    const HeadDimClaim claim{g.k_head_dim[s], s, 0, "the model"};
+    KV_ASSIGN_OR_RETURN(HeadDimEvidence e, check_head_dim(file, f, claim));
+    if (e.stored_rotated == Tri::kUnknown) {
+      if (w.line.empty()) w.line = e.summary;
+      continue;
+    }
+    (e.stored_rotated == Tri::kYes ? yes : no) = true;
+    w.agreement = std::max(w.agreement, e.agreement);
+    w.line = std::string(e.stored_rotated == Tri::kYes ? "stored rotated" : "stored unrotated") + ": " + e.summary;
+  }
+  if (yes != no) w.says = tri_of(yes);
+  if (yes && no) w.line = "the KV sections disagree; " + w.line;
+  return w;
+}
+
+// One reading of the data, `says` (`reading` in words: "the data looks unrotated"), weighed
+// against the decision so far: it decides an unknown rotation (decided_by `label`). Against a
+// build's or layout's "rotated" it stops: a rotating build run with LLAMA_ATTN_ROT_DISABLE=1 writes
+// unrotated caches in the same layout, so the data is the better witness, but deciding against
+// the build is the user's call. Against "unrotated" it is a note: no build before b8643 rotates,
+// the layout or build is proof, the data a hint.
+Status weigh_data(Tri says, const char* label, const std::string& reading, double confidence, const std::string& file_name,
+                  SourceRotation& d) {
+  if (says == Tri::kUnknown) return Status::OK();
+  if (d.rotated == Tri::kUnknown) {
+    d.rotated = says;
+    d.decided_by = label;
+    d.confidence = confidence;
+  } else if (says != d.rotated && d.rotated == Tri::kYes) {
+    return Status::Ambiguous(file_name + ": the " + d.decided_by + " says the quantized caches are stored rotated, but " +
+                             reading + "; was it saved with LLAMA_ATTN_ROT_DISABLE=1? Pass {--src-rotation} off if so, "
+                             "{--src-rotation} on to keep the build's default");
+  } else if (says != d.rotated) {
+    d.evidence.push_back(std::string("note: the ") + (std::string(label) == "rope" ? "RoPE" : "data") +
+                         " disagrees with the " + d.decided_by + ", which proves no rotation");
+  }
+  return Status::OK();
+}
+
 std::string percent(double x) {
   char b[32];
   std::snprintf(b, sizeof b, "%.0f%%", x * 100);
@@ -113,30 +169,31 @@ Result<SourceRotation> decide_source_rotation(const ReadableFile* file, const St
     d.confidence = 1;
   }
 
+  bool by_rope = false;
+  if (d.matters && file && geometry.known()) {
+    KV_ASSIGN_OR_RETURN(RopeWitness rope, rope_witness(*file, f, geometry));
+    d.evidence.push_back("data (RoPE of layer 0): " + (rope.line.empty() ? std::string("no quantized K") : rope.line));
+    by_rope = rope.says != Tri::kUnknown && d.rotated == Tri::kUnknown;
+    KV_RETURN_IF_ERROR(weigh_data(rope.says, "rope", "layer 0's RoPE fits only unrotated K (" + rope.line + ")",
+                                  rope.agreement, file->name(), d));
+  }
+
   if (d.matters && file && geometry.known()) {
     KV_ASSIGN_OR_RETURN(RotationEvidence ev, detect_rotation(*file, f, geometry));
     d.data = ev;
     d.evidence.push_back(std::string("data: ") + verdict_name(ev.verdict) + " (confidence " +
                          percent(ev.confidence) + "): " + ev.summary);
-    const bool decisive = ev.verdict != RotationEvidence::Verdict::kUnsure;
-    const Tri says = ev.verdict == RotationEvidence::Verdict::kRotated ? Tri::kYes : Tri::kNo;
-    if (decisive && d.rotated == Tri::kUnknown) {
-      d.rotated = says;
-      d.decided_by = "data";
-      d.confidence = ev.confidence;
-    } else if (decisive && says != d.rotated) {
-      if (d.rotated == Tri::kYes) {
-        // A rotating build run with LLAMA_ATTN_ROT_DISABLE=1 writes unrotated
-        // caches in the same layout: the data is the better witness, but
-        // deciding against the build is the user's call.
-        return Status::Ambiguous(file->name() + ": the " + d.decided_by + " says the quantized caches are stored "
-                                 "rotated, but the data looks unrotated (" + ev.summary +
-                                 "); was it saved with LLAMA_ATTN_ROT_DISABLE=1? Pass {--src-rotation} off if so, "
-                                 "{--src-rotation} on to keep the build's default");
-      }
-      // No build before b8643 rotates: the layout or build is proof, the data a hint.
-      d.evidence.push_back("note: the data disagrees with the " + d.decided_by + ", which proves no rotation");
+    const Tri says = ev.verdict == RotationEvidence::Verdict::kUnsure   ? Tri::kUnknown
+                     : ev.verdict == RotationEvidence::Verdict::kRotated ? Tri::kYes
+                                                                         : Tri::kNo;
+    if (by_rope && says != Tri::kUnknown && says != d.rotated) {
+      // Two readings of the data disagree: neither is taken.
+      return Status::Ambiguous(file->name() + ": layer 0's RoPE says the quantized caches are " + stored(d.rotated) +
+                               ", their channel energy says " + stored(says) + " (" + ev.summary +
+                               "); pass {--src-rotation} on|off or {--source-build} bNNNN to settle it");
     }
+    KV_RETURN_IF_ERROR(weigh_data(says, "data", "the data looks unrotated (" + ev.summary + ")", ev.confidence,
+                                  file->name(), d));
   } else if (d.matters && file && d.rotated == Tri::kUnknown) {
     d.evidence.push_back("data: not examined (the head dims come from the model: pass {--model GGUF})");
   }

@@ -6,8 +6,11 @@
 //      (checked against the file: a build that cannot have written it is an error);
 //   2. the build llama-server reported (/props build_info) when the file came from it;
 //   3. the file's layout, where it proves the era (format/llama_era.h);
-//   4. the data: quantized caches of trained models are measurably flatter per
-//      channel when stored rotated (migrate/rotation_detect.h).
+//   4. the data: layer 0's K, whose RoPE fits the model's head dim either as stored or
+//      un-rotated, for any model's weights when the prompt repeats tokens
+//      (migrate/rope_head_dim.h); then quantized caches of trained models are measurably
+//      flatter per channel when stored rotated (migrate/rotation_detect.h). When the two
+//      disagree the conversion is refused.
 //
 // When none of them decides and a conversion depends on it, the conversion is
 // refused (migrate/convert_state.h); a guess is never made. The data is also
@@ -39,10 +42,10 @@ struct RotationClaims {
 struct SourceRotation {
   bool matters = false;        // the input holds quantized K/V that llama.cpp's rule rotates (or may)
   Tri rotated = Tri::kUnknown; // stored rotated where llama.cpp's rule applies
-  // "not-needed" | "declared" | "source-build" | "server-build" | "file-format" | "data" | "undecided"
+  // "not-needed" | "declared" | "source-build" | "server-build" | "file-format" | "rope" | "data" | "undecided"
   std::string decided_by = "undecided";
   std::vector<std::string> evidence;  // every fact considered, in words
-  double confidence = 0;       // 1 for declarations and the layout; the detector's for data
+  double confidence = 0;       // 1 for declarations and the layout; rope: the fit's agreement; data: the detector's
   std::optional<RotationEvidence> data;
 };
 

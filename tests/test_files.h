@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +25,44 @@ inline std::vector<std::byte> slurp(const std::filesystem::path& p) {
 inline std::string slurp_text(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+// The llama.cpp sequence or session file `b` with a token list that holds no token twice (ids 0,
+// 1, 2, ...; the fixtures' models have more than their prompts' length): the same cells and rows,
+// but no two cells of one token, so layer 0's RoPE witnesses nothing (migrate/rope_head_dim.h)
+// and the rotation of an old-format quantized file stays unknown. Plain and packed (-1, version,
+// n, tokens...) token lists; false (and `b` unchanged) when it is neither.
+template <typename Bytes>
+bool drop_repeated_tokens(Bytes& b) {
+  auto word = [&](size_t i) {
+    int32_t w = 0;
+    std::memcpy(&w, b.data() + 12 + 4 * i, 4);
+    return w;
+  };
+  if (b.size() < 16) return false;
+  uint32_t n_words = 0;
+  std::memcpy(&n_words, b.data() + 8, 4);
+  if (b.size() < 12 + 4 * uint64_t(n_words)) return false;
+  size_t first = 0, n = n_words;
+  if (n_words >= 3 && word(0) == -1) {  // packed: -1, version, n, n tokens, ...
+    first = 3;
+    n = size_t(uint32_t(word(2)));
+    if (first + n > n_words) return false;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t id = int32_t(i);
+    std::memcpy(b.data() + 12 + 4 * (first + i), &id, 4);
+  }
+  return true;
+}
+
+// drop_repeated_tokens of the file `from`, written to `to`.
+inline bool copy_without_repeated_tokens(const std::filesystem::path& from, const std::filesystem::path& to) {
+  std::string b = slurp_text(from);
+  if (!drop_repeated_tokens(b)) return false;
+  std::ofstream out(to, std::ios::binary | std::ios::trunc);
+  out.write(b.data(), std::streamsize(b.size()));
+  return bool(out);
 }
 
 }  // namespace kvsnap::test

@@ -87,6 +87,9 @@ const std::map<std::string, std::string>& rotation_notes() {
   return m;
 }
 
+// Decided by the values: layer 0's RoPE or the channel energy (migrate/source_rotation.h).
+bool by_data(const SourceRotation& d) { return d.decided_by == "data" || d.decided_by == "rope"; }
+
 // One tensor's rotation word, from the file-level decision and the model's
 // head dims (migrate/source_rotation.h).
 std::string rotation_state(const SourceRotation& d, int32_t type, const ModelInfo* model, bool is_v, size_t section,
@@ -95,14 +98,14 @@ std::string rotation_state(const SourceRotation& d, int32_t type, const ModelInf
   if (!t || !t->quantized) return "none";
   if (d.rotated == Tri::kNo) {
     if (d.decided_by == "declared") return "none-declared";
-    return d.decided_by == "data" ? "none-by-data" : "none-pre-rotation";
+    return by_data(d) ? "none-by-data" : "none-pre-rotation";
   }
   // A head dim llama.cpp never rotates settles it, whatever the era.
   const std::optional<uint32_t> n_rot = model ? model->rotation_block(is_v, section, layer) : std::nullopt;
   if (model && !n_rot) return "none-head-dim";
   if (d.rotated == Tri::kUnknown) return "unknown-era";
   if (!model) return "unknown";
-  return "hadamard-" + std::to_string(*n_rot) + (d.decided_by == "data" ? "-by-data" : "");
+  return "hadamard-" + std::to_string(*n_rot) + (by_data(d) ? "-by-data" : "");
 }
 
 // ---------------------------------------------------------------- the report

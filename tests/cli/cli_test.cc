@@ -19,6 +19,7 @@
 #include "format/state_builder.h"
 #include "free_port.h"
 #include "synthetic_cache.h"
+#include "test_files.h"
 #include "under_asan.h"
 
 namespace kvsnap {
@@ -457,9 +458,48 @@ TEST_F(CliTest, AFileOfAnotherHeadDimIsRefused) {
 }
 
 // ggsq v2 files come from builds that rotate quantized caches (b8643..b10375)
-// and from builds that do not (up to b8390): the file does not say which.
+// and from builds that do not (up to b8390): the file does not say which. Layer 0's RoPE does
+// when the prompt repeats tokens (docs/rope-witness.md), whatever the model's weights ...
+TEST_F(CliTest, OldQuantizedFilesAreDecidedByTheirRope) {
+  for (const auto& [file, rotated] : {std::pair{"b8121/hd64-q8_0-q8_0-faon.slot", false},
+                                      std::pair{"b10361/hd64-q8_0-q8_0-faon.slot", true},
+                                      std::pair{"b10361/hd128-q8_0-q8_0-faon.slot", true}}) {
+    const std::string m = model(std::string(file).find("hd128") != std::string::npos ? "hd128" : "hd64");
+    CmdResult r = run("info " + fixture(file) + " --model " + m + " --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["source_rotation"]["rotated"], rotated) << file;
+    EXPECT_EQ(j["source_rotation"]["decided_by"], "rope") << file;
+    EXPECT_EQ(j["kv_sections"][0]["streams"][0]["layers"][0]["k_rotation"],
+              rotated ? (m == model("hd128") ? "hadamard-128-by-data" : "hadamard-64-by-data") : "none-by-data")
+        << file;
+    EXPECT_EQ(j["source_rotation"]["data"]["verdict"], "unsure") << "the channel energy of random weights says nothing";
+  }
+}
+
+// A ggsq v3 file says "rotated" (every v3 build rotates by default), but one saved with
+// LLAMA_ATTN_ROT_DISABLE=1 is not: its layer 0 fits only unrotated. kvsnap asks instead of
+// choosing (exit 6), and a declaration settles it. The file: b8390's unrotated q8_0 cache
+// written as ggsq v3 with --dst-rotation off, as such a server writes it.
+TEST_F(CliTest, AV3FileWhoseRopeFitsOnlyUnrotatedKIsAskedAbout) {
+  const std::string v3 = (dir_ / "norot.slot").string();
+  CmdResult r = run("convert " + fixture("b8390/hd64-q8_0-q8_0-faon.slot") + " " + v3 + " --model " + model("hd64") +
+                    " --format ggsq-v3 --dst-rotation off");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("info " + v3 + " --model " + model("hd64"));
+  EXPECT_EQ(r.code, 6) << r.err;
+  EXPECT_NE(r.err.find("layer 0's RoPE fits only unrotated K"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("LLAMA_ATTN_ROT_DISABLE=1"), std::string::npos) << r.err;
+  r = run("info " + v3 + " --model " + model("hd64") + " --src-rotation off --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["source_rotation"]["decided_by"], "declared");
+}
+
+// ... and without repeated tokens nothing tells.
 TEST_F(CliTest, OldQuantizedFilesOfUnknownEraSaySo) {
-  CmdResult r = run("info " + fixture("b8121/hd64-q8_0-q8_0-faon.slot") + " --model " + model("hd64") + " --json");
+  const fs::path f = dir_ / "unique-tokens.slot";
+  ASSERT_TRUE(test::copy_without_repeated_tokens(fixture("b8121/hd64-q8_0-q8_0-faon.slot"), f));
+  CmdResult r = run("info " + f.string() + " --model " + model("hd64") + " --json");
   ASSERT_EQ(r.code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["kv_sections"][0]["streams"][0]["layers"][0]["k_rotation"], "unknown-era");
@@ -678,7 +718,8 @@ TEST_F(CliTest, EraASlotsAndSessionsAreRead) {
 }
 
 TEST_F(CliTest, ConvertRefusesToGuessTheRotationOfAnOldQuantizedFile) {
-  const std::string f = fixture("b8121/hd64-q8_0-q8_0-faon.slot");
+  const std::string f = (dir_ / "hd64-q8_0-q8_0-faon.slot").string();  // no token twice: no RoPE witness
+  ASSERT_TRUE(test::copy_without_repeated_tokens(fixture("b8121/hd64-q8_0-q8_0-faon.slot"), f));
   const std::string out = (dir_ / "f16.slot").string();
   CmdResult r = run("convert " + f + " " + out + " --ctk f16 --ctv f16 --model " + model("hd64"));
   EXPECT_EQ(r.code, 6) << r.err;
@@ -686,7 +727,7 @@ TEST_F(CliTest, ConvertRefusesToGuessTheRotationOfAnOldQuantizedFile) {
   EXPECT_NE(r.err.find("--src-rotation"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("hd64-q8_0-q8_0-faon.slot"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(out));
-  EXPECT_EQ(files_in_dir(), 0u);
+  EXPECT_EQ(files_in_dir(), 1u) << "the input only";
 
   r = run("convert " + f + " " + out + " --ctk f16 --ctv f16 --model " + model("hd64") + " --source-build b8121 --report");
   EXPECT_EQ(r.code, 0) << r.err;

@@ -288,7 +288,8 @@ def expected_rotation(era, head_dim, type_name, side):
     if era not in ROTATING_ERAS:
         # Unrotated twice over when the head dim is one llama.cpp never rotates: either word is true
         # (kvsnap says none-head-dim when the model shows it and the file's era is not known).
-        return {"none-pre-rotation"} | ({"none-head-dim"} if head_dim % 64 else set())
+        # Or the values show it (layer 0's RoPE: a format several eras write, no build named).
+        return {"none-pre-rotation"} | ({"none-head-dim"} if head_dim % 64 else {"none-by-data"})
     if head_dim % 64:
         return {"none-head-dim"}
     n = 64

@@ -49,6 +49,15 @@ fs::path slots_with(const TempDir& t, const std::vector<std::pair<std::string, s
   return dir;
 }
 
+// The same, each copy without a token twice: layer 0's RoPE then tells nothing about how an
+// old-format quantized file was stored (test_files.h), and only a build or a declaration does.
+fs::path unwitnessed_slots_with(const TempDir& t, const std::vector<std::pair<std::string, std::string>>& files) {
+  const fs::path dir = t.path / "slots";
+  fs::create_directories(dir);
+  for (const auto& [from, name] : files) EXPECT_TRUE(kvsnap::test::copy_without_repeated_tokens(fixture(from), dir / name));
+  return dir;
+}
+
 // What kvsnap convert makes of `src` with the same request: the one valid converted file.
 std::string expected_conversion(const fs::path& src, const fs::path& work, const std::string& args) {
   fs::path out = work / "expected.bin";
@@ -84,11 +93,12 @@ TEST(Migrate, ABadFlagFailsBeforeTheStoreOrAnyFile) {
 // out (the target build as their source build), which then finishes the run.
 TEST(Migrate, ARerunOfADowngradeNamesTheBuildThatFinishesIt) {
   TempDir t;
-  const fs::path dir = slots_with(t, {{"v0.5.0/hd64-q8_0-q8_0-faon.slot", "a.slot"}});
+  const fs::path dir = unwitnessed_slots_with(t, {{"v0.5.0/hd64-q8_0-q8_0-faon.slot", "a.slot"}});
   const std::string run = std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " -q --model " + kModel +
                           " --target-build b8121";
   ASSERT_EQ(sh(run + " >/dev/null"), 0);
-  fs::copy_file(fixture("v0.5.0/hd64-q8_0-q8_0-faon.slot"), dir / "b.slot");  // not reached before a kill
+  // not reached before a kill
+  ASSERT_TRUE(kvsnap::test::copy_without_repeated_tokens(fixture("v0.5.0/hd64-q8_0-q8_0-faon.slot"), dir / "b.slot"));
   const fs::path err = t.path / "err.txt";
   EXPECT_EQ(sh(run + " >/dev/null 2>" + err.string()), 6);
   EXPECT_NE(slurp(err).find("If an earlier, interrupted run of this migrate wrote it (--target-build b8121 writes "
@@ -167,17 +177,33 @@ TEST(Migrate, ARemedyNamesOnlyOptionsMigrateTakes) {
 }
 
 // A slot directory of a llama.cpp that wrote ggsq v2: its quantized files do not say whether that
-// build rotated. Without --source-build they are left as they are and the run fails; with it they
-// convert exactly as `kvsnap convert --source-build` does.
+// build rotated. Layer 0's RoPE does when the prompt repeats tokens: b10361's (rotated) and
+// b8121's (not) convert without a build named, exactly as `kvsnap convert --source-build` does.
+TEST(Migrate, OldQuantizedFilesAreReadByTheirRope) {
+  TempDir t;
+  const fs::path dir = slots_with(t, {{"b10361/hd64-q8_0-q8_0-faon.slot", "g.slot"}, {"b8121/hd64-q8_0-q8_0-faon.slot", "d.slot"}});
+  const std::string args = "--ctk f16 --ctv f16 --model " + kModel;
+  const std::string want_g = expected_conversion(fixture("b10361/hd64-q8_0-q8_0-faon.slot"), t.path, args + " --source-build b10361");
+  const std::string want_d = expected_conversion(fixture("b8121/hd64-q8_0-q8_0-faon.slot"), t.path, args + " --source-build b8121");
+  ASSERT_FALSE(want_g.empty());
+  ASSERT_NE(want_g, want_d);
+  ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " " + args + " >/dev/null"), 0);
+  EXPECT_EQ(slurp(dir / "g.slot"), want_g);
+  EXPECT_EQ(slurp(dir / "d.slot"), want_d);
+}
+
+// Without repeated tokens nothing in the data tells: without --source-build they are left as they
+// are and the run fails; with it they convert exactly as `kvsnap convert --source-build` does.
 TEST(Migrate, OldQuantizedFilesNeedTheBuildThatWroteThem) {
   TempDir t;
-  const fs::path dir = slots_with(t, {{"b10361/hd64-q8_0-q8_0-faon.slot", "g.slot"}, {"b10361/hd64-f16-f16-faon.slot", "f.slot"}});
+  const fs::path dir = unwitnessed_slots_with(t, {{"b10361/hd64-q8_0-q8_0-faon.slot", "g.slot"},
+                                                  {"b10361/hd64-f16-f16-faon.slot", "f.slot"}});
   const std::string before = slurp(dir / "g.slot");
   const std::string args = "--ctk f16 --ctv f16 --model " + kModel;
   EXPECT_NE(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " " + args + " >/dev/null 2>&1"), 0);
   EXPECT_EQ(slurp(dir / "g.slot"), before) << "converted on a guess";
-  const std::string want = expected_conversion(fixture("b10361/hd64-q8_0-q8_0-faon.slot"), t.path,
-                                               args + " --source-build b10361");
+  fs::copy_file(dir / "g.slot", t.path / "g-original.slot");
+  const std::string want = expected_conversion(t.path / "g-original.slot", t.path, args + " --source-build b10361");
   ASSERT_FALSE(want.empty());
   ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " " + args + " --source-build b10361 >/dev/null"),
             0);

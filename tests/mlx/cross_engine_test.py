@@ -207,10 +207,12 @@ def llama_to_mlx(bed):
         slot, native_lg = bed.save(drv, ctk, ctv, fa, tag, env)
         native = mean_kl(bed.llama_ref(drv), native_lg)
         out = bed.path(tag + ".safetensors")
-        if drv == "b8121":  # ggsq v2 is written by builds on both sides: the data decides (outlier channels)
+        if drv == "b8121":  # ggsq v2 is written by builds on both sides: the data decides, layer 0's
+            # RoPE first (docs/rope-witness.md), and the outlier channels must agree
             r = bed.convert(slot, out + ".json", "--to", "mlx", "--json")
             d = json.loads(r.stdout)["source_rotation"]
-            if d.get("decided_by") != "data" or d.get("rotated") is not False:
+            if d.get("decided_by") != "rope" or d.get("rotated") is not False or \
+                    (d.get("data") or {}).get("verdict") != "not-rotated":
                 fail(tag, "rotation decided %s" % json.dumps(d)[:300])
         if claims:  # without the claim the move must be refused (exit 6), never guessed
             r = bed.convert(slot, out + ".unclaimed", "--to", "mlx", expect_ok=False)

@@ -62,14 +62,27 @@ check hybrid-f16-to-q4_0    $V/hybrid-f16-f16-faon.slot hybrid q4_0 q4_0 on $V/h
 check mrope-f16-to-q8_0     $V/mrope-f16-f16-faon.slot  mrope  q8_0 q8_0 on  $V/mrope-f16-f16-faon.logits  "$(native mrope q8_0 q8_0 on)"
 check mrope-f16-to-q4_0     $V/mrope-f16-f16-faon.slot  mrope  q4_0 q4_0 on  $V/mrope-f16-f16-faon.logits  "$(native mrope q4_0 q4_0 on)"
 
-# A ggsq v2 file does not say whether its build rotated (b8121 did not, b10361 did): without the
-# build, a conversion that depends on it is refused (exit 6), never guessed.
-if "$kvsnap" convert "$fx/b8121/hd64-q8_0-q8_0-faon.slot" "$work/guess.slot" --ctk q8_0 --ctv q8_0 --model "$fx/models/tiny-hd64.gguf" >/dev/null 2>"$work/guess.err"; then
-  echo "FAIL b8121 q8_0 without --source-build: converted on a guess"; fail=$((fail + 1))
+# A ggsq v2 file does not say whether its build rotated (b8121 did not, b10361 did). Layer 0's RoPE
+# does (docs/rope-witness.md): without the build named, each converts as llama.cpp v0.5.0 wants it.
+check b8121-hd64-q8_0-by-rope  $fx/b8121/hd64-q8_0-q8_0-faon.slot  hd64  q8_0 q8_0 on $V/hd64-f16-f16-faon.logits  $V/hd64-q8_0-q8_0-faon.logits
+check b10361-hd64-q8_0-by-rope $fx/b10361/hd64-q8_0-q8_0-faon.slot hd64  f16  f16  on $V/hd64-f16-f16-faon.logits  $V/hd64-q8_0-q8_0-faon.logits
+check b8390-hd128-q8_0-by-rope $fx/b8390/hd128-q8_0-q8_0-faon.slot hd128 f16  f16  on $V/hd128-f16-f16-faon.logits $V/hd128-q8_0-q8_0-faon.logits
+# Without repeated tokens nothing tells: a conversion that depends on it is refused (exit 6),
+# never guessed. (The copy's token list holds no token twice; its cells are b8121's.)
+python3 - "$fx/b8121/hd64-q8_0-q8_0-faon.slot" "$work/unique-tokens.slot" <<'PY'
+import struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack_from("<I", b, 8)[0]
+for i in range(n):
+    struct.pack_into("<i", b, 12 + 4 * i, i)
+open(sys.argv[2], "wb").write(b)
+PY
+if "$kvsnap" convert "$work/unique-tokens.slot" "$work/guess.slot" --ctk q8_0 --ctv q8_0 --model "$fx/models/tiny-hd64.gguf" >/dev/null 2>"$work/guess.err"; then
+  echo "FAIL b8121 q8_0 without repeated tokens or --source-build: converted on a guess"; fail=$((fail + 1))
 elif [ "$(cat "$work/guess.err" | grep -c -- --source-build)" -eq 0 ]; then
   echo "FAIL b8121 q8_0 without --source-build: the error does not name --source-build: $(cat "$work/guess.err")"; fail=$((fail + 1))
 else
-  echo "ok   b8121 q8_0 without --source-build is refused"; pass=$((pass + 1))
+  echo "ok   b8121 q8_0 without repeated tokens or --source-build is refused"; pass=$((pass + 1))
 fi
 
 # Negative control: an unrotated (b5640) q8_0 cache declared rotated gives garbage that the bound catches.
