@@ -15,6 +15,7 @@
 
 #include "base/io.h"
 #include "migrate/model_info.h"
+#include "migrate/source_rotation.h"
 
 namespace kvsnap {
 namespace {
@@ -149,6 +150,25 @@ TEST(RopeHeadDim, WithoutEvidenceNothingIsDecided) {
   auto bad = check_head_dim(**f, st, claim);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), Code::kCorruption) << bad.status().ToString();
+}
+
+// The rotation of an old-format file (b10361's ggsq v2: eras D..G, the layout cannot tell) from the
+// head dims alone, as `convert --head-dim-k` or a snapshot's geometry gives them: the right ones
+// decide it (rotated by 64); wrong ones are refused, never taken for a rotation (a review's
+// finding: a section's answer was taken whatever its verdict).
+TEST(RopeHeadDim, TheRotationIsToldOnlyByAConfirmedHeadDim) {
+  auto f = posix_io().open_read(fixture("b10361/hd64-q8_0-q8_0-faon.slot"));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  auto st = parse_state(**f);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  auto right = decide_source_rotation(f->get(), *st, RotationGeometry{{64}, {64}}, std::nullopt, {});
+  ASSERT_TRUE(right.ok()) << right.status().ToString();
+  EXPECT_EQ(right->rotated, Tri::kYes);
+  EXPECT_EQ(right->decided_by, "rope");
+  auto wrong = decide_source_rotation(f->get(), *st, RotationGeometry{{128}, {128}}, std::nullopt, {});
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), Code::kMismatch) << wrong.status().ToString();
+  EXPECT_NE(wrong.status().message().find("has head dim 64"), std::string::npos) << wrong.status().ToString();
 }
 
 // A model whose layer 0 has no K or no RoPE claims nothing: lfm2's first layer is a convolution.
