@@ -157,8 +157,9 @@ bash tests/ctest-costs/seed.sh build-clang tests/ctest-costs/sanitized.txt
 # main stage runs them, and base_tests' Sha256Lanes runs each kernel under the sanitizers.
 # Nor the adaptive level's tests on 150 MiB states (SnapshotAdaptive.*, Store.TheAdaptiveLevelHearsThePacksDisk):
 # 1-3 s each in the main stage, 38-219 s each here (794 s of the stage's 1,861 test seconds on a
-# 2.45 GHz Zen 3, a fresh run of 86.8 min); they test when a save compresses, which the main stage
-# runs, while every store and CLI save here runs the same adaptive code on small files.
+# 2.45 GHz Zen 3, a fresh run of 86.8 min), ~87% of it building their synthetic state at -O0
+# (perf); they test when a save compresses, which the main stage runs, while every store and CLI
+# save here runs the same adaptive code on small files.
 ctest --test-dir build-clang -L unit -LE kernel-reruns -E '^(SnapshotAdaptive\.|Store\.TheAdaptiveLevelHearsThePacksDisk$)' \
   --output-on-failure -j"$jobs"
 # The S3 client reads untrusted replies: its tests against the Swift bed under the sanitizers too (~1 min).
