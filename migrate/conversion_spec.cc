@@ -169,6 +169,7 @@ RotationGeometry model_rotation_geometry(const ModelInfo& model) {
     g.k_head_dim.push_back(model.rotation_head_dim(false, s));
     g.v_head_dim.push_back(model.rotation_head_dim(true, s));
   }
+  g.rope_dims = model.profile.n_rot;
   return g;
 }
 

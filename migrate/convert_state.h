@@ -82,6 +82,7 @@ const TargetFormatRow& target_format_row(TargetFormat f);
 struct RotationGeometry {
   std::vector<uint32_t> k_head_dim;  // per KV section
   std::vector<uint32_t> v_head_dim;
+  uint32_t rope_dims = 0;  // the model's n_rot (partial rotary: below the head dim); 0: unknown
   bool known() const { return !k_head_dim.empty(); }
 };
 

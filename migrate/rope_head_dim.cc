@@ -104,14 +104,33 @@ void add_noise_floor(Row& r) {
   }
 }
 
-enum class Pairing { kAdjacent, kHalves };
-const char* pairing_name(Pairing p) { return p == Pairing::kAdjacent ? "adjacent" : "halves"; }
+// How RoPE pairs a head's values: adjacent (llama's rope), the head's halves (NEOX, M-RoPE), or the
+// halves of its first r values (NEOX and M-RoPE with partial rotary: the rest are not turned).
+struct Pairing {
+  enum Kind { kAdjacent, kHalves, kRotatedHalves } kind = kAdjacent;
+  uint32_t r = 0;  // kRotatedHalves: the values turned at the start of each head
 
-// The two channels of pair i of head m.
-std::pair<size_t, size_t> channels(Pairing p, uint32_t h, uint32_t m, uint32_t i) {
-  const size_t base = size_t(m) * h;
-  return p == Pairing::kAdjacent ? std::pair{base + 2 * i, base + 2 * i + 1} : std::pair{base + i, base + i + h / 2};
-}
+  std::string name() const {
+    switch (kind) {
+      case kAdjacent: return "adjacent pairs";
+      case kHalves: break;
+      case kRotatedHalves: return "halves of the first " + std::to_string(r);
+    }
+    return "halves of the head";
+  }
+  // Pairs per head of h values that RoPE turns.
+  uint32_t pairs(uint32_t h) const { return kind == kRotatedHalves ? r / 2 : h / 2; }
+  // The two channels of pair i of head m.
+  std::pair<size_t, size_t> channels(uint32_t h, uint32_t m, uint32_t i) const {
+    const size_t base = size_t(m) * h;
+    switch (kind) {
+      case kAdjacent: return {base + 2 * i, base + 2 * i + 1};
+      case kHalves: break;
+      case kRotatedHalves: return {base + i, base + i + r / 2};
+    }
+    return {base + i, base + i + h / 2};
+  }
+};
 
 struct PairTurn {
   bool measurable = false;
@@ -145,15 +164,16 @@ struct TestCounts {
 };
 
 // Every channel pair's turn for each cell pair, for head dim h and one pairing: the turns of cell
-// pair c at [c * W/2 + m * h/2 + i] (head m, pair i). Adjacent pairs are the same whatever h.
-std::vector<PairTurn> turns_of(const std::vector<std::pair<const Row*, const Row*>>& cells, uint32_t h, Pairing p) {
+// pair c at [c * W/2 + m * h/2 + i] (head m, pair i; with partial rotary the slots past its pairs
+// stay unmeasurable). Adjacent pairs are the same whatever h.
+std::vector<PairTurn> turns_of(const std::vector<std::pair<const Row*, const Row*>>& cells, uint32_t h, const Pairing& p) {
   const size_t half = cells.front().first->x.size() / 2;
   const uint32_t n_heads = uint32_t(2 * half / h);
   std::vector<PairTurn> t(cells.size() * half);
   for (size_t c = 0; c < cells.size(); ++c) {
     for (uint32_t m = 0; m < n_heads; ++m) {
-      for (uint32_t i = 0; i < h / 2; ++i)
-        t[c * half + size_t(m) * h / 2 + i] = turn(*cells[c].first, *cells[c].second, channels(p, h, m, i));
+      for (uint32_t i = 0; i < p.pairs(h); ++i)
+        t[c * half + size_t(m) * h / 2 + i] = turn(*cells[c].first, *cells[c].second, p.channels(h, m, i));
     }
   }
   return t;
@@ -262,7 +282,7 @@ std::optional<HeadDimClaim> model_head_dim_claim(const ModelProfile& model, cons
   for (const MemorySectionLayout& s : *sections) {
     if (s.kind == SectionKind::kRecurrent) continue;
     for (size_t li = 0; li < s.layers.size(); ++li) {
-      if (s.layers[li].il == 0) return HeadDimClaim{s.layers[li].head_dim_k, kv, li, model_name};
+      if (s.layers[li].il == 0) return HeadDimClaim{s.layers[li].head_dim_k, kv, li, model_name, model.n_rot};
     }
     ++kv;
   }
@@ -339,6 +359,11 @@ Result<HeadDimEvidence> check_head_dim(const ReadableFile& file, const StateFile
   std::vector<Candidate> candidates;
   uint32_t examined = 0;
   std::map<uint32_t, std::vector<PairTurn>> adjacent;  // per domain: the same for every h
+  // Partial rotary turns the first rope_dims values of each head: for NEOX and M-RoPE its pairs
+  // are the halves of those (llama's adjacent pairs are the same either way).
+  std::vector<Pairing> pairings{{Pairing::kAdjacent}, {Pairing::kHalves}};
+  if (claim.rope_dims >= 2 && claim.rope_dims % 2 == 0 && claim.rope_dims < claim.head_dim)
+    pairings.push_back({Pairing::kRotatedHalves, claim.rope_dims});
   bool passed = false;
   for (uint32_t h = kMinHeadDim; h <= W; h += 2) {
     if (W % h != 0) continue;
@@ -358,16 +383,18 @@ Result<HeadDimEvidence> check_head_dim(const ReadableFile& file, const StateFile
       examined = std::max<uint32_t>(examined, uint32_t(cells.size()));
       // This domain: a pass with either pairing, a fail when both fail.
       Outcome in_domain = cells.size() < kMinCellPairs ? Outcome::kUndecided : Outcome::kFail;
-      for (Pairing p : {Pairing::kAdjacent, Pairing::kHalves}) {
+      for (const Pairing& p : pairings) {
         if (cells.size() < kMinCellPairs) break;
+        if (p.kind == Pairing::kRotatedHalves && p.r >= h) continue;  // the whole head: kHalves
         std::vector<PairTurn> halves;
-        if (p == Pairing::kAdjacent && !adjacent.count(n)) adjacent[n] = turns_of(cells, h, p);
-        if (p == Pairing::kHalves) halves = turns_of(cells, h, p);
-        const Judgement j = judge(count_tests(p == Pairing::kAdjacent ? adjacent[n] : halves, cells.size(), h), W == h);
+        const bool adj = p.kind == Pairing::kAdjacent;
+        if (adj && !adjacent.count(n)) adjacent[n] = turns_of(cells, h, p);
+        if (!adj) halves = turns_of(cells, h, p);
+        const Judgement j = judge(count_tests(adj ? adjacent[n] : halves, cells.size(), h), W == h);
         if (j.outcome == Outcome::kPass && in_domain != Outcome::kPass) {
           in_domain = Outcome::kPass;
           if (cand.outcome != Outcome::kPass) {
-            cand.how = std::string(pairing_name(p)) + " pairs" + (n ? ", un-rotated by " + std::to_string(n) : "");
+            cand.how = p.name() + (n ? ", un-rotated by " + std::to_string(n) : "");
             cand.fit = j.fit;
           }
         } else if (j.outcome == Outcome::kUndecided && in_domain == Outcome::kFail) {

@@ -11,7 +11,7 @@
 // frequencies are (base, scaling, per-dimension factors), every KV head of the row turns pair i
 // by the same angle. For a candidate head dim h, with the row cut into heads of h values and
 // the pairs taken as RoPE does (adjacent values for llama's rope, halves of the head for NEOX
-// and M-RoPE):
+// and M-RoPE, halves of the head's first n_rot values where the model ropes only those):
 //   - a pair keeps its length from one cell to the other (it is rotated), and
 //   - pair i turns by the same angle in every head.
 // The true head dim passes; a divisor of it fails (the angles of a head fall along it, so its
@@ -52,6 +52,10 @@ struct HeadDimClaim {
   size_t section = 0;        // the file's KV section holding the model's layer 0
   size_t layer = 0;          // its index among that section's layers
   std::string source;        // for messages: "model.gguf", "{--head-dim-k}"
+  // The values RoPE turns at the start of each head (the model's n_rot, partial rotary: phi2,
+  // stablelm, gpt-neox...); NEOX and M-RoPE pair i with i + rope_dims/2 there. 0, or not below the
+  // head dim: the whole head.
+  uint32_t rope_dims = 0;
 };
 
 // The claim for `model`'s layer 0, or nullopt when its layer 0 holds no K (a recurrent or

@@ -85,7 +85,7 @@ Result<RopeWitness> rope_witness(const ReadableFile& file, const StateFile& f, c
   bool yes = false, no = false;
   for (size_t s = 0; s < f.memory.kv.size() && s < g.k_head_dim.size(); ++s) {
     if (g.k_head_dim[s] == 0) continue;
-    const HeadDimClaim claim{g.k_head_dim[s], s, 0, "the head dims given"};
+    const HeadDimClaim claim{g.k_head_dim[s], s, 0, "the head dims given", g.rope_dims};
     KV_ASSIGN_OR_RETURN(HeadDimEvidence e, check_head_dim(file, f, claim));
     // A claim the data contradicts (head dims from --head-dim-k or a snapshot on a file of
     // several sections, which nothing checked before) stops here; only a confirmed one tells.

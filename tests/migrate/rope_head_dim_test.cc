@@ -9,13 +9,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "base/io.h"
+#include "format/state_builder.h"
+#include "migrate/hadamard.h"
 #include "migrate/model_info.h"
 #include "migrate/source_rotation.h"
+#include "migrate/type_traits.h"
 
 namespace kvsnap {
 namespace {
@@ -184,6 +189,86 @@ TEST(RopeHeadDim, AModelWithoutAWitnessLayerClaimsNothing) {
   ModelProfile no_rope = iswa->profile;
   no_rope.rope = RopeKind::kNone;
   EXPECT_FALSE(model_head_dim_claim(no_rope, "x").has_value());
+}
+
+// Partial rotary as Phi-4-mini has it (NEOX rope over the first 96 of each head's 128 values; phi2,
+// stablelm, gpt-neox likewise): layer 0's K of a synthetic state, each cell's the NEOX RoPE at its
+// position of its token's vector, 2 KV heads; the K type `k_type` (f32, or q8_0 stored rotated by
+// llama.cpp's block or not). tests/oracle/partial_rotary_test.sh has the caches real llama.cpp writes.
+struct PartialRopeState {
+  std::vector<std::byte> bytes;
+  StateFile state;
+};
+PartialRopeState partial_rope_state(GgmlType k_type, bool rotated) {
+  constexpr uint32_t kHeadDim = 128, kRopeDims = 96, kHeads = 2, kCells = 96, kTokens = 9;
+  constexpr uint32_t W = kHeadDim * kHeads;
+  testing::SynthSpec spec;
+  spec.cells = kCells;
+  spec.layers = {testing::SynthLayer{int32_t(k_type), W, 1, W}};
+  spec.token_words.clear();
+  for (uint32_t c = 0; c < kCells; ++c) spec.token_words.push_back(int32_t(c % kTokens));
+  PartialRopeState out{testing::build_state(spec), {}};
+  auto parsed = parse_state(MemoryFile("partial.slot", out.bytes));
+  EXPECT_TRUE(parsed.ok()) << parsed.status().ToString();
+  if (!parsed.ok()) return out;
+  const KvLayer& layer = parsed->memory.kv[0].streams[0].layers[0];
+
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  std::vector<float> token_k(size_t(kTokens) * W);  // layer 0's K before RoPE: the token's alone
+  for (float& v : token_k) v = normal(rng);
+  const TypeTraits& traits = *find_traits(k_type);
+  for (uint32_t c = 0; c < kCells; ++c) {
+    const float* x = token_k.data() + size_t(c % kTokens) * W;
+    std::vector<float> row(x, x + W);
+    for (uint32_t m = 0; m < kHeads; ++m) {
+      for (uint32_t i = 0; i < kRopeDims / 2; ++i) {  // llama.cpp's NEOX: theta_i = pos * base^(-2i/n_rot)
+        const double theta = c * std::pow(10000.0, -2.0 * i / kRopeDims);
+        float& a = row[m * kHeadDim + i];
+        float& b = row[m * kHeadDim + i + kRopeDims / 2];
+        const double a0 = a, b0 = b;
+        a = float(a0 * std::cos(theta) - b0 * std::sin(theta));
+        b = float(a0 * std::sin(theta) + b0 * std::cos(theta));
+      }
+    }
+    if (rotated) hadamard_rotate(row.data(), W, rotation_block_size(KvSide::kK, kHeadDim));
+    traits.from_f32(row.data(), out.bytes.data() + layer.k.offset + uint64_t(c) * layer.k_row_bytes, W);
+  }
+  auto again = parse_state(MemoryFile("partial.slot", out.bytes));
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
+  if (again.ok()) out.state = *again;
+  return out;
+}
+
+HeadDimEvidence partial_rope_verdict(const PartialRopeState& s, uint32_t head_dim, uint32_t rope_dims) {
+  MemoryFile file("partial.slot", s.bytes);
+  auto e = check_head_dim(file, s.state, HeadDimClaim{head_dim, 0, 0, "the test", rope_dims});
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return e.ok() ? *e : HeadDimEvidence{};
+}
+
+TEST(RopeHeadDim, PartialRotaryIsReadWithTheModelsRopeDims) {
+  for (const auto& [type, rotated] : {std::pair{GgmlType::kF32, false}, std::pair{GgmlType::kQ8_0, true},
+                                      std::pair{GgmlType::kQ8_0, false}}) {
+    SCOPED_TRACE(std::string(find_traits(type)->name()) + (rotated ? " rotated" : ""));
+    const PartialRopeState s = partial_rope_state(type, rotated);
+    HeadDimEvidence e = partial_rope_verdict(s, 128, 96);
+    EXPECT_EQ(e.verdict, V::kConfirmed) << e.summary;
+    EXPECT_NE(e.summary.find("halves of the first 96"), std::string::npos) << e.summary;
+    if (type == GgmlType::kQ8_0) EXPECT_EQ(e.stored_rotated, rotated ? Tri::kYes : Tri::kNo) << e.summary;
+    // The pairs of a whole-head rope are not these: without the rope dims nothing is decided.
+    e = partial_rope_verdict(s, 128, 0);
+    EXPECT_EQ(e.verdict, V::kUnsure) << e.summary;
+    EXPECT_EQ(e.stored_rotated, Tri::kUnknown) << e.summary;
+    // Twice the head dim with the same rope dims (one head of 256): refused, naming 128.
+    e = partial_rope_verdict(s, 256, 96);
+    EXPECT_EQ(e.verdict, V::kContradicted) << e.summary;
+    EXPECT_EQ(e.observed, 128u) << e.summary;
+    // Other rope dims (or a whole-head rope of 64): the file's pairs are the claim's at no head
+    // dim, so nothing is decided (docs/rope-witness.md, Limits).
+    EXPECT_EQ(partial_rope_verdict(s, 128, 64).verdict, V::kUnsure);
+    EXPECT_EQ(partial_rope_verdict(s, 64, 0).verdict, V::kUnsure);
+  }
 }
 
 // No fixture llama.cpp wrote is refused with its own model, whatever its era, type, model kind

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/io.h"
+#include "migrate/conversion_spec.h"
 #include "migrate/model_info.h"
 #include "migrate/rotation_detect.h"
 
@@ -83,11 +84,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvsnap-rotation-eval: %s\n", model.status().ToString().c_str());
     return 1;
   }
-  RotationGeometry geo;
-  for (size_t s = 0; s < model->head_dim_k.size(); ++s) {
-    geo.k_head_dim.push_back(model->rotation_head_dim(false, s));
-    geo.v_head_dim.push_back(model->rotation_head_dim(true, s));
-  }
+  const RotationGeometry geo = model_rotation_geometry(*model);
   int rc = 0;
   for (const std::string& path : files) {
     auto file = posix_io().open_read(path);
