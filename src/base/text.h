@@ -27,22 +27,14 @@ inline std::string utc_now(const char* format) {
   return std::string(b, std::strftime(b, sizeof b, format, &tm));
 }
 
-// `s` between single quotes, safe to print whatever a file holds: control bytes
-// (and DEL) as \xNN, at most `max_bytes` bytes shown, "..." when cut.
+inline std::string shown_text(std::string_view s);
+
+// `s` between single quotes, safe to print whatever a file holds: shown_text's escapes, at most
+// `max_bytes` bytes of `s` shown (cut at a character's start), "..." when cut.
 inline std::string quote_text(std::string_view s, size_t max_bytes = 80) {
-  std::string out = "'";
-  for (char ch : s.substr(0, max_bytes)) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  if (s.size() > max_bytes) out += "...";
-  return out + "'";
+  size_t cut = s.size() > max_bytes ? max_bytes : s.size();
+  for (int k = 0; k < 3 && cut > 0 && cut < s.size() && (static_cast<unsigned char>(s[cut]) & 0xc0) == 0x80; ++k) --cut;
+  return "'" + shown_text(s.substr(0, cut)) + (cut < s.size() ? "..." : "") + "'";
 }
 
 // Whether `s` is well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing past
@@ -108,6 +100,51 @@ inline std::string utf8_escaped(std::string_view s) {
       out += b;
       ++i;
     }
+  }
+  return out;
+}
+
+// `s` as a listing or a message shows text kvsnap did not write (a snapshot's name and tags, a
+// model's architecture, a file name, a server's build string): every C0 control (tab and newline
+// too, which would break a listing's rows) and DEL as \xNN, a C1 control or a bidirectional
+// embedding, override or isolate (has_terminal_controls) as \uXXXX, a byte that is not part of
+// well-formed UTF-8 as \xNN; all else as it is. Nothing shown can move the cursor, start an
+// escape sequence or reorder what follows. The text itself is kept as it was (--json prints it).
+inline std::string shown_text(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  char b[16];
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) {
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      out += b;
+      ++i;
+      continue;
+    }
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    const size_t len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+    const std::string_view ch = s.substr(i, len);
+    if (ch.size() < len || len == 1 || !is_valid_utf8(ch)) {
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      out += b;
+      ++i;
+      continue;
+    }
+    if (has_terminal_controls(ch)) {
+      const unsigned cp = len == 2 ? ((c & 0x1fu) << 6) | (static_cast<unsigned char>(ch[1]) & 0x3fu)
+                                   : ((c & 0x0fu) << 12) | ((static_cast<unsigned char>(ch[1]) & 0x3fu) << 6) |
+                                         (static_cast<unsigned char>(ch[2]) & 0x3fu);
+      std::snprintf(b, sizeof b, "\\u%04x", cp);
+      out += b;
+    } else {
+      out.append(ch);
+    }
+    i += len;
   }
   return out;
 }

@@ -1,6 +1,7 @@
 // kvsnap ls, show, find: what the store holds.
 #include "base/json_access.h"
 #include "base/printf_text.h"
+#include "base/text.h"
 #include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
@@ -18,14 +19,15 @@ std::string table(const std::vector<SnapshotInfo>& v) {
                 "K/V", "ARCH", "RAW", "STORED", "CREATED", "RESTORED", "KEEP", "TAGS");
   out += buf;
   for (const auto& s : v) {
+    const std::string name = s.name ? shown_text(*s.name) : "-", arch = shown_text(s.model_arch);
     std::string tags;
-    for (const auto& [k, val] : s.tags) tags += (tags.empty() ? "" : ",") + k + "=" + val;
+    for (const auto& [k, val] : s.tags) tags += (tags.empty() ? "" : ",") + shown_text(k) + "=" + shown_text(val);
     std::string types = s.k_types + "/" + s.v_types + (s.lossy.empty() ? "" : "*");
     // Eviction: pinned, or when it expires ("-": evicted by last use only).
     std::string keep = s.pinned ? "pinned" : "-";
     if (s.expires_at) keep = (s.pinned ? "pinned,exp " : "exp ") + s.expires_at->substr(0, 16);
     buf = printf_text("%-5lld %-24s %8lld %-12s %-10s %11s %11s  %-20s %-20s %-24s %s\n", (long long)s.id,
-                  s.name ? s.name->c_str() : "-", (long long)s.n_tokens, types.c_str(), s.model_arch.c_str(),
+                  name.c_str(), (long long)s.n_tokens, types.c_str(), arch.c_str(),
                   mib(s.raw_bytes).c_str(), mib(s.stored_bytes).c_str(), s.created.substr(0, 19).c_str(),
                   s.last_restored ? s.last_restored->substr(0, 19).c_str() : "never", keep.c_str(), tags.c_str());
     out += buf;
@@ -89,8 +91,8 @@ std::string digest_line(const SnapshotInfo& s) {
 // `show` of an mlx-lm prompt cache: what the file and the user said (format/snapshot_mlx.h).
 std::string show_mlx(const SnapshotInfo& s, const MlxCacheSummary& m, const SnapshotReader& r, bool tokens) {
   std::string out = "snapshot   " + label(s) + "\nuuid       " + s.uuid + "\ncreated    " + s.created +
-                    "\nengine     mlx-lm prompt cache, " + m.layout + " layout (" + m.written_by + ")" +
-                    "\nmodel      " + (m.model.empty() ? "- (not given at save, not in the file)" : m.model) +
+                    "\nengine     mlx-lm prompt cache, " + m.layout + " layout (" + shown_text(m.written_by) + ")" +
+                    "\nmodel      " + (m.model.empty() ? "- (not given at save, not in the file)" : shown_text(m.model)) +
                     "\nlayers     " + std::to_string(m.n_layers) + ": " + m.classes + "\nkv         K " + m.k_types +
                     ", V " + m.v_types + "\noffset     " +
                     (m.offset ? std::to_string(*m.offset) : std::string("differs by layer")) + "\ntokens     " +
@@ -99,7 +101,7 @@ std::string show_mlx(const SnapshotInfo& s, const MlxCacheSummary& m, const Snap
                     "\nsize       " + mib(s.raw_bytes) + " as mlx-lm wrote it, " + mib(s.stored_bytes) + " stored in " +
                     std::to_string(r.chunks().size()) + " chunks\n" + digest_line(s);
   if (s.parent_id) out += "parent     id " + std::to_string(*s.parent_id) + "\n";
-  for (const auto& [k, v] : s.tags) out += "tag        " + k + "=" + v + "\n";
+  for (const auto& [k, v] : s.tags) out += "tag        " + shown_text(k) + "=" + shown_text(v) + "\n";
   if (tokens) out += "tokens     " + json_text(json(r.tokens().tokens)) + "\n";
   return out;
 }
@@ -123,19 +125,19 @@ Status run_show(const ShowOpts& o, std::string& out) {
     return Status::OK();
   }
   out = "snapshot   " + label(s) + "\nuuid       " + s.uuid + "\ncreated    " + s.created + "\nmodel      " +
-        (s.model_arch.empty() ? "-" : s.model_arch) +
-        (s.model_fingerprint.empty() ? "" : " (" + s.model_fingerprint.substr(0, 16) + "...)") + "\ntokens     " +
+        (s.model_arch.empty() ? "-" : shown_text(s.model_arch)) +
+        (s.model_fingerprint.empty() ? "" : " (" + shown_text(s.model_fingerprint.substr(0, 16)) + "...)") + "\ntokens     " +
         std::to_string(s.n_tokens) + "\ntypes      K " + s.k_types + ", V " + s.v_types + " (" +
         (s.v_trans ? "transposed" : "rows") + ")" + (s.lossy.empty() ? "" : ", lossy: " + s.lossy) +
         "\nformat     " + s.source_format + "\nsize       " + mib(s.raw_bytes) + " as llama.cpp wrote it, " +
         mib(s.stored_bytes) + " stored in " + std::to_string(r.chunks().size()) + " chunks\n" + digest_line(s);
   const SourceClaims& w = r.manifest().provenance.writer;
-  if (!w.llama_build.empty()) out += "written by llama.cpp " + w.llama_build + " (" + w.llama_build_from + ")\n";
+  if (!w.llama_build.empty()) out += "written by llama.cpp " + shown_text(w.llama_build) + " (" + w.llama_build_from + ")\n";
   if (!w.reported_build.empty() && w.llama_build_from != "llama-server")
-    out += "server     reported build_info " + w.reported_build + "\n";
+    out += "server     reported build_info " + shown_text(w.reported_build) + "\n";
   if (!w.src_rotation.empty()) out += "rotation   declared " + w.src_rotation + " at save\n";
   if (s.parent_id) out += "parent     id " + std::to_string(*s.parent_id) + "\n";
-  for (const auto& [k, v] : s.tags) out += "tag        " + k + "=" + v + "\n";
+  for (const auto& [k, v] : s.tags) out += "tag        " + shown_text(k) + "=" + shown_text(v) + "\n";
   if (o.tokens) out += "tokens     " + json_text(json(r.tokens().tokens)) + "\n";
   return Status::OK();
 }

@@ -62,7 +62,7 @@ json to_json(const MigrateSummary& s, bool dry_run) {
 std::string to_text(const MigrateSummary& s, bool dry_run) {
   std::string out;
   for (const auto& f : s.files) {
-    out += "  " + f.name + ": " + file_action_name(f.action);
+    out += "  " + shown_text(f.name) + ": " + file_action_name(f.action);
     if (f.action == FileAction::kConverted || f.action == FileAction::kConvertedNotDurable ||
         f.action == FileAction::kWouldConvert)
       out += ", " + f.from + " -> " + f.to + ", " + mib(f.bytes_before) + " -> " + mib(f.bytes_after);

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "base/json_access.h"
+#include "base/text.h"
 #include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
@@ -89,7 +90,7 @@ Status run_import(const ImportOpts& o, std::string& out) {
     return Status::OK();
   }
   for (const auto& s : r.imported) out += "imported " + label(s) + ", " + std::to_string(s.n_tokens) + " tokens\n";
-  for (const auto& s : r.skipped) out += "skipped " + s + "\n";
+  for (const auto& s : r.skipped) out += "skipped " + shown_text(s) + "\n";
   if (r.imported.empty() && r.skipped.empty()) out = "the archive holds no snapshots\n";
   return Status::OK();
 }

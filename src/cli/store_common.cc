@@ -1,3 +1,4 @@
+#include "base/text.h"
 #include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/open_state.h"
@@ -116,7 +117,7 @@ json info_json(const SnapshotInfo& s) {
 }
 
 std::string label(const SnapshotInfo& s) {
-  return s.name ? *s.name + " (id " + std::to_string(s.id) + ")" : "id " + std::to_string(s.id);
+  return s.name ? shown_text(*s.name) + " (id " + std::to_string(s.id) + ")" : "id " + std::to_string(s.id);
 }
 
 json victim_json(const EvictionVictim& v) {

@@ -384,13 +384,12 @@ inline constexpr size_t kMaxTags = 4096;
 // U+FFFD, no longer matching the catalog; and within the bounds above. kInvalidArgument naming the
 // label. Rows already stored keep theirs (rekey rewrites them as they are).
 Status check_new_labels_text(const std::optional<std::string>& name, const std::map<std::string, std::string>& tags);
-// What an archive's index may not put in the store on top: labels (and a fingerprint) holding what
-// rewrites or reorders the terminal of whoever lists the store (has_terminal_controls: C0 controls
-// but tab, DEL, C1, bidirectional embeddings, overrides and isolates). A save is the user's own
-// (or kvsnap serve's, whose session names come from its clients and are set aside when they hold
-// these): not refused there. kInvalidArgument naming the label.
-Status check_imported_labels_safe(const std::optional<std::string>& name, const std::map<std::string, std::string>& tags,
-                                  const std::string& model_fingerprint);
+// What an archive's index may not put in the store on top: a model fingerprint that is not one
+// (over kMaxLabelBytes, not UTF-8, or holding terminal controls: has_terminal_controls). Names and
+// tags are the user's text, as a save takes them (an export of a store brings back what it held);
+// listings and messages show them through shown_text (base/text.h), so none rewrites or reorders
+// the terminal of whoever lists the store. kInvalidArgument naming the fingerprint.
+Status check_imported_fingerprint(const std::string& model_fingerprint);
 
 // Where a gc stands: its deletions (blobs, packs, temporaries, and their sizes in storage).
 struct GcProgress {

@@ -241,13 +241,7 @@ Status check_new_labels_text(const std::optional<std::string>& name, const std::
   return Status::OK();
 }
 
-Status check_imported_labels_safe(const std::optional<std::string>& name, const std::map<std::string, std::string>& tags,
-                                  const std::string& model_fingerprint) {
-  const char* why = "holds control characters (it would rewrite or reorder the terminal of whoever lists the store)";
-  if (name && has_terminal_controls(*name)) return Status::InvalidArgument("the name " + quote_text(*name) + " " + why);
-  for (const auto& [k, v] : tags)
-    if (has_terminal_controls(k) || has_terminal_controls(v))
-      return Status::InvalidArgument("the tag " + quote_text(k) + "=" + quote_text(v) + " " + why);
+Status check_imported_fingerprint(const std::string& model_fingerprint) {
   if (model_fingerprint.size() > kMaxLabelBytes || !is_valid_utf8(model_fingerprint) ||
       has_terminal_controls(model_fingerprint))
     return Status::InvalidArgument("the model fingerprint " + quote_text(model_fingerprint) +

@@ -1297,7 +1297,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     KV_ASSIGN_OR_RETURN(Checked c, check_entry(entry, tmp));
     if (Status s = check_snapshot_labels(c.meta.name, c.meta.tags); !s.ok() || !(s = check_new_labels_text(c.meta.name, c.meta.tags)).ok())
       return Status::Corruption(path + ": " + entry + ": " + s.message());
-    if (Status s = check_imported_labels_safe(c.meta.name, c.meta.tags, c.meta.model_fingerprint); !s.ok())
+    if (Status s = check_imported_fingerprint(c.meta.model_fingerprint); !s.ok())
       return Status::Corruption(path + ": " + entry + ": " + s.message());
     KV_RETURN_IF_ERROR(in_entry(c.reader->verify_chunks(), entry));
     KV_RETURN_IF_ERROR(in_entry(c.reader->verify_original(), entry));

@@ -198,5 +198,27 @@ TEST(Text, TerminalControlsAreFound) {
     EXPECT_TRUE(has_terminal_controls(bad)) << bad;
 }
 
+// What a listing shows of a label: every control character, C1 control and bidirectional
+// control escaped, text of any script as it is, a byte that is not UTF-8 as \xNN; quote_text
+// shows the same between quotes and cuts at a character's start.
+TEST(Text, ShownTextEscapesWhatMovesTheTerminal) {
+  EXPECT_EQ(shown_text("chat 42"), "chat 42");
+  EXPECT_EQ(shown_text("caf\xc3\xa9 \xd7\xa9\xe2\x80\x8f \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xd7\xa9\xe2\x80\x8f \xf0\x9f\x98\x80");
+  EXPECT_EQ(shown_text("a\x1b[2Jb"), "a\\x1b[2Jb");
+  EXPECT_EQ(shown_text("two\nlines\tand\rcr\x7f"), "two\\x0alines\\x09and\\x0dcr\\x7f");
+  EXPECT_EQ(shown_text("c1\xc2\x9b" "2J"), "c1\\u009b2J");
+  EXPECT_EQ(shown_text("evil\xe2\x80\xaetxt.exe"), "evil\\u202etxt.exe");
+  EXPECT_EQ(shown_text("lri\xe2\x81\xa6x\xe2\x81\xa9"), "lri\\u2066x\\u2069");
+  EXPECT_EQ(shown_text("bad\xff\xc3"), "bad\\xff\\xc3");
+  EXPECT_EQ(shown_text(std::string("nul\0x", 5)), "nul\\x00x");
+  for (const char* s : {"a\x1b[2J", "nl\n", "c1\xc2\x9b", "rlo\xe2\x80\xae", "pdi\xe2\x81\xa9", "\xff\xfe"}) {
+    EXPECT_FALSE(has_terminal_controls(shown_text(s))) << s;
+    EXPECT_TRUE(is_valid_utf8(shown_text(s))) << s;
+  }
+  EXPECT_EQ(quote_text("evil\xe2\x80\xae"), "'evil\\u202e'");
+  EXPECT_EQ(quote_text("ab\xc3\xa9", 3), "'ab...'") << "cut before the character, not inside it";
+  EXPECT_EQ(quote_text("abc", 3), "'abc'");
+}
+
 }  // namespace
 }  // namespace kvsnap

@@ -356,6 +356,43 @@ TEST_F(StoreCli, LsKeepsOneLinePerSnapshotWhateverItsTags) {
   EXPECT_NE(ls.out.find("note=" + note + "\n"), std::string::npos) << "the whole tag, then the row's end";
 }
 
+// Labels with control characters (a save takes them: kvsnap serve's session names come from its
+// clients): ls and show escape them, so nothing reaches the terminal that moves its cursor, starts
+// an escape sequence or reorders the row, and a newline keeps one row per snapshot; --json keeps
+// them exact; an export of them imports into another store whole (import refused them before).
+TEST_F(StoreCli, LabelsWithControlCharactersAreShownEscapedAndExportImportsBack) {
+  const std::string a = make_slot("a.slot", 2, 64, 40, 4).string();
+  ASSERT_EQ(kv("save " + a + " --name \"$(printf 'a\\033[2Jb')\" --tag \"$(printf 'k=v\\342\\200\\256x')\"").code, 0);
+  ASSERT_EQ(kv("save " + a + " --name \"$(printf 'two\\nlines')\"").code, 0);
+  for (const std::string& cmd : {std::string("ls"), std::string("show 1"), std::string("show 2")}) {
+    KvRun r = kv(cmd);
+    ASSERT_EQ(r.code, 0) << cmd << ": " << r.err;
+    EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << cmd << ": " << r.out;
+    EXPECT_EQ(r.out.find("\xe2\x80\xae"), std::string::npos) << cmd << ": " << r.out;
+    EXPECT_EQ(r.out.find("two\nlines"), std::string::npos) << cmd << ": " << r.out;
+  }
+  KvRun ls = kv("ls");
+  EXPECT_EQ(std::count(ls.out.begin(), ls.out.end(), '\n'), 3) << ls.out;
+  EXPECT_NE(ls.out.find("a\\x1b[2Jb"), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find("k=v\\u202ex"), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find("two\\x0alines"), std::string::npos) << ls.out;
+  EXPECT_NE(kv("show 1").out.find("snapshot   a\\x1b[2Jb (id 1)\n"), std::string::npos);
+  const std::string json_before = kv("ls --json").out;
+  EXPECT_NE(json_before.find("\"a\\u001b[2Jb\""), std::string::npos) << json_before;
+  const std::string archive = (dir_ / "labels.tar.zst").string(), other = (dir_ / "other").string();
+  ASSERT_EQ(kv("export 1 2 -o " + archive).code, 0);
+  KvRun imp = bare("import " + archive + " --store " + other);
+  ASSERT_EQ(imp.code, 0) << imp.err;
+  EXPECT_EQ(imp.out.find('\x1b'), std::string::npos) << imp.out;
+  EXPECT_NE(imp.out.find("imported a\\x1b[2Jb (id "), std::string::npos) << imp.out;
+  const auto before = nlohmann::json::parse(json_before), after = nlohmann::json::parse(bare("ls --json --store " + other).out);
+  ASSERT_EQ(after.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    for (const char* key : {"uuid", "name", "tags", "created", "content_digest"})
+      EXPECT_EQ(after[i][key], before[i][key]) << key;
+  }
+}
+
 // Only save and import create a store: a command that reads or changes what is stored, given a
 // store that is not there (a mistyped --store), says so by name (exit 8) and creates nothing.
 // restore -o DIR is refused before any work, --force or not.
