@@ -1068,6 +1068,8 @@ Result<ExportIndexEntry> index_entry_of(const JsonRef& e) {
   if (!canonical.ok()) return e.error("uuid " + canonical.status().message());
   out.uuid = *canonical;
   KV_ASSIGN_OR_RETURN(out.sealed_metadata, e.string_or(kSealedMetadata, ""));
+  if (!out.sealed_metadata.empty() && out.uuid.empty())  // (it would fail to open as "tampered")
+    return e.error("sealed metadata without a uuid: the labels are sealed to the snapshot's uuid, which the index must give");
   KV_RETURN_IF_ERROR(read_labels(e, out));
   return out;
 }
@@ -1123,9 +1125,11 @@ Result<std::vector<ExportIndexEntry>> parse_export_index(std::string_view text, 
       auto checked = add_seconds(e.created, 0);
       // A day of clock skew between the exporting host and this one is taken.
       const auto latest = add_seconds(utc_now_iso8601(), 24 * 3600);
-      if (!checked.ok() || *checked != e.created || (latest.ok() && e.created > *latest))
+      // Nor before 1970 (no store holds older; a year 1 or -1, which the round trip takes, would
+      // put the snapshot first in line for eviction).
+      if (!checked.ok() || *checked != e.created || (latest.ok() && e.created > *latest) || e.created < "1970-01-01")
         return Status::Corruption(doc + ": " + e.file + ": created '" + e.created +
-                                  "' is not a past UTC time as kvsnap writes it (eviction orders by it)");
+                                  "' is not a past UTC time since 1970 as kvsnap writes it (eviction orders by it)");
     }
   }
   return entries;

@@ -896,6 +896,11 @@ TEST(StoreCrypt, TamperedSealedMetadataFailsAndOldArchivesStillImport) {
   });
   import_fails("another snapshot's metadata", Code::kCorruption, "its sealed metadata: tampered or corrupt");
 
+  // sealed metadata without the uuid it is bound to: said so, not "tampered"
+  fresh_export();
+  edit_index(archive, [](nlohmann::json& j) { j["snapshots"][0].erase("uuid"); });
+  import_fails("no uuid", Code::kCorruption, "sealed metadata without a uuid");
+
   // no key: refused, naming the key needed
   fresh_export();
   {
