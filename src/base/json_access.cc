@@ -118,10 +118,6 @@ class DomBuilder : public nlohmann::json_sax<Json> {
 
 template <class Json>
 Result<Json> parse_json(std::string_view text, const std::string& doc, Code code) {
-  // JSON has no raw NUL (a string escapes it as \u0000), and nlohmann's lexer takes one for the
-  // end of the input: the text after it would be read as absent, not refused.
-  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
-    return status_of(code, doc + ": not valid JSON: a NUL byte at offset " + std::to_string(nul));
   DomBuilder<Json> builder;
   if (!Json::sax_parse(text.begin(), text.end(), &builder, nlohmann::json::input_format_t::json, /*strict=*/true)) {
     return status_of(code, doc + ": not valid JSON" + (builder.problem().empty() ? "" : ": " + builder.problem()));

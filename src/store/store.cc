@@ -1103,6 +1103,11 @@ Status open_labels(ExportIndexEntry& e, const ChunkCipher* cipher, const Sha256D
 Result<std::vector<ExportIndexEntry>> parse_export_index(std::string_view text, const std::string& archive) {
   const std::string doc = archive + ": " + kExportIndex;
   if (text.empty()) return Status::Corruption(doc + ": missing or empty; not a kvsnap export");
+  // JSON has no raw NUL (a string escapes it as \u0000), and nlohmann's lexer takes one for the end
+  // of the input: an index cut there, whatever follows, was read as the part before it. (A
+  // safetensors header is read as MLX reads it, by the same lexer: not refused there.)
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    return Status::Corruption(doc + ": not valid JSON: a NUL byte at offset " + std::to_string(nul));
   KV_ASSIGN_OR_RETURN(nlohmann::json index, parse_json(text, doc));
   const JsonRef root(index, doc);
   KV_ASSIGN_OR_RETURN(int64_t v, root.integer_or("kvsnap_export", 1));  // every export names it; hand-made ones may not

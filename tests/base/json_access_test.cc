@@ -30,21 +30,6 @@ TEST(JsonAccess, ParseNeverThrows) {
   EXPECT_EQ(parse_json("x", "reply", Code::kMismatch).status().code(), Code::kMismatch);
 }
 
-// A raw NUL ends the input for nlohmann's lexer: a document cut there (the rest anything) was read
-// as the part before it. JSON writes a NUL in a string as \u0000, which is text.
-TEST(JsonAccess, ARawNulIsRefusedNotTakenForTheEnd) {
-  for (std::string_view bad : {std::string_view("{\"a\": 1}\0{\"b\"", 13), std::string_view("{\"a\": \"x\0y\"}", 13),
-                               std::string_view("\0", 1)}) {
-    auto j = parse_json(bad, "index");
-    ASSERT_FALSE(j.ok()) << bad;
-    EXPECT_NE(j.status().message().find("index: not valid JSON: a NUL byte at offset"), std::string::npos)
-        << j.status().message();
-  }
-  auto ok = parse_json("{\"a\": \"x\\u0000y\"}", "index");
-  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
-  EXPECT_EQ((*ok)["a"].get<std::string>(), std::string("x\0y", 3));
-}
-
 TEST(JsonAccess, ErrorsNameDocumentPathAndType) {
   const nlohmann::json j = doc(R"({"snapshots": [{"uuid": "a"}, {"uuid": 12345}], "n": -1, "big": 99999999999})");
   const JsonRef root(j, "export index");

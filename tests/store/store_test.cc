@@ -1194,6 +1194,17 @@ TEST(Store, ExportIndexErrorsNameTheKeyAndType) {
     EXPECT_EQ(r.status().code(), Code::kCorruption) << c.text;
     EXPECT_NE(r.status().message().find(c.message), std::string::npos) << c.text << " -> " << r.status().ToString();
   }
+  // A raw NUL ends the input for nlohmann's lexer: an index cut there (the rest anything) was read
+  // as the part before it. JSON writes a NUL in a string as \u0000, which is text.
+  for (std::string_view bad : {std::string_view("{\"snapshots\": []}\0{\"b\"", 22),
+                               std::string_view("{\"snapshots\": [{\"file\": \"a\0b\"}]}", 32), std::string_view("\0", 1)}) {
+    auto r = parse_export_index(bad, "a.tar");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), Code::kCorruption);
+    EXPECT_NE(r.status().message().find("a.tar: kvsnap-export.json: not valid JSON: a NUL byte at offset"),
+              std::string::npos)
+        << r.status().message();
+  }
   auto ok = parse_export_index(
       R"({"snapshots": [{"file": "f", "name": null, "tags": {"a": "b"}, "uuid": "0F0A3C5E-1B2D-4E6F-8A9B-0C1D2E3F4A5B"}]})",
       "a.tar");
