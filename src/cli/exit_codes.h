@@ -13,7 +13,7 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitUsage = 2;
 // An exception reached main: a bug in kvsnap, never an answer about the input.
 inline constexpr int kExitInternal = 70;
-// Ctrl-C (SIGINT) or SIGTERM stopped the command; what it was writing was removed (128 + SIGINT, as shells report).
+// Ctrl-C (SIGINT), SIGTERM or SIGHUP stopped the command; what it was writing was removed (128 + SIGINT, as shells report).
 inline constexpr int kExitInterrupted = 130;
 
 // What each exit status means, for kvsnap(1) (docs/cli.md keeps the same table).
@@ -33,7 +33,7 @@ inline constexpr ExitMeaning kExitMeanings[] = {
     {7, "I/O error, or out of memory"},
     {8, "not found: a file, snapshot, model or server slot that does not exist"},
     {70, "internal error: an exception reached main (a kvsnap bug)"},
-    {130, "interrupted: Ctrl-C (SIGINT) or SIGTERM stopped the command; what it was writing is removed"},
+    {130, "interrupted: Ctrl-C (SIGINT), SIGTERM or SIGHUP stopped the command; what it was writing is removed"},
 };
 
 // Codes 0..8 are the C API's kvsnap_status values (capi/kvsnap.h): tests/cli/exit_codes_test.cc

@@ -22,6 +22,15 @@ std::atomic<uint64_t> g_freed{0};
 
 extern "C" void on_signal(int) { g_interrupted.store(true); }
 
+// KVSNAP_TEST_INTERRUPT_SIGNAL (progress.h): the signal the knob below raises.
+int interrupt_signal() {
+  static const int sig = [] {
+    const std::string v = std::getenv("KVSNAP_TEST_INTERRUPT_SIGNAL") ? std::getenv("KVSNAP_TEST_INTERRUPT_SIGNAL") : "";
+    return v == "TERM" ? SIGTERM : v == "HUP" ? SIGHUP : SIGINT;
+  }();
+  return sig;
+}
+
 // KVSNAP_TEST_INTERRUPT_AFTER_BYTES (progress.h): 0 = off.
 uint64_t interrupt_after() {
   static const uint64_t n = [] {
@@ -35,11 +44,11 @@ void count(std::atomic<uint64_t>& counter, uint64_t n) {
   counter.fetch_add(n);
   static std::atomic<bool> raised{false};
   const uint64_t after = interrupt_after();
-  if (after && g_read.load() + g_written.load() + g_freed.load() >= after && !raised.exchange(true)) raise(SIGINT);
+  if (after && g_read.load() + g_written.load() + g_freed.load() >= after && !raised.exchange(true)) raise(interrupt_signal());
 }
 
 Status stopped(const std::string& name) {
-  return Status::Interrupted(name + ": stopped by a signal (Ctrl-C); what was being written is removed");
+  return Status::Interrupted(name + ": stopped by a signal (Ctrl-C, SIGTERM or SIGHUP); what was being written is removed");
 }
 
 class CountingReadable final : public ReadableFile {
@@ -160,6 +169,9 @@ void install_interrupt_handler() {
   sa.sa_flags = SA_RESETHAND;  // the second Ctrl-C has the default action: the process ends at once
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  // The terminal closing (an ssh session lost) under a long migrate or save: stopped as Ctrl-C
+  // stops it, its temporaries removed, rather than killed with them left for the next run.
+  sigaction(SIGHUP, &sa, nullptr);
 }
 
 bool interrupted() { return g_interrupted.load(); }

@@ -2,7 +2,7 @@
 // import, gc, migrate).
 //
 // Nothing below the CLI knows about either. Every file the CLI opens goes through
-// cli_io(), an Io that counts the bytes read and written and, once SIGINT or SIGTERM
+// cli_io(), an Io that counts the bytes read and written and, once SIGINT, SIGTERM or SIGHUP
 // has arrived, answers every further read or write with Code::kInterrupted. The
 // operation then fails the way it fails on a disk error: atomic writers remove their
 // temporaries, the catalog rolls back, and the command exits 130 with nothing
@@ -39,13 +39,13 @@ uint64_t cli_bytes_written();
 uint64_t cli_bytes_freed();
 void count_freed(uint64_t n);
 
-// Installs the SIGINT/SIGTERM handler (main does, once).
+// Installs the SIGINT/SIGTERM/SIGHUP handler (main does, once).
 void install_interrupt_handler();
 bool interrupted();
 
-// Testing knob: KVSNAP_TEST_INTERRUPT_AFTER_BYTES=N raises SIGINT in the process once
-// N bytes have been read or written through cli_io() (or freed by gc), so tests can stop every command
-// at a known point through the real signal path.
+// Testing knob: KVSNAP_TEST_INTERRUPT_AFTER_BYTES=N raises SIGINT (KVSNAP_TEST_INTERRUPT_SIGNAL=TERM
+// or HUP: that one) in the process once N bytes have been read or written through cli_io() (or freed
+// by gc), so tests can stop every command at a known point through the real signal path.
 
 enum class ProgressMode { kAuto, kQuiet, kJson };
 

@@ -33,6 +33,8 @@ namespace kvsnap {
 
 namespace {
 
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM"; }
+
 // How long a completion waits for the saves queued before it (a slot of a long context takes seconds).
 constexpr double kSaveWaitS = 120;
 // How long a completion waits for a slot when every one is taken by a completion kvsnap forwarded:
@@ -151,12 +153,15 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   KV_RETURN_IF_ERROR(io.create_dirs(slot_dir));
   KV_ASSIGN_OR_RETURN(po.upstream_port, free_loopback_port());
 
-  // SIGTERM/SIGINT are taken by sigwait below: blocked here before any thread starts, so every
-  // thread inherits the mask (the child gets default signals back: supervisor.cc).
+  // SIGTERM/SIGINT/SIGHUP are taken by sigwait below: blocked here before any thread starts, so
+  // every thread inherits the mask (the child gets default signals back: supervisor.cc). SIGHUP
+  // (the terminal closed) shuts down as SIGTERM does; the CLI's handler (cli/progress.cc) never
+  // sees these here.
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGTERM);
   sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not the end of kvsnap
 
@@ -249,7 +254,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   int load_sig = 0;
   if (Status s = sup.start([&] { return take_pending_signal(sigs, &load_sig); }); !s.ok()) {
     if (load_sig == 0) return s;
-    log(std::string("got ") + (load_sig == SIGINT ? "SIGINT" : "SIGTERM") + " while llama-server was loading: stopped it");
+    log(std::string("got ") + signal_name(load_sig) + " while llama-server was loading: stopped it");
     return Status::Interrupted("kvsnap serve: stopped while llama-server was loading its model (nothing was saved)");
   }
   // The slot count (-np, or llama-server's default) from the child itself; unknown: no gate.
@@ -276,7 +281,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   sigwait(&sigs, &sig);
   const uint64_t in_flight = drain.shut();  // new requests: 503 from here on
   slot_gate.shut();  // and the completions still waiting for a slot
-  log(std::string("got ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + ": finishing the " + std::to_string(in_flight) +
+  log(std::string("got ") + signal_name(sig) + ": finishing the " + std::to_string(in_flight) +
       " requests in flight (streams to their end; SIGTERM or SIGINT again stops at once), saving the slots, "
       "stopping llama-server");
   // Stopping the HTTP server cuts the streams it is writing: first wait for every ticket to come back.

@@ -46,6 +46,15 @@ no_temps convert "$work/out"
   && ok "convert: the same command without the signal succeeds" || bad "convert: fails without the signal"
 rm -f "$work/out/c.slot"
 
+# SIGTERM and SIGHUP (the terminal closed, an ssh session lost) stop it the same way: the handler
+# takes them too (SIGHUP's default action killed the process, its temporary left for the next run)
+for sig in TERM HUP; do
+  KVSNAP_TEST_INTERRUPT_SIGNAL=$sig stop_after "$third" "$kvsnap" convert "$src" "$work/out/c.slot" --ctk q8_0 --ctv q8_0 \
+    --model "$model" >/dev/null 2>"$work/err"; stopped "convert (SIG$sig)" $? "$work/err"
+  [ ! -e "$work/out/c.slot" ] && ok "convert (SIG$sig): no output file" || bad "convert (SIG$sig): the output exists"
+  no_temps "convert (SIG$sig)" "$work/out"
+done
+
 # convert of an mlx-lm prompt cache (its own path: format/mlx_*): stopped the same way, nothing left
 mlx="$fx/../tests/fuzz/corpus/mlx_prompt_cache/meta_step_q3g128.safetensors"
 stop_after 2000 "$kvsnap" convert "$mlx" "$work/out/m.safetensors" --kv-bits 4 >/dev/null 2>"$work/err"
@@ -131,6 +140,10 @@ said=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["int
 [ "$said" = "True $n_conv" ] && ok "migrate --json after the signal: interrupted, $n_conv converted" \
   || bad "migrate --json after the signal says '$said', want 'True $n_conv'"
 no_temps migrate "$work/slots"
+# SIGHUP in the middle of the rerun: stopped as Ctrl-C stops it, no temporary left
+KVSNAP_TEST_INTERRUPT_SIGNAL=HUP stop_after $((examined + size)) "$kvsnap" migrate "$work/slots" --ctk q8_0 --ctv q8_0 \
+  --model "$model" >/dev/null 2>"$work/err"; stopped "migrate (SIGHUP)" $? "$work/err"
+no_temps "migrate (SIGHUP)" "$work/slots"
 "$kvsnap" migrate "$work/slots" --ctk q8_0 --ctv q8_0 --model "$model" >/dev/null 2>&1 \
   && ok "migrate: the same command finishes the directory" || bad "migrate: the rerun fails"
 

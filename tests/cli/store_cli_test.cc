@@ -1560,6 +1560,24 @@ TEST_F(StoreCli, ServeTenantPerNamespaceNeedsAKeyAndNoFixedTenant) {
   EXPECT_NE(fixed.err.find("not 'bob' (drop --tenant"), std::string::npos) << fixed.err;
 }
 
+// SIGHUP (the terminal of a `kvsnap serve` closed) stops serve as SIGTERM does, through its own
+// signal wait: here while its child (a shell that never serves) is still "loading", so it stops the
+// child and exits 130 saying which signal came. (The CLI's handler took SIGHUP for the other
+// commands; had it reached serve, every file access after it would have failed.)
+TEST_F(StoreCli, ServeStopsOnSighupAsOnSigterm) {
+  const fs::path o = dir_ / "serve.out", e = dir_ / "serve.err", child = dir_ / "never-ready.sh";
+  std::ofstream(child) << "#!/bin/sh\nexec sleep 60\n";
+  fs::permissions(child, fs::perms::owner_all);
+  const std::string cmd = "bash -c '" + std::string(KVSNAP_BINARY) + " serve --store " + store_ + " -- " +
+                          child.string() + " >" + o.string() + " 2>" + e.string() +
+                          " & pid=$!; sleep 2; kill -HUP $pid; wait $pid; exit $?'";
+  const int rc = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(rc));
+  const std::string err = slurp(e);
+  EXPECT_EQ(WEXITSTATUS(rc), 130) << err;
+  EXPECT_NE(err.find("got SIGHUP while llama-server was loading"), std::string::npos) << err;
+}
+
 // A --max-request-bytes that is no size above 0 is exit 2 naming it, before llama-server starts.
 TEST_F(StoreCli, ServeRefusesABadRequestBound) {
   for (const char* bad : {"0", "lots", "-5"}) {
