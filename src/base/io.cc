@@ -242,7 +242,9 @@ class PosixIo final : public Io {
     return errno_status("exchange with " + b, a, e);
   }
   Status remove(const std::string& path) override {
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return errno_status("remove", path, errno);
+    if (::unlink(path.c_str()) == 0 || errno == ENOENT) return Status::OK();
+    if (errno != EISDIR && errno != EPERM) return errno_status("remove", path, errno);  // EPERM: a directory (POSIX)
+    if (::rmdir(path.c_str()) != 0 && errno != ENOENT) return errno_status("remove", path, errno);
     return Status::OK();
   }
   Status sync_dir(const std::string& dir) override {

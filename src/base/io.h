@@ -211,6 +211,7 @@ class Io {
   // kNotSupported where the system or the file system has no such call. Not defaulted: an Io that
   // wraps another must forward it, or its callers silently lose what it guards (migrate's check).
   virtual Status exchange(const std::string& a, const std::string& b) = 0;
+  // Removes a file, a symbolic link or an empty directory; a path not there is OK.
   virtual Status remove(const std::string& path) = 0;
   virtual Status sync_dir(const std::string& dir) = 0;
   virtual Result<bool> exists(const std::string& path) = 0;

@@ -69,6 +69,34 @@ Result<std::unique_ptr<Store>> open_store(const std::string& dir, bool keyless_o
   return Store::open(cli_io(), where);
 }
 
+Result<bool> store_dir_is_new(const std::string& dir) {
+  KV_ASSIGN_OR_RETURN(StoreLocation where, store_location(dir));
+  if (!where.config.empty() || where.catalog_kind != CatalogKind::kSqlite || where.blob_kind != BlobKind::kLocal)
+    return false;
+  KV_ASSIGN_OR_RETURN(bool there, cli_io().exists(where.local_dir));
+  return !there;
+}
+
+static Status remove_tree(Io& io, const std::string& dir) {
+  KV_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, io.list_dir(dir));
+  for (const DirEntry& e : entries) {
+    const std::string path = dir + "/" + e.name;
+    if (e.is_dir) KV_RETURN_IF_ERROR(remove_tree(io, path));
+    else KV_RETURN_IF_ERROR(io.remove(path));
+  }
+  return io.remove(dir);
+}
+
+Status remove_new_store(const std::string& dir) {
+  KV_ASSIGN_OR_RETURN(StoreLocation where, store_location(dir));
+  {
+    KV_ASSIGN_OR_RETURN(auto store, Store::open(cli_io(), where));
+    KV_ASSIGN_OR_RETURN(auto listed, store->catalog().list());
+    if (!listed.empty()) return Status::OK();  // another command stored something meanwhile: it stays
+  }
+  return remove_tree(cli_io(), where.local_dir);
+}
+
 Result<std::unique_ptr<Store>> open_or_create_store(const std::string& dir) {
   KV_ASSIGN_OR_RETURN(StoreLocation where, store_location(dir));
   return Store::open(cli_io(), where);

@@ -30,6 +30,14 @@ std::string mib(uint64_t b);  // "1.25 MiB"
 Result<std::unique_ptr<Store>> open_store(const std::string& dir, bool keyless_ok = false);
 // The same, creating the store when it does not exist yet (save, import).
 Result<std::unique_ptr<Store>> open_or_create_store(const std::string& dir);
+// Whether `dir` (--store) names an embedded store (catalog and blobs in one directory) whose
+// directory is not there yet: the one case where a command that creates the store and then fails
+// may take it away again (remove_new_store).
+Result<bool> store_dir_is_new(const std::string& dir);
+// Removes the store directory `dir` that this command created (store_dir_is_new was true before
+// it opened the store, which is closed now), with everything in it, when its catalog lists no
+// snapshot; otherwise leaves it. Symbolic links are removed, never followed.
+Status remove_new_store(const std::string& dir);
 Result<StoreLocation> store_location(const std::string& dir);
 
 // The store's key options of the running command (docs/store.md, "Encryption at rest"): every
