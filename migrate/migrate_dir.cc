@@ -384,8 +384,17 @@ Result<std::vector<std::string>> scan(Io& io, const MigrateOptions& o, MigrateSu
   std::vector<std::string> todo;
   for (const DirEntry& e : entries) {
     if (const std::optional<long> pid = temp_pid(e.name)) {
-      if (is_stale_temp(*pid) && e.is_regular && !o.dry_run && io.remove(o.dir + "/" + e.name).ok())
+      if (!is_stale_temp(*pid)) {  // another kvsnap's, still at work: said, left alone
+        FileOutcome busy;
+        busy.name = e.name;
+        busy.action = FileAction::kSkippedOther;
+        busy.detail = "a temporary of kvsnap process " + std::to_string(*pid) + ", still running";
+        sum.files.push_back(std::move(busy));
+      } else if (e.is_regular && o.dry_run) {
+        ++sum.stale_temps_found;
+      } else if (e.is_regular && io.remove(o.dir + "/" + e.name).ok()) {
         ++sum.stale_temps_removed;
+      }
       continue;
     }
     FileOutcome skip;

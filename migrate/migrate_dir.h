@@ -77,6 +77,7 @@ struct FileOutcome {
 struct MigrateSummary {
   std::vector<FileOutcome> files;  // in name order
   uint64_t stale_temps_removed = 0;
+  uint64_t stale_temps_found = 0;  // --dry-run: the stale temporaries a run would remove
   double seconds = 0;
   // A converted file took its original's name by a plain rename: the file system cannot exchange
   // two names (NFS), so a save that began in the moment between the last check and the rename

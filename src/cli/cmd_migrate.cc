@@ -53,6 +53,7 @@ json to_json(const MigrateSummary& s, bool dry_run) {
           {"bytes_before", s.bytes_before()},
           {"bytes_after", s.bytes_after()},
           {"stale_temps_removed", s.stale_temps_removed},
+          {"stale_temps_found", s.stale_temps_found},
           {"plain_renames", s.plain_renames},
           {"seconds", s.seconds},
           {"interrupted", !s.interrupted.ok()},
@@ -85,6 +86,8 @@ std::string to_text(const MigrateSummary& s, bool dry_run) {
                                 "survive a crash (the directory's fsync failed; listed above)\n";
   }
   if (s.stale_temps_removed) out += "removed " + std::to_string(s.stale_temps_removed) + " stale temporary files\n";
+  if (s.stale_temps_found)
+    out += "would remove " + std::to_string(s.stale_temps_found) + " stale temporary files (left by a kvsnap that was killed)\n";
   if (s.plain_renames) {
     out += "note: this file system cannot swap two names (NFS?), so the converted files replaced their originals "
            "by a plain rename: a server's save of a slot in the moment between kvsnap's last check and the rename "

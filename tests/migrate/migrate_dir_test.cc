@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -14,6 +15,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
 #include <string>
 
 #include "base/os.h"
@@ -622,6 +624,39 @@ TEST(MigrateDir, OnlyKvsnapsOwnTemporaryNamesAreRemovedAsStale) {
   EXPECT_FALSE(fs::exists(dir / "kvsnap-save.kvsnap-tmp-999999999-77.bin")) << "a dead process's temporary kept";
   for (const std::string& name : users) ASSERT_TRUE(fs::exists(dir / name)) << name << ": a user's file removed as stale";
   EXPECT_EQ(sum->count(FileAction::kConverted), users.size());
+}
+
+// A dry run counts the stale temporaries a run would remove (it said nothing of them), removes
+// none; a temporary of a kvsnap still running (this test's own pid) is reported as skipped and
+// left, by a dry run and by a run.
+TEST(MigrateDir, TemporariesAreReportedStaleOrStillInUse) {
+  test::TempDir t("kvsnap-migrate-temp-report");
+  const fs::path dir = t.path();
+  const fs::path slot = kFixtures / "v0.5.0/hd64-f16-f16-faon.slot";
+  fs::copy_file(slot, dir / "a.slot");
+  fs::copy_file(slot, dir / "kvsnap-save.kvsnap-tmp-999999999-77.bin");  // no such process
+  const std::string live = "b.slot.kvsnap-tmp-" + std::to_string(::getpid()) + "-5";
+  fs::copy_file(slot, dir / live);
+  ForwardingIo io;
+  for (const bool dry : {true, false}) {
+    MigrateOptions o;
+    o.dir = dir.string();
+    o.spec.ctk = "f32";
+    o.spec.ctv = "f32";
+    o.dry_run = dry;
+    auto sum = migrate_dir(io, o);
+    ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+    EXPECT_EQ(sum->stale_temps_found, dry ? 1u : 0u);
+    EXPECT_EQ(sum->stale_temps_removed, dry ? 0u : 1u);
+    EXPECT_EQ(fs::exists(dir / "kvsnap-save.kvsnap-tmp-999999999-77.bin"), dry);
+    ASSERT_TRUE(fs::exists(dir / live)) << "another kvsnap's temporary removed";
+    const auto it = std::find_if(sum->files.begin(), sum->files.end(), [&](const FileOutcome& f) { return f.name == live; });
+    ASSERT_NE(it, sum->files.end()) << "the live temporary is not in the report";
+    EXPECT_EQ(it->action, FileAction::kSkippedOther);
+    EXPECT_NE(it->detail.find("a temporary of kvsnap process " + std::to_string(::getpid()) + ", still running"),
+              std::string::npos) << it->detail;
+    EXPECT_EQ(sum->count(dry ? FileAction::kWouldConvert : FileAction::kConverted), 1u);
+  }
 }
 
 }  // namespace
