@@ -243,9 +243,10 @@ class PosixIo final : public Io {
   }
   Status remove(const std::string& path) override {
     if (::unlink(path.c_str()) == 0 || errno == ENOENT) return Status::OK();
-    if (errno != EISDIR && errno != EPERM) return errno_status("remove", path, errno);  // EPERM: a directory (POSIX)
-    if (::rmdir(path.c_str()) != 0 && errno != ENOENT) return errno_status("remove", path, errno);
-    return Status::OK();
+    const int unlink_errno = errno;
+    if (unlink_errno != EISDIR && unlink_errno != EPERM) return errno_status("remove", path, unlink_errno);
+    if (::rmdir(path.c_str()) == 0 || errno == ENOENT) return Status::OK();  // EPERM: a directory (POSIX)
+    return errno_status("remove", path, errno == ENOTDIR ? unlink_errno : errno);  // a file unlink refused
   }
   Status sync_dir(const std::string& dir) override {
     int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

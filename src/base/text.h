@@ -27,7 +27,7 @@ inline std::string utc_now(const char* format) {
   return std::string(b, std::strftime(b, sizeof b, format, &tm));
 }
 
-inline std::string shown_text(std::string_view s);
+inline std::string shown_text(std::string_view s, bool keep_lines = false);
 
 // `s` between single quotes, safe to print whatever a file holds: shown_text's escapes, at most
 // `max_bytes` bytes of `s` shown (cut at a character's start), "..." when cut.
@@ -110,13 +110,14 @@ inline std::string utf8_escaped(std::string_view s) {
 // embedding, override or isolate (has_terminal_controls) as \uXXXX, a byte that is not part of
 // well-formed UTF-8 as \xNN; all else as it is. Nothing shown can move the cursor, start an
 // escape sequence or reorder what follows. The text itself is kept as it was (--json prints it).
-inline std::string shown_text(std::string_view s) {
+// keep_lines: newline and tab pass (a whole message of several lines, as the CLI prints errors).
+inline std::string shown_text(std::string_view s, bool keep_lines) {
   std::string out;
   out.reserve(s.size());
   char b[16];
   for (size_t i = 0; i < s.size();) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c == 0x7f) {
+    if ((c < 0x20 && !(keep_lines && (c == '\n' || c == '\t'))) || c == 0x7f) {
       std::snprintf(b, sizeof b, "\\x%02x", c);
       out += b;
       ++i;

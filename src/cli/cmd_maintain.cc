@@ -2,6 +2,7 @@
 // within its caps, store/eviction.h), proving it intact, replacing its key.
 #include "base/json_access.h"
 #include "base/printf_text.h"
+#include "base/text.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
 
@@ -243,8 +244,8 @@ Status run_verify(const VerifyOpts& o, std::string& out) {
                          {"sealed_only", r.sealed_only}, {"not_checked", r.not_checked}}, 2) +
           "\n";
   } else {
-    for (const auto& p : r.problems) out += "problem: " + p + "\n";
-    for (const auto& n : r.not_checked) out += "not checked: " + n + "\n";
+    for (const auto& p : r.problems) out += "problem: " + shown_text(p) + "\n";
+    for (const auto& n : r.not_checked) out += "not checked: " + shown_text(n) + "\n";
     out += "verified " + std::to_string(r.snapshots) + " snapshots, " + std::to_string(r.chunks) + " chunks, " +
            mib(r.bytes) + ": " + (r.problems.empty() ? "all good" : std::to_string(r.problems.size()) + " problems") +
            "\n";

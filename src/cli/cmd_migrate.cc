@@ -67,7 +67,7 @@ std::string to_text(const MigrateSummary& s, bool dry_run) {
     if (f.action == FileAction::kConverted || f.action == FileAction::kConvertedNotDurable ||
         f.action == FileAction::kWouldConvert)
       out += ", " + f.from + " -> " + f.to + ", " + mib(f.bytes_before) + " -> " + mib(f.bytes_after);
-    if (!f.detail.empty()) out += " (" + f.detail + ")";
+    if (!f.detail.empty()) out += " (" + shown_text(f.detail) + ")";
     out += "\n";
   }
   const uint64_t before = s.bytes_before(), after = s.bytes_after();

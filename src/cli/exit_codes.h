@@ -6,6 +6,7 @@
 
 #include "base/remedy.h"
 #include "base/status.h"
+#include "base/text.h"
 
 namespace kvsnap::cli {
 
@@ -77,7 +78,9 @@ inline int report(const char* command, const Status& s, const std::string& out,
                   std::initializer_list<std::string_view> lacking = {}) {
   auto render = [&](std::string_view t) { return render_remedies_as_flags(drop_remedy_asides(t, lacking)); };
   if (!s.ok()) {
-    std::fprintf(stderr, "kvsnap %s: %s\n", command, render(s.ToString()).c_str());
+    // Errors quote what files, archives and servers hold (names, tags, paths): no control
+    // character of theirs reaches the terminal (base/text.h shown_text; lines kept).
+    std::fprintf(stderr, "kvsnap %s: %s\n", command, shown_text(render(s.ToString()), /*keep_lines=*/true).c_str());
     return exit_code(s);
   }
   // A result that did not reach stdout (a full disk, a closed pipe) is no success: a script would

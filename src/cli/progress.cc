@@ -170,7 +170,10 @@ void install_interrupt_handler() {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   // The terminal closing (an ssh session lost) under a long migrate or save: stopped as Ctrl-C
-  // stops it, its temporaries removed, rather than killed with them left for the next run.
+  // stops it, its temporaries removed, rather than killed with them left for the next run. Every
+  // SIGHUP is taken (no reset): a lost session often sends two (the shell passes one on, the
+  // kernel sends the foreground group another), and the second must not kill what the first stops.
+  sa.sa_flags = 0;
   sigaction(SIGHUP, &sa, nullptr);
 }
 

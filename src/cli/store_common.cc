@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <optional>
+#include <set>
 
 #include "migrate/cross_engine.h"
 #include "store/s3_client.h"
@@ -77,14 +79,30 @@ Result<bool> store_dir_is_new(const std::string& dir) {
   return !there;
 }
 
-static Status remove_tree(Io& io, const std::string& dir) {
+// What a store just created holds and nothing else: its catalog (and SQLite's side files), the gc
+// lock, and the empty directories for chunks, packs and temporaries. nullopt when the directory
+// holds anything more (a concurrent save's pack or temporary, a `kvsnap server add` profile, a
+// symbolic link where a directory should be): then it is not removed.
+static Result<std::optional<std::vector<std::string>>> fresh_store_entries(Io& io, const std::string& dir) {
+  static const std::set<std::string> kFiles = {"catalog.sqlite", "catalog.sqlite-wal", "catalog.sqlite-shm",
+                                               "catalog.sqlite-journal", "gc.lock"};
+  static const std::set<std::string> kDirs = {"chunks", "packs", "tmp"};
   KV_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, io.list_dir(dir));
+  std::vector<std::string> files, dirs;
   for (const DirEntry& e : entries) {
-    const std::string path = dir + "/" + e.name;
-    if (e.is_dir) KV_RETURN_IF_ERROR(remove_tree(io, path));
-    else KV_RETURN_IF_ERROR(io.remove(path));
+    if (e.is_regular && kFiles.count(e.name)) {
+      files.push_back(dir + "/" + e.name);
+    } else if (e.is_dir && !e.is_symlink && kDirs.count(e.name)) {
+      KV_ASSIGN_OR_RETURN(std::vector<DirEntry> inside, io.list_dir(dir + "/" + e.name));
+      if (!inside.empty()) return std::optional<std::vector<std::string>>();
+      dirs.push_back(dir + "/" + e.name);
+    } else {
+      return std::optional<std::vector<std::string>>();
+    }
   }
-  return io.remove(dir);
+  files.insert(files.end(), dirs.begin(), dirs.end());  // the files, then the empty directories
+  files.push_back(dir);
+  return std::optional<std::vector<std::string>>(std::move(files));
 }
 
 Status remove_new_store(const std::string& dir) {
@@ -94,7 +112,10 @@ Status remove_new_store(const std::string& dir) {
     KV_ASSIGN_OR_RETURN(auto listed, store->catalog().list());
     if (!listed.empty()) return Status::OK();  // another command stored something meanwhile: it stays
   }
-  return remove_tree(cli_io(), where.local_dir);
+  KV_ASSIGN_OR_RETURN(auto entries, fresh_store_entries(cli_io(), where.local_dir));
+  if (!entries) return Status::OK();  // it holds more than a new store: left as it is
+  for (const std::string& path : *entries) KV_RETURN_IF_ERROR(cli_io().remove(path));
+  return Status::OK();
 }
 
 Result<std::unique_ptr<Store>> open_or_create_store(const std::string& dir) {

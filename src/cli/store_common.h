@@ -35,8 +35,9 @@ Result<std::unique_ptr<Store>> open_or_create_store(const std::string& dir);
 // may take it away again (remove_new_store).
 Result<bool> store_dir_is_new(const std::string& dir);
 // Removes the store directory `dir` that this command created (store_dir_is_new was true before
-// it opened the store, which is closed now), with everything in it, when its catalog lists no
-// snapshot; otherwise leaves it. Symbolic links are removed, never followed.
+// it opened the store, which is closed now) when it still holds only what a new store holds (the
+// catalog, listing no snapshot, the gc lock, empty chunks/, packs/ and tmp/); anything more (a
+// concurrent save's files, a server profile) and it is left as it is.
 Status remove_new_store(const std::string& dir);
 Result<StoreLocation> store_location(const std::string& dir);
 

@@ -183,7 +183,7 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
         if (Status s = check_tenant_name(slot_ns); !s.ok()) {
           no_tenant = true;
           return Status::InvalidArgument("slot " + std::to_string(slot) + " holds namespace '" +
-                                         slot_ns.substr(0, 140) + "', which cannot be a tenant (" + s.message() +
+                                         shown_text(slot_ns.substr(0, 140)) + "', which cannot be a tenant (" + s.message() +
                                          "): not saved");
         }
       }
@@ -220,7 +220,7 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
     if (book_)
       book_->put(slot, {info.id, slot_ns, uint64_t(info.n_tokens), info.raw_bytes, info.k_types, info.v_types,
                         !info.v_trans, "saved"});
-    log_("persist: slot " + std::to_string(slot) + " (" + slot_ns + ") saved as snapshot " +
+    log_("persist: slot " + std::to_string(slot) + " (" + shown_text(slot_ns) + ") saved as snapshot " +
          std::to_string(r->save.info.id) + ": " + std::to_string(r->n_saved) + " tokens, " +
          std::to_string(r->save.chunks_new) + "/" + std::to_string(r->save.chunks) + " chunks new" +
          (r->save.evicted.empty() ? "" : ", " + std::to_string(r->save.evicted.size()) + " evicted for the caps"));

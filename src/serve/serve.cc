@@ -120,6 +120,17 @@ Status parse_listen(const std::string& s, std::string& host, int& port) {
 }
 
 Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const std::string&)>& log) {
+  // SIGTERM/SIGINT/SIGHUP are taken by sigwait below: blocked first, before the store is opened
+  // (a key command) and before any thread starts, so every thread inherits the mask (the child
+  // gets default signals back: supervisor.cc) and the CLI's handler (cli/progress.cc), which would
+  // fail every later file access, never sees them. One that comes during the start waits, pending,
+  // for the first check. SIGHUP (the terminal closed) shuts down as SIGTERM does.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   // The proxy's pool: 0 threads would take connections and never answer them.
   if (o.threads < 1 || o.threads > 4096)
     return Status::InvalidArgument("{--threads} " + std::to_string(o.threads) +
@@ -153,16 +164,6 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   KV_RETURN_IF_ERROR(io.create_dirs(slot_dir));
   KV_ASSIGN_OR_RETURN(po.upstream_port, free_loopback_port());
 
-  // SIGTERM/SIGINT/SIGHUP are taken by sigwait below: blocked here before any thread starts, so
-  // every thread inherits the mask (the child gets default signals back: supervisor.cc). SIGHUP
-  // (the terminal closed) shuts down as SIGTERM does; the CLI's handler (cli/progress.cc) never
-  // sees these here.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not the end of kvsnap
 
   ServerTarget target;
@@ -286,7 +287,9 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
       "stopping llama-server");
   // Stopping the HTTP server cuts the streams it is writing: first wait for every ticket to come back.
   while (!drain.wait_idle(0.2)) {
-    if (take_pending_signal(sigs, &sig)) {
+    // A second SIGHUP is the same lost terminal again (a shell and the kernel each send one): only
+    // a SIGTERM or SIGINT cuts the requests in flight.
+    if (take_pending_signal(sigs, &sig) && sig != SIGHUP) {
       log("second signal: stopping now, the requests still in flight are cut");
       break;
     }

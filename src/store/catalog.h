@@ -379,7 +379,7 @@ Status check_snapshot_labels(const std::optional<std::string>& name, const std::
 // every `ls` and `show` prints them, and an archive's index could otherwise plant millions.
 inline constexpr size_t kMaxLabelBytes = 64 << 10;
 inline constexpr size_t kMaxTags = 4096;
-// New labels must be UTF-8 text: JSON (ls --json, an encrypted snapshot's sealed copy in
+// New labels must be UTF-8 text without NUL: JSON (ls --json, an encrypted snapshot's sealed copy in
 // INFO.labels) and PostgreSQL take nothing else, and bytes of another encoding would come back as
 // U+FFFD, no longer matching the catalog; and within the bounds above. kInvalidArgument naming the
 // label. Rows already stored keep theirs (rekey rewrites them as they are).

@@ -231,12 +231,19 @@ Status check_new_labels_text(const std::optional<std::string>& name, const std::
     return Status::InvalidArgument(quote_text(*name) + " cannot be a snapshot name: it is not UTF-8 text");
   if (name && name->size() > kMaxLabelBytes)
     return Status::InvalidArgument(quote_text(*name) + " cannot be a snapshot name: too long" + bound);
+  // A NUL cannot come from a command line or a header, ends the text for C APIs and is refused by
+  // PostgreSQL (after the blobs are written): only an archive's index could bring one.
+  const std::string nul(1, '\0');
+  if (name && name->find(nul) != std::string::npos)
+    return Status::InvalidArgument(quote_text(*name) + " cannot be a snapshot name: it holds a NUL");
   if (tags.size() > kMaxTags)
     return Status::InvalidArgument(std::to_string(tags.size()) + " tags: at most " + std::to_string(kMaxTags));
   for (const auto& [k, v] : tags) {
     const std::string tag = "the tag " + quote_text(k) + "=" + quote_text(v);
     if (!is_valid_utf8(k) || !is_valid_utf8(v)) return Status::InvalidArgument(tag + " is not UTF-8 text");
     if (k.size() > kMaxLabelBytes || v.size() > kMaxLabelBytes) return Status::InvalidArgument(tag + " is too long" + bound);
+    if (k.find(nul) != std::string::npos || v.find(nul) != std::string::npos)
+      return Status::InvalidArgument(tag + " holds a NUL");
   }
   return Status::OK();
 }

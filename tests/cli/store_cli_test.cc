@@ -371,6 +371,11 @@ TEST_F(StoreCli, LabelsWithControlCharactersAreShownEscapedAndExportImportsBack)
     EXPECT_EQ(r.out.find("\xe2\x80\xae"), std::string::npos) << cmd << ": " << r.out;
     EXPECT_EQ(r.out.find("two\nlines"), std::string::npos) << cmd << ": " << r.out;
   }
+  // errors quote them escaped too (every error goes out through shown_text, lines kept)
+  KvRun again = kv("save " + a + " --name \"$(printf 'a\\033[2Jb')\"");
+  EXPECT_NE(again.code, 0);
+  EXPECT_EQ(again.err.find('\x1b'), std::string::npos) << again.err;
+  EXPECT_NE(again.err.find("'a\\x1b[2Jb' already exists"), std::string::npos) << again.err;
   KvRun ls = kv("ls");
   EXPECT_EQ(std::count(ls.out.begin(), ls.out.end(), '\n'), 3) << ls.out;
   EXPECT_NE(ls.out.find("a\\x1b[2Jb"), std::string::npos) << ls.out;
@@ -1578,21 +1583,40 @@ TEST_F(StoreCli, ServeTenantPerNamespaceNeedsAKeyAndNoFixedTenant) {
 }
 
 // SIGHUP (the terminal of a `kvsnap serve` closed) stops serve as SIGTERM does, through its own
-// signal wait: here while its child (a shell that never serves) is still "loading", so it stops the
-// child and exits 130 saying which signal came. (The CLI's handler took SIGHUP for the other
+// signal wait: here sent during its start, taken once its child (a shell that never serves) is
+// "loading", so it stops the child and exits 130 saying which signal came. (The CLI's handler took SIGHUP for the other
 // commands; had it reached serve, every file access after it would have failed.)
 TEST_F(StoreCli, ServeStopsOnSighupAsOnSigterm) {
   const fs::path o = dir_ / "serve.out", e = dir_ / "serve.err", child = dir_ / "never-ready.sh";
   std::ofstream(child) << "#!/bin/sh\nexec sleep 60\n";
   fs::permissions(child, fs::perms::owner_all);
-  const std::string cmd = "bash -c '" + std::string(KVSNAP_BINARY) + " serve --store " + store_ + " -- " +
-                          child.string() + " >" + o.string() + " 2>" + e.string() +
-                          " & pid=$!; sleep 2; kill -HUP $pid; wait $pid; exit $?'";
+  // Two SIGHUPs (a lost session often sends two), while serve still waits for its key command:
+  // before serve's own signal wait was set up first, the CLI's handler took them there, and serve
+  // ran on with every file access failing.
+  const std::string cmd = "bash -c '" + std::string(KVSNAP_BINARY) + " serve --store " + store_ +
+                          " --key-command \"sleep 3; printf %064d 7\" -- " + child.string() + " >" + o.string() +
+                          " 2>" + e.string() + " & pid=$!; sleep 1; kill -HUP $pid; sleep 0.2; kill -HUP $pid; wait $pid; exit $?'";
   const int rc = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(rc));
   const std::string err = slurp(e);
   EXPECT_EQ(WEXITSTATUS(rc), 130) << err;
   EXPECT_NE(err.find("got SIGHUP while llama-server was loading"), std::string::npos) << err;
+}
+
+// Every SIGHUP goes to kvsnap's handler, the second too (SIGINT and SIGTERM reset after the first,
+// so a second Ctrl-C ends a stuck command): a lost ssh session sends two, and the second killed
+// the command the first was stopping (exit 129, its temporaries left). Sent while `ls` waits for
+// its key command.
+TEST_F(StoreCli, TwoSighupsStopACommandWithoutKillingIt) {
+  ASSERT_EQ(kv("save " + make_slot("a.slot", 2, 64, 40, 4).string() + " --name one").code, 0);
+  const fs::path e = dir_ / "hup.err";
+  const std::string cmd = "bash -c '" + std::string(KVSNAP_BINARY) + " ls --store " + store_ +
+                          " --key-command \"sleep 2; printf %064d 7\" >/dev/null 2>" + e.string() +
+                          " & pid=$!; sleep 0.7; kill -HUP $pid; sleep 0.2; kill -HUP $pid; wait $pid; exit $?'";
+  const int rc = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(rc));
+  EXPECT_NE(WEXITSTATUS(rc), 129) << "killed by the second SIGHUP: " << slurp(e);
+  EXPECT_TRUE(WEXITSTATUS(rc) == 0 || WEXITSTATUS(rc) == 130 || WEXITSTATUS(rc) == 5) << WEXITSTATUS(rc) << ": " << slurp(e);
 }
 
 // A --max-request-bytes that is no size above 0 is exit 2 naming it, before llama-server starts.
