@@ -4,7 +4,10 @@
 // expire (parse_byte_size, parse_duration, src/store/eviction.h), and token lists (--tokens FILE,
 // an mlx-lm cache's 'tokens' metadata: parse_token_file_text and the parse_token_list it falls
 // back to, migrate/cross_engine.h), and a llama-server URL (--server, a profile's url:
-// split_server_url, src/server/llama_server.h). The first byte picks the parser, the rest is the text.
+// split_server_url, src/server/llama_server.h). The first byte picks the parser, the rest is the text;
+// a first byte 0xff instead shows the text as listings and errors show outside text (shown_text,
+// quote_text: src/base/text.h).
+#include "base/text.h"
 #include "fuzz/fuzz_input.h"
 #include "migrate/cross_engine.h"
 #include "server/llama_server.h"
@@ -27,6 +30,21 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string_view text = kvsnap::fuzz::text(data + 1, size - 1);
+  if (data[0] == 0xff) {
+    // What is shown moves no cursor, starts no escape sequence, reorders nothing, and is UTF-8;
+    // with the lines kept, a newline and a tab are its only control characters.
+    const std::string shown = kvsnap::shown_text(text), lines = kvsnap::shown_text(text, /*keep_lines=*/true);
+    const std::string quoted = kvsnap::quote_text(text);
+    for (const std::string* s : {&shown, &quoted})
+      if (kvsnap::has_terminal_controls(*s) || !kvsnap::is_valid_utf8(*s)) std::abort();
+    if (!kvsnap::is_valid_utf8(lines)) std::abort();
+    for (char c : lines)
+      if ((static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') || c == 0x7f) std::abort();
+    if (kvsnap::is_valid_utf8(text) && !kvsnap::has_terminal_controls(text) && text.find('\t') == std::string_view::npos &&
+        shown != text)
+      std::abort();  // text with nothing to escape is shown as it is
+    return 0;
+  }
   switch (data[0] % 6) {
     case 0: {
       auto where = kvsnap::parse_store_config(text, "/fuzz/dir/store.json");
