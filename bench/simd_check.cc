@@ -141,6 +141,23 @@ std::vector<std::vector<float>> row_sets() {
     }
     sets.push_back(std::move(x));
   }
+  // Quant blocks that come out of a rotation with one sign only, or one value only (q4_1's and
+  // q5_1's minimum and maximum on the same side of zero; the AVX2 f16 -> q4_1 row reduces them on
+  // the floats' bits, which takes both signs to be present): rows made by rotating such blocks
+  // (the normalized Hadamard transform is its own inverse), one set per n_rot the pipelines run.
+  for (uint32_t n_rot : {64u, 128u, 256u}) {
+    auto y = testing::random_rows(Dist::kGauss, 970 + n_rot, 1, 512);
+    for (size_t b = 0; b < 16; b++) {
+      for (size_t i = 0; i < 32; i++) {
+        float& v = y[32 * b + i];
+        if (b % 4 == 0) v = 0.5f + 0.05f * static_cast<float>(i);        // positive
+        else if (b % 4 == 1) v = -0.5f - 0.05f * static_cast<float>(i);  // negative
+        else if (b % 4 == 2) v = b < 8 ? 1.0f : -0.75f;                  // one value
+      }
+    }
+    hadamard_rotate(y.data(), y.size(), n_rot);
+    sets.push_back(std::move(y));
+  }
   return sets;
 }
 

@@ -256,8 +256,48 @@ KV_AVX2_INLINE void paired_block(const Unit& u, int b, float* x) {
   for (int p = 0; p < 8; p++) std::memcpy(x + 4 * p, u.buf + 64 * (b % 4) + 8 * p + 4 * (b / 4), 4 * sizeof(float));
 }
 
-// side(g) is called before the g-th 32-value load of a whole unit on the n_rot 128 q8_0 path
-// (g = 0..7: other work to interleave, see Q8Scales), never on the others.
+// q4_1's block maxima and minima are reduced on the floats' bits, in integer maxima that run on
+// any vector pipe rather than on the FP pipes the rotation keeps busy: the largest bit pattern
+// as a signed int32 (q4_1_max) is the largest float when the block has a value with its sign bit
+// clear, the largest as an unsigned int32 (q4_1_min) the smallest float when it has one with the
+// sign bit set. A block of one sign only (then its q4_1_max has the sign bit set or its q4_1_min
+// has it clear) goes to the scalar reference, as does a zero maximum or minimum: the reference
+// starts from min = FLT_MAX, max = -FLT_MAX and compares strictly, which on finite values is the
+// plain minimum and maximum up to the sign of a zero (a rotated -0 needs a rotation block of zeros
+// only, kvsnap-simd-check's signed-zero rows). An inf or NaN is found whatever its sign: a NaN or
+// +inf with the sign bit clear is the signed maximum (above every finite pattern), one with it
+// set the unsigned one.
+KV_AVX2_INLINE __m256 q4_1_max(__m256 a, __m256 b) { return hop8<HOp::kBitsMax>(a, b); }
+KV_AVX2_INLINE __m256 q4_1_min(__m256 a, __m256 b) { return hop8<HOp::kBitsUmax>(a, b); }
+KV_AVX2_INLINE __m256 q4_1_nonfinite(__m256 mx, __m256 mn) {
+  return _mm256_or_ps(_mm256_cmp_ps(mx, _mm256_set1_ps(INFINITY), _CMP_NLT_UQ),
+                      _mm256_cmp_ps(mn, _mm256_set1_ps(-INFINITY), _CMP_NGT_UQ));
+}
+KV_AVX2_INLINE uint32_t q4_1_scalar(__m256 mx, __m256 mn) {
+  const __m256 zero = _mm256_setzero_ps();
+  const uint32_t one_sign = static_cast<uint32_t>(_mm256_movemask_ps(mx) | (~_mm256_movemask_ps(mn) & 0xff));
+  return one_sign | static_cast<uint32_t>(_mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(mn, zero, _CMP_EQ_OQ), _mm256_cmp_ps(mx, zero, _CMP_EQ_OQ))));
+}
+// The reference's d = (max - min) / 15, then (q4_1_set_scales) id = 1 / d, the blocks' first 4
+// bytes (d and min as f16) and the flags: the steps of unit_scales and Q41Scales.
+KV_AVX2_INLINE __m256 q4_1_d(__m256 mx, __m256 mn) {
+  return _mm256_div_ps(_mm256_sub_ps(mx, mn), _mm256_set1_ps(static_cast<float>((1 << 4) - 1)));
+}
+KV_AVX2_INLINE void q4_1_set_scales(Unit* u, __m256 mx, __m256 mn, __m256 d) {
+  const __m256 id = _mm256_and_ps(_mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_UQ), _mm256_div_ps(_mm256_set1_ps(1.0f), d));
+  _mm256_store_ps(u->id, id);
+  _mm256_store_ps(u->mn, mn);
+  const __m128i dh = _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT), mh = _mm256_cvtps_ph(mn, _MM_FROUND_TO_NEAREST_INT);
+  _mm_store_si128(reinterpret_cast<__m128i*>(u->dm), _mm_unpacklo_epi16(dh, mh));
+  _mm_store_si128(reinterpret_cast<__m128i*>(u->dm + 4), _mm_unpackhi_epi16(dh, mh));
+  u->nonfinite = static_cast<uint32_t>(_mm256_movemask_ps(q4_1_nonfinite(mx, mn)));
+  // an infinite id (a d below ~2^-128, which rotated f16 values never give: q4_1_block) goes to
+  // the scalar reference too
+  u->scalar = q4_1_scalar(mx, mn) | static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(id, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ)));
+}
+
+// side(g) is called before the g-th 32-value load of a whole unit at n_rot 128 (g = 0..7: other
+// work to interleave, see Q8Scales and Q41Scales), never on the others.
 template <int R, Kind K, bool kPaired, class Side>
 KV_AVX2_INLINE void unit_rotate(const std::byte* in, std::byte* out, size_t len, const Rot8& k, Unit* u, Side side) {
   constexpr bool kMin = K == Kind::kQ4_1;
@@ -275,17 +315,17 @@ KV_AVX2_INLINE void unit_rotate(const std::byte* in, std::byte* out, size_t len,
   }
   const auto reduce = [&](const __m256* v, int b) KV_AVX2_LAMBDA {
     if constexpr (kMin) {
-      pa[b] = _mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3]));
-      pb[b] = _mm256_min_ps(_mm256_min_ps(v[0], v[1]), _mm256_min_ps(v[2], v[3]));
+      pa[b] = q4_1_max(q4_1_max(v[0], v[1]), q4_1_max(v[2], v[3]));
+      pb[b] = q4_1_min(q4_1_min(v[0], v[1]), q4_1_min(v[2], v[3]));
     } else {
       pa[b] = _mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3])));
     }
   };
-  if constexpr (R == 128 && !kMin) {
+  if constexpr (R == 128) {
     const auto rot = [&](size_t r, bool whole) KV_AVX2_LAMBDA {
       float* buf = u->buf + r;
       const int b0 = static_cast<int>(r / kQK);
-      __m256 acc[4];
+      __m256 acc[4], accm[4];
       rotate128_quarters<true>(
           k,
           [&](int q, __m256* v) KV_AVX2_LAMBDA {
@@ -294,13 +334,21 @@ KV_AVX2_INLINE void unit_rotate(const std::byte* in, std::byte* out, size_t len,
           },
           [&](int b, int j, __m256 x) KV_AVX2_LAMBDA {
             _mm256_store_ps(buf + 32 * b + 8 * j, x);
-            // |x| as int32 orders like the floats (NaN above inf), and the integer maximum runs on
-            // any vector pipe, not on the adders the rotation keeps busy
-            const __m256i a = _mm256_castps_si256(abs8(x));
-            acc[b] = j == 0 ? _mm256_castsi256_ps(a) : _mm256_castsi256_ps(_mm256_max_epi32(_mm256_castps_si256(acc[b]), a));
+            if constexpr (kMin) {
+              acc[b] = j == 0 ? x : q4_1_max(acc[b], x);
+              accm[b] = j == 0 ? x : q4_1_min(accm[b], x);
+            } else {
+              // |x| as int32 orders like the floats (NaN above inf), and the integer maximum runs on
+              // any vector pipe, not on the adders the rotation keeps busy
+              const __m256i a = _mm256_castps_si256(abs8(x));
+              acc[b] = j == 0 ? _mm256_castsi256_ps(a) : _mm256_castsi256_ps(_mm256_max_epi32(_mm256_castps_si256(acc[b]), a));
+            }
           });
 #pragma GCC unroll 4
-      for (int b = 0; b < 4; b++) pa[b0 + b] = acc[b];
+      for (int b = 0; b < 4; b++) {
+        pa[b0 + b] = acc[b];
+        if constexpr (kMin) pb[b0 + b] = accm[b];
+      }
     };
     if (len == kUnit && kPaired) {
       u->paired = true;
@@ -335,40 +383,24 @@ KV_AVX2_INLINE void unit_rotate(const std::byte* in, std::byte* out, size_t len,
 // unit's rotation, so that the reductions' and divisions' latency overlaps with independent work.
 template <Kind K>
 KV_AVX2_INLINE void unit_scales(Unit* u) {
-  constexpr bool kMin = K == Kind::kQ4_1;
   const __m256* pa = u->pa;
-  const __m256* pb = u->pb;
+  if constexpr (K == Kind::kQ4_1) {  // never paired
+    const __m256 mx = hmax8x8<HOp::kBitsMax>(pa), mn = hmax8x8<HOp::kBitsUmax>(u->pb);
+    q4_1_set_scales(u, mx, mn, q4_1_d(mx, mn));
+    return;
+  }
   const __m256 zero = _mm256_setzero_ps(), inf = _mm256_set1_ps(INFINITY);
   __m256 t[2];
   if (u->paired) hmax_paired_round1(pa, t);
   const __m256 mx = u->paired ? hmax_paired_round2(t) : hmax8x8(pa);
-  __m256 d, bad;
-  if constexpr (kMin) {
-    const __m256 mn = hmax8x8<true>(pb);
-    // the reference starts from min = FLT_MAX, max = -FLT_MAX and compares strictly: on finite
-    // values that is the plain minimum and maximum, up to the sign of a zero (flagged; a rotated
-    // -0 needs a rotation block of zeros only, whose maximum is a zero too, kvsnap-simd-check's
-    // signed-zero rows)
-    bad = _mm256_or_ps(_mm256_cmp_ps(mx, inf, _CMP_NLT_UQ), _mm256_cmp_ps(mn, _mm256_set1_ps(-INFINITY), _CMP_NGT_UQ));
-    u->scalar = static_cast<uint32_t>(
-        _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(mn, zero, _CMP_EQ_OQ), _mm256_cmp_ps(mx, zero, _CMP_EQ_OQ))));
-    d = _mm256_div_ps(_mm256_sub_ps(mx, mn), _mm256_set1_ps(static_cast<float>((1 << 4) - 1)));
-    _mm256_store_ps(u->mn, mn);
-    const __m128i dh = _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT), mh = _mm256_cvtps_ph(mn, _MM_FROUND_TO_NEAREST_INT);
-    _mm_store_si128(reinterpret_cast<__m128i*>(u->dm), _mm_unpacklo_epi16(dh, mh));
-    _mm_store_si128(reinterpret_cast<__m128i*>(u->dm + 4), _mm_unpackhi_epi16(dh, mh));
-  } else {
-    bad = _mm256_cmp_ps(mx, inf, _CMP_NLT_UQ);
-    u->scalar = 0;
-    d = _mm256_div_ps(mx, _mm256_set1_ps(static_cast<float>((1 << 7) - 1)));
-  }
+  const __m256 d = _mm256_div_ps(mx, _mm256_set1_ps(static_cast<float>((1 << 7) - 1)));
   const __m256 id = _mm256_and_ps(_mm256_cmp_ps(d, zero, _CMP_NEQ_UQ), _mm256_div_ps(_mm256_set1_ps(1.0f), d));
   _mm256_store_ps(u->id, id);
   _mm_store_si128(reinterpret_cast<__m128i*>(u->dh), _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT));
-  u->nonfinite = static_cast<uint32_t>(_mm256_movemask_ps(bad));
+  u->nonfinite = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(mx, inf, _CMP_NLT_UQ)));
   // an infinite id (a d below ~2^-128, which rotated f16 values never give: their nonzero sums
-  // are >= 2^-77) goes to the scalar reference too
-  u->scalar |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(id, inf, _CMP_EQ_OQ)));
+  // are >= 2^-77) goes to the scalar reference
+  u->scalar = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(id, inf, _CMP_EQ_OQ)));
 }
 
 // unit_scales for q8_0 in eight steps, step(g) before the g-th eighth of the
@@ -400,6 +432,28 @@ struct Q8Scales {
       u->nonfinite = static_cast<uint32_t>(_mm256_movemask_ps(bad));
       u->scalar = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(id, inf, _CMP_EQ_OQ)));
     }
+  }
+};
+
+// unit_scales for q4_1 in steps, as Q8Scales: the maxima's and minima's reductions, then
+// d = (max - min) / 15 and id = 1 / d, the same operations as unit_scales<Kind::kQ4_1>.
+struct Q41Scales {
+  explicit Q41Scales(Unit* unit) : u(unit) {}
+  Unit* u;
+  __m256 t[4], v[2], mx, mn, d;  // set by the steps, in order
+  KV_AVX2_INLINE void step(int g) {
+    if (g == 0) hmax8x8_round1<HOp::kBitsMax>(u->pa, t);
+    if (g == 1) hmax8x8_round2<HOp::kBitsMax>(t, v);
+    if (g == 2) {
+      mx = hmax8x8_round3<HOp::kBitsMax>(v);
+      hmax8x8_round1<HOp::kBitsUmax>(u->pb, t);
+    }
+    if (g == 3) hmax8x8_round2<HOp::kBitsUmax>(t, v);
+    if (g == 4) {
+      mn = hmax8x8_round3<HOp::kBitsUmax>(v);
+      d = q4_1_d(mx, mn);
+    }
+    if (g == 7) q4_1_set_scales(u, mx, mn, d);
   }
 };
 
@@ -441,8 +495,12 @@ KV_AVX2_INLINE void q8_0_pair(const Unit& u, int g) {
 // MIN(15, q), computed as 0.5f - (min - x) * id: rounding to nearest is symmetric, so
 // fl(min - x) = -fl(x - min) and fl(fl(min - x) * id) = -fl(fl(x - min) * id), and the last
 // subtraction is the reference's addition (a zero difference gives 0.5 either way); the x
-// operand can then come straight from memory. With finite values, min <= x <= max and a finite id, (x - min) * id lies in
-// [0, 15 (1 + 2^-21)], so q is 0..15 and saturating packs keep the reference's bytes. The
+// operand can then come straight from memory. With finite values, min <= x <= max and d =
+// (max - min) / 15 a normal float, (x - min) * id lies in [0, 15 (1 + 2^-21)], so q is 0..15:
+// saturating packs keep the reference's bytes and its MIN(15, q) never acts (the nibble shift
+// below relies on it). d is normal on these rows: the rotation first multiplies each f16 (a
+// multiple of 2^-24) by the scale (2^-3 .. 2^-4) into a multiple of 2^-51, every sum and
+// difference after stays one, so a nonzero max - min is >= 2^-51 (a zero one is flagged). The
 // packing pairs j with 16 + j without a byte shuffle: packs(q0, q2), packs(q1, q3), packus put
 // values j..j+3 and 16+j..19+j in one 64-bit lane, so a 64-bit shift by 28 lays the second
 // group on the first's high nibbles.
@@ -457,7 +515,6 @@ KV_AVX2_INLINE void q4_1_block(const Unit& u, int b) {
   }
   // bytes: values 0-3 16-19 8-11 24-27 | 4-7 20-23 12-15 28-31
   __m256i r = _mm256_packus_epi16(_mm256_packs_epi32(q[0], q[2]), _mm256_packs_epi32(q[1], q[3]));
-  r = _mm256_min_epu8(r, _mm256_set1_epi8(15));
   r = _mm256_or_si256(r, _mm256_srli_epi64(r, 28));
   const __m256i qs = _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 4, 2, 6, 0, 4, 2, 6));
   std::memcpy(blk, &u.dm[b], sizeof(uint32_t));
@@ -522,7 +579,11 @@ KV_AVX2_INLINE void f16_rot_unit(const std::byte* in, std::byte* out, size_t n) 
     const size_t v0 = i * kUnit, len = n - v0 < size_t{kUnit} ? n - v0 : size_t{kUnit};
     const auto none = [](int) {};
     if (__builtin_expect(prev != nullptr && i < nu && len == kUnit, 1)) {
-      if constexpr (R == 128 && K == Kind::kQ8_0) {
+      if constexpr (R == 128 && K == Kind::kQ4_1) {
+        Q41Scales sc(prev);
+        unit_rotate<R, K, kPaired>(in + 2 * v0, out + v0 / kQK * kBytes, len, k, &units[i & 1],
+                          [&](int g) KV_AVX2_LAMBDA { sc.step(g); });
+      } else if constexpr (R == 128 && K == Kind::kQ8_0) {
         Q8Scales<kPaired> sc(prev);
         unit_rotate<R, K, kPaired>(in + 2 * v0, out + v0 / kQK * kBytes, len, k, &units[i & 1],
                           [&](int g) KV_AVX2_LAMBDA { sc.step(g); });

@@ -150,41 +150,50 @@ KV_AVX2 inline __m256i low_bytes32(__m256i a, __m256i b, __m256i c, __m256i d) {
   return _mm256_permutevar8x32_epi32(abcd, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-// Lane b = the largest (kMin: smallest) of the 8 lanes of p[b] (the abs-maxima of 8 blocks at
-// once): three rounds of shuffles and maxima (order-free on non-NaN values, up to the sign of a
-// zero; NaN blocks are flagged, not used, and callers that store a zero's sign flag zeros too).
-template <bool kMin>
-KV_AVX2_INLINE __m256 max_or_min8(__m256 a, __m256 b) {
-  if constexpr (kMin) return _mm256_min_ps(a, b);
-  return _mm256_max_ps(a, b);
+// Lane b = the largest (or, by kOp, another order's largest) of the 8 lanes of p[b] (the
+// abs-maxima of 8 blocks at once): three rounds of shuffles and maxima (order-free on non-NaN
+// values, up to the sign of a zero; NaN blocks are flagged, not used, and callers that store a
+// zero's sign flag zeros too). kOp: kMax the floats' maximum; kBitsMax / kBitsUmax the largest
+// float bit pattern read as a signed / unsigned int32, the orders q4_1's rows reduce in
+// (x86_avx2_fused.cc: with both signs in a block, the float maximum and minimum).
+enum class HOp { kMax, kBitsMax, kBitsUmax };
+template <HOp kOp>
+KV_AVX2_INLINE __m256 hop8(__m256 a, __m256 b) {
+  if constexpr (kOp == HOp::kBitsMax) {
+    return _mm256_castsi256_ps(_mm256_max_epi32(_mm256_castps_si256(a), _mm256_castps_si256(b)));
+  } else if constexpr (kOp == HOp::kBitsUmax) {
+    return _mm256_castsi256_ps(_mm256_max_epu32(_mm256_castps_si256(a), _mm256_castps_si256(b)));
+  } else {
+    return _mm256_max_ps(a, b);
+  }
 }
 
 // Its three rounds one by one, for callers that spread them over other work (the latency):
 // p[8] -> t[4] -> u[2] -> the result.
-template <bool kMin = false>
+template <HOp kOp = HOp::kMax>
 KV_AVX2_INLINE void hmax8x8_round1(const __m256* p, __m256* t) {
-  constexpr auto op = max_or_min8<kMin>;
+  constexpr auto op = hop8<kOp>;
 #pragma GCC unroll 4
   for (int i = 0; i < 4; i++) t[i] = op(_mm256_unpacklo_ps(p[2 * i], p[2 * i + 1]), _mm256_unpackhi_ps(p[2 * i], p[2 * i + 1]));
 }
-template <bool kMin = false>
+template <HOp kOp = HOp::kMax>
 KV_AVX2_INLINE void hmax8x8_round2(const __m256* t, __m256* u) {
-  constexpr auto op = max_or_min8<kMin>;
+  constexpr auto op = hop8<kOp>;
   u[0] = op(_mm256_shuffle_ps(t[0], t[1], 0x44), _mm256_shuffle_ps(t[0], t[1], 0xEE));
   u[1] = op(_mm256_shuffle_ps(t[2], t[3], 0x44), _mm256_shuffle_ps(t[2], t[3], 0xEE));
 }
-template <bool kMin = false>
+template <HOp kOp = HOp::kMax>
 KV_AVX2_INLINE __m256 hmax8x8_round3(const __m256* u) {
-  constexpr auto op = max_or_min8<kMin>;
+  constexpr auto op = hop8<kOp>;
   return op(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
 }
 
-template <bool kMin = false>
+template <HOp kOp = HOp::kMax>
 KV_AVX2_INLINE __m256 hmax8x8(const __m256* p) {
   __m256 t[4], u[2];
-  hmax8x8_round1<kMin>(p, t);
-  hmax8x8_round2<kMin>(t, u);
-  return hmax8x8_round3<kMin>(u);
+  hmax8x8_round1<kOp>(p, t);
+  hmax8x8_round2<kOp>(t, u);
+  return hmax8x8_round3<kOp>(u);
 }
 
 // roundf(x) -> int32 for 8 lanes (cvttps2dq of the rounded value, as the reference does):
