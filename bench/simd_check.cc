@@ -152,7 +152,7 @@ std::vector<std::vector<float>> row_sets() {
         float& v = y[32 * b + i];
         if (b % 4 == 0) v = 0.5f + 0.05f * static_cast<float>(i);        // positive
         else if (b % 4 == 1) v = -0.5f - 0.05f * static_cast<float>(i);  // negative
-        else if (b % 4 == 2) v = b < 8 ? 1.0f : -0.75f;                  // one value
+        else if (b % 4 == 2) v = b < 8 ? 1.0f : -0.75f;  // one value (nearly, after f16, at 128 and 256)
       }
     }
     hadamard_rotate(y.data(), y.size(), n_rot);

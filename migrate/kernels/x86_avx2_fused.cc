@@ -10,8 +10,8 @@
 // (stages len 1..32); for R > 64 the chunks go to an L1 buffer where the middle stage (len 64,
 // R = 256) runs, and the last stage (len R / 2) is done as the values are read back, two output
 // quant blocks (8 registers) at a time: block j (u + w) and block j + R / 64 (u - w). The q8_0
-// rows (f16 -> q8_0, q8_0 -> f16) at R = 128, the K rotation of head_dim 128, go by 32-value
-// quarters instead (rotate128_quarters): fewer live registers, more independent chains.
+// rows (f16 -> q8_0, q8_0 -> f16) and f16 -> q4_1 at R = 128, the K rotation of head_dim 128, go
+// by 32-value quarters instead (rotate128_quarters): fewer live registers, more independent chains.
 // The avx512 level runs f16 -> q8_0 (n_rot 64, 128, 256) and q8_0 -> f16 (n_rot 64) from here
 // too (f16_rot_q8_0_vl, q8_0_rot_f16_vl: the same code compiled with AVX-512VL's 32 registers);
 // at n_rot 128 f16 -> q8_0 then takes the paired layout (unit_rotate_paired: two rotation blocks
@@ -263,8 +263,9 @@ KV_AVX2_INLINE void paired_block(const Unit& u, int b, float* x) {
 // sign bit set. A block of one sign only (then its q4_1_max has the sign bit set or its q4_1_min
 // has it clear) goes to the scalar reference, as does a zero maximum or minimum: the reference
 // starts from min = FLT_MAX, max = -FLT_MAX and compares strictly, which on finite values is the
-// plain minimum and maximum up to the sign of a zero (a rotated -0 needs a rotation block of zeros
-// only, kvsnap-simd-check's signed-zero rows). An inf or NaN is found whatever its sign: a NaN or
+// plain minimum and maximum up to the sign of a zero (a rotated -0 can sit among nonzero values,
+// from x - x cancellations; it matters only as a block's maximum or minimum, and such a block is
+// flagged: a zero extreme, or one sign only). An inf or NaN is found whatever its sign: a NaN or
 // +inf with the sign bit clear is the signed maximum (above every finite pattern), one with it
 // set the unsigned one.
 KV_AVX2_INLINE __m256 q4_1_max(__m256 a, __m256 b) { return hop8<HOp::kBitsMax>(a, b); }
@@ -398,8 +399,8 @@ KV_AVX2_INLINE void unit_scales(Unit* u) {
   _mm256_store_ps(u->id, id);
   _mm_store_si128(reinterpret_cast<__m128i*>(u->dh), _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT));
   u->nonfinite = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(mx, inf, _CMP_NLT_UQ)));
-  // an infinite id (a d below ~2^-128, which rotated f16 values never give: their nonzero sums
-  // are >= 2^-77) goes to the scalar reference
+  // an infinite id (a d below ~2^-128, which rotated f16 values never give: they are multiples
+  // of 2^-51, see q4_1_block) goes to the scalar reference
   u->scalar = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(id, inf, _CMP_EQ_OQ)));
 }
 

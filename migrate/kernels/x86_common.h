@@ -37,7 +37,10 @@
 //                 roundf_to_i32_8); float->int is cvttps2dq, as in the reference on x86-64.
 //                 Blocks holding a NaN take the scalar path (the reference's NaN handling
 //                 depends on the order), and so do q4_1/q5_1 blocks whose min or max is a zero
-//                 (the sign the reference keeps depends on the order).
+//                 (the sign the reference keeps depends on the order). The AVX2 f16 -> q4_1 row
+//                 takes a block's max and min as integer maxima of the bit patterns (signed and
+//                 unsigned), which are the float ones when the block has both signs; blocks of
+//                 one sign take the scalar path too (x86_avx2_fused.cc, q4_1_max).
 //   iq4_nl        lane = one block (16 blocks per vector; the 16 passes of a block in the
 //                 lanes for runs of fewer than 8 blocks); each lane runs the reference's sums
 //                 over j = 0..31 in order, so every sum is bit-identical; best_index is an exact
