@@ -75,7 +75,7 @@ Status run_import(const ImportOpts& o, std::string& out) {
   // An archive that cannot be read is said before a store is created for it; a store created for
   // an archive it then refuses is taken away again (its entries are checked in <store>/tmp).
   KV_RETURN_IF_ERROR(cli_io().open_read(o.file).status());
-  KV_ASSIGN_OR_RETURN(const bool new_store, store_dir_is_new(o.store));
+  KV_ASSIGN_OR_RETURN(const std::optional<std::string> new_store, new_store_dirs(o.store));
   KV_ASSIGN_OR_RETURN(auto store, open_or_create_store(o.store));
   Result<ImportReport> imported = [&] {
     // No total: an import reads the archive, then each snapshot it unpacked for the checks and
@@ -86,7 +86,7 @@ Status run_import(const ImportOpts& o, std::string& out) {
   }();
   if (!imported.ok() && new_store) {
     store.reset();
-    if (Status removed = remove_new_store(o.store); !removed.ok())
+    if (Status removed = remove_new_store(o.store, *new_store); !removed.ok())
       return imported.status().Appended("; the store created for it stays (" + removed.message() + ")");
   }
   KV_ASSIGN_OR_RETURN(ImportReport r, std::move(imported));

@@ -71,12 +71,26 @@ Result<std::unique_ptr<Store>> open_store(const std::string& dir, bool keyless_o
   return Store::open(cli_io(), where);
 }
 
-Result<bool> store_dir_is_new(const std::string& dir) {
+// The directory that holds `path` ("a/b" for "a/b/c" and "a/b/c/"; "" at the top of a relative
+// path, "/" at the root).
+static std::string parent_of(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return std::filesystem::path(path).parent_path().string();
+}
+
+Result<std::optional<std::string>> new_store_dirs(const std::string& dir) {
   KV_ASSIGN_OR_RETURN(StoreLocation where, store_location(dir));
   if (!where.config.empty() || where.catalog_kind != CatalogKind::kSqlite || where.blob_kind != BlobKind::kLocal)
-    return false;
+    return std::optional<std::string>();
   KV_ASSIGN_OR_RETURN(bool there, cli_io().exists(where.local_dir));
-  return !there;
+  if (there) return std::optional<std::string>();
+  std::string first_new = where.local_dir;
+  for (std::string up = parent_of(first_new); !up.empty() && up != first_new; up = parent_of(up)) {
+    KV_ASSIGN_OR_RETURN(bool up_there, cli_io().exists(up));
+    if (up_there) break;
+    first_new = up;
+  }
+  return std::optional<std::string>(first_new);
 }
 
 // What a store just created holds and nothing else: its catalog (and SQLite's side files), the gc
@@ -105,7 +119,7 @@ static Result<std::optional<std::vector<std::string>>> fresh_store_entries(Io& i
   return std::optional<std::vector<std::string>>(std::move(files));
 }
 
-Status remove_new_store(const std::string& dir) {
+Status remove_new_store(const std::string& dir, const std::string& first_new) {
   KV_ASSIGN_OR_RETURN(StoreLocation where, store_location(dir));
   {
     KV_ASSIGN_OR_RETURN(auto store, Store::open(cli_io(), where));
@@ -115,6 +129,12 @@ Status remove_new_store(const std::string& dir) {
   KV_ASSIGN_OR_RETURN(auto entries, fresh_store_entries(cli_io(), where.local_dir));
   if (!entries) return Status::OK();  // it holds more than a new store: left as it is
   for (const std::string& path : *entries) KV_RETURN_IF_ERROR(cli_io().remove(path));
+  // the parents it created, while they are empty (one that is not, or is gone, ends it quietly)
+  std::string up = where.local_dir;
+  while (up != first_new && up.size() > first_new.size()) {
+    up = parent_of(up);
+    if (up.empty() || !cli_io().remove(up).ok()) break;
+  }
   return Status::OK();
 }
 

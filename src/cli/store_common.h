@@ -30,15 +30,17 @@ std::string mib(uint64_t b);  // "1.25 MiB"
 Result<std::unique_ptr<Store>> open_store(const std::string& dir, bool keyless_ok = false);
 // The same, creating the store when it does not exist yet (save, import).
 Result<std::unique_ptr<Store>> open_or_create_store(const std::string& dir);
-// Whether `dir` (--store) names an embedded store (catalog and blobs in one directory) whose
-// directory is not there yet: the one case where a command that creates the store and then fails
-// may take it away again (remove_new_store).
-Result<bool> store_dir_is_new(const std::string& dir);
-// Removes the store directory `dir` that this command created (store_dir_is_new was true before
-// it opened the store, which is closed now) when it still holds only what a new store holds (the
-// catalog, listing no snapshot, the gc lock, empty chunks/, packs/ and tmp/); anything more (a
-// concurrent save's files, a server profile) and it is left as it is.
-Status remove_new_store(const std::string& dir);
+// When `dir` (--store) names an embedded store (catalog and blobs in one directory) whose
+// directory is not there yet, the first directory of its path that is not there (the store's own,
+// or the highest parent that creating it makes): the one case where a command that creates the
+// store and then fails may take it away again (remove_new_store). nullopt otherwise.
+Result<std::optional<std::string>> new_store_dirs(const std::string& dir);
+// Removes the store directory `dir` that this command created (new_store_dirs gave `first_new`
+// before it opened the store, which is closed now) when it still holds only what a new store holds
+// (the catalog, listing no snapshot, the gc lock, empty chunks/, packs/ and tmp/), then the
+// parents it created up to `first_new` while they are empty; anything more (a concurrent save's
+// files, a server profile, another file in a parent) and that directory is left as it is.
+Status remove_new_store(const std::string& dir, const std::string& first_new);
 Result<StoreLocation> store_location(const std::string& dir);
 
 // The store's key options of the running command (docs/store.md, "Encryption at rest"): every

@@ -1379,6 +1379,18 @@ TEST_F(StoreCli, ARefusedImportLeavesNoNewStore) {
   EXPECT_EQ(r.code, 3) << r.err;
   EXPECT_NE(r.err.find("not a readable tar archive"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(store_)) << "the refused import left the store it created";
+  // the parent directories it created go too, and only those
+  EXPECT_EQ(bare("import " + junk.string() + " --store " + (dir_ / "new-parent/a/store").string()).code, 3);
+  EXPECT_FALSE(fs::exists(dir_ / "new-parent")) << "the refused import left the parents it created";
+  fs::create_directories(dir_ / "kept");
+  EXPECT_EQ(bare("import " + junk.string() + " --store " + (dir_ / "kept/x/store/").string()).code, 3);
+  EXPECT_TRUE(fs::is_directory(dir_ / "kept")) << "a parent that was there before went";
+  EXPECT_FALSE(fs::exists(dir_ / "kept/x"));
+  fs::create_directories(dir_ / "kept/busy");
+  std::ofstream(dir_ / "kept/busy/other-file") << "not the store's\n";
+  EXPECT_EQ(bare("import " + junk.string() + " --store " + (dir_ / "kept/busy/store").string()).code, 3);
+  EXPECT_TRUE(fs::exists(dir_ / "kept/busy/other-file"));
+  EXPECT_FALSE(fs::exists(dir_ / "kept/busy/store"));
   ASSERT_EQ(kv("save " + make_slot("a.slot", 2, 64, 40, 4).string() + " --name one").code, 0);
   EXPECT_EQ(kv("import " + junk.string()).code, 3);
   EXPECT_EQ(count_snapshots(), 1u) << "an existing store stays as it was";
