@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "base/byte_order.h"
+#include "base/os.h"
 #include "base/parallel.h"
 #include "format/ggml_types.h"
 #include "format/llama_era.h"
@@ -140,8 +141,17 @@ std::optional<long> temp_pid(const std::string& name) {
   return pid;
 }
 
-// A temporary of a process that no longer runs (the scratch file: always; it is a cache).
-bool is_stale_temp(long pid) { return pid == 0 || (::kill(pid_t(pid), 0) != 0 && errno == ESRCH); }
+// A temporary of a process that no longer runs (the scratch file: always; it is a cache). A
+// process that runs under the temporary's pid but started over a minute after the temporary was
+// last written is not its writer: the system gave the dead writer's pid to another process
+// (process_start_time; where the system does not say, such a temporary is taken as in use). The
+// minute keeps a live writer's temporary safe from a clock set forward meanwhile.
+bool is_stale_temp(long pid, std::optional<int64_t> written_ns) {
+  if (pid == 0 || (::kill(pid_t(pid), 0) != 0 && errno == ESRCH)) return true;
+  if (!written_ns) return false;
+  const std::optional<double> started = process_start_time(pid_t(pid));
+  return started && *started > double(*written_ns) / 1e9 + 60.0;
+}
 
 class Migrator {
  public:
@@ -384,7 +394,9 @@ Result<std::vector<std::string>> scan(Io& io, const MigrateOptions& o, MigrateSu
   std::vector<std::string> todo;
   for (const DirEntry& e : entries) {
     if (const std::optional<long> pid = temp_pid(e.name)) {
-      if (!is_stale_temp(*pid)) {  // another kvsnap's, still at work: said, left alone
+      std::optional<int64_t> written_ns;
+      if (auto stamp = io.stamp(o.dir + "/" + e.name); stamp.ok()) written_ns = stamp->mtime_ns;
+      if (!is_stale_temp(*pid, written_ns)) {  // another kvsnap's, still at work: said, left alone
         FileOutcome busy;
         busy.name = e.name;
         busy.action = FileAction::kSkippedOther;

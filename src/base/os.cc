@@ -340,4 +340,40 @@ std::string load_average_text() {
   return buf;
 }
 
+std::optional<double> process_start_time(pid_t pid) {
+#if defined(KVSNAP_OS_LINUX)
+  // /proc/PID/stat: "pid (comm) state ppid ...", comm may hold spaces and parentheses, so the
+  // fields are counted from the last ')': state is field 3, starttime field 22.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return std::nullopt;
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  const char* p = line.c_str() + close + 1;
+  for (int field = 3; field < 22; ++field) {
+    while (*p == ' ') ++p;
+    while (*p != ' ' && *p != '\0') ++p;
+    if (*p == '\0') return std::nullopt;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long ticks = std::strtoull(p, &end, 10);
+  if (end == p || errno != 0) return std::nullopt;
+  std::ifstream all("/proc/stat");
+  unsigned long long btime = 0;
+  while (std::getline(all, line)) {
+    if (line.rfind("btime ", 0) == 0) {
+      btime = std::strtoull(line.c_str() + 6, nullptr, 10);
+      break;
+    }
+  }
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  if (btime == 0 || hz <= 0) return std::nullopt;
+  return double(btime) + double(ticks) / double(hz);
+#else
+  (void)pid;
+  return std::nullopt;
+#endif
+}
+
 }  // namespace kvsnap

@@ -144,4 +144,9 @@ std::string cpu_crypto_features();
 // The 1, 5 and 15 minute load averages as "a b c" (getloadavg, on Linux and macOS alike), or "?".
 std::string load_average_text();
 
+// When process `pid` started, in seconds since the epoch, to about a second (the boot time is
+// given in whole seconds). Linux: /proc/PID/stat's start time (clock ticks after boot) plus
+// /proc/stat's btime; nullopt elsewhere, and when the process is gone or the files do not parse.
+std::optional<double> process_start_time(pid_t pid);
+
 }  // namespace kvsnap

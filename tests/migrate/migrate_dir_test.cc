@@ -659,5 +659,34 @@ TEST(MigrateDir, TemporariesAreReportedStaleOrStillInUse) {
   }
 }
 
+// A pid the system gave again: a temporary named with a running process's pid but last written
+// long before that process started (this test's pid, the file dated 2001) is a dead
+// writer's, removed as stale; one written since that process started is still taken as in use.
+TEST(MigrateDir, ATemporaryOfAPidGivenAgainIsStale) {
+  if (std::string(os_branch()) != "linux") GTEST_SKIP() << "process start times are read on Linux only";
+  ASSERT_TRUE(process_start_time(::getpid()).has_value()) << "no start time for this process";
+  test::TempDir t("kvsnap-migrate-temp-reused-pid");
+  const fs::path dir = t.path();
+  const fs::path slot = kFixtures / "v0.5.0/hd64-f16-f16-faon.slot";
+  const std::string old_name = "a.slot.kvsnap-tmp-" + std::to_string(::getpid()) + "-6";
+  const std::string new_name = "b.slot.kvsnap-tmp-" + std::to_string(::getpid()) + "-7";
+  fs::copy_file(slot, dir / old_name);
+  fs::copy_file(slot, dir / new_name);
+  // written in 2001, before any boot of this machine (under qemu-user, which may give a start time
+  // of 0 ticks after boot, too)
+  const struct timespec in_2001[2] = {{978307200, 0}, {978307200, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, (dir / old_name).c_str(), in_2001, 0), 0);
+  ForwardingIo io;
+  MigrateOptions o;
+  o.dir = dir.string();
+  o.spec.ctk = "f32";
+  o.spec.ctv = "f32";
+  auto sum = migrate_dir(io, o);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  EXPECT_EQ(sum->stale_temps_removed, 1u);
+  EXPECT_FALSE(fs::exists(dir / old_name)) << "a temporary older than its pid's process kept";
+  EXPECT_TRUE(fs::exists(dir / new_name)) << "a running process's temporary removed";
+}
+
 }  // namespace
 }  // namespace kvsnap
