@@ -237,6 +237,7 @@ class Migrator {
     }
     e.src = std::move(*parsed);
     r.from = describe_state(e.src);
+    KV_RETURN_IF_ERROR(check_format_kind(path, e.src));
     // --source-build and --src-rotation name the build and the rotation of the old files; a file
     // already in the current format was converted by an earlier (interrupted) run or written by a
     // current build, and is read as its format says (rotated). The one exception is a declared
@@ -301,6 +302,24 @@ class Migrator {
   }
 
   // An old-format file whose rotation is unknown, in a run that writes old-format files for
+  // A {--format} of the other kind of file (a ggsq format for a session, a ggsn one for a slot):
+  // said with what a directory holding both kinds needs, where convert_state would only say the
+  // kinds differ.
+  Status check_format_kind(const std::string& path, const StateFile& src) const {
+    if (o_.spec.format.empty() || (src.kind != StateKind::kSeqFile && src.kind != StateKind::kSessionFile))
+      return Status::OK();
+    auto fmt = parse_target_format(o_.spec.format);
+    if (!fmt.ok()) return Status::OK();  // the flag's own check says it
+    for (const TargetFormatRow& row : kTargetFormats) {
+      if (row.format != *fmt || !row.kind || *row.kind == src.kind) continue;
+      return Status::InvalidArgument(
+          path + ": {--format} " + o_.spec.format + " is a format for a " + kind_name(*row.kind) + ", and this is a " +
+          kind_name(src.kind) + ": left as it is. One {--format} fits one kind of file; for a directory of both, "
+          "{--target-build} BUILD (the llama.cpp build that will load them) gives each file its kind's format");
+    }
+    return Status::OK();
+  }
+
   // {--target-build}: it may be an earlier, interrupted run's output, which that build's name
   // reads (the flag describes only old-format files; current-format ones go by their header).
   Status with_rerun_hint(const Status& s, const ConversionSpec& spec) const {

@@ -659,6 +659,32 @@ TEST(MigrateDir, TemporariesAreReportedStaleOrStillInUse) {
   }
 }
 
+// A --format of one kind of file in a directory of both: the slot at that format is left at the
+// target, the session is FAILED with what a directory of both needs (--target-build), unchanged.
+TEST(MigrateDir, AFormatOfTheOtherKindSaysWhatADirectoryOfBothNeeds) {
+  test::TempDir t("kvsnap-migrate-format-kind");
+  const fs::path dir = t.path();
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", dir / "a.slot");
+  fs::copy_file(kFixtures / "b8390/hd64-f16-f16-faon.session", dir / "b.session");
+  const std::string session_before = slurp(dir / "b.session");
+  ForwardingIo io;
+  MigrateOptions o;
+  o.dir = dir.string();
+  o.spec.format = "ggsq-v3";
+  auto sum = migrate_dir(io, o);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  ASSERT_EQ(sum->files.size(), 2u);
+  EXPECT_NE(sum->files.at(0).action, FileAction::kFailed) << sum->files.at(0).detail;
+  const FileOutcome& f = sum->files.at(1);
+  EXPECT_EQ(f.action, FileAction::kFailed) << f.detail;
+  EXPECT_EQ(f.error.code(), Code::kInvalidArgument);
+  EXPECT_NE(f.detail.find("ggsq-v3 is a format for a sequence state file (ggsq), and this is a session file (ggsn)"),
+            std::string::npos) << f.detail;
+  EXPECT_NE(f.detail.find("{--target-build} BUILD (the llama.cpp build that will load them)"), std::string::npos)
+      << f.detail;
+  EXPECT_TRUE(slurp(dir / "b.session") == session_before) << "the session changed";
+}
+
 // A pid the system gave again: a temporary named with a running process's pid but last written
 // long before that process started (this test's pid, the file dated 2001) is a dead
 // writer's, removed as stale; one written since that process started is still taken as in use.
