@@ -8,6 +8,7 @@
 #include <chrono>
 #include <new>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -142,13 +143,17 @@ std::optional<long> temp_pid(const std::string& name) {
 }
 
 // A temporary of a process that no longer runs (the scratch file: always; it is a cache). A
-// process that runs under the temporary's pid but started over a minute after the temporary was
-// last written is not its writer: the system gave the dead writer's pid to another process
-// (process_start_time; where the system does not say, such a temporary is taken as in use). The
-// minute keeps a live writer's temporary safe from a clock set forward meanwhile.
+// process that runs under the temporary's pid, is not a kvsnap and started over a minute after
+// the temporary was last written is not its writer: the system gave the dead writer's pid to
+// another program (process_name, process_start_time; where the system does not say, such a
+// temporary is taken as in use). Both, since the times alone can mislead: a clock set forward by
+// more than the minute, or a network file system whose server's clock lags, would make a live
+// writer's temporary look older than its process (a program using libkvsnap under another name
+// is then still exposed; its rename would fail, nothing is lost).
 bool is_stale_temp(long pid, std::optional<int64_t> written_ns) {
-  if (pid == 0 || (::kill(pid_t(pid), 0) != 0 && errno == ESRCH)) return true;
-  if (!written_ns) return false;
+  if (pid == 0 || pid > std::numeric_limits<pid_t>::max()) return true;  // no process has that pid
+  if (::kill(pid_t(pid), 0) != 0 && errno == ESRCH) return true;
+  if (!written_ns || process_name(pid_t(pid)).value_or("kvsnap") == "kvsnap") return false;
   const std::optional<double> started = process_start_time(pid_t(pid));
   return started && *started > double(*written_ns) / 1e9 + 60.0;
 }
@@ -301,7 +306,6 @@ class Migrator {
     return Status::OK();
   }
 
-  // An old-format file whose rotation is unknown, in a run that writes old-format files for
   // A {--format} of the other kind of file (a ggsq format for a session, a ggsn one for a slot):
   // said with what a directory holding both kinds needs, where convert_state would only say the
   // kinds differ.
@@ -314,12 +318,16 @@ class Migrator {
       if (row.format != *fmt || !row.kind || *row.kind == src.kind) continue;
       return Status::InvalidArgument(
           path + ": {--format} " + o_.spec.format + " is a format for a " + kind_name(*row.kind) + ", and this is a " +
-          kind_name(src.kind) + ": left as it is. One {--format} fits one kind of file; for a directory of both, "
-          "{--target-build} BUILD (the llama.cpp build that will load them) gives each file its kind's format");
+          kind_name(src.kind) + ": left as it is. One {--format} fits one kind of file; " +
+          (o_.spec.target_build.empty()
+               ? std::string("for a directory of both, {--target-build} BUILD (the llama.cpp build that will load "
+                             "them) gives each file its kind's format")
+               : "drop {--format}: {--target-build} " + o_.spec.target_build + " gives each file its kind's format"));
     }
     return Status::OK();
   }
 
+  // An old-format file whose rotation is unknown, in a run that writes old-format files for
   // {--target-build}: it may be an earlier, interrupted run's output, which that build's name
   // reads (the flag describes only old-format files; current-format ones go by their header).
   Status with_rerun_hint(const Status& s, const ConversionSpec& spec) const {

@@ -376,4 +376,16 @@ std::optional<double> process_start_time(pid_t pid) {
 #endif
 }
 
+std::optional<std::string> process_name(pid_t pid) {
+#if defined(KVSNAP_OS_LINUX)
+  std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+  std::string name;
+  if (!std::getline(comm, name)) return std::nullopt;
+  return name;
+#else
+  (void)pid;
+  return std::nullopt;
+#endif
+}
+
 }  // namespace kvsnap

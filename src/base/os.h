@@ -148,5 +148,8 @@ std::string load_average_text();
 // given in whole seconds). Linux: /proc/PID/stat's start time (clock ticks after boot) plus
 // /proc/stat's btime; nullopt elsewhere, and when the process is gone or the files do not parse.
 std::optional<double> process_start_time(pid_t pid);
+// The name of process `pid` as ps shows it (Linux: /proc/PID/comm, at most 15 bytes); nullopt
+// elsewhere and when the process is gone.
+std::optional<std::string> process_name(pid_t pid);
 
 }  // namespace kvsnap

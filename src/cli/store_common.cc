@@ -84,6 +84,14 @@ Result<std::optional<std::string>> new_store_dirs(const std::string& dir) {
     return std::optional<std::string>();
   KV_ASSIGN_OR_RETURN(bool there, cli_io().exists(where.local_dir));
   if (there) return std::optional<std::string>();
+  // A `..` anywhere, or a `.` past the start (`./store` is fine): `typo/../data/kv` names
+  // data/kv, whose existing `data` the walk below would take for new (there is no `typo/..` while
+  // there is no typo), and `a/./b` would stop the removal at `a/.`. Such a store is never taken away.
+  bool first = true;
+  for (const std::filesystem::path& part : std::filesystem::path(where.local_dir).relative_path()) {
+    if (part == ".." || (part == "." && !first)) return std::optional<std::string>();
+    first = false;
+  }
   std::string first_new = where.local_dir;
   for (std::string up = parent_of(first_new); !up.empty() && up != first_new; up = parent_of(up)) {
     KV_ASSIGN_OR_RETURN(bool up_there, cli_io().exists(up));
@@ -129,7 +137,7 @@ Status remove_new_store(const std::string& dir, const std::string& first_new) {
   KV_ASSIGN_OR_RETURN(auto entries, fresh_store_entries(cli_io(), where.local_dir));
   if (!entries) return Status::OK();  // it holds more than a new store: left as it is
   for (const std::string& path : *entries) KV_RETURN_IF_ERROR(cli_io().remove(path));
-  // the parents it created, while they are empty (one that is not, or is gone, ends it quietly)
+  // the parents it created, while they are empty (one that is not ends it quietly)
   std::string up = where.local_dir;
   while (up != first_new && up.size() > first_new.size()) {
     up = parent_of(up);

@@ -1391,6 +1391,11 @@ TEST_F(StoreCli, ARefusedImportLeavesNoNewStore) {
   EXPECT_EQ(bare("import " + junk.string() + " --store " + (dir_ / "kept/busy/store").string()).code, 3);
   EXPECT_TRUE(fs::exists(dir_ / "kept/busy/other-file"));
   EXPECT_FALSE(fs::exists(dir_ / "kept/busy/store"));
+  // through a directory that is not there and back (`..`): the existing empty directory it names
+  // stays, and so does what the import made (no store is taken away through `..`)
+  fs::create_directories(dir_ / "empty-data");
+  EXPECT_EQ(bare("import " + junk.string() + " --store " + (dir_ / "typo/../empty-data/kv").string()).code, 3);
+  EXPECT_TRUE(fs::is_directory(dir_ / "empty-data")) << "a directory the import did not make was removed";
   ASSERT_EQ(kv("save " + make_slot("a.slot", 2, 64, 40, 4).string() + " --name one").code, 0);
   EXPECT_EQ(kv("import " + junk.string()).code, 3);
   EXPECT_EQ(count_snapshots(), 1u) << "an existing store stays as it was";

@@ -683,6 +683,15 @@ TEST(MigrateDir, AFormatOfTheOtherKindSaysWhatADirectoryOfBothNeeds) {
   EXPECT_NE(f.detail.find("{--target-build} BUILD (the llama.cpp build that will load them)"), std::string::npos)
       << f.detail;
   EXPECT_TRUE(slurp(dir / "b.session") == session_before) << "the session changed";
+  // with --target-build given too, the way out is to drop --format
+  o.spec.target_build = "b10645";
+  sum = migrate_dir(io, o);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  ASSERT_EQ(sum->files.size(), 2u);
+  EXPECT_EQ(sum->files.at(1).action, FileAction::kFailed) << sum->files.at(1).detail;
+  EXPECT_NE(sum->files.at(1).detail.find("drop {--format}: {--target-build} b10645 gives each file its kind's format"),
+            std::string::npos) << sum->files.at(1).detail;
+  EXPECT_TRUE(slurp(dir / "b.session") == session_before) << "the session changed";
 }
 
 // A pid the system gave again: a temporary named with a running process's pid but last written
@@ -690,6 +699,7 @@ TEST(MigrateDir, AFormatOfTheOtherKindSaysWhatADirectoryOfBothNeeds) {
 // writer's, removed as stale; one written since that process started is still taken as in use.
 TEST(MigrateDir, ATemporaryOfAPidGivenAgainIsStale) {
   if (std::string(os_branch()) != "linux") GTEST_SKIP() << "process start times are read on Linux only";
+  if (!std::ifstream("/proc/stat").good()) GTEST_SKIP() << "no /proc/stat here (a /proc of pids only)";
   ASSERT_TRUE(process_start_time(::getpid()).has_value()) << "no start time for this process";
   test::TempDir t("kvsnap-migrate-temp-reused-pid");
   const fs::path dir = t.path();
