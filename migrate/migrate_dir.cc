@@ -121,10 +121,13 @@ bool has_state_magic(const ReadableFile& f) {
 // A name kvsnap gives its temporaries: `<file>.kvsnap-tmp-<pid>-<n>...` (base/io.h's
 // unique_suffix), or the kept slot scratch file. Only these are taken for kvsnap's own: any other
 // name holding the infix is a file like the others (`x.kvsnap-tmp-notapid` was removed as stale).
+// The last infix decides: a slot file restore --server is still writing is the temporary of a
+// temporary (`kvsnap-restore.kvsnap-tmp-<pid>-<n>.bin.kvsnap-tmp-<pid>-<m>`, SlotFileWriter's
+// name for server_flows' file), and was taken for a slot file to convert.
 // Returns the pid, 0 for the scratch file, nullopt for any other name.
 std::optional<long> temp_pid(const std::string& name) {
   if (name == kKeptScratchName) return 0;
-  const auto at = name.find(kTempInfix);
+  const auto at = name.rfind(kTempInfix);
   if (at == std::string::npos) return std::nullopt;
   const size_t digits = at + kTempInfix.size();
   size_t end = digits;

@@ -334,7 +334,10 @@ void setup_migrate(CLI::App& app, int& exit_status) {
   sub->add_option("--ctk", o->ctk, "target K type (default: keep each file's)");
   sub->add_option("--ctv", o->ctv, "target V type (default: keep)");
   sub->add_option("--flash-attn,--fa", o->flash_attn, "on|off: the target server's flash attention (default: keep)");
-  sub->add_option("--format", o->format, "current (default) or " + target_format_names());
+  sub->add_option("--format", o->format,
+                  "the files' format, one of " + target_format_names() +
+                      " (default: current, or --target-build's); ggsq-* are slot files (llama-server's slot saves), ggsn-* "
+                      "session files (llama_state_save_file): a directory of both wants --target-build");
   sub->add_option("--rotation", o->rotation, "auto|on|off (see kvsnap convert --help)");
   sub->add_option("--requant", o->requant, "auto|quick|search|exact|reference (see kvsnap convert --help)")
       ->check(CLI::IsMember({"auto", "quick", "search", "exact", "reference"}));

@@ -20,16 +20,14 @@
 
 #include "base/os.h"
 #include "temp_dir.h"
+#include "test_files.h"
 
 namespace kvsnap {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
+std::string slurp(const fs::path& p) { return test::slurp_text(p); }
 
 // The real file system, every call forwarded: the base of the Ios below, which each hook one step.
 class ForwardingIo : public Io {
@@ -616,12 +614,16 @@ TEST(MigrateDir, OnlyKvsnapsOwnTemporaryNamesAreRemovedAsStale) {
   for (const std::string& name : users) fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", dir / name);
   fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", dir / ".kvsnap-scratch.kvsnap-tmp-kept");
   fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", dir / "kvsnap-save.kvsnap-tmp-999999999-77.bin");
+  // restore --server's slot file while SlotFileWriter writes it: a temporary of a temporary
+  const std::string writing = "kvsnap-restore.kvsnap-tmp-999999999-78.bin.kvsnap-tmp-999999999-79";
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", dir / writing);
   ForwardingIo io;
   auto sum = migrate_to_f32(io, dir);
   ASSERT_TRUE(sum.ok()) << sum.status().ToString();
-  EXPECT_EQ(sum->stale_temps_removed, 2u);
+  EXPECT_EQ(sum->stale_temps_removed, 3u);
   EXPECT_FALSE(fs::exists(dir / ".kvsnap-scratch.kvsnap-tmp-kept"));
   EXPECT_FALSE(fs::exists(dir / "kvsnap-save.kvsnap-tmp-999999999-77.bin")) << "a dead process's temporary kept";
+  EXPECT_FALSE(fs::exists(dir / writing)) << "a dead restore's slot file kept";
   for (const std::string& name : users) ASSERT_TRUE(fs::exists(dir / name)) << name << ": a user's file removed as stale";
   EXPECT_EQ(sum->count(FileAction::kConverted), users.size());
 }
@@ -637,6 +639,11 @@ TEST(MigrateDir, TemporariesAreReportedStaleOrStillInUse) {
   fs::copy_file(slot, dir / "kvsnap-save.kvsnap-tmp-999999999-77.bin");  // no such process
   const std::string live = "b.slot.kvsnap-tmp-" + std::to_string(::getpid()) + "-5";
   fs::copy_file(slot, dir / live);
+  // restore --server's slot file while it is written (SlotFileWriter's temporary of server_flows'):
+  // taken for a slot to convert before, under another kvsnap's feet
+  const std::string pid = std::to_string(::getpid());
+  const std::string writing = "kvsnap-restore.kvsnap-tmp-" + pid + "-8.bin.kvsnap-tmp-" + pid + "-9";
+  fs::copy_file(slot, dir / writing);
   ForwardingIo io;
   for (const bool dry : {true, false}) {
     MigrateOptions o;
@@ -649,12 +656,13 @@ TEST(MigrateDir, TemporariesAreReportedStaleOrStillInUse) {
     EXPECT_EQ(sum->stale_temps_found, dry ? 1u : 0u);
     EXPECT_EQ(sum->stale_temps_removed, dry ? 0u : 1u);
     EXPECT_EQ(fs::exists(dir / "kvsnap-save.kvsnap-tmp-999999999-77.bin"), dry);
-    ASSERT_TRUE(fs::exists(dir / live)) << "another kvsnap's temporary removed";
-    const auto it = std::find_if(sum->files.begin(), sum->files.end(), [&](const FileOutcome& f) { return f.name == live; });
-    ASSERT_NE(it, sum->files.end()) << "the live temporary is not in the report";
-    EXPECT_EQ(it->action, FileAction::kSkippedOther);
-    EXPECT_NE(it->detail.find("a temporary of kvsnap process " + std::to_string(::getpid()) + ", still running"),
-              std::string::npos) << it->detail;
+    for (const std::string& name : {live, writing}) {
+      ASSERT_TRUE(fs::exists(dir / name)) << name << ": another kvsnap's temporary removed";
+      const auto it = std::find_if(sum->files.begin(), sum->files.end(), [&](const FileOutcome& f) { return f.name == name; });
+      ASSERT_NE(it, sum->files.end()) << name << ": the live temporary is not in the report";
+      EXPECT_EQ(it->action, FileAction::kSkippedOther) << name;
+      EXPECT_NE(it->detail.find("a temporary of kvsnap process " + pid + ", still running"), std::string::npos) << it->detail;
+    }
     EXPECT_EQ(sum->count(dry ? FileAction::kWouldConvert : FileAction::kConverted), 1u);
   }
 }
