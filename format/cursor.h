@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,9 +56,10 @@ class Cursor {
   uint64_t begin_;
   uint64_t pos_;
   uint64_t end_;
-  // window_ holds file bytes [win_off_, win_off_ + window_.size()).
-  std::vector<std::byte> window_;
+  // window_ holds file bytes [win_off_, win_off_ + win_len_) (allocated at the first fill).
+  std::unique_ptr<std::byte[]> window_;
   uint64_t win_off_ = 0;
+  uint64_t win_len_ = 0;
   uint64_t fence_ = 0;  // header_before_bulk: no fill reads past it while pos_ < fence_
 };
 

@@ -13,16 +13,14 @@
 #include <vector>
 
 #include "base/os.h"
+#include "test_files.h"
 
 namespace kvsnap {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string test_read(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
+std::string test_read(const std::string& p) { return test::slurp_text(p); }
 
 TEST(PosixIo, AFileWrittenPastTheWriteBehindStepReadsBackExactly) {
   const fs::path dir = fs::temp_directory_path() / ("kvsnap-io-" + std::to_string(::getpid()));
@@ -55,7 +53,9 @@ TEST(PosixIo, AFileWrittenPastTheWriteBehindStepReadsBackExactly) {
   // more than the windows. Linux can tell; elsewhere there is no wait to count.
   const std::optional<uint64_t> waits = (*w)->disk_waits();
   EXPECT_EQ(waits.has_value(), std::string(os_branch()) == "linux");
-  if (waits) EXPECT_LE(*waits, want.size() / kWriteBehindBytes);
+  if (waits) {
+    EXPECT_LE(*waits, want.size() / kWriteBehindBytes);
+  }
   ASSERT_TRUE((*w)->commit().ok());
   auto got = read_all(posix_io(), path, want.size());
   ASSERT_TRUE(got.ok()) << got.status().ToString();

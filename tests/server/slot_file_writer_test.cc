@@ -11,16 +11,14 @@
 #include <iterator>
 
 #include "temp_dir.h"
+#include "test_files.h"
 
 namespace kvsnap {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), {}};
-}
+std::string slurp(const std::string& p) { return test::slurp_text(p); }
 
 ino_t inode(const std::string& p) {
   struct stat st {};

@@ -11,6 +11,7 @@
 
 #include "store/fault_io.h"
 #include "temp_dir.h"
+#include "test_files.h"
 
 namespace kvsnap {
 namespace {
@@ -23,10 +24,7 @@ std::vector<std::byte> bytes_of(const std::string& s) {
   return b;
 }
 
-std::string file_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+std::string file_text(const std::string& path) { return test::slurp_text(path); }
 
 class BlobStoreTest : public ::testing::Test {
  protected:
