@@ -22,6 +22,7 @@ class Cursor {
   // Reads [begin, end) of `file`.
   Cursor(const ReadableFile& file, uint64_t begin, uint64_t end);
   explicit Cursor(const ReadableFile& file) : Cursor(file, 0, file.size()) {}
+  Cursor(Cursor&&) = delete;  // a moved-from one would keep win_len_ without its buffer
 
   uint64_t offset() const { return pos_; }
   uint64_t end() const { return end_; }

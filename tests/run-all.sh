@@ -75,7 +75,8 @@ start_beside "Python beds" make_python_beds
 
 if [ -x tests/oracle/fetch.sh ] || [ -f tests/oracle/fetch.sh ]; then
   # llama-server is built from node-llama-cpp 3.22.1's source bundle: that version first, then the
-  # server build (~4 min the first time on 2 cores, cached afterwards) with the other downloads
+  # server build (~1.5 min the first time on 2 cores: only what the release's prebuilt libraries do
+  # not hold, build-server.sh; cached afterwards) with the other downloads
   # beside it (they wait on the network, the build on the CPU): node-llama-cpp 3.21.1 3.20.0 3.19.0
   # 3.18.1 3.17.1 3.16.2 3.10.0, @fugood/llama.node and eras A and B (3.0.0-beta.32/44), ~1 min
   # the first time (npm pack + the source bundles), cached afterwards.

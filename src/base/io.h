@@ -271,7 +271,8 @@ struct AtomicWriteOptions {
 };
 
 // What marks AtomicFileWriter's temporary files: `<target>.kvsnap-tmp-<pid>-<random>`.
-// Cleaners of stale temporaries (migrate_dir) match this and read the pid after it.
+// Cleaners of stale temporaries (migrate_dir) match this and read the pid after its last occurrence
+// (a temporary of a file that is itself a temporary holds it twice: SlotFileWriter's of a slot file).
 inline constexpr std::string_view kTempInfix = ".kvsnap-tmp-";
 // The one such name without a pid: the scratch file kvsnap keeps in a llama-server slot directory
 // (server/server_flows.h, kSlotScratchName), only ever a cache, which migrate_dir removes too.

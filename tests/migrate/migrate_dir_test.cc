@@ -610,7 +610,7 @@ TEST(MigrateDir, OnlyKvsnapsOwnTemporaryNamesAreRemovedAsStale) {
   const fs::path dir = t.path();
   // (999999999: no such process; the user's names hold what follows a pid in kvsnap's, but not only)
   const std::vector<std::string> users = {"x.kvsnap-tmp-notapid", "y.kvsnap-tmp-12abc", "chat.kvsnap-tmp-999999999-old.bin",
-                                          "z.kvsnap-tmp-999999999-12.slot"};
+                                          "z.kvsnap-tmp-999999999-12.slot", "w.kvsnap-tmp-999999999-1.bin.kvsnap-tmp-old"};
   for (const std::string& name : users) fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", dir / name);
   fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", dir / ".kvsnap-scratch.kvsnap-tmp-kept");
   fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", dir / "kvsnap-save.kvsnap-tmp-999999999-77.bin");

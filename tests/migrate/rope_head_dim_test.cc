@@ -255,7 +255,9 @@ TEST(RopeHeadDim, PartialRotaryIsReadWithTheModelsRopeDims) {
     HeadDimEvidence e = partial_rope_verdict(s, 128, 96);
     EXPECT_EQ(e.verdict, V::kConfirmed) << e.summary;
     EXPECT_NE(e.summary.find("halves of the first 96"), std::string::npos) << e.summary;
-    if (type == GgmlType::kQ8_0) EXPECT_EQ(e.stored_rotated, rotated ? Tri::kYes : Tri::kNo) << e.summary;
+    if (type == GgmlType::kQ8_0) {
+      EXPECT_EQ(e.stored_rotated, rotated ? Tri::kYes : Tri::kNo) << e.summary;
+    }
     // The pairs of a whole-head rope are not these: without the rope dims nothing is decided.
     e = partial_rope_verdict(s, 128, 0);
     EXPECT_EQ(e.verdict, V::kUnsure) << e.summary;

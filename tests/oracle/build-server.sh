@@ -46,26 +46,36 @@ if [ "${#gen[@]}" -gt 0 ] && [ -n "$libllama" ] && [ -n "$libggml" ] && [ -f "$l
    [ -f "$lib/libggml-base.so" ]; then
   # The objects of every archive llama-server links that the prebuilt libraries do not replace
   # (libllama-common*, libllama, ggml's): read from the link and archive commands ninja would run.
-  link=$(ninja -C "$bld" -t commands bin/llama-server | tail -n 1)
-  objs=(tools/server/CMakeFiles/llama-server.dir/main.cpp.o)
-  for a in $(tr ' ' '\n' <<<"$link" | grep '\.a$'); do
+  link=$(ninja -C "$bld" -t commands bin/llama-server | tail -n 1 || true)
+  cxx=$(awk '{ for (i = 1; i < NF; i++) if ($i == "&&") { print $(i + 1); exit } }' <<<"$link")
+  [ -n "$cxx" ] || { log "error: no link command for bin/llama-server in $bld"; exit 1; }
+  objs=($(tr ' ' '\n' <<<"$link" | grep '\.o$' || true))
+  for a in $(tr ' ' '\n' <<<"$link" | grep '\.a$' || true); do
     case "$a" in
       /* | common/libllama-common*.a | src/libllama.a | ggml/*) ;;  # a system library, or the prebuilt ones
-      *) objs+=($(ninja -C "$bld" -t commands "$a" | tail -n 1 | tr ' ' '\n' | grep '\.o$')) ;;
+      *)
+        own=($(ninja -C "$bld" -t commands "$a" | tail -n 1 | tr ' ' '\n' | grep '\.o$' || true))
+        [ "${#own[@]}" -gt 0 ] || { log "error: no objects found for $a in $bld"; exit 1; }
+        objs+=("${own[@]}")
+        ;;
     esac
   done
   log "compiling ${#objs[@]} objects, linking $libllama, libllama-common.so and $libggml from $lib"
   ninja -C "$bld" -j "$jobs" "${objs[@]}" >"$bld.build.log" 2>&1 ||
     { log "build failed, see $bld.build.log"; tail -30 "$bld.build.log" >&2; exit 1; }
-  (cd "$bld" && c++ -O1 "${objs[@]}" -o "$lib/llama-server.tmp" -L"$lib" -lllama-common -l:"$libllama" \
+  (cd "$bld" && "$cxx" -O1 "${objs[@]}" -o "$lib/llama-server.tmp" -L"$lib" -lllama-common -l:"$libllama" \
      -l:"$libggml" -lggml-base -Wl,-rpath,'$ORIGIN' -ldl -lpthread) >>"$bld.build.log" 2>&1 ||
     { log "link failed, see $bld.build.log"; tail -30 "$bld.build.log" >&2; exit 1; }
   mv "$lib/llama-server.tmp" "$lib/llama-server"
-  ln -sfn "../lib/llama-server" "$out.tmp" && mv -T "$out.tmp" "$out"
+  rm -f "$out.tmp"
+  ln -s "../lib/llama-server" "$out.tmp"
+  mv -T "$out.tmp" "$out"
 else
   log "no prebuilt libllama-common/libllama/libggml in $lib (or no ninja): the whole tree, statically"
   cmake --build "$bld" --target llama-server -j "$jobs" >"$bld.build.log" 2>&1 ||
     { log "build failed, see $bld.build.log"; tail -30 "$bld.build.log" >&2; exit 1; }
-  cp "$bld/bin/llama-server" "$out.tmp" && mv "$out.tmp" "$out"
+  rm -f "$out.tmp"
+  cp "$bld/bin/llama-server" "$out.tmp"
+  mv "$out.tmp" "$out"
 fi
 log "built $out"
