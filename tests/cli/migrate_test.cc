@@ -306,7 +306,8 @@ TEST(Migrate, AnUpgradeWithoutTheModelIsRefused) {
 
 // A slot file a killed `kvsnap save --server` left behind (its name: server_flows.cc's
 // fresh_name, a temporary of a process that is gone) is removed, never converted as a slot; a
-// temporary of a live process is left alone.
+// temporary of a live process is left alone. So is restore --server's slot file while it is being
+// written (SlotFileWriter's temporary of that name: the last pid decides).
 TEST(Migrate, RemovesWhatAKilledServerSaveLeftAndNothingOfALiveOne) {
   TempDir t;
   fs::path dir = t.path / "slots";
@@ -317,13 +318,18 @@ TEST(Migrate, RemovesWhatAKilledServerSaveLeftAndNothingOfALiveOne) {
   ::waitpid(dead, nullptr, 0);
   const std::string left = "kvsnap-save.kvsnap-tmp-" + std::to_string(dead) + "-77.bin";
   const std::string live = "kvsnap-restore.kvsnap-tmp-" + std::to_string(::getpid()) + "-78.bin";
-  fs::copy_file(fixture("v0.5.0/hd64-f16-f16-faon.slot"), dir / left);
-  fs::copy_file(fixture("v0.5.0/hd64-f16-f16-faon.slot"), dir / live);
-  fs::copy_file(fixture("v0.5.0/hd64-f16-f16-faon.slot"), dir / "slot.bin");
+  const std::string me = std::to_string(::getpid()), gone = std::to_string(dead);
+  const std::string left_writing = "kvsnap-restore.kvsnap-tmp-" + gone + "-79.bin.kvsnap-tmp-" + gone + "-80";
+  const std::string live_writing = "kvsnap-restore.kvsnap-tmp-" + me + "-81.bin.kvsnap-tmp-" + me + "-82";
+  for (const std::string& name : {left, live, left_writing, live_writing, std::string("slot.bin")}) {
+    fs::copy_file(fixture("v0.5.0/hd64-f16-f16-faon.slot"), dir / name);
+  }
   const std::string json = (t.path / "out.json").string();
   ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " --ctk f32 --ctv f32 --json >" + json), 0);
   EXPECT_FALSE(fs::exists(dir / left));
+  EXPECT_FALSE(fs::exists(dir / left_writing)) << "a dead restore's slot file kept";
   EXPECT_EQ(slurp(dir / live), slurp(fixture("v0.5.0/hd64-f16-f16-faon.slot")));
+  EXPECT_EQ(slurp(dir / live_writing), slurp(fixture("v0.5.0/hd64-f16-f16-faon.slot"))) << "a live restore's file converted";
   EXPECT_NE(slurp(json).find("\"converted\": 1"), std::string::npos) << slurp(json);
 }
 
