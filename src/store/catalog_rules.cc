@@ -49,7 +49,7 @@ bool all_digits(const std::string& s) {
 Status removal_allowed(int64_t id, bool pinned, const std::optional<std::string>& expires_at,
                        const Catalog::RemovalCheck& check) {
   if (check.unpinned && pinned) return Status::Mismatch("snapshot " + std::to_string(id) + " is pinned (kept)");
-  if (check.expired_as_of && !(expires_at && *expires_at <= *check.expired_as_of))
+  if (check.expired_as_of && !expiry_passed(expires_at, *check.expired_as_of))
     return Status::Mismatch("snapshot " + std::to_string(id) + " has not expired as of " + *check.expired_as_of +
                             " (kept)");
   return Status::OK();

@@ -27,7 +27,7 @@ std::vector<const SnapshotInfo*> eviction_order(const std::vector<SnapshotInfo>&
   std::vector<const SnapshotInfo*> expired, rest;
   for (const SnapshotInfo& s : snaps) {
     if (s.pinned || (req.keep && *req.keep == s.id)) continue;
-    (s.expires_at && *s.expires_at <= req.now ? expired : rest).push_back(&s);
+    (expiry_passed(s.expires_at, req.now) ? expired : rest).push_back(&s);
   }
   std::sort(expired.begin(), expired.end(), [](const SnapshotInfo* a, const SnapshotInfo* b) {
     return std::tie(*a->expires_at, a->id) < std::tie(*b->expires_at, b->id);
@@ -72,7 +72,7 @@ Result<EvictionPlan> plan_eviction(Catalog& catalog, const EvictionRequest& req)
   plan.bytes_after = plan.bytes_before;
 
   for (const SnapshotInfo* s : eviction_order(scope.snapshots, req)) {
-    bool expired = s->expires_at && *s->expires_at <= req.now;
+    bool expired = expiry_passed(s->expires_at, req.now);
     if (!expired && (!req.max_bytes || plan.bytes_after <= *req.max_bytes)) break;
     EvictionVictim v{*s, expired, 0};
     // Recomputed per victim: a chunk stops counting only when its last user goes.
@@ -115,8 +115,16 @@ Result<std::string> add_seconds(const std::string& iso, int64_t seconds) {
   }
   tm.tm_year -= 1900;
   tm.tm_mon -= 1;
-  int64_t t = static_cast<int64_t>(timegm(&tm));
+  const int64_t t = static_cast<int64_t>(timegm(&tm));
+  constexpr int64_t kLastSecond = 253402300799;  // 9999-12-31T23:59:59Z
+  if (seconds > kLastSecond - t || seconds < -t) {
+    return Status::InvalidArgument(iso + " plus " + std::to_string(seconds) + " s is not a time between 1970 and the end of 9999");
+  }
   return utc_iso8601((t + seconds) * 1000 + ms);
+}
+
+bool expiry_passed(const std::optional<std::string>& expires_at, const std::string& now) {
+  return expires_at && expires_at->size() == now.size() && *expires_at <= now;
 }
 
 namespace {
@@ -139,6 +147,10 @@ Result<int64_t> parse_duration(const std::string& text) {
   const std::string usage = "a duration: use a number and a unit, s, m, h, d or w (e.g. 12h, 7d)";
   KV_ASSIGN_OR_RETURN(uint64_t v, number_with_unit(text, kUnits, [](uint64_t n, uint64_t f) { return n * f; }, usage));
   if (v == 0) return Status::InvalidArgument("'" + text + "' is not " + usage);
+  if (v > uint64_t(kMaxDurationSeconds)) {
+    return Status::InvalidArgument("'" + text + "' is more than 1000 years; to keep a snapshot whatever the caps "
+                                   "and expiries, pin it (kvsnap pin)");
+  }
   return static_cast<int64_t>(v);
 }
 

@@ -4,7 +4,7 @@
 // Promises of plan_eviction():
 //   - Pinned snapshots and `keep` (the snapshot a save just added) are never
 //     victims, whatever the cap.
-//   - Expired snapshots (expires_at <= now) are always victims (oldest expiry
+//   - Expired snapshots (expiry_passed: expires_at <= now) are always victims (oldest expiry
 //     first), cap or no cap; then, while the bytes in scope exceed the cap,
 //     the least recently restored (never restored: by created; ties by id).
 //   - Accounting is exact after dedup. The bytes in scope are the stored sizes
@@ -69,9 +69,15 @@ Result<EvictionPlan> plan_eviction(Catalog& catalog, const EvictionRequest& req)
 // SnapshotInfo's times, which compare as strings.
 std::string utc_iso8601(int64_t unix_ms);
 std::string utc_now_iso8601();
-// Adds `seconds` to such a time; kInvalidArgument when `iso` is not one.
+// Adds `seconds` to such a time; kInvalidArgument when `iso` is not one, or when the sum is past
+// 9999-12-31T23:59:59.999Z (a later time would not fit the form, and a 5-digit year compares
+// below every 4-digit one).
 Result<std::string> add_seconds(const std::string& iso, int64_t seconds);
-// "90s", "45m", "12h", "7d", "2w" (a bare number is seconds) -> seconds > 0.
+// Whether an expiry has passed at `now` (both in the form above). An expiry not in that form (a
+// year past 9999 that kvsnap wrote before add_seconds refused it) has not: it never expires.
+bool expiry_passed(const std::optional<std::string>& expires_at, const std::string& now);
+// "90s", "45m", "12h", "7d", "2w" (a bare number is seconds) -> seconds in [1, kMaxDurationSeconds].
+inline constexpr int64_t kMaxDurationSeconds = int64_t(1000) * 36525 * 864;  // 1,000 years of 365.25 days
 Result<int64_t> parse_duration(const std::string& text);
 // "1048576", "512K", "100M", "2G", "1T" (binary multiples, optional "iB"/"B") -> bytes.
 Result<uint64_t> parse_byte_size(const std::string& text);

@@ -73,7 +73,8 @@ class PgCatalog : public Catalog {
   // expired_snapshots()'s query ($1: now): the snapshots_expires index walked in its own order,
   // no sort (catalog tests EXPLAIN this text).
   static constexpr const char* kExpiredSql =
-      "SELECT id FROM snapshots WHERE expires_at <= $1 AND NOT pinned ORDER BY expires_at, id";
+      "SELECT id FROM snapshots WHERE expires_at <= $1 AND length(expires_at) = length($1) AND NOT pinned "
+      "ORDER BY expires_at, id";
 
   // Connects to `url` and creates or migrates the schema. options:
   // busy_timeout_ms bounds row-lock waits; durable_commits=false sets

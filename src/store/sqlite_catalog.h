@@ -59,7 +59,8 @@ class SqliteCatalog final : public Catalog {
   // expired_snapshots()'s query (?1: now): the snapshots_expires index walked in its own order,
   // no sort (catalog tests EXPLAIN this text).
   static constexpr const char* kExpiredSql =
-      "SELECT id FROM snapshots WHERE expires_at <= ?1 AND pinned = 0 ORDER BY expires_at, id";
+      "SELECT id FROM snapshots WHERE expires_at <= ?1 AND length(expires_at) = length(?1) AND pinned = 0 "
+      "ORDER BY expires_at, id";
 
   // Catalog::open() is this.
   static Result<std::unique_ptr<SqliteCatalog>> open(const std::string& path, const CatalogOptions& options = {});

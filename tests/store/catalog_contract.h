@@ -716,6 +716,33 @@ TYPED_TEST_P(CatalogContract, ACatalogBeforeTheExpiryIndexGainsIt) {
   this->expect_consistent(*c);
 }
 
+// An expiry past 9999 (a 5-digit year compares below every 4-digit one as text), as kvsnap wrote it
+// before add_seconds refused one, never expires: not in the expiry query, not a victim of an
+// eviction, not removable as expired. An expiry of the usual form still is.
+TYPED_TEST_P(CatalogContract, AnExpiryPastTheYear9999NeverExpires) {
+  auto c = this->open();
+  ASSERT_TRUE(c);
+  const int64_t far = this->add(*c, record("far"), {use("x")});
+  const int64_t soon = this->add(*c, record("soon"), {use("y")});
+  ASSERT_TRUE(c->set_expiry(far, "10240-08-24T00:00:00.000Z").ok());
+  ASSERT_TRUE(c->set_expiry(soon, "2026-01-01T00:00:00.000Z").ok());
+  const std::string now = "2026-01-02T00:00:00.000Z";
+  auto expired = c->expired_snapshots(now);
+  ASSERT_TRUE(expired.ok()) << expired.status().ToString();
+  EXPECT_EQ(*expired, std::vector<int64_t>{soon});
+  EvictionRequest req;
+  req.now = now;
+  auto plan = plan_eviction(*c, req);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->victims.size(), 1u);
+  EXPECT_EQ(plan->victims[0].info.id, soon);
+  Catalog::RemovalCheck check;
+  check.expired_as_of = now;
+  EXPECT_EQ(c->remove_snapshot_if(far, check).status().code(), Code::kMismatch);
+  EXPECT_TRUE(c->remove_snapshot_if(soon, check).ok());
+  this->expect_consistent(*c);
+}
+
 // A stand-in for the store's sealing (store_seal.h): 40 header bytes, the tokens, a 16-byte tag.
 std::vector<std::byte> fake_seal(const std::vector<int32_t>& tokens) {
   std::vector<std::byte> out(40 + tokens.size() * 4 + 16, std::byte{0x5a});
@@ -975,7 +1002,7 @@ TYPED_TEST_P(CatalogContract, TenantCapEvictsOnlyThatTenant) {
   EXPECT_TRUE(plan(*c, 0, "nobody").victims.empty());
 }
 
-REGISTER_TYPED_TEST_SUITE_P(CatalogContract, FindChunksAnswersAsFindChunkInOrder, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, AnEvictionsRemovalKeepsAVictimPinnedOrExtendedSinceThePlan, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, ExpiredSnapshotsAreFoundFromTheSnapshotRows, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact, ACatalogBeforeEncryptionGainsItsColumns, EncryptedRowsKeepTheirKeyIdsAndAKeyedPrefixIndex, ExpiredSnapshotsAreFoundThroughTheExpiryIndex, ACatalogBeforeTheExpiryIndexGainsIt);
+REGISTER_TYPED_TEST_SUITE_P(CatalogContract, FindChunksAnswersAsFindChunkInOrder, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, AnEvictionsRemovalKeepsAVictimPinnedOrExtendedSinceThePlan, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, ExpiredSnapshotsAreFoundFromTheSnapshotRows, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact, ACatalogBeforeEncryptionGainsItsColumns, EncryptedRowsKeepTheirKeyIdsAndAKeyedPrefixIndex, ExpiredSnapshotsAreFoundThroughTheExpiryIndex, ACatalogBeforeTheExpiryIndexGainsIt, AnExpiryPastTheYear9999NeverExpires);
 
 // What a save does (format/ will own the real one): blobs first, synced, then
 // the catalog row; the gc lock is held throughout.

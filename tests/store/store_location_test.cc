@@ -235,6 +235,18 @@ TEST_F(StoreLocationTest, CapsAreSizesInBytesOrWithAUnit) {
   EXPECT_EQ(*parse_duration("2w"), 1209600);
   EXPECT_FALSE(parse_duration("0s").ok());
   EXPECT_FALSE(parse_duration("1y").ok());
+  // an expiry must stay a 4-digit year: longer than 1000 years is refused (pin keeps for ever), and
+  // a sum past 9999 or a wrapped product never becomes a time
+  EXPECT_EQ(*parse_duration("52000w"), int64_t{52000} * 604800);
+  for (const char* far : {"3000000d", "420000w", "16000000000w", "999999999999w"}) {
+    const auto d = parse_duration(far);
+    ASSERT_FALSE(d.ok()) << far;
+    EXPECT_NE(d.status().message().find("kvsnap pin"), std::string::npos) << d.status().ToString();
+  }
+  EXPECT_FALSE(add_seconds("2026-12-31T23:59:30.250Z", int64_t{300000} * 86400 * 365).ok());
+  EXPECT_FALSE(add_seconds("2026-12-31T23:59:30.250Z", INT64_MAX).ok()) << "no wrap-around";
+  EXPECT_EQ(*add_seconds("9999-12-31T23:59:58.999Z", 1), "9999-12-31T23:59:59.999Z");
+  EXPECT_FALSE(add_seconds("9999-12-31T23:59:59.000Z", 1).ok());
   EXPECT_EQ(*add_seconds("2026-12-31T23:59:30.250Z", 45), "2027-01-01T00:00:15.250Z");
   EXPECT_FALSE(add_seconds("yesterday", 1).ok());
 }
