@@ -33,6 +33,7 @@ struct SaveOpts {
 };
 
 Status run_save_server(const SaveOpts& o, SaveRequest req, std::string& out);
+std::function<Status()> unchanged_since(const std::string& path);
 Status run_save_mlx(const SaveOpts& o, SaveRequest req, const ReadableFile& file, std::string& out);
 // `extra` (JSON only): more keys for the result.
 Status render_save(const SaveResult& r, const std::string& root, bool as_json, std::string& out,
@@ -102,6 +103,7 @@ Status run_save(const SaveOpts& o, std::string& out) {
     }
     return run_save_server(o, req, out);
   }
+  req.source_unchanged = unchanged_since(o.file);  // before the first read
   // An mlx-lm prompt cache (a safetensors header, told by content) goes its own way.
   if (auto f = cli_io().open_read(o.file); f.ok() && looks_like_mlx_prompt_cache(**f)) {
     return run_save_mlx(o, std::move(req), **f, out);
@@ -120,6 +122,21 @@ Status run_save(const SaveOpts& o, std::string& out) {
   }();
   KV_ASSIGN_OR_RETURN(SaveResult r, std::move(saved));
   return render_save(r, store->paths().root, o.json, out);
+}
+
+// SaveRequest::source_unchanged for `path`: its stamp now (before the save's first read) is still
+// its stamp once the save has read it all. A llama-server saving the slot again writes the same
+// file in place, and the snapshot would hold part of each version (every chunk's SHA-256 is of
+// what was read, so nothing would ever flag it).
+std::function<Status()> unchanged_since(const std::string& path) {
+  auto before = cli_io().stamp(path);
+  if (!before.ok()) return nullptr;  // not there (the open says so) or an Io without stamps
+  return [path, was = *before] {
+    auto now = cli_io().stamp(path);
+    if (now.ok() && *now == was) return Status::OK();
+    return Status::IOError(path + ": changed while kvsnap read it (did a llama-server save this slot again?): nothing "
+                           "stored; save it again once nothing writes to it");
+  };
 }
 
 // --tokens: a file of token ids (JSON array, or separated by commas or spaces), else the list itself.

@@ -417,6 +417,7 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   BlobSink sink(*batch, *catalog_);
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_snapshot(*state, *src, so, sink));
   KV_RETURN_IF_ERROR(sink.finish());
+  if (req.source_unchanged) KV_RETURN_IF_ERROR(req.source_unchanged());
   KV_RETURN_IF_ERROR(batch->commit());
   SnapshotRecord rec = make_record(m, *state, src->size(), req.model ? req.model->arch : state->arch, fingerprint);
   // Read in full: the converted temporary goes while the batch's hold stands (a gc may delete tmp/'s

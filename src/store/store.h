@@ -87,6 +87,11 @@ struct SaveRequest {
   // Called with the file's size when the save starts reading it: a progress display's total for a
   // caller that could not know it before (save --server: the server writes the file).
   std::function<void(uint64_t file_bytes)> on_start;
+  // Called once the file is read in full, before anything is committed: an error stores nothing
+  // (the CLI's: the file's stamp is still the one taken before its first read, so that a file
+  // rewritten in place meanwhile, a llama-server saving that slot again, is not stored as a mix
+  // of two versions).
+  std::function<Status()> source_unchanged;
   std::optional<int64_t> ttl_seconds;        // expires this long after the save
   bool pin = false;                          // never evicted
   // What an import keeps of the archive's snapshot when it saves its original again (re-sealed

@@ -129,6 +129,7 @@ Result<SaveResult> Store::save_mlx(const ReadableFile& file, const MlxPromptCach
   BlobSink sink(*batch, *catalog_);
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_mlx_snapshot(cache, file, so, meta, sink));
   KV_RETURN_IF_ERROR(sink.finish());
+  if (req.source_unchanged) KV_RETURN_IF_ERROR(req.source_unchanged());
   KV_RETURN_IF_ERROR(batch->commit());
   KV_ASSIGN_OR_RETURN(SnapshotRecord rec, mlx_record(m, file));
   return commit_save(std::move(rec), m, sink, batch, req, parent_id, since(t0));

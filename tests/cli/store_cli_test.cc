@@ -6,7 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -714,6 +717,34 @@ TEST_F(StoreCli, RmAndEvictionCompactAtTheStoresThresholdAndSayWhatTheyLeft) {
   KvRun bad = kv("ls");
   EXPECT_EQ(bad.code, 2) << bad.err;
   EXPECT_NE(bad.err.find("compact_dead_percent"), std::string::npos) << bad.err;
+}
+
+// A file rewritten in place while the save reads it (a llama-server saving that slot again) is not
+// stored: its stamp once read is not the one taken before the first read. The writer here puts
+// the same first bytes back every half millisecond (the content stays, its mtime and ctime move)
+// for as long as the save runs; without it the same save stores the file.
+TEST_F(StoreCli, AFileRewrittenWhileSavedIsNotStored) {
+  const fs::path slot = make_slot("busy.slot", 4, 512, 2048, 7);  // ~17 MB
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    const int fd = ::open(slot.c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    const uint32_t magic = 0x67677371;  // what make_slot wrote there
+    while (!stop.load()) {
+      EXPECT_EQ(::pwrite(fd, &magic, 4, 0), 4);
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    }
+    ::close(fd);
+  });
+  KvRun busy = kv("save " + slot.string() + " --name busy");
+  stop = true;
+  writer.join();
+  EXPECT_EQ(busy.code, 7) << busy.err;
+  EXPECT_NE(busy.err.find("changed while kvsnap read it"), std::string::npos) << busy.err;
+  EXPECT_EQ(count_snapshots(), 0u) << "a snapshot of a file that changed while it was read";
+  KvRun quiet = kv("save " + slot.string() + " --name busy");
+  EXPECT_EQ(quiet.code, 0) << quiet.err;
+  EXPECT_EQ(count_snapshots(), 1u);
 }
 
 // Caps and eviction through the binary: gc --max-bytes keeps pinned snapshots (and their chunks),
