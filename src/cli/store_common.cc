@@ -232,15 +232,23 @@ Status refuse_output_over_inputs(const std::string& out, const Store& store,
   }
   // An existing file inside the store's directory is one of its files (its catalog, a pack); the
   // rename would destroy it. A new file there is not (a config store's directory is often where the
-  // user works).
-  if (!exists) return Status::OK();
+  // user works), except in the directories the store manages, whose files gc deletes when no
+  // snapshot names them (tmp/, packs/, chunks/).
   std::error_code ec;
   const std::filesystem::path root = std::filesystem::weakly_canonical(store.paths().root, ec);
   if (ec || root.empty()) return Status::OK();
   const std::filesystem::path dir = std::filesystem::weakly_canonical(std::filesystem::absolute(out).parent_path(), ec);
   if (ec) return Status::OK();
-  auto [r, d] = std::mismatch(root.begin(), root.end(), dir.begin(), dir.end());
-  if (r == root.end())
+  auto under = [&dir](const std::filesystem::path& top) {
+    return std::mismatch(top.begin(), top.end(), dir.begin(), dir.end()).first == top.end();
+  };
+  for (const char* managed : {"tmp", "packs", "chunks"}) {
+    if (under(root / managed)) {
+      return Status::InvalidArgument(out + ": is inside the store's " + managed + "/ (" + root.string() +
+                                     "), whose files gc deletes; write it elsewhere");
+    }
+  }
+  if (exists && under(root))
     return Status::InvalidArgument(out + ": is inside the store (" + root.string() +
                                    "); kvsnap never writes into its store's directory");
   return Status::OK();

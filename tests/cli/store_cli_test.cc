@@ -338,6 +338,19 @@ TEST_F(StoreCli, RestoreAndExportNeverWriteOverTheStoreOrTheModel) {
   EXPECT_EQ(kv("ls").code, 0);
   // A new file there is no store file (a config store's directory is often where the user works).
   EXPECT_EQ(kv("restore one -o " + (fs::path(store_) / "new.slot").string()).code, 0);
+  // except in the directories whose files gc deletes when no snapshot names them
+  for (const fs::path& into : {fs::path(store_) / "tmp" / "x.slot", fs::path(store_) / "packs" / "0000000000000000.pack",
+                               fs::path(store_) / "chunks" / "x.slot"}) {
+    fs::create_directories(into.parent_path());
+    for (const std::string& cmd : {"restore one -o " + into.string(), "export one -o " + into.string()}) {
+      KvRun r = kv(cmd);
+      EXPECT_EQ(r.code, 2) << cmd << ": " << r.err;
+      EXPECT_NE(r.err.find("whose files gc deletes"), std::string::npos) << r.err;
+      EXPECT_FALSE(fs::exists(into)) << cmd;
+    }
+  }
+  EXPECT_EQ(kv("gc").code, 0);
+  EXPECT_TRUE(fs::exists(fs::path(store_) / "new.slot")) << "gc deleted a user's file at the store's top";
   const fs::path model = dir_ / "m.gguf";
   fs::copy_file(fs::path(KVSNAP_SOURCE_DIR) / "fixtures/models/tiny-hd64.gguf", model);
   KvRun over_model = kv("restore one -o " + model.string() + " --model " + model.string() + " --force");
