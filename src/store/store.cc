@@ -1287,12 +1287,15 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     if (!c.meta.sealed_metadata.empty())
       KV_RETURN_IF_ERROR(open_labels(c.meta, source_cipher, c.reader->manifest().content_digest, path + ": " + entry));
     // The index's fingerprint picks which model's prefix lookups find it (kvsnap serve): it must be
-    // the one the snapshot recorded, when it recorded one.
+    // the one the snapshot recorded, when it recorded one; an index without one (a sealed export's,
+    // or one edited) takes the recorded one, which `ls --model` and `find --model` go by.
     const auto& model = c.reader->manifest().model;
     if (!c.meta.model_fingerprint.empty() && model && !model->gguf_fingerprint.empty() &&
         c.meta.model_fingerprint != model->gguf_fingerprint)
       return Status::Corruption(path + ": " + entry + ": the index says model " + c.meta.model_fingerprint +
                                 ", and the snapshot records model " + model->gguf_fingerprint);
+    if (c.meta.model_fingerprint.empty() && model && !model->gguf_fingerprint.empty() && !c.reader->manifest().mlx)
+      c.meta.model_fingerprint = model->gguf_fingerprint;
     return c;
   };
   // An index entry without its file: the archive lost a snapshot it says it holds.

@@ -1457,6 +1457,36 @@ TEST(Store, ImportRefusesAFingerprintWithControlCharacters) {
   fs::remove(ex);
 }
 
+// An index entry without a fingerprint (edited out, or "") takes the one the snapshot recorded:
+// imported without it, `ls --model` and `find --model` (and serve's prefix lookups) no longer
+// found the snapshot, and nothing said so.
+TEST(Store, AnIndexWithoutTheFingerprintTakesTheRecordedOne) {
+  TempStore a;
+  Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faon.slot");
+  auto model = load_model_info(posix_io(), (fixtures() / "models/tiny-hd64.gguf").string());
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  SaveRequest req;
+  req.name = "m64";
+  req.model = &*model;
+  auto saved = a.store->save(*l.file, l.state, req);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  ASSERT_FALSE(saved->info.model_fingerprint.empty());
+  const fs::path ex = a.root.parent_path() / ("export9-" + std::to_string(::getpid()) + ".tar.zst");
+  for (const bool erase : {true, false}) {
+    ASSERT_TRUE(a.store->export_to({"m64"}, ex.string()).ok());
+    ASSERT_TRUE(test::edit_export_index(ex.string(), [erase](nlohmann::json& j) {
+                  if (erase) j["snapshots"][0].erase("model_fingerprint");
+                  else j["snapshots"][0]["model_fingerprint"] = "";
+                }).ok());
+    TempStore b;
+    auto r = b.store->import_from(ex.string());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->imported.size(), 1u);
+    EXPECT_EQ(r->imported[0].model_fingerprint, saved->info.model_fingerprint) << (erase ? "erased" : "empty");
+    fs::remove(ex);
+  }
+}
+
 // An entry is refused before it fills the disk: one larger than the free space of <store>/tmp (less
 // 64 MiB), and one that does not start as a .kvsnap file, at its first bytes.
 TEST(Store, ImportRefusesAnEntryThatCannotFitOrIsNoSnapshot) {
