@@ -376,13 +376,29 @@ Result<SnapshotInfo> SqliteCatalog::add_snapshot(SnapshotRecord rec, const std::
       // ON DELETE SET NULL does for one removed after; its chunks are this snapshot's own uses.
       if (!found) info.parent_id.reset();
     }
+    // An id is never given twice (a script holding an id from `save --json` must not restore another
+    // conversation after a rm or an eviction): past the highest id ever given, which store_meta
+    // keeps, since an INTEGER PRIMARY KEY without AUTOINCREMENT takes max(id) + 1 (PostgreSQL's
+    // identity column never goes back).
+    int64_t id = 0;
+    {
+      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT max(coalesce((SELECT max(id) FROM snapshots), 0), "
+                                       "coalesce((SELECT CAST(value AS INTEGER) FROM store_meta WHERE key = 'last_snapshot_id'), 0))"));
+      KV_ASSIGN_OR_RETURN(bool row, q.step());
+      id = (row ? q.col_i64(0) : 0) + 1;
+      KV_ASSIGN_OR_RETURN(Stmt set, stmt("INSERT INTO store_meta(key, value) VALUES('last_snapshot_id', ?1) "
+                                         "ON CONFLICT(key) DO UPDATE SET value = excluded.value"));
+      set.text(1, std::to_string(id));
+      KV_RETURN_IF_ERROR(set.run());
+    }
     {
       KV_ASSIGN_OR_RETURN(
           Stmt ins, stmt("INSERT INTO snapshots(uuid, name, created, model_arch, model_fingerprint, n_tokens, k_types, "
                          "v_types, v_trans, source_format, raw_bytes, stored_bytes, lossy, parent_id, content_sha256, "
-                         "n_chunks, anchor_len, anchor_hash, full_hash, pinned, expires_at, tenant, master_key_id, tenant_key_id) "
+                         "n_chunks, anchor_len, anchor_hash, full_hash, pinned, expires_at, tenant, master_key_id, tenant_key_id, id) "
                          "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, "
-                         "?22, ?23, ?24)"));
+                         "?22, ?23, ?24, ?25)"));
+      ins.i64(25, id);
       ins.text(1, info.uuid).opt_text(2, info.name).text(3, info.created).text(4, info.model_arch);
       ins.text(5, info.model_fingerprint).i64(6, info.n_tokens).text(7, info.k_types).text(8, info.v_types);
       ins.i64(9, info.v_trans ? 1 : 0).text(10, info.source_format);
@@ -395,7 +411,7 @@ Result<SnapshotInfo> SqliteCatalog::add_snapshot(SnapshotRecord rec, const std::
       if (info.tenant) ins.text(23, info.master_key_id).text(24, info.tenant_key_id);
       KV_RETURN_IF_ERROR(ins.run());
     }
-    info.id = sqlite3_last_insert_rowid(db_);
+    info.id = id;
     {
       KV_ASSIGN_OR_RETURN(Stmt ins, stmt("INSERT INTO snapshot_blobs(snapshot_id, manifest, tokens) VALUES(?1, ?2, ?3)"));
       ins.i64(1, info.id).blob(2, rec.manifest).blob(3, tok);

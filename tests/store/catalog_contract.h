@@ -219,6 +219,29 @@ TYPED_TEST_P(CatalogContract, EmptyManifestAndNoTokensAreFine) {
   EXPECT_FALSE(got->info.name);
 }
 
+// An id is never given twice: after the newest snapshot is removed (rm, an eviction), the next save
+// gets a new id, so that an id a script kept cannot name another conversation. Across reopening.
+TYPED_TEST_P(CatalogContract, IdsAreNeverGivenTwice) {
+  int64_t a = 0, b = 0, c = 0;
+  {
+    auto cat = this->open();
+    ASSERT_TRUE(cat);
+    a = this->add(*cat, record("a"), {use("x")});
+    b = this->add(*cat, record("b"), {use("y")});
+    ASSERT_GT(b, a);
+    ASSERT_TRUE(cat->remove_snapshot(b).ok());
+    c = this->add(*cat, record("c"), {use("z")});
+    EXPECT_GT(c, b) << "the id of a removed snapshot was given again";
+    ASSERT_TRUE(cat->remove_snapshot(c).ok());
+  }
+  auto cat = this->open();
+  ASSERT_TRUE(cat);
+  const int64_t d = this->add(*cat, record("d"), {use("w")});
+  EXPECT_GT(d, c) << "given again after reopening";
+  EXPECT_TRUE(cat->resolve(std::to_string(b)).status().code() == Code::kNotFound);
+  this->expect_consistent(*cat);
+}
+
 TYPED_TEST_P(CatalogContract, TakenNameIsRefusedAndChangesNothing) {
   auto c = this->open();
   int64_t id = this->add(*c, record("chat"), {use("a")});
@@ -1002,7 +1025,7 @@ TYPED_TEST_P(CatalogContract, TenantCapEvictsOnlyThatTenant) {
   EXPECT_TRUE(plan(*c, 0, "nobody").victims.empty());
 }
 
-REGISTER_TYPED_TEST_SUITE_P(CatalogContract, FindChunksAnswersAsFindChunkInOrder, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, AnEvictionsRemovalKeepsAVictimPinnedOrExtendedSinceThePlan, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, ExpiredSnapshotsAreFoundFromTheSnapshotRows, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact, ACatalogBeforeEncryptionGainsItsColumns, EncryptedRowsKeepTheirKeyIdsAndAKeyedPrefixIndex, ExpiredSnapshotsAreFoundThroughTheExpiryIndex, ACatalogBeforeTheExpiryIndexGainsIt, AnExpiryPastTheYear9999NeverExpires);
+REGISTER_TYPED_TEST_SUITE_P(CatalogContract, FindChunksAnswersAsFindChunkInOrder, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, AnEvictionsRemovalKeepsAVictimPinnedOrExtendedSinceThePlan, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, ExpiredSnapshotsAreFoundFromTheSnapshotRows, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact, ACatalogBeforeEncryptionGainsItsColumns, EncryptedRowsKeepTheirKeyIdsAndAKeyedPrefixIndex, ExpiredSnapshotsAreFoundThroughTheExpiryIndex, ACatalogBeforeTheExpiryIndexGainsIt, AnExpiryPastTheYear9999NeverExpires, IdsAreNeverGivenTwice);
 
 // What a save does (format/ will own the real one): blobs first, synced, then
 // the catalog row; the gc lock is held throughout.
