@@ -317,11 +317,28 @@ Result<std::unique_ptr<BlobStore>> open_blob_store(Io& io, const StoreLocation& 
   return std::unique_ptr<BlobStore>(std::move(blobs));
 }
 
+// A SQLite catalog file cut to nothing (truncated, or emptied by a disk or a user) beside local
+// blobs that hold a store id, which only a catalog with its schema ever wrote: SQLite would take
+// it for a new catalog, so ls and verify would report an empty store, all good, and write a new
+// schema over the evidence. Refused before it is opened (gc and doctor refused it already, by the
+// ids). A store whose first save never got as far as the id is a new store still.
+Status refuse_emptied_catalog(Io& io, const StoreLocation& where) {
+  if (where.catalog_kind != CatalogKind::kSqlite || where.blob_kind != BlobKind::kLocal) return Status::OK();
+  auto stamp = io.stamp(where.catalog);
+  if (!stamp.ok() || stamp->size != 0) return Status::OK();
+  auto has_id = io.exists(where.blobs + "/" + kStoreIdName);
+  if (!has_id.ok() || !*has_id) return Status::OK();
+  return Status::Corruption(where.catalog + ": the catalog is empty (0 bytes), and the blobs at " + where.blobs +
+                            " belong to a store that had one: it was lost or cut; put back a copy of catalog.sqlite "
+                            "(kvsnap cannot rebuild it from the blobs)");
+}
+
 Result<StoreParts> open_store_parts(Io& io, const StoreLocation& where) {
   StoreParts parts;
   KV_ASSIGN_OR_RETURN(parts.key, load_store_key(where.keys));
   KV_RETURN_IF_ERROR(io.create_dirs(where.local_dir));
   KV_ASSIGN_OR_RETURN(parts.blobs, open_blob_store(io, where));
+  KV_RETURN_IF_ERROR(refuse_emptied_catalog(io, where));
   KV_ASSIGN_OR_RETURN(parts.catalog, open_catalog(where));
   parts.local_dir = where.local_dir;
   parts.caps = where.caps;

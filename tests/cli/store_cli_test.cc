@@ -732,6 +732,20 @@ TEST_F(StoreCli, RmAndEvictionCompactAtTheStoresThresholdAndSayWhatTheyLeft) {
   EXPECT_NE(bad.err.find("compact_dead_percent"), std::string::npos) << bad.err;
 }
 
+// A catalog cut to 0 bytes beside blobs that hold a store id is a lost catalog, not a new store:
+// ls and verify --all said "all good" on an empty store (exit 0) and wrote a new schema into it.
+TEST_F(StoreCli, AnEmptiedCatalogIsCorruptNotANewStore) {
+  ASSERT_EQ(kv("save " + make_slot("a.slot", 2, 64, 40, 4).string() + " --name one").code, 0);
+  const fs::path catalog = fs::path(store_) / "catalog.sqlite";
+  { std::ofstream cut(catalog, std::ios::trunc); }
+  for (const std::string& cmd : {std::string("verify --all"), std::string("ls"), "restore one -o " + (dir_ / "one.slot").string()}) {
+    KvRun r = kv(cmd);
+    EXPECT_EQ(r.code, 3) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("the catalog is empty (0 bytes)"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(fs::file_size(catalog), 0u) << "the evidence was written over";
+}
+
 // A file rewritten in place while the save reads it (a llama-server saving that slot again) is not
 // stored: its stamp once read is not the one taken before the first read. The writer here puts
 // the same first bytes back every half millisecond (the content stays, its mtime and ctime move)
