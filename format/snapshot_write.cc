@@ -267,7 +267,7 @@ Status check_options(const SnapshotOptions& o) {
                                    std::to_string(ZSTD_minCLevel()) + ".." + std::to_string(ZSTD_maxCLevel()) + ")");
   }
   if (o.threads == 0 || o.threads > 256) {
-    return Status::InvalidArgument("{--threads} " + std::to_string(o.threads) + " is out of range (1..256)");
+    return Status::InvalidArgument("{--threads} " + std::to_string(o.threads) + " is out of range (0 = every core, 1..256)");
   }
   return Status::OK();
 }

@@ -197,7 +197,7 @@ void setup_convert(CLI::App& app, int& exit_status) {
                   "output format: " + target_format_names() + " (default: current; a raw buffer keeps its own)");
   sub->add_option("--head-dim-k", o->head_dim_k, "K head dim, when no --model is given");
   sub->add_option("--head-dim-v", o->head_dim_v, "V head dim, when no --model is given");
-  sub->add_option("--threads,-t", o->threads, "worker threads (default: all cores)");
+  sub->add_option("--threads,-t", o->threads, "worker threads (default: all cores)")->check(CLI::Range(0, 256));
   sub->add_option("--input-format", o->input_format, "raw-seq or raw-context for raw state buffers");
   sub->add_option("--src-types", o->src_types,
                   "K/V: the cache types of a ggsn v6 (b3166) session, which records none, when its sizes fit several "

@@ -70,7 +70,7 @@ Result<EvictResult> evict_for_gc(Store& store, const GcOpts& o) {
   req.compact_dead_percent = o.compact_dead;
   req.gc_progress = [&store](const GcProgress&) -> Status {
     if (!interrupted()) return Status::OK();
-    return Status::Interrupted(store.paths().root + ": gc stopped by a signal (Ctrl-C) while collecting what "
+    return Status::Interrupted(store.paths().root + ": gc stopped by a signal (Ctrl-C, SIGTERM or SIGHUP) while collecting what "
                                "eviction freed; the store is whole, and the next kvsnap gc finishes it");
   };
   if (!o.max_bytes.empty()) {
@@ -116,10 +116,10 @@ Result<GcReport> collect_with_progress(Store& store, const GcOpts& o) {
     }
     if (!interrupted()) return Status::OK();
     if (p.compacting)
-      return Status::Interrupted(store.paths().root + ": gc stopped by a signal (Ctrl-C) while compacting packs: "
+      return Status::Interrupted(store.paths().root + ": gc stopped by a signal (Ctrl-C, SIGTERM or SIGHUP) while compacting packs: "
                                  "the garbage is deleted, the packs compacted so far are done and the one in "
                                  "progress is as it was; the next kvsnap gc compacts the rest");
-    return Status::Interrupted(store.paths().root + ": gc stopped by a signal (Ctrl-C) after deleting " +
+    return Status::Interrupted(store.paths().root + ": gc stopped by a signal (Ctrl-C, SIGTERM or SIGHUP) after deleting " +
                                std::to_string(p.files_done) + " of " + std::to_string(p.files_total) +
                                " files; the store is whole, and the next kvsnap gc deletes the rest");
   };
@@ -276,7 +276,7 @@ Status run_rekey(const RekeyOpts& o, std::string& out) {
       shown.set_total(p.bytes_total);
       shown.set_files(p.snapshots_done, p.snapshots_total);
       if (!interrupted()) return Status::OK();
-      return Status::Interrupted(store->paths().root + ": rekey stopped by a signal (Ctrl-C) after " +
+      return Status::Interrupted(store->paths().root + ": rekey stopped by a signal (Ctrl-C, SIGTERM or SIGHUP) after " +
                                  std::to_string(p.snapshots_done) + " of " + std::to_string(p.snapshots_total) +
                                  " snapshots; every snapshot opens with the old or the new key, and kvsnap rekey "
                                  "with the same keys finishes the job");
@@ -390,7 +390,7 @@ void setup_maintain_commands(CLI::App& app, int& exit_status) {
                                "current one");
     nf->excludes(sub->add_option("--new-key-command", o->next.key_command, "the same, printed by a command"));
     sub->add_flag("--json", o->json, "machine-readable result (and progress as JSON lines on stderr)");
-    sub->add_option("--threads,-t", o->threads, "chunks opened and sealed again at once (default: all cores)");
+    sub->add_option("--threads,-t", o->threads, "chunks opened and sealed again at once (default: all cores)")->check(CLI::Range(0, 256));
     add_progress_flags(sub, o->progress);
     sub->footer("\nEvery snapshot is read with the current key (--key-file or --key-command) and sealed again\n"
                 "with the new one, chunk by chunk (ids change: they are keyed), then its catalog rows are swapped\n"

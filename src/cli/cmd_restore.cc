@@ -155,7 +155,13 @@ void setup_restore(CLI::App& app, int& exit_status) {
     add_source_options(sub, o->src_rotation, o->source_build, "the stored file (default: as recorded at save)");
     add_target_build_option(sub, o->target_build, "the file (with --server, default: the server's /props build_info)");
     sub->add_option("--tokens", o->tokens,
-                    "restore only the first N tokens (a slot file without media, or an mlx-lm cache: docs/mlx.md)");
+                    "restore only the first N tokens (a slot file without media, or an mlx-lm cache: docs/mlx.md)")
+        ->check(CLI::Validator(
+            [](std::string& v) {
+              const bool zero = !v.empty() && v.find_first_not_of('0') == std::string::npos;
+              return zero ? std::string("0 tokens make no file: give N >= 1 (all of them: no --tokens)") : std::string();
+            },
+            "N >= 1"));
     sub->add_option("--model,-m", o->model, "the model's GGUF (default: the head dims recorded at save)");
     sub->add_option("--kv-bits", o->kv_bits,
                     "mlx-lm snapshots: requantize K/V to 2|3|4|5|6|8 bits (MLX affine), or none (float); the bytes of "
@@ -163,7 +169,7 @@ void setup_restore(CLI::App& app, int& exit_status) {
     sub->add_option("--kv-group-size", o->kv_group_size, "mlx-lm snapshots: 32|64|128 (default: the file's, else 64)");
     sub->add_option("--mlx-device", o->mlx_device, "mlx-lm snapshots: cpu (default) or gpu (see kvsnap convert --help)");
     sub->add_option("--mlx-lm", o->mlx_lm, "mlx-lm snapshots: the mlx-lm release that will load it (see kvsnap convert --help)");
-    sub->add_option("--threads,-t", o->threads, "conversion threads (default: all cores)");
+    sub->add_option("--threads,-t", o->threads, "conversion threads (default: all cores)")->check(CLI::Range(0, 256));
     sub->add_flag("--force", o->force, "replace --out if it exists");
     sub->add_flag("--allow-plain", o->allow_plain,
                   "with a key: restore a plain (unencrypted) snapshot too; without it that is refused (exit 5), since "

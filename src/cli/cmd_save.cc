@@ -262,7 +262,7 @@ void setup_save(CLI::App& app, int& exit_status) {
                     "f16 ~18% smaller; 1 and up trade time for space); or none: every new chunk stored raw (the "
                     "fastest save and restore when the CPU, not the disk, is the limit)");
     sub->add_option("--cells-per-chunk", o->cells_per_chunk, "cells per chunk (default 256)");
-    sub->add_option("--threads,-t", o->threads, "compression threads (default: all cores)");
+    sub->add_option("--threads,-t", o->threads, "compression threads (default: all cores)")->check(CLI::Range(0, 256));
     sub->add_flag("--json", o->json, "machine-readable result");
     add_progress_flags(sub, o->progress);
     sub->footer("\nExamples:\n  kvsnap save slot0.bin --name chat-42 --tag user=ana -m model.gguf\n"
