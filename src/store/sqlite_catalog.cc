@@ -185,6 +185,11 @@ Result<std::unique_ptr<SqliteCatalog>> SqliteCatalog::open(const std::string& pa
   }
   std::unique_ptr<SqliteCatalog> c(new SqliteCatalog(db, path, options));
   sqlite3_busy_timeout(db, options.busy_timeout_ms);
+  // The WAL and its index (-wal, -shm) stay when the last connection closes instead of being
+  // removed and made again by the next command: on a full disk the next `ls` could not make the
+  // index (its 32 KiB) and no command could open the store, not even `rm` to free space.
+  int persist = 1;
+  sqlite3_file_control(db, "main", SQLITE_FCNTL_PERSIST_WAL, &persist);
   // journal_mode=WAL needs a moment of exclusivity the first time; retry like a write.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options.busy_timeout_ms);
   for (;;) {
@@ -215,6 +220,9 @@ Result<std::unique_ptr<SqliteCatalog>> SqliteCatalog::open(const std::string& pa
   KV_RETURN_IF_ERROR(c->exec(options.durable_commits ? "PRAGMA fullfsync=ON" : "PRAGMA fullfsync=OFF"));
   KV_RETURN_IF_ERROR(c->exec("PRAGMA checkpoint_fullfsync=ON"));
   KV_RETURN_IF_ERROR(c->exec("PRAGMA foreign_keys=ON"));
+  // What a persistent WAL keeps of its largest transaction (a rekey, a large import) once it is
+  // checkpointed: at most 1 MiB.
+  KV_RETURN_IF_ERROR(c->exec("PRAGMA journal_size_limit=1048576"));
   // 32 MiB of page cache (default 2 MiB): the prefix and list indexes of
   // 100,000 snapshots stay in memory across the queries of one process.
   KV_RETURN_IF_ERROR(c->exec("PRAGMA cache_size=-32768"));

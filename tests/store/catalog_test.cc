@@ -282,6 +282,26 @@ struct FaultVfs {
   }
 };
 
+// The WAL's index (-shm) stays when the last connection closes, so the next command needs no new
+// space to open the catalog (on a full disk no command, ls included, could open it: "disk I/O
+// error (PRAGMA journal_mode=WAL)"); the WAL itself is cut to nothing once checkpointed
+// (journal_size_limit), however large its last transaction.
+TEST_F(CatalogTest, TheWalIndexStaysAndTheWalIsCutWhenTheLastConnectionCloses) {
+  {
+    auto c = open();
+    ASSERT_TRUE(c);
+    for (int i = 0; i < 50; ++i) add(*c, record("s" + std::to_string(i), iota_tokens(5000)), {use("c" + std::to_string(i))});
+    EXPECT_GT(std::filesystem::file_size(db_path_ + "-wal"), 1u << 20) << "the test needs a WAL past the limit";
+  }
+  ASSERT_TRUE(std::filesystem::exists(db_path_ + "-shm"));
+  EXPECT_GE(std::filesystem::file_size(db_path_ + "-shm"), 32768u);
+  ASSERT_TRUE(std::filesystem::exists(db_path_ + "-wal"));
+  EXPECT_EQ(std::filesystem::file_size(db_path_ + "-wal"), 0u);
+  auto c = open();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->list()->size(), 50u);
+}
+
 TEST_F(CatalogTest, AFailedCommitLeavesTheCatalogUnchanged) {
   FaultVfs::install();
   CatalogOptions o;
