@@ -41,7 +41,8 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
   KV_ASSIGN_OR_RETURN(ServerRestoreResult r, std::move(restored));
   json j = {{"snapshot", info_json(r.restore.info)}, {"server", t.endpoint.url}, {"slot", t.slot},
             {"n_restored", r.n_restored}, {"ctk", r.ctk}, {"ctv", r.ctv}, {"flash_attn", r.flash_attn},
-            {"types_from", r.types_from}, {"model_from", r.model_from}, {"converted", r.restore.converted},
+            {"types_from", r.types_from}, {"model_from", r.model_from},
+            {"model_unchecked", r.model_unchecked.empty() ? json(nullptr) : json(r.model_unchecked)}, {"converted", r.restore.converted},
             {"bytes", r.restore.bytes_out}, {"server_ms", r.server_ms}, {"seconds", r.seconds},
             {"server_build", server_build_json(r.build)},
             {"target_build", r.target_build.empty() ? json(nullptr) : json(r.target_build)},
@@ -66,6 +67,10 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
     out += "  written for " + (r.target_build.empty() ? std::string("the stored file's format")
                                                      : "llama.cpp " + r.target_build + " (" + r.target_build_from + ")") +
            server_build_note(r.build) + "\n";
+    if (!r.model_unchecked.empty()) {
+      out += "  model not checked: " + r.model_unchecked + ": nothing shows that the server runs the snapshot's model "
+             "(pass --model GGUF, the server's model file, to check it)\n";
+    }
     if (r.check) {
       buf = printf_text("check: the stored prompt (%llu tokens) needed %llu evaluated, %llu from the cache: %s\n",
                     (unsigned long long)r.check->n_tokens, (unsigned long long)r.check->prompt_n,

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 
 #include "base/json_access.h"
 #include "format/ggml_types.h"
@@ -87,6 +88,7 @@ Result<std::unique_ptr<ReadableFile>> open_server_file(Io& io, const ServerTarge
 struct Model {
   std::optional<ModelInfo> info;
   std::string from;
+  std::string missing;  // without info: why
 };
 
 // --model / the profile's model, else the server's own model file when readable here.
@@ -102,16 +104,28 @@ Result<Model> find_model(Io& io, LlamaServer& srv, const ServerTarget& t) {
     }
     if (!path.empty()) {
       m.from = "the server's model_path";
+      // Relative to the server's working directory, which is not kvsnap's: a file of that name
+      // here may be another model.
+      if (!std::filesystem::path(path).is_absolute()) {
+        m.missing = "the server's model_path '" + path + "' is relative to its own directory";
+        return m;
+      }
       auto there = io.exists(path);
-      if (!there.ok() || !*there) return m;  // another machine's path: go without
+      if (!there.ok() || !*there) {  // another machine's path: go without
+        m.missing = "the server's model_path " + path + " is not on this machine";
+        return m;
+      }
     }
   }
-  if (path.empty()) return m;
+  if (path.empty()) {
+    m.missing = "no --model, and the server's /props names no model_path";
+    return m;
+  }
   auto info = load_model_info(io, path);
   if (!info.ok()) {
     // The server's own file, there but not readable by this user (or not a model kvsnap reads):
     // go without, as for another machine's path; the conversion then refuses what needs it.
-    if (m.from != "--model") return Model{std::nullopt, ""};
+    if (m.from != "--model") return Model{std::nullopt, "", "the server's model_path " + path + " cannot be read here"};
     return info.status();
   }
   m.info = std::move(info).value();
@@ -283,6 +297,8 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
                           : "detected from a file the server saved";
   }
   r.model_from = model.info ? model.from : "the snapshot's recorded head dims";
+  if (!model.info) r.model_unchecked = model.missing;
+  else if (info.model_fingerprint.empty()) r.model_unchecked = "the snapshot recorded no model (saved without --model)";
 
   RestoreRequest req;
   req.spec.ctk = r.ctk;

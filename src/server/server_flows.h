@@ -99,6 +99,10 @@ struct ServerRestoreResult {
   double seconds = 0;        // everything: convert, write, server restore
   std::string ctk, ctv, flash_attn, types_from;  // what kvsnap wrote for, and how it knew
   std::string model_from;
+  // Why the server's model was not compared with the snapshot's ("" = it was): no model file
+  // readable here, or no fingerprint recorded. Then nothing shows that the server runs the
+  // snapshot's model (two models of one layout take each other's files).
+  std::string model_unchecked;
   ServerBuild build;                // what /props said
   std::string target_build, target_build_from;  // what kvsnap wrote for ("" = the stored format)
   std::optional<ReuseCheck> check;

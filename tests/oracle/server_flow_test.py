@@ -257,6 +257,31 @@ def main():
         check(not leftovers(slots), "nothing left after the wrong-model refusal")
     finally:
         srv.stop()
+    # A server started with a relative -m: its /props model_path is relative to the server's
+    # directory, not kvsnap's. A file of that name beside kvsnap (here the snapshot's own model,
+    # while the server runs the other) was taken for the server's model: the check passed and the
+    # other model's cache loaded. Now the model is not checked, and the restore says so.
+    srv_dir, kv_dir = os.path.join(work, "srv-rel"), os.path.join(work, "kv-rel")
+    os.makedirs(srv_dir)
+    os.makedirs(kv_dir)
+    shutil.copy(other_model, os.path.join(srv_dir, "model.gguf"))
+    shutil.copy(model, os.path.join(kv_dir, "model.gguf"))
+    srv = Server(server_bin, "model.gguf", "f16", "f16", True, slots, os.path.join(work, "relative.log"), cwd=srv_dir)
+    try:
+        p = subprocess.run([k, "restore", "chat", "--server", srv.url, "--slot-dir", slots, "--ctk", "f16", "--ctv",
+                            "f16", "--fa", "on", "--json"], env=env, cwd=kv_dir, capture_output=True, text=True,
+                           timeout=600)
+        r = json.loads(p.stdout) if p.returncode == 0 else {}
+        check(p.returncode == 0 and r.get("model_from") != "the server's model_path"
+              and "relative" in (r.get("model_unchecked") or ""),
+              f"a relative model_path is not read beside kvsnap, and the restore says the model went unchecked: "
+              f"{p.returncode} {r.get('model_from')} {r.get('model_unchecked')} {p.stderr.strip()[:200]}")
+        p = subprocess.run([k, "restore", "chat", "--server", srv.url, "--slot-dir", slots, "--ctk", "f16", "--ctv",
+                            "f16", "--fa", "on"], env=env, cwd=kv_dir, capture_output=True, text=True, timeout=600)
+        check(p.returncode == 0 and "model not checked" in p.stdout, f"the text says so too: {p.stdout.strip()}")
+        check(not leftovers(slots), "nothing left after the unchecked restores")
+    finally:
+        srv.stop()
 
     # 4. an API key, sent the way llama-server expects (Authorization: Bearer)
     srv = Server(server_bin, model, "f16", "f16", True, slots, os.path.join(work, "apikey.log"),

@@ -39,14 +39,14 @@ def free_port():
 
 
 class Server:
-    def __init__(self, binary, model, ctk, ctv, fa, slot_dir, log_path, extra=()):
+    def __init__(self, binary, model, ctk, ctv, fa, slot_dir, log_path, extra=(), cwd=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [binary, "-m", model, "-c", "4096", "-np", "1", "-ctk", ctk, "-ctv", ctv,
                 "-fa", "on" if fa else "off", "--slot-save-path", slot_dir + "/",
                 "--host", "127.0.0.1", "--port", str(self.port), "-t", "2", "--no-warmup", *extra]
         self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd)
         self.desc = f"{os.path.basename(model)} ctk={ctk} ctv={ctv} fa={'on' if fa else 'off'}"
         deadline = time.time() + 120
         while time.time() < deadline:
