@@ -343,7 +343,13 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   r.server_ms = restored.ms;
   if (check) {
     KV_ASSIGN_OR_RETURN(auto snap, store.open_snapshot(ref));
-    KV_ASSIGN_OR_RETURN(r.check, check_reuse(srv, t.slot, snap->reader().tokens().tokens));
+    const std::vector<int32_t>& tokens = snap->reader().tokens().tokens;
+    if (tokens.empty()) {
+      r.check = ReuseCheck{};  // an empty slot's snapshot: no prompt to send (the server refuses an empty one)
+      r.check->reused = true;
+    } else {
+      KV_ASSIGN_OR_RETURN(r.check, check_reuse(srv, t.slot, tokens));
+    }
     r.phases.check = ms_since(lap);
   }
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
