@@ -23,10 +23,35 @@ Result<std::optional<int32_t>> optional_type(const std::string& s, const char* f
   return std::optional<int32_t>(id);
 }
 
+// --head-dim-k/--head-dim-v stand for a model's head dims: both, each positive and dividing every
+// row of its side (a head dim left out read as 0, which llama.cpp never rotates, and one that
+// cannot be the model's chose the rotation as silently: quantized rows written unrotated).
+Status check_head_dims(const ConversionSpec& spec, const StateFile& src) {
+  if (spec.head_dim_k < 0 || spec.head_dim_v < 0 || (spec.head_dim_k > 0) != (spec.head_dim_v > 0)) {
+    return Status::InvalidArgument("{--head-dim-k} " + std::to_string(spec.head_dim_k) + " and {--head-dim-v} " +
+                                   std::to_string(spec.head_dim_v) + ": give both, each the model's head dim (> 0); "
+                                   "the rotation llama.cpp applies depends on each");
+  }
+  for (const KvSection& sec : src.memory.kv)
+    for (const KvStream& st : sec.streams)
+      for (const KvLayer& L : st.layers) {
+        const std::optional<uint64_t> k = layer_n_embd_k(L);
+        const std::optional<uint64_t> v = L.has_v ? layer_n_embd_v(L, st.v_trans) : std::nullopt;
+        if ((k && *k % uint64_t(spec.head_dim_k) != 0) || (v && *v % uint64_t(spec.head_dim_v) != 0)) {
+          return Status::InvalidArgument("{--head-dim-k} " + std::to_string(spec.head_dim_k) + " / {--head-dim-v} " +
+                                         std::to_string(spec.head_dim_v) + " cannot be this file's: a layer's K row holds " +
+                                         (k ? std::to_string(*k) : "?") + " values and its V row " +
+                                         (v ? std::to_string(*v) : "?") + " (whole heads each); pass {--model GGUF}");
+        }
+      }
+  return Status::OK();
+}
+
 Status set_geometry(const ConversionSpec& spec, const StateFile& src, const ModelInfo* model, ConvertRequest& req) {
   if (model) req.geometry = model_rotation_geometry(*model);
-  if (spec.head_dim_k > 0 || spec.head_dim_v > 0) {
+  if (spec.head_dim_k != 0 || spec.head_dim_v != 0) {
     if (model) return Status::InvalidArgument("{--head-dim-k}/{--head-dim-v} and {--model} both given; the model decides");
+    KV_RETURN_IF_ERROR(check_head_dims(spec, src));
     req.geometry.k_head_dim.assign(src.memory.kv.size(), uint32_t(std::max(0, spec.head_dim_k)));
     req.geometry.v_head_dim.assign(src.memory.kv.size(), uint32_t(std::max(0, spec.head_dim_v)));
   } else if (!model && spec.geometry) {

@@ -43,12 +43,20 @@ Result<OpenedState> open_state(Io& io, const std::string& path, const std::strin
 
 Status refuse_irregular_output(const std::string& out, const std::string& command) {
   struct stat b {};
-  if (::lstat(out.c_str(), &b) != 0 || S_ISREG(b.st_mode) || S_ISLNK(b.st_mode)) return Status::OK();
+  if (::lstat(out.c_str(), &b) != 0 || S_ISREG(b.st_mode)) return Status::OK();
+  // A symlink is replaced by the rename, which is what it is for when it names a regular file (or
+  // nothing); one to a device, pipe or directory (/dev/stdout) is refused like what it names: the
+  // rename would put a file where the system's link was.
+  std::string link;
+  if (S_ISLNK(b.st_mode)) {
+    if (::stat(out.c_str(), &b) != 0 || S_ISREG(b.st_mode)) return Status::OK();
+    link = "a symbolic link to ";
+  }
   const char* what = S_ISDIR(b.st_mode)                        ? "a directory"
                      : S_ISFIFO(b.st_mode)                     ? "a named pipe"
                      : S_ISCHR(b.st_mode) || S_ISBLK(b.st_mode) ? "a device"
                                                                 : "not a regular file";
-  return Status::InvalidArgument(out + ": is " + std::string(what) + "; " + command +
+  return Status::InvalidArgument(out + ": is " + link + what + "; " + command +
                                  " writes a regular file in its place (by rename), so it refuses to");
 }
 

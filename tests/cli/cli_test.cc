@@ -251,6 +251,22 @@ TEST_F(CliTest, ConvertNeverReplacesTheModelOrASpecialFile) {
   EXPECT_NE(r.err.find("is a directory"), std::string::npos) << r.err;
   EXPECT_TRUE(fs::is_directory(sub));
   EXPECT_EQ(files_in_dir(), 4u) << "a temporary was left";
+
+  // a symbolic link to one of them (/dev/stdout is one to a pipe or a terminal) is refused like
+  // what it names: the rename replaced the link itself; one to a regular file is replaced
+  for (const auto& [link, to, says] : {std::tuple<fs::path, fs::path, std::string>{dir_ / "null", "/dev/null", "a device"},
+                                       {dir_ / "to-pipe", fifo, "a named pipe"}, {dir_ / "to-dir", sub, "a directory"}}) {
+    fs::create_symlink(to, link);
+    r = run("convert " + in + " " + link.string() + " --ctk f32");
+    EXPECT_EQ(r.code, 2) << link << ": " << r.err;
+    EXPECT_NE(r.err.find("is a symbolic link to " + says), std::string::npos) << r.err;
+    EXPECT_TRUE(fs::is_symlink(link)) << link << " replaced";
+  }
+  const fs::path to_file = dir_ / "to-file";
+  fs::create_symlink(dir_ / "a.slot", to_file);
+  EXPECT_EQ(run("convert " + in + " " + to_file.string() + " --ctk f32").code, 2) << "the input, through a link";
+  fs::create_symlink(dir_ / "nothing-yet", dir_ / "dangling");
+  EXPECT_EQ(run("convert " + in + " " + (dir_ / "dangling").string() + " --ctk f32").code, 0);
 }
 
 // serve --threads sizes the proxy's pool: 0 took connections and never answered them, a negative
@@ -426,6 +442,22 @@ TEST_F(CliTest, InfoWithTheRightModelIsExactAndNamesTheRotation) {
   const auto& L = j["kv_sections"][0]["streams"][0]["layers"][0];
   EXPECT_EQ(L["k_rotation"], "hadamard-128");
   EXPECT_EQ(L["v_rotation"], "hadamard-64");
+}
+
+// --head-dim-k / --head-dim-v stand for the model only whole: one left out read as head dim 0, which
+// llama.cpp never rotates, and a value that cannot be the file's chose the rotation as silently
+// (quantized rows written unrotated, exit 0). Both, positive and dividing the rows, or exit 2.
+TEST_F(CliTest, HeadDimsAreGivenWholeOrRefused) {
+  const std::string in = fixture("v0.5.0/hd64-f16-f16-faon.slot");
+  const std::string out = (dir_ / "o.slot").string();
+  for (const std::string claim : {"--head-dim-k 64", "--head-dim-v 64", "--head-dim-k 0 --head-dim-v 64",
+                                  "--head-dim-k -64 --head-dim-v 64", "--head-dim-k 63 --head-dim-v 64",
+                                  "--head-dim-k 96 --head-dim-v 64", "--head-dim-k 64 --head-dim-v 48"}) {
+    CmdResult r = run("convert " + in + " " + out + " --ctk q8_0 --ctv q8_0 " + claim);
+    EXPECT_EQ(r.code, 2) << claim << "\n" << r.err;
+    EXPECT_FALSE(fs::exists(out)) << claim;
+  }
+  EXPECT_EQ(run("convert " + in + " " + out + " --ctk q8_0 --ctv q8_0 --head-dim-k 64 --head-dim-v 64").code, 0);
 }
 
 // Two models with one KV row width (2 heads of 64, 1 of 128) read each other's files, and
