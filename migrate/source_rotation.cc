@@ -121,6 +121,13 @@ Status weigh_data(Tri says, const char* label, const std::string& reading, doubl
     return Status::Ambiguous(file_name + ": the " + d.decided_by + " says the quantized caches are stored rotated, but " +
                              reading + "; was it saved with LLAMA_ATTN_ROT_DISABLE=1? Pass {--src-rotation} off if so, "
                              "{--src-rotation} on to keep the build's default");
+  } else if (says != d.rotated && std::string(label) == "rope" &&
+             (d.decided_by == "source-build" || d.decided_by == "server-build")) {
+    // Layer 0's RoPE, confirmed, shows rotated K: a build that does not rotate cannot have written
+    // it. Taken at its word, the file was read as unrotated and rotated again (exit 0).
+    return Status::Mismatch(file_name + ": layer 0's RoPE shows K stored rotated, which the " + d.decided_by +
+                            " cannot have written (it does not rotate): is that the build that wrote this file? Pass "
+                            "the right one, or {--src-rotation} off to read it as unrotated all the same");
   } else if (says != d.rotated) {
     d.evidence.push_back(std::string("note: the ") + (std::string(label) == "rope" ? "RoPE" : "data") +
                          " disagrees with the " + d.decided_by + ", which proves no rotation");

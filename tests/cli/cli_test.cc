@@ -444,6 +444,20 @@ TEST_F(CliTest, InfoWithTheRightModelIsExactAndNamesTheRotation) {
   EXPECT_EQ(L["v_rotation"], "hadamard-64");
 }
 
+// A --source-build that cannot have written the file: a build that does not rotate named for a
+// file whose layer 0 RoPE shows rotated K (b10361's q8_0) was taken at its word, the file read as
+// unrotated and rotated again (exit 0, and info of the output then refused it). Exit 5 now;
+// --src-rotation off still reads it so.
+TEST_F(CliTest, ASourceBuildTheRopeDisprovesIsRefused) {
+  const std::string in = fixture("b10361/hd64-q8_0-q8_0-faon.slot");
+  const std::string out = (dir_ / "o.slot").string();
+  CmdResult r = run("convert " + in + " " + out + " -m " + model("hd64") + " --source-build b8121");
+  EXPECT_EQ(r.code, 5) << r.err;
+  EXPECT_NE(r.err.find("cannot have written"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_EQ(run("convert " + in + " " + out + " -m " + model("hd64") + " --source-build b10361").code, 0);
+}
+
 // --head-dim-k / --head-dim-v stand for the model only whole: one left out read as head dim 0, which
 // llama.cpp never rotates, and a value that cannot be the file's chose the rotation as silently
 // (quantized rows written unrotated, exit 0). Both, positive and dividing the rows, or exit 2.
