@@ -135,11 +135,13 @@ Result<LlamaServer::Response> LlamaServer::request(const std::string& method, co
                                                    const std::string& body, const std::string& doing) {
   const std::string prefix = "llama-server " + ep_.url + ": " + doing;
   KV_ASSIGN_OR_RETURN(ServerUrl where, split_server_url(ep_.url));
-  // A question (GET /health, /props, /slots) is answered at once by a running server, whatever its
-  // slots do: 30 s at most, so that a server that hangs (stopped, or not llama-server) fails the
-  // command instead of holding it, Ctrl-C included, for the hour a large slot's save may take.
+  // /health and /props are answered by the HTTP thread at once, whatever the slots do: 30 s at most,
+  // so that a server that hangs (stopped, or not llama-server) fails the command instead of holding
+  // it, Ctrl-C included, for the hour a large slot's save may take. (/slots goes through the task
+  // queue and waits for the batch being decoded: it keeps the long timeout.)
   constexpr double kQuestionTimeoutS = 30;
-  const double timeout = std::max(method == "GET" ? std::min(ep_.timeout_s, kQuestionTimeoutS) : ep_.timeout_s, 0.001);
+  const bool question = method == "GET" && (path == "/health" || path == "/props");
+  const double timeout = std::max(question ? std::min(ep_.timeout_s, kQuestionTimeoutS) : ep_.timeout_s, 0.001);
   // cpp-httplib's client writes without MSG_NOSIGNAL: a server that closes the connection while
   // the request is sent would otherwise end the process with SIGPIPE.
   const ScopedSigpipeBlock no_sigpipe;
