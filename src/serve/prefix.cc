@@ -95,6 +95,22 @@ void PrefixRestorer::pin(Forward& f, int slot) {
   });
 }
 
+std::map<int, size_t> PrefixRestorer::slot_holds(Forward& f, const CompletionRequest& req) {
+  std::map<int, size_t> holds;
+  if (req.prompt == CompletionRequest::Prompt::kNone) return holds;
+  std::lock_guard<std::mutex> l(mu_);
+  Result<std::vector<int32_t>> toks = Status::InvalidArgument("not tokenized");
+  try {  // as before(): a backstop, no nlohmann exception leaves this module
+    toks = prompt_tokens(req);
+  } catch (const nlohmann::json::exception&) {
+  }
+  if (!toks.ok()) return holds;
+  f.prompt_tokens = std::move(*toks);
+  f.tokenized = true;
+  for (const auto& [slot, held] : held_) holds[slot] = common_prefix(held, f.prompt_tokens);
+  return holds;
+}
+
 bool PrefixRestorer::taken(int slot) {
   std::lock_guard<std::mutex> l(pinned_mu_);
   return pinned_.count(slot) > 0;
@@ -112,7 +128,7 @@ void PrefixRestorer::before_unguarded(Forward& f) {
   who.request_headers = f.headers;
   const std::string ns = namespace_of(who);
   std::lock_guard<std::mutex> l(mu_);
-  auto toks = prompt_tokens(*req);
+  auto toks = f.tokenized ? Result<std::vector<int32_t>>(f.prompt_tokens) : prompt_tokens(*req);
   if (!toks.ok()) {
     ++stats_.failed;
     log_("prefix: cannot tokenize the request (forwarded as is): " + toks.status().ToString());

@@ -67,6 +67,11 @@ class PrefixRestorer {
   PrefixRestorer(Io& io, TenantStores& stores, std::mutex& store_mu, ServerTarget target,
                  std::function<void(const std::string&)> log);
 
+  // Slot -> how many of the request's prompt tokens it holds, as far as kvsnap knows (what it
+  // restored or last sent there), for the slot gate's choice (SlotWant::holds). Tokenizes the prompt
+  // (the child's /tokenize) and keeps the tokens in `f` for before(); empty when that fails (before()
+  // tries again and logs why).
+  std::map<int, size_t> slot_holds(Forward& f, const CompletionRequest& req);
   void before(Forward& f);
   void after(const Exchange& x);
   void forget_slots();  // the child restarted: its slots are empty

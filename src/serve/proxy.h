@@ -3,7 +3,7 @@
 //
 // Promises:
 //   - method, request target (path and query, byte for byte), headers and
-//     body go to the child unchanged, and its status, headers and body come
+//     body go to the child unchanged (a body the `before` hook rewrote: as it left it), and its status, headers and body come
 //     back unchanged, except the hop-by-hop headers (RFC 9110 7.6.1:
 //     Connection and the fields it names, Keep-Alive, Proxy-Connection, TE,
 //     Trailer, Transfer-Encoding, Upgrade), which each hop sets for itself;
@@ -74,6 +74,7 @@ struct Forward {
   bool body_changed = false;
   // What the hook learned, carried into the Exchange.
   std::vector<int32_t> prompt_tokens;
+  bool tokenized = false;  // prompt_tokens are the prompt's (an empty prompt: none)
   int pinned_slot = -1;
   uint64_t restored_tokens = 0;
   // Set by the hook: the request is not forwarded; the client gets 503 with this JSON body.

@@ -69,6 +69,8 @@ int slot_in(const nlohmann::json& j) {
 
 }  // namespace
 
+bool route_takes_id_slot(std::string_view path) { return path != "/v1/messages"; }
+
 bool is_chat_route(std::string_view path) { return path == "/v1/chat/completions" || path == "/chat/completions"; }
 
 int id_slot_as_read(const nlohmann::ordered_json& body) {

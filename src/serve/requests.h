@@ -48,6 +48,11 @@ int id_slot_as_read(const nlohmann::ordered_json& body);
 // but -1 wraps, as an unsigned 64-bit number, modulo the slot count, so -3 is a slot too); -1: any.
 int pinned_slot_of(int id_slot, size_t n_slots);
 
+// True for the completion routes whose body's id_slot reaches llama-server's task (3.22.1): all but
+// the Anthropic route, whose conversion to a chat completion (server_chat_convert_anthropic_to_oai)
+// keeps only the fields it knows, so that kvsnap cannot choose its slot.
+bool route_takes_id_slot(std::string_view path);
+
 // True for the chat routes (their prompt is "messages", rendered by the child's chat template).
 bool is_chat_route(std::string_view path);
 

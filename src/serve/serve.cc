@@ -42,6 +42,36 @@ constexpr double kSaveWaitS = 120;
 // stops the server).
 constexpr double kSlotWaitS = 3600;
 
+// What a completion asks of the slot gate: the slot its client pinned it to; any slot, as
+// llama-server would choose it (kvsnap tokenizes the prompt for that now: PrefixRestorer::slot_holds
+// keeps the tokens for its lookup); or, when kvsnap cannot pin it (a route that drops id_slot, a body that is
+// not a JSON object), to run alone.
+SlotWant slot_want(PrefixRestorer& prefix, Forward& f) {
+  SlotWant want;
+  auto req = parse_completion_request(f.path, f.body);
+  if (!req.ok() || !route_takes_id_slot(f.path) || !body_with_id_slot(f.body, 0)) {
+    want.kind = SlotWant::Kind::kAlone;
+  } else if (req->id_slot != -1) {
+    want.kind = SlotWant::Kind::kSlot;
+    want.id_slot = req->id_slot;
+  } else {
+    want.holds = prefix.slot_holds(f, *req);
+    want.prompt_tokens = f.prompt_tokens.size();
+  }
+  return want;
+}
+
+// Sends an unpinned completion to the slot the gate gave it (id_slot in its body).
+void pin_to_slot(Forward& f, int slot) {
+  auto req = parse_completion_request(f.path, f.body);
+  if (!req.ok() || req->id_slot != -1) return;  // the client's own pin (the gate gave that slot)
+  auto body = body_with_id_slot(f.body, slot);
+  if (!body) return;  // not reached: slot_want found a JSON object
+  f.body = std::move(*body);
+  f.body_changed = true;
+  f.pinned_slot = slot;
+}
+
 // A port the kernel says is free on loopback now (the child binds it a moment later).
 Result<int> free_loopback_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -194,12 +224,13 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
       po,
       [&persist, &prefix, &slot_gate, &log](Forward& f) {
         if (f.method == "POST" && is_completion_route(f.path)) {
-          // One completion per slot in the child (SlotGate, serve/drain.h): one more would wait in
-          // llama-server's queue and start in a slot before its conversation is saved.
-          // A completion the client pinned to a slot waits while that slot may be busy (SlotGate).
+          // One completion per slot in the child, and kvsnap names it (SlotGate, serve/drain.h):
+          // llama-server would put one more in its queue, or in a slot freed by a generation whose
+          // save is not queued yet, and start it there before that conversation is saved.
           bool waited_out = false;
-          auto req = parse_completion_request(f.path, f.body);
-          f.hold = slot_gate.enter(kSlotWaitS, &waited_out, req.ok() ? req->id_slot : -1);
+          int slot = -1;
+          f.hold = slot_gate.enter(kSlotWaitS, slot_want(prefix, f), &waited_out, &slot);
+          if (slot >= 0) pin_to_slot(f, slot);
           if (!f.hold && slot_gate.shut_down()) {
             // kvsnap is stopping: a completion still waiting for a slot is refused, not forwarded
             // in turn while the shutdown waits for it
@@ -210,9 +241,9 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
           if (waited_out)
             log("persist: every slot stayed busy for " + std::to_string(int(kSlotWaitS)) + " s; a " + f.path +
                 " request goes on without waiting, a conversation it displaces may be lost");
-          // llama-server may give this completion the slot whose last conversation is still queued
-          // for saving (with -np 1, always): the save goes first, or the conversation is lost. Before
-          // the prefix lookup too, which may restore into that slot.
+          // The slot given may hold a conversation whose save is queued (its permit came back once
+          // the save was queued): the save goes first, or the conversation is lost. Before the
+          // prefix lookup too, which may restore into that slot.
           if (!persist.wait_saved(kSaveWaitS))
             log("persist: the saves queued before a " + f.path + " request took over " +
                 std::to_string(int(kSaveWaitS)) + " s; the request goes on, a slot they were for may be lost");

@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <set>
 #include <thread>
 
 namespace kvsnap {
@@ -52,19 +54,22 @@ TEST(ServeDrain, ShutWakesARequestWaitingAtAClosedGate) {
 TEST(ServeSlotGate, OnePermitPerSlotAndTheNextWaitsForOneToComeBack) {
   SlotGate g;
   bool waited_out = true;
-  EXPECT_EQ(g.enter(0.01, &waited_out), nullptr) << "capacity unknown: admitted without a permit";
+  int slot = 7;
+  EXPECT_EQ(g.enter(0.01, {}, &waited_out, &slot), nullptr) << "capacity unknown: admitted without a permit";
   EXPECT_FALSE(waited_out);
+  EXPECT_EQ(slot, -1);
   g.set_capacity(1);
-  SlotGate::Permit first = g.enter(0.01, &waited_out);
+  SlotGate::Permit first = g.enter(0.01, {}, &waited_out, &slot);
   ASSERT_NE(first, nullptr);
+  EXPECT_EQ(slot, 0);
   EXPECT_EQ(g.out(), 1);
-  EXPECT_EQ(g.enter(0.05, &waited_out), nullptr);
+  EXPECT_EQ(g.enter(0.05, {}, &waited_out), nullptr);
   EXPECT_TRUE(waited_out) << "a second completion got the one slot";
   std::thread back([p = std::move(first)]() mutable {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     p.reset();  // the exchange is over
   });
-  SlotGate::Permit second = g.enter(10, &waited_out);
+  SlotGate::Permit second = g.enter(10, {}, &waited_out);
   back.join();
   EXPECT_NE(second, nullptr);
   EXPECT_FALSE(waited_out);
@@ -94,58 +99,111 @@ void wait_for_waiters(SlotGate& g, int n) {
   ASSERT_EQ(g.waiting(), n);
 }
 
+SlotWant any(std::map<int, size_t> holds = {}, size_t prompt_tokens = 100) {
+  SlotWant w;
+  w.holds = std::move(holds);
+  w.prompt_tokens = prompt_tokens;
+  return w;
+}
+SlotWant pinned_to(int id_slot) {
+  SlotWant w;
+  w.kind = SlotWant::Kind::kSlot;
+  w.id_slot = id_slot;
+  return w;
+}
+SlotWant alone() {
+  SlotWant w;
+  w.kind = SlotWant::Kind::kAlone;
+  return w;
+}
+
+// The loss this prevents (-np 2, 20 clients, 5 to 9 sessions lost): a slot whose permit is out may be
+// idle in llama-server already (its generation ended, kvsnap has not queued the save yet). A
+// completion admitted when the other permit comes back is given that other slot, never the one still
+// held. Among free slots, llama-server's own choice: the largest share of the prompt above 0.1, the
+// first of equals; else the one given back longest ago, the last of equals (llama-server's `<=`).
+TEST(ServeSlotGate, AnUnpinnedCompletionGetsAFreeSlotNeverOneStillHeld) {
+  SlotGate g;
+  g.set_capacity(3);
+  int a_slot = -1, b_slot = -1, c_slot = -1;
+  SlotGate::Permit a = g.enter(0.01, any(), nullptr, &a_slot);
+  SlotGate::Permit b = g.enter(0.01, any(), nullptr, &b_slot);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(a_slot, 2) << "none used yet: llama-server takes the last";
+  EXPECT_EQ(b_slot, 1);
+  b.reset();
+  // c's prompt is in a's slot (still held) and some of it in slot 0: slot 0 (b's has none of it)
+  SlotGate::Permit c = g.enter(0.01, any({{2, 100}, {0, 11}}), nullptr, &c_slot);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c_slot, 0) << "the free slot holding more than a tenth of the prompt";
+  c.reset();
+  int d_slot = -1;
+  SlotGate::Permit d = g.enter(0.01, any({{0, 10}, {1, 10}}), nullptr, &d_slot);
+  EXPECT_EQ(d_slot, 1) << "a tenth is not above llama-server's 0.1: least recently used (1, then 0)";
+  d.reset();
+  SlotGate::Permit e = g.enter(0.01, any({{0, 30}, {1, 30}}), nullptr, &d_slot);
+  EXPECT_EQ(d_slot, 0) << "equal shares: the first";
+  e.reset();
+  a.reset();
+  SlotGate::Permit f = g.enter(0.01, any(), nullptr, &d_slot);
+  EXPECT_EQ(d_slot, 1) << "given back 1 (b), 0 (c), 1 (d), 0 (e), 2 (a): 1 is the least recent";
+}
+
 // A completion pinned to a slot (the client's id_slot, modulo the slot count as llama-server reads
-// it) waits while that slot may be busy: while a completion pinned there, or one not pinned
-// (llama-server picks its slot), is out; an unpinned one waits while a pinned one is out (it could
-// be given that slot first); pinned ones to other slots go on together; and nobody overtakes a
+// it) waits while that slot is held, and takes it from the ones kAny is given; one kvsnap cannot pin
+// (kAlone) runs only while no other permit is out, and none goes in beside it; nobody overtakes a
 // waiter (arrival order).
-TEST(ServeSlotGate, PinnedAndUnpinnedCompletionsTakeTurns) {
+TEST(ServeSlotGate, PinnedCompletionsWaitForTheirSlotAndUnpinnableOnesRunAlone) {
   SlotGate g;
   g.set_capacity(3);
   bool waited_out = false;
-  SlotGate::Permit a0 = g.enter(0.01, &waited_out, 0);
+  int slot = -1;
+  SlotGate::Permit a0 = g.enter(0.01, pinned_to(0), &waited_out, &slot);
   ASSERT_NE(a0, nullptr);
-  EXPECT_EQ(g.enter(0.05, &waited_out, 3), nullptr) << "id_slot 3 with 3 slots is slot 0";
+  EXPECT_EQ(slot, 0);
+  EXPECT_EQ(g.enter(0.05, pinned_to(3), &waited_out), nullptr) << "id_slot 3 with 3 slots is slot 0";
   EXPECT_TRUE(waited_out) << "a second completion pinned to slot 0 went in beside the first";
   // llama-server reads any id_slot but -1 as a size_t modulo the slot count: -2 is 2^64 - 2, and
   // 2^64 = 1 (mod 3), so slot 2; -4 is slot 0
-  EXPECT_EQ(g.enter(0.05, &waited_out, -4), nullptr) << "id_slot -4 with 3 slots is slot 0";
-  SlotGate::Permit b1 = g.enter(0.01, &waited_out, 1);
-  EXPECT_NE(b1, nullptr) << "slot 1 is free";
-  EXPECT_EQ(g.enter(0.05, &waited_out), nullptr);
-  EXPECT_TRUE(waited_out) << "an unpinned completion went in while pinned ones were out";
-  b1.reset();
-  a0.reset();
-  SlotGate::Permit u = g.enter(0.01, &waited_out);
-  ASSERT_NE(u, nullptr) << "no pinned completion out: an unpinned one goes";
-  EXPECT_EQ(g.enter(0.05, &waited_out, 1), nullptr);
-  EXPECT_TRUE(waited_out) << "pinned to slot 1 while an unpinned completion (slot unknown) is out";
-  // A pinned waiter first, an unpinned one behind it: the unpinned one does not overtake (a permit
-  // is free for it), and both go, in that order, once the unpinned completion out comes back.
+  EXPECT_EQ(g.enter(0.05, pinned_to(-4), &waited_out), nullptr) << "id_slot -4 with 3 slots is slot 0";
+  SlotGate::Permit c2 = g.enter(0.01, pinned_to(-2), &waited_out, &slot);
+  ASSERT_NE(c2, nullptr);
+  EXPECT_EQ(slot, 2);
+  SlotGate::Permit u = g.enter(0.01, any({{0, 9}, {2, 9}}), &waited_out, &slot);
+  ASSERT_NE(u, nullptr);
+  EXPECT_EQ(slot, 1) << "the only free slot";
+  EXPECT_EQ(g.enter(0.05, pinned_to(-1), &waited_out), nullptr) << "id_slot -1 pins nothing: any slot, none free";
+  u.reset();
+  c2.reset();
+  EXPECT_EQ(g.enter(0.05, alone(), &waited_out), nullptr);
+  EXPECT_TRUE(waited_out) << "an unpinnable completion went in beside another";
+  // An unpinnable waiter first, a pinned one behind it: the pinned one does not overtake (its slot is
+  // free), and both go, in that order, once slot 0 comes back; the pinned one after the alone one.
   std::atomic<int> order{0};
-  int pinned_at = -1, unpinned_at = -1;
-  SlotGate::Permit pinned_permit, unpinned_permit;
-  std::thread pinned([&] {
-    pinned_permit = g.enter(10, nullptr, 0);
-    pinned_at = ++order;
+  int alone_at = -1, pinned_at = -1;
+  SlotGate::Permit alone_permit, pinned_permit;
+  std::thread unpinnable([&] {
+    alone_permit = g.enter(10, alone());
+    alone_at = ++order;
   });
   wait_for_waiters(g, 1);
-  std::thread unpinned([&] {
-    unpinned_permit = g.enter(10);
-    unpinned_at = ++order;
+  std::thread pinned([&] {
+    pinned_permit = g.enter(10, pinned_to(1));
+    pinned_at = ++order;
   });
   wait_for_waiters(g, 2);
   EXPECT_EQ(order.load(), 0);
-  u.reset();
+  a0.reset();
+  unpinnable.join();
+  EXPECT_EQ(alone_at, 1);
+  EXPECT_NE(alone_permit, nullptr);
+  EXPECT_EQ(g.waiting(), 1) << "the pinned one waits while the unpinnable one is out";
+  alone_permit.reset();
   pinned.join();
-  EXPECT_EQ(pinned_at, 1);
+  EXPECT_EQ(pinned_at, 2);
   EXPECT_NE(pinned_permit, nullptr);
-  EXPECT_EQ(g.waiting(), 1) << "the unpinned one waits while the pinned one is out";
   pinned_permit.reset();
-  unpinned.join();
-  EXPECT_EQ(unpinned_at, 2);
-  EXPECT_NE(unpinned_permit, nullptr);
-  unpinned_permit.reset();
   EXPECT_EQ(g.out(), 0);
 }
 
@@ -154,13 +212,13 @@ TEST(ServeSlotGate, PinnedAndUnpinnedCompletionsTakeTurns) {
 TEST(ServeSlotGate, ShutSendsTheWaitersBackAtOnce) {
   SlotGate g;
   g.set_capacity(1);
-  SlotGate::Permit in = g.enter(0.01);
+  SlotGate::Permit in = g.enter(0.01, {});
   ASSERT_NE(in, nullptr);
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   std::thread waiter([&] {
     bool waited_out = true;
-    EXPECT_EQ(g.enter(60, &waited_out, 0), nullptr);
+    EXPECT_EQ(g.enter(60, pinned_to(0), &waited_out), nullptr);
     EXPECT_FALSE(waited_out) << "sent back by the shut, not by its wait running out";
   });
   wait_for_waiters(g, 1);
@@ -169,7 +227,7 @@ TEST(ServeSlotGate, ShutSendsTheWaitersBackAtOnce) {
   waiter.join();
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10));
   EXPECT_TRUE(g.shut_down());
-  EXPECT_EQ(g.enter(60), nullptr);
+  EXPECT_EQ(g.enter(60, {}), nullptr);
   in.reset();
   EXPECT_EQ(g.out(), 0);
 }

@@ -41,6 +41,15 @@ TEST(ServeRequests, SlotActionsAreKvsnapsOwn) {
   EXPECT_FALSE(is_slot_action("POST", "/v1/slots/0"));
 }
 
+// The completion routes whose id_slot reaches llama-server's task (3.22.1): the Anthropic route's
+// conversion keeps only the fields it knows, so kvsnap cannot choose its slot (it runs alone).
+TEST(ServeRequests, EveryCompletionRouteButAnthropicsTakesIdSlot) {
+  for (const char* p : {"/completion", "/completions", "/v1/completions", "/chat/completions", "/v1/chat/completions",
+                        "/infill", "/responses", "/v1/responses"})
+    EXPECT_TRUE(route_takes_id_slot(p)) << p;
+  EXPECT_FALSE(route_takes_id_slot("/v1/messages"));
+}
+
 TEST(ServeRequests, CompletionPromptTokens) {
   auto r = parse_completion_request("/v1/completions", R"({"prompt": [1, 15043, 2147483647, -2147483648]})");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
