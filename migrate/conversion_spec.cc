@@ -90,9 +90,10 @@ std::string own_format_name(const StateFile& src) {
   return src.kind == StateKind::kSeqFile ? "ggsq-v2" : "ggsn-v9";
 }
 
-// An old file upgraded to the v0.5.0 format: v3 adds a cell extra for M-RoPE models that the
-// old file does not have. Whether the model is one: from the model, else from what a snapshot
-// recorded of it (`recorded_ext`), else nobody knows.
+// An old file upgraded to the v0.5.0 format, or written for a build of b8352..b10375
+// (--target-build): both keep a cell extra for M-RoPE models that a file of b8189 or older lacks,
+// and an old file without one may be such a file. Whether the model is M-RoPE: from the model,
+// else from what a snapshot recorded of it (`recorded_ext`), else nobody knows.
 Status check_upgrade(const StateFile& src, const ModelInfo* model, std::optional<uint32_t> recorded_ext,
                      const ConvertRequest& req, const std::string& src_name, std::string* warnings) {
   const bool src_old = (src.kind == StateKind::kSeqFile && src.version < 3) ||
@@ -100,15 +101,18 @@ Status check_upgrade(const StateFile& src, const ModelInfo* model, std::optional
   if (!src_old) return Status::OK();
   const bool to_current = req.format == TargetFormat::kSameKindCurrent || req.format == TargetFormat::kGgsqV3 ||
                           req.format == TargetFormat::kGgsnV10;
+  const bool target_keeps_ext =
+      to_current || (req.target_build && req.target_build->mrope_ext_bytes.value_or(0) != 0);
   const bool src_has_ext = std::any_of(src.memory.kv.begin(), src.memory.kv.end(),
                                       [](const KvSection& k) { return k.ext_bytes != 0; });
-  if (!to_current || src_has_ext) return Status::OK();
+  if (!target_keeps_ext || src_has_ext) return Status::OK();
+  const std::string target = to_current ? "the v0.5.0 format" : "the format of b8352..b10375 ({--target-build})";
   const std::string keep = "{--format " + own_format_name(src) + "}";
   const std::optional<uint32_t> ext = model ? std::optional<uint32_t>(model->shape.ext_bytes.value_or(0)) : recorded_ext;
   if (ext && *ext != 0) {
     const std::string who = model ? model->arch : std::string("its model (as the snapshot recorded it)");
-    return Status::NotSupported(src_name + ": " + who +
-                                " stores an M-RoPE cell extra in v0.5.0 files that older files lack; kvsnap "
+    return Status::NotSupported(src_name + ": " + who + " stores an M-RoPE cell extra in " + target +
+                                " that this file lacks (written by b8189 or older); kvsnap "
                                 "cannot rebuild it: the file can only keep its old format (or " + keep + ")");
   }
   if (ext) return Status::OK();
@@ -116,13 +120,13 @@ Status check_upgrade(const StateFile& src, const ModelInfo* model, std::optional
   // which keeps the original) gets the assumption as one; the others (the C API, a store's restore
   // or --store-type, migrate) have nobody to tell, so the output is refused.
   if (!warnings) {
-    return Status::Ambiguous(src_name + ": upgrading it to the v0.5.0 format needs the model: v0.5.0 files of an "
+    return Status::Ambiguous(src_name + ": writing it in " + target + " needs the model: such files of an "
                              "M-RoPE model (Qwen2-VL, Qwen2.5-VL, ...) hold a cell extra this file lacks, and kvsnap "
                              "cannot tell from the file whether the model is one: pass {--model GGUF}, or keep "
                              "its format (or " + keep + ")");
   }
-  *warnings += "note: upgrading " + src_name +
-               " to the v0.5.0 format assumes the model has no M-RoPE cell extra (true for text-only models); "
+  *warnings += "note: writing " + src_name + " in " + target +
+               " assumes the model has no M-RoPE cell extra (true for text-only models); "
                "pass {--model GGUF} to check\n";
   return Status::OK();
 }

@@ -252,8 +252,11 @@ Status recode_cell_exts(const StateFile& src, std::optional<uint32_t> old_ext, S
     // yet holds v2-era cells, whose 8-byte extras say so (a review's finding: --format current kept
     // them, which v0.5.0 misreads).
     const bool src3 = era3(src) && !(raw && ext == 8);
-    if (src3 == dst3 || ext == 0) continue;
+    if (ext == 0) continue;  // none to recode (a target that wants one: check_upgrade, conversion_spec.cc)
     const std::optional<uint32_t> want = dst3 ? std::optional<uint32_t>(12) : old_ext;
+    // The same era and no build named: the extra as it is. A build named within the old era still
+    // decides: b10361's 8 bytes are not b8121's none (a review's finding: kept, b8121 misreads them).
+    if (src3 == dst3 && (dst3 || !want)) continue;
     if (!want) {
       return Status::NotSupported("the cells carry a " + std::to_string(ext) +
                                   "-byte M-RoPE/token extra; older builds store 8 bytes (b8352..b10375) or none "

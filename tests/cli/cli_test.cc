@@ -814,6 +814,32 @@ TEST_F(CliTest, TheMRopeCellExtraMovesBetweenEras) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["layout"]["cell_ext_bytes"], 0);
 }
 
+// Between two builds of ggsq v2 the extra still moves: b10361 keeps 8 bytes a cell for an M-RoPE
+// model, b8121 none. A review's finding: --target-build b8121 kept b10361's 8 bytes, exit 0 (and
+// migrate writes the same). Now the file is laid out as b8121 itself wrote it for the same prompt;
+// the other way, b8121's file lacks the extra b10361 wants and kvsnap cannot rebuild it (an
+// image cell's 2-D position is gone): refused with the M-RoPE model, a note without a model.
+TEST_F(CliTest, TheMRopeCellExtraFollowsTheTargetBuildWithinGgsqV2) {
+  const std::string down = (dir_ / "down.slot").string(), up = (dir_ / "up.slot").string();
+  CmdResult r = run("convert " + fixture("b10361/mrope-f16-f16-faon.slot") + " " + down +
+                    " --target-build b8121 --model " + model("mrope"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  // Up to the first K row (the two builds compute the rows' last bits differently): header, tokens,
+  // 107 cells, the first layer's type and row size; and the same size.
+  const auto mine = read(down), theirs = read(fixture("b8121/mrope-f16-f16-faon.slot"));
+  ASSERT_EQ(mine.size(), theirs.size());
+  constexpr size_t kFirstRow = 12 + 107 * 4 + 8 + 107 * 12 + 8 + 12;
+  EXPECT_TRUE(std::equal(mine.begin(), mine.begin() + kFirstRow, theirs.begin())) << "not what b8121 wrote";
+  r = run("convert " + fixture("b8121/mrope-f16-f16-faon.slot") + " " + up + " --target-build b10361 --model " +
+          model("mrope"));
+  EXPECT_EQ(r.code, 4) << r.err;
+  EXPECT_NE(r.err.find("cannot rebuild"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(up));
+  r = run("convert " + fixture("b8121/mrope-f16-f16-faon.slot") + " " + up + " --target-build b10361");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("assumes the model has no M-RoPE cell extra"), std::string::npos) << r.err;
+}
+
 TEST_F(CliTest, WritingQuantizedCachesForAnOldBuildNeedsTheBuild) {
   const std::string f = fixture("v0.5.0/hd64-q8_0-q8_0-faon.slot");
   const std::string out = (dir_ / "old.slot").string();
