@@ -139,6 +139,10 @@ Status parse_cells(Cursor& c, uint32_t cell_count, uint32_t ext_bytes, std::vect
     return c.corrupt("truncated: " + std::to_string(cell_count) + " cells need at least " +
                      std::to_string(min_cell) + " bytes each, " + std::to_string(c.remaining()) + " remain");
   }
+  if (cell_count > kMaxCellsPerStream) {
+    return c.corrupt(std::to_string(cell_count) + " cells in a stream is above any llama.cpp context (kvsnap reads up to " +
+                     std::to_string(kMaxCellsPerStream) + ")");
+  }
   cells.resize(cell_count);
   for (uint32_t i = 0; i < cell_count; ++i) {
     CellMeta& m = cells[i];

@@ -501,6 +501,10 @@ Status llama_state_detail::read_tokens(Cursor& c, TokenPayload& tp, bool allow_p
     return c.corrupt(at, "token count " + std::to_string(n) + " needs " + std::to_string(uint64_t(n) * 4) +
                              " bytes, " + std::to_string(c.remaining()) + " remain");
   }
+  if (n > kMaxTokens) {
+    return c.corrupt(at, "token count " + std::to_string(n) + " is above any llama.cpp context (kvsnap reads up to " +
+                             std::to_string(kMaxTokens) + ")");
+  }
   std::vector<int32_t> words(n);
   for (uint32_t i = 0; i < n; ++i) {
     KV_ASSIGN_OR_RETURN(words[i], c.i32("token"));

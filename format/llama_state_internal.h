@@ -20,6 +20,11 @@ inline constexpr uint32_t kMaxStreams = 4096;
 inline constexpr uint32_t kMaxSeqIdsPerCell = 4096;
 inline constexpr uint64_t kMaxRowBytes = uint64_t(1) << 30;
 inline constexpr uint32_t kMaxEmbd = 1u << 22;
+// Tokens in a file, cells in a stream: 16,777,216, above any context llama.cpp runs (the largest
+// models' are 10M tokens). A count below it still has to fit in the bytes that remain; the bound
+// keeps the memory a hostile count steers (a few copies of the list) under a gigabyte or so.
+inline constexpr uint32_t kMaxTokens = 1u << 24;
+inline constexpr uint32_t kMaxCellsPerStream = 1u << 24;
 
 // One way of reading the memory section.
 struct Reading {
