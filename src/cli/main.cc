@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,12 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // --help and --version end here too (exit 0); every usage error is exit 2 (docs/cli.md)
     const int code = app.exit(e);
+    // The help or version text went to standard output: a full disk or a closed pipe is not a success
+    std::cout.flush();
+    if (code == 0 && !std::cout) {
+      std::fprintf(stderr, "kvsnap: writing the help to stdout failed (a full disk, a closed pipe?)\n");
+      return kvsnap::cli::exit_code(kvsnap::Code::kIOError);
+    }
     return code == 0 ? kvsnap::cli::kExitOk : kvsnap::cli::kExitUsage;
   }
   return exit_status;

@@ -115,6 +115,15 @@ TEST_F(CliTest, AResultThatCannotBeWrittenIsAnIoError) {
   std::ifstream e(errf);
   const std::string err((std::istreambuf_iterator<char>(e)), {});
   EXPECT_NE(err.find("writing the result to stdout failed"), std::string::npos) << err;
+  // --help and --version too (they exited 0)
+  for (const char* args : {"--help", "convert --help", "--version"}) {
+    const int h = std::system((std::string(KVSNAP_BINARY) + " " + args + " >/dev/full 2>" + errf.string()).c_str());
+    ASSERT_TRUE(WIFEXITED(h));
+    EXPECT_EQ(WEXITSTATUS(h), 7) << args;
+    std::ifstream he(errf);
+    const std::string said((std::istreambuf_iterator<char>(he)), {});
+    EXPECT_NE(said.find("stdout failed"), std::string::npos) << args << ": " << said;
+  }
 }
 
 TEST_F(CliTest, TruncatedFileIsACleanErrorNamingFileAndOffset) {
