@@ -410,6 +410,20 @@ std::string unique_suffix() {
   return std::to_string(::getpid()) + "-" + std::to_string(rng());
 }
 
+std::string temp_path_beside(const std::string& path) {
+  constexpr size_t kNameMax = 255;
+  const std::string tail = std::string(kTempInfix) + unique_suffix();
+  const size_t slash = path.rfind('/');
+  const size_t name_at = slash == std::string::npos ? 0 : slash + 1;
+  size_t name_len = path.size() - name_at;
+  if (name_len + tail.size() > kNameMax) {
+    name_len = kNameMax - tail.size();
+    // not inside a character: back off over UTF-8 continuation bytes (10xxxxxx)
+    while (name_len > 0 && (static_cast<unsigned char>(path[name_at + name_len]) & 0xC0) == 0x80) --name_len;
+  }
+  return path.substr(0, name_at + name_len) + tail;
+}
+
 Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::create(Io& io, const std::string& path) {
   return create(io, path, AtomicWriteOptions{});
 }
@@ -418,7 +432,7 @@ Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::create(Io& io, const
                                                                    const AtomicWriteOptions& options) {
   std::string base = options.temp_dir.empty() ? path : options.temp_dir + "/" +
                                                            std::filesystem::path(path).filename().string();
-  std::string tmp = base + std::string(kTempInfix) + unique_suffix();
+  std::string tmp = temp_path_beside(base);
   auto f = options.owner_only ? io.create_owner_only(tmp) : io.open_write(tmp, /*exclusive=*/true);
   if (!f.ok()) {
     // Named as the caller's path: the temporary beside it is kvsnap's own business.

@@ -270,7 +270,8 @@ struct AtomicWriteOptions {
   bool disk_pace = false;
 };
 
-// What marks AtomicFileWriter's temporary files: `<target>.kvsnap-tmp-<pid>-<random>`.
+// What marks AtomicFileWriter's temporary files: `<target>.kvsnap-tmp-<pid>-<random>` (the target's
+// name cut when that would be too long: temp_path_beside).
 // Cleaners of stale temporaries (migrate_dir) match this and read the pid after its last occurrence
 // (a temporary of a file that is itself a temporary holds it twice: SlotFileWriter's of a slot file).
 inline constexpr std::string_view kTempInfix = ".kvsnap-tmp-";
@@ -281,6 +282,10 @@ inline constexpr std::string_view kKeptScratchName = ".kvsnap-scratch.kvsnap-tmp
 // "<pid>-<64 random bits>": what makes every kvsnap temporary name unique across processes and
 // threads (AtomicFileWriter, the store's tmp/ files, slot files handed to llama-server).
 std::string unique_suffix();
+// `<path>.kvsnap-tmp-<unique_suffix>`, the file name part cut (at a UTF-8 character's start) so
+// that the temporary's name fits in 255 bytes (NAME_MAX): a file whose own name is that long can
+// still be written (it failed with "File name too long" past ~215 bytes).
+std::string temp_path_beside(const std::string& path);
 
 // Writes `path` so that a reader sees either the old file or the complete new
 // one, never a mix: a temporary file in the same directory, fsync, rename,

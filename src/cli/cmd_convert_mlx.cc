@@ -134,7 +134,7 @@ Status run_convert_mlx(const ConvertOptions& o, const ReadableFile& file, std::s
   req.threads = unsigned(std::max(o.threads, 0));
   req.what = o.in;
   // A move the requantizer cannot do in place goes to a temporary next to the output.
-  req.scratch_path = o.out + std::string(kTempInfix) + unique_suffix();
+  req.scratch_path = temp_path_beside(o.out);
   const auto t0 = std::chrono::steady_clock::now();
   KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(cli_io(), o.out));
   Result<MlxConvertResult> converted = [&] {

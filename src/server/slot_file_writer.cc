@@ -99,7 +99,7 @@ struct SlotFileWriter::Pipe {
 
 Result<std::unique_ptr<SlotFileWriter>> SlotFileWriter::create(Io& io, const std::string& path,
                                                                const std::string& scratch) {
-  std::string tmp = path + std::string(kTempInfix) + unique_suffix();
+  std::string tmp = temp_path_beside(path);
   // Claimed by a rename: of two writers, one gets it and the other makes a new file. One kvsnap may
   // not write in place (another user's: the server's file kept by a save; a link someone planted)
   // is removed, and a new file made.
@@ -107,7 +107,7 @@ Result<std::unique_ptr<SlotFileWriter>> SlotFileWriter::create(Io& io, const std
     auto f = io.open_scratch(tmp);
     if (f.ok()) return std::unique_ptr<SlotFileWriter>(new SlotFileWriter(io, path, tmp, std::move(*f), true));
     (void)io.remove(tmp);
-    tmp = path + std::string(kTempInfix) + unique_suffix();
+    tmp = temp_path_beside(path);
   }
   KV_ASSIGN_OR_RETURN(auto f, io.open_write(tmp, /*exclusive=*/true));
   return std::unique_ptr<SlotFileWriter>(new SlotFileWriter(io, path, std::move(tmp), std::move(f), false));

@@ -114,6 +114,33 @@ Status write_atomically(const std::string& path, const std::string& text) {
   return w->commit();
 }
 
+// A file whose name is near NAME_MAX (255 bytes) is written: its temporary's name is cut to fit, at
+// a character's start (a review's finding: past ~215 bytes the temporary's name was too long, and
+// every writer failed with "File name too long").
+TEST(PosixIo, AFileWithALongNameIsWrittenThroughAShorterTemporary) {
+  const fs::path dir = fs::temp_directory_path() / ("kvsnap-io-long-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  // 254 bytes; 255 with two-byte characters at 214..221, where the cut falls (~217): not inside one
+  const std::string accented = std::string(214, 'y') + "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9" + std::string(33, 'z');
+  for (const std::string& n : {std::string(254, 'x'), accented}) {
+    const std::string path = (dir / n).string();
+    const std::string tmp = temp_path_beside(path);
+    const std::string tmp_name = fs::path(tmp).filename().string();
+    EXPECT_LE(tmp_name.size(), 255u);
+    EXPECT_EQ(tmp.rfind((dir / "").string(), 0), 0u) << "beside the file";
+    EXPECT_NE(tmp_name.find(std::string(kTempInfix)), std::string::npos);
+    const size_t kept = tmp_name.find(std::string(kTempInfix));
+    EXPECT_EQ(n.compare(0, kept, tmp_name, 0, kept), 0) << "the start of the name, kept";
+    EXPECT_NE(static_cast<unsigned char>(n[kept]) & 0xC0, 0x80) << "cut at a character's start";
+    Status s = write_atomically(path, "long");
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(test_read(path), "long");
+  }
+  const std::string short_tmp = fs::path(temp_path_beside("short.slot")).filename().string();
+  EXPECT_EQ(short_tmp.rfind("short.slot" + std::string(kTempInfix), 0), 0u) << "a short name: whole";
+  fs::remove_all(dir);
+}
+
 // A file replaced by rename keeps its mode: a 0600 slot file converted in place (migrate, convert
 // over it) does not become readable by everyone. A new file is created as before.
 TEST(PosixIo, AReplacedFileKeepsItsMode) {
