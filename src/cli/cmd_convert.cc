@@ -263,7 +263,7 @@ void setup_convert(CLI::App& app, int& exit_status) {
   sub->callback([o, &exit_status]() {
     std::string out, warnings;
     Status s = run_convert(*o, out, warnings);
-    if (!warnings.empty()) std::fputs(render_remedies_as_flags(warnings).c_str(), stderr);
+    if (!warnings.empty()) std::fputs(shown_text(render_remedies_as_flags(warnings), /*keep_lines=*/true).c_str(), stderr);
     exit_status = report("convert", s, out);
   });
 }

@@ -84,8 +84,9 @@ inline int report(const char* command, const Status& s, const std::string& out,
     return exit_code(s);
   }
   // A result that did not reach stdout (a full disk, a closed pipe) is no success: a script would
-  // take the empty or cut output for the whole.
-  if (std::fputs(render(out).c_str(), stdout) < 0 || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+  // take the empty or cut output for the whole. It quotes names kvsnap did not write (a file's, a
+  // model's architecture): shown as errors are (JSON escapes its own, so it passes unchanged).
+  if (std::fputs(shown_text(render(out), /*keep_lines=*/true).c_str(), stdout) < 0 || std::fflush(stdout) != 0 || std::ferror(stdout)) {
     std::fprintf(stderr, "kvsnap %s: I/O error: writing the result to stdout failed\n", command);
     return exit_code(Status::IOError(""));
   }

@@ -126,6 +126,23 @@ TEST_F(CliTest, AResultThatCannotBeWrittenIsAnIoError) {
   }
 }
 
+// A file name is the user's, not kvsnap's: a terminal control in it (an escape sequence) is shown
+// escaped in info's and convert's text output, as in their errors (a review's finding: printed raw).
+TEST_F(CliTest, ControlCharactersInAFileNameAreShownEscaped) {
+  const auto f = write("a\x1b[31mred.slot", build_state({}));
+  CmdResult r = run("info '" + f + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("a\\x1b[31mred.slot"), std::string::npos) << r.out;
+  r = run("convert '" + f + "' '" + (dir_ / "b\x1b[0m.slot").string() + "' --ctk f32");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("b\\x1b[0m.slot"), std::string::npos) << r.out;
+  r = run("info '" + f + "' --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["file"], f) << "JSON keeps the name as it is";
+}
+
 TEST_F(CliTest, TruncatedFileIsACleanErrorNamingFileAndOffset) {
   auto b = build_state({});
   b.resize(b.size() - 10);
