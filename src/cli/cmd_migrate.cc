@@ -349,7 +349,7 @@ void setup_migrate(CLI::App& app, int& exit_status) {
                 "kvsnap unpin when done) before converting it");
   sub->add_option("--store", o->store, "the store for --backup-store and --server profiles (default: $KVSNAP_HOME)");
   add_store_key_options(sub);
-  sub->add_option("--jobs,-j", o->jobs, "files converted at once (default 1)");
+  sub->add_option("--jobs,-j", o->jobs, "files converted at once (default 1, at most 256)")->check(CLI::Range(1, 256));
   sub->add_option("--threads,-t", o->threads, "threads per file (default: cores / jobs)")->check(CLI::Range(0, 256));
   sub->add_flag("--dry-run,-n", o->dry_run, "print the plan and the bytes that would be freed; change nothing");
   sub->add_flag("--json", o->json, "machine-readable summary");

@@ -77,7 +77,7 @@ TEST(Migrate, ABadFlagFailsBeforeTheStoreOrAnyFile) {
   const std::string before = slurp(dir / "a.slot");
   const fs::path store = t.path / "new-store", err = t.path / "err.txt";
   for (const std::string flags : {"--ctk q9_9", "--fa maybe", "--format bogus", "--rotation sideways", "-j 0",
-                                  "--target-build tomorrow"}) {
+                                  "-j 100000", "-t 257", "--target-build tomorrow"}) {
     SCOPED_TRACE(flags);
     EXPECT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " " + flags + " --backup-store --store " +
                  store.string() + " 2>" + err.string()),
