@@ -771,6 +771,10 @@ Status run_digest(const DigestOptions& opts, std::string& out) {
     KV_ASSIGN_OR_RETURN(in.file, cli_io().open_read(opts.file));
     KV_ASSIGN_OR_RETURN(in.state, parse_state(*in.file, target->snap->reader().parse_options()));
   } else {
+    if (auto f = cli_io().open_read(opts.file); f.ok() && looks_like_mlx_prompt_cache(**f)) {
+      return Status::InvalidArgument(opts.file + " is an mlx-lm prompt cache: kvsnap digest reads llama.cpp state "
+                                     "files (kvsnap info describes it; kvsnap verify checks a stored snapshot)");
+    }
     KV_ASSIGN_OR_RETURN(in, open_state(cli_io(), opts.file, opts.model, opts.input_format, opts.src_types));
   }
   KV_ASSIGN_OR_RETURN(const StateDigests d,

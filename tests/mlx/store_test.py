@@ -83,6 +83,10 @@ def check_bed(kvsnap, store, bed, python, work):
                    "--tokens", "1,2,3", "--tag", "bed=" + version, "--json") is None:
                 continue
             stats["saved"] += 1
+            # digest reads llama.cpp files: an mlx-lm cache is told for one (it said "unknown magic")
+            d = run(kvsnap, "digest", src, ok=False)
+            if d.returncode != 2 or "is an mlx-lm prompt cache" not in d.stderr:
+                fail("digest " + snap, "exit %d: %s" % (d.returncode, d.stderr.strip()[-300:]))
             r = run(kvsnap, "show", snap, "--store", store, "--json")
             if r:
                 show = json.loads(r.stdout)
