@@ -574,7 +574,12 @@ Status set_llama_kind(StateKind kind, const ModelInfo& model, const std::string&
 
 Result<std::vector<int32_t>> file_tokens(const MlxPromptCache& c, const std::string& name) {
   for (const auto& [k, v] : c.user_metadata) {
-    if (k == "tokens") return parse_token_list(v, name + ": metadata 'tokens'");
+    if (k == "tokens") {
+      // The file's own word, not the user's: a list that does not parse is a corrupt file (exit 3)
+      auto t = parse_token_list(v, name + ": metadata 'tokens'");
+      if (!t.ok() && t.status().code() == Code::kInvalidArgument) return Status::Corruption(t.status().message());
+      return t;
+    }
   }
   return Status::InvalidArgument(name + ": mlx-lm stores no token ids: give {--tokens} FILE with the prompt's token ids "
                                  "(a JSON list or whitespace-separated integers)");

@@ -601,6 +601,16 @@ TEST_F(CrossEngine, MlxToLlamaRefusals) {
     EXPECT_EQ(r.status().code(), Code::kMismatch) << r.status().ToString();
     EXPECT_NE(r.status().message().find("outside the vocabulary"), std::string::npos) << r.status().ToString();
   }
+  {  // token ids in the file's metadata that are no list: the file is corrupt (exit 3), not the user's
+     // word (a review's finding: exit 2)
+    const MemoryFile in("in.safetensors", mlx_cache(2, 5, 16, "[1,2,x]"));
+    auto c = read_mlx_prompt_cache(in);
+    ASSERT_TRUE(c.ok());
+    auto r = mlx_to_llama(*c, in, m, MlxToLlamaSpec{}, out);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kCorruption) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("metadata 'tokens'"), std::string::npos) << r.status().ToString();
+  }
   {  // 3 KV heads for a model of 2
     const MemoryFile in("in.safetensors", mlx_cache(3, 5, 16, "[1,2,3,4,5]"));
     auto c = read_mlx_prompt_cache(in);
