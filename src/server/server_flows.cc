@@ -76,6 +76,21 @@ Status check_slot_dir(Io& io, const ServerTarget& t) {
   return Status::OK();
 }
 
+// A save removes (or renames to the scratch name) the file llama-server writes into the slot
+// directory: one kvsnap may not write there would stay, one per save, with exit 0 (a review's
+// finding). Asked before the server is: a file made and removed.
+Status check_slot_dir_writable(Io& io, const ServerTarget& t) {
+  const std::string probe = join(t.slot_dir, fresh_name("probe"));
+  auto f = io.open_write(probe, /*exclusive=*/true);
+  if (!f.ok()) {
+    return Status::IOError("kvsnap cannot create files in --slot-dir " + t.slot_dir + " (" + f.status().message() +
+                           "): a save removes the file llama-server writes there, which would stay; run kvsnap as "
+                           "a user who may write there (as llama-server does)");
+  }
+  (void)(*f)->close();
+  return io.remove(probe).Prefixed("kvsnap cannot remove files from --slot-dir " + t.slot_dir);
+}
+
 // The file the server wrote, opened and parsed; a clear error when it is not where --slot-dir says.
 Result<std::unique_ptr<ReadableFile>> open_server_file(Io& io, const ServerTarget& t, const std::string& name) {
   auto f = io.open_read(join(t.slot_dir, name));
@@ -230,6 +245,7 @@ Result<ServerSaveResult> save_from_server(Io& io, const StorePick& pick, const S
                                           const SaveHook& before_store) {
   LlamaServer srv(t.endpoint);
   KV_RETURN_IF_ERROR(check_slot_dir(io, t));
+  KV_RETURN_IF_ERROR(check_slot_dir_writable(io, t));
   KV_RETURN_IF_ERROR(srv.health());
   KV_RETURN_IF_ERROR(check_idle(srv, t.slot));
   KV_ASSIGN_OR_RETURN(Model model, find_model(io, srv, t));
