@@ -164,20 +164,23 @@ def main():
         check(not leftovers(slots), "nothing left after the refusals")
         # failure: a kvsnap that may not write in the slot directory (llama-server may) would leave the
         # server's file there, one per save, exit 0 (a review's finding): refused before the server saves
-        if os.geteuid() == 0 and shutil.which("setpriv"):
+        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        # nobody must reach kvsnap and the slot directory (a checkout under /root would not be)
+        if os.geteuid() == 0 and shutil.which("setpriv") and subprocess.run(
+                as_nobody + ["sh", "-c", 'test -x "$0" && test -x "$1"', k, slots]).returncode == 0:
             home = os.path.join(work, "nobody-store")
             os.makedirs(home)
             os.chmod(home, 0o777)
             before = sorted(os.listdir(slots))
-            p = kvsnap(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", k, "save", "--server", src.url,
-                        "--slot", "0", "--slot-dir", slots, "--name", "nobody"], dict(env, KVSNAP_HOME=home),
-                       expect=None)
+            p = kvsnap(as_nobody + [k, "save", "--server", src.url, "--slot", "0", "--slot-dir", slots, "--name",
+                                    "nobody"], dict(env, KVSNAP_HOME=home), expect=None)
             check(p.returncode == 7 and "cannot create files in --slot-dir" in p.stderr and
                   sorted(os.listdir(slots)) == before,
                   f"save --server by a user who may not write in the slot directory: exit {p.returncode}, the "
                   f"server's file not left there ({sorted(os.listdir(slots))}): {p.stderr.strip()[:200]}")
         else:
-            print("skip save --server by a user who may not write in the slot directory (needs root and setpriv)")
+            print("skip save --server by a user who may not write in the slot directory (needs root, setpriv and "
+                  "kvsnap and the slot directory reachable by nobody)")
     finally:
         src.stop()
 
