@@ -7,6 +7,7 @@
 #include "base/json_access.h"
 #include "base/parallel.h"
 #include "base/printf_text.h"
+#include "base/sha256.h"
 #include "cli/progress.h"
 #include "cli/store_common.h"
 #include "base/text.h"
@@ -41,6 +42,10 @@ json to_json(const MigrateSummary& s, bool dry_run) {
     if (!f.from.empty()) j["from"] = f.from;
     if (!f.to.empty()) j["to"] = f.to;
     if (!f.detail.empty()) j["detail"] = f.detail;
+    // JSON holds text: a name that is not UTF-8 shows as U+FFFD there, so two such names could not
+    // be told apart; its bytes, in hex, name the file exactly.
+    if (!is_valid_utf8(f.name))
+      j["file_hex"] = to_hex(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(f.name.data()), f.name.size()));
     files.push_back(j);
   }
   return {{"dry_run", dry_run},

@@ -162,6 +162,21 @@ TEST(Migrate, AFileIsAtTheTargetOnlyWhenItIsWhatItsConversionWrites) {
   }
 }
 
+// JSON holds text: a file name that is not UTF-8 showed as U+FFFD, two such names alike (a review's
+// finding). Its bytes come in hex beside it.
+TEST(Migrate, AFileNameThatIsNotUtf8IsGivenInHexToo) {
+  TempDir t;
+  const fs::path dir = slots_with(t, {{"v0.5.0/hd64-f16-f16-faon.slot", "a\xff.slot"}});
+  const std::string json = (t.path / "out.json").string();
+  ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " --ctk f32 --ctv f32 --dry-run --json >" +
+               json),
+            0)
+      << slurp(json);
+  const auto j = nlohmann::json::parse(slurp(json));
+  ASSERT_EQ(j["files"].size(), 1u) << j.dump();
+  EXPECT_EQ(j["files"][0]["file_hex"], "61ff2e736c6f74") << j.dump();
+}
+
 // The rotation's remedy names what migrate takes: --model, not convert's --head-dim-k/--head-dim-v
 // (which migrate refuses as unknown options), in the file's line and in the error line.
 TEST(Migrate, ARemedyNamesOnlyOptionsMigrateTakes) {
