@@ -95,7 +95,10 @@ void Persister::note_completion(const Exchange& x) {
   {
     std::lock_guard<std::mutex> l(mu_);
     remember_prompt(x, false);
-    jobs_.push_back({slot_of_answer(x), x.prompt_tokens.empty(), namespace_of(x)});
+    // "n" > 1: the copies ran in slots the answer may not name (a stream names the last one): every
+    // changed slot is saved, and as the exchange ran alone (serve's slot gate), each is its own.
+    const int slot = x.several_slots ? -1 : slot_of_answer(x);
+    jobs_.push_back({slot, x.prompt_tokens.empty(), slot >= 0 || x.several_slots ? namespace_of(x) : ""});
     ++queued_;
   }
   cv_.notify_all();
@@ -122,7 +125,7 @@ void Persister::worker() {
     jobs_.pop_front();
     busy_ = true;
     l.unlock();
-    save_changed(j.slot, j.unverifiable ? kUnattributed : "", j.unverifiable, j.slot >= 0 ? j.ns : "");
+    save_changed(j.slot, j.unverifiable ? kUnattributed : "", j.unverifiable, j.ns);
     l.lock();
     busy_ = false;
     ++finished_;

@@ -122,7 +122,8 @@ class Persister {
   struct Job {
     int slot;  // -1: the answer did not say; save the slots whose task changed
     bool unverifiable;  // kvsnap has no prompt tokens of the request (not tokenized)
-    std::string ns;     // the namespace of the exchange that asked for it
+    std::string ns;     // the namespace of the exchange that asked for it, preferred for the slot(s)
+                        // it ran in; "" when the slot is not known to be its
   };
   void worker();
   void remember_prompt(const Exchange& x, bool may_be_partial);  // mu_ held

@@ -323,10 +323,17 @@ void PrefixRestorer::set_cache(const std::string& ctk, const std::string& ctv, c
 }
 
 void PrefixRestorer::after_unguarded(const Exchange& x) {
-  if (x.prompt_tokens.empty() || x.status != 200) return;
+  if (x.status != 200) return;
   int slot = slot_of_answer(x);
   if (slot < 0) slot = x.pinned_slot;
   std::lock_guard<std::mutex> l(mu_);
+  // What the slots used hold is no longer what kvsnap put there: with "n" > 1 any free slot may have
+  // taken a copy; a prompt kvsnap did not tokenize (several prompts, multimodal) is unknown.
+  if (x.several_slots) held_.clear();
+  if (x.prompt_tokens.empty()) {
+    if (slot >= 0) held_.erase(slot);
+    return;
+  }
   if (slot >= 0) {
     held_[slot] = x.prompt_tokens;
     fresh_.erase(slot);

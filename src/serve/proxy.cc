@@ -280,6 +280,7 @@ struct Proxy::Impl {
     Exchange x;
     x.prompt_tokens = f.prompt_tokens;
     x.pinned_slot = f.pinned_slot;
+    x.several_slots = f.several_slots;
     x.restored_tokens = f.restored_tokens;
     x.method = req.method;
     x.path = req.path;

@@ -76,6 +76,7 @@ struct Forward {
   std::vector<int32_t> prompt_tokens;
   bool tokenized = false;  // prompt_tokens are the prompt's (an empty prompt: none)
   int pinned_slot = -1;
+  bool several_slots = false;  // "n" > 1: the child may have used any free slot, not only the answer's
   uint64_t restored_tokens = 0;
   // Set by the hook: the request is not forwarded; the client gets 503 with this JSON body.
   std::string refused;
@@ -94,6 +95,7 @@ struct Exchange {
   std::string response_body;  // a streamed answer: its last 64 KiB (the final events)
   std::vector<int32_t> prompt_tokens;  // from the Forward hook
   int pinned_slot = -1;
+  bool several_slots = false;
   uint64_t restored_tokens = 0;
 };
 

@@ -73,17 +73,34 @@ bool route_takes_id_slot(std::string_view path) { return path != "/v1/messages";
 
 bool is_chat_route(std::string_view path) { return path == "/v1/chat/completions" || path == "/chat/completions"; }
 
+namespace {
+
+// A JSON value as nlohmann's get<int> converts it; `other` for a value that is not a number or boolean.
+int int_as_read(const ojson& v, int other) {
+  if (v.is_boolean()) return v.get<bool>() ? 1 : 0;
+  if (v.is_number_unsigned()) return int(uint32_t(v.get<uint64_t>()));  // modular, as static_cast<int>
+  if (v.is_number_integer()) return int(uint32_t(uint64_t(v.get<int64_t>())));
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    return d > double(INT_MIN) - 1.0 && d < double(INT_MAX) + 1.0 ? int(d) : INT_MIN;  // cvttsd2si's INT_MIN
+  }
+  return other;
+}
+
+}  // namespace
+
 int id_slot_as_read(const nlohmann::ordered_json& body) {
   auto it = body.find("id_slot");
   if (it == body.end()) return -1;
-  if (it->is_boolean()) return it->get<bool>() ? 1 : 0;
-  if (it->is_number_unsigned()) return int(uint32_t(it->get<uint64_t>()));  // modular, as static_cast<int>
-  if (it->is_number_integer()) return int(uint32_t(uint64_t(it->get<int64_t>())));
-  if (it->is_number_float()) {
-    const double d = it->get<double>();
-    return d > double(INT_MIN) - 1.0 && d < double(INT_MAX) + 1.0 ? int(d) : INT_MIN;  // cvttsd2si's INT_MIN
+  return int_as_read(*it, -1);  // null, a string, an array, an object: json_value's default
+}
+
+int completions_as_read(const nlohmann::ordered_json& body) {
+  for (const char* key : {"n_cmpl", "n"}) {
+    auto it = body.find(key);
+    if (it != body.end() && !it->is_null()) return int_as_read(*it, 0);  // get<int32_t> throws: refused
   }
-  return -1;  // null, a string, an array, an object: json_value's default
+  return 1;
 }
 
 int pinned_slot_of(int id_slot, size_t n_slots) {
@@ -103,6 +120,7 @@ Result<CompletionRequest> parse_completion_request(std::string_view path, std::s
   const auto j = ojson::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return out;  // the child answers malformed JSON itself
   out.id_slot = id_slot_as_read(j);
+  out.n_cmpl = completions_as_read(j);
   if (is_chat_route(path)) {
     if (j.find("messages") == j.end()) return out;
     // The whole request: llama-server renders /apply-template from the body as it does the chat

@@ -36,6 +36,9 @@ struct CompletionRequest {
   std::string text;
   std::string template_body;  // the chat request's body as it came: what the child renders its prompt from
   int id_slot = -1;           // "id_slot" as llama-server reads it (id_slot_as_read): -1 is any slot
+  // "n_cmpl" (or "n") as llama-server reads it (completions_as_read): anything but 1 runs in several
+  // slots at once (or is refused), in slots kvsnap does not name.
+  int n_cmpl = 1;
 };
 
 // "id_slot" of a request as llama-server 3.22.1 reads it (json_value<int>: nlohmann's get<int>, -1 when
@@ -43,6 +46,12 @@ struct CompletionRequest {
 // (NaN or out of int range: INT_MIN, as x86's conversion gives), a boolean is 0 or 1. So 1.0, true and
 // 4294967297 all ask for slot 1, and serve's gate and prefix lookup must reserve that slot for them.
 int id_slot_as_read(const nlohmann::ordered_json& body);
+
+// How many completions a request asks for, as llama-server 3.22.1 reads it (field_num<int32_t>
+// "n_cmpl", else its alias "n", when present and not null; 1 without either): converted as
+// id_slot_as_read converts, and 0 for a value llama-server refuses (a string, an array, an object).
+// With more than 1, llama-server runs the copies in other free slots (get_free_slots).
+int completions_as_read(const nlohmann::ordered_json& body);
 
 // The slot llama-server runs a request with `id_slot` in, out of `n_slots` (get_slot_by_id: any value
 // but -1 wraps, as an unsigned 64-bit number, modulo the slot count, so -3 is a slot too); -1: any.

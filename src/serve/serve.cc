@@ -45,11 +45,13 @@ constexpr double kSlotWaitS = 3600;
 // What a completion asks of the slot gate: the slot its client pinned it to; any slot, as
 // llama-server would choose it (kvsnap tokenizes the prompt for that now: PrefixRestorer::slot_holds
 // keeps the tokens for its lookup); or, when kvsnap cannot pin it (a route that drops id_slot, a body that is
-// not a JSON object), to run alone.
+// not a JSON object) or it runs in several slots ("n" > 1: llama-server takes other free slots for the
+// copies), to run alone.
 SlotWant slot_want(PrefixRestorer& prefix, Forward& f) {
   SlotWant want;
   auto req = parse_completion_request(f.path, f.body);
-  if (!req.ok() || !route_takes_id_slot(f.path) || !body_with_id_slot(f.body, 0)) {
+  if (req.ok() && req->n_cmpl != 1) f.several_slots = true;
+  if (!req.ok() || !route_takes_id_slot(f.path) || !body_with_id_slot(f.body, 0) || f.several_slots) {
     want.kind = SlotWant::Kind::kAlone;
   } else if (req->id_slot != -1) {
     want.kind = SlotWant::Kind::kSlot;

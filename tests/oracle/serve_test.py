@@ -870,7 +870,9 @@ def run_many_clients(kvsnap, llama, model, work):
     id_slot): every conversation is saved while serve runs. llama-server frees a slot when its
     generation ends, before kvsnap reads the answer's end and queues the save; a request let in
     meanwhile was given that slot by llama-server (the one holding its prompt) and took it over
-    unsaved (5 and 9 of 20 lost in two runs, every answer 200). serve names the slot."""
+    unsaved (5 and 9 of 20 lost in two runs, every answer 200). serve names the slot. Two ask for
+    "n": 2 (one streamed): llama-server runs the copy in the other slot when it frees, one the gate
+    gave another client; serve runs them alone and saves every slot they used."""
     store = os.path.join(work, "many-store")
     base = ["-m", model, "-c", "4096", "-np", "2", "-t", "1", "--no-warmup", "-fa", "on"]
     proc, port, log = start_serve(kvsnap, llama, store, work, "many", base)
@@ -884,9 +886,10 @@ def run_many_clients(kvsnap, llama, model, work):
                               {"model": "tiny", "max_tokens": 1 + i % 3, "temperature": 0,
                                "messages": [{"role": "user", "content": PROMPT}]}, headers=h)
         else:
-            s, _, _ = request(port, "POST", "/completion",
-                              {"prompt": PROMPT, "n_predict": 1 + (i * 7) % 12,
-                               "temperature": 0, "stream": i % 2 == 0}, headers=h)
+            body = {"prompt": PROMPT, "n_predict": 1 + (i * 7) % 12, "temperature": 0, "stream": i % 2 == 0}
+            if i in (4, 11):
+                body["n"] = 2
+            s, _, _ = request(port, "POST", "/completion", body, headers=h)
         answers[w] = s
 
     threads = [threading.Thread(target=one, args=(i, w)) for i, w in enumerate(who)]

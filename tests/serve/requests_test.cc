@@ -201,6 +201,32 @@ TEST(ServeRequests, DeepNestingIsAnErrorNotACrash) {
   EXPECT_EQ(slot_of_answer_body(false, nested(100000, "{\"id_slot\": 1}")), -1);
 }
 
+// "n": 2 runs the second completion in another free slot (llama-server's get_free_slots), one the slot
+// gate may have given another client: serve runs such a request alone. n_cmpl is read first, "n" is
+// its alias; both as llama-server's field_num<int32_t> reads them.
+TEST(ServeRequests, CompletionsAskedAreReadAsLlamaServerReadsThem) {
+  const std::pair<const char*, int> cases[] = {
+      {R"({"prompt": "a"})", 1},
+      {R"({"prompt": "a", "n": 2})", 2},
+      {R"({"prompt": "a", "n_cmpl": 3})", 3},
+      {R"({"prompt": "a", "n_cmpl": 1, "n": 2})", 1},
+      {R"({"prompt": "a", "n_cmpl": null, "n": 2})", 2},
+      {R"({"prompt": "a", "n": 2.9})", 2},
+      {R"({"prompt": "a", "n": true})", 1},
+      {R"({"prompt": "a", "n": 4294967297})", 1},
+      {R"({"prompt": "a", "n": "2"})", 0},
+      {R"({"prompt": "a", "n": [2]})", 0},
+      {R"({"messages": [], "n": 2})", 2},
+  };
+  for (const auto& [body, want] : cases) {
+    auto r = parse_completion_request(std::string(body).find("messages") != std::string::npos ? "/v1/chat/completions"
+                                                                                              : "/completion",
+                                      body);
+    ASSERT_TRUE(r.ok()) << body;
+    EXPECT_EQ(r->n_cmpl, want) << body;
+  }
+}
+
 TEST(ServeRequests, BodyWithIdSlotKeepsTheRestInOrder) {
   EXPECT_EQ(body_with_id_slot(R"({"prompt":"a","id_slot":-1,"n_predict":2})", 3),
             R"({"prompt":"a","id_slot":3,"n_predict":2})");
