@@ -324,6 +324,9 @@ class Catalog {
   // The packs among `packs` that no chunk row names (garbage under the
   // exclusive gc lock: a crashed save's, or one whose every chunk is gone).
   virtual Result<std::vector<std::string>> unused_packs(const std::vector<std::string>& packs) = 0;
+  // Every pack a live chunk row (refcount > 0) names, with how many name it: a full gc compares
+  // them with the packs in storage (one missing is damage to report, not garbage).
+  virtual Result<std::map<std::string, uint64_t>> live_packs() = 0;
   // PackUsage of each of `packs`, in their order (zeros for a pack no row names).
   virtual Result<std::vector<PackUsage>> pack_usage(const std::vector<std::string>& packs) = 0;
   // The chunk rows whose blob is in `pack` (any refcount), by offset: what compaction copies.
@@ -426,8 +429,9 @@ struct GcReport {
   uint64_t compacted_bytes_moved = 0;  // the live bytes copied
   uint64_t compacted_bytes_freed = 0;  // the dead bytes of the compacted packs
   // What compaction left alone and why: a pack missing, damaged or unreadable (`kvsnap verify`
-  // names the snapshots hurt), or compaction stopped by a storage error (a full disk). gc's
-  // deletions are done by then; these never fail it.
+  // names the snapshots hurt), or compaction stopped by a storage error (a full disk); and (a gc
+  // that scans) each pack live rows name that storage does not have. gc's deletions are done by
+  // then; these never fail it.
   std::vector<std::string> warnings;
 };
 

@@ -42,6 +42,18 @@ Status remove(BlobStore& blobs, const GcLock& lock, const Deletion& d) {
   return blobs.remove_tmp(lock, d.name);
 }
 
+// Packs live rows name that storage does not list: not garbage, damage (a file deleted by hand, a
+// bucket's lifecycle rule). gc cannot mend it; it says so rather than finish as if the store were whole.
+Status report_missing_packs(Catalog& catalog, const std::vector<std::string>& listed, GcReport& report) {
+  KV_ASSIGN_OR_RETURN(auto live, catalog.live_packs());
+  const std::set<std::string> present(listed.begin(), listed.end());
+  for (const auto& [pack, rows] : live)
+    if (!present.count(pack))
+      report.warnings.push_back("pack " + pack + " is missing from storage, and " + std::to_string(rows) +
+                                " chunks of stored snapshots are in it: `kvsnap verify` names the snapshots hurt");
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOptions& options) {
@@ -65,6 +77,7 @@ Result<GcReport> collect_garbage(Catalog& catalog, BlobStore& blobs, const GcOpt
   // pack (renamed in, never committed) was never named.
   KV_ASSIGN_OR_RETURN(std::vector<std::string> packs, blobs.list_packs());
   KV_ASSIGN_OR_RETURN(std::vector<std::string> unused, catalog.unused_packs(packs));
+  if (options.scan_orphans) KV_RETURN_IF_ERROR(report_missing_packs(catalog, packs, report));
   std::vector<std::string> temps;
   if (options.scan_orphans) {
     KV_ASSIGN_OR_RETURN(temps, blobs.list_tmp());

@@ -260,6 +260,14 @@ Result<std::vector<std::string>> PgCatalog::unused_packs(const std::vector<std::
   return out;
 }
 
+Result<std::map<std::string, uint64_t>> PgCatalog::live_packs() {
+  KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT pack, COUNT(*) FROM chunks WHERE refcount > 0 AND pack IS NOT NULL "
+                                              "GROUP BY pack"));
+  std::map<std::string, uint64_t> out;
+  for (int r = 0; r < q.rows(); ++r) out[q.text(r, 0)] = static_cast<uint64_t>(q.i64(r, 1));
+  return out;
+}
+
 Result<std::vector<PackUsage>> PgCatalog::pack_usage(const std::vector<std::string>& packs) {
   std::vector<PackUsage> out;
   for (size_t i = 0; i < packs.size(); i += kSlice) {

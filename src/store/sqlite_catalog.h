@@ -82,6 +82,7 @@ class SqliteCatalog final : public Catalog {
   Result<GcCandidates> gc_candidates(const std::vector<ChunkHash>& on_disk) override;
   Result<std::vector<ChunkHash>> forget_unreferenced(const std::vector<ChunkHash>& hashes) override;
   Result<std::vector<std::string>> unused_packs(const std::vector<std::string>& packs) override;
+  Result<std::map<std::string, uint64_t>> live_packs() override;
   Result<std::vector<PackUsage>> pack_usage(const std::vector<std::string>& packs) override;
   Result<std::vector<ChunkUse>> chunks_in_pack(const std::string& pack) override;
   Status move_chunks(const std::vector<ChunkMove>& moves, GcLockHold& hold) override;

@@ -85,6 +85,18 @@ Result<std::vector<std::string>> SqliteCatalog::unused_packs(const std::vector<s
   return out;
 }
 
+Result<std::map<std::string, uint64_t>> SqliteCatalog::live_packs() {
+  std::map<std::string, uint64_t> out;
+  KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT pack, COUNT(*) FROM chunks WHERE refcount > 0 AND pack IS NOT NULL "
+                                   "GROUP BY pack"));
+  for (;;) {
+    KV_ASSIGN_OR_RETURN(bool row, q.step());
+    if (!row) break;
+    out[q.col_text(0)] = static_cast<uint64_t>(q.col_i64(1));
+  }
+  return out;
+}
+
 Result<std::vector<PackUsage>> SqliteCatalog::pack_usage(const std::vector<std::string>& packs) {
   std::vector<PackUsage> out;
   KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT COUNT(*), COALESCE(SUM(stored_size), 0), "

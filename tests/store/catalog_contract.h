@@ -1167,6 +1167,45 @@ TYPED_TEST_P(CatalogGc, PackedChunksGoWithTheirPackAlone) {
   this->expect_consistent(*this->cat_);
 }
 
+// A pack live rows name that storage lost (deleted by hand, a bucket's lifecycle rule) is damage,
+// not garbage: a full gc names it and how many chunks are in it; the cheap pass does not list packs
+// against rows. The rows stay (verify names the snapshots hurt).
+TYPED_TEST_P(CatalogGc, APackLiveRowsNameThatStorageLostIsReported) {
+  std::vector<ChunkUse> uses;
+  {
+    auto batch = std::move(this->blobs_->begin_write()).value();
+    for (const char* raw : {"m1", "m2"}) {
+      std::string stored = std::string("z:") + raw;
+      auto at = batch->append(chunk(raw), bytes_of(stored));
+      ASSERT_TRUE(at.ok()) << at.status().ToString();
+      uses.push_back(ChunkUse{chunk(raw), 2, stored.size(), at->pack, at->offset});
+    }
+    ASSERT_TRUE(batch->commit().ok());
+    ASSERT_TRUE(this->cat_->add_snapshot(record("lost"), uses).ok());
+  }
+  auto live = this->cat_->live_packs();
+  ASSERT_TRUE(live.ok()) << live.status().ToString();
+  EXPECT_EQ(*live, (std::map<std::string, uint64_t>{{uses[0].pack, 2}}));
+  auto whole = collect_garbage(*this->cat_, *this->blobs_);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  EXPECT_TRUE(whole->warnings.empty()) << whole->warnings.front();
+  {
+    auto lock = this->blobs_->lock_for_gc(true);
+    ASSERT_TRUE(lock.ok() && *lock);
+    ASSERT_TRUE(this->blobs_->remove_pack(**lock, uses[0].pack).ok());
+  }
+  auto cheap = collect_garbage(*this->cat_, *this->blobs_, GcOptions{.scan_orphans = false});
+  ASSERT_TRUE(cheap.ok()) << cheap.status().ToString();
+  EXPECT_TRUE(cheap->warnings.empty());
+  auto gc = collect_garbage(*this->cat_, *this->blobs_);
+  ASSERT_TRUE(gc.ok()) << gc.status().ToString();
+  ASSERT_EQ(gc->warnings.size(), 1u);
+  EXPECT_NE(gc->warnings[0].find("pack " + uses[0].pack + " is missing from storage, and 2 chunks"), std::string::npos)
+      << gc->warnings[0];
+  EXPECT_EQ(this->cat_->stats()->chunks, 2) << "the rows stay";
+  EXPECT_TRUE(this->cat_->resolve("lost").ok());
+}
+
 // A pack that a removal left mostly dead: its live blobs are copied into a new pack, their rows
 // moved there, the old pack deleted; a move whose row is no longer where it says changes nothing.
 TYPED_TEST_P(CatalogGc, PartlyDeadPacksAreCompactedAndTheirRowsMoved) {
@@ -1242,7 +1281,7 @@ TYPED_TEST_P(CatalogGc, PartlyDeadPacksAreCompactedAndTheirRowsMoved) {
 }
 
 REGISTER_TYPED_TEST_SUITE_P(CatalogGc, OrphansOfACrashedSaveAreCollected, GcNeverDeletesBlobsOfASaveInProgress, RemovedSnapshotsChunksGoOnTheCheapPass, PackedChunksGoWithTheirPackAlone,
-                           PartlyDeadPacksAreCompactedAndTheirRowsMoved);
+                           APackLiveRowsNameThatStorageLostIsReported, PartlyDeadPacksAreCompactedAndTheirRowsMoved);
 
 }  // namespace
 }  // namespace kvsnap
