@@ -33,7 +33,16 @@ std::string namespace_of(const Exchange& x) {
 
 bool is_completion_route(const std::string& path) {
   for (const char* p : {"/completion", "/completions", "/v1/completions", "/chat/completions",
-                        "/v1/chat/completions", "/infill", "/v1/messages", "/responses", "/v1/responses"})
+                        "/v1/chat/completions", "/infill", "/v1/messages", "/responses", "/v1/responses",
+                        "/v1/audio/transcriptions", "/audio/transcriptions"})
+    if (path == p) return true;
+  return false;
+}
+
+bool runs_in_slots(const std::string& path) {
+  if (is_completion_route(path)) return true;
+  for (const char* p : {"/embedding", "/embeddings", "/v1/embeddings", "/rerank", "/reranking", "/v1/rerank",
+                        "/v1/reranking"})
     if (path == p) return true;
   return false;
 }
@@ -96,9 +105,14 @@ void Persister::note_completion(const Exchange& x) {
     std::lock_guard<std::mutex> l(mu_);
     remember_prompt(x, false);
     // "n" > 1: the copies ran in slots the answer may not name (a stream names the last one): every
-    // changed slot is saved, and as the exchange ran alone (serve's slot gate), each is its own.
+    // changed slot is saved, those of tasks newer than its admission (it ran alone: serve's slot
+    // gate) as its own. An OpenAI-style answer names no slot: the one serve pinned it to.
+    // Other slots still changed (a stream given up) are saved too, as any pass saves them.
     const int slot = x.several_slots ? -1 : slot_of_answer(x);
-    jobs_.push_back({slot, x.prompt_tokens.empty(), slot >= 0 || x.several_slots ? namespace_of(x) : ""});
+    Job j{slot, x.prompt_tokens.empty(), "", slot, x.own_after_task};
+    if (slot < 0 && !x.several_slots && x.pinned_slot >= 0) j.own_slot = x.pinned_slot;
+    if (j.own_slot >= 0 || j.own_after >= 0) j.ns = namespace_of(x);
+    jobs_.push_back(std::move(j));
     ++queued_;
   }
   cv_.notify_all();
@@ -125,7 +139,7 @@ void Persister::worker() {
     jobs_.pop_front();
     busy_ = true;
     l.unlock();
-    save_changed(j.slot, j.unverifiable ? kUnattributed : "", j.unverifiable, j.ns);
+    save_changed(j.slot, j.unverifiable ? kUnattributed : "", j.unverifiable, j.ns, j.own_slot, j.own_after);
     l.lock();
     busy_ = false;
     ++finished_;
@@ -134,7 +148,7 @@ void Persister::worker() {
 }
 
 void Persister::save_changed(int only_slot, const std::string& fallback, bool untokenized_job,
-                             const std::string& job_ns) {
+                             const std::string& job_ns, int own_slot, int64_t own_after) {
   LlamaServer srv(target_.endpoint);
   auto slots = srv.slots();
   if (!slots.ok()) {
@@ -168,7 +182,8 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
     auto attribute = [&](const std::vector<int32_t>& tokens, SaveRequest& r) -> Status {
       {
         std::lock_guard<std::mutex> l(mu_);
-        slot_ns = slot_owner(recent_, tokens, untokenized_job, fallback, job_ns);
+        const bool own = own_slot >= 0 ? slot == own_slot : task > own_after;
+        slot_ns = slot_owner(recent_, tokens, own && untokenized_job, own ? fallback : "", own ? job_ns : "");
       }
       if ((unowned = slot_ns.empty()))
         return Status::NotFound("slot " + std::to_string(slot) + " holds a conversation that begins with no recent "
@@ -244,6 +259,14 @@ bool Persister::wait_saved(double max_wait_s) {
   std::unique_lock<std::mutex> l(mu_);
   const uint64_t mark = queued_;  // later saves are not this caller's to wait for
   return cv_.wait_for(l, std::chrono::duration<double>(max_wait_s), [&] { return finished_ >= mark || stop_; });
+}
+
+int64_t Persister::newest_task() {
+  auto slots = LlamaServer(target_.endpoint).slots();
+  int64_t newest = -1;
+  if (slots.ok())
+    for (const auto& s : *slots) newest = std::max(newest, s.raw.value("id_task", int64_t(-1)));
+  return newest;
 }
 
 void Persister::save_all() {

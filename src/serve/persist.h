@@ -50,8 +50,11 @@ namespace kvsnap {
 // conversations another key holder kept under it. The key is read as
 // llama-server reads it: Authorization (without "Bearer "), else X-Api-Key.
 std::string namespace_of(const Exchange& x);
-// True for the routes that run a completion in a slot.
+// True for the routes that run a completion in a slot (llama-server 3.22.1's, transcriptions too).
 bool is_completion_route(const std::string& path);
+// True for every route whose tasks take slots: the completions, and with --embeddings the
+// embedding and rerank routes (one task per input, in any free slots: serve runs them alone).
+bool runs_in_slots(const std::string& path);
 // The slot a completion answer names (id_slot / slot_id; in a stream, its
 // last event that has one), or -1. The parsing: slot_of_answer_body (serve/requests.h).
 int slot_of_answer(const Exchange& x);
@@ -110,6 +113,9 @@ class Persister {
   // when it gave up (the save then races the caller's request for the slot). Called before a
   // completion is forwarded: llama-server may give it the slot whose conversation is still queued.
   bool wait_saved(double max_wait_s);
+  // The newest id_task the child's slots show (-1 when none or they cannot be listed): tasks started
+  // later have larger ids (llama-server numbers them in order).
+  int64_t newest_task();
   void save_all();
   void forget_slots();  // after a restart of the child: its slots are empty
   PersistStats stats();
@@ -124,14 +130,20 @@ class Persister {
     bool unverifiable;  // kvsnap has no prompt tokens of the request (not tokenized)
     std::string ns;     // the namespace of the exchange that asked for it, preferred for the slot(s)
                         // it ran in; "" when the slot is not known to be its
+    // Which of the slots saved are the exchange's own (`ns`, `unverifiable` apply to those): `own_slot`,
+    // else (-1) those whose task is newer than `own_after` (Exchange::own_after_task; -1: all).
+    int own_slot = -1;
+    int64_t own_after = -1;
   };
   void worker();
   void remember_prompt(const Exchange& x, bool may_be_partial);  // mu_ held
   // `fallback`: the namespace for contents no recent prompt matches ("" = leave them for a later save);
   // `untokenized_job`: asked for by an exchange kvsnap did not tokenize (slot_owner).
   // `job_ns`: the namespace of the exchange whose answer named `only_slot` (slot_owner's `preferred`).
+  // `own_slot`, `own_after` (Job's): `fallback`, `untokenized_job` and `job_ns` apply to the job's
+  // exchange's own slots; another still changed is attributed by its tokens alone.
   void save_changed(int only_slot, const std::string& fallback, bool untokenized_job = false,
-                    const std::string& job_ns = "");
+                    const std::string& job_ns = "", int own_slot = -1, int64_t own_after = -1);
 
   Io& io_;
   TenantStores& stores_;

@@ -281,6 +281,7 @@ struct Proxy::Impl {
     x.prompt_tokens = f.prompt_tokens;
     x.pinned_slot = f.pinned_slot;
     x.several_slots = f.several_slots;
+    x.own_after_task = f.own_after_task;
     x.restored_tokens = f.restored_tokens;
     x.method = req.method;
     x.path = req.path;

@@ -77,6 +77,9 @@ struct Forward {
   bool tokenized = false;  // prompt_tokens are the prompt's (an empty prompt: none)
   int pinned_slot = -1;
   bool several_slots = false;  // "n" > 1: the child may have used any free slot, not only the answer's
+  // A completion that ran alone: the newest /slots id_task when it was let in, so that a slot whose
+  // task is newer is its own (-1: unknown; every slot its save finds changed is taken as its own).
+  int64_t own_after_task = -1;
   uint64_t restored_tokens = 0;
   // Set by the hook: the request is not forwarded; the client gets 503 with this JSON body.
   std::string refused;
@@ -96,6 +99,7 @@ struct Exchange {
   std::vector<int32_t> prompt_tokens;  // from the Forward hook
   int pinned_slot = -1;
   bool several_slots = false;
+  int64_t own_after_task = -1;
   uint64_t restored_tokens = 0;
 };
 

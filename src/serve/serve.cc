@@ -49,8 +49,13 @@ constexpr double kSlotWaitS = 3600;
 // copies), to run alone.
 SlotWant slot_want(PrefixRestorer& prefix, Forward& f) {
   SlotWant want;
+  if (!is_completion_route(f.path)) {  // embeddings, rerank: in any free slots, nothing of theirs to save
+    want.kind = SlotWant::Kind::kAlone;
+    return want;
+  }
   auto req = parse_completion_request(f.path, f.body);
-  if (req.ok() && req->n_cmpl != 1) f.several_slots = true;
+  // A body kvsnap cannot read may ask for several too (llama-server's parser takes deeper JSON).
+  if (!req.ok() || req->n_cmpl != 1) f.several_slots = true;
   if (!req.ok() || !route_takes_id_slot(f.path) || !body_with_id_slot(f.body, 0) || f.several_slots) {
     want.kind = SlotWant::Kind::kAlone;
   } else if (req->id_slot != -1) {
@@ -63,15 +68,16 @@ SlotWant slot_want(PrefixRestorer& prefix, Forward& f) {
   return want;
 }
 
-// Sends an unpinned completion to the slot the gate gave it (id_slot in its body).
+// Sends an unpinned completion to the slot the gate gave it (id_slot in its body). Either way the
+// exchange runs in `slot` (pinned_slot: the slot its save is for when the answer names none).
 void pin_to_slot(Forward& f, int slot) {
+  f.pinned_slot = slot;
   auto req = parse_completion_request(f.path, f.body);
   if (!req.ok() || req->id_slot != -1) return;  // the client's own pin (the gate gave that slot)
   auto body = body_with_id_slot(f.body, slot);
   if (!body) return;  // not reached: slot_want found a JSON object
   f.body = std::move(*body);
   f.body_changed = true;
-  f.pinned_slot = slot;
 }
 
 // A port the kernel says is free on loopback now (the child binds it a moment later).
@@ -225,7 +231,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   Proxy proxy(
       po,
       [&persist, &prefix, &slot_gate, &log](Forward& f) {
-        if (f.method == "POST" && is_completion_route(f.path)) {
+        if (f.method == "POST" && runs_in_slots(f.path)) {
           // One completion per slot in the child, and kvsnap names it (SlotGate, serve/drain.h):
           // llama-server would put one more in its queue, or in a slot freed by a generation whose
           // save is not queued yet, and start it there before that conversation is saved.
@@ -249,6 +255,9 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
           if (!persist.wait_saved(kSaveWaitS))
             log("persist: the saves queued before a " + f.path + " request took over " +
                 std::to_string(int(kSaveWaitS)) + " s; the request goes on, a slot they were for may be lost");
+          // Alone (no slot named): a slot whose task is newer than the newest now is this request's;
+          // an older one that is still unsaved (two tenants' prompts tied) is not.
+          if (f.hold && slot < 0) f.own_after_task = persist.newest_task();
         }
         prefix.before(f);
       },

@@ -229,6 +229,7 @@ def main():
         run_tenant_per_namespace(kvsnap, llama, model, work)
         run_back_to_back(kvsnap, llama, model, work)
         run_many_clients(kvsnap, llama, model, work)
+        run_tied_chats(kvsnap, llama, model, work)
         run_requantize(kvsnap, llama, model, work)
         run_requantize_chat(kvsnap, llama, model, work)
         run_admin_key(kvsnap, llama, model, work)
@@ -912,6 +913,34 @@ def run_many_clients(kvsnap, llama, model, work):
     check(got, f"many clients (-np 2): all {len(who)} conversations are saved while serve runs (lost: {lost}; "
                f"{saved().count('unattributed')} of the 2 Anthropic ones saved unattributed)")
     check("may be lost" not in text, "many clients (-np 2): serve never let a completion go on unguarded")
+
+
+def run_tied_chats(kvsnap, llama, model, work):
+    """Two sessions send the same chat (an OpenAI-style answer names no slot): each conversation is
+    saved under its own session while serve runs. kvsnap saved every changed slot by the recent
+    prompts, and two namespaces' equal prompts tie: the second was left unsaved (to a later guess).
+    The slot the gate gave each is its save's. Then a third session asks for "n": 2 beside them."""
+    store = os.path.join(work, "tied-store")
+    base = ["-m", model, "-c", "4096", "-np", "3", "-t", "1", "--no-warmup", "-fa", "on"]
+    proc, port, log = start_serve(kvsnap, llama, store, work, "tied", base)
+    chat = {"model": "tiny", "max_tokens": 3, "temperature": 0, "messages": [{"role": "user", "content": PROMPT}]}
+
+    def kept(ns):
+        return [x for x in ls(kvsnap, store) if x.get("tags", {}).get("serve.ns") == ns]
+    for who in ("ta", "tb"):
+        s, _, _ = request(port, "POST", "/v1/chat/completions", chat, headers={"X-Kvsnap-Session": who})
+        check(s == 200, f"tied chats: {who} answered")
+        check(wait_for(lambda: len(kept("session-" + who)) == 1, 30),
+              f"tied chats: {who}'s conversation is saved under its session while serve runs "
+              f"({[x.get('tags', {}).get('serve.ns') for x in ls(kvsnap, store)]})")
+    s, _, _ = request(port, "POST", "/completion", {"prompt": PROMPT, "n_predict": 2, "temperature": 0, "n": 2},
+                      headers={"X-Kvsnap-Session": "tc"})
+    check(s == 200, "tied chats: the \"n\": 2 completion answered")
+    check(wait_for(lambda: len(kept("session-tc")) >= 1, 30), "tied chats: the \"n\": 2 conversation is saved")
+    stop_serve(proc, log, "tied", work)
+    check(len(kept("session-ta")) == 1 and len(kept("session-tb")) == 1,
+          "tied chats: neither earlier session got a snapshot of another's slot "
+          f"({[x.get('tags', {}).get('serve.ns') for x in ls(kvsnap, store)]})")
 
 
 def post_json(port, path, body, key, extra=None):
