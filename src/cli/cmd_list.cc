@@ -177,7 +177,7 @@ void setup_list_commands(CLI::App& app, int& exit_status) {
     sub->add_option("--model,-m", o->model, "only snapshots of this GGUF (by fingerprint)");
     sub->add_option("--fingerprint", o->fingerprint, "only snapshots with this model fingerprint");
     sub->add_option("--tag", o->tags, "KEY=VALUE, repeatable (all must match)");
-    sub->add_option("--name", o->name, "name glob, e.g. 'chat-*'");
+    sub->add_option("--name", o->name, "name glob, case-sensitive: * any text, ? one character, [abc] [a-z] [^0-9] a set; '[[]' a literal '[' (e.g. 'chat-*', 'a[[]1]' for a[1])");
     sub->add_option("--type", o->type, "only snapshots with this K or V type");
     sub->add_option("--limit", o->limit, "at most N");
     sub->add_flag("--json", o->json, "machine-readable list");

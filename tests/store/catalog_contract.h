@@ -468,6 +468,12 @@ TYPED_TEST_P(CatalogContract, ListFiltersAndOrdersNewestFirst) {
   EXPECT_EQ(ids(c->list({.tags = {{"user", "ana"}, {"app", "x"}}})), (std::vector<int64_t>{s1}));
   EXPECT_EQ(ids(c->list({.tags = {{"user", "ana"}, {"app", "z"}}})), (std::vector<int64_t>{}));
   EXPECT_EQ(ids(c->list({.name_glob = "chat-*"})), (std::vector<int64_t>{s2, s1}));
+  // A literal '[' is the set "[[]" (ls --help says so): the same in SQLite's GLOB and PostgreSQL's regex.
+  int64_t s4 = mk("a[1]", "2025-04-01T00:00:00.000Z", "fp-c", "llama", "f16", "f16", {});
+  EXPECT_EQ(ids(c->list({.name_glob = "a[[]1]"})), (std::vector<int64_t>{s4}));
+  EXPECT_EQ(ids(c->list({.name_glob = "a[[]*"})), (std::vector<int64_t>{s4}));
+  EXPECT_EQ(ids(c->list({.name_glob = "a[1]"})), (std::vector<int64_t>{})) << "[1] is a set: matches a1 only";
+  ASSERT_TRUE(c->remove_snapshot(s4).ok());
   EXPECT_EQ(ids(c->list({.type = "q8_0"})), (std::vector<int64_t>{s2, s3}));
   EXPECT_EQ(ids(c->list({.type = "q4_0"})), (std::vector<int64_t>{s3}));
   EXPECT_EQ(ids(c->list({.type = "q8"})), (std::vector<int64_t>{})) << "whole type names only";

@@ -23,6 +23,7 @@ TEST(PgText, GlobBecomesAnAnchoredRegex) {
   EXPECT_EQ(glob_to_regex("[]"), "^\\[\\]$");
   EXPECT_EQ(glob_to_regex("x["), "^x\\[$");
   EXPECT_EQ(glob_to_regex("[^]]"), "^[^]]$");
+  EXPECT_EQ(glob_to_regex("a[[]1]"), "^a[[]1\\]$") << "'[[]' is a literal '[', as in SQLite's GLOB";
 }
 
 TEST(PgText, UrlsLoseTheirPassword) {
