@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
 #include "format/ggml_types.h"
+#include "migrate/convert_state.h"
 
 namespace kvsnap::cli {
 namespace {
@@ -28,7 +29,7 @@ std::string kv_types() {
 }
 
 // What an option's value is, by the option's long name: one list for every shell.
-enum class Value { kNone, kType, kOnOff, kRotation, kInputFormat, kFile, kOther };
+enum class Value { kNone, kType, kOnOff, kRotation, kInputFormat, kFormat, kRequant, kFile, kOther };
 
 Value value_of(const CLI::Option* o) {
   if (o->get_expected_max() == 0 || o->get_type_size_max() == 0) return Value::kNone;  // a flag
@@ -39,6 +40,8 @@ Value value_of(const CLI::Option* o) {
     if (l == "flash-attn" || l == "fa") return Value::kOnOff;
     if (l == "rotation" || l == "src-rotation" || l == "dst-rotation") return Value::kRotation;
     if (l == "input-format") return Value::kInputFormat;
+    if (l == "format") return Value::kFormat;
+    if (l == "requant") return Value::kRequant;
     if (files.count(l)) return Value::kFile;
   }
   return Value::kOther;
@@ -50,8 +53,24 @@ std::string words_of(Value v) {
     case Value::kOnOff: return "on off";
     case Value::kRotation: return "auto on off";
     case Value::kInputFormat: return "raw-seq raw-context";
+    case Value::kFormat: {  // convert's, restore's and migrate's --format: the target formats' table
+      std::string names = target_format_names();
+      std::string words;
+      for (char c : names)
+        if (c != ',') words += c;
+      return words;
+    }
+    case Value::kRequant: return "auto quick search exact reference";
     default: return "";
   }
+}
+
+// The top-level command names, space-separated (what `kvsnap man` takes).
+std::string top_commands(const CLI::App& root) {
+  std::string names;
+  for (const Command& c : commands_of(root))
+    if (c.path.find(' ') == std::string::npos) names += (names.empty() ? "" : " ") + c.path;
+  return names;
 }
 
 // The commands that take snapshot names as their arguments.
@@ -89,7 +108,7 @@ std::string bash_script(const CLI::App& root) {
     for (const auto& f : by_value[int(v)]) pats += (pats.empty() ? "" : "|") + f;
     if (!pats.empty()) value_cases += "    " + pats + ")\n      " + action + "; return ;;\n";
   };
-  for (Value v : {Value::kType, Value::kOnOff, Value::kRotation, Value::kInputFormat})
+  for (Value v : {Value::kType, Value::kOnOff, Value::kRotation, Value::kInputFormat, Value::kFormat, Value::kRequant})
     arm(v, "COMPREPLY=($(compgen -W \"" + words_of(v) + "\" -- \"$cur\"))");
   arm(Value::kFile, "COMPREPLY=($(compgen -f -- \"$cur\"))");
   std::string snap_cmds;
@@ -114,6 +133,7 @@ _kvsnap() {
     COMPREPLY=($(compgen -W "$opts" -- "$cur")); return
   fi
   case "$cmd" in
+    man) COMPREPLY=($(compgen -W ")SH" + names + R"SH(" -- "$cur")) ;;
     )SH" + snap_cmds + R"SH() COMPREPLY=($(compgen -W "$(_kvsnap_snapshots)" -- "$cur")) ;;
     *) COMPREPLY=($(compgen -f -- "$cur")) ;;
   esac
@@ -175,6 +195,8 @@ std::string fish_script(const CLI::App& root) {
     }
     if (kTakesSnapshots.count(c.path))
       s += "complete -c kvsnap -n " + shell_quoted(cond) + " -a '(__kvsnap_snapshots)'\n";
+    else if (c.path == "man")
+      s += "complete -c kvsnap -n " + shell_quoted(cond) + " -a " + shell_quoted(top_commands(root)) + "\n";
     else if (c.path != "completion" && space == std::string::npos)
       s += "complete -c kvsnap -n " + shell_quoted(cond) + " -F\n";
   }
@@ -219,6 +241,7 @@ std::string zsh_script(const CLI::App& root) {
       if (o->nonpositional()) body += zsh_spec(o);
     const std::string rest = kTakesSnapshots.count(c.path) ? " '*:snapshot:_kvsnap_snapshots'"
                              : c.path == "completion" ? " '1:shell:(bash zsh fish)'"
+                             : c.path == "man"        ? " " + shell_quoted("1:command:(" + top_commands(root) + ")")
                                                       : " '*:file:_files'";
     arms += "        " + shell_quoted(c.path) + ") _arguments" + body + rest + " ;;\n";
   }

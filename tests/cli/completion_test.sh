@@ -31,6 +31,10 @@ expect "kvsnap convert in.slot --ctk q8" q8_0
 expect "kvsnap convert in.slot --ctk q8_0 --fa " off
 expect "kvsnap restore " chat-42
 expect "kvsnap restore chat-42 --target" --target-build
+expect "kvsnap convert in.slot --format ggsq-v2-b" ggsq-v2-b5640
+expect "kvsnap migrate d --format ggsn-v8" ggsn-v8-b3543
+expect "kvsnap restore chat-42 --requant se" search
+expect "kvsnap man conv" convert
 expect "kvsnap server " add
 expect "kvsnap server add x http://h --sl" --slot-dir
 echo "$fails failed"

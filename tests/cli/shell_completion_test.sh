@@ -19,7 +19,9 @@ case "$shell" in
     complete_fish() { fish -c "source '$work/kvsnap.fish'; complete -C '$1'" | cut -f1; }
     for t in "kvsnap con|convert" "kvsnap do|doctor" "kvsnap convert in.slot --ct|--ctk" "kvsnap convert in.slot --ctk q8|q8_0" \
              "kvsnap convert in.slot --fa |off" "kvsnap restore |chat-42" "kvsnap restore chat-42 --target|--target-build" \
-             "kvsnap server |add" "kvsnap server add x http://h --sl|--slot-dir" "kvsnap save f --qu|--quiet"; do
+             "kvsnap server |add" "kvsnap server add x http://h --sl|--slot-dir" "kvsnap save f --qu|--quiet" \
+             "kvsnap convert in.slot --format ggsq-v2-b|ggsq-v2-b5640" "kvsnap restore chat-42 --requant se|search" \
+             "kvsnap man conv|convert"; do
       check "${t%%|*}" "^${t#*|}\$" "$(complete_fish "${t%%|*}")"
     done ;;
   zsh)
@@ -44,7 +46,9 @@ ZSH
     for t in "kvsnap conv|kvsnap convert" "kvsnap doc|kvsnap doctor" "kvsnap convert x --ctk q8|--ctk q8_0" \
              "kvsnap convert x --fa of|--fa off" "kvsnap restore cha|kvsnap restore chat-42" \
              "kvsnap restore chat-42 --target-b|--target-build" "kvsnap server ad|kvsnap server add" \
-             "kvsnap server add x http://h --slot-d|--slot-dir" "kvsnap save f --qu|--quiet"; do
+             "kvsnap server add x http://h --slot-d|--slot-dir" "kvsnap save f --qu|--quiet" \
+             "kvsnap convert x --format ggsn-v8|--format ggsn-v8-b3543" "kvsnap restore chat-42 --requant se|--requant search" \
+             "kvsnap man conv|kvsnap man convert"; do
       check "${t%%|*}" "${t#*|}" "$(complete_zsh "${t%%|*}")"
     done ;;
   *) echo "usage: shell_completion_test.sh zsh|fish KVSNAP FIXTURES"; exit 2 ;;
