@@ -41,21 +41,20 @@ Status run_export(const ExportOpts& o, std::string& out) {
   KV_RETURN_IF_ERROR(refuse_existing(o.out, o.force, "kvsnap export"));
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
   KV_RETURN_IF_ERROR(refuse_output_over_inputs(o.out, *store, {}));
+  // A snapshot named twice (its id and its name) is exported once: counted once, by the export itself
+  // (one removed meanwhile is in the archive, and no longer resolves afterwards).
+  size_t exported = 0;
   {
     ProgressDisplay shown("export", Counted::kRead, export_read_bytes(*store, o.refs, o.decrypt), o.progress.mode(o.json));
-    KV_RETURN_IF_ERROR(shown.finish(store->export_to(o.refs, o.out, o.decrypt, o.allow_plain)));
+    KV_RETURN_IF_ERROR(shown.finish(store->export_to(o.refs, o.out, o.decrypt, o.allow_plain, &exported)));
   }
   struct stat st {};
   ::stat(o.out.c_str(), &st);
-  // A snapshot named twice (its id and its name) is exported once: counted once.
-  std::set<int64_t> ids;
-  for (const std::string& r : o.refs)
-    if (auto id = store->catalog().resolve(r); id.ok()) ids.insert(*id);
   if (o.json) {
-    out = json_text(json{{"exported", ids.size()}, {"archive", o.out}, {"bytes", uint64_t(st.st_size)}}, 2) + "\n";
+    out = json_text(json{{"exported", exported}, {"archive", o.out}, {"bytes", uint64_t(st.st_size)}}, 2) + "\n";
     return Status::OK();
   }
-  out = "exported " + std::to_string(ids.size()) + (ids.size() == 1 ? " snapshot to " : " snapshots to ") + o.out + " (" +
+  out = "exported " + std::to_string(exported) + (exported == 1 ? " snapshot to " : " snapshots to ") + o.out + " (" +
         mib(uint64_t(st.st_size)) + ")\n";
   return Status::OK();
 }

@@ -66,8 +66,8 @@ class Drain {
 // from what kvsnap knows of the slots) and serve pins it there (id_slot);
 // one the client pinned (its id_slot other than -1, taken modulo the slot count as llama-server takes
 // it) waits for that slot (kSlot). A completion that cannot be pinned (llama-server's Anthropic
-// route drops id_slot; a body that is not a JSON object) or takes several slots ("n" > 1; embedding
-// and rerank requests) runs alone (kAlone): llama-server may put it in any slot it sees idle.
+// route drops id_slot; a body that is not a JSON object) or takes several slots ("n" > 1) runs alone
+// (kAlone): llama-server may put it in any slot it sees idle.
 //
 // Promises:
 //   - with capacity 0 (the slot count is not known) enter() admits at once and returns no permit;

@@ -39,12 +39,8 @@ bool is_completion_route(const std::string& path) {
   return false;
 }
 
-bool runs_in_slots(const std::string& path) {
-  if (is_completion_route(path)) return true;
-  for (const char* p : {"/embedding", "/embeddings", "/v1/embeddings", "/rerank", "/reranking", "/v1/rerank",
-                        "/v1/reranking"})
-    if (path == p) return true;
-  return false;
+bool is_form_data_route(const std::string& path) {
+  return path == "/v1/audio/transcriptions" || path == "/audio/transcriptions";
 }
 
 int slot_of_answer(const Exchange& x) { return slot_of_answer_body(x.streamed, x.response_body); }
@@ -111,7 +107,7 @@ void Persister::note_completion(const Exchange& x) {
     const int slot = x.several_slots ? -1 : slot_of_answer(x);
     Job j{slot, x.prompt_tokens.empty(), "", slot, x.own_after_task};
     if (slot < 0 && !x.several_slots && x.pinned_slot >= 0) j.own_slot = x.pinned_slot;
-    if (j.own_slot >= 0 || j.own_after >= 0) j.ns = namespace_of(x);
+    if (j.own_slot >= 0 || j.own_after >= 0 || x.several_slots) j.ns = namespace_of(x);
     jobs_.push_back(std::move(j));
     ++queued_;
   }

@@ -52,9 +52,9 @@ namespace kvsnap {
 std::string namespace_of(const Exchange& x);
 // True for the routes that run a completion in a slot (llama-server 3.22.1's, transcriptions too).
 bool is_completion_route(const std::string& path);
-// True for every route whose tasks take slots: the completions, and with --embeddings the
-// embedding and rerank routes (one task per input, in any free slots: serve runs them alone).
-bool runs_in_slots(const std::string& path);
+// True for the completion routes whose body is form data (an audio file), not JSON: nothing in it
+// is read (its bytes are no JSON to scan), and it runs alone (its slot cannot be named).
+bool is_form_data_route(const std::string& path);
 // The slot a completion answer names (id_slot / slot_id; in a stream, its
 // last event that has one), or -1. The parsing: slot_of_answer_body (serve/requests.h).
 int slot_of_answer(const Exchange& x);

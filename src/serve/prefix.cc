@@ -117,7 +117,7 @@ bool PrefixRestorer::taken(int slot) {
 }
 
 void PrefixRestorer::before_unguarded(Forward& f) {
-  if (f.method != "POST" || !is_completion_route(f.path)) return;
+  if (f.method != "POST" || !is_completion_route(f.path) || is_form_data_route(f.path)) return;
   auto req = parse_completion_request(f.path, f.body);
   if (!req.ok()) {
     log_("prefix: the request's JSON is not what a completion takes (forwarded as is): " + req.status().message());

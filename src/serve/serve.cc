@@ -49,7 +49,7 @@ constexpr double kSlotWaitS = 3600;
 // copies), to run alone.
 SlotWant slot_want(PrefixRestorer& prefix, Forward& f) {
   SlotWant want;
-  if (!is_completion_route(f.path)) {  // embeddings, rerank: in any free slots, nothing of theirs to save
+  if (is_form_data_route(f.path)) {  // transcriptions: no id_slot in form data
     want.kind = SlotWant::Kind::kAlone;
     return want;
   }
@@ -231,7 +231,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   Proxy proxy(
       po,
       [&persist, &prefix, &slot_gate, &log](Forward& f) {
-        if (f.method == "POST" && runs_in_slots(f.path)) {
+        if (f.method == "POST" && is_completion_route(f.path)) {
           // One completion per slot in the child, and kvsnap names it (SlotGate, serve/drain.h):
           // llama-server would put one more in its queue, or in a slot freed by a generation whose
           // save is not queued yet, and start it there before that conversation is saved.

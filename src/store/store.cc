@@ -1142,7 +1142,7 @@ Result<std::vector<ExportIndexEntry>> parse_export_index(std::string_view text, 
 }
 
 Status Store::export_to(const std::vector<std::string>& refs, const std::string& path, bool decrypt,
-                        bool allow_plain) {
+                        bool allow_plain, size_t* exported_count) {
   if (refs.empty()) return Status::InvalidArgument("export: name at least one snapshot");
   struct Item {
     SnapshotInfo info;
@@ -1213,7 +1213,9 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
   ArchiveWriteOptions written;
   // A snapshot decrypted into the archive is no more readable there than its owner's own files.
   written.owner_only = std::any_of(items.begin(), items.end(), [](const Item& it) { return it.opened != nullptr; });
-  return export_archive(io_, path, entries, written);
+  KV_RETURN_IF_ERROR(export_archive(io_, path, entries, written));
+  if (exported_count) *exported_count = items.size();
+  return Status::OK();
 }
 
 Result<ImportReport> Store::import_from(const std::string& path, const ImportOptions& opts) {

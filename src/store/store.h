@@ -285,8 +285,10 @@ class Store {
   // chunk opened and encoded again with plain ids); otherwise they stay sealed, their name, tags,
   // fingerprint and created too (the index entry's sealed_metadata, bound to the uuid).
   // With a key, a plain snapshot is exported only with `allow_plain` (check_plain_under_key).
+  // `exported` (when given): how many snapshots the archive holds (one named twice counts once; one
+  // removed while the export ran is in it all the same: its blobs were held).
   Status export_to(const std::vector<std::string>& refs, const std::string& path, bool decrypt = false,
-                   bool allow_plain = false);
+                   bool allow_plain = false, size_t* exported = nullptr);
   // A snapshot sealed for this store's key and tenant (or plain into a plain store) is copied as
   // it is; any other (plain into an encrypted store, another key or tenant: opts) has its original
   // saved again with this store's key, keeping uuid, created, name, tags and fingerprint (of a

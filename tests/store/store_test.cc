@@ -1391,7 +1391,9 @@ TEST(Store, ImportRefusesAnIndexThatContradictsItself) {
        Code::kCorruption, "5000 tags: at most 4096"},
   };
   for (const Case& c : cases) {
-    ASSERT_TRUE(a.store->export_to({"first", "1"}, ex.string()).ok()) << "one snapshot named twice is exported once";
+    size_t exported = 0;
+    ASSERT_TRUE(a.store->export_to({"first", "1"}, ex.string(), false, false, &exported).ok());
+    EXPECT_EQ(exported, 1u) << "one snapshot named twice is exported once";
     ASSERT_TRUE(test::edit_export_index(ex.string(), c.edit).ok()) << c.what;
     TempStore b;
     expect_import_refused(b, ex, c.code, c.says, c.what);
