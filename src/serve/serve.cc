@@ -110,6 +110,24 @@ Result<Ladder> ladder_of(Io& io, const ServeOptions& o, const LlamaArgs& args) {
   return make_ladder(o.dynamic_cache, budget, *model, args.flash_attn);
 }
 
+// llama-server (3.22.1: --cache-idle-slots, on by default) clears every idle slot when a task starts
+// if its KV cache is unified (the default without -np: 4 slots sharing one cache): a conversation that
+// ended a moment before, whose save is not done, is gone before kvsnap saves it (oracle.serve, "many
+// clients" without -np: 7 and 9 of 20 lost). Off in the child's environment unless the user chose
+// (ARGS win over it, as their own LLAMA_ARG_CACHE_IDLE_SLOTS does). Before any thread starts (setenv).
+void keep_idle_slots(const LlamaArgs& args, const std::function<void(const std::string&)>& log) {
+  for (const std::string& a : args.argv) {
+    if (a == "--cache-idle-slots")
+      log("persist: ARGS turn on llama-server's --cache-idle-slots: with a unified KV cache (no -np, or -kvu) it "
+          "clears idle slots when a task starts, and a conversation whose save is not done by then is lost");
+    if (a == "--cache-idle-slots" || a == "--no-cache-idle-slots") return;
+  }
+  if (std::getenv("LLAMA_ARG_CACHE_IDLE_SLOTS")) return;
+  ::setenv("LLAMA_ARG_CACHE_IDLE_SLOTS", "0", 1);
+  log("persist: llama-server runs with LLAMA_ARG_CACHE_IDLE_SLOTS=0 (its --no-cache-idle-slots): with a unified KV cache "
+      "it would clear idle slots before kvsnap has saved them");
+}
+
 bool is_loopback_host(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
@@ -174,6 +192,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
     return Status::InvalidArgument("{--threads} " + std::to_string(o.threads) +
                                    ": the connections served at once must be 1 to 4096");
   KV_ASSIGN_OR_RETURN(LlamaArgs args, parse_llama_args(o.llama));
+  keep_idle_slots(args, log);
   KV_ASSIGN_OR_RETURN(std::vector<std::string> admin_keys, admin_keys_of(io, o));
   std::optional<Ladder> ladder;
   if (!o.dynamic_cache.empty() || !o.cache_budget.empty()) {
