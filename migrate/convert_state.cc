@@ -232,9 +232,11 @@ Status unpack_tokens_for_old_builds(StateFile& t) {
 Status set_stream_prefix(bool prefix, StateFile& t) {
   for (auto& sec : t.memory.kv) {
     if (!prefix && sec.streams.size() != 1) {
-      return Status::NotSupported("the b5640 layout holds one stream; this state has " +
-                                  std::to_string(sec.streams.size()) +
-                                  ": choose a format with the n_stream prefix ({--format ggsq-v2} or current)");
+      return Status::NotSupported("the format chosen (llama.cpp b5640 and older: no n_stream prefix) holds one KV stream; "
+                                  "this state has " + std::to_string(sec.streams.size()) +
+                                  " (a llama-server with -np " + std::to_string(sec.streams.size()) +
+                                  " and no -kvu keeps one per slot), which only a format with the n_stream prefix "
+                                  "holds ({--format ggsq-v2} or current); kvsnap does not rewrite the stream count");
     }
     sec.stream_prefix = prefix;
   }

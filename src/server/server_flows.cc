@@ -206,6 +206,35 @@ Status detect_types(Io& io, LlamaServer& srv, const ServerTarget& t, const Model
                                  "--ctk/--ctv/--flash-attn, or keep them in a profile (kvsnap server add)");
 }
 
+// Why a restore the server refused may have failed: llama.cpp reads a slot file only into a cache
+// with as many KV streams as the one that saved it ("n_stream mismatch" in the server's log, a
+// generic "invalid slot save file" in its answer). A cache has one stream per slot with -np N and no
+// -kvu, one for all slots with -kvu (or without -np); the server does not say which, only its slot
+// count, so a count the snapshot's cannot be is certain and one it may be is a possibility. No probe
+// save: with a wrong --slot-dir it would leave the server's file where kvsnap cannot remove it.
+// `certain`: the counts cannot match. Empty when nothing points at the streams.
+std::string stream_count_hint(LlamaServer& srv, Store& store, const std::string& uuid, bool& certain) {
+  certain = false;
+  auto snap = store.open_snapshot(uuid);
+  auto slots = srv.slots();
+  if (!snap.ok() || (*snap)->reader().cells().empty() || !slots.ok() || slots->empty()) return "";
+  const size_t have = (*snap)->reader().cells()[0].streams.size(), n = slots->size();
+  auto streams = [](size_t k) { return std::to_string(k) + (k == 1 ? " KV stream" : " KV streams"); };
+  const std::string rule = "llama.cpp restores a slot file only into a cache with as many streams (one per slot "
+                           "with -np N and no -kvu, one for all with -kvu or without -np): start the server with the "
+                           "slot flags of the one that saved it (kvsnap does not rewrite the stream count)";
+  if (have != 1 && have != n) {
+    certain = true;
+    return "the snapshot holds " + streams(have) + " and this server, with " + std::to_string(n) +
+           (n == 1 ? " slot, has 1" : " slots, has 1 or " + std::to_string(n)) + "; " + rule;
+  }
+  if (n == 1) return "";
+  return have == 1 ? "if this server keeps a stream per slot (-np " + std::to_string(n) + " without -kvu), its cache has " +
+                         streams(n) + " and the snapshot holds 1; " + rule
+                   : "if this server's cache is unified (-kvu, or no -np), it has 1 KV stream and the snapshot holds " +
+                         streams(have) + "; " + rule;
+}
+
 Status check_model(const SnapshotInfo& s, const Model& m, const std::string& ref) {
   if (!m.info || s.model_fingerprint.empty()) return Status::OK();
   if (m.info->profile.fingerprint != s.model_fingerprint)
@@ -349,9 +378,15 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   }
   auto restored_or = srv.restore_slot(t.slot, name);
   if (!restored_or.ok()) {
-    return restored_or.status().Prefixed("kvsnap wrote " + file.path +
-                                         " for the server (is --slot-dir its --slot-save-path? was the file still "
-                                         "there?)");
+    bool certain = false;
+    const std::string hint = stream_count_hint(srv, store, info.uuid, certain);
+    if (certain)
+      return Status::Mismatch("restoring snapshot " + ref + " into " + srv.url() + " slot " + std::to_string(t.slot) +
+                              ": " + hint);
+    Status failed = restored_or.status().Prefixed("kvsnap wrote " + file.path +
+                                                  " for the server (is --slot-dir its --slot-save-path? was the file "
+                                                  "still there?)");
+    return hint.empty() ? failed : failed.Appended("; or the KV streams: " + hint);
   }
   r.phases.server = ms_since(lap);
   SlotFileResult restored = *restored_or;

@@ -276,6 +276,34 @@ def main():
         check(not leftovers(slots), "nothing left after the wrong-model refusal")
     finally:
         srv.stop()
+    # KV streams: llama.cpp keeps one per slot with -np N and no -kvu, one with -kvu or -np 1, and restores
+    # a slot file only into a cache with as many ("n_stream mismatch" in its log, a generic "invalid slot
+    # save file" in its answer, which kvsnap passed on as a -c or type problem). The server tells only its
+    # slot count: a snapshot of one stream into -np 2 may be the cause (said beside the server's answer);
+    # one of two streams into -np 1 is (said instead).
+    srv = Server(server_bin, model, "f16", "f16", True, slots, os.path.join(work, "np2.log"), extra=("-np", "2"))
+    try:
+        p = kvsnap([k, "restore", "chat", "--server", srv.url, "--slot-dir", slots, "--ctk", "f16", "--ctv", "f16",
+                    "--fa", "on"], env, expect=None)
+        check(p.returncode == 5 and "invalid slot save file" in p.stderr and "(-np 2 without -kvu), its cache has "
+              "2 KV streams and the snapshot holds 1" in p.stderr, f"-np 1 into -np 2: {p.stderr.strip()}")
+        completion(srv, prompt, 2)
+        kvsnap([k, "save", "--server", srv.url, "--slot", "0", "--slot-dir", slots, "--name", "np2"], env)
+    finally:
+        srv.stop()
+    srv = Server(server_bin, model, "f16", "f16", True, slots, os.path.join(work, "np1.log"))
+    try:
+        p = kvsnap([k, "restore", "np2", "--server", srv.url, "--slot-dir", slots, "--ctk", "f16", "--ctv", "f16",
+                    "--fa", "on"], env, expect=None)
+        check(p.returncode == 5 and "the snapshot holds 2 KV streams and this server, with 1 slot, has 1" in p.stderr,
+              f"-np 2 into -np 1: {p.stderr.strip()}")
+        check(not leftovers(slots), "nothing left after the stream-count refusals")
+        old_fmt = os.path.join(work, "np2-b3166.bin")
+        p = kvsnap([k, "restore", "np2", "-o", old_fmt, "--format", "ggsq-v1-b3166"], env, expect=None)
+        check(p.returncode == 4 and "holds one KV stream; this state has 2 (a llama-server with -np 2" in p.stderr
+              and not os.path.exists(old_fmt), f"2 streams into a format without the n_stream prefix: {p.stderr.strip()}")
+    finally:
+        srv.stop()
     # A server started with a relative -m: its /props model_path is relative to the server's
     # directory, not kvsnap's. A file of that name beside kvsnap (here the snapshot's own model,
     # while the server runs the other) was taken for the server's model: the check passed and the
