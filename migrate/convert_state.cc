@@ -88,7 +88,7 @@ Status recode_cell_ext(const std::vector<int32_t>& tokens, uint32_t to, KvSectio
 }
 
 // Sets t.version for the format asked for, which must fit the input's kind;
-// returns whether the format has the n_stream prefix (b5640 and older do not).
+// returns whether the format has the n_stream prefix (b5869 and older do not).
 Result<bool> set_target_version(const StateFile& src, TargetFormat fmt, bool keep_raw_layout, StateFile& t) {
   auto want_kind = [&](StateKind k, const char* name) -> Status {
     if (src.kind != k) {
@@ -232,11 +232,12 @@ Status unpack_tokens_for_old_builds(StateFile& t) {
 Status set_stream_prefix(bool prefix, StateFile& t) {
   for (auto& sec : t.memory.kv) {
     if (!prefix && sec.streams.size() != 1) {
-      return Status::NotSupported("the format chosen (llama.cpp b5640 and older: no n_stream prefix) holds one KV stream; "
+      return Status::NotSupported("the format chosen (llama.cpp b5869 and older: no n_stream prefix) holds one KV stream; "
                                   "this state has " + std::to_string(sec.streams.size()) +
                                   " (a llama-server with -np " + std::to_string(sec.streams.size()) +
                                   " and no -kvu keeps one per slot), which only a format with the n_stream prefix "
-                                  "holds ({--format ggsq-v2} or current); kvsnap does not rewrite the stream count");
+                                  "holds (current, or {--format} ggsq-v2 for a slot file, ggsn-v9 for a session); "
+                                  "kvsnap does not rewrite the stream count");
     }
     sec.stream_prefix = prefix;
   }

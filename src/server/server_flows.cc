@@ -212,17 +212,21 @@ Status detect_types(Io& io, LlamaServer& srv, const ServerTarget& t, const Model
 // -kvu, one for all slots with -kvu (or without -np); the server does not say which, only its slot
 // count, so a count the snapshot's cannot be is certain and one it may be is a possibility. No probe
 // save: with a wrong --slot-dir it would leave the server's file where kvsnap cannot remove it.
-// `certain`: the counts cannot match. Empty when nothing points at the streams.
-std::string stream_count_hint(LlamaServer& srv, Store& store, const std::string& uuid, bool& certain) {
+// `certain`: the counts cannot match. Empty when nothing points at the streams. Asked only after the
+// server's own refusal of the file (another failure, a server without --slot-save-path, keeps its words).
+std::string stream_count_hint(const ServerTarget& t, Store& store, const std::string& uuid, bool& certain) {
   certain = false;
+  ServerEndpoint quick = t.endpoint;  // a hung server already cost one timeout
+  quick.timeout_s = std::min(quick.timeout_s, 10.0);
   auto snap = store.open_snapshot(uuid);
-  auto slots = srv.slots();
+  auto slots = LlamaServer(quick).slots();
   if (!snap.ok() || (*snap)->reader().cells().empty() || !slots.ok() || slots->empty()) return "";
   const size_t have = (*snap)->reader().cells()[0].streams.size(), n = slots->size();
   auto streams = [](size_t k) { return std::to_string(k) + (k == 1 ? " KV stream" : " KV streams"); };
-  const std::string rule = "llama.cpp restores a slot file only into a cache with as many streams (one per slot "
-                           "with -np N and no -kvu, one for all with -kvu or without -np): start the server with the "
-                           "slot flags of the one that saved it (kvsnap does not rewrite the stream count)";
+  const std::string rule = "llama.cpp restores a slot file only into a cache with as many streams: start the server "
+                           "with -np 1 or -kvu for a snapshot of 1 stream (as builds before the n_stream prefix, "
+                           "b5869 and older, saved every slot), with -np N and no -kvu for one of N (kvsnap does not "
+                           "rewrite the stream count)";
   if (have != 1 && have != n) {
     certain = true;
     return "the snapshot holds " + streams(have) + " and this server, with " + std::to_string(n) +
@@ -379,7 +383,8 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   auto restored_or = srv.restore_slot(t.slot, name);
   if (!restored_or.ok()) {
     bool certain = false;
-    const std::string hint = stream_count_hint(srv, store, info.uuid, certain);
+    const bool refused_file = restored_or.status().message().find("invalid slot save file") != std::string::npos;
+    const std::string hint = refused_file ? stream_count_hint(t, store, info.uuid, certain) : "";
     if (certain)
       return Status::Mismatch("restoring snapshot " + ref + " into " + srv.url() + " slot " + std::to_string(t.slot) +
                               ": " + hint);
