@@ -221,6 +221,20 @@ Status apply_environment(const ArgsEnvironment& env, LlamaArgs& a, Origins& o) {
   if (auto v = env.getenv("AIP_MODE"); v && *v == "PREDICTION")
     return Status::InvalidArgument("environment variable AIP_MODE=PREDICTION makes llama-server listen on AIP_HTTP_PORT "
                                    "instead of the private port kvsnap serve gives it: unset it");
+  // A boolean option's LLAMA_ARG_NO_* variable comes first (common_arg::get_value_from_env): set to
+  // anything, it is off; the positive one must be a boolean word (parse_bool_value).
+  if (env.getenv("LLAMA_ARG_NO_CACHE_IDLE_SLOTS")) {
+    a.cache_idle_slots = false;
+    a.cache_idle_slots_from = "environment variable LLAMA_ARG_NO_CACHE_IDLE_SLOTS";
+  } else if (auto v = env.getenv("LLAMA_ARG_CACHE_IDLE_SLOTS")) {
+    const char* word = flash_attn_word(*v);  // the same true/false spellings (is_truthy, is_falsey)
+    if (!word || std::string_view(word) == "auto")
+      return Status::InvalidArgument("environment variable LLAMA_ARG_CACHE_IDLE_SLOTS '" + *v +
+                                     "' is not a boolean (on, enabled, true, 1; off, disabled, false, 0): "
+                                     "llama-server refuses to start with it");
+    a.cache_idle_slots = std::string_view(word) == "on";
+    a.cache_idle_slots_from = "environment variable LLAMA_ARG_CACHE_IDLE_SLOTS=" + *v;
+  }
   // The model downloads (Origins::hf, dr, mu): the child's model is then not the given path.
   if (auto v = env.getenv("LLAMA_ARG_HF_REPO")) o.hf = *v;
   if (auto v = env.getenv("LLAMA_ARG_DOCKER_REPO")) o.dr = *v;
@@ -270,7 +284,7 @@ Status add_key_file(const std::string& path, const std::string& from, const Args
 // The options kvsnap reads, in the order llama-server 3.22.1 applies a config section's settings
 // (its std::map<common_arg, value>: by the option's first flag, strcmp: "--api-key" <
 // "--api-key-file" < ... < "-np"; only the API keys' order shows).
-enum class ConfigOpt { kApiKey, kApiKeyFile, kApiPrefix, kPreset, kSlots, kCtx, kCtk, kCtv, kDockerRepo, kFlashAttn,
+enum class ConfigOpt { kApiKey, kApiKeyFile, kApiPrefix, kCacheIdleSlots, kPreset, kSlots, kCtx, kCtk, kCtv, kDockerRepo, kFlashAttn,
                        kHfRepo, kModel, kModelUrl, kParallel, kCount };
 
 // Every key a config file names them by (common/preset.cpp get_map_key_opt: each flag without its
@@ -285,6 +299,9 @@ constexpr ConfigKey kConfigKeys[] = {
     {"api-key", ConfigOpt::kApiKey},          {"LLAMA_API_KEY", ConfigOpt::kApiKey},
     {"api-key-file", ConfigOpt::kApiKeyFile}, {"LLAMA_ARG_API_KEY_FILE", ConfigOpt::kApiKeyFile},
     {"api-prefix", ConfigOpt::kApiPrefix},    {"LLAMA_ARG_API_PREFIX", ConfigOpt::kApiPrefix},
+    {"cache-idle-slots", ConfigOpt::kCacheIdleSlots}, {"no-cache-idle-slots", ConfigOpt::kCacheIdleSlots, true},
+    {"LLAMA_ARG_CACHE_IDLE_SLOTS", ConfigOpt::kCacheIdleSlots},
+    {"LLAMA_ARG_NO_CACHE_IDLE_SLOTS", ConfigOpt::kCacheIdleSlots},
     {"slots", ConfigOpt::kSlots},             {"no-slots", ConfigOpt::kSlots, true},
     {"LLAMA_ARG_ENDPOINT_SLOTS", ConfigOpt::kSlots}, {"LLAMA_ARG_NO_ENDPOINT_SLOTS", ConfigOpt::kSlots},
     {"c", ConfigOpt::kCtx},                   {"ctx-size", ConfigOpt::kCtx},
@@ -350,6 +367,11 @@ Status apply_config_section(const std::map<std::string, std::string>& section, c
       case ConfigOpt::kSlots:
         out.slots = is_truthy(v);  // apply_to_params: anything else is false
         out.slots_from = where;
+        break;
+      case ConfigOpt::kCacheIdleSlots:
+        a.cache_idle_slots = is_truthy(v);  // as kSlots
+        a.cache_idle_slots_from = "llama-server's config file " + file + ": " + key + " (" +
+                                  (*a.cache_idle_slots ? "on" : "off") + ")";
         break;
       case ConfigOpt::kCtx:
       case ConfigOpt::kParallel: {
@@ -511,6 +533,9 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
       config.hf = p->name;
       if (p->ctx >= 0) a.ctx_size = p->ctx, config.ctx = false;
       if (p->parallel >= 0) a.parallel = p->parallel, config.np = false;
+    } else if (is_one_of(flag, {"--cache-idle-slots", "--no-cache-idle-slots"})) {
+      a.cache_idle_slots = flag == "--cache-idle-slots";
+      a.cache_idle_slots_from = "ARGS " + flag;
     } else if (flag == "--api-key") {
       add_key_list(value, a.api_keys);
     } else if (flag == "--api-key-file") {

@@ -25,7 +25,8 @@
 //     kInvalidArgument naming the file;
 //   - the environment is read as llama-server 3.22.1 reads it, after the config
 //     files and before ARGS, which win (common/arg.cpp): LLAMA_ARG_MODEL, _CTX_SIZE, _N_PARALLEL,
-//     _CACHE_TYPE_K, _CACHE_TYPE_V, _FLASH_ATTN; LLAMA_ARG_ENDPOINT_SLOTS false
+//     _CACHE_TYPE_K, _CACHE_TYPE_V, _FLASH_ATTN, _CACHE_IDLE_SLOTS (a word that is not
+//     a boolean is refused, as llama-server refuses it); LLAMA_ARG_ENDPOINT_SLOTS false
 //     or LLAMA_ARG_NO_ENDPOINT_SLOTS set is refused as --no-slots is (unless
 //     ARGS has --slots). The child inherits the same environment;
 //   - the API keys are read as llama-server 3.22.1 reads them (common/arg.cpp):
@@ -67,6 +68,11 @@ struct LlamaArgs {
   // ARGS), as flags that child_argv() puts after ARGS: the child reads its config files again at
   // each restart, and a file edited while serve runs must not change what kvsnap converts for.
   std::vector<std::string> config_pins;
+  // llama-server's --cache-idle-slots as the user chose it (a config file, LLAMA_ARG_CACHE_IDLE_SLOTS
+  // or LLAMA_ARG_NO_CACHE_IDLE_SLOTS, ARGS: the last that sets it), and where ("ARGS
+  // --no-cache-idle-slots", "environment variable ...", "FILE: key = value"); nullopt: not chosen.
+  std::optional<bool> cache_idle_slots;
+  std::string cache_idle_slots_from;
 };
 
 // Where parse_llama_args() reads the environment and key files (tests give their own).

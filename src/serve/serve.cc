@@ -6,7 +6,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <functional>
@@ -114,22 +113,15 @@ Result<Ladder> ladder_of(Io& io, const ServeOptions& o, const LlamaArgs& args) {
 // llama-server (3.22.1: --cache-idle-slots, on by default) clears every idle slot when a task starts
 // if its KV cache is unified (the default without -np: 4 slots sharing one cache): a conversation that
 // ended a moment before, whose save is not done, is gone before kvsnap saves it (oracle.serve, "many
-// clients" without -np: 7 and 9 of 20 lost). Off in the child's environment unless the user chose
-// (ARGS win over it, as their own LLAMA_ARG_CACHE_IDLE_SLOTS does; it beats a config.ini's setting).
+// clients" without -np: 7 and 9 of 20 lost). Off in the child's environment unless the user chose it
+// (a config file, the environment or ARGS: LlamaArgs::cache_idle_slots); chosen on, it is warned about.
 // Before any thread starts (setenv).
 void keep_idle_slots(const LlamaArgs& args, const std::function<void(const std::string&)>& log) {
-  const std::string lost =
-      " llama-server's --cache-idle-slots: with a unified KV cache (no -np, or -kvu) it clears idle slots "
-      "when a task starts, and a conversation whose save is not done by then is lost";
-  for (std::string a : args.argv) {
-    if (a.rfind("--", 0) == 0) std::replace(a.begin(), a.end(), '_', '-');  // as llama.cpp reads "--" flags
-    if (a == "--cache-idle-slots") log("persist: ARGS turn on" + lost);
-    if (a == "--cache-idle-slots" || a == "--no-cache-idle-slots") return;
-  }
-  if (std::getenv("LLAMA_ARG_NO_CACHE_IDLE_SLOTS")) return;  // llama.cpp reads the negative form first: off
-  if (const char* v = std::getenv("LLAMA_ARG_CACHE_IDLE_SLOTS")) {
-    const std::string on = v;  // common_arg_utils::is_truthy
-    if (on == "1" || on == "on" || on == "true" || on == "enabled") log("persist: LLAMA_ARG_CACHE_IDLE_SLOTS=" + on + " turns on" + lost);
+  if (args.cache_idle_slots) {
+    if (*args.cache_idle_slots)
+      log("persist: " + args.cache_idle_slots_from +
+          " turns on llama-server's --cache-idle-slots: with a unified KV cache (no -np, or -kvu) it clears idle "
+          "slots when a task starts, and a conversation whose save is not done by then is lost");
     return;
   }
   ::setenv("LLAMA_ARG_CACHE_IDLE_SLOTS", "0", 1);

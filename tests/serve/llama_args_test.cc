@@ -322,6 +322,43 @@ TEST(LlamaArgs, ConfigKeysInEverySpelling) {
   EXPECT_EQ(a->flash_attn, "off");
 }
 
+// --cache-idle-slots as llama-server 3.22.1 reads it (serve turns it off unless the user chose):
+// config files, then the environment (the LLAMA_ARG_NO_ form first, set to anything: off), then
+// ARGS, the last one winning; where it was chosen is kept for serve's log.
+TEST(LlamaArgs, CacheIdleSlotsWhereverTheUserChoseIt) {
+  std::map<std::string, std::string> vars, files;
+  const ArgsEnvironment env = fake_environment(vars, files);
+  const std::string path = "/etc/llama.cpp/config.ini";
+  auto chosen = [&](std::vector<std::string> argv) -> std::string {
+    argv.insert(argv.begin(), "llama-server");
+    auto a = parse_llama_args(argv, env);
+    if (!a.ok()) return "refused: " + a.status().message();
+    if (!a->cache_idle_slots) return "not chosen";
+    return std::string(*a->cache_idle_slots ? "on" : "off") + " by " + a->cache_idle_slots_from;
+  };
+  EXPECT_EQ(chosen({}), "not chosen");
+  EXPECT_EQ(chosen({"--cache-idle-slots"}), "on by ARGS --cache-idle-slots");
+  EXPECT_EQ(chosen({"--cache-idle-slots", "--no_cache_idle_slots"}), "off by ARGS --no-cache-idle-slots");
+  files[path] = "no-cache-idle-slots = true\n";
+  EXPECT_EQ(chosen({}), "off by llama-server's config file " + path + ": no-cache-idle-slots (off)");
+  files[path] = "cache-idle-slots = on\n";
+  EXPECT_EQ(chosen({}), "on by llama-server's config file " + path + ": cache-idle-slots (on)");
+  files[path] = "LLAMA_ARG_NO_CACHE_IDLE_SLOTS = 1\n";  // in a file, not a negative (load_from_ini)
+  EXPECT_EQ(chosen({}), "on by llama-server's config file " + path + ": LLAMA_ARG_NO_CACHE_IDLE_SLOTS (on)");
+  vars["LLAMA_ARG_CACHE_IDLE_SLOTS"] = "0";
+  EXPECT_EQ(chosen({}), "off by environment variable LLAMA_ARG_CACHE_IDLE_SLOTS=0") << "beats the file";
+  EXPECT_EQ(chosen({"--cache-idle-slots"}), "on by ARGS --cache-idle-slots") << "ARGS beat the environment";
+  vars["LLAMA_ARG_CACHE_IDLE_SLOTS"] = "enabled";
+  EXPECT_EQ(chosen({}), "on by environment variable LLAMA_ARG_CACHE_IDLE_SLOTS=enabled");
+  vars["LLAMA_ARG_NO_CACHE_IDLE_SLOTS"] = "";
+  EXPECT_EQ(chosen({}), "off by environment variable LLAMA_ARG_NO_CACHE_IDLE_SLOTS") << "the negative first";
+  vars.erase("LLAMA_ARG_NO_CACHE_IDLE_SLOTS");
+  for (const char* bad : {"yes", "auto", ""}) {
+    vars["LLAMA_ARG_CACHE_IDLE_SLOTS"] = bad;
+    EXPECT_EQ(chosen({}).rfind("refused: environment variable LLAMA_ARG_CACHE_IDLE_SLOTS", 0), 0u) << bad;
+  }
+}
+
 // What llama-server refuses to start with, kvsnap refuses naming the file; /slots turned off or the
 // routes moved are refused as ARGS and the environment that do so are.
 TEST(LlamaArgs, ConfigFilesLlamaServerRefusesAreRefused) {
