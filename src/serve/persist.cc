@@ -31,16 +31,34 @@ std::string namespace_of(const Exchange& x) {
   return key_ns.empty() ? "default" : key_ns;
 }
 
-bool is_completion_route(const std::string& path) {
-  for (const char* p : {"/completion", "/completions", "/v1/completions", "/chat/completions",
-                        "/v1/chat/completions", "/infill", "/v1/messages", "/responses", "/v1/responses",
-                        "/v1/audio/transcriptions", "/audio/transcriptions"})
-    if (path == p) return true;
-  return false;
+namespace {
+
+// llama-server 3.22.1's routes that run a completion in a slot, and whether the body is form data
+// (transcriptions: an audio file, no JSON and no id_slot) rather than JSON.
+struct CompletionRoute {
+  const char* path;
+  bool form_data;
+};
+constexpr CompletionRoute kCompletionRoutes[] = {
+    {"/completion", false},       {"/completions", false},          {"/v1/completions", false},
+    {"/chat/completions", false}, {"/v1/chat/completions", false},  {"/infill", false},
+    {"/v1/messages", false},      {"/responses", false},            {"/v1/responses", false},
+    {"/v1/audio/transcriptions", true}, {"/audio/transcriptions", true},
+};
+
+const CompletionRoute* completion_route(const std::string& path) {
+  for (const CompletionRoute& r : kCompletionRoutes)
+    if (path == r.path) return &r;
+  return nullptr;
 }
 
+}  // namespace
+
+bool is_completion_route(const std::string& path) { return completion_route(path) != nullptr; }
+
 bool is_form_data_route(const std::string& path) {
-  return path == "/v1/audio/transcriptions" || path == "/audio/transcriptions";
+  const CompletionRoute* r = completion_route(path);
+  return r && r->form_data;
 }
 
 int slot_of_answer(const Exchange& x) { return slot_of_answer_body(x.streamed, x.response_body); }

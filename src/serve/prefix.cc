@@ -75,10 +75,7 @@ Result<std::vector<int32_t>> PrefixRestorer::prompt_tokens(const CompletionReque
 }
 
 void PrefixRestorer::pin(Forward& f, int slot) {
-  auto body = body_with_id_slot(f.body, slot);
-  if (!body) return;  // not reached: the body was parsed as an object before
-  f.body = std::move(*body);
-  f.body_changed = true;
+  if (!write_id_slot(f, slot)) return;  // not reached: the body was parsed as an object before
   f.pinned_slot = slot;
   {
     std::lock_guard<std::mutex> l(pinned_mu_);
@@ -118,7 +115,7 @@ bool PrefixRestorer::taken(int slot) {
 
 void PrefixRestorer::before_unguarded(Forward& f) {
   if (f.method != "POST" || !is_completion_route(f.path) || is_form_data_route(f.path)) return;
-  auto req = parse_completion_request(f.path, f.body);
+  const Result<CompletionRequest>& req = completion_request(f);
   if (!req.ok()) {
     log_("prefix: the request's JSON is not what a completion takes (forwarded as is): " + req.status().message());
     return;

@@ -20,6 +20,20 @@
 
 namespace kvsnap {
 
+const Result<CompletionRequest>& completion_request(Forward& f) {
+  if (!f.request) f.request = parse_completion_request(f.path, f.body);
+  return *f.request;
+}
+
+bool write_id_slot(Forward& f, int slot) {
+  auto body = body_with_id_slot(f.body, slot);
+  if (!body) return false;
+  f.body = std::move(*body);
+  f.body_changed = true;
+  if (f.request && f.request->ok()) (*f.request)->id_slot = slot;
+  return true;
+}
+
 namespace {
 
 constexpr size_t kStreamTail = 64 << 10;

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -42,6 +43,7 @@
 
 #include "base/status.h"
 #include "serve/drain.h"
+#include "serve/requests.h"
 
 namespace kvsnap {
 
@@ -72,6 +74,8 @@ struct Forward {
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;
   bool body_changed = false;
+  // The body as a completion request: completion_request(), which parses it once for every reader.
+  std::optional<Result<CompletionRequest>> request;
   // What the hook learned, carried into the Exchange.
   std::vector<int32_t> prompt_tokens;
   bool tokenized = false;  // prompt_tokens are the prompt's (an empty prompt: none)
@@ -87,6 +91,13 @@ struct Forward {
   // with an X-Conversation-Id, until it ends).
   std::shared_ptr<void> hold;
 };
+
+// f's body as parse_completion_request() reads it on f's route: parsed the first time, kept in f.request.
+const Result<CompletionRequest>& completion_request(Forward& f);
+
+// Sets "id_slot": slot in f's body (a JSON object's; false, the body untouched, for any other) and in
+// f.request, which stays the reading of the body that goes to the child.
+bool write_id_slot(Forward& f, int slot);
 
 // A finished exchange, as far as kvsnap's persistence needs it.
 struct Exchange {

@@ -119,6 +119,7 @@ Result<CompletionRequest> parse_completion_request(std::string_view path, std::s
                                    " levels");
   const auto j = ojson::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return out;  // the child answers malformed JSON itself
+  out.object = true;
   out.id_slot = id_slot_as_read(j);
   out.n_cmpl = completions_as_read(j);
   if (is_chat_route(path)) {

@@ -32,6 +32,7 @@ struct CompletionRequest {
     kChat,    // a chat route with "messages": `template_body`, the child's /apply-template request
   };
   Prompt prompt = Prompt::kNone;
+  bool object = false;  // the body is a JSON object (body_with_id_slot can pin it to a slot)
   std::vector<int32_t> tokens;
   std::string text;
   std::string template_body;  // the chat request's body as it came: what the child renders its prompt from

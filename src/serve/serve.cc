@@ -53,10 +53,10 @@ SlotWant slot_want(PrefixRestorer& prefix, Forward& f) {
     want.kind = SlotWant::Kind::kAlone;
     return want;
   }
-  auto req = parse_completion_request(f.path, f.body);
+  const Result<CompletionRequest>& req = completion_request(f);
   // A body kvsnap cannot read may ask for several too (llama-server's parser takes deeper JSON).
   if (!req.ok() || req->n_cmpl != 1) f.several_slots = true;
-  if (!req.ok() || !route_takes_id_slot(f.path) || !body_with_id_slot(f.body, 0) || f.several_slots) {
+  if (!req.ok() || !route_takes_id_slot(f.path) || !req->object || f.several_slots) {
     want.kind = SlotWant::Kind::kAlone;
   } else if (req->id_slot != -1) {
     want.kind = SlotWant::Kind::kSlot;
@@ -72,12 +72,9 @@ SlotWant slot_want(PrefixRestorer& prefix, Forward& f) {
 // exchange runs in `slot` (pinned_slot: the slot its save is for when the answer names none).
 void pin_to_slot(Forward& f, int slot) {
   f.pinned_slot = slot;
-  auto req = parse_completion_request(f.path, f.body);
+  const Result<CompletionRequest>& req = completion_request(f);
   if (!req.ok() || req->id_slot != -1) return;  // the client's own pin (the gate gave that slot)
-  auto body = body_with_id_slot(f.body, slot);
-  if (!body) return;  // not reached: slot_want found a JSON object
-  f.body = std::move(*body);
-  f.body_changed = true;
+  write_id_slot(f, slot);  // an object: slot_want found one
 }
 
 // A port the kernel says is free on loopback now (the child binds it a moment later).

@@ -1,6 +1,7 @@
 // serve/requests.h: the JSON kvsnap serve reads from clients and from the child, parsed without
 // exceptions; hostile inputs end in an error or an empty answer.
 #include "serve/persist.h"
+#include "serve/proxy.h"
 #include "serve/requests.h"
 
 #include <gtest/gtest.h>
@@ -233,6 +234,39 @@ TEST(ServeRequests, BodyWithIdSlotKeepsTheRestInOrder) {
   EXPECT_EQ(body_with_id_slot(R"({"z":1,"a":2})", 0), R"({"z":1,"a":2,"id_slot":0})");
   EXPECT_FALSE(body_with_id_slot("[1]", 0));
   EXPECT_FALSE(body_with_id_slot("{", 0));
+}
+
+// A forwarded request is read once (slot gate, pin, prefix lookup read the same parse), and a pin
+// written into its body is in that reading too.
+TEST(ServeRequests, AForwardIsReadOnceAndItsPinKeptInStep) {
+  Forward f;
+  f.path = "/completion";
+  f.body = R"({"prompt":"a","n_predict":2})";
+  const Result<CompletionRequest>& r = completion_request(f);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->object);
+  EXPECT_EQ(r->id_slot, -1);
+  EXPECT_EQ(&completion_request(f), &r) << "parsed once";
+  EXPECT_TRUE(write_id_slot(f, 2));
+  EXPECT_EQ(f.body, R"({"prompt":"a","n_predict":2,"id_slot":2})");
+  EXPECT_TRUE(f.body_changed);
+  EXPECT_EQ(completion_request(f)->id_slot, 2);
+  EXPECT_EQ(completion_request(f)->text, "a");
+
+  Forward list;
+  list.path = "/completion";
+  list.body = "[1]";
+  EXPECT_FALSE(completion_request(list)->object);
+  EXPECT_FALSE(write_id_slot(list, 0));
+  EXPECT_EQ(list.body, "[1]");
+  EXPECT_FALSE(list.body_changed);
+
+  for (const char* path : {"/v1/audio/transcriptions", "/audio/transcriptions"}) {
+    EXPECT_TRUE(is_completion_route(path)) << path;
+    EXPECT_TRUE(is_form_data_route(path)) << path;
+  }
+  EXPECT_FALSE(is_form_data_route("/v1/chat/completions"));
+  EXPECT_FALSE(is_form_data_route("/v1/audio/speech"));
 }
 
 TEST(ServeRequests, ApplyTemplateReply) {
