@@ -636,6 +636,35 @@ TEST_F(StoreCli, GcCompactsAPackThatARemovalLeftPartlyDead) {
   EXPECT_NE(bad.err.find("--compact-dead"), std::string::npos) << bad.err;
 }
 
+// A pack that live snapshots need, deleted behind the store's back (by hand, a bucket's lifecycle
+// rule): gc cannot mend it and deletes nothing for it, but says so, in text and in --json, and
+// points at verify, which names the snapshot hurt.
+TEST_F(StoreCli, GcSaysWhenAPackLiveSnapshotsNeedIsGone) {
+  ASSERT_EQ(kv("save " + make_slot("a.slot", 2, 64, 40, 7).string() + " --name one").code, 0);
+  std::vector<fs::path> packs;
+  for (const auto& e : fs::directory_iterator(fs::path(store_) / "packs"))
+    if (e.path().extension() == ".pack") packs.push_back(e.path());
+  ASSERT_EQ(packs.size(), 1u);
+  KvRun before = kv("gc --json");
+  ASSERT_EQ(before.code, 0) << before.err;
+  EXPECT_TRUE(nlohmann::json::parse(before.out)["warnings"].empty()) << before.out;
+  fs::remove(packs[0]);
+  const std::string pack = packs[0].stem().string();
+  KvRun gc = kv("gc");
+  ASSERT_EQ(gc.code, 0) << gc.err;
+  EXPECT_NE(gc.out.find("warning: gc: pack " + pack + " is missing from storage"), std::string::npos) << gc.out;
+  EXPECT_NE(gc.out.find("kvsnap verify"), std::string::npos) << gc.out;
+  KvRun j = kv("gc --json");
+  ASSERT_EQ(j.code, 0) << j.err;
+  const auto report = nlohmann::json::parse(j.out);
+  ASSERT_EQ(report["warnings"].size(), 1u) << j.out;
+  EXPECT_NE(std::string(report["warnings"][0]).find(pack), std::string::npos) << j.out;
+  EXPECT_EQ(report["snapshots"], 1) << "gc deletes no row for the lost pack: " << j.out;
+  KvRun verify = kv("verify --all");
+  EXPECT_EQ(verify.code, 3) << verify.out << verify.err;
+  EXPECT_NE(verify.out.find("snapshot 1 (one)"), std::string::npos) << verify.out;
+}
+
 // Blobs in another directory than the store's own (as on S3): an import or export killed mid-way left
 // its temporary (decrypted bytes, for a sealed store) in <local_dir>/tmp, which the blobs' gc never
 // listed. gc deletes it now, and only kvsnap's own temporaries there.
