@@ -1064,6 +1064,18 @@ class CatalogGc : public CatalogContract<B> {
     cat_ = this->open();
   }
   std::string root() const { return this->b_.blob_root(); }
+  // One pack holding a blob "z:RAW" for each of `raws`, committed; the uses a snapshot of them records.
+  Result<std::vector<ChunkUse>> write_pack(std::initializer_list<const char*> raws) {
+    KV_ASSIGN_OR_RETURN(auto batch, blobs_->begin_write());
+    std::vector<ChunkUse> uses;
+    for (const char* raw : raws) {
+      const std::string stored = std::string("z:") + raw;
+      KV_ASSIGN_OR_RETURN(auto at, batch->append(chunk(raw), bytes_of(stored)));
+      uses.push_back(ChunkUse{chunk(raw), 2, stored.size(), at.pack, at.offset});
+    }
+    KV_RETURN_IF_ERROR(batch->commit());
+    return uses;
+  }
   std::unique_ptr<BlobStore> blobs_;
   std::unique_ptr<typename B::Cat> cat_;
 };
@@ -1145,18 +1157,10 @@ TYPED_TEST_P(CatalogGc, RemovedSnapshotsChunksGoOnTheCheapPass) {
 // A packed chunk's blob goes with its pack: gc deletes the pack, never a loose
 // blob per chunk (one wasted request each in an object store).
 TYPED_TEST_P(CatalogGc, PackedChunksGoWithTheirPackAlone) {
-  std::vector<ChunkUse> uses;
-  {
-    auto batch = std::move(this->blobs_->begin_write()).value();
-    for (const char* raw : {"p1", "p2", "p3"}) {
-      std::string stored = std::string("z:") + raw;
-      auto at = batch->append(chunk(raw), bytes_of(stored));
-      ASSERT_TRUE(at.ok()) << at.status().ToString();
-      uses.push_back(ChunkUse{chunk(raw), 2, stored.size(), at->pack, at->offset});
-    }
-    ASSERT_TRUE(batch->commit().ok());
-    ASSERT_TRUE(this->cat_->add_snapshot(record("packed"), uses).ok());
-  }
+  auto written = this->write_pack({"p1", "p2", "p3"});
+  ASSERT_TRUE(written.ok()) << written.status().ToString();
+  const std::vector<ChunkUse> uses = *written;
+  ASSERT_TRUE(this->cat_->add_snapshot(record("packed"), uses).ok());
   ASSERT_EQ(*this->blobs_->list_packs(), std::vector<std::string>{uses[0].pack});
   ASSERT_TRUE(this->cat_->remove_snapshot(*this->cat_->resolve("packed")).ok());
   uint64_t planned = 0;
@@ -1177,18 +1181,10 @@ TYPED_TEST_P(CatalogGc, PackedChunksGoWithTheirPackAlone) {
 // not garbage: a full gc names it and how many chunks are in it; the cheap pass does not list packs
 // against rows. The rows stay (verify names the snapshots hurt).
 TYPED_TEST_P(CatalogGc, APackLiveRowsNameThatStorageLostIsReported) {
-  std::vector<ChunkUse> uses;
-  {
-    auto batch = std::move(this->blobs_->begin_write()).value();
-    for (const char* raw : {"m1", "m2"}) {
-      std::string stored = std::string("z:") + raw;
-      auto at = batch->append(chunk(raw), bytes_of(stored));
-      ASSERT_TRUE(at.ok()) << at.status().ToString();
-      uses.push_back(ChunkUse{chunk(raw), 2, stored.size(), at->pack, at->offset});
-    }
-    ASSERT_TRUE(batch->commit().ok());
-    ASSERT_TRUE(this->cat_->add_snapshot(record("lost"), uses).ok());
-  }
+  auto written = this->write_pack({"m1", "m2"});
+  ASSERT_TRUE(written.ok()) << written.status().ToString();
+  const std::vector<ChunkUse> uses = *written;
+  ASSERT_TRUE(this->cat_->add_snapshot(record("lost"), uses).ok());
   auto live = this->cat_->live_packs();
   ASSERT_TRUE(live.ok()) << live.status().ToString();
   EXPECT_EQ(*live, (std::map<std::string, uint64_t>{{uses[0].pack, 2}}));
@@ -1215,19 +1211,11 @@ TYPED_TEST_P(CatalogGc, APackLiveRowsNameThatStorageLostIsReported) {
 // A pack that a removal left mostly dead: its live blobs are copied into a new pack, their rows
 // moved there, the old pack deleted; a move whose row is no longer where it says changes nothing.
 TYPED_TEST_P(CatalogGc, PartlyDeadPacksAreCompactedAndTheirRowsMoved) {
-  std::vector<ChunkUse> uses;
-  {
-    auto batch = std::move(this->blobs_->begin_write()).value();
-    for (const char* raw : {"p1", "p2", "p3", "p4"}) {
-      std::string stored = std::string("z:") + raw;
-      auto at = batch->append(chunk(raw), bytes_of(stored));
-      ASSERT_TRUE(at.ok()) << at.status().ToString();
-      uses.push_back(ChunkUse{chunk(raw), 2, stored.size(), at->pack, at->offset});
-    }
-    ASSERT_TRUE(batch->commit().ok());
-    ASSERT_TRUE(this->cat_->add_snapshot(record("long"), uses).ok());
-    ASSERT_TRUE(this->cat_->add_snapshot(record("short"), {uses[1]}).ok());  // shares p2 only
-  }
+  auto written = this->write_pack({"p1", "p2", "p3", "p4"});
+  ASSERT_TRUE(written.ok()) << written.status().ToString();
+  const std::vector<ChunkUse> uses = *written;
+  ASSERT_TRUE(this->cat_->add_snapshot(record("long"), uses).ok());
+  ASSERT_TRUE(this->cat_->add_snapshot(record("short"), {uses[1]}).ok());  // shares p2 only
   const std::string old_pack = uses[0].pack;
   auto rows = this->cat_->chunks_in_pack(old_pack);
   ASSERT_TRUE(rows.ok()) << rows.status().ToString();
