@@ -66,9 +66,10 @@ bool takes_value(const std::string& flag) {
 struct ModelPreset {
   const char* name;  // the flag without its dashes
   int ctx, parallel;  // -1: left as it was
+  bool embeddings = false;  // turns --embeddings on
 };
 constexpr ModelPreset kModelPresets[] = {
-    {"embd-gemma-default", 2048 * 32, 32},        {"fim-qwen-1.5b-default", 0, -1},
+    {"embd-gemma-default", 2048 * 32, 32, true},  {"fim-qwen-1.5b-default", 0, -1},
     {"fim-qwen-3b-default", 0, -1},               {"fim-qwen-7b-default", 0, -1},
     {"fim-qwen-7b-spec", 0, -1},                  {"fim-qwen-14b-spec", 0, -1},
     {"fim-qwen-30b-default", 0, -1},              {"gpt-oss-20b-default", 131072 * 2, 2},
@@ -235,6 +236,9 @@ Status apply_environment(const ArgsEnvironment& env, LlamaArgs& a, Origins& o) {
     a.cache_idle_slots = std::string_view(word) == "on";
     a.cache_idle_slots_from = "environment variable LLAMA_ARG_CACHE_IDLE_SLOTS=" + *v;
   }
+  // Flag options without a negative: on when their variable is a true word (common/arg.cpp handler_void).
+  for (const char* var : {"LLAMA_ARG_EMBEDDINGS", "LLAMA_ARG_RERANKING"})
+    if (auto v = env.getenv(var); v && is_one_of(*v, {"on", "enabled", "true", "1"})) a.embeddings = true;
   // The model downloads (Origins::hf, dr, mu): the child's model is then not the given path.
   if (auto v = env.getenv("LLAMA_ARG_HF_REPO")) o.hf = *v;
   if (auto v = env.getenv("LLAMA_ARG_DOCKER_REPO")) o.dr = *v;
@@ -284,8 +288,8 @@ Status add_key_file(const std::string& path, const std::string& from, const Args
 // The options kvsnap reads, in the order llama-server 3.22.1 applies a config section's settings
 // (its std::map<common_arg, value>: by the option's first flag, strcmp: "--api-key" <
 // "--api-key-file" < ... < "-np"; only the API keys' order shows).
-enum class ConfigOpt { kApiKey, kApiKeyFile, kApiPrefix, kCacheIdleSlots, kPreset, kSlots, kCtx, kCtk, kCtv, kDockerRepo, kFlashAttn,
-                       kHfRepo, kModel, kModelUrl, kParallel, kCount };
+enum class ConfigOpt { kApiKey, kApiKeyFile, kApiPrefix, kCacheIdleSlots, kEmbeddings, kPreset, kSlots, kCtx, kCtk, kCtv,
+                       kDockerRepo, kFlashAttn, kHfRepo, kModel, kModelUrl, kParallel, kCount };
 
 // Every key a config file names them by (common/preset.cpp get_map_key_opt: each flag without its
 // dashes, the variable, and a boolean option's LLAMA_ARG_NO_* variable, which in a config file
@@ -302,6 +306,9 @@ constexpr ConfigKey kConfigKeys[] = {
     {"cache-idle-slots", ConfigOpt::kCacheIdleSlots}, {"no-cache-idle-slots", ConfigOpt::kCacheIdleSlots, true},
     {"LLAMA_ARG_CACHE_IDLE_SLOTS", ConfigOpt::kCacheIdleSlots},
     {"LLAMA_ARG_NO_CACHE_IDLE_SLOTS", ConfigOpt::kCacheIdleSlots},
+    {"embedding", ConfigOpt::kEmbeddings},    {"embeddings", ConfigOpt::kEmbeddings},
+    {"LLAMA_ARG_EMBEDDINGS", ConfigOpt::kEmbeddings}, {"rerank", ConfigOpt::kEmbeddings},
+    {"reranking", ConfigOpt::kEmbeddings},    {"LLAMA_ARG_RERANKING", ConfigOpt::kEmbeddings},
     {"slots", ConfigOpt::kSlots},             {"no-slots", ConfigOpt::kSlots, true},
     {"LLAMA_ARG_ENDPOINT_SLOTS", ConfigOpt::kSlots}, {"LLAMA_ARG_NO_ENDPOINT_SLOTS", ConfigOpt::kSlots},
     {"c", ConfigOpt::kCtx},                   {"ctx-size", ConfigOpt::kCtx},
@@ -356,9 +363,11 @@ Status apply_config_section(const std::map<std::string, std::string>& section, c
         out.api_prefix = v;
         out.api_prefix_from = where;
         break;
+      case ConfigOpt::kEmbeddings: a.embeddings = true; break;  // a flag option, as kPreset
       case ConfigOpt::kPreset:
         // a flag option: applied whatever its value (common/preset.cpp apply_to_params)
         for (const ModelPreset* p : presets) {
+          a.embeddings = a.embeddings || p->embeddings;
           out.hf = p->name;
           if (p->ctx >= 0) a.ctx_size = p->ctx, out.ctx = true;
           if (p->parallel >= 0) a.parallel = p->parallel, out.np = true;
@@ -531,8 +540,11 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
       config.mu = value;
     } else if (const ModelPreset* p = flag.rfind("--", 0) == 0 ? model_preset(flag.substr(2)) : nullptr) {
       config.hf = p->name;
+      a.embeddings = a.embeddings || p->embeddings;
       if (p->ctx >= 0) a.ctx_size = p->ctx, config.ctx = false;
       if (p->parallel >= 0) a.parallel = p->parallel, config.np = false;
+    } else if (is_one_of(flag, {"--embedding", "--embeddings", "--rerank", "--reranking"})) {
+      a.embeddings = true;
     } else if (is_one_of(flag, {"--cache-idle-slots", "--no-cache-idle-slots"})) {
       a.cache_idle_slots = flag == "--cache-idle-slots";
       a.cache_idle_slots_from = "ARGS " + flag;

@@ -73,6 +73,10 @@ struct LlamaArgs {
   // --no-cache-idle-slots", "environment variable ...", "FILE: key = value"); nullopt: not chosen.
   std::optional<bool> cache_idle_slots;
   std::string cache_idle_slots_from;
+  // --embeddings or --rerank (a config file, LLAMA_ARG_EMBEDDINGS or LLAMA_ARG_RERANKING set to a true
+  // word, ARGS, the embd-gemma-default preset): the child runs embedding tasks in its slots, which
+  // serve's slot gate does not hold (llama-server refuses them otherwise).
+  bool embeddings = false;
 };
 
 // Where parse_llama_args() reads the environment and key files (tests give their own).

@@ -98,6 +98,11 @@ std::string slot_owner(const std::deque<PromptOwner>& recent, const std::vector<
   return owner.empty() ? fallback : owner;
 }
 
+std::string untokenized_exchange_owner(const std::string& ns, int own_slot, int64_t own_after, bool every_task_gated) {
+  const bool certain = own_slot >= 0 || (own_after >= 0 && every_task_gated);
+  return certain && !ns.empty() ? ns : kUnattributed;
+}
+
 Persister::Persister(Io& io, TenantStores& stores, std::mutex& store_mu, ServerTarget target,
                      std::function<void(const std::string&)> log)
     : io_(io), stores_(stores), store_mu_(store_mu), target_(std::move(target)), log_(std::move(log)) {
@@ -153,7 +158,9 @@ void Persister::worker() {
     jobs_.pop_front();
     busy_ = true;
     l.unlock();
-    save_changed(j.slot, j.unverifiable ? kUnattributed : "", j.unverifiable, j.ns, j.own_slot, j.own_after);
+    const std::string fallback =
+        j.unverifiable ? untokenized_exchange_owner(j.ns, j.own_slot, j.own_after, every_task_gated_) : "";
+    save_changed(j.slot, fallback, j.unverifiable, j.ns, j.own_slot, j.own_after);
     l.lock();
     busy_ = false;
     ++finished_;

@@ -80,9 +80,16 @@ std::string owner_of_tokens(const std::deque<PromptOwner>& recent, const std::ve
 // exchange kvsnap did not tokenize asked for (an array prompt, /v1/messages, /responses, /infill)
 // files what it finds under `fallback` without looking at the recent prompts: its conversation may
 // begin with another namespace's shorter prompt ("Hello", a chat template's opening), and would be
-// filed, and with --tenant-per-namespace sealed, as that namespace's.
+// filed, and with --tenant-per-namespace sealed, as that namespace's. (Persister's `fallback` for
+// such an exchange's own slot is its namespace when the slot is certainly its, else "unattributed".)
 std::string slot_owner(const std::deque<PromptOwner>& recent, const std::vector<int32_t>& slot_tokens,
                        bool untokenized_job, const std::string& fallback, const std::string& preferred = "");
+
+// Whose an exchange kvsnap did not tokenize has in its own slots: its namespace `ns` when they are
+// certainly its (`own_slot` >= 0: the slot its answer named or serve pinned it to; or `own_after` >=
+// 0, the newest task when it was let in to run alone, with `every_task_gated`: no task but a gated
+// completion's can be newer), else "unattributed" (no tenant's): kvsnap has no prompt tokens to tell.
+std::string untokenized_exchange_owner(const std::string& ns, int own_slot, int64_t own_after, bool every_task_gated);
 
 struct PersistStats {
   uint64_t saved = 0, failed = 0;
@@ -123,6 +130,11 @@ class Persister {
   void set_book(SlotBook* book) { book_ = book; }
   // Called (from the saving thread) after each successful save; must return quickly.
   void set_on_saved(std::function<void()> f) { on_saved_ = std::move(f); }
+  // Whether every task the child runs in a slot came through serve's slot gate (false when the
+  // child takes embedding tasks, LlamaArgs::embeddings, which the gate does not hold): then a slot
+  // whose task is newer than a run-alone exchange's admission is certainly that exchange's.
+  // Before the first completion.
+  void set_every_task_gated(bool gated) { every_task_gated_ = gated; }
 
  private:
   struct Job {
@@ -157,6 +169,7 @@ class Persister {
   uint64_t queued_ = 0, finished_ = 0;  // jobs ever queued, ever run (wait_saved's marks)
   std::map<int, int64_t> saved_task_;   // slot -> id_task of its last save
   std::deque<PromptOwner> recent_;      // the last kRecent completions with prompt tokens, newest last
+  bool every_task_gated_ = false;
   PersistStats stats_;
   // When each cap ("the store", "tenant 'x'") was last logged as not met: at most every 10 minutes
   // each, not at every save (pinned snapshots over a cap leave it unmet at each).

@@ -240,6 +240,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   PrefixRestorer prefix(io, *lookup_stores, lookup_mu, target, log);
   SlotBook book;
   persist.set_book(&book);
+  persist.set_every_task_gated(!args.embeddings);
   prefix.set_book(&book);
   prefix.set_on_restored([&persist](int slot, int64_t task) { persist.note_restored(slot, task); });
   prefix.set_holds_unsaved([&persist](int slot, int64_t task) { return persist.holds_unsaved(slot, task); });

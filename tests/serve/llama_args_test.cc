@@ -359,6 +359,37 @@ TEST(LlamaArgs, CacheIdleSlotsWhereverTheUserChoseIt) {
   }
 }
 
+// Embedding tasks (which serve's slot gate does not hold) run only in a child started with
+// --embeddings or --rerank, from wherever llama-server takes them.
+TEST(LlamaArgs, EmbeddingsWhereverTheyAreTurnedOn) {
+  std::map<std::string, std::string> vars, files;
+  const ArgsEnvironment env = fake_environment(vars, files);
+  const std::string path = "/etc/llama.cpp/config.ini";
+  auto embeds = [&](std::vector<std::string> argv) {
+    argv.insert(argv.begin(), "llama-server");
+    auto a = parse_llama_args(argv, env);
+    EXPECT_TRUE(a.ok()) << a.status().ToString();
+    return a.ok() && a->embeddings;
+  };
+  EXPECT_FALSE(embeds({"-m", "m.gguf"}));
+  for (const char* flag : {"--embedding", "--embeddings", "--rerank", "--reranking", "--embd-gemma-default"})
+    EXPECT_TRUE(embeds({flag})) << flag;
+  for (const char* var : {"LLAMA_ARG_EMBEDDINGS", "LLAMA_ARG_RERANKING"}) {
+    vars[var] = "0";
+    EXPECT_FALSE(embeds({})) << var << "=0";
+    vars[var] = "true";
+    EXPECT_TRUE(embeds({})) << var << "=true";
+    vars.erase(var);
+  }
+  for (const char* text : {"embeddings = false\n", "reranking = 1\n", "LLAMA_ARG_EMBEDDINGS = x\n",
+                           "embd-gemma-default = 1\n"}) {
+    files[path] = text;
+    EXPECT_TRUE(embeds({})) << text << ": a flag option, applied whatever its value";
+  }
+  files[path] = "[other]\nembeddings = true\n";
+  EXPECT_FALSE(embeds({})) << "another model's section";
+}
+
 // What llama-server refuses to start with, kvsnap refuses naming the file; /slots turned off or the
 // routes moved are refused as ARGS and the environment that do so are.
 TEST(LlamaArgs, ConfigFilesLlamaServerRefusesAreRefused) {
