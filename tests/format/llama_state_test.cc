@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -429,6 +430,30 @@ TEST(HostileInput, QuantizedTransposedV) {
   const size_t v0 = kKRow0 + 8 + 256 * 7 + 4 + 8 + 256 * 7;
   set_u32(b, v0, 8);
   expect_error(b, Code::kCorruption, "requires flash attention");
+}
+
+// An empty hybrid slot, as llama-server 3.22.1 saves it (POST /slots/0?action=save on a fresh
+// lfm2 server; the 120 bytes copied here, and oracle.server_flows re-proves it on the real one):
+// llama_memory_recurrent::state_write writes s_trans, the layer count and every tensor's type and
+// row size after an empty cell list, with no rows. It was refused as "bytes after an empty cell
+// list", which failed `restore --server` into an empty hybrid slot (its type probe saves one).
+TEST(RecurrentState, AnEmptyOneIsWrittenWholeAndReads) {
+  const std::vector<uint32_t> words = {0x67677371, 3, 4, 0xffffffff, 1, 0, 0,  // ggsq v3, packed: no tokens
+                                       1, 0,                                    // 1 stream, no cells
+                                       0, 0, 4,                                 // recurrent: no cells, s_trans 0, 4 layers
+                                       0, 1024, 0, 0, 1024, 0, 0, 1024, 0,      // r: f32, rows of 1024 bytes
+                                       0, 0, 0, 0, 0, 0, 0, 0, 0};              // s: f32, rows of 0 bytes (lfm2)
+  std::vector<std::byte> b(words.size() * 4);
+  std::memcpy(b.data(), words.data(), b.size());
+  auto st = parse_bytes(b);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  ASSERT_TRUE(st->memory.recurrent.has_value());
+  EXPECT_TRUE(st->memory.recurrent->understood);
+  EXPECT_EQ(st->memory.recurrent->cell_count, 0u);
+  EXPECT_EQ(st->memory.recurrent->n_entries, 6u);
+  EXPECT_EQ(st->memory.kv.at(0).streams.at(0).cell_count, 0u);
+  std::vector<std::byte> cut(b.begin(), b.end() - 4);
+  EXPECT_FALSE(parse_bytes(cut).ok()) << "a tensor entry cut short";
 }
 
 // --- With a model shape: mismatches are named as llama.cpp names them -------
