@@ -37,8 +37,9 @@ std::string state_format_name(const StateFile& f) {
 }
 
 std::string describe_state(const StateFile& f) {
+  const size_t streams = f.memory.kv.empty() ? 1 : f.memory.kv[0].streams.size();
   return state_format_name(f) + ", K " + state_types(f, false) + ", V " + state_types(f, true) + " (" +
-         state_v_layout(f) + ")";
+         state_v_layout(f) + ")" + (streams > 1 ? ", " + std::to_string(streams) + " KV streams" : "");
 }
 
 }  // namespace kvsnap

@@ -15,6 +15,6 @@ std::string state_v_layout(const StateFile& f);
 // "ggsq v3", "ggsn v10", "raw-seq v3"; " (b5640 layout)" for v2/v9 files without the n_stream prefix.
 std::string state_format_name(const StateFile& f);
 // "ggsq v3, K q8_0, V q8_0 (rows)".
-std::string describe_state(const StateFile& f);
+std::string describe_state(const StateFile& f);  // ..., ", N KV streams" when more than one
 
 }  // namespace kvsnap

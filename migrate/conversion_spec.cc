@@ -210,6 +210,19 @@ Result<int32_t> parse_kv_type(const std::string& name, const std::string& flag) 
   return int32_t(t->id);
 }
 
+namespace {
+
+// --kv-streams: 0 (keep) or a count a llama.cpp cache can have (1..LLAMA_MAX_SEQ, 256).
+Status check_kv_streams(int n) {
+  if (n < 0 || n > 256)
+    return Status::InvalidArgument("{--kv-streams} " + std::to_string(n) +
+                                   " is out of range: a llama.cpp cache has 1 to 256 streams (one per slot with "
+                                   "-np N and no -kvu, one with -kvu or no -np)");
+  return Status::OK();
+}
+
+}  // namespace
+
 Status check_spec_words(const ConversionSpec& spec) {
   KV_RETURN_IF_ERROR(optional_type(spec.ctk, "{--ctk}").status());
   KV_RETURN_IF_ERROR(optional_type(spec.ctv, "{--ctv}").status());
@@ -222,6 +235,7 @@ Status check_spec_words(const ConversionSpec& spec) {
   if (spec.threads < 0 || spec.threads > 256)
     return Status::InvalidArgument("{--threads} " + std::to_string(spec.threads) + " is out of range (0 = every core, 1..256)");
   if (!spec.requant.empty()) KV_RETURN_IF_ERROR(parse_requant_mode(spec.requant).status());
+  KV_RETURN_IF_ERROR(check_kv_streams(spec.kv_streams));
   for (const auto& [build, flag] : {std::pair{&spec.source_build, "{--source-build}"},
                                     std::pair{&spec.target_build, "{--target-build}"}}) {
     if (build->empty()) continue;
@@ -257,6 +271,8 @@ Result<ConvertRequest> make_request(const ConversionSpec& spec, const StateFile&
   if (spec.threads < 0 || spec.threads > 256)
     return Status::InvalidArgument("{--threads} " + std::to_string(spec.threads) + " is out of range (0 = every core, 1..256)");
   req.threads = spec.threads > 0 ? uint32_t(spec.threads) : default_threads();
+  KV_RETURN_IF_ERROR(check_kv_streams(spec.kv_streams));
+  if (spec.kv_streams > 0) req.kv_streams = uint32_t(spec.kv_streams);
   req.report = spec.report;
   if (!spec.requant.empty()) {
     KV_ASSIGN_OR_RETURN(req.requant, parse_requant_mode(spec.requant));

@@ -34,6 +34,7 @@ struct ConversionSpec {
   // Without a model: its cell extra in v0.5.0 files (SnapshotModelInfo::cell_ext_bytes), which an
   // old-format input's upgrade to that format needs.
   std::optional<uint32_t> cell_ext_bytes;
+  int kv_streams = 0;            // the output's KV stream count (ConvertRequest::kv_streams); 0: keep
   int threads = 0;               // 0: every core
   bool report = false;
   std::string requant;           // "auto" | "quick" | "search" | "exact" | "reference" | "": auto (convert_state.h)

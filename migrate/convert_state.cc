@@ -237,7 +237,7 @@ Status set_stream_prefix(bool prefix, StateFile& t) {
                                   " (a llama-server with -np " + std::to_string(sec.streams.size()) +
                                   " and no -kvu keeps one per slot), which only a format with the n_stream prefix "
                                   "holds (current, or {--format} ggsq-v2 for a slot file, ggsn-v9 for a session); "
-                                  "kvsnap does not rewrite the stream count");
+                                  "a slot file's can be rewritten to 1 with {--kv-streams} 1");
     }
     sec.stream_prefix = prefix;
   }
@@ -781,7 +781,49 @@ const TargetFormatRow& target_format_row(TargetFormat f) {
   return kTargetFormats[0];  // unreachable: every enumerator has its row (static_assert above)
 }
 
-Result<StateFile> plan_target(const StateFile& src, const ConvertRequest& req) {
+// llama.cpp's LLAMA_MAX_SEQ (src/llama-cparams.h): no cache has more streams.
+constexpr uint32_t kMaxKvStreams = 256;
+
+// `src` as it reads with req.kv_streams streams: the one stream that holds the sequence's cells moved
+// (or kept) and empty ones around it. Both ends of a conversion use it, so a target stream's tensors
+// are read from the source stream at the same index. llama.cpp (llama_kv_cache::state_read) puts a
+// sequence's cells into its own stream whichever stream of the file holds them; empty streams are a
+// cell count of 0.
+Result<StateFile> restreamed(const StateFile& src, const ConvertRequest& req) {
+  StateFile s = src;
+  if (!req.kv_streams) return s;
+  const uint32_t n = *req.kv_streams;
+  if (n == 0 || n > kMaxKvStreams)
+    return Status::InvalidArgument("{--kv-streams} " + std::to_string(n) + ": llama.cpp's caches have 1 to " +
+                                   std::to_string(kMaxKvStreams) + " streams");
+  if (s.kind != StateKind::kSeqFile && s.kind != StateKind::kRawSeq) {
+    bool same = true;
+    for (const KvSection& sec : s.memory.kv) same = same && sec.streams.size() == n;
+    if (same) return s;
+    return Status::NotSupported(std::string("{--kv-streams} rewrites a sequence's state (a slot file); this is a ") +
+                                kind_name(s.kind) + ", which holds every sequence, each in its own stream when "
+                                "there are several: kvsnap does not move sequences between streams");
+  }
+  for (size_t si = 0; si < s.memory.kv.size(); ++si) {
+    KvSection& sec = s.memory.kv[si];
+    std::optional<size_t> held;
+    for (size_t i = 0; i < sec.streams.size(); ++i) {
+      if (sec.streams[i].cell_count == 0) continue;
+      if (held)
+        return Status::NotSupported("KV section " + std::to_string(si) + " holds cells in streams " +
+                                    std::to_string(*held) + " and " + std::to_string(i) +
+                                    ": a sequence's state has them in one, and kvsnap does not merge streams");
+      held = i;
+    }
+    std::vector<KvStream> out(n);
+    if (held) out[*held < n ? *held : 0] = std::move(sec.streams[*held]);
+    sec.streams = std::move(out);
+  }
+  return s;
+}
+
+Result<StateFile> plan_target(const StateFile& given, const ConvertRequest& req) {
+  KV_ASSIGN_OR_RETURN(const StateFile src, restreamed(given, req));
   StateFile t = src;
   KV_RETURN_IF_ERROR(apply_format(src, req, t));
   const TypeLayout* kt = req.k_type ? find_type(*req.k_type) : nullptr;
@@ -836,15 +878,19 @@ Result<StateFile> plan_target(const StateFile& src, const ConvertRequest& req) {
   return t;
 }
 
-Result<bool> rotates_values(const StateFile& src, const StateFile& target, const ConvertRequest& req) {
+Result<bool> rotates_values(const StateFile& given, const StateFile& target, const ConvertRequest& req) {
+  KV_ASSIGN_OR_RETURN(const StateFile src, restreamed(given, req));
   KV_ASSIGN_OR_RETURN(std::vector<SidePlan> plans, side_plans(src, target, req));
   return std::any_of(plans.begin(), plans.end(), [](const SidePlan& p) { return p.rot.step != RotationStep::kNone; });
 }
 
-Result<ConvertResult> convert_state(const StateFile& src, const ReadableFile& in, const ConvertRequest& req,
+Result<ConvertResult> convert_state(const StateFile& given, const ReadableFile& in, const ConvertRequest& req,
                                     ByteSink& out) {
   ConvertResult res;
-  auto target = plan_target(src, req);
+  auto source = restreamed(given, req);
+  if (!source.ok()) return source.status().Prefixed(in.name());
+  const StateFile& src = *source;
+  auto target = plan_target(src, req);  // restreamed again: the same streams
   if (!target.ok()) return target.status().Prefixed(in.name());
   res.target = std::move(*target);
   ConvertingSource tensors(src, in, req);

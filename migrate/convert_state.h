@@ -124,6 +124,11 @@ struct ConvertRequest {
   // the input's version, tag and n_stream prefix where kSameKindCurrent would upgrade them.
   // make_request sets it for raw inputs unless a format is named.
   bool keep_raw_layout = false;
+  // The KV stream count of the output (a llama-server with -np N and no -kvu keeps one stream per
+  // slot, a unified cache one; llama.cpp restores a sequence file only into a cache with as many):
+  // the sequence's stream keeps its index when below it, else becomes stream 0, and the others are
+  // written empty. nullopt: as the input. Sequence states only (a session holds every sequence).
+  std::optional<uint32_t> kv_streams;
   RotationGeometry geometry;         // from --model or --head-dim-k/v
   uint32_t threads = 1;
   bool report = false;               // collect per-layer error statistics

@@ -63,6 +63,7 @@ ConversionSpec spec_of(const ConvertOptions& o) {
   c.target_build = o.target_build;
   c.head_dim_k = o.head_dim_k;
   c.head_dim_v = o.head_dim_v;
+  c.kv_streams = o.kv_streams;
   c.threads = o.threads;
   c.report = o.report || o.json;
   return c;
@@ -197,6 +198,10 @@ void setup_convert(CLI::App& app, int& exit_status) {
                   "output format: " + target_format_names() + " (default: current; a raw buffer keeps its own)");
   sub->add_option("--head-dim-k", o->head_dim_k, "K head dim, when no --model is given");
   sub->add_option("--head-dim-v", o->head_dim_v, "V head dim, when no --model is given");
+  sub->add_option("--kv-streams", o->kv_streams,
+                  "KV streams of the target server's cache: N for -np N without -kvu (one per slot), 1 for -kvu or "
+                  "no -np; a slot file restores only into a cache with as many (default: keep)")
+      ->check(CLI::Range(1, 256));
   sub->add_option("--threads,-t", o->threads, "worker threads (default: all cores)")->check(CLI::Range(0, 256));
   sub->add_option("--input-format", o->input_format, "raw-seq or raw-context for raw state buffers");
   sub->add_option("--src-types", o->src_types,

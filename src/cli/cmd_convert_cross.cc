@@ -49,6 +49,7 @@ std::string unused_options(const ConvertOptions& o, bool to_mlx) {
     note(o.mlx_device != "cpu", "--mlx-device");
   }
   note(o.head_dim_k || o.head_dim_v, "--head-dim-k/--head-dim-v (the model gives them)");
+  note(o.kv_streams, "--kv-streams");
   return given;
 }
 

@@ -41,6 +41,7 @@ std::string llama_only_options(const ConvertOptions& o) {
   note(!o.requant.empty(), "--requant");
   note(!o.source_build.empty() || !o.target_build.empty(), "--source-build/--target-build");
   note(o.head_dim_k || o.head_dim_v, "--head-dim-k/--head-dim-v");
+  note(o.kv_streams, "--kv-streams");
   note(!o.input_format.empty(), "--input-format");
   note(!o.src_types.empty(), "--src-types");
   return given;

@@ -224,6 +224,7 @@ ConversionSpec spec_of(const MigrateOptions& o) {
   spec.src_rotation = o.src_rotation;
   spec.source_build = o.source_build;
   spec.target_build = o.target_build;
+  spec.kv_streams = o.kv_streams;
   return spec;
 }
 
@@ -354,6 +355,10 @@ void setup_migrate(CLI::App& app, int& exit_status) {
                 "kvsnap unpin when done) before converting it");
   sub->add_option("--store", o->store, "the store for --backup-store and --server profiles (default: $KVSNAP_HOME)");
   add_store_key_options(sub);
+  sub->add_option("--kv-streams", o->kv_streams,
+                  "KV streams of the server's cache after the change: N for -np N without -kvu, 1 for -kvu or no -np "
+                  "(slot files restore only into a cache with as many; default: keep)")
+      ->check(CLI::Range(1, 256));
   sub->add_option("--jobs,-j", o->jobs, "files converted at once (default 1, at most 256)")->check(CLI::Range(1, 256));
   sub->add_option("--threads,-t", o->threads, "threads per file (default: cores / jobs)")->check(CLI::Range(0, 256));
   sub->add_flag("--dry-run,-n", o->dry_run, "print the plan and the bytes that would be freed; change nothing");

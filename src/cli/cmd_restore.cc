@@ -19,10 +19,16 @@ struct RestoreOpts {
   int kv_group_size = 0;
   uint64_t tokens = 0;
   int threads = 0;
+  int kv_streams = 0;
   bool force = false, json = false, check = false, allow_plain = false;
   ProgressFlags progress;
   ServerOpts srv;
 };
+
+std::string streams_note(const ServerRestoreResult& r) {
+  return "written with " + std::to_string(r.kv_streams) + (r.kv_streams == 1 ? " KV stream (" : " KV streams (") +
+         r.kv_streams_from + ")";
+}
 
 Status run_restore_server(const RestoreOpts& o, std::string& out) {
   if (!o.out.empty() || o.tokens || !o.format.empty())
@@ -32,6 +38,7 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
   t.stored_src_rotation = o.src_rotation;
   t.target_build = o.target_build;
   t.threads = o.threads;
+  t.kv_streams = o.kv_streams;
   t.allow_plain = o.allow_plain;
   KV_ASSIGN_OR_RETURN(auto store, open_store(o.store));
   Result<ServerRestoreResult> restored = [&] {
@@ -47,6 +54,7 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
             {"server_build", server_build_json(r.build)},
             {"target_build", r.target_build.empty() ? json(nullptr) : json(r.target_build)},
             {"target_build_from", r.target_build_from},
+            {"kv_streams", r.kv_streams ? json(r.kv_streams) : json(nullptr)}, {"kv_streams_from", r.kv_streams_from},
             {"slot_file", !t.keep_scratch ? "new, removed after" : r.scratch_reused ? "written over the kept scratch"
                                                                                    : "new, kept as scratch"},
             {"phases_ms", {{"prepare", r.phases.prepare}, {"write", r.phases.write}, {"commit", r.phases.commit},
@@ -67,6 +75,7 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
     out += "  written for " + (r.target_build.empty() ? std::string("the stored file's format")
                                                      : "llama.cpp " + r.target_build + " (" + r.target_build_from + ")") +
            server_build_note(r.build) + "\n";
+    if (r.kv_streams) out += "  " + streams_note(r) + "\n";
     if (!r.model_unchecked.empty()) {
       out += "  model not checked: " + r.model_unchecked + ": nothing shows that the server runs the snapshot's model "
              "(pass --model GGUF, the server's model file, to check it)\n";
@@ -109,6 +118,7 @@ Status run_restore(const RestoreOpts& o, std::string& out) {
   req.spec.source_build = o.source_build;
   req.spec.target_build = o.target_build;
   req.spec.threads = o.threads;
+  req.spec.kv_streams = o.kv_streams;
   req.mlx = {o.kv_bits, o.kv_group_size, o.mlx_device, o.mlx_lm};
   req.model = model ? &*model : nullptr;
   req.allow_plain = o.allow_plain;
@@ -174,6 +184,10 @@ void setup_restore(CLI::App& app, int& exit_status) {
     sub->add_option("--kv-group-size", o->kv_group_size, "mlx-lm snapshots: 32|64|128 (default: the file's, else 64)");
     sub->add_option("--mlx-device", o->mlx_device, "mlx-lm snapshots: cpu (default) or gpu (see kvsnap convert --help)");
     sub->add_option("--mlx-lm", o->mlx_lm, "mlx-lm snapshots: the mlx-lm release that will load it (see kvsnap convert --help)");
+    sub->add_option("--kv-streams", o->kv_streams,
+                    "KV streams of the server's cache: N for -np N without -kvu, 1 for -kvu or no -np (default: as "
+                    "stored; with --server, when the server refuses the file, its slot count and then 1 are tried)")
+        ->check(CLI::Range(1, 256));
     sub->add_option("--threads,-t", o->threads, "conversion threads (default: all cores)")->check(CLI::Range(0, 256));
     sub->add_flag("--force", o->force, "replace --out if it exists");
     sub->add_flag("--allow-plain", o->allow_plain,

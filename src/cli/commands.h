@@ -53,6 +53,7 @@ struct ConvertOptions {
   std::string input_format;
   std::string src_types;         // --src-types K/V (ggsn v6 sessions)
   int head_dim_k = 0, head_dim_v = 0;
+  int kv_streams = 0;            // 0 = the input's
   int threads = 0;               // 0 = all cores
   bool report = false;
   bool json = false;
@@ -84,6 +85,7 @@ struct MigrateOptions {
   bool backup_store = false;
   std::string store;             // --store DIR for --backup-store
   int jobs = 1;
+  int kv_streams = 0;            // 0 = each file's
   int threads = 0;               // per file; 0 = cores / jobs
   bool dry_run = false;
   bool json = false;

@@ -206,37 +206,56 @@ Status detect_types(Io& io, LlamaServer& srv, const ServerTarget& t, const Model
                                  "--ctk/--ctv/--flash-attn, or keep them in a profile (kvsnap server add)");
 }
 
-// Why a restore the server refused may have failed: llama.cpp reads a slot file only into a cache
-// with as many KV streams as the one that saved it ("n_stream mismatch" in the server's log, a
-// generic "invalid slot save file" in its answer). A cache has one stream per slot with -np N and no
-// -kvu, one for all slots with -kvu (or without -np); the server does not say which, only its slot
-// count, so a count the snapshot's cannot be is certain and one it may be is a possibility. No probe
-// save: with a wrong --slot-dir it would leave the server's file where kvsnap cannot remove it.
-// `certain`: the counts cannot match. Empty when nothing points at the streams. Asked only after the
-// server's own refusal of the file (another failure, a server without --slot-save-path, keeps its words).
-std::string stream_count_hint(const ServerTarget& t, Store& store, const std::string& uuid, bool& certain) {
-  certain = false;
+// llama.cpp reads a slot file only into a cache with as many KV streams as the one that saved it
+// ("n_stream mismatch" in the server's log, a generic "invalid slot save file" in its answer). No
+// probe save tells the server's: with a wrong --slot-dir it would leave the server's file where
+// kvsnap cannot remove it.
+// The snapshot's KV streams and the server's slot count (0, 0 when either cannot be read).
+struct StreamCounts {
+  size_t have = 0, slots = 0;
+};
+StreamCounts stream_counts(const ServerTarget& t, Store& store, const std::string& uuid) {
   ServerEndpoint quick = t.endpoint;  // a hung server already cost one timeout
   quick.timeout_s = std::min(quick.timeout_s, 10.0);
   auto snap = store.open_snapshot(uuid);
   auto slots = LlamaServer(quick).slots();
-  if (!snap.ok() || (*snap)->reader().cells().empty() || !slots.ok() || slots->empty()) return "";
-  const size_t have = (*snap)->reader().cells()[0].streams.size(), n = slots->size();
-  auto streams = [](size_t k) { return std::to_string(k) + (k == 1 ? " KV stream" : " KV streams"); };
+  if (!snap.ok() || (*snap)->reader().cells().empty() || !slots.ok() || slots->empty()) return {};
+  return {(*snap)->reader().cells()[0].streams.size(), slots->size()};
+}
+
+// The stream counts the server may have that the snapshot's is not: its slot count (-np N without
+// -kvu), then 1 (a unified cache).
+std::vector<uint32_t> other_stream_counts(const StreamCounts& c) {
+  std::vector<uint32_t> out;
+  for (size_t n : {c.slots, size_t(1)})
+    if (n != 0 && n != c.have && (out.empty() || out.back() != n)) out.push_back(uint32_t(n));
+  return out;
+}
+
+std::string streams_text(size_t k) { return std::to_string(k) + (k == 1 ? " KV stream" : " KV streams"); }
+
+// Why the server may have refused the file, when the KV streams can be why: a llama.cpp cache
+// has one stream per slot with -np N and no -kvu, one for all slots with -kvu (or without -np); the
+// server does not say which, only its slot count, so a count the snapshot's cannot be is certain
+// and one it may be is a possibility. Said after kvsnap rewrote the streams to every count the
+// server may have and it refused those too (or {--kv-streams} fixed the count). Empty when nothing
+// points at the streams. `certain`: the counts cannot match.
+std::string stream_count_hint(const StreamCounts& c, bool& certain) {
+  certain = false;
+  if (c.have == 0) return "";
+  const size_t have = c.have, n = c.slots;
   const std::string rule = "llama.cpp restores a slot file only into a cache with as many streams: start the server "
-                           "with -np 1 or -kvu for a snapshot of 1 stream (as builds before the n_stream prefix, "
-                           "b5869 and older, saved every slot), with -np N and no -kvu for one of N (kvsnap does not "
-                           "rewrite the stream count)";
+                           "with -np 1 or -kvu for 1 stream, with -np N and no -kvu for N, or give {--kv-streams}";
   if (have != 1 && have != n) {
     certain = true;
-    return "the snapshot holds " + streams(have) + " and this server, with " + std::to_string(n) +
+    return "the file holds " + streams_text(have) + " and this server, with " + std::to_string(n) +
            (n == 1 ? " slot, has 1" : " slots, has 1 or " + std::to_string(n)) + "; " + rule;
   }
   if (n == 1) return "";
   return have == 1 ? "if this server keeps a stream per slot (-np " + std::to_string(n) + " without -kvu), its cache has " +
-                         streams(n) + " and the snapshot holds 1; " + rule
-                   : "if this server's cache is unified (-kvu, or no -np), it has 1 KV stream and the snapshot holds " +
-                         streams(have) + "; " + rule;
+                         streams_text(n) + " and the file holds 1; " + rule
+                   : "if this server's cache is unified (-kvu, or no -np), it has 1 KV stream and the file holds " +
+                         streams_text(have) + "; " + rule;
 }
 
 Status check_model(const SnapshotInfo& s, const Model& m, const std::string& ref) {
@@ -367,11 +386,13 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   req.spec.threads = t.threads;
   req.allow_plain = t.allow_plain;
   req.model = model.info ? &*model.info : nullptr;
+  req.spec.kv_streams = t.kv_streams;
   const std::string name = fresh_name("restore");
   SlotFile file{io, join(t.slot_dir, name), scratch_path(t)};
   auto lap = Clock::now();
   r.phases.prepare = std::chrono::duration<double, std::milli>(lap - t0).count();
-  {
+  // Writes the slot file for `req` (over the last one: the writer's rename replaces it).
+  auto write_file = [&]() -> Status {
     auto w = SlotFileWriter::create(io, file.path, scratch_path(t));
     if (!w.ok()) return w.status().Prefixed("cannot write into --slot-dir " + t.slot_dir);
     r.scratch_reused = (*w)->reused_scratch();
@@ -379,18 +400,46 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
     r.phases.write = ms_since(lap);
     KV_RETURN_IF_ERROR((*w)->commit());
     r.phases.commit = ms_since(lap);
-  }
+    return Status::OK();
+  };
+  KV_RETURN_IF_ERROR(write_file());
   auto restored_or = srv.restore_slot(t.slot, name);
+  const bool refused_file =
+      !restored_or.ok() && restored_or.status().message().find("invalid slot save file") != std::string::npos;
+  StreamCounts counts;
+  std::vector<uint32_t> tried;
+  if (refused_file) counts = stream_counts(t, store, info.uuid);
+  if (t.kv_streams > 0 && counts.have > 0) counts.have = size_t(t.kv_streams);  // what the file held
+  // The server refused the file: its KV stream count may be another than the snapshot's (-np changed,
+  // or -kvu), which the server does not show. Each count it may have is tried, the file rewritten.
+  if (refused_file && t.kv_streams == 0) {
+    for (uint32_t n : other_stream_counts(counts)) {
+      req.spec.kv_streams = int(n);
+      KV_RETURN_IF_ERROR(write_file());
+      tried.push_back(n);
+      restored_or = srv.restore_slot(t.slot, name);
+      if (restored_or.ok()) {
+        r.kv_streams = n;
+        r.kv_streams_from = "the server refused the snapshot's " + streams_text(counts.have) + "; it has " +
+                            std::to_string(counts.slots) + (counts.slots == 1 ? " slot" : " slots");
+        break;
+      }
+    }
+  }
   if (!restored_or.ok()) {
     bool certain = false;
-    const bool refused_file = restored_or.status().message().find("invalid slot save file") != std::string::npos;
-    const std::string hint = refused_file ? stream_count_hint(t, store, info.uuid, certain) : "";
+    std::string hint = refused_file && tried.empty() ? stream_count_hint(counts, certain) : "";
     if (certain)
       return Status::Mismatch("restoring snapshot " + ref + " into " + srv.url() + " slot " + std::to_string(t.slot) +
                               ": " + hint);
     Status failed = restored_or.status().Prefixed("kvsnap wrote " + file.path +
                                                   " for the server (is --slot-dir its --slot-save-path? was the file "
                                                   "still there?)");
+    if (!tried.empty()) {
+      std::string counts_tried = streams_text(counts.have);
+      for (uint32_t n : tried) counts_tried += ", " + std::to_string(n);
+      return failed.Appended("; refused with " + counts_tried + " too, so not for its KV stream count");
+    }
     return hint.empty() ? failed : failed.Appended("; or the KV streams: " + hint);
   }
   r.phases.server = ms_since(lap);

@@ -56,6 +56,10 @@ struct ServerTarget {
   // the server's /props build_info when it is usable, else the stored format.
   std::string target_build;
   int threads = 0;                      // conversion threads; 0: all cores
+  // Restores: the KV stream count of the server's cache (one per slot with -np N and no -kvu, one
+  // with -kvu); 0: the snapshot's, and when the server refuses the file, each other count it may
+  // have (its slot count, then 1), the file rewritten each time.
+  int kv_streams = 0;
   bool allow_plain = false;             // restores with a key: a plain snapshot too (RestoreRequest)
   // Keep the file of the last transfer in slot_dir as kSlotScratchName and write
   // the next restore over it in place (see above); false: leave nothing behind.
@@ -107,6 +111,8 @@ struct ServerRestoreResult {
   std::string target_build, target_build_from;  // what kvsnap wrote for ("" = the stored format)
   std::optional<ReuseCheck> check;
   bool scratch_reused = false;      // the slot file was written over the kept scratch file
+  uint32_t kv_streams = 0;          // the KV streams kvsnap rewrote the file to after a refusal (0: none)
+  std::string kv_streams_from;      // why, for the report
 };
 
 // The server's build (GET /health, then /props); kIOError when it is not running.

@@ -173,7 +173,8 @@ class OpenedSnapshot final : public StoredSnapshot {
 
 bool wants_conversion(const ConversionSpec& s) {
   return !s.ctk.empty() || !s.ctv.empty() || !s.flash_attn.empty() || !s.format.empty() || !s.rotation.empty() ||
-         !s.src_rotation.empty() || !s.dst_rotation.empty() || !s.target_build.empty() || s.head_dim_k || s.head_dim_v;
+         !s.src_rotation.empty() || !s.dst_rotation.empty() || !s.target_build.empty() || s.head_dim_k || s.head_dim_v ||
+         s.kv_streams;
 }
 
 // Copies the snapshot's original to `out` in order (format/snapshot_pipeline.h):

@@ -53,6 +53,7 @@ std::string llama_restore_fields(const RestoreRequest& req) {
   note(given, !s.rotation.empty() || !s.src_rotation.empty() || !s.dst_rotation.empty(), "{--rotation}");
   note(given, !s.source_build.empty() || !s.target_build.empty(), "{--source-build}/{--target-build}");
   note(given, s.head_dim_k || s.head_dim_v, "head dims");
+  note(given, s.kv_streams != 0, "{--kv-streams}");
   note(given, req.model != nullptr, "{--model}");
   return given;
 }
