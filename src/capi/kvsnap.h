@@ -99,6 +99,11 @@ typedef struct kvsnap_convert_params_v2 {
   const char *format;       /* a file's output format ("ggsq-v2", ...; NULL: current, a raw buffer's own) */
   const char *src_rotation; /* "auto", "on", "off": how src is stored, overriding rotation */
   const char *dst_rotation; /* how the output is to be stored, overriding rotation */
+  /* Added after the members above (a program built against a kvsnap.h without it passes a
+   * smaller struct_size, which this library takes): the KV streams of the context that will load a
+   * sequence buffer or slot file: its n_seq_max without kv_unified (one stream per sequence), 1 with;
+   * llama.cpp loads one only into a cache with as many. 0: as src. */
+  int kv_streams;
 } kvsnap_convert_params_v2;
 
 /* The model a state belongs to: layout, head dims (the Hadamard rotation

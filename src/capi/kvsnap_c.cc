@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -181,9 +182,12 @@ kvsnap_convert_params_v2 as_v2(const kvsnap_convert_params& p) {
   return v;
 }
 
-// The caller's version 2 parameters as this library knows them: every member of its
-// kvsnap_convert_params_v2 (the first release of it: no smaller size is valid); members a newer
-// kvsnap.h added after them must be unset (zero), since this library cannot honour them.
+// The first release of kvsnap_convert_params_v2 ended with dst_rotation: no smaller size is valid.
+constexpr size_t kFirstV2Size = offsetof(kvsnap_convert_params_v2, kv_streams);
+
+// The caller's version 2 parameters as this library knows them: the members its struct_size holds
+// (an older kvsnap.h's, at least the first release's; the others keep their defaults); members a
+// newer kvsnap.h added after this library's must be unset (zero), since it cannot honour them.
 kvsnap::Result<kvsnap_convert_params_v2> read_v2(const kvsnap_convert_params_v2* p) {
   kvsnap_convert_params_v2 v;
   kvsnap_convert_params_v2_init(&v, sizeof v);
@@ -193,9 +197,9 @@ kvsnap::Result<kvsnap_convert_params_v2> read_v2(const kvsnap_convert_params_v2*
     return Status::InvalidArgument("kvsnap_convert_params_v2.struct_size is " + std::to_string(p->struct_size) +
                                    ": not initialised? call kvsnap_convert_params_v2_init(&p, sizeof p) first");
   }
-  if (p->struct_size < sizeof v) {
+  if (p->struct_size < kFirstV2Size) {
     return Status::InvalidArgument("kvsnap_convert_params_v2.struct_size is " + std::to_string(p->struct_size) +
-                                   ", smaller than any kvsnap_convert_params_v2 (" + std::to_string(sizeof v) +
+                                   ", smaller than any kvsnap_convert_params_v2 (" + std::to_string(kFirstV2Size) +
                                    "): initialise it with kvsnap_convert_params_v2_init(&p, sizeof p)");
   }
   const auto* bytes = reinterpret_cast<const unsigned char*>(p);
@@ -206,7 +210,8 @@ kvsnap::Result<kvsnap_convert_params_v2> read_v2(const kvsnap_convert_params_v2*
                                   " knows: the program was built against a newer kvsnap.h; use its libkvsnap");
     }
   }
-  std::memcpy(&v, p, sizeof v);
+  std::memcpy(&v, p, std::min(p->struct_size, sizeof v));
+  v.struct_size = sizeof v;
   return v;
 }
 
@@ -246,6 +251,7 @@ kvsnap::ConversionSpec spec_of(const kvsnap_convert_params_v2& p) {
   if (p.target_build) s.target_build = p.target_build;
   if (p.format) s.format = p.format;
   s.threads = p.n_threads;
+  s.kv_streams = p.kv_streams;
   return s;
 }
 

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -219,6 +221,43 @@ TEST(CApi, V2StructSizeIsChecked) {
   Converted defaults = convert_v2(nullptr, slot, nullptr);
   ASSERT_EQ(defaults.status, KVSNAP_OK) << defaults.error;
   EXPECT_EQ(defaults.bytes, slot);
+  // A program built against the first kvsnap_convert_params_v2 (no kv_streams): taken, kv_streams
+  // left at its default whatever the bytes past its struct hold.
+  struct First {
+    kvsnap_convert_params_v2 p;
+    int after;
+  } first;
+  kvsnap_convert_params_v2_init(&first.p, sizeof first.p);
+  first.p.struct_size = offsetof(kvsnap_convert_params_v2, kv_streams);
+  first.p.kv_streams = 7;  // not the caller's: past its struct
+  Converted old_size = convert_v2(nullptr, slot, &first.p);
+  ASSERT_EQ(old_size.status, KVSNAP_OK) << old_size.error;
+  EXPECT_EQ(old_size.bytes, slot);
+  first.p.struct_size = offsetof(kvsnap_convert_params_v2, kv_streams) - 1;
+  EXPECT_EQ(convert_v2(nullptr, slot, &first.p).status, KVSNAP_ERR_INVALID_ARGUMENT);
+}
+
+// kv_streams: a sequence for a context of another stream count, as `kvsnap convert --kv-streams`
+// writes it; a raw sequence buffer too (a live move between contexts of other n_seq_max / kv_unified).
+TEST(CApi, KvStreamsAsTheCommandLineWritesThem) {
+  const auto slot = slurp(fixture("v0.5.0/hd64-f16-f16-faon.slot"));
+  kvsnap_convert_params_v2 p;
+  kvsnap_convert_params_v2_init(&p, sizeof p);
+  p.kv_streams = 3;
+  Converted three = convert_v2(nullptr, slot, &p);
+  ASSERT_EQ(three.status, KVSNAP_OK) << three.error;
+  EXPECT_EQ(three.bytes, cli_convert(fixture("v0.5.0/hd64-f16-f16-faon.slot"), "--kv-streams 3"));
+  const auto raw = slurp(fixture("v0.5.0/hd64-f16-f16-faon.raw"));
+  p.input = KVSNAP_INPUT_SEQ_BUFFER;
+  Converted raw3 = convert_v2(nullptr, raw, &p);
+  ASSERT_EQ(raw3.status, KVSNAP_OK) << raw3.error;
+  EXPECT_EQ(raw3.bytes.size(), raw.size() + 8) << "two empty streams";
+  p.kv_streams = 1;
+  Converted back = convert_v2(nullptr, raw3.bytes, &p);
+  ASSERT_EQ(back.status, KVSNAP_OK) << back.error;
+  EXPECT_EQ(back.bytes, raw);
+  p.kv_streams = 300;
+  EXPECT_EQ(convert_v2(nullptr, raw, &p).status, KVSNAP_ERR_INVALID_ARGUMENT);
 }
 
 TEST(CApi, ErrorsAreStatusesWithMessages) {
