@@ -688,8 +688,7 @@ Result<CrossEngineResult> mlx_to_llama(const MlxPromptCache& src, const Readable
   res.from = "mlx-lm " + l0.cls + " " +
              (l0.bits ? "q" + std::to_string(*l0.bits) + "g" + std::to_string(*l0.group_size) + " " : std::string()) +
              l0.k->dtype + " (" + mlx_layout_name(src.layout) + ")";
-  res.to = state_format_name(conv.target) + ", K " + state_types(conv.target, false) + ", V " +
-           state_types(conv.target, true) + " (" + state_v_layout(conv.target) + ")";
+  res.to = describe_state(conv.target);
   return res;
 }
 

@@ -49,7 +49,7 @@ std::string unused_options(const ConvertOptions& o, bool to_mlx) {
     note(o.mlx_device != "cpu", "--mlx-device");
   }
   note(o.head_dim_k || o.head_dim_v, "--head-dim-k/--head-dim-v (the model gives them)");
-  note(o.kv_streams, "--kv-streams");
+  note(to_mlx && o.kv_streams, "--kv-streams");
   return given;
 }
 
@@ -185,6 +185,7 @@ Status run_convert_cross(const ConvertOptions& o, std::string& out) {
     spec.target.target_build = o.target_build;
     spec.target.format = o.format;
     spec.target.threads = o.threads;
+    spec.target.kv_streams = o.kv_streams;
     KV_ASSIGN_OR_RETURN(spec.file_kind, llama_file_of(o));
     if (!o.tokens.empty()) {
       KV_ASSIGN_OR_RETURN(const std::vector<std::byte> bytes, read_all(io, o.tokens, kMaxTokenFile));

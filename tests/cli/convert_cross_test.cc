@@ -45,6 +45,13 @@ TEST(ConvertCross, SlotToMlxAndBack) {
   s = convert(b, out);
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_NE(out.find("\"to\": \"ggsq v3, K q8_0, V q8_0 (rows)\""), std::string::npos) << out;
+  // for a llama-server with -np 2 (and no -kvu): a slot file of 2 KV streams
+  b.kv_streams = 2;
+  b.out = ::testing::TempDir() + "kvsnap-cross-hd64-back-np2.slot";
+  s = convert(b, out);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NE(out.find("2 KV streams"), std::string::npos) << out;
+  b.kv_streams = 0;
 
   b.out = ::testing::TempDir() + "kvsnap-cross-hd64-back.session";
   b.llama_file = "session";
