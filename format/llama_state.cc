@@ -39,7 +39,8 @@ Status parse_recurrent(Cursor& c, RecurrentSection& rec, const MemoryShape* shap
   }
   // An empty state is written whole: llama.cpp (every release, llama_memory_recurrent::state_write)
   // writes s_trans, the layer count and each tensor's type and row size after no cells, with no rows.
-  // (An empty hybrid slot, saved by llama-server 3.22.1: fixtures/v0.5.0/hybrid-empty.slot.)
+  // (An empty hybrid slot, as llama-server 3.22.1 saves it: RecurrentState.AnEmptyOneIsWrittenWholeAndReads,
+  // and oracle.server_flows on the real one.)
   std::vector<CellMeta> cells;
   KV_RETURN_IF_ERROR(parse_cells(c, rec.cell_count, 0, cells));
   uint64_t at = c.offset();

@@ -237,7 +237,7 @@ Status set_stream_prefix(bool prefix, StateFile& t) {
                                   " (a llama-server with -np " + std::to_string(sec.streams.size()) +
                                   " and no -kvu keeps one per slot), which only a format with the n_stream prefix "
                                   "holds (current, or {--format} ggsq-v2 for a slot file, ggsn-v9 for a session); "
-                                  "a slot file's can be rewritten to 1 with {--kv-streams} 1");
+                                  "a slot file's can be rewritten to 1 with {--kv-streams} 1 (a server with -np 1 or -kvu)");
     }
     sec.stream_prefix = prefix;
   }
@@ -804,6 +804,13 @@ Result<StateFile> restreamed(const StateFile& src, const ConvertRequest& req) {
                                 kind_name(s.kind) + ", which holds every sequence, each in its own stream when "
                                 "there are several: kvsnap does not move sequences between streams");
   }
+  // A tagged raw buffer of sequence -1 is the whole cache, read back stream by stream at the file's own
+  // index (state_read: strm = s when seq_id == -1): a sequence moved to another stream would not be
+  // where its cells say (a review's finding).
+  if (s.kind == StateKind::kRawSeq && s.raw_seq_tagged && s.raw_seq_id < 0)
+    return Status::NotSupported("{--kv-streams}: this raw buffer is tagged with sequence " +
+                                std::to_string(s.raw_seq_id) + " (every sequence), which llama.cpp reads back "
+                                "stream by stream where the file has them: kvsnap does not move it");
   for (size_t si = 0; si < s.memory.kv.size(); ++si) {
     KvSection& sec = s.memory.kv[si];
     std::optional<size_t> held;

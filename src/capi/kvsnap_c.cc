@@ -184,6 +184,8 @@ kvsnap_convert_params_v2 as_v2(const kvsnap_convert_params& p) {
 
 // The first release of kvsnap_convert_params_v2 ended with dst_rotation: no smaller size is valid.
 constexpr size_t kFirstV2Size = offsetof(kvsnap_convert_params_v2, kv_streams);
+// Where the last member this library knows ends (its struct may have padding after it).
+constexpr size_t kKnownV2End = offsetof(kvsnap_convert_params_v2, kv_streams) + sizeof(int);
 
 // The caller's version 2 parameters as this library knows them: the members its struct_size holds
 // (an older kvsnap.h's, at least the first release's; the others keep their defaults); members a
@@ -202,11 +204,14 @@ kvsnap::Result<kvsnap_convert_params_v2> read_v2(const kvsnap_convert_params_v2*
                                    ", smaller than any kvsnap_convert_params_v2 (" + std::to_string(kFirstV2Size) +
                                    "): initialise it with kvsnap_convert_params_v2_init(&p, sizeof p)");
   }
+  // From the end of the last member this library knows, not of its struct: a newer kvsnap.h's next
+  // member may sit in this one's tail padding (a review's finding: an int after kv_streams, set,
+  // was copied into the padding and ignored, status OK).
   const auto* bytes = reinterpret_cast<const unsigned char*>(p);
-  for (size_t i = sizeof v; i < p->struct_size; ++i) {
+  for (size_t i = kKnownV2End; i < p->struct_size; ++i) {
     if (bytes[i] != 0) {
       return Status::NotSupported("kvsnap_convert_params_v2 sets a member at byte " + std::to_string(i) +
-                                  ", past the " + std::to_string(sizeof v) + " bytes this libkvsnap " KVSNAP_VERSION
+                                  ", past the " + std::to_string(kKnownV2End) + " bytes this libkvsnap " KVSNAP_VERSION
                                   " knows: the program was built against a newer kvsnap.h; use its libkvsnap");
     }
   }

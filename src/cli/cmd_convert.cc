@@ -114,10 +114,12 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
   j["seconds"] = secs;
   j["threads"] = req.threads;
   j["requant"] = requant_mode_name(req.requant);
+  auto streams = [](const StateFile& f) { return f.memory.kv.empty() ? size_t(1) : f.memory.kv[0].streams.size(); };
   j["source"] = {{"format", state_format_name(src)}, {"ctk", state_types(src, false)}, {"ctv", state_types(src, true)},
-                 {"v_layout", state_v_layout(src)}};
+                 {"v_layout", state_v_layout(src)}, {"kv_streams", streams(src)}};
   j["target"] = {{"format", state_format_name(res.target)}, {"ctk", state_types(res.target, false)},
-                 {"ctv", state_types(res.target, true)}, {"v_layout", state_v_layout(res.target)}};
+                 {"ctv", state_types(res.target, true)}, {"v_layout", state_v_layout(res.target)},
+                 {"kv_streams", streams(res.target)}};
   json layers = json::array();
   for (const auto& r : res.layers) {
     layers.push_back({{"section", r.section}, {"layer", r.layer}, {"side", r.is_v ? "V" : "K"},
@@ -133,12 +135,9 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
     return Status::OK();
   }
   std::string buf;
-  buf = printf_text("%s: %s, K %s, V %s (%s), %llu bytes\n  -> %s: %s, K %s, V %s (%s), %llu bytes, %.3f s\n",
-                o.in.c_str(), state_format_name(src).c_str(), state_types(src, false).c_str(), state_types(src, true).c_str(),
-                state_v_layout(src).c_str(), (unsigned long long)res.bytes_in, o.out.c_str(),
-                state_format_name(res.target).c_str(), state_types(res.target, false).c_str(),
-                state_types(res.target, true).c_str(), state_v_layout(res.target).c_str(),
-                (unsigned long long)res.bytes_out, secs);
+  buf = printf_text("%s: %s, %llu bytes\n  -> %s: %s, %llu bytes, %.3f s\n", o.in.c_str(), describe_state(src).c_str(),
+                    (unsigned long long)res.bytes_in, o.out.c_str(), describe_state(res.target).c_str(),
+                    (unsigned long long)res.bytes_out, secs);
   out = buf;
   if (o.report) {
     out += source_rotation_text(rotation);

@@ -227,6 +227,7 @@ StreamCounts stream_counts(const ServerTarget& t, Store& store, const std::strin
 // -kvu), then 1 (a unified cache).
 std::vector<uint32_t> other_stream_counts(const StreamCounts& c) {
   std::vector<uint32_t> out;
+  if (c.have == 0 || c.slots == 0) return out;  // either unread: nothing to go by
   for (size_t n : {c.slots, size_t(1)})
     if (n != 0 && n != c.have && (out.empty() || out.back() != n)) out.push_back(uint32_t(n));
   return out;
@@ -418,6 +419,8 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
       KV_RETURN_IF_ERROR(write_file());
       tried.push_back(n);
       restored_or = srv.restore_slot(t.slot, name);
+      // Another failure (a timeout, the server gone) is not the count: no more rewrites over it.
+      if (!restored_or.ok() && restored_or.status().message().find("invalid slot save file") == std::string::npos) break;
       if (restored_or.ok()) {
         r.kv_streams = n;
         r.kv_streams_from = "the server refused the snapshot's " + streams_text(counts.have) + "; it has " +
@@ -436,9 +439,12 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
                                                   " for the server (is --slot-dir its --slot-save-path? was the file "
                                                   "still there?)");
     if (!tried.empty()) {
-      std::string counts_tried = streams_text(counts.have);
-      for (uint32_t n : tried) counts_tried += ", " + std::to_string(n);
-      return failed.Appended("; refused with " + counts_tried + " too, so not for its KV stream count");
+      std::string counts_tried;
+      for (uint32_t n : tried) counts_tried += (counts_tried.empty() ? "" : " and ") + std::to_string(n);
+      return failed.Appended("; rewritten to " + counts_tried + " KV streams (the counts the server may have, for " +
+                             std::to_string(counts.slots) + (counts.slots == 1 ? " slot" : " slots") +
+                             ") it was refused too: something else does not fit (each slot's context, -c divided "
+                             "by -np without -kvu, against the snapshot's tokens; the model; the types)");
     }
     return hint.empty() ? failed : failed.Appended("; or the KV streams: " + hint);
   }

@@ -235,6 +235,16 @@ TEST(CApi, V2StructSizeIsChecked) {
   EXPECT_EQ(old_size.bytes, slot);
   first.p.struct_size = offsetof(kvsnap_convert_params_v2, kv_streams) - 1;
   EXPECT_EQ(convert_v2(nullptr, slot, &first.p).status, KVSNAP_ERR_INVALID_ARGUMENT);
+  // A newer kvsnap.h's next member may sit in this struct's tail padding: set, it is refused, not
+  // copied into the padding and ignored (a review's finding).
+  const size_t known_end = offsetof(kvsnap_convert_params_v2, kv_streams) + sizeof(int);
+  if (sizeof(kvsnap_convert_params_v2) > known_end) {
+    kvsnap_convert_params_v2 padded;
+    kvsnap_convert_params_v2_init(&padded, sizeof padded);
+    reinterpret_cast<unsigned char*>(&padded)[known_end] = 7;
+    Converted in_padding = convert_v2(nullptr, slot, &padded);
+    EXPECT_EQ(in_padding.status, KVSNAP_ERR_NOT_SUPPORTED) << in_padding.error;
+  }
 }
 
 // kv_streams: a sequence for a context of another stream count, as `kvsnap convert --kv-streams`

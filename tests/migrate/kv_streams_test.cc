@@ -157,6 +157,20 @@ TEST(KvStreamsWith, SessionsAndTwoFilledStreamsAreRefused) {
   EXPECT_EQ(r.status().code(), Code::kNotSupported) << r.status().ToString();
   EXPECT_NE(r.status().message().find("streams 0 and 1"), std::string::npos) << r.status().ToString();
   EXPECT_TRUE(none.bytes.empty());
+  // A raw buffer tagged with sequence -1 is the whole cache, read back at the file's own streams.
+  auto raw = posix_io().open_read(fixture("v0.5.0/hd64-f16-f16-faon.raw"));
+  ASSERT_TRUE(raw.ok());
+  ParseOptions po;
+  po.kind = StateKind::kRawSeq;
+  auto rs = parse_for_model(**raw, po, &*model);
+  ASSERT_TRUE(rs.ok()) << rs.status().ToString();
+  ASSERT_TRUE(rs->raw_seq_tagged);
+  EXPECT_TRUE(convert(*rs, **raw, two, &*model).ok()) << "sequence " << rs->raw_seq_id;
+  rs->raw_seq_id = -1;
+  r = convert_state(*rs, **raw, two, none);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kNotSupported) << r.status().ToString();
+  EXPECT_TRUE(none.bytes.empty());
   ConvertRequest zero;
   zero.kv_streams = 0;
   EXPECT_EQ(convert_state(*st, **file, zero, none).status().code(), Code::kInvalidArgument);
