@@ -13,6 +13,10 @@ namespace kvsnap {
 namespace {
 
 constexpr size_t kRecent = 64;
+// How long before an exchange came to the slot gate an unguarded event still counts against it: a
+// completion forwarded a moment earlier may reach the child after the exchange's admission, and a
+// given-up stream's later prompts start within llama-server's poll of the connection (1 s).
+constexpr std::chrono::seconds kUnguardedMargin(10);
 constexpr const char* kUnattributed = "unattributed";
 
 }  // namespace
@@ -98,9 +102,15 @@ std::string slot_owner(const std::deque<PromptOwner>& recent, const std::vector<
   return owner.empty() ? fallback : owner;
 }
 
-std::string untokenized_exchange_owner(const std::string& ns, int own_slot, int64_t own_after, bool every_task_gated) {
-  const bool certain = own_slot >= 0 || (own_after >= 0 && every_task_gated);
+std::string untokenized_exchange_owner(const std::string& ns, int own_slot, int64_t own_after, bool every_task_gated,
+                                       bool unguarded) {
+  const bool certain = every_task_gated && !unguarded && (own_slot >= 0 || own_after >= 0);
   return certain && !ns.empty() ? ns : kUnattributed;
+}
+
+void Persister::note_unguarded() {
+  std::lock_guard<std::mutex> l(mu_);
+  last_unguarded_ = std::chrono::steady_clock::now();
 }
 
 Persister::Persister(Io& io, TenantStores& stores, std::mutex& store_mu, ServerTarget target,
@@ -128,7 +138,7 @@ void Persister::note_completion(const Exchange& x) {
     // gate) as its own. An OpenAI-style answer names no slot: the one serve pinned it to.
     // Other slots still changed (a stream given up) are saved too, as any pass saves them.
     const int slot = x.several_slots ? -1 : slot_of_answer(x);
-    Job j{slot, x.prompt_tokens.empty(), "", slot, x.own_after_task};
+    Job j{slot, x.prompt_tokens.empty(), "", slot, x.own_after_task, x.arrived};
     if (slot < 0 && !x.several_slots && x.pinned_slot >= 0) j.own_slot = x.pinned_slot;
     if (j.own_slot >= 0 || j.own_after >= 0 || x.several_slots) j.ns = namespace_of(x);
     jobs_.push_back(std::move(j));
@@ -141,6 +151,7 @@ void Persister::note_prompt(const Exchange& x) {
   if (!is_completion_route(x.path)) return;
   std::lock_guard<std::mutex> l(mu_);
   remember_prompt(x, true);
+  last_unguarded_ = std::chrono::steady_clock::now();  // its later prompts may still start (note_unguarded)
 }
 
 void Persister::remember_prompt(const Exchange& x, bool may_be_partial) {
@@ -158,8 +169,9 @@ void Persister::worker() {
     jobs_.pop_front();
     busy_ = true;
     l.unlock();
+    const bool unguarded = last_unguarded_ && *last_unguarded_ >= j.arrived - kUnguardedMargin;
     const std::string fallback =
-        j.unverifiable ? untokenized_exchange_owner(j.ns, j.own_slot, j.own_after, every_task_gated_) : "";
+        j.unverifiable ? untokenized_exchange_owner(j.ns, j.own_slot, j.own_after, every_task_gated_, unguarded) : "";
     save_changed(j.slot, fallback, j.unverifiable, j.ns, j.own_slot, j.own_after);
     l.lock();
     busy_ = false;
@@ -313,6 +325,7 @@ bool Persister::holds_unsaved(int slot, int64_t task) {
 void Persister::forget_slots() {
   std::lock_guard<std::mutex> l(mu_);
   saved_task_.clear();
+  last_unguarded_ = std::chrono::steady_clock::now();  // task ids start again (note_unguarded)
 }
 
 PersistStats Persister::stats() {

@@ -31,6 +31,7 @@
 #include <functional>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -86,10 +87,14 @@ std::string slot_owner(const std::deque<PromptOwner>& recent, const std::vector<
                        bool untokenized_job, const std::string& fallback, const std::string& preferred = "");
 
 // Whose an exchange kvsnap did not tokenize has in its own slots: its namespace `ns` when they are
-// certainly its (`own_slot` >= 0: the slot its answer named or serve pinned it to; or `own_after` >=
-// 0, the newest task when it was let in to run alone, with `every_task_gated`: no task but a gated
-// completion's can be newer), else "unattributed" (no tenant's): kvsnap has no prompt tokens to tell.
-std::string untokenized_exchange_owner(const std::string& ns, int own_slot, int64_t own_after, bool every_task_gated);
+// certainly its, else "unattributed" (no tenant's): kvsnap has no prompt tokens to tell. Certain
+// takes `every_task_gated` (no embedding task, which the slot gate does not hold, can take a slot),
+// no `unguarded` event from shortly before the exchange came to the gate until its save
+// (Persister::note_unguarded), and the slot: `own_slot` >= 0, the one its answer named or serve
+// pinned it to, or, `own_after` >= 0, one whose task is newer than the newest when it was let in to
+// run alone.
+std::string untokenized_exchange_owner(const std::string& ns, int own_slot, int64_t own_after, bool every_task_gated,
+                                       bool unguarded);
 
 struct PersistStats {
   uint64_t saved = 0, failed = 0;
@@ -135,6 +140,13 @@ class Persister {
   // whose task is newer than a run-alone exchange's admission is certainly that exchange's.
   // Before the first completion.
   void set_every_task_gated(bool gated) { every_task_gated_ = gated; }
+  // A task may have started in a slot without the slot gate's guarantee: a completion went on without
+  // a permit (the wait ran out, or the gate has no slot count) or without waiting for the saves
+  // queued before it; a stream was given up (note_prompt: llama-server may still start its later
+  // prompts' tasks); the child restarted (forget_slots: task ids start again). For exchanges that came
+  // to the gate up to kUnguardedMarginS before it and are saved after it, no slot is certainly their
+  // own (untokenized_exchange_owner).
+  void note_unguarded();
 
  private:
   struct Job {
@@ -146,6 +158,7 @@ class Persister {
     // else (-1) those whose task is newer than `own_after` (Exchange::own_after_task; -1: all).
     int own_slot = -1;
     int64_t own_after = -1;
+    std::chrono::steady_clock::time_point arrived{};  // Exchange::arrived
   };
   void worker();
   void remember_prompt(const Exchange& x, bool may_be_partial);  // mu_ held
@@ -170,6 +183,7 @@ class Persister {
   std::map<int, int64_t> saved_task_;   // slot -> id_task of its last save
   std::deque<PromptOwner> recent_;      // the last kRecent completions with prompt tokens, newest last
   bool every_task_gated_ = false;
+  std::optional<std::chrono::steady_clock::time_point> last_unguarded_;  // note_unguarded's latest
   PersistStats stats_;
   // When each cap ("the store", "tenant 'x'") was last logged as not met: at most every 10 minutes
   // each, not at every save (pinned snapshots over a cap leave it unmet at each).

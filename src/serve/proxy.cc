@@ -296,6 +296,7 @@ struct Proxy::Impl {
     x.pinned_slot = f.pinned_slot;
     x.several_slots = f.several_slots;
     x.own_after_task = f.own_after_task;
+    x.arrived = f.arrived;
     x.restored_tokens = f.restored_tokens;
     x.method = req.method;
     x.path = req.path;

@@ -32,6 +32,7 @@
 //     that cannot get a ticket in time is answered 503 with Retry-After.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -84,6 +85,8 @@ struct Forward {
   // A completion that ran alone: the newest /slots id_task when it was let in, so that a slot whose
   // task is newer is its own (-1: unknown; every slot its save finds changed is taken as its own).
   int64_t own_after_task = -1;
+  // When a completion came to the slot gate (Persister::note_unguarded's window starts before it).
+  std::chrono::steady_clock::time_point arrived{};
   uint64_t restored_tokens = 0;
   // Set by the hook: the request is not forwarded; the client gets 503 with this JSON body.
   std::string refused;
@@ -111,6 +114,7 @@ struct Exchange {
   int pinned_slot = -1;
   bool several_slots = false;
   int64_t own_after_task = -1;
+  std::chrono::steady_clock::time_point arrived{};
   uint64_t restored_tokens = 0;
 };
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <chrono>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
@@ -117,8 +118,9 @@ void keep_idle_slots(const LlamaArgs& args, const std::function<void(const std::
   if (args.cache_idle_slots) {
     if (*args.cache_idle_slots)
       log("persist: " + args.cache_idle_slots_from +
-          " turns on llama-server's --cache-idle-slots: with a unified KV cache (no -np, or -kvu) it clears idle "
-          "slots when a task starts, and a conversation whose save is not done by then is lost");
+          " turns on llama-server's --cache-idle-slots (unless --cache-ram 0 turns it off): with a unified KV cache "
+          "(no -np, or -kvu) it clears idle slots when a task starts, and a conversation whose save is not done by "
+          "then is lost");
     return;
   }
   ::setenv("LLAMA_ARG_CACHE_IDLE_SLOTS", "0", 1);
@@ -255,6 +257,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
           // save is not queued yet, and start it there before that conversation is saved.
           bool waited_out = false;
           int slot = -1;
+          f.arrived = std::chrono::steady_clock::now();
           f.hold = slot_gate.enter(kSlotWaitS, slot_want(prefix, f), &waited_out, &slot);
           if (slot >= 0) pin_to_slot(f, slot);
           if (!f.hold && slot_gate.shut_down()) {
@@ -264,15 +267,18 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
                         R"(try again when it is back","type":"unavailable_error"}})";
             return;
           }
+          if (!f.hold) persist.note_unguarded();  // no permit: the wait ran out, or no slot count
           if (waited_out)
             log("persist: every slot stayed busy for " + std::to_string(int(kSlotWaitS)) + " s; a " + f.path +
                 " request goes on without waiting, a conversation it displaces may be lost");
           // The slot given may hold a conversation whose save is queued (its permit came back once
           // the save was queued): the save goes first, or the conversation is lost. Before the
           // prefix lookup too, which may restore into that slot.
-          if (!persist.wait_saved(kSaveWaitS))
+          if (!persist.wait_saved(kSaveWaitS)) {
+            persist.note_unguarded();
             log("persist: the saves queued before a " + f.path + " request took over " +
                 std::to_string(int(kSaveWaitS)) + " s; the request goes on, a slot they were for may be lost");
+          }
           // Alone (no slot named): a slot whose task is newer than the newest now is this request's;
           // an older one that is still unsaved (two tenants' prompts tied) is not.
           if (f.hold && slot < 0) f.own_after_task = persist.newest_task();

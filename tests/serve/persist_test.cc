@@ -87,15 +87,21 @@ TEST(ServePersist, AnUntokenizedExchangesSaveTakesNoOtherNamespacesPrompt) {
 }
 
 // An untokenized exchange's own slot is its namespace's when it is certainly its own: named by its
-// answer or pinned by serve, or (it ran alone: /v1/messages, "n": 2) a task newer than its admission
-// while every task the child runs passes the slot gate; a child that takes embedding tasks, which
-// the gate does not hold, may have run one there. Else no one's.
+// answer or pinned by serve, or (it ran alone: /v1/messages, "n": 2) a task newer than its admission,
+// while every task the child runs passes the slot gate (a child that takes embedding tasks, which
+// the gate does not hold, may have run one there) and none went on unguarded meanwhile (a review's
+// findings). Else no one's.
 TEST(ServePersist, AnUntokenizedExchangesOwnSlotIsItsNamespacesWhenCertain) {
-  EXPECT_EQ(untokenized_exchange_owner("session-ana", 1, -1, false), "session-ana");
-  EXPECT_EQ(untokenized_exchange_owner("session-ana", -1, 41, true), "session-ana");
-  EXPECT_EQ(untokenized_exchange_owner("session-ana", -1, 41, false), "unattributed") << "an embedding task's?";
-  EXPECT_EQ(untokenized_exchange_owner("session-ana", -1, -1, true), "unattributed") << "admission unknown";
-  EXPECT_EQ(untokenized_exchange_owner("", 1, -1, true), "unattributed");
+  EXPECT_EQ(untokenized_exchange_owner("session-ana", 1, -1, true, false), "session-ana");
+  EXPECT_EQ(untokenized_exchange_owner("session-ana", -1, 41, true, false), "session-ana");
+  EXPECT_EQ(untokenized_exchange_owner("session-ana", -1, 41, false, false), "unattributed") << "an embedding task's?";
+  EXPECT_EQ(untokenized_exchange_owner("session-ana", 1, -1, false, false), "unattributed")
+      << "an embedding task may take the slot the answer named before its save";
+  EXPECT_EQ(untokenized_exchange_owner("session-ana", 1, -1, true, true), "unattributed")
+      << "a completion went on unguarded meanwhile";
+  EXPECT_EQ(untokenized_exchange_owner("session-ana", -1, 41, true, true), "unattributed");
+  EXPECT_EQ(untokenized_exchange_owner("session-ana", -1, -1, true, false), "unattributed") << "admission unknown";
+  EXPECT_EQ(untokenized_exchange_owner("", 1, -1, true, false), "unattributed");
 }
 
 // A session name is the client's choice: two key holders who send the same one get two namespaces,
