@@ -13,6 +13,29 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
 
+# Where a run's minutes go: each step's wall time, a table at the end (also when a stage fails),
+# so that the fresh-machine budget (under 60 minutes on 2 cores, README.md) is kept by measurement.
+# step NAME ends the current step and starts NAME, with a header naming the minute it starts at.
+step_names=() step_secs=()
+step_name="packages (install-deps.sh)" step_start=$SECONDS
+minutes() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
+step() {
+  step_names+=("$step_name")
+  step_secs+=($((SECONDS - step_start)))
+  step_name=$1 step_start=$SECONDS
+  echo "== $1 (at $(minutes $SECONDS)) =="
+}
+print_steps() {
+  local i
+  step_names+=("$step_name")
+  step_secs+=($((SECONDS - step_start)))
+  echo "== time per step (wall, m:ss; the jobs run beside are timed on their own lines) =="
+  for i in "${!step_names[@]}"; do
+    printf '%7s  %s\n' "$(minutes "${step_secs[$i]}")" "${step_names[$i]}"
+  done
+  printf '%7s  %s\n' "$(minutes $SECONDS)" "the whole run"
+}
+
 # --cross: the aarch64 stage's packages too, now, in the same apt transaction (install-deps.sh says why)
 bash tests/install-deps.sh --cross
 # ccache (installed by install-deps) serves every build below when the machine has built this tree
@@ -26,11 +49,12 @@ fi
 # A job run beside the stages that follow it: start_beside NAME COMMAND... starts it with its output
 # in a file, in a process group of its own (set -m while it starts); finish_beside NAME waits for it,
 # prints that output and returns its status.
-declare -A beside_pid beside_log
+declare -A beside_pid beside_log beside_start
 start_beside() {
   local name=$1
   shift
   beside_log[$name]=$(mktemp)
+  beside_start[$name]=$SECONDS
   set -m
   "$@" >"${beside_log[$name]}" 2>&1 &
   beside_pid[$name]=$!
@@ -39,10 +63,11 @@ start_beside() {
 finish_beside() {
   local rc=0
   wait "${beside_pid[$1]}" || rc=$?
-  echo "== $1 (run beside the stages above) =="
+  echo "== $1 (run beside the stages above: $(minutes $((SECONDS - beside_start[$1]))) from its start," \
+       "waited for at $(minutes $SECONDS)) =="
   cat "${beside_log[$1]}"
   rm -f "${beside_log[$1]}"
-  unset "beside_pid[$1]" "beside_log[$1]"
+  unset "beside_pid[$1]" "beside_log[$1]" "beside_start[$1]"
   return "$rc"
 }
 # A stage that fails ends the script (set -e): a job still beside it is stopped, its whole process
@@ -54,7 +79,7 @@ stop_beside_jobs() {
     finish_beside "$name" || true
   done
 }
-trap stop_beside_jobs EXIT
+trap 'stop_beside_jobs; print_steps' EXIT
 
 # The Python beds (PyPI: downloads and unpacking) are made beside the npm downloads and the
 # llama-server build below (a cold run had them done in 44 s, during the downloads); the main tests
@@ -80,6 +105,7 @@ if [ -x tests/oracle/fetch.sh ] || [ -f tests/oracle/fetch.sh ]; then
   # beside it (they wait on the network, the build on the CPU): node-llama-cpp 3.21.1 3.20.0 3.19.0
   # 3.18.1 3.17.1 3.16.2 3.10.0, @fugood/llama.node and eras A and B (3.0.0-beta.32/44), ~1 min
   # the first time (npm pack + the source bundles), cached afterwards.
+  step "the real-llama.cpp bed: 3.22.1, then llama-server built (the other releases fetched beside it)"
   bash tests/oracle/fetch.sh 3.22.1
   start_beside "oracle beds" bash -c 'bash tests/oracle/fetch.sh all && bash tests/oracle/fetch.sh eras-ab'
   bash tests/oracle/build-server.sh 3.22.1
@@ -98,9 +124,11 @@ fi
 # generation in each of them (cmd_info.cc 14.5 -> 10.4 s); what the commands do runs in the libraries.
 release=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG"
          -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG" -DKVSNAP_TEST_CODE_FLAGS=-O1 -DKVSNAP_CLI_CODE_FLAGS=-O1)
+step "main build (gcc 12)"
 cmake -S . -B build -G Ninja "${release[@]}" >/dev/null
 cmake --build build -j"$jobs"
 finish_beside "Python beds"
+step "main tests (ctest -LE slow)"
 # Left out: "slow" (bigger matrices, e.g. oracle.zoo_full).
 bash tests/ctest-costs/seed.sh build tests/ctest-costs/main.txt
 ctest --test-dir build --output-on-failure -j"$jobs" -LE 'slow'
@@ -112,7 +140,7 @@ ctest --test-dir build --output-on-failure -j"$jobs" -LE 'slow'
 # its output shown, before the x86-cpus stage runs ctest in build/ again.
 start_beside fleet.two_hosts ctest --test-dir build --output-on-failure -L 'fleet'
 
-echo "== generic POSIX: src/base/os.cc's branch for other systems, with the base, store and serve unit tests =="
+step "generic POSIX: src/base/os.cc's branch for other systems, with the base, store and serve unit tests"
 # The macOS proxy for the OS seam (docs/portability.md): no prctl, close_range, sync_file_range,
 # pipe2 or fdatasync; the lifeline without the parent-death signal. Only os.cc and its test differ from
 # build/'s objects, which ccache serves. The test programs run directly (their ctest entries would
@@ -121,7 +149,7 @@ cmake -S . -B build-posix -G Ninja -DKVSNAP_OS_GENERIC_POSIX=ON -DKVSNAP_BUILD_B
 cmake --build build-posix -j"$jobs" --target base_tests store_tests serve_tests
 for t in base_tests store_tests serve_tests; do build-posix/tests/$t --gtest_brief=1; done
 
-echo "== aarch64: cross build, unit + golden tests and kvsnap-simd-check (NEON) under qemu-user =="
+step "aarch64: cross build, unit + golden tests and kvsnap-simd-check (NEON) under qemu-user"
 # tests/cross/run.sh: g++-aarch64-linux-gnu, qemu-user and the arm64 -dev packages were installed above.
 # Measured clean on 2 cores shared with other builds: 7.0 min (9.8 min at load 6-9).
 bash tests/cross/run.sh build-aarch64
@@ -129,12 +157,12 @@ finish_beside fleet.two_hosts
 # The same with clang 16 (tests/cross/aarch64-clang.cmake, the Apple clang proxy) passes too, but takes
 # several times as long under qemu: run by hand, not here (docs/portability.md, "What was proven").
 
-echo "== x86-64 CPUs below this one: AVX2 without AVX-512 and SHA-NI (Haswell), SSE4.2 only (Nehalem), under qemu-x86_64 =="
+step "x86-64 CPUs below this one: AVX2 without AVX-512 and SHA-NI (Haswell), SSE4.2 only (Nehalem), under qemu-x86_64"
 # tests/cross/x86-cpus.sh: the level and SHA-256 kernel chosen from CPUID alone, no instruction the
 # CPU lacks on any path (SIGILL), the same bytes. Uses build/ from above; ~7 min on 2 cores.
 bash tests/cross/x86-cpus.sh build
 
-echo "== clang 16 + libc++ + ASan + UBSan: every portable target, warnings as errors, the unit tests and the S3 client =="
+step "clang 16 + libc++ + ASan + UBSan: every portable target, warnings as errors (the build)"
 # One build for three proofs: macOS has only libc++ and Apple clang (docs/portability.md), the unit
 # tests run under AddressSanitizer + UndefinedBehaviorSanitizer, and -Werror holds for clang. Debug
 # (-O0, asserts on): clang compiles this tree with ASan 2-3x faster than at -O1 (cmd_info.cc 13.6 s
@@ -154,6 +182,7 @@ CC=clang-16 CXX=clang++-16 cmake -S . -B build-clang -G Ninja -DKVSNAP_LIBCXX=ON
   -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-gline-tables-only" \
   -DCMAKE_CXX_FLAGS_DEBUG="-gline-tables-only" >/dev/null
 cmake --build build-clang -j"$jobs"
+step "clang 16 + libc++ + ASan + UBSan: the unit tests and the S3 client"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 bash tests/ctest-costs/seed.sh build-clang tests/ctest-costs/sanitized.txt
 # Without the snapshot tests' reruns under each SHA-256 kernel (label kernel-reruns, 125 s here): the
@@ -169,7 +198,7 @@ ctest --test-dir build-clang -L unit -LE kernel-reruns -E '^(SnapshotAdaptive\.|
 ctest --test-dir build-clang -L s3 -LE slow --output-on-failure
 unset ASAN_OPTIONS UBSAN_OPTIONS
 
-echo "== fuzz targets (clang, libFuzzer + ASan + UBSan) =="
+step "fuzz targets (clang, libFuzzer + ASan + UBSan): the build"
 # Only the fuzz targets and the libraries they link. The runs take KVSNAP_FUZZ_SECONDS per target
 # (15 targets), two at a time on 2 cores (tests/fuzz/run.sh), plus a few seconds of regression inputs.
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DKVSNAP_FUZZ=ON -DKVSNAP_BUILD_TESTS=OFF \
@@ -177,4 +206,5 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DKVSNAP_FUZZ=ON -DKVSNAP
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only -DNDEBUG" \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only -DNDEBUG" >/dev/null
 cmake --build build-fuzz -j"$jobs" --target fuzz_all
+step "fuzz targets: the runs"
 bash tests/fuzz/run.sh build-fuzz "${KVSNAP_FUZZ_SECONDS:-30}"
