@@ -47,8 +47,6 @@ Status check_output(const ConvertOptions& o) {
   return Status::OK();
 }
 
-double finite_or(double v, double alt) { return std::isfinite(v) ? v : alt; }
-
 ConversionSpec spec_of(const ConvertOptions& o) {
   ConversionSpec c;
   c.ctk = o.ctk;
@@ -126,7 +124,7 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
                       {"from", r.src_type}, {"to", r.dst_type}, {"rotation", r.rotation}, {"copied", r.copied},
                       {"values", r.values}, {"blocks_exact", r.blocks_exact},
                       {"blocks_requantized", r.blocks_requantized}, {"requant", r.requant}, {"rmse", r.rmse}, {"max_abs", r.max_abs},
-                      {"snr_db", finite_or(r.snr_db, 999.0)}, {"signal_rms", r.signal_rms}});
+                      {"snr_db", shown_snr_db(r.snr_db)}, {"signal_rms", r.signal_rms}});
   }
   j["layers"] = layers;
   j["source_rotation"] = source_rotation_json(rotation);
@@ -154,7 +152,7 @@ Status run_convert(const ConvertOptions& o, std::string& out, std::string& warni
       } else {
         buf = printf_text("  %-5s %-4s %-15s %-14s %12.3e %12.3e %9.2f\n", layer.c_str(),
                       r.is_v ? "V" : "K", types.c_str(), r.rotation.c_str(), r.rmse, r.max_abs,
-                      finite_or(r.snr_db, 999.0));
+                      shown_snr_db(r.snr_db));
       }
       out += buf;
     }

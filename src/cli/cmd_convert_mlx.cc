@@ -47,8 +47,6 @@ std::string llama_only_options(const ConvertOptions& o) {
   return given;
 }
 
-double finite_or(double v, double alt) { return std::isfinite(v) ? v : alt; }
-
 std::string report_text(const MlxRequantResult& r) {
   std::string out;
   std::string buf;
@@ -62,7 +60,7 @@ std::string report_text(const MlxRequantResult& r) {
                     types.c_str(), "exact", "0", "inf");
     } else {
       buf = printf_text("  %-5s %-4s %-24s %12.3e %12.3e %9.2f\n", s.layer.c_str(), s.is_v ? "V" : "K",
-                    types.c_str(), s.rmse, s.max_abs, finite_or(s.snr_db, 999.0));
+                    types.c_str(), s.rmse, s.max_abs, shown_snr_db(s.snr_db));
     }
     out += buf;
   }
@@ -170,7 +168,7 @@ Status run_convert_mlx(const ConvertOptions& o, const ReadableFile& file, std::s
       layers.push_back({{"layer", s.layer}, {"side", s.is_v ? "V" : "K"}, {"class_from", s.cls_from},
                         {"class_to", s.cls_to}, {"from", s.from}, {"to", s.to}, {"copied", s.copied},
                         {"values", s.values}, {"rmse", s.rmse}, {"max_abs", s.max_abs},
-                        {"snr_db", finite_or(s.snr_db, 999.0)}, {"signal_rms", s.signal_rms}});
+                        {"snr_db", shown_snr_db(s.snr_db)}, {"signal_rms", s.signal_rms}});
     }
     j["layers"] = layers;
     out = json_text(j, 2) + "\n";

@@ -456,7 +456,7 @@ json dry_run_json(const std::vector<DryRunCell>& cells) {
   return dry;
 }
 
-json info_json(const InfoReport& r) {
+json report_json(const InfoReport& r) {
   json j;
   j["kvsnap_info_version"] = 1;
   j["file"] = r.file;
@@ -681,7 +681,7 @@ Status run_info(const InfoOptions& opts, std::string& out) {
                                              model ? std::optional<bool>(model->profile.has_cell_ext) : std::nullopt,
                                              claims));
   const InfoReport report = build_report(in.state, opts.file, model, rot, opts.tokens);
-  out = opts.json ? json_text(info_json(report), 2) + "\n" : render_human(report);
+  out = opts.json ? json_text(report_json(report), 2) + "\n" : render_human(report);
   return Status::OK();
 }
 

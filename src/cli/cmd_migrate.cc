@@ -26,12 +26,6 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-std::string mib(uint64_t b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / (1 << 20));
-  return buf;
-}
-
 // The bytes a migration of DIR reads: every regular file directly in it (kvsnap's own temporaries
 // aside), twice with --backup-store (stored, then converted). The total of its progress display.
 json to_json(const MigrateSummary& s, bool dry_run) {
@@ -71,7 +65,7 @@ std::string to_text(const MigrateSummary& s, bool dry_run) {
     out += "  " + shown_text(f.name) + ": " + file_action_name(f.action);
     if (f.action == FileAction::kConverted || f.action == FileAction::kConvertedNotDurable ||
         f.action == FileAction::kWouldConvert)
-      out += ", " + f.from + " -> " + f.to + ", " + mib(f.bytes_before) + " -> " + mib(f.bytes_after);
+      out += ", " + f.from + " -> " + f.to + ", " + mib(f.bytes_before, 1) + " -> " + mib(f.bytes_after, 1);
     if (!f.detail.empty()) out += " (" + shown_text(f.detail) + ")";
     out += "\n";
   }
@@ -82,8 +76,8 @@ std::string to_text(const MigrateSummary& s, bool dry_run) {
                 dry_run ? "would convert" : "converted",
                 s.count(dry_run ? FileAction::kWouldConvert : FileAction::kConverted), s.count(FileAction::kAtTarget),
                 s.count(FileAction::kNotState), s.count(FileAction::kSkippedLink) + s.count(FileAction::kSkippedOther),
-                s.count(FileAction::kFailed), mib(before).c_str(), mib(after).c_str(),
-                before >= after ? mib(before - after).c_str() : mib(after - before).c_str(),
+                s.count(FileAction::kFailed), mib(before, 1).c_str(), mib(after, 1).c_str(),
+                before >= after ? mib(before - after, 1).c_str() : mib(after - before, 1).c_str(),
                 before >= after ? (dry_run ? "would be freed" : "freed") : (dry_run ? "more" : "more"), s.seconds);
   out += buf;
   if (const size_t n = s.count(FileAction::kConvertedNotDurable)) {

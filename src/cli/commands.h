@@ -3,6 +3,7 @@
 // Status, so tests can call run_* without the binary.
 #pragma once
 
+#include <cmath>
 #include <optional>
 #include <string>
 
@@ -110,5 +111,9 @@ void setup_completion(CLI::App& app, int& exit_status);
 
 // Every subcommand, in the order `kvsnap --help` lists them.
 void setup_all_commands(CLI::App& app, int& exit_status);
+
+// The SNR convert reports (llama.cpp and mlx-lm files, text and --json) show: an exact copy's is
+// +infinity, which JSON cannot hold, so 999 dB stands for it.
+inline double shown_snr_db(double snr_db) { return std::isfinite(snr_db) ? snr_db : 999.0; }
 
 }  // namespace kvsnap::cli

@@ -15,9 +15,9 @@
 
 namespace kvsnap::cli {
 
-std::string mib(uint64_t b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f MiB", double(b) / (1 << 20));
+std::string mib(uint64_t b, int decimals) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.*f MiB", decimals, double(b) / (1 << 20));
   return buf;
 }
 
@@ -270,8 +270,4 @@ std::string server_build_note(const ServerBuild& b) {
   if (!b.usable.empty()) return "; the server reports llama.cpp " + b.reported;
   return "; the server's build_info '" + b.reported + "' was not used (" + b.why_not + ")";
 }
-// `extra` (JSON only): more keys for the result.
-Status render_save(const SaveResult& r, const std::string& root, bool as_json, std::string& out,
-                   const json* extra = nullptr);
-
 }  // namespace kvsnap::cli

@@ -22,7 +22,7 @@ namespace kvsnap::cli {
 
 using json = nlohmann::ordered_json;
 
-std::string mib(uint64_t b);  // "1.25 MiB"
+std::string mib(uint64_t b, int decimals = 2);  // "1.25 MiB"
 // --store, $KVSNAP_HOME, XDG (store_location.h), with the command's key options applied.
 // keyless_ok: an encrypted store opens without its key (verify, gc). The store must exist:
 // a store whose SQLite catalog is missing is kNotFound, naming where it was looked for, so that
