@@ -16,36 +16,54 @@ jobs=$(nproc 2>/dev/null || echo 2)
 # Where a run's minutes go: each step's wall time, a table at the end (also when a stage fails),
 # so that the fresh-machine budget (under 60 minutes on 2 cores, README.md) is kept by measurement.
 # step NAME ends the current step and starts NAME, with a header naming the minute it starts at.
-step_names=() step_secs=()
+# Beside each step's time, how busy the machine's CPUs were (all of them, from /proc/stat; "-" where
+# there is none): a step well under 100% leaves cores idle that another stage could use, and time
+# stolen by a hypervisor (a shared CI host) is named apart, as it is not this run's work.
+step_names=() step_secs=() step_cpu=()
 step_name="packages (install-deps.sh)" step_start=$SECONDS
 minutes() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
-step() {
+# "BUSY STEAL TOTAL" ticks since boot, or nothing without /proc/stat.
+cpu_ticks() {
+  local cpu user nice system idle iowait irq softirq steal rest
+  [ -r /proc/stat ] || return 0
+  read -r cpu user nice system idle iowait irq softirq steal rest </proc/stat
+  echo "$((user + nice + system + irq + softirq)) $steal $((user + nice + system + idle + iowait + irq + softirq + steal))"
+}
+step_ticks=$(cpu_ticks)
+# The CPU use of the step that ends now: "83% busy" or "83% busy, 4% stolen"; "-" when unknown.
+step_cpu_use() {
+  local now b0 s0 t0 b1 s1 t1
+  now=$(cpu_ticks)
+  read -r b0 s0 t0 <<<"${step_ticks:-0 0 0}"
+  read -r b1 s1 t1 <<<"${now:-0 0 0}"
+  step_ticks=$now
+  if [ -z "$now" ] || [ $((t1 - t0)) -le 0 ]; then echo "-"; return; fi
+  if [ $((s1 - s0)) -gt 0 ]; then
+    echo "$(((b1 - b0) * 100 / (t1 - t0)))% busy, $(((s1 - s0) * 100 / (t1 - t0)))% stolen"
+  else
+    echo "$(((b1 - b0) * 100 / (t1 - t0)))% busy"
+  fi
+}
+end_step() {
   step_names+=("$step_name")
   step_secs+=($((SECONDS - step_start)))
+  step_cpu+=("$(step_cpu_use)")
+}
+step() {
+  end_step
   step_name=$1 step_start=$SECONDS
   echo "== $1 (at $(minutes $SECONDS)) =="
 }
 print_steps() {
   local i
-  step_names+=("$step_name")
-  step_secs+=($((SECONDS - step_start)))
-  echo "== time per step (wall, m:ss; the jobs run beside are timed on their own lines) =="
+  end_step
+  echo "== time per step (wall, m:ss; CPU use of all $jobs cores; the jobs run beside are timed on their own lines) =="
   for i in "${!step_names[@]}"; do
-    printf '%7s  %s\n' "$(minutes "${step_secs[$i]}")" "${step_names[$i]}"
+    printf '%7s  %-22s %s\n' "$(minutes "${step_secs[$i]}")" "(${step_cpu[$i]})" "${step_names[$i]}"
   done
-  printf '%7s  %s\n' "$(minutes $SECONDS)" "the whole run"
+  printf '%7s  %-22s %s\n' "$(minutes $SECONDS)" "" "the whole run"
 }
 
-# --cross: the aarch64 stage's packages too, now, in the same apt transaction (install-deps.sh says why)
-bash tests/install-deps.sh --cross
-# ccache (installed by install-deps) serves every build below when the machine has built this tree
-# before, in any clone: paths are hashed relative to the checkout (CCACHE_BASEDIR), so another
-# clone's objects are hits. A fresh machine only fills the cache. CMake reads the launcher from the
-# environment when it configures a new build directory.
-if command -v ccache >/dev/null 2>&1; then
-  export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
-  export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
-fi
 # A job run beside the stages that follow it: start_beside NAME COMMAND... starts it with its output
 # in a file, in a process group of its own (set -m while it starts); finish_beside NAME waits for it,
 # prints that output and returns its status.
@@ -81,6 +99,26 @@ stop_beside_jobs() {
 }
 trap 'stop_beside_jobs; print_steps' EXIT
 
+# The llama.cpp bed's first release (npm pack: the network) is fetched beside the Debian packages
+# (apt: another server) when the tools fetch.sh needs are here before them (npm, git, tar); else
+# after them, in its own step below.
+fetch_beside_packages=0
+if [ -f tests/oracle/fetch.sh ] && command -v npm >/dev/null 2>&1 && command -v git >/dev/null 2>&1 &&
+   command -v tar >/dev/null 2>&1; then
+  start_beside "llama.cpp 3.22.1 download" bash tests/oracle/fetch.sh 3.22.1
+  fetch_beside_packages=1
+fi
+# --cross: the aarch64 stage's packages too, now, in the same apt transaction (install-deps.sh says why)
+bash tests/install-deps.sh --cross
+# ccache (installed by install-deps) serves every build below when the machine has built this tree
+# before, in any clone: paths are hashed relative to the checkout (CCACHE_BASEDIR), so another
+# clone's objects are hits. A fresh machine only fills the cache. CMake reads the launcher from the
+# environment when it configures a new build directory.
+if command -v ccache >/dev/null 2>&1; then
+  export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
+  export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+fi
+
 # The Python beds (PyPI: downloads and unpacking) are made beside the npm downloads and the
 # llama-server build below (a cold run had them done in 44 s, during the downloads); the main tests
 # wait for them.
@@ -106,7 +144,11 @@ if [ -x tests/oracle/fetch.sh ] || [ -f tests/oracle/fetch.sh ]; then
   # 3.18.1 3.17.1 3.16.2 3.10.0, @fugood/llama.node and eras A and B (3.0.0-beta.32/44), ~1 min
   # the first time (npm pack + the source bundles), cached afterwards.
   step "the real-llama.cpp bed: 3.22.1, then llama-server built (the other releases fetched beside it)"
-  bash tests/oracle/fetch.sh 3.22.1
+  if [ "$fetch_beside_packages" -eq 1 ]; then
+    finish_beside "llama.cpp 3.22.1 download"
+  else
+    bash tests/oracle/fetch.sh 3.22.1
+  fi
   start_beside "oracle beds" bash -c 'bash tests/oracle/fetch.sh all && bash tests/oracle/fetch.sh eras-ab'
   bash tests/oracle/build-server.sh 3.22.1
   finish_beside "oracle beds"
@@ -147,7 +189,16 @@ step "generic POSIX: src/base/os.cc's branch for other systems, with the base, s
 # need every other test program built).
 cmake -S . -B build-posix -G Ninja -DKVSNAP_OS_GENERIC_POSIX=ON -DKVSNAP_BUILD_BENCH=OFF "${release[@]}" >/dev/null
 cmake --build build-posix -j"$jobs" --target base_tests store_tests serve_tests
-for t in base_tests store_tests serve_tests; do build-posix/tests/$t --gtest_brief=1; done
+# Two at a time: serve_tests (29 s in one run) beside base_tests and store_tests (1.5 + 21 s).
+posix_serve_log=$(mktemp)
+build-posix/tests/serve_tests --gtest_brief=1 >"$posix_serve_log" 2>&1 & posix_serve=$!
+posix_rc=0
+build-posix/tests/base_tests --gtest_brief=1 || posix_rc=1
+build-posix/tests/store_tests --gtest_brief=1 || posix_rc=1
+wait "$posix_serve" || posix_rc=1
+cat "$posix_serve_log"
+rm -f "$posix_serve_log"
+[ "$posix_rc" -eq 0 ] || { echo "generic POSIX: a unit test program failed (above)" >&2; exit 1; }
 
 step "aarch64: cross build, unit + golden tests and kvsnap-simd-check (NEON) under qemu-user"
 # tests/cross/run.sh: g++-aarch64-linux-gnu, qemu-user and the arm64 -dev packages were installed above.
