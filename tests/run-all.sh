@@ -30,24 +30,27 @@ cpu_ticks() {
   echo "$((user + nice + system + irq + softirq)) $steal $((user + nice + system + idle + iowait + irq + softirq + steal))"
 }
 step_ticks=$(cpu_ticks)
-# The CPU use of the step that ends now: "83% busy" or "83% busy, 4% stolen"; "-" when unknown.
-step_cpu_use() {
-  local now b0 s0 t0 b1 s1 t1
+# The CPU use of the step that ends now, appended to step_cpu: "83% busy" or "83% busy, 4% stolen";
+# "-" when unknown. (Not in a $(...): the ticks it keeps for the next step would stay in the subshell.)
+record_step_cpu_use() {
+  local now b0 s0 t0 b1 s1 t1 use
   now=$(cpu_ticks)
   read -r b0 s0 t0 <<<"${step_ticks:-0 0 0}"
   read -r b1 s1 t1 <<<"${now:-0 0 0}"
   step_ticks=$now
-  if [ -z "$now" ] || [ $((t1 - t0)) -le 0 ]; then echo "-"; return; fi
-  if [ $((s1 - s0)) -gt 0 ]; then
-    echo "$(((b1 - b0) * 100 / (t1 - t0)))% busy, $(((s1 - s0) * 100 / (t1 - t0)))% stolen"
+  if [ -z "$now" ] || [ $((t1 - t0)) -le 0 ]; then
+    use="-"
+  elif [ $(((s1 - s0) * 100 / (t1 - t0))) -ge 1 ]; then
+    use="$(((b1 - b0) * 100 / (t1 - t0)))% busy, $(((s1 - s0) * 100 / (t1 - t0)))% stolen"
   else
-    echo "$(((b1 - b0) * 100 / (t1 - t0)))% busy"
+    use="$(((b1 - b0) * 100 / (t1 - t0)))% busy"
   fi
+  step_cpu+=("$use")
 }
 end_step() {
   step_names+=("$step_name")
   step_secs+=($((SECONDS - step_start)))
-  step_cpu+=("$(step_cpu_use)")
+  record_step_cpu_use
 }
 step() {
   end_step
