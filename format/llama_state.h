@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "base/io.h"
+#include "base/small_vector.h"
 #include "base/status.h"
 
 namespace kvsnap {
@@ -72,8 +73,8 @@ std::vector<int32_t> pack_server_tokens(const std::vector<int32_t>& tokens,
 struct CellMeta {
   int32_t pos = 0;
   // Sequence files of llama.cpp b4980 and older store no ids (n_seq_id 0);
-  // later ones store the one saved sequence.
-  std::vector<int32_t> seq_ids;
+  // later ones store the one saved sequence (a whole-state file's cell may hold several).
+  SmallVector<int32_t, 2> seq_ids;
   std::array<int32_t, 3> ext{};  // M-RoPE x, y and the token (v0.5.0); only ext_bytes/4 are stored
 };
 

@@ -119,7 +119,7 @@ TEST(EraASession, RealFilesReadWithTheModelAndRoundTripByteExact) {
     EXPECT_EQ(s.cell_count, st->tokens.tokens.size());  // one cell per prompt token
     for (uint32_t i = 0; i < s.cell_count; ++i) {
       EXPECT_EQ(s.cells[i].pos, int32_t(i));
-      EXPECT_EQ(s.cells[i].seq_ids, std::vector<int32_t>{0});
+      EXPECT_EQ(std::vector<int32_t>(s.cells[i].seq_ids.begin(), s.cells[i].seq_ids.end()), std::vector<int32_t>{0});
     }
     // What the file name says the driver asked b3166 for.
     const std::string name = e.path().filename().string();
