@@ -6,12 +6,11 @@
 // row, one scale and one bias per group in the cache's float dtype, as mx.quantize makes them).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "base/json.h"
 #include "format/mlx_prompt_cache.h"
 
 namespace kvsnap {

@@ -1,11 +1,10 @@
 #include "format/mlx_safetensors.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <array>
 
 #include "base/byte_order.h"
+#include "base/json.h"
 #include "base/json_access.h"
 
 namespace kvsnap {

@@ -33,8 +33,6 @@
 // threads at once. ChunkSink::put is called from one thread, in chunk order.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -46,6 +44,7 @@
 
 #include "base/chunk_cipher.h"
 #include "base/io.h"
+#include "base/json.h"
 #include "base/status.h"
 #include "format/chunk_codec.h"
 #include "format/llama_state.h"

@@ -2,13 +2,12 @@
 // layout, its rotation blocks, and whether a state file belongs to it.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "base/io.h"
+#include "base/json.h"
 #include "format/llama_state.h"
 #include "format/model_profile.h"
 

@@ -18,13 +18,12 @@
 // LLAMA_ATTN_ROT_DISABLE=1, and a clear contradiction stops with an error.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "base/io.h"
+#include "base/json.h"
 #include "base/status.h"
 #include "format/llama_era.h"
 #include "format/llama_state.h"

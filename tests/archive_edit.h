@@ -8,9 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "base/io.h"
+#include "base/json.h"
 #include "store/archive.h"
 
 namespace kvsnap::test {

@@ -294,3 +294,7 @@ template class BasicJsonRef<nlohmann::json>;
 template class BasicJsonRef<nlohmann::ordered_json>;
 
 }  // namespace kvsnap
+
+// base/json.h: the one compiled copy of nlohmann's serializer.
+template class nlohmann::detail::serializer<nlohmann::json>;
+template class nlohmann::detail::serializer<nlohmann::ordered_json>;

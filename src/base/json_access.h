@@ -10,7 +10,7 @@
 // A JsonRef does not own the value: the parsed document must outlive it.
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include "base/json.h"
 
 #include <cstdint>
 #include <optional>

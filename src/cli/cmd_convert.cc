@@ -1,7 +1,6 @@
 // kvsnap convert: a llama.cpp state file at one ctk/ctv (V layout, format
 // version) into the file a llama.cpp started with other types accepts.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include <sys/stat.h>
 
@@ -10,6 +9,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "base/json.h"
 #include "base/json_access.h"
 #include "base/printf_text.h"
 #include "base/remedy.h"

@@ -1,11 +1,11 @@
 // kvsnap convert --to mlx|llama: a session moved between llama.cpp and mlx-lm
 // (migrate/cross_engine.h). Each direction takes the options of its target engine and refuses the
 // others, naming them.
-#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
 
+#include "base/json.h"
 #include "base/json_access.h"
 #include "base/remedy.h"
 #include "cli/commands.h"

@@ -1,7 +1,6 @@
 // kvsnap convert on an mlx-lm prompt cache: requantize its K/V (migrate/mlx_requant.h) with
 // mlx-lm's own flag names, --kv-bits and --kv-group-size, and/or move it to the file layout of the
 // mlx-lm release named by --mlx-lm (format/mlx_layout.h); the llama.cpp options are refused.
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <charconv>
@@ -12,6 +11,7 @@
 #include <memory>
 #include <optional>
 
+#include "base/json.h"
 #include "base/json_access.h"
 #include "base/printf_text.h"
 #include "cli/commands.h"

@@ -3,7 +3,6 @@
 // document and as the human table, so the two never disagree. Schema:
 // docs/info-json.md.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include <cinttypes>
 #include <cstdio>
@@ -14,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "base/json.h"
 #include "base/json_access.h"
 #include "base/printf_text.h"
 #include "cli/progress.h"

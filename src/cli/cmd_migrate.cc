@@ -1,9 +1,9 @@
 // kvsnap migrate DIR: convert a directory of llama.cpp slot/session files in place.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include <cstdio>
 
+#include "base/json.h"
 #include "base/json_access.h"
 #include "base/parallel.h"
 #include "base/printf_text.h"

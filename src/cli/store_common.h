@@ -4,7 +4,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <memory>
@@ -13,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/json.h"
 #include "base/status.h"
 #include "cli/exit_codes.h"
 #include "server/llama_server.h"

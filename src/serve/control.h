@@ -40,9 +40,8 @@
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "base/io.h"
+#include "base/json.h"
 #include "serve/drain.h"
 #include "serve/ladder.h"
 #include "serve/llama_args.h"

@@ -11,7 +11,7 @@
 #include <mutex>
 #include <string>
 
-#include <nlohmann/json.hpp>
+#include "base/json.h"
 
 namespace kvsnap {
 

@@ -14,8 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.h"
 #include "base/status.h"
 
 namespace kvsnap {

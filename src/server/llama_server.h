@@ -12,12 +12,11 @@
 // HTTP errors kMismatch. No exceptions leave this module.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "base/json.h"
 #include "base/status.h"
 
 namespace kvsnap {

@@ -1,9 +1,8 @@
 #include "server/server_profiles.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 
+#include "base/json.h"
 #include "base/json_access.h"
 
 namespace kvsnap {

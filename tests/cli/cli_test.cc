@@ -1,7 +1,6 @@
 // The kvsnap binary as a user runs it: exit codes, messages that name the
 // file and the problem, no partial output, nothing written over the input.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -15,6 +14,7 @@
 #include <fstream>
 #include <random>
 
+#include "base/json.h"
 #include "format/llama_state.h"
 #include "format/state_builder.h"
 #include "free_port.h"

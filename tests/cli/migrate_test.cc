@@ -1,7 +1,6 @@
 // kvsnap migrate DIR as a user runs it: in place, atomic per file, resumable
 // after kill -9, confined to DIR.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/json.h"
 #include "test_files.h"
 
 namespace {

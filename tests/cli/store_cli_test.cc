@@ -21,9 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "archive_edit.h"
+#include "base/json.h"
 #include "base/sha256.h"
 #include "store/archive.h"
 #include "test_files.h"

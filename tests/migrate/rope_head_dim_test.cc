@@ -7,8 +7,6 @@
 
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <fstream>
 #include <random>
@@ -16,6 +14,7 @@
 #include <vector>
 
 #include "base/io.h"
+#include "base/json.h"
 #include "format/state_builder.h"
 #include "migrate/hadamard.h"
 #include "migrate/model_info.h"

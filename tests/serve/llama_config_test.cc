@@ -1,11 +1,10 @@
 // serve/llama_config.h: llama-server's config.ini grammar. The cases are the ones
 // tests/oracle/serve_config_test.py runs through llama-server 3.22.1 itself (the same table,
 // tests/serve/llama_config_cases.json): here they pin kvsnap's reading without a server.
+#include "base/json.h"
 #include "serve/llama_config.h"
 
 #include <gtest/gtest.h>
-
-#include <nlohmann/json.hpp>
 
 #include <fstream>
 #include <sstream>

@@ -16,9 +16,8 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "base/io.h"
+#include "base/json.h"
 #include "migrate/conversion_spec.h"
 #include "migrate/model_info.h"
 #include "migrate/rotation_detect.h"
