@@ -24,8 +24,8 @@ using testing::build_state;
 using testing::SynthLayer;
 using testing::SynthSpec;
 
-Result<StateFile> parse_bytes(const std::vector<std::byte>& b, const ParseOptions& o = {}) {
-  MemoryFile f("test.bin", std::span<const std::byte>(b));
+Result<StateFile> parse_bytes(std::span<const std::byte> b, const ParseOptions& o = {}) {
+  MemoryFile f("test.bin", b);
   return parse_state(f, o);
 }
 
@@ -180,8 +180,8 @@ TEST_P(SynthLayoutTest, EveryTruncationIsAnError) {
   ParseOptions o;
   if (GetParam().spec.kv_sections > 1 || GetParam().spec.recurrent) o.shape = &shape;
   for (size_t n = 0; n < bytes.size(); ++n) {
-    std::vector<std::byte> cut(bytes.begin(), bytes.begin() + n);
-    auto st = parse_bytes(cut, o);
+    const test::ExactPrefix cut(bytes, n);
+    auto st = parse_bytes(cut.span(), o);
     ASSERT_FALSE(st.ok()) << GetParam().name << ": prefix of " << n << " bytes parsed";
     ASSERT_FALSE(st.status().message().empty());
   }

@@ -29,9 +29,9 @@ MemoryShape shape_of(const std::string& model) {
   return *sh;
 }
 
-Result<StateFile> parse(const std::vector<std::byte>& b, const MemoryShape* shape,
+Result<StateFile> parse(std::span<const std::byte> b, const MemoryShape* shape,
                         std::optional<std::pair<int32_t, int32_t>> types = std::nullopt) {
-  MemoryFile f("test.session", std::span<const std::byte>(b));
+  MemoryFile f("test.session", b);
   ParseOptions o;
   o.shape = shape;
   o.legacy_kv_types = types;
@@ -244,8 +244,8 @@ TEST(EraASession, EveryTruncationIsACleanError) {
   const MemoryShape shape = shape_of("hd64n");
   const auto b = fixture("hd64n-f16-f16-faon.session");
   for (size_t n = 0; n < b.size(); ++n) {
-    std::vector<std::byte> cut(b.begin(), b.begin() + n);
-    auto st = parse(cut, &shape);
+    const test::ExactPrefix cut(b, n);
+    auto st = parse(cut.span(), &shape);
     ASSERT_FALSE(st.ok()) << "a prefix of " << n << " bytes parsed";
     ASSERT_NE(st.status().message().find("test.session"), std::string::npos) << st.status().ToString();
   }
