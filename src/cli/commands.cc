@@ -2,6 +2,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <iterator>
+#include <string_view>
+
 #include "cli/llama_spellings.h"
 
 namespace kvsnap::cli {
@@ -23,24 +27,51 @@ void note_llama_spellings(CLI::App& app) {
   for (CLI::App* sub : app.get_subcommands({})) note_llama_spellings(*sub);
 }
 
+// Each top-level command word and the setup function that defines it (some define several),
+// in the order `kvsnap --help` lists them. man and completion walk the whole tree.
+struct CommandGroup {
+  std::string_view words[7];  // the unused ones empty
+  void (*setup)(CLI::App&, int&);
+  bool needs_whole_tree;
+};
+constexpr CommandGroup kCommandGroups[] = {
+    {{"info"}, setup_info, false},
+    {{"digest"}, setup_digest, false},
+    {{"convert"}, setup_convert, false},
+    {{"server"}, setup_server_commands, false},
+    {{"save"}, setup_save, false},
+    {{"restore"}, setup_restore, false},
+    {{"ls", "show", "find"}, setup_list_commands, false},
+    {{"rm", "gc", "pin", "unpin", "expire", "rekey", "verify"}, setup_maintain_commands, false},
+    {{"export", "import"}, setup_transfer_commands, false},
+    {{"migrate"}, setup_migrate, false},
+    {{"serve"}, setup_serve, false},
+    {{"doctor"}, setup_doctor, false},
+    {{"man"}, setup_man, true},
+    {{"completion"}, setup_completion, true},
+};
+
 }  // namespace
 
 void setup_all_commands(CLI::App& app, int& exit_status) {
-  setup_info(app, exit_status);
-  setup_digest(app, exit_status);
-  setup_convert(app, exit_status);
-  setup_server_commands(app, exit_status);
-  setup_save(app, exit_status);
-  setup_restore(app, exit_status);
-  setup_list_commands(app, exit_status);
-  setup_maintain_commands(app, exit_status);
-  setup_transfer_commands(app, exit_status);
-  setup_migrate(app, exit_status);
-  setup_serve(app, exit_status);
-  setup_doctor(app, exit_status);
-  setup_man(app, exit_status);
-  setup_completion(app, exit_status);
+  for (const CommandGroup& g : kCommandGroups) g.setup(app, exit_status);
   note_llama_spellings(app);
+}
+
+void setup_commands_for(CLI::App& app, int& exit_status, const std::vector<std::string>& args) {
+  // The command is the first word; a top-level option before it (--help, --version) is about
+  // the whole program.
+  if (args.size() >= 2 && !args[1].empty()) {
+    for (const CommandGroup& g : kCommandGroups) {
+      if (g.needs_whole_tree || std::find(std::begin(g.words), std::end(g.words), args[1]) == std::end(g.words)) {
+        continue;
+      }
+      g.setup(app, exit_status);
+      note_llama_spellings(app);
+      return;
+    }
+  }
+  setup_all_commands(app, exit_status);
 }
 
 }  // namespace kvsnap::cli

@@ -21,7 +21,8 @@ int run(int argc, char** argv) {
   app.footer("\nRun 'kvsnap COMMAND --help' for a command's options. Exit codes: docs/cli.md.");
   kvsnap::cli::install_interrupt_handler();
   int exit_status = kvsnap::cli::kExitOk;
-  kvsnap::cli::setup_all_commands(app, exit_status);
+  const std::vector<std::string> words(argv, argv + argc);
+  kvsnap::cli::setup_commands_for(app, exit_status, words);
   // llama-server's -ctk/-ctv/-fa, as users paste them (cli/llama_spellings.h); CLI11 says which
   // words are options that take a value, in the subcommand the words so far selected
   const CLI::App* cmd = &app;
@@ -37,7 +38,7 @@ int run(int argc, char** argv) {
     return false;
   };
   std::vector<std::string> args =
-      kvsnap::cli::with_kvsnap_spellings(std::vector<std::string>(argv, argv + argc), takes_value);
+      kvsnap::cli::with_kvsnap_spellings(words, takes_value);
   std::vector<char*> args_c;
   for (std::string& a : args) args_c.push_back(a.data());
   try {

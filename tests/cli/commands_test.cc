@@ -3,13 +3,17 @@
 #include "cli/commands.h"
 
 #include "base/os.h"
+#include "cli/command_tree.h"
 #include "cli/progress.h"
 
+#include <CLI/CLI.hpp>
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <map>
 #include <string>
+#include <vector>
 
 namespace kvsnap::cli {
 namespace {
@@ -203,6 +207,56 @@ TEST(Commands, RunMigrateWithoutADirectoryIsAUsageError) {
   std::string out;
   Status s = run_migrate(o, out);
   EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+}
+
+// The paths of a tree's commands ("convert", "server add") and each one's --help.
+std::map<std::string, std::string> helps_of(const CLI::App& root) {
+  std::map<std::string, std::string> out;
+  for (const Command& c : commands_of(root)) out[c.path] = c.app->help();
+  return out;
+}
+
+std::map<std::string, std::string> helps_for(const std::vector<std::string>& args) {
+  CLI::App app{"kvsnap"};
+  int exit_status = 0;
+  setup_commands_for(app, exit_status, args);
+  return helps_of(app);
+}
+
+// A process defines only the command its first word names: that command must be defined exactly
+// as in the whole tree (every option, every spelling noted in --help), and every word of the
+// tree must be found (a command missing from the table would still run, but set up slowly).
+TEST(Commands, TheCommandAProcessNamesIsDefinedAsInTheWholeTree) {
+  CLI::App all{"kvsnap"};
+  int exit_status = 0;
+  setup_all_commands(all, exit_status);
+  const std::map<std::string, std::string> whole = helps_of(all);
+  ASSERT_GT(whole.size(), 20u);
+  for (const CLI::App* top : all.get_subcommands({})) {
+    const std::string& word = top->get_name();
+    const std::map<std::string, std::string> one = helps_for({"kvsnap", word, "--help"});
+    if (word == "man" || word == "completion") {
+      EXPECT_EQ(one, whole) << word << " walks the whole tree";
+      continue;
+    }
+    EXPECT_LT(one.size(), whole.size()) << word << ": the whole tree was set up";
+    ASSERT_TRUE(one.count(word)) << word << ": not defined for `kvsnap " << word << "`";
+    for (const auto& [path, help] : one) {
+      ASSERT_TRUE(whole.count(path)) << path;
+      EXPECT_EQ(help, whole.at(path)) << path;
+    }
+    for (const auto& [path, help] : whole) {
+      if (path == word || path.rfind(word + " ", 0) == 0) {
+        EXPECT_TRUE(one.count(path)) << path << " missing";
+      }
+    }
+  }
+  // No command word, an option first or a word that is no command: the whole tree (its help and
+  // its messages list every command).
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"kvsnap"}, {"kvsnap", "--help"}, {"kvsnap", "--version", "info"}, {"kvsnap", "infoo"}, {"kvsnap", ""}}) {
+    EXPECT_EQ(helps_for(args), whole) << (args.size() > 1 ? args[1] : "(no word)");
+  }
 }
 
 }  // namespace
