@@ -27,21 +27,28 @@ case "$shell" in
   zsh)
     mkdir -p "$work/fpath" && "$kvsnap" completion zsh >"$work/fpath/_kvsnap" || exit 1
     zsh -n "$work/fpath/_kvsnap" || { echo "FAIL: zsh -n refuses the script"; exit 1; }
-    # complete_zsh LINE: the line after one TAB in an interactive zsh with compinit
+    # complete_zsh LINE WANTED: the line after one TAB in an interactive zsh with compinit, read
+    # until it shows WANTED (escape sequences and \r \b \a removed, as below) or 15 s have passed
     complete_zsh() {
       cat >"$work/drive.zsh" <<ZSH
+setopt extendedglob
 zmodload zsh/zpty
 zpty z 'zsh -f -i'
 zpty -w z 'PS1="PROMPT> "; fpath=($work/fpath \$fpath); autoload -U compinit; compinit -u -D; print READY'
 zpty -r z line '*READY*'
 zpty -r z line '*PROMPT> '
 zpty -w -n z \$'$1\t'
-sleep 1
-zpty -r -t z out
+out=
+for i in {1..300}; do
+  zpty -r -t z chunk && out+=\$chunk
+  clean=\${out//\$'\e'\[[0-9;?]#[a-zA-Z]/}
+  [[ \${clean//[\$'\r\b\a']/} == *'$2'* ]] && break
+  sleep 0.05
+done
 print -r -- "\$out"
 zpty -d z
 ZSH
-      timeout 20 zsh -f "$work/drive.zsh" 2>/dev/null | sed 's/\x1b\[[0-9;?]*[a-zA-Z]//g' | tr -d '\r\b\a'
+      timeout 30 zsh -f "$work/drive.zsh" 2>/dev/null | sed 's/\x1b\[[0-9;?]*[a-zA-Z]//g' | tr -d '\r\b\a'
     }
     for t in "kvsnap conv|kvsnap convert" "kvsnap doc|kvsnap doctor" "kvsnap convert x --ctk q8|--ctk q8_0" \
              "kvsnap convert x --fa of|--fa off" "kvsnap restore cha|kvsnap restore chat-42" \
@@ -49,7 +56,7 @@ ZSH
              "kvsnap server add x http://h --slot-d|--slot-dir" "kvsnap save f --qu|--quiet" \
              "kvsnap convert x --format ggsn-v8|--format ggsn-v8-b3543" "kvsnap restore chat-42 --requant se|--requant search" \
              "kvsnap man conv|kvsnap man convert"; do
-      check "${t%%|*}" "${t#*|}" "$(complete_zsh "${t%%|*}")"
+      check "${t%%|*}" "${t#*|}" "$(complete_zsh "${t%%|*}" "${t#*|}")"
     done ;;
   *) echo "usage: shell_completion_test.sh zsh|fish KVSNAP FIXTURES"; exit 2 ;;
 esac
