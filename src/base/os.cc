@@ -111,6 +111,17 @@ bool writeback_unsupported(int e) { return e == EINVAL || e == ENOSYS || e == ES
 }  // namespace
 #endif
 
+int allocate_space(int fd, uint64_t bytes) {
+#if defined(KVSNAP_OS_LINUX)
+  // not posix_fallocate: where the file system cannot allocate, glibc's writes zeros instead
+  return ::fallocate(fd, 0, 0, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+#else
+  (void)fd;
+  (void)bytes;
+  return EOPNOTSUPP;
+#endif
+}
+
 bool start_writeback(int fd, uint64_t offset, uint64_t len) {
 #if defined(KVSNAP_OS_LINUX)
   if (::sync_file_range(fd, static_cast<off_t>(offset), static_cast<off_t>(len), SYNC_FILE_RANGE_WRITE) == 0) return true;

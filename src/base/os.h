@@ -47,6 +47,12 @@ const SyncCalls& system_sync_calls();
 int sync_fd_with(const SyncCalls& calls, int fd, bool data_only);
 const char* sync_fd_call_with(const SyncCalls& calls, bool data_only);
 
+// Allocates the first `bytes` of `fd` on its disk without writing them (Linux: fallocate, the
+// file's size grows to `bytes`), so the space is the file's until it is removed. 0, or an errno:
+// EOPNOTSUPP where the file system cannot (and on systems without the call: ZFS, macOS, the
+// generic POSIX branch), ENOSPC, ... No byte of data is written, whatever the answer.
+int allocate_space(int fd, uint64_t bytes);
+
 // Asks the kernel to start writing bytes [offset, offset + len) of `fd` to the disk without waiting
 // (write-behind: a later sync_fd then waits only for the tail). Linux: sync_file_range with
 // SYNC_FILE_RANGE_WRITE. Elsewhere nothing (macOS has no such call): sync_fd alone still makes every

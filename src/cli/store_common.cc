@@ -107,7 +107,7 @@ Result<std::optional<std::string>> new_store_dirs(const std::string& dir) {
 // symbolic link where a directory should be): then it is not removed.
 static Result<std::optional<std::vector<std::string>>> fresh_store_entries(Io& io, const std::string& dir) {
   static const std::set<std::string> kFiles = {"catalog.sqlite", "catalog.sqlite-wal", "catalog.sqlite-shm",
-                                               "catalog.sqlite-journal", "gc.lock"};
+                                               "catalog.sqlite-journal", "catalog.sqlite-reserve", "gc.lock"};
   static const std::set<std::string> kDirs = {"chunks", "packs", "tmp"};
   KV_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, io.list_dir(dir));
   std::vector<std::string> files, dirs;

@@ -51,6 +51,8 @@
 
 namespace kvsnap {
 
+class Io;
+
 // The metadata of a snapshot: what ls shows.
 struct SnapshotInfo {
   int64_t id = 0;                  // assigned by add_snapshot
@@ -186,6 +188,16 @@ struct CatalogOptions {
   // (kvsnap doctor changes nothing): kNotFound when there is no catalog, kMismatch when its
   // schema is older (schema_not_upgraded).
   bool upgrade_schema = true;
+  // A file beside the catalog, `<catalog>-reserve`, that holds this much of its disk for the
+  // catalog's own writes, so that on a full disk `rm` and `gc` still have room for their WAL
+  // frames: made (allocated, nothing written) when the catalog opens with upgrade_schema and at
+  // least 4x this free, removed before a write transaction when less than 2x this is free (a
+  // later open makes it again once there is room). A file system that cannot allocate without
+  // writing gets none. 0: none. The embedded SQLite catalog only.
+  uint64_t room_reserve_bytes = uint64_t{16} << 20;
+  // The file system that free space is measured through and the reserve removed from;
+  // nullptr: posix_io(). (The reserve is made with base/os.h allocate_space.)
+  Io* io = nullptr;
 };
 
 // Store settings (Catalog::get_meta): the master key id saves seal under, and the one a key

@@ -5,7 +5,10 @@
 // shared helpers in sqlite_catalog_internal.h.
 #include "store/sqlite_catalog.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -17,6 +20,8 @@
 #include <set>
 #include <thread>
 
+#include "base/io.h"
+#include "base/os.h"
 #include "base/sha256.h"
 #include "store/sqlite_catalog_internal.h"
 
@@ -227,7 +232,42 @@ Result<std::unique_ptr<SqliteCatalog>> SqliteCatalog::open(const std::string& pa
   // 100,000 snapshots stay in memory across the queries of one process.
   KV_RETURN_IF_ERROR(c->exec("PRAGMA cache_size=-32768"));
   KV_RETURN_IF_ERROR(c->migrate());
+  if (options.upgrade_schema) c->keep_room_reserve();
   return c;
+}
+
+std::optional<uint64_t> SqliteCatalog::free_bytes_beside() {
+  const size_t slash = path_.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash);
+  Io& io = options_.io ? *options_.io : posix_io();
+  auto free = io.free_bytes(dir);
+  return free.ok() ? *free : std::nullopt;
+}
+
+void SqliteCatalog::keep_room_reserve() {
+  const uint64_t want = options_.room_reserve_bytes;
+  if (want == 0) return;
+  struct stat st {};
+  if (::lstat(reserve_path().c_str(), &st) == 0 && (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) >= want)) {
+    return;  // there (or something not ours by that name, left alone)
+  }
+  const std::optional<uint64_t> free = free_bytes_beside();
+  if (!free || *free / 4 < want) return;  // the last of the disk is not taken for it
+  const int fd = ::open(reserve_path().c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  const int err = allocate_space(fd, want);
+  ::close(fd);
+  // A file system that cannot allocate: no reserve rather than a file of nothing
+  if (err != 0) ::unlink(reserve_path().c_str());
+}
+
+void SqliteCatalog::release_room_reserve_if_short() {
+  const uint64_t want = options_.room_reserve_bytes;
+  if (want == 0) return;
+  const std::optional<uint64_t> free = free_bytes_beside();
+  if (!free || *free / 2 >= want) return;
+  Io& io = options_.io ? *options_.io : posix_io();
+  (void)io.remove(reserve_path());  // not there (never made, or another process gave it up): nothing to do
 }
 
 Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, const CatalogOptions& options) {

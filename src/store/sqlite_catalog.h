@@ -41,6 +41,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -116,6 +117,12 @@ class SqliteCatalog final : public Catalog {
   Result<Stmt> stmt_once(const std::string& sql);
   static SnapshotInfo info_from_row(const Stmt& st);
   Status begin_immediate();
+  // The room reserve (CatalogOptions::room_reserve_bytes): made when there is room, given up
+  // when the disk is nearly full. Best effort: the catalog works without it.
+  std::string reserve_path() const { return path_ + "-reserve"; }
+  std::optional<uint64_t> free_bytes_beside();
+  void keep_room_reserve();
+  void release_room_reserve_if_short();
   Status commit();
   void rollback();
   // Runs `body` inside BEGIN IMMEDIATE .. COMMIT; rolls back on any error.

@@ -124,6 +124,7 @@ inline constexpr auto read_chunk_row = [](const auto& q, ChunkUse& u) {
 
 template <class F>
 Status SqliteCatalog::write_txn(F&& body) {
+  release_room_reserve_if_short();
   KV_RETURN_IF_ERROR(begin_immediate());
   Status s = body();
   if (!s.ok()) {

@@ -339,7 +339,9 @@ Result<StoreParts> open_store_parts(Io& io, const StoreLocation& where) {
   KV_RETURN_IF_ERROR(io.create_dirs(where.local_dir));
   KV_ASSIGN_OR_RETURN(parts.blobs, open_blob_store(io, where));
   KV_RETURN_IF_ERROR(refuse_emptied_catalog(io, where));
-  KV_ASSIGN_OR_RETURN(parts.catalog, open_catalog(where));
+  CatalogOptions catalog_options;
+  catalog_options.io = &io;  // where the room reserve's free space is measured
+  KV_ASSIGN_OR_RETURN(parts.catalog, open_catalog(where, catalog_options));
   parts.local_dir = where.local_dir;
   parts.caps = where.caps;
   parts.name = where.config.empty() ? where.local_dir : where.config;

@@ -4,7 +4,9 @@
 #include "store/store.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -13,6 +15,7 @@
 #include <set>
 #include <thread>
 
+#include "base/os.h"
 #include "format/state_builder.h"
 #include "format/state_prefix.h"
 #include "migrate/convert_state.h"
@@ -1487,6 +1490,45 @@ TEST(Store, AnIndexWithoutTheFingerprintTakesTheRecordedOne) {
     EXPECT_EQ(r->imported[0].model_fingerprint, saved->info.model_fingerprint) << (erase ? "erased" : "empty");
     fs::remove(ex);
   }
+}
+
+// On a full disk `rm` and `gc` need room for the catalog's WAL frames: the catalog keeps a room
+// reserve beside it (CatalogOptions::room_reserve_bytes, 16 MiB), made when the store opens with
+// room for it and given up before a write when the disk is nearly full. (The same on a real full
+// tmpfs, where `kvsnap rm` failed with "database or disk is full" before: cli.full_disk.)
+TEST(Store, TheCatalogsRoomReserveIsGivenUpWhenTheDiskIsNearlyFull) {
+  const fs::path probe = fs::temp_directory_path() / ("kvsnap-allocate-" + std::to_string(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  const int err = allocate_space(fd, 4096);
+  ::close(fd);
+  fs::remove(probe);
+  if (err != 0) GTEST_SKIP() << fs::temp_directory_path() << " cannot allocate without writing (" << std::strerror(err) << "): no reserve there";
+
+  FaultInjectingIo io(posix_io());
+  TempStore t(io);
+  const fs::path reserve = t.root / "catalog.sqlite-reserve";
+  ASSERT_TRUE(fs::exists(reserve)) << "made when the store opened with room";
+  EXPECT_EQ(fs::file_size(reserve), uint64_t{16} << 20);
+  Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faoff.slot");
+  ASSERT_TRUE(t.store->save(*l.file, l.state, {}).ok());
+  EXPECT_TRUE(fs::exists(reserve)) << "kept while the disk has room";
+
+  io.report_free_bytes(uint64_t{31} << 20);  // under twice the reserve
+  SaveRequest again;
+  again.name = "again";
+  auto saved = t.store->save(*l.file, l.state, again);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_FALSE(fs::exists(reserve)) << "given up before the save's catalog write";
+  auto s = Store::open(io, StorePaths{t.root.string()});
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_FALSE(fs::exists(reserve)) << "not made again on a disk this full";
+  s->reset();
+  io.report_free_bytes(uint64_t{64} << 20);  // four times the reserve: room for it again
+  s = Store::open(io, StorePaths{t.root.string()});
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_TRUE(fs::exists(reserve)) << "made again once there is room";
+  EXPECT_EQ(fs::file_size(reserve), uint64_t{16} << 20);
 }
 
 // An entry is refused before it fills the disk: one larger than the free space of <store>/tmp (less
