@@ -32,7 +32,7 @@ command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
                            libssl-dev:arm64 libzstd-dev:arm64 libxxhash-dev:arm64 libgtest-dev:arm64)
 missing=()
 for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep "install ok installed" >/dev/null || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: everything is installed"
@@ -41,7 +41,7 @@ fi
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 echo "install-deps: installing ${missing[*]}"
-if [ $cross -eq 1 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+if [ $cross -eq 1 ] && ! dpkg --print-foreign-architectures | grep -x arm64 >/dev/null; then
   $sudo dpkg --add-architecture arm64
 fi
 $sudo apt-get update -qq

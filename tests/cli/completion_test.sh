@@ -18,7 +18,7 @@ expect() {  # expect "WORDS..." WANTED: completing the last word must offer WANT
   COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
   COMPREPLY=()
   _kvsnap
-  if printf '%s\n' "${COMPREPLY[@]}" | grep -qx -- "$want"; then
+  if printf '%s\n' "${COMPREPLY[@]}" | grep -x -- "$want" >/dev/null; then
     echo "ok   '$line' -> $want"
   else
     echo "FAIL '$line' -> [${COMPREPLY[*]}], wanted $want"; fails=$((fails + 1))

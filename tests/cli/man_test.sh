@@ -14,7 +14,7 @@ inode_before=$(stat -c %i "$work/kvsnap.1")
 "$kvsnap" man --dir "$work" >/dev/null || bad "kvsnap man --dir over its own pages"
 # A page is replaced by a rename (a new inode), never rewritten in place where a reader sees it cut.
 [ "$(stat -c %i "$work/kvsnap.1")" != "$inode_before" ] || bad "man --dir rewrote kvsnap.1 in place"
-ls -A "$work" | grep -q 'kvsnap-tmp' && bad "kvsnap man --dir left a temporary: $(ls -A "$work" | grep kvsnap-tmp)"
+ls -A "$work" | grep 'kvsnap-tmp' >/dev/null && bad "kvsnap man --dir left a temporary: $(ls -A "$work" | grep kvsnap-tmp)"
 err=$("$kvsnap" man --dir "$work/missing" 2>&1 >/dev/null); rc=$?
 [ "$rc" -ne 0 ] && grep -q "$work/missing" <<<"$err" || bad "man --dir into a missing directory: rc $rc, '$err'"
 [ -e "$work/missing" ] && bad "man --dir created the missing directory"

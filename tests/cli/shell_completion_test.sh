@@ -10,7 +10,7 @@ export KVSNAP_HOME="$work/store" PATH="$(dirname "$kvsnap"):$PATH"
 "$kvsnap" save "$fx/v0.5.0/hd64-f16-f16-faon.slot" --name chat-42 >/dev/null || { echo "save failed"; exit 1; }
 fails=0
 check() {  # check LINE WANTED GOT
-  if printf '%s\n' "$3" | grep -q -- "$2"; then echo "ok   '$1' -> $2"; else echo "FAIL '$1' -> [$3], wanted $2"; fails=$((fails + 1)); fi
+  if printf '%s\n' "$3" | grep -- "$2" >/dev/null; then echo "ok   '$1' -> $2"; else echo "FAIL '$1' -> [$3], wanted $2"; fails=$((fails + 1)); fi
 }
 case "$shell" in
   fish)
