@@ -306,6 +306,27 @@ TEST_F(CliTest, ServeRefusesAThreadCountItCannotServeWith) {
   }
 }
 
+// --kv-streams is a count of KV streams a server can have (1..256, one per slot): 0, too many, a
+// word or a negative count is a usage error naming the flag, for convert, restore and migrate alike,
+// before anything is read or written.
+TEST_F(CliTest, AKvStreamCountNoServerCanHaveIsRefused) {
+  const std::string slot = (fs::path(KVSNAP_SOURCE_DIR) / "fixtures/v0.5.0/hd64-f16-f16-faon.slot").string();
+  const fs::path out = dir_ / "out.slot";
+  const fs::path slots = dir_ / "slots";
+  fs::create_directories(slots);
+  for (const char* n : {"0", "257", "abc", "-1", "2.5"}) {
+    for (const std::string& cmd : {"convert " + slot + " " + out.string() + " --ctk q8_0",
+                                   "restore one -o " + out.string() + " --store " + (dir_ / "store").string(),
+                                   "migrate " + slots.string() + " --ctk q8_0"}) {
+      CmdResult r = run(cmd + " --kv-streams " + n);
+      EXPECT_EQ(r.code, 2) << cmd << " --kv-streams " << n << ": " << r.err;
+      EXPECT_NE(r.err.find("--kv-streams"), std::string::npos) << cmd << " --kv-streams " << n << ": " << r.err;
+    }
+    EXPECT_FALSE(fs::exists(out)) << n;
+    EXPECT_FALSE(fs::exists(dir_ / "store")) << n;
+  }
+}
+
 // llama-server reads LLAMA_ARG_* (and AIP_MODE) from the environment kvsnap serve passes on to it:
 // a variable that would take /slots away or move the routes is refused by the command itself, before
 // the store is opened or the child started (llama_args_test holds the rules; this is the command's
