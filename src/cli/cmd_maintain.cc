@@ -409,6 +409,12 @@ void setup_maintain_commands(CLI::App& app, int& exit_status) {
     sub->add_flag("--all", o->all, "every snapshot, and the catalog's own consistency");
     sub->add_flag("--json", o->json, "machine-readable result");
     add_progress_flags(sub, o->progress);
+    sub->footer("\nFor each snapshot: every chunk decodes to its SHA-256, the rebuilt file has the content digest\n"
+                "recorded at save, and the catalog's row matches the snapshot (token list, content hash, K and V\n"
+                "types, V layout, size; the name and tags sealed in an encrypted one). Every problem is listed\n"
+                "and the rest still checked. Without its key an encrypted snapshot is checked for what needs none\n"
+                "(docs/store.md).\n"
+                "\nExamples:\n  kvsnap verify chat-42\n  kvsnap verify --all --json\n");
     bind(sub, o, run_verify, "verify", exit_status);
   }
 }

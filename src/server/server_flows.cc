@@ -331,9 +331,9 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   KV_RETURN_IF_ERROR(check_slot_dir(io, t));
   // What the snapshot alone decides comes before anything is asked of the server: a snapshot that
   // is not there, an mlx-lm one (the store would refuse the llama.cpp types this flow fills in,
-  // naming flags never given), a sealed one the key cannot open, a plain one under a key
-  // (Store::restore's checks, early). The restore below reads this very row (by uuid), not
-  // whatever the name means by then.
+  // naming flags never given), a sealed one the key cannot open, a plain one under a key, one
+  // whose blobs are missing (Store::restore's checks, early). The restore below reads this very
+  // row (by uuid), not whatever the name means by then.
   KV_ASSIGN_OR_RETURN(int64_t id, store.catalog().resolve(ref));
   KV_ASSIGN_OR_RETURN(SnapshotInfo info, store.catalog().get_info(id));
   if (info.model_arch == "mlx-lm") {
@@ -344,6 +344,7 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   KV_RETURN_IF_ERROR(check_snapshot_key(info, store.cipher()));
   KV_RETURN_IF_ERROR(check_plain_under_key(info, store.cipher(), t.allow_plain));
   KV_RETURN_IF_ERROR(store.check_labels_of(ref, id));  // the restore below goes by this row's uuid
+  KV_RETURN_IF_ERROR(store.check_blobs_present(id, ref));
   KV_RETURN_IF_ERROR(srv.health());
   KV_RETURN_IF_ERROR(check_idle(srv, t.slot));
   KV_ASSIGN_OR_RETURN(Model model, find_model(io, srv, t));

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <set>
 #include <thread>
 #include <utility>
@@ -255,6 +256,49 @@ SnapshotRecord make_record(const SnapshotManifest& m, const StateFile& state, ui
   rec.manifest = m.bytes;
   rec.tokens = state.tokens.tokens;
   return rec;
+}
+
+// The type names of a catalog row's k_types or v_types ("q8_0" or "f16,q8_0"; "-" or empty: none)
+// as a set: older kvsnap versions may list them in another order.
+std::set<std::string> type_set(const std::string& listed) {
+  std::set<std::string> names;
+  for (size_t at = 0; at <= listed.size();) {
+    const size_t comma = std::min(listed.find(',', at), listed.size());
+    const std::string n = listed.substr(at, comma - at);
+    if (!n.empty() && n != "-") names.insert(n);
+    at = comma + 1;
+  }
+  return names;
+}
+
+// kCorruption unless the catalog's row describes what the snapshot holds: the manifest's cell
+// metadata and tokens are the original's (SnapshotReader::verify_metadata), and the row's K and V
+// types, V layout and size are those a save of the original records (make_record, mlx_record):
+// what ls shows, find and --type filter by, and serve's slot book reads.
+Status check_row_describes(const SnapshotInfo& row, const SnapshotReader& reader) {
+  const SnapshotManifest& m = reader.manifest();
+  SnapshotRecord saved;
+  if (m.mlx) {
+    KV_ASSIGN_OR_RETURN(saved, mlx_record(m, reader.original()));
+  } else {
+    KV_ASSIGN_OR_RETURN(StateFile parsed, reader.parse_original());
+    KV_RETURN_IF_ERROR(reader.verify_metadata(parsed));
+    saved = make_record(m, parsed, reader.original().size(), row.model_arch, row.model_fingerprint);
+  }
+  const SnapshotInfo& want = saved.info;
+  std::vector<std::string> differ;
+  auto compare = [&](const std::string& what, const std::string& have, const std::string& holds, bool same) {
+    if (!same) differ.push_back(what + " " + have + " (the snapshot holds " + holds + ")");
+  };
+  compare("K types", row.k_types, want.k_types, type_set(row.k_types) == type_set(want.k_types));
+  compare("V types", row.v_types, want.v_types, type_set(row.v_types) == type_set(want.v_types));
+  auto layout = [](bool trans) { return std::string(trans ? "transposed" : "rows"); };
+  compare("V layout", layout(row.v_trans), layout(want.v_trans), row.v_trans == want.v_trans);
+  compare("size", std::to_string(row.raw_bytes), std::to_string(want.raw_bytes), row.raw_bytes == want.raw_bytes);
+  if (differ.empty()) return Status::OK();
+  std::string list;
+  for (const std::string& d : differ) list += (list.empty() ? "" : ", ") + d;
+  return Status::Corruption("the catalog's row differs from the snapshot: " + list);
 }
 
 }  // namespace
@@ -851,6 +895,7 @@ Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
       rep.problems.push_back(label + ": the catalog's token list differs from the snapshot's");
     if (info.content_sha256 != recorded_content_digest(reader.manifest(), info.tenant ? cipher() : nullptr))
       rep.problems.push_back(label + ": the catalog's content hash differs from the snapshot's");
+    if (Status d = check_row_describes(row, reader); !d.ok()) rep.problems.push_back(label + ": " + d.ToString());
     Status s = reader.verify_chunks();
     if (s.ok()) s = reader.verify_original();
     if (s.code() == Code::kInterrupted) return s;
@@ -863,6 +908,30 @@ Result<VerifyReport> Store::verify(const std::vector<std::string>& refs) {
                               "catalog rows, key ids, every blob's presence, sealed header and size; not their "
                               "contents, tokens or the original's hash (pass the tenant's key to check those)");
   return rep;
+}
+
+Status Store::check_blobs_present(int64_t id, const std::string& ref) {
+  KV_ASSIGN_OR_RETURN(std::vector<ChunkUse> uses, catalog_->chunks_of(id));
+  const std::string who = "snapshot " + ref + ": ";
+  const std::string remedy = " (in " + blobs_->describe() + "; kvsnap verify " + ref + " lists what is damaged)";
+  std::map<std::string, uint64_t> pack_end;  // each pack's furthest blob end
+  for (const ChunkUse& u : uses) {
+    if (u.pack.empty()) {
+      KV_ASSIGN_OR_RETURN(bool there, blobs_->contains(u.sha256));
+      if (!there) return Status::NotFound(who + "chunk " + u.sha256.hex() + " is missing" + remedy);
+      continue;
+    }
+    uint64_t& end = pack_end[u.pack];
+    end = std::max(end, u.pack_offset + u.stored_size);
+  }
+  for (const auto& [pack, end] : pack_end) {
+    KV_ASSIGN_OR_RETURN(uint64_t size, blobs_->pack_size(pack));  // 0 when absent
+    if (size == 0) return Status::NotFound(who + "pack " + pack + " is missing" + remedy);
+    if (size < end)
+      return Status::Corruption(who + "pack " + pack + " holds " + std::to_string(size) + " bytes, its blobs end at " +
+                                std::to_string(end) + remedy);
+  }
+  return Status::OK();
 }
 
 void Store::verify_sealed(const SnapshotInfo& info, VerifyReport& rep) {

@@ -236,6 +236,12 @@ class Store {
   // the ones sealed in its manifest (store_seal.h check_sealed_labels); OK for a uuid or a plain row.
   // `id`: the row `ref` resolved to, the one the caller then reads; `change`: check_sealed_labels's.
   Status check_labels_of(const std::string& ref, int64_t id, const std::string& change = "");
+  // Whether every blob the rows of snapshot `id` name is there, none read: each loose blob
+  // present, each pack at least as long as the end of its last blob. kNotFound naming `ref` and
+  // the first blob or pack missing, kCorruption for a pack cut short. For a flow that asks for
+  // outside work before it reads the snapshot (restore --server asks nothing of the server for a
+  // snapshot it could not read); the read itself still checks every blob (a gc may come between).
+  Status check_blobs_present(int64_t id, const std::string& ref);
 
   // Also deletes blobs nobody uses any more, and compacts packs at compact_dead_percent(), best
   // effort (skipped while another gc runs; `gc` gets that collection's report when given).
