@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "base/io.h"
 #include "base/json_access.h"
 #include "base/text.h"
 #include "format/ggml_types.h"
@@ -23,11 +24,6 @@ namespace snapshot_detail {
 // --- INFO -------------------------------------------------------------------------
 
 namespace {
-
-std::string basename_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
 
 const char* kind_tag(StateKind k) {
   switch (k) {
@@ -173,7 +169,7 @@ ordered_json model_json(const SnapshotModelInfo& m) {
 // as before).
 ordered_json provenance_json(const StateFile& f, const SnapshotOptions& o, const Sha256Digest& original_sha) {
   ordered_json prov;
-  prov["source"] = basename_of(o.source_name);
+  prov["source"] = file_name_of(o.source_name);
   prov["kind"] = kind_tag(f.kind);
   prov["magic"] = hex32(f.magic);
   prov["version"] = f.version;

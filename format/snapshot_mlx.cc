@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "base/io.h"
 #include "base/json_access.h"
 #include "base/text.h"
 #include "format/ggml_types.h"
@@ -120,8 +121,7 @@ ordered_json mlx_info(const MlxPromptCache& cache, const MlxCacheSummary& sum, c
   j["format_version"] = kSnapshotFormatVersion;
   j["kvsnap_version"] = o.kvsnap_version;
   j["created"] = o.created.empty() ? utc_now("%Y-%m-%dT%H:%M:%SZ") : o.created;
-  const size_t slash = source.find_last_of('/');
-  j["provenance"] = {{"source", slash == std::string::npos ? source : source.substr(slash + 1)},
+  j["provenance"] = {{"source", file_name_of(source)},
                      {"kind", kMlxPromptCacheKind},
                      {"magic", "00000000"},
                      {"version", 0},

@@ -410,6 +410,17 @@ std::string unique_suffix() {
   return std::to_string(::getpid()) + "-" + std::to_string(rng());
 }
 
+std::string dir_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string file_name_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
 std::string temp_path_beside(const std::string& path) {
   constexpr size_t kNameMax = 255;
   const std::string tail = std::string(kTempInfix) + unique_suffix();

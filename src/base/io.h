@@ -279,6 +279,11 @@ inline constexpr std::string_view kTempInfix = ".kvsnap-tmp-";
 // (server/server_flows.h, kSlotScratchName), only ever a cache, which migrate_dir removes too.
 inline constexpr std::string_view kKeptScratchName = ".kvsnap-scratch.kvsnap-tmp-kept";
 
+// The directory part of a path: "a/b" for "a/b/c", "." for a bare name, "/" for "/c".
+std::string dir_of(const std::string& path);
+// The name part of a path: "c" for "a/b/c" and for "c".
+std::string file_name_of(const std::string& path);
+
 // "<pid>-<64 random bits>": what makes every kvsnap temporary name unique across processes and
 // threads (AtomicFileWriter, the store's tmp/ files, slot files handed to llama-server).
 std::string unique_suffix();

@@ -237,10 +237,7 @@ Result<std::unique_ptr<SqliteCatalog>> SqliteCatalog::open(const std::string& pa
 }
 
 std::optional<uint64_t> SqliteCatalog::free_bytes_beside() {
-  const size_t slash = path_.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash);
-  Io& io = options_.io ? *options_.io : posix_io();
-  auto free = io.free_bytes(dir);
+  auto free = io().free_bytes(dir_of(path_));
   return free.ok() ? *free : std::nullopt;
 }
 
@@ -266,8 +263,7 @@ void SqliteCatalog::release_room_reserve_if_short() {
   if (want == 0) return;
   const std::optional<uint64_t> free = free_bytes_beside();
   if (!free || *free / 2 >= want) return;
-  Io& io = options_.io ? *options_.io : posix_io();
-  (void)io.remove(reserve_path());  // not there (never made, or another process gave it up): nothing to do
+  (void)io().remove(reserve_path());  // not there (never made, or another process gave it up): nothing to do
 }
 
 Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, const CatalogOptions& options) {

@@ -47,6 +47,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/io.h"
 #include "store/catalog.h"
 
 struct sqlite3;
@@ -120,6 +121,7 @@ class SqliteCatalog final : public Catalog {
   // The room reserve (CatalogOptions::room_reserve_bytes): made when there is room, given up
   // when the disk is nearly full. Best effort: the catalog works without it.
   std::string reserve_path() const { return path_ + "-reserve"; }
+  Io& io() const { return options_.io ? *options_.io : posix_io(); }
   std::optional<uint64_t> free_bytes_beside();
   void keep_room_reserve();
   void release_room_reserve_if_short();

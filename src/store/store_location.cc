@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 
+#include "base/io.h"
 #include "base/json_access.h"
 #include "base/key_source.h"
 #include "store/eviction.h"
@@ -47,12 +48,6 @@ std::string scheme_of(std::string_view s) {
   for (char c : s.substr(0, colon))
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.')) return "";
   return std::string(s.substr(0, colon));
-}
-
-std::string dir_of(const std::string& file) {
-  const size_t slash = file.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : file.substr(0, slash);
 }
 
 std::string anchored(const std::string& base, const std::string& path) {
@@ -162,13 +157,11 @@ std::string written_by_others(const std::string& path) {
 std::string key_config_distrust(const std::string& config, const StoreKeyConfig& keys) {
   if (keys.key_command.empty() && keys.key_file.empty()) return "";
   const char* what = keys.key_command.empty() ? "key_file" : "key_command";
-  const size_t slash = config.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : config.substr(0, slash);
-  for (const std::string& path : {config, dir}) {
+  for (const std::string& path : {config, dir_of(config)}) {
     const std::string problem = written_by_others(path);
     if (problem.empty()) continue;
     return "store config " + config + " sets " + what + ", but " +
-           (path == config ? std::string("the file ") : "its directory " + dir + " ") + problem +
+           (path == config ? std::string("the file ") : "its directory " + path + " ") + problem +
            ": kvsnap takes keys only from a config no other user could have written (chmod go-w it, or pass "
            "{--key-file} / {--key-command} on the command line)";
   }

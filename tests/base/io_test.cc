@@ -114,6 +114,19 @@ Status write_atomically(const std::string& path, const std::string& text) {
   return w->commit();
 }
 
+// The one place paths are cut into directory and name (the catalog's room reserve, a store config's
+// directory, a snapshot's recorded source name).
+TEST(Paths, DirAndNameOfAPath) {
+  struct Case {
+    const char *path, *dir, *name;
+  };
+  for (const Case& c : {Case{"a/b/c", "a/b", "c"}, Case{"c", ".", "c"}, Case{"/c", "/", "c"},
+                        Case{"/srv/store/catalog.sqlite", "/srv/store", "catalog.sqlite"}, Case{"a/", "a", ""}}) {
+    EXPECT_EQ(dir_of(c.path), c.dir) << c.path;
+    EXPECT_EQ(file_name_of(c.path), c.name) << c.path;
+  }
+}
+
 // A file whose name is near NAME_MAX (255 bytes) is written: its temporary's name is cut to fit, at
 // a character's start (a review's finding: past ~215 bytes the temporary's name was too long, and
 // every writer failed with "File name too long").
