@@ -1418,6 +1418,12 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
       auto reader = &checked.reader;
       const ExportIndexEntry* meta = &checked.meta;
       const std::string& uuid = meta->uuid;
+      // Said only once the snapshot is in: an import that then finds it imported meanwhile (by
+      // another import of the same archive, which took the name) says that alone.
+      std::string name_taken;
+      auto taken_note = [&uuid](const std::string& name) {
+        return "name '" + name + "' is taken: imported " + uuid + " without it";
+      };
       if (!uuid.empty() && has_uuid(uuid)) {
         rep.skipped.push_back(uuid + " (already in the store)");
         return Status::OK();
@@ -1439,7 +1445,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
         req.cells_per_chunk = m.cells_per_chunk;
         req.under_hold = hold.get();
         if (meta->name && !catalog_->resolve(*meta->name).ok()) req.name = *meta->name;
-        else if (meta->name) rep.skipped.push_back("name '" + *meta->name + "' is taken: imported " + uuid + " without it");
+        else if (meta->name) name_taken = taken_note(*meta->name);
         const ReadableFile& original = (*reader)->original();
         auto saved = [&]() -> Result<SaveResult> {
           if (!m.mlx) {
@@ -1455,6 +1461,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
         }();
         KV_RETURN_IF_ERROR(saved.status());
         rep.imported.push_back(std::move(saved->info));
+        if (!name_taken.empty()) rep.skipped.push_back(name_taken);
         return Status::OK();
       }
       KV_ASSIGN_OR_RETURN(auto batch, begin_blob_write(hold.get()));
@@ -1478,7 +1485,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
       rec.info.created = meta->created;
       if (meta->name) {
         const std::string& name = *meta->name;
-        if (catalog_->resolve(name).ok()) rep.skipped.push_back("name '" + name + "' is taken: imported " + uuid + " without it");
+        if (catalog_->resolve(name).ok()) name_taken = taken_note(name);
         else rec.info.name = name;
       }
       rec.info.tags = meta->tags;
@@ -1492,6 +1499,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
       if (!stored.ok() && taken_meanwhile(uuid)) return Status::OK();  // its blobs: gc's
       KV_RETURN_IF_ERROR(stored.status());
       rep.imported.push_back(std::move(*stored));
+      if (!name_taken.empty()) rep.skipped.push_back(name_taken);
       return Status::OK();
     }();
     if (!s.ok()) return stored_so_far(s);

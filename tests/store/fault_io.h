@@ -88,7 +88,14 @@ class FaultInjectingIo final : public Io {
     pause_needle_ = std::move(needle);
     paused_ = resumed_ = false;
   }
-  // Blocks until a reader waits in the paused open_read.
+  // The next rename whose "FROM -> TO" contains `needle` waits for resume() as a paused read does
+  // (wait_paused): a save or import stopped between its pack and its catalog row.
+  void pause_renaming(std::string needle) {
+    std::lock_guard<std::mutex> g(mu_);
+    pause_rename_needle_ = std::move(needle);
+    paused_ = resumed_ = false;
+  }
+  // Blocks until a reader (or renamer) waits in the paused operation.
   void wait_paused() {
     std::unique_lock<std::mutex> g(mu_);
     pause_cv_.wait(g, [&] { return paused_; });
@@ -129,6 +136,7 @@ class FaultInjectingIo final : public Io {
   Result<std::unique_ptr<WritableFile>> open_write(const std::string& path, bool exclusive) override;
   Result<std::unique_ptr<WritableFile>> create_owner_only(const std::string& path) override;
   Status rename(const std::string& from, const std::string& to) override {
+    maybe_pause(from + " -> " + to, pause_rename_needle_);
     if (auto f = hit(FaultOp::kRename, from + " -> " + to)) return injected_status(FaultOp::kRename, from, f->first);
     return base_.rename(from, to);
   }
@@ -182,10 +190,11 @@ class FaultInjectingIo final : public Io {
   };
   class File;
   class CountedFile;
-  void maybe_pause(const std::string& path) {
+  void maybe_pause(const std::string& path) { maybe_pause(path, pause_needle_); }
+  void maybe_pause(const std::string& path, std::string& needle) {
     std::unique_lock<std::mutex> g(mu_);
-    if (pause_needle_.empty() || path.find(pause_needle_) == std::string::npos) return;
-    pause_needle_.clear();
+    if (needle.empty() || path.find(needle) == std::string::npos) return;
+    needle.clear();
     paused_ = true;
     pause_cv_.notify_all();
     pause_cv_.wait(g, [&] { return resumed_; });
@@ -200,6 +209,7 @@ class FaultInjectingIo final : public Io {
   std::atomic<DiskWaits> disk_waits_{DiskWaits::kReal};
   std::condition_variable pause_cv_;
   std::string pause_needle_;
+  std::string pause_rename_needle_;
   bool paused_ = false, resumed_ = false;
   std::string count_needle_;
   std::atomic<uint64_t> bytes_read_{0};

@@ -1018,6 +1018,41 @@ TEST(Store, AGcBesideAnImportLeavesItsFiles) {
   EXPECT_EQ(out.bytes, l.bytes);
 }
 
+// Two imports of one archive at once (two processes): the one whose catalog row comes second says
+// only that the snapshot was imported meanwhile. It also said it had imported the snapshot without
+// its name (the name the other import had just taken), which it had not.
+TEST(Store, AnImportThatLosesTheRaceToAnotherSaysOnlyThatItWasImportedMeanwhile) {
+  TempStore a;
+  Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faon.slot");
+  SaveRequest req;
+  req.name = "chat";
+  auto saved = a.store->save(*l.file, l.state, req);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  const fs::path ex = a.root.parent_path() / ("race-import-" + std::to_string(::getpid()) + ".tar.zst");
+  ASSERT_TRUE(a.store->export_to({"chat"}, ex.string()).ok());
+  FaultInjectingIo io{posix_io()};
+  TempStore b(io);
+  io.pause_renaming("/packs/");  // its pack in place, its catalog row not yet
+  Result<ImportReport> first = Status::IOError("not run");
+  std::thread th([&] { first = b.store->import_from(ex.string()); });
+  io.wait_paused();
+  auto other = Store::open(posix_io(), StorePaths{b.root.string()});
+  Result<ImportReport> second = other.ok() ? (*other)->import_from(ex.string()) : other.status();
+  io.resume();
+  th.join();
+  fs::remove(ex);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_EQ(second->imported.size(), 1u);
+  EXPECT_EQ(second->imported[0].name, std::optional<std::string>("chat"));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_TRUE(first->imported.empty());
+  ASSERT_EQ(first->skipped.size(), 1u) << first->skipped[0] << " | " << first->skipped.back();
+  EXPECT_EQ(first->skipped[0], saved->info.uuid + " (already in the store: imported meanwhile)");
+  auto listed = b.store->catalog().list();
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->size(), 1u);
+}
+
 TEST(Store, LossyStoreTypeIsRecordedAndRestoresAsConvert) {
   TempStore t;
   auto model = load_model_info(posix_io(), (fixtures() / "models/tiny-hd64.gguf").string());
