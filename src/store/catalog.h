@@ -190,10 +190,12 @@ struct CatalogOptions {
   bool upgrade_schema = true;
   // A file beside the catalog, `<catalog>-reserve`, that holds this much of its disk for the
   // catalog's own writes, so that on a full disk `rm` and `gc` still have room for their WAL
-  // frames: made (allocated, nothing written) when the catalog opens with upgrade_schema and at
-  // least 4x this free, removed before a write transaction when less than 2x this is free (a
-  // later open makes it again once there is room). A file system that cannot allocate without
-  // writing gets none. 0: none. The embedded SQLite catalog only.
+  // frames; more for a large catalog (1.25x its size when it opens: a removal of a snapshot that
+  // makes up most of it writes nearly every page to the WAL). Made (allocated, nothing written)
+  // when the catalog opens with upgrade_schema and at least 4x the reserve is free, removed before
+  // a write transaction when less than 2x is free (a later open makes it again once there is
+  // room). A file system that cannot allocate without writing gets none. 0: none. The embedded
+  // SQLite catalog only.
   uint64_t room_reserve_bytes = uint64_t{16} << 20;
   // The file system that free space is measured through and the reserve removed from;
   // nullptr: posix_io(). (The reserve is made with base/os.h allocate_space.)

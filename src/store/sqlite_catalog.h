@@ -123,6 +123,7 @@ class SqliteCatalog final : public Catalog {
   std::string reserve_path() const { return path_ + "-reserve"; }
   Io& io() const { return options_.io ? *options_.io : posix_io(); }
   std::optional<uint64_t> free_bytes_beside();
+  uint64_t room_reserve_wanted() const;  // room_reserve_bytes, or more for a large catalog
   void keep_room_reserve();
   void release_room_reserve_if_short();
   Status commit();
@@ -146,6 +147,7 @@ class SqliteCatalog final : public Catalog {
   sqlite3* db_;
   std::string path_;
   CatalogOptions options_;
+  uint64_t reserve_bytes_ = 0;  // the room reserve's size (room_reserve_wanted() at open)
   struct CachedStmt {
     sqlite3_stmt* stmt;
     bool in_use;
