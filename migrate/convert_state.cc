@@ -919,6 +919,95 @@ Result<ConvertResult> convert_state(const StateFile& given, const ReadableFile& 
   return res;
 }
 
+namespace {
+
+// What write_state writes, compared with `in` at the same offsets. Bytes appended are read back
+// from `in`; a range of `in` appended at its own offset is those bytes, so it is not read (the
+// tensors a pass-through conversion copies, opaque parts). The first difference stops the writer.
+class SameBytesSink final : public ByteSink {
+ public:
+  explicit SameBytesSink(const ReadableFile& in) : in_(in) {}
+  using ByteSink::append;
+  Status append(std::span<const std::byte> data) override {
+    if (differs_ || data.size() > in_.size() - at_) return differ();
+    for (size_t done = 0; done < data.size();) {
+      const size_t n = std::min<size_t>(data.size() - done, kPiece);
+      buf_.resize(n);
+      KV_RETURN_IF_ERROR(in_.read_at(at_ + done, buf_));
+      if (std::memcmp(buf_.data(), data.data() + done, n) != 0) return differ();
+      done += n;
+    }
+    at_ += data.size();
+    return Status::OK();
+  }
+  Status append_range(const ReadableFile& src, uint64_t offset, uint64_t size) override {
+    if (&src != &in_ || offset != at_) return ByteSink::append_range(src, offset, size);
+    if (differs_ || size > in_.size() - at_) return differ();
+    at_ += size;
+    return Status::OK();
+  }
+  Status differ() {
+    differs_ = true;
+    return Status::Mismatch("the output differs from the input");
+  }
+  bool differs() const { return differs_; }
+  bool whole() const { return !differs_ && at_ == in_.size(); }
+
+ private:
+  static constexpr size_t kPiece = 1 << 16;
+  const ReadableFile& in_;
+  uint64_t at_ = 0;
+  bool differs_ = false;
+  std::vector<std::byte> buf_;
+};
+
+// Each tensor as the source range ConvertingSource would pass through: a pass-through conversion
+// copies those bytes as they are (writes_input_unchanged checked that every side is a copy).
+class SourceRangeTensors final : public TensorSource {
+ public:
+  SourceRangeTensors(const StateFile& src, const ReadableFile& in, SameBytesSink& sink)
+      : src_(src), in_(in), sink_(sink) {}
+  Status emit(const StateFile& target, const TensorRef& ref, ByteSink& out) override {
+    const KvStream& ss = src_.memory.kv[ref.section].streams[ref.stream];
+    const KvStream& ts = target.memory.kv[ref.section].streams[ref.stream];
+    const KvLayer& sl = ss.layers[ref.layer];
+    const KvLayer& tl = ts.layers[ref.layer];
+    const ByteRange from = ref.is_v ? sl.v : sl.k;
+    const ByteRange to = ref.is_v ? tl.v : tl.k;
+    if (from.size != to.size || (ref.is_v && ss.v_trans != ts.v_trans)) return sink_.differ();
+    return out.append_range(in_, from.offset, from.size);
+  }
+
+ private:
+  const StateFile& src_;
+  const ReadableFile& in_;
+  SameBytesSink& sink_;
+};
+
+}  // namespace
+
+Result<bool> writes_input_unchanged(const StateFile& given, const ReadableFile& in, const ConvertRequest& req) {
+  // A plan that fails is convert_state's to report, with its context.
+  auto source = restreamed(given, req);
+  if (!source.ok()) return false;
+  const StateFile& src = *source;
+  auto target = plan_target(src, req);
+  if (!target.ok()) return false;
+  auto plans = side_plans(src, *target, req);
+  if (!plans.ok()) return false;
+  for (const SidePlan& p : *plans) {
+    // RowConverter's own test of a pass-through, the one ConvertingSource's pipeline follows.
+    auto row = RowConverter::make(*p.src, *p.dst, p.n_elems, p.rot);
+    if (!row.ok() || !row->is_copy()) return false;
+  }
+  SameBytesSink sink(in);
+  SourceRangeTensors tensors(src, in, sink);
+  Status written = write_state(*target, tensors, in, sink);
+  if (sink.differs()) return false;
+  KV_RETURN_IF_ERROR(written);
+  return sink.whole();
+}
+
 const char* requant_mode_name(RequantMode m) {
   switch (m) {
     case RequantMode::kAuto: return "auto";
