@@ -310,6 +310,19 @@ def main():
               f"--kv-streams 3 into -np 2: {p.stderr.strip()}")
     finally:
         srv.stop()
+    # A file the server refuses whatever its stream count (here for its types: the server runs q8_0,
+    # f16 is given): rewritten once for each count the server may have, then refused with what else
+    # may not fit named; nothing is left in the slot directory.
+    srv = Server(server_bin, model, "q8_0", "q8_0", True, slots, os.path.join(work, "np2-q8.log"), extra=("-np", "2"))
+    try:
+        p = kvsnap([k, "restore", "chat", "--server", srv.url, "--slot-dir", slots, "--ctk", "f16", "--ctv", "f16",
+                    "--fa", "on"], env, expect=None)
+        check(p.returncode == 5 and "rewritten to 2 KV streams (the counts the server may have, for 2 slots) it was "
+              "refused too: something else does not fit" in p.stderr and "the types" in p.stderr,
+              f"refused with every stream count: {p.stderr.strip()}")
+        check(not leftovers(slots), "nothing left after a refusal with every stream count")
+    finally:
+        srv.stop()
     for name, extra, want in (("np1", (), 1), ("np3", ("-np", "3"), 3), ("np2-kvu", ("-np", "2", "-kvu"), 1)):
         srv = Server(server_bin, model, "f16", "f16", True, slots, os.path.join(work, name + ".log"), extra=extra)
         try:
