@@ -235,7 +235,7 @@ class CopyTensorSource final : public TensorSource {
   const ReadableFile& src_;
 };
 
-// Copies `range` of `src` to `out` (ByteSink::append_range: in bounded pieces unless `out` does better).
+// Copies `range` of `src` to `out` in bounded pieces.
 Status copy_range(const ReadableFile& src, ByteRange range, ByteSink& out);
 
 // What write_state would refuse about `file`'s shape (a ggsq v1 file of an iSWA,

@@ -15,7 +15,17 @@ namespace kvsnap {
 using namespace llama_state_detail;
 
 Status copy_range(const ReadableFile& src, ByteRange range, ByteSink& out) {
-  return out.append_range(src, range.offset, range.size);
+  constexpr uint64_t kPiece = 1 << 20;
+  std::vector<std::byte> buf(std::min<uint64_t>(kPiece, range.size));
+  uint64_t done = 0;
+  while (done < range.size) {
+    const uint64_t n = std::min<uint64_t>(kPiece, range.size - done);
+    std::span<std::byte> piece(buf.data(), n);
+    KV_RETURN_IF_ERROR(src.read_at(range.offset + done, piece));
+    KV_RETURN_IF_ERROR(out.append(piece));
+    done += n;
+  }
+  return Status::OK();
 }
 
 Status CopyTensorSource::emit(const StateFile& target, const TensorRef& ref, ByteSink& out) {
@@ -33,10 +43,6 @@ class CountingForwarder final : public ByteSink {
   Status append(std::span<const std::byte> d) override {
     count += d.size();
     return out_.append(d);
-  }
-  Status append_range(const ReadableFile& src, uint64_t offset, uint64_t size) override {
-    count += size;
-    return out_.append_range(src, offset, size);
   }
   uint64_t count = 0;
 

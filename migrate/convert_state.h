@@ -158,6 +158,7 @@ struct ConvertResult {
   StateFile target;                  // what was written
   uint64_t bytes_in = 0, bytes_out = 0;
   std::vector<LayerReport> layers;   // filled when request.report
+  bool identical = false;            // output bytes == input bytes (identity conversion)
 };
 
 // Builds the target description (types, row sizes, V layout, version) and
@@ -172,12 +173,5 @@ Result<bool> rotates_values(const StateFile& src, const StateFile& target, const
 // Converts `src` (parsed from `in`) into `out`.
 Result<ConvertResult> convert_state(const StateFile& src, const ReadableFile& in, const ConvertRequest& req,
                                     ByteSink& out);
-
-// Whether convert_state(src, in, req, out) would write `in` itself, byte for byte: every layer's K
-// and V pass through (the same codec, no rotation step, the same V layout), and every other byte
-// the target's writer writes (headers, cell metadata, opaque parts) is the input's at the same
-// offset: compared with `in`, which reads only those bytes. False where the plan fails too
-// (convert_state says why). A caller that copies `in` faster than convert_state may copy it.
-Result<bool> writes_input_unchanged(const StateFile& src, const ReadableFile& in, const ConvertRequest& req);
 
 }  // namespace kvsnap

@@ -7,7 +7,6 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -16,18 +15,6 @@
 #include "base/os.h"
 
 namespace kvsnap {
-
-Status ByteSink::append_range(const ReadableFile& src, uint64_t offset, uint64_t size) {
-  constexpr uint64_t kPiece = 1 << 20;
-  std::vector<std::byte> buf(std::min<uint64_t>(kPiece, size));
-  for (uint64_t done = 0; done < size;) {
-    const std::span<std::byte> piece(buf.data(), std::min<uint64_t>(kPiece, size - done));
-    KV_RETURN_IF_ERROR(src.read_at(offset + done, piece));
-    KV_RETURN_IF_ERROR(append(piece));
-    done += piece.size();
-  }
-  return Status::OK();
-}
 
 Status MemoryFile::read_at(uint64_t offset, std::span<std::byte> dst) const {
   if (offset > view_.size() || dst.size() > view_.size() - offset) {

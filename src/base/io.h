@@ -37,11 +37,6 @@ class ByteSink {
   Status append(const void* p, size_t n) {
     return append(std::span<const std::byte>(static_cast<const std::byte*>(p), n));
   }
-  // Appends `size` bytes of `src` from `offset`. The default reads them in pieces of at most 1 MiB
-  // and appends each. A sink that only needs to know where bytes come from (migrate's check that a
-  // conversion writes its input unchanged) overrides it; a sink that wraps another passes ranges
-  // on as ranges.
-  virtual Status append_range(const ReadableFile& src, uint64_t offset, uint64_t size);
 };
 
 class WritableFile : public ByteSink {
@@ -154,11 +149,6 @@ class BufferedSink final : public ByteSink {
     if (buf_.size() + data.size() > cap_) KV_RETURN_IF_ERROR(flush());
     buf_.insert(buf_.end(), data.begin(), data.end());
     return Status::OK();
-  }
-  // A range is passed on as a range, after what is buffered.
-  Status append_range(const ReadableFile& src, uint64_t offset, uint64_t size) override {
-    KV_RETURN_IF_ERROR(flush());
-    return out_.append_range(src, offset, size);
   }
   Status flush() {
     if (buf_.empty()) return Status::OK();

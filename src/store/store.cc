@@ -696,12 +696,12 @@ Result<RestoreResult> Store::restore_unlabeled(const std::string& ref, const Res
   CountingSink count;
   TeeSink tee(out, count);
   const bool convert = wants_conversion(req.spec);
-  const uint32_t threads = req.spec.threads > 0 ? uint32_t(req.spec.threads) : default_threads();
   if (!convert && !req.tokens) {
     // Byte for byte, every chunk checked as it is copied: the original is not parsed first. The
     // parser reads ahead into the first chunk of every tensor, which decoded ~8% of a slot on
     // this thread alone before the copy's threads started (and into fresh cache buffers).
     r.n_tokens = uint64_t(r.info.n_tokens);  // the catalog's, recorded from the same tokens at save
+    const uint32_t threads = req.spec.threads > 0 ? uint32_t(req.spec.threads) : default_threads();
     KV_RETURN_IF_ERROR(copy_parallel(reader, threads, tee));
     return finish_restore(std::move(r), count.count, t0);
   }
@@ -734,16 +734,6 @@ Result<RestoreResult> Store::restore_unlabeled(const std::string& ref, const Res
       r.n_tokens = *req.tokens;
     }
     KV_ASSIGN_OR_RETURN(ConvertRequest creq, make_request(spec, *state, req.model, "snapshot " + ref));
-    // Types, layout and format as stored (restore --server names the server's, which are often
-    // the snapshot's): the stored bytes are the answer, copied on every thread, where the
-    // conversion's pipeline would copy them tensor by tensor.
-    if (!req.tokens) {
-      KV_ASSIGN_OR_RETURN(const bool unchanged, writes_input_unchanged(parsed, original, creq));
-      if (unchanged) {
-        KV_RETURN_IF_ERROR(copy_parallel(reader, threads, tee));
-        return finish_restore(std::move(r), count.count, t0);
-      }
-    }
     KV_RETURN_IF_ERROR(convert_state(*state, *src, creq, tee).status());
     r.converted = true;
   }

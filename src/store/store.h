@@ -145,7 +145,7 @@ struct RestoreResult {
   SnapshotInfo info;
   uint64_t bytes_out = 0;
   uint64_t n_tokens = 0;
-  bool converted = false;            // false: the stored bytes, also where types given were the stored ones
+  bool converted = false;
   double seconds = 0;
 };
 
