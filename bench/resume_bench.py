@@ -27,7 +27,11 @@ best level). `kvsnap doctor` says which levels this CPU has and confirms each on
 
 Prints a table and the ratio; --json FILE writes every figure. Nothing here asserts a time.
 
-  bench/resume_bench.py KVSNAP LLAMA_SERVER MODEL PROMPT_FILE WORK_DIR [--repeat N] [--simd LEVEL|all] [--json FILE]
+  bench/resume_bench.py KVSNAP LLAMA_SERVER MODEL PROMPT_FILE WORK_DIR [--repeat N] [--simd LEVEL|all]
+      [--against OTHER_KVSNAP] [--json FILE]
+
+--against OTHER_KVSNAP (a build of another commit) runs its restore --server beside KVSNAP's in every
+round and level, and prints both: a change to the restore is measured so, not in two sittings.
 
 With bench/make_real_slot.sh's model and prompt (~/.cache/kvsnap-bench/model.gguf and
 real-f16.slot.prompt.txt, ~3,200 tokens). WORK_DIR is emptied of the bench's own files.
@@ -176,6 +180,10 @@ def main():
     ap.add_argument("--simd", help="KVSNAP_SIMD for kvsnap's restores: a level (scalar, avx2, avx512, neon), or all: "
                                    "the resume at every level this CPU has, in one run")
     ap.add_argument("--level", help="kvsnap save's --level: a zstd level, or none (chunks stored raw)")
+    ap.add_argument("--against", metavar="KVSNAP",
+                    help="another kvsnap binary (a build of another commit): its restore --server runs right after "
+                         "KVSNAP's in every round, at every level, and both are reported side by side. A change is "
+                         "measured so, in one run: this VM's speed drifts between sittings")
     ap.add_argument("--json", help="write every figure here")
     a = ap.parse_args()
 
@@ -213,11 +221,23 @@ def main():
 
     # 2. restart at the other types.
     srv = Server(a.llama_server, a.model, slot_dir, work, f"server-{a.to}", a.to, a.to, a.fa, a.ctx, a.threads)
-    rounds = []
+    rounds, against = [], []
     try:
-        for _ in range(a.repeat):
+        def restore_against(level):
+            http(srv.port, "POST", "/slots/0?action=erase", {})
+            r, restore_ms = run([a.against, "restore", "e2e", "--server", srv.url, "--slot", "0", "--slot-dir",
+                                 slot_dir, "--ctk", a.to, "--ctv", a.to, "--fa", a.fa, "--model", a.model,
+                                 "--json"] + scratch + st, "--against's restore --server", simd=level)
+            against.append({"simd": level, "restore_wall_ms": restore_ms, "restore": r, "restore_cpu": dict(LAST_CPU)})
+
+        for i in range(a.repeat):
             this_round = []
             for level in levels:  # in turn, so that every level sees the same machine load
+                # --against's restore goes first in even rounds, last in odd ones: a restore right after
+                # the round's reprocess (both cores busy for seconds) ran up to 1.5x slower here, the
+                # same binary.
+                if a.against and i % 2 == 0:
+                    restore_against(level)
                 http(srv.port, "POST", "/slots/0?action=erase", {})
                 r, restore_ms = run(kv + ["restore", "e2e", "--server", srv.url, "--slot", "0", "--slot-dir", slot_dir,
                                           "--ctk", a.to, "--ctv", a.to, "--fa", a.fa, "--model", a.model, "--json"]
@@ -231,6 +251,8 @@ def main():
                                    "prompt_n_after_restore": t_after["prompt_n"],
                                    "prompt_ms_after_restore": t_after["prompt_ms"],
                                    "control_completion_ms": again_ms, "control_prompt_n": t_again["prompt_n"]})
+                if a.against and i % 2 == 1:
+                    restore_against(level)
             http(srv.port, "POST", "/slots/0?action=erase", {})
             t_fresh, fresh_ms = complete(srv.port, prompt)
             for x in this_round:  # the round's one reprocess, beside each level's resume
@@ -300,6 +322,7 @@ def main():
     finally:
         srv.stop()
     res["rounds"] = rounds
+    res["against_rounds"] = against
     res["loadavg_after"] = os.getloadavg()
 
     at_level = {lv: [r for r in rounds if r["simd"] == lv] for lv in levels}
@@ -370,6 +393,29 @@ def main():
             x = res["levels"][lv]
             print(f"  {lv:8} {x['restore_wall_ms']:10.0f} {x['restore_cpu_s'] * 1000:8.0f} {x['first_completion_ms']:20.0f} "
                   f"{x['resume_ms']:10.0f} {x['ratio_reprocess_over_resume']:16.1f}x")
+    if a.against:
+        def write_ms(r):
+            p = r["restore"].get("phases_ms", {}) if isinstance(r["restore"], dict) else {}
+            return p.get("write", float("nan")) + p.get("commit", 0)
+        print(f"restore --server, KVSNAP against --against {a.against} (both in every round, the order "
+              f"alternating; medians):")
+        print(f"  {'level':8} {'wall ms':>8} {'against':>8} {'ratio':>6} {'CPU ms':>7} {'against':>8} "
+              f"{'write phase ms':>15} {'against':>8}")
+        res["against"] = {}
+        for lv in levels:
+            ours = [r for r in res["rounds"] if r["simd"] == lv]
+            theirs = [r for r in against if r["simd"] == lv]
+            cpu = lambda rs: median([r["restore_cpu"]["user_s"] + r["restore_cpu"]["sys_s"] for r in rs]) * 1000
+            x = {"restore_wall_ms": median([r["restore_wall_ms"] for r in ours]),
+                 "against_restore_wall_ms": median([r["restore_wall_ms"] for r in theirs]),
+                 "restore_cpu_ms": cpu(ours), "against_restore_cpu_ms": cpu(theirs),
+                 "write_phase_ms": median([write_ms(r) for r in ours]),
+                 "against_write_phase_ms": median([write_ms(r) for r in theirs])}
+            x["ratio_against_over_kvsnap"] = x["against_restore_wall_ms"] / x["restore_wall_ms"]
+            res["against"][str(lv)] = x
+            print(f"  {str(lv):8} {x['restore_wall_ms']:8.0f} {x['against_restore_wall_ms']:8.0f} "
+                  f"{x['ratio_against_over_kvsnap']:5.2f}x {x['restore_cpu_ms']:7.0f} {x['against_restore_cpu_ms']:8.0f} "
+                  f"{x['write_phase_ms']:15.0f} {x['against_write_phase_ms']:8.0f}")
     inner_phases = rounds[-1]["restore"].get("phases_ms")
     if inner_phases:
         print("  inside the restore (last round, ms): " + ", ".join(f"{k} {v:.0f}" for k, v in inner_phases.items()))
