@@ -58,7 +58,7 @@ std::optional<int> stoi_like(const std::string& v) {
 bool takes_value(const std::string& flag) {
   return is_one_of(flag, {"-m", "--model", "-c", "--ctx-size", "-np", "--parallel", "-ctk", "--cache-type-k", "-ctv",
                           "--cache-type-v", "--api-key", "--api-key-file", "-hf", "-hfr", "--hf-repo", "-dr",
-                          "--docker-repo", "-mu", "--model-url", "--api-prefix"});
+                          "--docker-repo", "-mu", "--model-url", "--api-prefix", "--sleep-idle-seconds"});
 }
 
 // llama-server 3.22.1's model presets (common/arg.cpp, "--gpt-oss-20b-default" ...): a flag, or a
@@ -99,6 +99,7 @@ struct Origins {
   std::optional<bool> slots;  // a config file's /slots setting, and where
   std::string slots_from;
   std::string api_prefix, api_prefix_from;  // a config file's
+  std::string sleep_idle, sleep_idle_from;  // a config file's sleep-idle-seconds
   // The model downloads' values as last set (config, environment, ARGS; a preset sets hf): any
   // not empty, and the model the child loads is a download, not the given path.
   std::string hf, dr, mu;
@@ -289,7 +290,7 @@ Status add_key_file(const std::string& path, const std::string& from, const Args
 // (its std::map<common_arg, value>: by the option's first flag, strcmp: "--api-key" <
 // "--api-key-file" < ... < "-np"; only the API keys' order shows).
 enum class ConfigOpt { kApiKey, kApiKeyFile, kApiPrefix, kCacheIdleSlots, kEmbeddings, kPreset, kSlots, kCtx, kCtk, kCtv,
-                       kDockerRepo, kFlashAttn, kHfRepo, kModel, kModelUrl, kParallel, kCount };
+                       kDockerRepo, kFlashAttn, kHfRepo, kModel, kModelUrl, kParallel, kSleepIdle, kCount };
 
 // Every key a config file names them by (common/preset.cpp get_map_key_opt: each flag without its
 // dashes, the variable, and a boolean option's LLAMA_ARG_NO_* variable, which in a config file
@@ -325,6 +326,7 @@ constexpr ConfigKey kConfigKeys[] = {
     {"mu", ConfigOpt::kModelUrl},             {"model-url", ConfigOpt::kModelUrl},
     {"LLAMA_ARG_MODEL_URL", ConfigOpt::kModelUrl}, {"np", ConfigOpt::kParallel},
     {"parallel", ConfigOpt::kParallel},       {"LLAMA_ARG_N_PARALLEL", ConfigOpt::kParallel},
+    {"sleep-idle-seconds", ConfigOpt::kSleepIdle},  // no variable in 3.22.1 (common/arg.cpp sets none)
 };
 
 // llama-server's common_arg_utils::is_truthy.
@@ -407,6 +409,10 @@ Status apply_config_section(const std::map<std::string, std::string>& section, c
         out.fa = true;
         break;
       }
+      case ConfigOpt::kSleepIdle:
+        out.sleep_idle = v;
+        out.sleep_idle_from = where;
+        break;
       case ConfigOpt::kDockerRepo: out.dr = v; break;
       case ConfigOpt::kHfRepo: out.hf = v; break;
       case ConfigOpt::kModelUrl: out.mu = v; break;
@@ -496,6 +502,7 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
   if (auto v = env.getenv("LLAMA_API_KEY")) add_key_list(*v, a.api_keys);
   if (auto v = env.getenv("LLAMA_ARG_API_KEY_FILE"))
     KV_RETURN_IF_ERROR(add_key_file(*v, "LLAMA_ARG_API_KEY_FILE", env, a.api_keys));
+  std::optional<std::string> args_sleep_idle;
   for (const ArgItem& it : items) {
     const std::string& flag = it.flag;
     const std::string& value = it.value;
@@ -548,6 +555,8 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
     } else if (is_one_of(flag, {"--cache-idle-slots", "--no-cache-idle-slots"})) {
       a.cache_idle_slots = flag == "--cache-idle-slots";
       a.cache_idle_slots_from = "ARGS " + flag;
+    } else if (flag == "--sleep-idle-seconds") {
+      args_sleep_idle = value;  // the last one counts, as in llama-server
     } else if (flag == "--api-key") {
       add_key_list(value, a.api_keys);
     } else if (flag == "--api-key-file") {
@@ -578,6 +587,18 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
   if (!config.api_prefix.empty() && !env.getenv("LLAMA_ARG_API_PREFIX"))
     return Status::InvalidArgument(config.api_prefix_from + " moves llama-server's routes where kvsnap serve does not "
                                    "look for /health and /slots: remove it");
+  // A sleeping llama-server (3.22.1: server-context.cpp handle_sleeping_state) frees its model and
+  // context, every slot's cache with them, and says nothing to its clients. Measured through kvsnap
+  // serve with --sleep-idle-seconds 2: a conversation's turn after the sleep evaluated its whole
+  // prompt (108 of 108 tokens) though its snapshot was in the store, serve counting the slot as
+  // still holding it. -1 (off) is llama-server's default.
+  const std::string sleep_idle = args_sleep_idle ? *args_sleep_idle : config.sleep_idle;
+  if (!sleep_idle.empty() && sleep_idle != "-1")
+    return Status::InvalidArgument(
+        (args_sleep_idle ? "llama-server argument --sleep-idle-seconds " + sleep_idle : config.sleep_idle_from) +
+        ": a sleeping llama-server drops every slot's cache without a word, which kvsnap serve would go on counting "
+        "as held (the next turn would evaluate its whole prompt, not restore it); leave it out: kvsnap serve keeps "
+        "the sessions in its store, so stopping it (SIGTERM) frees the memory and a restart resumes them");
   if (!a.api_keys.empty()) a.api_key = a.api_keys.front();
   return a;
 }

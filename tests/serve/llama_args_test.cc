@@ -98,6 +98,41 @@ TEST(LlamaArgs, RefusesWhatKvsnapOwns) {
   }
 }
 
+// A sleeping llama-server frees its model and every slot's cache without telling its clients;
+// kvsnap serve would go on counting the slots as held (measured: the next turn evaluated its whole
+// prompt). Refused from ARGS and from a config file; -1 (off, llama-server's default) passes, and
+// the last of several flags counts, as in llama-server.
+TEST(LlamaArgs, RefusesSleepingWhenIdle) {
+  for (std::vector<std::string> v : {std::vector<std::string>{"s", "--sleep-idle-seconds", "2"},
+                                     {"s", "--sleep-idle-seconds=30"}, {"s", "--sleep_idle_seconds", "5"},
+                                     {"s", "--sleep-idle-seconds", "-1", "--sleep-idle-seconds", "60"}}) {
+    auto a = parse_llama_args(v);
+    ASSERT_FALSE(a.ok()) << v[1];
+    EXPECT_EQ(a.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(a.status().message().find("llama-server argument --sleep-idle-seconds "), std::string::npos)
+        << a.status().message();
+    EXPECT_NE(a.status().message().find("drops every slot's cache"), std::string::npos) << a.status().message();
+  }
+  for (std::vector<std::string> v : {std::vector<std::string>{"s", "--sleep-idle-seconds", "-1"},
+                                     {"s", "--sleep-idle-seconds", "9", "--sleep-idle-seconds=-1"}}) {
+    auto a = parse_llama_args(v);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    // The value is the flag's, not a positional argument of its own.
+    EXPECT_TRUE(a->model.empty());
+  }
+  std::map<std::string, std::string> vars, files;
+  ArgsEnvironment env = fake_environment(vars, files);
+  const std::string path = "/etc/llama.cpp/config.ini";
+  files[path] = "sleep-idle-seconds = 60\n";
+  auto refused = parse_llama_args({"llama-server"}, env);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find(path + ": sleep-idle-seconds = '60'"), std::string::npos)
+      << refused.status().message();
+  EXPECT_TRUE(parse_llama_args({"llama-server", "--sleep-idle-seconds", "-1"}, env).ok());
+  files[path] = "sleep-idle-seconds = -1\n";
+  EXPECT_TRUE(parse_llama_args({"llama-server"}, env).ok());
+}
+
 TEST(LlamaArgs, RefusesMissingValuesAndBadNumbers) {
   EXPECT_FALSE(parse_llama_args({}).ok());
   EXPECT_FALSE(parse_llama_args({"s", "-m"}).ok());
