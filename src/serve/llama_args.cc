@@ -593,7 +593,7 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
   // prompt (108 of 108 tokens) though its snapshot was in the store, serve counting the slot as
   // still holding it. -1 (off) is llama-server's default.
   const std::string sleep_idle = args_sleep_idle ? *args_sleep_idle : config.sleep_idle;
-  if (!sleep_idle.empty() && sleep_idle != "-1")
+  if (!sleep_idle.empty() && stoi_like(sleep_idle) != std::optional<int>(-1))  // as llama-server reads it
     return Status::InvalidArgument(
         (args_sleep_idle ? "llama-server argument --sleep-idle-seconds " + sleep_idle : config.sleep_idle_from) +
         ": a sleeping llama-server drops every slot's cache without a word, which kvsnap serve would go on counting "

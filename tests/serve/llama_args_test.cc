@@ -114,7 +114,8 @@ TEST(LlamaArgs, RefusesSleepingWhenIdle) {
     EXPECT_NE(a.status().message().find("drops every slot's cache"), std::string::npos) << a.status().message();
   }
   for (std::vector<std::string> v : {std::vector<std::string>{"s", "--sleep-idle-seconds", "-1"},
-                                     {"s", "--sleep-idle-seconds", "9", "--sleep-idle-seconds=-1"}}) {
+                                     {"s", "--sleep-idle-seconds", "9", "--sleep-idle-seconds=-1"},
+                                     {"s", "--sleep-idle-seconds", "-01"}}) {
     auto a = parse_llama_args(v);
     ASSERT_TRUE(a.ok()) << a.status().ToString();
     // The value is the flag's, not a positional argument of its own.
