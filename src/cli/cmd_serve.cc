@@ -79,7 +79,8 @@ void setup_serve(CLI::App& app, int& exit_status) {
   sub->footer(
       "\nkvsnap serve starts llama-server ARGS as a child on a private loopback port with a kvsnap-owned\n"
       "--slot-save-path (so ARGS must not set --host, --port, --slot-save-path or --no-slots: use\n"
-      "--listen), waits until it is healthy and forwards every request to it unchanged (streaming\n"
+      "--listen; nor --sleep-idle-seconds, whose sleep drops every slot's cache unseen), waits until it\n"
+      "is healthy and forwards every request to it unchanged (streaming\n"
       "included). After each completion the slot it used is saved into the store in the background\n"
       "(kvsnap ls --tag serve.ns=default); on SIGTERM or Ctrl-C the requests in flight finish (a second one cuts them),\n"
       "every filled slot is saved, then llama-server stops.\n"

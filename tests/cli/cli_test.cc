@@ -367,6 +367,33 @@ TEST_F(CliTest, ServeRefusesAnEnvironmentTheChildCouldNotBeServedIn) {
   EXPECT_TRUE(fs::exists(marker)) << "without the variables the child was not started either";
 }
 
+// llama-server's --sleep-idle-seconds frees every slot's cache while serve goes on counting the
+// slots as held (measured: the next turn reprocessed its whole prompt): refused by the command
+// before the store is opened or the child started, naming the flag; -1 (off) is taken.
+TEST_F(CliTest, ServeRefusesALlamaServerThatSleepsWhenIdle) {
+  const fs::path marker = dir_ / "child-started";
+  const fs::path child = dir_ / "fake-llama-server";
+  std::ofstream(child) << "#!/bin/sh\ntouch '" << marker.string() << "'\nkill -TERM $PPID\nexec sleep 30\n";
+  fs::permissions(child, fs::perms::owner_all);
+  const fs::path store = dir_ / "store";
+  const std::string serve = "serve --listen 127.0.0.1:" + std::to_string(test::free_port()) + " --store " +
+                            store.string() + " -- " + child.string() + " -m m.gguf ";
+  for (const char* flag : {"--sleep-idle-seconds 2", "--sleep-idle-seconds=600", "--sleep-idle-seconds x"}) {
+    fs::remove_all(marker);
+    fs::remove_all(store);
+    CmdResult r = run(serve + flag, "timeout -s KILL 60");
+    EXPECT_EQ(r.code, 2) << flag << ": " << r.err;
+    EXPECT_NE(r.err.find("--sleep-idle-seconds"), std::string::npos) << flag << ": " << r.err;
+    EXPECT_NE(r.err.find("drops every slot's cache"), std::string::npos) << flag << ": " << r.err;
+    EXPECT_FALSE(fs::exists(marker)) << flag << ": the child was started";
+    EXPECT_FALSE(fs::exists(store)) << flag << ": the store was made";
+  }
+  fs::remove_all(marker);
+  fs::remove_all(store);
+  run(serve + "--sleep-idle-seconds -1", "timeout -s KILL 60");
+  EXPECT_TRUE(fs::exists(marker)) << "with --sleep-idle-seconds -1 (off) the child was not started";
+}
+
 TEST_F(CliTest, ConvertOfACorruptInputLeavesNoOutput) {
   auto b = build_state({});
   b.resize(b.size() / 2);

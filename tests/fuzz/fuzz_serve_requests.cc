@@ -3,11 +3,15 @@
 // /apply-template answer and a completion answer both whole and as a "data: " event stream, and
 // the proxy's test for a stream's last event (ends_a_stream) on what the child streams, whole and
 // cut in two, and the tail of a stream it keeps (trim_stream_tail); and llama-server's config.ini
-// files (src/serve/llama_config.h), which serve reads at start.
+// files (src/serve/llama_config.h), which serve reads at start, and the llama-server ARGS it reads
+// (src/serve/llama_args.h): the input's lines as ARGS, and the input as the child's config.ini.
 #include <algorithm>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "fuzz/fuzz_input.h"
+#include "serve/llama_args.h"
 #include "serve/llama_config.h"
 #include "serve/requests.h"
 
@@ -47,5 +51,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           __builtin_trap();
       }
   }
+  // ARGS: one a line (at most 64), after the program; the input also as the system config.ini, an
+  // environment with nothing set. Whatever the parse says, it says it without a crash.
+  std::vector<std::string> argv{"llama-server"};
+  for (size_t at = 0; at <= body.size() && argv.size() < 65;) {
+    const size_t nl = std::min(body.find('\n', at), body.size());
+    argv.emplace_back(body.substr(at, nl - at));
+    at = nl + 1;
+  }
+  kvsnap::ArgsEnvironment env;
+  env.getenv = [](const std::string&) { return std::optional<std::string>(); };
+  env.read_file = [&](const std::string& path) {
+    return path == "/etc/llama.cpp/config.ini" ? std::optional<std::string>(body) : std::nullopt;
+  };
+  env.passwd_home = [] { return std::optional<std::string>(); };
+  (void)kvsnap::parse_llama_args(argv, env);
+  (void)kvsnap::parse_llama_args({"llama-server"}, env);
   return 0;
 }
