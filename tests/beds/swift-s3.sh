@@ -12,7 +12,9 @@
 #   swift-s3.sh run DIR PORT CMD..  start, run CMD with DIR/env exported, stop (also when CMD fails
 #                                   or the script is interrupted: trap); exits with CMD's status,
 #                                   77 (skip) when Swift is not installed
-# PORT "auto" picks five free consecutive ports.
+# PORT "auto" picks five free consecutive ports below the kernel's ephemeral range, and tries
+# other ports when a start fails (up to 3 times). SWIFT_S3_READY_TIMEOUT: seconds one start may
+# take (120).
 #
 # Credentials (tempauth; fixed, test only): S3 access key "test:tester", secret "testing".
 # Nothing is written outside DIR: /etc/swift/swift.conf is the package's (its hash prefix and
@@ -22,6 +24,7 @@ set -euo pipefail
 
 PY=/usr/bin/python3   # Debian's python3-swift, whatever python3 is first on PATH
 readonly PY
+READY_TIMEOUT=${SWIFT_S3_READY_TIMEOUT:-120}   # seconds for one start-up attempt
 
 die() { echo "swift-s3: $*" >&2; exit 1; }
 
@@ -46,6 +49,8 @@ finally:
 PYEOF
 }
 
+# bind_timeout: a server whose port is taken exits after 3 s ("Could not bind"), so that start
+# can try other ports, instead of Swift's default 30 s of silent retries while the proxy answers 503.
 write_configs() {
   local dir=$1 port=$2 user
   user=$(id -un)
@@ -57,6 +62,7 @@ swift_dir = $dir/etc
 devices = $dir/srv
 mount_check = false
 log_level = INFO
+bind_timeout = 3
 "
   local kind n=1
   for kind in account container object; do
@@ -130,30 +136,48 @@ probe_chain() {
     "${c[@]}" -X DELETE "$base/v1/AUTH_test/bed-probe"
 }
 
+# The last lines of every server's log, for a start-up that failed.
+show_logs() {
+  local dir=$1 log
+  for log in "$dir"/log/*.log; do
+    [ -s "$log" ] || continue
+    echo "swift-s3: --- the last lines of $log:" >&2
+    tail -n 15 "$log" >&2 || true
+  done
+}
+
+# Waits for the chain (a wall-clock deadline: a loaded CI host starts Python servers slowly).
 wait_ready() {
-  local dir=$1 port=$2 i pidf
-  for i in $(seq 1 300); do
+  local dir=$1 port=$2 pidf deadline=$((SECONDS + READY_TIMEOUT))
+  while [ "$SECONDS" -lt "$deadline" ]; do
     for pidf in "$dir"/run/*.pid; do
       kill -0 "$(cat "$pidf")" 2>/dev/null || {
-        tail -n 30 "$dir/log/$(basename "$pidf" .pid).log" >&2 || true
-        echo "swift-s3: $(basename "$pidf" .pid) server exited during start-up" >&2
+        show_logs "$dir"
+        echo "swift-s3: the $(basename "$pidf" .pid) server exited during start-up" >&2
         return 1
       }
     done
     probe_chain "$port" && return 0
-    sleep 0.1
+    sleep 0.2
   done
-  tail -n 30 "$dir/log/proxy.log" >&2 || true
-  echo "swift-s3: no answer from http://127.0.0.1:$port after 30 s" >&2
+  show_logs "$dir"
+  echo "swift-s3: no answer from http://127.0.0.1:$port after $READY_TIMEOUT s" >&2
   return 1
 }
 
-# Five consecutive ports nobody listens on (bound and released: a small race, fine for tests).
+# Five consecutive ports nobody listens on (bound and released: a small race, which start covers
+# by trying again). Below the kernel's ephemeral range, so that no client connection of another
+# test (a local port the kernel picked) can hold one of them when the servers bind.
 pick_ports() {
   "$PY" - <<'PYEOF'
 import random, socket
+try:
+    low = int(open('/proc/sys/net/ipv4/ip_local_port_range').read().split()[0])
+except (OSError, ValueError, IndexError):
+    low = 32768
+top = max(low, 11000) - 5
 for _ in range(200):
-    base = random.randrange(20000, 60000)
+    base = random.randrange(10000, top)
     socks = []
     try:
         for p in range(base, base + 5):
@@ -179,14 +203,32 @@ start_server() {
 }
 
 start() {
-  local dir=$1 port=$2
+  local dir=$1 port=$2 attempt
   installed || die "OpenStack Swift is not installed (apt-get install swift swift-proxy swift-object swift-container swift-account python3-swift memcached; tests/install-deps.sh)"
-  [ "$port" != auto ] || port=$(pick_ports)
-  [[ $port =~ ^[0-9]+$ ]] && [ "$port" -ge 1024 ] && [ "$port" -le 65530 ] || die "bad port '$port' (a number or auto)"
+  if [ "$port" != auto ]; then
+    [[ $port =~ ^[0-9]+$ ]] && [ "$port" -ge 1024 ] && [ "$port" -le 65530 ] || die "bad port '$port' (a number or auto)"
+  fi
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd)
   [ ! -e "$dir/run" ] || die "$dir: already holds a bed (stop it first)"
   check_xattrs "$dir"
+  # A port given is used once; with auto, a failed start (most often a port taken between
+  # pick_ports and the bind) is retried on other ports.
+  local p
+  for attempt in 1 2 3; do
+    p=$port
+    [ "$port" != auto ] || p=$(pick_ports) || die "no five free consecutive ports below the ephemeral range"
+    if start_once "$dir" "$p"; then return 0; fi
+    stop "$dir"
+    [ "$port" = auto ] || break
+    echo "swift-s3: start-up attempt $attempt failed; trying other ports" >&2
+    mkdir -p "$dir"
+  done
+  die "start-up failed (the bed in $dir is removed)"
+}
+
+start_once() {
+  local dir=$1 port=$2
   local t0; t0=$(date +%s%N)
   mkdir -p "$dir/etc" "$dir/srv/d1" "$dir/run" "$dir/log"
   write_configs "$dir" "$port"
@@ -196,7 +238,7 @@ start() {
   local s
   for s in account container object proxy; do start_server "$dir" "$s"; done
   echo "$port" >"$dir/port"
-  wait_ready "$dir" "$port" || { stop "$dir"; die "start-up failed (the bed in $dir is removed)"; }
+  wait_ready "$dir" "$port" || return 1
   cat >"$dir/env" <<ENV
 S3_ENDPOINT=http://127.0.0.1:$port
 S3_REGION=us-east-1
