@@ -16,6 +16,7 @@
 
 #include "base/sha256.h"
 #include "serve/bounded_pool.h"
+#include "serve/hangup.h"
 #include "serve/requests.h"
 
 namespace kvsnap {
@@ -43,6 +44,8 @@ constexpr size_t kMaxPending = 8 << 20;
 // How long a stream's last event waits for the end of the stream (which llama-server sends right
 // after it) before it goes to the client anyway.
 constexpr auto kLastEventWait = std::chrono::seconds(5);
+// How often a client waiting for the child's answer is looked at for a hang-up (llama-server: 1 s).
+constexpr auto kHangUpPoll = std::chrono::milliseconds(250);
 
 std::string lower(std::string s) {
   for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
@@ -334,6 +337,22 @@ struct Proxy::Impl {
     if (whole && on_done) on_done(x);
   }
 
+  // The client hung up before the child's answer began: the child's request is cut (llama-server
+  // cancels the task when that connection closes; its slot keeps what it had evaluated), nothing is
+  // saved, and the prompt goes to on_given_up as a stream's whose client hung up. The answer set here
+  // goes nowhere.
+  void give_up_hung_up(Upstream& st, std::unique_lock<std::mutex>& l, const httplib::Request& req, const Forward& f,
+                       httplib::Response& res) {
+    st.cancel = true;
+    if (st.client) st.client->stop();
+    st.cv.notify_all();
+    l.unlock();
+    st.join();
+    if (on_given_up) on_given_up(exchange_of(req, f, 0));
+    res.status = 499;  // nginx's "client closed request": in no log of a client
+    res.set_header("Connection", "close");
+  }
+
   // Whether the child keeps generating after a hang-up: an X-Conversation-Id it was sent (not one
   // the client's Connection field made hop-by-hop).
   static bool resumable_stream(const httplib::Request& req) {
@@ -435,7 +454,21 @@ struct Proxy::Impl {
     start_upstream(st, req, f);
     mreq.headers.erase("Accept-Encoding");
     std::unique_lock<std::mutex> l(st->mu);
-    st->cv.wait(l, [&] { return st->have_head || st->done; });
+    // Until the child's answer begins (a completion not streamed: until it has generated it all), a
+    // client that hangs up cuts the child's request, as it would cut llama-server's own (its
+    // is_connection_closed, every second). Not a resumable stream: the child generates on for it.
+    ClientWatch client(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+    const bool watch = !resumable_stream(req);
+    while (!st->cv.wait_for(l, kHangUpPoll, [&] { return st->have_head || st->done; })) {
+      if (!watch) continue;
+      l.unlock();
+      const bool gone = client.gone();
+      l.lock();
+      if (gone && !st->have_head && !st->done) {
+        give_up_hung_up(*st, l, req, f, res);
+        return;
+      }
+    }
     if (!st->have_head) {
       const std::string why = httplib::to_string(st->error);
       l.unlock();

@@ -12,6 +12,10 @@
 //     a client that goes away cancels the child's request, except one that
 //     sent an X-Conversation-Id (llama-server generates on for a resume): its
 //     stream is read to the end and handed to `on_done` as one that ended;
+//   - a client that goes away before the child's answer begins (a completion
+//     not streamed, until the child has generated all of it) cancels the
+//     child's request too, within a quarter of a second (serve/hangup.h; the
+//     same exception), and is handed to `on_given_up`;
 //   - kvsnap never re-encodes a body (no compression of its own);
 //   - clients are served concurrently (a thread pool), with keep-alive;
 //   - a child that does not answer (restarting) is a 502 with a JSON error;
@@ -23,7 +27,8 @@
 //     two chunks of the child's answer cut its marker), which waits
 //     for the stream's end (at most 5 s) when the child sends it first;
 //   - a stream that ends without being handed to `on_done` (its client hung
-//     up, the child's stream was cut off, kvsnap is stopping) is handed to
+//     up, the child's stream was cut off, kvsnap is stopping), and a request
+//     whose client hung up before its answer began, is handed to
 //     `on_given_up` (set_on_given_up), from the serving thread;
 //   - requests `local` claims (kvsnap's own routes) are answered here and
 //     never forwarded, and never wait for the drain gate;

@@ -50,7 +50,10 @@ requests in the same order; then:
  16. two clients that pin their completions to the same slot (id_slot 0, -np 2): the second waits in
      kvsnap until the first has ended and is saved, so both conversations are in the store;
  17. two stored conversations continued at once after a restart (-np 2): each is restored into a
-     slot of its own, each evaluates only its suffix, and both continuations are saved.
+     slot of its own, each evaluates only its suffix, and both continuations are saved;
+ 18. a client that hangs up on a completion not streamed: llama-server's task is cancelled (as
+     with direct access, where llama-server sees its own connection close), the slot stops well
+     short of n_predict, and the next completion is answered.
 With OPENAI_PYTHON (a Python with the `openai` package), one chat goes through the openai client.
 Needs only the Python standard library otherwise.
 """
@@ -224,6 +227,7 @@ def main():
         run_prefix_restore(kvsnap, llama, model, work)
         run_config_ini(kvsnap, llama, model, work)
         run_conversation_id_hangup(kvsnap, llama, model, work)
+        run_non_stream_hangup(kvsnap, llama, model, work)
         run_same_slot_pins(kvsnap, llama, model, work)
         run_concurrent_restores(kvsnap, llama, model, work)
         run_tenant_per_namespace(kvsnap, llama, model, work)
@@ -675,6 +679,43 @@ def run_conversation_id_hangup(kvsnap, llama, model, work):
           f"of the stream, its last event included ({st}, {events} events)")
     text = stop_serve(proc, log, "conv-hangup", work)
     print("\n".join(l for l in text.splitlines() if "persist" in l or "saved" in l)[-2000:])
+
+
+def run_non_stream_hangup(kvsnap, llama, model, work):
+    """Part 18: a hang-up on a completion not streamed cancels llama-server's task."""
+    store = os.path.join(work, "nostream-store")
+    # --context-shift: generation goes on past the slot's context (4096, the model's), so that uncut
+    # it runs for several seconds (~2,000 tokens/s here); the grammar makes every token text, so
+    # that the tiny model does not stop early.
+    base = ["-m", model, "-c", "4096", "-np", "1", "-t", "1", "--no-warmup", "--context-shift"]
+    proc, port, log = start_serve(kvsnap, llama, store, work, "nostream-hangup", base)
+    n_predict = 15000
+    data = json.dumps({"prompt": PROMPT, "n_predict": n_predict, "temperature": 0, "ignore_eos": True,
+                       "grammar": "root ::= [a-z ]+"}).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(f"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        busy = wait_for(lambda: any(x.get("is_processing") for x in json.loads(request(port, "GET", "/slots")[2])), 10)
+        check(busy, "non-streamed hang-up: the completion is running before the client hangs up")
+    # Hung up: kvsnap cuts its connection to the child within 0.25 s. llama-server looks at that
+    # connection only when a second passes without any task's result (server_response::
+    # recv_with_timeout restarts its wait at each one), so /slots is asked every 2 s, not more often.
+    idle = False
+    for _ in range(30):
+        time.sleep(2)
+        if not any(x.get("is_processing") for x in json.loads(request(port, "GET", "/slots")[2])):
+            idle = True
+            break
+    check(idle, "non-streamed hang-up: the slot is idle again")
+    child_log = open(os.path.join(work, "nostream-hangup-child.log"), errors="replace").read()
+    ends = [l.strip() for l in child_log.splitlines() if "cancel task" in l or "stop processing" in l]
+    check(any("cancel task" in l for l in ends),
+          f"non-streamed hang-up: llama-server cancelled the task, as when its own client hangs up {ends}")
+    st, _, body = request(port, "POST", "/completion", {"prompt": PROMPT, "n_predict": 4, "temperature": 0})
+    check(st == 200 and json.loads(body).get("tokens_predicted") == 4,
+          f"non-streamed hang-up: the next completion is answered ({st})")
+    text = stop_serve(proc, log, "nostream-hangup", work)
+    print("\n".join(l for l in text.splitlines() if "persist" in l or "saved" in l)[-1000:])
 
 
 def run_same_slot_pins(kvsnap, llama, model, work):

@@ -1,6 +1,7 @@
 // serve/proxy.h: a streamed exchange's on_done (the save kvsnap serve queues) runs before the client
 // can see the stream's last event, so a client that sends its next request on seeing it finds the
 // save queued; ends_a_stream tells that event from the others.
+#include "serve/hangup.h"
 #include "serve/proxy.h"
 #include "serve/requests.h"
 #include "free_port.h"
@@ -9,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -442,10 +444,11 @@ TEST(ServeProxy, StopGivesUpAResumableStreamBeingReadToItsEnd) {
 }
 
 // A child that reads the request and answers it only after `hold` (or when destroyed): a long
-// non-streamed completion.
+// non-streamed completion. It watches its connection meanwhile: `cut` once the proxy closed it
+// (llama-server then cancels the task), and then it answers nothing.
 struct StallingChild {
   int fd = -1, port = 0;
-  std::atomic<bool> got{false}, quit{false};
+  std::atomic<bool> got{false}, cut{false}, quit{false};
   std::thread thread;
   explicit StallingChild(std::chrono::milliseconds hold) {
     fd = listen_on_loopback(&port);
@@ -456,9 +459,15 @@ struct StallingChild {
       read_request_head(c);
       got = true;
       const auto until = std::chrono::steady_clock::now() + hold;
-      while (!quit && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      const std::string out = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
-      (void)!::write(c, out.data(), out.size());
+      while (!quit && !cut && std::chrono::steady_clock::now() < until) {
+        pollfd p{c, POLLIN, 0};
+        char b[4096];  // the request's body, then the end of the connection
+        if (::poll(&p, 1, 10) > 0 && ::recv(c, b, sizeof b, MSG_DONTWAIT) == 0) cut = true;
+      }
+      if (!cut) {
+        const std::string out = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
+        (void)!::write(c, out.data(), out.size());
+      }
       ::close(c);
     });
   }
@@ -495,6 +504,114 @@ TEST(ServeProxy, StopCutsARequestTheChildHasNotAnswered) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3)) << "stop waited for the child's answer";
   EXPECT_NE(status, 200) << "the client got an answer the child never gave";
   EXPECT_EQ(done.load(), 0);
+}
+
+// A connected raw client of `port` that has sent `request`, or -1.
+int send_raw(int port, const std::string& request) {
+  const int c = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(uint16_t(port));
+  if (::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::write(c, request.data(), request.size()) != ssize_t(request.size())) {
+    ::close(c);
+    return -1;
+  }
+  return c;
+}
+
+// llama-server cancels the completion of a client that hung up (its is_connection_closed, every
+// second); through kvsnap the child's connection is kvsnap's, and a non-streamed completion went on
+// to its end for nobody, its slot held. Now the hang-up cuts the child's connection, nothing is
+// saved and the prompt goes to on_given_up. A client that stays gets its answer (the control), and
+// one with an X-Conversation-Id is not cut (the child generates on for its resume).
+TEST(ServeProxy, AClientThatHangsUpBeforeItsAnswerCutsTheChildsRequest) {
+  struct Case {
+    const char* name;
+    bool hang_up, conversation_id;
+  };
+  for (const Case& c : {Case{"hangs up", true, false}, Case{"stays", false, false},
+                        Case{"hangs up, X-Conversation-Id", true, true}}) {
+    SCOPED_TRACE(c.name);
+    StallingChild child(std::chrono::milliseconds(c.hang_up ? 20000 : 1500));
+    ASSERT_GT(child.port, 0);
+    const ProxyOptions o = in_front_of(child.port, 2);
+    std::atomic<int> done{0}, given_up{0};
+    ServingProxy proxy(o, [&](const Exchange&) { ++done; }, [&](const Exchange& x) {
+      EXPECT_EQ(x.path, "/completion");
+      ++given_up;
+    });
+    ASSERT_TRUE(proxy.bound);
+    const std::string body = R"({"prompt":"a","n_predict":100000})";
+    const int fd = send_raw(o.listen_port, std::string("POST /completion HTTP/1.1\r\nHost: x\r\n") +
+                                               (c.conversation_id ? "X-Conversation-Id: conv-1\r\n" : "") +
+                                               "Content-Type: application/json\r\nContent-Length: " +
+                                               std::to_string(body.size()) + "\r\n\r\n" + body);
+    ASSERT_GE(fd, 0);
+    wait_for(child.got, std::chrono::seconds(5));
+    ASSERT_TRUE(child.got.load()) << "the request did not reach the child";
+    if (c.hang_up) {
+      ::close(fd);
+      const auto t0 = std::chrono::steady_clock::now();
+      wait_for(child.cut, std::chrono::seconds(c.conversation_id ? 2 : 10));
+      EXPECT_EQ(child.cut.load(), !c.conversation_id) << "the child's request cut";
+      if (!c.conversation_id) {
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+        for (int i = 0; i < 500 && given_up == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        EXPECT_EQ(given_up.load(), 1);
+      }
+    } else {
+      std::string got;
+      char b[4096];
+      ssize_t k;
+      while (got.find("{}") == std::string::npos && (k = ::read(fd, b, sizeof b)) > 0) got.append(b, size_t(k));
+      ::close(fd);
+      EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
+      EXPECT_FALSE(child.cut.load());
+      for (int i = 0; i < 500 && done == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      EXPECT_EQ(done.load(), 1);
+      EXPECT_EQ(given_up.load(), 0);
+    }
+    proxy.stop();
+    if (c.hang_up && !c.conversation_id) {
+      EXPECT_EQ(done.load(), 0) << "nothing saved";
+    }
+  }
+}
+
+// The socket lookup matches cpp-httplib's own view of a connection (its numeric addresses), and a
+// closed peer is told from one that is quiet or has sent more.
+TEST(ServeHangup, FindsTheSocketByItsEndsAndSeesItsPeerClose) {
+  int port = 0;
+  const int lfd = listen_on_loopback(&port);
+  ASSERT_GE(lfd, 0);
+  const int c = send_raw(port, "x");
+  ASSERT_GE(c, 0);
+  const int s = ::accept(lfd, nullptr, nullptr);
+  ASSERT_GE(s, 0);
+  sockaddr_in peer{};
+  socklen_t n = sizeof peer;
+  ASSERT_EQ(::getpeername(s, reinterpret_cast<sockaddr*>(&peer), &n), 0);
+  const int peer_port = ntohs(peer.sin_port);
+  EXPECT_EQ(find_tcp_socket("127.0.0.1", port, "127.0.0.1", peer_port), s);
+  EXPECT_EQ(find_tcp_socket("127.0.0.1", port, "127.0.0.1", peer_port + 1), -1);
+  EXPECT_EQ(find_tcp_socket("127.0.0.2", port, "127.0.0.1", peer_port), -1);
+  // the client's own end (its local port is the peer port) is not the server's
+  EXPECT_EQ(find_tcp_socket("127.0.0.1", peer_port, "127.0.0.1", port), c);
+  EXPECT_FALSE(peer_closed(s)) << "a byte waits: the peer is there";
+  ClientWatch watch("127.0.0.1", port, "127.0.0.1", peer_port);
+  EXPECT_FALSE(watch.gone());
+  ::close(c);
+  for (int i = 0; i < 100 && !peer_closed(s); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_FALSE(peer_closed(s)) << "the unread byte comes first: a peek finds it, not the end";
+  char b;
+  ASSERT_EQ(::read(s, &b, 1), 1);
+  EXPECT_TRUE(peer_closed(s));
+  EXPECT_TRUE(watch.gone());
+  EXPECT_FALSE(ClientWatch("127.0.0.1", port, "127.0.0.1", 0).gone()) << "no socket: never gone";
+  ::close(s);
+  ::close(lfd);
 }
 
 // cpp-httplib percent-decodes header values: "%0d%0a" in one would end the header and smuggle a
