@@ -11,7 +11,15 @@
 //   kvsnap-simd-check --exhaustive    also every f32 bit pattern through f16/bf16 conversion and
 //                                     every non-NaN float through the iq4_nl index equivalence
 //                                     (about a minute)
+//   kvsnap-simd-check --emulated      for a CPU emulated in software (tests/cross/x86-cpus.sh:
+//                                     qemu's AVX2 is ~50x slower than the hardware's): every edge
+//                                     case and sweep as above, 1 in 8 of the random row sets, random
+//                                     iq4_nl values and trial-schedule chunks. The full run proves
+//                                     the same kernels' bytes natively; under the emulator the
+//                                     question is which kernels the CPU's CPUID picks and that none
+//                                     uses an instruction the CPU lacks.
 // Exit status 0 when everything matches. It asserts bytes, never time.
+#include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -41,6 +49,8 @@ using testing::Dist;
 
 int g_failures = 0;
 uint64_t g_compared = 0;
+// --emulated: 1 in this many of the random row sets and random iq4_nl samples (1: all).
+size_t g_random_stride = 1;
 
 void fail(const std::string& what) {
   if (g_failures < 20) std::printf("MISMATCH %s\n", what.c_str());
@@ -106,6 +116,13 @@ void compare(Level l, const std::string& what, Fn fn) {
     fail(std::string(simd::level_name(l)) + " " + what + " at element " + std::to_string(d) + detail);
   }
   g_compared += want.size() * sizeof(want[0]);
+}
+
+// Whether row_sets()[i] is used by a check that takes 1 in `stride` of its random sets (the sets
+// of testing::kAllDists) and every other one (the hard cases, the mixed, tie and zero sets).
+bool random_set_taken(size_t i, size_t stride) {
+  const size_t first = testing::hard_cases().size(), n = std::size(testing::kAllDists) * 6;
+  return i < first || i >= first + n || (i - first) % stride == 0;
 }
 
 std::vector<std::vector<float>> row_sets() {
@@ -230,10 +247,8 @@ void check_pipelines(Level l) {
   // every other random set (the scalar iq4_nl reference is slow), all the mixed and tie sets
   std::vector<std::vector<float>> sets;
   const auto all = row_sets();
-  const size_t n_random = std::size(testing::kAllDists) * 6, first_random = testing::hard_cases().size();
   for (size_t i = 0; i < all.size(); i++) {
-    const bool random = i >= first_random && i < first_random + n_random;
-    if (!random || (i - first_random) % 2 == 0) sets.push_back(all[i]);
+    if (random_set_taken(i, 2 * g_random_stride)) sets.push_back(all[i]);
   }
   const TypeTraits& f32 = *find_traits(GgmlType::kF32);
   for (const TypeTraits& src : type_traits()) {
@@ -305,6 +320,7 @@ void check_row_lengths(Level l) {
         plan.step = RotationStep::kRotate;
         plan.n_rot = n_rot;
         for (size_t s = 0; s < sets.size(); s++) {
+          if (!random_set_taken(s, g_random_stride)) continue;
           const auto& x = sets[s];
           const size_t rows = x.size() / n;
           if (rows == 0) continue;
@@ -514,7 +530,7 @@ void check_iq4_index(bool exhaustive) {
       }
     }
     testing::Rng rng(7);
-    for (int i = 0; i < (1 << 24); i++) push(testing::bits_f32(rng.u32()));
+    for (size_t i = 0; i < (size_t{1} << 24) / g_random_stride; i++) push(testing::bits_f32(rng.u32()));
   }
   fill = fill / 16 * 16;
   if (fill) run(fill);
@@ -589,7 +605,8 @@ void check_iq4_trial_schedule(Level level) {
   uint64_t blocks = 0, steps_sum = 0, chunks = 0, flips = 0;
   const int failures_before = g_failures;
   std::vector<float> x(16 * 32);
-  for (int iter = 0; iter < 40000 && g_failures == failures_before; iter++) {
+  const int iters = int(40000 / g_random_stride);
+  for (int iter = 0; iter < iters && g_failures == failures_before; iter++) {
     const size_t cnt = iter % 9 == 0 ? lanes / 2 + rng.below(lanes / 2 + 1) : lanes;
     const bool built = iter % 2 == 1;  // a chunk of random blocks skips more trials
     for (size_t b = 0; b < 16; b++) {
@@ -786,11 +803,18 @@ int main(int argc, char** argv) {
   using namespace kvsnap;
   bool exhaustive = false;
   for (int i = 1; i < argc; i++) {
-    if (std::string(argv[i]) == "--exhaustive") exhaustive = true;
-    else {
-      std::fprintf(stderr, "usage: kvsnap-simd-check [--exhaustive]\n");
+    if (std::string(argv[i]) == "--exhaustive") {
+      exhaustive = true;
+    } else if (std::string(argv[i]) == "--emulated") {
+      g_random_stride = 8;
+    } else {
+      std::fprintf(stderr, "usage: kvsnap-simd-check [--exhaustive] [--emulated]\n");
       return 2;
     }
+  }
+  if (g_random_stride > 1) {
+    std::printf("kvsnap-simd-check: --emulated: every hard case, mixed, tie and zero set; 1 in %zu of the random row"
+                " sets and random iq4_nl samples\n", g_random_stride);
   }
   std::printf("kvsnap-simd-check: best level %s (%s)\n", simd::level_name(simd::best_level()), simd::describe().c_str());
   for (size_t i = 1; i < simd::kLevelCount; i++) {  // every level but the scalar one
@@ -799,24 +823,37 @@ int main(int argc, char** argv) {
       std::printf("  %s: not supported by this CPU or build, skipped\n", simd::level_name(l));
       continue;
     }
-    check_codecs(l);
-    check_rotation(l);
-    check_pipelines(l);
-    check_row_lengths(l);
-    check_iq4_nl_runs(l);
-    check_mlx_affine(l);
-    check_byte_shuffle(l);
-    check_chunk_xxh(l);
-    std::printf("  %s: codecs, rotation, row pipelines, MLX affine rows and the chunk byte shuffle compared\n",
-                simd::level_name(l));
+    // Each part's seconds: under an emulator (tests/cross) they say where its minutes go.
+    std::string took;
+    auto timed = [&](const char* part, void (*check)(Level)) {
+      const auto t0 = std::chrono::steady_clock::now();
+      check(l);
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%s%s %.1f s", took.empty() ? "" : ", ", part,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      took += buf;
+    };
+    timed("codecs", check_codecs);
+    timed("rotation", check_rotation);
+    timed("row pipelines", check_pipelines);
+    timed("row lengths", check_row_lengths);
+    timed("iq4_nl runs", check_iq4_nl_runs);
+    timed("MLX affine", check_mlx_affine);
+    timed("byte shuffle", check_byte_shuffle);
+    timed("chunk XXH3", check_chunk_xxh);
+    std::printf("  %s: codecs, rotation, row pipelines, MLX affine rows and the chunk byte shuffle compared (%s)\n",
+                simd::level_name(l), took.c_str());
     if (exhaustive) check_half_exhaustive(l);
   }
 #ifdef KVSNAP_SIMD_X86
+  const auto t0 = std::chrono::steady_clock::now();
   if (exhaustive) check_roundf_exhaustive();
   check_iq4_index(exhaustive);
   check_iq4_trial_ids();
   check_iq4_trial_schedule(Level::kAvx2);
   check_iq4_trial_schedule(Level::kAvx512);
+  std::printf("  (the iq4_nl index, trial scales and schedules: %.1f s)\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 #endif
   std::printf("%" PRIu64 " bytes compared, %d mismatches\n", g_compared, g_failures);
   return g_failures == 0 ? 0 : 1;

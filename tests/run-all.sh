@@ -213,7 +213,7 @@ finish_beside fleet.two_hosts
 
 step "x86-64 CPUs below this one: AVX2 without AVX-512 and SHA-NI (Haswell), SSE4.2 only (Nehalem), under qemu-x86_64"
 # tests/cross/x86-cpus.sh: the level and SHA-256 kernel chosen from CPUID alone, no instruction the
-# CPU lacks on any path (SIGILL), the same bytes. Uses build/ from above; ~7 min on 2 cores.
+# CPU lacks on any path (SIGILL), the same bytes. Uses build/ from above; ~6 min on 2 cores.
 bash tests/cross/x86-cpus.sh build
 
 step "clang 16 + libc++ + ASan + UBSan: every portable target, warnings as errors (the build)"
