@@ -14,7 +14,9 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitUsage = 2;
 // An exception reached main: a bug in kvsnap, never an answer about the input.
 inline constexpr int kExitInternal = 70;
-// Ctrl-C (SIGINT), SIGTERM or SIGHUP stopped the command; what it was writing was removed (128 + SIGINT, as shells report).
+// Ctrl-C (SIGINT), SIGTERM or SIGHUP stopped the command; what it was writing was removed. main
+// then ends the process by that signal (cli/progress.h end_by_interrupting_signal), so a shell
+// reports 128 + N; this status is what is left when no signal was taken (128 + SIGINT).
 inline constexpr int kExitInterrupted = 130;
 
 // What each exit status means, for kvsnap(1) (docs/cli.md keeps the same table).
@@ -34,7 +36,10 @@ inline constexpr ExitMeaning kExitMeanings[] = {
     {7, "I/O error, or out of memory"},
     {8, "not found: a file, snapshot, model or server slot that does not exist"},
     {70, "internal error: an exception reached main (a kvsnap bug)"},
-    {130, "interrupted: Ctrl-C (SIGINT), SIGTERM or SIGHUP stopped the command; what it was writing is removed"},
+    {129, "interrupted by SIGHUP (the terminal closed): what it was writing is removed, and the process ends by "
+          "the signal (a shell reports 128 + N)"},
+    {130, "interrupted by Ctrl-C (SIGINT): what it was writing is removed, and the process ends by the signal"},
+    {143, "interrupted by SIGTERM: what it was writing is removed, and the process ends by the signal"},
 };
 
 // Codes 0..8 are the C API's kvsnap_status values (capi/kvsnap.h): tests/cli/exit_codes_test.cc

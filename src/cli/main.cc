@@ -68,7 +68,11 @@ int internal_error(const char* what) {
 
 int main(int argc, char** argv) {
   try {
-    return run(argc, argv);
+    const int code = run(argc, argv);
+    // Stopped by a signal, with what it was writing removed: the process ends by that signal, so
+    // that a shell running it in a loop stops too (cli/progress.h). Exit 130 only if none was taken.
+    if (code == kvsnap::cli::kExitInterrupted) kvsnap::cli::end_by_interrupting_signal();
+    return code;
   } catch (const std::bad_alloc&) {
     // Not a bug (base/status.h): the machine ran out of memory. The C API reports it as I/O too.
     std::fprintf(stderr, "kvsnap: out of memory\n");

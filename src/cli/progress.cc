@@ -2,12 +2,14 @@
 #include "cli/progress.h"
 
 #include <CLI/CLI.hpp>
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "cli/store_common.h"
@@ -16,11 +18,16 @@ namespace kvsnap::cli {
 namespace {
 
 std::atomic<bool> g_interrupted{false};
+std::atomic<int> g_signal{0};  // the first signal the handler took
 std::atomic<uint64_t> g_read{0};
 std::atomic<uint64_t> g_written{0};
 std::atomic<uint64_t> g_freed{0};
 
-extern "C" void on_signal(int) { g_interrupted.store(true); }
+extern "C" void on_signal(int sig) {
+  int none = 0;
+  g_signal.compare_exchange_strong(none, sig);
+  g_interrupted.store(true);
+}
 
 // KVSNAP_TEST_INTERRUPT_SIGNAL (progress.h): the signal the knob below raises.
 int interrupt_signal() {
@@ -29,6 +36,16 @@ int interrupt_signal() {
     return v == "TERM" ? SIGTERM : v == "HUP" ? SIGHUP : SIGINT;
   }();
   return sig;
+}
+
+// KVSNAP_TEST_INTERRUPT_TO_GROUP=1 (progress.h): the signal goes to the whole process group, as a
+// terminal's Ctrl-C does, instead of this process alone.
+bool interrupt_to_group() {
+  static const bool group = [] {
+    const char* v = std::getenv("KVSNAP_TEST_INTERRUPT_TO_GROUP");
+    return v && std::string(v) == "1";
+  }();
+  return group;
 }
 
 // KVSNAP_TEST_INTERRUPT_AFTER_BYTES (progress.h): 0 = off.
@@ -44,7 +61,10 @@ void count(std::atomic<uint64_t>& counter, uint64_t n) {
   counter.fetch_add(n);
   static std::atomic<bool> raised{false};
   const uint64_t after = interrupt_after();
-  if (after && g_read.load() + g_written.load() + g_freed.load() >= after && !raised.exchange(true)) raise(interrupt_signal());
+  if (after && g_read.load() + g_written.load() + g_freed.load() >= after && !raised.exchange(true)) {
+    if (interrupt_to_group()) kill(0, interrupt_signal());
+    else raise(interrupt_signal());
+  }
 }
 
 Status stopped(const std::string& name) {
@@ -163,18 +183,39 @@ uint64_t cli_bytes_freed() { return g_freed.load(); }
 void count_freed(uint64_t n) { count(g_freed, n); }
 
 void install_interrupt_handler() {
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND;  // the second Ctrl-C has the default action: the process ends at once
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  // A signal the parent set to be ignored stays ignored: `nohup kvsnap migrate ...` must outlive its
+  // terminal, and a shell starts background jobs with SIGINT ignored so that Ctrl-C spares them.
+  const auto take = [](int sig, int flags) {
+    struct sigaction was {};
+    if (sigaction(sig, nullptr, &was) == 0 && was.sa_handler == SIG_IGN) return;
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = flags;
+    sigaction(sig, &sa, nullptr);
+  };
+  take(SIGINT, SA_RESETHAND);  // the second Ctrl-C has the default action: the process ends at once
+  take(SIGTERM, SA_RESETHAND);
   // The terminal closing (an ssh session lost) under a long migrate or save: stopped as Ctrl-C
   // stops it, its temporaries removed, rather than killed with them left for the next run. Every
   // SIGHUP is taken (no reset): a lost session often sends two (the shell passes one on, the
   // kernel sends the foreground group another), and the second must not kill what the first stops.
-  sa.sa_flags = 0;
-  sigaction(SIGHUP, &sa, nullptr);
+  take(SIGHUP, 0);
+}
+
+void end_by_interrupting_signal() {
+  const int sig = g_signal.load();
+  if (sig == 0) return;
+  std::fflush(nullptr);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(sig, &dfl, nullptr);
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, sig);
+  pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+  raise(sig);  // its default action ends the process; a shell reports 128 + sig
 }
 
 bool interrupted() { return g_interrupted.load(); }

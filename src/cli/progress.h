@@ -5,8 +5,9 @@
 // cli_io(), an Io that counts the bytes read and written and, once SIGINT, SIGTERM or SIGHUP
 // has arrived, answers every further read or write with Code::kInterrupted. The
 // operation then fails the way it fails on a disk error: atomic writers remove their
-// temporaries, the catalog rolls back, and the command exits 130 with nothing
-// half-written. A second Ctrl-C kills the process at once (the default action).
+// temporaries, the catalog rolls back, and the process ends by the signal it got (a shell reports
+// 130 for Ctrl-C) with nothing half-written. A second Ctrl-C kills the process at once (the
+// default action).
 //
 // ProgressDisplay draws "what: done / total (pct) rate ETA" on stderr, redrawn in
 // place, once the operation has run for a second, and clears it at the end; it draws
@@ -39,13 +40,23 @@ uint64_t cli_bytes_written();
 uint64_t cli_bytes_freed();
 void count_freed(uint64_t n);
 
-// Installs the SIGINT/SIGTERM/SIGHUP handler (main does, once).
+// Installs the SIGINT/SIGTERM/SIGHUP handler (main does, once). A signal the process was started
+// with ignored (nohup's SIGHUP, a background job's SIGINT) is left ignored.
 void install_interrupt_handler();
 bool interrupted();
 
+// After a command the handler stopped has removed what it was writing: ends the process by that
+// signal, with its default action, so that its parent sees a death by the signal (a shell's $? is
+// 128 + N: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP) and acts on it as it would on an
+// unhandled one: bash ends a script whose command Ctrl-C stopped instead of running its next
+// command, systemd counts a SIGTERM as a clean stop. Returns when no signal was taken.
+void end_by_interrupting_signal();
+
 // Testing knob: KVSNAP_TEST_INTERRUPT_AFTER_BYTES=N raises SIGINT (KVSNAP_TEST_INTERRUPT_SIGNAL=TERM
 // or HUP: that one) in the process once N bytes have been read or written through cli_io() (or freed
-// by gc), so tests can stop every command at a known point through the real signal path.
+// by gc), so tests can stop every command at a known point through the real signal path;
+// KVSNAP_TEST_INTERRUPT_TO_GROUP=1 sends it to the process group instead (kill(0, sig)), as a
+// terminal's Ctrl-C reaches a shell script and the command it waits for.
 
 enum class ProgressMode { kAuto, kQuiet, kJson };
 

@@ -181,12 +181,24 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   // gets default signals back: supervisor.cc) and the CLI's handler (cli/progress.cc), which would
   // fail every later file access, never sees them. One that comes during the start waits, pending,
   // for the first check. SIGHUP (the terminal closed) shuts down as SIGTERM does.
+  // A signal kvsnap was started with ignored stays ignored, as the CLI's handler leaves it: `nohup
+  // kvsnap serve` outlives its terminal, a script's background `kvsnap serve &` a Ctrl-C. It is
+  // left out of the set: on Linux a blocked signal is queued even while ignored, and sigwait would
+  // take it.
   sigset_t sigs;
   sigemptyset(&sigs);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGHUP);
+  std::string ignored;
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    struct sigaction was {};
+    if (sigaction(sig, nullptr, &was) == 0 && was.sa_handler == SIG_IGN) {
+      ignored += std::string(ignored.empty() ? "" : ", ") + signal_name(sig);
+      continue;
+    }
+    sigaddset(&sigs, sig);
+  }
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  if (!ignored.empty())
+    log("started with " + ignored + " ignored (nohup, or a background job of a script): it does not stop serve");
   // The proxy's pool: 0 threads would take connections and never answer them.
   if (o.threads < 1 || o.threads > 4096)
     return Status::InvalidArgument("{--threads} " + std::to_string(o.threads) +

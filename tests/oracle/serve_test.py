@@ -70,6 +70,9 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from default_signals import restore_default_signals  # noqa: E402
+
 FAILS = []
 
 
@@ -200,6 +203,7 @@ def settled_reuse(port, headers=None):
 
 
 def main():
+    restore_default_signals()
     kvsnap, llama, fixtures, work = sys.argv[1:5]
     openai_python = sys.argv[5] if len(sys.argv) > 5 else ""
     shutil.rmtree(work, ignore_errors=True)

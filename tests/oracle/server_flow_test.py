@@ -18,6 +18,7 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from server_test import Server, completion, mean_kl, agreeing_prefix, SUFFIX  # noqa: E402
+from default_signals import restore_default_signals  # noqa: E402
 
 
 def kvsnap(args, env, expect=0):
@@ -42,6 +44,7 @@ def leftovers(slot_dir):
 
 
 def main():
+    restore_default_signals()
     k, server_bin, fixtures, work = sys.argv[1:5]
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
@@ -106,8 +109,9 @@ def main():
         check(p.returncode == 5 and "b10361" in p.stderr and not leftovers(slots),
               f"a build that cannot have written the server's ggsq v3 file is refused: {p.stderr.strip()}")
         # Ctrl-C: save --server and restore --server stopped midway by a real SIGINT through kvsnap's handler
-        # (raised after 100,000 bytes went through its file layer: the slot file is about 350,000) exit 130,
-        # store nothing new and leave nothing in the slot directory
+        # (raised after 100,000 bytes went through its file layer: the slot file is about 350,000) end by
+        # that SIGINT (returncode -2) once they have said so, store nothing new and leave nothing in the
+        # slot directory
         # progress of save --server: the total is the file the server wrote, known once it did
         p = kvsnap([k, "save", "--server", src.url, "--slot", "0", "--slot-dir", slots, "--name", "progress",
                     "--json"], dict(env, KVSNAP_PROGRESS_DELAY_MS="0"))
@@ -136,12 +140,12 @@ def main():
         n_listed = listed()
         p = kvsnap([k, "save", "--server", src.url, "--slot", "0", "--slot-dir", slots, "--name", "stopped"], stop_env,
                    expect=None)
-        check(p.returncode == 130 and "interrupted" in p.stderr and not leftovers(slots) and listed() == n_listed,
+        check(p.returncode == -signal.SIGINT and "interrupted" in p.stderr and not leftovers(slots) and listed() == n_listed,
               f"save --server stopped by Ctrl-C: exit {p.returncode}, nothing stored, nothing left in the slot "
               f"directory: {p.stderr.strip()[:160]}")
         p = kvsnap([k, "restore", "chat", "--server", src.url, "--slot-dir", slots, "--ctk", "f16", "--ctv", "f16",
                     "--fa", "on"], stop_env, expect=None)
-        check(p.returncode == 130 and "interrupted" in p.stderr and not leftovers(slots),
+        check(p.returncode == -signal.SIGINT and "interrupted" in p.stderr and not leftovers(slots),
               f"restore --server stopped by Ctrl-C: exit {p.returncode}, nothing left in the slot directory: "
               f"{p.stderr.strip()[:160]}")
         _, ref = completion(src, prompt + SUFFIX, 100000)

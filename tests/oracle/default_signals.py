@@ -1,0 +1,17 @@
+"""The terminal's signals as a terminal leaves them, for the kvsnap processes a test starts.
+
+kvsnap leaves a signal it was started with ignored ignored (nohup's SIGHUP, the SIGINT of a
+script's background job: docs/cli.md "Progress and Ctrl-C"), and an ignored signal stays ignored
+across exec. A test that stops kvsnap by a signal must not depend on how the test itself was
+started (a CI runner in the background of a script has SIGINT ignored): this gives SIGINT Python's
+own handler and SIGHUP, SIGTERM their defaults, so that every process started after it gets the
+defaults.
+"""
+import signal
+
+
+def restore_default_signals():
+    for sig, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGHUP, signal.SIG_DFL),
+                         (signal.SIGTERM, signal.SIG_DFL)):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, handler)
