@@ -227,8 +227,8 @@ class ScratchPool {
   }
 
  private:
-  // About a chunk and a half each. Two decode threads of sixteen AVX-512 lanes hold 32 at once
-  // (of eight AVX2 lanes 16, of SHA-NI pairs 4): only as many as were in use are ever made and kept.
+  // About a chunk and a half each. Two decode threads of eight AVX2 lanes hold 16 at once (of
+  // SHA-NI pairs, 4): only as many as were in use are ever made and kept.
   static constexpr size_t kKeep = 2 * Sha256Lanes::kMaxLanes;
   std::mutex mu_;
   std::vector<std::unique_ptr<DecodeScratch>> free_;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
 #include <string_view>
 
 // SHA256_Transform (deprecated in OpenSSL 3, still built by Debian's and every default build):
@@ -15,12 +14,6 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KVSNAP_SHA_X86 1
-// GCC 12's avx512fintrin.h reads _mm512_undefined_*() values on purpose (-Wuninitialized noise,
-// as in migrate/kernels/x86_common.h).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 #include <cpuid.h>
 #include <immintrin.h>
 #endif
@@ -195,88 +188,6 @@ __attribute__((target("avx2"))) void avx2_blocks8(State* const* h, const uint8_t
       for (int w = 0; w < 8; ++w) (*h[l])[w] = lane[w][l];
 }
 
-// AVX-512, sixteen messages in the sixteen 32-bit lanes: avx2_blocks8's rounds with single-
-// instruction rotates (vprord) and three-input logic (vpternlogd: the two XORs of each sigma, Ch
-// and Maj in one instruction each). Each lane's block is loaded whole and the 16 x 16 words
-// transposed (64 shuffles), not gathered word by word.
-#define KV_AVX512 __attribute__((target("avx512f,avx512bw"), always_inline)) inline
-KV_AVX512 __m512i add16(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
-KV_AVX512 __m512i xor3_16(__m512i a, __m512i b, __m512i c) { return _mm512_ternarylogic_epi32(a, b, c, 0x96); }
-template <int N>
-KV_AVX512 __m512i rotr16(__m512i x) {
-  return _mm512_ror_epi32(x, N);
-}
-// r[l]: lane l's 16 words -> r[t]: word t of every lane.
-KV_AVX512 void transpose16x16(__m512i* r) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 8; ++i) {  // within each 128-bit quarter: pairs of rows interleaved
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int g = 0; g < 4; ++g) {  // u[4g + m], quarter k: word 4k + m of rows 4g..4g+3
-    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-  }
-  for (int m = 0; m < 4; ++m) {  // the quarters regrouped: word 4k + m's four quarters side by side
-    const __m512i a0 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x88), a1 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xDD);
-    const __m512i b0 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x88);
-    const __m512i b1 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xDD);
-    r[m] = _mm512_shuffle_i32x4(a0, b0, 0x88);
-    r[4 + m] = _mm512_shuffle_i32x4(a1, b1, 0x88);
-    r[8 + m] = _mm512_shuffle_i32x4(a0, b0, 0xDD);
-    r[12 + m] = _mm512_shuffle_i32x4(a1, b1, 0xDD);
-  }
-}
-#undef KV_AVX512
-
-__attribute__((target("avx512f,avx512bw"))) void avx512_blocks16(State* const* h, const uint8_t* const* p,
-                                                                  const size_t* stride, size_t n) {
-  alignas(64) uint32_t lane[8][16];  // [word][lane]
-  for (int w = 0; w < 8; ++w)
-    for (int l = 0; l < 16; ++l) lane[w][l] = (*h[l])[w];
-  __m512i s[8];
-  for (int w = 0; w < 8; ++w) s[w] = _mm512_load_si512(lane[w]);
-  const __m512i bswap = _mm512_set4_epi32(0x0c0d0e0f, 0x08090a0b, 0x04050607, 0x00010203);
-  const uint8_t* d[16];
-  for (int l = 0; l < 16; ++l) d[l] = p[l];
-  for (; n > 0; --n) {
-    __m512i w[16];
-    for (int l = 0; l < 16; ++l) w[l] = _mm512_shuffle_epi8(_mm512_loadu_si512(d[l]), bswap);
-    transpose16x16(w);
-    __m512i a = s[0], b = s[1], c = s[2], dd = s[3], e = s[4], f = s[5], g = s[6], hh = s[7];
-#pragma GCC unroll 16
-    for (int t = 0; t < 64; ++t) {
-      if (t >= 16) {
-        const __m512i w15 = w[(t - 15) & 15], w2 = w[(t - 2) & 15];
-        const __m512i s0 = xor3_16(rotr16<7>(w15), rotr16<18>(w15), _mm512_srli_epi32(w15, 3));
-        const __m512i s1 = xor3_16(rotr16<17>(w2), rotr16<19>(w2), _mm512_srli_epi32(w2, 10));
-        w[t & 15] = add16(add16(w[t & 15], s0), add16(w[(t - 7) & 15], s1));
-      }
-      const __m512i ch = _mm512_ternarylogic_epi32(e, f, g, 0xCA);   // e ? f : g
-      const __m512i maj = _mm512_ternarylogic_epi32(a, b, c, 0xE8);  // at least two of a, b, c
-      const __m512i t1 = add16(add16(hh, xor3_16(rotr16<6>(e), rotr16<11>(e), rotr16<25>(e))),
-                               add16(ch, add16(_mm512_set1_epi32(int(kK[t])), w[t & 15])));
-      const __m512i t2 = add16(xor3_16(rotr16<2>(a), rotr16<13>(a), rotr16<22>(a)), maj);
-      hh = g, g = f, f = e, e = add16(dd, t1), dd = c, c = b, b = a, a = add16(t1, t2);
-    }
-    s[0] = add16(s[0], a), s[1] = add16(s[1], b), s[2] = add16(s[2], c), s[3] = add16(s[3], dd);
-    s[4] = add16(s[4], e), s[5] = add16(s[5], f), s[6] = add16(s[6], g), s[7] = add16(s[7], hh);
-    for (int l = 0; l < 16; ++l) d[l] += stride[l];
-  }
-  for (int w = 0; w < 8; ++w) _mm512_store_si512(lane[w], s[w]);
-  for (int l = 0; l < 16; ++l)
-    if (stride[l] != 0)
-      for (int w = 0; w < 8; ++w) (*h[l])[w] = lane[w][l];
-}
-
-bool cpu_is_intel() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
-  return b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e;  // "Genu" "ineI" "ntel"
-}
-
 bool cpu_has_shani() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
@@ -294,26 +205,13 @@ bool cpu_has_shani() {
 
 Sha256Kernel choose_kernel() {
   if (const char* want = std::getenv("KVSNAP_SHA")) {
-    for (Sha256Kernel k : kSha256Kernels) {
+    for (Sha256Kernel k : {Sha256Kernel::kOpenssl, Sha256Kernel::kShaniX2, Sha256Kernel::kAvx2X8}) {
       if (std::string_view(want) == sha256_kernel_name(k) && sha256_kernel_supported(k)) return k;
     }
   }
-#ifdef KVSNAP_SHA_X86
-  // On this Intel Xeon (Emerald Rapids) sixteen AVX-512 lanes hash 1.7x what two SHA-NI streams
-  // do; a Zen 4 splits each 512-bit operation in two and its SHA-NI streams ran at 3.4 GB/s.
-  static const bool intel = cpu_is_intel();
-  if (sha256_kernel_supported(Sha256Kernel::kAvx512X16) && (intel || !sha256_kernel_supported(Sha256Kernel::kShaniX2)))
-    return Sha256Kernel::kAvx512X16;
-#endif
   if (sha256_kernel_supported(Sha256Kernel::kShaniX2)) return Sha256Kernel::kShaniX2;
   if (sha256_kernel_supported(Sha256Kernel::kAvx2X8)) return Sha256Kernel::kAvx2X8;
   return Sha256Kernel::kOpenssl;
-}
-
-// What runs instead of avx512-x16 below the avx512 level, and for its few busy lanes.
-Sha256Kernel below_avx512() {
-  if (sha256_kernel_supported(Sha256Kernel::kShaniX2)) return Sha256Kernel::kShaniX2;
-  return sha256_kernel_supported(Sha256Kernel::kAvx2X8) ? Sha256Kernel::kAvx2X8 : Sha256Kernel::kOpenssl;
 }
 
 }  // namespace
@@ -323,10 +221,7 @@ Sha256Kernel sha256_kernel() {
   // The scalar level set by hand (KVSNAP_SIMD=scalar, a bench's --simd scalar) means no SIMD
   // anywhere, SHA-NI included; read on every call because set_level() may change it within a
   // process. A CPU whose best level is scalar (SHA-NI without AVX2: Goldmont) keeps its kernel.
-  // The avx2 level (--simd avx2: what a CPU without AVX-512 runs) leaves the AVX-512 kernel out.
-  const simd::Level level = simd::level();
-  if (level == simd::Level::kScalar && simd::best_level() != simd::Level::kScalar) return Sha256Kernel::kOpenssl;
-  if (k == Sha256Kernel::kAvx512X16 && level != simd::Level::kAvx512) return below_avx512();
+  if (simd::level() == simd::Level::kScalar && simd::best_level() != simd::Level::kScalar) return Sha256Kernel::kOpenssl;
   return k;
 }
 
@@ -334,7 +229,6 @@ const char* sha256_kernel_name(Sha256Kernel k) {
   switch (k) {
     case Sha256Kernel::kShaniX2: return "shani-x2";
     case Sha256Kernel::kAvx2X8: return "avx2-x8";
-    case Sha256Kernel::kAvx512X16: return "avx512-x16";
     case Sha256Kernel::kOpenssl: break;
   }
   return "openssl";
@@ -344,10 +238,8 @@ bool sha256_kernel_supported(Sha256Kernel k) {
 #ifdef KVSNAP_SHA_X86
   static const bool shani = cpu_has_shani();
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  static const bool avx512 = simd::supported(simd::Level::kAvx512);  // F, BW, DQ, VL and the OS's zmm state
   if (k == Sha256Kernel::kShaniX2) return shani;
   if (k == Sha256Kernel::kAvx2X8) return avx2;
-  if (k == Sha256Kernel::kAvx512X16) return avx512;
 #else
   if (k != Sha256Kernel::kOpenssl) return false;
 #endif
@@ -358,7 +250,6 @@ size_t sha256_kernel_width(Sha256Kernel k) {
   switch (k) {
     case Sha256Kernel::kShaniX2: return 2;
     case Sha256Kernel::kAvx2X8: return 8;
-    case Sha256Kernel::kAvx512X16: return 16;
     case Sha256Kernel::kOpenssl: break;
   }
   return 1;
@@ -447,99 +338,58 @@ Sha256Digest Sha256Lanes::finish(size_t lane) {
   return out;
 }
 
-#ifdef KVSNAP_SHA_X86
-namespace {
-
-using LaneStates = std::array<State*, Sha256Lanes::kMaxLanes>;
-using LanePointers = std::array<const uint8_t*, Sha256Lanes::kMaxLanes>;
-using LaneCounts = std::array<size_t, Sha256Lanes::kMaxLanes>;
-
-// Each busy lane alone, OpenSSL's one-stream block function.
-void one_by_one(const LaneStates& h, LanePointers& at, LaneCounts& left) {
-  for (size_t i = 0; i < left.size(); ++i)
-    if (left[i] != 0) openssl_blocks(*h[i], at[i], left[i]), at[i] += 64 * left[i], left[i] = 0;
-}
-
-// SHA-NI: two busy lanes run together for as many blocks as both have; a last one alone.
-void in_pairs(const LaneStates& h, LanePointers& at, LaneCounts& left) {
-  for (;;) {
-    size_t pair[2], found = 0;
-    for (size_t i = 0; i < left.size() && found < 2; ++i)
-      if (left[i] != 0) pair[found++] = i;
-    if (found == 0) return;
-    if (found == 1) {
-      shani_x1(*h[pair[0]], at[pair[0]], left[pair[0]]);
-      at[pair[0]] += 64 * left[pair[0]], left[pair[0]] = 0;
-      return;
-    }
-    const size_t n = std::min(left[pair[0]], left[pair[1]]);
-    shani_x2(*h[pair[0]], at[pair[0]], *h[pair[1]], at[pair[1]], n);
-    for (size_t j : pair) at[j] += 64 * n, left[j] -= n;
-  }
-}
-
-using WideKernel = void (*)(State* const*, const uint8_t* const*, const size_t*, size_t);
-
-// A vector kernel of `Width` lanes: up to Width busy lanes at a time, for as many blocks as all of
-// them have; its other lanes ride along on a fixed block (stride 0), their state untouched. Its
-// rounds cost the same however many lanes are busy: with fewer than `min_busy` left, `fewer` is
-// faster and takes them.
-template <size_t Width>
-void wide(WideKernel kernel, size_t min_busy, void (*fewer)(const LaneStates&, LanePointers&, LaneCounts&),
-          const LaneStates& h, LanePointers& at, LaneCounts& left) {
-  static const uint8_t kIdle[64] = {};
-  std::array<State, Width> scratch;
-  for (;;) {
-    size_t pick[Width], busy = 0, n = 0;
-    for (size_t i = 0; i < left.size() && busy < Width; ++i)
-      if (left[i] != 0) pick[busy++] = i, n = n == 0 ? left[i] : std::min(n, left[i]);
-    if (busy == 0) return;
-    if (busy < min_busy) return fewer(h, at, left);
-    State* hs[Width];
-    const uint8_t* p[Width];
-    size_t stride[Width];
-    for (size_t j = 0; j < Width; ++j) {
-      const bool on = j < busy;
-      scratch[j] = kInit;
-      hs[j] = on ? h[pick[j]] : &scratch[j];
-      p[j] = on ? at[pick[j]] : kIdle;
-      stride[j] = on ? 64 : 0;
-    }
-    kernel(hs, p, stride, n);
-    for (size_t j = 0; j < busy; ++j) at[pick[j]] += 64 * n, left[pick[j]] -= n;
-  }
-}
-
-void avx2_wide(const LaneStates& h, LanePointers& at, LaneCounts& left) {
-  wide<8>(avx2_blocks8, 4, one_by_one, h, at, left);
-}
-
-}  // namespace
-#endif
-
 void Sha256Lanes::compress(const std::array<const uint8_t*, kMaxLanes>& data,
                            const std::array<size_t, kMaxLanes>& blocks) {
 #ifdef KVSNAP_SHA_X86
-  LanePointers at = data;
-  LaneCounts left = blocks;
-  LaneStates h;
-  for (size_t i = 0; i < kMaxLanes; ++i) h[i] = &lanes_[i].h;
-  switch (kernel_) {
-    case Sha256Kernel::kShaniX2: return in_pairs(h, at, left);
-    case Sha256Kernel::kAvx2X8: return avx2_wide(h, at, left);
-    case Sha256Kernel::kAvx512X16: {
-      // Sixteen-lane rounds cost the same however many lanes are busy (3.4 GB/s with 16 on this
-      // Xeon, 1.6 with 8), so fewer busy lanes go to the kernel below: SHA-NI pairs (1.9 GB/s)
-      // below 10; without SHA-NI, avx2-x8 (~1.1 GB/s with 8 lanes, OpenSSL's one stream ~0.45
-      // where it has no SHA-NI to use) below 4.
-      static const Sha256Kernel below = below_avx512();
-      const size_t min_busy = below == Sha256Kernel::kShaniX2 ? 10 : 4;
-      return wide<16>(avx512_blocks16, min_busy, below == Sha256Kernel::kShaniX2 ? in_pairs
-                                          : below == Sha256Kernel::kAvx2X8 ? avx2_wide
-                                                                           : one_by_one,
-                      h, at, left);
+  std::array<const uint8_t*, kMaxLanes> at = data;
+  std::array<size_t, kMaxLanes> left = blocks;
+  if (kernel_ == Sha256Kernel::kShaniX2) {
+    // Two lanes with blocks left run together for as many blocks as both have; a last one alone.
+    for (;;) {
+      size_t pair[2], found = 0;
+      for (size_t i = 0; i < kMaxLanes && found < 2; ++i)
+        if (left[i] != 0) pair[found++] = i;
+      if (found == 0) return;
+      if (found == 1) {
+        shani_x1(lanes_[pair[0]].h, at[pair[0]], left[pair[0]]);
+        return;
+      }
+      const size_t n = std::min(left[pair[0]], left[pair[1]]);
+      shani_x2(lanes_[pair[0]].h, at[pair[0]], lanes_[pair[1]].h, at[pair[1]], n);
+      for (size_t j : pair) at[j] += 64 * n, left[j] -= n;
     }
-    case Sha256Kernel::kOpenssl: break;
+  }
+  if (kernel_ == Sha256Kernel::kAvx2X8) {
+    // Lanes without blocks left ride along on a fixed block (stride 0), their state untouched.
+    // Eight-lane rounds cost the same however many lanes are busy: with fewer than kMinBusy,
+    // OpenSSL's one-stream code (the same bytes, one lane after the other) is faster.
+    constexpr size_t kMinBusy = 4;
+    static const uint8_t kIdle[64] = {};
+    State scratch[kMaxLanes];
+    for (State& s : scratch) s = kInit;
+    for (;;) {
+      size_t n = 0, busy = 0;
+      for (size_t i = 0; i < kMaxLanes; ++i)
+        if (left[i] != 0) n = n == 0 ? left[i] : std::min(n, left[i]), ++busy;
+      if (n == 0) return;
+      if (busy < kMinBusy) {
+        for (size_t i = 0; i < kMaxLanes; ++i)
+          if (left[i] != 0) openssl_blocks(lanes_[i].h, at[i], left[i]);
+        return;
+      }
+      State* h[kMaxLanes];
+      const uint8_t* p[kMaxLanes];
+      size_t stride[kMaxLanes];
+      for (size_t i = 0; i < kMaxLanes; ++i) {
+        const bool on = left[i] != 0;
+        h[i] = on ? &lanes_[i].h : &scratch[i];
+        p[i] = on ? at[i] : kIdle;
+        stride[i] = on ? 64 : 0;
+      }
+      avx2_blocks8(h, p, stride, n);
+      for (size_t i = 0; i < kMaxLanes; ++i)
+        if (left[i] != 0) at[i] += 64 * n, left[i] -= n;
+    }
   }
 #else
   (void)data;
@@ -548,7 +398,7 @@ void Sha256Lanes::compress(const std::array<const uint8_t*, kMaxLanes>& data,
 }
 
 void sha256_many(std::span<const std::span<const std::byte>> messages, std::span<Sha256Digest> out, Sha256Kernel k) {
-  thread_local std::unique_ptr<Sha256Lanes> lanes[std::size(kSha256Kernels)];
+  thread_local std::unique_ptr<Sha256Lanes> lanes[3];
   std::unique_ptr<Sha256Lanes>& h = lanes[static_cast<int>(k)];
   if (!h) h = std::make_unique<Sha256Lanes>(k);
   Sha256Lanes::Pieces p{};

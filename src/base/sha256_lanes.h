@@ -1,19 +1,15 @@
 // SHA-256 of several independent messages at once, each fed in pieces.
 //
 // One SHA-256 stream is bound by the latency of its round chain, not by the core's throughput:
-// two streams interleaved in one thread (SHA-NI), eight in the lanes of AVX2 registers (CPUs
-// without SHA-NI) or sixteen in AVX-512's (Intel's, where they outrun SHA-NI) hash more bytes per
-// second than one. Sha256Lanes gives the same digests as Sha256 (base/sha256.h, OpenSSL) for every
-// message, whatever the kernel, the lane count and the way a message is cut into pieces: lanes
-// have their own lengths and finish at different times. Blocks of two or more lanes fed in the
-// same update() go through the kernel together.
+// two streams interleaved in one thread (SHA-NI) or eight in the lanes of AVX2 registers (CPUs
+// without SHA-NI) hash more bytes per second than one. Sha256Lanes gives the same digests as
+// Sha256 (base/sha256.h, OpenSSL) for every message, whatever the kernel, the lane count and
+// the way a message is cut into pieces: lanes have their own lengths and finish at different
+// times. Blocks of two or more lanes fed in the same update() go through the kernel together.
 //
-// The kernel is chosen once per process: KVSNAP_SHA=openssl|shani-x2|avx2-x8|avx512-x16 (tests,
-// benches; a kernel this CPU lacks falls back to the best it has), KVSNAP_SIMD=scalar means
-// openssl and a level below avx512 leaves avx512-x16 out; otherwise avx512-x16 on an Intel CPU with
-// AVX-512 or on any without SHA-NI (AMD's Zen 4 runs 512-bit operations in two halves, and its
-// SHA-NI is the faster there: docs/store.md "SHA-256 kernels"), shani-x2 where the CPU has SHA-NI,
-// avx2-x8 where it has AVX2, else openssl.
+// The kernel is chosen once per process: KVSNAP_SHA=openssl|shani-x2|avx2-x8 (tests, benches;
+// a kernel this CPU lacks falls back to the best it has), KVSNAP_SIMD=scalar means openssl,
+// otherwise shani-x2 where the CPU has SHA-NI, avx2-x8 where it has AVX2, else openssl.
 //
 // Failure policy: as base/sha256.h (allocation only, std::bad_alloc).
 #pragma once
@@ -28,23 +24,20 @@
 
 namespace kvsnap {
 
-enum class Sha256Kernel { kOpenssl, kShaniX2, kAvx2X8, kAvx512X16 };
-// Every kernel, for the loops over them (tests, benches, doctor).
-inline constexpr Sha256Kernel kSha256Kernels[] = {Sha256Kernel::kOpenssl, Sha256Kernel::kShaniX2, Sha256Kernel::kAvx2X8,
-                                                  Sha256Kernel::kAvx512X16};
+enum class Sha256Kernel { kOpenssl, kShaniX2, kAvx2X8 };
 
 // The process's kernel (see above).
 Sha256Kernel sha256_kernel();
-// "openssl", "shani-x2", "avx2-x8", "avx512-x16".
+// "openssl", "shani-x2", "avx2-x8".
 const char* sha256_kernel_name(Sha256Kernel k);
 // Whether this CPU (and build) can run `k`.
 bool sha256_kernel_supported(Sha256Kernel k);
-// How many lanes a caller should fill at once for `k` to run at full speed: 1, 2, 8 or 16.
+// How many lanes a caller should fill at once for `k` to run at full speed: 1, 2 or 8.
 size_t sha256_kernel_width(Sha256Kernel k);
 
 class Sha256Lanes {
  public:
-  static constexpr size_t kMaxLanes = 16;
+  static constexpr size_t kMaxLanes = 8;
   using Pieces = std::array<std::span<const std::byte>, kMaxLanes>;
 
   // `k` must be supported (sha256_kernel_supported); the default is the process's.

@@ -25,7 +25,7 @@ Bytes random_bytes(std::mt19937_64& rng, size_t n) {
 // The kernels this machine runs (OpenSSL always); a test names the kernel in its failures.
 std::vector<Sha256Kernel> kernels() {
   std::vector<Sha256Kernel> ks;
-  for (Sha256Kernel k : kSha256Kernels)
+  for (Sha256Kernel k : {Sha256Kernel::kOpenssl, Sha256Kernel::kShaniX2, Sha256Kernel::kAvx2X8})
     if (sha256_kernel_supported(k)) ks.push_back(k);
   return ks;
 }
@@ -149,16 +149,13 @@ TEST(Sha256Lanes, ManyAtOnce) {
 TEST(Sha256Lanes, KernelNamesAndWidths) {
   EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kShaniX2), "shani-x2");
   EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kAvx2X8), "avx2-x8");
-  EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kAvx512X16), "avx512-x16");
   EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kOpenssl), "openssl");
   EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kShaniX2), 2u);
   EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kAvx2X8), 8u);
-  EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kAvx512X16), 16u);
   EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kOpenssl), 1u);
-  EXPECT_LE(sha256_kernel_width(Sha256Kernel::kAvx512X16), Sha256Lanes::kMaxLanes);
   EXPECT_TRUE(sha256_kernel_supported(sha256_kernel()));
   // A kernel this CPU lacks falls back to OpenSSL instead of faulting.
-  for (Sha256Kernel k : {Sha256Kernel::kShaniX2, Sha256Kernel::kAvx2X8, Sha256Kernel::kAvx512X16})
+  for (Sha256Kernel k : {Sha256Kernel::kShaniX2, Sha256Kernel::kAvx2X8})
     if (!sha256_kernel_supported(k)) {
       EXPECT_EQ(Sha256Lanes(k).kernel(), Sha256Kernel::kOpenssl);
     }
@@ -170,29 +167,19 @@ TEST(Sha256Lanes, EnvironmentChoosesTheKernel) {
   const char* want = std::getenv("KVSNAP_SHA");
   // KVSNAP_SIMD=scalar lowers a CPU that has more; one whose best is scalar (SHA-NI without AVX2)
   // keeps its kernel and goes on below.
-  // Below the avx512 level (KVSNAP_SIMD=avx2, or a CPU without AVX-512) the best of the others.
-  const Sha256Kernel below_avx512 = sha256_kernel_supported(Sha256Kernel::kShaniX2)  ? Sha256Kernel::kShaniX2
-                                    : sha256_kernel_supported(Sha256Kernel::kAvx2X8) ? Sha256Kernel::kAvx2X8
-                                                                                     : Sha256Kernel::kOpenssl;
-  const bool at_avx512 = simd::level() == simd::Level::kAvx512;
   if (simd && std::string(simd) == "scalar" && simd::best_level() != simd::Level::kScalar) {
     EXPECT_EQ(sha256_kernel(), Sha256Kernel::kOpenssl);
   } else if (want) {
     const std::string got = sha256_kernel_name(sha256_kernel());
     bool supported = false;
     for (Sha256Kernel k : kernels()) supported = supported || want == std::string(sha256_kernel_name(k));
-    if (supported && want == std::string("avx512-x16") && !at_avx512) {
-      EXPECT_EQ(sha256_kernel(), below_avx512);
-    } else if (supported) {
+    if (supported) {
       EXPECT_EQ(got, want);
     }
-  } else if (sha256_kernel() == Sha256Kernel::kAvx512X16) {
-    // chosen at the avx512 level only (on Intel's CPUs, and on any without SHA-NI)
-    EXPECT_TRUE(at_avx512);
   } else {
-    EXPECT_EQ(sha256_kernel(), below_avx512);
-    // a CPU at the avx512 level without SHA-NI takes the AVX-512 kernel
-    if (at_avx512) EXPECT_TRUE(sha256_kernel_supported(Sha256Kernel::kShaniX2));
+    EXPECT_EQ(sha256_kernel(), sha256_kernel_supported(Sha256Kernel::kShaniX2)  ? Sha256Kernel::kShaniX2
+                               : sha256_kernel_supported(Sha256Kernel::kAvx2X8) ? Sha256Kernel::kAvx2X8
+                                                                                : Sha256Kernel::kOpenssl);
   }
 }
 

@@ -353,17 +353,9 @@ class PhasedSink final : public ByteSink {
 
 constexpr uint64_t kMiB = uint64_t(1) << 20;
 
-// How far ahead of the sink the workers decide: 2 jobs a worker, a job as many chunks as the
-// SHA-256 kernel hashes at once (format/snapshot_write.cc encode_all); in stored bytes at most so.
-constexpr uint64_t kChunkBytes = 256 << 10;
-uint64_t workers_lead() { return 2 * 2 * std::max<uint64_t>(2, sha256_kernel_width(sha256_kernel())) * kChunkBytes; }
-
 std::vector<std::byte> big_f16_state() {
   SynthSpec s;
-  // 2 layers of K and V, 4096 f16 values a cell each (32 KiB a cell): 150 MiB, and 3 MiB more
-  // for each MiB of the workers' lead (the phases of the tests below outlast it): 156 MiB with
-  // SHA-NI pairs, 198 with avx512-x16's sixteen-chunk jobs
-  s.cells = uint32_t(4800 + 96 * (workers_lead() / kMiB));
+  s.cells = 4800;  // 2 layers of K and V, 4096 f16 values a cell each: 150 MiB
   s.layers = {{1, 4096, 1, 4096}, {1, 4096, 1, 4096}};
   s.f16_like = true;
   return build_state(s);
@@ -405,6 +397,11 @@ std::vector<SavedChunk> adaptive_save(const std::vector<std::byte>& state, bool 
   }
   return out;
 }
+
+// How far ahead of the sink the workers decide: 2 jobs a worker, a job as many chunks as the
+// SHA-256 kernel hashes at once (format/snapshot_write.cc encode_all); in stored bytes at most so.
+constexpr uint64_t kChunkBytes = 256 << 10;
+uint64_t workers_lead() { return 2 * 2 * std::max<uint64_t>(2, sha256_kernel_width(sha256_kernel())) * kChunkBytes; }
 
 TEST(SnapshotAdaptive, ACpuBoundSaveStoresRawAfterTheFirstBytes) {
   const auto state = big_f16_state();
@@ -480,8 +477,7 @@ TEST(SnapshotAdaptive, TheLevelFollowsTheSideThatIsTheLimit) {
 void the_level_follows_the_side_that_is_the_limit(Told told) {
   const auto state = big_f16_state();
   const uint64_t lead = workers_lead();
-  // The disk-bound phase outlasts the lead (the jobs decided before it began) by 16 MiB.
-  const uint64_t disk_from = snapshot_detail::kAdaptiveFirstBytes + lead + 8 * kMiB, disk_to = disk_from + lead + 16 * kMiB;
+  const uint64_t disk_from = snapshot_detail::kAdaptiveFirstBytes + lead + 8 * kMiB, disk_to = disk_from + 16 * kMiB;
   PhasedSink sink(disk_from, disk_to);
   sink.reports_storage = told != Told::kNot;
   if (told == Told::kUntilTheDisk) sink.storage_unknown_from = disk_from;
@@ -524,7 +520,7 @@ TEST(SnapshotAdaptive, APackThatBlocksOnceAWindowStaysCompressed) {
 void a_pack_that_blocks_once_a_window_stays_compressed(bool told) {
   const auto state = big_f16_state();
   const uint64_t lead = workers_lead();
-  const uint64_t disk_from = snapshot_detail::kAdaptiveFirstBytes + lead + 8 * kMiB, disk_to = disk_from + lead + 24 * kMiB;
+  const uint64_t disk_from = snapshot_detail::kAdaptiveFirstBytes + lead + 8 * kMiB, disk_to = disk_from + 24 * kMiB;
   PhasedSink sink(disk_from, disk_to, /*per_window=*/true);
   sink.reports_storage = told;
   const auto chunks = adaptive_save(state, true, sink);
