@@ -106,6 +106,35 @@ class Server:
         self.log.close()
 
 
+def wait_idle(pid, quiet_s=0.2, max_s=5.0):
+    """Waits until process `pid` has used no CPU for `quiet_s` (at most `max_s`); returns the seconds
+    waited. Each restore and reprocess starts so from an idle llama-server, as a restarted server's
+    first restore does: right after a reprocess its threads kept a core busy for a few hundred ms,
+    and a restore started then (every round's but the first) took 1.3x as long on 2 cores with the
+    same CPU time. Without /proc (macOS): a fixed 1 s."""
+    t0 = time.perf_counter()
+
+    def cpu_ticks():
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime (fields 14 and 15)
+
+    try:
+        last = cpu_ticks()
+    except OSError:
+        time.sleep(1.0)
+        return time.perf_counter() - t0
+    quiet_since = time.perf_counter()
+    while time.perf_counter() - t0 < max_s:
+        time.sleep(0.05)
+        now = cpu_ticks()
+        if now != last:
+            last, quiet_since = now, time.perf_counter()
+        elif time.perf_counter() - quiet_since >= quiet_s:
+            break
+    return time.perf_counter() - t0
+
+
 LAST_CPU = {}
 
 
@@ -221,10 +250,11 @@ def main():
 
     # 2. restart at the other types.
     srv = Server(a.llama_server, a.model, slot_dir, work, f"server-{a.to}", a.to, a.to, a.fa, a.ctx, a.threads)
-    rounds, against = [], []
+    rounds, against, waited = [], [], []
     try:
         def restore_against(level):
             http(srv.port, "POST", "/slots/0?action=erase", {})
+            wait_idle(srv.proc.pid)
             r, restore_ms = run([a.against, "restore", "e2e", "--server", srv.url, "--slot", "0", "--slot-dir",
                                  slot_dir, "--ctk", a.to, "--ctv", a.to, "--fa", a.fa, "--model", a.model,
                                  "--json"] + scratch + st, "--against's restore --server", simd=level)
@@ -239,6 +269,7 @@ def main():
                 if a.against and i % 2 == 0:
                     restore_against(level)
                 http(srv.port, "POST", "/slots/0?action=erase", {})
+                waited.append(wait_idle(srv.proc.pid))
                 r, restore_ms = run(kv + ["restore", "e2e", "--server", srv.url, "--slot", "0", "--slot-dir", slot_dir,
                                           "--ctk", a.to, "--ctv", a.to, "--fa", a.fa, "--model", a.model, "--json"]
                                     + scratch + st, "kvsnap restore --server", simd=level)
@@ -254,6 +285,7 @@ def main():
                 if a.against and i % 2 == 1:
                     restore_against(level)
             http(srv.port, "POST", "/slots/0?action=erase", {})
+            wait_idle(srv.proc.pid)
             t_fresh, fresh_ms = complete(srv.port, prompt)
             for x in this_round:  # the round's one reprocess, beside each level's resume
                 x.update({"reprocess_wall_ms": fresh_ms, "reprocess_prompt_ms": t_fresh["prompt_ms"],
@@ -323,6 +355,7 @@ def main():
         srv.stop()
     res["rounds"] = rounds
     res["against_rounds"] = against
+    res["idle_waits_s"] = waited
     res["loadavg_after"] = os.getloadavg()
 
     at_level = {lv: [r for r in rounds if r["simd"] == lv] for lv in levels}
@@ -361,6 +394,7 @@ def main():
         "restore_user_s": median([r["restore_cpu"]["user_s"] for r in rounds]),
         "restore_sys_s": median([r["restore_cpu"]["sys_s"] for r in rounds]),
         "restore_minflt": median([r["restore_cpu"]["minflt"] for r in rounds]),
+        "idle_wait_ms": median(waited) * 1000,
     }
     res["summary"] = summary
 
@@ -376,7 +410,8 @@ def main():
           f"{summary['prompt_n_after_restore']}")
     print(f"{'    control: the same completion again':44} {m('control_completion_ms'):9.0f}   "
           "(no restore in between: one token on this server now)")
-    print(f"{'    resume = both':44} {restore_ms + first_ms:9.0f}")
+    print(f"{'    resume = both':44} {restore_ms + first_ms:9.0f}   (each restore started with llama-server idle: "
+          f"a median {summary['idle_wait_ms']:.0f} ms waited for its CPU time to stop)")
     print(f"{'(b) reprocess on an erased slot (wall)':44} {reproc_ms:9.0f}   prompt_ms {reproc_prompt_ms:.0f}")
     print(f"ratio reprocess / resume: {summary['ratio_reprocess_over_resume']:.1f}x "
           f"(reprocess / restore alone: {summary['ratio_reprocess_over_restore']:.1f}x)")
