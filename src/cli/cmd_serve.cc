@@ -50,7 +50,10 @@ Status run_serve_cmd(const ServeCmdOpts& o, std::string& out) {
     so.admin_key = k;
     ::unsetenv("KVSNAP_ADMIN_KEY");  // not handed on to llama-server's environment
   }
-  return run_serve(cli_io(), so, log_line);
+  int stopped_by = 0;
+  Status s = run_serve(cli_io(), so, log_line, &stopped_by);
+  if (stopped_by != 0) note_interrupting_signal(stopped_by);
+  return s;
 }
 
 }  // namespace

@@ -203,6 +203,11 @@ void install_interrupt_handler() {
   take(SIGHUP, 0);
 }
 
+void note_interrupting_signal(int sig) {
+  int none = 0;
+  g_signal.compare_exchange_strong(none, sig);
+}
+
 void end_by_interrupting_signal() {
   const int sig = g_signal.load();
   if (sig == 0) return;

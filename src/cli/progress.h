@@ -51,6 +51,9 @@ bool interrupted();
 // unhandled one: bash ends a script whose command Ctrl-C stopped instead of running its next
 // command, systemd counts a SIGTERM as a clean stop. Returns when no signal was taken.
 void end_by_interrupting_signal();
+// A signal a command took itself (serve's sigwait) rather than through the handler: the one the
+// process ends by.
+void note_interrupting_signal(int sig);
 
 // Testing knob: KVSNAP_TEST_INTERRUPT_AFTER_BYTES=N raises SIGINT (KVSNAP_TEST_INTERRUPT_SIGNAL=TERM
 // or HUP: that one) in the process once N bytes have been read or written through cli_io() (or freed

@@ -175,7 +175,7 @@ Status parse_listen(const std::string& s, std::string& host, int& port) {
   return Status::OK();
 }
 
-Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const std::string&)>& log) {
+Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const std::string&)>& log, int* stopped_by) {
   // SIGTERM/SIGINT/SIGHUP are taken by sigwait below: blocked first, before the store is opened
   // (a key command) and before any thread starts, so every thread inherits the mask (the child
   // gets default signals back: supervisor.cc) and the CLI's handler (cli/progress.cc), which would
@@ -334,6 +334,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   if (Status s = sup.start([&] { return take_pending_signal(sigs, &load_sig); }); !s.ok()) {
     if (load_sig == 0) return s;
     log(std::string("got ") + signal_name(load_sig) + " while llama-server was loading: stopped it");
+    if (stopped_by) *stopped_by = load_sig;
     return Status::Interrupted("kvsnap serve: stopped while llama-server was loading its model (nothing was saved)");
   }
   // The slot count (-np, or llama-server's default) from the child itself; unknown: no gate.

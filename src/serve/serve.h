@@ -38,7 +38,11 @@ struct ServeOptions {
 // "HOST:PORT" -> host, port; kInvalidArgument naming --listen otherwise.
 Status parse_listen(const std::string& s, std::string& host, int& port);
 
-// `log` gets one line per event (also the line saying where it listens).
-Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const std::string&)>& log);
+// `log` gets one line per event (also the line saying where it listens). A SIGTERM, SIGINT or
+// SIGHUP while the child loads its model stops serve (kInterrupted) and is stored in
+// `*stopped_by` (when given), so that the process can end by it as every stopped command does
+// (cli/progress.h); a stop once serving is graceful and returns OK.
+Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const std::string&)>& log,
+                 int* stopped_by = nullptr);
 
 }  // namespace kvsnap

@@ -1743,7 +1743,7 @@ TEST_F(StoreCli, ServeTenantPerNamespaceNeedsAKeyAndNoFixedTenant) {
 
 // SIGHUP (the terminal of a `kvsnap serve` closed) stops serve as SIGTERM does, through its own
 // signal wait: here sent during its start, taken once its child (a shell that never serves) is
-// "loading", so it stops the child and exits 130 saying which signal came. (The CLI's handler took SIGHUP for the other
+// "loading", so it stops the child and, saying which signal came, ends by it (bash: 129). (The CLI's handler took SIGHUP for the other
 // commands; had it reached serve, every file access after it would have failed.)
 TEST_F(StoreCli, ServeStopsOnSighupAsOnSigterm) {
   const fs::path o = dir_ / "serve.out", e = dir_ / "serve.err", child = dir_ / "never-ready.sh";
@@ -1760,7 +1760,7 @@ TEST_F(StoreCli, ServeStopsOnSighupAsOnSigterm) {
   const int rc = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(rc));
   const std::string err = slurp(e);
-  EXPECT_EQ(WEXITSTATUS(rc), 130) << err;
+  EXPECT_EQ(WEXITSTATUS(rc), 128 + SIGHUP) << err;
   EXPECT_NE(err.find("got SIGHUP while llama-server was loading"), std::string::npos) << err;
 }
 
@@ -1779,7 +1779,7 @@ TEST_F(StoreCli, ServeKeepsAnIgnoredSighupIgnored) {
   ASSERT_TRUE(WIFEXITED(rc));
   const std::string err = slurp(e);
   ASSERT_NE(WEXITSTATUS(rc), 99) << "a SIGHUP stopped a serve started with SIGHUP ignored: " << err;
-  EXPECT_EQ(WEXITSTATUS(rc), 130) << err;
+  EXPECT_EQ(WEXITSTATUS(rc), 128 + SIGTERM) << err;
   EXPECT_NE(err.find("SIGHUP ignored (nohup"), std::string::npos) << err;
   EXPECT_NE(err.find("got SIGTERM while llama-server was loading"), std::string::npos) << err;
   EXPECT_EQ(err.find("got SIGHUP"), std::string::npos) << err;
