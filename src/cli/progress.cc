@@ -24,8 +24,7 @@ std::atomic<uint64_t> g_written{0};
 std::atomic<uint64_t> g_freed{0};
 
 extern "C" void on_signal(int sig) {
-  int none = 0;
-  g_signal.compare_exchange_strong(none, sig);
+  note_interrupting_signal(sig);  // a lock-free atomic: safe in a handler
   g_interrupted.store(true);
 }
 
@@ -205,7 +204,7 @@ void install_interrupt_handler() {
 
 void note_interrupting_signal(int sig) {
   int none = 0;
-  g_signal.compare_exchange_strong(none, sig);
+  g_signal.compare_exchange_strong(none, sig);  // the first one stands
 }
 
 void end_by_interrupting_signal() {
