@@ -414,6 +414,43 @@ class QuickBatch {
   std::byte* out_[8] = {};
 };
 
+// Gathers blocks for the level's integer quick search (simd_kernels.h, LevelSearchBlocks), 8 at a
+// time; the kernel writes each one's result and says which were exact.
+class LevelBatch {
+ public:
+  LevelBatch(GgmlType src, GgmlType dst, uint64_t& exact, uint64_t& requant)
+      : search_(simd::find_level_search()), exact_(exact), requant_(requant) {
+    lb_.src_type = src;
+    lb_.dst_type = dst;
+  }
+  LevelBatch(const LevelBatch&) = delete;
+  LevelBatch& operator=(const LevelBatch&) = delete;
+  ~LevelBatch() { flush(); }
+
+  // sb: a source block whose f16 scale is finite and nonzero; db: where its result goes.
+  void add(const std::byte* sb, std::byte* db) {
+    const int k = lb_.n++;
+    lb_.src[k] = sb;
+    lb_.dst[k] = db;
+    if (lb_.n == 8) flush();
+  }
+
+  void flush() {
+    if (lb_.n == 0) return;
+    search_(lb_);
+    const int exact = std::popcount(lb_.embedded);
+    exact_ += exact;
+    requant_ += lb_.n - exact;
+    lb_.n = 0;
+  }
+
+ private:
+  simd::LevelSearchFn search_;
+  simd::LevelSearchBlocks lb_;
+  uint64_t& exact_;
+  uint64_t& requant_;
+};
+
 // Eight lane sums added pairwise: (l, l + 4), (l, l + 2), (0, 1).
 float lane_tree_sum8(const float* acc) {
   float t[4];
@@ -484,6 +521,10 @@ Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const Typ
       r.stored_fit_ = StoredFit::kQ5_0InQ4_0;
     }
   }
+  const bool integer_source = src.id() == GgmlType::kQ8_0 || src.id() == GgmlType::kQ4_0 ||
+                              src.id() == GgmlType::kQ5_0 || src.id() == GgmlType::kIQ4_NL;
+  r.level_search_ = search == Search::kQuick && integer_source &&
+                    (dst.id() == GgmlType::kQ4_0 || dst.id() == GgmlType::kQ5_0);
   r.direct_ = direct && dst.id() == GgmlType::kQ8_0 &&
               (src.id() == GgmlType::kQ4_0 || src.id() == GgmlType::kQ5_0 || src.id() == GgmlType::kIQ4_NL);
   return r;
@@ -760,6 +801,34 @@ void ExactRequantizer::convert_row_from_reference(const std::byte* s, const floa
   if (quick) batch->flush();
 }
 
+// kQuick from integer levels (level_search_): every block the target holds exactly is written as
+// embed_block would (the level's kernel finds them: same scale, levels in range), every other one
+// by the integer search; a block whose source scale is 0 or not finite (its values all zero, or
+// not finite) as convert_row_from_reference writes it without a search: embed_block, else ggml's
+// reference block.
+void ExactRequantizer::convert_row_by_levels(const std::byte* s, std::byte* o) {
+  const uint64_t nb = n_elems_ / kBlock;
+  const size_t sbytes = src_->block_bytes(), dbytes = dst_->block_bytes();
+  LevelBatch batch(src_->id(), dst_->id(), exact_, requant_);
+  for (uint64_t b = 0; b < nb; ++b) {
+    const std::byte* sb = s + b * sbytes;
+    std::byte* db = o + b * dbytes;
+    const uint16_t ds = load_u16(sb);
+    if ((ds & 0x7fff) != 0 && (ds & 0x7c00) != 0x7c00) {
+      batch.add(sb, db);
+      continue;
+    }
+    float x[kBlock];
+    src_->to_f32(sb, x, kBlock);
+    if (may_embed(sb) && embed_block(sb, x, db)) {
+      ++exact_;
+    } else {
+      ++requant_;
+      dst_->from_f32(x, db, kBlock);
+    }
+  }
+}
+
 Status ExactRequantizer::convert(std::span<const std::byte> in, std::span<std::byte> out) {
   if (in.size() % src_row_ != 0 || out.size() != in.size() / src_row_ * dst_row_) {
     return Status::InvalidArgument("exact requantizer: buffers are not whole rows");
@@ -771,6 +840,10 @@ Status ExactRequantizer::convert(std::span<const std::byte> in, std::span<std::b
     std::byte* o = out.data() + r * dst_row_;
     if (direct_) {
       convert_row_direct(s, o);
+      continue;
+    }
+    if (level_search_) {  // decodes only the blocks that need their values
+      convert_row_by_levels(s, o);
       continue;
     }
     src_->to_f32(s, row_.data(), n_elems_);
@@ -786,6 +859,14 @@ Status ExactRequantizer::convert(std::span<const std::byte> in, std::span<std::b
 }
 
 namespace simd {
+
+void source_levels(GgmlType t, const std::byte* block, int8_t* levels) {
+  block_levels(t, reinterpret_cast<const uint8_t*>(block), levels);
+}
+
+void target_block(GgmlType t, uint16_t d16, const int8_t* levels, std::byte* block) {
+  (void)pack_levels(t, d16, 0, levels, block);
+}
 
 // The scalar RequantScore8Fn (the scalar level's row in simd_kernels.cc): lane by lane, eight
 // accumulators, as the SIMD kernels compute it.

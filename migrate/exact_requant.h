@@ -70,6 +70,7 @@ class ExactRequantizer {
   void convert_block(const std::byte* src_block, const float* values, std::byte* dst_block);
   void convert_row_direct(const std::byte* src_row, std::byte* dst_row);
   void convert_row_from_reference(const std::byte* src_row, const float* values, std::byte* dst_row);
+  void convert_row_by_levels(const std::byte* src_row, std::byte* dst_row);
   bool may_embed(const std::byte* src_block) const;
 
   const TypeTraits* src_ = nullptr;
@@ -86,6 +87,9 @@ class ExactRequantizer {
   int embed_lo_ = 0, embed_hi_ = 0;
   // may_embed's test into iq4_nl: every level one of its table's
   bool table_target_ = false;
+  // kQuick from a source of integer levels (q8_0, q4_0, q5_0, iq4_nl) into q4_0 or q5_0: the
+  // search in integers (simd_kernels.h, LevelSearchBlocks) instead of QuickSearchBlocks's floats
+  bool level_search_ = false;
   // may_embed's test for a q4_0 or q5_0 source into a linear symmetric target, from the stored
   // levels the target holds: all of them (kAll: nothing to test), q5_0's 8..23 into q4_0
   // (kQ5_0InQ4_0: on the stored bits), else (kGeneral) the test on the levels below.

@@ -26,17 +26,17 @@ constexpr LevelKernels kLevels[] = {
     //                 MLX affine quantize, dequantize, requantizer's direct path and search
     {Level::kScalar, hadamard_ref::rotate, 2, nullptr,  //
      mlx_affine_quantize_row_ref, mlx_affine_dequantize_row_ref, nullptr, requant_score8_ref, quick_search_ref,
-     nullptr},
+     nullptr, level_search_ref},
     {Level::kAvx2, KVSNAP_X86(hadamard_avx2), 8, KVSNAP_X86(find_fused_avx2),  //
      KVSNAP_X86(mlx_affine_quantize_row_avx2), KVSNAP_X86(mlx_affine_dequantize_row_avx2),
      KVSNAP_X86(find_embed_q8_0_avx2), KVSNAP_X86(requant_score8_avx2), KVSNAP_X86(quick_search_avx2),
-     KVSNAP_X86(quick_search_reference_avx2)},
+     KVSNAP_X86(quick_search_reference_avx2), KVSNAP_X86(level_search_avx2)},
     {Level::kAvx512, KVSNAP_X86(hadamard_avx512), 16, KVSNAP_X86(find_fused_avx512),  //
      nullptr, nullptr, nullptr, nullptr,  // no AVX-512 MLX, direct-path or full-search kernels: AVX2's serve
-     KVSNAP_X86(quick_search_avx2_vl), KVSNAP_X86(quick_search_reference_avx2_vl)},
+     KVSNAP_X86(quick_search_avx2_vl), KVSNAP_X86(quick_search_reference_avx2_vl), KVSNAP_X86(level_search_avx2_vl)},
     {Level::kNeon, KVSNAP_ARM(hadamard_neon), 4, nullptr,  //
      KVSNAP_ARM(mlx_affine_quantize_row_neon), KVSNAP_ARM(mlx_affine_dequantize_row_neon), nullptr, nullptr,
-     KVSNAP_ARM(quick_search_neon), nullptr},
+     KVSNAP_ARM(quick_search_neon), nullptr, KVSNAP_ARM(level_search_neon)},
 };
 #undef KVSNAP_X86
 #undef KVSNAP_ARM
@@ -69,6 +69,7 @@ Fn find_in_chain(Fn LevelKernels::*field) {
   }
 }
 
+LevelSearchFn find_level_search() { return find_in_chain(&LevelKernels::level_search); }
 MlxQuantizeFn find_mlx_quantize() { return find_in_chain(&LevelKernels::mlx_quantize); }
 MlxDequantizeFn find_mlx_dequantize() { return find_in_chain(&LevelKernels::mlx_dequantize); }
 

@@ -142,6 +142,46 @@ void quick_search_ref(QuickSearchBlocks& b);
 // makes the reference blocks of a row at once and runs find_quick_search's kernel).
 QuickSearchFn find_quick_search_reference();
 
+// The quick search for a source whose values are integer levels times its f16 scale (q8_0, q4_0,
+// q5_0, iq4_nl: value i = n[i] * ds, exact in float) into q4_0 or q5_0 (levels lo..hi: -8..7,
+// -16..15), up to 8 blocks at once, in integers where QuickSearchBlocks works in float. For each
+// block k < n, whose scale ds must be finite and nonzero, exactly as level_search_ref does it:
+//   - if every n[i] is in [lo, hi] the target holds the block exactly: its scale and levels are
+//     the source's (bit k of `embedded`), as ExactRequantizer's embed_block finds;
+//   - else the reference block is ggml's quantize_row_q4_0_ref / q5_0_ref of the values (in
+//     float, as ggml: max the first value of largest |x|, d = max / lo, id = d ? 1 / d : 0, level
+//     = min(trunc(x * id + 0.5 - lo), hi - lo) + lo), its scale D the f16 of d;
+//   - a candidate (f16 scale D, levels m) has the exact error sum (n ds - m D)^2, computed in
+//     double from the integer sums Snn = sum n^2, Snm = sum n m, Smm = sum m^2 (each product
+//     below exact in double, so only the two additions round): t1 = (ds ds) Snn, t2 = (ds D) Snm,
+//     t3 = (D D) Smm, E = (t1 - (t2 + t2)) + t3;
+//   - a scale D's levels: with q = ds / D (float) and B = nearbyint(q * 2^15), m[i] =
+//     min(max((n[i] B + 2^14) >> 15, lo), hi) (x86's pmulhrsw, aarch64's sqrdmulh); D is skipped
+//     unless it is finite and nonzero, |q| < 1 and |B| <= 32767;
+//   - nothing is done (the reference block stands) unless its E is finite and > 0 and its D finite
+//     and nonzero; then the candidates in order, each kept when its E is below the best so far:
+//     the f16 of D_ref * f for f in kQuickFactors, then the f16 of float(double(ds) * Snm /
+//     Smm) with the best's sums (if Smm != 0: the least-squares scale of its levels).
+// Writes each block's result to dst[k]. Every level gives the same bytes.
+struct LevelSearchBlocks {
+  int n = 0;  // blocks, 1..8
+  GgmlType src_type = GgmlType::kQ8_0;  // q8_0, q4_0, q5_0 or iq4_nl
+  GgmlType dst_type = GgmlType::kQ4_0;  // q4_0 or q5_0
+  const std::byte* src[8] = {};         // the source blocks (their levels n: source_levels)
+  std::byte* dst[8] = {};
+  uint32_t embedded = 0;
+};
+using LevelSearchFn = void (*)(LevelSearchBlocks& b);
+// A q8_0, q4_0, q5_0 or iq4_nl block's 32 levels (iq4_nl: its table values) as ggml's
+// dequantize_row_* reads them, and a q4_0 or q5_0 block of scale d16 and levels q (which fit)
+// packed (migrate/exact_requant.cc).
+void source_levels(GgmlType t, const std::byte* block, int8_t* levels);
+void target_block(GgmlType t, uint16_t d16, const int8_t* levels, std::byte* block);
+// The kernel at the current level or the nearest level below it (the scalar level's is
+// level_search_ref, migrate/level_search.cc).
+LevelSearchFn find_level_search();
+void level_search_ref(LevelSearchBlocks& b);
+
 // What one SIMD level brings besides its row codecs (those are its column of the codec table
 // in migrate/type_traits.cc). One row per Level in simd_kernels.cc's kLevels.
 struct LevelKernels {
@@ -155,6 +195,7 @@ struct LevelKernels {
   RequantScore8Fn requant_score8;   // nullptr: the level below's
   QuickSearchFn quick_search;       // nullptr: the level below's
   QuickSearchFn quick_search_reference;  // make_reference's kernel; nullptr: the level below's (none at scalar)
+  LevelSearchFn level_search;       // nullptr: the level below's
 };
 const LevelKernels& level_kernels(Level l);
 
@@ -208,6 +249,10 @@ void quick_search_avx2_vl(QuickSearchBlocks& b);
 // Both with make_reference (x86_avx2_requant.cc)
 void quick_search_reference_avx2(QuickSearchBlocks& b);
 void quick_search_reference_avx2_vl(QuickSearchBlocks& b);
+// The integer quick search, 8 blocks (LevelSearchFn above; x86_avx2_level_search.cc), and the
+// same kernel compiled for the avx512 level
+void level_search_avx2(LevelSearchBlocks& b);
+void level_search_avx2_vl(LevelSearchBlocks& b);
 
 // roundf(x[i]) converted to int32 the way the AVX2 quantizers compute it (exposed for
 // kvsnap-simd-check's exhaustive comparison with roundf), n a multiple of 8.
@@ -285,6 +330,8 @@ void iq4_nl_from_f32_neon(const float* src, std::byte* dst, size_t n);  // kerne
 void hadamard_neon(float* x, size_t n, uint32_t n_rot);  // n_rot >= 4
 // ExactRequantizer's quick search, 4 blocks in the lanes (QuickSearchFn above; arm_neon_requant.cc)
 void quick_search_neon(QuickSearchBlocks& b);
+// The integer quick search, 8 blocks (LevelSearchFn above; arm_neon_level_search.cc)
+void level_search_neon(LevelSearchBlocks& b);
 
 // MLX affine quantization (migrate/mlx_affine.h): mlx_affine_quantize_row and
 // mlx_affine_dequantize_row, the same bytes and floats (kernels/arm_neon_mlx.cc)

@@ -731,6 +731,83 @@ TEST(ExactRequant, QuickSearchKernelsMakeGgmlsReferenceBlocks) {
 #endif
 }
 
+// Every LevelSearchFn against the scalar one, byte for byte, and which blocks it finds exact:
+// batches of 1 to 8 blocks of every integer-level source into q4_0 and q5_0, with scales from
+// subnormal to f16's largest and negative; random levels; levels the target holds (exact); all
+// one level (q8_0's and q4_0's zeros; q5_0's -16, iq4_nl's -127); q8_0's extremes -128 and 127
+// only; the largest |level| with both signs (ggml keeps the first), in either order.
+TEST(ExactRequant, LevelSearchKernelsMatchTheScalarOne) {
+  std::mt19937 rng(113);
+  const simd::Level was = simd::level();
+  static constexpr uint16_t kScales[] = {0x0001, 0x8001, 0x03ff, 0x0400, 0x3c00, 0xbc00, 0x3555,
+                                         0x7bff, 0xfbff, 0x2e66, 0x1234, 0xa0f1};
+  const GgmlType sources[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kIQ4_NL};
+  size_t compared = 0;
+  for (size_t l = 1; l < simd::kLevelCount; ++l) {
+    if (!simd::supported(simd::Level(l))) continue;
+    ASSERT_TRUE(simd::set_level(simd::Level(l)));
+    const simd::LevelSearchFn fn = simd::find_level_search();
+    if (fn == simd::level_search_ref) continue;
+    for (GgmlType st : sources) {
+      const size_t sb = find_traits(st)->block_bytes();
+      for (GgmlType dt : {GgmlType::kQ4_0, GgmlType::kQ5_0}) {
+        const size_t db = find_traits(dt)->block_bytes();
+        for (int trial = 0; trial < 400; ++trial) {
+          SCOPED_TRACE(std::string(find_traits(st)->name()) + " -> " + std::string(find_traits(dt)->name()) + " trial " +
+                       std::to_string(trial) + " at " + simd::level_name(simd::Level(l)));
+          const int n = 1 + trial % 8;
+          std::vector<std::byte> src(8 * sb), got(8 * db, std::byte{0x5a}), want(8 * db, std::byte{0x5a});
+          for (auto& b : src) b = std::byte(rng() & 0xff);
+          for (int k = 0; k < n; ++k) {
+            std::byte* blk = src.data() + k * sb;
+            const int kind = int(rng() % 6);
+            uint8_t* body = reinterpret_cast<uint8_t*>(blk) + 2;
+            const size_t body_bytes = sb - 2;
+            if (kind == 1) std::memset(body, 0, body_bytes);  // one level throughout
+            if (kind == 2 && st == GgmlType::kQ8_0) {         // the target's range only: exact
+              for (int i = 0; i < 32; ++i) body[i] = uint8_t(int8_t(int(rng() % 16) - (dt == GgmlType::kQ4_0 ? 8 : 0)));
+            }
+            if (kind == 3 && st == GgmlType::kQ8_0) {  // the extremes only
+              for (int i = 0; i < 32; ++i) body[i] = uint8_t(int8_t(rng() % 2 ? -128 : 127));
+            }
+            if (kind == 4 && st == GgmlType::kQ8_0) {  // the largest |level| with both signs
+              for (int i = 0; i < 32; ++i) body[i] = uint8_t(int8_t(int(rng() % 101) - 50));
+              const int a = int(rng() % 32), b = int(rng() % 32), m = 60 + int(rng() % 68);
+              body[a] = uint8_t(int8_t(m));
+              body[b] = uint8_t(int8_t(-m));
+            }
+            if (kind == 5 && st == GgmlType::kQ4_0) {  // nibbles 0 and 15 only (levels -8 and 7)
+              for (size_t i = 0; i < 16; ++i) body[i] = uint8_t(rng() % 2 ? 0x0f : 0xf0);
+            }
+            const uint16_t h = rng() % 3 ? kScales[rng() % std::size(kScales)]
+                                         : uint16_t((rng() % 0x7bff + 1) | (rng() % 2 ? 0x8000 : 0));
+            blk[0] = std::byte(h & 0xff);
+            blk[1] = std::byte(h >> 8);
+          }
+          simd::LevelSearchBlocks a, b;
+          a.n = b.n = n;
+          a.src_type = b.src_type = st;
+          a.dst_type = b.dst_type = dt;
+          for (int k = 0; k < n; ++k) {
+            a.src[k] = b.src[k] = src.data() + k * sb;
+            a.dst[k] = got.data() + k * db;
+            b.dst[k] = want.data() + k * db;
+          }
+          fn(a);
+          simd::level_search_ref(b);
+          ASSERT_EQ(got, want);
+          ASSERT_EQ(a.embedded, b.embedded);
+          ++compared;
+        }
+      }
+    }
+  }
+  simd::set_level(was);
+  if (simd::supported(simd::Level::kAvx2) || simd::supported(simd::Level::kNeon)) {
+    EXPECT_GT(compared, 0u) << "a SIMD level search kernel was tested";
+  }
+}
+
 TEST(ExactRequant, RefusesPairsItIsNotFor) {
   EXPECT_FALSE(ExactRequantizer::make(*find_traits("f16"), *find_traits("q8_0"), kN, Search::kFull).ok());
   EXPECT_FALSE(ExactRequantizer::make(*find_traits("q8_0"), *find_traits("q8_0"), kN, Search::kFull).ok());

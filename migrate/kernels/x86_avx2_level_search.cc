@@ -1,0 +1,352 @@
+#include "migrate/fp_strict.h"  // first: no implicit FMA contraction in this file
+
+// The integer quick search at AVX2 (simd_kernels.h, LevelSearchBlocks): 8 blocks at a time. The
+// source levels are int16 pairs: vector j holds, in 32-bit lane k, values 2j and 2j + 1 of block
+// k, so a candidate's levels are 16 lanes of pmulhrsw, max and min, and pmaddwd adds each pair's
+// products into block k's 32-bit lane: the sums need no horizontal step, and each block's scale,
+// multiplier and error are lanes of 8-lane float and 4-lane double vectors. Integer sums are
+// exact in any order and every float or double operation is the scalar search's, lane by lane,
+// so each block gets what level_search_ref gives it (tests/migrate/exact_requant_test.cc).
+
+#include <cstring>
+#include <limits>
+
+#include "migrate/kernels/x86_common.h"
+#include "migrate/simd_kernels.h"
+
+#ifdef KVSNAP_SIMD_X86
+
+namespace kvsnap::simd::x86 {
+namespace {
+
+constexpr int kPairs = 16;
+
+// The levels of multiplier b (in both 16-bit halves of every lane) for the pair vector v.
+KV_AVX2_INLINE __m256i levels_of(__m256i v, __m256i b, __m256i lo, __m256i hi) {
+  return _mm256_min_epi16(_mm256_max_epi16(_mm256_mulhrs_epi16(v, b), lo), hi);
+}
+
+struct Sums {
+  __m256i snm, smm;
+};
+
+// sum n m and sum m m per block for multiplier b; two partial sums each, so that the adds are
+// two chains of 8 instead of one of 16 (integers: any order).
+KV_AVX2_INLINE Sums sums_of(const __m256i* v, __m256i b, __m256i lo, __m256i hi) {
+  __m256i nm[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  __m256i mm[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 16
+  for (int j = 0; j < kPairs; ++j) {
+    const __m256i m = levels_of(v[j], b, lo, hi);
+    nm[j & 1] = _mm256_add_epi32(nm[j & 1], _mm256_madd_epi16(v[j], m));
+    mm[j & 1] = _mm256_add_epi32(mm[j & 1], _mm256_madd_epi16(m, m));
+  }
+  return {_mm256_add_epi32(nm[0], nm[1]), _mm256_add_epi32(mm[0], mm[1])};
+}
+
+// What the errors of a batch share: ds in double, t1 = (ds ds) Snn.
+struct Shared {
+  __m256d a_lo, a_hi, t1_lo, t1_hi;
+};
+
+KV_AVX2_INLINE Shared shared_of(__m256 ds, __m256i snn) {
+  Shared s;
+  s.a_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(ds));
+  s.a_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(ds, 1));
+  s.t1_lo = _mm256_mul_pd(_mm256_mul_pd(s.a_lo, s.a_lo), _mm256_cvtepi32_pd(_mm256_castsi256_si128(snn)));
+  s.t1_hi = _mm256_mul_pd(_mm256_mul_pd(s.a_hi, s.a_hi), _mm256_cvtepi32_pd(_mm256_extracti128_si256(snn, 1)));
+  return s;
+}
+
+// The error of 4 blocks (level_search.cc, level_error): t2 = (a D) Snm, t3 = (D D) Smm, (t1 -
+// (t2 + t2)) + t3.
+KV_AVX2_INLINE __m256d error4(__m256d a, __m256d t1, __m128 d, __m128i snm, __m128i smm) {
+  const __m256d dd = _mm256_cvtps_pd(d);
+  const __m256d t2 = _mm256_mul_pd(_mm256_mul_pd(a, dd), _mm256_cvtepi32_pd(snm));
+  const __m256d t3 = _mm256_mul_pd(_mm256_mul_pd(dd, dd), _mm256_cvtepi32_pd(smm));
+  return _mm256_add_pd(_mm256_sub_pd(t1, _mm256_add_pd(t2, t2)), t3);
+}
+
+struct Error8 {
+  __m256d lo, hi;  // blocks 0..3, 4..7
+};
+
+KV_AVX2_INLINE Error8 error8(const Shared& sh, __m256 d, const Sums& s) {
+  return {error4(sh.a_lo, sh.t1_lo, _mm256_castps256_ps128(d), _mm256_castsi256_si128(s.snm), _mm256_castsi256_si128(s.smm)),
+          error4(sh.a_hi, sh.t1_hi, _mm256_extractf128_ps(d, 1), _mm256_extracti128_si256(s.snm, 1),
+                 _mm256_extracti128_si256(s.smm, 1))};
+}
+
+// Two 4-lane 64-bit masks as one 8-lane 32-bit mask.
+KV_AVX2_INLINE __m256 mask8(__m256d lo, __m256d hi) {
+  const __m256 s = _mm256_shuffle_ps(_mm256_castpd_ps(lo), _mm256_castpd_ps(hi), 0x88);  // lo0 lo1 hi0 hi1 | lo2 lo3 hi2 hi3
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), 0xd8));
+}
+
+KV_AVX2_INLINE __m256 finite_nonzero(__m256 v) {
+  const __m256 a = abs8(v);
+  return _mm256_and_ps(_mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_GT_OQ),
+                       _mm256_cmp_ps(a, _mm256_set1_ps(std::numeric_limits<float>::infinity()), _CMP_LT_OQ));
+}
+
+struct Best {
+  Error8 err;
+  __m256i d16;       // f16 bits in the low half of each lane
+  __m256i b;         // the multiplier in both halves; 0 where the reference block is best
+  __m256i snm, smm;
+  __m256 reference;  // all ones where the reference block is best
+};
+
+struct Block8 {
+  const __m256i* v;
+  __m256 ds;
+  Shared shared;
+  __m256i lo, hi;
+  __m256 invalid;  // the blocks the search does not run for
+};
+
+// Scores the scale d16 (f16 bits, 8 lanes) except where `skip` and keeps it where it does
+// better. A lane whose scale the search skips (simd_kernels.h: not finite and nonzero, |q| >= 1
+// or |B| > 32767) gets the scale NaN, so its error is NaN and never below the best: q = ds / D
+// is NaN or infinite for a D that is 0 or NaN, so B = nearbyint(q 2^15) is out of range (x86
+// gives INT32_MIN) as it is for |q| >= 1; an infinite D gives B = 0, levels 0 and the error
+// (a inf) 0 = NaN.
+KV_AVX2_INLINE void consider(const Block8& k, __m128i d16, __m256 skip, Best& best) {
+  const __m256 q = _mm256_div_ps(k.ds, _mm256_cvtph_ps(d16));
+  const __m256i bq = _mm256_cvtps_epi32(_mm256_mul_ps(q, _mm256_set1_ps(32768.0f)));  // round to nearest even
+  const __m256i in_range = _mm256_cmpeq_epi32(
+      bq, _mm256_min_epi32(_mm256_max_epi32(bq, _mm256_set1_epi32(-32767)), _mm256_set1_epi32(32767)));
+  const __m256 off = _mm256_or_ps(_mm256_or_ps(skip, k.invalid), _mm256_castsi256_ps(_mm256_xor_si256(in_range, _mm256_set1_epi32(-1))));
+  if (_mm256_movemask_ps(off) == 0xff) return;
+  const __m256 d = _mm256_or_ps(_mm256_cvtph_ps(d16), off);  // NaN where off
+  const __m256i b = _mm256_andnot_si256(_mm256_castps_si256(off),
+                                        _mm256_or_si256(_mm256_and_si256(bq, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(bq, 16)));
+  const Sums s = sums_of(k.v, b, k.lo, k.hi);
+  const Error8 e = error8(k.shared, d, s);
+  const __m256d below_lo = _mm256_cmp_pd(e.lo, best.err.lo, _CMP_LT_OQ), below_hi = _mm256_cmp_pd(e.hi, best.err.hi, _CMP_LT_OQ);
+  const __m256i bi = _mm256_castps_si256(mask8(below_lo, below_hi));
+  best.err.lo = _mm256_blendv_pd(best.err.lo, e.lo, below_lo);
+  best.err.hi = _mm256_blendv_pd(best.err.hi, e.hi, below_hi);
+  best.d16 = _mm256_blendv_epi8(best.d16, _mm256_cvtepu16_epi32(d16), bi);
+  best.b = _mm256_blendv_epi8(best.b, b, bi);
+  best.snm = _mm256_blendv_epi8(best.snm, s.snm, bi);
+  best.smm = _mm256_blendv_epi8(best.smm, s.smm, bi);
+  best.reference = _mm256_andnot_ps(_mm256_castsi256_ps(bi), best.reference);
+}
+
+// The f16 of float(double(ds) * Snm / Smm) in 4 lanes, and where Smm != 0.
+KV_AVX2_INLINE __m128 fit4(__m128 ds, __m128i snm, __m128i smm, __m128& ok) {
+  const __m256d den = _mm256_cvtepi32_pd(smm);
+  const __m256d d = _mm256_div_pd(_mm256_mul_pd(_mm256_cvtps_pd(ds), _mm256_cvtepi32_pd(snm)), den);
+  ok = _mm_castsi128_ps(_mm_xor_si128(_mm_cmpeq_epi32(smm, _mm_setzero_si128()), _mm_set1_epi32(-1)));
+  return _mm256_cvtpd_ps(d);
+}
+
+// A source block's 32 levels as int8 in order (source_levels: ggml's dequantize_row_* reading).
+template <GgmlType T>
+KV_AVX2_INLINE __m256i levels32(const std::byte* block) {
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(block);
+  if constexpr (T == GgmlType::kQ8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
+  } else {
+    constexpr bool kFive = T == GgmlType::kQ5_0;
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + (kFive ? 6 : 2)));
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    // values 0..15: the low nibbles of qs; 16..31: the high ones
+    const __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low4), _mm_and_si128(qs, low4));
+    if constexpr (T == GgmlType::kIQ4_NL) {
+      const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quants::kIQ4NLValues));
+      return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), u);
+    } else if constexpr (kFive) {
+      // bit i of qh is bit 4 of level i: byte i takes qh's byte i / 8 and tests bit i % 8
+      uint32_t qh;
+      std::memcpy(&qh, p + 2, 4);
+      const __m256i spread = _mm256_shuffle_epi8(
+          _mm256_set1_epi32(int32_t(qh)), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
+                                                           2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+      const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+      const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+      return _mm256_sub_epi8(_mm256_or_si256(u, high), _mm256_set1_epi8(16));
+    } else {
+      return _mm256_sub_epi8(u, _mm256_set1_epi8(8));
+    }
+  }
+}
+
+// Writes a q4_0 (lo = -8) or q5_0 (lo = -16) block of scale d16 and levels lo16 (values 0..15 as
+// int16) and hi16 (16..31), as pack_levels does.
+KV_AVX2_INLINE void pack_block(__m256i lo16, __m256i hi16, int lo, uint16_t d16, std::byte* out) {
+  const __m256i bias = _mm256_set1_epi16(int16_t(-lo));
+  const __m256i ul = _mm256_add_epi16(lo16, bias), uh = _mm256_add_epi16(hi16, bias);  // as stored
+  std::memcpy(out, &d16, 2);
+  const __m256i low4 = _mm256_set1_epi16(0x0f);
+  // qs[j]: level j's low nibble, level j + 16's high nibble
+  const __m256i both = _mm256_or_si256(_mm256_and_si256(ul, low4), _mm256_slli_epi16(_mm256_and_si256(uh, low4), 4));
+  const __m128i qs = _mm_packus_epi16(_mm256_castsi256_si128(both), _mm256_extracti128_si256(both, 1));
+  if (lo == -8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2), qs);
+    return;
+  }
+  // qh: bit i is bit 4 of level i (the bytes in order, bit 4 shifted to the sign bit)
+  const __m256i bytes = _mm256_permute4x64_epi64(_mm256_packus_epi16(ul, uh), 0xd8);
+  const uint32_t qh = uint32_t(_mm256_movemask_epi8(_mm256_slli_epi16(bytes, 3)));
+  std::memcpy(out + 2, &qh, 4);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 6), qs);
+}
+
+template <GgmlType T>
+KV_AVX2_INLINE void level_search_lanes(LevelSearchBlocks& q) {
+  const int lo_level = q.dst_type == GgmlType::kQ5_0 ? -16 : -8, hi_level = -lo_level - 1;
+  // Lanes past q.n repeat block 0 and are never written.
+  __m256i bytes[8];
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) bytes[k] = levels32<T>(q.src[k < q.n ? k : 0]);
+  // The levels as int16 pairs: v[j], lane k = values 2j, 2j + 1 of block k.
+  __m256i v[kPairs];
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    __m256 r[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      const __m128i half = h == 0 ? _mm256_castsi256_si128(bytes[k]) : _mm256_extracti128_si256(bytes[k], 1);
+      r[k] = _mm256_castsi256_ps(_mm256_cvtepi8_epi16(half));
+    }
+    transpose8(r);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) v[8 * h + j] = _mm256_castps_si256(r[j]);
+  }
+  alignas(16) uint16_t ds16[8];
+  for (int k = 0; k < 8; ++k) std::memcpy(&ds16[k], q.src[k < q.n ? k : 0], 2);
+  Block8 blk;
+  blk.v = v;
+  blk.ds = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(ds16)));
+  blk.lo = _mm256_set1_epi16(int16_t(lo_level));
+  blk.hi = _mm256_set1_epi16(int16_t(hi_level));
+
+  // The blocks the target holds exactly: every level in [lo, hi].
+  __m256i vmin = v[0], vmax = v[0];
+#pragma GCC unroll 15
+  for (int j = 1; j < kPairs; ++j) {
+    vmin = _mm256_min_epi16(vmin, v[j]);
+    vmax = _mm256_max_epi16(vmax, v[j]);
+  }
+  const __m256i outside = _mm256_or_si256(_mm256_cmpgt_epi16(blk.lo, vmin), _mm256_cmpgt_epi16(vmax, blk.hi));
+  // a lane is exact when neither of its two halves has a level outside
+  const __m256i exact = _mm256_cmpeq_epi32(outside, _mm256_setzero_si256());
+
+  // ggml's reference block. max: the value of the first largest |n|. From the level range where
+  // only one of the largest and minus the smallest is the largest |n| (a block ggml made has
+  // its largest |level| once or with one sign: -16 in q5_0, -8 in q4_0, -127 in iq4_nl); where
+  // both are (a tie, or all zero), by the first index: the largest key |n| << 8 | (31 - i) << 1
+  // | sign (|n| <= 128: 16 unsigned bits), for the lanes that search.
+  const __m256i low16 = _mm256_set1_epi32(0xffff);
+  const __m256i top_n = _mm256_max_epi32(_mm256_srai_epi32(_mm256_slli_epi32(vmax, 16), 16), _mm256_srai_epi32(vmax, 16));
+  const __m256i bottom_n = _mm256_min_epi32(_mm256_srai_epi32(_mm256_slli_epi32(vmin, 16), 16), _mm256_srai_epi32(vmin, 16));
+  const __m256i minus_bottom = _mm256_sub_epi32(_mm256_setzero_si256(), bottom_n);
+  __m256i max_n = _mm256_blendv_epi8(top_n, bottom_n, _mm256_cmpgt_epi32(minus_bottom, top_n));
+  const __m256i tie = _mm256_andnot_si256(exact, _mm256_cmpeq_epi32(minus_bottom, top_n));
+  if (!_mm256_testz_si256(tie, tie)) {
+    __m256i key = _mm256_setzero_si256();
+#pragma GCC unroll 16
+    for (int j = 0; j < kPairs; ++j) {
+      const __m256i index = _mm256_set1_epi32(int((31 - 2 * j - 1) << 1) << 16 | ((31 - 2 * j) << 1));
+      const __m256i k = _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi16(_mm256_abs_epi16(v[j]), 8), index),
+                                        _mm256_srli_epi16(v[j], 15));
+      key = _mm256_max_epu16(key, k);
+    }
+    key = _mm256_and_si256(_mm256_max_epu16(key, _mm256_srli_epi32(key, 16)), low16);
+    const __m256i neg = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(key, _mm256_set1_epi32(1)));
+    max_n = _mm256_blendv_epi8(max_n, _mm256_sub_epi32(_mm256_xor_si256(_mm256_srli_epi32(key, 8), neg), neg), tie);
+  }
+  const __m256 max = _mm256_mul_ps(_mm256_cvtepi32_ps(max_n), blk.ds);
+  const __m256 d = _mm256_div_ps(max, _mm256_set1_ps(float(lo_level)));
+  const __m256 id = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), d),
+                                  _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_UQ));
+  const __m256 bias = _mm256_set1_ps(0.5f - float(lo_level));
+  const __m256i top = _mm256_set1_epi16(int16_t(hi_level - lo_level));
+  __m256i ref[kPairs];
+  __m256i snn[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  __m256i rnm[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  __m256i rmm[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 16
+  for (int j = 0; j < kPairs; ++j) {
+    const __m256 xe = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v[j], 16), 16)), blk.ds);
+    const __m256 xo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(v[j], 16)), blk.ds);
+    const __m256i le = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(xe, id), bias));
+    const __m256i lodd = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(xo, id), bias));
+    const __m256i l = _mm256_add_epi16(_mm256_min_epi16(_mm256_blend_epi16(le, _mm256_slli_epi32(lodd, 16), 0xaa), top), blk.lo);
+    ref[j] = l;
+    snn[j & 1] = _mm256_add_epi32(snn[j & 1], _mm256_madd_epi16(v[j], v[j]));
+    rnm[j & 1] = _mm256_add_epi32(rnm[j & 1], _mm256_madd_epi16(v[j], l));
+    rmm[j & 1] = _mm256_add_epi32(rmm[j & 1], _mm256_madd_epi16(l, l));
+  }
+  blk.shared = shared_of(blk.ds, _mm256_add_epi32(snn[0], snn[1]));
+  const __m128i d16_ref = _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT);
+  const __m256 d_ref = _mm256_cvtph_ps(d16_ref);
+  Best best;
+  best.d16 = _mm256_cvtepu16_epi32(d16_ref);
+  best.b = _mm256_setzero_si256();
+  best.snm = _mm256_add_epi32(rnm[0], rnm[1]);
+  best.smm = _mm256_add_epi32(rmm[0], rmm[1]);
+  best.reference = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  best.err = error8(blk.shared, d_ref, Sums{best.snm, best.smm});
+  const __m256d inf = _mm256_set1_pd(std::numeric_limits<double>::infinity()), zero = _mm256_setzero_pd();
+  const __m256 err_ok = mask8(_mm256_and_pd(_mm256_cmp_pd(best.err.lo, zero, _CMP_GT_OQ), _mm256_cmp_pd(best.err.lo, inf, _CMP_LT_OQ)),
+                              _mm256_and_pd(_mm256_cmp_pd(best.err.hi, zero, _CMP_GT_OQ), _mm256_cmp_pd(best.err.hi, inf, _CMP_LT_OQ)));
+  const __m256 ones = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  blk.invalid = _mm256_or_ps(_mm256_xor_ps(_mm256_and_ps(err_ok, finite_nonzero(d_ref)), ones), _mm256_castsi256_ps(exact));
+
+  if (_mm256_movemask_ps(blk.invalid) != 0xff) {
+    for (float f : kQuickFactors) {
+      consider(blk, _mm256_cvtps_ph(_mm256_mul_ps(d_ref, _mm256_set1_ps(f)), _MM_FROUND_TO_NEAREST_INT),
+               _mm256_setzero_ps(), best);
+    }
+    __m128 ok_lo, ok_hi;
+    const __m128 fit_lo = fit4(_mm256_castps256_ps128(blk.ds), _mm256_castsi256_si128(best.snm),
+                               _mm256_castsi256_si128(best.smm), ok_lo);
+    const __m128 fit_hi = fit4(_mm256_extractf128_ps(blk.ds, 1), _mm256_extracti128_si256(best.snm, 1),
+                               _mm256_extracti128_si256(best.smm, 1), ok_hi);
+    consider(blk, _mm256_cvtps_ph(_mm256_set_m128(fit_hi, fit_lo), _MM_FROUND_TO_NEAREST_INT),
+             _mm256_xor_ps(_mm256_set_m128(ok_hi, ok_lo), ones), best);
+  }
+
+  // The best's levels (the reference block's where it stands; the source's where exact),
+  // transposed back to a block per row and packed.
+  const __m256i is_ref = _mm256_castps_si256(best.reference);
+  __m256 out[kPairs];
+#pragma GCC unroll 16
+  for (int j = 0; j < kPairs; ++j) {
+    const __m256i m = _mm256_blendv_epi8(levels_of(v[j], best.b, blk.lo, blk.hi), ref[j], is_ref);
+    out[j] = _mm256_castsi256_ps(_mm256_blendv_epi8(m, v[j], exact));
+  }
+  transpose8(out);
+  transpose8(out + 8);
+  alignas(32) uint32_t d16_out[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(d16_out),
+                     _mm256_blendv_epi8(best.d16, _mm256_cvtepu16_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(ds16))), exact));
+  for (int k = 0; k < q.n; ++k) {
+    pack_block(_mm256_castps_si256(out[k]), _mm256_castps_si256(out[8 + k]), lo_level, uint16_t(d16_out[k]), q.dst[k]);
+  }
+  q.embedded = uint32_t(_mm256_movemask_ps(_mm256_castsi256_ps(exact))) & ((1u << q.n) - 1);
+}
+
+KV_AVX2_INLINE void level_search_type(LevelSearchBlocks& q) {
+  switch (q.src_type) {
+    case GgmlType::kQ4_0: level_search_lanes<GgmlType::kQ4_0>(q); break;
+    case GgmlType::kQ5_0: level_search_lanes<GgmlType::kQ5_0>(q); break;
+    case GgmlType::kIQ4_NL: level_search_lanes<GgmlType::kIQ4_NL>(q); break;
+    default: level_search_lanes<GgmlType::kQ8_0>(q); break;
+  }
+}
+
+}  // namespace
+
+KV_AVX2 void level_search_avx2(LevelSearchBlocks& q) { level_search_type(q); }
+
+// The same kernel compiled for the avx512 level: the same 256-bit operations (the same bytes),
+// with AVX-512VL's 32 vector registers.
+KV_AVX512 void level_search_avx2_vl(LevelSearchBlocks& q) { level_search_type(q); }
+
+}  // namespace kvsnap::simd::x86
+
+#endif  // KVSNAP_SIMD_X86
