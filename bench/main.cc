@@ -344,7 +344,7 @@ constexpr Conversion kConversions[] = {
     {"q4_0-q8_0", GgmlType::kQ4_0, GgmlType::kQ8_0},   {"q8_0-q4_0", GgmlType::kQ8_0, GgmlType::kQ4_0},
     {"f16-q4_1", GgmlType::kF16, GgmlType::kQ4_1},     {"f16-q5_0", GgmlType::kF16, GgmlType::kQ5_0},
     {"f16-q5_1", GgmlType::kF16, GgmlType::kQ5_1},     {"q5_0-q4_0", GgmlType::kQ5_0, GgmlType::kQ4_0},
-    {"q8_0-iq4_nl", GgmlType::kQ8_0, GgmlType::kIQ4_NL},
+    {"q8_0-iq4_nl", GgmlType::kQ8_0, GgmlType::kIQ4_NL}, {"q4_1-q4_0", GgmlType::kQ4_1, GgmlType::kQ4_0},
 };
 
 struct Row {
@@ -446,7 +446,8 @@ Target target_of(simd::Level l, const Row& r) {
   if (r.name == "f16-q4_0" || r.name == "f16-q4_1" || r.name == "f16-q5_0" || r.name == "f16-q5_1") {
     return {&Row::ggml_cpu, 3.0, "with rotation >= 3x ggml cpu (no rotation)"};
   }
-  if (r.name == "q4_0-q8_0" || r.name == "q8_0-q4_0" || r.name == "q5_0-q4_0" || r.name == "q8_0-iq4_nl") {
+  if (r.name == "q4_0-q8_0" || r.name == "q8_0-q4_0" || r.name == "q5_0-q4_0" || r.name == "q8_0-iq4_nl" ||
+      r.name == "q4_1-q4_0") {
     return {&Row::ggml_cpu, 2.0, r.exact ? ">= 2x ggml cpu (kvsnap: ExactRequantizer, --requant auto)" : ">= 2x ggml cpu"};
   }
   if (r.name == "f16-iq4_nl") {  // 50x at AVX2 (issue 13); the AVX-512 kernel's own target is 100x
@@ -657,7 +658,7 @@ int run(const Options& opt, std::vector<Row>* table_out) {
 #endif
 
   // Source data in every source type: f16 rows, and the rotated values quantized as llama.cpp
-  // stores them (q8_0, q4_0).
+  // stores them (each quantized source type of kConversions).
   const auto t_gen = Clock::now();
   const std::vector<float> x = make_rows(rows, n, 12345);
   const TypeTraits& f16 = *find_traits(GgmlType::kF16);
@@ -671,11 +672,13 @@ int run(const Options& opt, std::vector<Row>* table_out) {
     (void)conv->convert(src_f16, out);
     return out;
   };
-  std::vector<std::byte> src_q8 = quantized_source(GgmlType::kQ8_0);
-  std::vector<std::byte> src_q4 = quantized_source(GgmlType::kQ4_0);
-  std::vector<std::byte> src_q5 = quantized_source(GgmlType::kQ5_0);
+  // every source type a conversion below starts from, made once
+  std::map<GgmlType, std::vector<std::byte>> quantized_sources;
+  for (const Conversion& c : kConversions) {
+    if (c.src != GgmlType::kF16 && !quantized_sources.count(c.src)) quantized_sources[c.src] = quantized_source(c.src);
+  }
   auto source_of = [&](GgmlType t) -> const std::vector<std::byte>& {
-    return t == GgmlType::kF16 ? src_f16 : t == GgmlType::kQ8_0 ? src_q8 : t == GgmlType::kQ5_0 ? src_q5 : src_q4;
+    return t == GgmlType::kF16 ? src_f16 : quantized_sources.at(t);
   };
   std::printf("(data made in %.1f s)\n\n", seconds_since(t_gen));
 
