@@ -59,6 +59,11 @@ bool refuses_call(int e) { return e == ENOTSUP || e == EOPNOTSUPP || e == EINVAL
 
 }  // namespace
 
+bool signal_ignored(int sig) {
+  struct sigaction was {};
+  return sigaction(sig, nullptr, &was) == 0 && was.sa_handler == SIG_IGN;
+}
+
 const char* os_branch() {
 #if defined(KVSNAP_OS_LINUX)
   return "linux";

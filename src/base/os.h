@@ -79,6 +79,11 @@ WritebackWait wait_writeback(int fd, uint64_t offset, uint64_t len);
 // getrusage(RUSAGE_THREAD); elsewhere nullopt (not known).
 std::optional<uint64_t> thread_blocked_count();
 
+// Whether `sig` is ignored (SIG_IGN) in this process, as a parent can leave it across exec:
+// `nohup` ignores SIGHUP, a shell starts a script's background jobs with SIGINT ignored. kvsnap
+// leaves such a signal ignored (the CLI's handlers, serve's sigwait set).
+bool signal_ignored(int sig);
+
 // A pipe whose two ends are close-on-exec. Linux: pipe2(O_CLOEXEC), atomic. Elsewhere pipe + fcntl:
 // a fork + exec by another thread between the two can leak the ends into that child (they are closed
 // again when it exits; kvsnap's children are llama-server and key commands, which ignore them).

@@ -1,4 +1,5 @@
 #include "base/json_access.h"
+#include "base/os.h"
 #include "cli/progress.h"
 
 #include <CLI/CLI.hpp>
@@ -185,8 +186,7 @@ void install_interrupt_handler() {
   // A signal the parent set to be ignored stays ignored: `nohup kvsnap migrate ...` must outlive its
   // terminal, and a shell starts background jobs with SIGINT ignored so that Ctrl-C spares them.
   const auto take = [](int sig, int flags) {
-    struct sigaction was {};
-    if (sigaction(sig, nullptr, &was) == 0 && was.sa_handler == SIG_IGN) return;
+    if (signal_ignored(sig)) return;
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);

@@ -189,8 +189,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   sigemptyset(&sigs);
   std::string ignored;
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
-    struct sigaction was {};
-    if (sigaction(sig, nullptr, &was) == 0 && was.sa_handler == SIG_IGN) {
+    if (signal_ignored(sig)) {
       ignored += std::string(ignored.empty() ? "" : ", ") + signal_name(sig);
       continue;
     }

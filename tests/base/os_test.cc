@@ -261,6 +261,19 @@ TEST(Os, ProcessEnvironmentIsThisProcesssEnvironment) {
   ::unsetenv("KVSNAP_OS_TEST");
 }
 
+// signal_ignored reports SIG_IGN only: not the default action, not a handler.
+TEST(Os, SignalIgnoredIsSigIgnOnly) {
+  struct sigaction was {};
+  ASSERT_EQ(sigaction(SIGUSR2, nullptr, &was), 0);
+  signal(SIGUSR2, SIG_IGN);
+  EXPECT_TRUE(signal_ignored(SIGUSR2));
+  signal(SIGUSR2, SIG_DFL);
+  EXPECT_FALSE(signal_ignored(SIGUSR2));
+  signal(SIGUSR2, [](int) {});
+  EXPECT_FALSE(signal_ignored(SIGUSR2));
+  sigaction(SIGUSR2, &was, nullptr);
+}
+
 TEST(Os, TakePendingSignalTakesOnlyWhatIsPending) {
   sigset_t set, old;
   sigemptyset(&set);
