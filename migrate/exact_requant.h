@@ -34,13 +34,14 @@ class ExactRequantizer {
   // What a block that cannot be exact gets. A search keeps a candidate only when its squared error
   // against the source values is below the best so far, starting from ggml's reference block, so
   // it is never worse than that block by its own score (kFull sums in double; kQuick in float,
-  // where a near tie could go either way by a few ulp in double):
+  // where a near tie could go either way by a few ulp in double, or exactly from integer sums):
   enum class Search {
     kNone,   // ggml's reference block
     kQuick,  // the smaller error of the reference block, 4 nearby scales and one least-squares
              // refinement (kQuickFactors; levels by a multiply with the scale's reciprocal, the
              // nearest of a linear grid or ggml's best_index_int8 into iq4_nl's table, errors in
-             // float)
+             // float; from q8_0, q4_0, q5_0 or iq4_nl into q4_0 or q5_0 the same candidates in
+             // integers, errors exact: simd::LevelSearchBlocks)
     kFull,   // the smaller error of the reference block, 16 nearby scales and up to 3
              // least-squares refinements (levels by division, errors in double)
   };
