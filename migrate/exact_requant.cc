@@ -503,9 +503,7 @@ Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const Typ
   r.n_elems_ = n_elems;
   r.src_row_ = n_elems / kBlock * src.block_bytes();
   r.dst_row_ = n_elems / kBlock * dst.block_bytes();
-  r.row_.resize(n_elems);
   r.search_ = search;
-  if (r.search_ == Search::kQuick) r.ref_row_.resize(n_elems);
   const GridRow& g = *grid_of(dst.id());
   r.symmetric_source_ = grid_of(src.id())->grid == Grid::kSymmetric;
   r.embed_span_ = g.grid == Grid::kOffset;
@@ -525,6 +523,10 @@ Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const Typ
                               src.id() == GgmlType::kQ5_0 || src.id() == GgmlType::kIQ4_NL;
   r.level_search_ = search == Search::kQuick && integer_source &&
                     (dst.id() == GgmlType::kQ4_0 || dst.id() == GgmlType::kQ5_0);
+  // the row of decoded values and (kQuick's float search) of reference values: not for the paths
+  // that read the source blocks themselves
+  if (!r.level_search_) r.row_.resize(n_elems);
+  if (r.search_ == Search::kQuick && !r.level_search_) r.ref_row_.resize(n_elems);
   r.direct_ = direct && dst.id() == GgmlType::kQ8_0 &&
               (src.id() == GgmlType::kQ4_0 || src.id() == GgmlType::kQ5_0 || src.id() == GgmlType::kIQ4_NL);
   return r;

@@ -40,8 +40,9 @@ class ExactRequantizer {
     kQuick,  // the smaller error of the reference block, 4 nearby scales and one least-squares
              // refinement (kQuickFactors; levels by a multiply with the scale's reciprocal, the
              // nearest of a linear grid or ggml's best_index_int8 into iq4_nl's table, errors in
-             // float; from q8_0, q4_0, q5_0 or iq4_nl into q4_0 or q5_0 the same candidates in
-             // integers, errors exact: simd::LevelSearchBlocks)
+             // float; from q8_0, q4_0, q5_0 or iq4_nl into q4_0 or q5_0 the same candidate
+             // scales in integers, levels by a 15-bit fixed-point ratio (within ~0.002 of the
+             // nearest), errors exact: simd::LevelSearchBlocks)
     kFull,   // the smaller error of the reference block, 16 nearby scales and up to 3
              // least-squares refinements (levels by division, errors in double)
   };

@@ -742,7 +742,7 @@ TEST(ExactRequant, LevelSearchKernelsMatchTheScalarOne) {
   static constexpr uint16_t kScales[] = {0x0001, 0x8001, 0x03ff, 0x0400, 0x3c00, 0xbc00, 0x3555,
                                          0x7bff, 0xfbff, 0x2e66, 0x1234, 0xa0f1};
   const GgmlType sources[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kIQ4_NL};
-  size_t compared = 0;
+  size_t compared = 0, compared_to_ggml = 0;
   for (size_t l = 1; l < simd::kLevelCount; ++l) {
     if (!simd::supported(simd::Level(l))) continue;
     ASSERT_TRUE(simd::set_level(simd::Level(l)));
@@ -765,7 +765,8 @@ TEST(ExactRequant, LevelSearchKernelsMatchTheScalarOne) {
             const size_t body_bytes = sb - 2;
             if (kind == 1) std::memset(body, 0, body_bytes);  // one level throughout
             if (kind == 2 && st == GgmlType::kQ8_0) {         // the target's range only: exact
-              for (int i = 0; i < 32; ++i) body[i] = uint8_t(int8_t(int(rng() % 16) - (dt == GgmlType::kQ4_0 ? 8 : 0)));
+              const int span = dt == GgmlType::kQ4_0 ? 16 : 32;
+              for (int i = 0; i < 32; ++i) body[i] = uint8_t(int8_t(int(rng() % span) - span / 2));
             }
             if (kind == 3 && st == GgmlType::kQ8_0) {  // the extremes only
               for (int i = 0; i < 32; ++i) body[i] = uint8_t(int8_t(rng() % 2 ? -128 : 127));
@@ -779,8 +780,9 @@ TEST(ExactRequant, LevelSearchKernelsMatchTheScalarOne) {
             if (kind == 5 && st == GgmlType::kQ4_0) {  // nibbles 0 and 15 only (levels -8 and 7)
               for (size_t i = 0; i < 16; ++i) body[i] = uint8_t(rng() % 2 ? 0x0f : 0xf0);
             }
-            const uint16_t h = rng() % 3 ? kScales[rng() % std::size(kScales)]
-                                         : uint16_t((rng() % 0x7bff + 1) | (rng() % 2 ? 0x8000 : 0));
+            uint16_t h = rng() % 3 ? kScales[rng() % std::size(kScales)]
+                                   : uint16_t((rng() % 0x7bff + 1) | (rng() % 2 ? 0x8000 : 0));
+            if (kind == 3 && rng() % 2) h = 0x6bd0;  // |max| 127 x ~4000: the factors' scales overflow f16
             blk[0] = std::byte(h & 0xff);
             blk[1] = std::byte(h >> 8);
           }
@@ -797,6 +799,30 @@ TEST(ExactRequant, LevelSearchKernelsMatchTheScalarOne) {
           simd::level_search_ref(b);
           ASSERT_EQ(got, want);
           ASSERT_EQ(a.embedded, b.embedded);
+          // Never worse than ggml's reference block (quants::ref, not the search's own), by the exact
+          // error against the source's values (up to the rounding of the search's double error).
+          for (int k = 0; k < n; ++k) {
+            if (b.embedded >> k & 1) continue;
+            float x[32], y[32], r[32];
+            std::byte ref[32];
+            find_traits(st)->to_f32(src.data() + k * sb, x, 32);
+            find_traits(dt)->to_f32(want.data() + k * db, y, 32);
+            if (dt == GgmlType::kQ4_0) {
+              quants::ref::q4_0_from_f32(x, ref, 32);
+              quants::ref::q4_0_to_f32(ref, r, 32);
+            } else {
+              quants::ref::q5_0_from_f32(x, ref, 32);
+              quants::ref::q5_0_to_f32(ref, r, 32);
+            }
+            long double e_out = 0, e_ref = 0;
+            for (int i = 0; i < 32; ++i) {
+              e_out += (static_cast<long double>(x[i]) - y[i]) * (static_cast<long double>(x[i]) - y[i]);
+              e_ref += (static_cast<long double>(x[i]) - r[i]) * (static_cast<long double>(x[i]) - r[i]);
+            }
+            if (!std::isfinite(static_cast<double>(e_ref))) continue;  // an f16 scale out of range: nothing to compare
+            ASSERT_LE(e_out, e_ref * (1 + 1e-9L)) << "block " << k;
+            ++compared_to_ggml;
+          }
           ++compared;
         }
       }
@@ -805,6 +831,7 @@ TEST(ExactRequant, LevelSearchKernelsMatchTheScalarOne) {
   simd::set_level(was);
   if (simd::supported(simd::Level::kAvx2) || simd::supported(simd::Level::kNeon)) {
     EXPECT_GT(compared, 0u) << "a SIMD level search kernel was tested";
+    EXPECT_GT(compared_to_ggml, 1000u) << "searched blocks were compared with ggml's reference block";
   }
 }
 
