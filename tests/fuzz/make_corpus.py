@@ -186,7 +186,8 @@ def requant(corpus):
     2 full), then 8 source blocks with an ordinary f16 scale (and offset) and varied levels; a few
     with a zero, subnormal, infinite or NaN scale in one block."""
     d = os.path.join(corpus, "requant")
-    pairs = [(2, 0), (0, 4), (4, 0), (4, 5), (1, 0), (3, 1), (5, 1), (2, 5), (3, 2), (0, 2)]
+    pairs = [(2, 0), (0, 4), (4, 0), (4, 5), (1, 0), (3, 1), (5, 1), (2, 5), (3, 2), (0, 2),
+             (5, 0), (4, 2), (5, 2)]  # the last three: the integer search's other sources and targets
     for k, (si, di) in enumerate(pairs):
         name, size = REQUANT_TYPES[si]
         offset = name in ("q4_1", "q5_1")
