@@ -12,12 +12,9 @@
 set -uo pipefail
 # The terminal's signals as a terminal leaves them, whatever this script was started with: kvsnap
 # keeps a signal that came ignored ignored (checked below), and a CI runner in a script's background
-# has SIGINT ignored, which bash itself cannot undo (tests/oracle/default_signals.py)
+# has SIGINT ignored, which bash itself cannot undo: tests/oracle/default_signals.py restarts it
 if [ -z "${KVSNAP_INTERRUPT_TEST_SIGNALS:-}" ]; then
-  exec env KVSNAP_INTERRUPT_TEST_SIGNALS=default python3 -c '
-import os, signal, sys
-for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM): signal.signal(s, signal.SIG_DFL)
-os.execvp("bash", ["bash"] + sys.argv[1:])' "$0" "$@"
+  exec env KVSNAP_INTERRUPT_TEST_SIGNALS=default python3 "$(dirname "$0")/../oracle/default_signals.py" bash "$0" "$@"
 fi
 kvsnap="$1"; fx="$2"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT

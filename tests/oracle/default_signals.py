@@ -6,6 +6,9 @@ across exec. A test that stops kvsnap by a signal must not depend on how the tes
 started (a CI runner in the background of a script has SIGINT ignored): this gives SIGINT Python's
 own handler and SIGHUP, SIGTERM their defaults, so that every process started after it gets the
 defaults.
+
+As a program, `python3 default_signals.py CMD [ARG...]` runs CMD with those signals at their
+defaults: a shell script cannot undo an ignored SIGINT itself (tests/cli/interrupt_test.sh).
 """
 import signal
 
@@ -15,3 +18,11 @@ def restore_default_signals():
                          (signal.SIGTERM, signal.SIG_DFL)):
         if signal.getsignal(sig) == signal.SIG_IGN:
             signal.signal(sig, handler)
+
+
+if __name__ == "__main__":
+    import os
+    import sys
+
+    restore_default_signals()  # a Python handler, like any caught signal, is the default after exec
+    os.execvp(sys.argv[1], sys.argv[1:])
