@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "free_port.h"
+#include "loopback.h"
 
 namespace kvsnap {
 

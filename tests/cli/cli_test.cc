@@ -17,7 +17,7 @@
 #include "base/json.h"
 #include "format/llama_state.h"
 #include "format/state_builder.h"
-#include "free_port.h"
+#include "loopback.h"
 #include "synthetic_cache.h"
 #include "test_files.h"
 #include "under_asan.h"

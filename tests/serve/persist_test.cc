@@ -14,6 +14,7 @@
 #include <thread>
 #include <random>
 
+#include "loopback.h"
 #include "store/store_location.h"
 
 namespace kvsnap {
@@ -132,18 +133,11 @@ TEST(ServePersist, ASessionNameBelongsToTheKeyThatSentIt) {
 // A loopback listener that accepts connections (the kernel's backlog) and never answers: a child
 // busy for the whole request timeout.
 struct SilentChild {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   int port = 0;
-  SilentChild() {
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t n = sizeof a;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd, 8) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) == 0)
-      port = ntohs(a.sin_port);
+  int fd = test::listen_on_loopback(&port, 8);
+  ~SilentChild() {
+    if (fd >= 0) ::close(fd);
   }
-  ~SilentChild() { ::close(fd); }
 };
 
 // A Persister in front of a child on `port`, with a directory store of its own (removed at the end).

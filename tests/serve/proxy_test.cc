@@ -4,7 +4,7 @@
 #include "serve/hangup.h"
 #include "serve/proxy.h"
 #include "serve/requests.h"
-#include "free_port.h"
+#include "loopback.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -103,6 +103,8 @@ TEST(ServeProxy, EndsAStreamSeesALastEventCutAcrossThreeReads) {
 }
 
 using test::free_port;
+using test::listen_on_loopback;
+using test::send_raw;
 
 // A proxy on a free loopback port in front of the child listening on `child_port`.
 ProxyOptions in_front_of(int child_port, int threads) {
@@ -239,24 +241,6 @@ TEST(ServeProxy, AStreamsOnDoneRunsBeforeTheClientSeesItsLastEvent) {
   EXPECT_NE(got.find("\"t2\""), std::string::npos);
 }
 
-// A child that answers one request with `head` and `body`, then closes the connection: an answer
-// cut off where its Content-Length or its chunks say there is more (llama-server killed mid-answer).
-// A listening TCP socket on 127.0.0.1 at a free port (its fd, -1 on failure) for the raw children below.
-int listen_on_loopback(int* port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t n = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 4) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  *port = ntohs(a.sin_port);
-  return fd;
-}
-
 // Reads a request's head (up to its blank line) from `c`.
 void read_request_head(int c) {
   std::string req;
@@ -268,6 +252,8 @@ void read_request_head(int c) {
   }
 }
 
+// A child that answers one request with `head` and `body`, then closes the connection: an answer
+// cut off where its Content-Length or its chunks say there is more (llama-server killed mid-answer).
 struct DyingChild {
   int fd = -1, port = 0;
   std::thread thread;
@@ -504,21 +490,6 @@ TEST(ServeProxy, StopCutsARequestTheChildHasNotAnswered) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3)) << "stop waited for the child's answer";
   EXPECT_NE(status, 200) << "the client got an answer the child never gave";
   EXPECT_EQ(done.load(), 0);
-}
-
-// A connected raw client of `port` that has sent `request`, or -1.
-int send_raw(int port, const std::string& request) {
-  const int c = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(uint16_t(port));
-  if (::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::write(c, request.data(), request.size()) != ssize_t(request.size())) {
-    ::close(c);
-    return -1;
-  }
-  return c;
 }
 
 // llama-server cancels the completion of a client that hung up (its is_connection_closed, every
@@ -929,14 +900,8 @@ TEST(ServeProxy, AStreamAClientDoesNotReadIsHeldBackNotPiledUp) {
     const ProxyOptions o = in_front_of(child.port, 2);
     ServingProxy proxy(o, [](const Exchange&) {});
     ASSERT_TRUE(proxy.bound);
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(uint16_t(o.listen_port));
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    const std::string req = "GET /completion HTTP/1.1\r\nHost: x\r\n\r\n";
-    ASSERT_EQ(::write(fd, req.data(), req.size()), ssize_t(req.size()));
+    const int fd = send_raw(o.listen_port, "GET /completion HTTP/1.1\r\nHost: x\r\n\r\n");
+    ASSERT_GE(fd, 0);
     std::this_thread::sleep_for(std::chrono::seconds(2));  // reading nothing
     const uint64_t held = written;
     EXPECT_LT(held, uint64_t{64} << 20) << "the child's stream went on into kvsnap's memory";
