@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <optional>
 
@@ -418,8 +419,11 @@ class QuickBatch {
 // time; the kernel writes each one's result and says which were exact.
 class LevelBatch {
  public:
-  LevelBatch(GgmlType src, GgmlType dst, uint64_t& exact, uint64_t& requant)
-      : search_(simd::find_level_search()), exact_(exact), requant_(requant) {
+  // decline(sb, db): writes a block the kernel declined (an offset source's, simd_kernels.h) and
+  // counts it.
+  using Decline = std::function<void(const std::byte* sb, std::byte* db)>;
+  LevelBatch(GgmlType src, GgmlType dst, uint64_t& exact, uint64_t& requant, Decline decline)
+      : search_(simd::find_level_search()), exact_(exact), requant_(requant), decline_(std::move(decline)) {
     lb_.src_type = src;
     lb_.dst_type = dst;
   }
@@ -438,9 +442,12 @@ class LevelBatch {
   void flush() {
     if (lb_.n == 0) return;
     search_(lb_);
-    const int exact = std::popcount(lb_.embedded);
+    const int exact = std::popcount(lb_.embedded), declined = std::popcount(lb_.declined);
     exact_ += exact;
-    requant_ += lb_.n - exact;
+    requant_ += lb_.n - exact - declined;
+    for (int k = 0; k < lb_.n; ++k) {
+      if (lb_.declined >> k & 1) decline_(lb_.src[k], lb_.dst[k]);
+    }
     lb_.n = 0;
   }
 
@@ -449,6 +456,7 @@ class LevelBatch {
   simd::LevelSearchBlocks lb_;
   uint64_t& exact_;
   uint64_t& requant_;
+  Decline decline_;
 };
 
 // Eight lane sums added pairwise: (l, l + 4), (l, l + 2), (0, 1).
@@ -520,7 +528,8 @@ Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const Typ
     }
   }
   const bool integer_source = src.id() == GgmlType::kQ8_0 || src.id() == GgmlType::kQ4_0 ||
-                              src.id() == GgmlType::kQ5_0 || src.id() == GgmlType::kIQ4_NL;
+                              src.id() == GgmlType::kQ5_0 || src.id() == GgmlType::kIQ4_NL ||
+                              src.id() == GgmlType::kQ4_1 || src.id() == GgmlType::kQ5_1;
   r.level_search_ = search == Search::kQuick && integer_source &&
                     (dst.id() == GgmlType::kQ4_0 || dst.id() == GgmlType::kQ5_0);
   // the row of decoded values and (kQuick's float search) of reference values: not for the paths
@@ -811,12 +820,19 @@ void ExactRequantizer::convert_row_from_reference(const std::byte* s, const floa
 void ExactRequantizer::convert_row_by_levels(const std::byte* s, std::byte* o) {
   const uint64_t nb = n_elems_ / kBlock;
   const size_t sbytes = src_->block_bytes(), dbytes = dst_->block_bytes();
-  LevelBatch batch(src_->id(), dst_->id(), exact_, requant_);
+  const bool offset = has_offset(src_->id());
+  // a declined block (an offset source's) as convert_row_from_reference writes it
+  LevelBatch batch(src_->id(), dst_->id(), exact_, requant_, [this](const std::byte* sb, std::byte* db) {
+    float x[kBlock];
+    src_->to_f32(sb, x, kBlock);
+    convert_block(sb, x, db);
+  });
   for (uint64_t b = 0; b < nb; ++b) {
     const std::byte* sb = s + b * sbytes;
     std::byte* db = o + b * dbytes;
     const uint16_t ds = load_u16(sb);
-    if ((ds & 0x7fff) != 0 && (ds & 0x7c00) != 0x7c00) {
+    const bool ms_finite = !offset || (load_u16(sb + 2) & 0x7c00) != 0x7c00;
+    if ((ds & 0x7fff) != 0 && (ds & 0x7c00) != 0x7c00 && ms_finite) {
       batch.add(sb, db);
       continue;
     }
@@ -824,6 +840,9 @@ void ExactRequantizer::convert_row_by_levels(const std::byte* s, std::byte* o) {
     src_->to_f32(sb, x, kBlock);
     if (may_embed(sb) && embed_block(sb, x, db)) {
       ++exact_;
+    } else if (offset) {  // values not finite, or all zero: as convert_row_from_reference
+      ++requant_;
+      requantize_block(x, db);
     } else {
       ++requant_;
       dst_->from_f32(x, db, kBlock);

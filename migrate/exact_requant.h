@@ -40,9 +40,10 @@ class ExactRequantizer {
     kQuick,  // the smaller error of the reference block, 4 nearby scales and one least-squares
              // refinement (kQuickFactors; levels by a multiply with the scale's reciprocal, the
              // nearest of a linear grid or ggml's best_index_int8 into iq4_nl's table, errors in
-             // float; from q8_0, q4_0, q5_0 or iq4_nl into q4_0 or q5_0 the same candidate
-             // scales in integers, levels by a 15-bit fixed-point ratio (within ~0.002 of the
-             // nearest), errors exact: simd::LevelSearchBlocks)
+             // float; from q8_0, q4_0, q5_0, iq4_nl, q4_1 or q5_1 into q4_0 or q5_0 the same
+             // candidate scales in integers, levels by a 15-bit fixed-point ratio (within ~0.002
+             // of the nearest; with the offset in 10 or 11 fraction bits), errors exact:
+             // simd::LevelSearchBlocks)
     kFull,   // the smaller error of the reference block, 16 nearby scales and up to 3
              // least-squares refinements (levels by division, errors in double)
   };
@@ -89,8 +90,9 @@ class ExactRequantizer {
   int embed_lo_ = 0, embed_hi_ = 0;
   // may_embed's test into iq4_nl: every level one of its table's
   bool table_target_ = false;
-  // kQuick from a source of integer levels (q8_0, q4_0, q5_0, iq4_nl) into q4_0 or q5_0: the
-  // search in integers (simd_kernels.h, LevelSearchBlocks) instead of QuickSearchBlocks's floats
+  // kQuick from a source of integer levels (q8_0, q4_0, q5_0, iq4_nl, q4_1, q5_1) into q4_0 or
+  // q5_0: the search in integers (simd_kernels.h, LevelSearchBlocks) instead of
+  // QuickSearchBlocks's floats
   bool level_search_ = false;
   // may_embed's test for a q4_0 or q5_0 source into a linear symmetric target, from the stored
   // levels the target holds: all of them (kAll: nothing to test), q5_0's 8..23 into q4_0

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "migrate/half.h"
+#include "migrate/offset_levels.h"
 #include "migrate/simd_kernels.h"
 
 namespace kvsnap::simd {
@@ -110,17 +111,163 @@ void search_block(const int8_t* n, uint16_t ds16, int lo, int hi, uint16_t& out_
   }
 }
 
+// The exact-multiple test (simd_kernels.h): 1 the offset is k times the scale (k returned), 0 it
+// is not and no value can round onto a multiple, -1 it is within 2^-15 of one (declined).
+int offset_multiple(float ds, float ms, double& k) {
+  const double ratio = double(ms) / double(ds);
+  k = std::nearbyint(ratio);
+  if (ratio == k) return 1;
+  return std::fabs(ratio) <= 1048576.0 && std::fabs(ratio - k) <= 1.0 / 32768.0 ? -1 : 0;
+}
+
+// An offset source's block by OffsetBlock's steps, then its candidates (search_block's).
+bool search_offset_block(GgmlType src, const std::byte* block, int lo, int hi, uint16_t& out_d16, int8_t* out,
+                         bool& embedded) {
+  const OffsetBlock o = offset_block(src, block, lo, hi);
+  embedded = o.kind == OffsetBlock::Kind::kEmbedded;
+  if (o.kind == OffsetBlock::Kind::kDeclined) return false;
+  out_d16 = o.d16;
+  std::memcpy(out, o.levels, kBlock);
+  if (o.kind != OffsetBlock::Kind::kSearch) return true;
+  struct {
+    bool reference = true;
+    uint16_t d16 = 0;
+    int32_t b = 0, c = 0, scm = 0, sm = 0, smm = 0;
+    double err = 0;
+  } best;
+  best.scm = o.ref_scm;
+  best.sm = o.ref_sm;
+  best.smm = o.ref_smm;
+  best.err = o.ref_err;
+  auto consider = [&](uint16_t d16) {
+    const float dc = half::fp16_to_f32(d16);
+    int32_t b, cc;
+    if (!offset_terms(o, dc, b, cc)) return;
+    int32_t scm = 0, sm = 0, smm = 0;
+    for (int i = 0; i < kBlock; ++i) {
+      const int32_t m = offset_level(o, o.c[i], b, cc, lo, hi);
+      scm += o.c[i] * m;
+      sm += m;
+      smm += m * m;
+    }
+    const double e = offset_error(o, dc, scm, sm, smm);
+    if (!(e < best.err)) return;
+    best = {false, d16, b, cc, scm, sm, smm, e};
+  };
+  for (float f : kQuickFactors) consider(half::f32_to_fp16(o.d_ref * f));
+  if (best.smm != 0) consider(offset_fit(o, best.scm, best.sm, best.smm));
+  if (best.reference) return true;
+  out_d16 = best.d16;
+  for (int i = 0; i < kBlock; ++i) out[i] = int8_t(offset_level(o, o.c[i], best.b, best.c, lo, hi));
+  return true;
+}
+
 }  // namespace
+
+OffsetBlock offset_block(GgmlType src, const std::byte* block, int lo, int hi) {
+  OffsetBlock o;
+  const int top = src == GgmlType::kQ4_1 ? 15 : 31;
+  o.h = (top + 1) / 2;
+  o.shift = top == 15 ? 11 : 10;
+  o.ds = half::fp16_to_f32(half::load_u16(block));
+  const float ms = half::fp16_to_f32(half::load_u16(block + 2));
+  o.centre = ms + float(o.h) * o.ds;
+  o.mc = double(ms) + double(o.h) * double(o.ds);
+  int8_t n[kBlock];
+  source_levels(src, block, n);
+  int nmin = 255, nmax = -1;
+  for (int i = 0; i < kBlock; ++i) {
+    o.c[i] = int8_t(n[i] - o.h);
+    nmin = std::min(nmin, int(n[i]));
+    nmax = std::max(nmax, int(n[i]));
+  }
+  double k = 0;
+  const int multiple = offset_multiple(o.ds, ms, k);
+  if (multiple < 0) return o;  // kDeclined
+  if (multiple > 0 && nmin + k >= lo && nmax + k <= hi) {
+    o.kind = OffsetBlock::Kind::kEmbedded;
+    o.d16 = half::load_u16(block);
+    for (int i = 0; i < kBlock; ++i) o.levels[i] = int8_t(n[i] + int(k));
+    return o;
+  }
+  // ggml's reference block. The values are monotone in n, so the largest |x| is at the smallest or
+  // the largest level; ggml takes the first of equal |x|, which only the index order tells where
+  // both ends have it with opposite signs (declined), or where it is 0 (declined).
+  const float x_lo = float(nmin) * o.ds + ms, x_hi = float(nmax) * o.ds + ms;
+  const float a_lo = std::fabs(x_lo), a_hi = std::fabs(x_hi);
+  if (!(std::max(a_lo, a_hi) > 0) || (a_lo == a_hi && x_lo != x_hi)) return o;  // kDeclined
+  const float max = a_hi > a_lo ? x_hi : x_lo;
+  const float d = max / float(lo);
+  const float id = 1.0f / d;
+  const float bias = 0.5f - float(lo);
+  int32_t scc = 0, sc = 0;
+  for (int i = 0; i < kBlock; ++i) {
+    const float x = float(n[i]) * o.ds + ms;
+    const int l = std::min(int(x * id + bias), hi - lo) + lo;
+    o.levels[i] = int8_t(l);
+    scc += o.c[i] * o.c[i];
+    sc += o.c[i];
+    o.ref_scm += o.c[i] * l;
+    o.ref_sm += l;
+    o.ref_smm += l * l;
+  }
+  o.d16 = half::f32_to_fp16(d);
+  const double dsd = o.ds;
+  const double t = (dsd * o.mc) * double(sc);
+  o.a = ((dsd * dsd) * double(scc) + (t + t)) + (o.mc * o.mc) * double(kBlock);
+  o.d_ref = half::fp16_to_f32(o.d16);
+  o.ref_err = offset_error(o, o.d_ref, o.ref_scm, o.ref_sm, o.ref_smm);
+  const bool search = o.ref_err > 0 && std::isfinite(o.ref_err) && std::fabs(o.d_ref) > 0 && std::isfinite(o.d_ref);
+  o.kind = search ? OffsetBlock::Kind::kSearch : OffsetBlock::Kind::kReference;
+  return o;
+}
+
+bool offset_terms(const OffsetBlock& o, float dc, int32_t& b, int32_t& c) {
+  if (!(std::fabs(dc) > 0) || !std::isfinite(dc)) return false;
+  const float q = o.ds / dc;
+  const float bq = std::nearbyint(q * 16384.0f);
+  if (!(std::fabs(bq) <= 32767.0f)) return false;  // also NaN
+  b = int32_t(bq);
+  const float v = std::fmin(std::fmax(o.centre / dc * float(1 << o.shift), -65536.0f), 65536.0f);
+  c = std::min(std::max(int32_t(std::nearbyint(v)) + (1 << (o.shift - 1)), -32768), 32767);
+  return true;
+}
+
+// pmulhrsw of c << (F + 1) by b, a saturating add of cc, an arithmetic shift by F, the clamps.
+int32_t offset_level(const OffsetBlock& o, int32_t c, int32_t b, int32_t cc, int lo, int hi) {
+  const int32_t a = c * (1 << (o.shift + 1));
+  const int32_t p = (a * b + (1 << 14)) >> 15;
+  const int32_t s = std::min(std::max(p + cc, -32768), 32767);
+  return std::min(std::max(s >> o.shift, lo), hi);
+}
+
+// E = (A - (s + s)) + (D D) Smm, s = (ds D) Scm + (mc D) Sm (simd_kernels.h).
+double offset_error(const OffsetBlock& o, float d, int32_t scm, int32_t sm, int32_t smm) {
+  const double dd = d;
+  const double s = (double(o.ds) * dd) * double(scm) + (o.mc * dd) * double(sm);
+  return (o.a - (s + s)) + (dd * dd) * double(smm);
+}
+
+uint16_t offset_fit(const OffsetBlock& o, int32_t scm, int32_t sm, int32_t smm) {
+  return half::f32_to_fp16(float((double(o.ds) * double(scm) + o.mc * double(sm)) / double(smm)));
+}
 
 void level_search_ref(LevelSearchBlocks& b) {
   const int lo = b.dst_type == GgmlType::kQ5_0 ? -16 : -8, hi = -lo - 1;
+  const bool offset = b.src_type == GgmlType::kQ4_1 || b.src_type == GgmlType::kQ5_1;
   b.embedded = 0;
+  b.declined = 0;
   for (int k = 0; k < b.n; ++k) {
     int8_t n[kBlock], levels[kBlock];
     source_levels(b.src_type, b.src[k], n);
     uint16_t d16;
     bool embedded;
-    search_block(n, half::load_u16(b.src[k]), lo, hi, d16, levels, embedded);
+    if (!offset) {
+      search_block(n, half::load_u16(b.src[k]), lo, hi, d16, levels, embedded);
+    } else if (!search_offset_block(b.src_type, b.src[k], lo, hi, d16, levels, embedded)) {
+      b.declined |= 1u << k;
+      continue;
+    }
     target_block(b.dst_type, d16, levels, b.dst[k]);
     b.embedded |= uint32_t(embedded) << k;
   }

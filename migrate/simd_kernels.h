@@ -163,18 +163,42 @@ QuickSearchFn find_quick_search_reference();
 //     the f16 of D_ref * f for f in kQuickFactors, then the f16 of float(double(ds) * Snm /
 //     Smm) with the best's sums (if Smm != 0: the least-squares scale of its levels).
 // Writes each block's result to dst[k]. Every level gives the same bytes.
+//
+// An offset source (q4_1, q5_1: value i = float(n[i]) * ds + ms, n[i] in 0..T, T = 15 or 31, h =
+// (T + 1) / 2; ds finite and nonzero, ms finite), block by block as level_search_ref does it:
+//   - k = nearbyint(r), r = double(ms) / double(ds): if r == k and every n[i] + k is in [lo, hi],
+//     the target holds the block exactly (bit k of `embedded`: scale ds, levels n + k, what
+//     embed_block finds); if r != k, |r| <= 2^20 and |r - k| <= 2^-15 a float rounding could put
+//     every value on a multiple of ds, and the block is declined (bit k of `declined`, dst[k] not
+//     written: the caller's);
+//   - the reference block is ggml's from the values x[i] (float(n) * ds + ms in float, as
+//     to_f32): the values are monotone in n, so max is x at the smallest or the largest n,
+//     whichever |x| is larger; a block where the two |x| are equal and the two x are not (ggml's
+//     choice is then by index), or both 0, is declined;
+//   - with c[i] = n[i] - h and mc = ms + h ds (double, exact), a candidate (f16 scale D, levels
+//     m) has the error of the exact values n ds + ms, in double: A = ((ds ds) Scc + (t + t)) + (mc
+//     mc) 32, t = (ds mc) Sc, s = (ds D) Scm + (mc D) Sm, E = (A - (s + s)) + (D D) Smm (Scc = sum
+//     c^2, Sc = sum c, Scm = sum c m, Sm = sum m, Smm = sum m^2);
+//   - a scale D's levels, with F = 11 (q4_1) or 10 (q5_1): q = ds / D (float), B = nearbyint(q
+//     2^14), v = ((ms + float(h) * ds) / D) * 2^F (float) clamped to [-65536, 65536], C =
+//     nearbyint(v) + 2^(F - 1) clamped to [-32768, 32767]; m[i] = min(max(sat16(((c[i] 2^(F + 1))
+//     B + 2^14) >> 15) + C) >> F, lo), hi) (pmulhrsw, a saturating add, an arithmetic shift); D
+//     is skipped unless it is finite and nonzero and |B| <= 32767;
+//   - the candidates, their order and when the reference block stands as above; the fit is the
+//     f16 of float((ds Scm + mc Sm) / Smm) (double) with the best's sums, if Smm != 0.
 struct LevelSearchBlocks {
   int n = 0;  // blocks, 1..8
-  GgmlType src_type = GgmlType::kQ8_0;  // q8_0, q4_0, q5_0 or iq4_nl
+  GgmlType src_type = GgmlType::kQ8_0;  // q8_0, q4_0, q5_0, iq4_nl, q4_1 or q5_1
   GgmlType dst_type = GgmlType::kQ4_0;  // q4_0 or q5_0
   const std::byte* src[8] = {};         // the source blocks (their levels n: source_levels)
   std::byte* dst[8] = {};
   uint32_t embedded = 0;
+  uint32_t declined = 0;  // offset sources only: the blocks not written
 };
 using LevelSearchFn = void (*)(LevelSearchBlocks& b);
-// A q8_0, q4_0, q5_0 or iq4_nl block's 32 levels (iq4_nl: its table values) as ggml's
-// dequantize_row_* reads them, and a q4_0 or q5_0 block of scale d16 and levels q (which fit)
-// packed (migrate/exact_requant.cc).
+// A q8_0, q4_0, q5_0 or iq4_nl block's 32 levels (iq4_nl: its table values; q4_1 and q5_1: the
+// stored levels 0..T) as ggml's dequantize_row_* reads them, and a q4_0 or q5_0 block of scale
+// d16 and levels q (which fit) packed (migrate/exact_requant.cc).
 void source_levels(GgmlType t, const std::byte* block, int8_t* levels);
 void target_block(GgmlType t, uint16_t d16, const int8_t* levels, std::byte* block);
 // The kernel at the current level or the nearest level below it (the scalar level's is

@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "migrate/kernels/arm_common.h"
+#include "migrate/offset_levels.h"
 
 #ifdef KVSNAP_SIMD_NEON
 
@@ -121,9 +122,118 @@ inline void consider(const Batch& k, const uint32x4_t* d16, const uint32x4_t* sk
   best.reference = vbicq_u16(best.reference, better16);
 }
 
+// An offset source (q4_1, q5_1): each block's constants, reference block and exactness are
+// OffsetBlock's (offset_levels.h, the scalar search's own steps), and so are each candidate's
+// terms, error and choice, lane by lane; the candidates' levels and sums, 32 values x 8 blocks,
+// are the vector part: SQRDMULH of c << (F + 1) by B ((a B + 2^14) >> 15, as pmulhrsw), a
+// saturating add of C, an arithmetic shift by F, the clamps, and sum w m (w = 1024 c + 1: 1024
+// Scm + Sm) and sum m m.
+template <int kShift>
+void offset_search_neon(LevelSearchBlocks& q) {
+  const int lo = q.dst_type == GgmlType::kQ5_0 ? -16 : -8, hi = -lo - 1;
+  OffsetBlock ob[8];
+  int16_t ta[kBlock][8], tw[kBlock][8];
+  for (int k = 0; k < 8; ++k) {  // lanes past q.n repeat block 0 and are never written
+    ob[k] = offset_block(q.src_type, q.src[k < q.n ? k : 0], lo, hi);
+    for (int i = 0; i < kBlock; ++i) {
+      ta[i][k] = int16_t(ob[k].c[i] * (1 << (kShift + 1)));
+      tw[i][k] = int16_t(ob[k].c[i] * 1024 + 1);
+    }
+  }
+  int16x8_t a[kBlock], w[kBlock];
+  for (int i = 0; i < kBlock; ++i) {
+    a[i] = vld1q_s16(ta[i]);
+    w[i] = vld1q_s16(tw[i]);
+  }
+  const int16x8_t vlo = vdupq_n_s16(int16_t(lo)), vhi = vdupq_n_s16(int16_t(hi));
+  struct LaneBest {
+    bool reference = true;
+    uint16_t d16 = 0;
+    int32_t b = 0, c = 0, scm = 0, sm = 0, smm = 0;
+    double err = 0;
+  } best[8];
+  bool any = false;
+  for (int k = 0; k < 8; ++k) {
+    best[k].scm = ob[k].ref_scm;
+    best[k].sm = ob[k].ref_sm;
+    best[k].smm = ob[k].ref_smm;
+    best[k].err = ob[k].ref_err;
+    any = any || ob[k].kind == OffsetBlock::Kind::kSearch;
+  }
+  // Scores scale d16[k] in every lane k where `on` (the search's and not skipped).
+  auto score = [&](const uint16_t* d16, const bool* try_lane) {
+    int16_t bb[8], cc[8];
+    bool on[8], some = false;
+    for (int k = 0; k < 8; ++k) {
+      int32_t b = 0, c = 0;
+      on[k] = try_lane[k] && ob[k].kind == OffsetBlock::Kind::kSearch &&
+              offset_terms(ob[k], half::fp16_to_f32(d16[k]), b, c);
+      bb[k] = on[k] ? int16_t(b) : 0;
+      cc[k] = on[k] ? int16_t(c) : 0;
+      some = some || on[k];
+    }
+    if (!some) return;
+    const int16x8_t b = vld1q_s16(bb), c = vld1q_s16(cc);
+    Halves wm{vdupq_n_s32(0), vdupq_n_s32(0)}, mm = wm;
+    for (int i = 0; i < kBlock; ++i) {
+      const int16x8_t m = vminq_s16(vmaxq_s16(vshrq_n_s16(vqaddq_s16(vqrdmulhq_s16(a[i], b), c), kShift), vlo), vhi);
+      wm = add_products(wm, w[i], m);
+      mm = add_products(mm, m, m);
+    }
+    int32_t t[8], smm[8];
+    vst1q_s32(t, wm.lo);
+    vst1q_s32(t + 4, wm.hi);
+    vst1q_s32(smm, mm.lo);
+    vst1q_s32(smm + 4, mm.hi);
+    for (int k = 0; k < 8; ++k) {
+      if (!on[k]) continue;
+      const int32_t sm = int32_t(uint32_t(t[k]) << 22) >> 22;  // the low 10 bits, sign-extended
+      const int32_t scm = (t[k] - sm) >> 10;
+      const double e = offset_error(ob[k], half::fp16_to_f32(d16[k]), scm, sm, smm[k]);
+      if (e < best[k].err) best[k] = {false, d16[k], bb[k], cc[k], scm, sm, smm[k], e};
+    }
+  };
+  if (any) {
+    uint16_t d16[8];
+    bool all[8];
+    for (float f : kQuickFactors) {
+      for (int k = 0; k < 8; ++k) {
+        d16[k] = half::f32_to_fp16(ob[k].d_ref * f);
+        all[k] = true;
+      }
+      score(d16, all);
+    }
+    bool fit[8];
+    for (int k = 0; k < 8; ++k) {
+      fit[k] = best[k].smm != 0;
+      d16[k] = fit[k] ? offset_fit(ob[k], best[k].scm, best[k].sm, best[k].smm) : 0;
+    }
+    score(d16, fit);
+  }
+  q.embedded = 0;
+  q.declined = 0;
+  for (int k = 0; k < q.n; ++k) {
+    const OffsetBlock& o = ob[k];
+    if (o.kind == OffsetBlock::Kind::kDeclined) {
+      q.declined |= 1u << k;
+      continue;
+    }
+    q.embedded |= uint32_t(o.kind == OffsetBlock::Kind::kEmbedded) << k;
+    if (o.kind != OffsetBlock::Kind::kSearch || best[k].reference) {
+      target_block(q.dst_type, o.d16, o.levels, q.dst[k]);
+      continue;
+    }
+    int8_t levels[kBlock];
+    for (int i = 0; i < kBlock; ++i) levels[i] = int8_t(offset_level(o, o.c[i], best[k].b, best[k].c, lo, hi));
+    target_block(q.dst_type, best[k].d16, levels, q.dst[k]);
+  }
+}
+
 }  // namespace
 
 void level_search_neon(LevelSearchBlocks& q) {
+  if (q.src_type == GgmlType::kQ4_1) return offset_search_neon<11>(q);
+  if (q.src_type == GgmlType::kQ5_1) return offset_search_neon<10>(q);
   const int lo = q.dst_type == GgmlType::kQ5_0 ? -16 : -8, hi = -lo - 1;
   // Lanes past q.n repeat block 0 and are never written.
   int16_t t[kBlock][8];
@@ -254,6 +364,7 @@ void level_search_neon(LevelSearchBlocks& q) {
   uint16_t lanes[8];
   vst1q_u16(lanes, exact);
   q.embedded = 0;
+  q.declined = 0;
   for (int b = 0; b < q.n; ++b) {
     int8_t levels[kBlock];
     for (int i = 0; i < kBlock; ++i) levels[i] = int8_t(out[i][b]);

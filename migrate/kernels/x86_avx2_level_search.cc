@@ -89,6 +89,19 @@ KV_AVX2_INLINE __m256 finite_nonzero(__m256 v) {
                        _mm256_cmp_ps(a, _mm256_set1_ps(std::numeric_limits<float>::infinity()), _CMP_LT_OQ));
 }
 
+// Both 16-bit halves of each 32-bit lane set to its low 16 bits.
+KV_AVX2_INLINE __m256i both_halves(__m256i v) {
+  return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(v, 16));
+}
+
+// Where e is below the best error, takes it (err) and returns those lanes as an 8-lane mask.
+KV_AVX2_INLINE __m256i keep_below(Error8& err, const Error8& e) {
+  const __m256d below_lo = _mm256_cmp_pd(e.lo, err.lo, _CMP_LT_OQ), below_hi = _mm256_cmp_pd(e.hi, err.hi, _CMP_LT_OQ);
+  err.lo = _mm256_blendv_pd(err.lo, e.lo, below_lo);
+  err.hi = _mm256_blendv_pd(err.hi, e.hi, below_hi);
+  return _mm256_castps_si256(mask8(below_lo, below_hi));
+}
+
 struct Best {
   Error8 err;
   __m256i d16;       // f16 bits in the low half of each lane
@@ -119,14 +132,9 @@ KV_AVX2_INLINE void consider(const Block8& k, __m128i d16, __m256 skip, Best& be
   const __m256 off = _mm256_or_ps(_mm256_or_ps(skip, k.invalid), _mm256_castsi256_ps(_mm256_xor_si256(in_range, _mm256_set1_epi32(-1))));
   if (_mm256_movemask_ps(off) == 0xff) return;
   const __m256 d = _mm256_or_ps(_mm256_cvtph_ps(d16), off);  // NaN where off
-  const __m256i b = _mm256_andnot_si256(_mm256_castps_si256(off),
-                                        _mm256_or_si256(_mm256_and_si256(bq, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(bq, 16)));
+  const __m256i b = _mm256_andnot_si256(_mm256_castps_si256(off), both_halves(bq));
   const Sums s = sums_of(k.v, b, k.lo, k.hi);
-  const Error8 e = error8(k.shared, d, s);
-  const __m256d below_lo = _mm256_cmp_pd(e.lo, best.err.lo, _CMP_LT_OQ), below_hi = _mm256_cmp_pd(e.hi, best.err.hi, _CMP_LT_OQ);
-  const __m256i bi = _mm256_castps_si256(mask8(below_lo, below_hi));
-  best.err.lo = _mm256_blendv_pd(best.err.lo, e.lo, below_lo);
-  best.err.hi = _mm256_blendv_pd(best.err.hi, e.hi, below_hi);
+  const __m256i bi = keep_below(best.err, error8(k.shared, d, s));
   best.d16 = _mm256_blendv_epi8(best.d16, _mm256_cvtepu16_epi32(d16), bi);
   best.b = _mm256_blendv_epi8(best.b, b, bi);
   best.snm = _mm256_blendv_epi8(best.snm, s.snm, bi);
@@ -149,8 +157,10 @@ KV_AVX2_INLINE __m256i levels32(const std::byte* block) {
   if constexpr (T == GgmlType::kQ8_0) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
   } else {
-    constexpr bool kFive = T == GgmlType::kQ5_0;
-    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + (kFive ? 6 : 2)));
+    // q4_1 and q5_1 (an f16 offset after the scale) give their levels centred: n - 8, n - 16
+    constexpr bool kFive = T == GgmlType::kQ5_0 || T == GgmlType::kQ5_1;
+    constexpr int kHead = T == GgmlType::kQ4_1 || T == GgmlType::kQ5_1 ? 4 : 2;
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kHead + (kFive ? 4 : 0)));
     const __m128i low4 = _mm_set1_epi8(0x0f);
     // values 0..15: the low nibbles of qs; 16..31: the high ones
     const __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low4), _mm_and_si128(qs, low4));
@@ -160,7 +170,7 @@ KV_AVX2_INLINE __m256i levels32(const std::byte* block) {
     } else if constexpr (kFive) {
       // bit i of qh is bit 4 of level i: byte i takes qh's byte i / 8 and tests bit i % 8
       uint32_t qh;
-      std::memcpy(&qh, p + 2, 4);
+      std::memcpy(&qh, p + kHead, 4);
       const __m256i spread = _mm256_shuffle_epi8(
           _mm256_set1_epi32(int32_t(qh)), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
                                                            2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
@@ -194,15 +204,13 @@ KV_AVX2_INLINE void pack_block(__m256i lo16, __m256i hi16, int lo, uint16_t d16,
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 6), qs);
 }
 
+// The levels of the (up to) 8 source blocks as int16 pairs: v[j], lane k = values 2j, 2j + 1 of
+// block k (lanes past q.n repeat block 0 and are never written).
 template <GgmlType T>
-KV_AVX2_INLINE void level_search_lanes(LevelSearchBlocks& q) {
-  const int lo_level = q.dst_type == GgmlType::kQ5_0 ? -16 : -8, hi_level = -lo_level - 1;
-  // Lanes past q.n repeat block 0 and are never written.
+KV_AVX2_INLINE void load_pairs(const LevelSearchBlocks& q, __m256i* v) {
   __m256i bytes[8];
 #pragma GCC unroll 8
   for (int k = 0; k < 8; ++k) bytes[k] = levels32<T>(q.src[k < q.n ? k : 0]);
-  // The levels as int16 pairs: v[j], lane k = values 2j, 2j + 1 of block k.
-  __m256i v[kPairs];
 #pragma GCC unroll 2
   for (int h = 0; h < 2; ++h) {
     __m256 r[8];
@@ -215,6 +223,32 @@ KV_AVX2_INLINE void level_search_lanes(LevelSearchBlocks& q) {
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) v[8 * h + j] = _mm256_castps_si256(r[j]);
   }
+}
+
+// The smallest and largest level of each block, per 16-bit half of its lane.
+KV_AVX2_INLINE void level_range(const __m256i* v, __m256i& vmin, __m256i& vmax) {
+  vmin = v[0];
+  vmax = v[0];
+#pragma GCC unroll 15
+  for (int j = 1; j < kPairs; ++j) {
+    vmin = _mm256_min_epi16(vmin, v[j]);
+    vmax = _mm256_max_epi16(vmax, v[j]);
+  }
+}
+
+// The larger (smaller) of a lane's two 16-bit halves, as an int32.
+KV_AVX2_INLINE __m256i halves_max(__m256i v) {
+  return _mm256_max_epi32(_mm256_srai_epi32(_mm256_slli_epi32(v, 16), 16), _mm256_srai_epi32(v, 16));
+}
+KV_AVX2_INLINE __m256i halves_min(__m256i v) {
+  return _mm256_min_epi32(_mm256_srai_epi32(_mm256_slli_epi32(v, 16), 16), _mm256_srai_epi32(v, 16));
+}
+
+template <GgmlType T>
+KV_AVX2_INLINE void level_search_lanes(LevelSearchBlocks& q) {
+  const int lo_level = q.dst_type == GgmlType::kQ5_0 ? -16 : -8, hi_level = -lo_level - 1;
+  __m256i v[kPairs];
+  load_pairs<T>(q, v);
   alignas(16) uint16_t ds16[8];
   for (int k = 0; k < 8; ++k) std::memcpy(&ds16[k], q.src[k < q.n ? k : 0], 2);
   Block8 blk;
@@ -224,12 +258,8 @@ KV_AVX2_INLINE void level_search_lanes(LevelSearchBlocks& q) {
   blk.hi = _mm256_set1_epi16(int16_t(hi_level));
 
   // The blocks the target holds exactly: every level in [lo, hi].
-  __m256i vmin = v[0], vmax = v[0];
-#pragma GCC unroll 15
-  for (int j = 1; j < kPairs; ++j) {
-    vmin = _mm256_min_epi16(vmin, v[j]);
-    vmax = _mm256_max_epi16(vmax, v[j]);
-  }
+  __m256i vmin, vmax;
+  level_range(v, vmin, vmax);
   const __m256i outside = _mm256_or_si256(_mm256_cmpgt_epi16(blk.lo, vmin), _mm256_cmpgt_epi16(vmax, blk.hi));
   // a lane is exact when neither of its two halves has a level outside
   const __m256i exact = _mm256_cmpeq_epi32(outside, _mm256_setzero_si256());
@@ -240,8 +270,8 @@ KV_AVX2_INLINE void level_search_lanes(LevelSearchBlocks& q) {
   // both are (a tie, or all zero), by the first index: the largest key |n| << 8 | (31 - i) << 1
   // | sign (|n| <= 128: 16 unsigned bits), for the lanes that search.
   const __m256i low16 = _mm256_set1_epi32(0xffff);
-  const __m256i top_n = _mm256_max_epi32(_mm256_srai_epi32(_mm256_slli_epi32(vmax, 16), 16), _mm256_srai_epi32(vmax, 16));
-  const __m256i bottom_n = _mm256_min_epi32(_mm256_srai_epi32(_mm256_slli_epi32(vmin, 16), 16), _mm256_srai_epi32(vmin, 16));
+  const __m256i top_n = halves_max(vmax);
+  const __m256i bottom_n = halves_min(vmin);
   const __m256i minus_bottom = _mm256_sub_epi32(_mm256_setzero_si256(), bottom_n);
   __m256i max_n = _mm256_blendv_epi8(top_n, bottom_n, _mm256_cmpgt_epi32(minus_bottom, top_n));
   const __m256i tie = _mm256_andnot_si256(exact, _mm256_cmpeq_epi32(minus_bottom, top_n));
@@ -328,6 +358,264 @@ KV_AVX2_INLINE void level_search_lanes(LevelSearchBlocks& q) {
     pack_block(_mm256_castps_si256(out[k]), _mm256_castps_si256(out[8 + k]), lo_level, uint16_t(d16_out[k]), q.dst[k]);
   }
   q.embedded = uint32_t(_mm256_movemask_ps(_mm256_castsi256_ps(exact))) & ((1u << q.n) - 1);
+  q.declined = 0;
+}
+
+// An offset source (q4_1, q5_1; simd_kernels.h): the centred levels c = n - h as int16 pairs in
+// the lanes, as above. A candidate's levels are pmulhrsw of a = c << (F + 1) by B, a saturating
+// add of its offset C and a shift by F; sum c m and sum m come from one pmaddwd of the weights w
+// = 1024 c + 1 (sum m is the low 10 bits, in [-512, 480]). Each block's constants, its error and
+// the fit are lanes of float and double vectors whose operations are level_search.cc's
+// (search_offset_block), lane by lane.
+template <int kShift>
+KV_AVX2_INLINE __m256i offset_levels_of(__m256i a, __m256i b, __m256i c, __m256i lo, __m256i hi) {
+  const __m256i t = _mm256_adds_epi16(_mm256_mulhrs_epi16(a, b), c);
+  return _mm256_min_epi16(_mm256_max_epi16(_mm256_srai_epi16(t, kShift), lo), hi);
+}
+
+struct OffsetSums {
+  __m256i scm, sm, smm;
+};
+
+// t = sum w m = 1024 Scm + Sm per lane: Sm its low 10 bits sign-extended, Scm the rest.
+KV_AVX2_INLINE OffsetSums split_sums(__m256i t, __m256i smm) {
+  const __m256i sm = _mm256_srai_epi32(_mm256_slli_epi32(t, 22), 22);
+  return {_mm256_srai_epi32(_mm256_sub_epi32(t, sm), 10), sm, smm};
+}
+
+template <int kShift>
+KV_AVX2_INLINE OffsetSums offset_sums_of(const __m256i* a, const __m256i* w, __m256i b, __m256i c, __m256i lo,
+                                          __m256i hi) {
+  __m256i wm[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  __m256i mm[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 16
+  for (int j = 0; j < kPairs; ++j) {
+    const __m256i m = offset_levels_of<kShift>(a[j], b, c, lo, hi);
+    wm[j & 1] = _mm256_add_epi32(wm[j & 1], _mm256_madd_epi16(w[j], m));
+    mm[j & 1] = _mm256_add_epi32(mm[j & 1], _mm256_madd_epi16(m, m));
+  }
+  return split_sums(_mm256_add_epi32(wm[0], wm[1]), _mm256_add_epi32(mm[0], mm[1]));
+}
+
+// What a block's errors share (double, 4 lanes a half): ds, mc = ms + h ds, A.
+struct OffsetShared {
+  __m256d ds[2], mc[2], a[2];
+};
+
+// s = (ds D) Scm + (mc D) Sm, E = (A - (s + s)) + (D D) Smm, for 4 lanes.
+KV_AVX2_INLINE __m256d offset_error4(__m256d ds, __m256d mc, __m256d a, __m128 d, __m128i scm, __m128i sm,
+                                     __m128i smm) {
+  const __m256d dd = _mm256_cvtps_pd(d);
+  const __m256d s = _mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(ds, dd), _mm256_cvtepi32_pd(scm)),
+                                  _mm256_mul_pd(_mm256_mul_pd(mc, dd), _mm256_cvtepi32_pd(sm)));
+  return _mm256_add_pd(_mm256_sub_pd(a, _mm256_add_pd(s, s)), _mm256_mul_pd(_mm256_mul_pd(dd, dd), _mm256_cvtepi32_pd(smm)));
+}
+
+KV_AVX2_INLINE __m128i half_i(__m256i v, int h) { return h == 0 ? _mm256_castsi256_si128(v) : _mm256_extracti128_si256(v, 1); }
+KV_AVX2_INLINE __m128 half_f(__m256 v, int h) { return h == 0 ? _mm256_castps256_ps128(v) : _mm256_extractf128_ps(v, 1); }
+
+KV_AVX2_INLINE Error8 offset_error8(const OffsetShared& sh, __m256 d, const OffsetSums& s) {
+  Error8 e;
+  e.lo = offset_error4(sh.ds[0], sh.mc[0], sh.a[0], half_f(d, 0), half_i(s.scm, 0), half_i(s.sm, 0), half_i(s.smm, 0));
+  e.hi = offset_error4(sh.ds[1], sh.mc[1], sh.a[1], half_f(d, 1), half_i(s.scm, 1), half_i(s.sm, 1), half_i(s.smm, 1));
+  return e;
+}
+
+struct OffsetBest {
+  Error8 err;
+  __m256i d16, b, c;  // c: the candidate's offset C (both halves)
+  OffsetSums sums;
+  __m256 reference;
+};
+
+struct OffsetBlock8 {
+  const __m256i* a;
+  const __m256i* w;
+  __m256 ds, centre;  // centre = ms + float(h) ds
+  OffsetShared shared;
+  __m256i lo, hi;
+  __m256 invalid;
+};
+
+template <int kShift>
+KV_AVX2_INLINE void consider_offset(const OffsetBlock8& k, __m128i d16, __m256 skip, OffsetBest& best) {
+  const __m256 dc = _mm256_cvtph_ps(d16);
+  const __m256 q = _mm256_div_ps(k.ds, dc);
+  const __m256i bq = _mm256_cvtps_epi32(_mm256_mul_ps(q, _mm256_set1_ps(16384.0f)));  // round to nearest even
+  const __m256i in_range = _mm256_cmpeq_epi32(
+      bq, _mm256_min_epi32(_mm256_max_epi32(bq, _mm256_set1_epi32(-32767)), _mm256_set1_epi32(32767)));
+  const __m256 ones = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  const __m256 off = _mm256_or_ps(_mm256_or_ps(skip, k.invalid),
+                                  _mm256_or_ps(_mm256_xor_ps(_mm256_castsi256_ps(in_range), ones), _mm256_xor_ps(finite_nonzero(dc), ones)));
+  if (_mm256_movemask_ps(off) == 0xff) return;
+  const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_div_ps(k.centre, dc), _mm256_set1_ps(float(1 << kShift))),
+                                               _mm256_set1_ps(-65536.0f)),
+                                 _mm256_set1_ps(65536.0f));
+  const __m256i c32 = _mm256_min_epi32(
+      _mm256_max_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(v), _mm256_set1_epi32(1 << (kShift - 1))), _mm256_set1_epi32(-32768)),
+      _mm256_set1_epi32(32767));
+  const __m256 d = _mm256_or_ps(dc, off);  // NaN where off: its error is NaN, never below the best
+  const __m256i b = _mm256_andnot_si256(_mm256_castps_si256(off), both_halves(bq));
+  const __m256i c = _mm256_andnot_si256(_mm256_castps_si256(off), both_halves(c32));
+  const OffsetSums s = offset_sums_of<kShift>(k.a, k.w, b, c, k.lo, k.hi);
+  const __m256i bi = keep_below(best.err, offset_error8(k.shared, d, s));
+  best.d16 = _mm256_blendv_epi8(best.d16, _mm256_cvtepu16_epi32(d16), bi);
+  best.b = _mm256_blendv_epi8(best.b, b, bi);
+  best.c = _mm256_blendv_epi8(best.c, c, bi);
+  best.sums.scm = _mm256_blendv_epi8(best.sums.scm, s.scm, bi);
+  best.sums.sm = _mm256_blendv_epi8(best.sums.sm, s.sm, bi);
+  best.sums.smm = _mm256_blendv_epi8(best.sums.smm, s.smm, bi);
+  best.reference = _mm256_andnot_ps(_mm256_castsi256_ps(bi), best.reference);
+}
+
+template <GgmlType T>
+KV_AVX2_INLINE void level_search_offset_lanes(LevelSearchBlocks& q) {
+  constexpr bool kFive = T == GgmlType::kQ5_1;
+  constexpr int kH = kFive ? 16 : 8, kShift = kFive ? 10 : 11;
+  const int lo_level = q.dst_type == GgmlType::kQ5_0 ? -16 : -8, hi_level = -lo_level - 1;
+  __m256i v[kPairs];  // the centred levels c
+  load_pairs<T>(q, v);
+  alignas(16) uint16_t ds16[8], ms16[8];
+  for (int k = 0; k < 8; ++k) {
+    std::memcpy(&ds16[k], q.src[k < q.n ? k : 0], 2);
+    std::memcpy(&ms16[k], q.src[k < q.n ? k : 0] + 2, 2);
+  }
+  const __m256 ds = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(ds16)));
+  const __m256 ms = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(ms16)));
+  const __m256 ones = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  OffsetBlock8 blk;
+  blk.ds = ds;
+  blk.centre = _mm256_add_ps(ms, _mm256_mul_ps(_mm256_set1_ps(float(kH)), ds));
+  blk.lo = _mm256_set1_epi16(int16_t(lo_level));
+  blk.hi = _mm256_set1_epi16(int16_t(hi_level));
+
+  // The smallest and largest levels (as n = c + h) of each block.
+  __m256i vmin, vmax;
+  level_range(v, vmin, vmax);
+  const __m256i h32 = _mm256_set1_epi32(kH);
+  const __m256i nmax = _mm256_add_epi32(halves_max(vmax), h32);
+  const __m256i nmin = _mm256_add_epi32(halves_min(vmin), h32);
+
+  // The exact-multiple test: r = ms / ds in double, k = nearbyint(r).
+  __m256d isint_d[2], near_d[2];
+  __m128i k_i[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m256d r = _mm256_div_pd(_mm256_cvtps_pd(half_f(ms, h)), _mm256_cvtps_pd(half_f(ds, h)));
+    const __m256d k = _mm256_round_pd(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256d sign = _mm256_set1_pd(-0.0);
+    isint_d[h] = _mm256_cmp_pd(r, k, _CMP_EQ_OQ);
+    near_d[h] = _mm256_andnot_pd(isint_d[h], _mm256_and_pd(_mm256_cmp_pd(_mm256_andnot_pd(sign, r), _mm256_set1_pd(1048576.0), _CMP_LE_OQ),
+                                                          _mm256_cmp_pd(_mm256_andnot_pd(sign, _mm256_sub_pd(r, k)), _mm256_set1_pd(1.0 / 32768.0), _CMP_LE_OQ)));
+    k_i[h] = _mm256_cvtpd_epi32(_mm256_min_pd(_mm256_max_pd(k, _mm256_set1_pd(-4096.0)), _mm256_set1_pd(4096.0)));
+  }
+  const __m256i k32 = _mm256_set_m128i(k_i[1], k_i[0]);
+  const __m256 isint = mask8(isint_d[0], isint_d[1]);
+  const __m256 near = mask8(near_d[0], near_d[1]);
+  const __m256i in_lo = _mm256_cmpgt_epi32(_mm256_add_epi32(nmin, k32), _mm256_set1_epi32(lo_level - 1));
+  const __m256i in_hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(hi_level + 1), _mm256_add_epi32(nmax, k32));
+  const __m256i exact = _mm256_and_si256(_mm256_castps_si256(isint), _mm256_and_si256(in_lo, in_hi));
+
+  // ggml's reference block: max from the smallest and largest levels' values.
+  const __m256 x_lo = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(nmin), ds), ms);
+  const __m256 x_hi = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(nmax), ds), ms);
+  const __m256 a_lo = abs8(x_lo), a_hi = abs8(x_hi);
+  const __m256 max = _mm256_blendv_ps(x_lo, x_hi, _mm256_cmp_ps(a_hi, a_lo, _CMP_GT_OQ));
+  const __m256 tie = _mm256_and_ps(_mm256_cmp_ps(a_lo, a_hi, _CMP_EQ_OQ), _mm256_cmp_ps(x_lo, x_hi, _CMP_NEQ_UQ));
+  const __m256 zero = _mm256_xor_ps(_mm256_cmp_ps(_mm256_max_ps(a_lo, a_hi), _mm256_setzero_ps(), _CMP_GT_OQ), ones);
+  const __m256 declined =
+      _mm256_or_ps(near, _mm256_andnot_ps(_mm256_castsi256_ps(exact), _mm256_or_ps(tie, zero)));
+  const __m256 d = _mm256_div_ps(max, _mm256_set1_ps(float(lo_level)));
+  const __m256 id = _mm256_div_ps(_mm256_set1_ps(1.0f), d);
+  const __m256 bias = _mm256_set1_ps(0.5f - float(lo_level));
+  const __m256i top = _mm256_set1_epi16(int16_t(hi_level - lo_level));
+  const __m256 hf = _mm256_set1_ps(float(kH));
+  const __m256i one16 = _mm256_set1_epi16(1);
+  __m256i ref[kPairs], a[kPairs], w[kPairs];
+  __m256i scc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  __m256i sc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  __m256i rwm[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  __m256i rmm[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 16
+  for (int j = 0; j < kPairs; ++j) {
+    const __m256 ne = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v[j], 16), 16)), hf);
+    const __m256 no = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(v[j], 16)), hf);
+    const __m256 xe = _mm256_add_ps(_mm256_mul_ps(ne, ds), ms), xo = _mm256_add_ps(_mm256_mul_ps(no, ds), ms);
+    const __m256i le = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(xe, id), bias));
+    const __m256i lodd = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(xo, id), bias));
+    const __m256i l = _mm256_add_epi16(_mm256_min_epi16(_mm256_blend_epi16(le, _mm256_slli_epi32(lodd, 16), 0xaa), top), blk.lo);
+    ref[j] = l;
+    a[j] = _mm256_slli_epi16(v[j], kShift + 1);
+    w[j] = _mm256_add_epi16(_mm256_slli_epi16(v[j], 10), one16);
+    scc[j & 1] = _mm256_add_epi32(scc[j & 1], _mm256_madd_epi16(v[j], v[j]));
+    sc[j & 1] = _mm256_add_epi32(sc[j & 1], _mm256_madd_epi16(v[j], one16));
+    rwm[j & 1] = _mm256_add_epi32(rwm[j & 1], _mm256_madd_epi16(w[j], l));
+    rmm[j & 1] = _mm256_add_epi32(rmm[j & 1], _mm256_madd_epi16(l, l));
+  }
+  blk.a = a;
+  blk.w = w;
+  const __m256i scc8 = _mm256_add_epi32(scc[0], scc[1]), sc8 = _mm256_add_epi32(sc[0], sc[1]);
+  for (int h = 0; h < 2; ++h) {
+    const __m256d dsd = _mm256_cvtps_pd(half_f(ds, h));
+    const __m256d mc = _mm256_add_pd(_mm256_cvtps_pd(half_f(ms, h)), _mm256_mul_pd(_mm256_set1_pd(double(kH)), dsd));
+    const __m256d t = _mm256_mul_pd(_mm256_mul_pd(dsd, mc), _mm256_cvtepi32_pd(half_i(sc8, h)));
+    blk.shared.ds[h] = dsd;
+    blk.shared.mc[h] = mc;
+    blk.shared.a[h] = _mm256_add_pd(_mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(dsd, dsd), _mm256_cvtepi32_pd(half_i(scc8, h))), _mm256_add_pd(t, t)),
+                                    _mm256_mul_pd(_mm256_mul_pd(mc, mc), _mm256_set1_pd(32.0)));
+  }
+  const __m128i d16_ref = _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT);
+  const __m256 d_ref = _mm256_cvtph_ps(d16_ref);
+  OffsetBest best;
+  best.d16 = _mm256_cvtepu16_epi32(d16_ref);
+  best.b = _mm256_setzero_si256();
+  best.c = _mm256_setzero_si256();
+  best.sums = split_sums(_mm256_add_epi32(rwm[0], rwm[1]), _mm256_add_epi32(rmm[0], rmm[1]));
+  best.reference = ones;
+  best.err = offset_error8(blk.shared, d_ref, best.sums);
+  const __m256d inf = _mm256_set1_pd(std::numeric_limits<double>::infinity()), zero_d = _mm256_setzero_pd();
+  const __m256 err_ok = mask8(_mm256_and_pd(_mm256_cmp_pd(best.err.lo, zero_d, _CMP_GT_OQ), _mm256_cmp_pd(best.err.lo, inf, _CMP_LT_OQ)),
+                              _mm256_and_pd(_mm256_cmp_pd(best.err.hi, zero_d, _CMP_GT_OQ), _mm256_cmp_pd(best.err.hi, inf, _CMP_LT_OQ)));
+  blk.invalid = _mm256_or_ps(_mm256_or_ps(_mm256_xor_ps(_mm256_and_ps(err_ok, finite_nonzero(d_ref)), ones), _mm256_castsi256_ps(exact)), declined);
+
+  if (_mm256_movemask_ps(blk.invalid) != 0xff) {
+    for (float f : kQuickFactors) {
+      consider_offset<kShift>(blk, _mm256_cvtps_ph(_mm256_mul_ps(d_ref, _mm256_set1_ps(f)), _MM_FROUND_TO_NEAREST_INT),
+                              _mm256_setzero_ps(), best);
+    }
+    __m128 fit[2];
+    __m128i ok[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m256d num = _mm256_add_pd(_mm256_mul_pd(blk.shared.ds[h], _mm256_cvtepi32_pd(half_i(best.sums.scm, h))),
+                                        _mm256_mul_pd(blk.shared.mc[h], _mm256_cvtepi32_pd(half_i(best.sums.sm, h))));
+      fit[h] = _mm256_cvtpd_ps(_mm256_div_pd(num, _mm256_cvtepi32_pd(half_i(best.sums.smm, h))));
+      ok[h] = _mm_cmpeq_epi32(half_i(best.sums.smm, h), _mm_setzero_si128());  // Smm == 0: skipped
+    }
+    consider_offset<kShift>(blk, _mm256_cvtps_ph(_mm256_set_m128(fit[1], fit[0]), _MM_FROUND_TO_NEAREST_INT),
+                            _mm256_castsi256_ps(_mm256_set_m128i(ok[1], ok[0])), best);
+  }
+
+  // The best's levels (the reference block's where it stands; n + k where exact), transposed back
+  // and packed; the declined blocks are not written.
+  const __m256i is_ref = _mm256_castps_si256(best.reference);
+  const __m256i kk = both_halves(_mm256_add_epi32(k32, h32));
+  __m256 out[kPairs];
+#pragma GCC unroll 16
+  for (int j = 0; j < kPairs; ++j) {
+    const __m256i m = _mm256_blendv_epi8(offset_levels_of<kShift>(a[j], best.b, best.c, blk.lo, blk.hi), ref[j], is_ref);
+    out[j] = _mm256_castsi256_ps(_mm256_blendv_epi8(m, _mm256_add_epi16(v[j], kk), exact));
+  }
+  transpose8(out);
+  transpose8(out + 8);
+  alignas(32) uint32_t d16_out[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(d16_out),
+                     _mm256_blendv_epi8(best.d16, _mm256_cvtepu16_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(ds16))), exact));
+  const uint32_t all = (1u << q.n) - 1;
+  q.declined = uint32_t(_mm256_movemask_ps(declined)) & all;
+  q.embedded = uint32_t(_mm256_movemask_ps(_mm256_castsi256_ps(exact))) & all;
+  for (int k = 0; k < q.n; ++k) {
+    if (q.declined >> k & 1) continue;
+    pack_block(_mm256_castps_si256(out[k]), _mm256_castps_si256(out[8 + k]), lo_level, uint16_t(d16_out[k]), q.dst[k]);
+  }
 }
 
 KV_AVX2_INLINE void level_search_type(LevelSearchBlocks& q) {
@@ -335,6 +623,8 @@ KV_AVX2_INLINE void level_search_type(LevelSearchBlocks& q) {
     case GgmlType::kQ4_0: level_search_lanes<GgmlType::kQ4_0>(q); break;
     case GgmlType::kQ5_0: level_search_lanes<GgmlType::kQ5_0>(q); break;
     case GgmlType::kIQ4_NL: level_search_lanes<GgmlType::kIQ4_NL>(q); break;
+    case GgmlType::kQ4_1: level_search_offset_lanes<GgmlType::kQ4_1>(q); break;
+    case GgmlType::kQ5_1: level_search_offset_lanes<GgmlType::kQ5_1>(q); break;
     default: level_search_lanes<GgmlType::kQ8_0>(q); break;
   }
 }

@@ -741,8 +741,9 @@ TEST(ExactRequant, LevelSearchKernelsMatchTheScalarOne) {
   const simd::Level was = simd::level();
   static constexpr uint16_t kScales[] = {0x0001, 0x8001, 0x03ff, 0x0400, 0x3c00, 0xbc00, 0x3555,
                                          0x7bff, 0xfbff, 0x2e66, 0x1234, 0xa0f1};
-  const GgmlType sources[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kIQ4_NL};
-  size_t compared = 0, compared_to_ggml = 0;
+  const GgmlType sources[] = {GgmlType::kQ8_0, GgmlType::kQ4_0,   GgmlType::kQ5_0,
+                              GgmlType::kIQ4_NL, GgmlType::kQ4_1, GgmlType::kQ5_1};
+  size_t compared = 0, compared_to_ggml = 0, declined = 0, offset_embedded = 0;
   for (size_t l = 1; l < simd::kLevelCount; ++l) {
     if (!simd::supported(simd::Level(l))) continue;
     ASSERT_TRUE(simd::set_level(simd::Level(l)));
@@ -785,6 +786,28 @@ TEST(ExactRequant, LevelSearchKernelsMatchTheScalarOne) {
             if (kind == 3 && rng() % 2) h = 0x6bd0;  // |max| 127 x ~4000: the factors' scales overflow f16
             blk[0] = std::byte(h & 0xff);
             blk[1] = std::byte(h >> 8);
+            if (st == GgmlType::kQ4_1 || st == GgmlType::kQ5_1) {
+              // the offset: random finite; k times the scale (embeds where the levels fit); within
+              // 2^-15 of such a multiple (declined); the two ends' values of equal size (declined)
+              const float d = half::fp16_to_f32(h);
+              uint16_t m = uint16_t(rng() % 0x7c00) | uint16_t(rng() % 2 ? 0x8000 : 0);
+              const int mode = int(rng() % 5);
+              if (mode == 1) m = half::f32_to_fp16(d * float(int(rng() % 41) - 28));
+              if (mode == 2) {  // a tiny offset beside a large scale: exact value n d + m rounds onto n d
+                h = 0x3c00;  // 1.0
+                blk[0] = std::byte(0x00);
+                blk[1] = std::byte(0x3c);
+                m = uint16_t(rng() % 4 + 1);  // 2^-24 .. 2^-22
+              }
+              if (mode == 3) {  // m = -(smallest + largest level) d / 2: x_lo = -x_hi (where exact)
+                int8_t lv[32];
+                simd::source_levels(st, blk, lv);
+                const int sum_ends = *std::min_element(lv, lv + 32) + *std::max_element(lv, lv + 32);
+                m = half::f32_to_fp16(-float(sum_ends) * d / 2.0f);
+              }
+              blk[2] = std::byte(m & 0xff);
+              blk[3] = std::byte(m >> 8);
+            }
           }
           simd::LevelSearchBlocks a, b;
           a.n = b.n = n;
@@ -795,17 +818,51 @@ TEST(ExactRequant, LevelSearchKernelsMatchTheScalarOne) {
             a.dst[k] = got.data() + k * db;
             b.dst[k] = want.data() + k * db;
           }
+          const bool offset = st == GgmlType::kQ4_1 || st == GgmlType::kQ5_1;
+          if (offset) {  // the caller gives an offset source's blocks only with a finite offset
+            for (int k = 0; k < n; ++k) {
+              std::byte* blk = src.data() + k * sb;
+              if ((half::load_u16(blk + 2) & 0x7c00) == 0x7c00) blk[3] = std::byte(0x3b);
+            }
+          }
           fn(a);
           simd::level_search_ref(b);
           ASSERT_EQ(got, want);
           ASSERT_EQ(a.embedded, b.embedded);
-          // Never worse than ggml's reference block (quants::ref, not the search's own), by the exact
-          // error against the source's values (up to the rounding of the search's double error).
+          ASSERT_EQ(a.declined, b.declined);
+          if (!offset) {
+            EXPECT_EQ(b.declined, 0u);
+          }
+          declined += size_t(std::popcount(b.declined));
           for (int k = 0; k < n; ++k) {
-            if (b.embedded >> k & 1) continue;
+            if (b.declined >> k & 1) {  // not written
+              EXPECT_TRUE(std::all_of(want.begin() + k * db, want.begin() + (k + 1) * db, [](std::byte v) { return v == std::byte{0x5a}; }));
+            }
+            if (offset && (b.embedded >> k & 1)) {  // exact: every value decodes as it was
+              float x[32], y[32];
+              find_traits(st)->to_f32(src.data() + k * sb, x, 32);
+              find_traits(dt)->to_f32(want.data() + k * db, y, 32);
+              for (int i = 0; i < 32; ++i) ASSERT_EQ(x[i], y[i]) << "block " << k << " value " << i;
+              ++offset_embedded;
+            }
+          }
+          // Never worse than ggml's reference block (quants::ref, not the search's own), by the exact
+          // error against the source's values (up to the rounding of the search's double error; an
+          // offset source's: against n ds + ms, which its search scores, not their floats).
+          for (int k = 0; k < n; ++k) {
+            if ((b.embedded | b.declined) >> k & 1) continue;
             float x[32], y[32], r[32];
+            long double exact_x[32];
             std::byte ref[32];
             find_traits(st)->to_f32(src.data() + k * sb, x, 32);
+            for (int i = 0; i < 32; ++i) exact_x[i] = x[i];
+            if (offset) {
+              int8_t lv[32];
+              simd::source_levels(st, src.data() + k * sb, lv);
+              const long double d = half::fp16_to_f32(half::load_u16(src.data() + k * sb));
+              const long double m = half::fp16_to_f32(half::load_u16(src.data() + k * sb + 2));
+              for (int i = 0; i < 32; ++i) exact_x[i] = lv[i] * d + m;
+            }
             find_traits(dt)->to_f32(want.data() + k * db, y, 32);
             if (dt == GgmlType::kQ4_0) {
               quants::ref::q4_0_from_f32(x, ref, 32);
@@ -816,8 +873,8 @@ TEST(ExactRequant, LevelSearchKernelsMatchTheScalarOne) {
             }
             long double e_out = 0, e_ref = 0;
             for (int i = 0; i < 32; ++i) {
-              e_out += (static_cast<long double>(x[i]) - y[i]) * (static_cast<long double>(x[i]) - y[i]);
-              e_ref += (static_cast<long double>(x[i]) - r[i]) * (static_cast<long double>(x[i]) - r[i]);
+              e_out += (exact_x[i] - y[i]) * (exact_x[i] - y[i]);
+              e_ref += (exact_x[i] - r[i]) * (exact_x[i] - r[i]);
             }
             if (!std::isfinite(static_cast<double>(e_ref))) continue;  // an f16 scale out of range: nothing to compare
             ASSERT_LE(e_out, e_ref * (1 + 1e-9L)) << "block " << k;
@@ -832,6 +889,8 @@ TEST(ExactRequant, LevelSearchKernelsMatchTheScalarOne) {
   if (simd::supported(simd::Level::kAvx2) || simd::supported(simd::Level::kNeon)) {
     EXPECT_GT(compared, 0u) << "a SIMD level search kernel was tested";
     EXPECT_GT(compared_to_ggml, 1000u) << "searched blocks were compared with ggml's reference block";
+    EXPECT_GT(declined, 50u) << "offset blocks the kernels decline were made";
+    EXPECT_GT(offset_embedded, 50u) << "offset blocks the target holds exactly were made";
   }
 }
 

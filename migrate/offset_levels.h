@@ -1,0 +1,45 @@
+// An offset source's block (q4_1, q5_1) as the integer quick search sees it (simd_kernels.h,
+// LevelSearchBlocks): the steps level_search_ref (level_search.cc) and the NEON kernel
+// (kernels/arm_neon_level_search.cc) share, so that their bytes are the same by construction;
+// the AVX2 kernel computes the same lane by lane.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "format/ggml_types.h"
+
+namespace kvsnap::simd {
+
+struct OffsetBlock {
+  enum class Kind {
+    kDeclined,   // the caller's (an offset near a multiple of the scale, or ggml's max by index)
+    kEmbedded,   // the target holds it exactly: d16 and levels are the result
+    kReference,  // ggml's reference block stands (its error is 0 or not finite): d16, levels
+    kSearch,     // the candidates are scored against the reference block (d16, levels, ref_*)
+  };
+  Kind kind = Kind::kDeclined;
+  uint16_t d16 = 0;
+  int8_t levels[32] = {};
+  int8_t c[32] = {};  // the centred levels n - h
+  int h = 8, shift = 11;  // half the source's levels; F, the levels' fraction bits
+  float ds = 0, centre = 0;  // centre = ms + float(h) ds (float)
+  double mc = 0, a = 0;      // ms + h ds (exact); A, the error's constant
+  float d_ref = 0;           // the reference block's scale
+  int32_t ref_scm = 0, ref_sm = 0, ref_smm = 0;
+  double ref_err = 0;
+};
+
+// Block `block` of type src (q4_1 or q5_1, its scale finite and nonzero, its offset finite) into a
+// target of levels lo..hi.
+OffsetBlock offset_block(GgmlType src, const std::byte* block, int lo, int hi);
+// A candidate scale's multiplier B and offset C; false where the search skips it.
+bool offset_terms(const OffsetBlock& o, float dc, int32_t& b, int32_t& c);
+// The level of centred level c for terms b, cc.
+int32_t offset_level(const OffsetBlock& o, int32_t c, int32_t b, int32_t cc, int lo, int hi);
+// A candidate's error from its sums.
+double offset_error(const OffsetBlock& o, float d, int32_t scm, int32_t sm, int32_t smm);
+// The least-squares scale of the best's levels (the f16 to try), given Smm != 0.
+uint16_t offset_fit(const OffsetBlock& o, int32_t scm, int32_t sm, int32_t smm);
+
+}  // namespace kvsnap::simd
