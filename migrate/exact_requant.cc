@@ -445,8 +445,9 @@ class LevelBatch {
     const int exact = std::popcount(lb_.embedded), declined = std::popcount(lb_.declined);
     exact_ += exact;
     requant_ += lb_.n - exact - declined;
-    for (int k = 0; k < lb_.n; ++k) {
-      if (lb_.declined >> k & 1) decline_(lb_.src[k], lb_.dst[k]);
+    for (uint32_t d = lb_.declined; d != 0; d &= d - 1) {
+      const int k = std::countr_zero(d);
+      decline_(lb_.src[k], lb_.dst[k]);
     }
     lb_.n = 0;
   }
@@ -840,7 +841,7 @@ void ExactRequantizer::convert_row_by_levels(const std::byte* s, std::byte* o) {
     src_->to_f32(sb, x, kBlock);
     if (may_embed(sb) && embed_block(sb, x, db)) {
       ++exact_;
-    } else if (offset) {  // values not finite, or all zero: as convert_row_from_reference
+    } else if (offset) {  // a scale of 0 or not finite, or an offset not finite: as convert_row_from_reference
       ++requant_;
       requantize_block(x, db);
     } else {

@@ -42,7 +42,8 @@ class ExactRequantizer {
              // nearest of a linear grid or ggml's best_index_int8 into iq4_nl's table, errors in
              // float; from q8_0, q4_0, q5_0, iq4_nl, q4_1 or q5_1 into q4_0 or q5_0 the same
              // candidate scales in integers, levels by a 15-bit fixed-point ratio (within ~0.002
-             // of the nearest; with the offset in 10 or 11 fraction bits), errors exact:
+             // of the nearest; with the offset in 10 or 11 fraction bits), errors exact (from an
+             // offset source: of n ds + ms, in double, exact unless |ms / ds| is huge):
              // simd::LevelSearchBlocks)
     kFull,   // the smaller error of the reference block, 16 nearby scales and up to 3
              // least-squares refinements (levels by division, errors in double)

@@ -198,6 +198,37 @@ void craft_levels(GgmlType t, size_t b, std::mt19937& rng, std::byte* blk) {
   std::memcpy(u + 2, &qh, 4);
 }
 
+// q4_1 / q5_1 blocks for the tests below, by b % 5: an offset k times the scale (levels shifted
+// by -8 or -16, so they fit q4_0 or q5_0 where the range allows); one f16 step off such a
+// multiple; a scale of 1 with an offset of 2^-24 .. 2^-21 and levels 4..7 (every value rounds
+// onto its level: the float path embeds it, the integer search must leave it to that path); the
+// two end values of equal size and opposite signs (ggml's max by index); random bytes.
+void craft_offset(GgmlType t, size_t b, std::mt19937& rng, std::byte* blk) {
+  const int h = t == GgmlType::kQ4_1 ? 8 : 16;
+  const size_t qs = t == GgmlType::kQ4_1 ? 4 : 8;
+  float d = half::fp16_to_f32(half::load_u16(blk));
+  if (!std::isfinite(d) || d == 0) return;
+  uint16_t m = half::load_u16(blk + 2);
+  switch (b % 5) {
+    case 0: m = half::f32_to_fp16(-float(h) * d); break;
+    case 1: m = uint16_t(half::f32_to_fp16(-float(h) * d) + (rng() % 2 ? 1 : -1)); break;
+    case 2:
+      half::store_u16(blk, 0x3c00);
+      for (size_t i = 0; i < 16; ++i) blk[qs + i] = std::byte(uint8_t(4 + rng() % 4) | uint8_t((4 + rng() % 4) << 4));
+      if (t == GgmlType::kQ5_1) std::memset(blk + 4, 0, 4);
+      m = uint16_t(1u << (rng() % 4));  // 2^-24 .. 2^-21
+      break;
+    case 3: {
+      int8_t lv[32];
+      simd::source_levels(t, blk, lv);
+      m = half::f32_to_fp16(-float(*std::min_element(lv, lv + 32) + *std::max_element(lv, lv + 32)) * d / 2.0f);
+      break;
+    }
+    default: break;
+  }
+  half::store_u16(blk + 2, m);
+}
+
 TEST(ExactRequant, NoSearchRowEqualsBlockByBlock) {
   const uint16_t scales[] = {0x0000, 0x8000, 0x0001, 0x83ff, 0x3c00, 0xb800, 0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7e00, 0x2e66};
   const simd::Level was = simd::level();
@@ -222,6 +253,10 @@ TEST(ExactRequant, NoSearchRowEqualsBlockByBlock) {
           }
           if (s.id() == GgmlType::kQ4_0 || s.id() == GgmlType::kQ5_0 || s.id() == GgmlType::kIQ4_NL) {
             craft_levels(s.id(), b, rng, blk);
+            continue;
+          }
+          if (s.id() == GgmlType::kQ4_1 || s.id() == GgmlType::kQ5_1) {
+            craft_offset(s.id(), b, rng, blk);
             continue;
           }
           if (s.id() != GgmlType::kQ8_0) continue;
@@ -276,7 +311,9 @@ TEST(ExactRequant, NoSearchRowEqualsBlockByBlock) {
         EXPECT_EQ(quick_row, quick_blocks);
         EXPECT_EQ(quick->blocks_exact(), exact);
         const bool crafted = s.id() == GgmlType::kQ8_0 || s.id() == GgmlType::kQ4_0 || s.id() == GgmlType::kQ5_0 ||
-                             s.id() == GgmlType::kIQ4_NL;
+                             s.id() == GgmlType::kIQ4_NL ||
+                             ((s.id() == GgmlType::kQ4_1 || s.id() == GgmlType::kQ5_1) &&
+                              (d.id() == GgmlType::kQ4_0 || d.id() == GgmlType::kQ5_0));
         if (crafted) {
           EXPECT_GT(exact, 0u) << "the crafted levels embed somewhere";
         }
@@ -837,6 +874,17 @@ TEST(ExactRequant, LevelSearchKernelsMatchTheScalarOne) {
           for (int k = 0; k < n; ++k) {
             if (b.declined >> k & 1) {  // not written
               EXPECT_TRUE(std::all_of(want.begin() + k * db, want.begin() + (k + 1) * db, [](std::byte v) { return v == std::byte{0x5a}; }));
+            }
+            if (offset && !((b.embedded | b.declined) >> k & 1)) {  // searched: the target cannot hold it at ds
+              float x[32];
+              find_traits(st)->to_f32(src.data() + k * sb, x, 32);
+              const float d = half::fp16_to_f32(half::load_u16(src.data() + k * sb));
+              const int lo = dt == GgmlType::kQ4_0 ? -8 : -16;
+              const bool holds = std::all_of(x, x + 32, [&](float v) {
+                const float r = v / d;
+                return r == std::nearbyint(r) && r >= float(lo) && r <= float(-lo - 1) && r * d == v;
+              });
+              EXPECT_FALSE(holds) << "block " << k << " embeds at its own scale but was searched";
             }
             if (offset && (b.embedded >> k & 1)) {  // exact: every value decodes as it was
               float x[32], y[32];
