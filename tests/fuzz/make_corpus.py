@@ -204,6 +204,27 @@ def requant(corpus):
                 row += blk
             write(os.path.join(d, "%s-%s-%s.seed" % (name, REQUANT_TYPES[di][0], ("none", "quick", "full")[mode])),
                   bytes([si, di, mode]) + bytes(row))
+    # The integer search's exactness test from an offset source, quick, by block b % 4: the offset a
+    # whole multiple of the scale (-8 or -16 times it: embeds), one f16 step off that, 2^-23 beside
+    # a scale of 1 with levels 4..7 (every value rounds onto its level: left to the float path),
+    # an ordinary offset.
+    for si, di in [(1, 0), (1, 2), (3, 0), (3, 2)]:
+        name, size = REQUANT_TYPES[si]
+        half_levels = 8 if name == "q4_1" else 16
+        d16 = 0x2E66
+        multiple = struct.unpack("<H", struct.pack("<e", -half_levels * struct.unpack("<e", struct.pack("<H", d16))[0]))[0]
+        row = bytearray()
+        for b in range(8):
+            kind = b % 4
+            scale, off = (d16, multiple) if kind == 0 else (d16, multiple + 1) if kind == 1 else \
+                (0x3C00, 0x0002) if kind == 2 else (d16, 0xAE66)
+            blk = bytearray(struct.pack("<HH", scale, off))
+            if name == "q5_1":
+                blk += bytes(4) if kind == 2 else bytes(((i * 53 + b) * 17) & 255 for i in range(4))
+            blk += bytes((4 + (i + b) % 4) | ((4 + (i * 3 + b) % 4) << 4) if kind == 2 else ((i * 29 + b * 7) * 13) & 255
+                         for i in range(16))
+            row += blk
+        write(os.path.join(d, "%s-%s-quick-offsets.seed" % (name, REQUANT_TYPES[di][0])), bytes([si, di, 1]) + bytes(row))
 
 
 # --- Encrypted chunk blobs (src/base/chunk_cipher.h), sealed here independently ------------
