@@ -345,6 +345,8 @@ constexpr Conversion kConversions[] = {
     {"f16-q4_1", GgmlType::kF16, GgmlType::kQ4_1},     {"f16-q5_0", GgmlType::kF16, GgmlType::kQ5_0},
     {"f16-q5_1", GgmlType::kF16, GgmlType::kQ5_1},     {"q5_0-q4_0", GgmlType::kQ5_0, GgmlType::kQ4_0},
     {"q8_0-iq4_nl", GgmlType::kQ8_0, GgmlType::kIQ4_NL}, {"q4_1-q4_0", GgmlType::kQ4_1, GgmlType::kQ4_0},
+    // into an offset target: the float quick search (no integer kernel for these targets yet)
+    {"q5_1-q4_1", GgmlType::kQ5_1, GgmlType::kQ4_1},
 };
 
 struct Row {
@@ -447,7 +449,7 @@ Target target_of(simd::Level l, const Row& r) {
     return {&Row::ggml_cpu, 3.0, "with rotation >= 3x ggml cpu (no rotation)"};
   }
   if (r.name == "q4_0-q8_0" || r.name == "q8_0-q4_0" || r.name == "q5_0-q4_0" || r.name == "q8_0-iq4_nl" ||
-      r.name == "q4_1-q4_0") {
+      r.name == "q4_1-q4_0" || r.name == "q5_1-q4_1") {
     return {&Row::ggml_cpu, 2.0, r.exact ? ">= 2x ggml cpu (kvsnap: ExactRequantizer, --requant auto)" : ">= 2x ggml cpu"};
   }
   if (r.name == "f16-iq4_nl") {  // 50x at AVX2 (issue 13); the AVX-512 kernel's own target is 100x
