@@ -518,6 +518,7 @@ Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const Typ
   r.embed_span_ = g.grid == Grid::kOffset;
   r.embed_lo_ = g.lo;
   r.embed_hi_ = g.hi;
+  r.target_span_ = g.grid == Grid::kOffset ? g.hi : g.hi - g.lo;
   r.table_target_ = dst.id() == GgmlType::kIQ4_NL;
   if (!r.embed_span_ && !r.table_target_ && (src.id() == GgmlType::kQ4_0 || src.id() == GgmlType::kQ5_0)) {
     const int bias = src.id() == GgmlType::kQ4_0 ? 8 : 16, top = src.id() == GgmlType::kQ4_0 ? 15 : 31;
@@ -745,10 +746,10 @@ void ExactRequantizer::convert_row_direct(const std::byte* s, std::byte* o) {
 // themselves (symmetric targets: the same d; offset targets: x - m is (q - q_min) * d or
 // (q + centre) * d, exact too): it embeds only if every level is in the target's range
 // (symmetric; iq4_nl: one of its table's values), or the levels span at most the target's top
-// level (offset); with any other d it
-// does not embed at all. An offset source: true (embed_block decides).
+// level (offset); with any other d it does not embed at all. An offset source (q4_1, q5_1):
+// offset_source_may_embed.
 bool ExactRequantizer::may_embed(const std::byte* sb) const {
-  if (!symmetric_source_) return true;
+  if (!symmetric_source_) return offset_source_may_embed(sb);
   int8_t q[kBlock];
   const int8_t* levels = q;
   auto read_levels = [&] {
@@ -779,6 +780,34 @@ bool ExactRequantizer::may_embed(const std::byte* sb) const {
   const int mn = int(umn) - 128, mx = int(umx) - 128;
   if (embed_span_) return mx - mn <= embed_hi_;
   return mn >= embed_lo_ && mx <= embed_hi_;
+}
+
+// may_embed for an offset source (q4_1, q5_1; levels n 0..T, scale ds, offset ms): value i is
+// float(n[i]) * ds + ms, rounded once (n ds is exact: 5-bit levels, 11-bit significands). Where
+// |ms| <= 2^19 |ds| that sum is below 2^20 |ds| in size, so each value is within |ds| / 8 of n ds +
+// ms, and two levels L apart give values at least (L - 1/4) |ds| apart. embed_block tries only
+// the source's scale ds: every quotient (x - m) / ds, each rounded twice (relative error 2^-23 on
+// a level of at most 255), must be a level of the target, all within its span S (top - 0 of an
+// offset target, hi - lo of a symmetric one). Levels more than S apart (L >= S + 1) give quotients
+// more than S apart: it fails. Elsewhere true: a larger offset can round levels onto one value
+// (all of a block's values equal: the target holds them), and a scale of 0 or not finite, or an
+// offset not finite, is embed_block's to decide.
+bool ExactRequantizer::offset_source_may_embed(const std::byte* sb) const {
+  const uint16_t ds16 = load_u16(sb), ms16 = load_u16(sb + 2);
+  if ((ds16 & 0x7fff) == 0 || (ds16 & 0x7c00) == 0x7c00 || (ms16 & 0x7c00) == 0x7c00) return true;
+  const float ds = half::fp16_to_f32(ds16), ms = half::fp16_to_f32(ms16);
+  if (!(std::fabs(ms) <= 524288.0f * std::fabs(ds))) return true;  // 2^19 |ds|: exact (a power of 2)
+  // the stored levels as bytes: a minimum and maximum every x86-64 and aarch64 vectorizes
+  uint64_t u[4];
+  (void)stored_levels(src_->id(), reinterpret_cast<const uint8_t*>(sb), u);
+  uint8_t n[kBlock];
+  std::memcpy(n, u, kBlock);
+  uint8_t mn = 255, mx = 0;
+  for (int i = 0; i < kBlock; ++i) {
+    mn = n[i] < mn ? n[i] : mn;
+    mx = n[i] > mx ? n[i] : mx;
+  }
+  return mx - mn <= target_span_;
 }
 
 // kNone and kQuick: every block's reference block from one from_f32 over the row (ggml's

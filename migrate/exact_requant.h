@@ -76,6 +76,7 @@ class ExactRequantizer {
   void convert_row_from_reference(const std::byte* src_row, const float* values, std::byte* dst_row);
   void convert_row_by_levels(const std::byte* src_row, std::byte* dst_row);
   bool may_embed(const std::byte* src_block) const;
+  bool offset_source_may_embed(const std::byte* src_block) const;
 
   const TypeTraits* src_ = nullptr;
   const TypeTraits* dst_ = nullptr;
@@ -89,6 +90,8 @@ class ExactRequantizer {
   // offset target) spanning at most embed_hi_
   bool symmetric_source_ = false, embed_span_ = false;
   int embed_lo_ = 0, embed_hi_ = 0;
+  // may_embed's test for an offset source: levels spanning more than the target's levels do
+  int target_span_ = 0;
   // may_embed's test into iq4_nl: every level one of its table's
   bool table_target_ = false;
   // kQuick from a source of integer levels (q8_0, q4_0, q5_0, iq4_nl, q4_1, q5_1) into q4_0 or

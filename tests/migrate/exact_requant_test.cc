@@ -198,18 +198,51 @@ void craft_levels(GgmlType t, size_t b, std::mt19937& rng, std::byte* blk) {
   std::memcpy(u + 2, &qh, 4);
 }
 
-// q4_1 / q5_1 blocks for the tests below, by b % 5: an offset k times the scale (levels shifted
+// Levels 0..T (ggml's stored levels) packed into a q4_1 or q5_1 block, its scale and offset kept.
+void store_offset_levels(GgmlType t, const int* lv, std::byte* blk) {
+  const size_t qs = t == GgmlType::kQ4_1 ? 4 : 8;
+  uint32_t qh = 0;
+  for (int j = 0; j < 16; ++j) {
+    blk[qs + j] = std::byte(uint8_t((lv[j] & 0x0f) | ((lv[j + 16] & 0x0f) << 4)));
+    qh |= uint32_t(lv[j] >> 4 & 1) << j;
+    qh |= uint32_t(lv[j + 16] >> 4 & 1) << (j + 16);
+  }
+  if (t == GgmlType::kQ5_1) std::memcpy(blk + 4, &qh, 4);
+}
+
+// q4_1 / q5_1 blocks for the tests below, by b % 6: an offset k times the scale (levels shifted
 // by -8 or -16, so they fit q4_0 or q5_0 where the range allows); one f16 step off such a
 // multiple; a scale of 1 with an offset of 2^-24 .. 2^-21 and levels 4..7 (every value rounds
 // onto its level: the float path embeds it, the integer search must leave it to that path); the
-// two end values of equal size and opposite signs (ggml's max by index); random bytes.
+// two end values of equal size and opposite signs (ggml's max by index); random bytes; and
+// may_embed's bound for offset sources (exact_requant.cc, offset_source_may_embed): an offset
+// of +-2^19 scales exactly, levels spanning 0..16 (q4_1: 0..15), where it skips embed_block, or
+// of 2^28 scales, where q5_1's levels 0 and 16 round onto one value that the target holds (all
+// levels 0) and it must not.
 void craft_offset(GgmlType t, size_t b, std::mt19937& rng, std::byte* blk) {
   const int h = t == GgmlType::kQ4_1 ? 8 : 16;
   const size_t qs = t == GgmlType::kQ4_1 ? 4 : 8;
+  if (b % 6 == 5) {
+    const int top = t == GgmlType::kQ4_1 ? 15 : 31;
+    int lv[32];
+    if (b % 12 == 5) {  // d 2^-10, m +-512
+      half::store_u16(blk, 0x1400);
+      half::store_u16(blk + 2, rng() % 2 ? 0x6000 : 0xe000);
+      for (int i = 0; i < 32; ++i) lv[i] = int(rng() % uint32_t(std::min(top, 16) + 1));
+      lv[0] = 0;
+      lv[1] = std::min(top, 16);
+    } else {  // d 2^-14, m 2^14
+      half::store_u16(blk, 0x0400);
+      half::store_u16(blk + 2, 0x7400);
+      for (int i = 0; i < 32; ++i) lv[i] = rng() % 2 ? std::min(top, 16) : 0;
+    }
+    store_offset_levels(t, lv, blk);
+    return;
+  }
   float d = half::fp16_to_f32(half::load_u16(blk));
   if (!std::isfinite(d) || d == 0) return;
   uint16_t m = half::load_u16(blk + 2);
-  switch (b % 5) {
+  switch (b % 6) {
     case 0: m = half::f32_to_fp16(-float(h) * d); break;
     case 1: m = uint16_t(half::f32_to_fp16(-float(h) * d) + (rng() % 2 ? 1 : -1)); break;
     case 2:
@@ -376,6 +409,42 @@ TEST(ExactRequant, QuickRowsAreTheSameAtEveryLevel) {
   simd::set_level(was);
   if (simd::supported(simd::Level::kAvx2) || simd::supported(simd::Level::kNeon)) {
     EXPECT_GT(compared, 0u);
+  }
+}
+
+// may_embed's test for an offset source (exact_requant.cc, offset_source_may_embed) skips
+// embed_block where levels span more than the target's range and the offset is at most 2^19
+// scales. Beyond that bound levels can round onto one value: q5_1 with scale 2^-14 and offset 2^14
+// (2^28 scales; a float step there is 32 scales) holds levels 0 and 16 as the same value 16384,
+// which q4_1 holds exactly (all levels 0), so it must still embed; at 2^19 scales (scale 2^-10,
+// offset 512: every value exact) levels 0 and 16 do not fit q4_1, and the row path must say so
+// as embed_block itself does.
+TEST(ExactRequant, AnOffsetSourceEmbedsWhereItsLevelsRoundOntoTheTargetsRange) {
+  const TypeTraits& q51 = *find_traits("q5_1");
+  const TypeTraits& q41 = *find_traits("q4_1");
+  for (const bool beyond : {true, false}) {
+    SCOPED_TRACE(beyond ? "offset 2^28 scales" : "offset 2^19 scales");
+    std::vector<std::byte> in(q51.block_bytes());
+    half::store_u16(in.data(), beyond ? 0x0400 : 0x1400);
+    half::store_u16(in.data() + 2, beyond ? 0x7400 : 0x6000);
+    int lv[32];
+    for (int i = 0; i < 32; ++i) lv[i] = i % 2 ? 16 : 0;
+    store_offset_levels(GgmlType::kQ5_1, lv, in.data());
+    float x[32];
+    q51.to_f32(in.data(), x, 32);
+    EXPECT_EQ(x[0] == x[1], beyond) << x[0] << " " << x[1];
+    for (const Search search : {Search::kNone, Search::kQuick, Search::kFull}) {
+      auto r = ExactRequantizer::make(q51, q41, 32, search);
+      ASSERT_TRUE(r.ok());
+      std::vector<std::byte> out(q41.block_bytes());
+      ASSERT_TRUE(r->convert(in, out).ok());
+      EXPECT_EQ(r->blocks_exact(), beyond ? 1u : 0u) << search_name(search);
+      float y[32];
+      q41.to_f32(out.data(), y, 32);
+      if (beyond) {
+        EXPECT_EQ(std::memcmp(x, y, sizeof x), 0) << search_name(search);
+      }
+    }
   }
 }
 
