@@ -72,25 +72,6 @@ std::string command_name(const std::string& command) {
   return "key command " + quote_text(program) + (end == std::string::npos ? "" : " (its arguments not shown)");
 }
 
-// Waits for `pid` until `deadline`; kills it (SIGKILL) when it is still running then.
-// Returns the wait status, or nullopt-like -1 when it had to be killed.
-int wait_until(pid_t pid, std::chrono::steady_clock::time_point deadline, bool* killed) {
-  int st = 0;
-  for (;;) {
-    const pid_t r = ::waitpid(pid, &st, WNOHANG);
-    if (r == pid) return st;
-    if (r < 0 && errno != EINTR) return -1;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      ::kill(pid, SIGKILL);
-      *killed = true;
-      while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-      }
-      return st;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-}
-
 }  // namespace
 
 Result<MasterKey> load_key_file(const std::string& path) {
@@ -173,7 +154,7 @@ Result<MasterKey> run_key_command(const std::string& command, const KeyCommandOp
   out.bytes.resize(got);
   bool killed = false;
   // A command that printed too much or ran out of time is stopped now, not waited for.
-  const int st = wait_until(pid, too_long || timed_out ? std::chrono::steady_clock::now() : deadline, &killed);
+  const int st = wait_child_until(pid, too_long || timed_out ? std::chrono::steady_clock::now() : deadline, &killed);
   if (too_long) {
     return Status::InvalidArgument(what + " printed more than " + std::to_string(opts.max_output) +
                                    " bytes (a key is 32 raw bytes or 64 hex digits); it was stopped");

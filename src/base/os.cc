@@ -1,11 +1,14 @@
 #include "base/os.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -185,6 +188,35 @@ int pipe_cloexec(int fds[2]) {
   }
   return 0;
 #endif
+}
+
+bool wait_readable_until(int fd, std::chrono::steady_clock::time_point deadline) {
+  for (;;) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, int(std::min<int64_t>(left.count(), 60000)));
+    if (r > 0 || (r < 0 && errno != EINTR)) return true;  // an error: the read reports it
+  }
+}
+
+int wait_child_until(pid_t pid, std::chrono::steady_clock::time_point deadline, bool* killed) {
+  *killed = false;
+  int st = 0;
+  for (;;) {
+    const pid_t r = ::waitpid(pid, &st, WNOHANG);
+    if (r == pid) return st;
+    if (r < 0 && errno != EINTR) return -1;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(pid, SIGKILL);
+      *killed = true;
+      while (::waitpid(pid, &st, 0) < 0) {
+        if (errno != EINTR) return -1;
+      }
+      return st;
+    }
+    ::usleep(5000);
+  }
 }
 
 char** process_environ() {

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -88,6 +89,14 @@ bool signal_ignored(int sig);
 // a fork + exec by another thread between the two can leak the ends into that child (they are closed
 // again when it exits; kvsnap's children are llama-server and key commands, which ignore them).
 int pipe_cloexec(int fds[2]);
+
+// Waits until fd can be read without blocking (data, end of file or an error to report) or
+// until `deadline`: true in the first case, false when the deadline came first.
+bool wait_readable_until(int fd, std::chrono::steady_clock::time_point deadline);
+
+// Waits for child `pid` until `deadline`; one still running then is sent SIGKILL and reaped
+// (*killed set). Returns its wait status, or -1 when waitpid fails (errno says why).
+int wait_child_until(pid_t pid, std::chrono::steady_clock::time_point deadline, bool* killed);
 
 // The environment to hand to posix_spawn/execve. macOS shared libraries cannot see `environ`
 // directly (_NSGetEnviron instead).

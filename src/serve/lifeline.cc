@@ -138,8 +138,10 @@ void Lifeline::stop() {
   if (pid_ <= 0 || reap_if_dead()) return;
   send(fd_, kStandDown);
   close(fd_);
-  while (waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
-  }
+  // It exits at once when told; one that cannot (stuck before it reads, as a fork under qemu-user
+  // can be) is killed rather than waited for without end.
+  bool killed = false;
+  (void)wait_child_until(pid_, std::chrono::steady_clock::now() + std::chrono::seconds(10), &killed);
   fd_ = -1;
   pid_ = 0;
 }

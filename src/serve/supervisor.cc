@@ -94,11 +94,23 @@ Result<pid_t> Supervisor::spawn() {
     fail(errno);
   }
   close(report[1]);
+  // The pipe closes at exec (or carries errno). Bounded: a child stuck before exec (its log file
+  // on a hung network mount; under qemu-user, a fork from a process with threads) would otherwise
+  // hold this thread, and stop() behind it, for ever.
+  const bool reported = wait_readable_until(
+      report[0], Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o_.exec_timeout_s)));
   int e = 0;
-  ssize_t n;
-  while ((n = read(report[0], &e, sizeof e)) < 0 && errno == EINTR) {
+  ssize_t n = -1;
+  while (reported && (n = read(report[0], &e, sizeof e)) < 0 && errno == EINTR) {
   }
   close(report[0]);
+  if (!reported) {
+    bool killed = false;
+    (void)wait_child_until(pid, Clock::now(), &killed);
+    const std::string log = o_.log_path.empty() ? "" : " (it opens its log file " + o_.log_path + " before exec)";
+    return Status::IOError("cannot start " + o_.argv[0] + ": it did not reach exec within " +
+                           std::to_string(int(o_.exec_timeout_s)) + " s" + log + "; it was killed");
+  }
   if (n > 0) {
     waitpid(pid, nullptr, 0);
     return Status::IOError("cannot start " + o_.argv[0] + ": " + std::strerror(e));

@@ -54,6 +54,9 @@ struct SupervisorOptions {
   double start_timeout_s = 300;   // loading a large model takes a while
   double stop_timeout_s = 20;
   double restart_pause_s = 1;
+  // From fork to exec: microseconds, unless the child is stuck (its log_path on a hung network
+  // mount, a FIFO nobody reads); then it is killed and start() or the restart fails, named.
+  double exec_timeout_s = 30;
   // The two guards against a child outliving a SIGKILLed kvsnap; both on by default. Turning
   // parent_death_signal off on Linux runs the lifeline alone, as on macOS (tests,
   // KVSNAP_SERVE_NO_PDEATHSIG). Systems without a parent-death signal ignore it.

@@ -297,6 +297,41 @@ TEST(Os, TakePendingSignalTakesOnlyWhatIsPending) {
 
 // A grandchild asks for SIGTERM when its parent ends; the parent then exits. The grandchild holds the
 // write end of a pipe, so its death shows here as end-of-file (it is no child of this process).
+// The two bounded waits a supervisor's spawn and its watchdog's stop use: a pipe whose writer
+// neither writes nor closes is not readable by the deadline, and is once the writer closes it; a
+// child that outlives the deadline is killed and reaped, one that exits first is only reaped.
+TEST(Os, BoundedWaitsEndAtTheirDeadline) {
+  using Clock = std::chrono::steady_clock;
+  int p[2];
+  ASSERT_EQ(pipe_cloexec(p), 0);
+  auto t0 = Clock::now();
+  EXPECT_FALSE(wait_readable_until(p[0], t0 + std::chrono::milliseconds(50)));
+  EXPECT_GE(Clock::now() - t0, std::chrono::milliseconds(50));
+  ::close(p[1]);
+  EXPECT_TRUE(wait_readable_until(p[0], Clock::now() + std::chrono::seconds(10)));  // end of file
+  ::close(p[0]);
+
+  const pid_t sleeper = ::fork();
+  ASSERT_GE(sleeper, 0);
+  if (sleeper == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  bool killed = false;
+  t0 = Clock::now();
+  int st = wait_child_until(sleeper, t0 + std::chrono::milliseconds(50), &killed);
+  EXPECT_TRUE(killed);
+  EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << st;
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(20));
+
+  const pid_t quick = ::fork();
+  ASSERT_GE(quick, 0);
+  if (quick == 0) ::_exit(7);
+  st = wait_child_until(quick, Clock::now() + std::chrono::seconds(20), &killed);
+  EXPECT_FALSE(killed);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 7) << st;
+}
+
 TEST(Os, ParentDeathSignalReachesTheOrphan) {
   if (!has_parent_death_signal()) GTEST_SKIP() << "this system has no parent death signal (macOS)";
   int fds[2], ready[2];
