@@ -14,6 +14,7 @@
 #include <thread>
 #include <random>
 
+#include "http_serving.h"
 #include "loopback.h"
 #include "store/store_location.h"
 
@@ -202,14 +203,9 @@ struct SlotsChild {
     svr.Get("/slots", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(R"([{"id": 0, "id_task": 7, "is_processing": false, "n_prompt_tokens": 5}])", "application/json");
     });
-    port = svr.bind_to_any_port("127.0.0.1");
-    thread = std::thread([this] { svr.listen_after_bind(); });
-    while (!svr.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    port = test::serve_on_free_port(svr, thread);
   }
-  ~SlotsChild() {
-    svr.stop();
-    thread.join();
-  }
+  ~SlotsChild() { test::stop_serving(svr, thread); }
 };
 
 // A review's finding: after a restart (a requantize), a restore into an empty slot runs a one-token

@@ -4,6 +4,7 @@
 #include "serve/hangup.h"
 #include "serve/proxy.h"
 #include "serve/requests.h"
+#include "http_serving.h"
 #include "loopback.h"
 
 #include <arpa/inet.h>
@@ -143,13 +144,9 @@ struct Child {
   std::thread serving;
   explicit Child(const std::function<void(httplib::Server&)>& routes) {
     routes(svr);
-    port = svr.bind_to_any_port("127.0.0.1");
-    if (port > 0) serving = std::thread([this] { svr.listen_after_bind(); });
+    port = test::serve_on_free_port(svr, serving);
   }
-  ~Child() {
-    svr.stop();
-    if (serving.joinable()) serving.join();
-  }
+  ~Child() { test::stop_serving(svr, serving); }
 };
 
 // What the client has seen so far (the child paces itself by it).
@@ -190,14 +187,9 @@ struct StreamingChild {
         return true;
       });
     });
-    port = svr.bind_to_any_port("127.0.0.1");
-    thread = std::thread([this] { svr.listen_after_bind(); });
-    while (!svr.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    port = test::serve_on_free_port(svr, thread);
   }
-  ~StreamingChild() {
-    svr.stop();
-    thread.join();
-  }
+  ~StreamingChild() { test::stop_serving(svr, thread); }
 };
 
 TEST(ServeProxy, AStreamsOnDoneRunsBeforeTheClientSeesItsLastEvent) {
@@ -340,14 +332,9 @@ struct PacedChild {
         return !cut;
       });
     });
-    port = svr.bind_to_any_port("127.0.0.1");
-    thread = std::thread([this] { svr.listen_after_bind(); });
-    while (!svr.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    port = test::serve_on_free_port(svr, thread);
   }
-  ~PacedChild() {
-    svr.stop();
-    thread.join();
-  }
+  ~PacedChild() { test::stop_serving(svr, thread); }
 };
 
 // A client that hangs up on a stream sent with an X-Conversation-Id: the child goes on generating

@@ -14,6 +14,8 @@
 #include <mutex>
 #include <thread>
 
+#include "http_serving.h"
+
 namespace kvsnap {
 namespace {
 
@@ -105,15 +107,10 @@ class ServerExchange : public ::testing::Test {
       std::this_thread::sleep_for(std::chrono::milliseconds(1500));
       res.set_content("{}", "application/json");
     });
-    port_ = server_.bind_to_any_port(host_);
+    port_ = test::serve_on_free_port(server_, thread_, host_);
     ASSERT_GT(port_, 0);
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  void TearDown() override {
-    server_.stop();
-    if (thread_.joinable()) thread_.join();
-  }
+  void TearDown() override { test::stop_serving(server_, thread_); }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/llama/"; }
   std::string auth() {
     std::lock_guard lock(mu_);
