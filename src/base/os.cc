@@ -1,10 +1,12 @@
 #include "base/os.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -217,6 +219,24 @@ int wait_child_until(pid_t pid, std::chrono::steady_clock::time_point deadline, 
     }
     ::usleep(5000);
   }
+}
+
+int raise_listen_backlog(int port, int backlog) {
+  int changed = 0;
+  const int limit = std::min(open_fd_limit(), 4096);
+  for (int fd = 0; fd < limit; ++fd) {
+    int accepting = 0;
+    socklen_t len = sizeof accepting;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0 || accepting == 0) continue;
+    sockaddr_storage a{};
+    socklen_t n = sizeof a;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0) continue;
+    int bound = -1;
+    if (a.ss_family == AF_INET) bound = ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port);
+    if (a.ss_family == AF_INET6) bound = ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port);
+    if (bound == port && ::listen(fd, backlog) == 0) ++changed;
+  }
+  return changed;
 }
 
 char** process_environ() {

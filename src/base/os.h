@@ -94,6 +94,13 @@ int pipe_cloexec(int fds[2]);
 // until `deadline`: true in the first case, false when the deadline came first.
 bool wait_readable_until(int fd, std::chrono::steady_clock::time_point deadline);
 
+// Raises the listen backlog of this process's listening TCP sockets on `port` (IPv4 or IPv6) to
+// `backlog` (the system caps it: Linux's net.core.somaxconn): listen() again on a listening
+// socket sets its backlog, on Linux and the BSDs. For a server library that listens with a small
+// fixed one (cpp-httplib 0.11.4: 5, so a burst of clients overflows it while its accept loop
+// waits for a core). Looks at descriptors below 4096. Returns how many sockets it changed.
+int raise_listen_backlog(int port, int backlog);
+
 // Waits for child `pid` until `deadline`; one still running then is sent SIGKILL and reaped
 // (*killed set). Returns its wait status, or -1 when waitpid fails (errno says why).
 int wait_child_until(pid_t pid, std::chrono::steady_clock::time_point deadline, bool* killed);

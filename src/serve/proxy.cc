@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/os.h"
 #include "base/sha256.h"
 #include "serve/bounded_pool.h"
 #include "serve/hangup.h"
@@ -36,6 +37,10 @@ bool write_id_slot(Forward& f, int slot) {
 }
 
 namespace {
+
+// The listening socket's backlog (the system caps it: net.core.somaxconn, 4096 on Debian 12):
+// clients beyond the workers and the accepted waiting ones wait there.
+constexpr int kListenBacklog = 1024;
 
 constexpr size_t kStreamTail = 64 << 10;
 // How much of a streamed answer waits for a client that does not read it: past this the child's
@@ -642,6 +647,9 @@ Status Proxy::bind() {
   if (!impl_->svr.bind_to_port(impl_->o.listen_host, impl_->o.listen_port))
     return Status::IOError("cannot listen on " + impl_->o.listen_host + ":" + std::to_string(impl_->o.listen_port) +
                            " (address in use, or not this machine's?)");
+  // httplib 0.11.4 listens with a backlog of 5: a burst of clients (20 at once in
+  // tests/oracle/serve_test.py) overflows it whenever the accept loop waits for a core.
+  (void)raise_listen_backlog(impl_->o.listen_port, kListenBacklog);
   return Status::OK();
 }
 
