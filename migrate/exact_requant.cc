@@ -419,8 +419,8 @@ class QuickBatch {
 // time; the kernel writes each one's result and says which were exact.
 class LevelBatch {
  public:
-  // decline(sb, db): writes a block the kernel declined (an offset source's, simd_kernels.h) and
-  // counts it.
+  // decline(sb, db): writes a block the kernel declined (an offset source's, or one an offset
+  // target may hold: simd_kernels.h) and counts it.
   using Decline = std::function<void(const std::byte* sb, std::byte* db)>;
   LevelBatch(GgmlType src, GgmlType dst, uint64_t& exact, uint64_t& requant, Decline decline)
       : search_(simd::find_level_search()), exact_(exact), requant_(requant), decline_(std::move(decline)) {
@@ -532,8 +532,15 @@ Result<ExactRequantizer> ExactRequantizer::make(const TypeTraits& src, const Typ
   const bool integer_source = src.id() == GgmlType::kQ8_0 || src.id() == GgmlType::kQ4_0 ||
                               src.id() == GgmlType::kQ5_0 || src.id() == GgmlType::kIQ4_NL ||
                               src.id() == GgmlType::kQ4_1 || src.id() == GgmlType::kQ5_1;
+  // Into q4_1 and q5_1 only from sources whose blocks can span more than the target's levels:
+  // the kernel leaves every block the target may hold to embed_block (simd_kernels.h), which from
+  // q4_0 (into both), q5_0 and q4_1 (into q5_1) is every block.
+  const int src_span = src.id() == GgmlType::kQ8_0 ? 255 : src.id() == GgmlType::kIQ4_NL ? 240
+                       : src.id() == GgmlType::kQ5_0 || src.id() == GgmlType::kQ5_1   ? 31
+                                                                                       : 15;
+  const bool offset_target = (dst.id() == GgmlType::kQ4_1 && src_span > 15) || (dst.id() == GgmlType::kQ5_1 && src_span > 31);
   r.level_search_ = search == Search::kQuick && integer_source &&
-                    (dst.id() == GgmlType::kQ4_0 || dst.id() == GgmlType::kQ5_0);
+                    (dst.id() == GgmlType::kQ4_0 || dst.id() == GgmlType::kQ5_0 || offset_target);
   // the row of decoded values and (kQuick's float search) of reference values: not for the paths
   // that read the source blocks themselves
   if (!r.level_search_) r.row_.resize(n_elems);
@@ -843,7 +850,8 @@ void ExactRequantizer::convert_row_from_reference(const std::byte* s, const floa
 }
 
 // kQuick from integer levels (level_search_): every block the target holds exactly is written as
-// embed_block would (the level's kernel finds them: same scale, levels in range), every other one
+// embed_block would (the level's kernel finds them: same scale, levels in range; into an offset
+// target it declines every block the target may hold, and embed_block decides), every other one
 // by the integer search; a block whose source scale is 0 or not finite (its values all zero, or
 // not finite) as convert_row_from_reference writes it without a search: embed_block, else ggml's
 // reference block.
@@ -851,7 +859,7 @@ void ExactRequantizer::convert_row_by_levels(const std::byte* s, std::byte* o) {
   const uint64_t nb = n_elems_ / kBlock;
   const size_t sbytes = src_->block_bytes(), dbytes = dst_->block_bytes();
   const bool offset = has_offset(src_->id());
-  // a declined block (an offset source's) as convert_row_from_reference writes it
+  // a declined block as convert_row_from_reference writes it
   LevelBatch batch(src_->id(), dst_->id(), exact_, requant_, [this](const std::byte* sb, std::byte* db) {
     float x[kBlock];
     src_->to_f32(sb, x, kBlock);
@@ -917,6 +925,10 @@ void source_levels(GgmlType t, const std::byte* block, int8_t* levels) {
 
 void target_block(GgmlType t, uint16_t d16, const int8_t* levels, std::byte* block) {
   (void)pack_levels(t, d16, 0, levels, block);
+}
+
+void target_offset_block(GgmlType t, uint16_t d16, uint16_t m16, const int8_t* levels, std::byte* block) {
+  (void)pack_levels(t, d16, m16, levels, block);
 }
 
 // The scalar RequantScore8Fn (the scalar level's row in simd_kernels.cc): lane by lane, eight

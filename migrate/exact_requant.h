@@ -95,8 +95,8 @@ class ExactRequantizer {
   // may_embed's test into iq4_nl: every level one of its table's
   bool table_target_ = false;
   // kQuick from a source of integer levels (q8_0, q4_0, q5_0, iq4_nl, q4_1, q5_1) into q4_0 or
-  // q5_0: the search in integers (simd_kernels.h, LevelSearchBlocks) instead of
-  // QuickSearchBlocks's floats
+  // q5_0, and into q4_1 / q5_1 from the sources whose levels can span more than the target's: the
+  // search in integers (simd_kernels.h, LevelSearchBlocks) instead of QuickSearchBlocks's floats
   bool level_search_ = false;
   // may_embed's test for a q4_0 or q5_0 source into a linear symmetric target, from the stored
   // levels the target holds: all of them (kAll: nothing to test), q5_0's 8..23 into q4_0

@@ -252,7 +252,165 @@ uint16_t offset_fit(const OffsetBlock& o, int32_t scm, int32_t sm, int32_t smm) 
   return half::f32_to_fp16(float((double(o.ds) * double(scm) + o.mc * double(sm)) / double(smm)));
 }
 
+TargetBlock target_block_steps(GgmlType src, GgmlType dst, const std::byte* block) {
+  TargetBlock o;
+  const bool offset_src = src == GgmlType::kQ4_1 || src == GgmlType::kQ5_1;
+  o.top = dst == GgmlType::kQ5_1 ? 31 : 15;
+  o.ht = (o.top + 1) / 2;
+  const int f_src = src == GgmlType::kQ4_0 || src == GgmlType::kQ4_1 ? 11
+                    : src == GgmlType::kQ5_0 || src == GgmlType::kQ5_1 ? 10
+                                                                        : 7;  // 8-bit levels: c << 8 fits
+  o.shift = std::min(f_src, o.top == 15 ? 11 : 10);
+  o.ds = half::fp16_to_f32(half::load_u16(block));
+  const float ms = offset_src ? half::fp16_to_f32(half::load_u16(block + 2)) : 0.0f;
+  // ExactRequantizer::may_embed's test, negated: only blocks that no offset at the source's scale
+  // can hold are searched here (an offset beyond 2^19 scales can round levels together).
+  if (offset_src && !(std::fabs(ms) <= 524288.0f * std::fabs(o.ds))) return o;  // kDeclined
+  int8_t n[kBlock];
+  source_levels(src, block, n);
+  int nmin = n[0], nmax = n[0];
+  for (int i = 1; i < kBlock; ++i) {
+    nmin = std::min(nmin, int(n[i]));
+    nmax = std::max(nmax, int(n[i]));
+  }
+  if (nmax - nmin <= o.top) return o;  // kDeclined
+  const int hs = offset_src ? (src == GgmlType::kQ4_1 ? 8 : 16) : 0;
+  o.centre = ms + float(hs) * o.ds;
+  o.dsd = o.ds;
+  o.mc = double(ms) + double(hs) * o.dsd;
+  for (int i = 0; i < kBlock; ++i) {
+    o.c[i] = int8_t(n[i] - hs);
+    o.scc += o.c[i] * o.c[i];
+    o.sc += o.c[i];
+  }
+  // ggml's reference block (quantize_row_q4_1_ref / q5_1_ref) of the values as to_f32 gives
+  // them (float(n) ds, + ms for an offset source): monotone in n, so the smallest and largest
+  // are the values of nmin and nmax, and they differ (levels more than T apart).
+  auto value = [&](int l) { return offset_src ? float(l) * o.ds + ms : float(l) * o.ds; };
+  const float x_lo = value(nmin), x_hi = value(nmax);
+  const float min = x_lo < x_hi ? x_lo : x_hi, max = x_lo < x_hi ? x_hi : x_lo;
+  const float d = (max - min) / float(o.top);
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  o.d16 = half::f32_to_fp16(d);
+  o.m16 = half::f32_to_fp16(min);
+  for (int i = 0; i < kBlock; ++i) {
+    const int l = int((value(n[i]) - min) * id + 0.5f);  // >= 0: ggml's (int8_t) and (uint8_t) casts
+    const int level = o.top == 15 ? std::min(l, 15) : l & 31;  // q5_1_ref keeps the low 5 bits
+    o.levels[i] = int8_t(level);
+    const int32_t t = level - o.ht;
+    o.ref_sct += o.c[i] * t;
+    o.ref_st += t;
+    o.ref_stt += t * t;
+  }
+  const float d_ref = half::fp16_to_f32(o.d16), m_ref = half::fp16_to_f32(o.m16);
+  o.ref_err = target_error(o, d_ref, m_ref, o.ref_sct, o.ref_st, o.ref_stt);
+  const bool search = o.ref_err > 0 && std::isfinite(o.ref_err) && std::fabs(d_ref) > 0 && std::isfinite(d_ref) &&
+                      std::isfinite(m_ref);
+  o.kind = search ? TargetBlock::Kind::kSearch : TargetBlock::Kind::kReference;
+  return o;
+}
+
+// E = (A - (s + s)) + (D D) Stt, u = (mc - M) - H D, s = (ds D) Sct + (u D) St, A = ((ds ds) Scc
+// + (w + w)) + (u u) 32, w = (ds u) Sc: the exact values c ds + mc against t' D + M + H D.
+double target_error(const TargetBlock& o, float d, float m, int32_t sct, int32_t st, int32_t stt) {
+  const double dd = d;
+  const double u = (o.mc - double(m)) - double(o.ht) * dd;
+  const double w = (o.dsd * u) * double(o.sc);
+  const double a = ((o.dsd * o.dsd) * double(o.scc) + (w + w)) + (u * u) * 32.0;
+  const double sum = (o.dsd * dd) * double(sct) + (u * dd) * double(st);
+  return (a - (sum + sum)) + (dd * dd) * double(stt);
+}
+
+bool target_terms(const TargetBlock& o, float d, float m, int32_t& b, int32_t& c) {
+  if (!(std::fabs(d) > 0) || !std::isfinite(d) || !std::isfinite(m)) return false;
+  const float bq = std::nearbyint(o.ds / d * 16384.0f);
+  if (!(std::fabs(bq) <= 32767.0f)) return false;  // also NaN
+  b = int32_t(bq);
+  const float v = ((o.centre - m) / d - float(o.ht)) * float(1 << o.shift);
+  const float vc = std::fmin(std::fmax(v, -65536.0f), 65536.0f);
+  c = std::min(std::max(int32_t(std::nearbyint(vc)) + (1 << (o.shift - 1)), -32768), 32767);
+  return true;
+}
+
+// pmulhrsw of c << (F + 1) by b, a saturating add of cc, an arithmetic shift by F, the clamps to
+// [-H, T - H].
+int32_t target_level(const TargetBlock& o, int32_t c, int32_t b, int32_t cc) {
+  const int32_t p = (c * (1 << (o.shift + 1)) * b + (1 << 14)) >> 15;
+  const int32_t s = std::min(std::max(p + cc, -32768), 32767);
+  return std::min(std::max(s >> o.shift, -o.ht), o.top - o.ht);
+}
+
+// The line through the values c ds + mc against t' D + M' (double), then M = M' - H D.
+bool target_fit(const TargetBlock& o, int32_t sct, int32_t st, int32_t stt, uint16_t& d16, uint16_t& m16) {
+  const double det = 32.0 * double(stt) - double(st) * double(st);
+  if (det == 0) return false;
+  const double sx = o.dsd * double(o.sc) + 32.0 * o.mc;
+  const double sxt = o.dsd * double(sct) + o.mc * double(st);
+  const double dfit = (32.0 * sxt - double(st) * sx) / det;
+  const double mfit = (sx - dfit * double(st)) / 32.0 - double(o.ht) * dfit;
+  d16 = half::f32_to_fp16(float(dfit));
+  m16 = half::f32_to_fp16(float(mfit));
+  return true;
+}
+
+OffsetTargetResult offset_target_block(GgmlType src, GgmlType dst, const std::byte* block) {
+  const TargetBlock o = target_block_steps(src, dst, block);
+  OffsetTargetResult r;
+  if (o.kind == TargetBlock::Kind::kDeclined) return r;
+  r.declined = false;
+  r.d16 = o.d16;
+  r.m16 = o.m16;
+  std::memcpy(r.levels, o.levels, kBlock);
+  if (o.kind != TargetBlock::Kind::kSearch) return r;
+  struct {
+    bool reference = true;
+    uint16_t d16 = 0, m16 = 0;
+    int32_t b = 0, c = 0, sct = 0, st = 0, stt = 0;
+    double err = 0;
+  } best;
+  best.sct = o.ref_sct;
+  best.st = o.ref_st;
+  best.stt = o.ref_stt;
+  best.err = o.ref_err;
+  auto consider = [&](uint16_t d16, uint16_t m16) {
+    const float dc = half::fp16_to_f32(d16), mc = half::fp16_to_f32(m16);
+    int32_t b, cc;
+    if (!target_terms(o, dc, mc, b, cc)) return;
+    int32_t sct = 0, st = 0, stt = 0;
+    for (int i = 0; i < kBlock; ++i) {
+      const int32_t l = target_level(o, o.c[i], b, cc);
+      sct += o.c[i] * l;
+      st += l;
+      stt += l * l;
+    }
+    const double e = target_error(o, dc, mc, sct, st, stt);
+    if (!(e < best.err)) return;
+    best = {false, d16, m16, b, cc, sct, st, stt, e};
+  };
+  for (float f : kQuickFactors) consider(half::f32_to_fp16(half::fp16_to_f32(o.d16) * f), o.m16);
+  uint16_t fd16, fm16;
+  if (target_fit(o, best.sct, best.st, best.stt, fd16, fm16)) consider(fd16, fm16);
+  if (best.reference) return r;
+  r.d16 = best.d16;
+  r.m16 = best.m16;
+  for (int i = 0; i < kBlock; ++i) r.levels[i] = int8_t(target_level(o, o.c[i], best.b, best.c) + o.ht);
+  return r;
+}
+
 void level_search_ref(LevelSearchBlocks& b) {
+  if (b.dst_type == GgmlType::kQ4_1 || b.dst_type == GgmlType::kQ5_1) {
+    b.embedded = 0;
+    b.declined = 0;
+    for (int k = 0; k < b.n; ++k) {
+      const OffsetTargetResult r = offset_target_block(b.src_type, b.dst_type, b.src[k]);
+      if (r.declined) {
+        b.declined |= 1u << k;
+        continue;
+      }
+      target_offset_block(b.dst_type, r.d16, r.m16, r.levels, b.dst[k]);
+    }
+    return;
+  }
   const int lo = b.dst_type == GgmlType::kQ5_0 ? -16 : -8, hi = -lo - 1;
   const bool offset = b.src_type == GgmlType::kQ4_1 || b.src_type == GgmlType::kQ5_1;
   b.embedded = 0;

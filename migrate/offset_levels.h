@@ -42,4 +42,45 @@ double offset_error(const OffsetBlock& o, float d, int32_t scm, int32_t sm, int3
 // The least-squares scale of the best's levels (the f16 to try), given Smm != 0.
 uint16_t offset_fit(const OffsetBlock& o, int32_t scm, int32_t sm, int32_t smm);
 
+// A block into an offset target (q4_1, q5_1: value t d + m, t in 0..T) from a source of integer
+// levels, as the integer quick search sees it (simd_kernels.h, LevelSearchBlocks, "An offset
+// target"): the steps level_search_ref and the NEON kernel share. Candidates' levels are centred,
+// t' = t - H; sums are over c and t'.
+struct TargetBlock {
+  enum class Kind {
+    kDeclined,   // the target may hold it at the source's scale: the caller's (embed_block)
+    kReference,  // ggml's reference block stands (its error is 0 or not finite): d16, m16, levels
+    kSearch,     // the candidates are scored against the reference block
+  };
+  Kind kind = Kind::kDeclined;
+  uint16_t d16 = 0, m16 = 0;  // the reference block
+  int8_t levels[32] = {};     // its levels, 0..T
+  int8_t c[32] = {};          // the centred source levels n - hs
+  int top = 15, ht = 8;       // the target's T and H = (T + 1) / 2
+  int shift = 11;             // F
+  float ds = 0, centre = 0;   // centre = ms + float(hs) ds (float)
+  double dsd = 0, mc = 0;     // ds and ms + hs ds, exact
+  int32_t scc = 0, sc = 0;
+  int32_t ref_sct = 0, ref_st = 0, ref_stt = 0;
+  double ref_err = 0;
+};
+TargetBlock target_block_steps(GgmlType src, GgmlType dst, const std::byte* block);
+// A candidate (D, M)'s multiplier B and offset C; false where the search skips it.
+bool target_terms(const TargetBlock& o, float d, float m, int32_t& b, int32_t& c);
+// The centred target level of centred source level c for terms b, cc.
+int32_t target_level(const TargetBlock& o, int32_t c, int32_t b, int32_t cc);
+// A candidate's error from its sums.
+double target_error(const TargetBlock& o, float d, float m, int32_t sct, int32_t st, int32_t stt);
+// The least-squares scale and offset of the best's levels (the f16s to try); false where the
+// levels leave them undetermined (32 Stt = St^2).
+bool target_fit(const TargetBlock& o, int32_t sct, int32_t st, int32_t stt, uint16_t& d16, uint16_t& m16);
+
+// The whole search of one block, scalar.
+struct OffsetTargetResult {
+  bool declined = true;  // the block may embed: the caller's (the float path's embed_block)
+  uint16_t d16 = 0, m16 = 0;
+  int8_t levels[32] = {};  // 0..T
+};
+OffsetTargetResult offset_target_block(GgmlType src, GgmlType dst, const std::byte* block);
+
 }  // namespace kvsnap::simd

@@ -186,14 +186,40 @@ QuickSearchFn find_quick_search_reference();
 //     is skipped unless it is finite and nonzero and |B| <= 32767;
 //   - the candidates, their order and when the reference block stands as above; the fit is the
 //     f16 of float((ds Scm + mc Sm) / Smm) (double) with the best's sums, if Smm != 0.
+//
+// An offset target (q4_1, q5_1: value t D + M, t in 0..T, T = 15 or 31, H = (T + 1) / 2), from any
+// of those sources (c = n - hs: hs = 8 or 16 for q4_1 / q5_1, else 0; value c ds + mc, mc = ms + hs
+// ds, ms = 0 for a symmetric source), block by block as offset_target_block (level_search.cc) does
+// it; no block is embedded:
+//   - declined (bit k of `declined`, dst[k] not written: the caller's embed_block, then its float
+//     search) where the target may hold the block: its levels at most T apart, or (an offset
+//     source) |ms| > 2^19 |ds| (ExactRequantizer::may_embed's two tests);
+//   - the reference block is ggml's quantize_row_q4_1_ref / q5_1_ref of the values as to_f32 gives
+//     them (float(n) ds, + ms): min and max are the values of the smallest and largest level, d =
+//     (max - min) / T, id = d ? 1 / d : 0, level min(T, trunc((x - min) id + 0.5)) (q5_1: the low 5
+//     bits, as its uint8_t packing keeps), D the f16 of d, M the f16 of min;
+//   - a candidate (D, M, centred levels t' = t - H) has the error of the exact values, in double:
+//     u = (mc - M) - H D, w = (ds u) Sc, A = ((ds ds) Scc + (w + w)) + (u u) 32, s = (ds D) Sct +
+//     (u D) St, E = (A - (s + s)) + (D D) Stt (sums over c and t');
+//   - a candidate's levels, with F = the smaller of the source's (11 for q4_0 / q4_1, 10 for q5_0 /
+//     q5_1, 7 for q8_0 / iq4_nl) and the target's (11, 10): B = nearbyint((ds / D) 2^14), v =
+//     (((centre - M) / D) - H) 2^F (float; centre = ms + float(hs) ds) clamped to [-65536, 65536],
+//     C = nearbyint(v) + 2^(F - 1) clamped to [-32768, 32767]; t' = min(max(sat16(((c 2^(F + 1)) B
+//     + 2^14) >> 15) + C) >> F, -H), T - H); skipped unless D is finite and nonzero, M finite and
+//     |B| <= 32767;
+//   - the search runs unless the reference's E is not finite or not > 0, or its D not finite and
+//     nonzero, or its M not finite; the candidates: (the f16 of D_ref f, M_ref) for f in
+//     kQuickFactors, then the least-squares line through the best's levels, det = 32 Stt - St^2
+//     (if != 0), Sx = ds Sc + 32 mc, Sxt = ds Sct + mc St, D = (32 Sxt - St Sx) / det, M = (Sx - D
+//     St) / 32 - H D (double), each the f16 of its float; each kept when its E is below the best's.
 struct LevelSearchBlocks {
   int n = 0;  // blocks, 1..8
   GgmlType src_type = GgmlType::kQ8_0;  // q8_0, q4_0, q5_0, iq4_nl, q4_1 or q5_1
-  GgmlType dst_type = GgmlType::kQ4_0;  // q4_0 or q5_0
+  GgmlType dst_type = GgmlType::kQ4_0;  // q4_0, q5_0, q4_1 or q5_1
   const std::byte* src[8] = {};         // the source blocks (their levels n: source_levels)
   std::byte* dst[8] = {};
   uint32_t embedded = 0;
-  uint32_t declined = 0;  // offset sources only: the blocks not written
+  uint32_t declined = 0;  // offset sources and offset targets: the blocks not written
 };
 using LevelSearchFn = void (*)(LevelSearchBlocks& b);
 // A q8_0, q4_0, q5_0 or iq4_nl block's 32 levels (iq4_nl: its table values; q4_1 and q5_1: the
@@ -201,6 +227,8 @@ using LevelSearchFn = void (*)(LevelSearchBlocks& b);
 // d16 and levels q (which fit) packed (migrate/exact_requant.cc).
 void source_levels(GgmlType t, const std::byte* block, int8_t* levels);
 void target_block(GgmlType t, uint16_t d16, const int8_t* levels, std::byte* block);
+// A q4_1 or q5_1 block of scale d16, offset m16 and levels 0..T packed.
+void target_offset_block(GgmlType t, uint16_t d16, uint16_t m16, const int8_t* levels, std::byte* block);
 // The kernel at the current level or the nearest level below it (the scalar level's is
 // level_search_ref, migrate/level_search.cc).
 LevelSearchFn find_level_search();

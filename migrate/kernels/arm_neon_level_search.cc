@@ -229,9 +229,125 @@ void offset_search_neon(LevelSearchBlocks& q) {
   }
 }
 
+// An offset target (q4_1, q5_1): each block's constants, reference block and declining are
+// TargetBlock's (offset_levels.h, the scalar search's own steps), and so are each candidate's
+// terms, error, fit and choice, lane by lane; the candidates' centred levels and sums, 32 values x
+// 8 blocks, are the vector part: SQRDMULH of c << (F + 1) by B, a saturating add of C, an
+// arithmetic shift by F, the clamps to [-H, T - H], and sum c t', sum t' (one product with w =
+// 1024 c + 1 where |c| <= 16, two for 8-bit sources) and sum t' t'.
+template <bool kWide>
+void target_search_neon(LevelSearchBlocks& q) {
+  TargetBlock ob[8];
+  int16_t ta[kBlock][8], tw[kBlock][8];
+  for (int k = 0; k < 8; ++k) {  // lanes past q.n repeat block 0 and are never written
+    ob[k] = target_block_steps(q.src_type, q.dst_type, q.src[k < q.n ? k : 0]);
+    for (int i = 0; i < kBlock; ++i) {
+      ta[i][k] = int16_t(ob[k].c[i] * (1 << (ob[k].shift + 1)));
+      tw[i][k] = kWide ? int16_t(ob[k].c[i]) : int16_t(ob[k].c[i] * 1024 + 1);
+    }
+  }
+  const int shift = ob[0].shift, ht = ob[0].ht, top = ob[0].top;  // the same for every block of a pair
+  int16x8_t a[kBlock], w[kBlock];
+  for (int i = 0; i < kBlock; ++i) {
+    a[i] = vld1q_s16(ta[i]);
+    w[i] = vld1q_s16(tw[i]);
+  }
+  const int16x8_t vlo = vdupq_n_s16(int16_t(-ht)), vhi = vdupq_n_s16(int16_t(top - ht));
+  const int16x8_t vshift = vdupq_n_s16(int16_t(-shift));  // VSHL by a negative count: an arithmetic right shift
+  const int16x8_t one = vdupq_n_s16(1);
+  struct LaneBest {
+    bool reference = true;
+    uint16_t d16 = 0, m16 = 0;
+    int32_t b = 0, c = 0, sct = 0, st = 0, stt = 0;
+    double err = 0;
+  } best[8];
+  bool any = false;
+  for (int k = 0; k < 8; ++k) {
+    best[k].sct = ob[k].ref_sct;
+    best[k].st = ob[k].ref_st;
+    best[k].stt = ob[k].ref_stt;
+    best[k].err = ob[k].ref_err;
+    any = any || ob[k].kind == TargetBlock::Kind::kSearch;
+  }
+  // Scores (d16[k], m16[k]) in every lane k where `on` (the search's and not skipped).
+  auto score = [&](const uint16_t* d16, const uint16_t* m16, const bool* try_lane) {
+    int16_t bb[8], cc[8];
+    bool on[8], some = false;
+    for (int k = 0; k < 8; ++k) {
+      int32_t b = 0, c = 0;
+      on[k] = try_lane[k] && ob[k].kind == TargetBlock::Kind::kSearch &&
+              target_terms(ob[k], half::fp16_to_f32(d16[k]), half::fp16_to_f32(m16[k]), b, c);
+      bb[k] = on[k] ? int16_t(b) : 0;
+      cc[k] = on[k] ? int16_t(c) : 0;
+      some = some || on[k];
+    }
+    if (!some) return;
+    const int16x8_t b = vld1q_s16(bb), c = vld1q_s16(cc);
+    Halves ct{vdupq_n_s32(0), vdupq_n_s32(0)}, st = ct, tt = ct;
+    for (int i = 0; i < kBlock; ++i) {
+      const int16x8_t t = vminq_s16(vmaxq_s16(vshlq_s16(vqaddq_s16(vqrdmulhq_s16(a[i], b), c), vshift), vlo), vhi);
+      ct = add_products(ct, w[i], t);
+      if (kWide) st = add_products(st, one, t);
+      tt = add_products(tt, t, t);
+    }
+    int32_t tc[8], ts[8], t2[8];
+    vst1q_s32(tc, ct.lo);
+    vst1q_s32(tc + 4, ct.hi);
+    vst1q_s32(ts, st.lo);
+    vst1q_s32(ts + 4, st.hi);
+    vst1q_s32(t2, tt.lo);
+    vst1q_s32(t2 + 4, tt.hi);
+    for (int k = 0; k < 8; ++k) {
+      if (!on[k]) continue;
+      int32_t sct = tc[k], sum_t = ts[k];
+      if (!kWide) {
+        sum_t = int32_t(uint32_t(tc[k]) << 22) >> 22;  // the low 10 bits, sign-extended
+        sct = (tc[k] - sum_t) >> 10;
+      }
+      const double e = target_error(ob[k], half::fp16_to_f32(d16[k]), half::fp16_to_f32(m16[k]), sct, sum_t, t2[k]);
+      if (e < best[k].err) best[k] = {false, d16[k], m16[k], bb[k], cc[k], sct, sum_t, t2[k], e};
+    }
+  };
+  if (any) {
+    uint16_t d16[8], m16[8];
+    bool all[8];
+    for (float f : kQuickFactors) {
+      for (int k = 0; k < 8; ++k) {
+        d16[k] = half::f32_to_fp16(half::fp16_to_f32(ob[k].d16) * f);
+        m16[k] = ob[k].m16;
+        all[k] = true;
+      }
+      score(d16, m16, all);
+    }
+    bool fit[8];
+    for (int k = 0; k < 8; ++k) fit[k] = target_fit(ob[k], best[k].sct, best[k].st, best[k].stt, d16[k], m16[k]);
+    score(d16, m16, fit);
+  }
+  q.embedded = 0;
+  q.declined = 0;
+  for (int k = 0; k < q.n; ++k) {
+    const TargetBlock& o = ob[k];
+    if (o.kind == TargetBlock::Kind::kDeclined) {
+      q.declined |= 1u << k;
+      continue;
+    }
+    if (o.kind != TargetBlock::Kind::kSearch || best[k].reference) {
+      target_offset_block(q.dst_type, o.d16, o.m16, o.levels, q.dst[k]);
+      continue;
+    }
+    int8_t levels[kBlock];
+    for (int i = 0; i < kBlock; ++i) levels[i] = int8_t(target_level(o, o.c[i], best[k].b, best[k].c) + o.ht);
+    target_offset_block(q.dst_type, best[k].d16, best[k].m16, levels, q.dst[k]);
+  }
+}
+
 }  // namespace
 
 void level_search_neon(LevelSearchBlocks& q) {
+  if (q.dst_type == GgmlType::kQ4_1 || q.dst_type == GgmlType::kQ5_1) {
+    if (q.src_type == GgmlType::kQ8_0 || q.src_type == GgmlType::kIQ4_NL) return target_search_neon<true>(q);
+    return target_search_neon<false>(q);
+  }
   if (q.src_type == GgmlType::kQ4_1) return offset_search_neon<11>(q);
   if (q.src_type == GgmlType::kQ5_1) return offset_search_neon<10>(q);
   const int lo = q.dst_type == GgmlType::kQ5_0 ? -16 : -8, hi = -lo - 1;

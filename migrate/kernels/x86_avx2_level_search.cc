@@ -618,7 +618,314 @@ KV_AVX2_INLINE void level_search_offset_lanes(LevelSearchBlocks& q) {
   }
 }
 
+// An offset target (q4_1, q5_1; simd_kernels.h, "An offset target"): the centred source levels c
+// as int16 pairs in the lanes, as above; a candidate (D, M)'s centred target levels t' = t - H are
+// pmulhrsw of a = c << (F + 1) by B, a saturating add of C, a shift by F and the clamps to [-H, T
+// - H]. Its sums: Sct and St from one pmaddwd of w = 1024 c + 1 where |c| <= 16, from two
+// (c t', 1 t') for 8-bit sources (q8_0, iq4_nl); Stt from t' t'. Each block's constants, errors
+// and fit are lanes of float and double vectors whose operations are level_search.cc's
+// (offset_target_block), lane by lane.
+template <int kShift, int kHt, int kTop>
+KV_AVX2_INLINE __m256i target_levels_of(__m256i a, __m256i b, __m256i c) {
+  const __m256i t = _mm256_srai_epi16(_mm256_adds_epi16(_mm256_mulhrs_epi16(a, b), c), kShift);
+  return _mm256_min_epi16(_mm256_max_epi16(t, _mm256_set1_epi16(-kHt)), _mm256_set1_epi16(kTop - kHt));
+}
+
+struct TargetSums {
+  __m256i sct, st, stt;
+};
+
+template <int kShift, int kHt, int kTop, bool kWide>
+KV_AVX2_INLINE TargetSums target_sums_of(const __m256i* v, const __m256i* a, const __m256i* w, __m256i b, __m256i c) {
+  const __m256i one16 = _mm256_set1_epi16(1);
+  __m256i ct[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  __m256i st[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  __m256i tt[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 16
+  for (int j = 0; j < kPairs; ++j) {
+    const __m256i t = target_levels_of<kShift, kHt, kTop>(a[j], b, c);
+    if constexpr (kWide) {
+      ct[j & 1] = _mm256_add_epi32(ct[j & 1], _mm256_madd_epi16(v[j], t));
+      st[j & 1] = _mm256_add_epi32(st[j & 1], _mm256_madd_epi16(one16, t));
+    } else {
+      ct[j & 1] = _mm256_add_epi32(ct[j & 1], _mm256_madd_epi16(w[j], t));
+    }
+    tt[j & 1] = _mm256_add_epi32(tt[j & 1], _mm256_madd_epi16(t, t));
+  }
+  const __m256i stt = _mm256_add_epi32(tt[0], tt[1]);
+  if constexpr (kWide) return {_mm256_add_epi32(ct[0], ct[1]), _mm256_add_epi32(st[0], st[1]), stt};
+  const OffsetSums s = split_sums(_mm256_add_epi32(ct[0], ct[1]), stt);
+  return {s.scm, s.sm, stt};
+}
+
+// What a block's errors share (double, 4 lanes a half): ds, mc = ms + hs ds, Scc, Sc.
+struct TargetShared {
+  __m256d ds[2], mc[2], scc[2], sc[2];
+};
+
+// E = (A - (s + s)) + (D D) Stt, u = (mc - M) - H D, w = (ds u) Sc, A = ((ds ds) Scc + (w + w)) +
+// (u u) 32, s = (ds D) Sct + (u D) St, for 4 lanes (level_search.cc, target_error).
+KV_AVX2_INLINE __m256d target_error4(const TargetShared& sh, int h, double ht, __m128 d, __m128 m, const TargetSums& t) {
+  const __m256d dd = _mm256_cvtps_pd(d);
+  const __m256d u = _mm256_sub_pd(_mm256_sub_pd(sh.mc[h], _mm256_cvtps_pd(m)), _mm256_mul_pd(_mm256_set1_pd(ht), dd));
+  const __m256d w = _mm256_mul_pd(_mm256_mul_pd(sh.ds[h], u), sh.sc[h]);
+  const __m256d a = _mm256_add_pd(_mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(sh.ds[h], sh.ds[h]), sh.scc[h]), _mm256_add_pd(w, w)),
+                                  _mm256_mul_pd(_mm256_mul_pd(u, u), _mm256_set1_pd(32.0)));
+  const __m256d sum = _mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(sh.ds[h], dd), _mm256_cvtepi32_pd(half_i(t.sct, h))),
+                                    _mm256_mul_pd(_mm256_mul_pd(u, dd), _mm256_cvtepi32_pd(half_i(t.st, h))));
+  return _mm256_add_pd(_mm256_sub_pd(a, _mm256_add_pd(sum, sum)),
+                       _mm256_mul_pd(_mm256_mul_pd(dd, dd), _mm256_cvtepi32_pd(half_i(t.stt, h))));
+}
+
+KV_AVX2_INLINE Error8 target_error8(const TargetShared& sh, double ht, __m256 d, __m256 m, const TargetSums& t) {
+  return {target_error4(sh, 0, ht, half_f(d, 0), half_f(m, 0), t), target_error4(sh, 1, ht, half_f(d, 1), half_f(m, 1), t)};
+}
+
+struct TargetBest {
+  Error8 err;
+  __m256i d16, m16, b, c;  // f16 bits in the low half of d16, m16; b, c in both halves
+  TargetSums sums;
+  __m256 reference;
+};
+
+struct TargetBlock8 {
+  const __m256i* v;
+  const __m256i* a;
+  const __m256i* w;
+  __m256 ds, centre;  // centre = ms + float(hs) ds
+  TargetShared shared;
+  __m256 invalid;
+};
+
+template <int kShift, int kHt, int kTop, bool kWide>
+KV_AVX2_INLINE void consider_target(const TargetBlock8& k, __m128i d16, __m128i m16, __m256 skip, TargetBest& best) {
+  const __m256 dc = _mm256_cvtph_ps(d16), mc = _mm256_cvtph_ps(m16);
+  const __m256i bq = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_div_ps(k.ds, dc), _mm256_set1_ps(16384.0f)));
+  const __m256i in_range = _mm256_cmpeq_epi32(
+      bq, _mm256_min_epi32(_mm256_max_epi32(bq, _mm256_set1_epi32(-32767)), _mm256_set1_epi32(32767)));
+  const __m256 ones = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  const __m256 m_finite = _mm256_cmp_ps(abs8(mc), _mm256_set1_ps(std::numeric_limits<float>::infinity()), _CMP_LT_OQ);
+  const __m256 off = _mm256_or_ps(_mm256_or_ps(skip, k.invalid),
+                                  _mm256_or_ps(_mm256_xor_ps(_mm256_castsi256_ps(in_range), ones),
+                                               _mm256_xor_ps(_mm256_and_ps(finite_nonzero(dc), m_finite), ones)));
+  if (_mm256_movemask_ps(off) == 0xff) return;
+  const __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_div_ps(_mm256_sub_ps(k.centre, mc), dc), _mm256_set1_ps(float(kHt))),
+                                 _mm256_set1_ps(float(1 << kShift)));
+  const __m256 vc = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-65536.0f)), _mm256_set1_ps(65536.0f));
+  const __m256i c32 = _mm256_min_epi32(
+      _mm256_max_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(vc), _mm256_set1_epi32(1 << (kShift - 1))), _mm256_set1_epi32(-32768)),
+      _mm256_set1_epi32(32767));
+  const __m256 d = _mm256_or_ps(dc, off);  // NaN where off: its error is NaN, never below the best
+  const __m256i b = _mm256_andnot_si256(_mm256_castps_si256(off), both_halves(bq));
+  const __m256i c = _mm256_andnot_si256(_mm256_castps_si256(off), both_halves(c32));
+  const TargetSums s = target_sums_of<kShift, kHt, kTop, kWide>(k.v, k.a, k.w, b, c);
+  const __m256i bi = keep_below(best.err, target_error8(k.shared, double(kHt), d, mc, s));
+  best.d16 = _mm256_blendv_epi8(best.d16, _mm256_cvtepu16_epi32(d16), bi);
+  best.m16 = _mm256_blendv_epi8(best.m16, _mm256_cvtepu16_epi32(m16), bi);
+  best.b = _mm256_blendv_epi8(best.b, b, bi);
+  best.c = _mm256_blendv_epi8(best.c, c, bi);
+  best.sums.sct = _mm256_blendv_epi8(best.sums.sct, s.sct, bi);
+  best.sums.st = _mm256_blendv_epi8(best.sums.st, s.st, bi);
+  best.sums.stt = _mm256_blendv_epi8(best.sums.stt, s.stt, bi);
+  best.reference = _mm256_andnot_ps(_mm256_castsi256_ps(bi), best.reference);
+}
+
+// Writes a q4_1 (kTop 15) or q5_1 block of scale d16, offset m16 and levels lo16 (values 0..15 as
+// int16, 0..T) and hi16 (16..31), as pack_levels does.
+template <int kTop>
+KV_AVX2_INLINE void pack_offset_block(__m256i lo16, __m256i hi16, uint16_t d16, uint16_t m16, std::byte* out) {
+  std::memcpy(out, &d16, 2);
+  std::memcpy(out + 2, &m16, 2);
+  const __m256i low4 = _mm256_set1_epi16(0x0f);
+  const __m256i both = _mm256_or_si256(_mm256_and_si256(lo16, low4), _mm256_slli_epi16(_mm256_and_si256(hi16, low4), 4));
+  const __m128i qs = _mm_packus_epi16(_mm256_castsi256_si128(both), _mm256_extracti128_si256(both, 1));
+  if constexpr (kTop == 15) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4), qs);
+  } else {
+    const __m256i bytes = _mm256_permute4x64_epi64(_mm256_packus_epi16(lo16, hi16), 0xd8);
+    const uint32_t qh = uint32_t(_mm256_movemask_epi8(_mm256_slli_epi16(bytes, 3)));
+    std::memcpy(out + 4, &qh, 4);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8), qs);
+  }
+}
+
+// A source value as to_f32 gives it: float(n) ds (+ ms for an offset source).
+template <bool kOffsetSrc>
+KV_AVX2_INLINE __m256 source_value(__m256 n, __m256 ds, __m256 ms) {
+  const __m256 x = _mm256_mul_ps(n, ds);
+  if constexpr (kOffsetSrc) return _mm256_add_ps(x, ms);
+  return x;
+}
+
+template <GgmlType T, int kTop>
+KV_AVX2_INLINE void level_search_offset_target_lanes(LevelSearchBlocks& q) {
+  constexpr bool kOffsetSrc = T == GgmlType::kQ4_1 || T == GgmlType::kQ5_1;
+  constexpr int kHs = T == GgmlType::kQ4_1 ? 8 : T == GgmlType::kQ5_1 ? 16 : 0;
+  constexpr int kFsrc = T == GgmlType::kQ4_0 || T == GgmlType::kQ4_1 ? 11 : T == GgmlType::kQ5_0 || T == GgmlType::kQ5_1 ? 10 : 7;
+  constexpr int kShift = kFsrc < (kTop == 15 ? 11 : 10) ? kFsrc : (kTop == 15 ? 11 : 10);
+  constexpr int kHt = (kTop + 1) / 2;
+  constexpr bool kWide = kFsrc == 7;  // 8-bit levels: w = 1024 c + 1 would not fit int16
+  __m256i v[kPairs];  // the centred levels c
+  load_pairs<T>(q, v);
+  alignas(16) uint16_t ds16[8], ms16[8] = {};
+  for (int k = 0; k < 8; ++k) {
+    std::memcpy(&ds16[k], q.src[k < q.n ? k : 0], 2);
+    if (kOffsetSrc) std::memcpy(&ms16[k], q.src[k < q.n ? k : 0] + 2, 2);
+  }
+  const __m256 ds = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(ds16)));
+  const __m256 ms = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(ms16)));
+  const __m256 ones = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  TargetBlock8 blk;
+  blk.ds = ds;
+  blk.centre = _mm256_add_ps(ms, _mm256_mul_ps(_mm256_set1_ps(float(kHs)), ds));
+
+  // Declined: levels at most T apart, or (an offset source) an offset beyond 2^19 scales.
+  __m256i vmin, vmax;
+  level_range(v, vmin, vmax);
+  const __m256i hs32 = _mm256_set1_epi32(kHs);
+  const __m256i nmax = _mm256_add_epi32(halves_max(vmax), hs32);
+  const __m256i nmin = _mm256_add_epi32(halves_min(vmin), hs32);
+  __m256 declined = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(kTop + 1), _mm256_sub_epi32(nmax, nmin)));
+  if constexpr (kOffsetSrc) {
+    const __m256 within = _mm256_cmp_ps(abs8(ms), _mm256_mul_ps(_mm256_set1_ps(524288.0f), abs8(ds)), _CMP_LE_OQ);
+    declined = _mm256_or_ps(declined, _mm256_xor_ps(within, ones));
+  }
+
+  // ggml's reference block: min and max are the values of nmin and nmax.
+  const __m256 x_lo = source_value<kOffsetSrc>(_mm256_cvtepi32_ps(nmin), ds, ms);
+  const __m256 x_hi = source_value<kOffsetSrc>(_mm256_cvtepi32_ps(nmax), ds, ms);
+  const __m256 lo_first = _mm256_cmp_ps(x_lo, x_hi, _CMP_LT_OQ);
+  const __m256 min = _mm256_blendv_ps(x_hi, x_lo, lo_first), max = _mm256_blendv_ps(x_lo, x_hi, lo_first);
+  const __m256 d = _mm256_div_ps(_mm256_sub_ps(max, min), _mm256_set1_ps(float(kTop)));
+  const __m256 id = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), d), _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_UQ));
+  const __m256 half = _mm256_set1_ps(0.5f);
+  const __m256 hf = _mm256_set1_ps(float(kHs));
+  const __m256i one16 = _mm256_set1_epi16(1);
+  const __m256i ht16 = _mm256_set1_epi16(kHt);
+  __m256i ref[kPairs], a[kPairs], w[kPairs];
+  __m256i scc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  __m256i sc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  __m256i rct[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  __m256i rst[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  __m256i rtt[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 16
+  for (int j = 0; j < kPairs; ++j) {
+    const __m256 ne = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v[j], 16), 16)), hf);
+    const __m256 no = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(v[j], 16)), hf);
+    const __m256i le = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(source_value<kOffsetSrc>(ne, ds, ms), min), id), half));
+    const __m256i lodd = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(source_value<kOffsetSrc>(no, ds, ms), min), id), half));
+    __m256i l = _mm256_blend_epi16(le, _mm256_slli_epi32(lodd, 16), 0xaa);
+    if constexpr (kTop == 15) {
+      l = _mm256_min_epi16(l, _mm256_set1_epi16(15));
+    } else {
+      l = _mm256_and_si256(l, _mm256_set1_epi16(31));  // q5_1_ref keeps the low 5 bits
+    }
+    const __m256i t = _mm256_sub_epi16(l, ht16);
+    ref[j] = t;
+    a[j] = _mm256_slli_epi16(v[j], kShift + 1);
+    if constexpr (!kWide) w[j] = _mm256_add_epi16(_mm256_slli_epi16(v[j], 10), one16);
+    scc[j & 1] = _mm256_add_epi32(scc[j & 1], _mm256_madd_epi16(v[j], v[j]));
+    sc[j & 1] = _mm256_add_epi32(sc[j & 1], _mm256_madd_epi16(v[j], one16));
+    rct[j & 1] = _mm256_add_epi32(rct[j & 1], _mm256_madd_epi16(v[j], t));
+    rst[j & 1] = _mm256_add_epi32(rst[j & 1], _mm256_madd_epi16(one16, t));
+    rtt[j & 1] = _mm256_add_epi32(rtt[j & 1], _mm256_madd_epi16(t, t));
+  }
+  blk.v = v;
+  blk.a = a;
+  blk.w = w;
+  const __m256i scc8 = _mm256_add_epi32(scc[0], scc[1]), sc8 = _mm256_add_epi32(sc[0], sc[1]);
+  for (int h = 0; h < 2; ++h) {
+    const __m256d dsd = _mm256_cvtps_pd(half_f(ds, h));
+    blk.shared.ds[h] = dsd;
+    blk.shared.mc[h] = _mm256_add_pd(_mm256_cvtps_pd(half_f(ms, h)), _mm256_mul_pd(_mm256_set1_pd(double(kHs)), dsd));
+    blk.shared.scc[h] = _mm256_cvtepi32_pd(half_i(scc8, h));
+    blk.shared.sc[h] = _mm256_cvtepi32_pd(half_i(sc8, h));
+  }
+  const __m128i d16_ref = _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT);
+  const __m128i m16_ref = _mm256_cvtps_ph(min, _MM_FROUND_TO_NEAREST_INT);
+  const __m256 d_ref = _mm256_cvtph_ps(d16_ref), m_ref = _mm256_cvtph_ps(m16_ref);
+  TargetBest best;
+  best.d16 = _mm256_cvtepu16_epi32(d16_ref);
+  best.m16 = _mm256_cvtepu16_epi32(m16_ref);
+  best.b = _mm256_setzero_si256();
+  best.c = _mm256_setzero_si256();
+  best.sums = {_mm256_add_epi32(rct[0], rct[1]), _mm256_add_epi32(rst[0], rst[1]), _mm256_add_epi32(rtt[0], rtt[1])};
+  best.reference = ones;
+  best.err = target_error8(blk.shared, double(kHt), d_ref, m_ref, best.sums);
+  const __m256d inf = _mm256_set1_pd(std::numeric_limits<double>::infinity()), zero_d = _mm256_setzero_pd();
+  const __m256 err_ok = mask8(_mm256_and_pd(_mm256_cmp_pd(best.err.lo, zero_d, _CMP_GT_OQ), _mm256_cmp_pd(best.err.lo, inf, _CMP_LT_OQ)),
+                              _mm256_and_pd(_mm256_cmp_pd(best.err.hi, zero_d, _CMP_GT_OQ), _mm256_cmp_pd(best.err.hi, inf, _CMP_LT_OQ)));
+  const __m256 m_ok = _mm256_cmp_ps(abs8(m_ref), _mm256_set1_ps(std::numeric_limits<float>::infinity()), _CMP_LT_OQ);
+  blk.invalid = _mm256_or_ps(_mm256_xor_ps(_mm256_and_ps(_mm256_and_ps(err_ok, finite_nonzero(d_ref)), m_ok), ones), declined);
+
+  if (_mm256_movemask_ps(blk.invalid) != 0xff) {
+    for (float f : kQuickFactors) {
+      consider_target<kShift, kHt, kTop, kWide>(
+          blk, _mm256_cvtps_ph(_mm256_mul_ps(d_ref, _mm256_set1_ps(f)), _MM_FROUND_TO_NEAREST_INT), m16_ref, _mm256_setzero_ps(), best);
+    }
+    // The least-squares line through the best's levels (level_search.cc, offset_target_block).
+    __m128 dfit[2], mfit[2];
+    __m128i skip[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m256d st = _mm256_cvtepi32_pd(half_i(best.sums.st, h));
+      const __m256d det = _mm256_sub_pd(_mm256_mul_pd(_mm256_set1_pd(32.0), _mm256_cvtepi32_pd(half_i(best.sums.stt, h))),
+                                        _mm256_mul_pd(st, st));
+      const __m256d sx = _mm256_add_pd(_mm256_mul_pd(blk.shared.ds[h], blk.shared.sc[h]), _mm256_mul_pd(_mm256_set1_pd(32.0), blk.shared.mc[h]));
+      const __m256d sxt = _mm256_add_pd(_mm256_mul_pd(blk.shared.ds[h], _mm256_cvtepi32_pd(half_i(best.sums.sct, h))),
+                                        _mm256_mul_pd(blk.shared.mc[h], st));
+      const __m256d df = _mm256_div_pd(_mm256_sub_pd(_mm256_mul_pd(_mm256_set1_pd(32.0), sxt), _mm256_mul_pd(st, sx)), det);
+      const __m256d mf = _mm256_sub_pd(_mm256_div_pd(_mm256_sub_pd(sx, _mm256_mul_pd(df, st)), _mm256_set1_pd(32.0)),
+                                       _mm256_mul_pd(_mm256_set1_pd(double(kHt)), df));
+      dfit[h] = _mm256_cvtpd_ps(df);
+      mfit[h] = _mm256_cvtpd_ps(mf);
+      skip[h] = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
+          _mm256_castpd_si256(_mm256_cmp_pd(det, zero_d, _CMP_EQ_OQ)), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)));
+    }
+    consider_target<kShift, kHt, kTop, kWide>(
+        blk, _mm256_cvtps_ph(_mm256_set_m128(dfit[1], dfit[0]), _MM_FROUND_TO_NEAREST_INT),
+        _mm256_cvtps_ph(_mm256_set_m128(mfit[1], mfit[0]), _MM_FROUND_TO_NEAREST_INT),
+        _mm256_castsi256_ps(_mm256_set_m128i(skip[1], skip[0])), best);
+  }
+
+  // The best's levels (the reference block's where it stands), back to 0..T, transposed back and
+  // packed; the declined blocks are not written.
+  const __m256i is_ref = _mm256_castps_si256(best.reference);
+  __m256 out[kPairs];
+#pragma GCC unroll 16
+  for (int j = 0; j < kPairs; ++j) {
+    const __m256i t = _mm256_blendv_epi8(target_levels_of<kShift, kHt, kTop>(a[j], best.b, best.c), ref[j], is_ref);
+    out[j] = _mm256_castsi256_ps(_mm256_add_epi16(t, ht16));
+  }
+  transpose8(out);
+  transpose8(out + 8);
+  alignas(32) uint32_t d16_out[8], m16_out[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(d16_out), best.d16);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(m16_out), best.m16);
+  const uint32_t all = (1u << q.n) - 1;
+  q.declined = uint32_t(_mm256_movemask_ps(declined)) & all;
+  q.embedded = 0;
+  for (int k = 0; k < q.n; ++k) {
+    if (q.declined >> k & 1) continue;
+    pack_offset_block<kTop>(_mm256_castps_si256(out[k]), _mm256_castps_si256(out[8 + k]), uint16_t(d16_out[k]),
+                            uint16_t(m16_out[k]), q.dst[k]);
+  }
+}
+
+template <int kTop>
+KV_AVX2_INLINE void level_search_offset_target(LevelSearchBlocks& q) {
+  switch (q.src_type) {
+    case GgmlType::kQ4_0: level_search_offset_target_lanes<GgmlType::kQ4_0, kTop>(q); break;
+    case GgmlType::kQ5_0: level_search_offset_target_lanes<GgmlType::kQ5_0, kTop>(q); break;
+    case GgmlType::kIQ4_NL: level_search_offset_target_lanes<GgmlType::kIQ4_NL, kTop>(q); break;
+    case GgmlType::kQ4_1: level_search_offset_target_lanes<GgmlType::kQ4_1, kTop>(q); break;
+    case GgmlType::kQ5_1: level_search_offset_target_lanes<GgmlType::kQ5_1, kTop>(q); break;
+    default: level_search_offset_target_lanes<GgmlType::kQ8_0, kTop>(q); break;
+  }
+}
+
 KV_AVX2_INLINE void level_search_type(LevelSearchBlocks& q) {
+  if (q.dst_type == GgmlType::kQ4_1) return level_search_offset_target<15>(q);
+  if (q.dst_type == GgmlType::kQ5_1) return level_search_offset_target<31>(q);
   switch (q.src_type) {
     case GgmlType::kQ4_0: level_search_lanes<GgmlType::kQ4_0>(q); break;
     case GgmlType::kQ5_0: level_search_lanes<GgmlType::kQ5_0>(q); break;

@@ -2,7 +2,8 @@
 // level this CPU runs against the scalar level, on fuzzer bytes as the source blocks: the kernels
 // (the direct path into q8_0, the quick search and the reference blocks it makes into q4_0 and
 // q5_0, the integer quick search from q8_0, q4_0, q5_0, iq4_nl, q4_1 and q5_1 into q4_0 and
-// q5_0, the full search's scores) must write the scalar code's bytes. A row that differs aborts.
+// q5_0 and from those whose levels can span more than the target's into q4_1 and q5_1, the full
+// search's scores) must write the scalar code's bytes. A row that differs aborts.
 //
 // Input: byte 0 picks the source type and byte 1 the target (among the quantized types, modulo
 // their count; a pair the requantizer does not take is skipped), byte 2 the search (kNone, kQuick,

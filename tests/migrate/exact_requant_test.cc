@@ -18,6 +18,7 @@
 
 #include "base/simd_level.h"
 #include "migrate/half.h"
+#include "migrate/offset_levels.h"
 #include "migrate/quants.h"
 #include "migrate/simd_kernels.h"
 #include "test_inputs.h"
@@ -857,8 +858,9 @@ TEST(ExactRequant, LevelSearchKernelsMatchTheScalarOne) {
     if (fn == simd::level_search_ref) continue;
     for (GgmlType st : sources) {
       const size_t sb = find_traits(st)->block_bytes();
-      for (GgmlType dt : {GgmlType::kQ4_0, GgmlType::kQ5_0}) {
+      for (GgmlType dt : {GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kQ4_1, GgmlType::kQ5_1}) {
         const size_t db = find_traits(dt)->block_bytes();
+        const bool offset_target = dt == GgmlType::kQ4_1 || dt == GgmlType::kQ5_1;
         for (int trial = 0; trial < 400; ++trial) {
           SCOPED_TRACE(std::string(find_traits(st)->name()) + " -> " + std::string(find_traits(dt)->name()) + " trial " +
                        std::to_string(trial) + " at " + simd::level_name(simd::Level(l)));
@@ -936,15 +938,18 @@ TEST(ExactRequant, LevelSearchKernelsMatchTheScalarOne) {
           ASSERT_EQ(got, want);
           ASSERT_EQ(a.embedded, b.embedded);
           ASSERT_EQ(a.declined, b.declined);
-          if (!offset) {
+          if (!offset && !offset_target) {
             EXPECT_EQ(b.declined, 0u);
+          }
+          if (offset_target) {
+            EXPECT_EQ(b.embedded, 0u);  // every block the target may hold is declined (the float path's)
           }
           declined += size_t(std::popcount(b.declined));
           for (int k = 0; k < n; ++k) {
             if (b.declined >> k & 1) {  // not written
               EXPECT_TRUE(std::all_of(want.begin() + k * db, want.begin() + (k + 1) * db, [](std::byte v) { return v == std::byte{0x5a}; }));
             }
-            if (offset && !((b.embedded | b.declined) >> k & 1)) {  // searched: the target cannot hold it at ds
+            if (offset && !offset_target && !((b.embedded | b.declined) >> k & 1)) {  // searched: the target cannot hold it at ds
               float x[32];
               find_traits(st)->to_f32(src.data() + k * sb, x, 32);
               const float d = half::fp16_to_f32(half::load_u16(src.data() + k * sb));
@@ -984,9 +989,15 @@ TEST(ExactRequant, LevelSearchKernelsMatchTheScalarOne) {
             if (dt == GgmlType::kQ4_0) {
               quants::ref::q4_0_from_f32(x, ref, 32);
               quants::ref::q4_0_to_f32(ref, r, 32);
-            } else {
+            } else if (dt == GgmlType::kQ5_0) {
               quants::ref::q5_0_from_f32(x, ref, 32);
               quants::ref::q5_0_to_f32(ref, r, 32);
+            } else if (dt == GgmlType::kQ4_1) {
+              quants::ref::q4_1_from_f32(x, ref, 32);
+              quants::ref::q4_1_to_f32(ref, r, 32);
+            } else {
+              quants::ref::q5_1_from_f32(x, ref, 32);
+              quants::ref::q5_1_to_f32(ref, r, 32);
             }
             long double e_out = 0, e_ref = 0;
             for (int i = 0; i < 32; ++i) {
@@ -1025,6 +1036,114 @@ TEST(ExactRequant, AppliesToEveryPairOfDifferentQuantizedTypes) {
       EXPECT_EQ(exact_requant_applies(s, d), s.quantized() && d.quantized() && s.id() != d.id())
           << s.name() << " -> " << d.name();
     }
+  }
+}
+
+// The integer quick search into an offset target (simd_kernels.h, "An offset target"; scalar only
+// so far): from every source it takes (its levels more than q4_1's or q5_1's span apart), on
+// K-like rows quantized as llama.cpp stores them and on random bytes. A block it searches has an
+// error (decoded, against the source's values, in double) never above ggml's reference block of
+// the same values, and is that block, bytes and all, where the search found nothing better; a
+// block whose levels the target could hold at the source's own scale is declined (the float
+// path's embed_block decides it). On the K-like rows its mean error is within 2% of the float quick
+// search's (ExactRequantizer, --requant quick), which it is meant to replace.
+TEST(ExactRequant, OffsetTargetSearchIsNeverWorseThanTheReferenceBlock) {
+  struct Pair {
+    const char* src;
+    const char* dst;
+  };
+  const Pair pairs[] = {{"q5_0", "q4_1"}, {"q5_1", "q4_1"}, {"iq4_nl", "q4_1"},
+                        {"q8_0", "q4_1"}, {"iq4_nl", "q5_1"}, {"q8_0", "q5_1"}};
+  for (const Pair& p : pairs) {
+    SCOPED_TRACE(std::string(p.src) + " -> " + p.dst);
+    const TypeTraits& s = *find_traits(p.src);
+    const TypeTraits& d = *find_traits(p.dst);
+    const int top = d.id() == GgmlType::kQ5_1 ? 31 : 15;
+    constexpr size_t kBlocks = 4096;
+    std::mt19937 rng(5);
+    std::vector<float> v(kBlocks * 32);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (size_t b = 0; b < kBlocks; ++b) {
+      const float scale = std::exp(nd(rng));
+      for (int i = 0; i < 32; ++i) v[b * 32 + i] = nd(rng) * scale + (b % 4 == 0 ? scale : 0.0f);
+    }
+    std::vector<std::byte> src(kBlocks * s.block_bytes());
+    s.from_f32(v.data(), src.data(), v.size());
+    for (size_t b = kBlocks - 256; b < kBlocks; ++b) {  // random bytes, finite scales and offsets
+      std::byte* blk = src.data() + b * s.block_bytes();
+      for (size_t i = 0; i < s.block_bytes(); ++i) blk[i] = std::byte(rng() & 0xff);
+      half::store_u16(blk, uint16_t((rng() & 0x83ff) | ((1 + rng() % 29) << 10)));
+      if (s.id() == GgmlType::kQ5_1) half::store_u16(blk + 2, uint16_t((rng() & 0x83ff) | ((1 + rng() % 29) << 10)));
+    }
+    size_t searched = 0, improved = 0, declined = 0;
+    double err_int = 0, err_float = 0;
+    for (size_t b = 0; b < kBlocks; ++b) {
+      const std::byte* blk = src.data() + b * s.block_bytes();
+      int8_t n[32];
+      simd::source_levels(s.id(), blk, n);
+      const int span = *std::max_element(n, n + 32) - *std::min_element(n, n + 32);
+      const simd::OffsetTargetResult r = simd::offset_target_block(s.id(), d.id(), blk);
+      float x[32];
+      s.to_f32(blk, x, 32);
+      const float ds = half::fp16_to_f32(half::load_u16(blk));
+      const float ms = s.id() == GgmlType::kQ5_1 ? half::fp16_to_f32(half::load_u16(blk + 2)) : 0.0f;
+      const bool beyond = s.id() == GgmlType::kQ5_1 && !(std::fabs(ms) <= 524288.0f * std::fabs(ds));
+      ASSERT_EQ(r.declined, span <= top || beyond) << "block " << b;
+      if (r.declined) {
+        ++declined;
+        continue;
+      }
+      ++searched;
+      std::vector<std::byte> got(d.block_bytes()), ref(d.block_bytes());
+      simd::target_offset_block(d.id(), r.d16, r.m16, r.levels, got.data());
+      d.from_f32(x, ref.data(), 32);  // ggml's reference block (the level's from_f32: the same bytes)
+      float yg[32], yr[32];
+      d.to_f32(got.data(), yg, 32);
+      d.to_f32(ref.data(), yr, 32);
+      double eg = 0, er = 0;
+      for (int i = 0; i < 32; ++i) {
+        eg += (double(x[i]) - yg[i]) * (double(x[i]) - yg[i]);
+        er += (double(x[i]) - yr[i]) * (double(x[i]) - yr[i]);
+      }
+      if (!std::isfinite(er)) continue;
+      ASSERT_LE(eg, er * (1 + 1e-9)) << "block " << b;
+      if (got != ref) {
+        ++improved;
+        ASSERT_LT(eg, er) << "block " << b << ": not the reference block, yet no better";
+      }
+      if (b < kBlocks - 256) {  // the float quick search (QuickSearchBlocks) of the same block
+        std::vector<std::byte> fq = ref;
+        simd::QuickSearchBlocks one;
+        one.n = 1;
+        one.grid = simd::RequantGrid::kOffset;
+        one.lo = 0;
+        one.hi = float(top);
+        one.x[0] = x;
+        one.y[0] = yr;
+        one.d16[0] = half::load_u16(ref.data());
+        one.m16[0] = half::load_u16(ref.data() + 2);
+        struct RefBlock {
+          GgmlType t;
+          const std::byte* blk;
+        } rb{d.id(), ref.data()};
+        one.ctx = &rb;
+        one.ref_levels = [](const void* c, int, int8_t* lv) {
+          const RefBlock& r = *static_cast<const RefBlock*>(c);
+          simd::source_levels(r.t, r.blk, lv);  // the stored levels 0..T
+        };
+        simd::quick_search_ref(one);
+        if (one.improved & 1) simd::target_offset_block(d.id(), one.out_d16[0], one.out_m16[0], one.levels[0], fq.data());
+        float yq[32];
+        d.to_f32(fq.data(), yq, 32);
+        for (int i = 0; i < 32; ++i) err_float += (double(x[i]) - yq[i]) * (double(x[i]) - yq[i]);
+        err_int += eg;
+      }
+    }
+    std::printf("%s -> %s: %zu searched (%zu better than the reference), %zu declined; error / the float quick search's %.4f\n",
+                p.src, p.dst, searched, improved, declined, err_float > 0 ? err_int / err_float : 0.0);
+    EXPECT_GT(searched, kBlocks / 2);
+    EXPECT_GT(improved, 0u);
+    EXPECT_LT(err_int, err_float * 1.02);
   }
 }
 
