@@ -1,5 +1,5 @@
 // kvsnap-store-bench: the store's speed and space, each beside a baseline
-// measured in the same run (docs/performance.md, "Store"). Not a test.
+// measured in the same run (docs/store.md, "Speed and space"). Not a test.
 //
 //   kvsnap-store-bench [FILE...] [--threads N] [--rounds R] [--dir D] [--extends BASE] [--level L]
 //                      [--server-save-ms MS] [--stages] [--encrypt] [--decode-only] [--simd LEVEL|all]
