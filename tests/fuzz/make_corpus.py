@@ -11,7 +11,9 @@ as the code expects them, kvsnap serve's client bodies and child answers, S3 XML
 encrypted chunk blobs (sealed here with Python's `cryptography`, an implementation
 independent of kvsnap's), SHA-256 lane messages and what users write (store config files, S3 addresses,
 sizes, durations, token lists). The regressions are built here byte by byte so that
-they can be read and regenerated.
+they can be read and regenerated. Existing files are written over, none deleted: the
+mlx_prompt_cache seeds (written by the real mlx-lm) and reproducers committed by hand stay.
+Archives and snapshots hold times and UUIDs, so a run rewrites them with other bytes.
 """
 import hashlib
 import io
@@ -187,7 +189,8 @@ def requant(corpus):
     with a zero, subnormal, infinite or NaN scale in one block."""
     d = os.path.join(corpus, "requant")
     pairs = [(2, 0), (0, 4), (4, 0), (4, 5), (1, 0), (3, 1), (5, 1), (2, 5), (3, 2), (0, 2),
-             (5, 0), (4, 2), (5, 2)]  # the last three: the integer search's other sources and targets
+             (5, 0), (4, 2), (5, 2),  # the integer search's other sources and targets
+             (2, 1), (4, 1), (4, 3), (5, 3)]  # and its routes into the offset targets q4_1 and q5_1
     for k, (si, di) in enumerate(pairs):
         name, size = REQUANT_TYPES[si]
         offset = name in ("q4_1", "q5_1")
@@ -376,8 +379,10 @@ def main():
     models = sorted(os.listdir(os.path.join(ROOT, "fixtures", "models")))
     corpus = os.path.join(FUZZ, "corpus")
     regressions = os.path.join(FUZZ, "regressions")
-    shutil.rmtree(corpus, ignore_errors=True)
-    shutil.rmtree(regressions, ignore_errors=True)
+    # Files are written over, never deleted: seeds from the real mlx-lm and reproducers added by hand
+    # (committed beside these) stay.
+    os.makedirs(corpus, exist_ok=True)
+    os.makedirs(regressions, exist_ok=True)
     tmp = tempfile.mkdtemp()
     try:
         store = os.path.join(tmp, "store")
