@@ -19,6 +19,14 @@ namespace {
 
 constexpr int kBlock = 32;
 
+// The sums of a candidate whose level for centred source level c is level(c).
+template <class Level>
+LevelSums level_sums(const int8_t* c, Level level) {
+  LevelSums s;
+  for (int i = 0; i < kBlock; ++i) s.add(c[i], level(c[i]));
+  return s;
+}
+
 // The error of scale D with the integer sums of its levels m against the source's levels n
 // (simd_kernels.h, LevelSearchBlocks): each product exact in double (f16 significands of 11
 // bits, sums below 2^20), so only the two additions round.
@@ -129,33 +137,17 @@ bool search_offset_block(GgmlType src, const std::byte* block, int lo, int hi, u
   out_d16 = o.d16;
   std::memcpy(out, o.levels, kBlock);
   if (o.kind != OffsetBlock::Kind::kSearch) return true;
-  struct {
-    bool reference = true;
-    uint16_t d16 = 0;
-    int32_t b = 0, c = 0, scm = 0, sm = 0, smm = 0;
-    double err = 0;
-  } best;
-  best.scm = o.ref_scm;
-  best.sm = o.ref_sm;
-  best.smm = o.ref_smm;
-  best.err = o.ref_err;
+  CandidateBest best{.sums = o.ref_sums, .err = o.ref_err};
   auto consider = [&](uint16_t d16) {
     const float dc = half::fp16_to_f32(d16);
     int32_t b, cc;
     if (!offset_terms(o, dc, b, cc)) return;
-    int32_t scm = 0, sm = 0, smm = 0;
-    for (int i = 0; i < kBlock; ++i) {
-      const int32_t m = offset_level(o, o.c[i], b, cc, lo, hi);
-      scm += o.c[i] * m;
-      sm += m;
-      smm += m * m;
-    }
-    const double e = offset_error(o, dc, scm, sm, smm);
-    if (!(e < best.err)) return;
-    best = {false, d16, b, cc, scm, sm, smm, e};
+    const LevelSums s = level_sums(o.c, [&](int32_t c) { return offset_level(o, c, b, cc, lo, hi); });
+    const double e = offset_error(o, dc, s);
+    if (e < best.err) best = {false, d16, 0, b, cc, s, e};
   };
   for (float f : kQuickFactors) consider(half::f32_to_fp16(o.d_ref * f));
-  if (best.smm != 0) consider(offset_fit(o, best.scm, best.sm, best.smm));
+  if (best.sums.squares != 0) consider(offset_fit(o, best.sums));
   if (best.reference) return true;
   out_d16 = best.d16;
   for (int i = 0; i < kBlock; ++i) out[i] = int8_t(offset_level(o, o.c[i], best.b, best.c, lo, hi));
@@ -207,16 +199,14 @@ OffsetBlock offset_block(GgmlType src, const std::byte* block, int lo, int hi) {
     o.levels[i] = int8_t(l);
     scc += o.c[i] * o.c[i];
     sc += o.c[i];
-    o.ref_scm += o.c[i] * l;
-    o.ref_sm += l;
-    o.ref_smm += l * l;
+    o.ref_sums.add(o.c[i], l);
   }
   o.d16 = half::f32_to_fp16(d);
   const double dsd = o.ds;
   const double t = (dsd * o.mc) * double(sc);
   o.a = ((dsd * dsd) * double(scc) + (t + t)) + (o.mc * o.mc) * double(kBlock);
   o.d_ref = half::fp16_to_f32(o.d16);
-  o.ref_err = offset_error(o, o.d_ref, o.ref_scm, o.ref_sm, o.ref_smm);
+  o.ref_err = offset_error(o, o.d_ref, o.ref_sums);
   const bool search = o.ref_err > 0 && std::isfinite(o.ref_err) && std::fabs(o.d_ref) > 0 && std::isfinite(o.d_ref);
   o.kind = search ? OffsetBlock::Kind::kSearch : OffsetBlock::Kind::kReference;
   return o;
@@ -242,14 +232,14 @@ int32_t offset_level(const OffsetBlock& o, int32_t c, int32_t b, int32_t cc, int
 }
 
 // E = (A - (s + s)) + (D D) Smm, s = (ds D) Scm + (mc D) Sm (simd_kernels.h).
-double offset_error(const OffsetBlock& o, float d, int32_t scm, int32_t sm, int32_t smm) {
+double offset_error(const OffsetBlock& o, float d, const LevelSums& s) {
   const double dd = d;
-  const double s = (double(o.ds) * dd) * double(scm) + (o.mc * dd) * double(sm);
-  return (o.a - (s + s)) + (dd * dd) * double(smm);
+  const double x = (double(o.ds) * dd) * double(s.cross) + (o.mc * dd) * double(s.sum);
+  return (o.a - (x + x)) + (dd * dd) * double(s.squares);
 }
 
-uint16_t offset_fit(const OffsetBlock& o, int32_t scm, int32_t sm, int32_t smm) {
-  return half::f32_to_fp16(float((double(o.ds) * double(scm) + o.mc * double(sm)) / double(smm)));
+uint16_t offset_fit(const OffsetBlock& o, const LevelSums& s) {
+  return half::f32_to_fp16(float((double(o.ds) * double(s.cross) + o.mc * double(s.sum)) / double(s.squares)));
 }
 
 TargetBlock target_block_steps(GgmlType src, GgmlType dst, const std::byte* block) {
@@ -298,12 +288,10 @@ TargetBlock target_block_steps(GgmlType src, GgmlType dst, const std::byte* bloc
     const int level = o.top == 15 ? std::min(l, 15) : l & 31;  // q5_1_ref keeps the low 5 bits
     o.levels[i] = int8_t(level);
     const int32_t t = level - o.ht;
-    o.ref_sct += o.c[i] * t;
-    o.ref_st += t;
-    o.ref_stt += t * t;
+    o.ref_sums.add(o.c[i], t);
   }
   const float d_ref = half::fp16_to_f32(o.d16), m_ref = half::fp16_to_f32(o.m16);
-  o.ref_err = target_error(o, d_ref, m_ref, o.ref_sct, o.ref_st, o.ref_stt);
+  o.ref_err = target_error(o, d_ref, m_ref, o.ref_sums);
   const bool search = o.ref_err > 0 && std::isfinite(o.ref_err) && std::fabs(d_ref) > 0 && std::isfinite(d_ref) &&
                       std::isfinite(m_ref);
   o.kind = search ? TargetBlock::Kind::kSearch : TargetBlock::Kind::kReference;
@@ -312,13 +300,13 @@ TargetBlock target_block_steps(GgmlType src, GgmlType dst, const std::byte* bloc
 
 // E = (A - (s + s)) + (D D) Stt, u = (mc - M) - H D, s = (ds D) Sct + (u D) St, A = ((ds ds) Scc
 // + (w + w)) + (u u) 32, w = (ds u) Sc: the exact values c ds + mc against t' D + M + H D.
-double target_error(const TargetBlock& o, float d, float m, int32_t sct, int32_t st, int32_t stt) {
+double target_error(const TargetBlock& o, float d, float m, const LevelSums& s) {
   const double dd = d;
   const double u = (o.mc - double(m)) - double(o.ht) * dd;
   const double w = (o.dsd * u) * double(o.sc);
   const double a = ((o.dsd * o.dsd) * double(o.scc) + (w + w)) + (u * u) * 32.0;
-  const double sum = (o.dsd * dd) * double(sct) + (u * dd) * double(st);
-  return (a - (sum + sum)) + (dd * dd) * double(stt);
+  const double sum = (o.dsd * dd) * double(s.cross) + (u * dd) * double(s.sum);
+  return (a - (sum + sum)) + (dd * dd) * double(s.squares);
 }
 
 bool target_terms(const TargetBlock& o, float d, float m, int32_t& b, int32_t& c) {
@@ -341,13 +329,14 @@ int32_t target_level(const TargetBlock& o, int32_t c, int32_t b, int32_t cc) {
 }
 
 // The line through the values c ds + mc against t' D + M' (double), then M = M' - H D.
-bool target_fit(const TargetBlock& o, int32_t sct, int32_t st, int32_t stt, uint16_t& d16, uint16_t& m16) {
-  const double det = 32.0 * double(stt) - double(st) * double(st);
+bool target_fit(const TargetBlock& o, const LevelSums& s, uint16_t& d16, uint16_t& m16) {
+  const double st = s.sum;
+  const double det = 32.0 * double(s.squares) - st * st;
   if (det == 0) return false;
   const double sx = o.dsd * double(o.sc) + 32.0 * o.mc;
-  const double sxt = o.dsd * double(sct) + o.mc * double(st);
-  const double dfit = (32.0 * sxt - double(st) * sx) / det;
-  const double mfit = (sx - dfit * double(st)) / 32.0 - double(o.ht) * dfit;
+  const double sxt = o.dsd * double(s.cross) + o.mc * st;
+  const double dfit = (32.0 * sxt - st * sx) / det;
+  const double mfit = (sx - dfit * st) / 32.0 - double(o.ht) * dfit;
   d16 = half::f32_to_fp16(float(dfit));
   m16 = half::f32_to_fp16(float(mfit));
   return true;
@@ -362,34 +351,18 @@ OffsetTargetResult offset_target_block(GgmlType src, GgmlType dst, const std::by
   r.m16 = o.m16;
   std::memcpy(r.levels, o.levels, kBlock);
   if (o.kind != TargetBlock::Kind::kSearch) return r;
-  struct {
-    bool reference = true;
-    uint16_t d16 = 0, m16 = 0;
-    int32_t b = 0, c = 0, sct = 0, st = 0, stt = 0;
-    double err = 0;
-  } best;
-  best.sct = o.ref_sct;
-  best.st = o.ref_st;
-  best.stt = o.ref_stt;
-  best.err = o.ref_err;
+  CandidateBest best{.sums = o.ref_sums, .err = o.ref_err};
   auto consider = [&](uint16_t d16, uint16_t m16) {
     const float dc = half::fp16_to_f32(d16), mc = half::fp16_to_f32(m16);
     int32_t b, cc;
     if (!target_terms(o, dc, mc, b, cc)) return;
-    int32_t sct = 0, st = 0, stt = 0;
-    for (int i = 0; i < kBlock; ++i) {
-      const int32_t l = target_level(o, o.c[i], b, cc);
-      sct += o.c[i] * l;
-      st += l;
-      stt += l * l;
-    }
-    const double e = target_error(o, dc, mc, sct, st, stt);
-    if (!(e < best.err)) return;
-    best = {false, d16, m16, b, cc, sct, st, stt, e};
+    const LevelSums s = level_sums(o.c, [&](int32_t c) { return target_level(o, c, b, cc); });
+    const double e = target_error(o, dc, mc, s);
+    if (e < best.err) best = {false, d16, m16, b, cc, s, e};
   };
   for (float f : kQuickFactors) consider(half::f32_to_fp16(half::fp16_to_f32(o.d16) * f), o.m16);
   uint16_t fd16, fm16;
-  if (target_fit(o, best.sct, best.st, best.stt, fd16, fm16)) consider(fd16, fm16);
+  if (target_fit(o, best.sums, fd16, fm16)) consider(fd16, fm16);
   if (best.reference) return r;
   r.d16 = best.d16;
   r.m16 = best.m16;

@@ -146,17 +146,10 @@ void offset_search_neon(LevelSearchBlocks& q) {
     w[i] = vld1q_s16(tw[i]);
   }
   const int16x8_t vlo = vdupq_n_s16(int16_t(lo)), vhi = vdupq_n_s16(int16_t(hi));
-  struct LaneBest {
-    bool reference = true;
-    uint16_t d16 = 0;
-    int32_t b = 0, c = 0, scm = 0, sm = 0, smm = 0;
-    double err = 0;
-  } best[8];
+  CandidateBest best[8];
   bool any = false;
   for (int k = 0; k < 8; ++k) {
-    best[k].scm = ob[k].ref_scm;
-    best[k].sm = ob[k].ref_sm;
-    best[k].smm = ob[k].ref_smm;
+    best[k].sums = ob[k].ref_sums;
     best[k].err = ob[k].ref_err;
     any = any || ob[k].kind == OffsetBlock::Kind::kSearch;
   }
@@ -187,10 +180,9 @@ void offset_search_neon(LevelSearchBlocks& q) {
     vst1q_s32(smm + 4, mm.hi);
     for (int k = 0; k < 8; ++k) {
       if (!on[k]) continue;
-      const int32_t sm = int32_t(uint32_t(t[k]) << 22) >> 22;  // the low 10 bits, sign-extended
-      const int32_t scm = (t[k] - sm) >> 10;
-      const double e = offset_error(ob[k], half::fp16_to_f32(d16[k]), scm, sm, smm[k]);
-      if (e < best[k].err) best[k] = {false, d16[k], bb[k], cc[k], scm, sm, smm[k], e};
+      const LevelSums s = unpack_sums(t[k], smm[k]);
+      const double e = offset_error(ob[k], half::fp16_to_f32(d16[k]), s);
+      if (e < best[k].err) best[k] = {false, d16[k], 0, bb[k], cc[k], s, e};
     }
   };
   if (any) {
@@ -205,8 +197,8 @@ void offset_search_neon(LevelSearchBlocks& q) {
     }
     bool fit[8];
     for (int k = 0; k < 8; ++k) {
-      fit[k] = best[k].smm != 0;
-      d16[k] = fit[k] ? offset_fit(ob[k], best[k].scm, best[k].sm, best[k].smm) : 0;
+      fit[k] = best[k].sums.squares != 0;
+      d16[k] = fit[k] ? offset_fit(ob[k], best[k].sums) : 0;
     }
     score(d16, fit);
   }
@@ -255,17 +247,10 @@ void target_search_neon(LevelSearchBlocks& q) {
   const int16x8_t vlo = vdupq_n_s16(int16_t(-ht)), vhi = vdupq_n_s16(int16_t(top - ht));
   const int16x8_t vshift = vdupq_n_s16(int16_t(-shift));  // VSHL by a negative count: an arithmetic right shift
   const int16x8_t one = vdupq_n_s16(1);
-  struct LaneBest {
-    bool reference = true;
-    uint16_t d16 = 0, m16 = 0;
-    int32_t b = 0, c = 0, sct = 0, st = 0, stt = 0;
-    double err = 0;
-  } best[8];
+  CandidateBest best[8];
   bool any = false;
   for (int k = 0; k < 8; ++k) {
-    best[k].sct = ob[k].ref_sct;
-    best[k].st = ob[k].ref_st;
-    best[k].stt = ob[k].ref_stt;
+    best[k].sums = ob[k].ref_sums;
     best[k].err = ob[k].ref_err;
     any = any || ob[k].kind == TargetBlock::Kind::kSearch;
   }
@@ -299,13 +284,9 @@ void target_search_neon(LevelSearchBlocks& q) {
     vst1q_s32(t2 + 4, tt.hi);
     for (int k = 0; k < 8; ++k) {
       if (!on[k]) continue;
-      int32_t sct = tc[k], sum_t = ts[k];
-      if (!kWide) {
-        sum_t = int32_t(uint32_t(tc[k]) << 22) >> 22;  // the low 10 bits, sign-extended
-        sct = (tc[k] - sum_t) >> 10;
-      }
-      const double e = target_error(ob[k], half::fp16_to_f32(d16[k]), half::fp16_to_f32(m16[k]), sct, sum_t, t2[k]);
-      if (e < best[k].err) best[k] = {false, d16[k], m16[k], bb[k], cc[k], sct, sum_t, t2[k], e};
+      const LevelSums s = kWide ? LevelSums{tc[k], ts[k], t2[k]} : unpack_sums(tc[k], t2[k]);
+      const double e = target_error(ob[k], half::fp16_to_f32(d16[k]), half::fp16_to_f32(m16[k]), s);
+      if (e < best[k].err) best[k] = {false, d16[k], m16[k], bb[k], cc[k], s, e};
     }
   };
   if (any) {
@@ -320,7 +301,7 @@ void target_search_neon(LevelSearchBlocks& q) {
       score(d16, m16, all);
     }
     bool fit[8];
-    for (int k = 0; k < 8; ++k) fit[k] = target_fit(ob[k], best[k].sct, best[k].st, best[k].stt, d16[k], m16[k]);
+    for (int k = 0; k < 8; ++k) fit[k] = target_fit(ob[k], best[k].sums, d16[k], m16[k]);
     score(d16, m16, fit);
   }
   q.embedded = 0;

@@ -373,18 +373,82 @@ KV_AVX2_INLINE __m256i offset_levels_of(__m256i a, __m256i b, __m256i c, __m256i
   return _mm256_min_epi16(_mm256_max_epi16(_mm256_srai_epi16(t, kShift), lo), hi);
 }
 
-struct OffsetSums {
-  __m256i scm, sm, smm;
+// LevelSums (offset_levels.h) in 8 lanes: sum c l, sum l, sum l^2 of a candidate's levels l.
+struct LevelSums8 {
+  __m256i cross, sum, squares;
 };
 
-// t = sum w m = 1024 Scm + Sm per lane: Sm its low 10 bits sign-extended, Scm the rest.
-KV_AVX2_INLINE OffsetSums split_sums(__m256i t, __m256i smm) {
-  const __m256i sm = _mm256_srai_epi32(_mm256_slli_epi32(t, 22), 22);
-  return {_mm256_srai_epi32(_mm256_sub_epi32(t, sm), 10), sm, smm};
+// unpack_sums in 8 lanes: from sum w l with w = 1024 c + 1, sum l is its low 10 bits
+// sign-extended, sum c l the rest.
+KV_AVX2_INLINE LevelSums8 unpack_sums8(__m256i weighted, __m256i squares) {
+  const __m256i sum = _mm256_srai_epi32(_mm256_slli_epi32(weighted, 22), 22);
+  return {_mm256_srai_epi32(_mm256_sub_epi32(weighted, sum), 10), sum, squares};
+}
+
+// One block's best candidate so far in each lane (CandidateBest, offset_levels.h): the reference
+// block's where `reference` is set.
+struct CandidateBest8 {
+  Error8 err;
+  __m256i d16, m16, b, c;  // f16 bits in the low half of d16, m16 (m16: offset targets only); b, c in both halves
+  LevelSums8 sums;
+  __m256 reference;
+};
+
+// A candidate scale dc against the source's scale ds, per lane: B, the ratio ds / dc in 14
+// fraction bits (pmulhrsw's multiplier, rounded to nearest even), and the lanes the candidate is
+// not scored in: those asked (skip), blocks without a search (invalid), a ratio past int16, and a
+// candidate that is not `usable`.
+struct CandidateLanes8 {
+  __m256i bq;
+  __m256 off;
+};
+
+KV_AVX2_INLINE CandidateLanes8 candidate_lanes(__m256 ds, __m256 dc, __m256 skip, __m256 invalid, __m256 usable) {
+  const __m256i bq = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_div_ps(ds, dc), _mm256_set1_ps(16384.0f)));
+  const __m256i in_range = _mm256_cmpeq_epi32(
+      bq, _mm256_min_epi32(_mm256_max_epi32(bq, _mm256_set1_epi32(-32767)), _mm256_set1_epi32(32767)));
+  const __m256 ones = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  const __m256 off = _mm256_or_ps(_mm256_or_ps(skip, invalid),
+                                  _mm256_or_ps(_mm256_xor_ps(_mm256_castsi256_ps(in_range), ones), _mm256_xor_ps(usable, ones)));
+  return {bq, off};
+}
+
+// A candidate as the level kernels take it: d its scale, NaN in the lanes it is not scored in (its
+// error is NaN there, never below the best), and B and C (both halves), zero there. v: its offset
+// term in levels times 2^kShift, made C by rounding, adding half a level for the shift and
+// clamping to int16.
+struct Candidate8 {
+  __m256 d;
+  __m256i b, c;
+};
+
+template <int kShift>
+KV_AVX2_INLINE Candidate8 candidate8(__m256 dc, const CandidateLanes8& lanes, __m256 v) {
+  const __m256 vc = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-65536.0f)), _mm256_set1_ps(65536.0f));
+  const __m256i c32 = _mm256_min_epi32(
+      _mm256_max_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(vc), _mm256_set1_epi32(1 << (kShift - 1))), _mm256_set1_epi32(-32768)),
+      _mm256_set1_epi32(32767));
+  const __m256i off = _mm256_castps_si256(lanes.off);
+  return {_mm256_or_ps(dc, lanes.off), _mm256_andnot_si256(off, both_halves(lanes.bq)), _mm256_andnot_si256(off, both_halves(c32))};
+}
+
+// Takes the candidate (its f16 scale and, into an offset target, offset widened; its sums) in the
+// lanes `better`.
+template <bool kTargetOffset>
+KV_AVX2_INLINE void keep_where(CandidateBest8& best, __m256i better, __m256i d16, __m256i m16, const Candidate8& k,
+                               const LevelSums8& s) {
+  best.d16 = _mm256_blendv_epi8(best.d16, d16, better);
+  if constexpr (kTargetOffset) best.m16 = _mm256_blendv_epi8(best.m16, m16, better);
+  best.b = _mm256_blendv_epi8(best.b, k.b, better);
+  best.c = _mm256_blendv_epi8(best.c, k.c, better);
+  best.sums.cross = _mm256_blendv_epi8(best.sums.cross, s.cross, better);
+  best.sums.sum = _mm256_blendv_epi8(best.sums.sum, s.sum, better);
+  best.sums.squares = _mm256_blendv_epi8(best.sums.squares, s.squares, better);
+  best.reference = _mm256_andnot_ps(_mm256_castsi256_ps(better), best.reference);
 }
 
 template <int kShift>
-KV_AVX2_INLINE OffsetSums offset_sums_of(const __m256i* a, const __m256i* w, __m256i b, __m256i c, __m256i lo,
+KV_AVX2_INLINE LevelSums8 offset_sums_of(const __m256i* a, const __m256i* w, __m256i b, __m256i c, __m256i lo,
                                           __m256i hi) {
   __m256i wm[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
   __m256i mm[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
@@ -394,7 +458,7 @@ KV_AVX2_INLINE OffsetSums offset_sums_of(const __m256i* a, const __m256i* w, __m
     wm[j & 1] = _mm256_add_epi32(wm[j & 1], _mm256_madd_epi16(w[j], m));
     mm[j & 1] = _mm256_add_epi32(mm[j & 1], _mm256_madd_epi16(m, m));
   }
-  return split_sums(_mm256_add_epi32(wm[0], wm[1]), _mm256_add_epi32(mm[0], mm[1]));
+  return unpack_sums8(_mm256_add_epi32(wm[0], wm[1]), _mm256_add_epi32(mm[0], mm[1]));
 }
 
 // What a block's errors share (double, 4 lanes a half): ds, mc = ms + h ds, A.
@@ -414,19 +478,12 @@ KV_AVX2_INLINE __m256d offset_error4(__m256d ds, __m256d mc, __m256d a, __m128 d
 KV_AVX2_INLINE __m128i half_i(__m256i v, int h) { return h == 0 ? _mm256_castsi256_si128(v) : _mm256_extracti128_si256(v, 1); }
 KV_AVX2_INLINE __m128 half_f(__m256 v, int h) { return h == 0 ? _mm256_castps256_ps128(v) : _mm256_extractf128_ps(v, 1); }
 
-KV_AVX2_INLINE Error8 offset_error8(const OffsetShared& sh, __m256 d, const OffsetSums& s) {
+KV_AVX2_INLINE Error8 offset_error8(const OffsetShared& sh, __m256 d, const LevelSums8& s) {
   Error8 e;
-  e.lo = offset_error4(sh.ds[0], sh.mc[0], sh.a[0], half_f(d, 0), half_i(s.scm, 0), half_i(s.sm, 0), half_i(s.smm, 0));
-  e.hi = offset_error4(sh.ds[1], sh.mc[1], sh.a[1], half_f(d, 1), half_i(s.scm, 1), half_i(s.sm, 1), half_i(s.smm, 1));
+  e.lo = offset_error4(sh.ds[0], sh.mc[0], sh.a[0], half_f(d, 0), half_i(s.cross, 0), half_i(s.sum, 0), half_i(s.squares, 0));
+  e.hi = offset_error4(sh.ds[1], sh.mc[1], sh.a[1], half_f(d, 1), half_i(s.cross, 1), half_i(s.sum, 1), half_i(s.squares, 1));
   return e;
 }
-
-struct OffsetBest {
-  Error8 err;
-  __m256i d16, b, c;  // c: the candidate's offset C (both halves)
-  OffsetSums sums;
-  __m256 reference;
-};
 
 struct OffsetBlock8 {
   const __m256i* a;
@@ -438,34 +495,15 @@ struct OffsetBlock8 {
 };
 
 template <int kShift>
-KV_AVX2_INLINE void consider_offset(const OffsetBlock8& k, __m128i d16, __m256 skip, OffsetBest& best) {
+KV_AVX2_INLINE void consider_offset(const OffsetBlock8& k, __m128i d16, __m256 skip, CandidateBest8& best) {
   const __m256 dc = _mm256_cvtph_ps(d16);
-  const __m256 q = _mm256_div_ps(k.ds, dc);
-  const __m256i bq = _mm256_cvtps_epi32(_mm256_mul_ps(q, _mm256_set1_ps(16384.0f)));  // round to nearest even
-  const __m256i in_range = _mm256_cmpeq_epi32(
-      bq, _mm256_min_epi32(_mm256_max_epi32(bq, _mm256_set1_epi32(-32767)), _mm256_set1_epi32(32767)));
-  const __m256 ones = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-  const __m256 off = _mm256_or_ps(_mm256_or_ps(skip, k.invalid),
-                                  _mm256_or_ps(_mm256_xor_ps(_mm256_castsi256_ps(in_range), ones), _mm256_xor_ps(finite_nonzero(dc), ones)));
-  if (_mm256_movemask_ps(off) == 0xff) return;
-  const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_div_ps(k.centre, dc), _mm256_set1_ps(float(1 << kShift))),
-                                               _mm256_set1_ps(-65536.0f)),
-                                 _mm256_set1_ps(65536.0f));
-  const __m256i c32 = _mm256_min_epi32(
-      _mm256_max_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(v), _mm256_set1_epi32(1 << (kShift - 1))), _mm256_set1_epi32(-32768)),
-      _mm256_set1_epi32(32767));
-  const __m256 d = _mm256_or_ps(dc, off);  // NaN where off: its error is NaN, never below the best
-  const __m256i b = _mm256_andnot_si256(_mm256_castps_si256(off), both_halves(bq));
-  const __m256i c = _mm256_andnot_si256(_mm256_castps_si256(off), both_halves(c32));
-  const OffsetSums s = offset_sums_of<kShift>(k.a, k.w, b, c, k.lo, k.hi);
-  const __m256i bi = keep_below(best.err, offset_error8(k.shared, d, s));
-  best.d16 = _mm256_blendv_epi8(best.d16, _mm256_cvtepu16_epi32(d16), bi);
-  best.b = _mm256_blendv_epi8(best.b, b, bi);
-  best.c = _mm256_blendv_epi8(best.c, c, bi);
-  best.sums.scm = _mm256_blendv_epi8(best.sums.scm, s.scm, bi);
-  best.sums.sm = _mm256_blendv_epi8(best.sums.sm, s.sm, bi);
-  best.sums.smm = _mm256_blendv_epi8(best.sums.smm, s.smm, bi);
-  best.reference = _mm256_andnot_ps(_mm256_castsi256_ps(bi), best.reference);
+  const CandidateLanes8 lanes = candidate_lanes(k.ds, dc, skip, k.invalid, finite_nonzero(dc));
+  if (_mm256_movemask_ps(lanes.off) == 0xff) return;
+  const Candidate8 cand =
+      candidate8<kShift>(dc, lanes, _mm256_mul_ps(_mm256_div_ps(k.centre, dc), _mm256_set1_ps(float(1 << kShift))));
+  const LevelSums8 s = offset_sums_of<kShift>(k.a, k.w, cand.b, cand.c, k.lo, k.hi);
+  keep_where<false>(best, keep_below(best.err, offset_error8(k.shared, cand.d, s)), _mm256_cvtepu16_epi32(d16),
+                    _mm256_setzero_si256(), cand, s);
 }
 
 template <GgmlType T>
@@ -565,11 +603,12 @@ KV_AVX2_INLINE void level_search_offset_lanes(LevelSearchBlocks& q) {
   }
   const __m128i d16_ref = _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT);
   const __m256 d_ref = _mm256_cvtph_ps(d16_ref);
-  OffsetBest best;
+  CandidateBest8 best;
   best.d16 = _mm256_cvtepu16_epi32(d16_ref);
+  best.m16 = _mm256_setzero_si256();
   best.b = _mm256_setzero_si256();
   best.c = _mm256_setzero_si256();
-  best.sums = split_sums(_mm256_add_epi32(rwm[0], rwm[1]), _mm256_add_epi32(rmm[0], rmm[1]));
+  best.sums = unpack_sums8(_mm256_add_epi32(rwm[0], rwm[1]), _mm256_add_epi32(rmm[0], rmm[1]));
   best.reference = ones;
   best.err = offset_error8(blk.shared, d_ref, best.sums);
   const __m256d inf = _mm256_set1_pd(std::numeric_limits<double>::infinity()), zero_d = _mm256_setzero_pd();
@@ -585,10 +624,10 @@ KV_AVX2_INLINE void level_search_offset_lanes(LevelSearchBlocks& q) {
     __m128 fit[2];
     __m128i ok[2];
     for (int h = 0; h < 2; ++h) {
-      const __m256d num = _mm256_add_pd(_mm256_mul_pd(blk.shared.ds[h], _mm256_cvtepi32_pd(half_i(best.sums.scm, h))),
-                                        _mm256_mul_pd(blk.shared.mc[h], _mm256_cvtepi32_pd(half_i(best.sums.sm, h))));
-      fit[h] = _mm256_cvtpd_ps(_mm256_div_pd(num, _mm256_cvtepi32_pd(half_i(best.sums.smm, h))));
-      ok[h] = _mm_cmpeq_epi32(half_i(best.sums.smm, h), _mm_setzero_si128());  // Smm == 0: skipped
+      const __m256d num = _mm256_add_pd(_mm256_mul_pd(blk.shared.ds[h], _mm256_cvtepi32_pd(half_i(best.sums.cross, h))),
+                                        _mm256_mul_pd(blk.shared.mc[h], _mm256_cvtepi32_pd(half_i(best.sums.sum, h))));
+      fit[h] = _mm256_cvtpd_ps(_mm256_div_pd(num, _mm256_cvtepi32_pd(half_i(best.sums.squares, h))));
+      ok[h] = _mm_cmpeq_epi32(half_i(best.sums.squares, h), _mm_setzero_si128());  // Smm == 0: skipped
     }
     consider_offset<kShift>(blk, _mm256_cvtps_ph(_mm256_set_m128(fit[1], fit[0]), _MM_FROUND_TO_NEAREST_INT),
                             _mm256_castsi256_ps(_mm256_set_m128i(ok[1], ok[0])), best);
@@ -631,12 +670,8 @@ KV_AVX2_INLINE __m256i target_levels_of(__m256i a, __m256i b, __m256i c) {
   return _mm256_min_epi16(_mm256_max_epi16(t, _mm256_set1_epi16(-kHt)), _mm256_set1_epi16(kTop - kHt));
 }
 
-struct TargetSums {
-  __m256i sct, st, stt;
-};
-
 template <int kShift, int kHt, int kTop, bool kWide>
-KV_AVX2_INLINE TargetSums target_sums_of(const __m256i* v, const __m256i* a, const __m256i* w, __m256i b, __m256i c) {
+KV_AVX2_INLINE LevelSums8 target_sums_of(const __m256i* v, const __m256i* a, const __m256i* w, __m256i b, __m256i c) {
   const __m256i one16 = _mm256_set1_epi16(1);
   __m256i ct[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
   __m256i st[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
@@ -654,8 +689,7 @@ KV_AVX2_INLINE TargetSums target_sums_of(const __m256i* v, const __m256i* a, con
   }
   const __m256i stt = _mm256_add_epi32(tt[0], tt[1]);
   if constexpr (kWide) return {_mm256_add_epi32(ct[0], ct[1]), _mm256_add_epi32(st[0], st[1]), stt};
-  const OffsetSums s = split_sums(_mm256_add_epi32(ct[0], ct[1]), stt);
-  return {s.scm, s.sm, stt};
+  return unpack_sums8(_mm256_add_epi32(ct[0], ct[1]), stt);
 }
 
 // What a block's errors share (double, 4 lanes a half): ds, mc = ms + hs ds, Scc, Sc.
@@ -665,28 +699,21 @@ struct TargetShared {
 
 // E = (A - (s + s)) + (D D) Stt, u = (mc - M) - H D, w = (ds u) Sc, A = ((ds ds) Scc + (w + w)) +
 // (u u) 32, s = (ds D) Sct + (u D) St, for 4 lanes (level_search.cc, target_error).
-KV_AVX2_INLINE __m256d target_error4(const TargetShared& sh, int h, double ht, __m128 d, __m128 m, const TargetSums& t) {
+KV_AVX2_INLINE __m256d target_error4(const TargetShared& sh, int h, double ht, __m128 d, __m128 m, const LevelSums8& t) {
   const __m256d dd = _mm256_cvtps_pd(d);
   const __m256d u = _mm256_sub_pd(_mm256_sub_pd(sh.mc[h], _mm256_cvtps_pd(m)), _mm256_mul_pd(_mm256_set1_pd(ht), dd));
   const __m256d w = _mm256_mul_pd(_mm256_mul_pd(sh.ds[h], u), sh.sc[h]);
   const __m256d a = _mm256_add_pd(_mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(sh.ds[h], sh.ds[h]), sh.scc[h]), _mm256_add_pd(w, w)),
                                   _mm256_mul_pd(_mm256_mul_pd(u, u), _mm256_set1_pd(32.0)));
-  const __m256d sum = _mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(sh.ds[h], dd), _mm256_cvtepi32_pd(half_i(t.sct, h))),
-                                    _mm256_mul_pd(_mm256_mul_pd(u, dd), _mm256_cvtepi32_pd(half_i(t.st, h))));
+  const __m256d sum = _mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(sh.ds[h], dd), _mm256_cvtepi32_pd(half_i(t.cross, h))),
+                                    _mm256_mul_pd(_mm256_mul_pd(u, dd), _mm256_cvtepi32_pd(half_i(t.sum, h))));
   return _mm256_add_pd(_mm256_sub_pd(a, _mm256_add_pd(sum, sum)),
-                       _mm256_mul_pd(_mm256_mul_pd(dd, dd), _mm256_cvtepi32_pd(half_i(t.stt, h))));
+                       _mm256_mul_pd(_mm256_mul_pd(dd, dd), _mm256_cvtepi32_pd(half_i(t.squares, h))));
 }
 
-KV_AVX2_INLINE Error8 target_error8(const TargetShared& sh, double ht, __m256 d, __m256 m, const TargetSums& t) {
+KV_AVX2_INLINE Error8 target_error8(const TargetShared& sh, double ht, __m256 d, __m256 m, const LevelSums8& t) {
   return {target_error4(sh, 0, ht, half_f(d, 0), half_f(m, 0), t), target_error4(sh, 1, ht, half_f(d, 1), half_f(m, 1), t)};
 }
-
-struct TargetBest {
-  Error8 err;
-  __m256i d16, m16, b, c;  // f16 bits in the low half of d16, m16; b, c in both halves
-  TargetSums sums;
-  __m256 reference;
-};
 
 struct TargetBlock8 {
   const __m256i* v;
@@ -698,36 +725,17 @@ struct TargetBlock8 {
 };
 
 template <int kShift, int kHt, int kTop, bool kWide>
-KV_AVX2_INLINE void consider_target(const TargetBlock8& k, __m128i d16, __m128i m16, __m256 skip, TargetBest& best) {
+KV_AVX2_INLINE void consider_target(const TargetBlock8& k, __m128i d16, __m128i m16, __m256 skip, CandidateBest8& best) {
   const __m256 dc = _mm256_cvtph_ps(d16), mc = _mm256_cvtph_ps(m16);
-  const __m256i bq = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_div_ps(k.ds, dc), _mm256_set1_ps(16384.0f)));
-  const __m256i in_range = _mm256_cmpeq_epi32(
-      bq, _mm256_min_epi32(_mm256_max_epi32(bq, _mm256_set1_epi32(-32767)), _mm256_set1_epi32(32767)));
-  const __m256 ones = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
   const __m256 m_finite = _mm256_cmp_ps(abs8(mc), _mm256_set1_ps(std::numeric_limits<float>::infinity()), _CMP_LT_OQ);
-  const __m256 off = _mm256_or_ps(_mm256_or_ps(skip, k.invalid),
-                                  _mm256_or_ps(_mm256_xor_ps(_mm256_castsi256_ps(in_range), ones),
-                                               _mm256_xor_ps(_mm256_and_ps(finite_nonzero(dc), m_finite), ones)));
-  if (_mm256_movemask_ps(off) == 0xff) return;
+  const CandidateLanes8 lanes = candidate_lanes(k.ds, dc, skip, k.invalid, _mm256_and_ps(finite_nonzero(dc), m_finite));
+  if (_mm256_movemask_ps(lanes.off) == 0xff) return;
   const __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_div_ps(_mm256_sub_ps(k.centre, mc), dc), _mm256_set1_ps(float(kHt))),
                                  _mm256_set1_ps(float(1 << kShift)));
-  const __m256 vc = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-65536.0f)), _mm256_set1_ps(65536.0f));
-  const __m256i c32 = _mm256_min_epi32(
-      _mm256_max_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(vc), _mm256_set1_epi32(1 << (kShift - 1))), _mm256_set1_epi32(-32768)),
-      _mm256_set1_epi32(32767));
-  const __m256 d = _mm256_or_ps(dc, off);  // NaN where off: its error is NaN, never below the best
-  const __m256i b = _mm256_andnot_si256(_mm256_castps_si256(off), both_halves(bq));
-  const __m256i c = _mm256_andnot_si256(_mm256_castps_si256(off), both_halves(c32));
-  const TargetSums s = target_sums_of<kShift, kHt, kTop, kWide>(k.v, k.a, k.w, b, c);
-  const __m256i bi = keep_below(best.err, target_error8(k.shared, double(kHt), d, mc, s));
-  best.d16 = _mm256_blendv_epi8(best.d16, _mm256_cvtepu16_epi32(d16), bi);
-  best.m16 = _mm256_blendv_epi8(best.m16, _mm256_cvtepu16_epi32(m16), bi);
-  best.b = _mm256_blendv_epi8(best.b, b, bi);
-  best.c = _mm256_blendv_epi8(best.c, c, bi);
-  best.sums.sct = _mm256_blendv_epi8(best.sums.sct, s.sct, bi);
-  best.sums.st = _mm256_blendv_epi8(best.sums.st, s.st, bi);
-  best.sums.stt = _mm256_blendv_epi8(best.sums.stt, s.stt, bi);
-  best.reference = _mm256_andnot_ps(_mm256_castsi256_ps(bi), best.reference);
+  const Candidate8 cand = candidate8<kShift>(dc, lanes, v);
+  const LevelSums8 s = target_sums_of<kShift, kHt, kTop, kWide>(k.v, k.a, k.w, cand.b, cand.c);
+  keep_where<true>(best, keep_below(best.err, target_error8(k.shared, double(kHt), cand.d, mc, s)), _mm256_cvtepu16_epi32(d16),
+                   _mm256_cvtepu16_epi32(m16), cand, s);
 }
 
 // Writes a q4_1 (kTop 15) or q5_1 block of scale d16, offset m16 and levels lo16 (values 0..15 as
@@ -844,7 +852,7 @@ KV_AVX2_INLINE void level_search_offset_target_lanes(LevelSearchBlocks& q) {
   const __m128i d16_ref = _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT);
   const __m128i m16_ref = _mm256_cvtps_ph(min, _MM_FROUND_TO_NEAREST_INT);
   const __m256 d_ref = _mm256_cvtph_ps(d16_ref), m_ref = _mm256_cvtph_ps(m16_ref);
-  TargetBest best;
+  CandidateBest8 best;
   best.d16 = _mm256_cvtepu16_epi32(d16_ref);
   best.m16 = _mm256_cvtepu16_epi32(m16_ref);
   best.b = _mm256_setzero_si256();
@@ -867,11 +875,11 @@ KV_AVX2_INLINE void level_search_offset_target_lanes(LevelSearchBlocks& q) {
     __m128 dfit[2], mfit[2];
     __m128i skip[2];
     for (int h = 0; h < 2; ++h) {
-      const __m256d st = _mm256_cvtepi32_pd(half_i(best.sums.st, h));
-      const __m256d det = _mm256_sub_pd(_mm256_mul_pd(_mm256_set1_pd(32.0), _mm256_cvtepi32_pd(half_i(best.sums.stt, h))),
+      const __m256d st = _mm256_cvtepi32_pd(half_i(best.sums.sum, h));
+      const __m256d det = _mm256_sub_pd(_mm256_mul_pd(_mm256_set1_pd(32.0), _mm256_cvtepi32_pd(half_i(best.sums.squares, h))),
                                         _mm256_mul_pd(st, st));
       const __m256d sx = _mm256_add_pd(_mm256_mul_pd(blk.shared.ds[h], blk.shared.sc[h]), _mm256_mul_pd(_mm256_set1_pd(32.0), blk.shared.mc[h]));
-      const __m256d sxt = _mm256_add_pd(_mm256_mul_pd(blk.shared.ds[h], _mm256_cvtepi32_pd(half_i(best.sums.sct, h))),
+      const __m256d sxt = _mm256_add_pd(_mm256_mul_pd(blk.shared.ds[h], _mm256_cvtepi32_pd(half_i(best.sums.cross, h))),
                                         _mm256_mul_pd(blk.shared.mc[h], st));
       const __m256d df = _mm256_div_pd(_mm256_sub_pd(_mm256_mul_pd(_mm256_set1_pd(32.0), sxt), _mm256_mul_pd(st, sx)), det);
       const __m256d mf = _mm256_sub_pd(_mm256_div_pd(_mm256_sub_pd(sx, _mm256_mul_pd(df, st)), _mm256_set1_pd(32.0)),
