@@ -13,7 +13,9 @@ independent of kvsnap's), SHA-256 lane messages and what users write (store conf
 sizes, durations, token lists). The regressions are built here byte by byte so that
 they can be read and regenerated. Existing files are written over, none deleted: the
 mlx_prompt_cache seeds (written by the real mlx-lm) and reproducers committed by hand stay.
-Archives and snapshots hold times and UUIDs, so a run rewrites them with other bytes.
+Archives and snapshots hold times and UUIDs, so a run rewrites them with other bytes. Files named
+by a 40-hex SHA-1 were merged in from fuzzing campaigns: the units that reach coverage edges the
+seeds do not (`FUZZER -set_cover_merge=1 -use_counters=0 CORPUS_DIR CAMPAIGN_DIR`).
 """
 import hashlib
 import io
