@@ -795,7 +795,14 @@ int main(int argc, char** argv) {
                   "                          [--server-save-ms MS] [--stages] [--encrypt] [--decode-only]\n"
                   "                          [--simd scalar|avx2|avx512|neon|all] [--disk-mbps N]\n");
       return 0;
-    } else files.push_back(a);
+    } else if (a.size() > 1 && a[0] == '-') {
+      // Refused, not taken for a file: "--level=-10" once ran the default level and printed its figures.
+      std::fprintf(stderr, "kvsnap-store-bench: unknown option %s (options take their value as the next word; --help)\n",
+                   a.c_str());
+      return 2;
+    } else {
+      files.push_back(a);
+    }
   }
   if (simd_arg == "all") {
     if (g_encrypt || !extends.empty()) {
