@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <random>
 
 // The branch compiled: Linux, macOS, or any other POSIX system. KVSNAP_OS_GENERIC_POSIX (the CMake
 // option of that name) makes a Linux build take the last, so that it is compiled and tested here.
@@ -237,6 +238,52 @@ int raise_listen_backlog(int port, int backlog) {
     if (bound == port && ::listen(fd, backlog) == 0) ++changed;
   }
   return changed;
+}
+
+PortRange ephemeral_port_range() {
+  PortRange r;
+#if defined(KVSNAP_OS_LINUX)
+  std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
+  int first = 0, last = 0;
+  if (f >> first >> last && first >= 1 && first <= last && last <= 65535) r = {first, last};
+#endif
+  return r;
+}
+
+namespace {
+
+// Whether a TCP socket on 127.0.0.1:port binds now (SO_REUSEADDR, as servers set it, so a port
+// in TIME_WAIT counts as free).
+bool loopback_port_binds(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(uint16_t(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+int free_loopback_port(int tries) {
+  const PortRange eph = ephemeral_port_range();
+  // The ports outside the ephemeral range: [1024, first) and (last, 65535].
+  const int below = std::max(0, eph.first - 1024), above = std::max(0, 65535 - eph.last);
+  if (below + above == 0) return -1;
+  std::random_device seed;
+  std::mt19937 rng(seed() ^ uint32_t(::getpid()));
+  std::uniform_int_distribution<int> pick(0, below + above - 1);
+  for (int i = 0; i < tries; ++i) {
+    const int k = pick(rng);
+    const int port = k < below ? 1024 + k : eph.last + 1 + (k - below);
+    if (loopback_port_binds(port)) return port;
+  }
+  return -1;
 }
 
 char** process_environ() {

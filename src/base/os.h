@@ -101,6 +101,21 @@ bool wait_readable_until(int fd, std::chrono::steady_clock::time_point deadline)
 // waits for a core). Looks at descriptors below 4096. Returns how many sockets it changed.
 int raise_listen_backlog(int port, int backlog);
 
+// The kernel's range of ephemeral ports, the ones bind() to port 0 and outgoing connections are
+// given: Linux's /proc/sys/net/ipv4/ip_local_port_range, elsewhere (and where that cannot be
+// read) IANA's 49152-65535, the BSDs' and macOS's default.
+struct PortRange {
+  int first = 49152, last = 65535;
+};
+PortRange ephemeral_port_range();
+
+// A loopback TCP port that can be bound now, for a child process to listen on a moment later.
+// Chosen at random outside the ephemeral range (above it or below it, never under 1024), so that
+// no other process's bind to port 0 or outgoing connection is given it in between: a port the
+// kernel handed out for port 0 was, to another test's client while llama-server started (it
+// failed "couldn't bind HTTP server socket"). -1 when none of `tries` candidates binds.
+int free_loopback_port(int tries = 64);
+
 // Waits for child `pid` until `deadline`; one still running then is sent SIGKILL and reaped
 // (*killed set). Returns its wait status, or -1 when waitpid fails (errno says why).
 int wait_child_until(pid_t pid, std::chrono::steady_clock::time_point deadline, bool* killed);

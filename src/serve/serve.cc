@@ -78,20 +78,11 @@ void pin_to_slot(Forward& f, int slot) {
   write_id_slot(f, slot);  // an object: slot_want found one
 }
 
-// A port the kernel says is free on loopback now (the child binds it a moment later).
-Result<int> free_loopback_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return Status::IOError("socket() failed");
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t n = sizeof a;
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  if (port <= 0) return Status::IOError("cannot find a free loopback port for llama-server");
+// The child's port (base/os.h: outside the ephemeral range, so no other process is given it
+// before the child binds it).
+Result<int> child_port() {
+  const int port = free_loopback_port();
+  if (port <= 0) return Status::IOError("cannot find a free loopback port for llama-server (outside the ephemeral range)");
   return port;
 }
 
@@ -230,7 +221,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   KV_ASSIGN_OR_RETURN(auto stores, TenantStores::open(io, where, o.tenant_per_namespace));
   const std::string serve_dir = where.local_dir + "/serve", slot_dir = serve_dir + "/slots";
   KV_RETURN_IF_ERROR(io.create_dirs(slot_dir));
-  KV_ASSIGN_OR_RETURN(po.upstream_port, free_loopback_port());
+  KV_ASSIGN_OR_RETURN(po.upstream_port, child_port());
 
   signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not the end of kvsnap
 

@@ -531,5 +531,35 @@ TEST(OsDeathTest, WithoutTheGuardTheSameWriteEndsTheProcess) {  // so the test a
   EXPECT_EXIT(write_to_a_closed_pipe(false), ::testing::KilledBySignal(SIGPIPE), "");
 }
 
+// The ephemeral range is the kernel's own (Linux), and a child's port is picked outside it, at
+// least 1024, and binds: no bind() to port 0 or outgoing connection elsewhere can be given it
+// between the pick and the child's bind.
+TEST(Os, AChildsLoopbackPortIsOutsideTheEphemeralRangeAndBinds) {
+  const PortRange eph = ephemeral_port_range();
+  ASSERT_LE(eph.first, eph.last);
+#if defined(KVSNAP_OS_LINUX)
+  std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
+  int first = 0, last = 0;
+  ASSERT_TRUE(f >> first >> last);
+  EXPECT_EQ(eph.first, first);
+  EXPECT_EQ(eph.last, last);
+#endif
+  for (int i = 0; i < 20; ++i) {
+    const int port = free_loopback_port();
+    ASSERT_GT(port, 0);
+    EXPECT_GE(port, 1024);
+    EXPECT_TRUE(port < eph.first || port > eph.last) << port << " is in " << eph.first << "-" << eph.last;
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(uint16_t(port));
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << port << ": " << std::strerror(errno);
+    ::close(fd);
+  }
+  EXPECT_EQ(free_loopback_port(0), -1);  // no candidate tried: none found
+}
+
 }  // namespace
 }  // namespace kvsnap
