@@ -272,15 +272,17 @@ bool loopback_port_binds(int port) {
 
 int free_loopback_port(int tries) {
   const PortRange eph = ephemeral_port_range();
-  // The ports outside the ephemeral range: [1024, first) and (last, 65535].
-  const int below = std::max(0, eph.first - 1024), above = std::max(0, 65535 - eph.last);
+  // The ports outside the ephemeral range: [10000, first) and (last, 65535] (below 10000 are the
+  // fixed ports services are configured on: 5432, 8080, ...).
+  constexpr int kLowest = 10000;
+  const int below = std::max(0, eph.first - kLowest), above = std::max(0, 65535 - eph.last);
   if (below + above == 0) return -1;
   std::random_device seed;
   std::mt19937 rng(seed() ^ uint32_t(::getpid()));
   std::uniform_int_distribution<int> pick(0, below + above - 1);
   for (int i = 0; i < tries; ++i) {
     const int k = pick(rng);
-    const int port = k < below ? 1024 + k : eph.last + 1 + (k - below);
+    const int port = k < below ? kLowest + k : eph.last + 1 + (k - below);
     if (loopback_port_binds(port)) return port;
   }
   return -1;

@@ -532,7 +532,7 @@ TEST(OsDeathTest, WithoutTheGuardTheSameWriteEndsTheProcess) {  // so the test a
 }
 
 // The ephemeral range is the kernel's own (Linux), and a child's port is picked outside it, at
-// least 1024, and binds: no bind() to port 0 or outgoing connection elsewhere can be given it
+// least 10000, and binds: no bind() to port 0 or outgoing connection elsewhere can be given it
 // between the pick and the child's bind.
 TEST(Os, AChildsLoopbackPortIsOutsideTheEphemeralRangeAndBinds) {
   const PortRange eph = ephemeral_port_range();
@@ -547,7 +547,7 @@ TEST(Os, AChildsLoopbackPortIsOutsideTheEphemeralRangeAndBinds) {
   for (int i = 0; i < 20; ++i) {
     const int port = free_loopback_port();
     ASSERT_GT(port, 0);
-    EXPECT_GE(port, 1024);
+    EXPECT_GE(port, 10000);
     EXPECT_TRUE(port < eph.first || port > eph.last) << port << " is in " << eph.first << "-" << eph.last;
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     ASSERT_GE(fd, 0);
