@@ -111,10 +111,10 @@ PortRange ephemeral_port_range();
 
 // A loopback TCP port that can be bound now, for a child process to listen on a moment later.
 // Chosen at random outside the ephemeral range (above it or below it, never under 10000, where
-// services have their fixed ports), so that no other process's bind to port 0 or outgoing
-// connection is given it in between: a port the kernel handed out for port 0 was, to another
-// test's client while llama-server started (it failed "couldn't bind HTTP server socket").
-// -1 when none of `tries` candidates binds. Tests pick their servers' ports with it too.
+// services have their fixed ports), so that
+// no other process's bind to port 0 or outgoing connection is given it in between: a port the
+// kernel handed out for port 0 was, to another test's client while llama-server started (it
+// failed "couldn't bind HTTP server socket"). -1 when none of `tries` candidates binds.
 int free_loopback_port(int tries = 64);
 
 // Waits for child `pid` until `deadline`; one still running then is sent SIGKILL and reaped

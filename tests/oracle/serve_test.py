@@ -61,7 +61,6 @@ import hashlib
 import http.client
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -84,24 +83,7 @@ def check(cond, what):
 
 
 def free_port():
-    """A loopback port for a server started a moment later, picked as kvsnap serve picks its
-    child's (src/base/os.h free_loopback_port): at random outside the kernel's ephemeral range, so
-    no other test's connection or bind to port 0 is given it in between."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            first, last = (int(v) for v in f.read().split())
-    except (OSError, ValueError):
-        first, last = 49152, 65535
-    candidates = list(range(10000, first)) + list(range(last + 1, 65536))
-    for port in random.sample(candidates, 64):
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:  # none free: the kernel's choice
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
