@@ -20,16 +20,13 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from loopback import free_port  # noqa: E402  (tests/loopback.py)
 
 
 def wait_health(port, proc, what, log):

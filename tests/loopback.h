@@ -7,8 +7,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+
+#include "base/os.h"
 
 namespace kvsnap::test {
 
@@ -29,15 +32,11 @@ inline int bind_loopback(int* port) {
   return fd;
 }
 
-// A loopback TCP port nobody listens on now: the kernel's choice for a socket bound to port 0, the
-// socket closed again (a test then starts its server there). 0 when the kernel gave none.
-inline int free_port() {
-  int port = 0;
-  const int fd = bind_loopback(&port);
-  if (fd < 0) return 0;
-  ::close(fd);
-  return port;
-}
+// A loopback TCP port nobody holds now, for a server the test starts there a moment later:
+// kvsnap serve's own pick for its child (base/os.h free_loopback_port: outside the kernel's
+// ephemeral range, so no other test's connection or bind to port 0 is given it in between, and
+// not in TIME_WAIT). 0 when none was found.
+inline int free_port() { return std::max(0, free_loopback_port()); }
 
 // A listening socket on 127.0.0.1 at a free port (*port), or -1. Connections wait in its backlog
 // until the test accepts them (or never, for a server that does not answer).

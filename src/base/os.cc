@@ -250,15 +250,13 @@ PortRange ephemeral_port_range() {
   return r;
 }
 
-namespace {
-
-// Whether a TCP socket on 127.0.0.1:port binds now (SO_REUSEADDR, as servers set it, so a port
-// in TIME_WAIT counts as free).
-bool loopback_port_binds(int port) {
+// Without SO_REUSEADDR: servers differ in what they set (cpp-httplib 0.11.4, kvsnap serve's own
+// listener, sets SO_REUSEPORT alone), and one without SO_REUSEADDR may fail to bind a port in
+// TIME_WAIT: a test's `kvsnap serve` failed so ("cannot listen ... address in use") on a port a
+// check with SO_REUSEADDR set had passed.
+bool loopback_port_is_free(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return false;
-  const int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -267,8 +265,6 @@ bool loopback_port_binds(int port) {
   ::close(fd);
   return ok;
 }
-
-}  // namespace
 
 int free_loopback_port(int tries) {
   const PortRange eph = ephemeral_port_range();
@@ -283,7 +279,7 @@ int free_loopback_port(int tries) {
   for (int i = 0; i < tries; ++i) {
     const int k = pick(rng);
     const int port = k < below ? kLowest + k : eph.last + 1 + (k - below);
-    if (loopback_port_binds(port)) return port;
+    if (loopback_port_is_free(port)) return port;
   }
   return -1;
 }

@@ -117,6 +117,10 @@ PortRange ephemeral_port_range();
 // failed "couldn't bind HTTP server socket"). -1 when none of `tries` candidates binds.
 int free_loopback_port(int tries = 64);
 
+// Whether a TCP socket binds to 127.0.0.1:port now with no socket option set: false while any
+// socket holds the port, one in TIME_WAIT included (a server may fail to bind such a port).
+bool loopback_port_is_free(int port);
+
 // Waits for child `pid` until `deadline`; one still running then is sent SIGKILL and reaped
 // (*killed set). Returns its wait status, or -1 when waitpid fails (errno says why).
 int wait_child_until(pid_t pid, std::chrono::steady_clock::time_point deadline, bool* killed);

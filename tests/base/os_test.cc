@@ -561,5 +561,54 @@ TEST(Os, AChildsLoopbackPortIsOutsideTheEphemeralRangeAndBinds) {
   EXPECT_EQ(free_loopback_port(0), -1);  // no candidate tried: none found
 }
 
+// A port whose last connection is in TIME_WAIT is not free: a server without SO_REUSEADDR (kvsnap
+// serve's listener sets SO_REUSEPORT alone) may fail to bind it.
+TEST(Os, APortInTimeWaitIsNotFree) {
+  const auto loopback = [](int port) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(uint16_t(port));
+    return a;
+  };
+  // The listener sets SO_REUSEADDR, as most servers do; the connection it accepts inherits it,
+  // and so does that connection's TIME_WAIT, which another SO_REUSEADDR socket may then bind over.
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  const int one = 1;
+  ASSERT_EQ(::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one), 0);
+  sockaddr_in a = loopback(0);
+  socklen_t n = sizeof a;
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &n), 0);
+  const int port = ntohs(a.sin_port);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  const int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(client, 0);
+  const sockaddr_in to = loopback(port);
+  ASSERT_EQ(::connect(client, reinterpret_cast<const sockaddr*>(&to), sizeof to), 0);
+  const int served = ::accept(listener, nullptr, nullptr);
+  ASSERT_GE(served, 0);
+  ::close(listener);
+  ::close(served);  // the server's side closes first: its end (127.0.0.1:port) goes to TIME_WAIT
+  char byte;
+  EXPECT_EQ(::read(client, &byte, 1), 0);  // the server's FIN has arrived
+  ::close(client);
+  // Only the TIME_WAIT socket holds the port now: a bind with SO_REUSEADDR succeeds (the old
+  // check), one without does not.
+  bool reuse_binds = false;
+  for (int i = 0; i < 100 && !reuse_binds; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    const sockaddr_in at = loopback(port);
+    reuse_binds = ::bind(fd, reinterpret_cast<const sockaddr*>(&at), sizeof at) == 0;
+    ::close(fd);
+    if (!reuse_binds) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(reuse_binds) << "port " << port << " still held by more than a TIME_WAIT socket";
+  EXPECT_FALSE(loopback_port_is_free(port)) << port;
+}
+
 }  // namespace
 }  // namespace kvsnap

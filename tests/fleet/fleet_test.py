@@ -33,7 +33,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -43,6 +42,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from loopback import free_port  # noqa: E402  (tests/loopback.py)
 
 SRC = Path(__file__).resolve().parents[2]
 PSQL = os.environ.get("KVSNAP_PG_BIN", "/usr/lib/postgresql/15/bin") + "/psql"
@@ -111,14 +113,6 @@ def make_slot(path, seed, cells, n_layer=4, n=256, prefix_seed=None, prefix_cell
 
 
 # ---------------------------------------------------------------- the servers
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
 
 def start_postgres(d):
     """The server's data lives in `d` (postgres.sh stop removes it)."""

@@ -21,21 +21,18 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from loopback import free_port  # noqa: E402  (tests/loopback.py)
 
 SUFFIX = " And then the story went on, one more time."
 N_PREDICT = 6
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

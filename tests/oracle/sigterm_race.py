@@ -12,16 +12,13 @@ load decides how often the window is hit. Prints one line per start and the coun
 """
 import http.client
 import signal
-import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from loopback import free_port  # noqa: E402  (tests/loopback.py)
 
 
 def status(port, path):
