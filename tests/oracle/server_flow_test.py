@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from server_test import Server, completion, mean_kl, agreeing_prefix, SUFFIX  # noqa: E402
@@ -157,14 +158,28 @@ def main():
         p = kvsnap([k, "restore", "no-such-snapshot", "--server", src.url, "--slot-dir", slots], env, expect=None)
         check(p.returncode == 8 and "no-such-snapshot" in p.stderr and not leftovers(slots),
               f"unknown snapshot refused with exit 8: {p.returncode} {p.stderr.strip()}")
-        # failure: slot busy (a long generation is running)
-        busy = threading.Thread(target=lambda: src.post("/completion", {"prompt": prompt, "n_predict": 3000,
-                                                                         "id_slot": 0, "ignore_eos": True}))
-        busy.start()
-        time.sleep(1.0)
-        p = kvsnap([k, "save", "--server", src.url, "--slot", "0", "--slot-dir", slots], env, expect=None)
-        busy.join()
-        check(p.returncode != 0 and "busy" in p.stderr, f"busy slot refused: {p.stderr.strip()}")
+        # failure: slot busy (a long generation is running). kvsnap starts once llama-server reports
+        # the slot processing; a save that succeeded after the generation had ended proves nothing
+        # (a fast CPU generates the tiny model's 3,000 tokens in under a second), so that try is
+        # made again
+        def slot_processing():
+            req = urllib.request.Request(src.url + "/slots", headers=(
+                {"Authorization": "Bearer " + src.api_key} if src.api_key else {}))
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return any(x.get("is_processing") for x in json.loads(r.read()))
+        for tries in range(1, 6):
+            busy = threading.Thread(target=lambda: src.post("/completion", {"prompt": prompt, "n_predict": 3000,
+                                                                             "id_slot": 0, "ignore_eos": True}))
+            busy.start()
+            deadline = time.monotonic() + 30
+            while not slot_processing() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            p = kvsnap([k, "save", "--server", src.url, "--slot", "0", "--slot-dir", slots], env, expect=None)
+            generation_ended_first = not busy.is_alive()
+            busy.join()
+            if p.returncode != 0 or not generation_ended_first:
+                break
+        check(p.returncode != 0 and "busy" in p.stderr, f"busy slot refused (try {tries}): {p.stderr.strip()}")
         check(not leftovers(slots), "nothing left after the refusals")
         # failure: a kvsnap that may not write in the slot directory (llama-server may) would leave the
         # server's file there, one per save, exit 0 (a review's finding): refused before the server saves
