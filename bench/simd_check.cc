@@ -843,6 +843,17 @@ int main(int argc, char** argv) {
     timed("chunk XXH3", check_chunk_xxh);
     std::printf("  %s: codecs, rotation, row pipelines, MLX affine rows and the chunk byte shuffle compared (%s)\n",
                 simd::level_name(l), took.c_str());
+    if (l == Level::kAvx512) {
+      // the q8_0 rows this CPU's vector width did not pick (simd::avx512_in_halves)
+      const bool halves = simd::avx512_in_halves();
+      simd::set_avx512_in_halves(!halves);
+      took.clear();
+      timed("row pipelines", check_pipelines);
+      timed("row lengths", check_row_lengths);
+      simd::set_avx512_in_halves(halves);
+      std::printf("  %s: row pipelines compared again with the q8_0 rows built for %s (%s)\n", simd::level_name(l),
+                  halves ? "full-width 512-bit operations" : "512-bit operations split in halves", took.c_str());
+    }
     if (exhaustive) check_half_exhaustive(l);
   }
 #ifdef KVSNAP_SIMD_X86

@@ -541,9 +541,12 @@ constexpr FusedEntry kFused[] = {
 }  // namespace
 
 FusedRowFn find_fused_avx512(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot) {
-  // the q8_0 rows where the AVX2 kernels with AVX-512VL's registers are faster on Zen 4 than
-  // this file's (docs/performance.md)
-  if (FusedRowFn f = find_fused_avx2_vl(src, dst, rotate, n_rot)) return f;
+  // Where a 512-bit operation is split in two (Zen 4), the AVX2 kernels with AVX-512VL's
+  // registers beat this file's on the q8_0 rows; at full width (Zen 5, Intel) this file's win
+  // (docs/performance.md, "How the kernels are built").
+  if (avx512_in_halves()) {
+    if (FusedRowFn f = find_fused_avx2_vl(src, dst, rotate, n_rot)) return f;
+  }
   for (const FusedEntry& e : kFused) {
     if (e.src != src || e.dst != dst) continue;
     if (!rotate) return e.plain;

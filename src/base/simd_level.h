@@ -64,4 +64,13 @@ const char* level_name(Level l);
 // The CPU features seen, e.g. "x86-64: avx2 f16c avx512f avx512bw avx512dq avx512vl", "aarch64: neon".
 std::string describe();
 
+// Whether this CPU splits a 512-bit vector operation into two 256-bit halves: AMD Zen 4 (family
+// 0x19 with AVX-512) does; Intel's AVX-512 cores and Zen 5 run it at full width. The avx512 level
+// picks its q8_0 rows by it (migrate/kernels/x86_avx512.cc, find_fused_avx512): AVX2 code with
+// AVX-512VL's registers on halves, 512-bit code at full width; both write the same bytes.
+// KVSNAP_AVX512_HALVES=1|0 (read at first use) or set_avx512_in_halves() overrides the detection
+// (kvsnap-simd-check proves both choices' bytes on any AVX-512 CPU; the benches compare them).
+bool avx512_in_halves();
+void set_avx512_in_halves(bool halves);
+
 }  // namespace kvsnap::simd
