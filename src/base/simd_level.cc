@@ -139,6 +139,9 @@ std::string describe() {
   for (const auto& [name, has] : features) {
     if (has) s += std::string(" ") + name;
   }
+  if (__builtin_cpu_supports("avx512f")) {
+    s += avx512_in_halves() ? " (512-bit operations in two halves)" : " (512-bit operations at full width)";
+  }
   return s;
 #elif defined(KVSNAP_SIMD_NEON)
   return "aarch64: neon";

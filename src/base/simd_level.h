@@ -61,7 +61,8 @@ bool set_level(Level l);
 // "scalar", "avx2", "avx512", "neon"; false for an unknown name or an unsupported level.
 bool set_level(std::string_view name);
 const char* level_name(Level l);
-// The CPU features seen, e.g. "x86-64: avx2 f16c avx512f avx512bw avx512dq avx512vl", "aarch64: neon".
+// The CPU features seen, e.g. "x86-64: avx2 f16c avx512f avx512bw avx512dq avx512vl (512-bit operations at
+// full width)", "aarch64: neon".
 std::string describe();
 
 // Whether this CPU splits a 512-bit vector operation into two 256-bit halves: AMD Zen 4 (family
