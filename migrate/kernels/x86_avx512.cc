@@ -542,8 +542,8 @@ constexpr FusedEntry kFused[] = {
 
 FusedRowFn find_fused_avx512(GgmlType src, GgmlType dst, bool rotate, uint32_t n_rot) {
   // Where a 512-bit operation is split in two (Zen 4), the AVX2 kernels with AVX-512VL's
-  // registers beat this file's on the q8_0 rows; at full width (Zen 5, Intel) this file's win
-  // (docs/performance.md, "How the kernels are built").
+  // registers beat this file's on the q8_0 rows; at full width this file's won on Zen 5 (Intel
+  // takes them too, unmeasured: docs/performance.md, "How the kernels are built").
   if (avx512_in_halves()) {
     if (FusedRowFn f = find_fused_avx2_vl(src, dst, rotate, n_rot)) return f;
   }

@@ -45,7 +45,7 @@ bool is_dir(const std::string& p) {
 bool writable(const std::string& p) { return ::access(p.c_str(), W_OK) == 0; }
 
 // The SIMD level every kernel uses (base/simd_level.h), and whether KVSNAP_SIMD asked for one this
-// CPU cannot run (it is then ignored).
+// CPU cannot run or KVSNAP_AVX512_HALVES is neither 1 nor 0 (either is then ignored).
 void check_simd(std::vector<Check>& out) {
   std::string runs;
   for (size_t i = 0; i < simd::kLevelCount; ++i)
@@ -57,6 +57,14 @@ void check_simd(std::vector<Check>& out) {
     out.push_back({Verdict::kWarn, "simd", std::string("KVSNAP_SIMD=") + env + " is not a level this CPU runs, so " +
                                                in_use + " is used (" + cpu + ")",
                    "unset KVSNAP_SIMD, or set it to one of: " + runs});
+    return;
+  }
+  const char* halves = std::getenv("KVSNAP_AVX512_HALVES");
+  if (halves && std::string_view(halves) != "0" && std::string_view(halves) != "1") {
+    out.push_back({Verdict::kWarn, "simd",
+                   std::string("KVSNAP_AVX512_HALVES=") + halves + " is neither 1 nor 0, so it is ignored (" + cpu + ")",
+                   "unset KVSNAP_AVX512_HALVES, or set it to 1 (the avx512 level's q8_0 rows as for 512-bit operations "
+                   "split in halves, as on Zen 4) or 0 (as at full width)"});
     return;
   }
   out.push_back({Verdict::kOk, "simd",

@@ -1080,6 +1080,15 @@ TEST_F(StoreCli, DoctorNamesTheSimdLevel) {
   EXPECT_EQ(r.code, 0) << "a warning: " << r.out << r.err;
   EXPECT_NE(r.out.find("warn  simd: KVSNAP_SIMD=sse9 is not a level this CPU runs"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("-> unset KVSNAP_SIMD, or set it to one of: scalar"), std::string::npos) << r.out;
+  r = kv("doctor", "KVSNAP_AVX512_HALVES=yes");
+  EXPECT_EQ(r.code, 0) << "a warning: " << r.out << r.err;
+  EXPECT_NE(r.out.find("warn  simd: KVSNAP_AVX512_HALVES=yes is neither 1 nor 0, so it is ignored"), std::string::npos)
+      << r.out;
+  // On an AVX-512 CPU the line says how its q8_0 rows are picked, and the variable sets it.
+  if (kv("doctor").out.find(" avx512f") != std::string::npos) {
+    EXPECT_NE(kv("doctor", "KVSNAP_AVX512_HALVES=1").out.find("(512-bit operations in two halves)"), std::string::npos);
+    EXPECT_NE(kv("doctor", "KVSNAP_AVX512_HALVES=0").out.find("(512-bit operations at full width)"), std::string::npos);
+  }
 }
 
 // ... and the SHA-256 kernel the store's chunk ids use: the best here, the one KVSNAP_SHA sets,
