@@ -59,13 +59,13 @@ int main(int argc, char** argv) {
   const double one = rate(seconds, len, [&] { sink[0] ^= sha256_of(msgs[0])[0]; });
   std::printf("openssl, one stream%s: %.3f GB/s (messages of %zu KiB)\n",
               std::getenv("OPENSSL_ia32cap") ? " (OPENSSL_ia32cap set)" : "", one, kib);
-  for (Sha256Kernel k : {Sha256Kernel::kShaniX2, Sha256Kernel::kAvx2X8}) {
+  for (Sha256Kernel k : {Sha256Kernel::kShaniX2, Sha256Kernel::kShaniX4, Sha256Kernel::kAvx2X8}) {
     if (!sha256_kernel_supported(k)) {
       std::printf("%s: not on this CPU\n", sha256_kernel_name(k));
       continue;
     }
-    for (size_t n : {size_t(1), size_t(2), size_t(4), size_t(8)}) {
-      if (n > 2 && k == Sha256Kernel::kShaniX2) break;
+    for (size_t n : {size_t(1), size_t(2), size_t(3), size_t(4), size_t(8)}) {
+      if (n > sha256_kernel_width(k)) break;
       Sha256Lanes lanes(k);
       // A fast wrong kernel must not look good: its digests first, against OpenSSL's.
       {

@@ -506,8 +506,8 @@ void bench_stages(const std::string& path, const std::string& dir) {
   t0 = Clock::now();
   for (size_t at = 0; at < all.size(); at += kPiece) (void)sha256_of(piece(at));
   const double t_sha = secs(t0);
-  // As many pieces at a time as the process's Sha256Lanes kernel (KVSNAP_SHA) has lanes (2 with
-  // SHA-NI, 8 with AVX2), as the decode's and the save's chunk groups go.
+  // As many pieces at a time as the process's Sha256Lanes kernel (KVSNAP_SHA) has lanes (2 or 4
+  // with SHA-NI, 8 with AVX2), as the decode's and the save's chunk groups go.
   const size_t lanes = std::max<size_t>(2, sha256_kernel_width(sha256_kernel()));
   t0 = Clock::now();
   for (size_t at = 0; at < all.size(); at += lanes * kPiece) {

@@ -52,7 +52,7 @@ Sha256Digest content_digest_of_table(const SegmentTable& t, uint64_t file_size, 
 
 // Recomputed from `original`'s bytes: every chunk read back at its place in the file and hashed
 // (cipher: its keyed id), as many at a time as `kernel` hashes together (base/sha256_lanes.h: 2
-// with SHA-NI, 8 in AVX2 lanes; the digest is the same whatever the kernel). `original` must have
+// or 4 with SHA-NI, 8 in AVX2 lanes; the digest is the same whatever the kernel). `original` must have
 // the table's size.
 Result<Sha256Digest> content_digest_of_original(const SegmentTable& t, const ReadableFile& original,
                                                 const ChunkCipher* cipher, Sha256Kernel kernel = sha256_kernel());

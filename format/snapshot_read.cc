@@ -89,7 +89,7 @@ struct SnapshotReader::Impl {
   // Sha256Lanes::kMaxLanes), their SHA-256s computed together (base/sha256_lanes.h).
   Status load_group_into(std::span<const uint64_t> ids, std::span<const std::span<std::byte>> outs) const;
   // How many whole chunks read_at hands load_group_into at once: the SHA-256 kernel's lanes (2
-  // with SHA-NI, 8 with AVX2); 1 with OpenSSL's one stream or for keyed ids.
+  // or 4 with SHA-NI, 8 with AVX2); 1 with OpenSSL's one stream or for keyed ids.
   size_t group_size() const {
     return cipher || m.encryption ? 1 : sha256_kernel_width(sha256_kernel());
   }

@@ -352,7 +352,7 @@ Status encode_one(const ChunkReader& reader, uint64_t index, const Sha256Digest&
 }
 
 // Chunks first..first+count-1 (count <= Sha256Lanes::kMaxLanes) into slots[0..count-1]: the ids
-// of those that need one are computed together (base/sha256_lanes.h: two SHA-256s interleaved, or
+// of those that need one are computed together (base/sha256_lanes.h: two or four SHA-256s interleaved, or
 // eight in AVX2 lanes, run faster than one after the other), keyed ids one by one.
 Status encode_group(const ChunkReader& reader, uint64_t first, size_t count, ChunkEncoder& enc, const SnapshotOptions& o,
                     const KnownByXxh& known_xxh, Slot* slots) {
@@ -454,7 +454,7 @@ class AdaptiveLevel {
 };
 
 // Encodes every chunk on `o.threads` persistent workers, as many chunks a job as the SHA-256
-// kernel hashes at once (at least two: 2 with SHA-NI, 8 with AVX2 lanes), and hands the blobs to
+// kernel hashes at once (at least two: 2 or 4 with SHA-NI, 8 with AVX2 lanes), and hands the blobs to
 // `sink` in order on this thread while the workers go on (format/snapshot_pipeline.h):
 // 2 x threads jobs in flight at most (one being encoded, one waiting for the sink, per worker).
 Status encode_all(const ChunkReader& reader, const SnapshotOptions& o, ChunkSink& sink, std::vector<ChunkRef>& refs) {

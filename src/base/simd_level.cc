@@ -63,24 +63,20 @@ std::atomic<int>& current() {
 }
 
 #ifdef KVSNAP_SIMD_X86
-// AMD family 0x19 (Zen 3 and Zen 4; of those only Zen 4 has AVX-512): CPUID.0 vendor
-// "AuthenticAMD", CPUID.1:EAX's family, base 0xF plus the extended family.
-bool detect_avx512_in_halves() {
+// CPUID.0's vendor "AuthenticAMD", CPUID.1:EAX's family (base 0xF plus the extended family).
+unsigned detect_amd_family() {
   unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
   const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "Auth" "enti" "cAMD"
-  if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return false;
-  const unsigned base = (a >> 8) & 0xF, family = base == 0xF ? base + ((a >> 20) & 0xFF) : base;
-  return family == 0x19;
+  if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return 0;
+  const unsigned base = (a >> 8) & 0xF;
+  return base == 0xF ? base + ((a >> 20) & 0xFF) : base;
 }
 #endif
 
 std::atomic<bool>& in_halves() {
   static std::atomic<bool> halves = [] {
-    bool h = false;
-#ifdef KVSNAP_SIMD_X86
-    h = detect_avx512_in_halves();
-#endif
+    bool h = amd_family() == 0x19;  // Zen 3 and Zen 4; of those only Zen 4 has AVX-512
     if (const char* env = std::getenv("KVSNAP_AVX512_HALVES")) {
       if (std::string_view(env) == "1") h = true;
       if (std::string_view(env) == "0") h = false;
@@ -91,6 +87,15 @@ std::atomic<bool>& in_halves() {
 }
 
 }  // namespace
+
+unsigned amd_family() {
+#ifdef KVSNAP_SIMD_X86
+  static const unsigned family = detect_amd_family();
+  return family;
+#else
+  return 0;
+#endif
+}
 
 bool avx512_in_halves() { return in_halves().load(std::memory_order_relaxed); }
 void set_avx512_in_halves(bool halves) { in_halves().store(halves, std::memory_order_relaxed); }

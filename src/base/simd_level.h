@@ -74,4 +74,10 @@ std::string describe();
 bool avx512_in_halves();
 void set_avx512_in_halves(bool halves);
 
+// The CPU's family when it is AMD's (CPUID leaf 1: the base family plus the extended one;
+// 0x19 Zen 3 and Zen 4, 0x1A Zen 5), 0 on any other CPU or architecture. For choices that
+// were measured on one microarchitecture and not on others (avx512_in_halves above, the
+// SHA-256 kernel of base/sha256_lanes.h).
+unsigned amd_family();
+
 }  // namespace kvsnap::simd

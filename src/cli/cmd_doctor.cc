@@ -78,12 +78,12 @@ void check_simd(std::vector<Check>& out) {
 // KVSNAP_SHA asked for one this CPU cannot run (the best it has is then used).
 void check_sha256(std::vector<Check>& out) {
   std::string runs;
-  for (Sha256Kernel k : {Sha256Kernel::kOpenssl, Sha256Kernel::kShaniX2, Sha256Kernel::kAvx2X8})
+  for (Sha256Kernel k : kSha256Kernels)
     if (sha256_kernel_supported(k)) runs += std::string(runs.empty() ? "" : " ") + sha256_kernel_name(k);
   const std::string in_use = sha256_kernel_name(sha256_kernel());
   const char* env = std::getenv("KVSNAP_SHA");
   bool env_runs = false;
-  for (Sha256Kernel k : {Sha256Kernel::kOpenssl, Sha256Kernel::kShaniX2, Sha256Kernel::kAvx2X8})
+  for (Sha256Kernel k : kSha256Kernels)
     env_runs = env_runs || (env && sha256_kernel_supported(k) && std::string_view(env) == sha256_kernel_name(k));
   if (env && !env_runs) {
     out.push_back({Verdict::kWarn, "sha256",

@@ -195,7 +195,7 @@ bool wants_conversion(const ConversionSpec& s) {
 Status store_detail::copy_parallel(const SnapshotReader& reader, uint32_t threads, ByteSink& out) {
   const ReadableFile& file = reader.original();
   // ~1 MiB blocks hold about two of a slot's 512 KiB chunks, which a block's read decodes and
-  // checks together (SHA-256 x2 with SHA-NI, base/sha256_lanes.h); eight AVX2 lanes want ~4 MiB
+  // checks together (SHA-256 x2 with SHA-NI, base/sha256_lanes.h; x4 on Zen 5: ~2 MiB); eight AVX2 lanes want ~4 MiB
   // blocks (a decode's CPU -30%; a restore to a file no cheaper: writing a 4 MiB block costs more
   // than a 1 MiB one still in cache: docs/store.md, "SHA-256 kernels").
   const std::vector<uint64_t> cuts =

@@ -25,7 +25,7 @@ Bytes random_bytes(std::mt19937_64& rng, size_t n) {
 // The kernels this machine runs (OpenSSL always); a test names the kernel in its failures.
 std::vector<Sha256Kernel> kernels() {
   std::vector<Sha256Kernel> ks;
-  for (Sha256Kernel k : {Sha256Kernel::kOpenssl, Sha256Kernel::kShaniX2, Sha256Kernel::kAvx2X8})
+  for (Sha256Kernel k : kSha256Kernels)
     if (sha256_kernel_supported(k)) ks.push_back(k);
   return ks;
 }
@@ -148,14 +148,16 @@ TEST(Sha256Lanes, ManyAtOnce) {
 
 TEST(Sha256Lanes, KernelNamesAndWidths) {
   EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kShaniX2), "shani-x2");
+  EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kShaniX4), "shani-x4");
   EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kAvx2X8), "avx2-x8");
   EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kOpenssl), "openssl");
   EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kShaniX2), 2u);
+  EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kShaniX4), 4u);
   EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kAvx2X8), 8u);
   EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kOpenssl), 1u);
   EXPECT_TRUE(sha256_kernel_supported(sha256_kernel()));
   // A kernel this CPU lacks falls back to OpenSSL instead of faulting.
-  for (Sha256Kernel k : {Sha256Kernel::kShaniX2, Sha256Kernel::kAvx2X8})
+  for (Sha256Kernel k : {Sha256Kernel::kShaniX2, Sha256Kernel::kShaniX4, Sha256Kernel::kAvx2X8})
     if (!sha256_kernel_supported(k)) {
       EXPECT_EQ(Sha256Lanes(k).kernel(), Sha256Kernel::kOpenssl);
     }
@@ -177,7 +179,9 @@ TEST(Sha256Lanes, EnvironmentChoosesTheKernel) {
       EXPECT_EQ(got, want);
     }
   } else {
-    EXPECT_EQ(sha256_kernel(), sha256_kernel_supported(Sha256Kernel::kShaniX2)  ? Sha256Kernel::kShaniX2
+    // Four SHA-NI chains on Zen 5 (AMD family 0x1A), two on other SHA-NI CPUs.
+    const Sha256Kernel shani = simd::amd_family() == 0x1A ? Sha256Kernel::kShaniX4 : Sha256Kernel::kShaniX2;
+    EXPECT_EQ(sha256_kernel(), sha256_kernel_supported(Sha256Kernel::kShaniX2)  ? shani
                                : sha256_kernel_supported(Sha256Kernel::kAvx2X8) ? Sha256Kernel::kAvx2X8
                                                                                 : Sha256Kernel::kOpenssl);
   }

@@ -1112,7 +1112,7 @@ TEST_F(StoreCli, DoctorNamesTheSha256Kernel) {
   // runs" (a review's finding).
   const std::string plain = kv("doctor").out;
   const bool simd_above_scalar = plain.find("ok    simd: scalar") == std::string::npos;  // else scalar keeps SHA-NI
-  for (const char* k : {"shani-x2", "avx2-x8"}) {
+  for (const char* k : {"shani-x2", "shani-x4", "avx2-x8"}) {
     const size_t runs = plain.find("this CPU runs: ");
     if (!simd_above_scalar || runs == std::string::npos || plain.find(k, runs) == std::string::npos) continue;
     r = kv("doctor", std::string("KVSNAP_SIMD=scalar KVSNAP_SHA=") + k);

@@ -173,7 +173,7 @@ TEST(ContentDigest, EveryKernelRecomputesTheRecordedDigest) {
   ASSERT_NE(s.m.chunks.size() % 8, 0u) << "the fixture should end in a part group of 8";
   MemoryFile f("x", std::span<const std::byte>(s.original));
   int kernels = 0;
-  for (Sha256Kernel k : {Sha256Kernel::kOpenssl, Sha256Kernel::kShaniX2, Sha256Kernel::kAvx2X8}) {
+  for (Sha256Kernel k : kSha256Kernels) {
     if (!sha256_kernel_supported(k)) continue;
     ++kernels;
     auto plain = content_digest_of_original(s.m.segments, f, nullptr, k);

@@ -29,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const uint32_t r = seed >> 16;
     return size_t(r % 4 == 0 ? r % 3 : r % 4 == 1 ? r % 130 : r % 2000);
   };
-  for (Sha256Kernel k : {Sha256Kernel::kOpenssl, Sha256Kernel::kShaniX2, Sha256Kernel::kAvx2X8}) {
+  for (Sha256Kernel k : kSha256Kernels) {
     if (!sha256_kernel_supported(k)) continue;
     Sha256Lanes h(k);
     std::vector<size_t> at(lanes, 0);
