@@ -487,6 +487,11 @@ class SnapshotReader {
   // read by one copier, straight into its block (no shared cache, no chunk
   // decoded twice). A block exceeds `target` only to hold one chunk or band.
   std::vector<uint64_t> block_bounds(uint64_t target) const;
+  // Cells of a tensor that original() reads best at once: as many of its chunks as a read decodes
+  // and checks together (their SHA-256s in one kernel's lanes: 2 or 4 with SHA-NI, 8 with AVX2,
+  // 1 for keyed ids) times their cells; 0 when its row tensors' chunks differ in cells or it has
+  // none. A conversion's blocks take it (ConvertRequest::source_read_cells).
+  uint64_t read_cells() const;
   // "chunk 12 (layer 3 V of KV section 0 stream 0, cells 256..511, rows 0..127)".
   std::string describe_chunk(uint64_t index) const;
 

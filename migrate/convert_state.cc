@@ -21,8 +21,23 @@ namespace {
 // Bytes of source or target rows one worker converts at a time: small enough
 // that the last blocks of a tensor keep every worker busy and stay in cache.
 constexpr uint64_t kBlockBytes = 1u << 20;
+// ... and at most, for a source that reads more at once (eight 512 KiB chunks).
+constexpr uint64_t kReadBlockBytes = 4u << 20;
 // Bytes of one column block when V changes between rows and columns.
 constexpr uint64_t kTransposeBudget = 32u << 20;
+
+// The most rows any of T workers converts when blocks of `per_block` rows go round-robin
+// (worker w takes blocks w, w + T, ...): what the tensor's wall time follows.
+uint64_t busiest_worker_rows(uint64_t n_rows, size_t T, uint64_t per_block) {
+  uint64_t most = 0;
+  for (size_t w = 0; w < T; ++w) {
+    uint64_t rows = 0;
+    for (uint64_t first = w * per_block; first < n_rows; first += T * per_block)
+      rows += std::min(per_block, n_rows - first);
+    most = std::max(most, rows);
+  }
+  return most;
+}
 
 bool era3(const StateFile& f) {
   switch (f.kind) {
@@ -415,18 +430,6 @@ Result<std::vector<SidePlan>> side_plans(const StateFile& src, const StateFile& 
   return plans;
 }
 
-// Rows one worker converts at a time: at most kBlockBytes of source or target,
-// no more than a T-th of the tensor (small tensors still use every worker), and
-// a power of two, so blocks start where the store's chunks do (they hold 256
-// cells of a tensor: format/snapshot.h) and a restore decodes each chunk once,
-// straight into a block, never twice through its shared cache.
-uint64_t block_rows(uint64_t n_rows, size_t T, uint64_t row_bytes) {
-  const uint64_t share = (n_rows + T - 1) / T;
-  uint64_t n = 1;
-  while (n * 2 * row_bytes <= kBlockBytes && n * 2 <= share) n *= 2;
-  return n;
-}
-
 // Accumulates the error of converted values against the source values.
 struct ErrStats {
   uint64_t n = 0;
@@ -493,10 +496,14 @@ RequantMode mode_of(ExactRequantizer::Search s) {
 // Converts rows with one RowConverter per worker and optional error stats.
 class RowPipeline {
  public:
-  static Result<RowPipeline> make(const SidePlan& p, uint32_t threads, bool report, RequantMode requant) {
+  // read_cells: rows of one cell each that the source reads best at once (conversion_block_rows); 0 for
+  // rows of another kind (transposed V's columns).
+  static Result<RowPipeline> make(const SidePlan& p, uint32_t threads, bool report, RequantMode requant,
+                                  uint64_t read_cells = 0) {
     RowPipeline rp;
     rp.plan_ = p;
     rp.report_ = report;
+    rp.read_cells_ = read_cells;
     // Between two quantized types in the same rotation domain, keep every
     // block that the target can hold exactly (migrate/exact_requant.h), unless
     // the request asks for the reference requantization; auto searches where
@@ -540,7 +547,7 @@ class RowPipeline {
   Status run(RowWorkspace& ws, uint64_t n_rows, Fetch fetch, Deliver deliver) {
     if (n_rows == 0) return Status::OK();
     const size_t T = std::min(workers_.size(), ws.pool.size());
-    const uint64_t per_block = block_rows(n_rows, T, std::max(src_row(), dst_row()));
+    const uint64_t per_block = conversion_block_rows(n_rows, T, std::max(src_row(), dst_row()), read_cells_);
     const uint64_t n_blocks = (n_rows + per_block - 1) / per_block;
     const bool copy = is_copy();  // bytes pass through: the fetched block is delivered as it is
     OrderedHandOff order;
@@ -592,6 +599,7 @@ class RowPipeline {
 
   SidePlan plan_;
   bool report_ = false;
+  uint64_t read_cells_ = 0;
   std::vector<RowConverter> workers_;
   std::vector<ExactRequantizer> exact_;  // used instead of workers_ when not empty
   std::optional<RequantMode> requant_;
@@ -613,7 +621,8 @@ class ConvertingSource final : public TensorSource {
     if (!ref.is_v) {
       KV_ASSIGN_OR_RETURN(plan, plan_side(src_, target, req_, ref.section, ref.layer, false, sl.k_type, tl.k_type,
                                           *layer_n_embd_k(sl)));
-      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(plan, req_.threads, req_.report, req_.requant));
+      KV_ASSIGN_OR_RETURN(RowPipeline rp,
+                          RowPipeline::make(plan, req_.threads, req_.report, req_.requant, req_.source_read_cells));
       KV_RETURN_IF_ERROR(rows_to_rows(rp, sl.k, n_cells, out));
       record(ref, false, plan, rp);
       return Status::OK();
@@ -621,7 +630,8 @@ class ConvertingSource final : public TensorSource {
     const uint64_t n_embd = *layer_n_embd_v(sl, ss.v_trans);
     KV_ASSIGN_OR_RETURN(plan, plan_side(src_, target, req_, ref.section, ref.layer, true, sl.v_type, tl.v_type, n_embd));
     if (!ss.v_trans && !ts.v_trans) {
-      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(plan, req_.threads, req_.report, req_.requant));
+      KV_ASSIGN_OR_RETURN(RowPipeline rp,
+                          RowPipeline::make(plan, req_.threads, req_.report, req_.requant, req_.source_read_cells));
       KV_RETURN_IF_ERROR(rows_to_rows(rp, sl.v, n_cells, out));
       record(ref, true, plan, rp);
     } else if (ss.v_trans && ts.v_trans) {
@@ -759,6 +769,26 @@ constexpr bool every_format_has_one_row() {
 static_assert(every_format_has_one_row(), "kTargetFormats: one row per TargetFormat");
 
 }  // namespace
+
+// Rows one worker converts at a time (convert_state.h): at most kBlockBytes of source or target,
+// no more than a T-th of the tensor (small tensors still use every worker), and a power of two, so
+// blocks start where the store's chunks do (they hold 256 cells of a tensor: format/snapshot.h)
+// and a restore decodes each chunk once, straight into a block, never twice through its shared
+// cache. A source that reads `read_cells` rows best at once (ConvertRequest::source_read_cells: a
+// snapshot's original checks several chunks together) gets blocks of up to that many rows (at most
+// kReadBlockBytes) where they leave no worker more rows than the blocks above do (2 KiB rows, reads
+// of 8 chunks, 2 workers: 3,212 cells keep 512-row blocks, 16,050 take 2,048).
+uint64_t conversion_block_rows(uint64_t n_rows, size_t T, uint64_t row_bytes, uint64_t read_cells) {
+  const uint64_t share = (n_rows + T - 1) / T;
+  uint64_t n = 1;
+  while (n * 2 * row_bytes <= kBlockBytes && n * 2 <= share) n *= 2;
+  const uint64_t busiest = busiest_worker_rows(n_rows, T, n);
+  uint64_t best = n;
+  for (uint64_t m = 2 * n; m <= read_cells && m <= share && m * row_bytes <= kReadBlockBytes; m *= 2) {
+    if (busiest_worker_rows(n_rows, T, m) <= busiest) best = m;
+  }
+  return best;
+}
 
 Result<TargetFormat> parse_target_format(const std::string& s) {
   if (s.empty()) return TargetFormat::kSameKindCurrent;

@@ -131,9 +131,19 @@ struct ConvertRequest {
   std::optional<uint32_t> kv_streams;
   RotationGeometry geometry;         // from --model or --head-dim-k/v
   uint32_t threads = 1;
+  // Cells of a tensor the input reads best at once, 0 for no preference: a store snapshot's
+  // original checks several of its chunks together (SHA-256 lanes: SnapshotReader::read_cells),
+  // so blocks of that many rows (where they keep the workers even) hash in more lanes.
+  uint64_t source_read_cells = 0;
   bool report = false;               // collect per-layer error statistics
   RequantMode requant = RequantMode::kAuto;
 };
+
+// How many rows of a tensor (cells, or transposed V's columns) one of `threads` workers converts at
+// a time: a power of two of at most 1 MiB of source or target rows (`row_bytes` the larger row),
+// at most a worker's share; larger, up to `read_cells` (ConvertRequest::source_read_cells) and 4 MiB,
+// where that leaves no worker more rows (docs/performance.md, "Multithreading").
+uint64_t conversion_block_rows(uint64_t n_rows, size_t threads, uint64_t row_bytes, uint64_t read_cells);
 
 // Per layer and side: how the conversion went.
 struct LayerReport {

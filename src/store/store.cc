@@ -734,6 +734,7 @@ Result<RestoreResult> Store::restore_unlabeled(const std::string& ref, const Res
       r.n_tokens = *req.tokens;
     }
     KV_ASSIGN_OR_RETURN(ConvertRequest creq, make_request(spec, *state, req.model, "snapshot " + ref));
+    if (src == &original) creq.source_read_cells = reader.read_cells();  // not a prefix's temporary file
     KV_RETURN_IF_ERROR(convert_state(*state, *src, creq, tee).status());
     r.converted = true;
   }

@@ -998,6 +998,9 @@ TEST(Snapshot, BlockBoundsCutBetweenChunksAndBands) {
       ASSERT_TRUE(r.ok()) << r.status().ToString();
       const std::vector<uint64_t> cuts = (*r)->block_bounds(target);
       ASSERT_GE(cuts.size(), 2u);
+      // What a conversion's blocks take (read_cells): the chunks' 3 cells times the chunks one
+      // read checks together, the SHA-256 kernel's lanes (ctest runs this under each kernel).
+      EXPECT_EQ((*r)->read_cells(), 3 * sha256_kernel_width(sha256_kernel())) << sha256_kernel_name(sha256_kernel());
       EXPECT_EQ(cuts.front(), 0u);
       EXPECT_EQ(cuts.back(), state.size());
       std::vector<std::byte> got;

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "base/os.h"
+#include "base/sha256_lanes.h"
 #include "format/state_builder.h"
 #include "format/state_prefix.h"
 #include "migrate/convert_state.h"
@@ -23,6 +24,7 @@
 #include "store/fault_io.h"
 #include "store/store_caps_scenario.h"
 #include "archive_edit.h"
+#include "synthetic_cache.h"
 #include "test_files.h"
 
 namespace kvsnap {
@@ -1051,6 +1053,51 @@ TEST(Store, AnImportThatLosesTheRaceToAnotherSaysOnlyThatItWasImportedMeanwhile)
   auto listed = b.store->catalog().list();
   ASSERT_TRUE(listed.ok());
   EXPECT_EQ(listed->size(), 1u);
+}
+
+// A long tensor converts in blocks of as many chunks as the snapshot's reader checks together
+// (SnapshotReader::read_cells, conversion_block_rows): 4,608 cells of 2 KiB rows on 2 threads take
+// 1,024-row blocks with shani-x4 and 2,048 with avx2-x8 (ctest runs it under each kernel:
+// store.sha256_kernel.*), the last block short. The bytes are those of `convert` of the file.
+TEST(Store, ALongTensorRestoresInLargerBlocksAsConvert) {
+  const size_t width = sha256_kernel_width(sha256_kernel());
+  const uint64_t rows = conversion_block_rows(4608, 2, 2048, 256 * width);
+  SCOPED_TRACE(std::string(sha256_kernel_name(sha256_kernel())) + ": blocks of " + std::to_string(rows) + " rows");
+  if (width >= 4) {
+    EXPECT_EQ(rows, 256 * width);
+  }
+  TempStore t;
+  test::Spec s;
+  s.k_type = s.v_type = 1;  // f16
+  s.head_dim = 128;
+  s.n_head_kv = 8;
+  s.n_layer = 1;
+  s.cells = 4608;
+  s.data = test::Data::kIid;
+  const std::vector<std::byte> bytes = test::build(s);
+  MemoryFile file("long.slot", std::span<const std::byte>(bytes));
+  auto state = parse_state(file);
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  auto saved = t.store->save(file, *state, SaveRequest{});
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  for (const char* types : {"q8_0", "q4_0"}) {
+    ConversionSpec spec;
+    spec.ctk = spec.ctv = types;
+    spec.flash_attn = "on";
+    spec.head_dim_k = spec.head_dim_v = 128;
+    spec.threads = 2;
+    auto req = make_request(spec, *state, nullptr, "long.slot");
+    ASSERT_TRUE(req.ok()) << req.status().ToString();
+    VectorSink want;
+    ASSERT_TRUE(convert_state(*state, file, *req, want).ok());
+    RestoreRequest rreq;
+    rreq.spec = spec;
+    VectorSink got;
+    auto r = t.store->restore(std::to_string(saved->info.id), rreq, got);
+    ASSERT_TRUE(r.ok()) << types << ": " << r.status().ToString();
+    EXPECT_TRUE(r->converted);
+    EXPECT_EQ(got.bytes, want.bytes) << types;
+  }
 }
 
 TEST(Store, LossyStoreTypeIsRecordedAndRestoresAsConvert) {
