@@ -26,8 +26,8 @@
 //    the problem. Unknown optional sections are skipped; unknown required
 //    sections and too-new versions are refused naming the tag / version.
 //  - Bounded memory when writing and reading, whatever the state size:
-//    writing holds at most G x 2 x threads chunks (G = 2, or 8 with the AVX2
-//    SHA-256 lanes: docs/format.md section 5); reading holds the cache.
+//    writing holds at most G x 2 x threads chunks (G = 2 or 4 with SHA-NI, 8 with
+//    the AVX2 SHA-256 lanes: docs/format.md section 5); reading holds the cache.
 //
 // Thread safety: SnapshotReader and its original() may be read from several
 // threads at once. ChunkSink::put is called from one thread, in chunk order.

@@ -1,6 +1,6 @@
 // Writing snapshots: plan the segments of a parsed state, cut them into
-// chunks, encode the chunks on `threads` workers (2 or 8 a job, at most 2 x threads jobs in
-// flight: 4 x threads chunks, 16 x threads with AVX2 lanes), and emit blobs in chunk order; then
+// chunks, encode the chunks on `threads` workers (2, 4 or 8 a job, at most 2 x threads jobs in
+// flight: 4 x threads chunks, 8 x with shani-x4, 16 x with AVX2 lanes), and emit blobs in chunk order; then
 // the content digest from the chunk ids, the manifest (and, for a file, the trailer).
 #include <zstd.h>
 

@@ -774,7 +774,9 @@ static_assert(every_format_has_one_row(), "kTargetFormats: one row per TargetFor
 // no more than a T-th of the tensor (small tensors still use every worker), and a power of two, so
 // blocks start where the store's chunks do (they hold 256 cells of a tensor: format/snapshot.h)
 // and a restore decodes each chunk once, straight into a block, never twice through its shared
-// cache. A source that reads `read_cells` rows best at once (ConvertRequest::source_read_cells: a
+// cache. (Not where a block is under 256 rows, nor after an extension's cell restart, whose chunks
+// start at its parent's cell count: the chunks a block cuts then go through that cache, slower
+// and the same bytes.) A source that reads `read_cells` rows best at once (ConvertRequest::source_read_cells: a
 // snapshot's original checks several chunks together) gets blocks of up to that many rows (at most
 // kReadBlockBytes) where they leave no worker more rows than the blocks above do (2 KiB rows, reads
 // of 8 chunks, 2 workers: 3,212 cells keep 512-row blocks, 16,050 take 2,048).

@@ -149,4 +149,17 @@ inline std::vector<std::byte> build(const Spec& s) {
   return b;
 }
 
+// One layer of 4,608 cells of f16 K and V, 8 heads x 128 (2 KiB rows, 18 chunks of a store's 256
+// cells each): long enough that a conversion's blocks hold several chunks (conversion_block_rows).
+inline Spec long_f16() {
+  Spec s;
+  s.k_type = s.v_type = 1;  // f16
+  s.head_dim = 128;
+  s.n_head_kv = 8;
+  s.n_layer = 1;
+  s.cells = 4608;
+  s.data = Data::kIid;
+  return s;
+}
+
 }  // namespace kvsnap::test

@@ -179,8 +179,8 @@ bool wants_conversion(const ConversionSpec& s) {
 }
 
 // Copies the snapshot's original to `out` in order (format/snapshot_pipeline.h):
-// `threads` decoders each take the next block of about 1 MiB as soon as a
-// buffer of the ring is free and decode and hash-check its chunks straight
+// `threads` decoders each take the next block of about 1 MiB (2 MiB with shani-x4, 4 with
+// avx2-x8) as soon as a buffer of the ring is free and decode and hash-check its chunks straight
 // into it (OriginalFile reads whole chunks into the caller's buffer; the
 // blocks are cut at chunk boundaries, so no chunk goes through the shared
 // cache or is decoded twice); this thread appends the blocks in order as they

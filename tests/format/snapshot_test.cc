@@ -786,9 +786,9 @@ TEST(SnapshotHostile, AFlipInARawPlaneFailsTheRead) {
   EXPECT_TRUE(failed);
 }
 
-// Whole chunks that follow each other in a read are decoded two at a time, their SHA-256s
-// computed together (base/sha256_lanes.h): a damaged blob fails the read wherever it sits,
-// first or second of a pair or alone at the end, and the error names that chunk; the same for
+// Whole chunks that follow each other in a read are decoded a group at a time (two with
+// shani-x2), their SHA-256s computed together (base/sha256_lanes.h): a damaged blob fails the
+// read wherever it sits, first or later in a group or alone at the end, and the error names that chunk; the same for
 // verify_chunks, which checks chunks in the same groups. Run by ctest
 // under every SHA-256 kernel too (format.sha256_kernel.*).
 TEST(SnapshotHostile, ADamagedChunkFailsTheReadFirstOrSecondOfAPair) {

@@ -6,6 +6,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+
+#include "base/io.h"
+#include "migrate/conversion_spec.h"
+#include "synthetic_cache.h"
+
 namespace kvsnap {
 namespace {
 
@@ -38,8 +45,55 @@ TEST(ConversionBlockRows, NotWhereAWorkerWouldGetMoreRows) {
   // 2,048, so a source that reads 1,024 or 2,048 cells at once still gets 512.
   EXPECT_EQ(conversion_block_rows(3212, 2, kRow, 1024), 512u);
   EXPECT_EQ(conversion_block_rows(3212, 2, kRow, 2048), 512u);
-  // 6,000 cells: 512 -> 3,072 rows for the busier worker, 1,024 -> 3,072, 2,048 -> 4,048.
+  // 6,000 cells: 512 -> 3,072 rows for the busier worker, 1,024 -> 3,072, 2,048 -> 3,952.
   EXPECT_EQ(conversion_block_rows(6000, 2, kRow, 2048), 1024u);
+}
+
+// A file that remembers its largest read (reads come from several workers at once).
+class LargestReadFile final : public ReadableFile {
+ public:
+  explicit LargestReadFile(std::span<const std::byte> bytes) : file_("long.slot", bytes) {}
+  uint64_t size() const override { return file_.size(); }
+  const std::string& name() const override { return file_.name(); }
+  Status read_at(uint64_t offset, std::span<std::byte> dst) const override {
+    uint64_t seen = largest_.load();
+    while (dst.size() > seen && !largest_.compare_exchange_weak(seen, dst.size())) {
+    }
+    return file_.read_at(offset, dst);
+  }
+  uint64_t largest() const { return largest_.load(); }
+
+ private:
+  MemoryFile file_;
+  mutable std::atomic<uint64_t> largest_{0};
+};
+
+// convert_state takes ConvertRequest::source_read_cells: 4,608 cells of 2 KiB f16 rows on 2
+// threads are read 512 rows at a time without it and 2,048 with 2,048, into the same bytes.
+TEST(ConversionBlockRows, ConvertStateReadsTheBlocksItsSourceAsksFor) {
+  const std::vector<std::byte> bytes = test::build(test::long_f16());
+  ConversionSpec spec;
+  spec.ctk = spec.ctv = "q8_0";
+  spec.flash_attn = "on";
+  spec.head_dim_k = spec.head_dim_v = 128;
+  spec.threads = 2;
+  std::vector<std::byte> first;
+  for (const uint64_t read_cells : {uint64_t(0), uint64_t(2048)}) {
+    LargestReadFile file(bytes);
+    auto state = parse_state(file);
+    ASSERT_TRUE(state.ok()) << state.status().ToString();
+    auto req = make_request(spec, *state, nullptr, "long.slot");
+    ASSERT_TRUE(req.ok()) << req.status().ToString();
+    req->source_read_cells = read_cells;
+    VectorSink out;
+    ASSERT_TRUE(convert_state(*state, file, *req, out).ok());
+    EXPECT_EQ(file.largest(), (read_cells ? 2048 : 512) * kRow) << "source_read_cells " << read_cells;
+    if (first.empty()) {
+      first = out.bytes;
+    } else {
+      EXPECT_TRUE(out.bytes == first) << "the bytes differ with source_read_cells " << read_cells;
+    }
+  }
 }
 
 }  // namespace

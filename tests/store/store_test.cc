@@ -1055,10 +1055,12 @@ TEST(Store, AnImportThatLosesTheRaceToAnotherSaysOnlyThatItWasImportedMeanwhile)
   EXPECT_EQ(listed->size(), 1u);
 }
 
-// A long tensor converts in blocks of as many chunks as the snapshot's reader checks together
+// A long tensor restores in blocks of as many chunks as the snapshot's reader checks together
 // (SnapshotReader::read_cells, conversion_block_rows): 4,608 cells of 2 KiB rows on 2 threads take
 // 1,024-row blocks with shani-x4 and 2,048 with avx2-x8 (ctest runs it under each kernel:
-// store.sha256_kernel.*), the last block short. The bytes are those of `convert` of the file.
+// store.sha256_kernel.*), the last block short, and the bytes are those of `convert` of the file.
+// That convert_state reads such blocks is ConversionBlockRows.ConvertStateReadsTheBlocksItsSourceAsksFor's;
+// that the restore hands it read_cells is not observed here (only its speed would show).
 TEST(Store, ALongTensorRestoresInLargerBlocksAsConvert) {
   const size_t width = sha256_kernel_width(sha256_kernel());
   const uint64_t rows = conversion_block_rows(4608, 2, 2048, 256 * width);
@@ -1067,14 +1069,7 @@ TEST(Store, ALongTensorRestoresInLargerBlocksAsConvert) {
     EXPECT_EQ(rows, 256 * width);
   }
   TempStore t;
-  test::Spec s;
-  s.k_type = s.v_type = 1;  // f16
-  s.head_dim = 128;
-  s.n_head_kv = 8;
-  s.n_layer = 1;
-  s.cells = 4608;
-  s.data = test::Data::kIid;
-  const std::vector<std::byte> bytes = test::build(s);
+  const std::vector<std::byte> bytes = test::build(test::long_f16());
   MemoryFile file("long.slot", std::span<const std::byte>(bytes));
   auto state = parse_state(file);
   ASSERT_TRUE(state.ok()) << state.status().ToString();
