@@ -438,6 +438,9 @@ void Sha256Lanes::compress(const std::array<const uint8_t*, kMaxLanes>& data,
 }
 
 void sha256_many(std::span<const std::span<const std::byte>> messages, std::span<Sha256Digest> out, Sha256Kernel k) {
+  // One hasher per kernel, indexed by its enum value: kSha256Kernels lists every value.
+  static_assert(static_cast<size_t>(Sha256Kernel::kShaniX4) < std::size(kSha256Kernels) &&
+                static_cast<size_t>(Sha256Kernel::kAvx2X8) < std::size(kSha256Kernels));
   thread_local std::unique_ptr<Sha256Lanes> lanes[std::size(kSha256Kernels)];
   std::unique_ptr<Sha256Lanes>& h = lanes[static_cast<int>(k)];
   if (!h) h = std::make_unique<Sha256Lanes>(k);

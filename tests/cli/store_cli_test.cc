@@ -1108,6 +1108,15 @@ TEST_F(StoreCli, DoctorNamesTheSha256Kernel) {
   EXPECT_EQ(r.code, 0) << "a warning: " << r.out << r.err;
   EXPECT_NE(r.out.find("KVSNAP_SHA=md5 is not a kernel this CPU runs"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("unset KVSNAP_SHA, or set it to one of: openssl"), std::string::npos) << r.out;
+  // Each kernel this CPU runs is taken when named (shani-x4 included, on any SHA-NI CPU).
+  const std::string runs_list = kv("doctor").out;
+  for (const char* k : {"shani-x2", "shani-x4", "avx2-x8"}) {
+    const size_t at = runs_list.find("this CPU runs: ");
+    if (at == std::string::npos || runs_list.find(k, at) == std::string::npos) continue;
+    r = kv("doctor", std::string("KVSNAP_SHA=") + k);
+    EXPECT_NE(r.out.find(std::string("ok    sha256: ") + k + " (set by KVSNAP_SHA; this CPU runs: "), std::string::npos)
+        << r.out;
+  }
   // A kernel this CPU runs, overridden by KVSNAP_SIMD=scalar: said so, not "not a kernel this CPU
   // runs" (a review's finding).
   const std::string plain = kv("doctor").out;
