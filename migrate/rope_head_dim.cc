@@ -138,12 +138,18 @@ struct PairTurn {
   double len_a = 0, len_b = 0, len_sigma = 0;
 };
 
+// The length of (x, y): the square root of the sum of squares rather than std::hypot, which guards
+// against overflow and underflow this data cannot reach (floats widened to double square exactly
+// and far inside double's range; sigmas are below 1) and took a third of a witness's time (glibc
+// 2.36, `perf` of `kvsnap info --model`). The two agree to within an ulp.
+double length2d(double x, double y) { return std::sqrt(x * x + y * y); }
+
 PairTurn turn(const Row& a, const Row& b, std::pair<size_t, size_t> c) {
   PairTurn t;
   const double a1 = a.x[c.first], a2 = a.x[c.second], b1 = b.x[c.first], b2 = b.x[c.second];
   const double va = std::max(a.var[c.first], a.var[c.second]), vb = std::max(b.var[c.first], b.var[c.second]);
-  t.len_a = std::hypot(a1, a2);
-  t.len_b = std::hypot(b1, b2);
+  t.len_a = length2d(a1, a2);
+  t.len_b = length2d(b1, b2);
   t.measurable = t.len_a > kMeasurableSigmas * std::sqrt(va) && t.len_b > kMeasurableSigmas * std::sqrt(vb);
   if (!t.measurable) return t;
   t.angle = std::atan2(a1 * b2 - a2 * b1, a1 * b1 + a2 * b2);
@@ -199,7 +205,7 @@ TestCounts count_tests(const std::vector<PairTurn>& turns, size_t n_cells, uint3
           first = &t;
           continue;
         }
-        const double tol = kNoiseSigmas * std::hypot(first->sigma, t.sigma);
+        const double tol = kNoiseSigmas * length2d(first->sigma, t.sigma);
         if (tol >= kMaxTolerance || std::max(std::fabs(first->angle), std::fabs(t.angle)) <= 2 * tol) continue;
         ++c.angle_informative;
         c.angle_alike += std::fabs(wrapped(t.angle - first->angle)) <= tol;
