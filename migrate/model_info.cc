@@ -89,7 +89,15 @@ Result<ModelInfo> load_model_info(Io& io, const std::string& path) {
   return m;
 }
 
-Result<StateFile> parse_for_model(const ReadableFile& file, ParseOptions opts, const ModelInfo* model) {
+Status check_model_head_dim(const ReadableFile& file, const StateFile& state, const ModelInfo& model) {
+  auto claim = model_head_dim_claim(model.profile, model.path);
+  if (!claim) return Status::OK();
+  KV_ASSIGN_OR_RETURN(HeadDimEvidence e, check_head_dim(file, state, *claim));
+  return head_dim_status(e, *claim, file.name());
+}
+
+Result<StateFile> parse_for_model(const ReadableFile& file, ParseOptions opts, const ModelInfo* model,
+                                  HeadDimCheck check) {
   if (!model) return parse_state(file, opts);
   opts.shape = &model->shape;
   auto with = parse_state(file, opts);
@@ -97,10 +105,7 @@ Result<StateFile> parse_for_model(const ReadableFile& file, ParseOptions opts, c
     KV_RETURN_IF_ERROR(model->check_state(*with, file.name()));
     // Same layout, same vocabulary, yet another model: its head dim is what the rotation
     // follows, so the data is asked (migrate/rope_head_dim.h).
-    if (auto claim = model_head_dim_claim(model->profile, model->path)) {
-      KV_ASSIGN_OR_RETURN(HeadDimEvidence e, check_head_dim(file, *with, *claim));
-      KV_RETURN_IF_ERROR(head_dim_status(e, *claim, file.name()));
-    }
+    if (check == HeadDimCheck::kNow) KV_RETURN_IF_ERROR(check_model_head_dim(file, *with, *model));
     return with;
   }
   if (with.status().code() == Code::kMismatch) return with;

@@ -37,9 +37,21 @@ struct ModelInfo {
 
 Result<ModelInfo> load_model_info(Io& io, const std::string& path);
 
+// Whether parse_for_model also asks the data if the model's K head dim is the file's (the RoPE
+// witness, migrate/rope_head_dim.h, some milliseconds of one core): kNow, or kByCaller for a
+// caller that runs check_model_head_dim itself (Store::save, beside its reading of the file).
+enum class HeadDimCheck { kNow, kByCaller };
+
 // Parses a state file with the model's layout when a model is given. When
 // that fails but the file reads fine on its own, the file does not belong to
-// the model: kMismatch, saying both.
-Result<StateFile> parse_for_model(const ReadableFile& file, ParseOptions opts, const ModelInfo* model);
+// the model: kMismatch, saying both. With a model, kMismatch also when layer 0's
+// RoPE shows another K head dim than the model's (unless `check` is kByCaller).
+Result<StateFile> parse_for_model(const ReadableFile& file, ParseOptions opts, const ModelInfo* model,
+                                  HeadDimCheck check = HeadDimCheck::kNow);
+
+// The RoPE witness alone: OK, or kMismatch naming `file` when the K cache of `state` (parsed from
+// it with the model's layout) has another head dim than `model`'s. Thread-safe for one file
+// read by others meanwhile (it reads with read_at only).
+Status check_model_head_dim(const ReadableFile& file, const StateFile& state, const ModelInfo& model);
 
 }  // namespace kvsnap

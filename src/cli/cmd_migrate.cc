@@ -257,6 +257,7 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
     m.backup = [&](const std::string& path, const ReadableFile& file, const StateFile& state) -> Status {
       SaveRequest req;
       req.model = m.model;
+      req.head_dim_checked = true;  // migrate read the file with the witness before converting it
       req.tags = {{"migrated-from", backup_tag(path)}};
       req.source_name = path;
       req.threads = 1;

@@ -112,7 +112,8 @@ Status run_save(const SaveOpts& o, std::string& out) {
     return Status::InvalidArgument(o.file + ": {--tokens} is for mlx-lm prompt caches; a llama.cpp state holds its "
                                    "own tokens");
   }
-  KV_ASSIGN_OR_RETURN(OpenedState st, open_state(cli_io(), o.file, o.model, o.input_format, "", o.source_build));
+  KV_ASSIGN_OR_RETURN(OpenedState st, open_state(cli_io(), o.file, o.model, o.input_format, "", o.source_build,
+                                                   HeadDimCheck::kByCaller));
   req.model = st.model_ptr();
   req.source_name = o.file;
   KV_ASSIGN_OR_RETURN(auto store, open_or_create_store(o.store));

@@ -9,7 +9,7 @@ namespace kvsnap::cli {
 
 Result<OpenedState> open_state(Io& io, const std::string& path, const std::string& model_path,
                                const std::string& input_format, const std::string& src_types,
-                               const std::string& source_build) {
+                               const std::string& source_build, HeadDimCheck check) {
   OpenedState o;
   if (!input_format.empty() && input_format != "raw-seq" && input_format != "raw-context") {
     return Status::InvalidArgument("--input-format '" + input_format +
@@ -33,7 +33,7 @@ Result<OpenedState> open_state(Io& io, const std::string& path, const std::strin
     po.legacy_kv_types = std::make_pair(int32_t(k->id), int32_t(v->id));
   }
   po.v9_outputs = v9_outputs_of_build(source_build);  // a bad build is refused by the rotation's check
-  KV_ASSIGN_OR_RETURN(o.state, parse_for_model(*o.file, po, o.model_ptr()));
+  KV_ASSIGN_OR_RETURN(o.state, parse_for_model(*o.file, po, o.model_ptr(), check));
   if (po.legacy_kv_types && !o.state.legacy) {
     return Status::InvalidArgument(path + ": --src-types applies to ggsn v6 (b3166) sessions only; this file records "
                                    "its types");

@@ -24,9 +24,10 @@ struct OpenedState {
 // records none, for when its sizes fit several pairs; refused for any other file.
 // `source_build` (--source-build): decides a version-9 body that reads both with and without
 // outputs (ParseOptions::v9_outputs); the build is checked against the file later, as always.
+// `check`: kByCaller for a save (Store::save runs the model's RoPE witness beside its reading).
 Result<OpenedState> open_state(Io& io, const std::string& path, const std::string& model_path,
                                const std::string& input_format, const std::string& src_types = "",
-                               const std::string& source_build = "");
+                               const std::string& source_build = "", HeadDimCheck check = HeadDimCheck::kNow);
 
 // kInvalidArgument when `out`, a file `command` is to write, exists and is not a regular file (or a
 // symlink): a directory, a named pipe or a device, which writing by rename would replace with a

@@ -316,7 +316,8 @@ Result<ServerSaveResult> save_from_server(Io& io, const StorePick& pick, const S
   r.n_saved = saved.n_tokens;
   r.server_ms = saved.ms;
   KV_ASSIGN_OR_RETURN(auto in, open_server_file(io, t, name));
-  KV_ASSIGN_OR_RETURN(StateFile st, parse_for_model(*in, {}, req.model));
+  // The model's RoPE witness runs in Store::save, beside its reading.
+  KV_ASSIGN_OR_RETURN(StateFile st, parse_for_model(*in, {}, req.model, HeadDimCheck::kByCaller));
   if (before_store) KV_RETURN_IF_ERROR(before_store(st.tokens.tokens, req));
   if (req.source_name.empty()) req.source_name = srv.url() + " slot " + std::to_string(t.slot);
   KV_ASSIGN_OR_RETURN(Store* store, pick(req));

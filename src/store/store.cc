@@ -426,42 +426,58 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   TempFile temp{io_, ""};
   std::unique_ptr<ReadableFile> converted_file;
   StateFile converted;
-  if (req.store_type) {
-    ConversionSpec store_spec = *req.store_type;
-    apply_writer_claims(so.writer, store_spec);
-    KV_ASSIGN_OR_RETURN(ConvertRequest creq, make_request(store_spec, parsed, req.model, file.name(), nullptr, &file));
-    temp.path = temp_name(paths_, "store-type");
-    KV_RETURN_IF_ERROR(write_temp(io_, temp.path, [&](ByteSink& out) {
-      return convert_state(parsed, file, creq, out).status();
-    }));
-    KV_ASSIGN_OR_RETURN(converted_file, io_.open_read(temp.path));
-    KV_ASSIGN_OR_RETURN(converted, parse_for_model(*converted_file, {}, req.model));
-    so.lossy = LossyConversion{state_types(parsed, false), state_types(parsed, true),
-                               state_types(converted, false), state_types(converted, true),
-                               "quantized on store (kvsnap save --store-type)"};
-    src = converted_file.get();
-    state = &converted;
-    // What is stored is kvsnap's conversion (the current format, rotated where llama.cpp's rule
-    // says), not the original's bytes: the claims about who wrote the original (its build, its
-    // rotation) were used to read it above and must not be applied to the stored file on restore.
-    // The file's own format decides it; llama-server's word stays, as a note of the original's.
-    so.writer.llama_build.clear();
-    so.writer.llama_build_from.clear();
-    so.writer.src_rotation.clear();
-  }
-  // The parent first: its chunks (a conversation's shared prefix) are hashed
-  // but not encoded again.
   const std::string fingerprint = req.model ? req.model->profile.fingerprint : req.model_fingerprint;
   std::map<Sha256Digest, ChunkRef> parent_chunks;
   std::optional<SegmentTable> parent_grid;
-  KV_ASSIGN_OR_RETURN(std::optional<int64_t> parent_id,
-                      find_parent(state->tokens.tokens, fingerprint, req, parent_chunks, &parent_grid));
-  if (parent_id) so.known_chunks = &parent_chunks;
-  if (parent_grid) so.parent_grid = &*parent_grid;
-  so.storage_waits = [&b = *batch] { return b.storage_waits(); };
+  std::optional<int64_t> parent_id;
   BlobSink sink(*batch, *catalog_);
-  KV_ASSIGN_OR_RETURN(SnapshotManifest m, build_snapshot(*state, *src, so, sink));
-  KV_RETURN_IF_ERROR(sink.finish());
+  // Reads the file (converted first with --store-type) and writes its new chunks.
+  auto read_and_write = [&]() -> Result<SnapshotManifest> {
+    if (req.store_type) {
+      ConversionSpec store_spec = *req.store_type;
+      apply_writer_claims(so.writer, store_spec);
+      KV_ASSIGN_OR_RETURN(ConvertRequest creq, make_request(store_spec, parsed, req.model, file.name(), nullptr, &file));
+      temp.path = temp_name(paths_, "store-type");
+      KV_RETURN_IF_ERROR(write_temp(io_, temp.path, [&](ByteSink& out) {
+        return convert_state(parsed, file, creq, out).status();
+      }));
+      KV_ASSIGN_OR_RETURN(converted_file, io_.open_read(temp.path));
+      KV_ASSIGN_OR_RETURN(converted, parse_for_model(*converted_file, {}, req.model, HeadDimCheck::kByCaller));
+      so.lossy = LossyConversion{state_types(parsed, false), state_types(parsed, true),
+                                 state_types(converted, false), state_types(converted, true),
+                                 "quantized on store (kvsnap save --store-type)"};
+      src = converted_file.get();
+      state = &converted;
+      // What is stored is kvsnap's conversion (the current format, rotated where llama.cpp's rule
+      // says), not the original's bytes: the claims about who wrote the original (its build, its
+      // rotation) were used to read it above and must not be applied to the stored file on restore.
+      // The file's own format decides it; llama-server's word stays, as a note of the original's.
+      so.writer.llama_build.clear();
+      so.writer.llama_build_from.clear();
+      so.writer.src_rotation.clear();
+    }
+    // The parent first: its chunks (a conversation's shared prefix) are hashed
+    // but not encoded again.
+    KV_ASSIGN_OR_RETURN(parent_id, find_parent(state->tokens.tokens, fingerprint, req, parent_chunks, &parent_grid));
+    if (parent_id) so.known_chunks = &parent_chunks;
+    if (parent_grid) so.parent_grid = &*parent_grid;
+    so.storage_waits = [&b = *batch] { return b.storage_waits(); };
+    KV_ASSIGN_OR_RETURN(SnapshotManifest built, build_snapshot(*state, *src, so, sink));
+    KV_RETURN_IF_ERROR(sink.finish());
+    return built;
+  };
+  // With a model, its RoPE witness (check_model_head_dim: does the file's K have the model's head
+  // dim?) runs on the original beside the reading, which it would otherwise hold up (a third of
+  // an incremental save's wall); nothing is committed unless it agrees. Callers parse with
+  // HeadDimCheck::kByCaller (or say they checked: head_dim_checked).
+  Status witness;
+  std::optional<Result<SnapshotManifest>> built;  // set by worker 0 (fork_join rethrows what it threw)
+  fork_join(req.model && !req.head_dim_checked ? 2 : 1, [&](size_t w) {
+    if (w == 1) witness = check_model_head_dim(file, parsed, *req.model);
+    else built.emplace(read_and_write());
+  });
+  KV_RETURN_IF_ERROR(witness);
+  KV_ASSIGN_OR_RETURN(SnapshotManifest m, std::move(*built));
   if (req.source_unchanged) KV_RETURN_IF_ERROR(req.source_unchanged());
   KV_RETURN_IF_ERROR(batch->commit());
   SnapshotRecord rec = make_record(m, *state, src->size(), req.model ? req.model->arch : state->arch, fingerprint);

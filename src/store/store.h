@@ -65,7 +65,11 @@ class BlobSink;
 struct SaveRequest {
   std::string name;                          // optional, unique
   std::map<std::string, std::string> tags;
-  const ModelInfo* model = nullptr;          // records the fingerprint and head dims
+  // Records the fingerprint and head dims; and the save asks the file's layer 0 RoPE whether its K
+  // has the model's head dim (migrate/model_info.h check_model_head_dim), beside its reading:
+  // nothing is stored when it contradicts. So a caller parses with HeadDimCheck::kByCaller.
+  const ModelInfo* model = nullptr;
+  bool head_dim_checked = false;             // the caller ran that check on this file already
   // Without `model`: the model facts another snapshot recorded, recorded again (an import that saves
   // an original again keeps what its restores decide by: head dims, the M-RoPE cell extra).
   std::optional<SnapshotModelInfo> recorded_model;

@@ -577,6 +577,29 @@ TEST_F(CliTest, AFileOfAnotherHeadDimIsRefused) {
   }
 }
 
+// A save with a model runs the RoPE witness beside its reading (Store::save, so that it does not
+// hold the reading up): a file of another head dim is still refused with exit 5, and the store
+// keeps nothing of it, no snapshot, no pack, no temporary; with its own model it is stored.
+TEST_F(CliTest, ASaveOfAFileOfAnotherHeadDimStoresNothing) {
+  const std::string in = fixture("v0.5.0/hd64-f16-f16-faon.slot");
+  const fs::path store = dir_ / "store";
+  CmdResult r = run("save " + in + " --name x --model " + model("hd128") + " --store " + store.string());
+  EXPECT_EQ(r.code, 5) << r.err;
+  EXPECT_NE(r.err.find("K head dim 128"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("has head dim 64"), std::string::npos) << r.err;
+  r = run("ls --json --store " + store.string());
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("\"uuid\""), std::string::npos) << r.out;
+  for (const char* sub : {"packs", "chunks", "tmp"}) {
+    if (!fs::exists(store / sub)) continue;
+    for (const auto& e : fs::recursive_directory_iterator(store / sub))
+      EXPECT_FALSE(e.is_regular_file()) << "left in the store: " << e.path();
+  }
+  r = run("save " + in + " --name x --model " + model("hd64") + " --store " + store.string());
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(run("ls --json --store " + store.string()).out.find("\"uuid\""), std::string::npos);
+}
+
 // ggsq v2 files come from builds that rotate quantized caches (b8643..b10375)
 // and from builds that do not (up to b8390): the file does not say which. Layer 0's RoPE does
 // when the prompt repeats tokens (docs/rope-witness.md), whatever the model's weights ...
