@@ -139,9 +139,10 @@ struct PairTurn {
 };
 
 // The length of (x, y): the square root of the sum of squares rather than std::hypot, which guards
-// against overflow and underflow this data cannot reach (floats widened to double square exactly
-// and far inside double's range; sigmas are below 1) and took a third of a witness's time (glibc
-// 2.36, `perf` of `kvsnap info --model`). The two agree to within an ulp.
+// against overflow and underflow this data cannot reach (rows with a value of 1e18 or more are
+// left out below, and un-rotation grows values by at most sqrt(n_rot), so squares stay near 1e41
+// at most; a float's square is exact in double; sigmas are below 1) and took a third of a
+// witness's time (glibc 2.36, `perf` of `kvsnap info --model`). The two agree to within an ulp.
 double length2d(double x, double y) { return std::sqrt(x * x + y * y); }
 
 PairTurn turn(const Row& a, const Row& b, std::pair<size_t, size_t> c) {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstring>
@@ -404,12 +405,33 @@ Result<std::vector<std::byte>> Store::manifest_of(const SnapshotRecord& rec) con
   return open_manifest_row(rec, cipher());
 }
 
+namespace {
+
+// A file whose reads fail once `stop` is set: a save's reading ends soon after its witness refuses
+// the file, where it would otherwise read, compress and write all of it for nothing.
+class StoppableReadable final : public ReadableFile {
+ public:
+  StoppableReadable(const ReadableFile& f, const std::atomic<bool>& stop) : f_(f), stop_(stop) {}
+  uint64_t size() const override { return f_.size(); }
+  Status read_at(uint64_t offset, std::span<std::byte> dst) const override {
+    if (stop_.load(std::memory_order_relaxed)) return Status::Interrupted(f_.name() + ": the save was refused");
+    return f_.read_at(offset, dst);
+  }
+  const std::string& name() const override { return f_.name(); }
+
+ private:
+  const ReadableFile& f_;
+  const std::atomic<bool>& stop_;
+};
+
+}  // namespace
+
 Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed, const SaveRequest& req) {
   const auto t0 = Clock::now();
   KV_RETURN_IF_ERROR(check_new_labels_text(req.name.empty() ? std::nullopt : std::optional<std::string>(req.name), req.tags));
-  KV_RETURN_IF_ERROR(check_save_keys());
+  // The first encrypted save marks the store, once the model's witness below has agreed.
+  KV_RETURN_IF_ERROR(check_save_keys(/*mark=*/false));
   if (req.on_start) req.on_start(file.size());
-  KV_ASSIGN_OR_RETURN(auto batch, begin_blob_write(req.under_hold));
   SnapshotOptions so = save_options(req, file);
   so.cipher = cipher();
   if (so.cipher) so.labels = request_labels(req);  // sealed with the manifest: the catalog's are checked against them
@@ -421,8 +443,11 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   } else {
     so.model = req.recorded_model;
   }
-  const ReadableFile* src = &file;
+  std::atomic<bool> refused{false};
+  const StoppableReadable original(file, refused);
+  const ReadableFile* src = &original;
   const StateFile* state = &parsed;
+  std::unique_ptr<BlobWriteBatch> batch;  // its gc hold goes last: after the temporary and the sink
   TempFile temp{io_, ""};
   std::unique_ptr<ReadableFile> converted_file;
   StateFile converted;
@@ -430,16 +455,17 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
   std::map<Sha256Digest, ChunkRef> parent_chunks;
   std::optional<SegmentTable> parent_grid;
   std::optional<int64_t> parent_id;
-  BlobSink sink(*batch, *catalog_);
+  std::optional<BlobSink> sink;
   // Reads the file (converted first with --store-type) and writes its new chunks.
   auto read_and_write = [&]() -> Result<SnapshotManifest> {
+    KV_ASSIGN_OR_RETURN(batch, begin_blob_write(req.under_hold));
     if (req.store_type) {
       ConversionSpec store_spec = *req.store_type;
       apply_writer_claims(so.writer, store_spec);
-      KV_ASSIGN_OR_RETURN(ConvertRequest creq, make_request(store_spec, parsed, req.model, file.name(), nullptr, &file));
+      KV_ASSIGN_OR_RETURN(ConvertRequest creq, make_request(store_spec, parsed, req.model, file.name(), nullptr, &original));
       temp.path = temp_name(paths_, "store-type");
       KV_RETURN_IF_ERROR(write_temp(io_, temp.path, [&](ByteSink& out) {
-        return convert_state(parsed, file, creq, out).status();
+        return convert_state(parsed, original, creq, out).status();
       }));
       KV_ASSIGN_OR_RETURN(converted_file, io_.open_read(temp.path));
       KV_ASSIGN_OR_RETURN(converted, parse_for_model(*converted_file, {}, req.model, HeadDimCheck::kByCaller));
@@ -462,29 +488,35 @@ Result<SaveResult> Store::save(const ReadableFile& file, const StateFile& parsed
     if (parent_id) so.known_chunks = &parent_chunks;
     if (parent_grid) so.parent_grid = &*parent_grid;
     so.storage_waits = [&b = *batch] { return b.storage_waits(); };
-    KV_ASSIGN_OR_RETURN(SnapshotManifest built, build_snapshot(*state, *src, so, sink));
-    KV_RETURN_IF_ERROR(sink.finish());
+    sink.emplace(*batch, *catalog_);
+    KV_ASSIGN_OR_RETURN(SnapshotManifest built, build_snapshot(*state, *src, so, *sink));
+    KV_RETURN_IF_ERROR(sink->finish());
     return built;
   };
   // With a model, its RoPE witness (check_model_head_dim: does the file's K have the model's head
   // dim?) runs on the original beside the reading, which it would otherwise hold up (a third of
-  // an incremental save's wall); nothing is committed unless it agrees. Callers parse with
-  // HeadDimCheck::kByCaller (or say they checked: head_dim_checked).
+  // an incremental save's wall); nothing is committed unless it agrees, and a refusal stops the
+  // reading. Callers parse with HeadDimCheck::kByCaller (or say they checked: head_dim_checked).
   Status witness;
   std::optional<Result<SnapshotManifest>> built;  // set by worker 0 (fork_join rethrows what it threw)
   fork_join(req.model && !req.head_dim_checked ? 2 : 1, [&](size_t w) {
-    if (w == 1) witness = check_model_head_dim(file, parsed, *req.model);
-    else built.emplace(read_and_write());
+    if (w == 0) {
+      built.emplace(read_and_write());
+      return;
+    }
+    witness = check_model_head_dim(file, parsed, *req.model);
+    if (!witness.ok()) refused.store(true, std::memory_order_relaxed);
   });
   KV_RETURN_IF_ERROR(witness);
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, std::move(*built));
+  KV_RETURN_IF_ERROR(init_encryption_meta());
   if (req.source_unchanged) KV_RETURN_IF_ERROR(req.source_unchanged());
   KV_RETURN_IF_ERROR(batch->commit());
   SnapshotRecord rec = make_record(m, *state, src->size(), req.model ? req.model->arch : state->arch, fingerprint);
   // Read in full: the converted temporary goes while the batch's hold stands (a gc may delete tmp/'s
   // files once the hold is gone, and the save goes on past it: caps, eviction, compaction).
   if (!temp.path.empty()) (void)io_.remove(std::exchange(temp.path, std::string()));
-  return commit_save(std::move(rec), m, sink, batch, req, parent_id, since(t0));
+  return commit_save(std::move(rec), m, *sink, batch, req, parent_id, since(t0));
 }
 
 Result<std::optional<int64_t>> Store::find_parent(const std::vector<int32_t>& tokens, const std::string& fingerprint,
