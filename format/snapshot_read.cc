@@ -624,15 +624,17 @@ std::vector<uint64_t> SnapshotReader::chunks_for_cell_prefix(uint64_t n_cells) c
   return out;
 }
 
-uint64_t SnapshotReader::read_cells() const {
+uint64_t SnapshotReader::chunk_cells() const {
   uint32_t n = 0;
   for (const Segment& s : impl_->m.segments.segments) {
     if (s.kind != SegmentKind::kRows) continue;
     if (n != 0 && s.cells_per_chunk != n) return 0;
     n = s.cells_per_chunk;
   }
-  return uint64_t(n) * impl_->group_size();
+  return n;
 }
+
+uint64_t SnapshotReader::read_cells() const { return chunk_cells() * impl_->group_size(); }
 
 std::vector<uint64_t> SnapshotReader::block_bounds(uint64_t target) const {
   target = std::max<uint64_t>(target, 1);

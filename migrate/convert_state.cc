@@ -496,14 +496,15 @@ RequantMode mode_of(ExactRequantizer::Search s) {
 // Converts rows with one RowConverter per worker and optional error stats.
 class RowPipeline {
  public:
-  // read_cells: rows of one cell each that the source reads best at once (conversion_block_rows); 0 for
-  // rows of another kind (transposed V's columns).
+  // read_cells, chunk_cells: rows of one cell each that the source reads best at once, and the cells
+  // of each of its chunks (conversion_block_rows); 0 for rows of another kind (transposed V's columns).
   static Result<RowPipeline> make(const SidePlan& p, uint32_t threads, bool report, RequantMode requant,
-                                  uint64_t read_cells = 0) {
+                                  uint64_t read_cells = 0, uint64_t chunk_cells = 0) {
     RowPipeline rp;
     rp.plan_ = p;
     rp.report_ = report;
     rp.read_cells_ = read_cells;
+    rp.chunk_cells_ = chunk_cells;
     // Between two quantized types in the same rotation domain, keep every
     // block that the target can hold exactly (migrate/exact_requant.h), unless
     // the request asks for the reference requantization; auto searches where
@@ -547,7 +548,8 @@ class RowPipeline {
   Status run(RowWorkspace& ws, uint64_t n_rows, Fetch fetch, Deliver deliver) {
     if (n_rows == 0) return Status::OK();
     const size_t T = std::min(workers_.size(), ws.pool.size());
-    const uint64_t per_block = conversion_block_rows(n_rows, T, std::max(src_row(), dst_row()), read_cells_);
+    const uint64_t per_block =
+        conversion_block_rows(n_rows, T, std::max(src_row(), dst_row()), read_cells_, chunk_cells_);
     const uint64_t n_blocks = (n_rows + per_block - 1) / per_block;
     const bool copy = is_copy();  // bytes pass through: the fetched block is delivered as it is
     OrderedHandOff order;
@@ -599,7 +601,7 @@ class RowPipeline {
 
   SidePlan plan_;
   bool report_ = false;
-  uint64_t read_cells_ = 0;
+  uint64_t read_cells_ = 0, chunk_cells_ = 0;
   std::vector<RowConverter> workers_;
   std::vector<ExactRequantizer> exact_;  // used instead of workers_ when not empty
   std::optional<RequantMode> requant_;
@@ -622,7 +624,8 @@ class ConvertingSource final : public TensorSource {
       KV_ASSIGN_OR_RETURN(plan, plan_side(src_, target, req_, ref.section, ref.layer, false, sl.k_type, tl.k_type,
                                           *layer_n_embd_k(sl)));
       KV_ASSIGN_OR_RETURN(RowPipeline rp,
-                          RowPipeline::make(plan, req_.threads, req_.report, req_.requant, req_.source_read_cells));
+                          RowPipeline::make(plan, req_.threads, req_.report, req_.requant,
+                                                         req_.source_read_cells, req_.source_chunk_cells));
       KV_RETURN_IF_ERROR(rows_to_rows(rp, sl.k, n_cells, out));
       record(ref, false, plan, rp);
       return Status::OK();
@@ -631,7 +634,8 @@ class ConvertingSource final : public TensorSource {
     KV_ASSIGN_OR_RETURN(plan, plan_side(src_, target, req_, ref.section, ref.layer, true, sl.v_type, tl.v_type, n_embd));
     if (!ss.v_trans && !ts.v_trans) {
       KV_ASSIGN_OR_RETURN(RowPipeline rp,
-                          RowPipeline::make(plan, req_.threads, req_.report, req_.requant, req_.source_read_cells));
+                          RowPipeline::make(plan, req_.threads, req_.report, req_.requant,
+                                                         req_.source_read_cells, req_.source_chunk_cells));
       KV_RETURN_IF_ERROR(rows_to_rows(rp, sl.v, n_cells, out));
       record(ref, true, plan, rp);
     } else if (ss.v_trans && ts.v_trans) {
@@ -780,14 +784,24 @@ static_assert(every_format_has_one_row(), "kTargetFormats: one row per TargetFor
 // snapshot's original checks several chunks together) gets blocks of up to that many rows (at most
 // kReadBlockBytes) where they leave no worker more rows than the blocks above do (2 KiB rows, reads
 // of 8 chunks, 2 workers: 3,212 cells keep 512-row blocks, 16,050 take 2,048).
-uint64_t conversion_block_rows(uint64_t n_rows, size_t T, uint64_t row_bytes, uint64_t read_cells) {
+uint64_t conversion_block_rows(uint64_t n_rows, size_t T, uint64_t row_bytes, uint64_t read_cells,
+                               uint64_t chunk_cells) {
   const uint64_t share = (n_rows + T - 1) / T;
   uint64_t n = 1;
   while (n * 2 * row_bytes <= kBlockBytes && n * 2 <= share) n *= 2;
   const uint64_t busiest = busiest_worker_rows(n_rows, T, n);
+  auto allowed = [&](uint64_t m) { return m <= read_cells && m <= share && m * row_bytes <= kReadBlockBytes; };
   uint64_t best = n;
-  for (uint64_t m = 2 * n; m <= read_cells && m <= share && m * row_bytes <= kReadBlockBytes; m *= 2) {
+  for (uint64_t m = 2 * n; allowed(m); m *= 2) {
     if (busiest_worker_rows(n_rows, T, m) <= busiest) best = m;
+  }
+  // Multiples of the chunks' cells between the powers of two: 3,212 cells on 2 workers keep 512-row
+  // blocks (1,024 would give one worker 2,048 rows), but 768 (three chunks, three SHA-256 lanes) and
+  // 1,536 (six of avx2-x8's eight) leave the busier one 1,676 rows as 512 does.
+  if (chunk_cells && n % chunk_cells == 0) {
+    for (uint64_t m = n + chunk_cells; allowed(m); m += chunk_cells) {
+      if (m > best && busiest_worker_rows(n_rows, T, m) <= busiest) best = m;
+    }
   }
   return best;
 }

@@ -135,6 +135,9 @@ struct ConvertRequest {
   // original checks several of its chunks together (SHA-256 lanes: SnapshotReader::read_cells),
   // so blocks of that many rows (where they keep the workers even) hash in more lanes.
   uint64_t source_read_cells = 0;
+  // The cells of each of the input's chunks, 0 when unknown: blocks may then be any multiple of it,
+  // not only a power of two (conversion_block_rows).
+  uint64_t source_chunk_cells = 0;
   bool report = false;               // collect per-layer error statistics
   RequantMode requant = RequantMode::kAuto;
 };
@@ -142,8 +145,11 @@ struct ConvertRequest {
 // How many rows of a tensor (cells, or transposed V's columns) one of `threads` workers converts at
 // a time: a power of two of at most 1 MiB of source or target rows (`row_bytes` the larger row),
 // at most a worker's share; larger, up to `read_cells` (ConvertRequest::source_read_cells) and 4 MiB,
-// where that leaves no worker more rows (docs/performance.md, "Multithreading").
-uint64_t conversion_block_rows(uint64_t n_rows, size_t threads, uint64_t row_bytes, uint64_t read_cells);
+// where that leaves no worker more rows (docs/performance.md, "Multithreading"): the largest such
+// power of two or, with `chunk_cells` (ConvertRequest::source_chunk_cells) dividing the first size,
+// multiple of the chunks' cells.
+uint64_t conversion_block_rows(uint64_t n_rows, size_t threads, uint64_t row_bytes, uint64_t read_cells,
+                               uint64_t chunk_cells = 0);
 
 // Per layer and side: how the conversion went.
 struct LayerReport {

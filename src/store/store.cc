@@ -782,7 +782,10 @@ Result<RestoreResult> Store::restore_unlabeled(const std::string& ref, const Res
       r.n_tokens = *req.tokens;
     }
     KV_ASSIGN_OR_RETURN(ConvertRequest creq, make_request(spec, *state, req.model, "snapshot " + ref));
-    if (src == &original) creq.source_read_cells = reader.read_cells();  // not a prefix's temporary file
+    if (src == &original) {  // not a prefix's temporary file
+      creq.source_read_cells = reader.read_cells();
+      creq.source_chunk_cells = reader.chunk_cells();
+    }
     KV_RETURN_IF_ERROR(convert_state(*state, *src, creq, tee).status());
     r.converted = true;
   }

@@ -1,7 +1,7 @@
 // migrate/convert_state.h conversion_block_rows: how many rows of a tensor one worker converts at
 // a time. Powers of two (so blocks start where a snapshot's 256-cell chunks do), at most 1 MiB of
 // rows and a worker's share, and larger, up to what the source reads best at once, only where no
-// worker gets more rows than before.
+// worker gets more rows than before: powers of two, or multiples of the source's chunk cells.
 #include "migrate/convert_state.h"
 
 #include <gtest/gtest.h>
@@ -47,6 +47,22 @@ TEST(ConversionBlockRows, NotWhereAWorkerWouldGetMoreRows) {
   EXPECT_EQ(conversion_block_rows(3212, 2, kRow, 2048), 512u);
   // 6,000 cells: 512 -> 3,072 rows for the busier worker, 1,024 -> 3,072, 2,048 -> 3,952.
   EXPECT_EQ(conversion_block_rows(6000, 2, kRow, 2048), 1024u);
+}
+
+TEST(ConversionBlockRows, MultiplesOfTheChunksBetweenThePowersOfTwo) {
+  // 3,212 cells of 256-cell chunks on 2 workers: 512-row blocks leave the busier one 1,676 rows, and
+  // so do 768 (three chunks: shani-x4's lanes) and 1,536 (six: avx2-x8's), where 1,024 would not.
+  EXPECT_EQ(conversion_block_rows(3212, 2, kRow, 1024, 256), 768u);
+  EXPECT_EQ(conversion_block_rows(3212, 2, kRow, 2048, 256), 1536u);
+  EXPECT_EQ(conversion_block_rows(3212, 2, kRow, 512, 256), 512u);    // two lanes: nothing between
+  EXPECT_EQ(conversion_block_rows(6000, 2, kRow, 2048, 256), 1536u);  // not 1,024: six lanes, not four
+  // A power of two where it is allowed; never past read_cells, nor without the chunks' cells, nor
+  // where they do not divide the first size (blocks would cut chunks).
+  EXPECT_EQ(conversion_block_rows(16050, 2, kRow, 1024, 256), 1024u);
+  EXPECT_EQ(conversion_block_rows(16050, 2, kRow, 2048, 256), 2048u);
+  EXPECT_EQ(conversion_block_rows(3212, 2, kRow, 1024, 0), 512u);
+  EXPECT_EQ(conversion_block_rows(3212, 2, kRow, 2048, 3), 512u);
+  EXPECT_EQ(conversion_block_rows(100, 4, 256, 1024, 256), 16u);
 }
 
 // A file that remembers its largest read (reads come from several workers at once).
