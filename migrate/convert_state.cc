@@ -7,6 +7,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <type_traits>
 
 #include "base/worker_pool.h"
 #include "format/ggml_types.h"
@@ -493,6 +494,51 @@ RequantMode mode_of(ExactRequantizer::Search s) {
   return RequantMode::kExact;
 }
 
+// Columns j0 .. j0 + w - 1 of a transposed V tensor (column j: the value j of every one of n_cells
+// cells, at j * n_cells), and the rows of cells they are made from or into. place() fills them from
+// rows, take() fills rows from them; both go by tiles of 64 bytes of each row (32 f16 columns), so
+// that a row's cache line is written or read once per tile, and copy a value with a typed copy
+// where it is 2 or 4 bytes (a memcpy call a value was most of a restore into or out of FA-off V).
+struct ColumnBlock {
+  std::byte* cols;
+  uint64_t n_cells, elem, j0, w;
+
+  static uint64_t tile_columns(uint64_t elem) { return std::max<uint64_t>(1, 64 / std::max<uint64_t>(1, elem)); }
+
+  // n rows of `row_bytes` (cells first .. first + n - 1) -> the columns.
+  void place(const std::byte* rows, uint64_t n, uint64_t row_bytes, uint64_t first) const {
+    by_size(rows, n, row_bytes, first);
+  }
+  // The columns' cells first .. first + n - 1 -> n rows of `row_bytes`.
+  void take(std::byte* rows, uint64_t n, uint64_t row_bytes, uint64_t first) const { by_size(rows, n, row_bytes, first); }
+
+ private:
+  // Row: const std::byte* (rows -> columns) or std::byte* (columns -> rows).
+  template <class Row>
+  void by_size(Row rows, uint64_t n, uint64_t row_bytes, uint64_t first) const {
+    if (elem == 2) return tiles<2>(rows, n, row_bytes, first);
+    if (elem == 4) return tiles<4>(rows, n, row_bytes, first);
+    tiles<0>(rows, n, row_bytes, first);
+  }
+  // kSize: the value's bytes, 0 for `elem` (a memcpy call).
+  template <size_t kSize, class Row>
+  void tiles(Row rows, uint64_t n, uint64_t row_bytes, uint64_t first) const {
+    constexpr bool kToColumns = std::is_const_v<std::remove_pointer_t<Row>>;
+    const uint64_t e = kSize ? kSize : elem, tile = tile_columns(e);
+    for (uint64_t jt = 0; jt < w; jt += tile) {
+      const uint64_t je = std::min(w, jt + tile);
+      for (uint64_t c = 0; c < n; ++c) {
+        Row row = rows + c * row_bytes + (j0 + jt) * e;
+        for (uint64_t j = jt; j < je; ++j) {
+          std::byte* col = cols + (j * n_cells + first + c) * e;
+          if constexpr (kToColumns) std::memcpy(col, row + (j - jt) * e, kSize ? kSize : e);
+          else std::memcpy(row + (j - jt) * e, col, kSize ? kSize : e);
+        }
+      }
+    }
+  }
+};
+
 // Converts rows with one RowConverter per worker and optional error stats.
 class RowPipeline {
  public:
@@ -546,6 +592,14 @@ class RowPipeline {
   // one worker delivers (a copy into the sink), the others convert, with no round for all to wait on.
   template <class Fetch, class Deliver>
   Status run(RowWorkspace& ws, uint64_t n_rows, Fetch fetch, Deliver deliver) {
+    return run_placed(ws, n_rows, fetch, [](uint64_t, std::span<const std::byte>) { return Status::OK(); }, deliver);
+  }
+
+  // As run, with `place(first_row, bytes)` called on the worker that converted each block before it
+  // is handed on: concurrently and in no order, for blocks that go to disjoint places (transposed
+  // V's columns), where doing it in `deliver` would do it on one worker at a time.
+  template <class Fetch, class Place, class Deliver>
+  Status run_placed(RowWorkspace& ws, uint64_t n_rows, Fetch fetch, Place place, Deliver deliver) {
     if (n_rows == 0) return Status::OK();
     const size_t T = std::min(workers_.size(), ws.pool.size());
     const uint64_t per_block =
@@ -563,6 +617,7 @@ class RowPipeline {
           Status s = fetch(first, n, in);
           if (s.ok() && !copy) s = exact_.empty() ? workers_[w].convert(in, out) : exact_[w].convert(in, out);
           if (s.ok() && report_ && !copy) measure(w, in, out, n);
+          if (s.ok()) s = place(first, std::span<const std::byte>(out));
           if (!order.hand_on(b, s, [&] { return deliver(std::span<const std::byte>(out)); })) return;
         }
       } catch (...) {
@@ -653,8 +708,9 @@ class ConvertingSource final : public TensorSource {
       KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(plan, req_.threads, req_.report, req_.requant));
       KV_RETURN_IF_ERROR(columns_to_rows(rp, sl, n_cells, n_embd, out));
       record(ref, true, plan, rp);
-    } else {
-      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(plan, req_.threads, req_.report, req_.requant));
+    } else {  // its source rows are cells, as K's: the same blocks
+      KV_ASSIGN_OR_RETURN(RowPipeline rp, RowPipeline::make(plan, req_.threads, req_.report, req_.requant,
+                                                            req_.source_read_cells, req_.source_chunk_cells));
       KV_RETURN_IF_ERROR(rows_to_columns(rp, sl, tl, n_cells, n_embd, out));
       record(ref, true, plan, rp);
     }
@@ -683,10 +739,17 @@ class ConvertingSource final : public TensorSource {
     return rp.run(
         ws_, n_cells,
         [&, e](uint64_t c0, uint64_t n, std::span<std::byte> dst) -> Status {
-          std::vector<std::byte> piece(n * e);
-          for (uint64_t j = 0; j < n_embd; ++j) {
-            KV_RETURN_IF_ERROR(in_.read_at(sl.v.offset + (j * n_cells + c0) * e, piece));
-            for (uint64_t c = 0; c < n; ++c) std::memcpy(dst.data() + (c * n_embd + j) * e, piece.data() + c * e, e);
+          // A tile of columns' pieces at a time, then each cell's run of them written together.
+          const uint64_t tile = ColumnBlock::tile_columns(e);
+          std::vector<std::byte> pieces(tile * n * e);
+          for (uint64_t jt = 0; jt < n_embd; jt += tile) {
+            const uint64_t w = std::min(tile, n_embd - jt);
+            for (uint64_t j = 0; j < w; ++j) {
+              KV_RETURN_IF_ERROR(in_.read_at(sl.v.offset + ((jt + j) * n_cells + c0) * e,
+                                             std::span<std::byte>(pieces).subspan(j * n * e, n * e)));
+            }
+            const ColumnBlock from{pieces.data(), n, e, 0, w};
+            from.take(dst.data() + jt * e, n, n_embd * e, 0);
           }
           return Status::OK();
         },
@@ -704,22 +767,18 @@ class ConvertingSource final : public TensorSource {
     for (uint64_t j0 = 0; j0 < n_embd; j0 += width) {
       const uint64_t w = std::min(width, n_embd - j0);
       cols.assign(w * n_cells * e, std::byte{0});
-      uint64_t cell = 0;
       const uint64_t row = rp.src_row();
-      KV_RETURN_IF_ERROR(rp.run(
+      KV_RETURN_IF_ERROR(rp.run_placed(
           ws_, n_cells,
           [&](uint64_t first, uint64_t n, std::span<std::byte> dst) {
             return in_.read_at(sl.v.offset + first * row, dst.first(n * row));
           },
-          [&](std::span<const std::byte> b) -> Status {
-            const uint64_t n = b.size() / dst_row;
-            for (uint64_t c = 0; c < n; ++c, ++cell) {
-              for (uint64_t j = 0; j < w; ++j) {
-                std::memcpy(cols.data() + (j * n_cells + cell) * e, b.data() + c * dst_row + (j0 + j) * e, e);
-              }
-            }
+          [&](uint64_t first, std::span<const std::byte> b) {
+            const ColumnBlock to{cols.data(), n_cells, e, j0, w};
+            to.place(b.data(), b.size() / dst_row, dst_row, first);
             return Status::OK();
-          }));
+          },
+          [](std::span<const std::byte>) { return Status::OK(); }));
       KV_RETURN_IF_ERROR(out.append(cols));
     }
     return Status::OK();

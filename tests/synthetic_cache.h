@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "format/llama_state.h"
+#include "migrate/conversion_spec.h"
+#include "migrate/convert_state.h"
 #include "migrate/hadamard.h"
 #include "migrate/type_traits.h"
 
@@ -160,6 +162,16 @@ inline Spec long_f16() {
   s.cells = 4608;
   s.data = Data::kIid;
   return s;
+}
+
+// `state`, read from `file`, converted as `spec` asks (make_request without a model, then
+// convert_state): the output's bytes.
+inline Result<std::vector<std::byte>> converted(const StateFile& state, const ReadableFile& file,
+                                               const ConversionSpec& spec) {
+  KV_ASSIGN_OR_RETURN(ConvertRequest req, make_request(spec, state, nullptr, file.name()));
+  VectorSink out;
+  KV_RETURN_IF_ERROR(convert_state(state, file, req, out).status());
+  return std::move(out.bytes);
 }
 
 }  // namespace kvsnap::test
