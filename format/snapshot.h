@@ -492,7 +492,8 @@ class SnapshotReader {
   // 1 for keyed ids) times their cells; 0 when its row tensors' chunks differ in cells or it has
   // none. A conversion's blocks take it (ConvertRequest::source_read_cells).
   uint64_t read_cells() const;
-  // The cells of each of original()'s row tensors' chunks; 0 when they differ or it has none.
+  // The cells of each of original()'s row tensors' chunks; 0 when they differ, when it has none, or
+  // after an extension's cell restart (GRID), where chunks no longer start at multiples of it.
   uint64_t chunk_cells() const;
   // "chunk 12 (layer 3 V of KV section 0 stream 0, cells 256..511, rows 0..127)".
   std::string describe_chunk(uint64_t index) const;

@@ -624,17 +624,28 @@ std::vector<uint64_t> SnapshotReader::chunks_for_cell_prefix(uint64_t n_cells) c
   return out;
 }
 
-uint64_t SnapshotReader::chunk_cells() const {
+namespace {
+// The row segments' one cells_per_chunk, 0 when they differ or there are none.
+uint32_t uniform_cells_per_chunk(const SegmentTable& t) {
   uint32_t n = 0;
-  for (const Segment& s : impl_->m.segments.segments) {
+  for (const Segment& s : t.segments) {
     if (s.kind != SegmentKind::kRows) continue;
     if (n != 0 && s.cells_per_chunk != n) return 0;
     n = s.cells_per_chunk;
   }
   return n;
 }
+}  // namespace
 
-uint64_t SnapshotReader::read_cells() const { return chunk_cells() * impl_->group_size(); }
+uint64_t SnapshotReader::chunk_cells() const {
+  // After an extension's cell restart chunks no longer start at multiples of it.
+  if (impl_->m.segments.has_cell_restarts()) return 0;
+  return uniform_cells_per_chunk(impl_->m.segments);
+}
+
+uint64_t SnapshotReader::read_cells() const {
+  return uint64_t(uniform_cells_per_chunk(impl_->m.segments)) * impl_->group_size();
+}
 
 std::vector<uint64_t> SnapshotReader::block_bounds(uint64_t target) const {
   target = std::max<uint64_t>(target, 1);

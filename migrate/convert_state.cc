@@ -24,8 +24,6 @@ namespace {
 constexpr uint64_t kBlockBytes = 1u << 20;
 // ... and at most, for a source that reads more at once (eight 512 KiB chunks).
 constexpr uint64_t kReadBlockBytes = 4u << 20;
-// Bytes of one column block when V changes between rows and columns.
-constexpr uint64_t kTransposeBudget = 32u << 20;
 
 // The most rows any of T workers converts when blocks of `per_block` rows go round-robin
 // (worker w takes blocks w, w + T, ...): what the tensor's wall time follows.
@@ -740,7 +738,7 @@ class ConvertingSource final : public TensorSource {
         ws_, n_cells,
         [&, e](uint64_t c0, uint64_t n, std::span<std::byte> dst) -> Status {
           // A tile of columns' pieces at a time, then each cell's run of them written together.
-          const uint64_t tile = ColumnBlock::tile_columns(e);
+          const uint64_t tile = std::min(ColumnBlock::tile_columns(e), n_embd);
           std::vector<std::byte> pieces(tile * n * e);
           for (uint64_t jt = 0; jt < n_embd; jt += tile) {
             const uint64_t w = std::min(tile, n_embd - jt);
@@ -762,7 +760,8 @@ class ConvertingSource final : public TensorSource {
                          ByteSink& out) {
     const uint64_t e = tl.v_elem_bytes;
     const uint64_t dst_row = rp.dst_row();
-    const uint64_t width = std::clamp<uint64_t>(kTransposeBudget / std::max<uint64_t>(1, n_cells * e), 1, n_embd);
+    const uint64_t width =
+        std::clamp<uint64_t>(req_.column_budget_bytes / std::max<uint64_t>(1, n_cells * e), 1, n_embd);
     std::vector<std::byte> cols;
     for (uint64_t j0 = 0; j0 < n_embd; j0 += width) {
       const uint64_t w = std::min(width, n_embd - j0);
@@ -841,8 +840,10 @@ static_assert(every_format_has_one_row(), "kTargetFormats: one row per TargetFor
 // start at its parent's cell count: the chunks a block cuts then go through that cache, slower
 // and the same bytes.) A source that reads `read_cells` rows best at once (ConvertRequest::source_read_cells: a
 // snapshot's original checks several chunks together) gets blocks of up to that many rows (at most
-// kReadBlockBytes) where they leave no worker more rows than the blocks above do (2 KiB rows, reads
-// of 8 chunks, 2 workers: 3,212 cells keep 512-row blocks, 16,050 take 2,048).
+// kReadBlockBytes) where they leave no worker more rows than the blocks above do: a power of two,
+// or, where the source's chunks hold `chunk_cells` cells each and the first size is a multiple of
+// it, any multiple of it (2 KiB rows of 256-cell chunks, 2 workers: 3,212 cells take 768-row blocks
+// with reads of 4 chunks and 1,536 with reads of 8; 16,050 take 1,024 and 2,048).
 uint64_t conversion_block_rows(uint64_t n_rows, size_t T, uint64_t row_bytes, uint64_t read_cells,
                                uint64_t chunk_cells) {
   const uint64_t share = (n_rows + T - 1) / T;

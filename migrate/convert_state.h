@@ -6,7 +6,7 @@
 // (migrate/hadamard.h), and hands them to the writer (format/llama_state.h).
 //
 // Memory: O(threads x block) for rows; re-transposing V (flash attention
-// switched) holds one column block of a layer, bounded by kTransposeBudget,
+// switched) holds one column block of a layer, bounded by column_budget_bytes,
 // and re-reads the source V once per column block (stated in
 // docs/conversion.md). Nothing is ever sized by the file.
 #pragma once
@@ -138,6 +138,9 @@ struct ConvertRequest {
   // The cells of each of the input's chunks, 0 when unknown: blocks may then be any multiple of it,
   // not only a power of two (conversion_block_rows).
   uint64_t source_chunk_cells = 0;
+  // Towards transposed V (--fa off): the target's columns held at once, so a long context's layer
+  // is made in several passes over its source V (tests lower it to get several).
+  uint64_t column_budget_bytes = 32u << 20;
   bool report = false;               // collect per-layer error statistics
   RequantMode requant = RequantMode::kAuto;
 };

@@ -116,11 +116,21 @@ TEST(ConversionBlockRows, ConvertStateReadsTheBlocksItsSourceAsksFor) {
 // FA on <-> off moves V between rows of cells and columns (ColumnBlock, tiles of 64 bytes of a
 // row, blocks placed by the workers that convert them): checked here value by value against the
 // layout itself, at a row width that is no multiple of the tile (2 heads of 20: 40 values), over
-// blocks of several sizes on 2 threads, for 2- and 4-byte values; and back to the same bytes.
+// blocks of several sizes on 2 threads, for 2- and 4-byte values, with the columns made in one
+// pass or in several (a small column budget: column blocks that start past 0), f16 into f32 too;
+// and back to the same bytes.
 TEST(ConversionBlockRows, TransposedVIsEveryValueOfEveryCell) {
-  for (const int32_t type : {1, 0}) {  // f16, f32
+  struct Case {
+    int32_t from;
+    const char* to;
+    uint64_t budget;
+  };
+  for (const Case& k : {Case{1, "f16", 32u << 20}, Case{0, "f32", 32u << 20}, Case{1, "f16", 1500 * 2 * 7},
+                        Case{1, "f32", 1500 * 4 * 3}}) {
+    SCOPED_TRACE(std::string(k.from == 1 ? "f16" : "f32") + " -> " + k.to + ", column budget " +
+                 std::to_string(k.budget));
     test::Spec sp;
-    sp.k_type = sp.v_type = type;
+    sp.k_type = sp.v_type = k.from;
     sp.head_dim = 20;
     sp.n_head_kv = 2;
     sp.n_layer = 2;
@@ -131,33 +141,49 @@ TEST(ConversionBlockRows, TransposedVIsEveryValueOfEveryCell) {
     auto state = parse_state(file);
     ASSERT_TRUE(state.ok()) << state.status().ToString();
     ConversionSpec spec;
+    spec.ctk = spec.ctv = k.to;
     spec.flash_attn = "off";
     spec.head_dim_k = spec.head_dim_v = 20;
     spec.threads = 2;
-    auto cols = test::converted(*state, file, spec);
-    ASSERT_TRUE(cols.ok()) << cols.status().ToString();
-    const MemoryFile cols_file("cols.slot", *cols);
+    auto req = make_request(spec, *state, nullptr, "rows.slot");
+    ASSERT_TRUE(req.ok()) << req.status().ToString();
+    req->column_budget_bytes = k.budget;
+    VectorSink out;
+    ASSERT_TRUE(convert_state(*state, file, *req, out).ok());
+    const std::vector<std::byte>& cols = out.bytes;
+    const MemoryFile cols_file("cols.slot", cols);
     auto t = parse_state(cols_file);
     ASSERT_TRUE(t.ok()) << t.status().ToString();
-    const uint64_t e = type == 1 ? 2 : 4, n_embd = 40, n_cells = sp.cells;
+    const TypeTraits& src = *find_traits(k.from);
+    const uint64_t e = k.from == 1 ? 2 : 4, to_e = std::string(k.to) == "f16" ? 2 : 4, n_embd = 40,
+                   n_cells = sp.cells;
+    ASSERT_EQ(t->memory.kv[0].streams[0].v_trans, 1u);
     for (size_t l = 0; l < sp.n_layer; ++l) {
       const KvLayer& a = state->memory.kv[0].streams[0].layers[l];
       const KvLayer& b = t->memory.kv[0].streams[0].layers[l];
-      ASSERT_EQ(t->memory.kv[0].streams[0].v_trans, 1u);
-      ASSERT_EQ(b.v.size, n_embd * n_cells * e);
+      ASSERT_EQ(b.v.size, n_embd * n_cells * to_e);
       uint64_t wrong = 0;
       for (uint64_t c = 0; c < n_cells; ++c) {
         for (uint64_t j = 0; j < n_embd; ++j) {
-          wrong += std::memcmp(bytes.data() + a.v.offset + (c * n_embd + j) * e,
-                               cols->data() + b.v.offset + (j * n_cells + c) * e, e) != 0;
+          float want = 0;
+          src.to_f32(bytes.data() + a.v.offset + (c * n_embd + j) * e, &want, 1);
+          const std::byte* got = cols.data() + b.v.offset + (j * n_cells + c) * to_e;
+          if (to_e == 4) {
+            float g = 0;
+            std::memcpy(&g, got, 4);
+            wrong += std::memcmp(&g, &want, 4) != 0;
+          } else {
+            wrong += std::memcmp(got, bytes.data() + a.v.offset + (c * n_embd + j) * e, 2) != 0;
+          }
         }
       }
-      EXPECT_EQ(wrong, 0u) << "type " << type << " layer " << l;
+      EXPECT_EQ(wrong, 0u) << "layer " << l;
     }
+    if (std::string(k.to) != (k.from == 1 ? "f16" : "f32")) continue;  // f16 -> f32 does not come back
     spec.flash_attn = "on";
     auto back = test::converted(*t, cols_file, spec);
     ASSERT_TRUE(back.ok()) << back.status().ToString();
-    EXPECT_TRUE(*back == bytes) << "rows -> columns -> rows, type " << type;
+    EXPECT_TRUE(*back == bytes) << "rows -> columns -> rows";
   }
 }
 

@@ -14,6 +14,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "base/os.h"
 #include "base/sha256_lanes.h"
@@ -1058,38 +1059,48 @@ TEST(Store, AnImportThatLosesTheRaceToAnotherSaysOnlyThatItWasImportedMeanwhile)
 // A long tensor restores in blocks of as many chunks as the snapshot's reader checks together
 // (SnapshotReader::read_cells, conversion_block_rows): 4,608 cells of 2 KiB rows on 2 threads take
 // 1,024-row blocks with shani-x4 and 2,048 with avx2-x8 (ctest runs it under each kernel:
-// store.sha256_kernel.*), the last block short, and the bytes are those of `convert` of the file.
-// That convert_state reads such blocks is ConversionBlockRows.ConvertStateReadsTheBlocksItsSourceAsksFor's;
-// that the restore hands it read_cells is not observed here (only its speed would show).
+// store.sha256_kernel.*), the last block short; 3,212 cells take multiples of the 256-cell chunk
+// that are no power of two (768, 1,536). The bytes are those of `convert` of the file, with V in
+// rows and in columns (--fa off). That convert_state reads such blocks is
+// ConversionBlockRows.ConvertStateReadsTheBlocksItsSourceAsksFor's; that the restore hands it
+// read_cells is not observed here (only its speed would show).
 TEST(Store, ALongTensorRestoresInLargerBlocksAsConvert) {
   const size_t width = sha256_kernel_width(sha256_kernel());
   const uint64_t rows = conversion_block_rows(4608, 2, 2048, 256 * width);
   SCOPED_TRACE(std::string(sha256_kernel_name(sha256_kernel())) + ": blocks of " + std::to_string(rows) + " rows");
   if (width >= 4) {
     EXPECT_EQ(rows, 256 * width);
+    EXPECT_EQ(conversion_block_rows(3212, 2, 2048, 256 * width, 256), width == 4 ? 768u : 1536u);
   }
-  TempStore t;
-  const std::vector<std::byte> bytes = test::build(test::long_f16());
-  MemoryFile file("long.slot", std::span<const std::byte>(bytes));
-  auto state = parse_state(file);
-  ASSERT_TRUE(state.ok()) << state.status().ToString();
-  auto saved = t.store->save(file, *state, SaveRequest{});
-  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
-  for (const char* types : {"q8_0", "q4_0"}) {
-    ConversionSpec spec;
-    spec.ctk = spec.ctv = types;
-    spec.flash_attn = "on";
-    spec.head_dim_k = spec.head_dim_v = 128;
-    spec.threads = 2;
-    auto want = test::converted(*state, file, spec);
-    ASSERT_TRUE(want.ok()) << want.status().ToString();
-    RestoreRequest rreq;
-    rreq.spec = spec;
-    VectorSink got;
-    auto r = t.store->restore(std::to_string(saved->info.id), rreq, got);
-    ASSERT_TRUE(r.ok()) << types << ": " << r.status().ToString();
-    EXPECT_TRUE(r->converted);
-    EXPECT_EQ(got.bytes, *want) << types;
+  for (const uint32_t cells : {4608u, 3212u}) {
+    TempStore t;
+    test::Spec sp = test::long_f16();
+    sp.cells = cells;
+    const std::vector<std::byte> bytes = test::build(sp);
+    MemoryFile file("long.slot", std::span<const std::byte>(bytes));
+    auto state = parse_state(file);
+    ASSERT_TRUE(state.ok()) << state.status().ToString();
+    auto saved = t.store->save(file, *state, SaveRequest{});
+    ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+    for (const auto& [ctk, ctv, fa] : {std::tuple{"q8_0", "q8_0", "on"}, std::tuple{"q4_0", "q4_0", "on"},
+                                       std::tuple{"q8_0", "f16", "off"}}) {
+      SCOPED_TRACE(std::to_string(cells) + " cells, " + ctk + "/" + ctv + " fa " + fa);
+      ConversionSpec spec;
+      spec.ctk = ctk;
+      spec.ctv = ctv;
+      spec.flash_attn = fa;
+      spec.head_dim_k = spec.head_dim_v = 128;
+      spec.threads = 2;
+      auto want = test::converted(*state, file, spec);
+      ASSERT_TRUE(want.ok()) << want.status().ToString();
+      RestoreRequest rreq;
+      rreq.spec = spec;
+      VectorSink got;
+      auto r = t.store->restore(std::to_string(saved->info.id), rreq, got);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_TRUE(r->converted);
+      EXPECT_TRUE(got.bytes == *want);
+    }
   }
 }
 
