@@ -164,59 +164,153 @@ __attribute__((target("sha,sse4.1,ssse3"))) void shani_x4(State& ha, const uint8
 
 // AVX2, eight messages in the eight 32-bit lanes: the plain FIPS 180-4 rounds on vectors (as
 // Bitcoin Core's sha256_avx2.cpp Transform_8way and Intel's isa-l_crypto mb_sha256 do). A lane
-// with stride 0 reads the same block again and again; its state is not written back.
+// with stride 0 reads the same block again and again; its state is not written back. The framing
+// (state in and out, a block's sixteen words) is shared; the 64 rounds are one function per ISA:
+// AVX2 (a rotation is two shifts and an or) and AVX-512VL on the same 8-lane registers, whose
+// vprord rotates in one instruction and vpternlogd makes the three-input xor, Ch and Maj in one
+// each (~25 instructions a round against ~50: the kernel for AVX-512 CPUs without SHA-NI, Intel
+// Skylake-SP to Cooper Lake).
 #define KV_AVX2 __attribute__((target("avx2"), always_inline)) inline
+#define KV_AVX512VL __attribute__((target("avx2,avx512f,avx512vl"), always_inline)) inline
 template <int N>
 KV_AVX2 __m256i rotr(__m256i x) {
   return _mm256_or_si256(_mm256_srli_epi32(x, N), _mm256_slli_epi32(x, 32 - N));
 }
 KV_AVX2 __m256i add(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
 KV_AVX2 __m256i xor3(__m256i a, __m256i b, __m256i c) { return _mm256_xor_si256(_mm256_xor_si256(a, b), c); }
-#undef KV_AVX2
 
-__attribute__((target("avx2"))) void avx2_blocks8(State* const* h, const uint8_t* const* p, const size_t* stride, size_t n) {
+struct Lanes8 {
+  __m256i s[8];  // the state, word w of every lane
+  const uint8_t* d[8];
+};
+
+KV_AVX2 Lanes8 load_lanes8(State* const* h, const uint8_t* const* p) {
   alignas(32) uint32_t lane[8][8];  // [word][lane]
   for (int w = 0; w < 8; ++w)
     for (int l = 0; l < 8; ++l) lane[w][l] = (*h[l])[w];
-  __m256i s[8];
-  for (int w = 0; w < 8; ++w) s[w] = _mm256_load_si256(reinterpret_cast<const __m256i*>(lane[w]));
-  const __m256i bswap = _mm256_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL, 0x0c0d0e0f08090a0bLL,
-                                          0x0405060700010203LL);
-  const uint8_t* d[8];
-  for (int l = 0; l < 8; ++l) d[l] = p[l];
-  for (; n > 0; --n) {
-    __m256i w[16];
-    for (int t = 0; t < 16; ++t) {
-      uint32_t v[8];
-      for (int l = 0; l < 8; ++l) std::memcpy(&v[l], d[l] + 4 * t, 4);
-      w[t] = _mm256_shuffle_epi8(_mm256_set_epi32(int(v[7]), int(v[6]), int(v[5]), int(v[4]), int(v[3]), int(v[2]),
-                                                  int(v[1]), int(v[0])),
-                                 bswap);
-    }
-    __m256i a = s[0], b = s[1], c = s[2], dd = s[3], e = s[4], f = s[5], g = s[6], hh = s[7];
-#pragma GCC unroll 8
-    for (int t = 0; t < 64; ++t) {
-      if (t >= 16) {
-        const __m256i w15 = w[(t - 15) & 15], w2 = w[(t - 2) & 15];
-        const __m256i s0 = xor3(rotr<7>(w15), rotr<18>(w15), _mm256_srli_epi32(w15, 3));
-        const __m256i s1 = xor3(rotr<17>(w2), rotr<19>(w2), _mm256_srli_epi32(w2, 10));
-        w[t & 15] = add(add(w[t & 15], s0), add(w[(t - 7) & 15], s1));
-      }
-      const __m256i ch = _mm256_xor_si256(_mm256_and_si256(e, f), _mm256_andnot_si256(e, g));
-      const __m256i t1 = add(add(hh, xor3(rotr<6>(e), rotr<11>(e), rotr<25>(e))),
-                             add(ch, add(_mm256_set1_epi32(int(kK[t])), w[t & 15])));
-      const __m256i maj = _mm256_or_si256(_mm256_and_si256(a, _mm256_or_si256(b, c)), _mm256_and_si256(b, c));
-      const __m256i t2 = add(xor3(rotr<2>(a), rotr<13>(a), rotr<22>(a)), maj);
-      hh = g, g = f, f = e, e = add(dd, t1), dd = c, c = b, b = a, a = add(t1, t2);
-    }
-    s[0] = add(s[0], a), s[1] = add(s[1], b), s[2] = add(s[2], c), s[3] = add(s[3], dd);
-    s[4] = add(s[4], e), s[5] = add(s[5], f), s[6] = add(s[6], g), s[7] = add(s[7], hh);
-    for (int l = 0; l < 8; ++l) d[l] += stride[l];
-  }
-  for (int w = 0; w < 8; ++w) _mm256_store_si256(reinterpret_cast<__m256i*>(lane[w]), s[w]);
+  Lanes8 x;
+  for (int w = 0; w < 8; ++w) x.s[w] = _mm256_load_si256(reinterpret_cast<const __m256i*>(lane[w]));
+  for (int l = 0; l < 8; ++l) x.d[l] = p[l];
+  return x;
+}
+
+KV_AVX2 void store_lanes8(const Lanes8& x, State* const* h, const size_t* stride) {
+  alignas(32) uint32_t lane[8][8];
+  for (int w = 0; w < 8; ++w) _mm256_store_si256(reinterpret_cast<__m256i*>(lane[w]), x.s[w]);
   for (int l = 0; l < 8; ++l)
     if (stride[l] != 0)
       for (int w = 0; w < 8; ++w) (*h[l])[w] = lane[w][l];
+}
+
+// The current block's sixteen big-endian words, word t of every lane in w[t]: each lane's eight
+// words at a time as one load, then an 8 x 8 transpose (24 shuffles for 64 words, where
+// gathering each word into its lane took ~8 instructions).
+KV_AVX2 void load_words8(const Lanes8& x, __m256i* w) {
+  const __m256i bswap = _mm256_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL, 0x0c0d0e0f08090a0bLL,
+                                          0x0405060700010203LL);
+  for (int half = 0; half < 2; ++half) {
+    __m256i r[8];
+    for (int l = 0; l < 8; ++l) r[l] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.d[l] + 32 * half));
+    // lanes (0, 1), (2, 3), ... word by word; then pairs of words; then the 128-bit halves
+    __m256i a[8], b[8];
+    for (int i = 0; i < 4; ++i) {
+      a[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+      a[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < 2; ++j) {
+        b[4 * i + 2 * j] = _mm256_unpacklo_epi64(a[4 * i + j], a[4 * i + 2 + j]);
+        b[4 * i + 2 * j + 1] = _mm256_unpackhi_epi64(a[4 * i + j], a[4 * i + 2 + j]);
+      }
+    }
+    // b[4 i + k] holds words k, k + 4 of lanes 4 i .. 4 i + 3 (one per 128-bit half)
+    for (int k = 0; k < 4; ++k) {
+      w[8 * half + k] = _mm256_shuffle_epi8(_mm256_permute2x128_si256(b[k], b[4 + k], 0x20), bswap);
+      w[8 * half + 4 + k] = _mm256_shuffle_epi8(_mm256_permute2x128_si256(b[k], b[4 + k], 0x31), bswap);
+    }
+  }
+}
+
+// After a block's rounds (r: a..h): the state plus r, and every lane on to its next block.
+KV_AVX2 void end_block8(Lanes8& x, const __m256i* r, const size_t* stride) {
+  for (int i = 0; i < 8; ++i) x.s[i] = add(x.s[i], r[i]);
+  for (int l = 0; l < 8; ++l) x.d[l] += stride[l];
+}
+
+// The 64 rounds of one block on r (a..h, in place), AVX2.
+KV_AVX2 void rounds8_avx2(__m256i* r, __m256i* w) {
+  __m256i a = r[0], b = r[1], c = r[2], dd = r[3], e = r[4], f = r[5], g = r[6], hh = r[7];
+#pragma GCC unroll 8
+  for (int t = 0; t < 64; ++t) {
+    if (t >= 16) {
+      const __m256i w15 = w[(t - 15) & 15], w2 = w[(t - 2) & 15];
+      const __m256i s0 = xor3(rotr<7>(w15), rotr<18>(w15), _mm256_srli_epi32(w15, 3));
+      const __m256i s1 = xor3(rotr<17>(w2), rotr<19>(w2), _mm256_srli_epi32(w2, 10));
+      w[t & 15] = add(add(w[t & 15], s0), add(w[(t - 7) & 15], s1));
+    }
+    const __m256i ch = _mm256_xor_si256(_mm256_and_si256(e, f), _mm256_andnot_si256(e, g));
+    const __m256i t1 = add(add(hh, xor3(rotr<6>(e), rotr<11>(e), rotr<25>(e))),
+                           add(ch, add(_mm256_set1_epi32(int(kK[t])), w[t & 15])));
+    const __m256i maj = _mm256_or_si256(_mm256_and_si256(a, _mm256_or_si256(b, c)), _mm256_and_si256(b, c));
+    const __m256i t2 = add(xor3(rotr<2>(a), rotr<13>(a), rotr<22>(a)), maj);
+    hh = g, g = f, f = e, e = add(dd, t1), dd = c, c = b, b = a, a = add(t1, t2);
+  }
+  r[0] = a, r[1] = b, r[2] = c, r[3] = dd, r[4] = e, r[5] = f, r[6] = g, r[7] = hh;
+}
+
+// The same rounds with AVX-512VL's rotate and three-input logic (vpternlogd's table: 0x96 is
+// a ^ b ^ c, 0xCA is Ch = a ? b : c, 0xE8 is Maj = the majority of a, b, c).
+KV_AVX512VL __m256i xor3_vl(__m256i a, __m256i b, __m256i c) { return _mm256_ternarylogic_epi32(a, b, c, 0x96); }
+
+KV_AVX512VL void rounds8_avx512(__m256i* r, __m256i* w) {
+  __m256i a = r[0], b = r[1], c = r[2], dd = r[3], e = r[4], f = r[5], g = r[6], hh = r[7];
+#pragma GCC unroll 8
+  for (int t = 0; t < 64; ++t) {
+    if (t >= 16) {
+      const __m256i w15 = w[(t - 15) & 15], w2 = w[(t - 2) & 15];
+      const __m256i s0 = xor3_vl(_mm256_ror_epi32(w15, 7), _mm256_ror_epi32(w15, 18), _mm256_srli_epi32(w15, 3));
+      const __m256i s1 = xor3_vl(_mm256_ror_epi32(w2, 17), _mm256_ror_epi32(w2, 19), _mm256_srli_epi32(w2, 10));
+      w[t & 15] = add(add(w[t & 15], s0), add(w[(t - 7) & 15], s1));
+    }
+    const __m256i ch = _mm256_ternarylogic_epi32(e, f, g, 0xCA);
+    const __m256i t1 = add(add(hh, xor3_vl(_mm256_ror_epi32(e, 6), _mm256_ror_epi32(e, 11), _mm256_ror_epi32(e, 25))),
+                           add(ch, add(_mm256_set1_epi32(int(kK[t])), w[t & 15])));
+    const __m256i maj = _mm256_ternarylogic_epi32(a, b, c, 0xE8);
+    const __m256i t2 = add(xor3_vl(_mm256_ror_epi32(a, 2), _mm256_ror_epi32(a, 13), _mm256_ror_epi32(a, 22)), maj);
+    hh = g, g = f, f = e, e = add(dd, t1), dd = c, c = b, b = a, a = add(t1, t2);
+  }
+  r[0] = a, r[1] = b, r[2] = c, r[3] = dd, r[4] = e, r[5] = f, r[6] = g, r[7] = hh;
+}
+#undef KV_AVX2
+#undef KV_AVX512VL
+
+__attribute__((target("avx2"))) void avx2_blocks8(State* const* h, const uint8_t* const* p, const size_t* stride, size_t n) {
+  Lanes8 x = load_lanes8(h, p);
+  for (; n > 0; --n) {
+    __m256i w[16], r[8];
+    load_words8(x, w);
+    std::copy(x.s, x.s + 8, r);
+    rounds8_avx2(r, w);
+    end_block8(x, r, stride);
+  }
+  store_lanes8(x, h, stride);
+}
+
+__attribute__((target("avx2,avx512f,avx512vl"))) void avx512_blocks8(State* const* h, const uint8_t* const* p,
+                                                                       const size_t* stride, size_t n) {
+  Lanes8 x = load_lanes8(h, p);
+  for (; n > 0; --n) {
+    __m256i w[16], r[8];
+    load_words8(x, w);
+    std::copy(x.s, x.s + 8, r);
+    rounds8_avx512(r, w);
+    end_block8(x, r, stride);
+  }
+  store_lanes8(x, h, stride);
+}
+
+bool cpu_has_avx512vl() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
 }
 
 bool cpu_has_shani() {
@@ -244,6 +338,7 @@ Sha256Kernel choose_kernel() {
   // thread); two elsewhere: on Zen 4 four chains' rounds ran no faster, and Intel's are unmeasured.
   if (sha256_kernel_supported(Sha256Kernel::kShaniX2))
     return simd::amd_family() == 0x1A ? Sha256Kernel::kShaniX4 : Sha256Kernel::kShaniX2;
+  if (sha256_kernel_supported(Sha256Kernel::kAvx512X8)) return Sha256Kernel::kAvx512X8;
   if (sha256_kernel_supported(Sha256Kernel::kAvx2X8)) return Sha256Kernel::kAvx2X8;
   return Sha256Kernel::kOpenssl;
 }
@@ -256,6 +351,9 @@ Sha256Kernel sha256_kernel() {
   // anywhere, SHA-NI included; read on every call because set_level() may change it within a
   // process. A CPU whose best level is scalar (SHA-NI without AVX2: Goldmont) keeps its kernel.
   if (simd::level() == simd::Level::kScalar && simd::best_level() != simd::Level::kScalar) return Sha256Kernel::kOpenssl;
+  // Likewise the AVX2 level set by hand on an AVX-512 CPU means AVX2's lanes, so that a bench's
+  // --simd avx2 row is what an AVX2 CPU without SHA-NI runs.
+  if (k == Sha256Kernel::kAvx512X8 && simd::level() == simd::Level::kAvx2) return Sha256Kernel::kAvx2X8;
   return k;
 }
 
@@ -264,6 +362,7 @@ const char* sha256_kernel_name(Sha256Kernel k) {
     case Sha256Kernel::kShaniX2: return "shani-x2";
     case Sha256Kernel::kShaniX4: return "shani-x4";
     case Sha256Kernel::kAvx2X8: return "avx2-x8";
+    case Sha256Kernel::kAvx512X8: return "avx512-x8";
     case Sha256Kernel::kOpenssl: break;
   }
   return "openssl";
@@ -275,6 +374,8 @@ bool sha256_kernel_supported(Sha256Kernel k) {
   static const bool avx2 = __builtin_cpu_supports("avx2");
   if (k == Sha256Kernel::kShaniX2 || k == Sha256Kernel::kShaniX4) return shani;
   if (k == Sha256Kernel::kAvx2X8) return avx2;
+  static const bool avx512vl = cpu_has_avx512vl();
+  if (k == Sha256Kernel::kAvx512X8) return avx512vl;
 #else
   if (k != Sha256Kernel::kOpenssl) return false;
 #endif
@@ -285,7 +386,8 @@ size_t sha256_kernel_width(Sha256Kernel k) {
   switch (k) {
     case Sha256Kernel::kShaniX2: return 2;
     case Sha256Kernel::kShaniX4: return 4;
-    case Sha256Kernel::kAvx2X8: return 8;
+    case Sha256Kernel::kAvx2X8:
+    case Sha256Kernel::kAvx512X8: return 8;
     case Sha256Kernel::kOpenssl: break;
   }
   return 1;
@@ -399,7 +501,7 @@ void Sha256Lanes::compress(const std::array<const uint8_t*, kMaxLanes>& data,
       for (size_t j = 0; j < found; ++j) at[g[j]] += 64 * n, left[g[j]] -= n;
     }
   }
-  if (kernel_ == Sha256Kernel::kAvx2X8) {
+  if (kernel_ == Sha256Kernel::kAvx2X8 || kernel_ == Sha256Kernel::kAvx512X8) {
     // Lanes without blocks left ride along on a fixed block (stride 0), their state untouched.
     // Eight-lane rounds cost the same however many lanes are busy: with fewer than kMinBusy,
     // OpenSSL's one-stream code (the same bytes, one lane after the other) is faster.
@@ -426,7 +528,11 @@ void Sha256Lanes::compress(const std::array<const uint8_t*, kMaxLanes>& data,
         p[i] = on ? at[i] : kIdle;
         stride[i] = on ? 64 : 0;
       }
-      avx2_blocks8(h, p, stride, n);
+      if (kernel_ == Sha256Kernel::kAvx512X8) {
+        avx512_blocks8(h, p, stride, n);
+      } else {
+        avx2_blocks8(h, p, stride, n);
+      }
       for (size_t i = 0; i < kMaxLanes; ++i)
         if (left[i] != 0) at[i] += 64 * n, left[i] -= n;
     }
@@ -440,7 +546,8 @@ void Sha256Lanes::compress(const std::array<const uint8_t*, kMaxLanes>& data,
 void sha256_many(std::span<const std::span<const std::byte>> messages, std::span<Sha256Digest> out, Sha256Kernel k) {
   // One hasher per kernel, indexed by its enum value: kSha256Kernels lists every value.
   static_assert(static_cast<size_t>(Sha256Kernel::kShaniX4) < std::size(kSha256Kernels) &&
-                static_cast<size_t>(Sha256Kernel::kAvx2X8) < std::size(kSha256Kernels));
+                static_cast<size_t>(Sha256Kernel::kAvx2X8) < std::size(kSha256Kernels) &&
+                static_cast<size_t>(Sha256Kernel::kAvx512X8) < std::size(kSha256Kernels));
   thread_local std::unique_ptr<Sha256Lanes> lanes[std::size(kSha256Kernels)];
   std::unique_ptr<Sha256Lanes>& h = lanes[static_cast<int>(k)];
   if (!h) h = std::make_unique<Sha256Lanes>(k);

@@ -92,14 +92,16 @@ void check_sha256(std::vector<Check>& out) {
                    "unset KVSNAP_SHA, or set it to one of: " + runs});
     return;
   }
-  if (env && in_use != env) {  // a kernel this CPU runs, overridden by KVSNAP_SIMD=scalar
+  const char* simd_env = std::getenv("KVSNAP_SIMD");
+  if (env && in_use != env) {  // a kernel this CPU runs, lowered by KVSNAP_SIMD (scalar, or avx2 for avx512-x8)
+    const bool scalar = simd::level() == simd::Level::kScalar;
     out.push_back({Verdict::kWarn, "sha256",
-                   std::string("KVSNAP_SHA=") + env + " is overridden by KVSNAP_SIMD=scalar (no SIMD anywhere), so " +
-                       in_use + " is used (this CPU runs: " + runs + ")",
+                   std::string("KVSNAP_SHA=") + env + " is overridden by KVSNAP_SIMD=" + (simd_env ? simd_env : "") +
+                       (scalar ? " (no SIMD anywhere)" : " (AVX2's lanes)") + ", so " + in_use +
+                       " is used (this CPU runs: " + runs + ")",
                    "unset KVSNAP_SIMD or KVSNAP_SHA"});
     return;
   }
-  const char* simd_env = std::getenv("KVSNAP_SIMD");
   const std::string why = env ? " (set by KVSNAP_SHA"
                           : simd_env && std::string(simd_env) == "scalar" ? " (KVSNAP_SIMD=scalar"
                                                                           : " (the best here";

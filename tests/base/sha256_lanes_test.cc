@@ -150,14 +150,16 @@ TEST(Sha256Lanes, KernelNamesAndWidths) {
   EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kShaniX2), "shani-x2");
   EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kShaniX4), "shani-x4");
   EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kAvx2X8), "avx2-x8");
+  EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kAvx512X8), "avx512-x8");
   EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kOpenssl), "openssl");
   EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kShaniX2), 2u);
   EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kShaniX4), 4u);
   EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kAvx2X8), 8u);
+  EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kAvx512X8), 8u);
   EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kOpenssl), 1u);
   EXPECT_TRUE(sha256_kernel_supported(sha256_kernel()));
   // A kernel this CPU lacks falls back to OpenSSL instead of faulting.
-  for (Sha256Kernel k : {Sha256Kernel::kShaniX2, Sha256Kernel::kShaniX4, Sha256Kernel::kAvx2X8})
+  for (Sha256Kernel k : {Sha256Kernel::kShaniX2, Sha256Kernel::kShaniX4, Sha256Kernel::kAvx2X8, Sha256Kernel::kAvx512X8})
     if (!sha256_kernel_supported(k)) {
       EXPECT_EQ(Sha256Lanes(k).kernel(), Sha256Kernel::kOpenssl);
     }
@@ -171,6 +173,10 @@ TEST(Sha256Lanes, EnvironmentChoosesTheKernel) {
   // keeps its kernel and goes on below.
   if (simd && std::string(simd) == "scalar" && simd::best_level() != simd::Level::kScalar) {
     EXPECT_EQ(sha256_kernel(), Sha256Kernel::kOpenssl);
+  } else if (simd && std::string(simd) == "avx2" && want && std::string(want) == "avx512-x8" &&
+             sha256_kernel_supported(Sha256Kernel::kAvx512X8)) {
+    // KVSNAP_SIMD=avx2 on an AVX-512 CPU runs what an AVX2 CPU runs: AVX2's lanes.
+    EXPECT_EQ(sha256_kernel(), Sha256Kernel::kAvx2X8);
   } else if (want) {
     const std::string got = sha256_kernel_name(sha256_kernel());
     bool supported = false;
@@ -181,9 +187,10 @@ TEST(Sha256Lanes, EnvironmentChoosesTheKernel) {
   } else {
     // Four SHA-NI chains on Zen 5 (AMD family 0x1A), two on other SHA-NI CPUs.
     const Sha256Kernel shani = simd::amd_family() == 0x1A ? Sha256Kernel::kShaniX4 : Sha256Kernel::kShaniX2;
-    EXPECT_EQ(sha256_kernel(), sha256_kernel_supported(Sha256Kernel::kShaniX2)  ? shani
-                               : sha256_kernel_supported(Sha256Kernel::kAvx2X8) ? Sha256Kernel::kAvx2X8
-                                                                                : Sha256Kernel::kOpenssl);
+    EXPECT_EQ(sha256_kernel(), sha256_kernel_supported(Sha256Kernel::kShaniX2)    ? shani
+                               : sha256_kernel_supported(Sha256Kernel::kAvx512X8) ? Sha256Kernel::kAvx512X8
+                               : sha256_kernel_supported(Sha256Kernel::kAvx2X8)   ? Sha256Kernel::kAvx2X8
+                                                                                  : Sha256Kernel::kOpenssl);
   }
 }
 

@@ -1110,7 +1110,7 @@ TEST_F(StoreCli, DoctorNamesTheSha256Kernel) {
   EXPECT_NE(r.out.find("unset KVSNAP_SHA, or set it to one of: openssl"), std::string::npos) << r.out;
   // Each kernel this CPU runs is taken when named (shani-x4 included, on any SHA-NI CPU).
   const std::string runs_list = kv("doctor").out;
-  for (const char* k : {"shani-x2", "shani-x4", "avx2-x8"}) {
+  for (const char* k : {"shani-x2", "shani-x4", "avx2-x8", "avx512-x8"}) {
     const size_t at = runs_list.find("this CPU runs: ");
     if (at == std::string::npos || runs_list.find(k, at) == std::string::npos) continue;
     r = kv("doctor", std::string("KVSNAP_SHA=") + k);
@@ -1121,12 +1121,21 @@ TEST_F(StoreCli, DoctorNamesTheSha256Kernel) {
   // runs" (a review's finding).
   const std::string plain = kv("doctor").out;
   const bool simd_above_scalar = plain.find("ok    simd: scalar") == std::string::npos;  // else scalar keeps SHA-NI
-  for (const char* k : {"shani-x2", "shani-x4", "avx2-x8"}) {
+  for (const char* k : {"shani-x2", "shani-x4", "avx2-x8", "avx512-x8"}) {
     const size_t runs = plain.find("this CPU runs: ");
     if (!simd_above_scalar || runs == std::string::npos || plain.find(k, runs) == std::string::npos) continue;
     r = kv("doctor", std::string("KVSNAP_SIMD=scalar KVSNAP_SHA=") + k);
     EXPECT_EQ(r.code, 0) << "a warning: " << r.out << r.err;
     EXPECT_NE(r.out.find(std::string("warn  sha256: KVSNAP_SHA=") + k + " is overridden by KVSNAP_SIMD=scalar"),
+              std::string::npos)
+        << r.out;
+  }
+  // avx512-x8 under KVSNAP_SIMD=avx2: AVX2's lanes, as an AVX2 CPU without SHA-NI runs.
+  if (plain.find("avx512-x8", plain.find("this CPU runs: ")) != std::string::npos) {
+    r = kv("doctor", "KVSNAP_SIMD=avx2 KVSNAP_SHA=avx512-x8");
+    EXPECT_EQ(r.code, 0) << "a warning: " << r.out << r.err;
+    EXPECT_NE(r.out.find("warn  sha256: KVSNAP_SHA=avx512-x8 is overridden by KVSNAP_SIMD=avx2 (AVX2's lanes), so "
+                         "avx2-x8 is used"),
               std::string::npos)
         << r.out;
   }
