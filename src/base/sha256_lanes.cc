@@ -504,8 +504,11 @@ void Sha256Lanes::compress(const std::array<const uint8_t*, kMaxLanes>& data,
   if (kernel_ == Sha256Kernel::kAvx2X8 || kernel_ == Sha256Kernel::kAvx512X8) {
     // Lanes without blocks left ride along on a fixed block (stride 0), their state untouched.
     // Eight-lane rounds cost the same however many lanes are busy: with fewer than kMinBusy,
-    // OpenSSL's one-stream code (the same bytes, one lane after the other) is faster.
-    constexpr size_t kMinBusy = 4;
+    // OpenSSL's one-stream code (the same bytes, one lane after the other) is faster. Without
+    // SHA-NI (the only CPUs these kernels are chosen on) OpenSSL's stream hashes 0.57-0.72 GB/s on
+    // the Zen 5, avx2-x8's eight lanes 1.35-1.54 and avx512-x8's 2.09-2.18: three busy lanes pay
+    // with avx512-x8 (0.81), four with avx2-x8.
+    const size_t kMinBusy = kernel_ == Sha256Kernel::kAvx512X8 ? 3 : 4;
     static const uint8_t kIdle[64] = {};
     State scratch[kMaxLanes];
     for (State& s : scratch) s = kInit;
