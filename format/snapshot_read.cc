@@ -4,6 +4,7 @@
 #include <cstring>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "base/byte_order.h"
@@ -204,22 +205,26 @@ struct DecodeScratch {
   std::vector<std::byte> blob, opened;
   ChunkDecoder decoder;
   Sha256 sha;
-  Sha256Lanes lanes;  // two chunks decoded together: lane 0 the first, lane 1 the second
+  // chunks decoded together, lane j the j-th; made for the kernel in use when taken (ScratchPool::
+  // take), which a level set within the process may change (avx512-x8 at avx512, avx2-x8 at avx2)
+  std::optional<Sha256Lanes> lanes;
   ChunkXxhHasher xxh;
 };
 
 class ScratchPool {
  public:
   std::unique_ptr<DecodeScratch> take() {
+    std::unique_ptr<DecodeScratch> s;
     {
       std::lock_guard<std::mutex> g(mu_);
       if (!free_.empty()) {
-        auto s = std::move(free_.back());
+        s = std::move(free_.back());
         free_.pop_back();
-        return s;
       }
     }
-    return std::make_unique<DecodeScratch>();
+    if (!s) s = std::make_unique<DecodeScratch>();
+    if (!s->lanes || s->lanes->kernel() != sha256_kernel()) s->lanes.emplace(sha256_kernel());
+    return s;
   }
   void give(std::unique_ptr<DecodeScratch> s) {
     std::lock_guard<std::mutex> g(mu_);
@@ -332,7 +337,7 @@ Status SnapshotReader::Impl::decode_group_checked(std::span<const uint64_t> ids,
                      : inner.status();
     if (!err.ok()) err_at = j;
   }
-  Sha256Lanes& lanes = sc[0]->lanes;
+  Sha256Lanes& lanes = *sc[0]->lanes;
   std::array<size_t, Sha256Lanes::kMaxLanes> fed{};
   // Feeds up to `n` more bytes of each of the first `upto` chunks.
   auto feed_others = [&](size_t upto, size_t n, Sha256Lanes::Pieces& p) {

@@ -17,6 +17,13 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #endif
+#if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVSNAP_SHA_ARM 1
+#include <arm_neon.h>
+#if defined(__linux__)
+#include <sys/auxv.h>
+#endif
+#endif
 
 namespace kvsnap {
 namespace {
@@ -321,6 +328,114 @@ bool cpu_has_shani() {
 
 #endif  // KVSNAP_SHA_X86
 
+#ifdef KVSNAP_SHA_ARM
+
+// ARMv8's SHA-2 instructions, two messages interleaved in one thread, as shani_x2 does on x86:
+// sha256h and sha256h2 each wait for the pair before them in their own message only, so a second
+// chain fills the gaps one leaves (the Linux kernel's arm64 sha256_ce_finup2x, which "nearly
+// doubles hashing performance" on some CPUs, interleaves two for the same reason). The steps
+// per four rounds are ARM's (ACLE: vsha256hq_u32, vsha256h2q_u32, vsha256su0q_u32,
+// vsha256su1q_u32); state ABCD and EFGH in two registers in word order, no shuffle. Every lane's
+// registers by name, as in ShaniLane.
+#if defined(__clang__)
+#define KV_SHA2 __attribute__((target("sha2"), always_inline)) inline
+#define KV_SHA2_FN __attribute__((target("sha2")))
+#else  // GCC 12's arm_neon.h declares the SHA-2 intrinsics under +crypto (SHA-2 and AES)
+#define KV_SHA2 __attribute__((target("+crypto"), always_inline)) inline
+#define KV_SHA2_FN __attribute__((target("+crypto")))
+#endif
+
+struct ArmLane {
+  uint32x4_t abcd, efgh;
+  uint32x4_t o0, o1;  // at the start of the block
+  uint32x4_t w0, w1, w2, w3;
+  const uint8_t* d;
+};
+
+template <int I>
+KV_SHA2 uint32x4_t& arm_word(ArmLane& x) {
+  if constexpr (I == 0) return x.w0;
+  else if constexpr (I == 1) return x.w1;
+  else if constexpr (I == 2) return x.w2;
+  else return x.w3;
+}
+
+// Rounds 4Q..4Q+3 of one lane.
+template <int Q>
+KV_SHA2 void arm_quad(ArmLane& x) {
+  uint32x4_t& w = arm_word<Q & 3>(x);
+  if constexpr (Q < 4) {
+    w = vreinterpretq_u32_u8(vrev32q_u8(vld1q_u8(x.d + 16 * Q)));  // big-endian words
+  } else {
+    // W[q] = su1(su0(W[q-4], W[q-3]), W[q-2], W[q-1]), four words at a time.
+    w = vsha256su1q_u32(vsha256su0q_u32(w, arm_word<(Q + 1) & 3>(x)), arm_word<(Q + 2) & 3>(x),
+                        arm_word<(Q + 3) & 3>(x));
+  }
+  const uint32x4_t wk = vaddq_u32(w, vld1q_u32(kK + 4 * Q));
+  const uint32x4_t abcd = x.abcd;
+  x.abcd = vsha256hq_u32(abcd, x.efgh, wk);
+  x.efgh = vsha256h2q_u32(x.efgh, abcd, wk);
+}
+
+template <int Q, typename... X>
+KV_SHA2 void arm_quads(X&... x) {
+  (arm_quad<Q>(x), ...);
+}
+
+// `n` blocks of every lane, the lanes' rounds interleaved.
+template <typename... X>
+KV_SHA2 void arm_run(size_t n, X&... x) {
+  for (; n > 0; --n) {
+    ((x.o0 = x.abcd, x.o1 = x.efgh), ...);
+    arm_quads<0>(x...), arm_quads<1>(x...), arm_quads<2>(x...), arm_quads<3>(x...);
+    arm_quads<4>(x...), arm_quads<5>(x...), arm_quads<6>(x...), arm_quads<7>(x...);
+    arm_quads<8>(x...), arm_quads<9>(x...), arm_quads<10>(x...), arm_quads<11>(x...);
+    arm_quads<12>(x...), arm_quads<13>(x...), arm_quads<14>(x...), arm_quads<15>(x...);
+    ((x.abcd = vaddq_u32(x.abcd, x.o0), x.efgh = vaddq_u32(x.efgh, x.o1), x.d += 64), ...);
+  }
+}
+
+KV_SHA2 void arm_load(ArmLane& x, const State& h, const uint8_t* d) {
+  x.abcd = vld1q_u32(h.data());
+  x.efgh = vld1q_u32(h.data() + 4);
+  x.d = d;
+}
+
+KV_SHA2 void arm_store(const ArmLane& x, State& h) {
+  vst1q_u32(h.data(), x.abcd);
+  vst1q_u32(h.data() + 4, x.efgh);
+}
+#undef KV_SHA2
+
+KV_SHA2_FN void armv8_x1(State& h, const uint8_t* p, size_t n) {
+  ArmLane a;
+  arm_load(a, h, p);
+  arm_run(n, a);
+  arm_store(a, h);
+}
+
+KV_SHA2_FN void armv8_x2(State& ha, const uint8_t* pa, State& hb, const uint8_t* pb, size_t n) {
+  ArmLane a, b;
+  arm_load(a, ha, pa);
+  arm_load(b, hb, pb);
+  arm_run(n, a, b);
+  arm_store(a, ha);
+  arm_store(b, hb);
+}
+#undef KV_SHA2_FN
+
+bool cpu_has_sha2() {
+#if defined(__APPLE__)
+  return true;  // every Apple arm64 CPU has the SHA-2 instructions
+#elif defined(__linux__) && defined(HWCAP_SHA2)
+  return (getauxval(AT_HWCAP) & HWCAP_SHA2) != 0;
+#else
+  return false;
+#endif
+}
+
+#endif  // KVSNAP_SHA_ARM
+
 [[maybe_unused]] void openssl_blocks(State& h, const uint8_t* p, size_t n) {
   SHA256_CTX c{};
   std::copy(h.begin(), h.end(), c.h);
@@ -340,6 +455,9 @@ Sha256Kernel choose_kernel() {
     return simd::amd_family() == 0x1A ? Sha256Kernel::kShaniX4 : Sha256Kernel::kShaniX2;
   if (sha256_kernel_supported(Sha256Kernel::kAvx512X8)) return Sha256Kernel::kAvx512X8;
   if (sha256_kernel_supported(Sha256Kernel::kAvx2X8)) return Sha256Kernel::kAvx2X8;
+  // aarch64 with the SHA-2 instructions: two chains, not measured on ARM hardware here (qemu-user
+  // proves the bytes only); the Linux kernel's arm64 SHA-256 interleaves two for the same reason.
+  if (sha256_kernel_supported(Sha256Kernel::kArmv8X2)) return Sha256Kernel::kArmv8X2;
   return Sha256Kernel::kOpenssl;
 }
 
@@ -353,7 +471,8 @@ Sha256Kernel sha256_kernel() {
   if (simd::level() == simd::Level::kScalar && simd::best_level() != simd::Level::kScalar) return Sha256Kernel::kOpenssl;
   // Likewise the AVX2 level set by hand on an AVX-512 CPU means AVX2's lanes, so that a bench's
   // --simd avx2 row is what an AVX2 CPU without SHA-NI runs.
-  if (k == Sha256Kernel::kAvx512X8 && simd::level() == simd::Level::kAvx2) return Sha256Kernel::kAvx2X8;
+  if (k == Sha256Kernel::kAvx512X8 && simd::level() == simd::Level::kAvx2 && simd::best_level() == simd::Level::kAvx512)
+    return Sha256Kernel::kAvx2X8;
   return k;
 }
 
@@ -363,6 +482,7 @@ const char* sha256_kernel_name(Sha256Kernel k) {
     case Sha256Kernel::kShaniX4: return "shani-x4";
     case Sha256Kernel::kAvx2X8: return "avx2-x8";
     case Sha256Kernel::kAvx512X8: return "avx512-x8";
+    case Sha256Kernel::kArmv8X2: return "armv8-x2";
     case Sha256Kernel::kOpenssl: break;
   }
   return "openssl";
@@ -376,6 +496,11 @@ bool sha256_kernel_supported(Sha256Kernel k) {
   if (k == Sha256Kernel::kAvx2X8) return avx2;
   static const bool avx512vl = cpu_has_avx512vl();
   if (k == Sha256Kernel::kAvx512X8) return avx512vl;
+  if (k == Sha256Kernel::kArmv8X2) return false;
+#elif defined(KVSNAP_SHA_ARM)
+  static const bool sha2 = cpu_has_sha2();
+  if (k == Sha256Kernel::kArmv8X2) return sha2;
+  if (k != Sha256Kernel::kOpenssl) return false;
 #else
   if (k != Sha256Kernel::kOpenssl) return false;
 #endif
@@ -384,7 +509,8 @@ bool sha256_kernel_supported(Sha256Kernel k) {
 
 size_t sha256_kernel_width(Sha256Kernel k) {
   switch (k) {
-    case Sha256Kernel::kShaniX2: return 2;
+    case Sha256Kernel::kShaniX2:
+    case Sha256Kernel::kArmv8X2: return 2;
     case Sha256Kernel::kShaniX4: return 4;
     case Sha256Kernel::kAvx2X8:
     case Sha256Kernel::kAvx512X8: return 8;
@@ -478,12 +604,12 @@ Sha256Digest Sha256Lanes::finish(size_t lane) {
 
 void Sha256Lanes::compress(const std::array<const uint8_t*, kMaxLanes>& data,
                            const std::array<size_t, kMaxLanes>& blocks) {
-#ifdef KVSNAP_SHA_X86
   std::array<const uint8_t*, kMaxLanes> at = data;
   std::array<size_t, kMaxLanes> left = blocks;
-  if (kernel_ == Sha256Kernel::kShaniX2 || kernel_ == Sha256Kernel::kShaniX4) {
-    // Up to the kernel's width of lanes with blocks left run together for as many blocks as
-    // each of them has; then the ones still left, fewer at a time.
+  // The interleaving kernels (SHA-NI, ARMv8): up to the kernel's width of lanes with blocks left
+  // run together for as many blocks as each of them has; then the ones still left, fewer at a
+  // time. run(found, g, n): lanes g[0..found) for n blocks.
+  [[maybe_unused]] auto interleave = [&](auto run) {
     const size_t width = sha256_kernel_width(kernel_);
     for (;;) {
       size_t g[4], found = 0;
@@ -492,14 +618,21 @@ void Sha256Lanes::compress(const std::array<const uint8_t*, kMaxLanes>& data,
       if (found == 0) return;
       size_t n = left[g[0]];
       for (size_t j = 1; j < found; ++j) n = std::min(n, left[g[j]]);
+      run(found, g, n);
+      for (size_t j = 0; j < found; ++j) at[g[j]] += 64 * n, left[g[j]] -= n;
+    }
+  };
+#ifdef KVSNAP_SHA_X86
+  if (kernel_ == Sha256Kernel::kShaniX2 || kernel_ == Sha256Kernel::kShaniX4) {
+    interleave([&](size_t found, const size_t* g, size_t n) {
       State& h0 = lanes_[g[0]].h;
       if (found == 1) shani_x1(h0, at[g[0]], n);
       if (found == 2) shani_x2(h0, at[g[0]], lanes_[g[1]].h, at[g[1]], n);
       if (found == 3) shani_x3(h0, at[g[0]], lanes_[g[1]].h, at[g[1]], lanes_[g[2]].h, at[g[2]], n);
       if (found == 4)
         shani_x4(h0, at[g[0]], lanes_[g[1]].h, at[g[1]], lanes_[g[2]].h, at[g[2]], lanes_[g[3]].h, at[g[3]], n);
-      for (size_t j = 0; j < found; ++j) at[g[j]] += 64 * n, left[g[j]] -= n;
-    }
+    });
+    return;
   }
   if (kernel_ == Sha256Kernel::kAvx2X8 || kernel_ == Sha256Kernel::kAvx512X8) {
     // Lanes without blocks left ride along on a fixed block (stride 0), their state untouched.
@@ -540,9 +673,13 @@ void Sha256Lanes::compress(const std::array<const uint8_t*, kMaxLanes>& data,
         if (left[i] != 0) at[i] += 64 * n, left[i] -= n;
     }
   }
-#else
-  (void)data;
-  (void)blocks;
+#elif defined(KVSNAP_SHA_ARM)
+  if (kernel_ == Sha256Kernel::kArmv8X2) {
+    interleave([&](size_t found, const size_t* g, size_t n) {
+      if (found == 1) armv8_x1(lanes_[g[0]].h, at[g[0]], n);
+      if (found == 2) armv8_x2(lanes_[g[0]].h, at[g[0]], lanes_[g[1]].h, at[g[1]], n);
+    });
+  }
 #endif
 }
 
@@ -550,7 +687,8 @@ void sha256_many(std::span<const std::span<const std::byte>> messages, std::span
   // One hasher per kernel, indexed by its enum value: kSha256Kernels lists every value.
   static_assert(static_cast<size_t>(Sha256Kernel::kShaniX4) < std::size(kSha256Kernels) &&
                 static_cast<size_t>(Sha256Kernel::kAvx2X8) < std::size(kSha256Kernels) &&
-                static_cast<size_t>(Sha256Kernel::kAvx512X8) < std::size(kSha256Kernels));
+                static_cast<size_t>(Sha256Kernel::kAvx512X8) < std::size(kSha256Kernels) &&
+                static_cast<size_t>(Sha256Kernel::kArmv8X2) < std::size(kSha256Kernels));
   thread_local std::unique_ptr<Sha256Lanes> lanes[std::size(kSha256Kernels)];
   std::unique_ptr<Sha256Lanes>& h = lanes[static_cast<int>(k)];
   if (!h) h = std::make_unique<Sha256Lanes>(k);

@@ -1,18 +1,20 @@
 // SHA-256 of several independent messages at once, each fed in pieces.
 //
 // One SHA-256 stream is bound by the latency of its round chain, not by the core's throughput:
-// two or four streams interleaved in one thread (SHA-NI) or eight in the lanes of AVX2 registers
+// two or four streams interleaved in one thread (SHA-NI; two with ARMv8's SHA-2 instructions) or
+// eight in the lanes of AVX2 registers
 // (CPUs without SHA-NI; with AVX-512VL's rotate and three-input logic where the CPU has it) hash
 // more bytes per second than one. Sha256Lanes gives the same digests as
 // Sha256 (base/sha256.h, OpenSSL) for every message, whatever the kernel, the lane count and
 // the way a message is cut into pieces: lanes have their own lengths and finish at different
 // times. Blocks of two or more lanes fed in the same update() go through the kernel together.
 //
-// The kernel is chosen once per process: KVSNAP_SHA=openssl|shani-x2|shani-x4|avx2-x8|avx512-x8
+// The kernel is chosen once per process: KVSNAP_SHA=openssl|shani-x2|shani-x4|avx2-x8|avx512-x8|armv8-x2
 // (tests, benches; a kernel this CPU lacks falls back to the best it has), KVSNAP_SIMD=scalar means
 // openssl (and KVSNAP_SIMD=avx2 avx2-x8 for avx512-x8), otherwise where the CPU has SHA-NI
 // shani-x4 on AMD Zen 5 (measured faster there) and shani-x2 on the others, avx512-x8 where it has
-// AVX-512VL, avx2-x8 where it has AVX2, else openssl.
+// AVX-512VL, avx2-x8 where it has AVX2; on aarch64 armv8-x2 where the CPU has the SHA-2
+// instructions; else openssl.
 //
 // Failure policy: as base/sha256.h (allocation only, std::bad_alloc).
 #pragma once
@@ -27,15 +29,15 @@
 
 namespace kvsnap {
 
-enum class Sha256Kernel { kOpenssl, kShaniX2, kAvx2X8, kShaniX4, kAvx512X8 };
+enum class Sha256Kernel { kOpenssl, kShaniX2, kAvx2X8, kShaniX4, kAvx512X8, kArmv8X2 };
 // Every kernel, for the lists of those a CPU runs (kvsnap doctor, the tests).
 inline constexpr Sha256Kernel kSha256Kernels[] = {Sha256Kernel::kOpenssl, Sha256Kernel::kShaniX2,
                                                   Sha256Kernel::kShaniX4, Sha256Kernel::kAvx2X8,
-                                                  Sha256Kernel::kAvx512X8};
+                                                  Sha256Kernel::kAvx512X8, Sha256Kernel::kArmv8X2};
 
 // The process's kernel (see above).
 Sha256Kernel sha256_kernel();
-// "openssl", "shani-x2", "shani-x4", "avx2-x8", "avx512-x8".
+// "openssl", "shani-x2", "shani-x4", "avx2-x8", "avx512-x8", "armv8-x2".
 const char* sha256_kernel_name(Sha256Kernel k);
 // Whether this CPU (and build) can run `k`.
 bool sha256_kernel_supported(Sha256Kernel k);

@@ -102,9 +102,15 @@ void check_sha256(std::vector<Check>& out) {
                    "unset KVSNAP_SIMD or KVSNAP_SHA"});
     return;
   }
-  const std::string why = env ? " (set by KVSNAP_SHA"
-                          : simd_env && std::string(simd_env) == "scalar" ? " (KVSNAP_SIMD=scalar"
-                                                                          : " (the best here";
+  // Not the best this CPU runs without KVSNAP_SHA: KVSNAP_SIMD lowered it (scalar: OpenSSL's one
+  // stream; avx2: avx2-x8 for avx512-x8).
+  const bool lowered = !env && simd_env &&
+                       (std::string(simd_env) == "scalar" ||
+                        (in_use == sha256_kernel_name(Sha256Kernel::kAvx2X8) &&
+                         sha256_kernel_supported(Sha256Kernel::kAvx512X8)));
+  const std::string why = env       ? " (set by KVSNAP_SHA"
+                          : lowered ? std::string(" (KVSNAP_SIMD=") + simd_env
+                                    : " (the best here";
   out.push_back({Verdict::kOk, "sha256", in_use + why + "; this CPU runs: " + runs + ")", ""});
 }
 

@@ -111,8 +111,9 @@ std::string main_page(const CLI::App& root) {
   s += ".SH ENVIRONMENT\n.TP\n.B KVSNAP_HOME\nthe store (a directory, or a store config file) when \\-\\-store is not given "
        "(default: $XDG_DATA_HOME/kvsnap, else ~/.local/share/kvsnap)\n.TP\n.B KVSNAP_SIMD\nscalar, avx2, avx512 or neon: lowers the SIMD level "
        "of the conversion kernels and the store's byte shuffle (the output bytes are the same)\n.TP\n"
-       ".B KVSNAP_SHA\nopenssl, shani\\-x2, shani\\-x4 or avx2\\-x8: the SHA\\-256 kernel that hashes chunks, for tests and benches "
-       "(one this CPU lacks gives the best it has, and kvsnap doctor warns; KVSNAP_SIMD=scalar gives openssl; the ids are the same)\n.TP\n.B KVSNAP_PROGRESS_DELAY_MS\nhow long a command runs "
+       ".B KVSNAP_SHA\nopenssl, shani\\-x2, shani\\-x4, avx2\\-x8, avx512\\-x8 or armv8\\-x2: the SHA\\-256 kernel that hashes chunks, for "
+       "tests and benches (one this CPU lacks gives the best it has, and kvsnap doctor warns; KVSNAP_SIMD=scalar gives openssl, "
+       "KVSNAP_SIMD=avx2 gives avx2\\-x8 for avx512\\-x8; the ids are the same)\n.TP\n.B KVSNAP_PROGRESS_DELAY_MS\nhow long a command runs "
        "before it shows progress on a terminal (default 1000)\n.TP\n.B KVSNAP_ADMIN_KEY\nkvsnap serve: a key that opens its own "
        "routes (/kvsnap/requantize, /kvsnap/usage); with it, or \\-\\-admin\\-key\\-file, the child's API keys do not "
        "(not handed on to llama\\-server)\n";

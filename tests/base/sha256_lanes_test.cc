@@ -151,15 +151,18 @@ TEST(Sha256Lanes, KernelNamesAndWidths) {
   EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kShaniX4), "shani-x4");
   EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kAvx2X8), "avx2-x8");
   EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kAvx512X8), "avx512-x8");
+  EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kArmv8X2), "armv8-x2");
   EXPECT_STREQ(sha256_kernel_name(Sha256Kernel::kOpenssl), "openssl");
   EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kShaniX2), 2u);
   EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kShaniX4), 4u);
   EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kAvx2X8), 8u);
   EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kAvx512X8), 8u);
+  EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kArmv8X2), 2u);
   EXPECT_EQ(sha256_kernel_width(Sha256Kernel::kOpenssl), 1u);
   EXPECT_TRUE(sha256_kernel_supported(sha256_kernel()));
   // A kernel this CPU lacks falls back to OpenSSL instead of faulting.
-  for (Sha256Kernel k : {Sha256Kernel::kShaniX2, Sha256Kernel::kShaniX4, Sha256Kernel::kAvx2X8, Sha256Kernel::kAvx512X8})
+  for (Sha256Kernel k : {Sha256Kernel::kShaniX2, Sha256Kernel::kShaniX4, Sha256Kernel::kAvx2X8, Sha256Kernel::kAvx512X8,
+                         Sha256Kernel::kArmv8X2})
     if (!sha256_kernel_supported(k)) {
       EXPECT_EQ(Sha256Lanes(k).kernel(), Sha256Kernel::kOpenssl);
     }
@@ -190,6 +193,7 @@ TEST(Sha256Lanes, EnvironmentChoosesTheKernel) {
     EXPECT_EQ(sha256_kernel(), sha256_kernel_supported(Sha256Kernel::kShaniX2)    ? shani
                                : sha256_kernel_supported(Sha256Kernel::kAvx512X8) ? Sha256Kernel::kAvx512X8
                                : sha256_kernel_supported(Sha256Kernel::kAvx2X8)   ? Sha256Kernel::kAvx2X8
+                               : sha256_kernel_supported(Sha256Kernel::kArmv8X2)  ? Sha256Kernel::kArmv8X2
                                                                                   : Sha256Kernel::kOpenssl);
   }
 }
