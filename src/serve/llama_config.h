@@ -6,7 +6,9 @@
 // Promises:
 //   - the text is accepted exactly where llama.cpp's grammar accepts it: lines ended by \r\n, \n
 //     or \r; "[name]" headers (the name any characters but ']', at least one); "key = value"
-//     lines (key [a-zA-Z_][a-zA-Z0-9_.-]*, no white space before it; the value runs to the line's
+//     lines (key [a-zA-Z_][a-zA-Z0-9_.-]* in decoded characters, so an overlong UTF-8 form of
+//     one counts, as in llama.cpp's grammar, and the key keeps its bytes; no white space before
+//     it; the value runs to the line's
 //     end or to a ';' or '#' comment, white space around it dropped); comment and blank lines;
 //     every byte outside a key valid UTF-8 (lead bytes and continuation bytes, as llama.cpp's
 //     decoder checks them). Anything else is kInvalidArgument naming the line (llama-server
