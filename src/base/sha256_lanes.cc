@@ -42,6 +42,17 @@ constexpr State kInit = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e5
     0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
     0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
 
+// Register I (0..3) of a lane's message schedule (ShaniLane, ArmLane: w0..w3, four words each),
+// by name: GCC keeps a lane's registers in registers only when every access is by name. No
+// intrinsics, so it inlines into any target's kernel.
+template <int I, class Lane>
+[[maybe_unused]] __attribute__((always_inline)) inline auto& schedule_word(Lane& x) {
+  if constexpr (I == 0) return x.w0;
+  else if constexpr (I == 1) return x.w1;
+  else if constexpr (I == 2) return x.w2;
+  else return x.w3;
+}
+
 #ifdef KVSNAP_SHA_X86
 
 // SHA-NI, several messages interleaved in one thread: each sha256rnds2 waits for the one before
@@ -60,26 +71,19 @@ struct ShaniLane {
   const uint8_t* d;
 };
 
-template <int I>
-KV_SHA __m128i& word(ShaniLane& x) {
-  if constexpr (I == 0) return x.w0;
-  else if constexpr (I == 1) return x.w1;
-  else if constexpr (I == 2) return x.w2;
-  else return x.w3;
-}
-
 // Rounds 4Q..4Q+3 of one lane.
 template <int Q>
 KV_SHA void quad(ShaniLane& x) {
-  __m128i& w = word<Q & 3>(x);
+  __m128i& w = schedule_word<Q & 3>(x);
   if constexpr (Q < 4) {
     const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
     w = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.d + 16 * Q)), bswap);
   } else {
     // W[q] = msg2(msg1(W[q-4], W[q-3]) + W[q-7 words], W[q-1]), four words at a time.
-    const __m128i prev = word<(Q + 3) & 3>(x);
+    const __m128i prev = schedule_word<(Q + 3) & 3>(x);
     w = _mm_sha256msg2_epu32(
-        _mm_add_epi32(_mm_sha256msg1_epu32(w, word<(Q + 1) & 3>(x)), _mm_alignr_epi8(prev, word<(Q + 2) & 3>(x), 4)),
+        _mm_add_epi32(_mm_sha256msg1_epu32(w, schedule_word<(Q + 1) & 3>(x)),
+                      _mm_alignr_epi8(prev, schedule_word<(Q + 2) & 3>(x), 4)),
         prev);
   }
   const __m128i msg = _mm_add_epi32(w, _mm_load_si128(reinterpret_cast<const __m128i*>(kK + 4 * Q)));
@@ -352,24 +356,16 @@ struct ArmLane {
   const uint8_t* d;
 };
 
-template <int I>
-KV_SHA2 uint32x4_t& arm_word(ArmLane& x) {
-  if constexpr (I == 0) return x.w0;
-  else if constexpr (I == 1) return x.w1;
-  else if constexpr (I == 2) return x.w2;
-  else return x.w3;
-}
-
 // Rounds 4Q..4Q+3 of one lane.
 template <int Q>
 KV_SHA2 void arm_quad(ArmLane& x) {
-  uint32x4_t& w = arm_word<Q & 3>(x);
+  uint32x4_t& w = schedule_word<Q & 3>(x);
   if constexpr (Q < 4) {
     w = vreinterpretq_u32_u8(vrev32q_u8(vld1q_u8(x.d + 16 * Q)));  // big-endian words
   } else {
     // W[q] = su1(su0(W[q-4], W[q-3]), W[q-2], W[q-1]), four words at a time.
-    w = vsha256su1q_u32(vsha256su0q_u32(w, arm_word<(Q + 1) & 3>(x)), arm_word<(Q + 2) & 3>(x),
-                        arm_word<(Q + 3) & 3>(x));
+    w = vsha256su1q_u32(vsha256su0q_u32(w, schedule_word<(Q + 1) & 3>(x)), schedule_word<(Q + 2) & 3>(x),
+                        schedule_word<(Q + 3) & 3>(x));
   }
   const uint32x4_t wk = vaddq_u32(w, vld1q_u32(kK + 4 * Q));
   const uint32x4_t abcd = x.abcd;
