@@ -361,16 +361,41 @@ KV_AVX2_INLINE void level_search_lanes(LevelSearchBlocks& q) {
   q.declined = 0;
 }
 
+// floor(t / 2^kShift) clamped to [kLo, -kLo - 1] (kLo = -8 or -16), for t a saturated int16. Where
+// the clamp is int16's own range shifted (2^kShift (-kLo) = 2^15) it is the shift alone; one bit
+// short of it, a saturating doubling first (2t saturates exactly where t / 2^kShift leaves the
+// range, and below that floor(2t / 2^(kShift + 1)) = floor(t / 2^kShift)): one operation fewer
+// than a max and a min. Otherwise the max and the min.
+template <int kShift, int kLo>
+KV_AVX2_INLINE __m256i shift_and_clamp(__m256i t) {
+  static_assert(kLo == -8 || kLo == -16);
+  constexpr int kExact = kLo == -8 ? 12 : 11;  // the shift whose saturated range is [kLo, -kLo - 1]
+  if constexpr (kShift == kExact) {
+    return _mm256_srai_epi16(t, kShift);
+  } else if constexpr (kShift + 1 == kExact) {
+    return _mm256_srai_epi16(_mm256_adds_epi16(t, t), kExact);
+  } else {
+    return _mm256_min_epi16(_mm256_max_epi16(_mm256_srai_epi16(t, kShift), _mm256_set1_epi16(kLo)), _mm256_set1_epi16(-kLo - 1));
+  }
+}
+
+// A source's centred levels c (int16 pairs) plus h as two float vectors, the even values and the
+// odd ones: c + h is 0..31, so the halves need no sign extension.
+KV_AVX2_INLINE void pair_floats(__m256i v, __m256i h16, __m256& even, __m256& odd) {
+  const __m256i n = _mm256_add_epi16(v, h16);
+  even = _mm256_cvtepi32_ps(_mm256_and_si256(n, _mm256_set1_epi32(0xffff)));
+  odd = _mm256_cvtepi32_ps(_mm256_srli_epi32(n, 16));
+}
+
 // An offset source (q4_1, q5_1; simd_kernels.h): the centred levels c = n - h as int16 pairs in
 // the lanes, as above. A candidate's levels are pmulhrsw of a = c << (F + 1) by B, a saturating
 // add of its offset C and a shift by F; sum c m and sum m come from one pmaddwd of the weights w
 // = 1024 c + 1 (sum m is the low 10 bits, in [-512, 480]). Each block's constants, its error and
 // the fit are lanes of float and double vectors whose operations are level_search.cc's
 // (search_offset_block), lane by lane.
-template <int kShift>
-KV_AVX2_INLINE __m256i offset_levels_of(__m256i a, __m256i b, __m256i c, __m256i lo, __m256i hi) {
-  const __m256i t = _mm256_adds_epi16(_mm256_mulhrs_epi16(a, b), c);
-  return _mm256_min_epi16(_mm256_max_epi16(_mm256_srai_epi16(t, kShift), lo), hi);
+template <int kShift, int kLo>
+KV_AVX2_INLINE __m256i offset_levels_of(__m256i a, __m256i b, __m256i c) {
+  return shift_and_clamp<kShift, kLo>(_mm256_adds_epi16(_mm256_mulhrs_epi16(a, b), c));
 }
 
 // LevelSums (offset_levels.h) in 8 lanes: sum c l, sum l, sum l^2 of a candidate's levels l.
@@ -447,14 +472,13 @@ KV_AVX2_INLINE void keep_where(CandidateBest8& best, __m256i better, __m256i d16
   best.reference = _mm256_andnot_ps(_mm256_castsi256_ps(better), best.reference);
 }
 
-template <int kShift>
-KV_AVX2_INLINE LevelSums8 offset_sums_of(const __m256i* a, const __m256i* w, __m256i b, __m256i c, __m256i lo,
-                                          __m256i hi) {
+template <int kShift, int kLo>
+KV_AVX2_INLINE LevelSums8 offset_sums_of(const __m256i* a, const __m256i* w, __m256i b, __m256i c) {
   __m256i wm[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
   __m256i mm[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
 #pragma GCC unroll 16
   for (int j = 0; j < kPairs; ++j) {
-    const __m256i m = offset_levels_of<kShift>(a[j], b, c, lo, hi);
+    const __m256i m = offset_levels_of<kShift, kLo>(a[j], b, c);
     wm[j & 1] = _mm256_add_epi32(wm[j & 1], _mm256_madd_epi16(w[j], m));
     mm[j & 1] = _mm256_add_epi32(mm[j & 1], _mm256_madd_epi16(m, m));
   }
@@ -490,27 +514,27 @@ struct OffsetBlock8 {
   const __m256i* w;
   __m256 ds, centre;  // centre = ms + float(h) ds
   OffsetShared shared;
-  __m256i lo, hi;
   __m256 invalid;
 };
 
-template <int kShift>
+template <int kShift, int kLo>
 KV_AVX2_INLINE void consider_offset(const OffsetBlock8& k, __m128i d16, __m256 skip, CandidateBest8& best) {
   const __m256 dc = _mm256_cvtph_ps(d16);
   const CandidateLanes8 lanes = candidate_lanes(k.ds, dc, skip, k.invalid, finite_nonzero(dc));
   if (_mm256_movemask_ps(lanes.off) == 0xff) return;
   const Candidate8 cand =
       candidate8<kShift>(dc, lanes, _mm256_mul_ps(_mm256_div_ps(k.centre, dc), _mm256_set1_ps(float(1 << kShift))));
-  const LevelSums8 s = offset_sums_of<kShift>(k.a, k.w, cand.b, cand.c, k.lo, k.hi);
+  const LevelSums8 s = offset_sums_of<kShift, kLo>(k.a, k.w, cand.b, cand.c);
   keep_where<false>(best, keep_below(best.err, offset_error8(k.shared, cand.d, s)), _mm256_cvtepu16_epi32(d16),
                     _mm256_setzero_si256(), cand, s);
 }
 
-template <GgmlType T>
+// kLo: the target's lowest level, -8 (q4_0) or -16 (q5_0).
+template <GgmlType T, int kLo>
 KV_AVX2_INLINE void level_search_offset_lanes(LevelSearchBlocks& q) {
   constexpr bool kFive = T == GgmlType::kQ5_1;
   constexpr int kH = kFive ? 16 : 8, kShift = kFive ? 10 : 11;
-  const int lo_level = q.dst_type == GgmlType::kQ5_0 ? -16 : -8, hi_level = -lo_level - 1;
+  constexpr int lo_level = kLo, hi_level = -kLo - 1;
   __m256i v[kPairs];  // the centred levels c
   load_pairs<T>(q, v);
   alignas(16) uint16_t ds16[8], ms16[8];
@@ -524,8 +548,6 @@ KV_AVX2_INLINE void level_search_offset_lanes(LevelSearchBlocks& q) {
   OffsetBlock8 blk;
   blk.ds = ds;
   blk.centre = _mm256_add_ps(ms, _mm256_mul_ps(_mm256_set1_ps(float(kH)), ds));
-  blk.lo = _mm256_set1_epi16(int16_t(lo_level));
-  blk.hi = _mm256_set1_epi16(int16_t(hi_level));
 
   // The smallest and largest levels (as n = c + h) of each block.
   __m256i vmin, vmax;
@@ -566,32 +588,32 @@ KV_AVX2_INLINE void level_search_offset_lanes(LevelSearchBlocks& q) {
   const __m256 id = _mm256_div_ps(_mm256_set1_ps(1.0f), d);
   const __m256 bias = _mm256_set1_ps(0.5f - float(lo_level));
   const __m256i top = _mm256_set1_epi16(int16_t(hi_level - lo_level));
-  const __m256 hf = _mm256_set1_ps(float(kH));
+  const __m256i h16 = _mm256_set1_epi16(kH);
   const __m256i one16 = _mm256_set1_epi16(1);
   __m256i ref[kPairs], a[kPairs], w[kPairs];
-  __m256i scc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-  __m256i sc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  __m256i wc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};  // sum w c = 1024 Scc + Sc
   __m256i rwm[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
   __m256i rmm[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
 #pragma GCC unroll 16
   for (int j = 0; j < kPairs; ++j) {
-    const __m256 ne = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v[j], 16), 16)), hf);
-    const __m256 no = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(v[j], 16)), hf);
+    __m256 ne, no;
+    pair_floats(v[j], h16, ne, no);
     const __m256 xe = _mm256_add_ps(_mm256_mul_ps(ne, ds), ms), xo = _mm256_add_ps(_mm256_mul_ps(no, ds), ms);
     const __m256i le = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(xe, id), bias));
     const __m256i lodd = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(xo, id), bias));
-    const __m256i l = _mm256_add_epi16(_mm256_min_epi16(_mm256_blend_epi16(le, _mm256_slli_epi32(lodd, 16), 0xaa), top), blk.lo);
+    const __m256i l = _mm256_add_epi16(_mm256_min_epi16(_mm256_blend_epi16(le, _mm256_slli_epi32(lodd, 16), 0xaa), top),
+                                       _mm256_set1_epi16(kLo));
     ref[j] = l;
     a[j] = _mm256_slli_epi16(v[j], kShift + 1);
     w[j] = _mm256_add_epi16(_mm256_slli_epi16(v[j], 10), one16);
-    scc[j & 1] = _mm256_add_epi32(scc[j & 1], _mm256_madd_epi16(v[j], v[j]));
-    sc[j & 1] = _mm256_add_epi32(sc[j & 1], _mm256_madd_epi16(v[j], one16));
+    wc[j & 1] = _mm256_add_epi32(wc[j & 1], _mm256_madd_epi16(w[j], v[j]));
     rwm[j & 1] = _mm256_add_epi32(rwm[j & 1], _mm256_madd_epi16(w[j], l));
     rmm[j & 1] = _mm256_add_epi32(rmm[j & 1], _mm256_madd_epi16(l, l));
   }
   blk.a = a;
   blk.w = w;
-  const __m256i scc8 = _mm256_add_epi32(scc[0], scc[1]), sc8 = _mm256_add_epi32(sc[0], sc[1]);
+  const LevelSums8 cc = unpack_sums8(_mm256_add_epi32(wc[0], wc[1]), _mm256_setzero_si256());
+  const __m256i scc8 = cc.cross, sc8 = cc.sum;
   for (int h = 0; h < 2; ++h) {
     const __m256d dsd = _mm256_cvtps_pd(half_f(ds, h));
     const __m256d mc = _mm256_add_pd(_mm256_cvtps_pd(half_f(ms, h)), _mm256_mul_pd(_mm256_set1_pd(double(kH)), dsd));
@@ -618,7 +640,7 @@ KV_AVX2_INLINE void level_search_offset_lanes(LevelSearchBlocks& q) {
 
   if (_mm256_movemask_ps(blk.invalid) != 0xff) {
     for (float f : kQuickFactors) {
-      consider_offset<kShift>(blk, _mm256_cvtps_ph(_mm256_mul_ps(d_ref, _mm256_set1_ps(f)), _MM_FROUND_TO_NEAREST_INT),
+      consider_offset<kShift, kLo>(blk, _mm256_cvtps_ph(_mm256_mul_ps(d_ref, _mm256_set1_ps(f)), _MM_FROUND_TO_NEAREST_INT),
                               _mm256_setzero_ps(), best);
     }
     __m128 fit[2];
@@ -629,7 +651,7 @@ KV_AVX2_INLINE void level_search_offset_lanes(LevelSearchBlocks& q) {
       fit[h] = _mm256_cvtpd_ps(_mm256_div_pd(num, _mm256_cvtepi32_pd(half_i(best.sums.squares, h))));
       ok[h] = _mm_cmpeq_epi32(half_i(best.sums.squares, h), _mm_setzero_si128());  // Smm == 0: skipped
     }
-    consider_offset<kShift>(blk, _mm256_cvtps_ph(_mm256_set_m128(fit[1], fit[0]), _MM_FROUND_TO_NEAREST_INT),
+    consider_offset<kShift, kLo>(blk, _mm256_cvtps_ph(_mm256_set_m128(fit[1], fit[0]), _MM_FROUND_TO_NEAREST_INT),
                             _mm256_castsi256_ps(_mm256_set_m128i(ok[1], ok[0])), best);
   }
 
@@ -640,7 +662,7 @@ KV_AVX2_INLINE void level_search_offset_lanes(LevelSearchBlocks& q) {
   __m256 out[kPairs];
 #pragma GCC unroll 16
   for (int j = 0; j < kPairs; ++j) {
-    const __m256i m = _mm256_blendv_epi8(offset_levels_of<kShift>(a[j], best.b, best.c, blk.lo, blk.hi), ref[j], is_ref);
+    const __m256i m = _mm256_blendv_epi8(offset_levels_of<kShift, kLo>(a[j], best.b, best.c), ref[j], is_ref);
     out[j] = _mm256_castsi256_ps(_mm256_blendv_epi8(m, _mm256_add_epi16(v[j], kk), exact));
   }
   transpose8(out);
@@ -807,10 +829,10 @@ KV_AVX2_INLINE void level_search_offset_target_lanes(LevelSearchBlocks& q) {
   const __m256 d = _mm256_div_ps(_mm256_sub_ps(max, min), _mm256_set1_ps(float(kTop)));
   const __m256 id = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), d), _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_UQ));
   const __m256 half = _mm256_set1_ps(0.5f);
-  const __m256 hf = _mm256_set1_ps(float(kHs));
   const __m256i one16 = _mm256_set1_epi16(1);
   const __m256i ht16 = _mm256_set1_epi16(kHt);
   __m256i ref[kPairs], a[kPairs], w[kPairs];
+  // sum c c and sum c: from one sum w c = 1024 Scc + Sc where w is there (|c| <= 16), else two
   __m256i scc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
   __m256i sc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
   __m256i rct[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
@@ -818,8 +840,13 @@ KV_AVX2_INLINE void level_search_offset_target_lanes(LevelSearchBlocks& q) {
   __m256i rtt[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
 #pragma GCC unroll 16
   for (int j = 0; j < kPairs; ++j) {
-    const __m256 ne = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v[j], 16), 16)), hf);
-    const __m256 no = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(v[j], 16)), hf);
+    __m256 ne, no;
+    if constexpr (kOffsetSrc) {
+      pair_floats(v[j], _mm256_set1_epi16(kHs), ne, no);
+    } else {
+      ne = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v[j], 16), 16));
+      no = _mm256_cvtepi32_ps(_mm256_srai_epi32(v[j], 16));
+    }
     const __m256i le = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(source_value<kOffsetSrc>(ne, ds, ms), min), id), half));
     const __m256i lodd = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(source_value<kOffsetSrc>(no, ds, ms), min), id), half));
     __m256i l = _mm256_blend_epi16(le, _mm256_slli_epi32(lodd, 16), 0xaa);
@@ -831,9 +858,13 @@ KV_AVX2_INLINE void level_search_offset_target_lanes(LevelSearchBlocks& q) {
     const __m256i t = _mm256_sub_epi16(l, ht16);
     ref[j] = t;
     a[j] = _mm256_slli_epi16(v[j], kShift + 1);
-    if constexpr (!kWide) w[j] = _mm256_add_epi16(_mm256_slli_epi16(v[j], 10), one16);
-    scc[j & 1] = _mm256_add_epi32(scc[j & 1], _mm256_madd_epi16(v[j], v[j]));
-    sc[j & 1] = _mm256_add_epi32(sc[j & 1], _mm256_madd_epi16(v[j], one16));
+    if constexpr (!kWide) {
+      w[j] = _mm256_add_epi16(_mm256_slli_epi16(v[j], 10), one16);
+      scc[j & 1] = _mm256_add_epi32(scc[j & 1], _mm256_madd_epi16(w[j], v[j]));
+    } else {
+      scc[j & 1] = _mm256_add_epi32(scc[j & 1], _mm256_madd_epi16(v[j], v[j]));
+      sc[j & 1] = _mm256_add_epi32(sc[j & 1], _mm256_madd_epi16(v[j], one16));
+    }
     rct[j & 1] = _mm256_add_epi32(rct[j & 1], _mm256_madd_epi16(v[j], t));
     rst[j & 1] = _mm256_add_epi32(rst[j & 1], _mm256_madd_epi16(one16, t));
     rtt[j & 1] = _mm256_add_epi32(rtt[j & 1], _mm256_madd_epi16(t, t));
@@ -841,7 +872,12 @@ KV_AVX2_INLINE void level_search_offset_target_lanes(LevelSearchBlocks& q) {
   blk.v = v;
   blk.a = a;
   blk.w = w;
-  const __m256i scc8 = _mm256_add_epi32(scc[0], scc[1]), sc8 = _mm256_add_epi32(sc[0], sc[1]);
+  __m256i scc8 = _mm256_add_epi32(scc[0], scc[1]), sc8 = _mm256_add_epi32(sc[0], sc[1]);
+  if constexpr (!kWide) {
+    const LevelSums8 cc = unpack_sums8(scc8, _mm256_setzero_si256());
+    scc8 = cc.cross;
+    sc8 = cc.sum;
+  }
   for (int h = 0; h < 2; ++h) {
     const __m256d dsd = _mm256_cvtps_pd(half_f(ds, h));
     blk.shared.ds[h] = dsd;
@@ -934,12 +970,13 @@ KV_AVX2_INLINE void level_search_offset_target(LevelSearchBlocks& q) {
 KV_AVX2_INLINE void level_search_type(LevelSearchBlocks& q) {
   if (q.dst_type == GgmlType::kQ4_1) return level_search_offset_target<15>(q);
   if (q.dst_type == GgmlType::kQ5_1) return level_search_offset_target<31>(q);
+  const bool five = q.dst_type == GgmlType::kQ5_0;
   switch (q.src_type) {
     case GgmlType::kQ4_0: level_search_lanes<GgmlType::kQ4_0>(q); break;
     case GgmlType::kQ5_0: level_search_lanes<GgmlType::kQ5_0>(q); break;
     case GgmlType::kIQ4_NL: level_search_lanes<GgmlType::kIQ4_NL>(q); break;
-    case GgmlType::kQ4_1: level_search_offset_lanes<GgmlType::kQ4_1>(q); break;
-    case GgmlType::kQ5_1: level_search_offset_lanes<GgmlType::kQ5_1>(q); break;
+    case GgmlType::kQ4_1: five ? level_search_offset_lanes<GgmlType::kQ4_1, -16>(q) : level_search_offset_lanes<GgmlType::kQ4_1, -8>(q); break;
+    case GgmlType::kQ5_1: five ? level_search_offset_lanes<GgmlType::kQ5_1, -16>(q) : level_search_offset_lanes<GgmlType::kQ5_1, -8>(q); break;
     default: level_search_lanes<GgmlType::kQ8_0>(q); break;
   }
 }
