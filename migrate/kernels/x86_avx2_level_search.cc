@@ -91,7 +91,15 @@ KV_AVX2_INLINE __m256 finite_nonzero(__m256 v) {
 
 // Both 16-bit halves of each 32-bit lane set to its low 16 bits.
 KV_AVX2_INLINE __m256i both_halves(__m256i v) {
-  return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(v, 16));
+  const __m256i low_twice = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5, 8,
+                                             9, 8, 9, 12, 13, 12, 13);
+  return _mm256_shuffle_epi8(v, low_twice);
+}
+
+// Both 16-bit halves of each 32-bit lane set to the lane's value saturated to int16.
+KV_AVX2_INLINE __m256i both_halves_saturated(__m256i v) {
+  const __m256i p = _mm256_packs_epi32(v, v);  // per 128-bit half: s(v0..v3), s(v0..v3)
+  return _mm256_unpacklo_epi16(p, p);          // s(v0), s(v0), s(v1), s(v1), ...
 }
 
 // Where e is below the best error, takes it (err) and returns those lanes as an 8-lane mask.
@@ -450,11 +458,10 @@ struct Candidate8 {
 template <int kShift>
 KV_AVX2_INLINE Candidate8 candidate8(__m256 dc, const CandidateLanes8& lanes, __m256 v) {
   const __m256 vc = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-65536.0f)), _mm256_set1_ps(65536.0f));
-  const __m256i c32 = _mm256_min_epi32(
-      _mm256_max_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(vc), _mm256_set1_epi32(1 << (kShift - 1))), _mm256_set1_epi32(-32768)),
-      _mm256_set1_epi32(32767));
+  const __m256i c32 = _mm256_add_epi32(_mm256_cvtps_epi32(vc), _mm256_set1_epi32(1 << (kShift - 1)));
   const __m256i off = _mm256_castps_si256(lanes.off);
-  return {_mm256_or_ps(dc, lanes.off), _mm256_andnot_si256(off, both_halves(lanes.bq)), _mm256_andnot_si256(off, both_halves(c32))};
+  return {_mm256_or_ps(dc, lanes.off), _mm256_andnot_si256(off, both_halves(lanes.bq)),
+          _mm256_andnot_si256(off, both_halves_saturated(c32))};
 }
 
 // Takes the candidate (its f16 scale and, into an offset target, offset widened; its sums) in the
