@@ -97,6 +97,11 @@ void Control::watch() {
       run(ask, out);
       if (out.status == 200) {
         ++rung_;
+      } else if (out.status == 409 || out.status == 503) {
+        // Not tried: a requantize of its own was running, or llama-server was restarting. Nothing
+        // drained or loaded; the step is tried again after the next save.
+        d_.log("dynamic cache: the step down waits (" + std::to_string(out.status) + "): " + out.body +
+               "; tried again after the next save");
       } else {
         // Tried again after the next save, a step llama-server refuses would cost every completion a drain
         // and two model loads: the ladder stays where it is until serve is started again.

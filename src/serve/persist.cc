@@ -128,8 +128,11 @@ Persister::~Persister() {
   if (thread_.joinable()) thread_.join();
 }
 
+// Completions are POSTs: an OPTIONS (a CORS preflight, 200 with no key) or a GET on a completion
+// route generated nothing, and queued as an untokenized exchange its save would file other
+// clients' unsaved slots under "unattributed".
 void Persister::note_completion(const Exchange& x) {
-  if (x.status != 200 || !is_completion_route(x.path)) return;
+  if (x.status != 200 || x.method != "POST" || !is_completion_route(x.path)) return;
   {
     std::lock_guard<std::mutex> l(mu_);
     remember_prompt(x, false);
@@ -148,7 +151,7 @@ void Persister::note_completion(const Exchange& x) {
 }
 
 void Persister::note_prompt(const Exchange& x) {
-  if (!is_completion_route(x.path)) return;
+  if (x.method != "POST" || !is_completion_route(x.path)) return;
   std::lock_guard<std::mutex> l(mu_);
   remember_prompt(x, true);
   last_unguarded_ = std::chrono::steady_clock::now();  // its later prompts may still start (note_unguarded)
@@ -168,8 +171,9 @@ void Persister::worker() {
     Job j = jobs_.front();
     jobs_.pop_front();
     busy_ = true;
-    l.unlock();
+    // read under mu_: request threads write it (note_unguarded, note_prompt)
     const bool unguarded = last_unguarded_ && *last_unguarded_ >= j.arrived - kUnguardedMargin;
+    l.unlock();
     const std::string fallback =
         j.unverifiable ? untokenized_exchange_owner(j.ns, j.own_slot, j.own_after, every_task_gated_, unguarded) : "";
     save_changed(j.slot, fallback, j.unverifiable, j.ns, j.own_slot, j.own_after);

@@ -249,6 +249,9 @@ struct Proxy::Impl {
     up.method = req.method;
     up.path = req.target;  // path and query exactly as the client wrote them
     up.headers = end_to_end(req.headers, false);
+    // cpp-httplib has undone the body's Content-Encoding (gzip, deflate, br; it answers 415 to
+    // another): the child gets the plain body, so not the field that says it is encoded.
+    up.headers.erase("Content-Encoding");  // Headers compare names case-insensitively
     up.body = f.body_changed ? f.body : req.body;
     st->thread = std::thread([st, up = std::move(up), port = o.upstream_port, t = o.upstream_timeout_s]() mutable {
       httplib::Client cli("127.0.0.1", port);
@@ -311,7 +314,16 @@ struct Proxy::Impl {
     for (const auto& [k, v] : end_to_end(req.headers, false)) x.request_headers.emplace_back(k, v);  // as the child had them
     x.request_body = req.body;
     x.status = status;
+    x.keyed = authorized(req);
     return x;
+  }
+
+  // on_done and on_given_up, for an exchange that carried a key (Exchange::keyed) only.
+  void hand_on(const Exchange& x) const {
+    if (x.keyed && on_done) on_done(x);
+  }
+  void give_up(const Exchange& x) const {
+    if (x.keyed && on_given_up) on_given_up(x);
   }
 
   // A client that hung up on a stream it asked for with an X-Conversation-Id: llama-server 3.22.1
@@ -339,7 +351,7 @@ struct Proxy::Impl {
     const bool whole = st.ok;
     st.handed_on = true;
     l.unlock();
-    if (whole && on_done) on_done(x);
+    if (whole) hand_on(x);
   }
 
   // The client hung up before the child's answer began: the child's request is cut (llama-server
@@ -353,7 +365,7 @@ struct Proxy::Impl {
     st.cv.notify_all();
     l.unlock();
     st.join();
-    if (on_given_up) on_given_up(exchange_of(req, f, 0));
+    give_up(exchange_of(req, f, 0));
     res.status = 499;  // nginx's "client closed request": in no log of a client
     res.set_header("Connection", "close");
   }
@@ -512,7 +524,7 @@ struct Proxy::Impl {
       if (!body.empty() || !ctype.empty()) res.set_content(body, ctype);
       Exchange x = exchange_of(req, f, res.status);
       x.response_body = std::move(body);
-      if (on_done) on_done(x);
+      hand_on(x);
       return;
     }
     l.unlock();
@@ -553,7 +565,7 @@ struct Proxy::Impl {
             // on_done before the client sees the end: a client that sends its next request at once must
             // find this exchange's bookkeeping (its queued save) done.
             if (done) st->handed_on = true;
-            if (done && on_done) on_done(*x);
+            if (done) hand_on(*x);
             if (!chunk.empty() && !sink.write(chunk.data(), chunk.size())) return false;
             if (done) sink.done();
             return true;
@@ -570,9 +582,9 @@ struct Proxy::Impl {
           }
           // Not handed on: the client hung up (the child's request is cancelled below, its slot keeps
           // what it had evaluated), the child's stream was cut off, or kvsnap is stopping.
-          if (!st->handed_on && on_given_up) {
+          if (!st->handed_on) {
             try {
-              on_given_up(*x);
+              give_up(*x);
             } catch (...) {  // a releaser runs in a destructor: nothing may leave it
             }
           }

@@ -235,6 +235,31 @@ TEST(ServePersist, ARestoredSlotsTaskIsNotSavedAgain) {
   }
 }
 
+// A review's finding: an OPTIONS (a CORS preflight) on a completion route, answered 200, was noted
+// as a finished completion whose save took slot 0's unsaved conversation for its own. Only a POST
+// generates: anything else queues no save.
+TEST(ServePersist, OnlyAPostCompletionQueuesASave) {
+  for (const char* method : {"OPTIONS", "GET", "POST"}) {
+    SCOPED_TRACE(method);
+    SlotsChild child;
+    ASSERT_GT(child.port, 0);
+    {
+      PersistBed bed(child.port, /*timeout_s=*/5);
+      ASSERT_TRUE(bed.persist);
+      Persister& persist = *bed.persist;
+      Exchange x;
+      x.method = method;
+      x.path = "/completion";
+      x.status = 200;
+      persist.note_completion(x);
+      persist.note_prompt(x);
+      ASSERT_TRUE(persist.wait_saved(60));
+      const bool post = std::string(method) == "POST";
+      EXPECT_EQ(persist.stats().failed, post ? 1u : 0u) << "a save of slot 0 was tried: " << persist.stats().last_error;
+    }
+  }
+}
+
 // A review's finding: a prefix restore into an unpinned request's slot took the first idle slot that
 // held least of the request, which could be one whose conversation had just finished and whose save
 // was not queued yet (lost to the restore). A slot holding an unsaved conversation comes last.

@@ -657,6 +657,83 @@ TEST(ServeProxy, ARequestWithoutTheChildsKeyRunsNoHookAndIsForwarded) {
   }
 }
 
+// A review's finding: the answer of a request without a key still went to on_done. A browser's CORS
+// preflight (OPTIONS, which llama-server answers 200 with no key) on a completion route was then
+// taken for a finished completion whose save filed other clients' unsaved slots as "unattributed".
+// Only a keyed exchange is handed on.
+TEST(ServeProxy, AnAnswerToARequestWithoutTheChildsKeyIsNotHandedOn) {
+  Child child([&](httplib::Server& svr) {
+    svr.Options("/completion", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
+    svr.Post("/completion", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(R"({"content":"x","id_slot":0})", "application/json");
+    });
+  });
+  ASSERT_GT(child.port, 0);
+  std::atomic<int> handed_on{0};
+  std::vector<std::string> methods;
+  std::mutex mu;
+  {
+    ProxyOptions o = in_front_of(child.port, 2);
+    o.api_keys = {"key-alice"};
+    Proxy proxy(o, [](Forward&) {}, [&](const Exchange& x) {
+      std::lock_guard<std::mutex> l(mu);
+      ++handed_on;
+      methods.push_back(x.method);
+    });
+    ASSERT_TRUE(proxy.bind().ok());
+    std::thread run([&] { proxy.run(); });
+    httplib::Client cli("127.0.0.1", o.listen_port);
+    cli.set_read_timeout(10);
+    auto pre = cli.Options("/completion", {{"Origin", "http://example.test"}, {"Access-Control-Request-Method", "POST"}});
+    ASSERT_TRUE(pre);
+    EXPECT_EQ(pre->status, 200) << "the child's answer, passed on";
+    EXPECT_EQ(handed_on.load(), 0) << "a preflight without a key was handed on";
+    auto r = cli.Post("/completion", {{"Authorization", "Bearer key-alice"}}, R"({"prompt":"hello"})", "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(handed_on.load(), 1);
+    proxy.stop();
+    run.join();
+  }
+  ASSERT_EQ(methods.size(), 1u);
+  EXPECT_EQ(methods[0], "POST");
+}
+
+// A review's finding: cpp-httplib undoes a request body's Content-Encoding, and the child got the
+// plain body with the field still saying gzip (a llama-server built with zlib then refused it, 400
+// "Failed to decompress request body", where direct access worked). The field is not forwarded.
+TEST(ServeProxy, AnEncodedRequestBodyReachesTheChildPlainWithoutItsEncodingField) {
+  std::mutex mu;
+  std::string seen_encoding = "(none)", seen_body;
+  Child child([&](httplib::Server& svr) {
+    svr.Post("/completion", [&](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard<std::mutex> l(mu);
+      if (req.has_header("Content-Encoding")) seen_encoding = req.get_header_value("Content-Encoding");
+      seen_body = req.body;
+      res.set_content(R"({"content":"x"})", "application/json");
+    });
+  });
+  ASSERT_GT(child.port, 0);
+  {
+    ProxyOptions o = in_front_of(child.port, 2);
+    Proxy proxy(o, [](Forward&) {}, [](const Exchange&) {});
+    ASSERT_TRUE(proxy.bind().ok());
+    std::thread run([&] { proxy.run(); });
+    httplib::Client cli("127.0.0.1", o.listen_port);
+    cli.set_read_timeout(10);
+    cli.set_compress(true);  // gzip where cpp-httplib has zlib (Debian's has)
+    const std::string body = R"({"prompt":")" + std::string(4000, 'a') + R"("})";
+    auto r = cli.Post("/completion", body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    proxy.stop();
+    run.join();
+    std::lock_guard<std::mutex> l(mu);
+    EXPECT_EQ(seen_encoding, "(none)") << "the body arrives decoded, so no Content-Encoding may say otherwise";
+    EXPECT_EQ(seen_body, body);
+  }
+}
+
 // The process's open sockets, counted from /proc/self/fd (client and server ends alike).
 int open_sockets() {
   int n = 0;
