@@ -157,6 +157,16 @@ Result<SourceRotation> decide_source_rotation(const ReadableFile* file, const St
     d.decided_by = "declared";
     d.confidence = 1;
     d.evidence.push_back("declared: {--src-rotation} " + claims.src_rotation);
+    // "off" against a rotating build's layout is LLAMA_ATTN_ROT_DISABLE=1 and wins; "on" against
+    // a layout no rotating build writes (eras before b8643's rotation) cannot be true: taken at
+    // its word, unrotated K was un-rotated (exit 0, wrong values), where a --source-build as wrong
+    // is refused.
+    if (d.matters && d.rotated == Tri::kYes && era.rotates == Tri::kNo) {
+      return Status::Mismatch((file ? file->name() : std::string("the input")) + ": {--src-rotation} on, but its layout is era " +
+                              era.eras + " (llama.cpp " + era.builds + "): " + era.why +
+                              "; no build that writes it rotates K. Is it the file you meant? Pass {--src-rotation} "
+                              "auto (or off) to read it as stored");
+    }
     if (era.rotates != Tri::kUnknown && era.rotates != d.rotated) {
       d.evidence.push_back(std::string("note: the layout says ") + stored(era.rotates) + "; the declaration wins");
     }

@@ -764,6 +764,23 @@ TEST_F(CliTest, TheB5640LayoutProvesNoRotation) {
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["kv_sections"][0]["streams"][0]["layers"][0]["k_rotation"], "none-pre-rotation");
   EXPECT_EQ(j["source_rotation"]["decided_by"], "file-format");
+
+  // A review's finding: declared rotated, it was un-rotated (exit 0, wrong values) while a build
+  // as wrong (--source-build) was refused. "on" against a layout no rotating build writes is
+  // refused, naming the file, the flag and the era, and writes nothing; "off" is taken.
+  const std::string out = (dir_ / "declared.slot").string();
+  r = run("convert " + fixture("b5640/hd64-q8_0-q8_0-faon.slot") + " " + out + " --ctk f16 --ctv f16 --model " +
+          model("hd64") + " --src-rotation on");
+  EXPECT_EQ(r.code, 5) << r.err;
+  EXPECT_NE(r.err.find(fixture("b5640/hd64-q8_0-q8_0-faon.slot") + ": --src-rotation on, but its layout is era C"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  r = run("info " + fixture("b5640/hd64-q8_0-q8_0-faon.slot") + " --model " + model("hd64") + " --src-rotation on");
+  EXPECT_EQ(r.code, 5) << r.err;
+  r = run("convert " + fixture("b5640/hd64-q8_0-q8_0-faon.slot") + " " + out + " --ctk f16 --ctv f16 --model " +
+          model("hd64") + " --src-rotation off");
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 // Era B (llama.cpp b3543, fixtures/b3543): slots whose cells carry no seq id,

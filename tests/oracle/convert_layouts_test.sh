@@ -2,8 +2,8 @@
 # kvsnap convert on every memory layout and llama.cpp release the fixtures hold, checked inside
 # real llama.cpp v0.5.0: the converted file must restore, and its next-token KL against the f16
 # reference must stay within 1.5x the KL of the natively computed target cache (or 1e-5).
-# Also a negative control: treating an old unrotated q8_0 cache as rotated must be caught (KL
-# far above the bound), so this test can fail.
+# Also a negative control: treating a rotated q8_0 cache as unrotated must be caught (KL far above
+# the bound), so this test can fail.
 #   convert_layouts_test.sh KVSNAP DRIVER_3_22_1 FIXTURES_DIR WORK_DIR
 set -euo pipefail
 kvsnap="$1" drv="$2" fx="$3" work="$4"
@@ -85,9 +85,20 @@ else
   echo "ok   b8121 q8_0 without repeated tokens or --source-build is refused"; pass=$((pass + 1))
 fi
 
-# Negative control: an unrotated (b5640) q8_0 cache declared rotated gives garbage that the bound catches.
-"$kvsnap" convert "$fx/b5640/hd64-q8_0-q8_0-faon.slot" "$work/neg.slot" --ctk q8_0 --ctv q8_0 --model "$fx/models/tiny-hd64.gguf" --src-rotation on >/dev/null
-"$drv" restore --model "$fx/models/tiny-hd64.gguf" --prompt-file "$P" --ctk q8_0 --ctv q8_0 --fa on --slot "$work/neg.slot" --logits "$work/neg.logits" >/dev/null 2>&1
+# An unrotated (b5640) q8_0 cache declared rotated is refused: its layout is older than any build
+# that rotates (exit 5), where it was un-rotated (exit 0, garbage).
+rc=0
+"$kvsnap" convert "$fx/b5640/hd64-q8_0-q8_0-faon.slot" "$work/neg-b5640.slot" --ctk q8_0 --ctv q8_0 --model "$fx/models/tiny-hd64.gguf" --src-rotation on >/dev/null 2>"$work/neg-b5640.err" || rc=$?
+if [ "$rc" -eq 5 ] && grep -q "no build that writes it rotates K" "$work/neg-b5640.err" && [ ! -e "$work/neg-b5640.slot" ]; then
+  echo "ok   b5640 q8_0 declared rotated is refused (exit 5)"; pass=$((pass + 1))
+else
+  echo "FAIL b5640 q8_0 declared rotated: exit $rc, not 5 with no output: $(cat "$work/neg-b5640.err")"; fail=$((fail + 1))
+fi
+
+# Negative control: a rotated (v0.5.0) q8_0 cache declared unrotated goes to f16 without its
+# un-rotation, garbage that the bound catches.
+"$kvsnap" convert "$fx/v0.5.0/hd64-q8_0-q8_0-faon.slot" "$work/neg.slot" --ctk f16 --ctv f16 --model "$fx/models/tiny-hd64.gguf" --src-rotation off >/dev/null
+"$drv" restore --model "$fx/models/tiny-hd64.gguf" --prompt-file "$P" --ctk f16 --ctv f16 --fa on --slot "$work/neg.slot" --logits "$work/neg.logits" >/dev/null 2>&1
 neg=$(kl "$V/hd64-f16-f16-faon.logits" "$work/neg.logits"); native=$(kl "$V/hd64-f16-f16-faon.logits" "$V/hd64-q8_0-q8_0-faon.logits")
 if within "$neg" "$native"; then
   echo "FAIL negative control: wrong rotation gave KL $neg, within the bound of $native: this test cannot tell"; fail=$((fail + 1))
