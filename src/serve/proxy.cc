@@ -544,7 +544,11 @@ struct Proxy::Impl {
             // A client may send its next request on seeing a stream's last event, before the stream's
             // end: that event waits here for the end (llama-server sends it at once), so that
             // on_done (the save this exchange queues) runs before the client can see the event.
-            if (!st->done && ends_a_stream(x->response_body, chunk)) {
+            // Not for an exchange of several completions ("n" > 1): each ends with such an event
+            // while the others go on (held, the first would wait up to kLastEventWait), and it runs
+            // alone in the slot gate, so a next completion waits for its permit, which comes back
+            // after on_done (the releaser below).
+            if (!st->done && !x->several_slots && ends_a_stream(x->response_body, chunk)) {
               st->cv.wait_for(l, kLastEventWait, [&] { return st->done; });
               chunk += st->pending;
               st->pending.clear();

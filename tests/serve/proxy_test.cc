@@ -233,6 +233,68 @@ TEST(ServeProxy, AStreamsOnDoneRunsBeforeTheClientSeesItsLastEvent) {
   EXPECT_NE(got.find("\"t2\""), std::string::npos);
 }
 
+// A review's finding: a stream of several completions ("n" > 1) has a last event per completion;
+// the first one's was held until the stream's end (up to 5 s), and every event after it with it.
+// Such an exchange runs alone (its slot permit keeps the next completion out until on_done), so
+// nothing of it is held.
+TEST(ServeProxy, AStreamOfSeveralCompletionsIsNotHeldAtTheFirstOnesEnd) {
+  Seen seen;
+  std::atomic<bool> waited_out{false};
+  Child child([&](httplib::Server& svr) {
+    svr.Post("/completion", [&](const httplib::Request&, httplib::Response& res) {
+      auto step = std::make_shared<int>(0);
+      res.set_chunked_content_provider("text/event-stream", [step, &seen, &waited_out](size_t, httplib::DataSink& sink) {
+        const int i = (*step)++;
+        if (i == 0) {
+          const std::string e = "data: {\"index\":0,\"content\":\"a\",\"stop\":true,\"id_slot\":0}\n\n";
+          sink.write(e.data(), e.size());
+        } else if (i == 1) {
+          // the second completion goes on only once the client has seen the first one's end
+          wait_for(seen.first, std::chrono::seconds(3));
+          waited_out = !seen.first;
+          const std::string e = "data: {\"index\":1,\"content\":\"b\",\"stop\":true,\"id_slot\":1}\n\n";
+          sink.write(e.data(), e.size());
+        } else {
+          sink.done();
+        }
+        return true;
+      });
+    });
+  });
+  ASSERT_GT(child.port, 0);
+  const ProxyOptions o = in_front_of(child.port, 4);
+  std::atomic<int> done{0};
+  {
+    Proxy proxy(o, [](Forward& f) { f.several_slots = true; }, [&](const Exchange& x) {
+      EXPECT_TRUE(x.several_slots);
+      ++done;
+    });
+    ASSERT_TRUE(proxy.bind().ok());
+    std::thread run([&] { proxy.run(); });
+    std::string got;
+    httplib::Client cli("127.0.0.1", o.listen_port);
+    cli.set_read_timeout(30);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/completion";
+    req.body = R"({"prompt":"x","n":2,"stream":true})";
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+      got.append(d, n);
+      if (got.find("\"index\":0") != std::string::npos) seen.first = true;
+      return true;
+    };
+    auto r = cli.send(req);
+    ASSERT_TRUE(r) << httplib::to_string(r.error());
+    EXPECT_EQ(r->status, 200);
+    EXPECT_NE(got.find("\"index\":1"), std::string::npos);
+    proxy.stop();
+    run.join();
+  }
+  EXPECT_FALSE(waited_out.load()) << "the first completion's last event was held back";
+  EXPECT_EQ(done.load(), 1);
+}
+
 // Reads a request's head (up to its blank line) from `c`.
 void read_request_head(int c) {
   std::string req;
