@@ -6,6 +6,7 @@ void add_source_options(CLI::App* sub, std::string& src_rotation, std::string& s
   sub->add_option("--src-rotation", src_rotation,
                   "auto|on|off: whether the llama.cpp that wrote " + what +
                       " stored quantized K/V rotated (off: LLAMA_ATTN_ROT_DISABLE=1 or a build before b8643; "
+                      "on: refused for a layout only builds before the rotation write; "
                       "auto: decided from the evidence, refused when nothing decides)")
       ->check(CLI::IsMember({"", "auto", "on", "off"}));
   sub->add_option("--source-build", source_build,
