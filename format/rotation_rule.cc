@@ -26,4 +26,8 @@ std::optional<uint32_t> v_rotation_block(uint32_t shared, uint32_t layer0) {
 
 uint32_t rotation_head_dim(uint32_t shared, uint32_t layer0) { return layer0 % 64 == 0 ? shared : 0; }
 
+bool rotates_across_heads(uint32_t shared, uint32_t layer0) {
+  return shared != 0 && shared % 64 != 0 && layer0 != 0 && layer0 % 64 == 0;
+}
+
 }  // namespace kvsnap

@@ -26,4 +26,12 @@ std::optional<uint32_t> v_rotation_block(uint32_t shared, uint32_t layer0_head_d
 // a multiple of 64, else 0 (never rotates).
 uint32_t rotation_head_dim(uint32_t shared, uint32_t layer0_head_dim);
 
+// Whether llama.cpp rotates a section whose rotation block does not divide its
+// head dim: the layers share a head dim that is not a multiple of 64 (96) while
+// layer 0's is (128). build_input_k_rot then cuts each cell's row into blocks of
+// 64 that straddle heads, which does not keep a head's dot products: such a
+// cache is not what the model computes, and a later build may rotate it
+// otherwise. No known model has it; conversions refuse it (migrate/convert_state.cc).
+bool rotates_across_heads(uint32_t shared, uint32_t layer0_head_dim);
+
 }  // namespace kvsnap

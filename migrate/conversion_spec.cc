@@ -199,6 +199,8 @@ RotationGeometry model_rotation_geometry(const ModelInfo& model) {
     g.v_head_dim.push_back(model.rotation_head_dim(true, s));
   }
   g.rope_dims = model.profile.n_rot;
+  g.layer0_k = model.layer0_head_dim_k;
+  g.layer0_v = model.layer0_head_dim_v;
   return g;
 }
 

@@ -12,6 +12,7 @@
 #include "base/worker_pool.h"
 #include "format/ggml_types.h"
 #include "format/llama_era.h"
+#include "format/rotation_rule.h"
 #include "migrate/convert_row.h"
 #include "migrate/exact_requant.h"
 #include "migrate/type_traits.h"
@@ -370,6 +371,22 @@ Result<SidePlan> plan_side(const StateFile& src, const StateFile& dst, const Con
   };
   const auto& dims = is_v ? req.geometry.v_head_dim : req.geometry.k_head_dim;
   const bool dim_known = si < dims.size();
+  if (dim_known && req.geometry.across_heads(is_v, si)) {
+    const uint32_t layer0 = is_v ? req.geometry.layer0_v : req.geometry.layer0_k;
+    auto rotated = [](RotationMode m, const TypeLayout& t) {
+      return m == RotationMode::kOn || (m == RotationMode::kAuto && t.quantized);
+    };
+    for (auto [s, d] : ends) {
+      if (!rotated(s, *p.src->layout) && !rotated(d, *p.dst->layout)) continue;
+      return Status::NotSupported(
+          ctx + ": " + (rotated(s, *p.src->layout) ? "reading " + std::string(p.src->name()) : "writing " + std::string(p.dst->name())) +
+          " here may cross a llama.cpp Hadamard rotation in blocks of 64 values that straddle heads (this section's "
+          "layers share head dim " + std::to_string(dims[si]) + ", not a multiple of 64, while layer 0's is " +
+          std::to_string(layer0) + "): such a cache is not what the model computes, and kvsnap does not convert it. "
+          "Keep that end f16/bf16/f32, or use a cache written without the rotation (LLAMA_ATTN_ROT_DISABLE=1) and say "
+          "{--src-rotation off} / {--dst-rotation off}");
+    }
+  }
   const std::vector<uint32_t> head_dims = dim_known ? std::vector<uint32_t>{dims[si]} : std::vector<uint32_t>{0, 128};
   std::optional<RotationPlan> first;
   for (uint32_t hd : head_dims) {
@@ -1041,6 +1058,11 @@ Result<RequantMode> parse_requant_mode(const std::string& word) {
                         RequantMode::kReference})
     if (word == requant_mode_name(m)) return m;
   return Status::InvalidArgument("{--requant} must be auto, quick, search, exact or reference, not '" + word + "'");
+}
+
+bool RotationGeometry::across_heads(bool is_v, size_t section) const {
+  const auto& dims = is_v ? v_head_dim : k_head_dim;
+  return section < dims.size() && rotates_across_heads(dims[section], is_v ? layer0_v : layer0_k);
 }
 
 }  // namespace kvsnap

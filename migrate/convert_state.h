@@ -83,7 +83,12 @@ struct RotationGeometry {
   std::vector<uint32_t> k_head_dim;  // per KV section
   std::vector<uint32_t> v_head_dim;
   uint32_t rope_dims = 0;  // the model's n_rot (partial rotary: below the head dim); 0: unknown
+  // Layer 0's head dims, which llama.cpp's rule also reads (0: unknown, as from
+  // --head-dim-k/v, which give one head dim for every layer).
+  uint32_t layer0_k = 0, layer0_v = 0;
   bool known() const { return !k_head_dim.empty(); }
+  // format/rotation_rule.h's rotates_across_heads for a section.
+  bool across_heads(bool is_v, size_t section) const;
 };
 
 // How quantized -> quantized blocks are made when both ends are in one rotation domain

@@ -5,7 +5,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "format/llama_state.h"
@@ -149,6 +151,30 @@ inline std::vector<std::byte> build(const Spec& s) {
     }
   }
   return b;
+}
+
+// `build(s)` in memory, parsed with its shape (one KV section of s.n_layer layers, no cell ext).
+struct Parsed {
+  std::unique_ptr<MemoryFile> file;
+  StateFile state;
+};
+
+inline Result<Parsed> parse_built(const Spec& s, const std::string& name = "synthetic.slot") {
+  Parsed out;
+  out.file = std::make_unique<MemoryFile>(name, build(s));
+  MemoryShape shape;
+  shape.ext_bytes = 0;
+  shape.kv_sections_known = shape.recurrent_known = true;
+  KvSectionShape ks;
+  for (uint32_t il = 0; il < s.n_layer; ++il) {
+    ks.n_embd_k_gqa.push_back(s.head_dim * s.n_head_kv);
+    ks.n_embd_v_gqa.push_back(s.head_dim * s.n_head_kv);
+  }
+  shape.kv_sections.push_back(ks);
+  ParseOptions po;
+  po.shape = &shape;
+  KV_ASSIGN_OR_RETURN(out.state, parse_state(*out.file, po));
+  return out;
 }
 
 // One layer of 4,608 cells of f16 K and V, 8 heads x 128 (2 KiB rows, 18 chunks of a store's 256

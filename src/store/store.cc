@@ -309,6 +309,8 @@ std::optional<RotationGeometry> recorded_geometry(const SnapshotManifest& m) {
   // llama.cpp's rule, as ModelInfo::rotation_head_dim: layer 0's head dim decides whether it rotates.
   const uint32_t k0 = m.model->layers[0].head_dim_k, v0 = m.model->layers[0].head_dim_v;
   RotationGeometry g;
+  g.layer0_k = k0;
+  g.layer0_v = v0;
   for (const auto& s : m.model->kv_sections) {
     g.k_head_dim.push_back(rotation_head_dim(shared_head_dim(s.head_dim_k), k0));
     g.v_head_dim.push_back(rotation_head_dim(shared_head_dim(s.head_dim_v), v0));

@@ -20,29 +20,12 @@ using test::Data;
 using test::Spec;
 using test::build;
 
-struct Built {
-  std::unique_ptr<MemoryFile> file;
-  StateFile state;
-};
+using Built = test::Parsed;
 
 Built parse(const Spec& s) {
-  Built out;
-  out.file = std::make_unique<MemoryFile>("synthetic.slot", build(s));
-  MemoryShape shape;
-  shape.ext_bytes = 0;
-  shape.kv_sections_known = shape.recurrent_known = true;
-  KvSectionShape ks;
-  for (uint32_t il = 0; il < s.n_layer; ++il) {
-    ks.n_embd_k_gqa.push_back(s.head_dim * s.n_head_kv);
-    ks.n_embd_v_gqa.push_back(s.head_dim * s.n_head_kv);
-  }
-  shape.kv_sections.push_back(ks);
-  ParseOptions po;
-  po.shape = &shape;
-  auto st = parse_state(*out.file, po);
-  EXPECT_TRUE(st.ok()) << st.status().ToString();
-  if (st.ok()) out.state = std::move(st).value();
-  return out;
+  auto p = test::parse_built(s);
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return p.ok() ? std::move(p).value() : Built{};
 }
 
 RotationGeometry geometry(uint32_t hd) { return RotationGeometry{{hd}, {hd}}; }
