@@ -236,9 +236,17 @@ Status parse_quantized(const Ctx& c, const Where& w, MlxLayer& L) {
   const std::vector<Field> f{{"offset", &L.offset}, {"group_size", &L.group_size}, {"bits", &L.bits}};
   KV_RETURN_IF_ERROR(read_fields(c, L, w, f, with_step(c, L, f, 0)));
   const int64_t b = *L.bits, g = *L.group_size;
-  if (!(b == 2 || b == 3 || b == 4 || b == 5 || b == 6 || b == 8) || !(g == 32 || g == 64 || g == 128)) {
+  const bool group_ok = g == 32 || g == 64 || g == 128;
+  if (b == 1 && group_ok) {
+    // mlx 0.32 quantizes at 1 bit too, with another formula (scale = max - min, bias = min):
+    // a well-formed file that kvsnap does not read, not a damaged one.
+    return Status::NotSupported(c.st.file + ": mlx-lm prompt cache: layer " + L.prefix + " (" + L.cls +
+                                "): bits 1 (MLX's 1-bit affine form, mlx >= 0.32) is not supported; kvsnap reads "
+                                "bits 2, 3, 4, 5, 6 and 8");
+  }
+  if (!(b == 2 || b == 3 || b == 4 || b == 5 || b == 6 || b == 8) || !group_ok) {
     return layer_error(c, L, "bits " + std::to_string(b) + " / group size " + std::to_string(g) +
-                                 " (MLX quantizes at bits 2,3,4,5,6,8 and groups of 32, 64, 128)");
+                                 " (MLX quantizes at bits 1,2,3,4,5,6,8 and groups of 32, 64, 128)");
   }
   KV_ASSIGN_OR_RETURN(L.k, quant_side(c, L, w, "0", "keys", b, g));
   KV_ASSIGN_OR_RETURN(L.v, quant_side(c, L, w, "1", "values", b, g));

@@ -54,8 +54,8 @@ Status mlx_affine_check(int bits, int group_size) {
   std::string what;
   if (!bits_ok) what = "bits " + std::to_string(bits);
   if (!group_ok) what += (what.empty() ? "" : " and ") + std::string("group size ") + std::to_string(group_size);
-  return Status::InvalidArgument(what + ": MLX's affine quantization (mx.quantize) takes bits 2, 3, 4, 5, 6 or 8 "
-                                        "and group size 32, 64 or 128");
+  return Status::InvalidArgument(what + ": kvsnap writes MLX's affine quantization (mx.quantize) at bits 2, 3, 4, "
+                                        "5, 6 or 8 (not mlx 0.32's 1-bit form) and group size 32, 64 or 128");
 }
 
 Status mlx_affine_check_dim(int64_t dim, int group_size) {

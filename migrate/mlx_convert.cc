@@ -108,7 +108,7 @@ Result<MlxConvertResult> mlx_convert(Io& io, const MlxPromptCache& in, const Rea
   MlxRequantSpec spec{to, to, req.device, std::nullopt, req.threads};
   if (req.target) spec.layout = req.target->layout;
   KV_ASSIGN_OR_RETURN(MlxRequantResult res, mlx_requantize(*cache, *src, spec, out));
-  r.layout_out = cache->layout;
+  r.layout_out = spec.layout.value_or(cache->layout);  // what mlx_requantize wrote, not what it read
   r.to = to;
   r.bytes_out = res.bytes_out;
   r.requant = std::move(res);

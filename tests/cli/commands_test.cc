@@ -170,6 +170,33 @@ TEST(Commands, RunConvertMovesAnMlxPromptCacheToAnotherRelease) {
   EXPECT_NE(out.find("layer 0: ArraysCache -> MambaCache"), std::string::npos) << out;
 }
 
+// A float meta_state file (which does not say whether its release needs `step`) quantized for
+// mlx-lm 0.28.0 is written in that release's layout, and the report names what was written (a
+// review's finding: it named the input's layout, meta_state, for a meta_state-with-step file).
+TEST(Commands, RunConvertReportsTheLayoutItWrote) {
+  ConvertOptions o;
+  o.in = kMlxQ3;
+  o.out = ::testing::TempDir() + "kvsnap-commands-mlx-float-0.31.safetensors";
+  o.mlx_lm = "0.31.3";
+  o.kv_bits = "none";
+  std::string out, warnings;
+  ASSERT_TRUE(run_convert(o, out, warnings).ok());
+  o.in = o.out;
+  o.out = ::testing::TempDir() + "kvsnap-commands-mlx-q4-0.28.0.safetensors";
+  o.mlx_lm = "0.28.0";
+  o.kv_bits = "4";
+  o.json = true;
+  Status s = run_convert(o, out, warnings);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NE(out.find("\"layout_from\": \"meta_state\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"layout\": \"meta_state-with-step\""), std::string::npos) << out;
+  InfoOptions i;
+  i.file = o.out;
+  std::string info;
+  ASSERT_TRUE(run_info(i, info).ok());
+  EXPECT_NE(info.find("layout meta_state-with-step"), std::string::npos) << info;
+}
+
 // The Io every command runs on forwards the exchange of two names (migrate's publication rests on
 // it: a wrapper without it fell back to a plain rename, silently, in the shipped binary only).
 TEST(Commands, TheCommandsIoExchangesTwoNames) {

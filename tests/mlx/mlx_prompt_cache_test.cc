@@ -216,6 +216,10 @@ TEST(MlxPromptCache, LayerErrors) {
   expect_error(kv(tensor("0.0.0", "U32", "[1,1,2,1]", 0, 8), v4,
                   "\"0.0.0\":\"2\",\"0.0.1\":\"32\",\"0.0.2\":\"7\",\"2.0\":\"QuantizedKVCache\""),
                32, "bits 7 / group size 32");
+  // mlx 0.32's 1-bit form: a well-formed file kvsnap does not read (a review's finding: "corrupt").
+  expect_error(kv(tensor("0.0.0", "U32", "[1,1,2,1]", 0, 8), v4,
+                  "\"0.0.0\":\"2\",\"0.0.1\":\"64\",\"0.0.2\":\"1\",\"2.0\":\"QuantizedKVCache\""),
+               32, "bits 1 (MLX's 1-bit affine form, mlx >= 0.32) is not supported", Code::kNotSupported);
   expect_error(kv(tensor("0.0.0", "U32", "[1,1,2,1]", 0, 8), v4,
                   "\"0.0.0\":\"2\",\"0.0.1\":\"32\",\"0.0.2\":\"4\",\"2.0\":\"QuantizedKVCache\""),
                32, "tensor '0.0.1' (scales) is missing");
