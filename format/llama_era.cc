@@ -17,7 +17,9 @@ constexpr Change kNoOutputs{8121, 8179};        // #18862: v9 sessions lose outp
 constexpr Change kCellExt8{8189, 8352};         // #20132: {x, y} per cell for M-RoPE models
 constexpr Change kRotation{8390, 8643};         // #21038 (744c0c73, 2026-04-01): Hadamard-rotated quantized K/V
 constexpr Change kVersion3{10375, 10645};       // #27762: ggsq 3 / ggsn 10, 12-byte cell ext
-constexpr Change kRawTag{8390, 9842};           // llama_state_seq_get_data puts 0xaf143cd8 + seq id first
+// llama_state_seq_get_data puts 0xaf143cd8 + seq id first. b8740 (llama.rn 0.12.0-rc.7, e34f042)
+// rotates and has no tag: every tagged buffer comes from a rotating build.
+constexpr Change kRawTag{8740, 9842};
 constexpr Change kSessionV9{3543, 3889};       // ggsn 8 (RNG text after the arch name) -> 9 (no RNG)
 constexpr Change kSeqCellIds{4980, 5640};      // ggsq cells: n_seq_id 0 -> 1 + the seq id
 // #26640: llama-server's packed token payload. Absent in b10361; merged about 2026-08-15, so

@@ -125,6 +125,23 @@ TEST(LlamaEra, PlainV2FilesDoNotTellTheirRotation) {
   EXPECT_EQ(era_of_file(*f, false).rotates, Tri::kUnknown);
 }
 
+// A tagged raw sequence buffer is taken as rotated from its tag alone: the tag came after the
+// rotation (b8740, llama.rn 0.12.0-rc.7, rotates and writes no tag; b9842 writes it).
+TEST(LlamaEra, TaggedRawSequenceBuffersComeFromRotatingBuilds) {
+  SynthSpec tagged;
+  tagged.kind = SynthSpec::kRawSeqTagged;
+  auto f = parse_bytes(build_state(tagged));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_TRUE(f->raw_seq_tagged);
+  EXPECT_EQ(era_of_file(*f, std::nullopt).rotates, Tri::kYes);
+  const Status b8740 = check_build_wrote(*f, *parse_llama_build("b8740"), std::nullopt);
+  EXPECT_EQ(b8740.code(), Code::kMismatch) << b8740.ToString();
+  EXPECT_NE(b8740.message().find("not tagged"), std::string::npos) << b8740.ToString();
+  EXPECT_EQ(check_build_wrote(*f, *parse_llama_build("b8390"), std::nullopt).code(), Code::kMismatch);
+  EXPECT_TRUE(check_build_wrote(*f, *parse_llama_build("b9000"), std::nullopt).ok());  // between: unknown
+  EXPECT_TRUE(check_build_wrote(*f, *parse_llama_build("b9842"), std::nullopt).ok());
+}
+
 // A raw context buffer (llama_state_get_data) carries no version or tag: the one in b8390's session
 // (unrotated q8_0) parses with v0.5.0's layout, as does one v0.5.0 writes (a review's finding: it
 // was taken as era H, rotated, and un-rotated on conversion with exit 0).
