@@ -116,6 +116,12 @@ struct ChunkUse {
   BlobLocation location() const { return {pack, pack_offset, stored_size}; }
 };
 
+// A snapshot's record and chunk list read at one moment (Catalog::get_with_chunks).
+struct SnapshotRows {
+  SnapshotRecord record;
+  std::vector<ChunkUse> chunks;  // in chunk list order
+};
+
 struct ListFilter {
   std::string model_fingerprint;                          // exact; empty = any
   std::string model_arch;                                 // exact; empty = any
@@ -200,6 +206,9 @@ struct CatalogOptions {
   // The file system that free space is measured through and the reserve removed from;
   // nullptr: posix_io(). (The reserve is made with base/os.h allocate_space.)
   Io* io = nullptr;
+  // Tests only: called by get_with_chunks between its read of the record and that of the chunk
+  // list, where a removal committed by another connection must not tear them apart.
+  std::function<void()> between_reads_for_test;
 };
 
 // Store settings (Catalog::get_meta): the master key id saves seal under, and the one a key
@@ -292,9 +301,14 @@ class Catalog {
   // remove_snapshot() when `check` holds; kMismatch (nothing changed) when it does not.
   virtual Result<std::vector<ChunkHash>> remove_snapshot_if(int64_t id, const RemovalCheck& check) = 0;
 
+  // Each read sees one moment: a removal committed meanwhile gives kNotFound, never a row
+  // without its manifest.
   virtual Result<SnapshotRecord> get(int64_t id) = 0;
   virtual Result<SnapshotInfo> get_info(int64_t id) = 0;
   virtual Result<std::vector<ChunkUse>> chunks_of(int64_t id) = 0;  // in chunk list order
+  // get() and chunks_of() at one moment: what a reader of the snapshot's blobs needs (a removal
+  // committed between two reads would leave a record whose chunk list is empty).
+  virtual Result<SnapshotRows> get_with_chunks(int64_t id) = 0;
   // The chunk's row (where its blob is), if any. A row means a committed
   // snapshot named it, so its blob is durable; under the shared gc lock it
   // stays, even at refcount 0.

@@ -27,9 +27,13 @@ struct Attempt {
 Attempt this_pack(Status s) { return {std::move(s), Failure::kThisPack}; }
 Attempt storage(Status s) { return {std::move(s), Failure::kStorage}; }
 
-// After the new pack is durable and before its rows move, a failure leaves it unused: deleted at
-// once (no row names it, gc holds the lock), so a gc that goes on keeps no more than one pack's
-// copy beyond what the store holds. (If that fails too, the next gc deletes it.)
+// After the new pack is durable, a move refused by its guard (kMismatch: checked inside the
+// transaction, nothing moved) leaves it unused: deleted at once (no row names it, gc holds the
+// lock), so a gc that goes on keeps no more than one pack's copy beyond what the store holds. (If
+// that fails too, the next gc deletes it.) Any other failure may be a commit whose outcome is
+// unknown (SQLite's WAL fsync failing after its commit frame was written: recovery after a crash
+// finds the move committed), so the new pack stays; compaction stops, and the next gc deletes
+// whichever pack no row names.
 Attempt drop_new_pack(BlobStore& blobs, const GcLock& lock, const std::string& new_pack, Attempt why) {
   if (!new_pack.empty()) (void)blobs.remove_pack(lock, new_pack);
   return why;
@@ -63,7 +67,7 @@ Attempt compact_one(Catalog& catalog, BlobStore& blobs, const GcLock& lock, cons
   // From here the new pack is durable; until the move commits, no row names it.
   const std::string new_pack = moves.empty() ? std::string() : moves.front().to.pack;
   if (Status s = catalog.move_chunks(moves, lock.hold()); !s.ok())
-    return drop_new_pack(blobs, lock, new_pack, s.code() == Code::kMismatch ? this_pack(s) : storage(s));
+    return s.code() == Code::kMismatch ? drop_new_pack(blobs, lock, new_pack, this_pack(s)) : storage(s);
   // Every row that named the old pack names the new one now (a refcount-0 row of an `rm` beside
   // this gc moved too); asked again rather than assumed.
   auto unused = catalog.unused_packs({pack});

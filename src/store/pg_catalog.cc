@@ -548,6 +548,16 @@ Result<std::vector<ChunkUse>> PgCatalog::chunks_of(int64_t id) {
   return out;
 }
 
+Result<SnapshotRows> PgCatalog::get_with_chunks(int64_t id) {
+  SnapshotRows rows;
+  KV_RETURN_IF_ERROR(conn_->transaction(Iso::kRepeatableReadOnly, [&]() -> Status {
+    KV_ASSIGN_OR_RETURN(rows.record, get(id));
+    KV_ASSIGN_OR_RETURN(rows.chunks, chunks_of(id));
+    return Status::OK();
+  }));
+  return rows;
+}
+
 Result<std::optional<ChunkUse>> PgCatalog::find_chunk(const ChunkHash& h) {
   KV_ASSIGN_OR_RETURN(PgResult q,
                       conn_->exec("SELECT sha256, raw_size, stored_size, pack, pack_offset FROM chunks WHERE sha256 = $1",

@@ -90,6 +90,7 @@ class PgCatalog : public Catalog {
   Result<SnapshotRecord> get(int64_t id) override;
   Result<SnapshotInfo> get_info(int64_t id) override;
   Result<std::vector<ChunkUse>> chunks_of(int64_t id) override;
+  Result<SnapshotRows> get_with_chunks(int64_t id) override;
   Result<std::optional<ChunkUse>> find_chunk(const ChunkHash& h) override;
   // One statement (sha256 = ANY($1)): one round trip however many hashes.
   Result<std::vector<std::optional<ChunkUse>>> find_chunks(std::span<const ChunkHash> hashes) override;

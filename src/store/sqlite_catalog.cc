@@ -507,45 +507,64 @@ Result<std::vector<ChunkHash>> SqliteCatalog::remove_snapshot_if(int64_t id, con
 
 // ---------------------------------------------------------------- reading
 
+// The row and its tags, the record and its blobs: several statements, one read transaction (a
+// removal committed between them would give a row without tags or without its manifest).
 Result<SnapshotInfo> SqliteCatalog::get_info(int64_t id) {
   SnapshotInfo info;
-  {
-    KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT " KV_INFO_COLS " FROM snapshots s WHERE s.id = ?1"));
-    q.i64(1, id);
-    KV_ASSIGN_OR_RETURN(bool found, q.step());
-    if (!found) return no_snapshot(id);
-    info = info_from_row(q);
-  }
-  KV_ASSIGN_OR_RETURN(Stmt t, stmt("SELECT key, value FROM tags WHERE snapshot_id = ?1"));
-  t.i64(1, id);
-  for (;;) {
-    KV_ASSIGN_OR_RETURN(bool row, t.step());
-    if (!row) break;
-    info.tags.emplace(t.col_text(0), t.col_text(1));
-  }
+  KV_RETURN_IF_ERROR(read_txn([&]() -> Status {
+    {
+      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT " KV_INFO_COLS " FROM snapshots s WHERE s.id = ?1"));
+      q.i64(1, id);
+      KV_ASSIGN_OR_RETURN(bool found, q.step());
+      if (!found) return no_snapshot(id);
+      info = info_from_row(q);
+    }
+    KV_ASSIGN_OR_RETURN(Stmt t, stmt("SELECT key, value FROM tags WHERE snapshot_id = ?1"));
+    t.i64(1, id);
+    for (;;) {
+      KV_ASSIGN_OR_RETURN(bool row, t.step());
+      if (!row) break;
+      info.tags.emplace(t.col_text(0), t.col_text(1));
+    }
+    return Status::OK();
+  }));
   return info;
 }
 
 Result<SnapshotRecord> SqliteCatalog::get(int64_t id) {
   SnapshotRecord rec;
-  KV_ASSIGN_OR_RETURN(rec.info, get_info(id));
-  KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT manifest, tokens FROM snapshot_blobs WHERE snapshot_id = ?1"));
-  q.i64(1, id);
-  KV_ASSIGN_OR_RETURN(bool found, q.step());
-  if (!found) return Status::Corruption(path_ + ": snapshot " + std::to_string(id) + " has no manifest row");
-  auto m = q.col_blob(0);
-  rec.manifest.assign(m.begin(), m.end());
-  auto t = q.col_blob(1);
-  if (rec.info.tenant) {
-    rec.sealed_tokens.assign(t.begin(), t.end());  // the store opens them (and checks their size)
-    return rec;
-  }
-  if (t.size() != static_cast<size_t>(rec.info.n_tokens) * 4) {
-    return Status::Corruption(path_ + ": snapshot " + std::to_string(id) + " stores " + std::to_string(t.size()) +
-                              " token bytes for " + std::to_string(rec.info.n_tokens) + " tokens");
-  }
-  rec.tokens = tokens_from_le(t);
+  KV_RETURN_IF_ERROR(read_txn([&]() -> Status {
+    KV_ASSIGN_OR_RETURN(rec.info, get_info(id));
+    KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT manifest, tokens FROM snapshot_blobs WHERE snapshot_id = ?1"));
+    q.i64(1, id);
+    KV_ASSIGN_OR_RETURN(bool found, q.step());
+    if (!found) return Status::Corruption(path_ + ": snapshot " + std::to_string(id) + " has no manifest row");
+    auto m = q.col_blob(0);
+    rec.manifest.assign(m.begin(), m.end());
+    auto t = q.col_blob(1);
+    if (rec.info.tenant) {
+      rec.sealed_tokens.assign(t.begin(), t.end());  // the store opens them (and checks their size)
+      return Status::OK();
+    }
+    if (t.size() != static_cast<size_t>(rec.info.n_tokens) * 4) {
+      return Status::Corruption(path_ + ": snapshot " + std::to_string(id) + " stores " + std::to_string(t.size()) +
+                                " token bytes for " + std::to_string(rec.info.n_tokens) + " tokens");
+    }
+    rec.tokens = tokens_from_le(t);
+    return Status::OK();
+  }));
   return rec;
+}
+
+Result<SnapshotRows> SqliteCatalog::get_with_chunks(int64_t id) {
+  SnapshotRows rows;
+  KV_RETURN_IF_ERROR(read_txn([&]() -> Status {
+    KV_ASSIGN_OR_RETURN(rows.record, get(id));
+    if (options_.between_reads_for_test) options_.between_reads_for_test();
+    KV_ASSIGN_OR_RETURN(rows.chunks, chunks_of(id));
+    return Status::OK();
+  }));
+  return rows;
 }
 
 // A chunks row as (sha256, raw_size, stored_size, pack, pack_offset); false when the hash is malformed.

@@ -73,6 +73,7 @@ class SqliteCatalog final : public Catalog {
   Result<SnapshotRecord> get(int64_t id) override;
   Result<SnapshotInfo> get_info(int64_t id) override;
   Result<std::vector<ChunkUse>> chunks_of(int64_t id) override;
+  Result<SnapshotRows> get_with_chunks(int64_t id) override;
   Result<std::optional<ChunkUse>> find_chunk(const ChunkHash& h) override;
   // kSqliteLookupBatch hashes per statement (sha256 IN (?1, ...)).
   Result<std::vector<std::optional<ChunkUse>>> find_chunks(std::span<const ChunkHash> hashes) override;
@@ -131,6 +132,9 @@ class SqliteCatalog final : public Catalog {
   // Runs `body` inside BEGIN IMMEDIATE .. COMMIT; rolls back on any error.
   template <class F>
   Status write_txn(F&& body);
+  // Runs `body`'s reads at one moment: inside BEGIN .. ROLLBACK, or the transaction already open.
+  template <class F>
+  Status read_txn(F&& body);
   Status sqlite_error(int rc, const std::string& what);
   // (n_tokens, id) of the snapshots whose hashes say "prefix of query".
   Result<std::vector<std::pair<int64_t, int64_t>>> prefix_candidates(std::span<const int32_t> query);

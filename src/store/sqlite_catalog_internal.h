@@ -134,4 +134,13 @@ Status SqliteCatalog::write_txn(F&& body) {
   return commit();
 }
 
+template <class F>
+Status SqliteCatalog::read_txn(F&& body) {
+  if (!sqlite3_get_autocommit(db_)) return body();  // inside a transaction already
+  KV_RETURN_IF_ERROR(exec("BEGIN"));
+  Status s = body();
+  rollback();
+  return s;
+}
+
 }  // namespace kvsnap

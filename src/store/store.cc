@@ -529,18 +529,21 @@ Result<std::optional<int64_t>> Store::find_parent(const std::vector<int32_t>& to
   // snapshots' fingerprints start with "mlx-lm", store_mlx.cc).
   const bool mlx = fingerprint.rfind("mlx-lm", 0) == 0;
   KV_ASSIGN_OR_RETURN(auto prefixes, catalog_->find_prefix(tokens, fingerprint, 8));
-  auto same_engine = std::find_if(prefixes.begin(), prefixes.end(),
-                                  [&](const SnapshotInfo& p) { return (p.model_arch == "mlx-lm") == mlx; });
-  if (same_engine == prefixes.end()) return std::optional<int64_t>();
-  const int64_t id = same_engine->id;
-  KV_ASSIGN_OR_RETURN(SnapshotRecord parent, catalog_->get(id));
-  auto bytes = manifest_of(parent);
-  auto pm = bytes.ok() ? parse_manifest(*bytes, "snapshot " + std::to_string(id)) : bytes.status();
-  if (pm.ok()) {  // a damaged parent only costs the shortcut
-    for (const ChunkRef& c : pm->chunks) chunks.emplace(c.sha256, c);
-    if (grid) *grid = std::move(pm->segments);
+  for (const SnapshotInfo& candidate : prefixes) {
+    if ((candidate.model_arch == "mlx-lm") != mlx) continue;
+    const int64_t id = candidate.id;
+    auto parent = catalog_->get(id);
+    if (!parent.ok() && parent.status().code() == Code::kNotFound) continue;  // removed meanwhile: the next
+    KV_RETURN_IF_ERROR(parent.status());
+    auto bytes = manifest_of(*parent);
+    auto pm = bytes.ok() ? parse_manifest(*bytes, "snapshot " + std::to_string(id)) : bytes.status();
+    if (pm.ok()) {  // a damaged parent only costs the shortcut
+      for (const ChunkRef& c : pm->chunks) chunks.emplace(c.sha256, c);
+      if (grid) *grid = std::move(pm->segments);
+    }
+    return std::optional<int64_t>(id);
   }
-  return std::optional<int64_t>(id);
+  return std::optional<int64_t>();
 }
 
 Result<SaveResult> Store::commit_save(SnapshotRecord rec, const SnapshotManifest& m, const BlobSink& sink,
@@ -689,6 +692,18 @@ SnapshotInfo with_sealed_labels(SnapshotInfo info, const SnapshotManifest& m) {
 }
 }  // namespace
 
+namespace {
+
+// kNotFound naming the snapshot as the user did, for one removed between its name's lookup and
+// the read of its rows (the catalog's own message names only the id).
+template <class T>
+Result<T> removed_is_not_found(Result<T> r, const std::string& ref) {
+  if (r.ok() || r.status().code() != Code::kNotFound) return r;
+  return Status::NotFound("snapshot " + quote_text(ref) + " was removed meanwhile (" + r.status().message() + ")");
+}
+
+}  // namespace
+
 Status Store::check_labels_of(const std::string& ref, int64_t id, const std::string& change) {
   // The row's blobs are read only for a sealed row named by something else than its uuid: a plain
   // or uuid-named row whose blobs are damaged must still go by rm.
@@ -703,11 +718,12 @@ Status Store::check_labels_of(const std::string& ref, int64_t id, const std::str
 Result<std::unique_ptr<StoredSnapshot>> Store::open_snapshot_held(const std::string& ref,
                                                                   std::unique_ptr<GcLockHold> hold, bool check_labels) {
   KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
-  KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
-  KV_ASSIGN_OR_RETURN(std::vector<std::byte> manifest, manifest_of(rec));
-  auto s = std::make_unique<OpenedSnapshot>(std::move(hold), std::move(rec.info), *blobs_);
-  KV_ASSIGN_OR_RETURN(std::vector<ChunkUse> uses, catalog_->chunks_of(id));
-  s->source_.add(uses);
+  // One moment: an rm committed between two reads would leave the record without its chunks
+  // (taken for lost blobs). Read under `hold`, the blobs outlive a removal committed after it.
+  KV_ASSIGN_OR_RETURN(SnapshotRows rows, removed_is_not_found(catalog_->get_with_chunks(id), ref));
+  KV_ASSIGN_OR_RETURN(std::vector<std::byte> manifest, manifest_of(rows.record));
+  auto s = std::make_unique<OpenedSnapshot>(std::move(hold), std::move(rows.record.info), *blobs_);
+  s->source_.add(rows.chunks);
   SnapshotReadOptions ro;
   ro.cipher = cipher();
   auto reader = kvsnap::open_snapshot(manifest, s->source_, ro);
@@ -994,23 +1010,22 @@ void Store::verify_sealed(const SnapshotInfo& info, VerifyReport& rep) {
   auto problem = [&](const Status& s) { rep.problems.push_back(label + ": " + s.ToString()); };
   if (info.master_key_id != store_key_id_ && info.master_key_id != rotating_from_)
     problem(Status::Mismatch("sealed with key " + info.master_key_id + ", but the store's key is " + store_key_id_));
-  auto rec = catalog_->get(info.id);
-  if (!rec.ok()) return problem(rec.status());
+  auto rows = catalog_->get_with_chunks(info.id);
+  if (!rows.ok()) return problem(rows.status());
+  const SnapshotRecord* rec = &rows->record;
   Status s = check_sealed_without_key(rec->manifest, info, 0, "its manifest row");
   if (!s.ok()) problem(s);
   s = check_sealed_without_key(rec->sealed_tokens, info, uint64_t(info.n_tokens) * 4 + kSealedHeaderBytes + kSealedTagBytes, "its token row");
   if (!s.ok()) problem(s);
-  auto uses = catalog_->chunks_of(info.id);
-  if (!uses.ok()) return problem(uses.status());
   std::vector<std::byte> blob;
-  for (const ChunkUse& u : *uses) {
+  for (const ChunkUse& u : rows->chunks) {
     const std::string what = "chunk " + u.sha256.hex();
     s = blobs_->get_into(u.sha256, u.location(), kMaxBlobBytes, blob);
     if (s.ok()) s = check_sealed_without_key(blob, info, u.stored_size, what);
     else s = s.Prefixed(what);
     if (!s.ok()) problem(s);
   }
-  rep.chunks += uses->size();
+  rep.chunks += rows->chunks.size();
 }
 
 namespace {
@@ -1282,10 +1297,21 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
   for (const auto& ref : refs) {
     KV_ASSIGN_OR_RETURN(int64_t id, catalog_->resolve(ref));
     if (!exported.insert(id).second) continue;  // named twice (an id and a name of one snapshot): once
-    KV_ASSIGN_OR_RETURN(SnapshotRecord rec, catalog_->get(id));
+    KV_ASSIGN_OR_RETURN(SnapshotRows rows, removed_is_not_found(catalog_->get_with_chunks(id), ref));
+    SnapshotRecord& rec = rows.record;
     KV_RETURN_IF_ERROR(check_plain_under_key(rec.info, cipher(), allow_plain));
+    // Every blob is checked before it is copied (docs/store.md: reads check each blob against its
+    // SHA-256): a damaged snapshot stops the export, named, instead of going into an archive that no
+    // import takes. (--decrypt's plain file is made from the chunks decoded and checked.)
+    KV_ASSIGN_OR_RETURN(auto opened, open_snapshot_held(ref, nullptr));
+    const bool copied = !(decrypt && rec.info.tenant);
+    if (Status s = copied ? opened->reader().verify_chunks() : Status::OK(); !s.ok()) {
+      if (s.code() != Code::kCorruption) return s.Prefixed("export: snapshot " + quote_text(ref));
+      return Status::Corruption("snapshot " + quote_text(ref) + " is damaged in the store, nothing exported: " +
+                                s.message() + " (kvsnap verify " + quote_text(ref) +
+                                " checks every chunk of it; export the others without it)");
+    }
     if (decrypt && rec.info.tenant) {
-      KV_ASSIGN_OR_RETURN(auto opened, open_snapshot_held(ref, nullptr));
       SnapshotInfo plain = with_sealed_labels(rec.info, opened->reader().manifest());
       plain.tenant.reset();
       // The plain file is built again (SHA-256 chunk ids): its digest is not the keyed one; a plain
@@ -1299,8 +1325,7 @@ Status Store::export_to(const std::vector<std::string>& refs, const std::string&
     KV_ASSIGN_OR_RETURN(std::vector<std::byte> manifest, manifest_of(rec));
     KV_ASSIGN_OR_RETURN(SnapshotManifest m, parse_manifest(manifest, "snapshot " + ref));
     if (!names_its_uuid(ref, rec.info.uuid)) KV_RETURN_IF_ERROR(check_sealed_labels(rec.info, m, ref));
-    KV_ASSIGN_OR_RETURN(std::vector<ChunkUse> uses, catalog_->chunks_of(id));
-    source.add(uses);
+    source.add(rows.chunks);
     // An encrypted snapshot stays sealed: blobs copied as stored, the manifest sealed again.
     KV_ASSIGN_OR_RETURN(SnapshotFileAssembler a,
                         SnapshotFileAssembler::plan(m, source, m.encryption ? cipher() : nullptr));
@@ -1474,9 +1499,11 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
       const std::string& uuid = meta->uuid;
       // Said only once the snapshot is in: an import that then finds it imported meanwhile (by
       // another import of the same archive, which took the name) says that alone.
-      std::string name_taken;
-      auto taken_note = [&uuid](const std::string& name) {
-        return "name '" + name + "' is taken: imported " + uuid + " without it";
+      // The entry's name when another snapshot has it; noted with the uuid it was imported under
+      // (a new one for an entry without).
+      std::optional<std::string> name_taken;
+      auto note_name_taken = [&]() {
+        if (name_taken) rep.skipped.push_back("name '" + *name_taken + "' is taken: imported " + rep.imported.back().uuid + " without it");
       };
       if (!uuid.empty() && has_uuid(uuid)) {
         rep.skipped.push_back(uuid + " (already in the store)");
@@ -1499,7 +1526,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
         req.cells_per_chunk = m.cells_per_chunk;
         req.under_hold = hold.get();
         if (meta->name && !catalog_->resolve(*meta->name).ok()) req.name = *meta->name;
-        else if (meta->name) name_taken = taken_note(*meta->name);
+        else if (meta->name) name_taken = *meta->name;
         const ReadableFile& original = (*reader)->original();
         auto saved = [&]() -> Result<SaveResult> {
           if (!m.mlx) {
@@ -1515,7 +1542,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
         }();
         KV_RETURN_IF_ERROR(saved.status());
         rep.imported.push_back(std::move(saved->info));
-        if (!name_taken.empty()) rep.skipped.push_back(name_taken);
+        note_name_taken();
         return Status::OK();
       }
       KV_ASSIGN_OR_RETURN(auto batch, begin_blob_write(hold.get()));
@@ -1539,7 +1566,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
       rec.info.created = meta->created;
       if (meta->name) {
         const std::string& name = *meta->name;
-        if (catalog_->resolve(name).ok()) name_taken = taken_note(name);
+        if (catalog_->resolve(name).ok()) name_taken = name;
         else rec.info.name = name;
       }
       rec.info.tags = meta->tags;
@@ -1553,7 +1580,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
       if (!stored.ok() && taken_meanwhile(uuid)) return Status::OK();  // its blobs: gc's
       KV_RETURN_IF_ERROR(stored.status());
       rep.imported.push_back(std::move(*stored));
-      if (!name_taken.empty()) rep.skipped.push_back(name_taken);
+      note_name_taken();
       return Status::OK();
     }();
     if (!s.ok()) return stored_so_far(s);

@@ -120,16 +120,16 @@ Result<bool> Store::rekey_snapshot(const SnapshotInfo& info, const ChunkCipher& 
   const std::string who = snapshot_label(info);
   // The shared gc lock from before the first new blob until the swap, as a save holds it.
   KV_ASSIGN_OR_RETURN(auto batch, begin_blob_write(nullptr));
-  auto rec = catalog_->get(info.id);
-  if (!rec.ok() && rec.status().code() == Code::kNotFound) return false;  // removed meanwhile
-  KV_RETURN_IF_ERROR(rec.status());
+  auto rows = catalog_->get_with_chunks(info.id);
+  if (!rows.ok() && rows.status().code() == Code::kNotFound) return false;  // removed meanwhile
+  KV_RETURN_IF_ERROR(rows.status());
+  const SnapshotRecord* rec = &rows->record;
   if (rec->info.master_key_id != key_id_hex(from.master_key_id())) return false;  // rotated meanwhile
   KV_ASSIGN_OR_RETURN(std::vector<std::byte> manifest, open_manifest_row(*rec, &from));
   KV_ASSIGN_OR_RETURN(SnapshotManifest m, parse_manifest(manifest, who));
   KV_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, open_tokens_row(*rec, &from));
-  KV_ASSIGN_OR_RETURN(std::vector<ChunkUse> uses, catalog_->chunks_of(info.id));
   BlobSource source(*blobs_);
-  source.add(uses);
+  source.add(rows->chunks);
   BlobSink sink(*batch, *catalog_);
   ResealOptions ro;
   ro.threads = opts.threads ? opts.threads : default_threads();

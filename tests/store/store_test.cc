@@ -552,6 +552,13 @@ TEST(Store, FlippedStoredBytesAreCaught) {
     EXPECT_FALSE(v->problems.empty()) << blob.file << " byte " << at;
     VectorSink out;
     EXPECT_FALSE(t.store->restore(id, {}, out).ok()) << blob.file << " byte " << at;
+    // Nor exported (a review's finding: the blobs were copied unchecked, exit 0, into an archive
+    // that no import took).
+    const fs::path archive = t.root.string() + "-export.tar";
+    const Status exported = t.store->export_to({id}, archive.string(), false, false);
+    EXPECT_EQ(exported.code(), Code::kCorruption) << blob.file << " byte " << at << ": " << exported.ToString();
+    EXPECT_NE(exported.message().find("is damaged in the store, nothing exported"), std::string::npos) << exported.ToString();
+    EXPECT_FALSE(fs::exists(archive));
     bytes[at] ^= std::byte{0x10};
     std::ofstream(blob.file, std::ios::binary | std::ios::trunc).write(reinterpret_cast<char*>(bytes.data()), bytes.size());
   }
@@ -1576,6 +1583,28 @@ TEST(Store, AnIndexWithoutTheFingerprintTakesTheRecordedOne) {
     EXPECT_EQ(r->imported[0].model_fingerprint, saved->info.model_fingerprint) << (erase ? "erased" : "empty");
     fs::remove(ex);
   }
+}
+
+// An entry without a uuid whose name the store has: imported under a new uuid, without the name,
+// and the note names that uuid (a review's finding: "imported  without it", the uuid left out).
+TEST(Store, AnEntryWithoutAUuidWhoseNameIsTakenIsNotedWithItsNewUuid) {
+  TempStore a;
+  Loaded l = load(fixtures() / "v0.5.0/hd64-f16-f16-faon.slot");
+  SaveRequest req;
+  req.name = "n";
+  ASSERT_TRUE(a.store->save(*l.file, l.state, req).ok());
+  const fs::path ex = a.root.parent_path() / ("export10-" + std::to_string(::getpid()) + ".tar.zst");
+  ASSERT_TRUE(a.store->export_to({"n"}, ex.string()).ok());
+  ASSERT_TRUE(test::edit_export_index(ex.string(), [](nlohmann::json& j) { j["snapshots"][0].erase("uuid"); }).ok());
+  auto r = a.store->import_from(ex.string());
+  fs::remove(ex);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->imported.size(), 1u);
+  const std::string uuid = r->imported[0].uuid;
+  ASSERT_FALSE(uuid.empty());
+  EXPECT_FALSE(r->imported[0].name.has_value());
+  ASSERT_EQ(r->skipped.size(), 1u);
+  EXPECT_EQ(r->skipped[0], "name 'n' is taken: imported " + uuid + " without it");
 }
 
 // On a full disk `rm` and `gc` need room for the catalog's WAL frames: the catalog keeps a room
