@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <string_view>
+#include <vector>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -62,14 +64,40 @@ Status read_bounded(int fd, size_t limit, std::vector<std::byte>& out, const std
   return Status::OK();
 }
 
-// The command's first word only: the rest may carry a secret (`vault read -token=...`), and
+// NAME=VALUE, a shell's assignment before a command (NAME: letters, digits, '_', not a digit first).
+bool is_assignment(std::string_view word) {
+  const size_t eq = word.find('=');
+  if (eq == 0 || eq == std::string_view::npos || (word[0] >= '0' && word[0] <= '9')) return false;
+  for (char c : word.substr(0, eq))
+    if (!(c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))) return false;
+  return true;
+}
+
+// The program the command runs, only: its arguments may carry a secret (`vault read -token=...`),
+// and so may the assignments before it (`VAULT_TOKEN=... vault ...`, `env TOKEN=... helper`);
 // messages go to logs and stay cached for the process's life.
 std::string command_name(const std::string& command) {
-  const size_t start = command.find_first_not_of(" \t");
-  if (start == std::string::npos) return "key command ''";
-  const size_t end = command.find_first_of(" \t", start);
-  const std::string program = command.substr(start, end == std::string::npos ? std::string::npos : end - start);
-  return "key command " + quote_text(program) + (end == std::string::npos ? "" : " (its arguments not shown)");
+  std::vector<std::string_view> words;
+  for (size_t at = command.find_first_not_of(" \t"); at != std::string::npos;) {
+    const size_t end = std::min(command.find_first_of(" \t", at), command.size());
+    words.push_back(std::string_view(command).substr(at, end - at));
+    at = command.find_first_not_of(" \t", end);
+  }
+  size_t i = 0;
+  bool after_env = false;
+  for (; i < words.size(); ++i) {
+    if (is_assignment(words[i])) continue;
+    if (after_env && words[i].rfind("-", 0) == 0) {
+      if (words[i] == "-u" || words[i] == "-C" || words[i] == "-S") ++i;  // env's options with a value
+      continue;
+    }
+    if (words[i] != "env") break;
+    after_env = true;
+  }
+  if (i > words.size()) i = words.size();
+  if (i == words.size()) return words.empty() ? "key command ''" : "key command (its words not shown)";
+  const bool more = i + 1 < words.size() || i > 0;
+  return "key command " + quote_text(std::string(words[i])) + (more ? " (its arguments not shown)" : "");
 }
 
 }  // namespace

@@ -38,6 +38,11 @@ bool is_pack_name(std::string_view name) {
   return name.size() == kHex + 5 && name.substr(kHex) == ".pack" && lower_hex(name.substr(0, kHex));
 }
 
+std::optional<std::string_view> name_under(std::string_view name, std::string_view prefix) {
+  if (name.size() < prefix.size() || name.substr(0, prefix.size()) != prefix) return std::nullopt;
+  return name.substr(prefix.size());
+}
+
 std::string new_pack_name() {
   std::random_device rd;
   const uint64_t v = (uint64_t(rd()) << 32) ^ rd();

@@ -102,6 +102,10 @@ enum class PutOutcome { kWritten, kExisted };
 bool is_blob_name(std::string_view name);
 // A pack: 16 lowercase hex digits + ".pack".
 bool is_pack_name(std::string_view name);
+// What follows `prefix` in a listed name, or nullopt for a name outside it: an object store (or a
+// proxy) that ignores a listing's prefix= returns the whole bucket, whose other keys are not
+// this store's to read, delete or abort.
+std::optional<std::string_view> name_under(std::string_view name, std::string_view prefix);
 // 64 random bits as 16 hex digits: concurrent saves never pick the same pack.
 std::string new_pack_name();
 

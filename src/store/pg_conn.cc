@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "base/byte_order.h"
 #include "store/lazy_libs.h"
@@ -177,19 +179,84 @@ std::vector<std::string> PgResult::text_array(int row, int col) const {
 
 // ---------------------------------------------------------------- connection
 
+namespace {
+
+// A URL's user part [start, at): from after "://" to the last '@' before the first '/' that follows
+// the first '@'. A password may hold a raw '@', '/' or '?' (libpq takes a '?', PgConn::connect
+// refuses the others), and no message may show any of it; '@' in the path or the query (after that
+// '/') is not the user part's.
+struct UserPart {
+  size_t start = 0, at = std::string::npos;  // npos: none
+};
+
+UserPart user_part(const std::string& url) {
+  UserPart u;
+  const size_t scheme = url.find("://");
+  if (scheme == std::string::npos) return u;
+  u.start = scheme + 3;
+  const size_t first_at = url.find('@', u.start);
+  if (first_at == std::string::npos) return u;
+  const size_t path = std::min(url.find('/', first_at), url.size());
+  u.at = url.rfind('@', path - 1);
+  return u;
+}
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// %XX decoded where XX is hex; any other '%' kept as it is.
+std::string percent_decoded(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const int hi = i + 2 < s.size() && s[i] == '%' ? hex_digit(s[i + 1]) : -1;
+    const int lo = hi >= 0 ? hex_digit(s[i + 2]) : -1;
+    if (lo >= 0) {
+      out += static_cast<char>(hi * 16 + lo);
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// The password as written in `url` (user part, password= parameters or pairs) and as decoded.
+std::vector<std::string> url_secrets(const std::string& url) {
+  std::vector<std::string> out;
+  const UserPart u = user_part(url);
+  if (u.at != std::string::npos) {
+    const size_t colon = url.find(':', u.start);
+    if (colon != std::string::npos && colon < u.at) out.push_back(url.substr(colon + 1, u.at - colon - 1));
+  }
+  for (size_t p = url.find("password="); p != std::string::npos; p = url.find("password=", p + 1)) {
+    const size_t begin = p + 9, end = std::min(url.find_first_of("& ", begin), url.size());
+    out.push_back(url.substr(begin, end - begin));
+  }
+  const size_t written = out.size();
+  for (size_t i = 0; i < written; ++i) out.push_back(percent_decoded(out[i]));
+  return out;
+}
+
+}  // namespace
+
+std::string without_pg_secrets(std::string message, const std::string& url) {
+  for (const std::string& secret : url_secrets(url)) {
+    if (secret.empty()) continue;
+    for (size_t p; (p = message.find(secret)) != std::string::npos;) message.replace(p, secret.size(), "***");
+  }
+  return message;
+}
+
 std::string redact_pg_url(const std::string& url) {
   std::string out = url;
-  size_t scheme = out.find("://");
-  if (scheme != std::string::npos) {
-    // The user part ends at the last '@' before the query: a password may hold a raw '@' or '/'
-    // (which PgConn::connect refuses), and the message must not show any of it.
-    const size_t start = scheme + 3;
-    const size_t query = std::min(out.find('?', start), out.size());
-    const size_t at = query > start ? out.rfind('@', query - 1) : std::string::npos;
-    if (at != std::string::npos && at >= start) {
-      size_t colon = out.find(':', start);
-      if (colon != std::string::npos && colon < at) out.erase(colon, at - colon);
-    }
+  const UserPart u = user_part(out);
+  if (u.at != std::string::npos) {
+    const size_t colon = out.find(':', u.start);
+    if (colon != std::string::npos && colon < u.at) out.erase(colon, u.at - colon);
   }
   // password=... as a query parameter or a key=value pair.
   for (size_t p; (p = out.find("password=")) != std::string::npos;) {
@@ -219,14 +286,10 @@ namespace {
 // libpq ends a URL's user part at the first '@' or '/': a raw one in the password sends the rest of
 // it on as the host or the database name (and into libpq's messages).
 Status check_user_part(const std::string& url, const std::string& where) {
-  const size_t scheme = url.find("://");
-  if (scheme == std::string::npos) return Status::OK();  // key=value pairs
-  const size_t start = scheme + 3;
-  const size_t query = std::min(url.find('?', start), url.size());
-  const size_t first_at = url.find('@', start);
-  if (first_at >= query) return Status::OK();
-  const size_t slash = url.find('/', start);
-  if (url.find('@', first_at + 1) < query || slash < first_at)
+  const UserPart u = user_part(url);
+  if (u.at == std::string::npos) return Status::OK();  // no user part, or key=value pairs
+  const size_t first_at = url.find('@', u.start), slash = url.find('/', u.start);
+  if (first_at != u.at || slash < u.at)
     return Status::InvalidArgument(where + ": the catalog URL's user part holds a raw '@' or '/': write them as %40 "
                                    "and %2F (or give the password as PGPASSWORD or in ~/.pgpass)");
   return Status::OK();
@@ -244,7 +307,7 @@ Result<std::unique_ptr<PgConn>> PgConn::connect(const std::string& url, const Pg
     std::string msg = PQerrorMessage(c);
     while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
     PQfinish(c);
-    return Status::IOError(where + ": cannot connect to the catalog: " + msg);
+    return Status::IOError(where + ": cannot connect to the catalog: " + without_pg_secrets(msg, url));
   }
   std::unique_ptr<PgConn> conn(new PgConn(c, url, std::move(where), options));
   KV_RETURN_IF_ERROR(conn->session_setup());
@@ -269,7 +332,8 @@ Status PgConn::ensure_connected() {
   if (PQstatus(c_) != CONNECTION_OK) {
     std::string msg = PQerrorMessage(c_);
     while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
-    return Status::IOError(where_ + ": lost the connection to the catalog and cannot reconnect: " + msg);
+    return Status::IOError(where_ + ": lost the connection to the catalog and cannot reconnect: " +
+                           without_pg_secrets(msg, url_));
   }
   return session_setup();
 }
@@ -283,6 +347,7 @@ Result<PgResult> PgConn::check(pg_result* r, std::string_view what) {
   const char* primary = r ? PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY) : nullptr;
   std::string msg = primary ? primary : PQerrorMessage(c_);
   while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+  msg = without_pg_secrets(std::move(msg), url_);
   std::string full = where_ + ": " + msg + " (" + std::string(what.substr(0, 80)) + ")";
   if (PQstatus(c_) != CONNECTION_OK) {
     return Status::IOError(where_ + ": lost the connection to the catalog: " + msg);

@@ -169,6 +169,9 @@ class PgConn {
 // postgresql://user@host/db; password=... in a key=value string or a query
 // parameter is dropped.
 std::string redact_pg_url(const std::string& url);
+// `message` (libpq's, which may quote the URL's parts) with every password `url` holds, as written
+// and percent-decoded, replaced by "***".
+std::string without_pg_secrets(std::string message, const std::string& url);
 
 // What Isolation::kRepeatableReadOnly begins with, for a pipeline.
 inline constexpr const char* kBeginSnapshot = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";

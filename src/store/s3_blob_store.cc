@@ -338,7 +338,9 @@ Result<std::vector<ChunkHash>> S3BlobStore::list() {
   KV_ASSIGN_OR_RETURN(const std::vector<S3Object> objects, s3_.list(base));
   std::vector<ChunkHash> out;
   for (const S3Object& o : objects) {
-    const std::string_view rest = std::string_view(o.key).substr(base.size());  // "ab/<64 hex>"
+    const std::optional<std::string_view> under = name_under(o.key, base);  // "ab/<64 hex>"
+    if (!under) continue;  // outside the store: never its blob
+    const std::string_view rest = *under;
     if (rest.size() != 67 || rest[2] != '/' || !is_blob_name(rest.substr(3)) || rest.substr(0, 2) != rest.substr(3, 2))
       continue;  // a foreign object: never deleted by gc
     KV_ASSIGN_OR_RETURN(ChunkHash h, ChunkHash::from_hex(rest.substr(3)));
@@ -355,8 +357,9 @@ Result<std::vector<std::string>> S3BlobStore::list_packs() {
   std::lock_guard<std::mutex> g(listed_mu_);
   listed_pack_sizes_.clear();  // this listing's, not those of packs another host deleted since
   for (const S3Object& o : objects) {
-    const std::string_view name = std::string_view(o.key).substr(base.size());
-    if (!is_pack_name(name)) continue;
+    const std::optional<std::string_view> under = name_under(o.key, base);
+    if (!under || !is_pack_name(*under)) continue;
+    const std::string_view name = *under;
     out.emplace_back(name.substr(0, name.size() - 5));
     listed_pack_sizes_[out.back()] = o.size;
   }
@@ -430,9 +433,12 @@ Result<size_t> S3BlobStore::abort_stale_uploads(const GcLock&) {
   const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                              std::chrono::system_clock::now().time_since_epoch()).count();
   const std::string cutoff = utc_iso8601(now_ms - opt_.upload_max_age_s * 1000).substr(0, 19);
-  KV_ASSIGN_OR_RETURN(const std::vector<S3Upload> uploads, s3_.list_uploads(key("packs/")));
+  const std::string base = key("packs/");
+  KV_ASSIGN_OR_RETURN(const std::vector<S3Upload> uploads, s3_.list_uploads(base));
   size_t aborted = 0;
   for (const S3Upload& u : uploads) {
+    const std::optional<std::string_view> under = name_under(u.key, base);
+    if (!under || !is_pack_name(*under)) continue;  // another prefix's (a shared bucket), or not a pack
     const bool dated = u.initiated.size() >= 19 && u.initiated[4] == '-' && u.initiated[10] == 'T';
     if (!dated || u.initiated.substr(0, 19) >= cutoff) continue;
     KV_RETURN_IF_ERROR(s3_.abort_upload(u.key, u.upload_id));

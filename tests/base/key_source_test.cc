@@ -125,6 +125,11 @@ TEST_F(KeySource, KeyCommandFailures) {
   EXPECT_NE(k.status().message().find("killed by signal 9"), std::string::npos) << k.status().message();
   k = run_key_command("/nonexistent/kvsnap-key-helper");
   EXPECT_NE(k.status().message().find("exit status 127"), std::string::npos) << k.status().message();
+  // Nor an assignment before the program (a review's finding: 'VAULT_TOKEN=...' was shown as its name).
+  k = run_key_command("KVSNAP_TEST_TOKEN=hvs.SECRET123 env -u X OTHER=hvs.SECRET456 sh -c 'exit 4'");
+  EXPECT_NE(k.status().message().find("key command 'sh' (its arguments not shown) failed (exit status 4)"),
+            std::string::npos) << k.status().message();
+  EXPECT_EQ(k.status().message().find("SECRET"), std::string::npos) << k.status().message();
   k = run_key_command("echo 1234");
   EXPECT_EQ(k.status().code(), Code::kInvalidArgument);
   EXPECT_NE(k.status().message().find("4 hex digits"), std::string::npos) << k.status().message();

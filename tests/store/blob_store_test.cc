@@ -52,6 +52,17 @@ class BlobStoreTest : public ::testing::Test {
   const std::string root_ = dir_.path();
 };
 
+// A listing's names are this store's only under its prefix: an object store (or a proxy) that
+// ignores prefix= lists the whole bucket (a review's finding: a key shorter than the prefix threw
+// std::out_of_range out of list(), exit 70; another prefix's uploads were aborted).
+TEST(BlobNames, NamesUnderAPrefixOnly) {
+  EXPECT_EQ(name_under("team-a/packs/0123456789abcdef.pack", "team-a/packs/"), std::optional<std::string_view>("0123456789abcdef.pack"));
+  EXPECT_EQ(name_under("team-a/packs/", "team-a/packs/"), std::optional<std::string_view>(""));
+  EXPECT_EQ(name_under("x", "team-a/packs/"), std::nullopt);
+  EXPECT_EQ(name_under("team-b/packs/0123456789abcdef.pack", "team-a/packs/"), std::nullopt);
+  EXPECT_EQ(name_under("team-a/pack", "team-a/packs/"), std::nullopt);
+}
+
 TEST(ChunkHashTest, HexRoundTripAndKnownDigest) {
   ChunkHash h = ChunkHash::of(bytes_of("abc"));
   EXPECT_EQ(h.hex(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");

@@ -37,6 +37,19 @@ TEST(PgText, UrlsLoseTheirPassword) {
   EXPECT_EQ(redact_pg_url("postgresql://kv:top/secret@127.0.0.1:1/db"), "postgresql://kv@127.0.0.1:1/db");
   EXPECT_EQ(redact_pg_url("postgresql://kv:p@ssword@127.0.0.1:1/db"), "postgresql://kv@127.0.0.1:1/db");
   EXPECT_EQ(redact_pg_url("postgresql://kv:pw@h/db?application_name=a@b"), "postgresql://kv@h/db?application_name=a@b");
+  // A review's finding: a '?' in the password was taken for the query's start, and nothing was hidden.
+  EXPECT_EQ(redact_pg_url("postgresql://kv:Sup3r?Secr3t@127.0.0.1:1/kvsnap"), "postgresql://kv@127.0.0.1:1/kvsnap");
+  EXPECT_EQ(redact_pg_url("postgresql://kv:pa?ss/x@h/db"), "postgresql://kv@h/db");
+}
+
+// libpq quotes what it cannot parse ("invalid percent-encoded token: \"Se%ZZcret\""): the password,
+// as written and decoded, never reaches a message (a review's finding).
+TEST(PgText, LibpqMessagesLoseThePassword) {
+  EXPECT_EQ(without_pg_secrets("invalid percent-encoded token: \"Se%ZZcret\"", "postgresql://kv:Se%ZZcret@h/db"),
+            "invalid percent-encoded token: \"***\"");
+  EXPECT_EQ(without_pg_secrets("bad: a@b and a%40b", "postgresql://kv:a%40b@h/db"), "bad: *** and ***");
+  EXPECT_EQ(without_pg_secrets("token \"Se%ZZ\"", "postgresql://kv@h/db?sslmode=require&password=Se%ZZ"), "token \"***\"");
+  EXPECT_EQ(without_pg_secrets("no password here", "postgresql://kv@h/db"), "no password here");
 }
 
 }  // namespace
