@@ -78,6 +78,9 @@ struct MigrateSummary {
   std::vector<FileOutcome> files;  // in name order
   uint64_t stale_temps_removed = 0;
   uint64_t stale_temps_found = 0;  // --dry-run: the stale temporaries a run would remove
+  // Their names (removed, or --dry-run: found): a file someone named like a temporary of a dead
+  // kvsnap is removed as one, and said by name.
+  std::vector<std::string> stale_temp_names;
   double seconds = 0;
   // A converted file took its original's name by a plain rename: the file system cannot exchange
   // two names (NFS), so a save that began in the moment between the last check and the rename

@@ -291,6 +291,7 @@ void check_profile(const ServerProfile& p, std::vector<Check>& out) {
   ServerEndpoint ep;
   ep.url = p.url;
   ep.timeout_s = 10;
+  ep.stopped = interrupted;
   if (!p.api_key_file.empty()) {
     auto key = read_api_key_file(p.api_key_file);
     if (!key.ok()) {

@@ -53,6 +53,7 @@ json to_json(const MigrateSummary& s, bool dry_run) {
           {"bytes_after", s.bytes_after()},
           {"stale_temps_removed", s.stale_temps_removed},
           {"stale_temps_found", s.stale_temps_found},
+          {"stale_temp_names", s.stale_temp_names},
           {"plain_renames", s.plain_renames},
           {"seconds", s.seconds},
           {"interrupted", !s.interrupted.ok()},
@@ -84,9 +85,14 @@ std::string to_text(const MigrateSummary& s, bool dry_run) {
     out += std::to_string(n) + " of the converted files replaced their originals but their directory entries may not "
                                 "survive a crash (the directory's fsync failed; listed above)\n";
   }
-  if (s.stale_temps_removed) out += "removed " + std::to_string(s.stale_temps_removed) + " stale temporary files\n";
+  std::string names;
+  for (const std::string& n : s.stale_temp_names) names += (names.empty() ? "" : ", ") + quote_text(n);
+  if (s.stale_temps_removed)
+    out += "removed " + std::to_string(s.stale_temps_removed) + " stale temporary files (left by a kvsnap that was killed): " +
+           names + "\n";
   if (s.stale_temps_found)
-    out += "would remove " + std::to_string(s.stale_temps_found) + " stale temporary files (left by a kvsnap that was killed)\n";
+    out += "would remove " + std::to_string(s.stale_temps_found) + " stale temporary files (left by a kvsnap that was killed): " +
+           names + "\n";
   if (s.plain_renames) {
     out += "note: this file system cannot swap two names (NFS?), so the converted files replaced their originals "
            "by a plain rename: a server's save of a slot in the moment between kvsnap's last check and the rename "

@@ -47,6 +47,7 @@ Result<ServerTarget> server_target(const ServerOpts& o, const std::string& store
     return Status::InvalidArgument((o.server == t.endpoint.url ? "--server: " : "--server " + o.server + ": ") +
                                    u.status().message());
   }
+  t.endpoint.stopped = interrupted;  // Ctrl-C gives up a reply that drips
   t.slot = o.slot;
   t.keep_scratch = !o.no_scratch;
   if (!o.slot_dir.empty()) t.slot_dir = o.slot_dir;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <fstream>
 
 #include "base/json_access.h"
@@ -56,6 +57,10 @@ Status http_error(const std::string& prefix, long status, const std::string& bod
 }
 
 // What went wrong below HTTP, in words (cpp-httplib's own names are one word: "Read").
+// The largest reply kvsnap reads from llama-server: /slots and /tokenize of long prompts stay far
+// below it.
+constexpr size_t kMaxReplyBytes = size_t{64} << 20;
+
 std::string transport_error(httplib::Error e, const std::string& url, double timeout_s) {
   switch (e) {
     case httplib::Error::Connection: return "cannot connect (is llama-server running at " + url + "?)";
@@ -173,13 +178,51 @@ Result<LlamaServer::Response> LlamaServer::request(const std::string& method, co
                              {"Host", (v6 ? "[" + where.host + "]" : where.host) +
                                           (default_port ? "" : ":" + std::to_string(where.port))}};
     if (!ep_.api_key.empty()) headers.emplace("Authorization", "Bearer " + ep_.api_key);
-    const std::string target = where.base + path;
-    httplib::Result res = method == "POST" ? client->Post(target, headers, body, "application/json")
-                                           : client->Get(target, headers);
+    httplib::Request req;
+    req.method = method;
+    req.path = where.base + path;
+    req.headers = std::move(headers);
+    if (method == "POST") {
+      req.headers.emplace("Content-Type", "application/json");
+      req.body = body;
+    }
+    // The body kvsnap keeps: at most kMaxReplyBytes (/health and /props: 1 MiB), whole within
+    // body_timeout_s of its first byte (/health and /props: within 30 s of the request), given up
+    // when ep_.stopped says so. A server that drips its reply, or sends one without end, would
+    // otherwise hold the command (Ctrl-C included) or fill the memory.
+    const size_t cap = question ? (size_t{1} << 20) : kMaxReplyBytes;
+    const auto started = std::chrono::steady_clock::now();
+    std::optional<std::chrono::steady_clock::time_point> body_began;
+    enum class Cut { kNone, kTooLarge, kTooSlow, kStopped } cut = Cut::kNone;
+    std::string reply;
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      const auto now = std::chrono::steady_clock::now();
+      if (!body_began) body_began = now;
+      const double body_s = std::chrono::duration<double>(now - *body_began).count();
+      const double all_s = std::chrono::duration<double>(now - started).count();
+      if (reply.size() + n > cap) cut = Cut::kTooLarge;
+      else if (body_s > ep_.body_timeout_s || (question && all_s > kQuestionTimeoutS)) cut = Cut::kTooSlow;
+      else if (ep_.stopped && ep_.stopped()) cut = Cut::kStopped;
+      if (cut != Cut::kNone) return false;
+      reply.append(data, n);
+      return true;
+    };
+    httplib::Result res = client->send(req);
+    switch (cut) {
+      case Cut::kNone: break;
+      case Cut::kTooLarge:
+        return Status::IOError(prefix + ": the reply is larger than " + std::to_string(cap >> 20) +
+                               " MiB, which no llama-server answer is (is " + ep_.url + " llama-server?)");
+      case Cut::kTooSlow:
+        return Status::IOError(prefix + ": the reply did not arrive whole within " +
+                               std::to_string(int(std::ceil(question ? kQuestionTimeoutS : ep_.body_timeout_s))) +
+                               " s (is " + ep_.url + " llama-server?)");
+      case Cut::kStopped: return Status::Interrupted(prefix + ": stopped");
+    }
     if (!res) return Status::IOError(prefix + ": " + transport_error(res.error(), ep_.url, timeout));
     Response r;
     r.status = res->status;
-    r.body = std::move(res->body);
+    r.body = std::move(reply);
     return r;
   } catch (const std::bad_alloc&) {
     throw;
@@ -306,8 +349,10 @@ Result<SlotFileResult> parse_slot_file_reply(const std::string& body, const std:
   KV_ASSIGN_OR_RETURN(json j, parse_reply(body, doc));
   const JsonRef root(j, doc, Code::kMismatch);
   SlotFileResult r;
-  KV_ASSIGN_OR_RETURN(r.n_tokens, root.unsigned_or(restore ? "n_restored" : "n_saved", 0));
-  KV_ASSIGN_OR_RETURN(r.n_bytes, root.unsigned_or(restore ? "n_read" : "n_written", 0));
+  // Required: a reply without them (another JSON API on that port, a gateway's {"ok": true}) did
+  // not save or restore anything, whatever its status (a review's finding: "slot 0: 0 tokens", exit 0).
+  KV_ASSIGN_OR_RETURN(r.n_tokens, root.unsigned_at(restore ? "n_restored" : "n_saved"));
+  KV_ASSIGN_OR_RETURN(r.n_bytes, root.unsigned_at(restore ? "n_read" : "n_written"));
   KV_ASSIGN_OR_RETURN(std::optional<JsonRef> timings, root.find("timings"));
   if (timings && timings->json().is_object()) {
     KV_ASSIGN_OR_RETURN(r.ms, timings->number_or(restore ? "restore_ms" : "save_ms", 0.0));

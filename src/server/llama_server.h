@@ -13,7 +13,9 @@
 #pragma once
 
 #include <memory>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/json.h"
@@ -22,10 +24,19 @@
 namespace kvsnap {
 
 struct ServerEndpoint {
+  ServerEndpoint() = default;
+  ServerEndpoint(std::string u, std::string key, double timeout)
+      : url(std::move(u)), api_key(std::move(key)), timeout_s(timeout) {}
   std::string url;      // "http://127.0.0.1:8080" (a trailing slash is fine)
   std::string api_key;  // sent as "Authorization: Bearer KEY", as llama-server expects
   double timeout_s = 3600;  // per read or write of a request (llama-server answers a large slot's
                             // save or restore when done); 10 s to connect
+  // A reply's body, once it has begun, arrives whole within this (llama-server's are small JSON):
+  // a server that drips it is given up, whatever timeout_s says.
+  double body_timeout_s = 30;
+  // Asked while a reply's body arrives: true gives the request up (kInterrupted). The CLI's
+  // interrupted() (Ctrl-C, SIGTERM); empty: never.
+  std::function<bool()> stopped;
 };
 
 struct SlotState {

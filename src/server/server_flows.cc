@@ -330,6 +330,8 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   const auto t0 = Clock::now();
   LlamaServer srv(t.endpoint);
   KV_RETURN_IF_ERROR(check_slot_dir(io, t));
+  // Before the type probe has the server save into it (a review's finding: its files were left there).
+  KV_RETURN_IF_ERROR(check_slot_dir_writable(io, t));
   // What the snapshot alone decides comes before anything is asked of the server: a snapshot that
   // is not there, an mlx-lm one (the store would refuse the llama.cpp types this flow fills in,
   // naming flags never given), a sealed one the key cannot open, a plain one under a key, one
@@ -452,6 +454,12 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   }
   r.phases.server = ms_since(lap);
   SlotFileResult restored = *restored_or;
+  if (restored.n_tokens != r.restore.n_tokens) {
+    return Status::Mismatch(srv.url() + " restored " + std::to_string(restored.n_tokens) + " tokens into slot " +
+                            std::to_string(t.slot) + " from " + file.path + ", which holds " +
+                            std::to_string(r.restore.n_tokens) + ": is it the llama-server whose --slot-save-path is " +
+                            t.slot_dir + "?");
+  }
   r.n_restored = restored.n_tokens;
   r.server_ms = restored.ms;
   if (check) {

@@ -93,8 +93,10 @@ bool dead_enough(const std::string& pack, const PackUsage& use, uint64_t size, i
     return false;
   }
   if (use.live_bytes >= size) return false;
-  // dead / size >= percent / 100, in integers (sizes are far below 2^57).
-  return (size - use.live_bytes) * 100 >= size * static_cast<uint64_t>(percent);
+  // dead / size >= percent / 100, in 128-bit integers: a size is what storage lists, which an
+  // object store could give as anything up to 2^64 - 1.
+  using Wide = unsigned __int128;
+  return Wide(size - use.live_bytes) * 100 >= Wide(size) * static_cast<uint64_t>(percent);
 }
 
 // Packs in a row whose own compaction failed before compaction takes it for storage trouble.

@@ -655,6 +655,8 @@ TEST(MigrateDir, TemporariesAreReportedStaleOrStillInUse) {
     ASSERT_TRUE(sum.ok()) << sum.status().ToString();
     EXPECT_EQ(sum->stale_temps_found, dry ? 1u : 0u);
     EXPECT_EQ(sum->stale_temps_removed, dry ? 0u : 1u);
+    // By name (a review's finding: a file someone named so went with only a count said).
+    EXPECT_EQ(sum->stale_temp_names, std::vector<std::string>{"kvsnap-save.kvsnap-tmp-999999999-77.bin"});
     EXPECT_EQ(fs::exists(dir / "kvsnap-save.kvsnap-tmp-999999999-77.bin"), dry);
     for (const std::string& name : {live, writing}) {
       ASSERT_TRUE(fs::exists(dir / name)) << name << ": another kvsnap's temporary removed";

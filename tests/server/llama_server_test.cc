@@ -107,6 +107,24 @@ class ServerExchange : public ::testing::Test {
       std::this_thread::sleep_for(std::chrono::milliseconds(1500));
       res.set_content("{}", "application/json");
     });
+    // Not llama-server: a JSON API that answers anything with {"ok": true}, one whose health is
+    // 2 MiB long, one that drips its answer a byte every 100 ms (a review's findings).
+    server_.Post("/other/slots/0", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(R"({"ok":true})", "application/json");
+    });
+    server_.Get("/big/health", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(std::string(size_t{2} << 20, ' ') + "{}", "application/json");
+    });
+    server_.Post("/drip/slots/0", [](const httplib::Request&, httplib::Response& res) {
+      res.set_chunked_content_provider("application/json", [](size_t offset, httplib::DataSink& sink) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (offset >= 100) {
+          sink.done();
+          return true;
+        }
+        return sink.write(" ", 1);
+      });
+    });
     port_ = test::serve_on_free_port(server_, thread_, host_);
     ASSERT_GT(port_, 0);
   }
@@ -172,6 +190,38 @@ TEST_F(ServerExchange, ASlowAnswerPastTheTimeoutIsAnIoError) {
   EXPECT_EQ(props.status().code(), Code::kIOError);
   EXPECT_NE(props.status().message().find("reading /props: no complete answer"), std::string::npos)
       << props.status().message();
+}
+
+// A reply without n_restored / n_read restored nothing, whatever its status (it was "0 tokens", exit 0).
+TEST_F(ServerExchange, AReplyThatIsNotASlotActionsIsRefused) {
+  const std::string base = "http://127.0.0.1:" + std::to_string(port_);
+  LlamaServer other({base + "/other", "", 10});
+  auto r = other.restore_slot(0, "x.bin");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kMismatch) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("n_restored"), std::string::npos) << r.status().ToString();
+  EXPECT_EQ(other.save_slot(0, "x.bin").status().code(), Code::kMismatch);
+}
+
+// A reply too large for any llama-server answer, or dripped past its time, is given up; so is one
+// the caller says to stop (Ctrl-C).
+TEST_F(ServerExchange, AHugeOrDrippingReplyIsGivenUp) {
+  const std::string base = "http://127.0.0.1:" + std::to_string(port_);
+  LlamaServer big({base + "/big", "", 10});
+  Status s = big.health();
+  EXPECT_EQ(s.code(), Code::kIOError) << s.ToString();
+  EXPECT_NE(s.message().find("the reply is larger than 1 MiB"), std::string::npos) << s.ToString();
+  ServerEndpoint drip{base + "/drip", "", 10};
+  drip.body_timeout_s = 0.5;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = LlamaServer(drip).restore_slot(0, "x.bin");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kIOError) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("did not arrive whole within 1 s"), std::string::npos) << r.status().ToString();
+  ServerEndpoint stop{base + "/drip", "", 10};
+  stop.stopped = [] { return true; };
+  EXPECT_EQ(LlamaServer(stop).restore_slot(0, "x.bin").status().code(), Code::kInterrupted);
 }
 
 TEST(ServerConnection, NoServerIsAnIoErrorThatSaysSo) {
