@@ -381,6 +381,12 @@ Status decode_info(std::span<const std::byte> payload, const std::string& name, 
   KV_ASSIGN_OR_RETURN(std::optional<OrderedJsonRef> chunking, info.find("chunking"));
   if (chunking) {
     KV_ASSIGN_OR_RETURN(m.cells_per_chunk, u32_or0(*chunking, "cells_per_chunk"));
+    // What a save takes (check_options): a re-save of the original (an import under other keys,
+    // export --decrypt) uses it, and must not fail halfway through an import on it.
+    if (m.cells_per_chunk == 0 || m.cells_per_chunk > (1u << 24)) {
+      return Status::Corruption(name + ": INFO's chunking.cells_per_chunk " + std::to_string(m.cells_per_chunk) +
+                                " is out of range (1..16777216)");
+    }
   }
   KV_ASSIGN_OR_RETURN(std::optional<OrderedJsonRef> lossy, info.find("lossy"));
   m.lossy = lossy.has_value();

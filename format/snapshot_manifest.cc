@@ -9,6 +9,7 @@
 #include "base/json_access.h"
 #include "format/cursor.h"
 #include "format/ggml_types.h"
+#include "format/llama_state_internal.h"
 #include "format/rotation_rule.h"
 #include "format/snapshot.h"
 #include "format/snapshot_internal.h"
@@ -353,8 +354,16 @@ Status encode_manifest(SnapshotManifest& m) {
 
 namespace {
 
+// Cells a CELL table may hold in all: a stream's bound in a llama.cpp file (kMaxCellsPerStream, above
+// any context llama.cpp runs), twice for an iSWA model's two caches. Each 8-byte cell becomes a
+// CellMeta of ~36 bytes: without a bound a 1 GiB table of zeros, a 1.7 MB archive, held 9 GB
+// (a review's finding); with it, at most ~1.2 GB whatever the file claims.
+using llama_state_detail::kMaxCellsPerStream;
+constexpr uint64_t kMaxSnapshotCells = uint64_t{2} * kMaxCellsPerStream;
+
 Status decode_cells(std::span<const std::byte> payload, const std::string& name, SnapshotManifest& m) {
   SpanReader r(payload, name + ": CELL section");
+  uint64_t total = 0;
   uint32_t n_sec = 0;
   KV_RETURN_IF_ERROR(r.u32(n_sec, "section count"));
   KV_RETURN_IF_ERROR(r.check_count(n_sec, 8, "KV sections"));
@@ -371,7 +380,14 @@ Status decode_cells(std::span<const std::byte> payload, const std::string& name,
     for (auto& st : sec.streams) {
       uint32_t n = 0;
       KV_RETURN_IF_ERROR(r.u32(n, "cell count"));
-      KV_RETURN_IF_ERROR(r.check_count(n, 8 + sec.ext_bytes, "cells"));
+      KV_RETURN_IF_ERROR(r.check_count(n, 8 + sec.ext_bytes, "cells"));  // a count past the bytes: damaged
+      total += n;
+      if (n > kMaxCellsPerStream || total > kMaxSnapshotCells) {
+        return Status::NotSupported(name + ": CELL section: " + std::to_string(n) + " cells in a stream, " +
+                                    std::to_string(total) + " so far: over kvsnap's limit of " +
+                                    std::to_string(kMaxCellsPerStream) + " a stream and " +
+                                    std::to_string(kMaxSnapshotCells) + " a snapshot");
+      }
       st.resize(n);
       for (CellMeta& c : st) {
         uint32_t n_seq = 0;

@@ -18,7 +18,7 @@
 
 namespace kvsnap::test {
 
-enum class Data { kOutliers, kIid, kLowRankRandom };
+enum class Data { kOutliers, kIid, kLowRankRandom, kZero };  // kZero: every value 0 (compresses ~1000s:1)
 
 struct Spec {
   int32_t k_type = 8;  // q8_0
@@ -47,6 +47,7 @@ inline std::vector<float> natural_rows(const Spec& s, uint32_t layer, bool is_v,
   const uint32_t n = s.head_dim * s.n_head_kv;
   std::normal_distribution<float> g(0.0f, 1.0f);
   std::vector<float> x(size_t(s.cells) * n);
+  if (s.data == Data::kZero) return x;
   if (s.data == Data::kIid) {
     for (auto& v : x) v = g(rng);
     return x;

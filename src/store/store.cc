@@ -1038,7 +1038,7 @@ constexpr const char* kSealedMetadata = "sealed_metadata";  // an index entry's 
 Status write_plain_file(const StoredSnapshot& snap, ByteSink& out) {
   const SnapshotReader& r = snap.reader();
   SnapshotOptions so;
-  so.cells_per_chunk = r.manifest().cells_per_chunk;
+  so.cells_per_chunk = r.manifest().cells_per_chunk ? r.manifest().cells_per_chunk : kDefaultCellsPerChunk;
   so.zstd_level = SaveRequest{}.zstd_level;
   so.threads = default_threads();
   so.source_name = r.provenance().source;
@@ -1455,10 +1455,26 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
   for (const ExportIndexEntry& e : index)
     if (!received.count(e.file))
       return Status::Corruption(path + ": its index lists " + e.file + ", which the archive does not hold");
+  // What the checks below decode, the originals' bytes, is held to the archive's own bomb guard
+  // (ArchiveReadOptions: 1000 times the archive, and 64 MiB whatever its size) before any is
+  // decoded: a chunk blob of a few hundred bytes may claim 16 MiB, so a 1-KB archive claimed
+  // terabytes (a review's finding: 26 s of CPU for 968 bytes, ~50 minutes for 6.5 KB).
+  const ArchiveReadOptions guard;
+  auto archive_size = io_.stamp(path);
+  const double allowance = std::max(double(guard.ratio_floor_bytes),
+                                    guard.max_ratio * double(archive_size.ok() ? archive_size->size : 0));
+  double decoded = 0;
   // Every entry is checked before any is stored: a damaged one fails the import with nothing of
   // the archive in the store (its readers are opened again below, not kept: each holds a cache).
   for (const auto& [entry, tmp] : v.files) {
     KV_ASSIGN_OR_RETURN(Checked c, check_entry(entry, tmp));
+    decoded += double(c.reader->manifest().provenance.file_size);
+    if (decoded > allowance) {
+      return Status::NotSupported(path + ": " + entry + ": its snapshots hold " + std::to_string(uint64_t(decoded)) +
+                                  " bytes, over " + std::to_string(int(guard.max_ratio)) + " times the archive's " +
+                                  std::to_string(archive_size.ok() ? archive_size->size : 0) +
+                                  " (and over 64 MiB): refusing a likely decompression bomb");
+    }
     if (Status s = check_snapshot_labels(c.meta.name, c.meta.tags); !s.ok() || !(s = check_new_labels_text(c.meta.name, c.meta.tags)).ok())
       return Status::Corruption(path + ": " + entry + ": " + s.message());
     if (Status s = check_imported_fingerprint(c.meta.model_fingerprint); !s.ok())
@@ -1523,7 +1539,7 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
         req.model_fingerprint = meta->model_fingerprint;
         req.tags = meta->tags;
         req.source_name = m.provenance.source;
-        req.cells_per_chunk = m.cells_per_chunk;
+        if (m.cells_per_chunk) req.cells_per_chunk = m.cells_per_chunk;  // else the default (no chunking recorded)
         req.under_hold = hold.get();
         if (meta->name && !catalog_->resolve(*meta->name).ok()) req.name = *meta->name;
         else if (meta->name) name_taken = *meta->name;

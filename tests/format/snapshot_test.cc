@@ -966,6 +966,49 @@ TEST(SnapshotHostile, InfoBeyondItsLimitIsRefusedByTheWriterAndTheReader) {
       << refused.status().ToString();
 }
 
+// INFO's chunking.cells_per_chunk is what a re-save of the original takes (an import under other
+// keys, export --decrypt): out of a save's range it is refused when read, not halfway through an
+// import (a review's finding: exit 2 naming --cells-per-chunk, the snapshots before it stored).
+TEST(SnapshotHostile, CellsPerChunkOutOfASavesRangeIsRefused) {
+  auto s = store_snapshot();
+  for (const uint64_t bad : {uint64_t{0}, uint64_t{1} << 24 | 1}) {
+    SnapshotManifest m = s->m;
+    m.info["chunking"]["cells_per_chunk"] = bad;
+    Surgery x{s->m.bytes};
+    x.replace_payload(snapshot_detail::kTagInfo, json_text(m.info));
+    auto refused = open_snapshot(x.b, s->store);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_EQ(refused.status().code(), Code::kCorruption) << refused.status().ToString();
+    EXPECT_NE(refused.status().message().find("cells_per_chunk " + std::to_string(bad) + " is out of range"),
+              std::string::npos) << refused.status().ToString();
+  }
+}
+
+// A CELL table is held to llama.cpp's bound of a stream's cells (2^24) and twice that in all,
+// before anything is sized by it (a review's finding: a 1 GiB table of zeros held 9 GB).
+TEST(SnapshotHostile, CellCountsPastTheLimitAreRefusedBeforeAnythingIsSized) {
+  auto s = store_snapshot();
+  // One stream of 2^24 + 1 cells (8 zero bytes each: 128 MiB), whose bytes are all there. (The
+  // table's total is held the same way; a test of it would need 256 MiB.)
+  {
+    const uint32_t n = (1u << 24) + 1;
+    std::string table;
+    auto u32 = [&table](uint32_t v) { table.append(reinterpret_cast<const char*>(&v), 4); };
+    u32(1);  // one section
+    u32(0);  // no cell ext
+    u32(1);  // one stream
+    u32(n);
+    table.resize(table.size() + size_t(n) * 8);
+    Surgery x{s->m.bytes};
+    x.replace_payload(snapshot_detail::kTagCell, table);
+    auto refused = open_snapshot(x.b, s->store);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), Code::kNotSupported) << refused.status().ToString();
+    EXPECT_NE(refused.status().message().find("over kvsnap's limit of 16777216 a stream and 33554432 a snapshot"),
+              std::string::npos) << refused.status().ToString();
+  }
+}
+
 TEST(SnapshotHostile, UnknownOptionalSectionIsSkipped) {
   auto s = store_snapshot();
   Surgery x{s->m.bytes};

@@ -1607,6 +1607,37 @@ TEST(Store, AnEntryWithoutAUuidWhoseNameIsTakenIsNotedWithItsNewUuid) {
   EXPECT_EQ(r->skipped[0], "name 'n' is taken: imported " + uuid + " without it");
 }
 
+// What an import decodes is held to the archive's bomb guard (1000 times its size, 64 MiB whatever
+// its size) before any chunk is decoded: a chunk blob of a few hundred bytes may claim 16 MiB (a
+// review's finding: 968 bytes of archive took 26 s of CPU, 6.5 KB would have taken ~50 minutes).
+// Here a real snapshot of 96 MiB of zeros, exported into a few hundred KB: refused, nothing stored.
+TEST(Store, AnImportDecodesAtMostTheArchivesBombAllowance) {
+  TempStore a;
+  test::Spec zeros;
+  zeros.k_type = zeros.v_type = 1;  // f16
+  zeros.head_dim = 128;
+  zeros.n_head_kv = 8;
+  zeros.n_layer = 4;
+  zeros.cells = 6144;  // 16 KiB a cell: 96 MiB
+  zeros.data = test::Data::kZero;
+  auto p = test::parse_built(zeros, "zeros.slot");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  SaveRequest req;
+  req.name = "zeros";
+  ASSERT_TRUE(a.store->save(*p->file, p->state, req).ok());
+  const fs::path ex = a.root.parent_path() / ("export11-" + std::to_string(::getpid()) + ".tar.zst");
+  ASSERT_TRUE(a.store->export_to({"zeros"}, ex.string()).ok());
+  const uint64_t archive = fs::file_size(ex);
+  ASSERT_LT(archive * 1000, p->file->size()) << "the test needs an archive past the ratio";
+  TempStore b;
+  auto r = b.store->import_from(ex.string());
+  fs::remove(ex);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kNotSupported) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("refusing a likely decompression bomb"), std::string::npos) << r.status().ToString();
+  EXPECT_TRUE(b.store->catalog().list()->empty());
+}
+
 // On a full disk `rm` and `gc` need room for the catalog's WAL frames: the catalog keeps a room
 // reserve beside it (CatalogOptions::room_reserve_bytes, 16 MiB), made when the store opens with
 // room for it and given up before a write when the disk is nearly full. (The same on a real full
