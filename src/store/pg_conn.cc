@@ -238,6 +238,8 @@ std::vector<std::string> url_secrets(const std::string& url) {
   }
   const size_t written = out.size();
   for (size_t i = 0; i < written; ++i) out.push_back(percent_decoded(out[i]));
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());  // each once: a mask is not masked again
   return out;
 }
 
@@ -246,7 +248,8 @@ std::vector<std::string> url_secrets(const std::string& url) {
 std::string without_pg_secrets(std::string message, const std::string& url) {
   for (const std::string& secret : url_secrets(url)) {
     if (secret.empty()) continue;
-    for (size_t p; (p = message.find(secret)) != std::string::npos;) message.replace(p, secret.size(), "***");
+    // On past each mask: a password of '*'s (or "%2A", decoded) would otherwise match it for ever.
+    for (size_t p = 0; (p = message.find(secret, p)) != std::string::npos; p += 3) message.replace(p, secret.size(), "***");
   }
   return message;
 }

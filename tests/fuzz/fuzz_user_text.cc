@@ -6,12 +6,14 @@
 // back to, migrate/cross_engine.h), and a llama-server URL (--server, a profile's url:
 // split_server_url, src/server/llama_server.h). The first byte picks the parser, the rest is the text;
 // a first byte 0xff instead shows the text as listings and errors show outside text (shown_text,
-// quote_text: src/base/text.h).
+// quote_text: src/base/text.h). A first byte 0xfe takes the text as a PostgreSQL catalog URL's
+// password (redact_pg_url, without_pg_secrets: src/store/pg_conn.h): no message shows it.
 #include "base/text.h"
 #include "fuzz/fuzz_input.h"
 #include "migrate/cross_engine.h"
 #include "server/llama_server.h"
 #include "store/eviction.h"
+#include "store/pg_conn.h"
 #include "store/s3_client.h"
 #include "store/store_location.h"
 
@@ -43,6 +45,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (kvsnap::is_valid_utf8(text) && !kvsnap::has_terminal_controls(text) && text.find('\t') == std::string_view::npos &&
         shown != text)
       std::abort();  // text with nothing to escape is shown as it is
+    return 0;
+  }
+  if (data[0] == 0xfe) {
+    // Any password libpq takes in a URL's user part (a raw '@' or '/' is refused before any message
+    // is made with the URL but the redacted one): the redacted URL and libpq's messages lose it.
+    const std::string password(text);
+    const std::string url = "postgresql://kv:" + password + "@db.example:5432/kvsnap?sslmode=require";
+    const std::string redacted = kvsnap::redact_pg_url(url);
+    if (!password.empty() && password.find_first_of("@/") == std::string::npos) {
+      if (redacted != "postgresql://kv@db.example:5432/kvsnap?sslmode=require") std::abort();
+      // (a password of '*'s may be made again by the masks themselves; any other never shows)
+      const std::string said = kvsnap::without_pg_secrets("token \"" + password + "\" refused", url);
+      if (password.find('*') == std::string::npos && said.find(password) != std::string::npos) std::abort();
+    }
+    (void)kvsnap::without_pg_secrets(password, "postgresql://" + password + "@h/d?password=" + password);
     return 0;
   }
   switch (data[0] % 6) {

@@ -50,6 +50,9 @@ TEST(PgText, LibpqMessagesLoseThePassword) {
   EXPECT_EQ(without_pg_secrets("bad: a@b and a%40b", "postgresql://kv:a%40b@h/db"), "bad: *** and ***");
   EXPECT_EQ(without_pg_secrets("token \"Se%ZZ\"", "postgresql://kv@h/db?sslmode=require&password=Se%ZZ"), "token \"***\"");
   EXPECT_EQ(without_pg_secrets("no password here", "postgresql://kv@h/db"), "no password here");
+  // A password the mask holds ends (it matched the mask for ever).
+  EXPECT_EQ(without_pg_secrets("pw * here", "postgresql://kv:*@h/db"), "pw *** here");
+  EXPECT_EQ(without_pg_secrets("pw * here", "postgresql://kv:%2A@h/db"), "pw *** here");
 }
 
 }  // namespace
