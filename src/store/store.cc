@@ -1472,8 +1472,9 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     if (decoded > allowance) {
       return Status::NotSupported(path + ": " + entry + ": its snapshots hold " + std::to_string(uint64_t(decoded)) +
                                   " bytes, over " + std::to_string(int(guard.max_ratio)) + " times the archive's " +
-                                  std::to_string(archive_size.ok() ? archive_size->size : 0) +
-                                  " (and over 64 MiB): refusing a likely decompression bomb");
+                                  std::to_string(archive_size.ok() ? archive_size->size : 0) + " (and over " +
+                                  std::to_string(guard.ratio_floor_bytes >> 20) +
+                                  " MiB): refusing a likely decompression bomb");
     }
     if (Status s = check_snapshot_labels(c.meta.name, c.meta.tags); !s.ok() || !(s = check_new_labels_text(c.meta.name, c.meta.tags)).ok())
       return Status::Corruption(path + ": " + entry + ": " + s.message());

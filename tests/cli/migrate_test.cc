@@ -346,6 +346,18 @@ TEST(Migrate, RemovesWhatAKilledServerSaveLeftAndNothingOfALiveOne) {
   EXPECT_EQ(slurp(dir / live), slurp(fixture("v0.5.0/hd64-f16-f16-faon.slot")));
   EXPECT_EQ(slurp(dir / live_writing), slurp(fixture("v0.5.0/hd64-f16-f16-faon.slot"))) << "a live restore's file converted";
   EXPECT_NE(slurp(json).find("\"converted\": 1"), std::string::npos) << slurp(json);
+  // The removed ones by name (a file someone named like a temporary goes as one, and is said).
+  const auto j = nlohmann::json::parse(slurp(json), nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(j.contains("stale_temp_names")) << slurp(json);
+  EXPECT_EQ(j["stale_temp_names"].size(), 2u) << j["stale_temp_names"].dump();
+  EXPECT_NE(j["stale_temp_names"].dump().find(left), std::string::npos) << j["stale_temp_names"].dump();
+  // And in the summary a user reads.
+  const std::string named = "x.kvsnap-tmp-" + gone + "-5";
+  fs::copy_file(fixture("v0.5.0/hd64-f16-f16-faon.slot"), dir / named);
+  const std::string text = (t.path / "out.txt").string();
+  ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " --ctk f32 --ctv f32 >" + text), 0);
+  EXPECT_NE(slurp(text).find("removed 1 stale temporary files (left by a kvsnap that was killed): '" + named + "'"),
+            std::string::npos) << slurp(text);
 }
 
 TEST(Migrate, BackupStoreKeepsEveryOriginal) {

@@ -116,6 +116,40 @@ class StoreCli : public ::testing::Test {
 
 // kill -9 at random moments of `kvsnap save`: the store never shows a half
 // snapshot, verify passes, gc reclaims the orphans, every listed snapshot restores.
+
+// An import holds what it will decode to the archive's bomb guard before decoding anything: a
+// 96 MiB slot of zeros exports into a few hundred KB, and that archive is refused (exit 4), nothing
+// stored, the message saying why (the limit a review's 968-byte archive decoding 16 GiB twice met).
+TEST_F(StoreCli, AnImportOfSnapshotsFarLargerThanTheirArchiveIsRefused) {
+  const fs::path zeros = dir_ / "zeros.slot";
+  {
+    std::ofstream f(zeros, std::ios::binary);
+    auto u32 = [&](uint32_t v) { f.write(reinterpret_cast<const char*>(&v), 4); };
+    auto u64 = [&](uint64_t v) { f.write(reinterpret_cast<const char*>(&v), 8); };
+    const uint32_t cells = 6144, n_layer = 4, n_embd = 1024;  // 16 KiB a cell: 96 MiB
+    u32(0x67677371); u32(3); u32(cells);
+    for (uint32_t c = 0; c < cells; ++c) u32(1 + c % 1000);
+    u32(1); u32(cells);
+    for (uint32_t c = 0; c < cells; ++c) { u32(c); u32(1); u32(0); }
+    u32(0); u32(n_layer);
+    const std::vector<char> rows(size_t(cells) * n_embd * 2, 0);
+    for (int side = 0; side < 2; ++side)
+      for (uint32_t l = 0; l < n_layer; ++l) {
+        u32(1); u64(uint64_t(n_embd) * 2);
+        f.write(rows.data(), std::streamsize(rows.size()));
+      }
+  }
+  ASSERT_EQ(kv("save " + zeros.string() + " --name zeros").code, 0);
+  const std::string archive = (dir_ / "zeros.tar.zst").string(), other = (dir_ / "other").string();
+  ASSERT_EQ(kv("export zeros -o " + archive).code, 0);
+  ASSERT_LT(fs::file_size(archive) * 1000, fs::file_size(zeros)) << "the test needs an archive past the ratio";
+  KvRun imp = bare("import " + archive + " --store " + other);
+  EXPECT_EQ(imp.code, 4) << imp.err;
+  EXPECT_NE(imp.err.find("over 1000 times the archive's"), std::string::npos) << imp.err;
+  EXPECT_NE(imp.err.find("refusing a likely decompression bomb"), std::string::npos) << imp.err;
+  EXPECT_EQ(bare("ls --json --store " + other).out.find("\"uuid\""), std::string::npos);
+}
+
 TEST_F(StoreCli, SaveKilledAtRandomMomentsLeavesAConsistentStore) {
   const fs::path slot = make_slot("big.slot", 8, 512, 2048, 1);  // 32 MiB
   // The store exists before the first kill (ls and verify below need one; a kill before a save
