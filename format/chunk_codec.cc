@@ -424,6 +424,10 @@ Status ChunkDecoder::collect_runs(std::span<const std::byte> payload, const Blob
     return Status::OK();
   }
   while (!payload.empty()) {
+    // A skippable frame decodes to nothing and would carry up to 64 KiB of bytes no check sees
+    // (stored_size's slack); no writer makes one.
+    if (payload.size() >= 4 && (load_le<uint32_t>(payload.data()) & 0xFFFFFFF0u) == 0x184D2A50u)
+      return Status::Corruption("chunk blob: a skippable zstd frame (kvsnap writes none)");
     const size_t fsize = ZSTD_findFrameCompressedSize(payload.data(), payload.size());
     if (ZSTD_isError(fsize)) return Status::Corruption(std::string("chunk blob: zstd: ") + ZSTD_getErrorName(fsize));
     const std::span<const std::byte> frame = payload.first(fsize);

@@ -541,6 +541,15 @@ Status decode_chunks(std::span<const std::byte> payload, const std::string& name
     KV_RETURN_IF_ERROR(r.u8(filter, "filter"));
     KV_RETURN_IF_ERROR(r.u16(c.elem_size, "element size"));
     KV_RETURN_IF_ERROR(r.u32(res, "reserved"));
+    // Canonical as encode_chunks writes it (the blob header's own values): the record describes
+    // the blob the writer made, so anything a blob header could not say is damage, not a variant.
+    if (res != 0 || codec > uint8_t(ChunkCodec::kZstd) || filter > uint8_t(ChunkFilter::kShuffle) ||
+        (filter == uint8_t(ChunkFilter::kNone) ? c.elem_size != 0
+                                              : c.elem_size < 2 || c.elem_size > kMaxShuffleElem)) {
+      return r.corrupt("chunk " + std::to_string(i) + ": codec " + std::to_string(codec) + ", filter " +
+                       std::to_string(filter) + ", element size " + std::to_string(c.elem_size) + ", reserved " +
+                       std::to_string(res) + " is not a record a writer makes");
+    }
     c.codec = ChunkCodec(codec);
     c.filter = ChunkFilter(filter);
   }

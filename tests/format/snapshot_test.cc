@@ -1157,6 +1157,34 @@ TEST(SnapshotHostile, AWrongXxhFailsTheChunksRead) {
   EXPECT_FALSE((*r)->verify_chunks().ok());
 }
 
+// A CHNK record is canonical (as encode_chunks writes it from the blob header): a reserved field,
+// codec or filter no writer makes, or an element size that does not go with its filter, is damage
+// (a review's finding: they were accepted, so one original had several manifests).
+TEST(SnapshotHostile, ChunkRecordsNoWriterMakesAreRefused) {
+  auto s = store_snapshot();
+  ASSERT_EQ(s->m.chunks[0].filter, ChunkFilter::kNone);
+  const struct {
+    size_t offset;  // in the 56-byte record
+    int width;
+    uint32_t value;
+    const char* what;
+  } cases[] = {{52, 4, 1, "reserved 1"},     {48, 1, 2, "codec 2"},          {49, 1, 2, "filter 2"},
+               {50, 2, 2, "element size 2"}, {49, 1, 1, "element size 0"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    Surgery x{s->m.bytes};
+    const size_t at = x.payload_of(snapshot_detail::kTagChnk);
+    ASSERT_NE(at, 0u);
+    std::memcpy(x.b.data() + at + 8 + c.offset, &c.value, size_t(c.width));
+    x.reseal();
+    auto refused = open_snapshot(x.b, s->store);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), Code::kCorruption) << refused.status().ToString();
+    EXPECT_NE(refused.status().message().find(c.what), std::string::npos) << refused.status().ToString();
+    EXPECT_NE(refused.status().message().find("is not a record a writer makes"), std::string::npos);
+  }
+}
+
 // CHKX of an algorithm this kvsnap does not know is skipped (the chunks have no digest); one of
 // the wrong length is refused.
 TEST(SnapshotHostile, ChkxOfAnotherAlgorithmIsSkippedAndOfAWrongLengthRefused) {
