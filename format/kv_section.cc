@@ -103,7 +103,11 @@ Status read_v_layers(Cursor& c, const KvSectionShape* shape, size_t si, size_t n
 Status parse_kv_stream(Cursor& c, const Reading& r, const KvSectionShape* shape, size_t si, size_t n_sections,
                        size_t stream_index, KvStream& st) {
   KV_ASSIGN_OR_RETURN(st.cell_count, c.u32("stream cell count"));
-  if (st.cell_count == 0) return Status::OK();
+  // From b6122 (the n_stream prefix) an empty stream is its count alone. Before it, llama.cpp
+  // (b3543's write_kv_cache, b5640's state_write) wrote v_trans, the layer count and every layer's
+  // header after no cells, and read them back (a review's finding: such files were refused; kvsnap's
+  // own writer wrote the count alone, which those builds cannot load).
+  if (st.cell_count == 0 && r.stream_prefix) return Status::OK();
   KV_RETURN_IF_ERROR(parse_cells(c, st.cell_count, r.ext_bytes, st.cells));
 
   uint64_t at = c.offset();

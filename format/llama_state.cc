@@ -33,7 +33,10 @@ constexpr uint32_t kMaxRngText = 1u << 16;
 Status parse_recurrent(Cursor& c, RecurrentSection& rec, const MemoryShape* shape) {
   rec.range = {c.offset(), c.remaining()};
   KV_ASSIGN_OR_RETURN(rec.cell_count, c.u32("recurrent cell count"));
-  if (rec.cell_count == 0 && c.at_end()) {  // a section cut after its count (kvsnap's writers' old habit)
+  // A section cut after its count (kvsnap's writers' old habit): only where the model says the
+  // memory has a recurrent part. Without it, four zero bytes after a plain state are trailing bytes,
+  // not an empty recurrent state (a review's finding: read as one, exit 0).
+  if (rec.cell_count == 0 && c.at_end() && shape && shape->recurrent_known && shape->has_recurrent) {
     rec.understood = true;
     return Status::OK();
   }
@@ -138,7 +141,9 @@ std::vector<Reading> candidate_readings(uint32_t era, const MemoryShape* shape, 
     exts = {*shape->ext_bytes};
     if (tagged_raw && *shape->ext_bytes == 12) exts.push_back(8);
   } else if (era >= 3) {
-    exts = {0, 12, 8};
+    // ggsq v3 / ggsn v10 (b10645 on) carry {x, y, tok} or nothing; 8 bytes only in a tagged raw
+    // buffer (a review's finding: a v3 file of 8-byte cells read as era H, which no build loads).
+    exts = tagged_raw ? std::vector<uint32_t>{0, 12, 8} : std::vector<uint32_t>{0, 12};
   }
   std::vector<std::pair<int, bool>> layouts;
   if (shape && shape->kv_sections_known && shape->recurrent_known) {
@@ -182,8 +187,8 @@ struct FirstKv {
   KvSection sec;
 };
 
-const FirstKv& first_kv_section(const ReadableFile& file, uint64_t begin, const Reading& r, const MemoryShape* shape,
-                                std::vector<FirstKv>& firsts) {
+FirstKv& first_kv_section(const ReadableFile& file, uint64_t begin, const Reading& r, const MemoryShape* shape,
+                          std::vector<FirstKv>& firsts) {
   auto it = std::find_if(firsts.begin(), firsts.end(),
                          [&](const FirstKv& f) { return f.prefix == r.stream_prefix && f.ext == r.ext_bytes; });
   if (it != firsts.end()) return *it;
@@ -197,20 +202,23 @@ const FirstKv& first_kv_section(const ReadableFile& file, uint64_t begin, const 
   return firsts.back();
 }
 
-// Reads the memory section at `begin` the way reading r says.
+// Reads the memory section at `begin` the way reading r says. `last_of_pair`: no later reading
+// shares r's stream prefix and cell ext (candidate_readings lists them together), so the parsed first
+// KV section is moved into this attempt instead of copied: a hostile file of millions of cells held
+// one copy of its cell list per reading (a review's finding: 21 times the file's size in memory).
 Attempt attempt_reading(const ReadableFile& file, uint64_t begin, const Reading& r, const MemoryShape* shape,
-                        std::vector<FirstKv>& firsts) {
+                        std::vector<FirstKv>& firsts, bool last_of_pair) {
   Attempt a{r, Status::OK(), 0, {}};
   a.mem.range.offset = begin;
   uint64_t resume = begin;
   if (r.n_kv > 0) {
-    const FirstKv& first = first_kv_section(file, begin, r, shape, firsts);
+    FirstKv& first = first_kv_section(file, begin, r, shape, firsts);
     if (!first.status.ok()) {
       a.status = first.status;
       a.reached = first.reached;
       return a;
     }
-    a.mem.kv.push_back(first.sec);
+    a.mem.kv.push_back(last_of_pair ? std::move(first.sec) : first.sec);
     a.past_first_kv = true;
     resume = first.reached;
   }
@@ -288,9 +296,16 @@ Status read_memory(const ReadableFile& file, uint64_t begin, uint32_t era, const
   std::vector<Attempt> ok;
   FailurePicker failures;
   std::vector<FirstKv> firsts;
-  for (const Reading& r : readings) {
-    Attempt a = attempt_reading(file, begin, r, shape, firsts);
+  for (size_t i = 0; i < readings.size(); ++i) {
+    const Reading& r = readings[i];
+    const bool last_of_pair = i + 1 == readings.size() || readings[i + 1].stream_prefix != r.stream_prefix ||
+                              readings[i + 1].ext_bytes != r.ext_bytes;
+    Attempt a = attempt_reading(file, begin, r, shape, firsts, last_of_pair);
+    if (last_of_pair) {
+      std::erase_if(firsts, [&](const FirstKv& f) { return f.prefix == r.stream_prefix && f.ext == r.ext_bytes; });
+    }
     if (!a.status.ok()) {
+      a.mem = {};  // only its status and how far it read are shown
       failures.consider(std::move(a));
     } else if (std::none_of(ok.begin(), ok.end(), [&](const Attempt& o) { return same_reading(a, o); })) {
       ok.push_back(std::move(a));

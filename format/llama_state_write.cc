@@ -69,7 +69,12 @@ Status write_kv_section(const StateFile& file, size_t si, TensorSource& tensors,
   for (size_t s = 0; s < sec.streams.size(); ++s) {
     const KvStream& st = sec.streams[s];
     KV_RETURN_IF_ERROR(write_u32(out, st.cell_count));
-    if (st.cell_count == 0) continue;
+    // Without the prefix (b3543..b5869) an empty stream still has its layers' headers (parse_kv_stream).
+    if (st.cell_count == 0 && sec.stream_prefix) continue;
+    if (st.cell_count == 0 && st.layers.empty()) {
+      return Status::NotSupported("writer: an empty KV cache in a layout before b6122 needs its layers' types and row "
+                                  "sizes, which the input does not hold; write it in the current format");
+    }
     if (st.cells.size() != st.cell_count) return Status::InvalidArgument("writer: cell list does not match cell_count");
     std::vector<std::byte> meta;
     for (const CellMeta& m : st.cells) {
@@ -138,9 +143,19 @@ Status write_seq_v1(const StateFile& file, TensorSource& tensors, ByteSink& out)
   return Status::OK();
 }
 
+// u32 length, then the bytes.
+Status write_text(const std::string& text, ByteSink& out) {
+  KV_RETURN_IF_ERROR(write_u32(out, uint32_t(text.size())));
+  return out.append(text.data(), text.size());
+}
+
 Status write_arch(const std::string& arch, ByteSink& out) {
-  KV_RETURN_IF_ERROR(write_u32(out, uint32_t(arch.size())));
-  return out.append(arch.data(), arch.size());
+  // llama.cpp refuses a session of another arch ("wrong model arch"), an empty one too, and so does
+  // kvsnap's reader (1..256 bytes): a state read without its arch (a v6 session's shape from a
+  // snapshot) is not written into a layout that records one.
+  if (arch.empty() || arch.size() > 256)
+    return Status::InvalidArgument("writer: the output records the model's arch, and the input names none; give {--model GGUF}");
+  return write_text(arch, out);
 }
 
 }  // namespace
@@ -238,7 +253,7 @@ Status write_state(const StateFile& file, TensorSource& tensors, const ReadableF
         if (file.rng.empty() || !file.outputs) {
           return Status::InvalidArgument("writer: a ggsn v8 session needs its RNG state and an outputs block");
         }
-        KV_RETURN_IF_ERROR(write_arch(file.rng, out));  // same u32 length + bytes framing
+        KV_RETURN_IF_ERROR(write_text(file.rng, out));
       } else if (!file.rng.empty()) {
         return Status::InvalidArgument("writer: only ggsn v8 sessions hold an RNG state");
       }

@@ -962,7 +962,8 @@ Result<StateFile> plan_target(const StateFile& given, const ConvertRequest& req)
   if (req.v_type && !vt) return Status::InvalidArgument("unknown V type " + type_name(*req.v_type));
   for (size_t si = 0; si < t.memory.kv.size(); ++si) {
     for (auto& st : t.memory.kv[si].streams) {
-      if (st.cell_count == 0) continue;
+      // An empty stream has layers only in the layouts before b6122 (their headers): typed like the rest.
+      if (st.cell_count == 0 && st.layers.empty()) continue;
       const uint32_t src_trans = st.v_trans;
       if (req.flash_attn) st.v_trans = *req.flash_attn ? 0 : 1;
       for (size_t il = 0; il < st.layers.size(); ++il) {

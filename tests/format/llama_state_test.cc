@@ -102,6 +102,10 @@ std::vector<Layout> layouts() {
   s = {}; s.version = 2; v.push_back({"ggsq2_b8121", s});
   s = {}; s.version = 2; s.stream_prefix = false; v.push_back({"ggsq2_b5640", s});
   s = {}; s.version = 2; s.stream_prefix = false; s.v_trans = 1; v.push_back({"ggsq2_b5640_vtrans", s});
+  // Empty, as b5640 writes it: the layers' headers after no cells (a review's finding: refused).
+  s = {}; s.version = 2; s.stream_prefix = false; s.cells = 0; v.push_back({"ggsq2_b5640_empty", s});
+  s = {}; s.kind = SynthSpec::kSession; s.version = 8; s.stream_prefix = false; s.cells = 0; s.v_trans = 1;
+  v.push_back({"ggsn8_b3543_empty", s});
   s = {}; s.kind = SynthSpec::kSession; s.version = 10; s.n_streams = 3; s.n_seq_per_cell = 2;
   v.push_back({"ggsn10_streams", s});
   s = {}; s.kind = SynthSpec::kSession; s.version = 9; v.push_back({"ggsn9_b8121", s});
@@ -415,6 +419,43 @@ TEST(HostileInput, TrailingBytes) {
   auto b = build_state({});
   b.resize(b.size() + 3);
   expect_error(b, Code::kCorruption, "");
+}
+
+// A review's finding: without a model, four zero bytes after a plain state were read as an empty
+// recurrent state cut after its count (exit 0; llama.cpp writes an empty one whole). They are
+// trailing bytes (no layout reads them), and the message says the model would tell.
+TEST(HostileInput, FourZeroBytesAfterAPlainStateAreNotARecurrentState) {
+  auto b = build_state({});
+  b.resize(b.size() + 4);
+  expect_error(b, Code::kCorruption, "cannot read the memory section");
+}
+
+// A review's finding: a ggsq v3 file of 8-byte cell extras (which no build writes or loads: v3
+// carries 12 or none) was read as era H, exit 0. Only a tagged raw buffer may have them.
+TEST(HostileInput, AV3StateWithEightByteCellExtrasIsRefused) {
+  SynthSpec s;
+  s.ext_bytes = 8;
+  expect_error(build_state(s), Code::kCorruption, "");
+  s.ext_bytes = 12;
+  EXPECT_TRUE(parse_bytes(build_state(s)).ok());
+}
+
+// A review's finding: a session read without its arch (a v6 session's shape from a snapshot) was
+// written with an arch of length 0, which llama.cpp and kvsnap's reader refuse.
+TEST(Writer, ASessionWithoutItsArchIsNotWritten) {
+  SynthSpec spec;
+  spec.kind = SynthSpec::kSession;
+  spec.version = 10;
+  const auto bytes = build_state(spec);
+  MemoryFile in("in.bin", std::span<const std::byte>(bytes));
+  auto st = parse_state(in, {});
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  st->arch.clear();
+  CopyTensorSource tensors(in);
+  VectorSink out;
+  const Status w = write_state(*st, tensors, in, out);
+  EXPECT_EQ(w.code(), Code::kInvalidArgument) << w.ToString();
+  EXPECT_NE(w.message().find("the input names none"), std::string::npos) << w.ToString();
 }
 
 TEST(HostileInput, TooShortForAHeader) {

@@ -76,7 +76,7 @@ inline void synth_kv_section(const SynthSpec& s, ByteBuilder& w, std::mt19937& r
   if (s.stream_prefix) w.u32(s.n_streams);
   for (uint32_t st = 0; st < (s.stream_prefix ? s.n_streams : 1); ++st) {
     w.u32(s.cells);
-    if (s.cells == 0) continue;
+    if (s.cells == 0 && s.stream_prefix) continue;  // before the prefix, an empty stream has its headers
     for (uint32_t c = 0; c < s.cells; ++c) {
       w.i32(int32_t(c));
       w.u32(s.n_seq_per_cell);
