@@ -571,7 +571,8 @@ Status read_magic_and_version(Cursor& c, const std::string& name, uint32_t& vers
       const char ch = static_cast<char>(b);
       shown += (ch >= 0x20 && ch < 0x7f) ? ch : '?';
     }
-    return c.corrupt(0, "not a GGUF file: magic '" + shown + "', expected 'GGUF'");
+    // Another kind of file, as a state file of unknown magic is: not supported (exit 4), not damage.
+    return Status::NotSupported(name + ": offset 0: not a GGUF file: magic '" + shown + "', expected 'GGUF'");
   }
   KV_ASSIGN_OR_RETURN(version, c.u32("GGUF version"));
   if (version == 0) return c.corrupt(4, "bad GGUF version 0");

@@ -96,6 +96,13 @@ std::string command_name(const std::string& command) {
   }
   if (i > words.size()) i = words.size();
   if (i == words.size()) return words.empty() ? "key command ''" : "key command (its words not shown)";
+  // The split above is on blanks, not sh's words: a quote, escape or expansion up to the program
+  // may put part of a secret where the program seems to be (`AUTH="Bearer hvs.x" curl ...` gives
+  // `hvs.x"`: a review's finding), so then nothing is shown.
+  for (size_t w = 0; w <= i; ++w) {
+    if (words[w].find_first_of("\"'\\`$(){};|&<>*?[]~#") != std::string_view::npos)
+      return "key command (its words not shown)";
+  }
   const bool more = i + 1 < words.size() || i > 0;
   return "key command " + quote_text(std::string(words[i])) + (more ? " (its arguments not shown)" : "");
 }

@@ -32,7 +32,9 @@ using json = nlohmann::ordered_json;
 
 // Refuses an OUT that the output's rename would destroy rather than write: one of the command's
 // inputs (IN, --model, --tokens: same inode), or a file that is not a regular one (a directory,
-// a named pipe, a device), which the rename would replace by a regular file.
+// a named pipe, a device), which the rename would replace by a regular file; and any other
+// existing file without --force, as restore and export do (a review's finding: convert replaced
+// whatever OUT named, a store's catalog included).
 Status check_output(const ConvertOptions& o) {
   const std::string& out = o.out;
   KV_RETURN_IF_ERROR(refuse_irregular_output(out, "kvsnap convert"));
@@ -44,6 +46,7 @@ Status check_output(const ConvertOptions& o) {
     if (!path->empty() && ::stat(path->c_str(), &a) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
       return Status::InvalidArgument(out + ": is " + what + "; kvsnap never writes over its input");
   }
+  if (!o.force) return Status::InvalidArgument(out + " exists; pass --force to replace it");
   return Status::OK();
 }
 
@@ -169,7 +172,7 @@ void setup_convert(CLI::App& app, int& exit_status) {
       "mlx-lm prompt cache to other --kv-bits/--kv-group-size and/or the file layout of another mlx-lm release "
       "(--mlx-lm); or move a session between llama.cpp and mlx-lm (--to mlx|llama)");
   sub->add_option("in", o->in, "input state file (ggsq slot file, ggsn session file, raw buffer, or mlx-lm prompt cache)")->required();
-  sub->add_option("out", o->out, "output file; written atomically, never over the input")->required();
+  sub->add_option("out", o->out, "output file; written atomically, never over the input; an existing one only with --force")->required();
   sub->add_option("--ctk", o->ctk, "target K type: " + kv_cache_type_names() + " (default: keep)");
   sub->add_option("--ctv", o->ctv, "target V type (default: keep)");
   sub->add_option("--model,-m", o->model,
@@ -230,6 +233,7 @@ void setup_convert(CLI::App& app, int& exit_status) {
   sub->add_option("--mlx-dtype", o->mlx_dtype,
                   "--to mlx: f16|bf16|f32 float type of the KVCache (default: the float type the file's K and V "
                   "share; f16 for a quantized cache, f32 when K and V differ)");
+  sub->add_flag("--force", o->force, "replace OUT if it exists (never one of the inputs)");
   sub->add_flag("--report", o->report, "per layer and side: RMSE, max |error| and SNR of the conversion");
   sub->add_flag("--json", o->json, "machine-readable summary including the per-layer report");
   add_progress_flags(sub, o->progress);

@@ -12,6 +12,11 @@
 namespace kvsnap::cli {
 namespace {
 
+// --limit N: a negative N was taken as "no limit" (a review's finding).
+const CLI::Validator non_negative_limit(
+    [](const std::string& v) { return !v.empty() && v[0] == '-' ? std::string("--limit is 0 or more") : std::string(); },
+    "N >= 0");
+
 std::string table(const std::vector<SnapshotInfo>& v) {
   std::string out;
   std::string buf;
@@ -179,7 +184,7 @@ void setup_list_commands(CLI::App& app, int& exit_status) {
     sub->add_option("--tag", o->tags, "KEY=VALUE, repeatable (all must match)");
     sub->add_option("--name", o->name, "name glob, case-sensitive: * any text, ? one character, [abc] [a-z] [^0-9] a set; '[[]' a literal '[' (e.g. 'chat-*', 'a[[]1]' for a[1])");
     sub->add_option("--type", o->type, "only snapshots with this K or V type");
-    sub->add_option("--limit", o->limit, "at most N");
+    sub->add_option("--limit", o->limit, "at most N")->check(non_negative_limit);
     sub->add_flag("--json", o->json, "machine-readable list");
     bind(sub, o, run_ls, "ls", exit_status);
   }
@@ -198,7 +203,7 @@ void setup_list_commands(CLI::App& app, int& exit_status) {
     sub->add_option("--like", o->like, "a llama.cpp state file whose tokens are the prompt");
     sub->add_option("--model,-m", o->model, "only snapshots of this GGUF");
     sub->add_option("--input-format", o->input_format, "raw-seq or raw-context for --like raw buffers");
-    sub->add_option("--limit", o->limit, "at most N");
+    sub->add_option("--limit", o->limit, "at most N")->check(non_negative_limit);
     sub->add_flag("--json", o->json, "machine-readable list");
     bind(sub, o, run_find, "find", exit_status);
   }

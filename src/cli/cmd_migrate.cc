@@ -238,6 +238,7 @@ Status run_migrate(const MigrateOptions& given, std::string& out) {
   KV_RETURN_IF_ERROR(check_spec_words(spec_of(o)));
   if (o.jobs < 1) return Status::InvalidArgument("{--jobs} " + std::to_string(o.jobs) + ": at least 1");
   if (o.srv.given()) KV_RETURN_IF_ERROR(apply_server(o, server_note));
+  KV_RETURN_IF_ERROR(refuse_server_flags_without_server(o.srv));
   if (o.dir.empty()) return Status::InvalidArgument("give DIR (or --server PROFILE whose profile keeps a slot directory)");
   kvsnap::MigrateOptions m;
   m.dir = o.dir;

@@ -101,6 +101,7 @@ Status run_restore(const RestoreOpts& o, std::string& out) {
                                      "--kv-group-size, --mlx-device and --mlx-lm are for mlx-lm snapshots");
     return run_restore_server(o, out);
   }
+  KV_RETURN_IF_ERROR(refuse_server_flags_without_server(o.srv, o.check ? "--check" : ""));
   if (o.out.empty()) return Status::InvalidArgument("--out FILE is needed (or --server to restore into a server)");
   KV_RETURN_IF_ERROR(refuse_existing(o.out, o.force, "kvsnap restore"));
   std::optional<ModelInfo> model;

@@ -64,6 +64,7 @@ Status parse_level(const std::string& level, SaveRequest& req) {
 Status run_save(const SaveOpts& o, std::string& out) {
   if (o.file.empty() == !o.srv.given())
     return Status::InvalidArgument("give a state FILE, or --server URL|PROFILE (with --slot and --slot-dir)");
+  KV_RETURN_IF_ERROR(refuse_server_flags_without_server(o.srv));
   SaveRequest req;
   req.name = o.name;
   for (const auto& t : o.tags) {

@@ -1,9 +1,12 @@
 // kvsnap server add, ls, rm: profiles of llama-servers (what a server does not report).
+#include <filesystem>
+
 #include "base/json_access.h"
 #include "cli/progress.h"
 #include "cli/store_common.h"
 #include "cli/commands.h"
 #include "server/llama_server.h"
+#include "migrate/model_info.h"
 #include "server/server_profiles.h"
 #include "store/store_paths.h"
 
@@ -24,11 +27,19 @@ Status run_server_add(const ServerCmdOpts& o, std::string& out) {
   if (!o.flash_attn.empty() && o.flash_attn != "on" && o.flash_attn != "off")
     return Status::InvalidArgument("--flash-attn must be on or off");
   if (!o.api_key_file.empty()) KV_RETURN_IF_ERROR(read_api_key_file(o.api_key_file).status());
+  // Checked and kept absolute, as every later command reads them from wherever it runs (a review's
+  // finding: a missing directory or model was kept, and relative paths meant another file elsewhere).
+  std::error_code ec;
+  if (!std::filesystem::is_directory(o.slot_dir, ec))
+    return Status::InvalidArgument("--slot-dir " + o.slot_dir + " is not a directory here (the server's --slot-save-path as "
+                                   "this host sees it)");
+  if (!o.model.empty()) KV_RETURN_IF_ERROR(load_model_info(cli_io(), o.model).status());
+  auto absolute = [](const std::string& p) { return p.empty() ? p : std::filesystem::absolute(p).lexically_normal().string(); };
   KV_ASSIGN_OR_RETURN(StorePaths paths, resolve_store_paths(o.store));
   KV_RETURN_IF_ERROR(cli_io().create_dirs(paths.root));
   KV_ASSIGN_OR_RETURN(ServerProfiles profiles, ServerProfiles::load(cli_io(), paths.root));
-  KV_RETURN_IF_ERROR(profiles.put(cli_io(), {o.name, o.url, o.slot_dir, o.ctk, o.ctv, o.flash_attn, o.model,
-                                               o.api_key_file}));
+  KV_RETURN_IF_ERROR(profiles.put(cli_io(), {o.name, o.url, absolute(o.slot_dir), o.ctk, o.ctv, o.flash_attn,
+                                               absolute(o.model), absolute(o.api_key_file)}));
   out = "server profile '" + o.name + "' -> " + o.url + "\n";
   return Status::OK();
 }

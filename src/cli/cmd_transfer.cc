@@ -92,12 +92,20 @@ Status run_import(const ImportOpts& o, std::string& out) {
   if (o.json) {
     json a = json::array();
     for (const auto& s : r.imported) a.push_back(info_json(s));
-    out = json_text(json{{"imported", a}, {"skipped", r.skipped}}, 2) + "\n";
+    json evicted = json::array();
+    for (const auto& v : r.evicted) evicted.push_back(victim_json(v));
+    out = json_text(json{{"imported", a}, {"skipped", r.skipped}, {"evicted", evicted}, {"cap_warnings", r.cap_warnings},
+                         {"gc_warnings", r.gc_warnings}},
+                    2) +
+          "\n";
     return Status::OK();
   }
   for (const auto& s : r.imported) out += "imported " + label(s) + ", " + std::to_string(s.n_tokens) + " tokens\n";
   for (const auto& s : r.skipped) out += "skipped " + shown_text(s) + "\n";
   if (r.imported.empty() && r.skipped.empty()) out = "the archive holds no snapshots\n";
+  for (const auto& v : r.evicted) out += "evicted " + victim_line(v) + " to keep the store's caps\n";
+  for (const auto& w : r.cap_warnings) out += "warning: cap not met: " + w + "\n";
+  for (const auto& w : r.gc_warnings) out += "warning: " + w + "\n";
   return Status::OK();
 }
 

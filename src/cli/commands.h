@@ -59,6 +59,7 @@ struct ConvertOptions {
   int threads = 0;               // 0 = all cores
   bool report = false;
   bool json = false;
+  bool force = false;            // replace an existing OUT (never an input)
   ProgressFlags progress;
   // mlx-lm prompt caches (cmd_convert_mlx.cc): "" keeps, "none" dequantizes, else 2..8 bits.
   std::string kv_bits;

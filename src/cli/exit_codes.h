@@ -27,8 +27,8 @@ struct ExitMeaning {
 inline constexpr ExitMeaning kExitMeanings[] = {
     {0, "success"},
     {2, "bad arguments, and every usage error (unknown option or command, missing or malformed value)"},
-    {3, "corrupt input: truncated, bad count, bad magic"},
-    {4, "not supported: a well-formed input kvsnap does not handle (unknown version, unknown magic)"},
+    {3, "corrupt input: truncated, a bad count, a damaged field"},
+    {4, "not supported: an input kvsnap does not handle (unknown version, or another kind of file: unknown magic)"},
     {5, "mismatch: the file and the model (or target) disagree"},
     {6, "ambiguous: more than one layout fits (pass --model), the result depends on a rotation nothing decides "
         "(pass --source-build/--src-rotation, or --target-build/--dst-rotation), or a uuid prefix names several "

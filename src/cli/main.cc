@@ -2,7 +2,9 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <algorithm>
 #include <exception>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -13,6 +15,61 @@
 #include "cli/progress.h"
 
 namespace {
+
+// Edits (insert, delete, replace) from a to b: for "did you mean".
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// A word where a command that needs a subcommand expects one, naming none of its subcommands
+// (CLI11 says only "A subcommand is required"): "unknown command 'infoo' (did you mean 'info'?)".
+// Empty when the words name commands. `takes_value` (called on every word, as it follows the
+// commands the words select) says which options take a value, so that it is skipped.
+std::string unknown_command(const CLI::App& app, const std::vector<std::string>& words,
+                            const std::function<bool(const std::string&)>& takes_value) {
+  const CLI::App* c = &app;
+  for (size_t i = 1; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    if (w == "--") return "";
+    const bool option = !w.empty() && w[0] == '-';
+    const bool skip_value = takes_value(w) && w.find('=') == std::string::npos;  // also follows the commands
+    if (option) {
+      const std::string name = w.substr(0, w.find('='));
+      bool known = false;
+      for (const CLI::App* a = c; a != nullptr && !known; a = a->get_parent()) known = a->get_option_no_throw(name);
+      if (!known) return "";  // CLI11 names it
+      if (skip_value) ++i;
+      continue;
+    }
+    const auto subs = c->get_subcommands([&](const CLI::App* s) { return s->check_name(w); });
+    if (!subs.empty()) {
+      c = subs.front();
+      continue;
+    }
+    if (c->get_require_subcommand_min() == 0) return "";
+    std::string best;
+    size_t best_d = 3;  // at most two edits away
+    for (const CLI::App* s : c->get_subcommands([](const CLI::App*) { return true; })) {
+      const size_t d = edit_distance(w, s->get_name());
+      if (d < best_d) best_d = d, best = s->get_name();
+    }
+    const std::string parent = c == &app ? "kvsnap" : "kvsnap " + c->get_name();
+    return "unknown command '" + w + "'" + (best.empty() ? "" : " (did you mean '" + best + "'?)") + "; '" + parent +
+           " --help' lists the commands";
+  }
+  return "";
+}
 
 int run(int argc, char** argv) {
   CLI::App app{"kvsnap: read, convert and store llama.cpp KV caches (slot and session files)"};
@@ -39,6 +96,14 @@ int run(int argc, char** argv) {
   };
   std::vector<std::string> args =
       kvsnap::cli::with_kvsnap_spellings(words, takes_value);
+  {
+    cmd = &app;  // takes_value follows the words again from the top
+    const std::string unknown = unknown_command(app, args, takes_value);
+    if (!unknown.empty()) {
+      std::fprintf(stderr, "kvsnap: %s\n", unknown.c_str());
+      return kvsnap::cli::kExitUsage;
+    }
+  }
   std::vector<char*> args_c;
   for (std::string& a : args) args_c.push_back(a.data());
   try {

@@ -22,6 +22,28 @@ void add_server_options(CLI::App* sub, ServerOpts& o, bool with_slot) {
   sub->add_option("--api-key-file", o.api_key_file, "a chmod-600 file holding the API key");
 }
 
+std::string ServerOpts::flags_without_server() const {
+  std::string flags;
+  auto add = [&flags](bool given, const char* name) {
+    if (given) flags += (flags.empty() ? "" : ", ") + std::string(name);
+  };
+  add(slot != 0, "--slot");
+  add(!slot_dir.empty(), "--slot-dir");
+  add(no_scratch, "--no-scratch");
+  add(!api_key.empty(), "--api-key");
+  add(!api_key_file.empty(), "--api-key-file");
+  return flags;
+}
+
+Status refuse_server_flags_without_server(const ServerOpts& o, std::string extra) {
+  if (o.given()) return Status::OK();
+  std::string flags = o.flags_without_server();
+  if (!extra.empty()) flags += (flags.empty() ? "" : ", ") + extra;
+  if (flags.empty()) return Status::OK();
+  return Status::InvalidArgument(flags + ": for a llama-server named by --server URL|PROFILE; without --server they "
+                                 "would do nothing");
+}
+
 Result<ServerTarget> server_target(const ServerOpts& o, const std::string& store_dir, const std::string& ctk,
                                    const std::string& ctv, const std::string& fa, const std::string& model) {
   ServerTarget t;

@@ -19,7 +19,14 @@ struct ServerOpts {
   int slot = 0;
   bool no_scratch = false;  // ServerTarget::keep_scratch
   bool given() const { return !server.empty(); }
+  // The server-only flags given without --server (their values differ from the defaults), e.g.
+  // "--slot, --api-key"; empty when none is.
+  std::string flags_without_server() const;
 };
+
+// Refuses (exit 2) server-only flags, and `extra` ones (e.g. restore's --check), given without
+// --server: they would do nothing, silently (a review's finding).
+Status refuse_server_flags_without_server(const ServerOpts& o, std::string extra = "");
 
 // with_slot = false (migrate): only --server and the API key options.
 void add_server_options(CLI::App* sub, ServerOpts& o, bool with_slot = true);

@@ -27,7 +27,11 @@ std::vector<const SnapshotInfo*> eviction_order(const std::vector<SnapshotInfo>&
   std::vector<const SnapshotInfo*> expired, rest;
   for (const SnapshotInfo& s : snaps) {
     if (s.pinned || (req.keep && *req.keep == s.id)) continue;
-    (expiry_passed(s.expires_at, req.now) ? expired : rest).push_back(&s);
+    const bool passed = expiry_passed(s.expires_at, req.now);
+    // A save's plan leaves the snapshots saved after its own (a concurrent save's, which left
+    // this one alone for the same reason), so two saves never evict each other's.
+    if (req.keep && s.id > *req.keep && !passed) continue;
+    (passed ? expired : rest).push_back(&s);
   }
   std::sort(expired.begin(), expired.end(), [](const SnapshotInfo* a, const SnapshotInfo* b) {
     return std::tie(*a->expires_at, a->id) < std::tie(*b->expires_at, b->id);

@@ -3,7 +3,9 @@
 //
 // Promises of plan_eviction():
 //   - Pinned snapshots and `keep` (the snapshot a save just added) are never
-//     victims, whatever the cap.
+//     victims, whatever the cap; nor, unless expired, those with a higher id
+//     than `keep` (saved after it: two saves committed at once never evict
+//     each other's, and the later one's survives).
 //   - Expired snapshots (expiry_passed: expires_at <= now) are always victims (oldest expiry
 //     first), cap or no cap; then, while the bytes in scope exceed the cap,
 //     the least recently restored (never restored: by created; ties by id).
@@ -42,7 +44,7 @@ struct EvictionRequest {
   std::optional<uint64_t> max_bytes;  // unset: only expired snapshots go
   std::optional<std::string> tenant;  // unset: the whole store
   std::string now;                    // ISO 8601 UTC (utc_iso8601); tests pass their own
-  std::optional<int64_t> keep;        // never a victim (a save's new snapshot)
+  std::optional<int64_t> keep;        // never a victim (a save's new snapshot), nor any later one unexpired
   // The collection after the removals (Store::evict): GcOptions::compact_dead_percent and
   // GcOptions::progress (an error stops it, Ctrl-C).
   int compact_dead_percent = GcOptions::kDefaultCompactDeadPercent;
@@ -59,7 +61,7 @@ struct EvictionPlan {
   uint64_t bytes_before = 0;  // in scope, after dedup
   uint64_t bytes_after = 0;   // once the victims are gone
   uint64_t freed_bytes = 0;   // storage freed in all (== before - after for the whole store)
-  bool cap_met = true;        // false: pinned (and keep) snapshots alone exceed the cap
+  bool cap_met = true;        // false: pinned (and keep, and later) snapshots alone exceed the cap
   std::vector<EvictionVictim> victims;
 };
 

@@ -178,6 +178,10 @@ struct ImportOptions {
 struct ImportReport {
   std::vector<SnapshotInfo> imported;
   std::vector<std::string> skipped;   // already in the store (same uuid)
+  // The store's caps kept as a save keeps them, the imported snapshots never evicted (SaveResult).
+  std::vector<EvictionVictim> evicted;
+  std::vector<std::string> cap_warnings;
+  std::vector<std::string> gc_warnings{};
 };
 
 // kvsnap rekey: replacing the store's master key (docs/store.md, "Key rotation").
@@ -362,6 +366,7 @@ class Store {
                                  std::optional<int64_t> parent_id, double seconds);
   // The caps after a save of `info` (see the promises above).
   Status enforce_caps(const SnapshotInfo& info, SaveResult& r);
+  Status enforce_caps_after_import(ImportReport& rep);
   Io& io_;
   StorePaths paths_;
   void delete_abandoned_temps(GcReport& r);  // trouble goes to r.warnings

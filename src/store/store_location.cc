@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <initializer_list>
 #include <map>
 #include <mutex>
@@ -268,6 +269,11 @@ Result<StoreLocation> resolve_store_location(Io& io, const std::string& given) {
   if (ends_with(where, ".json")) {
     config = where;
   } else {
+    // A regular file named as a store would fail below as "FILE/store.json: Not a directory", a path
+    // the user never gave (a review's finding).
+    std::error_code ec;
+    if (std::filesystem::exists(where, ec) && !std::filesystem::is_directory(where, ec))
+      return Status::InvalidArgument("store " + where + ": neither a store directory nor a store config file (.json)");
     KV_ASSIGN_OR_RETURN(bool configured, io.exists(where + "/" + kConfigName));
     if (!configured) return directory_store(where);
     config = where + "/" + kConfigName;

@@ -130,6 +130,16 @@ TEST_F(KeySource, KeyCommandFailures) {
   EXPECT_NE(k.status().message().find("key command 'sh' (its arguments not shown) failed (exit status 4)"),
             std::string::npos) << k.status().message();
   EXPECT_EQ(k.status().message().find("SECRET"), std::string::npos) << k.status().message();
+  // Nor part of a quoted assignment, which splitting on blanks took for the program (a review's
+  // finding: 'hvs.SECRET789"' was shown).
+  for (const std::string& cmd : {std::string("AUTH=\"Bearer hvs.SECRET789\" sh -c 'exit 5'"),
+                                 std::string("AUTH='a hvs.SECRET789' sh -c 'exit 5'"),
+                                 std::string("AUTH=a\\ hvs.SECRET789 sh -c 'exit 5'")}) {
+    k = run_key_command(cmd);
+    EXPECT_NE(k.status().message().find("key command (its words not shown) failed (exit status 5)"),
+              std::string::npos) << cmd << ": " << k.status().message();
+    EXPECT_EQ(k.status().message().find("SECRET"), std::string::npos) << k.status().message();
+  }
   k = run_key_command("echo 1234");
   EXPECT_EQ(k.status().code(), Code::kInvalidArgument);
   EXPECT_NE(k.status().message().find("4 hex digits"), std::string::npos) << k.status().message();

@@ -50,6 +50,7 @@ TEST(Commands, RunConvertRequantizesAnMlxPromptCache) {
   ConvertOptions o;
   o.in = kMlxQ3;
   o.out = ::testing::TempDir() + "kvsnap-commands-mlx-q8.safetensors";
+  o.force = true;  // TempDir outlives a run
   o.kv_bits = "8";
   o.kv_group_size = 32;
   o.report = true;
@@ -70,6 +71,7 @@ TEST(Commands, RunConvertKeepsMlxAndLlamaOptionsApart) {
   ConvertOptions o;
   o.in = kMlxQ3;
   o.out = ::testing::TempDir() + "kvsnap-commands-never-written.safetensors";
+  o.force = true;  // TempDir outlives a run
   o.ctk = "q8_0";
   Status s = run_convert(o, out, warnings);
   EXPECT_EQ(s.code(), Code::kInvalidArgument);
@@ -100,6 +102,7 @@ TEST(Commands, RunConvertMovesAnMlxPromptCacheToAnotherRelease) {
   ConvertOptions o;
   o.in = kMlxQ3;  // QuantizedKVCache, meta_state with `step` (mlx-lm 0.28.0)
   o.out = ::testing::TempDir() + "kvsnap-commands-mlx-0.32.safetensors";
+  o.force = true;  // TempDir outlives a run
   o.mlx_lm = "0.32.2";
   o.json = true;
   std::string out, warnings;
@@ -116,6 +119,7 @@ TEST(Commands, RunConvertMovesAnMlxPromptCacheToAnotherRelease) {
   EXPECT_NE(info.find("3-bit g128"), std::string::npos) << info;
   // Moved and requantized: the 0.32 layout at 8 bits.
   o.out = ::testing::TempDir() + "kvsnap-commands-mlx-0.32-q8.safetensors";
+  o.force = true;  // TempDir outlives a run
   o.kv_bits = "8";
   o.kv_group_size = 32;
   o.json = false;
@@ -130,6 +134,7 @@ TEST(Commands, RunConvertMovesAnMlxPromptCacheToAnotherRelease) {
   o.kv_bits.clear();
   o.kv_group_size = 0;
   o.out = ::testing::TempDir() + "kvsnap-commands-mlx-never.safetensors";
+  o.force = true;  // TempDir outlives a run
   o.mlx_lm = "0.18.2";
   s = run_convert(o, out, warnings);
   EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
@@ -144,9 +149,11 @@ TEST(Commands, RunConvertMovesAnMlxPromptCacheToAnotherRelease) {
   o.mlx_lm = "0.32.2";
   o.kv_bits = "none";
   o.out = ::testing::TempDir() + "kvsnap-commands-mlx-float.safetensors";
+  o.force = true;  // TempDir outlives a run
   ASSERT_TRUE(run_convert(o, out, warnings).ok());
   o.in = o.out;
   o.out = ::testing::TempDir() + "kvsnap-commands-mlx-never-q4.safetensors";
+  o.force = true;  // TempDir outlives a run
   ::unlink(o.out.c_str());
   o.mlx_lm = "0.19.1";
   o.kv_bits = "4";
@@ -158,12 +165,14 @@ TEST(Commands, RunConvertMovesAnMlxPromptCacheToAnotherRelease) {
   EXPECT_EQ(::access(o.out.c_str(), F_OK), -1);
   o.mlx_lm = "0.19.3";
   o.out = ::testing::TempDir() + "kvsnap-commands-mlx-0.19.3-q4.safetensors";
+  o.force = true;  // TempDir outlives a run
   ASSERT_TRUE(run_convert(o, out, warnings).ok()) << "0.19.3 loads a QuantizedKVCache";
   o.kv_bits.clear();
   o.kv_group_size = 0;
   // An ArraysCache of mlx-lm 0.32 for 0.28.0, whose loader only builds MambaCache without arguments.
   o.in = std::string(KVSNAP_SOURCE_DIR) + "/tests/fuzz/corpus/mlx_prompt_cache/scalars_arrays.safetensors";
   o.out = ::testing::TempDir() + "kvsnap-commands-mlx-mamba.safetensors";
+  o.force = true;  // TempDir outlives a run
   o.mlx_lm = "0.28.0";
   s = run_convert(o, out, warnings);
   ASSERT_TRUE(s.ok()) << s.ToString();
@@ -177,12 +186,14 @@ TEST(Commands, RunConvertReportsTheLayoutItWrote) {
   ConvertOptions o;
   o.in = kMlxQ3;
   o.out = ::testing::TempDir() + "kvsnap-commands-mlx-float-0.31.safetensors";
+  o.force = true;  // TempDir outlives a run
   o.mlx_lm = "0.31.3";
   o.kv_bits = "none";
   std::string out, warnings;
   ASSERT_TRUE(run_convert(o, out, warnings).ok());
   o.in = o.out;
   o.out = ::testing::TempDir() + "kvsnap-commands-mlx-q4-0.28.0.safetensors";
+  o.force = true;  // TempDir outlives a run
   o.mlx_lm = "0.28.0";
   o.kv_bits = "4";
   o.json = true;

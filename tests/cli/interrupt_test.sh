@@ -48,18 +48,18 @@ stop_after() { KVSNAP_TEST_INTERRUPT_AFTER_BYTES="$1" "${@:2}"; }
 
 mkdir -p "$work/out"
 # convert
-stop_after "$third" "$kvsnap" convert "$src" "$work/out/c.slot" --ctk q8_0 --ctv q8_0 --model "$model" \
+stop_after "$third" "$kvsnap" convert --force "$src" "$work/out/c.slot" --ctk q8_0 --ctv q8_0 --model "$model" \
   >/dev/null 2>"$work/err"; stopped "convert" $? "$work/err"
 [ ! -e "$work/out/c.slot" ] && ok "convert: no output file" || bad "convert: the output exists"
 no_temps convert "$work/out"
-"$kvsnap" convert "$src" "$work/out/c.slot" --ctk q8_0 --ctv q8_0 --model "$model" >/dev/null 2>&1 \
+"$kvsnap" convert --force "$src" "$work/out/c.slot" --ctk q8_0 --ctv q8_0 --model "$model" >/dev/null 2>&1 \
   && ok "convert: the same command without the signal succeeds" || bad "convert: fails without the signal"
 rm -f "$work/out/c.slot"
 
 # SIGTERM and SIGHUP (the terminal closed, an ssh session lost) stop it the same way: the handler
 # takes them too (SIGHUP's default action killed the process, its temporary left for the next run)
 for sig in TERM HUP; do
-  KVSNAP_TEST_INTERRUPT_SIGNAL=$sig stop_after "$third" "$kvsnap" convert "$src" "$work/out/c.slot" --ctk q8_0 --ctv q8_0 \
+  KVSNAP_TEST_INTERRUPT_SIGNAL=$sig stop_after "$third" "$kvsnap" convert --force "$src" "$work/out/c.slot" --ctk q8_0 --ctv q8_0 \
     --model "$model" >/dev/null 2>"$work/err"; stopped "convert (SIG$sig)" $? "$work/err" $sig
   [ ! -e "$work/out/c.slot" ] && ok "convert (SIG$sig): no output file" || bad "convert (SIG$sig): the output exists"
   no_temps "convert (SIG$sig)" "$work/out"
@@ -68,9 +68,9 @@ done
 # A signal the process was started with ignored stays ignored: nohup's SIGHUP (a long migrate must
 # outlive its terminal), a background job's SIGINT (a script's `kvsnap save ... &`). The same
 # signal at the same point then changes nothing: the command finishes, its output whole.
-"$kvsnap" convert "$src" "$work/out/want.slot" --ctk q8_0 --ctv q8_0 --model "$model" >/dev/null 2>&1
+"$kvsnap" convert --force "$src" "$work/out/want.slot" --ctk q8_0 --ctv q8_0 --model "$model" >/dev/null 2>&1
 for sig in HUP INT; do
-  (trap '' "$sig"; KVSNAP_TEST_INTERRUPT_SIGNAL=$sig stop_after "$third" "$kvsnap" convert "$src" "$work/out/c.slot" \
+  (trap '' "$sig"; KVSNAP_TEST_INTERRUPT_SIGNAL=$sig stop_after "$third" "$kvsnap" convert --force "$src" "$work/out/c.slot" \
     --ctk q8_0 --ctv q8_0 --model "$model" >/dev/null 2>"$work/err"); rc=$?
   if [ "$rc" -eq 0 ] && cmp -s "$work/out/c.slot" "$work/out/want.slot"; then
     ok "convert with SIG$sig ignored (nohup, a background job): the signal changes nothing, the output is whole"
@@ -87,7 +87,7 @@ loop=$(cat <<'LOOP'
 for i in 1 2 3; do
   if [ "$i" -eq 1 ]; then export KVSNAP_TEST_INTERRUPT_AFTER_BYTES=$4 KVSNAP_TEST_INTERRUPT_TO_GROUP=1
   else unset KVSNAP_TEST_INTERRUPT_AFTER_BYTES KVSNAP_TEST_INTERRUPT_TO_GROUP; fi
-  "$1" convert "$2" "$3/loop$i.slot" --ctk q8_0 --ctv q8_0 --model "$5" >/dev/null 2>>"$3/loop.err"
+  "$1" convert --force "$2" "$3/loop$i.slot" --ctk q8_0 --ctv q8_0 --model "$5" >/dev/null 2>>"$3/loop.err"
 done
 echo "the loop ran to its end" >>"$3/loop.err"
 LOOP
@@ -104,11 +104,11 @@ no_temps "Ctrl-C in a loop" "$work/out"
 
 # convert of an mlx-lm prompt cache (its own path: format/mlx_*): stopped the same way, nothing left
 mlx="$fx/../tests/fuzz/corpus/mlx_prompt_cache/meta_step_q3g128.safetensors"
-stop_after 2000 "$kvsnap" convert "$mlx" "$work/out/m.safetensors" --kv-bits 4 >/dev/null 2>"$work/err"
+stop_after 2000 "$kvsnap" convert --force "$mlx" "$work/out/m.safetensors" --kv-bits 4 >/dev/null 2>"$work/err"
 stopped "convert (mlx-lm)" $? "$work/err"
 [ ! -e "$work/out/m.safetensors" ] && ok "convert (mlx-lm): no output file" || bad "convert (mlx-lm): the output exists"
 no_temps "convert (mlx-lm)" "$work/out"
-KVSNAP_PROGRESS_DELAY_MS=0 "$kvsnap" convert "$mlx" "$work/out/m.safetensors" --kv-bits 4 --json >/dev/null 2>"$work/err"
+KVSNAP_PROGRESS_DELAY_MS=0 "$kvsnap" convert --force "$mlx" "$work/out/m.safetensors" --kv-bits 4 --json >/dev/null 2>"$work/err"
 if python3 -c 'import json,sys; ev=[json.loads(l)["progress"] for l in open(sys.argv[1]) if l.startswith("{\"progress\"")]; assert ev and ev[-1]["finished"] and ev[-1]["done_bytes"] == ev[-1]["total_bytes"], ev' "$work/err"; then
   ok "convert (mlx-lm): --json progress events, the last one finished"
 else bad "convert (mlx-lm): --json progress events wrong: $(head -c 300 "$work/err")"; fi
@@ -196,17 +196,17 @@ no_temps "migrate (SIGHUP)" "$work/slots"
 
 # progress: on a terminal (a pty from script(1)) it is drawn and cleared; not on a pipe; JSON with --json
 export KVSNAP_PROGRESS_DELAY_MS=0
-script -qec "$kvsnap convert $src $work/out/p.slot --ctk q4_0 --ctv q4_0 --model $model" /dev/null >"$work/tty" 2>&1
+script -qec "$kvsnap convert --force $src $work/out/p.slot --ctk q4_0 --ctv q4_0 --model $model" /dev/null >"$work/tty" 2>&1
 if grep -q "kvsnap convert $src: " "$work/tty" && grep -q $'\r\033\\[K' "$work/tty"; then ok "progress: drawn on a terminal, cleared after"
 else bad "progress: nothing drawn on a terminal: $(head -c 300 "$work/tty" | od -c | head -n4)"; fi
 rm -f "$work/out/p.slot"
-"$kvsnap" convert "$src" "$work/out/p.slot" --ctk q4_0 --ctv q4_0 --model "$model" >/dev/null 2>"$work/err"
+"$kvsnap" convert --force "$src" "$work/out/p.slot" --ctk q4_0 --ctv q4_0 --model "$model" >/dev/null 2>"$work/err"
 [ ! -s "$work/err" ] && ok "progress: nothing on stderr when it is not a terminal" || bad "progress: stderr not empty: $(head -c 200 "$work/err")"
 rm -f "$work/out/p.slot"
-script -qec "$kvsnap convert $src $work/out/p.slot --ctk q4_0 --ctv q4_0 --model $model --quiet" /dev/null >"$work/tty" 2>&1
+script -qec "$kvsnap convert --force $src $work/out/p.slot --ctk q4_0 --ctv q4_0 --model $model --quiet" /dev/null >"$work/tty" 2>&1
 ! grep -q "kvsnap convert $src: " "$work/tty" && ok "progress: --quiet draws nothing on a terminal" || bad "progress: --quiet drew"
 rm -f "$work/out/p.slot"
-"$kvsnap" convert "$src" "$work/out/p.slot" --ctk q4_0 --ctv q4_0 --model "$model" --json >/dev/null 2>"$work/err"
+"$kvsnap" convert --force "$src" "$work/out/p.slot" --ctk q4_0 --ctv q4_0 --model "$model" --json >/dev/null 2>"$work/err"
 if python3 -c 'import json,sys; ev=[json.loads(l)["progress"] for l in open(sys.argv[1])]; assert ev and ev[-1]["finished"] and 0 < ev[-1]["done_bytes"] <= ev[-1]["total_bytes"], ev' "$work/err"; then
   ok "progress: --json gives JSON lines on stderr, the last one finished"
 else bad "progress: --json events wrong: $(head -c 300 "$work/err")"; fi
@@ -230,7 +230,7 @@ mig
 # Beside the three slots: a file that is not a state and one already at the target, which the progress
 # must not count (files or bytes).
 head -c 1000000 /dev/urandom >"$work/mslots/notes.txt"
-"$kvsnap" convert "$src" "$work/mslots/t0.bin" --ctk q4_0 --ctv q4_0 --model "$model" >/dev/null
+"$kvsnap" convert --force "$src" "$work/mslots/t0.bin" --ctk q4_0 --ctv q4_0 --model "$model" >/dev/null
 "$kvsnap" migrate "$work/mslots" --ctk q4_0 --ctv q4_0 --model "$model" --json >/dev/null 2>"$work/err"
 if python3 -c '
 import json, sys

@@ -521,7 +521,7 @@ TEST_F(StoreCli, ABadServerUrlIsRefusedBeforeAnythingElse) {
   KvRun add = kv("server add bad 'http://[fd00::5' --slot-dir /srv/slots");
   EXPECT_EQ(add.code, 2) << add.err;
   EXPECT_NE(add.err.find("llama-server URL 'http://[fd00::5'"), std::string::npos) << add.err;
-  ASSERT_EQ(kv("server add good 'http://127.0.0.1:1' --slot-dir /srv/slots").code, 0);
+  ASSERT_EQ(kv("server add good 'http://127.0.0.1:1' --slot-dir " + dir_.string()).code, 0);
   EXPECT_EQ(kv("server ls").out.find("bad"), std::string::npos);
   // A profile's URL edited by hand into one with a space: named with the profile.
   const fs::path profiles = fs::path(store_) / "servers.json";
@@ -783,6 +783,27 @@ TEST_F(StoreCli, GcDeletesAbandonedTemporariesWhenTheBlobsLiveElsewhere) {
 // also gc's default; rm says what its collection could not compact (here a pack cut short under it)
 // instead of dropping it, and a bad percentage in the config is refused. Each long session's pack is
 // left three quarters dead by its removal (its pinned short cut keeps the first quarter).
+// A review's finding: an import ignored the store's caps (all kept, no warning; plain gc does not
+// apply them). It keeps them as a save does: the imported snapshots stay, older ones are evicted.
+TEST_F(StoreCli, AnImportKeepsTheStoresCaps) {
+  const fs::path a = make_slot("a.slot", 2, 64, 400, 7), b = make_slot("b.slot", 2, 64, 400, 8);
+  ASSERT_EQ(kv("save " + a.string() + " --name a").code, 0);
+  ASSERT_EQ(kv("save " + b.string() + " --name b").code, 0);
+  const std::string archive = (dir_ / "b.tar.zst").string();
+  ASSERT_EQ(kv("export b -o " + archive).code, 0);
+  ASSERT_EQ(kv("rm b").code, 0);
+  std::ofstream(fs::path(store_) / "store.json") << R"({"max_bytes": 300000})";
+  KvRun r = kv("import " + archive + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["imported"].size(), 1u) << r.out;
+  ASSERT_EQ(j["evicted"].size(), 1u) << r.out;
+  EXPECT_EQ(j["evicted"][0]["snapshot"]["name"], "a") << r.out;
+  EXPECT_TRUE(j["cap_warnings"].empty()) << r.out;
+  EXPECT_EQ(count_snapshots(), 1u);
+  EXPECT_EQ(kv("show b").code, 0);
+}
+
 TEST_F(StoreCli, RmAndEvictionCompactAtTheStoresThresholdAndSayWhatTheyLeft) {
   const fs::path a = make_slot("a.slot", 2, 64, 400, 7), b = make_slot("b.slot", 2, 64, 400, 8),
                  c = make_slot("c.slot", 2, 64, 40, 9), p = dir_ / "p.slot";
@@ -1485,6 +1506,53 @@ TEST_F(StoreCli, SnapshotInfoSaysTheRotationAsDecided) {
   ASSERT_EQ(kv("save " + (fx / "b8390/hd96-q8_0-q8_0-faon.slot").string() + " --name hd96 --model " +
                (fx / "models/tiny-hd96.gguf").string()).code, 0);
   EXPECT_EQ(rotations("hd96"), std::set<std::string>{"no"});
+}
+
+// A review's finding: `restore --model` with another model's GGUF converted with that model's head
+// dim (a hd64 snapshot rotated as hd128: garbage, exit 0). A snapshot saved with a model refuses
+// another one by fingerprint; one saved without is checked against the GGUF as convert checks a file.
+TEST_F(StoreCli, RestoreRefusesAModelTheSnapshotWasNotSavedWith) {
+  const fs::path fx = fs::path(KVSNAP_SOURCE_DIR) / "fixtures";
+  const std::string hd64 = (fx / "models/tiny-hd64.gguf").string(), hd128 = (fx / "models/tiny-hd128.gguf").string();
+  const std::string slot = (fx / "v0.5.0/hd64-f16-f16-faon.slot").string();
+  ASSERT_EQ(kv("save " + slot + " --name with --model " + hd64).code, 0);
+  ASSERT_EQ(kv("save " + slot + " --name without").code, 0);
+  const std::string out = (dir_ / "wrong.slot").string();
+  for (const std::string& types : {std::string(" --ctk q8_0 --ctv q8_0"), std::string()}) {
+    SCOPED_TRACE(types);
+    KvRun r = kv("restore with -o " + out + " --model " + hd128 + types);
+    EXPECT_EQ(r.code, 5) << r.err;
+    EXPECT_NE(r.err.find("was saved with model"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("give the GGUF it was saved with"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
+  KvRun r = kv("restore without -o " + out + " --model " + hd128 + " --ctk q8_0 --ctv q8_0");
+  EXPECT_EQ(r.code, 5) << r.err;
+  EXPECT_NE(r.err.find("snapshot 'without'"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  // The right model restores either way.
+  EXPECT_EQ(kv("restore with -o " + out + " --model " + hd64 + " --ctk q8_0 --ctv q8_0").code, 0);
+  EXPECT_EQ(kv("restore without -o " + out + " --force --model " + hd64 + " --ctk q8_0 --ctv q8_0").code, 0);
+}
+
+// A review's finding: `server add` kept a slot directory or a model that did not exist, and relative
+// paths, which meant other files (or none) from another directory.
+TEST_F(StoreCli, ServerAddChecksItsPathsAndKeepsThemAbsolute) {
+  KvRun r = kv("server add p http://127.0.0.1:9 --slot-dir " + (dir_ / "nonexistent").string());
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("is not a directory here"), std::string::npos) << r.err;
+  fs::create_directories(dir_ / "slots");
+  const fs::path fixture_model = fs::path(KVSNAP_SOURCE_DIR) / "fixtures/models/tiny-hd64.gguf";
+  fs::copy_file(fixture_model, dir_ / "m.gguf");
+  std::ofstream(dir_ / "not.gguf") << "not a model";
+  EXPECT_NE(kv("server add p http://127.0.0.1:9 --slot-dir " + (dir_ / "slots").string() + " -m " +
+               (dir_ / "not.gguf").string()).code, 0);
+  EXPECT_FALSE(fs::exists(fs::path(store_) / "servers.json"));
+  r = kv("server add p http://127.0.0.1:9 --slot-dir slots -m ./m.gguf", "cd " + dir_.string() + " &&");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string profiles = slurp(fs::path(store_) / "servers.json");
+  EXPECT_NE(profiles.find("\"" + (dir_ / "slots").string() + "\""), std::string::npos) << profiles;
+  EXPECT_NE(profiles.find("\"" + (dir_ / "m.gguf").string() + "\""), std::string::npos) << profiles;
 }
 
 // A review's finding: `save --store-type` stores kvsnap's conversion (ggsq v3, rotated as llama.cpp's

@@ -398,7 +398,8 @@ TEST(Gguf, RandomCorruptionsFailCleanly) {
 
 TEST(Gguf, MalformedHeaders) {
   auto r = parse(Bytes().raw("GGML").u32(3).u64(0).u64(0).b);
-  expect_corrupt(r, "not a GGUF file: magic 'GGML'");
+  EXPECT_EQ(r.status().code(), Code::kNotSupported) << "another kind of file, as a state's unknown magic is";
+  EXPECT_NE(r.status().message().find("not a GGUF file: magic 'GGML'"), std::string::npos) << r.status().ToString();
   r = parse(Bytes().header(0, 0, 1).b);
   EXPECT_EQ(r.status().code(), Code::kNotSupported);
   EXPECT_NE(r.status().message().find("v1"), std::string::npos);

@@ -253,7 +253,7 @@ def check_layouts(kvsnap, bed, versions, python, work):
                 os.makedirs(os.path.dirname(out), exist_ok=True)
                 if os.path.exists(out):
                     os.remove(out)
-                r = subprocess.run([kvsnap, "convert", path, out, "--mlx-lm", w], capture_output=True, text=True)
+                r = subprocess.run([kvsnap, "convert", "--force", path, out, "--mlx-lm", w], capture_output=True, text=True)
                 why = refusal_expected(layers, w)
                 if why:
                     if r.returncode != 4 or os.path.exists(out) or "layer" not in r.stderr:
@@ -278,7 +278,7 @@ def check_layouts(kvsnap, bed, versions, python, work):
                 if w == v or not os.path.exists(src) or not os.path.exists(ref):
                     continue
                 out = os.path.join(work, "to-" + w, "q4g64-%s-%s.safetensors" % (v, src_name))
-                r = subprocess.run([kvsnap, "convert", src, out, "--mlx-lm", w, "--kv-bits", "4", "--kv-group-size", "64"],
+                r = subprocess.run([kvsnap, "convert", "--force", src, out, "--mlx-lm", w, "--kv-bits", "4", "--kv-group-size", "64"],
                                    capture_output=True, text=True)
                 if r.returncode != 0:
                     fail(src, "to %s at q4g64: %s" % (w, r.stderr.strip()))

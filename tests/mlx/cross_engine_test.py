@@ -165,7 +165,7 @@ class Bed:
         return cache
 
     def convert(self, src, dst, *args, expect_ok=True):
-        r = run([self.kvsnap, "convert", src, dst, "--model", self.gguf] + list(args), expect_ok=False)
+        r = run([self.kvsnap, "convert", "--force", src, dst, "--model", self.gguf] + list(args), expect_ok=False)
         if expect_ok and r.returncode != 0:
             raise RuntimeError("kvsnap convert %s: exit %d: %s" % (src, r.returncode, r.stderr.strip()))
         return r
@@ -598,14 +598,14 @@ def check_refusals(bed, kvsnap, mkmodel, work):
     other = os.path.join(work, "other-hd128.gguf")
     run([mkmodel, "--out", other, "--n-layer", "4", "--n-head", "2", "--n-head-kv", "1", "--head-dim", "128"])
     src = bed.path("mlx-f32.safetensors")
-    r = run([kvsnap, "convert", src, os.path.join(work, "wrong.slot"), "--to", "llama", "--model", other, "--tokens",
+    r = run([kvsnap, "convert", "--force", src, os.path.join(work, "wrong.slot"), "--to", "llama", "--model", other, "--tokens",
              bed.path("prompt-tokens.json")], expect_ok=False)
     if r.returncode == 0 or "heads" not in r.stderr:
         fail("mismatched model", "exit %d: %s" % (r.returncode, r.stderr.strip()))
     # gemma2 past its window (32 < 92 tokens): mlx-lm's gemma2 has none, the engines' caches differ
     iswa = os.path.join(work, "gemma2-swa32.gguf")
     run([mkmodel, "--out", iswa, "--arch", "gemma2", "--n-layer", "4", "--swa-pattern", "2", "--swa", "32"])
-    r = run([kvsnap, "convert", src, os.path.join(work, "iswa.slot"), "--to", "llama", "--model", iswa, "--tokens",
+    r = run([kvsnap, "convert", "--force", src, os.path.join(work, "iswa.slot"), "--to", "llama", "--model", iswa, "--tokens",
              bed.path("prompt-tokens.json")], expect_ok=False)
     if r.returncode != 4 or "past the sliding window of 32" not in r.stderr or os.path.exists(os.path.join(work, "iswa.slot")):
         fail("gemma2 past its window", "exit %d: %s" % (r.returncode, r.stderr.strip()))

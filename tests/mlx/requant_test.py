@@ -72,7 +72,7 @@ def same_bits(where, want, got):
 
 
 def convert(kvsnap, src, dst, *args, expect_ok=True):
-    r = subprocess.run([kvsnap, "convert", src, dst, "--json"] + [str(a) for a in args],
+    r = subprocess.run([kvsnap, "convert", "--force", src, dst, "--json"] + [str(a) for a in args],
                        capture_output=True, text=True)
     stats["conversions"] += 1
     if expect_ok and r.returncode != 0:

@@ -125,7 +125,7 @@ def check_bed(kvsnap, store, bed, python, work):
                     if os.path.exists(f):
                         os.remove(f)
                 ra = run(kvsnap, "restore", snap, "--store", store, "-o", a, *args, ok=False)
-                rb = run(kvsnap, "convert", out, b, *args, ok=False)
+                rb = run(kvsnap, "convert", "--force", out, b, *args, ok=False)
                 if (ra.returncode == 0) != (rb.returncode == 0):
                     fail(snap + " " + tag, "restore exit %d (%s), convert exit %d (%s)"
                          % (ra.returncode, ra.stderr.strip()[-300:], rb.returncode, rb.stderr.strip()[-300:]))

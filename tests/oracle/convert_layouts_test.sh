@@ -20,7 +20,7 @@ within() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= 1.5 * b || a <= 1e-5) }'
 check() {
   local name="$1" src="$2" model="$3" ctk="$4" ctv="$5" fa="$6" ref="$7" native="$8"; shift 8
   local out="$work/$name.slot" got="$work/$name.logits"
-  if ! "$kvsnap" convert "$src" "$out" --ctk "$ctk" --ctv "$ctv" --flash-attn "$fa" --model "$fx/models/tiny-$model.gguf" "$@" >/dev/null; then
+  if ! "$kvsnap" convert --force "$src" "$out" --ctk "$ctk" --ctv "$ctv" --flash-attn "$fa" --model "$fx/models/tiny-$model.gguf" "$@" >/dev/null; then
     echo "FAIL $name: kvsnap convert failed"; fail=$((fail + 1)); return
   fi
   if ! "$drv" restore --model "$fx/models/tiny-$model.gguf" --prompt-file "$P" --ctk "$ctk" --ctv "$ctv" --fa "$fa" \
@@ -77,7 +77,7 @@ for i in range(n):
     struct.pack_into("<i", b, 12 + 4 * i, i)
 open(sys.argv[2], "wb").write(b)
 PY
-if "$kvsnap" convert "$work/unique-tokens.slot" "$work/guess.slot" --ctk q8_0 --ctv q8_0 --model "$fx/models/tiny-hd64.gguf" >/dev/null 2>"$work/guess.err"; then
+if "$kvsnap" convert --force "$work/unique-tokens.slot" "$work/guess.slot" --ctk q8_0 --ctv q8_0 --model "$fx/models/tiny-hd64.gguf" >/dev/null 2>"$work/guess.err"; then
   echo "FAIL b8121 q8_0 without repeated tokens or --source-build: converted on a guess"; fail=$((fail + 1))
 elif [ "$(cat "$work/guess.err" | grep -c -- --source-build)" -eq 0 ]; then
   echo "FAIL b8121 q8_0 without --source-build: the error does not name --source-build: $(cat "$work/guess.err")"; fail=$((fail + 1))
@@ -88,7 +88,7 @@ fi
 # An unrotated (b5640) q8_0 cache declared rotated is refused: its layout is older than any build
 # that rotates (exit 5), where it was un-rotated (exit 0, garbage).
 rc=0
-"$kvsnap" convert "$fx/b5640/hd64-q8_0-q8_0-faon.slot" "$work/neg-b5640.slot" --ctk q8_0 --ctv q8_0 --model "$fx/models/tiny-hd64.gguf" --src-rotation on >/dev/null 2>"$work/neg-b5640.err" || rc=$?
+"$kvsnap" convert --force "$fx/b5640/hd64-q8_0-q8_0-faon.slot" "$work/neg-b5640.slot" --ctk q8_0 --ctv q8_0 --model "$fx/models/tiny-hd64.gguf" --src-rotation on >/dev/null 2>"$work/neg-b5640.err" || rc=$?
 if [ "$rc" -eq 5 ] && grep -q "no build that writes it rotates K" "$work/neg-b5640.err" && [ ! -e "$work/neg-b5640.slot" ]; then
   echo "ok   b5640 q8_0 declared rotated is refused (exit 5)"; pass=$((pass + 1))
 else
@@ -97,7 +97,7 @@ fi
 
 # Negative control: a rotated (v0.5.0) q8_0 cache declared unrotated goes to f16 without its
 # un-rotation, garbage that the bound catches.
-"$kvsnap" convert "$fx/v0.5.0/hd64-q8_0-q8_0-faon.slot" "$work/neg.slot" --ctk f16 --ctv f16 --model "$fx/models/tiny-hd64.gguf" --src-rotation off >/dev/null
+"$kvsnap" convert --force "$fx/v0.5.0/hd64-q8_0-q8_0-faon.slot" "$work/neg.slot" --ctk f16 --ctv f16 --model "$fx/models/tiny-hd64.gguf" --src-rotation off >/dev/null
 "$drv" restore --model "$fx/models/tiny-hd64.gguf" --prompt-file "$P" --ctk f16 --ctv f16 --fa on --slot "$work/neg.slot" --logits "$work/neg.logits" >/dev/null 2>&1
 neg=$(kl "$V/hd64-f16-f16-faon.logits" "$work/neg.logits"); native=$(kl "$V/hd64-f16-f16-faon.logits" "$V/hd64-q8_0-q8_0-faon.logits")
 if within "$neg" "$native"; then

@@ -147,7 +147,7 @@ run_pair() {
   src="$work/$m/fa$fs/$(fname "$s").slot"
   base="$dir/fa$fs-$(fname "$s")__fa$fd-$(fname "$t")"
   local kt="${t%/*}" vt="${t#*/}" status=ok kl=nan ident=-
-  if ! "$kvsnap" convert "$src" "$base.slot" --ctk "$kt" --ctv "$vt" --flash-attn "$fd" --model "$model" \
+  if ! "$kvsnap" convert --force "$src" "$base.slot" --ctk "$kt" --ctv "$vt" --flash-attn "$fd" --model "$model" \
        --threads 1 >"$base.convert.log" 2>&1; then
     status=convert-failed
   else
@@ -236,8 +236,8 @@ for m in "${models[@]}"; do
     for t in f16 bf16; do
       src="$work/$m/fa$fa/$t-$t.slot" mid="$work/$m/rt-fa$fa-$t-f32.slot" back="$work/$m/rt-fa$fa-$t-back.slot"
       [ -f "$src" ] || continue
-      if "$kvsnap" convert "$src" "$mid" --ctk f32 --ctv f32 --model "${model_file[$m]}" >/dev/null 2>&1 &&
-         "$kvsnap" convert "$mid" "$back" --ctk "$t" --ctv "$t" --model "${model_file[$m]}" >/dev/null 2>&1 &&
+      if "$kvsnap" convert --force "$src" "$mid" --ctk f32 --ctv f32 --model "${model_file[$m]}" >/dev/null 2>&1 &&
+         "$kvsnap" convert --force "$mid" "$back" --ctk "$t" --ctv "$t" --model "${model_file[$m]}" >/dev/null 2>&1 &&
          cmp -s "$src" "$back"; then
         check "$m fa $fa $t -> f32 -> $t is byte-identical" ok
       else
@@ -252,8 +252,8 @@ echo "== negative control: f16 -> q8_0/q8_0 with --rotation off (llama.cpp v0.5.
 for m in "${models[@]}"; do
   case " ${fas[*]} " in *" on "*) ;; *) continue ;; esac
   d="$work/$m/faon" model="${model_file[$m]}"
-  "$kvsnap" convert "$d/f16-f16.slot" "$work/$m/neg-auto.slot" --ctk q8_0 --ctv q8_0 --model "$model" >/dev/null 2>&1
-  if ! "$kvsnap" convert "$d/f16-f16.slot" "$work/$m/neg-off.slot" --ctk q8_0 --ctv q8_0 --model "$model" \
+  "$kvsnap" convert --force "$d/f16-f16.slot" "$work/$m/neg-auto.slot" --ctk q8_0 --ctv q8_0 --model "$model" >/dev/null 2>&1
+  if ! "$kvsnap" convert --force "$d/f16-f16.slot" "$work/$m/neg-off.slot" --ctk q8_0 --ctv q8_0 --model "$model" \
        --rotation off >/dev/null 2>&1; then
     check "$m negative control: convert --rotation off" FAIL "kvsnap convert failed"; continue
   fi
@@ -298,7 +298,7 @@ for m in "${l0_models[@]}"; do
     [ "$t" = f32 ] && continue
     nat_f="$d/$t-$t.slot" conv_f="$work/$m/l0-$t.slot"
     [ -f "$nat_f" ] && [ -f "$d/f32-f32.slot" ] || continue
-    "$kvsnap" convert "$d/f32-f32.slot" "$conv_f" --ctk "$t" --ctv "$t" --model "${model_file[$m]}" >/dev/null 2>&1 || { line="$line $t:ERR"; continue; }
+    "$kvsnap" convert --force "$d/f32-f32.slot" "$conv_f" --ctk "$t" --ctv "$t" --model "${model_file[$m]}" >/dev/null 2>&1 || { line="$line $t:ERR"; continue; }
     read -r ak al av avl <<<"$(layer0 "$nat_f")"
     read -r bk bl bv bvl <<<"$(layer0 "$conv_f")"
     r=""

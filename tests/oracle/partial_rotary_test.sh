@@ -62,22 +62,22 @@ print(next((e for e in ev if e.startswith("data (RoPE of layer 0)")), "no RoPE l
   else bad "$name rotated q8_0: the RoPE does not confirm head dim $hd rotated: $line"; fi
 
   # Rotated (the default): converts by itself and restores.
-  "$kvsnap" convert "$s-rot.slot" "$s-rot-f16.slot" --ctk f16 --ctv f16 --model "$m" >/dev/null
+  "$kvsnap" convert --force "$s-rot.slot" "$s-rot-f16.slot" --ctk f16 --ctv f16 --model "$m" >/dev/null
   local k; k=$(restored_kl "$name-rot-f16" "$m" "$s-rot-f16.slot" "$s-f16.logits")
   if [ "$k" != refused ] && within "$k" "$native"; then ok "$name rotated q8_0 -> f16: KL $k (native q8_0 $native)"
   else bad "$name rotated q8_0 -> f16: KL $k, native q8_0 $native (bound 1.5x)"; fi
 
   # Plain in the layout of a rotating build: the data disagrees with the layout, so it is refused.
   local rc=0
-  "$kvsnap" convert "$s-plain.slot" "$s-guess.slot" --ctk f16 --ctv f16 --model "$m" >/dev/null 2>"$s-guess.err" || rc=$?
+  "$kvsnap" convert --force "$s-plain.slot" "$s-guess.slot" --ctk f16 --ctv f16 --model "$m" >/dev/null 2>"$s-guess.err" || rc=$?
   if [ "$rc" -eq 6 ] && grep -q LLAMA_ATTN_ROT_DISABLE "$s-guess.err"; then ok "$name plain q8_0 in v0.5.0's layout: refused (exit 6)"
   else bad "$name plain q8_0 in v0.5.0's layout: exit $rc, not 6 naming LLAMA_ATTN_ROT_DISABLE: $(cat "$s-guess.err")"; fi
-  "$kvsnap" convert "$s-plain.slot" "$s-plain-f16.slot" --ctk f16 --ctv f16 --model "$m" --src-rotation off >/dev/null
+  "$kvsnap" convert --force "$s-plain.slot" "$s-plain-f16.slot" --ctk f16 --ctv f16 --model "$m" --src-rotation off >/dev/null
   k=$(restored_kl "$name-plain-f16" "$m" "$s-plain-f16.slot" "$s-f16.logits")
   if [ "$k" != refused ] && within "$k" "$native"; then ok "$name plain q8_0 declared off -> f16: KL $k (native q8_0 $native)"
   else bad "$name plain q8_0 declared off -> f16: KL $k, native q8_0 $native (bound 1.5x)"; fi
   # The negative control: what the layout's default would have made of it.
-  "$kvsnap" convert "$s-plain.slot" "$s-wrong.slot" --ctk f16 --ctv f16 --model "$m" --src-rotation on >/dev/null
+  "$kvsnap" convert --force "$s-plain.slot" "$s-wrong.slot" --ctk f16 --ctv f16 --model "$m" --src-rotation on >/dev/null
   k=$(restored_kl "$name-wrong" "$m" "$s-wrong.slot" "$s-f16.logits")
   if [ "$k" != refused ] && ! within "$k" "$native"; then ok "$name negative control: un-rotating plain K gives KL $k"
   else bad "$name negative control: un-rotating plain K gives KL $k, within the bound of $native: this test cannot tell"; fi

@@ -184,7 +184,7 @@ def check_pair(case, kvsnap, src, dst, failures):
         failures.append(f"{label}: the unconverted file restored ({j}); expected llama.cpp to refuse it")
     srv.post("/slots/0?action=erase", {})
     conv = f"conv-{src}-to-{dst}.bin"
-    run([kvsnap, "convert", saved_path, os.path.join(case.slot_dir, conv), "--ctk", ctk, "--ctv", ctv,
+    run([kvsnap, "convert", "--force", saved_path, os.path.join(case.slot_dir, conv), "--ctk", ctk, "--ctv", ctv,
          "--flash-attn", fa_word, "--model", case.model])
     code, j = srv.post("/slots/0?action=restore", {"filename": conv})
     if code != 200:
@@ -197,7 +197,7 @@ def check_pair(case, kvsnap, src, dst, failures):
         # the negative control: the same conversion without the rotation restores just as well
         srv.post("/slots/0?action=erase", {})
         ctl = f"ctl-{src}-to-{dst}.bin"
-        run([kvsnap, "convert", saved_path, os.path.join(case.slot_dir, ctl), "--ctk", ctk, "--ctv", ctv,
+        run([kvsnap, "convert", "--force", saved_path, os.path.join(case.slot_dir, ctl), "--ctk", ctk, "--ctv", ctv,
              "--flash-attn", fa_word, "--model", case.model, "--rotation", "off"])
         code, _ = srv.post("/slots/0?action=restore", {"filename": ctl})
         if code == 200:

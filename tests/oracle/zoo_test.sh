@@ -165,7 +165,7 @@ convert_and_judge() {
   local v="$1" name="$2" src="$3" kind="$4" m="$5" fa="$6" srcl="$7" expect="$8"; shift 8
   local id k b; id="$(file_id "$name")"
   local out="$work/$id.conv"
-  "$kvsnap" convert "$src" "$out" --ctk f16 --ctv f16 --model "$(model_of "$m")" "$@" >"$work/$id.convert.out" 2>&1
+  "$kvsnap" convert --force "$src" "$out" --ctk f16 --ctv f16 --model "$(model_of "$m")" "$@" >"$work/$id.convert.out" 2>&1
   local rc=$?
   if [ "$expect" = far_or_refused ] && [ $rc -eq 5 ] && grep -q "no build that writes it rotates K" "$work/$id.convert.out" &&
      [ ! -e "$out" ]; then
@@ -259,7 +259,7 @@ if [ "$part" = bed ]; then
       fi
       if [ -z "${AMBIG[$f]:-}" ]; then
         rm -f "$f.same"
-        "$kvsnap" convert "$f" "$f.same" --model "$(model_of "$m")" --target-build b3166 >"$f.same.err" 2>&1
+        "$kvsnap" convert --force "$f" "$f.same" --model "$(model_of "$m")" --target-build b3166 >"$f.same.err" 2>&1
         if cmp -s "$f" "$f.same"; then pass "$name: --target-build b3166 gives the same bytes back"
         else fail "$name identity" "convert --target-build b3166 differs or failed: $(tail -n1 "$f.same.err")"; fi
         # v6 -> v6 with other types: the header comes from the input; b3166 loads it with f16
@@ -353,7 +353,7 @@ if [ "$part" = bed ]; then
     [ "$ctk/$ctv" = f16/f16 ] && continue
     # the same types (quantized: rotated on the way, since v0.5.0 rotates and b3543 did not)
     id="$(file_id "$name-same")" out="$work/$(file_id "$name").same"
-    if ! "$kvsnap" convert "$f" "$out" --ctk "$ctk" --ctv "$ctv" --model "$(model_of "$m")" >"$out.err" 2>&1; then
+    if ! "$kvsnap" convert --force "$f" "$out" --ctk "$ctk" --ctv "$ctv" --model "$(model_of "$m")" >"$out.err" 2>&1; then
       fail "$name -> v0.5.0 $ctk/$ctv" "kvsnap convert failed: $(tail -n1 "$out.err")"; continue
     fi
     if ! "$V5" restore --model "$(model_of "$m")" --prompt-file "$P" --ctk "$ctk" --ctv "$ctv" --fa "$fa" \
@@ -376,7 +376,7 @@ if [ "$part" = bed ]; then
     [ "$sq" = 2 ] || [ "$era" = A ] || continue
     if [ "$era" = A ] && [ -f "$fx/v0.5.0/hd64-f16-f16-faon.session" ]; then
       out="$work/rev-b3166-from-v5.session"; rm -f "$out"
-      "$kvsnap" convert "$fx/v0.5.0/hd64-f16-f16-faon.session" "$out" --target-build b3166 --model "$(model_of hd64)" \
+      "$kvsnap" convert --force "$fx/v0.5.0/hd64-f16-f16-faon.session" "$out" --target-build b3166 --model "$(model_of hd64)" \
         >"$out.err" 2>&1; rc=$?
       if [ $rc -eq 4 ] && [ ! -e "$out" ] && grep -q "ggsn v6" "$out.err"; then
         pass "v0.5.0 session -> --target-build b3166: refused (exit 4, no b3166 header to write), no output"
@@ -404,7 +404,7 @@ if [ "$part" = bed ]; then
       IFS=- read -r m ctk ctv fa <<<"$stem"; fa="${fa#fa}"
       name="v0.5.0 $src -> --target-build $tag"
       out="$work/rev-$tag-$src"
-      if ! "$kvsnap" convert "$V/$src" "$out" --target-build "$tag" --model "$(model_of "$m")" >"$out.err" 2>&1; then
+      if ! "$kvsnap" convert --force "$V/$src" "$out" --target-build "$tag" --model "$(model_of "$m")" >"$out.err" 2>&1; then
         fail "$name" "kvsnap convert failed: $(tail -n1 "$out.err")"; continue
       fi
       if ! "$drv" restore --model "$(model_of "$m")" --prompt-file "$P" --ctk "$ctk" --ctv "$ctv" --fa "$fa" \
@@ -450,7 +450,7 @@ if [ "$part" = source-build ]; then
     if [ "${f#"$fx"/}" = "$f" ]; then name="$tag $(basename "$f") (written now)"; else name="fixtures/$tag/$(basename "${f%.pending}")"; fi
     # 1. with --source-build
     out="$work/sb-$tag-$(basename "$f")"
-    "$kvsnap" convert "$f" "$out" --ctk f16 --ctv f16 --model "$(model_of "$m")" --source-build "$tag" >"$out.err" 2>&1
+    "$kvsnap" convert --force "$f" "$out" --ctk f16 --ctv f16 --model "$(model_of "$m")" --source-build "$tag" >"$out.err" 2>&1
     rc=$?
     if [ $rc -ne 0 ] && grep -qiE "(not expected|unknown option|unrecognized).*source-build|source-build.*(not expected|unknown|unrecognized)" "$out.err"; then
       # (exit 2 per docs/cli.md; the CLI11 parser of today answers 109 "The following arguments were not expected")
@@ -460,7 +460,7 @@ if [ "$part" = source-build ]; then
     fi
     # 2. without flags: within the bound, or exit 6 naming --source-build; never success with a bad KL
     out="$work/nf-$tag-$(basename "$f")"
-    "$kvsnap" convert "$f" "$out" --ctk f16 --ctv f16 --model "$(model_of "$m")" >"$out.err" 2>&1
+    "$kvsnap" convert --force "$f" "$out" --ctk f16 --ctv f16 --model "$(model_of "$m")" >"$out.err" 2>&1
     rc=$?
     if [ $rc -eq 6 ] && grep -q -- "--source-build" "$out.err"; then
       ok_or_stale "$name -> f16 (no flags)" "refused as ambiguous, naming --source-build"

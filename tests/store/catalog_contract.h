@@ -920,6 +920,29 @@ TYPED_TEST_P(CatalogContract, AnEvictionsRemovalKeepsAVictimPinnedOrExtendedSinc
   this->expect_consistent(*c);
 }
 
+// A review's finding: two saves under a cap, committed at once, each evicted the other's new
+// snapshot (each plan protected only its own): both exited 0 and the store was empty. A save's plan
+// leaves the snapshots saved after its own, unless expired.
+TYPED_TEST_P(CatalogContract, ASavesEvictionLeavesTheSnapshotsSavedAfterIt) {
+  auto c = this->open();
+  const int64_t old = this->add(*c, aged("old", 1), {use("o")});
+  const int64_t first = this->add(*c, aged("first", 2), {use("f")});
+  const int64_t second = this->add(*c, aged("second", 3), {use("s")});
+  auto planned = [&](int64_t keep) {
+    auto p = plan_eviction(*c, EvictionRequest{0, std::nullopt, "2026-01-02T00:00:00.000Z", keep});
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return p.ok() ? *p : EvictionPlan{};
+  };
+  EvictionPlan p = planned(first);  // the first save's plan, read after the second committed
+  EXPECT_EQ(victim_names(p), (std::vector<std::string>{"old"}));
+  EXPECT_FALSE(p.cap_met);
+  EXPECT_EQ(victim_names(planned(second)), (std::vector<std::string>{"old", "first"}));
+  // An expired later snapshot still goes.
+  ASSERT_TRUE(c->set_expiry(second, std::string("2026-01-01T12:00:00.000Z")).ok());
+  EXPECT_EQ(victim_names(planned(first)), (std::vector<std::string>{"second", "old"}));
+  (void)old;
+}
+
 TYPED_TEST_P(CatalogContract, EvictionIsLeastRecentlyRestoredFirst) {
   auto c = this->open();
   int64_t a = this->add(*c, aged("a", 1), {use("a")});
@@ -1031,7 +1054,7 @@ TYPED_TEST_P(CatalogContract, TenantCapEvictsOnlyThatTenant) {
   EXPECT_TRUE(plan(*c, 0, "nobody").victims.empty());
 }
 
-REGISTER_TYPED_TEST_SUITE_P(CatalogContract, FindChunksAnswersAsFindChunkInOrder, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, AnEvictionsRemovalKeepsAVictimPinnedOrExtendedSinceThePlan, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, ExpiredSnapshotsAreFoundFromTheSnapshotRows, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact, ACatalogBeforeEncryptionGainsItsColumns, EncryptedRowsKeepTheirKeyIdsAndAKeyedPrefixIndex, ExpiredSnapshotsAreFoundThroughTheExpiryIndex, ACatalogBeforeTheExpiryIndexGainsIt, AnExpiryPastTheYear9999NeverExpires, IdsAreNeverGivenTwice);
+REGISTER_TYPED_TEST_SUITE_P(CatalogContract, FindChunksAnswersAsFindChunkInOrder, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, AnEvictionsRemovalKeepsAVictimPinnedOrExtendedSinceThePlan, ASavesEvictionLeavesTheSnapshotsSavedAfterIt, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, ExpiredSnapshotsAreFoundFromTheSnapshotRows, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact, ACatalogBeforeEncryptionGainsItsColumns, EncryptedRowsKeepTheirKeyIdsAndAKeyedPrefixIndex, ExpiredSnapshotsAreFoundThroughTheExpiryIndex, ACatalogBeforeTheExpiryIndexGainsIt, AnExpiryPastTheYear9999NeverExpires, IdsAreNeverGivenTwice);
 
 // What a save does (format/ will own the real one): blobs first, synced, then
 // the catalog row; the gc lock is held throughout.
