@@ -75,7 +75,9 @@ int run(int argc, char** argv) {
   CLI::App app{"kvsnap: read, convert and store llama.cpp KV caches (slot and session files)"};
   app.set_version_flag("--version", std::string("kvsnap ") + KVSNAP_VERSION);
   app.require_subcommand(1);
-  app.footer("\nRun 'kvsnap COMMAND --help' for a command's options. Exit codes: docs/cli.md.");
+  // Also shown by the commands that have no footer of their own: it must read right there too.
+  app.footer("\nA command's options: kvsnap COMMAND --help. What each exit status means: kvsnap man [COMMAND] | man -l - "
+             "(EXIT STATUS).");
   kvsnap::cli::install_interrupt_handler();
   int exit_status = kvsnap::cli::kExitOk;
   const std::vector<std::string> words(argv, argv + argc);

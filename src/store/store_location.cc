@@ -336,11 +336,13 @@ Result<StoreParts> open_store_parts(Io& io, const StoreLocation& where) {
   StoreParts parts;
   KV_ASSIGN_OR_RETURN(parts.key, load_store_key(where.keys));
   KV_RETURN_IF_ERROR(io.create_dirs(where.local_dir));
-  KV_ASSIGN_OR_RETURN(parts.blobs, open_blob_store(io, where));
   KV_RETURN_IF_ERROR(refuse_emptied_catalog(io, where));
+  // The catalog first: a damaged one is refused before the blob store makes its directories (a
+  // review's finding: `ls` beside a damaged catalog left chunks/, packs/ and tmp/ behind).
   CatalogOptions catalog_options;
   catalog_options.io = &io;  // where the room reserve's free space is measured
   KV_ASSIGN_OR_RETURN(parts.catalog, open_catalog(where, catalog_options));
+  KV_ASSIGN_OR_RETURN(parts.blobs, open_blob_store(io, where));
   parts.local_dir = where.local_dir;
   parts.caps = where.caps;
   parts.name = where.config.empty() ? where.local_dir : where.config;

@@ -482,6 +482,14 @@ TEST_F(StoreCli, OnlySaveAndImportCreateAStore) {
   KvRun e = kv("export one -o " + (dir_ / "adir").string());
   EXPECT_EQ(e.code, 2) << e.err;
   EXPECT_NE(e.err.find("adir: is a directory; kvsnap export writes"), std::string::npos) << e.err;
+  // Nor beside a damaged catalog (a review's finding: `ls` refused it, exit 3, and left the blob
+  // store's chunks/, packs/ and tmp/ behind).
+  const fs::path damaged = dir_ / "damaged";
+  fs::create_directories(damaged);
+  std::ofstream(damaged / "catalog.sqlite") << "not a database, but not empty either";
+  KvRun r = bare("ls --store " + damaged.string());
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_EQ(std::distance(fs::directory_iterator(damaged), fs::directory_iterator()), 1) << "made directories";
 }
 
 // One snapshot named twice (by name and by id) is exported once, and said so (it was "exported 2
