@@ -246,6 +246,42 @@ Status check_spec_words(const ConversionSpec& spec) {
   return Status::OK();
 }
 
+namespace {
+
+// llama.cpp does not start a context whose quantized K (or V) type's block does not divide a
+// layer's head dim, with flash attention (llama_init_from_model: "K cache type q8_0 with block size
+// 32 does not divide n_embd_head_k=80", 3.22.1 llama-context.cpp): a file of that type could never
+// be restored (a review's finding: convert said success, the whole row being whole blocks).
+Status check_blocks_divide_head_dims(const ModelInfo& model, const StateFile& src, const ConvertRequest& req) {
+  bool fa_on = false;
+  if (req.flash_attn) {
+    fa_on = *req.flash_attn;
+  } else {
+    for (const KvSection& sec : src.memory.kv)
+      for (const KvStream& st : sec.streams)
+        if (!st.layers.empty()) fa_on = st.v_trans == 0;
+  }
+  if (!fa_on) return Status::OK();
+  for (const bool is_v : {false, true}) {
+    const std::optional<int32_t>& want = is_v ? req.v_type : req.k_type;
+    const TypeLayout* t = want ? find_type(*want) : nullptr;
+    if (!t || !t->quantized || t->block_elems == 0) continue;
+    for (size_t il = 0; il < model.profile.layers.size(); ++il) {
+      const LayerProfile& l = model.profile.layers[il];
+      const uint32_t head = is_v ? l.head_dim_v : l.head_dim_k;
+      if (!l.has_kv || (is_v && !l.has_v) || head == 0 || head % t->block_elems == 0) continue;
+      return Status::NotSupported(std::string(is_v ? "V" : "K") + " cache type " + std::string(t->name) +
+                                  " with block size " + std::to_string(t->block_elems) + " does not divide layer " +
+                                  std::to_string(il) + "'s head dim " + std::to_string(head) + " of " + model.path +
+                                  ": llama.cpp refuses that cache with flash attention, so no server could load the "
+                                  "file; choose another type (f16, bf16, f32)");
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<ConvertRequest> make_request(const ConversionSpec& spec, const StateFile& src, const ModelInfo* model,
                                     const std::string& src_name, std::string* warnings, const ReadableFile* file,
                                     SourceRotation* decision) {
@@ -280,6 +316,7 @@ Result<ConvertRequest> make_request(const ConversionSpec& spec, const StateFile&
     KV_ASSIGN_OR_RETURN(req.requant, parse_requant_mode(spec.requant));
   }
   KV_RETURN_IF_ERROR(set_geometry(spec, src, model, req));
+  if (model) KV_RETURN_IF_ERROR(check_blocks_divide_head_dims(*model, src, req));
   KV_RETURN_IF_ERROR(check_claimed_head_dim(spec, src, model, file));
   KV_RETURN_IF_ERROR(set_target_build(spec, src, req));
   KV_RETURN_IF_ERROR(check_upgrade(src, model, spec.cell_ext_bytes, req, src_name, warnings));
