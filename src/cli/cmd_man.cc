@@ -111,6 +111,9 @@ std::string main_page(const CLI::App& root) {
   s += ".SH ENVIRONMENT\n.TP\n.B KVSNAP_HOME\nthe store (a directory, or a store config file) when \\-\\-store is not given "
        "(default: $XDG_DATA_HOME/kvsnap, else ~/.local/share/kvsnap)\n.TP\n.B KVSNAP_SIMD\nscalar, avx2, avx512 or neon: lowers the SIMD level "
        "of the conversion kernels and the store's byte shuffle (the output bytes are the same)\n.TP\n"
+       ".B KVSNAP_AVX512_HALVES\n1 or 0: whether the avx512 level takes its q8_0 rows as for a CPU that splits 512\\-bit "
+       "operations into two halves (AMD Zen 4) or at full width, for benches and tests (the output bytes are the same; "
+       "another value is ignored, and kvsnap doctor warns)\n.TP\n"
        ".B KVSNAP_SHA\nopenssl, shani\\-x2, shani\\-x4, avx2\\-x8, avx512\\-x8 or armv8\\-x2: the SHA\\-256 kernel that hashes chunks, for "
        "tests and benches (one this CPU lacks gives the best it has, and kvsnap doctor warns; KVSNAP_SIMD=scalar gives openssl, "
        "KVSNAP_SIMD=avx2 gives avx2\\-x8 for avx512\\-x8; the ids are the same)\n.TP\n.B KVSNAP_PROGRESS_DELAY_MS\nhow long a command runs "
@@ -130,6 +133,8 @@ struct ManOpts {
 
 Status run_man(const CLI::App& root, const ManOpts& o, std::string& out) {
   const auto all = commands_of(root);
+  if (!o.dir.empty() && !o.command.empty())  // it writes every page: a command named beside it was ignored
+    return Status::InvalidArgument("--dir writes every page; give it without a command");
   if (!o.dir.empty()) {
     // Each page replaced whole (a reader, or a failed run, never leaves a cut page); the
     // directory synced once after the last.

@@ -42,6 +42,10 @@ Result<OpenedState> open_state(Io& io, const std::string& path, const std::strin
 }
 
 Status refuse_irregular_output(const std::string& out, const std::string& command) {
+  // Many tools read "-" as standard output; kvsnap writes a file atomically (a review's finding: a
+  // file named "-" was written).
+  if (out == "-")
+    return Status::InvalidArgument(command + " writes a file, not standard output: give a path (./- names a file '-')");
   struct stat b {};
   if (::lstat(out.c_str(), &b) != 0 || S_ISREG(b.st_mode)) return Status::OK();
   // A symlink is replaced by the rename, which is what it is for when it names a regular file (or

@@ -631,6 +631,11 @@ Result<EvictResult> Store::evict(EvictionRequest req, bool dry_run, bool wait_gc
   EvictResult out;
   out.dry_run = dry_run;
   KV_ASSIGN_OR_RETURN(out.plan, plan_eviction(*catalog_, req));
+  // The scope's rows carry no tags (a review's finding: every evicted snapshot showed tags {}):
+  // the victims' are read before they go, for what the commands list.
+  for (EvictionVictim& v : out.plan.victims) {
+    if (auto full = catalog_->get_info(v.info.id); full.ok()) v.info.tags = std::move(full->tags);
+  }
   if (dry_run || out.plan.victims.empty()) return out;
   std::vector<EvictionVictim> removed;
   std::vector<std::string> warnings;

@@ -268,6 +268,14 @@ TEST_F(CliTest, MistakesOnTheCommandLineAreNamed) {
   r = run("ls --store " + in);
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("neither a store directory nor a store config file"), std::string::npos) << r.err;
+  // "-" as OUT wrote a file named '-'; `man convert --dir D` wrote every page, convert ignored.
+  r = run("convert " + in + " - --ctk f32");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("writes a file, not standard output"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists("-"));
+  r = run("man convert --dir " + (dir_ / "pages").string());
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "pages"));
   // A negative --limit was "no limit".
   r = run("ls --limit -1 --store " + dir_.string());
   EXPECT_EQ(r.code, 2) << r.err;

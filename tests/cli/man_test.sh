@@ -31,10 +31,10 @@ done
 # variables, and every KVSNAP_* variable the sources read is among them (testing knobs aside:
 # KVSNAP_TEST_*, and KVSNAP_SERVE_NO_PDEATHSIG of docs/serve.md; the C API's examples are not kvsnap).
 root="$(dirname "$0")/../.."
-man_env=$(sed -n '/^ENVIRONMENT/,/^SEE ALSO/p' <<<"$main" | grep -oE '^ +KVSNAP_[A-Z_]+' | tr -d ' ' | sort -u)
-doc_env=$(sed -n '/^## Environment/,/^## /p' "$root/docs/cli.md" | grep -oE '^\| `KVSNAP_[A-Z_]+`' | tr -d '|` ' | sort -u)
-read_env=$(grep -rhoE --exclude-dir=examples 'getenv\("KVSNAP_[A-Z_]+"\)' "$root/src" "$root/format" "$root/migrate" |
-           grep -oE 'KVSNAP_[A-Z_]+' |
+man_env=$(sed -n '/^ENVIRONMENT/,/^SEE ALSO/p' <<<"$main" | grep -oE '^ +KVSNAP_[A-Z0-9_]+' | tr -d ' ' | sort -u)
+doc_env=$(sed -n '/^## Environment/,/^## /p' "$root/docs/cli.md" | grep -oE '^\| `KVSNAP_[A-Z0-9_]+`' | tr -d '|` ' | sort -u)
+read_env=$(grep -rhoE --exclude-dir=examples 'getenv\("KVSNAP_[A-Z0-9_]+"\)' "$root/src" "$root/format" "$root/migrate" |
+           grep -oE 'KVSNAP_[A-Z0-9_]+' |
            grep -vE '^KVSNAP_TEST_|^KVSNAP_SERVE_NO_PDEATHSIG$' | sort -u)
 [ -n "$doc_env" ] || bad "docs/cli.md has no Environment table"
 [ "$man_env" = "$doc_env" ] || bad "kvsnap.1's ENVIRONMENT ($(echo $man_env)) differs from docs/cli.md's ($(echo $doc_env))"

@@ -795,7 +795,7 @@ TEST_F(StoreCli, GcDeletesAbandonedTemporariesWhenTheBlobsLiveElsewhere) {
 // apply them). It keeps them as a save does: the imported snapshots stay, older ones are evicted.
 TEST_F(StoreCli, AnImportKeepsTheStoresCaps) {
   const fs::path a = make_slot("a.slot", 2, 64, 400, 7), b = make_slot("b.slot", 2, 64, 400, 8);
-  ASSERT_EQ(kv("save " + a.string() + " --name a").code, 0);
+  ASSERT_EQ(kv("save " + a.string() + " --name a --tag team=x").code, 0);
   ASSERT_EQ(kv("save " + b.string() + " --name b").code, 0);
   const std::string archive = (dir_ / "b.tar.zst").string();
   ASSERT_EQ(kv("export b -o " + archive).code, 0);
@@ -807,6 +807,7 @@ TEST_F(StoreCli, AnImportKeepsTheStoresCaps) {
   ASSERT_EQ(j["imported"].size(), 1u) << r.out;
   ASSERT_EQ(j["evicted"].size(), 1u) << r.out;
   EXPECT_EQ(j["evicted"][0]["snapshot"]["name"], "a") << r.out;
+  EXPECT_EQ(j["evicted"][0]["snapshot"]["tags"]["team"], "x") << "an evicted snapshot's tags were {}: " << r.out;
   EXPECT_TRUE(j["cap_warnings"].empty()) << r.out;
   EXPECT_EQ(count_snapshots(), 1u);
   EXPECT_EQ(kv("show b").code, 0);
