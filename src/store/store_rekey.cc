@@ -90,12 +90,29 @@ Result<RekeyReport> Store::rekey(const MasterKey& to, const RekeyOptions& opts) 
     }
     p.snapshots_total = todo.size();
     if (opts.progress) KV_RETURN_IF_ERROR(opts.progress(p));
+    // A damaged snapshot stops only itself: the others are sealed again (the old key may be the
+    // leaked one), and the rotation does not finish while it is there (a review's finding: the first
+    // damaged one stopped the rotation of every snapshot after it).
+    std::vector<std::string> damaged;
     for (const SnapshotInfo& s : todo) {
       KV_ASSIGN_OR_RETURN(auto c, ciphers_of(*s.tenant));
-      KV_RETURN_IF_ERROR(rekey_snapshot(s, c->first, c->second, opts, resealed[*s.tenant], rep).status());
+      const Status one = rekey_snapshot(s, c->first, c->second, opts, resealed[*s.tenant], rep).status();
+      if (one.code() == Code::kCorruption) {
+        damaged.push_back(one.message());
+        continue;
+      }
+      KV_RETURN_IF_ERROR(one);
       ++p.snapshots_done;
       p.bytes_done += s.stored_bytes;
       if (opts.progress) KV_RETURN_IF_ERROR(opts.progress(p));
+    }
+    if (!damaged.empty()) {
+      std::string list;
+      for (const std::string& d : damaged) list += (list.empty() ? "" : "; ") + d;
+      return Status::Corruption("store " + name_ + ": " + std::to_string(damaged.size()) + " of " +
+                                std::to_string(todo.size()) + " snapshot(s) could not be sealed again (" + list +
+                                "); the others were. The store stays mid-rotation (either key opens it): remove "
+                                "the damaged ones (kvsnap rm), then run kvsnap rekey again");
     }
     KV_ASSIGN_OR_RETURN(int64_t left, catalog_->finish_key_rotation(rep.from_key_id, rep.to_key_id));
     if (left == 0) break;

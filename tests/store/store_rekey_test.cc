@@ -200,6 +200,50 @@ TEST(StoreRekey, RotationKeepsEverythingAndRetiresTheOldKey) {
 // Stopped at the k-th step of a rotation (as kill -9 there would leave it), for every k: every
 // snapshot restores with one of the two keys, the old key cannot save, the same rekey again
 // finishes, and the end state is the clean one.
+// A review's finding: the first damaged snapshot stopped the rotation, and every snapshot after it
+// stayed sealed under the old key (possibly the leaked one) until it was removed. The others are
+// sealed again; the rotation does not finish while the damaged one is there, and does once it is gone.
+TEST(StoreRekey, ADamagedSnapshotStopsOnlyItself) {
+  Bed b;
+  Population pop;
+  pop.fill(b);
+  int64_t first = 0;  // the damaged one
+  {
+    auto alice = b.must_open(b.key_a, "alice");
+    auto listed = alice->catalog().list();
+    ASSERT_TRUE(listed.ok());
+    for (const SnapshotInfo& s : *listed) first = std::max(first, s.id);  // bob's, whose chunks no other uses
+    auto uses = alice->catalog().chunks_of(first);
+    ASSERT_TRUE(uses.ok() && !uses->empty());
+    const ChunkUse& u = uses->back();
+    ASSERT_FALSE(u.pack.empty());
+    const fs::path pack = b.root / "packs" / (u.pack + ".pack");
+    auto bytes = slurp(pack);
+    bytes[u.pack_offset + kSealedHeaderBytes + 7] ^= std::byte{0x40};
+    std::ofstream(pack, std::ios::binary | std::ios::trunc).write(reinterpret_cast<char*>(bytes.data()), bytes.size());
+  }
+  auto alice = b.must_open(b.key_a, "alice");
+  auto rep = alice->rekey(key_of(b.key_b), {});
+  ASSERT_FALSE(rep.ok());
+  EXPECT_EQ(rep.status().code(), Code::kCorruption) << rep.status().ToString();
+  EXPECT_NE(rep.status().message().find("1 of 3 snapshot(s) could not be sealed again"), std::string::npos)
+      << rep.status().ToString();
+  auto any = b.open("", "", /*keyless_ok=*/true);
+  ASSERT_TRUE(any.ok());
+  auto all = (*any)->catalog().list();
+  ASSERT_TRUE(all.ok());
+  for (const SnapshotInfo& s : *all) {
+    if (!s.tenant) continue;
+    EXPECT_EQ(s.master_key_id, s.id == first ? b.key_id(b.key_a) : b.key_id(b.key_b)) << "snapshot " << s.id;
+  }
+  auto bob = b.must_open(b.key_a, "bob");
+  auto rm = bob->remove(std::to_string(first));
+  ASSERT_TRUE(rm.ok()) << rm.status().ToString();
+  auto again = alice->rekey(key_of(b.key_b), {});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(again->resumed);
+}
+
 TEST(StoreRekey, ACrashAtAnyStepLeavesEverySnapshotReadableAndRekeyAgainFinishes) {
   int steps = 0;
   {
