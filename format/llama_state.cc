@@ -99,8 +99,9 @@ Status parse_recurrent(Cursor& c, RecurrentSection& rec, const MemoryShape* shap
 
 // Parses the sections after the first KV section (which `mem` already holds,
 // unless r.n_kv == 0) and checks that nothing is left over.
-Status parse_memory_rest(Cursor& c, const Reading& r, const MemoryShape* shape, MemorySection& mem) {
-  for (int si = int(mem.kv.size()); si < r.n_kv; ++si) {
+// `from`: the KV sections before it are parsed already (the first, shared by readings: FirstKv).
+Status parse_memory_rest(Cursor& c, const Reading& r, const MemoryShape* shape, int from, MemorySection& mem) {
+  for (int si = from; si < r.n_kv; ++si) {
     const KvSectionShape* ss = nullptr;
     if (shape && shape->kv_sections_known && size_t(si) < shape->kv_sections.size()) ss = &shape->kv_sections[si];
     KvSection sec;
@@ -202,30 +203,33 @@ FirstKv& first_kv_section(const ReadableFile& file, uint64_t begin, const Readin
   return firsts.back();
 }
 
-// Reads the memory section at `begin` the way reading r says. `last_of_pair`: no later reading
-// shares r's stream prefix and cell ext (candidate_readings lists them together), so the parsed first
-// KV section is moved into this attempt instead of copied: a hostile file of millions of cells held
-// one copy of its cell list per reading (a review's finding: 21 times the file's size in memory).
+// Reads the memory section at `begin` the way reading r says. The first KV section, parsed once for
+// every reading of its (prefix, ext) pair, joins the attempt only if the rest reads: moved when no
+// later reading shares the pair (`last_of_pair`; candidate_readings lists them together), else
+// copied. A hostile file of millions of cells held one copy of its cell list per reading (a
+// review's finding: 21 times the file's size in memory).
 Attempt attempt_reading(const ReadableFile& file, uint64_t begin, const Reading& r, const MemoryShape* shape,
                         std::vector<FirstKv>& firsts, bool last_of_pair) {
   Attempt a{r, Status::OK(), 0, {}};
   a.mem.range.offset = begin;
   uint64_t resume = begin;
+  FirstKv* first = nullptr;
   if (r.n_kv > 0) {
-    FirstKv& first = first_kv_section(file, begin, r, shape, firsts);
-    if (!first.status.ok()) {
-      a.status = first.status;
-      a.reached = first.reached;
+    first = &first_kv_section(file, begin, r, shape, firsts);
+    if (!first->status.ok()) {
+      a.status = first->status;
+      a.reached = first->reached;
       return a;
     }
-    a.mem.kv.push_back(last_of_pair ? std::move(first.sec) : first.sec);
     a.past_first_kv = true;
-    resume = first.reached;
+    resume = first->reached;
   }
   Cursor c(file, begin, file.size());
   a.status = c.seek(resume);
-  if (a.status.ok()) a.status = parse_memory_rest(c, r, shape, a.mem);
+  if (a.status.ok()) a.status = parse_memory_rest(c, r, shape, first ? 1 : 0, a.mem);
   a.reached = c.offset();
+  if (a.status.ok() && first)
+    a.mem.kv.insert(a.mem.kv.begin(), last_of_pair ? std::move(first->sec) : first->sec);
   return a;
 }
 
@@ -305,7 +309,7 @@ Status read_memory(const ReadableFile& file, uint64_t begin, uint32_t era, const
       std::erase_if(firsts, [&](const FirstKv& f) { return f.prefix == r.stream_prefix && f.ext == r.ext_bytes; });
     }
     if (!a.status.ok()) {
-      a.mem = {};  // only its status and how far it read are shown
+      a.mem = {};  // only its status and how far it read are shown (its later sections)
       failures.consider(std::move(a));
     } else if (std::none_of(ok.begin(), ok.end(), [&](const Attempt& o) { return same_reading(a, o); })) {
       ok.push_back(std::move(a));
