@@ -22,13 +22,17 @@ mlx_lm_version=0.32.2
 if [ ! -x "$venv/bin/python3" ] ||
    ! "$venv/bin/python3" -c "import mlx.core, mlx_lm, sys; import importlib.metadata as m; \
 sys.exit(m.version('mlx') != '$mlx_version' or m.version('mlx-lm') != '$mlx_lm_version')" 2>/dev/null; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q "mlx[cpu]==$mlx_version" "mlx-lm[cpu]==$mlx_lm_version"
+  # What this machine may lack (no PyPI, no wheel for its glibc) is exit 77, the only code the
+  # oracle.mlx_* wrappers take as "Skipped"; anything else below (a broken make_caches.py) fails them.
+  python3 -m venv "$venv" || { echo "make-bed: cannot make a venv at $venv" >&2; exit 77; }
+  "$venv/bin/pip" install -q "mlx[cpu]==$mlx_version" "mlx-lm[cpu]==$mlx_lm_version" ||
+    { echo "make-bed: cannot install mlx $mlx_version / mlx-lm $mlx_lm_version (no PyPI, or no wheel here)" >&2; exit 77; }
 fi
 # Older mlx-lm releases for the older file layouts: pure Python, run on the same mlx (make_caches.py).
 for v in 0.31.3 0.30.5 0.28.0; do
   if [ ! -d "$venv/old/mlx-lm-$v/mlx_lm" ]; then
-    "$venv/bin/pip" install -q --no-deps --target "$venv/old/mlx-lm-$v" "mlx-lm==$v"
+    "$venv/bin/pip" install -q --no-deps --target "$venv/old/mlx-lm-$v" "mlx-lm==$v" ||
+      { echo "make-bed: cannot install mlx-lm $v (no PyPI?)" >&2; exit 77; }
   fi
 done
 

@@ -28,6 +28,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from server_test import Server, completion, mean_kl, agreeing_prefix, SUFFIX  # noqa: E402
 from default_signals import restore_default_signals  # noqa: E402
+from test_outcome import exit_status  # noqa: E402
 
 
 def kvsnap(args, env, expect=0):
@@ -55,6 +56,7 @@ def main():
     model = os.path.join(fixtures, "models", "tiny-hd64.gguf")
     prompt = open(os.path.join(fixtures, "prompt.txt")).read()
     failures, rows = [], []
+    skipped = []  # checks this machine could not run (test_outcome.py)
 
     def check(cond, msg):
         if not cond:
@@ -198,8 +200,9 @@ def main():
                   f"save --server by a user who may not write in the slot directory: exit {p.returncode}, the "
                   f"server's file not left there ({sorted(os.listdir(slots))}): {p.stderr.strip()[:200]}")
         else:
-            print("skip save --server by a user who may not write in the slot directory (needs root, setpriv and "
+            print("SKIP save --server by a user who may not write in the slot directory (needs root, setpriv and "
                   "kvsnap and the slot directory reachable by nobody)")
+            skipped.append("save --server by a user who may not write in the slot directory")
     finally:
         src.stop()
 
@@ -441,8 +444,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in r) + " |")
-    print(f"{len(failures)} failures")
-    return 1 if failures else 0
+    return exit_status(failures, skipped)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ declare -A dir_of=([base]=src/base [format]=format [migrate]=migrate [store]=src
 bad=0
 for layer in base format migrate store server serve cli capi; do
   own=${rank[$layer]:-2}  # capi: as migrate, plus itself
+  # A layer's directory that is not there would be scanned for nothing and pass (an audit's finding).
+  [ -d "$root/${dir_of[$layer]}" ] || { echo "layers: $root/${dir_of[$layer]} ($layer) is not a directory"; exit 1; }
   while IFS= read -r hit; do
     file=${hit%%:*}
     inc=$(sed -E 's/.*#include "([a-z_]+)\/.*/\1/' <<<"$hit")
