@@ -546,6 +546,21 @@ Result<std::optional<int64_t>> Store::find_parent(const std::vector<int32_t>& to
   return std::optional<int64_t>();
 }
 
+namespace {
+
+// Caps are kept after the snapshots they protect are durable (a save's, an import's): a cap that
+// could not be kept is a warning, not a failure (a caller such as serve's persister would count the
+// snapshot unsaved and save it again: a review's finding). Ctrl-C during the eviction's collection
+// still ends the command as interrupted.
+Status caps_failure_as_warning(const Status& caps, const std::string& done, std::vector<std::string>& warnings) {
+  if (caps.ok()) return caps;
+  if (caps.code() == Code::kInterrupted) return caps.Prefixed(done + ", then keeping the store's caps");
+  warnings.push_back("keeping the caps stopped: " + caps.ToString());
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<SaveResult> Store::commit_save(SnapshotRecord rec, const SnapshotManifest& m, const BlobSink& sink,
                                       std::unique_ptr<BlobWriteBatch>& batch, const SaveRequest& req,
                                       std::optional<int64_t> parent_id, double seconds) {
@@ -572,14 +587,8 @@ Result<SaveResult> Store::commit_save(SnapshotRecord rec, const SnapshotManifest
   r.chunks = sink.uses.size();
   r.chunks_new = sink.written;
   r.bytes_new = sink.bytes_written;
-  // The snapshot is durable: a cap that could not be kept is a warning, not a failed save (which a
-  // caller such as serve's persister would count as unsaved, and save again: a review's finding).
-  // Ctrl-C during the eviction's collection still ends the command as interrupted.
-  if (Status caps = enforce_caps(r.info, r); !caps.ok()) {
-    if (caps.code() == Code::kInterrupted)
-      return caps.Prefixed("saved snapshot " + std::to_string(r.info.id) + ", then keeping the store's caps");
-    r.cap_warnings.push_back("keeping the caps stopped: " + caps.ToString());
-  }
+  KV_RETURN_IF_ERROR(caps_failure_as_warning(enforce_caps(r.info, r), "saved snapshot " + std::to_string(r.info.id),
+                                             r.cap_warnings));
   r.seconds = seconds + since(t1);
   return r;
 }
@@ -1638,8 +1647,9 @@ Result<ImportReport> Store::import_from(const std::string& path, const ImportOpt
     }();
     if (!s.ok()) return stored_so_far(s);
   }
-  KV_RETURN_IF_ERROR(enforce_caps_after_import(rep).Prefixed("imported " + std::to_string(rep.imported.size()) +
-                                                             " snapshots, then keeping the store's caps"));
+  KV_RETURN_IF_ERROR(caps_failure_as_warning(enforce_caps_after_import(rep),
+                                             "imported " + std::to_string(rep.imported.size()) + " snapshots",
+                                             rep.cap_warnings));
   return rep;
 }
 
@@ -1654,8 +1664,10 @@ Status Store::enforce_caps_after_import(ImportReport& rep) {
     first = std::min(first, s.id);
     if (auto t = s.tags.find(kTenantTag); t != s.tags.end()) tenants.insert(t->second);
   }
-  std::vector<SnapshotInfo> probes(1);
+  // Each tenant's cap first (what it evicts counts toward the store's too), then the store's.
+  std::vector<SnapshotInfo> probes;
   for (const std::string& t : tenants) probes.emplace_back().tags[kTenantTag] = t;
+  probes.emplace_back();
   SaveResult caps;
   for (SnapshotInfo& probe : probes) {
     probe.id = first;
