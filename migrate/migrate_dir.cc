@@ -379,6 +379,14 @@ class Migrator {
     Examined e;
     KV_RETURN_IF_ERROR(examine(path, r, e));
     if (!r.needs_conversion) return Status::OK();
+    // Its conversion is a new file, which would be kvsnap's user's: a server running as the file's
+    // owner might then save it no more, or not even read it (a review's finding: "converted 2",
+    // exit 0, and every later save of the server failed).
+    if (e.stamp && e.stamp->replacement_changes_owner)
+      return Status::IOError(path + ": owned by user id " + std::to_string(e.stamp->owner) +
+                             ", not by kvsnap's user: its conversion would belong to kvsnap's user, which the "
+                             "server's user may not be able to save over or read; run kvsnap migrate as the file's "
+                             "owner (the server's user) or as root, which keeps each file's owner");
     if (o_.dry_run) {
       CountingSink count;
       ZeroTensorSource zeros;
@@ -387,7 +395,16 @@ class Migrator {
       r.action = FileAction::kWouldConvert;
       return Status::OK();
     }
-    if (o_.backup) KV_RETURN_IF_ERROR(o_.backup(path, *e.file, e.src).Prefixed("backing up " + path));
+    if (!o_.backup) return convert_and_publish(path, e, r);
+    Status backed_up = o_.backup(path, *e.file, e.src).Prefixed("backing up " + path);
+    Status s = backed_up.ok() ? convert_and_publish(path, e, r) : backed_up;
+    // A save during the backup's read (in place) gives a backup of no save's bytes; it shows as a
+    // file changed since it was examined (a review's finding: such a backup stayed in the store).
+    if (!s.ok() && !r.original_gone) r.backup_may_mix = !check_unchanged(path, path, e.stamp, false).ok();
+    return s;
+  }
+
+  Status convert_and_publish(const std::string& path, Examined& e, FileOutcome& r) {
     KV_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::create(io_, path));
     KV_ASSIGN_OR_RETURN(ConvertResult res, convert_state(e.src, *e.file, e.req, *writer));
     // The checks after the fdatasync, which can take seconds: a save during it must show. The last

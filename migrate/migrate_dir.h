@@ -72,6 +72,10 @@ struct FileOutcome {
   // conversion took it (the save holds it). The original is nowhere in DIR (its backup, if any, is
   // the only copy).
   bool original_gone = false;
+  // kFailed after the backup hook ran, and the file is no longer as it was examined (a save
+  // rewrote or replaced it): the backup, read meanwhile, may mix two saves' bytes and must not be
+  // kept as the original's.
+  bool backup_may_mix = false;
 };
 
 struct MigrateSummary {

@@ -324,6 +324,10 @@ class PosixIo final : public Io {
     f.inode = uint64_t(st.st_ino);
     f.size = uint64_t(st.st_size);
     f.links = uint64_t(st.st_nlink);
+    if (st.st_uid != ::geteuid() && ::geteuid() != 0) {
+      f.replacement_changes_owner = true;
+      f.owner = uint32_t(st.st_uid);
+    }
 #if defined(__APPLE__)
     f.mtime_ns = int64_t(st.st_mtimespec.tv_sec) * 1000000000 + st.st_mtimespec.tv_nsec;
     f.ctime_ns = int64_t(st.st_ctimespec.tv_sec) * 1000000000 + st.st_ctimespec.tv_nsec;

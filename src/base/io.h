@@ -176,6 +176,10 @@ struct FileStamp {
   uint64_t device = 0, inode = 0, size = 0;
   int64_t mtime_ns = 0, ctime_ns = 0;
   uint64_t links = 0;  // hard links (st_nlink)
+  // A file this process made in its place would belong to another user: the file is not this
+  // process's user's, and only root can give a file away (fchown).
+  bool replacement_changes_owner = false;
+  uint32_t owner = 0;  // its user id (posix_io; 0 where replacement_changes_owner is false)
   bool operator==(const FileStamp&) const = default;
 };
 

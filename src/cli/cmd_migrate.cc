@@ -129,7 +129,7 @@ Status apply_server(MigrateOptions& o, std::string& note) {
 // unpinned or replaced after the run (settle_backups), and warnings. File names are DIR's.
 struct BackupReport {
   std::vector<EvictionVictim> evicted;
-  std::vector<std::string> warnings, unpinned, replaced, kept_earlier, kept_pinned;
+  std::vector<std::string> warnings, unpinned, replaced, kept_earlier, kept_pinned, dropped;
 
   std::string text() const {
     std::string t;
@@ -141,6 +141,9 @@ struct BackupReport {
     for (const std::string& n : kept_pinned)
       t += "backup store: the backup of " + n + " stays pinned: a save replaced the file right after its conversion, "
            "so the backup is the only copy of the original\n";
+    for (const std::string& n : dropped)
+      t += "backup store: dropped this run's backup of " + n + ": the file changed while it was read (a server's "
+           "save?), so the backup may mix two saves; the file stays as the save left it\n";
     for (const std::string& w : warnings) t += "warning: backup store: " + w + "\n";
     return t;
   }
@@ -152,6 +155,7 @@ struct BackupReport {
     j["backup_replaced"] = replaced;
     j["backup_kept_earlier"] = kept_earlier;
     j["backup_kept_pinned"] = kept_pinned;
+    j["backup_dropped"] = dropped;
   }
 };
 
@@ -178,9 +182,10 @@ std::vector<SnapshotInfo> earlier_backups(Store& store, const std::string& path,
 }
 
 // After the run, each backup this run saved: a file converted keeps it, and earlier backups of the
-// same bytes (a killed run's) go, so one pinned backup per original stays; a file not converted (its
-// original in place) keeps an earlier backup of the same bytes and drops this run's, or, without
-// one, has this run's unpinned. Removals by uuid (a name never shadows it).
+// same bytes (a killed run's) go, so one pinned backup per original stays; a file not converted
+// because it changed while it was read drops this run's backup (it may mix two saves); another file
+// not converted (its original in place) keeps an earlier backup of the same bytes and drops this
+// run's, or, without one, has this run's unpinned. Removals by uuid (a name never shadows it).
 void settle_backups(Store& store, const std::string& dir, const std::vector<FileOutcome>& files,
                     const std::map<std::string, SnapshotInfo>& backed_up, BackupReport& report) {
   auto remove = [&](const SnapshotInfo& s, const std::string& file) {
@@ -202,6 +207,8 @@ void settle_backups(Store& store, const std::string& dir, const std::vector<File
       bool any = false;
       for (const SnapshotInfo& s : earlier) any |= remove(s, f.name);
       if (any) report.replaced.push_back(f.name);
+    } else if (f.backup_may_mix) {
+      if (remove(mine, f.name)) report.dropped.push_back(f.name);
     } else if (!earlier.empty()) {
       if (remove(mine, f.name)) report.kept_earlier.push_back(f.name);
     } else if (Result<SnapshotInfo> u = store.set_pinned(mine.uuid, false); u.ok()) {

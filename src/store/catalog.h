@@ -293,10 +293,15 @@ class Catalog {
   // reached 0. kNotFound when there is no such snapshot.
   Result<std::vector<ChunkHash>> remove_snapshot(int64_t id) { return remove_snapshot_if(id, RemovalCheck{}); }
   // What must still hold of an eviction's victim when it is removed, checked inside the removal's
-  // transaction: a pin or a later expiry committed after the plan was made (by another host) keeps it.
+  // transaction: a pin, a later expiry or a restore committed after the plan was made (by another
+  // process or host) keeps it.
   struct RemovalCheck {
     bool unpinned = false;                     // kept when pinned
     std::optional<std::string> expired_as_of;  // kept unless its expires_at <= this (ISO 8601 UTC)
+    // Chosen as least recently restored: kept unless its last_restored is still `last_restored`
+    // (unset: never restored), i.e. no restore since the plan read it.
+    bool unrestored_since_plan = false;
+    std::optional<std::string> last_restored;
   };
   // remove_snapshot() when `check` holds; kMismatch (nothing changed) when it does not.
   virtual Result<std::vector<ChunkHash>> remove_snapshot_if(int64_t id, const RemovalCheck& check) = 0;

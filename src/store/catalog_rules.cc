@@ -47,11 +47,13 @@ bool all_digits(const std::string& s) {
 }
 
 Status removal_allowed(int64_t id, bool pinned, const std::optional<std::string>& expires_at,
-                       const Catalog::RemovalCheck& check) {
+                       const std::optional<std::string>& last_restored, const Catalog::RemovalCheck& check) {
   if (check.unpinned && pinned) return Status::Mismatch("snapshot " + std::to_string(id) + " is pinned (kept)");
   if (check.expired_as_of && !expiry_passed(expires_at, *check.expired_as_of))
     return Status::Mismatch("snapshot " + std::to_string(id) + " has not expired as of " + *check.expired_as_of +
                             " (kept)");
+  if (check.unrestored_since_plan && last_restored != check.last_restored)
+    return Status::Mismatch("snapshot " + std::to_string(id) + " was restored since the eviction chose it (kept)");
   return Status::OK();
 }
 

@@ -66,7 +66,7 @@ inline std::string lower(std::string s) {
 bool all_digits(const std::string& s);
 // Whether Catalog::remove_snapshot_if may remove snapshot `id` as it is now: kMismatch naming why not.
 Status removal_allowed(int64_t id, bool pinned, const std::optional<std::string>& expires_at,
-                       const Catalog::RemovalCheck& check);
+                       const std::optional<std::string>& last_restored, const Catalog::RemovalCheck& check);
 // Only hex digits and '-': could be (the start of) a uuid.
 bool uuid_like(const std::string& s);
 

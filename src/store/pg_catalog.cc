@@ -457,13 +457,17 @@ Result<std::vector<ChunkHash>> PgCatalog::remove_snapshot_if(int64_t id, const R
   Status s = conn_->transaction(Iso::kReadCommitted, [&]() -> Status {
     freed.clear();
     {
-      // The row lock orders this against a pin or an expiry change (UPDATEs of the row).
-      KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT pinned, expires_at FROM snapshots WHERE id = $1 FOR UPDATE",
+      // The row lock orders this against a pin, an expiry change or a restore's mark (UPDATEs of
+      // the row).
+      KV_ASSIGN_OR_RETURN(PgResult q, conn_->exec("SELECT pinned, expires_at, last_restored FROM snapshots WHERE id = "
+                                                  "$1 FOR UPDATE",
                                                   PgParams().i64(id)));
       if (q.rows() == 0) return no_snapshot(id);
       const std::optional<std::string> expires =
           q.is_null(0, 1) ? std::nullopt : std::optional<std::string>(q.text(0, 1));
-      KV_RETURN_IF_ERROR(removal_allowed(id, q.boolean(0, 0), expires, check));
+      const std::optional<std::string> restored =
+          q.is_null(0, 2) ? std::nullopt : std::optional<std::string>(q.text(0, 2));
+      KV_RETURN_IF_ERROR(removal_allowed(id, q.boolean(0, 0), expires, restored, check));
     }
     KV_RETURN_IF_ERROR(drop_chunk_uses(id, freed));
     // Tags and blobs go by ON DELETE CASCADE.

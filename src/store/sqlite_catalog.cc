@@ -489,12 +489,14 @@ Result<std::vector<ChunkHash>> SqliteCatalog::remove_snapshot_if(int64_t id, con
   Status s = write_txn([&]() -> Status {
     freed.clear();
     {
-      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT pinned, expires_at FROM snapshots WHERE id = ?1"));
+      KV_ASSIGN_OR_RETURN(Stmt q, stmt("SELECT pinned, expires_at, last_restored FROM snapshots WHERE id = ?1"));
       q.i64(1, id);
       KV_ASSIGN_OR_RETURN(bool found, q.step());
       if (!found) return no_snapshot(id);
       const std::optional<std::string> expires = q.is_null(1) ? std::nullopt : std::optional<std::string>(q.col_text(1));
-      KV_RETURN_IF_ERROR(removal_allowed(id, q.col_i64(0) != 0, expires, check));
+      const std::optional<std::string> restored =
+          q.is_null(2) ? std::nullopt : std::optional<std::string>(q.col_text(2));
+      KV_RETURN_IF_ERROR(removal_allowed(id, q.col_i64(0) != 0, expires, restored, check));
     }
     KV_RETURN_IF_ERROR(drop_chunk_uses(id, freed));
     KV_ASSIGN_OR_RETURN(Stmt del, stmt("DELETE FROM snapshots WHERE id = ?1"));

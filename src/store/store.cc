@@ -7,6 +7,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 #include <thread>
@@ -635,6 +636,23 @@ Result<SnapshotInfo> Store::set_expiry(const std::string& ref, std::optional<int
   return catalog_->get_info(id);
 }
 
+// A victim kept at its removal (pinned, extended or restored since the plan) still counted as gone
+// in the plan's figures: they are read again, of what the scope holds now, and of the removals made.
+Status Store::recount_after_kept_victims(const EvictionRequest& req, const std::vector<EvictionVictim>& removed,
+                                         EvictionPlan& plan) {
+  EvictionRequest now = req;
+  now.max_bytes = std::numeric_limits<uint64_t>::max();  // no cap to meet: only the scope's bytes
+  now.keep.reset();
+  auto held = plan_eviction(*catalog_, now);
+  if (!held.ok()) return held.status();
+  uint64_t freed = 0;
+  for (const EvictionVictim& r : removed) freed += r.freed_bytes;
+  plan.freed_bytes = freed;
+  plan.bytes_after = held->bytes_before;
+  plan.cap_met = !req.max_bytes || plan.bytes_after <= *req.max_bytes;
+  return Status::OK();
+}
+
 Result<EvictResult> Store::evict(EvictionRequest req, bool dry_run, bool wait_gc) {
   if (req.now.empty()) req.now = now_();
   EvictResult out;
@@ -648,14 +666,25 @@ Result<EvictResult> Store::evict(EvictionRequest req, bool dry_run, bool wait_gc
   if (dry_run || out.plan.victims.empty()) return out;
   std::vector<EvictionVictim> removed;
   std::vector<std::string> warnings;
+  bool kept_meanwhile = false;
   for (EvictionVictim& v : out.plan.victims) {
-    // Checked in the removal's own transaction: pinned, or given a later expiry, since the plan was
-    // read (by another host of a shared store) is kept; removed meanwhile is done.
+    // Checked in the removal's own transaction: pinned, given a later expiry or (chosen as least
+    // recently restored) restored since the plan was read, by another process or host, is kept;
+    // removed meanwhile is done.
     Catalog::RemovalCheck check;
     check.unpinned = true;
-    if (v.expired) check.expired_as_of = req.now;
+    if (v.expired) {
+      check.expired_as_of = req.now;
+    } else {
+      check.unrestored_since_plan = true;
+      check.last_restored = v.info.last_restored;
+    }
     auto gone = catalog_->remove_snapshot_if(v.info.id, check);
-    if (!gone.ok() && (gone.status().code() == Code::kNotFound || gone.status().code() == Code::kMismatch)) continue;
+    if (!gone.ok() && gone.status().code() == Code::kNotFound) continue;
+    if (!gone.ok() && gone.status().code() == Code::kMismatch) {
+      kept_meanwhile = true;
+      continue;
+    }
     if (!gone.ok()) {
       // The removals before it stand (each its own transaction), and so does the save that asked:
       // a warning, the rest kept, the cap perhaps not met.
@@ -670,6 +699,12 @@ Result<EvictResult> Store::evict(EvictionRequest req, bool dry_run, bool wait_gc
       break;
     }
     removed.push_back(std::move(v));
+  }
+  // (A stopped eviction's figures are already of the removals made, its cap not met.)
+  if (kept_meanwhile && warnings.empty()) {
+    if (Status s = recount_after_kept_victims(req, removed, out.plan); !s.ok())
+      warnings.push_back("a victim was kept since the plan, and the store's size could not be read again (" +
+                         s.ToString() + "): its figures count it as gone");
   }
   out.plan.victims = std::move(removed);
   GcOptions o;

@@ -272,7 +272,8 @@ class Store {
   // Expires `seconds` from now (nullopt: never).
   Result<SnapshotInfo> set_expiry(const std::string& ref, std::optional<int64_t> seconds);
   // Removes plan_eviction()'s victims (req.now filled from the clock when
-  // empty; a victim pinned since the plan was read is skipped), then collects
+  // empty; a victim pinned, given a later expiry or restored since the plan was
+  // read is skipped, and the plan's figures then read again), then collects
   // garbage without waiting for saves (wait_gc: waits). dry_run: only plans.
   Result<EvictResult> evict(EvictionRequest req, bool dry_run, bool wait_gc = false);
   // Seals every snapshot under the master key `to` instead of the store's key, which the store
@@ -366,6 +367,8 @@ class Store {
                                  std::optional<int64_t> parent_id, double seconds);
   // The caps after a save of `info` (see the promises above).
   Status enforce_caps(const SnapshotInfo& info, SaveResult& r);
+  Status recount_after_kept_victims(const EvictionRequest& req, const std::vector<EvictionVictim>& removed,
+                                    EvictionPlan& plan);
   Status enforce_caps_after_import(ImportReport& rep);
   Io& io_;
   StorePaths paths_;

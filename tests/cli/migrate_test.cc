@@ -2,6 +2,7 @@
 // after kill -9, confined to DIR.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -358,6 +359,37 @@ TEST(Migrate, RemovesWhatAKilledServerSaveLeftAndNothingOfALiveOne) {
   ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " --ctk f32 --ctv f32 >" + text), 0);
   EXPECT_NE(slurp(text).find("removed 1 stale temporary files (left by a kvsnap that was killed): '" + named + "'"),
             std::string::npos) << slurp(text);
+}
+
+// A review's finding: run as one user over the slot files of another (a group-writable
+// directory), migrate converted them, exit 0, and each conversion, a new file, was kvsnap's user's:
+// the server's user could no longer save over it (or read it, mode 0640). Such a file is refused
+// (exit 7) and left as it is; its owner's run converts it. Needs root, to be two users.
+TEST(Migrate, AFileOfAnotherUserIsRefusedUnlessRunAsRoot) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (to run kvsnap as two users)";
+  if (sh("command -v setpriv >/dev/null") != 0) GTEST_SKIP() << "no setpriv";
+  const std::string as_nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups ";
+  if (sh(as_nobody + std::string(KVSNAP_BINARY) + " --version >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "user 65534 cannot run " << KVSNAP_BINARY << " (a checkout only root can reach)";
+  TempDir t;
+  fs::permissions(t.path, fs::perms::all);
+  const fs::path dir = slots_with(t, {{"v0.5.0/hd64-f16-f16-faon.slot", "a.slot"}});
+  fs::permissions(dir, fs::perms::all);  // anyone may make and rename files here
+  fs::permissions(dir / "a.slot", fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                                      fs::perms::others_read | fs::perms::others_write);
+  const std::string original = slurp(dir / "a.slot");
+  const fs::path out = t.path / "out.txt";
+  const std::string run = std::string(KVSNAP_BINARY) + " migrate " + dir.string() + " --ctk f32 --ctv f32 >" +
+                          out.string() + " 2>&1";
+  EXPECT_EQ(sh(as_nobody + run), 7) << slurp(out);
+  EXPECT_NE(slurp(out).find("owned by user id 0, not by kvsnap's user"), std::string::npos) << slurp(out);
+  EXPECT_EQ(slurp(dir / "a.slot"), original) << "converted over its owner";
+  struct stat st {};
+  ASSERT_EQ(::stat((dir / "a.slot").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0u);
+  // Its owner's run (here root, which keeps each file's owner) converts it.
+  EXPECT_EQ(sh(run), 0) << slurp(out);
+  EXPECT_NE(slurp(dir / "a.slot"), original);
 }
 
 TEST(Migrate, BackupStoreKeepsEveryOriginal) {

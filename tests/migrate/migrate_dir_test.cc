@@ -268,6 +268,36 @@ TEST(MigrateDir, AFileSavedAgainWhileConvertedKeepsTheNewSave) {
   EXPECT_EQ(temps_in(dir), 0u);
 }
 
+// A review's finding: --backup-store's backup reads the file; a save in place during that read gave
+// a backup of no save's bytes (the first part of one, the rest of the other), and the conversion,
+// refused as "changed", left it in the store as the original's backup. The outcome says so, for the
+// command to drop it; a file that failed unchanged keeps its backup.
+TEST(MigrateDir, ASaveDuringTheBackupMarksTheBackupAsMixed) {
+  test::TempDir t("kvsnap-migrate-backup-race");
+  const fs::path dir = t.path(), a = dir / "a.slot", b = dir / "b.slot";
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", b);
+  const std::string newer = slurp(kFixtures / "v0.5.0/hd64-f16-f16-faoff.slot");
+  ForwardingIo io;
+  MigrateOptions o;
+  o.dir = dir.string();
+  o.spec.ctk = "f32";
+  o.spec.ctv = "f32";
+  o.backup = [&](const std::string& path, const ReadableFile&, const StateFile&) -> Status {
+    if (path == a.string()) save_in_place(path, newer);  // the server saves while the backup reads
+    if (path == b.string()) return Status::IOError("the backup store is full");
+    return Status::OK();
+  };
+  auto sum = migrate_dir(io, o);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  ASSERT_EQ(sum->files.size(), 2u);
+  expect_kept_the_new_save(sum->files[0], a, newer);
+  EXPECT_TRUE(sum->files[0].backup_may_mix) << "a backup read during a save is not marked";
+  EXPECT_EQ(sum->files[1].action, FileAction::kFailed) << sum->files[1].detail;
+  EXPECT_FALSE(sum->files[1].backup_may_mix) << "an unchanged file's failure marks its backup";
+  EXPECT_EQ(temps_in(dir), 0u);
+}
+
 // The stamp is compared after the temporary's fdatasync (which can take seconds), not before it:
 // a save during that sync was replaced by the conversion of the older bytes, reported converted.
 TEST(MigrateDir, AFileSavedAgainDuringTheSyncOfItsConversionKeepsTheNewSave) {

@@ -13,8 +13,9 @@ P="$fx/prompt.txt"
 fail=0 pass=0
 
 kl() { "$drv" compare "$1" "$2" | sed -n 's/.* kl \([^ ]*\) .*/\1/p'; }
-# within KL BOUND_KL: KL <= 1.5 * BOUND_KL or KL <= 1e-5
-within() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= 1.5 * b || a <= 1e-5) }'; }
+# within KL BOUND_KL: KL <= 1.5 * BOUND_KL or KL <= 1e-5; a KL that could not be computed (empty)
+# is never within
+within() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "" && b != "" && (a <= 1.5 * b || a <= 1e-5)) }'; }
 
 # check NAME SRC MODEL CTK CTV FA REF_LOGITS NATIVE_LOGITS [convert args...]
 check() {
@@ -100,7 +101,9 @@ fi
 "$kvsnap" convert --force "$fx/v0.5.0/hd64-q8_0-q8_0-faon.slot" "$work/neg.slot" --ctk f16 --ctv f16 --model "$fx/models/tiny-hd64.gguf" --src-rotation off >/dev/null
 "$drv" restore --model "$fx/models/tiny-hd64.gguf" --prompt-file "$P" --ctk f16 --ctv f16 --fa on --slot "$work/neg.slot" --logits "$work/neg.logits" >/dev/null 2>&1
 neg=$(kl "$V/hd64-f16-f16-faon.logits" "$work/neg.logits"); native=$(kl "$V/hd64-f16-f16-faon.logits" "$V/hd64-q8_0-q8_0-faon.logits")
-if within "$neg" "$native"; then
+if [ -z "$neg" ] || [ -z "$native" ]; then
+  echo "FAIL negative control: a KL could not be computed (wrong rotation: '$neg', native: '$native')"; fail=$((fail + 1))
+elif within "$neg" "$native"; then
   echo "FAIL negative control: wrong rotation gave KL $neg, within the bound of $native: this test cannot tell"; fail=$((fail + 1))
 else
   echo "ok   negative control: wrong rotation gives KL $neg (bound 1.5 x $native)"; pass=$((pass + 1))

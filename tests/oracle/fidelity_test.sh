@@ -298,7 +298,7 @@ for m in "${l0_models[@]}"; do
     [ "$t" = f32 ] && continue
     nat_f="$d/$t-$t.slot" conv_f="$work/$m/l0-$t.slot"
     [ -f "$nat_f" ] && [ -f "$d/f32-f32.slot" ] || continue
-    "$kvsnap" convert --force "$d/f32-f32.slot" "$conv_f" --ctk "$t" --ctv "$t" --model "${model_file[$m]}" >/dev/null 2>&1 || { line="$line $t:ERR"; continue; }
+    "$kvsnap" convert --force "$d/f32-f32.slot" "$conv_f" --ctk "$t" --ctv "$t" --model "${model_file[$m]}" >/dev/null 2>&1 || { line="$line $t:ERR"; l0diff+=("$m $t (kvsnap convert failed)"); continue; }
     read -r ak al av avl <<<"$(layer0 "$nat_f")"
     read -r bk bl bv bvl <<<"$(layer0 "$conv_f")"
     r=""

@@ -109,8 +109,12 @@ ok_or_stale() {  # ok_or_stale NAME [detail]: a passing check; STALE if it is li
 u32at() { od -An -tu4 -j "$2" -N 4 "$1" | tr -d ' \n'; }
 hex32at() { od -An -tx4 -j "$2" -N 4 "$1" | tr -d ' \n'; }
 kl() { "$V5" compare "$1" "$2" 2>/dev/null | sed -n 's/.* kl \([^ ]*\) .*/\1/p'; }
-within() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "" && (a <= 1.5 * b || a <= 1e-5)) }'; }
-far_over() { awk -v a="$1" -v b="$2" 'BEGIN { m = 1.5 * b; if (m < 1e-5) m = 1e-5; exit !(a != "" && a > 10 * m) }'; }
+# A KL or bound that could not be computed (a compare or native run that failed: empty) is neither
+# within nor far over: the check fails rather than reading it as 0.
+within() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "" && b != "" && (a <= 1.5 * b || a <= 1e-5)) }'; }
+far_over() { awk -v a="$1" -v b="$2" 'BEGIN { m = 1.5 * b; if (m < 1e-5) m = 1e-5; exit !(a != "" && b != "" && a > 10 * m) }'; }
+# either_empty A B...: true when one of the KLs is missing (the bound is then unknown, printed empty)
+either_empty() { local x; for x in "$@"; do [ -n "$x" ] || return 0; done; return 1; }
 reading() { python3 "$checker" --reading "$1" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print(d.get("error") or "%s %s %s %s %s" % (d["magic"], d["version"], d["cell_ext_bytes"], int(d["outputs"]), d["eras"]))'; }
 model_of() { printf '%s\n' "$fx/models/tiny-$1.gguf"; }
 legacy() { case "${ERA[$1]%% *}" in A|B) return 0 ;; *) return 1 ;; esac; }
@@ -125,7 +129,8 @@ lateral() { is_45bit "$1" || is_45bit "$2"; }
 bound_sum_of() {
   local ref a b; ref="$(native "$1" f16 f16 "$2")"
   a=$(kl "$ref" "$3"); b=$(kl "$ref" "$(native "$1" "$4" "$5" "$2")")
-  awk -v a="${a:-0}" -v b="${b:-0}" 'BEGIN { print a + b }'
+  either_empty "$a" "$b" && return
+  awk -v a="$a" -v b="$b" 'BEGIN { print a + b }'
 }
 
 # native [VERSION] MODEL CTK CTV FA -> logits computed natively by that driver (default 3.22.1; cached)
@@ -156,7 +161,8 @@ bound_of() {
   case "$1" in [0-9]*.*) v="$1"; shift ;; esac
   ref="$(native "$v" "$1" f16 f16 "$2")"
   a=$(kl "$ref" "$3"); b=$(kl "$ref" "$(native "$v" "$1" "$4" "$5" "$2")")
-  awk -v a="${a:-0}" -v b="${b:-0}" 'BEGIN { print (a > b ? a : b) }'
+  either_empty "$a" "$b" && return
+  awk -v a="$a" -v b="$b" 'BEGIN { print (a > b ? a : b) }'
 }
 
 # convert_and_judge VERSION NAME SRC KIND MODEL FA SRC_LOGITS EXPECT(within|far) [convert args]:
@@ -418,9 +424,11 @@ if [ "$part" = bed ]; then
       b=$(bound_of "$m" "$fa" "$V/$stem.logits" "$ctk" "$ctv")
       t=$(kl "$(native "$v" "$m" f16 f16 "$fa")" "$(native "$v" "$m" "$ctk" "$ctv" "$fa")")
       if lateral "$ctk" "$ctv"; then  # out of the rotated grid into the unrotated one: errors add
-        b=$(awk -v a="$(kl "$(native "$m" f16 f16 "$fa")" "$V/$stem.logits")" -v t="${t:-0}" 'BEGIN { print a + t }')
+        b=$(kl "$(native "$m" f16 f16 "$fa")" "$V/$stem.logits")
+        if either_empty "$b" "$t"; then b=""; else b=$(awk -v a="$b" -v t="$t" 'BEGIN { print a + t }'); fi
+      elif either_empty "$b" "$t"; then b=""
       else
-        b=$(awk -v a="${b:-0}" -v t="${t:-0}" 'BEGIN { print (a > t ? a : t) }')
+        b=$(awk -v a="$b" -v t="$t" 'BEGIN { print (a > t ? a : t) }')
       fi
       if within "$k" "$b"; then ok_or_stale "$name" "KL $k, bound 1.5 x $b (native $tag $ctk/$ctv: $t)"; else fail "$name" "KL $k over the bound 1.5 x $b (native $tag $ctk/$ctv: $t)"; fi
     done

@@ -920,6 +920,39 @@ TYPED_TEST_P(CatalogContract, AnEvictionsRemovalKeepsAVictimPinnedOrExtendedSinc
   this->expect_consistent(*c);
 }
 
+// A review's finding: a snapshot chosen as least recently restored, then restored (by another
+// process or host) before its removal, was still evicted, though it was then the most recently
+// used. The removal checks its last restore in its own transaction.
+TYPED_TEST_P(CatalogContract, AnEvictionsRemovalKeepsAVictimRestoredSinceThePlan) {
+  auto c = this->open();
+  const int64_t never = this->add(*c, aged("never", 1), {use("n")});
+  const int64_t once = this->add(*c, aged("once", 2), {use("o")});
+  ASSERT_TRUE(c->mark_restored(once, "2026-01-03T00:00:00.000Z").ok());
+  auto plan = plan_eviction(*c, EvictionRequest{0, std::nullopt, "2026-01-04T00:00:00.000Z", std::nullopt});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(victim_names(*plan), (std::vector<std::string>{"never", "once"}));
+  auto check_of = [](const EvictionVictim& v) {
+    Catalog::RemovalCheck check;
+    check.unpinned = true;
+    check.unrestored_since_plan = true;
+    check.last_restored = v.info.last_restored;
+    return check;
+  };
+  ASSERT_TRUE(c->mark_restored(never, "2026-01-04T00:00:01.000Z").ok());  // after the plan read it
+  ASSERT_TRUE(c->mark_restored(once, "2026-01-04T00:00:02.000Z").ok());
+  for (const EvictionVictim& v : plan->victims) {
+    auto kept = c->remove_snapshot_if(v.info.id, check_of(v));
+    EXPECT_EQ(kept.status().code(), Code::kMismatch) << v.info.id << ": " << kept.status().ToString();
+    EXPECT_TRUE(c->get_info(v.info.id).ok()) << "a victim restored since the plan was removed: " << v.info.id;
+  }
+  // Not restored again since a new plan: removed.
+  auto again = plan_eviction(*c, EvictionRequest{0, std::nullopt, "2026-01-05T00:00:00.000Z", std::nullopt});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_EQ(again->victims.size(), 2u);
+  for (const EvictionVictim& v : again->victims) EXPECT_TRUE(c->remove_snapshot_if(v.info.id, check_of(v)).ok());
+  this->expect_consistent(*c);
+}
+
 // A review's finding: two saves under a cap, committed at once, each evicted the other's new
 // snapshot (each plan protected only its own): both exited 0 and the store was empty. A save's plan
 // leaves the snapshots saved after its own, unless expired.
@@ -1054,7 +1087,7 @@ TYPED_TEST_P(CatalogContract, TenantCapEvictsOnlyThatTenant) {
   EXPECT_TRUE(plan(*c, 0, "nobody").victims.empty());
 }
 
-REGISTER_TYPED_TEST_SUITE_P(CatalogContract, FindChunksAnswersAsFindChunkInOrder, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, AnEvictionsRemovalKeepsAVictimPinnedOrExtendedSinceThePlan, ASavesEvictionLeavesTheSnapshotsSavedAfterIt, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, ExpiredSnapshotsAreFoundFromTheSnapshotRows, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact, ACatalogBeforeEncryptionGainsItsColumns, EncryptedRowsKeepTheirKeyIdsAndAKeyedPrefixIndex, ExpiredSnapshotsAreFoundThroughTheExpiryIndex, ACatalogBeforeTheExpiryIndexGainsIt, AnExpiryPastTheYear9999NeverExpires, IdsAreNeverGivenTwice);
+REGISTER_TYPED_TEST_SUITE_P(CatalogContract, FindChunksAnswersAsFindChunkInOrder, ACatalogBeforeCapsGainsTheEvictionColumns, EvictionMarksRoundTrip, EvictionKeepsPinsWhateverTheCap, AnEvictionsRemovalKeepsAVictimPinnedOrExtendedSinceThePlan, AnEvictionsRemovalKeepsAVictimRestoredSinceThePlan, ASavesEvictionLeavesTheSnapshotsSavedAfterIt, EvictionIsLeastRecentlyRestoredFirst, ExpiredSnapshotsGoFirstEvenUnderTheCap, ExpiredSnapshotsAreFoundFromTheSnapshotRows, EvictionCountsSharedChunksOnce, TenantCapEvictsOnlyThatTenant, NewerSchemaIsRefusedWithAClearMessage, ConcurrentFirstOpensMigrateOnce, AddThenGetRoundTripsEveryField, EmptyManifestAndNoTokensAreFine, TakenNameIsRefusedAndChangesNothing, BadNamesParentsAndUuids, ParentBecomesNullWhenParentIsRemoved, RefcountsFollowAddsAndRemovesOfSharingSnapshots, IntegrityCheckReportsBrokenRefcounts, ResolveByNameIdUuidAndPrefix, ListFiltersAndOrdersNewestFirst, FindPrefixIsExact, FindPrefixVerifiesTokensNotJustHashes, FindPrefixMatchesBruteForce, ConcurrentWriterProcessesLoseNothing, ConcurrentAddsAndRemovesKeepRefcountsExact, ACatalogBeforeEncryptionGainsItsColumns, EncryptedRowsKeepTheirKeyIdsAndAKeyedPrefixIndex, ExpiredSnapshotsAreFoundThroughTheExpiryIndex, ACatalogBeforeTheExpiryIndexGainsIt, AnExpiryPastTheYear9999NeverExpires, IdsAreNeverGivenTwice);
 
 // What a save does (format/ will own the real one): blobs first, synced, then
 // the catalog row; the gc lock is held throughout.
