@@ -86,8 +86,9 @@ struct Options {
 
 void usage() {
   std::printf(
-      "usage: kvsnap-bench [--quick] [--mb N] [--seconds S] [--threads N] [--head-dim D] [--heads H]\n"
-      "                    [--chunk-rows R] [--only NAME] [--no-state] [--no-ggml] [--simd LEVEL]\n"
+      "usage: kvsnap-bench [--quick] [--mb N] [--seconds S] [--rounds R] [--wall] [--threads N] [--head-dim D]\n"
+      "                    [--heads H] [--chunk-rows R] [--only NAME] [--no-state] [--no-ggml] [--no-mlx]\n"
+      "                    [--mlx-python P] [--simd LEVEL]\n"
       "  --quick       small data and short cells (seconds in all; for CI)\n"
       "  --mb N        MB of f16 input (default 256)\n"
       "  --seconds S   time per cell (default 1.0), split into rounds\n"
@@ -348,6 +349,17 @@ constexpr Conversion kConversions[] = {
     // into an offset target: the float quick search (no integer kernel for these targets yet)
     {"q5_1-q4_1", GgmlType::kQ5_1, GgmlType::kQ4_1},
 };
+
+bool is_conversion_name(const std::string& name) {
+  for (const Conversion& c : kConversions)
+    if (name == c.name) return true;
+  return false;
+}
+std::string conversion_names() {
+  std::string out;
+  for (const Conversion& c : kConversions) out += std::string(" ") + c.name;
+  return out;
+}
 
 struct Row {
   std::string name, rotation;
@@ -1039,6 +1051,11 @@ int main(int argc, char** argv) {
     opt.mb = std::min(opt.mb, 8.0);
     opt.seconds = std::min(opt.seconds, 0.1);
     opt.rounds = std::min(opt.rounds, 2);
+  }
+  if (!opt.only.empty() && opt.only != "mlx" && !kvsnap::bench::is_conversion_name(opt.only)) {
+    std::fprintf(stderr, "--only %s: no such conversion (one of:%s, or mlx)\n", opt.only.c_str(),
+                 kvsnap::bench::conversion_names().c_str());
+    return 2;
   }
   if (simd_level == "all") return kvsnap::bench::run_all_levels(opt);
   if (!simd_level.empty() && !kvsnap::simd::set_level(simd_level)) {

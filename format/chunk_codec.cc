@@ -156,6 +156,7 @@ ChunkXxhHasher::ChunkXxhHasher() : impl_(&xxh3()), state_(impl_->new_state()) {
   impl_->reset(state_);
 }
 ChunkXxhHasher::~ChunkXxhHasher() { impl_->free_state(state_); }
+bool ChunkXxhHasher::follows_level() const { return impl_ == &xxh3(); }
 
 void ChunkXxhHasher::update(std::span<const std::byte> bytes) { impl_->update(state_, bytes.data(), bytes.size()); }
 

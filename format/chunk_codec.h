@@ -98,6 +98,9 @@ class ChunkXxhHasher {
   ChunkXxhHasher& operator=(const ChunkXxhHasher&) = delete;
   void update(std::span<const std::byte> bytes);
   ChunkXxh finish();
+  // Whether it hashes with the implementation the SIMD level picks now (the level can change
+  // within a process: a bench's --simd all; a hasher kept from before hashes as its level did).
+  bool follows_level() const;
 
  private:
   const Xxh3Impl* impl_;  // libxxhash's XXH3 or chunk_xxh_avx2's

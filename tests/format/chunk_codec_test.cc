@@ -89,6 +89,31 @@ TEST(ChunkXxh, EveryLevelGivesLibxxhashsDigests) {
   EXPECT_GE(levels, 1);
 }
 
+// A hasher made at one level and kept (the restore's scratch pool) hashes as that level did: it says
+// so, for the pool to make it again (a review's finding: kvsnap-store-bench --simd all hashed half of
+// an avx2 restore's chunks with libxxhash, kept from the scalar rounds).
+TEST(ChunkXxh, AHasherKeptFromAnotherLevelSaysSo) {
+  struct KeepLevel {
+    simd::Level was = simd::level();
+    ~KeepLevel() { simd::set_level(was); }
+  } keep;
+  ASSERT_TRUE(simd::set_level(simd::Level::kScalar));
+  ChunkXxhHasher scalar;
+  EXPECT_TRUE(scalar.follows_level());
+  bool other = false;
+  for (size_t li = 0; li < simd::kLevelCount; ++li) {
+    const auto l = static_cast<simd::Level>(li);
+    if (l == simd::Level::kScalar || !simd::set_level(l)) continue;
+    ChunkXxhHasher here;
+    EXPECT_TRUE(here.follows_level()) << simd::level_name(l);
+#ifdef KVSNAP_SIMD_X86
+    EXPECT_FALSE(scalar.follows_level()) << "libxxhash's hasher kept at " << simd::level_name(l);
+    other = true;
+#endif
+  }
+  if (!other) GTEST_SKIP() << "one XXH3 implementation on this CPU";
+}
+
 TEST(ChunkCodec, ShuffleRoundTripsEveryElementSizeAndTail) {
   for (size_t elem : {2u, 3u, 4u, 18u, 34u, 1024u}) {
     for (size_t n : {0u, 1u, 2u, 15u, 16u, 17u, 33u, 64u, 1000u, 4099u}) {
