@@ -14,6 +14,7 @@ namespace {
 struct RestoreOpts {
   std::string ref, out, ctk, ctv, flash_attn, format, rotation, requant, model, store;
   std::string src_rotation, source_build;  // of the stored file (convert --help)
+  std::string dst_rotation;                // of the llama.cpp that loads it
   std::string target_build;                // of the llama.cpp that loads it
   std::string kv_bits, mlx_device, mlx_lm;  // mlx-lm snapshots (kvsnap convert --help)
   int kv_group_size = 0;
@@ -36,6 +37,8 @@ Status run_restore_server(const RestoreOpts& o, std::string& out) {
   KV_ASSIGN_OR_RETURN(ServerTarget t, server_target(o.srv, o.store, o.ctk, o.ctv, o.flash_attn, o.model));
   t.stored_source_build = o.source_build;
   t.stored_src_rotation = o.src_rotation;
+  t.rotation = o.rotation;
+  t.server_rotation = o.dst_rotation;
   t.target_build = o.target_build;
   t.threads = o.threads;
   t.kv_streams = o.kv_streams;
@@ -116,6 +119,7 @@ Status run_restore(const RestoreOpts& o, std::string& out) {
   req.spec.rotation = o.rotation;
   req.spec.requant = o.requant;
   req.spec.src_rotation = o.src_rotation;
+  req.spec.dst_rotation = o.dst_rotation;
   req.spec.source_build = o.source_build;
   req.spec.target_build = o.target_build;
   req.spec.threads = o.threads;
@@ -166,6 +170,10 @@ void setup_restore(CLI::App& app, int& exit_status) {
     sub->add_option("--flash-attn,--fa", o->flash_attn, "on|off of that server (default: as stored; with --server: detected)");
     sub->add_option("--format", o->format, "output format: " + target_format_names());
     sub->add_option("--rotation", o->rotation, "auto|on|off (see kvsnap convert --help)");
+    sub->add_option("--dst-rotation", o->dst_rotation,
+                    "auto|on|off for the output only: off for a server run with LLAMA_ATTN_ROT_DISABLE=1, which "
+                    "kvsnap cannot see (default: as --target-build or the server's build decides)")
+        ->check(CLI::IsMember({"", "auto", "on", "off"}));
     sub->add_option("--requant", o->requant, "auto|quick|search|exact|reference (see kvsnap convert --help)")
         ->check(CLI::IsMember({"auto", "quick", "search", "exact", "reference"}));
     add_source_options(sub, o->src_rotation, o->source_build, "the stored file (default: as recorded at save)");
@@ -196,10 +204,13 @@ void setup_restore(CLI::App& app, int& exit_status) {
                   "nothing protects a plain snapshot from whoever can write the catalog");
     sub->add_flag("--json", o->json, "machine-readable result");
     add_progress_flags(sub, o->progress);
-    sub->footer("\nWithout --ctk/--ctv/--fa/--format/--tokens/--rotation/--target-build the output is the saved file,\n"
-                "byte for byte.\n"
+    sub->footer("\nWithout --ctk/--ctv/--fa/--format/--tokens/--rotation/--dst-rotation/--target-build the output is\n"
+                "the saved file, byte for byte.\n"
                 "With --server, --ctk/--ctv/--fa not given are the profile's, else detected from a file the server saves\n"
                 "of the slot (an empty slot, as after a restart, is given one token first: the restore overwrites it).\n"
+                "What else changes a cache is not visible to kvsnap through the server: its LLAMA_ATTN_ROT_DISABLE=1\n"
+                "(say --dst-rotation off) and its --rope-freq-base, --rope-scale, --yarn-*, --lora, --control-vector\n"
+                "and --override-kv, which must be those of the server that saved the snapshot.\n"
                 "An mlx-lm snapshot is restored as its prompt cache (.safetensors), requantized with --kv-bits, or\n"
                 "moved to another release's layout with --mlx-lm.\n"
                 "\nExamples:\n  kvsnap restore chat-42 -o slot.bin --ctk q8_0 --ctv q8_0\n"

@@ -14,6 +14,7 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include "base/sha256.h"
 #include "serve/llama_config.h"
 
 namespace kvsnap {
@@ -54,11 +55,39 @@ std::optional<int> stoi_like(const std::string& v) {
   return int(n);
 }
 
-// The flags kvsnap reads that take a value (-fa's is optional: handled apart).
-bool takes_value(const std::string& flag) {
+// llama-server 3.22.1's settings that change what a slot's cache holds for the same model and
+// tokens (common/arg.cpp): the RoPE's frequencies (K is stored after it), the adapters and control
+// vectors (every layer's input), metadata overrides. Each with its LLAMA_ARG_* variable ("" for
+// none) and how many values it takes.
+struct CacheSetting {
+  const char* flag;
+  const char* env;
+  int values;
+};
+constexpr CacheSetting kCacheSettings[] = {
+    {"--rope-scaling", "LLAMA_ARG_ROPE_SCALING_TYPE", 1},  {"--rope-scale", "LLAMA_ARG_ROPE_SCALE", 1},
+    {"--rope-freq-base", "LLAMA_ARG_ROPE_FREQ_BASE", 1},   {"--rope-freq-scale", "LLAMA_ARG_ROPE_FREQ_SCALE", 1},
+    {"--yarn-orig-ctx", "LLAMA_ARG_YARN_ORIG_CTX", 1},     {"--yarn-ext-factor", "LLAMA_ARG_YARN_EXT_FACTOR", 1},
+    {"--yarn-attn-factor", "LLAMA_ARG_YARN_ATTN_FACTOR", 1}, {"--yarn-beta-slow", "LLAMA_ARG_YARN_BETA_SLOW", 1},
+    {"--yarn-beta-fast", "LLAMA_ARG_YARN_BETA_FAST", 1},   {"--override-kv", "", 1},
+    {"--lora", "", 1},                                     {"--lora-scaled", "", 1},
+    {"--lora-init-without-apply", "", 0},                  {"--control-vector", "", 1},
+    {"--control-vector-scaled", "", 1},                    {"--control-vector-layer-range", "", 2},
+};
+const CacheSetting* cache_setting(std::string_view flag) {
+  for (const CacheSetting& c : kCacheSettings)
+    if (flag == c.flag) return &c;
+  return nullptr;
+}
+
+// How many values a flag kvsnap reads takes (-fa's is optional: handled apart); 0 for the others.
+int value_count(const std::string& flag) {
+  if (const CacheSetting* c = cache_setting(flag)) return c->values;
   return is_one_of(flag, {"-m", "--model", "-c", "--ctx-size", "-np", "--parallel", "-ctk", "--cache-type-k", "-ctv",
                           "--cache-type-v", "--api-key", "--api-key-file", "-hf", "-hfr", "--hf-repo", "-dr",
-                          "--docker-repo", "-mu", "--model-url", "--api-prefix", "--sleep-idle-seconds"});
+                          "--docker-repo", "-mu", "--model-url", "--api-prefix", "--sleep-idle-seconds"})
+             ? 1
+             : 0;
 }
 
 // llama-server 3.22.1's model presets (common/arg.cpp, "--gpt-oss-20b-default" ...): a flag, or a
@@ -143,9 +172,11 @@ Result<std::vector<ArgItem>> split_args(const std::vector<std::string>& argv) {
         if (i + 1 < argv.size() && flash_attn_word(argv[i + 1])) it.value = argv[it.last = ++i];
         else it.value = "on";
       }
-    } else if (takes_value(it.flag) && !inline_value) {
-      if (i + 1 >= argv.size()) return Status::InvalidArgument("llama-server argument " + it.flag + " needs a value");
-      it.value = argv[it.last = ++i];
+    } else if (const int n = value_count(it.flag); n > 0 && !inline_value) {
+      if (i + size_t(n) >= argv.size())
+        return Status::InvalidArgument("llama-server argument " + it.flag + (n == 1 ? " needs a value" : " needs " +
+                                       std::to_string(n) + " values"));
+      for (int v = 0; v < n; ++v) it.value += (v ? " " : "") + argv[it.last = ++i];
     }
     out.push_back(std::move(it));
   }
@@ -240,6 +271,13 @@ Status apply_environment(const ArgsEnvironment& env, LlamaArgs& a, Origins& o) {
   // Flag options without a negative: on when their variable is a true word (common/arg.cpp handler_void).
   for (const char* var : {"LLAMA_ARG_EMBEDDINGS", "LLAMA_ARG_RERANKING"})
     if (auto v = env.getenv(var); v && is_one_of(*v, {"on", "enabled", "true", "1"})) a.embeddings = true;
+  for (const CacheSetting& c : kCacheSettings)
+    if (auto v = *c.env ? env.getenv(c.env) : std::nullopt)
+      a.cache_settings.push_back({c.flag, *v, std::string("environment variable ") + c.env});
+  // Rotated quantized caches are the build's default; libllama reads this variable (atoi != 0:
+  // src/llama-kv-cache.cpp) in the child, which inherits kvsnap's environment.
+  if (auto v = env.getenv("LLAMA_ATTN_ROT_DISABLE"); v && std::atoi(v->c_str()) != 0)
+    a.rotation_disabled_by = "environment variable LLAMA_ATTN_ROT_DISABLE=" + *v;
   // The model downloads (Origins::hf, dr, mu): the child's model is then not the given path.
   if (auto v = env.getenv("LLAMA_ARG_HF_REPO")) o.hf = *v;
   if (auto v = env.getenv("LLAMA_ARG_DOCKER_REPO")) o.dr = *v;
@@ -343,6 +381,8 @@ Status apply_config_section(const std::map<std::string, std::string>& section, c
   std::vector<const ModelPreset*> presets;  // each its own option: all applied, in key order
   for (const auto& [key, value] : section) {
     if (const ModelPreset* p = model_preset(key)) presets.push_back(p);
+    for (const CacheSetting& c : kCacheSettings)
+      if (key == c.flag + 2 || (*c.env && key == c.env)) a.cache_settings.push_back({c.flag, value, file + ": " + key});
     for (const ConfigKey& k : kConfigKeys) {
       if (key != k.key) continue;
       set[size_t(k.opt)] = Setting{key, k.negative ? (is_truthy(value) ? "false" : "true") : value};
@@ -562,6 +602,7 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
     } else if (flag == "--api-key-file") {
       KV_RETURN_IF_ERROR(add_key_file(value, "--api-key-file", env, a.api_keys));
     }
+    if (cache_setting(flag)) a.cache_settings.push_back({flag, value, "ARGS"});
     // any other flag goes to the child untouched
   }
   if (!config.hf.empty() || !config.dr.empty() || !config.mu.empty()) a.model.clear(), config.model = false;
@@ -617,6 +658,14 @@ Result<LlamaArgs> with_cache(const LlamaArgs& a, const std::string& ctk, const s
   if (!flash_attn.empty()) argv.insert(argv.end(), {"-fa", flash_attn});
   if (ctx_size > 0) argv.insert(argv.end(), {"-c", std::to_string(ctx_size)});
   return parse_llama_args(argv, env);
+}
+
+std::string cache_settings_tag(const LlamaArgs& a) {
+  if (a.cache_settings.empty()) return "";
+  std::string text;
+  for (const LlamaArgs::Setting& s : a.cache_settings) text += s.flag + "=" + s.value + "\n";
+  const auto d = sha256_of(std::span<const std::byte>(reinterpret_cast<const std::byte*>(text.data()), text.size()));
+  return to_hex(d).substr(0, 16);
 }
 
 std::vector<std::string> child_argv(const LlamaArgs& a, int port, const std::string& slot_dir) {

@@ -35,6 +35,8 @@
 //     order, every key kept (a key file: one per line, empty lines and lines
 //     starting with '#' skipped); an unreadable key file is kInvalidArgument
 //     naming it (llama-server would refuse to start);
+//   - the settings that change what a cache holds for the same model and tokens
+//     (cache_settings) are collected from all three; LLAMA_ATTN_ROT_DISABLE as libllama reads it;
 //   - with_cache() rebuilds ARGS for other cache types (and flash attention,
 //     context size): those flags removed wherever they were, the new ones appended.
 #pragma once
@@ -77,7 +79,23 @@ struct LlamaArgs {
   // word, ARGS, the embd-gemma-default preset): the child runs embedding tasks in its slots, which
   // serve's slot gate does not hold (llama-server refuses them otherwise).
   bool embeddings = false;
+  // The settings that change what a slot's cache holds for the same model and tokens (RoPE and YaRN
+  // frequencies, LoRA adapters, control vectors, --override-kv), wherever set, in the order
+  // llama-server applies them; empty: the model's own.
+  struct Setting {
+    std::string flag, value;  // "--rope-freq-base", "5000" (two values: "0 3")
+    std::string from;         // "ARGS", "environment variable LLAMA_ARG_ROPE_FREQ_BASE", "FILE: key"
+  };
+  std::vector<Setting> cache_settings;
+  // Where LLAMA_ATTN_ROT_DISABLE (read by the child's libllama, atoi != 0) turns the rotation of
+  // quantized caches off; "": the build's default.
+  std::string rotation_disabled_by;
 };
+
+// What serve tags each snapshot with and requires of a stored prefix (tag serve.cache): "" when
+// `cache_settings` is empty, else the first 16 hex digits of SHA-256 over them (each by its value
+// alone, wherever it was set). A snapshot of another RoPE base or adapter is never restored.
+std::string cache_settings_tag(const LlamaArgs& a);
 
 // Where parse_llama_args() reads the environment and key files (tests give their own).
 struct ArgsEnvironment {

@@ -21,6 +21,8 @@ constexpr const char* kUnattributed = "unattributed";
 
 }  // namespace
 
+std::string owner_namespace(const Exchange& x) { return x.asks_adapters ? kUnattributed : namespace_of(x); }
+
 std::string namespace_of(const Exchange& x) {
   const std::string key = request_api_key(x.request_headers);
   std::string key_ns;
@@ -141,9 +143,9 @@ void Persister::note_completion(const Exchange& x) {
     // gate) as its own. An OpenAI-style answer names no slot: the one serve pinned it to.
     // Other slots still changed (a stream given up) are saved too, as any pass saves them.
     const int slot = x.several_slots ? -1 : slot_of_answer(x);
-    Job j{slot, x.prompt_tokens.empty(), "", slot, x.own_after_task, x.arrived};
+    Job j{slot, x.prompt_tokens.empty(), "", slot, x.own_after_task, x.arrived, x.prompt_tokens};
     if (slot < 0 && !x.several_slots && x.pinned_slot >= 0) j.own_slot = x.pinned_slot;
-    if (j.own_slot >= 0 || j.own_after >= 0 || x.several_slots) j.ns = namespace_of(x);
+    if (j.own_slot >= 0 || j.own_after >= 0 || x.several_slots) j.ns = owner_namespace(x);
     jobs_.push_back(std::move(j));
     ++queued_;
   }
@@ -159,7 +161,7 @@ void Persister::note_prompt(const Exchange& x) {
 
 void Persister::remember_prompt(const Exchange& x, bool may_be_partial) {
   if (x.prompt_tokens.empty()) return;
-  recent_.push_back({namespace_of(x), x.prompt_tokens, may_be_partial});
+  recent_.push_back({owner_namespace(x), x.prompt_tokens, may_be_partial});
   if (recent_.size() > kRecent) recent_.pop_front();
 }
 
@@ -176,7 +178,7 @@ void Persister::worker() {
     l.unlock();
     const std::string fallback =
         j.unverifiable ? untokenized_exchange_owner(j.ns, j.own_slot, j.own_after, every_task_gated_, unguarded) : "";
-    save_changed(j.slot, fallback, j.unverifiable, j.ns, j.own_slot, j.own_after);
+    save_changed(j.slot, fallback, j.unverifiable, j.ns, j.own_slot, j.own_after, j.prompt);
     l.lock();
     busy_ = false;
     ++finished_;
@@ -185,7 +187,14 @@ void Persister::worker() {
 }
 
 void Persister::save_changed(int only_slot, const std::string& fallback, bool untokenized_job,
-                             const std::string& job_ns, int own_slot, int64_t own_after) {
+                             const std::string& job_ns, int own_slot, int64_t own_after,
+                             const std::vector<int32_t>& job_prompt) {
+  // The child's life these tasks are of: one that restarts while the saves below run (forget_slots)
+  // numbers its tasks anew, and a task id recorded now could match a new conversation's later.
+  const uint64_t generation = [this] {
+    std::lock_guard<std::mutex> l(mu_);
+    return generation_;
+  }();
   LlamaServer srv(target_.endpoint);
   auto slots = srv.slots();
   if (!slots.ok()) {
@@ -213,6 +222,7 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
     t.slot = slot;
     SaveRequest req;
     req.tags = {{"serve.slot", std::to_string(slot)}, {"serve.task", std::to_string(task)}};
+    if (!cache_tag_.empty()) req.tags["serve.cache"] = cache_tag_;
     std::string slot_ns;
     bool unowned = false, no_tenant = false;
     // Tagged by what the slot holds: the request whose prompt its tokens start with.
@@ -221,6 +231,15 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
         std::lock_guard<std::mutex> l(mu_);
         const bool own = own_slot >= 0 ? slot == own_slot : task > own_after;
         slot_ns = slot_owner(recent_, tokens, own && untokenized_job, own ? fallback : "", own ? job_ns : "");
+        // The save of the slot's own request: no later save would tag it. Contents that begin with its
+        // prompt whose namespace cannot be told (a tie, another's given-up prompt that may be a part of
+        // them) are kept for no tenant rather than lost.
+        if (slot_ns.empty() && own && !job_prompt.empty() && tokens.size() >= job_prompt.size() &&
+            std::equal(job_prompt.begin(), job_prompt.end(), tokens.begin())) {
+          slot_ns = kUnattributed;
+          log_("persist: slot " + std::to_string(slot) + " holds its request's conversation, but another namespace's "
+               "prompt fits it as well: kept as unattributed (restored for no one)");
+        }
       }
       if ((unowned = slot_ns.empty()))
         return Status::NotFound("slot " + std::to_string(slot) + " holds a conversation that begins with no recent "
@@ -259,7 +278,7 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
     }
     if (!r.ok() && no_tenant) {
       log_("persist: " + r.status().message());
-      saved_task_[slot] = task;  // done with: not retried by every later pass
+      if (generation == generation_) saved_task_[slot] = task;  // done with: not retried by every later pass
       if (book_) book_->forget(slot);  // its last snapshot is no longer what it holds
       continue;
     }
@@ -269,7 +288,7 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
       log_("persist: saving slot " + std::to_string(slot) + " failed (serving continues): " + stats_.last_error);
       continue;
     }
-    saved_task_[slot] = task;
+    if (generation == generation_) saved_task_[slot] = task;
     ++stats_.saved;
     const SnapshotInfo& info = r->save.info;
     if (book_)
@@ -329,6 +348,7 @@ bool Persister::holds_unsaved(int slot, int64_t task) {
 void Persister::forget_slots() {
   std::lock_guard<std::mutex> l(mu_);
   saved_task_.clear();
+  ++generation_;
   last_unguarded_ = std::chrono::steady_clock::now();  // task ids start again (note_unguarded)
 }
 

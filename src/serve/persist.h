@@ -12,11 +12,13 @@
 //     store's content addressing makes a conversation's next turn write only
 //     its new chunks;
 //   - each snapshot is tagged serve.ns (the namespace, namespace_of below),
-//     serve.slot and serve.task. The
+//     serve.slot, serve.task and, when the child has cache-changing settings
+//     (--rope-freq-base, --lora, ...: set_cache_tag), serve.cache. The
 //     namespace is the one of the request whose prompt the saved file's tokens
 //     start with (owner_of_tokens), never merely the one whose completion asked
 //     for the save: by the time a queued save runs, another tenant's request may
-//     have used the slot. Contents no recent request's prompt matches are left
+//     have used the slot (a request that asked for its own LoRA adapters counts as
+//     "unattributed": owner_namespace). Contents no recent request's prompt matches are left
 //     for that request's own save; those of a request whose prompt kvsnap could
 //     not tokenize (and at shutdown, any left) are tagged "unattributed", which
 //     no request's namespace is, so they are never restored for a tenant;
@@ -51,6 +53,10 @@ namespace kvsnap {
 // conversations another key holder kept under it. The key is read as
 // llama-server reads it: Authorization (without "Bearer "), else X-Api-Key.
 std::string namespace_of(const Exchange& x);
+// The namespace a completion's conversation is saved under: namespace_of(x), or "unattributed" (no
+// tenant's: never restored) when it asked for its own LoRA adapters (CompletionRequest::asks_adapters),
+// since no snapshot records them.
+std::string owner_namespace(const Exchange& x);
 // True for the routes that run a completion in a slot (llama-server 3.22.1's, transcriptions too).
 bool is_completion_route(const std::string& path);
 // True for the completion routes whose body is form data (an audio file), not JSON: nothing in it
@@ -140,6 +146,9 @@ class Persister {
   // whose task is newer than a run-alone exchange's admission is certainly that exchange's.
   // Before the first completion.
   void set_every_task_gated(bool gated) { every_task_gated_ = gated; }
+  // The child's cache-changing settings (serve/llama_args.h cache_settings_tag): each snapshot is
+  // tagged serve.cache with it when it is not "". Before the first completion.
+  void set_cache_tag(const std::string& tag) { cache_tag_ = tag; }
   // A task may have started in a slot without the slot gate's guarantee: a completion went on without
   // a permit (the wait ran out, or the gate has no slot count) or without waiting for the saves
   // queued before it; a stream was given up (note_prompt: llama-server may still start its later
@@ -159,6 +168,7 @@ class Persister {
     int own_slot = -1;
     int64_t own_after = -1;
     std::chrono::steady_clock::time_point arrived{};  // Exchange::arrived
+    std::vector<int32_t> prompt;  // the exchange's prompt tokens (empty: not tokenized)
   };
   void worker();
   void remember_prompt(const Exchange& x, bool may_be_partial);  // mu_ held
@@ -167,8 +177,12 @@ class Persister {
   // `job_ns`: the namespace of the exchange whose answer named `only_slot` (slot_owner's `preferred`).
   // `own_slot`, `own_after` (Job's): `fallback`, `untokenized_job` and `job_ns` apply to the job's
   // exchange's own slots; another still changed is attributed by its tokens alone.
+  // `job_prompt`: the exchange's prompt tokens: its own slot, when it begins with them and no
+  // namespace can be told (owner_of_tokens: a tie, another's given-up prompt), is kept as
+  // "unattributed" rather than left for a save that will not come.
   void save_changed(int only_slot, const std::string& fallback, bool untokenized_job = false,
-                    const std::string& job_ns = "", int own_slot = -1, int64_t own_after = -1);
+                    const std::string& job_ns = "", int own_slot = -1, int64_t own_after = -1,
+                    const std::vector<int32_t>& job_prompt = {});
 
   Io& io_;
   TenantStores& stores_;
@@ -181,8 +195,10 @@ class Persister {
   bool stop_ = false, busy_ = false;
   uint64_t queued_ = 0, finished_ = 0;  // jobs ever queued, ever run (wait_saved's marks)
   std::map<int, int64_t> saved_task_;   // slot -> id_task of its last save
+  uint64_t generation_ = 0;             // forget_slots() calls: the child's life saved_task_ is of
   std::deque<PromptOwner> recent_;      // the last kRecent completions with prompt tokens, newest last
   bool every_task_gated_ = false;
+  std::string cache_tag_;
   std::optional<std::chrono::steady_clock::time_point> last_unguarded_;  // note_unguarded's latest
   PersistStats stats_;
   // When each cap ("the store", "tenant 'x'") was last logged as not met: at most every 10 minutes

@@ -121,6 +121,11 @@ void PrefixRestorer::before_unguarded(Forward& f) {
     return;
   }
   if (req->prompt == CompletionRequest::Prompt::kNone) return;
+  if (req->asks_adapters) {
+    log_("prefix: the request asks for its own LoRA adapters (\"lora\"), which no snapshot records: forwarded as is, "
+         "and its conversation is not kept for anyone");
+    return;
+  }
   Exchange who;
   who.request_headers = f.headers;
   const std::string ns = namespace_of(who);
@@ -147,8 +152,7 @@ void PrefixRestorer::before_unguarded(Forward& f) {
       return;
     }
     for (auto& info : *found) {
-      auto t = info.tags.find("serve.ns");
-      if (t != info.tags.end() && t->second == ns) {
+      if (restorable(info, ns)) {
         best = info;
         break;
       }
@@ -295,6 +299,15 @@ void PrefixRestorer::pin_fresh(Forward& f, const std::vector<int32_t>& toks, con
        std::to_string(toks.size()) + " prompt tokens (" + ns + ", restored by a requantize): the request goes there");
 }
 
+bool PrefixRestorer::restorable(const SnapshotInfo& info, const std::string& ns) const {
+  auto tag = [&info](const char* name) {
+    auto t = info.tags.find(name);
+    return t == info.tags.end() ? std::optional<std::string>() : t->second;
+  };
+  // No serve.cache tag: saved by a child without cache-changing settings (or before serve tagged them).
+  return tag("serve.ns") == ns && tag("serve.cache").value_or("") == cache_tag_;
+}
+
 Result<ServerRestoreResult> PrefixRestorer::restore_slot(int slot, int64_t id, const std::string& ns) {
   std::lock_guard<std::mutex> l(mu_);
   SnapshotRecord rec;
@@ -304,8 +317,7 @@ Result<ServerRestoreResult> PrefixRestorer::restore_slot(int slot, int64_t id, c
     KV_ASSIGN_OR_RETURN(rec, store->catalog().get(id));
   }
   // The book's id, checked against what it names now: removed and reused, it is another snapshot.
-  auto tag = rec.info.tags.find("serve.ns");
-  if (tag == rec.info.tags.end() || tag->second != ns)
+  if (!restorable(rec.info, ns))
     return Status::NotFound("snapshot " + std::to_string(id) + " is no longer " + ns + "'s (removed meanwhile)");
   auto r = restore_into(slot, rec.info, rec.tokens, ns);
   if (r.ok()) fresh_[slot] = ns;

@@ -9,6 +9,10 @@
 // Promises:
 //   - no tenant's snapshot is restored for another: only snapshots tagged
 //     with the request's namespace (serve/persist.h namespace_of) are candidates;
+//   - nor one of other cache-changing settings: a snapshot's serve.cache tag
+//     (absent: none) must be the child's (set_cache_tag); a request that asks
+//     for its own LoRA adapters ("lora") is neither restored into nor saved
+//     for any namespace (serve/persist.h);
 //   - the body is rewritten (id_slot added) only when a restore happened, or
 //     when a slot holds what kvsnap restored there (a requantize) for this
 //     namespace, not yet used, at least half of it a prefix of the prompt:
@@ -78,6 +82,9 @@ class PrefixRestorer {
   PrefixStats stats();
   // Each restore is recorded there (before the first request).
   void set_book(SlotBook* book) { book_ = book; }
+  // The child's cache-changing settings (serve/llama_args.h cache_settings_tag): only snapshots
+  // tagged serve.cache with it (none when it is "") are restored. Before the first request.
+  void set_cache_tag(const std::string& tag) { cache_tag_ = tag; }
   // Called after each restore into a slot (before the first request; must not call back here): what
   // the slot holds now is a stored snapshot, not a conversation to save (Persister::note_restored).
   // `task`: the slot's /slots id_task right after the restore (-1 when the child did not say).
@@ -116,6 +123,9 @@ class PrefixRestorer {
   std::mutex& store_mu_;
   ServerTarget target_;
   std::string model_fingerprint_;  // "" when the model is unknown: any
+  std::string cache_tag_;
+  // Whether `info` is a snapshot of namespace `ns` saved under the child's cache-changing settings.
+  bool restorable(const SnapshotInfo& info, const std::string& ns) const;
   // "SWA model (sliding window N)", "hybrid model (attention + recurrent)", "recurrent model", or ""
   // (plain KV, or the model unknown): named in every reuse line, since llama-server may not reuse a
   // restored state of such a model (it wants context checkpoints that slot files do not hold).

@@ -121,6 +121,7 @@ struct Exchange {
   int64_t own_after_task = -1;
   std::chrono::steady_clock::time_point arrived{};
   uint64_t restored_tokens = 0;
+  bool asks_adapters = false;  // CompletionRequest::asks_adapters of the request as forwarded
   // The request carried one of the child's keys, or none is needed (ProxyOptions::api_keys): only
   // such an exchange reaches on_done / on_given_up. Without it (a browser's CORS preflight, which
   // llama-server answers 200 with no key) kvsnap does nothing for it.

@@ -112,6 +112,10 @@ bool is_slot_action(std::string_view method, std::string_view path) {
   return method != "GET" && method != "HEAD" && (path == "/slots" || path.rfind("/slots/", 0) == 0);
 }
 
+bool changes_adapters(std::string_view method, std::string_view path) {
+  return method == "POST" && path == "/lora-adapters";
+}
+
 Result<CompletionRequest> parse_completion_request(std::string_view path, std::string_view body) {
   CompletionRequest out;
   if (nested_deeper_than(body, kMaxServeJsonDepth))
@@ -122,6 +126,7 @@ Result<CompletionRequest> parse_completion_request(std::string_view path, std::s
   out.object = true;
   out.id_slot = id_slot_as_read(j);
   out.n_cmpl = completions_as_read(j);
+  if (auto lora = j.find("lora"); lora != j.end()) out.asks_adapters = lora->is_array() && !lora->empty();
   if (is_chat_route(path)) {
     if (j.find("messages") == j.end()) return out;
     // The whole request: llama-server renders /apply-template from the body as it does the chat

@@ -39,6 +39,9 @@ struct CompletionRequest {
   // "n_cmpl" (or "n") as llama-server reads it (completions_as_read): anything but 1 runs in several
   // slots at once (or is refused), in slots kvsnap does not name.
   int n_cmpl = 1;
+  // "lora" is a non-empty array: llama-server 3.22.1 runs the request with those adapter scales
+  // (others at 0), and its cache holds other values than a request without them would.
+  bool asks_adapters = false;
 };
 
 // "id_slot" of a request as llama-server 3.22.1 reads it (json_value<int>: nlohmann's get<int>, -1 when
@@ -71,6 +74,12 @@ bool is_chat_route(std::string_view path);
 // its save, restore into a slot another completion is about to use, or write files of its naming
 // into serve's slot directory).
 bool is_slot_action(std::string_view method, std::string_view path);
+
+// True for llama-server's POST /lora-adapters, which sets the adapters' scales for every later task
+// that does not name its own: the caches made after it hold other values than the stored sessions
+// of the same prompts, which no snapshot would tell apart. Answered 403 by serve (restart it with
+// --lora-scaled instead).
+bool changes_adapters(std::string_view method, std::string_view path);
 
 // A completion request's body (`path`: its route). An error (kInvalidArgument) when the body is a
 // JSON object whose prompt kvsnap cannot take: token ids that are not all integers in int32 range,

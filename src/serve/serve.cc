@@ -17,6 +17,7 @@
 
 #include "base/io.h"
 #include "base/os.h"
+#include "base/stale_temps.h"
 #include "serve/control.h"
 #include "serve/drain.h"
 #include "serve/ladder.h"
@@ -76,6 +77,25 @@ void pin_to_slot(Forward& f, int slot) {
   const Result<CompletionRequest>& req = completion_request(f);
   if (!req.ok() || req->id_slot != -1) return;  // the client's own pin (the gate gave that slot)
   write_id_slot(f, slot);  // an object: slot_want found one
+}
+
+// The slot files a killed kvsnap serve (or save/restore --server) left in `dir`: kvsnap temporaries
+// whose process is gone (base/stale_temps.h). Removed at start: nothing else there would.
+void remove_stale_slot_files(Io& io, const std::string& dir, const std::function<void(const std::string&)>& log) {
+  auto entries = io.list_dir(dir);
+  if (!entries.ok()) return;  // the child's saves will say what is wrong with the directory
+  size_t removed = 0;
+  for (const DirEntry& e : *entries) {
+    const std::optional<long> pid = kvsnap_temp_pid(e.name);
+    if (!pid || !e.is_regular) continue;
+    const std::string path = dir + "/" + e.name;
+    std::optional<int64_t> written_ns;
+    if (auto stamp = io.stamp(path); stamp.ok()) written_ns = stamp->mtime_ns;
+    if (is_stale_temp(*pid, written_ns) && io.remove(path).ok()) ++removed;
+  }
+  if (removed)
+    log("removed " + std::to_string(removed) + " slot file" + (removed == 1 ? "" : "s") + " a stopped kvsnap left in " +
+        dir);
 }
 
 // The child's port (base/os.h: outside the ephemeral range, so no other process is given it
@@ -221,6 +241,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   KV_ASSIGN_OR_RETURN(auto stores, TenantStores::open(io, where, o.tenant_per_namespace));
   const std::string serve_dir = where.local_dir + "/serve", slot_dir = serve_dir + "/slots";
   KV_RETURN_IF_ERROR(io.create_dirs(slot_dir));
+  remove_stale_slot_files(io, slot_dir, log);
   KV_ASSIGN_OR_RETURN(po.upstream_port, child_port());
 
   signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not the end of kvsnap
@@ -236,6 +257,22 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   target.ctv = args.ctv;
   // "auto" is the server's choice, which it does not report: restores detect it from a saved slot.
   target.flash_attn = args.flash_attn == "auto" ? "" : args.flash_attn;
+  // The child inherits LLAMA_ATTN_ROT_DISABLE: its quantized caches are stored plain, saved so and
+  // restored so (a restore would otherwise write them rotated, as its build does by default).
+  if (!args.rotation_disabled_by.empty()) {
+    target.server_rotation = "off";
+    log("the child stores quantized caches unrotated (" + args.rotation_disabled_by + "): its saves are recorded so "
+        "and restores written so");
+  }
+  // Snapshots are tagged with the child's cache-changing settings and only restored under the same.
+  const std::string cache_tag = cache_settings_tag(args);
+  if (!cache_tag.empty()) {
+    std::string shown;
+    for (const LlamaArgs::Setting& c : args.cache_settings)
+      shown += (shown.empty() ? "" : ", ") + c.flag + (c.value.empty() ? "" : " " + c.value) + " (" + c.from + ")";
+    log("the child's cache-changing settings: " + shown + "; its snapshots are tagged serve.cache=" + cache_tag +
+        " and only snapshots of the same settings are restored");
+  }
   // Two connections to the store (a Catalog is one SQLite connection, for one thread at a time): the
   // background saves never hold up a request's prefix lookup (SQLite's WAL lets them run together).
   KV_ASSIGN_OR_RETURN(auto lookup_stores, TenantStores::open(io, where, o.tenant_per_namespace));
@@ -245,6 +282,8 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   SlotBook book;
   persist.set_book(&book);
   persist.set_every_task_gated(!args.embeddings);
+  persist.set_cache_tag(cache_tag);
+  prefix.set_cache_tag(cache_tag);
   prefix.set_book(&book);
   prefix.set_on_restored([&persist](int slot, int64_t task) { persist.note_restored(slot, task); });
   prefix.set_holds_unsaved([&persist](int slot, int64_t task) { return persist.holds_unsaved(slot, task); });

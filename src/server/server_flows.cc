@@ -306,6 +306,7 @@ Result<ServerSaveResult> save_from_server(Io& io, const StorePick& pick, const S
   ServerSaveResult r;
   r.build = server_build(srv);
   req.writer.reported_build = r.build.reported;
+  if (req.writer.src_rotation.empty()) req.writer.src_rotation = t.server_rotation;
   if (req.writer.llama_build.empty() && !r.build.usable.empty()) {
     req.writer.llama_build = r.build.usable;
     req.writer.llama_build_from = "llama-server";
@@ -379,6 +380,8 @@ Result<ServerRestoreResult> restore_to_server(Io& io, Store& store, const Server
   req.spec.flash_attn = r.flash_attn;
   req.spec.source_build = t.stored_source_build;
   req.spec.src_rotation = t.stored_src_rotation;
+  req.spec.rotation = t.rotation;
+  req.spec.dst_rotation = t.server_rotation;
   r.build = server_build(srv);
   r.target_build = t.target_build;
   r.target_build_from = "--target-build";

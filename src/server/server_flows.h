@@ -52,6 +52,11 @@ struct ServerTarget {
   // Restores: the llama.cpp build that wrote the stored file and how its
   // quantized caches are stored, when the file's layout does not tell.
   std::string stored_source_build, stored_src_rotation;
+  // How the server stores quantized K/V: "off" when it runs with LLAMA_ATTN_ROT_DISABLE=1, "on", or
+  // "" (its build decides, as --target-build says). A restore writes its file so (dst_rotation); a
+  // save declares it as the file's src_rotation unless the request declares one.
+  std::string server_rotation;
+  std::string rotation;  // restores: auto|on|off for both ends of the conversion (restore --rotation)
   // Restores: the llama.cpp that will load the file (--target-build); empty:
   // the server's /props build_info when it is usable, else the stored format.
   std::string target_build;

@@ -232,6 +232,25 @@ TEST_F(StoreCli, ConcurrentSavesAndRestoresLoseNothing) {
 
 // --input-format takes raw-seq or raw-context; anything else was read as "a file that says what it
 // is" and the typo went unnoticed.
+// A review's finding: restore --server took no rotation for its output (a server run with
+// LLAMA_ATTN_ROT_DISABLE=1 got rotated K). restore --dst-rotation off writes what convert
+// --dst-rotation off writes, and --rotation is no longer dropped with --server (ServerTarget).
+TEST_F(StoreCli, RestoreWritesTheRotationAskedFor) {
+  const std::string fixture = std::string(KVSNAP_SOURCE_DIR) + "/fixtures/v0.5.0/hd64-f16-f16-faon.slot";
+  const std::string model = std::string(KVSNAP_SOURCE_DIR) + "/fixtures/models/tiny-hd64.gguf";
+  ASSERT_EQ(kv("save " + fixture + " --model " + model + " --name r").code, 0);
+  const fs::path on = dir_ / "on.slot", off = dir_ / "off.slot", conv = dir_ / "conv.slot";
+  KvRun r = kv("restore r -o " + on.string() + " --ctk q8_0 --ctv q8_0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = kv("restore r -o " + off.string() + " --ctk q8_0 --ctv q8_0 --dst-rotation off");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = bare("convert " + fixture + " " + conv.string() + " --ctk q8_0 --ctv q8_0 -m " + model + " --dst-rotation off");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(slurp(on), slurp(off)) << "--dst-rotation off changed nothing";
+  EXPECT_EQ(slurp(off), slurp(conv)) << "restore --dst-rotation off is not convert's";
+  EXPECT_EQ(kv("restore r -o " + (dir_ / "x.slot").string() + " --dst-rotation sideways").code, 2);
+}
+
 TEST_F(StoreCli, AnUnknownInputFormatIsRefusedByName) {
   const std::string slot = make_slot("a.slot", 2, 64, 16, 1).string();
   for (const std::string& cmd : {"save " + slot + " --name a", "find --like " + slot}) {

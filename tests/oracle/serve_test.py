@@ -54,6 +54,10 @@ requests in the same order; then:
  18. a client that hangs up on a completion not streamed: llama-server's task is cancelled (as
      with direct access, where llama-server sees its own connection close), the slot stops well
      short of n_predict, and the next completion is answered.
+ 19. cache settings: a conversation saved at the model's RoPE base is not restored into a child with
+     --rope-freq-base 5000, one saved under it is; POST /lora-adapters is refused (403); with
+     LLAMA_ATTN_ROT_DISABLE=1 a session saved at f16 continues at q8_0 (and one saved at q8_0 at f16)
+     with the answer of a full evaluation in the same child.
 With OPENAI_PYTHON (a Python with the `openai` package), one chat goes through the openai client.
 Needs only the Python standard library otherwise.
 """
@@ -230,6 +234,8 @@ def main():
         print(open(os.path.join(work, "serve.log")).read())
         run_prefix_restore(kvsnap, llama, model, work)
         run_config_ini(kvsnap, llama, model, work)
+        run_cache_settings(kvsnap, llama, model, work)
+        run_rotation_disabled(kvsnap, llama, model, work)
         run_conversation_id_hangup(kvsnap, llama, model, work)
         run_non_stream_hangup(kvsnap, llama, model, work)
         run_same_slot_pins(kvsnap, llama, model, work)
@@ -569,6 +575,76 @@ def run_prefix_restore(kvsnap, llama, model, work):
           f"prefix (chat, /apply-template, -fa auto): after a restart at q8_0 the next turn evaluates {n2} of {total} tokens "
           f"(the first turn was {n1})")
     print("\n".join(l for l in text.splitlines() if "prefix:" in l))
+
+
+def run_cache_settings(kvsnap, llama, model, work):
+    """A review's finding: the child's cache-changing flags were no part of a snapshot's identity, and a
+    conversation saved at the model's RoPE base was restored into a child started with --rope-freq-base
+    5000 (other K for the same tokens). Now it is not; the same settings restore; POST /lora-adapters
+    is refused."""
+    store = os.path.join(work, "cache-settings-store")
+    base = ["-m", model, "-c", "4096", "-np", "1", "-t", "1", "--no-warmup", "-fa", "on"]
+    rope = [*base, "--rope-freq-base", "5000"]
+    ask = {"prompt": PROMPT + SUFFIX, "n_predict": 1, "temperature": 0}
+    proc, port, log = start_serve(kvsnap, llama, store, work, "cache-plain", base)
+    n_prompt = len(json.loads(request(port, "POST", "/tokenize", {"content": PROMPT, "add_special": True})[2])["tokens"])
+    request(port, "POST", "/completion", {"prompt": PROMPT, "n_predict": 1, "temperature": 0})
+    stop_serve(proc, log, "cache-plain", work)
+    # a review's finding: slot files a SIGKILLed kvsnap left in serve's slot directory were never removed
+    slots = os.path.join(store, "serve", "slots")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = os.path.join(slots, f"kvsnap-save.kvsnap-tmp-{gone.pid}-77.bin")
+    live = os.path.join(slots, f"kvsnap-save.kvsnap-tmp-{os.getpid()}-78.bin")
+    for f in (dead, live):
+        open(f, "wb").write(b"x" * 64)
+    proc, port, log = start_serve(kvsnap, llama, store, work, "cache-rope", rope)
+    check(not os.path.exists(dead) and os.path.exists(live),
+          "serve removes the slot files of a kvsnap that is gone at start, and keeps a running process's")
+    os.remove(live)
+    s, _, raw = request(port, "POST", "/completion", ask)
+    n = json.loads(raw)["timings"]["prompt_n"]
+    s2, _, raw2 = request(port, "POST", "/lora-adapters", [{"id": 0, "scale": 0.5}])
+    text = stop_serve(proc, log, "cache-rope", work)
+    check(s == 200 and n >= n_prompt and "prefix: restored" not in text and "serve.cache=" in text,
+          f"cache settings: a conversation saved at the model's RoPE base is not restored into a child with "
+          f"--rope-freq-base 5000 (it evaluates {n} tokens, its prompt {n_prompt})")
+    check(s2 == 403 and b"lora-scaled" in raw2, f"cache settings: POST /lora-adapters is answered 403 ({s2})")
+    # the turn above was saved at shutdown under the child's tag: a child with the same base restores it
+    proc, port, log = start_serve(kvsnap, llama, store, work, "cache-rope-2", rope)
+    s, _, raw = request(port, "POST", "/completion", {**ask, "prompt": PROMPT + SUFFIX + " the"})
+    n = json.loads(raw)["timings"]["prompt_n"]
+    text = stop_serve(proc, log, "cache-rope-2", work)
+    check(s == 200 and n <= 8 and "prefix: restored" in text,
+          f"cache settings: a child with the same --rope-freq-base restores its own conversation (evaluates {n})")
+
+
+def run_rotation_disabled(kvsnap, llama, model, work):
+    """A review's finding: with LLAMA_ATTN_ROT_DISABLE=1 in serve's environment (the child's too), a
+    session saved at f16 was restored at q8_0 rotated, for a child that reads it plain. Now the answer
+    after the restore is a full evaluation's, in the same child."""
+    env = {**os.environ, "LLAMA_ATTN_ROT_DISABLE": "1"}
+    store = os.path.join(work, "rot-off-store")
+    base = ["-m", model, "-c", "4096", "-np", "1", "-t", "1", "--no-warmup", "-fa", "on"]
+    proc, port, log = start_serve(kvsnap, llama, store, work, "rot-off-f16", base, env=env)
+    request(port, "POST", "/completion", {"prompt": PROMPT, "n_predict": 1, "temperature": 0})
+    text = stop_serve(proc, log, "rot-off-f16", work)
+    check("unrotated" in text, "unrotated child: serve logs that the child stores quantized caches unrotated")
+    for ctk, ctv in (("q8_0", "q8_0"), ("f16", "f16")):
+        name = f"rot-off-{ctk}"
+        proc, port, log = start_serve(kvsnap, llama, store, work, name, [*base, "-ctk", ctk, "-ctv", ctv], env=env)
+        more = PROMPT + SUFFIX + (" the" if ctk == "f16" else "")
+        ask = {"prompt": more, "n_predict": 1, "temperature": 0, "n_probs": 5}
+        s, _, raw = request(port, "POST", "/completion", ask)
+        j = json.loads(raw)
+        anew = json.loads(request(port, "POST", "/completion", {**ask, "cache_prompt": False})[2])
+        text = stop_serve(proc, log, name, work)
+        top = lambda a: [(p["id"], round(p["logprob"], 3)) for p in a["completion_probabilities"][0]["top_logprobs"]]
+        gap = max(abs(x[1] - y[1]) for x, y in zip(top(j), top(anew)))
+        check(s == 200 and "prefix: restored" in text and j["timings"]["prompt_n"] <= 8 and
+              [x[0] for x in top(j)] == [x[0] for x in top(anew)] and gap < 0.02,
+              f"unrotated child ({ctk}/{ctv}): after the restore (evaluating {j['timings']['prompt_n']}) the top tokens "
+              f"{top(j)} are a full evaluation's ({top(anew)}; largest logprob gap {gap:.4f})")
 
 
 def config_env(home):

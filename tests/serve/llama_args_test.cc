@@ -605,6 +605,76 @@ TEST(LlamaArgs, WithCacheReplacesTheFlagsWhereverTheyAre) {
   EXPECT_EQ(b->ctx_size, 512);
 }
 
+// The settings that change what a cache holds for the same model and tokens are collected wherever
+// they are set, with their values (two for --control-vector-layer-range), and make serve's
+// serve.cache tag: the same values give the same tag wherever set, another value another tag.
+TEST(LlamaArgs, CacheChangingSettingsWhereverSetMakeTheTag) {
+  std::map<std::string, std::string> vars, files;
+  auto env = fake_environment(vars, files);
+  auto plain = parse_llama_args({"srv", "-m", "m.gguf", "-t", "4", "-ctk", "q8_0"}, env);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->cache_settings.empty());
+  EXPECT_EQ(cache_settings_tag(*plain), "");
+
+  auto a = parse_llama_args({"srv", "-m", "m.gguf", "--rope-freq-base", "5000", "--lora=a.gguf",
+                             "--control-vector-layer-range", "2", "7", "--lora-init-without-apply", "-t", "4"},
+                            env);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_EQ(a->cache_settings.size(), 4u);
+  EXPECT_EQ(a->cache_settings[0].flag, "--rope-freq-base");
+  EXPECT_EQ(a->cache_settings[0].value, "5000");
+  EXPECT_EQ(a->cache_settings[0].from, "ARGS");
+  EXPECT_EQ(a->cache_settings[1].value, "a.gguf");
+  EXPECT_EQ(a->cache_settings[2].value, "2 7");  // both values, and "-t 4" after them is no value of theirs
+  EXPECT_EQ(a->cache_settings[3].flag, "--lora-init-without-apply");
+  EXPECT_EQ(a->argv.size(), 12u);  // the child's command line is untouched
+  const std::string tag = cache_settings_tag(*a);
+  EXPECT_EQ(tag.size(), 16u);
+  EXPECT_FALSE(parse_llama_args({"srv", "--control-vector-layer-range", "2"}, env).ok());  // one value short
+
+  // The same base from the environment or a config file: the same tag; another base: another.
+  auto rope = [&](std::vector<std::string> argv) {
+    auto r = parse_llama_args(argv, env);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? cache_settings_tag(*r) : std::string("?");
+  };
+  const std::string args_tag = rope({"srv", "--rope-freq-base=5000"});
+  vars["LLAMA_ARG_ROPE_FREQ_BASE"] = "5000";
+  EXPECT_EQ(rope({"srv"}), args_tag);
+  auto e = parse_llama_args({"srv"}, env);
+  ASSERT_TRUE(e.ok());
+  ASSERT_EQ(e->cache_settings.size(), 1u);
+  EXPECT_EQ(e->cache_settings[0].from, "environment variable LLAMA_ARG_ROPE_FREQ_BASE");
+  vars.clear();
+  files["/etc/llama.cpp/config.ini"] = "rope-freq-base = 5000\n";
+  EXPECT_EQ(rope({"srv"}), args_tag);
+  files.clear();
+  EXPECT_NE(rope({"srv", "--rope-freq-base", "10000"}), args_tag);
+  EXPECT_NE(rope({"srv", "--rope-freq-base", "5000", "--yarn-ext-factor", "1"}), args_tag);
+  EXPECT_NE(rope({"srv", "--override-kv", "llama.rope.freq_base=float:5000"}), args_tag);
+  EXPECT_EQ(rope({"srv", "--rope-freq-base", "5000", "-c", "4096", "-ctv", "q4_0"}), args_tag);  // not cache-changing
+}
+
+// LLAMA_ATTN_ROT_DISABLE as libllama reads it in the child: atoi(value) != 0.
+TEST(LlamaArgs, RotationDisabledAsLibllamaReadsIt) {
+  std::map<std::string, std::string> vars, files;
+  auto env = fake_environment(vars, files);
+  auto by = [&]() {
+    auto r = parse_llama_args({"srv", "-m", "m.gguf"}, env);
+    EXPECT_TRUE(r.ok());
+    return r.ok() ? r->rotation_disabled_by : std::string("?");
+  };
+  EXPECT_EQ(by(), "");
+  vars["LLAMA_ATTN_ROT_DISABLE"] = "1";
+  EXPECT_EQ(by(), "environment variable LLAMA_ATTN_ROT_DISABLE=1");
+  vars["LLAMA_ATTN_ROT_DISABLE"] = " 2x";
+  EXPECT_NE(by(), "");
+  for (const char* off : {"0", "", "yes", "-0"}) {
+    vars["LLAMA_ATTN_ROT_DISABLE"] = off;
+    EXPECT_EQ(by(), "") << off;
+  }
+}
+
 TEST(Ladder, Budget) {
   EXPECT_EQ(*parse_budget("1048576"), 1048576u);
   EXPECT_EQ(*parse_budget("512K"), 512u << 10);

@@ -10,13 +10,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <thread>
 #include <random>
 
+#include "format/state_prefix.h"
 #include "http_serving.h"
 #include "loopback.h"
 #include "store/store_location.h"
+#include "test_files.h"
 
 namespace kvsnap {
 namespace {
@@ -109,6 +112,18 @@ TEST(ServePersist, AnUntokenizedExchangesOwnSlotIsItsNamespacesWhenCertain) {
 // A session name is the client's choice: two key holders who send the same one get two namespaces,
 // so neither is restored (nor sees tagged) what the other kept under it. The key is read as
 // llama-server reads it, whichever header carries it.
+// A review's finding: a request with its own LoRA scales ("lora") was saved under its namespace and
+// restored for the next plain request of the same prompt, a cache of other values. Its conversation
+// is no tenant's.
+TEST(ServePersist, AConversationWithItsOwnAdaptersIsNoTenants) {
+  Exchange x;
+  x.request_headers = {{"X-Kvsnap-Session", "ana"}};
+  EXPECT_EQ(owner_namespace(x), "session-ana");
+  x.asks_adapters = true;
+  EXPECT_EQ(owner_namespace(x), "unattributed");
+  EXPECT_EQ(namespace_of(x), "session-ana");  // the tenant it is counted for is still its own
+}
+
 TEST(ServePersist, ASessionNameBelongsToTheKeyThatSentIt) {
   auto ns = [](std::vector<std::pair<std::string, std::string>> headers) {
     Exchange x;
@@ -233,6 +248,132 @@ TEST(ServePersist, ARestoredSlotsTaskIsNotSavedAgain) {
       EXPECT_EQ(persist.stats().failed, restored ? 0u : 1u) << "a save of slot 0 was tried: " << persist.stats().last_error;
     }
   }
+}
+
+// A child whose slot 0 (idle, task 7) holds a real slot file: a save copies the fixture into the slot
+// directory, as llama-server writes it.
+const fs::path& slot_fixture() {
+  static const fs::path p = fs::path(KVSNAP_SOURCE_DIR) / "fixtures/v0.5.0/hd64-f16-f16-faon.slot";
+  return p;
+}
+
+// The tokens slot_fixture() holds.
+std::vector<int32_t> fixture_tokens() {
+  std::vector<std::byte> bytes = test::slurp(slot_fixture());
+  MemoryFile file{"slot", std::span<const std::byte>(bytes)};
+  auto state = parse_for_model(file, {}, nullptr);
+  EXPECT_TRUE(state.ok()) << state.status().ToString();
+  return state.ok() ? state->tokens.tokens : std::vector<int32_t>{};
+}
+
+struct SavingChild {
+  httplib::Server svr;
+  int port = 0;
+  std::thread thread;
+  std::function<void()> on_save;  // called as a save is asked for, before the file is written
+  explicit SavingChild(const fs::path& fixture, const fs::path& slot_dir) {
+    svr.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(R"({"status": "ok"})", "application/json");
+    });
+    svr.Get("/props", [](const httplib::Request&, httplib::Response& res) { res.set_content("{}", "application/json"); });
+    svr.Get("/slots", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(R"([{"id": 0, "id_task": 7, "is_processing": false, "n_prompt_tokens": 5}])", "application/json");
+    });
+    svr.Post("/slots/0", [this, fixture, slot_dir](const httplib::Request& req, httplib::Response& res) {
+      if (on_save) on_save();
+      const std::string name = nlohmann::json::parse(req.body).value("filename", "");
+      fs::copy_file(fixture, slot_dir / name);
+      res.set_content(R"({"id_slot": 0, "filename": ")" + name + R"(", "n_saved": 1, "n_written": )" +
+                          std::to_string(fs::file_size(fixture)) + R"(, "timings": {"save_ms": 1.0}})",
+                      "application/json");
+    });
+    port = test::serve_on_free_port(svr, thread);
+  }
+  ~SavingChild() { test::stop_serving(svr, thread); }
+};
+
+// A store and slot directory (a PersistBed's) with a SavingChild in front, and the target a Persister
+// of the test's own saves from.
+struct SavingBed {
+  static fs::path made(const fs::path& dir) {
+    fs::create_directories(dir);
+    return dir;
+  }
+  PersistBed bed{0, 5};  // its own Persister goes unused
+  fs::path slots = made(bed.root / "slots");
+  SavingChild child{slot_fixture(), slots};
+  ServerTarget target() const {
+    ServerTarget t;
+    t.endpoint = {"http://127.0.0.1:" + std::to_string(child.port), "", 5};
+    t.slot_dir = slots.string();
+    return t;
+  }
+};
+
+// A review's finding: a request's own slot was left unsaved, and counted nowhere, when another
+// namespace's given-up prompt shared more of its start than the request's own prompt (owner_of_tokens
+// names no one then: the slot may hold a part of that one). Its save is the last that would tag it:
+// it is kept, as no tenant's.
+TEST(ServePersist, ARequestsOwnSlotThatAnotherPromptFitsIsKeptForNoOne) {
+  const std::vector<int32_t> toks = fixture_tokens();
+  ASSERT_GT(toks.size(), 8u);
+  SavingBed b;
+  ASSERT_GT(b.child.port, 0);
+  std::vector<std::string> lines;
+  std::mutex lines_mu;
+  {
+    Persister persist(posix_io(), *b.bed.stores, b.bed.store_mu, b.target(), [&](const std::string& l) {
+      std::lock_guard<std::mutex> g(lines_mu);
+      lines.push_back(l);
+    });
+    Exchange given_up;  // bob's stream, given up: the child may have evaluated a part of it
+    given_up.method = "POST";
+    given_up.path = "/completion";
+    given_up.request_headers = {{"X-Kvsnap-Session", "bob"}};
+    given_up.prompt_tokens.assign(toks.begin(), toks.begin() + 6);
+    given_up.prompt_tokens.push_back(-5);  // its own words after the shared start
+    persist.note_prompt(given_up);
+    Exchange x;  // ana's completion, whose answer names slot 0
+    x.method = "POST";
+    x.path = "/completion";
+    x.status = 200;
+    x.request_headers = {{"X-Kvsnap-Session", "ana"}};
+    x.prompt_tokens.assign(toks.begin(), toks.begin() + 4);
+    x.response_body = R"({"content": "x", "id_slot": 0})";
+    persist.note_completion(x);
+    ASSERT_TRUE(persist.wait_saved(60));
+    EXPECT_EQ(persist.stats().failed, 0u) << persist.stats().last_error;
+    EXPECT_EQ(persist.stats().saved, 1u) << "the slot was left unsaved";
+  }
+  EXPECT_TRUE(std::any_of(lines.begin(), lines.end(),
+                          [](const std::string& l) { return l.find("kept as unattributed") != std::string::npos; }));
+  Store* store = *b.bed.stores->for_namespace("unattributed");
+  auto kept = store->catalog().find_prefix(toks, "", 8);
+  ASSERT_TRUE(kept.ok());
+  ASSERT_EQ(kept->size(), 1u);
+  EXPECT_EQ(kept->front().tags.at("serve.ns"), "unattributed") << "neither ana's nor bob's";
+}
+
+// A review's finding: a save that ran while the child restarted (forget_slots: task ids start again)
+// recorded its slot's task of the old child afterwards, and a new conversation that reached that id
+// would have counted as saved (never saved, lost to the next restore into the slot).
+TEST(ServePersist, ASaveAcrossAChildRestartRecordsNoTaskOfTheOldChild) {
+  const std::vector<int32_t> toks = fixture_tokens();
+  ASSERT_FALSE(toks.empty());
+  SavingBed b;
+  ASSERT_GT(b.child.port, 0);
+  Persister persist(posix_io(), *b.bed.stores, b.bed.store_mu, b.target(), [](const std::string&) {});
+  b.child.on_save = [&persist] { persist.forget_slots(); };  // the child restarts while its slot is saved
+  Exchange x;
+  x.method = "POST";
+  x.path = "/completion";
+  x.status = 200;
+  x.prompt_tokens = {toks.front()};
+  x.response_body = R"({"content": "x", "id_slot": 0})";
+  persist.note_completion(x);
+  ASSERT_TRUE(persist.wait_saved(60));
+  EXPECT_EQ(persist.stats().saved, 1u) << persist.stats().last_error;
+  EXPECT_TRUE(persist.holds_unsaved(0, 7)) << "task 7 of the new child counts as saved";
 }
 
 // A review's finding: an OPTIONS (a CORS preflight) on a completion route, answered 200, was noted

@@ -42,6 +42,26 @@ TEST(ServeRequests, SlotActionsAreKvsnapsOwn) {
   EXPECT_FALSE(is_slot_action("POST", "/v1/slots/0"));
 }
 
+// A request's own LoRA adapter scales ("lora", a non-empty array; llama-server 3.22.1 refuses any
+// other value but an empty array, which leaves the server's scales) make a cache no snapshot records;
+// POST /lora-adapters changes the scales of every later request.
+TEST(ServeRequests, PerRequestAdaptersAndTheirRouteAreSeen) {
+  auto asks = [](const char* path, const char* body) {
+    auto r = parse_completion_request(path, body);
+    EXPECT_TRUE(r.ok()) << body;
+    return r.ok() && r->asks_adapters;
+  };
+  EXPECT_TRUE(asks("/completion", R"({"prompt": "Hi", "lora": [{"id": 0, "scale": 0.5}]})"));
+  EXPECT_TRUE(asks("/v1/chat/completions", R"({"messages": [], "lora": [{"id": 1, "scale": 1}]})"));
+  EXPECT_TRUE(asks("/infill", R"({"lora": [{"id": 0, "scale": 0}]})"));
+  EXPECT_FALSE(asks("/completion", R"({"prompt": "Hi", "lora": []})"));
+  EXPECT_FALSE(asks("/completion", R"({"prompt": "Hi"})"));
+  EXPECT_FALSE(asks("/completion", R"({"prompt": "Hi", "lora": null})"));
+  EXPECT_TRUE(changes_adapters("POST", "/lora-adapters"));
+  EXPECT_FALSE(changes_adapters("GET", "/lora-adapters"));
+  EXPECT_FALSE(changes_adapters("POST", "/lora-adapters/x"));
+}
+
 // The completion routes whose id_slot reaches llama-server's task (3.22.1): the Anthropic route's
 // conversion keeps only the fields it knows, so kvsnap cannot choose its slot (it runs alone).
 TEST(ServeRequests, EveryCompletionRouteButAnthropicsTakesIdSlot) {
