@@ -439,7 +439,8 @@ void bench_compaction(const std::string& base, const std::string& path, const st
   auto bs = must(parse_state(*bf), base);
   auto ef = must(posix_io().open_read(path), path);
   auto es = must(parse_state(*ef), path);
-  double t_compact = 1e9, t_copy = 1e9;
+  // Each round's rates from its own bytes and times: an adaptive save's pack differs between rounds.
+  double t_compact = 1e9, t_copy = 1e9, moved_gbs = 0, copy_gbs = 0;
   GcReport best;
   uint64_t pack_bytes = 0;
   for (int r = 0; r < rounds; ++r) {
@@ -449,20 +450,25 @@ void bench_compaction(const std::string& base, const std::string& path, const st
     (void)save_seconds(*st.s, *bf, bs, threads);
     const std::string pack = must(st.s->catalog().chunks_of(long_one.info.id), "chunks").front().pack;
     const std::string pack_path = dir + "/store/packs/" + pack + ".pack";
-    pack_bytes = fs::file_size(pack_path);
-    t_copy = std::min(t_copy, copy_file(pack_path, dir + "/copy"));
+    const uint64_t bytes = fs::file_size(pack_path);
+    const double copied = copy_file(pack_path, dir + "/copy");
+    if (double(bytes) / copied > copy_gbs * 1e9) {
+      copy_gbs = double(bytes) / 1e9 / copied;
+      t_copy = copied;
+      pack_bytes = bytes;
+    }
     fs::remove(dir + "/copy");
     must(st.s->remove(std::to_string(long_one.info.id)).status(), "rm");
     const auto t0 = Clock::now();
     GcReport rep = must(st.s->gc(true, {}, 1), "gc");
     const double t = secs(t0);
     if (rep.packs_compacted != 1) must(Status::Corruption("gc compacted " + std::to_string(rep.packs_compacted) + " packs, not 1"), "compaction");
-    if (t < t_compact) {
+    if (double(rep.compacted_bytes_moved) / t > moved_gbs * 1e9) {
+      moved_gbs = double(rep.compacted_bytes_moved) / 1e9 / t;
       t_compact = t;
       best = rep;
     }
   }
-  const double moved_gbs = double(best.compacted_bytes_moved) / 1e9 / t_compact, copy_gbs = double(pack_bytes) / 1e9 / t_copy;
   std::printf("compaction of %s's pack once %s is removed (%.1f MB, %.1f MB live, %.1f MB dead), best of %d\n",
               fs::path(path).filename().c_str(), fs::path(path).filename().c_str(), double(pack_bytes) / 1e6,
               double(best.compacted_bytes_moved) / 1e6, double(best.compacted_bytes_freed) / 1e6, rounds);
@@ -751,7 +757,9 @@ void bench_file(const std::string& path, const std::string& dir, uint32_t thread
     if (g_server_save_ms > 0)
       std::printf("  llama-server's own save of this slot %.3f s: kvsnap save %.2fx of it (>= 1 is not slower)\n",
                   g_server_save_ms / 1e3, g_server_save_ms / 1e3 / t.t_save);
-    std::printf("  decode only     %7.3f GB/s  %5.2fx of copy\n", gb / t.t_decode, t.t_copy / t.t_decode);
+    // Decode writes no file: a ratio to copy + fsync would compare memory with a disk (issue 13's
+    // decode target is absolute: >= 2 GB/s).
+    std::printf("  decode only     %7.3f GB/s  (into memory, no disk; target >= 2 GB/s)\n", gb / t.t_decode);
     std::printf("  CPU seconds (user + system, all threads): copy %.3f, save %.3f, restore %.3f, decode %.3f\n",
                 t.c_copy, t.c_save, t.c_restore, t.c_decode);
   }

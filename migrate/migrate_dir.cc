@@ -199,6 +199,11 @@ class Migrator {
         r.detail = parsed.status().message();
         return Status::OK();
       }
+      // Read while a server saved it: not damaged, only not whole yet (a review's finding: exit 3).
+      if (!check_unchanged(path, path, e.stamp, false).ok())
+        return Status::IOError(path + ": changed while kvsnap read it (did a llama-server save this slot?): " +
+                               parsed.status().message() + "; left as it is; migrate the directory while no server "
+                               "writes to it");
       return parsed.status();
     }
     e.src = std::move(*parsed);

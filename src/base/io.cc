@@ -276,6 +276,8 @@ class PosixIo final : public Io {
         de.is_regular = S_ISREG(st.st_mode);
         de.is_dir = S_ISDIR(st.st_mode);
         de.is_symlink = S_ISLNK(st.st_mode);
+      } else if (errno == ENOENT) {
+        continue;  // removed since readdir saw it: not there (a migrate reported it "not a regular file")
       }
       out.push_back(std::move(de));
     }

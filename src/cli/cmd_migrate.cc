@@ -379,6 +379,8 @@ void setup_migrate(CLI::App& app, int& exit_status) {
       "\nOnly regular files directly in DIR are touched; symlinks are never followed. Files already at the\n"
       "target and files that are not llama.cpp states are left alone. When a file fails, the others are still\n"
       "converted and the exit status is the first failed file's (3 damaged, 5 wrong model, 6 rotation unknown, ...).\n"
+      "A converted file keeps its original's mode (and, run as root, owner and group). Run as another user than a\n"
+      "file's owner (not root), migrate refuses that file (exit 7) and leaves it: run it as the server's user or root.\n"
       "\nExamples:\n"
       "  kvsnap migrate /srv/slots -m model.gguf --dry-run         # what an upgrade to the current format does\n"
       "  kvsnap migrate /srv/slots --ctk q8_0 --ctv q8_0 -m model.gguf   # before restarting with -ctk q8_0\n"

@@ -111,7 +111,17 @@ int run(int argc, char** argv) {
   try {
     app.parse(static_cast<int>(args_c.size()), args_c.data());
   } catch (const CLI::ParseError& e) {
-    // --help and --version end here too (exit 0); every usage error is exit 2 (docs/cli.md)
+    // Every usage error is exit 2 (docs/cli.md), said as kvsnap's own errors are: the command first.
+    if (e.get_exit_code() != static_cast<int>(CLI::ExitCodes::Success)) {
+      std::string where = "kvsnap";
+      for (const CLI::App* c = &app; !c->get_subcommands().empty();) {
+        c = c->get_subcommands().front();
+        where += " " + c->get_name();
+      }
+      std::fprintf(stderr, "%s: usage: %s ('%s --help' lists the options)\n", where.c_str(), e.what(), where.c_str());
+      return kvsnap::cli::kExitUsage;
+    }
+    // --help and --version end here (exit 0)
     const int code = app.exit(e);
     // The help or version text went to standard output: a full disk or a closed pipe is not a success
     std::cout.flush();

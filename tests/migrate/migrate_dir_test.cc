@@ -268,6 +268,38 @@ TEST(MigrateDir, AFileSavedAgainWhileConvertedKeepsTheNewSave) {
   EXPECT_EQ(temps_in(dir), 0u);
 }
 
+// A "server" starts saving `victim` in place (truncated, half written) as migrate opens it.
+class WrittenWhileReadIo final : public ForwardingIo {
+ public:
+  WrittenWhileReadIo(std::string victim, std::string half) : victim_(std::move(victim)), half_(std::move(half)) {}
+  Result<OpenedRegular> open_regular(const std::string& path) override {
+    auto f = base().open_regular(path);
+    if (f.ok() && path == victim_) save_in_place(path, half_);
+    return f;
+  }
+
+ private:
+  std::string victim_, half_;
+};
+
+// A review's finding: a slot file a server was writing while migrate read it was reported damaged
+// (exit 3), which tells the user the file is lost; it is only not whole yet, and left as it is.
+TEST(MigrateDir, AFileWrittenWhileReadIsNotCalledDamaged) {
+  test::TempDir t("kvsnap-migrate-half");
+  const fs::path dir = t.path(), a = dir / "a.slot";
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
+  const std::string whole = slurp(a), half = whole.substr(0, whole.size() / 2);
+  WrittenWhileReadIo io(a.string(), half);
+  auto sum = migrate_to_f32(io, dir);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  ASSERT_EQ(sum->files.size(), 1u);
+  EXPECT_EQ(sum->files[0].action, FileAction::kFailed) << sum->files[0].detail;
+  EXPECT_NE(sum->files[0].detail.find("changed while kvsnap read it"), std::string::npos) << sum->files[0].detail;
+  EXPECT_EQ(sum->files[0].error.code(), Code::kIOError) << "reported as damaged: " << sum->files[0].error.ToString();
+  EXPECT_TRUE(slurp(a) == half) << "the file being written was touched";
+  EXPECT_EQ(temps_in(dir), 0u);
+}
+
 // A review's finding: --backup-store's backup reads the file; a save in place during that read gave
 // a backup of no save's bytes (the first part of one, the rest of the other), and the conversion,
 // refused as "changed", left it in the store as the original's backup. The outcome says so, for the
