@@ -498,6 +498,18 @@ uint64_t MigrateSummary::bytes_after() const {
   return n;
 }
 
+// Whether a file can be created (and removed) in `dir`, as each conversion's temporary is.
+Status probe_writable(Io& io, const std::string& dir, size_t files) {
+  const std::string probe = temp_path_beside(dir + "/.kvsnap-write-probe");
+  auto f = io.open_write(probe, /*exclusive=*/true);
+  Status s = f.ok() ? (*f)->close() : f.status();
+  if (f.ok()) (void)io.remove(probe);
+  if (s.ok()) return s;
+  return Status::IOError(dir + ": kvsnap cannot create files there (" + s.message() + "), and each of the " +
+                         std::to_string(files) + " files to convert is replaced by a new one: nothing converted, no "
+                         "backup stored; run migrate as the directory's owner (or root)");
+}
+
 Result<MigrateSummary> migrate_dir(Io& io, const MigrateOptions& o) {
   const auto t0 = Clock::now();
   // A typo in a flag fails here, once, before the lock is taken or a temporary removed.
@@ -525,6 +537,9 @@ Result<MigrateSummary> migrate_dir(Io& io, const MigrateOptions& o) {
       sum.files.push_back(std::move(r));
     }
   }
+  // Each conversion is a new file in DIR: a directory kvsnap cannot write into fails them all, after
+  // each file's backup was stored and dropped again. Probed once, before any of that.
+  if (!o.dry_run && !todo.empty()) KV_RETURN_IF_ERROR(probe_writable(io, o.dir, todo.size()));
   if (o.planned && !m.interrupted()) o.planned(todo.size(), todo_bytes);
   std::vector<FileOutcome> done(todo.size());
   std::atomic<size_t> next{0};

@@ -300,6 +300,42 @@ TEST(MigrateDir, AFileWrittenWhileReadIsNotCalledDamaged) {
   EXPECT_EQ(temps_in(dir), 0u);
 }
 
+// A directory kvsnap cannot write into: every new file refused.
+class ReadOnlyDirIo final : public ForwardingIo {
+ public:
+  Result<std::unique_ptr<WritableFile>> open_write(const std::string& path, bool) override {
+    return Status::IOError(path + ": Permission denied");
+  }
+};
+
+// A review's finding: in a directory kvsnap cannot write into, each file's original was backed up,
+// its conversion failed, and the backup was dropped again, file after file. The directory is
+// probed once: nothing is backed up and the run fails naming it.
+TEST(MigrateDir, ADirectoryKvsnapCannotWriteIntoIsRefusedBeforeAnyBackup) {
+  test::TempDir t("kvsnap-migrate-ro");
+  const fs::path dir = t.path(), a = dir / "a.slot";
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
+  const std::string before = slurp(a);
+  ReadOnlyDirIo io;
+  MigrateOptions o;
+  o.dir = dir.string();
+  o.spec.ctk = "f32";
+  o.spec.ctv = "f32";
+  int backups = 0;
+  o.backup = [&](const std::string&, const ReadableFile&, const StateFile&) -> Status {
+    ++backups;
+    return Status::OK();
+  };
+  auto sum = migrate_dir(io, o);
+  ASSERT_FALSE(sum.ok());
+  EXPECT_EQ(sum.status().code(), Code::kIOError) << sum.status().ToString();
+  EXPECT_NE(sum.status().message().find("cannot create files there"), std::string::npos) << sum.status().ToString();
+  EXPECT_EQ(backups, 0);
+  EXPECT_TRUE(slurp(a) == before);
+  o.dry_run = true;  // a dry run writes nothing: it still reports
+  EXPECT_TRUE(migrate_dir(io, o).ok());
+}
+
 // A review's finding: --backup-store's backup reads the file; a save in place during that read gave
 // a backup of no save's bytes (the first part of one, the rest of the other), and the conversion,
 // refused as "changed", left it in the store as the original's backup. The outcome says so, for the
