@@ -573,10 +573,10 @@ int run_mlx(const Options& opt) {
     return q;
   };
   const Packed q8 = quantize_all(from_bits);
-  const std::map<std::string, double> mx = mlx_baseline(opt, rows, dim, group, from_bits);
   struct Cell {
     std::string name;
     Rate ours;
+    std::string mx_key;  // its line in mlx_affine_bench.py's output ("quantize 4")
     double mx = 0;
   };
   std::vector<Cell> cells;
@@ -587,9 +587,10 @@ int run_mlx(const Options& opt) {
     const size_t cb = mlx_affine_row_bytes(dim, bits), cb8 = mlx_affine_row_bytes(dim, from_bits);
     const uint64_t q_row = cb + 2 * groups * ts, q8_row = cb8 + 2 * groups * ts;
     std::vector<Loop> loops;
-    Cell cq{"bf16 -> q" + std::to_string(bits) + "g64 (quantize)", {}, 0};
-    Cell cd{"q" + std::to_string(bits) + "g64 -> bf16 (dequantize)", {}, 0};
-    Cell cr{"q8g64 -> q" + std::to_string(bits) + "g64 (requantize)", {}, 0};
+    const std::string b = " " + std::to_string(bits);
+    Cell cq{"bf16 -> q" + std::to_string(bits) + "g64 (quantize)", {}, "quantize" + b};
+    Cell cd{"q" + std::to_string(bits) + "g64 -> bf16 (dequantize)", {}, "dequantize" + b};
+    Cell cr{"q8g64 -> q" + std::to_string(bits) + "g64 (requantize)", {}, "requantize" + b};
     loops.push_back(Loop{n_chunks, [&](size_t i) -> uint64_t {
                            for (uint64_t r = i * chunk; r < (i + 1) * chunk; r++) {
                              quant_row(src.data() + r * dim * ts, bits, out.codes.data() + r * cb,
@@ -615,17 +616,18 @@ int run_mlx(const Options& opt) {
                            &cr.ours});
     }
     time_loops(loops, tm);
-    const std::string b = " " + std::to_string(bits);
-    cq.mx = mx.count("quantize" + b) ? mx.at("quantize" + b) : 0;
-    cd.mx = mx.count("dequantize" + b) ? mx.at("dequantize" + b) : 0;
-    cr.mx = mx.count("requantize" + b) ? mx.at("requantize" + b) : 0;
     cells.push_back(cq);
     cells.push_back(cd);
     if (bits != from_bits) cells.push_back(cr);
   }
+  // After kvsnap's cells (not interleaved with them: MLX runs in a child process), on rows of its
+  // own of the same shape (mx.random.normal), per second of that process's CPU time.
+  const std::map<std::string, double> mx = mlx_baseline(opt, rows, dim, group, from_bits);
+  for (Cell& c : cells) c.mx = mx.count(c.mx_key) ? mx.at(c.mx_key) : 0;
   std::printf("baseline: %s\n\n", mx.empty() ? "no Python with mlx (--mlx-python): kvsnap's figures only"
                                              : "mx.quantize / mx.dequantize on MLX's CPU backend (bench/mlx_affine_bench.py, "
-                                               "per second of its process CPU time, timed after kvsnap's cells)");
+                                               "per second of its process CPU time, timed after kvsnap's cells, not "
+                                               "interleaved with them, on random rows of its own of the same shape)");
   std::printf("| conversion | kvsnap 1T | mx cpu | kvsnap / mx |\n| --- | ---: | ---: | ---: |\n");
   for (const Cell& c : cells) {
     const Rate base{c.mx, c.mx > 0, 0};
