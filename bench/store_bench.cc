@@ -623,10 +623,12 @@ bool file_round(const std::string& path, const std::string& dir, const ReadableF
     std::error_code ec;
     fs::remove(dir + old, ec);
   }
+  ::sync();  // those deletions written back before the copy's clock starts, not during it
   double c0 = cpu_now();
   t.t_copy = std::min(t.t_copy, copy_file(path, dir + "/copy.bin"));
   t.c_copy = std::min(t.c_copy, cpu_now() - c0);
   Store_ st(dir + "/store");
+  ::sync();  // the last round's store, deleted by Store_, written back before the save's clock starts
   SaveRequest req;
   req.threads = threads;
   req.zstd_level = g_level;
