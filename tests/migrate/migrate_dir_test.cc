@@ -336,6 +336,43 @@ TEST(MigrateDir, ADirectoryKvsnapCannotWriteIntoIsRefusedBeforeAnyBackup) {
   EXPECT_TRUE(migrate_dir(io, o).ok());
 }
 
+// Another name of `victim`'s file is made and removed at each stamp migrate takes of it: what a
+// sibling name's conversion does to a shared inode (its ctime moves, its bytes do not).
+class LinkedAndUnlinkedIo final : public ForwardingIo {
+ public:
+  explicit LinkedAndUnlinkedIo(std::string victim) : victim_(std::move(victim)) {}
+  Result<FileStamp> stamp(const std::string& path) override {
+    if (path == victim_) {
+      const std::string extra = victim_ + ".extra-link";
+      fs::create_hard_link(victim_, extra);
+      fs::remove(extra);
+    }
+    return base().stamp(path);
+  }
+
+ private:
+  std::string victim_;
+};
+
+// A review's finding: no test reached check_unchanged's clause for a file with several names, whose
+// other names' renames and removals move its ctime (and link count) while its bytes stay. Such a
+// file is judged by its size, mtime and inode: converted, not "changed while kvsnap converted it".
+TEST(MigrateDir, AFileWithAnotherNameIsJudgedByItsBytesNotItsCtime) {
+  test::TempDir t("kvsnap-migrate-links");
+  const fs::path dir = fs::path(t.path()) / "slots", outside = fs::path(t.path()) / "kept.slot", a = dir / "a.slot";
+  fs::create_directories(dir);
+  fs::copy_file(kFixtures / "v0.5.0/hd64-f16-f16-faon.slot", a);
+  fs::create_hard_link(a, outside);  // a second name, outside the directory migrated
+  const std::string before = slurp(a);
+  LinkedAndUnlinkedIo io(a.string());
+  auto sum = migrate_to_f32(io, dir);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  ASSERT_EQ(sum->files.size(), 1u);
+  EXPECT_EQ(sum->files[0].action, FileAction::kConverted) << sum->files[0].detail;
+  EXPECT_TRUE(slurp(outside) == before) << "the other name still holds the original";
+  EXPECT_FALSE(slurp(a) == before);
+}
+
 // A review's finding: --backup-store's backup reads the file; a save in place during that read gave
 // a backup of no save's bytes (the first part of one, the rest of the other), and the conversion,
 // refused as "changed", left it in the store as the original's backup. The outcome says so, for the
