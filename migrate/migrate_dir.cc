@@ -504,7 +504,7 @@ Status probe_writable(Io& io, const std::string& dir, size_t files) {
   auto f = io.open_write(probe, /*exclusive=*/true);
   Status s = f.ok() ? (*f)->close() : f.status();
   if (f.ok()) (void)io.remove(probe);
-  if (s.ok()) return s;
+  if (s.ok() || s.code() == Code::kInterrupted) return s;  // a signal during the probe: the run stops as interrupted
   return Status::IOError(dir + ": kvsnap cannot create files there (" + s.message() + "), and each of the " +
                          std::to_string(files) + " files to convert is replaced by a new one: nothing converted, no "
                          "backup stored; run migrate as the directory's owner (or root)");
