@@ -21,7 +21,9 @@ constexpr const char* kUnattributed = "unattributed";
 
 }  // namespace
 
-std::string owner_namespace(const Exchange& x) { return x.asks_adapters ? kUnattributed : namespace_of(x); }
+std::string owner_namespace(const Exchange& x) {
+  return x.asks_adapters || x.request_unreadable ? kUnattributed : namespace_of(x);
+}
 
 std::string namespace_of(const Exchange& x) {
   const std::string key = request_api_key(x.request_headers);
@@ -143,7 +145,7 @@ void Persister::note_completion(const Exchange& x) {
     // gate) as its own. An OpenAI-style answer names no slot: the one serve pinned it to.
     // Other slots still changed (a stream given up) are saved too, as any pass saves them.
     const int slot = x.several_slots ? -1 : slot_of_answer(x);
-    Job j{slot, x.prompt_tokens.empty(), "", slot, x.own_after_task, x.arrived, x.prompt_tokens};
+    Job j{slot, x.prompt_tokens.empty(), "", slot, x.own_after_task, x.arrived, x.prompt_tokens, x.asks_adapters};
     if (slot < 0 && !x.several_slots && x.pinned_slot >= 0) j.own_slot = x.pinned_slot;
     if (j.own_slot >= 0 || j.own_after >= 0 || x.several_slots) j.ns = owner_namespace(x);
     jobs_.push_back(std::move(j));
@@ -178,7 +180,7 @@ void Persister::worker() {
     l.unlock();
     const std::string fallback =
         j.unverifiable ? untokenized_exchange_owner(j.ns, j.own_slot, j.own_after, every_task_gated_, unguarded) : "";
-    save_changed(j.slot, fallback, j.unverifiable, j.ns, j.own_slot, j.own_after, j.prompt);
+    save_changed(j.slot, fallback, j.unverifiable, j.ns, j.own_slot, j.own_after, j.prompt, j.adapters);
     l.lock();
     busy_ = false;
     ++finished_;
@@ -188,13 +190,16 @@ void Persister::worker() {
 
 void Persister::save_changed(int only_slot, const std::string& fallback, bool untokenized_job,
                              const std::string& job_ns, int own_slot, int64_t own_after,
-                             const std::vector<int32_t>& job_prompt) {
+                             const std::vector<int32_t>& job_prompt, bool adapters) {
   // The child's life these tasks are of: one that restarts while the saves below run (forget_slots)
   // numbers its tasks anew, and a task id recorded now could match a new conversation's later.
-  const uint64_t generation = [this] {
+  uint64_t generation = 0;
+  std::string cache_tag;
+  {
     std::lock_guard<std::mutex> l(mu_);
-    return generation_;
-  }();
+    generation = generation_;
+    cache_tag = cache_tag_;
+  }
   LlamaServer srv(target_.endpoint);
   auto slots = srv.slots();
   if (!slots.ok()) {
@@ -218,11 +223,15 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
     // Named variables, not a structured binding: clang before 16 cannot capture one in a lambda.
     const int slot = slot_task.first;
     const int64_t task = slot_task.second;
+    if (adapters && (own_slot >= 0 ? slot == own_slot : task > own_after)) {
+      erase_adapters_slot(srv, slot, task, generation);
+      continue;
+    }
     ServerTarget t = target_;
     t.slot = slot;
     SaveRequest req;
     req.tags = {{"serve.slot", std::to_string(slot)}, {"serve.task", std::to_string(task)}};
-    if (!cache_tag_.empty()) req.tags["serve.cache"] = cache_tag_;
+    if (!cache_tag.empty()) req.tags["serve.cache"] = cache_tag;
     std::string slot_ns;
     bool unowned = false, no_tenant = false;
     // Tagged by what the slot holds: the request whose prompt its tokens start with.
@@ -234,7 +243,8 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
         // The save of the slot's own request: no later save would tag it. Contents that begin with its
         // prompt whose namespace cannot be told (a tie, another's given-up prompt that may be a part of
         // them) are kept for no tenant rather than lost.
-        if (slot_ns.empty() && own && !job_prompt.empty() && tokens.size() >= job_prompt.size() &&
+        if (slot_ns.empty() && own_slot >= 0 && slot == own_slot && !job_prompt.empty() &&
+            tokens.size() >= job_prompt.size() &&
             std::equal(job_prompt.begin(), job_prompt.end(), tokens.begin())) {
           slot_ns = kUnattributed;
           log_("persist: slot " + std::to_string(slot) + " holds its request's conversation, but another namespace's "
@@ -291,7 +301,7 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
     if (generation == generation_) saved_task_[slot] = task;
     ++stats_.saved;
     const SnapshotInfo& info = r->save.info;
-    if (book_)
+    if (book_ && generation == generation_)  // not the new child's slot
       book_->put(slot, {info.id, slot_ns, uint64_t(info.n_tokens), info.raw_bytes, info.k_types, info.v_types,
                         !info.v_trans, "saved"});
     log_("persist: slot " + std::to_string(slot) + " (" + shown_text(slot_ns) + ") saved as snapshot " +
@@ -309,6 +319,27 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
     for (const std::string& w : r->save.gc_warnings) log_("persist: gc after eviction: " + w);
   }
   if (on_saved_ && !changed.empty()) on_saved_();
+}
+
+void Persister::erase_adapters_slot(LlamaServer& srv, int slot, int64_t task, uint64_t generation) {
+  bool idle = false;
+  if (auto now = srv.slots(); now.ok())
+    for (const auto& s : *now)
+      if (s.id == slot) idle = !s.is_processing && s.raw.value("id_task", int64_t(-1)) == task;
+  const Status erased = idle ? srv.erase_slot(slot) : Status::OK();
+  std::lock_guard<std::mutex> l(mu_);
+  if (generation != generation_) return;  // the child restarted: its slots are empty anyway
+  saved_task_[slot] = task;  // done with: nothing of it is kept
+  if (book_) book_->forget(slot);
+  log_("persist: slot " + std::to_string(slot) + " ran a request with its own LoRA scales: not saved, " +
+       (!idle ? std::string("not erased (another request took the slot)")
+              : erased.ok() ? std::string("erased in the child (llama-server would reuse it without them)")
+                            : "erasing it failed: " + erased.ToString()));
+}
+
+void Persister::set_cache_tag(const std::string& tag) {
+  std::lock_guard<std::mutex> l(mu_);
+  cache_tag_ = tag;
 }
 
 bool Persister::wait_saved(double max_wait_s) {

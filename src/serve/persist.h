@@ -55,7 +55,7 @@ namespace kvsnap {
 std::string namespace_of(const Exchange& x);
 // The namespace a completion's conversation is saved under: namespace_of(x), or "unattributed" (no
 // tenant's: never restored) when it asked for its own LoRA adapters (CompletionRequest::asks_adapters),
-// since no snapshot records them.
+// since no snapshot records them, or when kvsnap could not read its JSON (whether it did is unknown).
 std::string owner_namespace(const Exchange& x);
 // True for the routes that run a completion in a slot (llama-server 3.22.1's, transcriptions too).
 bool is_completion_route(const std::string& path);
@@ -147,8 +147,9 @@ class Persister {
   // Before the first completion.
   void set_every_task_gated(bool gated) { every_task_gated_ = gated; }
   // The child's cache-changing settings (serve/llama_args.h cache_settings_tag): each snapshot is
-  // tagged serve.cache with it when it is not "". Before the first completion.
-  void set_cache_tag(const std::string& tag) { cache_tag_ = tag; }
+  // tagged serve.cache with it when it is not "".
+  // Called again when a restarted child's settings differ (its config.ini edited meanwhile).
+  void set_cache_tag(const std::string& tag);
   // A task may have started in a slot without the slot gate's guarantee: a completion went on without
   // a permit (the wait ran out, or the gate has no slot count) or without waiting for the saves
   // queued before it; a stream was given up (note_prompt: llama-server may still start its later
@@ -169,6 +170,7 @@ class Persister {
     int64_t own_after = -1;
     std::chrono::steady_clock::time_point arrived{};  // Exchange::arrived
     std::vector<int32_t> prompt;  // the exchange's prompt tokens (empty: not tokenized)
+    bool adapters = false;        // it asked for its own LoRA scales (Exchange::asks_adapters)
   };
   void worker();
   void remember_prompt(const Exchange& x, bool may_be_partial);  // mu_ held
@@ -180,9 +182,15 @@ class Persister {
   // `job_prompt`: the exchange's prompt tokens: its own slot, when it begins with them and no
   // namespace can be told (owner_of_tokens: a tie, another's given-up prompt), is kept as
   // "unattributed" rather than left for a save that will not come.
+  // `adapters`: the job's exchange asked for its own LoRA scales: its own slots are not saved but
+  // erased in the child (erase_adapters_slot).
   void save_changed(int only_slot, const std::string& fallback, bool untokenized_job = false,
                     const std::string& job_ns = "", int own_slot = -1, int64_t own_after = -1,
-                    const std::vector<int32_t>& job_prompt = {});
+                    const std::vector<int32_t>& job_prompt = {}, bool adapters = false);
+  // Erases `slot` in the child while it still holds `task` (idle): a cache made with a request's
+  // own adapter scales, which llama-server 3.22.1 would reuse for a later request without them
+  // (server-context.cpp launch_slot_with_task clears a slot only when the scales are asked for).
+  void erase_adapters_slot(LlamaServer& srv, int slot, int64_t task, uint64_t generation);
 
   Io& io_;
   TenantStores& stores_;

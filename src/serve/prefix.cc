@@ -318,10 +318,16 @@ Result<ServerRestoreResult> PrefixRestorer::restore_slot(int slot, int64_t id, c
   }
   // The book's id, checked against what it names now: removed and reused, it is another snapshot.
   if (!restorable(rec.info, ns))
-    return Status::NotFound("snapshot " + std::to_string(id) + " is no longer " + ns + "'s (removed meanwhile)");
+    return Status::NotFound("snapshot " + std::to_string(id) + " is no longer " + ns +
+                            "'s (removed meanwhile), or was saved under other cache settings than the child's now");
   auto r = restore_into(slot, rec.info, rec.tokens, ns);
   if (r.ok()) fresh_[slot] = ns;
   return r;
+}
+
+void PrefixRestorer::set_cache_tag(const std::string& tag) {
+  std::lock_guard<std::mutex> l(mu_);
+  cache_tag_ = tag;
 }
 
 void PrefixRestorer::set_cache(const std::string& ctk, const std::string& ctv, const std::string& flash_attn) {
@@ -336,6 +342,15 @@ void PrefixRestorer::after_unguarded(const Exchange& x) {
   int slot = slot_of_answer(x);
   if (slot < 0) slot = x.pinned_slot;
   std::lock_guard<std::mutex> l(mu_);
+  // A request with its own adapter scales: its slot holds no prefix kvsnap may count on (serve's
+  // save erases it in the child: Persister); slot unknown, none is counted on.
+  if (x.asks_adapters) {
+    if (slot < 0) held_.clear();
+    held_.erase(slot);
+    fresh_.erase(slot);
+    restored_task_.erase(slot);
+    return;
+  }
   // What the slots used hold is no longer what kvsnap put there: with "n" > 1 any free slot may have
   // taken a copy; a prompt kvsnap did not tokenize (several prompts, multimodal) is unknown.
   if (x.several_slots) held_.clear();

@@ -83,8 +83,9 @@ class PrefixRestorer {
   // Each restore is recorded there (before the first request).
   void set_book(SlotBook* book) { book_ = book; }
   // The child's cache-changing settings (serve/llama_args.h cache_settings_tag): only snapshots
-  // tagged serve.cache with it (none when it is "") are restored. Before the first request.
-  void set_cache_tag(const std::string& tag) { cache_tag_ = tag; }
+  // tagged serve.cache with it (none when it is "") are restored.
+  // Called again when a restarted child's settings differ (its config.ini edited meanwhile).
+  void set_cache_tag(const std::string& tag);
   // Called after each restore into a slot (before the first request; must not call back here): what
   // the slot holds now is a stored snapshot, not a conversation to save (Persister::note_restored).
   // `task`: the slot's /slots id_task right after the restore (-1 when the child did not say).

@@ -310,6 +310,7 @@ struct Proxy::Impl {
     x.arrived = f.arrived;
     x.restored_tokens = f.restored_tokens;
     x.asks_adapters = f.request && f.request->ok() && (*f.request)->asks_adapters;
+    x.request_unreadable = f.request && !f.request->ok();
     x.method = req.method;
     x.path = req.path;
     for (const auto& [k, v] : end_to_end(req.headers, false)) x.request_headers.emplace_back(k, v);  // as the child had them

@@ -122,6 +122,9 @@ struct Exchange {
   std::chrono::steady_clock::time_point arrived{};
   uint64_t restored_tokens = 0;
   bool asks_adapters = false;  // CompletionRequest::asks_adapters of the request as forwarded
+  // Its body is JSON kvsnap could not read (parse_completion_request's error): whether it asked
+  // for adapters is unknown.
+  bool request_unreadable = false;
   // The request carried one of the child's keys, or none is needed (ProxyOptions::api_keys): only
   // such an exchange reaches on_done / on_given_up. Without it (a browser's CORS preflight, which
   // llama-server answers 200 with no key) kvsnap does nothing for it.

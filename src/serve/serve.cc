@@ -85,13 +85,18 @@ void remove_stale_slot_files(Io& io, const std::string& dir, const std::function
   auto entries = io.list_dir(dir);
   if (!entries.ok()) return;  // the child's saves will say what is wrong with the directory
   size_t removed = 0;
+  const std::optional<double> started = process_start_time(::getpid());
   for (const DirEntry& e : *entries) {
     const std::optional<long> pid = kvsnap_temp_pid(e.name);
-    if (!pid || !e.is_regular) continue;
+    // The kept scratch file (pid 0) is only ever a restore --server's, which may be at work.
+    if (!pid || *pid == 0 || !e.is_regular) continue;
     const std::string path = dir + "/" + e.name;
     std::optional<int64_t> written_ns;
     if (auto stamp = io.stamp(path); stamp.ok()) written_ns = stamp->mtime_ns;
-    if (is_stale_temp(*pid, written_ns) && io.remove(path).ok()) ++removed;
+    // This process's own pid before it wrote anything: an earlier kvsnap's in a container, where a
+    // restarted serve is given the same pid (often 1), and is_stale_temp sees a live kvsnap.
+    const bool earlier_self = *pid == ::getpid() && written_ns && started && double(*written_ns) / 1e9 < *started;
+    if ((earlier_self || is_stale_temp(*pid, written_ns)) && io.remove(path).ok()) ++removed;
   }
   if (removed)
     log("removed " + std::to_string(removed) + " slot file" + (removed == 1 ? "" : "s") + " a stopped kvsnap left in " +
@@ -265,7 +270,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
         "and restores written so");
   }
   // Snapshots are tagged with the child's cache-changing settings and only restored under the same.
-  const std::string cache_tag = cache_settings_tag(args);
+  std::string cache_tag = cache_settings_tag(args);
   if (!cache_tag.empty()) {
     std::string shown;
     for (const LlamaArgs::Setting& c : args.cache_settings)
@@ -338,10 +343,24 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   // Tests on Linux run the lifeline alone, as macOS has it (docs/serve.md, "Shutdown").
   if (const char* e = std::getenv("KVSNAP_SERVE_NO_PDEATHSIG"); e && std::string(e) == "1") so.parent_death_signal = false;
   Supervisor sup(so, log);
-  sup.on_restart([&persist, &prefix, &book] {
+  sup.on_restart([&persist, &prefix, &book, &args, &cache_tag, &log] {
     persist.forget_slots();
     prefix.forget_slots();
     book.clear();
+    // The child read its config.ini files again as it started: an edit since kvsnap read them may
+    // have changed its cache settings (the ones a config file alone set are not pinned on its
+    // command line: --lora there would load twice). Read them again as it did.
+    auto now = parse_llama_args(args.argv);
+    // Unreadable: a tag no other start has, so that nothing saved now is restored later.
+    const std::string tag = now.ok() ? cache_settings_tag(*now) : "unreadable-" + unique_suffix();
+    if (tag == cache_tag) return;
+    log("the restarted child's cache-changing settings differ from its last start's (" +
+        (now.ok() ? "a config.ini edited meanwhile" : "its config.ini cannot be read now: " + now.status().message()) +
+        "): snapshots are tagged serve.cache=" + (tag.empty() ? std::string("(none)") : tag) +
+        " from now on, and those of the earlier settings are no longer restored");
+    cache_tag = tag;
+    persist.set_cache_tag(tag);
+    prefix.set_cache_tag(tag);
   });
   ControlDeps cd{&io, stores.get(), &store_mu, &drain, &persist, &prefix, &sup, &book,
                  target.endpoint.url, po.upstream_port, slot_dir, log};

@@ -55,7 +55,9 @@ requests in the same order; then:
      with direct access, where llama-server sees its own connection close), the slot stops well
      short of n_predict, and the next completion is answered.
  19. cache settings: a conversation saved at the model's RoPE base is not restored into a child with
-     --rope-freq-base 5000, one saved under it is; POST /lora-adapters is refused (403); with
+     --rope-freq-base 5000, one saved under it is, nor into a child restarted after its config.ini
+     gained a rope-freq-base; a request with its own "lora" scales is not kept and its slot is erased
+     in the child; POST /lora-adapters is refused (403); with
      LLAMA_ATTN_ROT_DISABLE=1 a session saved at f16 continues at q8_0 (and one saved at q8_0 at f16)
      with the answer of a full evaluation in the same child.
 With OPENAI_PYTHON (a Python with the `openai` package), one chat goes through the openai client.
@@ -235,6 +237,7 @@ def main():
         run_prefix_restore(kvsnap, llama, model, work)
         run_config_ini(kvsnap, llama, model, work)
         run_cache_settings(kvsnap, llama, model, work)
+        run_config_edited(kvsnap, llama, model, work)
         run_rotation_disabled(kvsnap, llama, model, work)
         run_conversation_id_hangup(kvsnap, llama, model, work)
         run_non_stream_hangup(kvsnap, llama, model, work)
@@ -605,7 +608,16 @@ def run_cache_settings(kvsnap, llama, model, work):
     s, _, raw = request(port, "POST", "/completion", ask)
     n = json.loads(raw)["timings"]["prompt_n"]
     s2, _, raw2 = request(port, "POST", "/lora-adapters", [{"id": 0, "scale": 0.5}])
+    # a request with its own LoRA scales (none loaded: llama-server runs it as any other): its slot is
+    # neither kept nor left for llama-server to reuse without them (a review's finding)
+    s3, _, _ = request(port, "POST", "/completion", {"prompt": "A request with adapters of its own.", "n_predict": 1,
+                                                      "temperature": 0, "lora": [{"id": 0, "scale": 0.5}]})
+    erased = wait_for(lambda: json.loads(request(port, "GET", "/slots")[2])[0].get("n_prompt_tokens", 1) == 0, 20)
     text = stop_serve(proc, log, "cache-rope", work)
+    check(s3 == 200 and erased and "own LoRA scales: not saved, erased in the child" in text,
+          "cache settings: a request with its own LoRA scales is not saved and its slot is erased in the child")
+    kept = len(ls(kvsnap, store))
+    check(kept == 2, f"cache settings: the store holds the two plain turns only ({kept} snapshots)")
     check(s == 200 and n >= n_prompt and "prefix: restored" not in text and "serve.cache=" in text,
           f"cache settings: a conversation saved at the model's RoPE base is not restored into a child with "
           f"--rope-freq-base 5000 (it evaluates {n} tokens, its prompt {n_prompt})")
@@ -617,6 +629,34 @@ def run_cache_settings(kvsnap, llama, model, work):
     text = stop_serve(proc, log, "cache-rope-2", work)
     check(s == 200 and n <= 8 and "prefix: restored" in text,
           f"cache settings: a child with the same --rope-freq-base restores its own conversation (evaluates {n})")
+
+
+def run_config_edited(kvsnap, llama, model, work):
+    """A review's finding: the child reads its config.ini again at each restart, and serve kept the cache
+    tag of its own start: a rope-freq-base added meanwhile reached the restarted child while serve went on
+    restoring the snapshots of the model's base. After the restart serve reads the files again."""
+    home = os.path.join(work, "cfg-edit-home")
+    env = config_env(home)
+    cfg = os.path.join(home, "llama.cpp", "config.ini")
+    open(cfg, "w").write("")
+    store = os.path.join(work, "cfg-edit-store")
+    base = ["-m", model, "-c", "4096", "-np", "1", "-t", "1", "--no-warmup", "-fa", "on"]
+    proc, port, log = start_serve(kvsnap, llama, store, work, "cfg-edit", base, env=env)
+    n_prompt = len(json.loads(request(port, "POST", "/tokenize", {"content": PROMPT, "add_special": True})[2])["tokens"])
+    request(port, "POST", "/completion", {"prompt": PROMPT, "n_predict": 1, "temperature": 0})
+    saved = wait_for(lambda: len(ls(kvsnap, store)) >= 1, 30)
+    open(cfg, "w").write("rope-freq-base = 5000\n")
+    for k in llama_children(proc.pid):
+        os.kill(k, signal.SIGKILL)
+    path = os.path.join(work, "cfg-edit.log")
+    told = wait_for(lambda: "differ from its last start" in open(path).read(), 120)
+    wait_health(port, proc, "cfg-edit")
+    s, _, raw = request(port, "POST", "/completion", {"prompt": PROMPT + SUFFIX, "n_predict": 1, "temperature": 0})
+    n = json.loads(raw)["timings"]["prompt_n"] if s == 200 else -1
+    text = stop_serve(proc, log, "cfg-edit", work)
+    check(saved and told and n >= n_prompt and "prefix: restored" not in text,
+          f"config edited: after the child's restart with rope-freq-base from its config.ini, the conversation "
+          f"saved before is not restored (evaluates {n} tokens, its prompt {n_prompt})")
 
 
 def run_rotation_disabled(kvsnap, llama, model, work):
