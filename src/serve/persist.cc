@@ -223,7 +223,9 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
     // Named variables, not a structured binding: clang before 16 cannot capture one in a lambda.
     const int slot = slot_task.first;
     const int64_t task = slot_task.second;
-    if (adapters && (own_slot >= 0 ? slot == own_slot : task > own_after)) {
+    // Only the slot the answer named or serve pinned: "newer than its admission" is no proof
+    // without a permit, and an erase there could take another tenant's unsaved conversation.
+    if (adapters && own_slot >= 0 && slot == own_slot) {
       erase_adapters_slot(srv, slot, task, generation);
       continue;
     }
@@ -322,6 +324,10 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
 }
 
 void Persister::erase_adapters_slot(LlamaServer& srv, int slot, int64_t task, uint64_t generation) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (generation != generation_) return;  // the child restarted: its slots are another life's
+  }
   bool idle = false;
   if (auto now = srv.slots(); now.ok())
     for (const auto& s : *now)

@@ -85,7 +85,6 @@ void remove_stale_slot_files(Io& io, const std::string& dir, const std::function
   auto entries = io.list_dir(dir);
   if (!entries.ok()) return;  // the child's saves will say what is wrong with the directory
   size_t removed = 0;
-  const std::optional<double> started = process_start_time(::getpid());
   for (const DirEntry& e : *entries) {
     const std::optional<long> pid = kvsnap_temp_pid(e.name);
     // The kept scratch file (pid 0) is only ever a restore --server's, which may be at work.
@@ -93,10 +92,7 @@ void remove_stale_slot_files(Io& io, const std::string& dir, const std::function
     const std::string path = dir + "/" + e.name;
     std::optional<int64_t> written_ns;
     if (auto stamp = io.stamp(path); stamp.ok()) written_ns = stamp->mtime_ns;
-    // This process's own pid before it wrote anything: an earlier kvsnap's in a container, where a
-    // restarted serve is given the same pid (often 1), and is_stale_temp sees a live kvsnap.
-    const bool earlier_self = *pid == ::getpid() && written_ns && started && double(*written_ns) / 1e9 < *started;
-    if ((earlier_self || is_stale_temp(*pid, written_ns)) && io.remove(path).ok()) ++removed;
+    if (is_stale_temp(*pid, written_ns) && io.remove(path).ok()) ++removed;
   }
   if (removed)
     log("removed " + std::to_string(removed) + " slot file" + (removed == 1 ? "" : "s") + " a stopped kvsnap left in " +
