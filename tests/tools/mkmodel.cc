@@ -8,11 +8,23 @@
 //       [--rope-base 10000] [--rope-base-swa F]
 //       [--alignment 32] [--name S] [--metadata-only] [--describe]
 //       [--outlier-channels N [--outlier-scale 10] [--channel-spread 0.5]]
+//       [--lora-rank N [--lora-alpha F] [--lora-targets k,v] [--lora-strength 1] [--lora-seed S]]
 //
 // --outlier-channels gives K/V the channel structure of trained models (a few outlier
 // channels per KV head, spread per-channel scales; see ModelSpec), so that the caches
 // llama.cpp writes from it can be told rotated or plain (migrate/rotation_detect.h).
 // Without it the bytes are exactly those of earlier versions.
+//
+// --lora-rank N writes, instead of the model, a LoRA adapter GGUF for the model the
+// same options describe (llama.cpp: --lora F.gguf next to -m of that model). It
+// targets attn_k and attn_v by default (--lora-targets, any of q k v o gate up down;
+// phi3's q/k/v is its fused attn_qkv), so the KV cache differs with the adapter;
+// --lora-alpha (default N: llama.cpp's scale alpha/rank is 1) and --lora-strength
+// (B·A about the base weights' magnitude times it) set its effect, --lora-seed
+// (default --seed) its random weights. --dtype sets the type of lora_a/lora_b. E.g.
+//   kvsnap-mkmodel --arch llama --n-layer 4 --n-embd 128 --n-ff 128 --n-head 4 --n-head-kv 2
+//       --head-dim 64 --seed 1 --lora-rank 4 --out tiny-hd64-lora.gguf
+// is an adapter for fixtures/models/tiny-hd64.gguf.
 //
 // See tests/tools/model_builder.h for what each arch writes and docs/model-profile.md.
 #include <cerrno>
@@ -38,7 +50,11 @@ void usage() {
                "         [--swa 128] [--swa-pattern N | --swa-layers 1,1,0,...] [--alignment 32]\n"
                "         [--rope-base 10000] [--rope-base-swa F (gemma3: rope.freq_base_swa)]\n"
                "         [--name S] [--metadata-only] [--describe]\n"
-               "         [--outlier-channels N [--outlier-scale 10] [--channel-spread 0.5]]\n");
+               "         [--outlier-channels N [--outlier-scale 10] [--channel-spread 0.5]]\n"
+               "         [--lora-rank N [--lora-alpha F (default N)] [--lora-targets k,v (of q,k,v,o,gate,up,down)]\n"
+               "          [--lora-strength 1] [--lora-seed S (default --seed)]]\n"
+               "  --lora-rank N: write a LoRA adapter (llama.cpp --lora) for the model the other options\n"
+               "  describe, instead of the model\n");
 }
 
 bool parse_u64(const char* s, uint64_t& out) {
@@ -90,6 +106,8 @@ int main(int argc, char** argv) {
   std::string out;
   bool describe = false;
   bool swa_given = false;
+  kvsnap::testing::LoraSpec lora;
+  bool lora_option = false;  // a --lora-* option other than --lora-rank
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto val = [&]() -> const char* {
@@ -185,6 +203,37 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "kvsnap-mkmodel: %s: '%s' is not a number >= 0\n", a.c_str(), v);
         return 2;
       }
+    } else if (a == "--lora-rank") {
+      num(lora.rank);
+      if (lora.rank == 0) {
+        std::fprintf(stderr, "kvsnap-mkmodel: --lora-rank must be positive\n");
+        return 2;
+      }
+    } else if (a == "--lora-alpha" || a == "--lora-strength") {
+      const char* v = val();
+      if (!parse_float(v, a == "--lora-alpha" ? lora.alpha : lora.strength)) {
+        std::fprintf(stderr, "kvsnap-mkmodel: %s: '%s' is not a number >= 0\n", a.c_str(), v);
+        return 2;
+      }
+      lora_option = true;
+    } else if (a == "--lora-targets") {
+      const std::string v = val();
+      lora.targets.clear();
+      size_t pos = 0;
+      while (pos <= v.size()) {
+        size_t comma = v.find(',', pos);
+        if (comma == std::string::npos) comma = v.size();
+        lora.targets.push_back(v.substr(pos, comma - pos));
+        pos = comma + 1;
+      }
+      lora_option = true;
+    } else if (a == "--lora-seed") {
+      const char* v = val();
+      if (!parse_u64(v, lora.seed)) {
+        std::fprintf(stderr, "kvsnap-mkmodel: --lora-seed: '%s' is not a number\n", v);
+        return 2;
+      }
+      lora_option = true;
     } else if (a == "--alignment") {
       num(spec.alignment);
     } else if (a == "--metadata-only") {
@@ -200,6 +249,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (lora_option && lora.rank == 0) {
+    std::fprintf(stderr, "kvsnap-mkmodel: --lora-alpha/--lora-targets/--lora-strength/--lora-seed need --lora-rank\n");
+    return 2;
+  }
   if (out.empty()) {
     usage();
     return 2;
@@ -213,6 +266,32 @@ int main(int argc, char** argv) {
                    "kvsnap-mkmodel: warning: llama.cpp sizes llama-arch tensors from layer 0; a model with "
                    "per-layer n_head_kv loads only as --arch deci\n");
     }
+  }
+
+  if (lora.rank > 0) {
+    if (describe) {
+      std::fprintf(stderr, "kvsnap-mkmodel: --describe describes a model, not a LoRA adapter\n");
+      return 2;
+    }
+    kvsnap::GgufWriter w;
+    kvsnap::Status st = kvsnap::testing::build_lora(spec, lora, w);
+    if (st.ok()) st = w.write_file(kvsnap::posix_io(), out);
+    if (!st.ok()) {
+      std::fprintf(stderr, "kvsnap-mkmodel: %s\n", st.ToString().c_str());
+      return 1;
+    }
+    auto hdr = kvsnap::read_gguf(kvsnap::posix_io(), out);
+    if (!hdr.ok()) {
+      std::fprintf(stderr, "kvsnap-mkmodel: wrote %s but cannot read it back: %s\n", out.c_str(),
+                   hdr.status().ToString().c_str());
+      return 1;
+    }
+    std::string targets;
+    for (const auto& t : lora.targets) targets += (targets.empty() ? "" : ",") + t;
+    std::printf("%s: LoRA adapter for %s, rank %u, alpha %g, targets %s, %zu tensors (%zu pairs)\n", out.c_str(),
+                spec.arch.c_str(), lora.rank, double(lora.alpha > 0 ? lora.alpha : float(lora.rank)),
+                targets.c_str(), hdr->tensors.size(), hdr->tensors.size() / 2);
+    return 0;
   }
 
   kvsnap::GgufWriter w;

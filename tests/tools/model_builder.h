@@ -402,4 +402,97 @@ inline Status build_model(const ModelSpec& s, GgufWriter& w) {
   return Status::OK();
 }
 
+// A LoRA adapter for a ModelSpec's model, in the GGUF form llama.cpp's loader takes
+// (llama_adapter_lora_init, --lora): general.type "adapter", adapter.type "lora",
+// adapter.lora.alpha, the model's general.architecture, and per targeted weight W
+// (ne {in, out}) a pair "W.lora_a" (ne {in, rank}) and "W.lora_b" (ne {rank, out}).
+// llama.cpp adds scale * alpha / rank * B·A·x to W·x (scale: --lora-scaled, the
+// server's per-request "lora" scale). Entries are drawn so that B·A has about the
+// base weight's magnitude times `strength`: at scale 1 and alpha = rank the outputs
+// change visibly, the KV cache too when k or v is targeted.
+struct LoraSpec {
+  uint32_t rank = 0;                                  // > 0
+  float alpha = 0.0f;                                 // 0: rank (effective scale 1)
+  std::vector<std::string> targets = {"k", "v"};      // q k v o gate up down
+  float strength = 1.0f;
+  uint64_t seed = 0;                                  // 0: the model's seed
+};
+
+inline const std::vector<std::string>& lora_target_names() {
+  static const std::vector<std::string> k = {"q", "k", "v", "o", "gate", "up", "down"};
+  return k;
+}
+
+// Writes the adapter for `s` into `w` (`s` is validated as build_model would).
+inline Status build_lora(const ModelSpec& s, const LoraSpec& l, GgufWriter& w) {
+  {
+    ModelSpec m = s;
+    m.metadata_only = true;
+    GgufWriter scratch;
+    KV_RETURN_IF_ERROR(build_model(m, scratch));
+  }
+  if (l.rank == 0) return Status::InvalidArgument("mkmodel: LoRA rank must be positive");
+  if (l.targets.empty()) return Status::InvalidArgument("mkmodel: LoRA needs at least one target");
+  auto wants = [&](const char* t) {
+    for (const auto& x : l.targets) {
+      if (x == t) return true;
+    }
+    return false;
+  };
+  for (const auto& t : l.targets) {
+    bool ok = false;
+    for (const auto& x : lora_target_names()) ok = ok || x == t;
+    if (!ok) return Status::InvalidArgument("mkmodel: unknown LoRA target '" + t + "' (q k v o gate up down)");
+  }
+  const std::string& a = s.arch;
+  const bool phi3 = a == "phi3", lfm2 = a == "lfm2";
+  if (wants("gate") && phi3) return Status::InvalidArgument("mkmodel: phi3 has no ffn_gate (gate|up is ffn_up)");
+
+  if (s.alignment) w.set_u32("general.alignment", s.alignment);
+  w.set_string("general.architecture", a);
+  w.set_string("general.type", "adapter");
+  w.set_string("general.name", s.name + "-lora");
+  w.set_string("adapter.type", "lora");
+  w.set_f32("adapter.lora.alpha", l.alpha > 0 ? l.alpha : float(l.rank));
+  if (s.metadata_only) return Status::OK();
+
+  detail::Rng rng((l.seed ? l.seed : s.seed) * 0xD1B54A32D192ED03ull + 0x6c6f7261ull);
+  const int64_t r = l.rank;
+  auto pair = [&](const std::string& name, int64_t in, int64_t out) -> Status {
+    std::vector<float> va(static_cast<size_t>(in * r)), vb(static_cast<size_t>(r * out));
+    // base entries: uniform * 1.7 / sqrt(in); (B·A)[o][i] sums r products: 1.7/sqrt(in) * 1.7/sqrt(r)
+    const float sa = 1.7f / std::sqrt(float(in)), sb = 1.7f * l.strength / std::sqrt(float(r));
+    for (auto& x : va) x = rng.uniform() * sa;
+    for (auto& x : vb) x = rng.uniform() * sb;
+    if (s.f16) {
+      KV_RETURN_IF_ERROR(w.add_tensor_f16(name + ".lora_a", {in, r}, va));
+      return w.add_tensor_f16(name + ".lora_b", {r, out}, vb);
+    }
+    KV_RETURN_IF_ERROR(w.add_tensor_f32(name + ".lora_a", {in, r}, va));
+    return w.add_tensor_f32(name + ".lora_b", {r, out}, vb);
+  };
+
+  const int64_t n_q = int64_t(s.n_head) * s.head_dim;
+  for (uint32_t il = 0; il < s.n_layer; ++il) {
+    const std::string p = "blk." + std::to_string(il) + ".";
+    const int64_t n_kv = int64_t(detail::kv_heads(s, il)) * s.head_dim;
+    if (!(lfm2 && n_kv == 0)) {  // lfm2's short-conv layers have no attention weights
+      if (phi3) {
+        if (wants("q") || wants("k") || wants("v")) {
+          KV_RETURN_IF_ERROR(pair(p + "attn_qkv.weight", s.n_embd, n_q + 2 * n_kv));
+        }
+      } else {
+        if (wants("q")) KV_RETURN_IF_ERROR(pair(p + "attn_q.weight", s.n_embd, n_q));
+        if (wants("k")) KV_RETURN_IF_ERROR(pair(p + "attn_k.weight", s.n_embd, n_kv));
+        if (wants("v")) KV_RETURN_IF_ERROR(pair(p + "attn_v.weight", s.n_embd, n_kv));
+      }
+      if (wants("o")) KV_RETURN_IF_ERROR(pair(p + "attn_output.weight", n_q, s.n_embd));
+    }
+    if (wants("gate")) KV_RETURN_IF_ERROR(pair(p + "ffn_gate.weight", s.n_embd, s.n_ff));
+    if (wants("up")) KV_RETURN_IF_ERROR(pair(p + "ffn_up.weight", s.n_embd, (phi3 ? 2 : 1) * int64_t(s.n_ff)));
+    if (wants("down")) KV_RETURN_IF_ERROR(pair(p + "ffn_down.weight", s.n_ff, s.n_embd));
+  }
+  return Status::OK();
+}
+
 }  // namespace kvsnap::testing
