@@ -85,7 +85,8 @@ int value_count(const std::string& flag) {
   if (const CacheSetting* c = cache_setting(flag)) return c->values;
   return is_one_of(flag, {"-m", "--model", "-c", "--ctx-size", "-np", "--parallel", "-ctk", "--cache-type-k", "-ctv",
                           "--cache-type-v", "--api-key", "--api-key-file", "-hf", "-hfr", "--hf-repo", "-dr",
-                          "--docker-repo", "-mu", "--model-url", "--api-prefix", "--sleep-idle-seconds"})
+                          "--docker-repo", "-mu", "--model-url", "--api-prefix", "--sleep-idle-seconds", "-cram",
+                          "--cache-ram"})
              ? 1
              : 0;
 }
@@ -268,6 +269,10 @@ Status apply_environment(const ArgsEnvironment& env, LlamaArgs& a, Origins& o) {
     a.cache_idle_slots = std::string_view(word) == "on";
     a.cache_idle_slots_from = "environment variable LLAMA_ARG_CACHE_IDLE_SLOTS=" + *v;
   }
+  if (auto v = env.getenv("LLAMA_ARG_CACHE_RAM")) {
+    a.cache_ram = *v;
+    a.cache_ram_from = "environment variable LLAMA_ARG_CACHE_RAM=" + *v;
+  }
   // Flag options without a negative: on when their variable is a true word (common/arg.cpp handler_void).
   for (const char* var : {"LLAMA_ARG_EMBEDDINGS", "LLAMA_ARG_RERANKING"})
     if (auto v = env.getenv(var); v && is_one_of(*v, {"on", "enabled", "true", "1"})) a.embeddings = true;
@@ -327,8 +332,8 @@ Status add_key_file(const std::string& path, const std::string& from, const Args
 // The options kvsnap reads, in the order llama-server 3.22.1 applies a config section's settings
 // (its std::map<common_arg, value>: by the option's first flag, strcmp: "--api-key" <
 // "--api-key-file" < ... < "-np"; only the API keys' order shows).
-enum class ConfigOpt { kApiKey, kApiKeyFile, kApiPrefix, kCacheIdleSlots, kEmbeddings, kPreset, kSlots, kCtx, kCtk, kCtv,
-                       kDockerRepo, kFlashAttn, kHfRepo, kModel, kModelUrl, kParallel, kSleepIdle, kCount };
+enum class ConfigOpt { kApiKey, kApiKeyFile, kApiPrefix, kCacheIdleSlots, kCacheRam, kEmbeddings, kPreset, kSlots, kCtx,
+                       kCtk, kCtv, kDockerRepo, kFlashAttn, kHfRepo, kModel, kModelUrl, kParallel, kSleepIdle, kCount };
 
 // Every key a config file names them by (common/preset.cpp get_map_key_opt: each flag without its
 // dashes, the variable, and a boolean option's LLAMA_ARG_NO_* variable, which in a config file
@@ -345,6 +350,8 @@ constexpr ConfigKey kConfigKeys[] = {
     {"cache-idle-slots", ConfigOpt::kCacheIdleSlots}, {"no-cache-idle-slots", ConfigOpt::kCacheIdleSlots, true},
     {"LLAMA_ARG_CACHE_IDLE_SLOTS", ConfigOpt::kCacheIdleSlots},
     {"LLAMA_ARG_NO_CACHE_IDLE_SLOTS", ConfigOpt::kCacheIdleSlots},
+    {"cram", ConfigOpt::kCacheRam},           {"cache-ram", ConfigOpt::kCacheRam},
+    {"LLAMA_ARG_CACHE_RAM", ConfigOpt::kCacheRam},
     {"embedding", ConfigOpt::kEmbeddings},    {"embeddings", ConfigOpt::kEmbeddings},
     {"LLAMA_ARG_EMBEDDINGS", ConfigOpt::kEmbeddings}, {"rerank", ConfigOpt::kEmbeddings},
     {"reranking", ConfigOpt::kEmbeddings},    {"LLAMA_ARG_RERANKING", ConfigOpt::kEmbeddings},
@@ -423,6 +430,10 @@ Status apply_config_section(const std::map<std::string, std::string>& section, c
         a.cache_idle_slots = is_truthy(v);  // as kSlots
         a.cache_idle_slots_from = "llama-server's config file " + file + ": " + key + " (" +
                                   (*a.cache_idle_slots ? "on" : "off") + ")";
+        break;
+      case ConfigOpt::kCacheRam:
+        a.cache_ram = v;
+        a.cache_ram_from = where;
         break;
       case ConfigOpt::kCtx:
       case ConfigOpt::kParallel: {
@@ -595,6 +606,9 @@ Result<LlamaArgs> parse_llama_args(const std::vector<std::string>& argv, const A
     } else if (is_one_of(flag, {"--cache-idle-slots", "--no-cache-idle-slots"})) {
       a.cache_idle_slots = flag == "--cache-idle-slots";
       a.cache_idle_slots_from = "ARGS " + flag;
+    } else if (is_one_of(flag, {"-cram", "--cache-ram"})) {
+      a.cache_ram = value;
+      a.cache_ram_from = "ARGS " + flag + " " + value;
     } else if (flag == "--sleep-idle-seconds") {
       args_sleep_idle = value;  // the last one counts, as in llama-server
     } else if (flag == "--api-key") {
@@ -666,6 +680,11 @@ std::string cache_settings_tag(const LlamaArgs& a) {
   for (const LlamaArgs::Setting& s : a.cache_settings) text += s.flag + "=" + s.value + "\n";
   const auto d = sha256_of(std::span<const std::byte>(reinterpret_cast<const std::byte*>(text.data()), text.size()));
   return to_hex(d).substr(0, 16);
+}
+
+bool ram_cache_off(const LlamaArgs& a) {
+  const auto n = stoi_like(a.cache_ram);  // std::stoi, as llama-server reads it
+  return n && *n == 0;
 }
 
 std::vector<std::string> child_argv(const LlamaArgs& a, int port, const std::string& slot_dir) {

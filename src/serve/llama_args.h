@@ -75,6 +75,9 @@ struct LlamaArgs {
   // --no-cache-idle-slots", "environment variable ...", "FILE: key = value"); nullopt: not chosen.
   std::optional<bool> cache_idle_slots;
   std::string cache_idle_slots_from;
+  // llama-server's --cache-ram (-cram) MiB as the user set it (a config file, LLAMA_ARG_CACHE_RAM,
+  // ARGS: the last that sets it) and where; "": not set (3.22.1's default keeps a RAM prompt cache).
+  std::string cache_ram, cache_ram_from;
   // --embeddings or --rerank (a config file, LLAMA_ARG_EMBEDDINGS or LLAMA_ARG_RERANKING set to a true
   // word, ARGS, the embd-gemma-default preset): the child runs embedding tasks in its slots, which
   // serve's slot gate does not hold (llama-server refuses them otherwise).
@@ -96,6 +99,10 @@ struct LlamaArgs {
 // `cache_settings` is empty, else the first 16 hex digits of SHA-256 over them (each by its value
 // alone, wherever it was set). A snapshot of another RoPE base or adapter is never restored.
 std::string cache_settings_tag(const LlamaArgs& a);
+
+// True when the child keeps no RAM prompt cache: --cache-ram 0 (llama-server 3.22.1 keeps one by
+// default and for any other value).
+bool ram_cache_off(const LlamaArgs& a);
 
 // Where parse_llama_args() reads the environment and key files (tests give their own).
 struct ArgsEnvironment {

@@ -6,6 +6,7 @@
 #include "base/chunk_cipher.h"
 #include "base/sha256.h"
 #include "base/text.h"
+#include "serve/adapters.h"
 #include "serve/requests.h"
 
 namespace kvsnap {
@@ -22,7 +23,7 @@ constexpr const char* kUnattributed = "unattributed";
 }  // namespace
 
 std::string owner_namespace(const Exchange& x) {
-  return x.asks_adapters || x.request_unreadable ? kUnattributed : namespace_of(x);
+  return x.request_unreadable ? kUnattributed : namespace_of(x);
 }
 
 std::string namespace_of(const Exchange& x) {
@@ -145,7 +146,7 @@ void Persister::note_completion(const Exchange& x) {
     // gate) as its own. An OpenAI-style answer names no slot: the one serve pinned it to.
     // Other slots still changed (a stream given up) are saved too, as any pass saves them.
     const int slot = x.several_slots ? -1 : slot_of_answer(x);
-    Job j{slot, x.prompt_tokens.empty(), "", slot, x.own_after_task, x.arrived, x.prompt_tokens, x.asks_adapters};
+    Job j{slot, x.prompt_tokens.empty(), "", slot, x.own_after_task, x.arrived, x.prompt_tokens};
     if (slot < 0 && !x.several_slots && x.pinned_slot >= 0) j.own_slot = x.pinned_slot;
     if (j.own_slot >= 0 || j.own_after >= 0 || x.several_slots) j.ns = owner_namespace(x);
     jobs_.push_back(std::move(j));
@@ -180,7 +181,7 @@ void Persister::worker() {
     l.unlock();
     const std::string fallback =
         j.unverifiable ? untokenized_exchange_owner(j.ns, j.own_slot, j.own_after, every_task_gated_, unguarded) : "";
-    save_changed(j.slot, fallback, j.unverifiable, j.ns, j.own_slot, j.own_after, j.prompt, j.adapters);
+    save_changed(j.slot, fallback, j.unverifiable, j.ns, j.own_slot, j.own_after, j.prompt);
     l.lock();
     busy_ = false;
     ++finished_;
@@ -190,15 +191,17 @@ void Persister::worker() {
 
 void Persister::save_changed(int only_slot, const std::string& fallback, bool untokenized_job,
                              const std::string& job_ns, int own_slot, int64_t own_after,
-                             const std::vector<int32_t>& job_prompt, bool adapters) {
+                             const std::vector<int32_t>& job_prompt) {
   // The child's life these tasks are of: one that restarts while the saves below run (forget_slots)
   // numbers its tasks anew, and a task id recorded now could match a new conversation's later.
   uint64_t generation = 0;
   std::string cache_tag;
+  std::vector<float> loaded;
   {
     std::lock_guard<std::mutex> l(mu_);
     generation = generation_;
     cache_tag = cache_tag_;
+    loaded = loaded_scales_;
   }
   LlamaServer srv(target_.endpoint);
   auto slots = srv.slots();
@@ -209,7 +212,11 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
     log_("persist: cannot list the slots: " + stats_.last_error);
     return;
   }
-  std::vector<std::pair<int, int64_t>> changed;
+  struct Changed {
+    int slot;
+    int64_t task;
+  };
+  std::vector<Changed> changed;
   for (const auto& s : *slots) {
     const int64_t task = s.raw.value("id_task", int64_t(-1));
     const int64_t n_prompt = s.raw.value("n_prompt_tokens", int64_t(1));  // absent: assume filled
@@ -217,29 +224,36 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
     if (only_slot >= 0 && s.id != only_slot) continue;
     std::lock_guard<std::mutex> l(mu_);
     if (auto it = saved_task_.find(s.id); it != saved_task_.end() && it->second == task) continue;
-    changed.emplace_back(s.id, task);
-  }
-  for (const auto& slot_task : changed) {
-    // Named variables, not a structured binding: clang before 16 cannot capture one in a lambda.
-    const int slot = slot_task.first;
-    const int64_t task = slot_task.second;
-    // Only the slot the answer named or serve pinned: "newer than its admission" is no proof
-    // without a permit, and an erase there could take another tenant's unsaved conversation.
-    if (adapters && own_slot >= 0 && slot == own_slot) {
-      erase_adapters_slot(srv, slot, task, generation);
+    // Made under LoRA scales of a request's own (its last task's, as the child reports them): kept
+    // nowhere, since serve restores no such conversation (serve/adapters.h).
+    if (slot_scales(s.raw, loaded) != loaded) {
+      if (generation == generation_) saved_task_[s.id] = task;  // done with
+      if (book_) book_->forget(s.id);
+      log_("persist: slot " + std::to_string(s.id) + " ran a request with LoRA scales of its own: not kept");
       continue;
     }
+    changed.push_back({s.id, task});
+  }
+  for (const Changed& c : changed) {
+    // Named variables, not a structured binding: clang before 16 cannot capture one in a lambda.
+    const int slot = c.slot;
+    const int64_t task = c.task;
     ServerTarget t = target_;
     t.slot = slot;
     SaveRequest req;
     req.tags = {{"serve.slot", std::to_string(slot)}, {"serve.task", std::to_string(task)}};
     if (!cache_tag.empty()) req.tags["serve.cache"] = cache_tag;
     std::string slot_ns;
-    bool unowned = false, no_tenant = false;
+    bool unowned = false, no_tenant = false, restarted = false;
     // Tagged by what the slot holds: the request whose prompt its tokens start with.
     auto attribute = [&](const std::vector<int32_t>& tokens, SaveRequest& r) -> Status {
       {
         std::lock_guard<std::mutex> l(mu_);
+        // The child ended since the slots were listed: the file may be its successor's, made under
+        // settings (a config.ini edited meanwhile) the tags above are not of.
+        if ((restarted = generation != generation_))
+          return Status::Interrupted("the child restarted while slot " + std::to_string(slot) +
+                                     " was saved: not kept (the new child's slot may hold another conversation)");
         const bool own = own_slot >= 0 ? slot == own_slot : task > own_after;
         slot_ns = slot_owner(recent_, tokens, own && untokenized_job, own ? fallback : "", own ? job_ns : "");
         // The save of the slot's own request: no later save would tag it. Contents that begin with its
@@ -283,6 +297,10 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
     };
     auto r = save();
     std::lock_guard<std::mutex> l(mu_);
+    if (!r.ok() && restarted) {
+      log_("persist: " + r.status().message());
+      continue;
+    }
     if (!r.ok() && unowned) {
       log_("persist: " + r.status().message());
       if (book_) book_->forget(slot);  // it holds another conversation than its last snapshot now
@@ -323,29 +341,14 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
   if (on_saved_ && !changed.empty()) on_saved_();
 }
 
-void Persister::erase_adapters_slot(LlamaServer& srv, int slot, int64_t task, uint64_t generation) {
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    if (generation != generation_) return;  // the child restarted: its slots are another life's
-  }
-  bool idle = false;
-  if (auto now = srv.slots(); now.ok())
-    for (const auto& s : *now)
-      if (s.id == slot) idle = !s.is_processing && s.raw.value("id_task", int64_t(-1)) == task;
-  const Status erased = idle ? srv.erase_slot(slot) : Status::OK();
-  std::lock_guard<std::mutex> l(mu_);
-  if (generation != generation_) return;  // the child restarted: its slots are empty anyway
-  saved_task_[slot] = task;  // done with: nothing of it is kept
-  if (book_) book_->forget(slot);
-  log_("persist: slot " + std::to_string(slot) + " ran a request with its own LoRA scales: not saved, " +
-       (!idle ? std::string("not erased (another request took the slot)")
-              : erased.ok() ? std::string("erased in the child (llama-server would reuse it without them)")
-                            : "erasing it failed: " + erased.ToString()));
-}
-
 void Persister::set_cache_tag(const std::string& tag) {
   std::lock_guard<std::mutex> l(mu_);
   cache_tag_ = tag;
+}
+
+void Persister::set_loaded_scales(const std::vector<float>& scales) {
+  std::lock_guard<std::mutex> l(mu_);
+  loaded_scales_ = scales;
 }
 
 bool Persister::wait_saved(double max_wait_s) {

@@ -13,12 +13,13 @@
 //     its new chunks;
 //   - each snapshot is tagged serve.ns (the namespace, namespace_of below),
 //     serve.slot, serve.task and, when the child has cache-changing settings
-//     (--rope-freq-base, --lora, ...: set_cache_tag), serve.cache. The
+//     (--rope-freq-base, --lora, ...: set_cache_tag), serve.cache. A slot whose
+//     last task ran with LoRA scales other than the loaded ones (its /slots
+//     params.lora: serve/adapters.h) is not saved. The
 //     namespace is the one of the request whose prompt the saved file's tokens
 //     start with (owner_of_tokens), never merely the one whose completion asked
 //     for the save: by the time a queued save runs, another tenant's request may
-//     have used the slot (a request that asked for its own LoRA adapters counts as
-//     "unattributed": owner_namespace). Contents no recent request's prompt matches are left
+//     have used the slot. Contents no recent request's prompt matches are left
 //     for that request's own save; those of a request whose prompt kvsnap could
 //     not tokenize (and at shutdown, any left) are tagged "unattributed", which
 //     no request's namespace is, so they are never restored for a tenant;
@@ -54,8 +55,7 @@ namespace kvsnap {
 // llama-server reads it: Authorization (without "Bearer "), else X-Api-Key.
 std::string namespace_of(const Exchange& x);
 // The namespace a completion's conversation is saved under: namespace_of(x), or "unattributed" (no
-// tenant's: never restored) when it asked for its own LoRA adapters (CompletionRequest::asks_adapters),
-// since no snapshot records them, or when kvsnap could not read its JSON (whether it did is unknown).
+// tenant's: never restored) when kvsnap could not read its JSON.
 std::string owner_namespace(const Exchange& x);
 // True for the routes that run a completion in a slot (llama-server 3.22.1's, transcriptions too).
 bool is_completion_route(const std::string& path);
@@ -150,6 +150,9 @@ class Persister {
   // tagged serve.cache with it when it is not "".
   // Called again when a restarted child's settings differ (its config.ini edited meanwhile).
   void set_cache_tag(const std::string& tag);
+  // The scales of the adapters the child loaded (serve/adapters.h ChildAdapters::loaded): a slot whose
+  // last task ran with others is not saved. At each start of the child.
+  void set_loaded_scales(const std::vector<float>& scales);
   // A task may have started in a slot without the slot gate's guarantee: a completion went on without
   // a permit (the wait ran out, or the gate has no slot count) or without waiting for the saves
   // queued before it; a stream was given up (note_prompt: llama-server may still start its later
@@ -170,7 +173,6 @@ class Persister {
     int64_t own_after = -1;
     std::chrono::steady_clock::time_point arrived{};  // Exchange::arrived
     std::vector<int32_t> prompt;  // the exchange's prompt tokens (empty: not tokenized)
-    bool adapters = false;        // it asked for its own LoRA scales (Exchange::asks_adapters)
   };
   void worker();
   void remember_prompt(const Exchange& x, bool may_be_partial);  // mu_ held
@@ -182,15 +184,9 @@ class Persister {
   // `job_prompt`: the exchange's prompt tokens: its own slot, when it begins with them and no
   // namespace can be told (owner_of_tokens: a tie, another's given-up prompt), is kept as
   // "unattributed" rather than left for a save that will not come.
-  // `adapters`: the job's exchange asked for its own LoRA scales: its own slots are not saved but
-  // erased in the child (erase_adapters_slot).
   void save_changed(int only_slot, const std::string& fallback, bool untokenized_job = false,
                     const std::string& job_ns = "", int own_slot = -1, int64_t own_after = -1,
-                    const std::vector<int32_t>& job_prompt = {}, bool adapters = false);
-  // Erases `slot` in the child while it still holds `task` (idle): a cache made with a request's
-  // own adapter scales, which llama-server 3.22.1 would reuse for a later request without them
-  // (server-context.cpp launch_slot_with_task clears a slot only when the scales are asked for).
-  void erase_adapters_slot(LlamaServer& srv, int slot, int64_t task, uint64_t generation);
+                    const std::vector<int32_t>& job_prompt = {});
 
   Io& io_;
   TenantStores& stores_;
@@ -207,6 +203,7 @@ class Persister {
   std::deque<PromptOwner> recent_;      // the last kRecent completions with prompt tokens, newest last
   bool every_task_gated_ = false;
   std::string cache_tag_;
+  std::vector<float> loaded_scales_;  // set_loaded_scales
   std::optional<std::chrono::steady_clock::time_point> last_unguarded_;  // note_unguarded's latest
   PersistStats stats_;
   // When each cap ("the store", "tenant 'x'") was last logged as not met: at most every 10 minutes

@@ -121,9 +121,9 @@ void PrefixRestorer::before_unguarded(Forward& f) {
     return;
   }
   if (req->prompt == CompletionRequest::Prompt::kNone) return;
-  if (req->asks_adapters) {
-    log_("prefix: the request asks for its own LoRA adapters (\"lora\"), which no snapshot records: forwarded as is, "
-         "and its conversation is not kept for anyone");
+  if (f.own_scales) {
+    log_("prefix: the request runs with LoRA scales of its own: nothing is restored for it (the child clears a "
+         "slot for a request whose scales differ from the slot's last task's, and a restore leaves those as they were)");
     return;
   }
   Exchange who;
@@ -342,9 +342,9 @@ void PrefixRestorer::after_unguarded(const Exchange& x) {
   int slot = slot_of_answer(x);
   if (slot < 0) slot = x.pinned_slot;
   std::lock_guard<std::mutex> l(mu_);
-  // A request with its own adapter scales: its slot holds no prefix kvsnap may count on (serve's
-  // save erases it in the child: Persister); slot unknown, none is counted on.
-  if (x.asks_adapters) {
+  // A request with its own adapter scales: its slot holds no prefix a request of the loaded ones
+  // may count on (the child clears it for the next: serve/adapters.h); slot unknown, none is.
+  if (x.own_scales) {
     if (slot < 0) held_.clear();
     held_.erase(slot);
     fresh_.erase(slot);
@@ -403,6 +403,19 @@ void PrefixRestorer::after(const Exchange& x) {
   } catch (const nlohmann::json::exception& e) {
     log_(std::string("prefix: an answer's JSON is not what llama-server sends: ") + e.what());
   }
+}
+
+void PrefixRestorer::forget_slot(int slot) {
+  std::lock_guard<std::mutex> l(mu_);
+  held_.erase(slot);
+  fresh_.erase(slot);
+  restored_task_.erase(slot);
+}
+
+bool PrefixRestorer::restored_since(int slot, int64_t task) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = restored_task_.find(slot);
+  return it != restored_task_.end() && it->second == task;
 }
 
 void PrefixRestorer::forget_slots() {

@@ -10,9 +10,9 @@
 //   - no tenant's snapshot is restored for another: only snapshots tagged
 //     with the request's namespace (serve/persist.h namespace_of) are candidates;
 //   - nor one of other cache-changing settings: a snapshot's serve.cache tag
-//     (absent: none) must be the child's (set_cache_tag); a request that asks
-//     for its own LoRA adapters ("lora") is neither restored into nor saved
-//     for any namespace (serve/persist.h);
+//     (absent: none) must be the child's (set_cache_tag); a request with LoRA
+//     scales of its own (Forward::own_scales, serve/adapters.h) is restored
+//     nothing (the child would clear the slot);
 //   - the body is rewritten (id_slot added) only when a restore happened, or
 //     when a slot holds what kvsnap restored there (a requantize) for this
 //     namespace, not yet used, at least half of it a prefix of the prompt:
@@ -79,6 +79,10 @@ class PrefixRestorer {
   void before(Forward& f);
   void after(const Exchange& x);
   void forget_slots();  // the child restarted: its slots are empty
+  void forget_slot(int slot);  // erased in the child
+  // True when kvsnap restored into `slot` since its task `task` (its /slots id_task now, -1 for none):
+  // the slot holds what was restored, while its LoRA scales are still its last task's (serve/adapters.h).
+  bool restored_since(int slot, int64_t task);
   PrefixStats stats();
   // Each restore is recorded there (before the first request).
   void set_book(SlotBook* book) { book_ = book; }

@@ -309,7 +309,7 @@ struct Proxy::Impl {
     x.own_after_task = f.own_after_task;
     x.arrived = f.arrived;
     x.restored_tokens = f.restored_tokens;
-    x.asks_adapters = f.request && f.request->ok() && (*f.request)->asks_adapters;
+    x.own_scales = f.own_scales;
     x.request_unreadable = f.request && !f.request->ok();
     x.method = req.method;
     x.path = req.path;
@@ -463,8 +463,8 @@ struct Proxy::Impl {
       f.body = req.body;
       before(f);
       if (!f.refused.empty()) {
-        res.status = 503;
-        res.set_header("Retry-After", "10");
+        res.status = f.refused_status;
+        if (f.refused_status == 503) res.set_header("Retry-After", "10");
         res.set_content(f.refused, "application/json");
         return;
       }

@@ -93,8 +93,12 @@ struct Forward {
   // When a completion came to the slot gate (Persister::note_unguarded's window starts before it).
   std::chrono::steady_clock::time_point arrived{};
   uint64_t restored_tokens = 0;
-  // Set by the hook: the request is not forwarded; the client gets 503 with this JSON body.
+  // It runs with LoRA scales of its own, other than the child's loaded ones (serve/adapters.h).
+  bool own_scales = false;
+  // Set by the hook: the request is not forwarded; the client gets refused_status (503: with
+  // Retry-After) with this JSON body.
   std::string refused;
+  int refused_status = 503;
   // Held until the exchange is over, after on_done (a stream: until it ends or the client hangs up;
   // with an X-Conversation-Id, until it ends).
   std::shared_ptr<void> hold;
@@ -121,9 +125,9 @@ struct Exchange {
   int64_t own_after_task = -1;
   std::chrono::steady_clock::time_point arrived{};
   uint64_t restored_tokens = 0;
-  bool asks_adapters = false;  // CompletionRequest::asks_adapters of the request as forwarded
-  // Its body is JSON kvsnap could not read (parse_completion_request's error): whether it asked
-  // for adapters is unknown.
+  bool own_scales = false;  // Forward::own_scales
+  // Its body is JSON kvsnap could not read (parse_completion_request's error): which LoRA scales
+  // it ran with is unknown.
   bool request_unreadable = false;
   // The request carried one of the child's keys, or none is needed (ProxyOptions::api_keys): only
   // such an exchange reaches on_done / on_given_up. Without it (a browser's CORS preflight, which

@@ -36,13 +36,6 @@ bool nested_deeper_than(std::string_view text, size_t max) {
   return false;
 }
 
-// The document, or a discarded value when it is not JSON or nested too deep.
-template <class Json>
-Json parse_bounded(std::string_view text) {
-  if (nested_deeper_than(text, kMaxServeJsonDepth)) return Json(nlohmann::detail::value_t::discarded);
-  return Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-}
-
 // `v` when it is an integer in min..max (the token ids of a long prompt go through here: no
 // JsonRef, whose messages cost an allocation per value).
 template <class Json>
@@ -73,21 +66,27 @@ bool route_takes_id_slot(std::string_view path) { return path != "/v1/messages";
 
 bool is_chat_route(std::string_view path) { return path == "/v1/chat/completions" || path == "/chat/completions"; }
 
-namespace {
+template <class Json>
+Json parse_bounded(std::string_view text) {
+  if (nested_deeper_than(text, kMaxServeJsonDepth)) return Json(nlohmann::detail::value_t::discarded);
+  return Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+}
+template nlohmann::json parse_bounded<nlohmann::json>(std::string_view);
+template ojson parse_bounded<ojson>(std::string_view);
 
-// A JSON value as nlohmann's get<int> converts it; `other` for a value that is not a number or boolean.
-int int_as_read(const ojson& v, int other) {
-  if (v.is_boolean()) return v.get<bool>() ? 1 : 0;
-  if (v.is_number_unsigned()) return int(uint32_t(v.get<uint64_t>()));  // modular, as static_cast<int>
-  if (v.is_number_integer()) return int(uint32_t(uint64_t(v.get<int64_t>())));
+template <class Json>
+int int_as_read(const Json& v, int other) {
+  if (v.is_boolean()) return v.template get<bool>() ? 1 : 0;
+  if (v.is_number_unsigned()) return int(uint32_t(v.template get<uint64_t>()));  // modular, as static_cast<int>
+  if (v.is_number_integer()) return int(uint32_t(uint64_t(v.template get<int64_t>())));
   if (v.is_number_float()) {
-    const double d = v.get<double>();
+    const double d = v.template get<double>();
     return d > double(INT_MIN) - 1.0 && d < double(INT_MAX) + 1.0 ? int(d) : INT_MIN;  // cvttsd2si's INT_MIN
   }
   return other;
 }
-
-}  // namespace
+template int int_as_read<nlohmann::json>(const nlohmann::json&, int);
+template int int_as_read<ojson>(const ojson&, int);
 
 int id_slot_as_read(const nlohmann::ordered_json& body) {
   auto it = body.find("id_slot");
@@ -126,7 +125,7 @@ Result<CompletionRequest> parse_completion_request(std::string_view path, std::s
   out.object = true;
   out.id_slot = id_slot_as_read(j);
   out.n_cmpl = completions_as_read(j);
-  if (auto lora = j.find("lora"); lora != j.end()) out.asks_adapters = lora->is_array() && !lora->empty();
+  if (auto lora = j.find("lora"); lora != j.end() && !lora->is_null()) out.lora = *lora;
   if (is_chat_route(path)) {
     if (j.find("messages") == j.end()) return out;
     // The whole request: llama-server renders /apply-template from the body as it does the chat

@@ -22,6 +22,17 @@ namespace kvsnap {
 // JSON nested deeper than this is not read (copying and writing JSON recurse once per level).
 inline constexpr size_t kMaxServeJsonDepth = 512;
 
+// The document, or a discarded value when it is not JSON or is nested deeper than kMaxServeJsonDepth
+// (for nlohmann::json and nlohmann::ordered_json).
+template <class Json>
+Json parse_bounded(std::string_view text);
+
+// A JSON value as nlohmann's get<int> converts it (llama-server's json_value<int>): an integer of any
+// size wraps to int, a float truncates (NaN or out of int range: INT_MIN, as x86's conversion gives), a
+// boolean is 0 or 1; `other` for anything else (for nlohmann::json and nlohmann::ordered_json).
+template <class Json>
+int int_as_read(const Json& v, int other);
+
 // What the prefix lookup needs of a completion request.
 struct CompletionRequest {
   enum class Prompt {
@@ -39,9 +50,10 @@ struct CompletionRequest {
   // "n_cmpl" (or "n") as llama-server reads it (completions_as_read): anything but 1 runs in several
   // slots at once (or is refused), in slots kvsnap does not name.
   int n_cmpl = 1;
-  // "lora" is a non-empty array: llama-server 3.22.1 runs the request with those adapter scales
-  // (others at 0), and its cache holds other values than a request without them would.
-  bool asks_adapters = false;
+  // "lora" as the body has it (absent or null: nullopt, as llama-server reads it): an array names the
+  // adapter scales the child runs the request with (serve/adapters.h scales_as_read; [] names none),
+  // anything else the child refuses.
+  std::optional<nlohmann::ordered_json> lora;
 };
 
 // "id_slot" of a request as llama-server 3.22.1 reads it (json_value<int>: nlohmann's get<int>, -1 when

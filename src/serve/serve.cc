@@ -18,6 +18,7 @@
 #include "base/io.h"
 #include "base/os.h"
 #include "base/stale_temps.h"
+#include "serve/adapters.h"
 #include "serve/control.h"
 #include "serve/drain.h"
 #include "serve/ladder.h"
@@ -68,6 +69,55 @@ SlotWant slot_want(PrefixRestorer& prefix, Forward& f) {
     want.prompt_tokens = f.prompt_tokens.size();
   }
   return want;
+}
+
+// Before completion `f` runs in its slot (every idle one when it has no permit or runs alone): a slot
+// whose cache the child would go on from under other LoRA scales than it was made under is erased
+// (serve/adapters.h).
+void clear_other_scales(const ServerEndpoint& child, const ChildScales& scales, const Forward& f,
+                        PrefixRestorer& prefix, SlotBook& book, const std::function<void(const std::string&)>& log) {
+  const ChildAdapters a = scales.adapters();
+  if (a.loaded.empty()) return;
+  LlamaServer srv(child);
+  std::vector<int> erased;
+  const Status s = erase_slots_of_other_scales(
+      srv, a.loaded, f.own_scales, f.hold ? f.pinned_slot : -1,
+      [&prefix](int slot, int64_t task) { return prefix.restored_since(slot, task); }, erased);
+  for (int e : erased) {
+    book.forget(e);
+    prefix.forget_slot(e);
+  }
+  if (!erased.empty() || !s.ok())
+    log("persist: erased " + std::to_string(erased.size()) + " slot(s) whose cache was made under other LoRA scales " +
+        "than the next request's" + (s.ok() ? "" : "; erasing failed: " + s.ToString()));
+}
+
+// The child's LoRA adapters (GET /lora-adapters), read at each of its starts for the request threads
+// and the saves; `at_start`: said in the log (a restart says it only when they changed).
+void read_scales(const ServerEndpoint& child, const LlamaArgs& args, ChildScales& scales, Persister& persist,
+                 const std::function<void(const std::string&)>& log, bool at_start) {
+  bool loads = false;
+  for (const LlamaArgs::Setting& c : args.cache_settings) loads = loads || c.flag == "--lora" || c.flag == "--lora-scaled";
+  LlamaServer srv(child);
+  const ChildAdapters a = read_child_adapters(srv, loads);
+  const ChildAdapters before = scales.adapters();
+  scales.set(a, ram_cache_off(args));
+  persist.set_loaded_scales(a.loaded);
+  if (!at_start && a.loaded == before.loaded && a.known) return;
+  if (!a.known) {
+    log("the child's LoRA adapters cannot be read (" + a.why_unknown + "): requests with scales of their own are "
+        "refused (400)");
+    return;
+  }
+  if (a.loaded.empty()) return;
+  std::string shown;
+  for (float f : a.loaded) shown += (shown.empty() ? "" : ", ") + std::to_string(f);
+  const std::string why = scales_refusal(a, ram_cache_off(args), a.loaded);
+  log("the child loaded " + std::to_string(a.loaded.size()) + " LoRA adapter(s) at scales " + shown +
+      ": a request's own scales are " +
+      (why.empty() ? "served (a slot is erased before a request of other scales would go on from it; their "
+                     "conversations are not kept)"
+                   : "refused (400): " + why));
 }
 
 // Sends an unpinned completion to the slot the gate gave it (id_slot in its body). Either way the
@@ -290,10 +340,13 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   prefix.set_holds_unsaved([&persist](int slot, int64_t task) { return persist.holds_unsaved(slot, task); });
   Drain drain;
   SlotGate slot_gate;
+  ChildScales scales;
   Proxy proxy(
       po,
-      [&persist, &prefix, &slot_gate, &log](Forward& f) {
+      [&persist, &prefix, &slot_gate, &scales, &book, &target, &log](Forward& f) {
         if (f.method == "POST" && is_completion_route(f.path)) {
+          scales.settle(f);  // the LoRA scales it runs with (serve/adapters.h)
+          if (!f.refused.empty()) return;
           // One completion per slot in the child, and kvsnap names it (SlotGate, serve/drain.h):
           // llama-server would put one more in its queue, or in a slot freed by a generation whose
           // save is not queued yet, and start it there before that conversation is saved.
@@ -321,6 +374,14 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
             log("persist: the saves queued before a " + f.path + " request took over " +
                 std::to_string(int(kSaveWaitS)) + " s; the request goes on, a slot they were for may be lost");
           }
+          // Without a permit its slot is unknown and not reserved: every idle slot of other scales
+          // is erased for a request with the loaded ones, and one with its own is not run.
+          if (f.own_scales && !f.hold) {
+            f.refused = R"({"error":{"code":503,"message":"kvsnap serve runs a request with LoRA scales of its own )"
+                        R"(only in a slot reserved for it, and none is now; try again","type":"unavailable_error"}})";
+            return;
+          }
+          clear_other_scales(target.endpoint, scales, f, prefix, book, log);
           // Alone (no slot named): a slot whose task is newer than the newest now is this request's;
           // an older one that is still unsaved (two tenants' prompts tied) is not.
           if (f.hold && slot < 0) f.own_after_task = persist.newest_task();
@@ -339,16 +400,21 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   // Tests on Linux run the lifeline alone, as macOS has it (docs/serve.md, "Shutdown").
   if (const char* e = std::getenv("KVSNAP_SERVE_NO_PDEATHSIG"); e && std::string(e) == "1") so.parent_death_signal = false;
   Supervisor sup(so, log);
-  sup.on_restart([&persist, &prefix, &book, &args, &cache_tag, &log] {
+  // Read again before the child starts again: a save across the restart keeps nothing (Persister), and
+  // what the next child reads (its config.ini files) is serve's before that child can answer.
+  std::optional<LlamaArgs> restarted_args;
+  sup.on_exit([&persist, &prefix, &args, &cache_tag, &scales, &restarted_args, &log] {
+    // Its tasks are over: a save across the restart keeps nothing. (The book, /kvsnap/usage's view,
+    // stays until the next child is up: a requantize restores what it shows.)
     persist.forget_slots();
-    prefix.forget_slots();
-    book.clear();
-    // The child read its config.ini files again as it started: an edit since kvsnap read them may
+    // The child reads its config.ini files again as it starts: an edit since kvsnap read them may
     // have changed its cache settings (the ones a config file alone set are not pinned on its
-    // command line: --lora there would load twice). Read them again as it did.
+    // command line: --lora there would load twice). Read them again as it will.
     auto now = parse_llama_args(args.argv);
+    restarted_args = now.ok() ? *now : args;
     // Unreadable: a tag no other start has, so that nothing saved now is restored later.
     const std::string tag = now.ok() ? cache_settings_tag(*now) : "unreadable-" + unique_suffix();
+    scales.restarting(ram_cache_off(*restarted_args));  // read again once it is up
     if (tag == cache_tag) return;
     log("the restarted child's cache-changing settings differ from its last start's (" +
         (now.ok() ? "a config.ini edited meanwhile" : "its config.ini cannot be read now: " + now.status().message()) +
@@ -357,6 +423,12 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
     cache_tag = tag;
     persist.set_cache_tag(tag);
     prefix.set_cache_tag(tag);
+  });
+  sup.on_restart([&persist, &prefix, &book, &args, &scales, &restarted_args, &target, &log] {
+    persist.forget_slots();  // a save since the exit kept nothing: task ids start again
+    prefix.forget_slots();
+    book.clear();
+    read_scales(target.endpoint, restarted_args ? *restarted_args : args, scales, persist, log, false);
   });
   ControlDeps cd{&io, stores.get(), &store_mu, &drain, &persist, &prefix, &sup, &book,
                  target.endpoint.url, po.upstream_port, slot_dir, log};
@@ -390,6 +462,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
         "): completions are not held to one per slot, and with more clients than slots a conversation may be lost");
   }
 
+  read_scales(target.endpoint, args, scales, persist, log, true);
   std::thread server([&proxy] { proxy.run(); });
   log("listening on http://" + o.listen + " (llama-server pid " + std::to_string(sup.pid()) + " on " +
       target.endpoint.url + ", store " + where.local_dir + ", its log " + so.log_path + ")");

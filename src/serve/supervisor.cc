@@ -185,6 +185,7 @@ void Supervisor::monitor() {
     // on Linux sends the parent-death signal to a child it forked.
     if (r != pid) return;
     healthy_ = false;
+    if (on_exit_ && !stopping_) on_exit_();
     std::vector<std::string> next;
     {
       std::lock_guard<std::mutex> l(mu_);

@@ -76,6 +76,9 @@ class Supervisor {
   // kvsnap serve passes a SIGINT/SIGTERM that came meanwhile, so Ctrl-C stops it during the load.
   Status start(const std::function<bool()>& give_up = nullptr);
   void stop();
+  // Called when the child has ended and before the next one is started (not at stop(); a replace()
+  // too): what was of its life (its slots, its settings) is over before a new one can answer.
+  void on_exit(std::function<void()> f) { on_exit_ = std::move(f); }
   // Called after each restart once the new child is healthy (its slots are empty).
   void on_restart(std::function<void()> f) { on_restart_ = std::move(f); }
   // Stops the child and starts `argv` in its place; returns once a child is healthy again: OK with
@@ -99,7 +102,7 @@ class Supervisor {
 
   SupervisorOptions o_;
   std::function<void(const std::string&)> log_;
-  std::function<void()> on_restart_;
+  std::function<void()> on_exit_, on_restart_;
   std::atomic<pid_t> pid_{0};
   std::atomic<int> restarts_{0};
   std::atomic<bool> healthy_{false}, stopping_{false};

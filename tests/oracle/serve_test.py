@@ -56,8 +56,10 @@ requests in the same order; then:
      short of n_predict, and the next completion is answered.
  19. cache settings: a conversation saved at the model's RoPE base is not restored into a child with
      --rope-freq-base 5000, one saved under it is, nor into a child restarted after its config.ini
-     gained a rope-freq-base; a request with its own "lora" scales is not kept and its slot is erased
-     in the child; POST /lora-adapters is refused (403); with
+     gained a rope-freq-base; POST /lora-adapters is refused (403); with a LoRA adapter loaded, a plain
+     request after one with its own "lora" scales is evaluated anew, a conversation of its own scales
+     is not kept, an Anthropic-route request finds no slot of other scales, and own scales are
+     refused (400) while the child keeps its RAM prompt cache; with
      LLAMA_ATTN_ROT_DISABLE=1 a session saved at f16 continues at q8_0 (and one saved at q8_0 at f16)
      with the answer of a full evaluation in the same child.
 With OPENAI_PYTHON (a Python with the `openai` package), one chat goes through the openai client.
@@ -237,6 +239,7 @@ def main():
         run_prefix_restore(kvsnap, llama, model, work)
         run_config_ini(kvsnap, llama, model, work)
         run_cache_settings(kvsnap, llama, model, work)
+        run_lora_scales(kvsnap, llama, model, work)
         run_config_edited(kvsnap, llama, model, work)
         run_rotation_disabled(kvsnap, llama, model, work)
         run_conversation_id_hangup(kvsnap, llama, model, work)
@@ -608,14 +611,7 @@ def run_cache_settings(kvsnap, llama, model, work):
     s, _, raw = request(port, "POST", "/completion", ask)
     n = json.loads(raw)["timings"]["prompt_n"]
     s2, _, raw2 = request(port, "POST", "/lora-adapters", [{"id": 0, "scale": 0.5}])
-    # a request with its own LoRA scales (none loaded: llama-server runs it as any other): its slot is
-    # neither kept nor left for llama-server to reuse without them (a review's finding)
-    s3, _, _ = request(port, "POST", "/completion", {"prompt": "A request with adapters of its own.", "n_predict": 1,
-                                                      "temperature": 0, "lora": [{"id": 0, "scale": 0.5}]})
-    erased = wait_for(lambda: json.loads(request(port, "GET", "/slots")[2])[0].get("n_prompt_tokens", 1) == 0, 20)
     text = stop_serve(proc, log, "cache-rope", work)
-    check(s3 == 200 and erased and "own LoRA scales: not saved, erased in the child" in text,
-          "cache settings: a request with its own LoRA scales is not saved and its slot is erased in the child")
     kept = len(ls(kvsnap, store))
     check(kept == 2, f"cache settings: the store holds the two plain turns only ({kept} snapshots)")
     check(s == 200 and n >= n_prompt and "prefix: restored" not in text and "serve.cache=" in text,
@@ -629,6 +625,96 @@ def run_cache_settings(kvsnap, llama, model, work):
     text = stop_serve(proc, log, "cache-rope-2", work)
     check(s == 200 and n <= 8 and "prefix: restored" in text,
           f"cache settings: a child with the same --rope-freq-base restores its own conversation (evaluates {n})")
+
+
+def run_lora_scales(kvsnap, llama, model, work):
+    """A review's findings: a request's own LoRA scales ("lora") made a cache that llama-server 3.22.1
+    continues for a later request without them (measured: the top token changes), and serve's erase of
+    it after the exchange raced other requests and saves. Now, before a request with the loaded scales
+    runs in a slot whose last task ran under others (read from the child's /slots), serve erases that
+    slot; a conversation of other scales is not kept, and nothing is restored for such a request;
+    own scales are refused while the child keeps its RAM prompt cache. With the adapter fixture
+    (fixtures/models/tiny-hd64-lora.gguf: kvsnap-mkmodel --lora-rank)."""
+    adapter = os.path.join(os.path.dirname(model), "tiny-hd64-lora.gguf")
+    store = os.path.join(work, "lora-store")
+    base = ["-m", model, "--lora", adapter, "-c", "4096", "-np", "1", "-t", "1", "--no-warmup", "-fa", "on"]
+    own = [{"id": 0, "scale": 0.0}]
+    top = lambda a: [(p["id"], round(p["logprob"], 3)) for p in a["completion_probabilities"][0]["top_logprobs"]]
+    erase_said = "whose cache was made under other LoRA scales than the next request's"
+
+    def ask(port, prompt, lora=None, fresh=False):
+        body = {"prompt": prompt, "n_predict": 1, "temperature": 0, "n_probs": 5}
+        if lora is not None:
+            body["lora"] = lora
+        if fresh:
+            body["cache_prompt"] = False
+        s, _, raw = request(port, "POST", "/completion", body)
+        return s, (json.loads(raw) if s == 200 else {"error": raw[:200], "timings": {"prompt_n": -1}})
+
+    def same(a, b):
+        return "error" not in a and [x[0] for x in top(a)] == [x[0] for x in top(b)] and \
+            max(abs(x[1] - y[1]) for x, y in zip(top(a), top(b))) < 0.02
+
+    shown = lambda a: a.get("error") or top(a)
+    proc, port, log = start_serve(kvsnap, llama, store, work, "lora-1", [*base, "--cache-ram", "0"])
+    n_prompt = len(json.loads(request(port, "POST", "/tokenize", {"content": PROMPT, "add_special": True})[2])["tokens"])
+    sa, _ = ask(port, PROMPT, own)
+    sb, b = ask(port, PROMPT + SUFFIX)  # with the loaded scales, in the one slot, after one of its own
+    _, b_full = ask(port, PROMPT + SUFFIX, fresh=True)
+    _, b_own = ask(port, PROMPT + SUFFIX, own, fresh=True)
+    text = stop_serve(proc, log, "lora-1", work)
+    check("loaded 1 LoRA adapter" in text and "own scales are served" in text,
+          "lora scales: serve reads the child's adapters and says a request's own scales are served")
+    check(sa == 200 and sb == 200 and erase_said in text and b["timings"]["prompt_n"] >= n_prompt and
+          same(b, b_full) and not same(b, b_own),
+          f"lora scales: a request with the loaded scales after one of its own in the same slot finds it erased, is "
+          f"evaluated anew ({b['timings']['prompt_n']} of its tokens, the prompt {n_prompt}) and answers as a full "
+          f"evaluation ({shown(b)} vs {top(b_full)}; under the other scales {top(b_own)})")
+    snaps = ls(kvsnap, store)
+    tags = {json.dumps(t.get("tags", {}).get("serve.cache")) for t in snaps}
+    check(len(snaps) >= 1 and len(tags) == 1 and "LoRA scales of its own: not kept" in text,
+          f"lora scales: only conversations of the loaded scales are kept ({len(snaps)} snapshots, tags {tags})")
+
+    proc, port, log = start_serve(kvsnap, llama, store, work, "lora-2", [*base, "--cache-ram", "0"])
+    more = PROMPT + SUFFIX + " the"
+    s2, a2 = ask(port, more, own)
+    _, a2_full = ask(port, more, own, fresh=True)
+    s3, b2 = ask(port, more)
+    _, b2_full = ask(port, more, fresh=True)
+    s4, _ = ask(port, PROMPT, own)
+    s5, _, _ = request(port, "POST", "/v1/messages", {"model": "m", "max_tokens": 1,
+                                                      "messages": [{"role": "user", "content": "Hi"}]})
+    # a review's finding: serve restored a conversation of the loaded scales for a request the child then
+    # refused (a "lora" that is no array), and the slot kept the scales of its last task (its own): a
+    # request of those scales went on from what was restored. Now that slot is erased first.
+    said = (lambda t: t.count(erase_said))(open(os.path.join(work, "lora-2.log")).read())
+    ask(port, more, own)
+    s9, _, _ = request(port, "POST", "/completion", {"prompt": more + " again", "n_predict": 1, "lora": "x"})
+    s10, a10 = ask(port, more + " again", own)
+    _, a10_full = ask(port, more + " again", own, fresh=True)
+    text = stop_serve(proc, log, "lora-2", work)
+    check(s9 == 400 and s10 == 200 and a10["timings"]["prompt_n"] > 8 and same(a10, a10_full) and
+          text.count(erase_said) == said + 2,
+          f"lora scales: a request of its own scales in a slot serve restored into for a request the child refused is "
+          f"evaluated anew ({s9}; {a10['timings']['prompt_n']} tokens) and answers as a full evaluation under them "
+          f"({shown(a10)} vs {top(a10_full)})")
+    check(s2 == 200 and "nothing is restored for it" in text and same(a2, a2_full),
+          f"lora scales: after a restart a request of its own scales is restored nothing and answers as a full "
+          f"evaluation under them ({shown(a2)} vs {top(a2_full)})")
+    check(s3 == 200 and "prefix: restored" in text and b2["timings"]["prompt_n"] <= 8 and same(b2, b2_full),
+          f"lora scales: then a request with the loaded scales in that slot continues its own restored conversation "
+          f"(evaluates {b2['timings']['prompt_n']}) and answers as a full evaluation ({shown(b2)} vs {top(b2_full)})")
+    check(s4 == 200 and s5 == 200 and said == 2,
+          f"lora scales: an Anthropic-route request (which drops \"lora\"; it runs alone) after one of its own scales "
+          f"finds that slot erased ({s4}, {s5}; {said} erases said)")
+
+    proc, port, log = start_serve(kvsnap, llama, os.path.join(work, "lora-store-ram"), work, "lora-ram", base)
+    s6, _, raw6 = request(port, "POST", "/completion", {"prompt": PROMPT, "n_predict": 1, "lora": own})
+    s7, _, _ = request(port, "POST", "/completion", {"prompt": PROMPT, "n_predict": 1})
+    stop_serve(proc, log, "lora-ram", work)
+    check(s6 == 400 and b"--cache-ram 0" in raw6 and s7 == 200,
+          f"lora scales: with llama-server's RAM prompt cache on, a request's own scales are refused ({s6}: "
+          f"{raw6[:160]!r}) and a plain request is served ({s7})")
 
 
 def run_config_edited(kvsnap, llama, model, work):

@@ -395,6 +395,35 @@ TEST(LlamaArgs, CacheIdleSlotsWhereverTheUserChoseIt) {
   }
 }
 
+// --cache-ram (llama-server's RAM prompt cache, which knows no LoRA scales: serve/adapters.h), from
+// wherever llama-server takes it, the last one winning; off only at 0.
+TEST(LlamaArgs, CacheRamWhereverTheUserSetIt) {
+  std::map<std::string, std::string> vars, files;
+  const ArgsEnvironment env = fake_environment(vars, files);
+  const std::string path = "/etc/llama.cpp/config.ini";
+  auto ram = [&](std::vector<std::string> argv) -> std::string {
+    argv.insert(argv.begin(), "llama-server");
+    auto a = parse_llama_args(argv, env);
+    if (!a.ok()) return "refused: " + a.status().message();
+    if (a->cache_ram.empty()) return "not set";
+    return std::string(ram_cache_off(*a) ? "off" : "on") + " by " + a->cache_ram_from;
+  };
+  EXPECT_EQ(ram({}), "not set");
+  EXPECT_EQ(ram({"--cache-ram", "0"}), "off by ARGS --cache-ram 0");
+  EXPECT_EQ(ram({"-cram", "0"}), "off by ARGS -cram 0");
+  EXPECT_EQ(ram({"-cram", "0", "--cache-ram", "-1"}), "on by ARGS --cache-ram -1");
+  files[path] = "cache-ram = 0\n";
+  EXPECT_EQ(ram({}), "off by llama-server's config file " + path + ": cache-ram = '0'");
+  vars["LLAMA_ARG_CACHE_RAM"] = "4096";
+  EXPECT_EQ(ram({}), "on by environment variable LLAMA_ARG_CACHE_RAM=4096") << "beats the file";
+  EXPECT_EQ(ram({"--cache-ram", "0"}), "off by ARGS --cache-ram 0") << "ARGS beat the environment";
+  // its value is not taken for a flag of its own
+  auto a = parse_llama_args({"llama-server", "--cache-ram", "-c", "-m", "x.gguf"}, env);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->cache_ram, "-c");
+  EXPECT_EQ(a->model, "x.gguf");
+}
+
 // Embedding tasks (which serve's slot gate does not hold) run only in a child started with
 // --embeddings or --rerank, from wherever llama-server takes them.
 TEST(LlamaArgs, EmbeddingsWhereverTheyAreTurnedOn) {

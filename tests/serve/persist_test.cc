@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 #include <random>
 
@@ -112,16 +113,15 @@ TEST(ServePersist, AnUntokenizedExchangesOwnSlotIsItsNamespacesWhenCertain) {
 // A session name is the client's choice: two key holders who send the same one get two namespaces,
 // so neither is restored (nor sees tagged) what the other kept under it. The key is read as
 // llama-server reads it, whichever header carries it.
-// A review's finding: a request with its own LoRA scales ("lora") was saved under its namespace and
-// restored for the next plain request of the same prompt, a cache of other values. Its conversation
-// is no tenant's.
-TEST(ServePersist, AConversationWithItsOwnAdaptersIsNoTenants) {
+// A request whose JSON kvsnap cannot read may have asked for anything: its conversation is no
+// tenant's, though the tenant it is counted for is still its own.
+TEST(ServePersist, AnUnreadableRequestsConversationIsNoTenants) {
   Exchange x;
   x.request_headers = {{"X-Kvsnap-Session", "ana"}};
   EXPECT_EQ(owner_namespace(x), "session-ana");
-  x.asks_adapters = true;
+  x.request_unreadable = true;
   EXPECT_EQ(owner_namespace(x), "unattributed");
-  EXPECT_EQ(namespace_of(x), "session-ana");  // the tenant it is counted for is still its own
+  EXPECT_EQ(namespace_of(x), "session-ana");
 }
 
 TEST(ServePersist, ASessionNameBelongsToTheKeyThatSentIt) {
@@ -271,13 +271,23 @@ struct SavingChild {
   int port = 0;
   std::thread thread;
   std::function<void()> on_save;  // called as a save is asked for, before the file is written
+  // Slot 0's last task's params (as llama-server 3.22.1's /slots shows them).
+  void set_params(const std::string& p) {
+    std::lock_guard<std::mutex> l(params_mu);
+    params = p;
+  }
+  std::mutex params_mu;
+  std::string params = "{}";
   explicit SavingChild(const fs::path& fixture, const fs::path& slot_dir) {
     svr.Get("/health", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(R"({"status": "ok"})", "application/json");
     });
     svr.Get("/props", [](const httplib::Request&, httplib::Response& res) { res.set_content("{}", "application/json"); });
-    svr.Get("/slots", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(R"([{"id": 0, "id_task": 7, "is_processing": false, "n_prompt_tokens": 5}])", "application/json");
+    svr.Get("/slots", [this](const httplib::Request&, httplib::Response& res) {
+      std::lock_guard<std::mutex> l(params_mu);
+      res.set_content(R"([{"id": 0, "id_task": 7, "is_processing": false, "n_prompt_tokens": 5, "params": )" + params +
+                          "}]",
+                      "application/json");
     });
     svr.Post("/slots/0", [this, fixture, slot_dir](const httplib::Request& req, httplib::Response& res) {
       if (on_save) on_save();
@@ -291,6 +301,18 @@ struct SavingChild {
   }
   ~SavingChild() { test::stop_serving(svr, thread); }
 };
+
+// A finished completion of session `session` whose answer names slot 0.
+Exchange slot0_completion(const std::string& session, std::vector<int32_t> prompt) {
+  Exchange x;
+  x.method = "POST";
+  x.path = "/completion";
+  x.status = 200;
+  x.request_headers = {{"X-Kvsnap-Session", session}};
+  x.prompt_tokens = std::move(prompt);
+  x.response_body = R"({"content": "x", "id_slot": 0})";
+  return x;
+}
 
 // A store and slot directory (a PersistBed's) with a SavingChild in front, and the target a Persister
 // of the test's own saves from.
@@ -333,14 +355,7 @@ TEST(ServePersist, ARequestsOwnSlotThatAnotherPromptFitsIsKeptForNoOne) {
     given_up.prompt_tokens.assign(toks.begin(), toks.begin() + 6);
     given_up.prompt_tokens.push_back(-5);  // its own words after the shared start
     persist.note_prompt(given_up);
-    Exchange x;  // ana's completion, whose answer names slot 0
-    x.method = "POST";
-    x.path = "/completion";
-    x.status = 200;
-    x.request_headers = {{"X-Kvsnap-Session", "ana"}};
-    x.prompt_tokens.assign(toks.begin(), toks.begin() + 4);
-    x.response_body = R"({"content": "x", "id_slot": 0})";
-    persist.note_completion(x);
+    persist.note_completion(slot0_completion("ana", {toks.begin(), toks.begin() + 4}));
     ASSERT_TRUE(persist.wait_saved(60));
     EXPECT_EQ(persist.stats().failed, 0u) << persist.stats().last_error;
     EXPECT_EQ(persist.stats().saved, 1u) << "the slot was left unsaved";
@@ -354,26 +369,69 @@ TEST(ServePersist, ARequestsOwnSlotThatAnotherPromptFitsIsKeptForNoOne) {
   EXPECT_EQ(kept->front().tags.at("serve.ns"), "unattributed") << "neither ana's nor bob's";
 }
 
-// A review's finding: a save that ran while the child restarted (forget_slots: task ids start again)
-// recorded its slot's task of the old child afterwards, and a new conversation that reached that id
-// would have counted as saved (never saved, lost to the next restore into the slot).
-TEST(ServePersist, ASaveAcrossAChildRestartRecordsNoTaskOfTheOldChild) {
+// Two reviews' findings: a save that ran while the child restarted (forget_slots: task ids start
+// again) recorded its slot's task of the old child afterwards, and a new conversation that reached
+// that id would have counted as saved; and it kept the file under the old child's tags, which the new
+// child's settings (a config.ini edited meanwhile) may not be. Such a save keeps nothing.
+TEST(ServePersist, ASaveAcrossAChildRestartKeepsNothing) {
   const std::vector<int32_t> toks = fixture_tokens();
   ASSERT_FALSE(toks.empty());
   SavingBed b;
   ASSERT_GT(b.child.port, 0);
-  Persister persist(posix_io(), *b.bed.stores, b.bed.store_mu, b.target(), [](const std::string&) {});
+  std::vector<std::string> lines;
+  std::mutex lines_mu;
+  Persister persist(posix_io(), *b.bed.stores, b.bed.store_mu, b.target(), [&](const std::string& l) {
+    std::lock_guard<std::mutex> g(lines_mu);
+    lines.push_back(l);
+  });
   b.child.on_save = [&persist] { persist.forget_slots(); };  // the child restarts while its slot is saved
-  Exchange x;
-  x.method = "POST";
-  x.path = "/completion";
-  x.status = 200;
-  x.prompt_tokens = {toks.front()};
-  x.response_body = R"({"content": "x", "id_slot": 0})";
-  persist.note_completion(x);
+  persist.note_completion(slot0_completion("ana", {toks.front()}));
   ASSERT_TRUE(persist.wait_saved(60));
-  EXPECT_EQ(persist.stats().saved, 1u) << persist.stats().last_error;
+  EXPECT_EQ(persist.stats().saved, 0u);
+  EXPECT_EQ(persist.stats().failed, 0u) << persist.stats().last_error;
   EXPECT_TRUE(persist.holds_unsaved(0, 7)) << "task 7 of the new child counts as saved";
+  Store* store = *b.bed.stores->for_namespace("session-ana");
+  auto kept = store->catalog().find_prefix(toks, "", 8);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_TRUE(kept->empty());
+  std::lock_guard<std::mutex> g(lines_mu);
+  EXPECT_TRUE(std::any_of(lines.begin(), lines.end(),
+                          [](const std::string& l) { return l.find("restarted while slot 0 was saved") != std::string::npos; }));
+}
+
+// A review's finding: a slot that ran a request with LoRA scales of its own was filed by another
+// exchange's save under the tenant whose earlier prompt its tokens start with, and restored for that
+// tenant's next plain request: a cache of other values. Which scales made a slot is read from the
+// child (its last task's params.lora), and such a slot is not kept (serve restores no conversation
+// of a request's own scales).
+TEST(ServePersist, ASlotMadeUnderOtherLoraScalesIsNotKept) {
+  const std::vector<int32_t> toks = fixture_tokens();
+  ASSERT_GT(toks.size(), 4u);
+  SavingBed b;
+  ASSERT_GT(b.child.port, 0);
+  Store* store = *b.bed.stores->for_namespace("session-ana");
+  auto kept = [&] {
+    auto found = store->catalog().find_prefix(toks, "", 64);
+    return found.ok() ? found->size() : size_t(1000);
+  };
+  auto saves = [&](const std::string& params) {
+    b.child.set_params(params);
+    Persister persist(posix_io(), *b.bed.stores, b.bed.store_mu, b.target(), [](const std::string&) {});
+    persist.set_cache_tag("settings");
+    persist.set_loaded_scales({1.0f});
+    const size_t before = kept();
+    // ana's plain completion named slot 0; the slot's last task may be another's
+    persist.note_completion(slot0_completion("ana", {toks.begin(), toks.begin() + 4}));
+    EXPECT_TRUE(persist.wait_saved(60));
+    EXPECT_EQ(persist.stats().failed, 0u) << persist.stats().last_error;
+    EXPECT_FALSE(persist.holds_unsaved(0, 7)) << "left to be saved again";
+    return kept() - before;
+  };
+  EXPECT_EQ(saves(R"({"lora": [{"id": 0, "scale": 0.5}]})"), 0u);
+  EXPECT_EQ(saves(R"({"lora": [{"id": 1, "scale": 1.0}]})"), 0u) << "adapter 0 at 0";
+  EXPECT_EQ(saves(R"({"lora": [{"id": 0, "scale": 1.0}]})"), 1u) << "the loaded scales, named";
+  EXPECT_EQ(saves(R"({"lora": []})"), 1u);
+  EXPECT_EQ(saves("{}"), 1u);
 }
 
 // A review's finding: an OPTIONS (a CORS preflight) on a completion route, answered 200, was noted

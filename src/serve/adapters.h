@@ -1,0 +1,111 @@
+// The LoRA adapter scales a completion runs with in kvsnap serve's child, and what serve does so that
+// a cache made under some scales is never continued under others.
+//
+// What llama-server 3.22.1 does (server-context.cpp launch_slot_with_task, server-common.cpp
+// parse_lora_request): a request's "lora" (an array of {"id", "scale"}) runs the task with those
+// scales, every loaded adapter it does not list at 0, and clears the slot's cache when they differ
+// from the slot's (its last task's; none for a slot that never ran one). A request without "lora"
+// (absent, null or []) runs with the scales the child loaded (--lora, --lora-scaled; GET
+// /lora-adapters) *without* that check: it would go on from a cache made under another request's
+// scales. A restore (POST /slots/N?action=restore) leaves the slot's scales as they were. With no
+// adapter loaded, "lora" changes nothing.
+//
+// So serve (serve.cc), reading which scales made a slot from the child (slot_scales: its last
+// task's params.lora), not from its own bookkeeping:
+//   - before a request with the loaded scales runs, erases its slot (every idle one when its slot is
+//     not known) if its last task ran under others, and before one with scales of its own, a slot
+//     it restored into since its last task (erase_slots_of_other_scales);
+//   - keeps no conversation made under other scales than the loaded ones (Persister) and restores
+//     nothing for a request of its own scales (PrefixRestorer): the child would clear the slot, whose
+//     scales are its last task's, not those of what was restored;
+//   - refuses a request's own scales when it cannot keep them apart (ChildScales::settle).
+// Every parser here takes hostile JSON: no throw, no crash (tests/fuzz/fuzz_serve_requests.cc).
+#pragma once
+
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/json.h"
+#include "base/status.h"
+#include "serve/proxy.h"
+#include "server/llama_server.h"
+
+namespace kvsnap {
+
+// The adapters a child loaded, as its GET /lora-adapters answers.
+struct ChildAdapters {
+  bool known = true;          // false: it loads adapters kvsnap could not read the scales of
+  bool restarting = false;    // (with !known) the child is restarting: they are read again once it is up
+  bool activated = false;     // one is an activated LoRA (alora_invocation_tokens): its cache rules differ
+  std::vector<float> loaded;  // the scale of each adapter, by id; empty: none loaded
+  std::string why_unknown;    // when !known: what went wrong, for the log and the refusal
+};
+
+// GET /lora-adapters' answer: an array of {"id": i, "scale": s, ...} with id i at index i. Anything
+// else is kMismatch naming what is wrong.
+Result<ChildAdapters> parse_lora_adapters_reply(std::string_view body);
+
+// The scales a request's "lora" value runs with (an array; anything else: `loaded`), as
+// llama-server 3.22.1 reads it: each entry's id and scale as json_value reads them (an id that is
+// not a number: -1; a scale that is not a number: 0; a boolean: 0 or 1), the last entry of an id
+// wins, ids outside the loaded ones are ignored, every loaded adapter not named runs at 0. An empty
+// array runs with `loaded`.
+std::vector<float> scales_as_read(const nlohmann::json& lora, const std::vector<float>& loaded);
+std::vector<float> scales_as_read(const nlohmann::ordered_json& lora, const std::vector<float>& loaded);
+
+// The scales a slot's cache was made under: those of its last task's request (a /slots entry's
+// params.lora), `loaded` when it names none.
+std::vector<float> slot_scales(const nlohmann::json& slot, const std::vector<float>& loaded);
+
+// Why serve cannot keep a request's own scales apart from the loaded ones' ("" when it can): the
+// child's adapters are unknown, one is activated, or its RAM prompt cache (`--cache-ram`, on unless
+// `ram_cache_off`) can hand a cache made under one request's scales to a request of others; or a
+// scale is no finite float (the child's /slots would show it as null).
+std::string scales_refusal(const ChildAdapters& a, bool ram_cache_off, const std::vector<float>& scales);
+
+// What the child loaded (GET /lora-adapters). Without an answer: none when its command line loads
+// none (`loads_adapters` false: an older llama-server has no such route), else unknown.
+ChildAdapters read_child_adapters(LlamaServer& srv, bool loads_adapters);
+
+// The child's adapters as serve last read them, for the request threads (thread-safe).
+class ChildScales {
+ public:
+  // At each start of the child: its adapters and whether its RAM prompt cache is off (llama_args.h
+  // ram_cache_off).
+  void set(const ChildAdapters& a, bool ram_cache_off);
+  // The child ended: its adapters are unknown (the loaded scales kept) until set() again.
+  void restarting(bool ram_cache_off);
+  ChildAdapters adapters() const;
+  // Settles a completion's scales before it is forwarded: one with scales of its own (other than the
+  // loaded ones) gets Forward::own_scales, or is refused (400, scales_refusal; 503 while the child
+  // restarts) when serve cannot keep them apart; with adapters loaded, so is a body kvsnap cannot
+  // read (which scales it asks for is unknown). The "lora" of a route that drops it (the Anthropic
+  // route's conversion; form data) and of a body the child refuses counts for nothing. The body is
+  // never changed.
+  void settle(Forward& f) const;
+
+ private:
+  mutable std::mutex mu_;
+  ChildAdapters adapters_;
+  bool ram_cache_off_ = false;
+};
+
+// True when llama-server runs a completion on `path` with the loaded scales whatever its "lora" says:
+// the Anthropic route (its conversion keeps only the fields it knows) and form data.
+bool takes_loaded_scales_blindly(const std::string& path);
+
+// Erases the idle slots of the child (`slot`, or every one: -1) whose cache a request would go on
+// from under other scales than the cache was made under: for a request with the loaded scales
+// (`own_scales` false), a slot whose last task ran under others; for one with its own, a slot that
+// `restored_since(slot, id_task)` says kvsnap restored into since its last task (a restore is of the
+// loaded scales; the slot's are its last task's). Before the request runs, holding the slot gate's
+// permit when it has one; the sessions erased were saved (the saves queued before it have run), or
+// are of other scales (kept nowhere). `erased`: their ids.
+Status erase_slots_of_other_scales(LlamaServer& srv, const std::vector<float>& loaded, bool own_scales, int slot,
+                                   const std::function<bool(int, int64_t)>& restored_since, std::vector<int>& erased);
+
+}  // namespace kvsnap
