@@ -361,16 +361,25 @@ TEST(Migrate, RemovesWhatAKilledServerSaveLeftAndNothingOfALiveOne) {
             std::string::npos) << slurp(text);
 }
 
+// The command prefix that runs kvsnap as user 65534 (setpriv), or "" with `why_not` said: not root,
+// no setpriv, or a build that user cannot reach.
+std::string as_nobody_prefix(std::string& why_not) {
+  const std::string as_nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups ";
+  if (::geteuid() != 0) why_not = "needs root (to run kvsnap as another user)";
+  else if (sh("command -v setpriv >/dev/null") != 0) why_not = "no setpriv";
+  else if (sh(as_nobody + std::string(KVSNAP_BINARY) + " --version >/dev/null 2>&1") != 0)
+    why_not = std::string("user 65534 cannot run ") + KVSNAP_BINARY + " (a checkout only root can reach)";
+  return why_not.empty() ? as_nobody : "";
+}
+
 // A review's finding: run as one user over the slot files of another (a group-writable
 // directory), migrate converted them, exit 0, and each conversion, a new file, was kvsnap's user's:
 // the server's user could no longer save over it (or read it, mode 0640). Such a file is refused
 // (exit 7) and left as it is; its owner's run converts it. Needs root, to be two users.
 TEST(Migrate, AFileOfAnotherUserIsRefusedUnlessRunAsRoot) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root (to run kvsnap as two users)";
-  if (sh("command -v setpriv >/dev/null") != 0) GTEST_SKIP() << "no setpriv";
-  const std::string as_nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups ";
-  if (sh(as_nobody + std::string(KVSNAP_BINARY) + " --version >/dev/null 2>&1") != 0)
-    GTEST_SKIP() << "user 65534 cannot run " << KVSNAP_BINARY << " (a checkout only root can reach)";
+  std::string why_not;
+  const std::string as_nobody = as_nobody_prefix(why_not);
+  if (as_nobody.empty()) GTEST_SKIP() << why_not;
   TempDir t;
   fs::permissions(t.path, fs::perms::all);
   const fs::path dir = slots_with(t, {{"v0.5.0/hd64-f16-f16-faon.slot", "a.slot"}});
@@ -390,6 +399,37 @@ TEST(Migrate, AFileOfAnotherUserIsRefusedUnlessRunAsRoot) {
   // Its owner's run (here root, which keeps each file's owner) converts it.
   EXPECT_EQ(sh(run), 0) << slurp(out);
   EXPECT_NE(slurp(dir / "a.slot"), original);
+}
+
+// A review's finding: run over a directory it cannot create files in (its own files in a directory of
+// another user's, mode 0755), migrate stored each file's backup, then failed each conversion. Now the
+// directory is probed once first: exit 7, nothing converted, no backup stored, the files as they were.
+TEST(Migrate, ADirectoryItCannotWriteIntoIsRefusedBeforeAnyBackup) {
+  std::string why_not;
+  const std::string as_nobody = as_nobody_prefix(why_not);
+  if (as_nobody.empty()) GTEST_SKIP() << why_not;
+  TempDir t;
+  fs::permissions(t.path, fs::perms::all);
+  const fs::path dir = slots_with(t, {{"v0.5.0/hd64-f16-f16-faon.slot", "a.slot"}});
+  fs::permissions(dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                           fs::perms::others_read | fs::perms::others_exec);
+  ASSERT_EQ(::chown((dir / "a.slot").c_str(), 65534, 65534), 0);  // nobody's file, root's directory
+  const std::string original = slurp(dir / "a.slot");
+  const fs::path out = t.path / "out.txt", store = t.path / "backups", listed = t.path / "ls.json";
+  const std::string run = as_nobody + std::string(KVSNAP_BINARY) + " migrate " + dir.string() +
+                          " --ctk f32 --ctv f32 --backup-store --store " + store.string() + " >" + out.string() +
+                          " 2>&1";
+  EXPECT_EQ(sh(run), 7) << slurp(out);  // an I/O error
+  EXPECT_NE(slurp(out).find("kvsnap cannot create files there"), std::string::npos) << slurp(out);
+  EXPECT_NE(slurp(out).find("no backup stored"), std::string::npos) << slurp(out);
+  EXPECT_EQ(slurp(dir / "a.slot"), original);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"a.slot"}) << "a temporary or lock file left behind";
+  if (fs::exists(store)) {
+    ASSERT_EQ(sh(std::string(KVSNAP_BINARY) + " ls --store " + store.string() + " --json >" + listed.string()), 0);
+    EXPECT_EQ(nlohmann::json::parse(slurp(listed), nullptr, false), nlohmann::json::array()) << "a backup was stored";
+  }
 }
 
 TEST(Migrate, BackupStoreKeepsEveryOriginal) {
