@@ -675,6 +675,30 @@ Result<bool> read_file_header(const ReadableFile& file, Cursor& c, const ParseOp
                               "; for a raw llama_state_seq_get_data buffer pass {--input-format raw-seq})");
 }
 
+// A sequence file's cells each hold the sequence's id (b5640 on) or none (before): llama.cpp refuses
+// to load one whose cells differ from that (llama_kv_cache::state_read_meta: "invalid seq_id-agnostic
+// kv cell"), so a file that mixes them, or holds a cell of several ids, is no file it wrote.
+Status check_seq_cells(const ReadableFile& file, const StateFile& f) {
+  if (f.kind != StateKind::kSeqFile && f.kind != StateKind::kRawSeq) return Status::OK();
+  std::optional<size_t> first;
+  for (size_t si = 0; si < f.memory.kv.size(); ++si) {
+    const auto& streams = f.memory.kv[si].streams;
+    for (size_t sj = 0; sj < streams.size(); ++sj) {
+      for (size_t i = 0; i < streams[sj].cells.size(); ++i) {
+        const size_t n = streams[sj].cells[i].seq_ids.size();
+        if (!first) first = n;
+        if (n <= 1 && n == *first) continue;
+        return Status::Corruption(file.name() + ": KV section " + std::to_string(si) + ", stream " +
+                                  std::to_string(sj) + ", cell " + std::to_string(i) + " holds " + std::to_string(n) +
+                                  " sequence ids where the first cell holds " + std::to_string(*first) +
+                                  ": every cell of a sequence file holds its one id (none before llama.cpp b5640), "
+                                  "and llama.cpp refuses to load this one");
+      }
+    }
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<StateFile> parse_state(const ReadableFile& file, const ParseOptions& opts) {
@@ -685,8 +709,8 @@ Result<StateFile> parse_state(const ReadableFile& file, const ParseOptions& opts
   const bool raw = opts.kind == StateKind::kRawSeq || opts.kind == StateKind::kRawContext;
   KV_ASSIGN_OR_RETURN(bool complete,
                       raw ? read_raw_header(file, c, opts, f, era) : read_file_header(file, c, opts, f, era));
-  if (complete) return f;
-  KV_RETURN_IF_ERROR(read_memory(file, c.offset(), era, opts.shape, f));
+  if (!complete) KV_RETURN_IF_ERROR(read_memory(file, c.offset(), era, opts.shape, f));
+  KV_RETURN_IF_ERROR(check_seq_cells(file, f));
   return f;
 }
 

@@ -323,6 +323,34 @@ TEST(WriterRefusals, GgsqV1RefusesBeforeAnyByte) {
   }
 }
 
+// llama.cpp refuses a sequence file whose cells do not each hold the sequence's one id (none before
+// b5640): one that mixes them, or holds a cell of two ids, is refused by name, never converted.
+TEST(HostileInput, ASequenceFileWhoseCellsDoNotAllHoldOneIdIsRefused) {
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant);
+    SynthSpec spec;
+    if (variant == 2) spec.n_seq_per_cell = 0, spec.version = 2, spec.stream_prefix = false;
+    const auto bytes = build_state(spec);
+    MemoryFile in("in.bin", std::span<const std::byte>(bytes));
+    auto st = parse_state(in, {});
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    auto& cells = st->memory.kv[0].streams[0].cells;
+    ASSERT_GT(cells.size(), 3u);
+    if (variant == 0) cells[3].seq_ids.clear();
+    if (variant == 1) cells[3].seq_ids = {0, 1};
+    if (variant == 2) cells[3].seq_ids = {0};
+    CopyTensorSource tensors(in);
+    VectorSink out;
+    ASSERT_TRUE(write_state(*st, tensors, in, out).ok());
+    MemoryFile bad("bad.slot", std::span<const std::byte>(out.bytes));
+    auto r = parse_state(bad, {});
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kCorruption);
+    EXPECT_NE(r.status().message().find("bad.slot: KV section 0, stream 0, cell 3 holds"), std::string::npos)
+        << r.status().message();
+  }
+}
+
 TEST(HostileInput, V8RngThatIsNotDecimalWords) {
   SynthSpec s;
   s.kind = SynthSpec::kSession;
