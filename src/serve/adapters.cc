@@ -123,11 +123,17 @@ void ChildScales::set(const ChildAdapters& a, bool ram_cache_off) {
   ram_cache_off_ = ram_cache_off;
 }
 
-void ChildScales::restarting(bool ram_cache_off) {
+void ChildScales::restarting(bool loads_adapters, bool ram_cache_off) {
   std::lock_guard<std::mutex> l(mu_);
+  ram_cache_off_ = ram_cache_off;
+  if (!loads_adapters && adapters_.loaded.empty()) return;  // none before, none to come
   adapters_.known = false;
   adapters_.restarting = true;
-  ram_cache_off_ = ram_cache_off;
+}
+
+bool ChildScales::admits_own_scales() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return !adapters_.loaded.empty() && scales_refusal(adapters_, ram_cache_off_, {}).empty();
 }
 
 ChildAdapters ChildScales::adapters() const {
@@ -148,15 +154,26 @@ void ChildScales::settle(Forward& f) const {
     f.refused_status = status;
   };
   const bool adapters = !adapters_.loaded.empty() || !adapters_.known;
-  if (!req.ok()) {
-    // llama-server reads JSON kvsnap does not (deeper nesting): its "lora" would go unseen.
-    if (adapters)
-      refuse("the request's JSON cannot be read (" + req.status().message() + "), so which LoRA scales it runs "
-             "with is unknown", 400);
-    return;
+  // "lora" as the child reads it: the parsed request's, or (a prompt kvsnap does not look up, such as
+  // a mixed one) the body's own.
+  std::optional<nlohmann::ordered_json> lora;
+  if (req.ok()) {
+    if (!req->object) return;  // the child refuses it
+    lora = req->lora;
+  } else if (adapters) {
+    const auto j = parse_bounded<nlohmann::ordered_json>(f.body);
+    if (j.is_discarded()) {
+      // JSON nested deeper than kvsnap reads, which llama-server reads: its "lora" would go unseen.
+      if (nlohmann::ordered_json::accept(f.body))
+        refuse("the request's JSON is nested deeper than " + std::to_string(kMaxServeJsonDepth) +
+                   " levels, so which LoRA scales it runs with is unknown",
+               adapters_.restarting ? 503 : 400);
+      return;
+    }
+    if (auto it = j.find("lora"); j.is_object() && it != j.end() && !it->is_null()) lora = *it;
   }
-  if (!req->object || !req->lora || !req->lora->is_array() || req->lora->empty()) return;
-  const std::vector<float> scales = scales_as_read(*req->lora, adapters_.loaded);
+  if (!lora || !lora->is_array() || lora->empty()) return;
+  const std::vector<float> scales = scales_as_read(*lora, adapters_.loaded);
   // Unknown adapters: any scales named may be others than the loaded ones.
   if (adapters_.known && scales == adapters_.loaded) return;
   if (const std::string why = scales_refusal(adapters_, ram_cache_off_, scales); !why.empty()) {
@@ -171,10 +188,14 @@ bool takes_loaded_scales_blindly(const std::string& path) {
 }
 
 Status erase_slots_of_other_scales(LlamaServer& srv, const std::vector<float>& loaded, bool own_scales, int slot,
-                                   const std::function<bool(int, int64_t)>& restored_since, std::vector<int>& erased) {
+                                   bool permit, const std::function<bool(int, int64_t)>& restored_since,
+                                   std::vector<int>& erased) {
   KV_ASSIGN_OR_RETURN(auto slots, srv.slots());
   for (const SlotState& s : slots) {
-    if ((slot >= 0 && s.id != slot) || s.is_processing || s.raw.value("n_prompt_tokens", int64_t(1)) <= 0) continue;
+    if (slot >= 0 && s.id != slot) continue;
+    // Busy under a permit: a task whose client hung up, not cancelled yet (llama-server polls the
+    // connection each second); the erase waits for it to end.
+    if ((s.is_processing && !permit) || s.raw.value("n_prompt_tokens", int64_t(1)) <= 0) continue;
     const bool other = own_scales ? restored_since(s.id, s.raw.value("id_task", int64_t(-1)))
                                   : slot_scales(s.raw, loaded) != loaded;
     if (!other) continue;

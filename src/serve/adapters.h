@@ -77,8 +77,12 @@ class ChildScales {
   // At each start of the child: its adapters and whether its RAM prompt cache is off (llama_args.h
   // ram_cache_off).
   void set(const ChildAdapters& a, bool ram_cache_off);
-  // The child ended: its adapters are unknown (the loaded scales kept) until set() again.
-  void restarting(bool ram_cache_off);
+  // The child ended: its adapters are unknown (the loaded scales kept) until set() again, unless it
+  // loaded none and the next one loads none (`loads_adapters`: its command line's --lora flags).
+  void restarting(bool loads_adapters, bool ram_cache_off);
+  // True when a request's own scales may run now: adapters loaded, and none of scales_refusal's
+  // reasons. Otherwise no slot can hold a cache of other scales than the loaded ones.
+  bool admits_own_scales() const;
   ChildAdapters adapters() const;
   // Settles a completion's scales before it is forwarded: one with scales of its own (other than the
   // loaded ones) gets Forward::own_scales, or is refused (400, scales_refusal; 503 while the child
@@ -98,14 +102,16 @@ class ChildScales {
 // the Anthropic route (its conversion keeps only the fields it knows) and form data.
 bool takes_loaded_scales_blindly(const std::string& path);
 
-// Erases the idle slots of the child (`slot`, or every one: -1) whose cache a request would go on
-// from under other scales than the cache was made under: for a request with the loaded scales
-// (`own_scales` false), a slot whose last task ran under others; for one with its own, a slot that
-// `restored_since(slot, id_task)` says kvsnap restored into since its last task (a restore is of the
-// loaded scales; the slot's are its last task's). Before the request runs, holding the slot gate's
-// permit when it has one; the sessions erased were saved (the saves queued before it have run), or
-// are of other scales (kept nowhere). `erased`: their ids.
+// Erases the slots of the child (`slot`, or every one: -1) whose cache a request would go on from
+// under other scales than the cache was made under: for a request with the loaded scales
+// (`own_scales` false), a slot whose last (or running) task ran under others; for one with its own, a
+// slot that `restored_since(slot, id_task)` says kvsnap restored into since its last task (a restore
+// is of the loaded scales; the slot's are its last task's). Before the request runs. With the slot
+// gate's `permit` a busy slot counts too (a task whose client hung up, still running: llama-server
+// erases it once it ends); without one only idle slots. The sessions erased were saved (the saves
+// queued before it have run), or are of other scales (kept nowhere). `erased`: their ids.
 Status erase_slots_of_other_scales(LlamaServer& srv, const std::vector<float>& loaded, bool own_scales, int slot,
-                                   const std::function<bool(int, int64_t)>& restored_since, std::vector<int>& erased);
+                                   bool permit, const std::function<bool(int, int64_t)>& restored_since,
+                                   std::vector<int>& erased);
 
 }  // namespace kvsnap

@@ -126,7 +126,8 @@ bool Control::handle(const LocalRequest& req, LocalAnswer& out) {
     error(out, 403, "permission_error",
           "POST /lora-adapters would change the adapters' scales under kvsnap serve's stored sessions, which "
           "record the child's command line only: it is not forwarded; start kvsnap serve with the scales as "
-          "llama-server flags (--lora-scaled FILE:SCALE), or send \"lora\" per request (those are not kept)");
+          "llama-server flags (--lora-scaled FILE:SCALE), or send \"lora\" per request (with the child's --cache-ram 0; those are "
+          "not kept)");
     return true;
   }
   if (req.path.rfind("/kvsnap/", 0) != 0) return false;

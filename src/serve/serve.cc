@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "base/io.h"
+#include "base/json_access.h"
 #include "base/os.h"
 #include "base/stale_temps.h"
 #include "serve/adapters.h"
@@ -71,35 +72,41 @@ SlotWant slot_want(PrefixRestorer& prefix, Forward& f) {
   return want;
 }
 
-// Before completion `f` runs in its slot (every idle one when it has no permit or runs alone): a slot
-// whose cache the child would go on from under other LoRA scales than it was made under is erased
-// (serve/adapters.h).
-void clear_other_scales(const ServerEndpoint& child, const ChildScales& scales, const Forward& f,
-                        PrefixRestorer& prefix, SlotBook& book, const std::function<void(const std::string&)>& log) {
-  const ChildAdapters a = scales.adapters();
-  if (a.loaded.empty()) return;
+// Before completion `f` runs in its slot (every one when it runs alone, every idle one without a
+// permit): a slot whose cache the child would go on from under other LoRA scales than it was made
+// under is erased (serve/adapters.h). Nothing to do while no request's own scales can run. An error
+// (the child cannot list or erase its slots): the request is not forwarded.
+Status clear_other_scales(const ServerEndpoint& child, const ChildScales& scales, const Forward& f,
+                          PrefixRestorer& prefix, SlotBook& book, const std::function<void(const std::string&)>& log) {
+  if (!scales.admits_own_scales()) return Status::OK();
   LlamaServer srv(child);
   std::vector<int> erased;
   const Status s = erase_slots_of_other_scales(
-      srv, a.loaded, f.own_scales, f.hold ? f.pinned_slot : -1,
+      srv, scales.adapters().loaded, f.own_scales, f.hold ? f.pinned_slot : -1, bool(f.hold),
       [&prefix](int slot, int64_t task) { return prefix.restored_since(slot, task); }, erased);
   for (int e : erased) {
     book.forget(e);
     prefix.forget_slot(e);
   }
-  if (!erased.empty() || !s.ok())
+  if (!erased.empty())
     log("persist: erased " + std::to_string(erased.size()) + " slot(s) whose cache was made under other LoRA scales " +
-        "than the next request's" + (s.ok() ? "" : "; erasing failed: " + s.ToString()));
+        "than the next request's");
+  return s;
+}
+
+// True when the child's command line loads LoRA adapters (--lora, --lora-scaled, wherever set).
+bool loads_adapters(const LlamaArgs& args) {
+  for (const LlamaArgs::Setting& c : args.cache_settings)
+    if (c.flag == "--lora" || c.flag == "--lora-scaled") return true;
+  return false;
 }
 
 // The child's LoRA adapters (GET /lora-adapters), read at each of its starts for the request threads
 // and the saves; `at_start`: said in the log (a restart says it only when they changed).
 void read_scales(const ServerEndpoint& child, const LlamaArgs& args, ChildScales& scales, Persister& persist,
                  const std::function<void(const std::string&)>& log, bool at_start) {
-  bool loads = false;
-  for (const LlamaArgs::Setting& c : args.cache_settings) loads = loads || c.flag == "--lora" || c.flag == "--lora-scaled";
   LlamaServer srv(child);
-  const ChildAdapters a = read_child_adapters(srv, loads);
+  const ChildAdapters a = read_child_adapters(srv, loads_adapters(args));
   const ChildAdapters before = scales.adapters();
   scales.set(a, ram_cache_off(args));
   persist.set_loaded_scales(a.loaded);
@@ -362,6 +369,19 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
                         R"(try again when it is back","type":"unavailable_error"}})";
             return;
           }
+          // Own scales run only in a slot reserved for them (clear_other_scales counts on the permit).
+          if (f.own_scales && !f.hold) {
+            f.refused_status = waited_out ? 503 : 400;
+            f.refused = json_text(nlohmann::json{
+                {"error",
+                 {{"code", f.refused_status},
+                  {"message", waited_out ? "kvsnap serve: no slot came free for a request with LoRA scales of its own; "
+                                           "try again"
+                                         : "kvsnap serve: a request with LoRA scales of its own needs a slot of its "
+                                           "own, and the child's slots could not be counted at start"},
+                  {"type", waited_out ? "unavailable_error" : "invalid_request_error"}}}});
+            return;
+          }
           if (!f.hold) persist.note_unguarded();  // no permit: the wait ran out, or no slot count
           if (waited_out)
             log("persist: every slot stayed busy for " + std::to_string(int(kSlotWaitS)) + " s; a " + f.path +
@@ -374,14 +394,13 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
             log("persist: the saves queued before a " + f.path + " request took over " +
                 std::to_string(int(kSaveWaitS)) + " s; the request goes on, a slot they were for may be lost");
           }
-          // Without a permit its slot is unknown and not reserved: every idle slot of other scales
-          // is erased for a request with the loaded ones, and one with its own is not run.
-          if (f.own_scales && !f.hold) {
-            f.refused = R"({"error":{"code":503,"message":"kvsnap serve runs a request with LoRA scales of its own )"
-                        R"(only in a slot reserved for it, and none is now; try again","type":"unavailable_error"}})";
+          if (Status s = clear_other_scales(target.endpoint, scales, f, prefix, book, log); !s.ok()) {
+            log("persist: a " + f.path + " request is not forwarded: the slots of other LoRA scales could not be "
+                "checked or erased: " + s.ToString());
+            f.refused = R"({"error":{"code":503,"message":"kvsnap serve could not check the child's slots for a )"
+                        R"(cache of other LoRA scales; try again","type":"unavailable_error"}})";
             return;
           }
-          clear_other_scales(target.endpoint, scales, f, prefix, book, log);
           // Alone (no slot named): a slot whose task is newer than the newest now is this request's;
           // an older one that is still unsaved (two tenants' prompts tied) is not.
           if (f.hold && slot < 0) f.own_after_task = persist.newest_task();
@@ -414,7 +433,7 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
     restarted_args = now.ok() ? *now : args;
     // Unreadable: a tag no other start has, so that nothing saved now is restored later.
     const std::string tag = now.ok() ? cache_settings_tag(*now) : "unreadable-" + unique_suffix();
-    scales.restarting(ram_cache_off(*restarted_args));  // read again once it is up
+    scales.restarting(loads_adapters(*restarted_args), ram_cache_off(*restarted_args));  // read again once it is up
     if (tag == cache_tag) return;
     log("the restarted child's cache-changing settings differ from its last start's (" +
         (now.ok() ? "a config.ini edited meanwhile" : "its config.ini cannot be read now: " + now.status().message()) +

@@ -134,7 +134,7 @@ TEST(ServeAdapters, ARequestsOwnScalesAreSeenOrRefused) {
                         Case{unknown, true, R"({"messages": [], "lora": [{"id": 0, "scale": 1}]})", "HTTP 404"},
                         Case{activated, true, own, "activated"},
                         Case{loaded_adapters({1.0f}), true, R"({"lora": [{"id": 0, "scale": 1e39}]})", "finite"},
-                        Case{loaded_adapters({1.0f}), true, deep.c_str(), "cannot be read"}}) {
+                        Case{loaded_adapters({1.0f}), true, deep.c_str(), "nested deeper than 512"}}) {
     ChildScales cs;
     cs.set(c.a, c.ram_off);
     Forward g = completion("/v1/chat/completions", c.body);
@@ -144,14 +144,31 @@ TEST(ServeAdapters, ARequestsOwnScalesAreSeenOrRefused) {
     EXPECT_NE(g.refused.find(c.says), std::string::npos) << g.refused;
     EXPECT_TRUE(nlohmann::json::parse(g.refused).at("error").is_object());
   }
-  // a body kvsnap cannot read is forwarded when no adapter is loaded (its "lora" changes nothing)
+  // a body kvsnap cannot read is forwarded when no adapter is loaded (its "lora" changes nothing), also
+  // while the child restarts
   ChildScales none;
   none.set({}, false);
-  Forward g = completion("/completion", deep);
-  none.settle(g);
-  EXPECT_TRUE(g.refused.empty());
+  none.restarting(false, false);
+  for (const std::string& body : {deep, std::string(own)}) {
+    Forward g = completion("/completion", body);
+    none.settle(g);
+    EXPECT_TRUE(g.refused.empty()) << g.refused;
+    EXPECT_FALSE(g.own_scales);
+  }
+  EXPECT_FALSE(none.admits_own_scales());
+  EXPECT_TRUE(kept.admits_own_scales());
+  // a review's finding: a prompt kvsnap does not look up (mixed tokens and text, which llama-server
+  // takes) was refused with adapters loaded; its "lora" is read from the body
+  Forward mixed = completion("/completion", R"({"prompt": [12, " world"]})");
+  kept.settle(mixed);
+  EXPECT_TRUE(mixed.refused.empty()) << mixed.refused;
+  EXPECT_FALSE(mixed.own_scales);
+  Forward mixed_own = completion("/completion", R"({"prompt": [12, " world"], "lora": [{"id": 0, "scale": 0.5}]})");
+  kept.settle(mixed_own);
+  EXPECT_TRUE(mixed_own.own_scales);
   // while the child restarts: 503 (try again), the loaded scales kept
-  kept.restarting(true);
+  kept.restarting(true, true);
+  EXPECT_FALSE(kept.admits_own_scales());
   EXPECT_EQ(kept.adapters().loaded, Scales{1.0f});
   Forward r = completion("/completion", own);
   kept.settle(r);
@@ -197,19 +214,21 @@ struct ScalesChild {
 };
 
 // Before a request with the loaded scales runs: its slot, or every idle one, made under other scales is
-// erased (llama-server would go on from it); a busy or empty one, or one of the loaded scales, is left.
+// erased (llama-server would go on from it); an empty one, or one of the loaded scales, is left, and a
+// busy one unless the request holds the slot's permit.
 // Before one with its own: a slot kvsnap restored into since its last task (its scales are that task's).
 TEST(ServeAdapters, TheSlotsACompletionWouldContinueUnderOtherScalesAreErased) {
   ScalesChild child;
   ASSERT_GT(child.port, 0);
   LlamaServer srv({"http://127.0.0.1:" + std::to_string(child.port), "", 5});
-  auto erase = [&](bool own, int slot, const std::vector<float>& loaded, std::function<bool(int, int64_t)> restored) {
+  auto erase = [&](bool own, int slot, const std::vector<float>& loaded, std::function<bool(int, int64_t)> restored,
+                   bool permit = false) {
     {
       std::lock_guard<std::mutex> l(child.mu);
       child.erased.clear();
     }
     std::vector<int> erased;
-    EXPECT_TRUE(erase_slots_of_other_scales(srv, loaded, own, slot, restored, erased).ok());
+    EXPECT_TRUE(erase_slots_of_other_scales(srv, loaded, own, slot, permit, restored, erased).ok());
     std::lock_guard<std::mutex> l(child.mu);
     EXPECT_EQ(child.erased, erased);
     return erased;
@@ -219,6 +238,10 @@ TEST(ServeAdapters, TheSlotsACompletionWouldContinueUnderOtherScalesAreErased) {
   EXPECT_EQ(erase(false, -1, {1.0f}, none), Ids{0});
   EXPECT_EQ(erase(false, 0, {1.0f}, none), Ids{0});
   for (int slot : {1, 2, 3}) EXPECT_EQ(erase(false, slot, {1.0f}, none), Ids{}) << slot;
+  // a review's finding: with the slot's permit, a busy slot is a task whose client hung up (not
+  // cancelled yet): its cache is erased once it ends, or the request would go on from it
+  EXPECT_EQ(erase(false, 2, {1.0f}, none, true), Ids{2});
+  EXPECT_EQ(erase(false, -1, {1.0f}, none, true), (Ids{0, 2}));
   EXPECT_EQ(erase(false, -1, {0.5f}, none), Ids{}) << "loaded at 0.5: slot 0 ran with them, slot 1 named none";
   // own scales: only what kvsnap restored into since the slot's task (slot 1's task is 6)
   EXPECT_EQ(erase(true, -1, {1.0f}, none), Ids{});
