@@ -247,6 +247,20 @@ void Persister::save_changed(int only_slot, const std::string& fallback, bool un
     bool unowned = false, no_tenant = false, restarted = false;
     // Tagged by what the slot holds: the request whose prompt its tokens start with.
     auto attribute = [&](const std::vector<int32_t>& tokens, SaveRequest& r) -> Status {
+      // With adapters loaded: another task (of a request's own scales) may have run in the slot since
+      // it was listed (a save for every slot, queued by an exchange without a permit, lists them
+      // before a gated request starts there); the file is then that task's. Left to the next pass.
+      if (!loaded.empty()) {
+        auto now = srv.slots();
+        bool same = false;
+        if (now.ok())
+          for (const auto& s : *now)
+            if (s.id == slot)
+              same = s.raw.value("id_task", int64_t(-1)) == task && slot_scales(s.raw, loaded) == loaded;
+        if ((restarted = !same))  // not kept, not a failure: the next pass judges the slot again
+          return Status::Interrupted("slot " + std::to_string(slot) + " ran another task while it was saved: not "
+                                     "kept now");
+      }
       {
         std::lock_guard<std::mutex> l(mu_);
         // The child ended since the slots were listed: the file may be its successor's, made under

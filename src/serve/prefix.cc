@@ -14,6 +14,9 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
+// restored_task_'s value for a restore after which the slots could not be listed.
+constexpr int64_t kTaskUnknown = INT64_MIN;
+
 size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
   size_t n = 0;
   while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
@@ -227,7 +230,8 @@ Result<ServerRestoreResult> PrefixRestorer::restore_into(int slot, const Snapsho
     log_("prefix: the child's -fa auto is " + r->flash_attn + " (detected from a slot file it saved)");
   }
   held_[slot].assign(tokens.begin(), tokens.begin() + std::min<size_t>(tokens.size(), size_t(info.n_tokens)));
-  restored_task_.erase(slot);
+  // Unlisted, the restore still counts as one since the slot's last task (restored_since).
+  restored_task_[slot] = kTaskUnknown;
   if (auto now = LlamaServer(target_.endpoint).slots(); now.ok())
     for (const auto& s : *now)
       if (s.id == slot) restored_task_[slot] = s.raw.value("id_task", int64_t(-1));
@@ -258,7 +262,7 @@ int choose_restore_slot(const std::vector<SlotChoice>& slots, int pinned) {
 
 bool PrefixRestorer::forget_if_replaced(int slot, int64_t task) {
   auto it = restored_task_.find(slot);
-  if (it == restored_task_.end() || it->second == task) return false;
+  if (it == restored_task_.end() || it->second == task || it->second == kTaskUnknown) return false;
   restored_task_.erase(it);
   held_.erase(slot);
   fresh_.erase(slot);
@@ -415,7 +419,7 @@ void PrefixRestorer::forget_slot(int slot) {
 bool PrefixRestorer::restored_since(int slot, int64_t task) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = restored_task_.find(slot);
-  return it != restored_task_.end() && it->second == task;
+  return it != restored_task_.end() && (it->second == task || it->second == kTaskUnknown);
 }
 
 void PrefixRestorer::forget_slots() {

@@ -271,13 +271,15 @@ struct SavingChild {
   int port = 0;
   std::thread thread;
   std::function<void()> on_save;  // called as a save is asked for, before the file is written
-  // Slot 0's last task's params (as llama-server 3.22.1's /slots shows them).
-  void set_params(const std::string& p) {
+  // Slot 0's last task and its params (as llama-server 3.22.1's /slots shows them).
+  void set_params(const std::string& p, int64_t t = 7) {
     std::lock_guard<std::mutex> l(params_mu);
     params = p;
+    task = t;
   }
   std::mutex params_mu;
   std::string params = "{}";
+  int64_t task = 7;
   explicit SavingChild(const fs::path& fixture, const fs::path& slot_dir) {
     svr.Get("/health", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(R"({"status": "ok"})", "application/json");
@@ -285,8 +287,8 @@ struct SavingChild {
     svr.Get("/props", [](const httplib::Request&, httplib::Response& res) { res.set_content("{}", "application/json"); });
     svr.Get("/slots", [this](const httplib::Request&, httplib::Response& res) {
       std::lock_guard<std::mutex> l(params_mu);
-      res.set_content(R"([{"id": 0, "id_task": 7, "is_processing": false, "n_prompt_tokens": 5, "params": )" + params +
-                          "}]",
+      res.set_content(R"([{"id": 0, "id_task": )" + std::to_string(task) +
+                          R"(, "is_processing": false, "n_prompt_tokens": 5, "params": )" + params + "}]",
                       "application/json");
     });
     svr.Post("/slots/0", [this, fixture, slot_dir](const httplib::Request& req, httplib::Response& res) {
@@ -432,6 +434,28 @@ TEST(ServePersist, ASlotMadeUnderOtherLoraScalesIsNotKept) {
   EXPECT_EQ(saves(R"({"lora": [{"id": 0, "scale": 1.0}]})"), 1u) << "the loaded scales, named";
   EXPECT_EQ(saves(R"({"lora": []})"), 1u);
   EXPECT_EQ(saves("{}"), 1u);
+}
+
+// A review's finding: a save for every slot (queued by an exchange without a permit) listed a slot
+// before a gated request with LoRA scales of its own ran there, then saved it: the file was that
+// request's, kept under the loaded scales' tags. With adapters loaded the slot is listed again
+// before the file is kept; a task run meanwhile leaves it to the next pass.
+TEST(ServePersist, ASlotThatRanAnotherTaskWhileSavedIsNotKept) {
+  const std::vector<int32_t> toks = fixture_tokens();
+  ASSERT_GT(toks.size(), 4u);
+  for (bool adapters : {true, false}) {
+    SCOPED_TRACE(adapters);
+    SavingBed b;
+    ASSERT_GT(b.child.port, 0);
+    Persister persist(posix_io(), *b.bed.stores, b.bed.store_mu, b.target(), [](const std::string&) {});
+    if (adapters) persist.set_loaded_scales({1.0f});
+    b.child.on_save = [&b] { b.child.set_params(R"({"lora": [{"id": 0, "scale": 0}]})", 8); };
+    persist.note_completion(slot0_completion("ana", {toks.begin(), toks.begin() + 4}));
+    ASSERT_TRUE(persist.wait_saved(60));
+    EXPECT_EQ(persist.stats().failed, 0u) << persist.stats().last_error;
+    EXPECT_EQ(persist.stats().saved, adapters ? 0u : 1u) << "without adapters no task changes what it holds";
+    EXPECT_EQ(persist.holds_unsaved(0, 7), adapters);
+  }
 }
 
 // A review's finding: an OPTIONS (a CORS preflight) on a completion route, answered 200, was noted
