@@ -136,6 +136,15 @@ bool ChildScales::admits_own_scales() const {
   return !adapters_.loaded.empty() && scales_refusal(adapters_, ram_cache_off_, {}).empty();
 }
 
+bool ChildScales::read_again(double every_s) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (adapters_.known || adapters_.restarting) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_read_again_ < std::chrono::duration<double>(every_s)) return false;
+  last_read_again_ = now;
+  return true;
+}
+
 ChildAdapters ChildScales::adapters() const {
   std::lock_guard<std::mutex> l(mu_);
   return adapters_;

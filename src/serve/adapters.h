@@ -22,6 +22,7 @@
 // Every parser here takes hostile JSON: no throw, no crash (tests/fuzz/fuzz_serve_requests.cc).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -83,6 +84,9 @@ class ChildScales {
   // True when a request's own scales may run now: adapters loaded, and none of scales_refusal's
   // reasons. Otherwise no slot can hold a cache of other scales than the loaded ones.
   bool admits_own_scales() const;
+  // True at most every `every_s` while the child's adapters could not be read (not while it
+  // restarts): the caller reads them again, so that one failed read does not last the child's life.
+  bool read_again(double every_s);
   ChildAdapters adapters() const;
   // Settles a completion's scales before it is forwarded: one with scales of its own (other than the
   // loaded ones) gets Forward::own_scales, or is refused (400, scales_refusal; 503 while the child
@@ -96,6 +100,7 @@ class ChildScales {
   mutable std::mutex mu_;
   ChildAdapters adapters_;
   bool ram_cache_off_ = false;
+  std::chrono::steady_clock::time_point last_read_again_{};
 };
 
 // True when llama-server runs a completion on `path` with the loaded scales whatever its "lora" says:

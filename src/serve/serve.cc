@@ -111,6 +111,7 @@ void read_scales(const ServerEndpoint& child, const LlamaArgs& args, ChildScales
   scales.set(a, ram_cache_off(args));
   persist.set_loaded_scales(a.loaded);
   if (!at_start && a.loaded == before.loaded && a.known) return;
+  if (!at_start && !a.known && !before.known && !before.restarting) return;  // still unreadable: said before
   if (!a.known) {
     log("the child's LoRA adapters cannot be read (" + a.why_unknown + "): requests with scales of their own are "
         "refused (400)");
@@ -350,8 +351,9 @@ Status run_serve(Io& io, const ServeOptions& o, const std::function<void(const s
   ChildScales scales;
   Proxy proxy(
       po,
-      [&persist, &prefix, &slot_gate, &scales, &book, &target, &log](Forward& f) {
+      [&persist, &prefix, &slot_gate, &scales, &book, &target, &args, &log](Forward& f) {
         if (f.method == "POST" && is_completion_route(f.path)) {
+          if (scales.read_again(10)) read_scales(target.endpoint, args, scales, persist, log, false);
           scales.settle(f);  // the LoRA scales it runs with (serve/adapters.h)
           if (!f.refused.empty()) return;
           // One completion per slot in the child, and kvsnap names it (SlotGate, serve/drain.h):

@@ -179,6 +179,23 @@ TEST(ServeAdapters, ARequestsOwnScalesAreSeenOrRefused) {
   EXPECT_TRUE(plain.refused.empty());
 }
 
+// A review's finding: one failed read of the child's adapters at its start refused a request's own
+// scales for the child's whole life. Unknown (not restarting), they are read again, at most every
+// interval; known, or while the child restarts, never.
+TEST(ServeAdapters, UnreadableAdaptersAreReadAgainNowAndThen) {
+  ChildScales cs;
+  cs.set(loaded_adapters({1.0f}), true);
+  EXPECT_FALSE(cs.read_again(0));
+  ChildAdapters unknown;
+  unknown.known = false;
+  cs.set(unknown, true);
+  EXPECT_TRUE(cs.read_again(3600));
+  EXPECT_FALSE(cs.read_again(3600)) << "again within the interval";
+  EXPECT_TRUE(cs.read_again(0));
+  cs.restarting(true, true);
+  EXPECT_FALSE(cs.read_again(0)) << "restarting: read once it is up";
+}
+
 TEST(ServeAdapters, TheAnthropicRouteAndFormDataTakeTheLoadedScalesBlindly) {
   EXPECT_TRUE(takes_loaded_scales_blindly("/v1/messages"));
   EXPECT_TRUE(takes_loaded_scales_blindly("/v1/audio/transcriptions"));
