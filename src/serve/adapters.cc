@@ -94,6 +94,9 @@ std::string scales_refusal(const ChildAdapters& a, bool ram_cache_off, const std
   if (a.activated)
     return "llama-server keeps a slot's cache across a change to an activated LoRA (alora), so kvsnap serve cannot "
            "tell which scales made it";
+  if (a.ungated_tasks)
+    return "the child runs embedding tasks (--embeddings), which kvsnap serve's slot gate does not hold: one may "
+           "take a slot made under a request's own scales";
   if (!ram_cache_off)
     return "llama-server's RAM prompt cache (--cache-ram, on by default) hands a cache made under one request's "
            "scales to a later request of other scales; start the child with --cache-ram 0";

@@ -44,6 +44,9 @@ struct ChildAdapters {
   bool activated = false;     // one is an activated LoRA (alora_invocation_tokens): its cache rules differ
   std::vector<float> loaded;  // the scale of each adapter, by id; empty: none loaded
   std::string why_unknown;    // when !known: what went wrong, for the log and the refusal
+  // The child runs embedding tasks (--embeddings), which serve's slot gate does not hold: one can
+  // take a slot made under a request's own scales, and its task then hides them in /slots.
+  bool ungated_tasks = false;
 };
 
 // GET /lora-adapters' answer: an array of {"id": i, "scale": s, ...} with id i at index i. Anything
@@ -64,8 +67,9 @@ std::vector<float> slot_scales(const nlohmann::json& slot, const std::vector<flo
 
 // Why serve cannot keep a request's own scales apart from the loaded ones' ("" when it can): the
 // child's adapters are unknown, one is activated, or its RAM prompt cache (`--cache-ram`, on unless
-// `ram_cache_off`) can hand a cache made under one request's scales to a request of others; or a
-// scale is no finite float (the child's /slots would show it as null).
+// `ram_cache_off`) can hand a cache made under one request's scales to a request of others, or it
+// runs tasks outside the slot gate (ChildAdapters::ungated_tasks); or a scale is no finite float
+// (the child's /slots would show it as null).
 std::string scales_refusal(const ChildAdapters& a, bool ram_cache_off, const std::vector<float>& scales);
 
 // What the child loaded (GET /lora-adapters). Without an answer: none when its command line loads

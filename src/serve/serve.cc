@@ -106,7 +106,8 @@ bool loads_adapters(const LlamaArgs& args) {
 void read_scales(const ServerEndpoint& child, const LlamaArgs& args, ChildScales& scales, Persister& persist,
                  const std::function<void(const std::string&)>& log, bool at_start) {
   LlamaServer srv(child);
-  const ChildAdapters a = read_child_adapters(srv, loads_adapters(args));
+  ChildAdapters a = read_child_adapters(srv, loads_adapters(args));
+  a.ungated_tasks = args.embeddings;
   const ChildAdapters before = scales.adapters();
   scales.set(a, ram_cache_off(args));
   persist.set_loaded_scales(a.loaded);

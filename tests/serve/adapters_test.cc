@@ -122,6 +122,8 @@ TEST(ServeAdapters, ARequestsOwnScalesAreSeenOrRefused) {
   unknown.why_unknown = "GET /lora-adapters answered HTTP 404";
   ChildAdapters activated = loaded_adapters({1.0f});
   activated.activated = true;
+  ChildAdapters embeddings = loaded_adapters({1.0f});
+  embeddings.ungated_tasks = true;
   struct Case {
     ChildAdapters a;
     bool ram_off;
@@ -133,6 +135,7 @@ TEST(ServeAdapters, ARequestsOwnScalesAreSeenOrRefused) {
   for (const Case& c : {Case{loaded_adapters({1.0f}), false, own, "--cache-ram 0"},
                         Case{unknown, true, R"({"messages": [], "lora": [{"id": 0, "scale": 1}]})", "HTTP 404"},
                         Case{activated, true, own, "activated"},
+                        Case{embeddings, true, own, "--embeddings"},
                         Case{loaded_adapters({1.0f}), true, R"({"lora": [{"id": 0, "scale": 1e39}]})", "finite"},
                         Case{loaded_adapters({1.0f}), true, deep.c_str(), "nested deeper than 512"}}) {
     ChildScales cs;
