@@ -5,7 +5,7 @@
 // cut in two, and the tail of a stream it keeps (trim_stream_tail); and llama-server's config.ini
 // files (src/serve/llama_config.h), which serve reads at start, and the llama-server ARGS it reads
 // (src/serve/llama_args.h): the input's lines as ARGS, and the input as the child's config.ini; and
-// the LoRA scales of a request, a slot and the child's GET /lora-adapters (src/serve/adapters.h).
+// the LoRA scales of a request, a slot and the child's GET /lora-adapters (src/serve/lora_scales.h).
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "fuzz/fuzz_input.h"
-#include "serve/adapters.h"
 #include "serve/llama_args.h"
 #include "serve/llama_config.h"
+#include "serve/lora_scales.h"
 #include "serve/requests.h"
 
 // A key of llama.cpp's config grammar (serve/llama_config.h): [a-zA-Z_][a-zA-Z0-9_.-]* as decoded
@@ -54,7 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (r.ok() && r->prompt != kvsnap::CompletionRequest::Prompt::kNone) (void)kvsnap::body_with_id_slot(body, 1);
   }
   (void)kvsnap::parse_requantize_body(body, "f16", "f16");
-  // The child's adapters, a request's "lora" and a /slots entry's (serve/adapters.h).
+  // The child's adapters, a request's "lora" and a /slots entry's (serve/lora_scales.h).
   if (auto a = kvsnap::parse_lora_adapters_reply(body); a.ok()) (void)kvsnap::scales_refusal(*a, false, a->loaded);
   const auto j = kvsnap::parse_bounded<nlohmann::json>(body);
   if (!j.is_discarded()) {
