@@ -154,6 +154,28 @@ TEST_F(CliTest, TruncatedFileIsACleanErrorNamingFileAndOffset) {
   EXPECT_NE(r.err.find("truncated"), std::string::npos) << r.err;
 }
 
+// A sequence file whose cells do not all hold the sequence's one id (here cell 3 of v0.5.0's fixture
+// holds none) is no file llama.cpp wrote or loads: info and convert refuse it (exit 3) naming the
+// file and the cell, and convert writes nothing.
+TEST_F(CliTest, ASequenceFileOfMixedCellsIsRefusedNamingTheCell) {
+  std::vector<std::byte> b = test::slurp(fs::path(KVSNAP_SOURCE_DIR) / "fixtures/v0.5.0/hd64-f16-f16-faon.slot");
+  // magic, version, 107 tokens, n_stream, cell count, then cells of {pos, n_seq_id 1, seq id 0}
+  const size_t cell3 = 8 + 4 + 107 * 4 + 4 + 4 + 3 * 12;
+  ASSERT_GT(b.size(), cell3 + 12);
+  ASSERT_EQ(std::to_integer<int>(b[cell3]), 3);   // its position
+  ASSERT_EQ(std::to_integer<int>(b[cell3 + 4]), 1);  // its n_seq_id
+  b[cell3 + 4] = std::byte{0};
+  b.erase(b.begin() + long(cell3 + 8), b.begin() + long(cell3 + 12));  // and no id
+  const auto f = write("mixed.slot", b);
+  const fs::path out = dir_ / "out.slot";
+  for (const std::string& cmd : {"info " + f, "convert " + f + " " + out.string() + " --ctk f32 --ctv f32"}) {
+    CmdResult r = run(cmd);
+    EXPECT_EQ(r.code, 3) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find(f + ": KV section 0, stream 0, cell 3 holds 0 sequence ids"), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(out));
+}
+
 TEST_F(CliTest, EmptyFileIsACleanError) {
   const auto f = write("empty.slot", {});
   CmdResult r = run("info " + f);
